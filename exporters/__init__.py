@@ -1,0 +1,1 @@
+"""ONNX export and coverage validation (training issue)."""

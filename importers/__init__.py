@@ -1,0 +1,1 @@
+"""Importers: translate other formats into the Graph IR."""

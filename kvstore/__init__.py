@@ -1,0 +1,1 @@
+"""KVStore: local, device, nccl and the parameter server (KVStore issue)."""

@@ -1,0 +1,78 @@
+"""The typed errors mixrt raises.
+
+Every error derives from :class:`MixrtError` so a service can catch one type. Each message
+names the thing at fault (node, input, tensor, file, key or peer), what was found and what was
+expected, because the person reading it usually cannot see our code.
+"""
+
+from __future__ import annotations
+
+
+class MixrtError(Exception):
+    """Base class of every error mixrt raises on purpose."""
+
+
+class ModelLoadError(MixrtError):
+    """A model file or byte string could not be read: damaged, hostile or not a model."""
+
+
+class GraphError(MixrtError):
+    """A graph is structurally invalid: a dangling input, a duplicate output, a cycle."""
+
+
+class UnsupportedOperatorError(MixrtError):
+    """No kernel exists for a node's (domain, op, opset, dtype, device).
+
+    The message names the node and lists what *is* implemented, so a user can tell whether
+    re-exporting at another opset or dtype would help.
+    """
+
+    def __init__(self, message: str, *, node: str | None = None, domain: str = "",
+                 op_type: str = "", opset: int | None = None, dtype: str | None = None,
+                 device: str | None = None):
+        super().__init__(message)
+        self.node = node
+        self.domain = domain
+        self.op_type = op_type
+        self.opset = opset
+        self.dtype = dtype
+        self.device = device
+
+
+class ShapeError(MixrtError):
+    """A tensor's rank or shape is not what an input signature or an operator requires."""
+
+
+class InputError(MixrtError):
+    """A feed passed to ``Session.run`` has the wrong name, dtype, rank or shape."""
+
+
+class ExecutionError(MixrtError):
+    """A kernel failed while running; the message names the node and its op."""
+
+
+class DeviceMismatchError(MixrtError):
+    """Arrays on different devices met in one operation."""
+
+
+class DeviceUnavailableError(MixrtError):
+    """A device was requested that this machine does not have (or CuPy is not installed)."""
+
+
+class KVStoreError(MixrtError):
+    """Base class of the KVStore's errors."""
+
+
+class PeerLostError(KVStoreError):
+    """A KVStore peer died or stopped answering; the message names it."""
+
+
+class KVTimeoutError(KVStoreError):
+    """A KVStore wait (barrier, pull, init) passed its timeout."""
+
+
+__all__ = [
+    "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
+    "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
+    "KVStoreError", "PeerLostError", "KVTimeoutError",
+]

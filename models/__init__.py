@@ -1,0 +1,1 @@
+"""Model zoo written with mixrt.gluon / mixrt.sym (training issue)."""

@@ -1,0 +1,97 @@
+"""ONNX element types and their NumPy dtypes.
+
+The narrow floating and integer types ONNX defines (bfloat16, the float8 family, int4, ...)
+come from ``ml_dtypes``, the same package onnx itself uses, so an array read from a model file
+has exactly the dtype our kernels see.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+# ONNX TensorProto.DataType value -> NumPy dtype. Strings are object arrays of ``str``.
+_ONNX_TO_NUMPY = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.uint8),
+    3: np.dtype(np.int8),
+    4: np.dtype(np.uint16),
+    5: np.dtype(np.int16),
+    6: np.dtype(np.int32),
+    7: np.dtype(np.int64),
+    8: np.dtype(object),
+    9: np.dtype(np.bool_),
+    10: np.dtype(np.float16),
+    11: np.dtype(np.float64),
+    12: np.dtype(np.uint32),
+    13: np.dtype(np.uint64),
+    14: np.dtype(np.complex64),
+    15: np.dtype(np.complex128),
+    16: np.dtype(ml_dtypes.bfloat16),
+    17: np.dtype(ml_dtypes.float8_e4m3fn),
+    18: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    19: np.dtype(ml_dtypes.float8_e5m2),
+    20: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    21: np.dtype(ml_dtypes.uint4),
+    22: np.dtype(ml_dtypes.int4),
+    23: np.dtype(ml_dtypes.float4_e2m1fn),
+    24: np.dtype(ml_dtypes.float8_e8m0fnu),
+    25: np.dtype(ml_dtypes.uint2),
+    26: np.dtype(ml_dtypes.int2),
+    27: np.dtype(ml_dtypes.float6_e2m3fn),
+    28: np.dtype(ml_dtypes.float6_e3m2fn),
+}
+_NUMPY_TO_ONNX = {dtype: code for code, dtype in _ONNX_TO_NUMPY.items()}
+
+ONNX_TYPE_NAMES = {
+    1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    8: "string", 9: "bool", 10: "float16", 11: "double", 12: "uint32", 13: "uint64",
+    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8e4m3fn",
+    18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4",
+    23: "float4e2m1", 24: "float8e8m0", 25: "uint2", 26: "int2", 27: "float6e2m3",
+    28: "float6e3m2",
+}
+
+# Groups used by dtype constraints (``@op(..., dtypes=FLOATS)``). Names are NumPy's.
+FLOATS = frozenset({"float16", "float32", "float64", "bfloat16"})
+SIGNED_INTS = frozenset({"int8", "int16", "int32", "int64"})
+UNSIGNED_INTS = frozenset({"uint8", "uint16", "uint32", "uint64"})
+INTS = SIGNED_INTS | UNSIGNED_INTS
+NUMERIC = FLOATS | INTS
+BOOL = frozenset({"bool"})
+STRING = frozenset({"object"})
+FLOAT8 = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                    "float8_e8m0fnu"})
+SMALL_INTS = frozenset({"int4", "uint4", "int2", "uint2"})
+ALL = None  # no constraint
+
+
+def to_numpy_dtype(onnx_type: int) -> np.dtype:
+    """The NumPy dtype of an ONNX element type; KeyError for an unknown code."""
+    return _ONNX_TO_NUMPY[int(onnx_type)]
+
+
+def to_onnx_type(dtype) -> int:
+    """The ONNX element type of a NumPy dtype; KeyError when ONNX has none."""
+    return _NUMPY_TO_ONNX[np.dtype(dtype)]
+
+
+def is_known_onnx_type(onnx_type: int) -> bool:
+    return int(onnx_type) in _ONNX_TO_NUMPY
+
+
+def dtype_name(dtype) -> str:
+    """The name used in dtype constraints and error messages ("float32", "object", ...)."""
+    return np.dtype(dtype).name
+
+
+def is_float(dtype) -> bool:
+    """True for every floating type, the ml_dtypes ones included."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype in _ML_FLOATS
+
+
+_ML_FLOATS = frozenset(np.dtype(t) for t in (
+    ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
+    ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn,
+    ml_dtypes.float8_e8m0fnu, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn))

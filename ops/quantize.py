@@ -1,0 +1,1 @@
+"""quantize operators."""

@@ -1,0 +1,1 @@
+"""rnn operators."""

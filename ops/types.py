@@ -1,0 +1,133 @@
+"""Value types seen by shape/type inference, and the inference rules most ops share.
+
+Inference runs at plan time and never touches data. A dimension is an ``int`` when known,
+a ``str`` when symbolic ("batch"), or ``None`` when unknown. A shape of ``None`` means even the
+rank is unknown. ``value`` holds the data of a value known at plan time (an initializer or a
+folded constant), which ops like Reshape need to know their output shape.
+
+An infer function receives one type per input (``None`` for a missing optional input) and the
+node's attributes as keywords, and returns a list of output types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: np.dtype | None
+    shape: tuple[Dim, ...] | None = None
+    value: Any = None
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+    def with_shape(self, shape) -> "TensorType":
+        return TensorType(self.dtype, None if shape is None else tuple(shape))
+
+    def with_dtype(self, dtype) -> "TensorType":
+        return TensorType(None if dtype is None else np.dtype(dtype), self.shape)
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "x".join(
+            "?" if d is None else str(d) for d in self.shape)
+        name = "?" if self.dtype is None else np.dtype(self.dtype).name
+        return f"{name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class SequenceType:
+    element: TensorType | None
+
+    def __str__(self) -> str:
+        return f"seq({self.element})"
+
+
+@dataclass(frozen=True)
+class OptionalType:
+    element: TensorType | SequenceType | None
+
+    def __str__(self) -> str:
+        return f"optional({self.element})"
+
+
+UNKNOWN = TensorType(None, None)
+
+
+def tensor(dtype, shape=None) -> TensorType:
+    return TensorType(None if dtype is None else np.dtype(dtype),
+                      None if shape is None else tuple(shape))
+
+
+def broadcast_shapes(*shapes) -> tuple | None:
+    """NumPy broadcasting over shapes that may hold symbolic or unknown dims."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(rank):
+        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]
+        known = {d for d in dims if d != 1}
+        if not known:
+            result.append(1)
+        elif len(known) == 1:
+            result.append(known.pop())
+        else:
+            ints = {d for d in known if isinstance(d, int)}
+            result.append(ints.pop() if len(ints) == 1 else None)
+    return tuple(result)
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+# -- rules shared by many ops -------------------------------------------------------------
+
+def same_as_input(x: TensorType, *_, **__) -> list[TensorType]:
+    """Unary ops whose output has the input's dtype and shape."""
+    return [TensorType(x.dtype, x.shape)]
+
+
+def broadcast_like_first(*inputs: TensorType, **_) -> list[TensorType]:
+    """Binary/variadic ops: the first input's dtype, the broadcast shape of all."""
+    present = [t for t in inputs if t is not None]
+    return [TensorType(present[0].dtype, broadcast_shapes(*(t.shape for t in present)))]
+
+
+def broadcast_to_bool(*inputs: TensorType, **_) -> list[TensorType]:
+    """Comparisons and logic ops: bool, broadcast shape."""
+    present = [t for t in inputs if t is not None]
+    return [TensorType(np.dtype(bool), broadcast_shapes(*(t.shape for t in present)))]
+
+
+def dtype_of_input(index: int = 0, outputs: int = 1):
+    """Rank and dims unknown, dtype taken from one input: for data-dependent output shapes."""
+    def infer(*inputs, **_):
+        return [TensorType(inputs[index].dtype, None) for _ in range(outputs)]
+    return infer
+
+
+def fixed_dtype(dtype, outputs: int = 1):
+    """Output dtype fixed by the op (e.g. int64 indices), shape unknown."""
+    def infer(*_, **__):
+        return [TensorType(np.dtype(dtype), None) for _ in range(outputs)]
+    return infer
+
+
+def reduced_shape(shape, axes, keepdims: bool) -> tuple | None:
+    """The shape after reducing ``axes`` (all axes when ``axes`` is empty or None)."""
+    if shape is None:
+        return None
+    rank = len(shape)
+    axes = set(range(rank)) if not axes else {normalize_axis(a, rank) for a in axes}
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)

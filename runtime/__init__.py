@@ -1,0 +1,1 @@
+"""The engine room: Graph IR, passes, planner, executor, devices."""

@@ -1,0 +1,1 @@
+"""The .mxr flatbuffers format (compiler issue)."""

@@ -1,0 +1,1 @@
+"""Graph passes (shape/type inference, folding, fusion, autodiff)."""
