@@ -1,0 +1,227 @@
+"""Inlining ONNX functions into the calling graph.
+
+Two kinds of function reach us: the model's own (``ModelProto.functions``), which a model can
+call like any op, and the bodies ONNX's schemas give many standard ops (Swish, Attention, ...).
+Both are expanded the same way: the call node is replaced by the body's nodes, with the body's
+internal names made unique, its formal inputs and outputs wired to the call's actual ones,
+and attribute references (``ref_attr_name``) replaced by the call's attribute values.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import onnx
+import onnx.defs
+
+from mixrt.errors import ModelLoadError
+from mixrt.ops.registry import canonical_domain
+
+MAX_EXPANSION_DEPTH = 32  # a function calling itself (directly or not) would never end
+_call_ids = itertools.count()
+
+
+def inline_model_functions(model: onnx.ModelProto) -> onnx.GraphProto:
+    """The model's main graph with every call of a model-local function expanded."""
+    functions = {(canonical_domain(f.domain), f.name, f.overload): f for f in model.functions}
+    graph = onnx.GraphProto()
+    graph.CopyFrom(model.graph)
+    if functions:
+        _inline_in_graph(graph, functions, depth=0)
+    return graph
+
+
+def _inline_in_graph(graph: onnx.GraphProto, functions: dict, depth: int) -> None:
+    if depth > MAX_EXPANSION_DEPTH:
+        raise ModelLoadError(f"model functions nest deeper than {MAX_EXPANSION_DEPTH} "
+                             f"levels (recursive function?)")
+    expanded, changed = [], False
+    for node in graph.node:
+        key = (canonical_domain(node.domain), node.op_type, node.overload)
+        function = functions.get(key)
+        if function is None:
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    _inline_in_graph(sub, functions, depth)
+            expanded.append(node)
+            continue
+        expanded.extend(expand_call(node, function))
+        changed = True
+    del graph.node[:]
+    graph.node.extend(expanded)
+    if changed:  # bodies may call further functions
+        _inline_in_graph(graph, functions, depth + 1)
+
+
+def expand_call(call: onnx.NodeProto, function: onnx.FunctionProto) -> list[onnx.NodeProto]:
+    """The body of ``function`` as nodes wired to ``call``'s inputs, outputs and attributes."""
+    if len(call.input) > len(function.input) or len(call.output) > len(function.output):
+        raise ModelLoadError(
+            f"node {call.name or call.op_type!r} calls function {function.name!r} with "
+            f"{len(call.input)} inputs/{len(call.output)} outputs; it takes at most "
+            f"{len(function.input)}/{len(function.output)}")
+    prefix = f"{function.name}_{next(_call_ids)}__"
+    renames = {formal: "" for formal in function.input}
+    renames.update(zip(function.input, call.input))
+    renames.update({formal: "" for formal in function.output})
+    renames.update(zip(function.output, call.output))
+    attributes = {a.name: a for a in function.attribute_proto}
+    attributes.update({a.name: a for a in call.attribute})
+    nodes = []
+    for body_node in function.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(body_node)
+        _rename_node(node, renames, prefix)
+        _bind_attributes(node, attributes)
+        if not node.name:
+            node.name = f"{call.name or call.op_type}/{body_node.op_type}"
+        nodes.append(node)
+    return nodes
+
+
+def _rename_node(node: onnx.NodeProto, renames: dict, prefix: str) -> None:
+    def rename(name: str) -> str:
+        if not name:
+            return name
+        return renames[name] if name in renames else prefix + name
+
+    node.input[:] = [rename(n) for n in node.input]
+    node.output[:] = [rename(n) for n in node.output]
+    for attr in node.attribute:
+        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+            _rename_outer_references(sub, rename)
+
+
+def _rename_outer_references(graph: onnx.GraphProto, rename) -> None:
+    """Rename the names a subgraph reads from its enclosing function body."""
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    local.update(o for n in graph.node for o in n.output)
+    for node in graph.node:
+        node.input[:] = [n if (not n or n in local) else rename(n) for n in node.input]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _rename_outer_references(sub, rename)
+    for output in graph.output:
+        if output.name not in local:
+            output.name = rename(output.name)
+
+
+def _bind_attributes(node: onnx.NodeProto, attributes: dict) -> None:
+    bound = []
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            actual = attributes.get(attr.ref_attr_name)
+            if actual is None:
+                continue  # caller did not set it and the function gives no default
+            copy = onnx.AttributeProto()
+            copy.CopyFrom(actual)
+            copy.name = attr.name
+            bound.append(copy)
+        else:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                for inner in sub.node:
+                    _bind_attributes(inner, attributes)
+            bound.append(attr)
+    del node.attribute[:]
+    node.attribute.extend(bound)
+
+
+def schema_function(call: onnx.NodeProto, opset: int, input_types: list) -> \
+        onnx.FunctionProto | None:
+    """The function body ONNX's schema gives ``call``'s op at ``opset``, or None.
+
+    ``input_types`` are TypeProtos of the call's inputs (needed by context-dependent
+    functions such as Attention, whose body depends on input ranks and dtypes).
+    """
+    domain = canonical_domain(call.domain)
+    try:
+        schema = onnx.defs.get_schema(call.op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+    try:
+        version = _newest_at_most(schema.function_opset_versions, opset)
+        if schema.has_function and version is not None:
+            body = _as_function(schema.get_function_with_opset_version(version))
+            if body.node:
+                return body
+        version = _newest_at_most(schema.context_dependent_function_opset_versions, opset)
+        if schema.has_context_dependent_function and version is not None:
+            raw = schema.get_context_dependent_function_with_opset_version(
+                version, call.SerializeToString(),
+                [t.SerializeToString() for t in input_types])
+            body = _as_function(raw) if raw else None
+            if body is not None and body.node:
+                return body
+    except Exception:  # the schema refused these types/attributes
+        return None
+    return None
+
+
+def _newest_at_most(versions, opset: int) -> int | None:
+    eligible = [v for v in versions if v <= opset]
+    return max(eligible) if eligible else None
+
+
+def _as_function(body) -> onnx.FunctionProto:
+    if isinstance(body, onnx.FunctionProto):
+        return body
+    function = onnx.FunctionProto()
+    function.ParseFromString(body)
+    return function
+
+
+# -- standard ops without a kernel, expanded from their schema's function body ----------------
+
+def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_kernel,
+                            infer_output_types) -> None:
+    """Replace nodes whose op has no kernel (``has_kernel(domain, op, opset)`` is false) by
+    the function body ONNX's schema defines for them, in place, subgraphs included.
+
+    ``infer_output_types(node, input_type_protos)`` gives the TypeProtos of a kernel-backed
+    node's outputs, so context-dependent bodies further down see their input types.
+    """
+    types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
+    for tensor in graph.initializer:
+        types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type,
+                                                                tensor.dims)
+    pending, done, depth = [_copy(n) for n in graph.node], [], {}
+    while pending:
+        node = pending.pop(0)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
+        domain = canonical_domain(node.domain)
+        opset = opsets.get(domain)
+        input_types = [types.get(name, onnx.TypeProto()) for name in node.input]
+        body = None
+        if opset is not None and not has_kernel(domain, node.op_type, opset):
+            level = depth.get(id(node), 0)
+            if level < MAX_EXPANSION_DEPTH:
+                body = schema_function(node, opset, input_types)
+        if body is None:
+            done.append(node)
+            for name, type_proto in zip(node.output, infer_output_types(node, input_types)):
+                if name and type_proto is not None:
+                    types[name] = type_proto
+            continue
+        expanded = expand_call(node, body)
+        for inner in expanded:
+            depth[id(inner)] = depth.get(id(node), 0) + 1
+            if canonical_domain(inner.domain) not in opsets:
+                opsets[canonical_domain(inner.domain)] = _body_opset(body, inner.domain)
+        pending[:0] = expanded
+    del graph.node[:]
+    graph.node.extend(done)
+
+
+def _body_opset(body: onnx.FunctionProto, domain: str) -> int:
+    for entry in body.opset_import:
+        if canonical_domain(entry.domain) == canonical_domain(domain):
+            return int(entry.version)
+    return 1
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    return copy

@@ -1,0 +1,127 @@
+"""Devices: the CPU through NumPy, NVIDIA GPUs through CuPy.
+
+Kernels receive the array module of their device (``xp``), so one definition serves both.
+CuPy is optional: importing mixrt never requires it, and asking for a GPU without it is a
+:class:`DeviceUnavailableError` that says how to get one.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixrt.errors import DeviceUnavailableError
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|gpu|cuda)(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "cpu" | "gpu"
+    index: int = 0
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"gpu:{self.index}"
+
+    @property
+    def xp(self):
+        """The array module whose kernels run on this device."""
+        if self.kind == "cpu":
+            return np
+        cupy = _cupy()
+        cupy.cuda.Device(self.index).use()
+        return cupy
+
+    def put(self, array):
+        """Move a host or device array onto this device."""
+        if self.kind == "cpu":
+            return to_host(array)
+        with _cupy().cuda.Device(self.index):
+            return _cupy().asarray(array)
+
+
+CPU = Device("cpu")
+
+
+def parse_device(spec: "str | Device") -> Device:
+    """``"cpu"``, ``"gpu"``, ``"gpu:1"`` (``"cuda:1"`` too) -> Device, checking it exists."""
+    if isinstance(spec, Device):
+        return spec
+    match = _DEVICE_PATTERN.match(str(spec).strip().lower())
+    if not match:
+        raise DeviceUnavailableError(
+            f"device {spec!r} is not understood; expected 'cpu', 'gpu' or 'gpu:N'")
+    kind, index = match.group(1), int(match.group(2) or 0)
+    if kind == "cpu":
+        return CPU
+    count = gpu_count()
+    if count == 0:
+        raise DeviceUnavailableError(
+            f"device {spec!r} was requested but no CUDA GPU is usable here "
+            f"({_gpu_absence_reason()}); install mixrt[gpu] on a machine with an NVIDIA GPU "
+            f"or use device='cpu'")
+    if index >= count:
+        raise DeviceUnavailableError(
+            f"device {spec!r} was requested but this machine has {count} GPU(s): "
+            f"gpu:0..gpu:{count - 1}")
+    return Device("gpu", index)
+
+
+@functools.lru_cache(maxsize=1)
+def _cupy_import():
+    try:
+        import cupy  # noqa: PLC0415  (optional dependency)
+    except Exception as exc:  # ImportError, or CUDA libraries missing at import
+        return None, f"CuPy is not importable: {exc}"
+    return cupy, None
+
+
+def _cupy():
+    cupy, reason = _cupy_import()
+    if cupy is None:
+        raise DeviceUnavailableError(reason)
+    return cupy
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_count() -> int:
+    cupy, _ = _cupy_import()
+    if cupy is None:
+        return 0
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def gpu_available() -> bool:
+    return gpu_count() > 0
+
+
+def _gpu_absence_reason() -> str:
+    cupy, reason = _cupy_import()
+    return reason if cupy is None else "CuPy sees no CUDA device"
+
+
+def array_module(array):
+    """numpy or cupy, whichever owns ``array``."""
+    if isinstance(array, np.ndarray) or np.isscalar(array):
+        return np
+    cupy, _ = _cupy_import()
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        return cupy
+    return np
+
+
+def to_host(value):
+    """A NumPy copy of a device array (sequences element-wise); host arrays pass through."""
+    if isinstance(value, list):
+        return [to_host(v) for v in value]
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "get"):
+        return value.get()
+    return np.asarray(value)

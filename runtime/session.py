@@ -1,0 +1,311 @@
+"""Session: load a model, bind every node to a kernel, run it.
+
+The call shapes mirror ``onnxruntime.InferenceSession`` (``run(output_names, feeds)``,
+``get_inputs()``, ``get_outputs()``) so a service can switch by changing one line.
+
+Binding happens once, at construction: each node's kernel is looked up for its domain, op,
+opset and device, and its attributes are checked against the kernel's signature, so an
+unsupported model fails when it is loaded, naming the node, not halfway through a request.
+``run`` then walks the precomputed schedule.
+
+``runtime/`` never imports ``importers/``: model formats register a loader here
+(:func:`register_loader`), and ``mixrt/__init__.py`` registers the ONNX importer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import ChainMap
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from mixrt.errors import (ExecutionError, GraphError, InputError, MixrtError, ModelLoadError,
+                          UnsupportedOperatorError)
+from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
+from mixrt.ops.registry import REGISTRY, Kernel
+from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.runtime.device import Device, parse_device, to_host
+from mixrt.runtime.graph import Graph, Node
+
+# -- model formats ---------------------------------------------------------------------------
+
+_LOADERS: list[tuple[Callable[[Any], bool], Callable[[Any], Graph]]] = []
+
+
+def register_loader(accepts: Callable[[Any], bool], load: Callable[[Any], Graph]) -> None:
+    """Teach Session a model format: ``accepts(source)`` says whether ``load`` reads it.
+    Later registrations are tried first."""
+    _LOADERS.insert(0, (accepts, load))
+
+
+def load_graph(source) -> Graph:
+    if isinstance(source, Graph):
+        return source
+    for accepts, load in _LOADERS:
+        if accepts(source):
+            return load(source)
+    raise ModelLoadError(f"no loader understands {type(source).__name__} {source!r:.80}; "
+                         f"expected a path, bytes or an onnx.ModelProto")
+
+
+# -- binding ---------------------------------------------------------------------------------
+
+@dataclass
+class BoundNode:
+    node: Node
+    fn: Callable
+    attributes: dict[str, Any]
+    subgraphs: dict[str, Any]  # attribute name -> BoundGraph or list[BoundGraph]
+    inputs: list[str]  # trailing missing optional inputs dropped
+
+    @property
+    def label(self) -> str:
+        return self.node.label
+
+
+@dataclass
+class BoundGraph:
+    graph: Graph
+    nodes: list[BoundNode] = field(default_factory=list)
+    constants: dict[str, Any] = field(default_factory=dict)  # initializers on the device
+
+
+def bind_graph(graph: Graph, device: Device) -> BoundGraph:
+    """Look up and check a kernel for every node (subgraphs included)."""
+    bound = BoundGraph(graph, constants={k: device.put(v) for k, v in
+                                         graph.initializers.items()})
+    for node in graph.nodes:
+        kernel = lookup_kernel(node, device)
+        attributes, subgraphs = {}, {}
+        for key, value in node.attributes.items():
+            if isinstance(value, Graph):
+                subgraphs[key] = bind_graph(value, device)
+            elif isinstance(value, list) and value and all(isinstance(v, Graph) for v in value):
+                subgraphs[key] = [bind_graph(v, device) for v in value]
+            else:
+                attributes[key] = value
+        if kernel.wants_output_count:
+            attributes["_outputs"] = len(node.outputs)
+        inputs = list(node.inputs)
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        bound.nodes.append(BoundNode(node, kernel.for_device(device.kind), attributes,
+                                     subgraphs, inputs))
+    return bound
+
+
+def lookup_kernel(node: Node, device: Device, dtype: str | None = None) -> Kernel:
+    kernel = REGISTRY.lookup(node.domain, node.op_type, node.opset, node=node.label,
+                             dtype=dtype, device=str(device))
+    unknown = set(node.attributes) - kernel.attribute_names
+    if unknown and not kernel.accepts_any_attribute:
+        raise UnsupportedOperatorError(
+            f"node {node.label!r}: {node.domain or 'ai.onnx'}::{node.op_type} (opset "
+            f"{node.opset}) does not implement attribute(s) {sorted(unknown)}; implemented: "
+            f"{sorted(kernel.attribute_names - {'_outputs'})}",
+            node=node.label, domain=node.domain, op_type=node.op_type, opset=node.opset,
+            device=str(device))
+    return kernel
+
+
+# -- execution -------------------------------------------------------------------------------
+
+class Subgraph:
+    """A GRAPH attribute as control-flow kernels see it: call it with the body's inputs and
+    get its outputs; names it reads from enclosing graphs resolve in the scope it was made in.
+    """
+
+    def __init__(self, bound: BoundGraph, scope, xp):
+        self._bound, self._scope, self._xp = bound, scope, xp
+        self.input_names = bound.graph.input_names
+        self.output_names = bound.graph.output_names
+
+    def __call__(self, *values) -> list:
+        if len(values) > len(self.input_names):
+            raise ExecutionError(f"subgraph {self._bound.graph.name!r} takes "
+                                 f"{len(self.input_names)} inputs, got {len(values)}")
+        env = ChainMap(dict(zip(self.input_names, values)), self._bound.constants, self._scope)
+        execute(self._bound, env, self._xp)
+        return [env[name] for name in self.output_names]
+
+
+def execute(bound: BoundGraph, env, xp) -> None:
+    """Run every node of ``bound`` in schedule order, reading and writing ``env``."""
+    for step in bound.nodes:
+        try:
+            args = [env[name] if name else None for name in step.inputs]
+        except KeyError as exc:
+            raise ExecutionError(f"node {step.label!r} ({step.node.op_type}) reads "
+                                 f"{exc.args[0]!r}, which has no value") from None
+        attributes = step.attributes
+        if step.subgraphs:
+            attributes = dict(attributes)
+            for key, sub in step.subgraphs.items():
+                attributes[key] = ([Subgraph(s, env, xp) for s in sub] if isinstance(sub, list)
+                                   else Subgraph(sub, env, xp))
+        try:
+            result = step.fn(xp, *args, **attributes)
+        except MixrtError:
+            raise
+        except Exception as exc:
+            raise ExecutionError(f"node {step.label!r} ({step.node.domain or 'ai.onnx'}::"
+                                 f"{step.node.op_type}, opset {step.node.opset}) failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        outputs = result if isinstance(result, tuple) else (result,)
+        for name, value in zip(step.node.outputs, outputs):
+            if name:
+                env[name] = value
+
+
+# -- the public session ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as ``get_inputs``/``get_outputs`` describe it (onnxruntime's shape)."""
+
+    name: str
+    type: str  # "tensor(float)", "seq(tensor(int64))", ...
+    shape: list | None  # ints, symbolic names (str) or None for unknown dims
+
+
+class Session:
+    """Run a model: ``Session(path | bytes | ModelProto | Graph, device="cpu" | "gpu:0")``."""
+
+    def __init__(self, model, device: str = "cpu", *, providers=None, **_options):
+        del providers  # accepted for onnxruntime call compatibility; device picks the kernels
+        self.device = parse_device(device)
+        self.graph = load_graph(model)
+        try:
+            self.graph.validate()
+        except GraphError:
+            raise
+        self._bound = bind_graph(self.graph, self.device)
+        self._xp = self.device.xp
+        self._feed_inputs = self.graph.feed_inputs()
+        self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
+        self._profile_path = os.environ.get("MIXRT_PROFILE") or None
+
+    # -- onnxruntime-compatible surface ----------------------------------------------------
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v.name, v.type) for v in self._feed_inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(v.name, v.type) for v in self.graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return ["CUDAExecutionProvider" if self.device.kind == "gpu" else "CPUExecutionProvider"]
+
+    def run(self, output_names, feeds: dict, run_options=None) -> list:
+        del run_options
+        wanted = self._output_names(output_names)
+        env = ChainMap(self._checked_feeds(feeds), self._bound.constants)
+        execute(self._bound, env, self._xp)
+        missing = [n for n in wanted if n not in env]
+        if missing:
+            raise ExecutionError(f"outputs {missing} were not produced by any node")
+        return [to_host(env[name]) for name in wanted]
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _output_names(self, output_names) -> list[str]:
+        if output_names is None:
+            return self.graph.output_names
+        known = set(self.graph.output_names)
+        unknown = [n for n in output_names if n not in known]
+        if unknown:
+            raise InputError(f"requested output(s) {unknown} are not outputs of this model; "
+                             f"its outputs are {self.graph.output_names}")
+        return list(output_names)
+
+    def _checked_feeds(self, feeds: dict) -> dict:
+        if not isinstance(feeds, dict):
+            raise InputError(f"feeds must be a dict of input name -> array, got "
+                             f"{type(feeds).__name__}")
+        by_name = {v.name: v for v in self._feed_inputs}
+        unknown = [n for n in feeds if n not in by_name]
+        if unknown:
+            raise InputError(f"feed(s) {unknown} are not inputs of this model; its inputs are "
+                             f"{[v.name for v in self._feed_inputs]}")
+        missing = [v.name for v in self._required if v.name not in feeds]
+        if missing:
+            raise InputError(f"missing feed(s) for input(s) {missing}")
+        symbols: dict[str, tuple[str, int]] = {}
+        return {name: self._checked_feed(by_name[name], value, symbols)
+                for name, value in feeds.items()}
+
+    def _checked_feed(self, declared, value, symbols):
+        expected = declared.type
+        if isinstance(expected, SequenceType):
+            if not isinstance(value, (list, tuple)):
+                raise InputError(f"input {declared.name!r} is a sequence; feed a list of "
+                                 f"arrays, got {type(value).__name__}")
+            return [self.device.put(np.asarray(v) if isinstance(v, (list, tuple)) else v)
+                    for v in value]
+        if isinstance(expected, OptionalType):
+            if value is None:
+                return None
+            expected = expected.element
+            if isinstance(expected, SequenceType):
+                return [self.device.put(v) for v in value]
+        if value is None:
+            raise InputError(f"input {declared.name!r} is a tensor; got None")
+        array = value if hasattr(value, "__array__") or hasattr(value, "__cuda_array_interface__") \
+            else np.asarray(value)
+        if isinstance(expected, TensorType):
+            _check_tensor(declared.name, array, expected, symbols)
+        return self.device.put(array)
+
+
+def _check_tensor(name: str, array, expected: TensorType, symbols: dict) -> None:
+    dtype = np.dtype(array.dtype)
+    if expected.dtype is not None and dtype != expected.dtype:
+        if not (expected.dtype == np.dtype(object) and dtype.kind in "US"):
+            raise InputError(f"input {name!r} expects dtype {_type_name(expected.dtype)}, "
+                             f"got {_type_name(dtype)}")
+    if expected.shape is None:
+        return
+    shape = tuple(array.shape)
+    if len(shape) != len(expected.shape):
+        raise InputError(f"input {name!r} expects rank {len(expected.shape)} "
+                         f"(shape {_shape_text(expected.shape)}), got rank {len(shape)} "
+                         f"(shape {list(shape)})")
+    for axis, (want, got) in enumerate(zip(expected.shape, shape)):
+        if isinstance(want, int) and want != got:
+            raise InputError(f"input {name!r} expects dimension {axis} to be {want} "
+                             f"(shape {_shape_text(expected.shape)}), got {got} "
+                             f"(shape {list(shape)})")
+        if isinstance(want, str):
+            seen = symbols.setdefault(want, (name, got))
+            if seen[1] != got:
+                raise InputError(f"input {name!r} has {want!r}={got} on axis {axis}, but "
+                                 f"input {seen[0]!r} fixed {want!r}={seen[1]}")
+
+
+def _type_name(dtype) -> str:
+    try:
+        return ONNX_TYPE_NAMES[to_onnx_type(dtype)]
+    except KeyError:
+        return np.dtype(dtype).name
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _node_arg(name: str, value_type) -> NodeArg:
+    return NodeArg(name, _type_string(value_type),
+                   list(value_type.shape) if isinstance(value_type, TensorType)
+                   and value_type.shape is not None else None)
+
+
+def _type_string(value_type) -> str:
+    if isinstance(value_type, TensorType):
+        return "tensor(?)" if value_type.dtype is None else f"tensor({_type_name(value_type.dtype)})"
+    if isinstance(value_type, SequenceType):
+        return f"seq({_type_string(value_type.element)})"
+    if isinstance(value_type, OptionalType):
+        return f"optional({_type_string(value_type.element)})"
+    return "?"

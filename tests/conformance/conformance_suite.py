@@ -1,0 +1,55 @@
+"""The ONNX backend test suite wired to mixrt, shared by the pytest module and report.py.
+
+``expected_failures.txt`` lists, one per line, a case name (without the device suffix) and
+after ``#`` the reason it fails. Listed cases run as expected failures: a regression in any
+other case fails the suite, and a listed case that starts passing fails it too, until it is
+removed from the list.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import onnx.backend.test
+
+import mixrt.backend
+
+EXPECTED_FAILURES_FILE = Path(__file__).with_name("expected_failures.txt")
+
+# BackendTest's category -> the kind names onnx uses for its data folders.
+KIND_OF_CATEGORY = {
+    "Node": "node", "NodeModel": "node", "Real": "real", "Simple": "simple",
+    "PyTorchConverted": "pytorch-converted", "PyTorchOperator": "pytorch-operator",
+}  # a "Model" suffix (cases stored as model files) maps to the same kind
+
+
+def expected_failures() -> dict[str, str]:
+    """Case name -> reason, from the committed list."""
+    failures = {}
+    if not EXPECTED_FAILURES_FILE.exists():
+        return failures
+    for line in EXPECTED_FAILURES_FILE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition("#")
+        failures[name.strip()] = reason.strip()
+    return failures
+
+
+def backend_test(parent_module: str | None = None, *, xfail: bool = True):
+    """An onnx BackendTest runner for mixrt, expected failures marked."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case generators warn about their own casts
+        runner = onnx.backend.test.BackendTest(mixrt.backend.MixrtBackend, parent_module)
+    if xfail:
+        for name in expected_failures():
+            runner.xfail(f"^{re.escape(name)}_(cpu|cuda)$")
+    return runner
+
+
+def case_name(test_name: str) -> str:
+    """``test_abs_cpu`` -> ``test_abs``."""
+    return re.sub(r"_(cpu|cuda)$", "", test_name)
