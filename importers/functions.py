@@ -136,7 +136,7 @@ def schema_function(call: onnx.NodeProto, opset: int, input_types: list) -> \
     domain = canonical_domain(call.domain)
     try:
         schema = onnx.defs.get_schema(call.op_type, opset, domain)
-    except onnx.defs.SchemaError:
+    except Exception:  # SchemaError for unknown ops; TypeError for non-text names
         return None
     try:
         version = _newest_at_most(schema.function_opset_versions, opset)

@@ -63,19 +63,40 @@ def import_model(source) -> Graph:
     """Read an ONNX model (path, bytes or ModelProto) into a Graph."""
     model, base_dir = load_model_proto(source)
     opsets = _opsets(model)
-    graph_proto = inline_model_functions(model)
-    expand_schema_functions(graph_proto, opsets, _has_kernel,
-                            lambda node, types: _infer_proto_types(node, types, opsets))
     try:
+        _check_names(model.graph)
+        graph_proto = inline_model_functions(model)
+        expand_schema_functions(graph_proto, opsets, _has_kernel,
+                                lambda node, types: _infer_proto_types(node, types, opsets))
         graph = _convert_graph(graph_proto, opsets, base_dir)
     except ModelLoadError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError, UnicodeError,
-            RecursionError) as exc:
+            RecursionError, MemoryError) as exc:
         raise ModelLoadError(f"model graph {model.graph.name!r} is malformed: "
                              f"{type(exc).__name__}: {exc}") from exc
     graph.opsets = opsets
     return graph
+
+
+def _check_names(graph: onnx.GraphProto) -> None:
+    """Protobuf hands back bytes for a string field that is not valid UTF-8; every name we
+    use as a dict key or pass to onnx.defs must be text."""
+    for node in graph.node:
+        fields = [node.op_type, node.domain, node.name, *node.input, *node.output]
+        if not all(isinstance(f, str) for f in fields):
+            raise ModelLoadError(f"node {node.name!r} has a name, op type or edge that is not "
+                                 f"valid UTF-8 text")
+        for attr in node.attribute:
+            if not isinstance(attr.name, str):
+                raise ModelLoadError(f"node {node.name!r} has an attribute name that is not "
+                                     f"valid UTF-8 text")
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                _check_names(sub)
+    values = [*graph.input, *graph.output, *graph.value_info]
+    names = [v.name for v in values] + [t.name for t in graph.initializer]
+    if not all(isinstance(n, str) for n in names):
+        raise ModelLoadError(f"graph {graph.name!r} has a value name that is not valid UTF-8")
 
 
 def _opsets(model: onnx.ModelProto) -> dict[str, int]:

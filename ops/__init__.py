@@ -1,32 +1,18 @@
 """mixrt's operators: one module per family, all registered in :data:`REGISTRY`.
 
-Importing this package imports every family module, which registers its kernels.
+Importing this package imports every module in it (sorted by name, so registration order is
+stable), which registers its kernels. A new family is a new module; nothing else to edit.
 """
 
-from mixrt.ops.registry import REGISTRY, Kernel, op  # noqa: F401
-from mixrt.ops import (  # noqa: F401  (imported for their registrations)
-    activation,
-    attention,
-    cast,
-    control,
-    conv,
-    elementwise,
-    image,
-    index,
-    linalg,
-    loss,
-    ml,
-    nn,
-    pool,
-    quantize,
-    random,
-    reduce,
-    rnn,
-    sequence,
-    shape,
-    signal,
-    string,
-    training,
-)
+import importlib
+import pkgutil
+
+from mixrt.ops.registry import REGISTRY, Kernel, op
+
+_INFRASTRUCTURE = {"registry", "types", "dtypes"}
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module not in _INFRASTRUCTURE and not _module.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = ["REGISTRY", "Kernel", "op"]

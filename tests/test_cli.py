@@ -1,0 +1,73 @@
+"""The mixrt command, run the way users run it: as a process."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from helpers import add_model, save
+
+
+def mixrt(*args):
+    return subprocess.run([sys.executable, "-c", "from mixrt.cli import main; "
+                           "raise SystemExit(main())", *args], capture_output=True, text=True)
+
+
+def test_info_lists_signature_and_histogram(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    result = mixrt("info", path)
+    assert result.returncode == 0
+    assert "x: float32[2x3]" in result.stdout and "1  Add" in result.stdout
+
+
+def test_run_reads_npy_and_writes_outputs(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    x = np.random.rand(2, 3).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", x)
+    result = mixrt("run", path, "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                   f"y={tmp_path / 'y.npy'}", "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "z.npy"), x + x)
+
+
+def test_run_refuses_pickled_input(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    result = mixrt("run", path, "--input", f"x={tmp_path / 'x.npy'}")
+    assert result.returncode == 2
+    assert "not a plain .npy array" in result.stderr and "Traceback" not in result.stderr
+
+
+def _model_with_unknown_op(tmp_path):
+    node = helper.make_node("Frobnicate", ["x"], ["y"], name="mystery")
+    graph = helper.make_graph([node, helper.make_node("Relu", ["y"], ["z"], name="ok")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    return save(model, tmp_path / "bad.onnx")
+
+
+def test_check_names_missing_op_and_node_and_exits_1(tmp_path):
+    result = mixrt("check", _model_with_unknown_op(tmp_path))
+    assert result.returncode == 1
+    assert "mystery" in result.stdout and "Frobnicate" in result.stdout
+    assert "1 of 2 nodes supported" in result.stdout
+
+
+def test_check_json_and_success_exit(tmp_path):
+    result = mixrt("check", save(add_model(), tmp_path / "m.onnx"), "--json")
+    assert result.returncode == 0
+    report = json.loads(result.stdout)
+    assert report["supported"] and report["nodes"][0]["op_type"] == "Add"
+
+
+def test_errors_are_one_line_without_traceback_unless_debug(tmp_path):
+    result = mixrt("info", str(tmp_path / "missing.onnx"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("mixrt: error:")
+    debug = mixrt("--debug", "info", str(tmp_path / "missing.onnx"))
+    assert "Traceback" in debug.stderr

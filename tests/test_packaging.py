@@ -1,0 +1,34 @@
+"""The wheel carries every package the source layout maps into ``mixrt``."""
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_contains_every_package(tmp_path):
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = config["tool"]["setuptools"]["packages"]
+    mapping = config["tool"]["setuptools"]["package-dir"]
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                    "--outdir", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("mixrt-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package in packages:
+        init = package.replace(".", "/") + "/__init__.py"
+        assert init in names, f"{package} missing from the wheel"
+        source = ROOT / mapping[package]
+        for module in source.glob("*.py"):
+            assert f"{package.replace('.', '/')}/{module.name}" in names, module
+    assert any(n.endswith("entry_points.txt") for n in names)
+
+
+def test_every_source_folder_with_init_is_a_listed_package():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapped = {Path(p) for p in config["tool"]["setuptools"]["package-dir"].values()}
+    for folder in ("mixrt", "runtime", "ops", "kvstore", "importers", "exporters", "models"):
+        for init in (ROOT / folder).rglob("__init__.py"):
+            assert init.parent.relative_to(ROOT) in mapped, f"{init.parent} is not listed"

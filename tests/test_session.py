@@ -1,0 +1,85 @@
+import numpy as np
+import onnx
+import pytest
+
+import mixrt
+from mixrt.errors import (DeviceUnavailableError, InputError, MixrtError, ModelLoadError,
+                          UnsupportedOperatorError)
+from helpers import add_model, save
+
+
+def test_run_matches_numpy_and_accepts_path_bytes_and_proto(tmp_path):
+    model = add_model()
+    x, y = np.random.rand(2, 3).astype(np.float32), np.random.rand(2, 3).astype(np.float32)
+    for source in (model, model.SerializeToString(), save(model, tmp_path / "m.onnx")):
+        (z,) = mixrt.Session(source).run(None, {"x": x, "y": y})
+        np.testing.assert_array_equal(z, x + y)
+
+
+def test_signature_mirrors_onnxruntime():
+    session = mixrt.load(add_model(shape=("batch", 3)))
+    assert [(i.name, i.type, i.shape) for i in session.get_inputs()] == [
+        ("x", "tensor(float)", ["batch", 3]), ("y", "tensor(float)", ["batch", 3])]
+    assert [o.name for o in session.get_outputs()] == ["z"]
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.zeros((2, 3), np.float32), "nope": np.zeros((2, 3), np.float32)},
+     r"feed\(s\) \['nope'\] are not inputs"),
+    ({"x": np.zeros((2, 3), np.float32)}, r"missing feed\(s\) for input\(s\) \['y'\]"),
+    ({"x": np.zeros((2, 3), np.float64), "y": np.zeros((2, 3), np.float32)},
+     r"input 'x' expects dtype float, got double"),
+    ({"x": np.zeros((2, 3, 1), np.float32), "y": np.zeros((2, 3), np.float32)},
+     r"input 'x' expects rank 2"),
+    ({"x": np.zeros((2, 4), np.float32), "y": np.zeros((2, 3), np.float32)},
+     r"input 'x' expects dimension 1 to be 3"),
+])
+def test_bad_feeds_name_the_input(feeds, message):
+    session = mixrt.Session(add_model())
+    with pytest.raises(InputError, match=message):
+        session.run(None, feeds)
+
+
+def test_symbolic_dims_must_agree_across_inputs():
+    session = mixrt.Session(add_model(shape=("batch", 3)))
+    with pytest.raises(InputError, match=r"'batch'=4 .* fixed 'batch'=2"):
+        session.run(None, {"x": np.zeros((2, 3), np.float32), "y": np.zeros((4, 3), np.float32)})
+
+
+def test_unknown_output_name():
+    session = mixrt.Session(add_model())
+    with pytest.raises(InputError, match=r"\['w'\] are not outputs"):
+        session.run(["w"], {"x": np.zeros((2, 3), np.float32), "y": np.zeros((2, 3), np.float32)})
+
+
+def test_unsupported_op_is_reported_at_load_with_node_and_versions():
+    node = onnx.helper.make_node("Add", ["x", "y"], ["z"], name="old_add")
+    model = add_model(opset=21)
+    model.graph.node[0].CopyFrom(node)
+    model.opset_import[0].version = 21
+    mixrt.Session(model)  # supported
+    missing = add_model()
+    missing.graph.node[0].op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedOperatorError, match=r"node 'add_node'.*NoSuchOp.*opset 21"):
+        mixrt.Session(missing)
+
+
+def test_unimplemented_attribute_is_rejected_not_ignored():
+    model = add_model()
+    model.graph.node[0].attribute.append(onnx.helper.make_attribute("surprise", 1))
+    with pytest.raises(UnsupportedOperatorError, match=r"attribute\(s\) \['surprise'\]"):
+        mixrt.Session(model)
+
+
+def test_gpu_request_without_gpu_is_a_clear_error():
+    from mixrt.runtime.device import gpu_available
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(DeviceUnavailableError, match="no CUDA GPU is usable"):
+        mixrt.Session(add_model(), device="gpu:0")
+
+
+def test_garbage_bytes_are_a_model_load_error():
+    with pytest.raises(ModelLoadError):
+        mixrt.Session(b"\x08\x07definitely not a model")
+    assert issubclass(ModelLoadError, MixrtError)
