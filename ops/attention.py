@@ -1,1 +1,329 @@
-"""attention operators."""
+"""Attention operators: Attention (23/24/25), RotaryEmbedding, SwiGLU and the preview
+FlexAttention.
+
+Attention is written as one pipeline (scores -> softcap -> bias -> softmax -> P @ V) over 4D
+``(batch, heads, seq, head_size)`` tensors; 3D inputs are unpacked into heads first and packed
+again at the end. The per-version functions only fix which inputs and attributes a version
+has. The recurrent relatives (LinearAttention, CausalConvWithState) live in
+``attention_recurrent.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.dtypes import FLOATS, to_numpy_dtype
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType, same_as_input
+
+
+# -- layout helpers -----------------------------------------------------------------------
+
+def split_heads(x, num_heads):
+    """(batch, seq, heads*size) -> (batch, heads, seq, size); 4D passes through."""
+    if x.ndim == 4:
+        return x
+    if not num_heads:
+        raise ValueError("3D attention inputs need q_num_heads and kv_num_heads")
+    batch, seq, hidden = x.shape
+    return x.reshape(batch, seq, num_heads, hidden // num_heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """(batch, heads, seq, size) -> (batch, seq, heads*size)."""
+    batch, heads, seq, size = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(batch, seq, heads * size)
+
+
+def repeat_kv_heads(xp, x, q_heads):
+    """Grouped-query attention: query head h reads kv head h // (q_heads / kv_heads)."""
+    kv_heads = x.shape[1]
+    if kv_heads == q_heads:
+        return x
+    if q_heads % kv_heads:
+        raise ValueError(f"q_num_heads ({q_heads}) must be a multiple of kv_num_heads "
+                         f"({kv_heads})")
+    return xp.repeat(x, q_heads // kv_heads, axis=1)
+
+
+def softmax_last(xp, x):
+    """Softmax over the last axis. A row with no finite score (every key masked) is a
+    zero row rather than 0/0: the spec's fully-masked-row guard."""
+    top = xp.max(x, axis=-1, keepdims=True)
+    top = xp.where(top > -np.inf, top, xp.zeros_like(top))
+    e = xp.exp(x - top)
+    total = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(total > 0, total, xp.ones_like(total))
+
+
+# -- the mask ---------------------------------------------------------------------------
+
+def pad_last_axis(xp, mask, total, fill):
+    """A mask whose key axis is shorter than the total sequence is padded with ``fill``."""
+    short = total - mask.shape[-1]
+    if short <= 0:
+        return mask
+    pad = xp.full(mask.shape[:-1] + (short,), fill, dtype=mask.dtype)
+    return xp.concatenate([mask, pad], axis=-1)
+
+
+def structural_mask(xp, q_len, total, *, is_causal, past_len, nonpad,
+                    left_window, right_window):
+    """Keys each query may see from causality, the window and kv padding, as a boolean
+    (batch or 1, 1, q_len, total) array, or None when nothing is masked.
+
+    Queries sit at absolute positions ``offset + i``: offset is the past length for an
+    internal cache, ``nonpad - q_len`` per batch for an external one, else 0.
+    """
+    if not (is_causal or nonpad is not None or left_window >= 0 or right_window >= 0):
+        return None
+    keys = xp.arange(total).reshape(1, 1, 1, total)
+    query = xp.arange(q_len).reshape(1, 1, q_len, 1)
+    if nonpad is not None and past_len == 0:
+        valid = nonpad.astype(np.int64).reshape(-1, 1, 1, 1)
+        position = query + (valid - q_len)
+    else:
+        valid = None
+        position = query + past_len
+    allowed = xp.ones((1, 1, q_len, total), dtype=bool)
+    if valid is not None:
+        allowed = allowed & (keys < valid)
+    if is_causal:
+        allowed = allowed & (keys <= position)
+    if left_window >= 0:
+        allowed = allowed & (keys >= position - left_window)
+    if right_window >= 0:
+        allowed = allowed & (keys <= position + right_window)
+    return allowed
+
+
+def attention_bias(xp, attn_mask, allowed, total, dtype):
+    """The additive bias (0 / -inf from boolean constraints, plus a float mask), or None."""
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == np.bool_:
+            mask = pad_last_axis(xp, attn_mask, total, False)
+            allowed = mask if allowed is None else allowed & mask
+        else:
+            bias = pad_last_axis(xp, attn_mask.astype(dtype), total, -np.inf)
+    if allowed is not None:
+        neg_inf = xp.asarray(-np.inf, dtype=dtype)
+        blocked = xp.where(allowed, xp.zeros((), dtype=dtype), neg_inf)
+        bias = blocked if bias is None else bias + blocked
+    return bias
+
+
+# -- Attention --------------------------------------------------------------------------
+
+def scaled_dot_product_attention(
+        xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
+        is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0,
+        scale=None, softcap=0.0, softmax_precision=None, left_window_size=-1,
+        right_window_size=-1, _outputs=1):
+    """The ONNX Attention computation shared by every version (see the module docstring)."""
+    was_3d = Q.ndim == 3
+    q = split_heads(Q, q_num_heads)
+    k = split_heads(K, kv_num_heads)
+    v = split_heads(V, kv_num_heads)
+    past_len = 0
+    if past_key is not None:
+        past_len = past_key.shape[2]
+        k = xp.concatenate([past_key, k], axis=2)
+        v = xp.concatenate([past_value, v], axis=2)
+    present_key, present_value = k, v
+    heads, q_len, head_size = q.shape[1:]
+    total = k.shape[2]
+    dtype = Q.dtype
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    # Scaling Q and K by sqrt(scale) each, as the spec does, keeps the product in range.
+    root = dtype.type(math.sqrt(scale))
+    k = repeat_kv_heads(xp, k, heads)
+    v = repeat_kv_heads(xp, v, heads)
+    # NumPy's bfloat16 matmul answers in float32; every stage stays in the input type.
+    scores = xp.matmul(q * root, (k * root).swapaxes(-1, -2)).astype(dtype)
+    qk_output = scores
+    if softcap:
+        cap = dtype.type(softcap)
+        scores = cap * xp.tanh(scores / cap)
+    if qk_matmul_output_mode == 1:
+        qk_output = scores
+
+    allowed = structural_mask(
+        xp, q_len, total, is_causal=is_causal, past_len=past_len,
+        nonpad=nonpad_kv_seqlen, left_window=left_window_size, right_window=right_window_size)
+    bias = attention_bias(xp, attn_mask, allowed, total, dtype)
+    if bias is not None:
+        scores = scores + bias
+    if qk_matmul_output_mode == 2:
+        qk_output = scores
+
+    precision = to_numpy_dtype(softmax_precision) if softmax_precision else dtype
+    probs = softmax_last(xp, scores.astype(precision)).astype(dtype)
+    if qk_matmul_output_mode == 3:
+        qk_output = probs
+
+    y = xp.matmul(probs, v).astype(dtype)
+    if was_3d:
+        y = merge_heads(y)
+    return (y, present_key, present_value, qk_output)[:max(_outputs, 1)]
+
+
+@op("Attention", since=23, dtypes=FLOATS)
+def attention_23(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None, *, is_causal=0,
+                 kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None,
+                 softcap=0.0, softmax_precision=None, _outputs=1):
+    return scaled_dot_product_attention(
+        xp, Q, K, V, attn_mask, past_key, past_value, is_causal=is_causal,
+        kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+        qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+        softmax_precision=softmax_precision, _outputs=_outputs)
+
+
+@op("Attention", since=24, dtypes=FLOATS)
+def attention_24(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None,
+                 nonpad_kv_seqlen=None, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
+                 qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
+                 _outputs=1):
+    return scaled_dot_product_attention(
+        xp, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, is_causal=is_causal,
+        kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+        qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+        softmax_precision=softmax_precision, _outputs=_outputs)
+
+
+@op("Attention", since=25, dtypes=FLOATS)
+def attention_25(xp, Q, K, V, attn_mask=None, past_key=None, past_value=None,
+                 nonpad_kv_seqlen=None, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
+                 qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
+                 left_window_size=-1, right_window_size=-1, _outputs=1):
+    return scaled_dot_product_attention(
+        xp, Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, is_causal=is_causal,
+        kv_num_heads=kv_num_heads, q_num_heads=q_num_heads,
+        qk_matmul_output_mode=qk_matmul_output_mode, scale=scale, softcap=softcap,
+        softmax_precision=softmax_precision, left_window_size=left_window_size,
+        right_window_size=right_window_size, _outputs=_outputs)
+
+
+def _sum_dims(a, b):
+    return a + b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def _heads_dim(hidden, num, heads):
+    """``hidden * num / heads`` when all are known ints (3D head re-packing)."""
+    if isinstance(hidden, int) and num and heads:
+        return hidden * num // heads
+    return None
+
+
+def infer_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
+      q_num_heads=None, kv_num_heads=None, **_):
+    if Q.shape is None or K.shape is None or V.shape is None:
+        return [TensorType(Q.dtype, None) for _ in range(4)]
+    past_len = 0 if past_key is None or past_key.shape is None else past_key.shape[2]
+    if len(Q.shape) == 4:
+        batch, q_heads, q_len, _size = Q.shape
+        kv_heads, kv_len, k_size, v_size = K.shape[1], K.shape[2], K.shape[3], V.shape[3]
+        y_shape = (batch, q_heads, q_len, v_size)
+    else:
+        batch, q_len, _hidden = Q.shape
+        q_heads, kv_heads, kv_len = q_num_heads, kv_num_heads, K.shape[1]
+        k_size = _heads_dim(K.shape[2], 1, kv_heads)
+        v_size = _heads_dim(V.shape[2], 1, kv_heads)
+        y_shape = (batch, q_len, _heads_dim(V.shape[2], q_heads, kv_heads))
+    total = _sum_dims(past_len, kv_len) if past_key is not None else kv_len
+    return [TensorType(Q.dtype, y_shape),
+            TensorType(K.dtype, (batch, kv_heads, total, k_size)),
+            TensorType(V.dtype, (batch, kv_heads, total, v_size)),
+            TensorType(Q.dtype, (batch, q_heads, q_len, total))]
+
+
+for _version in (attention_23, attention_24, attention_25):
+    _version.infer(infer_attention)
+
+
+# -- FlexAttention (ai.onnx.preview) ----------------------------------------------------
+
+@op("FlexAttention", since=1, domain="ai.onnx.preview", dtypes=FLOATS)
+def flex_attention(xp, Q, K, V, *, prob_mod=None, scale=None, score_mod=None,
+                   softmax_precision=None):
+    """Attention whose scores and probabilities pass through user subgraphs. Everything
+    between the two matmuls runs at ``softmax_precision`` (float32 unless inputs are
+    double), which is also the element type the subgraphs see."""
+    if softmax_precision:
+        precision = to_numpy_dtype(softmax_precision)
+    else:
+        precision = np.dtype(np.float64 if Q.dtype == np.float64 else np.float32)
+    heads = Q.shape[1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(Q.shape[-1])
+    q = Q.astype(precision)
+    k = repeat_kv_heads(xp, K.astype(precision), heads)
+    v = repeat_kv_heads(xp, V.astype(precision), heads)
+    scores = xp.matmul(q, k.swapaxes(-1, -2)) * precision.type(scale)
+    if score_mod is not None:
+        scores = score_mod(scores)[0]
+    probs = softmax_last(xp, scores)
+    if prob_mod is not None:
+        probs = prob_mod(probs)[0]
+    return xp.matmul(probs, v).astype(Q.dtype)
+
+
+@flex_attention.infer
+def _(Q, K, V, **_):
+    if Q.shape is None or V.shape is None:
+        return [TensorType(Q.dtype, None)]
+    return [TensorType(Q.dtype, Q.shape[:3] + V.shape[3:])]
+
+
+# -- RotaryEmbedding --------------------------------------------------------------------
+
+@op("RotaryEmbedding", since=23, dtypes=frozenset({"float32", "float16", "bfloat16"}))
+def rotary_embedding(xp, X, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
+                     num_heads=None, rotary_embedding_dim=0):
+    """Rotate pairs of features by position-dependent angles. Pairs are (i, i + half) or,
+    interleaved, (2i, 2i + 1); features past ``rotary_embedding_dim`` pass through."""
+    if position_ids is not None:
+        cos_cache, sin_cache = cos_cache[position_ids], sin_cache[position_ids]
+    # Bring x to (batch, seq, heads, size) so the (batch, seq, half) caches broadcast.
+    if X.ndim == 4:
+        x = X.transpose(0, 2, 1, 3)
+    else:
+        if not num_heads:
+            raise ValueError("RotaryEmbedding with a 3D input needs the num_heads attribute")
+        batch, seq, hidden = X.shape
+        x = X.reshape(batch, seq, num_heads, hidden // num_heads)
+    rotary = rotary_embedding_dim or x.shape[-1]
+    cos, sin = cos_cache[:, :, None, :], sin_cache[:, :, None, :]
+    if interleaved:
+        first, second = x[..., 0:rotary:2], x[..., 1:rotary:2]
+    else:
+        first, second = x[..., :rotary // 2], x[..., rotary // 2:rotary]
+    real = cos * first - sin * second
+    imag = sin * first + cos * second
+    if interleaved:
+        rotated = xp.stack([real, imag], axis=-1).reshape(real.shape[:-1] + (rotary,))
+    else:
+        rotated = xp.concatenate([real, imag], axis=-1)
+    out = xp.concatenate([rotated.astype(X.dtype), x[..., rotary:]], axis=-1)
+    return out.transpose(0, 2, 1, 3) if X.ndim == 4 else out.reshape(X.shape)
+
+
+rotary_embedding.infer(same_as_input)
+
+
+# -- SwiGLU -----------------------------------------------------------------------------
+
+@op("SwiGLU", since=28, dtypes=FLOATS)
+def swiglu(xp, A, B, *, alpha=1.0):
+    """Swish(A) * B. Narrow floats are computed in float32 and rounded once at the end."""
+    wide = np.float64 if A.dtype == np.float64 else np.float32
+    a, b = A.astype(wide), B.astype(wide)
+    gate = a / (1 + xp.exp(-wide(alpha) * a))
+    return (gate * b).astype(A.dtype)
+
+
+swiglu.infer(same_as_input)

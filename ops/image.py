@@ -1,1 +1,474 @@
-"""image operators."""
+"""Image operators: Resize/Upsample, GridSample, AffineGrid, NonMaxSuppression.
+
+Resize and GridSample are separable interpolations: for every resized axis we build, on the
+host, a small table of source indices and weights ("taps") per output position, then gather
+and weight on the device. The tables are tiny (output length x a few taps), so building them
+with NumPy costs nothing next to the data they are applied to.
+
+ImageDecoder is not registered: it needs an image decoding library (Pillow), which mixrt does
+not depend on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from mixrt.ops.dtypes import FLOATS, NUMERIC
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType, normalize_axis
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
+                "asymmetric", "tf_crop_and_resize")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _host(a):
+    """Small shape-like inputs (scales, sizes, roi, thresholds) are needed on the host to plan
+    the computation; this is the one explicit device-to-host copy of such a value."""
+    if a is None:
+        return None
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def _present(a):
+    """ONNX passes "not given" for scales/sizes/roi either as a missing input or as empty."""
+    return a is not None and a.size > 0
+
+
+def _compute_dtype(dtype):
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def _cast_result(xp, y, dtype):
+    """Interpolated values back to the input dtype; integers are rounded and saturated."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        y = xp.clip(xp.rint(y), info.min, info.max)
+    return y.astype(dtype, copy=False)
+
+
+# -- 1-D resampling tables -----------------------------------------------------------------
+
+def _source_coords(out_len, in_len, scale, coord_mode, roi_start=0.0, roi_end=1.0):
+    """Where each output position samples the input, in input pixel coordinates.
+
+    ``resized`` is the output length before flooring (in_len * scale): with scales given, the
+    modes that divide by the output length use this exact value, not the integer length.
+    """
+    i = np.arange(out_len, dtype=np.float64)
+    resized = in_len * scale
+    if coord_mode == "half_pixel":
+        return (i + 0.5) / scale - 0.5
+    if coord_mode == "half_pixel_symmetric":
+        offset = in_len / 2 * (1 - out_len / resized)
+        return offset + (i + 0.5) / scale - 0.5
+    if coord_mode == "pytorch_half_pixel":
+        return (i + 0.5) / scale - 0.5 if resized > 1 else np.zeros(out_len)
+    if coord_mode == "align_corners":
+        return i * (in_len - 1) / (resized - 1) if resized > 1 else np.zeros(out_len)
+    if coord_mode == "asymmetric":
+        return i / scale
+    if coord_mode == "tf_crop_and_resize":
+        if resized > 1:
+            step = (roi_end - roi_start) * (in_len - 1) / (resized - 1)
+            return roi_start * (in_len - 1) + i * step
+        return np.full(out_len, 0.5 * (roi_start + roi_end) * (in_len - 1))
+    raise ValueError(f"Resize: coordinate_transformation_mode {coord_mode!r} is not one of "
+                     f"{', '.join(_COORD_MODES)}")
+
+
+def _nearest_index(x, nearest_mode):
+    if nearest_mode == "round_prefer_floor":
+        return np.ceil(x - 0.5)
+    if nearest_mode == "round_prefer_ceil":
+        return np.floor(x + 0.5)
+    if nearest_mode == "floor":
+        return np.floor(x)
+    if nearest_mode == "ceil":
+        return np.ceil(x)
+    raise ValueError(f"nearest_mode {nearest_mode!r} is not one of {', '.join(_NEAREST_MODES)}")
+
+
+def _linear_kernel(d, _a):
+    return np.maximum(0.0, 1.0 - np.abs(d))
+
+
+def _cubic_kernel(d, a, xp=np):
+    """Keys' cubic convolution kernel with coefficient ``a``."""
+    d = xp.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return xp.where(d <= 1, near, xp.where(d < 2, far, 0.0))
+
+
+_KERNELS = {"linear": (_linear_kernel, 1), "cubic": (_cubic_kernel, 2)}
+
+
+def _filter_taps(x, in_len, mode, *, scale=1.0, cubic_a=-0.75, antialias=False,
+                 exclude_outside=False):
+    """Indices (out, k) and weights (out, k) of a linear/cubic filter centred at ``x``.
+
+    With antialiasing the filter is stretched by 1/scale when downsampling, so more input
+    pixels contribute. Taps beyond the edge reuse the edge pixel unless ``exclude_outside``.
+    """
+    kernel, radius = _KERNELS[mode]
+    stretch = min(scale, 1.0) if antialias else 1.0
+    reach = math.ceil(radius / stretch)
+    offsets = np.arange(1 - reach, reach + 1)
+    base = np.floor(x)
+    idx = base[:, None].astype(np.int64) + offsets
+    weights = kernel((offsets - (x - base)[:, None]) * stretch, cubic_a)
+    if exclude_outside:
+        weights = np.where((idx < 0) | (idx >= in_len), 0.0, weights)
+    if antialias or exclude_outside:
+        total = weights.sum(axis=1, keepdims=True)
+        weights = weights / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, in_len - 1), weights
+
+
+def _apply_taps(xp, x, axis, idx, weights, compute_dtype):
+    """Resample ``x`` along ``axis``: out[..., j, ...] = sum_t w[j, t] * x[..., idx[j, t], ...]."""
+    moved = xp.moveaxis(x, axis, -1)
+    if weights is None:  # nearest: a pure gather keeps integer data exact
+        return xp.moveaxis(moved[..., xp.asarray(idx[:, 0])], -1, axis)
+    gathered = moved[..., xp.asarray(idx)].astype(compute_dtype, copy=False)
+    y = (gathered * xp.asarray(weights, dtype=compute_dtype)).sum(axis=-1)
+    return xp.moveaxis(y, -1, axis)
+
+
+# -- Resize ----------------------------------------------------------------------------------
+
+def _output_sizes(in_sizes, scales, sizes, policy):
+    """(output sizes, scale factors) along the resized axes. Like onnxruntime, the output
+    length from scales ignores the region of interest (the spec's formula scales it)."""
+    in_sizes = np.asarray(in_sizes, dtype=np.float64)
+    if sizes is not None:
+        sizes = sizes.astype(np.int64)
+        if policy == "stretch":
+            return sizes, sizes / in_sizes
+        ratios = sizes / in_sizes
+        if policy not in ("not_larger", "not_smaller"):
+            raise ValueError(f"Resize: keep_aspect_ratio_policy {policy!r} is not one of "
+                             "stretch, not_larger, not_smaller")
+        scale = ratios.min() if policy == "not_larger" else ratios.max()
+        out = np.floor(scale * in_sizes + 0.5).astype(np.int64)
+        return out, np.full(len(in_sizes), scale)
+    scales = scales.astype(np.float64)
+    return np.floor(in_sizes * scales).astype(np.int64), scales
+
+
+def _resize(xp, X, roi, scales, sizes, axes=None, *, mode="nearest",
+            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
+            exclude_outside=0, extrapolation_value=0.0, nearest_mode="round_prefer_floor",
+            antialias=0, keep_aspect_ratio_policy="stretch"):
+    rank = X.ndim
+    axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
+    roi, scales, sizes = (_host(v) if _present(v) else None for v in (roi, scales, sizes))
+    if (scales is None) == (sizes is None):
+        raise ValueError("Resize needs exactly one of 'scales' and 'sizes'")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise ValueError(f"Resize: mode {mode!r} is not one of nearest, linear, cubic")
+    in_sizes = [X.shape[a] for a in axes]
+    crop = coordinate_transformation_mode == "tf_crop_and_resize"
+    if roi is None:
+        roi = np.concatenate([np.zeros(len(axes)), np.ones(len(axes))])
+    roi = roi.astype(np.float64)
+    out_sizes, factors = _output_sizes(in_sizes, scales, sizes, keep_aspect_ratio_policy)
+    compute_dtype = _compute_dtype(X.dtype)
+    y, inside = X, None
+    for k, axis in enumerate(axes):
+        in_len, out_len, scale = in_sizes[k], int(out_sizes[k]), float(factors[k])
+        if out_len == in_len and scale == 1.0 and not crop:
+            continue
+        coords = _source_coords(out_len, in_len, scale, coordinate_transformation_mode,
+                                roi[k], roi[k + len(axes)])
+        if mode == "nearest":
+            idx = np.clip(_nearest_index(coords, nearest_mode), 0, in_len - 1)
+            idx, weights = idx.astype(np.int64)[:, None], None
+        else:
+            idx, weights = _filter_taps(coords, in_len, mode, scale=scale, cubic_a=cubic_coeff_a,
+                                        antialias=bool(antialias),
+                                        exclude_outside=bool(exclude_outside))
+        y = _apply_taps(xp, y, axis, idx, weights, compute_dtype)
+        if crop:  # points sampled outside the input take extrapolation_value
+            shape = [1] * rank
+            shape[axis] = out_len
+            axis_inside = xp.asarray(((coords >= 0) & (coords <= in_len - 1)).reshape(shape))
+            inside = axis_inside if inside is None else inside & axis_inside
+    if inside is not None:
+        y = xp.where(inside, y, xp.asarray(extrapolation_value, dtype=y.dtype))
+    return _cast_result(xp, y, X.dtype)
+
+
+@op("Resize", since=19, dtypes=NUMERIC)
+@op("Resize", since=18, dtypes=NUMERIC)
+def resize(xp, X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
+           coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
+           extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
+           nearest_mode="round_prefer_floor"):
+    return _resize(xp, X, roi, scales, sizes, axes, mode=mode,
+                   coordinate_transformation_mode=coordinate_transformation_mode,
+                   cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                   extrapolation_value=extrapolation_value, nearest_mode=nearest_mode,
+                   antialias=antialias, keep_aspect_ratio_policy=keep_aspect_ratio_policy)
+
+
+@op("Resize", since=13, dtypes=NUMERIC)
+@op("Resize", since=11, dtypes=NUMERIC)
+def resize_11(xp, X, roi=None, scales=None, sizes=None, *,
+              coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
+              exclude_outside=0, extrapolation_value=0.0, mode="nearest",
+              nearest_mode="round_prefer_floor"):
+    return _resize(xp, X, roi, scales, sizes, mode=mode,
+                   coordinate_transformation_mode=coordinate_transformation_mode,
+                   cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside,
+                   extrapolation_value=extrapolation_value, nearest_mode=nearest_mode)
+
+
+@op("Resize", since=10, dtypes=NUMERIC)
+@op("Upsample", since=9, dtypes=NUMERIC)
+def upsample(xp, X, scales, *, mode="nearest"):
+    """Before opset 11 both ops map output i to input i / scale and nearest takes the floor."""
+    if mode == "bilinear":
+        mode = "linear"
+    return _resize(xp, X, None, scales, None, mode=mode,
+                   coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
+@op("Upsample", since=7, dtypes=NUMERIC)
+def upsample_7(xp, X, *, mode="nearest", scales=None):
+    if scales is None:
+        raise ValueError("Upsample-7 requires the 'scales' attribute")
+    return upsample(xp, X, np.asarray(scales, dtype=np.float32), mode=mode)
+
+
+@resize.infer
+def _infer_resize(X, roi=None, scales=None, sizes=None, *, axes=None,
+                  keep_aspect_ratio_policy="stretch", **_):
+    if X.shape is None:
+        return [TensorType(X.dtype, None)]
+    rank = len(X.shape)
+    axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
+    given = [None if t is None or t.value is None else np.asarray(t.value)
+             for t in (scales, sizes)]
+    shape = list(X.shape)
+    known_inputs = all(isinstance(X.shape[a], int) for a in axes)
+    if known_inputs and any(v is not None and v.size for v in given):
+        scale_v, size_v = (v if v is not None and v.size else None for v in given)
+        out, _ = _output_sizes([X.shape[a] for a in axes], scale_v, size_v,
+                               keep_aspect_ratio_policy)
+        for a, n in zip(axes, out):
+            shape[a] = int(n)
+    else:
+        for a in axes:
+            shape[a] = None
+    return [TensorType(X.dtype, tuple(shape))]
+
+
+resize_11.infer(_infer_resize)
+
+
+@upsample.infer
+def _infer_upsample(X, scales=None, **_):
+    return _infer_resize(X, None, scales, None)
+
+
+@upsample_7.infer
+def _infer_upsample_7(X, *, scales=None, **_):
+    if X.shape is None or scales is None or not all(isinstance(d, int) for d in X.shape):
+        return [TensorType(X.dtype, None if X.shape is None else (None,) * len(X.shape))]
+    return [TensorType(X.dtype, tuple(int(math.floor(d * s)) for d, s in zip(X.shape, scales)))]
+
+
+# -- GridSample ------------------------------------------------------------------------------
+
+_GRID_MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest",
+               "cubic": "cubic", "bicubic": "cubic"}
+
+
+def _unnormalize(xp, g, size, align_corners):
+    """Grid values in [-1, 1] to pixel coordinates along one spatial axis."""
+    if align_corners:
+        return (g + 1) / 2 * (size - 1)
+    return ((g + 1) * size - 1) / 2
+
+
+def _reflect(xp, x, low, high):
+    """Fold ``x`` into [low, high] by mirroring at the bounds as often as needed."""
+    span = high - low
+    if span <= 0:
+        return xp.zeros_like(x)
+    distance = xp.abs(x - low)
+    flips = xp.floor(distance / span)
+    extra = distance - flips * span
+    return xp.where(flips % 2 == 0, low + extra, high - extra)
+
+
+def _pad_coords(xp, x, size, padding_mode, align_corners):
+    """Move out-of-range coordinates back in, per padding_mode ("zeros" leaves them)."""
+    if padding_mode == "border":
+        return xp.clip(x, 0, size - 1)
+    if padding_mode == "reflection":
+        low, high = (0, size - 1) if align_corners else (-0.5, size - 0.5)
+        return xp.clip(_reflect(xp, x, low, high), 0, size - 1)
+    if padding_mode == "zeros":
+        return x
+    raise ValueError(f"GridSample: padding_mode {padding_mode!r} is not one of "
+                     "zeros, border, reflection")
+
+
+def _grid_taps(xp, coord, size, mode, padding_mode, align_corners):
+    """(index, weight) pairs along one spatial axis; weight is 0 where the tap is outside."""
+    x = _unnormalize(xp, coord, size, align_corners)
+    if mode == "cubic":  # the taps, not the centre, are padded (as PyTorch does)
+        base = xp.floor(x)
+        t = x - base
+        taps = []
+        for offset in (-1, 0, 1, 2):
+            idx = _pad_coords(xp, base + offset, size, padding_mode, align_corners)
+            weight = _cubic_kernel(offset - t, -0.75, xp)  # PyTorch's fixed coefficient
+            taps.append((idx, weight))
+    else:
+        x = _pad_coords(xp, x, size, padding_mode, align_corners)
+        if mode == "nearest":
+            taps = [(xp.rint(x), xp.ones_like(x))]
+        else:
+            base = xp.floor(x)
+            t = x - base
+            taps = [(base, 1 - t), (base + 1, t)]
+    result = []
+    for idx, weight in taps:
+        inside = (idx >= 0) & (idx <= size - 1)
+        result.append((xp.clip(idx, 0, size - 1).astype(np.int64), xp.where(inside, weight, 0)))
+    return result
+
+
+@op("GridSample", since=22, dtypes=FLOATS)
+@op("GridSample", since=20, dtypes=FLOATS)
+@op("GridSample", since=16, dtypes=FLOATS)
+def grid_sample(xp, X, grid, *, align_corners=0, mode="linear", padding_mode="zeros"):
+    if mode not in _GRID_MODES:
+        raise ValueError(f"GridSample: mode {mode!r} is not one of linear, nearest, cubic")
+    mode = _GRID_MODES[mode]
+    n, c, *spatial = X.shape
+    out_spatial = grid.shape[1:-1]
+    compute_dtype = _compute_dtype(X.dtype)
+    grid = grid.astype(compute_dtype, copy=False)
+    # grid's last axis lists coordinates innermost-first: grid[..., 0] indexes the last axis.
+    per_axis = [_grid_taps(xp, grid[..., len(spatial) - 1 - d], size, mode, padding_mode,
+                           align_corners)
+                for d, size in enumerate(spatial)]
+    strides = [int(np.prod(spatial[d + 1:])) for d in range(len(spatial))]
+    pixels = xp.moveaxis(X.reshape(n, c, -1), 1, -1).astype(compute_dtype, copy=False)
+    batch = xp.arange(n).reshape((n,) + (1,) * len(out_spatial))
+    y = xp.zeros((n, *out_spatial, c), dtype=compute_dtype)
+    for combo in itertools.product(*per_axis):
+        flat = sum(idx * stride for (idx, _), stride in zip(combo, strides))
+        weight = combo[0][1]
+        for _, w in combo[1:]:
+            weight = weight * w
+        y += pixels[batch, flat] * weight[..., None].astype(compute_dtype, copy=False)
+    return xp.moveaxis(y, -1, 1).astype(X.dtype, copy=False)
+
+
+@grid_sample.infer
+def _infer_grid_sample(X, grid, **_):
+    if X.shape is None or grid.shape is None:
+        return [TensorType(X.dtype, None)]
+    return [TensorType(X.dtype, (X.shape[0], X.shape[1], *grid.shape[1:-1]))]
+
+
+# -- AffineGrid ------------------------------------------------------------------------------
+
+def _base_positions(xp, size, align_corners, dtype):
+    """Evenly spaced positions in [-1, 1] along one axis of length ``size``."""
+    i = xp.arange(size, dtype=dtype)
+    if align_corners:
+        return i * 2 / (size - 1) - 1 if size > 1 else xp.zeros(1, dtype=dtype)
+    return (2 * i + 1) / size - 1
+
+
+@op("AffineGrid", since=20, dtypes=FLOATS)
+def affine_grid(xp, theta, size, *, align_corners=0):
+    n, _c, *spatial = (int(v) for v in _host(size))
+    dtype = _compute_dtype(theta.dtype)
+    axes = [_base_positions(xp, s, align_corners, dtype) for s in spatial]
+    # Homogeneous positions [x, y, (z,) 1] with x along the last (innermost) spatial axis.
+    mesh = xp.meshgrid(*axes, indexing="ij")[::-1]
+    points = xp.stack([*mesh, xp.ones_like(mesh[0])], axis=-1).reshape(-1, len(spatial) + 1)
+    grid = xp.einsum("pk,nrk->npr", points, theta.astype(dtype, copy=False))
+    return grid.reshape(n, *spatial, len(spatial)).astype(theta.dtype, copy=False)
+
+
+@affine_grid.infer
+def _infer_affine_grid(theta, size, **_):
+    if size.value is None:
+        return [TensorType(theta.dtype, None)]
+    n, _c, *spatial = (int(v) for v in np.asarray(size.value))
+    return [TensorType(theta.dtype, (n, *spatial, len(spatial)))]
+
+
+# -- NonMaxSuppression -----------------------------------------------------------------------
+
+def _corners(boxes, center_point_box):
+    """Boxes as (y_min, x_min, y_max, x_max), whatever corner order or format they came in."""
+    if center_point_box:
+        xc, yc, w, h = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+        return np.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], axis=1)
+    y1, x1, y2, x2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
+    return np.stack([np.minimum(y1, y2), np.minimum(x1, x2),
+                     np.maximum(y1, y2), np.maximum(x1, x2)], axis=1)
+
+
+def _iou_with(box, others):
+    top = np.maximum(box[0], others[:, 0])
+    left = np.maximum(box[1], others[:, 1])
+    bottom = np.minimum(box[2], others[:, 2])
+    right = np.minimum(box[3], others[:, 3])
+    inter = np.clip(bottom - top, 0, None) * np.clip(right - left, 0, None)
+    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
+    union = area(box) + area(others) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def _select_boxes(corners, scores, limit, iou_threshold, score_threshold):
+    """Greedy NMS for one (batch, class): indices of the kept boxes, best score first."""
+    order = np.argsort(-scores, kind="stable")
+    if score_threshold is not None:
+        order = order[scores[order] >= score_threshold]
+    kept = []
+    for i in order:
+        if len(kept) >= limit:
+            break
+        if not kept or np.all(_iou_with(corners[i], corners[kept]) <= iou_threshold):
+            kept.append(int(i))
+    return kept
+
+
+@op("NonMaxSuppression", since=11)
+@op("NonMaxSuppression", since=10)
+def non_max_suppression(xp, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                        score_threshold=None, *, center_point_box=0):
+    # Greedy selection is sequential and data-dependent: it runs on the host.
+    boxes, scores = _host(boxes).astype(np.float64), _host(scores).astype(np.float64)
+    limit = 0 if not _present(max_output_boxes_per_class) else int(
+        _host(max_output_boxes_per_class).reshape(-1)[0])
+    iou = 0.0 if not _present(iou_threshold) else float(_host(iou_threshold).reshape(-1)[0])
+    min_score = None if not _present(score_threshold) else float(
+        _host(score_threshold).reshape(-1)[0])
+    selected = []
+    for b in range(boxes.shape[0]):
+        corners = _corners(boxes[b], center_point_box)
+        for c in range(scores.shape[1]):
+            for i in _select_boxes(corners, scores[b, c], limit, iou, min_score):
+                selected.append((b, c, i))
+    return xp.asarray(np.asarray(selected, dtype=np.int64).reshape(-1, 3))
+
+
+@non_max_suppression.infer
+def _infer_nms(*_, **__):
+    return [TensorType(np.dtype(np.int64), (None, 3))]

@@ -1,1 +1,576 @@
-"""ml operators."""
+"""Traditional-ML operators of the ``ai.onnx.ml`` domain (the opsets of that domain, not the
+default one): label encoding, tree ensembles and the small feature transforms sklearn
+converters emit.
+
+String tensors are NumPy object arrays, so a kernel that reads or writes strings works on the
+host; numeric paths use ``xp``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.registry import op
+from mixrt.ops.string import to_host
+from mixrt.ops.types import TensorType, same_as_input, tensor
+
+ML = "ai.onnx.ml"
+_NUMBERS = frozenset({"float32", "float64", "int64", "int32"})
+
+
+# -- LabelEncoder -----------------------------------------------------------------------
+
+def _encode(xp, X, keys, values, default):
+    """Map each element of X through keys -> values (the last of repeated keys wins; a NaN
+    key matches any NaN); elements without a key become ``default``."""
+    keys, values = np.asarray(keys), np.asarray(values)
+    if X.dtype == object or values.dtype == object:
+        return _encode_on_host(xp, X, keys, values, default)
+    last = len(keys) - 1 - np.unique(keys[::-1], return_index=True)[1]  # sorted by key
+    sorted_keys, sorted_values = xp.asarray(keys[last]), xp.asarray(values[last])
+    data = X.astype(sorted_keys.dtype) if X.dtype != sorted_keys.dtype else X
+    if not len(last):
+        return xp.full(X.shape, default, dtype=values.dtype)
+    at = xp.clip(xp.searchsorted(sorted_keys, data), 0, len(last) - 1)
+    found = sorted_keys[at] == data
+    fill = xp.asarray(default, dtype=values.dtype)
+    out = xp.where(found, sorted_values[at], fill)
+    nan_keys = np.flatnonzero(np.isnan(keys)) if keys.dtype.kind == "f" else []
+    if len(nan_keys):
+        out = xp.where(xp.isnan(data), xp.asarray(values[nan_keys[-1]]), out)
+    return out.astype(values.dtype, copy=False)
+
+
+def _encode_on_host(xp, X, keys, values, default):
+    data = to_host(xp, X)
+    if keys.dtype.kind == "f":  # compare numbers as the keys' type, as the numeric path does
+        data = data.astype(keys.dtype)
+    table = dict(zip(keys.tolist(), values.tolist()))
+    nan_value = next((v for k, v in zip(keys.tolist()[::-1], values.tolist()[::-1])
+                      if isinstance(k, float) and k != k), None)
+    mapped = [nan_value if nan_value is not None and isinstance(x, float) and x != x
+              else table.get(x, default) for x in data.reshape(-1).tolist()]
+    out = np.empty(len(mapped), dtype=values.dtype)
+    out[:] = mapped
+    out = out.reshape(data.shape)
+    return out if out.dtype == object else xp.asarray(out)
+
+
+def _pick(kind: str, **candidates):
+    """The one ``keys_*``/``values_*`` attribute that is set, as an array."""
+    chosen = [(name, v) for name, v in candidates.items() if v is not None]
+    if len(chosen) != 1:
+        raise ValueError(f"LabelEncoder needs exactly one of {', '.join(candidates)}; "
+                         f"got {[name for name, _ in chosen] or 'none'}")
+    name, value = chosen[0]
+    dtypes = {"strings": object, "int64s": np.int64, "floats": np.float32}
+    suffix = name.rsplit("_", 1)[1]
+    return np.asarray(value) if suffix == "tensor" else np.asarray(value, dtype=dtypes[suffix])
+
+
+def _default_for(values: np.ndarray, default_float, default_int64, default_string):
+    if values.dtype == object:
+        return default_string
+    if values.dtype.kind == "f":
+        return default_float
+    return default_int64
+
+
+@op("LabelEncoder", since=4, domain=ML)
+def label_encoder_4(xp, X, *, default_float=-0.0, default_int64=-1, default_string="_Unused",
+                    default_tensor=None, keys_floats=None, keys_int64s=None, keys_strings=None,
+                    keys_tensor=None, values_floats=None, values_int64s=None,
+                    values_strings=None, values_tensor=None):
+    keys = _pick("keys", keys_floats=keys_floats, keys_int64s=keys_int64s,
+                 keys_strings=keys_strings, keys_tensor=keys_tensor)
+    values = _pick("values", values_floats=values_floats, values_int64s=values_int64s,
+                   values_strings=values_strings, values_tensor=values_tensor)
+    if default_tensor is not None:
+        default = np.asarray(default_tensor).reshape(-1)[0]
+    elif values_tensor is not None:  # the spec's per-type defaults for a values tensor
+        default = "_Unused" if values.dtype == object else -0.0 if values.dtype.kind == "f" else -1
+    else:
+        default = _default_for(values, default_float, default_int64, default_string)
+    return _encode(xp, X, keys, values, default)
+
+
+@op("LabelEncoder", since=2, domain=ML)
+def label_encoder_2(xp, X, *, default_float=-0.0, default_int64=-1, default_string="_Unused",
+                    keys_floats=None, keys_int64s=None, keys_strings=None, values_floats=None,
+                    values_int64s=None, values_strings=None):
+    keys = _pick("keys", keys_floats=keys_floats, keys_int64s=keys_int64s,
+                 keys_strings=keys_strings)
+    values = _pick("values", values_floats=values_floats, values_int64s=values_int64s,
+                   values_strings=values_strings)
+    return _encode(xp, X, keys, values,
+                   _default_for(values, default_float, default_int64, default_string))
+
+
+@op("LabelEncoder", since=1, domain=ML)
+def label_encoder_1(xp, X, *, classes_strings=None, default_int64=-1, default_string="_Unused"):
+    """Version 1 maps strings to their position in classes_strings, or positions back."""
+    classes = np.asarray(classes_strings or [], dtype=object)
+    positions = np.arange(len(classes), dtype=np.int64)
+    if X.dtype == object:
+        return _encode(xp, X, classes, positions, default_int64)
+    return _encode(xp, X, positions, classes, default_string)
+
+
+def _label_encoder_type(X, *, values_floats=None, values_int64s=None, values_strings=None,
+                        values_tensor=None, classes_strings=None, **_):
+    if classes_strings is not None:
+        dtype = np.int64 if X.dtype == np.dtype(object) else object
+    elif values_tensor is not None:
+        dtype = np.asarray(values_tensor).dtype
+    else:
+        dtype = (object if values_strings is not None else
+                 np.int64 if values_int64s is not None else np.float32)
+    return [tensor(dtype, X.shape)]
+
+
+for _kernel in (label_encoder_1, label_encoder_2, label_encoder_4):
+    _kernel.infer(_label_encoder_type)
+
+
+
+@op("CategoryMapper", since=1, domain=ML)
+def category_mapper(xp, X, *, cats_int64s=None, cats_strings=None, default_int64=-1,
+                    default_string="_Unused"):
+    """strings -> int64 or int64 -> strings through the parallel cats_* lists."""
+    strings = np.asarray(cats_strings or [], dtype=object)
+    ints = np.asarray(cats_int64s or [], dtype=np.int64)
+    if X.dtype == object:
+        return _encode(xp, X, strings, ints, default_int64)
+    return _encode(xp, X, ints, strings, default_string)
+
+
+@category_mapper.infer
+def _(X, **_):
+    return [tensor(np.int64 if X.dtype == np.dtype(object) else object, X.shape)]
+
+# -- small feature transforms -----------------------------------------------------------
+
+@op("Binarizer", since=1, domain=ML, dtypes=FLOATS | frozenset({"int64", "int32"}))
+def binarizer(xp, X, *, threshold=0.0):
+    return (X > threshold).astype(X.dtype)
+
+
+binarizer.infer(same_as_input)
+
+
+@op("ArrayFeatureExtractor", since=1, domain=ML)
+def array_feature_extractor(xp, X, Y):
+    """Select Y's indices along the last axis; a 1-D X is treated as one row, [1, len(Y)]."""
+    indices = Y.reshape(-1)
+    if X.dtype == object:
+        picked = np.take(X, to_host(xp, indices), axis=-1)
+    else:
+        picked = xp.take(X, indices, axis=-1)
+    return picked.reshape(1, -1) if X.ndim == 1 else picked
+
+
+@array_feature_extractor.infer
+def _(X, Y, **_):
+    count = None if Y.shape is None or None in Y.shape else int(np.prod(Y.shape))
+    if X.shape is None:
+        return [TensorType(X.dtype, None)]
+    return [TensorType(X.dtype, (1, count) if len(X.shape) == 1 else (*X.shape[:-1], count))]
+
+
+def _rows(X):
+    """ML ops see [C] as a single row [1, C]."""
+    return X.reshape(1, -1) if X.ndim == 1 else X
+
+
+@op("Normalizer", since=1, domain=ML, dtypes=_NUMBERS)
+def normalizer(xp, X, *, norm="MAX"):
+    rows = _rows(X).astype(np.float32)
+    if norm == "MAX":
+        scale = rows.max(axis=1, keepdims=True)
+    elif norm == "L1":
+        scale = xp.abs(rows).sum(axis=1, keepdims=True)
+    elif norm == "L2":
+        scale = xp.sqrt((rows * rows).sum(axis=1, keepdims=True))
+    else:
+        raise ValueError(f"Normalizer norm must be one of MAX, L1, L2, got {norm!r}")
+    return (rows / scale).reshape(X.shape)
+
+
+def _float32_like_input(X, *_, **__):
+    return [tensor(np.float32, X.shape)]
+
+
+normalizer.infer(_float32_like_input)
+
+
+@op("Scaler", since=1, domain=ML, dtypes=_NUMBERS)
+def scaler(xp, X, *, offset=None, scale=None):
+    offset = xp.asarray(offset if offset is not None else [0.0], dtype=np.float32)
+    scale = xp.asarray(scale if scale is not None else [1.0], dtype=np.float32)
+    return (X.astype(np.float32) - offset) * scale
+
+
+scaler.infer(_float32_like_input)
+
+
+@op("OneHotEncoder", since=1, domain=ML)
+def one_hot_encoder(xp, X, *, cats_int64s=None, cats_strings=None, zeros=1):
+    if (cats_int64s is None) == (cats_strings is None):
+        raise ValueError("OneHotEncoder needs exactly one of cats_int64s and cats_strings")
+    if cats_strings is not None:
+        data = to_host(xp, X)
+        cats = np.asarray(cats_strings, dtype=object)
+        hits = xp.asarray(data[..., None] == cats[None, :])
+    else:
+        hits = X.astype(np.int64)[..., None] == xp.asarray(cats_int64s, dtype=np.int64)
+    if not zeros and not bool(hits.any(axis=-1).all()):
+        raise ValueError("OneHotEncoder: an input value is not among the categories and "
+                         "zeros=0 forbids an all-zero row")
+    return hits.astype(np.float32)
+
+
+@one_hot_encoder.infer
+def _(X, *, cats_int64s=None, cats_strings=None, **_):
+    count = len(cats_int64s if cats_int64s is not None else cats_strings or [])
+    return [tensor(np.float32, None if X.shape is None else (*X.shape, count))]
+
+
+@op("Imputer", since=1, domain=ML, dtypes=frozenset({"float32", "float64", "int64", "int32"}))
+def imputer(xp, X, *, imputed_value_floats=None, imputed_value_int64s=None,
+            replaced_value_float=0.0, replaced_value_int64=0):
+    if X.dtype.kind == "f":
+        imputed = xp.asarray(imputed_value_floats, dtype=X.dtype)
+        missing = (xp.isnan(X) if np.isnan(replaced_value_float)
+                   else X == X.dtype.type(replaced_value_float))
+    else:
+        imputed = xp.asarray(imputed_value_int64s, dtype=X.dtype)
+        missing = X == replaced_value_int64
+    return xp.where(missing, imputed, X)  # one value, or one per column (the last axis)
+
+
+imputer.infer(same_as_input)
+
+
+@op("FeatureVectorizer", since=1, domain=ML)
+def feature_vectorizer(xp, *X, inputdimensions=None):
+    """Concatenate inputs as float32 columns; each contributes exactly inputdimensions[i]
+    columns (truncated or zero-padded)."""
+    dims = list(inputdimensions or [])
+    parts = []
+    for x, width in zip(X, dims):
+        cols = _rows(x).astype(np.float32)
+        cols = cols.reshape(cols.shape[0], -1)[:, :width]
+        if cols.shape[1] < width:
+            cols = xp.concatenate(
+                [cols, xp.zeros((cols.shape[0], width - cols.shape[1]), np.float32)], axis=1)
+        parts.append(cols)
+    return xp.concatenate(parts, axis=1)
+
+
+@feature_vectorizer.infer
+def _(*X, inputdimensions=None, **_):
+    batch = X[0].shape[0] if X[0].shape is not None and len(X[0].shape) > 1 else None
+    return [tensor(np.float32, (batch, int(sum(inputdimensions or []))))]
+
+
+@op("LinearRegressor", since=1, domain=ML, dtypes=_NUMBERS)
+def linear_regressor(xp, X, *, coefficients=None, intercepts=None, post_transform="NONE",
+                     targets=1):
+    rows = _rows(X).astype(np.float32)
+    weights = xp.asarray(coefficients, dtype=np.float32).reshape(targets, -1)
+    scores = rows @ weights.T
+    if intercepts is not None:
+        scores = scores + xp.asarray(intercepts, dtype=np.float32)
+    return post_transform_scores(xp, scores, post_transform)
+
+
+@linear_regressor.infer
+def _(X, *, targets=1, **_):
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else 1
+    return [tensor(np.float32, (batch, targets))]
+
+
+
+@op("LinearClassifier", since=1, domain=ML, dtypes=_NUMBERS)
+def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
+                      coefficients=None, intercepts=None, multi_class=0, post_transform="NONE"):
+    """Scores X @ W.T + b, label = the best-scoring class. With one row of coefficients and
+    two labels the model is binary: s is the second class's score, the label is the second
+    class when s > 0, and the scores are [1 - p, p] with p = s after LOGISTIC if asked (the
+    other transforms leave s as it is), as onnxruntime does."""
+    labels = classlabels_strings if classlabels_strings is not None else classlabels_ints
+    if labels is None:
+        raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
+    rows = _rows(X).astype(np.float32)
+    weights = xp.asarray(coefficients, dtype=np.float32).reshape(-1, rows.shape[1])
+    scores = rows @ weights.T
+    if intercepts is not None:
+        scores = scores + xp.asarray(intercepts, dtype=np.float32)
+    if weights.shape[0] == 1 and len(labels) == 2:
+        positive = scores[:, 0] > 0
+        p = post_transform_scores(xp, scores, "LOGISTIC") if post_transform == "LOGISTIC" \
+            else scores
+        scores = xp.concatenate([1 - p, p], axis=1)
+        chosen = positive.astype(np.int64)
+    else:
+        chosen = xp.argmax(scores, axis=1)
+        scores = post_transform_scores(xp, scores, post_transform)
+    if classlabels_strings is not None:
+        label = np.asarray(classlabels_strings, dtype=object)[to_host(xp, chosen)]
+    else:
+        label = xp.asarray(classlabels_ints, dtype=np.int64)[chosen]
+    return label, scores.astype(np.float32)
+
+
+@linear_classifier.infer
+def _(X, *, classlabels_ints=None, classlabels_strings=None, **_):
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else 1
+    label = object if classlabels_strings is not None else np.int64
+    return [tensor(label, (batch,)), tensor(np.float32, (batch, None))]
+
+# -- score post-transforms --------------------------------------------------------------
+
+_POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+
+
+def _probit(xp, p):
+    """sqrt(2) * erfinv(2p - 1), the normal quantile: no array library we use has erfinv,
+    so the standard library's computes it on the host (PROBIT is for single scores)."""
+    import math
+    from statistics import NormalDist
+
+    quantile = np.vectorize(lambda v: NormalDist().inv_cdf(v) if 0 < v < 1 else
+                            (math.inf if v >= 1 else -math.inf))
+    host = to_host(xp, p)
+    return xp.asarray(quantile(host.astype(np.float64)).astype(host.dtype))
+
+
+def post_transform_scores(xp, scores, post_transform):
+    """Apply an ML post_transform (its name, or the int code TreeEnsemble uses) per row."""
+    name = _POST_TRANSFORMS[post_transform] if isinstance(post_transform, int) else post_transform
+    if name == "NONE":
+        return scores
+    if name == "LOGISTIC":
+        return 1 / (1 + xp.exp(-scores))
+    if name == "SOFTMAX":
+        shifted = xp.exp(scores - scores.max(axis=1, keepdims=True))
+        return shifted / shifted.sum(axis=1, keepdims=True)
+    if name == "SOFTMAX_ZERO":  # a (near) zero score stays zero and takes no share of the mass
+        nonzero = xp.abs(scores) > 1e-7
+        shifted = xp.where(nonzero, xp.exp(scores - scores.max(axis=1, keepdims=True)), 0)
+        total = shifted.sum(axis=1, keepdims=True)
+        # an all-zero row has no mass to share out: it becomes 0.5 everywhere, as onnx's
+        # reference does (onnxruntime returns NaN there)
+        share = shifted / xp.where(total == 0, 1, total)
+        return xp.where(total == 0, scores.dtype.type(0.5), share)
+    if name == "PROBIT":
+        return _probit(xp, scores)
+    raise ValueError(f"post_transform must be one of {_POST_TRANSFORMS}, got {post_transform!r}")
+
+
+# -- tree ensembles ---------------------------------------------------------------------
+#
+# Every encoding is first turned into one flat table: interior nodes and leaves share the
+# index space, a leaf's mode is _LEAF, and each leaf's contribution to the targets is a row
+# of `weights` (with `hit` saying which targets it touches, for MIN/MAX).
+
+_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+          "BRANCH_MEMBER", "LEAF")
+_MEMBER, _LEAF = 6, 7
+_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+
+
+class _Forest:
+    def __init__(self, *, roots, features, splits, modes, true_next, false_next, tracks_true,
+                 members, weights, hit):
+        self.roots = np.asarray(roots, dtype=np.int64)
+        self.features = np.asarray(features, dtype=np.int64)
+        self.splits = np.asarray(splits, dtype=np.float64)
+        self.modes = np.asarray(modes, dtype=np.int64)
+        self.true_next = np.asarray(true_next, dtype=np.int64)
+        self.false_next = np.asarray(false_next, dtype=np.int64)
+        self.tracks_true = np.asarray(tracks_true, dtype=bool)
+        self.members = members  # [node count, widest set], NaN-padded; row i for node i
+        self.weights = weights  # [node count, targets]
+        self.hit = hit
+
+    def leaves(self, xp, X):
+        """The leaf each sample reaches in each tree: [N, trees]."""
+        table = {name: xp.asarray(getattr(self, name)) for name in (
+            "features", "splits", "modes", "true_next", "false_next", "tracks_true", "members")}
+        data = X.astype(np.float64)
+        node = xp.broadcast_to(xp.asarray(self.roots), (X.shape[0], len(self.roots))).copy()
+        for _ in range(len(self.modes)):  # a path never visits a node twice
+            mode = table["modes"][node]
+            interior = mode != _LEAF
+            if not bool(interior.any()):
+                break
+            x = xp.take_along_axis(data, table["features"][node], axis=1)
+            go_true = _compare(xp, x, table["splits"][node], mode)
+            is_member = (x[..., None] == table["members"][node]).any(axis=-1)
+            go_true = xp.where(mode == _MEMBER, is_member, go_true)
+            go_true = xp.where(xp.isnan(x), table["tracks_true"][node], go_true)
+            following = xp.where(go_true, table["true_next"][node], table["false_next"][node])
+            node = xp.where(interior, following, node)
+        return node
+
+    def aggregate(self, xp, leaves, function: str):
+        weights, hit = xp.asarray(self.weights), xp.asarray(self.hit)
+        if function in ("SUM", "AVERAGE"):
+            total = weights[leaves[:, 0]].copy()
+            for t in range(1, leaves.shape[1]):
+                total += weights[leaves[:, t]]
+            return total / leaves.shape[1] if function == "AVERAGE" else total
+        pick = xp.minimum if function == "MIN" else xp.maximum
+        start = np.inf if function == "MIN" else -np.inf
+        best = xp.full((leaves.shape[0], weights.shape[1]), start)
+        for t in range(leaves.shape[1]):
+            best = xp.where(hit[leaves[:, t]], pick(best, weights[leaves[:, t]]), best)
+        return xp.where(xp.isinf(best), 0.0, best)  # a target no leaf reached scores 0
+
+
+def _compare(xp, x, split, mode):
+    tests = [x <= split, x < split, x >= split, x > split, x == split, x != split]
+    result = xp.zeros(x.shape, dtype=bool)
+    for code, test in enumerate(tests):
+        result = xp.where(mode == code, test, result)
+    return result
+
+
+def _member_table(modes, membership_values):
+    """One NaN-padded row of members per node; the sets, NaN-separated in
+    membership_values, belong to the BRANCH_MEMBER nodes in order."""
+    sets, current = [], []
+    for v in (np.asarray(membership_values, dtype=np.float64).tolist()
+              if membership_values is not None else []):
+        if v != v:
+            sets.append(current)
+            current = []
+        else:
+            current.append(v)
+    if current:
+        sets.append(current)
+    table = np.full((len(modes), max([len(s) for s in sets] + [1])), np.nan)
+    member_nodes = [i for i, m in enumerate(modes) if m == _MEMBER]
+    for node, members in zip(member_nodes, sets):
+        table[node, :len(members)] = members
+    return table
+
+
+def _forest_v5(*, leaf_targetids, leaf_weights, membership_values, n_targets, nodes_falseleafs,
+               nodes_falsenodeids, nodes_featureids, nodes_missing_value_tracks_true,
+               nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids, tree_roots):
+    n_nodes, n_leaves = len(nodes_featureids), len(leaf_targetids)
+    targets = int(n_targets) if n_targets is not None else int(max(leaf_targetids)) + 1
+    modes = np.asarray(nodes_modes).reshape(-1).astype(np.int64).tolist() + [_LEAF] * n_leaves
+
+    def next_positions(ids, to_leaf):  # leaves are numbered after the interior nodes
+        return [n_nodes + i if leaf else i for i, leaf in zip(ids, to_leaf)] + [0] * n_leaves
+
+    weights = np.zeros((n_nodes + n_leaves, targets))
+    hit = np.zeros(weights.shape, dtype=bool)
+    leaf_rows = n_nodes + np.arange(n_leaves)
+    np.add.at(weights, (leaf_rows, np.asarray(leaf_targetids)),
+              np.asarray(leaf_weights, dtype=np.float64).reshape(-1))
+    hit[leaf_rows, np.asarray(leaf_targetids)] = True
+    tracks = list(nodes_missing_value_tracks_true or [0] * n_nodes) + [0] * n_leaves
+    return _Forest(
+        roots=tree_roots, features=list(nodes_featureids) + [0] * n_leaves,
+        splits=np.asarray(nodes_splits, dtype=np.float64).reshape(-1).tolist() + [0] * n_leaves,
+        modes=modes, true_next=next_positions(nodes_truenodeids, nodes_trueleafs),
+        false_next=next_positions(nodes_falsenodeids, nodes_falseleafs), tracks_true=tracks,
+        members=_member_table(modes, membership_values), weights=weights, hit=hit)
+
+
+@op("TreeEnsemble", since=5, domain=ML, dtypes=frozenset({"float16", "float32", "float64"}))
+def tree_ensemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
+                  membership_values=None, n_targets=None, nodes_falseleafs=None,
+                  nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
+                  nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
+                  nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
+                  tree_roots=None):
+    forest = _forest_v5(
+        leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
+        membership_values=membership_values, n_targets=n_targets,
+        nodes_falseleafs=nodes_falseleafs, nodes_falsenodeids=nodes_falsenodeids,
+        nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_splits=nodes_splits, nodes_trueleafs=nodes_trueleafs,
+        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots)
+    scores = forest.aggregate(xp, forest.leaves(xp, _rows(X)), _AGGREGATES[aggregate_function])
+    return post_transform_scores(xp, scores, post_transform).astype(X.dtype)
+
+
+@tree_ensemble.infer
+def _(X, *, n_targets=None, leaf_targetids=None, **_):
+    if n_targets is None and leaf_targetids is not None:
+        n_targets = int(max(leaf_targetids)) + 1
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else None
+    return [TensorType(X.dtype, (batch, n_targets))]
+
+
+def _forest_from_node_ids(*, treeids, nodeids, featureids, modes, values, truenodeids,
+                          falsenodeids, missing_tracks_true, leaf_treeids, leaf_nodeids,
+                          leaf_ids, leaf_weights, n_outputs):
+    """The (tree id, node id) encoding of TreeEnsembleRegressor/Classifier: node ids restart
+    at 0 (the root) in every tree, and a leaf may feed several targets/classes."""
+    position = {(t, n): i for i, (t, n) in enumerate(zip(treeids, nodeids))}
+    trees = list(dict.fromkeys(treeids))
+    codes = [_MODES.index(m.decode() if isinstance(m, bytes) else m) for m in modes]
+
+    def next_positions(children):
+        return [position[(t, c)] if code != _LEAF else i
+                for i, (t, c, code) in enumerate(zip(treeids, children, codes))]
+
+    weights = np.zeros((len(codes), n_outputs))
+    hit = np.zeros(weights.shape, dtype=bool)
+    rows = [position[(t, n)] for t, n in zip(leaf_treeids, leaf_nodeids)]
+    np.add.at(weights, (rows, list(leaf_ids)), np.asarray(leaf_weights, dtype=np.float64))
+    hit[rows, list(leaf_ids)] = True
+    return _Forest(
+        roots=[position[(t, 0)] for t in trees], features=featureids,
+        splits=np.asarray(values, dtype=np.float64), modes=codes,
+        true_next=next_positions(truenodeids), false_next=next_positions(falsenodeids),
+        tracks_true=missing_tracks_true or [0] * len(codes),
+        members=np.full((len(codes), 1), np.nan), weights=weights, hit=hit)
+
+
+def _either(listed, as_tensor):
+    return as_tensor if as_tensor is not None else listed
+
+
+@op("TreeEnsembleRegressor", since=3, domain=ML, dtypes=_NUMBERS)
+@op("TreeEnsembleRegressor", since=1, domain=ML, dtypes=_NUMBERS)
+def tree_ensemble_regressor(xp, X, *, aggregate_function="SUM", base_values=None,
+                            base_values_as_tensor=None, n_targets=None, nodes_falsenodeids=None,
+                            nodes_featureids=None, nodes_hitrates=None,
+                            nodes_hitrates_as_tensor=None, nodes_missing_value_tracks_true=None,
+                            nodes_modes=None, nodes_nodeids=None, nodes_treeids=None,
+                            nodes_truenodeids=None, nodes_values=None,
+                            nodes_values_as_tensor=None, post_transform="NONE", target_ids=None,
+                            target_nodeids=None, target_treeids=None, target_weights=None,
+                            target_weights_as_tensor=None):
+    """Version 1 has no *_as_tensor attributes; accepting them is harmless, the binder only
+    rejects attributes a kernel does not take."""
+    outputs = int(n_targets) if n_targets is not None else int(max(target_ids)) + 1
+    forest = _forest_from_node_ids(
+        treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+        modes=nodes_modes, values=_either(nodes_values, nodes_values_as_tensor),
+        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+        missing_tracks_true=nodes_missing_value_tracks_true, leaf_treeids=target_treeids,
+        leaf_nodeids=target_nodeids, leaf_ids=target_ids,
+        leaf_weights=_either(target_weights, target_weights_as_tensor), n_outputs=outputs)
+    scores = forest.aggregate(xp, forest.leaves(xp, _rows(X)), aggregate_function)
+    base = _either(base_values, base_values_as_tensor)
+    if base is not None:
+        scores = scores + xp.asarray(np.asarray(base, dtype=np.float64))
+    return post_transform_scores(xp, scores, post_transform).astype(np.float32)
+
+
+@tree_ensemble_regressor.infer
+def _(X, *, n_targets=None, target_ids=None, **_):
+    if n_targets is None and target_ids is not None:
+        n_targets = int(max(target_ids)) + 1
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else None
+    return [tensor(np.float32, (batch, n_targets))]

@@ -1,1 +1,396 @@
-"""quantize operators."""
+"""Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the
+integer/quantized matmuls and convolutions.
+
+Integer products are accumulated in float64: every product of 8-bit (and 16-bit) values and
+every sum of fewer than 2**20 of them is exact there, and float64 matmul goes through BLAS
+(cuBLAS on a GPU), where NumPy's integer matmul does not.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from mixrt.ops.cast import cast_array
+from mixrt.ops.dtypes import to_numpy_dtype
+from mixrt.ops.registry import REGISTRY, op
+from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis
+
+# x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
+QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
+QUANTIZED = frozenset({
+    "int8", "uint8", "int16", "uint16", "int32", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4", "float4_e2m1fn", "int2", "uint2",
+    "float6_e2m3fn", "float6_e3m2fn"})
+INT8S = frozenset({"int8", "uint8"})
+QLINEAR_MATMUL_21 = INT8S | frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                       "float8_e5m2fnuz"})
+_NARROW_INTS = frozenset(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4,
+                                               ml_dtypes.int2, ml_dtypes.uint2))
+
+
+# -- shared pieces -----------------------------------------------------------------------------
+
+def integer_range(dtype) -> tuple[int, int]:
+    dtype = np.dtype(dtype)
+    info = ml_dtypes.iinfo(dtype) if dtype in _NARROW_INTS else np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def _is_integer(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind in "iu" or dtype in _NARROW_INTS
+
+
+def _arithmetic_dtype(dtype) -> np.dtype:
+    """The float type to divide or multiply in for a scale of ``dtype`` (float8e8m0 and
+    integer scales are not arithmetic types; they are computed in float32)."""
+    dtype = np.dtype(dtype)
+    if dtype.name in ("float16", "float32", "float64", "bfloat16"):
+        return dtype
+    return np.dtype(np.float32)
+
+
+def _as_float(x, dtype=np.float64):
+    """Any numeric array as floats: integers exactly, narrow floats through float32."""
+    if x.dtype != dtype and not (x.dtype.kind in "iuf" or x.dtype == np.bool_):
+        x = x.astype(np.float32)
+    return x.astype(dtype, copy=False)
+
+
+def expand_param(xp, param, x_shape, axis, block_size=0):
+    """A scale or zero point reshaped to broadcast against ``x``: a scalar (per tensor), a 1-D
+    tensor along ``axis`` (per axis), or same rank as x with ``axis`` divided in blocks."""
+    if param is None:
+        return None
+    rank = len(x_shape)
+    if block_size and block_size > 0:
+        if param.ndim != rank:
+            raise ValueError(f"blocked quantization needs a scale of rank {rank}, got shape "
+                             f"{tuple(param.shape)}")
+        axis = normalize_axis(axis, rank)
+        param = xp.repeat(param, block_size, axis=axis)
+        return param[(slice(None),) * axis + (slice(0, x_shape[axis]),)]
+    if param.ndim == 0 or param.size == 1:
+        return param.reshape(())
+    if param.ndim == 1:
+        axis = normalize_axis(axis, rank)
+        if param.shape[0] != x_shape[axis]:
+            raise ValueError(f"per-axis scale of length {param.shape[0]} does not match "
+                             f"axis {axis} of the input shape {tuple(x_shape)}")
+        return param.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+    return param  # already the input's rank
+
+
+def saturate_to(xp, values, dtype, *, saturate=1):
+    """Real-valued quantized results (scaled, zero point added) stored as ``dtype``:
+    integers round half to even and clamp to the type's range; float types cast by the
+    Cast rules (``saturate`` applies to float8)."""
+    dtype = np.dtype(dtype)
+    if not _is_integer(dtype):
+        return cast_array(xp, values, dtype, saturate=saturate)
+    low, high = integer_range(dtype)
+    return xp.clip(xp.rint(values), low, high).astype(dtype)
+
+
+def _quantized_dtype(zero_point, output_dtype) -> np.dtype:
+    if zero_point is not None:
+        if output_dtype and to_numpy_dtype(output_dtype) != zero_point.dtype:
+            raise ValueError(f"QuantizeLinear: output_dtype {to_numpy_dtype(output_dtype).name} "
+                             f"differs from the zero point's type {zero_point.dtype.name}")
+        return zero_point.dtype
+    return to_numpy_dtype(output_dtype) if output_dtype else np.dtype(np.uint8)
+
+
+# -- QuantizeLinear ----------------------------------------------------------------------------
+
+def quantize_linear(xp, x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0,
+                    output_dtype=0, precision=0):
+    """y = saturate(round(x / y_scale) + y_zero_point), the division in ``precision``
+    (default: the scale's type)."""
+    out_dtype = _quantized_dtype(y_zero_point, output_dtype)
+    work = to_numpy_dtype(precision) if precision else _arithmetic_dtype(y_scale.dtype)
+    scale = expand_param(xp, y_scale, x.shape, axis, block_size)
+    scaled = _as_float(x, work) / _as_float(scale, work)
+    if _is_integer(out_dtype):
+        # round in the working precision's value, then add the integer zero point exactly
+        values = xp.rint(_as_float(scaled))
+        if y_zero_point is not None:
+            values = values + _as_float(expand_param(xp, y_zero_point, x.shape, axis,
+                                                     block_size))
+        return saturate_to(xp, values, out_dtype)
+    if y_zero_point is not None:
+        zero = expand_param(xp, y_zero_point, x.shape, axis, block_size)
+        scaled = scaled + _as_float(zero, scaled.dtype)
+    return saturate_to(xp, scaled, out_dtype, saturate=saturate)
+
+
+@op("QuantizeLinear", since=10, dtypes=QUANTIZE_INPUTS)
+def quantize_linear_10(xp, x, y_scale, y_zero_point=None):
+    return quantize_linear(xp, x, y_scale, y_zero_point)
+
+
+@op("QuantizeLinear", since=13, dtypes=QUANTIZE_INPUTS)
+def quantize_linear_13(xp, x, y_scale, y_zero_point=None, *, axis=1):
+    return quantize_linear(xp, x, y_scale, y_zero_point, axis=axis)
+
+
+@op("QuantizeLinear", since=19, dtypes=QUANTIZE_INPUTS)
+def quantize_linear_19(xp, x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
+    return quantize_linear(xp, x, y_scale, y_zero_point, axis=axis, saturate=saturate)
+
+
+@op("QuantizeLinear", since=21, dtypes=QUANTIZE_INPUTS)
+def quantize_linear_21(xp, x, y_scale, y_zero_point=None, *, axis=1, saturate=1,
+                       block_size=0, output_dtype=0):
+    return quantize_linear(xp, x, y_scale, y_zero_point, axis=axis, saturate=saturate,
+                           block_size=block_size, output_dtype=output_dtype)
+
+
+# 24 added float8e8m0 scales, 25 int2/uint2 and 28 float6 outputs: same kernel
+@op("QuantizeLinear", since=28, dtypes=QUANTIZE_INPUTS)
+@op("QuantizeLinear", since=25, dtypes=QUANTIZE_INPUTS)
+@op("QuantizeLinear", since=24, dtypes=QUANTIZE_INPUTS)
+@op("QuantizeLinear", since=23, dtypes=QUANTIZE_INPUTS)
+def quantize_linear_23(xp, x, y_scale, y_zero_point=None, *, axis=1, saturate=1,
+                       block_size=0, output_dtype=0, precision=0):
+    return quantize_linear(xp, x, y_scale, y_zero_point, axis=axis, saturate=saturate,
+                           block_size=block_size, output_dtype=output_dtype,
+                           precision=precision)
+
+
+def _quantize_infer(x, y_scale, y_zero_point=None, *, output_dtype=0, **_):
+    dtype = y_zero_point.dtype if y_zero_point is not None and y_zero_point.dtype else (
+        to_numpy_dtype(output_dtype) if output_dtype else np.dtype(np.uint8))
+    return [TensorType(dtype, x.shape)]
+
+
+for _handle in (quantize_linear_10, quantize_linear_13, quantize_linear_19, quantize_linear_21,
+                quantize_linear_23):
+    _handle.infer(_quantize_infer)
+
+
+# -- DequantizeLinear --------------------------------------------------------------------------
+
+def _dequantized_dtype(scale_dtype, output_dtype) -> np.dtype:
+    if output_dtype:
+        return to_numpy_dtype(output_dtype)
+    scale_dtype = np.dtype(scale_dtype)
+    return scale_dtype if scale_dtype.name in ("float16", "float32", "float64", "bfloat16") \
+        else np.dtype(np.float32)
+
+
+def dequantize_linear(xp, x, x_scale, x_zero_point=None, *, axis=1, block_size=0,
+                      output_dtype=0):
+    """y = (x - x_zero_point) * x_scale, returned in ``output_dtype`` (default: the scale's)."""
+    out_dtype = _dequantized_dtype(x_scale.dtype, output_dtype)
+    work = np.dtype(np.float64) if out_dtype == np.float64 else np.dtype(np.float32)
+    if _is_integer(x.dtype):
+        # subtract in integers so int32 inputs stay exact before the multiply
+        centered = x.astype(np.int64)
+        if x_zero_point is not None:
+            zero = expand_param(xp, x_zero_point, x.shape, axis, block_size)
+            centered = centered - zero.astype(np.int64)
+        centered = centered.astype(work)
+    else:
+        centered = _as_float(x, work)
+        if x_zero_point is not None:
+            zero = expand_param(xp, x_zero_point, x.shape, axis, block_size)
+            centered = centered - _as_float(zero, work)
+    scale = _as_float(expand_param(xp, x_scale, x.shape, axis, block_size), work)
+    return (centered * scale).astype(out_dtype)
+
+
+@op("DequantizeLinear", since=10, dtypes=QUANTIZED)
+def dequantize_linear_10(xp, x, x_scale, x_zero_point=None):
+    return dequantize_linear(xp, x, x_scale, x_zero_point)
+
+
+# 19 added float8 inputs: same kernel
+@op("DequantizeLinear", since=19, dtypes=QUANTIZED)
+@op("DequantizeLinear", since=13, dtypes=QUANTIZED)
+def dequantize_linear_13(xp, x, x_scale, x_zero_point=None, *, axis=1):
+    return dequantize_linear(xp, x, x_scale, x_zero_point, axis=axis)
+
+
+@op("DequantizeLinear", since=21, dtypes=QUANTIZED)
+def dequantize_linear_21(xp, x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
+    return dequantize_linear(xp, x, x_scale, x_zero_point, axis=axis, block_size=block_size)
+
+
+@op("DequantizeLinear", since=28, dtypes=QUANTIZED)
+@op("DequantizeLinear", since=25, dtypes=QUANTIZED)
+@op("DequantizeLinear", since=24, dtypes=QUANTIZED)
+@op("DequantizeLinear", since=23, dtypes=QUANTIZED)
+def dequantize_linear_23(xp, x, x_scale, x_zero_point=None, *, axis=1, block_size=0,
+                         output_dtype=0):
+    return dequantize_linear(xp, x, x_scale, x_zero_point, axis=axis, block_size=block_size,
+                             output_dtype=output_dtype)
+
+
+def _dequantize_infer(x, x_scale, x_zero_point=None, *, output_dtype=0, **_):
+    if not output_dtype and x_scale.dtype is None:
+        return [TensorType(None, x.shape)]
+    return [TensorType(_dequantized_dtype(x_scale.dtype, output_dtype), x.shape)]
+
+
+for _handle in (dequantize_linear_10, dequantize_linear_13, dequantize_linear_21,
+                dequantize_linear_23):
+    _handle.infer(_dequantize_infer)
+
+
+# -- DynamicQuantizeLinear ---------------------------------------------------------------------
+
+@op("DynamicQuantizeLinear", since=11, dtypes=frozenset({"float32"}))
+def dynamic_quantize_linear(xp, x):
+    """uint8 quantization over the range of x widened to hold 0: (y, y_scale, y_zero_point)."""
+    x = x.astype(np.float32, copy=False)
+    low = xp.minimum(xp.min(x), np.float32(0)) if x.size else xp.asarray(np.float32(0))
+    high = xp.maximum(xp.max(x), np.float32(0)) if x.size else xp.asarray(np.float32(0))
+    scale = ((high - low) / np.float32(255)).astype(np.float32)
+    # an all-zero x has scale 0; dividing by 1 instead quantizes it to the zero point 0
+    safe = xp.where(scale == 0, np.float32(1), scale)
+    zero_point = xp.clip(xp.rint(-low / safe), 0, 255)
+    y = xp.clip(xp.rint(x / safe) + zero_point, 0, 255).astype(np.uint8)
+    return y, xp.asarray(scale, dtype=np.float32), xp.asarray(zero_point.astype(np.uint8))
+
+
+@dynamic_quantize_linear.infer
+def _(x, **_):
+    return [TensorType(np.dtype(np.uint8), x.shape), TensorType(np.dtype(np.float32), ()),
+            TensorType(np.dtype(np.uint8), ())]
+
+
+# -- integer and quantized matmul --------------------------------------------------------------
+
+def _centered(x, zero_point, *, per_row=False):
+    """x - zero_point as float64. A 1-D per-row zero point of a matrix becomes a column."""
+    x = _as_float(x)
+    if zero_point is None:
+        return x
+    zero = _as_float(zero_point)
+    if per_row and zero.ndim == 1 and zero.size > 1 and x.ndim >= 2:
+        zero = zero.reshape(-1, 1)
+    return x - zero
+
+
+def _per_row(param, a_ndim):
+    """A per-row scale of a matrix shaped to broadcast against its rows."""
+    param = _as_float(param)
+    if param.ndim == 1 and param.size > 1 and a_ndim >= 2:
+        return param.reshape(-1, 1)
+    return param
+
+
+@op("MatMulInteger", since=10, dtypes=INT8S)
+def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None):
+    product = xp.matmul(_centered(A, a_zero_point, per_row=True),
+                        _centered(B, b_zero_point))
+    return product.astype(np.int32)
+
+
+def _matmul_shape(a, b):
+    if a.shape is None or b.shape is None:
+        return None
+    if len(a.shape) < 1 or len(b.shape) < 1:
+        return None
+    a_shape = (1,) + tuple(a.shape) if len(a.shape) == 1 else tuple(a.shape)
+    b_shape = tuple(b.shape) + (1,) if len(b.shape) == 1 else tuple(b.shape)
+    batch = broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    if batch is None:
+        return None
+    shape = batch + (a_shape[-2], b_shape[-1])
+    if len(a.shape) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b.shape) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+@matmul_integer.infer
+def _(A, B, *_, **__):
+    return [TensorType(np.dtype(np.int32), _matmul_shape(A, B))]
+
+
+@op("QLinearMatMul", since=21, dtypes=QLINEAR_MATMUL_21)
+@op("QLinearMatMul", since=10, dtypes=INT8S)
+def qlinear_matmul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                   y_zero_point):
+    """Quantized matmul: the exact integer product rescaled by a_scale * b_scale / y_scale."""
+    accumulated = xp.matmul(_centered(a, a_zero_point, per_row=True),
+                            _centered(b, b_zero_point))
+    real = accumulated * _per_row(a_scale, a.ndim) * _as_float(b_scale)
+    return saturate_to(xp, real / _as_float(y_scale) + _as_float(y_zero_point),
+                       y_zero_point.dtype)
+
+
+@qlinear_matmul.infer
+def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
+    return [TensorType(y_zero_point.dtype, _matmul_shape(a, b))]
+
+
+# -- integer and quantized convolution ---------------------------------------------------------
+
+def _per_channel(param, ndim):
+    """A per-output-channel parameter shaped (M, 1, ...) for a rank-``ndim`` weight."""
+    param = _as_float(param)
+    if param.ndim == 1 and param.size > 1:
+        return param.reshape((-1,) + (1,) * (ndim - 1))
+    return param.reshape(()) if param.size == 1 else param
+
+
+def _integer_conv(xp, x, w, x_zero_point, w_zero_point, attrs):
+    """conv(x - x_zero_point, w - w_zero_point) in float64 (exact). Padding adds zeros to the
+    centered input, i.e. pads x with its zero point."""
+    from mixrt.ops.conv import conv  # conv.py registers Conv; imported late to keep modules apart
+
+    x = _centered(x, x_zero_point)
+    w = _as_float(w)
+    if w_zero_point is not None:
+        w = w - _per_channel(w_zero_point, w.ndim)
+    return conv(xp, x, w, **attrs)
+
+
+@op("ConvInteger", since=10, dtypes=INT8S)
+def conv_integer(xp, x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET",
+                 dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                 kernel_shape=kernel_shape, pads=pads, strides=strides)
+    return _integer_conv(xp, x, w, x_zero_point, w_zero_point, attrs).astype(np.int32)
+
+
+@op("QLinearConv", since=10, dtypes=INT8S)
+def qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
+                 B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 pads=None, strides=None):
+    """Quantized conv: the exact integer conv plus the int32 bias B (scale x_scale * w_scale),
+    rescaled by x_scale * w_scale / y_scale per output channel."""
+    attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                 kernel_shape=kernel_shape, pads=pads, strides=strides)
+    accumulated = _integer_conv(xp, x, w, x_zero_point, w_zero_point, attrs)
+    channel_shape = (1, -1) + (1,) * (accumulated.ndim - 2)
+    if B is not None:
+        accumulated = accumulated + _as_float(B).reshape(channel_shape)
+    w_scale = _as_float(w_scale)
+    if w_scale.size > 1:
+        w_scale = w_scale.reshape(channel_shape)
+    real = accumulated * (_as_float(x_scale).reshape(()) * w_scale)
+    return saturate_to(xp, real / _as_float(y_scale).reshape(()) + _as_float(y_zero_point),
+                       y_zero_point.dtype)
+
+
+def _conv_shape(x, w, attrs):
+    """Conv's output shape, from Conv's own infer function (found through the registry)."""
+    conv_infer = REGISTRY.find("", "Conv", 11).infer_fn
+    return conv_infer(x, w, **{k: v for k, v in attrs.items() if k != "group"})[0].shape
+
+
+@conv_integer.infer
+def _(x, w, *_, **attrs):
+    return [TensorType(np.dtype(np.int32), _conv_shape(x, w, attrs))]
+
+
+@qlinear_conv.infer
+def _(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
+      **attrs):
+    return [TensorType(y_zero_point.dtype, _conv_shape(x, w, attrs))]

@@ -1,1 +1,327 @@
-"""rnn operators."""
+"""Recurrent layers: RNN, GRU and LSTM (opsets 7, 14 with ``layout``, 22 with bfloat16).
+
+All three share one driver (:func:`run_directions`): it brings the input to time-major
+layout, precomputes the input projection for every step at once, runs each direction's
+cell step by step, and writes the outputs. A reverse direction with ``sequence_lens`` is run
+forward over each sequence reversed within its own length, so every step is a plain gather
+and padded steps simply hold the state and emit zeros.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType
+
+FLOATS_NO_BF16 = frozenset({"float16", "float32", "float64"})
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+
+
+# -- activation functions ---------------------------------------------------------------
+
+def _sigmoid(xp, x, alpha, beta):
+    return 1 / (1 + xp.exp(-x))
+
+
+def _hard_sigmoid(xp, x, alpha, beta):
+    return xp.clip(alpha * x + beta, 0, 1)
+
+
+def _elu(xp, x, alpha, beta):
+    return xp.where(x >= 0, x, alpha * (xp.exp(xp.minimum(x, 0)) - 1))
+
+
+# name -> (function, default alpha or None when unused, default beta or None when unused);
+# the defaults are those of the ONNX operator of the same name.
+ACTIVATIONS = {
+    "relu": (lambda xp, x, a, b: xp.maximum(x, 0), None, None),
+    "tanh": (lambda xp, x, a, b: xp.tanh(x), None, None),
+    "sigmoid": (_sigmoid, None, None),
+    "affine": (lambda xp, x, a, b: a * x + b, 1.0, 0.0),
+    "leakyrelu": (lambda xp, x, a, b: xp.where(x >= 0, x, a * x), 0.01, None),
+    "thresholdedrelu": (lambda xp, x, a, b: xp.where(x > a, x, 0), 1.0, None),
+    "scaledtanh": (lambda xp, x, a, b: a * xp.tanh(b * x), 1.0, 1.0),
+    "hardsigmoid": (_hard_sigmoid, 0.2, 0.5),
+    "elu": (_elu, 1.0, None),
+    "softsign": (lambda xp, x, a, b: x / (1 + xp.abs(x)), None, None),
+    "softplus": (lambda xp, x, a, b: xp.logaddexp(x, 0), None, None),
+}
+
+
+def activation_functions(xp, names, alphas, betas, defaults, num_directions):
+    """One list of unary callables per direction. ``activation_alpha``/``beta`` are consumed
+    in order by the activations that take them; the rest keep their ONNX defaults."""
+    names = list(names) if names else list(defaults) * num_directions
+    if len(names) == len(defaults) and num_directions == 2:
+        names = names * 2
+    if len(names) != len(defaults) * num_directions:
+        raise ValueError(f"expected {len(defaults) * num_directions} activations, got "
+                         f"{names}")
+    alphas, betas = list(alphas or ()), list(betas or ())
+    funcs = []
+    for name in names:
+        key = name.lower()
+        if key not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {name!r}; expected one of "
+                             f"{sorted(ACTIVATIONS)}")
+        fn, alpha, beta = ACTIVATIONS[key]
+        if alpha is not None and alphas:
+            alpha = alphas.pop(0)
+        if beta is not None and betas:
+            beta = betas.pop(0)
+        funcs.append(lambda x, fn=fn, a=alpha, b=beta: fn(xp, x, a, b))
+    per = len(defaults)
+    return [funcs[d * per:(d + 1) * per] for d in range(num_directions)]
+
+
+# -- the shared driver ------------------------------------------------------------------
+
+def compute_dtype(dtype):
+    """Narrow floats run in float32: the state is accumulated across every step."""
+    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+
+
+def reversal_index(xp, lengths, seq_len):
+    """index[t, b] = lengths[b] - 1 - t inside the sequence, t past its end: reversing each
+    sequence within its own length. It is its own inverse."""
+    steps = xp.arange(seq_len).reshape(-1, 1)
+    return xp.where(steps < lengths, lengths - 1 - steps, steps)
+
+
+def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size,
+                   direction, layout, step, activations, gate_count):
+    """Run ``step`` over time for each direction.
+
+    step(x_proj, states, weights, acts) -> new states (hidden first), where x_proj is the
+    input projection X_t W^T + Wb for that step and weights holds (R, Rb, extra) of the
+    direction. Returns (Y, final state 0, final state 1, ...) in the requested layout.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    wide = compute_dtype(X.dtype)
+    x = X.astype(wide)
+    if layout:
+        x = x.swapaxes(0, 1)
+        initial_states = [None if s is None else s.swapaxes(0, 1) for s in initial_states]
+    seq_len, batch, _ = x.shape
+    num_directions = W.shape[0]
+    hidden = hidden_size or R.shape[-1]
+    gates = gate_count * hidden
+    if B is None:
+        B = xp.zeros((num_directions, 2 * gates), dtype=wide)
+    lengths = (xp.full((batch,), seq_len, dtype=np.int64) if sequence_lens is None
+               else sequence_lens.astype(np.int64))
+    batch_index = xp.arange(batch)
+
+    outputs, finals = [], []
+    for d in range(num_directions):
+        backwards = direction == "reverse" or d == 1
+        projected = xp.matmul(x, W[d].astype(wide).T) + B[d, :gates].astype(wide)
+        if backwards:
+            order = reversal_index(xp, lengths, seq_len)
+            projected = projected[order, batch_index]
+        states = [xp.zeros((batch, hidden), dtype=wide) if s is None else s[d].astype(wide)
+                  for s in initial_states]
+        weights = (R[d].astype(wide), B[d, gates:].astype(wide), d)
+        ys = []
+        for t in range(seq_len):
+            new = step(projected[t], states, weights, activations[d])
+            running = (t < lengths).reshape(-1, 1)
+            states = [xp.where(running, n, s) for n, s in zip(new, states)]
+            ys.append(xp.where(running, new[0], xp.zeros((), dtype=wide)))
+        y = xp.stack(ys)
+        if backwards:
+            y = y[order, batch_index]
+        outputs.append(y)
+        finals.append(states)
+
+    Y = xp.stack(outputs, axis=1)                      # (seq, directions, batch, hidden)
+    final = [xp.stack([f[i] for f in finals]) for i in range(len(initial_states))]
+    if layout:
+        Y = Y.transpose(2, 0, 1, 3)
+        final = [f.swapaxes(0, 1) for f in final]
+    return tuple(a.astype(X.dtype) for a in (Y, *final))
+
+
+def clipped(xp, clip):
+    if clip is None:
+        return lambda v: v
+    return lambda v: xp.clip(v, -clip, clip)
+
+
+# -- RNN --------------------------------------------------------------------------------
+
+def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
+               activation_alpha=None, activation_beta=None, activations=None, clip=None,
+               direction="forward", hidden_size=None, layout=0, _outputs=2):
+    """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
+    num_directions = W.shape[0]
+    acts = activation_functions(xp, activations, activation_alpha, activation_beta,
+                                ["Tanh"], num_directions)
+    clamp = clipped(xp, clip)
+
+    def step(x_proj, states, weights, f):
+        (h,), (r, rb, _) = states, weights
+        return [f[0](clamp(x_proj + xp.matmul(h, r.T) + rb))]
+
+    return run_directions(xp, X, W, R, B, sequence_lens, [initial_h],
+                          hidden_size=hidden_size, direction=direction, layout=layout,
+                          step=step, activations=acts, gate_count=1)[:max(_outputs, 1)]
+
+
+@op("RNN", since=7, dtypes=FLOATS_NO_BF16)
+def rnn_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+          activation_beta=None, activations=None, clip=None, direction="forward",
+          hidden_size=None, _outputs=2):
+    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h,
+                      activation_alpha=activation_alpha, activation_beta=activation_beta,
+                      activations=activations, clip=clip, direction=direction,
+                      hidden_size=hidden_size, _outputs=_outputs)
+
+
+@op("RNN", since=22, dtypes=FLOATS)
+@op("RNN", since=14, dtypes=FLOATS_NO_BF16)
+def rnn_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+           activation_beta=None, activations=None, clip=None, direction="forward",
+           hidden_size=None, layout=0, _outputs=2):
+    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h,
+                      activation_alpha=activation_alpha, activation_beta=activation_beta,
+                      activations=activations, clip=clip, direction=direction,
+                      hidden_size=hidden_size, layout=layout, _outputs=_outputs)
+
+
+# -- GRU --------------------------------------------------------------------------------
+
+def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
+                         activation_alpha=None, activation_beta=None, activations=None,
+                         clip=None, direction="forward", hidden_size=None, layout=0,
+                         linear_before_reset=0, _outputs=2):
+    """Gates z (update), r (reset), h (candidate), in that order in W, R and B."""
+    num_directions = W.shape[0]
+    acts = activation_functions(xp, activations, activation_alpha, activation_beta,
+                                ["Sigmoid", "Tanh"], num_directions)
+    clamp = clipped(xp, clip)
+
+    def step(x_proj, states, weights, f):
+        (h,), (r_weights, rb, _) = states, weights
+        xz, xr, xh = xp.split(x_proj, 3, axis=-1)
+        rz, rr, rh = xp.split(r_weights, 3, axis=0)
+        bz, br, bh = xp.split(rb, 3)
+        z = f[0](clamp(xz + xp.matmul(h, rz.T) + bz))
+        reset = f[0](clamp(xr + xp.matmul(h, rr.T) + br))
+        if linear_before_reset:
+            candidate = f[1](clamp(xh + reset * (xp.matmul(h, rh.T) + bh)))
+        else:
+            candidate = f[1](clamp(xh + xp.matmul(reset * h, rh.T) + bh))
+        return [(1 - z) * candidate + z * h]
+
+    return run_directions(xp, X, W, R, B, sequence_lens, [initial_h],
+                          hidden_size=hidden_size, direction=direction, layout=layout,
+                          step=step, activations=acts, gate_count=3)[:max(_outputs, 1)]
+
+
+@op("GRU", since=7, dtypes=FLOATS_NO_BF16)
+def gru_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+          activation_beta=None, activations=None, clip=None, direction="forward",
+          hidden_size=None, linear_before_reset=0, _outputs=2):
+    return gated_recurrent_unit(
+        xp, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
+        activation_beta=activation_beta, activations=activations, clip=clip,
+        direction=direction, hidden_size=hidden_size,
+        linear_before_reset=linear_before_reset, _outputs=_outputs)
+
+
+@op("GRU", since=22, dtypes=FLOATS)
+@op("GRU", since=14, dtypes=FLOATS_NO_BF16)
+def gru_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
+           activation_beta=None, activations=None, clip=None, direction="forward",
+           hidden_size=None, layout=0, linear_before_reset=0, _outputs=2):
+    return gated_recurrent_unit(
+        xp, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
+        activation_beta=activation_beta, activations=activations, clip=clip,
+        direction=direction, hidden_size=hidden_size, layout=layout,
+        linear_before_reset=linear_before_reset, _outputs=_outputs)
+
+
+# -- LSTM -------------------------------------------------------------------------------
+
+def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=None,
+                           initial_c=None, P=None, *, activation_alpha=None,
+                           activation_beta=None, activations=None, clip=None,
+                           direction="forward", hidden_size=None, input_forget=0, layout=0,
+                           _outputs=3):
+    """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f."""
+    num_directions = W.shape[0]
+    acts = activation_functions(xp, activations, activation_alpha, activation_beta,
+                                ["Sigmoid", "Tanh", "Tanh"], num_directions)
+    clamp = clipped(xp, clip)
+    peepholes = None if P is None else P.astype(compute_dtype(X.dtype))
+
+    def step(x_proj, states, weights, f):
+        (h, c), (r_weights, rb, d) = states, weights
+        gi, go, gf, gc = xp.split(x_proj + xp.matmul(h, r_weights.T) + rb, 4, axis=-1)
+        if peepholes is not None:
+            pi, po, pf = xp.split(peepholes[d], 3)
+            gi, gf = gi + pi * c, gf + pf * c
+        i = f[0](clamp(gi))
+        forget = 1 - i if input_forget else f[0](clamp(gf))
+        cell = forget * c + i * f[1](clamp(gc))
+        if peepholes is not None:
+            go = go + po * cell
+        o = f[0](clamp(go))
+        return [o * f[2](cell), cell]
+
+    return run_directions(xp, X, W, R, B, sequence_lens, [initial_h, initial_c],
+                          hidden_size=hidden_size, direction=direction, layout=layout,
+                          step=step, activations=acts, gate_count=4)[:max(_outputs, 1)]
+
+
+@op("LSTM", since=7, dtypes=FLOATS_NO_BF16)
+def lstm_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
+           activation_alpha=None, activation_beta=None, activations=None, clip=None,
+           direction="forward", hidden_size=None, input_forget=0, _outputs=3):
+    return long_short_term_memory(
+        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+        activation_alpha=activation_alpha, activation_beta=activation_beta,
+        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
+        input_forget=input_forget, _outputs=_outputs)
+
+
+@op("LSTM", since=22, dtypes=FLOATS)
+@op("LSTM", since=14, dtypes=FLOATS_NO_BF16)
+def lstm_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
+            *, activation_alpha=None, activation_beta=None, activations=None, clip=None,
+            direction="forward", hidden_size=None, input_forget=0, layout=0, _outputs=3):
+    return long_short_term_memory(
+        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+        activation_alpha=activation_alpha, activation_beta=activation_beta,
+        activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
+        input_forget=input_forget, layout=layout, _outputs=_outputs)
+
+
+# -- shape inference --------------------------------------------------------------------
+
+def recurrent_infer(state_outputs):
+    """Y plus ``state_outputs`` final states, each (directions, batch, hidden) or, with
+    layout=1, batch first."""
+    def infer(X, W, R, *_, hidden_size=None, direction="forward", layout=0, **__):
+        if X.shape is None:
+            return [TensorType(X.dtype, None) for _ in range(1 + state_outputs)]
+        directions = 2 if direction == "bidirectional" else 1
+        hidden = hidden_size or (R.shape[-1] if R.shape is not None else None)
+        seq, batch = (X.shape[1], X.shape[0]) if layout else (X.shape[0], X.shape[1])
+        if layout:
+            y, state = (batch, seq, directions, hidden), (batch, directions, hidden)
+        else:
+            y, state = (seq, directions, batch, hidden), (directions, batch, hidden)
+        return [TensorType(X.dtype, y)] + [TensorType(X.dtype, state)
+                                            for _ in range(state_outputs)]
+    return infer
+
+
+for _kernel in (rnn_7, rnn_14, gru_7, gru_14):
+    _kernel.infer(recurrent_infer(1))
+for _kernel in (lstm_7, lstm_14):
+    _kernel.infer(recurrent_infer(2))

@@ -121,6 +121,8 @@ class Subgraph:
         self._bound, self._scope, self._xp = bound, scope, xp
         self.input_names = bound.graph.input_names
         self.output_names = bound.graph.output_names
+        # declared types let a loop that runs zero times still shape its scan outputs
+        self.output_types = [v.type for v in bound.graph.outputs]
 
     def __call__(self, *values) -> list:
         if len(values) > len(self.input_names):
@@ -202,7 +204,9 @@ class Session:
         del run_options
         wanted = self._output_names(output_names)
         env = ChainMap(self._checked_feeds(feeds), self._bound.constants)
-        execute(self._bound, env, self._xp)
+        # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
+        with np.errstate(all="ignore"):
+            execute(self._bound, env, self._xp)
         missing = [n for n in wanted if n not in env]
         if missing:
             raise ExecutionError(f"outputs {missing} were not produced by any node")

@@ -40,6 +40,8 @@ def infer_node(node: Node, types: dict) -> list:
         return []
     inputs = [types.get(name) if name else None for name in node.inputs]
     attributes = {k: v for k, v in node.attributes.items() if not isinstance(v, Graph)}
+    if kernel.wants_output_count:
+        attributes["_outputs"] = len(node.outputs)
     try:
         return list(kernel.infer_fn(*inputs, **attributes))
     except Exception:  # an infer function that cannot handle unknowns says nothing
