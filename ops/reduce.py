@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from mixrt.ops.dtypes import BOOL, FLOATS, NUMERIC
+from mixrt.ops.elementwise import quiet
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, normalize_axis, reduced_shape, same_as_input
 
@@ -71,7 +72,8 @@ def _l2(xp, x, axes, keepdims):
 
 
 def _log_sum(xp, x, axes, keepdims):
-    return xp.log(xp.sum(x, axis=axes, keepdims=keepdims, dtype=_wide_float(x.dtype)))
+    with quiet(xp):  # log(0) = -inf is the specified result for an all-zero slice
+        return xp.log(xp.sum(x, axis=axes, keepdims=keepdims, dtype=_wide_float(x.dtype)))
 
 
 def _log_sum_exp(xp, x, axes, keepdims):
@@ -80,7 +82,8 @@ def _log_sum_exp(xp, x, axes, keepdims):
     # An all -inf (or inf) slice would give inf - inf = nan; shift such slices by 0 instead.
     peak = xp.where(xp.isfinite(peak), peak, 0)
     total = xp.sum(xp.exp(x - peak), axis=axes, keepdims=True)
-    result = xp.log(total) + peak
+    with quiet(xp):  # an all -inf slice sums to 0, and log(0) = -inf is the right answer
+        result = xp.log(total) + peak
     return result if keepdims else xp.squeeze(result, axis=axes)
 
 
