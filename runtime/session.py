@@ -260,6 +260,9 @@ class Session:
             else np.asarray(value)
         if isinstance(expected, TensorType):
             _check_tensor(declared.name, array, expected, symbols)
+            if expected.dtype == np.dtype(object) and np.dtype(array.dtype).kind in "US":
+                # kernels see ONNX strings one way: object arrays of str
+                array = np.vectorize(_as_text, otypes=[object])(array)
         return self.device.put(array)
 
 
@@ -286,6 +289,10 @@ def _check_tensor(name: str, array, expected: TensorType, symbols: dict) -> None
             if seen[1] != got:
                 raise InputError(f"input {name!r} has {want!r}={got} on axis {axis}, but "
                                  f"input {seen[0]!r} fixed {want!r}={seen[1]}")
+
+
+def _as_text(item) -> str:
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
 
 
 def _type_name(dtype) -> str:

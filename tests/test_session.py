@@ -83,3 +83,16 @@ def test_garbage_bytes_are_a_model_load_error():
     with pytest.raises(ModelLoadError):
         mixrt.Session(b"\x08\x07definitely not a model")
     assert issubclass(ModelLoadError, MixrtError)
+
+
+def test_numpy_unicode_and_bytes_feeds_become_onnx_strings():
+    from onnx import TensorProto, helper
+    node = helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="UPPER")
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [2])])
+    session = mixrt.Session(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 21)]))
+    for feed in (np.array(["ab", "cd"]), np.array([b"ab", b"cd"])):
+        (y,) = session.run(None, {"x": feed})
+        assert y.dtype == object and list(y) == ["AB", "CD"]
