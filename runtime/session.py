@@ -14,14 +14,13 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 
 from __future__ import annotations
 
-import os
 from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.errors import (ExecutionError, GraphError, InputError, MixrtError, ModelLoadError,
+from mixrt.errors import (ExecutionError, InputError, MixrtError, ModelLoadError,
                           UnsupportedOperatorError)
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
@@ -179,15 +178,11 @@ class Session:
         del providers  # accepted for onnxruntime call compatibility; device picks the kernels
         self.device = parse_device(device)
         self.graph = load_graph(model)
-        try:
-            self.graph.validate()
-        except GraphError:
-            raise
+        self.graph.validate()
         self._bound = bind_graph(self.graph, self.device)
         self._xp = self.device.xp
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
-        self._profile_path = os.environ.get("MIXRT_PROFILE") or None
 
     # -- onnxruntime-compatible surface ----------------------------------------------------
 

@@ -1,7 +1,6 @@
 """Small builders for test models."""
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 

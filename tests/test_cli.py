@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 from helpers import add_model, save

@@ -4,7 +4,6 @@ import os
 import random
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
