@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
+from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
 NARROW_FLOATS = frozenset({"float32", "float16", "bfloat16"})
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
-
-
-def compute_dtype(dtype):
-    """Recurrences accumulate over the whole sequence, so narrow floats run in float32."""
-    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
 
 
 # -- LinearAttention --------------------------------------------------------------------
@@ -53,7 +48,7 @@ def linear_attention(xp, query, key, value, past_state=None, decay=None, beta=No
         raise ValueError(f"LinearAttention update_rule {update_rule!r} needs the decay input")
     if update_rule in ("delta", "gated_delta") and beta is None:
         raise ValueError(f"LinearAttention update_rule {update_rule!r} needs the beta input")
-    wide = compute_dtype(query.dtype)
+    wide = accumulation_dtype(query.dtype)
     batch, steps, _ = query.shape
     group = q_num_heads // kv_num_heads
     q = per_head(query.astype(wide), batch, steps, q_num_heads)
@@ -109,7 +104,7 @@ def causal_conv_with_state(xp, input, weight, bias=None, past_state=None, *,
     if activation not in ACTIVATIONS:
         raise ValueError(f"CausalConvWithState activation must be one of {ACTIVATIONS}, "
                          f"got {activation!r}")
-    wide = compute_dtype(input.dtype)
+    wide = accumulation_dtype(input.dtype)
     batch, channels, length = input.shape
     taps = weight.shape[-1]
     if past_state is None:

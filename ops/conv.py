@@ -20,6 +20,7 @@ import numpy as np
 from mixrt.ops.dtypes import ALL, FLOATS
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import to_host
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -332,8 +333,8 @@ def _(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
 @op("Col2Im", since=18, dtypes=ALL)
 def col2im(xp, input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
     """Fold (N, C*prod(block), L) blocks back into an (N, C, *image_shape) image."""
-    image_dims = [int(v) for v in np.asarray(_host(xp, image_shape)).reshape(-1)]
-    block = [int(v) for v in np.asarray(_host(xp, block_shape)).reshape(-1)]
+    image_dims = [int(v) for v in np.asarray(to_host(image_shape)).reshape(-1)]
+    block = [int(v) for v in np.asarray(to_host(block_shape)).reshape(-1)]
     nd = len(image_dims)
     kernel, strides, dilations = spatial_attrs(nd, block, strides, dilations)
     begin, end, blocks = window_geometry(image_dims, kernel, strides, dilations, pads)
@@ -348,11 +349,6 @@ def col2im(xp, input, image_shape, block_shape, *, dilations=None, pads=None, st
     image = fold(xp, cols, strides, dilations, padded)
     image = crop_spatial(xp, image, begin, image_dims)
     return xp.ascontiguousarray(image.astype(input.dtype, copy=False))
-
-
-def _host(xp, array):
-    """A small shape-like input as a NumPy array (a deliberate device->host copy)."""
-    return array.get() if xp.__name__ == "cupy" and hasattr(array, "get") else array
 
 
 @col2im.infer

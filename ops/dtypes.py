@@ -85,6 +85,19 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype elementwise math on ``dtype`` runs in: float32 for floats narrower than
+    that (float16, bfloat16, float8, ...), ``dtype`` itself otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if is_float(dtype) and dtype.itemsize < 4 else dtype
+
+
+def accumulation_dtype(dtype) -> np.dtype:
+    """Where long accumulations (recurrences, interpolation) run: float64 stays float64,
+    every other type runs in float32."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
 def is_float(dtype) -> bool:
     """True for every floating type, the ml_dtypes ones included."""
     dtype = np.dtype(dtype)

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.dtypes import (BOOL, FLOAT8, FLOATS, INTS, NUMERIC, SIGNED_INTS, STRING,
+from mixrt.ops.dtypes import (compute_dtype, BOOL, FLOAT8, FLOATS, INTS, NUMERIC, SIGNED_INTS, STRING,
                               is_float)
 from mixrt.ops.registry import op
 from mixrt.ops.types import (TensorType, broadcast_like_first, broadcast_shapes,
@@ -40,14 +40,6 @@ def registered(op_type: str, *versions: int, dtypes=None, infer=None):
 
 
 # -- helpers shared with activation.py -------------------------------------------------------
-
-def compute_dtype(dtype) -> np.dtype:
-    """The dtype math on ``dtype`` runs in: float32 for floats narrower than that."""
-    dtype = np.dtype(dtype)
-    if is_float(dtype) and dtype.itemsize < 4:
-        return np.dtype(np.float32)
-    return dtype
-
 
 def in_compute_dtype(xp, X, fn):
     """``fn(X)`` evaluated in X's compute dtype and rounded back to X's dtype."""

@@ -16,30 +16,19 @@ import math
 
 import numpy as np
 
-from mixrt.ops.dtypes import FLOATS, NUMERIC
+from mixrt.ops.dtypes import FLOATS, NUMERIC, accumulation_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.runtime.device import to_host
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_crop_and_resize")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _host(a):
-    """Small shape-like inputs (scales, sizes, roi, thresholds) are needed on the host to plan
-    the computation; this is the one explicit device-to-host copy of such a value."""
-    if a is None:
-        return None
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
 def _present(a):
     """ONNX passes "not given" for scales/sizes/roi either as a missing input or as empty."""
     return a is not None and a.size > 0
-
-
-def _compute_dtype(dtype):
-    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
 
 
 def _cast_result(xp, y, dtype):
@@ -167,7 +156,7 @@ def _resize(xp, X, roi, scales, sizes, axes=None, *, mode="nearest",
             antialias=0, keep_aspect_ratio_policy="stretch"):
     rank = X.ndim
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
-    roi, scales, sizes = (_host(v) if _present(v) else None for v in (roi, scales, sizes))
+    roi, scales, sizes = (to_host(v) if _present(v) else None for v in (roi, scales, sizes))
     if (scales is None) == (sizes is None):
         raise ValueError("Resize needs exactly one of 'scales' and 'sizes'")
     if mode not in ("nearest", "linear", "cubic"):
@@ -178,7 +167,7 @@ def _resize(xp, X, roi, scales, sizes, axes=None, *, mode="nearest",
         roi = np.concatenate([np.zeros(len(axes)), np.ones(len(axes))])
     roi = roi.astype(np.float64)
     out_sizes, factors = _output_sizes(in_sizes, scales, sizes, keep_aspect_ratio_policy)
-    compute_dtype = _compute_dtype(X.dtype)
+    compute_dtype = accumulation_dtype(X.dtype)
     y, inside = X, None
     for k, axis in enumerate(axes):
         in_len, out_len, scale = in_sizes[k], int(out_sizes[k]), float(factors[k])
@@ -356,7 +345,7 @@ def grid_sample(xp, X, grid, *, align_corners=0, mode="linear", padding_mode="ze
     mode = _GRID_MODES[mode]
     n, c, *spatial = X.shape
     out_spatial = grid.shape[1:-1]
-    compute_dtype = _compute_dtype(X.dtype)
+    compute_dtype = accumulation_dtype(X.dtype)
     grid = grid.astype(compute_dtype, copy=False)
     # grid's last axis lists coordinates innermost-first: grid[..., 0] indexes the last axis.
     per_axis = [_grid_taps(xp, grid[..., len(spatial) - 1 - d], size, mode, padding_mode,
@@ -394,8 +383,8 @@ def _base_positions(xp, size, align_corners, dtype):
 
 @op("AffineGrid", since=20, dtypes=FLOATS)
 def affine_grid(xp, theta, size, *, align_corners=0):
-    n, _c, *spatial = (int(v) for v in _host(size))
-    dtype = _compute_dtype(theta.dtype)
+    n, _c, *spatial = (int(v) for v in to_host(size))
+    dtype = accumulation_dtype(theta.dtype)
     axes = [_base_positions(xp, s, align_corners, dtype) for s in spatial]
     # Homogeneous positions [x, y, (z,) 1] with x along the last (innermost) spatial axis.
     mesh = xp.meshgrid(*axes, indexing="ij")[::-1]
@@ -454,12 +443,12 @@ def _select_boxes(corners, scores, limit, iou_threshold, score_threshold):
 def non_max_suppression(xp, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
     # Greedy selection is sequential and data-dependent: it runs on the host.
-    boxes, scores = _host(boxes).astype(np.float64), _host(scores).astype(np.float64)
+    boxes, scores = to_host(boxes).astype(np.float64), to_host(scores).astype(np.float64)
     limit = 0 if not _present(max_output_boxes_per_class) else int(
-        _host(max_output_boxes_per_class).reshape(-1)[0])
-    iou = 0.0 if not _present(iou_threshold) else float(_host(iou_threshold).reshape(-1)[0])
+        to_host(max_output_boxes_per_class).reshape(-1)[0])
+    iou = 0.0 if not _present(iou_threshold) else float(to_host(iou_threshold).reshape(-1)[0])
     min_score = None if not _present(score_threshold) else float(
-        _host(score_threshold).reshape(-1)[0])
+        to_host(score_threshold).reshape(-1)[0])
     selected = []
     for b in range(boxes.shape[0]):
         corners = _corners(boxes[b], center_point_box)

@@ -12,7 +12,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.string import to_host
+from mixrt.runtime.device import to_host
 from mixrt.ops.types import TensorType, same_as_input, tensor
 
 ML = "ai.onnx.ml"
@@ -43,7 +43,7 @@ def _encode(xp, X, keys, values, default):
 
 
 def _encode_on_host(xp, X, keys, values, default):
-    data = to_host(xp, X)
+    data = to_host(X)
     if keys.dtype.kind == "f":  # compare numbers as the keys' type, as the numeric path does
         data = data.astype(keys.dtype)
     table = dict(zip(keys.tolist(), values.tolist()))
@@ -164,7 +164,7 @@ def array_feature_extractor(xp, X, Y):
     """Select Y's indices along the last axis; a 1-D X is treated as one row, [1, len(Y)]."""
     indices = Y.reshape(-1)
     if X.dtype == object:
-        picked = np.take(X, to_host(xp, indices), axis=-1)
+        picked = np.take(X, to_host(indices), axis=-1)
     else:
         picked = xp.take(X, indices, axis=-1)
     return picked.reshape(1, -1) if X.ndim == 1 else picked
@@ -219,7 +219,7 @@ def one_hot_encoder(xp, X, *, cats_int64s=None, cats_strings=None, zeros=1):
     if (cats_int64s is None) == (cats_strings is None):
         raise ValueError("OneHotEncoder needs exactly one of cats_int64s and cats_strings")
     if cats_strings is not None:
-        data = to_host(xp, X)
+        data = to_host(X)
         cats = np.asarray(cats_strings, dtype=object)
         hits = xp.asarray(data[..., None] == cats[None, :])
     else:
@@ -317,7 +317,7 @@ def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
         chosen = xp.argmax(scores, axis=1)
         scores = post_transform_scores(xp, scores, post_transform)
     if classlabels_strings is not None:
-        label = np.asarray(classlabels_strings, dtype=object)[to_host(xp, chosen)]
+        label = np.asarray(classlabels_strings, dtype=object)[to_host(chosen)]
     else:
         label = xp.asarray(classlabels_ints, dtype=np.int64)[chosen]
     return label, scores.astype(np.float32)
@@ -342,7 +342,7 @@ def _probit(xp, p):
 
     quantile = np.vectorize(lambda v: NormalDist().inv_cdf(v) if 0 < v < 1 else
                             (math.inf if v >= 1 else -math.inf))
-    host = to_host(xp, p)
+    host = to_host(p)
     return xp.asarray(quantile(host.astype(np.float64)).astype(host.dtype))
 
 

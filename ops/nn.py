@@ -16,17 +16,12 @@ from math import prod
 
 import numpy as np
 
-from mixrt.ops.dtypes import FLOAT8, FLOATS, NUMERIC, is_float, to_numpy_dtype
+from mixrt.ops.dtypes import (FLOAT8, FLOATS, NUMERIC, compute_dtype,
+                               to_numpy_dtype)
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis, same_as_input
 
 _MATMUL_TYPES = FLOATS | {"int32", "int64", "uint32", "uint64"}
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """The dtype a kernel computes in: float32 for floats narrower than that, else ``dtype``."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if is_float(dtype) and dtype.itemsize < 4 else dtype
 
 
 def widen(x):

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops.conv import (_host, inferred_out_dims, pad_spatial, sliding_windows,
+from mixrt.ops.conv import (inferred_out_dims, pad_spatial, sliding_windows,
                             spatial_attrs, window_geometry, work_dtype)
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import to_host
 
 MAXPOOL_TYPES = FLOATS | {"int8", "uint8"}
 _LOOP_LIMIT = 400  # kernels with more taps than this reduce over a strided view instead
@@ -261,7 +262,7 @@ def max_unpool(xp, X, I, output_shape=None, *, kernel_shape=None, pads=None, str
     if kernel_shape is None:
         raise ValueError("MaxUnpool needs the kernel_shape attribute")
     if output_shape is not None:
-        shape = tuple(int(v) for v in np.asarray(_host(xp, output_shape)).reshape(-1))
+        shape = tuple(int(v) for v in np.asarray(to_host(output_shape)).reshape(-1))
     else:
         shape = tuple(X.shape[:2]) + tuple(_unpooled_dims(X.shape[2:], kernel_shape, strides,
                                                           pads))
@@ -299,7 +300,7 @@ def max_roi_pool(xp, X, rois, *, pooled_shape=None, spatial_scale=1.0):
         raise ValueError("MaxRoiPool needs the pooled_shape attribute")
     pooled_h, pooled_w = (int(v) for v in pooled_shape)
     channels, height, width = X.shape[1:]
-    boxes = np.asarray(_host(xp, rois), dtype=np.float64)
+    boxes = np.asarray(to_host(rois), dtype=np.float64)
     Y = xp.zeros((len(boxes), channels, pooled_h, pooled_w), dtype=X.dtype)
     for r, (batch, x1, y1, x2, y2) in enumerate(boxes):
         start_w, start_h, end_w, end_h = (_round_half_away(v * spatial_scale)
@@ -341,8 +342,8 @@ def roi_align(xp, X, rois, batch_indices, *, coordinate_transformation_mode="hal
                          f"'output_half_pixel'; got {coordinate_transformation_mode!r}")
     half_pixel = coordinate_transformation_mode == "half_pixel"
     dtype = work_dtype(X.dtype)
-    boxes = np.asarray(_host(xp, rois), dtype=np.float64) * spatial_scale
-    batches = np.asarray(_host(xp, batch_indices)).astype(np.int64).reshape(-1)
+    boxes = np.asarray(to_host(rois), dtype=np.float64) * spatial_scale
+    batches = np.asarray(to_host(batch_indices)).astype(np.int64).reshape(-1)
     out = (int(output_height), int(output_width))
     results = []
     for box, batch in zip(boxes, batches):

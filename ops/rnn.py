@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.dtypes import FLOATS, accumulation_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
@@ -78,11 +78,6 @@ def activation_functions(xp, names, alphas, betas, defaults, num_directions):
 
 # -- the shared driver ------------------------------------------------------------------
 
-def compute_dtype(dtype):
-    """Narrow floats run in float32: the state is accumulated across every step."""
-    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
-
-
 def reversal_index(xp, lengths, seq_len):
     """index[t, b] = lengths[b] - 1 - t inside the sequence, t past its end: reversing each
     sequence within its own length. It is its own inverse."""
@@ -100,7 +95,7 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    wide = compute_dtype(X.dtype)
+    wide = accumulation_dtype(X.dtype)
     x = X.astype(wide)
     if layout:
         x = x.swapaxes(0, 1)
@@ -257,7 +252,7 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh", "Tanh"], num_directions)
     clamp = clipped(xp, clip)
-    peepholes = None if P is None else P.astype(compute_dtype(X.dtype))
+    peepholes = None if P is None else P.astype(accumulation_dtype(X.dtype))
 
     def step(x_proj, states, weights, f):
         (h, c), (r_weights, rb, d) = states, weights

@@ -14,11 +14,7 @@ import numpy as np
 from mixrt.ops.dtypes import STRING
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, broadcast_shapes, tensor
-
-
-def to_host(xp, array):
-    """A NumPy view of an input; an explicit device-to-host copy for a CuPy array."""
-    return array.get() if xp.__name__ == "cupy" else np.asarray(array)
+from mixrt.runtime.device import to_host
 
 
 def _strings(values, shape) -> np.ndarray:
@@ -38,7 +34,7 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
     accepted, but case mapping is Python's Unicode one whatever it says."""
     if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
         raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape {X.shape}")
-    words = list(to_host(xp, X).reshape(-1))
+    words = list(to_host(X).reshape(-1))
     if stopwords:
         if is_case_sensitive:
             stop = set(stopwords)
@@ -73,7 +69,7 @@ def string_split(xp, X, *, delimiter=None, maxsplit=None):
     where runs of whitespace separate and both ends are trimmed (also from the unsplit tail
     maxsplit leaves, which Python's str.split keeps)."""
     limit = -1 if maxsplit is None else maxsplit
-    strings = to_host(xp, X).reshape(-1)
+    strings = to_host(X).reshape(-1)
     pieces = ([s.split(delimiter, limit) for s in strings] if delimiter else
               [s.strip().split(None, limit) for s in strings])
     width = max((len(p) for p in pieces), default=0)
@@ -90,7 +86,7 @@ def _(X, **_):
 
 @op("StringConcat", since=20, dtypes=STRING)
 def string_concat(xp, X, Y):
-    left, right = np.broadcast_arrays(to_host(xp, X), to_host(xp, Y))
+    left, right = np.broadcast_arrays(to_host(X), to_host(Y))
     joined = [a + b for a, b in zip(left.reshape(-1), right.reshape(-1))]
     return _strings(joined, left.shape)
 
@@ -107,7 +103,7 @@ def regex_full_match(xp, X, *, pattern=None):
     if pattern is None:
         raise ValueError("RegexFullMatch needs the pattern attribute")
     compiled = re.compile(pattern)
-    strings = to_host(xp, X)
+    strings = to_host(X)
     matched = [compiled.fullmatch(s) is not None for s in strings.reshape(-1)]
     return xp.asarray(np.array(matched, dtype=np.bool_).reshape(strings.shape))
 
@@ -156,7 +152,7 @@ def tfidf_vectorizer(xp, X, *, max_gram_length=None, max_skip_count=None,
         raise ValueError(f"TfIdfVectorizer mode must be one of TF, IDF, TFIDF, got {mode!r}")
     pool = list(pool_strings) if pool_strings is not None else [int(v) for v in pool_int64s]
     table = _ngram_table(pool, [int(c) for c in ngram_counts])
-    data = to_host(xp, X)
+    data = to_host(X)
     rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
     rows = rows.tolist()  # python ints/strs hash like the pool's entries
     width = int(max(ngram_indexes)) + 1
