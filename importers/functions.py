@@ -10,6 +10,7 @@ and attribute references (``ref_attr_name``) replaced by the call's attribute va
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 import onnx
 import onnx.defs
@@ -40,9 +41,8 @@ def _inline_in_graph(graph: onnx.GraphProto, functions: dict, depth: int) -> Non
         key = (canonical_domain(node.domain), node.op_type, node.overload)
         function = functions.get(key)
         if function is None:
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    _inline_in_graph(sub, functions, depth)
+            for sub in subgraphs_of(node):
+                _inline_in_graph(sub, functions, depth)
             expanded.append(node)
             continue
         expanded.extend(expand_call(node, function))
@@ -87,9 +87,8 @@ def _rename_node(node: onnx.NodeProto, renames: dict, prefix: str) -> None:
 
     node.input[:] = [rename(n) for n in node.input]
     node.output[:] = [rename(n) for n in node.output]
-    for attr in node.attribute:
-        for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-            _rename_outer_references(sub, rename)
+    for sub in subgraphs_of(node):
+        _rename_outer_references(sub, rename)
 
 
 def _rename_outer_references(graph: onnx.GraphProto, rename) -> None:
@@ -98,9 +97,8 @@ def _rename_outer_references(graph: onnx.GraphProto, rename) -> None:
     local.update(o for n in graph.node for o in n.output)
     for node in graph.node:
         node.input[:] = [n if (not n or n in local) else rename(n) for n in node.input]
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _rename_outer_references(sub, rename)
+        for sub in subgraphs_of(node):
+            _rename_outer_references(sub, rename)
     for output in graph.output:
         if output.name not in local:
             output.name = rename(output.name)
@@ -180,16 +178,21 @@ def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_
     ``infer_output_types(node, input_type_protos)`` gives the TypeProtos of a kernel-backed
     node's outputs, so context-dependent bodies further down see their input types.
     """
+    if all(_has_own_kernel(n, opsets, has_kernel) for n in graph.node):
+        # the common case: nothing to expand here, so skip the type bookkeeping
+        for node in graph.node:
+            for sub in subgraphs_of(node):
+                expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
+        return
     types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
     for tensor in graph.initializer:
         types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type,
                                                                 tensor.dims)
-    pending, done, depth = [_copy(n) for n in graph.node], [], {}
+    pending, done, depth = deque(_copy(n) for n in graph.node), [], {}
     while pending:
-        node = pending.pop(0)
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
+        node = pending.popleft()
+        for sub in subgraphs_of(node):
+            expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
         domain = canonical_domain(node.domain)
         opset = opsets.get(domain)
         input_types = [types.get(name, onnx.TypeProto()) for name in node.input]
@@ -209,7 +212,7 @@ def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_
             depth[id(inner)] = depth.get(id(node), 0) + 1
             if canonical_domain(inner.domain) not in opsets:
                 opsets[canonical_domain(inner.domain)] = _body_opset(body, inner.domain)
-        pending[:0] = expanded
+        pending.extendleft(reversed(expanded))
     del graph.node[:]
     graph.node.extend(done)
 
@@ -219,6 +222,19 @@ def _body_opset(body: onnx.FunctionProto, domain: str) -> int:
         if canonical_domain(entry.domain) == canonical_domain(domain):
             return int(entry.version)
     return 1
+
+
+def _has_own_kernel(node: onnx.NodeProto, opsets: dict[str, int], has_kernel) -> bool:
+    opset = opsets.get(canonical_domain(node.domain))
+    return opset is None or has_kernel(canonical_domain(node.domain), node.op_type, opset)
+
+
+def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The GRAPH and GRAPHS attribute values of a node."""
+    found = []
+    for attr in node.attribute:
+        found.extend(([attr.g] if attr.HasField("g") else []) + list(attr.graphs))
+    return found
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:

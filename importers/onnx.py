@@ -17,7 +17,8 @@ from onnx import numpy_helper
 
 from mixrt.errors import ModelLoadError
 from mixrt.importers.external_data import read_external_tensor
-from mixrt.importers.functions import expand_schema_functions, inline_model_functions
+from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
+                                      inline_model_functions)
 from mixrt.ops.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.registry import REGISTRY, canonical_domain
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
@@ -91,8 +92,8 @@ def _check_names(graph: onnx.GraphProto) -> None:
             if not isinstance(attr.name, str):
                 raise ModelLoadError(f"node {node.name!r} has an attribute name that is not "
                                      f"valid UTF-8 text")
-            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                _check_names(sub)
+        for sub in subgraphs_of(node):
+            _check_names(sub)
     values = [*graph.input, *graph.output, *graph.value_info]
     names = [v.name for v in values] + [t.name for t in graph.initializer]
     if not all(isinstance(n, str) for n in names):
