@@ -63,6 +63,11 @@ class Graph:
     initializers: dict[str, Any] = field(default_factory=dict)  # name -> numpy array
     value_types: dict[str, Any] = field(default_factory=dict)  # known types of intermediates
     opsets: dict[str, int] = field(default_factory=dict)  # domain -> version
+    # what a compiled (.mxr) model carries beyond the graph: precomputed memory plans
+    # (mixrt.runtime.memory.MemoryPlan, one per input-shape signature) and provenance
+    # (producer, source_opset, opt_level, ...); both empty for a freshly imported model
+    plans: list = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
 
     # -- queries --------------------------------------------------------------------------
 
