@@ -8,9 +8,35 @@
 from __future__ import annotations
 
 import os
+import sys
 
-from mixrt import errors  # noqa: F401
-from mixrt.runtime.session import NodeArg, Session, register_loader
+
+def _prefer_avx512_blas() -> None:
+    """Give NumPy's OpenBLAS its AVX-512 (SkylakeX) kernels on CPUs that have AVX-512.
+
+    OpenBLAS's runtime dispatch gives AMD Zen 4 its AVX2 (Haswell) kernels, and this
+    workplace's machines also set OPENBLAS_CORETYPE=Haswell globally; onnxruntime's own GEMM
+    uses AVX-512 on the same CPU. On the project's 2-core EPYC the SkylakeX sgemm runs 1.8x
+    faster (BENCHMARKS.md), so mixrt's BLAS policy (MIXRT_BLAS=auto, the default) picks the
+    widest kernels the CPU has. MIXRT_BLAS=system leaves OpenBLAS's choice alone. OpenBLAS
+    reads the choice once, when NumPy loads it: this works only when mixrt is imported first.
+    """
+    if os.environ.get("MIXRT_BLAS", "auto") != "auto" or "numpy" in sys.modules:
+        return
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo
+                          if line.startswith("flags")), [])
+    except OSError:
+        return
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= set(flags):
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+
+_prefer_avx512_blas()
+
+from mixrt import errors  # noqa: E402,F401
+from mixrt.runtime.session import NodeArg, Session, register_loader  # noqa: E402
 
 __version__ = "0.1.0"
 

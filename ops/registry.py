@@ -66,6 +66,11 @@ class Kernel:
     def accepts_any_attribute(self) -> bool:
         return _signature_info(self.fn).var_keyword
 
+    def writes_into(self, device: str) -> bool:
+        """Whether the device's function takes ``out=``: an array of the output's exact shape
+        and dtype (a view of the memory arena) that it fills and returns."""
+        return _signature_info(self.for_device(device)).takes_out
+
     @property
     def wants_output_count(self) -> bool:
         return "_outputs" in _signature_info(self.fn).attributes
@@ -84,6 +89,7 @@ class Kernel:
 class _SignatureInfo:
     attributes: frozenset
     var_keyword: bool
+    takes_out: bool = False
 
 
 _SIGNATURES: dict[Callable, _SignatureInfo] = {}
@@ -93,9 +99,11 @@ def _signature_info(fn: Callable) -> _SignatureInfo:
     info = _SIGNATURES.get(fn)
     if info is None:
         params = inspect.signature(fn).parameters.values()
+        keywords = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
         info = _SignatureInfo(
-            attributes=frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY),
+            attributes=frozenset(keywords - {"out"}),
             var_keyword=any(p.kind is p.VAR_KEYWORD for p in params),
+            takes_out="out" in keywords,
         )
         _SIGNATURES[fn] = info
     return info

@@ -1,14 +1,38 @@
 """The memory planner: one arena per device, an offset in it for every planned tensor.
 
-(interface fixed by the lead; the strategies are being written)
+Once shapes are inferred the schedule is fixed, so each intermediate tensor has a known size
+and a known lifetime (the step that writes it to the step that last reads it). Planning is
+then an offline packing problem: give every tensor a byte offset so that no two tensors alive
+at the same step share a byte, in as small an arena as we can. The executor allocates that
+arena once and hands each kernel a view into it.
+
+Four strategies, each a step further than the last:
+
+* ``naive``   - every tensor its own region (the baseline the paper measures against);
+* ``inplace`` - an op may write its output over an input whose last reader it is
+  (MXNet paper, section 3.1); honoured pairs, and chains of them, share one offset;
+* ``sharing`` - MXNet's allocator: a tensor's block returns to a free pool when it dies and
+  a new tensor takes the best-fitting free block (growing it when none is big enough);
+* ``greedy``  - TFLite's "greedy by size" (Pisarchyk & Lee 2020): biggest first, each into
+  the smallest gap among the already placed tensors whose lifetimes overlap its own.
+
+``check_plan`` validates a plan that came from a file before the executor trusts it.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import operator
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from mixrt.errors import GraphError
 
 STRATEGIES = ("naive", "inplace", "sharing", "greedy")
 ALIGNMENT = 64
+_MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -33,9 +57,407 @@ class MemoryPlan:
     lifetimes: list[TensorLife]  # what was planned, in the order given
     inplace: list[tuple[str, str]] = field(default_factory=list)  # honoured (input, output)
     signature: tuple = ()  # the input-shape signature the plan was made for (set by caller)
+    alignment: int = ALIGNMENT  # every offset is a multiple of it; sizes were rounded up to it
 
+
+@dataclass(slots=True)
+class _Group:
+    """Tensors that share one offset: a single tensor, or an in-place chain a -> b -> c
+    whose members follow one another in time (each written by its predecessor's last reader)."""
+
+    members: list[int]  # indices into the lifetimes list, in chain order
+    first: int
+    last: int
+    size: int  # aligned; the largest member's
+
+
+# -- planning ------------------------------------------------------------------------------
 
 def plan_memory(lifetimes: list[TensorLife], strategy: str = "greedy",
                 inplace_candidates: list[tuple[str, str]] = (),
                 alignment: int = ALIGNMENT) -> MemoryPlan:
-    raise NotImplementedError
+    """Place every tensor of ``lifetimes`` in one arena with ``strategy``.
+
+    ``inplace_candidates`` are (input, output) pairs an op allows to share memory. They are
+    permissions, not demands: a pair is honoured only when the output is written at the
+    input's last read, is no bigger than the input, and neither is already in another pair;
+    pairs naming a tensor that is not planned (a weight, say) are ignored. ``naive`` ignores
+    them all.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown memory planning strategy {strategy!r}; "
+                         f"expected one of {', '.join(STRATEGIES)}")
+    alignment = _check_alignment(alignment)
+    lives = validate_lifetimes(lifetimes)
+    sizes = [align(life.size, alignment) for life in lives]
+    pairs = [] if strategy == "naive" else honour_inplace(lives, inplace_candidates)
+    groups = _groups(lives, sizes, pairs)
+    place = {"naive": _place_in_order, "inplace": _place_in_order,
+             "sharing": _place_sharing, "greedy": _place_greedy}[strategy]
+    group_offsets = place(groups)
+    offsets: dict[str, int] = {}
+    for group, offset in zip(groups, group_offsets):
+        for index in group.members:
+            offsets[lives[index].name] = offset
+    arena = max((o + g.size for g, o in zip(groups, group_offsets)), default=0)
+    return MemoryPlan(strategy, arena, sum(sizes), lower_bound(lives, alignment), offsets,
+                      lives, pairs, alignment=alignment)
+
+
+def align(size: int, alignment: int = ALIGNMENT) -> int:
+    """``size`` rounded up to a multiple of ``alignment``."""
+    return -(-size // alignment) * alignment
+
+
+def lower_bound(lifetimes: list[TensorLife], alignment: int = ALIGNMENT) -> int:
+    """The largest total (aligned) size of tensors alive at one step: no plan without
+    in-place writes can use a smaller arena."""
+    deltas: dict[int, int] = {}
+    for life in lifetimes:
+        size = align(life.size, alignment)
+        deltas[life.first] = deltas.get(life.first, 0) + size
+        deltas[life.last + 1] = deltas.get(life.last + 1, 0) - size
+    best = live = 0
+    for step in sorted(deltas):
+        live += deltas[step]
+        best = max(best, live)
+    return best
+
+
+def live_bytes_per_step(lifetimes: list[TensorLife],
+                        alignment: int = ALIGNMENT) -> tuple[list[int], list[int]]:
+    """(steps, live bytes at each step) from the earliest first to the latest last; what
+    ``lower_bound`` maximises, for plotting."""
+    if not lifetimes:
+        return [], []
+    start = min(life.first for life in lifetimes)
+    stop = max(life.last for life in lifetimes)
+    deltas = np.zeros(stop - start + 2, dtype=np.int64)
+    for life in lifetimes:
+        size = align(life.size, alignment)
+        deltas[life.first - start] += size
+        deltas[life.last + 1 - start] -= size
+    live = np.cumsum(deltas)[:-1]
+    return list(range(start, stop + 1)), [int(v) for v in live]
+
+
+def honour_inplace(lifetimes: list[TensorLife],
+                   candidates: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The candidate (input, output) pairs that may share memory, in the order given."""
+    by_name = {life.name: life for life in lifetimes}
+    used_inputs: set[str] = set()
+    placed_outputs: set[str] = set()
+    honoured = []
+    for pair in candidates:
+        source, target = pair
+        if source not in by_name or target not in by_name:
+            continue
+        if source in used_inputs or target in placed_outputs:
+            continue
+        if inplace_allowed(by_name[source], by_name[target]):
+            used_inputs.add(source)
+            placed_outputs.add(target)
+            honoured.append((source, target))
+    return honoured
+
+
+def inplace_allowed(source: TensorLife, target: TensorLife) -> bool:
+    """Whether ``target`` may be written over ``source``: the op that writes it is the last
+    reader of ``source`` (so nothing later needs ``source``), it fits, and ``source``
+    existed before that step (a tensor cannot be written over one made at the same step)."""
+    return (source.last == target.first and source.first < target.first
+            and target.size <= source.size)
+
+
+def _groups(lives: list[TensorLife], sizes: list[int],
+            pairs: list[tuple[str, str]]) -> list[_Group]:
+    """One group per in-place chain (a lone tensor is a chain of one), in the order of each
+    chain's first tensor in ``lives``."""
+    index = {life.name: i for i, life in enumerate(lives)}
+    successor = {index[a]: index[b] for a, b in pairs}
+    is_target = set(successor.values())
+    groups = []
+    for head in range(len(lives)):
+        if head in is_target:
+            continue
+        members = [head]
+        while members[-1] in successor:
+            members.append(successor[members[-1]])
+        # chain members follow each other in time, so the tail is read last
+        groups.append(_Group(members, lives[head].first, lives[members[-1]].last,
+                             max(sizes[m] for m in members)))
+    return groups
+
+
+def _place_in_order(groups: list[_Group]) -> list[int]:
+    """Each group its own region, one after another (``naive`` and ``inplace``)."""
+    offsets, end = [], 0
+    for group in groups:
+        offsets.append(end)
+        end += group.size
+    return offsets
+
+
+def _place_sharing(groups: list[_Group]) -> list[int]:
+    """MXNet's allocator: walk the schedule; a group's block goes back to the free pool when
+    it dies, and a new group takes the smallest free block that fits, else grows the largest
+    free block, else opens a new one. Blocks are laid end to end at the end."""
+    order = sorted(range(len(groups)), key=lambda i: (groups[i].first, -groups[i].size, i))
+    block_sizes: list[int] = []
+    block_of: dict[int, int] = {}
+    free: list[tuple[int, int]] = []  # (size, block), sorted
+    dying: list[tuple[int, int]] = []  # heap of (last step, group)
+    for i in order:
+        group = groups[i]
+        while dying and dying[0][0] < group.first:
+            block = block_of[heapq.heappop(dying)[1]]
+            bisect.insort(free, (block_sizes[block], block))
+        if group.size == 0:
+            continue
+        block_of[i] = block = _take_block(free, block_sizes, group.size)
+        heapq.heappush(dying, (group.last, i))
+    starts = np.concatenate(([0], np.cumsum(block_sizes, dtype=np.int64)))
+    return [int(starts[block_of[i]]) if i in block_of else 0 for i in range(len(groups))]
+
+
+def _take_block(free: list[tuple[int, int]], block_sizes: list[int], size: int) -> int:
+    fit = bisect.bisect_left(free, (size, -1))
+    if fit < len(free):
+        return free.pop(fit)[1]
+    if free:  # none is big enough: growing the largest costs least
+        block = free.pop()[1]
+        block_sizes[block] = size
+        return block
+    block_sizes.append(size)
+    return len(block_sizes) - 1
+
+
+def _place_greedy(groups: list[_Group]) -> list[int]:
+    """Greedy by size: biggest groups first, each at the offset of the smallest gap that
+    fits among the placed groups whose lifetimes overlap its own (the lowest such gap on a
+    tie), else just above them."""
+    count = len(groups)
+    order = sorted(range(count), key=lambda i: (-groups[i].size, groups[i].first,
+                                                -groups[i].last, i))
+    # the placed groups, as columns so the overlap query is a few vector operations
+    firsts, lasts, starts, ends = (np.empty(count, dtype=np.int64) for _ in range(4))
+    placed = 0
+    offsets = [0] * count
+    for i in order:
+        group = groups[i]
+        if group.size == 0:
+            continue
+        offset = _best_gap(firsts[:placed], lasts[:placed], starts[:placed], ends[:placed],
+                           group)
+        offsets[i] = offset
+        firsts[placed], lasts[placed] = group.first, group.last
+        starts[placed], ends[placed] = offset, offset + group.size
+        placed += 1
+    return offsets
+
+
+def _best_gap(firsts, lasts, starts, ends, group: _Group) -> int:
+    live = np.flatnonzero((firsts <= group.last) & (lasts >= group.first))
+    if live.size == 0:
+        return 0
+    by_offset = np.argsort(starts[live], kind="stable")
+    gap_ends = starts[live][by_offset]
+    reach = np.maximum.accumulate(ends[live][by_offset])  # top of everything below
+    gap_starts = np.concatenate(([0], reach[:-1]))
+    gaps = gap_ends - gap_starts
+    fits = gaps >= group.size
+    if not fits.any():
+        return int(reach[-1])
+    # argmin takes the first (lowest) of equally small gaps
+    return int(gap_starts[np.argmin(np.where(fits, gaps, np.iinfo(np.int64).max))])
+
+
+# -- validation ----------------------------------------------------------------------------
+
+def validate_lifetimes(lifetimes) -> list[TensorLife]:
+    """The lifetimes with plain-int fields; GraphError names the first bad entry."""
+    clean, seen = [], set()
+    for position, life in enumerate(lifetimes):
+        if not isinstance(life, TensorLife):
+            raise GraphError(f"memory plan: entry {position} is a {type(life).__name__}, "
+                             "expected a TensorLife")
+        if not isinstance(life.name, str) or not life.name:
+            raise GraphError(f"memory plan: entry {position} has name {life.name!r}, "
+                             "expected a non-empty string")
+        if life.name in seen:
+            raise GraphError(f"memory plan: tensor {life.name!r} is listed twice")
+        seen.add(life.name)
+        size, first, last = (_as_int(life, key) for key in ("size", "first", "last"))
+        if size < 0:
+            raise GraphError(f"memory plan: tensor {life.name!r} has size {size}, "
+                             "expected >= 0 bytes")
+        if last < first:
+            raise GraphError(f"memory plan: tensor {life.name!r} is last read at step {last}"
+                             f" before it is written at step {first}")
+        clean.append(TensorLife(life.name, size, first, last))
+    return clean
+
+
+def _as_int(life: TensorLife, key: str) -> int:
+    value = getattr(life, key)
+    try:
+        if isinstance(value, bool):  # True is an int to Python, never a size or a step
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise GraphError(f"memory plan: tensor {life.name!r} has {key} {value!r}, "
+                         "expected an integer") from None
+
+
+def _check_alignment(alignment) -> int:
+    if isinstance(alignment, bool) or not isinstance(alignment, (int, np.integer)) \
+            or alignment < 1:
+        raise ValueError(f"memory plan alignment must be a positive integer, got {alignment!r}")
+    return int(alignment)
+
+
+def check_plan(plan: MemoryPlan) -> None:
+    """Raise GraphError unless ``plan`` is safe to execute: every tensor has an aligned
+    offset inside the arena, every in-place pair obeys the in-place rule and shares its
+    offset, and no two tensors alive at one step share a byte otherwise.
+
+    Meant for plans read from files, so it trusts nothing and runs in O(n log n) plus the
+    number of tensors alive at once."""
+    if plan.strategy not in STRATEGIES:
+        raise GraphError(f"memory plan: unknown strategy {plan.strategy!r}; "
+                         f"expected one of {', '.join(STRATEGIES)}")
+    try:
+        alignment = _check_alignment(plan.alignment)
+    except ValueError as error:
+        raise GraphError(str(error)) from None
+    lives = validate_lifetimes(plan.lifetimes)
+    offsets = _checked_offsets(plan, lives, alignment)
+    replaces = _checked_pairs(plan, lives, offsets)
+    _check_disjoint(lives, offsets, replaces)
+
+
+def _checked_offsets(plan: MemoryPlan, lives: list[TensorLife], alignment: int) -> list[int]:
+    arena = plan.arena_bytes
+    if isinstance(arena, bool) or not isinstance(arena, int) or arena < 0:
+        raise GraphError(f"memory plan: arena size {arena!r} is not a byte count")
+    if not isinstance(plan.offsets, dict) or len(plan.offsets) != len(lives):
+        raise GraphError(f"memory plan: {len(lives)} tensors but "
+                         f"{len(plan.offsets) if isinstance(plan.offsets, dict) else '?'} "
+                         "offsets")
+    offsets = []
+    for life in lives:
+        offset = plan.offsets.get(life.name)
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise GraphError(f"memory plan: tensor {life.name!r} has offset {offset!r}, "
+                             "expected an integer")
+        if offset < 0 or offset % alignment or offset + life.size > arena:
+            raise GraphError(f"memory plan: tensor {life.name!r} ({life.size} bytes) at "
+                             f"offset {offset} is not {alignment}-byte aligned inside the "
+                             f"{arena}-byte arena")
+        offsets.append(offset)
+    return offsets
+
+
+def _checked_pairs(plan: MemoryPlan, lives: list[TensorLife],
+                   offsets: list[int]) -> dict[int, int]:
+    """Output index -> input index for each in-place pair, after checking the pair."""
+    index = {life.name: i for i, life in enumerate(lives)}
+    replaces: dict[int, int] = {}
+    used: set[int] = set()
+    for pair in plan.inplace:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                and all(name in index for name in pair)):
+            raise GraphError(f"memory plan: in-place pair {pair!r} does not name two "
+                             "planned tensors")
+        source, target = index[pair[0]], index[pair[1]]
+        if source in used or target in replaces:
+            raise GraphError(f"memory plan: in-place pair {tuple(pair)!r} reuses a tensor "
+                             "that is already in another pair")
+        if not inplace_allowed(lives[source], lives[target]):
+            raise GraphError(f"memory plan: {pair[1]!r} may not be written over {pair[0]!r}"
+                             ": it must be written at that tensor's last read and be no "
+                             "bigger")
+        if offsets[source] != offsets[target]:
+            raise GraphError(f"memory plan: in-place pair {tuple(pair)!r} has offsets "
+                             f"{offsets[source]} and {offsets[target]}, expected one")
+        used.add(source)
+        replaces[target] = source
+    return replaces
+
+
+def _check_disjoint(lives: list[TensorLife], offsets: list[int],
+                    replaces: dict[int, int]) -> None:
+    """Sweep the steps keeping the live tensors sorted by offset. If the live set is
+    disjoint, a newcomer that overlaps any of it overlaps a neighbour, so checking the two
+    neighbours suffices. An in-place output takes its input's place instead of joining it,
+    after the step's other newcomers were checked against that input."""
+    remove, add, replace = 0, 1, 2  # the order of events within one step
+    events = []
+    for i, life in enumerate(lives):
+        if life.size == 0:
+            continue  # occupies no byte
+        kind = replace if i in replaces and lives[replaces[i]].size else add
+        events.append((life.first, kind, i))
+        events.append((life.last + 1, remove, i))
+    events.sort()
+    live: list[tuple[int, int, int]] = []  # (start, end, index)
+    key_of: dict[int, tuple[int, int, int]] = {}
+    for _, kind, i in events:
+        if kind == remove:
+            if i in key_of:
+                live.pop(bisect.bisect_left(live, key_of.pop(i)))
+            continue
+        if kind == replace:
+            live.pop(bisect.bisect_left(live, key_of.pop(replaces[i])))
+        key = (offsets[i], offsets[i] + lives[i].size, i)
+        at = bisect.bisect_left(live, key)
+        for neighbour in live[max(at - 1, 0):at + 1]:
+            if neighbour[0] < key[1] and key[0] < neighbour[1]:
+                raise GraphError(_overlap_message(lives[neighbour[2]], neighbour[0],
+                                                  lives[i], key[0]))
+        live.insert(at, key)
+        key_of[i] = key
+
+
+def _overlap_message(a: TensorLife, a_offset: int, b: TensorLife, b_offset: int) -> str:
+    return (f"memory plan: tensors {a.name!r} (steps {a.first}..{a.last}, bytes "
+            f"{a_offset}..{a_offset + a.size}) and {b.name!r} (steps {b.first}..{b.last}, "
+            f"bytes {b_offset}..{b_offset + b.size}) are alive at the same step and share "
+            "arena bytes")
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+def plan_report(plan: MemoryPlan) -> dict:
+    """The plan's figures as JSON-ready values (what ``mixrt plan --json`` prints)."""
+    arena, lower = plan.arena_bytes, plan.lower_bound_bytes
+    return {
+        "strategy": plan.strategy,
+        "arena_bytes": arena,
+        "naive_bytes": plan.naive_bytes,
+        "lower_bound_bytes": lower,
+        "tensors": len(plan.lifetimes),
+        "inplace": len(plan.inplace),
+        # in-place writes can beat the lower bound, so this may be below 1
+        "ratio_to_lower_bound": round(arena / lower, 4) if lower else 1.0,
+        "naive_over_arena": round(plan.naive_bytes / arena, 4) if arena else 1.0,
+    }
+
+
+def format_report(plan: MemoryPlan) -> str:
+    """The plan's figures for a person (what ``mixrt plan`` prints)."""
+    report = plan_report(plan)
+    lines = [
+        f"memory plan: {report['strategy']}, {plan.alignment}-byte alignment",
+        f"  tensors      {report['tensors']:>10}   ({report['inplace']} written in place)",
+        f"  arena        {_mib(report['arena_bytes'])}",
+        f"  lower bound  {_mib(report['lower_bound_bytes'])}",
+        f"  naive        {_mib(report['naive_bytes'])}",
+        f"  arena / lower bound {report['ratio_to_lower_bound']:.3f}   "
+        f"naive / arena {report['naive_over_arena']:.2f}",
+    ]
+    return "\n".join(lines)
+
+
+def _mib(size: int) -> str:
+    return f"{size / _MIB:>10.2f} MiB  ({size} bytes)"

@@ -14,8 +14,9 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 
 from __future__ import annotations
 
-from collections import ChainMap
-from dataclasses import dataclass, field
+import threading
+from collections import ChainMap, OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -26,7 +27,15 @@ from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.device import Device, parse_device, to_host
-from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.executor import (ExecutionPlan, acquire, execute, make_plan,
+                                    plannable_on_gpu, release)
+from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
+from mixrt.runtime.memory import STRATEGIES, MemoryPlan
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.profiler import Profiler
+
+# input-shape signatures whose plans (and arenas) a session keeps; older ones are dropped
+MAX_CACHED_PLANS = 16
 
 # -- model formats ---------------------------------------------------------------------------
 
@@ -58,6 +67,8 @@ class BoundNode:
     attributes: dict[str, Any]
     subgraphs: dict[str, Any]  # attribute name -> BoundGraph or list[BoundGraph]
     inputs: list[str]  # trailing missing optional inputs dropped
+    writes_into: bool = False  # the kernel takes ``out=``
+    reads: list[str] = field(default_factory=list)  # inputs + subgraphs' outer-scope reads
 
     @property
     def label(self) -> str:
@@ -90,8 +101,12 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
         inputs = list(node.inputs)
         while inputs and not inputs[-1]:
             inputs.pop()
+        reads = [n for n in inputs if n]
+        for sub in node.subgraphs():
+            reads.extend(outer_scope_reads(sub))
         bound.nodes.append(BoundNode(node, kernel.for_device(device.kind), attributes,
-                                     subgraphs, inputs))
+                                     subgraphs, inputs, kernel.writes_into(device.kind),
+                                     list(dict.fromkeys(reads))))
     return bound
 
 
@@ -109,57 +124,6 @@ def lookup_kernel(node: Node, device: Device, dtype: str | None = None) -> Kerne
     return kernel
 
 
-# -- execution -------------------------------------------------------------------------------
-
-class Subgraph:
-    """A GRAPH attribute as control-flow kernels see it: call it with the body's inputs and
-    get its outputs; names it reads from enclosing graphs resolve in the scope it was made in.
-    """
-
-    def __init__(self, bound: BoundGraph, scope, xp):
-        self._bound, self._scope, self._xp = bound, scope, xp
-        self.input_names = bound.graph.input_names
-        self.output_names = bound.graph.output_names
-        # declared types let a loop that runs zero times still shape its scan outputs
-        self.output_types = [v.type for v in bound.graph.outputs]
-
-    def __call__(self, *values) -> list:
-        if len(values) > len(self.input_names):
-            raise ExecutionError(f"subgraph {self._bound.graph.name!r} takes "
-                                 f"{len(self.input_names)} inputs, got {len(values)}")
-        env = ChainMap(dict(zip(self.input_names, values)), self._bound.constants, self._scope)
-        execute(self._bound, env, self._xp)
-        return [env[name] for name in self.output_names]
-
-
-def execute(bound: BoundGraph, env, xp) -> None:
-    """Run every node of ``bound`` in schedule order, reading and writing ``env``."""
-    for step in bound.nodes:
-        try:
-            args = [env[name] if name else None for name in step.inputs]
-        except KeyError as exc:
-            raise ExecutionError(f"node {step.label!r} ({step.node.op_type}) reads "
-                                 f"{exc.args[0]!r}, which has no value") from None
-        attributes = step.attributes
-        if step.subgraphs:
-            attributes = dict(attributes)
-            for key, sub in step.subgraphs.items():
-                attributes[key] = ([Subgraph(s, env, xp) for s in sub] if isinstance(sub, list)
-                                   else Subgraph(sub, env, xp))
-        try:
-            result = step.fn(xp, *args, **attributes)
-        except MixrtError:
-            raise
-        except Exception as exc:
-            raise ExecutionError(f"node {step.label!r} ({step.node.domain or 'ai.onnx'}::"
-                                 f"{step.node.op_type}, opset {step.node.opset}) failed: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-        outputs = result if isinstance(result, tuple) else (result,)
-        for name, value in zip(step.node.outputs, outputs):
-            if name:
-                env[name] = value
-
-
 # -- the public session ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -172,17 +136,30 @@ class NodeArg:
 
 
 class Session:
-    """Run a model: ``Session(path | bytes | ModelProto | Graph, device="cpu" | "gpu:0")``."""
+    """Run a model: ``Session(path | bytes | ModelProto | Graph, device="cpu" | "gpu:0")``.
 
-    def __init__(self, model, device: str = "cpu", *, providers=None, **_options):
+    ``opt_level`` (0..2) chooses the graph passes (see ``runtime/passes``); ``strategy`` the
+    memory planner (``runtime/memory.STRATEGIES``); ``profile=True`` or ``MIXRT_PROFILE=path``
+    records a Chrome trace (``end_profiling()`` writes it). A compiled ``.mxr`` model runs as
+    it was compiled. One session serves many threads: each concurrent run takes its own arena.
+    """
+
+    def __init__(self, model, device: str = "cpu", *, opt_level: int = 2,
+                 strategy: str = "greedy", profile: bool = False, providers=None,
+                 **_options):
         del providers  # accepted for onnxruntime call compatibility; device picks the kernels
+        _check_option("opt_level", opt_level, (0, 1, 2))
+        _check_option("strategy", strategy, STRATEGIES)
         self.device = parse_device(device)
-        self.graph = load_graph(model)
-        self.graph.validate()
+        self.graph = _optimized(load_graph(model), opt_level)
+        self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)
         self._xp = self.device.xp
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
+        self._plans: OrderedDict[tuple, ExecutionPlan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+        self.profiler = Profiler.from_options(profile)
 
     # -- onnxruntime-compatible surface ----------------------------------------------------
 
@@ -198,14 +175,84 @@ class Session:
     def run(self, output_names, feeds: dict, run_options=None) -> list:
         del run_options
         wanted = self._output_names(output_names)
-        env = ChainMap(self._checked_feeds(feeds), self._bound.constants)
+        feeds = self._checked_feeds(feeds)
+        signature = feed_signature(feeds)
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
         with np.errstate(all="ignore"):
-            execute(self._bound, env, self._xp)
+            plan = self._cached_plan(signature)
+            if plan is None:
+                env = self._discover(signature, feeds)
+                return self._collect(env, wanted, frozenset())
+            arena = acquire(plan, self._xp)
+            try:
+                env = dict(self._bound.constants)
+                env.update(feeds)
+                if self.profiler is not None:
+                    with self.profiler.run(plan.arena_bytes):
+                        execute(self._bound, env, self._xp, arena, plan, self.profiler)
+                else:
+                    execute(self._bound, env, self._xp, arena, plan)
+                return self._collect(env, wanted, plan.arena_outputs)
+            finally:
+                release(plan, arena)
+
+    def end_profiling(self) -> str | None:
+        """Write the Chrome trace recorded so far; returns its path (None when not profiling)."""
+        return None if self.profiler is None else self.profiler.write()
+
+    # -- memory plans ------------------------------------------------------------------------
+
+    def memory_plan(self, feeds: dict | None = None) -> MemoryPlan:
+        """The memory plan for these feeds' shapes (for static-shape models, feeds may be
+        omitted), made now if this shape signature has not run yet."""
+        feeds = self._checked_feeds(feeds if feeds is not None else self._static_feeds())
+        signature = feed_signature(feeds)
+        plan = self._cached_plan(signature)
+        if plan is None:
+            with np.errstate(all="ignore"):
+                self._discover(signature, feeds)
+            plan = self._cached_plan(signature)
+        return plan.memory
+
+    def _cached_plan(self, signature: tuple) -> ExecutionPlan | None:
+        with self._plans_lock:
+            plan = self._plans.get(signature)
+            if plan is not None:
+                self._plans.move_to_end(signature)
+            return plan
+
+    def _discover(self, signature: tuple, feeds: dict) -> dict:
+        """Run once the plain way, then plan the arena for this signature from what it saw."""
+        env = ChainMap(dict(feeds), self._bound.constants)
+        execute(self._bound, env, self._xp)
+        inferred = infer_types(_with_input_shapes(self.graph, feeds))
+        plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
+                         inferred, self.strategy, stored=self.graph.plans,
+                         plannable=plannable_on_gpu if self.device.kind == "gpu" else None)
+        with self._plans_lock:
+            self._plans.setdefault(signature, plan)
+            while len(self._plans) > MAX_CACHED_PLANS:
+                self._plans.popitem(last=False)
+        return env
+
+    def _static_feeds(self) -> dict:
+        feeds = {}
+        for value in self._required:
+            value_type = value.type
+            if not (isinstance(value_type, TensorType) and value_type.shape is not None
+                    and all(isinstance(d, int) for d in value_type.shape)):
+                raise InputError(f"input {value.name!r} has no static shape "
+                                 f"({value_type}); pass feeds to plan for")
+            feeds[value.name] = np.zeros(value_type.shape, dtype=value_type.dtype)
+        return feeds
+
+    def _collect(self, env, wanted: list[str], arena_outputs: frozenset) -> list:
         missing = [n for n in wanted if n not in env]
         if missing:
             raise ExecutionError(f"outputs {missing} were not produced by any node")
-        return [to_host(env[name]) for name in wanted]
+        # an output that may view arena memory is copied: the next run reuses that memory
+        return [to_host(env[name].copy() if name in arena_outputs else env[name])
+                for name in wanted]
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -315,3 +362,46 @@ def _type_string(value_type) -> str:
     if isinstance(value_type, OptionalType):
         return f"optional({_type_string(value_type.element)})"
     return "?"
+
+
+# -- planning helpers ------------------------------------------------------------------------
+
+def _check_option(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise InputError(f"Session option {name}={value!r} is not one of {list(allowed)}")
+
+
+def _optimized(graph: Graph, opt_level: int) -> Graph:
+    graph.validate()
+    if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
+        return graph
+    try:  # TEMPORARY until passes land
+        from mixrt.runtime.passes import optimize  # noqa: PLC0415
+    except ImportError:
+        return graph
+    return optimize(graph, opt_level)
+
+
+def feed_signature(feeds: dict) -> tuple:
+    """What a memory plan depends on: each feed's shape and dtype (sequences by element)."""
+    return tuple((name, _value_signature(value)) for name, value in sorted(feeds.items()))
+
+
+def _value_signature(value):
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return ("seq",) + tuple(_value_signature(v) for v in value)
+    return (tuple(value.shape), np.dtype(value.dtype).str)
+
+
+def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:
+    """The graph with its inputs typed by the feeds' concrete shapes, for shape inference
+    (declared intermediate types are dropped: they may carry symbolic dims)."""
+    inputs = []
+    for value in graph.inputs:
+        fed = feeds.get(value.name)
+        if fed is not None and hasattr(fed, "shape"):
+            value = Value(value.name, TensorType(np.dtype(fed.dtype), tuple(fed.shape)))
+        inputs.append(value)
+    return replace(graph, inputs=inputs, value_types={})

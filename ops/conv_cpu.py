@@ -1,0 +1,121 @@
+"""The CPU fast path of Conv: im2col in cache-sized chunks, written into a reused workspace,
+each chunk's matmul writing straight into the output (or the arena view it was given).
+
+The generic kernel in conv.py builds the whole column matrix at once: for VGG's first layers
+that is over 100 MB, freshly allocated (page faults) and cold in cache by the time BLAS reads
+it. Here the columns for a band of output rows are built in a per-thread workspace that stays
+allocated between runs, small enough to still be in cache when the matmul reads them, and the
+matmul writes its band of the output in place: NumPy hands BLAS a strided ``out`` directly.
+A 1x1 convolution with stride 1 and no padding needs no columns at all: it is one matmul.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+
+# bytes of im2col columns per band: about what the L2 caches of this class of machine hold
+BAND_BYTES = 1 << 20
+_workspace = threading.local()
+
+
+def workspace(nbytes: int) -> np.ndarray:
+    """A per-thread scratch buffer of at least ``nbytes`` (kept between calls)."""
+    buffer = getattr(_workspace, "buffer", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+        _workspace.buffer = buffer
+    return buffer
+
+
+@conv.fast("cpu")
+def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
+             kernel_shape=None, pads=None, strides=None, out=None):
+    if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3:
+        Y = conv(xp, X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+                 kernel_shape=kernel_shape, pads=pads, strides=strides)
+        return Y if out is None else _copied(out, Y)
+    nd = X.ndim - 2
+    kernel, strides, dilations = spatial_attrs(nd, kernel_shape or W.shape[2:], strides,
+                                               dilations)
+    group = int(group)
+    (n, c), in_dims = X.shape[:2], X.shape[2:]
+    m = W.shape[0]
+    if c != W.shape[1] * group or m % group:
+        raise ValueError(f"Conv: X has {c} channels and W shape {tuple(W.shape)}, "
+                         f"which do not match group={group}")
+    begin, end, out_dims = window_geometry(in_dims, kernel, strides, dilations, pads, auto_pad)
+    if out is None:
+        out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
+    weights = W.reshape(group, m // group, -1)
+    Y = out.reshape(n, group, m // group, -1)
+    for image in range(n):
+        for g in range(group):
+            channels = X[image, g * (c // group):(g + 1) * (c // group)]
+            _conv_image(channels, weights[g], Y[image, g], kernel, strides, dilations, begin,
+                        end, out_dims)
+    if B is not None:
+        out += B.reshape((1, m) + (1,) * nd)
+    return out
+
+
+def _copied(out, Y):
+    np.copyto(out, Y)
+    return out
+
+
+def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims):
+    """One image, one group: ``x`` (C, *in), ``w`` (M, C*prod(kernel)), ``y`` (M, L)."""
+    if all(k == 1 for k in kernel) and not any(begin) and not any(end) \
+            and all(s == 1 for s in strides):
+        np.matmul(w, x.reshape(x.shape[0], -1), out=y)
+        return
+    padded = _padded(x, begin, end)
+    windows = _windows(padded, kernel, strides, dilations, out_dims)  # (C, *k, *out)
+    rows = w.shape[1]
+    row_length = math.prod(out_dims[1:])  # outputs per step of the first spatial axis
+    band = max(1, BAND_BYTES // max(rows * row_length * x.itemsize, 1))
+    first = out_dims[0]
+    band = min(band, first)
+    scratch = workspace(rows * band * row_length * x.itemsize)
+    scratch = scratch[:rows * band * row_length * x.itemsize].view(x.dtype)
+    nd = len(kernel)
+    for start in range(0, first, band):
+        stop = min(start + band, first)
+        count = (stop - start) * row_length
+        columns = scratch[:rows * count].reshape(windows.shape[:1 + nd] + (stop - start,)
+                                                 + tuple(out_dims[1:]))
+        np.copyto(columns, windows[(Ellipsis, slice(start, stop)) + (slice(None),) * (nd - 1)])
+        np.matmul(w, columns.reshape(rows, count),
+                  out=y[:, start * row_length:stop * row_length])
+
+
+def _padded(x, begin, end):
+    """``x`` zero-padded on its spatial axes, in a second per-thread buffer."""
+    if not any(begin) and not any(end):
+        return x
+    shape = (x.shape[0],) + tuple(d + b + e for d, b, e in zip(x.shape[1:], begin, end))
+    nbytes = math.prod(shape) * x.itemsize
+    buffer = getattr(_workspace, "padding", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = np.empty(nbytes, dtype=np.uint8)
+        _workspace.padding = buffer
+    padded = buffer[:nbytes].view(x.dtype).reshape(shape)
+    padded.fill(0)
+    interior = (slice(None),) + tuple(slice(b, b + d) for b, d in zip(begin, x.shape[1:]))
+    padded[interior] = x
+    return padded
+
+
+def _windows(x, kernel, strides, dilations, out_dims):
+    nd = len(kernel)
+    step = x.strides[1:]
+    shape = (x.shape[0],) + tuple(kernel) + tuple(out_dims)
+    strides_ = ((x.strides[0],) + tuple(t * d for t, d in zip(step, dilations))
+                + tuple(t * s for t, s in zip(step, strides)))
+    del nd
+    return np.lib.stride_tricks.as_strided(x, shape=shape, strides=strides_, writeable=False)

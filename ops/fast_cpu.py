@@ -1,0 +1,171 @@
+"""NumPy ``out=`` paths for the ops that carry most of a network's bytes.
+
+The generic kernels return new arrays; these write into the output the executor hands them (a
+view of the memory arena), so a planned run allocates nothing and an elementwise op can work in
+place over an input whose last reader it is. Each applies only to native float32/float64
+operands and otherwise calls the generic kernel and copies its result, so every registered
+behaviour (integer wrap-around, narrow floats computed in float32) stays the generic one.
+Signatures are the generic kernels' plus ``out``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.activation import relu, sigmoid, tanh
+from mixrt.ops.elementwise import add, div, mul, sub, sum_
+from mixrt.ops.nn import batch_normalization, batch_normalization_9, gemm, mat_mul, softmax
+from mixrt.ops.shape import concat, transpose
+
+NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _native(*arrays) -> bool:
+    """All present operands are NumPy arrays of one native float dtype."""
+    present = [a for a in arrays if a is not None]
+    return all(isinstance(a, np.ndarray) and a.dtype == present[0].dtype for a in present) \
+        and present[0].dtype in NATIVE
+
+
+def _into(out, result):
+    if out is None:
+        return result
+    np.copyto(out, result)
+    return out
+
+
+def _binary(generic, ufunc):
+    def fast(xp, A, B, *, out=None):
+        if out is None or not _native(A, B, out):
+            return _into(out, generic(xp, A, B))
+        return ufunc(A, B, out=out)
+    fast.__name__ = f"{generic.__name__}_cpu"
+    return fast
+
+
+add.fast("cpu")(_binary(add, np.add))
+sub.fast("cpu")(_binary(sub, np.subtract))
+mul.fast("cpu")(_binary(mul, np.multiply))
+div.fast("cpu")(_binary(div, np.divide))
+
+
+@sum_.fast("cpu")
+def sum_cpu(xp, *data_0, out=None):
+    if out is None or not _native(*data_0, out) or len(data_0) < 2:
+        return _into(out, sum_(xp, *data_0))
+    # the first add may not write over an operand a later add still reads
+    if any(np.may_share_memory(out, x) for x in data_0[2:]):
+        return _into(out, sum_(xp, *data_0))
+    np.add(data_0[0], data_0[1], out=out)
+    for x in data_0[2:]:
+        np.add(out, x, out=out)
+    return out
+
+
+@relu.fast("cpu")
+def relu_cpu(xp, X, *, out=None):
+    if out is None or not _native(X, out):
+        return _into(out, relu(xp, X))
+    return np.maximum(X, X.dtype.type(0), out=out)
+
+
+@tanh.fast("cpu")
+def tanh_cpu(xp, X, *, out=None):
+    if out is None or not _native(X, out):
+        return _into(out, tanh(xp, X))
+    return np.tanh(X, out=out)
+
+
+@sigmoid.fast("cpu")
+def sigmoid_cpu(xp, X, *, out=None):
+    if out is None or not _native(X, out):
+        return _into(out, sigmoid(xp, X))
+    # 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2: one transcendental, no overflow, in place
+    np.multiply(X, X.dtype.type(0.5), out=out)
+    np.tanh(out, out=out)
+    out += 1
+    out *= 0.5
+    return out
+
+
+@mat_mul.fast("cpu")
+def mat_mul_cpu(xp, A, B, *, out=None):
+    if out is None or not _native(A, B, out):
+        return _into(out, mat_mul(xp, A, B))
+    return np.matmul(A, B, out=out)
+
+
+@gemm.fast("cpu")
+def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
+    if out is None or not _native(A, B, C, out) or (C is not None
+                                                    and np.may_share_memory(out, C)):
+        return _into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                               transB=transB))
+    np.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    if alpha != 1.0:
+        out *= out.dtype.type(alpha)
+    if C is not None and beta != 0.0:
+        out += C if beta == 1.0 else C * C.dtype.type(beta)
+    return out
+
+
+def _batch_norm_into(X, scale, B, mean, var, epsilon, out):
+    """Inference batch norm as one multiply and one add over X (folded per channel)."""
+    shape = (-1,) + (1,) * (X.ndim - 2)
+    factor = scale / np.sqrt(var + X.dtype.type(epsilon))
+    shift = B - mean * factor
+    np.multiply(X, factor.astype(X.dtype, copy=False).reshape(shape), out=out)
+    out += shift.astype(X.dtype, copy=False).reshape(shape)
+    return out
+
+
+@batch_normalization.fast("cpu")
+def batch_normalization_cpu(xp, X, scale, B, input_mean, input_var, *, epsilon=1e-5,
+                            momentum=0.9, training_mode=0, _outputs=1, out=None):
+    if out is None or training_mode or _outputs != 1 \
+            or not _native(X, scale, B, input_mean, input_var, out):
+        result = batch_normalization(xp, X, scale, B, input_mean, input_var, epsilon=epsilon,
+                                     momentum=momentum, training_mode=training_mode,
+                                     _outputs=_outputs)
+        if out is None or isinstance(result, tuple):
+            return result
+        return _into(out, result)
+    return _batch_norm_into(X, scale, B, input_mean, input_var, epsilon, out)
+
+
+@batch_normalization_9.fast("cpu")
+def batch_normalization_9_cpu(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9,
+                              _outputs=1, out=None):
+    if out is None or _outputs != 1 or not _native(X, scale, B, mean, var, out):
+        result = batch_normalization_9(xp, X, scale, B, mean, var, epsilon=epsilon,
+                                       momentum=momentum, _outputs=_outputs)
+        if out is None or isinstance(result, tuple):
+            return result
+        return _into(out, result)
+    return _batch_norm_into(X, scale, B, mean, var, epsilon, out)
+
+
+@softmax.fast("cpu")
+def softmax_cpu(xp, input, *, axis=-1, out=None):
+    if out is None or not _native(input, out) or np.may_share_memory(out, input):
+        return _into(out, softmax(xp, input, axis=axis))
+    np.subtract(input, input.max(axis=axis, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+    return out
+
+
+@concat.fast("cpu")
+def concat_cpu(xp, *inputs, axis=None, out=None):
+    if out is None or not all(isinstance(x, np.ndarray) and x.dtype == out.dtype
+                              for x in inputs):
+        return _into(out, concat(xp, *inputs, axis=axis))
+    return np.concatenate(inputs, axis=1 if axis is None else axis, out=out)
+
+
+@transpose.fast("cpu")
+def transpose_cpu(xp, data, *, perm=None, out=None):
+    if out is None:
+        return transpose(xp, data, perm=perm)
+    np.copyto(out, np.transpose(data, perm))
+    return out

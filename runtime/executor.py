@@ -1,0 +1,267 @@
+"""Arena execution: every planned tensor of a run lives at a precomputed offset of one buffer.
+
+For each input-shape signature the session makes an :class:`ExecutionPlan` once:
+
+1. A *discovery* run executes the graph the plain way and records every value's shape and
+   dtype. Shape inference runs too; a value whose observed shape inference also predicted is
+   *static*, and only static slots are handed to kernels as ``out=`` (a kernel trusts ``out``
+   to have the right shape). Values inference could not predict still get a slot, and a result
+   is copied into it only when its shape matches what discovery saw.
+2. Lifetimes: a node's outputs are written at its step and live until their last reader.
+   Outputs of view ops (Reshape, Flatten, ...) get no slot of their own: they alias their
+   input, whose life stretches to cover theirs. Values that stay outside the arena (sequences,
+   strings, graph outputs, anything a kernel may return as a view of its inputs) stretch the
+   life of every arena tensor they might reference, so no view ever outlives its memory.
+3. ``runtime.memory.plan_memory`` places the tensors; elementwise ops may write over an input
+   whose last reader they are.
+
+Graph outputs never live in the arena (the caller keeps them; the next run would overwrite
+them), and an output that is a view of arena memory is copied before it is returned.
+
+Arenas are pooled per plan: a run takes one, and returns it when done, so concurrent runs of
+one session each get their own and a single-threaded service allocates exactly one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import ChainMap
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mixrt.errors import ExecutionError, MixrtError
+from mixrt.ops.types import TensorType
+from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
+
+# ops whose output (for a contiguous input) is a view of input 0
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+# ops whose kernels compute the output elementwise from same-shaped inputs through ufuncs with
+# ``out=``, so the output may share its buffer with an input that dies here
+INPLACE_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs",
+    "Sqrt", "Clip", "Erf", "BatchNormalization", "FusedElementwise",
+})
+
+
+@dataclass
+class Slot:
+    offset: int
+    shape: tuple
+    dtype: np.dtype
+    static: bool  # shape predicted by inference: safe to pass as ``out=``
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass
+class ExecutionPlan:
+    signature: tuple
+    memory: MemoryPlan
+    slots: dict[str, Slot]  # value name -> slot
+    arena_outputs: frozenset  # graph outputs that may be views of arena memory
+    pool: list = field(default_factory=list)  # idle arenas
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.memory.arena_bytes
+
+
+class Arena:
+    """One buffer and, for every slot, a ready-made view into it."""
+
+    def __init__(self, plan: ExecutionPlan, xp):
+        self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=np.uint8)
+        self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
+
+
+def _view(buffer, slot: Slot):
+    return buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
+
+
+def acquire(plan: ExecutionPlan, xp) -> Arena:
+    with plan.lock:
+        if plan.pool:
+            return plan.pool.pop()
+    return Arena(plan, xp)
+
+
+def release(plan: ExecutionPlan, arena: Arena) -> None:
+    with plan.lock:
+        plan.pool.append(arena)
+
+
+# -- making a plan ---------------------------------------------------------------------------
+
+def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
+              inferred: dict, strategy: str, stored=(), plannable=None) -> ExecutionPlan:
+    """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
+    reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
+    discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
+    compiled model carries, used as they are when one was made for these very tensors."""
+    plannable = plannable or _plannable_on_cpu
+    outputs = set(graph_outputs)
+    slots: dict[str, Slot] = {}
+    root: dict[str, str] = {}  # view value -> the slot it views
+    holds: dict[str, frozenset] = {}  # non-arena value -> slots it may reference
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    inplace: list[tuple[str, str]] = []
+
+    def referenced(name: str) -> frozenset:
+        if name in slots:
+            return frozenset([name])
+        if name in root:
+            return frozenset([root[name]])
+        return holds.get(name, frozenset())
+
+    for index, step in enumerate(steps):
+        node = step.node
+        for name in step.reads:
+            for target in referenced(name):
+                last[target] = max(last[target], index)
+        reads_slots = frozenset().union(*(referenced(n) for n in step.reads)) \
+            if step.reads else frozenset()
+        for position, name in enumerate(node.outputs):
+            if not name:
+                continue
+            value = observed.get(name)
+            if node.op_type in VIEW_OPS and position == 0 and node.inputs \
+                    and node.inputs[0] in slots | root.keys() and name not in outputs:
+                root[name] = root.get(node.inputs[0], node.inputs[0])
+                continue
+            if name in outputs or not plannable(value) or node.subgraphs():
+                holds[name] = reads_slots
+                continue
+            slots[name] = Slot(0, tuple(value.shape), np.dtype(value.dtype),
+                               static=_predicted(inferred.get(name), value))
+            first[name] = last[name] = index
+            if node.op_type in INPLACE_OPS:
+                inplace.extend((source, name) for source in node.inputs
+                               if source in slots and _same_layout(slots[source], slots[name]))
+    end = len(steps)
+    for name in graph_outputs:
+        for target in referenced(name):
+            last[target] = end
+    lifetimes = [TensorLife(name, slot.nbytes, first[name], last[name])
+                 for name, slot in slots.items()]
+    memory = _stored_plan(stored, signature, lifetimes) or plan_memory(lifetimes, strategy,
+                                                                        inplace)
+    memory.signature = signature
+    for name, slot in slots.items():
+        slot.offset = memory.offsets[name]
+    arena_outputs = frozenset(n for n in graph_outputs if referenced(n))
+    return ExecutionPlan(signature, memory, slots, arena_outputs)
+
+
+def _stored_plan(stored, signature: tuple, lifetimes: list[TensorLife]) -> MemoryPlan | None:
+    for memory in stored:
+        if tuple(memory.signature) == signature and list(memory.lifetimes) == lifetimes:
+            return memory
+    return None
+
+
+def _plannable_on_cpu(value) -> bool:
+    return (isinstance(value, np.ndarray) and value.dtype != object and value.size > 0)
+
+
+def plannable_on_gpu(value) -> bool:
+    """CuPy arrays of CuPy's own dtypes (it has no bfloat16, float8 or int4)."""
+    return (hasattr(value, "__cuda_array_interface__") and value.size > 0
+            and value.dtype.kind in "biuf")
+
+
+def _predicted(value_type, value) -> bool:
+    return (isinstance(value_type, TensorType) and value_type.shape is not None
+            and tuple(value_type.shape) == tuple(value.shape)
+            and value_type.dtype is not None and np.dtype(value_type.dtype) == value.dtype)
+
+
+def _same_layout(a: Slot, b: Slot) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
+# -- running ---------------------------------------------------------------------------------
+
+class Subgraph:
+    """A GRAPH attribute as control-flow kernels see it: call it with the body's inputs and
+    get its outputs; names it reads from enclosing graphs resolve in the scope it was made in.
+    Subgraphs run the plain way (their shapes change from iteration to iteration)."""
+
+    def __init__(self, bound, scope, xp):
+        self._bound, self._scope, self._xp = bound, scope, xp
+        self.input_names = bound.graph.input_names
+        self.output_names = bound.graph.output_names
+        # declared types let a loop that runs zero times still shape its scan outputs
+        self.output_types = [v.type for v in bound.graph.outputs]
+
+    def __call__(self, *values) -> list:
+        if len(values) > len(self.input_names):
+            raise ExecutionError(f"subgraph {self._bound.graph.name!r} takes "
+                                 f"{len(self.input_names)} inputs, got {len(values)}")
+        env = ChainMap(dict(zip(self.input_names, values)), self._bound.constants, self._scope)
+        execute(self._bound, env, self._xp)
+        return [env[name] for name in self.output_names]
+
+
+def execute(bound, env, xp, arena: Arena | None = None, plan: ExecutionPlan | None = None,
+            profiler=None) -> None:
+    """Run every node of ``bound`` in schedule order, reading and writing ``env``; with an
+    arena, planned outputs are written into (or copied into) their views."""
+    views = arena.views if arena is not None else {}
+    slots = plan.slots if plan is not None else {}
+    for step in bound.nodes:
+        args = _arguments(step, env)
+        attributes = step.attributes
+        if step.subgraphs:
+            attributes = dict(attributes)
+            for key, sub in step.subgraphs.items():
+                attributes[key] = ([Subgraph(s, env, xp) for s in sub] if isinstance(sub, list)
+                                   else Subgraph(sub, env, xp))
+        first = step.node.outputs[0] if step.node.outputs else ""
+        view = views.get(first)
+        if view is not None and step.writes_into and slots[first].static:
+            attributes = dict(attributes, out=view)
+        if profiler is not None:
+            started = profiler.clock()
+        result = _call(step, xp, args, attributes)
+        outputs = result if isinstance(result, tuple) else (result,)
+        for name, value in zip(step.node.outputs, outputs):
+            if name:
+                env[name] = _placed(value, views.get(name))
+        if profiler is not None:
+            profiler.kernel(step, started, args, outputs)
+
+
+def _arguments(step, env) -> list:
+    try:
+        return [env[name] if name else None for name in step.inputs]
+    except KeyError as exc:
+        raise ExecutionError(f"node {step.label!r} ({step.node.op_type}) reads "
+                             f"{exc.args[0]!r}, which has no value") from None
+
+
+def _call(step, xp, args, attributes):
+    try:
+        return step.fn(xp, *args, **attributes)
+    except MixrtError:
+        raise
+    except Exception as exc:
+        node = step.node
+        raise ExecutionError(f"node {step.label!r} ({node.domain or 'ai.onnx'}::"
+                             f"{node.op_type}, opset {node.opset}) failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+
+def _placed(value, view):
+    """The value as the run keeps it: in its arena view when it has one that fits."""
+    if view is None or value is view:
+        return value
+    if getattr(value, "shape", None) == view.shape and value.dtype == view.dtype:
+        view[...] = value
+        return view
+    return value  # a shape discovery did not see (data-dependent): keep the kernel's array
