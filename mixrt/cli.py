@@ -1,7 +1,10 @@
 """The ``mixrt`` command.
 
     mixrt info MODEL                       inputs, outputs, opsets, operator histogram
-    mixrt run MODEL --input x=x.npy ...    run it; print outputs, or save them with --output-dir
+    mixrt run MODEL --input x=x.npy ...    run it; print outputs, or save them with --output-dir;
+                                           --profile FILE writes a Chrome trace of the run
+    mixrt compile MODEL.onnx -o MODEL.mxr  optimize, plan memory, write the .mxr file
+    mixrt plan MODEL [--json] [--png F]    the memory plan: arena, naive and lower-bound bytes
     mixrt check MODEL [--device D] [--json]   per-node support table; exit 1 if any node fails
     mixrt demo                             the main job: 9 zoo models end to end, checked
 
@@ -54,7 +57,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy")
     run.add_argument("--output-dir", "-o", type=Path)
     run.add_argument("--device", default="cpu")
+    run.add_argument("--profile", type=Path, metavar="FILE",
+                     help="write a Chrome trace (chrome://tracing, Perfetto) of the run")
+    _add_compile_options(run)
     run.set_defaults(handler=cmd_run)
+
+    compile_ = commands.add_parser("compile", help="optimize and plan a model, write .mxr")
+    compile_.add_argument("model")
+    compile_.add_argument("--output", "-o", type=Path, required=True, metavar="MODEL.mxr")
+    _add_compile_options(compile_)
+    _add_shape_options(compile_)
+    compile_.set_defaults(handler=cmd_compile)
+
+    plan = commands.add_parser("plan", help="print the memory plan (arena, naive and "
+                               "lower-bound bytes)")
+    plan.add_argument("model")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.add_argument("--png", type=Path, metavar="FILE", help="draw the arena over time")
+    _add_compile_options(plan)
+    _add_shape_options(plan)
+    plan.set_defaults(handler=cmd_plan)
 
     check = commands.add_parser("check", help="per-node support table (exit 1 if any "
                                 "node is unsupported)")
@@ -66,11 +88,26 @@ def _parser() -> argparse.ArgumentParser:
                                "against their reference outputs")
     demo.add_argument("--device", default="cpu")
     demo.set_defaults(handler=cmd_demo)
-    for sub in (info, run, check, demo):
+    for sub in (info, run, compile_, plan, check, demo):
         # SUPPRESS keeps "mixrt --debug info" working: the subcommand must not reset it
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
     return parser
+
+
+def _add_compile_options(parser) -> None:
+    from mixrt.runtime.memory import STRATEGIES  # noqa: PLC0415
+    parser.add_argument("--opt-level", type=int, default=2, choices=(0, 1, 2),
+                        help="graph optimization level (default 2)")
+    parser.add_argument("--strategy", default="greedy", choices=STRATEGIES,
+                        help="memory planner (default greedy)")
+
+
+def _add_shape_options(parser) -> None:
+    parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="plan for this input (default: the model's static shapes)")
+    parser.add_argument("--dim", action="append", default=[], metavar="SYMBOL=N",
+                        help="value of a symbolic dimension (e.g. --dim batch=8)")
 
 
 def _load_graph(model: str):
@@ -115,10 +152,15 @@ def cmd_info(args) -> int:
 def cmd_run(args) -> int:
     import mixrt  # noqa: PLC0415
 
-    session = mixrt.Session(args.model, device=args.device)
+    session = mixrt.Session(args.model, device=args.device, opt_level=args.opt_level,
+                            strategy=args.strategy,
+                            profile=str(args.profile) if args.profile else False)
     feeds = dict(_read_input(spec) for spec in args.input)
     names = [o.name for o in session.get_outputs()]
     outputs = session.run(None, feeds)
+    if args.profile:
+        session.run(None, feeds)  # the first run of a shape discovers it; profile a planned one
+        print(f"profile: {session.end_profiling()}")
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     for name, value in zip(names, outputs):
@@ -135,7 +177,7 @@ def _read_input(spec: str) -> tuple[str, np.ndarray]:
         raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
     try:
         return name, np.load(path, allow_pickle=False)
-    except ValueError as exc:
+    except (ValueError, EOFError) as exc:
         raise InputError(f"--input {name}: {path} is not a plain .npy array ({exc})") from exc
 
 
@@ -148,6 +190,79 @@ def _describe(value) -> str:
 
 def _file_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "output"
+
+
+# -- compile and plan ------------------------------------------------------------------------
+
+def _planned_session(args):
+    import mixrt  # noqa: PLC0415
+
+    session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
+    feeds = dict(_read_input(spec) for spec in args.input)
+    symbols = dict(_read_dim(spec) for spec in args.dim)
+    for value in session._required:
+        if value.name not in feeds:
+            feeds[value.name] = _zeros_for(value, symbols)
+    return session, session.memory_plan(feeds)
+
+
+def _read_dim(spec: str) -> tuple[str, int]:
+    name, sep, text = spec.partition("=")
+    if not sep or not name or not text.isdigit():
+        raise InputError(f"--dim {spec!r}: expected SYMBOL=N with N a whole number")
+    return name, int(text)
+
+
+def _zeros_for(value, symbols: dict) -> np.ndarray:
+    """A zero feed of the input's declared shape, symbolic dims taken from --dim."""
+    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    value_type = value.type
+    if not isinstance(value_type, TensorType) or value_type.shape is None \
+            or value_type.dtype is None:
+        raise InputError(f"input {value.name!r} has no declared tensor shape; give it with "
+                         f"--input {value.name}=FILE.npy")
+    dims = []
+    for axis, dim in enumerate(value_type.shape):
+        if isinstance(dim, int):
+            dims.append(dim)
+        elif isinstance(dim, str) and dim in symbols:
+            dims.append(symbols[dim])
+        else:
+            raise InputError(f"input {value.name!r} dimension {axis} is "
+                             f"{dim or 'unknown'!r}; give it with --dim {dim or 'NAME'}=N "
+                             f"or --input {value.name}=FILE.npy")
+    return np.zeros(dims, dtype=value_type.dtype)
+
+
+def cmd_compile(args) -> int:
+    from mixrt.runtime.format import save_mxr  # noqa: PLC0415
+    from mixrt.runtime.memory import format_report  # noqa: PLC0415
+
+    session, plan = _planned_session(args)
+    graph = session.graph
+    graph.plans = [plan]
+    save_mxr(graph, args.output, opt_level=args.opt_level)
+    size = args.output.stat().st_size
+    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, opt level {args.opt_level}, "
+          f"{len(graph.nodes)} nodes)")
+    print(format_report(plan))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from mixrt.runtime.memory import format_report, plan_report  # noqa: PLC0415
+
+    _, plan = _planned_session(args)
+    if args.json:
+        print(json.dumps(plan_report(plan), indent=2))
+    else:
+        print(format_report(plan))
+    if args.png:
+        from mixrt.runtime.plan_plot import draw_plan  # noqa: PLC0415
+        draw_plan(plan, args.png, title=f"{Path(args.model).name}: {plan.strategy}")
+        if not args.json:
+            print(f"plot: {args.png}")
+    return 0
 
 
 # -- check -----------------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""The arena executor: planned runs match plain ones, reuse one arena, never hand the caller
+arena memory, serve many threads, and cache plans per input-shape signature."""
+
+import json
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.errors import InputError
+from mixrt.runtime.session import MAX_CACHED_PLANS
+
+
+def conv_net(batch="N", expose_view=False):
+    """Conv -> Relu -> Conv -> Add(skip) -> Relu -> Flatten -> Gemm -> Softmax, dynamic batch."""
+    rng = np.random.default_rng(7)
+    weights = {
+        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3,
+        "b1": rng.standard_normal(8).astype(np.float32),
+        "w2": rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.1,
+        "fc": rng.standard_normal((8 * 6 * 6, 5)).astype(np.float32) * 0.05,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["s"], name="skip"),
+        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+        helper.make_node("Flatten", ["r2"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc"], ["logits"], name="fc"),
+        helper.make_node("Softmax", ["logits"], ["y"], axis=-1, name="softmax"),
+    ]
+    graph = helper.make_graph(
+        nodes, "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 5]),
+         helper.make_tensor_value_info("r1", TensorProto.FLOAT, [batch, 8, 6, 6])]
+        + ([helper.make_tensor_value_info("f", TensorProto.FLOAT, [batch, 288])]
+           if expose_view else []),
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def batch(n, seed=0):
+    return {"x": np.random.default_rng(seed).standard_normal((n, 3, 6, 6)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("strategy", ["naive", "inplace", "sharing", "greedy"])
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_planned_runs_match_the_unplanned_reference(strategy, opt_level):
+    reference = mixrt.Session(conv_net(), opt_level=0)
+    session = mixrt.Session(conv_net(), opt_level=opt_level, strategy=strategy)
+    for seed in range(3):  # the first run discovers, the others use the arena
+        expected = reference.run(None, batch(2, seed))
+        got = session.run(None, batch(2, seed))
+        for e, g in zip(expected, got):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_never_alias_the_arena():
+    # "f" is a Flatten (a view) of an arena tensor: it must be copied out
+    session = mixrt.Session(conv_net(expose_view=True), opt_level=0)
+    session.run(None, batch(2, 0))
+    first = session.run(None, batch(2, 1))
+    kept = [a.copy() for a in first]
+    session.run(None, batch(2, 2))  # reuses the arena the first results came from
+    for before, after in zip(kept, first):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_one_arena_and_no_growth_over_50_runs():
+    session = mixrt.Session(conv_net())
+    feeds = batch(4)
+    session.run(None, feeds)
+    session.run(None, feeds)
+    plan = session._cached_plan(mixrt.runtime.session.feed_signature(
+        session._checked_feeds(feeds)))
+    assert len(plan.pool) == 1
+    arena = plan.pool[0]
+    tracemalloc.start()
+    try:
+        session.run(None, feeds)
+        baseline = tracemalloc.get_traced_memory()[0]
+        for _ in range(50):
+            session.run(None, feeds)
+        growth = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert plan.pool == [arena]  # the same arena, no second one
+    assert growth < 64 * 1024, f"memory grew by {growth} bytes over 50 runs"
+
+
+def test_inplace_and_views_are_planned():
+    session = mixrt.Session(conv_net(), opt_level=0, strategy="greedy")
+    plan = session.memory_plan(batch(2))
+    assert ("s", "r2") in plan.inplace  # Relu writes over the Add it consumes
+    names = {life.name for life in plan.lifetimes}
+    assert "f" not in names  # Flatten is a view of relu2's output, not a tensor of its own
+    assert "y" not in names and "r1" not in names  # graph outputs belong to the caller
+    assert plan.arena_bytes <= plan.naive_bytes
+
+
+def test_plans_are_cached_per_shape_signature_and_bounded():
+    session = mixrt.Session(conv_net())
+    reference = mixrt.Session(conv_net(), opt_level=0)
+    for n in (1, 3, 1, 3):
+        np.testing.assert_allclose(session.run(["y"], batch(n, n))[0],
+                                   reference.run(["y"], batch(n, n))[0], rtol=1e-5)
+    assert len(session._plans) == 2
+    for n in range(1, MAX_CACHED_PLANS + 4):
+        session.run(["y"], batch(n))
+    assert len(session._plans) == MAX_CACHED_PLANS
+
+
+def test_many_threads_get_what_serial_calls_get():
+    session = mixrt.Session(conv_net())
+    inputs = [batch(1 + i % 3, seed=i) for i in range(200)]
+    expected = [session.run(None, feeds) for feeds in inputs]
+    failures = []
+
+    def worker(offset):
+        for i in range(200):
+            index = (i + offset * 25) % 200
+            got = session.run(None, inputs[index])
+            if not all(np.array_equal(g, e) for g, e in zip(got, expected[index])):
+                failures.append(index)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert all(len(plan.pool) <= 8 for plan in session._plans.values())
+
+
+def test_profiler_writes_a_chrome_trace(tmp_path):
+    path = tmp_path / "trace.json"
+    session = mixrt.Session(conv_net(), opt_level=0, profile=str(path))
+    session.run(None, batch(2))
+    session.run(None, batch(2))
+    assert session.end_profiling() == str(path)
+    events = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert {e["name"] for e in kernels} >= {"conv1", "relu1", "conv2", "skip", "softmax"}
+    conv = next(e for e in kernels if e["name"] == "conv1")
+    assert conv["ph"] == "X" and conv["dur"] > 0
+    assert conv["args"]["op"] == "Conv"
+    assert conv["args"]["input_shapes"][0] == [2, 3, 6, 6]
+    assert conv["args"]["output_shapes"] == [[2, 8, 6, 6]]
+    counters = [e for e in events if e.get("ph") == "C"]
+    assert counters and counters[0]["args"]["arena_bytes"] > 0
+
+
+def test_profile_from_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "env_trace.json"
+    monkeypatch.setenv("MIXRT_PROFILE", str(path))
+    session = mixrt.Session(conv_net())
+    session.run(None, batch(1))
+    session.run(None, batch(1))
+    session.end_profiling()
+    assert json.loads(path.read_text())["traceEvents"]
+
+
+def test_bad_options_are_input_errors():
+    with pytest.raises(InputError, match="opt_level"):
+        mixrt.Session(conv_net(), opt_level=5)
+    with pytest.raises(InputError, match="strategy"):
+        mixrt.Session(conv_net(), strategy="magic")
+
+
+def test_memory_plan_needs_feeds_for_symbolic_inputs():
+    session = mixrt.Session(conv_net())
+    with pytest.raises(InputError, match="no static shape"):
+        session.memory_plan()
+    assert mixrt.Session(conv_net(batch=2)).memory_plan().arena_bytes > 0
