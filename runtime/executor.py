@@ -41,7 +41,17 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 # ``out=``, so the output may share its buffer with an input that dies here
 INPLACE_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs",
-    "Sqrt", "Clip", "Erf", "BatchNormalization", "FusedElementwise",
+    "Sqrt", "Clip", "Erf", "BatchNormalization", "FusedElementwise", "LRN",
+})
+
+# ops whose smaller output may start at the input's offset: their kernels finish reading each
+# plane of the input before they write the part of the output that overlaps it
+SHRINKING_INPLACE_OPS = frozenset({"MaxPool"})
+
+# ops whose outputs are not a function of their inputs alone: never frozen per signature
+NONDETERMINISTIC_OPS = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+    "Multinomial", "Dropout",
 })
 
 
@@ -62,7 +72,9 @@ class ExecutionPlan:
     signature: tuple
     memory: MemoryPlan
     slots: dict[str, Slot]  # value name -> slot
-    arena_outputs: frozenset  # graph outputs that may be views of arena memory
+    steps: list  # the bound nodes a planned run executes (frozen ones left out)
+    frozen: dict  # values fixed by the signature (shape arithmetic), computed once
+    shared_outputs: frozenset  # graph outputs that may view arena or frozen memory
     pool: list = field(default_factory=list)  # idle arenas
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -98,12 +110,19 @@ def release(plan: ExecutionPlan, arena: Arena) -> None:
 # -- making a plan ---------------------------------------------------------------------------
 
 def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
-              inferred: dict, strategy: str, stored=(), plannable=None) -> ExecutionPlan:
+              inferred: dict, constants, strategy: str, stored=(),
+              plannable=None) -> ExecutionPlan:
     """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
     reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
     discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
-    compiled model carries, used as they are when one was made for these very tensors."""
+    compiled model carries, used as they are when one was made for these very tensors.
+
+    Nodes whose outputs the signature alone fixes (Shape of a tensor whose shape inference
+    predicted, and anything computed only from such values and constants) are *frozen*: their
+    discovery results are kept and planned runs skip them."""
     plannable = plannable or _plannable_on_cpu
+    frozen = _frozen_values(steps, observed, inferred, constants)
+    steps = [step for step in steps if not all(n in frozen for n in step.node.outputs if n)]
     outputs = set(graph_outputs)
     slots: dict[str, Slot] = {}
     root: dict[str, str] = {}  # view value -> the slot it views
@@ -140,9 +159,10 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
             slots[name] = Slot(0, tuple(value.shape), np.dtype(value.dtype),
                                static=_predicted(inferred.get(name), value))
             first[name] = last[name] = index
-            if node.op_type in INPLACE_OPS:
+            if node.op_type in INPLACE_OPS | SHRINKING_INPLACE_OPS:
+                fits = _same_layout if node.op_type in INPLACE_OPS else _fits_inside
                 inplace.extend((source, name) for source in node.inputs
-                               if source in slots and _same_layout(slots[source], slots[name]))
+                               if source in slots and fits(slots[source], slots[name]))
     end = len(steps)
     for name in graph_outputs:
         for target in referenced(name):
@@ -154,8 +174,28 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     memory.signature = signature
     for name, slot in slots.items():
         slot.offset = memory.offsets[name]
-    arena_outputs = frozenset(n for n in graph_outputs if referenced(n))
-    return ExecutionPlan(signature, memory, slots, arena_outputs)
+    shared = frozenset(n for n in graph_outputs if referenced(n) or n in frozen)
+    return ExecutionPlan(signature, memory, slots, steps, frozen, shared)
+
+
+def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
+    known = set(constants)
+    frozen = {}
+    for step in steps:
+        node = step.node
+        if node.op_type in NONDETERMINISTIC_OPS or node.subgraphs():
+            continue
+        if node.op_type in ("Shape", "Size") and not node.domain:
+            source = node.inputs[0]
+            fixed = source in known or (source in observed and hasattr(observed[source], "shape")
+                                        and _predicted(inferred.get(source), observed[source]))
+        else:
+            fixed = all(name in known for name in step.reads)
+        outputs = [n for n in node.outputs if n]
+        if fixed and outputs and all(n in observed for n in outputs):
+            known.update(outputs)
+            frozen.update((n, observed[n]) for n in outputs)
+    return frozen
 
 
 def _stored_plan(stored, signature: tuple, lifetimes: list[TensorLife]) -> MemoryPlan | None:
@@ -185,6 +225,10 @@ def _same_layout(a: Slot, b: Slot) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype
 
 
+def _fits_inside(source: Slot, output: Slot) -> bool:
+    return source.dtype == output.dtype and output.nbytes <= source.nbytes
+
+
 # -- running ---------------------------------------------------------------------------------
 
 class Subgraph:
@@ -204,17 +248,17 @@ class Subgraph:
             raise ExecutionError(f"subgraph {self._bound.graph.name!r} takes "
                                  f"{len(self.input_names)} inputs, got {len(values)}")
         env = ChainMap(dict(zip(self.input_names, values)), self._bound.constants, self._scope)
-        execute(self._bound, env, self._xp)
+        execute(self._bound.nodes, env, self._xp)
         return [env[name] for name in self.output_names]
 
 
-def execute(bound, env, xp, arena: Arena | None = None, plan: ExecutionPlan | None = None,
+def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | None = None,
             profiler=None) -> None:
-    """Run every node of ``bound`` in schedule order, reading and writing ``env``; with an
-    arena, planned outputs are written into (or copied into) their views."""
+    """Run the bound nodes ``steps`` in order, reading and writing ``env``; with an arena,
+    planned outputs are written into (or copied into) their views."""
     views = arena.views if arena is not None else {}
     slots = plan.slots if plan is not None else {}
-    for step in bound.nodes:
+    for step in steps:
         args = _arguments(step, env)
         attributes = step.attributes
         if step.subgraphs:

@@ -186,13 +186,14 @@ class Session:
             arena = acquire(plan, self._xp)
             try:
                 env = dict(self._bound.constants)
+                env.update(plan.frozen)
                 env.update(feeds)
                 if self.profiler is not None:
                     with self.profiler.run(plan.arena_bytes):
-                        execute(self._bound, env, self._xp, arena, plan, self.profiler)
+                        execute(plan.steps, env, self._xp, arena, plan, self.profiler)
                 else:
-                    execute(self._bound, env, self._xp, arena, plan)
-                return self._collect(env, wanted, plan.arena_outputs)
+                    execute(plan.steps, env, self._xp, arena, plan)
+                return self._collect(env, wanted, plan.shared_outputs)
             finally:
                 release(plan, arena)
 
@@ -224,10 +225,11 @@ class Session:
     def _discover(self, signature: tuple, feeds: dict) -> dict:
         """Run once the plain way, then plan the arena for this signature from what it saw."""
         env = ChainMap(dict(feeds), self._bound.constants)
-        execute(self._bound, env, self._xp)
+        execute(self._bound.nodes, env, self._xp)
         inferred = infer_types(_with_input_shapes(self.graph, feeds))
         plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
-                         inferred, self.strategy, stored=self.graph.plans,
+                         inferred, self._bound.constants.keys(), self.strategy,
+                         stored=self.graph.plans,
                          plannable=plannable_on_gpu if self.device.kind == "gpu" else None)
         with self._plans_lock:
             self._plans.setdefault(signature, plan)
@@ -246,13 +248,13 @@ class Session:
             feeds[value.name] = np.zeros(value_type.shape, dtype=value_type.dtype)
         return feeds
 
-    def _collect(self, env, wanted: list[str], arena_outputs: frozenset) -> list:
+    def _collect(self, env, wanted: list[str], shared: frozenset) -> list:
         missing = [n for n in wanted if n not in env]
         if missing:
             raise ExecutionError(f"outputs {missing} were not produced by any node")
-        # an output that may view arena memory is copied: the next run reuses that memory
-        return [to_host(env[name].copy() if name in arena_outputs else env[name])
-                for name in wanted]
+        # an output that may view arena memory (the next run reuses it) or a frozen value
+        # (every run returns it) is copied
+        return [to_host(_copy(env[name]) if name in shared else env[name]) for name in wanted]
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -365,6 +367,10 @@ def _type_string(value_type) -> str:
 
 
 # -- planning helpers ------------------------------------------------------------------------
+
+def _copy(value):
+    return [_copy(v) for v in value] if isinstance(value, list) else value.copy()
+
 
 def _check_option(name: str, value, allowed) -> None:
     if value not in allowed:
