@@ -27,8 +27,9 @@ def _device_name(device: str) -> str:
 class MixrtRep(BackendRep):
     """A prepared model: positional inputs in, positional outputs out."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, discover_first: bool = False):
         self.session = session
+        self._discover_first = discover_first
         self._input_names = [arg.name for arg in session.get_inputs()]
 
     def run(self, inputs, **kwargs):  # noqa: ARG002  (onnx's signature)
@@ -38,10 +39,15 @@ class MixrtRep(BackendRep):
             if not isinstance(inputs, (list, tuple)):
                 inputs = [inputs]
             feeds = dict(zip(self._input_names, inputs))
+        if self._discover_first:  # so the outputs returned come from a planned (arena) run
+            self.session.memory_plan(feeds)
         return tuple(self.session.run(None, feeds))
 
 
 class MixrtBackend(Backend):
+    opt_level = 2  # Session's optimization level for prepared models
+    discover_first = False  # run each new input shape once before the run that answers
+
     @classmethod
     def is_compatible(cls, model, device: str = "CPU", **kwargs) -> bool:  # noqa: ARG003
         return cls.supports_device(device)
@@ -49,7 +55,8 @@ class MixrtBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> MixrtRep:
         super().prepare(model, device, **kwargs)
-        return MixrtRep(Session(model, device=_device_name(device)))
+        return MixrtRep(Session(model, device=_device_name(device), opt_level=cls.opt_level),
+                        cls.discover_first)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs, device: str = "CPU", **kwargs):

@@ -14,7 +14,8 @@ import numpy as np
 
 from mixrt.ops.activation import relu, sigmoid, tanh
 from mixrt.ops.elementwise import add, div, mul, sub, sum_
-from mixrt.ops.nn import batch_normalization, batch_normalization_9, gemm, mat_mul, softmax
+from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
+                          mat_mul, softmax)
 from mixrt.ops.shape import concat, transpose
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -168,4 +169,27 @@ def transpose_cpu(xp, data, *, perm=None, out=None):
     if out is None:
         return transpose(xp, data, perm=perm)
     np.copyto(out, np.transpose(data, perm))
+    return out
+
+
+@layer_normalization.fast("cpu")
+def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
+                            _outputs=1, out=None):
+    """float32 statistics over the trailing axes, five passes over X, no temporaries of its
+    size: mean, centre into ``out``, sum of squares (einsum, no squared copy), scale by the
+    inverse deviation, then the affine step."""
+    if out is None or _outputs != 1 or stash_type != 1 or X.dtype != np.float32 \
+            or not _native(X, Scale, B, out) or np.may_share_memory(out, X):
+        result = layer_normalization(xp, X, Scale, B, axis=axis, epsilon=epsilon,
+                                     stash_type=stash_type, _outputs=_outputs)
+        return result if out is None or isinstance(result, tuple) else _into(out, result)
+    start = axis % X.ndim
+    rows = int(np.prod(X.shape[:start], dtype=np.int64))
+    flat, target = X.reshape(rows, -1), out.reshape(rows, -1)
+    np.subtract(flat, flat.mean(axis=1, keepdims=True), out=target)
+    variance = np.einsum("ij,ij->i", target, target) / target.shape[1]
+    target *= (1.0 / np.sqrt(variance + np.float32(epsilon))).astype(np.float32)[:, None]
+    out *= Scale
+    if B is not None:
+        out += B
     return out

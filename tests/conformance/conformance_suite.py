@@ -39,11 +39,24 @@ def expected_failures() -> dict[str, str]:
     return failures
 
 
-def backend_test(parent_module: str | None = None, *, xfail: bool = True):
+class PlannedBackend(mixrt.backend.MixrtBackend):
+    """Every case through the arena executor at opt_level 2: a discovery run, then the
+    planned run whose outputs are checked."""
+    opt_level = 2
+    discover_first = True
+
+
+class UnoptimizedBackend(PlannedBackend):
+    """The same at opt_level 0 (no graph passes)."""
+    opt_level = 0
+
+
+def backend_test(parent_module: str | None = None, *, xfail: bool = True,
+                 backend=PlannedBackend):
     """An onnx BackendTest runner for mixrt, expected failures marked."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the case generators warn about their own casts
-        runner = onnx.backend.test.BackendTest(mixrt.backend.MixrtBackend, parent_module)
+        runner = onnx.backend.test.BackendTest(backend, parent_module)
     if xfail:
         for name in expected_failures():
             runner.xfail(f"^{re.escape(name)}_(cpu|cuda)$")

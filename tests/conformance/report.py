@@ -20,7 +20,8 @@ import unittest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conformance_suite import KIND_OF_CATEGORY, backend_test, case_name  # noqa: E402
+from conformance_suite import (KIND_OF_CATEGORY, PlannedBackend, backend_test,  # noqa: E402
+                               case_name)
 
 KINDS = ["node", "real", "simple", "pytorch-converted", "pytorch-operator"]
 
@@ -68,9 +69,12 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout", type=int, default=120, help="seconds per case")
     parser.add_argument("--failures-out", type=Path, help="write failing cases here")
+    parser.add_argument("--opt-level", type=int, default=2, choices=(0, 1, 2),
+                        help="Session optimization level (every case runs planned)")
     args = parser.parse_args(argv)
     pattern = re.compile(args.pattern)
-    runner = backend_test(xfail=False)
+    backend = type("ReportBackend", (PlannedBackend,), {"opt_level": args.opt_level})
+    runner = backend_test(xfail=False, backend=backend)
     counts = collections.defaultdict(collections.Counter)
     failures = []
     started = time.perf_counter()
