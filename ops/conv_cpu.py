@@ -35,10 +35,25 @@ def workspace(nbytes: int) -> np.ndarray:
 @conv.fast("cpu")
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None):
+    return conv_bands(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+                      kernel_shape=kernel_shape, pads=pads, strides=strides, out=out)
+
+
+def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+               pads=None, strides=None, out=None, epilogue=None):
+    """Conv into ``out``; ``epilogue(y, image, start, stop)``, when given, runs on each band
+    of output columns ``y`` ((M, stop - start) of image ``image``) right after its matmul,
+    while the band is still in cache (FusedConv adds its residual and activation there)."""
+    xp = np
     if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3:
         Y = conv(xp, X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                  kernel_shape=kernel_shape, pads=pads, strides=strides)
-        return Y if out is None else _copied(out, Y)
+        Y = Y if out is None else _copied(out, Y)
+        if epilogue is not None:
+            flat = Y.reshape(Y.shape[0], Y.shape[1], -1)
+            for image in range(Y.shape[0]):
+                epilogue(flat[image], image, 0, flat.shape[2])
+        return Y
     nd = X.ndim - 2
     kernel, strides, dilations = spatial_attrs(nd, kernel_shape or W.shape[2:], strides,
                                                dilations)
@@ -53,13 +68,21 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
         out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
     weights = W.reshape(group, m // group, -1)
     Y = out.reshape(n, group, m // group, -1)
+    bias = None if B is None else B.reshape(group, m // group, 1)
     for image in range(n):
         for g in range(group):
             channels = X[image, g * (c // group):(g + 1) * (c // group)]
+
+            def finish(y, start, stop, g=g, image=image):
+                if bias is not None:
+                    y += bias[g]
+                if epilogue is not None and group == 1:
+                    epilogue(y, image, start, stop)
             _conv_image(channels, weights[g], Y[image, g], kernel, strides, dilations, begin,
-                        end, out_dims)
-    if B is not None:
-        out += B.reshape((1, m) + (1,) * nd)
+                        end, out_dims, finish)
+        if epilogue is not None and group > 1:
+            whole = out[image].reshape(m, -1)
+            epilogue(whole, image, 0, whole.shape[1])
     return out
 
 
@@ -68,11 +91,18 @@ def _copied(out, Y):
     return out
 
 
-def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims):
-    """One image, one group: ``x`` (C, *in), ``w`` (M, C*prod(kernel)), ``y`` (M, L)."""
+def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims, finish):
+    """One image, one group: ``x`` (C, *in), ``w`` (M, C*prod(kernel)), ``y`` (M, L);
+    ``finish(band, start, stop)`` runs on each band of columns once it is computed."""
     if all(k == 1 for k in kernel) and not any(begin) and not any(end) \
             and all(s == 1 for s in strides):
-        np.matmul(w, x.reshape(x.shape[0], -1), out=y)
+        source = x.reshape(x.shape[0], -1)
+        length = source.shape[1]
+        step = max(1, min(length, BAND_BYTES // max(w.shape[0] * x.itemsize, 1)))
+        for start in range(0, length, step):
+            stop = min(start + step, length)
+            np.matmul(w, source[:, start:stop], out=y[:, start:stop])
+            finish(y[:, start:stop], start, stop)
         return
     padded = _padded(x, begin, end)
     windows = _windows(padded, kernel, strides, dilations, out_dims)  # (C, *k, *out)
@@ -90,8 +120,9 @@ def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims):
         columns = scratch[:rows * count].reshape(windows.shape[:1 + nd] + (stop - start,)
                                                  + tuple(out_dims[1:]))
         np.copyto(columns, windows[(Ellipsis, slice(start, stop)) + (slice(None),) * (nd - 1)])
-        np.matmul(w, columns.reshape(rows, count),
-                  out=y[:, start * row_length:stop * row_length])
+        band_out = y[:, start * row_length:stop * row_length]
+        np.matmul(w, columns.reshape(rows, count), out=band_out)
+        finish(band_out, start * row_length, stop * row_length)
 
 
 def _padded(x, begin, end):

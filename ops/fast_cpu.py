@@ -193,3 +193,41 @@ def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stas
     if B is not None:
         out += B
     return out
+
+
+# -- erf in float32 -----------------------------------------------------------------------------
+# Abramowitz & Stegun 7.1.26: erf(x) = 1 - t (a1 + t (a2 + ... + t a5)) e^(-x^2),
+# t = 1 / (1 + p|x|), absolute error below 1.5e-7 (float32 rounding adds ~3e-7). Used only
+# inside fused elementwise chains (opt_level 2, which may change rounding); the Erf op itself
+# keeps the float64-accurate kernel. Evaluated in cache-sized blocks, all in place.
+
+_ERF_P = 0.3275911
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_ERF_BLOCK = 1 << 15
+
+
+def erf_float32_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    from mixrt.ops.conv_cpu import workspace  # noqa: PLC0415 (conv_cpu imports this module's peers)
+    source, target = x.reshape(-1), out.reshape(-1)
+    block = min(_ERF_BLOCK, source.size)
+    scratch = workspace(2 * block * 4)[:2 * block * 4].view(np.float32)
+    t_all, e_all = scratch[:block], scratch[block:]
+    for start in range(0, source.size, block):
+        xs, ys = source[start:start + block], target[start:start + block]
+        t, e = t_all[:xs.size], e_all[:xs.size]
+        np.abs(xs, out=e)
+        np.multiply(e, np.float32(_ERF_P), out=t)
+        t += np.float32(1)
+        np.reciprocal(t, out=t)
+        np.multiply(e, e, out=e)
+        np.negative(e, out=e)
+        np.exp(e, out=e)
+        sign_source = xs if not np.may_share_memory(xs, ys) else np.copysign(np.float32(1), xs)
+        np.multiply(t, np.float32(_ERF_A[4]), out=ys)
+        for a in _ERF_A[3::-1]:
+            ys += np.float32(a)
+            ys *= t
+        ys *= e
+        np.subtract(np.float32(1), ys, out=ys)
+        np.copysign(ys, sign_source, out=ys)
+    return out

@@ -46,7 +46,7 @@ INPLACE_OPS = frozenset({
 
 # ops whose smaller output may start at the input's offset: their kernels finish reading each
 # plane of the input before they write the part of the output that overlaps it
-SHRINKING_INPLACE_OPS = frozenset({"MaxPool"})
+SHRINKING_INPLACE_OPS = frozenset({"MaxPool", "AveragePool"})
 
 # ops whose outputs are not a function of their inputs alone: never frozen per signature
 NONDETERMINISTIC_OPS = frozenset({
@@ -169,8 +169,8 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
             last[target] = end
     lifetimes = [TensorLife(name, slot.nbytes, first[name], last[name])
                  for name, slot in slots.items()]
-    memory = _stored_plan(stored, signature, lifetimes) or plan_memory(lifetimes, strategy,
-                                                                        inplace)
+    memory = _stored_plan(stored, signature, lifetimes) or _smallest_plan(lifetimes, strategy,
+                                                                          inplace)
     memory.signature = signature
     for name, slot in slots.items():
         slot.offset = memory.offsets[name]
@@ -196,6 +196,18 @@ def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
             known.update(outputs)
             frozen.update((n, observed[n]) for n in outputs)
     return frozen
+
+
+def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:
+    """The planner places an in-place pair as one block of the input's size for both lives,
+    so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with and
+    without those pairs and keep the smaller arena."""
+    sizes = {life.name: life.size for life in lifetimes}
+    same_size = [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)]
+    plans = [plan_memory(lifetimes, strategy, inplace)]
+    if len(same_size) < len(inplace):
+        plans.append(plan_memory(lifetimes, strategy, same_size))
+    return min(plans, key=lambda plan: plan.arena_bytes)
 
 
 def _stored_plan(stored, signature: tuple, lifetimes: list[TensorLife]) -> MemoryPlan | None:

@@ -1,0 +1,94 @@
+"""What the benchmarks run: a model file at a batch size, its input, and its torch twin.
+
+The 9 light zoo models declare a fixed batch of 1. For batch 8 we write a copy whose first
+input and output axes are symbolic (``batch``), with the intermediate shape annotations
+dropped since they spell out the 1. Seven of them also bake the 1 into constant Reshape
+targets (``[1, 9216]`` before the classifier); the copy gives each such Reshape its own
+target with a 0 there, which ONNX reads as "copy the input's dimension": exactly the same
+model at batch 1, and batch-generic. A model that still fails at batch 8 in either runtime
+is reported as "fixed batch", not forced.
+
+Their weights are constants, not trained, so on most inputs their logits overflow and the
+runtimes' softmax outputs disagree in meaningless ways. The batch-8 input is therefore the
+reference ramp repeated 8 times: the input onnx's reference outputs were made from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from models import CACHE, TORCH_MODELS
+
+from mixrt.models.zoo import LIGHT_MODELS, light_model
+
+
+@dataclass
+class Case:
+    model: str
+    batch: int
+    path: Path | None
+    feeds: dict[str, np.ndarray] = field(default_factory=dict)
+    torch_module: object = None
+    input_name: str = ""
+    kind: str = "zoo"  # "zoo" or "torch"
+
+
+def all_models() -> list[str]:
+    return list(LIGHT_MODELS) + list(TORCH_MODELS)
+
+
+def make_case(name: str, batch: int) -> Case:
+    if name in TORCH_MODELS:
+        model = TORCH_MODELS[name]()
+        return Case(name, batch, model.path, model.feeds(batch), model.module,
+                    model.input_name, kind="torch")
+    if name not in LIGHT_MODELS:
+        raise SystemExit(f"unknown model {name!r}; choose from {all_models()}")
+    zoo = light_model(name)
+    if batch == 1:
+        return Case(name, 1, zoo.path, zoo.inputs)
+    path = dynamic_batch_copy(zoo.path, CACHE / f"{zoo.path.stem}_batch.onnx")
+    feeds = {n: np.repeat(v, batch, axis=0) for n, v in zoo.inputs.items()}
+    return Case(name, batch, path, feeds)
+
+
+def dynamic_batch_copy(source: Path, target: Path) -> Path:
+    if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        return target
+    model = onnx.load(source)
+    weights = {t.name for t in model.graph.initializer}  # old models list them as inputs
+    feeds = [v for v in model.graph.input if v.name not in weights]
+    for value in feeds + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].Clear()
+            dims[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    _generic_reshape_targets(model.graph)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    onnx.save(model, partial)
+    partial.replace(target)
+    return target
+
+
+def _generic_reshape_targets(graph: onnx.GraphProto) -> None:
+    """Reshape targets that are constants starting with 1 get a private copy starting with 0
+    (a target may be shared, and only Reshape reads 0 as "copy")."""
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in constants:
+            continue
+        target = numpy_helper.to_array(constants[node.input[1]])
+        if target.ndim != 1 or not target.size or target[0] != 1:
+            continue
+        generic = target.copy()
+        generic[0] = 0
+        name = f"{node.input[1]}__batch_generic_{node.name or node.output[0]}"
+        graph.initializer.append(numpy_helper.from_array(generic, name))
+        node.input[1] = name

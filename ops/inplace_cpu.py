@@ -1,0 +1,300 @@
+"""CPU fast paths for LRN, MaxPool and AveragePool that may write over their own input.
+
+In AlexNet-like chains (Conv -> Relu -> LRN -> MaxPool) the arena's peak is one of these ops'
+input and output alive together. The memory planner may place the output over the input when
+the kernel never reads what it has already overwritten; these kernels keep that promise:
+
+* LRN (output shaped like X): channels go in blocks; the squared channels that the next
+  block's window still needs are kept in a small rolling scratch, so ``out`` may be ``X``.
+* MaxPool / AveragePool (output no larger than X): the (n, c) planes go in order, a group at a
+  time. Output plane p lies in bytes [p * out_plane, (p + 1) * out_plane) of the buffer, inside
+  input planes <= p, so once a group's input planes are read its output may be written: with
+  padding each group is first copied into a padded scratch (the generic kernel pads the whole
+  tensor) and the windows read that copy; without, the group's result goes through an
+  output-sized scratch when ``out`` overlays X. So ``out`` may start at X's first byte.
+
+Each also runs when ``out`` is disjoint from X (pooling then accumulates straight into it) or
+absent. They take native float32/float64 operands; anything else (narrow floats, the Indices
+output, kernels so large the generic kernel reduces over a strided view, an ``out`` that
+overlaps X in any other way) runs the generic kernel and copies its result, which is safe in
+place too because the generic kernel has read all of X before the copy. The arithmetic is the
+generic kernels', operation for operation and in the same order, so the results are the same
+numbers (a pooled zero may differ in sign).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+
+from mixrt.ops.conv import spatial_attrs, window_geometry
+from mixrt.ops.conv_cpu import workspace
+from mixrt.ops.nn import lrn
+from mixrt.ops.pool import average_pool, max_pool
+
+NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
+# scratch per block or group of planes: small enough to stay in L2 while it is worked on
+BLOCK_BYTES = 256 << 10
+# the generic pools reduce over a strided view past this many taps (another summation order)
+MAX_TAPS = 400
+
+
+# -- aliasing ----------------------------------------------------------------------------------
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _native(X, out) -> bool:
+    return (isinstance(X, np.ndarray) and X.dtype in NATIVE and X.size > 0
+            and (out is None or (isinstance(out, np.ndarray) and out.dtype == X.dtype
+                                 and out.flags.c_contiguous)))
+
+
+def _same_memory(X, out) -> bool:
+    """``out`` is X itself: same first byte, shape and strides."""
+    return _address(X) == _address(out) and X.shape == out.shape and X.strides == out.strides
+
+
+def _over_prefix(X, out) -> bool:
+    """``out`` is X's buffer from its first byte on, both C-contiguous, ``out`` no larger."""
+    return (_address(X) == _address(out) and X.flags.c_contiguous
+            and out.nbytes <= X.nbytes)
+
+
+def _into(out, result):
+    if out is None or isinstance(result, tuple):
+        return result  # the executor copies each output of a tuple into its own slot
+    np.copyto(out, result)
+    return out
+
+
+def _scratch(dtype, *shapes):
+    """Arrays of the given shapes carved from the per-thread workspace (shared with Conv,
+    which never runs while one of these kernels does)."""
+    sizes = [math.prod(s) * dtype.itemsize for s in shapes]
+    buffer = workspace(sum(sizes))
+    arrays, start = [], 0
+    for shape, nbytes in zip(shapes, sizes):
+        arrays.append(buffer[start:start + nbytes].view(dtype).reshape(shape))
+        start += nbytes
+    return arrays
+
+
+# -- LRN ---------------------------------------------------------------------------------------
+
+@lrn.fast("cpu")
+def lrn_cpu(xp, X, *, size=None, alpha=1e-4, beta=0.75, bias=1.0, out=None):
+    # NumPy scalars as attributes would widen the generic kernel's arithmetic: leave them to it
+    plain = type(size) is int and size >= 1 \
+        and all(type(v) in (int, float) for v in (alpha, beta, bias))
+    if not plain or not _native(X, out) or X.ndim < 2 or (
+            out is not None and np.may_share_memory(X, out) and not _same_memory(X, out)):
+        return _into(out, lrn(xp, X, size=size, alpha=alpha, beta=beta, bias=bias))
+    if out is None:
+        out = np.empty(X.shape, dtype=X.dtype)
+    plane = math.prod(X.shape[2:])
+    block = max(1, min(X.shape[1], BLOCK_BYTES // max(plane * X.itemsize, 1)))
+    squares, sums = _scratch(X.dtype, (block + size - 1,) + X.shape[2:],
+                             (block,) + X.shape[2:])
+    for image in range(X.shape[0]):
+        _lrn_image(X[image], out[image], size, alpha / size, beta, bias, squares, sums)
+    return out
+
+
+def _lrn_image(x, y, size, scale, beta, bias, squares, sums):
+    """One image ``x`` (C, *spatial) into ``y`` (which may be ``x``).
+
+    ``squares[i]`` holds the square of channel ``c0 - before + i`` (zero outside 0..C-1):
+    every channel a block's windows reach. Moving on, the last ``size - 1`` of them become the
+    first, as channels below the new block may already be overwritten in ``x``.
+    """
+    channels, block = x.shape[0], sums.shape[0]
+    before = (size - 1) // 2
+    after = size - 1 - before
+    for c0 in range(0, channels, block):
+        count = min(block, channels - c0)
+        if c0 == 0:
+            _square_channels(x, squares[:count + size - 1], -before)
+        else:
+            squares[:size - 1] = squares[block:block + size - 1]
+            _square_channels(x, squares[size - 1:count + size - 1], c0 + after)
+        total = sums[:count]
+        np.copyto(total, squares[:count])  # the generic kernel's sum, in its order
+        for k in range(1, size):
+            np.add(total, squares[k:k + count], out=total)
+        total *= scale
+        total += bias
+        total **= beta
+        np.divide(x[c0:c0 + count], total, out=y[c0:c0 + count])
+
+
+def _square_channels(x, rows, first):
+    """``rows[i]`` = x[first + i] squared, or zero where that channel does not exist."""
+    low, high = max(first, 0), min(first + rows.shape[0], x.shape[0])
+    if high <= low:
+        rows.fill(0)
+        return
+    rows[:low - first].fill(0)
+    rows[high - first:].fill(0)
+    np.multiply(x[low:high], x[low:high], out=rows[low - first:high - first])
+
+
+# -- pooling -----------------------------------------------------------------------------------
+
+def _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    nd = X.ndim - 2
+    kernel, strides, dilations = spatial_attrs(nd, kernel_shape, strides, dilations)
+    begin, end, out_dims = window_geometry(X.shape[2:], kernel, strides, dilations, pads,
+                                           auto_pad, bool(ceil_mode))
+    return (tuple(kernel), tuple(strides), tuple(dilations), tuple(begin), tuple(end),
+            tuple(int(o) for o in out_dims))
+
+
+@functools.lru_cache(maxsize=256)
+def _taps(kernel, strides, dilations, out_dims):
+    """Per kernel offset, in the generic kernel's order: the slice of a group of padded planes
+    that offset sees, shaped like the output."""
+    return [(slice(None),) + tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
+                                   for o, d, s, n in zip(offset, dilations, strides, out_dims))
+            for offset in itertools.product(*(range(k) for k in kernel))]
+
+
+def _reach(in_dims, geometry):
+    """Padding after each axis that some window reads (declared pads beyond it never are;
+    ceil_mode windows may read past the declared pads)."""
+    kernel, strides, dilations, begin, _, out_dims = geometry
+    return tuple(max(0, (n - 1) * s + (k - 1) * d + 1 - (i + b))
+                 for i, k, s, d, b, n in zip(in_dims, kernel, strides, dilations, begin,
+                                             out_dims))
+
+
+def _group(planes, plane_bytes):
+    return max(1, min(planes, BLOCK_BYTES // max(plane_bytes, 1)))
+
+
+def _fill_borders(buffer, begin, in_dims, value):
+    """Set every element of ``buffer`` (G, *padded) outside the interior to ``value``."""
+    for axis, (b, i) in enumerate(zip(begin, in_dims), start=1):
+        index = [slice(None)] * buffer.ndim
+        index[axis] = slice(0, b)
+        buffer[tuple(index)] = value
+        index[axis] = slice(b + i, None)
+        buffer[tuple(index)] = value
+
+
+def _pool_planes(x, y, geometry, ufunc, fill, finish=None, shrinking=False):
+    """Reduce the windows of planes ``x`` (P, *in) into ``y`` (P, *out), group by group.
+
+    With padding, each group is first copied into a padded scratch (as the generic kernel pads
+    the whole tensor) and the taps read that copy, so ``y`` may be written at once even when it
+    overlays ``x``. Without padding the taps read ``x``; then an overlaying ``y``
+    (``shrinking``) gets each group through an output-sized scratch.
+    """
+    in_dims, out_dims = x.shape[1:], y.shape[1:]
+    begin = geometry[3]
+    after = _reach(in_dims, geometry)
+    taps = _taps(*geometry[:3], out_dims)
+    planes, padded, staged = x.shape[0], None, None
+    group = planes
+    if any(begin) or any(after):
+        shape = tuple(b + i + a for b, i, a in zip(begin, in_dims, after))
+        group = _group(planes, math.prod(shape) * x.itemsize)
+        padded = _scratch(x.dtype, (group,) + shape)[0]
+        _fill_borders(padded, begin, in_dims, fill)
+        interior = (slice(None),) + tuple(slice(b, b + i) for b, i in zip(begin, in_dims))
+    elif shrinking:
+        group = _group(planes, math.prod(out_dims) * x.itemsize)
+        staged = _scratch(x.dtype, (group,) + out_dims)[0]
+    for p0 in range(0, planes, group):
+        p1 = min(p0 + group, planes)
+        source = x[p0:p1]
+        if padded is not None:
+            padded[:p1 - p0][interior] = source
+            source = padded[:p1 - p0]
+        acc = y[p0:p1] if staged is None else staged[:p1 - p0]
+        np.copyto(acc, source[taps[0]])
+        for index in taps[1:]:
+            ufunc(acc, source[index], out=acc)
+        if finish is not None:
+            finish(acc)
+        if staged is not None:
+            np.copyto(y[p0:p1], acc)
+
+
+def _pool_fast(X, out, geometry, ufunc, fill, finish=None):
+    """Run a window reduction into ``out`` (allocated when None); None when it cannot."""
+    kernel, out_dims = geometry[0], geometry[5]
+    if math.prod(kernel) > MAX_TAPS or min(out_dims) <= 0:
+        return None
+    shape = X.shape[:2] + out_dims
+    if out is None:
+        out = np.empty(shape, dtype=X.dtype)
+    elif out.shape != shape:
+        return None
+    shrinking = np.may_share_memory(X, out)
+    if shrinking and not _over_prefix(X, out):
+        return None
+    x = X.reshape((-1,) + X.shape[2:])
+    y = out.reshape((-1,) + out_dims)
+    _pool_planes(x, y, geometry, ufunc, fill, finish, shrinking)
+    return out
+
+
+@max_pool.fast("cpu")
+def max_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
+                 pads=None, storage_order=0, strides=None, _outputs=1, out=None):
+    result = None
+    if _outputs < 2 and kernel_shape is not None and _native(X, out) and X.ndim >= 3:
+        geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        result = _pool_fast(X, out, geometry, np.maximum, -np.inf)
+    if result is None:
+        result = _into(out, max_pool(xp, X, auto_pad=auto_pad, ceil_mode=ceil_mode,
+                                     dilations=dilations, kernel_shape=kernel_shape, pads=pads,
+                                     storage_order=storage_order, strides=strides,
+                                     _outputs=_outputs))
+    return result
+
+
+@average_pool.fast("cpu")
+def average_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
+                     dilations=None, kernel_shape=None, pads=None, strides=None, out=None):
+    result = None
+    if kernel_shape is not None and _native(X, out) and X.ndim >= 3:
+        geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        counts = _window_counts(X.shape[2:], geometry, bool(count_include_pad), X.dtype)
+
+        def divide(total):
+            total /= counts
+        result = _pool_fast(X, out, geometry, np.add, 0, divide)
+    if result is None:
+        result = _into(out, average_pool(xp, X, auto_pad=auto_pad, ceil_mode=ceil_mode,
+                                         count_include_pad=count_include_pad,
+                                         dilations=dilations, kernel_shape=kernel_shape,
+                                         pads=pads, strides=strides))
+    return result
+
+
+@functools.lru_cache(maxsize=256)
+def _window_counts(in_dims, geometry, include_pad, dtype):
+    """How many elements each window averages (the generic rule: those inside the input, plus
+    the declared pads when ``include_pad``, never the ceil_mode overhang), as one number when
+    every window has the full count. Separable: the product of per-axis counts."""
+    kernel, strides, dilations, begin, end, out_dims = geometry
+    per_axis = []
+    for i, k, s, d, b, e, n in zip(in_dims, kernel, strides, dilations, begin, end, out_dims):
+        low, high = (-b, i + e) if include_pad else (0, i)
+        starts = np.arange(n) * s - b
+        taps = starts[:, None] + np.arange(k)[None, :] * d
+        per_axis.append(((taps >= low) & (taps < high)).sum(axis=1))
+    if all((c == k).all() for c, k in zip(per_axis, kernel)):
+        return dtype.type(math.prod(kernel))
+    counts = per_axis[0].astype(np.float64)
+    for c in per_axis[1:]:
+        counts = np.multiply.outer(counts, c)
+    counts = counts.astype(dtype)
+    counts.flags.writeable = False  # shared by every call with this geometry
+    return counts
