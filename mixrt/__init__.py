@@ -53,7 +53,18 @@ def _import_onnx(source):
     return import_model(source)
 
 
+def _is_mxr_source(source) -> bool:
+    from mixrt.runtime.format import is_mxr  # noqa: PLC0415
+    return is_mxr(source)
+
+
+def _load_mxr(source):
+    from mixrt.runtime.format import load_mxr  # noqa: PLC0415
+    return load_mxr(source)
+
+
 register_loader(_is_onnx_source, _import_onnx)
+register_loader(_is_mxr_source, _load_mxr)  # tried first: .mxr files are recognised by content
 
 
 def load(model, device: str = "cpu", **options) -> Session:

@@ -70,3 +70,51 @@ def test_errors_are_one_line_without_traceback_unless_debug(tmp_path):
     assert result.stderr.startswith("mixrt: error:")
     debug = mixrt("--debug", "info", str(tmp_path / "missing.onnx"))
     assert "Traceback" in debug.stderr
+
+
+def _dynamic_add_model(tmp_path):
+    node = helper.make_node("Add", ["x", "y"], ["s"], name="add")
+    relu = helper.make_node("Relu", ["s"], ["z"], name="relu")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3]) for n in "xy"]
+    graph = helper.make_graph([node, relu], "g", inputs,
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT,
+                                                             ["batch", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    return save(model, tmp_path / "dyn.onnx")
+
+
+def test_plan_json_has_the_report_keys_and_draws(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    result = mixrt("plan", path, "--json", "--strategy", "sharing", "--png",
+                   str(tmp_path / "plan.png"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"arena_bytes", "naive_bytes", "lower_bound_bytes", "strategy"} <= set(report)
+    assert report["strategy"] == "sharing"
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_of_symbolic_shapes_needs_dims(tmp_path):
+    path = _dynamic_add_model(tmp_path)
+    result = mixrt("plan", path)
+    assert result.returncode == 2 and "--dim batch=N" in result.stderr
+    result = mixrt("plan", path, "--dim", "batch=4", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["strategy"] == "greedy"
+
+
+def test_compile_then_run_the_mxr(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    target = tmp_path / "m.mxr"
+    result = mixrt("compile", path, "-o", str(target), "--opt-level", "2")
+    assert result.returncode == 0, result.stderr
+    assert target.exists() and "arena" in result.stdout
+    x = np.random.rand(2, 3).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = mixrt("run", str(target), "--input", f"x={tmp_path / 'x.npy'}", "--input",
+                   f"y={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "out"),
+                   "--profile", str(tmp_path / "trace.json"))
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "z.npy"), x + x)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" and e["args"]["op"] == "Add" for e in events)
