@@ -109,13 +109,14 @@ class Graph:
     def toposort(self, outer_names: frozenset = frozenset()) -> None:
         """Order nodes so each runs after its producers; GraphError names a node in a cycle
         or one that reads a name nothing defines."""
-        defined = set(outer_names) | set(self.input_names) | set(self.initializers)
+        inputs = set(self.input_names)
+        defined = set(outer_names) | inputs | set(self.initializers)
         producer = {}
         for node in self.nodes:
             for out in node.outputs:
                 if not out:
                     continue
-                if out in producer or out in self.initializers or out in self.input_names:
+                if out in producer or out in self.initializers or out in inputs:
                     raise GraphError(f"graph {self.name!r}: output {out!r} of node "
                                      f"{node.label!r} is already defined elsewhere; "
                                      f"each name must have exactly one producer")
