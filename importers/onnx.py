@@ -77,6 +77,11 @@ def import_model(source) -> Graph:
         raise ModelLoadError(f"model graph {model.graph.name!r} is malformed: "
                              f"{type(exc).__name__}: {exc}") from exc
     graph.opsets = opsets
+    # the IR version decides whether initializers listed as inputs may be overridden by feeds
+    # (from IR 4 on; before, every initializer had to be listed), which constant folding needs
+    graph.metadata.update(ir_version=int(model.ir_version),
+                          source_opset=int(opsets.get("", 0)),
+                          producer=f"{model.producer_name} {model.producer_version}".strip())
     return graph
 
 

@@ -200,13 +200,15 @@ def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
 
 def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:
     """The planner places an in-place pair as one block of the input's size for both lives,
-    so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with and
-    without those pairs and keep the smaller arena."""
+    so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with all
+    pairs, with same-size pairs only and with none, and keep the smallest arena."""
     sizes = {life.name: life.size for life in lifetimes}
     same_size = [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)]
     plans = [plan_memory(lifetimes, strategy, inplace)]
     if len(same_size) < len(inplace):
         plans.append(plan_memory(lifetimes, strategy, same_size))
+    if inplace:  # greedy by size can also place better without any pairs (DenseNet)
+        plans.append(plan_memory(lifetimes, strategy, []))
     return min(plans, key=lambda plan: plan.arena_bytes)
 
 
