@@ -354,7 +354,7 @@ def split(xp, input, split=None, *, axis=0, num_outputs=None, _outputs=1):
     return _split(input, axis, _split_sizes(input.shape[axis], sizes, _outputs, num_outputs))
 
 
-def _infer_split(input, sizes, axis, count, num_outputs=None):
+def _infer_split(input, sizes, axis, count, num_outputs=None, sized_at_run_time=False):
     if sizes is None and num_outputs is None and count is None:
         raise ValueError("Split inference needs the split sizes or the output count")
     n = len(sizes) if sizes is not None else num_outputs or count
@@ -362,7 +362,7 @@ def _infer_split(input, sizes, axis, count, num_outputs=None):
         return [typed(input.dtype, None)] * n
     axis = normalize_axis(axis, len(input.shape))
     dim = input.shape[axis]
-    if sizes is None and isinstance(dim, int):
+    if sizes is None and isinstance(dim, int) and not sized_at_run_time:
         sizes = _split_sizes(dim, None, n, num_outputs)
     out = []
     for i in range(n):
@@ -375,7 +375,9 @@ def _infer_split(input, sizes, axis, count, num_outputs=None):
 @split_1.infer
 def _(input, split_input=None, *, axis=0, split=None, _outputs=None, **_):
     sizes = split if split_input is None else const_ints(split_input)
-    return _infer_split(input, sizes, axis, _outputs)
+    # sizes fed at run time: the parts' lengths are unknown, not equal
+    return _infer_split(input, sizes, axis, _outputs,
+                        sized_at_run_time=split_input is not None and sizes is None)
 
 
 @split_2.infer
@@ -385,7 +387,9 @@ def _(input, *, axis=0, split=None, _outputs=None, **_):
 
 @split.infer
 def _(input, split=None, *, axis=0, num_outputs=None, _outputs=None, **_):
-    return _infer_split(input, const_ints(split), axis, _outputs, num_outputs)
+    sizes = const_ints(split)
+    return _infer_split(input, sizes, axis, _outputs, num_outputs,
+                        sized_at_run_time=split is not None and sizes is None)
 
 
 @op("Expand", since=8)

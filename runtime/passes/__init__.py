@@ -1,1 +1,83 @@
-"""Graph passes (shape/type inference, folding, fusion, autodiff)."""
+"""Graph passes: shape/type inference (``infer``) and the optimizer, :func:`optimize`.
+
+Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
+
+* 0 - the graph as imported;
+* 1 - exact rewrites, which never change a bit of any output: constant folding (static
+  Shape/Size included), removal of Identity, inference Dropout and no-op
+  Reshape/Expand/Transpose/Cast, dead nodes and unused initializers;
+* 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
+  per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
+  ``x * s + t``, runs of constant affine ops collapsed, Conv/Gemm/MatMul fused with bias,
+  residual add and activation, and chains of elementwise ops fused into one kernel.
+
+The passes work on a copy; the caller's graph is never touched.
+"""
+
+from __future__ import annotations
+
+from mixrt.errors import GraphError
+from mixrt.runtime.graph import Graph
+from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
+                                         fold_conv_affine)
+from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
+from mixrt.runtime.passes.fuse import fuse_products
+from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
+from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
+                                          prune_initializers)
+from mixrt.runtime.passes.simplify import remove_noops
+
+OPT_LEVELS = (0, 1, 2)
+_MAX_ROUNDS = 8  # exact passes feed each other (a fold exposes a no-op and back); bounded
+
+
+def optimize(graph: Graph, level: int = 2, stats: dict | None = None) -> Graph:
+    """A new, validated graph optimized at ``level``; ``stats`` (if given) receives how many
+    rewrites each pass made."""
+    if level not in OPT_LEVELS:
+        raise GraphError(f"optimization level must be one of {OPT_LEVELS}, got {level!r}")
+    stats = {} if stats is None else stats
+    result = copy_graph(graph)
+    result.validate()  # the passes walk nodes in topological order
+    if level >= 1:
+        _exact_passes(result, stats)
+    if level >= 2:
+        _rounding_passes(result, stats)
+    result.validate()
+    if level:
+        result.plans = []  # a memory plan names the tensors of the graph it was made for
+    result.metadata["opt_level"] = level
+    return result
+
+
+def _exact_passes(graph: Graph, stats: dict) -> None:
+    ir_version = ir_version_of(graph)
+    for _ in range(_MAX_ROUNDS):
+        changed = _run(stats, "fold_constants", fold_constants, graph, ir_version)
+        changed += _run(stats, "fold_static_shapes", fold_static_shapes, graph, ir_version)
+        changed += _run(stats, "remove_noops", remove_noops, graph, ir_version)
+        changed += _run(stats, "dead_nodes", eliminate_dead_nodes, graph)
+        if not changed:
+            break
+    _run(stats, "unused_initializers", prune_initializers, graph, ir_version)
+
+
+def _rounding_passes(graph: Graph, stats: dict) -> None:
+    ir_version = ir_version_of(graph)
+    for name, rewrite in (("fold_conv_affine", fold_conv_affine),
+                          ("batchnorm_to_affine", batchnorm_to_affine),
+                          ("combine_affine_chains", combine_affine_chains),
+                          ("fuse_products", fuse_products),
+                          ("fuse_elementwise", fuse_elementwise)):
+        _run(stats, name, rewrite, graph, ir_version)
+    _run(stats, "dead_nodes", eliminate_dead_nodes, graph)
+    _run(stats, "unused_initializers", prune_initializers, graph, ir_version)
+
+
+def _run(stats: dict, name: str, rewrite, *args) -> int:
+    count = rewrite(*args)
+    stats[name] = stats.get(name, 0) + count
+    return count
+
+
+__all__ = ["OPT_LEVELS", "optimize"]

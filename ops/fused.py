@@ -1,0 +1,221 @@
+"""Fused kernels of the ``mixrt`` domain: a matrix product or convolution with its bias,
+residual add and activation applied in place, in one kernel call.
+
+The optimizer (``runtime/passes/fuse.py``) makes these nodes from ONNX ones at opt_level 2.
+Their attributes are plain ONNX kinds, so a ``.mxr`` file or an ONNX export carries them:
+``activation`` names one of :data:`ACTIVATIONS` ("" for none) and ``activation_params`` holds
+its constants in the order listed there.
+
+Every kernel accepts ``out``: when the executor passes a buffer (C-contiguous, the output's
+exact shape and dtype) the result is written there and returned; the bias, residual and
+activation then run in place on it, so a fused node touches one output buffer once per step
+instead of allocating one per op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops.conv_cpu import conv_bands
+from mixrt.ops.nn import matmul_shape
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType
+
+MIXRT = "mixrt"
+# NumPy has no fast half-precision arithmetic, and the unfused ops compute narrow floats in
+# float32; fusing them would change more than rounding, so only these are fused.
+FUSED_DTYPES = frozenset({"float32", "float64"})
+
+
+# -- activations, applied in place -------------------------------------------------------------
+
+def _relu(xp, y):
+    xp.maximum(y, y.dtype.type(0), out=y)
+
+
+def _leaky_relu(xp, y, alpha):
+    if xp is np:
+        np.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
+    else:  # CuPy ufuncs take no where=
+        xp.copyto(y, xp.where(y >= 0, y, y * y.dtype.type(alpha)))
+
+
+def _sigmoid(xp, y):
+    # 1 / (1 + e^-y), four in-place passes; e^-y overflowing to inf still gives 0
+    xp.negative(y, out=y)
+    xp.exp(y, out=y)
+    y += y.dtype.type(1)
+    xp.reciprocal(y, out=y)
+
+
+def _tanh(xp, y):
+    xp.tanh(y, out=y)
+
+
+def _hard_sigmoid(xp, y, alpha, beta):
+    y *= y.dtype.type(alpha)
+    y += y.dtype.type(beta)
+    _clip(xp, y, 0.0, 1.0)
+
+
+def _clip(xp, y, low, high):
+    # max then min, so low > high gives high, as ONNX Clip does; infinite bounds are no-ops
+    xp.maximum(y, y.dtype.type(low), out=y)
+    xp.minimum(y, y.dtype.type(high), out=y)
+
+
+ACTIVATIONS = {  # name -> (in-place function, parameter names)
+    "Relu": (_relu, ()),
+    "LeakyRelu": (_leaky_relu, ("alpha",)),
+    "Sigmoid": (_sigmoid, ()),
+    "Tanh": (_tanh, ()),
+    "HardSigmoid": (_hard_sigmoid, ("alpha", "beta")),
+    "Clip": (_clip, ("min", "max")),
+}
+
+
+def activate(xp, y, activation: str, params) -> object:
+    """Apply ``activation`` to ``y`` in place (``y`` must be a buffer the caller owns)."""
+    return _activation(activation, params)(xp, y)
+
+
+def _activation(activation: str, params):
+    """``finish(xp, y)``: the activation applied to ``y`` in place, returning ``y``."""
+    if not activation:
+        return lambda xp, y: y
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown fused activation {activation!r}; expected one of "
+                         f"{', '.join(ACTIVATIONS)} or '' for none")
+    fn, names = ACTIVATIONS[activation]
+    params = list(params or ())
+    if len(params) != len(names):
+        raise ValueError(f"activation {activation} takes activation_params {list(names)}, "
+                         f"got {params}")
+
+    def finish(xp, y):
+        fn(xp, y, *params)
+        return y
+    return finish
+
+
+def _aliases(xp, out, *arrays) -> bool:
+    """``out`` shares memory with one of ``arrays`` (an in-place plan reused an input)."""
+    if out is None:
+        return False
+    if hasattr(xp, "may_share_memory"):
+        return any(a is not None and xp.may_share_memory(out, a) for a in arrays)
+    return any(a is not None and a.data.ptr == out.data.ptr for a in arrays)
+
+
+def _into(xp, y, out):
+    """``y`` moved into ``out`` when the executor gave one."""
+    if out is None or y is out:
+        return y
+    xp.copyto(out, y)
+    return out
+
+
+# -- FusedConv -----------------------------------------------------------------------------------
+
+@op("FusedConv", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+               kernel_shape=None, pads=None, strides=None, activation="",
+               activation_params=None, out=None):
+    """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
+    On the CPU the residual and activation run on each band of the output right after its
+    matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
+    attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                      kernel_shape=kernel_shape, pads=pads, strides=strides)
+    finish = _activation(activation, activation_params)
+    if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
+        return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
+                                    activation_params=activation_params, **attributes), out)
+    if xp is np:
+        return _fused_conv_cpu(X, W, B, Z, attributes, finish, out)
+    y = _into(xp, conv(xp, X, W, B, **attributes), out)
+    if Z is not None:
+        xp.add(y, Z, out=y)
+    return finish(xp, y)
+
+
+def _fused_conv_cpu(X, W, B, Z, attributes, finish, out):
+    shape = _conv_shape(X, W, attributes)
+    if out is None:
+        out = np.empty(shape, X.dtype)
+    if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
+        conv_bands(X, W, B, out=out, **attributes)
+        np.add(out, Z, out=out)
+        return finish(np, out)
+    residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
+
+    def epilogue(y, image, start, stop):
+        if residual is not None:
+            y += residual[image][:, start:stop]
+        finish(np, y)
+    return conv_bands(X, W, B, out=out, epilogue=epilogue, **attributes)
+
+
+def _conv_shape(X, W, attributes) -> tuple:
+    nd = X.ndim - 2
+    kernel, strides, dilations = spatial_attrs(
+        nd, attributes["kernel_shape"] or W.shape[2:], attributes["strides"],
+        attributes["dilations"])
+    _, _, dims = window_geometry(X.shape[2:], kernel, strides, dilations, attributes["pads"],
+                                 attributes["auto_pad"])
+    return (X.shape[0], W.shape[0], *dims)
+
+
+@fused_conv.infer
+def _(X, W, B=None, Z=None, **attributes):
+    attributes = {k: v for k, v in attributes.items()
+                  if k not in ("activation", "activation_params", "out")}
+    return conv.kernels[0].infer_fn(X, W, B, **attributes)
+
+
+# -- FusedGemm, FusedMatMul ---------------------------------------------------------------------
+
+@op("FusedGemm", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
+               activation_params=None, out=None):
+    """activation(alpha * A' B' + beta * C), the product written straight into ``out``."""
+    if _aliases(xp, out, A, B, C):
+        return _into(xp, fused_gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                                    transB=transB, activation=activation,
+                                    activation_params=activation_params), out)
+    y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    if alpha != 1.0:
+        y *= y.dtype.type(alpha)
+    if C is not None and beta != 0.0:
+        y += C if beta == 1.0 else C * C.dtype.type(beta)
+    return activate(xp, y, activation, activation_params)
+
+
+@fused_gemm.infer
+def _(A, B, C=None, *, transA=0, transB=0, **_):
+    if A.shape is None or B.shape is None:
+        return [TensorType(A.dtype, None)]
+    rows = A.shape[1] if transA else A.shape[0]
+    cols = B.shape[0] if transB else B.shape[1]
+    return [TensorType(A.dtype, (rows, cols))]
+
+
+@op("FusedMatMul", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_params=None,
+                  out=None):
+    """activation(A @ B + bias + Z): a transformer's dense layer (and its residual add) in
+    one call."""
+    if _aliases(xp, out, A, B, bias, Z):
+        return _into(xp, fused_mat_mul(xp, A, B, bias, Z, activation=activation,
+                                       activation_params=activation_params), out)
+    y = xp.matmul(A, B, out=out)
+    if bias is not None:
+        y += bias
+    if Z is not None:
+        y += Z
+    return activate(xp, y, activation, activation_params)
+
+
+@fused_mat_mul.infer
+def _(A, B, bias=None, Z=None, **_):
+    return [TensorType(A.dtype, matmul_shape(A.shape, B.shape))]

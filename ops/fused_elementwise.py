@@ -1,0 +1,378 @@
+"""``mixrt::FusedElementwise``: a chain (or small DAG) of elementwise ops run as one kernel.
+
+The optimizer (``runtime/passes/fuse_elementwise.py``) replaces e.g. PyTorch's exported GELU,
+``x * 0.5 * (1 + erf(x / sqrt 2))``, or a LayerNorm's decomposed tail with one node. The node
+carries a small register program in plain ONNX attributes:
+
+* registers ``0 .. n-1`` are the node's inputs; step ``i`` writes register ``n + i``; the
+  last step's register is the output;
+* ``ops`` (strings): one op name per step, from :data:`OPS`;
+* ``operands`` (ints): the registers each step reads, flattened (``OPS`` gives the arity);
+* ``params`` (floats): each step's constants, flattened (Pow's exponent, Clip's bounds,
+  LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
+
+On the CPU the steps are NumPy ufunc calls writing in place: a step reuses the buffer of an
+operand it is the last reader of, else the output buffer (``out``) or a pooled one, so a
+GELU over ``out`` allocates nothing. On the GPU the program becomes one generated
+``cupy.ElementwiseKernel`` (built once per distinct program and cached), so the chain is one
+pass over memory. The generated source is assembled from the fixed templates below; a
+program read from a file can only pick templates and supply finite float literals.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mixrt.ops.elementwise import erf_values
+from mixrt.ops.fused import FUSED_DTYPES, MIXRT
+from mixrt.ops.registry import op
+from mixrt.ops.types import broadcast_like_first
+
+
+# -- the op table: arity, parameter count, CPU step, CUDA expression ----------------------------
+
+@dataclass(frozen=True)
+class ElementwiseOp:
+    arity: int
+    params: int
+    cpu: Callable  # (args, params, target) -> target, computed into target
+    cuda: Callable  # (*operand names, *literals) -> C++ expression
+
+
+def _ufunc(fn):
+    return lambda args, params, target: fn(*args, out=target)
+
+
+def _scalar(target, value):
+    return target.dtype.type(value)
+
+
+def _relu_cpu(args, params, target):
+    return np.maximum(args[0], _scalar(target, 0), out=target)
+
+
+def _sigmoid_cpu(args, params, target):
+    np.negative(args[0], out=target)
+    np.exp(target, out=target)
+    np.add(target, _scalar(target, 1), out=target)
+    return np.reciprocal(target, out=target)
+
+
+def _erf_cpu(args, params, target):
+    if target.dtype != np.float32:
+        np.copyto(target, erf_values(np, np.asarray(args[0])))
+        return target
+    return _erf_float32(args[0], target)
+
+
+_ERF_LIMIT = 4.0  # erfc(4) = 1.5e-8 is under half an ulp of 1.0f: erf is 1 in float32 beyond
+
+
+@functools.cache
+def _erf_rational() -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients (lowest first) of erf(x) ~ x P(u) / Q(u), u = (x / 4)^2, Q(0) = 1, for
+    float32: a [6/4] rational fit by least squares on the relative error, reweighted by the
+    denominator until it settles (Loeb's iteration), against math.erf. Evaluated in float32
+    it stays within ~6 ulp of the correctly rounded erf (3e-7 absolute), where the generic
+    float64 polynomial of ops/elementwise.py costs several times as much."""
+    x = np.concatenate([np.linspace(0.0, _ERF_LIMIT, 2000)[1:],
+                        _ERF_LIMIT * np.sin(np.linspace(0.0, np.pi / 2, 2000))[1:]])
+    u = (x / _ERF_LIMIT) ** 2
+    g = np.array([math.erf(v) for v in x]) / x
+    weights = np.ones_like(u)
+    for _ in range(12):
+        design = np.hstack([u[:, None] ** np.arange(7),
+                            -g[:, None] * u[:, None] ** np.arange(1, 5)])
+        solution = np.linalg.lstsq(design * weights[:, None], g * weights, rcond=None)[0]
+        p, q = solution[:7], np.concatenate([[1.0], solution[7:]])
+        weights = 1.0 / np.abs(g * np.polynomial.polynomial.polyval(u, q))
+    return p.astype(np.float32), q.astype(np.float32)
+
+
+def _erf_float32(x, target):
+    p, q = _erf_rational()
+    np.clip(x, np.float32(-_ERF_LIMIT), np.float32(_ERF_LIMIT), out=target)  # NaN stays
+    u = np.multiply(target, target)
+    u *= np.float32(1.0 / _ERF_LIMIT ** 2)
+    numerator, denominator = _horner32(u, p), _horner32(u, q)
+    target *= numerator
+    np.divide(target, denominator, out=target)
+    return np.clip(target, np.float32(-1.0), np.float32(1.0), out=target)  # |erf| <= 1 exactly
+
+
+def _horner32(u, coefficients):
+    result = np.full_like(u, coefficients[-1])
+    for c in coefficients[-2::-1]:
+        result *= u
+        result += c
+    return result
+
+
+def _pow_cpu(args, params, target):
+    (x,), (p,) = args, params
+    if p == 2.0:
+        return np.multiply(x, x, out=target)
+    return np.power(x, _scalar(target, p), out=target)
+
+
+def _clip_cpu(args, params, target):
+    low, high = params  # max then min: low > high gives high; infinite bounds do nothing
+    np.maximum(args[0], _scalar(target, low), out=target)
+    return np.minimum(target, _scalar(target, high), out=target)
+
+
+def _leaky_relu_cpu(args, params, target):
+    np.copyto(target, args[0])
+    return np.multiply(target, _scalar(target, params[0]), out=target, where=target < 0)
+
+
+def _hard_sigmoid_cpu(args, params, target):
+    alpha, beta = params
+    np.multiply(args[0], _scalar(target, alpha), out=target)
+    np.add(target, _scalar(target, beta), out=target)
+    return _clip_cpu([target], (0.0, 1.0), target)
+
+
+def _lit(value: float) -> str:
+    if not math.isfinite(value):
+        raise ValueError(f"FusedElementwise: parameter {value} is not finite")
+    return f"((T){float(value)!r})"
+
+
+def _clip_cuda(a, low, high):
+    inner = a if low == -math.inf else f"mx_max({a}, {_lit(low)})"
+    return inner if high == math.inf else f"mx_min({inner}, {_lit(high)})"
+
+
+OPS: dict[str, ElementwiseOp] = {
+    "Add": ElementwiseOp(2, 0, _ufunc(np.add), lambda a, b: f"({a} + {b})"),
+    "Sub": ElementwiseOp(2, 0, _ufunc(np.subtract), lambda a, b: f"({a} - {b})"),
+    "Mul": ElementwiseOp(2, 0, _ufunc(np.multiply), lambda a, b: f"({a} * {b})"),
+    "Div": ElementwiseOp(2, 0, _ufunc(np.divide), lambda a, b: f"({a} / {b})"),
+    "Max": ElementwiseOp(2, 0, _ufunc(np.maximum), lambda a, b: f"mx_max({a}, {b})"),
+    "Min": ElementwiseOp(2, 0, _ufunc(np.minimum), lambda a, b: f"mx_min({a}, {b})"),
+    "Neg": ElementwiseOp(1, 0, _ufunc(np.negative), lambda a: f"(-{a})"),
+    "Abs": ElementwiseOp(1, 0, _ufunc(np.abs), lambda a: f"fabs({a})"),
+    "Exp": ElementwiseOp(1, 0, _ufunc(np.exp), lambda a: f"exp({a})"),
+    "Log": ElementwiseOp(1, 0, _ufunc(np.log), lambda a: f"log({a})"),
+    "Sqrt": ElementwiseOp(1, 0, _ufunc(np.sqrt), lambda a: f"sqrt({a})"),
+    "Reciprocal": ElementwiseOp(1, 0, _ufunc(np.reciprocal), lambda a: f"((T)1 / {a})"),
+    "Floor": ElementwiseOp(1, 0, _ufunc(np.floor), lambda a: f"floor({a})"),
+    "Ceil": ElementwiseOp(1, 0, _ufunc(np.ceil), lambda a: f"ceil({a})"),
+    "Tanh": ElementwiseOp(1, 0, _ufunc(np.tanh), lambda a: f"tanh({a})"),
+    "Erf": ElementwiseOp(1, 0, _erf_cpu, lambda a: f"erf({a})"),
+    "Relu": ElementwiseOp(1, 0, _relu_cpu, lambda a: f"mx_max({a}, (T)0)"),
+    "Sigmoid": ElementwiseOp(1, 0, _sigmoid_cpu,
+                             lambda a: f"((T)1 / ((T)1 + exp(-{a})))"),
+    "Pow": ElementwiseOp(1, 1, _pow_cpu,
+                         lambda a, p: f"({a} * {a})" if p == 2.0 else f"pow({a}, {_lit(p)})"),
+    "Clip": ElementwiseOp(1, 2, _clip_cpu, _clip_cuda),
+    "LeakyRelu": ElementwiseOp(1, 1, _leaky_relu_cpu,
+                               lambda a, alpha: f"({a} >= (T)0 ? {a} : {a} * {_lit(alpha)})"),
+    "HardSigmoid": ElementwiseOp(
+        1, 2, _hard_sigmoid_cpu,
+        lambda a, alpha, beta: f"mx_min(mx_max({a} * {_lit(alpha)} + {_lit(beta)}, (T)0), (T)1)"),
+    "Scalar": ElementwiseOp(0, 1, None, _lit),  # a literal; register holds a NumPy scalar
+}
+
+# NaN-propagating max/min (NumPy's maximum/minimum semantics; CUDA's fmax drops NaN).
+_CUDA_PREAMBLE = """
+template <typename T> __device__ T mx_max(T a, T b) { return (a > b || isnan(a)) ? a : b; }
+template <typename T> __device__ T mx_min(T a, T b) { return (a < b || isnan(a)) ? a : b; }
+"""
+
+
+# -- programs --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    operands: tuple[int, ...]
+    params: tuple[float, ...]
+
+
+class Program:
+    """A decoded, validated FusedElementwise program."""
+
+    def __init__(self, ops, operands, params, inputs: int):
+        self.inputs = inputs
+        self.steps = _decode(ops, operands, params, inputs)
+        last_use = {}
+        for index, step in enumerate(self.steps):
+            for register in step.operands:
+                last_use[register] = index
+        self.last_use = last_use
+
+    # -- CPU: in-place ufunc calls over cache-sized blocks --------------------------------
+
+    def run_cpu(self, inputs, out=None):
+        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        if out is None:
+            out = np.empty(shape, inputs[0].dtype)
+        elif not out.flags.c_contiguous or any(
+                _overlaps(out, [x]) and not _same_view(out, x) for x in inputs):
+            np.copyto(out, self.run_cpu(inputs))  # a partial overlap: compute aside
+            return out
+        blocks = _row_blocks(shape, inputs, out)
+        if blocks is None:
+            return self._run_block(inputs, out, [])
+        views, out_rows, rows, step = blocks
+        spare: list = []  # temporaries handed from one block to the next
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            self._run_block([v[part] if full else v for v, full in views], out_rows[part],
+                            spare)
+        return out
+
+    def _run_block(self, inputs, out, spare: list):
+        """The program over one block, the last step into ``out``; other steps reuse the
+        buffer of an operand they are the last reader of, then ``out`` (when it aliases no
+        input), then ``spare`` buffers, and allocate only when none fits."""
+        dtype = inputs[0].dtype
+        full = out.shape
+        values, owned = list(inputs), [False] * len(inputs)
+        pool = spare + ([out] if not _overlaps(out, inputs) else [])
+        final = len(self.steps) - 1
+        for index, step in enumerate(self.steps):
+            if step.op == "Scalar":
+                values.append(dtype.type(step.params[0]))
+                owned.append(False)
+                continue
+            args = [values[r] for r in step.operands]
+            result_shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+            dying = [r for r in dict.fromkeys(step.operands)
+                     if owned[r] and self.last_use[r] == index]
+            target = out if index == final else _pick(values, dying, pool, result_shape, dtype)
+            values.append(OPS[step.op].cpu(args, step.params, target))
+            owned.append(True)
+            for r in dying:
+                if values[r] is not target and values[r].shape == full:
+                    pool.append(values[r])
+                values[r] = None
+        spare[:] = [b for b in pool if b is not out]
+        return out
+
+    # -- GPU: one generated kernel -----------------------------------------------------------
+
+    def cuda_source(self) -> tuple[str, str, str]:
+        """(in_params, out_params, operation) of the ElementwiseKernel."""
+        names = [f"in{i}" for i in range(self.inputs)]
+        lines = []
+        for step in self.steps:
+            register = f"r{len(names)}"
+            expression = OPS[step.op].cuda(*(names[r] for r in step.operands), *step.params)
+            lines.append(f"const T {register} = {expression};")
+            names.append(register)
+        lines.append(f"out0 = {names[-1]};")
+        return ", ".join(f"T {n}" for n in names[:self.inputs]), "T out0", "\n".join(lines)
+
+    def run_gpu(self, xp, inputs, out=None):
+        kernel = _cuda_kernel(*self.cuda_source())
+        return kernel(*inputs) if out is None else kernel(*inputs, out)
+
+
+def _decode(ops, operands, params, inputs: int) -> tuple[Step, ...]:
+    if inputs < 1 or not ops:
+        raise ValueError("FusedElementwise needs at least one input and one op")
+    steps, at_operand, at_param = [], 0, 0
+    for index, name in enumerate(ops):
+        if name not in OPS:
+            raise ValueError(f"FusedElementwise step {index}: unknown op {name!r}; expected "
+                             f"one of {', '.join(OPS)}")
+        spec = OPS[name]
+        reads = tuple(int(r) for r in operands[at_operand:at_operand + spec.arity])
+        values = tuple(float(p) for p in params[at_param:at_param + spec.params])
+        if len(reads) != spec.arity or len(values) != spec.params:
+            raise ValueError(f"FusedElementwise step {index} ({name}) needs {spec.arity} "
+                             f"operands and {spec.params} params; the attributes run out")
+        if any(not 0 <= r < inputs + index for r in reads):
+            raise ValueError(f"FusedElementwise step {index} ({name}) reads registers "
+                             f"{list(reads)}; only 0..{inputs + index - 1} exist there")
+        steps.append(Step(name, reads, values))
+        at_operand += spec.arity
+        at_param += spec.params
+    if at_operand != len(operands) or at_param != len(params):
+        raise ValueError(f"FusedElementwise: {len(operands) - at_operand} operands and "
+                         f"{len(params) - at_param} params are left over after the last op")
+    return tuple(steps)
+
+
+BLOCK = 1 << 14  # elements per block: a block's temporaries stay in L1/L2
+
+
+def _row_blocks(shape, inputs, out):
+    """Split the work along merged leading axes into blocks of about BLOCK elements:
+    ([(input view, sliced per block?)], out as rows, row count, rows per block), or None
+    when the output is small or no leading axis is shared by all inputs."""
+    rank, size = len(shape), math.prod(shape)
+    if size < 4 * BLOCK:
+        return None
+    aligned = [(1,) * (rank - x.ndim) + tuple(x.shape) for x in inputs]
+    lead = 0
+    for k in range(1, rank + 1):
+        if all(a[:k] == shape[:k] or not any(d != 1 for d in a[:k]) for a in aligned):
+            lead = k
+        else:
+            break
+    rows = math.prod(shape[:lead])
+    if lead == 0 or rows < 2:
+        return None
+    tail = tuple(shape[lead:])
+    views = [(x.reshape((rows,) + a[lead:]), True) if a[:lead] == shape[:lead]
+             else (x.reshape(a[lead:]), False) for x, a in zip(inputs, aligned)]
+    step = max(1, BLOCK // max(1, math.prod(tail)))
+    return views, out.reshape((rows,) + tail), rows, step
+
+
+def _same_view(a, b) -> bool:
+    """``a`` and ``b`` address the same elements the same way (an in-place plan)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides)
+
+
+def _overlaps(out, inputs) -> bool:
+    return any(isinstance(x, np.ndarray) and np.may_share_memory(out, x) for x in inputs)
+
+
+def _pick(values, dying, pool, shape, dtype):
+    """A buffer of ``shape`` to compute into: a dying operand's, a pooled one, or new."""
+    for r in dying:
+        if values[r].shape == shape:
+            return values[r]
+    for i, buffer in enumerate(pool):
+        if buffer.shape == shape:
+            return pool.pop(i)
+    return np.empty(shape, dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def program(ops: tuple, operands: tuple, params: tuple, inputs: int) -> Program:
+    return Program(ops, operands, params, inputs)
+
+
+@functools.lru_cache(maxsize=512)
+def _cuda_kernel(in_params: str, out_params: str, operation: str):
+    import cupy  # noqa: PLC0415  (only reached on a GPU)
+    digest = hashlib.sha1(operation.encode()).hexdigest()[:12]
+    return cupy.ElementwiseKernel(in_params, out_params, operation,
+                                  name=f"mixrt_fused_{digest}", preamble=_CUDA_PREAMBLE)
+
+
+# -- the kernel -------------------------------------------------------------------------------
+
+@op("FusedElementwise", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_elementwise(xp, *inputs, ops=(), operands=(), params=(), out=None):
+    compiled = program(tuple(ops), tuple(operands), tuple(params), len(inputs))
+    if xp is np:
+        with np.errstate(all="ignore"):
+            return compiled.run_cpu(inputs, out)
+    return compiled.run_gpu(xp, inputs, out)
+
+
+fused_elementwise.infer(broadcast_like_first)

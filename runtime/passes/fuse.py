@@ -1,0 +1,217 @@
+"""Fusion of a matrix product or convolution with what follows it (opt_level 2):
+
+* ``Conv [-> Add/Sum(residual)] [-> activation]`` becomes ``mixrt::FusedConv(X, W, B, Z)``
+  (ResNet's conv, folded batch norm, shortcut add and Relu: one kernel);
+* ``Gemm -> activation`` becomes ``mixrt::FusedGemm``;
+* ``MatMul [-> Add(constant bias)] [-> Add(residual)] [-> activation]`` becomes
+  ``mixrt::FusedMatMul(A, B, bias, Z)`` (a transformer's dense layer and residual add).
+
+A step is absorbed only when the value between them has one reader and is not a graph
+output, its dtype is one the fused kernels serve (float32, float64), and the residual or
+bias does not broadcast the product to a bigger shape (the fused kernel adds it in place).
+Activations: those in :data:`mixrt.ops.fused.ACTIVATIONS`, with constant parameters that a
+float32 attribute holds exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.types import broadcast_shapes
+from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,
+                                          remove_nodes)
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_GEMM_ATTRIBUTES = ("alpha", "beta", "transA", "transB")
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def fuse_products(graph: Graph, ir_version: int | None) -> int:
+    """Fuse Conv, Gemm and MatMul with their followers; returns how many fused nodes."""
+    types = infer_types(graph)
+    fused = 0
+    for g, constants in constant_scopes(graph, ir_version):
+        for node in list(g.nodes):
+            if node.domain != "" or len(node.outputs) != 1:
+                continue
+            maker = _MAKERS.get(node.op_type)
+            if maker is not None and dtype_of(types.get(node.outputs[0])) in FLOAT_DTYPES \
+                    and kernel_for(node) is not None:
+                fused += maker(g, node, constants, types)
+    if fused:
+        graph.opsets.setdefault(MIXRT, 1)
+    return fused
+
+
+# -- the chain after a product ----------------------------------------------------------------
+
+class _Follow:
+    """Walks from a product through the values only it reads."""
+
+    def __init__(self, g: Graph, start: Node):
+        self.g, self.counts = g, read_counts(g)
+        self.readers = {n: node for node in g.nodes for n in node.inputs if n}
+        self.absorbed: list[Node] = []
+        self.value = start.outputs[0]
+
+    def next_node(self) -> Node | None:
+        """The single reader of the current value, if the value is private to the chain."""
+        y = self.value
+        if self.counts[y] != 1 or y in self.g.output_names:
+            return None
+        return self.readers.get(y)
+
+    def take(self, node: Node) -> None:
+        self.absorbed.append(node)
+        self.value = node.outputs[0]
+
+
+def _residual(node: Node | None, y: str, types: dict) -> str | None:
+    """The other addend of ``Add(y, Z)``/``Sum(y, Z)`` when adding it keeps y's shape."""
+    if node is None or node.domain != "" or node.op_type not in ("Add", "Sum"):
+        return None
+    if len(node.inputs) != 2 or node.inputs.count(y) != 1 or len(node.outputs) != 1:
+        return None
+    if kernel_for(node) is None:
+        return None
+    z = node.inputs[1] if node.inputs[0] == y else node.inputs[0]
+    if not z or not _adds_in_place(types.get(y), types.get(z)):
+        return None
+    return z
+
+
+def _adds_in_place(y_type, z_type) -> bool:
+    """y + z has y's shape and dtype (so it can be computed into y's buffer)."""
+    y_shape, z_shape = getattr(y_type, "shape", None), getattr(z_type, "shape", None)
+    if y_shape is None or z_shape is None or None in y_shape or None in z_shape:
+        return False
+    return dtype_of(y_type) == dtype_of(z_type) and broadcast_shapes(y_shape, z_shape) == \
+        tuple(y_shape)
+
+
+def activation_of(node: Node | None, constants: dict) -> tuple[str, list[float]] | None:
+    """(name, params) when ``node`` is an activation a fused kernel can apply."""
+    if node is None or node.domain != "" or node.op_type not in ACTIVATIONS:
+        return None
+    if len(node.outputs) != 1 or not node.inputs or not node.inputs[0]:
+        return None
+    if kernel_for(node) is None:
+        return None
+    attributes = node.attributes
+    if node.op_type == "LeakyRelu":
+        params = [attributes.get("alpha", 0.01)]
+    elif node.op_type == "HardSigmoid":
+        params = [attributes.get("alpha", 0.2), attributes.get("beta", 0.5)]
+    elif node.op_type == "Clip":
+        params = clip_bounds(node, constants)
+        if params is None:
+            return None
+    else:
+        params = []
+    if not all(float32_exact(p) for p in params):
+        return None
+    return node.op_type, [float(p) for p in params]
+
+
+def clip_bounds(node: Node, constants: dict) -> list[float] | None:
+    if node.opset < 11:
+        return [node.attributes.get("min", -_FLT_MAX), node.attributes.get("max", _FLT_MAX)]
+    bounds = []
+    for index, default in ((1, -np.inf), (2, np.inf)):
+        name = node.inputs[index] if len(node.inputs) > index else ""
+        if not name:
+            bounds.append(default)
+        elif name in constants and constants[name].size == 1:
+            bounds.append(float(constants[name].reshape(-1)[0]))
+        else:
+            return None
+    return bounds
+
+
+def float32_exact(value) -> bool:
+    """An attribute is a float32 in ONNX; a value it cannot hold would change the result."""
+    value = float(value)
+    return np.isnan(value) or float(np.float32(value)) == value
+
+
+def _activation_step(follow: _Follow, constants: dict) -> tuple[str, list[float]]:
+    node = follow.next_node()
+    found = activation_of(node, constants)
+    if found is None or node.inputs[0] != follow.value:
+        return "", []
+    follow.take(node)
+    return found
+
+
+# -- the three products --------------------------------------------------------------------------
+
+def _fuse_conv(g: Graph, conv: Node, constants: dict, types: dict) -> int:
+    follow = _Follow(g, conv)
+    inputs = (list(conv.inputs) + ["", ""])[:3]
+    z = _residual(follow.next_node(), follow.value, types)
+    if z is not None:
+        follow.take(follow.next_node())
+        inputs.append(z)
+    activation, params = _activation_step(follow, constants)
+    if not follow.absorbed:
+        return 0
+    attributes = {k: v for k, v in conv.attributes.items() if k in _CONV_ATTRIBUTES}
+    _replace(g, conv, follow, "FusedConv", _trim(inputs), attributes, activation, params)
+    return 1
+
+
+def _fuse_gemm(g: Graph, gemm: Node, constants: dict, types: dict) -> int:
+    follow = _Follow(g, gemm)
+    activation, params = _activation_step(follow, constants)
+    if not follow.absorbed:
+        return 0
+    attributes = {k: v for k, v in gemm.attributes.items() if k in _GEMM_ATTRIBUTES}
+    _replace(g, gemm, follow, "FusedGemm", list(gemm.inputs), attributes, activation, params)
+    return 1
+
+
+def _fuse_matmul(g: Graph, matmul: Node, constants: dict, types: dict) -> int:
+    y_type = types.get(matmul.outputs[0])
+    a_dtype = dtype_of(types.get(matmul.inputs[0]))
+    if not getattr(y_type, "rank", None) or a_dtype != dtype_of(types.get(matmul.inputs[1])):
+        return 0  # a 1-D @ 1-D product is a scalar, which nothing can be added into in place
+    follow = _Follow(g, matmul)
+    inputs = list(matmul.inputs) + ["", ""]
+    bias = _residual(follow.next_node(), follow.value, types)
+    if bias is not None and bias in constants:
+        follow.take(follow.next_node())
+        inputs[2] = bias
+    z = _residual(follow.next_node(), follow.value, types)
+    if z is not None:
+        follow.take(follow.next_node())
+        inputs[3] = z
+    activation, params = _activation_step(follow, constants)
+    if not follow.absorbed:
+        return 0
+    _replace(g, matmul, follow, "FusedMatMul", _trim(inputs), {}, activation, params)
+    return 1
+
+
+_MAKERS = {"Conv": _fuse_conv, "Gemm": _fuse_gemm, "MatMul": _fuse_matmul}
+
+
+def _replace(g, product, follow, op_type, inputs, attributes, activation, params) -> None:
+    if activation:
+        attributes["activation"] = activation
+        attributes["activation_params"] = params
+    last = follow.absorbed[-1]
+    fused = Node(op_type, inputs, [last.outputs[0]], product.name, MIXRT, 1, attributes)
+    at = g.nodes.index(last)  # the last absorbed node runs after every input is ready
+    g.nodes[at] = fused
+    remove_nodes(g, [product, *follow.absorbed[:-1]])
+    g.opsets.setdefault(MIXRT, 1)
+
+
+def _trim(inputs: list[str]) -> list[str]:
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return inputs

@@ -1,0 +1,115 @@
+"""Removal of nodes that pass their input through unchanged: Identity, inference Dropout,
+Reshape/Expand to the input's own static shape, Transpose by the identity permutation, Cast
+and CastLike to the input's own dtype.
+
+Removing ``y = op(x)`` makes every reader of ``y`` read ``x`` (subgraph outer-scope reads
+included). When ``y`` is an output of its graph the name must survive: the node producing
+``x`` is made to write ``y`` instead, unless ``x`` is itself an input, initializer, outer
+name or graph output, in which case an Identity stays in the node's place.
+"""
+
+from __future__ import annotations
+
+from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.passes.infer import infer_node, infer_types
+from mixrt.runtime.passes.rewrite import (constant_initializers, dtype_of, kernel_for,
+                                          read_counts,
+                                          remove_nodes, rename_output, replace_reads,
+                                          static_shape)
+
+
+def remove_noops(graph: Graph, ir_version: int | None) -> int:
+    """Bypass every pass-through node (subgraphs included); returns how many."""
+    types = infer_types(graph)
+    return _remove_in(graph, types, constant_initializers(graph, ir_version))
+
+
+def _remove_in(graph: Graph, types: dict, constants: dict) -> int:
+    removed = 0
+    counts = read_counts(graph)
+    for node in list(graph.nodes):
+        for sub in node.subgraphs():
+            removed += _remove_in(sub, types, {**constants, **sub.initializers})
+        if _passes_through(node, types, constants, counts) and _bypass(graph, node):
+            removed += 1
+            counts = read_counts(graph)
+    return removed
+
+
+def _passes_through(node: Node, types: dict, constants: dict, counts) -> bool:
+    if node.domain != "" or not node.inputs or not node.inputs[0] or not node.outputs[0]:
+        return False
+    rule = _RULES.get(node.op_type)
+    if rule is None or kernel_for(node, dtype_of(types.get(node.inputs[0]))) is None:
+        return False  # a node binding would reject keeps its error at every level
+    return rule(node, types, constants, counts)
+
+
+def _identity(node, types, constants, counts) -> bool:
+    return len(node.outputs) == 1
+
+
+def _inference_dropout(node, types, constants, counts) -> bool:
+    """Dropout before opset 12 never trains in mixrt (see ops/nn.py); from 12 on it trains
+    only when training_mode is given and not a constant false. Its mask must be unread."""
+    if any(counts[o] for o in node.outputs[1:] if o):
+        return False
+    if node.opset < 12:
+        return True
+    mode = node.inputs[2] if len(node.inputs) > 2 else ""
+    return not mode or (mode in constants and not bool(constants[mode].reshape(-1)[0]))
+
+
+def _computed(node, types):
+    """The output type the op's own rule gives for these inputs (a declared type for the
+    output could be stale; this is what the kernel will do)."""
+    found = infer_node(node, types)
+    return found[0] if found else None
+
+
+def _same_static_shape(node, types, constants, counts) -> bool:
+    x, y = static_shape(types.get(node.inputs[0])), static_shape(_computed(node, types))
+    return len(node.outputs) == 1 and x is not None and x == y
+
+
+def _identity_transpose(node, types, constants, counts) -> bool:
+    perm = node.attributes.get("perm")
+    if perm is not None:
+        return list(perm) == list(range(len(perm)))
+    rank = getattr(types.get(node.inputs[0]), "rank", None)
+    return rank is not None and rank <= 1  # the default reverses the axes
+
+
+def _same_dtype(node, types, constants, counts) -> bool:
+    x, y = dtype_of(types.get(node.inputs[0])), dtype_of(_computed(node, types))
+    return x is not None and x == y
+
+
+_RULES = {
+    "Identity": _identity,
+    "Dropout": _inference_dropout,
+    "Reshape": _same_static_shape,
+    "Expand": _same_static_shape,
+    "Transpose": _identity_transpose,
+    "Cast": _same_dtype,
+    "CastLike": _same_dtype,
+}
+
+
+def _bypass(graph: Graph, node: Node) -> bool:
+    """Rewire around ``node``; False when only an Identity could stand in and it is one."""
+    x, y = node.inputs[0], node.outputs[0]
+    if y not in graph.output_names:
+        remove_nodes(graph, [node])
+        replace_reads(graph, y, x)
+        return True
+    producer = next((n for n in graph.nodes if x in n.outputs), None)
+    if producer is not None and x not in graph.output_names:
+        remove_nodes(graph, [node])
+        rename_output(graph, producer, x, y)
+        return True
+    if node.op_type == "Identity":
+        return False
+    node.op_type, node.inputs, node.outputs = "Identity", [x], [y]
+    node.opset, node.attributes = graph.opsets.get("", node.opset), {}
+    return True

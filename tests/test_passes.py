@@ -1,0 +1,486 @@
+"""The optimizer: each pass fires on a small graph built to exercise it and leaves the
+outputs as they were (bit for bit at level 1, to rounding at level 2); the 9 light zoo
+models still match their reference outputs at levels 1 and 2."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt  # noqa: F401  (registers the ONNX loader)
+from mixrt.errors import GraphError
+from mixrt.models.zoo import LIGHT_MODELS, light_model
+from mixrt.runtime.graph import Graph
+from mixrt.runtime.passes import optimize
+from mixrt.runtime.session import Session, load_graph
+
+RNG = np.random.default_rng(7)
+F = TensorProto.FLOAT
+
+
+# -- building and checking -------------------------------------------------------------------
+
+def graph_of(nodes, inputs, outputs, initializers=(), opset=17, ir_version=None,
+             value_info=()) -> Graph:
+    """A Graph from onnx helper pieces; ``inputs``/``outputs`` are (name, shape) pairs or
+    ValueInfoProtos; initializers are name -> array."""
+    values, results = [_value(v) for v in inputs], [_value(v) for v in outputs]
+    tensors = [numpy_helper.from_array(a, n) for n, a in dict(initializers).items()]
+    graph = helper.make_graph(nodes, "g", values, results, tensors, value_info=value_info)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    imported = load_graph(model)
+    if ir_version is not None:
+        imported.metadata["ir_version"] = ir_version
+    return imported
+
+
+def _value(v):
+    """(name, shape) or (name, shape, element type) -> ValueInfoProto (float by default)."""
+    if not isinstance(v, tuple):
+        return v
+    name, shape, elem_type = (*v, F) if len(v) == 2 else v
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def rand(*shape, low=-2.0, high=2.0):
+    return RNG.uniform(low, high, shape).astype(np.float32)
+
+
+def run(graph: Graph, feeds: dict) -> list[np.ndarray]:
+    """The graph's outputs, computed as the graph says (an optimized graph carries its
+    opt_level, so Session runs it as it is; a plain one is run at level 0)."""
+    return Session(graph, opt_level=0).run(None, feeds)
+
+
+def checked(graph: Graph, feeds: dict, level: int, **tolerance) -> Graph:
+    """The graph optimized at ``level``, after checking it computes what the original does
+    (exactly at level 1)."""
+    before = [repr(n) for n in graph.nodes], dict(graph.initializers)
+    optimized = optimize(graph, level)
+    assert [repr(n) for n in graph.nodes] == before[0], "optimize changed its input graph"
+    assert graph.initializers.keys() == before[1].keys()
+    assert optimized.metadata["opt_level"] == level
+    assert optimized.output_names == graph.output_names
+    expected, actual = run(graph, feeds), run(optimized, feeds)
+    for want, got in zip(expected, actual):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if level <= 1:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, **({"rtol": 1e-5, "atol": 1e-5} | tolerance))
+    return optimized
+
+
+def ops(graph: Graph) -> Counter:
+    return Counter(n.op_type for n in graph.all_nodes())
+
+
+def node(op_type, inputs, outputs, **attributes):
+    return helper.make_node(op_type, inputs, outputs, **attributes)
+
+
+def const(name, array):
+    return node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(array)))
+
+
+# -- levels and the copy ---------------------------------------------------------------------
+
+def test_level_zero_is_an_untouched_copy():
+    g = graph_of([node("Identity", ["x"], ["y"])], [("x", [2])], [("y", [2])])
+    copy = optimize(g, 0)
+    assert copy is not g and copy.nodes[0] is not g.nodes[0]
+    assert ops(copy) == {"Identity": 1} and copy.metadata["opt_level"] == 0
+
+
+def test_unknown_level_is_a_graph_error():
+    g = graph_of([node("Identity", ["x"], ["y"])], [("x", [2])], [("y", [2])])
+    with pytest.raises(GraphError, match="level must be one of"):
+        optimize(g, 3)
+
+
+# -- constant folding -------------------------------------------------------------------------
+
+def test_constant_subexpressions_fold_into_initializers():
+    w = rand(3)
+    g = graph_of([const("c", np.float32([1, 2, 3])),
+                  node("Mul", ["c", "w"], ["cw"]),
+                  node("Exp", ["cw"], ["e"]),
+                  node("Add", ["x", "e"], ["y"])],
+                 [("x", [2, 3])], [("y", [2, 3])], {"w": w})
+    optimized = checked(g, {"x": rand(2, 3)}, 1)
+    assert ops(optimized) == {"Add": 1}
+    assert set(optimized.initializers) == {"e"}  # the consumed constants are gone too
+
+
+def test_initializer_that_is_also_an_input_is_not_folded():
+    w = rand(3)
+    nodes = [node("Exp", ["w"], ["e"]), node("Add", ["x", "e"], ["y"])]
+    inputs = [("x", [3]), ("w", [3])]
+    overridable = graph_of(nodes, inputs, [("y", [3])], {"w": w}, ir_version=8)
+    assert ops(checked(overridable, {"x": rand(3)}, 1)) == {"Exp": 1, "Add": 1}
+    unknown = graph_of(nodes, inputs, [("y", [3])], {"w": w})
+    assert ops(optimize(unknown, 1)) == {"Exp": 1, "Add": 1}
+    # before IR 4 every initializer was listed as an input: there they are constants
+    old = graph_of(nodes, inputs, [("y", [3])], {"w": w}, ir_version=3)
+    folded = checked(old, {"x": rand(3)}, 1)
+    assert ops(folded) == {"Add": 1}
+    assert [v.name for v in folded.inputs] == ["x"]
+
+
+def test_random_ops_and_graph_outputs_do_not_fold():
+    g = graph_of([node("RandomNormal", [], ["r"], shape=[3], seed=1.0),
+                  node("Add", ["x", "r"], ["y"]),
+                  const("k", np.float32([4.0])),
+                  node("Neg", ["k"], ["z"])],
+                 [("x", [3])], [("y", [3]), ("z", [1])])
+    optimized = optimize(g, 1)
+    assert ops(optimized) == {"RandomNormal": 1, "Add": 1, "Neg": 1}
+    np.testing.assert_array_equal(run(optimized, {"x": rand(3)})[1], [-4.0])
+
+
+def test_a_node_whose_kernel_fails_is_left_to_fail_at_run_time():
+    g = graph_of([const("s", np.int64([5])), node("Reshape", ["c", "s"], ["r"]),
+                  const("c", np.float32([1, 2, 3])), node("Add", ["x", "r"], ["y"])],
+                 [("x", [3])], [("y", [3])])
+    optimized = optimize(g, 1)
+    assert "Reshape" in ops(optimized)
+
+
+def test_static_shape_and_size_fold_but_symbolic_ones_stay():
+    nodes = [node("Shape", ["x"], ["s"]), node("Size", ["x"], ["n"]),
+             node("Reshape", ["x", "s"], ["r"]), node("Cast", ["n"], ["nf"], to=F),
+             node("Mul", ["r", "nf"], ["y"])]
+    static = graph_of(nodes, [("x", [2, 3])], [("y", [2, 3])])
+    optimized = checked(static, {"x": rand(2, 3)}, 1)
+    assert ops(optimized) == {"Mul": 1}  # Reshape to its own shape went too
+    symbolic = graph_of(nodes, [("x", ["n", 3])], [("y", ["n", 3])])
+    assert {"Shape", "Size"} <= set(ops(checked(symbolic, {"x": rand(4, 3)}, 1)))
+
+
+def test_shape_chain_feeding_reshape_folds_to_a_constant_target():
+    g = graph_of([node("Shape", ["x"], ["s"]),
+                  const("i", np.int64([0])), node("Gather", ["s", "i"], ["b"]),
+                  const("rest", np.int64([-1])), node("Concat", ["b", "rest"], ["t"], axis=0),
+                  node("Reshape", ["x", "t"], ["y"])],
+                 [("x", [2, 3, 4])], [("y", [2, 12])])
+    optimized = checked(g, {"x": rand(2, 3, 4)}, 1)
+    assert ops(optimized) == {"Reshape": 1}
+    assert optimized.initializers[optimized.nodes[0].inputs[1]].tolist() == [2, -1]
+
+
+def test_shape_of_a_split_sized_at_run_time_is_not_guessed():
+    # needs Split's infer to leave the parts' lengths unknown when its sizes are fed
+    # (it used to guess equal parts, and folding Shape baked the guess in)
+    g = graph_of([node("Split", ["x", "sizes"], ["a", "b"], axis=0),
+                  node("Shape", ["a"], ["s"]), const("k", np.float32(2.0)),
+                  node("Expand", ["k", "s"], ["e"]), node("Add", ["e", "a"], ["y"])],
+                 [("x", [4]), ("sizes", [2], TensorProto.INT64)], [("y", None)])
+    optimized = checked(g, {"x": rand(4), "sizes": np.int64([1, 3])}, 1)
+    assert "Shape" in ops(optimized)
+
+
+# -- dead nodes ---------------------------------------------------------------------------------
+
+def test_dead_nodes_and_their_initializers_go():
+    g = graph_of([node("Mul", ["x", "w"], ["unused"]), node("Relu", ["unused"], ["dead"]),
+                  node("Sigmoid", ["x"], ["y"])],
+                 [("x", [4])], [("y", [4])], {"w": rand(4)})
+    optimized = checked(g, {"x": rand(4)}, 1)
+    assert ops(optimized) == {"Sigmoid": 1} and not optimized.initializers
+
+
+# -- removal of pass-through nodes ---------------------------------------------------------------
+
+def test_identity_dropout_and_noop_shape_ops_are_removed():
+    g = graph_of([node("Identity", ["x"], ["a"]),
+                  const("ratio", np.float32(0.3)), node("Dropout", ["a", "ratio"], ["b"]),
+                  node("Transpose", ["b"], ["c"], perm=[0, 1]),
+                  node("Cast", ["c"], ["d"], to=F),
+                  const("shape", np.int64([2, 3])), node("Reshape", ["d", "shape"], ["e"]),
+                  node("Expand", ["e", "shape"], ["f"]),
+                  node("Relu", ["f"], ["y"])],
+                 [("x", [2, 3])], [("y", [2, 3])])
+    optimized = checked(g, {"x": rand(2, 3)}, 1)
+    assert ops(optimized) == {"Relu": 1}
+    assert optimized.nodes[0].inputs == ["x"]
+
+
+def test_a_node_binding_would_reject_is_not_optimized_away():
+    g = graph_of([node("Identity", ["x"], ["a"], bogus=1), node("Neg", ["a"], ["y"])],
+                 [("x", [2])], [("y", [2])])
+    assert ops(optimize(g, 2)) == {"Identity": 1, "Neg": 1}
+
+
+def test_dropout_stays_when_training_or_mask_is_read():
+    training = graph_of([node("Dropout", ["x", "", "t"], ["y"], seed=3)],
+                        [("x", [4]), ("t", [], TensorProto.BOOL)], [("y", [4])])
+    assert ops(optimize(training, 1)) == {"Dropout": 1}
+    off = graph_of([node("Dropout", ["x", "", "t"], ["a"]), node("Neg", ["a"], ["y"])],
+                   [("x", [4])], [("y", [4])], {"t": np.array(False)})
+    assert ops(checked(off, {"x": rand(4)}, 1)) == {"Neg": 1}
+    mask = graph_of([node("Dropout", ["x"], ["y", "m"])], [("x", [4])],
+                    [("y", [4]), ("m", [4], TensorProto.BOOL)])
+    assert ops(optimize(mask, 1)) == {"Dropout": 1}
+
+
+def test_removed_node_producing_a_graph_output_keeps_the_output_name():
+    g = graph_of([node("Relu", ["x"], ["r"]), node("Identity", ["r"], ["y"]),
+                  node("Neg", ["r"], ["z"])],
+                 [("x", [3])], [("y", [3]), ("z", [3])])
+    optimized = checked(g, {"x": rand(3)}, 1)
+    assert ops(optimized) == {"Relu": 1, "Neg": 1}
+    assert optimized.nodes[0].outputs == ["y"] and optimized.nodes[1].inputs == ["y"]
+
+
+def test_pass_through_of_an_input_to_an_output_stays_an_identity():
+    g = graph_of([node("Cast", ["x"], ["y"], to=F), node("Identity", ["x"], ["z"])],
+                 [("x", [3])], [("y", [3]), ("z", [3])])
+    optimized = checked(g, {"x": rand(3)}, 1)
+    assert ops(optimized) == {"Identity": 2}
+
+
+def test_subgraph_outer_reads_follow_a_removed_node():
+    then_branch = helper.make_graph([node("Add", ["a", "c"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", F, [3])])
+    else_branch = helper.make_graph([node("Sub", ["a", "c"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", F, [3])])
+    g = graph_of([node("Identity", ["x"], ["a"]),
+                  const("c0", np.float32([1, 2, 3])), node("Neg", ["c0"], ["c"]),
+                  node("If", ["cond"], ["y"], then_branch=then_branch,
+                       else_branch=else_branch)],
+                 [("x", [3]), ("cond", [], TensorProto.BOOL)], [("y", [3])])
+    for cond in (True, False):
+        optimized = checked(g, {"x": rand(3), "cond": np.array(cond)}, 1)
+    assert ops(optimized) == {"If": 1, "Add": 1, "Sub": 1}
+    branch = optimized.nodes[0].attributes["then_branch"]
+    assert branch.nodes[0].inputs == ["x", "c"] and "c" in optimized.initializers
+
+
+def test_constants_inside_a_loop_body_fold():
+    body = helper.make_graph(
+        [const("one", np.float32([1.0])), node("Neg", ["one"], ["m"]),
+         node("Add", ["acc", "m"], ["acc2"]), node("Identity", ["keep"], ["keep2"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("keep", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", F, [3])],
+        [helper.make_tensor_value_info("keep2", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc2", F, [3])])
+    g = graph_of([node("Loop", ["n", "", "x"], ["y"], body=body)],
+                 [("n", [], TensorProto.INT64), ("x", [3])], [("y", [3])])
+    optimized = checked(g, {"n": np.array(4), "x": rand(3)}, 1)
+    assert ops(optimized) == {"Loop": 1, "Add": 1, "Identity": 1}
+
+
+# -- level 2: Conv + BatchNormalization ------------------------------------------------------------
+
+def _bn_params(channels):
+    return {"scale": rand(channels), "bias": rand(channels), "mean": rand(channels),
+            "var": rand(channels, low=0.5, high=2.0)}
+
+
+@pytest.mark.parametrize("group, with_bias", [(1, True), (2, False), (4, True)])
+def test_conv_batchnorm_folds_into_the_weights(group, with_bias):
+    params = _bn_params(8) | {"W": rand(8, 8 // group, 3, 3)} | ({"B": rand(8)} if with_bias
+                                                                 else {})
+    conv_inputs = ["x", "W", "B"] if with_bias else ["x", "W"]
+    g = graph_of([node("Conv", conv_inputs, ["c"], pads=[1, 1, 1, 1], group=group),
+                  node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"],
+                       epsilon=1e-3)],
+                 [("x", [2, 8, 5, 5])], [("y", [2, 8, 5, 5])], params)
+    optimized = checked(g, {"x": rand(2, 8, 5, 5)}, 2)
+    assert ops(optimized) == {"Conv": 1}
+
+
+def test_conv_then_per_channel_mul_and_add_fold():
+    g = graph_of([node("Conv", ["x", "W"], ["c"]),
+                  node("Mul", ["c", "s"], ["m"]), node("Add", ["t", "m"], ["y"])],
+                 [("x", [1, 3, 4, 4])], [("y", [1, 4, 4, 4])],
+                 {"W": rand(4, 3, 1, 1), "s": rand(4, 1, 1), "t": rand(1, 4, 1, 1)})
+    assert ops(checked(g, {"x": rand(1, 3, 4, 4)}, 2)) == {"Conv": 1}
+
+
+def test_batchnorm_that_is_read_twice_or_trains_is_not_folded():
+    params = _bn_params(4) | {"W": rand(4, 3, 1, 1)}
+    shared = graph_of([node("Conv", ["x", "W"], ["c"]),
+                       node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+                       node("Neg", ["c"], ["z"])],
+                      [("x", [1, 3, 2, 2])], [("y", [1, 4, 2, 2]), ("z", [1, 4, 2, 2])], params)
+    optimized = checked(shared, {"x": rand(1, 3, 2, 2)}, 2)
+    assert "Conv" in ops(optimized) and "BatchNormalization" not in ops(optimized)
+    assert "Mul" in ops(optimized) or "FusedElementwise" in ops(optimized)
+
+
+# -- level 2: products with their followers --------------------------------------------------------
+
+ACTIVATIONS = [
+    (node("Relu", ["s"], ["y"]), {}),
+    (node("LeakyRelu", ["s"], ["y"], alpha=0.2), {}),
+    (node("Sigmoid", ["s"], ["y"]), {}),
+    (node("Tanh", ["s"], ["y"]), {}),
+    (node("HardSigmoid", ["s"], ["y"], alpha=0.3, beta=0.4), {}),
+    (node("Clip", ["s", "lo", "hi"], ["y"]), {"lo": np.float32(-0.5), "hi": np.float32(0.5)}),
+]
+
+
+@pytest.mark.parametrize("activation, extra", ACTIVATIONS, ids=lambda a: getattr(a, "op_type",
+                                                                                  ""))
+def test_conv_batchnorm_residual_activation_become_one_fused_conv(activation, extra):
+    params = _bn_params(4) | {"W": rand(4, 4, 3, 3)} | extra
+    g = graph_of([node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                  node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+                  node("Add", ["x", "b"], ["s"]), activation],
+                 [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])], params)
+    optimized = checked(g, {"x": rand(1, 4, 6, 6)}, 2)
+    assert ops(optimized) == {"FusedConv": 1}
+    fused = optimized.nodes[0]
+    assert fused.domain == "mixrt" and optimized.opsets["mixrt"] == 1
+    assert fused.attributes["activation"] == activation.op_type
+    assert fused.inputs[3] == "x"
+
+
+def test_residual_that_would_broadcast_the_conv_output_is_not_fused():
+    g = graph_of([node("Conv", ["x", "W"], ["c"]), node("Add", ["c", "z"], ["y"])],
+                 [("x", [1, 3, 1, 1]), ("z", [2, 4, 1, 1])], [("y", [2, 4, 1, 1])],
+                 {"W": rand(4, 3, 1, 1)})
+    assert ops(checked(g, {"x": rand(1, 3, 1, 1), "z": rand(2, 4, 1, 1)}, 2)) == \
+        {"Conv": 1, "Add": 1}
+
+
+def test_intermediate_graph_output_blocks_fusion():
+    g = graph_of([node("Conv", ["x", "W"], ["c"]), node("Relu", ["c"], ["y"])],
+                 [("x", [1, 3, 4, 4])], [("y", [1, 4, 4, 4]), ("c", [1, 4, 4, 4])],
+                 {"W": rand(4, 3, 3, 3)})
+    assert ops(checked(g, {"x": rand(1, 3, 4, 4)}, 2)) == {"Conv": 1, "Relu": 1}
+
+
+def test_gemm_and_matmul_fuse_with_bias_and_activation():
+    g = graph_of([node("Gemm", ["x", "W", "C"], ["g"], transB=1, alpha=0.5),
+                  node("Relu", ["g"], ["h"]),
+                  node("MatMul", ["h", "V"], ["m"]), node("Add", ["m", "b"], ["a"]),
+                  node("Tanh", ["a"], ["y"])],
+                 [("x", [3, 5])], [("y", [3, 2])],
+                 {"W": rand(4, 5), "C": rand(4), "V": rand(4, 2), "b": rand(2)})
+    optimized = checked(g, {"x": rand(3, 5)}, 2)
+    assert ops(optimized) == {"FusedGemm": 1, "FusedMatMul": 1}
+    matmul = optimized.nodes[1]
+    assert matmul.inputs == ["h", "V", "b"] and matmul.attributes["activation"] == "Tanh"
+
+
+def test_matmul_bias_and_residual_fuse_but_a_widening_addend_does_not():
+    residual = graph_of([node("MatMul", ["x", "V"], ["m"]), node("Add", ["m", "b"], ["a"]),
+                         node("Add", ["x", "a"], ["y"])],
+                        [("x", ["n", 4])], [("y", ["n", 4])], {"V": rand(4, 4), "b": rand(4)})
+    optimized = checked(residual, {"x": rand(3, 4)}, 2)
+    assert ops(optimized) == {"FusedMatMul": 1}
+    assert optimized.nodes[0].inputs == ["x", "V", "b", "x"]
+    widening = graph_of([node("MatMul", ["x", "V"], ["m"]), node("Add", ["m", "z"], ["y"])],
+                        [("x", [1, 4]), ("z", [3, 2])], [("y", [3, 2])], {"V": rand(4, 2)})
+    assert ops(checked(widening, {"x": rand(1, 4), "z": rand(3, 2)}, 2)) == \
+        {"MatMul": 1, "Add": 1}
+
+
+# -- level 2: elementwise chains -------------------------------------------------------------------
+
+def gelu_nodes(x="x", y="y"):
+    """PyTorch's export of GELU: x * 0.5 * (1 + erf(x / sqrt 2)), as it writes it."""
+    return [const("sqrt2", np.float32(np.sqrt(2.0))), const("one", np.float32(1.0)),
+            const("half", np.float32(0.5)),
+            node("Div", [x, "sqrt2"], ["g1"]), node("Erf", ["g1"], ["g2"]),
+            node("Add", ["g2", "one"], ["g3"]), node("Mul", [x, "g3"], ["g4"]),
+            node("Mul", ["g4", "half"], [y])]
+
+
+def test_gelu_becomes_one_fused_elementwise_node():
+    g = graph_of([node("MatMul", ["x", "W"], ["h"]), node("Add", ["h", "b"], ["a"]),
+                  *gelu_nodes("a")],
+                 [("x", ["batch", 8])], [("y", ["batch", 16])],
+                 {"W": rand(8, 16), "b": rand(16)})
+    optimized = checked(g, {"x": rand(4, 8)}, 2)
+    assert ops(optimized) == {"FusedMatMul": 1, "FusedElementwise": 1}
+    fused = optimized.nodes[1]
+    assert fused.inputs == ["a"]  # the scalars became literals of the program
+    assert fused.attributes["ops"].count("Scalar") == 3
+    for value in fused.attributes.values():
+        assert isinstance(value, (int, float, str)) or all(
+            isinstance(v, (int, float, str)) for v in value)
+
+
+def test_layernorm_tail_fuses_from_epsilon_to_beta():
+    g = graph_of([node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+                  node("Sub", ["x", "mu"], ["d"]),
+                  const("two", np.float32(2.0)), node("Pow", ["d", "two"], ["d2"]),
+                  node("ReduceMean", ["d2"], ["var"], axes=[-1]),
+                  const("eps", np.float32(1e-5)), node("Add", ["var", "eps"], ["v"]),
+                  node("Sqrt", ["v"], ["std"]), node("Div", ["d", "std"], ["n"]),
+                  node("Mul", ["n", "gamma"], ["s"]), node("Add", ["s", "beta"], ["y"])],
+                 [("x", [2, 5, 8])], [("y", [2, 5, 8])],
+                 {"gamma": rand(8), "beta": rand(8)}, opset=17)
+    optimized = checked(g, {"x": rand(2, 5, 8)}, 2)
+    counts = ops(optimized)
+    assert counts["FusedElementwise"] == 1 and counts["Sqrt"] == 0 and counts["Div"] == 0
+    tail = next(n for n in optimized.nodes if n.op_type == "FusedElementwise")
+    assert tail.attributes["ops"][-4:] == ["Sqrt", "Div", "Mul", "Add"]
+
+
+def test_intermediate_read_outside_the_chain_is_not_swallowed():
+    g = graph_of([node("Exp", ["x"], ["e"]), node("Neg", ["e"], ["n"]),
+                  node("Abs", ["n"], ["y"]), node("ReduceSum", ["e"], ["s"])],
+                 [("x", [2, 3])], [("y", [2, 3]), ("s", [1, 1])])
+    optimized = checked(g, {"x": rand(2, 3)}, 2)
+    assert ops(optimized) == {"Exp": 1, "FusedElementwise": 1, "ReduceSum": 1}
+
+
+def test_mixed_dtypes_and_float16_are_left_alone():
+    g = graph_of([node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+                  node("Exp", ["h"], ["e"]), node("Neg", ["e"], ["y"])],
+                 [("x", [3])], [("y", [3], TensorProto.FLOAT16)])
+    assert ops(checked(g, {"x": rand(3)}, 2)) == {"Cast": 1, "Exp": 1, "Neg": 1}
+
+
+def test_batchnorm_after_concat_becomes_a_fused_affine_relu():
+    params = _bn_params(6)
+    g = graph_of([node("Concat", ["a", "b"], ["c"], axis=1),
+                  node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+                  node("Mul", ["n", "k"], ["m"]), node("Add", ["m", "t"], ["s"]),
+                  node("Relu", ["s"], ["y"])],
+                 [("a", [1, 2, 3, 3]), ("b", [1, 4, 3, 3])], [("y", [1, 6, 3, 3])],
+                 params | {"k": rand(6, 1, 1), "t": rand(6, 1, 1)})
+    optimized = checked(g, {"a": rand(1, 2, 3, 3), "b": rand(1, 4, 3, 3)}, 2)
+    assert ops(optimized) == {"Concat": 1, "FusedElementwise": 1}
+    assert optimized.nodes[1].attributes["ops"] == ["Mul", "Add", "Relu"]
+
+
+def test_float64_constants_a_float_attribute_cannot_hold_stay_inputs():
+    g = graph_of([node("Mul", ["x", "k"], ["m"]), node("Exp", ["m"], ["y"])],
+                 [("x", [3], TensorProto.DOUBLE)], [("y", [3], TensorProto.DOUBLE)],
+                 {"k": np.array(0.1)})
+    optimized = checked(g, {"x": RNG.standard_normal(3)}, 2, rtol=1e-12, atol=0)
+    assert optimized.nodes[0].inputs == ["x", "k"]
+
+
+# -- the zoo ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=LIGHT_MODELS)
+def zoo(request):
+    model = light_model(request.param)
+    graph = load_graph(str(model.path))
+    graph.metadata.setdefault(
+        "ir_version", onnx.load(str(model.path), load_external_data=False).ir_version)
+    return model, graph
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_light_zoo_models_match_their_references(zoo, level):
+    model, graph = zoo
+    optimized = optimize(graph, level)
+    assert len(optimized.nodes) < len(graph.nodes)
+    outputs = run(optimized, model.inputs)
+    for got, want in zip(outputs, model.expected):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+    if level == 2:
+        assert "BatchNormalization" not in ops(optimized)
+        assert any(n.domain == "mixrt" for n in optimized.nodes)
