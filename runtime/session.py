@@ -381,10 +381,7 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
     graph.validate()
     if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
         return graph
-    try:  # TEMPORARY until passes land
-        from mixrt.runtime.passes import optimize  # noqa: PLC0415
-    except ImportError:
-        return graph
+    from mixrt.runtime.passes import optimize  # noqa: PLC0415 (passes import the registry)
     return optimize(graph, opt_level)
 
 
