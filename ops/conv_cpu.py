@@ -45,7 +45,10 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     of output columns ``y`` ((M, stop - start) of image ``image``) right after its matmul,
     while the band is still in cache (FusedConv adds its residual and activation there)."""
     xp = np
-    if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3:
+    # grouped (depthwise, ShuffleNet's) convolutions: the generic kernel's one batched
+    # matmul over the groups beats a Python loop of tiny per-group matmuls
+    if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3 \
+            or int(group) > 1:
         Y = conv(xp, X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                  kernel_shape=kernel_shape, pads=pads, strides=strides)
         Y = Y if out is None else _copied(out, Y)
