@@ -30,6 +30,11 @@ from pathlib import Path
 # before torch loads; export OMP_WAIT_POLICY to choose otherwise.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# mixrt before anything that loads NumPy: its BLAS policy (AVX-512 OpenBLAS kernels, see
+# docs/architecture.md) can only act before OpenBLAS is loaded, as in a service that does
+# `import mixrt` first
+import mixrt  # noqa: E402,F401
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 from cases import Case, all_models, make_case  # noqa: E402
