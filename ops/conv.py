@@ -182,15 +182,9 @@ def conv(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
     dtype = _common_work_dtype(X.dtype, W.dtype)
     X, W = X.astype(dtype, copy=False), W.astype(dtype, copy=False)
     nd = X.ndim - 2
-    kernel, strides, dilations = spatial_attrs(nd, kernel_shape or W.shape[2:], strides,
-                                               dilations)
-    group = int(group)
-    (n, c), in_dims = X.shape[:2], X.shape[2:]
-    m = W.shape[0]
-    if c != W.shape[1] * group or m % group:
-        raise ValueError(f"Conv: X has {c} channels and W shape {tuple(W.shape)}, "
-                         f"which do not match group={group}")
-    begin, end, out = window_geometry(in_dims, kernel, strides, dilations, pads, auto_pad)
+    kernel, strides, dilations, group, begin, end, out = conv_geometry(
+        X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+    (n, c), m = X.shape[:2], W.shape[0]
     weights = W.reshape(group, m // group, W.shape[1] * math.prod(kernel))
     cols_bytes = c * math.prod(kernel) * math.prod(out) * dtype.itemsize
     chunk = max(1, _COLS_BUDGET // max(cols_bytes, 1))  # bound im2col memory on big batches
@@ -209,7 +203,21 @@ def conv(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
     return Y.astype(out_dtype, copy=False)
 
 
-_COLS_BUDGET = 256 << 20  # bytes of im2col columns built at once
+_COLS_BUDGET = 256 << 20
+
+
+def conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """(kernel, strides, dilations, group, pad begin, pad end, output dims) of a Conv, with
+    the channel and group counts checked (shared with the CPU fast path)."""
+    kernel, strides, dilations = spatial_attrs(X.ndim - 2, kernel_shape or W.shape[2:],
+                                               strides, dilations)
+    group = int(group)
+    c, m = X.shape[1], W.shape[0]
+    if c != W.shape[1] * group or m % group:
+        raise ValueError(f"Conv: X has {c} channels and W shape {tuple(W.shape)}, "
+                         f"which do not match group={group}")
+    begin, end, out = window_geometry(X.shape[2:], kernel, strides, dilations, pads, auto_pad)
+    return kernel, strides, dilations, group, begin, end, out  # bytes of im2col columns built at once
 
 
 def _common_work_dtype(*dtypes):

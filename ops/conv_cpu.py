@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops.conv import conv, conv_geometry
 
 # bytes of im2col columns per band: about what the L2 caches of this class of machine hold
 BAND_BYTES = 1 << 20
@@ -57,16 +57,9 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
             for image in range(Y.shape[0]):
                 epilogue(flat[image], image, 0, flat.shape[2])
         return Y
-    nd = X.ndim - 2
-    kernel, strides, dilations = spatial_attrs(nd, kernel_shape or W.shape[2:], strides,
-                                               dilations)
-    group = int(group)
-    (n, c), in_dims = X.shape[:2], X.shape[2:]
-    m = W.shape[0]
-    if c != W.shape[1] * group or m % group:
-        raise ValueError(f"Conv: X has {c} channels and W shape {tuple(W.shape)}, "
-                         f"which do not match group={group}")
-    begin, end, out_dims = window_geometry(in_dims, kernel, strides, dilations, pads, auto_pad)
+    kernel, strides, dilations, group, begin, end, out_dims = conv_geometry(
+        X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+    (n, c), m = X.shape[:2], W.shape[0]
     if out is None:
         out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
     weights = W.reshape(group, m // group, -1)
