@@ -17,6 +17,8 @@ from mixrt.ops.elementwise import add, div, mul, sub, sum_
 from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
                           mat_mul, softmax)
 from mixrt.ops.shape import concat, transpose
+from mixrt.ops.parallel import parallel_rows
+from mixrt.ops.simd_cpu import relu_
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -67,7 +69,7 @@ def sum_cpu(xp, *data_0, out=None):
 def relu_cpu(xp, X, *, out=None):
     if out is None or not _native(X, out):
         return _into(out, relu(xp, X))
-    return np.maximum(X, X.dtype.type(0), out=out)
+    return relu_(X, out)
 
 
 @tanh.fast("cpu")
@@ -148,12 +150,30 @@ def batch_normalization_9_cpu(xp, X, scale, B, mean, var, *, epsilon=1e-5, momen
 
 @softmax.fast("cpu")
 def softmax_cpu(xp, input, *, axis=-1, out=None):
-    if out is None or not _native(input, out) or np.may_share_memory(out, input):
+    """Softmax over the trailing axes from ``axis`` on (opset 13's single axis is the last one
+    in every model we have seen; others take the generic kernel), rows split over the
+    intra-op threads: exp is heavy enough per element that two threads run it in about half
+    the time (ops/parallel.py). Computing in place over ``input`` is safe: each row's max is
+    taken before the row is overwritten."""
+    if out is None or not _native(input, out) or input.size == 0 or (
+            np.may_share_memory(out, input) and not _same_view(out, input)) or (
+            axis % input.ndim != input.ndim - 1):
         return _into(out, softmax(xp, input, axis=axis))
-    np.subtract(input, input.max(axis=axis, keepdims=True), out=out)
-    np.exp(out, out=out)
-    out /= out.sum(axis=axis, keepdims=True)
+    rows = input.reshape(-1, input.shape[-1])
+    target = out.reshape(rows.shape)
+
+    def part(start, stop):
+        x, y = rows[start:stop], target[start:stop]
+        np.subtract(x, x.max(axis=1, keepdims=True), out=y)
+        np.exp(y, out=y)
+        y /= y.sum(axis=1, keepdims=True)
+    parallel_rows(rows.shape[0], rows.shape[1], part)
     return out
+
+
+def _same_view(a, b) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides)
 
 
 @concat.fast("cpu")

@@ -20,6 +20,7 @@ from mixrt.ops.conv import conv, spatial_attrs, window_geometry
 from mixrt.ops.conv_cpu import conv_bands
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import op
+from mixrt.ops.simd_cpu import clip_, relu_
 from mixrt.ops.types import TensorType
 
 MIXRT = "mixrt"
@@ -31,7 +32,10 @@ FUSED_DTYPES = frozenset({"float32", "float64"})
 # -- activations, applied in place -------------------------------------------------------------
 
 def _relu(xp, y):
-    xp.maximum(y, y.dtype.type(0), out=y)
+    if xp is np:
+        relu_(y, y)
+    else:
+        xp.maximum(y, y.dtype.type(0), out=y)
 
 
 def _leaky_relu(xp, y, alpha):
@@ -61,6 +65,9 @@ def _hard_sigmoid(xp, y, alpha, beta):
 
 def _clip(xp, y, low, high):
     # max then min, so low > high gives high, as ONNX Clip does; infinite bounds are no-ops
+    if xp is np:
+        clip_(y, low, high, y)
+        return
     xp.maximum(y, y.dtype.type(low), out=y)
     xp.minimum(y, y.dtype.type(high), out=y)
 

@@ -178,24 +178,45 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     return ExecutionPlan(signature, memory, slots, steps, frozen, shared)
 
 
-def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
-    known = set(constants)
-    frozen = {}
-    for step in steps:
-        node = step.node
+class FrozenValues:
+    """The values one input signature fixes, found while shape inference walks the graph (an
+    ``infer_types`` settle hook): Shape/Size of a tensor whose shape inference predicted, and
+    anything computed only from such values and constants. Typing them with their values
+    lets inference see through a transformer's Shape -> Gather -> Concat -> Reshape chains,
+    so the tensors after them get static slots (``out=`` buffers, in-place pairs)."""
+
+    def __init__(self, steps, observed: dict, constants):
+        self.reads = {id(step.node): step.reads for step in steps}
+        self.observed = observed
+        self.known = set(constants)
+        self.values: dict = {}
+
+    def __call__(self, node, types: dict) -> dict:
         if node.op_type in NONDETERMINISTIC_OPS or node.subgraphs():
-            continue
+            return {}
         if node.op_type in ("Shape", "Size") and not node.domain:
             source = node.inputs[0]
-            fixed = source in known or (source in observed and hasattr(observed[source], "shape")
-                                        and _predicted(inferred.get(source), observed[source]))
+            value = self.observed.get(source)
+            fixed = source in self.known or (hasattr(value, "shape")
+                                             and _predicted(types.get(source), value))
         else:
-            fixed = all(name in known for name in step.reads)
+            reads = self.reads.get(id(node), [n for n in node.inputs if n])
+            fixed = all(name in self.known for name in reads)
         outputs = [n for n in node.outputs if n]
-        if fixed and outputs and all(n in observed for n in outputs):
-            known.update(outputs)
-            frozen.update((n, observed[n]) for n in outputs)
-    return frozen
+        if not (fixed and outputs and all(n in self.observed for n in outputs)):
+            return {}
+        self.known.update(outputs)
+        found = {n: self.observed[n] for n in outputs}
+        self.values.update(found)
+        return {n: v for n, v in found.items() if isinstance(v, np.ndarray)}
+
+
+def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
+    """Frozen values re-found from finished inference (a plan made without the hook)."""
+    frozen = FrozenValues(steps, observed, constants)
+    for step in steps:
+        frozen(step.node, inferred)
+    return frozen.values
 
 
 def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:

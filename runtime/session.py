@@ -27,7 +27,7 @@ from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.device import Device, parse_device, to_host
-from mixrt.runtime.executor import (ExecutionPlan, acquire, execute, make_plan,
+from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
                                     plannable_on_gpu, release)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
@@ -226,7 +226,8 @@ class Session:
         """Run once the plain way, then plan the arena for this signature from what it saw."""
         env = ChainMap(dict(feeds), self._bound.constants)
         execute(self._bound.nodes, env, self._xp)
-        inferred = infer_types(_with_input_shapes(self.graph, feeds))
+        settle = FrozenValues(self._bound.nodes, env.maps[0], self._bound.constants.keys())
+        inferred = infer_types(_with_input_shapes(self.graph, feeds), settle=settle)
         plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
                          inferred, self._bound.constants.keys(), self.strategy,
                          stored=self.graph.plans,

@@ -177,3 +177,40 @@ def test_memory_plan_needs_feeds_for_symbolic_inputs():
     with pytest.raises(InputError, match="no static shape"):
         session.memory_plan()
     assert mixrt.Session(conv_net(batch=2)).memory_plan().arena_bytes > 0
+
+
+def reshape_by_computed_shape():
+    """A transformer's head split: the Reshape target is Concat(Gather(Shape(x)), [4, -1])
+    computed at run time, with a symbolic batch. Only the per-signature shape arithmetic
+    tells inference the Reshape's output shape."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "tail"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["heads"]),
+        helper.make_node("Mul", ["heads", "two"], ["scaled"]),
+        helper.make_node("Exp", ["scaled"], ["e"]),
+        helper.make_node("Softmax", ["e"], ["y"], axis=-1),
+    ]
+    initializers = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                    numpy_helper.from_array(np.array([0], np.int64), "axes"),
+                    numpy_helper.from_array(np.array([4, -1], np.int64), "tail"),
+                    numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+    graph = helper.make_graph(
+        nodes, "heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_shape_arithmetic_makes_later_slots_static():
+    session = mixrt.Session(reshape_by_computed_shape(), opt_level=0)
+    x = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32) * 0.3
+    first = session.run(None, {"x": x})[0]
+    (plan,) = session._plans.values()
+    assert set(plan.frozen) >= {"shape", "n", "n1", "target"}
+    assert plan.slots["scaled"].static and plan.slots["e"].static  # out= buffers, in place
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], first, rtol=1e-6)
+    expected = np.exp(np.exp(2 * x.reshape(3, 4, 2)))
+    expected /= expected.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(first, expected, rtol=1e-5)

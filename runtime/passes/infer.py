@@ -12,9 +12,14 @@ from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node
 
 
-def infer_types(graph: Graph, outer: dict | None = None) -> dict[str, object]:
+def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[str, object]:
     """Name -> TensorType/SequenceType/OptionalType (or None when unknown), subgraphs'
-    values included."""
+    values included.
+
+    ``settle(node, types)``, when given, runs after each top-level node is inferred and may
+    return ``{output name: array}`` for outputs whose data is known at that point (the
+    executor's shape arithmetic, fixed by one input signature); those outputs are typed with
+    their value, so the Reshape downstream knows its output shape."""
     types: dict[str, object] = dict(outer or {})
     for name, array in graph.initializers.items():
         types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
@@ -27,6 +32,8 @@ def infer_types(graph: Graph, outer: dict | None = None) -> dict[str, object]:
                 types[name] = graph.value_types.get(name) or value_type
         for sub in node.subgraphs():
             types.update(infer_types(sub, types))
+        for name, array in ((settle(node, types) if settle else None) or {}).items():
+            types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
     for value in graph.outputs:
         if value.type is not None:
             types[value.name] = value.type

@@ -1,0 +1,143 @@
+"""Intra-op parallelism for the CPU kernels that NumPy runs on one core.
+
+NumPy's BLAS calls use every core, but its ufuncs, reductions and copies use one. On a small
+machine that leaves half the CPU idle through a model's elementwise tails, its softmaxes, layer
+norms, im2col copies and pooling, which onnxruntime spreads over its intra-op threads. A kernel
+here splits such work into parts (rows of its output) and :func:`parallel_for` runs them on a
+small pool of persistent threads *and* the calling thread. NumPy releases the GIL inside its
+loops, so the parts really run at the same time.
+
+The calling thread always works too and takes whatever parts are left, so a call never waits
+for a pool thread that is busy with another request's job: it waits only for parts that have
+already started elsewhere. Work under :data:`MIN_ELEMENTS` runs inline (waking a thread costs
+more than it saves). ``MIXRT_INTRA_OP_THREADS`` sets the thread count (1 turns this off);
+the default is the number of cores this process may run on.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Callable
+
+# below this many elements of work, the hand-off to another thread costs more than it saves
+MIN_ELEMENTS = 1 << 16
+
+_local = threading.local()
+_state: dict = {}
+_state_lock = threading.Lock()
+
+
+def intra_op_threads() -> int:
+    """Threads a kernel may use, the calling one included."""
+    configured = os.environ.get("MIXRT_INTRA_OP_THREADS", "").strip()
+    if configured:
+        try:
+            return max(1, int(configured))
+        except ValueError:
+            pass  # a malformed setting falls back to the default rather than failing a run
+    return _CORES
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+_CORES = _cores()
+
+
+def parallel_for(parts: list, fn: Callable) -> None:
+    """``fn(*part)`` for every part; parts must write disjoint memory. Exceptions are
+    re-raised in the caller (the first one)."""
+    pool = _pool()
+    if len(parts) < 2 or pool is None or getattr(_local, "in_worker", False):
+        for part in parts:
+            fn(*part)
+        return
+    job = _Job(fn, parts)
+    for _ in range(min(pool.workers, len(parts) - 1)):
+        pool.queue.put(job)
+    job.work()
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
+
+
+def row_parts(rows: int, elements_per_row: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``rows``: one part when the work is small, else about
+    two parts per thread (so a late thread still finds work to take)."""
+    threads = intra_op_threads()
+    if threads < 2 or rows < 2 or rows * max(elements_per_row, 1) < MIN_ELEMENTS:
+        return [(0, rows)]
+    count = min(rows, 2 * threads)
+    step = -(-rows // count)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def parallel_rows(rows: int, elements_per_row: int, fn: Callable[[int, int], None]) -> None:
+    """``fn(start, stop)`` over row ranges covering ``rows``, in parallel when worth it."""
+    parallel_for(row_parts(rows, elements_per_row), fn)
+
+
+class _Job:
+    """One parallel_for call: parts handed out one at a time to whoever asks."""
+
+    def __init__(self, fn, parts):
+        self.fn, self.parts = fn, parts
+        self.next = 0
+        self.pending = len(parts)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def _take(self):
+        with self.lock:
+            if self.next >= len(self.parts):
+                return None
+            self.next += 1
+            return self.parts[self.next - 1]
+
+    def work(self) -> None:
+        while (part := self._take()) is not None:
+            try:
+                self.fn(*part)
+            except BaseException as error:  # noqa: BLE001  (handed to the caller)
+                self.error = self.error or error
+            with self.lock:
+                self.pending -= 1
+                if self.pending == 0:
+                    self.done.set()
+
+
+class _Pool:
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        for index in range(workers):
+            threading.Thread(target=self._serve, name=f"mixrt-intra-op-{index}",
+                             daemon=True).start()
+
+    def _serve(self) -> None:
+        _local.in_worker = True
+        while True:
+            self.queue.get().work()
+
+
+def _pool() -> _Pool | None:
+    """The process's pool (made on first use, and again in a forked child, whose threads did
+    not survive the fork); None when one thread is all this process may use."""
+    workers = intra_op_threads() - 1
+    if workers < 1:
+        return None
+    key = (os.getpid(), workers)
+    pool = _state.get(key)
+    if pool is None:
+        with _state_lock:
+            pool = _state.get(key)
+            if pool is None:
+                _state.clear()
+                pool = _state[key] = _Pool(workers)
+    return pool
