@@ -19,7 +19,8 @@ output, kernels so large the generic kernel reduces over a strided view, an ``ou
 overlaps X in any other way) runs the generic kernel and copies its result, which is safe in
 place too because the generic kernel has read all of X before the copy. The arithmetic is the
 generic kernels', operation for operation and in the same order, so the results are the same
-numbers (a pooled zero may differ in sign).
+numbers (a pooled zero may differ in sign); 2-D MaxPool reduces columns then rows, which for a
+max is the same numbers too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from mixrt.ops.pool import average_pool, max_pool
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 # scratch per block or group of planes: small enough to stay in L2 while it is worked on
 BLOCK_BYTES = 256 << 10
+# the separable max pool's groups: its passes are short, so fewer, bigger groups (each NumPy
+# call costs about a microsecond); 2 MiB ran ResNet's first pool in 0.42 ms against 0.59
+SEPARABLE_BLOCK_BYTES = 2 << 20
 # the generic pools reduce over a strided view past this many taps (another summation order)
 MAX_TAPS = 400
 
@@ -172,8 +176,8 @@ def _reach(in_dims, geometry):
                                              out_dims))
 
 
-def _group(planes, plane_bytes):
-    return max(1, min(planes, BLOCK_BYTES // max(plane_bytes, 1)))
+def _group(planes, plane_bytes, budget=None):
+    return max(1, min(planes, (budget or BLOCK_BYTES) // max(plane_bytes, 1)))
 
 
 def _fill_borders(buffer, begin, in_dims, value):
@@ -198,17 +202,28 @@ def _pool_planes(x, y, geometry, ufunc, fill, finish=None, shrinking=False):
     begin = geometry[3]
     after = _reach(in_dims, geometry)
     taps = _taps(*geometry[:3], out_dims)
-    planes, padded, staged = x.shape[0], None, None
-    group = planes
-    if any(begin) or any(after):
-        shape = tuple(b + i + a for b, i, a in zip(begin, in_dims, after))
-        group = _group(planes, math.prod(shape) * x.itemsize)
-        padded = _scratch(x.dtype, (group,) + shape)[0]
+    separable = _separable(ufunc, geometry)
+    planes = x.shape[0]
+    padding = any(begin) or any(after)
+    shape = tuple(b + i + a for b, i, a in zip(begin, in_dims, after))
+    plane_bytes = math.prod(shape if padding else out_dims) * x.itemsize
+    if separable:  # its row-reduced planes and phase copies, about two more input planes
+        plane_bytes += 2 * math.prod(shape) * x.itemsize
+    budget = SEPARABLE_BLOCK_BYTES if separable else BLOCK_BYTES
+    group = _group(planes, plane_bytes, budget) if padding or shrinking or separable else planes
+    wanted = []
+    if padding:
+        wanted.append((group,) + shape)
+    elif shrinking and not separable:
+        wanted.append((group,) + out_dims)
+    if separable:
+        wanted.extend(_separable_shapes(group, shape, geometry))
+    scratch = _scratch(x.dtype, *wanted) if wanted else []
+    padded = scratch.pop(0) if padding else None
+    staged = scratch.pop(0) if shrinking and not padding and not separable else None
+    if padded is not None:
         _fill_borders(padded, begin, in_dims, fill)
         interior = (slice(None),) + tuple(slice(b, b + i) for b, i in zip(begin, in_dims))
-    elif shrinking:
-        group = _group(planes, math.prod(out_dims) * x.itemsize)
-        staged = _scratch(x.dtype, (group,) + out_dims)[0]
     for p0 in range(0, planes, group):
         p1 = min(p0 + group, planes)
         source = x[p0:p1]
@@ -216,13 +231,65 @@ def _pool_planes(x, y, geometry, ufunc, fill, finish=None, shrinking=False):
             padded[:p1 - p0][interior] = source
             source = padded[:p1 - p0]
         acc = y[p0:p1] if staged is None else staged[:p1 - p0]
-        np.copyto(acc, source[taps[0]])
-        for index in taps[1:]:
-            ufunc(acc, source[index], out=acc)
+        if separable:
+            # every read of this group's input happens before the first write of acc
+            _reduce_separable(source, acc, geometry, ufunc, [a[:p1 - p0] for a in scratch])
+        else:
+            np.copyto(acc, source[taps[0]])
+            for index in taps[1:]:
+                ufunc(acc, source[index], out=acc)
         if finish is not None:
             finish(acc)
         if staged is not None:
             np.copyto(y[p0:p1], acc)
+
+
+# -- separable 2-D max pooling -----------------------------------------------------------------
+# A max over a kh x kw window is a max over kw columns, then over kh rows. Along the rows the
+# taps are strided views whose inner axis is contiguous, which NumPy's SIMD loops take; along
+# a strided last axis they are not, so the input is first split into ``sw`` contiguous phase
+# copies (columns r, r + sw, ...), and each column tap is a shifted slice of one phase.
+# ResNet's 3x3/2 max pool ran in about a fifth of the time of nine strided tap passes. Only max:
+# a sum in another order would change AveragePool's rounding.
+
+def _separable(ufunc, geometry) -> bool:
+    return ufunc is np.maximum and len(geometry[0]) == 2 and math.prod(geometry[0]) > 1
+
+
+def _separable_shapes(group, shape, geometry) -> list[tuple]:
+    """Scratch shapes: the column-reduced rows, then the phase copies (none when sw == 1)."""
+    (kh, _), (sh, sw), (dh, _) = geometry[:3]
+    oh, ow = geometry[5]
+    rows = (oh - 1) * sh + (kh - 1) * dh + 1
+    shapes = [(group, rows, ow)]
+    if sw > 1:
+        shapes.extend((group, rows, -(-(shape[1] - r) // sw)) for r in range(sw))
+    return shapes
+
+
+def _reduce_separable(source, acc, geometry, ufunc, scratch) -> None:
+    (kh, kw), (sh, sw), (dh, dw) = geometry[:3]
+    oh, ow = geometry[5]
+    columns, phases = scratch[0], scratch[1:]
+    rows = columns.shape[1]
+    if sw > 1:
+        for r, phase in enumerate(phases):
+            np.copyto(phase, source[:, :rows, r::sw])
+    else:
+        phases = [source[:, :rows]]
+    for kx in range(kw):
+        offset = kx * dw
+        tap = phases[offset % sw][:, :, offset // sw:offset // sw + ow]
+        if kx == 0:
+            np.copyto(columns, tap)
+        else:
+            ufunc(columns, tap, out=columns)
+    for ky in range(kh):
+        tap = columns[:, ky * dh:ky * dh + (oh - 1) * sh + 1:sh]
+        if ky == 0:
+            np.copyto(acc, tap)
+        else:
+            ufunc(acc, tap, out=acc)
 
 
 def _pool_fast(X, out, geometry, ufunc, fill, finish=None):

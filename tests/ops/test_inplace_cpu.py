@@ -23,6 +23,7 @@ RNG = np.random.default_rng(11)
 @pytest.fixture(params=[1 << 30, 3 * 1024, 1], ids=["one-block", "small-blocks", "one-plane"])
 def block_bytes(request, monkeypatch):
     monkeypatch.setattr(inplace_cpu, "BLOCK_BYTES", request.param)
+    monkeypatch.setattr(inplace_cpu, "SEPARABLE_BLOCK_BYTES", request.param)
     return request.param
 
 
