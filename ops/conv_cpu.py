@@ -38,6 +38,19 @@ def workspace(nbytes: int) -> np.ndarray:
     return buffer
 
 
+def scratch_arrays(dtype, *shapes) -> list[np.ndarray]:
+    """Arrays of the given shapes carved from this thread's workspace, one after another.
+    Conv and the pools use it; they never run inside one another, so they share it."""
+    dtype = np.dtype(dtype)
+    sizes = [math.prod(s) * dtype.itemsize for s in shapes]
+    buffer = workspace(sum(sizes))
+    arrays, start = [], 0
+    for shape, nbytes in zip(shapes, sizes):
+        arrays.append(buffer[start:start + nbytes].view(dtype).reshape(shape))
+        start += nbytes
+    return arrays
+
+
 @conv.fast("cpu")
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None):

@@ -17,6 +17,7 @@ from mixrt.ops.elementwise import add, div, mul, sub, sum_
 from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
                           mat_mul, softmax)
 from mixrt.ops.shape import concat, transpose
+from mixrt.ops.fused_elementwise import same_view
 from mixrt.ops.parallel import parallel_rows
 from mixrt.ops.simd_cpu import relu_
 
@@ -156,7 +157,7 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
     the time (ops/parallel.py). Computing in place over ``input`` is safe: each row's max is
     taken before the row is overwritten."""
     if out is None or not _native(input, out) or input.size == 0 or (
-            np.may_share_memory(out, input) and not _same_view(out, input)) or (
+            np.may_share_memory(out, input) and not same_view(out, input)) or (
             axis % input.ndim != input.ndim - 1):
         return _into(out, softmax(xp, input, axis=axis))
     rows = input.reshape(-1, input.shape[-1])
@@ -170,10 +171,6 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
     parallel_rows(rows.shape[0], rows.shape[1], part)
     return out
 
-
-def _same_view(a, b) -> bool:
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides)
 
 
 @concat.fast("cpu")

@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from mixrt.ops.conv import spatial_attrs, window_geometry
-from mixrt.ops.conv_cpu import workspace
+from mixrt.ops.conv_cpu import scratch_arrays as _scratch
 from mixrt.ops.nn import lrn
 from mixrt.ops.pool import average_pool, max_pool
 
@@ -74,18 +74,6 @@ def _into(out, result):
         return result  # the executor copies each output of a tuple into its own slot
     np.copyto(out, result)
     return out
-
-
-def _scratch(dtype, *shapes):
-    """Arrays of the given shapes carved from the per-thread workspace (shared with Conv,
-    which never runs while one of these kernels does)."""
-    sizes = [math.prod(s) * dtype.itemsize for s in shapes]
-    buffer = workspace(sum(sizes))
-    arrays, start = [], 0
-    for shape, nbytes in zip(shapes, sizes):
-        arrays.append(buffer[start:start + nbytes].view(dtype).reshape(shape))
-        start += nbytes
-    return arrays
 
 
 # -- LRN ---------------------------------------------------------------------------------------

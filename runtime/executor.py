@@ -110,18 +110,17 @@ def release(plan: ExecutionPlan, arena: Arena) -> None:
 # -- making a plan ---------------------------------------------------------------------------
 
 def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
-              inferred: dict, constants, strategy: str, stored=(),
+              inferred: dict, frozen: dict, strategy: str, stored=(),
               plannable=None) -> ExecutionPlan:
     """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
     reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
     discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
     compiled model carries, used as they are when one was made for these very tensors.
 
-    Nodes whose outputs the signature alone fixes (Shape of a tensor whose shape inference
-    predicted, and anything computed only from such values and constants) are *frozen*: their
-    discovery results are kept and planned runs skip them."""
+    ``frozen`` (name -> value, from :class:`FrozenValues` run as inference's settle hook) are
+    the values the signature alone fixes: their discovery results are kept and planned runs
+    skip the nodes that make them."""
     plannable = plannable or _plannable_on_cpu
-    frozen = _frozen_values(steps, observed, inferred, constants)
     steps = [step for step in steps if not all(n in frozen for n in step.node.outputs if n)]
     outputs = set(graph_outputs)
     slots: dict[str, Slot] = {}
@@ -209,14 +208,6 @@ class FrozenValues:
         found = {n: self.observed[n] for n in outputs}
         self.values.update(found)
         return {n: v for n, v in found.items() if isinstance(v, np.ndarray)}
-
-
-def _frozen_values(steps, observed: dict, inferred: dict, constants) -> dict:
-    """Frozen values re-found from finished inference (a plan made without the hook)."""
-    frozen = FrozenValues(steps, observed, constants)
-    for step in steps:
-        frozen(step.node, inferred)
-    return frozen.values
 
 
 def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:

@@ -229,7 +229,7 @@ class Session:
         settle = FrozenValues(self._bound.nodes, env.maps[0], self._bound.constants.keys())
         inferred = infer_types(_with_input_shapes(self.graph, feeds), settle=settle)
         plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
-                         inferred, self._bound.constants.keys(), self.strategy,
+                         inferred, settle.values, self.strategy,
                          stored=self.graph.plans,
                          plannable=plannable_on_gpu if self.device.kind == "gpu" else None)
         with self._plans_lock:
