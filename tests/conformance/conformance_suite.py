@@ -3,7 +3,7 @@
 ``expected_failures.txt`` lists, one per line, a case name (without the device suffix) and
 after ``#`` the reason it fails. Listed cases run as expected failures: a regression in any
 other case fails the suite, and a listed case that starts passing fails it too, until it is
-removed from the list.
+removed from the list. Cases whose reason starts with "random draw" are left out instead.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import onnx.backend.test
 import mixrt.backend
 
 EXPECTED_FAILURES_FILE = Path(__file__).with_name("expected_failures.txt")
+# a reason starting with this marks a case whose expected values are one random draw: it is
+# left out (it can neither pass reliably nor fail reliably) rather than expected to fail
+RANDOM_DRAW = "random draw"
 
 # BackendTest's category -> the kind names onnx uses for its data folders.
 KIND_OF_CATEGORY = {
@@ -58,8 +61,14 @@ def backend_test(parent_module: str | None = None, *, xfail: bool = True,
         warnings.simplefilter("ignore")  # the case generators warn about their own casts
         runner = onnx.backend.test.BackendTest(backend, parent_module)
     if xfail:
-        for name in expected_failures():
-            runner.xfail(f"^{re.escape(name)}_(cpu|cuda)$")
+        for name, reason in expected_failures().items():
+            pattern = f"^{re.escape(name)}_(cpu|cuda)$"
+            if reason.startswith(RANDOM_DRAW):
+                # our draw matches onnx's by chance now and then (1 in 1024 for a 10-element
+                # Bernoulli(0.5)): a strict expected failure would fail CI at random
+                runner.exclude(pattern)
+            else:
+                runner.xfail(pattern)
     return runner
 
 
