@@ -59,6 +59,22 @@ class DeviceUnavailableError(MixrtError):
     """A device was requested that this machine does not have (or CuPy is not installed)."""
 
 
+class GradientError(MixrtError):
+    """A gradient cannot be built: an op without a gradient definition, a loss or parameter
+    that is not in the graph, or a non-float tensor asked to carry a gradient."""
+
+    def __init__(self, message: str, *, node: str | None = None, op_type: str = ""):
+        super().__init__(message)
+        self.node = node
+        self.op_type = op_type
+
+
+class OptimizerError(MixrtError):
+    """An optimizer or learning-rate scheduler was asked for by a name, a hyper-parameter or
+    a value it does not have, or given a checkpoint that does not fit it; the message names
+    the bad value and lists the valid choices."""
+
+
 class KVStoreError(MixrtError):
     """Base class of the KVStore's errors."""
 
@@ -74,5 +90,6 @@ class KVTimeoutError(KVStoreError):
 __all__ = [
     "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
-    "KVStoreError", "PeerLostError", "KVTimeoutError",
+    "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
+    "OptimizerError",
 ]

@@ -1,0 +1,35 @@
+"""Backward-only kernels that many gradients share (the ``mixrt`` domain).
+
+They exist because the ONNX operator set has no single op for them and spelling them out of
+Shape/ReduceSum/Reshape nodes would cost several kernels and host round trips per gradient.
+"""
+
+from __future__ import annotations
+
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType
+
+MIXRT = "mixrt"
+
+
+def sum_to_shape(xp, grad, shape: tuple):
+    """``grad`` summed over the axes along which an input of ``shape`` was broadcast."""
+    shape = tuple(shape)
+    if tuple(grad.shape) == shape:
+        return grad
+    extra = grad.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(
+        extra + i for i, size in enumerate(shape) if size == 1 and grad.shape[extra + i] != 1)
+    summed = grad.sum(axis=axes, keepdims=True) if axes else grad
+    return summed.reshape(shape)
+
+
+@op("SumToShapeOf", since=1, domain=MIXRT)
+def sum_to_shape_of(xp, grad, like):
+    """The gradient of every broadcasting op: ``grad`` reduced to ``like``'s shape."""
+    return xp.ascontiguousarray(sum_to_shape(xp, grad, like.shape))
+
+
+@sum_to_shape_of.infer
+def _(grad: TensorType, like: TensorType, **_):
+    return [TensorType(grad.dtype, like.shape)]

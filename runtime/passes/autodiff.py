@@ -1,0 +1,277 @@
+"""Symbolic reverse-mode differentiation: the backward graph of a Graph (the MXNet paper's
+figure 4).
+
+``gradient_graph(graph, loss, wrt)`` returns a new graph that computes the original outputs,
+the loss and d loss / d w for every name in ``wrt``. The backward half is made of ordinary
+nodes, so the optimizer passes and the memory planner treat forward and backward as one graph
+and the executor runs both in one planned arena.
+
+Each op's gradient sits beside its forward in ``ops/`` (``@fn.grad``)::
+
+    @relu.grad
+    def _(b, node, dy):          # b: GradBuilder, dy: one gradient name (or None) per output
+        return [b.emit("ReluGrad", dy[0], node.outputs[0], domain=MIXRT)]
+
+and returns one gradient name per input (None where the input is not differentiable or no
+gradient is needed). Gradients reaching one tensor from several consumers are summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixrt.errors import GradientError
+from mixrt.ops.registry import REGISTRY
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
+
+MIXRT = "mixrt"
+# backward nodes in the default domain are emitted at this opset whatever the model's own:
+# one calling convention for every gradient (ReduceSum takes axes as an input from 13 on,
+# the other reductions take them as an attribute until 18)
+BACKWARD_OPSET = 17
+DIFFERENTIABLE_KINDS = "fc"  # float and complex dtypes carry gradients; ints and bools do not
+
+
+@dataclass
+class GradientGraph:
+    """The result of :func:`gradient_graph`: the joint graph, the loss it computes and the
+    output name of each gradient (``grads[w]`` is d loss / d w, shaped like ``w``)."""
+
+    graph: Graph
+    loss: str
+    grads: dict[str, str]
+
+
+def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
+                   keep_outputs: bool = True) -> GradientGraph:
+    """The forward graph plus the backward nodes for d ``loss`` / d ``wrt``.
+
+    ``loss`` names a float tensor of the graph (any shape: its gradient seed is all ones, so a
+    non-scalar loss is differentiated as its sum). Every name in ``wrt`` must be a graph input
+    or initializer of a float type; initializers in ``wrt`` become graph inputs so a training
+    loop can feed updated weights without recompiling."""
+    joint = copy_graph(graph)
+    joint.toposort()
+    _promote_to_inputs(joint, wrt)
+    types = infer_types(joint)
+    _check_request(joint, types, loss, wrt)
+    builder = GradBuilder(joint, types)
+    needed = _nodes_between(joint, set(wrt), loss)
+    partials: dict[str, list[str]] = {loss: [builder.ones_like(loss)]}
+    for node in reversed(needed):
+        dys = [builder.accumulate(partials.pop(name, None)) if name else None
+               for name in node.outputs]
+        if all(dy is None for dy in dys):
+            continue
+        for name, dx in zip(node.inputs, _input_grads(builder, node, dys)):
+            if name and dx is not None and builder.differentiable(name):
+                partials.setdefault(name, []).append(dx)
+    grads = {w: _gradient_output(builder, w, partials.get(w)) for w in wrt}
+    keep = joint.outputs if keep_outputs else []
+    joint.outputs = list(keep)
+    if loss not in joint.output_names:
+        joint.outputs.append(Value(loss, types.get(loss)))
+    joint.outputs.extend(Value(grads[w], types.get(w)) for w in wrt)
+    joint.nodes.extend(builder.nodes)
+    joint.initializers.update(builder.constants)
+    joint.opsets.setdefault(MIXRT, 1)
+    joint.toposort()
+    return GradientGraph(joint, loss, grads)
+
+
+class GradBuilder:
+    """What a gradient function writes backward nodes with: fresh names, typed constants and
+    the shape helpers every broadcasting op needs."""
+
+    def __init__(self, graph: Graph, types: dict):
+        self.types = types
+        self.nodes: list[Node] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self._names = NameMaker(graph)
+
+    # -- what is known about a value -----------------------------------------------------
+
+    def type(self, name: str) -> TensorType | None:
+        value_type = self.types.get(name)
+        return value_type if isinstance(value_type, TensorType) else None
+
+    def dtype(self, name: str) -> np.dtype | None:
+        value_type = self.type(name)
+        return None if value_type is None else value_type.dtype
+
+    def shape(self, name: str) -> tuple | None:
+        """The static shape, or None when any dimension is unknown or symbolic."""
+        value_type = self.type(name)
+        if value_type is None or value_type.shape is None:
+            return None
+        if not all(isinstance(d, int) for d in value_type.shape):
+            return None
+        return tuple(value_type.shape)
+
+    def rank(self, name: str) -> int | None:
+        value_type = self.type(name)
+        return None if value_type is None else value_type.rank
+
+    def differentiable(self, name: str) -> bool:
+        dtype = self.dtype(name)
+        return dtype is None or np.dtype(dtype).kind in DIFFERENTIABLE_KINDS
+
+    # -- emitting nodes ------------------------------------------------------------------
+
+    def fresh(self, base: str) -> str:
+        """A value name no other value of the graph has."""
+        return self._names(base)
+
+    def emit(self, op_type: str, *inputs, domain: str = "", outputs: int = 1,
+             **attributes):
+        """Append a backward node; returns its output name (a tuple when ``outputs`` > 1).
+        ``None`` inputs become ONNX's missing-optional marker."""
+        names = [self._names(f"{op_type.lower()}_grad") for _ in range(outputs)]
+        opset = 1 if domain == MIXRT else BACKWARD_OPSET
+        node = Node(op_type, ["" if i is None else i for i in inputs], names,
+                    name=names[0], domain=domain, opset=opset, attributes=attributes)
+        self.nodes.append(node)
+        for name, value_type in zip(names, _infer(node, self.types)):
+            self.types[name] = value_type
+        return names[0] if outputs == 1 else tuple(names)
+
+    def forward_output(self, node: Node, index: int, base: str) -> str:
+        """Output ``index`` of forward ``node``, added to the node when the model did not ask
+        for it (Dropout's mask, SoftmaxCrossEntropyLoss's log-probabilities)."""
+        while len(node.outputs) <= index:
+            node.outputs.append("")
+        if not node.outputs[index]:
+            node.outputs[index] = self._names(base)
+            for name, value_type in zip(node.outputs, _infer(node, self.types)):
+                if name and name not in self.types:
+                    self.types[name] = value_type
+        return node.outputs[index]
+
+    def constant(self, value, like: str) -> str:
+        """A constant initializer with ``like``'s dtype (float64 when unknown)."""
+        dtype = self.dtype(like) or np.dtype(np.float64)
+        array = np.asarray(value, dtype=dtype)
+        name = self._names("grad_const")
+        self.constants[name] = array
+        self.types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
+        return name
+
+    def ints(self, values) -> str:
+        """An int64 constant (axes, shapes, permutations)."""
+        array = np.asarray(values, dtype=np.int64)
+        name = self._names("grad_ints")
+        self.constants[name] = array
+        self.types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
+        return name
+
+    # -- shared gradient pieces ----------------------------------------------------------
+
+    def ones_like(self, name: str) -> str:
+        shape = self.shape(name)
+        if shape is not None:
+            return self.constant(np.ones(shape), like=name)
+        return self.emit("Expand", self.constant(1.0, like=name), self.emit("Shape", name))
+
+    def sum_to(self, grad: str, like: str) -> str:
+        """``grad`` summed over the axes along which ``like`` was broadcast, reshaped to
+        ``like``'s shape: the gradient of every broadcasting op."""
+        grad_shape, like_shape = self.shape(grad), self.shape(like)
+        if grad_shape is not None and grad_shape == like_shape:
+            return grad
+        return self.emit("SumToShapeOf", grad, like, domain=MIXRT)
+
+    def accumulate(self, parts: list[str] | None) -> str | None:
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else self.emit("Sum", *parts)
+
+    def mul(self, a: str, b: str) -> str:
+        return self.emit("Mul", a, b)
+
+    def neg(self, a: str) -> str:
+        return self.emit("Neg", a)
+
+
+def _infer(node: Node, types: dict) -> list:
+    from mixrt.runtime.passes.infer import infer_node  # noqa: PLC0415 (one walk per node)
+    return infer_node(node, types)
+
+
+def _promote_to_inputs(graph: Graph, wrt: list[str]) -> None:
+    """Initializers we differentiate with respect to become graph inputs (and stop being
+    constants a pass could fold away)."""
+    listed = set(graph.input_names)
+    for name in wrt:
+        if name in graph.initializers:
+            array = graph.initializers.pop(name)
+            if name not in listed:
+                graph.inputs.append(Value(name, TensorType(array.dtype, tuple(array.shape))))
+            else:
+                for value in graph.inputs:
+                    if value.name == name and value.type is None:
+                        value.type = TensorType(array.dtype, tuple(array.shape))
+
+
+def _check_request(graph: Graph, types: dict, loss: str, wrt: list[str]) -> None:
+    produced = {out for node in graph.nodes for out in node.outputs if out}
+    known = produced | set(graph.input_names) | set(graph.initializers)
+    if loss not in known:
+        raise GradientError(f"loss {loss!r} is not a value of graph {graph.name!r}; values "
+                            f"it could be: {sorted(graph.output_names)}")
+    for name in [loss, *wrt]:
+        value_type = types.get(name)
+        if name != loss and name not in graph.input_names:
+            raise GradientError(f"cannot differentiate with respect to {name!r}: it is not "
+                                f"an input or initializer of graph {graph.name!r}")
+        if isinstance(value_type, TensorType) and value_type.dtype is not None \
+                and np.dtype(value_type.dtype).kind not in DIFFERENTIABLE_KINDS:
+            raise GradientError(f"{name!r} has dtype {np.dtype(value_type.dtype).name}; "
+                                f"gradients need a float tensor")
+
+
+def _nodes_between(graph: Graph, sources: set[str], loss: str) -> list[Node]:
+    """Nodes (in order) that depend on a source and that the loss depends on: only they
+    need backward nodes."""
+    tainted = set(sources)
+    forward = []
+    for node in graph.nodes:
+        if any(name in tainted for name in node.inputs if name):
+            tainted.update(out for out in node.outputs if out)
+            forward.append(node)
+    wanted, needed = {loss}, []
+    for node in reversed(forward):
+        if any(out in wanted for out in node.outputs if out):
+            wanted.update(name for name in node.inputs if name)
+            needed.append(node)
+    return list(reversed(needed))
+
+
+def _input_grads(builder: GradBuilder, node: Node, dys: list) -> list:
+    kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
+    if kernel is None or kernel.grad_fn is None:
+        raise GradientError(f"node {node.label!r}: {node.domain or 'ai.onnx'}::"
+                            f"{node.op_type} has no gradient definition; the ops that have "
+                            f"one are listed by mixrt.runtime.passes.autodiff."
+                            f"differentiable_ops()", node=node.label, op_type=node.op_type)
+    grads = list(kernel.grad_fn(builder, node, dys))
+    return grads + [None] * (len(node.inputs) - len(grads))
+
+
+def _gradient_output(builder: GradBuilder, name: str, parts: list[str] | None) -> str:
+    """An output name for d loss / d ``name``: zeros when the loss does not depend on it."""
+    grad = builder.accumulate(parts)
+    if grad is None:
+        grad = builder.emit("Mul", name, builder.constant(0.0, like=name))
+    return builder.emit("Identity", grad)
+
+
+def differentiable_ops() -> list[str]:
+    """``domain::op`` of every registered op with a gradient definition, sorted."""
+    found = {f"{k.domain or 'ai.onnx'}::{k.op_type}" for k in REGISTRY.all_kernels()
+             if k.grad_fn is not None}
+    return sorted(found)

@@ -1,0 +1,91 @@
+"""Gradients of arithmetic, activations, products, softmax and losses against float64 finite
+differences (gradcheck.check_gradient)."""
+
+import numpy as np
+import pytest
+
+from grad.gradcheck import check_gradient
+
+rng = np.random.default_rng(7)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape)
+
+
+def positive(*shape):
+    return rng.uniform(0.5, 2.0, shape)
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
+def test_binary_with_broadcast(op_type):
+    check_gradient(op_type, [randn(2, 3, 4), positive(3, 1)])
+    check_gradient(op_type, [positive(4), positive(2, 3, 4)])
+
+
+@pytest.mark.parametrize("op_type, make", [
+    ("Neg", randn), ("Exp", randn), ("Log", positive), ("Sqrt", positive),
+    ("Reciprocal", positive), ("Abs", randn), ("Relu", randn), ("Sigmoid", randn),
+    ("Tanh", randn)])
+def test_unary(op_type, make):
+    check_gradient(op_type, [make(3, 5)])
+
+
+def test_pow_both_operands():
+    check_gradient("Pow", [positive(3, 4), randn(4)])
+
+
+def test_sum_and_mean_variadic():
+    check_gradient("Sum", [randn(2, 3), randn(3), randn(1, 3)])
+    check_gradient("Mean", [randn(2, 3), randn(2, 3)])
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (5, 4, 2)), ((4,), (4, 3)),
+    ((3, 4), (4,)), ((4,), (4,))])
+def test_matmul(a_shape, b_shape):
+    check_gradient("MatMul", [randn(*a_shape), randn(*b_shape)])
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm(trans_a, trans_b):
+    a = randn(4, 3) if trans_a else randn(3, 4)
+    b = randn(5, 4) if trans_b else randn(4, 5)
+    check_gradient("Gemm", [a, b, randn(5)],
+                   {"alpha": 0.7, "beta": 1.3, "transA": trans_a, "transB": trans_b})
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax_family(op_type, axis):
+    check_gradient(op_type, [randn(3, 4, 2)], {"axis": axis})
+
+
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax"])
+def test_softmax_family_opset11_coerces_to_2d(op_type):
+    check_gradient(op_type, [randn(3, 4, 2)], {"axis": 1}, opset=11)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_softmax_cross_entropy(reduction):
+    labels = np.array([0, 2, 1, 2])
+    check_gradient("SoftmaxCrossEntropyLoss", [randn(4, 3), labels],
+                   {"reduction": reduction}, constants=(1,))
+
+
+def test_softmax_cross_entropy_weights_ignore_index_and_log_prob_output():
+    labels = np.array([[0, 2], [1, -1], [2, 2]])
+    check_gradient("SoftmaxCrossEntropyLoss", [randn(3, 3, 2), labels, positive(3)],
+                   {"ignore_index": -1}, constants=(1,), wrt=[0], outputs=2)
+
+
+def test_nll_loss():
+    labels = np.array([1, 0, 2])
+    check_gradient("NegativeLogLikelihoodLoss", [randn(3, 3), labels, positive(3)],
+                   {"reduction": "mean"}, constants=(1,), wrt=[0])
+
+
+def test_dropout_inference_is_identity():
+    check_gradient("Dropout", [randn(3, 4)], opset=7)
+    check_gradient("Dropout", [randn(3, 4)])
