@@ -53,15 +53,15 @@ def reduce_grad(xp, dY, X, Y, axes=None, *, reduction="ReduceSum", axes_attribut
     """d loss / d X of ``reduction`` given d loss / d Y; axes come from the forward's
     attribute (``axes_attribute``) or its axes input (``axes``)."""
     listed = axes_attribute if axes is None else [int(a) for a in axes.reshape(-1).tolist()]
-    if not listed and noop_with_empty_axes:
-        listed, keepdims = [], 1
-        local = _local_derivative(xp, reduction, X, Y, ())
-        return dY if local is None else dY * local
+    if not listed and noop_with_empty_axes:  # the forward returned X itself
+        return dY
     axes = tuple(range(X.ndim)) if not listed else tuple(sorted(
         {normalize_axis(int(a), X.ndim) for a in listed}))
     dY, Y = _expanded(xp, dY, Y, X, axes, keepdims)
     local = _local_derivative(xp, reduction, X, Y, axes)
-    grad = xp.broadcast_to(dY, X.shape) if local is None else dY * local
+    grad = xp.broadcast_to(dY, X.shape)
+    if local is not None:
+        grad = grad * local
     return xp.ascontiguousarray(grad, dtype=X.dtype)
 
 

@@ -27,7 +27,7 @@ from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
+from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes
 
 MIXRT = "mixrt"
 # backward nodes in the default domain are emitted at this opset whatever the model's own:
@@ -81,6 +81,9 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     joint.initializers.update(builder.constants)
     joint.opsets.setdefault(MIXRT, 1)
     joint.toposort()
+    # gradient functions emit a gradient for every input; those of constants and labels
+    # reach no output and are dropped here, before anything runs them
+    eliminate_dead_nodes(joint)
     return GradientGraph(joint, loss, grads)
 
 

@@ -1,0 +1,164 @@
+"""Data iterators: ``NDArrayIter`` over in-memory arrays (shuffling, padding, per-worker
+sharding) and ``PrefetchingIter`` that prepares the next batches on a background thread.
+
+Sharding gives every worker the same number of batches: the dataset is cut into
+``num_parts`` equal shares after one shuffle that every worker computes identically from the
+shared seed, and the remainder (fewer than ``num_parts`` samples) is left out of that epoch.
+Unequal batch counts would make a synchronous data-parallel job wait forever for the worker
+with more batches.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixrt import random as mixrt_random
+from mixrt.errors import InputError
+
+LAST_BATCH = ("pad", "discard")
+
+
+@dataclass
+class DataBatch:
+    """One batch: ``data`` and ``label`` arrays; ``pad`` samples at the end are repeats that
+    metrics must not count."""
+
+    data: np.ndarray
+    label: np.ndarray | None
+    pad: int = 0
+
+
+class NDArrayIter:
+    """Batches of ``data`` (and ``label``) along axis 0.
+
+    ``shuffle`` reorders every epoch from a generator seeded by ``seed`` (default: drawn from
+    :func:`mixrt.random.generator`, so ``mixrt.random.seed`` fixes it); ``last_batch``
+    ``"pad"`` fills the last batch with samples from the start, ``"discard"`` drops it;
+    ``num_parts``/``part_index`` select this worker's share."""
+
+    def __init__(self, data, label=None, batch_size: int = 32, *, shuffle: bool = False,
+                 last_batch: str = "pad", num_parts: int = 1, part_index: int = 0,
+                 seed: int | None = None):
+        self.data = np.asarray(data)
+        self.label = None if label is None else np.asarray(label)
+        _check_arguments(self.data, self.label, batch_size, last_batch, num_parts, part_index)
+        self.batch_size, self.shuffle, self.last_batch = int(batch_size), shuffle, last_batch
+        self.num_parts, self.part_index = int(num_parts), int(part_index)
+        if seed is None:
+            seed = int(mixrt_random.generator().integers(0, 2 ** 63))
+        self._rng = np.random.default_rng(seed)
+        self._order = np.arange(len(self.data))
+        self._position = 0
+        self.reset()
+
+    # -- epochs --------------------------------------------------------------------------
+
+    @property
+    def share(self) -> int:
+        """Samples this worker sees per epoch (the same on every worker)."""
+        return len(self.data) // self.num_parts
+
+    @property
+    def num_batches(self) -> int:
+        full, rest = divmod(self.share, self.batch_size)
+        return full + (1 if rest and self.last_batch == "pad" else 0)
+
+    def reset(self) -> None:
+        """Start a new epoch (reshuffled when ``shuffle``)."""
+        order = self._rng.permutation(len(self.data)) if self.shuffle else \
+            np.arange(len(self.data))
+        start = self.part_index * self.share
+        self._order = order[start:start + self.share]
+        self._position = 0
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __next__(self) -> DataBatch:
+        if self._position >= self.num_batches:
+            raise StopIteration
+        start = self._position * self.batch_size
+        picked = self._order[start:start + self.batch_size]
+        pad = self.batch_size - len(picked)
+        if pad:
+            picked = np.concatenate([picked, self._order[:pad]])
+        self._position += 1
+        label = None if self.label is None else self.label[picked]
+        return DataBatch(self.data[picked], label, pad)
+
+    # -- resuming ------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """JSON-able state: the shuffle generator and the position in the epoch."""
+        return {"rng": self._rng.bit_generator.state, "order": self._order.tolist(),
+                "position": self._position}
+
+    def set_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state["rng"]
+        self._order = np.asarray(state["order"], dtype=np.int64)
+        self._position = int(state["position"])
+
+
+def _check_arguments(data, label, batch_size, last_batch, num_parts, part_index) -> None:
+    if label is not None and len(label) != len(data):
+        raise InputError(f"data has {len(data)} samples but label has {len(label)}; they "
+                         f"must match along axis 0")
+    if int(batch_size) < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    if last_batch not in LAST_BATCH:
+        raise InputError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
+    if not 0 <= int(part_index) < int(num_parts):
+        raise InputError(f"part_index must be in [0, num_parts={num_parts}), got {part_index}")
+    if len(data) // int(num_parts) == 0:
+        raise InputError(f"{len(data)} samples cannot be split over {num_parts} workers")
+
+
+class PrefetchingIter:
+    """Iterates ``source`` on a background thread, ``depth`` batches ahead, so slicing and
+    copying the next batch overlaps the training step. Exceptions surface at ``next``."""
+
+    _DONE = object()
+
+    def __init__(self, source, depth: int = 2):
+        self.source, self.depth = source, depth
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __iter__(self):
+        self._queue = queue.Queue(maxsize=self.depth)
+        self._thread = threading.Thread(target=self._fill, args=(self._queue,), daemon=True,
+                                        name="mixrt-prefetch")
+        self._thread.start()
+        return self
+
+    def _fill(self, out: queue.Queue) -> None:
+        try:
+            for batch in self.source:
+                out.put(batch)
+        except BaseException as exc:  # handed to the consumer, raised at its next()
+            out.put(exc)
+            return
+        out.put(self._DONE)
+
+    def __next__(self):
+        if self._queue is None:
+            iter(self)
+        item = self._queue.get()
+        if item is self._DONE:
+            self._thread.join()
+            self._queue = None
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._queue = None
+            raise item
+        return item

@@ -1,0 +1,279 @@
+"""Module: fine-tune a graph (imported from ONNX or built in mixrt) with MXNet's ``fit`` shape.
+
+    model = Module.from_onnx("digits.onnx")
+    model.freeze(except_=["fc2.weight", "fc2.bias"])      # or model.replace_head(...)
+    history = model.fit(train_iter, eval_data=test_iter, optimizer="sgd",
+                        optimizer_params={"learning_rate": 0.1, "momentum": 0.9}, epochs=5,
+                        checkpoint="run/ckpt")
+    model.export_onnx("tuned.onnx")
+
+The model's float initializers are its parameters (``model.params``, a ParameterDict). A
+training step is one :class:`~mixrt.runtime.training.TrainingProgram` run (forward and
+backward in one planned arena), then ``Trainer.step`` applies the optimizer. Checkpoints are
+``.npz`` files (parameters, optimizer state and a JSON record of the epoch and the data
+iterator's shuffle state), loaded with ``allow_pickle=False``; resuming from one continues the
+run exactly as if it had not stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from mixrt import metric as metrics
+from mixrt import random as mixrt_random
+from mixrt.errors import InputError, ModelLoadError
+from mixrt.gluon import Parameter, ParameterDict, Trainer
+from mixrt.io import NDArrayIter, PrefetchingIter
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
+from mixrt.runtime.session import Session, load_graph
+from mixrt.runtime.training import LOSSES, Loss, TrainingProgram
+
+CHECKPOINT_FORMAT = "mixrt.checkpoint/1"
+
+
+class Module:
+    def __init__(self, graph: Graph, *, output: str | None = None):
+        self.graph = copy_graph(graph)
+        self.output = output or self.graph.output_names[0]
+        self.params = ParameterDict(
+            (name, Parameter(name, array)) for name, array in self.graph.initializers.items()
+            if np.asarray(array).dtype.kind == "f")
+        self.data_names = [v.name for v in self.graph.feed_inputs()]
+        self._programs: dict[tuple, TrainingProgram] = {}
+        self._predictor: tuple[int, Session] | None = None
+        self._version = 0
+
+    @classmethod
+    def from_onnx(cls, source, *, output: str | None = None) -> "Module":
+        return cls(load_graph(source), output=output)
+
+    # -- choosing what trains --------------------------------------------------------------
+
+    def freeze(self, names=None, *, except_=None) -> None:
+        """Stop ``names`` (default: every parameter) from training, except ``except_``."""
+        chosen = set(self.params if names is None else names)
+        unknown = (chosen | set(except_ or ())) - set(self.params)
+        if unknown:
+            raise InputError(f"no parameters named {sorted(unknown)}; the model's parameters "
+                             f"are {list(self.params)}")
+        for name in chosen - set(except_ or ()):
+            self.params[name].grad_req = "null"
+
+    def unfreeze(self, names=None) -> None:
+        for name in (self.params if names is None else names):
+            self.params[name].grad_req = "write"
+
+    def replace_head(self, features: str, num_outputs: int, *, name: str = "head") -> None:
+        """Drop everything after ``features`` and add a fresh dense layer on it (Xavier
+        initialized from :func:`mixrt.random.generator`) as the model's only output."""
+        graph = self.graph
+        feature_type = _static_type(graph, features)
+        width = int(np.prod(feature_type.shape[1:]))
+        flat = f"{name}.flatten"
+        weight, bias, output = f"{name}.weight", f"{name}.bias", f"{name}.output"
+        limit = np.sqrt(6.0 / (width + num_outputs))
+        dtype = feature_type.dtype
+        graph.initializers[weight] = mixrt_random.generator().uniform(
+            -limit, limit, (num_outputs, width)).astype(dtype)
+        graph.initializers[bias] = np.zeros(num_outputs, dtype=dtype)
+        opset = graph.opsets.get("", 17)
+        graph.nodes.append(Node("Flatten", [features], [flat], name=flat, opset=opset))
+        graph.nodes.append(Node("Gemm", [flat, weight, bias], [output], name=f"{name}.gemm",
+                                opset=opset, attributes={"transB": 1}))
+        graph.outputs = [Value(output, TensorType(dtype, (feature_type.shape[0], num_outputs)))]
+        eliminate_dead_nodes(graph)
+        graph.initializers = {k: v for k, v in graph.initializers.items()
+                              if k in {i for n in graph.nodes for i in n.inputs}}
+        self.output = output
+        kept = {k: p for k, p in self.params.items() if k in graph.initializers}
+        self.params = ParameterDict(kept)
+        for key in (weight, bias):
+            self.params[key] = Parameter(key, graph.initializers[key])
+        self._changed(structure=True)
+
+    # -- training --------------------------------------------------------------------------
+
+    def fit(self, train_data: NDArrayIter, *, eval_data: NDArrayIter | None = None,
+            loss="softmax_cross_entropy", optimizer="sgd", optimizer_params=None,
+            epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
+            trainer: Trainer | None = None, on_epoch=None) -> list[dict]:
+        """Train for ``epochs`` (counting epochs already done when resuming); returns one
+        record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds})."""
+        trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params)
+        loss_spec = self._loss(loss)
+        history, first = [], 0
+        if resume is not None:
+            first, history = self.load_checkpoint(resume, trainer, train_data)
+        for epoch in range(first, epochs):
+            record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
+                                       progress)
+            if eval_data is not None:
+                name, value = self.score(eval_data, metric)
+                record[f"eval_{name}"] = value
+            history.append(record)
+            if on_epoch is not None:
+                on_epoch(record)
+            if checkpoint is not None:
+                self.save_checkpoint(checkpoint, trainer, epoch + 1, train_data, history)
+        return history
+
+    def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress) -> dict:
+        import time  # noqa: PLC0415
+        started = time.perf_counter()
+        train_metric = metrics.create(metric)
+        total, batches = 0.0, 0
+        data.reset()
+        bar = _progress(len(data), f"epoch {epoch + 1}/{epochs}", progress)
+        for batch in PrefetchingIter(data):
+            loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec)
+            real = len(batch.data) - batch.pad
+            train_metric.update(batch.label[:real], outputs[0][:real])
+            total, batches = total + loss_value, batches + 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{total / batches:.4f}")
+        if bar is not None:
+            bar.close()
+        name, value = train_metric.get()
+        return {"epoch": epoch + 1, "loss": total / max(batches, 1), f"train_{name}": value,
+                "seconds": time.perf_counter() - started}
+
+    def train_step(self, data, label, trainer: Trainer, loss="softmax_cross_entropy"):
+        """Forward, backward and one optimizer update on one batch: (loss, outputs)."""
+        program = self._program(self._loss(loss))
+        feeds = {self.data_names[0]: np.asarray(data), program.loss_spec.label: label}
+        loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
+        for name, grad in grads.items():
+            self.params[name].set_grad(grad)
+        trainer.step(1)  # the loss is already a mean over the batch
+        self._changed()
+        return loss_value, outputs
+
+    def _loss(self, loss) -> Loss:
+        if isinstance(loss, Loss):
+            return loss
+        if loss not in LOSSES:
+            raise InputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
+        return LOSSES[loss](self.output, "label")
+
+    def _program(self, loss: Loss) -> TrainingProgram:
+        trainable = tuple(p.name for p in self.params.trainable())
+        if not trainable:
+            raise InputError("every parameter is frozen; unfreeze some before training")
+        key = (loss.kind, trainable, self._structure)
+        if key not in self._programs:
+            self._programs[key] = TrainingProgram(self._graph_with_params(), loss,
+                                                  list(trainable))
+        return self._programs[key]
+
+    # -- inference -------------------------------------------------------------------------
+
+    def predict(self, data, batch_size: int = 256) -> np.ndarray:
+        session = self._session()
+        data = np.asarray(data)
+        parts = [session.run([self.output], {self.data_names[0]: data[i:i + batch_size]})[0]
+                 for i in range(0, len(data), batch_size)]
+        return np.concatenate(parts)
+
+    def score(self, eval_data: NDArrayIter, metric="acc") -> tuple[str, float]:
+        chosen = metrics.create(metric)
+        eval_data.reset()
+        session = self._session()
+        for batch in eval_data:
+            real = len(batch.data) - batch.pad
+            out = session.run([self.output], {self.data_names[0]: batch.data})[0]
+            chosen.update(batch.label[:real], out[:real])
+        return chosen.get()
+
+    def _session(self) -> Session:
+        if self._predictor is None or self._predictor[0] != self._version:
+            self._predictor = (self._version, Session(self.to_graph(), opt_level=2))
+        return self._predictor[1]
+
+    # -- the graph with the current parameters ----------------------------------------------
+
+    def to_graph(self) -> Graph:
+        """The model with its current parameter values as initializers (export, compile)."""
+        return self._graph_with_params()
+
+    def _graph_with_params(self) -> Graph:
+        graph = copy_graph(self.graph)
+        for name, param in self.params.items():
+            graph.initializers[name] = param.data().copy()
+        graph.outputs = [v for v in graph.outputs if v.name == self.output] or graph.outputs
+        return graph
+
+    def export_onnx(self, path, opset: int | None = None) -> None:
+        from mixrt.exporters.onnx import save_model  # noqa: PLC0415
+        save_model(self.to_graph(), path, opset=opset)
+
+    def _changed(self, structure: bool = False) -> None:
+        self._version += 1
+        if structure:
+            self._programs.clear()
+
+    @property
+    def _structure(self) -> int:
+        return id(self.graph)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save_checkpoint(self, path, trainer: Trainer, epoch: int, data: NDArrayIter | None,
+                        history: list | None = None) -> Path:
+        """``path``.npz: parameters, optimizer state and a JSON record (no pickle)."""
+        path = Path(str(path) + ".npz") if not str(path).endswith(".npz") else Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {f"param/{name}": param.data() for name, param in self.params.items()}
+        arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer.state_dict().items()})
+        record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
+                  "data": None if data is None else data.state(),
+                  "params": {n: p.grad_req for n, p in self.params.items()}}
+        arrays["meta"] = np.array(json.dumps(record))
+        np.savez(path, **arrays)
+        return path
+
+    def load_checkpoint(self, path, trainer: Trainer,
+                        data: NDArrayIter | None = None) -> tuple[int, list]:
+        """Restore a checkpoint; returns (epochs done, history so far)."""
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                arrays = {key: stored[key] for key in stored.files}
+            record = json.loads(str(arrays.pop("meta")))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"checkpoint {str(path)!r} cannot be read: {exc}") from exc
+        if record.get("format") != CHECKPOINT_FORMAT:
+            raise ModelLoadError(f"{str(path)!r} is not a mixrt checkpoint "
+                                 f"(format {record.get('format')!r})")
+        for name, param in self.params.items():
+            key = f"param/{name}"
+            if key not in arrays:
+                raise ModelLoadError(f"checkpoint {str(path)!r} has no parameter {name!r}")
+            param.set_data(arrays[key])
+        trainer.optimizer.load_state_dict(
+            {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer/")})
+        if data is not None and record.get("data") is not None:
+            data.set_state(record["data"])
+        self._changed()
+        return int(record["epoch"]), list(record.get("history", []))
+
+
+def _static_type(graph: Graph, name: str) -> TensorType:
+    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
+    found = infer_types(graph).get(name)
+    if not isinstance(found, TensorType) or found.shape is None or any(
+            not isinstance(d, int) for d in found.shape[1:]):
+        raise InputError(f"replace_head: the shape of {name!r} is not known ({found}); the "
+                         f"new head needs a static feature size")
+    return found
+
+
+def _progress(total: int, description: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm  # noqa: PLC0415
+    return tqdm(total=total, desc=description, unit="batch", leave=True)

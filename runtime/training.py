@@ -1,0 +1,169 @@
+"""Training programs: a forward graph, a loss and the trainable parameters, compiled once into
+one joint forward+backward graph that a Session runs over a single planned arena.
+
+    program = TrainingProgram(graph, loss=softmax_cross_entropy("logits", "label"),
+                              trainable=["fc.weight", "fc.bias"])
+    loss, grads = program.step(params, {"data": x, "label": y})
+
+The loss is appended to the graph as ordinary ONNX nodes (so it differentiates like any other
+op), trainable initializers become graph inputs (fed from ``params`` each step, never folded
+into constants) and frozen ones stay constants that the optimizer passes may fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mixrt.errors import GradientError
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.memory import plan_report
+from mixrt.runtime.passes.autodiff import gradient_graph
+from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
+from mixrt.runtime.session import Session
+
+LOSS_OPSET = 17
+
+
+# -- losses: functions that append loss nodes to a graph and name the label input ---------------
+
+@dataclass(frozen=True)
+class Loss:
+    """How to attach a loss: ``build(graph, names, dtype) -> loss value name`` (``dtype``:
+    the prediction's float type); ``label`` is the graph input the labels are fed through,
+    ``label_dtype`` its dtype ("float": the prediction's)."""
+
+    kind: str
+    prediction: str
+    label: str
+    label_dtype: str
+    build: Callable[[Graph, NameMaker, np.dtype], str]
+
+
+def softmax_cross_entropy(prediction: str, label: str = "label") -> Loss:
+    """Mean cross-entropy of class scores (N, C) against int64 class labels (N,)."""
+    def build(graph, names, dtype):
+        loss = names("loss")
+        _node(graph, "SoftmaxCrossEntropyLoss", [prediction, label], [loss],
+              reduction="mean")
+        return loss
+    return Loss("softmax_cross_entropy", prediction, label, "int64", build)
+
+
+def mse(prediction: str, label: str = "label") -> Loss:
+    """Mean squared error against float targets shaped like the prediction."""
+    def build(graph, names, dtype):
+        diff, sq, loss = names("diff"), names("sq"), names("loss")
+        _node(graph, "Sub", [prediction, label], [diff])
+        _node(graph, "Mul", [diff, diff], [sq])
+        _node(graph, "ReduceMean", [sq], [loss], keepdims=0)
+        return loss
+    return Loss("mse", prediction, label, "float", build)
+
+
+def l1(prediction: str, label: str = "label") -> Loss:
+    """Mean absolute error against float targets shaped like the prediction."""
+    def build(graph, names, dtype):
+        diff, absolute, loss = names("diff"), names("abs"), names("loss")
+        _node(graph, "Sub", [prediction, label], [diff])
+        _node(graph, "Abs", [diff], [absolute])
+        _node(graph, "ReduceMean", [absolute], [loss], keepdims=0)
+        return loss
+    return Loss("l1", prediction, label, "float", build)
+
+
+def bce_with_logits(prediction: str, label: str = "label") -> Loss:
+    """Mean binary cross-entropy of logits x against targets y in [0, 1], in the form that
+    never overflows: max(x, 0) - x y + log(1 + exp(-|x|))."""
+    def build(graph, names, dtype):
+        pos, xy, absolute, neg, exp, one, log1p = (names(n) for n in (
+            "relu", "xy", "abs", "negabs", "exp", "one", "log1p"))
+        margin, term, loss = names("margin"), names("term"), names("loss")
+        graph.initializers[one] = np.ones((), dtype=dtype)
+        _node(graph, "Relu", [prediction], [pos])
+        _node(graph, "Mul", [prediction, label], [xy])
+        _node(graph, "Abs", [prediction], [absolute])
+        _node(graph, "Neg", [absolute], [neg])
+        _node(graph, "Exp", [neg], [exp])
+        _node(graph, "Add", [one, exp], [log1p + "_in"])
+        _node(graph, "Log", [log1p + "_in"], [log1p])
+        _node(graph, "Sub", [pos, xy], [margin])
+        _node(graph, "Add", [margin, log1p], [term])
+        _node(graph, "ReduceMean", [term], [loss], keepdims=0)
+        return loss
+    return Loss("bce_with_logits", prediction, label, "float", build)
+
+
+LOSSES = {"softmax_cross_entropy": softmax_cross_entropy, "mse": mse, "l1": l1,
+          "bce_with_logits": bce_with_logits}
+
+
+def _node(graph: Graph, op_type: str, inputs: list[str], outputs: list[str], **attributes):
+    graph.nodes.append(Node(op_type, inputs, outputs, name=outputs[0], opset=LOSS_OPSET,
+                            attributes=attributes))
+
+
+def attach_loss(graph: Graph, loss: Loss) -> tuple[Graph, str, np.dtype]:
+    """A copy of ``graph`` with the loss nodes and the label input added; returns it, the
+    loss value's name and the dtype labels are fed in."""
+    joint = copy_graph(graph)
+    names = NameMaker(joint)
+    prediction_type = joint.type_of(loss.prediction)
+    if loss.prediction not in {o for n in joint.nodes for o in n.outputs} | set(
+            joint.input_names):
+        raise GradientError(f"loss {loss.kind!r}: the prediction {loss.prediction!r} is not a "
+                            f"value of graph {joint.name!r}; its outputs are "
+                            f"{joint.output_names}")
+    float_dtype = _float_dtype(joint, loss.prediction, prediction_type)
+    label_dtype = float_dtype if loss.label_dtype == "float" else np.dtype(loss.label_dtype)
+    if loss.label not in joint.input_names:
+        joint.inputs.append(Value(loss.label, TensorType(label_dtype, None)))
+    return joint, loss.build(joint, names, float_dtype), label_dtype
+
+
+def _float_dtype(graph: Graph, name: str, known) -> np.dtype:
+    if isinstance(known, TensorType) and known.dtype is not None:
+        return np.dtype(known.dtype)
+    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
+    found = infer_types(graph).get(name)
+    if isinstance(found, TensorType) and found.dtype is not None:
+        return np.dtype(found.dtype)
+    return np.dtype(np.float32)
+
+
+# -- the program -----------------------------------------------------------------------------------
+
+class TrainingProgram:
+    """One compiled training step: feeds + current parameters -> loss, outputs, gradients."""
+
+    def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
+                 device: str = "cpu", opt_level: int = 1, strategy: str = "greedy"):
+        self.loss_spec = loss
+        self.trainable = list(trainable)
+        with_loss, self.loss, self.label_dtype = attach_loss(graph, loss)
+        self.joint = gradient_graph(with_loss, self.loss, self.trainable, keep_outputs=True)
+        self.session = Session(self.joint.graph, device=device, opt_level=opt_level,
+                               strategy=strategy)
+        self.outputs = graph.output_names
+        self._grad_names = [self.joint.grads[name] for name in self.trainable]
+
+    def step(self, params: dict, feeds: dict) -> tuple[float, list, dict]:
+        """Run forward and backward: (loss, the model's outputs, {param: gradient})."""
+        feeds = dict(feeds)
+        label = feeds.get(self.loss_spec.label)
+        if label is not None:  # labels arrive as whatever the dataset holds
+            feeds[self.loss_spec.label] = np.asarray(label).astype(self.label_dtype,
+                                                                   copy=False)
+        values = self.session.run([self.loss, *self.outputs, *self._grad_names],
+                                  {**feeds, **{n: params[n] for n in self.trainable}})
+        loss, rest = values[0], values[1:]
+        outputs, grads = rest[:len(self.outputs)], rest[len(self.outputs):]
+        return float(loss), outputs, dict(zip(self.trainable, grads))
+
+    def memory_report(self, params: dict, feeds: dict) -> dict:
+        """The joint forward+backward plan for these shapes: arena, naive and lower bound."""
+        all_feeds = {**feeds, **{n: params[n] for n in self.trainable}}
+        return plan_report(self.session.memory_plan(all_feeds))

@@ -1,0 +1,191 @@
+"""Training programs, Module.fit, checkpoints and resume, data iterators and metrics."""
+
+import numpy as np
+import pytest
+
+from mixrt import metric, random as mixrt_random
+from mixrt.errors import InputError, ModelLoadError
+from mixrt.gluon import Trainer
+from mixrt.io import NDArrayIter, PrefetchingIter
+from mixrt.module import Module
+from mixrt.models.digits import load_digits, split
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.training import LOSSES, TrainingProgram
+
+
+def mlp(inputs=64, hidden=32, outputs=10, seed=0, dtype=np.float32) -> Graph:
+    rng = np.random.default_rng(seed)
+    g = Graph(name="mlp", opsets={"": 17})
+    g.inputs = [Value("x", TensorType(np.dtype(dtype), ("N", inputs)))]
+    g.initializers = {
+        "w1": (rng.standard_normal((inputs, hidden)) * 0.2).astype(dtype),
+        "b1": np.zeros(hidden, dtype),
+        "w2": (rng.standard_normal((hidden, outputs)) * 0.2).astype(dtype),
+        "b2": np.zeros(outputs, dtype)}
+    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", opset=17),
+               Node("Relu", ["h"], ["features"], name="relu", opset=17),
+               Node("Gemm", ["features", "w2", "b2"], ["out"], name="fc2", opset=17)]
+    g.outputs = [Value("out")]
+    return g
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, labels = load_digits()
+    (xt, yt), (xe, ye) = split(images, labels)
+    return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye
+
+
+def test_fit_learns_digits(digits):
+    xt, yt, xe, ye = digits
+    mixrt_random.seed(1)
+    model = Module(mlp())
+    history = model.fit(NDArrayIter(xt, yt, 64, shuffle=True), eval_data=NDArrayIter(xe, ye, 128),
+                        optimizer="sgd", optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+                        epochs=6, progress=False)
+    assert history[-1]["eval_accuracy"] >= 0.93
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert model.score(NDArrayIter(xe, ye, 100), "acc")[1] == history[-1]["eval_accuracy"]
+
+
+def _train(graph, data, epochs, *, checkpoint=None, resume=None, seed=5):
+    xt, yt = data
+    model = Module(graph)
+    trainer = Trainer(model.params.trainable(), "adam", {"learning_rate": 0.01})
+    iterator = NDArrayIter(xt, yt, 50, shuffle=True, seed=seed)
+    model.fit(iterator, epochs=epochs, checkpoint=checkpoint, resume=resume, trainer=trainer,
+              progress=False)
+    return model
+
+
+def test_resume_reproduces_uninterrupted_run_bit_for_bit(digits, tmp_path):
+    data = digits[:2]
+    straight = _train(mlp(), data, 4)
+    _train(mlp(), data, 2, checkpoint=tmp_path / "ckpt")
+    resumed = _train(mlp(), data, 4, resume=tmp_path / "ckpt.npz")
+    for name, param in straight.params.items():
+        assert np.array_equal(param.data(), resumed.params[name].data()), name
+    with np.load(tmp_path / "ckpt.npz", allow_pickle=False) as stored:
+        assert "meta" in stored.files
+
+
+def test_checkpoint_errors(tmp_path, digits):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a checkpoint")
+    model = Module(mlp())
+    trainer = Trainer(model.params.trainable(), "sgd")
+    with pytest.raises(ModelLoadError, match="bad.npz"):
+        model.load_checkpoint(bad, trainer)
+
+
+def test_freeze_trains_only_the_rest(digits):
+    xt, yt, _, _ = digits
+    model = Module(mlp())
+    model.freeze(except_=["w2", "b2"])
+    before = {n: p.data().copy() for n, p in model.params.items()}
+    model.fit(NDArrayIter(xt, yt, 64), epochs=1, progress=False)
+    assert np.array_equal(before["w1"], model.params["w1"].data())
+    assert not np.array_equal(before["w2"], model.params["w2"].data())
+    with pytest.raises(InputError, match="nope"):
+        model.freeze(["nope"])
+
+
+def test_replace_head_gives_a_new_task(digits):
+    xt, yt, xe, ye = digits
+    mixrt_random.seed(3)
+    model = Module(mlp())
+    model.replace_head("features", 2)
+    assert set(model.params) == {"w1", "b1", "head.weight", "head.bias"}
+    parity_t, parity_e = yt % 2, ye % 2
+    model.fit(NDArrayIter(xt, parity_t, 64, shuffle=True), epochs=4, progress=False,
+              optimizer_params={"learning_rate": 0.1})
+    assert model.predict(xe).shape == (len(xe), 2)
+    assert (model.predict(xe).argmax(1) == parity_e).mean() > 0.85
+
+
+@pytest.mark.parametrize("loss", ["mse", "l1", "bce_with_logits", "softmax_cross_entropy"])
+def test_loss_gradients_match_finite_differences(loss):
+    rng = np.random.default_rng(0)
+    graph = mlp(inputs=3, hidden=4, outputs=2, dtype=np.float64)
+    x = rng.standard_normal((5, 3))
+    label = rng.integers(0, 2, 5) if loss == "softmax_cross_entropy" else \
+        rng.uniform(0, 1, (5, 2))
+    program = TrainingProgram(graph, LOSSES[loss]("out"), ["w1", "b2"], opt_level=0)
+    # random biases keep every output off the kinks of relu and |x| (a zero row of features
+    # would put the logits exactly at 0, where finite differences see a half-slope)
+    params = {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in graph.initializers.items()}
+    _, _, grads = program.step(params, {"x": x, "label": label})
+    for name in ["w1", "b2"]:
+        numeric = np.zeros_like(params[name])
+        for index in np.ndindex(numeric.shape):
+            shifted = {k: v.copy() for k, v in params.items()}
+            shifted[name][index] += 1e-6
+            up = program.step(shifted, {"x": x, "label": label})[0]
+            shifted[name][index] -= 2e-6
+            down = program.step(shifted, {"x": x, "label": label})[0]
+            numeric[index] = (up - down) / 2e-6
+        np.testing.assert_allclose(grads[name], numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_optimized_program_matches_unoptimized():
+    rng = np.random.default_rng(1)
+    graph = mlp(inputs=6, hidden=5, outputs=3, dtype=np.float64)
+    feeds = {"x": rng.standard_normal((4, 6)), "label": np.array([0, 2, 1, 0])}
+    plain = TrainingProgram(graph, LOSSES["softmax_cross_entropy"]("out"), ["w1", "w2"],
+                            opt_level=0)
+    fused = TrainingProgram(graph, LOSSES["softmax_cross_entropy"]("out"), ["w1", "w2"],
+                            opt_level=2)
+    a, b = plain.step(graph.initializers, feeds), fused.step(graph.initializers, feeds)
+    assert a[0] == pytest.approx(b[0], rel=1e-12)
+    for name in ["w1", "w2"]:
+        np.testing.assert_allclose(a[2][name], b[2][name], rtol=1e-10)
+
+
+def test_sharding_gives_equal_disjoint_shares():
+    data = np.arange(103)
+    parts = [NDArrayIter(data, data, 10, shuffle=True, num_parts=3, part_index=i, seed=9)
+             for i in range(3)]
+    assert len({len(p) for p in parts}) == 1
+    seen = [np.concatenate([b.data[:len(b.data) - b.pad] for b in p]) for p in parts]
+    assert sum(len(s) for s in seen) == 3 * (103 // 3)
+    assert len(np.unique(np.concatenate(seen))) == 3 * (103 // 3)
+    with pytest.raises(InputError, match="part_index"):
+        NDArrayIter(data, data, 10, num_parts=2, part_index=2)
+
+
+def test_padding_and_state_round_trip():
+    it = NDArrayIter(np.arange(7), np.arange(7), 3, shuffle=True, seed=1)
+    batches = list(it)
+    assert [b.pad for b in batches] == [0, 0, 2]
+    it.reset()
+    next(it)
+    saved = it.state()
+    rest = [b.data.tolist() for b in it]
+    again = NDArrayIter(np.arange(7), np.arange(7), 3, shuffle=True, seed=123)
+    again.set_state(saved)
+    assert [b.data.tolist() for b in again] == rest
+    assert len(NDArrayIter(np.arange(7), None, 3, last_batch="discard")) == 2
+
+
+def test_prefetching_iter_passes_batches_and_errors():
+    def broken():
+        yield 1
+        raise RuntimeError("reader failed")
+    assert list(PrefetchingIter([1, 2, 3])) == [1, 2, 3]
+    with pytest.raises(RuntimeError, match="reader failed"):
+        list(PrefetchingIter(broken()))
+
+
+def test_metrics():
+    acc = metric.create("acc")
+    acc.update(np.array([0, 1, 1]), np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]]))
+    assert acc.get() == ("accuracy", pytest.approx(2 / 3))
+    ce = metric.create("ce")
+    ce.update(np.array([0]), np.array([[0.0, 0.0]]))
+    assert ce.get()[1] == pytest.approx(np.log(2))
+    top = metric.TopKAccuracy(2)
+    top.update(np.array([2]), np.array([[0.1, 0.5, 0.4]]))
+    assert top.get()[1] == 1.0
+    with pytest.raises(InputError, match="unknown metric"):
+        metric.create("f1-ish")
