@@ -1,0 +1,182 @@
+"""Coverage validation for CI: does mixrt support every node of a model on a device, and do
+its outputs match onnxruntime's on the same inputs?
+
+    report = validate("model.onnx", device="cpu", rtol=1e-3, atol=1e-5)
+    report.ok            # every node supported and every output within tolerance
+
+The inputs are the caller's, or random ones drawn from each input's declared type (symbolic
+dimensions take ``dims`` values, default 1) with a fixed seed, so a CI job is repeatable.
+Only an ONNX model can be compared (onnxruntime reads ONNX); a ``.mxr`` file is exported back
+to ONNX first. ``mixrt check MODEL --validate`` prints this report and exits 0 only when it
+is ok.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from mixrt.errors import InputError, MixrtError
+from mixrt.ops.types import TensorType
+from mixrt.runtime.device import Device, parse_device
+from mixrt.runtime.graph import Graph
+from mixrt.runtime.session import Session, load_graph
+from mixrt.runtime.support import support_table
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: list
+    max_abs_error: float
+    max_rel_error: float
+    ok: bool
+
+
+@dataclass
+class ValidationReport:
+    device: str
+    rtol: float
+    atol: float
+    nodes: list = field(default_factory=list)  # NodeSupport.as_dict() rows
+    outputs: list[OutputCheck] = field(default_factory=list)
+    error: str | None = None  # why the comparison could not run, when it could not
+
+    @property
+    def unsupported(self) -> list[dict]:
+        return [row for row in self.nodes if not row["supported"]]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.unsupported and bool(self.outputs) and all(
+            out.ok for out in self.outputs)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "device": self.device, "rtol": self.rtol, "atol": self.atol,
+                "error": self.error, "nodes": self.nodes,
+                "outputs": [asdict(out) for out in self.outputs]}
+
+
+def validate(model, feeds: dict | None = None, *, device: str = "cpu", rtol: float = 1e-3,
+             atol: float = 1e-5, dims: dict | None = None, seed: int = 0) -> ValidationReport:
+    """Support table plus a numeric comparison with onnxruntime's CPU provider."""
+    graph = load_graph(model)
+    target = _device(device)
+    report = ValidationReport(str(target), rtol, atol,
+                              [row.as_dict() for row in support_table(graph, target)])
+    if report.unsupported:
+        report.error = f"{len(report.unsupported)} node(s) unsupported on {target}"
+        return report
+    try:
+        feeds = feeds if feeds is not None else random_feeds(graph, dims or {}, seed)
+        ours = Session(graph, device=device).run(None, feeds)
+        theirs = _onnxruntime_outputs(model, graph, feeds)
+    except MixrtError as exc:
+        report.error = f"{type(exc).__name__}: {exc}"
+        return report
+    for value, mine, reference in zip(graph.outputs, ours, theirs):
+        report.outputs.append(_compare(value.name, np.asarray(mine), np.asarray(reference),
+                                       rtol, atol))
+    return report
+
+
+def _device(device: str) -> Device:
+    # the registry answers for a device whether or not this machine has one
+    return Device("gpu", 0) if device.startswith(("gpu", "cuda")) else parse_device(device)
+
+
+def random_feeds(graph: Graph, dims: dict, seed: int = 0) -> dict:
+    """One array per fed input, drawn from its declared type: floats standard normal, ints in
+    [0, 10), bools fair coins; a symbolic dimension takes ``dims[name]`` (default 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in graph.feed_inputs():
+        value_type = value.type
+        if not isinstance(value_type, TensorType) or value_type.shape is None \
+                or value_type.dtype is None:
+            raise InputError(f"input {value.name!r} has no declared tensor type and shape; "
+                             f"pass its values explicitly")
+        shape = tuple(d if isinstance(d, int) else int(dims.get(d, 1)) for d in
+                      value_type.shape)
+        feeds[value.name] = _random_array(rng, np.dtype(value_type.dtype), shape)
+    return feeds
+
+
+def _random_array(rng, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, 10, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    raise InputError(f"cannot draw random inputs of dtype {dtype}; pass the inputs")
+
+
+def _onnxruntime_outputs(model, graph: Graph, feeds: dict) -> list:
+    try:
+        import onnxruntime  # noqa: PLC0415
+    except ImportError as exc:
+        raise InputError("validation compares with onnxruntime, which is not installed; "
+                         "pip install 'mixrt[validate]'") from exc
+    source = _onnx_bytes(model, graph)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = onnxruntime.InferenceSession(source, options,
+                                               providers=["CPUExecutionProvider"])
+        return session.run([v.name for v in graph.outputs], feeds)
+    except Exception as exc:  # onnxruntime raises its own untyped errors
+        raise InputError(f"onnxruntime could not run the model: {exc}") from exc
+
+
+def _onnx_bytes(model, graph: Graph) -> bytes:
+    """The model as ONNX bytes: the ONNX file or bytes themselves, else (a .mxr file, a Graph)
+    an export of the graph mixrt runs."""
+    import onnx  # noqa: PLC0415
+    from mixrt.runtime.format import is_mxr  # noqa: PLC0415
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString()
+    if isinstance(model, (bytes, bytearray)) and not is_mxr(model):
+        return bytes(model)
+    if isinstance(model, (str, os.PathLike)) and not is_mxr(model):
+        with open(model, "rb") as handle:
+            return handle.read()
+    from mixrt.exporters.onnx import export_model  # noqa: PLC0415
+    return export_model(graph).SerializeToString()
+
+
+def _compare(name: str, mine: np.ndarray, reference: np.ndarray, rtol: float,
+             atol: float) -> OutputCheck:
+    if mine.shape != reference.shape:
+        return OutputCheck(name, list(mine.shape), float("inf"), float("inf"), False)
+    if mine.dtype.kind not in "fc" or reference.dtype.kind not in "fc":
+        same = bool(np.array_equal(mine, reference))
+        return OutputCheck(name, list(mine.shape), 0.0 if same else float("inf"),
+                           0.0 if same else float("inf"), same)
+    mine64, ref64 = mine.astype(np.float64), reference.astype(np.float64)
+    diff = np.abs(mine64 - ref64)
+    both_nan = np.isnan(mine64) & np.isnan(ref64)
+    diff = np.where(both_nan, 0.0, diff)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = np.abs(ref64)
+    rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1), np.where(diff > 0, np.inf,
+                                                                               0.0))
+    max_rel = float(rel.max()) if rel.size else 0.0
+    ok = bool(np.all((diff <= atol + rtol * scale) | both_nan))
+    return OutputCheck(name, list(mine.shape), max_abs, max_rel, ok)
+
+
+def format_report(report: ValidationReport) -> str:
+    lines = [f"{len(report.nodes) - len(report.unsupported)} of {len(report.nodes)} nodes "
+             f"supported on {report.device}"]
+    for row in report.unsupported:
+        lines.append(f"  UNSUPPORTED {row['node']}: {row['reason']}")
+    if report.error:
+        lines.append(f"comparison not run: {report.error}")
+    for out in report.outputs:
+        lines.append(f"  output {out.name} {tuple(out.shape)}: max abs {out.max_abs_error:.3g}, "
+                     f"max rel {out.max_rel_error:.3g} -> {'ok' if out.ok else 'MISMATCH'}")
+    lines.append(f"{'PASS' if report.ok else 'FAIL'} (rtol={report.rtol}, atol={report.atol})")
+    return "\n".join(lines)
