@@ -383,7 +383,9 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
     if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
         return graph
     from mixrt.runtime.passes import optimize  # noqa: PLC0415 (passes import the registry)
-    return optimize(graph, opt_level)
+    from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415
+    # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
+    return optimize(expand_gradient_ops(graph), opt_level)
 
 
 def feed_signature(feeds: dict) -> tuple:

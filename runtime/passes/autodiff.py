@@ -278,3 +278,62 @@ def differentiable_ops() -> list[str]:
     found = {f"{k.domain or 'ai.onnx'}::{k.op_type}" for k in REGISTRY.all_kernels()
              if k.grad_fn is not None}
     return sorted(found)
+
+
+# -- ONNX's Gradient operator -----------------------------------------------------------------
+
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+
+
+def expand_gradient_ops(graph: Graph) -> Graph:
+    """Replace each ``ai.onnx.preview.training::Gradient`` node (d y / d xs of the graph
+    around it) with the backward nodes that compute it; other graphs come back unchanged."""
+    if not any(n.op_type == "Gradient" and n.domain == TRAINING_DOMAIN for n in graph.nodes):
+        return graph
+    result = copy_graph(graph)
+    for node in [n for n in result.nodes if n.op_type == "Gradient"
+                 and n.domain == TRAINING_DOMAIN]:
+        _expand_one(result, node)
+    result.toposort()
+    return result
+
+
+def _expand_one(graph: Graph, gradient: Node) -> None:
+    xs = [_text(x) for x in gradient.attributes.get("xs", [])]
+    y = _text(gradient.attributes.get("y", ""))
+    if not xs or not y or len(xs) != len(gradient.outputs):
+        raise GradientError(f"node {gradient.label!r}: Gradient needs attributes xs (one per "
+                            f"output, got {len(xs)} for {len(gradient.outputs)}) and y",
+                            node=gradient.label, op_type="Gradient")
+    forward = copy_graph(graph)
+    forward.nodes = [n for n in forward.nodes if n.op_type != "Gradient"]
+    forward.outputs = [Value(y)]
+    joint = gradient_graph(forward, y, xs, keep_outputs=False)
+    known = {out for n in graph.nodes for out in n.outputs}
+    prefix = f"{gradient.label}/"
+    rename = {}
+    for node in joint.graph.nodes:
+        if any(out in known for out in node.outputs if out):
+            continue  # a forward node the graph already has
+        for i, out in enumerate(node.outputs):
+            if out:
+                rename[out] = node.outputs[i] = prefix + out
+        node.inputs = [rename.get(name, name) for name in node.inputs]
+        node.name = prefix + node.name
+        graph.nodes.append(node)
+    for name, array in joint.graph.initializers.items():
+        if name not in graph.initializers and name not in graph.input_names:
+            graph.initializers[prefix + name] = array
+            rename[name] = prefix + name
+    for node in graph.nodes:
+        if node.name.startswith(prefix):
+            node.inputs = [rename.get(name, name) for name in node.inputs]
+    graph.nodes.remove(gradient)
+    for x, out in zip(xs, gradient.outputs):
+        graph.nodes.append(Node("Identity", [rename[joint.grads[x]]], [out],
+                                name=f"{prefix}{out}", opset=BACKWARD_OPSET))
+    graph.opsets.setdefault(MIXRT, 1)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

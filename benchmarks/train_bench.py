@@ -1,0 +1,222 @@
+"""Training step time, mixrt against PyTorch on the CPU, one process run; and the training
+memory plan (forward + backward planned together) against naive allocation.
+
+    python benchmarks/train_bench.py [--models mlp resnet18] [--steps 20] [--out FILE.md]
+    python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
+
+Both runtimes train the same model from the same weights: the PyTorch module is exported to
+ONNX (the TorchScript exporter, training mode so BatchNormalization uses batch statistics)
+and mixrt fine-tunes the imported graph, as a user would. One step = forward, softmax
+cross-entropy, backward, SGD with momentum 0.9. Both use 2 threads. The figure is the median
+step time after warm-up steps; the ratio is mixrt / PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import mixrt  # noqa: F401  (first: it picks NumPy's BLAS kernels)
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"
+sys.path.insert(0, str(HERE))
+
+
+# -- models -------------------------------------------------------------------------------
+
+def torch_mlp(seed: int = 0):
+    import torch  # noqa: PLC0415
+    torch.manual_seed(seed)
+    sizes = (784, 1024, 1024, 10)
+    layers = []
+    for fan_in, fan_out in zip(sizes, sizes[1:]):
+        layers += [torch.nn.Linear(fan_in, fan_out), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1]), (784,)
+
+
+def torch_resnet18(seed: int = 0, classes: int = 1000):
+    """ResNet-18 v1 (He et al. 2016), written out: torchvision is not installable here."""
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    torch.manual_seed(seed)
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    stages, cin = [], 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        stages += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.MaxPool2d(3, 2, 1), *stages, nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(512, classes))
+    return model, (3, 224, 224)
+
+
+MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32)}
+
+
+def export_training(module, sample_shape, path: Path) -> Path:
+    if path.exists():
+        return path
+    import torch  # noqa: PLC0415
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.zeros((1,) + sample_shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (example,), str(path), dynamo=False, input_names=["x"],
+                          output_names=["y"], opset_version=17,
+                          training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, dynamic_axes={"x": {0: "batch"},
+                                                                   "y": {0: "batch"}})
+    return path
+
+
+# -- one step in each runtime -------------------------------------------------------------
+
+def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray):
+    from mixrt.gluon import Trainer  # noqa: PLC0415
+    from mixrt.module import Module  # noqa: PLC0415
+    model = Module.from_onnx(path)
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.01,
+                                                        "momentum": 0.9})
+    return lambda: model.train_step(x, y, trainer), model
+
+
+def torch_stepper(module, x: np.ndarray, y: np.ndarray):
+    import torch  # noqa: PLC0415
+    module.train()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    data, labels = torch.from_numpy(x), torch.from_numpy(y)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(module(data), labels)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def median_step(step, warmup: int, steps: int, label: str) -> float:
+    from tqdm import tqdm  # noqa: PLC0415
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in tqdm(range(steps), desc=label, unit="step", leave=False):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def bench(name: str, steps: int, warmup: int) -> dict:
+    import torch  # noqa: PLC0415
+    torch.set_num_threads(2)
+    build, batch = MODELS[name]
+    module, sample_shape = build()
+    path = export_training(module, sample_shape, CACHE / f"train_{name}_op17.onnx")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
+    y = rng.integers(0, 10, batch).astype(np.int64)
+    ours, model = mixrt_stepper(path, x, y)
+    theirs = torch_stepper(module, x, y)
+    mixrt_s = median_step(ours, warmup, steps, f"{name} mixrt")
+    torch_s = median_step(theirs, warmup, steps, f"{name} torch")
+    return {"model": name, "batch": batch, "mixrt_ms": mixrt_s * 1e3, "torch_ms": torch_s * 1e3,
+            "ratio": mixrt_s / torch_s}
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+def training_memory(batch: int) -> dict:
+    """The ResNet-50 training plan (every parameter trainable) at ``batch``."""
+    from mixrt.models.zoo import light_model  # noqa: PLC0415
+    from mixrt.module import Module  # noqa: PLC0415
+    from mixrt.runtime.training import softmax_cross_entropy, TrainingProgram  # noqa: PLC0415
+    model = Module.from_onnx(light_model("resnet50").path)
+    _symbolic_batch(model.graph)
+    trainable = [p.name for p in model.params.trainable()]
+    program = TrainingProgram(model.to_graph(), softmax_cross_entropy(model.output),
+                              trainable, opt_level=1)
+    x = np.zeros((batch, 3, 224, 224), np.float32)
+    feeds = {model.data_names[0]: x, "label": np.zeros(batch, np.int64)}
+    report = program.memory_report(model.params.arrays(), feeds)
+    report["batch"] = batch
+    return report
+
+
+def _symbolic_batch(graph) -> None:
+    """The zoo file declares batch 1; training plans are made for bigger batches."""
+    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    for value in graph.feed_inputs():
+        shape = value.type.shape
+        value.type = TensorType(value.type.dtype, ("N",) + tuple(shape[1:]))
+    for value in graph.outputs:
+        value.type = None
+    for node in graph.nodes:  # Reshape targets exported with the batch of 1 spelled out
+        if node.op_type == "Reshape" and node.inputs[1] in graph.initializers:
+            target = np.array(graph.initializers[node.inputs[1]])
+            if target.size and target[0] == 1:
+                target[0] = -1
+                graph.initializers[node.inputs[1]] = target
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--memory-batch", type=int, default=32)
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows = [] if args.memory_only else [bench(m, args.steps, args.warmup) for m in args.models]
+    memory = training_memory(args.memory_batch)
+    text = render(rows, memory)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+def render(rows: list[dict], memory: dict) -> str:
+    lines = ["## Training (CPU, 2 threads, one process run)", ""]
+    if rows:
+        lines += ["| model | batch | mixrt step ms | PyTorch step ms | mixrt / PyTorch |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['batch']} | {r['mixrt_ms']:.1f} | {r['torch_ms']:.1f} | "
+                  f"{r['ratio']:.2f} |" for r in rows]
+        lines.append("")
+    mib = 2 ** 20
+    lines += [f"ResNet-50 training plan (forward + backward, every parameter trainable), batch "
+              f"{memory['batch']}: arena {memory['arena_bytes'] / mib:,.0f} MiB, naive "
+              f"{memory['naive_bytes'] / mib:,.0f} MiB, lower bound "
+              f"{memory['lower_bound_bytes'] / mib:,.0f} MiB; naive / arena "
+              f"{memory['naive_bytes'] / memory['arena_bytes']:.2f}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
