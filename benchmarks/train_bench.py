@@ -150,20 +150,29 @@ def bench(name: str, steps: int, warmup: int) -> dict:
 
 # -- memory ---------------------------------------------------------------------------------
 
-def training_memory(batch: int) -> dict:
-    """The ResNet-50 training plan (every parameter trainable) at ``batch``."""
+def training_memory(batch: int, mirror=None) -> dict:
+    """The ResNet-50 training plan (every parameter trainable) at ``batch``; with
+    ``mirror``, those ops' outputs are recomputed in backward. Also the median step time."""
     from mixrt.models.zoo import light_model  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
     from mixrt.runtime.training import softmax_cross_entropy, TrainingProgram  # noqa: PLC0415
-    model = Module.from_onnx(light_model("resnet50").path)
-    _symbolic_batch(model.graph)
+    from mixrt.runtime.passes import optimize  # noqa: PLC0415
+    from mixrt.runtime.session import load_graph  # noqa: PLC0415
+    # the zoo's "light" file computes its weights with ConstantOfShape nodes; folding them
+    # turns them into initializers, i.e. parameters
+    graph = optimize(load_graph(str(light_model("resnet50").path)), 1)
+    _symbolic_batch(graph)
+    model = Module(graph)
     trainable = [p.name for p in model.params.trainable()]
     program = TrainingProgram(model.to_graph(), softmax_cross_entropy(model.output),
-                              trainable, opt_level=1)
+                              trainable, opt_level=1, mirror=mirror)
     x = np.zeros((batch, 3, 224, 224), np.float32)
     feeds = {model.data_names[0]: x, "label": np.zeros(batch, np.int64)}
-    report = program.memory_report(model.params.arrays(), feeds)
+    params = model.params.arrays()
+    report = program.memory_report(params, feeds)
     report["batch"] = batch
+    report["step_s"] = median_step(lambda: program.step(params, feeds), 1, 3,
+                                   f"resnet50 training b{batch}")
     return report
 
 

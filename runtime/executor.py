@@ -10,8 +10,11 @@ For each input-shape signature the session makes an :class:`ExecutionPlan` once:
 2. Lifetimes: a node's outputs are written at its step and live until their last reader.
    Outputs of view ops (Reshape, Flatten, ...) get no slot of their own: they alias their
    input, whose life stretches to cover theirs. Values that stay outside the arena (sequences,
-   strings, graph outputs, anything a kernel may return as a view of its inputs) stretch the
-   life of every arena tensor they might reference, so no view ever outlives its memory.
+   strings, anything a kernel may return as a view of its inputs) stretch the life of every
+   arena tensor they might reference, so no view ever outlives its memory. Graph outputs are
+   the exception: one that views arena memory is copied out the moment it is made
+   (``detached``), so it holds nothing. Otherwise a training graph, whose weight gradients
+   are outputs computed from activations, would keep every activation to the end.
 3. ``runtime.memory.plan_memory`` places the tensors; elementwise ops may write over an input
    whose last reader they are.
 
@@ -75,6 +78,7 @@ class ExecutionPlan:
     steps: list  # the bound nodes a planned run executes (frozen ones left out)
     frozen: dict  # values fixed by the signature (shape arithmetic), computed once
     shared_outputs: frozenset  # graph outputs that may view arena or frozen memory
+    detached: frozenset = frozenset()  # graph outputs copied out of the arena when made
     pool: list = field(default_factory=list)  # idle arenas
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -129,6 +133,7 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     inplace: list[tuple[str, str]] = []
+    detached: set[str] = set()
 
     def referenced(name: str) -> frozenset:
         if name in slots:
@@ -152,6 +157,9 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
                     and node.inputs[0] in slots | root.keys() and name not in outputs:
                 root[name] = root.get(node.inputs[0], node.inputs[0])
                 continue
+            if name in outputs and plannable(value) and not node.subgraphs():
+                detached.add(name)  # copied out when made if it views the arena
+                continue
             if name in outputs or not plannable(value) or node.subgraphs():
                 holds[name] = reads_slots
                 continue
@@ -174,7 +182,7 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     for name, slot in slots.items():
         slot.offset = memory.offsets[name]
     shared = frozenset(n for n in graph_outputs if referenced(n) or n in frozen)
-    return ExecutionPlan(signature, memory, slots, steps, frozen, shared)
+    return ExecutionPlan(signature, memory, slots, steps, frozen, shared, frozenset(detached))
 
 
 class FrozenValues:
@@ -284,6 +292,7 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
     planned outputs are written into (or copied into) their views."""
     views = arena.views if arena is not None else {}
     slots = plan.slots if plan is not None else {}
+    detached = plan.detached if plan is not None and arena is not None else frozenset()
     for step in steps:
         args = _arguments(step, env)
         attributes = step.attributes
@@ -301,7 +310,9 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
         result = _call(step, xp, args, attributes)
         outputs = result if isinstance(result, tuple) else (result,)
         for name, value in zip(step.node.outputs, outputs):
-            if name:
+            if name in detached:
+                env[name] = _detached(value, arena.buffer, xp)
+            elif name:
                 env[name] = _placed(value, views.get(name))
         if profiler is not None:
             profiler.kernel(step, started, args, outputs)
@@ -325,6 +336,14 @@ def _call(step, xp, args, attributes):
         raise ExecutionError(f"node {step.label!r} ({node.domain or 'ai.onnx'}::"
                              f"{node.op_type}, opset {node.opset}) failed: "
                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def _detached(value, buffer, xp):
+    """A graph output that owns its memory: a copy when it may view the arena."""
+    share = getattr(xp, "may_share_memory", None)
+    if share is None or share(value, buffer):
+        return xp.array(value, copy=True)
+    return value
 
 
 def _placed(value, view):

@@ -140,11 +140,13 @@ class TrainingProgram:
     """One compiled training step: feeds + current parameters -> loss, outputs, gradients."""
 
     def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
-                 device: str = "cpu", opt_level: int = 1, strategy: str = "greedy"):
+                 device: str = "cpu", opt_level: int = 1, strategy: str = "greedy",
+                 mirror: frozenset | None = None):
         self.loss_spec = loss
         self.trainable = list(trainable)
         with_loss, self.loss, self.label_dtype = attach_loss(graph, loss)
-        self.joint = gradient_graph(with_loss, self.loss, self.trainable, keep_outputs=True)
+        self.joint = gradient_graph(with_loss, self.loss, self.trainable, keep_outputs=True,
+                                    mirror=mirror)
         self.session = Session(self.joint.graph, device=device, opt_level=opt_level,
                                strategy=strategy)
         self.outputs = graph.output_names

@@ -189,3 +189,45 @@ def test_metrics():
     assert top.get()[1] == 1.0
     with pytest.raises(InputError, match="unknown metric"):
         metric.create("f1-ish")
+
+
+def conv_bn_net(blocks=4, channels=8) -> Graph:
+    rng = np.random.default_rng(2)
+    g = Graph(name="cbr", opsets={"": 17})
+    g.inputs = [Value("x", TensorType(np.dtype(np.float64), ("N", channels, 12, 12)))]
+    current = "x"
+    for i in range(blocks):
+        g.initializers.update({
+            f"w{i}": rng.standard_normal((channels, channels, 3, 3)) * 0.2,
+            f"s{i}": rng.uniform(0.5, 1.5, channels), f"b{i}": rng.standard_normal(channels),
+            f"m{i}": rng.standard_normal(channels) * 0.1, f"v{i}": rng.uniform(0.5, 1, channels)})
+        g.nodes += [
+            Node("Conv", [current, f"w{i}"], [f"c{i}"], opset=17, attributes={"pads": [1] * 4}),
+            Node("BatchNormalization", [f"c{i}", f"s{i}", f"b{i}", f"m{i}", f"v{i}"], [f"n{i}"],
+                 opset=17),
+            Node("Relu", [f"n{i}"], [f"r{i}"], opset=17)]
+        current = f"r{i}"
+    g.initializers["fc"] = rng.standard_normal((channels, 3)) * 0.3
+    g.nodes += [Node("GlobalAveragePool", [current], ["gap"], opset=17),
+                Node("Flatten", ["gap"], ["flat"], opset=17),
+                Node("MatMul", ["flat", "fc"], ["out"], opset=17)]
+    g.outputs = [Value("out")]
+    return g
+
+
+def test_mirror_recomputes_activations_for_less_memory():
+    from mixrt.runtime.passes.autodiff import MIRROR_OPS
+    graph = conv_bn_net()
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8, 12, 12)),
+             "label": np.array([0, 1, 2, 1])}
+    trainable = [n for n in graph.initializers if n[0] in "wsb" or n == "fc"]
+    kept = TrainingProgram(graph, LOSSES["softmax_cross_entropy"]("out"), trainable)
+    mirrored = TrainingProgram(graph, LOSSES["softmax_cross_entropy"]("out"), trainable,
+                               mirror=MIRROR_OPS)
+    a, b = kept.step(graph.initializers, feeds), mirrored.step(graph.initializers, feeds)
+    assert a[0] == b[0]
+    for name in trainable:
+        np.testing.assert_array_equal(a[2][name], b[2][name])
+    plain = kept.memory_report(graph.initializers, feeds)["arena_bytes"]
+    recomputed = mirrored.memory_report(graph.initializers, feeds)["arena_bytes"]
+    assert recomputed < 0.85 * plain

@@ -47,14 +47,25 @@ class GradientGraph:
     grads: dict[str, str]
 
 
+# ops cheap and deterministic enough to recompute in backward instead of keeping their outputs
+# alive from the forward pass (MXNet's "mirror"); Conv, MatMul and Dropout are never among them
+MIRROR_OPS = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Gelu", "Elu", "Softplus",
+                        "Clip", "BatchNormalization", "Add", "Sub", "Mul", "Div", "Identity",
+                        "Flatten", "Reshape"})
+
+
 def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
-                   keep_outputs: bool = True) -> GradientGraph:
+                   keep_outputs: bool = True, mirror: frozenset | None = None) -> GradientGraph:
     """The forward graph plus the backward nodes for d ``loss`` / d ``wrt``.
 
     ``loss`` names a float tensor of the graph (any shape: its gradient seed is all ones, so a
     non-scalar loss is differentiated as its sum). Every name in ``wrt`` must be a graph input
     or initializer of a float type; initializers in ``wrt`` become graph inputs so a training
-    loop can feed updated weights without recompiling."""
+    loop can feed updated weights without recompiling.
+
+    ``mirror``: op types (see ``MIRROR_OPS``) whose outputs the backward pass recomputes
+    from their inputs instead of reading the forward's, so those activations die as soon as
+    the forward pass is done with them: memory traded for a second run of cheap ops."""
     joint = copy_graph(graph)
     joint.toposort()
     _promote_to_inputs(joint, wrt)
@@ -77,7 +88,8 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     if loss not in joint.output_names:
         joint.outputs.append(Value(loss, types.get(loss)))
     joint.outputs.extend(Value(grads[w], types.get(w)) for w in wrt)
-    joint.nodes.extend(builder.nodes)
+    backward = builder.nodes if not mirror else _mirrored(joint.nodes, builder, mirror)
+    joint.nodes.extend(backward)
     joint.initializers.update(builder.constants)
     joint.opsets.setdefault(MIXRT, 1)
     joint.toposort()
@@ -198,6 +210,32 @@ class GradBuilder:
 
     def neg(self, a: str) -> str:
         return self.emit("Neg", a)
+
+
+def _mirrored(forward: list[Node], builder: GradBuilder, ops: frozenset) -> list[Node]:
+    """The backward nodes, with each read of a mirrored forward output redirected to a copy of
+    its producer placed just before the first backward node that needs it."""
+    producer = {out: n for n in forward for out in n.outputs if out}
+    recomputed: dict[str, str] = {}
+    result: list[Node] = []
+
+    def recompute(name: str) -> str:
+        node = producer.get(name)
+        if node is None or node.op_type not in ops or node.domain:
+            return name
+        if name not in recomputed:
+            inputs = [recompute(i) if i else i for i in node.inputs]
+            outputs = [builder.fresh(f"{out}_again") if out else "" for out in node.outputs]
+            result.append(Node(node.op_type, inputs, outputs, name=builder.fresh(
+                f"{node.label}_again"), domain=node.domain, opset=node.opset,
+                attributes=dict(node.attributes)))
+            recomputed.update((out, again) for out, again in zip(node.outputs, outputs) if out)
+        return recomputed[name]
+
+    for node in builder.nodes:
+        node.inputs = [recompute(name) if name else name for name in node.inputs]
+        result.append(node)
+    return result
 
 
 def _infer(node: Node, types: dict) -> list:
