@@ -27,7 +27,8 @@ def sum_to_shape(xp, grad, shape: tuple):
 @op("SumToShapeOf", since=1, domain=MIXRT)
 def sum_to_shape_of(xp, grad, like):
     """The gradient of every broadcasting op: ``grad`` reduced to ``like``'s shape."""
-    return xp.ascontiguousarray(sum_to_shape(xp, grad, like.shape))
+    # ascontiguousarray returns at least 1-d: reshape back so a 0-d input gets a 0-d gradient
+    return xp.ascontiguousarray(sum_to_shape(xp, grad, like.shape)).reshape(like.shape)
 
 
 @sum_to_shape_of.infer

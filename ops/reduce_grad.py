@@ -62,7 +62,7 @@ def reduce_grad(xp, dY, X, Y, axes=None, *, reduction="ReduceSum", axes_attribut
     grad = xp.broadcast_to(dY, X.shape)
     if local is not None:
         grad = grad * local
-    return xp.ascontiguousarray(grad, dtype=X.dtype)
+    return xp.ascontiguousarray(grad, dtype=X.dtype).reshape(X.shape)  # 0-d stays 0-d
 
 
 @reduce_grad.infer

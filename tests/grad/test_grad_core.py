@@ -35,6 +35,12 @@ def test_unary(op_type, make):
     check_gradient(op_type, [make(3, 5)])
 
 
+def test_zero_d_operands_get_zero_d_gradients():
+    check_gradient("Add", [randn(2, 3), np.array(1.5)])
+    check_gradient("Mul", [np.array(0.7), np.array(-1.2)])
+    check_gradient("ReduceSum", [np.array(2.0)], {"keepdims": 0}, opset=11)
+
+
 def test_pow_both_operands():
     check_gradient("Pow", [positive(3, 4), randn(4)])
 
