@@ -4,6 +4,7 @@
     mixrt run MODEL --input x=x.npy ...    run it; print outputs, or save them with --output-dir;
                                            --profile FILE writes a Chrome trace of the run
     mixrt compile MODEL.onnx -o MODEL.mxr  optimize, plan memory, write the .mxr file
+    mixrt export MODEL -o OUT.onnx [--opset N]   write a .onnx or compiled .mxr model as ONNX
     mixrt plan MODEL [--json] [--png F]    the memory plan: arena, naive and lower-bound bytes
     mixrt check MODEL [--device D] [--json]   per-node support table; exit 1 if any node fails
     mixrt demo                             the main job: 9 zoo models end to end, checked
@@ -69,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_shape_options(compile_)
     compile_.set_defaults(handler=cmd_compile)
 
+    export = commands.add_parser("export", help="write a model (.onnx, or a compiled .mxr "
+                                 "with its fused ops) as ONNX at a chosen opset")
+    export.add_argument("model")
+    export.add_argument("--output", "-o", type=Path, required=True, metavar="OUT.onnx")
+    export.add_argument("--opset", type=int, metavar="N",
+                        help="default-domain opset to write (default: the model's own)")
+    export.set_defaults(handler=cmd_export)
+
     plan = commands.add_parser("plan", help="print the memory plan (arena, naive and "
                                "lower-bound bytes)")
     plan.add_argument("model")
@@ -88,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                                "against their reference outputs")
     demo.add_argument("--device", default="cpu")
     demo.set_defaults(handler=cmd_demo)
-    for sub in (info, run, compile_, plan, check, demo):
+    for sub in (info, run, compile_, export, plan, check, demo):
         # SUPPRESS keeps "mixrt --debug info" working: the subcommand must not reset it
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
@@ -262,6 +271,20 @@ def cmd_plan(args) -> int:
         draw_plan(plan, args.png, title=f"{Path(args.model).name}: {plan.strategy}")
         if not args.json:
             print(f"plot: {args.png}")
+    return 0
+
+
+# -- export ----------------------------------------------------------------------------------
+
+def cmd_export(args) -> int:
+    from mixrt.exporters.onnx import save_model  # noqa: PLC0415
+
+    model = save_model(_load_graph(args.model), args.output, opset=args.opset)
+    opset = next((o.version for o in model.opset_import if not o.domain), None)
+    size = args.output.stat().st_size
+    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, "
+          f"{'opset ' + str(opset) if opset else 'no default-domain nodes'}, "
+          f"{len(model.graph.node)} nodes)")
     return 0
 
 

@@ -75,6 +75,11 @@ class OptimizerError(MixrtError):
     the bad value and lists the valid choices."""
 
 
+class ExportError(MixrtError):
+    """A graph cannot be written as ONNX: an op the target opset cannot express, or a
+    mixrt-internal op with no standard decomposition. The message names the node."""
+
+
 class KVStoreError(MixrtError):
     """Base class of the KVStore's errors."""
 
@@ -90,6 +95,6 @@ class KVTimeoutError(KVStoreError):
 __all__ = [
     "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
-    "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
+    "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError",
 ]

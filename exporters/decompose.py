@@ -1,0 +1,224 @@
+"""mixrt-domain nodes written back as standard ONNX nodes, so an optimized graph exports.
+
+The optimizer (``runtime/passes/fuse*.py``) folds chains of standard ops into fused kernels
+of the ``mixrt`` domain. Each of them is an exact composition of ONNX ops, which this module
+unfolds again:
+
+* ``FusedConv(X, W, B, Z)``   -> Conv [-> Add(Z)] [-> activation]
+* ``FusedGemm(A, B, C)``      -> Gemm [-> activation]
+* ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
+* ``FusedElementwise``        -> one node per step of its register program, its literals
+  as 0-d initializers
+
+The new nodes are written at the graph's default-domain opset (the one the fused nodes'
+originals had), in that opset's form (Clip's bounds as attributes before opset 11, as inputs
+after), so the exporter retargets them like every other node. A mixrt-domain op without a
+decomposition here (the gradient ops of a training graph, say) is an :class:`ExportError`
+that names the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import defs
+
+from mixrt.errors import ExportError
+from mixrt.ops.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.fused_elementwise import Program
+from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, dtype_of, each_graph
+
+_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
+# Arithmetic with NumPy broadcasting (what the fused kernels do) starts at opset 7; before,
+# Add/Mul/... broadcast only when told to, along other rules. Erf arrived at opset 9.
+BROADCASTING_OPSET = 7
+_ERF_OPSET = 9
+
+
+def _opset_needed(op_type: str) -> int:
+    if op_type == "Erf":
+        return _ERF_OPSET
+    return BROADCASTING_OPSET if op_type in _BINARY else 1
+
+
+def decompose_graph(graph: Graph) -> Graph:
+    """A copy of ``graph`` in which every mixrt-domain node is replaced by standard ones."""
+    if not any(node.domain == MIXRT for node in graph.all_nodes()):
+        return graph
+    result = copy_graph(graph)
+    unfold = _Unfolder(result)
+    for g in each_graph(result):
+        nodes = []
+        for node in g.nodes:
+            nodes.extend(unfold(g, node) if node.domain == MIXRT else [node])
+        g.nodes = nodes
+        g.opsets.pop(MIXRT, None)
+    return result
+
+
+class _Unfolder:
+    """Turns one mixrt node into its standard nodes, adding constants to its graph."""
+
+    def __init__(self, graph: Graph):
+        # the opset the fused nodes' originals had (a graph of mixrt ops alone has none)
+        self.opset = int(graph.opsets.get("", defs.onnx_opset_version()))
+        self.types = infer_types(graph)
+        self.fresh = NameMaker(graph)
+
+    def __call__(self, g: Graph, node: Node) -> list[Node]:
+        unfold = _DECOMPOSITIONS.get(node.op_type)
+        if unfold is None:
+            raise ExportError(f"node {node.label!r}: mixrt::{node.op_type} has no standard "
+                              f"ONNX decomposition; mixrt can export "
+                              f"{', '.join('mixrt::' + op for op in _DECOMPOSITIONS)}")
+        self.graph, self.node, self.emitted = g, node, []
+        unfold(self, node)
+        return self.emitted
+
+    # -- building blocks used by the decompositions -------------------------------------------
+
+    def emit(self, op_type: str, inputs: list[str], output: str | None = None,
+             **attributes) -> str:
+        """Append a default-domain node; returns its output (a fresh name unless given)."""
+        needed = _opset_needed(op_type)
+        if self.opset < needed:
+            raise ExportError(f"node {self.node.label!r}: writing mixrt::{self.node.op_type} "
+                              f"as standard ops needs {op_type} as opset {needed} defines "
+                              f"it; the graph is at opset {self.opset}")
+        output = output or self.fresh(f"{self.node.outputs[0]}/{op_type.lower()}")
+        name = self.fresh(f"{self.node.name}/{op_type}") if self.node.name else ""
+        self.emitted.append(Node(op_type, inputs, [output], name, "", self.opset, attributes))
+        return output
+
+    def constant(self, value: float, what: str) -> str:
+        """A 0-d initializer of the node's dtype holding ``value``."""
+        name = self.fresh(f"{self.node.outputs[0]}/{what}")
+        self.graph.initializers[name] = np.array(value, dtype=self.dtype())
+        return name
+
+    def dtype(self) -> np.dtype:
+        for name in (self.node.outputs[0], *self.node.inputs):
+            dtype = dtype_of(self.types.get(name)) if name else None
+            if dtype is not None:
+                return dtype
+        raise ExportError(f"node {self.node.label!r}: the dtype of mixrt::"
+                          f"{self.node.op_type} is unknown, so its constants cannot be "
+                          f"written; declare the type of {self.node.outputs[0]!r}")
+
+    def activation(self, x: str) -> None:
+        """The node's ``activation`` attribute applied to ``x``, writing the node's output."""
+        kind = self.node.attributes["activation"]
+        params = [float(p) for p in self.node.attributes.get("activation_params") or ()]
+        if kind not in ACTIVATIONS or len(params) != len(ACTIVATIONS[kind][1]):
+            raise ExportError(f"node {self.node.label!r}: activation {kind!r} with params "
+                              f"{params} is not one of the fused kernels' activations "
+                              f"({', '.join(ACTIVATIONS)})")
+        unary_step(self, kind, x, params, self.node.outputs[0])
+
+
+def unary_step(unfold: _Unfolder, op_type: str, x: str, params: list[float],
+               output: str | None = None) -> str:
+    """One elementwise op with its constants (the fused kernels' activations and unary
+    program steps), in the form the opset wants."""
+    if op_type == "LeakyRelu":
+        return unfold.emit(op_type, [x], output, alpha=params[0])
+    if op_type == "HardSigmoid":
+        return unfold.emit(op_type, [x], output, alpha=params[0], beta=params[1])
+    if op_type == "Pow":
+        return unfold.emit(op_type, [x, unfold.constant(params[0], "exponent")], output)
+    if op_type == "Clip":
+        return _clip(unfold, x, params, output)
+    if params:
+        raise ExportError(f"node {unfold.node.label!r}: {op_type} takes no parameters, "
+                          f"got {params}")
+    return unfold.emit(op_type, [x], output)
+
+
+def _clip(unfold: _Unfolder, x: str, params: list[float], output: str | None) -> str:
+    low, high = params
+    if unfold.opset < 11:  # bounds were attributes until opset 11
+        return unfold.emit("Clip", [x], output, min=low, max=high)
+    bounds = [unfold.constant(value, what) if np.isfinite(value) else ""
+              for value, what in ((low, "min"), (high, "max"))]
+    while bounds and not bounds[-1]:
+        bounds.pop()
+    return unfold.emit("Clip", [x, *bounds], output)
+
+
+# -- the decompositions ----------------------------------------------------------------------
+
+def _has_activation(node: Node) -> bool:
+    return bool(node.attributes.get("activation"))
+
+
+def _product_then(unfold: _Unfolder, y: str, addends: list[str]) -> None:
+    """``y`` plus each addend in turn, then the activation; the last node writes the
+    fused node's output."""
+    output = unfold.node.outputs[0]
+    for index, addend in enumerate(addends):
+        last = index == len(addends) - 1 and not _has_activation(unfold.node)
+        y = unfold.emit("Add", [y, addend], output if last else None)
+    if _has_activation(unfold.node):
+        unfold.activation(y)
+
+
+def _product_output(unfold: _Unfolder, addends: list[str]) -> str | None:
+    """The product writes the node's output itself when nothing follows it."""
+    return None if addends or _has_activation(unfold.node) else unfold.node.outputs[0]
+
+
+def _fused_conv(unfold: _Unfolder, node: Node) -> None:
+    x, w, bias, z = (list(node.inputs) + ["", "", ""])[:4]
+    attributes = {k: v for k, v in node.attributes.items()
+                  if k not in ("activation", "activation_params")}
+    addends = [z] if z else []
+    conv_inputs = [x, w] + ([bias] if bias else [])
+    y = unfold.emit("Conv", conv_inputs, _product_output(unfold, addends), **attributes)
+    _product_then(unfold, y, addends)
+
+
+def _fused_gemm(unfold: _Unfolder, node: Node) -> None:
+    attributes = {k: v for k, v in node.attributes.items()
+                  if k not in ("activation", "activation_params")}
+    y = unfold.emit("Gemm", list(node.inputs), _product_output(unfold, []), **attributes)
+    _product_then(unfold, y, [])
+
+
+def _fused_mat_mul(unfold: _Unfolder, node: Node) -> None:
+    a, b, bias, z = (list(node.inputs) + ["", ""])[:4]
+    addends = [name for name in (bias, z) if name]
+    y = unfold.emit("MatMul", [a, b], _product_output(unfold, addends))
+    _product_then(unfold, y, addends)
+
+
+def _fused_elementwise(unfold: _Unfolder, node: Node) -> None:
+    program_of = [tuple(node.attributes.get(key, ())) for key in ("ops", "operands", "params")]
+    try:
+        program = Program(*program_of, len(node.inputs))
+    except ValueError as exc:
+        raise ExportError(f"node {node.label!r}: {exc}") from exc
+    registers = list(node.inputs)
+    last = len(program.steps) - 1
+    for index, step in enumerate(program.steps):
+        output = node.outputs[0] if index == last and step.op != "Scalar" else None
+        registers.append(_program_step(unfold, step, registers, output))
+    if registers[-1] != node.outputs[0]:  # a program that ends in a literal
+        unfold.emit("Identity", [registers[-1]], node.outputs[0])
+
+
+def _program_step(unfold: _Unfolder, step, registers: list[str], output) -> str:
+    if step.op == "Scalar":
+        return unfold.constant(step.params[0], "literal")
+    operands = [registers[r] for r in step.operands]
+    if step.op in _BINARY:
+        return unfold.emit(step.op, operands, output)
+    return unary_step(unfold, step.op, operands[0], list(step.params), output)
+
+
+_DECOMPOSITIONS = {
+    "FusedConv": _fused_conv,
+    "FusedGemm": _fused_gemm,
+    "FusedMatMul": _fused_mat_mul,
+    "FusedElementwise": _fused_elementwise,
+}
