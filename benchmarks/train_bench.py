@@ -8,7 +8,8 @@ Both runtimes train the same model from the same weights: the PyTorch module is 
 ONNX (the TorchScript exporter, training mode so BatchNormalization uses batch statistics)
 and mixrt fine-tunes the imported graph, as a user would. One step = forward, softmax
 cross-entropy, backward, SGD with momentum 0.9. Both use 2 threads. The figure is the median
-step time after warm-up steps; the ratio is mixrt / PyTorch.
+step time after warm-up steps, the two runtimes' steps alternating so that both see the same
+machine speed; the ratio is mixrt / PyTorch.
 """
 
 from __future__ import annotations
@@ -131,6 +132,23 @@ def median_step(step, warmup: int, steps: int, label: str) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str):
+    """Median step times, the two runtimes' steps alternating: this machine's speed drifts
+    over minutes, and alternating puts both under the same drift."""
+    from tqdm import tqdm  # noqa: PLC0415
+    for _ in range(warmup):
+        ours()
+        theirs()
+    mine, other = [], []
+    for _ in tqdm(range(steps), desc=f"{label} (mixrt, PyTorch alternating)", unit="pair",
+                  leave=False):
+        for step, times in ((ours, mine), (theirs, other)):
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+    return statistics.median(mine), statistics.median(other)
+
+
 def bench(name: str, steps: int, warmup: int) -> dict:
     import torch  # noqa: PLC0415
     torch.set_num_threads(2)
@@ -142,8 +160,7 @@ def bench(name: str, steps: int, warmup: int) -> dict:
     y = rng.integers(0, 10, batch).astype(np.int64)
     ours, model = mixrt_stepper(path, x, y)
     theirs = torch_stepper(module, x, y)
-    mixrt_s = median_step(ours, warmup, steps, f"{name} mixrt")
-    torch_s = median_step(theirs, warmup, steps, f"{name} torch")
+    mixrt_s, torch_s = interleaved_medians(ours, theirs, warmup, steps, name)
     return {"model": name, "batch": batch, "mixrt_ms": mixrt_s * 1e3, "torch_ms": torch_s * 1e3,
             "ratio": mixrt_s / torch_s}
 

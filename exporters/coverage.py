@@ -120,15 +120,27 @@ def _onnxruntime_outputs(model, graph: Graph, feeds: dict) -> list:
     except ImportError as exc:
         raise InputError("validation compares with onnxruntime, which is not installed; "
                          "pip install 'mixrt[validate]'") from exc
-    source = _onnx_bytes(model, graph)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
+    wanted = [v.name for v in graph.outputs]
     try:
-        session = onnxruntime.InferenceSession(source, options,
-                                               providers=["CPUExecutionProvider"])
-        return session.run([v.name for v in graph.outputs], feeds)
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise InputError(f"onnxruntime could not run the model: {exc}") from exc
+        return _run_onnxruntime(onnxruntime, _onnx_bytes(model, graph), options, wanted, feeds)
+    except Exception as first:  # noqa: BLE001 (onnxruntime raises its own untyped errors)
+        # a file stamped with an IR version or opset newer than this onnxruntime reads:
+        # mixrt's own export writes the lowest IR version its opsets allow
+        from mixrt.exporters.onnx import export_model  # noqa: PLC0415
+        try:
+            again = export_model(graph).SerializeToString()
+            return _run_onnxruntime(onnxruntime, again, options, wanted, feeds)
+        except Exception as second:  # noqa: BLE001
+            raise InputError(f"onnxruntime could not run the model ({first}), nor mixrt's "
+                             f"re-export of it ({second})") from second
+
+
+def _run_onnxruntime(onnxruntime, source: bytes, options, wanted, feeds) -> list:
+    session = onnxruntime.InferenceSession(source, options,
+                                           providers=["CPUExecutionProvider"])
+    return session.run(wanted, feeds)
 
 
 def _onnx_bytes(model, graph: Graph) -> bytes:

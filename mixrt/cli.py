@@ -7,7 +7,10 @@
     mixrt export MODEL -o OUT.onnx [--opset N]   write a .onnx or compiled .mxr model as ONNX
     mixrt plan MODEL [--json] [--png F]    the memory plan: arena, naive and lower-bound bytes
     mixrt check MODEL [--device D] [--json]   per-node support table; exit 1 if any node fails
-    mixrt demo                             the main job: 9 zoo models end to end, checked
+    mixrt check MODEL --validate [--rtol R --atol A]   ... and compare with onnxruntime
+    mixrt demo                             the main job: train, export, fine-tune, validate,
+                                           compile and serve the built-in digits CNN
+    mixrt zoo                              the 9 zoo models end to end, checked
 
 Errors print one line (``mixrt: error: ...``) and exit 2; ``--debug`` shows the traceback.
 Arrays are read with ``allow_pickle=False``: a .npy file never runs code.
@@ -92,12 +95,29 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("model")
     check.add_argument("--device", default="cpu")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--validate", action="store_true",
+                       help="also run the model in mixrt and onnxruntime and compare every "
+                       "output (exit 0 only when all nodes are supported and all match)")
+    check.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="with --validate: this input's values (default: random, seeded)")
+    check.add_argument("--dim", action="append", default=[], metavar="SYMBOL=N",
+                       help="with --validate: value of a symbolic dimension for random inputs")
+    check.add_argument("--rtol", type=float, default=1e-3)
+    check.add_argument("--atol", type=float, default=1e-5)
     check.set_defaults(handler=cmd_check)
-    demo = commands.add_parser("demo", help="run the 9 zoo models end to end and check them "
-                               "against their reference outputs")
-    demo.add_argument("--device", default="cpu")
+    demo = commands.add_parser("demo", help="the main job: train a CNN on the built-in digits, "
+                               "export, fine-tune the import, validate, compile, serve")
+    demo.add_argument("--workdir", type=Path, default=Path("mixrt-demo"),
+                      help="where the .onnx and .mxr files go (default ./mixrt-demo)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--no-progress", action="store_true", help="one line per epoch instead "
+                      "of progress bars")
     demo.set_defaults(handler=cmd_demo)
-    for sub in (info, run, compile_, export, plan, check, demo):
+    zoo = commands.add_parser("zoo", help="run the 9 zoo models end to end and check them "
+                              "against their reference outputs")
+    zoo.add_argument("--device", default="cpu")
+    zoo.set_defaults(handler=cmd_zoo)
+    for sub in (info, run, compile_, export, plan, check, demo, zoo):
         # SUPPRESS keeps "mixrt --debug info" working: the subcommand must not reset it
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
@@ -130,6 +150,11 @@ def _load_graph(model: str):
 # -- demo ------------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
+    from mixrt.main_job import run_main_job  # noqa: PLC0415
+    return run_main_job(args.workdir, seed=args.seed, progress=not args.no_progress)
+
+
+def cmd_zoo(args) -> int:
     from mixrt.demo import run_demo  # noqa: PLC0415
     return run_demo(args.device)
 
@@ -294,6 +319,8 @@ def cmd_check(args) -> int:
     from mixrt.runtime.device import Device, parse_device  # noqa: PLC0415
     from mixrt.runtime.support import support_table  # noqa: PLC0415
 
+    if args.validate:
+        return _check_validate(args)
     graph = _load_graph(args.model)
     # The registry answers for a device whether or not this machine has one.
     device = Device("gpu", 0) if args.device.startswith(("gpu", "cuda")) else \
@@ -307,6 +334,21 @@ def cmd_check(args) -> int:
     else:
         _print_table(rows, device)
     return 1 if unsupported else 0
+
+
+def _check_validate(args) -> int:
+    """Support table plus a numeric comparison with onnxruntime: the CI gate."""
+    import mixrt  # noqa: F401,PLC0415  (registers the model loaders)
+    from mixrt.exporters.coverage import format_report, validate  # noqa: PLC0415
+    feeds = dict(_read_input(item) for item in args.input) or None
+    dims = dict(_read_dim(item) for item in args.dim)
+    report = validate(args.model, feeds, device=args.device, rtol=args.rtol, atol=args.atol,
+                      dims=dims)
+    if args.json:
+        print(json.dumps({"model": args.model, **report.as_dict()}, indent=2))
+    else:
+        print(format_report(report))
+    return 0 if report.ok else 1
 
 
 def _print_table(rows, device) -> None:

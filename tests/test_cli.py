@@ -118,3 +118,31 @@ def test_compile_then_run_the_mxr(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "z.npy"), x + x)
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     assert any(e.get("cat") == "kernel" and e["args"]["op"] == "Add" for e in events)
+
+
+def test_check_validate_compares_with_onnxruntime(tmp_path):
+    path = save(add_model(), tmp_path / "m.onnx")
+    result = mixrt("check", path, "--validate", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["outputs"][0]["name"] == "z"
+    assert report["outputs"][0]["max_abs_error"] == 0.0
+
+
+def test_check_validate_fails_on_an_unsupported_node(tmp_path):
+    node = helper.make_node("NoSuchOp", ["x"], ["z"], name="mystery", domain="acme")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("z", TensorProto.FLOAT,
+                                                                       [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("acme", 1)])
+    path = save(model, tmp_path / "m.onnx")
+    result = mixrt("check", path, "--validate")
+    assert result.returncode == 1
+    assert "mystery" in result.stdout and "FAIL" in result.stdout
+
+
+def test_demo_runs_the_main_job(tmp_path):
+    result = mixrt("demo", "--workdir", str(tmp_path), "--no-progress")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[6/6]" in result.stdout and (tmp_path / "digits_task_b.mxr").exists()
