@@ -8,8 +8,8 @@ Both runtimes train the same model from the same weights: the PyTorch module is 
 ONNX (the TorchScript exporter, training mode so BatchNormalization uses batch statistics)
 and mixrt fine-tunes the imported graph, as a user would. One step = forward, softmax
 cross-entropy, backward, SGD with momentum 0.9. Both use 2 threads. The figure is the median
-step time after warm-up steps, the two runtimes' steps alternating so that both see the same
-machine speed; the ratio is mixrt / PyTorch.
+step time after warm-up steps, the two runtimes taking turns in blocks of steps so that both
+see the same machine speed; the ratio is mixrt / PyTorch.
 """
 
 from __future__ import annotations
@@ -132,20 +132,26 @@ def median_step(step, warmup: int, steps: int, label: str) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str):
-    """Median step times, the two runtimes' steps alternating: this machine's speed drifts
-    over minutes, and alternating puts both under the same drift."""
+def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str,
+                        block: int = 5):
+    """Median step times, the two runtimes taking turns in blocks of ``block`` steps (the
+    first step of each block untimed). This machine's speed drifts over minutes, so each
+    runtime must see the same drift; single-step alternation would instead time each one
+    while the other's BLAS/OpenMP threads are still spinning down."""
     from tqdm import tqdm  # noqa: PLC0415
     for _ in range(warmup):
         ours()
         theirs()
     mine, other = [], []
-    for _ in tqdm(range(steps), desc=f"{label} (mixrt, PyTorch alternating)", unit="pair",
+    rounds = max(1, -(-steps // block))
+    for _ in tqdm(range(rounds), desc=f"{label} (mixrt and PyTorch in turns)", unit="round",
                   leave=False):
         for step, times in ((ours, mine), (theirs, other)):
-            started = time.perf_counter()
             step()
-            times.append(time.perf_counter() - started)
+            for _ in range(block):
+                started = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - started)
     return statistics.median(mine), statistics.median(other)
 
 
