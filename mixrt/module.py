@@ -18,6 +18,7 @@ run exactly as if it had not stopped.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +124,6 @@ class Module:
         return history
 
     def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress) -> dict:
-        import time  # noqa: PLC0415
         started = time.perf_counter()
         train_metric = metrics.create(metric)
         total, batches = 0.0, 0

@@ -3,7 +3,6 @@ See runtime/passes/autodiff.py for the calling convention."""
 
 from __future__ import annotations
 
-from mixrt.errors import GradientError
 from mixrt.ops import loss, nn
 from mixrt.ops.grad_support import MIXRT
 from mixrt.ops.registry import op
@@ -17,21 +16,12 @@ def _swap_last(b, name: str, rank: int) -> str:
     return b.emit("Transpose", name, perm=perm)
 
 
-def _known_rank(b, node, name: str) -> int:
-    rank = b.rank(name)
-    if rank is None:
-        raise GradientError(f"node {node.label!r}: the gradient of {node.op_type} needs the "
-                            f"rank of {name!r}, which shape inference could not find",
-                            node=node.label, op_type=node.op_type)
-    return rank
-
-
 @nn.mat_mul.grad
 def _(b, node, dy):
     """dA = dY B^T, dB = A^T dY (over the trailing two axes), each summed over the batch
     axes it was broadcast along. A 1-D operand is a row (A) or column (B) vector."""
     (a, c), grad = node.inputs, dy[0]
-    rank_a, rank_c = _known_rank(b, node, a), _known_rank(b, node, c)
+    rank_a, rank_c = b.known_rank(node, a), b.known_rank(node, c)
     if rank_a == rank_c == 1:  # a dot product
         return [b.mul(grad, c), b.mul(grad, a)]
     a2 = b.emit("Unsqueeze", a, b.ints([0])) if rank_a == 1 else a
@@ -83,7 +73,7 @@ def _(b, node, dy):
 # -- the softmax family ---------------------------------------------------------------------------
 
 def _softmax_axes(b, node, *, default: int, coerced: bool) -> list[int]:
-    rank = _known_rank(b, node, node.inputs[0])
+    rank = b.known_rank(node, node.inputs[0])
     axis = int(node.attributes.get("axis", default))
     axis = axis + rank if axis < 0 else axis
     return list(range(axis, rank)) if coerced else [axis]
@@ -201,7 +191,7 @@ def _(b, node, dy):
 def _(b, node, dy):
     """The loss is NLL of log_softmax(scores) over axis 1: the NLL gradient (plus whatever
     reaches the log_prob output) through log_softmax's backward."""
-    scores, labels = node.inputs[0], node.inputs[1]
+    labels = node.inputs[1]
     weights = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     log_prob = b.forward_output(node, 1, "log_prob")
     parts = []

@@ -40,15 +40,6 @@ def input_or_none(node, position: int) -> str | None:
         else None
 
 
-def known_rank(b, node, name: str) -> int:
-    rank = b.rank(name)
-    if rank is None:
-        raise GradientError(f"node {node.label!r}: the gradient of {node.op_type} needs the "
-                            f"rank of {name!r}, which shape inference could not find",
-                            node=node.label, op_type=node.op_type)
-    return rank
-
-
 def shape_of(b, name: str) -> str:
     """``name``'s shape as an int64 tensor: a constant when static, a Shape node otherwise."""
     static = b.shape(name)
@@ -238,7 +229,7 @@ def _(b, node, dy):
 def _(b, node, dy):
     """Y viewed as [r0, d0, r1, d1, ...] (r: repeats, d: X's dims) summed over the r axes."""
     x, repeats = node.inputs[0], node.inputs[1]
-    rank = known_rank(b, node, x)
+    rank = b.known_rank(node, x)
     if rank == 0:
         return [dy[0]]
     dims, reps = b.shape(x), static_ints(b, repeats)

@@ -132,6 +132,16 @@ class GradBuilder:
         value_type = self.type(name)
         return None if value_type is None else value_type.rank
 
+    def known_rank(self, node: Node, name: str) -> int:
+        """The rank of ``name``, or a GradientError naming ``node`` when inference lost it
+        (gradients that permute or unsqueeze axes cannot be built without it)."""
+        rank = self.rank(name)
+        if rank is None:
+            raise GradientError(f"node {node.label!r}: the gradient of {node.op_type} needs "
+                                f"the rank of {name!r}, which shape inference could not find",
+                                node=node.label, op_type=node.op_type)
+        return rank
+
     def differentiable(self, name: str) -> bool:
         dtype = self.dtype(name)
         return dtype is None or np.dtype(dtype).kind in DIFFERENTIABLE_KINDS
