@@ -31,6 +31,10 @@ def sum_to_shape_of(xp, grad, like):
     return xp.ascontiguousarray(sum_to_shape(xp, grad, like.shape)).reshape(like.shape)
 
 
-@sum_to_shape_of.infer
-def _(grad: TensorType, like: TensorType, **_):
+def shaped_like_second(grad: TensorType, like: TensorType, *_, **__) -> list[TensorType]:
+    """The infer function of backward kernels whose result is the gradient's dtype in the
+    shape of the forward input passed second (SumToShapeOf, GatherGrad, SliceGrad, ...)."""
     return [TensorType(grad.dtype, like.shape)]
+
+
+sum_to_shape_of.infer(shaped_like_second)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from mixrt.errors import GradientError
 from mixrt.ops import index
-from mixrt.ops.grad_support import MIXRT
+from mixrt.ops.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.registry import op
 from mixrt.ops.shape_grad import zeros_like
-from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.ops.types import normalize_axis
 
 
 # -- Gather -----------------------------------------------------------------------------------
@@ -30,9 +30,7 @@ def gather_grad(xp, dY, like, indices, *, axis=0):
     return xp.ascontiguousarray(xp.moveaxis(summed, 0, axis))
 
 
-@gather_grad.infer
-def _(dY: TensorType, like: TensorType, *_, **__):
-    return [TensorType(dY.dtype, like.shape)]
+gather_grad.infer(shaped_like_second)
 
 
 @index.gather.grad
@@ -64,9 +62,7 @@ def gather_nd_grad(xp, dY, like, indices, *, batch_dims=0):
     return grad
 
 
-@gather_nd_grad.infer
-def _(dY: TensorType, like: TensorType, *_, **__):
-    return [TensorType(dY.dtype, like.shape)]
+gather_nd_grad.infer(shaped_like_second)
 
 
 @index.gather_nd.grad

@@ -18,10 +18,10 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops import cast, elementwise, index, layout, nn, shape
 from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.grad_support import MIXRT
+from mixrt.ops.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.registry import op
 from mixrt.ops.shape import host_ints
-from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.ops.types import normalize_axis
 
 
 # -- helpers shared with index_grad.py ------------------------------------------------------
@@ -139,9 +139,7 @@ def slice_grad(xp, dY, like, starts, ends, axes=None, steps=None):
     return grad
 
 
-@slice_grad.infer
-def _(dY: TensorType, like: TensorType, *_, **__):
-    return [TensorType(dY.dtype, like.shape)]
+slice_grad.infer(shaped_like_second)
 
 
 @index.slice_.grad
@@ -176,9 +174,7 @@ def pad_grad(xp, dY, like, pads, axes=None, *, mode="constant"):
     return grad.astype(dY.dtype).reshape(like.shape)
 
 
-@pad_grad.infer
-def _(dY: TensorType, like: TensorType, *_, **__):
-    return [TensorType(dY.dtype, like.shape)]
+pad_grad.infer(shaped_like_second)
 
 
 def _pad_backward(b, node, dy: str, pads: str, axes: str | None, mode: str) -> str:
