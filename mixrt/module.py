@@ -13,6 +13,11 @@ backward in one planned arena), then ``Trainer.step`` applies the optimizer. Che
 ``.npz`` files (parameters, optimizer state and a JSON record of the epoch and the data
 iterator's shuffle state), loaded with ``allow_pickle=False``; resuming from one continues the
 run exactly as if it had not stopped.
+
+``fit(..., precision="float16")`` trains in mixed precision (PyTorch AMP / MXNet AMP): the
+parameters, their gradients and the optimizer state stay float32, the forward and backward
+graph computes in float16 and a dynamic :class:`~mixrt.runtime.mixed_precision.LossScaler`
+(``model.loss_scaler``, saved in checkpoints) skips the steps whose gradients overflow.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.mixed_precision import LossScaler, parse_precision
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import Session, load_graph
 from mixrt.runtime.training import LOSSES, Loss, TrainingProgram
@@ -38,9 +44,14 @@ CHECKPOINT_FORMAT = "mixrt.checkpoint/1"
 
 
 class Module:
-    def __init__(self, graph: Graph, *, output: str | None = None):
+    """``device`` runs the training and inference sessions there ("cpu", "gpu", "gpu:1");
+    the parameters and the optimizer stay on the host."""
+
+    def __init__(self, graph: Graph, *, output: str | None = None, device: str = "cpu"):
         self.graph = copy_graph(graph)
         self.output = output or self.graph.output_names[0]
+        self.device = device
+        self.loss_scaler: LossScaler | None = None  # made by the first float16 step
         self.params = ParameterDict(
             (name, Parameter(name, array)) for name, array in self.graph.initializers.items()
             if np.asarray(array).dtype.kind == "f")
@@ -50,8 +61,8 @@ class Module:
         self._version = 0
 
     @classmethod
-    def from_onnx(cls, source, *, output: str | None = None) -> "Module":
-        return cls(load_graph(source), output=output)
+    def from_onnx(cls, source, *, output: str | None = None, device: str = "cpu") -> "Module":
+        return cls(load_graph(source), output=output, device=device)
 
     # -- choosing what trains --------------------------------------------------------------
 
@@ -102,17 +113,25 @@ class Module:
     def fit(self, train_data: NDArrayIter, *, eval_data: NDArrayIter | None = None,
             loss="softmax_cross_entropy", optimizer="sgd", optimizer_params=None,
             epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
-            trainer: Trainer | None = None, on_epoch=None) -> list[dict]:
+            trainer: Trainer | None = None, on_epoch=None, precision: str = "float32",
+            loss_scaler: LossScaler | bool | None = None) -> list[dict]:
         """Train for ``epochs`` (counting epochs already done when resuming); returns one
-        record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds})."""
+        record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
+
+        ``precision``: "float32" (default), "float16" or "bfloat16" (see
+        :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
+        :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
+        the default (a dynamic one for float16)."""
         trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params)
         loss_spec = self._loss(loss)
+        parse_precision(precision, self.device)  # a bad name fails before any work
+        self._scaler_for(precision, loss_scaler)  # before resume loads its state into it
         history, first = [], 0
         if resume is not None:
             first, history = self.load_checkpoint(resume, trainer, train_data)
         for epoch in range(first, epochs):
             record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
-                                       progress)
+                                       progress, (precision, loss_scaler))
             if eval_data is not None:
                 name, value = self.score(eval_data, metric)
                 record[f"eval_{name}"] = value
@@ -123,14 +142,16 @@ class Module:
                 self.save_checkpoint(checkpoint, trainer, epoch + 1, train_data, history)
         return history
 
-    def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress) -> dict:
+    def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress,
+                     mixed) -> dict:
         started = time.perf_counter()
         train_metric = metrics.create(metric)
         total, batches = 0.0, 0
         data.reset()
         bar = _progress(len(data), f"epoch {epoch + 1}/{epochs}", progress)
         for batch in PrefetchingIter(data):
-            loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec)
+            loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec,
+                                                  precision=mixed[0], loss_scaler=mixed[1])
             real = len(batch.data) - batch.pad
             train_metric.update(batch.label[:real], outputs[0][:real])
             total, batches = total + loss_value, batches + 1
@@ -143,16 +164,39 @@ class Module:
         return {"epoch": epoch + 1, "loss": total / max(batches, 1), f"train_{name}": value,
                 "seconds": time.perf_counter() - started}
 
-    def train_step(self, data, label, trainer: Trainer, loss="softmax_cross_entropy"):
-        """Forward, backward and one optimizer update on one batch: (loss, outputs)."""
-        program = self._program(self._loss(loss))
+    def train_step(self, data, label, trainer: Trainer, loss="softmax_cross_entropy", *,
+                   precision: str = "float32", loss_scaler: LossScaler | bool | None = None):
+        """Forward, backward and one optimizer update on one batch: (loss, outputs). In
+        float16 a step whose scaled gradients overflow updates nothing (the loss scaler
+        backs off instead)."""
+        scaler = self._scaler_for(precision, loss_scaler)
+        program = self._program(self._loss(loss), precision, scaler)
         feeds = {self.data_names[0]: np.asarray(data), program.loss_spec.label: label}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
-        for name, grad in grads.items():
-            self.params[name].set_grad(grad)
-        trainer.step(1)  # the loss is already a mean over the batch
-        self._changed()
+        if grads is not None:
+            for name, grad in grads.items():
+                self.params[name].set_grad(grad)
+            trainer.step(1)  # the loss is already a mean over the batch
+            self._changed()
         return loss_value, outputs
+
+    def _scaler_for(self, precision: str, loss_scaler) -> LossScaler | None:
+        """The scaler a step uses. None: float16 gets the module's (made once, so its scale
+        carries over steps, programs and checkpoints), other precisions none; a LossScaler
+        becomes the module's; False: none."""
+        if loss_scaler is False:
+            return None
+        if isinstance(loss_scaler, LossScaler):
+            self.loss_scaler = loss_scaler
+            return loss_scaler
+        if loss_scaler is not None:
+            raise InputError(f"loss_scaler must be a LossScaler, False or None, got "
+                             f"{loss_scaler!r}")
+        if precision != "float16":
+            return None
+        if self.loss_scaler is None:
+            self.loss_scaler = LossScaler()
+        return self.loss_scaler
 
     def _loss(self, loss) -> Loss:
         if isinstance(loss, Loss):
@@ -161,15 +205,19 @@ class Module:
             raise InputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
         return LOSSES[loss](self.output, "label")
 
-    def _program(self, loss: Loss) -> TrainingProgram:
+    def _program(self, loss: Loss, precision: str = "float32",
+                 scaler: LossScaler | None = None) -> TrainingProgram:
         trainable = tuple(p.name for p in self.params.trainable())
         if not trainable:
             raise InputError("every parameter is frozen; unfreeze some before training")
-        key = (loss.kind, trainable, self._structure)
+        key = (loss.kind, trainable, self._structure, precision, scaler is not None)
         if key not in self._programs:
-            self._programs[key] = TrainingProgram(self._graph_with_params(), loss,
-                                                  list(trainable))
-        return self._programs[key]
+            self._programs[key] = TrainingProgram(
+                self._graph_with_params(), loss, list(trainable), device=self.device,
+                precision=precision, loss_scaler=scaler or False)
+        program = self._programs[key]
+        program.scaler = scaler  # the same kind of graph; this object's scale
+        return program
 
     # -- inference -------------------------------------------------------------------------
 
@@ -192,7 +240,8 @@ class Module:
 
     def _session(self) -> Session:
         if self._predictor is None or self._predictor[0] != self._version:
-            self._predictor = (self._version, Session(self.to_graph(), opt_level=2))
+            self._predictor = (self._version, Session(self.to_graph(), device=self.device,
+                                                      opt_level=2))
         return self._predictor[1]
 
     # -- the graph with the current parameters ----------------------------------------------
@@ -232,7 +281,8 @@ class Module:
         arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer.state_dict().items()})
         record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
                   "data": None if data is None else data.state(),
-                  "params": {n: p.grad_req for n, p in self.params.items()}}
+                  "params": {n: p.grad_req for n, p in self.params.items()},
+                  "loss_scaler": self.loss_scaler and self.loss_scaler.state_dict()}
         arrays["meta"] = np.array(json.dumps(record))
         np.savez(path, **arrays)
         return path
@@ -258,6 +308,9 @@ class Module:
             {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer/")})
         if data is not None and record.get("data") is not None:
             data.set_state(record["data"])
+        if record.get("loss_scaler"):
+            self.loss_scaler = self.loss_scaler or LossScaler()
+            self.loss_scaler.load_state_dict(record["loss_scaler"])
         self._changed()
         return int(record["epoch"]), list(record.get("history", []))
 

@@ -8,6 +8,11 @@ one joint forward+backward graph that a Session runs over a single planned arena
 The loss is appended to the graph as ordinary ONNX nodes (so it differentiates like any other
 op), trainable initializers become graph inputs (fed from ``params`` each step, never folded
 into constants) and frozen ones stay constants that the optimizer passes may fold.
+
+``precision="float16"`` rewrites the model to compute in float16 before the loss is attached
+(``mixed_precision.lower_precision``) and multiplies the loss by a fed scale before it is
+differentiated (``mixed_precision.scale_loss``); ``step`` unscales the gradients, which are
+float32 like the parameters, and returns None for them when they overflowed.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.errors import GradientError, InputError
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory import plan_report
+from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,
+                                           parse_precision, scale_loss)
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
 from mixrt.runtime.session import Session
@@ -137,35 +144,82 @@ def _float_dtype(graph: Graph, name: str, known) -> np.dtype:
 # -- the program -----------------------------------------------------------------------------------
 
 class TrainingProgram:
-    """One compiled training step: feeds + current parameters -> loss, outputs, gradients."""
+    """One compiled training step: feeds + current parameters -> loss, outputs, gradients.
+
+    ``precision`` ("float32", "float16" or "bfloat16") is what the forward and backward
+    graph computes in; parameters, gradients and outputs stay float32 (see
+    :mod:`mixrt.runtime.mixed_precision`). float16 scales the loss with ``loss_scaler``
+    (default: a dynamic :class:`LossScaler`; ``False``: none); ``program.scaler`` may be
+    swapped for another LossScaler between steps, not for None."""
 
     def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
                  device: str = "cpu", opt_level: int = 1, strategy: str = "greedy",
-                 mirror: frozenset | None = None):
+                 mirror: frozenset | None = None, precision: str = "float32",
+                 loss_scaler: LossScaler | bool | None = None):
         self.loss_spec = loss
         self.trainable = list(trainable)
-        with_loss, self.loss, self.label_dtype = attach_loss(graph, loss)
-        self.joint = gradient_graph(with_loss, self.loss, self.trainable, keep_outputs=True,
-                                    mirror=mirror)
+        self.precision = precision
+        compute_dtype = parse_precision(precision, device)
+        self.scaler = _default_scaler(compute_dtype, loss_scaler)
+        with_loss, self.loss, self.label_dtype = attach_loss(
+            _in_precision(graph, compute_dtype, loss.prediction), loss)
+        differentiated, self._scale_input = self.loss, None
+        if self.scaler is not None:
+            with_loss, differentiated, self._scale_input = scale_loss(with_loss, self.loss)
+        self.joint = gradient_graph(with_loss, differentiated, self.trainable,
+                                    keep_outputs=True, mirror=mirror)
         self.session = Session(self.joint.graph, device=device, opt_level=opt_level,
                                strategy=strategy)
         self.outputs = graph.output_names
         self._grad_names = [self.joint.grads[name] for name in self.trainable]
 
-    def step(self, params: dict, feeds: dict) -> tuple[float, list, dict]:
-        """Run forward and backward: (loss, the model's outputs, {param: gradient})."""
+    def step(self, params: dict, feeds: dict) -> tuple[float, list, dict | None]:
+        """Run forward and backward: (loss, the model's outputs, {param: gradient}).
+
+        With a loss scaler the gradients come back unscaled, and as None when one of them
+        overflowed: that step must be skipped (the scaler has already backed off)."""
+        feeds = self._feeds(params, feeds)
+        values = self.session.run([self.loss, *self.outputs, *self._grad_names], feeds)
+        loss, rest = values[0], values[1:]
+        outputs = rest[:len(self.outputs)]
+        grads = dict(zip(self.trainable, rest[len(self.outputs):]))
+        if self.scaler is not None:
+            finite = self.scaler.unscale(grads)
+            self.scaler.update(finite)
+            grads = grads if finite else None
+        return float(loss), outputs, grads
+
+    def _feeds(self, params: dict, feeds: dict) -> dict:
         feeds = dict(feeds)
         label = feeds.get(self.loss_spec.label)
         if label is not None:  # labels arrive as whatever the dataset holds
             feeds[self.loss_spec.label] = np.asarray(label).astype(self.label_dtype,
                                                                    copy=False)
-        values = self.session.run([self.loss, *self.outputs, *self._grad_names],
-                                  {**feeds, **{n: params[n] for n in self.trainable}})
-        loss, rest = values[0], values[1:]
-        outputs, grads = rest[:len(self.outputs)], rest[len(self.outputs):]
-        return float(loss), outputs, dict(zip(self.trainable, grads))
+        if self.scaler is not None:
+            feeds[self._scale_input] = np.asarray(self.scaler.scale, np.float32)
+        return {**feeds, **{n: params[n] for n in self.trainable}}
 
     def memory_report(self, params: dict, feeds: dict) -> dict:
         """The joint forward+backward plan for these shapes: arena, naive and lower bound."""
-        all_feeds = {**feeds, **{n: params[n] for n in self.trainable}}
-        return plan_report(self.session.memory_plan(all_feeds))
+        return plan_report(self.session.memory_plan(self._feeds(params, feeds)))
+
+
+def _in_precision(graph: Graph, dtype: np.dtype, prediction: str) -> Graph:
+    """The model computing in ``dtype``; the prediction stays float32 so the loss nodes
+    attached to it compute in float32."""
+    if dtype == FLOAT32:
+        return graph
+    return lower_precision(graph, dtype, keep=(prediction,))
+
+
+def _default_scaler(dtype: np.dtype, loss_scaler) -> LossScaler | None:
+    """float16 scales by default (small gradients underflow it otherwise); bfloat16 has
+    float32's range and float32 needs nothing, so they scale only with a scaler passed."""
+    if loss_scaler is None:
+        return LossScaler() if dtype == np.float16 else None
+    if loss_scaler is False:
+        return None
+    if not isinstance(loss_scaler, LossScaler):
+        raise InputError(f"loss_scaler must be a LossScaler, False or None, got "
+                         f"{loss_scaler!r}")
+    return loss_scaler
