@@ -1,0 +1,307 @@
+"""Mixed-precision training: the float16 graph rewrite, the loss scaler, TrainingProgram and
+Module.fit with precision=, on the CPU (and on a GPU where CuPy has one)."""
+
+import numpy as np
+import pytest
+
+from mixrt import random as mixrt_random
+from mixrt.errors import InputError, UnsupportedOperatorError
+from mixrt.gluon import Trainer
+from mixrt.io import NDArrayIter
+from mixrt.models.digits import digits_cnn, load_digits, split
+from mixrt.module import Module
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.mixed_precision import (FLOAT32_OPS, LossScaler, lower_precision,
+                                           parse_precision)
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.training import TrainingProgram, softmax_cross_entropy
+
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
+
+
+def mlp(inputs=64, hidden=64, outputs=10, seed=0) -> Graph:
+    rng = np.random.default_rng(seed)
+    g = Graph(name="mlp", opsets={"": 17})
+    g.inputs = [Value("x", TensorType(F32, ("N", inputs)))]
+    g.initializers = {
+        "w1": (rng.standard_normal((inputs, hidden)) * np.sqrt(2 / inputs)).astype(F32),
+        "b1": np.zeros(hidden, F32),
+        "w2": (rng.standard_normal((hidden, outputs)) * np.sqrt(1 / hidden)).astype(F32),
+        "b2": np.zeros(outputs, F32)}
+    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", opset=17),
+               Node("Relu", ["h"], ["features"], name="relu", opset=17),
+               Node("Gemm", ["features", "w2", "b2"], ["out"], name="fc2", opset=17)]
+    g.outputs = [Value("out")]
+    return g
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images, labels = load_digits()
+    (xt, yt), (xe, ye) = split(images, labels)
+    return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye
+
+
+def _fit(precision, digits, epochs=5, **options):
+    xt, yt, xe, ye = digits
+    mixrt_random.seed(1)
+    model = Module(mlp())
+    history = model.fit(NDArrayIter(xt, yt, 64, shuffle=True, seed=2),
+                        eval_data=NDArrayIter(xe, ye, 128), optimizer="sgd",
+                        optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+                        epochs=epochs, progress=False, precision=precision, **options)
+    return model, history
+
+
+def _types_by_op(graph: Graph, feeds: dict) -> dict:
+    """op type -> the set of dtypes its nodes' first outputs have, for these feed shapes."""
+    shaped = Graph(graph.name, [Value(v.name, TensorType(np.asarray(feeds[v.name]).dtype,
+                                                         np.shape(feeds[v.name])))
+                                if v.name in feeds else v for v in graph.inputs],
+                   graph.outputs, graph.nodes, graph.initializers, opsets=graph.opsets)
+    types = infer_types(shaped)
+    found: dict[str, set] = {}
+    for node in graph.nodes:
+        found.setdefault(node.op_type, set()).add(np.dtype(types[node.outputs[0]].dtype))
+    return found
+
+
+# -- training ---------------------------------------------------------------------------------
+
+def test_float16_training_reaches_float32_accuracy(digits):
+    _, full = _fit("float32", digits)
+    model, half = _fit("float16", digits)
+    assert half[-1]["eval_accuracy"] >= 0.93
+    assert half[-1]["eval_accuracy"] >= full[-1]["eval_accuracy"] - 0.02
+    assert half[-1]["loss"] == pytest.approx(full[-1]["loss"], rel=0.1)
+    assert model.loss_scaler.scale == 2.0 ** 16 and model.loss_scaler.skipped_steps == 0
+
+
+def test_joint_graph_computes_in_float16():
+    graph, x = mlp(), np.ones((8, 64), F32)
+    program = TrainingProgram(graph, softmax_cross_entropy("out"), ["w1", "b1", "w2", "b2"],
+                              precision="float16")
+    feeds = program._feeds(graph.initializers, {"x": x, "label": np.zeros(8, np.int64)})
+    for executed in (program.joint.graph, program.session.graph):  # before and after passes
+        found = _types_by_op(executed, feeds)
+        assert found["Gemm"] == {F16} and found["Relu"] == {F16}
+        assert found["ReluGrad"] == {F16}
+        assert found["SoftmaxCrossEntropyLoss"] == {F32}  # the loss is on the deny list
+    types = infer_types(program.joint.graph)
+    assert {np.dtype(types[name].dtype) for name in program._grad_names} == {F32}
+    assert all(v.type.dtype == F32 for v in program.joint.graph.inputs
+               if v.name in program.trainable)
+
+
+def test_gradients_master_weights_and_optimizer_state_stay_float32(digits):
+    xt, yt, _, _ = digits
+    model = Module(mlp())
+    trainer = Trainer(model.params.trainable(), "adam", {"learning_rate": 1e-3})
+    model.train_step(xt[:32], yt[:32], trainer, precision="float16")
+    for name, param in model.params.items():
+        assert param.data().dtype == F32 and param.grad().dtype == F32, name
+    state = trainer.optimizer.state_dict()
+    assert {v.dtype for k, v in state.items() if k != "meta"} == {F32}
+
+
+def test_unscaled_float16_gradients_match_float32():
+    rng = np.random.default_rng(4)
+    graph = mlp()
+    feeds = {"x": rng.standard_normal((16, 64)).astype(F32),
+             "label": rng.integers(0, 10, 16)}
+    trainable = ["w1", "b1", "w2", "b2"]
+    full = TrainingProgram(graph, softmax_cross_entropy("out"), trainable)
+    half = TrainingProgram(graph, softmax_cross_entropy("out"), trainable,
+                           precision="float16")
+    loss32, (out32,), grads32 = full.step(graph.initializers, feeds)
+    loss16, (out16,), grads16 = half.step(graph.initializers, feeds)
+    assert out16.dtype == F32 and loss16 == pytest.approx(loss32, rel=2e-3)
+    for name in trainable:
+        scale = np.abs(grads32[name]).max()
+        np.testing.assert_allclose(grads16[name], grads32[name], atol=3e-3 * scale)
+
+
+def test_convolutions_train_in_float16():
+    mixrt_random.seed(0)
+    graph = digits_cnn(channels=(4, 8), hidden=16)
+    trainable = list(graph.initializers)
+    rng = np.random.default_rng(0)
+    feeds = {"image": rng.uniform(0, 1, (16, 1, 8, 8)).astype(F32),
+             "label": rng.integers(0, 10, 16)}
+    full = TrainingProgram(graph, softmax_cross_entropy("logits"), trainable)
+    half = TrainingProgram(graph, softmax_cross_entropy("logits"), trainable,
+                           precision="float16")
+    _, _, grads32 = full.step(graph.initializers, feeds)
+    _, _, grads16 = half.step(graph.initializers, feeds)
+    found = _types_by_op(half.joint.graph, half._feeds(graph.initializers, feeds))
+    assert found["Conv"] == {F16} and found["ConvGrad"] == {F16}
+    # float16 rounding may move a max-pool window's winner, so elements can differ; the
+    # direction of every gradient must not
+    for name in trainable:
+        a, b = grads32[name].ravel(), grads16[name].ravel()
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99, name
+
+
+# -- the loss scaler ----------------------------------------------------------------------------
+
+def test_overflow_skips_the_step_and_halves_the_scale(digits):
+    xt, yt, _, _ = digits
+    model = Module(mlp())
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.1})
+    before = {n: p.data().copy() for n, p in model.params.items()}
+    scaler = LossScaler(init_scale=2.0 ** 40)  # the float16 backward overflows to inf
+    loss, _ = model.train_step(xt[:32], yt[:32], trainer, precision="float16",
+                               loss_scaler=scaler)
+    assert np.isfinite(loss)
+    assert scaler.scale == 2.0 ** 39 and scaler.skipped_steps == 1
+    assert trainer.optimizer.num_update == 0
+    for name, param in model.params.items():
+        assert np.array_equal(param.data(), before[name]), name
+    scaler.scale = 2.0 ** 10  # a sane scale trains again
+    model.train_step(xt[:32], yt[:32], trainer, precision="float16")
+    assert trainer.optimizer.num_update == 1 and model.loss_scaler is scaler
+    assert not np.array_equal(model.params["w1"].data(), before["w1"])
+
+
+def test_scaler_backs_off_and_grows_on_schedule():
+    scaler = LossScaler(init_scale=1024.0, growth_interval=3)
+    for finite, expected in [(True, 1024), (True, 1024), (True, 2048), (False, 1024),
+                             (True, 1024), (True, 1024), (True, 2048)]:
+        scaler.update(finite)
+        assert scaler.scale == expected
+    fixed = LossScaler(init_scale=8.0, dynamic=False, growth_interval=1)
+    fixed.update(False)
+    fixed.update(True)
+    assert fixed.scale == 8.0 and fixed.skipped_steps == 1
+
+
+def test_scaler_unscales_in_place_and_flags_non_finite():
+    scaler = LossScaler(init_scale=4.0)
+    grads = {"a": np.array([4.0, 8.0], F32), "b": np.array([2.0], F32)}
+    assert scaler.unscale(grads)
+    assert grads["a"].tolist() == [1.0, 2.0] and grads["b"].dtype == F32
+    assert not scaler.unscale({"a": np.array([1.0, np.inf], F32)})
+    assert not scaler.unscale({"a": np.array([np.nan], F32)})
+
+
+@pytest.mark.parametrize("options", [{"init_scale": 0}, {"init_scale": float("inf")},
+                                     {"growth_factor": 1.0}, {"backoff_factor": 1.5},
+                                     {"growth_interval": 0}, {"growth_interval": 2.5}])
+def test_scaler_rejects_bad_parameters(options):
+    with pytest.raises(InputError, match="LossScaler"):
+        LossScaler(**options)
+
+
+def test_checkpoint_resumes_the_scaler_and_the_run(digits, tmp_path):
+    xt, yt = digits[:2]
+
+    def run(epochs, **options):
+        mixrt_random.seed(1)
+        model = Module(mlp())
+        trainer = Trainer(model.params.trainable(), "adam", {"learning_rate": 0.01})
+        model.fit(NDArrayIter(xt, yt, 50, shuffle=True, seed=5), epochs=epochs,
+                  trainer=trainer, progress=False, precision="float16",
+                  loss_scaler=LossScaler(init_scale=2.0 ** 20, growth_interval=7), **options)
+        return model
+
+    straight = run(3)
+    run(2, checkpoint=tmp_path / "ckpt")
+    resumed = run(3, resume=tmp_path / "ckpt.npz")
+    assert resumed.loss_scaler.state_dict() == straight.loss_scaler.state_dict()
+    assert straight.loss_scaler.scale != 2.0 ** 20  # it changed on the way
+    for name, param in straight.params.items():
+        assert np.array_equal(param.data(), resumed.params[name].data()), name
+
+
+# -- the rewrite and its options ---------------------------------------------------------------
+
+def test_deny_listed_ops_compute_in_float32_and_outputs_stay_float32():
+    g = mlp(hidden=8)
+    g.nodes += [Node("Softmax", ["out"], ["probs"], name="softmax", opset=17),
+                Node("ReduceMean", ["h"], ["mean"], name="mean", opset=17, attributes={
+                    "keepdims": 0})]
+    g.outputs = [Value("out"), Value("probs"), Value("h"), Value("mean")]
+    low = lower_precision(g, F16)
+    found = _types_by_op(low, {"x": np.zeros((2, 64), F32)})
+    assert found["Gemm"] == {F16} and found["Relu"] == {F16}
+    assert found["Softmax"] == {F32} and found["ReduceMean"] == {F32}
+    assert {"Softmax", "ReduceMean", "SoftmaxCrossEntropyLoss"} <= FLOAT32_OPS
+    types = infer_types(low)
+    assert all(np.dtype(types[name].dtype) == F32 for name in low.output_names)
+    # "h" is an output (restored to float32) and read by Relu (which keeps the float16 value)
+    relu = next(n for n in low.nodes if n.op_type == "Relu")
+    assert np.dtype(types[relu.inputs[0]].dtype) == F16
+    from mixrt.runtime.session import Session
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(F32)
+    expected = Session(g, opt_level=0).run(None, {"x": x})
+    for got, want in zip(Session(low, opt_level=1).run(None, {"x": x}), expected):
+        assert got.dtype == F32
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_each_value_is_cast_once_and_float64_is_left_alone():
+    g = mlp(hidden=8)
+    g.initializers["c64"] = np.full(3, 0.1)
+    g.nodes += [Node("Gemm", ["x", "w1", "b1"], ["h2"], name="fc1b", opset=17),  # x again
+                Node("Add", ["h", "h2"], ["both"], name="both", opset=17),
+                Node("Mul", ["c64", "c64"], ["sq64"], name="sq64", opset=17)]
+    g.outputs = [Value("out"), Value("both"), Value("sq64")]
+    low = lower_precision(g, F16)
+    cast_inputs = [n.inputs[0] for n in low.nodes if n.op_type == "Cast"]
+    assert sorted(cast_inputs) == sorted(["x", "w1", "b1", "w2", "b2", "out_float16",
+                                          "both_float16"])
+    found = _types_by_op(low, {"x": np.zeros((2, 64), F32)})
+    assert found["Add"] == {F16} and found["Mul"] == {np.dtype(np.float64)}
+
+
+def test_bad_precision_names_and_bfloat16_are_typed_errors():
+    with pytest.raises(InputError, match="float16"):
+        parse_precision("half")
+    with pytest.raises(InputError, match="choose one of"):
+        TrainingProgram(mlp(), softmax_cross_entropy("out"), ["w1"], precision="fp8")
+    with pytest.raises(UnsupportedOperatorError, match="autodiff") as cpu:
+        parse_precision("bfloat16")
+    assert cpu.value.dtype == "bfloat16"
+    with pytest.raises(UnsupportedOperatorError, match="CuPy has no bfloat16"):
+        parse_precision("bfloat16", "gpu:0")
+    model = Module(mlp())
+    with pytest.raises(InputError, match="precision"):
+        model.fit(NDArrayIter(np.zeros((4, 64), F32), np.zeros(4, np.int64), 2),
+                  precision="float8", progress=False)
+    with pytest.raises(InputError, match="loss_scaler"):
+        TrainingProgram(mlp(), softmax_cross_entropy("out"), ["w1"], precision="float16",
+                        loss_scaler=2.0)
+
+
+def test_float32_is_unchanged_and_scaling_is_optional():
+    graph = mlp()
+    plain = TrainingProgram(graph, softmax_cross_entropy("out"), ["w1"])
+    assert plain.scaler is None and not any(n.op_type == "Cast" for n in plain.joint.graph.nodes)
+    unscaled = TrainingProgram(graph, softmax_cross_entropy("out"), ["w1"],
+                               precision="float16", loss_scaler=False)
+    assert unscaled.scaler is None
+    assert len(unscaled.joint.graph.inputs) == len(plain.joint.graph.inputs)
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+
+def test_float16_on_the_gpu_matches_the_cpu():
+    pytest.importorskip("cupy")
+    from mixrt.runtime.device import gpu_available
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    rng = np.random.default_rng(4)
+    graph = mlp()
+    feeds = {"x": rng.standard_normal((16, 64)).astype(F32), "label": rng.integers(0, 10, 16)}
+    trainable = ["w1", "b1", "w2", "b2"]
+    cpu = TrainingProgram(graph, softmax_cross_entropy("out"), trainable, precision="float16")
+    gpu = TrainingProgram(graph, softmax_cross_entropy("out"), trainable, precision="float16",
+                          device="gpu")
+    loss_cpu, _, grads_cpu = cpu.step(graph.initializers, feeds)
+    loss_gpu, _, grads_gpu = gpu.step(graph.initializers, feeds)
+    assert loss_gpu == pytest.approx(loss_cpu, rel=1e-3)
+    for name in trainable:
+        assert grads_gpu[name].dtype == F32
+        scale = np.abs(grads_cpu[name]).max()
+        np.testing.assert_allclose(grads_gpu[name], grads_cpu[name], atol=5e-3 * scale)
