@@ -216,7 +216,13 @@ def _program_step(unfold: _Unfolder, step, registers: list[str], output) -> str:
     return unary_step(unfold, step.op, operands[0], list(step.params), output)
 
 
+def _block_grad(unfold: _Unfolder, node: Node) -> None:
+    # a stop-gradient matters only to mixrt's autodiff; in an exported model it is a no-op
+    unfold.emit("Identity", [node.inputs[0]], node.outputs[0])
+
+
 _DECOMPOSITIONS = {
+    "BlockGrad": _block_grad,
     "FusedConv": _fused_conv,
     "FusedGemm": _fused_gemm,
     "FusedMatMul": _fused_mat_mul,

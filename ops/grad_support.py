@@ -38,3 +38,21 @@ def shaped_like_second(grad: TensorType, like: TensorType, *_, **__) -> list[Ten
 
 
 sum_to_shape_of.infer(shaped_like_second)
+
+
+@op("BlockGrad", since=1, domain=MIXRT)
+def block_grad(xp, input):
+    """Its input, unchanged; no gradient flows back through it (MXNet's BlockGrad, a
+    framework's stop_gradient): how a symbol exposes a value, such as the logits beside a
+    loss, without differentiating it. Exports as ONNX Identity."""
+    return input
+
+
+@block_grad.infer
+def _(input, **_):
+    return [input]
+
+
+@block_grad.grad
+def _(b, node, dy):
+    return [None]

@@ -38,7 +38,7 @@ from mixrt.ops.types import TensorType
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 
 # ops whose output (for a contiguous input) is a view of input 0
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BlockGrad"})
 
 # ops whose kernels compute the output elementwise from same-shaped inputs through ufuncs with
 # ``out=``, so the output may share its buffer with an input that dies here

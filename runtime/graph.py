@@ -131,7 +131,7 @@ class Graph:
                 cycle = " -> ".join(n.label for n in chain[chain.index(node):] + [node])
                 raise GraphError(f"graph {self.name!r} has a cycle: {cycle}")
             state[id(node)] = "active"
-            for name in _reads(node):
+            for name in node_reads(node):
                 if name in producer:
                     visit(producer[name], chain + [node])
                 elif name not in defined:
@@ -156,7 +156,7 @@ class Graph:
         self.toposort()
 
 
-def _reads(node: Node) -> list[str]:
+def node_reads(node: Node) -> list[str]:
     """Names a node reads, its subgraphs' outer-scope reads included."""
     names = [n for n in node.inputs if n]
     for sub in node.subgraphs():
@@ -170,6 +170,6 @@ def outer_scope_reads(graph: Graph) -> list[str]:
     defined.update(out for node in graph.nodes for out in node.outputs if out)
     reads = []
     for node in graph.nodes:
-        reads.extend(n for n in _reads(node) if n not in defined)
+        reads.extend(n for n in node_reads(node) if n not in defined)
     reads.extend(n for n in graph.output_names if n not in defined)
     return list(dict.fromkeys(reads))

@@ -25,7 +25,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import TensorType
-from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.graph import Graph, Node, Value, node_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes
 
@@ -45,6 +45,7 @@ class GradientGraph:
     graph: Graph
     loss: str
     grads: dict[str, str]
+    backward_values: frozenset = frozenset()  # values the backward nodes produce
 
 
 # ops cheap and deterministic enough to recompute in backward instead of keeping their outputs
@@ -55,7 +56,8 @@ MIRROR_OPS = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Gelu", "Elu", "
 
 
 def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
-                   keep_outputs: bool = True, mirror: frozenset | None = None) -> GradientGraph:
+                   keep_outputs: bool = True, mirror: frozenset | None = None,
+                   seeds: dict[str, str] | None = None) -> GradientGraph:
     """The forward graph plus the backward nodes for d ``loss`` / d ``wrt``.
 
     ``loss`` names a float tensor of the graph (any shape: its gradient seed is all ones, so a
@@ -65,15 +67,24 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
 
     ``mirror``: op types (see ``MIRROR_OPS``) whose outputs the backward pass recomputes
     from their inputs instead of reading the forward's, so those activations die as soon as
-    the forward pass is done with them: memory traded for a second run of cheap ops."""
+    the forward pass is done with them: memory traded for a second run of cheap ops.
+
+    ``seeds`` (``{value: graph input}``), when given, replaces the all-ones seed: the result
+    is the vector-Jacobian product sum_i seed_i . d value_i / d w over several values (what
+    ``Executor.backward(out_grads)`` needs); ``loss`` is then just the first of them."""
     joint = copy_graph(graph)
     joint.toposort()
     _promote_to_inputs(joint, wrt)
     types = infer_types(joint)
-    _check_request(joint, types, loss, wrt)
+    targets = list(seeds) if seeds else [loss]
+    for target in targets:
+        _check_request(joint, types, target, wrt)
     builder = GradBuilder(joint, types)
-    needed = _nodes_between(joint, set(wrt), loss)
-    partials: dict[str, list[str]] = {loss: [builder.ones_like(loss)]}
+    needed = _nodes_between(joint, set(wrt), set(targets))
+    if seeds:
+        partials: dict[str, list[str]] = {value: [seed] for value, seed in seeds.items()}
+    else:
+        partials = {loss: [builder.ones_like(loss)]}
     for node in reversed(needed):
         dys = [builder.accumulate(partials.pop(name, None)) if name else None
                for name in node.outputs]
@@ -96,7 +107,8 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     # gradient functions emit a gradient for every input; those of constants and labels
     # reach no output and are dropped here, before anything runs them
     eliminate_dead_nodes(joint)
-    return GradientGraph(joint, loss, grads)
+    backward_values = {out for node in backward for out in node.outputs if out}
+    return GradientGraph(joint, loss, grads, frozenset(backward_values))
 
 
 class GradBuilder:
@@ -285,8 +297,8 @@ def _check_request(graph: Graph, types: dict, loss: str, wrt: list[str]) -> None
                                 f"gradients need a float tensor")
 
 
-def _nodes_between(graph: Graph, sources: set[str], loss: str) -> list[Node]:
-    """Nodes (in order) that depend on a source and that the loss depends on: only they
+def _nodes_between(graph: Graph, sources: set[str], targets: set[str]) -> list[Node]:
+    """Nodes (in order) that depend on a source and that a target depends on: only they
     need backward nodes."""
     tainted = set(sources)
     forward = []
@@ -294,7 +306,7 @@ def _nodes_between(graph: Graph, sources: set[str], loss: str) -> list[Node]:
         if any(name in tainted for name in node.inputs if name):
             tainted.update(out for out in node.outputs if out)
             forward.append(node)
-    wanted, needed = {loss}, []
+    wanted, needed = set(targets), []
     for node in reversed(forward):
         if any(out in wanted for out in node.outputs if out):
             wanted.update(name for name in node.inputs if name)
@@ -319,6 +331,55 @@ def _gradient_output(builder: GradBuilder, name: str, parts: list[str] | None) -
     if grad is None:
         grad = builder.emit("Mul", name, builder.constant(0.0, like=name))
     return builder.emit("Identity", grad)
+
+
+@dataclass
+class SplitGradient:
+    """A joint graph cut in two (see :func:`split_forward_backward`)."""
+
+    forward: Graph  # the model's outputs, then ``saved``
+    backward: Graph  # reads ``saved`` (and the seeds and inputs it needs); outputs the grads
+    saved: list[str]  # forward values the backward reads, in the forward's output order
+
+
+def split_forward_backward(gradient: GradientGraph) -> SplitGradient:
+    """Cut the joint graph between its forward and backward nodes, so that a caller can run
+    the forward alone (reading its outputs before it knows the head gradients) and the
+    backward later, from the forward values it saved.  Each half is planned on its own."""
+    joint = gradient.graph
+    is_backward = [any(out in gradient.backward_values for out in node.outputs if out)
+                   for node in joint.nodes]
+    forward_nodes = [n for n, back in zip(joint.nodes, is_backward) if not back]
+    backward_nodes = [n for n, back in zip(joint.nodes, is_backward) if back]
+    forward_values = {out for node in forward_nodes for out in node.outputs if out}
+    backward_reads = list(dict.fromkeys(name for node in backward_nodes for name in
+                                        node_reads(node)))
+    saved = [name for name in backward_reads if name in forward_values]
+    grad_names = set(gradient.grads.values())
+    types = infer_types(joint)
+
+    def values(names):
+        return [Value(name, types.get(name)) for name in names]
+
+    model_outputs = [v.name for v in joint.outputs if v.name not in grad_names]
+    forward = Graph(f"{joint.name}_forward", inputs=[
+        v for v in joint.inputs if v.name in _read_names(forward_nodes, model_outputs)],
+        outputs=values(dict.fromkeys(model_outputs + saved)), nodes=forward_nodes,
+        opsets=dict(joint.opsets))
+    backward_inputs = [v for v in joint.inputs if v.name in backward_reads]
+    backward = Graph(f"{joint.name}_backward",
+                     inputs=backward_inputs + values(saved),
+                     outputs=[v for v in joint.outputs if v.name in grad_names],
+                     nodes=backward_nodes, opsets=dict(joint.opsets))
+    for part in (forward, backward):
+        wanted = _read_names(part.nodes, part.output_names)
+        part.initializers = {k: v for k, v in joint.initializers.items() if k in wanted}
+        part.inputs = [v for v in part.inputs if v.name not in part.initializers]
+    return SplitGradient(forward, backward, saved)
+
+
+def _read_names(nodes: list[Node], outputs: list[str]) -> set[str]:
+    return {name for node in nodes for name in node_reads(node)} | set(outputs)
 
 
 def differentiable_ops() -> list[str]:

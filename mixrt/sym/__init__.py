@@ -1,0 +1,44 @@
+"""mixrt.sym: build graphs by composing symbols (the MXNet paper's deep embedding).
+
+    from mixrt import sym
+    data = sym.Variable("data")
+    net = sym.Gemm(data, sym.Variable("fc1_weight", shape=(128, 784)), transB=1, name="fc1")
+    net = sym.Relu(net)
+    net.infer_shape(data=(32, 784))
+    executor = net.simple_bind("cpu", data=(32, 784))
+
+Every operator mixrt registers is a function here, generated from the registry: the ONNX
+default domain at the top level (``sym.Conv``, ``sym.Softmax``), the other domains under a
+namespace (``sym.ml``, ``sym.mixrt``, ``sym.preview_training``, ``sym.preview``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from mixrt.sym.executor import Executor
+from mixrt.sym.ops import OPSET, generate
+from mixrt.sym.serialize import load, load_json
+from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
+
+_NAMESPACES = {"ai.onnx.ml": "ml", "mixrt": "mixrt", "ai.onnx.preview.training":
+               "preview_training", "ai.onnx.preview": "preview"}
+
+
+def _install() -> list[str]:
+    names = []
+    for domain, functions in generate().items():
+        if domain == "":
+            globals().update(functions)
+            names.extend(functions)
+        else:
+            namespace = _NAMESPACES.get(domain, domain.replace(".", "_"))
+            globals()[namespace] = SimpleNamespace(**functions)
+            names.append(namespace)
+    return names
+
+
+OPERATORS = _install()
+
+__all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load",
+           "load_json", "prefix", "var", *OPERATORS]

@@ -1,0 +1,331 @@
+"""One Symbol function per registered operator, generated from the registry.
+
+The kernel's Python signature is the ONNX spec (see ``ops/registry.py``), so it tells us the
+inputs (positional, optional when they have a default, variadic for ``*inputs``) and the
+attributes (keyword-only, with their defaults). A generated function takes inputs as
+Symbols (or arrays and numbers, which become constants), attributes as keywords, plus:
+
+* ``name=``: the node's name (default: the op in lower case and a counter, ``conv3``);
+* ``num_outputs=``: how many outputs to expose, for ops whose extra outputs are optional
+  (BatchNormalization's running statistics, Dropout's mask) or variadic (Split).
+
+A required input left out becomes a new Variable named after the node and the input's role,
+MXNet's convention (``conv1_weight``, ``fc1_bias``, ``bn1_moving_mean``), so a layer can be
+written as ``sym.Conv(data, kernel_shape=[3, 3], name="conv1")`` and its weight declared later
+or inferred at bind time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixrt.errors import GraphError
+from mixrt.ops.registry import REGISTRY, Kernel
+from mixrt.sym.symbol import SymNode, Symbol, constant, prefixed, variable_named
+
+# the default-domain opset symbols are built at: the newest that export (13..21) and
+# onnxruntime both take; ops that exist only at later opsets are built at their first one
+OPSET = 21
+
+# what MXNet calls a layer's parameters, by (op, ONNX input name); other inputs are named
+# "<node>_<input in lower case>"
+_PARAMETER_NAMES = {
+    ("Conv", "W"): "weight", ("Conv", "B"): "bias",
+    ("ConvTranspose", "W"): "weight", ("ConvTranspose", "B"): "bias",
+    ("Gemm", "B"): "weight", ("Gemm", "C"): "bias", ("MatMul", "B"): "weight",
+    ("BatchNormalization", "scale"): "gamma", ("BatchNormalization", "B"): "beta",
+    ("BatchNormalization", "input_mean"): "moving_mean",
+    ("BatchNormalization", "input_var"): "moving_var",
+    ("LayerNormalization", "Scale"): "gamma", ("LayerNormalization", "B"): "beta",
+    ("InstanceNormalization", "scale"): "gamma", ("InstanceNormalization", "B"): "beta",
+    ("PRelu", "slope"): "alpha",
+}
+# inputs the op updates (as an output) rather than reads as a parameter: auxiliary states
+_AUX_INPUTS = {("BatchNormalization", "input_mean"), ("BatchNormalization", "input_var")}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What a generated function needs to know about one op at the opset symbols use."""
+
+    domain: str
+    op_type: str
+    opset: int
+    inputs: tuple[str, ...]  # input names in order (the variadic one last, if any)
+    required: int  # how many leading inputs are required
+    variadic: bool
+    attributes: dict  # name -> default
+    any_attribute: bool
+    default_outputs: int | None  # None: variadic, the caller must say
+    kernel: Kernel
+
+
+def spec_of(domain: str, op_type: str) -> OpSpec:
+    kernel = _kernel_for_symbols(domain, op_type)
+    params = list(inspect.signature(kernel.fn).parameters.values())[1:]  # drop xp
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                  p.VAR_POSITIONAL)]
+    variadic = bool(positional) and positional[-1].kind is inspect.Parameter.VAR_POSITIONAL
+    required = sum(1 for p in positional if p.default is p.empty and
+                   p.kind is not p.VAR_POSITIONAL)
+    attributes = {p.name: (None if p.default is p.empty else p.default) for p in params
+                  if p.kind is p.KEYWORD_ONLY and p.name not in ("_outputs", "out")}
+    return OpSpec(kernel.domain, op_type, _opset_for(kernel), tuple(p.name for p in positional),
+                  required, variadic, attributes, kernel.accepts_any_attribute,
+                  _schema_outputs(kernel.domain, op_type, _opset_for(kernel)), kernel)
+
+
+def _kernel_for_symbols(domain: str, op_type: str) -> Kernel:
+    versions = REGISTRY.versions(domain, op_type)
+    if not versions:
+        raise GraphError(f"no operator {domain or 'ai.onnx'}::{op_type} is registered")
+    if domain:
+        return versions[-1]
+    return REGISTRY.find(domain, op_type, OPSET) or versions[0]
+
+
+def _opset_for(kernel: Kernel) -> int:
+    return max(OPSET, kernel.since) if not kernel.domain else kernel.since
+
+
+def _schema_outputs(domain: str, op_type: str, opset: int) -> int | None:
+    """The outputs a node has unless asked for more: the required ones (all of them when
+    every output is optional, as for LSTM); None when the last is variadic (Split)."""
+    schema = _schema(domain, op_type, opset)
+    if schema is None:
+        return 1
+    options = [o.option for o in schema.outputs]
+    if options and options[-1] == type(options[-1]).Variadic:
+        return None
+    required = sum(1 for o in options if o == type(o).Single)
+    return required or len(options)
+
+
+def _schema(domain: str, op_type: str, opset: int):
+    import onnx.defs  # noqa: PLC0415 (only where symbols are built)
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+# -- node names -------------------------------------------------------------------------------
+
+_counters: dict[str, itertools.count] = defaultdict(itertools.count)
+
+
+def _node_name(op_type: str, given: str | None) -> str:
+    return prefixed(given if given is not None else
+                    f"{op_type.lower()}{next(_counters[op_type])}")
+
+
+# -- calling an op ------------------------------------------------------------------------------
+
+def call_op(domain: str, op_type: str, args: list, kwargs: dict, *, name: str | None = None,
+            num_outputs: int | None = None) -> Symbol:
+    """Add one node: ``args`` positional inputs, ``kwargs`` inputs by name or attributes."""
+    spec = spec_of(domain, op_type)
+    node_name = _node_name(op_type, name)
+    inputs, attributes = _split_arguments(spec, node_name, args, kwargs)
+    count = _output_count(spec, node_name, attributes, num_outputs, inputs)
+    node = SymNode(op_type, node_name, [_entry(spec, node_name, i, value) for i, value in
+                                        enumerate(inputs)], attributes, spec.domain,
+                   spec.opset, count)
+    return Symbol([(node, i) for i in range(count)])
+
+
+def _split_arguments(spec: OpSpec, node_name: str, args, kwargs) -> tuple[list, dict]:
+    label = f"{spec.op_type} {node_name!r}"
+    if len(args) > len(spec.inputs) and not spec.variadic:
+        raise GraphError(f"{label} takes at most {len(spec.inputs)} inputs "
+                         f"{list(spec.inputs)}; got {len(args)}")
+    inputs = list(args)
+    attributes = {}
+    for key, value in kwargs.items():
+        if key in spec.inputs and not (spec.variadic and key == spec.inputs[-1]):
+            index = spec.inputs.index(key)
+            if index < len(args):
+                raise GraphError(f"{label}: input {key!r} given both positionally and by name")
+            inputs.extend([None] * (index + 1 - len(inputs)))
+            inputs[index] = value
+        elif key in spec.attributes or spec.any_attribute:
+            attributes[key] = _attribute_value(value)
+        else:
+            raise GraphError(f"{label}: unknown argument {key!r}; inputs are "
+                             f"{list(spec.inputs)}, attributes are {sorted(spec.attributes)}")
+    fixed = len(spec.inputs) - (1 if spec.variadic else 0)
+    inputs.extend([None] * (fixed - len(inputs)))
+    return inputs, attributes
+
+
+def _attribute_value(value):
+    """Attributes as the importer would produce them: lists, Python scalars, arrays."""
+    if isinstance(value, tuple):
+        return [_attribute_value(v) for v in value]
+    if isinstance(value, list):
+        return [_attribute_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _output_count(spec: OpSpec, node_name: str, attributes: dict, asked, inputs) -> int:
+    if "num_outputs" in spec.attributes and attributes.get("num_outputs") is not None:
+        asked = asked or int(attributes["num_outputs"])
+    if asked is not None:
+        if int(asked) < 1:
+            raise GraphError(f"{spec.op_type} {node_name!r}: num_outputs must be >= 1")
+        return int(asked)
+    if spec.default_outputs is None:
+        split = inputs[1] if spec.op_type == "Split" and len(inputs) > 1 else None
+        if split is not None and not isinstance(split, Symbol):
+            return len(np.atleast_1d(np.asarray(split)))
+        raise GraphError(f"{spec.op_type} {node_name!r} has a variable number of outputs; "
+                         f"say how many with num_outputs=")
+    return spec.default_outputs
+
+
+def _entry(spec: OpSpec, node_name: str, index: int, value):
+    """One input of the new node: a Symbol's output, a constant, a missing optional input
+    or (for a required input left out) a new Variable."""
+    input_name = spec.inputs[min(index, len(spec.inputs) - 1)]
+    if value is None:
+        if index < spec.required:
+            return _auto_variable(spec, node_name, input_name)._outputs[0]
+        return None
+    if isinstance(value, Symbol):
+        if len(value) != 1:
+            raise GraphError(f"{spec.op_type} {node_name!r}: input {input_name!r} got a "
+                             f"symbol with {len(value)} outputs {value.list_outputs()}; "
+                             f"index it to pick one")
+        return value._outputs[0]
+    return constant(value)._outputs[0]
+
+
+def _auto_variable(spec: OpSpec, node_name: str, input_name: str) -> Symbol:
+    role = _PARAMETER_NAMES.get((spec.op_type, input_name), input_name.lower())
+    # node_name already carries the prefix
+    return variable_named(f"{node_name}_{role}", aux=(spec.op_type, input_name) in _AUX_INPUTS)
+
+
+# -- parameter shapes from their consumers (what MXNet's backward shape inference gives) ----
+
+def parameter_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
+    """{variable: shape} for variables of unknown shape whose shape their consumer fixes."""
+    found = {}
+    for node in nodes:
+        rule = _SHAPE_RULES.get(node.op)
+        if rule is None or node.domain:
+            continue
+        shapes = [_static_shape(types, entry) for entry in node.inputs]
+        for index, shape in rule(shapes, node.attrs).items():
+            entry = node.inputs[index] if index < len(node.inputs) else None
+            if shape is None or entry is None or not entry[0].is_variable:
+                continue
+            if _static_shape(types, entry) is None and "shape" not in entry[0].info:
+                found[entry[0].name] = tuple(shape)
+    return found
+
+
+def _static_shape(types: dict, entry):
+    if entry is None:
+        return None
+    value_type = types.get(entry[0].output_name(entry[1]))
+    shape = getattr(value_type, "shape", None)
+    return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) \
+        else None
+
+
+def _channels(shapes, attrs):
+    x = shapes[0]
+    channel = None if x is None or len(x) < 2 else (x[1],)
+    return dict.fromkeys(range(1, len(shapes)), channel)
+
+
+def _normalized(shapes, attrs):
+    x = shapes[0]
+    if x is None:
+        return {}
+    axis = attrs.get("axis", -1)
+    return dict.fromkeys((1, 2), x[axis % len(x):])
+
+
+def _conv_bias(shapes, attrs):
+    w = shapes[1] if len(shapes) > 1 else None
+    return {2: None if w is None else (w[0],)}
+
+
+def _conv_transpose_bias(shapes, attrs):
+    w = shapes[1] if len(shapes) > 1 else None
+    return {2: None if w is None else (w[1] * attrs.get("group", 1),)}
+
+
+def _gemm_bias(shapes, attrs):
+    b = shapes[1] if len(shapes) > 1 else None
+    return {2: None if b is None else (b[0] if attrs.get("transB", 0) else b[1],)}
+
+
+_SHAPE_RULES = {"BatchNormalization": _channels, "InstanceNormalization": _channels,
+                "LayerNormalization": _normalized, "Conv": _conv_bias,
+                "ConvTranspose": _conv_transpose_bias, "Gemm": _gemm_bias}
+
+
+# -- generation ---------------------------------------------------------------------------------
+
+def make_function(domain: str, op_type: str):
+    """The Symbol function for one op, named after it, documented from the registry."""
+    def function(*args, name: str | None = None, num_outputs: int | None = None, **kwargs):
+        return call_op(domain, op_type, list(args), kwargs, name=name,
+                       num_outputs=num_outputs)
+
+    function.__name__ = function.__qualname__ = op_type
+    function.__doc__ = _docstring(spec_of(domain, op_type))
+    return function
+
+
+def _docstring(spec: OpSpec) -> str:
+    qualified = f"{spec.domain or 'ai.onnx'}::{spec.op_type}"
+    lines = [f"{qualified} (built at opset {spec.opset}; mixrt kernel "
+             f"{spec.kernel.version_range()})."]
+    summary = _summary(spec)
+    if summary:
+        lines += ["", summary]
+    shown = [name if i < spec.required else f"{name}=None" for i, name in
+             enumerate(spec.inputs)]
+    if spec.variadic:
+        shown[-1] = f"*{spec.inputs[-1]}"
+    lines += ["", f"Inputs: {', '.join(shown) or '(none)'}"]
+    if spec.attributes:
+        lines.append("Attributes: " + ", ".join(f"{k}={v!r}" for k, v in
+                                                spec.attributes.items()))
+    outputs = "variadic (pass num_outputs=)" if spec.default_outputs is None else str(
+        spec.default_outputs)
+    lines += [f"Outputs: {outputs}", "",
+              "Also takes name= and num_outputs=; a required input left out becomes a "
+              "Variable named <name>_<input>."]
+    return "\n".join(lines)
+
+
+def _summary(spec: OpSpec) -> str:
+    """The first paragraph of the ONNX schema's documentation (what the op means), then the
+    kernel's own docstring (how mixrt computes it; all there is for mixrt-domain ops)."""
+    schema = _schema(spec.domain, spec.op_type, spec.opset)
+    meaning = (schema.doc or "").strip().split("\n\n")[0].strip() if schema else ""
+    own = inspect.getdoc(spec.kernel.fn) or ""
+    if meaning and own:
+        return f"{meaning}\n\nmixrt: {own}"
+    return meaning or own
+
+
+def generate() -> dict[str, dict[str, object]]:
+    """{domain: {op_type: function}} for every registered op."""
+    import mixrt.ops  # noqa: F401,PLC0415 (registers every kernel)
+    functions: dict[str, dict[str, object]] = defaultdict(dict)
+    for domain, op_type in REGISTRY.op_names():
+        functions[domain][op_type] = make_function(domain, op_type)
+    return dict(functions)

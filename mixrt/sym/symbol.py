@@ -1,0 +1,498 @@
+"""Symbol: a graph described by composing functions (the MXNet paper's deep embedding, §2.1).
+
+    data = sym.Variable("data", shape=(None, 784))
+    fc1 = sym.Gemm(data, sym.Variable("fc1_weight", shape=(128, 784)), transB=1, name="fc1")
+    net = sym.Relu(fc1, name="relu1")
+    net.infer_shape(data=(32, 784))         # ([arg shapes], [output shapes], [aux shapes])
+    executor = net.simple_bind(data=(32, 784))
+
+A Symbol is an immutable handle on one or more outputs of a DAG of nodes. Nodes are ONNX
+operators (one generated function per registered op, see ``mixrt.sym``), variables (the
+graph's inputs: data and parameters) and constants. ``to_graph()`` lowers it to mixrt's Graph
+IR, which every other part of mixrt consumes; ``tojson()`` saves it without pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mixrt.errors import GraphError, ShapeError
+from mixrt.ops.types import TensorType
+from mixrt.runtime.graph import Graph, Node, Value
+
+DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
+
+
+@dataclass(eq=False)
+class SymNode:
+    """One node of a symbol's DAG. ``op`` is None for a variable, "" for a constant."""
+
+    op: str | None
+    name: str
+    inputs: list = field(default_factory=list)  # (SymNode, output index) or None (missing)
+    attrs: dict = field(default_factory=dict)  # operator attributes
+    domain: str = ""
+    opset: int = 0
+    num_outputs: int = 1
+    # variables: declared shape / dtype / initializer / aux flag / lr and wd multipliers;
+    # constants: "value"
+    info: dict = field(default_factory=dict)
+
+    @property
+    def is_variable(self) -> bool:
+        return self.op is None
+
+    @property
+    def is_constant(self) -> bool:
+        return self.op == ""
+
+    def output_name(self, index: int) -> str:
+        if self.is_variable or self.is_constant:
+            return self.name
+        return f"{self.name}_output" if self.num_outputs == 1 else f"{self.name}_output{index}"
+
+
+_constant_ids = itertools.count()
+
+
+class Symbol:
+    """Outputs of a DAG of SymNodes (one for most ops, several for a Group or a multi-output
+    op). Immutable: composition and indexing make new Symbols that share nodes."""
+
+    def __init__(self, outputs: list[tuple[SymNode, int]]):
+        self._outputs = list(outputs)
+
+    # -- naming and structure ------------------------------------------------------------
+
+    @property
+    def name(self) -> str | None:
+        """The node's name when the symbol has a single output, else None."""
+        return self._outputs[0][0].name if len(self._outputs) == 1 else None
+
+    def list_outputs(self) -> list[str]:
+        return [node.output_name(index) for node, index in self._outputs]
+
+    def list_arguments(self) -> list[str]:
+        """Variables that are not auxiliary states, in the order a depth-first walk from the
+        outputs meets them (MXNet's order)."""
+        return [n.name for n in self._variables() if not n.info.get("aux")]
+
+    def list_auxiliary_states(self) -> list[str]:
+        """Variables the operators update rather than differentiate (BatchNormalization's
+        running mean and variance)."""
+        return [n.name for n in self._variables() if n.info.get("aux")]
+
+    def list_inputs(self) -> list[str]:
+        return [n.name for n in self._variables()]
+
+    def list_attr(self) -> dict:
+        """The single output node's attributes (or a variable's declared info)."""
+        node = self._single_node("list_attr")
+        return dict(node.info if node.is_variable else node.attrs)
+
+    def attr(self, key: str):
+        return self.list_attr().get(key)
+
+    def get_internals(self) -> "Symbol":
+        """Every output of every node, in topological order: pick one by name
+        (``net.get_internals()["relu1_output"]``) to get a feature extractor."""
+        return Symbol([(node, i) for node in self._topological()
+                       for i in range(node.num_outputs)])
+
+    def get_children(self) -> "Symbol | None":
+        node = self._single_node("get_children")
+        inputs = [i for i in node.inputs if i is not None]
+        return Symbol(inputs) if inputs else None
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def __iter__(self):
+        return (Symbol([out]) for out in self._outputs)
+
+    def __getitem__(self, key) -> "Symbol":
+        if isinstance(key, str):
+            names = self.list_outputs()
+            if key not in names:
+                raise GraphError(f"symbol has no output {key!r}; its outputs are "
+                                 f"{_listing(names)}")
+            return Symbol([self._outputs[names.index(key)]])
+        if isinstance(key, slice):
+            return Symbol(self._outputs[key])
+        if not -len(self._outputs) <= key < len(self._outputs):
+            raise GraphError(f"output index {key} out of range: the symbol has "
+                             f"{len(self._outputs)} outputs")
+        return Symbol([self._outputs[key]])
+
+    def __repr__(self) -> str:
+        if len(self._outputs) == 1:
+            return f"<Symbol {self.name}>"
+        return f"<Symbol group [{', '.join(self.list_outputs())}]>"
+
+    def _single_node(self, what: str) -> SymNode:
+        if len(self._outputs) != 1:
+            raise GraphError(f"{what} needs a symbol with one output; this one has "
+                             f"{len(self._outputs)}: {self.list_outputs()}")
+        return self._outputs[0][0]
+
+    def _topological(self) -> list[SymNode]:
+        """Nodes in dependency order (iterative depth-first post-order, so deep networks do
+        not hit Python's recursion limit)."""
+        order, seen = [], set()
+        for root, _ in self._outputs:
+            stack = [(root, False)]
+            while stack:
+                node, expanded = stack.pop()
+                if id(node) in seen:
+                    continue
+                if expanded:
+                    seen.add(id(node))
+                    order.append(node)
+                    continue
+                stack.append((node, True))
+                for entry in reversed(node.inputs):
+                    if entry is not None and id(entry[0]) not in seen:
+                        stack.append((entry[0], False))
+        return order
+
+    def _variables(self) -> list[SymNode]:
+        return [n for n in self._topological() if n.is_variable]
+
+    # -- composition ---------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs) -> "Symbol":
+        """Composition: a copy of this symbol with variables replaced by symbols, by name
+        (``net(data=other)``) or positionally in ``list_arguments()`` order."""
+        arguments = self.list_arguments()
+        if len(args) > len(arguments):
+            raise GraphError(f"symbol takes {len(arguments)} arguments {arguments}; got "
+                             f"{len(args)} positional")
+        replace = dict(zip(arguments, args))
+        for name, value in kwargs.items():
+            if name not in self.list_inputs():
+                raise GraphError(f"cannot compose: the symbol has no variable {name!r}; "
+                                 f"its variables are {self.list_inputs()}")
+            if name in replace:
+                raise GraphError(f"cannot compose: variable {name!r} given twice")
+            replace[name] = value
+        for name, value in replace.items():
+            if not isinstance(value, Symbol) or len(value) != 1:
+                raise GraphError(f"cannot compose: variable {name!r} must be replaced by a "
+                                 f"single-output Symbol, got {value!r}")
+        return self._replaced({k: v._outputs[0] for k, v in replace.items()})
+
+    def _replaced(self, replace: dict) -> "Symbol":
+        copies: dict[int, SymNode] = {}
+
+        def entry(old):
+            if old is None:
+                return None
+            node, index = old
+            if node.is_variable and node.name in replace:
+                return replace[node.name]
+            return copies[id(node)], index
+
+        for node in self._topological():
+            if node.is_variable and node.name in replace:
+                continue
+            copies[id(node)] = SymNode(node.op, node.name, [entry(i) for i in node.inputs],
+                                       dict(node.attrs), node.domain, node.opset,
+                                       node.num_outputs, dict(node.info))
+        return Symbol([entry(out) for out in self._outputs])
+
+    # -- arithmetic: ONNX ops, scalars as constants cast to the other operand's dtype --------
+
+    def _binary(self, op_type: str, other, reverse: bool = False) -> "Symbol":
+        from mixrt.sym.ops import call_op  # noqa: PLC0415 (ops imports this module)
+        other = other if isinstance(other, Symbol) else scalar_like(other, self)
+        left, right = (other, self) if reverse else (self, other)
+        return call_op("", op_type, [left, right], {})
+
+    def __add__(self, other): return self._binary("Add", other)
+    def __radd__(self, other): return self._binary("Add", other, reverse=True)
+    def __sub__(self, other): return self._binary("Sub", other)
+    def __rsub__(self, other): return self._binary("Sub", other, reverse=True)
+    def __mul__(self, other): return self._binary("Mul", other)
+    def __rmul__(self, other): return self._binary("Mul", other, reverse=True)
+    def __truediv__(self, other): return self._binary("Div", other)
+    def __rtruediv__(self, other): return self._binary("Div", other, reverse=True)
+    def __pow__(self, other): return self._binary("Pow", other)
+    def __rpow__(self, other): return self._binary("Pow", other, reverse=True)
+    def __matmul__(self, other): return self._binary("MatMul", other)
+    def __rmatmul__(self, other): return self._binary("MatMul", other, reverse=True)
+    def __gt__(self, other): return self._binary("Greater", other)
+    def __lt__(self, other): return self._binary("Less", other)
+    def __ge__(self, other): return self._binary("GreaterOrEqual", other)
+    def __le__(self, other): return self._binary("LessOrEqual", other)
+
+    def __neg__(self):
+        from mixrt.sym.ops import call_op  # noqa: PLC0415
+        return call_op("", "Neg", [self], {})
+
+    __hash__ = object.__hash__  # comparisons build symbols, so identity is the hash
+
+    # -- lowering ------------------------------------------------------------------------
+
+    def to_graph(self, params: dict | None = None, *, name: str = "sym",
+                 shapes: dict | None = None, dtypes: dict | None = None) -> Graph:
+        """The symbol as a Graph: variables become graph inputs (those in ``params`` become
+        initializers holding the given arrays), constants initializers, outputs the graph's
+        outputs. ``shapes``/``dtypes`` override variables' declared types."""
+        params, shapes, dtypes = params or {}, shapes or {}, dtypes or {}
+        graph = Graph(name)
+        nodes = self._topological()
+        _check_unique_names(nodes)
+        for node in nodes:
+            if node.is_variable:
+                _add_variable(graph, node, params, shapes, dtypes)
+            elif node.is_constant:
+                graph.initializers[node.name] = node.info["value"]
+            else:
+                graph.nodes.append(_graph_node(node))
+        graph.outputs = [Value(n.output_name(i)) for n, i in self._outputs]
+        graph.opsets = _opsets(nodes)
+        graph.validate()
+        return graph
+
+    # -- inference -----------------------------------------------------------------------
+
+    def infer_type(self, *args, **kwargs):
+        """(argument dtypes, output dtypes, auxiliary dtypes) from the given argument dtypes
+        (positional in ``list_arguments()`` order, or by name) and the declared ones."""
+        dtypes = self._named("infer_type", args, kwargs)
+        types = self._inferred(shapes={}, dtypes=dtypes)
+        return self._report(types, lambda t: None if t is None else t.dtype)
+
+    def infer_shape(self, *args, **kwargs):
+        """(argument shapes, output shapes, auxiliary shapes) from the given argument shapes
+        and the declared ones; a ShapeError names what is still unknown."""
+        result = self.infer_shape_partial(*args, **kwargs)
+        missing = [name for name, shape in zip(self.list_outputs(), result[1])
+                   if not _complete(shape)]
+        if missing:
+            unknown = [n for n, s in zip(self.list_arguments(), result[0]) if not _complete(s)]
+            raise ShapeError(f"cannot infer the shapes of outputs {missing}: arguments "
+                             f"{unknown} have unknown shapes; give them to infer_shape or "
+                             f"declare them with Variable(shape=...)")
+        return result
+
+    def infer_shape_partial(self, *args, **kwargs):
+        """Like :meth:`infer_shape`, with None for whatever stays unknown."""
+        shapes = self._named("infer_shape", args, kwargs)
+        types = self._inferred(shapes=shapes, dtypes={})
+        return self._report(types, lambda t: None if t is None else t.shape)
+
+    def _named(self, what: str, args, kwargs) -> dict:
+        arguments = self.list_arguments()
+        if len(args) > len(arguments):
+            raise GraphError(f"{what}: the symbol has {len(arguments)} arguments "
+                             f"{arguments}; got {len(args)} positional values")
+        named = dict(zip(arguments, args))
+        unknown = set(kwargs) - set(self.list_inputs())
+        if unknown:
+            raise GraphError(f"{what}: the symbol has no variables {sorted(unknown)}; its "
+                             f"variables are {self.list_inputs()}")
+        named.update(kwargs)
+        return named
+
+    def _inferred(self, shapes: dict, dtypes: dict) -> dict:
+        """Types of every value. Forward inference first; then parameters whose shape
+        follows from their consumer (BatchNormalization's gamma from the data's channels,
+        a convolution's bias from its weight) get it, and inference runs again."""
+        from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
+        from mixrt.sym.ops import parameter_shapes  # noqa: PLC0415
+        shapes = dict(shapes)
+        nodes = self._topological()
+        while True:
+            types = infer_types(self.to_graph(shapes=shapes, dtypes=dtypes))
+            found = {name: shape for name, shape in parameter_shapes(nodes, types).items()
+                     if name not in shapes}
+            if not found:
+                return types
+            shapes.update(found)
+
+    def _report(self, types: dict, pick):
+        def of(names):
+            return [pick(_tensor(types.get(name))) for name in names]
+        return (of(self.list_arguments()), of(self.list_outputs()),
+                of(self.list_auxiliary_states()))
+
+    # -- saving --------------------------------------------------------------------------
+
+    def tojson(self) -> str:
+        from mixrt.sym.serialize import to_json  # noqa: PLC0415
+        return to_json(self)
+
+    def save(self, path) -> None:
+        from pathlib import Path  # noqa: PLC0415
+        Path(path).write_text(self.tojson(), encoding="utf-8")
+
+    # -- running -------------------------------------------------------------------------
+
+    def bind(self, ctx="cpu", args=None, args_grad=None, grad_req="write", aux_states=None,
+             **options):
+        """An Executor over ``args`` (a dict by name or a list in ``list_arguments()``
+        order); gradients go to ``args_grad`` (allocated when None)."""
+        from mixrt.sym.executor import Executor  # noqa: PLC0415
+        return Executor(self, ctx, args, args_grad, grad_req, aux_states, **options)
+
+    def simple_bind(self, ctx="cpu", grad_req="write", type_dict=None, **shapes):
+        """bind with every array allocated from the inferred shapes (zeros; initialize
+        with ``executor.init_params``)."""
+        from mixrt.sym.executor import simple_bind  # noqa: PLC0415
+        return simple_bind(self, ctx, grad_req, type_dict or {}, shapes)
+
+    def eval(self, ctx="cpu", **kwargs) -> list:
+        """Run once on the given arrays (every variable by name); the outputs."""
+        executor = self.bind(ctx, args={k: v for k, v in kwargs.items()
+                                        if k in self.list_arguments()},
+                             aux_states={k: v for k, v in kwargs.items()
+                                         if k in self.list_auxiliary_states()},
+                             grad_req="null")
+        return executor.forward()
+
+
+# -- building blocks -------------------------------------------------------------------------
+
+def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
+             lr_mult: float | None = None, wd_mult: float | None = None,
+             attr: dict | None = None) -> Symbol:
+    """A graph input (data, a label or a parameter). ``shape`` may hold None for a dimension
+    known only when bound; ``init`` (an initializer, its name or spec) is what
+    ``Executor.init_params`` uses for it. Inside ``sym.prefix(p)`` the name gets ``p``."""
+    if not isinstance(name, str) or not name:
+        raise GraphError(f"a Variable needs a non-empty string name, got {name!r}")
+    return variable_named(prefixed(name), shape, dtype, init, aux=aux, lr_mult=lr_mult,
+                          wd_mult=wd_mult, attr=attr)
+
+
+def variable_named(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
+                   lr_mult: float | None = None, wd_mult: float | None = None,
+                   attr: dict | None = None) -> Symbol:
+    """:func:`Variable` with the name taken as it is (no prefix)."""
+    info = dict(attr or {})
+    if shape is not None:
+        info["shape"] = tuple(None if d is None or d == -1 else int(d) for d in shape)
+    if dtype is not None:
+        info["dtype"] = np.dtype(dtype).name
+    if init is not None:
+        from mixrt.initializer import create  # noqa: PLC0415
+        info["init"] = create(init).spec()
+    if aux:
+        info["aux"] = True
+    for key, value in (("lr_mult", lr_mult), ("wd_mult", wd_mult)):
+        if value is not None:
+            info[key] = float(value)
+    return Symbol([(SymNode(None, name, info=info), 0)])
+
+
+var = Variable
+
+_prefixes: list[str] = []
+
+
+@contextlib.contextmanager
+def prefix(text: str):
+    """Prepend ``text`` to the names of nodes and variables made inside:
+    ``with sym.prefix("stage2_"): ...``; prefixes nest."""
+    _prefixes.append(text)
+    try:
+        yield
+    finally:
+        _prefixes.pop()
+
+
+def prefixed(name: str) -> str:
+    return "".join(_prefixes) + name
+
+
+def Group(symbols) -> Symbol:
+    """One symbol whose outputs are the outputs of ``symbols``, in order."""
+    outputs = []
+    for symbol in symbols:
+        if not isinstance(symbol, Symbol):
+            raise GraphError(f"Group takes Symbols, got {symbol!r}")
+        outputs.extend(symbol._outputs)
+    if not outputs:
+        raise GraphError("Group needs at least one symbol")
+    return Symbol(outputs)
+
+
+def constant(value, name: str | None = None) -> Symbol:
+    """A constant tensor (an initializer of the lowered graph)."""
+    array = np.asarray(value)
+    if array.dtype == np.float64:
+        array = array.astype(DEFAULT_DTYPE)  # Python floats mean the default float type
+    name = name or f"_constant{next(_constant_ids)}"
+    return Symbol([(SymNode("", name, info={"value": array}), 0)])
+
+
+def scalar_like(value, like: Symbol) -> Symbol:
+    """A Python number as a tensor of ``like``'s dtype, whatever that turns out to be
+    (ONNX's CastLike), so ``x * 2`` works for float16 and float64 symbols alike."""
+    from mixrt.sym.ops import call_op  # noqa: PLC0415
+    if not isinstance(value, (int, float, np.number, bool)):
+        raise GraphError(f"cannot combine a Symbol with {type(value).__name__} {value!r}; "
+                         f"use a Symbol, a number or sym.constant(array)")
+    return call_op("", "CastLike", [constant(np.float32(value)), like], {})
+
+
+# -- lowering helpers ------------------------------------------------------------------------
+
+def _check_unique_names(nodes: list[SymNode]) -> None:
+    seen: dict[str, SymNode] = {}
+    for node in nodes:
+        for value in {node.output_name(i) for i in range(node.num_outputs)}:
+            other = seen.setdefault(value, node)
+            if other is not node:
+                raise GraphError(f"two different nodes are both named {node.name!r} (value "
+                                 f"{value!r}); give one of them another name=")
+
+
+def _add_variable(graph: Graph, node: SymNode, params, shapes, dtypes) -> None:
+    if node.name in params:
+        graph.initializers[node.name] = np.asarray(params[node.name])
+        return
+    shape = shapes.get(node.name, node.info.get("shape"))
+    dtype = dtypes.get(node.name, node.info.get("dtype", DEFAULT_DTYPE))
+    if shape is not None:
+        shape = tuple(None if d is None or d == -1 else int(d) for d in shape)
+    graph.inputs.append(Value(node.name, TensorType(np.dtype(dtype), shape)))
+
+
+def _graph_node(node: SymNode) -> Node:
+    inputs = ["" if entry is None else entry[0].output_name(entry[1])
+              for entry in node.inputs]
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    return Node(node.op, inputs, [node.output_name(i) for i in range(node.num_outputs)],
+                name=node.name, domain=node.domain, opset=node.opset,
+                attributes=dict(node.attrs))
+
+
+def _opsets(nodes: list[SymNode]) -> dict[str, int]:
+    opsets: dict[str, int] = {}
+    for node in nodes:
+        if not (node.is_variable or node.is_constant):
+            opsets[node.domain] = max(opsets.get(node.domain, 0), node.opset)
+    return opsets
+
+
+def _listing(names: list[str], shown: int = 20) -> str:
+    """Names for an error message, cut short when there are many (a network's internals)."""
+    if len(names) <= shown:
+        return str(names)
+    return f"{names[:shown]} ... ({len(names) - shown} more; similar: " \
+           f"{[n for n in names if n.endswith('_output')][-3:]})"
+
+
+def _tensor(value_type):
+    return value_type if isinstance(value_type, TensorType) else None
+
+
+def _complete(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
