@@ -3,6 +3,12 @@ memory plan (forward + backward planned together) against naive allocation.
 
     python benchmarks/train_bench.py [--models mlp resnet18] [--steps 20] [--out FILE.md]
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
+    python benchmarks/train_bench.py --device gpu --precision float32 float16
+
+``--device gpu`` runs both on the first CUDA GPU (mixrt ``device="gpu"``: its sessions run
+there, parameters and optimizer stay on the host; PyTorch on ``cuda``) and exits with a
+message when there is none. ``--precision`` adds mixed-precision rows: mixrt's
+``precision=`` against ``torch.autocast`` + ``GradScaler`` (float16) at the same dtype.
 
 Both runtimes train the same model from the same weights: the PyTorch module is exported to
 ONNX (the TorchScript exporter, training mode so BatchNormalization uses batch statistics)
@@ -96,17 +102,23 @@ def export_training(module, sample_shape, path: Path) -> Path:
 
 # -- one step in each runtime -------------------------------------------------------------
 
-def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray):
+def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu",
+                  precision: str = "float32"):
     from mixrt.gluon import Trainer  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
-    model = Module.from_onnx(path)
+    model = Module.from_onnx(path, device=device)
     trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.01,
                                                         "momentum": 0.9})
-    return lambda: model.train_step(x, y, trainer), model
+    if precision == "float32":  # the call the CPU figures have always timed
+        return lambda: model.train_step(x, y, trainer), model
+    return lambda: model.train_step(x, y, trainer, precision=precision), model
 
 
-def torch_stepper(module, x: np.ndarray, y: np.ndarray):
+def torch_stepper(module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
+                  precision: str = "float32"):
     import torch  # noqa: PLC0415
+    if device != "cpu" or precision != "float32":
+        return _torch_amp_stepper(module, x, y, device, precision)
     module.train()
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
     data, labels = torch.from_numpy(x), torch.from_numpy(y)
@@ -117,6 +129,31 @@ def torch_stepper(module, x: np.ndarray, y: np.ndarray):
         loss = loss_fn(module(data), labels)
         loss.backward()
         optimizer.step()
+    return step
+
+
+def _torch_amp_stepper(module, x, y, device: str, precision: str):
+    """PyTorch's recipe: autocast around forward and loss, GradScaler for float16; on a GPU
+    each step waits for the device so the wall clock times the work."""
+    import torch  # noqa: PLC0415
+    kind = "cuda" if device == "gpu" else "cpu"
+    module.to(kind).train()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    data, labels = torch.from_numpy(x).to(kind), torch.from_numpy(y).to(kind)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    low = precision != "float32"
+    scaler = torch.amp.GradScaler(kind, enabled=precision == "float16")
+    dtype = getattr(torch, precision)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(kind, dtype=dtype, enabled=low):
+            loss = loss_fn(module(data), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        if kind == "cuda":
+            torch.cuda.synchronize()
     return step
 
 
@@ -155,8 +192,10 @@ def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str,
     return statistics.median(mine), statistics.median(other)
 
 
-def bench(name: str, steps: int, warmup: int) -> dict:
+def bench(name: str, steps: int, warmup: int, device: str = "cpu",
+          precision: str = "float32") -> dict:
     import torch  # noqa: PLC0415
+    from mixrt.errors import MixrtError  # noqa: PLC0415
     torch.set_num_threads(2)
     build, batch = MODELS[name]
     module, sample_shape = build()
@@ -164,16 +203,25 @@ def bench(name: str, steps: int, warmup: int) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
     y = rng.integers(0, 10, batch).astype(np.int64)
-    ours, model = mixrt_stepper(path, x, y)
-    theirs = torch_stepper(module, x, y)
+    row = {"model": name, "batch": batch, "precision": precision}
+    theirs = torch_stepper(module, x, y, device, precision)
+    try:  # a precision mixrt refuses (bfloat16) says so here, before any timing
+        ours, model = mixrt_stepper(path, x, y, device, precision)
+        if precision != "float32":
+            ours()
+    except MixrtError as exc:
+        row.update(mixrt_ms=None, torch_ms=median_step(theirs, warmup, steps, name) * 1e3,
+                   ratio=None, note=str(exc).split(":")[0])
+        return row
     mixrt_s, torch_s = interleaved_medians(ours, theirs, warmup, steps, name)
-    return {"model": name, "batch": batch, "mixrt_ms": mixrt_s * 1e3, "torch_ms": torch_s * 1e3,
-            "ratio": mixrt_s / torch_s}
+    row.update(mixrt_ms=mixrt_s * 1e3, torch_ms=torch_s * 1e3, ratio=mixrt_s / torch_s)
+    return row
 
 
 # -- memory ---------------------------------------------------------------------------------
 
-def training_memory(batch: int, mirror=None) -> dict:
+def training_memory(batch: int, mirror=None, device: str = "cpu",
+                    precision: str = "float32") -> dict:
     """The ResNet-50 training plan (every parameter trainable) at ``batch``; with
     ``mirror``, those ops' outputs are recomputed in backward. Also the median step time."""
     from mixrt.models.zoo import light_model  # noqa: PLC0415
@@ -188,12 +236,14 @@ def training_memory(batch: int, mirror=None) -> dict:
     model = Module(graph)
     trainable = [p.name for p in model.params.trainable()]
     program = TrainingProgram(model.to_graph(), softmax_cross_entropy(model.output),
-                              trainable, opt_level=1, mirror=mirror)
+                              trainable, opt_level=1, mirror=mirror, device=device,
+                              precision=precision)
     x = np.zeros((batch, 3, 224, 224), np.float32)
     feeds = {model.data_names[0]: x, "label": np.zeros(batch, np.int64)}
     params = model.params.arrays()
     report = program.memory_report(params, feeds)
     report["batch"] = batch
+    report["precision"] = precision
     report["step_s"] = median_step(lambda: program.step(params, feeds), 1, 3,
                                    f"resnet50 training b{batch}")
     return report
@@ -223,14 +273,43 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-batch", type=int, default=32)
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--precision", nargs="+", default=["float32"],
+                        choices=("float32", "float16", "bfloat16"))
     args = parser.parse_args(argv)
-    rows = [] if args.memory_only else [bench(m, args.steps, args.warmup) for m in args.models]
-    memory = training_memory(args.memory_batch)
-    text = render(rows, memory)
+    if args.device == "gpu" and (reason := gpu_missing()):
+        print(f"train_bench: --device gpu needs a CUDA GPU that both CuPy and PyTorch can "
+              f"use; {reason}", file=sys.stderr)
+        return 2
+    if args.device == "cpu" and args.precision == ["float32"]:
+        rows = [] if args.memory_only else [bench(m, args.steps, args.warmup)
+                                            for m in args.models]
+        text = render(rows, training_memory(args.memory_batch))
+    else:
+        rows = [] if args.memory_only else [
+            bench(m, args.steps, args.warmup, args.device, p)
+            for m in args.models for p in args.precision]
+        memory = [training_memory(args.memory_batch, device=args.device, precision=p)
+                  for p in args.precision if p != "bfloat16"]
+        text = render_mixed(rows, memory, args.device)
     print(text)
     if args.out:
         args.out.write_text(text)
     return 0
+
+
+def gpu_missing() -> str | None:
+    """Why the GPU runs cannot happen here, or None when they can."""
+    from mixrt.errors import DeviceUnavailableError  # noqa: PLC0415
+    from mixrt.runtime.device import parse_device  # noqa: PLC0415
+    try:
+        parse_device("gpu")
+    except DeviceUnavailableError as exc:
+        return f"mixrt: {exc}"
+    import torch  # noqa: PLC0415
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} sees no CUDA device"
+    return None
 
 
 def render(rows: list[dict], memory: dict) -> str:
@@ -248,6 +327,31 @@ def render(rows: list[dict], memory: dict) -> str:
               f"{memory['lower_bound_bytes'] / mib:,.0f} MiB; naive / arena "
               f"{memory['naive_bytes'] / memory['arena_bytes']:.2f}.", ""]
     return "\n".join(lines)
+
+
+def render_mixed(rows: list[dict], memory: list[dict], device: str) -> str:
+    """The table with a precision column (GPU runs, or CPU runs asked for a precision)."""
+    where = "GPU; mixrt keeps parameters and optimizer on the host" if device == "gpu" \
+        else "CPU, 2 threads"
+    lines = [f"## Training ({where}, one process run)", ""]
+    if rows:
+        lines += ["| model | batch | precision | mixrt step ms | PyTorch step ms | "
+                  "mixrt / PyTorch |", "|---|---|---|---|---|---|"]
+        lines += [_mixed_row(r) for r in rows]
+        lines.append("")
+    mib = 2 ** 20
+    lines += [f"ResNet-50 training plan ({m['precision']}, every parameter trainable), batch "
+              f"{m['batch']}: arena {m['arena_bytes'] / mib:,.0f} MiB, naive "
+              f"{m['naive_bytes'] / mib:,.0f} MiB; naive / arena "
+              f"{m['naive_bytes'] / m['arena_bytes']:.2f}." for m in memory]
+    return "\n".join(lines + [""])
+
+
+def _mixed_row(row: dict) -> str:
+    head = f"| {row['model']} | {row['batch']} | {row['precision']} |"
+    if row["mixrt_ms"] is None:
+        return f"{head} n/a ({row['note']}) | {row['torch_ms']:.1f} | n/a |"
+    return f"{head} {row['mixrt_ms']:.1f} | {row['torch_ms']:.1f} | {row['ratio']:.2f} |"
 
 
 if __name__ == "__main__":
