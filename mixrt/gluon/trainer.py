@@ -6,6 +6,11 @@
 
 Its optimizer state saves to a ``.npz`` (no pickle) with ``save_states``/``load_states``.
 ``kvstore`` is accepted for the KVStore issue's stores; without one, updates run locally.
+
+Mixed precision needs no option here: the Parameters are the float32 master weights, and a
+``TrainingProgram(precision="float16")`` hands back float32 gradients already unscaled, or
+None for a step whose gradients overflowed, which the caller skips instead of calling
+``step`` (``Module.train_step`` does), so the optimizer and its state stay float32.
 """
 
 from __future__ import annotations
