@@ -150,6 +150,15 @@ class _Caster:
         for name, value_type in zip(node.outputs, infer_node(node, self.types)):
             if name:
                 self.types[name] = value_type
+                self._retype_declared(name, _dtype(value_type))
+
+    def _retype_declared(self, name: str, dtype: np.dtype | None) -> None:
+        """A type the model declared for a value (ONNX value_info) wins over inference, so
+        one that still says float32 would mislead every later pass."""
+        declared = self.graph.value_types.get(name)
+        if dtype is not None and isinstance(declared, TensorType) \
+                and declared.dtype is not None and np.dtype(declared.dtype) != dtype:
+            self.graph.value_types[name] = TensorType(dtype, declared.shape)
 
     def restore(self, name: str, dtype: np.dtype | None) -> None:
         """Make ``name`` a value of its original ``dtype`` again: its producer writes a
@@ -165,9 +174,6 @@ class _Caster:
         self.types[renamed] = self.types[name]
         self.add(Node("Cast", [renamed], [name], name=self._names(f"{name}_restore"),
                       opset=_opset(self.graph), attributes={"to": to_onnx_type(dtype)}))
-        for value in self.graph.outputs:
-            if value.name == name and value.type is not None:
-                value.type = TensorType(dtype, value.type.shape)
 
 
 def _convertible(found: np.dtype, target: np.dtype) -> bool:

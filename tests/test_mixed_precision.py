@@ -80,6 +80,7 @@ def test_float16_training_reaches_float32_accuracy(digits):
 
 def test_joint_graph_computes_in_float16():
     graph, x = mlp(), np.ones((8, 64), F32)
+    graph.value_types["h"] = TensorType(F32, ("N", 64))  # value_info an importer keeps
     program = TrainingProgram(graph, softmax_cross_entropy("out"), ["w1", "b1", "w2", "b2"],
                               precision="float16")
     feeds = program._feeds(graph.initializers, {"x": x, "label": np.zeros(8, np.int64)})
