@@ -118,8 +118,9 @@ class Module:
         """Train for ``epochs`` (counting epochs already done when resuming); returns one
         record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
 
-        ``precision``: "float32" (default), "float16" or "bfloat16" (see
-        :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
+        ``precision``: "float32" (default) or "float16" (see
+        :class:`~mixrt.runtime.training.TrainingProgram`; "bfloat16" is a typed error that
+        says why); ``loss_scaler``: a
         :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
         the default (a dynamic one for float16)."""
         trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params)
@@ -131,7 +132,8 @@ class Module:
             first, history = self.load_checkpoint(resume, trainer, train_data)
         for epoch in range(first, epochs):
             record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
-                                       progress, (precision, loss_scaler))
+                                       progress, precision=precision,
+                                       loss_scaler=loss_scaler)
             if eval_data is not None:
                 name, value = self.score(eval_data, metric)
                 record[f"eval_{name}"] = value
@@ -143,7 +145,7 @@ class Module:
         return history
 
     def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress,
-                     mixed) -> dict:
+                     **step_options) -> dict:
         started = time.perf_counter()
         train_metric = metrics.create(metric)
         total, batches = 0.0, 0
@@ -151,7 +153,7 @@ class Module:
         bar = _progress(len(data), f"epoch {epoch + 1}/{epochs}", progress)
         for batch in PrefetchingIter(data):
             loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec,
-                                                  precision=mixed[0], loss_scaler=mixed[1])
+                                                  **step_options)
             real = len(batch.data) - batch.pad
             train_metric.update(batch.label[:real], outputs[0][:real])
             total, batches = total + loss_value, batches + 1
