@@ -148,9 +148,10 @@ class TrainingProgram:
 
     ``precision`` ("float32" or "float16"; "bfloat16" raises UnsupportedOperatorError
     naming why) is what the forward and backward graph computes in; parameters, gradients
-    and outputs stay float32 (see :mod:`mixrt.runtime.mixed_precision`). float16 scales the loss with ``loss_scaler``
-    (default: a dynamic :class:`LossScaler`; ``False``: none); ``program.scaler`` may be
-    swapped for another LossScaler between steps, not for None."""
+    and outputs stay float32 (see :mod:`mixrt.runtime.mixed_precision`). float16 scales
+    the loss with ``loss_scaler`` (default: a dynamic :class:`LossScaler`; ``False``:
+    none); ``program.scaler`` may be swapped for another LossScaler between steps, not for
+    None."""
 
     def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
                  device: str = "cpu", opt_level: int = 1, strategy: str = "greedy",
