@@ -27,6 +27,8 @@ _workspace = threading.local()
 # channels, or as many and the output has at least this many pixels (_shift_add_suits)
 SHIFT_ADD_RATIO = 2
 SHIFT_ADD_PIXELS = 28 * 28
+# images with at most this many output pixels are convolved several to a matmul
+BATCH_PIXELS = 14 * 14
 
 
 def workspace(nbytes: int) -> np.ndarray:
@@ -47,6 +49,21 @@ def scratch_arrays(dtype, *shapes) -> list[np.ndarray]:
     arrays, start = [], 0
     for shape, nbytes in zip(shapes, sizes):
         arrays.append(buffer[start:start + nbytes].view(dtype).reshape(shape))
+        start += nbytes
+    return arrays
+
+
+def typed_scratch(*specs) -> list[np.ndarray]:
+    """Arrays for ``(dtype, shape)`` pairs carved from this thread's workspace, each starting
+    on a 64-byte boundary; as :func:`scratch_arrays`, valid until the next carve."""
+    sizes = [-(-math.prod(shape) * np.dtype(dtype).itemsize // 64) * 64
+             for dtype, shape in specs]
+    buffer = workspace(sum(sizes) + 64)
+    start = -buffer.ctypes.data % 64
+    arrays = []
+    for (dtype, shape), nbytes in zip(specs, sizes):
+        count = math.prod(shape) * np.dtype(dtype).itemsize
+        arrays.append(buffer[start:start + count].view(dtype).reshape(shape))
         start += nbytes
     return arrays
 
@@ -84,6 +101,11 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     weights = W.reshape(group, m // group, -1)
     Y = out.reshape(n, group, m // group, -1)
     bias = None if B is None else B.reshape(group, m // group, 1)
+    if _batches_suit(kernel, strides, begin, end, out_dims, weights.shape[2], X.itemsize) \
+            and not _shift_add_suits(X[0], weights[0], kernel, strides, out_dims):
+        _conv_batched(X, weights[0], Y.reshape(n, m, -1), kernel, strides, dilations, begin,
+                      end, out_dims, bias, epilogue)
+        return out
     for image in range(n):
         for g in range(group):
             channels = X[image, g * (c // group):(g + 1) * (c // group)]
@@ -142,6 +164,47 @@ def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims, finis
         band_out = y[:, start * row_length:stop * row_length]
         np.matmul(w, columns.reshape(rows, count), out=band_out)
         finish(band_out, start * row_length, stop * row_length)
+
+
+def _batches_suit(kernel, strides, begin, end, out_dims, rows, itemsize) -> bool:
+    """Whether images are small enough that one matmul per image leaves BLAS short of work
+    (ResNet's 7x7 and 14x14 stages: 49 or 196 columns per image), so several images' columns
+    go side by side into one matmul. A 1x1 stride-1 convolution needs no columns at all."""
+    pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) \
+        and not any(begin) and not any(end)
+    return not pointwise and math.prod(out_dims) <= BATCH_PIXELS \
+        and 2 * rows * math.prod(out_dims) * itemsize <= BAND_BYTES
+
+
+def _conv_batched(X, w, Y, kernel, strides, dilations, begin, end, out_dims, bias, epilogue):
+    """Y (N, M, L) = w (M, rows) times the columns of a few images at a time, the product
+    reordered from (M, images, L) into Y's (images, M, L)."""
+    n, (m, rows), length = X.shape[0], w.shape, math.prod(out_dims)
+    step = max(1, min(n, BAND_BYTES // (rows * length * X.itemsize)))
+    column_space, product_space = scratch_arrays(X.dtype, (rows * step * length,),
+                                                 (m * step * length,))
+    for start in range(0, n, step):
+        count = min(step, n - start)
+        columns = column_space[:rows * count * length].reshape(rows, count, length)
+        product = product_space[:m * count * length].reshape(m, count, length)
+        for offset in range(count):
+            im2col_into(X[start + offset], columns[:, offset], kernel, strides, dilations,
+                        begin, end, out_dims)
+        np.matmul(w, columns.reshape(rows, count * length),
+                  out=product.reshape(m, count * length))
+        np.copyto(Y[start:start + count], product.transpose(1, 0, 2))
+        for image in range(start, start + count):
+            if bias is not None:
+                Y[image] += bias[0]
+            if epilogue is not None:
+                epilogue(Y[image], image, 0, length)
+
+
+def im2col_into(x, cols, kernel, strides, dilations, begin, end, out_dims):
+    """The columns (C * prod(kernel), prod(out_dims)) of image ``x`` (C, *in) into ``cols``
+    (any strides), padding through a per-thread buffer."""
+    windows = _windows(_padded(x, begin, end), kernel, strides, dilations, out_dims)
+    np.copyto(cols.reshape(windows.shape), windows)
 
 
 def _shift_add_suits(x, w, kernel, strides, out_dims) -> bool:

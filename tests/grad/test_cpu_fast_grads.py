@@ -1,0 +1,215 @@
+"""The CPU fast paths of the backward kernels (ops/conv_grad_cpu.py, pool_grad_cpu.py,
+norm_grad_cpu.py, activation_grad.py) and of Conv's batched columns (conv_cpu.py) against the
+generic kernels, which tests/grad checks against finite differences: same values, written
+into ``out``, across the attribute spaces that route to each path."""
+
+import numpy as np
+import pytest
+
+import mixrt.ops.conv_cpu as conv_cpu
+import mixrt.ops.conv_grad_cpu as conv_grad_cpu
+from mixrt.ops.activation_grad import relu_grad, relu_grad_cpu
+from mixrt.ops.conv import conv
+from mixrt.ops.conv_grad import conv_grad, max_pool_grad
+from mixrt.ops.fused import fused_conv
+from mixrt.ops.norm_grad import batch_norm_grad
+from mixrt.ops.norm_grad_cpu import batch_norm_grad_cpu
+from mixrt.ops.pool import max_pool
+from mixrt.ops.pool_grad_cpu import max_pool_grad_cpu
+
+rng = np.random.default_rng(5)
+
+
+def randn(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# -- ConvGrad -----------------------------------------------------------------------------
+
+CONV_CASES = [  # x shape, w shape, attributes; the comment names the dX path taken
+    ((2, 3, 7, 7), (4, 3, 3, 3), dict(pads=[1, 1, 1, 1])),  # flipped convolution
+    ((2, 5, 9, 8), (4, 5, 3, 2), dict(pads=[2, 0, 1, 1])),  # flipped, asymmetric pads
+    ((3, 4, 9, 9), (5, 4, 3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),  # flipped
+    ((2, 3, 8, 9), (4, 3, 3, 2), dict(pads=[1, 0, 2, 1], strides=[2, 1])),  # folded
+    ((2, 4, 10, 10), (6, 4, 1, 1), dict(strides=[2, 2])),  # folded, unused last rows
+    ((2, 3, 11, 11), (4, 3, 7, 7), dict(pads=[3, 3, 3, 3], strides=[2, 2])),  # folded
+    ((2, 3, 5, 5), (4, 3, 2, 2), dict(pads=[3, 3, 3, 3])),  # pads past the kernel: folded
+    ((2, 3, 6, 7), (4, 3, 3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2])),  # folded
+    ((2, 3, 6, 6), (4, 3, 3, 3), dict(auto_pad="SAME_LOWER", dilations=[1, 2])),  # flipped
+    ((2, 8, 6, 6), (8, 8, 1, 1), dict()),  # pointwise
+]
+
+
+def _conv_case(x_shape, w_shape, attributes, dtype=np.float32):
+    x, w = randn(*x_shape, dtype=dtype), randn(*w_shape, dtype=dtype)
+    dy = randn(*conv(np, x, w, **attributes).shape, dtype=dtype)
+    return dy, x, w
+
+
+@pytest.mark.parametrize("parts", [False, True])
+@pytest.mark.parametrize("x_shape, w_shape, attributes", CONV_CASES)
+def test_conv_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, parts):
+    """All three gradients from one call; with ``parts`` the batch is taken an image at a
+    time (partial products added, the last part shorter than the others)."""
+    if parts:
+        monkeypatch.setattr(conv_grad_cpu, "PART_BYTES", 1)
+        x_shape = (5,) + x_shape[1:]
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    want = conv_grad(np, dy, x, w, bias_grad=1, **attributes)
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, bias_grad=1, **attributes)
+    for g, e in zip(got, want):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("flags", [dict(input_grad=1, weight_grad=0),
+                                   dict(input_grad=0, weight_grad=1),
+                                   dict(input_grad=0, weight_grad=1, bias_grad=1)])
+def test_conv_grad_writes_its_first_gradient_into_out(flags):
+    x_shape, w_shape, attributes = CONV_CASES[3]
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    want = conv_grad(np, dy, x, w, **attributes, **flags)
+    first = want[0] if isinstance(want, tuple) else want
+    out = np.full(first.shape, np.nan, np.float32)  # every element must be written
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, out=out, **attributes, **flags)
+    got_first = got[0] if isinstance(got, tuple) else got
+    assert got_first is out
+    np.testing.assert_allclose(out, first, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", [
+    ((2, 4, 6, 6), (6, 2, 3, 3), dict(group=2, pads=[1, 1, 1, 1])),  # grouped
+    ((2, 3, 9), (4, 3, 3), dict(pads=[1, 1])),  # 1-D
+])
+def test_conv_grad_falls_back_to_generic(x_shape, w_shape, attributes):
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    want = conv_grad(np, dy, x, w, **attributes)
+    out = np.empty_like(x)
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, out=out, **attributes)
+    assert got[0] is out
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_conv_grad_keeps_float64():
+    x_shape, w_shape, attributes = CONV_CASES[0]
+    dy, x, w = _conv_case(x_shape, w_shape, attributes, dtype=np.float64)
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, **attributes)
+    want = conv_grad(np, dy, x, w, **attributes)
+    for g, e in zip(got, want):
+        assert g.dtype == np.float64
+        np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-12)
+
+
+# -- Conv's batched columns ---------------------------------------------------------------
+
+@pytest.mark.parametrize("batch_pixels", [0, 10 ** 6])
+@pytest.mark.parametrize("x_shape, w_shape, attributes", CONV_CASES[:6])
+def test_conv_batched_and_per_image_match_generic(monkeypatch, batch_pixels, x_shape,
+                                                  w_shape, attributes):
+    monkeypatch.setattr(conv_cpu, "BATCH_PIXELS", batch_pixels)
+    monkeypatch.setattr(conv_cpu, "BAND_BYTES", 4096)  # several parts, a short last one
+    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_RATIO", 10 ** 9)
+    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_PIXELS", 10 ** 9)
+    x, w, b = randn(5, *x_shape[1:]), randn(*w_shape), randn(w_shape[0])
+    want = conv(np, x, w, b, **attributes)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert conv_cpu.conv_cpu(np, x, w, b, out=out, **attributes) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+    z = randn(*want.shape)
+    fused = fused_conv(np, x, w, None, z, activation="Relu", **attributes)
+    np.testing.assert_allclose(fused, np.maximum(want - b[:, None, None] + z, 0), rtol=1e-5,
+                               atol=1e-4)
+
+
+# -- MaxPoolGrad --------------------------------------------------------------------------
+
+POOL_CASES = [
+    ((2, 3, 9, 9), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((2, 3, 10, 11), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 1, 1],
+                          ceil_mode=1)),
+    ((2, 3, 10, 11), dict(kernel_shape=[2, 2])),
+    ((1, 2, 12, 12), dict(kernel_shape=[3, 3], strides=[2, 2], dilations=[2, 2],
+                          pads=[2, 2, 2, 2])),
+    ((1, 2, 12, 13), dict(kernel_shape=[3, 3], strides=[3, 2], auto_pad="SAME_UPPER")),
+    ((1, 2, 7, 7), dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    ((1, 1, 5, 5), dict(kernel_shape=[5, 5], pads=[4, 4, 4, 4], strides=[4, 4])),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rectified", [False, True])
+@pytest.mark.parametrize("x_shape, attributes", POOL_CASES)
+def test_max_pool_grad_matches_generic(monkeypatch, x_shape, attributes, rectified, dtype):
+    """Rectified inputs are mostly zeros: ties everywhere, each window's gradient going to
+    its first maximum. Chunks of one plane exercise the chunking."""
+    import mixrt.ops.pool_grad_cpu as pool_grad_cpu
+    monkeypatch.setattr(pool_grad_cpu, "CHUNK_BYTES", 1)
+    x = randn(*x_shape, dtype=dtype)
+    x = np.maximum(x, 0) if rectified else x
+    dy = randn(*max_pool(np, x, **attributes).shape, dtype=dtype)
+    want = max_pool_grad(np, dy, x, **attributes)
+    out = np.full(x.shape, np.nan, dtype)
+    assert max_pool_grad_cpu(np, dy, x, out=out, **attributes) is out
+    np.testing.assert_array_equal(out, want)
+
+
+def test_max_pool_grad_falls_back_for_1d_pools():
+    x = randn(2, 3, 9)
+    attributes = dict(kernel_shape=[3], strides=[2])
+    dy = randn(*max_pool(np, x, **attributes).shape)
+    np.testing.assert_array_equal(max_pool_grad_cpu(np, dy, x, **attributes),
+                                  max_pool_grad(np, dy, x, **attributes))
+
+
+# -- BatchNormalizationGrad ---------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x_shape", [(4, 3, 5, 5), (6, 4), (2, 3, 4, 5, 6), (3, 5, 40, 40)])
+def test_batch_norm_training_grad_matches_generic(monkeypatch, x_shape, dtype):
+    """An offset mean (the variance must not come from E[x^2] - E[x]^2) and small chunks."""
+    import mixrt.ops.norm_grad_cpu as norm_grad_cpu
+    monkeypatch.setattr(norm_grad_cpu, "CHUNK_BYTES", 64)
+    x = randn(*x_shape, dtype=dtype) * 3 + 50
+    dy, scale = randn(*x_shape, dtype=dtype), randn(x_shape[1], dtype=dtype)
+    want = batch_norm_grad(np, dy, x, scale, training_mode=1)
+    out = np.full(x.shape, np.nan, dtype)
+    got = batch_norm_grad_cpu(np, dy, x, scale, training_mode=1, out=out)
+    assert got[0] is out
+    tolerance = 1e-10 if dtype == np.float64 else 2e-4
+    for g, e in zip(got, want):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * np.abs(e).max())
+
+
+def test_batch_norm_inference_grad_takes_the_generic_kernel():
+    x, dy, scale = randn(2, 3, 4, 4), randn(2, 3, 4, 4), randn(3)
+    mean, var = randn(3), np.abs(randn(3)) + 0.5
+    want = batch_norm_grad(np, dy, x, scale, mean, var, _outputs=5)
+    got = batch_norm_grad_cpu(np, dy, x, scale, mean, var, _outputs=5)
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
+
+
+# -- ReluGrad -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 40, 41)])
+def test_relu_grad_matches_generic(shape, dtype):
+    """Including dY's inf and NaN where Y is 0 (they must give 0, as ``where`` does)."""
+    y = np.maximum(randn(*shape), 0).astype(dtype)
+    dy = randn(*shape).astype(dtype)
+    flat_y, flat_dy = y.reshape(-1), dy.reshape(-1)
+    flat_y[:3], flat_dy[:3] = 0, (np.inf, np.nan, -np.inf)
+    out = np.full(shape, 7, dtype)
+    got = relu_grad_cpu(np, dy, y, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, relu_grad(np, dy, y))
+    np.testing.assert_array_equal(relu_grad_cpu(np, dy, y), relu_grad(np, dy, y))
+
+
+def test_relu_grad_in_place_over_dy():
+    y, dy = np.maximum(randn(4, 50), 0), randn(4, 50)
+    want = relu_grad(np, dy, y)
+    assert relu_grad_cpu(np, dy, y, out=dy) is dy
+    np.testing.assert_array_equal(dy, want)
