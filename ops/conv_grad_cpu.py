@@ -29,6 +29,7 @@ from mixrt.ops.conv_grad import conv_grad
 # bytes of columns per batch part: big enough that a part is one substantial BLAS call, small
 # enough that the columns are still in cache when BLAS reads them
 PART_BYTES = 1 << 23
+TRANSPOSED_PRODUCT = 1 << 20
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -109,14 +110,18 @@ def _parts(n: int, bytes_per_image: int):
 
 def weight_grad_into(dY, X, dw, window: _Window):
     """dW (M, C, kh, kw) = sum over images of dY (M, L) times the image's columns (C*kh*kw, L)
-    transposed; a part's images sit side by side in the columns' inner axis. BLAS runs the
-    product as columns x dY^T (a (C*kh*kw, M) result): with M as the short side of the
-    output, it ran 15-40% faster than dY x columns^T on ResNet's layers."""
+    transposed; a part's images sit side by side in the columns' inner axis."""
     (n, c), m = X.shape[:2], dY.shape[1]
     rows, length = c * math.prod(window.kernel), math.prod(window.out)
     parts, step = _parts(n, rows * length * X.itemsize)
+    # BLAS ran columns x dY^T (a (C*kh*kw, M) product) 10-40% faster than dY x columns^T
+    # when M is small, but the product must then be transposed into dW: worth it up to
+    # about a million elements (ResNet's 64- to 256-channel layers)
+    transposed = rows * m <= TRANSPOSED_PRODUCT
     column_space, grad_space, total, partial = scratch_arrays(
-        X.dtype, (rows * step * length,), (m * step * length,), (rows, m), (rows, m))
+        X.dtype, (rows * step * length,), (m * step * length,), (rows * m,), (rows * m,))
+    total = total.reshape(rows, m) if transposed else dw.reshape(m, rows)
+    partial = partial.reshape(total.shape)
     for index, (start, stop) in enumerate(parts):
         count = stop - start
         cols = column_space[:rows * count * length].reshape(rows, count, length)
@@ -124,12 +129,16 @@ def weight_grad_into(dY, X, dw, window: _Window):
         for image in range(start, stop):
             window.im2col(X[image], cols[:, image - start])
         np.copyto(grads, dY[start:stop].reshape(count, m, length).transpose(1, 0, 2))
+        cols, grads = cols.reshape(rows, count * length), grads.reshape(m, count * length)
         product = total if index == 0 else partial
-        np.matmul(cols.reshape(rows, count * length), grads.reshape(m, count * length).T,
-                  out=product)
+        if transposed:
+            np.matmul(cols, grads.T, out=product)
+        else:
+            np.matmul(grads, cols.T, out=product)
         if index:
             total += partial
-    np.copyto(dw.reshape(m, rows), total.T)
+    if transposed:
+        np.copyto(dw.reshape(m, rows), total.T)
     return dw
 
 
