@@ -27,6 +27,9 @@ _workspace = threading.local()
 # channels, or as many and the output has at least this many pixels (_shift_add_suits)
 SHIFT_ADD_RATIO = 2
 SHIFT_ADD_PIXELS = 28 * 28
+# a strided 2-D kernel with at least this many taps per stride phase takes its columns from
+# the image's phase planes (_ImageColumns)
+PHASE_TAPS = 8
 # images with at most this many output pixels are convolved several to a matmul
 BATCH_PIXELS = 14 * 14
 
@@ -145,8 +148,7 @@ def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims, finis
         _conv_shift_add(x, w, y, kernel, dilations, begin, end, out_dims)
         finish(y, 0, y.shape[1])
         return
-    padded = _padded(x, begin, end)
-    windows = _windows(padded, kernel, strides, dilations, out_dims)  # (C, *k, *out)
+    image = _ImageColumns(x, kernel, strides, dilations, begin, end, out_dims)
     rows = w.shape[1]
     row_length = math.prod(out_dims[1:])  # outputs per step of the first spatial axis
     band = max(1, BAND_BYTES // max(rows * row_length * x.itemsize, 1))
@@ -154,13 +156,12 @@ def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims, finis
     band = min(band, first)
     scratch = workspace(rows * band * row_length * x.itemsize)
     scratch = scratch[:rows * band * row_length * x.itemsize].view(x.dtype)
-    nd = len(kernel)
     for start in range(0, first, band):
         stop = min(start + band, first)
         count = (stop - start) * row_length
-        columns = scratch[:rows * count].reshape(windows.shape[:1 + nd] + (stop - start,)
-                                                 + tuple(out_dims[1:]))
-        np.copyto(columns, windows[(Ellipsis, slice(start, stop)) + (slice(None),) * (nd - 1)])
+        columns = scratch[:rows * count].reshape((x.shape[0],) + tuple(kernel)
+                                                 + (stop - start,) + tuple(out_dims[1:]))
+        image.copy_rows(columns, start, stop)
         band_out = y[:, start * row_length:stop * row_length]
         np.matmul(w, columns.reshape(rows, count), out=band_out)
         finish(band_out, start * row_length, stop * row_length)
@@ -203,8 +204,62 @@ def _conv_batched(X, w, Y, kernel, strides, dilations, begin, end, out_dims, bia
 def im2col_into(x, cols, kernel, strides, dilations, begin, end, out_dims):
     """The columns (C * prod(kernel), prod(out_dims)) of image ``x`` (C, *in) into ``cols``
     (any strides), padding through a per-thread buffer."""
-    windows = _windows(_padded(x, begin, end), kernel, strides, dilations, out_dims)
-    np.copyto(cols.reshape(windows.shape), windows)
+    image = _ImageColumns(x, kernel, strides, dilations, begin, end, out_dims)
+    image.copy_rows(cols.reshape((x.shape[0],) + tuple(kernel) + tuple(out_dims)), 0,
+                    out_dims[0])
+
+
+class _ImageColumns:
+    """The im2col columns of one image (C, *in), copied out a band of output rows at a time.
+
+    A strided window view reads the image at the convolution's stride, which NumPy copies
+    several times slower than unit-stride rows. When a 2-D kernel has many taps per stride
+    phase (a 7x7 stride-2 stem: 49 taps over 4 phases), the padded image is first split into
+    its stride phases, plane (ry, rx) holding pixels (i*sy + ry, j*sx + rx); tap (a, b) of
+    every window is then a block of unit-stride rows of one plane (twice as fast there)."""
+
+    def __init__(self, x, kernel, strides, dilations, begin, end, out_dims):
+        padded = _padded(x, begin, end)
+        self.kernel, self.out_dims = tuple(kernel), tuple(out_dims)
+        self.phases = None
+        if _phases_suit(kernel, strides):
+            self.phases = _phase_planes(padded, strides)
+            self.taps = [(divmod(a * dilations[0], strides[0]),
+                          divmod(b * dilations[1], strides[1]))
+                         for a in range(kernel[0]) for b in range(kernel[1])]
+        else:
+            self.windows = _windows(padded, kernel, strides, dilations, out_dims)
+
+    def copy_rows(self, columns, start, stop):
+        """Output rows start..stop of the columns into ``columns`` (C, *kernel, rows, ...)."""
+        if self.phases is None:
+            rest = (slice(None),) * (len(self.kernel) - 1)
+            np.copyto(columns, self.windows[(Ellipsis, slice(start, stop)) + rest])
+            return
+        width = self.out_dims[1]
+        for tap, ((qy, ry), (qx, rx)) in enumerate(self.taps):
+            a, b = divmod(tap, self.kernel[1])
+            np.copyto(columns[:, a, b],
+                      self.phases[ry, rx][:, qy + start:qy + stop, qx:qx + width])
+
+
+def _phases_suit(kernel, strides) -> bool:
+    return len(kernel) == 2 and math.prod(strides) > 1 \
+        and math.prod(kernel) >= PHASE_TAPS * math.prod(strides)
+
+
+def _phase_planes(padded, strides):
+    """(sy, sx, C, ceil(Hp/sy), ceil(Wp/sx)) stride phases of ``padded`` (C, Hp, Wp), in a
+    per-thread buffer; the cells past a plane's last pixel are never read."""
+    (c, hp, wp), (sy, sx) = padded.shape, strides
+    shape = (sy, sx, c, -(-hp // sy), -(-wp // sx))
+    planes = _buffer("phases", math.prod(shape) * padded.itemsize).view(padded.dtype)
+    planes = planes.reshape(shape)
+    for ry in range(sy):
+        for rx in range(sx):
+            source = padded[:, ry::sy, rx::sx]
+            np.copyto(planes[ry, rx][:, :source.shape[1], :source.shape[2]], source)
+    return planes
 
 
 def _shift_add_suits(x, w, kernel, strides, out_dims) -> bool:
@@ -258,15 +313,20 @@ def _padded(x, begin, end):
         return x
     shape = (x.shape[0],) + tuple(d + b + e for d, b, e in zip(x.shape[1:], begin, end))
     nbytes = math.prod(shape) * x.itemsize
-    buffer = getattr(_workspace, "padding", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = np.empty(nbytes, dtype=np.uint8)
-        _workspace.padding = buffer
-    padded = buffer[:nbytes].view(x.dtype).reshape(shape)
+    padded = _buffer("padding", nbytes).view(x.dtype).reshape(shape)
     padded.fill(0)
     interior = (slice(None),) + tuple(slice(b, b + d) for b, d in zip(begin, x.shape[1:]))
     padded[interior] = x
     return padded
+
+
+def _buffer(name: str, nbytes: int) -> np.ndarray:
+    """``nbytes`` of a per-thread scratch buffer named ``name`` (kept between calls)."""
+    buffer = getattr(_workspace, name, None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = np.empty(nbytes, dtype=np.uint8)
+        setattr(_workspace, name, buffer)
+    return buffer[:nbytes]
 
 
 def _windows(x, kernel, strides, dilations, out_dims):

@@ -122,6 +122,24 @@ def test_conv_batched_and_per_image_match_generic(monkeypatch, batch_pixels, x_s
                                atol=1e-4)
 
 
+STRIDED = [case for case in CONV_CASES if case[2].get("strides", [1])[0] > 1] + [
+    ((2, 3, 12, 11), (4, 3, 3, 3), dict(strides=[3, 2], dilations=[2, 1], pads=[2, 1, 0, 2]))]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", STRIDED)
+def test_phase_plane_columns_match_generic(monkeypatch, x_shape, w_shape, attributes):
+    """Strided columns taken from the image's stride phases (the stem's path), forward and
+    weight gradient."""
+    monkeypatch.setattr(conv_cpu, "PHASE_TAPS", 0)
+    monkeypatch.setattr(conv_cpu, "BATCH_PIXELS", 0)
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    np.testing.assert_allclose(conv_cpu.conv_cpu(np, x, w, **attributes),
+                               conv(np, x, w, **attributes), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        conv_grad_cpu.conv_grad_cpu(np, dy, x, w, input_grad=0, **attributes),
+        conv_grad(np, dy, x, w, input_grad=0, **attributes), rtol=1e-4, atol=1e-4)
+
+
 # -- MaxPoolGrad --------------------------------------------------------------------------
 
 POOL_CASES = [
