@@ -7,7 +7,9 @@ Export runs in three steps:
 
 1. mixrt-domain nodes (the optimizer's fused kernels) are unfolded into standard ops
    (``exporters/decompose.py``), so a graph read from a compiled ``.mxr`` exports too;
-2. the default-domain opset is retargeted. A node whose op has the same definition at its
+2. the default-domain opset is retargeted. Ops newer than the target that have an exact
+   older form (LayerNormalization, Gelu, inference BatchNormalization) are rewritten first
+   (``exporters/lower.py``). A node whose op has the same definition at its
    own opset and at the target (``since_version`` of both schemas) is only relabelled; when
    some op changed in between, onnx's version converter adapts the whole model, and a node it
    cannot adapt, or whose op did not exist yet at the target, is an :class:`ExportError`
@@ -32,6 +34,7 @@ from onnx import AttributeProto, defs, helper, numpy_helper, version_converter
 
 from mixrt.errors import ExportError
 from mixrt.exporters.decompose import decompose_graph
+from mixrt.exporters.lower import lower_for_opset
 from mixrt.ops.dtypes import to_onnx_type
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
@@ -49,6 +52,7 @@ def export_model(graph: Graph, opset: int | None = None, *,
     graph = decompose_graph(graph)
     source = _default_opset(graph)
     target = source if opset is None else _checked_target(opset)
+    graph = lower_for_opset(graph, target)
     write_at, pending = _opset_plan(graph, source, target)
     model = _model_proto(graph, write_at)
     if pending:
@@ -109,13 +113,17 @@ def _opset_plan(graph: Graph, source: int, target: int) -> tuple[int, list[Node]
     With nothing to adapt the nodes are written straight at the target; otherwise at the
     graph's opset, which the converter then takes to the target."""
     pending = []
+    types = None
     for node in _default_domain_nodes(graph):
         at = node.opset or source
         here = _schema(node, at)
         there = _schema_at(node.op_type, target)
         if there is None:
-            raise _inexpressible(node, target, here.since_version, "did not exist yet")
+            raise _inexpressible(node, target, _first_version(node.op_type), "did not exist yet")
         if here.since_version == there.since_version:
+            continue
+        types = types if types is not None else infer_types(graph)
+        if _only_types_changed(node, here, there, types):
             continue
         if node.op_type in _UNSOUND_CONVERSIONS:
             raise _inexpressible(node, target, here.since_version,
@@ -131,6 +139,78 @@ def _opset_plan(graph: Graph, source: int, target: int) -> tuple[int, list[Node]
                               f"the graph is at {source}, and the op changed in between; "
                               f"export at opset {at} or rebuild the node at {source}")
     return source, pending
+
+
+def _first_version(op_type: str) -> int:
+    """The opset that introduced a default-domain op."""
+    return min(schema.since_version for schema in defs.get_all_schemas_with_history()
+               if schema.name == op_type and schema.domain in ("", "ai.onnx"))
+
+
+def _only_types_changed(node: Node, here, there, types: dict) -> bool:
+    """Whether ``node`` may simply be written at the other version: the op's inputs and
+    outputs are the same in both schemas, so are the attributes the node can carry there
+    (types and defaults), and every type the node uses is allowed by the other one. Most opset bumps only add types (Relu 14 took
+    integers, BatchNormalization 15 split its type parameter, Identity 16 took optionals),
+    and onnx's version converter has no adapter for many of them."""
+    if node.op_type in _UNSOUND_CONVERSIONS or _uses_newer_values(node, there):
+        return False
+    if _signature(here) != _signature(there) or not _same_attributes(node, here, there):
+        return False
+    for formals, names in ((there.inputs, node.inputs), (there.outputs, node.outputs)):
+        for index, name in enumerate(names):
+            if not name or not formals:
+                continue
+            formal = formals[min(index, len(formals) - 1)]
+            value_type = types.get(name)
+            if not isinstance(value_type, TensorType) or value_type.dtype is None:
+                return False  # a sequence, an optional or an unknown type: let onnx decide
+            if _type_string(value_type.dtype) not in _allowed(there, formal.type_str):
+                return False
+    return True
+
+
+def _signature(schema) -> tuple:
+    def formals(params):
+        return tuple((p.name, str(p.option)) for p in params)
+    return formals(schema.inputs), formals(schema.outputs)
+
+
+def _same_attributes(node: Node, here, there) -> bool:
+    """The target defines every attribute it has as the node's version does, and the node
+    sets none that the target lacks (``lower_for_opset`` drops those left at default)."""
+    if not set(there.attributes) <= set(here.attributes):
+        return False
+    if any(_attribute_definition(here, n) != _attribute_definition(there, n)
+           for n in there.attributes):
+        return False
+    return set(node.attributes) <= set(there.attributes)
+
+
+def _attribute_definition(schema, name: str) -> tuple:
+    a = schema.attributes[name]
+    return str(a.type), a.required, a.default_value.SerializeToString()
+
+
+def _allowed(schema, type_str: str) -> set[str]:
+    for constraint in schema.type_constraints:
+        if constraint.type_param_str == type_str:
+            return set(constraint.allowed_type_strs)
+    return {type_str}  # a concrete type such as tensor(int64)
+
+
+def _type_string(dtype) -> str:
+    """ONNX's spelling of a tensor type in schemas: tensor(float), tensor(int64), ..."""
+    try:
+        return f"tensor({onnx.TensorProto.DataType.Name(to_onnx_type(dtype)).lower()})"
+    except KeyError:
+        return "tensor(unknown)"
+
+
+def _uses_newer_values(node: Node, there) -> bool:
+    """Attribute values a later opset added without changing the signature."""
+    return node.op_type == "Pad" and there.since_version < 19 and \
+        node.attributes.get("mode") in ("wrap", b"wrap")
 
 
 def _default_domain_nodes(graph: Graph):

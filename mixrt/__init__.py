@@ -72,4 +72,17 @@ def load(model, device: str = "cpu", **options) -> Session:
     return Session(model, device=device, **options)
 
 
+# submodules reachable as attributes of ``mixrt`` without importing each (``mixrt.sym``,
+# ``mixrt.random.seed``), loaded on first use so that ``import mixrt`` stays light
+_LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "optimizer", "lr_scheduler",
+                              "gluon", "io", "metric", "module", "models"})
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib  # noqa: PLC0415
+        return importlib.import_module(f"mixrt.{name}")
+    raise AttributeError(f"module 'mixrt' has no attribute {name!r}")
+
+
 __all__ = ["Session", "NodeArg", "load", "errors", "__version__"]

@@ -236,6 +236,72 @@ def test_the_version_converter_moves_reduce_mean_axes(source, target):
                                rtol=1e-6)
 
 
+def test_a_change_that_only_added_types_is_relabelled_down():
+    """Relu 14 only added integer types: a float Relu built at 21 is written at 13, and
+    BatchNormalization 15 (which split its type parameter) at 14, with no converter."""
+    bn = node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], 21, name="bn")
+    relu = node("Relu", ["y"], ["z"], 21)
+    ones, zeros = np.ones(2, F32), np.zeros(2, F32)
+    graph = make_graph([bn, relu], {"x": tensor(F32, (1, 2, 3))}, {"z": tensor(F32, (1, 2, 3))},
+                       {"s": ones, "b": zeros, "m": zeros, "v": ones}, opset=21)
+    x = np.random.default_rng(0).standard_normal((1, 2, 3)).astype(F32)
+    for target in (14, 13):
+        model = checked_export(graph, target)
+        assert [(o.domain, o.version) for o in model.opset_import] == [("", target)]
+        np.testing.assert_allclose(ort_run(model, {"x": x})[0],
+                                   np.maximum(x / np.sqrt(1 + 1e-5), 0), rtol=1e-5)
+
+
+def test_a_type_the_target_lacks_is_not_relabelled():
+    graph = make_graph([node("Relu", ["x"], ["y"], 21, name="int_relu")],
+                       {"x": tensor(np.int32, (2,))}, {"y": tensor(np.int32, (2,))}, opset=21)
+    with pytest.raises(ExportError, match=r"node 'int_relu': Relu cannot be exported at opset "
+                                          r"13 .*lowest opset .* 14"):
+        export_model(graph, 13)
+
+
+def test_newer_ops_are_lowered_for_older_opsets():
+    """LayerNormalization (17) and Gelu (20, both forms) written in older opsets' ops."""
+    rng = np.random.default_rng(1)
+    x, scale, bias = (rng.standard_normal(s).astype(F32) for s in ((2, 3, 4), (4,), (4,)))
+    nodes = [node("LayerNormalization", ["x", "scale", "bias"], ["n"], 21, epsilon=1e-3),
+             node("Gelu", ["n"], ["g"], 21), node("Gelu", ["g"], ["y"], 21, approximate="tanh")]
+    graph = make_graph(nodes, {"x": tensor(F32, (2, 3, 4))}, {"y": tensor(F32, (2, 3, 4))},
+                       {"scale": scale, "bias": bias}, opset=21)
+    expected = Session(graph).run(None, {"x": x})[0]
+    for target in (13, 17, 19, 21):
+        model = checked_export(graph, target)
+        ops = {n.op_type for n in model.graph.node}
+        assert ("LayerNormalization" in ops) == (target >= 17)
+        assert ("Gelu" in ops) == (target >= 20)
+        np.testing.assert_allclose(ort_run(model, {"x": x})[0], expected, rtol=1e-5,
+                                   atol=1e-6)
+
+
+@pytest.mark.parametrize("name, options, shape", [
+    ("lenet", {"size": 8, "pad": 2}, (2, 1, 8, 8)),
+    ("transformer", {"vocab": 30, "seq": 8, "hidden": 16, "heads": 2, "layers": 1}, (2, 8)),
+    ("resnet18", {"classes": 4}, (1, 3, 32, 32)),
+])
+def test_symbol_zoo_exports_at_every_opset(tmp_path, name, options, shape):
+    import mixrt  # noqa: PLC0415
+    from mixrt.models import get_symbol  # noqa: PLC0415
+    mixrt.random.seed(0)
+    symbol = get_symbol(name, **options)
+    integer = name == "transformer"
+    executor = symbol.simple_bind("cpu", data=shape,
+                                  type_dict={"data": np.int64} if integer else None)
+    executor.init_params()
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 30, shape) if integer else rng.standard_normal(shape).astype(F32)
+    expected = executor.forward(data=data)[0]
+    graph = executor.to_graph()
+    for target in (TARGETS if name != "resnet18" else (13, 21)):
+        model = export_model(graph, target)
+        np.testing.assert_allclose(ort_run(model, {"data": data})[0], expected, rtol=1e-4,
+                                   atol=2e-5, err_msg=f"{name} at opset {target}")
+
+
 def test_an_op_newer_than_the_target_is_an_export_error():
     graph = make_graph([node("Mish", ["x"], ["y"], 18, name="soft_mish")],
                        {"x": tensor(F32, (2,))}, {"y": tensor(F32, (2,))}, opset=18)

@@ -40,5 +40,17 @@ def _install() -> list[str]:
 
 OPERATORS = _install()
 
+
+def __getattr__(name: str):
+    """An op registered after this module was imported (a user's custom op) gets its
+    function on first use."""
+    from mixrt.ops.registry import REGISTRY  # noqa: PLC0415
+    from mixrt.sym.ops import make_function  # noqa: PLC0415
+    if REGISTRY.has_op("", name):
+        function = globals()[name] = make_function("", name)
+        return function
+    raise AttributeError(f"module 'mixrt.sym' has no attribute {name!r} (no operator "
+                         f"{name!r} is registered)")
+
 __all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load",
            "load_json", "prefix", "var", *OPERATORS]

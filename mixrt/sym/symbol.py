@@ -256,6 +256,7 @@ class Symbol:
         graph.outputs = [Value(n.output_name(i)) for n, i in self._outputs]
         graph.opsets = _opsets(nodes)
         graph.validate()
+        _settle_scalars(graph)
         return graph
 
     # -- inference -----------------------------------------------------------------------
@@ -472,6 +473,27 @@ def _graph_node(node: SymNode) -> Node:
     return Node(node.op, inputs, [node.output_name(i) for i in range(node.num_outputs)],
                 name=node.name, domain=node.domain, opset=node.opset,
                 attributes=dict(node.attrs))
+
+
+def _settle_scalars(graph: Graph) -> None:
+    """Python numbers in arithmetic became CastLike(constant, operand); where inference
+    knows the operand's dtype, the constant is simply stored in it, so the graph carries no
+    cast (and exports to opsets older than CastLike)."""
+    casts = [n for n in graph.nodes if n.op_type == "CastLike" and not n.domain
+             and n.inputs[0] in graph.initializers]
+    if not casts:
+        return
+    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
+    types = infer_types(graph)
+    readers = [name for node in graph.nodes for name in node.inputs]
+    for node in casts:
+        dtype = getattr(types.get(node.inputs[1]), "dtype", None)
+        if dtype is None or readers.count(node.inputs[0]) != 1 \
+                or node.outputs[0] in graph.output_names:
+            continue
+        value = graph.initializers.pop(node.inputs[0])
+        graph.initializers[node.outputs[0]] = value.astype(dtype)
+        graph.nodes.remove(node)
 
 
 def _opsets(nodes: list[SymNode]) -> dict[str, int]:
