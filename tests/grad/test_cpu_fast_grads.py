@@ -1,7 +1,8 @@
 """The CPU fast paths of the backward kernels (ops/conv_grad_cpu.py, pool_grad_cpu.py,
 norm_grad_cpu.py, activation_grad.py) and of Conv's batched columns (conv_cpu.py) against the
 generic kernels, which tests/grad checks against finite differences: same values, written
-into ``out``, across the attribute spaces that route to each path."""
+into ``out``, across the attribute spaces that route to each path, inline and split over the
+intra-op threads."""
 
 import numpy as np
 import pytest
@@ -18,6 +19,17 @@ from mixrt.ops.pool import max_pool
 from mixrt.ops.pool_grad_cpu import max_pool_grad_cpu
 
 rng = np.random.default_rng(5)
+
+
+@pytest.fixture(autouse=True, params=["inline", "split"])
+def intra_op(request, monkeypatch):
+    """Every case twice: run inline, and with even tiny work split over the intra-op
+    threads (parts of rows, channels or planes written by different threads)."""
+    import mixrt.ops.parallel as parallel
+    if request.param == "split":
+        monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
+        monkeypatch.setattr(parallel, "intra_op_threads", lambda: 2)
+    return request.param
 
 
 def randn(*shape, dtype=np.float32):
@@ -120,6 +132,21 @@ def test_conv_batched_and_per_image_match_generic(monkeypatch, batch_pixels, x_s
     fused = fused_conv(np, x, w, None, z, activation="Relu", **attributes)
     np.testing.assert_allclose(fused, np.maximum(want - b[:, None, None] + z, 0), rtol=1e-5,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", CONV_CASES[:3])
+def test_shift_add_forward_and_input_grad_match_generic(monkeypatch, x_shape, w_shape,
+                                                        attributes):
+    """Shift-and-add (its runs summed per block of output channels), for the forward and for
+    the flipped convolution that gives dX."""
+    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_RATIO", 0)
+    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_PIXELS", 0)
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    np.testing.assert_allclose(conv_cpu.conv_cpu(np, x, w, **attributes),
+                               conv(np, x, w, **attributes), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        conv_grad_cpu.conv_grad_cpu(np, dy, x, w, weight_grad=0, **attributes),
+        conv_grad(np, dy, x, w, weight_grad=0, **attributes), rtol=1e-4, atol=1e-4)
 
 
 STRIDED = [case for case in CONV_CASES if case[2].get("strides", [1])[0] > 1] + [
