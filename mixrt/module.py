@@ -118,9 +118,8 @@ class Module:
         """Train for ``epochs`` (counting epochs already done when resuming); returns one
         record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
 
-        ``precision``: "float32" (default) or "float16" (see
-        :class:`~mixrt.runtime.training.TrainingProgram`; "bfloat16" is a typed error that
-        says why); ``loss_scaler``: a
+        ``precision``: "float32" (default), "float16" or "bfloat16" (CPU only; see
+        :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
         :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
         the default (a dynamic one for float16)."""
         trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params)

@@ -59,26 +59,21 @@ _FIXED_INPUTS = {"Resize": frozenset({1, 2}), "Upsample": frozenset({1})}
 
 def parse_precision(name, device="cpu") -> np.dtype:
     """The dtype a training precision computes in; InputError for an unknown name,
-    UnsupportedOperatorError for bfloat16 (see ``BFLOAT16_REASONS``)."""
+    UnsupportedOperatorError for bfloat16 on a GPU (see ``BFLOAT16_ON_GPU``)."""
     if name not in PRECISIONS:
         raise InputError(f"unknown precision {name!r}; choose one of {sorted(PRECISIONS)}")
-    if name == "bfloat16":
-        where = "gpu" if _on_gpu(device) else "cpu"
+    if name == "bfloat16" and _on_gpu(device):
         raise UnsupportedOperatorError(
             f"precision='bfloat16' cannot train on device {str(device)!r}: "
-            f"{BFLOAT16_REASONS[where]}; use precision='float16' (with loss scaling) or "
-            f"'float32'", dtype="bfloat16", device=str(device))
+            f"{BFLOAT16_ON_GPU}; use precision='float16' (with loss scaling) or 'float32'",
+            dtype="bfloat16", device=str(device))
     return PRECISIONS[name]
 
 
-BFLOAT16_REASONS = {
-    "cpu": "NumPy has no bfloat16; mixrt's is the ml_dtypes extension type (NumPy kind 'V', "
-           "computed in float32 and rounded after every op, so no faster than float32), and "
-           "the autodiff carries gradients only through NumPy's float and complex kinds, so "
-           "they would stop at the first bfloat16 tensor",
-    "gpu": "CuPy has no bfloat16 dtype (mixrt's bfloat16 is the ml_dtypes NumPy type, "
-           "CPU only)",
-}
+# On the CPU bfloat16 is the ml_dtypes NumPy type: it trains (each op computes in float32
+# and rounds), for numerics that match a bfloat16 accelerator, never for speed.
+BFLOAT16_ON_GPU = ("CuPy has no bfloat16 dtype (mixrt's bfloat16 is the ml_dtypes NumPy "
+                   "type, CPU only)")
 
 
 def _on_gpu(device) -> bool:

@@ -146,8 +146,8 @@ def _float_dtype(graph: Graph, name: str, known) -> np.dtype:
 class TrainingProgram:
     """One compiled training step: feeds + current parameters -> loss, outputs, gradients.
 
-    ``precision`` ("float32" or "float16"; "bfloat16" raises UnsupportedOperatorError
-    naming why) is what the forward and backward graph computes in; parameters, gradients
+    ``precision`` ("float32", "float16", or "bfloat16" on the CPU only: CuPy has no such
+    type) is what the forward and backward graph computes in; parameters, gradients
     and outputs stay float32 (see :mod:`mixrt.runtime.mixed_precision`). float16 scales
     the loss with ``loss_scaler`` (default: a dynamic :class:`LossScaler`; ``False``:
     none); ``program.scaler`` may be swapped for another LossScaler between steps, not for

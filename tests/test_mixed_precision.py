@@ -78,6 +78,14 @@ def test_float16_training_reaches_float32_accuracy(digits):
     assert model.loss_scaler.scale == 2.0 ** 16 and model.loss_scaler.skipped_steps == 0
 
 
+def test_bfloat16_training_on_the_cpu_reaches_float32_accuracy(digits):
+    """bfloat16 needs no loss scaling (float32's range) and trains through ml_dtypes."""
+    _, full = _fit("float32", digits)
+    model, brain = _fit("bfloat16", digits)
+    assert brain[-1]["eval_accuracy"] >= full[-1]["eval_accuracy"] - 0.03
+    assert model.loss_scaler is None
+
+
 def test_joint_graph_computes_in_float16():
     graph, x = mlp(), np.ones((8, 64), F32)
     graph.value_types["h"] = TensorType(F32, ("N", 64))  # value_info an importer keeps
@@ -256,16 +264,15 @@ def test_each_value_is_cast_once_and_float64_is_left_alone():
     assert found["Add"] == {F16} and found["Mul"] == {np.dtype(np.float64)}
 
 
-def test_bad_precision_names_and_bfloat16_are_typed_errors():
+def test_bad_precision_names_and_bfloat16_on_a_gpu_are_typed_errors():
     with pytest.raises(InputError, match="float16"):
         parse_precision("half")
     with pytest.raises(InputError, match="choose one of"):
         TrainingProgram(mlp(), softmax_cross_entropy("out"), ["w1"], precision="fp8")
-    with pytest.raises(UnsupportedOperatorError, match="autodiff") as cpu:
-        parse_precision("bfloat16")
-    assert cpu.value.dtype == "bfloat16"
-    with pytest.raises(UnsupportedOperatorError, match="CuPy has no bfloat16"):
+    assert parse_precision("bfloat16").name == "bfloat16"
+    with pytest.raises(UnsupportedOperatorError, match="CuPy has no bfloat16") as gpu:
         parse_precision("bfloat16", "gpu:0")
+    assert gpu.value.dtype == "bfloat16"
     model = Module(mlp())
     with pytest.raises(InputError, match="precision"):
         model.fit(NDArrayIter(np.zeros((4, 64), F32), np.zeros(4, np.int64), 2),

@@ -37,6 +37,13 @@ BACKWARD_OPSET = 17
 DIFFERENTIABLE_KINDS = "fc"  # float and complex dtypes carry gradients; ints and bools do not
 
 
+def is_differentiable_dtype(dtype) -> bool:
+    """Float and complex dtypes, and ml_dtypes' bfloat16 (NumPy kind "V", mixed precision's
+    low type); not ints, bools or the 8-bit float storage types."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in DIFFERENTIABLE_KINDS or dtype.name == "bfloat16"
+
+
 @dataclass
 class GradientGraph:
     """The result of :func:`gradient_graph`: the joint graph, the loss it computes and the
@@ -156,7 +163,7 @@ class GradBuilder:
 
     def differentiable(self, name: str) -> bool:
         dtype = self.dtype(name)
-        return dtype is None or np.dtype(dtype).kind in DIFFERENTIABLE_KINDS
+        return dtype is None or is_differentiable_dtype(dtype)
 
     # -- emitting nodes ------------------------------------------------------------------
 
@@ -292,7 +299,7 @@ def _check_request(graph: Graph, types: dict, loss: str, wrt: list[str]) -> None
             raise GradientError(f"cannot differentiate with respect to {name!r}: it is not "
                                 f"an input or initializer of graph {graph.name!r}")
         if isinstance(value_type, TensorType) and value_type.dtype is not None \
-                and np.dtype(value_type.dtype).kind not in DIFFERENTIABLE_KINDS:
+                and not is_differentiable_dtype(value_type.dtype):
             raise GradientError(f"{name!r} has dtype {np.dtype(value_type.dtype).name}; "
                                 f"gradients need a float tensor")
 
