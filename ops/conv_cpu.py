@@ -33,6 +33,8 @@ SHIFT_ADD_PIXELS = 28 * 28
 PHASE_TAPS = 8
 # images with at most this many output pixels are convolved several to a matmul
 BATCH_PIXELS = 14 * 14
+# ... at least this many columns to a matmul (BAND_BYTES permitting fewer)
+BATCH_COLUMNS = 1536
 
 
 def workspace(nbytes: int) -> np.ndarray:
@@ -182,7 +184,8 @@ def _conv_batched(X, w, Y, kernel, strides, dilations, begin, end, out_dims, bia
     """Y (N, M, L) = w (M, rows) times the columns of a few images at a time, the product
     reordered from (M, images, L) into Y's (images, M, L)."""
     n, (m, rows), length = X.shape[0], w.shape, math.prod(out_dims)
-    step = max(1, min(n, BAND_BYTES // (rows * length * X.itemsize)))
+    step = max(1, BAND_BYTES // (rows * length * X.itemsize), -(-BATCH_COLUMNS // length))
+    step = min(n, step)
     column_space, product_space = scratch_arrays(X.dtype, (rows * step * length,),
                                                  (m * step * length,))
     for start in range(0, n, step):

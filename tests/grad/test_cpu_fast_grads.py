@@ -65,6 +65,7 @@ def test_conv_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, pa
     time (partial products added, the last part shorter than the others)."""
     if parts:
         monkeypatch.setattr(conv_grad_cpu, "PART_BYTES", 1)
+        monkeypatch.setattr(conv_grad_cpu, "PART_COLUMNS", 1)
         x_shape = (5,) + x_shape[1:]
     dy, x, w = _conv_case(x_shape, w_shape, attributes)
     want = conv_grad(np, dy, x, w, bias_grad=1, **attributes)
