@@ -21,8 +21,11 @@ def relu_grad(xp, dY, Y):
     return xp.where(Y > 0, dY, xp.zeros((), dtype=dY.dtype))
 
 
-# elements per chunk of the CPU path: its mask and int scratch stay in L1/L2 between passes
-_CHUNK = 1 << 14
+# elements per chunk of the CPU path (its int mask stays in L2 between the passes). Chunks go
+# to the intra-op threads, and each costs 3 NumPy calls that hold the GIL: at 16K elements
+# the two threads ran slower than one (14.6 -> 25.2 ms on a 25.7M-element ReluGrad), at
+# 256K they ran in 6.2 ms
+_CHUNK = 1 << 18
 _BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
 
 

@@ -17,7 +17,6 @@ import threading
 import numpy as np
 
 from mixrt.ops.conv import conv, conv_geometry
-from mixrt.ops.parallel import parallel_rows
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
 # and VGG-19 layers, 8 MiB beat 1 MiB by 10-45%: each band is one BLAS call, and BLAS splits
@@ -235,23 +234,18 @@ class _ImageColumns:
             self.windows = _windows(padded, kernel, strides, dilations, out_dims)
 
     def copy_rows(self, columns, start, stop):
-        """Output rows start..stop of the columns into ``columns`` (C, *kernel, rows, ...),
-        the channels split over the intra-op threads (BLAS waits for the copy, so the
-        second core would otherwise idle through it)."""
-        def part(first, last):
-            self._copy(columns[first:last], slice(first, last), start, stop)
-        parallel_rows(columns.shape[0], columns[0].size, part)
-
-    def _copy(self, columns, channels, start, stop):
+        """Output rows start..stop of the columns into ``columns`` (C, *kernel, rows, ...).
+        One thread: split over the intra-op threads, the copies ran 5% slower (they are
+        bound by memory, and the BLAS threads spin between calls)."""
         if self.phases is None:
             rest = (slice(None),) * (len(self.kernel) - 1)
-            np.copyto(columns, self.windows[(channels, Ellipsis, slice(start, stop)) + rest])
+            np.copyto(columns, self.windows[(Ellipsis, slice(start, stop)) + rest])
             return
         width = self.out_dims[1]
         for tap, ((qy, ry), (qx, rx)) in enumerate(self.taps):
             a, b = divmod(tap, self.kernel[1])
             np.copyto(columns[:, a, b],
-                      self.phases[ry, rx][channels, qy + start:qy + stop, qx:qx + width])
+                      self.phases[ry, rx][:, qy + start:qy + stop, qx:qx + width])
 
 
 def _phases_suit(kernel, strides) -> bool:
@@ -309,17 +303,13 @@ def _conv_shift_add(x, w, y, kernel, dilations, begin, end, out_dims):
     partial = partial.view(x.dtype).reshape(kh * kw * m, span)
     np.matmul(taps, flat, out=partial)
     out = y.reshape(m, oh, ow)
-    shifts = [dy * dh * wp + dx * dw for dy in range(kh) for dx in range(kw)]
-
-    def add_runs(first, last):  # output channels first..last, on an intra-op thread
-        for tap, shift in enumerate(shifts):
-            rows = partial[tap * m + first:tap * m + last, shift:shift + oh * wp]
-            run = rows.reshape(last - first, oh, wp)[..., :ow]
-            if tap == 0:
-                np.copyto(out[first:last], run)
-            else:
-                np.add(out[first:last], run, out=out[first:last])
-    parallel_rows(m, len(shifts) * oh * ow, add_runs)
+    for tap, (dy, dx) in enumerate((dy, dx) for dy in range(kh) for dx in range(kw)):
+        shift = dy * dh * wp + dx * dw
+        run = partial[tap * m:(tap + 1) * m, shift:shift + oh * wp].reshape(m, oh, wp)[..., :ow]
+        if tap == 0:
+            np.copyto(out, run)
+        else:
+            np.add(out, run, out=out)
 
 
 def _padded(x, begin, end):

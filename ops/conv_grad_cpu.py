@@ -25,7 +25,6 @@ import numpy as np
 from mixrt.ops import conv as cv
 from mixrt.ops.conv_cpu import conv_bands, im2col_into, scratch_arrays
 from mixrt.ops.conv_grad import conv_grad
-from mixrt.ops.parallel import parallel_rows
 
 # bytes of columns per batch part: big enough that a part is one substantial BLAS call, small
 # enough that the columns are still in cache when BLAS reads them
@@ -196,15 +195,11 @@ def _folded_input_grad(dY, W, dx, window: _Window):
 
 def _col2im(cols, image, dx, crop, window: _Window):
     """Sum the columns (C*kh*kw, oh*ow) back onto the padded ``image`` (C, Hp, Wp) and crop
-    it into ``dx`` (C, H, W), the channels split over the intra-op threads."""
+    it into ``dx`` (C, H, W)."""
     c = image.shape[0]
     kh, kw = window.kernel
     view = cols.reshape(c, kh, kw, *window.out)
-
-    def fold(first, last):
-        part = image[first:last]
-        part.fill(0)
-        for tap in window.taps:
-            part[(slice(None),) + window.tap_slices(tap)] += view[first:last, tap[0], tap[1]]
-        np.copyto(dx[first:last], part[crop])
-    parallel_rows(c, image[0].size * len(window.taps), fold)
+    image.fill(0)
+    for tap in window.taps:
+        image[(slice(None),) + window.tap_slices(tap)] += view[:, tap[0], tap[1]]
+    np.copyto(dx, image[crop])

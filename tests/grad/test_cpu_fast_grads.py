@@ -241,8 +241,11 @@ def test_batch_norm_inference_grad_takes_the_generic_kernel():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 40, 41)])
-def test_relu_grad_matches_generic(shape, dtype):
-    """Including dY's inf and NaN where Y is 0 (they must give 0, as ``where`` does)."""
+def test_relu_grad_matches_generic(monkeypatch, shape, dtype):
+    """Including dY's inf and NaN where Y is 0 (they must give 0, as ``where`` does); in
+    chunks of 64 elements, the last one shorter."""
+    import mixrt.ops.activation_grad as activation_grad
+    monkeypatch.setattr(activation_grad, "_CHUNK", 64)
     y = np.maximum(randn(*shape), 0).astype(dtype)
     dy = randn(*shape).astype(dtype)
     flat_y, flat_dy = y.reshape(-1), dy.reshape(-1)
