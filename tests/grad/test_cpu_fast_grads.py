@@ -150,6 +150,40 @@ def test_shift_add_forward_and_input_grad_match_generic(monkeypatch, x_shape, w_
         conv_grad(np, dy, x, w, weight_grad=0, **attributes), rtol=1e-4, atol=1e-4)
 
 
+STRIDE_ONE = [case for case in CONV_CASES if case[2].get("strides", [1])[0] == 1]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", STRIDE_ONE)
+def test_kernel_rows_match_generic(monkeypatch, x_shape, w_shape, attributes):
+    """One matmul per kernel row over row-shifted copies: forward, fused epilogue, and the
+    flipped convolution that gives dX."""
+    monkeypatch.setattr(conv_cpu, "KERNEL_ROWS_PIXELS", 0)
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    b = randn(w_shape[0])
+    want = conv(np, x, w, b, **attributes)
+    np.testing.assert_allclose(conv_cpu.conv_cpu(np, x, w, b, **attributes), want,
+                               rtol=1e-5, atol=1e-4)
+    z = randn(*want.shape)
+    np.testing.assert_allclose(fused_conv(np, x, w, b, z, activation="Relu", **attributes),
+                               np.maximum(want + z, 0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        conv_grad_cpu.conv_grad_cpu(np, dy, x, w, weight_grad=0, **attributes),
+        conv_grad(np, dy, x, w, weight_grad=0, **attributes), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_rows_chosen_for_resnet_layers():
+    x, w = np.zeros((2, 64, 56, 56), np.float32), np.zeros((64, 64, 3, 3), np.float32)
+    assert conv_cpu._KernelRows.suit(x, w, (3, 3), (1, 1), (56, 56))
+    assert not conv_cpu._KernelRows.suit(x, w, (3, 3), (2, 2), (28, 28))  # strided
+    assert not conv_cpu._KernelRows.suit(x, w[:, :, :1, :1], (1, 1), (1, 1), (56, 56))
+    few = np.zeros((32, 128, 3, 3), np.float32)  # 128 -> 32 channels: shift-and-add
+    assert not conv_cpu._KernelRows.suit(np.zeros((2, 128, 56, 56)), few, (3, 3), (1, 1),
+                                         (56, 56))
+    small = np.zeros((2, 512, 7, 7), np.float32)  # 7x7: batched columns
+    assert not conv_cpu._KernelRows.suit(small, np.zeros((512, 512, 3, 3)), (3, 3), (1, 1),
+                                         (7, 7))
+
+
 STRIDED = [case for case in CONV_CASES if case[2].get("strides", [1])[0] > 1] + [
     ((2, 3, 12, 11), (4, 3, 3, 3), dict(strides=[3, 2], dilations=[2, 1], pads=[2, 1, 0, 2]))]
 
