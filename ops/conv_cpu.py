@@ -298,11 +298,14 @@ class _KernelRows:
         self.weights = np.ascontiguousarray(W.transpose(2, 0, 3, 1)).reshape(kh, m, kw * c)
 
     @classmethod
-    def suit(cls, X, W, kernel, strides, out_dims) -> bool:
+    def suit(cls, X, W, kernel, strides, out_dims, ratio=True) -> bool:
+        """Whether a convolution suits kernel rows (``ratio``: unless shift-and-add does
+        better, which only the forward has)."""
         if X.ndim != 4 or any(s != 1 for s in strides) or math.prod(kernel) == 1:
             return False
         m, c = W.shape[:2]
-        return math.prod(out_dims) > KERNEL_ROWS_PIXELS and SHIFT_ADD_RATIO * m > c
+        return math.prod(out_dims) > KERNEL_ROWS_PIXELS and (
+            not ratio or SHIFT_ADD_RATIO * m > c)
 
     @classmethod
     def suited(cls, X, W, kernel, strides, dilations, out_dims):

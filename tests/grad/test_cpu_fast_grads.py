@@ -171,6 +171,19 @@ def test_kernel_rows_match_generic(monkeypatch, x_shape, w_shape, attributes):
         conv_grad(np, dy, x, w, weight_grad=0, **attributes), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, attributes", STRIDE_ONE)
+def test_kernel_row_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes):
+    """dW by kernel rows, two images to a part over a batch of five (a shorter last part,
+    whose left-over rows must add nothing)."""
+    monkeypatch.setattr(conv_cpu, "KERNEL_ROWS_PIXELS", 0)
+    monkeypatch.setattr(conv_grad_cpu, "_parts", lambda n, size, length: (
+        [(start, min(start + 2, n)) for start in range(0, n, 2)], 2))
+    dy, x, w = _conv_case((5,) + x_shape[1:], w_shape, attributes)
+    np.testing.assert_allclose(
+        conv_grad_cpu.conv_grad_cpu(np, dy, x, w, input_grad=0, **attributes),
+        conv_grad(np, dy, x, w, input_grad=0, **attributes), rtol=1e-4, atol=1e-4)
+
+
 def test_kernel_rows_chosen_for_resnet_layers():
     x, w = np.zeros((2, 64, 56, 56), np.float32), np.zeros((64, 64, 3, 3), np.float32)
     assert conv_cpu._KernelRows.suit(x, w, (3, 3), (1, 1), (56, 56))
