@@ -60,7 +60,8 @@ def _rewriter(node: Node, target: int):
 
 def _defaults_the_target_lacks(node: Node, target: int) -> list[str]:
     """Attributes the node sets to their default that the op at ``target`` does not have."""
-    here, there = _schema(node.op_type, node.opset or target), _schema(node.op_type, target)
+    here = schema_at(node.op_type, node.opset or target)
+    there = schema_at(node.op_type, target)
     if here is None or there is None or here.since_version == there.since_version:
         return []
     names = []
@@ -81,9 +82,10 @@ def _same_value(default, value) -> bool:
     return default == value
 
 
-def _schema(op_type: str, opset: int):
+def schema_at(op_type: str, opset: int, domain: str = ""):
+    """The op's ONNX schema in force at ``opset``, or None when the op did not exist yet."""
     try:
-        return defs.get_schema(op_type, opset, "")
+        return defs.get_schema(op_type, opset, domain)
     except defs.SchemaError:
         return None
 

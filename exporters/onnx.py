@@ -35,6 +35,7 @@ from onnx import AttributeProto, defs, helper, numpy_helper, version_converter
 from mixrt.errors import ExportError
 from mixrt.exporters.decompose import decompose_graph
 from mixrt.exporters.lower import lower_for_opset
+from mixrt.exporters.lower import schema_at as _schema_at
 from mixrt.ops.dtypes import to_onnx_type
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
@@ -215,13 +216,6 @@ def _uses_newer_values(node: Node, there) -> bool:
 
 def _default_domain_nodes(graph: Graph):
     return (node for node in graph.all_nodes() if node.domain == "")
-
-
-def _schema_at(op_type: str, opset: int, domain: str = ""):
-    try:
-        return defs.get_schema(op_type, opset, domain)
-    except defs.SchemaError:
-        return None
 
 
 def _schema(node: Node, opset: int):
