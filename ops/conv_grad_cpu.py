@@ -176,7 +176,10 @@ def weight_grad_into(dY, X, dw, window: _Window):
         grads = grad_space[:m * count * length].reshape(m, count, length)
         for image in range(start, stop):
             window.im2col(X[image], cols[:, image - start])
-        np.copyto(grads, dY[start:stop].reshape(count, m, length).transpose(1, 0, 2))
+        if count == 1:  # one image's dY is already (M, L): no copy (the stem's 103 MB)
+            grads = dY[start].reshape(m, length)
+        else:
+            np.copyto(grads, dY[start:stop].reshape(count, m, length).transpose(1, 0, 2))
         cols, grads = cols.reshape(rows, count * length), grads.reshape(m, count * length)
         product = total if index == 0 else partial
         if transposed:
