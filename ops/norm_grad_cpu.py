@@ -1,9 +1,8 @@
 """The CPU fast path of BatchNormalizationGrad in training mode: two sweeps over X and dY in
-cache-sized chunks, written into the planned output.
+cache-sized chunks of rows (norm_cpu.py's), written into the planned output.
 
 The generic kernel (norm_grad.py) is a dozen whole-tensor NumPy expressions, each allocating a
-temporary as big as X. Here every (image, channel) plane is one row of X viewed as
-(N*C, L), and the intra-op threads take chunks of rows:
+temporary as big as X. Here every (image, channel) plane is one row of X viewed as (N*C, L):
 
 1. per row: its mean, its sum of squared deviations from that mean, the sum of dY and the sum
    of dY times the deviation, computed while the chunk is in cache; the rows of a channel are
@@ -18,14 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.conv_cpu import scratch_arrays
+from mixrt.ops.norm_cpu import (NATIVE, channel_moments, for_row_chunks, per_row,
+                                row_moments)
 from mixrt.ops.norm_grad import batch_norm_grad
-from mixrt.ops.parallel import parallel_rows
-
-NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
-# bytes of X per chunk of rows (with its temporary, inside L2). Smaller chunks lose the
-# second thread to GIL hand-offs: 256 KiB chunks took 29.8 ms on ResNet's 64x112x112 batch,
-# 1 MiB chunks 17.8 ms (one thread: 31 ms)
-CHUNK_BYTES = 1 << 20
 
 
 @batch_norm_grad.fast("cpu")
@@ -42,7 +36,8 @@ def batch_norm_grad_cpu(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, 
     d_scale, d_bias, coefficients = _channel_terms(stats, n, c, rows[0].shape[1], scale,
                                                    epsilon)
     dx = np.empty_like(X) if out is None else out
-    _affine_rows(rows, coefficients, dx.reshape(n * c, -1))
+    _affine_rows(rows, [per_row(k, n * c, X.dtype) for k in coefficients],
+                 dx.reshape(n * c, -1))
     grads = (dx, d_scale.astype(scale.dtype), d_bias.astype(scale.dtype))
     return grads[:_outputs] if _outputs > 1 else dx
 
@@ -63,30 +58,15 @@ def _first_into(out, result):
     return (out,) + tuple(result[1:]) if isinstance(result, tuple) else out
 
 
-def _row_parts(rows: int, length: int, itemsize: int):
-    """Chunks of rows of about CHUNK_BYTES each, and the chunk size."""
-    step = max(1, min(rows, CHUNK_BYTES // max(length * itemsize, 1)))
-    return step, -(-rows // step)
-
-
 def _row_stats(x, dy):
     """(mean, squared deviations, sum of dY, sum of dY x deviation) of every row, float64."""
-    rows, length = x.shape
-    stats = np.empty((4, rows), dtype=np.float64)
-    step, chunks = _row_parts(rows, length, x.itemsize)
+    stats = np.empty((4, x.shape[0]), dtype=np.float64)
 
-    def part(first, last):
-        deviation = scratch_arrays(x.dtype, (step, length))[0]
-        for start in range(first * step, min(last * step, rows), step):
-            stop = min(start + step, rows)
-            xs, ds, dev = x[start:stop], dy[start:stop], deviation[:stop - start]
-            row_mean = xs.mean(axis=1, keepdims=True)
-            np.subtract(xs, row_mean, out=dev)
-            stats[0, start:stop] = row_mean[:, 0]
-            stats[1, start:stop] = np.einsum("ij,ij->i", dev, dev)
-            stats[2, start:stop] = ds.sum(axis=1)
-            stats[3, start:stop] = np.einsum("ij,ij->i", ds, dev)
-    parallel_rows(chunks, step * length, part)
+    def fn(start, stop, step):
+        deviation = row_moments(x, stats, start, stop, step)
+        stats[2, start:stop] = dy[start:stop].sum(axis=1)
+        stats[3, start:stop] = np.einsum("ij,ij->i", dy[start:stop], deviation)
+    for_row_chunks(x.shape[0], x.shape[1], x.itemsize, fn)
     return stats
 
 
@@ -94,9 +74,7 @@ def _channel_terms(stats, n, c, length, scale, epsilon):
     """d scale, d bias and the (a, b, c) of dX = a dY + b X + c, per channel."""
     row_mean, squares, sum_dy, sum_dy_dev = (s.reshape(n, c) for s in stats)
     count = n * length
-    mean = row_mean.mean(axis=0)
-    shift = row_mean - mean  # each row's mean from its channel's
-    variance = (squares.sum(axis=0) + length * (shift * shift).sum(axis=0)) / count
+    mean, variance, shift = channel_moments(row_mean, squares, length)
     inv_std = 1.0 / np.sqrt(variance + epsilon)
     d_bias = sum_dy.sum(axis=0)
     d_scale = inv_std * (sum_dy_dev + shift * sum_dy).sum(axis=0)
@@ -106,20 +84,14 @@ def _channel_terms(stats, n, c, length, scale, epsilon):
 
 
 def _affine_rows(rows, coefficients, target):
-    """``target`` = a dY + b X + c, row by row (row r is channel r mod C)."""
+    """``target`` = a dY + b X + c, row by row, with per-row columns a, b, c."""
     x, dy = rows
-    count, length = x.shape
-    channels = coefficients[0].shape[0]
-    a, b, c = (np.tile(k.astype(x.dtype), count // channels)[:, None] for k in coefficients)
-    step, chunks = _row_parts(count, length, x.itemsize)
+    a, b, c = coefficients
 
-    def part(first, last):
-        term = scratch_arrays(x.dtype, (step, length))[0]
-        for start in range(first * step, min(last * step, count), step):
-            stop = min(start + step, count)
-            rows_, scratch = slice(start, stop), term[:stop - start]
-            np.multiply(dy[rows_], a[rows_], out=target[rows_])
-            np.multiply(x[rows_], b[rows_], out=scratch)
-            scratch += c[rows_]
-            target[rows_] += scratch
-    parallel_rows(chunks, step * length, part)
+    def fn(start, stop, step):
+        term = scratch_arrays(x.dtype, (step, x.shape[1]))[0][:stop - start]
+        np.multiply(dy[start:stop], a[start:stop], out=target[start:stop])
+        np.multiply(x[start:stop], b[start:stop], out=term)
+        term += c[start:stop]
+        target[start:stop] += term
+    for_row_chunks(x.shape[0], x.shape[1], x.itemsize, fn)

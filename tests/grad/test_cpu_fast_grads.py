@@ -1,5 +1,6 @@
 """The CPU fast paths of the backward kernels (ops/conv_grad_cpu.py, pool_grad_cpu.py,
-norm_grad_cpu.py, activation_grad.py) and of Conv's batched columns (conv_cpu.py) against the
+norm_grad_cpu.py, activation_grad.py), of Conv (conv_cpu.py) and of training-mode
+BatchNormalization (norm_cpu.py) against the
 generic kernels, which tests/grad checks against finite differences: same values, written
 into ``out``, across the attribute spaces that route to each path, inline and split over the
 intra-op threads."""
@@ -13,6 +14,8 @@ from mixrt.ops.activation_grad import relu_grad, relu_grad_cpu
 from mixrt.ops.conv import conv
 from mixrt.ops.conv_grad import conv_grad, max_pool_grad
 from mixrt.ops.fused import fused_conv
+import mixrt.ops.norm_cpu as norm_cpu
+from mixrt.ops.nn import batch_normalization
 from mixrt.ops.norm_grad import batch_norm_grad
 from mixrt.ops.norm_grad_cpu import batch_norm_grad_cpu
 from mixrt.ops.pool import max_pool
@@ -261,8 +264,7 @@ def test_max_pool_grad_falls_back_for_1d_pools():
 @pytest.mark.parametrize("x_shape", [(4, 3, 5, 5), (6, 4), (2, 3, 4, 5, 6), (3, 5, 40, 40)])
 def test_batch_norm_training_grad_matches_generic(monkeypatch, x_shape, dtype):
     """An offset mean (the variance must not come from E[x^2] - E[x]^2) and small chunks."""
-    import mixrt.ops.norm_grad_cpu as norm_grad_cpu
-    monkeypatch.setattr(norm_grad_cpu, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(norm_cpu, "CHUNK_BYTES", 64)
     x = randn(*x_shape, dtype=dtype) * 3 + 50
     dy, scale = randn(*x_shape, dtype=dtype), randn(x_shape[1], dtype=dtype)
     want = batch_norm_grad(np, dy, x, scale, training_mode=1)
@@ -273,6 +275,39 @@ def test_batch_norm_training_grad_matches_generic(monkeypatch, x_shape, dtype):
     for g, e in zip(got, want):
         assert g.dtype == e.dtype and g.shape == e.shape
         np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * np.abs(e).max())
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x_shape", [(4, 3, 5, 5), (6, 4), (2, 3, 4, 5, 6), (3, 5, 40, 40)])
+def test_batch_norm_training_forward_matches_generic(monkeypatch, x_shape, dtype, outputs):
+    monkeypatch.setattr(norm_cpu, "CHUNK_BYTES", 64)
+    x = randn(*x_shape, dtype=dtype) * 3 + 50
+    params = [randn(x_shape[1], dtype=dtype) for _ in range(3)]
+    params.append(np.abs(randn(x_shape[1], dtype=dtype)) + 0.5)
+    attributes = dict(training_mode=1, momentum=0.8, epsilon=1e-3, _outputs=outputs)
+    want = batch_normalization(np, x, *params, **attributes)
+    out = np.full(x.shape, np.nan, dtype)
+    got = norm_cpu.batch_normalization_cpu(np, x, *params, out=out, **attributes)
+    want, got = (want,) if outputs == 1 else want, (got,) if outputs == 1 else got
+    assert got[0] is out
+    tolerance = 1e-10 if dtype == np.float64 else 2e-5
+    for g, e in zip(got, want, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * np.abs(e).max())
+
+
+def test_batch_norm_forward_in_place_and_inference():
+    """Training mode may write over X (an in-place plan); inference mode keeps the earlier
+    CPU path's values."""
+    x, params = randn(2, 3, 4, 4), [randn(3), randn(3), randn(3), np.abs(randn(3)) + 0.5]
+    want = batch_normalization(np, x, *params, training_mode=1)
+    assert norm_cpu.batch_normalization_cpu(np, x, *params, training_mode=1, out=x) is x
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+    out = np.empty_like(x)
+    norm_cpu.batch_normalization_cpu(np, x, *params, out=out)
+    np.testing.assert_allclose(out, batch_normalization(np, x, *params), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_batch_norm_inference_grad_takes_the_generic_kernel():
