@@ -27,9 +27,8 @@ import time
 import warnings
 from pathlib import Path
 
+import mixrt  # noqa: F401,I001  (before NumPy: it picks NumPy's BLAS kernels and thread spin)
 import numpy as np
-
-import mixrt  # noqa: F401  (first: it picks NumPy's BLAS kernels)
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
