@@ -1,0 +1,196 @@
+"""What every KVStore kind shares: key and value checks, the updater, optimizer checkpoints.
+
+A store maps keys (``int`` or ``str``; ``3`` and ``"3"`` are one key) to arrays. Workers
+``push`` gradients and ``pull`` weights. A value pushed as a list (one array per device) is
+summed before anything else sees it. With an updater (``set_updater``, or ``set_optimizer``)
+the store applies ``updater(key, summed_gradient, stored_weight)`` in place; without one a
+push replaces the stored value by the sum (MXNet's semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from mixrt.errors import KVStoreError, ShapeError
+from mixrt.runtime import optimizer as optim
+from mixrt.runtime.device import array_module, to_host
+
+Updater = Callable[[str, object, object], None]
+
+
+def normalize_key(key) -> str:
+    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
+        raise KVStoreError(f"a KVStore key is an int or a str, got {type(key).__name__} "
+                           f"{key!r}")
+    text = str(int(key)) if isinstance(key, (int, np.integer)) else key
+    if not text or len(text.encode()) > 255:
+        raise KVStoreError(f"KVStore key {key!r} must be 1..255 bytes long")
+    return text
+
+
+def key_value_pairs(keys, values, what: str) -> list[tuple[str, list]]:
+    """``(key, value)``, ``([k1, k2], [v1, v2])`` or ``([k1, k2], [[v1a, v1b], v2])`` as
+    ``[(key, [arrays...]), ...]`` (one array per device)."""
+    if isinstance(keys, (list, tuple)):
+        if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+            raise KVStoreError(f"{what}: {len(keys)} keys need {len(keys)} values, got "
+                               f"{_describe(values)}")
+        return [(normalize_key(k), _as_list(v, k, what)) for k, v in zip(keys, values)]
+    return [(normalize_key(keys), _as_list(values, keys, what))]
+
+
+def _as_list(value, key, what: str) -> list:
+    arrays = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not arrays:
+        raise KVStoreError(f"{what} key {key!r}: no arrays given")
+    for array in arrays:
+        if not hasattr(array, "shape") or not hasattr(array, "dtype"):
+            raise KVStoreError(f"{what} key {key!r}: expected NumPy or CuPy arrays, got "
+                               f"{type(array).__name__}")
+    return arrays
+
+
+def _describe(values) -> str:
+    return f"{len(values)} values" if isinstance(values, (list, tuple)) else \
+        f"one {type(values).__name__}"
+
+
+def check_like(key: str, stored, value, what: str) -> None:
+    if tuple(value.shape) != tuple(stored.shape):
+        raise ShapeError(f"{what} key {key!r}: shape {tuple(value.shape)} does not match "
+                         f"the initialized {tuple(stored.shape)}")
+    if np.dtype(value.dtype) != np.dtype(stored.dtype):
+        raise KVStoreError(f"{what} key {key!r}: dtype {value.dtype} does not match the "
+                           f"initialized {stored.dtype}")
+
+
+def sum_on(arrays: list, xp, device=None):
+    """The sum of per-device arrays, computed with ``xp`` (on ``device`` for CuPy)."""
+    if xp is np:
+        total = np.array(to_host(arrays[0]), copy=True)
+        for array in arrays[1:]:
+            total += to_host(array)
+        return total
+    with xp.cuda.Device(device if device is not None else arrays[0].device.id):
+        total = xp.array(arrays[0], copy=True)
+        for array in arrays[1:]:
+            total += xp.asarray(array)
+        return total
+
+
+def copy_into(out, value) -> None:
+    """``out[...] = value`` across devices (host <-> GPU copies where they differ)."""
+    if array_module(out) is np:
+        out[...] = to_host(value)
+    elif array_module(value) is np:
+        out.set(np.ascontiguousarray(value, dtype=out.dtype))
+    else:
+        out[...] = value
+
+
+def optimizer_updater(optimizer: optim.Optimizer) -> Updater:
+    def update(key, grad, weight):
+        optimizer.step(key, weight, grad)
+    return update
+
+
+class KVStore:
+    """The API every kind implements (``mixrt.kv.create(kind)`` picks one)."""
+
+    type = ""
+
+    def __init__(self):
+        self._updater: Updater | None = None
+        self._optimizer: optim.Optimizer | None = None
+        self._compression: dict | None = None
+
+    # -- identity -----------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        return 1
+
+    def barrier(self) -> None:
+        """Wait until every worker reaches this point (one worker: nothing to wait for)."""
+
+    def close(self) -> None:
+        """Release sockets and threads (the distributed kinds); a no-op otherwise."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- data ---------------------------------------------------------------------------
+
+    def init(self, key, value) -> None:
+        raise NotImplementedError
+
+    def push(self, key, value, priority: int = 0) -> None:
+        raise NotImplementedError
+
+    def pull(self, key, out=None, priority: int = 0):
+        raise NotImplementedError
+
+    def pushpull(self, key, value, out=None, priority: int = 0):
+        """Push ``value`` and pull the result into ``out`` (into ``value`` when ``out`` is
+        None), in one call."""
+        self.push(key, value, priority)
+        return self.pull(key, value if out is None else out, priority)
+
+    # -- updates ------------------------------------------------------------------------
+
+    def set_updater(self, updater: Updater) -> None:
+        """Apply ``updater(key, summed_gradient, weight)`` on each push (local kinds)."""
+        if not callable(updater):
+            raise KVStoreError(f"set_updater takes a callable (key, grad, weight), got "
+                               f"{updater!r}")
+        self._updater = updater
+
+    def set_optimizer(self, optimizer: optim.Optimizer) -> None:
+        """Run ``optimizer`` inside the store: each push updates the stored weight."""
+        if not isinstance(optimizer, optim.Optimizer):
+            raise KVStoreError(f"set_optimizer takes a mixrt optimizer (mixrt.optimizer."
+                               f"create(...)), got {type(optimizer).__name__}")
+        self._optimizer = optimizer
+        self.set_updater(optimizer_updater(optimizer))
+
+    @property
+    def optimizer(self) -> optim.Optimizer | None:
+        return self._optimizer
+
+    def set_gradient_compression(self, params: dict) -> None:
+        from mixrt.kvstore.compression import check_params  # noqa: PLC0415
+        self._compression = check_params(params)
+
+    # -- optimizer checkpoints ----------------------------------------------------------
+
+    def save_optimizer_states(self, path) -> None:
+        """The store's optimizer state as a ``.npz`` that loads with allow_pickle=False."""
+        np.savez(path, **self._optimizer_state_dict())
+
+    def load_optimizer_states(self, path) -> None:
+        with np.load(path, allow_pickle=False) as arrays:
+            self._load_optimizer_state_dict({k: arrays[k] for k in arrays.files})
+
+    def _optimizer_state_dict(self) -> dict:
+        return self._require_optimizer("save_optimizer_states").state_dict()
+
+    def _load_optimizer_state_dict(self, arrays: dict) -> None:
+        self._require_optimizer("load_optimizer_states").load_state_dict(arrays)
+
+    def _require_optimizer(self, what: str) -> optim.Optimizer:
+        if self._optimizer is None:
+            raise KVStoreError(f"{what}: this {self.type!r} store has no optimizer; call "
+                               f"set_optimizer first")
+        return self._optimizer
+
+    def __repr__(self) -> str:
+        return f"<KVStore {self.type!r} rank {self.rank} of {self.num_workers}>"

@@ -1,0 +1,84 @@
+"""The single-process kinds: ``local`` sums per-device values on the CPU, ``device`` on a GPU.
+
+``device`` keeps each stored value on the GPU of the first array it was initialized with and
+sums pushed lists there (peer copies instead of round trips through the host), which is
+what makes it the faster choice for several GPUs in one process. Given host arrays only it
+sums on the CPU, as MXNet's ``device`` store does. Compression applies to the ``device``
+kind's pushes as it does in MXNet (each device's gradient is quantized, with its own
+residual, before the sum); ``local`` refuses it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.errors import KVStoreError
+from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, sum_on
+from mixrt.runtime.device import array_module
+
+
+class LocalStore(KVStore):
+    def __init__(self, kind: str = "local"):
+        super().__init__()
+        if kind not in ("local", "device"):
+            raise KVStoreError(f"LocalStore serves 'local' and 'device', not {kind!r}")
+        self.type = kind
+        self._store: dict[str, object] = {}
+        self._compressor = None
+
+    def init(self, key, value) -> None:
+        for name, arrays in key_value_pairs(key, value, "init"):
+            if name in self._store:
+                raise KVStoreError(f"init: key {name!r} is already initialized")
+            first = arrays[0]
+            if self.type == "device" and array_module(first) is not np:
+                with array_module(first).cuda.Device(first.device.id):
+                    self._store[name] = array_module(first).array(first, copy=True)
+            else:
+                self._store[name] = np.array(_host(first), copy=True)
+
+    def push(self, key, value, priority: int = 0) -> None:
+        for name, arrays in key_value_pairs(key, value, "push"):
+            stored = self._stored(name, "push")
+            for array in arrays:
+                check_like(name, stored, array, "push")
+            if self._compressor is not None:
+                arrays = [self._compressor.roundtrip(f"{name}/{i}", a)
+                          for i, a in enumerate(arrays)]
+            total = sum_on(arrays, array_module(stored), _device_of(stored))
+            if self._updater is not None:
+                self._updater(name, total, stored)
+            else:
+                copy_into(stored, total)
+
+    def pull(self, key, out=None, priority: int = 0):
+        if out is None:
+            raise KVStoreError("pull needs `out`: the array (or list of arrays) to fill")
+        for name, arrays in key_value_pairs(key, out, "pull"):
+            stored = self._stored(name, "pull")
+            for array in arrays:
+                check_like(name, stored, array, "pull")
+                copy_into(array, stored)
+        return out
+
+    def set_gradient_compression(self, params: dict) -> None:
+        if self.type == "local":
+            raise KVStoreError("gradient compression is for the 'device' and 'dist_*' "
+                               "kinds; the 'local' store sums on the CPU uncompressed")
+        super().set_gradient_compression(params)
+        from mixrt.kvstore.compression import create_compressor  # noqa: PLC0415
+        self._compressor = create_compressor(self._compression)
+
+    def _stored(self, name: str, what: str):
+        if name not in self._store:
+            raise KVStoreError(f"{what}: key {name!r} was never initialized (call init "
+                               f"first); initialized keys: {sorted(self._store)[:20]}")
+        return self._store[name]
+
+
+def _host(array):
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+def _device_of(array):
+    return None if isinstance(array, np.ndarray) else array.device.id
