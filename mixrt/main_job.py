@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt import random as mixrt_random
+from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.module import Module
 
@@ -28,11 +29,19 @@ ACCURACY_TARGET = 0.95
 
 
 def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: int = 12,
-                 progress: bool = True) -> int:
+                 progress: bool = True, kvstore: str | None = None,
+                 compression: dict | None = None) -> int:
     """Run every step; returns 0 when task B reaches the accuracy target and every check
-    passes, 1 otherwise."""
+    passes, 1 otherwise.
+
+    ``kvstore`` ("dist_sync", "dist_async", ...; started by ``mixrt launch``): each worker
+    trains on its shard of the data through the store (``compression``: its gradient
+    compression, e.g. ``{"type": "2bit", "threshold": 0.5}``); every worker exports its own
+    copy, and worker 0 alone validates, compiles and serves."""
     from mixrt.models.digits import digits_cnn, load_digits, split  # noqa: PLC0415
-    workdir = Path(workdir)
+    store = _store(kvstore, compression)
+    rank = 0 if store is None else store.rank
+    workdir = Path(workdir) if rank == 0 else Path(workdir) / f"worker{rank}"
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     mixrt_random.seed(seed)
@@ -46,7 +55,7 @@ def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: 
     _say(2, f"train a CNN on task A (digits 0-{TASK_A_CLASSES - 1}, {first.sum():,} images), "
             f"{sum(p.data().size for p in model.params.values()):,} parameters")
     history = _fit(model, train_x[first], train_y[first], test_x[test_y < TASK_A_CLASSES],
-                   test_y[test_y < TASK_A_CLASSES], epochs_a, 0.05, progress)
+                   test_y[test_y < TASK_A_CLASSES], epochs_a, 0.05, progress, store, "a/")
     print(f"    task A test accuracy {history[-1]['eval_accuracy']:.2%}")
 
     exported = workdir / "digits_task_a.onnx"
@@ -59,9 +68,15 @@ def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: 
     trainable = [p.name for p in tuned.params.trainable()]
     _say(4, f"imported it, replaced the head and fine-tuned on task B (all 10 digits), "
             f"training {', '.join(trainable)}")
-    history_b = _fit(tuned, train_x, train_y, test_x, test_y, epochs_b, 0.02, progress)
+    history_b = _fit(tuned, train_x, train_y, test_x, test_y, epochs_b, 0.02, progress, store,
+                     "b/")
     accuracy = history_b[-1]["eval_accuracy"]
     print(f"    task B test accuracy {accuracy:.2%} (target {ACCURACY_TARGET:.0%})")
+    if rank != 0:
+        print(f"worker {rank}: trained through {store.type!r}; worker 0 validates, compiles "
+              f"and serves")
+        store.close()
+        return 0 if accuracy >= ACCURACY_TARGET else 1
 
     final = workdir / "digits_task_b.onnx"
     tuned.export_onnx(final)
@@ -70,6 +85,8 @@ def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: 
     served = _serve(compiled, test_x, test_y, tuned.predict(test_x))
     elapsed = time.perf_counter() - started
     ok = accuracy >= ACCURACY_TARGET and valid and served
+    if store is not None:
+        store.close()
     print(f"main job {'passed' if ok else 'FAILED'} in {elapsed:.1f} s")
     return 0 if ok else 1
 
@@ -78,9 +95,30 @@ def _say(step: int, text: str) -> None:
     print(f"[{step}/6] {text}", flush=True)
 
 
-def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progress):
-    train = NDArrayIter(train_x, train_y, 32, shuffle=True)
+def _store(kind: str | None, compression: dict | None):
+    if kind is None:
+        return None
+    from mixrt.kvstore import create  # noqa: PLC0415
+    store = create(kind)
+    if compression is not None:
+        store.set_gradient_compression(compression)
+    print(f"[kv] worker {store.rank} of {store.num_workers} in a {kind!r} job", flush=True)
+    return store
+
+
+def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progress,
+         store=None, key_prefix=""):
+    """With a store, each worker takes an equal shard and a batch of 32 / workers, so the
+    global batch (and the run) matches the single-process job's."""
+    workers, rank = (1, 0) if store is None else (store.num_workers, store.rank)
+    train = NDArrayIter(train_x, train_y, max(1, 32 // workers), shuffle=True,
+                        num_parts=workers, part_index=rank)
     test = NDArrayIter(test_x, test_y, 128)
+    trainer = None
+    if store is not None:
+        trainer = Trainer(model.params.trainable(), "sgd",
+                          {"learning_rate": learning_rate, "momentum": 0.9}, kvstore=store,
+                          key_prefix=key_prefix)
 
     def report(record):
         if not progress:
@@ -89,7 +127,7 @@ def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progres
 
     return model.fit(train, eval_data=test, optimizer="sgd",
                      optimizer_params={"learning_rate": learning_rate, "momentum": 0.9},
-                     epochs=epochs, progress=progress, on_epoch=report)
+                     epochs=epochs, progress=progress, on_epoch=report, trainer=trainer)
 
 
 def _validate(path: Path, sample: np.ndarray) -> bool:

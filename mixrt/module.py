@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -114,15 +115,23 @@ class Module:
             loss="softmax_cross_entropy", optimizer="sgd", optimizer_params=None,
             epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
             trainer: Trainer | None = None, on_epoch=None, precision: str = "float32",
-            loss_scaler: LossScaler | bool | None = None) -> list[dict]:
+            loss_scaler: LossScaler | bool | None = None, kvstore=None) -> list[dict]:
         """Train for ``epochs`` (counting epochs already done when resuming); returns one
         record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
 
         ``precision``: "float32" (default), "float16" or "bfloat16" (CPU only; see
         :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
         :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
-        the default (a dynamic one for float16)."""
-        trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params)
+        the default (a dynamic one for float16).
+
+        ``kvstore``: a store or kind name (``"dist_sync"``, ...) the gradients go through
+        (see :class:`~mixrt.gluon.Trainer`); shard ``train_data`` over the workers
+        (``NDArrayIter(..., num_parts=kv.num_workers, part_index=kv.rank)``). Every epoch
+        ends at a barrier, where workers that ran different numbers of batches get a
+        KVStoreError instead of a hang."""
+        trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params,
+                                     kvstore=kvstore)
+        _check_sharding(train_data, trainer.kvstore)
         loss_spec = self._loss(loss)
         parse_precision(precision, self.device)  # a bad name fails before any work
         self._scaler_for(precision, loss_scaler)  # before resume loads its state into it
@@ -136,6 +145,8 @@ class Module:
             if eval_data is not None:
                 name, value = self.score(eval_data, metric)
                 record[f"eval_{name}"] = value
+            if trainer.kvstore is not None:
+                trainer.kvstore.barrier()
             history.append(record)
             if on_epoch is not None:
                 on_epoch(record)
@@ -279,7 +290,7 @@ class Module:
         path = Path(str(path) + ".npz") if not str(path).endswith(".npz") else Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {f"param/{name}": param.data() for name, param in self.params.items()}
-        arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer.state_dict().items()})
+        arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer_state_dict().items()})
         record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
                   "data": None if data is None else data.state(),
                   "params": {n: p.grad_req for n, p in self.params.items()},
@@ -305,7 +316,7 @@ class Module:
             if key not in arrays:
                 raise ModelLoadError(f"checkpoint {str(path)!r} has no parameter {name!r}")
             param.set_data(arrays[key])
-        trainer.optimizer.load_state_dict(
+        trainer.load_optimizer_state_dict(
             {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer/")})
         if data is not None and record.get("data") is not None:
             data.set_state(record["data"])
@@ -324,6 +335,16 @@ def _static_type(graph: Graph, name: str) -> TensorType:
         raise InputError(f"replace_head: the shape of {name!r} is not known ({found}); the "
                          f"new head needs a static feature size")
     return found
+
+
+def _check_sharding(data: NDArrayIter, kvstore) -> None:
+    """Workers that each train on all the data would count every sample num_workers times."""
+    workers = 1 if kvstore is None else kvstore.num_workers
+    if workers > 1 and getattr(data, "num_parts", workers) != workers:
+        warnings.warn(f"train_data is split into {data.num_parts} part(s) but the "
+                      f"{kvstore.type!r} store has {workers} workers; shard it with "
+                      f"NDArrayIter(..., num_parts={workers}, part_index={kvstore.rank})",
+                      stacklevel=3)
 
 
 def _progress(total: int, description: str, enabled: bool):

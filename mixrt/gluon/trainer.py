@@ -5,26 +5,36 @@
     trainer.step(batch_size)        # gradients are divided by batch_size, then applied
 
 Its optimizer state saves to a ``.npz`` (no pickle) with ``save_states``/``load_states``.
-``kvstore`` is accepted for the KVStore issue's stores; without one, updates run locally.
 
 Mixed precision needs no option here: the Parameters are the float32 master weights, and a
 ``TrainingProgram(precision="float16")`` hands back float32 gradients already unscaled, or
 None for a step whose gradients overflowed, which the caller skips instead of calling
 ``step`` (``Module.train_step`` does), so the optimizer and its state stay float32.
+
+With ``kvstore=`` (a store or a kind name, ``"local"``, ``"dist_sync"``, ...) the gradients
+go through the store: on the first step every parameter is initialized there (worker 0's
+values win, so every worker starts from the same weights) and, with
+``update_on_kvstore=True`` (the default when there is a store), the optimizer runs in the
+store (on the servers for ``dist_*``): each step pushes the gradients and pulls the updated
+weights. With ``update_on_kvstore=False`` the summed gradients are pulled back and every
+worker applies the optimizer itself. In ``dist_sync`` the servers sum the workers'
+gradients, so the Trainer divides by the number of workers (as MXNet's Module does): each
+worker's loss is a mean over its own shard, and the update equals one on the global batch.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.errors import InputError, KVStoreError
 from mixrt.gluon.parameter import Parameter
+from mixrt.kvstore.base import KVStore
 from mixrt.runtime import optimizer as optim
 
 
 class Trainer:
     def __init__(self, params, optimizer="sgd", optimizer_params: dict | None = None, *,
-                 kvstore=None):
+                 kvstore=None, update_on_kvstore: bool | None = None, key_prefix: str = ""):
         params = list(params.values()) if isinstance(params, dict) else list(params)
         if not all(isinstance(p, Parameter) for p in params):
             raise InputError("Trainer takes Parameters (a ParameterDict or a list of them)")
@@ -38,29 +48,120 @@ class Trainer:
             options.setdefault("wd_mult", {p.name: p.wd_mult for p in params if p.wd_mult != 1})
             self.optimizer = optim.create(optimizer, **options)
         self._scale = self.optimizer.rescale_grad
-        self.kvstore = kvstore
+        self.kvstore = _store(kvstore)
+        self.update_on_kvstore = self.kvstore is not None if update_on_kvstore is None \
+            else bool(update_on_kvstore)
+        if self.update_on_kvstore and self.kvstore is None:
+            raise InputError("update_on_kvstore=True needs a kvstore")
+        self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
+        self._kv_ready = False
 
     @property
     def learning_rate(self) -> float:
         return self.optimizer.learning_rate
 
     def set_learning_rate(self, learning_rate: float) -> None:
+        if self.update_on_kvstore and self._is_dist:
+            raise KVStoreError("the learning rate lives on the parameter servers "
+                               "(update_on_kvstore=True); give the optimizer an lr_scheduler, "
+                               "or make the Trainer with update_on_kvstore=False")
         self.optimizer.set_learning_rate(learning_rate)
+        if self.update_on_kvstore and self._kv_ready:
+            self.kvstore.optimizer.set_learning_rate(learning_rate)
 
     def step(self, batch_size: int = 1) -> None:
         """One update of every trainable parameter from its gradient / ``batch_size``."""
-        self.optimizer.rescale_grad = self._scale / batch_size
-        for param in self.params:
-            if param.grad_req == "null":
-                continue
+        trainable = self._trainable()
+        if self.kvstore is None:
+            self.optimizer.rescale_grad = self._scale / batch_size
+            for param in trainable:
+                self.optimizer.step(param.name, param.data(), param.grad())
+            return
+        self._init_kvstore()
+        names = self._keys(trainable)
+        grads = [param.grad() if batch_size == 1 else param.grad() / batch_size
+                 for param in trainable]
+        if self.update_on_kvstore:
+            self.kvstore.push(names, grads)
+            self.kvstore.pull(names, out=[param.data() for param in trainable])
+            return
+        self.kvstore.pushpull(names, grads)
+        self.optimizer.rescale_grad = self._scale / self._sync_workers
+        for param, grad in zip(trainable, grads):
+            self.optimizer.step(param.name, param.data(), grad)
+
+    def _trainable(self) -> list[Parameter]:
+        trainable = [param for param in self.params if param.grad_req != "null"]
+        for param in trainable:
             if param.grad() is None:
                 raise InputError(f"parameter {param.name!r} has no gradient yet; run a "
                                  f"backward pass before Trainer.step")
-            self.optimizer.step(param.name, param.data(), param.grad())
+        return trainable
+
+    # -- the store ------------------------------------------------------------------------
+
+    @property
+    def _is_dist(self) -> bool:
+        return self.kvstore is not None and self.kvstore.type.startswith("dist")
+
+    @property
+    def _sync_workers(self) -> int:
+        """How many gradients the store sums per update."""
+        sync = self._is_dist and self.kvstore.type != "dist_async"
+        return self.kvstore.num_workers if sync else 1
+
+    def _init_kvstore(self) -> None:
+        if self._kv_ready:
+            return
+        names = self._keys(self.params)
+        self.kvstore.init(names, [param.data() for param in self.params])
+        self.kvstore.pull(names, out=[param.data() for param in self.params])
+        if self.update_on_kvstore:
+            self.kvstore.set_optimizer(self._store_optimizer())
+        self._kv_ready = True
+
+    def _keys(self, params) -> list[str]:
+        return [self.key_prefix + param.name for param in params]
+
+    def _store_optimizer(self) -> optim.Optimizer:
+        """A copy of the optimizer for the store, keyed as the store's keys are and with a
+        gradient scale that divides by the workers the store sums."""
+        spec = self.optimizer.spec()
+        params = spec["params"]
+        params["rescale_grad"] = self._scale / self._sync_workers
+        for multipliers in ("lr_mult", "wd_mult"):
+            params[multipliers] = {self.key_prefix + name: value
+                                   for name, value in params[multipliers].items()}
+        return optim.from_spec(spec)
+
+    # -- optimizer state ------------------------------------------------------------------
+
+    def optimizer_state_dict(self) -> dict:
+        """The optimizer's state (from the store when it runs there)."""
+        if self.update_on_kvstore:
+            self._init_kvstore()
+            return self.kvstore._optimizer_state_dict()
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, arrays: dict) -> None:
+        if self.update_on_kvstore:
+            self._init_kvstore()
+            self.kvstore._load_optimizer_state_dict(dict(arrays))
+            return
+        self.optimizer.load_state_dict(arrays)
 
     def save_states(self, path) -> None:
-        np.savez(path, **self.optimizer.state_dict())
+        np.savez(path, **self.optimizer_state_dict())
 
     def load_states(self, path) -> None:
         with np.load(path, allow_pickle=False) as arrays:
-            self.optimizer.load_state_dict(arrays)
+            self.load_optimizer_state_dict({key: arrays[key] for key in arrays.files})
+
+
+def _store(kvstore):
+    if kvstore is None or isinstance(kvstore, KVStore):
+        return kvstore
+    if isinstance(kvstore, str):
+        from mixrt.kvstore import create  # noqa: PLC0415
+        return create(kvstore)
+    raise InputError(f"kvstore must be a KVStore or a kind name, got {type(kvstore).__name__}")
