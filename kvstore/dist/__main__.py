@@ -1,0 +1,5 @@
+import sys
+
+from mixrt.kvstore.dist import main
+
+sys.exit(main())

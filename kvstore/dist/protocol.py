@@ -1,0 +1,206 @@
+"""The wire format of the parameter server: a small typed header frame, then at most one
+payload frame (raw array bytes, sent and received without copies, or JSON). Never pickle.
+
+Header (little-endian, 48 bytes, then the key's UTF-8 bytes):
+
+    magic "MXKV" | version u8 | type u8 | flags u8 | dtype u8 | rank i32 | request u64
+    offset i64 | count i64 | total i64 | key_length u16 | pad u16 | key bytes
+
+An array message carries ``count`` elements starting at element ``offset`` of a flat array
+of ``total`` elements (a part of a key that is split over the servers). ``decode`` checks
+every field against the frame sizes before anything is read, so a malformed, truncated or
+oversized message is a ``ProtocolError`` that the receiver logs and drops.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixrt.errors import KVStoreError
+
+MAGIC = b"MXKV"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBiQqqqHH")
+
+# message types
+REGISTER, WELCOME, HEARTBEAT, HEARTBEAT_ACK, BARRIER, BARRIER_DONE, PEER_LOST, ABORT, BYE, \
+    SHUTDOWN, HELLO, INIT, PUSH, PULL, VALUE, ACK, ERROR, SET_OPTIMIZER, SET_COMPRESSION, \
+    GET_STATES, STATES, LOAD_STATES, STATUS = range(1, 24)
+TYPE_NAMES = {value: name for name, value in globals().items()
+              if name.isupper() and isinstance(value, int) and 1 <= value <= 23
+              and name not in ("VERSION",)}
+
+# flags
+COMPRESSED = 1
+
+# payload kinds (the header's dtype field)
+NONE, JSON, BLOB = 0, 1, 2
+_ARRAY_DTYPES = ["float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bfloat16"]
+DTYPE_CODES = {name: 10 + i for i, name in enumerate(_ARRAY_DTYPES)}
+CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
+
+
+class ProtocolError(KVStoreError):
+    """A message that does not follow this format; receivers log and drop it."""
+
+
+@dataclass
+class Message:
+    type: int
+    rank: int = -1
+    request: int = 0
+    key: str = ""
+    flags: int = 0
+    dtype: int = NONE
+    offset: int = 0
+    count: int = 0
+    total: int = 0
+    payload: object = None  # bytes, a zmq.Frame or an array (sending)
+
+    @property
+    def type_name(self) -> str:
+        return TYPE_NAMES.get(self.type, str(self.type))
+
+    def json(self):
+        """The JSON payload (a dict)."""
+        if self.dtype != JSON:
+            raise ProtocolError(f"{self.type_name} message carries no JSON")
+        try:
+            value = json.loads(bytes(_buffer(self.payload)).decode())
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError(f"{self.type_name} message: bad JSON payload: {exc}") from None
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{self.type_name} message: JSON payload is not an object")
+        return value
+
+    def array(self) -> np.ndarray:
+        """The payload as a read-only flat array viewing the received bytes (no copy)."""
+        return np.frombuffer(_buffer(self.payload), dtype=array_dtype(self.dtype))
+
+    def blob(self) -> tuple[dict, memoryview]:
+        """A BLOB payload: a JSON object followed by raw bytes."""
+        data = memoryview(_buffer(self.payload))
+        if self.dtype != BLOB or len(data) < 4:
+            raise ProtocolError(f"{self.type_name} message: not a blob")
+        length = int.from_bytes(data[:4], "little")
+        if 4 + length > len(data):
+            raise ProtocolError(f"{self.type_name} message: blob header overruns its frame")
+        meta = Message(self.type, dtype=JSON, payload=bytes(data[4:4 + length])).json()
+        return meta, data[4 + length:]
+
+
+def json_message(type_: int, body: dict | None = None, **fields) -> Message:
+    return Message(type_, dtype=JSON, payload=json.dumps(body or {}).encode(), **fields)
+
+
+def blob_message(type_: int, meta: dict, arrays: list[np.ndarray], **fields) -> Message:
+    head = json.dumps(meta).encode()
+    parts = [len(head).to_bytes(4, "little"), head] + [np.ascontiguousarray(a).tobytes()
+                                                      for a in arrays]
+    return Message(type_, dtype=BLOB, payload=b"".join(parts), **fields)
+
+
+def array_message(type_: int, key: str, payload: np.ndarray, *, dtype=None, offset: int = 0,
+                  total: int | None = None, count: int | None = None, flags: int = 0,
+                  **fields) -> Message:
+    """``payload`` must be C-contiguous; it is sent without a copy. ``dtype`` and ``count``
+    describe the values it stands for (a compressed payload is packed bytes)."""
+    count = payload.size if count is None else count
+    return Message(type_, key=key, dtype=dtype_code(payload.dtype if dtype is None else dtype),
+                   offset=offset, count=count, total=count if total is None else total,
+                   flags=flags, payload=payload, **fields)
+
+
+def encode(message: Message) -> list:
+    key = message.key.encode()
+    if len(key) > 0xFFFF:
+        raise ProtocolError(f"key {message.key[:40]!r}... is too long")
+    header = HEADER.pack(MAGIC, VERSION, message.type, message.flags, message.dtype,
+                         message.rank, message.request, message.offset, message.count,
+                         message.total, len(key), 0) + key
+    if message.payload is None:
+        return [header]
+    payload = message.payload
+    if isinstance(payload, np.ndarray):
+        payload = memoryview(payload.reshape(-1).view(np.uint8))
+    return [header, payload]
+
+
+def decode(frames: list, max_message: int) -> Message:
+    """Check and parse ``[header, payload?]``; anything off is a ProtocolError."""
+    if not 1 <= len(frames) <= 2:
+        raise ProtocolError(f"expected 1 or 2 frames, got {len(frames)}")
+    header = bytes(_buffer(frames[0])[:HEADER.size + 0xFFFF + 1])
+    if len(header) < HEADER.size:
+        raise ProtocolError(f"header of {len(header)} bytes; expected at least {HEADER.size}")
+    magic, version, type_, flags, dtype, rank, request, offset, count, total, key_length, _ = \
+        HEADER.unpack_from(header)
+    if magic != MAGIC or version != VERSION:
+        raise ProtocolError(f"bad magic {magic!r} or version {version}")
+    if len(header) != HEADER.size + key_length:
+        raise ProtocolError(f"header is {len(header)} bytes; its key length says "
+                            f"{HEADER.size + key_length}")
+    if type_ not in TYPE_NAMES or not (dtype in (NONE, JSON, BLOB) or dtype in CODE_DTYPES):
+        raise ProtocolError(f"unknown message type {type_} or payload kind {dtype}")
+    try:
+        key = header[HEADER.size:].decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("key is not UTF-8") from None
+    payload = frames[1] if len(frames) == 2 else None
+    size = 0 if payload is None else len(_buffer(payload))
+    if size > max_message:
+        raise ProtocolError(f"payload of {size} bytes is over the {max_message}-byte limit")
+    message = Message(type_, rank, request, key, flags, dtype, offset, count, total, payload)
+    if dtype in CODE_DTYPES:
+        _check_array_fields(message, size, max_message)
+    elif payload is None and dtype != NONE:
+        raise ProtocolError(f"{message.type_name}: payload kind {dtype} but no payload frame")
+    return message
+
+
+def _check_array_fields(message: Message, size: int, max_message: int) -> None:
+    itemsize = array_dtype(message.dtype).itemsize
+    if not (0 <= message.offset and 0 <= message.count
+            and message.offset + message.count <= message.total
+            and message.total * itemsize <= max_message):
+        raise ProtocolError(f"{message.type_name} key {message.key!r}: part "
+                            f"[{message.offset}, +{message.count}) of {message.total} "
+                            f"elements is inconsistent or over the size limit")
+    if message.type in (PULL, GET_STATES):
+        return
+    expected = packed_size(message.count) if message.flags & COMPRESSED \
+        else message.count * itemsize
+    if size != expected:
+        raise ProtocolError(f"{message.type_name} key {message.key!r}: payload of {size} "
+                            f"bytes; {message.count} elements need {expected}")
+
+
+def packed_size(count: int) -> int:
+    """Bytes of a 2-bit compressed part (kvstore/compression.py: 4 values a byte)."""
+    return (count + 3) // 4
+
+
+def dtype_code(dtype) -> int:
+    name = np.dtype(dtype).name
+    if name not in DTYPE_CODES:
+        raise KVStoreError(f"the KVStore carries {_ARRAY_DTYPES}, not {name}")
+    return DTYPE_CODES[name]
+
+
+def array_dtype(code: int) -> np.dtype:
+    name = CODE_DTYPES.get(code)
+    if name is None:
+        raise ProtocolError(f"payload kind {code} is not an array")
+    if name == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _buffer(frame):
+    """The bytes of a zmq.Frame (its buffer, no copy), bytes or memoryview."""
+    return frame.buffer if hasattr(frame, "buffer") else frame

@@ -1,0 +1,354 @@
+"""A parameter server: holds its shard of the keys, sums the workers' pushes, runs the
+optimizer, answers pulls.
+
+``dist_sync``: a key's round completes when every worker has pushed to it; then the summed
+gradient updates the weight (with the optimizer set by ``set_optimizer``, or by replacing the
+value when there is none) and the pulls waiting for that round are answered. A worker that
+pushes again before the round completes has its push held for the next round. A pull is
+answered once the rounds this worker pushed have completed, so a worker always pulls the
+weights its own gradients went into. ``dist_async``: every push updates at once; pulls
+return the current value.
+
+Every message is checked by ``protocol.decode`` and against this server's state; one that
+fails is logged and dropped (or answered with an ERROR naming the key), and the server goes
+on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from mixrt.errors import KVStoreError, MixrtError
+from mixrt.kvstore.compression import create_compressor
+from mixrt.kvstore.dist import protocol as p
+from mixrt.kvstore.dist.config import Config
+from mixrt.kvstore.dist.liveness import SchedulerLink
+from mixrt.kvstore.dist.security import check_bind, secure_server
+from mixrt.runtime import optimizer as optim
+
+log = logging.getLogger("mixrt.kvstore.server")
+
+
+@dataclass
+class Shard:
+    """One key, or this server's part of a key split over the servers."""
+    key: str
+    offset: int
+    total: int
+    value: np.ndarray
+    merged: np.ndarray | None = None
+    arrived: dict = field(default_factory=dict)     # rank -> arrival time, this round
+    held: dict = field(default_factory=dict)        # rank -> deque of early pushes
+    pushes: dict = field(default_factory=dict)      # rank -> pushes received
+    version: int = 0                                # completed rounds
+    waiting_pulls: list = field(default_factory=list)  # (identity, request, rank, needed)
+
+
+class Server:
+    def __init__(self, config: Config, *, sync: bool | None = None,
+                 context: zmq.Context | None = None):
+        self.config = config
+        self.context = context or zmq.Context.instance()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 2000)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, config.max_message + p.HEADER.size + 65536)
+        host = config.bind_host
+        check_bind(host, config.secret, "server")
+        secure_server(self.socket, config.secret)
+        port = self.socket.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self.link = SchedulerLink(config, "server", address=self.address,
+                                  context=self.context)
+        self.sync = sync
+        self.shards: dict[tuple[str, int], Shard] = {}
+        self.ranks: dict[bytes, int] = {}
+        self.optimizer: optim.Optimizer | None = None
+        self.compressor = None
+        self.pending_inits: dict[tuple[str, int], list] = {}
+        self.dropped = 0
+        self.stragglers = StragglerWatch(config.verbose)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        welcome = self.link.wait_welcome()
+        self.rank, self.num_workers = welcome["rank"], welcome["num_workers"]
+        self.names = welcome.get("names", {})
+        log.info("server %d serving at %s", self.rank, self.address)
+        try:
+            while not self.link.shutdown.is_set():
+                self.link.check()
+                if self.socket.poll(100):
+                    for _ in range(64):  # a burst, then look at the link again
+                        self._receive()
+                        if not self.socket.poll(0):
+                            break
+            return 0
+        finally:
+            self.link.close()
+            self.socket.close(linger=2000)
+
+    def _receive(self) -> None:
+        identity, *frames = self.socket.recv_multipart(copy=False)
+        identity = identity.bytes
+        try:
+            message = p.decode(frames, self.config.max_message)
+            self._dispatch(identity, message)
+        except p.ProtocolError as exc:
+            self._drop(exc)
+        except MixrtError as exc:
+            self._reply_error(identity, message, str(exc))
+
+    def _drop(self, reason) -> None:
+        self.dropped += 1
+        if self.dropped <= 20 or self.dropped % 1000 == 0:
+            log.warning("server %d: dropped a bad message (%d so far): %s", self.rank,
+                        self.dropped, reason)
+
+    def _dispatch(self, identity: bytes, message: p.Message) -> None:
+        if message.type == p.HELLO:
+            return self._on_hello(identity, message)
+        rank = self.ranks.get(identity)
+        if rank is None or rank != message.rank:
+            raise p.ProtocolError(f"{message.type_name} from a peer that did not say HELLO "
+                                  f"as rank {message.rank}")
+        handler = {p.INIT: self._on_init, p.PUSH: self._on_push, p.PULL: self._on_pull,
+                   p.SET_OPTIMIZER: self._on_set_optimizer,
+                   p.SET_COMPRESSION: self._on_set_compression,
+                   p.GET_STATES: self._on_get_states,
+                   p.LOAD_STATES: self._on_load_states}.get(message.type)
+        if handler is None:
+            raise p.ProtocolError(f"a server does not take {message.type_name}")
+        handler(identity, rank, message)
+
+    def _on_hello(self, identity: bytes, message: p.Message) -> None:
+        body = message.json()
+        rank, mode = body.get("rank"), body.get("mode")
+        if not isinstance(rank, int) or not 0 <= rank < self.num_workers or \
+                mode not in ("sync", "async"):
+            raise p.ProtocolError(f"HELLO with rank {rank!r}, mode {mode!r}")
+        if self.sync is None:
+            self.sync = mode == "sync"
+        elif self.sync != (mode == "sync"):
+            raise KVStoreError(f"worker {rank} asks for {mode} mode; this job is "
+                               f"{'sync' if self.sync else 'async'}")
+        self.ranks[identity] = rank
+        self._send(identity, p.Message(p.ACK, request=message.request))
+
+    # -- init, push, pull ------------------------------------------------------------------
+
+    def _on_init(self, identity: bytes, rank: int, message: p.Message) -> None:
+        """Worker 0's value wins; the others' inits are answered once it is there."""
+        where = (message.key, message.offset)
+        shard = self.shards.get(where)
+        if rank == 0:
+            if shard is not None:
+                raise KVStoreError(f"init: key {message.key!r} is already initialized")
+            self.shards[where] = shard = Shard(message.key, message.offset, message.total,
+                                               np.array(message.array(), copy=True))
+            for waiting in self.pending_inits.pop(where, []):
+                self._check_part(shard, waiting[2], "init")
+                self._send(waiting[0], p.Message(p.ACK, request=waiting[1]))
+        elif shard is None:
+            self.pending_inits.setdefault(where, []).append((identity, message.request,
+                                                              message))
+            return
+        self._check_part(shard, message, "init")
+        self._send(identity, p.Message(p.ACK, request=message.request))
+
+    def _on_push(self, identity: bytes, rank: int, message: p.Message) -> None:
+        shard = self._shard(message, "push")
+        gradient = self._gradient(shard, message)
+        shard.pushes[rank] = shard.pushes.get(rank, 0) + 1
+        if not self.sync:
+            self._update(shard, gradient)
+            return
+        if rank in shard.arrived:
+            shard.held.setdefault(rank, deque()).append(np.array(gradient, copy=True))
+            return
+        self._accumulate(shard, rank, gradient)
+
+    def _accumulate(self, shard: Shard, rank: int, gradient: np.ndarray) -> None:
+        shard.arrived[rank] = time.monotonic()
+        if shard.merged is None:
+            shard.merged = np.array(gradient, copy=True)
+        elif len(shard.arrived) == 1:
+            shard.merged[...] = gradient
+        else:
+            shard.merged += gradient
+        if len(shard.arrived) < self.num_workers:
+            return
+        self._update(shard, shard.merged)
+        self.stragglers.round_done(shard, self.names)
+        shard.arrived.clear()
+        shard.version += 1
+        self._answer_pulls(shard)
+        for held_rank, queue in list(shard.held.items()):
+            early = queue.popleft()
+            if not queue:
+                del shard.held[held_rank]
+            self._accumulate(shard, held_rank, early)
+
+    def _update(self, shard: Shard, gradient: np.ndarray) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step(shard.key, shard.value, gradient)
+        else:
+            shard.value[...] = gradient
+
+    def _on_pull(self, identity: bytes, rank: int, message: p.Message) -> None:
+        shard = self._shard(message, "pull")
+        needed = shard.pushes.get(rank, 0)
+        if self.sync and shard.version < needed:
+            shard.waiting_pulls.append((identity, message.request, rank, needed))
+            return
+        self._send_value(identity, message.request, shard)
+
+    def _answer_pulls(self, shard: Shard) -> None:
+        still = []
+        for identity, request, rank, needed in shard.waiting_pulls:
+            if shard.version >= needed:
+                self._send_value(identity, request, shard)
+            else:
+                still.append((identity, request, rank, needed))
+        shard.waiting_pulls = still
+
+    def _send_value(self, identity: bytes, request: int, shard: Shard) -> None:
+        # sync: the value cannot change before this worker pushes again, which it does only
+        # after receiving this reply, so it goes without a copy; async updates at any time
+        value = shard.value if self.sync else shard.value.copy()
+        self._send(identity, p.array_message(p.VALUE, shard.key, value, offset=shard.offset,
+                                             total=shard.total, request=request))
+
+    def _shard(self, message: p.Message, what: str) -> Shard:
+        shard = self.shards.get((message.key, message.offset))
+        if shard is None:
+            raise KVStoreError(f"{what}: key {message.key!r} (elements from "
+                               f"{message.offset}) was never initialized on server "
+                               f"{self.rank}; call init first")
+        self._check_part(shard, message, what)
+        return shard
+
+    def _check_part(self, shard: Shard, message: p.Message, what: str) -> None:
+        if message.total != shard.total or message.count != shard.value.size or \
+                p.array_dtype(message.dtype) != shard.value.dtype:
+            raise KVStoreError(
+                f"{what}: key {message.key!r} holds {shard.total} elements of "
+                f"{shard.value.dtype} (this part {shard.value.size}); the message has "
+                f"{message.total} of {p.array_dtype(message.dtype)} (part {message.count})")
+
+    def _gradient(self, shard: Shard, message: p.Message) -> np.ndarray:
+        if not message.flags & p.COMPRESSED:
+            return message.array()
+        if self.compressor is None:
+            raise KVStoreError(f"push: key {shard.key!r} arrived compressed, but no "
+                               f"compression was set on this server")
+        packed = np.frombuffer(p._buffer(message.payload), dtype=np.uint8)
+        return self.compressor.decompress(packed, shard.value.size, shard.value.dtype)
+
+    # -- settings and optimizer states -----------------------------------------------------
+
+    def _on_set_optimizer(self, identity: bytes, rank: int, message: p.Message) -> None:
+        spec = message.json()
+        if self.optimizer is None or self.optimizer.spec() != optim.from_spec(spec).spec():
+            self.optimizer = optim.from_spec(spec)
+            log.info("server %d: optimizer %s", self.rank, self.optimizer)
+        self._send(identity, p.Message(p.ACK, request=message.request))
+
+    def _on_set_compression(self, identity: bytes, rank: int, message: p.Message) -> None:
+        self.compressor = create_compressor(message.json())
+        self._send(identity, p.Message(p.ACK, request=message.request))
+
+    def _on_get_states(self, identity: bytes, rank: int, message: p.Message) -> None:
+        optimizer = self._require_optimizer()
+        keys = sorted(optimizer.states)
+        parts = [{"key": k, "slot": slot, "offset": self._offset_of(k)}
+                 for k in keys for slot in optimizer.states[k]]
+        arrays = [optimizer.states[k][slot] for k in keys for slot in optimizer.states[k]]
+        meta = {"spec": optimizer.spec(), "counts": dict(optimizer.counts), "parts": parts,
+                "sizes": [int(a.size) for a in arrays], "dtypes": [a.dtype.name for a in arrays]}
+        self._send(identity, p.blob_message(p.STATES, meta, arrays, request=message.request))
+
+    def _on_load_states(self, identity: bytes, rank: int, message: p.Message) -> None:
+        optimizer = self._require_optimizer()
+        meta, data = message.blob()
+        states, position = {}, 0
+        for part, size, dtype in zip(meta["parts"], meta["sizes"], meta["dtypes"]):
+            dtype = np.dtype(dtype)
+            end = position + size * dtype.itemsize
+            if end > len(data):
+                raise p.ProtocolError("LOAD_STATES: arrays overrun the message")
+            array = np.frombuffer(data[position:end], dtype=dtype).copy()
+            states.setdefault(part["key"], {})[part["slot"]] = array
+            position = end
+        optimizer.states = states
+        optimizer.counts = {k: int(v) for k, v in meta["counts"].items()}
+        optimizer.num_update = max(optimizer.counts.values(), default=0)
+        self._send(identity, p.Message(p.ACK, request=message.request))
+
+    def _offset_of(self, key: str) -> int:
+        return next((offset for (k, offset) in self.shards if k == key), 0)
+
+    def _require_optimizer(self) -> optim.Optimizer:
+        if self.optimizer is None:
+            raise KVStoreError(f"server {self.rank} has no optimizer; call set_optimizer "
+                               f"first")
+        return self.optimizer
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _reply_error(self, identity: bytes, message: p.Message, text: str) -> None:
+        log.warning("server %d: %s", self.rank, text)
+        self._send(identity, p.json_message(p.ERROR, {"message": f"server {self.rank}: "
+                                                                  f"{text}"},
+                                            request=message.request, key=message.key))
+
+    def _send(self, identity: bytes, message: p.Message) -> None:
+        self.socket.send_multipart([identity] + p.encode(message), copy=False)
+
+
+class StragglerWatch:
+    """With MIXRT_KV_VERBOSE=1: how long after the median worker each worker's push lands
+    (an average over recent rounds); a worker far behind is reported by name."""
+
+    WINDOW, MIN_LAG, FACTOR, EVERY = 20, 0.05, 3.0, 10.0
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.lags: dict[int, deque] = {}
+        self.reported: dict[int, float] = {}
+
+    def round_done(self, shard: Shard, names: dict) -> None:
+        if not self.enabled or len(shard.arrived) < 2:
+            return
+        median = statistics.median(shard.arrived.values())
+        for rank, arrived in shard.arrived.items():
+            self.lags.setdefault(rank, deque(maxlen=self.WINDOW)).append(arrived - median)
+        averages = {rank: sum(lags) / len(lags) for rank, lags in self.lags.items()}
+        typical = statistics.median(abs(a) for a in averages.values())
+        now = time.monotonic()
+        for rank, lag in averages.items():
+            if lag > max(self.MIN_LAG, self.FACTOR * typical) and \
+                    now - self.reported.get(rank, -1e9) > self.EVERY:
+                self.reported[rank] = now
+                name = names.get(f"worker {rank}", f"worker {rank}")
+                log.warning("straggler: %s pushes %.3f s after the median worker "
+                            "(average over its last %d rounds)", name, lag,
+                            len(self.lags[rank]))
+
+
+def run_server(config: Config) -> int:
+    server = Server(config)
+    return server.run()
+
+
+def main_exit(error: BaseException) -> None:
+    print(f"mixrt.kvstore: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    sys.exit(1)
