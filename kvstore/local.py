@@ -10,6 +10,8 @@ residual, before the sum); ``local`` refuses it.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from mixrt.errors import KVStoreError
@@ -46,10 +48,11 @@ class LocalStore(KVStore):
                 arrays = [self._compressor.roundtrip(f"{name}/{i}", a)
                           for i, a in enumerate(arrays)]
             total = sum_on(arrays, array_module(stored), _device_of(stored))
-            if self._updater is not None:
-                self._updater(name, total, stored)
-            else:
-                copy_into(stored, total)
+            with _on_device_of(stored):  # the update (and new optimizer state) stays there
+                if self._updater is not None:
+                    self._updater(name, total, stored)
+                else:
+                    copy_into(stored, total)
 
     def pull(self, key, out=None, priority: int = 0):
         if out is None:
@@ -78,6 +81,12 @@ class LocalStore(KVStore):
 
 def _host(array):
     return array if isinstance(array, np.ndarray) else array.get()
+
+
+def _on_device_of(array):
+    if isinstance(array, np.ndarray):
+        return contextlib.nullcontext()
+    return array_module(array).cuda.Device(array.device.id)
 
 
 def _device_of(array):
