@@ -315,8 +315,10 @@ class Server:
 
 
 class StragglerWatch:
-    """With MIXRT_KV_VERBOSE=1: how long after the median worker each worker's push lands
-    (an average over recent rounds); a worker far behind is reported by name."""
+    """With MIXRT_KV_VERBOSE=1: how long each worker's push lands after the round's first
+    (an average over recent rounds); a worker far behind the typical worker (the lower
+    median, so that with two workers the prompt one is the yardstick) is reported by
+    name."""
 
     WINDOW, MIN_LAG, FACTOR, EVERY = 20, 0.05, 3.0, 10.0
 
@@ -328,20 +330,20 @@ class StragglerWatch:
     def round_done(self, shard: Shard, names: dict) -> None:
         if not self.enabled or len(shard.arrived) < 2:
             return
-        median = statistics.median(shard.arrived.values())
+        first = min(shard.arrived.values())
         for rank, arrived in shard.arrived.items():
-            self.lags.setdefault(rank, deque(maxlen=self.WINDOW)).append(arrived - median)
+            self.lags.setdefault(rank, deque(maxlen=self.WINDOW)).append(arrived - first)
         averages = {rank: sum(lags) / len(lags) for rank, lags in self.lags.items()}
-        typical = statistics.median(abs(a) for a in averages.values())
+        typical = statistics.median_low(averages.values())
         now = time.monotonic()
         for rank, lag in averages.items():
             if lag > max(self.MIN_LAG, self.FACTOR * typical) and \
                     now - self.reported.get(rank, -1e9) > self.EVERY:
                 self.reported[rank] = now
                 name = names.get(f"worker {rank}", f"worker {rank}")
-                log.warning("straggler: %s pushes %.3f s after the median worker "
-                            "(average over its last %d rounds)", name, lag,
-                            len(self.lags[rank]))
+                log.warning("straggler: %s pushes %.3f s after the first worker, the "
+                            "typical worker %.3f s (averages over the last %d rounds)", name,
+                            lag, typical, len(self.lags[rank]))
 
 
 def run_server(config: Config) -> int:

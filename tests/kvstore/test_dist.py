@@ -1,0 +1,433 @@
+"""The parameter server with real processes on loopback: results, training equivalence,
+faults, hostile frames, authentication, unequal batch counts, observability."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from cluster import Cluster
+
+HEARTBEAT_TIMEOUT = 2.0  # Cluster's MIXRT_KV_HEARTBEAT_TIMEOUT
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made = []
+
+    def make(**options):
+        cluster = Cluster(tmp_path, **options)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.stop()
+
+
+def _finished(cluster: Cluster, timeout: float = 120) -> dict:
+    codes = cluster.wait(timeout)
+    assert None not in codes.values(), f"processes still running:\n{cluster.all_output()}"
+    return codes
+
+
+# -- results ------------------------------------------------------------------------------
+
+PUSH_PULL = """
+import json, sys
+import mixrt
+import numpy as np
+kv = mixrt.kv.create(sys.argv[1])
+kv.init("small", np.arange(6, dtype=np.float32).reshape(2, 3))
+kv.init(7, np.zeros(2_500_001, np.float64))          # split over the servers
+kv.init(["a", "b"], [np.zeros(4, np.float32), np.ones(3, np.float32)])
+out = {}
+small, big = np.empty((2, 3), np.float32), np.empty(2_500_001)
+kv.pull("small", small)
+out["init"] = small.tolist()
+for step in range(3):
+    kv.push("small", np.full((2, 3), kv.rank + 1, np.float32))
+    kv.push(7, [np.full(2_500_001, 0.5), np.full(2_500_001, 0.25)])  # two devices' values
+    kv.pull("small", out=small)
+    kv.pull(7, out=big)
+a, b = np.empty(4, np.float32), np.empty(3, np.float32)
+kv.pushpull(["a", "b"], [np.full(4, 2, np.float32), np.full(3, 3, np.float32)], out=[a, b])
+out.update(small=small.tolist(), big=[big[0], big[1_250_000], big[-1]], a=a.tolist(),
+           b=b.tolist(), rank=kv.rank, workers=kv.num_workers)
+print("RESULT " + json.dumps(out), flush=True)
+kv.close()
+"""
+
+
+def _result(cluster: Cluster, worker: int) -> dict:
+    line = next(l for l in cluster.output(f"worker{worker}").splitlines()
+                if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("kind,servers", [("dist_sync", 1), ("dist_sync", 2),
+                                          ("dist_device_sync", 2)])
+def test_sync_push_pull_sums_every_worker(cluster_factory, kind, servers):
+    cluster = cluster_factory(workers=2, servers=servers).start(PUSH_PULL, kind)
+    codes = _finished(cluster)
+    assert set(codes.values()) == {0}, cluster.all_output()
+    for worker in range(2):
+        result = _result(cluster, worker)
+        assert result["rank"] == worker and result["workers"] == 2
+        assert result["init"] == np.arange(6).reshape(2, 3).tolist()
+        # no optimizer: a round replaces the value by the sum of the workers' pushes
+        assert result["small"] == np.full((2, 3), 3.0).tolist()
+        assert result["big"] == [1.5, 1.5, 1.5]  # (0.5 + 0.25) from each of two workers
+        assert result["a"] == [4.0] * 4 and result["b"] == [6.0] * 3
+
+
+SGD_SCRIPT = """
+import json, sys
+import mixrt
+import numpy as np
+kv = mixrt.kv.create(sys.argv[1])
+kv.init("w", np.ones(2_000_000, np.float32))
+kv.set_optimizer(mixrt.optimizer.create("sgd", learning_rate=0.1, momentum=0.9))
+w = np.empty(2_000_000, np.float32)
+for step in range(4):
+    kv.push("w", np.full(2_000_000, kv.rank + 1.0, np.float32))
+    kv.pull("w", out=w)
+kv.barrier()
+if kv.rank == 0:
+    kv.save_optimizer_states(sys.argv[2])
+print("RESULT " + json.dumps({"w": [float(w[0]), float(w[-1])]}), flush=True)
+kv.close()
+"""
+
+
+def test_optimizer_runs_on_the_servers_and_its_state_saves(cluster_factory, tmp_path):
+    states = tmp_path / "states.npz"
+    cluster = cluster_factory(workers=2, servers=2).start(SGD_SCRIPT, "dist_sync", states)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    weight, momentum = np.ones(1, np.float32), np.zeros(1, np.float32)
+    for _ in range(4):  # SGD with momentum (PyTorch's form) on the summed gradient 1 + 2
+        momentum = 0.9 * momentum + np.float32(3.0)
+        weight = weight - 0.1 * momentum
+    for worker in range(2):
+        np.testing.assert_allclose(_result(cluster, worker)["w"], [weight[0]] * 2, rtol=1e-6)
+    from mixrt.runtime.optimizer import from_state_dict
+    with np.load(states, allow_pickle=False) as arrays:
+        restored = from_state_dict({k: arrays[k] for k in arrays.files})
+    assert restored.name == "sgd" and restored.counts == {"w": 4}
+    slots = restored.states["w"]
+    assert list(slots) == ["momentum"] and slots["momentum"].shape == (2_000_000,)
+    np.testing.assert_allclose(slots["momentum"][[0, -1]], [momentum[0]] * 2, rtol=1e-6)
+
+
+ASYNC_SCRIPT = """
+import json, sys
+import mixrt
+import numpy as np
+kv = mixrt.kv.create("dist_async")
+kv.init("w", np.zeros(5, np.float32))
+kv.set_optimizer(mixrt.optimizer.create("sgd", learning_rate=1.0))
+w = np.empty(5, np.float32)
+for step in range(10):
+    kv.push("w", np.full(5, -1.0, np.float32))
+    kv.pull("w", out=w)
+kv.barrier()
+kv.pull("w", out=w)
+print("RESULT " + json.dumps({"w": w.tolist()}), flush=True)
+kv.close()
+"""
+
+
+def test_async_applies_every_push(cluster_factory):
+    cluster = cluster_factory(workers=2, servers=1).start(ASYNC_SCRIPT)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    for worker in range(2):
+        assert _result(cluster, worker)["w"] == [20.0] * 5  # 2 workers x 10 pushes of 1
+
+
+# -- training equivalence (acceptance) --------------------------------------------------
+
+TRAIN_SCRIPT = """
+import sys
+import mixrt
+import numpy as np
+from mixrt.gluon import Trainer
+from mixrt.models.digits import digits_cnn, load_digits
+from mixrt.module import Module
+mixrt.random.seed(3)
+model = Module(digits_cnn(num_classes=10))
+kv = mixrt.kv.create("dist_sync")
+images, labels = load_digits()
+trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.05, "momentum": 0.9},
+                  kvstore=kv)
+half = 16
+for step in range(20):
+    start = step * 32 + kv.rank * half
+    model.train_step(images[start:start + half], labels[start:start + half], trainer)
+if kv.rank == 0:
+    np.savez(sys.argv[1], **{name: p.data() for name, p in model.params.items()})
+kv.close()
+"""
+
+
+def test_dist_sync_training_equals_single_process_on_the_global_batch(cluster_factory,
+                                                                      tmp_path):
+    saved = tmp_path / "dist.npz"
+    cluster = cluster_factory(workers=2, servers=1).start(TRAIN_SCRIPT, saved)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    import mixrt
+    from mixrt.gluon import Trainer
+    from mixrt.models.digits import digits_cnn, load_digits
+    from mixrt.module import Module
+    mixrt.random.seed(3)
+    model = Module(digits_cnn(num_classes=10))
+    images, labels = load_digits()
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.05,
+                                                        "momentum": 0.9})
+    for step in range(20):
+        model.train_step(images[step * 32:(step + 1) * 32], labels[step * 32:(step + 1) * 32],
+                         trainer)
+    with np.load(saved, allow_pickle=False) as dist:
+        relative = {name: float(np.abs(dist[name] - param.data()).max()
+                                / np.abs(param.data()).max())
+                    for name, param in model.params.items()}
+    print("largest relative difference per parameter:", relative)
+    assert max(relative.values()) <= 1e-6, relative
+
+
+# -- unequal batch counts and timeouts -----------------------------------------------------
+
+UNEQUAL_SCRIPT = """
+import mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.zeros(3, np.float32))
+w = np.empty(3, np.float32)
+for step in range(5 if kv.rank == 0 else 4):
+    kv.push("w", np.ones(3, np.float32))
+    kv.pull("w", out=w)
+kv.barrier()   # the end of the epoch
+"""
+
+
+def test_unequal_batch_counts_are_an_error_not_a_hang(cluster_factory):
+    cluster = cluster_factory(workers=2, servers=1).start(UNEQUAL_SCRIPT)
+    started = time.monotonic()
+    codes = _finished(cluster, timeout=60)
+    assert time.monotonic() - started < 30
+    assert codes["worker0"] != 0 and codes["worker1"] != 0, cluster.all_output()
+    first = cluster.output("worker0")
+    assert "waits at a barrier after 4 steps" in first and "different numbers of batches" \
+        in first, first
+    assert "worker 0" in cluster.output("worker1"), cluster.output("worker1")
+
+
+TIMEOUT_SCRIPT = """
+import time, mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.zeros(3, np.float32))
+if kv.rank == 1:
+    time.sleep(60)          # alive and heartbeating, but never pushes
+kv.push("w", np.ones(3, np.float32))
+kv.pull("w", out=np.empty(3, np.float32))
+"""
+
+
+def test_a_pull_that_nobody_completes_times_out_naming_the_server(cluster_factory):
+    cluster = cluster_factory(workers=2, servers=1, MIXRT_KV_TIMEOUT=3).start(TIMEOUT_SCRIPT)
+    cluster.wait_for_line("scheduler", "admitted")
+    deadline = time.monotonic() + 30
+    while cluster.processes["worker0"].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    output = cluster.output("worker0")
+    assert cluster.processes["worker0"].returncode != 0, output
+    assert "KVTimeoutError" in output and "pull of 'w'" in output and "tcp://127.0.0.1:" \
+        in output, output
+
+
+# -- faults (acceptance) --------------------------------------------------------------------
+
+FOREVER_SCRIPT = """
+import mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.zeros(1000, np.float32))
+w = np.empty(1000, np.float32)
+step = 0
+while True:
+    kv.push("w", np.ones(1000, np.float32))
+    kv.pull("w", out=w)
+    step += 1
+    print(f"step {step}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("victim,named", [("worker1", "worker 1"), ("server0", "server 0"),
+                                          ("scheduler", "scheduler")])
+def test_a_killed_peer_stops_every_other_process_naming_it(cluster_factory, victim, named):
+    cluster = cluster_factory(workers=2, servers=1).start(FOREVER_SCRIPT)
+    cluster.wait_for_line("worker0", "step 5")
+    cluster.kill(victim)
+    killed_at = time.monotonic()
+    codes = cluster.wait(HEARTBEAT_TIMEOUT + 10 + 5)
+    survivors = {name: code for name, code in codes.items() if name != victim}
+    assert None not in survivors.values(), f"{victim}: some kept running\n" \
+        f"{cluster.all_output()}"
+    assert time.monotonic() - killed_at <= HEARTBEAT_TIMEOUT + 10
+    assert all(code != 0 for code in survivors.values()), (survivors, cluster.all_output())
+    for name in survivors:
+        assert "PeerLostError" in cluster.output(name) and named in cluster.output(name), \
+            (name, cluster.output(name))
+    assert cluster.alive() == []
+
+
+# -- hostile frames (acceptance) -------------------------------------------------------------
+
+SERVE_SCRIPT = """
+import os, sys, time, mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.arange(1000, dtype=np.float32))
+kv.push("w", np.full(1000, 2.0, np.float32))
+w = np.empty(1000, np.float32)
+kv.pull("w", out=w)
+print("SERVER " + kv.servers[0], flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+kv.pull("w", out=w)
+assert (w == 2.0).all(), w[:5]
+kv.push("w", np.full(1000, 3.0, np.float32))
+kv.pull("w", out=w)
+assert (w == 3.0).all(), w[:5]
+print("PULLS OK", flush=True)
+kv.close()
+"""
+
+
+def _server_address(cluster: Cluster) -> str:
+    cluster.wait_for_line("worker0", "SERVER ")
+    line = next(l for l in cluster.output("worker0").splitlines() if l.startswith("SERVER "))
+    return line.split()[1]
+
+
+def _hostile_frames(rng: np.random.Generator, count: int):
+    from mixrt.kvstore.dist import protocol as p
+    valid = p.encode(p.array_message(p.PUSH, "w", np.ones(1000, np.float32), rank=0))
+    for index in range(count):
+        kind = index % 5
+        if kind == 0:  # random bytes
+            yield [rng.bytes(int(rng.integers(0, 200)))]
+        elif kind == 1:  # a valid header cut short
+            yield [valid[0][:int(rng.integers(0, len(valid[0])))]]
+        elif kind == 2:  # a valid header, payload truncated
+            yield [valid[0], bytes(valid[1])[:int(rng.integers(0, 3999))]]
+        elif kind == 3:  # header fields flipped at random
+            header = bytearray(valid[0])
+            header[int(rng.integers(0, len(header)))] ^= 1 << int(rng.integers(0, 8))
+            yield [bytes(header), bytes(valid[1])]
+        else:  # oversized: over MIXRT_KV_MAX_MESSAGE, or claiming a huge array
+            yield [valid[0], b"\0" * (1 << 17)] if index % 10 == 4 else \
+                [p.encode(p.Message(p.PUSH, rank=0, key="w", dtype=11, count=1 << 40,
+                                    total=1 << 40))[0], b"x"]
+
+
+def test_ten_thousand_hostile_frames_leave_the_server_serving(cluster_factory, tmp_path):
+    go = tmp_path / "go"
+    cluster = cluster_factory(workers=1, servers=1, MIXRT_KV_MAX_MESSAGE=65536)
+    cluster.start(SERVE_SCRIPT, go)
+    address = _server_address(cluster)
+    context = zmq.Context()
+    try:
+        rng = np.random.default_rng(0)
+        sockets = []
+        for frames in _hostile_frames(rng, 10_000):
+            if not sockets or len(sockets[-1][1]) >= 500:  # oversized frames drop the link
+                sockets.append((context.socket(zmq.DEALER), []))
+                sockets[-1][0].connect(address)
+            sockets[-1][0].send_multipart(frames)
+            sockets[-1][1].append(1)
+        time.sleep(1.0)
+        for socket, _ in sockets:
+            socket.close(linger=0)
+    finally:
+        context.term()
+    go.write_text("go")
+    codes = _finished(cluster, timeout=60)
+    assert codes["worker0"] == 0 and "PULLS OK" in cluster.output("worker0"), \
+        cluster.all_output()
+    assert "dropped a bad message" in cluster.output("server0")
+
+
+# -- authentication (acceptance) -------------------------------------------------------------
+
+def test_binding_outside_loopback_without_a_key_is_refused(cluster_factory, tmp_path):
+    import subprocess
+    import sys
+    from cluster import free_port
+    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="0.0.0.0",
+               DMLC_PS_ROOT_PORT=str(free_port()), DMLC_NUM_SERVER="1", DMLC_NUM_WORKER="1")
+    env.pop("MIXRT_KV_SECRET", None)
+    done = subprocess.run([sys.executable, "-m", "mixrt.kvstore.dist"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "refusing to bind the scheduler to 0.0.0.0" in done.stderr
+    assert "MIXRT_KV_SECRET" in done.stderr
+
+
+def _ask(address: str, secret: str | None) -> bool:
+    """Does the server answer a HELLO from a client holding ``secret``?"""
+    from mixrt.kvstore.dist import protocol as p
+    from mixrt.kvstore.dist.security import secure_client
+    context = zmq.Context()
+    try:
+        socket = context.socket(zmq.DEALER)
+        secure_client(socket, secret)
+        socket.connect(address)
+        socket.send_multipart(p.encode(p.json_message(p.HELLO, {"rank": 0, "mode": "sync"},
+                                                      request=1)))
+        answered = bool(socket.poll(2000))
+        socket.close(linger=0)
+        return answered
+    finally:
+        context.term()
+
+
+def test_a_client_without_the_secret_gets_no_reply(cluster_factory, tmp_path):
+    go = tmp_path / "go"
+    cluster = cluster_factory(workers=1, servers=1, MIXRT_KV_SECRET="correct horse")
+    cluster.start(SERVE_SCRIPT, go)
+    address = _server_address(cluster)
+    assert not _ask(address, None)
+    assert not _ask(address, "wrong secret")
+    assert _ask(address, "correct horse")
+    go.write_text("go")
+    codes = _finished(cluster, timeout=60)
+    assert codes["worker0"] == 0, cluster.all_output()
+
+
+# -- observability ---------------------------------------------------------------------------
+
+STRAGGLER_SCRIPT = """
+import time, mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.zeros(10, np.float32))
+w = np.empty(10, np.float32)
+for step in range(12):
+    if kv.rank == 1:
+        time.sleep(0.15)
+    kv.push("w", np.ones(10, np.float32))
+    kv.pull("w", out=w)
+kv.close()
+"""
+
+
+def test_verbose_logs_latency_and_names_the_straggler(cluster_factory):
+    cluster = cluster_factory(workers=2, servers=1, MIXRT_KV_VERBOSE=1)
+    cluster.start(STRAGGLER_SCRIPT)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    server = cluster.output("server0")
+    assert "straggler: worker 1 (pid" in server, server
+    assert "straggler: worker 0" not in server
+    assert "push 'w'" in cluster.output("worker0") and " ms" in cluster.output("worker0")
