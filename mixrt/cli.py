@@ -117,11 +117,38 @@ def _parser() -> argparse.ArgumentParser:
                               "against their reference outputs")
     zoo.add_argument("--device", default="cpu")
     zoo.set_defaults(handler=cmd_zoo)
+    _add_launch_command(commands)
     for sub in (info, run, compile_, export, plan, check, demo, zoo):
         # SUPPRESS keeps "mixrt --debug info" working: the subcommand must not reset it
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
     return parser
+
+
+def _add_launch_command(commands) -> None:
+    launch = commands.add_parser(
+        "launch", help="start a distributed KVStore job: a scheduler, S servers and W workers "
+        "running CMD (mixrt launch -n W -s S -- CMD...)",
+        description="Start a scheduler, S servers (python -m mixrt.kvstore.dist) and W workers "
+        "(CMD), with the DMLC_* variables set, relay their output prefixed with their names, "
+        "and exit with the first failure's status (details: mixrt/kvstore/launch.py).")
+    launch.add_argument("-n", "--num-workers", type=int, required=True, metavar="W")
+    launch.add_argument("-s", "--num-servers", type=int, metavar="S",
+                        help="number of servers (default: W, as MXNet's launcher)")
+    launch.add_argument("--launcher", choices=("local", "ssh", "mpi"), default="local",
+                        help="where the servers and workers run (default local)")
+    launch.add_argument("-H", "--hostfile", type=Path, metavar="HOSTFILE",
+                        help="ssh: host, user@host or host:slots per line; mpi: mpirun's own")
+    launch.add_argument("--port", type=int, metavar="P", help="the scheduler's port (default: "
+                        "DMLC_PS_ROOT_PORT if set, else a free port)")
+    launch.add_argument("--host-uri", metavar="ADDR", help="the scheduler's address as the "
+                        "other hosts reach it (ssh, mpi; default: this machine's name's)")
+    launch.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
+    # not "command": that is where the subcommand's name goes
+    launch.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- CMD",
+                        help="the workers' command")
+    launch.set_defaults(handler=cmd_launch)
 
 
 def _add_compile_options(parser) -> None:
@@ -157,6 +184,18 @@ def cmd_demo(args) -> int:
 def cmd_zoo(args) -> int:
     from mixrt.demo import run_demo  # noqa: PLC0415
     return run_demo(args.device)
+
+
+# -- launch ----------------------------------------------------------------------------------
+
+def cmd_launch(args) -> int:
+    from mixrt.kvstore.launch import launch  # noqa: PLC0415
+    # REMAINDER keeps the "--" that separates CMD from the launcher's own options
+    command = args.worker_command
+    command = command[1:] if command[:1] == ["--"] else command
+    num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    return launch(command, args.num_workers, num_servers, launcher=args.launcher,
+                  hostfile=args.hostfile, port=args.port, host_uri=args.host_uri)
 
 
 # -- info ------------------------------------------------------------------------------------

@@ -1,0 +1,691 @@
+"""Start a distributed KVStore job (one scheduler, S servers, W workers) and watch over it.
+
+    mixrt launch -n 2 -s 1 -- python train.py                        # all on this machine
+    mixrt launch -n 4 -s 2 --launcher ssh -H hosts -- python train.py
+    mixrt launch -n 4 -s 2 --launcher mpi -H mpi_hosts -- python train.py
+
+    from mixrt.kvstore.launch import launch
+    status = launch(["python", "train.py"], num_workers=2, num_servers=1)
+
+Every process gets the variables MXNet (ps-lite) users know: ``DMLC_ROLE`` (scheduler, server
+or worker), ``DMLC_PS_ROOT_URI`` and ``DMLC_PS_ROOT_PORT`` (the scheduler's address; the port
+is ``--port``, else an inherited ``DMLC_PS_ROOT_PORT``, else a free one), ``DMLC_NUM_SERVER``
+and ``DMLC_NUM_WORKER``, plus ``MIXRT_KV_ROLE_INDEX`` (0..W-1 for workers, 0..S-1 for
+servers, 0 for the scheduler), the rank hint of the distributed store, so that "worker 1" in
+the logs is rank 1. ``PYTHONUNBUFFERED=1`` is added unless set, so Python processes' lines
+arrive as they are printed. The rest of the environment is the launcher's. Workers run the
+user's command; the scheduler and servers run ``python -m mixrt.kvstore.dist``, which reads
+its role from the environment (``MIXRT_LAUNCH_ROLE_COMMAND``, a shell-style command line,
+replaces it; so do the ``role_command``/``remote_role_command`` arguments of ``launch``).
+
+Launchers:
+
+* ``local``: every process is a child of the launcher, on this machine.
+* ``ssh``: the scheduler runs here; servers, then workers, are dealt round-robin over the
+  hosts of the host file, each started as ``ssh -o BatchMode=yes -o
+  StrictHostKeyChecking=accept-new HOST 'cd CWD && env K=V ... COMMAND'`` (the remote role
+  command is ``python3 -m mixrt.kvstore.dist``; ``MIXRT_LAUNCH_SSH`` names another ssh). The
+  host file has one ``host``, ``user@host`` or ``host:slots`` per line (``#`` starts a
+  comment): a host with N slots takes N processes in a row before the next host gets one.
+  An IPv6 literal cannot carry slots.
+* ``mpi``: the scheduler runs here; ``mpirun -np S+W [--hostfile H] -x VAR ...``
+  (``MIXRT_LAUNCH_MPIRUN`` names another; Open MPI's options) starts ``python3 -m
+  mixrt.kvstore.launch --mpi-child --role-command JSON -- COMMAND`` everywhere. Each copy reads
+  its rank (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK`` or ``PMIX_RANK``), becomes a server (ranks
+  < S) or a worker (index rank - S) and execs its command. ``-H`` is mpirun's own host file.
+
+Output: each line a process prints comes out of the launcher prefixed with its name
+(``[scheduler] ``, ``[server 0] ``, ``[worker 1] ``, under mpi ``[mpirun] ``), stdout on
+stdout and stderr on stderr, bytes passed through as they are.
+
+Exit: the first process to exit non-zero stops the job (SIGTERM to every process group, SIGKILL
+after KILL_GRACE_S), and its status is the launcher's (128+N for a signal N). Once every worker
+has exited 0 the scheduler and servers get SERVER_GRACE_S to leave by themselves (the scheduler
+shuts the servers down when the workers leave); after that they are stopped with a warning and
+the status is still 0. SIGINT and SIGTERM to the launcher are forwarded; it exits 130 or 143.
+On Linux children are SIGKILLed when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG; it
+fires when the *thread* that started them ends, and ``launch`` returns only when they are gone).
+Remote processes under ssh are as safe as their connection: when the launcher dies their ssh
+ends, and they lose the scheduler (the store's heartbeats turn that into an error).
+
+Across machines (ssh, mpi) the scheduler's address is ``--host-uri``, else the address of this
+machine's name (a loopback answer is refused: pass ``--host-uri``). A scheduler that is not on
+a loopback address needs authentication: set ``MIXRT_KV_SECRET`` (or the CURVE keys
+``MIXRT_KV_CURVE_SERVER_KEY``/``MIXRT_KV_CURVE_SECRET_KEY``). Every ``MIXRT_KV_*`` variable
+set here (the secret, the store's timeouts) and ``PYTHONPATH`` are passed to remote processes:
+by name under mpi (``-x``), under ssh in the ``env`` list of the ssh command line, where
+``ps`` on either host can see them. ``--host-uri 127.0.0.1`` keeps an
+ssh or mpi job on this machine without a secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import ipaddress
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mixrt.errors import KVStoreError
+
+LAUNCHERS = ("local", "ssh", "mpi")
+SERVER_GRACE_S = 15.0   # after the last worker: time for the scheduler and servers to leave
+KILL_GRACE_S = 3.0      # between SIGTERM and SIGKILL when the job is stopped
+POLL_S = 0.05
+MAX_LINE = 1 << 16      # a longer line is passed on in pieces rather than held back
+DIST_MODULE = "mixrt.kvstore.dist"
+REMOTE_PYTHON = "python3"   # the remote machine's Python; sys.executable is a local path
+SECRET_VARIABLES = ("MIXRT_KV_SECRET", "MIXRT_KV_CURVE_SERVER_KEY", "MIXRT_KV_CURVE_SECRET_KEY")
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
+PR_SET_PDEATHSIG = 1
+
+
+# -- the plan: which processes, with which commands and variables ----------------------------
+
+@dataclass(frozen=True)
+class Host:
+    address: str        # as ssh takes it: host or user@host
+    slots: int = 1
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the scheduler listens and how many peers it waits for."""
+
+    uri: str
+    port: int
+    num_servers: int
+    num_workers: int
+
+    def shared_environment(self) -> dict[str, str]:
+        return {"DMLC_PS_ROOT_URI": self.uri, "DMLC_PS_ROOT_PORT": str(self.port),
+                "DMLC_NUM_SERVER": str(self.num_servers),
+                "DMLC_NUM_WORKER": str(self.num_workers)}
+
+    def environment(self, role: str, index: int) -> dict[str, str]:
+        return {"DMLC_ROLE": role, **self.shared_environment(),
+                "MIXRT_KV_ROLE_INDEX": str(index)}
+
+
+@dataclass
+class Planned:
+    """One process to start here: ``name`` prefixes its output and names it in messages."""
+
+    name: str
+    role: str                   # scheduler | server | worker | mpirun
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)   # on top of the launcher's own
+    host: str = ""              # the remote host of an ssh process
+
+    @property
+    def finishes_job(self) -> bool:
+        # the job is done when these exit 0; mpirun exits when its servers and workers have
+        return self.role in ("worker", "mpirun")
+
+
+def plan_job(command, num_workers: int, num_servers: int, *, launcher: str = "local",
+             hostfile=None, port: int | None = None, host_uri: str | None = None,
+             role_command=None, remote_role_command=None, environ=None) -> list[Planned]:
+    """The processes ``launch`` starts; raises KVStoreError for anything the user got wrong."""
+    environ = os.environ if environ is None else environ
+    command = _check_job(command, num_workers, num_servers, launcher, hostfile)
+    local_role, remote_role = _role_commands(role_command, remote_role_command, environ)
+    uri = host_uri or ("127.0.0.1" if launcher == "local" else reachable_address())
+    require_authentication(uri, environ)
+    rendezvous = Rendezvous(uri, _root_port(port, uri, environ), num_servers, num_workers)
+    local = functools.partial(_local_process, rendezvous, environ)
+    scheduler = local("scheduler", 0, local_role)
+    if launcher == "local":
+        servers = [local("server", i, local_role) for i in range(num_servers)]
+        workers = [local("worker", i, command) for i in range(num_workers)]
+        return [scheduler, *servers, *workers]
+    if launcher == "ssh":
+        return [scheduler, *_ssh_processes(rendezvous, command, parse_hostfile(hostfile),
+                                           remote_role, environ)]
+    return [scheduler, _mpirun_process(rendezvous, command, hostfile, remote_role, environ)]
+
+
+def _check_job(command, num_workers, num_servers, launcher, hostfile) -> list[str]:
+    if isinstance(command, str) or not all(isinstance(arg, str) for arg in command or ()):
+        raise KVStoreError(f"the workers' command is a list of strings, got {command!r}")
+    if not command:
+        raise KVStoreError("no command to run: give the workers' command after --, e.g. "
+                           "mixrt launch -n 2 -s 1 -- python train.py")
+    for what, count in (("workers", num_workers), ("servers", num_servers)):
+        if not isinstance(count, int) or count < 1:
+            raise KVStoreError(f"the number of {what} must be at least 1, got {count!r}")
+    if launcher not in LAUNCHERS:
+        raise KVStoreError(f"unknown launcher {launcher!r}; choose one of "
+                           f"{', '.join(LAUNCHERS)}")
+    if launcher == "ssh" and not hostfile:
+        raise KVStoreError("the ssh launcher needs a host file (-H HOSTFILE)")
+    if launcher == "local" and hostfile:
+        raise KVStoreError("a host file (-H) is for the ssh and mpi launchers, not local")
+    return list(command)
+
+
+def _role_commands(role_command, remote_role_command, environ) -> tuple[list, list]:
+    override = shlex.split(environ.get("MIXRT_LAUNCH_ROLE_COMMAND", ""))
+    local = role_command or override or [sys.executable, "-m", DIST_MODULE]
+    remote = remote_role_command or override or [REMOTE_PYTHON, "-m", DIST_MODULE]
+    return list(local), list(remote)
+
+
+def _process_name(role: str, index: int) -> str:
+    return "scheduler" if role == "scheduler" else f"{role} {index}"
+
+
+def _local_process(rendezvous, environ, role, index, argv) -> Planned:
+    return Planned(_process_name(role, index), role, list(argv),
+                   {**rendezvous.environment(role, index), **_unbuffered(environ)})
+
+
+def _unbuffered(environ) -> dict[str, str]:
+    return {} if "PYTHONUNBUFFERED" in environ else {"PYTHONUNBUFFERED": "1"}
+
+
+def _passed_to_remote(environ) -> dict[str, str]:
+    # the store's settings (secret, timeouts, heartbeats) must agree on every host
+    names = sorted(name for name in environ
+                   if name.startswith("MIXRT_KV_") and name != "MIXRT_KV_ROLE_INDEX")
+    return {**{name: environ[name] for name in (*names, "PYTHONPATH") if environ.get(name)},
+            **_unbuffered(environ)}
+
+
+# -- addresses and authentication ------------------------------------------------------------
+
+def reachable_address() -> str:
+    """This machine's address as other hosts would reach it: its name's address."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as exc:
+        raise KVStoreError(f"cannot find this machine's address: its name {name!r} does not "
+                           f"resolve ({exc}); pass --host-uri ADDRESS, an address of this "
+                           "machine that the other hosts can reach") from exc
+    if is_loopback(address):
+        raise KVStoreError(f"this machine's name {name!r} resolves to {address}, a loopback "
+                           "address the other hosts cannot reach; pass --host-uri ADDRESS, "
+                           "an address of this machine that they can reach")
+    return address
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        pass
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def require_authentication(uri: str, environ) -> None:
+    """Anyone who can reach a non-loopback scheduler could join the job: insist on a secret."""
+    if is_loopback(uri) or any(environ.get(name) for name in SECRET_VARIABLES):
+        return
+    raise KVStoreError(f"the scheduler's address {uri} can be reached from other machines, so "
+                       "the job must authenticate: set MIXRT_KV_SECRET to a shared secret (or "
+                       "MIXRT_KV_CURVE_SERVER_KEY and MIXRT_KV_CURVE_SECRET_KEY) and launch "
+                       "again")
+
+
+def _root_port(port, uri, environ) -> int:
+    if port is None and environ.get("DMLC_PS_ROOT_PORT"):
+        text = environ["DMLC_PS_ROOT_PORT"]
+        if not text.strip().isdigit():
+            raise KVStoreError(f"DMLC_PS_ROOT_PORT must be a port number, got {text!r}")
+        port = int(text)
+    if port is None:
+        return pick_free_port(uri)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise KVStoreError(f"the scheduler's port must be 1..65535, got {port!r}")
+    return port
+
+
+def pick_free_port(address: str) -> int:
+    """A port nothing listens on now: bind port 0 and let the kernel choose."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    # the address may be a name or a NAT's address this machine cannot bind; then any port
+    # that is free here will do
+    for host in (address, ""):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((host, 0))
+                return probe.getsockname()[1]
+        except OSError:
+            continue
+    raise KVStoreError(f"cannot find a free port to listen on at {address}; pass --port")
+
+
+# -- ssh ------------------------------------------------------------------------------------
+
+def parse_hostfile(path) -> list[Host]:
+    """``host``, ``user@host`` or ``host:slots`` per line; blank lines and ``#`` comments."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KVStoreError(f"cannot read the host file {path}: {exc}") from exc
+    hosts = [_parse_host(line.split("#", 1)[0].strip(), f"{path}:{number}")
+             for number, line in enumerate(text.splitlines(), 1)
+             if line.split("#", 1)[0].strip()]
+    if not hosts:
+        raise KVStoreError(f"the host file {path} lists no hosts")
+    return hosts
+
+
+def _parse_host(entry: str, where: str) -> Host:
+    if len(entry.split()) != 1:
+        raise KVStoreError(f"{where}: expected 'host', 'user@host' or 'host:slots', got "
+                           f"{entry!r}")
+    address, colon, slots = entry.rpartition(":")
+    if not colon or ":" in address:       # no slots, or an IPv6 literal
+        return Host(entry)
+    if not slots.isdigit() or int(slots) < 1 or not address:
+        raise KVStoreError(f"{where}: expected 'host:slots' with slots >= 1, got {entry!r}")
+    return Host(address, int(slots))
+
+
+def assign_hosts(hosts: list[Host], count: int) -> list[str]:
+    """Round-robin over the hosts, a host taking as many turns in a row as it has slots."""
+    turns = [host.address for host in hosts for _ in range(host.slots)]
+    return [turns[i % len(turns)] for i in range(count)]
+
+
+def remote_shell_command(cwd: str, env: dict[str, str], argv: list[str]) -> str:
+    """The one string ssh hands to the remote shell; every piece is quoted for it."""
+    assignments = " ".join(shlex.quote(f"{name}={value}") for name, value in env.items())
+    return f"cd {shlex.quote(cwd)} && env {assignments} {shlex.join(argv)}"
+
+
+def _ssh_processes(rendezvous, command, hosts, remote_role, environ) -> list[Planned]:
+    ssh = find_program("MIXRT_LAUNCH_SSH", "ssh", environ)
+    roles = [("server", i, remote_role) for i in range(rendezvous.num_servers)]
+    roles += [("worker", i, command) for i in range(rendezvous.num_workers)]
+    cwd, passed = os.getcwd(), _passed_to_remote(environ)
+    processes = []
+    for (role, index, argv), host in zip(roles, assign_hosts(hosts, len(roles))):
+        env = {**rendezvous.environment(role, index), **passed}
+        remote = remote_shell_command(cwd, env, argv)
+        processes.append(Planned(_process_name(role, index), role,
+                                 [*ssh, *SSH_OPTIONS, host, remote], host=host))
+    return processes
+
+
+def find_program(variable: str, default: str, environ) -> list[str]:
+    """``default`` or the command line in ``variable``, checked to be on PATH."""
+    argv = shlex.split(environ.get(variable) or default)
+    if not argv or shutil.which(argv[0], path=environ.get("PATH")) is None:
+        shown = argv[0] if argv else "''"
+        raise KVStoreError(f"cannot find {shown!r} on PATH (set {variable} to the program to "
+                           "use)")
+    return argv
+
+
+# -- mpi -------------------------------------------------------------------------------------
+
+def _mpirun_process(rendezvous, command, hostfile, remote_role, environ) -> Planned:
+    mpirun = find_program("MIXRT_LAUNCH_MPIRUN", "mpirun", environ)
+    exported = {**rendezvous.shared_environment(), **_passed_to_remote(environ)}
+    hosts = ["--hostfile", str(hostfile)] if hostfile else []
+    # -x NAME exports the variable from mpirun's environment: secrets stay off the command line
+    exports = [arg for name in exported for arg in ("-x", name)]
+    child = [REMOTE_PYTHON, "-m", "mixrt.kvstore.launch", "--mpi-child",
+             "--role-command", json.dumps(remote_role), "--", *command]
+    np = rendezvous.num_servers + rendezvous.num_workers
+    return Planned("mpirun", "mpirun", [*mpirun, "-np", str(np), *hosts, *exports, *child],
+                   exported)
+
+
+def mpi_child(argv: list[str]) -> None:
+    """Run in every MPI process: become server or worker by rank and exec its command."""
+    parser = argparse.ArgumentParser(prog="python -m mixrt.kvstore.launch --mpi-child")
+    parser.add_argument("--role-command", required=True, help="the servers' argv, as JSON")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    role_command, command = _json_argv(args.role_command), _strip_dashes(args.command)
+    rank, num_servers = _mpi_rank(os.environ), _environment_int("DMLC_NUM_SERVER")
+    role, index, target = (("server", rank, role_command) if rank < num_servers else
+                           ("worker", rank - num_servers, command))
+    if not target:
+        raise KVStoreError(f"no command for {role} {index}: give it after --")
+    _set_parent_death_signal()      # die with mpirun (or its daemon) like a local child would
+    env = {**os.environ, "DMLC_ROLE": role, "MIXRT_KV_ROLE_INDEX": str(index)}
+    try:
+        os.execvpe(target[0], target, env)
+    except OSError as exc:
+        raise KVStoreError(f"cannot start {role} {index} ({target[0]}): {exc}") from exc
+
+
+def _mpi_rank(environ) -> int:
+    for name in RANK_VARIABLES:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    raise KVStoreError(f"no MPI rank in the environment (looked for {', '.join(RANK_VARIABLES)}"
+                       "); --mpi-child runs under mpirun, started by mixrt launch")
+
+
+def _environment_int(name: str) -> int:
+    text = os.environ.get(name, "")
+    if not text.isdigit():
+        raise KVStoreError(f"{name} must be set to a number, got {text!r}")
+    return int(text)
+
+
+def _json_argv(text: str) -> list[str]:
+    try:
+        argv = json.loads(text)
+    except ValueError as exc:
+        raise KVStoreError(f"--role-command must be a JSON list of strings: {exc}") from exc
+    if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
+        raise KVStoreError(f"--role-command must be a JSON list of strings, got {text!r}")
+    return argv
+
+
+def _strip_dashes(argv: list[str]) -> list[str]:
+    return argv[1:] if argv[:1] == ["--"] else argv
+
+
+# -- running the plan ------------------------------------------------------------------------
+
+def launch(command, num_workers: int, num_servers: int, *, launcher: str = "local",
+           hostfile=None, port: int | None = None, host_uri: str | None = None,
+           role_command=None, remote_role_command=None, server_grace: float = SERVER_GRACE_S,
+           kill_grace: float = KILL_GRACE_S, stdout=None, stderr=None) -> int:
+    """Start the job, relay its output and return its exit status (see the module's doc).
+
+    ``role_command`` is the argv of the scheduler and servers started here (default
+    ``[sys.executable, "-m", "mixrt.kvstore.dist"]``), ``remote_role_command`` that of servers
+    started by ssh or mpirun (default ``["python3", "-m", "mixrt.kvstore.dist"]``).
+    ``stdout``/``stderr`` are where the prefixed lines go (default sys.stdout/sys.stderr).
+    """
+    planned = plan_job(command, num_workers, num_servers, launcher=launcher,
+                       hostfile=hostfile, port=port, host_uri=host_uri,
+                       role_command=role_command, remote_role_command=remote_role_command)
+    supervisor = Supervisor(planned, server_grace=server_grace, kill_grace=kill_grace,
+                            stdout=stdout or sys.stdout, stderr=stderr or sys.stderr)
+    return supervisor.run()
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a child's end: its status, or 128+N when signal N killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (status {exit_status(returncode)})"
+
+
+class _LineSink:
+    """Writes whole prefixed lines to a stream, one at a time, each flushed."""
+
+    def __init__(self, stream, lock: threading.Lock):
+        self._stream, self._lock = stream, lock
+
+    def write(self, prefix: bytes, line: bytes) -> None:
+        if not line.endswith(b"\n"):
+            line += b"\n"
+        with self._lock:
+            try:
+                self._write(prefix + line)
+            except (OSError, ValueError):
+                pass        # our own output is gone (a closed pipe): keep draining the child
+
+    def _write(self, data: bytes) -> None:
+        buffer = getattr(self._stream, "buffer", None)
+        if buffer is None:      # a text-only stream (io.StringIO)
+            self._stream.write(data.decode("utf-8", "replace"))
+        else:                   # bytes pass through untouched, whatever their encoding
+            self._stream.flush()
+            buffer.write(data)
+            buffer.flush()
+        self._stream.flush()
+
+
+@dataclass
+class _Child:
+    planned: Planned
+    popen: subprocess.Popen
+    readers: list[threading.Thread] = field(default_factory=list)
+    returncode: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.planned.name} on {self.planned.host}" if self.planned.host else \
+            self.planned.name
+
+    def poll(self) -> bool:
+        """Reap the child if it has exited; True the first time it is seen gone."""
+        if self.returncode is not None or self.popen.poll() is None:
+            return False
+        self.returncode = self.popen.returncode
+        return True
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the child's whole group: a worker's own children die with it."""
+        if self.returncode is not None and _pid_exists(self.popen.pid):
+            # our child is reaped, so this pid is someone else's now; while our group still
+            # had members the kernel would not have handed the pid out again
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
+
+    def join_readers(self, timeout: float) -> None:
+        # a grandchild may still hold the pipes open: do not wait for it forever
+        deadline = time.monotonic() + timeout
+        for reader in self.readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+
+
+class Supervisor:
+    """Starts the planned processes and applies the exit rules until none is left."""
+
+    def __init__(self, planned: list[Planned], *, server_grace: float = SERVER_GRACE_S,
+                 kill_grace: float = KILL_GRACE_S, stdout=None, stderr=None):
+        self._planned, self._children = planned, []
+        self._server_grace, self._kill_grace = server_grace, kill_grace
+        lock = threading.Lock()
+        self._out = _LineSink(stdout or sys.stdout, lock)
+        self._err = _LineSink(stderr or sys.stderr, lock)
+        self._received_signal: int | None = None
+
+    def run(self) -> int:
+        with self._catching_signals():
+            try:
+                self._start_all()
+                return self._watch()
+            finally:
+                self._stop_all()    # on every path: no child outlives the launcher
+
+    # -- starting --
+
+    def _start_all(self) -> None:
+        die_with_launcher = _parent_death_hook()
+        for planned in self._planned:
+            self._children.append(self._spawn(planned, die_with_launcher))
+        # reader threads only after every fork: preexec_fn is unsafe while threads run
+        for child in self._children:
+            self._start_readers(child)
+
+    @staticmethod
+    def _spawn(planned: Planned, preexec_fn) -> _Child:
+        try:
+            popen = subprocess.Popen(planned.argv, env={**os.environ, **planned.env},
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, process_group=0,
+                                     preexec_fn=preexec_fn)
+        except OSError as exc:
+            raise KVStoreError(f"cannot start {planned.name} ({planned.argv[0]}): "
+                               f"{exc.strerror or exc}") from exc
+        return _Child(planned, popen)
+
+    def _start_readers(self, child: _Child) -> None:
+        prefix = f"[{child.planned.name}] ".encode()
+        for pipe, sink in ((child.popen.stdout, self._out), (child.popen.stderr, self._err)):
+            reader = threading.Thread(target=_relay, args=(pipe, prefix, sink), daemon=True,
+                                      name=f"mixrt-launch {child.planned.name}")
+            reader.start()
+            child.readers.append(reader)
+
+    # -- watching --
+
+    def _watch(self) -> int:
+        deadline = None     # set when every worker has finished: the servers' time to leave
+        while True:
+            if self._received_signal is not None:
+                return self._stop_for_signal(self._received_signal)
+            for child in self._children:
+                if child.poll() and child.returncode != 0:
+                    return self._stop_for_failure(child)
+            if deadline is None and all(child.returncode == 0 for child in self._children
+                                        if child.planned.finishes_job):
+                deadline = time.monotonic() + self._server_grace
+            running = self._running()
+            if deadline is not None and not running:
+                return 0
+            if deadline is not None and time.monotonic() >= deadline:
+                self._say(f"warning: {', '.join(c.label for c in running)} still running "
+                          f"{self._server_grace:g} s after the workers finished; stopping "
+                          f"{'it' if len(running) == 1 else 'them'}")
+                return 0
+            time.sleep(POLL_S)
+
+    def _running(self) -> list[_Child]:
+        return [child for child in self._children if child.returncode is None]
+
+    def _stop_for_failure(self, child: _Child) -> int:
+        child.join_readers(1.0)     # its last words come before the verdict
+        self._say(f"{child.label} {describe_exit(child.returncode)}; stopping the job")
+        return exit_status(child.returncode)
+
+    def _stop_for_signal(self, signum: int) -> int:
+        self._say(f"received {signal.Signals(signum).name}; stopping the job")
+        self._stop_all(signum)
+        return 128 + signum
+
+    # -- stopping --
+
+    def _stop_all(self, first_signal: int = signal.SIGTERM) -> None:
+        """``first_signal`` to every group, SIGKILL after the grace, then reap everything."""
+        if not self._children:
+            return
+        for child in self._children:
+            child.signal_group(first_signal)
+        self._wait_all(self._kill_grace)
+        # every group again, exited leaders included: their children may ignore SIGTERM
+        for child in self._children:
+            child.signal_group(signal.SIGKILL)
+        self._wait_all(None)
+        for child in self._children:
+            child.join_readers(1.0)
+
+    def _wait_all(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for child in self._children:
+                child.poll()
+            if not self._running() or (deadline is not None and time.monotonic() >= deadline):
+                return
+            time.sleep(POLL_S)
+
+    def _say(self, message: str) -> None:
+        self._err.write(b"", f"mixrt launch: {message}".encode())
+
+    @contextlib.contextmanager
+    def _catching_signals(self):
+        """While the job runs, SIGINT/SIGTERM mean: stop the job (the loop forwards them)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield           # only the main thread may install handlers
+            return
+        caught = (signal.SIGINT, signal.SIGTERM)
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in caught}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._received_signal is None:
+            self._received_signal = signum
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _relay(pipe, prefix: bytes, sink: _LineSink) -> None:
+    with pipe:
+        for line in iter(functools.partial(pipe.readline, MAX_LINE), b""):
+            sink.write(prefix, line)
+
+
+# -- dying with the launcher -----------------------------------------------------------------
+
+@functools.cache
+def _prctl():
+    # loaded in the parent: the forked child must only call it, not load a library
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _set_parent_death_signal() -> None:
+    if sys.platform.startswith("linux"):
+        _prctl()(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def _parent_death_hook():
+    """A preexec_fn that makes the child get SIGKILL when the launcher dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    _prctl()
+    launcher = os.getpid()
+
+    def die_with_launcher():
+        _set_parent_death_signal()
+        if os.getppid() != launcher:    # the launcher died before prctl: nobody will tell us
+            os._exit(1)
+    return die_with_launcher
+
+
+def main(argv=None) -> int:
+    """``python -m mixrt.kvstore.launch --mpi-child ...``: the MPI side of ``mixrt launch``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["--mpi-child"]:
+        print("this module runs under mpirun as --mpi-child; start jobs with: mixrt launch "
+              "-n W -s S [--launcher local|ssh|mpi] -- CMD...", file=sys.stderr)
+        return 2
+    try:
+        mpi_child(argv[1:])
+    except KVStoreError as exc:
+        print(f"mixrt launch --mpi-child: error: {exc}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
