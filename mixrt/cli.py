@@ -112,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--no-progress", action="store_true", help="one line per epoch instead "
                       "of progress bars")
+    demo.add_argument("--kvstore", choices=("local", "device", "dist_sync", "dist_async",
+                                            "dist_device_sync"),
+                      help="train through this KVStore; the dist_* kinds run under "
+                      "`mixrt launch -n W -s S -- mixrt demo --kvstore dist_sync`")
+    demo.add_argument("--compression", type=float, metavar="THRESHOLD",
+                      help="with --kvstore: 2-bit gradient compression with this threshold")
     demo.set_defaults(handler=cmd_demo)
     zoo = commands.add_parser("zoo", help="run the 9 zoo models end to end and check them "
                               "against their reference outputs")
@@ -178,7 +184,10 @@ def _load_graph(model: str):
 
 def cmd_demo(args) -> int:
     from mixrt.main_job import run_main_job  # noqa: PLC0415
-    return run_main_job(args.workdir, seed=args.seed, progress=not args.no_progress)
+    compression = None if args.compression is None else {"type": "2bit",
+                                                         "threshold": args.compression}
+    return run_main_job(args.workdir, seed=args.seed, progress=not args.no_progress,
+                        kvstore=args.kvstore, compression=compression)
 
 
 def cmd_zoo(args) -> int:

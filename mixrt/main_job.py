@@ -106,6 +106,17 @@ def _store(kind: str | None, compression: dict | None):
     return store
 
 
+def _async_safe(store, learning_rate: float, momentum: float) -> dict:
+    """dist_async applies each worker's gradient on its own, computed on weights a few
+    updates old; that staleness acts as extra momentum (about 1 - 1/workers, Mitliagkas et
+    al. 2016, "Asynchrony begets momentum"), and 0.9 on top of it diverges. Keep the total
+    near the synchronous run's by subtracting it."""
+    if store.type != "dist_async":
+        return {"learning_rate": learning_rate, "momentum": momentum}
+    implicit = 1.0 - 1.0 / store.num_workers
+    return {"learning_rate": learning_rate, "momentum": max(0.0, momentum - implicit)}
+
+
 def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progress,
          store=None, key_prefix=""):
     """With a store, each worker takes an equal shard and a batch of 32 / workers, so the
@@ -117,7 +128,7 @@ def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progres
     trainer = None
     if store is not None:
         trainer = Trainer(model.params.trainable(), "sgd",
-                          {"learning_rate": learning_rate, "momentum": 0.9}, kvstore=store,
+                          _async_safe(store, learning_rate, 0.9), kvstore=store,
                           key_prefix=key_prefix)
 
     def report(record):

@@ -179,6 +179,11 @@ class SchedulerLink:
         elif message.type == p.ERROR and message.request == 0:
             self._set_error(KVStoreError(f"{self.role}: {message.json().get('message')}"))
         elif message.type in (p.BARRIER_DONE, p.ERROR):
+            if message.type == p.BARRIER_DONE:
+                # nobody waits at a barrier any more; clearing it here, in message order,
+                # keeps the main thread (already past the barrier) from reading the status
+                # sent before it and taking the others for workers that stopped early
+                self.status = dict(self.status, barrier={})
             with self._replied:
                 self._replies[message.request] = message
                 self._replied.notify_all()
