@@ -50,8 +50,8 @@ ends, and they lose the scheduler (the store's heartbeats turn that into an erro
 
 Across machines (ssh, mpi) the scheduler's address is ``--host-uri``, else the address of this
 machine's name (a loopback answer is refused: pass ``--host-uri``). A scheduler that is not on
-a loopback address needs authentication: set ``MIXRT_KV_SECRET`` (or the CURVE keys
-``MIXRT_KV_CURVE_SERVER_KEY``/``MIXRT_KV_CURVE_SECRET_KEY``). Every ``MIXRT_KV_*`` variable
+a loopback address needs authentication: set ``MIXRT_KV_SECRET`` (the store derives its
+CURVE keys from it). Every ``MIXRT_KV_*`` variable
 set here (the secret, the store's timeouts) and ``PYTHONPATH`` are passed to remote processes:
 by name under mpi (``-x``), under ssh in the ``env`` list of the ssh command line, where
 ``ps`` on either host can see them. ``--host-uri 127.0.0.1`` keeps an
@@ -64,7 +64,6 @@ import argparse
 import contextlib
 import ctypes
 import functools
-import ipaddress
 import json
 import os
 import shlex
@@ -79,6 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mixrt.errors import KVStoreError
+from mixrt.kvstore.dist.config import is_loopback
 
 LAUNCHERS = ("local", "ssh", "mpi")
 SERVER_GRACE_S = 15.0   # after the last worker: time for the scheduler and servers to leave
@@ -87,7 +87,7 @@ POLL_S = 0.05
 MAX_LINE = 1 << 16      # a longer line is passed on in pieces rather than held back
 DIST_MODULE = "mixrt.kvstore.dist"
 REMOTE_PYTHON = "python3"   # the remote machine's Python; sys.executable is a local path
-SECRET_VARIABLES = ("MIXRT_KV_SECRET", "MIXRT_KV_CURVE_SERVER_KEY", "MIXRT_KV_CURVE_SECRET_KEY")
+SECRET_VARIABLES = ("MIXRT_KV_SECRET",)  # the CURVE keys are derived from it (security.py)
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 PR_SET_PDEATHSIG = 1
@@ -223,25 +223,13 @@ def reachable_address() -> str:
     return address
 
 
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        pass
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 def require_authentication(uri: str, environ) -> None:
     """Anyone who can reach a non-loopback scheduler could join the job: insist on a secret."""
     if is_loopback(uri) or any(environ.get(name) for name in SECRET_VARIABLES):
         return
     raise KVStoreError(f"the scheduler's address {uri} can be reached from other machines, so "
-                       "the job must authenticate: set MIXRT_KV_SECRET to a shared secret (or "
-                       "MIXRT_KV_CURVE_SERVER_KEY and MIXRT_KV_CURVE_SECRET_KEY) and launch "
-                       "again")
+                       "the job must authenticate: set MIXRT_KV_SECRET to a shared secret and "
+                       "launch again")
 
 
 def _root_port(port, uri, environ) -> int:
