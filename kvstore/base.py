@@ -90,6 +90,11 @@ def copy_into(out, value) -> None:
         out[...] = value
 
 
+def require_out(out) -> None:
+    if out is None:
+        raise KVStoreError("pull needs `out`: the array (or list of arrays) to fill")
+
+
 def optimizer_updater(optimizer: optim.Optimizer) -> Updater:
     def update(key, grad, weight):
         optimizer.step(key, weight, grad)
@@ -146,6 +151,13 @@ class KVStore:
         return self.pull(key, value if out is None else out, priority)
 
     # -- updates ------------------------------------------------------------------------
+
+    def _apply(self, name: str, total, stored) -> None:
+        """The summed push ``total`` into the stored value: the updater's step, or a copy."""
+        if self._updater is not None:
+            self._updater(name, total, stored)
+        else:
+            copy_into(stored, total)
 
     def set_updater(self, updater: Updater) -> None:
         """Apply ``updater(key, summed_gradient, weight)`` on each push (local kinds)."""

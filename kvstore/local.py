@@ -15,7 +15,8 @@ import contextlib
 import numpy as np
 
 from mixrt.errors import KVStoreError
-from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, sum_on
+from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
+                                sum_on)
 from mixrt.runtime.device import array_module
 
 
@@ -49,14 +50,10 @@ class LocalStore(KVStore):
                           for i, a in enumerate(arrays)]
             total = sum_on(arrays, array_module(stored), _device_of(stored))
             with _on_device_of(stored):  # the update (and new optimizer state) stays there
-                if self._updater is not None:
-                    self._updater(name, total, stored)
-                else:
-                    copy_into(stored, total)
+                self._apply(name, total, stored)
 
     def pull(self, key, out=None, priority: int = 0):
-        if out is None:
-            raise KVStoreError("pull needs `out`: the array (or list of arrays) to fill")
+        require_out(out)
         for name, arrays in key_value_pairs(key, out, "pull"):
             stored = self._stored(name, "pull")
             for array in arrays:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.errors import DeviceUnavailableError, KVStoreError
-from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs
+from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, require_out
 from mixrt.runtime.device import gpu_count
 
 # numpy dtype name -> the cupy.cuda.nccl constant of the same type
@@ -110,14 +110,10 @@ class NCCLStore(KVStore):
             total = self._all_reduce(name, arrays, devices, stored)
             home = stored.device.id
             with cupy.cuda.Device(home):
-                if self._updater is not None:
-                    self._updater(name, total, stored)
-                else:
-                    copy_into(stored, total)
+                self._apply(name, total, stored)
 
     def pull(self, key, out=None, priority: int = 0):
-        if out is None:
-            raise KVStoreError("pull needs `out`: the array (or list of arrays) to fill")
+        require_out(out)
         cupy = self._cupy
         for name, arrays in key_value_pairs(key, out, "pull"):
             stored = self._stored(name, "pull")

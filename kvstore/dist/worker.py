@@ -24,7 +24,8 @@ import numpy as np
 import zmq
 
 from mixrt.errors import KVStoreError, KVTimeoutError
-from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, sum_on
+from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
+                                sum_on)
 from mixrt.kvstore.compression import check_params, create_compressor
 from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config, from_env
@@ -126,8 +127,7 @@ class DistStore(KVStore):
         self._verbose("push", key, started)
 
     def pull(self, key, out=None, priority: int = 0):
-        if out is None:
-            raise KVStoreError("pull needs `out`: the array (or list of arrays) to fill")
+        require_out(out)
         started = time.perf_counter()
         pending, targets = {}, []
         for name, arrays in key_value_pairs(key, out, "pull"):
