@@ -100,7 +100,15 @@ for step in range(4):
 kv.barrier()
 if kv.rank == 0:
     kv.save_optimizer_states(sys.argv[2])
-print("RESULT " + json.dumps({"w": [float(w[0]), float(w[-1])]}), flush=True)
+result = {"w": [float(w[0]), float(w[-1])]}
+kv.barrier()
+kv.push("w", np.ones(2_000_000, np.float32))   # a fifth step changes the momentum
+kv.pull("w", out=w)
+kv.barrier()
+if kv.rank == 0:
+    kv.load_optimizer_states(sys.argv[2])      # back onto the servers, split as before
+    kv.save_optimizer_states(sys.argv[2] + ".again.npz")
+print("RESULT " + json.dumps(result), flush=True)
 kv.close()
 """
 
@@ -122,6 +130,11 @@ def test_optimizer_runs_on_the_servers_and_its_state_saves(cluster_factory, tmp_
     slots = restored.states["w"]
     assert list(slots) == ["momentum"] and slots["momentum"].shape == (2_000_000,)
     np.testing.assert_allclose(slots["momentum"][[0, -1]], [momentum[0]] * 2, rtol=1e-6)
+    with np.load(str(states) + ".again.npz", allow_pickle=False) as again, \
+            np.load(states, allow_pickle=False) as first:
+        assert sorted(again.files) == sorted(first.files)
+        for name in first.files:
+            np.testing.assert_array_equal(again[name], first[name])
 
 
 ASYNC_SCRIPT = """
