@@ -45,6 +45,7 @@ class Shard:
     total: int
     value: np.ndarray
     merged: np.ndarray | None = None
+    first: np.ndarray | None = None                 # this round's first push, uncopied
     arrived: dict = field(default_factory=dict)     # rank -> arrival time, this round
     held: dict = field(default_factory=dict)        # rank -> deque of early pushes
     pushes: dict = field(default_factory=dict)      # rank -> pushes received
@@ -178,15 +179,17 @@ class Server:
 
     def _accumulate(self, shard: Shard, rank: int, gradient: np.ndarray) -> None:
         shard.arrived[rank] = time.monotonic()
-        if shard.merged is None:
-            shard.merged = np.array(gradient, copy=True)
-        elif len(shard.arrived) == 1:
-            shard.merged[...] = gradient
-        else:
-            shard.merged += gradient
+        if len(shard.arrived) == 1 and self.num_workers > 1:
+            shard.first = gradient  # the received frame itself: summed when the next lands
+            return
+        self._add(shard, gradient, last=len(shard.arrived) == self.num_workers)
         if len(shard.arrived) < self.num_workers:
             return
-        self._update(shard, shard.merged)
+        if self.optimizer is not None:
+            self.optimizer.step(shard.key, shard.value, gradient if self.num_workers == 1
+                                else shard.merged)
+        elif self.num_workers == 1:
+            shard.value[...] = gradient
         self.stragglers.round_done(shard, self.names)
         shard.arrived.clear()
         shard.version += 1
@@ -196,6 +199,21 @@ class Server:
             if not queue:
                 del shard.held[held_rank]
             self._accumulate(shard, held_rank, early)
+
+    def _add(self, shard: Shard, gradient: np.ndarray, last: bool) -> None:
+        """Sum in one pass per push, with no copy of the first: the last push's sum goes
+        straight into the stored value when there is no optimizer (as safe as copying it
+        there: see _send_value), else into ``merged`` for the optimizer."""
+        if self.num_workers == 1:
+            return
+        if shard.merged is None:
+            shard.merged = np.empty_like(shard.value)
+        target = shard.value if last and self.optimizer is None else shard.merged
+        if shard.first is not None:
+            np.add(shard.first, gradient, out=target)
+            shard.first = None
+        else:
+            np.add(shard.merged, gradient, out=target)
 
     def _update(self, shard: Shard, gradient: np.ndarray) -> None:
         if self.optimizer is not None:
