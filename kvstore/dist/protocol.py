@@ -27,12 +27,14 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBiQqqqHH")
 
 # message types
+TYPE_NAMES = dict(enumerate((
+    "REGISTER", "WELCOME", "HEARTBEAT", "HEARTBEAT_ACK", "BARRIER", "BARRIER_DONE",
+    "PEER_LOST", "ABORT", "BYE", "SHUTDOWN", "HELLO", "INIT", "PUSH", "PULL", "VALUE", "ACK",
+    "ERROR", "SET_OPTIMIZER", "SET_COMPRESSION", "GET_STATES", "STATES", "LOAD_STATES",
+    "STATUS"), start=1))
 REGISTER, WELCOME, HEARTBEAT, HEARTBEAT_ACK, BARRIER, BARRIER_DONE, PEER_LOST, ABORT, BYE, \
     SHUTDOWN, HELLO, INIT, PUSH, PULL, VALUE, ACK, ERROR, SET_OPTIMIZER, SET_COMPRESSION, \
-    GET_STATES, STATES, LOAD_STATES, STATUS = range(1, 24)
-TYPE_NAMES = {value: name for name, value in globals().items()
-              if name.isupper() and isinstance(value, int) and 1 <= value <= 23
-              and name not in ("VERSION",)}
+    GET_STATES, STATES, LOAD_STATES, STATUS = TYPE_NAMES
 
 # flags
 COMPRESSED = 1

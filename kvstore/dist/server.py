@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -367,8 +366,3 @@ class StragglerWatch:
 def run_server(config: Config) -> int:
     server = Server(config)
     return server.run()
-
-
-def main_exit(error: BaseException) -> None:
-    print(f"mixrt.kvstore: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-    sys.exit(1)

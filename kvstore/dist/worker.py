@@ -14,6 +14,7 @@ push again: a ``KVStoreError`` instead of a hang) and the deadline (``KVTimeoutE
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import sys
 import time
@@ -290,8 +291,7 @@ class DistStore(KVStore):
     def _to_all_servers(self, message: p.Message, what: str) -> list[p.Message]:
         replies, pending = [], {}
         for server in range(len(self._sockets)):
-            copy = p.Message(**{**message.__dict__})
-            pending[self._send(server, copy)] = (server, replies.append)
+            pending[self._send(server, dataclasses.replace(message))] = (server, replies.append)
         self._wait(pending, what)
         return replies
 
