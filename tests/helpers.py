@@ -35,3 +35,31 @@ def save(model, path) -> str:
     with open(path, "wb") as handle:
         handle.write(model.SerializeToString())
     return str(path)
+
+
+def mlp_graph(inputs=64, hidden=32, outputs=10, seed=0, dtype=np.float32,
+              scales=(0.2, 0.2)):
+    """x -> Gemm -> Relu ("features") -> Gemm ("out"), weights normal * ``scales``."""
+    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    from mixrt.runtime.graph import Graph, Node, Value  # noqa: PLC0415
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    g = Graph(name="mlp", opsets={"": 17})
+    g.inputs = [Value("x", TensorType(dtype, ("N", inputs)))]
+    g.initializers = {
+        "w1": (rng.standard_normal((inputs, hidden)) * scales[0]).astype(dtype),
+        "b1": np.zeros(hidden, dtype),
+        "w2": (rng.standard_normal((hidden, outputs)) * scales[1]).astype(dtype),
+        "b2": np.zeros(outputs, dtype)}
+    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", opset=17),
+               Node("Relu", ["h"], ["features"], name="relu", opset=17),
+               Node("Gemm", ["features", "w2", "b2"], ["out"], name="fc2", opset=17)]
+    g.outputs = [Value("out")]
+    return g
+
+
+def flat_digits():
+    """The digits split into train and test, images flattened to 64 features."""
+    from mixrt.models.digits import load_digits, split  # noqa: PLC0415
+    (xt, yt), (xe, ye) = split(*load_digits())
+    return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye

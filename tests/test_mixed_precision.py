@@ -3,12 +3,13 @@ Module.fit with precision=, on the CPU (and on a GPU where CuPy has one)."""
 
 import numpy as np
 import pytest
+from helpers import flat_digits, mlp_graph
 
 from mixrt import random as mixrt_random
 from mixrt.errors import InputError, UnsupportedOperatorError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
-from mixrt.models.digits import digits_cnn, load_digits, split
+from mixrt.models.digits import digits_cnn
 from mixrt.module import Module
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
@@ -21,26 +22,13 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
 def mlp(inputs=64, hidden=64, outputs=10, seed=0) -> Graph:
-    rng = np.random.default_rng(seed)
-    g = Graph(name="mlp", opsets={"": 17})
-    g.inputs = [Value("x", TensorType(F32, ("N", inputs)))]
-    g.initializers = {
-        "w1": (rng.standard_normal((inputs, hidden)) * np.sqrt(2 / inputs)).astype(F32),
-        "b1": np.zeros(hidden, F32),
-        "w2": (rng.standard_normal((hidden, outputs)) * np.sqrt(1 / hidden)).astype(F32),
-        "b2": np.zeros(outputs, F32)}
-    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", opset=17),
-               Node("Relu", ["h"], ["features"], name="relu", opset=17),
-               Node("Gemm", ["features", "w2", "b2"], ["out"], name="fc2", opset=17)]
-    g.outputs = [Value("out")]
-    return g
+    return mlp_graph(inputs, hidden, outputs, seed,
+                     scales=(np.sqrt(2 / inputs), np.sqrt(1 / hidden)))
 
 
 @pytest.fixture(scope="module")
 def digits():
-    images, labels = load_digits()
-    (xt, yt), (xe, ye) = split(images, labels)
-    return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye
+    return flat_digits()
 
 
 def _fit(precision, digits, epochs=5, **options):

@@ -2,39 +2,25 @@
 
 import numpy as np
 import pytest
+from helpers import flat_digits, mlp_graph
 
 from mixrt import metric, random as mixrt_random
 from mixrt.errors import InputError, ModelLoadError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.module import Module
-from mixrt.models.digits import load_digits, split
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.training import LOSSES, TrainingProgram
 
 
 def mlp(inputs=64, hidden=32, outputs=10, seed=0, dtype=np.float32) -> Graph:
-    rng = np.random.default_rng(seed)
-    g = Graph(name="mlp", opsets={"": 17})
-    g.inputs = [Value("x", TensorType(np.dtype(dtype), ("N", inputs)))]
-    g.initializers = {
-        "w1": (rng.standard_normal((inputs, hidden)) * 0.2).astype(dtype),
-        "b1": np.zeros(hidden, dtype),
-        "w2": (rng.standard_normal((hidden, outputs)) * 0.2).astype(dtype),
-        "b2": np.zeros(outputs, dtype)}
-    g.nodes = [Node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", opset=17),
-               Node("Relu", ["h"], ["features"], name="relu", opset=17),
-               Node("Gemm", ["features", "w2", "b2"], ["out"], name="fc2", opset=17)]
-    g.outputs = [Value("out")]
-    return g
+    return mlp_graph(inputs, hidden, outputs, seed, dtype)
 
 
 @pytest.fixture(scope="module")
 def digits():
-    images, labels = load_digits()
-    (xt, yt), (xe, ye) = split(images, labels)
-    return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye
+    return flat_digits()
 
 
 def test_fit_learns_digits(digits):
