@@ -92,9 +92,26 @@ class KVTimeoutError(KVStoreError):
     """A KVStore wait (barrier, pull, init) passed its timeout."""
 
 
+class EngineError(MixrtError):
+    """Work pushed to the dependency engine raised; re-raised at the next wait on an array
+    it wrote. ``op_name`` names the op, ``pushed_at`` the Python line that pushed it, and the
+    original exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, op_name: str = "", pushed_at: str = ""):
+        super().__init__(message)
+        self.op_name = op_name
+        self.pushed_at = pushed_at
+
+
+class HybridizeError(GraphError):
+    """A HybridBlock cannot be traced into a graph: Python control flow that depends on a
+    tensor's value, a NumPy call on a traced symbol, ...; the message names the block, the
+    line and the fix."""
+
+
 __all__ = [
     "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
-    "OptimizerError",
+    "OptimizerError", "EngineError", "HybridizeError",
 ]
