@@ -32,7 +32,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execut
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.profiler import Profiler
+from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
 # input-shape signatures whose plans (and arenas) a session keeps; older ones are dropped
 MAX_CACHED_PLANS = 16
@@ -140,8 +140,9 @@ class Session:
 
     ``opt_level`` (0..2) chooses the graph passes (see ``runtime/passes``); ``strategy`` the
     memory planner (``runtime/memory.STRATEGIES``); ``profile=True`` or ``MIXRT_PROFILE=path``
-    records a Chrome trace (``end_profiling()`` writes it). A compiled ``.mxr`` model runs as
-    it was compiled. One session serves many threads: each concurrent run takes its own arena.
+    records a Chrome trace (``end_profiling()`` writes it); without it, runs are recorded by
+    ``mixrt.profiler`` while that is running. A compiled ``.mxr`` model runs as it was
+    compiled. One session serves many threads: each concurrent run takes its own arena.
     """
 
     def __init__(self, model, device: str = "cpu", *, opt_level: int = 2,
@@ -177,20 +178,24 @@ class Session:
         wanted = self._output_names(output_names)
         feeds = self._checked_feeds(feeds)
         signature = feed_signature(feeds)
+        # without a profiler of its own, the session records into mixrt.profiler's while that
+        # runs, its first run of a shape included (a hybridized block's first call counts)
+        process = symbolic_profiler() if self.profiler is None else None
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
         with np.errstate(all="ignore"):
             plan = self._cached_plan(signature)
             if plan is None:
-                env = self._discover(signature, feeds)
+                env = self._discover(signature, feeds, process)
                 return self._collect(env, wanted, frozenset())
             arena = acquire(plan, self._xp)
             try:
                 env = dict(self._bound.constants)
                 env.update(plan.frozen)
                 env.update(feeds)
-                if self.profiler is not None:
-                    with self.profiler.run(plan.arena_bytes):
-                        execute(plan.steps, env, self._xp, arena, plan, self.profiler)
+                profiler = self.profiler if self.profiler is not None else process
+                if profiler is not None:
+                    with profiler.run(plan.arena_bytes, self.device):
+                        execute(plan.steps, env, self._xp, arena, plan, profiler)
                 else:
                     execute(plan.steps, env, self._xp, arena, plan)
                 return self._collect(env, wanted, plan.shared_outputs)
@@ -222,10 +227,10 @@ class Session:
                 self._plans.move_to_end(signature)
             return plan
 
-    def _discover(self, signature: tuple, feeds: dict) -> dict:
+    def _discover(self, signature: tuple, feeds: dict, profiler=None) -> dict:
         """Run once the plain way, then plan the arena for this signature from what it saw."""
         env = ChainMap(dict(feeds), self._bound.constants)
-        execute(self._bound.nodes, env, self._xp)
+        execute(self._bound.nodes, env, self._xp, profiler=profiler)
         settle = FrozenValues(self._bound.nodes, env.maps[0], self._bound.constants.keys())
         inferred = infer_types(_with_input_shapes(self.graph, feeds), settle=settle)
         plan = make_plan(signature, self._bound.nodes, self.graph.output_names, env.maps[0],
