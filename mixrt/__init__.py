@@ -89,7 +89,18 @@ def load(model, device: str = "cpu", **options) -> Session:
 # submodules reachable as attributes of ``mixrt`` without importing each (``mixrt.sym``,
 # ``mixrt.random.seed``), loaded on first use so that ``import mixrt`` stays light
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "optimizer", "lr_scheduler",
-                              "gluon", "io", "metric", "module", "models", "kv"})
+                              "gluon", "io", "metric", "module", "models", "kv", "nd",
+                              "autograd", "context", "profiler", "viz"})
+
+
+def cpu(device_id: int = 0):
+    from mixrt.context import cpu as make  # noqa: PLC0415
+    return make(device_id)
+
+
+def gpu(device_id: int = 0):
+    from mixrt.context import gpu as make  # noqa: PLC0415
+    return make(device_id)
 
 
 def __getattr__(name: str):
@@ -99,4 +110,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mixrt' has no attribute {name!r}")
 
 
-__all__ = ["Session", "NodeArg", "load", "errors", "__version__"]
+__all__ = ["Session", "NodeArg", "load", "errors", "cpu", "gpu", "__version__"]

@@ -1,0 +1,185 @@
+"""The tape: what ``autograd.record()`` remembers, and the backward walk over it.
+
+Every recorded call leaves a node: the op (or a Python ``Function``), where each input came
+from (an earlier node's output, a leaf array with a gradient attached, or nothing that
+needs a gradient), and the values its backward reads. An output array points at its node
+(``NDArray._entry``), so the graph lives exactly as long as the arrays that can reach it,
+and a backward pass frees the nodes it walked unless asked to retain them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+
+from mixrt.autograd import opgrad
+from mixrt.errors import GradientError
+
+_sequence = itertools.count()
+
+
+class Node:
+    """One recorded call. ``parents[i]``: (node, output) | leaf NDArray | None."""
+
+    __slots__ = ("seq", "name", "parents", "versions", "out_meta", "ctx", "freed")
+
+    def __init__(self, name: str, inputs, ctx, out_meta):
+        self.seq = next(_sequence)
+        self.name = name
+        self.parents = [_parent_of(x) for x in inputs]
+        self.versions = [(x, x._version) for x in inputs if _is_ndarray(x)]
+        self.out_meta = out_meta  # (shape, dtype) per output
+        self.ctx = ctx
+        self.freed = False
+
+    def check_unchanged(self) -> None:
+        for array, version in self.versions:
+            if array._version != version:
+                raise GradientError(
+                    f"an input of {self.name} was modified in place after {self.name} read it "
+                    f"(shape {array.shape}); its gradient would be computed from the new "
+                    f"value. Write `y = x + v` instead of `x += v` while recording",
+                    op_type=self.name)
+
+    def release(self) -> None:
+        self.parents = [None] * len(self.parents)
+        self.versions = []
+        self.freed = True
+        self._release_saved()
+
+    def _release_saved(self) -> None:
+        pass
+
+    def input_grads(self, dys: list) -> list:
+        raise NotImplementedError
+
+
+class OpNode(Node):
+    """A registered op: backward is its compiled gradient graph (``opgrad``)."""
+
+    __slots__ = ("spec", "attributes", "sig", "xs", "ys", "pushed_at")
+
+    def __init__(self, spec, attributes, sig, inputs, raw, results, ctx, out_meta):
+        super().__init__(spec.op_type, inputs, ctx, out_meta)
+        self.spec, self.attributes, self.sig = spec, attributes, sig
+        self.xs, self.ys = list(raw), list(results)
+        self.pushed_at = ""
+
+    def _release_saved(self) -> None:
+        self.xs = self.ys = None
+
+    def input_grads(self, dys: list) -> list:
+        forward = opgrad.forward_plan(self.sig, self.attributes)
+        if forward.error is not None:
+            raise GradientError(f"{self.name} (called at {self.pushed_at}) has no gradient: "
+                                f"{forward.error}; keep it out of the recorded graph with "
+                                f"autograd.pause() or .detach() its input",
+                                op_type=self.name) from forward.error
+        seeded = tuple(j for j in forward.float_outputs if dys[j] is not None)
+        plan = opgrad.backward_plan(self.sig, self.attributes, seeded)
+        values = {"x": self.xs, "y": self.ys, "dy": dys}
+        feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
+        results = plan.session.run(None, feeds)
+        grads = [None] * len(self.parents)
+        for index, value in zip(plan.grads, results):
+            grads[index] = value
+        return grads
+
+
+class FunctionNode(Node):
+    """A Python ``autograd.Function``: backward is its ``backward`` method on NDArrays."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function, inputs, ctx, out_meta):
+        super().__init__(type(function).__name__, inputs, ctx, out_meta)
+        self.function = function
+
+    def _release_saved(self) -> None:
+        self.function = None
+
+    def input_grads(self, dys: list) -> list:
+        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+        wrapped = [NDArray(dy if dy is not None else _zeros(self.ctx, meta), self.ctx)
+                   for dy, meta in zip(dys, self.out_meta)]
+        grads = self.function.backward(*wrapped)
+        grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
+        if len(grads) != len(self.parents):
+            raise GradientError(f"{self.name}.backward returned {len(grads)} gradients for "
+                                f"{len(self.parents)} inputs", op_type=self.name)
+        return [None if g is None else (g._read() if _is_ndarray(g) else g) for g in grads]
+
+
+def _zeros(ctx, meta):
+    shape, dtype = meta
+    return ctx.xp.zeros(shape, dtype=dtype)
+
+
+def _is_ndarray(value) -> bool:
+    return hasattr(value, "_entry") and hasattr(value, "_version")
+
+
+def _parent_of(value):
+    if not _is_ndarray(value):
+        return None
+    if value._entry is not None:
+        return value._entry
+    return value if value._grad is not None else None
+
+
+def call_site() -> str:
+    """The innermost Python line outside mixrt that led here (for error messages)."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        if "/mixrt/" not in frame.filename.replace("\\", "/") or "/tests/" in frame.filename:
+            return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return "<unknown>"
+
+
+# -- the backward walk ---------------------------------------------------------------------
+
+def run_backward(heads: list, seeds: list, retain_graph: bool) -> dict:
+    """Propagate ``seeds`` (one raw array per head) back through the tape; returns
+    {id(leaf): (leaf, gradient)} for every leaf reached."""
+    node_grads: dict = {}
+    leaf_grads: dict = {}
+    for head, seed in zip(heads, seeds):
+        _accumulate(head._entry if head._entry is not None else head, seed, node_grads,
+                    leaf_grads)
+    for node in _nodes_behind(heads):
+        dys = [node_grads.pop((id(node), j), None) for j in range(len(node.out_meta))]
+        if all(dy is None for dy in dys):
+            continue
+        if node.freed:
+            raise GradientError(f"backward reached {node.name}, whose graph an earlier "
+                                f"backward() freed; pass retain_graph=True to the first "
+                                f"backward to run another", op_type=node.name)
+        node.check_unchanged()
+        for parent, dx in zip(node.parents, node.input_grads(dys)):
+            if parent is not None and dx is not None:
+                _accumulate(parent, dx, node_grads, leaf_grads)
+        if not retain_graph:
+            node.release()
+    return leaf_grads
+
+
+def _accumulate(target, grad, node_grads: dict, leaf_grads: dict) -> None:
+    if isinstance(target, tuple):
+        key = (id(target[0]), target[1])
+        previous = node_grads.get(key)
+        node_grads[key] = grad if previous is None else previous + grad
+        return
+    previous = leaf_grads.get(id(target))
+    leaf_grads[id(target)] = (target, grad if previous is None else previous[1] + grad)
+
+
+def _nodes_behind(heads) -> list:
+    """Every node a head depends on, latest first (recording order is topological)."""
+    seen: dict = {}
+    stack = [h._entry[0] for h in heads if h._entry is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        stack.extend(p[0] for p in node.parents if isinstance(p, tuple))
+    return sorted(seen.values(), key=lambda n: n.seq, reverse=True)

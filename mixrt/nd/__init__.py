@@ -1,0 +1,173 @@
+"""mixrt.nd: imperative arrays on a device (the MXNet paper's shallow embedding, §2.2).
+
+    from mixrt import nd, autograd
+    x = nd.array([[1.0, 2.0], [3.0, 4.0]], ctx=mixrt.cpu())
+    y = nd.Gemm(x, w, b, transB=1)        # any registered op, as sym has it
+    z = (x @ x.T + 1).relu()              # operators and methods
+    z.asnumpy()
+
+Every registered operator is a function here with the same arguments as its ``mixrt.sym``
+twin (the ONNX default domain at the top level, other domains under ``nd.mixrt``, ``nd.ml``,
+...), plus the creation functions below and MXNet's everyday names (``dot``, ``relu``, ...).
+Arrays on different devices never meet silently: ``DeviceMismatchError``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+import mixrt.ops  # noqa: F401  (registers every kernel)
+from mixrt import autograd as _autograd
+from mixrt.context import as_context
+from mixrt.errors import InputError
+from mixrt.nd import dispatch
+from mixrt.nd.ndarray import NDArray
+from mixrt.ops.registry import REGISTRY
+
+_autograd._connect_dispatcher()
+
+_NAMESPACES = {"ai.onnx.ml": "ml", "mixrt": "mixrt", "ai.onnx.preview.training":
+               "preview_training", "ai.onnx.preview": "preview"}
+
+
+def _install() -> list[str]:
+    names, by_domain = [], {}
+    for domain, op_type in REGISTRY.op_names():
+        by_domain.setdefault(domain, {})[op_type] = dispatch.make_function(domain, op_type)
+    for domain, functions in by_domain.items():
+        if domain == "":
+            globals().update(functions)
+            names.extend(functions)
+        else:
+            namespace = _NAMESPACES.get(domain, domain.replace(".", "_"))
+            globals()[namespace] = SimpleNamespace(**functions)
+            names.append(namespace)
+    return names
+
+
+OPERATORS = _install()
+
+
+# -- making arrays --------------------------------------------------------------------------
+
+def array(source, ctx=None, dtype=None) -> NDArray:
+    """An NDArray holding a copy of ``source`` (NumPy keeps its dtype; lists and numbers
+    become float32, as in MXNet, unless ``dtype`` says otherwise)."""
+    ctx = as_context(ctx)
+    if isinstance(source, NDArray):
+        source = source.asnumpy()
+    elif hasattr(source, "__dlpack__") and not isinstance(source, np.ndarray):
+        source = np.asarray(source)
+    if dtype is None and not isinstance(source, (np.ndarray, np.generic)):
+        dtype = np.float32
+    host = np.array(source, dtype=dtype, copy=True)
+    return NDArray(ctx.device.put(host) if ctx.device.kind != "cpu" else host, ctx)
+
+
+def _filled(fill, shape, ctx, dtype) -> NDArray:
+    ctx = as_context(ctx)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return NDArray(ctx.xp.full(shape, fill, dtype=np.dtype(dtype or np.float32)), ctx)
+
+
+def zeros(shape, ctx=None, dtype=None) -> NDArray:
+    return _filled(0, shape, ctx, dtype)
+
+
+def ones(shape, ctx=None, dtype=None) -> NDArray:
+    return _filled(1, shape, ctx, dtype)
+
+
+def full(shape, val, ctx=None, dtype=None) -> NDArray:
+    return _filled(val, shape, ctx, dtype)
+
+
+def empty(shape, ctx=None, dtype=None) -> NDArray:
+    ctx = as_context(ctx)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return NDArray(ctx.xp.empty(shape, dtype=np.dtype(dtype or np.float32)), ctx)
+
+
+def arange(start, stop=None, step=1.0, ctx=None, dtype=None) -> NDArray:
+    ctx = as_context(ctx)
+    return NDArray(ctx.xp.arange(start, stop, step, dtype=np.dtype(dtype or np.float32)), ctx)
+
+
+def zeros_like(other: NDArray) -> NDArray:
+    return other.zeros_like()
+
+
+def ones_like(other: NDArray) -> NDArray:
+    return other.ones_like()
+
+
+def from_dlpack(source) -> NDArray:
+    """An NDArray sharing ``source``'s memory (a NumPy, CuPy or PyTorch tensor, anything
+    with ``__dlpack__``): no copy, on the device the producer says it lives on."""
+    device_type, device_id = source.__dlpack_device__()
+    if int(device_type) == 1:  # kDLCPU
+        return NDArray(np.from_dlpack(source), as_context("cpu"))
+    if int(device_type) in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        import cupy  # noqa: PLC0415
+        return NDArray(cupy.from_dlpack(source), as_context(f"gpu:{int(device_id)}"))
+    raise InputError(f"from_dlpack: device type {device_type} is neither the CPU nor CUDA")
+
+
+def to_dlpack_for_read(array: NDArray):
+    return array.__dlpack__()
+
+
+def waitall() -> None:
+    """Wait for every piece of engine work pushed so far (and raise the first failure)."""
+    from mixrt.runtime.engine import get_engine  # noqa: PLC0415
+    get_engine().wait_all()
+
+
+# -- MXNet's everyday names ------------------------------------------------------------------
+
+def dot(a: NDArray, b: NDArray, transpose_a: bool = False, transpose_b: bool = False):
+    return dispatch.invoke("", "Gemm", [a, b], {"transA": int(transpose_a),
+                                                "transB": int(transpose_b)}) \
+        if a.ndim == 2 and b.ndim == 2 else a @ b
+
+
+def relu(x): return x.relu()
+def sigmoid(x): return x.sigmoid()
+def tanh(x): return x.tanh()
+def exp(x): return x.exp()
+def log(x): return x.log()
+def sqrt(x): return x.sqrt()
+def square(x): return x.square()
+def softmax(x, axis=-1): return x.softmax(axis)
+def log_softmax(x, axis=-1): return x.log_softmax(axis)
+def sum(x, axis=None, keepdims=False): return x.sum(axis, keepdims)  # noqa: A001
+def mean(x, axis=None, keepdims=False): return x.mean(axis, keepdims)
+def max(x, axis=None, keepdims=False): return x.max(axis, keepdims)  # noqa: A001
+def min(x, axis=None, keepdims=False): return x.min(axis, keepdims)  # noqa: A001
+def reshape(x, shape): return x.reshape(shape)
+def transpose(x, axes=None): return x.transpose(*(axes or ()))
+def flatten(x): return x.flatten()
+def expand_dims(x, axis): return x.expand_dims(axis)
+def clip(x, a_min, a_max): return x.clip(a_min, a_max)
+def maximum(a, b): return dispatch.invoke("", "Max", [a, b], {})
+def minimum(a, b): return dispatch.invoke("", "Min", [a, b], {})
+
+
+def concat(*arrays, dim: int = 1):
+    return dispatch.invoke("", "Concat", list(arrays), {"axis": dim})
+
+
+def stack(*arrays, axis: int = 0):
+    expanded = [a.expand_dims(axis) for a in arrays]
+    return dispatch.invoke("", "Concat", expanded, {"axis": axis})
+
+
+def where(condition, x, y):
+    return dispatch.invoke("", "Where", [condition, x, y], {})
+
+
+__all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",
+           "ones_like", "from_dlpack", "waitall", "dot", "concat", "stack", "where",
+           *OPERATORS]

@@ -1,0 +1,165 @@
+"""Running one registered op on NDArrays, right now: the imperative half of the registry.
+
+``nd.Gemm(x, w, b, transB=1)`` and ``sym.Gemm(x, w, b, transB=1)`` take the same arguments
+(both come from the kernel's signature, see ``mixrt.sym.ops.spec_of``), which is what lets a
+HybridBlock run the same ``hybrid_forward`` with ``F=nd`` and ``F=sym``.
+
+One call: split the arguments into inputs and attributes (checked against the spec), check
+every array is on one device (``DeviceMismatchError`` otherwise: mixrt never copies behind
+your back), wait only for arrays that asynchronous engine work still writes, run the kernel
+with the device's array module, wrap the outputs, and, under ``autograd.record()``, put a node
+on the tape. Errors surface here, at the call that caused them, naming the op.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+
+from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
+from mixrt.runtime import profiler as _profiler
+
+# filled in by mixrt.nd.ndarray / mixrt.autograd (they import this module)
+NDArray = None
+_autograd = None
+
+
+@functools.lru_cache(maxsize=None)
+def op_spec(domain: str, op_type: str):
+    from mixrt.sym.ops import spec_of  # noqa: PLC0415 (spec_of imports the whole registry)
+    return spec_of(domain, op_type)
+
+
+def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = None):
+    """Run ``op_type`` on ``args`` (arrays, numbers, None for a missing optional input) and
+    attributes ``kwargs``; returns an NDArray, or a tuple for several outputs."""
+    spec = op_spec(domain, op_type)
+    inputs, attributes = _split(spec, args, kwargs)
+    ctx = _common_context(op_type, inputs)
+    raw = [_raw_input(value, ctx, inputs) for value in inputs]
+    count = _output_count(spec, attributes, num_outputs, raw)
+    recording = _autograd is not None and _autograd.needs_tape(inputs)
+    produced = count
+    if recording:
+        produced = _autograd.forward_outputs(spec, attributes, raw, inputs, count, ctx)
+    prof = _profiler.current()
+    started = time.perf_counter() if prof is not None else 0.0
+    results = run_kernel(spec, raw, attributes, produced, ctx)
+    if prof is not None:
+        prof.imperative(op_type, started, raw, results)
+    outputs = [NDArray(value, ctx) for value in results[:count]]
+    if recording:
+        _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
+    return outputs[0] if count == 1 else tuple(outputs)
+
+
+def run_kernel(spec, raw: list, attributes: dict, count: int, ctx) -> list:
+    kernel = spec.kernel
+    if kernel.wants_output_count:
+        attributes = dict(attributes, _outputs=count)
+    try:
+        result = kernel.for_device(ctx.device.kind)(ctx.xp, *raw, **attributes)
+    except MixrtError:
+        raise
+    except Exception as exc:
+        raise ExecutionError(f"{spec.domain or 'ai.onnx'}::{spec.op_type} failed on inputs "
+                             f"{_describe(raw)}: {type(exc).__name__}: {exc}") from exc
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    while len(results) < count:
+        results.append(None)
+    return results
+
+
+def _split(spec, args, kwargs) -> tuple[list, dict]:
+    inputs = list(args)
+    if len(inputs) > len(spec.inputs) and not spec.variadic:
+        raise InputError(f"{spec.op_type} takes at most {len(spec.inputs)} inputs "
+                         f"{list(spec.inputs)}; got {len(inputs)}")
+    attributes = {}
+    for key, value in kwargs.items():
+        if key in spec.inputs and not (spec.variadic and key == spec.inputs[-1]):
+            index = spec.inputs.index(key)
+            if index < len(args):
+                raise InputError(f"{spec.op_type}: input {key!r} given both positionally "
+                                 f"and by name")
+            inputs.extend([None] * (index + 1 - len(inputs)))
+            inputs[index] = value
+        elif key in spec.attributes or spec.any_attribute:
+            attributes[key] = list(value) if isinstance(value, tuple) else value
+        else:
+            raise InputError(f"{spec.op_type}: unknown argument {key!r}; inputs are "
+                             f"{list(spec.inputs)}, attributes are {sorted(spec.attributes)}")
+    for index in range(min(spec.required, len(spec.inputs))):
+        if index >= len(inputs) or inputs[index] is None:
+            raise InputError(f"{spec.op_type}: required input {spec.inputs[index]!r} "
+                             f"(input {index}) is missing")
+    return inputs, attributes
+
+
+def _common_context(op_type: str, inputs):
+    ctx = None
+    for value in inputs:
+        if isinstance(value, NDArray):
+            if ctx is None:
+                ctx = value.ctx
+            elif value.ctx != ctx:
+                raise DeviceMismatchError(
+                    f"{op_type}: inputs are on different devices, {ctx} and {value.ctx}; "
+                    f"mixrt does not copy implicitly: move one with "
+                    f".as_in_context({ctx}) or .as_in_context({value.ctx})")
+    if ctx is None:
+        from mixrt.context import current_context  # noqa: PLC0415
+        ctx = current_context()
+    return ctx
+
+
+def _raw_input(value, ctx, inputs):
+    """The kernel's view of one argument; a number takes the dtype of the first array."""
+    if value is None:
+        return None
+    if isinstance(value, NDArray):
+        return value._read()
+    like = next((v for v in inputs if isinstance(v, NDArray)), None)
+    if isinstance(value, (bool, int, float)) and like is not None:
+        dtype = like.dtype if like.dtype.kind in "fc" or isinstance(value, (bool, int)) \
+            else np.float32
+        return ctx.xp.asarray(value, dtype=dtype)
+    if ctx.device.kind == "cpu":
+        return np.asarray(value)
+    return ctx.device.put(np.asarray(value))
+
+
+def _output_count(spec, attributes, asked, raw) -> int:
+    if asked is not None:
+        return int(asked)
+    if "num_outputs" in spec.attributes and attributes.get("num_outputs") is not None:
+        return int(attributes["num_outputs"])
+    if spec.default_outputs is None:
+        if spec.op_type == "Split" and len(raw) > 1 and raw[1] is not None:
+            return len(raw[1])
+        raise InputError(f"{spec.op_type} has a variable number of outputs; say how many "
+                         f"with num_outputs=")
+    return spec.default_outputs
+
+
+def _describe(raw) -> str:
+    return "[" + ", ".join("None" if r is None else f"{r.dtype}{list(r.shape)}"
+                           for r in raw) + "]"
+
+
+def make_function(domain: str, op_type: str):
+    """The imperative function for one op, named and documented like its Symbol twin."""
+    def function(*args, num_outputs: int | None = None, name: str | None = None, out=None,
+                 **kwargs):
+        del name  # accepted so hybrid_forward code may name nodes for the traced graph
+        result = invoke(domain, op_type, args, kwargs, num_outputs)
+        if out is not None:
+            out[:] = result
+            return out
+        return result
+
+    function.__name__ = function.__qualname__ = op_type
+    function.__doc__ = f"Imperative {domain or 'ai.onnx'}::{op_type}; see mixrt.sym.{op_type}."
+    return function

@@ -1,0 +1,378 @@
+"""NDArray: an array on one device, with the registry's ops as methods and operators.
+
+The data is a NumPy or CuPy array (``xp`` of its context). Operations run when called
+(``mixrt.nd.dispatch``); what runs asynchronously is engine work that writes an array —
+a KVStore pull, ``copyto`` another device — so every read first waits for the array's pending
+writes (``_read``) and every in-place write for its pending reads and writes (``_write``).
+Under ``autograd.record()`` each op leaves a node on the tape; an array remembers the node
+that made it (``_entry``) and counts its in-place writes (``_version``), so a backward pass can
+tell when a value it saved was overwritten since.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.context import Context, as_context
+from mixrt.errors import GradientError, InputError
+from mixrt.nd import dispatch
+from mixrt.runtime.device import to_host
+
+_GRAD_REQS = ("write", "add", "null")
+
+
+class NDArray:
+    __slots__ = ("_data", "ctx", "_var", "_entry", "_version", "_grad", "_grad_req",
+                 "__weakref__")
+    __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
+
+    def __init__(self, data, ctx: Context):
+        self._data = data
+        self.ctx = ctx
+        self._var = None  # the engine tag, made the first time engine work touches the array
+        self._entry = None  # (tape node, output index) when autograd recorded its making
+        self._version = 0
+        self._grad = None
+        self._grad_req = "null"
+
+    # -- engine synchronisation ----------------------------------------------------------
+
+    def _read(self):
+        if self._var is not None:
+            _engine().wait_to_read(self._var)
+        return self._data
+
+    def _write(self):
+        """The data, for an in-place write that follows (bumps the version)."""
+        from mixrt import autograd  # noqa: PLC0415
+        if autograd.is_recording() and (self._entry is not None or self._grad is not None):
+            raise GradientError(
+                "in-place write to an array autograd is recording (it was computed under "
+                "record() or has a gradient attached); write `y = x + v` instead of "
+                "`x += v`, or do the update under autograd.pause()")
+        if self._var is not None:
+            _engine().wait_to_write(self._var)
+        self._version += 1
+        return self._data
+
+    def engine_var(self):
+        """This array's engine tag, for work pushed to ``mixrt.runtime.engine``."""
+        if self._var is None:
+            self._var = _engine().new_var(f"ndarray{id(self):x}")
+        return self._var
+
+    def wait_to_read(self) -> "NDArray":
+        self._read()
+        return self
+
+    # -- what it is --------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self._data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def size(self) -> int:
+        return int(self._data.size)
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def context(self) -> Context:
+        return self.ctx
+
+    @property
+    def device(self) -> Context:
+        return self.ctx
+
+    @property
+    def stype(self) -> str:
+        return "default"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"\n{self.asnumpy()!r}\n<NDArray {'x'.join(map(str, self.shape))} @{self.ctx}>"
+
+    __hash__ = object.__hash__  # == builds an array, so identity is the hash
+
+    # -- leaving mixrt -----------------------------------------------------------------
+
+    def asnumpy(self) -> np.ndarray:
+        return np.array(to_host(self._read()), copy=True)
+
+    def __array__(self, dtype=None, copy=None):
+        host = to_host(self._read())
+        return host if dtype is None else host.astype(dtype)
+
+    def asscalar(self):
+        if self.size != 1:
+            raise InputError(f"asscalar needs an array of one element, this one is "
+                             f"{self.shape}")
+        return self.asnumpy().reshape(()).item()
+
+    item = asscalar
+
+    def __float__(self) -> float:
+        return float(self.asscalar())
+
+    def __int__(self) -> int:
+        return int(self.asscalar())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"only integer arrays can be an index, not {self.dtype}")
+        return int(self.asscalar())
+
+    def __bool__(self) -> bool:
+        return bool(self.asscalar())
+
+    def tolist(self) -> list:
+        return self.asnumpy().tolist()
+
+    def __dlpack__(self, stream=None, **kwargs):
+        data = self._read()
+        return data.__dlpack__() if stream is None else data.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._read().__dlpack_device__()
+
+    # -- moving and copying ------------------------------------------------------------
+
+    def as_in_context(self, ctx) -> "NDArray":
+        """This array on ``ctx``: itself when already there, else a copy (the one explicit
+        way across devices; recorded, so gradients flow back to the source device)."""
+        ctx = as_context(ctx)
+        if ctx == self.ctx:
+            return self
+        from mixrt.nd.functions import CopyToDevice  # noqa: PLC0415
+        return CopyToDevice(ctx)(self)
+
+    to_device = as_in_context
+
+    def copyto(self, other) -> "NDArray":
+        """Copy into ``other`` (an NDArray of the same shape) or onto a context."""
+        if isinstance(other, NDArray):
+            if other.shape != self.shape:
+                raise InputError(f"copyto: shapes differ, {self.shape} into {other.shape}")
+            source = self._read()
+            target = other._write()
+            target[...] = other.ctx.device.put(source) if other.ctx != self.ctx else source
+            return other
+        return NDArray(as_context(other).device.put(self._read()).copy(), as_context(other))
+
+    def copy(self) -> "NDArray":
+        return dispatch.invoke("", "Identity", [self], {}).__copy_data()
+
+    def __copy_data(self) -> "NDArray":
+        # Identity returns its input's buffer; a copy must own its memory
+        self._data = self._data.copy()
+        return self
+
+    def astype(self, dtype, copy: bool = True) -> "NDArray":
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype and not copy:
+            return self
+        from mixrt.ops.dtypes import to_onnx_type  # noqa: PLC0415
+        return dispatch.invoke("", "Cast", [self], {"to": to_onnx_type(dtype)})
+
+    def detach(self) -> "NDArray":
+        """The same data, cut off from the recorded graph (no gradient flows through)."""
+        return NDArray(self._read(), self.ctx)
+
+    # -- autograd ----------------------------------------------------------------------
+
+    def attach_grad(self, grad_req: str = "write", stype=None) -> None:
+        """Give this array a gradient buffer that ``backward`` fills (``"write"``) or adds
+        to (``"add"``); ``"null"`` detaches it."""
+        del stype
+        if grad_req not in _GRAD_REQS:
+            raise InputError(f"grad_req must be one of {_GRAD_REQS}, got {grad_req!r}")
+        self._grad_req = grad_req
+        self._grad = None if grad_req == "null" else \
+            NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
+        self._entry = None  # a variable is a leaf, whatever made it
+
+    @property
+    def grad(self) -> "NDArray | None":
+        return self._grad
+
+    @property
+    def grad_req(self) -> str:
+        return self._grad_req
+
+    def backward(self, out_grad=None, retain_graph: bool = False,
+                 train_mode: bool = True) -> None:
+        from mixrt import autograd  # noqa: PLC0415
+        autograd.backward([self], None if out_grad is None else [out_grad],
+                          retain_graph=retain_graph, train_mode=train_mode)
+
+    # -- operators ---------------------------------------------------------------------
+
+    def _binary(self, op_type: str, other, reverse: bool = False) -> "NDArray":
+        left, right = (other, self) if reverse else (self, other)
+        return dispatch.invoke("", op_type, [left, right], {})
+
+    def __add__(self, other): return self._binary("Add", other)
+    def __radd__(self, other): return self._binary("Add", other, reverse=True)
+    def __sub__(self, other): return self._binary("Sub", other)
+    def __rsub__(self, other): return self._binary("Sub", other, reverse=True)
+    def __mul__(self, other): return self._binary("Mul", other)
+    def __rmul__(self, other): return self._binary("Mul", other, reverse=True)
+    def __truediv__(self, other): return self._binary("Div", other)
+    def __rtruediv__(self, other): return self._binary("Div", other, reverse=True)
+    def __pow__(self, other): return self._binary("Pow", other)
+    def __rpow__(self, other): return self._binary("Pow", other, reverse=True)
+    def __matmul__(self, other): return self._binary("MatMul", other)
+    def __rmatmul__(self, other): return self._binary("MatMul", other, reverse=True)
+    def __mod__(self, other): return dispatch.invoke("", "Mod", [self, other],
+                                                     {"fmod": int(self.dtype.kind == "f")})
+    def __eq__(self, other): return self._binary("Equal", other)
+    def __gt__(self, other): return self._binary("Greater", other)
+    def __lt__(self, other): return self._binary("Less", other)
+    def __ge__(self, other): return self._binary("GreaterOrEqual", other)
+    def __le__(self, other): return self._binary("LessOrEqual", other)
+
+    def __ne__(self, other):
+        return dispatch.invoke("", "Not", [self._binary("Equal", other)], {})
+
+    def __neg__(self): return dispatch.invoke("", "Neg", [self], {})
+    def __abs__(self): return dispatch.invoke("", "Abs", [self], {})
+    def __pos__(self): return self
+
+    def _inplace(self, op_type: str, other) -> "NDArray":
+        result = self._binary(op_type, other)
+        if result.shape != self.shape:
+            raise InputError(f"in-place {op_type}: the result's shape {result.shape} is not "
+                             f"this array's {self.shape}")
+        target = self._write()
+        target[...] = result._data
+        return self
+
+    def __iadd__(self, other): return self._inplace("Add", other)
+    def __isub__(self, other): return self._inplace("Sub", other)
+    def __imul__(self, other): return self._inplace("Mul", other)
+    def __itruediv__(self, other): return self._inplace("Div", other)
+
+    # -- indexing ----------------------------------------------------------------------
+
+    def __getitem__(self, key) -> "NDArray":
+        from mixrt.nd.functions import Index  # noqa: PLC0415
+        return Index(_raw_key(key, self.ctx))(self)
+
+    def __setitem__(self, key, value) -> None:
+        key = _raw_key(key, self.ctx)
+        if isinstance(value, NDArray):
+            if value.ctx != self.ctx:
+                from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
+                raise DeviceMismatchError(f"setitem: the value is on {value.ctx}, the "
+                                          f"array on {self.ctx}; move it with "
+                                          f".as_in_context({self.ctx})")
+            value = value._read()
+        target = self._write()
+        target[key] = value
+
+    def __iter__(self):
+        return (self[i] for i in range(self.shape[0]))
+
+    # -- common methods (each one registered op, or a few) ------------------------------
+
+    def reshape(self, *shape, reverse: bool = False) -> "NDArray":
+        del reverse
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return dispatch.invoke("", "Reshape", [self, _ints(shape, self.ctx)], {})
+
+    def transpose(self, *axes) -> "NDArray":
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        attributes = {"perm": list(axes)} if axes else {}
+        return dispatch.invoke("", "Transpose", [self], attributes)
+
+    @property
+    def T(self) -> "NDArray":
+        return self.transpose()
+
+    def flatten(self) -> "NDArray":
+        return dispatch.invoke("", "Flatten", [self], {"axis": 1})
+
+    def expand_dims(self, axis: int) -> "NDArray":
+        return dispatch.invoke("", "Unsqueeze", [self, _ints([axis], self.ctx)], {})
+
+    def squeeze(self, axis=None) -> "NDArray":
+        axes = None if axis is None else _ints(np.atleast_1d(axis), self.ctx)
+        return dispatch.invoke("", "Squeeze", [self, axes], {})
+
+    def _reduce(self, op_type: str, axis, keepdims: bool) -> "NDArray":
+        axes = None if axis is None else _ints(np.atleast_1d(axis), self.ctx)
+        return dispatch.invoke("", op_type, [self, axes], {"keepdims": int(keepdims)})
+
+    def sum(self, axis=None, keepdims=False): return self._reduce("ReduceSum", axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return self._reduce("ReduceMean", axis, keepdims)
+    def max(self, axis=None, keepdims=False): return self._reduce("ReduceMax", axis, keepdims)
+    def min(self, axis=None, keepdims=False): return self._reduce("ReduceMin", axis, keepdims)
+    def prod(self, axis=None, keepdims=False): return self._reduce("ReduceProd", axis, keepdims)
+
+    def norm(self) -> "NDArray":
+        return dispatch.invoke("", "ReduceL2", [self], {"keepdims": 0})
+
+    def argmax(self, axis: int = 0, keepdims: bool = False) -> "NDArray":
+        return dispatch.invoke("", "ArgMax", [self], {"axis": axis, "keepdims": int(keepdims)})
+
+    def argmin(self, axis: int = 0, keepdims: bool = False) -> "NDArray":
+        return dispatch.invoke("", "ArgMin", [self], {"axis": axis, "keepdims": int(keepdims)})
+
+    def _unary(self, op_type: str, **attributes) -> "NDArray":
+        return dispatch.invoke("", op_type, [self], attributes)
+
+    def exp(self): return self._unary("Exp")
+    def log(self): return self._unary("Log")
+    def sqrt(self): return self._unary("Sqrt")
+    def abs(self): return self._unary("Abs")
+    def relu(self): return self._unary("Relu")
+    def sigmoid(self): return self._unary("Sigmoid")
+    def tanh(self): return self._unary("Tanh")
+    def square(self): return self * self
+    def softmax(self, axis=-1): return self._unary("Softmax", axis=axis)
+    def log_softmax(self, axis=-1): return self._unary("LogSoftmax", axis=axis)
+
+    def clip(self, a_min, a_max) -> "NDArray":
+        return dispatch.invoke("", "Clip", [self, a_min, a_max], {})
+
+    def zeros_like(self) -> "NDArray":
+        return NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
+
+    def ones_like(self) -> "NDArray":
+        return NDArray(self.ctx.xp.ones_like(self._read()), self.ctx)
+
+    def dot(self, other) -> "NDArray":
+        return self @ other
+
+
+def _raw_key(key, ctx: Context):
+    if isinstance(key, NDArray):
+        if key.ctx != ctx:
+            from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
+            raise DeviceMismatchError(f"indexing: the index is on {key.ctx}, the array on "
+                                      f"{ctx}; move it with .as_in_context({ctx})")
+        return key._read()
+    if isinstance(key, tuple):
+        return tuple(_raw_key(k, ctx) for k in key)
+    return key
+
+
+def _ints(values, ctx: Context):
+    return ctx.xp.asarray([int(v) for v in values], dtype=np.int64)
+
+
+def _engine():
+    from mixrt.runtime.engine import get_engine  # noqa: PLC0415
+    return get_engine()
+
+
+dispatch.NDArray = NDArray
