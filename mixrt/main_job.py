@@ -53,7 +53,7 @@ def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: 
     first = train_y < TASK_A_CLASSES
     model = Module(digits_cnn(num_classes=TASK_A_CLASSES))
     _say(2, f"train a CNN on task A (digits 0-{TASK_A_CLASSES - 1}, {first.sum():,} images), "
-            f"{sum(p.data().size for p in model.params.values()):,} parameters")
+            f"{sum(p.raw().size for p in model.params.values()):,} parameters")
     history = _fit(model, train_x[first], train_y[first], test_x[test_y < TASK_A_CLASSES],
                    test_y[test_y < TASK_A_CLASSES], epochs_a, 0.05, progress, store, "a/")
     print(f"    task A test accuracy {history[-1]['eval_accuracy']:.2%}")

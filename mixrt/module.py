@@ -265,7 +265,7 @@ class Module:
     def _graph_with_params(self) -> Graph:
         graph = copy_graph(self.graph)
         for name, param in self.params.items():
-            graph.initializers[name] = param.data().copy()
+            graph.initializers[name] = param.raw().copy()
         graph.outputs = [v for v in graph.outputs if v.name == self.output] or graph.outputs
         return graph
 
@@ -289,7 +289,7 @@ class Module:
         """``path``.npz: parameters, optimizer state and a JSON record (no pickle)."""
         path = Path(str(path) + ".npz") if not str(path).endswith(".npz") else Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {f"param/{name}": param.data() for name, param in self.params.items()}
+        arrays = {f"param/{name}": param.raw() for name, param in self.params.items()}
         arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer_state_dict().items()})
         record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
                   "data": None if data is None else data.state(),

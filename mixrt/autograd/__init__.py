@@ -166,6 +166,7 @@ def _store_grad(variable, grad) -> None:
         target += grad
     else:
         target[...] = grad
+    variable._grad._version += 1  # how a Trainer tells a fresh gradient from a stale one
 
 
 def _as_list(values) -> list:

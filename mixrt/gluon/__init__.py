@@ -1,7 +1,20 @@
-"""Gluon-style training pieces: Parameter, ParameterDict and Trainer (the blocks and layers
-come with the imperative issue)."""
+"""mixrt.gluon: models as Python classes (Block, HybridBlock), their Parameters, the
+Trainer, and the layers (``nn``, ``rnn``), losses (``loss``) and data pipeline (``data``)."""
 
+from mixrt.gluon.block import Block, Sequential
+from mixrt.gluon.hybrid import HybridBlock, HybridSequential
 from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon.trainer import Trainer
 
-__all__ = ["Parameter", "ParameterDict", "Trainer"]
+_SUBMODULES = frozenset({"nn", "rnn", "loss", "data"})
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib  # noqa: PLC0415
+        return importlib.import_module(f"mixrt.gluon.{name}")
+    raise AttributeError(f"module 'mixrt.gluon' has no attribute {name!r}")
+
+
+__all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Parameter",
+           "ParameterDict", "Trainer"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError, KVStoreError
+from mixrt.errors import GradientError, InputError, KVStoreError
 from mixrt.gluon.parameter import Parameter
 from mixrt.kvstore.base import KVStore
 from mixrt.runtime import optimizer as optim
@@ -36,6 +36,7 @@ class Trainer:
     def __init__(self, params, optimizer="sgd", optimizer_params: dict | None = None, *,
                  kvstore=None, update_on_kvstore: bool | None = None, key_prefix: str = ""):
         params = list(params.values()) if isinstance(params, dict) else list(params)
+        params = list({id(p): p for p in params}.values())  # shared parameters once
         if not all(isinstance(p, Parameter) for p in params):
             raise InputError("Trainer takes Parameters (a ParameterDict or a list of them)")
         self.params = params
@@ -69,34 +70,53 @@ class Trainer:
         if self.update_on_kvstore and self._kv_ready:
             self.kvstore.optimizer.set_learning_rate(learning_rate)
 
-    def step(self, batch_size: int = 1) -> None:
-        """One update of every trainable parameter from its gradient / ``batch_size``."""
-        trainable = self._trainable()
+    def step(self, batch_size: int = 1, ignore_stale_grad: bool = False) -> None:
+        """One update of every trainable parameter from its gradient / ``batch_size``.
+
+        A parameter whose gradient no backward pass wrote since the last step is an error
+        (a model that uses only some of its parameters is usually a bug), unless
+        ``ignore_stale_grad=True``, which skips those parameters for this step."""
+        trainable = self._trainable(ignore_stale_grad)
         if self.kvstore is None:
             self.optimizer.rescale_grad = self._scale / batch_size
             for param in trainable:
-                self.optimizer.step(param.name, param.data(), param.grad())
+                self.optimizer.step(param.name, param.raw(), param.raw_grad())
+            self._mark_stepped(trainable)
             return
         self._init_kvstore()
         names = self._keys(trainable)
-        grads = [param.grad() if batch_size == 1 else param.grad() / batch_size
+        grads = [param.raw_grad() if batch_size == 1 else param.raw_grad() / batch_size
                  for param in trainable]
         if self.update_on_kvstore:
             self.kvstore.push(names, grads)
-            self.kvstore.pull(names, out=[param.data() for param in trainable])
-            return
-        self.kvstore.pushpull(names, grads)
-        self.optimizer.rescale_grad = self._scale / self._sync_workers
-        for param, grad in zip(trainable, grads):
-            self.optimizer.step(param.name, param.data(), grad)
+            self.kvstore.pull(names, out=[param.raw() for param in trainable])
+        else:
+            self.kvstore.pushpull(names, grads)
+            self.optimizer.rescale_grad = self._scale / self._sync_workers
+            for param, grad in zip(trainable, grads):
+                self.optimizer.step(param.name, param.raw(), grad)
+        self._mark_stepped(trainable)
 
-    def _trainable(self) -> list[Parameter]:
+    def zero_grad(self) -> None:
+        for param in self.params:
+            param.zero_grad()
+
+    def _trainable(self, ignore_stale_grad: bool) -> list[Parameter]:
         trainable = [param for param in self.params if param.grad_req != "null"]
-        for param in trainable:
-            if param.grad() is None:
-                raise InputError(f"parameter {param.name!r} has no gradient yet; run a "
-                                 f"backward pass before Trainer.step")
-        return trainable
+        stale = [param.name for param in trainable if not param.grad_is_fresh()]
+        if stale and not ignore_stale_grad:
+            raise GradientError(
+                f"Trainer.step: no backward pass wrote the gradient of {len(stale)} "
+                f"parameter(s) since the last step: {stale[:5]}{' ...' if len(stale) > 5 else ''}"
+                f". Either they are not used to compute the loss (a bug in the model, or "
+                f"a forward that skipped them), or backward was not called; call "
+                f"step(batch_size, ignore_stale_grad=True) to update only the fresh ones")
+        return [param for param in trainable if param.grad_is_fresh()]
+
+    @staticmethod
+    def _mark_stepped(params) -> None:
+        for param in params:
+            param.mark_stepped()
 
     # -- the store ------------------------------------------------------------------------
 
@@ -114,8 +134,8 @@ class Trainer:
         if self._kv_ready:
             return
         names = self._keys(self.params)
-        self.kvstore.init(names, [param.data() for param in self.params])
-        self.kvstore.pull(names, out=[param.data() for param in self.params])
+        self.kvstore.init(names, [param.raw() for param in self.params])
+        self.kvstore.pull(names, out=[param.raw() for param in self.params])
         if self.update_on_kvstore:
             self.kvstore.set_optimizer(self._store_optimizer())
         self._kv_ready = True

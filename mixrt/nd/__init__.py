@@ -125,47 +125,12 @@ def waitall() -> None:
     get_engine().wait_all()
 
 
-# -- MXNet's everyday names ------------------------------------------------------------------
+# -- MXNet's everyday names (shared with mixrt.sym: mixrt/array_methods.py) ---------------------
 
-def dot(a: NDArray, b: NDArray, transpose_a: bool = False, transpose_b: bool = False):
-    return dispatch.invoke("", "Gemm", [a, b], {"transA": int(transpose_a),
-                                                "transB": int(transpose_b)}) \
-        if a.ndim == 2 and b.ndim == 2 else a @ b
-
-
-def relu(x): return x.relu()
-def sigmoid(x): return x.sigmoid()
-def tanh(x): return x.tanh()
-def exp(x): return x.exp()
-def log(x): return x.log()
-def sqrt(x): return x.sqrt()
-def square(x): return x.square()
-def softmax(x, axis=-1): return x.softmax(axis)
-def log_softmax(x, axis=-1): return x.log_softmax(axis)
-def sum(x, axis=None, keepdims=False): return x.sum(axis, keepdims)  # noqa: A001
-def mean(x, axis=None, keepdims=False): return x.mean(axis, keepdims)
-def max(x, axis=None, keepdims=False): return x.max(axis, keepdims)  # noqa: A001
-def min(x, axis=None, keepdims=False): return x.min(axis, keepdims)  # noqa: A001
-def reshape(x, shape): return x.reshape(shape)
-def transpose(x, axes=None): return x.transpose(*(axes or ()))
-def flatten(x): return x.flatten()
-def expand_dims(x, axis): return x.expand_dims(axis)
-def clip(x, a_min, a_max): return x.clip(a_min, a_max)
-def maximum(a, b): return dispatch.invoke("", "Max", [a, b], {})
-def minimum(a, b): return dispatch.invoke("", "Min", [a, b], {})
-
-
-def concat(*arrays, dim: int = 1):
-    return dispatch.invoke("", "Concat", list(arrays), {"axis": dim})
-
-
-def stack(*arrays, axis: int = 0):
-    expanded = [a.expand_dims(axis) for a in arrays]
-    return dispatch.invoke("", "Concat", expanded, {"axis": axis})
-
-
-def where(condition, x, y):
-    return dispatch.invoke("", "Where", [condition, x, y], {})
+from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  # noqa: E402
+                                 log, log_softmax, max, maximum, mean, min, minimum, relu,
+                                 reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
+                                 tanh, transpose, where)
 
 
 __all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",

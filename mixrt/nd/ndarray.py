@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.array_methods import ArrayMethods
 from mixrt.context import Context, as_context
 from mixrt.errors import GradientError, InputError
 from mixrt.nd import dispatch
@@ -21,7 +22,7 @@ from mixrt.runtime.device import to_host
 _GRAD_REQS = ("write", "add", "null")
 
 
-class NDArray:
+class NDArray(ArrayMethods):
     __slots__ = ("_data", "ctx", "_var", "_entry", "_version", "_grad", "_grad_req",
                  "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
@@ -139,7 +140,12 @@ class NDArray:
 
     def __dlpack__(self, stream=None, **kwargs):
         data = self._read()
-        return data.__dlpack__() if stream is None else data.__dlpack__(stream=stream)
+        if stream is not None:
+            kwargs["stream"] = stream
+        try:  # max_version matters: NumPy marks what a legacy capsule gives it read-only
+            return data.__dlpack__(**kwargs)
+        except TypeError:  # a producer that knows only `stream` (CuPy < 14)
+            return data.__dlpack__() if stream is None else data.__dlpack__(stream=stream)
 
     def __dlpack_device__(self):
         return self._read().__dlpack_device__()
@@ -177,11 +183,9 @@ class NDArray:
         return self
 
     def astype(self, dtype, copy: bool = True) -> "NDArray":
-        dtype = np.dtype(dtype)
-        if dtype == self.dtype and not copy:
+        if np.dtype(dtype) == self.dtype and not copy:
             return self
-        from mixrt.ops.dtypes import to_onnx_type  # noqa: PLC0415
-        return dispatch.invoke("", "Cast", [self], {"to": to_onnx_type(dtype)})
+        return ArrayMethods.astype(self, dtype)
 
     def detach(self) -> "NDArray":
         """The same data, cut off from the recorded graph (no gradient flows through)."""
@@ -282,67 +286,13 @@ class NDArray:
     def __iter__(self):
         return (self[i] for i in range(self.shape[0]))
 
-    # -- common methods (each one registered op, or a few) ------------------------------
+    # -- what the shared methods (mixrt/array_methods.py) run on ------------------------
 
-    def reshape(self, *shape, reverse: bool = False) -> "NDArray":
-        del reverse
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return dispatch.invoke("", "Reshape", [self, _ints(shape, self.ctx)], {})
+    def _op(self, op_type: str, inputs: list, attributes: dict):
+        return dispatch.invoke("", op_type, inputs, attributes)
 
-    def transpose(self, *axes) -> "NDArray":
-        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        attributes = {"perm": list(axes)} if axes else {}
-        return dispatch.invoke("", "Transpose", [self], attributes)
-
-    @property
-    def T(self) -> "NDArray":
-        return self.transpose()
-
-    def flatten(self) -> "NDArray":
-        return dispatch.invoke("", "Flatten", [self], {"axis": 1})
-
-    def expand_dims(self, axis: int) -> "NDArray":
-        return dispatch.invoke("", "Unsqueeze", [self, _ints([axis], self.ctx)], {})
-
-    def squeeze(self, axis=None) -> "NDArray":
-        axes = None if axis is None else _ints(np.atleast_1d(axis), self.ctx)
-        return dispatch.invoke("", "Squeeze", [self, axes], {})
-
-    def _reduce(self, op_type: str, axis, keepdims: bool) -> "NDArray":
-        axes = None if axis is None else _ints(np.atleast_1d(axis), self.ctx)
-        return dispatch.invoke("", op_type, [self, axes], {"keepdims": int(keepdims)})
-
-    def sum(self, axis=None, keepdims=False): return self._reduce("ReduceSum", axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return self._reduce("ReduceMean", axis, keepdims)
-    def max(self, axis=None, keepdims=False): return self._reduce("ReduceMax", axis, keepdims)
-    def min(self, axis=None, keepdims=False): return self._reduce("ReduceMin", axis, keepdims)
-    def prod(self, axis=None, keepdims=False): return self._reduce("ReduceProd", axis, keepdims)
-
-    def norm(self) -> "NDArray":
-        return dispatch.invoke("", "ReduceL2", [self], {"keepdims": 0})
-
-    def argmax(self, axis: int = 0, keepdims: bool = False) -> "NDArray":
-        return dispatch.invoke("", "ArgMax", [self], {"axis": axis, "keepdims": int(keepdims)})
-
-    def argmin(self, axis: int = 0, keepdims: bool = False) -> "NDArray":
-        return dispatch.invoke("", "ArgMin", [self], {"axis": axis, "keepdims": int(keepdims)})
-
-    def _unary(self, op_type: str, **attributes) -> "NDArray":
-        return dispatch.invoke("", op_type, [self], attributes)
-
-    def exp(self): return self._unary("Exp")
-    def log(self): return self._unary("Log")
-    def sqrt(self): return self._unary("Sqrt")
-    def abs(self): return self._unary("Abs")
-    def relu(self): return self._unary("Relu")
-    def sigmoid(self): return self._unary("Sigmoid")
-    def tanh(self): return self._unary("Tanh")
-    def square(self): return self * self
-    def softmax(self, axis=-1): return self._unary("Softmax", axis=axis)
-    def log_softmax(self, axis=-1): return self._unary("LogSoftmax", axis=axis)
-
-    def clip(self, a_min, a_max) -> "NDArray":
-        return dispatch.invoke("", "Clip", [self, a_min, a_max], {})
+    def _int_tensor(self, values):
+        return _ints(values, self.ctx)
 
     def zeros_like(self) -> "NDArray":
         return NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
@@ -350,8 +300,6 @@ class NDArray:
     def ones_like(self) -> "NDArray":
         return NDArray(self.ctx.xp.ones_like(self._read()), self.ctx)
 
-    def dot(self, other) -> "NDArray":
-        return self @ other
 
 
 def _raw_key(key, ctx: Context):

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  # noqa: F401
+                                 log, log_softmax, max, maximum, mean, min, minimum, relu,
+                                 reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
+                                 tanh, transpose, where)
 from mixrt.sym.executor import Executor
 from mixrt.sym.ops import OPSET, generate
 from mixrt.sym.serialize import load, load_json

@@ -257,17 +257,21 @@ class _Compiled:
             self._inference = Session(self.graph, **self.options)
         return self._inference
 
-    def training(self) -> "_TrainingPair":
+    def training(self) -> "TrainingPair":
         if self._training is None:
-            self._training = _TrainingPair(self.graph, self.wrt, self.aux_names, self.options)
+            self._training = TrainingPair(self.graph, self.wrt, self.aux_names, self.options)
         return self._training
 
 
-class _TrainingPair:
-    """The training forward and the backward Session of one shape signature."""
+class TrainingPair:
+    """The training forward and the backward Session of one shape signature.
+    ``train=False`` differentiates the graph as written (inference-form BatchNormalization
+    and Dropout): what ``autograd.record(train_mode=False)`` asks of a hybridized block."""
 
-    def __init__(self, graph: Graph, wrt: list[str], aux_names: list[str], options: dict):
-        train, self.aux_updates = training_graph(graph, aux_names)
+    def __init__(self, graph: Graph, wrt: list[str], aux_names: list[str], options: dict,
+                 train: bool = True):
+        train, self.aux_updates = training_graph(graph, aux_names) if train else \
+            (copy_graph(graph), {})
         self.model_outputs = graph.output_names
         self.wrt = list(wrt)
         types = _output_types(train)

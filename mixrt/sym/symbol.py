@@ -20,11 +20,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mixrt.array_methods import ArrayMethods
 from mixrt.errors import GraphError, ShapeError
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
+
+
+def value_error(what: str) -> GraphError:
+    """The error for a Symbol used where Python needs a value (``mixrt.gluon`` replaces it
+    with one that names the HybridBlock being traced and the line)."""
+    return GraphError(f"a Symbol has no value until its graph runs; it cannot be {what}")
 
 
 @dataclass(eq=False)
@@ -59,7 +66,7 @@ class SymNode:
 _constant_ids = itertools.count()
 
 
-class Symbol:
+class Symbol(ArrayMethods):
     """Outputs of a DAG of SymNodes (one for most ops, several for a Group or a multi-output
     op). Immutable: composition and indexing make new Symbols that share nodes."""
 
@@ -233,7 +240,37 @@ class Symbol:
         from mixrt.sym.ops import call_op  # noqa: PLC0415
         return call_op("", "Neg", [self], {})
 
+    def _op(self, op_type: str, inputs: list, attributes: dict) -> "Symbol":
+        from mixrt.sym.ops import call_op  # noqa: PLC0415
+        return call_op("", op_type, list(inputs), dict(attributes))
+
+    def _int_tensor(self, values) -> "Symbol":
+        return constant(np.asarray([int(v) for v in values], dtype=np.int64))
+
     __hash__ = object.__hash__  # comparisons build symbols, so identity is the hash
+
+    # -- a Symbol has no value: refuse to become one (instead of being silently truthy) -----
+
+    def __bool__(self):
+        raise value_error("used as a Python bool (an if, while, and/or, assert)")
+
+    def __float__(self):
+        raise value_error("converted with float()")
+
+    def __int__(self):
+        raise value_error("converted with int()")
+
+    def __index__(self):
+        raise value_error("used as an index or a size")
+
+    def __array__(self, *args, **kwargs):
+        raise value_error("converted to a NumPy array")
+
+    def asnumpy(self):
+        raise value_error("read with asnumpy()")
+
+    def asscalar(self):
+        raise value_error("read with asscalar()")
 
     # -- lowering ------------------------------------------------------------------------
 

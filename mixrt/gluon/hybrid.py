@@ -1,0 +1,367 @@
+"""HybridBlock: one ``hybrid_forward(F, x, ...)`` for imperative runs and for a traced graph.
+
+Imperative (the default): ``F`` is ``mixrt.nd`` and parameters arrive as NDArrays, so
+every op runs as called and Python debugging works. ``hybridize()``: the first call traces
+``hybrid_forward`` with ``F = mixrt.sym`` and Symbol variables for the inputs and the
+parameters; the Symbol is compiled per input-shape signature into planned Sessions (an
+inference one, and under ``autograd.record()`` a forward/backward pair from the symbolic
+autodiff), and every later call runs those. Under ``record()`` the whole block is one node on
+the tape whose backward is the compiled backward graph (MXNet's CachedOp).
+
+Tracing has no values, so Python control flow on a tensor (``if x.sum() > 0:``) cannot be
+traced; it raises :class:`HybridizeError` naming the block, the line and the fixes.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+
+from mixrt import autograd
+from mixrt.autograd import tape
+from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
+from mixrt.gluon.block import Block
+from mixrt.sym import symbol as symbol_module
+from mixrt.sym.symbol import Group, Symbol, variable_named
+
+
+class _Tracing(threading.local):
+    blocks: list = []
+    variables: dict | None = None  # parameter name -> its Symbol, for this trace
+
+
+_tracing = _Tracing()
+
+
+class HybridBlock(Block):
+    """A block whose computation is ``hybrid_forward(F, x, *args, **params)``."""
+
+    def __init__(self, prefix: str | None = None, params=None):
+        super().__init__(prefix, params)
+        self._active = False
+        self._cached = None
+        self._reg_params: dict = {}
+
+    def __setattr__(self, name: str, value) -> None:
+        from mixrt.gluon.parameter import Parameter  # noqa: PLC0415
+        if isinstance(value, Parameter) and hasattr(self, "_reg_params"):
+            self._reg_params[name] = value
+        super().__setattr__(name, value)
+
+    def hybridize(self, active: bool = True, static_alloc: bool = False,
+                  static_shape: bool = False, **options) -> None:
+        """Trace on the next call and run the compiled graph from then on. The planned
+        executor always allocates its arena once per input-shape signature, which is what
+        ``static_alloc``/``static_shape`` ask for in MXNet; they are accepted for that."""
+        del static_alloc, static_shape
+        self._active = bool(active)
+        self._cached = None
+        super().hybridize(active, **options)
+
+    def infer_shape(self, *args) -> None:
+        """Set the unknown dimensions of this block's parameters from its inputs' shapes
+        (layers with deferred parameters, such as Dense without in_units, override it)."""
+
+    # -- calling -----------------------------------------------------------------------------
+
+    def forward(self, x, *args):
+        if isinstance(x, Symbol) or any(isinstance(a, Symbol) for a in args):
+            return self._traced_forward(x, *args)
+        if self._active:
+            return self._cached_call(x, *args)
+        self._resolve_deferred(x, *args)
+        from mixrt import nd  # noqa: PLC0415
+        return self.hybrid_forward(nd, x, *args, **self._param_values())
+
+    def hybrid_forward(self, F, x, *args, **params):
+        raise NotImplementedError(f"{type(self).__name__} must define hybrid_forward()")
+
+    def _named_params(self) -> dict:
+        named = {self._relative(name): p for name, p in self._params.items()}
+        named.update(self._reg_params)
+        return named
+
+    def _param_values(self) -> dict:
+        return {key: param.data() for key, param in self._named_params().items()}
+
+    def _resolve_deferred(self, *args) -> None:
+        pending = [p for p in self._params.values() if not p.is_initialized()]
+        if pending and all(hasattr(a, "shape") for a in args):
+            self.infer_shape(*args)
+
+    # -- tracing -----------------------------------------------------------------------------
+
+    def _traced_forward(self, *args):
+        from mixrt import sym  # noqa: PLC0415
+        params = {key: _parameter_symbol(p) for key, p in self._named_params().items()}
+        _tracing.blocks.append(self)
+        try:
+            return self.hybrid_forward(sym, *args, **params)
+        finally:
+            _tracing.blocks.pop()
+
+    def trace(self, *args) -> "CachedGraph":
+        """The Symbol of this block for inputs like ``args`` (run once imperatively first
+        when a parameter's shape is still unknown, so every shape is settled)."""
+        if any(not p.is_initialized() for p in self.collect_params().values()):
+            with autograd.pause(train_mode=False):
+                was_active, self._active = self._active, False
+                try:
+                    self.forward(*args)
+                finally:
+                    self._active = was_active
+        names = ["data"] if len(args) == 1 else [f"data{i}" for i in range(len(args))]
+        inputs = [variable_named(n) for n in names]
+        previous, _tracing.variables = _tracing.variables, {}
+        try:
+            outputs = self._traced_forward(*inputs)
+        finally:
+            _tracing.variables = previous
+        single = isinstance(outputs, Symbol) and len(outputs) == 1
+        group = outputs if isinstance(outputs, Symbol) else Group(list(outputs))
+        return CachedGraph(self, group, names, single)
+
+    def _cached_call(self, *args):
+        if self._cached is None:
+            self._cached = self.trace(*args)
+        return self._cached(*args)
+
+    # -- export ------------------------------------------------------------------------------
+
+    def export(self, path, epoch: int = 0, *, opset: int | None = None) -> dict:
+        """Write the traced graph with its current parameters: ``path.onnx`` (runs in
+        onnxruntime) and ``path.mxr`` (mixrt's compiled format). The block must have run
+        hybridized once, so its input shapes are known. Returns the file paths."""
+        del epoch
+        if self._cached is None or self._cached.last_shapes is None:
+            raise InputError(f"export: {self.name} has not run hybridized yet; call "
+                             f"hybridize() and run it on an input first")
+        graph = self._cached.inference_graph()
+        from mixrt.exporters.onnx import save_model  # noqa: PLC0415
+        from mixrt.runtime.format import save_mxr  # noqa: PLC0415
+        onnx_path, mxr_path = f"{path}.onnx", f"{path}.mxr"
+        save_model(graph, onnx_path, opset)
+        save_mxr(graph, mxr_path)
+        return {"onnx": onnx_path, "mxr": mxr_path}
+
+
+class HybridSequential(HybridBlock):
+    """Children called one after another; hybridizes as one graph."""
+
+    def add(self, *blocks) -> "HybridSequential":
+        for block in blocks:
+            self.register_child(block)
+        return self
+
+    def hybrid_forward(self, F, x, *args):
+        del F
+        for block in self._children.values():
+            x = block(x, *args)
+            args = ()
+        return x
+
+    def __getitem__(self, index):
+        children = list(self._children.values())
+        return children[index]
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+
+def _parameter_symbol(param) -> Symbol:
+    """One Symbol per parameter per trace (a parameter shared by two blocks is one input)."""
+    cache = _tracing.variables
+    if cache is None:
+        return param.var()
+    if param.name not in cache:
+        cache[param.name] = param.var()
+    return cache[param.name]
+
+
+# -- running the traced graph ---------------------------------------------------------------
+
+class CachedGraph:
+    """A traced block's Symbol and its compiled Sessions, one set per input signature."""
+
+    def __init__(self, block: HybridBlock, symbol: Symbol, input_names: list, single: bool):
+        self.block, self.symbol, self.input_names = block, symbol, input_names
+        self.single = single
+        params = block.collect_params()
+        inputs = set(symbol.list_inputs())
+        self.params = {name: p for name, p in params.items() if name in inputs}
+        unknown = inputs - set(input_names) - set(self.params)
+        if unknown:
+            raise HybridizeError(f"{block.name}: the traced graph reads {sorted(unknown)}, "
+                                 f"which are neither inputs nor parameters of the block")
+        self.aux = symbol.list_auxiliary_states()
+        self._compiled: dict = {}
+        self.last_shapes = None
+
+    def __call__(self, *args):
+        arrays = self._check_inputs(args)
+        ctx = arrays[0].ctx
+        params = list(self.params.values())
+        values = [p.data() for p in params]
+        for param, value in zip(params, values):
+            if value.ctx != ctx:
+                raise DeviceMismatchError(f"{self.block.name}: parameter {param.name!r} is on "
+                                          f"{value.ctx}, the input on {ctx}; move one with "
+                                          f"reset_ctx() or as_in_context()")
+        feeds = {name: a._read() for name, a in zip(self.input_names, arrays)}
+        feeds.update({p.name: v._read() for p, v in zip(params, values)})
+        self.last_shapes = {n: tuple(a.shape) for n, a in zip(self.input_names, arrays)}
+        recording = autograd.needs_tape([*arrays, *values])
+        training = autograd.is_training()
+        if not recording and not (training and self._has_training_form()):
+            session = self._compiled_for(arrays, ctx).inference(ctx)
+            outputs = session.run(None, _only(feeds, session))
+            return self._wrap(outputs, ctx)
+        wants = tuple(tape._parent_of(x) is not None and x.dtype.kind == "f"
+                      for x in [*arrays, *values])
+        pair = self._compiled_for(arrays, ctx).training(
+            ctx, training, wants, [*self.input_names, *self.params])
+        named = dict(zip(pair.forward.graph.output_names,
+                         pair.forward.run(None, _only(feeds, pair.forward))))
+        for aux, output in pair.aux_updates.items():
+            self.params[aux].raw()[...] = named[output]
+        outputs = self._wrap([named[n] for n in pair.model_outputs], ctx)
+        if recording and pair.backward is not None:
+            self._record(pair, feeds, named, [*arrays, *values], outputs, ctx)
+        return outputs
+
+    def _check_inputs(self, args) -> list:
+        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+        if len(args) != len(self.input_names):
+            raise InputError(f"{self.block.name} was traced with {len(self.input_names)} "
+                             f"input(s); called with {len(args)}")
+        for index, value in enumerate(args):
+            if not isinstance(value, NDArray):
+                raise InputError(f"{self.block.name}: input {index} is a "
+                                 f"{type(value).__name__}; a hybridized block takes NDArrays")
+        ctx = args[0].ctx
+        for value in args[1:]:
+            if value.ctx != ctx:
+                raise DeviceMismatchError(f"{self.block.name}: inputs on {ctx} and "
+                                          f"{value.ctx}; move one with as_in_context()")
+        return list(args)
+
+    def _has_training_form(self) -> bool:
+        ops = {n.op for n in self.symbol._topological() if n.op}
+        return bool(ops & {"BatchNormalization", "Dropout"})
+
+    def _compiled_for(self, arrays, ctx) -> "_Compiled":
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), str(ctx))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            shapes = {n: a.shape for n, a in zip(self.input_names, arrays)}
+            dtypes = {n: a.dtype for n, a in zip(self.input_names, arrays)}
+            for name, param in self.params.items():
+                shapes[name], dtypes[name] = param.shape, param.dtype
+            graph = self.symbol.to_graph(shapes=shapes, dtypes=dtypes)
+            compiled = self._compiled[key] = _Compiled(graph, self.aux)
+        return compiled
+
+    def _wrap(self, outputs, ctx):
+        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+        wrapped = [NDArray(o, ctx) for o in outputs]
+        return wrapped[0] if self.single else tuple(wrapped)
+
+    def _record(self, pair, feeds, named, inputs, outputs, ctx) -> None:
+        outs = [outputs] if self.single else list(outputs)
+        meta = [(o.shape, o.dtype) for o in outs]
+        saved = {**feeds, **{n: named[n] for n in pair.saved}}
+        node = _CachedOpNode(self.block.name, pair, saved, inputs,
+                             [*self.input_names, *self.params], ctx, meta)
+        for index, output in enumerate(outs):
+            output._entry = (node, index)
+
+    def inference_graph(self):
+        """The graph with the parameters as initializers and any batch size."""
+        shapes = {n: (None, *s[1:]) for n, s in self.last_shapes.items()}
+        params = {name: p.data().asnumpy() for name, p in self.params.items()}
+        return self.symbol.to_graph(params, shapes=shapes, name=self.block.name)
+
+
+class _Compiled:
+    """The Sessions of one input signature, made when first needed."""
+
+    def __init__(self, graph, aux: list):
+        self.graph, self.aux = graph, aux
+        self._inference = None
+        self._training: dict = {}
+
+    def inference(self, ctx):
+        if self._inference is None:
+            from mixrt.runtime.session import Session  # noqa: PLC0415
+            self._inference = Session(self.graph, device=str(ctx.device))
+        return self._inference
+
+    def training(self, ctx, train: bool, wants: tuple, names: list):
+        """``wants[i]``: whether ``names[i]`` (inputs, then parameters) needs a gradient."""
+        key = (train, wants)
+        if key not in self._training:
+            from mixrt.sym.executor import TrainingPair  # noqa: PLC0415
+            wrt = [n for n, w in zip(names, wants) if w]
+            self._training[key] = TrainingPair(self.graph, wrt, self.aux,
+                                               {"device": str(ctx.device)}, train=train)
+        return self._training[key]
+
+
+class _CachedOpNode(tape.Node):
+    """A hybridized block on the tape: backward runs the compiled backward graph."""
+
+    __slots__ = ("pair", "saved", "names")
+
+    def __init__(self, name, pair, saved, inputs, names, ctx, meta):
+        super().__init__(name, inputs, ctx, meta)
+        self.pair, self.saved, self.names = pair, saved, names
+
+    def _release_saved(self) -> None:
+        self.pair = self.saved = None
+
+    def input_grads(self, dys: list) -> list:
+        from mixrt.sym.executor import HEAD_GRAD  # noqa: PLC0415
+        pair = self.pair
+        heads = {}
+        for index, name in pair.seeded:
+            dy = dys[index]
+            heads[HEAD_GRAD.format(name)] = dy if dy is not None else \
+                self.ctx.xp.zeros(*self.out_meta[index])
+        feeds = {**self.saved, **heads}
+        grads = pair.backward.run(None, _only(feeds, pair.backward))
+        by_name = dict(zip(pair.wrt, grads))
+        return [by_name.get(name) for name in self.names]
+
+
+def _only(feeds: dict, session) -> dict:
+    wanted = {v.name for v in session.get_inputs()}
+    return {k: v for k, v in feeds.items() if k in wanted}
+
+
+# -- the error for values a trace cannot have ---------------------------------------------------
+
+def value_needed(what: str) -> HybridizeError:
+    """The error for a Symbol used where Python needs its value (bool, float, NumPy)."""
+    site = _user_line()
+    if not _tracing.blocks:
+        return HybridizeError(f"a Symbol has no value until its graph runs; it cannot be "
+                              f"{what} (at {site})")
+    block = _tracing.blocks[-1]
+    return HybridizeError(
+        f"{type(block).__name__} {block.name!r} is hybridized, and its hybrid_forward "
+        f"needs a tensor's value at {site}: the value is {what}. A traced graph has no "
+        f"values, so Python control flow cannot depend on them. Fixes: compute both "
+        f"branches and pick with F.Where(condition, a, b); or move the decision out of "
+        f"hybrid_forward; or leave this block imperative (do not call hybridize() on it)")
+
+
+def _user_line() -> str:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = frame.filename.replace("\\", "/")
+        if "/mixrt/" not in path or "/tests/" in path:
+            source = f": `{frame.line.strip()}`" if frame.line else ""
+            return f"{frame.filename}:{frame.lineno} in {frame.name}{source}"
+    return "<unknown>"
+
+
+symbol_module.value_error = value_needed  # Symbols name the traced block in their refusals
