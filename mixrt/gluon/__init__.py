@@ -2,7 +2,7 @@
 Trainer, and the layers (``nn``, ``rnn``), losses (``loss``) and data pipeline (``data``)."""
 
 from mixrt.gluon.block import Block, Sequential
-from mixrt.gluon.hybrid import HybridBlock, HybridSequential
+from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
 from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon.trainer import Trainer
 
@@ -17,4 +17,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Parameter",
-           "ParameterDict", "Trainer"]
+           "ParameterDict", "Trainer", "static_shape"]

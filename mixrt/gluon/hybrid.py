@@ -28,6 +28,7 @@ from mixrt.sym.symbol import Group, Symbol, variable_named
 class _Tracing(threading.local):
     blocks: list = []
     variables: dict | None = None  # parameter name -> its Symbol, for this trace
+    shapes: dict | None = None  # input name -> the shape it is traced for
 
 
 _tracing = _Tracing()
@@ -39,7 +40,8 @@ class HybridBlock(Block):
     def __init__(self, prefix: str | None = None, params=None):
         super().__init__(prefix, params)
         self._active = False
-        self._cached = None
+        self._cached: dict = {}  # input signature -> CachedGraph
+        self._last_cached = None
         self._reg_params: dict = {}
 
     def __setattr__(self, name: str, value) -> None:
@@ -55,7 +57,7 @@ class HybridBlock(Block):
         ``static_alloc``/``static_shape`` ask for in MXNet; they are accepted for that."""
         del static_alloc, static_shape
         self._active = bool(active)
-        self._cached = None
+        self._cached, self._last_cached = {}, None
         super().hybridize(active, **options)
 
     def infer_shape(self, *args) -> None:
@@ -111,20 +113,27 @@ class HybridBlock(Block):
                 finally:
                     self._active = was_active
         names = ["data"] if len(args) == 1 else [f"data{i}" for i in range(len(args))]
-        inputs = [variable_named(n) for n in names]
-        previous, _tracing.variables = _tracing.variables, {}
+        inputs = [variable_named(n, dtype=a.dtype) for n, a in zip(names, args)]
+        previous = (_tracing.variables, _tracing.shapes)
+        _tracing.variables = {}
+        _tracing.shapes = {n: tuple(a.shape) for n, a in zip(names, args)}
         try:
             outputs = self._traced_forward(*inputs)
         finally:
-            _tracing.variables = previous
+            _tracing.variables, _tracing.shapes = previous
         single = isinstance(outputs, Symbol) and len(outputs) == 1
         group = outputs if isinstance(outputs, Symbol) else Group(list(outputs))
         return CachedGraph(self, group, names, single)
 
     def _cached_call(self, *args):
-        if self._cached is None:
-            self._cached = self.trace(*args)
-        return self._cached(*args)
+        """Traced once per input signature: a block may unroll over a static dimension
+        (an RNN over time steps, see :func:`static_shape`)."""
+        key = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in args)
+        cached = self._cached.get(key)
+        if cached is None:
+            cached = self._cached[key] = self.trace(*args)
+        self._last_cached = cached
+        return cached(*args)
 
     # -- export ------------------------------------------------------------------------------
 
@@ -133,10 +142,10 @@ class HybridBlock(Block):
         onnxruntime) and ``path.mxr`` (mixrt's compiled format). The block must have run
         hybridized once, so its input shapes are known. Returns the file paths."""
         del epoch
-        if self._cached is None or self._cached.last_shapes is None:
+        if self._last_cached is None or self._last_cached.last_shapes is None:
             raise InputError(f"export: {self.name} has not run hybridized yet; call "
                              f"hybridize() and run it on an input first")
-        graph = self._cached.inference_graph()
+        graph = self._last_cached.inference_graph()
         from mixrt.exporters.onnx import save_model  # noqa: PLC0415
         from mixrt.runtime.format import save_mxr  # noqa: PLC0415
         onnx_path, mxr_path = f"{path}.onnx", f"{path}.mxr"
@@ -166,6 +175,20 @@ class HybridSequential(HybridBlock):
 
     def __len__(self) -> int:
         return len(self._children)
+
+
+def static_shape(x) -> tuple:
+    """The shape of ``x``, an NDArray or a Symbol being traced (from the shapes the trace
+    was made for): what a block that unrolls over a dimension (time steps) needs. A block
+    using it is traced again for each new input shape."""
+    if not isinstance(x, Symbol):
+        return tuple(x.shape)
+    known = {n: s for n, s in (_tracing.shapes or {}).items() if n in x.list_inputs()}
+    shape = x.infer_shape_partial(**known)[1][0]
+    if shape is None or any(d is None for d in shape):
+        raise HybridizeError(f"static_shape: the shape of {x.list_outputs()[0]} is not "
+                             f"known while tracing (known input shapes: {known})")
+    return tuple(shape)
 
 
 def _parameter_symbol(param) -> Symbol:
