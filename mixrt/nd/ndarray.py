@@ -110,8 +110,9 @@ class NDArray(ArrayMethods):
         return np.array(to_host(self._read()), copy=True)
 
     def __array__(self, dtype=None, copy=None):
-        host = to_host(self._read())
-        return host if dtype is None else host.astype(dtype)
+        data = self._read()
+        host = to_host(data) if dtype is None else to_host(data).astype(dtype, copy=False)
+        return host.copy() if copy and host is data else host  # np.array(x) must not alias x
 
     def asscalar(self):
         if self.size != 1:
