@@ -116,12 +116,14 @@ def _common_context(op_type: str, inputs):
 
 
 def _raw_input(value, ctx, inputs):
-    """The kernel's view of one argument; a number takes the dtype of the first array."""
+    """The kernel's view of one argument; a number takes the dtype of the first array that
+    is not boolean (``where(x > 1, x, 5)``: x's dtype, not the condition's)."""
     if value is None:
         return None
     if isinstance(value, NDArray):
         return value._read()
-    like = next((v for v in inputs if isinstance(v, NDArray)), None)
+    arrays = [v for v in inputs if isinstance(v, NDArray)]
+    like = next((v for v in arrays if v.dtype != np.bool_), arrays[0] if arrays else None)
     if isinstance(value, (bool, int, float)) and like is not None:
         dtype = like.dtype if like.dtype.kind in "fc" or isinstance(value, (bool, int)) \
             else np.float32
