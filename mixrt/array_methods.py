@@ -115,9 +115,16 @@ def dot(a, b, transpose_a: bool = False, transpose_b: bool = False):
     return a._op("Gemm", [a, b], {"transA": int(transpose_a), "transB": int(transpose_b)})
 
 
-def maximum(a, b): return a._op("Max", [a, b], {})
-def minimum(a, b): return a._op("Min", [a, b], {})
-def where(condition, x, y): return x._op("Where", [condition, x, y], {})
+def _array_among(*values):
+    return next(v for v in values if isinstance(v, ArrayMethods))  # the others may be numbers
+
+
+def maximum(a, b): return _array_among(a, b)._op("Max", [a, b], {})
+def minimum(a, b): return _array_among(a, b)._op("Min", [a, b], {})
+
+
+def where(condition, x, y):
+    return _array_among(condition, x, y)._op("Where", [condition, x, y], {})
 
 
 def concat(*arrays, dim: int = 1):
