@@ -100,9 +100,7 @@ def backward(heads, head_grads=None, retain_graph: bool = False,
     ``.grad`` of every variable they were computed from."""
     del train_mode  # the recorded ops already ran in the mode they were recorded in
     heads = _as_list(heads)
-    leaf_grads = tape.run_backward(heads, _seeds(heads, head_grads), retain_graph)
-    for variable, grad in leaf_grads.values():
-        _store_grad(variable, grad)
+    tape.run_backward(heads, _seeds(heads, head_grads), retain_graph, on_leaf=_store_grad)
 
 
 def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
@@ -167,6 +165,8 @@ def _store_grad(variable, grad) -> None:
     else:
         target[...] = grad
     variable._grad._version += 1  # how a Trainer tells a fresh gradient from a stale one
+    if variable._on_grad is not None:
+        variable._on_grad(variable)
 
 
 def _as_list(values) -> list:
@@ -249,11 +249,18 @@ class Function:
         single = not isinstance(outputs, (tuple, list))
         outputs = [outputs] if single else list(outputs)
         if recording:
+            # an input returned as is must not become this node's output: it would stop
+            # being a leaf (or move off its own node) for every later use
+            outputs = [_fresh(o) if any(o is x for x in inputs) else o for o in outputs]
             meta = [(o.shape, o.dtype) for o in outputs]
             node = tape.FunctionNode(self, inputs, outputs[0].ctx, meta)
             for index, output in enumerate(outputs):
                 output._entry = (node, index)
         return outputs[0] if single else tuple(outputs)
+
+
+def _fresh(array):
+    return type(array)(array._read(), array.ctx)  # same memory, no autograd history
 
 
 def _connect_dispatcher() -> None:
