@@ -212,6 +212,7 @@ def record_op(spec, attributes, inputs, raw, results, outputs) -> None:
     node = tape.OpNode(spec, attributes, sig, inputs, raw, results, ctx, meta)
     if plan.error is not None:
         node.pushed_at = tape.call_site()
+    node.watch_outputs(outputs)
     for index, output in enumerate(outputs):
         if index in plan.float_outputs:
             output._entry = (node, index)

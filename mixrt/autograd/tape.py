@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import traceback
+import weakref
 
 from mixrt.autograd import opgrad
 from mixrt.errors import GradientError
@@ -57,13 +58,19 @@ class Node:
 class OpNode(Node):
     """A registered op: backward is its compiled gradient graph (``opgrad``)."""
 
-    __slots__ = ("spec", "attributes", "sig", "xs", "ys", "pushed_at")
+    __slots__ = ("spec", "attributes", "sig", "xs", "ys", "pushed_at", "outputs")
 
     def __init__(self, spec, attributes, sig, inputs, raw, results, ctx, out_meta):
         super().__init__(spec.op_type, inputs, ctx, out_meta)
         self.spec, self.attributes, self.sig = spec, attributes, sig
         self.xs, self.ys = list(raw), list(results)
         self.pushed_at = ""
+        self.outputs = []  # (weakref, version) per output array: see watch_outputs
+
+    def watch_outputs(self, outputs) -> None:
+        """Remember the output arrays' versions: ``ys`` is their memory, so an in-place write
+        to one would silently change what this node's backward reads."""
+        self.outputs = [(weakref.ref(o), o._version) for o in outputs]
 
     def _release_saved(self) -> None:
         self.xs = self.ys = None
@@ -77,6 +84,7 @@ class OpNode(Node):
                                 op_type=self.name) from forward.error
         seeded = tuple(j for j in forward.float_outputs if dys[j] is not None)
         plan = opgrad.backward_plan(self.sig, self.attributes, seeded)
+        self._check_outputs_unchanged(plan.feeds)
         values = {"x": self.xs, "y": self.ys, "dy": dys}
         feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
         results = plan.session.run(None, feeds)
@@ -84,6 +92,18 @@ class OpNode(Node):
         for index, value in zip(plan.grads, results):
             grads[index] = value
         return grads
+
+    def _check_outputs_unchanged(self, feeds) -> None:
+        for _, kind, index in feeds:
+            if kind != "y" or index >= len(self.outputs):
+                continue
+            ref, version = self.outputs[index]
+            array = ref()
+            if array is not None and array._version != version:
+                raise GradientError(
+                    f"output {index} of {self.name} was modified in place after it was "
+                    f"recorded (shape {array.shape}), and the gradient of {self.name} reads "
+                    f"it; write `z = y + v` instead of `y += v`", op_type=self.name)
 
 
 class FunctionNode(Node):
