@@ -1,0 +1,13 @@
+"""mixrt.gluon.rnn: recurrent layers (RNN, LSTM, GRU over whole sequences) and cells (one
+step; ``unroll`` for a sequence), with PyTorch's gate equations and MXNet's names.
+
+    layer = rnn.LSTM(hidden_size=32, num_layers=2, layout="NTC")
+    layer.initialize()
+    out = layer(x)                                        # x: (N, T, C) -> (N, T, 32)
+    out, states = layer(x, layer.begin_state(batch_size=x.shape[0]))
+"""
+
+from mixrt.gluon.rnn.rnn_cell import GRUCell, LSTMCell, RecurrentCell, RNNCell
+from mixrt.gluon.rnn.rnn_layer import GRU, LSTM, RNN
+
+__all__ = ["RNN", "LSTM", "GRU", "RecurrentCell", "RNNCell", "LSTMCell", "GRUCell"]
