@@ -1,0 +1,109 @@
+"""The Gluon zoo: every network gives the same outputs, parameter gradients and BatchNorm
+statistics imperatively and hybridized (training and predicting), its export runs in
+onnxruntime with the same outputs, ResNet has the reference parameter counts, and
+get_model names the valid models."""
+
+import mixrt  # noqa: F401  (before NumPy: it picks OpenBLAS's kernels)
+import numpy as np
+import pytest
+
+from mixrt import autograd, initializer, nd
+from mixrt.errors import InputError
+from mixrt.models import gluon_zoo
+
+RNG = np.random.default_rng(0)
+
+# name -> (the network, small, and an input shape)
+MODELS = {
+    "mlp": (lambda: gluon_zoo.get_model("mlp", hidden=(32, 16), classes=5), (2, 12)),
+    "lenet": (lambda: gluon_zoo.get_model("lenet"), (2, 1, 28, 28)),
+    "resnet18_v1": (lambda: gluon_zoo.get_model("resnet18_v1", classes=10, thumbnail=True),
+                    (2, 3, 32, 32)),
+    "transformer_encoder": (lambda: gluon_zoo.get_model(
+        "transformer_encoder", layers=2, hidden=32, heads=4, ffn=64, dropout=0.0),
+        (2, 8, 32)),
+}
+
+
+def fresh(name):
+    build, shape = MODELS[name]
+    net = build()
+    net.initialize(initializer.Xavier())
+    x = RNG.standard_normal(shape).astype(np.float32)
+    with autograd.pause():  # LeNet's first Dense learns its width from the input
+        net(nd.array(x))
+    return net, x
+
+
+def values(net):
+    return {n: p.data().asnumpy().copy() for n, p in net.collect_params().items()}
+
+
+def restore(net, saved):
+    for name, param in net.collect_params().items():
+        param.set_data(nd.array(saved[name]))
+
+
+def step(net, x, train):
+    """Output, parameter gradients and parameter values after ``net(x).sum().backward()``."""
+    with autograd.record(train_mode=train):
+        out = net(nd.array(x))
+        loss = out.sum()
+    loss.backward()
+    grads = {n: p.grad().asnumpy().copy() for n, p in net.collect_params().items()
+             if p.grad_req != "null"}
+    return out.asnumpy(), grads, values(net)
+
+
+def assert_close(actual, expected, what):
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["training", "predicting"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_hybridized_matches_imperative(name, train):
+    net, x = fresh(name)
+    start = values(net)
+    imperative = step(net, x, train)
+    restore(net, start)  # BatchNorm's running statistics moved: start the same again
+    net.hybridize()
+    hybridized = step(net, x, train)
+    assert net._cached, "the hybridized run did not go through the traced graph"
+    assert_close(hybridized[0], imperative[0], "output")
+    assert hybridized[1].keys() == imperative[1].keys() and imperative[1]
+    for key, grad in imperative[1].items():
+        assert_close(hybridized[1][key], grad, f"gradient of {key}")
+    for key, value in imperative[2].items():  # the running statistics, updated alike
+        assert_close(hybridized[2][key], value, f"value of {key}")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_export_runs_in_onnxruntime(name, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    net, x = fresh(name)
+    net.hybridize()
+    with autograd.record():  # a training step first: running statistics that are not 0/1
+        net(nd.array(x)).sum().backward()
+    expected = net(nd.array(x)).asnumpy()
+    paths = net.export(str(tmp_path / "m"))
+    session = ort.InferenceSession(paths["onnx"], providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x}
+    np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, count", [("resnet18_v1", 11_689_512),
+                                         ("resnet34_v1", 21_797_672),
+                                         ("resnet50_v1", 25_557_032)])
+def test_resnet_parameter_counts_match_the_reference(name, count):
+    net = gluon_zoo.get_model(name)  # every shape is known before any call
+    assert gluon_zoo.count_parameters(net) == count
+
+
+def test_unknown_model_names_the_valid_ones():
+    with pytest.raises(InputError, match="resnet18_v1.*transformer_encoder"):
+        gluon_zoo.get_model("resnet19")
+    with pytest.raises(InputError, match="depth 19"):
+        gluon_zoo.ResNetV1(19)
+    with pytest.raises(InputError, match="not divisible"):
+        gluon_zoo.TransformerEncoder(hidden=30, heads=4)
