@@ -107,3 +107,21 @@ def test_unknown_model_names_the_valid_ones():
         gluon_zoo.ResNetV1(19)
     with pytest.raises(InputError, match="not divisible"):
         gluon_zoo.TransformerEncoder(hidden=30, heads=4)
+
+
+@pytest.mark.parametrize("name, shape, count", [("mlp", (2, 784), 1_863_690),
+                                                ("lenet", (2, 1, 28, 28), 44_426)])
+def test_same_network_as_the_symbol_zoo(name, shape, count):
+    """The same weights, in the same order, give the symbol zoo's outputs."""
+    from mixrt.models import get_symbol  # noqa: PLC0415
+    from mixrt.runtime.session import Session  # noqa: PLC0415
+    net = gluon_zoo.get_model(name)
+    net.initialize(initializer.Xavier())
+    x = RNG.standard_normal(shape).astype(np.float32)
+    expected = net(nd.array(x)).asnumpy()
+    assert gluon_zoo.count_parameters(net) == count
+    symbol = get_symbol(name)
+    weights = dict(zip(symbol.list_arguments()[1:], values(net).values()))
+    session = Session(symbol.to_graph(weights, shapes={"data": shape}))
+    np.testing.assert_allclose(session.run(None, {"data": x})[0], expected, rtol=1e-4,
+                               atol=1e-5)
