@@ -15,6 +15,7 @@ line that pushed it at the next wait on an affected variable.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
@@ -346,7 +347,28 @@ def get_engine() -> Engine | NaiveEngine:
         with _current_lock:
             if _current is None:
                 _current = _engine_from_env()
+                atexit.register(_finish_at_exit)
     return _current
+
+
+def drain_if_running() -> None:
+    """Wait for the pushed work of the process-wide engine, if one was ever made (a KVStore
+    closing must not leave before the pushes queued to it)."""
+    if _current is not None:
+        _current.drain()
+
+
+def _finish_at_exit() -> None:
+    """Let pushed work finish before the interpreter goes (as MXNet's engine does at
+    shutdown): a script's last KVStore push must reach the servers. A failure nobody waited
+    for is printed rather than lost."""
+    engine = _current
+    if engine is None:
+        return
+    try:
+        engine.wait_all()
+    except EngineError as error:
+        print(f"mixrt engine: work failed and was never waited for: {error}", file=sys.stderr)
 
 
 def set_engine(kind: str | Engine | NaiveEngine) -> Engine | NaiveEngine:

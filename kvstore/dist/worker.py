@@ -251,9 +251,12 @@ class DistStore(KVStore):
     # -- leaving --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Tell the scheduler this worker is done (after its last push and pull)."""
+        """Tell the scheduler this worker is done (after its last push and pull: pushes a
+        Trainer queued on the dependency engine finish first)."""
         if self._closed:
             return
+        from mixrt.runtime.engine import drain_if_running  # noqa: PLC0415
+        drain_if_running()
         self._closed = True
         if self.link.error is None:
             self.link.notify(p.BYE, {"rounds": self._steps()})

@@ -159,12 +159,12 @@ def _seed_array(given, head):
 def _store_grad(variable, grad) -> None:
     if variable._grad is None or variable._grad_req == "null":
         return
-    target = variable._grad._data
+    target = variable._grad._write()  # waits for engine work still reading it
     if variable._grad_req == "add":
         target += grad
     else:
         target[...] = grad
-    variable._grad._version += 1  # how a Trainer tells a fresh gradient from a stale one
+    # _write counted one version; a Trainer tells a fresh gradient from a stale one by it
     if variable._on_grad is not None:
         variable._on_grad(variable)
 

@@ -157,15 +157,20 @@ def call_site() -> str:
 
 # -- the backward walk ---------------------------------------------------------------------
 
-def run_backward(heads: list, seeds: list, retain_graph: bool) -> dict:
+def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> dict:
     """Propagate ``seeds`` (one raw array per head) back through the tape; returns
-    {id(leaf): (leaf, gradient)} for every leaf reached."""
+    {id(leaf): (leaf, gradient)} for every leaf reached. With ``on_leaf(leaf, gradient)``,
+    each leaf is handed over the moment its gradient is complete (after the last node that
+    read it), while the walk goes on: what lets a Trainer start communicating a gradient
+    while the rest of backward still runs (MXNet's overlap of KVStore and backward)."""
     node_grads: dict = {}
     leaf_grads: dict = {}
     for head, seed in zip(heads, seeds):
         _accumulate(head._entry if head._entry is not None else head, seed, node_grads,
                     leaf_grads)
-    for node in _nodes_behind(heads):
+    nodes = _nodes_behind(heads)
+    last_reader = _last_readers(nodes) if on_leaf is not None else {}
+    for node in nodes:
         dys = [node_grads.pop((id(node), j), None) for j in range(len(node.out_meta))]
         if all(dy is None for dy in dys):
             continue
@@ -174,12 +179,31 @@ def run_backward(heads: list, seeds: list, retain_graph: bool) -> dict:
                                 f"backward() freed; pass retain_graph=True to the first "
                                 f"backward to run another", op_type=node.name)
         node.check_unchanged()
-        for parent, dx in zip(node.parents, node.input_grads(dys)):
+        parents = list(node.parents)
+        for parent, dx in zip(parents, node.input_grads(dys)):
             if parent is not None and dx is not None:
                 _accumulate(parent, dx, node_grads, leaf_grads)
         if not retain_graph:
             node.release()
+        for parent in parents:
+            if last_reader.get(id(parent)) is node and id(parent) in leaf_grads:
+                on_leaf(*leaf_grads.pop(id(parent)))
+    if on_leaf is not None:
+        for leaf, grad in list(leaf_grads.values()):
+            on_leaf(leaf, grad)
+        leaf_grads.clear()
     return leaf_grads
+
+
+def _last_readers(nodes: list) -> dict:
+    """{id(leaf): the node that reads it and runs last in backward} (``nodes`` is in
+    backward order, so that is the last one listed)."""
+    last: dict = {}
+    for node in nodes:
+        for parent in node.parents:
+            if parent is not None and not isinstance(parent, tuple):
+                last[id(parent)] = node
+    return last
 
 
 def _accumulate(target, grad, node_grads: dict, leaf_grads: dict) -> None:

@@ -143,8 +143,9 @@ class Parameter:
         return [self._checked().ctx]
 
     def raw(self):
-        """The NumPy or CuPy array behind ``data()`` (updated in place by optimizers)."""
-        return self._checked()._data
+        """The NumPy or CuPy array behind ``data()`` (updated in place by optimizers), once
+        pending engine writes to it (a KVStore pull) are done."""
+        return self._checked()._read()
 
     def set_data(self, value) -> None:
         host = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
@@ -155,7 +156,7 @@ class Parameter:
         if tuple(host.shape) != self.shape:
             raise InputError(f"parameter {self.name!r} has shape {self.shape}; set_data got "
                              f"{tuple(host.shape)}")
-        target = self._nd._data
+        target = self._nd._write()
         target[...] = self._nd.ctx.device.put(host) if self._nd.ctx.device.kind != "cpu" \
             else host
 
@@ -186,24 +187,22 @@ class Parameter:
 
     def raw_grad(self):
         grad = self.grad()
-        return None if grad is None else grad._data
+        return None if grad is None else grad._read()
 
     def set_grad(self, value) -> None:
         """Write (``"add"``: add) ``value`` into the gradient (what Module's backward does)."""
         if self._grad_req == "null":
             return
-        grad = self.grad()
-        raw = grad._data
+        raw = self.grad()._write()  # waits for engine work still reading it; a new version
         if self._grad_req == "add":
             raw += value
         else:
             raw[...] = value
-        grad._version += 1
 
     def zero_grad(self) -> None:
         grad = self.grad() if self._nd is not None else None
         if grad is not None:
-            grad._data[...] = 0
+            grad._write()[...] = 0
 
     def grad_is_fresh(self) -> bool:
         """Whether a backward wrote the gradient since the Trainer's last step."""

@@ -24,11 +24,14 @@ worker's loss is a mean over its own shard, and the update equals one on the glo
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.errors import GradientError, InputError, KVStoreError
 from mixrt.gluon.parameter import Parameter
 from mixrt.kvstore.base import KVStore
+from mixrt.runtime import engine
 from mixrt.runtime import optimizer as optim
 
 
@@ -56,6 +59,10 @@ class Trainer:
             raise InputError("update_on_kvstore=True needs a kvstore")
         self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
         self._kv_ready = False
+        # store calls run on engine threads one at a time, in order: every one writes this
+        # tag (a store's sockets must not be used from two threads at once)
+        self._kv_var = engine.new_var("kvstore")
+        self._reduced_early: set = set()
 
     @property
     def learning_rate(self) -> float:
@@ -75,7 +82,13 @@ class Trainer:
 
         A parameter whose gradient no backward pass wrote since the last step is an error
         (a model that uses only some of its parameters is usually a bug), unless
-        ``ignore_stale_grad=True``, which skips those parameters for this step."""
+        ``ignore_stale_grad=True``, which skips those parameters for this step.
+
+        With a store the communication runs on the dependency engine: with
+        ``update_on_kvstore=False`` each gradient is summed across workers as soon as
+        backward has finished it (while backward goes on with the other layers), and with
+        ``update_on_kvstore=True`` each parameter's push and pull are queued here and the
+        next forward waits only for the parameters it reads."""
         trainable = self._trainable(ignore_stale_grad)
         if self.kvstore is None:
             self.optimizer.rescale_grad = self._scale / batch_size
@@ -83,19 +96,46 @@ class Trainer:
                 self.optimizer.step(param.name, param.raw(), param.raw_grad())
             self._mark_stepped(trainable)
             return
+        first = not self._kv_ready
         self._init_kvstore()
-        names = self._keys(trainable)
-        grads = [param.raw_grad() if batch_size == 1 else param.raw_grad() / batch_size
-                 for param in trainable]
         if self.update_on_kvstore:
-            self.kvstore.push(names, grads)
-            self.kvstore.pull(names, out=[param.raw() for param in trainable])
+            for param in trainable:
+                self._queue_update(param, batch_size)
         else:
-            self.kvstore.pushpull(names, grads)
-            self.optimizer.rescale_grad = self._scale / self._sync_workers
-            for param, grad in zip(trainable, grads):
-                self.optimizer.step(param.name, param.raw(), grad)
+            for param in trainable:
+                if first or id(param) not in self._reduced_early:
+                    self._queue_reduce(param)
+            self.optimizer.rescale_grad = self._scale / (self._sync_workers * batch_size)
+            for param in trainable:
+                self.optimizer.step(param.name, param.raw(), param.raw_grad())
+            self._reduced_early.clear()
         self._mark_stepped(trainable)
+
+    # -- communication on the engine ------------------------------------------------------
+
+    def _queue_reduce(self, param) -> None:
+        """Sum ``param``'s gradient over the workers, in place, as engine work."""
+        key, grad = self.key_prefix + param.name, param.grad()
+        raw = grad._data
+        engine.get_engine().push(lambda: self.kvstore.pushpull(key, raw), writes=(
+            grad.engine_var(), self._kv_var), name=f"kvstore pushpull {key!r}")
+
+    def _queue_update(self, param, batch_size: int) -> None:
+        """Push ``param``'s gradient and pull its updated value, as engine work."""
+        key, grad, value = self.key_prefix + param.name, param.grad(), param.data()
+        raw_grad, raw_value = grad._data, value._data
+
+        def update():
+            self.kvstore.push(key, raw_grad if batch_size == 1 else raw_grad / batch_size)
+            self.kvstore.pull(key, out=raw_value)
+        engine.get_engine().push(update, reads=(grad.engine_var(),), writes=(
+            value.engine_var(), self._kv_var), name=f"kvstore push+pull {key!r}")
+
+    def _gradient_ready(self, param, _array) -> None:
+        """Called by backward the moment ``param``'s gradient is complete."""
+        if self._kv_ready and not self.update_on_kvstore and param.grad_req == "write":
+            self._reduced_early.add(id(param))
+            self._queue_reduce(param)
 
     def zero_grad(self) -> None:
         for param in self.params:
@@ -138,6 +178,9 @@ class Trainer:
         self.kvstore.pull(names, out=[param.raw() for param in self.params])
         if self.update_on_kvstore:
             self.kvstore.set_optimizer(self._store_optimizer())
+        else:
+            for param in self.params:
+                param.data()._on_grad = functools.partial(self._gradient_ready, param)
         self._kv_ready = True
 
     def _keys(self, params) -> list[str]:

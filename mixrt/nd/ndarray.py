@@ -24,7 +24,7 @@ _GRAD_REQS = ("write", "add", "null")
 
 class NDArray(ArrayMethods):
     __slots__ = ("_data", "ctx", "_var", "_entry", "_version", "_grad", "_grad_req",
-                 "__weakref__")
+                 "_on_grad", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
 
     def __init__(self, data, ctx: Context):
@@ -35,6 +35,7 @@ class NDArray(ArrayMethods):
         self._version = 0
         self._grad = None
         self._grad_req = "null"
+        self._on_grad = None  # called with this array once backward stored its gradient
 
     # -- engine synchronisation ----------------------------------------------------------
 
