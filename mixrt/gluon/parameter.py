@@ -79,7 +79,7 @@ class Parameter:
         _check_grad_req(self.name, req)
         self._grad_req = req
         if self._nd is not None:
-            self._nd.attach_grad(req)
+            self._attach_grad()
 
     # -- initialization ---------------------------------------------------------------------
 
@@ -109,8 +109,12 @@ class Parameter:
         from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         raw = host if ctx.device.kind == "cpu" else ctx.device.put(host)
         self._nd = NDArray(raw, ctx)
-        if self._grad_req != "null":
-            self._nd.attach_grad(self._grad_req)
+        self._attach_grad()
+
+    def _attach_grad(self) -> None:
+        self._nd.attach_grad(self._grad_req)
+        if self._nd._grad is not None:  # a new gradient is stale until a backward writes it
+            self._stepped_version = self._nd._grad._version
 
     def _checked(self):
         if self._nd is None:

@@ -49,6 +49,7 @@ def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = No
     results = run_kernel(spec, raw, attributes, produced, ctx)
     if prof is not None:
         prof.imperative(op_type, started, raw, results)
+        prof.memory(str(ctx), sum(int(r.nbytes) for r in results[:count] if r is not None))
     outputs = [NDArray(value, ctx) for value in results[:count]]
     if recording:
         _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
