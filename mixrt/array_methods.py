@@ -17,6 +17,28 @@ class ArrayMethods:
     def _int_tensor(self, values):
         raise NotImplementedError
 
+    def _binary(self, op_type: str, other, reverse: bool = False):
+        raise NotImplementedError
+
+    # -- operators: each one registered op (a number becomes a constant of the array's type)
+
+    def __add__(self, other): return self._binary("Add", other)
+    def __radd__(self, other): return self._binary("Add", other, reverse=True)
+    def __sub__(self, other): return self._binary("Sub", other)
+    def __rsub__(self, other): return self._binary("Sub", other, reverse=True)
+    def __mul__(self, other): return self._binary("Mul", other)
+    def __rmul__(self, other): return self._binary("Mul", other, reverse=True)
+    def __truediv__(self, other): return self._binary("Div", other)
+    def __rtruediv__(self, other): return self._binary("Div", other, reverse=True)
+    def __pow__(self, other): return self._binary("Pow", other)
+    def __rpow__(self, other): return self._binary("Pow", other, reverse=True)
+    def __matmul__(self, other): return self._binary("MatMul", other)
+    def __rmatmul__(self, other): return self._binary("MatMul", other, reverse=True)
+    def __gt__(self, other): return self._binary("Greater", other)
+    def __lt__(self, other): return self._binary("Less", other)
+    def __ge__(self, other): return self._binary("GreaterOrEqual", other)
+    def __le__(self, other): return self._binary("LessOrEqual", other)
+
     def _axes(self, axis):
         return None if axis is None else self._int_tensor(np.atleast_1d(axis))
 

@@ -226,25 +226,9 @@ class NDArray(ArrayMethods):
         left, right = (other, self) if reverse else (self, other)
         return dispatch.invoke("", op_type, [left, right], {})
 
-    def __add__(self, other): return self._binary("Add", other)
-    def __radd__(self, other): return self._binary("Add", other, reverse=True)
-    def __sub__(self, other): return self._binary("Sub", other)
-    def __rsub__(self, other): return self._binary("Sub", other, reverse=True)
-    def __mul__(self, other): return self._binary("Mul", other)
-    def __rmul__(self, other): return self._binary("Mul", other, reverse=True)
-    def __truediv__(self, other): return self._binary("Div", other)
-    def __rtruediv__(self, other): return self._binary("Div", other, reverse=True)
-    def __pow__(self, other): return self._binary("Pow", other)
-    def __rpow__(self, other): return self._binary("Pow", other, reverse=True)
-    def __matmul__(self, other): return self._binary("MatMul", other)
-    def __rmatmul__(self, other): return self._binary("MatMul", other, reverse=True)
     def __mod__(self, other): return dispatch.invoke("", "Mod", [self, other],
                                                      {"fmod": int(self.dtype.kind == "f")})
     def __eq__(self, other): return self._binary("Equal", other)
-    def __gt__(self, other): return self._binary("Greater", other)
-    def __lt__(self, other): return self._binary("Less", other)
-    def __ge__(self, other): return self._binary("GreaterOrEqual", other)
-    def __le__(self, other): return self._binary("LessOrEqual", other)
 
     def __ne__(self, other):
         return dispatch.invoke("", "Not", [self._binary("Equal", other)], {})

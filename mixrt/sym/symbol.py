@@ -219,22 +219,6 @@ class Symbol(ArrayMethods):
         left, right = (other, self) if reverse else (self, other)
         return call_op("", op_type, [left, right], {})
 
-    def __add__(self, other): return self._binary("Add", other)
-    def __radd__(self, other): return self._binary("Add", other, reverse=True)
-    def __sub__(self, other): return self._binary("Sub", other)
-    def __rsub__(self, other): return self._binary("Sub", other, reverse=True)
-    def __mul__(self, other): return self._binary("Mul", other)
-    def __rmul__(self, other): return self._binary("Mul", other, reverse=True)
-    def __truediv__(self, other): return self._binary("Div", other)
-    def __rtruediv__(self, other): return self._binary("Div", other, reverse=True)
-    def __pow__(self, other): return self._binary("Pow", other)
-    def __rpow__(self, other): return self._binary("Pow", other, reverse=True)
-    def __matmul__(self, other): return self._binary("MatMul", other)
-    def __rmatmul__(self, other): return self._binary("MatMul", other, reverse=True)
-    def __gt__(self, other): return self._binary("Greater", other)
-    def __lt__(self, other): return self._binary("Less", other)
-    def __ge__(self, other): return self._binary("GreaterOrEqual", other)
-    def __le__(self, other): return self._binary("LessOrEqual", other)
 
     def __neg__(self):
         from mixrt.sym.ops import call_op  # noqa: PLC0415
