@@ -14,8 +14,6 @@ Arrays on different devices never meet silently: ``DeviceMismatchError``.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 import mixrt.ops  # noqa: F401  (registers every kernel)
@@ -24,30 +22,11 @@ from mixrt.context import as_context
 from mixrt.errors import InputError
 from mixrt.nd import dispatch
 from mixrt.nd.ndarray import NDArray
-from mixrt.ops.registry import REGISTRY
+from mixrt.sym.ops import generate, install
 
 _autograd._connect_dispatcher()
 
-_NAMESPACES = {"ai.onnx.ml": "ml", "mixrt": "mixrt", "ai.onnx.preview.training":
-               "preview_training", "ai.onnx.preview": "preview"}
-
-
-def _install() -> list[str]:
-    names, by_domain = [], {}
-    for domain, op_type in REGISTRY.op_names():
-        by_domain.setdefault(domain, {})[op_type] = dispatch.make_function(domain, op_type)
-    for domain, functions in by_domain.items():
-        if domain == "":
-            globals().update(functions)
-            names.extend(functions)
-        else:
-            namespace = _NAMESPACES.get(domain, domain.replace(".", "_"))
-            globals()[namespace] = SimpleNamespace(**functions)
-            names.append(namespace)
-    return names
-
-
-OPERATORS = _install()
+OPERATORS = install(globals(), generate(dispatch.make_function))
 
 
 # -- making arrays --------------------------------------------------------------------------

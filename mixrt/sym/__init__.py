@@ -14,35 +14,16 @@ namespace (``sym.ml``, ``sym.mixrt``, ``sym.preview_training``, ``sym.preview``)
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  # noqa: F401
                                  log, log_softmax, max, maximum, mean, min, minimum, relu,
                                  reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
                                  tanh, transpose, where)
 from mixrt.sym.executor import Executor
-from mixrt.sym.ops import OPSET, generate
+from mixrt.sym.ops import OPSET, generate, install
 from mixrt.sym.serialize import load, load_json
 from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
 
-_NAMESPACES = {"ai.onnx.ml": "ml", "mixrt": "mixrt", "ai.onnx.preview.training":
-               "preview_training", "ai.onnx.preview": "preview"}
-
-
-def _install() -> list[str]:
-    names = []
-    for domain, functions in generate().items():
-        if domain == "":
-            globals().update(functions)
-            names.extend(functions)
-        else:
-            namespace = _NAMESPACES.get(domain, domain.replace(".", "_"))
-            globals()[namespace] = SimpleNamespace(**functions)
-            names.append(namespace)
-    return names
-
-
-OPERATORS = _install()
+OPERATORS = install(globals(), generate())
 
 
 def __getattr__(name: str):

@@ -21,6 +21,7 @@ import inspect
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -322,10 +323,31 @@ def _summary(spec: OpSpec) -> str:
     return meaning or own
 
 
-def generate() -> dict[str, dict[str, object]]:
-    """{domain: {op_type: function}} for every registered op."""
+def generate(make=None) -> dict[str, dict[str, object]]:
+    """{domain: {op_type: function}} for every registered op (``make(domain, op_type)``
+    makes each function; mixrt.nd passes its imperative twin of :func:`make_function`)."""
     import mixrt.ops  # noqa: F401,PLC0415 (registers every kernel)
+    make = make or make_function
     functions: dict[str, dict[str, object]] = defaultdict(dict)
     for domain, op_type in REGISTRY.op_names():
-        functions[domain][op_type] = make_function(domain, op_type)
+        functions[domain][op_type] = make(domain, op_type)
     return dict(functions)
+
+
+NAMESPACES = {"ai.onnx.ml": "ml", "mixrt": "mixrt", "ai.onnx.preview.training":
+              "preview_training", "ai.onnx.preview": "preview"}
+
+
+def install(module_globals: dict, functions: dict) -> list[str]:
+    """Put the default domain's functions at the top level of a module and every other
+    domain's under a namespace (``ml``, ``mixrt``, ...); returns the names added."""
+    names = []
+    for domain, by_op in functions.items():
+        if domain == "":
+            module_globals.update(by_op)
+            names.extend(by_op)
+        else:
+            namespace = NAMESPACES.get(domain, domain.replace(".", "_"))
+            module_globals[namespace] = SimpleNamespace(**by_op)
+            names.append(namespace)
+    return names
