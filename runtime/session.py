@@ -26,6 +26,8 @@ from mixrt.errors import (ExecutionError, InputError, MixrtError, ModelLoadError
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.runtime.blas_threads import GATE as BLAS_GATE
+from mixrt.runtime.blas_threads import UNGATED
 from mixrt.runtime.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
                                     plannable_on_gpu, release)
@@ -161,6 +163,8 @@ class Session:
         self._plans: OrderedDict[tuple, ExecutionPlan] = OrderedDict()
         self._plans_lock = threading.Lock()
         self.profiler = Profiler.from_options(profile)
+        # concurrent CPU runs take one BLAS thread each (runtime/blas_threads.py)
+        self._gate = BLAS_GATE if self.device.kind == "cpu" else UNGATED
 
     # -- onnxruntime-compatible surface ----------------------------------------------------
 
@@ -182,7 +186,7 @@ class Session:
         # runs, its first run of a shape included (a hybridized block's first call counts)
         process = symbolic_profiler() if self.profiler is None else None
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), self._gate.admitted():
             plan = self._cached_plan(signature)
             if plan is None:
                 env = self._discover(signature, feeds, process)
