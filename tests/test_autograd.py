@@ -588,3 +588,42 @@ def test_backward_frees_the_walked_graph_even_while_the_head_lives():
     y.backward()
     gc.collect()
     assert hidden_ref() is None  # y still holds its node, but the node let go of its inputs
+
+
+# -- mixed float dtypes ------------------------------------------------------------------------
+
+def test_mixed_float_inputs_promote_and_each_gradient_keeps_its_arrays_dtype():
+    w = nd.array(np.array([1.0, 2.0, 3.0]), dtype="float32")
+    c = nd.array(np.array([2.0, 0.5, -1.0]), dtype="float64")
+    w.attach_grad()
+    c.attach_grad()
+    with autograd.record():
+        product = w * c  # Mul's inputs share ONNX type T: w is cast, recorded
+        total = nd.Sum(product, w, c).sum()
+    assert product.dtype == np.float64
+    total.backward()
+    assert w.grad.dtype == np.float32 and c.grad.dtype == np.float64
+    np.testing.assert_allclose(w.grad.asnumpy(), c.asnumpy() + 1)
+    np.testing.assert_allclose(c.grad.asnumpy(), w.asnumpy() + 1)
+
+
+def test_ops_whose_inputs_have_different_onnx_types_are_not_promoted():
+    data = nd.array(np.array([1.0, 2.0, 3.0]), dtype="float32")
+    picked = nd.Gather(data, nd.array(np.array([2, 0]), dtype="int64"))
+    assert picked.dtype == np.float32
+    chosen = nd.Where(nd.array(np.array([True, False])), nd.array(np.ones(2), dtype="float16"),
+                      nd.array(np.zeros(2), dtype="float32"))
+    assert chosen.dtype == np.float32  # X and Y share T: the float16 one is promoted
+
+
+def test_a_float64_gradient_arriving_at_a_float32_output_is_cast_to_it():
+    w = nd.array(np.ones((2, 3)), dtype="float32")
+    w.attach_grad()
+    label = nd.array(np.full((2, 3), 0.5), dtype="float64")
+    with autograd.record():
+        hidden = nd.Tanh(w)  # float32, its backward plan made for float32 head grads
+        loss = ((hidden - label) ** 2).sum()  # float64 from here on
+    loss.backward()
+    expected = 2 * (np.tanh(1.0) - 0.5) * (1 - np.tanh(1.0) ** 2)
+    assert w.grad.dtype == np.float32
+    np.testing.assert_allclose(w.grad.asnumpy(), np.full((2, 3), expected), rtol=1e-6)

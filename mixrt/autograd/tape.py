@@ -171,7 +171,8 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> 
     nodes = _nodes_behind(heads)
     last_reader = _last_readers(nodes) if on_leaf is not None else {}
     for node in nodes:
-        dys = [node_grads.pop((id(node), j), None) for j in range(len(node.out_meta))]
+        dys = [_as_value_dtype(node_grads.pop((id(node), j), None), meta)
+               for j, meta in enumerate(node.out_meta)]
         if all(dy is None for dy in dys):
             continue
         if node.freed:
@@ -193,6 +194,15 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> 
             on_leaf(leaf, grad)
         leaf_grads.clear()
     return leaf_grads
+
+
+def _as_value_dtype(dy, meta):
+    """A gradient has its value's dtype. Mixed-precision arithmetic downstream (a float32
+    output minus a float64 label) sends a float64 gradient back to a float32 output, and the
+    op's backward plan was made for float32."""
+    if dy is None or dy.dtype == meta[1]:
+        return dy
+    return dy.astype(meta[1])
 
 
 def _last_readers(nodes: list) -> dict:

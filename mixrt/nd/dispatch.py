@@ -17,6 +17,7 @@ import functools
 import time
 
 import numpy as np
+import onnx
 
 from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
 from mixrt.runtime import profiler as _profiler
@@ -38,6 +39,7 @@ def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = No
     spec = op_spec(domain, op_type)
     inputs, attributes = _split(spec, args, kwargs)
     ctx = _common_context(op_type, inputs)
+    _promote_floats(spec, inputs)
     raw = [_raw_input(value, ctx, inputs) for value in inputs]
     count = _output_count(spec, attributes, num_outputs, raw)
     recording = _autograd is not None and _autograd.needs_tape(inputs)
@@ -114,6 +116,65 @@ def _common_context(op_type: str, inputs):
         from mixrt.context import current_context  # noqa: PLC0415
         ctx = current_context()
     return ctx
+
+
+def _promote_floats(spec, inputs: list) -> None:
+    """Arrays that ONNX says share one type (``Mul``'s A and B, both T) but hold different
+    float dtypes are cast to their common one, as NumPy would promote them, through recorded
+    ``Cast`` ops: the kernel, its inferred output type and its compiled backward then agree,
+    and each gradient flows back in its own array's dtype (float32 weights, float64 data)."""
+    if not _mixed_floats(inputs):  # the common case, kept to a few hundred nanoseconds
+        return
+    for group in _shared_type_groups(spec.domain, spec.op_type, spec.opset):
+        members = [i for i in range(len(inputs)) if group(i) and isinstance(inputs[i], NDArray)
+                   and inputs[i].dtype.kind == "f"]
+        dtypes = {inputs[i].dtype for i in members}
+        if len(dtypes) > 1:
+            common = np.result_type(*dtypes)
+            for i in members:
+                if inputs[i].dtype != common:
+                    inputs[i] = inputs[i].astype(common)
+
+
+def _mixed_floats(inputs: list) -> bool:
+    seen = None
+    for value in inputs:
+        if isinstance(value, NDArray):
+            dtype = value.dtype
+            if dtype.kind == "f":
+                if seen is None:
+                    seen = dtype
+                elif dtype != seen:
+                    return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_type_groups(domain: str, op_type: str, opset: int) -> tuple:
+    """Per ONNX type parameter shared by several inputs (or by a variadic one): a predicate
+    on input positions. Ops without an ONNX schema (the mixrt domain) have none."""
+    try:
+        formals = onnx.defs.get_schema(op_type, opset, domain).inputs
+    except onnx.defs.SchemaError:
+        return ()
+    variadic = bool(formals) and formals[-1].option == \
+        onnx.defs.OpSchema.FormalParameterOption.Variadic
+    last = len(formals) - 1
+    by_type: dict[str, set] = {}
+    for index, formal in enumerate(formals):
+        by_type.setdefault(formal.type_str, set()).add(index)
+    groups = []
+    for indices in by_type.values():
+        if len(indices) > 1 or (variadic and last in indices):
+            groups.append(functools.partial(_in_group, frozenset(indices),
+                                            last if variadic else None))
+    return tuple(groups)
+
+
+def _in_group(indices: frozenset, variadic_from: int | None, position: int) -> bool:
+    if variadic_from is not None and position >= variadic_from:
+        return variadic_from in indices
+    return position in indices
 
 
 def _raw_input(value, ctx, inputs):

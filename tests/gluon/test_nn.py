@@ -397,3 +397,34 @@ def test_export_small_cnn_runs_in_onnxruntime(tmp_path):
     other = rand(5, 2, 8, 8)  # any batch size
     np.testing.assert_allclose(session.run(None, {name: other})[0],
                                net(nd.array(other)).asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+@pytest.mark.parametrize("layer, shape", [
+    ("LSTM", (3, 2, 4)), ("GRU", (3, 2, 4)), ("Embedding", None), ("Dense", (2, 5)),
+    ("Conv2D", (2, 2, 5, 5))])
+def test_float64_data_trains_float32_parameters(layer, shape, hybridize):
+    """NumPy's default float64 data into float32 layers: forward promotes, and backward
+    gives every parameter a float32 gradient (it used to fail with a dtype mismatch in the
+    backward plan of LSTM, GRU and Embedding)."""
+    from mixrt.gluon import loss, rnn
+    make = {"LSTM": lambda: rnn.LSTM(5), "GRU": lambda: rnn.GRU(5),
+            "Embedding": lambda: nn.Embedding(10, 4), "Dense": lambda: nn.Dense(3),
+            "Conv2D": lambda: nn.Conv2D(4, 3)}[layer]
+    net = make()
+    net.initialize()
+    if hybridize:
+        net.hybridize()
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 10, (2, 2)).astype(np.float64) if shape is None else \
+        rng.standard_normal(shape)
+    x = nd.array(data, dtype="float64")
+    with autograd.record():
+        y = net(x)
+        y = y[0] if isinstance(y, (list, tuple)) else y
+        value = loss.L2Loss()(y, nd.zeros(y.shape, dtype="float64"))
+    value.backward()
+    grads = [p.grad() for p in net.collect_params().values() if p.grad_req != "null"]
+    assert grads and all(g.dtype == np.float32 for g in grads)
+    assert all(np.isfinite(g.asnumpy()).all() for g in grads)
+    assert any(np.abs(g.asnumpy()).sum() > 0 for g in grads)
