@@ -1,7 +1,8 @@
 """One seed for every random stream mixrt uses: ``mixrt.random.seed(42)``.
 
 It seeds NumPy's global generator (user code and older libraries draw from it), mixrt's own
-generator (parameter initializers, data shuffling) and CuPy's when CuPy is already imported.
+generator (parameter initializers, data shuffling), the stream of random ops without a seed
+attribute (Dropout's masks, RandomNormal) and CuPy's when CuPy is already imported.
 Code that needs randomness takes ``generator()`` rather than calling NumPy's global functions,
 so a run is reproducible from its seed and a resumed run can restore the exact state.
 """
@@ -12,6 +13,8 @@ import sys
 
 import numpy as np
 
+from mixrt.ops import random as ops_random
+
 _generator = np.random.default_rng()
 
 
@@ -21,6 +24,7 @@ def seed(value: int) -> None:
     value = int(value)
     np.random.seed(value % (2 ** 32))
     _generator = np.random.default_rng(value)
+    ops_random.reseed(value)
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         cupy.random.seed(value)

@@ -19,6 +19,7 @@ import numpy as np
 from mixrt.ops.dtypes import (FLOAT8, FLOATS, NUMERIC, compute_dtype,
                                to_numpy_dtype)
 from mixrt.ops.registry import op
+from mixrt.ops.random import unseeded_generator
 from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis, same_as_input
 
 _MATMUL_TYPES = FLOATS | {"int32", "int64", "uint32", "uint64"}
@@ -229,8 +230,13 @@ for _handle in (softmax_coerced, softmax, log_softmax_coerced, log_softmax, hard
 
 def _keep_mask(xp, shape, ratio: float, seed):
     """True where an element survives. The same seed gives the same mask (the ONNX tests'
-    generator: NumPy's legacy RandomState, uniform in [0, 1), kept where >= ratio)."""
-    return xp.random.RandomState(seed).uniform(0.0, 1.0, shape) >= ratio
+    generator: NumPy's legacy RandomState, uniform in [0, 1), kept where >= ratio). Without
+    a seed the mask comes from the stream ``mixrt.random.seed`` reseeds (CuPy's on a GPU)."""
+    if seed is not None:
+        return xp.random.RandomState(seed).uniform(0.0, 1.0, shape) >= ratio
+    if xp is np:
+        return unseeded_generator().random(shape, dtype=np.float32) >= np.float32(ratio)
+    return xp.random.random(shape, dtype=xp.float32) >= ratio
 
 
 def _dropout(xp, data, ratio: float, training: bool, seed, outputs: int, mask_dtype):

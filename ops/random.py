@@ -2,7 +2,8 @@
 
 Values are drawn on the host from NumPy generators and moved to the device: with a ``seed``
 attribute a fresh generator seeded from it makes the node deterministic (every run gives the
-same values); without one, draws come from a module-level generator. ONNX says outputs may
+same values); without one, draws come from a module-level generator that
+``mixrt.random.seed`` reseeds (:func:`reseed`). ONNX says outputs may
 differ between implementations even with a seed, so only reproducibility within mixrt holds.
 """
 
@@ -17,6 +18,18 @@ from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
 _GENERATOR = np.random.default_rng()
+
+
+def reseed(value: int) -> None:
+    """Reseed the stream unseeded random ops draw from (``mixrt.random.seed`` calls this);
+    its own stream, so that drawing dropout masks does not shift parameter initialization."""
+    global _GENERATOR
+    _GENERATOR = np.random.default_rng([int(value), 0x6f7073])
+
+
+def unseeded_generator() -> np.random.Generator:
+    """Where random ops without a ``seed`` attribute draw from (Dropout's masks included)."""
+    return _GENERATOR
 
 
 def _generator(seed):

@@ -428,3 +428,22 @@ def test_float64_data_trains_float32_parameters(layer, shape, hybridize):
     assert grads and all(g.dtype == np.float32 for g in grads)
     assert all(np.isfinite(g.asnumpy()).all() for g in grads)
     assert any(np.abs(g.asnumpy()).sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_dropout_masks_repeat_after_mixrt_random_seed(hybridize):
+    import mixrt.random
+
+    def masks():
+        mixrt.random.seed(5)
+        net = nn.HybridSequential()
+        net.add(nn.Dropout(0.5))
+        net.initialize()
+        if hybridize:
+            net.hybridize()
+        x = nd.array(np.ones((8, 16), np.float32))
+        with autograd.record():
+            return [net(x).asnumpy() for _ in range(2)]
+    first, again = masks(), masks()
+    assert all((a == b).all() for a, b in zip(first, again))
+    assert (first[0] != first[1]).any()

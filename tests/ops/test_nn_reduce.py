@@ -269,6 +269,27 @@ def test_dropout_training_scales_survivors_and_repeats_with_a_seed():
     assert (again == y).all()
 
 
+def test_unseeded_dropout_and_random_ops_follow_mixrt_random_seed():
+    import mixrt.random
+    x = np.ones((64, 64), dtype=np.float32)
+    train = kernel("Dropout", 22)
+    normal = kernel("RandomNormal", 22)
+
+    def draws():
+        mixrt.random.seed(11)
+        first = train(np, x, np.float32(0.5), np.bool_(True), _outputs=2)[1]
+        second = train(np, x, np.float32(0.5), np.bool_(True), _outputs=2)[1]
+        return first, second, normal(np, shape=[8])
+    first, second, values = draws()
+    again = draws()
+    assert (first == again[0]).all() and (second == again[1]).all()
+    np.testing.assert_array_equal(values, again[2])
+    assert (first != second).any()  # a stream, not one mask repeated
+    assert 0.4 < first.mean() < 0.6
+    mixrt.random.seed(12)
+    assert (train(np, x, np.float32(0.5), np.bool_(True), _outputs=2)[1] != first).any()
+
+
 # -- losses ------------------------------------------------------------------------------------
 
 def test_nll_mean_divides_by_the_weight_of_counted_positions():
