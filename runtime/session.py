@@ -14,8 +14,7 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 
 from __future__ import annotations
 
-import threading
-from collections import ChainMap, OrderedDict
+from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from mixrt.runtime.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
                                     plannable_on_gpu, release)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
+from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
@@ -160,8 +160,7 @@ class Session:
         self._xp = self.device.xp
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
-        self._plans: OrderedDict[tuple, ExecutionPlan] = OrderedDict()
-        self._plans_lock = threading.Lock()
+        self._plans = LruCache(MAX_CACHED_PLANS)  # input-shape signature -> ExecutionPlan
         self.profiler = Profiler.from_options(profile)
         # concurrent CPU runs take one BLAS thread each (runtime/blas_threads.py)
         self._gate = BLAS_GATE if self.device.kind == "cpu" else UNGATED
@@ -225,11 +224,7 @@ class Session:
         return plan.memory
 
     def _cached_plan(self, signature: tuple) -> ExecutionPlan | None:
-        with self._plans_lock:
-            plan = self._plans.get(signature)
-            if plan is not None:
-                self._plans.move_to_end(signature)
-            return plan
+        return self._plans.get(signature)
 
     def _discover(self, signature: tuple, feeds: dict, profiler=None) -> dict:
         """Run once the plain way, then plan the arena for this signature from what it saw."""
@@ -241,10 +236,7 @@ class Session:
                          inferred, settle.values, self.strategy,
                          stored=self.graph.plans,
                          plannable=plannable_on_gpu if self.device.kind == "gpu" else None)
-        with self._plans_lock:
-            self._plans.setdefault(signature, plan)
-            while len(self._plans) > MAX_CACHED_PLANS:
-                self._plans.popitem(last=False)
+        self._plans.put(signature, plan)
         return env
 
     def _static_feeds(self) -> dict:

@@ -14,7 +14,6 @@ recorded forward must therefore ask its kernel for.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.lru import LruCache
 from mixrt.runtime.passes.autodiff import (gradient_graph, is_differentiable_dtype,
                                            split_forward_backward)
 from mixrt.runtime.passes.infer import infer_types
@@ -57,9 +57,10 @@ class BackwardPlan:
     grads: list  # input index per session output
 
 
-_lock = threading.Lock()
-_forward_plans: dict = {}
-_backward_plans: dict = {}
+# Compiled per call signature (shapes included), so a workload whose shapes keep changing
+# would keep every one; the backward plans hold Sessions with their arenas.
+_forward_plans = LruCache(4096)
+_backward_plans = LruCache(512)
 
 
 def signature(spec, attributes: dict, raw: list, wants: list, outputs: int,
@@ -77,9 +78,7 @@ def differentiable(raw) -> bool:
 def forward_plan(sig: Signature, attributes: dict) -> ForwardPlan:
     plan = _forward_plans.get(sig)
     if plan is None:
-        plan = _build_forward_plan(sig, attributes)
-        with _lock:
-            _forward_plans[sig] = plan
+        plan = _forward_plans.put(sig, _build_forward_plan(sig, attributes))
     return plan
 
 
@@ -87,16 +86,13 @@ def backward_plan(sig: Signature, attributes: dict, seeded: tuple) -> BackwardPl
     key = (sig, seeded)
     plan = _backward_plans.get(key)
     if plan is None:
-        plan = _build_backward_plan(sig, attributes, seeded)
-        with _lock:
-            _backward_plans[key] = plan
+        plan = _backward_plans.put(key, _build_backward_plan(sig, attributes, seeded))
     return plan
 
 
 def clear_cache() -> None:
-    with _lock:
-        _forward_plans.clear()
-        _backward_plans.clear()
+    _forward_plans.clear()
+    _backward_plans.clear()
 
 
 # -- building -------------------------------------------------------------------------------

@@ -21,8 +21,12 @@ from mixrt import autograd
 from mixrt.autograd import tape
 from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon.block import Block
+from mixrt.runtime.lru import LruCache
 from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import Group, Symbol, variable_named
+
+# input signatures whose traced graphs (and their Sessions) a hybridized block keeps
+MAX_TRACED = 32
 
 
 class _Tracing(threading.local):
@@ -40,7 +44,7 @@ class HybridBlock(Block):
     def __init__(self, prefix: str | None = None, params=None):
         super().__init__(prefix, params)
         self._active = False
-        self._cached: dict = {}  # input signature -> CachedGraph
+        self._cached = LruCache(MAX_TRACED)  # input signature -> CachedGraph
         self._last_cached = None
         self._reg_params: dict = {}
 
@@ -57,7 +61,7 @@ class HybridBlock(Block):
         ``static_alloc``/``static_shape`` ask for in MXNet; they are accepted for that."""
         del static_alloc, static_shape
         self._active = bool(active)
-        self._cached, self._last_cached = {}, None
+        self._cached, self._last_cached = LruCache(MAX_TRACED), None
         super().hybridize(active, **options)
 
     def infer_shape(self, *args) -> None:
@@ -131,7 +135,7 @@ class HybridBlock(Block):
         key = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in args)
         cached = self._cached.get(key)
         if cached is None:
-            cached = self._cached[key] = self.trace(*args)
+            cached = self._cached.put(key, self.trace(*args))
         self._last_cached = cached
         return cached(*args)
 

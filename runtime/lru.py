@@ -1,0 +1,50 @@
+"""A bounded, thread-safe cache for things compiled per shape signature.
+
+Sessions keep a plan per input-shape signature, the imperative autograd a compiled backward
+per op call signature, a hybridized block a traced graph per input signature. A workload
+whose shapes keep changing (sequences of every length, a smaller last batch) would otherwise
+keep every one of them, arenas included, for the life of the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Hashable
+
+
+class LruCache:
+    """At most ``capacity`` entries; the least recently used one goes first."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        """The value for ``key`` (now the most recently used), or None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: Any) -> Any:
+        """Keep ``value`` unless another thread stored one first; returns the kept one."""
+        with self._lock:
+            kept = self._items.setdefault(key, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+            return kept
+
+    def values(self) -> list:
+        with self._lock:
+            return list(self._items.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
