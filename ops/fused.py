@@ -128,7 +128,7 @@ def _into(xp, y, out):
 @op("FusedConv", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None, activation="",
-               activation_params=None, out=None):
+               activation_params=None, out=None, _prepacked=None):
     """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
     On the CPU the residual and activation run on each band of the output right after its
     matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
@@ -137,21 +137,22 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     finish = _activation(activation, activation_params)
     if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
-                                    activation_params=activation_params, **attributes), out)
+                                    activation_params=activation_params,
+                                    _prepacked=_prepacked, **attributes), out)
     if xp is np:
-        return _fused_conv_cpu(X, W, B, Z, attributes, finish, out)
+        return _fused_conv_cpu(X, W, B, Z, attributes, finish, out, _prepacked)
     y = _into(xp, conv(xp, X, W, B, **attributes), out)
     if Z is not None:
         xp.add(y, Z, out=y)
     return finish(xp, y)
 
 
-def _fused_conv_cpu(X, W, B, Z, attributes, finish, out):
+def _fused_conv_cpu(X, W, B, Z, attributes, finish, out, prepacked):
     shape = _conv_shape(X, W, attributes)
     if out is None:
         out = np.empty(shape, X.dtype)
     if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
-        conv_bands(X, W, B, out=out, **attributes)
+        conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
         np.add(out, Z, out=out)
         return finish(np, out)
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
@@ -160,7 +161,7 @@ def _fused_conv_cpu(X, W, B, Z, attributes, finish, out):
         if residual is not None:
             y += residual[image][:, start:stop]
         finish(np, y)
-    return conv_bands(X, W, B, out=out, epilogue=epilogue, **attributes)
+    return conv_bands(X, W, B, out=out, epilogue=epilogue, prepacked=prepacked, **attributes)
 
 
 def _conv_shape(X, W, attributes) -> tuple:

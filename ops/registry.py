@@ -71,6 +71,12 @@ class Kernel:
         and dtype (a view of the memory arena) that it fills and returns."""
         return _signature_info(self.for_device(device)).takes_out
 
+    def wants_prepacked(self, device: str) -> bool:
+        """Whether the device's function keeps derived layouts of a constant weight between
+        runs: it takes ``_prepacked``, a dict the session gives each such node (see
+        ``runtime/session.bind_graph``)."""
+        return "_prepacked" in _signature_info(self.for_device(device)).attributes
+
     @property
     def wants_output_count(self) -> bool:
         return "_outputs" in _signature_info(self.fn).attributes

@@ -100,6 +100,10 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
                 attributes[key] = value
         if kernel.wants_output_count:
             attributes["_outputs"] = len(node.outputs)
+        if kernel.wants_prepacked(device.kind) and len(node.inputs) > 1 \
+                and node.inputs[1] in graph.initializers:
+            # the weight is a constant of this session: its kernel may keep a repacked copy
+            attributes["_prepacked"] = {}
         inputs = list(node.inputs)
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -120,7 +124,7 @@ def lookup_kernel(node: Node, device: Device, dtype: str | None = None) -> Kerne
         raise UnsupportedOperatorError(
             f"node {node.label!r}: {node.domain or 'ai.onnx'}::{node.op_type} (opset "
             f"{node.opset}) does not implement attribute(s) {sorted(unknown)}; implemented: "
-            f"{sorted(kernel.attribute_names - {'_outputs'})}",
+            f"{sorted(a for a in kernel.attribute_names if not a.startswith('_'))}",
             node=node.label, domain=node.domain, op_type=node.op_type, opset=node.opset,
             device=str(device))
     return kernel

@@ -75,7 +75,8 @@ def spec_of(domain: str, op_type: str) -> OpSpec:
     required = sum(1 for p in positional if p.default is p.empty and
                    p.kind is not p.VAR_POSITIONAL)
     attributes = {p.name: (None if p.default is p.empty else p.default) for p in params
-                  if p.kind is p.KEYWORD_ONLY and p.name not in ("_outputs", "out")}
+                  if p.kind is p.KEYWORD_ONLY and not p.name.startswith("_")
+                  and p.name != "out"}
     return OpSpec(kernel.domain, op_type, _opset_for(kernel), tuple(p.name for p in positional),
                   required, variadic, attributes, kernel.accepts_any_attribute,
                   _schema_outputs(kernel.domain, op_type, _opset_for(kernel)), kernel)

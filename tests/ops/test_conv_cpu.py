@@ -60,3 +60,70 @@ def test_shift_add_chosen_for_few_output_channels():
     assert not conv_cpu._shift_add_suits(x, w, (1, 1), (1, 1), (56, 56))  # 1x1: one matmul
     many = np.zeros((512, 7, 7), np.float32)
     assert not conv_cpu._shift_add_suits(many, np.zeros((512, 512 * 9)), (3, 3), (1, 1), (7, 7))
+
+
+def test_padding_borders_are_zero_when_the_buffer_held_another_image():
+    """The padding buffer is reused between calls and only its border is zeroed: a padded
+    call after a larger image of non-zero values must still see zeros around its image."""
+    rng = np.random.default_rng(4)
+    big = np.full((8, 20, 20), 7.0, np.float32)
+    conv_cpu._padded(big, [0, 0], [3, 3])  # leaves 7s across the buffer
+    small = rng.standard_normal((3, 5, 6)).astype(np.float32)
+    padded = conv_cpu._padded(small, [2, 1], [1, 3])
+    expected = np.pad(small, ((0, 0), (2, 1), (1, 3)))
+    np.testing.assert_array_equal(padded, expected)
+    X = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    W = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    conv_cpu._padded(np.full((16, 30, 30), 5.0, np.float32), [1, 1], [1, 1])
+    np.testing.assert_allclose(conv_cpu.conv_cpu(np, X, W, pads=[1, 1, 1, 1]),
+                               conv(np, X, W, pads=[1, 1, 1, 1]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", CASES)
+def test_prepacked_weights_give_the_same_result_and_are_kept(method, x_shape, w_shape, attrs):
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal(x_shape).astype(np.float32)
+    W = rng.standard_normal(w_shape).astype(np.float32)
+    expected = conv(np, X, W, **attrs)
+    prepacked: dict = {}
+    first = conv_cpu.conv_cpu(np, X, W, _prepacked=prepacked, **attrs)
+    kept = {layout: array.copy() for layout, array in prepacked.items()}
+    second = conv_cpu.conv_cpu(np, X * 2, W, _prepacked=prepacked, **attrs)
+    np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(second, 2 * expected, rtol=1e-4, atol=1e-4)
+    assert prepacked.keys() == kept.keys()  # made once, reused, not rewritten
+    assert all(np.array_equal(prepacked[k], kept[k]) for k in kept)
+
+
+def test_sessions_prepack_constant_conv_weights_only():
+    from onnx import TensorProto, helper, numpy_helper
+
+    import mixrt
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 4, 3, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    conv_node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    constant = helper.make_model(
+        helper.make_graph([conv_node], "c", [x], [y], [numpy_helper.from_array(weight, "w")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    fed = helper.make_model(helper.make_graph([conv_node], "f", [x, w], [y]),
+                            opset_imports=[helper.make_opsetid("", 17)])
+    image = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)
+    expected = conv(np, image, weight, pads=[1, 1, 1, 1])
+
+    session = mixrt.Session(constant.SerializeToString(), opt_level=0)
+    (node,) = session._bound.nodes
+    assert node.attributes["_prepacked"] == {}
+    for _ in range(2):
+        np.testing.assert_allclose(session.run(None, {"x": image})[0], expected, rtol=1e-4,
+                                   atol=1e-4)
+    assert node.attributes["_prepacked"], "the constant weight was not kept repacked"
+
+    session = mixrt.Session(fed.SerializeToString(), opt_level=0)
+    (node,) = session._bound.nodes
+    assert "_prepacked" not in node.attributes  # a fed weight may differ every run
+    for scale in (1.0, -2.0):
+        got = session.run(None, {"x": image, "w": weight * np.float32(scale)})[0]
+        np.testing.assert_allclose(got, expected * scale, rtol=1e-4, atol=1e-4)
