@@ -20,6 +20,7 @@ from mixrt.ops.shape import concat, transpose
 from mixrt.ops.fused_elementwise import same_view
 from mixrt.ops.parallel import parallel_rows
 from mixrt.ops.simd_cpu import relu_
+from mixrt.ops import matmul_cpu as few_rows
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -93,19 +94,22 @@ def sigmoid_cpu(xp, X, *, out=None):
 
 
 @mat_mul.fast("cpu")
-def mat_mul_cpu(xp, A, B, *, out=None):
+def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
     if out is None or not _native(A, B, out):
         return _into(out, mat_mul(xp, A, B))
+    if few_rows.suits(A, B) and not np.may_share_memory(out, A):
+        return few_rows.product_into(A, B, out, _prepacked)
     return np.matmul(A, B, out=out)
 
 
 @gemm.fast("cpu")
-def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None):
+def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None,
+             _prepacked=None):
     if out is None or not _native(A, B, C, out) or (C is not None
                                                     and np.may_share_memory(out, C)):
         return _into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                transB=transB))
-    np.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     if alpha != 1.0:
         out *= out.dtype.type(alpha)
     if C is not None and beta != 0.0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops import matmul_cpu as few_rows
 from mixrt.ops.conv_cpu import conv_bands
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import op
@@ -185,13 +186,17 @@ def _(X, W, B=None, Z=None, **attributes):
 
 @op("FusedGemm", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
-               activation_params=None, out=None):
+               activation_params=None, out=None, _prepacked=None):
     """activation(alpha * A' B' + beta * C), the product written straight into ``out``."""
     if _aliases(xp, out, A, B, C):
         return _into(xp, fused_gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                     transB=transB, activation=activation,
-                                    activation_params=activation_params), out)
-    y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
+                                    activation_params=activation_params,
+                                    _prepacked=_prepacked), out)
+    if xp is np and out is not None and A.dtype == B.dtype == out.dtype:
+        y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
+    else:
+        y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if C is not None and beta != 0.0:
@@ -210,13 +215,17 @@ def _(A, B, C=None, *, transA=0, transB=0, **_):
 
 @op("FusedMatMul", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_params=None,
-                  out=None):
+                  out=None, _prepacked=None):
     """activation(A @ B + bias + Z): a transformer's dense layer (and its residual add) in
     one call."""
     if _aliases(xp, out, A, B, bias, Z):
         return _into(xp, fused_mat_mul(xp, A, B, bias, Z, activation=activation,
-                                       activation_params=activation_params), out)
-    y = xp.matmul(A, B, out=out)
+                                       activation_params=activation_params,
+                                       _prepacked=_prepacked), out)
+    if xp is np and out is not None and few_rows.suits(A, B) and out.dtype == A.dtype:
+        y = few_rows.product_into(A, B, out, _prepacked)
+    else:
+        y = xp.matmul(A, B, out=out)
     if bias is not None:
         y += bias
     if Z is not None:

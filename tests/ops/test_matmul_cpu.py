@@ -1,0 +1,69 @@
+"""Few-rows products (ops/matmul_cpu.py): the transposed form gives what matmul gives, for
+MatMul, Gemm (every transA/transB) and the fused kernels, with and without a prepacked B."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops import matmul_cpu
+from mixrt.ops.fast_cpu import gemm_cpu, mat_mul_cpu
+from mixrt.ops.fused import fused_gemm, fused_mat_mul
+
+RNG = np.random.default_rng(5)
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("rows", [2, 8, 64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_few_rows_matches_and_keeps_its_packed_weight(rows, dtype):
+    A, B = _rand(rows, 300, dtype=dtype), _rand(300, 400, dtype=dtype)
+    assert matmul_cpu.suits(A, B)
+    prepacked: dict = {}
+    for scale in (1.0, 3.0):
+        out = np.full((rows, 400), np.nan, dtype)
+        got = mat_mul_cpu(np, A * dtype(scale), B, out=out, _prepacked=prepacked)
+        assert got is out
+        np.testing.assert_allclose(out, (A * dtype(scale)) @ B, rtol=1e-4, atol=1e-3)
+    (packed,) = prepacked.values()
+    assert packed.flags.c_contiguous and packed.shape == (400, 300)
+
+
+def test_a_batch_of_sequences_merges_its_leading_axes():
+    A, B = _rand(2, 3, 256), _rand(256, 512)
+    out = np.empty((2, 3, 512), np.float32)
+    mat_mul_cpu(np, A, B, out=out)
+    np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [1, 65])
+def test_one_row_and_many_rows_keep_the_plain_product(rows):
+    assert not matmul_cpu.suits(_rand(rows, 300), _rand(300, 400))
+
+
+def test_small_weights_keep_the_plain_product():
+    assert not matmul_cpu.suits(_rand(8, 16), _rand(16, 16))
+
+
+@pytest.mark.parametrize("transA", [0, 1])
+@pytest.mark.parametrize("transB", [0, 1])
+def test_gemm_every_transposition(transA, transB):
+    A = _rand(300, 8) if transA else _rand(8, 300)
+    B = _rand(400, 300) if transB else _rand(300, 400)
+    C = _rand(400)
+    expected = 0.5 * ((A.T if transA else A) @ (B.T if transB else B)) + 2.0 * C
+    out = np.full((8, 400), np.nan, np.float32)
+    gemm_cpu(np, A, B, C, alpha=0.5, beta=2.0, transA=transA, transB=transB, out=out,
+             _prepacked={})
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_fused_kernels_take_the_few_rows_path():
+    A, W, bias = _rand(8, 784), _rand(2048, 784), _rand(2048)
+    out = np.empty((8, 2048), np.float32)
+    fused_gemm(np, A, W, bias, transB=1, activation="Relu", out=out, _prepacked={})
+    np.testing.assert_allclose(out, np.maximum(A @ W.T + bias, 0), rtol=1e-4, atol=1e-3)
+    Z = _rand(8, 2048)
+    fused_mat_mul(np, A, np.ascontiguousarray(W.T), bias, Z, out=out, _prepacked={})
+    np.testing.assert_allclose(out, A @ W.T + bias + Z, rtol=1e-4, atol=1e-3)
