@@ -33,18 +33,23 @@ def test_runs_take_turns():
     assert most[0] == 1 and inside[0] == 0
 
 
+def _finishes_in_a_thread(body) -> bool:
+    """Whether ``body(done)`` sets ``done`` on another thread within 10 s (not stuck)."""
+    done = threading.Event()
+    thread = threading.Thread(target=body, args=(done,), daemon=True)
+    thread.start()
+    thread.join(10)
+    return done.is_set()
+
+
 def test_a_run_inside_a_run_on_the_same_thread_does_not_wait_for_itself():
     gate = BlasGate(enabled=True)
-    done = threading.Event()
 
-    def nested():
+    def nested(done):
         with gate.admitted():
             with gate.admitted():
                 done.set()
-    thread = threading.Thread(target=nested)
-    thread.start()
-    thread.join(10)
-    assert done.is_set()
+    assert _finishes_in_a_thread(nested)
 
 
 def test_an_exception_inside_a_run_lets_the_next_one_in():
@@ -54,15 +59,11 @@ def test_an_exception_inside_a_run_lets_the_next_one_in():
             raise ValueError("kernel failed")
     except ValueError:
         pass
-    entered = threading.Event()
 
-    def next_run():
+    def next_run(entered):
         with gate.admitted():
             entered.set()
-    thread = threading.Thread(target=next_run)
-    thread.start()
-    thread.join(10)
-    assert entered.is_set()
+    assert _finishes_in_a_thread(next_run)
 
 
 def test_a_disabled_gate_lets_runs_overlap():
