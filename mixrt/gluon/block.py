@@ -197,19 +197,30 @@ class _ScopeGuard:
         _scope.current = self._previous
 
 
-class Sequential(Block):
-    """Children called one after another."""
+class ChildChain:
+    """What Sequential and HybridSequential share: ``add``, ``len`` and the chained call
+    (the extra arguments go to the first child only)."""
 
-    def add(self, *blocks: Block) -> "Sequential":
+    def add(self, *blocks):
         for block in blocks:
             self.register_child(block)
         return self
 
-    def forward(self, x, *args):
+    def _chain(self, x, args):
         for block in self._children.values():
             x = block(x, *args)
             args = ()
         return x
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+
+class Sequential(ChildChain, Block):
+    """Children called one after another."""
+
+    def forward(self, x, *args):
+        return self._chain(x, args)
 
     def __getitem__(self, index):
         children = list(self._children.values())
@@ -218,6 +229,3 @@ class Sequential(Block):
             picked.add(*children[index])
             return picked
         return children[index]
-
-    def __len__(self) -> int:
-        return len(self._children)

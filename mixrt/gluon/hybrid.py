@@ -20,7 +20,7 @@ import traceback
 from mixrt import autograd
 from mixrt.autograd import tape
 from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
-from mixrt.gluon.block import Block
+from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
 from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import Group, Symbol, variable_named
@@ -158,27 +158,16 @@ class HybridBlock(Block):
         return {"onnx": onnx_path, "mxr": mxr_path}
 
 
-class HybridSequential(HybridBlock):
+class HybridSequential(ChildChain, HybridBlock):
     """Children called one after another; hybridizes as one graph."""
-
-    def add(self, *blocks) -> "HybridSequential":
-        for block in blocks:
-            self.register_child(block)
-        return self
 
     def hybrid_forward(self, F, x, *args):
         del F
-        for block in self._children.values():
-            x = block(x, *args)
-            args = ()
-        return x
+        return self._chain(x, args)
 
     def __getitem__(self, index):
         children = list(self._children.values())
         return children[index]
-
-    def __len__(self) -> int:
-        return len(self._children)
 
 
 def static_shape(x) -> tuple:
