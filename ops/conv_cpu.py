@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 
+from mixrt.ops import jit_cpu
 from mixrt.ops.conv import conv, conv_geometry
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
@@ -94,6 +95,9 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     xp = np
     # grouped (depthwise, ShuffleNet's) convolutions: the generic kernel's one batched
     # matmul over the groups beats a Python loop of tiny per-group matmuls
+    if jit_cpu.depthwise_suits(X, W, group):
+        return _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
+                          out, epilogue)
     if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3 \
             or int(group) > 1:
         Y = conv(xp, X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
@@ -137,6 +141,22 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
         if epilogue is not None and group > 1:
             whole = out[image].reshape(m, -1)
             epilogue(whole, image, 0, whole.shape[1])
+    return out
+
+
+def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out,
+               epilogue):
+    """ShuffleNet's and MobileNet's depthwise convolutions, by the compiled loop of
+    ``ops/jit_cpu.py`` (3-4x the generic kernel's batched 1x9 matmuls on ShuffleNet)."""
+    kernel, strides, dilations, _, begin, _, out_dims = conv_geometry(
+        X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+    if out is None:
+        out = np.empty((X.shape[0], W.shape[0]) + tuple(out_dims), dtype=X.dtype)
+    jit_cpu.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
+    if epilogue is not None:
+        flat = out.reshape(out.shape[0], out.shape[1], -1)
+        for image in range(out.shape[0]):
+            epilogue(flat[image], image, 0, flat.shape[2])
     return out
 
 

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from mixrt.ops import jit_cpu
 from mixrt.ops.conv import spatial_attrs, window_geometry
 from mixrt.ops.conv_cpu import scratch_arrays as _scratch
 from mixrt.ops.nn import lrn
@@ -300,13 +301,29 @@ def _pool_fast(X, out, geometry, ufunc, fill, finish=None):
     return out
 
 
+def _pool_jit(X, out, geometry, maximum, counts=None):
+    """2-D pooling by the compiled loop of ``ops/jit_cpu.py`` (it copies X into its padded
+    phase planes before writing, so ``out`` may overlap X any way); None when it does not
+    apply."""
+    kernel, out_dims = geometry[0], geometry[5]
+    shape = X.shape[:2] + out_dims
+    if not jit_cpu.pool_suits(X, geometry) or min(out_dims) <= 0 or math.prod(kernel) > MAX_TAPS \
+            or (out is not None and out.shape != shape):
+        return None
+    if out is None:
+        out = np.empty(shape, dtype=X.dtype)
+    return jit_cpu.pool2d(X, out, geometry, maximum, counts)
+
+
 @max_pool.fast("cpu")
 def max_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
                  pads=None, storage_order=0, strides=None, _outputs=1, out=None):
     result = None
     if _outputs < 2 and kernel_shape is not None and _native(X, out) and X.ndim >= 3:
         geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-        result = _pool_fast(X, out, geometry, np.maximum, -np.inf)
+        result = _pool_jit(X, out, geometry, True)
+        if result is None:
+            result = _pool_fast(X, out, geometry, np.maximum, -np.inf)
     if result is None:
         result = _into(out, max_pool(xp, X, auto_pad=auto_pad, ceil_mode=ceil_mode,
                                      dilations=dilations, kernel_shape=kernel_shape, pads=pads,
@@ -322,10 +339,12 @@ def average_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad
     if kernel_shape is not None and _native(X, out) and X.ndim >= 3:
         geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
         counts = _window_counts(X.shape[2:], geometry, bool(count_include_pad), X.dtype)
+        result = _pool_jit(X, out, geometry, False, counts)
 
         def divide(total):
             total /= counts
-        result = _pool_fast(X, out, geometry, np.add, 0, divide)
+        if result is None:
+            result = _pool_fast(X, out, geometry, np.add, 0, divide)
     if result is None:
         result = _into(out, average_pool(xp, X, auto_pad=auto_pad, ceil_mode=ceil_mode,
                                          count_include_pad=count_include_pad,

@@ -20,6 +20,14 @@ from mixrt.ops.registry import REGISTRY
 RNG = np.random.default_rng(11)
 
 
+@pytest.fixture(autouse=True, params=["1", "0"], ids=["jit", "numpy"])
+def jit_mode(request, monkeypatch):
+    """2-D pooling runs the compiled loop of ops/jit_cpu.py when numba is there; with
+    MIXRT_JIT=0 it takes the NumPy paths below, which must stay right too."""
+    monkeypatch.setenv("MIXRT_JIT", request.param)
+    return request.param
+
+
 @pytest.fixture(params=[1 << 30, 3 * 1024, 1], ids=["one-block", "small-blocks", "one-plane"])
 def block_bytes(request, monkeypatch):
     monkeypatch.setattr(inplace_cpu, "BLOCK_BYTES", request.param)

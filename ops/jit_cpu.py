@@ -1,0 +1,135 @@
+"""CPU kernels compiled with numba, for the ops NumPy's ufuncs can only do in many passes.
+
+A depthwise 3x3 convolution is nine multiply-adds per output: in NumPy that is eighteen
+ufunc calls over the whole tensor (or a batched matmul of 1x9 by 9xL per channel), and on
+ShuffleNet's 14x14 and 7x7 layers each call is mostly overhead: 0.2-0.5 ms a layer, where
+onnxruntime takes tens of microseconds. A pooling window is the same story. The loops are
+written out once in ``ops/_jit_kernels.py`` and compiled by numba, over the same NumPy
+arrays, one plane at a time so that each padded plane stays in L1.
+
+numba is imported on the first call, not with mixrt (it costs ~0.4 s); each kernel is
+compiled once per dtype and cached on disk beside its source (``cache=True``), so later
+processes load it in milliseconds. ``MIXRT_JIT=0`` turns these kernels off, and so does a
+failed import: callers then take their NumPy paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+import numpy as np
+
+NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
+_loaded: list = []
+_lock = threading.Lock()
+_scratch = threading.local()
+
+
+def enabled() -> bool:
+    return os.environ.get("MIXRT_JIT", "1") != "0" and _kernels() is not None
+
+
+def _kernels():
+    """The compiled kernels module, or None when numba cannot be imported."""
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                try:
+                    _loaded.append(importlib.import_module("mixrt.ops._jit_kernels"))
+                except ImportError:
+                    _loaded.append(None)
+    return _loaded[0]
+
+
+def _phase_planes(x, kernel, strides, dilations, begin, out_dims, fill):
+    """``x`` (N, C, H, W) padded with ``fill`` and split into stride phases: (N, sh*sw, C,
+    ph, pw) in a per-thread scratch, where [n, ry * sw + rx, c, i, j] is padded pixel
+    (i * sh + ry, j * sw + rx) of image n, channel c. The planes hold every tap of every
+    output window (cells past the padded image hold ``fill`` too), so the kernels' runs
+    never read uninitialized memory."""
+    (n, c, height, width), (sh, sw) = x.shape, strides
+    ph, pw = (max((size + b - 1) // s + 1, (k - 1) * d // s + o)
+              for size, k, s, d, b, o in zip(x.shape[2:], kernel, strides, dilations, begin,
+                                             out_dims))
+    planes = _scratch_array("planes", x.dtype, (n, sh * sw, c, ph, pw))
+    for ry in range(sh):
+        for rx in range(sw):
+            # input rows y with (y + top) % sh == ry start at (ry - top) % sh, and land in
+            # phase row (y + top) // sh; the same along the columns
+            y0, x0 = (ry - begin[0]) % sh, (rx - begin[1]) % sw
+            rows = x[:, :, y0::sh, x0::sw]
+            i0, j0 = (y0 + begin[0]) // sh, (x0 + begin[1]) // sw
+            columns = planes[:, ry * sw + rx, :, i0:i0 + rows.shape[2], j0:j0 + rows.shape[3]]
+            np.copyto(columns, rows)
+            _fill_around(planes[:, ry * sw + rx], i0, i0 + rows.shape[2], j0,
+                         j0 + rows.shape[3], fill)
+    return planes
+
+
+def _fill_around(planes, top, bottom, left, right, fill):
+    """``fill`` into the cells of ``planes`` (..., ph, pw) outside rows top..bottom and
+    columns left..right (the copied image): the border only, not the whole buffer twice."""
+    planes[..., :top, :] = fill
+    planes[..., bottom:, :] = fill
+    planes[..., top:bottom, :left] = fill
+    planes[..., top:bottom, right:] = fill
+
+
+def _scratch_array(name, dtype, shape) -> np.ndarray:
+    """A per-thread scratch array (its buffer kept between calls)."""
+    held = _scratch.__dict__.setdefault(name, {})
+    size = int(np.prod(shape))
+    key = np.dtype(dtype).str
+    array = held.get(key)
+    if array is None or array.size < size:
+        array = held[key] = np.empty(size, dtype)
+    return array[:size].reshape(shape)
+
+
+# -- depthwise convolution ---------------------------------------------------------------------
+
+def depthwise_suits(X, W, group) -> bool:
+    """A 2-D convolution whose every group has one input channel (depthwise, with any channel
+    multiplier), in float32 or float64."""
+    return (isinstance(X, np.ndarray) and X.ndim == 4 and X.dtype in NATIVE
+            and W.dtype == X.dtype and int(group) > 1 and int(group) == X.shape[1]
+            and W.shape[1] == 1 and enabled())
+
+
+def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims):
+    """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
+    into ``out`` (N, C*k, oh, ow)."""
+    m = W.shape[0]
+    bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype)
+    planes = _phase_planes(X, kernel, strides, dilations, begin, out_dims, 0)
+    acc = _scratch_array("acc", X.dtype, (planes.shape[3] * planes.shape[4],))
+    _kernels().depthwise(planes.reshape(-1), np.array(planes.shape, np.int64),
+                         np.ascontiguousarray(W).reshape(-1), np.array(kernel, np.int64), bias,
+                         out.reshape(-1), np.array(out_dims, np.int64), strides[0],
+                         strides[1], dilations[0], dilations[1], acc)
+    return out
+
+
+# -- 2-D pooling -------------------------------------------------------------------------------
+
+def pool_suits(X, geometry) -> bool:
+    return X.ndim == 4 and X.dtype in NATIVE and len(geometry[0]) == 2 and enabled()
+
+
+def pool2d(X, out, geometry, maximum: bool, counts=None):
+    """MaxPool (``maximum``) or AveragePool (the window sums divided by ``counts``, one number
+    or an (oh, ow) array) of X (N, C, H, W) into the C-contiguous ``out`` (N, C, oh, ow).
+    X is copied into the phase planes first, so ``out`` may overlap it."""
+    kernel, strides, dilations, begin, _, out_dims = geometry
+    n, c = X.shape[:2]
+    planes = _phase_planes(X.reshape((1, n * c) + X.shape[2:]), kernel, strides, dilations,
+                           begin, out_dims, -np.inf if maximum else 0)[0]
+    acc = _scratch_array("acc", X.dtype, (planes.shape[2] * planes.shape[3],))
+    divisor = np.ones(out_dims, X.dtype) if counts is None else np.ascontiguousarray(
+        np.broadcast_to(np.asarray(counts, X.dtype), out_dims))
+    _kernels().pool(planes.reshape(-1), np.array(planes.shape, np.int64), np.array(kernel, np.int64),
+                    out.reshape(-1), np.array(out_dims, np.int64), strides[0], strides[1],
+                    dilations[0], dilations[1], acc, maximum, divisor.reshape(-1))
+    return out

@@ -1,0 +1,128 @@
+"""The numba-compiled depthwise convolution and 2-D pooling (ops/jit_cpu.py) equal the
+generic kernels over strides, dilations, asymmetric pads, channel multipliers, ceil_mode and
+NaNs, are what the CPU fast paths really run, and step aside under MIXRT_JIT=0."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu
+from mixrt.ops.conv import conv
+from mixrt.ops.pool import average_pool, max_pool
+
+RNG = np.random.default_rng(5)
+
+pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not importable")
+
+DEPTHWISE = [
+    # (channels, multiplier, image, kernel, strides, dilations, pads)
+    (8, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (8, 1, (13, 11), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    (5, 2, (10, 9), (3, 3), (1, 1), (2, 2), (2, 1, 0, 3)),
+    (4, 3, (9, 14), (5, 5), (3, 2), (1, 1), (2, 2, 2, 2)),
+    (6, 1, (7, 7), (1, 3), (1, 1), (1, 1), (0, 1, 0, 1)),
+    (3, 1, (8, 8), (2, 2), (2, 1), (1, 2), (0, 0, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", DEPTHWISE, ids=lambda c: f"c{c[0]}x{c[1]}-k{c[3]}-s{c[4]}")
+def test_depthwise_matches_generic_conv(case, batch, dtype):
+    channels, multiplier, image, kernel, strides, dilations, pads = case
+    X = RNG.standard_normal((batch, channels) + image).astype(dtype)
+    W = RNG.standard_normal((channels * multiplier, 1) + kernel).astype(dtype)
+    B = RNG.standard_normal(channels * multiplier).astype(dtype)
+    attrs = dict(group=channels, kernel_shape=list(kernel), strides=list(strides),
+                 dilations=list(dilations), pads=list(pads))
+    for bias in (B, None):
+        expected = conv(np, X, W, bias, **attrs)
+        got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_conv_takes_the_compiled_loop_unless_turned_off(monkeypatch):
+    calls = []
+    real = jit_cpu.depthwise_conv
+    monkeypatch.setattr(jit_cpu, "depthwise_conv", lambda *a: calls.append(1) or real(*a))
+    X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    W = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    first = conv_cpu.conv_cpu(np, X, W, group=4, pads=[1, 1, 1, 1])
+    assert calls == [1]
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    second = conv_cpu.conv_cpu(np, X, W, group=4, pads=[1, 1, 1, 1])
+    assert calls == [1]
+    np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-6)
+
+
+POOLS = [
+    # (image, kernel, strides, dilations, pads, ceil_mode)
+    ((111, 111), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0), 0),
+    ((12, 12), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0),
+    ((9, 10), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 1),
+    ((10, 10), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
+    ((11, 9), (3, 2), (3, 1), (2, 1), (1, 0, 2, 1), 0),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", POOLS, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-c{c[5]}")
+def test_pools_match_generic(case, dtype):
+    image, kernel, strides, dilations, pads, ceil_mode = case
+    X = RNG.standard_normal((2, 3) + image).astype(dtype)
+    X[0, 1, 2, 2] = np.nan
+    X[1, 0, 0, 0] = np.inf
+    attrs = dict(kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                 ceil_mode=ceil_mode)
+    expected = max_pool(np, X, dilations=list(dilations), **attrs)
+    got = inplace_cpu.max_pool_cpu(np, X, dilations=list(dilations), **attrs)
+    np.testing.assert_array_equal(got, expected)
+    for include_pad in (0, 1):
+        if dilations != (1, 1):
+            continue  # AveragePool's dilations arrived in opset 19; the generic rule covers them
+        expected = average_pool(np, X, count_include_pad=include_pad, **attrs)
+        got = inplace_cpu.average_pool_cpu(np, X, count_include_pad=include_pad, **attrs)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_pool_output_over_its_input_is_right():
+    """The planner may place a pool's output at its input's first byte."""
+    X = RNG.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    expected = max_pool(np, X, kernel_shape=[3, 3], strides=[2, 2])
+    buffer = X.copy()
+    out = buffer.reshape(-1)[:expected.size].reshape(expected.shape)
+    inplace_cpu.max_pool_cpu(np, buffer, kernel_shape=[3, 3], strides=[2, 2], out=out)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_shufflenet_like_block_matches_onnxruntime(tmp_path):
+    """Depthwise Conv, MaxPool and AveragePool in one planned session, against onnxruntime."""
+    c = 8
+    weights = [helper.make_tensor("w", TensorProto.FLOAT, [c, 1, 3, 3],
+                                  RNG.standard_normal(c * 9).astype(np.float32)),
+               helper.make_tensor("b", TensorProto.FLOAT, [c],
+                                  RNG.standard_normal(c).astype(np.float32))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["d"], group=c, pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("Relu", ["d"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["r"], ["a"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["m", "a"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    path = tmp_path / "block.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path.write_bytes(model.SerializeToString())
+    x = RNG.standard_normal((2, c, 28, 28)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    for level in (0, 2):
+        got = mixrt.Session(str(path), opt_level=level).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
