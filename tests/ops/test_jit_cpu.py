@@ -69,7 +69,10 @@ POOLS = [
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", POOLS, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-c{c[5]}")
-def test_pools_match_generic(case, dtype):
+def test_pools_match_generic(case, dtype, monkeypatch):
+    calls = []
+    real = jit_cpu.pool2d
+    monkeypatch.setattr(jit_cpu, "pool2d", lambda *a: calls.append(1) or real(*a))
     image, kernel, strides, dilations, pads, ceil_mode = case
     X = RNG.standard_normal((2, 3) + image).astype(dtype)
     X[0, 1, 2, 2] = np.nan
@@ -85,6 +88,15 @@ def test_pools_match_generic(case, dtype):
         expected = average_pool(np, X, count_include_pad=include_pad, **attrs)
         got = inplace_cpu.average_pool_cpu(np, X, count_include_pad=include_pad, **attrs)
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert calls, "the compiled pool was not used"
+
+
+def test_tiny_pool_outputs_keep_the_numpy_path(monkeypatch):
+    """A 7x7 window pooled to 1x1 (ShuffleNet's last pool) is faster in NumPy."""
+    monkeypatch.setattr(jit_cpu, "pool2d", lambda *a: pytest.fail("compiled pool used"))
+    X = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
+    got = inplace_cpu.average_pool_cpu(np, X, kernel_shape=[7, 7])
+    np.testing.assert_allclose(got, X.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
 
 
 def test_pool_output_over_its_input_is_right():
