@@ -34,7 +34,6 @@ def depthwise(planes, shape, w, kernel, b, y, out_dims, sh, sw, dh, dw, acc):
     m_out = b.shape[0]
     multiplier = m_out // channels
     run = (oh - 1) * pw + ow
-    plane_size = ph * pw
     for n in range(n_images):
         for m in range(m_out):
             c = m // multiplier
@@ -43,18 +42,8 @@ def depthwise(planes, shape, w, kernel, b, y, out_dims, sh, sw, dh, dw, acc):
                 _depthwise_3x3(planes, w, m, bias, acc, run, n, c, phases, channels, ph, pw,
                                sh, sw, dh, dw)
             else:
-                for i in range(run):
-                    acc[i] = bias
-            for ky in range(kh if kh != 3 or kw != 3 else 0):
-                a = ky * dh
-                for kx in range(kw):
-                    e = kx * dw
-                    phase = (a % sh) * sw + e % sw
-                    start = ((n * phases + phase) * channels + c) * plane_size \
-                        + (a // sh) * pw + e // sw
-                    weight = w[(m * kh + ky) * kw + kx]
-                    for i in range(run):
-                        acc[i] += weight * planes[uint64(start + i)]
+                _depthwise_taps(planes, w, m, bias, acc, run, n, c, kh, kw, phases, channels,
+                                ph, pw, sh, sw, dh, dw)
             base = (n * m_out + m) * oh * ow
             for oy in range(oh):
                 row, target = oy * pw, base + oy * ow
@@ -95,22 +84,33 @@ def _depthwise_3x3(planes, w, m, bias, acc, run, n, c, phases, channels, ph, pw,
 
 
 @_jit
+def _depthwise_taps(planes, w, m, bias, acc, run, n, c, kh, kw, phases, channels, ph, pw, sh,
+                    sw, dh, dw):
+    """Any kernel size: one pass over the run per tap."""
+    for i in range(run):
+        acc[i] = bias
+    for ky in range(kh):
+        for kx in range(kw):
+            start = _tap_start(n, c, ky, kx, phases, channels, ph, pw, sh, sw, dh, dw)
+            weight = w[(m * kh + ky) * kw + kx]
+            for i in range(run):
+                acc[i] += weight * planes[uint64(start + i)]
+
+
+@_jit
 def pool(planes, shape, kernel, y, out_dims, sh, sw, dh, dw, acc, maximum, divisor):
     """MaxPool (``maximum``) or AveragePool (window sums / ``divisor``, flat (oh, ow)).
-    ``planes``: flat (sh*sw, P, ph, pw) padded with -inf or 0, ``shape`` its dims; ``y``:
+    ``planes``: flat (sh*sw, P, ph, pw) padded with -inf or 0 (the depthwise layout with one
+    image and P channels), ``shape`` its dims; ``y``:
     flat (P, oh, ow). A NaN in a window makes the max NaN, as np.maximum does."""
     phases, count, ph, pw = shape[0], shape[1], shape[2], shape[3]
     kh, kw = kernel[0], kernel[1]
     oh, ow = out_dims[0], out_dims[1]
     run = (oh - 1) * pw + ow
-    plane_size = ph * pw
     for p in range(count):
         for ky in range(kh):
-            a = ky * dh
             for kx in range(kw):
-                e = kx * dw
-                phase = (a % sh) * sw + e % sw
-                start = (phase * count + p) * plane_size + (a // sh) * pw + e // sw
+                start = _tap_start(0, p, ky, kx, phases, count, ph, pw, sh, sw, dh, dw)
                 if ky == 0 and kx == 0:
                     for i in range(run):
                         acc[i] = planes[uint64(start + i)]

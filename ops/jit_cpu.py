@@ -49,7 +49,7 @@ def _phase_planes(x, kernel, strides, dilations, begin, out_dims, fill):
     (i * sh + ry, j * sw + rx) of image n, channel c. The planes hold every tap of every
     output window (cells past the padded image hold ``fill`` too), so the kernels' runs
     never read uninitialized memory."""
-    (n, c, height, width), (sh, sw) = x.shape, strides
+    (n, c), (sh, sw) = x.shape[:2], strides
     ph, pw = (max((size + b - 1) // s + 1, (k - 1) * d // s + o)
               for size, k, s, d, b, o in zip(x.shape[2:], kernel, strides, dilations, begin,
                                              out_dims))
@@ -129,7 +129,8 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     acc = _scratch_array("acc", X.dtype, (planes.shape[2] * planes.shape[3],))
     divisor = np.ones(out_dims, X.dtype) if counts is None else np.ascontiguousarray(
         np.broadcast_to(np.asarray(counts, X.dtype), out_dims))
-    _kernels().pool(planes.reshape(-1), np.array(planes.shape, np.int64), np.array(kernel, np.int64),
-                    out.reshape(-1), np.array(out_dims, np.int64), strides[0], strides[1],
+    _kernels().pool(planes.reshape(-1), np.array(planes.shape, np.int64),
+                    np.array(kernel, np.int64), out.reshape(-1),
+                    np.array(out_dims, np.int64), strides[0], strides[1],
                     dilations[0], dilations[1], acc, maximum, divisor.reshape(-1))
     return out
