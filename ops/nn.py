@@ -489,14 +489,19 @@ def lrn(xp, X, *, size=None, alpha=1e-4, beta=0.75, bias=1.0):
 @op("LpNormalization", since=1, dtypes=FLOATS)
 def lp_normalization(xp, input, *, axis=-1, p=2):
     x = widen(input)
+    return (x / lp_norm(xp, x, axis, p)).astype(input.dtype, copy=False)
+
+
+def lp_norm(xp, x, axis, p):
+    """||x||_p along ``axis`` (kept), with an all-zero slice's 0 replaced by 1: dividing its
+    zeros by 1 keeps them zero (the forward and its gradient share this)."""
     if p == 1:
         norm = xp.sum(xp.abs(x), axis=axis, keepdims=True)
     elif p == 2:
         norm = xp.sqrt(xp.sum(x * x, axis=axis, keepdims=True))
     else:
         raise ValueError(f"LpNormalization supports p=1 or p=2, got p={p}")
-    # an all-zero slice has norm 0: dividing its zeros by 1 keeps them zero
-    return (x / xp.where(norm == 0, 1, norm)).astype(input.dtype, copy=False)
+    return xp.where(norm == 0, 1, norm)
 
 
 @op("MeanVarianceNormalization", since=13, dtypes=FLOATS)

@@ -251,13 +251,7 @@ def lp_normalization_grad(xp, dY, X, *, axis=-1, p=2):
     d||x||/dx is y for p=2 and sign(x) for p=1. An all-zero slice (divided by 1 in the
     forward) passes dY through."""
     x, dy = nn.widen(X), nn.widen(dY)
-    if p == 1:
-        norm = xp.sum(xp.abs(x), axis=axis, keepdims=True)
-    elif p == 2:
-        norm = xp.sqrt(xp.sum(x * x, axis=axis, keepdims=True))
-    else:
-        raise ValueError(f"LpNormalization supports p=1 or p=2, got p={p}")
-    norm = xp.where(norm == 0, 1, norm)
+    norm = nn.lp_norm(xp, x, axis, p)
     y = x / norm
     direction = y if p == 2 else xp.sign(x)
     dx = (dy - direction * xp.sum(dy * y, axis=axis, keepdims=True)) / norm
