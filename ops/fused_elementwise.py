@@ -30,6 +30,7 @@ from typing import Callable
 
 import numpy as np
 
+from mixrt.ops import jit_elementwise
 from mixrt.ops.elementwise import erf_values
 from mixrt.ops.fused import FUSED_DTYPES, MIXRT
 from mixrt.ops.registry import op
@@ -227,6 +228,7 @@ class Program:
             for register in step.operands:
                 last_use[register] = index
         self.last_use = last_use
+        self.jit_kernels: dict = {}  # its compiled loops (ops/jit_elementwise.py) by variant
 
     # -- CPU: in-place ufunc calls over cache-sized blocks --------------------------------
 
@@ -238,6 +240,10 @@ class Program:
                 _overlaps(out, [x]) and not same_view(out, x) for x in inputs):
             np.copyto(out, self.run_cpu(inputs))  # a partial overlap: compute aside
             return out
+        if jit_elementwise.suits(self.steps, inputs, out, self.jit_kernels):
+            alias = next((i for i, x in enumerate(inputs) if _overlaps(out, [x])), None)
+            if jit_elementwise.run(self.steps, inputs, out, alias, self.jit_kernels):
+                return out
         blocks = _row_blocks(shape, inputs, out)
         if blocks is None:
             return self._run_block(inputs, out, [])

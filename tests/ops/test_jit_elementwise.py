@@ -1,0 +1,215 @@
+"""FusedElementwise programs compiled by ops/jit_elementwise.py: the same bits as the NumPy
+path for every compiled op, every broadcast layout, in place and split over threads; what
+does not compile stays in NumPy; the generated module's cache on disk."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mixrt.ops import fused_elementwise as fe
+from mixrt.ops import jit_cpu
+from mixrt.ops import jit_elementwise as je
+
+pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not available")
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def compile_small_tensors(monkeypatch):
+    monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 0)
+
+
+def rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def both_paths(monkeypatch, inputs, ops, operands, params=(), out=None):
+    """(compiled result, NumPy result) of one program; asserts the compiled loop ran."""
+    program = fe.program(tuple(ops), tuple(operands), tuple(params), len(inputs))
+    monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 1 << 60)
+    reference = program.run_cpu([x.copy() for x in inputs])
+    monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 0)
+    calls = []
+    real = je.run
+    monkeypatch.setattr(je, "run", lambda *a: calls.append(1) or real(*a))
+    compiled = program.run_cpu(inputs, out)
+    assert calls, f"{ops} did not take the compiled loop"
+    return compiled, reference
+
+
+WITH_NAN = np.float32([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.5, -2.5, 3.0])
+
+ONE_INPUT = [("Neg", []), ("Abs", []), ("Sqrt", []), ("Reciprocal", []), ("Floor", []),
+             ("Ceil", []), ("Relu", []), ("Erf", []), ("Pow", [2.0]), ("Clip", [-0.5, 0.5]),
+             ("Clip", [-math.inf, 0.5]), ("Clip", [0.5, -0.5]), ("LeakyRelu", [0.2]),
+             ("HardSigmoid", [0.3, 0.4])]
+
+
+@pytest.mark.parametrize("name, params", ONE_INPUT, ids=lambda v: str(v))
+def test_every_one_input_op_gives_the_numpy_bits(monkeypatch, name, params):
+    x = np.concatenate([rand(40) * 3, WITH_NAN])
+    with np.errstate(all="ignore"):
+        got, want = both_paths(monkeypatch, [x], [name], [0], params)
+    np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["Add", "Sub", "Mul", "Div", "Max", "Min"])
+def test_every_two_input_op_gives_the_numpy_bits_nan_included(monkeypatch, name):
+    x = np.concatenate([rand(40), WITH_NAN, WITH_NAN])
+    y = np.concatenate([rand(40), WITH_NAN, WITH_NAN[::-1]])
+    with np.errstate(all="ignore"):
+        got, want = both_paths(monkeypatch, [x, y], [name], [0, 1])
+    np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+GELU = dict(ops=["Add", "Scalar", "Div", "Erf", "Scalar", "Add", "Mul", "Scalar", "Mul"],
+            operands=[0, 1, 2, 3, 4, 5, 6, 2, 7, 8, 9], params=[math.sqrt(2.0), 1.0, 0.5])
+
+
+def test_bert_bias_gelu_is_bit_for_bit_the_numpy_chain(monkeypatch):
+    x, bias = rand(2, 16, 300), rand(300)
+    got, want = both_paths(monkeypatch, [x, bias], **GELU)
+    np.testing.assert_array_equal(got, want)
+
+
+LAYOUTS = [  # broadcast patterns the loop nest merges into three axes, and one it cannot
+    ((2, 6, 5, 7), (6, 1, 1)),        # batch norm: per channel
+    ((2, 6, 5, 7), (7,)),             # bias over the last axis
+    ((2, 6, 5, 7), ()),               # a 0-d input
+    ((4, 1), (1, 5)),                 # an outer product
+    ((3, 1, 5), (3, 4, 1)),           # both inputs broadcast, on different axes
+    ((2, 1, 3, 1, 5), (1, 4, 1, 6, 1)),  # five alternating axes: stays in NumPy
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape", LAYOUTS, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_broadcast_layouts_match_numpy(a_shape, b_shape, dtype):
+    a, b = rand(*a_shape, dtype=dtype), rand(*b_shape, dtype=dtype)
+    program = fe.program(("Mul", "Add", "Relu"), (0, 1, 2, 0, 3), (), 2)
+    got = program.run_cpu([a, b])
+    np.testing.assert_array_equal(got, np.maximum(a * b + a, 0))
+    assert got.dtype == dtype
+
+
+def test_layout_merges_axes_that_every_array_steps_through_alike():
+    x, scale = np.empty((1, 8, 5, 7)), np.empty((8, 1, 1))
+    assert je.layout(x, [x, scale]) == ((1, 8, 35), ((0, 35, 1), (0, 1, 0), (0, 35, 1)))
+    band = np.empty((16, 100))[:, 20:60]  # a band of a conv output: rows 100 apart
+    assert je.layout(band, [np.empty((16, 1))]) == ((1, 16, 40), ((0, 1, 0), (0, 100, 1)))
+    assert je.layout(np.empty((2, 3, 4, 5)), [np.empty((2, 1, 4, 1))]) is None
+    assert je.layout(np.empty((4, 6)), [np.empty((6, 4)).T]) is None  # no vector loads
+
+
+def test_strided_output_bands(monkeypatch):
+    y = rand(16, 100)
+    bias, residual = rand(16, 1), rand(16, 100)
+    want = y.copy()
+    want[:, 20:60] = np.maximum(y[:, 20:60] + bias + residual[:, 20:60], 0)
+    steps = fe.program(("Add", "Add", "Relu"), (0, 1, 3, 2, 4), (), 3).steps
+    band = y[:, 20:60]
+    assert je.run(steps, [band, bias, residual[:, 20:60]], band, alias=0)
+    np.testing.assert_array_equal(y, want)
+
+
+def test_output_over_its_own_input_and_strided_inputs(monkeypatch):
+    x, bias = rand(3, 40, 50), rand(50)
+    want = np.maximum(x + bias, 0) * x
+    program = dict(ops=["Add", "Relu", "Mul"], operands=[0, 1, 2, 3, 0])
+    inplace = x.copy()
+    got, reference = both_paths(monkeypatch, [inplace, bias], out=inplace, **program)
+    assert got is inplace
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(reference, want)
+    transposed = np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)
+    got, _ = both_paths(monkeypatch, [transposed, bias], **program)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_threads_split_rows_without_changing_a_bit(monkeypatch):
+    x, scale, shift = rand(1, 64, 56, 56), rand(64, 1, 1), rand(64, 1, 1)
+    program = fe.program(("Mul", "Add", "Relu"), (0, 1, 3, 2, 4), (), 3)
+    parts = []
+    real = je._parts
+    monkeypatch.setattr(je, "_parts", lambda rows, size: parts.append(real(rows, size))
+                        or parts[-1])
+    monkeypatch.setattr(je, "intra_op_threads", lambda: 2)
+    two = program.run_cpu([x, scale, shift])
+    assert len(parts[-1]) == 2
+    monkeypatch.setattr(je, "intra_op_threads", lambda: 1)
+    one = program.run_cpu([x, scale, shift])
+    np.testing.assert_array_equal(two, one)
+    np.testing.assert_array_equal(one, np.maximum(x * scale + shift, 0))
+
+
+@pytest.mark.parametrize("ops, params, dtype", [
+    (["Exp"], [], np.float32),          # NumPy's SIMD exp is ~6x numba's libm call
+    (["Tanh"], [], np.float32),
+    (["Pow"], [0.7], np.float32),       # only x^2 compiles
+    (["Erf"], [], np.float64),          # the float32 rational only
+    (["Scalar", "Add"], [math.inf], np.float32),  # no literal but finite floats
+])
+def test_what_does_not_compile_stays_in_numpy(monkeypatch, ops, params, dtype):
+    x = rand(10, 10, dtype=dtype)
+    monkeypatch.setattr(je, "kernel", lambda text: pytest.fail("compiled " + str(ops)))
+    operands = [0] if len(ops) == 1 else [1, 0]
+    program = fe.program(tuple(ops), tuple(operands), tuple(params), 1)
+    with np.errstate(all="ignore"):
+        program.run_cpu([x])
+
+
+def test_jit_off_and_small_outputs_use_numpy(monkeypatch):
+    x = rand(10, 10)
+    program = fe.program(("Relu",), (0,), (), 1)
+    monkeypatch.setattr(je, "kernel", lambda text: pytest.fail("compiled"))
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    np.testing.assert_array_equal(program.run_cpu([x]), np.maximum(x, 0))
+    monkeypatch.delenv("MIXRT_JIT")
+    monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 101)
+    np.testing.assert_array_equal(program.run_cpu([x]), np.maximum(x, 0))
+
+
+def test_source_holds_only_templates_names_and_float_literals():
+    steps = fe.program(("Scalar", "Mul", "LeakyRelu"), (0, 1, 2), (1e-3, 0.25), 1).steps
+    text = je.source(steps, 1, np.float32, (True,), None)
+    assert "T(0.001)" in text and "T(0.25)" in text
+    assert "r1 = T(0.001)" in text and "out[uint64(o + k)] = r3" in text
+    assert "v0 = x0[uint64(b0 + k)]" in text
+    inplace = je.source(steps, 1, np.float32, (True,), 0)
+    assert "b0 = o\n" in inplace and "v0 = out[uint64(b0 + k)]" in inplace
+    assert "x0[" not in inplace
+    broadcast = je.source(steps, 1, np.float32, (False,), None)
+    assert "v0 = x0[uint64(i * x0_0 + j * x0_1)]" in broadcast
+
+
+def test_generated_module_is_cached_on_disk_and_rewritten_when_edited(tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
+    steps = fe.program(("Neg", "Abs"), (0, 1), (), 1).steps
+    text = je.source(steps, 1, np.float64, (True,), None)
+    run = je.kernel(text)
+    files = list((tmp_path / "jit").glob("mixrt_fused_*.py"))
+    assert len(files) == 1 and files[0].read_text() == text
+    x, out = rand(30, dtype=np.float64), np.empty(30)
+    run(x, out, 1, 30, 0, 0, 0, 0, 0, 1)
+    np.testing.assert_array_equal(out, np.abs(x))
+    files[0].write_text("import os  # tampered\n")
+    je.kernel.cache_clear()
+    je.kernel(text)
+    assert files[0].read_text() == text
+
+
+def test_an_unwritable_cache_compiles_in_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(blocker))
+    steps = fe.program(("Neg", "Relu"), (0, 1), (), 1).steps
+    je.kernel.cache_clear()
+    run = je.kernel(je.source(steps, 1, np.float64, (True,), None))
+    x, out = rand(9, dtype=np.float64), np.empty(9)
+    run(x, out, 1, 9, 0, 0, 0, 0, 0, 1)
+    np.testing.assert_array_equal(out, np.maximum(-x, 0))
