@@ -18,6 +18,7 @@ No fastmath: it would let LLVM assume there are no NaNs, and a max pool must pas
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, uint64
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -131,3 +132,27 @@ def pool(planes, shape, kernel, y, out_dims, sh, sw, dh, dw, acc, maximum, divis
             else:
                 for ox in range(ow):
                     y[uint64(target + ox)] = acc[uint64(row + ox)] / divisor[uint64(oy * ow + ox)]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
+def layer_norm(x, scale, bias, y, rows, n, epsilon):
+    """LayerNormalization over rows of ``n`` (flat x, y; scale and bias of n): each row is
+    read three times while it sits in L1 (sum, centred sum of squares, affine output), so
+    reading the row back as it is written makes ``y`` over ``x`` safe. ``reassoc`` lets LLVM
+    vectorize the two sums (lane-wise partial sums, like NumPy's pairwise ones); nothing
+    else is relaxed, so a NaN in a row still fills that row with NaN."""
+    count = x.dtype.type(n)
+    for r in range(rows):
+        start = r * n
+        total = x.dtype.type(0)
+        for i in range(n):
+            total += x[uint64(start + i)]
+        mean = total / count
+        squares = x.dtype.type(0)
+        for i in range(n):
+            centred = x[uint64(start + i)] - mean
+            squares += centred * centred
+        inverse = x.dtype.type(1) / np.sqrt(squares / count + epsilon)
+        for i in range(n):
+            y[uint64(start + i)] = ((x[uint64(start + i)] - mean) * inverse * scale[i]
+                                    + bias[i])

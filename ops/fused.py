@@ -14,9 +14,12 @@ instead of allocating one per op.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops import jit_elementwise
 from mixrt.ops import matmul_cpu as few_rows
 from mixrt.ops.conv_cpu import conv_bands
 from mixrt.ops.nn import matmul_shape
@@ -107,6 +110,47 @@ def _activation(activation: str, params):
     return finish
 
 
+def _epilogue(has_bias: bool, has_residual: bool, activation: str, params):
+    """y [+ bias] [+ residual], then the activation, as a FusedElementwise program over the
+    registers (y, bias?, residual?), or None when there is nothing to do or the activation
+    has no compiled loop (Sigmoid, Tanh: NumPy's SIMD exp is faster than numba's)."""
+    return _epilogue_program(bool(has_bias), bool(has_residual), activation or "",
+                             tuple(float(v) for v in params or ()))
+
+
+@functools.lru_cache(maxsize=256)
+def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, params: tuple):
+    # imported here: fused_elementwise imports this module's FUSED_DTYPES
+    from mixrt.ops.fused_elementwise import program as elementwise_program  # noqa: PLC0415
+    if activation and (activation not in ACTIVATIONS
+                       or len(params) != len(ACTIVATIONS[activation][1])):
+        return None  # the unfused path reports the mistake
+    steps, operands, values, current = [], [], [], 0
+    for present, register in ((has_bias, 1), (has_residual, 1 + has_bias)):
+        if present:
+            steps.append("Add")
+            operands += [current, register]
+            current = 1 + has_bias + has_residual + len(steps) - 1
+    if activation:
+        steps.append(activation)
+        operands.append(current)
+        values = list(params)
+    if not steps:
+        return None
+    program = elementwise_program(tuple(steps), tuple(operands), tuple(values),
+                                  1 + has_bias + has_residual)
+    return program if jit_elementwise.compilable(program.steps, np.float32) else None
+
+
+def _compiled_epilogue(program, y, *operands) -> bool:
+    """``program`` over (y, *operands) into y in one compiled pass; False (nothing done)
+    when that path does not suit these arrays."""
+    if program is None or not jit_elementwise.suits(program.steps, operands, y,
+                                                    program.jit_kernels):
+        return False
+    return jit_elementwise.run(program.steps, (y,) + operands, y, 0, program.jit_kernels)
+
+
 def _aliases(xp, out, *arrays) -> bool:
     """``out`` shares memory with one of ``arrays`` (an in-place plan reused an input)."""
     if out is None:
@@ -141,14 +185,15 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
                                     activation_params=activation_params,
                                     _prepacked=_prepacked, **attributes), out)
     if xp is np:
-        return _fused_conv_cpu(X, W, B, Z, attributes, finish, out, _prepacked)
+        return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), finish,
+                               out, _prepacked)
     y = _into(xp, conv(xp, X, W, B, **attributes), out)
     if Z is not None:
         xp.add(y, Z, out=y)
     return finish(xp, y)
 
 
-def _fused_conv_cpu(X, W, B, Z, attributes, finish, out, prepacked):
+def _fused_conv_cpu(X, W, B, Z, attributes, activation, finish, out, prepacked):
     shape = _conv_shape(X, W, attributes)
     if out is None:
         out = np.empty(shape, X.dtype)
@@ -157,12 +202,22 @@ def _fused_conv_cpu(X, W, B, Z, attributes, finish, out, prepacked):
         np.add(out, Z, out=out)
         return finish(np, out)
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
+    program = _epilogue(B is not None, Z is not None, *activation)
+    bias = None if B is None else B.reshape(-1, 1)
 
     def epilogue(y, image, start, stop):
+        # bias, residual and activation in one compiled pass over the band when it can
+        operands = tuple(a for a in (bias, None if residual is None
+                                     else residual[image][:, start:stop]) if a is not None)
+        if _compiled_epilogue(program, y, *operands):
+            return
+        if bias is not None:
+            y += bias
         if residual is not None:
-            y += residual[image][:, start:stop]
+            y += operands[-1]
         finish(np, y)
-    return conv_bands(X, W, B, out=out, epilogue=epilogue, prepacked=prepacked, **attributes)
+    return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
+                      **attributes)
 
 
 def _conv_shape(X, W, attributes) -> tuple:
@@ -200,7 +255,15 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if C is not None and beta != 0.0:
-        y += C if beta == 1.0 else C * C.dtype.type(beta)
+        C = C if beta == 1.0 else C * C.dtype.type(beta)
+    else:
+        C = None
+    if xp is np and _compiled_epilogue(_epilogue(C is not None, False, activation,
+                                                 activation_params), y,
+                                       *(() if C is None else (C,))):
+        return y
+    if C is not None:
+        y += C
     return activate(xp, y, activation, activation_params)
 
 
@@ -226,6 +289,9 @@ def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_para
         y = few_rows.product_into(A, B, out, _prepacked)
     else:
         y = xp.matmul(A, B, out=out)
+    program = _epilogue(bias is not None, Z is not None, activation, activation_params)
+    if xp is np and _compiled_epilogue(program, y, *(a for a in (bias, Z) if a is not None)):
+        return y
     if bias is not None:
         y += bias
     if Z is not None:

@@ -134,3 +134,27 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
                     np.array(out_dims, np.int64), strides[0], strides[1],
                     dilations[0], dilations[1], acc, maximum, divisor.reshape(-1))
     return out
+
+
+# -- layer normalization -------------------------------------------------------------------------
+
+def layer_norm_suits(X, Scale, B, out) -> bool:
+    """float32 arrays (stash_type 1: float32 statistics), contiguous, normalized over the
+    trailing axes that ``Scale`` (and ``B``) cover exactly; ``out`` may be ``X`` itself."""
+    arrays = [a for a in (X, Scale, B, out) if a is not None]
+    return (X.dtype == np.float32 and all(isinstance(a, np.ndarray) and a.dtype == X.dtype
+                                      and a.flags.c_contiguous for a in arrays)
+            and out.shape == X.shape and Scale.size > 0
+            and (B is None or B.size == Scale.size) and enabled())
+
+
+def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
+    """LayerNormalization of X over its axes from ``axis`` on into ``out``; False (nothing
+    written) when Scale does not span exactly those axes (broadcast scales stay in NumPy)."""
+    n = int(np.prod(X.shape[axis:], dtype=np.int64))
+    if Scale.size != n or X.size == 0:
+        return False
+    bias = np.zeros(n, X.dtype) if B is None else B.reshape(-1)
+    _kernels().layer_norm(X.reshape(-1), Scale.reshape(-1), bias, out.reshape(-1),
+                          X.size // n, n, X.dtype.type(epsilon))
+    return True

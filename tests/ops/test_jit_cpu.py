@@ -138,3 +138,56 @@ def test_shufflenet_like_block_matches_onnxruntime(tmp_path):
     for level in (0, 2):
         got = mixrt.Session(str(path), opt_level=level).run(None, {"x": x})[0]
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# -- LayerNormalization -----------------------------------------------------------------------
+
+def _layer_norm_reference(x, scale, bias, axis, epsilon):
+    axes = tuple(range(axis, x.ndim))
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=axes, keepdims=True)
+    variance = ((wide - mean) ** 2).mean(axis=axes, keepdims=True)
+    result = (wide - mean) / np.sqrt(variance + epsilon) * scale
+    return result + (0 if bias is None else bias)
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 128, 768), -1), ((3, 5, 7), 1), ((2, 1), -1),
+                                         ((4, 3, 2, 6), 2), ((33,), 0)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, monkeypatch):
+    from mixrt.ops.fast_cpu import layer_normalization_cpu
+    x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
+    normalized = shape[axis % len(shape):]
+    scale = RNG.standard_normal(normalized).astype(np.float32)
+    bias = RNG.standard_normal(normalized).astype(np.float32) if with_bias else None
+    calls = []
+    real = jit_cpu.layer_norm
+    monkeypatch.setattr(jit_cpu, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    out = np.empty_like(x)
+    got = layer_normalization_cpu(np, x, scale, bias, axis=axis, epsilon=1e-5, out=out)
+    assert got is out and calls
+    want = _layer_norm_reference(x, scale, bias, axis % x.ndim, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    numpy_path = layer_normalization_cpu(np, x, scale, bias, axis=axis, epsilon=1e-5,
+                                         out=np.empty_like(x))
+    np.testing.assert_allclose(got, numpy_path, rtol=1e-5, atol=2e-6)
+    assert len(calls) == 1
+
+
+def test_layer_norm_in_place_nan_rows_and_broadcast_scales():
+    from mixrt.ops.fast_cpu import layer_normalization_cpu
+    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    x[2, 5] = np.nan
+    scale, bias = RNG.standard_normal(16).astype(np.float32), np.zeros(16, np.float32)
+    want = _layer_norm_reference(x, scale, bias, 1, 1e-5)
+    got = layer_normalization_cpu(np, x, scale, bias, axis=1, out=x)  # the planner reused x
+    assert got is x
+    assert np.isnan(x[2]).all() and not np.isnan(x[[0, 1, 3]]).any()
+    np.testing.assert_allclose(x[[0, 1, 3]], want[[0, 1, 3]], rtol=1e-5, atol=2e-6)
+    # a scale that broadcasts over the normalized axes is left to the NumPy path
+    y = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    one = np.float32([[1.5]])
+    got = layer_normalization_cpu(np, y, one, None, axis=1, out=np.empty_like(y))
+    np.testing.assert_allclose(got, _layer_norm_reference(y, one, None, 1, 1e-5), rtol=1e-5,
+                               atol=2e-6)
