@@ -11,9 +11,12 @@ carries a small register program in plain ONNX attributes:
 * ``params`` (floats): each step's constants, flattened (Pow's exponent, Clip's bounds,
   LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
 
-On the CPU the steps are NumPy ufunc calls writing in place: a step reuses the buffer of an
-operand it is the last reader of, else the output buffer (``out``) or a pooled one, so a
-GELU over ``out`` allocates nothing. On the GPU the program becomes one generated
+On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU
+family, clip, sqrt, float32 erf...) runs as one generated, numba-compiled loop
+(``ops/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs, the
+steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is
+the last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out``
+allocates nothing. On the GPU the program becomes one generated
 ``cupy.ElementwiseKernel`` (built once per distinct program and cached), so the chain is one
 pass over memory. The generated source is assembled from the fixed templates below; a
 program read from a file can only pick templates and supply finite float literals.
