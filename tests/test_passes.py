@@ -383,6 +383,19 @@ def test_matmul_bias_and_residual_fuse_but_a_widening_addend_does_not():
         {"MatMul": 1, "Add": 1}
 
 
+def test_bias_fuses_over_dims_inference_left_unknown_but_a_residual_needs_them():
+    # a Reshape to a runtime shape leaves the product's rows unknown: (?, 3)
+    nodes = [node("Reshape", ["x", "shape"], ["r"]), node("MatMul", ["r", "V"], ["m"]),
+             node("Add", ["b", "m"], ["a"]), node("Add", ["a", "z"], ["y"])]
+    g = graph_of(nodes, [("x", [2, 4]), ("shape", [2], TensorProto.INT64), ("z", ["n", 3])],
+                 [("y", ["n", 3])], {"V": rand(4, 3), "b": rand(3)})
+    feeds = {"x": rand(2, 4), "shape": np.array([2, 4], np.int64), "z": rand(2, 3)}
+    optimized = checked(g, feeds, 2)
+    assert ops(optimized) == {"Reshape": 1, "FusedMatMul": 1, "Add": 1}
+    fused = next(n for n in optimized.nodes if n.op_type == "FusedMatMul")
+    assert fused.inputs == ["r", "V", "b"]  # the bias, not the residual of unknown rows
+
+
 # -- level 2: elementwise chains -------------------------------------------------------------------
 
 def gelu_nodes(x="x", y="y"):

@@ -85,12 +85,18 @@ def _residual(node: Node | None, y: str, types: dict) -> str | None:
 
 
 def _adds_in_place(y_type, z_type) -> bool:
-    """y + z has y's shape and dtype (so it can be computed into y's buffer)."""
+    """y + z has y's shape and dtype (so it can be computed into y's buffer). Dims of y that
+    inference left unknown are fine where z is 1 or absent (a bias of (768,) over a
+    (?, 128, 768) product: the BERT encoder's shapes lose their batch dim after the first
+    dynamic Reshape); anywhere z has a dim other than 1, y must have that same dim."""
     y_shape, z_shape = getattr(y_type, "shape", None), getattr(z_type, "shape", None)
-    if y_shape is None or z_shape is None or None in y_shape or None in z_shape:
+    if y_shape is None or z_shape is None or len(z_shape) > len(y_shape) \
+            or dtype_of(y_type) != dtype_of(z_type):
         return False
-    return dtype_of(y_type) == dtype_of(z_type) and broadcast_shapes(y_shape, z_shape) == \
-        tuple(y_shape)
+    if None not in y_shape and None not in z_shape:
+        return broadcast_shapes(y_shape, z_shape) == tuple(y_shape)
+    aligned = y_shape[len(y_shape) - len(z_shape):]
+    return all(z == 1 or (z is not None and z == y) for y, z in zip(aligned, z_shape))
 
 
 def activation_of(node: Node | None, constants: dict) -> tuple[str, list[float]] | None:
