@@ -142,7 +142,20 @@ def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, param
     return program if jit_elementwise.compilable(program.steps, np.float32) else None
 
 
-def _compiled_epilogue(program, y, *operands) -> bool:
+def _add_and_activate(xp, y, bias, residual, activation: str, params):
+    """y += bias, y += residual, then the activation, in place (either addend may be None):
+    on the CPU one compiled pass over y when ops/jit_elementwise.py takes the program and
+    these arrays, else one NumPy call each."""
+    operands = tuple(a for a in (bias, residual) if a is not None)
+    if xp is np and _compiled_epilogue(_epilogue(bias is not None, residual is not None,
+                                                 activation, params), y, operands):
+        return y
+    for addend in operands:
+        y += addend
+    return activate(xp, y, activation, params)
+
+
+def _compiled_epilogue(program, y, operands) -> bool:
     """``program`` over (y, *operands) into y in one compiled pass; False (nothing done)
     when that path does not suit these arrays."""
     if program is None or not jit_elementwise.suits(program.steps, operands, y,
@@ -185,37 +198,29 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
                                     activation_params=activation_params,
                                     _prepacked=_prepacked, **attributes), out)
     if xp is np:
-        return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), finish,
-                               out, _prepacked)
+        return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), out,
+                               _prepacked)
     y = _into(xp, conv(xp, X, W, B, **attributes), out)
     if Z is not None:
         xp.add(y, Z, out=y)
     return finish(xp, y)
 
 
-def _fused_conv_cpu(X, W, B, Z, attributes, activation, finish, out, prepacked):
+def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
     shape = _conv_shape(X, W, attributes)
     if out is None:
         out = np.empty(shape, X.dtype)
     if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
         conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
         np.add(out, Z, out=out)
-        return finish(np, out)
+        return activate(np, out, *activation)
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
-    program = _epilogue(B is not None, Z is not None, *activation)
     bias = None if B is None else B.reshape(-1, 1)
 
     def epilogue(y, image, start, stop):
-        # bias, residual and activation in one compiled pass over the band when it can
-        operands = tuple(a for a in (bias, None if residual is None
-                                     else residual[image][:, start:stop]) if a is not None)
-        if _compiled_epilogue(program, y, *operands):
-            return
-        if bias is not None:
-            y += bias
-        if residual is not None:
-            y += operands[-1]
-        finish(np, y)
+        # bias, residual and activation on the band while it is in cache
+        band = None if residual is None else residual[image][:, start:stop]
+        _add_and_activate(np, y, bias, band, *activation)
     return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
                       **attributes)
 
@@ -254,17 +259,11 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
         y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
-    if C is not None and beta != 0.0:
-        C = C if beta == 1.0 else C * C.dtype.type(beta)
-    else:
+    if C is None or beta == 0.0:
         C = None
-    if xp is np and _compiled_epilogue(_epilogue(C is not None, False, activation,
-                                                 activation_params), y,
-                                       *(() if C is None else (C,))):
-        return y
-    if C is not None:
-        y += C
-    return activate(xp, y, activation, activation_params)
+    elif beta != 1.0:
+        C = C * C.dtype.type(beta)
+    return _add_and_activate(xp, y, C, None, activation, activation_params)
 
 
 @fused_gemm.infer
@@ -289,14 +288,7 @@ def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_para
         y = few_rows.product_into(A, B, out, _prepacked)
     else:
         y = xp.matmul(A, B, out=out)
-    program = _epilogue(bias is not None, Z is not None, activation, activation_params)
-    if xp is np and _compiled_epilogue(program, y, *(a for a in (bias, Z) if a is not None)):
-        return y
-    if bias is not None:
-        y += bias
-    if Z is not None:
-        y += Z
-    return activate(xp, y, activation, activation_params)
+    return _add_and_activate(xp, y, bias, Z, activation, activation_params)
 
 
 @fused_mat_mul.infer
