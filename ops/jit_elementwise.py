@@ -54,7 +54,6 @@ JIT_MIN_ELEMENTS = 1 << 12
 # 256x3136 took 45 us on one thread, 62 us on two; BERT's bias + GELU 216 us on one, 148 on two
 HEAVY = frozenset({"Div", "Reciprocal", "Sqrt", "Erf"})
 AXES = 3  # the loop nest's depth; programs over layouts that merge to more stay in NumPy
-_ERF_LIMIT = 4.0  # must match ops/fused_elementwise.py's
 
 _lock = threading.Lock()
 
@@ -221,8 +220,8 @@ def source(steps, inputs: int, dtype, inner: tuple, alias: int | None) -> str:
 def _erf_source() -> list[str]:
     """erf32(x): x P(u) / Q(u), u = (x / 4)^2, clipped to [-1, 1], in float32 and in the order
     of operations of ops/fused_elementwise._erf_float32 (so both paths give the same bits)."""
-    from mixrt.ops.fused_elementwise import _erf_rational  # noqa: PLC0415 (import cycle)
-    p, q = _erf_rational()
+    from mixrt.ops.fused_elementwise import _ERF_LIMIT, _erf_rational  # noqa: PLC0415
+    p, q = _erf_rational()  # (imported here: fused_elementwise imports this module)
     return [
         "@njit(inline='always', error_model='numpy')",
         "def erf32(x):",
