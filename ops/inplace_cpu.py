@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, jit_pool
 from mixrt.ops.conv import spatial_attrs, window_geometry
 from mixrt.ops.conv_cpu import scratch_arrays as _scratch
 from mixrt.ops.nn import lrn
@@ -317,6 +317,8 @@ def _pool_jit(X, out, geometry, maximum, counts=None):
         return None
     if out is None:
         out = np.empty(shape, dtype=X.dtype)
+    if jit_pool.suits(X, out, geometry):
+        return jit_pool.pool2d(X, out, geometry, maximum, counts)
     return jit_cpu.pool2d(X, out, geometry, maximum, counts)
 
 

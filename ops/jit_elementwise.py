@@ -254,10 +254,11 @@ def cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=256)
-def kernel(text: str):
-    """The compiled ``run`` of a generated source (from the cache directory when possible)."""
+def kernel(text: str, prefix: str = "mixrt_fused"):
+    """The compiled ``run`` of a generated source (from the cache directory when possible),
+    in a module named ``prefix`` and the source's hash."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    name = f"mixrt_fused_{digest}"
+    name = f"{prefix}_{digest}"
     with _lock:
         path = _written(cache_dir() / f"{name}.py", text)
         if path is None:

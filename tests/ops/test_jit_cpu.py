@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu
+from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_pool
 from mixrt.ops.conv import conv
 from mixrt.ops.pool import average_pool, max_pool
 
@@ -64,19 +64,37 @@ POOLS = [
     ((9, 10), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 1),
     ((10, 10), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
     ((11, 9), (3, 2), (3, 1), (2, 1), (1, 0, 2, 1), 0),
+    # output rows as wide as the input's (the separable loop's whole-plane runs)
+    ((10, 13), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 0),
+    ((6, 9), (2, 3), (1, 1), (1, 1), (1, 0, 0, 2), 0),
 ]
 
 
+def _count_compiled_pools(monkeypatch, separable: bool) -> list:
+    """Route every compiled pool to the separable loop (ops/jit_pool.py) or to the phase
+    planes (ops/jit_cpu.py), whatever the width rule says, and record the calls."""
+    calls = []
+    if separable:
+        monkeypatch.setattr(jit_pool, "NARROW_ROWS", 0)
+    else:
+        monkeypatch.setattr(jit_pool, "suits", lambda *a: False)
+    module = jit_pool if separable else jit_cpu
+    real = module.pool2d
+    monkeypatch.setattr(module, "pool2d", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("separable", [True, False], ids=["separable", "phase-planes"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", POOLS, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-c{c[5]}")
-def test_pools_match_generic(case, dtype, monkeypatch):
-    calls = []
-    real = jit_cpu.pool2d
-    monkeypatch.setattr(jit_cpu, "pool2d", lambda *a: calls.append(1) or real(*a))
+def test_pools_match_generic(case, dtype, separable, monkeypatch):
+    calls = _count_compiled_pools(monkeypatch, separable)
     image, kernel, strides, dilations, pads, ceil_mode = case
     X = RNG.standard_normal((2, 3) + image).astype(dtype)
     X[0, 1, 2, 2] = np.nan
+    X[0, 2, -1, 1] = np.nan  # in the last rows: a border row where there are pads
     X[1, 0, 0, 0] = np.inf
+    X[1, 1, 3, 0] = -np.inf
     attrs = dict(kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
                  ceil_mode=ceil_mode)
     expected = max_pool(np, X, dilations=list(dilations), **attrs)
@@ -93,20 +111,52 @@ def test_pools_match_generic(case, dtype, monkeypatch):
 
 def test_tiny_pool_outputs_keep_the_numpy_path(monkeypatch):
     """A 7x7 window pooled to 1x1 (ShuffleNet's last pool) is faster in NumPy."""
-    monkeypatch.setattr(jit_cpu, "pool2d", lambda *a: pytest.fail("compiled pool used"))
+    for module in (jit_cpu, jit_pool):
+        monkeypatch.setattr(module, "pool2d", lambda *a: pytest.fail("compiled pool used"))
     X = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
     got = inplace_cpu.average_pool_cpu(np, X, kernel_shape=[7, 7])
-    np.testing.assert_allclose(got, X.mean(axis=(2, 3), keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(got, X.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-7)
 
 
-def test_pool_output_over_its_input_is_right():
+@pytest.mark.parametrize("separable", [True, False], ids=["separable", "phase-planes"])
+@pytest.mark.parametrize("window", [dict(strides=[2, 2]), dict(strides=[1, 1], pads=[1] * 4)],
+                         ids=["shrinking", "same-size"])
+def test_pool_output_over_its_input_is_right(window, separable, monkeypatch):
     """The planner may place a pool's output at its input's first byte."""
+    calls = _count_compiled_pools(monkeypatch, separable)
     X = RNG.standard_normal((1, 6, 9, 9)).astype(np.float32)
-    expected = max_pool(np, X, kernel_shape=[3, 3], strides=[2, 2])
+    X[0, 3, 4, 4] = np.nan
+    expected = max_pool(np, X, kernel_shape=[3, 3], **window)
     buffer = X.copy()
     out = buffer.reshape(-1)[:expected.size].reshape(expected.shape)
-    inplace_cpu.max_pool_cpu(np, buffer, kernel_shape=[3, 3], strides=[2, 2], out=out)
+    inplace_cpu.max_pool_cpu(np, buffer, kernel_shape=[3, 3], out=out, **window)
     np.testing.assert_array_equal(out, expected)
+    assert calls
+
+
+def test_separable_pool_split_over_threads_matches_generic(monkeypatch):
+    """Big enough to be split over the intra-op threads by planes, NaNs in both halves."""
+    calls = _count_compiled_pools(monkeypatch, True)
+    X = RNG.standard_normal((2, 32, 65, 65)).astype(np.float32)
+    assert X.size >= jit_pool.SPLIT_ELEMENTS
+    splits = []
+    real = jit_pool.parallel_for
+    monkeypatch.setattr(jit_pool, "parallel_for",
+                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    X[0, 1, 5, 7] = X[1, 31, 64, 64] = np.nan
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    np.testing.assert_array_equal(inplace_cpu.max_pool_cpu(np, X, **attrs),
+                                  max_pool(np, X, **attrs))
+    np.testing.assert_allclose(inplace_cpu.average_pool_cpu(np, X, **attrs),
+                               average_pool(np, X, **attrs), rtol=1e-6, atol=1e-6)
+    assert len(calls) == 2 and splits == [min(64, jit_pool.intra_op_threads())] * 2
+
+
+def test_separable_pool_source_holds_only_literals():
+    text = jit_pool.source((3, 2), (2, 1), (1, 2), True)
+    assert "m = m if m > row[b + 2] else row[b + 2]" in text  # kw=2 taps, dilation 2
+    with pytest.raises(ValueError):
+        jit_pool.source((3, "1; import os"), (1, 1), (1, 1), True)
 
 
 def test_shufflenet_like_block_matches_onnxruntime(tmp_path):
