@@ -63,3 +63,15 @@ def flat_digits():
     from mixrt.models.digits import load_digits, split  # noqa: PLC0415
     (xt, yt), (xe, ye) = split(*load_digits())
     return xt.reshape(len(xt), -1), yt, xe.reshape(len(xe), -1), ye
+
+
+def central_difference(executor, feeds: dict, array: np.ndarray, index, eps: float = 1e-6):
+    """d(loss)/d(array[index]) by central differences through ``executor``'s training forward
+    (its first output is the loss); ``array`` is restored afterwards."""
+    keep = array[index]
+    array[index] = keep + eps
+    up = executor.forward(is_train=True, **feeds)[0]
+    array[index] = keep - eps
+    down = executor.forward(is_train=True, **feeds)[0]
+    array[index] = keep
+    return (up - down) / (2 * eps)

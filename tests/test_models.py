@@ -13,6 +13,8 @@ from mixrt.models.digits import load_digits, split
 from mixrt.models.layers import with_loss
 from mixrt.optimizer import create as create_optimizer
 
+from helpers import central_difference
+
 
 def parameter_count(symbol, **shapes) -> int:
     args, _, _ = symbol.infer_shape(**shapes)
@@ -68,19 +70,12 @@ def test_transformer_gradients_match_finite_differences():
     feeds = {"data": rng.integers(0, 11, (3, 5)), "label": np.array([0, 2, 1])}
     executor.forward(is_train=True, **feeds)
     executor.backward()
-    eps = 1e-6
     for name in ("word_embedding_weight", "layer0_query_weight", "layer0_key_bias",
                  "layer0_ffn_in_weight", "layer0_attention_norm_gamma", "pooler_weight"):
         array, grad = executor.arg_dict[name], executor.grad_dict[name]
         for index in list(np.ndindex(array.shape))[::max(1, array.size // 6)]:
-            keep = array[index]
-            array[index] = keep + eps
-            up = executor.forward(is_train=True, **feeds)[0]
-            array[index] = keep - eps
-            down = executor.forward(is_train=True, **feeds)[0]
-            array[index] = keep
-            assert grad[index] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9), \
-                (name, index)
+            numeric = central_difference(executor, feeds, array, index)
+            assert grad[index] == pytest.approx(numeric, rel=1e-5, abs=1e-9), (name, index)
 
 
 @pytest.mark.parametrize("name, options, shapes", [

@@ -13,6 +13,8 @@ from mixrt import sym
 from mixrt.errors import GradientError, GraphError, InputError, ModelLoadError, ShapeError
 from mixrt.ops.registry import REGISTRY
 
+from helpers import central_difference
+
 
 def small_net(classes: int = 3):
     """conv(2) + BN + relu + global pool + dense + softmax cross-entropy: a bit of
@@ -238,18 +240,11 @@ def test_backward_matches_finite_differences():
     assert executor.data_names == ["data", "label"]
     assert set(executor.grad_dict) == {"c_weight", "c_bias", "bn_gamma", "bn_beta",
                                        "fc_weight", "fc_bias"}
-    eps = 1e-6
     for name, grad in executor.grad_dict.items():
         array = executor.arg_dict[name]
         numeric = np.zeros_like(array)
         for index in np.ndindex(array.shape):
-            keep = array[index]
-            array[index] = keep + eps
-            up = executor.forward(is_train=True, **feeds)[0]
-            array[index] = keep - eps
-            down = executor.forward(is_train=True, **feeds)[0]
-            array[index] = keep
-            numeric[index] = (up - down) / (2 * eps)
+            numeric[index] = central_difference(executor, feeds, array, index)
         np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8, err_msg=name)
     assert np.isfinite(loss)
 
