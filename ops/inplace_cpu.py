@@ -317,7 +317,8 @@ def _pool_jit(X, out, geometry, maximum, counts=None):
         return None
     if out is None:
         out = np.empty(shape, dtype=X.dtype)
-    if jit_pool.suits(X, out, geometry):
+    if jit_pool.suits(X, out, geometry) and (not np.may_share_memory(X, out)
+                                             or _over_prefix(X, out)):
         return jit_pool.pool2d(X, out, geometry, maximum, counts)
     return jit_cpu.pool2d(X, out, geometry, maximum, counts)
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt.ops import jit_cpu
-from mixrt.ops.parallel import MIN_ELEMENTS, intra_op_threads, parallel_for
+from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
 # conformance cases) should not pay a compile each
@@ -326,7 +326,7 @@ def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = Non
     if out.size < 2 * MIN_ELEMENTS or not any(step.op in HEAVY for step in steps):
         run_kernel(*flat, dims[1], dims[2], *outer, 0, rows)
         return True
-    parallel_for(_parts(rows, out.size),
+    parallel_for(thread_parts(rows, out.size),
                  lambda start, stop: run_kernel(*flat, dims[1], dims[2], *outer, start, stop))
     return True
 
@@ -339,10 +339,3 @@ def _flat(array, dims, strides) -> np.ndarray:
     span = 1 + sum((n - 1) * s for n, s in zip(dims, strides))
     return np.lib.stride_tricks.as_strided(array, (span,), (array.itemsize,),
                                            writeable=array.flags.writeable)
-
-
-def _parts(rows: int, size: int) -> list[tuple[int, int]]:
-    """Outer rows split over the intra-op threads when the work is big enough to share."""
-    count = min(rows, intra_op_threads(), max(1, size // MIN_ELEMENTS))
-    bounds = [rows * p // count for p in range(count + 1)]
-    return [(bounds[p], bounds[p + 1]) for p in range(count) if bounds[p] < bounds[p + 1]]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.jit_elementwise import kernel as compiled
-from mixrt.ops.parallel import MIN_ELEMENTS, intra_op_threads, parallel_for
+from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
 # stride-1 pools with output rows shorter than this keep the phase-plane kernel: a 14-wide
@@ -46,20 +46,15 @@ SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 
 
 def suits(X, out, geometry) -> bool:
-    """Contiguous 4-D arrays whose windows this loop can unroll; ``out`` either apart from X
-    or starting at its first byte (shrinking in place)."""
+    """Contiguous 4-D arrays whose windows this loop can unroll. The caller checks that
+    ``out`` is either apart from X or starts at its first byte (shrinking in place)."""
     kernel, strides, out_dims = geometry[0], geometry[1], geometry[5]
     if not (X.flags.c_contiguous and out.flags.c_contiguous and len(kernel) == 2
             and max(kernel) <= MAX_UNROLLED_TAPS):
         return False
     if strides[1] == 1 and out_dims[1] < NARROW_ROWS:
         return False  # the phase planes' runs over whole planes win there (no copy to save)
-    return not np.may_share_memory(X, out) or _over_prefix(X, out)
-
-
-def _over_prefix(X, out) -> bool:
-    start = X.__array_interface__["data"][0]
-    return out.__array_interface__["data"][0] == start and out.nbytes <= X.nbytes
+    return True
 
 
 def pool2d(X, out, geometry, maximum: bool, counts=None):
@@ -78,7 +73,6 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
                    prefix="mixrt_pool")
     in_place = np.may_share_memory(X, out)
     planes = x.shape[0]
-
     same_width = tuple(strides) == (1, 1) and ow == width
 
     def part(start, stop):
@@ -89,14 +83,9 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     if in_place or X.size < SPLIT_ELEMENTS:
         part(0, planes)
     else:
-        parallel_for(_parts(planes), part)
+        parallel_for(thread_parts(planes, X.size), part)
     return out
 
-
-def _parts(planes: int) -> list[tuple[int, int]]:
-    count = min(planes, intra_op_threads())
-    bounds = [planes * p // count for p in range(count + 1)]
-    return [(bounds[p], bounds[p + 1]) for p in range(count) if bounds[p] < bounds[p + 1]]
 
 
 # -- the generated source ----------------------------------------------------------------------

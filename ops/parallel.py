@@ -77,6 +77,15 @@ def row_parts(rows: int, elements_per_row: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+def thread_parts(rows: int, size: int) -> list[tuple[int, int]]:
+    """``rows`` in at most one contiguous part per thread (fewer when the ``size`` elements
+    of work would give a part under :data:`MIN_ELEMENTS`), for kernels whose parts each pay
+    a setup (a compiled loop's call, its scratch buffers)."""
+    count = min(rows, intra_op_threads(), max(1, size // MIN_ELEMENTS))
+    bounds = [rows * p // count for p in range(count + 1)]
+    return [(bounds[p], bounds[p + 1]) for p in range(count) if bounds[p] < bounds[p + 1]]
+
+
 def parallel_rows(rows: int, elements_per_row: int, fn: Callable[[int, int], None]) -> None:
     """``fn(start, stop)`` over row ranges covering ``rows``, in parallel when worth it."""
     parallel_for(row_parts(rows, elements_per_row), fn)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_pool
+from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_pool, parallel
 from mixrt.ops.conv import conv
 from mixrt.ops.pool import average_pool, max_pool
 
@@ -149,7 +149,7 @@ def test_separable_pool_split_over_threads_matches_generic(monkeypatch):
                                   max_pool(np, X, **attrs))
     np.testing.assert_allclose(inplace_cpu.average_pool_cpu(np, X, **attrs),
                                average_pool(np, X, **attrs), rtol=1e-6, atol=1e-6)
-    assert len(calls) == 2 and splits == [min(64, jit_pool.intra_op_threads())] * 2
+    assert len(calls) == 2 and splits == [min(64, parallel.intra_op_threads())] * 2
 
 
 def test_separable_pool_source_holds_only_literals():

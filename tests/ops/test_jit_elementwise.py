@@ -12,6 +12,7 @@ import pytest
 from mixrt.ops import fused_elementwise as fe
 from mixrt.ops import jit_cpu
 from mixrt.ops import jit_elementwise as je
+from mixrt.ops import parallel
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not available")
 
@@ -134,13 +135,13 @@ def test_threads_split_rows_without_changing_a_bit(monkeypatch):
     x, scale, shift = rand(1, 64, 56, 56), rand(64, 1, 1), rand(64, 1, 1)
     program = fe.program(("Div", "Add", "Relu"), (0, 1, 3, 2, 4), (), 3)  # Div: heavy
     parts = []
-    real = je._parts
-    monkeypatch.setattr(je, "_parts", lambda rows, size: parts.append(real(rows, size))
+    real = je.thread_parts
+    monkeypatch.setattr(je, "thread_parts", lambda rows, size: parts.append(real(rows, size))
                         or parts[-1])
-    monkeypatch.setattr(je, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(parallel, "intra_op_threads", lambda: 2)
     two = program.run_cpu([x, scale, shift])
     assert len(parts[-1]) == 2
-    monkeypatch.setattr(je, "intra_op_threads", lambda: 1)
+    monkeypatch.setattr(parallel, "intra_op_threads", lambda: 1)
     one = program.run_cpu([x, scale, shift])
     np.testing.assert_array_equal(two, one)
     np.testing.assert_array_equal(one, np.maximum(x / scale + shift, 0))
