@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, jit_depthwise
 from mixrt.ops.conv import conv, conv_geometry
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
@@ -93,11 +93,14 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     ``prepacked``: a dict in which the reordered weights of a constant ``W`` are kept between
     runs (:func:`packed`); None when ``W`` may change from one call to the next."""
     xp = np
-    # grouped (depthwise, ShuffleNet's) convolutions: the generic kernel's one batched
-    # matmul over the groups beats a Python loop of tiny per-group matmuls
+    # depthwise convolutions take a compiled loop, grouped 1x1 ones one batched matmul; other
+    # grouped ones the generic kernel, whose one batched matmul over the groups beats a
+    # Python loop of tiny per-group matmuls
     if jit_cpu.depthwise_suits(X, W, group):
         return _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
                           out, epilogue)
+    if _grouped_pointwise(X, W, group, kernel_shape, pads, strides, auto_pad, out):
+        return _conv_grouped_pointwise(X, W, B, int(group), out, epilogue)
     if X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype or X.ndim < 3 \
             or int(group) > 1:
         Y = conv(xp, X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
@@ -146,17 +149,62 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
 
 def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out,
                epilogue):
-    """ShuffleNet's and MobileNet's depthwise convolutions, by the compiled loop of
-    ``ops/jit_cpu.py`` (3-4x the generic kernel's batched 1x9 matmuls on ShuffleNet)."""
+    """ShuffleNet's and MobileNet's depthwise convolutions, by the direct compiled loop of
+    ``ops/jit_depthwise.py`` or else the phase-plane one of ``ops/jit_cpu.py`` (3-4x the
+    generic kernel's batched 1x9 matmuls on ShuffleNet)."""
     kernel, strides, dilations, _, begin, _, out_dims = conv_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
     if out is None:
         out = np.empty((X.shape[0], W.shape[0]) + tuple(out_dims), dtype=X.dtype)
-    jit_cpu.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
+    if jit_depthwise.suits(X, W, out, kernel):
+        jit_depthwise.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
+    else:
+        jit_cpu.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
     if epilogue is not None:
         flat = out.reshape(out.shape[0], out.shape[1], -1)
         for image in range(out.shape[0]):
             epilogue(flat[image], image, 0, flat.shape[2])
+    return out
+
+
+def _grouped_pointwise(X, W, group, kernel_shape, pads, strides, auto_pad, out) -> bool:
+    """A grouped 1x1 convolution with stride 1 and no padding (ShuffleNet's): with no columns
+    to build it is one batched matmul over the groups, straight into ``out``."""
+    if int(group) < 2 or X.dtype not in (np.float32, np.float64) or W.dtype != X.dtype \
+            or X.ndim < 3 or not X.flags.c_contiguous or W.shape[1] * int(group) != X.shape[1]:
+        return False
+    if W.ndim != X.ndim or any(k != 1 for k in W.shape[2:]) or W.shape[0] % int(group):
+        return False
+    if kernel_shape is not None and any(int(k) != 1 for k in kernel_shape):
+        return False
+    if any(int(p) for p in pads or ()) or any(int(t) != 1 for t in strides or ()):
+        return False
+    if out is not None and not (out.flags.c_contiguous and out.dtype == X.dtype):
+        return False
+    # SAME_* with a 1x1 kernel and stride 1 pads nothing; VALID and NOTSET neither (an
+    # unknown name goes to the generic kernel, which reports it)
+    name = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    return name in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+
+def _conv_grouped_pointwise(X, W, B, group, out, epilogue):
+    (n, c), m = X.shape[:2], W.shape[0]
+    if out is None:
+        out = np.empty((n, m) + X.shape[2:], dtype=X.dtype)
+    length = math.prod(X.shape[2:])
+    products = out.reshape(n, group, m // group, length)
+    if np.may_share_memory(out, X):
+        products[...] = np.matmul(W.reshape(group, m // group, c // group),
+                                  X.reshape(n, group, c // group, length))
+    else:
+        np.matmul(W.reshape(group, m // group, c // group),
+                  X.reshape(n, group, c // group, length), out=products)
+    flat = out.reshape(n, m, length)
+    for image in range(n):
+        if B is not None:
+            flat[image] += B.reshape(m, 1)
+        if epilogue is not None:
+            epilogue(flat[image], image, 0, length)
     return out
 
 

@@ -7,6 +7,11 @@ onnxruntime takes tens of microseconds. A pooling window is the same story. The 
 written out once in ``ops/_jit_kernels.py`` and compiled by numba, over the same NumPy
 arrays, one plane at a time so that each padded plane stays in L1.
 
+Depthwise convolutions with kernels up to 7x7 and most 2-D pools now take the generated
+loops of ``ops/jit_depthwise.py`` and ``ops/jit_pool.py``, which read the input directly;
+the phase-plane kernels here keep larger kernels, narrow stride-1 pools and outputs that
+overlap their inputs.
+
 numba is imported on the first call, not with mixrt (it costs ~0.4 s); each kernel is
 compiled once per dtype and cached on disk beside its source (``cache=True``), so later
 processes load it in milliseconds. ``MIXRT_JIT=0`` turns these kernels off, and so does a

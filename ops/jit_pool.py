@@ -27,6 +27,8 @@ output plane never reaches past its own input plane, so no input is overwritten 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.ops.jit_elementwise import kernel as compiled
@@ -69,8 +71,7 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     # the padded row as far as the last window reaches (ceil_mode can reach past the pads)
     row_cells = max(begin[1] + width,
                     (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
-    run = compiled(source(tuple(kernel), tuple(strides), tuple(dilations), maximum),
-                   prefix="mixrt_pool")
+    run = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
     in_place = np.may_share_memory(X, out)
     planes = x.shape[0]
     same_width = tuple(strides) == (1, 1) and ow == width
@@ -86,6 +87,12 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
         parallel_for(thread_parts(planes, X.size), part)
     return out
 
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool):
+    # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
+    return compiled(source(kernel, strides, dilations, maximum), prefix="mixrt_pool")
 
 
 # -- the generated source ----------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The numba-compiled depthwise convolution and 2-D pooling (ops/jit_cpu.py) equal the
-generic kernels over strides, dilations, asymmetric pads, channel multipliers, ceil_mode and
+"""The numba-compiled depthwise convolutions (ops/jit_depthwise.py, ops/jit_cpu.py), 2-D
+pooling (ops/jit_pool.py, ops/jit_cpu.py) and the grouped 1x1 convolution equal the generic
+kernels over strides, dilations, asymmetric pads, channel multipliers, ceil_mode and
 NaNs, are what the CPU fast paths really run, and step aside under MIXRT_JIT=0."""
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_pool, parallel
+from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_depthwise, jit_pool, parallel
 from mixrt.ops.conv import conv
 from mixrt.ops.pool import average_pool, max_pool
 
@@ -27,10 +28,24 @@ DEPTHWISE = [
 ]
 
 
+def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
+    """Route every depthwise convolution to the direct loop (ops/jit_depthwise.py) or to the
+    phase planes (ops/jit_cpu.py), and record the calls."""
+    calls = []
+    if not direct:
+        monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
+    module = jit_depthwise if direct else jit_cpu
+    real = module.depthwise_conv
+    monkeypatch.setattr(module, "depthwise_conv", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "phase-planes"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("case", DEPTHWISE, ids=lambda c: f"c{c[0]}x{c[1]}-k{c[3]}-s{c[4]}")
-def test_depthwise_matches_generic_conv(case, batch, dtype):
+def test_depthwise_matches_generic_conv(case, batch, dtype, direct, monkeypatch):
+    calls = _count_compiled_depthwise(monkeypatch, direct)
     channels, multiplier, image, kernel, strides, dilations, pads = case
     X = RNG.standard_normal((batch, channels) + image).astype(dtype)
     W = RNG.standard_normal((channels * multiplier, 1) + kernel).astype(dtype)
@@ -40,13 +55,68 @@ def test_depthwise_matches_generic_conv(case, batch, dtype):
     for bias in (B, None):
         expected = conv(np, X, W, bias, **attrs)
         got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
+        assert got.dtype == dtype
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2
+
+
+def test_depthwise_special_values_propagate_as_in_the_reference(monkeypatch):
+    """NaN and inf in the image and the weights: a tap over the zero padding still
+    multiplies its weight (inf * 0 is NaN in the zero-padded reference too)."""
+    calls = _count_compiled_depthwise(monkeypatch, True)
+    X = RNG.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    X[0, 0, 4, 4] = np.nan
+    X[0, 1, 0, 0] = np.inf
+    W = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    W[2, 0, 0, 0] = np.inf  # reaches the padding from the top-left outputs
+    attrs = dict(group=4, pads=[1, 1, 1, 1])
+    with np.errstate(invalid="ignore"):  # inf * 0 in the reference's matmul
+        expected = conv(np, X, W, None, **attrs)
+    got = conv_cpu.conv_cpu(np, X, W, None, **attrs)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)
+    assert np.isnan(got[0, 2, 0, 0]) and calls
+
+
+def test_depthwise_split_over_threads_matches_generic(monkeypatch):
+    calls = _count_compiled_depthwise(monkeypatch, True)
+    splits = []
+    real = jit_depthwise.parallel_for
+    monkeypatch.setattr(jit_depthwise, "parallel_for",
+                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    X = RNG.standard_normal((2, 48, 40, 40)).astype(np.float32)
+    W = RNG.standard_normal((96, 1, 3, 3)).astype(np.float32)
+    attrs = dict(group=48, pads=[1, 1, 1, 1])
+    got = conv_cpu.conv_cpu(np, X, W, None, **attrs)
+    assert got.size >= jit_depthwise.SPLIT_ELEMENTS
+    np.testing.assert_allclose(got, conv(np, X, W, None, **attrs), rtol=1e-5, atol=1e-5)
+    assert calls and splits == [min(192, parallel.intra_op_threads())]
+
+
+def test_depthwise_output_over_its_input_takes_the_copying_kernel(monkeypatch):
+    """The direct loop reads the input while writing; an output that overlaps it goes to
+    the phase-plane kernel, which copies the input first."""
+    direct = _count_compiled_depthwise(monkeypatch, True)
+    X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    W = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    expected = conv(np, X, W, None, group=4, pads=[1, 1, 1, 1])
+    buffer = X.copy()
+    conv_cpu.conv_cpu(np, buffer, W, group=4, pads=[1, 1, 1, 1], out=buffer)
+    np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-5)
+    assert not direct
+
+
+def test_depthwise_source_holds_only_literals():
+    text = jit_depthwise.source((2, 3), (1, 2), (2, 1))
+    assert "s1_2 = pad[i * 1 + 2, 2:]" in text and "w1_2 * s1_2[k * 2]" in text
+    with pytest.raises(ValueError):
+        jit_depthwise.source((3, 3), (1, "1; import os"), (1, 1))
 
 
 def test_depthwise_conv_takes_the_compiled_loop_unless_turned_off(monkeypatch):
-    calls = []
-    real = jit_cpu.depthwise_conv
-    monkeypatch.setattr(jit_cpu, "depthwise_conv", lambda *a: calls.append(1) or real(*a))
+    calls = _count_compiled_depthwise(monkeypatch, True)
     X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     W = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
     first = conv_cpu.conv_cpu(np, X, W, group=4, pads=[1, 1, 1, 1])
@@ -55,6 +125,52 @@ def test_depthwise_conv_takes_the_compiled_loop_unless_turned_off(monkeypatch):
     second = conv_cpu.conv_cpu(np, X, W, group=4, pads=[1, 1, 1, 1])
     assert calls == [1]
     np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-6)
+
+
+GROUPED = [
+    # (channels, out channels, group, image, auto_pad)
+    (8, 12, 4, (5, 6), "NOTSET"),
+    (24, 112, 4, (7, 7), "VALID"),
+    (6, 6, 3, (4,), "SAME_UPPER"),  # 1-D
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"c{c[0]}-m{c[1]}-g{c[2]}-{c[4]}")
+def test_grouped_pointwise_is_one_batched_matmul(case, dtype):
+    """ShuffleNet's grouped 1x1 convolutions, into a given output and a fresh one, with a
+    bias and with the epilogue FusedConv passes."""
+    channels, m, group, image, auto_pad = case
+    X = RNG.standard_normal((2, channels) + image).astype(dtype)
+    W = RNG.standard_normal((m, channels // group) + (1,) * len(image)).astype(dtype)
+    B = RNG.standard_normal(m).astype(dtype)
+    assert conv_cpu._grouped_pointwise(X, W, group, None, None, None, auto_pad, None)
+    expected = conv(np, X, W, B, group=group, auto_pad=auto_pad)
+    got = conv_cpu.conv_cpu(np, X, W, B, group=group, auto_pad=auto_pad)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    out = np.full_like(expected, np.nan)
+    seen = []
+
+    def epilogue(y, image, start, stop):
+        seen.append((image, start, stop))
+        np.maximum(y, 0, out=y)
+    conv_cpu.conv_bands(X, W, B, group=group, auto_pad=auto_pad, out=out, epilogue=epilogue)
+    np.testing.assert_allclose(out, np.maximum(expected, 0), rtol=1e-5, atol=1e-5)
+    length = int(np.prod(image))
+    assert seen == [(0, 0, length), (1, 0, length)]
+
+
+def test_grouped_convolutions_that_need_windows_keep_the_generic_kernel():
+    X = RNG.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    W = RNG.standard_normal((8, 2, 1, 1)).astype(np.float32)
+    assert not conv_cpu._grouped_pointwise(X, W, 4, None, [1, 1, 1, 1], None, "NOTSET", None)
+    assert not conv_cpu._grouped_pointwise(X, W, 4, None, None, [2, 2], "NOTSET", None)
+    assert not conv_cpu._grouped_pointwise(X, W[:, :, :1], 4, [3, 3], None, None, "NOTSET",
+                                           None)
+    for pads, strides in (([1, 1, 1, 1], None), (None, [2, 2])):
+        np.testing.assert_allclose(
+            conv_cpu.conv_cpu(np, X, W, group=4, pads=pads, strides=strides),
+            conv(np, X, W, group=4, pads=pads, strides=strides), rtol=1e-5, atol=1e-5)
 
 
 POOLS = [
