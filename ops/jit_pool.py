@@ -35,12 +35,13 @@ from mixrt.ops.jit_elementwise import kernel as compiled
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
-# stride-1 pools with output rows shorter than this keep the phase-plane kernel: a 14-wide
-# row is shorter than one unrolled vector loop, and 480x14x14 3x3 took 185 us row by row
-# against 155 us there; as whole-plane runs (``_same_source``) 154 us, and 832x7x7 210
-# against 155 (the edge rows and columns of small planes cost more than the copy saves).
-# With stride 2 this loop won at every width measured (13 to 111 wide).
-NARROW_ROWS = 16
+# stride-1 pools with output rows shorter than this keep the phase-plane kernel. At 14 wide
+# the whole-plane runs (``_same_source``) win once the kernel lookup is cached: 3x3 pad 1,
+# 576x14x14 181 against 229 us (average) and 148 against 195 (max), 480 and 832 planes
+# alike; at 7 wide they lose (1024x7x7: 281 against 192), the edge rows and columns of
+# small planes costing more than the copy saves. With stride 2 this loop won at every width
+# measured (13 to 111 wide).
+NARROW_ROWS = 8
 # inputs from this size are split over the intra-op threads by planes. Handing work to
 # another thread costs ~30-40 us on this machine (a woken core; numba's own prange pays the
 # same), so 256x27x27 broke even (108 against 110 us) and 128x55x55 gained (94 against 126)
