@@ -28,16 +28,20 @@ DEPTHWISE = [
 ]
 
 
+def _recorded_calls(monkeypatch, module, name: str) -> list:
+    """``module.name`` wrapped to append to the returned list on every call."""
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     """Route every depthwise convolution to the direct loop (ops/jit_depthwise.py) or to the
     phase planes (ops/jit_cpu.py), and record the calls."""
-    calls = []
     if not direct:
         monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
-    module = jit_depthwise if direct else jit_cpu
-    real = module.depthwise_conv
-    monkeypatch.setattr(module, "depthwise_conv", lambda *a: calls.append(1) or real(*a))
-    return calls
+    return _recorded_calls(monkeypatch, jit_depthwise if direct else jit_cpu, "depthwise_conv")
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "phase-planes"])
@@ -189,15 +193,11 @@ POOLS = [
 def _count_compiled_pools(monkeypatch, separable: bool) -> list:
     """Route every compiled pool to the separable loop (ops/jit_pool.py) or to the phase
     planes (ops/jit_cpu.py), whatever the width rule says, and record the calls."""
-    calls = []
     if separable:
         monkeypatch.setattr(jit_pool, "NARROW_ROWS", 0)
     else:
         monkeypatch.setattr(jit_pool, "suits", lambda *a: False)
-    module = jit_pool if separable else jit_cpu
-    real = module.pool2d
-    monkeypatch.setattr(module, "pool2d", lambda *a: calls.append(1) or real(*a))
-    return calls
+    return _recorded_calls(monkeypatch, jit_pool if separable else jit_cpu, "pool2d")
 
 
 @pytest.mark.parametrize("separable", [True, False], ids=["separable", "phase-planes"])
