@@ -1,16 +1,21 @@
-"""Depthwise 2-D convolution as a generated numba loop that reads the input where it lies.
+"""Depthwise 2-D convolution as a generated numba loop over one small padded plane at a time.
 
 The first compiled kernel (``ops/jit_cpu.py``) copies the whole input into zero-padded
 stride-phase planes, then runs each tap over a flat run of a plane into a scratch row and
 copies that into the output. On ShuffleNet's 136x28x28 3x3 layer the planes alone took 35 of
 its 90 µs, and 142 of 198 µs on the stride-2 112x56x56 one.
 
-Here each output row reads its ``kh`` input rows directly. Outputs whose windows lie wholly
-inside the image (all but a border one or two pixels wide) are one loop over the row with
-every tap unrolled: ``kh * kw`` loads, weights held in registers, contiguous when the stride
-is 1, so LLVM vectorizes it. The border outputs take a second loop that skips taps in the
-padding; such a tap still adds ``weight * 0`` so that an infinite or NaN weight gives NaN,
-as the zero-padded reference does.
+Here the input is read plane by plane: each plane is copied into a small scratch whose
+zero border was written once per call (every plane overwrites the same interior), so the
+copy stays in L1 and costs a fraction of the loop. Each output row then sums its ``kh * kw``
+taps, unrolled, with the weights held in registers; the loads are contiguous when the stride
+is 1, so LLVM vectorizes the row. A tap over the padding multiplies its weight by a real
+zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference.
+
+Two designs lost (benchmarks/NOTES.md §11): reading the input in place with a
+bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where the border
+is a large share), and the taps as one flat run over the whole padded plane (3x slower than
+row by row, timed inside numba).
 
 The module is generated per (kernel, strides, dilations) from fixed templates and integer
 literals, then compiled and cached on disk by ``jit_elementwise.kernel`` like the pools'.
@@ -116,4 +121,3 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         "        plane(pad, w[channel], bias[channel], y[q])",
         "",
     ])
-
