@@ -32,25 +32,49 @@ class Runner:
 
 # -- timing ---------------------------------------------------------------------------------
 
+SETTLE_SECONDS = 0.2  # outlasts onnxruntime's post-run spin (recovered after 50 ms, measured)
+WARM_SECONDS = 0.1  # outlasts the cores' ramp after the pause (~30 ms, measured)
+
+
 def time_interleaved(runners: list[Runner], feeds: Feeds, repeat: int, rounds: int
                      ) -> dict[str, list[float]]:
     """``repeat`` timed runs per runner, in ``rounds`` rounds that visit every runner in turn.
 
     The machine is shared, so a burst of someone else's work would land on whichever runtime
     happened to be running; spreading each runtime's runs over the whole measurement makes
-    the ratio fair. Each visit starts with one untimed run, so caches are warm again after the
-    other runtimes ran.
+    the ratio fair. Each visit starts with untimed runs (below), so caches are warm again
+    after the other runtimes ran.
+
+    Before each visit the process sleeps ``SETTLE_SECONDS``: onnxruntime's worker threads keep
+    spinning for tens of milliseconds after a run returns (their spin loop is 2**20 pauses), and
+    a spinning worker takes a core from whichever runtime runs next. Without the pause mixrt's
+    SqueezeNet took 8.7 ms right after onnxruntime and 5.2 ms after an idle gap (NOTES.md §12).
+    A service runs one runtime, so each is timed after the other's threads have gone quiet;
+    within a visit the runs stay back to back, as a busy service's requests are.
+
+    The pause has its own cost: this VM's cores come back from idle slowly, and the first
+    ~30 ms of work after it ran up to 2x slower (ShuffleNet: 9-10 ms runs, then 4.2 ms for
+    mixrt; 2.2 then 1.4 ms for onnxruntime). So each visit warms up with untimed runs for
+    ``WARM_SECONDS`` (at least one run) before its timed runs.
     """
     times: dict[str, list[float]] = {key(r): [] for r in runners}
     per_round = [repeat // rounds + (i < repeat % rounds) for i in range(rounds)]
     for count in per_round:
         for runner in runners:
-            runner.run(feeds)
+            time.sleep(SETTLE_SECONDS)
+            _warm_up(runner, feeds)
             for _ in range(count):
                 started = time.perf_counter()
                 runner.run(feeds)
                 times[key(runner)].append(time.perf_counter() - started)
     return times
+
+
+def _warm_up(runner: Runner, feeds: Feeds) -> None:
+    started = time.perf_counter()
+    runner.run(feeds)
+    while time.perf_counter() - started < WARM_SECONDS:
+        runner.run(feeds)
 
 
 def key(runner: Runner) -> str:
