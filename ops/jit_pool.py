@@ -9,6 +9,11 @@ kernel this replaced copied the whole input into stride-phase planes (ops/jit_cp
 on SqueezeNet's first MaxPool (64x111x111, 3x3 stride 2) those copies alone took longer than
 this whole loop (measured in benchmarks/NOTES.md §10).
 
+Stride-1 pools whose output planes are as large as their input's (the Inception pools, 3x3
+pad 1 on 6x6 to 28x28 planes) take a second loop that runs each pass over a chunk of planes
+laid end to end and then recomputes the planes' edge rows and columns (:func:`_whole_source`);
+per plane, those small planes' edges and loop entries cost more than their interiors.
+
 The taps are unrolled: a kernel is generated per (kh, kw, strides, dilations, max or
 average) from fixed templates and integer literals, and compiled and cached on disk the way
 ``ops/jit_elementwise.py`` caches FusedElementwise programs (the same ``kernel`` function).
@@ -17,8 +22,8 @@ counts ran 2.5x slower.
 
 NaN: ``a if a > b else b`` is one vector instruction, but it drops a NaN in ``a``, and a max
 pool must pass NaNs on (as np.maximum does). The NaN-propagating select costs twice as much,
-so the fast loop only notes whether it read a NaN, and a plane that had one is computed again
-with the careful select. An average needs no care: a NaN propagates through a sum.
+so the fast loop only notes whether it read a NaN, and a plane that had one (in the chunked
+loop: the call's planes) is computed again with the careful select. An average needs no care: a NaN propagates through a sum.
 
 ``out`` may start at X's first byte (the planner's shrinking in-place pair): each plane is then
 computed into a staging row block and copied out after its last input row was read, and an
@@ -35,17 +40,19 @@ from mixrt.ops.jit_elementwise import kernel as compiled
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
-# stride-1 pools with output rows shorter than this keep the phase-plane kernel. At 14 wide
-# the whole-plane runs (``_same_source``) win once the kernel lookup is cached: 3x3 pad 1,
-# 576x14x14 181 against 229 us (average) and 148 against 195 (max), 480 and 832 planes
-# alike; at 7 wide they lose (1024x7x7: 281 against 192), the edge rows and columns of
-# small planes costing more than the copy saves. With stride 2 this loop won at every width
-# measured (13 to 111 wide).
+# stride-1 pools with output rows shorter than this keep the phase-plane kernel, unless the
+# chunked loop below takes them (stride and dilation 1, same-size planes: 1024x7x7 3x3 pad 1
+# 47 us against the phase planes' 154). The separable per-plane loop spends too much of a
+# narrow plane on its edges; with stride 2 it won at every width measured (13 to 111 wide).
 NARROW_ROWS = 8
 # inputs from this size are split over the intra-op threads by planes. Handing work to
 # another thread costs ~30-40 us on this machine (a woken core; numba's own prange pays the
 # same), so 256x27x27 broke even (108 against 110 us) and 128x55x55 gained (94 against 126)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
+# elements per chunk of planes in the stride-1 loop (_whole_source): 16 KB of scratch stays
+# in L1 (AveragePool 576x14x14: 59 us, against 63 at 64 KB and 66 unchunked; 256x28x28: 69,
+# 74, 81)
+CHUNK_ELEMENTS = 1 << 12
 
 
 def suits(X, out, geometry) -> bool:
@@ -55,7 +62,8 @@ def suits(X, out, geometry) -> bool:
     if not (X.flags.c_contiguous and out.flags.c_contiguous and len(kernel) == 2
             and max(kernel) <= MAX_UNROLLED_TAPS):
         return False
-    if strides[1] == 1 and out_dims[1] < NARROW_ROWS:
+    if strides[1] == 1 and out_dims[1] < NARROW_ROWS \
+            and not _whole_suits(geometry, X, out):
         return False  # the phase planes' runs over whole planes win there (no copy to save)
     return True
 
@@ -69,19 +77,26 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     y = out.reshape(-1, oh, ow)
     divisor = np.ones((1, 1), X.dtype) if maximum else np.ascontiguousarray(
         np.broadcast_to(np.asarray(counts, X.dtype), out_dims))
-    # the padded row as far as the last window reaches (ceil_mode can reach past the pads)
-    row_cells = max(begin[1] + width,
-                    (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
-    run = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
-    in_place = np.may_share_memory(X, out)
-    planes = x.shape[0]
-    same_width = tuple(strides) == (1, 1) and ow == width
+    whole = _whole_suits(geometry, X, out)  # safe over its own input: no staging
+    in_place = not whole and np.may_share_memory(X, out)
+    if whole:
+        run = _compiled_whole(tuple(kernel), tuple(begin), bool(maximum))
+        chunk = max(1, CHUNK_ELEMENTS // (height * width))
 
-    def part(start, stop):
-        row = np.empty(row_cells, X.dtype)
-        staged = np.empty((oh, ow) if in_place else (0, 0), X.dtype)
-        plane = np.empty(oh * width if same_width else 0, X.dtype)
-        run(x, y, row, staged, plane, divisor, begin[0], begin[1], start, stop)
+        def part(start, stop):
+            v = np.empty(min(chunk, stop - start) * height * width, X.dtype)
+            run(x, y, v, divisor, start, stop, chunk)
+    else:
+        # the padded row as far as the last window reaches (ceil_mode can reach past the pads)
+        row_cells = max(begin[1] + width,
+                        (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
+        run = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
+
+        def part(start, stop):
+            row = np.empty(row_cells, X.dtype)
+            staged = np.empty((oh, ow) if in_place else (0, 0), X.dtype)
+            run(x, y, row, staged, divisor, begin[0], begin[1], start, stop)
+    planes = x.shape[0]
     if in_place or X.size < SPLIT_ELEMENTS:
         part(0, planes)
     else:
@@ -89,11 +104,27 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     return out
 
 
+def _whole_suits(geometry, X, out) -> bool:
+    """Stride and dilation 1, output planes as large as the input's and at least as large as
+    the window. ``out`` may be X itself (the planner puts a same-size pool's output over its
+    input): a chunk's input rows are all read, into the scratch, before its outputs are
+    written, and a chunk reads no other chunk's planes."""
+    kernel, strides, dilations, _, _, out_dims = geometry
+    image = X.shape[2:]
+    apart = not np.may_share_memory(X, out) or out.ctypes.data == X.ctypes.data
+    return apart and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1) \
+        and tuple(out_dims) == tuple(image) and all(d >= k for d, k in zip(image, kernel))
+
 
 @functools.lru_cache(maxsize=64)
 def _compiled(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool):
     # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
     return compiled(source(kernel, strides, dilations, maximum), prefix="mixrt_pool")
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_whole(kernel: tuple, begin: tuple, maximum: bool):
+    return compiled(whole_source(kernel, begin, maximum), prefix="mixrt_pool")
 
 
 # -- the generated source ----------------------------------------------------------------------
@@ -167,73 +198,117 @@ def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[st
     return body
 
 
-def _same_source(kernel, dilations, maximum) -> list[str]:
-    """A stride-1 plane whose output rows are as wide as its input rows (3x3 pad 1: the
-    Inception pools). Their rows are short (7-28), shorter than one unrolled vector loop, so
-    both passes run over the whole plane at once: the rows of full windows as one flat run
-    into ``plane`` (oh, width), the rows at the top and bottom edges one by one; then every
-    output as one flat run over ``plane``, and the edge columns (whose windows that run took
-    partly from the neighbouring row) again one by one."""
-    (kh, kw), (dh, dw) = kernel, dilations
-    fill = "-np.inf" if maximum else "0.0"
-    reach = (kw - 1) * dw
+def _combine(value: str, maximum: bool, careful: bool) -> str:
+    """The statement folding ``value`` into ``m``."""
+    return _fold(["m", value], maximum, careful)[1]
+
+
+def _whole_source(kernel, begin, maximum) -> list[str]:
+    """Stride 1, dilation 1, output planes as large as the input's (3x3 pad 1: the Inception
+    pools): ``run(x, y, v, divisor, start, stop, chunk)`` pools planes start..stop of x
+    (P, H, W) into y, a chunk of planes at a time through the scratch ``v``. The planes are
+    small (6x6 to 28x28), so per-plane loops spent their time on edges and loop entries;
+    here each pass runs over the chunk's planes laid end to end:
+
+    * vertical: ``v[n] = fold over a of x[n + (a - top) * W]``, one flat run; the rows at a
+      plane's top and bottom edges (whose windows that run took partly from the neighbouring
+      plane) are then computed again from their rows inside the image;
+    * horizontal: ``y[n] = fold over b of v[n + b - left]``, one flat run; the edge columns
+      are computed again, every row's in one loop; an average is then divided by its window
+      counts plane by plane.
+
+    A chunk's input is all read before its output is written, so ``y`` may be ``x`` itself.
+    For that, a max redoes a chunk's vertical run with the careful select as soon as the
+    fast run read a NaN (before anything of the chunk is written), and its horizontal run
+    follows suit; the few edge rows and columns always take the careful select.
+
+    The pads are literals here, so each edge row and column's taps are unrolled. The caller
+    guarantees H >= kh and W >= kw (every edge window then ends inside the image) and pads
+    below the kernel size (every window holds its own row and column, never only padding)."""
+    (kh, kw), (top, left) = kernel, begin
+    bottom, right = kh - 1 - top, kw - 1 - left
     rows = [f"s{a}[n]" for a in range(kh)]
-    cells = [f"c{b}[n]" for b in range(kw)]
-    return [
-        "def same(x, p, target, plane, top, left, divisor):",
+    cells = [f"h{b}[n]" for b in range(kw)]
+    # (edge row offset from the plane's start, its taps a): rows above, rows below
+    edge_rows = [(f"{i} * width", range(top - i, kh)) for i in range(top)] + [
+        (f"(height - {bottom - e}) * width", range(0, kh - 1 - e)) for e in range(bottom)]
+    edge_columns = [(f"{k}", range(left - k, kw)) for k in range(left)] + [
+        (f"width - {right - e}", range(0, kw - 1 - e)) for e in range(right)]
+
+    def loop(indent, target, values, careful, check=False):
+        pad = " " * indent
+        return [f"{pad}for n in range(count):",
+                *[f"{pad}    {line}" for line in _fold(values, maximum, careful)],
+                *([f"{pad}    {_nan_check(values)}"] if check else []),
+                f"{pad}    {target}[n] = m"]
+
+    def redo_if_nan(indent, target, values):
+        if not maximum:
+            return []
+        return [" " * indent + "if seen:", *loop(indent + 4, target, values, True)]
+
+    body = [
+        "def run(x, y, v, divisor, start, stop, chunk):",
         "    height, width = x.shape[1], x.shape[2]",
-        "    oh = target.shape[0]",
-        f"    right = {reach} - left",
-        "    source = x[p].reshape(-1)",
-        "    out = target.reshape(-1)",
-        "    seen = False",
-        "    lo = min(max(top, 0), oh)",
-        f"    hi = max(min(height - {(kh - 1) * dh} + top, oh), lo)",
-        "    count = (hi - lo) * width",
-        "    first = (lo - top) * width",
-        *[f"    s{a} = source[first + {a * dh} * width:first + {a * dh} * width + count]"
+        "    area = height * width",
+        "    xs = x.reshape(-1)",
+        "    ys = y.reshape(-1)",
+        "    scale = divisor.reshape(-1)",
+        "    for c0 in range(start, stop, chunk):",
+        "        c1 = min(c0 + chunk, stop)",
+        "        base = c0 * area",
+        "        total = (c1 - c0) * area",
+        "        seen = False",
+        f"        count = total - {kh - 1} * width",
+        "        if count > 0:",
+        *[f"            s{a} = xs[base + {a} * width:base + {a} * width + count]"
           for a in range(kh)],
-        "    full = plane[lo * width:lo * width + count]",
-        "    for n in range(count):",
-        *[f"        {line}" for line in _fold(rows, maximum, False)],
-        *([f"        {_nan_check(rows)}"] if maximum else []),
-        "        full[n] = m",
-        "    for i in range(oh):",
-        "        if lo <= i < hi:",
-        "            continue",
-        "        row = plane[i * width:(i + 1) * width]",
-        f"        row[:] = {fill}",
-        f"        for a in range({kh}):",
-        f"            r = i - top + a * {dh}",
-        "            if 0 <= r < height:",
-        "                src = x[p, r]",
-        "                for j in range(width):",
-        "                    v = src[j]",
-        *([f"                    {_nan_check(['v'])}"] if maximum else []),
-        "                    m = row[j]",
-        *[f"                    {line}" for line in _fold(["m", "v"], maximum, False)[1:]],
-        "                    row[j] = m",
-        f"    count = oh * width - {reach}",
-        *[f"    c{b} = plane[{b * dw}:{b * dw} + count]" for b in range(kw)],
-        "    whole = out[left:left + count]",
-        *([] if maximum else ["    scale = divisor.reshape(-1)[left:left + count]"]),
-        "    for n in range(count):",
-        *[f"        {line}" for line in _fold(cells, maximum, False)],
-        ("        whole[n] = m" if maximum else "        whole[n] = m / scale[n]"),
-        "    for i in range(oh):",
-        "        for e in range(left + right):  # the edge columns: k < left, k >= width - right",
-        "            k = e if e < left else width - right - left + e",
-        f"            m = {fill}",
-        f"            for b in range({kw}):",
-        f"                c = k - left + b * {dw}",
-        "                if 0 <= c < width:",
-        "                    v = plane[i * width + c]",
-        *[f"                    {line}" for line in _fold(["m", "v"], maximum, False)[1:]],
-        ("            out[i * width + k] = m" if maximum else
-         "            out[i * width + k] = m / divisor[i, k]"),
-        "    return seen",
-        "",
+        f"            inner = v[{top} * width:{top} * width + count]",
+        *loop(12, "inner", rows, False, check=maximum),
+        *redo_if_nan(12, "inner", rows),
+        "        for r0 in range(0, total, area):  # each plane's edge rows",
     ]
+    for offset, taps in edge_rows:
+        sources = [f"xs[base + r0 + {offset} + {a - top} * width + j]" for a in taps]
+        body += [
+            "            for j in range(width):",
+            *[f"                {line}" for line in _fold(sources, maximum, True)],
+            f"                v[r0 + {offset} + j] = m",
+        ]
+    body += [
+        f"        count = total - {kw - 1}",
+        "        if count > 0:",
+        *[f"            h{b} = v[{b}:{b} + count]" for b in range(kw)],
+        f"            whole = ys[base + {left}:base + {left} + count]",
+        *(["            if seen:", *loop(16, "whole", cells, True), "            else:",
+           *loop(16, "whole", cells, False)] if maximum else loop(12, "whole", cells, False)),
+    ]
+    if edge_columns:
+        body.append("        for r0 in range(0, total, width):  # each row's edge columns")
+    for column, taps in edge_columns:
+        sources = [f"v[r0 + {column} + {b - left}]" for b in taps]
+        body += [*[f"            {line}" for line in _fold(sources, maximum, True)],
+                 f"            ys[base + r0 + {column}] = m"]
+    if not maximum:
+        body += [
+            "        for p0 in range(base, base + total, area):",
+            "            plane = ys[p0:p0 + area]",
+            "            for q in range(area):",
+            "                plane[q] = plane[q] / scale[q]",
+        ]
+    return body + [""]
+
+
+def whole_source(kernel: tuple, begin: tuple, maximum: bool) -> str:
+    """The module of a stride-1 pool whose output planes are as large as its input's:
+    ``run(x, y, v, divisor, start, stop, chunk)`` (:func:`_whole_source`)."""
+    for value in (*kernel, *begin):
+        if not (isinstance(value, int) and value >= 0):
+            raise ValueError(f"pool geometry must be integers >= 0, got {value!r}")
+    flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
+    lines = ["import numpy as np", "from numba import njit", "",
+             f"@njit({flags})", *_whole_source(kernel, begin, maximum)]
+    return "\n".join(lines)
 
 
 def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> str:
@@ -249,19 +324,14 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> st
     if maximum:
         lines += [f"@njit({flags})", *_plane_source("careful", kernel, strides, dilations,
                                                     True, True)]
-    same = tuple(strides) == (1, 1)
-    if same:
-        lines += [f"@njit({flags})", *_same_source(kernel, dilations, maximum)]
     lines += [
         f"@njit({flags})",
-        "def run(x, y, row, staged, plane, divisor, top, left, start, stop):",
+        "def run(x, y, row, staged, divisor, top, left, start, stop):",
         f"    row[:] = {'-np.inf' if maximum else '0.0'}",
         "    inner = row[left:left + x.shape[2]]",
         "    for p in range(start, stop):",
         "        target = staged if staged.shape[0] > 0 else y[p]",
-        ("        if (same(x, p, target, plane, top, left, divisor) if plane.shape[0] > 0 "
-         "else fast(x, p, target, row, inner, top, divisor)):" if same else
-         "        if fast(x, p, target, row, inner, top, divisor):"),
+        "        if fast(x, p, target, row, inner, top, divisor):",
         *(["            careful(x, p, target, row, inner, top, divisor)"] if maximum
           else ["            pass"]),
         "        if staged.shape[0] > 0:",

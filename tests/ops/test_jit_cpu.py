@@ -184,9 +184,14 @@ POOLS = [
     ((9, 10), (2, 2), (2, 2), (1, 1), (0, 0, 0, 0), 1),
     ((10, 10), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), 1),
     ((11, 9), (3, 2), (3, 1), (2, 1), (1, 0, 2, 1), 0),
-    # output rows as wide as the input's (the separable loop's whole-plane runs)
+    # stride 1, dilated, output as large as the input: the separable loop, per plane
     ((10, 13), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2), 0),
+    # stride and dilation 1, output as large as the input: the chunked loop (_whole_source)
+    ((12, 12), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0),
     ((6, 9), (2, 3), (1, 1), (1, 1), (1, 0, 0, 2), 0),
+    ((7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0),
+    ((5, 8), (3, 5), (1, 1), (1, 1), (2, 1, 0, 3), 0),  # all the padding on one side
+    ((4, 9), (4, 2), (1, 1), (1, 1), (1, 0, 2, 1), 0),
 ]
 
 
@@ -207,10 +212,11 @@ def test_pools_match_generic(case, dtype, separable, monkeypatch):
     calls = _count_compiled_pools(monkeypatch, separable)
     image, kernel, strides, dilations, pads, ceil_mode = case
     X = RNG.standard_normal((2, 3) + image).astype(dtype)
-    X[0, 1, 2, 2] = np.nan
+    last = image[0] - 1
+    X[0, 1, min(2, last), 2] = np.nan
     X[0, 2, -1, 1] = np.nan  # in the last rows: a border row where there are pads
     X[1, 0, 0, 0] = np.inf
-    X[1, 1, 3, 0] = -np.inf
+    X[1, 1, min(3, last), 0] = -np.inf
     attrs = dict(kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
                  ceil_mode=ceil_mode)
     expected = max_pool(np, X, dilations=list(dilations), **attrs)
@@ -268,11 +274,70 @@ def test_separable_pool_split_over_threads_matches_generic(monkeypatch):
     assert len(calls) == 2 and splits == [min(64, parallel.intra_op_threads())] * 2
 
 
+@pytest.mark.parametrize("image", [(3, 3), (2, 6), (3, 4)],
+                         ids=["all-edges", "fewer-rows-than-window", "one-inner-column"])
+def test_small_planes_in_the_stride_1_loops(image, monkeypatch):
+    """Planes too small for the compiled pools' size rule, straight into jit_pool: 3x3 has
+    only edge rows and columns; 2 rows (fewer than the window) take the per-plane loop."""
+    chosen = _recorded_calls(monkeypatch, jit_pool, "_compiled_whole")
+    X = RNG.standard_normal((3, 5) + image).astype(np.float32)
+    X[1, 2, 0, -1] = np.nan
+    attrs = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    geometry = ((3, 3), (1, 1), (1, 1), (1, 1), (1, 1), image)
+    got = jit_pool.pool2d(X, np.empty_like(X), geometry, True)
+    np.testing.assert_array_equal(got, max_pool(np, X, **attrs))
+    got = jit_pool.pool2d(X, np.empty_like(X), geometry, False, 9)
+    np.testing.assert_allclose(got, average_pool(np, X, count_include_pad=1, **attrs),
+                               rtol=1e-6, atol=1e-6)
+    assert bool(chosen) == (image[0] >= 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_chunked_pool_across_chunks_and_threads_matches_generic(dtype, monkeypatch):
+    """The stride-1 loop over many planes: chunks of three planes and a short last one (the
+    flat runs cross plane boundaries inside a chunk, never across chunks), then a call big
+    enough to be split over the threads; NaN and infinities on edge rows and columns."""
+    chosen = _recorded_calls(monkeypatch, jit_pool, "_compiled_whole")
+    monkeypatch.setattr(jit_pool, "CHUNK_ELEMENTS", 3 * 7 * 7 + 5)
+    X = RNG.standard_normal((2, 40, 7, 7)).astype(dtype)
+    X[0, 4, 0, 3] = np.nan  # top edge row, second chunk
+    X[1, 17, 6, 6] = np.nan  # a corner
+    X[1, 39, 3, 0] = np.inf  # left edge column of the last plane
+    X[0, 0, 3, 3] = -np.inf
+    attrs = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    expected = max_pool(np, X, **attrs)
+    np.testing.assert_array_equal(inplace_cpu.max_pool_cpu(np, X, **attrs), expected)
+    for include_pad in (0, 1):
+        np.testing.assert_allclose(
+            inplace_cpu.average_pool_cpu(np, X, count_include_pad=include_pad, **attrs),
+            average_pool(np, X, count_include_pad=include_pad, **attrs), rtol=1e-6, atol=1e-6)
+    # over its own input, as the planner places it: NaN chunks redo their runs before writing
+    buffer = X.copy()
+    inplace_cpu.max_pool_cpu(np, buffer, out=buffer, **attrs)
+    np.testing.assert_array_equal(buffer, expected)
+    assert len(chosen) == 4
+    monkeypatch.undo()
+    chosen = _recorded_calls(monkeypatch, jit_pool, "_compiled_whole")
+    splits, real = [], jit_pool.parallel_for
+    monkeypatch.setattr(jit_pool, "parallel_for",
+                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    X = RNG.standard_normal((1, 96, 56, 56)).astype(dtype)
+    X[0, 95, 55, 0] = np.nan
+    assert X.size >= jit_pool.SPLIT_ELEMENTS
+    np.testing.assert_array_equal(inplace_cpu.max_pool_cpu(np, X, **attrs),
+                                  max_pool(np, X, **attrs))
+    assert chosen and splits == [min(96, parallel.intra_op_threads())]
+
+
 def test_separable_pool_source_holds_only_literals():
     text = jit_pool.source((3, 2), (2, 1), (1, 2), True)
     assert "m = m if m > row[b + 2] else row[b + 2]" in text  # kw=2 taps, dilation 2
     with pytest.raises(ValueError):
         jit_pool.source((3, "1; import os"), (1, 1), (1, 1), True)
+    text = jit_pool.whole_source((3, 3), (1, 2), False)
+    assert "m = m + h2[n]" in text and "ys[base + r0 + 1] = m" in text
+    with pytest.raises(ValueError):
+        jit_pool.whole_source((3, 3), (1, "0; import os"), False)
 
 
 def test_shufflenet_like_block_matches_onnxruntime(tmp_path):
