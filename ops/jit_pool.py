@@ -22,8 +22,9 @@ counts ran 2.5x slower.
 
 NaN: ``a if a > b else b`` is one vector instruction, but it drops a NaN in ``a``, and a max
 pool must pass NaNs on (as np.maximum does). The NaN-propagating select costs twice as much,
-so the fast loop only notes whether it read a NaN, and a plane that had one (in the chunked
-loop: the call's planes) is computed again with the careful select. An average needs no care: a NaN propagates through a sum.
+so the fast loop only notes whether it read a NaN, and a plane that had one is computed again
+with the careful select (the chunked loop redoes the chunk's passes, before writing it). An
+average needs no care: a NaN propagates through a sum.
 
 ``out`` may start at X's first byte (the planner's shrinking in-place pair): each plane is then
 computed into a staging row block and copied out after its last input row was read, and an
@@ -196,11 +197,6 @@ def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[st
         "",
     ]
     return body
-
-
-def _combine(value: str, maximum: bool, careful: bool) -> str:
-    """The statement folding ``value`` into ``m``."""
-    return _fold(["m", value], maximum, careful)[1]
 
 
 def _whole_source(kernel, begin, maximum) -> list[str]:
