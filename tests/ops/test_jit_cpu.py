@@ -275,7 +275,7 @@ def test_separable_pool_split_over_threads_matches_generic(monkeypatch):
 
 
 @pytest.mark.parametrize("image", [(3, 3), (2, 6), (3, 4)],
-                         ids=["all-edges", "fewer-rows-than-window", "one-inner-column"])
+                         ids=["all-edges", "fewer-rows-than-window", "two-inner-columns"])
 def test_small_planes_in_the_stride_1_loops(image, monkeypatch):
     """Planes too small for the compiled pools' size rule, straight into jit_pool: 3x3 has
     only edge rows and columns; 2 rows (fewer than the window) take the per-plane loop."""
