@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops import jit_cpu, jit_depthwise
+from mixrt.ops import jit_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv import conv, conv_geometry
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
@@ -116,6 +116,9 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     (n, c), m = X.shape[:2], W.shape[0]
     if out is None:
         out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
+    if winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
+        U = packed(prepacked, "winograd", lambda: winograd_cpu.transformed_weights(W))
+        return winograd_cpu.conv(X, U, B, out, begin, out_dims, epilogue)
     weights = W.reshape(group, m // group, -1)
     Y = out.reshape(n, group, m // group, -1)
     bias = None if B is None else B.reshape(group, m // group, 1)
