@@ -21,7 +21,7 @@ import numpy as np
 from mixrt.ops.conv import conv, spatial_attrs, window_geometry
 from mixrt.ops import jit_elementwise
 from mixrt.ops import matmul_cpu as few_rows
-from mixrt.ops.conv_cpu import conv_bands
+from mixrt.ops.conv_cpu import conv_bands, geometry
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import op
 from mixrt.ops.simd_cpu import clip_, relu_
@@ -207,7 +207,8 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
 
 
 def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
-    shape = _conv_shape(X, W, attributes)
+    dims = geometry(prepacked, X, W, **attributes)[-1]
+    shape = (X.shape[0], W.shape[0], *dims)
     if out is None:
         out = np.empty(shape, X.dtype)
     if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
