@@ -154,14 +154,8 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     """``conv_geometry``, kept in the session node's ``prepacked`` dict per input and weight
     shape (a node's attributes never change): computing it again took ~2.5 us of every
     call, as long as a ShuffleNet layer's epilogue."""
-    if prepacked is None:
-        return conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
-    key = ("geometry", X.shape, W.shape)
-    found = prepacked.get(key)
-    if found is None:
-        found = prepacked.setdefault(key, conv_geometry(
-            X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
-    return found
+    return packed(prepacked, ("geometry", X.shape, W.shape), lambda: conv_geometry(
+        X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 
 def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out,
@@ -230,10 +224,11 @@ def _copied(out, Y):
     return out
 
 
-def packed(prepacked: dict | None, layout: str, make):
+def packed(prepacked: dict | None, layout, make):
     """The weight in ``layout``, made by ``make()``: once per session node when the weight is
     a constant (``prepacked`` is that node's dict), else on every call. Two threads making it
-    at once both compute it and keep the first; either copy is the same."""
+    at once both compute it and keep the first; either copy is the same. (:func:`geometry`
+    keeps the node's window geometry per input shape here too, under a tuple key.)"""
     if prepacked is None:
         return make()
     value = prepacked.get(layout)

@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops.conv import conv
 from mixrt.ops import jit_elementwise
 from mixrt.ops import matmul_cpu as few_rows
 from mixrt.ops.conv_cpu import conv_bands, geometry
@@ -224,16 +224,6 @@ def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
         _add_and_activate(np, y, bias, band, *activation)
     return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
                       **attributes)
-
-
-def _conv_shape(X, W, attributes) -> tuple:
-    nd = X.ndim - 2
-    kernel, strides, dilations = spatial_attrs(
-        nd, attributes["kernel_shape"] or W.shape[2:], attributes["strides"],
-        attributes["dilations"])
-    _, _, dims = window_geometry(X.shape[2:], kernel, strides, dilations, attributes["pads"],
-                                 attributes["auto_pad"])
-    return (X.shape[0], W.shape[0], *dims)
 
 
 @fused_conv.infer

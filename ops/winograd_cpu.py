@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 
 import numpy as np
 
@@ -45,7 +44,6 @@ MIN_PIXELS = 10 * 10
 MAX_PIXELS = 56 * 56
 # G of F(2x2, 3x3): the filter transform U = G g G^T
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-_scratch = threading.local()
 
 
 def suits(X, W, kernel, strides, dilations, group, out_dims, out=None) -> bool:
@@ -89,8 +87,9 @@ def conv(X, U, B, out, begin, out_dims, epilogue=None):
         g1 = min(g0 + rows, n * th)
         columns = (g1 - g0) * (tw + 1)
         v, products, v_plane, m_plane = _planes(c, m, columns, X.dtype)
-        phases = _buffer("phases", 4 * ((min(rows, th) + 1) * (tw + 1) + 1), X.dtype)
-        combined = _buffer("combined", 12 * columns + 8, X.dtype)
+        phases = jit_cpu._scratch_array("winograd_phases", X.dtype,
+                                        4 * ((min(rows, th) + 1) * (tw + 1) + 1))
+        combined = jit_cpu._scratch_array("winograd_combined", X.dtype, 12 * columns + 8)
         kernels.winograd_input(x, v, c, h, w, begin[0], begin[1], th, tw, g0, g1, v_plane,
                                phases, combined)
         np.matmul(U, _stack(v, c, columns, v_plane), out=_stack(products, m, columns, m_plane))
@@ -116,8 +115,8 @@ def _planes(c, m, tiles, dtype):
     the previous one, so the 16 streams of the transforms spread over the cache sets."""
     itemsize = np.dtype(dtype).itemsize
     v_plane, m_plane = (_staggered(count * tiles, itemsize) for count in (c, m))
-    v = _buffer("v", 16 * v_plane, dtype)
-    products = _buffer("products", 16 * m_plane, dtype)
+    v = jit_cpu._scratch_array("winograd_v", dtype, 16 * v_plane)
+    products = jit_cpu._scratch_array("winograd_products", dtype, 16 * m_plane)
     return v, products, v_plane, m_plane
 
 
@@ -130,14 +129,3 @@ def _stack(flat, rows, columns, plane):
     item = flat.itemsize
     return np.lib.stride_tricks.as_strided(flat, (16, rows, columns),
                                            (plane * item, columns * item, item))
-
-
-def _buffer(name: str, count: int, dtype) -> np.ndarray:
-    """``count`` elements of a per-thread scratch buffer (kept between calls)."""
-    dtype = np.dtype(dtype)
-    key = f"{name}_{dtype.char}"
-    buffer = getattr(_scratch, key, None)
-    if buffer is None or buffer.size < count:
-        buffer = np.empty(count, dtype)
-        setattr(_scratch, key, buffer)
-    return buffer[:count]
