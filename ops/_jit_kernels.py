@@ -158,6 +158,58 @@ def layer_norm(x, scale, bias, y, rows, n, epsilon):
                                     + bias[i])
 
 
+# -- softmax rows (ops/fast_cpu.py) --------------------------------------------------------------
+
+@_jit
+def softmax_shift(x, y, rows, n):
+    """``y[r] = x[r] - max(x[r])`` for each row of ``n`` (flat x, y; y may be x: a row's
+    max is taken before it is written). The max runs in eight lanes (eight partial maxima),
+    which LLVM turns into vector maxima; one running max over the row stayed scalar, and
+    NumPy's ``max(axis=1)`` over 128-element rows took 3x this whole loop. A NaN that one
+    lane skips still reaches the row through its own ``x - max`` (the caller's sum then
+    makes the whole row NaN, as the max would)."""
+    n8 = n - n % 8
+    for r in range(rows):
+        s = r * n
+        m0 = x[uint64(s)]
+        m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
+        for i in range(0, n8, 8):
+            b = uint64(s + i)
+            m0 = _larger(x[b], m0)
+            m1 = _larger(x[b + 1], m1)
+            m2 = _larger(x[b + 2], m2)
+            m3 = _larger(x[b + 3], m3)
+            m4 = _larger(x[b + 4], m4)
+            m5 = _larger(x[b + 5], m5)
+            m6 = _larger(x[b + 6], m6)
+            m7 = _larger(x[b + 7], m7)
+        for i in range(n8, n):
+            m0 = _larger(x[uint64(s + i)], m0)
+        m = _larger(_larger(_larger(m1, m0), _larger(m3, m2)),
+                    _larger(_larger(m5, m4), _larger(m7, m6)))
+        for i in range(n):
+            y[uint64(s + i)] = x[uint64(s + i)] - m
+
+
+@njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
+def _larger(v, m):
+    return v if v > m else m
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
+def softmax_scale(y, rows, n):
+    """Each row of ``n`` divided by its sum, in place (``reassoc`` vectorizes the sum, as in
+    layer_norm); one multiply by the reciprocal per element."""
+    for r in range(rows):
+        s = r * n
+        total = y.dtype.type(0)
+        for i in range(n):
+            total += y[uint64(s + i)]
+        inverse = y.dtype.type(1) / total
+        for i in range(n):
+            y[uint64(s + i)] *= inverse
+
+
 # -- Winograd F(2x2, 3x3) transforms (ops/winograd_cpu.py) ---------------------------------------
 #
 # A band is the global tile rows g0..g1 (g = image * th + tile row). Each tile row takes

@@ -159,14 +159,20 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
     """Softmax over the trailing axes from ``axis`` on (opset 13's single axis is the last one
     in every model we have seen; others take the generic kernel), rows split over the
     intra-op threads: exp is heavy enough per element that two threads run it in about half
-    the time (ops/parallel.py). Computing in place over ``input`` is safe: each row's max is
-    taken before the row is overwritten."""
+    the time (ops/parallel.py). The row max and the division are compiled loops
+    (ops/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost twice its
+    exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. Computing in place over
+    ``input`` is safe: each row's max is taken before the row is overwritten."""
     if out is None or not _native(input, out) or input.size == 0 or (
             np.may_share_memory(out, input) and not same_view(out, input)) or (
             axis % input.ndim != input.ndim - 1):
         return _into(out, softmax(xp, input, axis=axis))
     rows = input.reshape(-1, input.shape[-1])
     target = out.reshape(rows.shape)
+    if jit_cpu.softmax_suits(rows, target):
+        parallel_rows(rows.shape[0], rows.shape[1],
+                      lambda start, stop: jit_cpu.softmax_rows(rows, target, start, stop))
+        return out
 
     def part(start, stop):
         x, y = rows[start:stop], target[start:stop]

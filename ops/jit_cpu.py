@@ -163,3 +163,24 @@ def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
     _kernels().layer_norm(X.reshape(-1), Scale.reshape(-1), bias, out.reshape(-1),
                           X.size // n, n, X.dtype.type(epsilon))
     return True
+
+
+# -- softmax -------------------------------------------------------------------------------------
+
+def softmax_suits(rows, target) -> bool:
+    """Contiguous (R, n) float32/float64 views, ``target`` either apart from ``rows`` or the
+    same memory (in place)."""
+    return (rows.dtype == target.dtype and rows.dtype in NATIVE
+            and rows.flags.c_contiguous and target.flags.c_contiguous and enabled())
+
+
+def softmax_rows(rows, target, start: int, stop: int) -> None:
+    """Softmax of rows start..stop of ``rows`` (R, n) into ``target``: shift by the row max
+    (compiled), NumPy's vectorized exp in place, then divide by the row sum (compiled)."""
+    n = rows.shape[1]
+    x = rows[start:stop].reshape(-1)
+    y = target[start:stop].reshape(-1)
+    kernels = _kernels()
+    kernels.softmax_shift(x, y, stop - start, n)
+    np.exp(y, out=y)
+    kernels.softmax_scale(y, stop - start, n)

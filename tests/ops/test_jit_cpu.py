@@ -422,3 +422,50 @@ def test_layer_norm_in_place_nan_rows_and_broadcast_scales():
     got = layer_normalization_cpu(np, y, one, None, axis=1, out=np.empty_like(y))
     np.testing.assert_allclose(got, _layer_norm_reference(y, one, None, 1, 1e-5), rtol=1e-5,
                                atol=2e-6)
+
+
+# -- softmax -------------------------------------------------------------------------------------
+
+def _softmax_reference(x):
+    wide = x.astype(np.float64)
+    shifted = np.exp(wide - wide.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 12, 128, 128), (3, 7), (5, 1), (2, 9, 8), (4, 17),
+                                   (1, 1000)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
+    from mixrt.ops.fast_cpu import softmax_cpu
+    x = (RNG.standard_normal(shape) * 4).astype(dtype)
+    calls = []
+    real = jit_cpu.softmax_rows
+    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    out = np.full_like(x, np.nan)
+    assert softmax_cpu(np, x, axis=-1, out=out) is out and calls
+    tolerance = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(out, _softmax_reference(x), rtol=tolerance * 4, atol=tolerance)
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    numpy_path = softmax_cpu(np, x, axis=-1, out=np.empty_like(x))
+    np.testing.assert_allclose(out, numpy_path, rtol=tolerance * 4, atol=tolerance)
+
+
+def test_softmax_in_place_and_special_values_row_by_row():
+    """A NaN anywhere in a row (in any of the max's eight lanes, or past them) makes that row
+    NaN, as NumPy's max does; +inf makes its row NaN (inf - inf); a row of -inf is NaN; a row
+    with a -inf among finite scores (a masked key) gives it 0. Other rows are untouched."""
+    from mixrt.ops.fast_cpu import softmax_cpu
+    x = RNG.standard_normal((8, 19)).astype(np.float32)
+    x[0, 0] = np.nan  # the first element: every lane starts from it
+    x[1, 5] = np.nan  # inside the eight lanes
+    x[2, 17] = np.nan  # past the last full group of eight
+    x[3, 3] = np.inf
+    x[4, :] = -np.inf
+    x[5, 7] = -np.inf
+    want = _softmax_reference(x[[5, 6, 7]])
+    with np.errstate(invalid="ignore"):
+        got = softmax_cpu(np, x, axis=-1, out=x)  # the planner reused the input
+    assert got is x
+    assert np.isnan(x[:5]).all()
+    assert x[5, 7] == 0 and not np.isnan(x[5:]).any()
+    np.testing.assert_allclose(x[5:], want, rtol=1e-6, atol=1e-7)
