@@ -210,6 +210,50 @@ def softmax_scale(y, rows, n):
             y[uint64(s + i)] *= inverse
 
 
+# -- whole-plane pools (ops/inplace_cpu.py) ------------------------------------------------------
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
+def row_means(x, y, rows, n, count):
+    """``y[r]`` = the sum of row r of ``n`` (flat x) over ``count``: an average pool with one
+    window per plane, each plane one row. ``reassoc`` vectorizes the sum (lane-wise partial
+    sums); NumPy's reduction over 7x7 and 13x13 planes spent 40-120 us on per-row overhead
+    where this takes 2-6."""
+    scale = x.dtype.type(1) / x.dtype.type(count)
+    for r in range(rows):
+        s = r * n
+        total = x.dtype.type(0)
+        for i in range(n):
+            total += x[uint64(s + i)]
+        y[r] = total * scale
+
+
+@_jit
+def row_maxima(x, y, rows, n):
+    """``y[r]`` = the max of row r of ``n`` (flat x), NaN when the row holds one (as
+    np.max): eight lanes of maxima, and a NaN flag beside them, both vectorized."""
+    n8 = n - n % 8
+    for r in range(rows):
+        s = r * n
+        m0 = x[uint64(s)]
+        m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
+        seen = False
+        for i in range(0, n8, 8):
+            b = uint64(s + i)
+            v0, v1, v2, v3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+            v4, v5, v6, v7 = x[b + 4], x[b + 5], x[b + 6], x[b + 7]
+            seen |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3) \
+                | (v4 != v4) | (v5 != v5) | (v6 != v6) | (v7 != v7)
+            m0, m1, m2, m3 = _larger(v0, m0), _larger(v1, m1), _larger(v2, m2), _larger(v3, m3)
+            m4, m5, m6, m7 = _larger(v4, m4), _larger(v5, m5), _larger(v6, m6), _larger(v7, m7)
+        for i in range(n8, n):
+            v = x[uint64(s + i)]
+            seen |= v != v
+            m0 = _larger(v, m0)
+        m = _larger(_larger(_larger(m1, m0), _larger(m3, m2)),
+                    _larger(_larger(m5, m4), _larger(m7, m6)))
+        y[r] = np.nan if seen else m
+
+
 # -- Winograd F(2x2, 3x3) transforms (ops/winograd_cpu.py) ---------------------------------------
 #
 # A band is the global tile rows g0..g1 (g = image * th + tile row). Each tile row takes

@@ -35,7 +35,7 @@ from mixrt.ops import jit_cpu, jit_pool
 from mixrt.ops.conv import spatial_attrs, window_geometry
 from mixrt.ops.conv_cpu import scratch_arrays as _scratch
 from mixrt.ops.nn import lrn
-from mixrt.ops.pool import average_pool, max_pool
+from mixrt.ops.pool import average_pool, global_average_pool, global_max_pool, max_pool
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 # scratch per block or group of planes: small enough to stay in L2 while it is worked on
@@ -329,7 +329,9 @@ def max_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kerne
     result = None
     if _outputs < 2 and kernel_shape is not None and _native(X, out) and X.ndim >= 3:
         geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-        result = _pool_jit(X, out, geometry, True)
+        result = _whole_plane(X, out, geometry, True)
+        if result is None:
+            result = _pool_jit(X, out, geometry, True)
         if result is None:
             result = _pool_fast(X, out, geometry, np.maximum, -np.inf)
     if result is None:
@@ -347,7 +349,9 @@ def average_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad
     if kernel_shape is not None and _native(X, out) and X.ndim >= 3:
         geometry = _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
         counts = _window_counts(X.shape[2:], geometry, bool(count_include_pad), X.dtype)
-        result = _pool_jit(X, out, geometry, False, counts)
+        result = _whole_plane(X, out, geometry, False, counts)
+        if result is None:
+            result = _pool_jit(X, out, geometry, False, counts)
 
         def divide(total):
             total /= counts
@@ -359,6 +363,47 @@ def average_pool_cpu(xp, X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad
                                          dilations=dilations, kernel_shape=kernel_shape,
                                          pads=pads, strides=strides))
     return result
+
+
+def _whole_plane(X, out, geometry, maximum, counts=None):
+    """A pool with one window per plane that covers all of it (the 7x7 average pools that end
+    ResNet-50, ShuffleNet and the Inceptions; padding inside the window adds -inf to a max,
+    and to an average only through ``counts``) as one compiled reduction per plane; None
+    when it is not one, or the loop does not apply. ``out`` may start at X's first byte (the
+    planner's shrinking pair): plane r's result lands at element r, in a plane already
+    read."""
+    kernel, _, dilations, begin, _, out_dims = geometry
+    covers = all(0 <= b and k - b >= i for k, b, i in zip(kernel, begin, X.shape[2:]))
+    if not covers or any(d != 1 for d in dilations) or any(o != 1 for o in out_dims):
+        return None
+    if out is None:
+        out = np.empty(X.shape[:2] + tuple(out_dims), dtype=X.dtype)
+    count = None if maximum else float(np.asarray(counts).reshape(-1)[0])
+    if not _reducible_into(X, out) or not jit_cpu.whole_plane_pool(X, out, maximum, count):
+        return None
+    return out
+
+
+def _reducible_into(X, out) -> bool:
+    return not np.may_share_memory(X, out) or _over_prefix(X, out)
+
+
+@global_average_pool.fast("cpu")
+def global_average_pool_cpu(xp, X, *, out=None):
+    if _native(X, out) and X.ndim >= 3:
+        target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
+        if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, False):
+            return target
+    return _into(out, global_average_pool(xp, X))
+
+
+@global_max_pool.fast("cpu")
+def global_max_pool_cpu(xp, X, *, out=None):
+    if _native(X, out) and X.ndim >= 3:
+        target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
+        if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, True):
+            return target
+    return _into(out, global_max_pool(xp, X))
 
 
 @functools.lru_cache(maxsize=256)

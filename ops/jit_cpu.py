@@ -184,3 +184,23 @@ def softmax_rows(rows, target, start: int, stop: int) -> None:
     kernels.softmax_shift(x, y, stop - start, n)
     np.exp(y, out=y)
     kernels.softmax_scale(y, stop - start, n)
+
+
+# -- whole-plane pools ---------------------------------------------------------------------------
+
+def whole_plane_pool(X, out, maximum: bool, count=None) -> bool:
+    """A pool whose one window holds each whole plane of X (N, C, *spatial) into ``out``
+    (N, C, 1, ...): GlobalAveragePool / GlobalMaxPool, and Average/MaxPool windows that
+    cover the input (an average divides by ``count``, the plane's size by default). False
+    (nothing written) when the compiled loop does not apply."""
+    if not (X.dtype in NATIVE and out.dtype == X.dtype and X.ndim >= 3 and X.size > 0
+            and X.flags.c_contiguous and out.flags.c_contiguous
+            and out.size == X.shape[0] * X.shape[1] and enabled()):
+        return False
+    rows = X.shape[0] * X.shape[1]
+    n = X.size // rows
+    if maximum:
+        _kernels().row_maxima(X.reshape(-1), out.reshape(-1), rows, n)
+    else:
+        _kernels().row_means(X.reshape(-1), out.reshape(-1), rows, n, count or n)
+    return True

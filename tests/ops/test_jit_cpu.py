@@ -469,3 +469,82 @@ def test_softmax_in_place_and_special_values_row_by_row():
     assert np.isnan(x[:5]).all()
     assert x[5, 7] == 0 and not np.isnan(x[5:]).any()
     np.testing.assert_allclose(x[5:], want, rtol=1e-6, atol=1e-7)
+
+
+# -- pools with one window per plane -------------------------------------------------------------
+
+def _spy_whole_plane(monkeypatch):
+    calls = []
+    real = jit_cpu.whole_plane_pool
+    monkeypatch.setattr(jit_cpu, "whole_plane_pool",
+                        lambda *a: calls.append(a[2]) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(1, 2048, 7, 7), (2, 5, 13, 13), (3, 4, 9), (1, 3, 2, 3, 4),
+                                   (2, 3, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_global_pools_match_the_generic_kernels_and_run_compiled(shape, dtype, monkeypatch):
+    from mixrt.ops.inplace_cpu import global_average_pool_cpu, global_max_pool_cpu
+    from mixrt.ops.pool import global_average_pool, global_max_pool
+    x = (RNG.standard_normal(shape) * 3).astype(dtype)
+    calls = _spy_whole_plane(monkeypatch)
+    out = np.full(shape[:2] + (1,) * (len(shape) - 2), np.nan, dtype)
+    assert global_average_pool_cpu(np, x, out=out) is out
+    np.testing.assert_allclose(out, global_average_pool(np, x), rtol=1e-6, atol=1e-6)
+    assert global_max_pool_cpu(np, x, out=out) is out
+    np.testing.assert_array_equal(out, global_max_pool(np, x))
+    assert calls == [False, True]
+
+
+@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (0, 0, 1, 1), (1, 0, 0, 1)])
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_pool_windows_that_cover_the_plane_reduce_it_whole(pads, count_include_pad,
+                                                             monkeypatch):
+    """Inception v1's last pool is 7x7 over a 6x6 plane with pads (0, 0, 1, 1): one window,
+    padding inside it. The max ignores the pads; the average counts them only with
+    count_include_pad."""
+    kernel = [7, 7]
+    image = tuple(k - p - q for k, p, q in zip(kernel, pads[:2], pads[2:]))
+    x = RNG.standard_normal((2, 6) + image).astype(np.float32)
+    calls = _spy_whole_plane(monkeypatch)
+    attributes = dict(kernel_shape=kernel, pads=list(pads))
+    got = inplace_cpu.average_pool_cpu(np, x, count_include_pad=count_include_pad,
+                                       out=np.empty((2, 6, 1, 1), np.float32), **attributes)
+    want = average_pool(np, x, count_include_pad=count_include_pad, **attributes)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    got = inplace_cpu.max_pool_cpu(np, x, out=np.empty((2, 6, 1, 1), np.float32), **attributes)
+    np.testing.assert_array_equal(got, max_pool(np, x, **attributes))
+    assert calls == [False, True]
+
+
+def test_whole_plane_max_passes_nans_on_and_works_over_its_input():
+    x = RNG.standard_normal((1, 5, 7, 7)).astype(np.float32)
+    x[0, 0, 0, 0] = np.nan  # every lane starts from it
+    x[0, 1, 2, 3] = np.nan  # inside the eight lanes
+    x[0, 2, 6, 6] = np.nan  # past the last full group of eight
+    x[0, 3, 4, 4] = np.inf
+    want_max = max_pool(np, x, kernel_shape=[7, 7])
+    want_mean = average_pool(np, x, kernel_shape=[7, 7])
+    assert np.isnan(want_max[0, :3]).all() and want_max[0, 3] == np.inf
+    buffer = x.copy()
+    over = buffer.reshape(-1)[:5].reshape(1, 5, 1, 1)  # the planner's shrinking pair
+    assert inplace_cpu.max_pool_cpu(np, buffer, kernel_shape=[7, 7], out=over) is over
+    np.testing.assert_array_equal(over, want_max)
+    buffer = x.copy()
+    over = buffer.reshape(-1)[:5].reshape(1, 5, 1, 1)
+    assert inplace_cpu.average_pool_cpu(np, buffer, kernel_shape=[7, 7], out=over) is over
+    np.testing.assert_allclose(over, want_mean, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("attributes", [dict(kernel_shape=[3, 3]),
+                                        dict(kernel_shape=[4, 4], dilations=[2, 2]),
+                                        dict(kernel_shape=[7, 7], strides=[2, 2],
+                                             pads=[1, 1, 1, 1])])
+def test_pools_with_more_windows_keep_their_loops(attributes, monkeypatch):
+    x = RNG.standard_normal((1, 3, 7, 7)).astype(np.float32)
+    calls = _spy_whole_plane(monkeypatch)
+    got = inplace_cpu.max_pool_cpu(np, x, **attributes)
+    np.testing.assert_array_equal(got, max_pool(np, x, **attributes))
+    assert got.shape[2:] != (1, 1) or attributes.get("dilations")
+    assert calls == []
