@@ -299,9 +299,12 @@ def _conv_batched(X, w, Y, kernel, strides, dilations, begin, end, out_dims, bia
         for offset in range(count):
             im2col_into(X[start + offset], columns[:, offset], kernel, strides, dilations,
                         begin, end, out_dims)
-        np.matmul(w, columns.reshape(rows, count * length),
-                  out=product.reshape(m, count * length))
-        np.copyto(Y[start:start + count], product.transpose(1, 0, 2))
+        if count == 1:  # one image's product is already in Y's layout: no reordering copy
+            np.matmul(w, columns.reshape(rows, length), out=Y[start])
+        else:
+            np.matmul(w, columns.reshape(rows, count * length),
+                      out=product.reshape(m, count * length))
+            np.copyto(Y[start:start + count], product.transpose(1, 0, 2))
         for image in range(start, start + count):
             if bias is not None:
                 Y[image] += bias[0]

@@ -15,6 +15,9 @@ CASES = [  # x shape, w shape, attributes
     ((1, 8, 10, 7), (2, 8, 5, 3), dict(pads=[2, 1, 2, 1])),
     ((1, 6, 7, 7), (3, 6, 2, 2), dict()),
     ((3, 10, 6, 6), (5, 10, 1, 3), dict(pads=[0, 1, 0, 1], dilations=[1, 2])),
+    # small outputs: several images' columns share one matmul, one image's goes straight in
+    ((1, 8, 14, 14), (6, 8, 3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((3, 8, 13, 13), (6, 8, 1, 1), dict(strides=[2, 2])),
 ]
 
 
