@@ -48,6 +48,19 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
     return out
 
 
+def stacked_product(A, B, out):
+    """``out = A @ B`` for A (..., m, K) and a 2-D B: a C-contiguous stack of A is one (rows, K)
+    matrix, so the product is one sgemm rather than NumPy's one per stacked matrix. The
+    BERT-shaped encoder at batch 8, (8, 128, 768) @ (768, 3072): 9.4 ms merged against
+    11.8 ms as eight products (OpenBLAS splits a 1024-row product across its threads
+    better than eight 128-row ones)."""
+    if A.ndim > 2 and B.ndim == 2 and A.flags.c_contiguous and out.flags.c_contiguous \
+            and out.shape == A.shape[:-1] + B.shape[1:]:
+        np.matmul(A.reshape(-1, A.shape[-1]), B, out=out.reshape(-1, B.shape[1]))
+        return out
+    return np.matmul(A, B, out=out)
+
+
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B

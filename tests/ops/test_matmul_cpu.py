@@ -67,3 +67,34 @@ def test_fused_kernels_take_the_few_rows_path():
     Z = _rand(8, 2048)
     fused_mat_mul(np, A, np.ascontiguousarray(W.T), bias, Z, out=out, _prepacked={})
     np.testing.assert_allclose(out, A @ W.T + bias + Z, rtol=1e-4, atol=1e-3)
+
+
+def test_a_stack_of_many_rows_is_one_product(monkeypatch):
+    """(8, 128, K) @ (K, N), past the few-rows range: one (1024, K) product, not eight."""
+    A, B, bias, Z = _rand(8, 128, 96), _rand(96, 80), _rand(80), _rand(8, 128, 80)
+    assert not matmul_cpu.suits(A, B)
+    shapes = []
+    real = np.matmul
+
+    def spy(a, b, out=None):
+        shapes.append(a.shape)
+        return real(a, b, out=out)
+    monkeypatch.setattr(matmul_cpu.np, "matmul", spy)
+    out = np.full((8, 128, 80), np.nan, np.float32)
+    assert mat_mul_cpu(np, A, B, out=out) is out
+    assert shapes == [(1024, 96)]
+    monkeypatch.setattr(matmul_cpu.np, "matmul", real)
+    np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+    fused_mat_mul(np, A, B, bias, Z, activation="Relu", out=out)
+    np.testing.assert_allclose(out, np.maximum(A @ B + bias + Z, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_stacks_that_are_not_one_matrix_keep_numpy_s_product():
+    A = _rand(4, 128, 96)[:, ::2]  # every other row: no (rows, K) view of it
+    B = _rand(96, 80)
+    out = np.empty((4, 64, 80), np.float32)
+    assert matmul_cpu.stacked_product(A, B, out) is out
+    np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+    wide = np.empty((4, 64, 160), np.float32)[..., :80]  # a non-contiguous output
+    matmul_cpu.stacked_product(A, B, wide)
+    np.testing.assert_allclose(wide, A @ B, rtol=1e-4, atol=1e-3)
