@@ -390,20 +390,24 @@ def _reducible_into(X, out) -> bool:
 
 @global_average_pool.fast("cpu")
 def global_average_pool_cpu(xp, X, *, out=None):
-    if _native(X, out) and X.ndim >= 3:
-        target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
-        if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, False):
-            return target
-    return _into(out, global_average_pool(xp, X))
+    result = _global_pool(X, out, False)
+    return _into(out, global_average_pool(xp, X)) if result is None else result
 
 
 @global_max_pool.fast("cpu")
 def global_max_pool_cpu(xp, X, *, out=None):
-    if _native(X, out) and X.ndim >= 3:
-        target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
-        if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, True):
-            return target
-    return _into(out, global_max_pool(xp, X))
+    result = _global_pool(X, out, True)
+    return _into(out, global_max_pool(xp, X)) if result is None else result
+
+
+def _global_pool(X, out, maximum):
+    """A global pool as one compiled reduction per plane; None when that does not apply."""
+    if not (_native(X, out) and X.ndim >= 3):
+        return None
+    target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
+    if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, maximum):
+        return target
+    return None
 
 
 @functools.lru_cache(maxsize=256)
