@@ -66,8 +66,8 @@ def test_shift_add_chosen_for_few_output_channels():
 
 
 def test_padding_borders_are_zero_when_the_buffer_held_another_image():
-    """The padding buffer is reused between calls and only its border is zeroed: a padded
-    call after a larger image of non-zero values must still see zeros around its image."""
+    """Padding buffers are kept between calls and only their interiors are written: a padded
+    call after other images of non-zero values must still see zeros around its image."""
     rng = np.random.default_rng(4)
     big = np.full((8, 20, 20), 7.0, np.float32)
     conv_cpu._padded(big, [0, 0], [3, 3])  # leaves 7s across the buffer
@@ -134,3 +134,28 @@ def test_sessions_prepack_constant_conv_weights_only():
     for scale in (1.0, -2.0):
         got = session.run(None, {"x": image, "w": weight * np.float32(scale)})[0]
         np.testing.assert_allclose(got, expected * scale, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kept_bytes", [conv_cpu.PADDING_BYTES_KEPT, 1])
+def test_kept_paddings_stay_zero_across_shapes_pads_and_evictions(kept_bytes, monkeypatch):
+    """Convs of one input shape with different pads, im2col, kernel rows and shift-and-add
+    (whose padded planes carry a zero spill) interleaved, with every padding kept or each
+    one evicted by the next: all equal the generic kernel, call after call."""
+    monkeypatch.setattr(conv_cpu, "PADDING_BYTES_KEPT", kept_bytes)
+    monkeypatch.setattr(conv_cpu._workspace, "paddings", {}, raising=False)
+    rng = np.random.default_rng(6)
+    cases = [((1, 8, 12, 12), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),  # kernel rows
+             ((1, 8, 12, 12), (2, 8, 3, 3), dict(pads=[1, 1, 1, 1])),  # shift-and-add
+             ((1, 8, 12, 12), (16, 8, 3, 3), dict(pads=[2, 0, 0, 2])),
+             ((1, 8, 12, 12), (4, 8, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),
+             ((2, 8, 7, 7), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1]))]  # batched columns
+    for _ in range(3):
+        for x_shape, w_shape, attrs in cases:
+            X = rng.standard_normal(x_shape).astype(np.float32) + 5  # nothing near zero
+            W = rng.standard_normal(w_shape).astype(np.float32)
+            np.testing.assert_allclose(conv_cpu.conv_cpu(np, X, W, **attrs),
+                                       conv(np, X, W, **attrs), rtol=1e-5, atol=1e-4)
+    kept = conv_cpu._workspace.paddings
+    # kept: 12x12 with pads 1 (kernel rows, strided im2col), with pads (2, 0, 0, 2), with pads 1
+    # and a spill (shift-and-add), 7x7 with pads 1
+    assert len(kept) == (1 if kept_bytes == 1 else 4)
