@@ -26,6 +26,8 @@ import threading
 
 import numpy as np
 
+from mixrt.ops.parallel import parallel_for, thread_parts
+
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded: list = []
 _lock = threading.Lock()
@@ -204,3 +206,40 @@ def whole_plane_pool(X, out, maximum: bool, count=None) -> bool:
     else:
         _kernels().row_means(X.reshape(-1), out.reshape(-1), rows, n, count or n)
     return True
+
+
+# -- products with a few rows --------------------------------------------------------------------
+
+EIGHT_ROWS = 8  # rows the compiled product computes at once (fewer are padded with zeros)
+# weight elements from which the product is split over the intra-op threads by columns
+SPLIT_WEIGHT = 1 << 19
+
+
+def few_rows_suits(a, bt, out) -> bool:
+    """a (rows <= 8, K), bt (N, K) and out (rows, N): contiguous, one native float dtype."""
+    return (a.ndim == bt.ndim == out.ndim == 2 and 1 <= a.shape[0] <= EIGHT_ROWS
+            and a.dtype == bt.dtype == out.dtype and a.dtype in NATIVE
+            and bt.flags.c_contiguous and out.flags.c_contiguous
+            and a.shape[1] == bt.shape[1] and out.shape == (a.shape[0], bt.shape[0])
+            and enabled())
+
+
+def few_rows_product(a, bt, out) -> None:
+    """``out = a @ bt.T`` for a few rows (:func:`few_rows_suits`): the rows padded to eight in
+    a scratch, the columns split over the intra-op threads for a large weight."""
+    rows, n = a.shape[0], bt.shape[0]
+    padded = _scratch_array("few_rows_a", a.dtype, (EIGHT_ROWS, a.shape[1]))
+    padded[:rows] = a
+    padded[rows:] = 0
+    target = out if rows == EIGHT_ROWS else _scratch_array("few_rows_out", a.dtype,
+                                                          (EIGHT_ROWS, n))
+    kernel = _kernels().eight_rows
+
+    def part(start, stop):
+        kernel(padded, bt, target, start, stop)
+    if bt.size < SPLIT_WEIGHT:
+        part(0, n)
+    else:
+        parallel_for(thread_parts(n, bt.size), part)
+    if target is not out:
+        np.copyto(out, target[:rows])

@@ -4,7 +4,7 @@ MatMul, Gemm (every transA/transB) and the fused kernels, with and without a pre
 import numpy as np
 import pytest
 
-from mixrt.ops import matmul_cpu
+from mixrt.ops import jit_cpu, matmul_cpu
 from mixrt.ops.fast_cpu import gemm_cpu, mat_mul_cpu
 from mixrt.ops.fused import fused_gemm, fused_mat_mul
 
@@ -98,3 +98,47 @@ def test_stacks_that_are_not_one_matrix_keep_numpy_s_product():
     wide = np.empty((4, 64, 160), np.float32)[..., :80]  # a non-contiguous output
     matmul_cpu.stacked_product(A, B, wide)
     np.testing.assert_allclose(wide, A @ B, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not importable")
+@pytest.mark.parametrize("rows", [2, 5, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [301, 1024])  # an odd last column; a weight split over threads
+def test_up_to_eight_rows_take_the_compiled_loop(rows, dtype, n, monkeypatch):
+    A, B = _rand(rows, 700, dtype=dtype), _rand(700, n, dtype=dtype)
+    calls = []
+    real = jit_cpu.few_rows_product
+    monkeypatch.setattr(jit_cpu, "few_rows_product", lambda *a: calls.append(1) or real(*a))
+    splits = []
+    real_split = jit_cpu.parallel_for
+    monkeypatch.setattr(jit_cpu, "parallel_for",
+                        lambda parts, fn: splits.append(len(parts)) or real_split(parts, fn))
+    out = np.full((rows, n), np.nan, dtype)
+    assert mat_mul_cpu(np, A, B, out=out, _prepacked={}) is out and calls
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out, A.astype(np.float64) @ B, rtol=tolerance, atol=tolerance)
+    assert bool(splits) == (B.size >= jit_cpu.SPLIT_WEIGHT)
+
+
+@pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not importable")
+def test_compiled_few_rows_pass_nans_and_infinities_to_their_rows_only():
+    A, B = _rand(3, 64), _rand(64, 300)
+    A[1, 10] = np.nan
+    B[5, 7] = np.inf  # column 7: +-inf in every row (or NaN where inf meets inf * 0)
+    out = np.empty((3, 300), np.float32)
+    mat_mul_cpu(np, A, B, out=out, _prepacked={})
+    with np.errstate(invalid="ignore"):
+        want = A @ B
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(out[finite], want[finite], rtol=2e-5, atol=2e-5)
+
+
+def test_nine_rows_keep_the_transposed_blas_product(monkeypatch):
+    A, B = _rand(9, 300), _rand(300, 400)
+    monkeypatch.setattr(jit_cpu, "few_rows_product",
+                        lambda *a: pytest.fail("nine rows took the compiled loop"))
+    out = np.empty((9, 400), np.float32)
+    mat_mul_cpu(np, A, B, out=out, _prepacked={})
+    np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
