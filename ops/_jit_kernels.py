@@ -268,9 +268,8 @@ def eight_rows(a, bt, out, n0, n1):
     k_len = a.shape[1]
     a0, a1, a2, a3, a4, a5, a6, a7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
     zero = a.dtype.type(0)
-    n = n0
-    while n + 1 < n1:
-        b, c = bt[n], bt[n + 1]
+    for n in range(n0, n1, 2):
+        b, c = bt[n], bt[min(n + 1, n1 - 1)]  # an odd last column pairs with itself
         s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
         t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = zero
         for k in range(k_len):
@@ -293,24 +292,9 @@ def eight_rows(a, bt, out, n0, n1):
             t7 += a7[k] * y
         out[0, n], out[1, n], out[2, n], out[3, n] = s0, s1, s2, s3
         out[4, n], out[5, n], out[6, n], out[7, n] = s4, s5, s6, s7
-        out[0, n + 1], out[1, n + 1], out[2, n + 1], out[3, n + 1] = t0, t1, t2, t3
-        out[4, n + 1], out[5, n + 1], out[6, n + 1], out[7, n + 1] = t4, t5, t6, t7
-        n += 2
-    if n < n1:  # an odd last column
-        b = bt[n]
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = zero
-        for k in range(k_len):
-            x = b[k]
-            s0 += a0[k] * x
-            s1 += a1[k] * x
-            s2 += a2[k] * x
-            s3 += a3[k] * x
-            s4 += a4[k] * x
-            s5 += a5[k] * x
-            s6 += a6[k] * x
-            s7 += a7[k] * x
-        out[0, n], out[1, n], out[2, n], out[3, n] = s0, s1, s2, s3
-        out[4, n], out[5, n], out[6, n], out[7, n] = s4, s5, s6, s7
+        if n + 1 < n1:
+            out[0, n + 1], out[1, n + 1], out[2, n + 1], out[3, n + 1] = t0, t1, t2, t3
+            out[4, n + 1], out[5, n + 1], out[6, n + 1], out[7, n + 1] = t4, t5, t6, t7
 
 
 # -- Winograd F(2x2, 3x3) transforms (ops/winograd_cpu.py) ---------------------------------------
