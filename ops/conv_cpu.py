@@ -29,8 +29,13 @@ _workspace = threading.local()
 SHIFT_ADD_RATIO = 2
 SHIFT_ADD_PIXELS = 28 * 28
 # a stride-1 2-D convolution with more output pixels than this, and no more than
-# SHIFT_ADD_RATIO times fewer output than input channels, takes _KernelRows
+# SHIFT_ADD_RATIO times fewer output than input channels, takes _KernelRows ...
 KERNEL_ROWS_PIXELS = 10 * 10
+# ... when it has at least this many input channels: each kernel row's product has kw * C
+# rows of columns, and with VGG's 3 input channels (K = 9) the three products ran 2.64 ms
+# against im2col's one 1.16 ms product (K = 27); at 16 and 24 channels im2col was 5-8%
+# faster, at 32 kernel rows 1-5%
+KERNEL_ROWS_CHANNELS = 32
 # a strided 2-D kernel with at least this many taps per stride phase takes its columns from
 # the image's phase planes (_ImageColumns)
 PHASE_TAPS = 8
@@ -409,14 +414,15 @@ class _KernelRows:
             W.transpose(2, 0, 3, 1)).reshape(kh, m, kw * c))
 
     @classmethod
-    def suit(cls, X, W, kernel, strides, out_dims, ratio=True) -> bool:
-        """Whether a convolution suits kernel rows (``ratio``: unless shift-and-add does
-        better, which only the forward has)."""
+    def suit(cls, X, W, kernel, strides, out_dims, forward=True) -> bool:
+        """Whether a convolution suits kernel rows. ``forward``: the forward's choice, which
+        also weighs shift-and-add and im2col (channel counts); the weight gradient's
+        (ops/conv_grad_cpu.py) looks at the geometry only."""
         if X.ndim != 4 or any(s != 1 for s in strides) or math.prod(kernel) == 1:
             return False
         m, c = W.shape[:2]
         return math.prod(out_dims) > KERNEL_ROWS_PIXELS and (
-            not ratio or SHIFT_ADD_RATIO * m > c)
+            not forward or (SHIFT_ADD_RATIO * m > c and c >= KERNEL_ROWS_CHANNELS))
 
     @classmethod
     def suited(cls, X, W, kernel, strides, dilations, out_dims, prepacked=None):

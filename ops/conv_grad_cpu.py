@@ -52,7 +52,7 @@ def conv_grad_cpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
     if input_grad:
         grads.append(input_grad_into(dY, W, _target(out, grads, X.shape, X.dtype), window))
     if weight_grad:
-        by_rows = _KernelRows.suit(X, W, kernel, strides, out_dims, ratio=False)
+        by_rows = _KernelRows.suit(X, W, kernel, strides, out_dims, forward=False)
         compute = row_weight_grad_into if by_rows else weight_grad_into
         grads.append(compute(dY, X, _target(out, grads, W.shape, W.dtype), window))
     if bias_grad:

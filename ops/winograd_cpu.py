@@ -8,7 +8,8 @@ the 4x4 transform: ``M[xi] (M, tiles) = U[xi] (M, C) @ V[xi] (C, tiles)``. They 
 fewer, and no 9x column matrix to copy. Alone, on ResNet's and Inception's layer shapes, the
 16 products took 0.53-0.70 of the time of the one im2col product; inside a model the
 transforms and the larger transformed weights take much of that back, so only layers with
-many channels take this path (``MIN_CHANNEL_PRODUCT``; benchmarks/NOTES.md §13).
+many channels take this path (``MIN_CHANNEL_PRODUCT``; benchmarks/NOTES.md §13), and on
+planes past 56x56 layers of 64 channels and more (§14).
 
 The transforms only add and subtract (the filter's uses halves, done once per session node
 in float64), so the rounding is that of a few additions: float32 outputs stay within 2e-6
@@ -42,14 +43,18 @@ MIN_CHANNEL_PRODUCT = 256 * 256
 # are read from memory for too few tiles (512 -> 512: 1.35 against 1.20 ms a layer).
 MIN_PIXELS = 10 * 10
 MAX_PIXELS = 56 * 56
+# Larger planes pay from fewer channels: VGG's 64 -> 64 at 224x224 and 128 -> 128 at 112x112
+# took 11.1 and 7.9 ms against 15.5 and 11.1 alone; VGG-19 116.6 -> 107.9 ms a run at batch
+# 1, 839 -> 811 at batch 8 (one process, against the 56x56 limit)
+LARGE_CHANNEL_PRODUCT = 64 * 64
 # G of F(2x2, 3x3): the filter transform U = G g G^T
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
 def suits(X, W, kernel, strides, dilations, group, out_dims, out=None) -> bool:
     """A 2-D 3x3 convolution with stride and dilation 1 and one group, of contiguous float
-    arrays, with the channels and output plane size where the path gains (``MIN_*``,
-    ``MAX_PIXELS``)."""
+    arrays, with the channels and output plane size where the path gains (``MIN_*`` and
+    ``MAX_PIXELS``; ``LARGE_CHANNEL_PRODUCT`` past it)."""
     if not ENABLED or X.ndim != 4 or tuple(kernel) != (3, 3) or int(group) != 1:
         return False
     if any(int(s) != 1 for s in strides) or any(int(d) != 1 for d in dilations):
@@ -60,8 +65,10 @@ def suits(X, W, kernel, strides, dilations, group, out_dims, out=None) -> bool:
     if out is not None and not (out.flags.c_contiguous and out.dtype == X.dtype):
         return False
     m, c = W.shape[:2]
-    return m * c >= MIN_CHANNEL_PRODUCT and MIN_PIXELS <= math.prod(out_dims) <= MAX_PIXELS \
-        and jit_cpu.enabled()
+    pixels = math.prod(out_dims)
+    if pixels > MAX_PIXELS:
+        return m * c >= LARGE_CHANNEL_PRODUCT and jit_cpu.enabled()
+    return m * c >= MIN_CHANNEL_PRODUCT and pixels >= MIN_PIXELS and jit_cpu.enabled()
 
 
 def transformed_weights(W) -> np.ndarray:

@@ -168,7 +168,10 @@ def test_other_geometries_keep_im2col(change, every_size, monkeypatch):
     (256, 56, True),    # VGG's 56x56 layers
     (128, 14, False),   # too few channels
     (512, 7, False),    # too few tiles for the weights' bytes
-    (256, 112, False),  # the transformed tiles outgrow the caches
+    (64, 56, False),    # up to 56x56 the channel product must reach 256 x 256
+    (64, 112, True),    # past 56x56, 64 x 64 (VGG's 112x112 and 224x224 layers)
+    (256, 112, True),
+    (32, 224, False),   # too few channels even on a large plane
 ])
 def test_size_rule(channels, image, taken):
     X = np.zeros((1, channels, image, image), np.float32)
