@@ -163,9 +163,9 @@ def test_kept_paddings_stay_zero_across_shapes_pads_and_evictions(kept_bytes, mo
 
 def test_few_input_channels_keep_im2col_over_kernel_rows():
     """VGG's first layer (3 -> 64, 3x3, stride 1): kernel rows would multiply K = 9 rows at a
-    time, im2col one K = 27 product; 32 input channels and more take kernel rows."""
+    time, im2col one K = 27 product; 8 input channels and more take kernel rows."""
     rng = np.random.default_rng(8)
-    for channels, rows in ((3, False), (16, False), (32, True)):
+    for channels, rows in ((3, False), (7, False), (8, True), (16, True)):
         X = rng.standard_normal((1, channels, 12, 12)).astype(np.float32)
         W = rng.standard_normal((64, channels, 3, 3)).astype(np.float32)
         assert conv_cpu._KernelRows.suit(X, W, (3, 3), (1, 1), (12, 12)) is rows
