@@ -163,32 +163,41 @@ def layer_norm(x, scale, bias, y, rows, n, epsilon):
 @_jit
 def softmax_shift(x, y, rows, n):
     """``y[r] = x[r] - max(x[r])`` for each row of ``n`` (flat x, y; y may be x: a row's
-    max is taken before it is written). The max runs in eight lanes (eight partial maxima),
-    which LLVM turns into vector maxima; one running max over the row stayed scalar, and
-    NumPy's ``max(axis=1)`` over 128-element rows took 3x this whole loop. A NaN that one
-    lane skips still reaches the row through its own ``x - max`` (the caller's sum then
-    makes the whole row NaN, as the max would)."""
-    n8 = n - n % 8
+    max is taken before it is written). NumPy's ``max(axis=1)`` over 128-element rows took
+    3x this whole loop. A NaN that the max skips still reaches the row through its own
+    ``x - max`` (the caller's sum then makes the whole row NaN, as the max would)."""
     for r in range(rows):
         s = r * n
-        m0 = x[uint64(s)]
-        m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
-        for i in range(0, n8, 8):
-            b = uint64(s + i)
-            m0 = _larger(x[b], m0)
-            m1 = _larger(x[b + 1], m1)
-            m2 = _larger(x[b + 2], m2)
-            m3 = _larger(x[b + 3], m3)
-            m4 = _larger(x[b + 4], m4)
-            m5 = _larger(x[b + 5], m5)
-            m6 = _larger(x[b + 6], m6)
-            m7 = _larger(x[b + 7], m7)
-        for i in range(n8, n):
-            m0 = _larger(x[uint64(s + i)], m0)
-        m = _larger(_larger(_larger(m1, m0), _larger(m3, m2)),
-                    _larger(_larger(m5, m4), _larger(m7, m6)))
+        m, _ = _row_max(x, s, n)
         for i in range(n):
             y[uint64(s + i)] = x[uint64(s + i)] - m
+
+
+@njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
+def _row_max(x, s, n):
+    """(max of x[s:s + n] over its non-NaN elements, whether one was NaN). Eight lanes of
+    partial maxima and a NaN flag beside them, which LLVM turns into vector code; one
+    running max over the row stayed scalar. A caller that ignores the flag loses its
+    compares once inlined."""
+    n8 = n - n % 8
+    m0 = x[uint64(s)]
+    m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
+    seen = False
+    for i in range(0, n8, 8):
+        b = uint64(s + i)
+        v0, v1, v2, v3 = x[b], x[b + 1], x[b + 2], x[b + 3]
+        v4, v5, v6, v7 = x[b + 4], x[b + 5], x[b + 6], x[b + 7]
+        seen |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3) \
+            | (v4 != v4) | (v5 != v5) | (v6 != v6) | (v7 != v7)
+        m0, m1, m2, m3 = _larger(v0, m0), _larger(v1, m1), _larger(v2, m2), _larger(v3, m3)
+        m4, m5, m6, m7 = _larger(v4, m4), _larger(v5, m5), _larger(v6, m6), _larger(v7, m7)
+    for i in range(n8, n):
+        v = x[uint64(s + i)]
+        seen |= v != v
+        m0 = _larger(v, m0)
+    m = _larger(_larger(_larger(m1, m0), _larger(m3, m2)),
+                _larger(_larger(m5, m4), _larger(m7, m6)))
+    return m, seen
 
 
 @njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
@@ -230,27 +239,9 @@ def row_means(x, y, rows, n, count):
 @_jit
 def row_maxima(x, y, rows, n):
     """``y[r]`` = the max of row r of ``n`` (flat x), NaN when the row holds one (as
-    np.max): eight lanes of maxima, and a NaN flag beside them, both vectorized."""
-    n8 = n - n % 8
+    np.max)."""
     for r in range(rows):
-        s = r * n
-        m0 = x[uint64(s)]
-        m1, m2, m3, m4, m5, m6, m7 = m0, m0, m0, m0, m0, m0, m0
-        seen = False
-        for i in range(0, n8, 8):
-            b = uint64(s + i)
-            v0, v1, v2, v3 = x[b], x[b + 1], x[b + 2], x[b + 3]
-            v4, v5, v6, v7 = x[b + 4], x[b + 5], x[b + 6], x[b + 7]
-            seen |= (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3) \
-                | (v4 != v4) | (v5 != v5) | (v6 != v6) | (v7 != v7)
-            m0, m1, m2, m3 = _larger(v0, m0), _larger(v1, m1), _larger(v2, m2), _larger(v3, m3)
-            m4, m5, m6, m7 = _larger(v4, m4), _larger(v5, m5), _larger(v6, m6), _larger(v7, m7)
-        for i in range(n8, n):
-            v = x[uint64(s + i)]
-            seen |= v != v
-            m0 = _larger(v, m0)
-        m = _larger(_larger(_larger(m1, m0), _larger(m3, m2)),
-                    _larger(_larger(m5, m4), _larger(m7, m6)))
+        m, seen = _row_max(x, r * n, n)
         y[r] = np.nan if seen else m
 
 
