@@ -22,6 +22,7 @@ from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
 from mixrt.ops.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.registry import REGISTRY, canonical_domain
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.runtime.device import aligned
 from mixrt.runtime.graph import Graph, Node, Value
 
 # Opsets of the default domain this importer understands.
@@ -209,7 +210,7 @@ def tensor_to_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarr
         raise ModelLoadError(f"tensor {name!r}: its data does not match its dtype "
                              f"{to_numpy_dtype(tensor.data_type).name} and shape "
                              f"{list(tensor.dims)} ({type(exc).__name__}: {exc})") from exc
-    return array
+    return aligned(array)  # BLAS and the compiled loops read aligned weights faster
 
 
 def _sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: Path | None) -> np.ndarray:

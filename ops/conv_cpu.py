@@ -18,6 +18,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv import conv, conv_geometry
+from mixrt.runtime.device import aligned, aligned_empty
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
 # and VGG-19 layers, 8 MiB beat 1 MiB by 10-45%: each band is one BLAS call, and BLAS splits
@@ -54,7 +55,7 @@ def workspace(nbytes: int) -> np.ndarray:
     """A per-thread scratch buffer of at least ``nbytes`` (kept between calls)."""
     buffer = getattr(_workspace, "buffer", None)
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
+        buffer = aligned_empty(max(nbytes, 1))
         _workspace.buffer = buffer
     return buffer
 
@@ -243,7 +244,7 @@ def packed(prepacked: dict | None, layout, make):
         return make()
     value = prepacked.get(layout)
     if value is None:
-        value = prepacked.setdefault(layout, make())
+        value = prepacked.setdefault(layout, aligned(make()))
     return value
 
 
@@ -545,7 +546,7 @@ def _buffer(name: str, nbytes: int) -> np.ndarray:
     """``nbytes`` of a per-thread scratch buffer named ``name`` (kept between calls)."""
     buffer = getattr(_workspace, name, None)
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = np.empty(nbytes, dtype=np.uint8)
+        buffer = aligned_empty(nbytes)
         setattr(_workspace, name, buffer)
     return buffer[:nbytes]
 

@@ -27,6 +27,7 @@ import threading
 import numpy as np
 
 from mixrt.ops.parallel import parallel_for, thread_parts
+from mixrt.runtime.device import aligned_empty
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded: list = []
@@ -91,7 +92,7 @@ def _scratch_array(name, dtype, shape) -> np.ndarray:
     key = np.dtype(dtype).str
     array = held.get(key)
     if array is None or array.size < size:
-        array = held[key] = np.empty(size, dtype)
+        array = held[key] = aligned_empty(size * np.dtype(dtype).itemsize).view(dtype)
     return array[:size].reshape(shape)
 
 

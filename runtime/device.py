@@ -116,6 +116,32 @@ def array_module(array):
     return np
 
 
+# bytes on which host buffers start: a cache line, and an AVX-512 vector. OpenBLAS's sgemm
+# read a (768, 3072) weight starting 48 bytes past such a boundary (where NumPy's allocator
+# put every initializer of the BERT-shaped encoder) in 1666 us, aligned in 1461
+ALIGNMENT = 64
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` of uninitialized host memory (uint8) starting on an :data:`ALIGNMENT`
+    boundary."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+def aligned(array):
+    """``array`` itself when it is not a NumPy array, is empty or starts on an
+    :data:`ALIGNMENT` boundary; otherwise a copy that does (read-only if ``array`` was)."""
+    if not isinstance(array, np.ndarray) or array.size == 0 \
+            or array.ctypes.data % ALIGNMENT == 0 or array.dtype.hasobject:
+        return array
+    copy = aligned_empty(array.nbytes).view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    copy.flags.writeable = array.flags.writeable
+    return copy
+
+
 def to_host(value):
     """A NumPy copy of a device array (sequences element-wise); host arrays pass through."""
     if isinstance(value, list):

@@ -35,6 +35,7 @@ import numpy as np
 
 from mixrt.errors import ExecutionError, MixrtError
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import aligned_empty
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 
 # ops whose output (for a contiguous input) is a view of input 0
@@ -91,7 +92,10 @@ class Arena:
     """One buffer and, for every slot, a ready-made view into it."""
 
     def __init__(self, plan: ExecutionPlan, xp):
-        self.buffer = xp.empty(max(plan.arena_bytes, 1), dtype=np.uint8)
+        size = max(plan.arena_bytes, 1)
+        # the planner aligns offsets within the arena; on the host the arena itself must
+        # start aligned for them to be (CuPy's allocations already are)
+        self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
         self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
 
 
