@@ -18,7 +18,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv import conv, conv_geometry
-from mixrt.runtime.device import aligned, aligned_empty
+from mixrt.runtime.device import ALIGNMENT, aligned, aligned_empty
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
 # and VGG-19 layers, 8 MiB beat 1 MiB by 10-45%: each band is one BLAS call, and BLAS splits
@@ -74,12 +74,13 @@ def scratch_arrays(dtype, *shapes) -> list[np.ndarray]:
 
 
 def typed_scratch(*specs) -> list[np.ndarray]:
-    """Arrays for ``(dtype, shape)`` pairs carved from this thread's workspace, each starting
-    on a 64-byte boundary; as :func:`scratch_arrays`, valid until the next carve."""
-    sizes = [-(-math.prod(shape) * np.dtype(dtype).itemsize // 64) * 64
+    """Arrays for ``(dtype, shape)`` pairs carved from this thread's workspace (which starts
+    aligned), each starting on a 64-byte boundary; as :func:`scratch_arrays`, valid until the
+    next carve."""
+    sizes = [-(-math.prod(shape) * np.dtype(dtype).itemsize // ALIGNMENT) * ALIGNMENT
              for dtype, shape in specs]
-    buffer = workspace(sum(sizes) + 64)
-    start = -buffer.ctypes.data % 64
+    buffer = workspace(sum(sizes))
+    start = 0
     arrays = []
     for (dtype, shape), nbytes in zip(specs, sizes):
         count = math.prod(shape) * np.dtype(dtype).itemsize

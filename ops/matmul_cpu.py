@@ -42,6 +42,8 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
     """``out = A @ B`` through the transposed product. ``B_rows``, when given, is B.T as a
     contiguous (N, K) array (a Gemm's transB weight); otherwise B.T comes from ``prepacked``
     (made once) or is read as a view."""
+    if not out.flags.c_contiguous:  # both paths write through a reshaped view of it
+        return np.matmul(A, B, out=out)
     a = A.reshape(-1, A.shape[-1])
     rows = a.shape[0]
     if B_rows is None:
@@ -49,12 +51,12 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
             if prepacked is not None else B.T
     n = B_rows.shape[0]
     target = out.reshape(rows, n)
-    if np.shares_memory(target, out) and jit_cpu.few_rows_suits(a, B_rows, target):
+    if jit_cpu.few_rows_suits(a, B_rows, target):
         jit_cpu.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
         return out
     scratch = _buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
     np.matmul(B_rows, a.T, out=scratch)
-    np.copyto(out.reshape(rows, n), scratch.T)
+    np.copyto(target, scratch.T)
     return out
 
 

@@ -142,3 +142,15 @@ def test_nine_rows_keep_the_transposed_blas_product(monkeypatch):
     out = np.empty((9, 400), np.float32)
     mat_mul_cpu(np, A, B, out=out, _prepacked={})
     np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+
+
+def test_few_rows_into_a_strided_output_still_fill_it():
+    """``out`` a strided view (every other column of a wider array): both few-rows forms write
+    through a reshaped view of ``out``, so a strided one takes the plain product."""
+    for rows in (4, 40):
+        A, B = _rand(rows, 300), _rand(300, 400)
+        wide = np.full((rows, 800), np.nan, np.float32)
+        out = wide[:, ::2]
+        assert matmul_cpu.product_into(A, B, out, {}) is out
+        np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+        assert np.isnan(wide[:, 1::2]).all()
