@@ -98,9 +98,7 @@ def sigmoid_cpu(xp, X, *, out=None):
 def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
     if out is None or not _native(A, B, out):
         return _into(out, mat_mul(xp, A, B))
-    if few_rows.suits(A, B) and not np.may_share_memory(out, A):
-        return few_rows.product_into(A, B, out, _prepacked)
-    return few_rows.stacked_product(A, B, out)
+    return few_rows.dense_product(A, B, out, _prepacked)
 
 
 @gemm.fast("cpu")

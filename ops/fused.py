@@ -275,10 +275,8 @@ def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_para
         return _into(xp, fused_mat_mul(xp, A, B, bias, Z, activation=activation,
                                        activation_params=activation_params,
                                        _prepacked=_prepacked), out)
-    if xp is np and out is not None and few_rows.suits(A, B) and out.dtype == A.dtype:
-        y = few_rows.product_into(A, B, out, _prepacked)
-    elif xp is np and out is not None and out.dtype == A.dtype == B.dtype:
-        y = few_rows.stacked_product(A, B, out)
+    if xp is np and out is not None and out.dtype == A.dtype == B.dtype:
+        y = few_rows.dense_product(A, B, out, _prepacked)
     else:
         y = xp.matmul(A, B, out=out)
     return _add_and_activate(xp, y, bias, Z, activation, activation_params)

@@ -16,12 +16,16 @@ products per pass over K, each weight value loaded once for eight rows. 8 x 784 
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
+import threading
 
 import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.conv_cpu import _buffer, packed
+from mixrt.ops.parallel import parallel_for, thread_parts
 
 FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
 MIN_WEIGHT = 1 << 16  # elements of B below which the choice does not matter
@@ -73,10 +77,111 @@ def stacked_product(A, B, out):
     return np.matmul(A, B, out=out)
 
 
+def dense_product(A, B, out, prepacked=None):
+    """``out = A @ B`` (native floats, ``out`` apart from B) in the fastest form here: the
+    packed panels for a constant weight, the transposed form for a few rows, else one
+    product per C-contiguous stack."""
+    if panels_suit(A, B, out, prepacked):
+        return panel_product(A, B, out, prepacked)
+    if suits(A, B) and not np.may_share_memory(out, A):
+        return product_into(A, B, out, prepacked)
+    return stacked_product(A, B, out)
+
+
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B
+    if panels_suit(left, right, out, prepacked):
+        return panel_product(left, right, out, prepacked)
     if suits(left, right) and not np.may_share_memory(out, left):
         return product_into(left, right, out, prepacked,
                             B_rows=B if transB and B.flags.c_contiguous else None)
     return np.matmul(left, right, out=out)
+
+
+# -- products against a constant weight packed into panels ---------------------------------------
+#
+# For a weight that is a constant of the session, the compiled kernels of ops/_jit_panels.py
+# beat OpenBLAS from PANEL_MIN_ROWS rows on (it packs the weight again on every call and
+# splits a 128-row product poorly over two threads). On this machine, 2 threads:
+# 128 x 768 @ 768 x 768 0.32 against 0.39 ms, 128 x 3072 @ 3072 x 768 1.27 against 1.69,
+# 1024 x 768 @ 768 x 3072 10.7 against 11.2.
+
+PANEL_MIN_ROWS = 2
+PANEL_MIN_WORK = 1 << 20  # multiply-adds below which the product stays with the BLAS
+# multiply-adds from which the panels are split over the intra-op threads: handing a part to
+# a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10
+PANEL_SPLIT_WORK = 1 << 23
+_panels: list = []
+_panels_lock = threading.Lock()
+
+
+def _panel_kernels():
+    """ops/_jit_panels.py, or None where it does not pay: without AVX-512 (its 64-byte
+    vectors would be split in two), with MIXRT_JIT=0, or without numba."""
+    if not _panels:
+        with _panels_lock:
+            if not _panels:
+                _panels.append(_load_panel_kernels())
+    return _panels[0]
+
+
+def _load_panel_kernels():
+    if os.environ.get("MIXRT_JIT", "1") == "0":
+        return None
+    try:
+        from llvmlite import binding
+        if not binding.get_host_cpu_features().get("avx512f", False):
+            return None
+        return importlib.import_module("mixrt.ops._jit_panels")
+    except ImportError:
+        return None
+
+
+def panels_suit(A, B, out, prepacked) -> bool:
+    """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
+    (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
+    PANEL_MIN_ROWS rows, all one native float dtype, ``out`` C-contiguous and apart from A."""
+    if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
+            or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
+        return False
+    rows = A.size // max(A.shape[-1], 1)
+    return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= PANEL_MIN_WORK \
+        and A.flags.c_contiguous and out.flags.c_contiguous \
+        and out.size == rows * B.shape[1] and B.shape[0] > 0 \
+        and not np.may_share_memory(out, A) and _panel_kernels() is not None
+
+
+def panel_width(dtype) -> int:
+    kernels = _panel_kernels()
+    return kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // np.dtype(dtype).itemsize
+
+
+def pack_panels(B) -> np.ndarray:
+    """B (K, N) as (P, K, width) panels of consecutive columns, the last one zero-padded."""
+    k, n = B.shape
+    width = panel_width(B.dtype)
+    count = -(-n // width)
+    panels = np.zeros((count, k, width), B.dtype)
+    for p in range(count):
+        panels[p, :, :min(width, n - p * width)] = B[:, p * width:(p + 1) * width]
+    return panels
+
+
+def panel_product(A, B, out, prepacked):
+    """``out = A @ B`` (:func:`panels_suit`), the panels split over the intra-op threads."""
+    panels = packed(prepacked, "panels", lambda: pack_panels(B))
+    k, n = B.shape
+    rows = A.size // k
+    a, c = A.reshape(-1), out.reshape(-1)
+    kernels = _panel_kernels()
+    kernel, kernel_rows, width = kernels.panel_product, kernels.STRIP_ROWS, panels.shape[2]
+
+    def part(p0, p1):
+        spill = jit_cpu._scratch_array("panel_spill", A.dtype, (kernel_rows * width,))
+        kernel(a, k, rows, panels, c, n, n, p0, p1, spill)
+    if rows * k * n < PANEL_SPLIT_WORK:
+        part(0, panels.shape[0])
+    else:
+        parallel_for(thread_parts(panels.shape[0], rows * k * n), part)
+    return out

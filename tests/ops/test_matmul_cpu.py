@@ -1,5 +1,6 @@
-"""Few-rows products (ops/matmul_cpu.py): the transposed form gives what matmul gives, for
-MatMul, Gemm (every transA/transB) and the fused kernels, with and without a prepacked B."""
+"""Dense products on the CPU (ops/matmul_cpu.py): the packed-panel kernels for a constant
+weight, and without them the few-rows forms; each gives what matmul gives, for MatMul, Gemm
+(every transA/transB) and the fused kernels, with and without a prepacked B."""
 
 import numpy as np
 import pytest
@@ -15,9 +16,15 @@ def _rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
 
 
+@pytest.fixture
+def no_panels(monkeypatch):
+    """The products as on a machine without the panel kernels (no AVX-512, or MIXRT_JIT=0)."""
+    monkeypatch.setattr(matmul_cpu, "_panel_kernels", lambda: None)
+
+
 @pytest.mark.parametrize("rows", [2, 8, 64])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matmul_few_rows_matches_and_keeps_its_packed_weight(rows, dtype):
+def test_matmul_few_rows_matches_and_keeps_its_packed_weight(rows, dtype, no_panels):
     A, B = _rand(rows, 300, dtype=dtype), _rand(300, 400, dtype=dtype)
     assert matmul_cpu.suits(A, B)
     prepacked: dict = {}
@@ -48,7 +55,7 @@ def test_small_weights_keep_the_plain_product():
 
 @pytest.mark.parametrize("transA", [0, 1])
 @pytest.mark.parametrize("transB", [0, 1])
-def test_gemm_every_transposition(transA, transB):
+def test_gemm_every_transposition(transA, transB, no_panels):
     A = _rand(300, 8) if transA else _rand(8, 300)
     B = _rand(400, 300) if transB else _rand(300, 400)
     C = _rand(400)
@@ -59,7 +66,7 @@ def test_gemm_every_transposition(transA, transB):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 
 
-def test_fused_kernels_take_the_few_rows_path():
+def test_fused_kernels_take_the_few_rows_path(no_panels):
     A, W, bias = _rand(8, 784), _rand(2048, 784), _rand(2048)
     out = np.empty((8, 2048), np.float32)
     fused_gemm(np, A, W, bias, transB=1, activation="Relu", out=out, _prepacked={})
@@ -104,7 +111,7 @@ def test_stacks_that_are_not_one_matrix_keep_numpy_s_product():
 @pytest.mark.parametrize("rows", [2, 5, 8])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [301, 1024])  # an odd last column; a weight split over threads
-def test_up_to_eight_rows_take_the_compiled_loop(rows, dtype, n, monkeypatch):
+def test_up_to_eight_rows_take_the_compiled_loop(rows, dtype, n, monkeypatch, no_panels):
     A, B = _rand(rows, 700, dtype=dtype), _rand(700, n, dtype=dtype)
     calls = []
     real = jit_cpu.few_rows_product
@@ -121,7 +128,7 @@ def test_up_to_eight_rows_take_the_compiled_loop(rows, dtype, n, monkeypatch):
 
 
 @pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not importable")
-def test_compiled_few_rows_pass_nans_and_infinities_to_their_rows_only():
+def test_compiled_few_rows_pass_nans_and_infinities_to_their_rows_only(no_panels):
     A, B = _rand(3, 64), _rand(64, 300)
     A[1, 10] = np.nan
     B[5, 7] = np.inf  # column 7: +-inf in every row (or NaN where inf meets inf * 0)
@@ -135,7 +142,7 @@ def test_compiled_few_rows_pass_nans_and_infinities_to_their_rows_only():
     np.testing.assert_allclose(out[finite], want[finite], rtol=2e-5, atol=2e-5)
 
 
-def test_nine_rows_keep_the_transposed_blas_product(monkeypatch):
+def test_nine_rows_keep_the_transposed_blas_product(monkeypatch, no_panels):
     A, B = _rand(9, 300), _rand(300, 400)
     monkeypatch.setattr(jit_cpu, "few_rows_product",
                         lambda *a: pytest.fail("nine rows took the compiled loop"))
@@ -154,3 +161,108 @@ def test_few_rows_into_a_strided_output_still_fill_it():
         assert matmul_cpu.product_into(A, B, out, {}) is out
         np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
         assert np.isnan(wide[:, 1::2]).all()
+
+
+# -- packed panels -------------------------------------------------------------------------------
+
+needs_panels = pytest.mark.skipif(matmul_cpu._panel_kernels() is None,
+                                  reason="panel kernels need numba and AVX-512")
+
+
+@needs_panels
+@pytest.mark.parametrize("rows", [2, 7, 8, 9, 63, 128, 301])  # strips of 8 and their tails
+@pytest.mark.parametrize("n", [5, 32, 100, 768])  # under a panel, one, a padded last one
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_panel_product_matches_float64(rows, n, dtype):
+    k = max(1, (1 << 21) // (rows * n))  # enough work to take the panels
+    A, B = _rand(rows, k, dtype=dtype), _rand(k, n, dtype=dtype)
+    out = np.full((rows, n), np.nan, dtype)
+    assert matmul_cpu.panels_suit(A, B, out, {})
+    assert mat_mul_cpu(np, A, B, out=out, _prepacked={}) is out
+    tolerance = 1e-5 * np.sqrt(k) if dtype == np.float32 else 1e-12 * np.sqrt(k)
+    np.testing.assert_allclose(out, A.astype(np.float64) @ B, rtol=tolerance, atol=tolerance)
+
+
+@needs_panels
+def test_panels_are_packed_once_per_weight(monkeypatch):
+    A, B = _rand(128, 300), _rand(300, 100)
+    prepacked: dict = {}
+    made = []
+    real = matmul_cpu.pack_panels
+    monkeypatch.setattr(matmul_cpu, "pack_panels", lambda w: made.append(1) or real(w))
+    for scale in (1.0, -2.0):
+        out = np.empty((128, 100), np.float32)
+        mat_mul_cpu(np, A * np.float32(scale), B, out=out, _prepacked=prepacked)
+        np.testing.assert_allclose(out, (A * np.float32(scale)) @ B, rtol=1e-4, atol=1e-4)
+    width = matmul_cpu.panel_width(np.float32)
+    panels = prepacked["panels"]
+    assert made == [1] and panels.shape == (-(-100 // width), 300, width)
+    assert panels.ctypes.data % 64 == 0
+    assert not panels[-1, :, 100 % width:].any()  # the padded columns are zeros
+
+
+@needs_panels
+def test_large_products_are_split_over_threads(monkeypatch):
+    A, B = _rand(2, 128, 768), _rand(768, 768)
+    assert A.size * 768 >= matmul_cpu.PANEL_SPLIT_WORK
+    splits = []
+    real = matmul_cpu.parallel_for
+    monkeypatch.setattr(matmul_cpu, "parallel_for",
+                        lambda parts, fn: splits.append(parts) or real(parts, fn))
+    out = np.empty((2, 128, 768), np.float32)
+    mat_mul_cpu(np, A, B, out=out, _prepacked={})
+    np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
+    (parts,) = splits
+    assert parts[0][0] == 0 and parts[-1][1] == -(-768 // matmul_cpu.panel_width(np.float32))
+
+
+@needs_panels
+def test_panels_pass_nans_and_infinities_to_their_cells_only():
+    A, B = _rand(20, 400), _rand(400, 70)
+    A[3, 10] = np.nan
+    B[5, 40] = np.inf
+    out = np.empty((20, 70), np.float32)
+    mat_mul_cpu(np, A, B, out=out, _prepacked={})
+    with np.errstate(invalid="ignore"):
+        want = A @ B
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(out[finite], want[finite], rtol=2e-5, atol=2e-4)
+
+
+@needs_panels
+@pytest.mark.parametrize("transB", [0, 1])
+def test_gemm_and_fused_kernels_take_the_panels(transB, monkeypatch):
+    taken = []
+    real = matmul_cpu.panel_product
+    monkeypatch.setattr(matmul_cpu, "panel_product", lambda *a: taken.append(1) or real(*a))
+    A, W, bias = _rand(40, 784), _rand(512, 784), _rand(512)
+    B = W if transB else np.ascontiguousarray(W.T)
+    out = np.empty((40, 512), np.float32)
+    gemm_cpu(np, A, B, bias, alpha=0.5, transB=transB, out=out, _prepacked={})
+    np.testing.assert_allclose(out, 0.5 * (A @ W.T) + bias, rtol=1e-4, atol=1e-3)
+    fused_gemm(np, A, B, bias, transB=transB, activation="Relu", out=out, _prepacked={})
+    np.testing.assert_allclose(out, np.maximum(A @ W.T + bias, 0), rtol=1e-4, atol=1e-3)
+    Z = _rand(40, 512)
+    fused_mat_mul(np, A, np.ascontiguousarray(W.T), bias, Z, out=out, _prepacked={})
+    np.testing.assert_allclose(out, A @ W.T + bias + Z, rtol=1e-4, atol=1e-3)
+    assert len(taken) == 3
+
+
+def test_panels_need_a_constant_weight_and_plain_layouts():
+    A, B = _rand(64, 400), _rand(400, 300)
+    out = np.empty((64, 300), np.float32)
+    assert not matmul_cpu.panels_suit(A, B, out, None)  # a weight computed in the graph
+    assert not matmul_cpu.panels_suit(_rand(64, 800)[:, ::2], B, out, {})  # strided rows
+    assert not matmul_cpu.panels_suit(A, B, np.empty((64, 600), np.float32)[:, ::2], {})
+    assert not matmul_cpu.panels_suit(A.astype(np.float16), B.astype(np.float16),
+                                      out.astype(np.float16), {})
+    assert not matmul_cpu.panels_suit(_rand(1, 400), B, out[:1], {})  # one row: a gemv
+    assert not matmul_cpu.panels_suit(_rand(4, 8), _rand(8, 8), out[:4, :8], {})  # tiny
+
+
+@needs_panels
+def test_panels_are_off_with_mixrt_jit_0(monkeypatch):
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    assert matmul_cpu._load_panel_kernels() is None
