@@ -22,10 +22,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import mixrt  # noqa: I001  (before NumPy: it picks NumPy's BLAS kernels and thread spin)
 import numpy as np
 import onnxruntime as ort
-
-import mixrt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import TORCH_MODELS  # noqa: E402

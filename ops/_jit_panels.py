@@ -37,16 +37,18 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 def _make_tile(rows: int):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
     for i < rows and the panel's columns j. Arguments: flat ``a`` and its offset and row
-    stride, flat ``panels`` and the panel's offset, flat ``c`` and its offset and row stride,
-    and K."""
+    stride, flat ``panels`` and the panel's offset and row stride (the panel's width when it
+    is packed, a row of the matrix when the panel is read in place), flat ``c`` and its
+    offset and row stride, and K."""
 
     @intrinsic
-    def tile(typingctx, a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len):
-        sig = types.void(a, types.intp, types.intp, panels, types.intp, c, types.intp,
-                         types.intp, types.intp)
+    def tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+        sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
+                         types.intp, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
-            a_arg, a_offset, lda, panels_arg, panel_offset, c_arg, c_offset, ldc, k_len = args
+            (a_arg, a_offset, lda, panels_arg, panel_offset, ldw, c_arg, c_offset, ldc,
+             k_len) = args
             scalar = context.get_value_type(signature.args[0].dtype)
             itemsize = 4 if isinstance(scalar, ir.FloatType) else 8
             lanes = VECTOR_BYTES // itemsize
@@ -58,7 +60,7 @@ def _make_tile(rows: int):
                                                                     value).data
             A = builder.gep(data(0, a_arg), [a_offset])
             W = builder.gep(data(3, panels_arg), [panel_offset])
-            C = builder.gep(data(5, c_arg), [c_offset])
+            C = builder.gep(data(6, c_arg), [c_offset])
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vector, [vector] * 3),
                 f"llvm.fma.v{lanes}{'f32' if lanes == 16 else 'f64'}")
@@ -68,10 +70,9 @@ def _make_tile(rows: int):
                     for _ in range(rows)]
             splat = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
             undefined = ir.Constant(vector, ir.Undefined)
-            width = ir.Constant(index, PANEL_VECTORS * lanes)
             with cgutils.for_range(builder, k_len) as loop:
                 k = loop.index
-                w_row = builder.gep(W, [builder.mul(k, width)])
+                w_row = builder.gep(W, [builder.mul(k, ldw)])
                 w = [builder.load(builder.bitcast(
                     builder.gep(w_row, [ir.Constant(index, v * lanes)]), vector.as_pointer()),
                     align=itemsize) for v in range(PANEL_VECTORS)]
@@ -103,35 +104,36 @@ _tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \
 
 
 @_jit
-def _tile(rows, a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len):
+def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
     """The tile kernel for 1..8 rows (each row count is its own unrolled kernel)."""
     if rows == 8:
-        _tile8(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 7:
-        _tile7(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 6:
-        _tile6(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile6(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 5:
-        _tile5(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile5(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 4:
-        _tile4(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile4(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 3:
-        _tile3(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile3(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 2:
-        _tile2(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     else:
-        _tile1(a, a_offset, lda, panels, panel_offset, c, c_offset, ldc, k_len)
+        _tile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
 
 
 @_jit
-def panel_product(a, lda, rows, panels, c, ldc, columns, p0, p1, spill):
-    """``c[:rows, :columns] = a[:rows] @ w`` over the panels p0..p1 of ``w``. ``a`` and ``c``
-    are flat with row strides ``lda`` and ``ldc``; ``panels`` is (P, K, width), the weight's
-    columns zero-padded to P * width; ``spill`` is a flat (STRIP_ROWS * width) scratch for a
-    last panel that reaches past ``columns``. Rows go in blocks of ROW_BLOCK so that a
-    block of the activation stays in L2 while the thread's panels pass over it."""
+def panel_product(a, panels, c, p0, p1, spill):
+    """``c = a @ w`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c`` (rows, N)
+    with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded to
+    P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past N.
+    Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
+    panels pass over it."""
+    rows, columns = c.shape
     k_len, width = panels.shape[1], panels.shape[2]
-    flat = panels.reshape(-1)
+    lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
         for p in range(p0, p1):
@@ -141,9 +143,49 @@ def panel_product(a, lda, rows, panels, c, ldc, columns, p0, p1, spill):
             for s in range(r0, r1, STRIP_ROWS):
                 count = min(STRIP_ROWS, r1 - s)
                 if inside:
-                    _tile(count, a, s * lda, lda, flat, offset, c, s * ldc + column, ldc, k_len)
+                    _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
+                          ldc, k_len)
                 else:
-                    _tile(count, a, s * lda, lda, flat, offset, spill, 0, width, k_len)
+                    _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width, k_len)
                     for i in range(count):
                         for j in range(columns - column):
-                            c[(s + i) * ldc + column + j] = spill[i * width + j]
+                            c[s + i, column + j] = spill[i, j]
+
+
+@_jit
+def product(a, b, c, edge, spill):
+    """``c = a @ b`` with ``b``'s panels read in place (a MatMul of two computed tensors, as
+    in attention's ``Q @ K^T``): ``a`` (rows, K), ``b`` (K, N), ``c`` (rows, N), each with
+    contiguous rows. A last panel that reaches past N is first copied into ``edge`` (K,
+    width), zero-padded, and its tiles written through ``spill`` (STRIP_ROWS, width)."""
+    rows, k_len = a.shape
+    columns = b.shape[1]
+    width = spill.shape[1]
+    lda, ldb, ldc = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize, \
+        c.strides[0] // c.itemsize
+    for p in range(-(-columns // width)):
+        column = p * width
+        if column + width <= columns:
+            for s in range(0, rows, STRIP_ROWS):
+                _tile(min(STRIP_ROWS, rows - s), a, s * lda, lda, b, column, ldb, c,
+                      s * ldc + column, ldc, k_len)
+            continue
+        left = columns - column
+        for k in range(k_len):
+            for j in range(left):
+                edge[k, j] = b[k, column + j]
+            for j in range(left, width):
+                edge[k, j] = 0
+        for s in range(0, rows, STRIP_ROWS):
+            count = min(STRIP_ROWS, rows - s)
+            _tile(count, a, s * lda, lda, edge, 0, width, spill, 0, width, k_len)
+            for i in range(count):
+                for j in range(left):
+                    c[s + i, column + j] = spill[i, j]
+
+
+@_jit
+def batched_product(a, b, c, n0, n1, edge, spill):
+    """``c[n] = a[n] @ b[n]`` for the stacked matrices n0..n1 (3-D arrays)."""
+    for n in range(n0, n1):
+        product(a[n], b[n], c[n], edge, spill)

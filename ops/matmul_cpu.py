@@ -83,6 +83,8 @@ def dense_product(A, B, out, prepacked=None):
     product per C-contiguous stack."""
     if panels_suit(A, B, out, prepacked):
         return panel_product(A, B, out, prepacked)
+    if stacks_suit(A, B, out):
+        return stacked_panel_product(A, B, out)
     if suits(A, B) and not np.may_share_memory(out, A):
         return product_into(A, B, out, prepacked)
     return stacked_product(A, B, out)
@@ -173,15 +175,49 @@ def panel_product(A, B, out, prepacked):
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
     rows = A.size // k
-    a, c = A.reshape(-1), out.reshape(-1)
+    a, c = A.reshape(rows, k), out.reshape(rows, n)
     kernels = _panel_kernels()
-    kernel, kernel_rows, width = kernels.panel_product, kernels.STRIP_ROWS, panels.shape[2]
+    kernel, spill_shape = kernels.panel_product, (kernels.STRIP_ROWS, panels.shape[2])
 
     def part(p0, p1):
-        spill = jit_cpu._scratch_array("panel_spill", A.dtype, (kernel_rows * width,))
-        kernel(a, k, rows, panels, c, n, n, p0, p1, spill)
+        kernel(a, panels, c, p0, p1, jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape))
     if rows * k * n < PANEL_SPLIT_WORK:
         part(0, panels.shape[0])
     else:
         parallel_for(thread_parts(panels.shape[0], rows * k * n), part)
+    return out
+
+
+def stacks_suit(A, B, out) -> bool:
+    """Whether ``out = A @ B`` for two stacks of matrices with the same leading axes (the
+    products of attention: scores ``Q @ K^T`` and ``P @ V`` per head) takes the panel
+    kernels, with B's panels read in place. All C-contiguous, one native float dtype."""
+    if A.ndim < 3 or A.ndim != B.ndim or A.shape[:-2] != B.shape[:-2] \
+            or A.shape[-1] != B.shape[-2] or not A.dtype == B.dtype == out.dtype \
+            or A.dtype not in jit_cpu.NATIVE or out.shape != A.shape[:-1] + B.shape[-1:]:
+        return False
+    return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= PANEL_MIN_WORK \
+        and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous \
+        and not np.may_share_memory(out, A) and not np.may_share_memory(out, B) \
+        and _panel_kernels() is not None
+
+
+def stacked_panel_product(A, B, out):
+    """``out = A @ B`` (:func:`stacks_suit`), the stacked matrices split over the threads.
+    Keeping attention off the BLAS also keeps OpenBLAS's threads from spinning into the
+    dense layers' panel products (see mixrt/__init__.py's ``_short_blas_spin``)."""
+    (m, k), n = A.shape[-2:], B.shape[-1]
+    a, b, c = A.reshape(-1, m, k), B.reshape(-1, k, n), out.reshape(-1, m, n)
+    kernels = _panel_kernels()
+    width = panel_width(A.dtype)
+
+    def part(n0, n1):
+        edge = jit_cpu._scratch_array("panel_edge", A.dtype, (k, width))
+        spill = jit_cpu._scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
+        kernels.batched_product(a, b, c, n0, n1, edge, spill)
+    work = A.size * n
+    if work < PANEL_SPLIT_WORK:
+        part(0, a.shape[0])
+    else:
+        parallel_for(thread_parts(a.shape[0], work), part)
     return out

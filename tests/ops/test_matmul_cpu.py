@@ -266,3 +266,30 @@ def test_panels_need_a_constant_weight_and_plain_layouts():
 def test_panels_are_off_with_mixrt_jit_0(monkeypatch):
     monkeypatch.setenv("MIXRT_JIT", "0")
     assert matmul_cpu._load_panel_kernels() is None
+
+
+@needs_panels
+@pytest.mark.parametrize("shape", [(12, 128, 64, 128), (12, 128, 128, 64), (3, 21, 700, 45),
+                                   (2, 30, 1000, 20)])  # (stack, m, K, N): N under a panel
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stacks_of_products_take_the_panels_in_place(shape, dtype, monkeypatch):
+    """Attention's per-head products: B is read in place, no packing, no BLAS."""
+    stack, m, k, n = shape
+    A, B = _rand(1, stack, m, k, dtype=dtype), _rand(1, stack, k, n, dtype=dtype)
+    out = np.full((1, stack, m, n), np.nan, dtype)
+    assert matmul_cpu.stacks_suit(A, B, out)
+    monkeypatch.setattr(matmul_cpu.np, "matmul", lambda *a, **k: pytest.fail("took the BLAS"))
+    assert mat_mul_cpu(np, A, B, out=out) is out
+    tolerance = 1e-5 * np.sqrt(k) if dtype == np.float32 else 1e-12 * np.sqrt(k)
+    want = np.einsum("...mk,...kn->...mn", A.astype(np.float64), B.astype(np.float64))
+    np.testing.assert_allclose(out, want, rtol=tolerance, atol=tolerance)
+
+
+def test_stacks_that_broadcast_or_are_strided_keep_numpy_s_product():
+    A, B = _rand(4, 64, 300), _rand(4, 300, 80)
+    out = np.empty((4, 64, 80), np.float32)
+    assert not matmul_cpu.stacks_suit(A, _rand(1, 300, 80), out)  # broadcast over the stack
+    assert not matmul_cpu.stacks_suit(A, _rand(4, 300, 160)[..., ::2], out)
+    assert not matmul_cpu.stacks_suit(A, B, np.empty((4, 64, 160), np.float32)[..., ::2])
+    assert not matmul_cpu.stacks_suit(A, B, A[:, :, :80])  # out overlaps an input
+    assert not matmul_cpu.stacks_suit(_rand(4, 1, 300), _rand(4, 300, 80), out[:, :1])
