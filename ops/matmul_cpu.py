@@ -1,4 +1,9 @@
-"""Matrix products with few rows on the CPU: a batch of a few requests through a dense layer.
+"""Dense matrix products on the CPU: MatMul, Gemm and the fused products.
+
+A constant weight and attention's stacked products take the packed-panel tiles of
+``ops/_jit_panels.py`` (the section at the end). Without them (no AVX-512, MIXRT_JIT=0, a
+weight computed in the graph), a batch of a few requests through a dense layer takes the
+forms below.
 
 OpenBLAS's sgemm is slow when the left operand has a handful of rows. Through a 2048 x 2048
 layer on this 2-core machine, one row (a gemv) took 0.09 ms and 8 rows took 1.0 ms; the same
@@ -150,8 +155,7 @@ def panels_suit(A, B, out, prepacked) -> bool:
     rows = A.size // max(A.shape[-1], 1)
     return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= PANEL_MIN_WORK \
         and A.flags.c_contiguous and out.flags.c_contiguous \
-        and out.size == rows * B.shape[1] and B.shape[0] > 0 \
-        and not np.may_share_memory(out, A) and _panel_kernels() is not None
+        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and _panel_kernels() is not None
 
 
 def panel_width(dtype) -> int:
