@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops import jit_cpu, jit_depthwise, winograd_cpu
+from mixrt.ops import conv_direct_cpu, jit_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv import conv, conv_geometry
 from mixrt.runtime.device import ALIGNMENT, aligned, aligned_empty
 
@@ -92,6 +92,11 @@ def typed_scratch(*specs) -> list[np.ndarray]:
 @conv.fast("cpu")
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None):
+    attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                      kernel_shape=kernel_shape, pads=pads, strides=strides)
+    done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked)
+    if done is not None:
+        return done
     return conv_bands(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides, out=out,
                       prepacked=_prepacked)
@@ -160,6 +165,22 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
             whole = out[image].reshape(m, -1)
             epilogue(whole, image, 0, whole.shape[1])
     return out
+
+
+def direct(X, W, B, Z, limits, attributes, out, prepacked):
+    """``out`` = limits(Conv(X, W, B) + Z) through ops/conv_direct_cpu.py when it suits this
+    convolution (None when it does not: nothing is computed). ``limits``: the activation as
+    ``conv_direct_cpu.activation_limits`` gives it."""
+    if prepacked is None or X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
+        return None
+    found = geometry(prepacked, X, W, **attributes)
+    if out is None:
+        out = np.empty((X.shape[0], W.shape[0], *found[-1]), X.dtype)
+    kernel, strides, dilations, group, _, _, out_dims = found
+    if not conv_direct_cpu.suits(X, W, attributes["group"], found, out, prepacked) \
+            or winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
+        return None
+    return conv_direct_cpu.conv(X, W, B, Z, limits, out, found, prepacked)
 
 
 def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, strides):

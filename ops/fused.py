@@ -21,7 +21,8 @@ import numpy as np
 from mixrt.ops.conv import conv
 from mixrt.ops import jit_elementwise
 from mixrt.ops import matmul_cpu as few_rows
-from mixrt.ops.conv_cpu import conv_bands, geometry
+from mixrt.ops.conv_cpu import conv_bands, direct, geometry
+from mixrt.ops.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import op
 from mixrt.ops.simd_cpu import clip_, relu_
@@ -215,6 +216,10 @@ def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
         conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
         np.add(out, Z, out=out)
         return activate(np, out, *activation)
+    limits = activation_limits(*activation)
+    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked)
+    if done is not None:
+        return done if limits is not None else activate(np, done, *activation)
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
     bias = None if B is None else B.reshape(-1, 1)
 

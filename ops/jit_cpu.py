@@ -31,6 +31,7 @@ from mixrt.runtime.device import aligned_empty
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded: list = []
+_panels: list = []
 _lock = threading.Lock()
 _scratch = threading.local()
 
@@ -49,6 +50,29 @@ def _kernels():
                 except ImportError:
                     _loaded.append(None)
     return _loaded[0]
+
+
+def panel_kernels():
+    """ops/_jit_panels.py (the packed-panel tile: ops/matmul_cpu.py's products,
+    ops/conv_direct_cpu.py's convolutions), or None where it does not pay: without AVX-512
+    (its 64-byte vectors would be split in two), with MIXRT_JIT=0, or without numba."""
+    if not _panels:
+        with _lock:
+            if not _panels:
+                _panels.append(_load_panel_kernels())
+    return _panels[0]
+
+
+def _load_panel_kernels():
+    if os.environ.get("MIXRT_JIT", "1") == "0":
+        return None
+    try:
+        from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
+        if not binding.get_host_cpu_features().get("avx512f", False):
+            return None
+        return importlib.import_module("mixrt.ops._jit_panels")
+    except ImportError:
+        return None
 
 
 def _phase_planes(x, kernel, strides, dilations, begin, out_dims, fill):

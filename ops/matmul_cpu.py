@@ -21,10 +21,7 @@ products per pass over K, each weight value loaded once for eight rows. 8 x 784 
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import threading
 
 import numpy as np
 
@@ -119,32 +116,6 @@ PANEL_MIN_WORK = 1 << 20  # multiply-adds below which the product stays with the
 # multiply-adds from which the panels are split over the intra-op threads: handing a part to
 # a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10
 PANEL_SPLIT_WORK = 1 << 23
-_panels: list = []
-_panels_lock = threading.Lock()
-
-
-def _panel_kernels():
-    """ops/_jit_panels.py, or None where it does not pay: without AVX-512 (its 64-byte
-    vectors would be split in two), with MIXRT_JIT=0, or without numba."""
-    if not _panels:
-        with _panels_lock:
-            if not _panels:
-                _panels.append(_load_panel_kernels())
-    return _panels[0]
-
-
-def _load_panel_kernels():
-    if os.environ.get("MIXRT_JIT", "1") == "0":
-        return None
-    try:
-        from llvmlite import binding
-        if not binding.get_host_cpu_features().get("avx512f", False):
-            return None
-        return importlib.import_module("mixrt.ops._jit_panels")
-    except ImportError:
-        return None
-
-
 def panels_suit(A, B, out, prepacked) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
@@ -155,11 +126,11 @@ def panels_suit(A, B, out, prepacked) -> bool:
     rows = A.size // max(A.shape[-1], 1)
     return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= PANEL_MIN_WORK \
         and A.flags.c_contiguous and out.flags.c_contiguous \
-        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and _panel_kernels() is not None
+        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and jit_cpu.panel_kernels() is not None
 
 
 def panel_width(dtype) -> int:
-    kernels = _panel_kernels()
+    kernels = jit_cpu.panel_kernels()
     return kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // np.dtype(dtype).itemsize
 
 
@@ -180,7 +151,7 @@ def panel_product(A, B, out, prepacked):
     k, n = B.shape
     rows = A.size // k
     a, c = A.reshape(rows, k), out.reshape(rows, n)
-    kernels = _panel_kernels()
+    kernels = jit_cpu.panel_kernels()
     kernel, spill_shape = kernels.panel_product, (kernels.STRIP_ROWS, panels.shape[2])
 
     def part(p0, p1):
@@ -203,7 +174,7 @@ def stacks_suit(A, B, out) -> bool:
     return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= PANEL_MIN_WORK \
         and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous \
         and not np.may_share_memory(out, A) and not np.may_share_memory(out, B) \
-        and _panel_kernels() is not None
+        and jit_cpu.panel_kernels() is not None
 
 
 def stacked_panel_product(A, B, out):
@@ -212,7 +183,7 @@ def stacked_panel_product(A, B, out):
     dense layers' panel products (see mixrt/__init__.py's ``_short_blas_spin``)."""
     (m, k), n = A.shape[-2:], B.shape[-1]
     a, b, c = A.reshape(-1, m, k), B.reshape(-1, k, n), out.reshape(-1, m, n)
-    kernels = _panel_kernels()
+    kernels = jit_cpu.panel_kernels()
     width = panel_width(A.dtype)
 
     def part(n0, n1):

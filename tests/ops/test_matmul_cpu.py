@@ -19,7 +19,7 @@ def _rand(*shape, dtype=np.float32):
 @pytest.fixture
 def no_panels(monkeypatch):
     """The products as on a machine without the panel kernels (no AVX-512, or MIXRT_JIT=0)."""
-    monkeypatch.setattr(matmul_cpu, "_panel_kernels", lambda: None)
+    monkeypatch.setattr(jit_cpu, "panel_kernels", lambda: None)
 
 
 @pytest.mark.parametrize("rows", [2, 8, 64])
@@ -171,7 +171,7 @@ def test_few_rows_into_a_strided_output_still_fill_it():
 
 # -- packed panels -------------------------------------------------------------------------------
 
-needs_panels = pytest.mark.skipif(matmul_cpu._panel_kernels() is None,
+needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
                                   reason="panel kernels need numba and AVX-512")
 
 
@@ -265,7 +265,7 @@ def test_panels_need_a_constant_weight_and_plain_layouts():
 @needs_panels
 def test_panels_are_off_with_mixrt_jit_0(monkeypatch):
     monkeypatch.setenv("MIXRT_JIT", "0")
-    assert matmul_cpu._load_panel_kernels() is None
+    assert jit_cpu._load_panel_kernels() is None
 
 
 @needs_panels

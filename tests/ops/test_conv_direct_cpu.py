@@ -1,0 +1,198 @@
+"""Direct convolution on the panel tile (ops/conv_direct_cpu.py): against the generic im2col
+Conv in float64, over the geometries that change its layout (strides and phases, padding,
+dilation, 1x1 read in place, rows or channels split over the threads, partial strips and
+panels), and its epilogue (bias, residual, Relu, LeakyRelu, Clip, a post-hoc Sigmoid)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mixrt.ops import conv_direct_cpu, jit_cpu, winograd_cpu
+from mixrt.ops.conv import conv as reference_conv
+from mixrt.ops.conv_cpu import conv_cpu, direct, geometry
+from mixrt.ops.fused import fused_conv
+
+RNG = np.random.default_rng(11)
+needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
+                                  reason="the panel tile needs AVX-512 and numba")
+pytestmark = needs_panels
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _expected(X, W, B=None, Z=None, **attributes):
+    y = reference_conv(np, X.astype(np.float64), W.astype(np.float64),
+                       None if B is None else B.astype(np.float64), **attributes)
+    return y if Z is None else y + Z
+
+
+def _direct(X, W, B=None, Z=None, limits=conv_direct_cpu.NO_ACTIVATION, **attributes):
+    """Conv through the direct path, asserting that it took it."""
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                  "pads": None, "strides": None} | attributes
+    prepacked: dict = {}
+    out = direct(X, W, B, Z, limits, attributes, None, prepacked)
+    assert out is not None, "the direct path did not take this convolution"
+    return out, prepacked
+
+
+@pytest.fixture
+def every_shape(monkeypatch):
+    """The direct path for every 2-D convolution of one group, whatever its size."""
+    monkeypatch.setattr(conv_direct_cpu, "MIN_USE", 0.0)
+    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_PANEL_BYTES", 1 << 40)
+    monkeypatch.setattr(winograd_cpu, "suits", lambda *a, **k: False)
+
+
+GEOMETRIES = [  # (C, H, W), (M, kh, kw), strides, pads, dilations
+    ((3, 23, 19), (10, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((5, 40, 37), (16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),
+    ((3, 45, 45), (8, 7, 7), (2, 2), (3, 3, 3, 3), (1, 1)),
+    ((4, 33, 30), (9, 5, 3), (3, 2), (2, 0, 1, 2), (1, 1)),
+    ((6, 20, 21), (12, 3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),
+    ((16, 36, 36), (24, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),  # read in place, 1296 positions
+    ((16, 9, 7), (40, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1)),  # in place, one partial panel
+    ((8, 29, 29), (32, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1)),  # one phase of four
+    ((7, 6, 5), (3, 2, 2), (1, 1), (0, 1, 1, 0), (1, 1)),
+    ((8, 7, 7), (64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),  # channels split, not rows
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, kernel, strides, pads, dilations", GEOMETRIES)
+def test_direct_matches_the_reference(image, kernel, strides, pads, dilations, dtype,
+                                      every_shape):
+    X, W = _rand(2, *image, dtype=dtype), _rand(kernel[0], image[0], *kernel[1:], dtype=dtype)
+    B = _rand(kernel[0], dtype=dtype)
+    attributes = dict(strides=list(strides), pads=list(pads), dilations=list(dilations))
+    got, _ = _direct(X, W, B, **attributes)
+    want = _expected(X, W, B, **attributes)
+    assert got.shape == want.shape and got.dtype == dtype
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeypatch):
+    X, W = _rand(1, 8, 40, 40), _rand(24, 8, 3, 3)
+    want = _expected(X, W, pads=[1, 1, 1, 1])
+    for rows_split_min in (1, 1000):  # rows (each thread its own planes), then channels
+        monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", rows_split_min)
+        got, prepacked = _direct(X, W, pads=[1, 1, 1, 1])
+        (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+        assert plan.by_rows == (rows_split_min == 1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation, params, limits", [
+    ("", (), conv_direct_cpu.NO_ACTIVATION),
+    ("Relu", (), (1.0, 0.0, math.inf)),
+    ("LeakyRelu", (0.1,), (0.1, -math.inf, math.inf)),
+    ("Clip", (-0.5, 0.75), (1.0, -0.5, 0.75)),
+])
+@pytest.mark.parametrize("kernel", [(3, 3), (1, 1)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_the_epilogue_in_the_tile_store(activation, params, limits, kernel, with_residual,
+                                        every_shape):
+    assert conv_direct_cpu.activation_limits(activation, params) == limits
+    X, W, B = _rand(1, 16, 24, 24), _rand(40, 16, *kernel), _rand(40)
+    pad = kernel[0] // 2
+    Z = _rand(1, 40, 24, 24) if with_residual else None
+    out = np.full((1, 40, 24, 24), np.nan, np.float32)
+    fused_conv(np, X, W, B, Z, pads=[pad] * 4, activation=activation,
+               activation_params=list(params), out=out, _prepacked={})
+    want = _expected(X, W, B, Z, pads=[pad] * 4)
+    if activation == "Relu":
+        want = np.maximum(want, 0)
+    elif activation == "LeakyRelu":
+        want = np.where(want < 0, want * params[0], want)
+    elif activation == "Clip":
+        want = np.clip(want, *params)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_activation_the_tile_cannot_apply_runs_after_it(every_shape):
+    assert conv_direct_cpu.activation_limits("Sigmoid", ()) is None
+    X, W, B = _rand(1, 4, 20, 20), _rand(8, 4, 3, 3), _rand(8)
+    got = fused_conv(np, X, W, B, pads=[1] * 4, activation="Sigmoid", _prepacked={})
+    want = 1 / (1 + np.exp(-_expected(X, W, B, pads=[1] * 4)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_and_inf_reach_only_the_outputs_that_read_them(every_shape):
+    X, W = _rand(1, 4, 30, 30), _rand(8, 4, 3, 3)
+    X[0, 2, 10, 12] = np.nan
+    X[0, 1, 20, 5] = np.inf
+    got, _ = _direct(X, W, pads=[1] * 4)
+    want = _expected(X, W, pads=[1] * 4)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+    # a Relu passes NaN through (it compares, it does not take a maximum)
+    out = fused_conv(np, X, W, pads=[1] * 4, activation="Relu", _prepacked={})
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+
+
+def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
+    X, W = _rand(1, 8, 30, 30), _rand(16, 8, 3, 3)
+    prepacked: dict = {}
+    attributes = dict(pads=[1] * 4)
+    conv_cpu(np, X, W, _prepacked=prepacked, **attributes)
+    layouts = [v for k, v in prepacked.items() if k[0] == "direct"]
+    conv_cpu(np, X * 2, W, _prepacked=prepacked, **attributes)
+    assert [v for k, v in prepacked.items() if k[0] == "direct"] == layouts
+    (plan,) = layouts
+    assert plan.weights.shape == (16, 8 * 9) and plan.weights.flags.c_contiguous
+    conv_cpu(np, _rand(1, 8, 20, 20), W, _prepacked=prepacked, **attributes)
+    assert len([k for k in prepacked if k[0] == "direct"]) == 2
+
+
+def test_channels_not_a_multiple_of_a_strip_leave_nothing_past_them(every_shape):
+    X, W, B, Z = _rand(1, 3, 17, 17), _rand(5, 3, 3, 3), _rand(5), _rand(1, 5, 17, 17)
+    size = 5 * 17 * 17
+    buffer = np.full(size + 4096, 7.0, np.float32)  # the output, then cells it must not touch
+    out = buffer[:size].reshape(1, 5, 17, 17)
+    attributes = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                      pads=[1] * 4, strides=None)
+    got = direct(X, W, B, Z, conv_direct_cpu.NO_ACTIVATION, attributes, out, {})
+    assert got is out
+    np.testing.assert_allclose(out, _expected(X, W, B, Z, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+    assert np.all(buffer[size:] == 7.0)
+
+
+def test_which_convolutions_take_it():
+    X, W = _rand(1, 64, 56, 56), _rand(64, 64, 3, 3)
+    found = geometry({}, X, W, "NOTSET", None, 1, None, [1] * 4, None)
+    out = np.empty((1, 64, 56, 56), np.float32)
+    assert conv_direct_cpu.suits(X, W, 1, found, out, {})
+    assert not conv_direct_cpu.suits(X, W, 1, found, out, None)  # a computed weight
+    assert not conv_direct_cpu.suits(X.astype(np.float16), W.astype(np.float16), 1, found,
+                                     np.zeros(out.shape, np.float16), {})
+    small = _rand(1, 64, 14, 14)  # 14 of 16 computed positions are outputs: below MIN_USE
+    found_small = geometry({}, small, W, "NOTSET", None, 1, None, [1] * 4, None)
+    assert not conv_direct_cpu.suits(small, W, 1, found_small, np.empty((1, 64, 14, 14),
+                                                                         np.float32), {})
+    tiny = _rand(1, 64, 7, 7)  # 49 outputs: too few for the BLAS
+    found_tiny = geometry({}, tiny, W, "NOTSET", None, 1, None, [1] * 4, None)
+    assert conv_direct_cpu.suits(tiny, W, 1, found_tiny, np.empty((1, 64, 7, 7), np.float32),
+                                 {})
+    pointwise = _rand(64, 64, 1, 1)
+    found_1x1 = geometry({}, X, pointwise, "NOTSET", None, 1, None, None, None)
+    assert conv_direct_cpu.suits(X, pointwise, 1, found_1x1, out, {})
+    wide = _rand(1, 512, 28, 28)  # its panel (512 x 32) is past L1
+    found_wide = geometry({}, wide, _rand(64, 512, 1, 1), "NOTSET", None, 1, None, None, None)
+    assert not conv_direct_cpu.suits(wide, _rand(64, 512, 1, 1), 1, found_wide,
+                                     np.empty((1, 64, 28, 28), np.float32), {})
+
+
+def test_without_the_tile_conv_takes_its_older_paths(monkeypatch):
+    monkeypatch.setattr(jit_cpu, "panel_kernels", lambda: None)
+    X, W = _rand(1, 8, 30, 30), _rand(16, 8, 3, 3)
+    assert direct(X, W, None, None, conv_direct_cpu.NO_ACTIVATION,
+                  dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                       pads=[1] * 4, strides=None), None, {}) is None
+    got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked={})
+    np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
