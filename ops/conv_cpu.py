@@ -174,12 +174,10 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked):
     if prepacked is None or X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
         return None
     found = geometry(prepacked, X, W, **attributes)
+    if not conv_direct_cpu.suits(X, W, attributes["group"], found, out, prepacked):
+        return None
     if out is None:
         out = np.empty((X.shape[0], W.shape[0], *found[-1]), X.dtype)
-    kernel, strides, dilations, group, _, _, out_dims = found
-    if not conv_direct_cpu.suits(X, W, attributes["group"], found, out, prepacked) \
-            or winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
-        return None
     return conv_direct_cpu.conv(X, W, B, Z, limits, out, found, prepacked)
 
 

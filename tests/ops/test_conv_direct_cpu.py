@@ -1,14 +1,15 @@
 """Direct convolution on the panel tile (ops/conv_direct_cpu.py): against the generic im2col
 Conv in float64, over the geometries that change its layout (strides and phases, padding,
-dilation, 1x1 read in place, rows or channels split over the threads, partial strips and
-panels), and its epilogue (bias, residual, Relu, LeakyRelu, Clip, a post-hoc Sigmoid)."""
+dilation, 1x1 read in place or from one phase, rows or channels split over the threads,
+partial strips and panels), and its epilogue (bias, residual, Relu, LeakyRelu, Clip, a
+post-hoc Sigmoid)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from mixrt.ops import conv_direct_cpu, jit_cpu, winograd_cpu
+from mixrt.ops import conv_direct_cpu, jit_cpu
 from mixrt.ops.conv import conv as reference_conv
 from mixrt.ops.conv_cpu import conv_cpu, direct, geometry
 from mixrt.ops.fused import fused_conv
@@ -41,11 +42,9 @@ def _direct(X, W, B=None, Z=None, limits=conv_direct_cpu.NO_ACTIVATION, **attrib
 
 @pytest.fixture
 def every_shape(monkeypatch):
-    """The direct path for every 2-D convolution of one group, whatever its size."""
-    monkeypatch.setattr(conv_direct_cpu, "MIN_USE", 0.0)
+    """The direct path for every 2-D convolution of one group, 1x1 ones whatever their size."""
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_PANEL_BYTES", 1 << 40)
-    monkeypatch.setattr(winograd_cpu, "suits", lambda *a, **k: False)
 
 
 GEOMETRIES = [  # (C, H, W), (M, kh, kw), strides, pads, dilations
@@ -72,6 +71,39 @@ def test_direct_matches_the_reference(image, kernel, strides, pads, dilations, d
     got, _ = _direct(X, W, B, **attributes)
     want = _expected(X, W, B, **attributes)
     assert got.shape == want.shape and got.dtype == dtype
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+POINTWISE = [  # (C, H, W), M, strides, pads: the weight on the left
+    ((16, 14, 14), 64, (1, 1), (0, 0, 0, 0)),  # read in place, 196 outputs: a partial panel
+    ((24, 7, 7), 44, (1, 1), (0, 0, 0, 0)),  # 49 outputs, a partial strip of 4 channels
+    ((8, 15, 13), 32, (2, 2), (0, 0, 0, 0)),  # one phase of four copied out
+    ((300, 5, 6), 96, (1, 1), (0, 0, 0, 0)),  # 300 channels: blocks of weight rows
+    ((4, 1, 3), 3, (1, 1), (0, 0, 0, 0)),  # fewer outputs than a panel, channels than a strip
+    ((5, 6, 6), 8, (1, 1), (1, 0, 2, 1)),  # padded: a border of bias-only outputs
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, m, strides, pads", POINTWISE)
+@pytest.mark.parametrize("activation, params", [("", ()), ("Relu", ()), ("Clip", (-0.2, 0.3))])
+def test_pointwise_with_the_weight_on_the_left(image, m, strides, pads, dtype, activation,
+                                               params, every_shape):
+    X, W, B = _rand(2, *image, dtype=dtype), _rand(m, image[0], 1, 1, dtype=dtype), \
+        _rand(m, dtype=dtype)
+    out_dims = [-(-(d + pads[i] + pads[i + 2]) // s)
+                for i, (d, s) in enumerate(zip(image[1:], strides))]
+    Z = _rand(2, m, *out_dims, dtype=dtype)
+    prepacked: dict = {}
+    got = fused_conv(np, X, W, B, Z, strides=list(strides), pads=list(pads),
+                     activation=activation, activation_params=list(params),
+                     _prepacked=prepacked)
+    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    assert not plan.taps and plan.in_place == (strides == (1, 1) and not any(pads))
+    want = _expected(X, W, B, Z, strides=list(strides), pads=list(pads))
+    want = np.maximum(want, 0) if activation == "Relu" else \
+        np.clip(want, *params) if activation == "Clip" else want
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
@@ -145,7 +177,9 @@ def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
     conv_cpu(np, X * 2, W, _prepacked=prepacked, **attributes)
     assert [v for k, v in prepacked.items() if k[0] == "direct"] == layouts
     (plan,) = layouts
-    assert plan.weights.shape == (16, 8 * 9) and plan.weights.flags.c_contiguous
+    assert plan.taps and plan.panels.shape == (1, 8 * 9, 32)  # the weight's transpose
+    np.testing.assert_array_equal(plan.panels[0, :, :16], W.reshape(16, -1).T)
+    assert not plan.panels[0, :, 16:].any()
     conv_cpu(np, _rand(1, 8, 20, 20), W, _prepacked=prepacked, **attributes)
     assert len([k for k in prepacked if k[0] == "direct"]) == 2
 
@@ -168,24 +202,21 @@ def test_which_convolutions_take_it():
     found = geometry({}, X, W, "NOTSET", None, 1, None, [1] * 4, None)
     out = np.empty((1, 64, 56, 56), np.float32)
     assert conv_direct_cpu.suits(X, W, 1, found, out, {})
+    assert conv_direct_cpu.suits(X, W, 1, found, None, {})  # an output to be made
     assert not conv_direct_cpu.suits(X, W, 1, found, out, None)  # a computed weight
+    assert not conv_direct_cpu.suits(X, W, 2, found, out, {})  # grouped
     assert not conv_direct_cpu.suits(X.astype(np.float16), W.astype(np.float16), 1, found,
                                      np.zeros(out.shape, np.float16), {})
-    small = _rand(1, 64, 14, 14)  # 14 of 16 computed positions are outputs: below MIN_USE
+    assert not conv_direct_cpu.suits(X, W, 1, found, out[:, :, ::2], {})  # strided output
+    small = _rand(1, 64, 7, 7)  # any kernel of several taps, on any image
     found_small = geometry({}, small, W, "NOTSET", None, 1, None, [1] * 4, None)
-    assert not conv_direct_cpu.suits(small, W, 1, found_small, np.empty((1, 64, 14, 14),
-                                                                         np.float32), {})
-    tiny = _rand(1, 64, 7, 7)  # 49 outputs: too few for the BLAS
-    found_tiny = geometry({}, tiny, W, "NOTSET", None, 1, None, [1] * 4, None)
-    assert conv_direct_cpu.suits(tiny, W, 1, found_tiny, np.empty((1, 64, 7, 7), np.float32),
-                                 {})
-    pointwise = _rand(64, 64, 1, 1)
-    found_1x1 = geometry({}, X, pointwise, "NOTSET", None, 1, None, None, None)
-    assert conv_direct_cpu.suits(X, pointwise, 1, found_1x1, out, {})
-    wide = _rand(1, 512, 28, 28)  # its panel (512 x 32) is past L1
-    found_wide = geometry({}, wide, _rand(64, 512, 1, 1), "NOTSET", None, 1, None, None, None)
-    assert not conv_direct_cpu.suits(wide, _rand(64, 512, 1, 1), 1, found_wide,
-                                     np.empty((1, 64, 28, 28), np.float32), {})
+    assert conv_direct_cpu.suits(small, W, 1, found_small, None, {})
+    # 1x1: from 28x28, when 32 outputs of every input channel fit L1
+    for image, channels, taken in [((56, 56), 64, True), ((28, 28), 256, True),
+                                   ((28, 28), 512, False), ((14, 14), 256, False)]:
+        x, w = _rand(1, channels, *image), _rand(64, channels, 1, 1)
+        found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, None)
+        assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, {}) == taken, (image, channels)
 
 
 def test_without_the_tile_conv_takes_its_older_paths(monkeypatch):

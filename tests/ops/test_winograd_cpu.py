@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops import conv_cpu, jit_cpu, winograd_cpu
+from mixrt.ops import conv_cpu, conv_direct_cpu, jit_cpu, winograd_cpu
 from mixrt.ops.fused import fused_conv
 
 RNG = np.random.default_rng(11)
@@ -29,7 +29,9 @@ CASES = [
 
 @pytest.fixture
 def every_size(monkeypatch):
-    """Let every 3x3 stride-1 convolution take the Winograd path, whatever its size."""
+    """Let every 3x3 stride-1 convolution take the Winograd path, whatever its size (the
+    direct path, taken first where the panel tile runs, is switched off)."""
+    monkeypatch.setattr(conv_direct_cpu, "suits", lambda *args: False)
     monkeypatch.setattr(winograd_cpu, "MIN_CHANNEL_PRODUCT", 1)
     monkeypatch.setattr(winograd_cpu, "MIN_PIXELS", 1)
     monkeypatch.setattr(winograd_cpu, "MAX_PIXELS", 1 << 30)
@@ -188,7 +190,9 @@ def test_turned_off_by_the_switch(monkeypatch):
 
 def test_session_layer_matches_onnxruntime(tmp_path, monkeypatch):
     """A 256 -> 256 3x3 conv with bias and Relu at 14x14, batch 2, imported and optimized:
-    the Session runs it through the Winograd path and agrees with onnxruntime."""
+    the Session runs it through the Winograd path (the direct path switched off) and agrees
+    with onnxruntime."""
+    monkeypatch.setattr(conv_direct_cpu, "suits", lambda *args: False)
     W = (RNG.standard_normal((256, 256, 3, 3)) / 48).astype(np.float32)
     B = RNG.standard_normal(256).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1],
