@@ -75,14 +75,19 @@ def _make_tap_tile(rows: int):
     packed (rows ``2 * lanes`` apart), a bias per column (read for the whole panel), the
     epilogue of a finished :func:`_make_tile`, and the tile stored transposed: column j's
     ``rows`` values as one vector at ``c_offset + j * ldc``, consecutive outputs of one
-    channel, for the first ``columns`` columns (a last panel's channels)."""
+    channel, for the first ``columns`` columns (a last panel's channels). In its first
+    ``ahead_rows`` steps of k it also asks for panel row ``ahead / width + k`` (a later
+    panel's rows, spread over the tiles that use this one, so that it comes from memory
+    while they compute: a burst of prefetches at each tile's start mostly fell away)."""
 
     @intrinsic
     def tile(typingctx, image, strip, places, panels, panel_offset, rows_at, c, c_offset,
-             ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope, columns):
+             ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope, columns,
+             ahead, ahead_rows):
         sig = types.void(image, types.intp, places, panels, types.intp, rows_at, c,
                          types.intp, types.intp, types.intp, bias, types.intp, residual,
-                         types.boolean, image.dtype, image.dtype, image.dtype, types.intp)
+                         types.boolean, image.dtype, image.dtype, image.dtype, types.intp,
+                         types.intp, types.intp)
         return sig, _tile_codegen(rows, finished=True, taps=True)
 
     return tile
@@ -143,10 +148,25 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
             starts = [[spread(builder.load(at(bias, i)))] * PANEL_VECTORS
                       for i in range(rows)]
 
+        if taps:
+            hint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()]
+                                                + [ir.IntType(32)] * 3), "llvm.prefetch.p0")
+            ahead, ahead_rows = args[18], args[19]
+
         def step(k):
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
             w_row = at(W, builder.mul(k, ldw))
             w = [load_vector(w_row, v * lanes) for v in range(PANEL_VECTORS)]
+            if taps:  # a later panel's row k, while k < ahead_rows
+                with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
+                    later = at(w_row, ahead)
+                    for line in range(PANEL_VECTORS * VECTOR_BYTES // 64):
+                        builder.call(hint, [builder.bitcast(at(later, line * 64 // itemsize),
+                                                            ir.IntType(8).as_pointer()),
+                                            ir.Constant(ir.IntType(32), 0),
+                                            ir.Constant(ir.IntType(32), 3),
+                                            ir.Constant(ir.IntType(32), 1)])
             # a[i, k]: rows lda apart and k unit-stride, or (taps) tap k's offset from row
             # i's place
             if taps:
@@ -447,26 +467,27 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
     flat_y, flat_spill, flat_residual = y.reshape(-1), spill.reshape(-1), residual.reshape(-1)
     flat_panels = panels.reshape(-1)
     panel_size = k_len * width
-    # each panel is read from memory once, then serves every strip from cache: the next one
-    # is asked for a share per strip, to arrive while this one is used
-    share = -(-panel_size // -(-count // STRIP_ROWS))
+    # each panel is read from memory once, then serves every strip from cache: the strips of
+    # one panel ask for the next one, a share each, while they compute (the first panel is
+    # asked for before)
+    share = -(-k_len // -(-count // STRIP_ROWS))
     _prefetch_run(flat_panels, p0 * panel_size, panel_size)
     for p in range(p0, p1):
         column = p * width
         columns = min(width, channels - column)
         for s in range(first, first + count, STRIP_ROWS):
-            if p + 1 < p1:
-                _prefetch_run(flat_panels, (p + 1) * panel_size
-                              + (s - first) // STRIP_ROWS * share, share)
+            start = (s - first) // STRIP_ROWS * share
+            ahead = panel_size + start * width  # from row k of this panel
+            ahead_rows = min(share, k_len - start) if p + 1 < p1 else 0
             rows = min(STRIP_ROWS, first + count - s)
             if rows == STRIP_ROWS:
                 _tap_tile(image, s - first, places, panels, p * panel_size, rows_at, flat_y,
                           column * length + s, length, k_len, bias, column, flat_residual,
-                          has_residual, low, high, slope, columns)
+                          has_residual, low, high, slope, columns, ahead, ahead_rows)
                 continue
             _tap_tile(image, s - first, places, panels, p * panel_size, rows_at, flat_spill,
                       0, STRIP_ROWS, k_len, no_bias, 0, flat_spill, False, -np.inf, np.inf,
-                      1.0, width)
+                      1.0, width, ahead, ahead_rows)
             for j in range(columns):
                 _finish_run(flat_spill, np.uint64(j * STRIP_ROWS), flat_y,
                             np.uint64((column + j) * length + s), np.uint64(rows),
