@@ -551,24 +551,22 @@ def _finish_run(sums, at, y, out, count, shift, residual, has_residual, low, hig
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _finish(sums, at, y, out, count, shift, low, high, slope):
     for t in range(count):
-        v = sums[at + t] + shift
-        if v < 0:
-            v *= slope
-        if v < low:
-            v = low
-        if v > high:
-            v = high
-        y[out + t] = v
+        y[out + t] = _limited(sums[at + t] + shift, low, high, slope)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _finish_residual(sums, at, y, out, count, shift, residual, low, high, slope):
     for t in range(count):
-        v = sums[at + t] + shift + residual[out + t]
-        if v < 0:
-            v *= slope
-        if v < low:
-            v = low
-        if v > high:
-            v = high
-        y[out + t] = v
+        y[out + t] = _limited(sums[at + t] + shift + residual[out + t], low, high, slope)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _limited(v, low, high, slope):
+    """v times ``slope`` when negative, then clamped to [low, high]."""
+    if v < 0:
+        v *= slope
+    if v < low:
+        v = low
+    if v > high:
+        v = high
+    return v
