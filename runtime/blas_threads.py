@@ -12,6 +12,15 @@ thread after being set to two, and in that state SqueezeNet's outputs came back 
 mixrt never changes the BLAS's thread count; a service that wants one BLAS thread per request
 sets ``OPENBLAS_NUM_THREADS=1`` before starting (then concurrent runs do overlap).
 
+Taking turns is not enough once the calling thread changes from one run to the next: with
+the convolutions on mixrt's own tiles, OpenBLAS's threads fall asleep between its calls
+(``OPENBLAS_THREAD_TIMEOUT``, mixrt/__init__.py), and when a different thread woke them now
+and then a call stalled ~12 ms; 8 threads taking turns ran 111-146 runs/s against 259-283
+from one. So once runs have come from a second thread, every gated run is carried out on one
+runner thread (the caller waits; its context variables, NumPy's error state and the profiler
+scope among them, go with the run): 204 runs/s. A process that runs from one thread never
+hands a run over.
+
 A run inside a run on the same thread (a kernel calling a session) passes straight through.
 ``MIXRT_RUN_GATE=0`` turns the gate off, and it is off by itself when the BLAS was started
 with one thread.
@@ -19,9 +28,13 @@ with one thread.
 
 from __future__ import annotations
 
+import contextvars
 import os
+import queue
 import threading
-from contextlib import contextmanager
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def _single_threaded_blas() -> bool:
@@ -35,7 +48,8 @@ def _single_threaded_blas() -> bool:
 
 
 class BlasGate:
-    """Admits one run at a time (per process), reentrant on one thread."""
+    """Admits one run at a time (per process), reentrant on one thread; after runs from a
+    second thread, carries each run out on its runner thread."""
 
     def __init__(self, enabled: bool | None = None):
         if enabled is None:
@@ -44,18 +58,58 @@ class BlasGate:
         self._enabled = enabled
         self._turn = threading.Lock()
         self._inside = threading.local()
+        self._first_caller: int | None = None
+        self._runner: _Runner | None = None
 
-    @contextmanager
-    def admitted(self):
+    def run(self, body: Callable[[], T]) -> T:
+        """``body()`` admitted: alone among the gate's runs, on the calling thread or (once a
+        second thread has run) on the runner thread. Its exception, if any, is raised here."""
         if not self._enabled or getattr(self._inside, "run", False):
-            yield
-            return
+            return body()
         with self._turn:
-            self._inside.run = True
+            if self._runner is None or self._runner.pid != os.getpid():
+                caller = threading.get_ident()
+                if self._first_caller is None:
+                    self._first_caller = caller
+                if caller == self._first_caller and self._runner is None:
+                    return self.admitted_here(body)
+                self._runner = _Runner(self)
+            return self._runner.call(body)
+
+    def admitted_here(self, body):
+        """``body()`` on this thread, marked as inside a run (for reentrancy)."""
+        self._inside.run = True
+        try:
+            return body()
+        finally:
+            self._inside.run = False
+
+
+class _Runner:
+    """The thread that carries out a gate's runs for callers on other threads."""
+
+    def __init__(self, gate: BlasGate):
+        self.gate, self.pid = gate, os.getpid()
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="mixrt-run", daemon=True).start()
+
+    def call(self, body):
+        done, outcome = threading.Event(), []
+        self.requests.put((contextvars.copy_context(), body, done, outcome))
+        done.wait()
+        value, error = outcome
+        if error is not None:
+            raise error
+        return value
+
+    def _serve(self) -> None:
+        while True:
+            context, body, done, outcome = self.requests.get()
             try:
-                yield
-            finally:
-                self._inside.run = False
+                outcome[:] = [context.run(self.gate.admitted_here, body), None]
+            except BaseException as error:  # noqa: BLE001  (raised in the caller)
+                outcome[:] = [None, error]
+            done.set()
 
 
 GATE = BlasGate()

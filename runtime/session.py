@@ -188,8 +188,12 @@ class Session:
         # without a profiler of its own, the session records into mixrt.profiler's while that
         # runs, its first run of a shape included (a hybridized block's first call counts)
         process = symbolic_profiler() if self.profiler is None else None
+        return self._gate.run(lambda: self._gated_run(signature, feeds, wanted, process))
+
+    def _gated_run(self, signature, feeds: dict, wanted, process) -> list:
+        """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py)."""
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
-        with np.errstate(all="ignore"), self._gate.admitted():
+        with np.errstate(all="ignore"):
             plan = self._cached_plan(signature)
             if plan is None:
                 env = self._discover(signature, feeds, process)

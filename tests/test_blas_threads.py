@@ -1,10 +1,12 @@
 """The run gate: concurrent CPU runs take turns (OpenBLAS contends when they overlap), a run
 inside a run does not wait for itself, and sessions from many threads stay correct."""
 
+import contextvars
 import threading
 import time
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
@@ -16,15 +18,17 @@ def test_runs_take_turns():
     inside, most = [0], [0]
     lock = threading.Lock()
 
+    def one_run():
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.0001)
+        with lock:
+            inside[0] -= 1
+
     def worker():
         for _ in range(50):
-            with gate.admitted():
-                with lock:
-                    inside[0] += 1
-                    most[0] = max(most[0], inside[0])
-                time.sleep(0.0001)
-                with lock:
-                    inside[0] -= 1
+            gate.run(one_run)
     threads = [threading.Thread(target=worker) for _ in range(6)]
     for thread in threads:
         thread.start()
@@ -46,23 +50,23 @@ def test_a_run_inside_a_run_on_the_same_thread_does_not_wait_for_itself():
     gate = BlasGate(enabled=True)
 
     def nested(done):
-        with gate.admitted():
-            with gate.admitted():
-                done.set()
+        gate.run(lambda: gate.run(done.set))
     assert _finishes_in_a_thread(nested)
+    assert _finishes_in_a_thread(nested)  # a second thread: both runs on the runner thread
 
 
 def test_an_exception_inside_a_run_lets_the_next_one_in():
     gate = BlasGate(enabled=True)
-    try:
-        with gate.admitted():
-            raise ValueError("kernel failed")
-    except ValueError:
-        pass
+
+    def failing():
+        raise ValueError("kernel failed")
+    with pytest.raises(ValueError, match="kernel failed"):
+        gate.run(failing)
 
     def next_run(entered):
-        with gate.admitted():
-            entered.set()
+        with pytest.raises(ValueError, match="kernel failed"):  # raised from the runner thread
+            gate.run(failing)
+        gate.run(entered.set)
     assert _finishes_in_a_thread(next_run)
 
 
@@ -71,14 +75,41 @@ def test_a_disabled_gate_lets_runs_overlap():
     both = threading.Barrier(2, timeout=10)
 
     def worker():
-        with gate.admitted():
-            both.wait()  # would time out if the second run had to wait for the first
+        gate.run(both.wait)  # would time out if the second run had to wait for the first
     threads = [threading.Thread(target=worker) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(20)
     assert not both.broken
+
+
+SCOPE = contextvars.ContextVar("scope", default="none")
+
+
+def test_runs_from_a_second_thread_are_carried_out_on_one_runner_thread():
+    gate = BlasGate(enabled=True)
+    ran_on = []
+
+    def body():
+        ran_on.append((threading.get_ident(), SCOPE.get(), np.geterr()["divide"]))
+        return len(ran_on)
+    assert gate.run(body) == 1  # the first caller runs in place
+    main = threading.get_ident()
+
+    def from_another_thread(done):
+        SCOPE.set("request")
+        with np.errstate(divide="ignore"):
+            gate.run(body)
+            gate.run(body)
+        done.set()
+    assert _finishes_in_a_thread(from_another_thread)
+    assert gate.run(body) == 4  # from now on the first caller's runs are handed over too
+    threads = [thread for thread, _, _ in ran_on]
+    assert threads[0] == main and len(set(threads[1:])) == 1 and threads[1] != main
+    # the caller's context goes with its run: its context variables and NumPy's error state
+    assert [scope for _, scope, _ in ran_on] == ["none", "request", "request", "none"]
+    assert [divide for _, _, divide in ran_on][1:3] == ["ignore", "ignore"]
 
 
 def test_one_blas_thread_in_the_environment_turns_the_gate_off(monkeypatch):
