@@ -21,6 +21,7 @@ failed import: callers then take their NumPy paths.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import threading
 
@@ -112,7 +113,7 @@ def _fill_around(planes, top, bottom, left, right, fill):
 def _scratch_array(name, dtype, shape) -> np.ndarray:
     """A per-thread scratch array (its buffer kept between calls)."""
     held = _scratch.__dict__.setdefault(name, {})
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     key = np.dtype(dtype).str
     array = held.get(key)
     if array is None or array.size < size:
@@ -183,7 +184,7 @@ def layer_norm_suits(X, Scale, B, out) -> bool:
 def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
     """LayerNormalization of X over its axes from ``axis`` on into ``out``; False (nothing
     written) when Scale does not span exactly those axes (broadcast scales stay in NumPy)."""
-    n = int(np.prod(X.shape[axis:], dtype=np.int64))
+    n = math.prod(X.shape[axis:])
     if Scale.size != n or X.size == 0:
         return False
     bias = np.zeros(n, X.dtype) if B is None else B.reshape(-1)
