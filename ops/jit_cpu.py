@@ -113,7 +113,7 @@ def _fill_around(planes, top, bottom, left, right, fill):
 def _scratch_array(name, dtype, shape) -> np.ndarray:
     """A per-thread scratch array (its buffer kept between calls)."""
     held = _scratch.__dict__.setdefault(name, {})
-    size = math.prod(shape)
+    size = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
     key = np.dtype(dtype).str
     array = held.get(key)
     if array is None or array.size < size:
