@@ -1,4 +1,5 @@
-"""Compiled products against a weight packed into column panels (``ops/matmul_cpu.py``).
+"""Compiled products against a weight packed into column panels (``ops/matmul_cpu.py``),
+and the direct convolutions built on the same tile (``ops/conv_direct_cpu.py``).
 
 OpenBLAS packs both operands on every sgemm call and splits a 128-row product poorly over
 two threads: BERT's 128 x 768 @ 768 x 768 ran at 385 GFLOP/s on this 2-core machine, where
@@ -15,8 +16,9 @@ reductions per tile held them to 165 GFLOP/s), so the tile is emitted as LLVM IR
 ``numba.extending.intrinsic``, with ``<lanes x float>`` values and ``llvm.fma``. One thread
 runs it at ~250 GFLOP/s.
 
-Every sum is the plain sequence ``fma(a[i, k], w[k, j], sum)`` over k: no reassociation, so
-NaNs and infinities propagate as in any product.
+Each sum is the sequence ``fma(a[i, k], w[k, j], sum)`` over a block of K_BLOCK values of k,
+the blocks' sums then added in order: NaNs and infinities propagate as in any product, and a
+long K is not one chain of roundings.
 """
 
 from __future__ import annotations
@@ -459,9 +461,9 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
     the place in them of each output from ``first`` on (padded with valid places to a whole
     strip past the last), ``panels`` (P, K, width) the weight's transpose zero-padded to P *
     width channels, ``bias`` as long, ``spill`` a (width, STRIP_ROWS) scratch for a last
-    strip short of STRIP_ROWS outputs, ``no_bias`` zeros of at least a panel's width. Epilogue per output: + bias,
-    + residual (y's layout) when ``has_residual``, times ``slope`` when negative, clamped to
-    [low, high]."""
+    strip short of STRIP_ROWS outputs, ``no_bias`` zeros of at least a panel's width.
+    Epilogue per output: + bias, + residual (y's layout) when ``has_residual``, times
+    ``slope`` when negative, clamped to [low, high]."""
     k_len, width = panels.shape[1], panels.shape[2]
     channels, length = y.shape
     flat_y, flat_spill, flat_residual = y.reshape(-1), spill.reshape(-1), residual.reshape(-1)
