@@ -264,11 +264,7 @@ def _strip_parts(rows: int) -> list[tuple[int, int]]:
 
 def _planes(plan, dtype) -> tuple[np.ndarray, np.ndarray]:
     """This thread's phase-plane buffer, flat and shaped. Only the rows a call writes are
-    read, so it is never cleared; it is made with zeros so that the cells between planes
-    (alignment) hold no stale values."""
-    elements = math.prod(plan.planes_shape)
-    held = jit_cpu._scratch.__dict__.setdefault("direct_planes", {})
-    buffer = held.get(np.dtype(dtype).str)
-    if buffer is None or buffer.size < elements:
-        buffer = held[np.dtype(dtype).str] = np.zeros(elements, dtype)
-    return buffer[:elements], buffer[:elements].reshape(plan.planes_shape)
+    read (not the cells that align each plane, nor rows past a band), so it is never
+    cleared."""
+    flat = jit_cpu._scratch_array("direct_planes", dtype, (math.prod(plan.planes_shape),))
+    return flat, flat.reshape(plan.planes_shape)
