@@ -60,6 +60,7 @@ class Row:
     errors: dict[str, float] = field(default_factory=dict)  # runner key -> max abs vs ort
     wrong: set[str] = field(default_factory=set)  # runner keys whose output disagrees
     memory: object = None  # mixrt MemoryPlan, when the session can report one
+    imported_naive: int | None = None  # naive bytes of the graph as imported (opt_level 0)
 
     def ms(self, runtime: str) -> float | None:
         times = self.times.get(f"{runtime}/{self.device}")
@@ -110,6 +111,8 @@ def bench_case(case: Case, device: str, args) -> Row:
                 row.wrong.add(name)
     row.times = time_interleaved(runners, case.feeds, args.repeat, args.rounds)
     row.memory = _memory_plan(runners, case.feeds)
+    if row.memory is not None:
+        row.imported_naive = _imported_naive(case)
     return row
 
 
@@ -118,6 +121,13 @@ def _memory_plan(runners: list[Runner], feeds):
     if mixrt is None or not hasattr(mixrt, "memory_plan"):
         return None  # sessions before the arena executor cannot say
     return mixrt.memory_plan(feeds)
+
+
+def _imported_naive(case) -> int:
+    """Naive allocation of the model as imported (every op's output its own buffer, as in
+    the MXNet paper's baseline), from an opt_level 0 session's plan."""
+    from mixrt import Session  # noqa: PLC0415  (only when mixrt ran)
+    return Session(str(case.path), opt_level=0).memory_plan(case.feeds).naive_bytes
 
 
 def _progress(index: int, total: int, row: Row) -> None:

@@ -5,6 +5,7 @@ of the ``mixrt`` domain. Each of them is an exact composition of ONNX ops, which
 unfolds again:
 
 * ``FusedConv(X, W, B, Z)``   -> Conv [-> Add(Z)] [-> activation]
+* ``FusedConvPool(X, W, B)``  -> Conv [-> activation] [-> LRN] -> MaxPool/AveragePool
 * ``FusedGemm(A, B, C)``      -> Gemm [-> activation]
 * ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
 * ``FusedElementwise``        -> one node per step of its register program, its literals
@@ -178,6 +179,33 @@ def _fused_conv(unfold: _Unfolder, node: Node) -> None:
     _product_then(unfold, y, addends)
 
 
+def _fused_conv_pool(unfold: _Unfolder, node: Node) -> None:
+    a = node.attributes
+    conv_attributes = {k: v for k, v in a.items()
+                       if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                "strides")}
+    y = unfold.emit("Conv", list(node.inputs[:3]), None, **conv_attributes)
+    if a.get("activation"):
+        kind = a["activation"]
+        params = [float(p) for p in a.get("activation_params") or ()]
+        if kind not in ACTIVATIONS or len(params) != len(ACTIVATIONS[kind][1]):
+            raise ExportError(f"node {node.label!r}: activation {kind!r} with params "
+                              f"{params} is not one of the fused kernels' activations")
+        y = unary_step(unfold, kind, y, params)
+    if a.get("lrn_size"):
+        y = unfold.emit("LRN", [y], None, size=int(a["lrn_size"]),
+                        alpha=float(a.get("lrn_alpha", 1e-4)),
+                        beta=float(a.get("lrn_beta", 0.75)), bias=float(a.get("lrn_bias", 1.0)))
+    pool = {"kernel_shape": list(a["pool_kernel_shape"]),
+            "strides": list(a.get("pool_strides") or (1, 1)),
+            "pads": list(a.get("pool_pads") or (0, 0, 0, 0))}
+    if a.get("pool_ceil_mode"):
+        pool["ceil_mode"] = 1
+    if a.get("pool_count_include_pad"):
+        pool["count_include_pad"] = 1
+    unfold.emit(a.get("pool", "MaxPool"), [y], node.outputs[0], **pool)
+
+
 def _fused_gemm(unfold: _Unfolder, node: Node) -> None:
     attributes = {k: v for k, v in node.attributes.items()
                   if k not in ("activation", "activation_params")}
@@ -224,6 +252,7 @@ def _block_grad(unfold: _Unfolder, node: Node) -> None:
 _DECOMPOSITIONS = {
     "BlockGrad": _block_grad,
     "FusedConv": _fused_conv,
+    "FusedConvPool": _fused_conv_pool,
     "FusedGemm": _fused_gemm,
     "FusedMatMul": _fused_mat_mul,
     "FusedElementwise": _fused_elementwise,

@@ -176,10 +176,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
     n, m = X.shape[0], W.shape[0]
-    # the tap tile reads a whole panel's biases: zeros past M
-    bias = np.zeros(plan.panels.shape[0] * plan.width if plan.taps else m, X.dtype)
-    if B is not None:
-        bias[:m] = B.reshape(m)
+    bias = _padded_bias(plan, B, m, X.dtype)
     scalars = tuple(X.dtype.type(v) for v in limits)  # compared in X's dtype, not float64
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
@@ -199,9 +196,34 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     return out
 
 
-def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None):
+def _padded_bias(plan, B, m, dtype) -> np.ndarray:
+    """B as the epilogue reads it: the tap tile reads a whole panel's biases, zeros past M."""
+    bias = np.zeros(plan.panels.shape[0] * plan.width if plan.taps else m, dtype)
+    if B is not None:
+        bias[:m] = B.reshape(m)
+    return bias
+
+
+def band_rows(X, W, B, limits, geometry, prepacked):
+    """``rows(image, r0, r1, y, at)``: output rows r0..r1 of one image of Conv(X, W) + B,
+    through the epilogue ``limits``, written into ``y`` (M, L) from output row ``at`` on (y's
+    rows hold L / OW output rows each), on the calling thread alone. For kernels that compute
+    a convolution a band of rows at a time (``ops/fused_conv_pool.py``); :func:`suits` must hold."""
+    kernel, strides, dilations, _, begin, end, out_dims = geometry
+    plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
+    bias = _padded_bias(plan, B, W.shape[0], X.dtype)
+    scalars = tuple(X.dtype.type(v) for v in limits)
+    run = _taps if plan.taps else _pointwise
+
+    def rows(image, r0, r1, y, at):
+        run(plan, X[image], y, (bias, y, False) + scalars, r0, r1, 0, None, at=at)
+    return rows
+
+
+def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None, at=None):
     """Output rows r0..r1 and the output-channel panels p0..p1 (None: all) of a kernel of
-    several taps; its phase planes ``shared`` by the threads, or else built here."""
+    several taps; its phase planes ``shared`` by the threads, or else built here. Row r0
+    goes to row ``at`` of y (default r0)."""
     flat = _phase_planes(plan, x, r0, r1) if shared is None else shared
     bias, residual, has_residual, slope, low, high = epilogue
     spill = jit_cpu._scratch_array("direct_spill", y.dtype, (plan.width, STRIP))
@@ -209,13 +231,14 @@ def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None):
     no_bias[:] = 0
     ow = plan.out_dims[1]
     _kernels().tap_conv(flat, plan.rows_at, plan.places(r0, r1), (r1 - r0) * ow, plan.panels,
-                        y, r0 * ow, bias, residual, has_residual, low, high, slope, p0,
+                        y, (r0 if at is None else at) * ow, bias, residual, has_residual, low, high, slope, p0,
                         plan.panels.shape[0] if p1 is None else p1, spill, no_bias)
 
 
-def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None):
+def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None, at=None):
     """Output rows r0..r1 and channels m0..m1 (None: all) of a 1x1 convolution, the image
-    read in place or from its one phase plane (``shared`` by the threads, or built here)."""
+    read in place or from its one phase plane (``shared`` by the threads, or built here).
+    Row r0 goes to row ``at`` of y (default r0)."""
     ow = plan.out_dims[1]
     if plan.in_place:
         image, stride, offset = x.reshape(-1), plan.plane_dims[0] * plan.pw, r0 * ow
@@ -227,7 +250,8 @@ def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None):
     channels = plan.weights.shape[1]
     edge = jit_cpu._scratch_array("direct_edge", y.dtype, (channels, plan.width))
     spill = jit_cpu._scratch_array("direct_spill", y.dtype, (STRIP, plan.width))
-    kernels.pointwise_conv(plan.weights, image, stride, offset, (r1 - r0) * ow, y, r0 * ow,
+    kernels.pointwise_conv(plan.weights, image, stride, offset, (r1 - r0) * ow, y,
+                           (r0 if at is None else at) * ow,
                            bias, residual, has_residual, low, high, slope, m0,
                            plan.weights.shape[0] if m1 is None else m1, plan.row_block, edge,
                            spill)

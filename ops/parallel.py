@@ -60,7 +60,13 @@ def parallel_for(parts: list, fn: Callable) -> None:
     job = _Job(fn, parts)
     for _ in range(min(pool.workers, len(parts) - 1)):
         pool.queue.put(job)
-    job.work()
+    # a part that calls parallel_for runs it inline, as a worker does: the other threads
+    # are busy with this job's parts
+    _local.in_worker = True
+    try:
+        job.work()
+    finally:
+        _local.in_worker = False
     job.done.wait()
     if job.error is not None:
         raise job.error

@@ -9,7 +9,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv/Gemm/MatMul fused with bias,
-  residual add and activation, and chains of elementwise ops fused into one kernel.
+  residual add and activation, conv -> [LRN] -> pool chains computed in bands of rows
+  (``bands``), and chains of elementwise ops fused into one kernel.
 
 The passes work on a copy; the caller's graph is never touched.
 """
@@ -20,6 +21,7 @@ from mixrt.errors import GraphError
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)
+from mixrt.runtime.passes.bands import fuse_conv_pools
 from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
@@ -68,6 +70,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
                           ("fuse_products", fuse_products),
+                          ("fuse_conv_pools", fuse_conv_pools),
                           ("fuse_elementwise", fuse_elementwise)):
         _run(stats, name, rewrite, graph, ir_version)
     _run(stats, "dead_nodes", eliminate_dead_nodes, graph)
