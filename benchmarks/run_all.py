@@ -117,17 +117,16 @@ def bench_case(case: Case, device: str, args) -> Row:
 
 
 def _memory_plan(runners: list[Runner], feeds):
-    mixrt = next((r.session for r in runners if r.runtime == "mixrt"), None)
-    if mixrt is None or not hasattr(mixrt, "memory_plan"):
+    session = next((r.session for r in runners if r.runtime == "mixrt"), None)
+    if session is None or not hasattr(session, "memory_plan"):
         return None  # sessions before the arena executor cannot say
-    return mixrt.memory_plan(feeds)
+    return session.memory_plan(feeds)
 
 
 def _imported_naive(case) -> int:
     """Naive allocation of the model as imported (every op's output its own buffer, as in
     the MXNet paper's baseline), from an opt_level 0 session's plan."""
-    from mixrt import Session  # noqa: PLC0415  (only when mixrt ran)
-    return Session(str(case.path), opt_level=0).memory_plan(case.feeds).naive_bytes
+    return mixrt.Session(str(case.path), opt_level=0).memory_plan(case.feeds).naive_bytes
 
 
 def _progress(index: int, total: int, row: Row) -> None:
