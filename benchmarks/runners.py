@@ -132,8 +132,9 @@ def mixrt_runner(path, opt_level: int, device: str = "cpu") -> Runner | None:
     import mixrt  # noqa: PLC0415
     from mixrt.errors import DeviceUnavailableError  # noqa: PLC0415
     try:
+        # on the GPU each signature's run is replayed as a CUDA graph (static shapes here)
         session = mixrt.Session(str(path), device="gpu:0" if device == "gpu" else "cpu",
-                                opt_level=opt_level)
+                                opt_level=opt_level, cuda_graph=device == "gpu")
     except DeviceUnavailableError:
         return None
     return Runner("mixrt", device, lambda feeds: session.run(None, feeds), session)

@@ -27,6 +27,7 @@ from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
+from mixrt.runtime.cuda_graph import Captures
 from mixrt.runtime.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
                                     plannable_on_gpu, release)
@@ -147,13 +148,15 @@ class Session:
     ``opt_level`` (0..2) chooses the graph passes (see ``runtime/passes``); ``strategy`` the
     memory planner (``runtime/memory.STRATEGIES``); ``profile=True`` or ``MIXRT_PROFILE=path``
     records a Chrome trace (``end_profiling()`` writes it); without it, runs are recorded by
-    ``mixrt.profiler`` while that is running. A compiled ``.mxr`` model runs as it was
-    compiled. One session serves many threads: each concurrent run takes its own arena.
+    ``mixrt.profiler`` while that is running. ``cuda_graph=True`` (GPU sessions) records each
+    input signature's planned run as a CUDA graph and replays it (``runtime/cuda_graph.py``).
+    A compiled ``.mxr`` model runs as it was compiled. One session serves many threads: each
+    concurrent run takes its own arena.
     """
 
     def __init__(self, model, device: str = "cpu", *, opt_level: int = 2,
-                 strategy: str = "greedy", profile: bool = False, providers=None,
-                 **_options):
+                 strategy: str = "greedy", profile: bool = False, cuda_graph: bool = False,
+                 providers=None, **_options):
         del providers  # accepted for onnxruntime call compatibility; device picks the kernels
         _check_option("opt_level", opt_level, (0, 1, 2))
         _check_option("strategy", strategy, STRATEGIES)
@@ -166,6 +169,10 @@ class Session:
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
         self._plans = LruCache(MAX_CACHED_PLANS)  # input-shape signature -> ExecutionPlan
         self.profiler = Profiler.from_options(profile)
+        if cuda_graph and self.device.kind != "gpu":
+            raise InputError(f"cuda_graph=True replays CUDA graphs and needs a GPU device; "
+                             f"this session runs on {device!r}")
+        self._captures = Captures() if cuda_graph else None
         # concurrent CPU runs take one BLAS thread each (runtime/blas_threads.py)
         self._gate = BLAS_GATE if self.device.kind == "cpu" else UNGATED
 
@@ -198,12 +205,17 @@ class Session:
             if plan is None:
                 env = self._discover(signature, feeds, process)
                 return self._collect(env, wanted, frozenset())
+            profiler = self.profiler if self.profiler is not None else process
+            if self._captures is not None and profiler is None:
+                captured = self._captures.get(signature, plan, self._bound.constants, feeds)
+                if captured is not None:
+                    with captured.lock:  # one replay at a time: they share the graph's memory
+                        return self._collect(captured.launch(feeds), wanted, frozenset())
             arena = acquire(plan, self._xp)
             try:
                 env = dict(self._bound.constants)
                 env.update(plan.frozen)
                 env.update(feeds)
-                profiler = self.profiler if self.profiler is not None else process
                 if profiler is not None:
                     with profiler.run(plan.arena_bytes, self.device):
                         execute(plan.steps, env, self._xp, arena, plan, profiler)

@@ -1,0 +1,93 @@
+"""A planned GPU run captured once as a CUDA graph and replayed (``Session(cuda_graph=True)``).
+
+With static shapes a run's kernels, their arguments and every buffer they touch are the same
+from one run to the next, so after the first planned run of a signature the whole run is
+recorded into a CUDA graph and later runs launch that graph: one launch instead of a Python
+call and a few kernel launches per node.
+
+What makes a replay safe:
+
+* **Fixed inputs.** The graph reads its inputs from buffers made for it; a run copies the
+  feeds into them (on the capture stream) before the launch.
+* **A private memory pool.** Everything allocated while capturing (the arena, each kernel's
+  temporaries, the outputs) comes from a CuPy memory pool that only this graph uses, and
+  which lives as long as the graph. Blocks a kernel frees during capture go back to that pool
+  only, so no later allocation elsewhere can take an address the graph writes.
+* **Relaxed capture mode**, so the pool may call cudaMalloc while capturing.
+* **Falling back.** A run that cannot be captured (a kernel that reads a value back to the
+  host, a data-dependent shape) raises during capture; the signature is then marked and
+  runs the ordinary way from then on. A capture never changes what a run returns.
+
+Outputs are copied to the host after each launch, as every GPU run's are.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from mixrt.runtime.executor import Arena, execute
+
+
+@dataclass
+class CapturedRun:
+    graph: object  # cupy.cuda.Graph
+    stream: object  # the stream it was captured on and is launched on
+    inputs: dict  # feed name -> the device buffer the graph reads
+    env: dict  # every value of the captured run (outputs included), kept alive
+    pool: object  # the private memory pool (kept alive with the graph)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def launch(self, feeds: dict) -> dict:
+        """Copy ``feeds`` in, replay, wait; returns the run's values (valid until the next
+        launch, so the caller copies what it keeps while holding :attr:`lock`)."""
+        with self.stream:
+            for name, value in feeds.items():
+                self.inputs[name][...] = value
+            self.graph.launch(self.stream)
+        self.stream.synchronize()
+        return self.env
+
+
+class Captures:
+    """A session's captured runs, by input-shape signature, and the signatures that failed."""
+
+    def __init__(self):
+        self.runs: dict = {}
+        self.failed: dict = {}  # signature -> why it could not be captured
+        self._lock = threading.Lock()
+
+    def get(self, signature: tuple, plan, constants: dict, feeds: dict) -> CapturedRun | None:
+        """The captured run for ``signature``, capturing it now on first call; None when it
+        cannot be captured."""
+        if signature in self.failed:
+            return None
+        with self._lock:
+            found = self.runs.get(signature)
+            if found is None and signature not in self.failed:
+                try:
+                    found = self.runs[signature] = capture(plan, constants, feeds)
+                except Exception as exc:  # noqa: BLE001  (any failure means: run uncaptured)
+                    self.failed[signature] = f"{type(exc).__name__}: {exc}"
+            return found
+
+
+def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
+    """Record one planned run of ``plan`` into a CUDA graph (see the module docstring)."""
+    import cupy  # noqa: PLC0415  (GPU sessions only)
+    pool = cupy.cuda.MemoryPool()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.using_allocator(pool.malloc), stream:
+        inputs = {name: cupy.array(value, copy=True) for name, value in feeds.items()}
+        arena = Arena(plan, cupy)
+        env = dict(constants)
+        env.update(plan.frozen)
+        env.update(inputs)
+        stream.synchronize()  # the copies above are not part of the graph
+        stream.begin_capture()  # relaxed mode (CuPy's default): the pool may cudaMalloc
+        try:
+            execute(plan.steps, env, cupy, arena, plan)
+        finally:
+            graph = stream.end_capture()
+    env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
+    return CapturedRun(graph, stream, inputs, env, pool)
