@@ -276,10 +276,11 @@ def _file_safe(name: str) -> str:
 
 # -- compile and plan ------------------------------------------------------------------------
 
-def _planned_session(args):
+def _planned_session(args, opt_level: int | None = None):
     import mixrt  # noqa: PLC0415
 
-    session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
+    level = args.opt_level if opt_level is None else opt_level
+    session = mixrt.Session(args.model, opt_level=level, strategy=args.strategy)
     feeds = dict(_read_input(spec) for spec in args.input)
     symbols = dict(_read_dim(spec) for spec in args.dim)
     for value in session._required:
@@ -334,11 +335,18 @@ def cmd_compile(args) -> int:
 def cmd_plan(args) -> int:
     from mixrt.runtime.memory import format_report, plan_report  # noqa: PLC0415
 
-    _, plan = _planned_session(args)
+    session, plan = _planned_session(args)
+    # naive allocation of the model as imported: the MXNet paper's baseline (a .mxr is
+    # already optimized, so it has none)
+    imported = None
+    if args.opt_level:
+        as_imported, naive_plan = _planned_session(args, opt_level=0)
+        if as_imported.graph.metadata.get("opt_level") == 0:
+            imported = naive_plan.naive_bytes
     if args.json:
-        print(json.dumps(plan_report(plan), indent=2))
+        print(json.dumps(plan_report(plan, imported), indent=2))
     else:
-        print(format_report(plan))
+        print(format_report(plan, imported))
     if args.png:
         from mixrt.runtime.plan_plot import draw_plan  # noqa: PLC0415
         draw_plan(plan, args.png, title=f"{Path(args.model).name}: {plan.strategy}")

@@ -451,10 +451,15 @@ def _overlap_message(a: TensorLife, a_offset: int, b: TensorLife, b_offset: int)
 
 # -- reporting -----------------------------------------------------------------------------
 
-def plan_report(plan: MemoryPlan) -> dict:
-    """The plan's figures as JSON-ready values (what ``mixrt plan --json`` prints)."""
+def plan_report(plan: MemoryPlan, imported_naive: int | None = None) -> dict:
+    """The plan's figures as JSON-ready values (what ``mixrt plan --json`` prints).
+    ``imported_naive``: naive bytes of the model as imported (opt_level 0), the MXNet
+    paper's baseline, when the caller planned that graph too."""
     arena, lower = plan.arena_bytes, plan.lower_bound_bytes
-    return {
+    extra = {} if imported_naive is None else {
+        "naive_as_imported_bytes": imported_naive,
+        "naive_as_imported_over_arena": round(imported_naive / arena, 4) if arena else 1.0}
+    return extra | {
         "strategy": plan.strategy,
         "arena_bytes": arena,
         "naive_bytes": plan.naive_bytes,
@@ -467,9 +472,9 @@ def plan_report(plan: MemoryPlan) -> dict:
     }
 
 
-def format_report(plan: MemoryPlan) -> str:
+def format_report(plan: MemoryPlan, imported_naive: int | None = None) -> str:
     """The plan's figures for a person (what ``mixrt plan`` prints)."""
-    report = plan_report(plan)
+    report = plan_report(plan, imported_naive)
     lines = [
         f"memory plan: {report['strategy']}, {plan.alignment}-byte alignment",
         f"  tensors      {report['tensors']:>10}   ({report['inplace']} written in place)",
@@ -479,6 +484,10 @@ def format_report(plan: MemoryPlan) -> str:
         f"  arena / lower bound {report['ratio_to_lower_bound']:.3f}   "
         f"naive / arena {report['naive_over_arena']:.2f}",
     ]
+    if imported_naive is not None:
+        lines.append(f"  naive, model as imported {imported_naive / _MIB:.2f} MiB "
+                     f"({imported_naive} bytes)   naive as imported / arena "
+                     f"{report['naive_as_imported_over_arena']:.2f}")
     return "\n".join(lines)
 
 

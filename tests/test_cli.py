@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 
 from helpers import add_model, save
@@ -92,6 +93,11 @@ def test_plan_json_has_the_report_keys_and_draws(tmp_path):
     assert {"arena_bytes", "naive_bytes", "lower_bound_bytes", "strategy"} <= set(report)
     assert report["strategy"] == "sharing"
     assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    # the MXNet paper's baseline: naive allocation of the model as imported
+    assert report["naive_as_imported_bytes"] >= report["naive_bytes"]
+    arena = report["arena_bytes"]  # 0 here: the one tensor is the graph's output
+    assert report["naive_as_imported_over_arena"] == pytest.approx(
+        report["naive_as_imported_bytes"] / arena if arena else 1.0, rel=1e-3)
 
 
 def test_plan_of_symbolic_shapes_needs_dims(tmp_path):
