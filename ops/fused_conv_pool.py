@@ -171,10 +171,9 @@ def _banded_cpu(X, W, B, stage: _Stages, bands: _Bands, out, prepacked) -> bool:
                                      bands.conv_geometry, prepacked)
     after = None if limits is not None else stage.activation  # what the epilogue leaves
     pooled_rows = bands.pooled[0]
+    count = max(1, min(intra_op_threads(), pooled_rows))  # runs of pooled rows per image
     runs = [(image, pooled_rows * t // count, pooled_rows * (t + 1) // count)
-            for image in range(X.shape[0])
-            for count in [max(1, min(intra_op_threads(), pooled_rows))]
-            for t in range(count)]
+            for image in range(X.shape[0]) for t in range(count)]
     parallel_for(runs, lambda image, q0, q1: _run_of_bands(
         rows, image, q0, q1, W.shape[0], X.dtype, stage, bands, after, out))
     return True
