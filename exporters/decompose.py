@@ -24,6 +24,7 @@ import numpy as np
 from onnx import defs
 
 from mixrt.errors import ExportError
+from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
 from mixrt.ops.fused_elementwise import Program
 from mixrt.runtime.graph import Graph, Node
@@ -181,9 +182,7 @@ def _fused_conv(unfold: _Unfolder, node: Node) -> None:
 
 def _fused_conv_pool(unfold: _Unfolder, node: Node) -> None:
     a = node.attributes
-    conv_attributes = {k: v for k, v in a.items()
-                       if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
-                                "strides")}
+    conv_attributes = {k: v for k, v in a.items() if k in CONV_ATTRIBUTES}
     y = unfold.emit("Conv", list(node.inputs[:3]), None, **conv_attributes)
     if a.get("activation"):
         kind = a["activation"]

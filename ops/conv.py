@@ -27,6 +27,10 @@ AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 # -- window geometry ------------------------------------------------------------------------
 
+# a Conv node's attributes (what FusedConv and FusedConvPool carry over, and ConvGrad)
+CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
 def spatial_attrs(nd, kernel_shape, strides=None, dilations=None):
     """kernel, strides and dilations as int lists of length ``nd`` (ONNX defaults filled)."""
     kernel = [int(k) for k in kernel_shape]

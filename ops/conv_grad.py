@@ -27,7 +27,7 @@ from mixrt.ops.grad_support import MIXRT
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
-CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+CONV_ATTRIBUTES = cv.CONV_ATTRIBUTES
 CONV_TRANSPOSE_ATTRIBUTES = CONV_ATTRIBUTES + ("output_padding", "output_shape")
 POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
 _COLUMNS_BUDGET = 256 << 20  # bytes of im2col columns built at once (as the forward does)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.ops import conv_direct_cpu, inplace_cpu, jit_cpu, jit_pool
-from mixrt.ops.conv import conv, spatial_attrs, window_geometry
+from mixrt.ops.conv import CONV_ATTRIBUTES, conv, spatial_attrs, window_geometry
 from mixrt.ops.conv_cpu import geometry as conv_geometry, scratch_arrays
 from mixrt.ops.fused import FUSED_DTYPES, MIXRT, activate, fused_conv
 from mixrt.ops.nn import lrn
@@ -113,13 +113,14 @@ class _Bands:
         last = (p1 - 1) * self.stride - self.top + self.window
         return max(0, first), min(self.conv_out[0], last)
 
-    def pool_pads(self, p0: int, p1: int, columns: list) -> list:
-        """The pool's pads on the band of pooled rows p0..p1: its windows' rows outside the
-        conv output (the declared pads, or ceil_mode's overhang), the declared ones across."""
+    def pool_pads(self, p0: int, p1: int, declared: list) -> list:
+        """The pool's [top, left, bottom, right] pads on the band of pooled rows p0..p1: its
+        windows' rows outside the conv output (the declared pads, or ceil_mode's overhang),
+        and across, the ``declared`` ones."""
         a, b = self.conv_rows(p0, p1)
         top = a - (p0 * self.stride - self.top)
         bottom = (p1 - 1) * self.stride - self.top + self.window - b
-        return [top, columns[0], bottom, columns[1]]
+        return [top, declared[1], bottom, declared[3]]
 
 
 def _bands(X, W, stage: _Stages, prepacked) -> _Bands:
@@ -232,15 +233,15 @@ def _pool_band(band, p0, p1, stage: _Stages, bands: _Bands, image_out) -> None:
                                     (band.shape[0], p1 - p0, bands.pooled[1]))
     if max(kernel) > jit_pool.MAX_UNROLLED_TAPS or not jit_cpu.enabled():
         attributes = dict(stage.pool_attributes, pads=bands.pool_pads(
-            p0, p1, _columns(stage.pool_attributes["pads"])))
+            p0, p1, stage.pool_attributes["pads"]))
         _pool(np, stage.pool)(np, band[None], out=staged[None], **attributes)
     else:
         maximum = stage.pool == "MaxPool"
         run = jit_pool._compiled(kernel, strides, (1, 1), maximum)
         width = max(bands.left + band.shape[2], (bands.pooled[1] - 1) * strides[1] + kernel[1])
         row = jit_cpu._scratch_array("conv_pool_row", band.dtype, (width,))
-        top = bands.pool_pads(p0, p1, (0, 0))[0]
-        run(band, staged, row, _NO_STAGING.get(band.dtype), _divisor(bands, p0, p1, band.dtype),
+        top = bands.pool_pads(p0, p1, stage.pool_attributes["pads"])[0]
+        run(band, staged, row, _NO_STAGING[band.dtype], _divisor(bands, p0, p1, band.dtype),
             top, bands.left, 0, band.shape[0])
     image_out[:, p0:p1] = staged
 
@@ -260,17 +261,14 @@ def _divisor(bands: _Bands, p0: int, p1: int, dtype):
     return np.ascontiguousarray(np.broadcast_to(counts, (p1 - p0, bands.pooled[1])))
 
 
-def _columns(pads) -> tuple[int, int]:
-    """The declared pads across (left, right) of a 2-D pool's [top, left, bottom, right]."""
-    return pads[1], pads[3]
-
-
 # -- anywhere: bands of input rows through the ordinary kernels ------------------------------
 
 def _banded_any(xp, X, W, B, stage: _Stages, bands: _Bands, out, prepacked):
     """Band by band: the input rows each band's conv rows read, with the pads they need,
     through FusedConv, LRN and the pool (on the CPU their fast paths)."""
-    conv_attributes, (begin, end) = _explicit_conv(stage.conv, bands)
+    # auto_pad resolved for the full input: each band gets its own explicit pads
+    conv_attributes = dict(stage.conv, auto_pad="NOTSET")
+    begin, end = bands.conv_geometry[4], bands.conv_geometry[5]
     span = (bands.conv_geometry[0][0] - 1) * bands.conv_geometry[2][0] + 1
     stride = bands.conv_geometry[1][0]
     height = X.shape[2]
@@ -285,17 +283,9 @@ def _banded_any(xp, X, W, B, stage: _Stages, bands: _Bands, out, prepacked):
                        _prepacked=prepacked, **dict(conv_attributes, pads=pads))
         y = _normalize(xp, y, stage.lrn)
         attributes = dict(stage.pool_attributes, pads=bands.pool_pads(
-            p0, p1, _columns(stage.pool_attributes["pads"])))
+            p0, p1, stage.pool_attributes["pads"]))
         out[:, :, p0:p1] = _pool(xp, stage.pool)(xp, y, **attributes)
     return out
-
-
-def _explicit_conv(attributes: dict, bands: _Bands) -> tuple[dict, tuple]:
-    """The conv's attributes with its pads explicit (auto_pad resolved for the full input),
-    and its (begin, end) pads."""
-    begin, end = bands.conv_geometry[4], bands.conv_geometry[5]
-    explicit = dict(attributes, auto_pad="NOTSET", pads=list(begin) + list(end))
-    return explicit, (list(begin), list(end))
 
 
 def _normalize(xp, y, lrn_attributes):
@@ -317,9 +307,7 @@ def _pool(xp, pool: str):
 @fused_conv_pool.infer
 def _(X, W, B=None, *, pool="MaxPool", pool_kernel_shape=None, pool_strides=None,
       pool_pads=None, pool_ceil_mode=0, pool_count_include_pad=0, **attributes):
-    conv_attributes = {k: v for k, v in attributes.items()
-                       if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
-                                "strides")}
+    conv_attributes = {k: v for k, v in attributes.items() if k in CONV_ATTRIBUTES}
     y = conv.kernels[0].infer_fn(X, W, B, **conv_attributes)[0]
     return [_pool_infer(y, kernel_shape=pool_kernel_shape, strides=pool_strides,
                         pads=pool_pads, ceil_mode=pool_ceil_mode)[0]]

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused_conv_pool import POOLS
 from mixrt.ops.fused import MIXRT
 from mixrt.runtime.graph import Graph, Node
@@ -31,8 +32,7 @@ from mixrt.runtime.passes.rewrite import dtype_of, kernel_for, read_counts, remo
 # the conv output per image from which a chain is banded: ZFNet-512's first (4.35 MiB),
 # ResNet-50's stem (3.06 MiB), AlexNet's first (1.07 MiB)
 MIN_BYTES = 1 << 20
-_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides",
-                    "activation", "activation_params")
+_CONV_ATTRIBUTES = CONV_ATTRIBUTES + ("activation", "activation_params")
 
 
 def fuse_conv_pools(graph: Graph, ir_version: int | None) -> int:

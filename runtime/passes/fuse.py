@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
 from mixrt.ops.types import broadcast_shapes
 from mixrt.runtime.graph import Graph, Node
@@ -25,7 +26,6 @@ from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for,
                                           remove_nodes)
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_CONV_ATTRIBUTES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 _GEMM_ATTRIBUTES = ("alpha", "beta", "transA", "transB")
 _FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -165,7 +165,7 @@ def _fuse_conv(g: Graph, conv: Node, constants: dict, types: dict) -> int:
     activation, params = _activation_step(follow, constants)
     if not follow.absorbed:
         return 0
-    attributes = {k: v for k, v in conv.attributes.items() if k in _CONV_ATTRIBUTES}
+    attributes = {k: v for k, v in conv.attributes.items() if k in CONV_ATTRIBUTES}
     _replace(g, conv, follow, "FusedConv", _trim(inputs), attributes, activation, params)
     return 1
 
