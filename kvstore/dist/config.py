@@ -18,6 +18,8 @@ mixrt's own knobs (seconds unless said otherwise):
     MIXRT_KV_BIGARRAY_BOUND     arrays above this many elements are split over all servers
                                 (1,000,000, as MXNET_KVSTORE_BIGARRAY_BOUND)
     MIXRT_KV_MAX_MESSAGE        bytes; a larger frame is dropped (4 GiB)
+    MIXRT_KV_MESSAGE_BYTES      pushes and pull replies travel in messages of at most this
+                                many bytes (8 MiB; the same on every worker)
     MIXRT_KV_SECRET             shared secret: CURVE keys are derived from it (security.py)
     MIXRT_KV_VERBOSE            1: log push/pull latencies and stragglers
 """
@@ -48,6 +50,7 @@ class Config:
     timeout: float = 300.0
     bigarray_bound: int = 1_000_000
     max_message: int = 4 << 30
+    message_bytes: int = 8 << 20
     secret: str | None = None
     verbose: bool = False
 
@@ -88,6 +91,7 @@ def from_env(environ=None, **overrides) -> Config:
         timeout=_float(env, "MIXRT_KV_TIMEOUT", 300.0),
         bigarray_bound=_int(env, "MIXRT_KV_BIGARRAY_BOUND", 1_000_000, 1, 1 << 40),
         max_message=_int(env, "MIXRT_KV_MAX_MESSAGE", 4 << 30, 1024, 1 << 40),
+        message_bytes=_int(env, "MIXRT_KV_MESSAGE_BYTES", 8 << 20, 64, 1 << 40),
         secret=env.get("MIXRT_KV_SECRET") or None,
         verbose=env.get("MIXRT_KV_VERBOSE", "0") not in ("", "0", "false", "no"),
     )

@@ -7,7 +7,12 @@ Header (little-endian, 48 bytes, then the key's UTF-8 bytes):
     offset i64 | count i64 | total i64 | key_length u16 | pad u16 | key bytes
 
 An array message carries ``count`` elements starting at element ``offset`` of a flat array
-of ``total`` elements (a part of a key that is split over the servers). ``decode`` checks
+of ``total`` elements (a part of a key that is split over the servers). A push or a pull
+reply bigger than the job's message size travels as several such messages in a row, each a
+piece of its part (``pieces``): a message of 32 MiB or more is received into freshly mapped
+pages (glibc's largest mmap threshold), which fault in on every message, while buffers of a
+few MiB come back from the heap warm; and the server sums the first pieces while the later
+ones are still on the wire. ``decode`` checks
 every field against the frame sizes before anything is read, so a malformed, truncated or
 oversized message is a ``ProtocolError`` that the receiver logs and drops.
 """
@@ -179,6 +184,14 @@ def _check_array_fields(message: Message, size: int, max_message: int) -> None:
     if size != expected:
         raise ProtocolError(f"{message.type_name} key {message.key!r}: payload of {size} "
                             f"bytes; {message.count} elements need {expected}")
+
+
+def pieces(count: int, itemsize: int, message_bytes: int) -> list[tuple[int, int]]:
+    """[(start, size)] cutting ``count`` elements into messages of at most
+    ``message_bytes``; every piece but the last holds a multiple of 4 elements, so a 2-bit
+    compressed part (4 values a byte) splits at byte boundaries."""
+    step = max(4, message_bytes // itemsize // 4 * 4)
+    return [(start, min(step, count - start)) for start in range(0, count, step)] or [(0, 0)]
 
 
 def packed_size(count: int) -> int:

@@ -1,13 +1,15 @@
 """A parameter server: holds its shard of the keys, sums the workers' pushes, runs the
 optimizer, answers pulls.
 
-``dist_sync``: a key's round completes when every worker has pushed to it; then the summed
-gradient updates the weight (with the optimizer set by ``set_optimizer``, or by replacing the
-value when there is none) and the pulls waiting for that round are answered. A worker that
-pushes again before the round completes has its push held for the next round. A pull is
-answered once the rounds this worker pushed have completed, so a worker always pulls the
-weights its own gradients went into. ``dist_async``: every push updates at once; pulls
-return the current value.
+``dist_sync``: a key's round completes when every worker has pushed all of it; then the
+summed gradient updates the weight (with the optimizer set by ``set_optimizer``, or by
+replacing the value when there is none) and the pulls waiting for that round are answered.
+A push arrives as pieces in order (``protocol.pieces``); each piece is summed as soon as the
+same piece has come from two workers, so most of the sum is done before the last piece
+lands. A worker that pushes again before the round completes has its pieces held for the
+next round. A pull is answered once the rounds this worker pushed have completed, so a
+worker always pulls the weights its own gradients went into; the reply goes back in pieces
+too. ``dist_async``: every push updates at once; pulls return the current value.
 
 Every message is checked by ``protocol.decode`` and against this server's state; one that
 fails is logged and dropped (or answered with an ERROR naming the key), and the server goes
@@ -43,13 +45,24 @@ class Shard:
     offset: int
     total: int
     value: np.ndarray
-    merged: np.ndarray | None = None
-    first: np.ndarray | None = None                 # this round's first push, uncopied
-    arrived: dict = field(default_factory=dict)     # rank -> arrival time, this round
-    held: dict = field(default_factory=dict)        # rank -> deque of early pushes
-    pushes: dict = field(default_factory=dict)      # rank -> pushes received
+    merged: np.ndarray | None = None                # the round's sum, for the optimizer
+    received: dict = field(default_factory=dict)    # rank -> elements pushed, all rounds
+    filled: dict = field(default_factory=dict)      # rank -> elements summed, this round
+    arrived: dict = field(default_factory=dict)     # rank -> time its push completed
+    firsts: dict = field(default_factory=dict)      # piece start -> first push, uncopied
+    added: dict = field(default_factory=dict)       # piece start -> (pushes summed, size)
+    held: dict = field(default_factory=dict)        # rank -> deque of early pieces
+    partial: dict = field(default_factory=dict)     # rank -> async push being assembled
     version: int = 0                                # completed rounds
     waiting_pulls: list = field(default_factory=list)  # (identity, request, rank, needed)
+
+    @property
+    def size(self) -> int:
+        return self.value.size
+
+    def rounds_pushed(self, rank: int) -> int:
+        """Rounds this rank has pushed, a round begun counting as pushed."""
+        return -(-self.received.get(rank, 0) // max(self.size, 1))
 
 
 class Server:
@@ -69,6 +82,7 @@ class Server:
                                   context=self.context)
         self.sync = sync
         self.shards: dict[tuple[str, int], Shard] = {}
+        self.by_key: dict[str, list[Shard]] = {}  # finds the shard of a push's later pieces
         self.ranks: dict[bytes, int] = {}
         self.optimizer: optim.Optimizer | None = None
         self.compressor = None
@@ -154,6 +168,7 @@ class Server:
                 raise KVStoreError(f"init: key {message.key!r} is already initialized")
             self.shards[where] = shard = Shard(message.key, message.offset, message.total,
                                                np.array(message.array(), copy=True))
+            self.by_key.setdefault(message.key, []).append(shard)
             for waiting in self.pending_inits.pop(where, []):
                 self._check_part(shard, waiting[2], "init")
                 self._send(waiting[0], p.Message(p.ACK, request=waiting[1]))
@@ -166,55 +181,92 @@ class Server:
 
     def _on_push(self, identity: bytes, rank: int, message: p.Message) -> None:
         shard = self._shard(message, "push")
+        start = self._next_piece(shard, rank, message)
         gradient = self._gradient(shard, message)
-        shard.pushes[rank] = shard.pushes.get(rank, 0) + 1
+        round_ = shard.received.get(rank, 0) // max(shard.size, 1)
+        shard.received[rank] = shard.received.get(rank, 0) + gradient.size
         if not self.sync:
-            self._update(shard, gradient)
-            return
-        if rank in shard.arrived:
-            shard.held.setdefault(rank, deque()).append(np.array(gradient, copy=True))
-            return
-        self._accumulate(shard, rank, gradient)
+            self._update_async(shard, rank, start, gradient)
+        elif round_ > shard.version:
+            queue = shard.held.setdefault(rank, deque())
+            queue.append((round_, start, np.array(gradient, copy=True)))
+        else:
+            self._accumulate(shard, rank, start, gradient)
 
-    def _accumulate(self, shard: Shard, rank: int, gradient: np.ndarray) -> None:
+    def _next_piece(self, shard: Shard, rank: int, message: p.Message) -> int:
+        """A worker's pieces of a push come in order and cover its part once; where this
+        one starts, counted from the part's first element."""
+        start = message.offset - shard.offset
+        expected = shard.received.get(rank, 0) % max(shard.size, 1)
+        if start != expected or message.count > shard.size - start or \
+                (message.count == 0 and shard.size > 0):
+            raise KVStoreError(f"push: key {shard.key!r}: worker {rank} sent elements "
+                               f"[{message.offset}, +{message.count}) where its push of "
+                               f"[{shard.offset}, +{shard.size}) continues at element "
+                               f"{shard.offset + expected}")
+        return start
+
+    def _accumulate(self, shard: Shard, rank: int, start: int, gradient: np.ndarray) -> None:
+        self._add(shard, start, gradient)
+        shard.filled[rank] = shard.filled.get(rank, 0) + gradient.size
+        if shard.filled[rank] < shard.size:
+            return
         shard.arrived[rank] = time.monotonic()
-        if len(shard.arrived) == 1 and self.num_workers > 1:
-            shard.first = gradient  # the received frame itself: summed when the next lands
-            return
-        self._add(shard, gradient, last=len(shard.arrived) == self.num_workers)
-        if len(shard.arrived) < self.num_workers:
-            return
-        if self.optimizer is not None:
-            self.optimizer.step(shard.key, shard.value, gradient if self.num_workers == 1
-                                else shard.merged)
-        elif self.num_workers == 1:
-            shard.value[...] = gradient
-        self.stragglers.round_done(shard, self.names)
-        shard.arrived.clear()
-        shard.version += 1
-        self._answer_pulls(shard)
-        for held_rank, queue in list(shard.held.items()):
-            early = queue.popleft()
-            if not queue:
-                del shard.held[held_rank]
-            self._accumulate(shard, held_rank, early)
+        if len(shard.arrived) == self.num_workers:
+            self._complete_round(shard)
 
-    def _add(self, shard: Shard, gradient: np.ndarray, last: bool) -> None:
-        """Sum in one pass per push, with no copy of the first: the last push's sum goes
-        straight into the stored value when there is no optimizer (as safe as copying it
-        there: see _send_value), else into ``merged`` for the optimizer."""
-        if self.num_workers == 1:
-            return
-        if shard.merged is None:
+    def _add(self, shard: Shard, start: int, gradient: np.ndarray) -> None:
+        """Sum one piece in one pass per push, with no copy of the first push: the last
+        push's sum goes straight into the stored value when there is no optimizer (as safe
+        as copying it there: see _send_value), else into ``merged`` for the optimizer."""
+        end = start + gradient.size
+        summed, size = shard.added.get(start, (0, gradient.size))
+        if size != gradient.size:
+            raise KVStoreError(f"push: key {shard.key!r}: the workers cut it into pieces of "
+                               f"different sizes ({size} and {gradient.size} elements from "
+                               f"element {shard.offset + start}); set the same "
+                               f"MIXRT_KV_MESSAGE_BYTES for every worker")
+        shard.added[start] = (summed + 1, size)
+        last = summed + 1 == self.num_workers
+        if shard.merged is None and (self.optimizer is not None or self.num_workers > 2):
             shard.merged = np.empty_like(shard.value)
         target = shard.value if last and self.optimizer is None else shard.merged
-        if shard.first is not None:
-            np.add(shard.first, gradient, out=target)
-            shard.first = None
+        if self.num_workers == 1:
+            target[start:end] = gradient
+        elif summed == 0:
+            shard.firsts[start] = gradient  # the received frame itself
+        elif summed == 1:
+            np.add(shard.firsts.pop(start), gradient, out=target[start:end])
         else:
-            np.add(shard.merged, gradient, out=target)
+            np.add(shard.merged[start:end], gradient, out=target[start:end])
 
-    def _update(self, shard: Shard, gradient: np.ndarray) -> None:
+    def _complete_round(self, shard: Shard) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step(shard.key, shard.value, shard.merged)
+        self.stragglers.round_done(shard, self.names)
+        shard.arrived.clear()
+        shard.filled.clear()
+        shard.added.clear()
+        shard.version += 1
+        self._answer_pulls(shard)
+        for rank, queue in list(shard.held.items()):
+            while queue and queue[0][0] == shard.version:
+                _, start, early = queue.popleft()
+                self._accumulate(shard, rank, start, early)
+            if not queue:
+                shard.held.pop(rank, None)
+
+    def _update_async(self, shard: Shard, rank: int, start: int,
+                      gradient: np.ndarray) -> None:
+        """Every push updates on its own, once all of its pieces are in."""
+        if gradient.size != shard.size:
+            buffer = shard.partial.get(rank)
+            if buffer is None:
+                buffer = shard.partial[rank] = np.empty_like(shard.value)
+            buffer[start:start + gradient.size] = gradient
+            if shard.received[rank] % shard.size:
+                return
+            gradient = buffer
         if self.optimizer is not None:
             self.optimizer.step(shard.key, shard.value, gradient)
         else:
@@ -222,7 +274,8 @@ class Server:
 
     def _on_pull(self, identity: bytes, rank: int, message: p.Message) -> None:
         shard = self._shard(message, "pull")
-        needed = shard.pushes.get(rank, 0)
+        self._check_part(shard, message, "pull")
+        needed = shard.rounds_pushed(rank)
         if self.sync and shard.version < needed:
             shard.waiting_pulls.append((identity, message.request, rank, needed))
             return
@@ -240,26 +293,38 @@ class Server:
     def _send_value(self, identity: bytes, request: int, shard: Shard) -> None:
         # sync: the value cannot change before this worker pushes again, which it does only
         # after receiving this reply, so it goes without a copy; async updates at any time
-        value = shard.value if self.sync else shard.value.copy()
-        self._send(identity, p.array_message(p.VALUE, shard.key, value, offset=shard.offset,
-                                             total=shard.total, request=request))
+        for start, size in p.pieces(shard.size, shard.value.itemsize,
+                                    self.config.message_bytes):
+            piece = shard.value[start:start + size]
+            self._send(identity, p.array_message(
+                p.VALUE, shard.key, piece if self.sync else piece.copy(),
+                offset=shard.offset + start, total=shard.total, request=request))
 
     def _shard(self, message: p.Message, what: str) -> Shard:
-        shard = self.shards.get((message.key, message.offset))
+        """The shard holding the message's first element."""
+        shard = self.shards.get((message.key, message.offset)) or next(
+            (s for s in self.by_key.get(message.key, ())
+             if s.offset <= message.offset < s.offset + s.size), None)
         if shard is None:
             raise KVStoreError(f"{what}: key {message.key!r} (elements from "
                                f"{message.offset}) was never initialized on server "
                                f"{self.rank}; call init first")
-        self._check_part(shard, message, what)
+        if message.total != shard.total or p.array_dtype(message.dtype) != shard.value.dtype:
+            raise KVStoreError(self._mismatch(shard, message, what))
         return shard
 
     def _check_part(self, shard: Shard, message: p.Message, what: str) -> None:
-        if message.total != shard.total or message.count != shard.value.size or \
-                p.array_dtype(message.dtype) != shard.value.dtype:
-            raise KVStoreError(
-                f"{what}: key {message.key!r} holds {shard.total} elements of "
-                f"{shard.value.dtype} (this part {shard.value.size}); the message has "
-                f"{message.total} of {p.array_dtype(message.dtype)} (part {message.count})")
+        """An init or a pull names the whole part."""
+        if message.total != shard.total or message.offset != shard.offset or \
+                message.count != shard.size or p.array_dtype(message.dtype) != shard.value.dtype:
+            raise KVStoreError(self._mismatch(shard, message, what))
+
+    @staticmethod
+    def _mismatch(shard: Shard, message: p.Message, what: str) -> str:
+        return (f"{what}: key {message.key!r} holds {shard.total} elements of "
+                f"{shard.value.dtype} (here [{shard.offset}, +{shard.size})); the message has "
+                f"{message.total} of {p.array_dtype(message.dtype)} (part "
+                f"[{message.offset}, +{message.count}))")
 
     def _gradient(self, shard: Shard, message: p.Message) -> np.ndarray:
         if not message.flags & p.COMPRESSED:
@@ -268,7 +333,7 @@ class Server:
             raise KVStoreError(f"push: key {shard.key!r} arrived compressed, but no "
                                f"compression was set on this server")
         packed = np.frombuffer(p._buffer(message.payload), dtype=np.uint8)
-        return self.compressor.decompress(packed, shard.value.size, shard.value.dtype)
+        return self.compressor.decompress(packed, message.count, shard.value.dtype)
 
     # -- settings and optimizer states -----------------------------------------------------
 

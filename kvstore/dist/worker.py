@@ -2,8 +2,10 @@
 
 Keys go to servers by a stable hash of the key; an array of more than
 ``MIXRT_KV_BIGARRAY_BOUND`` elements is split into one contiguous part per server, so every
-server carries a share of the big layers. Pushes leave without a copy of the gradient (the
-call returns once ZeroMQ has released the buffer); pulls land directly in the output array.
+server carries a share of the big layers. A part travels in messages of at most
+``MIXRT_KV_MESSAGE_BYTES`` (``protocol.pieces``), and so do the servers' replies. Pushes
+leave without a copy of the gradient (the call returns once ZeroMQ has released the
+buffers); pulled pieces land directly in the output array.
 
 Every wait (init, pull, barrier) polls in 100 ms slices and checks, each time, the
 scheduler link (a lost peer raises ``PeerLostError`` naming it), the other workers' state
@@ -164,15 +166,26 @@ class DistStore(KVStore):
         return np.ascontiguousarray(host).reshape(-1), borrowed
 
     def _push_part(self, server, name, part, offset, total, borrowed) -> list:
+        """Send one server's part as pieces; the trackers of those that borrow the
+        caller's buffer."""
+        pieces = p.pieces(part.size, part.itemsize, self.config.message_bytes)
         if self._compressor is not None:
             packed = self._compressor.compress(f"{name}@{offset}", part)
-            message = p.array_message(p.PUSH, name, packed, dtype=part.dtype, count=part.size,
-                                      offset=offset, total=total, flags=p.COMPRESSED)
-            self._send(server, message)
+            for start, size in pieces:  # 4 values a byte: pieces split at whole bytes
+                message = p.array_message(
+                    p.PUSH, name, packed[start // 4:(start + size + 3) // 4],
+                    dtype=part.dtype, count=size, offset=offset + start, total=total,
+                    flags=p.COMPRESSED)
+                self._send(server, message)
             return []
-        message = p.array_message(p.PUSH, name, part, offset=offset, total=total)
-        tracker = self._send(server, message, track=borrowed)
-        return [tracker] if borrowed else []
+        trackers = []
+        for start, size in pieces:
+            message = p.array_message(p.PUSH, name, part[start:start + size],
+                                      offset=offset + start, total=total)
+            tracker = self._send(server, message, track=borrowed)
+            if borrowed:
+                trackers.append(tracker)
+        return trackers
 
     # -- settings -------------------------------------------------------------------------
 
@@ -319,6 +332,8 @@ class DistStore(KVStore):
                                      f"{timeout or self.config.timeout:.0f} s")
 
     def _on_reply(self, frames: list, pending: dict, what: str) -> None:
+        """Hand a reply to its request's handler; a handler that returns True waits for
+        more pieces of its reply."""
         try:
             reply = p.decode(frames, self.config.max_message)
         except p.ProtocolError as exc:
@@ -326,9 +341,10 @@ class DistStore(KVStore):
             return
         if reply.type == p.ERROR:
             raise KVStoreError(f"{what}: {reply.json().get('message')}")
-        entry = pending.pop(reply.request, None)
-        if entry is not None and entry[1] is not None:
-            entry[1](reply)
+        entry = pending.get(reply.request)
+        if entry is None or (entry[1] is not None and entry[1](reply)):
+            return
+        del pending[reply.request]
 
     def _wait_sent(self, trackers: list, what: str) -> None:
         deadline = time.monotonic() + self.config.timeout
@@ -387,11 +403,20 @@ def _is_view_of(array, landing) -> bool:
 
 
 def _into(landing: np.ndarray, offset: int, count: int):
-    def receive(reply: p.Message) -> None:
-        if reply.type != p.VALUE or reply.offset != offset or reply.count != count:
-            raise KVStoreError(f"pull: server answered part [{reply.offset}, +{reply.count}) "
-                               f"for [{offset}, +{count})")
-        landing[offset:offset + count] = reply.array()
+    """The handler of a pull's reply: its pieces, in order, into ``landing``; True while
+    more are due."""
+    filled = 0
+
+    def receive(reply: p.Message) -> bool:
+        nonlocal filled
+        if reply.type != p.VALUE or reply.offset != offset + filled or \
+                reply.count > count - filled or (reply.count == 0 and count > 0):
+            raise KVStoreError(f"pull: server answered elements [{reply.offset}, "
+                               f"+{reply.count}) where [{offset + filled}, "
+                               f"+{count - filled}) was due")
+        landing[reply.offset:reply.offset + reply.count] = reply.array()
+        filled += reply.count
+        return filled < count
     return receive
 
 

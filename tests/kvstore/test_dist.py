@@ -162,6 +162,106 @@ def test_async_applies_every_push(cluster_factory):
         assert _result(cluster, worker)["w"] == [20.0] * 5  # 2 workers x 10 pushes of 1
 
 
+# -- pushes and pulls in pieces ----------------------------------------------------------
+
+PIECES_SCRIPT = """
+import json, sys
+import mixrt
+import numpy as np
+mode = sys.argv[1]
+kv = mixrt.kv.create("dist_async" if mode == "async" else "dist_sync")
+kv.init("w", np.zeros(1001, np.float32))      # 501 + 500 over 2 servers: 32 + 32 pieces
+kv.init("d", np.zeros(999, np.float64))       # 8 elements a piece
+if mode in ("sgd", "async"):
+    kv.set_optimizer(mixrt.optimizer.create(
+        "sgd", learning_rate=1.0, momentum=0.5 if mode == "sgd" else 0.0))
+if mode == "2bit":   # values in {-1, 0, 1} with threshold 1 pass exactly
+    kv.set_gradient_compression({"type": "2bit", "threshold": 1.0})
+w, d = np.empty(1001, np.float32), np.empty(999)
+pulled = []
+for step in range(3):
+    gradient = ((np.arange(1001) + step + kv.rank) % 3 - 1).astype(np.float32)
+    kv.push("w", gradient)
+    kv.push("w", -gradient)                        # a second push before the pull: held
+    kv.push("d", (np.arange(999) * (kv.rank + 1.0) + step) % 3 - 1)
+    kv.pull("w", out=w)
+    kv.pull("d", out=d)
+    pulled.append([w.tolist(), d.tolist()])
+kv.barrier()
+kv.pull("w", out=w)
+kv.pull("d", out=d)
+print("RESULT " + json.dumps({"steps": pulled, "final": [w.tolist(), d.tolist()]}),
+      flush=True)
+kv.close()
+"""
+
+
+def _pushes(step: int, rank: int) -> tuple:
+    gradient = ((np.arange(1001) + step + rank) % 3 - 1).astype(np.float32)
+    return gradient, -gradient, (np.arange(999) * (rank + 1.0) + step) % 3 - 1
+
+
+def _expected_pieces(mode: str, workers: int) -> list:
+    """What each step's pulls hold, computed here on whole arrays."""
+    import mixrt
+    w, d = np.zeros(1001, np.float32), np.zeros(999)
+    sgd = mixrt.optimizer.create("sgd", learning_rate=1.0, momentum=0.5)
+    steps = []
+    for step in range(3):
+        first, second, dpush = (sum(x) for x in zip(*(_pushes(step, r)
+                                                      for r in range(workers))))
+        if mode == "sgd":
+            sgd.step("w", w, first)
+            sgd.step("w", w, second)
+            sgd.step("d", d, dpush)
+        else:  # no optimizer: a round's sum replaces the value
+            w, d = second, dpush
+        steps.append([w.tolist(), d.tolist()])
+    return steps
+
+
+@pytest.mark.parametrize("mode", ["sum", "sgd", "2bit", "async"])
+def test_pushes_and_pulls_travel_in_pieces(cluster_factory, mode):
+    """64-byte messages: every part is many pieces (a ragged last one), three workers make
+    the server sum into its buffer, two pushes in a row hold pieces for the next round."""
+    cluster = cluster_factory(workers=3, servers=2, MIXRT_KV_MESSAGE_BYTES=64,
+                              MIXRT_KV_BIGARRAY_BOUND=100).start(PIECES_SCRIPT, mode)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    results = [_result(cluster, worker) for worker in range(3)]
+    if mode == "async":  # plain SGD, lr 1: every push subtracted once, in any order
+        w = -sum(a + b for step in range(3) for r in range(3) for a, b in
+                 [_pushes(step, r)[:2]])
+        d = -sum(_pushes(step, r)[2] for step in range(3) for r in range(3))
+        for result in results:
+            np.testing.assert_array_equal(result["final"][0], w)
+            np.testing.assert_array_equal(result["final"][1], d)
+        return
+    expected = _expected_pieces("sgd" if mode == "sgd" else "sum", 3)
+    for result in results:
+        for got, want in zip(result["steps"], expected):
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-12)
+
+
+MISMATCH_SCRIPT = """
+import mixrt, numpy as np
+kv = mixrt.kv.create("dist_sync")
+kv.init("w", np.zeros(100, np.float32))
+kv.push("w", np.ones(100, np.float32))
+kv.pull("w", out=np.empty(100, np.float32))
+"""
+
+
+def test_workers_that_cut_a_push_differently_get_an_error_naming_the_setting(
+        cluster_factory):
+    cluster = cluster_factory(workers=2, servers=1, MIXRT_KV_MESSAGE_BYTES=64).start(
+        MISMATCH_SCRIPT, worker_env={1: {"MIXRT_KV_MESSAGE_BYTES": "128"}})
+    codes = _finished(cluster, timeout=60)
+    assert codes["worker0"] != 0 or codes["worker1"] != 0, cluster.all_output()
+    assert "pieces of different sizes" in cluster.all_output(), cluster.all_output()
+    assert "MIXRT_KV_MESSAGE_BYTES" in cluster.all_output()
+
+
 # -- training equivalence (acceptance) --------------------------------------------------
 
 TRAIN_SCRIPT = """
