@@ -12,6 +12,7 @@ from mixrt.ops.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.registry import op
 from mixrt.ops.shape_grad import zeros_like
 from mixrt.ops.types import normalize_axis
+from mixrt.runtime.device import add_at
 
 
 # -- Gather -----------------------------------------------------------------------------------
@@ -26,7 +27,7 @@ def gather_grad(xp, dY, like, indices, *, axis=0):
     before, after = like.shape[:axis], like.shape[axis + 1:]
     updates = xp.moveaxis(dY.reshape(before + (rows.size,) + after), axis, 0)
     summed = xp.zeros((length,) + before + after, dtype=dY.dtype)
-    xp.add.at(summed, rows, updates)  # unlike +=, accumulates repeated indices
+    add_at(xp, summed, rows, updates)  # unlike +=, accumulates repeated indices
     return xp.ascontiguousarray(xp.moveaxis(summed, 0, axis))
 
 
@@ -58,7 +59,7 @@ def gather_nd_grad(xp, dY, like, indices, *, batch_dims=0):
     grad = xp.zeros(like.shape, dtype=dY.dtype)
     flat, where, _ = index._gather_nd_index(xp, grad, indices, batch_dims)
     updates = dY.reshape((flat.shape[0], -1) + flat.shape[1 + indices.shape[-1]:])
-    xp.add.at(flat, where, updates)  # flat is a view of grad
+    add_at(xp, flat, where, updates)  # flat is a view of grad
     return grad
 
 

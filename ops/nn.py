@@ -232,8 +232,9 @@ def _keep_mask(xp, shape, ratio: float, seed):
     """True where an element survives. The same seed gives the same mask (the ONNX tests'
     generator: NumPy's legacy RandomState, uniform in [0, 1), kept where >= ratio). Without
     a seed the mask comes from the stream ``mixrt.random.seed`` reseeds (CuPy's on a GPU)."""
-    if seed is not None:
-        return xp.random.RandomState(seed).uniform(0.0, 1.0, shape) >= ratio
+    if seed is not None:  # drawn on the host, so a seed means one mask on every device
+        keep = np.random.RandomState(seed).uniform(0.0, 1.0, shape) >= ratio
+        return keep if xp is np else xp.asarray(keep)
     if xp is np:
         return unseeded_generator().random(shape, dtype=np.float32) >= np.float32(ratio)
     return xp.random.random(shape, dtype=xp.float32) >= ratio

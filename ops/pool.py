@@ -66,7 +66,8 @@ def _reduce_windows(xp, padded, w, ufunc):
     if math.prod(w.kernel) > _LOOP_LIMIT:
         view = sliding_windows(xp, padded, w.kernel, w.strides, w.dilations, w.out)
         axes = tuple(range(padded.ndim - len(w.kernel), padded.ndim))
-        return ufunc.reduce(view, axis=axes)
+        # the array's own max/sum: CuPy's ufuncs have no reduce before v13
+        return view.max(axis=axes) if ufunc is xp.maximum else view.sum(axis=axes)
     result = None
     for _, part in w.taps(xp, padded):
         if result is None:

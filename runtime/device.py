@@ -142,6 +142,17 @@ def aligned(array):
     return copy
 
 
+def add_at(xp, target, index, values) -> None:
+    """``target[index] += values`` with repeated indices each adding (NumPy's
+    ``add.at``); CuPy's ufuncs have ``at`` only from v13, ``cupyx.scatter_add`` before."""
+    at = getattr(xp.add, "at", None)
+    if at is not None:
+        at(target, index, values)
+    else:
+        import cupyx  # noqa: PLC0415  (GPU only)
+        cupyx.scatter_add(target, index, values)
+
+
 def to_host(value):
     """A NumPy copy of a device array (sequences element-wise); host arrays pass through."""
     if isinstance(value, list):

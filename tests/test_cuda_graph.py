@@ -37,8 +37,9 @@ def test_cuda_graphs_need_a_gpu_session():
 
 @needs_gpu
 def test_replays_return_what_plain_runs_return():
-    plain = mixrt.Session(conv_model(), device="gpu")
-    graphed = mixrt.Session(conv_model(), device="gpu", cuda_graph=True)
+    model = conv_model()  # once: each call draws new weights
+    plain = mixrt.Session(model, device="gpu")
+    graphed = mixrt.Session(model, device="gpu", cuda_graph=True)
     for _ in range(4):  # discovery, capture + first launch, then replays
         x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
         want = plain.run(None, {"x": x})[0]

@@ -192,7 +192,7 @@ def _raw_input(value, ctx, inputs):
         return ctx.xp.asarray(value, dtype=dtype)
     if ctx.device.kind == "cpu":
         return np.asarray(value)
-    return ctx.device.put(np.asarray(value))
+    return ctx.device.put(value)  # a list, a host array, or already the device's
 
 
 def _output_count(spec, attributes, asked, raw) -> int:

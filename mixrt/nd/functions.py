@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mixrt.autograd import Function
 from mixrt.nd.ndarray import NDArray
+from mixrt.runtime.device import add_at
 
 
 class Index(Function):
@@ -25,16 +26,8 @@ class Index(Function):
     def backward(self, dy: NDArray) -> NDArray:
         shape, dtype, ctx = self.source
         dx = ctx.xp.zeros(shape, dtype=dtype)
-        _add_at(ctx.xp, dx, self.key, dy._read())
+        add_at(ctx.xp, dx, self.key, dy._read())
         return NDArray(dx, ctx)
-
-
-def _add_at(xp, target, key, values) -> None:
-    if hasattr(xp, "add") and hasattr(xp.add, "at"):
-        xp.add.at(target, key, values)
-    else:  # CuPy spells it scatter_add
-        import cupyx  # noqa: PLC0415
-        cupyx.scatter_add(target, key, values)
 
 
 class CopyToDevice(Function):

@@ -1,0 +1,93 @@
+"""A NumPy-backed stand-in for CuPy, for tests only: it lets the suite drive mixrt's GPU code
+paths (``device="gpu"``, the device KVStore kinds, ``mixrt.gpu(0)``) on a machine without a
+GPU, so that the Python around the kernels (which module a value comes from, where host
+and device meet, the CUDA stream and device bookkeeping) runs before a GPU does.
+
+It is put first on ``sys.path`` by ``tests/test_gpu_paths_on_fake_cupy.py`` only. Arrays
+follow CuPy's rules (``_core.py``); kernels are NumPy's. What it cannot stand in for is
+refused loudly: CUDA C beyond the subset mixrt generates for ``ElementwiseKernel``
+(``_kernels.py``), CUDA graph capture and NCCL.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as _np
+
+from cupy import cuda, random  # noqa: F401
+from cupy._core import ndarray, unwrap, unwrap_args, unwrap_kwargs, wrap
+from cupy._kernels import ElementwiseKernel  # noqa: F401
+
+__all__ = ["ElementwiseKernel", "cuda", "ndarray", "random"]
+__version__ = "0.0-fake"
+IS_FAKE = True
+
+
+def asarray(a, dtype=None, order=None, *, blocking=False):
+    if isinstance(a, ndarray) and (dtype is None or _np.dtype(dtype) == a.dtype):
+        return a
+    return wrap(_np.array(a._host if isinstance(a, ndarray) else a, dtype=dtype,
+                          order=order or "K", copy=True))
+
+
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocking=False):
+    host = obj._host if isinstance(obj, ndarray) else obj
+    return wrap(_np.array(host, dtype=dtype, copy=True, order=order, ndmin=ndmin))
+
+
+def ascontiguousarray(a, dtype=None):
+    return wrap(_np.ascontiguousarray(unwrap(a), dtype=dtype))
+
+
+def asnumpy(a, stream=None, order="C", out=None, blocking=True):
+    if isinstance(a, ndarray):
+        return a.get(out=out)
+    return _np.asarray(a)
+
+
+def get_array_module(*args):
+    import sys  # noqa: PLC0415
+    return sys.modules[__name__] if any(isinstance(a, ndarray) for a in args) else _np
+
+
+def from_dlpack(x):
+    if isinstance(x, ndarray):
+        return x
+    device = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1
+    if device != 2:
+        raise TypeError("fake CuPy: from_dlpack takes device (kDLCUDA) tensors only")
+    return wrap(_np.from_dlpack(x))
+
+
+def get_default_memory_pool():
+    return cuda.MemoryPool._default
+
+
+def get_default_pinned_memory_pool():
+    return cuda.MemoryPool._default
+
+
+class RawKernel:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("fake CuPy cannot compile CUDA C")
+
+
+RawModule = ReductionKernel = RawKernel
+
+
+def fuse(*args, **kwargs):
+    raise NotImplementedError("fake CuPy cannot fuse kernels")
+
+
+@functools.lru_cache(maxsize=None)  # one object per name, as a module attribute is
+def __getattr__(name):
+    """NumPy's functions and constants, taking and giving device arrays."""
+    value = getattr(_np, name)
+    if isinstance(value, type) or not callable(value):
+        return value
+
+    def function(*args, **kwargs):
+        return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+    function.__name__ = name
+    return function

@@ -1,0 +1,206 @@
+"""The fake CuPy's array: a NumPy array held on the "device", with CuPy's rules.
+
+CuPy's rules kept here, because breaking them is what the fake is for:
+* no implicit conversion to NumPy (``np.asarray(x)`` is a TypeError; ``x.get()`` copies);
+* a NumPy array mixed into device arithmetic or a device function is a TypeError;
+* indexing and reductions return 0-d device arrays, never NumPy scalars;
+* ``x[...] = numpy_array`` and ``cupy.asarray(numpy_array)`` copy host to device.
+"""
+
+from __future__ import annotations
+
+import numpy as _np
+
+HOST_MIX = ("Unsupported type <class 'numpy.ndarray'>: a NumPy array mixed into device "
+            "work (fake CuPy)")
+
+
+class MemoryPointer:
+    def __init__(self, host):
+        self.ptr = host.__array_interface__["data"][0]
+
+
+class ndarray:
+    """A device array (fake): its values live in ``_host``."""
+
+    __slots__ = ("_host", "__weakref__")
+    __hash__ = None
+    __array_priority__ = 100
+
+    def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        self._host = _np.empty(shape, dtype=dtype, order=order)
+
+    # -- what CuPy adds to an array --------------------------------------------------------
+
+    def get(self, stream=None, order="C", out=None):
+        if out is not None:
+            out[...] = self._host
+            return out
+        return _np.array(self._host, copy=True)
+
+    def set(self, array, stream=None):
+        self._host[...] = array
+
+    @property
+    def data(self):
+        return MemoryPointer(self._host)
+
+    @property
+    def device(self):
+        from cupy.cuda import Device  # noqa: PLC0415
+        return Device(0)
+
+    @property
+    def __cuda_array_interface__(self):
+        face = dict(self._host.__array_interface__)
+        face["version"] = 3
+        face.pop("descr", None)
+        return face
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use "
+                        "`.get()` to construct a NumPy array explicitly.")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        result = getattr(ufunc, method)(*unwrap_args(inputs), **unwrap_kwargs(kwargs))
+        return wrap(result)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return wrap(func(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._host.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA, device 0
+
+    # -- NumPy's array, delegated ----------------------------------------------------------
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # __array_interface__ and the like: CuPy has none
+            raise AttributeError(name)
+        value = getattr(self._host, name)
+        if callable(value):
+            def method(*args, **kwargs):
+                return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+            return method
+        return wrap(value) if isinstance(value, _np.ndarray) else value
+
+    def __getitem__(self, key):
+        return wrap(self._host[unwrap_index(key)])
+
+    def __setitem__(self, key, value):
+        self._host[unwrap_index(key)] = value._host if isinstance(value, ndarray) else value
+
+    def __len__(self):
+        return len(self._host)
+
+    def __iter__(self):
+        return (wrap(row) for row in self._host)
+
+    def __bool__(self):
+        return bool(self._host)
+
+    def __float__(self):
+        return float(self._host)
+
+    def __int__(self):
+        return int(self._host)
+
+    def __complex__(self):
+        return complex(self._host)
+
+    def __repr__(self):
+        return repr(self._host)
+
+    def __str__(self):
+        return str(self._host)
+
+    def __format__(self, spec):
+        return format(self._host.item() if self._host.ndim == 0 else self._host, spec)
+
+    def __copy__(self):
+        return wrap(self._host.copy())
+
+    def __deepcopy__(self, memo):
+        return wrap(self._host.copy())
+
+
+def _binary(name):
+    def operator(self, other):
+        if isinstance(other, _np.ndarray):
+            raise TypeError(HOST_MIX)
+        result = getattr(self._host, name)(other._host if isinstance(other, ndarray) else other)
+        return result if result is NotImplemented else wrap(result)
+    return operator
+
+
+def _inplace(name):
+    def operator(self, other):
+        if isinstance(other, _np.ndarray):
+            raise TypeError(HOST_MIX)
+        getattr(self._host, name)(other._host if isinstance(other, ndarray) else other)
+        return self
+    return operator
+
+
+def _unary(name):
+    def operator(self):
+        return wrap(getattr(self._host, name)())
+    return operator
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
+              "or", "xor", "lshift", "rshift"):
+    setattr(ndarray, f"__{_name}__", _binary(f"__{_name}__"))
+    setattr(ndarray, f"__r{_name}__", _binary(f"__r{_name}__"))
+    setattr(ndarray, f"__i{_name}__", _inplace(f"__i{_name}__"))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(ndarray, f"__{_name}__", _binary(f"__{_name}__"))
+for _name in ("neg", "pos", "abs", "invert"):
+    setattr(ndarray, f"__{_name}__", _unary(f"__{_name}__"))
+
+
+def wrap(value):
+    """NumPy results as device values: arrays and NumPy scalars become device arrays."""
+    if isinstance(value, ndarray):
+        return value
+    if isinstance(value, _np.ndarray):
+        array = object.__new__(ndarray)
+        array._host = value
+        return array
+    if isinstance(value, _np.generic):
+        return wrap(_np.asarray(value))
+    if isinstance(value, tuple):
+        return tuple(wrap(v) for v in value)
+    if isinstance(value, list):
+        return [wrap(v) for v in value]
+    return value
+
+
+def unwrap_args(values):
+    return [unwrap(v) for v in values]
+
+
+def unwrap_kwargs(kwargs):
+    return {k: unwrap(v) for k, v in kwargs.items()}
+
+
+def unwrap(value):
+    """Device arrays to their host values; a NumPy array here is a TypeError, as in CuPy."""
+    if isinstance(value, ndarray):
+        return value._host
+    if isinstance(value, _np.ndarray):
+        raise TypeError(HOST_MIX)
+    if isinstance(value, (list, tuple)):
+        return type(value)(unwrap(v) for v in value)
+    return value
+
+
+def unwrap_index(key):
+    """Indices may be device arrays or NumPy arrays (CuPy copies those over)."""
+    if isinstance(key, ndarray):
+        return key._host
+    if isinstance(key, tuple):
+        return tuple(unwrap_index(k) for k in key)
+    return key

@@ -1,0 +1,63 @@
+"""ElementwiseKernel on the fake: the C subset mixrt generates (ops/fused_elementwise.py's
+templates: ``const T rN = expr;`` lines, casts, calls, one form of ternary) rewritten to
+NumPy and evaluated. Anything else is refused."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as _np
+
+from cupy._core import ndarray, unwrap, wrap
+
+_erf = _np.vectorize(math.erf, otypes=[_np.float64])
+
+
+def _nan_max(a, b):
+    return _np.where((a > b) | _np.isnan(a), a, b)
+
+
+def _nan_min(a, b):
+    return _np.where((a < b) | _np.isnan(a), a, b)
+
+
+FUNCTIONS = {"mx_max": _nan_max, "mx_min": _nan_min, "fabs": _np.abs, "exp": _np.exp,
+             "log": _np.log, "sqrt": _np.sqrt, "floor": _np.floor, "ceil": _np.ceil,
+             "tanh": _np.tanh, "pow": _np.power, "where": _np.where,
+             "erf": lambda x: _erf(x).astype(_np.asarray(x).dtype)}
+STATEMENT = re.compile(r"^(?:const T )?(\w+) = (.+);$")
+TERNARY = re.compile(r"\((\w+) >= 0 \? (\w+) : (\w+) \* \(([^()]+)\)\)")
+
+
+class ElementwiseKernel:
+    def __init__(self, in_params, out_params, operation, name="kernel", preamble="",
+                 **options):
+        self.name = name
+        self.inputs = [p.split()[-1] for p in in_params.split(",")]
+        self.output = out_params.split()[-1]
+        self.statements = []
+        for line in operation.strip().splitlines():
+            match = STATEMENT.match(line.strip())
+            if match is None:
+                raise NotImplementedError(f"fake CuPy cannot run this CUDA C: {line!r}")
+            expression = TERNARY.sub(r"where(\1 >= 0, \2, \3 * (\4))",
+                                     match.group(2).replace("(T)", ""))
+            if "?" in expression:
+                raise NotImplementedError(f"fake CuPy cannot run this CUDA C: {line!r}")
+            self.statements.append((match.group(1), compile(expression, name, "eval")))
+
+    def __call__(self, *arrays):
+        if not all(isinstance(a, ndarray) for a in arrays):
+            raise TypeError(f"{self.name}: every argument must be a device array")
+        values = dict(zip(self.inputs, (unwrap(a) for a in arrays)))
+        dtype = _np.result_type(*values.values())
+        for register, code in self.statements:
+            values[register] = _np.asarray(eval(code, dict(FUNCTIONS), values))  # noqa: S307
+        result = _np.broadcast_to(values[self.output], _np.broadcast_shapes(
+            *(v.shape for v in values.values() if isinstance(v, _np.ndarray))))
+        if len(arrays) > len(self.inputs):
+            out = arrays[len(self.inputs)]
+            unwrap(out)[...] = result
+            return out
+        return wrap(_np.array(result, dtype=dtype))
