@@ -290,8 +290,14 @@ def gpu_section(gpu_rows) -> list[str]:
     if not gpu_rows:
         return ["## GPU", "", "No CUDA device was available to this run, so there are no "
                 "GPU columns.", ""]
-    return latency_section(gpu_rows, "GPU latency (onnxruntime CUDA provider, torch cuda, "
-                                     "mixrt gpu:0)")
+    lines = latency_section(gpu_rows, "GPU latency (onnxruntime CUDA provider, torch cuda, "
+                                      "mixrt gpu:0)")
+    graphs = [f"{r.model} b{r.batch} {r.cuda_graph}" for r in gpu_rows
+              if getattr(r, "cuda_graph", "")]
+    if graphs:  # the line asks for CUDA-graph replays: say where a run was not one
+        lines += ["mixrt's timed GPU runs (`Session(cuda_graph=True)`): " + "; ".join(graphs)
+                  + ".", ""]
+    return lines
 
 
 # -- the file ---------------------------------------------------------------------------------

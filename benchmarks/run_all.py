@@ -61,6 +61,7 @@ class Row:
     wrong: set[str] = field(default_factory=set)  # runner keys whose output disagrees
     memory: object = None  # mixrt MemoryPlan, when the session can report one
     imported_naive: int | None = None  # naive bytes of the graph as imported (opt_level 0)
+    cuda_graph: str = ""  # GPU: whether mixrt's timed runs were CUDA-graph replays, or why not
 
     def ms(self, runtime: str) -> float | None:
         times = self.times.get(f"{runtime}/{self.device}")
@@ -110,10 +111,22 @@ def bench_case(case: Case, device: str, args) -> Row:
             if not agrees(row.errors[name], reference):
                 row.wrong.add(name)
     row.times = time_interleaved(runners, case.feeds, args.repeat, args.rounds)
+    row.cuda_graph = _cuda_graph_status(runners)
     row.memory = _memory_plan(runners, case.feeds)
     if row.memory is not None:
         row.imported_naive = _imported_naive(case)
     return row
+
+
+def _cuda_graph_status(runners: list[Runner]) -> str:
+    """For a GPU session with cuda_graph=True: "replayed", or why its runs were not."""
+    session = next((r.session for r in runners if r.runtime == "mixrt"), None)
+    captures = getattr(session, "_captures", None)
+    if captures is None:
+        return ""
+    if captures.failed:
+        return "not captured (" + "; ".join(sorted(set(captures.failed.values())))[:160] + ")"
+    return "replayed" if captures.runs else "never captured"
 
 
 def _memory_plan(runners: list[Runner], feeds):
