@@ -189,28 +189,40 @@ class Session:
 
     def run(self, output_names, feeds: dict, run_options=None) -> list:
         del run_options
+        return self._run(output_names, feeds, host=True)
+
+    def run_on_device(self, output_names, feeds: dict) -> list:
+        """As :meth:`run`, but the outputs stay on this session's device (CuPy arrays on a
+        GPU): for callers that hand them to the next GPU op (a hybridized block, autograd's
+        per-op backward), which a copy to the host and back would only slow down."""
+        return self._run(output_names, feeds, host=False)
+
+    def _run(self, output_names, feeds: dict, host: bool) -> list:
         wanted = self._output_names(output_names)
         feeds = self._checked_feeds(feeds)
         signature = feed_signature(feeds)
         # without a profiler of its own, the session records into mixrt.profiler's while that
         # runs, its first run of a shape included (a hybridized block's first call counts)
         process = symbolic_profiler() if self.profiler is None else None
-        return self._gate.run(lambda: self._gated_run(signature, feeds, wanted, process))
+        return self._gate.run(lambda: self._gated_run(signature, feeds, wanted, process,
+                                                      host))
 
-    def _gated_run(self, signature, feeds: dict, wanted, process) -> list:
+    def _gated_run(self, signature, feeds: dict, wanted, process, host: bool) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py)."""
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
         with np.errstate(all="ignore"):
             plan = self._cached_plan(signature)
             if plan is None:
                 env = self._discover(signature, feeds, process)
-                return self._collect(env, wanted, frozenset())
+                return self._collect(env, wanted, frozenset(), host)
             profiler = self.profiler if self.profiler is not None else process
             if self._captures is not None and profiler is None:
                 captured = self._captures.get(signature, plan, self._bound.constants, feeds)
                 if captured is not None:
                     with captured.lock:  # one replay at a time: they share the graph's memory
-                        return self._collect(captured.launch(feeds), wanted, frozenset())
+                        # (so outputs kept on the device are copies: the next launch writes)
+                        return self._collect(captured.launch(feeds), wanted,
+                                             frozenset(wanted), host)
             arena = acquire(plan, self._xp)
             try:
                 env = dict(self._bound.constants)
@@ -221,7 +233,7 @@ class Session:
                         execute(plan.steps, env, self._xp, arena, plan, profiler)
                 else:
                     execute(plan.steps, env, self._xp, arena, plan)
-                return self._collect(env, wanted, plan.shared_outputs)
+                return self._collect(env, wanted, plan.shared_outputs, host)
             finally:
                 release(plan, arena)
 
@@ -270,13 +282,17 @@ class Session:
             feeds[value.name] = np.zeros(value_type.shape, dtype=value_type.dtype)
         return feeds
 
-    def _collect(self, env, wanted: list[str], shared: frozenset) -> list:
+    def _collect(self, env, wanted: list[str], shared: frozenset, host: bool) -> list:
         missing = [n for n in wanted if n not in env]
         if missing:
             raise ExecutionError(f"outputs {missing} were not produced by any node")
         # an output that may view arena memory (the next run reuses it) or a frozen value
         # (every run returns it) is copied
-        return [to_host(_copy(env[name]) if name in shared else env[name]) for name in wanted]
+        if host:
+            return [to_host(_copy(env[name]) if name in shared else env[name])
+                    for name in wanted]
+        return [self.device.put(_copy(env[name]) if name in shared else env[name])
+                for name in wanted]
 
     # -- checks ------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import pytest
 from mixrt import autograd, initializer, nd
 from mixrt.errors import InputError
 from mixrt.models import gluon_zoo
+from mixrt.runtime.device import gpu_available
 
 RNG = np.random.default_rng(0)
 
@@ -44,10 +45,10 @@ def restore(net, saved):
         param.set_data(nd.array(saved[name]))
 
 
-def step(net, x, train):
+def step(net, x, train, ctx=None):
     """Output, parameter gradients and parameter values after ``net(x).sum().backward()``."""
     with autograd.record(train_mode=train):
-        out = net(nd.array(x))
+        out = net(nd.array(x, ctx=ctx))
         loss = out.sum()
     loss.backward()
     grads = {n: p.grad().asnumpy().copy() for n, p in net.collect_params().items()
@@ -76,6 +77,43 @@ def test_hybridized_matches_imperative(name, train):
         assert_close(hybridized[1][key], grad, f"gradient of {key}")
     for key, value in imperative[2].items():  # the running statistics, updated alike
         assert_close(hybridized[2][key], value, f"value of {key}")
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_on_the_gpu_imperative_and_hybridized_match_the_cpu(name):
+    """The same network moved to mixrt.gpu(0): outputs, gradients and running statistics
+    equal the CPU's, imperatively and hybridized, and its parameters stay on the GPU. Each
+    path is compared with itself on the CPU (imperative against hybridized is the test
+    above), in float64: the devices' kernels differ, and a sum-of-outputs loss through
+    BatchNorm over a batch of 2 cancels enough to turn float32 rounding into 2% of some
+    gradients."""
+    net, x = fresh(name)
+    net.cast("float64")
+    x = x.astype(np.float64)
+    start = values(net)
+    runs = {}
+    for device in ("cpu", "gpu"):
+        ctx = mixrt.gpu(0) if device == "gpu" else mixrt.cpu()
+        net.collect_params().reset_ctx(ctx)
+        for hybrid in (False, True):
+            restore(net, start)
+            net.hybridize(hybrid)
+            runs[device, hybrid] = step(net, x, True, ctx)
+            assert bool(net._cached) == hybrid
+    assert all(p.data().ctx == mixrt.gpu(0) for p in net.collect_params().values())
+    for hybrid in (False, True):
+        label = "hybridized" if hybrid else "imperative"
+        gpu, cpu = runs["gpu", hybrid], runs["cpu", hybrid]
+        np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-9, atol=1e-12,
+                                   err_msg=f"{label} output")
+        assert gpu[1].keys() == cpu[1].keys() and cpu[1]
+        for key in cpu[1]:
+            np.testing.assert_allclose(gpu[1][key], cpu[1][key], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{label} gradient of {key}")
+        for key in cpu[2]:
+            np.testing.assert_allclose(gpu[2][key], cpu[2][key], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"{label} value of {key}")
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -87,7 +87,7 @@ class OpNode(Node):
         self._check_outputs_unchanged(plan.feeds)
         values = {"x": self.xs, "y": self.ys, "dy": dys}
         feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
-        results = plan.session.run(None, feeds)
+        results = plan.session.run_on_device(None, feeds)
         grads = [None] * len(self.parents)
         for index, value in zip(plan.grads, results):
             grads[index] = value

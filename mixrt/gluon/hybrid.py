@@ -230,14 +230,14 @@ class CachedGraph:
         training = autograd.is_training()
         if not recording and not (training and self._has_training_form()):
             session = self._compiled_for(arrays, ctx).inference(ctx)
-            outputs = session.run(None, _only(feeds, session))
+            outputs = session.run_on_device(None, _only(feeds, session))
             return self._wrap(outputs, ctx)
         wants = tuple(tape._parent_of(x) is not None and x.dtype.kind == "f"
                       for x in [*arrays, *values])
         pair = self._compiled_for(arrays, ctx).training(
             ctx, training, wants, [*self.input_names, *self.params])
         named = dict(zip(pair.forward.graph.output_names,
-                         pair.forward.run(None, _only(feeds, pair.forward))))
+                         pair.forward.run_on_device(None, _only(feeds, pair.forward))))
         for aux, output in pair.aux_updates.items():
             self.params[aux].raw()[...] = named[output]
         outputs = self._wrap([named[n] for n in pair.model_outputs], ctx)
@@ -344,7 +344,7 @@ class _CachedOpNode(tape.Node):
             heads[HEAD_GRAD.format(name)] = dy if dy is not None else \
                 self.ctx.xp.zeros(*self.out_meta[index])
         feeds = {**self.saved, **heads}
-        grads = pair.backward.run(None, _only(feeds, pair.backward))
+        grads = pair.backward.run_on_device(None, _only(feeds, pair.backward))
         by_name = dict(zip(pair.wrt, grads))
         return [by_name.get(name) for name in self.names]
 

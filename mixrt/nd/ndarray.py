@@ -15,7 +15,7 @@ import numpy as np
 
 from mixrt.array_methods import ArrayMethods
 from mixrt.context import Context, as_context
-from mixrt.errors import GradientError, InputError
+from mixrt.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import dispatch
 from mixrt.runtime.device import to_host
 
@@ -28,6 +28,11 @@ class NDArray(ArrayMethods):
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
 
     def __init__(self, data, ctx: Context):
+        if ctx.device.kind != "cpu" and isinstance(data, np.ndarray):
+            # a host array here would fail later, far away, inside some CuPy kernel
+            raise DeviceMismatchError(f"internal: an NDArray on {ctx} was given host memory "
+                                      f"{data.dtype}{list(data.shape)}; move it with "
+                                      f"{ctx}.device.put first")
         self._data = data
         self.ctx = ctx
         self._var = None  # the engine tag, made the first time engine work touches the array
