@@ -16,7 +16,7 @@ import functools
 import numpy as _np
 
 from cupy import cuda, random  # noqa: F401
-from cupy._core import ndarray, unwrap, unwrap_args, unwrap_kwargs, wrap
+from cupy._core import ndarray, on_device, unwrap, wrap
 from cupy._kernels import ElementwiseKernel  # noqa: F401
 
 __all__ = ["ElementwiseKernel", "cuda", "ndarray", "random"]
@@ -86,8 +86,4 @@ def __getattr__(name):
     value = getattr(_np, name)
     if isinstance(value, type) or not callable(value):
         return value
-
-    def function(*args, **kwargs):
-        return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
-    function.__name__ = name
-    return function
+    return on_device(value)

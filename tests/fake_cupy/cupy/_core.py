@@ -81,9 +81,7 @@ class ndarray:
             raise AttributeError(name)
         value = getattr(self._host, name)
         if callable(value):
-            def method(*args, **kwargs):
-                return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
-            return method
+            return on_device(value)
         return wrap(value) if isinstance(value, _np.ndarray) else value
 
     def __getitem__(self, key):
@@ -159,6 +157,14 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(ndarray, f"__{_name}__", _binary(f"__{_name}__"))
 for _name in ("neg", "pos", "abs", "invert"):
     setattr(ndarray, f"__{_name}__", _unary(f"__{_name}__"))
+
+
+def on_device(function):
+    """``function`` (NumPy's) taking and giving device arrays."""
+    def wrapped(*args, **kwargs):
+        return wrap(function(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+    wrapped.__name__ = getattr(function, "__name__", "function")
+    return wrapped
 
 
 def wrap(value):

@@ -4,7 +4,7 @@ import functools
 
 import numpy as _np
 
-from cupy._core import unwrap_args, unwrap_kwargs, wrap
+from cupy._core import on_device
 
 
 class _Generator:
@@ -15,12 +15,7 @@ class _Generator:
 
     def __getattr__(self, name):
         value = getattr(self._host, name)
-        if not callable(value):
-            return value
-
-        def method(*args, **kwargs):
-            return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
-        return method
+        return on_device(value) if callable(value) else value
 
 
 def RandomState(seed=None):  # noqa: N802  (CuPy's name)
@@ -36,7 +31,4 @@ def __getattr__(name):
     value = getattr(_np.random, name)
     if isinstance(value, type) or not callable(value):
         return value
-
-    def function(*args, **kwargs):
-        return wrap(value(*unwrap_args(args), **unwrap_kwargs(kwargs)))
-    return function
+    return on_device(value)
