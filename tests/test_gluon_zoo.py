@@ -79,6 +79,24 @@ def test_hybridized_matches_imperative(name, train):
         assert_close(hybridized[2][key], value, f"value of {key}")
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_in_float64_hybridized_matches_imperative_to_rounding(name):
+    """Cast to float64, both paths compute in float64 throughout: a traced scalar (the
+    attention's 1/sqrt(d)) or a LayerNorm statistic rounded to float32 would show as ~1e-8."""
+    net, x = fresh(name)
+    net.cast("float64")
+    x = x.astype(np.float64)
+    start = values(net)
+    imperative = step(net, x, True)
+    restore(net, start)
+    net.hybridize()
+    hybridized = step(net, x, True)
+    np.testing.assert_allclose(hybridized[0], imperative[0], rtol=1e-12, atol=1e-13)
+    for key, grad in imperative[1].items():
+        np.testing.assert_allclose(hybridized[1][key], grad, rtol=1e-11, atol=1e-12,
+                                   err_msg=f"gradient of {key}")
+
+
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_on_the_gpu_imperative_and_hybridized_match_the_cpu(name):

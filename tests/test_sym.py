@@ -139,6 +139,19 @@ def test_arithmetic_with_scalars_keeps_the_symbols_dtype(dtype):
     np.testing.assert_array_equal(greater, a > 2.5)
 
 
+def test_scalars_are_exact_in_the_symbols_dtype_and_arrays_keep_theirs():
+    """A scalar rounds once, straight to the symbol's dtype (not through float32 first);
+    a Python float constant is float32, a NumPy float64 array stays float64."""
+    third, big = 1.0 / 3.0, 2 ** 40 + 1
+    x, n = sym.Variable("x"), sym.Variable("n", dtype="int64")
+    a = np.array([1.0, 3.0])
+    np.testing.assert_array_equal((x * third).eval(x=a)[0], a * third)
+    np.testing.assert_array_equal((n + big).eval(n=np.array([1, 2]))[0], [big + 1, big + 2])
+    assert (x * third).eval(x=a.astype(np.float32))[0].dtype == np.float32
+    assert sym.constant(0.5).infer_type()[1] == [np.float32]
+    assert sym.constant(np.array([third])).infer_type()[1] == [np.float64]
+
+
 # -- inference -------------------------------------------------------------------------------------
 
 def test_infer_shape_and_type():
@@ -205,7 +218,7 @@ def _corrupt(document, how):
 
 @pytest.mark.parametrize("how, message", [
     ("reference", "only nodes 0"), ("output index", "output 7"), ("operator", "NoSuchOp"),
-    ("tensor", "needs 4000 bytes"), ("heads", "no outputs"), ("format", "not a mixrt symbol"),
+    ("tensor", "needs 8000 bytes"), ("heads", "no outputs"), ("format", "not a mixrt symbol"),
 ])
 def test_json_loader_rejects_damaged_files(how, message):
     net = sym.Relu(sym.Variable("x") + 1.0, name="r")

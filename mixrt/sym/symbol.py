@@ -447,7 +447,7 @@ def Group(symbols) -> Symbol:
 def constant(value, name: str | None = None) -> Symbol:
     """A constant tensor (an initializer of the lowered graph)."""
     array = np.asarray(value)
-    if array.dtype == np.float64:
+    if array.dtype == np.float64 and not isinstance(value, (np.ndarray, np.generic)):
         array = array.astype(DEFAULT_DTYPE)  # Python floats mean the default float type
     name = name or f"_constant{next(_constant_ids)}"
     return Symbol([(SymNode("", name, info={"value": array}), 0)])
@@ -460,7 +460,10 @@ def scalar_like(value, like: Symbol) -> Symbol:
     if not isinstance(value, (int, float, np.number, bool)):
         raise GraphError(f"cannot combine a Symbol with {type(value).__name__} {value!r}; "
                          f"use a Symbol, a number or sym.constant(array)")
-    return call_op("", "CastLike", [constant(np.float32(value)), like], {})
+    # Kept exact (int64 or float64) until the cast: a float32 constant would round
+    # ``x * (1 / math.sqrt(8))`` differently for float64 x than the imperative path does.
+    exact = np.int64(value) if isinstance(value, (int, np.integer)) else np.float64(value)
+    return call_op("", "CastLike", [constant(exact), like], {})
 
 
 # -- lowering helpers ------------------------------------------------------------------------

@@ -204,11 +204,15 @@ class LayerNorm(HybridBlock):
     def hybrid_forward(self, F, x, gamma, beta):
         rank = len(static_shape(x))
         axis = _axis_index(self._axis, rank, "LayerNorm")
+        # MXNet normalizes in the data's own precision (float16 widened to float32); ONNX's
+        # default stash_type would compute a float64 network's statistics in float32.
+        stash = 11 if np.dtype(self.gamma.dtype) == np.float64 else 1
         if axis == rank - 1:
-            return F.LayerNormalization(x, gamma, beta, axis=-1, epsilon=self._epsilon)
+            return F.LayerNormalization(x, gamma, beta, axis=-1, epsilon=self._epsilon,
+                                        stash_type=stash)
         perm = _moved(rank, axis, rank - 1)  # ONNX normalizes the trailing axes
         y = F.LayerNormalization(F.Transpose(x, perm=perm), gamma, beta, axis=-1,
-                                 epsilon=self._epsilon)
+                                 epsilon=self._epsilon, stash_type=stash)
         return F.Transpose(y, perm=[int(a) for a in np.argsort(perm)])
 
 
