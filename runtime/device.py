@@ -47,9 +47,13 @@ CPU = Device("cpu")
 
 
 def parse_device(spec: "str | Device") -> Device:
-    """``"cpu"``, ``"gpu"``, ``"gpu:1"`` (``"cuda:1"`` too) -> Device, checking it exists."""
+    """``"cpu"``, ``"gpu"``, ``"gpu:1"`` (``"cuda:1"`` too) or a ``mixrt.Context``
+    (``mixrt.gpu(1)``) -> Device, checking it exists."""
     if isinstance(spec, Device):
         return spec
+    named = getattr(spec, "device", None)  # a Context names its Device; check it as a string
+    if isinstance(named, Device):
+        spec = str(named)
     match = _DEVICE_PATTERN.match(str(spec).strip().lower())
     if not match:
         raise DeviceUnavailableError(

@@ -25,7 +25,8 @@ FAKE = TESTS / "fake_cupy"
 # the files whose tests take a GPU; each runs whole (its CPU tests run again, cheaply)
 GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "test_mixed_precision.py", "ops/test_fused_conv_pool.py", "ops/test_fused.py",
-             "test_optimizer.py", "kvstore/test_compression.py", "test_gluon_zoo.py"]
+             "test_optimizer.py", "kvstore/test_compression.py", "test_gluon_zoo.py",
+             "test_sym.py"]
 # what the fake cannot stand in for, and why
 EMULATION_GAPS = {
     "test_cuda_graph.py::test_replays_return_what_plain_runs_return":

@@ -77,6 +77,14 @@ def test_gpu_request_without_gpu_is_a_clear_error():
         pytest.skip("this machine has a GPU")
     with pytest.raises(DeviceUnavailableError, match="no CUDA GPU is usable"):
         mixrt.Session(add_model(), device="gpu:0")
+    with pytest.raises(DeviceUnavailableError, match="'gpu:1'.*no CUDA GPU is usable"):
+        mixrt.Session(add_model(), device=mixrt.gpu(1))  # a Context names its device too
+
+
+def test_a_context_names_the_device_as_its_string_does():
+    x = np.ones((2, 3), np.float32)
+    (z,) = mixrt.Session(add_model(), device=mixrt.cpu()).run(None, {"x": x, "y": x})
+    np.testing.assert_array_equal(z, 2 * x)
 
 
 def test_garbage_bytes_are_a_model_load_error():

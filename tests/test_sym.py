@@ -12,6 +12,7 @@ import mixrt
 from mixrt import sym
 from mixrt.errors import GradientError, GraphError, InputError, ModelLoadError, ShapeError
 from mixrt.ops.registry import REGISTRY
+from mixrt.runtime.device import gpu_available, to_host
 
 from helpers import central_difference
 
@@ -231,15 +232,15 @@ def test_json_loader_rejects_damaged_files(how, message):
 
 # -- the executor ------------------------------------------------------------------------------------
 
-def _bound_small_net(dtype=np.float64, batch: int = 4):
+def _bound_small_net(dtype=np.float64, batch: int = 4, ctx="cpu"):
     mixrt.random.seed(3)
     net = small_net()
     dtypes = {n: dtype for n in net.list_arguments() if n != "label"}
     dtypes["label"] = np.int64
-    executor = net.simple_bind("cpu", type_dict=dtypes, data=(batch, 1, 5, 5), label=(batch,))
+    executor = net.simple_bind(ctx, type_dict=dtypes, data=(batch, 1, 5, 5), label=(batch,))
     executor.init_params(mixrt.initializer.Normal(0.5))
-    for name in ("bn_gamma", "bn_beta"):
-        executor.arg_dict[name][...] = np.random.default_rng(1).uniform(0.5, 1.5, 2)
+    executor.copy_params_from({name: np.random.default_rng(1).uniform(0.5, 1.5, 2)
+                               for name in ("bn_gamma", "bn_beta")})
     rng = np.random.default_rng(0)
     feeds = {"data": rng.standard_normal((batch, 1, 5, 5)).astype(dtype),
              "label": rng.integers(0, 3, batch)}
@@ -260,6 +261,29 @@ def test_backward_matches_finite_differences():
             numeric[index] = central_difference(executor, feeds, array, index)
         np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-8, err_msg=name)
     assert np.isfinite(loss)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_on_the_gpu_the_executor_matches_the_cpu_and_keeps_its_arrays_there():
+    """Bound to mixrt.gpu(0), outputs, gradients and running statistics are device arrays
+    (as the bound ones are) and equal the CPU executor's, in float64."""
+    cpu, feeds = _bound_small_net()
+    gpu, _ = _bound_small_net(ctx=mixrt.gpu(0))
+    device_array = type(gpu.arg_dict["data"])
+    assert device_array is not np.ndarray
+    results = {}
+    for name, executor in (("cpu", cpu), ("gpu", gpu)):
+        train_loss = executor.forward(is_train=True, **feeds)
+        executor.backward()
+        infer_loss = executor.forward(is_train=False, **feeds)
+        arrays = {"train loss": train_loss[0], "predict loss": infer_loss[0],
+                  **executor.grad_dict, **executor.aux_dict}
+        if name == "gpu":
+            assert all(type(a) is device_array for a in arrays.values())
+        results[name] = {k: to_host(a) for k, a in arrays.items()}
+    for key, expected in results["cpu"].items():
+        np.testing.assert_allclose(results["gpu"][key], expected, rtol=1e-9, atol=1e-12,
+                                   err_msg=key)
 
 
 def test_training_forward_updates_running_statistics_and_inference_uses_them():

@@ -162,17 +162,19 @@ class Executor:
     def forward(self, is_train: bool = False, **kwargs) -> list:
         """Run the forward pass; ``kwargs`` replace bound arguments (by name) first.
         With ``is_train``, BatchNormalization uses batch statistics (and updates the running
-        ones), Dropout drops, and what backward needs is kept."""
+        ones), Dropout drops, and what backward needs is kept. The outputs are arrays of the
+        executor's device (CuPy arrays on a GPU), as the bound arrays are."""
         for name, value in kwargs.items():
             self._set_argument(name, value)
         compiled = self._compiled_for_shapes()
         feeds = {**self.arg_dict, **self.aux_dict}
         if not is_train:
             self._saved = None
-            self.outputs = compiled.inference().run(None, _only(feeds, compiled.inference()))
+            self.outputs = compiled.inference().run_on_device(
+                None, _only(feeds, compiled.inference()))
             return self.outputs
         training = compiled.training()
-        values = training.forward.run(None, _only(feeds, training.forward))
+        values = training.forward.run_on_device(None, _only(feeds, training.forward))
         named = dict(zip(training.forward.graph.output_names, values))
         for aux, output in training.aux_updates.items():
             self.aux_dict[aux][...] = named[output]
@@ -191,7 +193,7 @@ class Executor:
             return
         heads = self._head_grads(out_grads, training)
         feeds = {**self.arg_dict, **self.aux_dict, **self._saved, **heads}
-        grads = training.backward.run(None, _only(feeds, training.backward))
+        grads = training.backward.run_on_device(None, _only(feeds, training.backward))
         for name, grad in zip(training.wrt, grads):
             if self._grad_req[name] == "add":
                 self.grad_dict[name] += grad
