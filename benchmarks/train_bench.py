@@ -5,8 +5,8 @@ memory plan (forward + backward planned together) against naive allocation.
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
     python benchmarks/train_bench.py --device gpu --precision float32 float16
 
-``--device gpu`` runs both on the first CUDA GPU (mixrt ``device="gpu"``: its sessions run
-there, parameters and optimizer stay on the host; PyTorch on ``cuda``) and exits with a
+``--device gpu`` runs both on the first CUDA GPU (mixrt ``device="gpu"``: its sessions,
+parameters, gradients and optimizer state are there; PyTorch on ``cuda``) and exits with a
 message when there is none. ``--precision`` adds mixed-precision rows: mixrt's
 ``precision=`` against ``torch.autocast`` + ``GradScaler`` (float16) at the same dtype.
 
@@ -105,9 +105,12 @@ def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu",
                   precision: str = "float32"):
     from mixrt.gluon import Trainer  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
+    from mixrt.runtime.device import parse_device  # noqa: PLC0415
     model = Module.from_onnx(path, device=device)
     trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.01,
                                                         "momentum": 0.9})
+    # the batch waits on the device, as PyTorch's does (torch_stepper moves it once)
+    x, y = parse_device(device).put(x), parse_device(device).put(y)
     if precision == "float32":  # the call the CPU figures have always timed
         return lambda: model.train_step(x, y, trainer), model
     return lambda: model.train_step(x, y, trainer, precision=precision), model
@@ -330,7 +333,7 @@ def render(rows: list[dict], memory: dict) -> str:
 
 def render_mixed(rows: list[dict], memory: list[dict], device: str) -> str:
     """The table with a precision column (GPU runs, or CPU runs asked for a precision)."""
-    where = "GPU; mixrt keeps parameters and optimizer on the host" if device == "gpu" \
+    where = "GPU; parameters and optimizer on the device in both" if device == "gpu" \
         else "CPU, 2 threads"
     lines = [f"## Training ({where}, one process run)", ""]
     if rows:

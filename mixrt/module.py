@@ -35,6 +35,7 @@ from mixrt.errors import InputError, ModelLoadError
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import array_module, parse_device, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import LossScaler, parse_precision
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
@@ -45,8 +46,9 @@ CHECKPOINT_FORMAT = "mixrt.checkpoint/1"
 
 
 class Module:
-    """``device`` runs the training and inference sessions there ("cpu", "gpu", "gpu:1");
-    the parameters and the optimizer stay on the host."""
+    """``device`` ("cpu", "gpu", "gpu:1" or a Context) is where the training and inference
+    sessions run and where the parameters, their gradients and the optimizer's state live:
+    a GPU step moves only the batch in and the loss and outputs out."""
 
     def __init__(self, graph: Graph, *, output: str | None = None, device: str = "cpu"):
         self.graph = copy_graph(graph)
@@ -54,7 +56,8 @@ class Module:
         self.device = device
         self.loss_scaler: LossScaler | None = None  # made by the first float16 step
         self.params = ParameterDict(
-            (name, Parameter(name, array)) for name, array in self.graph.initializers.items()
+            (name, self._parameter(name, array))
+            for name, array in self.graph.initializers.items()
             if np.asarray(array).dtype.kind == "f")
         self.data_names = [v.name for v in self.graph.feed_inputs()]
         self._programs: dict[tuple, TrainingProgram] = {}
@@ -76,6 +79,12 @@ class Module:
                              f"are {list(self.params)}")
         for name in chosen - set(except_ or ()):
             self.params[name].grad_req = "null"
+
+    def _parameter(self, name: str, value) -> Parameter:
+        param = Parameter(name, value)
+        if parse_device(self.device).kind != "cpu":
+            param.reset_ctx(self.device)
+        return param
 
     def unfreeze(self, names=None) -> None:
         for name in (self.params if names is None else names):
@@ -106,7 +115,7 @@ class Module:
         kept = {k: p for k, p in self.params.items() if k in graph.initializers}
         self.params = ParameterDict(kept)
         for key in (weight, bias):
-            self.params[key] = Parameter(key, graph.initializers[key])
+            self.params[key] = self._parameter(key, graph.initializers[key])
         self._changed(structure=True)
 
     # -- training --------------------------------------------------------------------------
@@ -180,10 +189,11 @@ class Module:
                    precision: str = "float32", loss_scaler: LossScaler | bool | None = None):
         """Forward, backward and one optimizer update on one batch: (loss, outputs). In
         float16 a step whose scaled gradients overflow updates nothing (the loss scaler
-        backs off instead)."""
+        backs off instead). ``data`` and ``label`` may be host arrays or arrays already on
+        the module's device."""
         scaler = self._scaler_for(precision, loss_scaler)
         program = self._program(self._loss(loss), precision, scaler)
-        feeds = {self.data_names[0]: np.asarray(data), program.loss_spec.label: label}
+        feeds = {self.data_names[0]: _feed_array(data), program.loss_spec.label: label}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
         if grads is not None:
             for name, grad in grads.items():
@@ -265,7 +275,7 @@ class Module:
     def _graph_with_params(self) -> Graph:
         graph = copy_graph(self.graph)
         for name, param in self.params.items():
-            graph.initializers[name] = param.raw().copy()
+            graph.initializers[name] = np.array(to_host(param.raw()))  # a copy
         graph.outputs = [v for v in graph.outputs if v.name == self.output] or graph.outputs
         return graph
 
@@ -289,7 +299,7 @@ class Module:
         """``path``.npz: parameters, optimizer state and a JSON record (no pickle)."""
         path = Path(str(path) + ".npz") if not str(path).endswith(".npz") else Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {f"param/{name}": param.raw() for name, param in self.params.items()}
+        arrays = {f"param/{name}": to_host(param.raw()) for name, param in self.params.items()}
         arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer_state_dict().items()})
         record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
                   "data": None if data is None else data.state(),
@@ -325,6 +335,12 @@ class Module:
             self.loss_scaler.load_state_dict(record["loss_scaler"])
         self._changed()
         return int(record["epoch"]), list(record.get("history", []))
+
+
+def _feed_array(value):
+    """A batch as given when it is already an array of some device (a CuPy batch skips the
+    host), else as a NumPy array."""
+    return value if array_module(value) is not np else np.asarray(value)
 
 
 def _static_type(graph: Graph, name: str) -> TensorType:

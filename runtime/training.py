@@ -24,6 +24,7 @@ import numpy as np
 
 from mixrt.errors import GradientError, InputError
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory import plan_report
 from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,
@@ -175,14 +176,18 @@ class TrainingProgram:
         self._grad_names = [self.joint.grads[name] for name in self.trainable]
 
     def step(self, params: dict, feeds: dict) -> tuple[float, list, dict | None]:
-        """Run forward and backward: (loss, the model's outputs, {param: gradient}).
+        """Run forward and backward: (loss, the model's outputs, {param: gradient}). The
+        outputs are host arrays; the gradients are arrays of the session's device.
 
         With a loss scaler the gradients come back unscaled, and as None when one of them
         overflowed: that step must be skipped (the scaler has already backed off)."""
         feeds = self._feeds(params, feeds)
-        values = self.session.run([self.loss, *self.outputs, *self._grad_names], feeds)
-        loss, rest = values[0], values[1:]
-        outputs = rest[:len(self.outputs)]
+        # gradients stay where the parameters are (the optimizer runs there); the loss and
+        # the outputs (a batch of predictions, for metrics) come to the host
+        values = self.session.run_on_device([self.loss, *self.outputs, *self._grad_names],
+                                            feeds)
+        loss, rest = to_host(values[0]), values[1:]
+        outputs = [to_host(value) for value in rest[:len(self.outputs)]]
         grads = dict(zip(self.trainable, rest[len(self.outputs):]))
         if self.scaler is not None:
             finite = self.scaler.unscale(grads)
@@ -194,7 +199,8 @@ class TrainingProgram:
         feeds = dict(feeds)
         label = feeds.get(self.loss_spec.label)
         if label is not None:  # labels arrive as whatever the dataset holds
-            feeds[self.loss_spec.label] = np.asarray(label).astype(self.label_dtype,
+            xp = array_module(label)
+            feeds[self.loss_spec.label] = xp.asarray(label).astype(self.label_dtype,
                                                                    copy=False)
         if self.scaler is not None:
             feeds[self._scale_input] = np.asarray(self.scaler.scale, np.float32)

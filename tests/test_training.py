@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 from helpers import flat_digits, mlp_graph
 
+import mixrt
 from mixrt import metric, random as mixrt_random
 from mixrt.errors import InputError, ModelLoadError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.module import Module
 from mixrt.ops.types import TensorType
+from mixrt.runtime.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.training import LOSSES, TrainingProgram
 
@@ -54,6 +56,38 @@ def test_resume_reproduces_uninterrupted_run_bit_for_bit(digits, tmp_path):
         assert np.array_equal(param.data(), resumed.params[name].data()), name
     with np.load(tmp_path / "ckpt.npz", allow_pickle=False) as stored:
         assert "meta" in stored.files
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_on_the_gpu_fit_matches_the_cpu_and_keeps_the_parameters_there(digits, tmp_path):
+    """Parameters, gradients and the optimizer state live on the GPU (a step moves only the
+    batch in and the loss and predictions out); in float64 the trained values, predictions
+    and export equal the CPU's, and a checkpoint written there resumes there."""
+    xt, yt, xe, _ = (a.astype(np.float64) if a.dtype.kind == "f" else a for a in digits)
+    models = {}
+    for device in ("cpu", "gpu"):
+        model = Module(mlp(dtype=np.float64), device=device)
+        trainer = Trainer(model.params.trainable(), "sgd",
+                          {"learning_rate": 0.1, "momentum": 0.9})
+        model.fit(NDArrayIter(xt[:300], yt[:300], 50, shuffle=True, seed=5), epochs=2,
+                  trainer=trainer, checkpoint=tmp_path / device, progress=False)
+        models[device] = model
+    cpu, gpu = models["cpu"], models["gpu"]
+    for name, param in gpu.params.items():
+        assert param.data().ctx == mixrt.gpu(0) and param.grad().ctx == mixrt.gpu(0)
+        np.testing.assert_allclose(to_host(param.raw()), cpu.params[name].raw(), rtol=1e-9,
+                                   atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(gpu.predict(xe), cpu.predict(xe), rtol=1e-9, atol=1e-12)
+    for name, value in gpu.to_graph().initializers.items():
+        assert isinstance(value, np.ndarray), name
+    resumed = Module(mlp(dtype=np.float64), device="gpu")
+    trainer = Trainer(resumed.params.trainable(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    assert resumed.load_checkpoint(tmp_path / "gpu.npz", trainer)[0] == 2
+    for name, param in resumed.params.items():
+        np.testing.assert_array_equal(to_host(param.raw()), to_host(gpu.params[name].raw()))
+    on_gpu = mixrt.gpu(0).device.put  # a batch already on the device is taken as it is
+    loss, outputs = resumed.train_step(on_gpu(xt[:50]), on_gpu(yt[:50]), trainer)
+    assert np.isfinite(loss) and isinstance(outputs[0], np.ndarray)
 
 
 def test_checkpoint_errors(tmp_path, digits):
