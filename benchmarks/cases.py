@@ -57,6 +57,35 @@ def make_case(name: str, batch: int) -> Case:
     return Case(name, batch, path, feeds)
 
 
+def zoo_torch_twin(case: Case):
+    """A PyTorch module computing a zoo case's model, converted by onnx2torch where it is
+    installed (the GPU section's peer where onnxruntime has no CUDA provider: the
+    benchmark-only extra, see README.md), else None. onnx2torch wants weights as
+    initializers and shapes inferred at a recent opset, which the zoo's opset-3..9 files with
+    their ConstantOfShape weights are not; so it reads mixrt's folded graph (opt_level 1:
+    constants folded, no mixrt-domain fusions) re-exported at opset 17. A model it cannot
+    convert (Inception-v1's asymmetric AveragePool padding) gets None, with the reason
+    printed."""
+    if case.kind != "zoo":
+        return None
+    try:
+        from onnx2torch import convert  # noqa: PLC0415
+    except ImportError:
+        return None
+    import mixrt  # noqa: PLC0415
+    from mixrt.exporters.onnx import save_model  # noqa: PLC0415
+    target = CACHE / f"{case.path.stem}_opset17.onnx"
+    if not target.exists() or target.stat().st_mtime < case.path.stat().st_mtime:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        save_model(mixrt.Session(str(case.path), opt_level=1).graph, target, 17)
+    try:
+        return convert(onnx.shape_inference.infer_shapes(onnx.load(target))).eval()
+    except Exception as exc:  # noqa: BLE001  (an unconvertible model has no twin)
+        print(f"  {case.model}: no PyTorch twin ({type(exc).__name__}: {str(exc)[:80]})",
+              flush=True)
+        return None
+
+
 def dynamic_batch_copy(source: Path, target: Path) -> Path:
     if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
         return target

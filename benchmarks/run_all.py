@@ -37,7 +37,7 @@ import mixrt  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
-from cases import Case, all_models, make_case  # noqa: E402
+from cases import Case, all_models, make_case, zoo_torch_twin  # noqa: E402
 from runners import (Runner, agrees, key, max_abs_error, median_ms, mixrt_runner,  # noqa: E402
                      ort_reaches_cuda, ort_runner, time_interleaved, torch_available,
                      torch_runner)
@@ -77,8 +77,12 @@ class Row:
 def build_runners(case: Case, device: str, args) -> list[Runner]:
     runners = [ort_runner(case.path, args.threads, device),
                mixrt_runner(case.path, args.opt_level, device)]
-    if case.torch_module is not None:
-        runners.append(torch_runner(case.torch_module, case.input_name, args.threads, device))
+    module = case.torch_module
+    if module is None and device == "gpu" and torch_available("gpu"):  # ort may lack CUDA
+        module = zoo_torch_twin(case)
+    if module is not None:
+        runners.append(torch_runner(module, case.input_name or next(iter(case.feeds)),
+                                    args.threads, device))
     return [r for r in runners if r is not None]
 
 
@@ -192,6 +196,9 @@ def parse_args(argv):
     parser.add_argument("--thread-calls", type=int, default=None, help="run calls per thread")
     parser.add_argument("--profile-models", nargs="*", default=["resnet50", "bert_encoder"])
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="only the GPU section, into its own block of --out (the CPU "
+                             "figures, from the 2-core machine, stay as they are)")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     args = parser.parse_args(argv)
     args.models = args.models or (QUICK_MODELS if args.quick else all_models())
@@ -207,6 +214,8 @@ def main(argv=None) -> int:
     onnxruntime.set_default_logger_severity(3)  # the zoo's unused-initializer warnings
     started = time.perf_counter()
     args.load_before = os.getloadavg()
+    if args.gpu_only:
+        return gpu_only(args, started)
     if args.load_before[0] > (os.cpu_count() or 1):
         print(f"warning: load average {args.load_before[0]:.1f} on {os.cpu_count()} cores; "
               "other processes will distort these timings (see benchmarks/NOTES.md)",
@@ -232,6 +241,19 @@ def main(argv=None) -> int:
                           and r.model in report.LIGHT and "mixrt/cpu" not in r.wrong])
     if geo:
         print(f"geometric mean mixrt/ort, light zoo batch 1: {geo:.2f}")
+    print(f"written to {args.out} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def gpu_only(args, started: float) -> int:
+    if not gpu_present():
+        print("run_all --gpu-only: no runtime here reaches a CUDA device", flush=True)
+        return 1
+    print(f"GPU latency: {len(args.models)} models x batch {args.batch}", flush=True)
+    gpu_rows = run_latency(args, "gpu")
+    report.write(args.out, report.render_gpu(args, gpu_rows,
+                                             elapsed=time.perf_counter() - started),
+                 report.GPU_BEGIN, report.GPU_END)
     print(f"written to {args.out} in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -23,3 +23,7 @@ def getDevice():  # noqa: N802
 
 def runtimeGetVersion():  # noqa: N802
     return 12080
+
+
+def getDeviceProperties(device):  # noqa: N802
+    return {"name": b"fake CuPy device (NumPy)", "totalGlobalMem": 80 << 30}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# What to run on a lent GPU machine (the device tool), from the repository root there, so a
+# session spends its 30 minutes of device time measuring rather than setting up. Each step
+# fits one device call (at most 10 minutes); logs and results go to $OUT, which comes back.
+#
+# Here, first:   tools/gpu_wheels.sh          (fills .whl/, which the call must `carry`)
+# There:         bash tools/gpu_session.sh tests    the GPU test files and the ONNX backend
+#                                                   suite's _cuda cases, with the real CuPy
+#                bash tools/gpu_session.sh bench    run_all --gpu-only (its block of
+#                                                   BENCHMARKS.md) and train_bench on the GPU
+#
+# A device call's command is then, for example:
+#   bash tools/gpu_session.sh tests 2>&1 | tee $OUT/tests.log
+# Extra arguments after the step go to pytest (tests) or run_all.py (bench).
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 2
+out="${OUT:-/tmp/mixrt-gpu-out}"
+mkdir -p "$out"
+step="${1:-}"
+shift || true
+
+setup() {
+    # the machine's image has everything else (tools/gpu_wheels.sh says what and why)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || { echo "no wheels in .whl: run tools/gpu_wheels.sh here and carry .whl"; exit 2; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 2
+    export MIXRT_CACHE_DIR=/tmp/mixrt-cache PYTHONUNBUFFERED=1
+    python3 - <<'EOF' || exit 2
+import cupy, torch, onnxruntime, mixrt
+from mixrt.runtime.device import gpu_available
+print("GPU:", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+      "| cupy", cupy.__version__, "| torch", torch.__version__, "cuda", torch.cuda.is_available(),
+      "| onnxruntime", onnxruntime.__version__, onnxruntime.get_available_providers(),
+      "| mixrt sees a GPU:", gpu_available())
+EOF
+}
+
+gpu_test_files() {
+    python3 - <<'EOF'
+import sys
+sys.path.insert(0, "tests")
+from test_gpu_paths_on_fake_cupy import GPU_FILES
+# and the files whose GPU cases the fake run does not list (refusals, device errors, traces)
+extra = ["test_session.py", "test_profiler_api.py", "gluon/test_hybrid_errors.py"]
+print(" ".join(f"tests/{name}" for name in GPU_FILES + extra))
+EOF
+}
+
+case "$step" in
+    tests)
+        setup
+        # shellcheck disable=SC2046  (one word per file)
+        timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_files.xml" \
+            $(gpu_test_files) "$@"
+        echo "GPU test files: exit $?"
+        timeout 240 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/cuda_conformance.xml" \
+            tests/conformance -k cuda "$@" | tail -n 30
+        echo "backend suite, _cuda cases: exit ${PIPESTATUS[0]}"
+        ;;
+    bench)
+        setup
+        cp BENCHMARKS.md "$out/BENCHMARKS.md"
+        timeout 330 python3 benchmarks/run_all.py --gpu-only --out "$out/BENCHMARKS.md" "$@"
+        echo "run_all --gpu-only: exit $?"
+        timeout 200 python3 benchmarks/train_bench.py --device gpu --precision float32 float16 \
+            --out "$out/train_gpu.md"
+        echo "train_bench --device gpu: exit $?"
+        ;;
+    *)
+        echo "usage: bash tools/gpu_session.sh tests|bench [args]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Fetch, here, the wheels a lent GPU machine lacks, into .whl/ (gitignored), for
+# tools/gpu_session.sh to install there. That machine has no network; its image already holds
+# CuPy, PyTorch, numba, onnx, onnxruntime (CPU build), flatbuffers, matplotlib, tqdm and
+# hypothesis, under Python 3.12 (see the device tool's KINDS.md). What it lacks:
+#
+#   pyzmq      the KVStore's transport (a mixrt dependency)
+#   graphviz   mixrt.viz's drawing (a mixrt dependency, pure Python)
+#   onnx2torch the zoo models' PyTorch twins, the GPU benchmark's peer where onnxruntime has
+#              no CUDA provider (benchmarks only, pure Python)
+#
+#   tools/gpu_wheels.sh          then name .whl in the device run's `carry`
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python="${PYTHON:-$root/.venv/bin/python}"
+mkdir -p "$root/.whl"
+platforms=()
+for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+           manylinux2014_x86_64 manylinux1_x86_64; do
+    platforms+=(--platform "$tag")
+done
+"$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${platforms[@]}" -d "$root/.whl" "pyzmq>=25"
+"$python" -m pip download --quiet --no-deps --only-binary=:all: -d "$root/.whl" \
+    "graphviz>=0.20" "onnx2torch==1.5.15"
+ls -l "$root/.whl"
