@@ -109,8 +109,13 @@ class HybridizeError(GraphError):
     line and the fix."""
 
 
+class BlasPolicyWarning(UserWarning):
+    """Not an error: mixrt was imported after NumPy, whose OpenBLAS then runs without the
+    settings mixrt's CPU kernels are tuned with (see ``mixrt/__init__.py``)."""
+
+
 __all__ = [
-    "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
+    "BlasPolicyWarning", "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError", "EngineError", "HybridizeError",
