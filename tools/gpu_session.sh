@@ -56,8 +56,12 @@ case "$step" in
         timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_files.xml" \
             $(gpu_test_files) "$@"
         echo "GPU test files: exit $?"
-        timeout 240 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/cuda_conformance.xml" \
-            tests/conformance -k cuda "$@" | tail -n 30
+        # ~4,000 cases, many compiling a CuPy kernel on first use: spread over the host's
+        # cores where pytest-xdist is installed (the image has it)
+        spread=()
+        python3 -c "import xdist" 2>/dev/null && spread=(-n 8)
+        timeout 240 python3 -m pytest -q -p no:cacheprovider "${spread[@]}" \
+            --junitxml="$out/cuda_conformance.xml" tests/conformance -k cuda "$@" | tail -n 30
         echo "backend suite, _cuda cases: exit ${PIPESTATUS[0]}"
         ;;
     bench)
