@@ -110,8 +110,9 @@ class HybridizeError(GraphError):
 
 
 class BlasPolicyWarning(UserWarning):
-    """Not an error: mixrt was imported after NumPy, whose OpenBLAS then runs without the
-    settings mixrt's CPU kernels are tuned with (see ``mixrt/__init__.py``)."""
+    """Not an error: mixrt was imported after NumPy and could not re-tune NumPy's OpenBLAS
+    in place, which then runs without the settings mixrt's CPU kernels are tuned with (see
+    ``runtime/blas_policy.py``)."""
 
 
 __all__ = [

@@ -180,7 +180,7 @@ def stacks_suit(A, B, out) -> bool:
 def stacked_panel_product(A, B, out):
     """``out = A @ B`` (:func:`stacks_suit`), the stacked matrices split over the threads.
     Keeping attention off the BLAS also keeps OpenBLAS's threads from spinning into the
-    dense layers' panel products (see mixrt/__init__.py's ``_short_blas_spin``)."""
+    dense layers' panel products (see runtime/blas_policy.py, ``OPENBLAS_THREAD_TIMEOUT``)."""
     (m, k), n = A.shape[-2:], B.shape[-1]
     a, b, c = A.reshape(-1, m, k), B.reshape(-1, k, n), out.reshape(-1, m, n)
     kernels = jit_cpu.panel_kernels()

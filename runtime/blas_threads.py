@@ -14,7 +14,7 @@ sets ``OPENBLAS_NUM_THREADS=1`` before starting (then concurrent runs do overlap
 
 Taking turns is not enough once the calling thread changes from one run to the next: with
 the convolutions on mixrt's own tiles, OpenBLAS's threads fall asleep between its calls
-(``OPENBLAS_THREAD_TIMEOUT``, mixrt/__init__.py), and when a different thread woke them now
+(``OPENBLAS_THREAD_TIMEOUT``, runtime/blas_policy.py), and when a different thread woke them now
 and then a call stalled ~12 ms; 8 threads taking turns ran 111-146 runs/s against 259-283
 from one. So once runs have come from a second thread, every gated run is carried out on one
 runner thread (the caller waits; its context variables, NumPy's error state and the profiler

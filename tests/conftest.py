@@ -2,7 +2,7 @@ import sys
 from pathlib import Path
 
 # mixrt before anything loads NumPy, whichever test file pytest collects first: its BLAS
-# policy (mixrt/__init__.py) acts only then, and otherwise every run would warn about it
+# policy (runtime/blas_policy.py) then sets OpenBLAS's environment instead of restarting it
 import mixrt  # noqa: E402,F401
 
 

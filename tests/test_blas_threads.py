@@ -145,33 +145,3 @@ def test_sessions_from_many_threads_give_the_serial_results():
     for thread in threads:
         thread.join(60)
     assert not failures
-
-
-def _import_warnings(code: str, **env) -> str:
-    import os
-    import subprocess
-    import sys
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT", "MIXRT_BLAS")}
-    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
-                          capture_output=True, text=True, timeout=120, check=True)
-    return done.stderr
-
-
-def test_importing_mixrt_after_numpy_warns_once_and_names_the_fix():
-    """OpenBLAS reads its settings when NumPy loads it: imported later, mixrt cannot set
-    them, and says so (what is missed, the cost, the fixes) instead of running slower in
-    silence. Imported first, with the settings exported, or MIXRT_BLAS=system: no warning."""
-    numpy_first = "import numpy\nimport mixrt\nimport mixrt.errors"
-    said = _import_warnings(numpy_first)
-    if "BlasPolicyWarning" not in said:
-        np_blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
-        assert "openblas" not in np_blas.lower(), said  # only MKL & co. stay quiet
-        return
-    assert said.count("BlasPolicyWarning") == 1
-    assert "OPENBLAS_THREAD_TIMEOUT=16" in said and "Import mixrt before NumPy" in said
-    assert "line 2" in said or ":2:" in said  # points at the user's import
-    assert "BlasPolicyWarning" not in _import_warnings("import mixrt\nimport numpy")
-    assert "BlasPolicyWarning" not in _import_warnings(numpy_first, MIXRT_BLAS="system")
-    assert "BlasPolicyWarning" not in _import_warnings(
-        numpy_first, OPENBLAS_CORETYPE="SkylakeX", OPENBLAS_THREAD_TIMEOUT="16")
