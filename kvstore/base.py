@@ -84,8 +84,11 @@ def copy_into(out, value) -> None:
     """``out[...] = value`` across devices (host <-> GPU copies where they differ)."""
     if array_module(out) is np:
         out[...] = to_host(value)
-    elif array_module(value) is np:
+    elif array_module(value) is np and out.flags.c_contiguous:
         out.set(np.ascontiguousarray(value, dtype=out.dtype))
+    elif array_module(value) is np:  # CuPy's set() takes contiguous targets only
+        with out.device:
+            out[...] = array_module(out).asarray(value, dtype=out.dtype)
     else:
         out[...] = value
 

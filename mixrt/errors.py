@@ -56,7 +56,8 @@ class DeviceMismatchError(MixrtError):
 
 
 class DeviceUnavailableError(MixrtError):
-    """A device was requested that this machine does not have (or CuPy is not installed)."""
+    """A device was requested that this machine does not have (or CuPy is not installed),
+    or asked to hold what it cannot (a dtype CuPy lacks)."""
 
 
 class GradientError(MixrtError):

@@ -164,8 +164,11 @@ def nll_loss_grad(xp, dloss, input, target, weight=None, *, ignore_index=None,
     else:  # "sum": dloss is a scalar; "none": one dloss per position
         sample_weight = sample_weight * dloss
     grad = xp.zeros(input.shape, dtype=input.dtype)
-    xp.put_along_axis(grad, xp.expand_dims(classes, 1),
-                      xp.expand_dims(-sample_weight, 1).astype(input.dtype), axis=1)
+    # grad[n, classes[n, d...], d...] = -w[n, d...], by an open grid (CuPy 13 has no
+    # put_along_axis); each position is written once
+    grid = [xp.arange(size).reshape([-1 if axis == at else 1 for at in range(classes.ndim)])
+            for axis, size in enumerate(classes.shape)]
+    grad[(grid[0], classes, *grid[1:])] = (-sample_weight).astype(input.dtype)
     return grad
 
 

@@ -18,6 +18,12 @@ What makes a replay safe:
   host, a data-dependent shape) raises during capture; the signature is then marked and
   runs the ordinary way from then on. A capture never changes what a run returns.
 
+* **Stream order.** The graph runs on a non-blocking stream of its own, which does not wait
+  for the default stream by itself; the feeds were put on the device there (asynchronously).
+  So before copying them in, at capture and at every launch, that stream waits for the
+  caller's current stream, and the caller copies what it keeps on the graph's stream before
+  the next launch may start (:meth:`CapturedRun.kept`).
+
 Outputs are copied to the host after each launch, as every GPU run's are.
 """
 
@@ -40,13 +46,23 @@ class CapturedRun:
 
     def launch(self, feeds: dict) -> dict:
         """Copy ``feeds`` in, replay, wait; returns the run's values (valid until the next
-        launch, so the caller copies what it keeps while holding :attr:`lock`)."""
+        launch, so the caller copies what it keeps while holding :attr:`lock`, through
+        :meth:`kept`)."""
+        _wait_for_callers_stream(self.stream)
         with self.stream:
             for name, value in feeds.items():
                 self.inputs[name][...] = value
             self.graph.launch(self.stream)
         self.stream.synchronize()
         return self.env
+
+    def kept(self, copy):
+        """``copy()`` (the caller taking what it keeps of a launch's values) run on the
+        graph's stream and finished, so the next launch cannot overwrite what it reads."""
+        with self.stream:
+            result = copy()
+        self.stream.synchronize()
+        return result
 
 
 class Captures:
@@ -77,6 +93,7 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
     import cupy  # noqa: PLC0415  (GPU sessions only)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
+    _wait_for_callers_stream(stream)
     with cupy.cuda.using_allocator(pool.malloc), stream:
         inputs = {name: cupy.array(value, copy=True) for name, value in feeds.items()}
         arena = Arena(plan, cupy)
@@ -87,7 +104,20 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
         stream.begin_capture()  # relaxed mode (CuPy's default): the pool may cudaMalloc
         try:
             execute(plan.steps, env, cupy, arena, plan)
-        finally:
-            graph = stream.end_capture()
+        except BaseException:
+            # ending an invalidated capture raises too; the kernel's error is the one to keep
+            try:
+                stream.end_capture()
+            except Exception:  # noqa: BLE001,S110
+                pass
+            raise
+        graph = stream.end_capture()
     env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
     return CapturedRun(graph, stream, inputs, env, pool)
+
+
+def _wait_for_callers_stream(stream) -> None:
+    """Make ``stream`` wait for the work queued so far on the calling thread's current
+    stream (the feeds' copies to the device among it)."""
+    import cupy  # noqa: PLC0415  (GPU sessions only)
+    stream.wait_event(cupy.cuda.get_current_stream().record())

@@ -7,6 +7,7 @@ CuPy is optional: importing mixrt never requires it, and asking for a GPU withou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ import numpy as np
 from mixrt.errors import DeviceUnavailableError
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|gpu|cuda)(?::(\d+))?$")
+# the dtypes a CuPy array holds (CuPy's own list): bool, the integers, float16/32/64 and
+# complex. Not strings (object), nor ml_dtypes' float8, int4 and the like; bfloat16 from
+# CuPy 14 on
+GPU_TYPE_CHARS = frozenset("?bhilqBHILQefdFD")
 
 
 @dataclass(frozen=True)
@@ -35,10 +40,24 @@ class Device:
         cupy.cuda.Device(self.index).use()
         return cupy
 
-    def put(self, array):
-        """Move a host or device array onto this device."""
+    def active(self):
+        """A context in which this device is CuPy's current one, for the thread that enters
+        it (CuPy's current device is per thread, and arrays, kernels and streams go to it);
+        nothing on the CPU."""
+        if self.kind == "cpu":
+            return contextlib.nullcontext()
+        return _cupy().cuda.Device(self.index)
+
+    def put(self, array, what: str = "an array"):
+        """Move a host or device array onto this device (``what`` names it in the error
+        raised for a dtype the GPU cannot hold)."""
         if self.kind == "cpu":
             return to_host(array)
+        dtype = getattr(array, "dtype", None)
+        if dtype is not None and not gpu_holds(dtype):
+            raise DeviceUnavailableError(
+                f"{what} is {np.dtype(dtype).name}, which a CuPy array cannot hold on "
+                f"{self} ({gpu_dtypes_text()}); run this model on the CPU")
         with _cupy().cuda.Device(self.index):
             return _cupy().asarray(array)
 
@@ -98,6 +117,27 @@ def gpu_count() -> int:
     try:
         return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
+        return 0
+
+
+def gpu_holds(dtype) -> bool:
+    """Whether a CuPy array can hold ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype.char in GPU_TYPE_CHARS:
+        return True
+    return dtype.name == "bfloat16" and _cupy_major() >= 14
+
+
+def gpu_dtypes_text() -> str:
+    bfloat16 = ", bfloat16" if _cupy_major() >= 14 else ""
+    return f"it holds bool, integers, float16/32/64{bfloat16} and complex"
+
+
+def _cupy_major() -> int:
+    cupy, _ = _cupy_import()
+    try:
+        return int(str(getattr(cupy, "__version__", "0")).split(".")[0])
+    except ValueError:
         return 0
 
 

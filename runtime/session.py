@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.errors import (ExecutionError, InputError, MixrtError, ModelLoadError,
+from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
@@ -87,7 +87,7 @@ class BoundGraph:
 
 def bind_graph(graph: Graph, device: Device) -> BoundGraph:
     """Look up and check a kernel for every node (subgraphs included)."""
-    bound = BoundGraph(graph, constants={k: device.put(v) for k, v in
+    bound = BoundGraph(graph, constants={k: device.put(v, f"initializer {k!r}") for k, v in
                                          graph.initializers.items()})
     for node in graph.nodes:
         kernel = lookup_kernel(node, device)
@@ -162,6 +162,9 @@ class Session:
         _check_option("strategy", strategy, STRATEGIES)
         self.device = parse_device(device)
         self.graph = _optimized(load_graph(model), opt_level)
+        if self.device.kind == "gpu":
+            from mixrt.runtime.support import check_gpu_dtypes  # noqa: PLC0415  (cycle)
+            check_gpu_dtypes(self.graph, self.device)
         self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)
         self._xp = self.device.xp
@@ -209,8 +212,10 @@ class Session:
 
     def _gated_run(self, signature, feeds: dict, wanted, process, host: bool) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py)."""
-        # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are noise
-        with np.errstate(all="ignore"):
+        # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
+        # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
+        # the calling thread had current.
+        with np.errstate(all="ignore"), self.device.active():
             plan = self._cached_plan(signature)
             if plan is None:
                 env = self._discover(signature, feeds, process)
@@ -221,8 +226,9 @@ class Session:
                 if captured is not None:
                     with captured.lock:  # one replay at a time: they share the graph's memory
                         # (so outputs kept on the device are copies: the next launch writes)
-                        return self._collect(captured.launch(feeds), wanted,
-                                             frozenset(wanted), host)
+                        values = captured.launch(feeds)
+                        return captured.kept(lambda: self._collect(values, wanted,
+                                                                   frozenset(wanted), host))
             arena = acquire(plan, self._xp)
             try:
                 env = dict(self._bound.constants)
@@ -250,7 +256,7 @@ class Session:
         signature = feed_signature(feeds)
         plan = self._cached_plan(signature)
         if plan is None:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), self.device.active():
                 self._discover(signature, feeds)
             plan = self._cached_plan(signature)
         return plan.memory
@@ -345,7 +351,7 @@ class Session:
             if expected.dtype == np.dtype(object) and np.dtype(array.dtype).kind in "US":
                 # kernels see ONNX strings one way: object arrays of str
                 array = np.vectorize(_as_text, otypes=[object])(array)
-        return self.device.put(array)
+        return self.device.put(array, f"input {declared.name!r}")
 
 
 def _check_tensor(name: str, array, expected: TensorType, symbols: dict) -> None:

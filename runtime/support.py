@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mixrt.errors import UnsupportedOperatorError
-from mixrt.runtime.device import Device
+from mixrt.runtime.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
 from mixrt.runtime.session import lookup_kernel
@@ -52,12 +52,29 @@ def support_table(graph: Graph, device: Device) -> list[NodeSupport]:
 
 
 def _device_supports(node, types, device: Device) -> tuple[bool, str]:
-    """CuPy has no string arrays, so a node touching strings cannot run on a GPU."""
+    """A node reading or writing a dtype CuPy cannot hold (strings, float8, int4, ...)
+    cannot run on a GPU."""
     if device.kind != "gpu":
         return True, ""
     for name in (*node.inputs, *node.outputs):
-        value_type = types.get(name)
-        if getattr(value_type, "dtype", None) == np.dtype(object):
+        dtype = getattr(types.get(name), "dtype", None)
+        if dtype is None or gpu_holds(dtype):
+            continue
+        if dtype == np.dtype(object):
             return False, (f"node {node.label!r}: {name!r} is a string tensor, which CuPy "
                            f"cannot hold; run this model on the CPU")
+        return False, (f"node {node.label!r}: {name!r} is {np.dtype(dtype).name}, which CuPy "
+                       f"cannot hold ({gpu_dtypes_text()}); run this model on the CPU")
     return True, ""
+
+
+def check_gpu_dtypes(graph: Graph, device: Device) -> None:
+    """Raise for the first node of ``graph`` whose values a GPU cannot hold, naming it, so
+    that a GPU session fails when it is made rather than inside a run."""
+    types = infer_types(graph)
+    for node in graph.all_nodes():
+        supported, reason = _device_supports(node, types, device)
+        if not supported:
+            raise UnsupportedOperatorError(reason, node=node.label, domain=node.domain,
+                                           op_type=node.op_type, opset=node.opset,
+                                           device=str(device))

@@ -1,11 +1,16 @@
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 import mixrt
 from mixrt.errors import (DeviceUnavailableError, InputError, MixrtError, ModelLoadError,
                           UnsupportedOperatorError)
+from mixrt.runtime.device import gpu_available, parse_device
+from mixrt.runtime.support import support_table
 from helpers import add_model, save
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 
 
 def test_run_matches_numpy_and_accepts_path_bytes_and_proto(tmp_path):
@@ -72,9 +77,8 @@ def test_unimplemented_attribute_is_rejected_not_ignored():
 
 
 def test_gpu_request_without_gpu_is_a_clear_error():
-    from mixrt.runtime.device import gpu_available
     if gpu_available():
-        pytest.skip("this machine has a GPU")
+        pytest.skip("checks the refusal on a machine without a GPU")
     with pytest.raises(DeviceUnavailableError, match="no CUDA GPU is usable"):
         mixrt.Session(add_model(), device="gpu:0")
     with pytest.raises(DeviceUnavailableError, match="'gpu:1'.*no CUDA GPU is usable"):
@@ -104,3 +108,21 @@ def test_numpy_unicode_and_bytes_feeds_become_onnx_strings():
     for feed in (np.array(["ab", "cd"]), np.array([b"ab", b"cd"])):
         (y,) = session.run(None, {"x": feed})
         assert y.dtype == object and list(y) == ["AB", "CD"]
+
+
+@needs_gpu
+def test_a_dtype_cupy_cannot_hold_is_refused_when_a_gpu_session_is_made():
+    """float8 (or strings, int4, ...) cannot live in a CuPy array: the session says which
+    node needs it when it is made, rather than a kernel failing inside a run."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], name="to_fp8", to=TensorProto.FLOAT8E4M3FN),
+         helper.make_node("Cast", ["y"], ["z"], name="back", to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    with pytest.raises(UnsupportedOperatorError, match="'to_fp8'.*float8_e4m3fn.*CuPy cannot hold"):
+        mixrt.Session(model, device="gpu")
+    x = np.array([0.5, 1.0, 300.0, -2.0], np.float32)
+    assert mixrt.Session(model).run(None, {"x": x})[0].tolist() == [0.5, 1.0, 288.0, -2.0]
+    rows = support_table(mixrt.Session(model).graph, parse_device("gpu"))
+    assert [row.node for row in rows if not row.supported] == ["to_fp8", "back"]

@@ -190,6 +190,18 @@ def test_device_kind_mixed_host_and_gpu_pushes():
     assert isinstance(kv._store["host"], np.ndarray)
 
 
+@needs_gpu
+def test_a_host_value_pulls_into_a_strided_gpu_view():
+    """CuPy's ``set`` takes contiguous targets only; a strided view is filled another way."""
+    cp = _cupy()
+    kv = LocalStore("device")
+    kv.init("h", np.arange(6, dtype=np.float32).reshape(2, 3))  # kept on the host
+    target = cp.zeros((3, 2), cp.float32)
+    kv.pull("h", out=target.T)  # (2, 3), not contiguous
+    _sync_all(cp)
+    np.testing.assert_array_equal(target.get().T, np.arange(6).reshape(2, 3))
+
+
 @needs_2_gpus
 def test_device_kind_two_gpus():
     cp = _cupy()

@@ -80,9 +80,30 @@ def fuse(*args, **kwargs):
     raise NotImplementedError("fake CuPy cannot fuse kernels")
 
 
+# NumPy 2's functions and types that CuPy 13.6 does not have (read off its module): code
+# that reaches them through ``xp`` would fail on a real GPU, so the fake refuses them too
+MISSING_IN_CUPY13 = frozenset({
+    "acos", "acosh", "apply_over_axes", "asin", "asinh", "asmatrix", "astype", "atan", "atan2",
+    "atanh", "bitwise_count", "bitwise_invert", "bitwise_left_shift", "bitwise_right_shift",
+    "block", "bmat", "bool", "busday_count", "busday_offset", "busdaycalendar", "bytes_",
+    "character", "clongdouble", "complex256", "concat", "cumulative_prod", "cumulative_sum",
+    "datetime64", "datetime_as_string", "datetime_data", "einsum_path", "errstate", "flexible",
+    "float128", "frompyfunc", "fromregex", "geomspace", "get_include", "getbufsize", "geterr",
+    "geterrcall", "histogram_bin_edges", "info", "insert", "is_busday", "isdtype", "isnat",
+    "long", "longdouble", "matrix", "matrix_transpose", "matvec", "memmap", "nanpercentile",
+    "nanquantile", "ndenumerate", "nditer", "nested_iters", "object_", "permute_dims",
+    "polyder", "polydiv", "polyint", "pow", "put_along_axis", "recarray", "record",
+    "setbufsize", "seterr", "seterrcall", "show_runtime", "spacing", "str_", "test",
+    "timedelta64", "trapezoid", "ulong", "unique_all", "unique_counts", "unique_inverse",
+    "unique_values", "unstack", "vecdot", "vecmat", "void",
+})
+
+
 @functools.lru_cache(maxsize=None)  # one object per name, as a module attribute is
 def __getattr__(name):
     """NumPy's functions and constants, taking and giving device arrays."""
+    if name in MISSING_IN_CUPY13:
+        raise AttributeError(f"module 'cupy' has no attribute {name!r} (CuPy 13 lacks it)")
     value = getattr(_np, name)
     if isinstance(value, type) or not callable(value):
         return value

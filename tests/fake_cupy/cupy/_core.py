@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as _np
 
+DTYPE_CHARS = frozenset("?bhilqBHILQefdFD")  # CuPy 13's (no bfloat16)
 HOST_MIX = ("Unsupported type <class 'numpy.ndarray'>: a NumPy array mixed into device "
             "work (fake CuPy)")
 
@@ -39,6 +40,10 @@ class ndarray:
         return _np.array(self._host, copy=True)
 
     def set(self, array, stream=None):
+        if not self._host.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")
+        if _np.dtype(array.dtype) != self._host.dtype or array.shape != self._host.shape:
+            raise ValueError("set: the host array's dtype and shape must match")
         self._host[...] = array
 
     @property
@@ -172,6 +177,8 @@ def wrap(value):
     if isinstance(value, ndarray):
         return value
     if isinstance(value, _np.ndarray):
+        if value.dtype.char not in DTYPE_CHARS:  # as CuPy: no strings, float8, int4, ...
+            raise ValueError(f"Unsupported dtype {value.dtype}")
         array = object.__new__(ndarray)
         array._host = value
         return array
