@@ -15,13 +15,22 @@ from mixrt.ops.dtypes import NUMERIC
 from mixrt.ops.registry import op
 from mixrt.ops.shape import const_ints, host_ints, host_scalar, typed, unknown_dims
 from mixrt.ops.types import normalize_axis, reduced_shape, same_as_input
+from mixrt.runtime import device_checks
 
 INT64 = np.dtype(np.int64)
 
 
 def _wrap(xp, indices, dim):
-    """Negative indices count from the end of an axis of length ``dim``."""
+    """Negative indices count from the end of an axis of length ``dim``. On the CPU an index
+    outside [-dim, dim) then raises where it is used; CuPy would wrap it around, so on the
+    GPU the run checks it when it ends (runtime/device_checks.py)."""
     indices = indices.astype(np.int64)
+    if xp is not np and indices.size:
+        device_checks.expect_false(((indices < -dim) | (indices >= dim)).any(),
+                                   f"every index within [-{dim}, {dim}) on its axis")
+    elif indices.size and indices.min() < -dim:  # NumPy would count it from the end again
+        raise IndexError(f"index {int(indices.min())} is out of bounds for an axis of size "
+                         f"{dim}; expected every index within [-{dim}, {dim})")
     return xp.where(indices < 0, indices + dim, indices)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from mixrt.runtime import device_checks
 from mixrt.runtime.executor import Arena, execute
 
 
@@ -42,6 +43,7 @@ class CapturedRun:
     inputs: dict  # feed name -> the device buffer the graph reads
     env: dict  # every value of the captured run (outputs included), kept alive
     pool: object  # the private memory pool (kept alive with the graph)
+    checks: object = None  # the run's deferred checks (runtime/device_checks.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def launch(self, feeds: dict) -> dict:
@@ -54,6 +56,9 @@ class CapturedRun:
                 self.inputs[name][...] = value
             self.graph.launch(self.stream)
         self.stream.synchronize()
+        if self.checks is not None:  # each replay recomputed them
+            import cupy  # noqa: PLC0415  (GPU sessions only)
+            self.checks.raise_if_failed(cupy)
         return self.env
 
     def kept(self, copy):
@@ -103,7 +108,8 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
         stream.synchronize()  # the copies above are not part of the graph
         stream.begin_capture()  # relaxed mode (CuPy's default): the pool may cudaMalloc
         try:
-            execute(plan.steps, env, cupy, arena, plan)
+            with device_checks.collecting() as checks:
+                execute(plan.steps, env, cupy, arena, plan)
         except BaseException:
             # ending an invalidated capture raises too; the kernel's error is the one to keep
             try:
@@ -113,7 +119,7 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
             raise
         graph = stream.end_capture()
     env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
-    return CapturedRun(graph, stream, inputs, env, pool)
+    return CapturedRun(graph, stream, inputs, env, pool, checks)
 
 
 def _wait_for_callers_stream(stream) -> None:

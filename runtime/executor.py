@@ -35,6 +35,7 @@ import numpy as np
 
 from mixrt.errors import ExecutionError, MixrtError
 from mixrt.ops.types import TensorType
+from mixrt.runtime import device_checks
 from mixrt.runtime.device import aligned_empty
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 
@@ -331,6 +332,8 @@ def _arguments(step, env) -> list:
 
 
 def _call(step, xp, args, attributes):
+    if xp is not np:
+        device_checks.at_node(step.label)
     try:
         return step.fn(xp, *args, **attributes)
     except MixrtError:

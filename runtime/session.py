@@ -14,6 +14,7 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 
 from __future__ import annotations
 
+import contextlib
 from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -27,6 +28,7 @@ from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
+from mixrt.runtime import device_checks
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.runtime.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
@@ -218,7 +220,9 @@ class Session:
         with np.errstate(all="ignore"), self.device.active():
             plan = self._cached_plan(signature)
             if plan is None:
-                env = self._discover(signature, feeds, process)
+                with self._device_checks() as checks:
+                    env = self._discover(signature, feeds, process)
+                self._raise_failed(checks)
                 return self._collect(env, wanted, frozenset(), host)
             profiler = self.profiler if self.profiler is not None else process
             if self._captures is not None and profiler is None:
@@ -234,14 +238,26 @@ class Session:
                 env = dict(self._bound.constants)
                 env.update(plan.frozen)
                 env.update(feeds)
-                if profiler is not None:
-                    with profiler.run(plan.arena_bytes, self.device):
-                        execute(plan.steps, env, self._xp, arena, plan, profiler)
-                else:
-                    execute(plan.steps, env, self._xp, arena, plan)
+                with self._device_checks() as checks:
+                    if profiler is not None:
+                        with profiler.run(plan.arena_bytes, self.device):
+                            execute(plan.steps, env, self._xp, arena, plan, profiler)
+                    else:
+                        execute(plan.steps, env, self._xp, arena, plan)
+                self._raise_failed(checks)
                 return self._collect(env, wanted, plan.shared_outputs, host)
             finally:
                 release(plan, arena)
+
+    def _device_checks(self):
+        """On a GPU, the run's deferred checks (runtime/device_checks.py)."""
+        if self.device.kind == "gpu":
+            return device_checks.collecting()
+        return contextlib.nullcontext()
+
+    def _raise_failed(self, checks) -> None:
+        if checks is not None:
+            checks.raise_if_failed(self._xp)
 
     def end_profiling(self) -> str | None:
         """Write the Chrome trace recorded so far; returns its path (None when not profiling)."""

@@ -126,3 +126,35 @@ def test_a_dtype_cupy_cannot_hold_is_refused_when_a_gpu_session_is_made():
     assert mixrt.Session(model).run(None, {"x": x})[0].tolist() == [0.5, 1.0, 288.0, -2.0]
     rows = support_table(mixrt.Session(model).graph, parse_device("gpu"))
     assert [row.node for row in rows if not row.supported] == ["to_fp8", "back"]
+
+
+@needs_gpu
+def test_an_out_of_range_index_on_the_gpu_raises_when_the_run_ends():
+    """CuPy wraps an out-of-range index around where NumPy raises; the GPU run checks its
+    indices on the device and reads the verdicts back once, when it ends."""
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["data", "i"], ["g"], name="lookup"),
+         helper.make_node("GatherElements", ["data", "j"], ["e"], name="pick", axis=1)], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [3, 4]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("j", TensorProto.INT64, [3, 1])],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    good = {"data": data, "i": np.array([2, -3]), "j": np.array([[3], [0], [-4]])}
+    cpu, gpu = mixrt.Session(model), mixrt.Session(model, device="gpu")
+    for _ in range(3):  # the discovery run, then planned runs
+        want = cpu.run(None, good)
+        for got, expected in zip(gpu.run(None, good), want):
+            np.testing.assert_array_equal(got, expected)
+    for name, bad, node in [("i", np.array([0, 3]), "lookup"),
+                            ("i", np.array([-4, 0]), "lookup"),
+                            ("j", np.array([[4], [0], [0]]), "pick")]:
+        feeds = dict(good, **{name: bad})
+        with pytest.raises(MixrtError):
+            cpu.run(None, feeds)
+        with pytest.raises(MixrtError, match=rf"node '{node}'.*index within \[-\d, \d\)"):
+            gpu.run(None, feeds)
+        # and the session goes on serving good runs
+        np.testing.assert_array_equal(gpu.run(None, good)[0], want[0])

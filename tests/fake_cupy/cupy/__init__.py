@@ -60,6 +60,11 @@ def from_dlpack(x):
     return wrap(_np.from_dlpack(x))
 
 
+def take(a, indices, axis=None, out=None):
+    """CuPy's take wraps out-of-range indices around (it has no mode argument)."""
+    return wrap(_np.take(unwrap(a), unwrap(indices), axis=axis, mode="wrap"))
+
+
 def get_default_memory_pool():
     return cuda.MemoryPool._default
 

@@ -90,10 +90,11 @@ class ndarray:
         return wrap(value) if isinstance(value, _np.ndarray) else value
 
     def __getitem__(self, key):
-        return wrap(self._host[unwrap_index(key)])
+        return wrap(self._host[wrapped_index(unwrap_index(key), self._host.shape)])
 
     def __setitem__(self, key, value):
-        self._host[unwrap_index(key)] = value._host if isinstance(value, ndarray) else value
+        self._host[wrapped_index(unwrap_index(key), self._host.shape)] = \
+            value._host if isinstance(value, ndarray) else value
 
     def __len__(self):
         return len(self._host)
@@ -208,6 +209,18 @@ def unwrap(value):
     if isinstance(value, (list, tuple)):
         return type(value)(unwrap(v) for v in value)
     return value
+
+
+def wrapped_index(key, shape):
+    """CuPy wraps out-of-bounds integer-array indices around their axis where NumPy raises:
+    so does the fake, for keys of integer arrays and slices (no Ellipsis or newaxis)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if not any(isinstance(k, _np.ndarray) and k.dtype.kind in "iu" for k in parts) \
+            or any(k is Ellipsis or k is None for k in parts) or len(parts) > len(shape):
+        return key
+    wrapped = tuple(k % shape[axis] if isinstance(k, _np.ndarray) and k.dtype.kind in "iu"
+                    and shape[axis] else k for axis, k in enumerate(parts))
+    return wrapped if isinstance(key, tuple) else wrapped[0]
 
 
 def unwrap_index(key):
