@@ -7,7 +7,7 @@ import time
 import mixrt
 from mixrt import autograd, nd
 from mixrt.context import Context
-from mixrt.errors import DeviceMismatchError, GradientError, InputError
+from mixrt.errors import DeviceMismatchError, ExecutionError, GradientError, InputError
 from mixrt.nd import NDArray
 from mixrt.runtime.device import gpu_available
 
@@ -533,6 +533,17 @@ def test_gpu_results_match_the_cpu():
         np.testing.assert_allclose(got.asnumpy(), f(here).asnumpy(), rtol=1e-5, atol=1e-6)
     free, total = mixrt.context.gpu_memory_info(0)
     assert 0 < free <= total
+
+
+@needs_gpu
+def test_an_out_of_range_index_on_the_gpu_raises_at_its_op():
+    """CuPy would wrap it around; the imperative op checks on the device and says so."""
+    table = nd.array(np.arange(6, dtype=np.float32).reshape(3, 2), ctx=mixrt.gpu(0))
+    rows = nd.Gather(table, nd.array(np.array([2, -3]), ctx=mixrt.gpu(0)), axis=0)
+    assert rows.asnumpy().tolist() == [[4, 5], [0, 1]]
+    for bad in ([0, 3], [-4, 0]):
+        with pytest.raises(ExecutionError, match=r"Gather.*index within \[-3, 3\)"):
+            nd.Gather(table, nd.array(np.array(bad), ctx=mixrt.gpu(0)), axis=0)
 
 
 @needs_gpu

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
+from mixrt.runtime import device_checks
 from mixrt.runtime import profiler as _profiler
 
 # filled in by mixrt.nd.ndarray / mixrt.autograd (they import this module)
@@ -63,7 +64,15 @@ def run_kernel(spec, raw: list, attributes: dict, count: int, ctx) -> list:
     if kernel.wants_output_count:
         attributes = dict(attributes, _outputs=count)
     try:
-        result = kernel.for_device(ctx.device.kind)(ctx.xp, *raw, **attributes)
+        if ctx.device.kind == "gpu":
+            # an index op's device-side checks (runtime/device_checks.py), read back now:
+            # imperative code wants its error at the op that caused it
+            with device_checks.collecting() as checks:
+                device_checks.at_node(f"{spec.domain or 'ai.onnx'}::{spec.op_type}")
+                result = kernel.for_device(ctx.device.kind)(ctx.xp, *raw, **attributes)
+            checks.raise_if_failed(ctx.xp)
+        else:
+            result = kernel.for_device(ctx.device.kind)(ctx.xp, *raw, **attributes)
     except MixrtError:
         raise
     except Exception as exc:
