@@ -19,7 +19,8 @@ _generator = np.random.default_rng()
 
 
 def seed(value: int) -> None:
-    """Reseed NumPy, mixrt and (if loaded) CuPy."""
+    """Reseed NumPy, mixrt and (if loaded) CuPy, on every GPU (CuPy keeps a generator per
+    device and its ``seed`` reseeds only the current one's)."""
     global _generator
     value = int(value)
     np.random.seed(value % (2 ** 32))
@@ -27,7 +28,10 @@ def seed(value: int) -> None:
     ops_random.reseed(value)
     cupy = sys.modules.get("cupy")
     if cupy is not None:
-        cupy.random.seed(value)
+        from mixrt.runtime.device import gpu_count  # noqa: PLC0415
+        for index in range(gpu_count()):  # none without a GPU: nothing to seed
+            with cupy.cuda.Device(index):
+                cupy.random.seed(value)
 
 
 def generator() -> np.random.Generator:
