@@ -1,16 +1,19 @@
 """What the benchmarks run: a model file at a batch size, its input, and its torch twin.
 
-The 9 light zoo models declare a fixed batch of 1. For batch 8 we write a copy whose first
-input and output axes are symbolic (``batch``), with the intermediate shape annotations
-dropped since they spell out the 1. Seven of them also bake the 1 into constant Reshape
-targets (``[1, 9216]`` before the classifier); the copy gives each such Reshape its own
-target with a 0 there, which ONNX reads as "copy the input's dimension": exactly the same
-model at batch 1, and batch-generic. A model that still fails at batch 8 in either runtime
-is reported as "fixed batch", not forced.
+The 9 light zoo models ship with one constant for every weight, which makes every output
+channel of a layer equal: a runtime that mixed up channels would still agree with
+onnxruntime. The benchmarks therefore run the same architectures with seeded random weights
+(``light_model_with_random_weights``, written once to ``.cache/``), and compare their logits
+as well as their softmax outputs.
 
-Their weights are constants, not trained, so on most inputs their logits overflow and the
-runtimes' softmax outputs disagree in meaningless ways. The batch-8 input is therefore the
-reference ramp repeated 8 times: the input onnx's reference outputs were made from.
+The zoo models declare a fixed batch of 1. For batch 8 we write a copy whose first input and
+output axes are symbolic (``batch``), with the intermediate shape annotations dropped since
+they spell out the 1. Seven of them also bake the 1 into constant Reshape targets
+(``[1, 9216]`` before the classifier); the copy gives each such Reshape its own target with
+a 0 there, which ONNX reads as "copy the input's dimension": exactly the same model at batch
+1, and batch-generic. A model that still fails at batch 8 in either runtime is reported as
+"fixed batch", not forced. The batch-8 input is 8 different images (the reference ramp, then
+seeded uniform noise), so a runtime that mixed up images would disagree too.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from onnx import numpy_helper
 
 from models import CACHE, TORCH_MODELS
 
-from mixrt.models.zoo import LIGHT_MODELS, light_model
+from mixrt.models.zoo import LIGHT_MODELS, light_model, light_model_with_random_weights
+
+WEIGHT_SEED = 0
 
 
 @dataclass
@@ -49,12 +54,30 @@ def make_case(name: str, batch: int) -> Case:
                     model.input_name, kind="torch")
     if name not in LIGHT_MODELS:
         raise SystemExit(f"unknown model {name!r}; choose from {all_models()}")
-    zoo = light_model(name)
+    path, inputs = random_weight_copy(name)
     if batch == 1:
-        return Case(name, 1, zoo.path, zoo.inputs)
-    path = dynamic_batch_copy(zoo.path, CACHE / f"{zoo.path.stem}_batch.onnx")
-    feeds = {n: np.repeat(v, batch, axis=0) for n, v in zoo.inputs.items()}
-    return Case(name, batch, path, feeds)
+        return Case(name, 1, path, inputs)
+    path = dynamic_batch_copy(path, CACHE / f"{path.stem}_batch.onnx")
+    return Case(name, batch, path, {n: different_images(v, batch) for n, v in inputs.items()})
+
+
+def random_weight_copy(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """The light model ``name`` with seeded random weights, saved once; and its input."""
+    zoo = light_model(name)
+    target = CACHE / f"{zoo.path.stem}_random{WEIGHT_SEED}.onnx"
+    if not target.exists() or target.stat().st_mtime < zoo.path.stat().st_mtime:
+        model, _ = light_model_with_random_weights(name, WEIGHT_SEED)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        onnx.save(model, partial)
+        partial.replace(target)
+    return target, zoo.inputs
+
+
+def different_images(first: np.ndarray, batch: int) -> np.ndarray:
+    """``batch`` images: ``first`` (a batch of one), then seeded uniform noise in its range."""
+    rest = np.random.default_rng(batch).random((batch - 1,) + first.shape[1:])
+    return np.concatenate([first, rest.astype(first.dtype)])
 
 
 def zoo_torch_twin(case: Case):

@@ -34,11 +34,9 @@ def model_and_feeds(name: str, batch: int) -> tuple[Path, dict]:
     if name in TORCH_MODELS:
         model = TORCH_MODELS[name]()
         return model.path, model.feeds(batch)
-    from mixrt.models.zoo import light_model  # noqa: PLC0415
-    zoo = light_model(name)
-    if batch != 1:
-        raise SystemExit(f"{name}: light zoo models have a fixed batch of 1")
-    return zoo.path, zoo.inputs
+    from cases import make_case  # noqa: PLC0415  (the zoo models with random weights)
+    case = make_case(name, batch)
+    return case.path, case.feeds
 
 
 def _timed(fn, op_type: str, current: dict):

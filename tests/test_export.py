@@ -19,7 +19,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from mixrt.errors import ExportError
 from mixrt.exporters.onnx import export_model, save_model
 from mixrt.importers.onnx import import_model
-from mixrt.models.zoo import light_model
+from mixrt.models.zoo import light_model, light_model_with_random_weights
 from mixrt.ops.fused import ACTIVATIONS
 from mixrt.ops.fused_elementwise import OPS
 from mixrt.ops.types import SequenceType, tensor
@@ -421,29 +421,6 @@ def test_a_mixrt_op_without_decomposition_is_an_export_error():
 
 # -- optimized zoo-like models at every opset --------------------------------------------------
 
-def squeezenet_with_random_weights() -> tuple[onnx.ModelProto, dict]:
-    """The light squeezenet (opset 9) with He-initialized weights instead of its constant
-    ones, so the outputs depend on every layer."""
-    zoo = light_model("squeezenet")
-    model = onnx.load(zoo.path)
-    rng = np.random.default_rng(4)
-    shapes = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    kept = []
-    for n in model.graph.node:
-        if n.op_type != "ConstantOfShape":
-            kept.append(n)
-            continue
-        shape = tuple(int(d) for d in shapes[n.input[0]])
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        weight = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(F32)
-        model.graph.initializer.append(numpy_helper.from_array(weight, n.output[0]))
-        model.graph.input.append(helper.make_tensor_value_info(n.output[0], TensorProto.FLOAT,
-                                                               shape))
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    return model, zoo.inputs
-
-
 def mlp_with_gelu() -> tuple[onnx.ModelProto, dict]:
     """A transformer-style block at opset 13: dense + GELU + dense + residual, then a Gemm
     with ReLU6 and an elementwise tail; every fused kind appears once compiled."""
@@ -471,7 +448,10 @@ def mlp_with_gelu() -> tuple[onnx.ModelProto, dict]:
     return model, {"x": rng.standard_normal((3, 16)).astype(F32)}
 
 
-ZOO_LIKE = {"squeezenet": squeezenet_with_random_weights, "mlp": mlp_with_gelu}
+# squeezenet with seeded He-initialized weights instead of its constant ones, so the outputs
+# depend on every layer (and its logits are an output too)
+ZOO_LIKE = {"squeezenet": lambda: light_model_with_random_weights("squeezenet", seed=4),
+            "mlp": mlp_with_gelu}
 FUSED_KINDS = {"squeezenet": {"FusedConv"},
                "mlp": {"FusedMatMul", "FusedGemm", "FusedElementwise"}}
 
