@@ -41,13 +41,26 @@ def array(source, ctx=None, dtype=None) -> NDArray:
         source = np.asarray(source)
     if dtype is None and not isinstance(source, (np.ndarray, np.generic)):
         dtype = np.float32
-    host = np.array(source, dtype=dtype, copy=True)
+    try:
+        host = np.array(source, dtype=dtype, copy=True)
+    except (TypeError, ValueError) as exc:  # ragged lists, strings, unknown dtypes
+        raise InputError(f"array: cannot make an array of {type(source).__name__} "
+                         f"{str(source)[:60]}: {exc}") from exc
+    if host.dtype.kind not in "biufc":
+        raise InputError(f"array: {host.dtype} data is not numbers")
     return NDArray(ctx.device.put(host) if ctx.device.kind != "cpu" else host, ctx)
+
+
+def _shape(shape) -> tuple:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(int(d) < 0 for d in shape):
+        raise InputError(f"shape {shape} has a negative dimension")
+    return shape
 
 
 def _filled(fill, shape, ctx, dtype) -> NDArray:
     ctx = as_context(ctx)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _shape(shape)
     return NDArray(ctx.xp.full(shape, fill, dtype=np.dtype(dtype or np.float32)), ctx)
 
 
@@ -65,7 +78,7 @@ def full(shape, val, ctx=None, dtype=None) -> NDArray:
 
 def empty(shape, ctx=None, dtype=None) -> NDArray:
     ctx = as_context(ctx)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _shape(shape)
     return NDArray(ctx.xp.empty(shape, dtype=np.dtype(dtype or np.float32)), ctx)
 
 
@@ -108,8 +121,28 @@ def waitall() -> None:
 
 from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  # noqa: E402
                                  log, log_softmax, max, maximum, mean, min, minimum, relu,
-                                 reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
-                                 tanh, transpose, where)
+                                 sigmoid, softmax, sqrt, square, squeeze, stack, sum,
+                                 tanh, transpose)
+from mixrt.array_methods import where as _where  # noqa: E402
+
+
+def reshape(data, shape, reverse: bool = False) -> NDArray:
+    """MXNet's ``nd.reshape``, special codes and ``reverse`` included (``NDArray.reshape``)."""
+    return data.reshape(shape, reverse=reverse)
+
+
+def where(condition, x, y):
+    """``x`` where ``condition`` is non-zero, else ``y``. As in MXNet, a 1-D condition
+    beside higher-rank ``x`` and ``y`` picks whole rows (its length is their first
+    dimension); other shapes broadcast, NumPy's way."""
+    if isinstance(condition, NDArray) and condition.ndim == 1:
+        like = next((v for v in (x, y) if isinstance(v, NDArray)), None)
+        if like is not None and like.ndim > 1:
+            if condition.shape[0] != like.shape[0]:
+                raise InputError(f"where: a 1-D condition of length {condition.shape[0]} "
+                                 f"picks rows, and x has {like.shape[0]} (shape {like.shape})")
+            condition = condition.reshape((-1,) + (1,) * (like.ndim - 1))
+    return _where(condition, x, y)
 
 
 __all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",

@@ -41,6 +41,8 @@ def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = No
     inputs, attributes = _split(spec, args, kwargs)
     ctx = _common_context(op_type, inputs)
     _promote_floats(spec, inputs)
+    _numeric_bools(spec, inputs)
+    _check_shared_dtypes(spec, inputs)
     raw = [_raw_input(value, ctx, inputs) for value in inputs]
     count = _output_count(spec, attributes, num_outputs, raw)
     recording = _autograd is not None and _autograd.needs_tape(inputs)
@@ -145,6 +147,62 @@ def _promote_floats(spec, inputs: list) -> None:
                     inputs[i] = inputs[i].astype(common)
 
 
+def _numeric_bools(spec, inputs: list) -> None:
+    """A boolean array (what a comparison returns) given to an input whose ONNX type does
+    not allow bool (``Add``, ``Mul``, ``ReduceSum``, ...) is cast, through a recorded ``Cast``,
+    to the dtype of a non-boolean array it shares a type with, else to float32. MXNet's
+    comparisons return 0/1 in the input's dtype, so ``(x > 0) * x``, ``(y == label).mean()``
+    and ``(x > 0) + 1`` are arithmetic there; NumPy's bool arithmetic would have made them
+    logical (``True``), and the product would have dropped out of the tape (a bool first
+    input made the output look non-differentiable)."""
+    if not any(isinstance(v, NDArray) and v.dtype == np.bool_ for v in inputs):
+        return
+    allowed, groups = _bool_inputs(spec.domain, spec.op_type, spec.opset)
+    if allowed is None:
+        return
+    for i, value in enumerate(inputs):
+        if not (isinstance(value, NDArray) and value.dtype == np.bool_):
+            continue
+        position = min(i, len(allowed) - 1)
+        if allowed[position]:
+            continue
+        peers = [v for j, v in enumerate(inputs) if isinstance(v, NDArray) and
+                 v.dtype != np.bool_ and groups[min(j, len(groups) - 1)] == groups[position]]
+        inputs[i] = value.astype(peers[0].dtype if peers else np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _bool_inputs(domain: str, op_type: str, opset: int):
+    """(whether each formal input takes bool, each input's type parameter), or (None, None)
+    for an op without an ONNX schema."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None, None
+    if not schema.inputs:
+        return None, None
+    takes = {c.type_param_str: "tensor(bool)" in c.allowed_type_strs
+             for c in schema.type_constraints}
+    allowed = tuple(takes.get(f.type_str, f.type_str == "tensor(bool)") for f in schema.inputs)
+    return allowed, tuple(f.type_str for f in schema.inputs)
+
+
+def _check_shared_dtypes(spec, inputs: list) -> None:
+    """Arrays that ONNX says share one type but still differ (int32 with float32, int64 with
+    int32, once floats were promoted) are an ``InputError``, as in MXNet: NumPy would have
+    promoted them silently (int32 + float32 gives float64) to a type the op does not have."""
+    dtypes = {v.dtype for v in inputs if isinstance(v, NDArray)}
+    if len(dtypes) < 2:
+        return
+    for group in _shared_type_groups(spec.domain, spec.op_type, spec.opset):
+        members = {inputs[i].dtype for i in range(len(inputs))
+                   if group(i) and isinstance(inputs[i], NDArray)}
+        if len(members) > 1:
+            raise InputError(f"{spec.op_type}: inputs of one type have different dtypes "
+                             f"{sorted(str(d) for d in members)}; cast one with .astype() "
+                             f"(MXNet does not mix dtypes either)")
+
+
 def _mixed_floats(inputs: list) -> bool:
     seen = None
     for value in inputs:
@@ -188,7 +246,11 @@ def _in_group(indices: frozenset, variadic_from: int | None, position: int) -> b
 
 def _raw_input(value, ctx, inputs):
     """The kernel's view of one argument; a number takes the dtype of the first array that
-    is not boolean (``where(x > 1, x, 5)``: x's dtype, not the condition's)."""
+    is not boolean (``where(x > 1, x, 5)``: x's dtype, not the condition's). As in MXNet
+    (whose scalar ops cast the scalar to the array's dtype) and as ``mixrt.sym`` does
+    (CastLike), a float number beside an integer array is truncated to that integer type:
+    ``int32 + 1.5`` is ``int32 + 1``; an integer out of range wraps (``uint8 + 300``).
+    Beside boolean arrays only, a number other than True/False is float32."""
     if value is None:
         return None
     if isinstance(value, NDArray):
@@ -196,9 +258,11 @@ def _raw_input(value, ctx, inputs):
     arrays = [v for v in inputs if isinstance(v, NDArray)]
     like = next((v for v in arrays if v.dtype != np.bool_), arrays[0] if arrays else None)
     if isinstance(value, (bool, int, float)) and like is not None:
-        dtype = like.dtype if like.dtype.kind in "fc" or isinstance(value, (bool, int)) \
-            else np.float32
-        return ctx.xp.asarray(value, dtype=dtype)
+        dtype = like.dtype
+        if dtype == np.bool_ and not isinstance(value, bool):  # only conditions around
+            dtype = np.float32  # where(x > 2, 0.5, -1.5): MXNet's default dtype
+        host = np.array(value).astype(dtype)  # C casts: truncate, wrap (MXNet's)
+        return host if ctx.device.kind == "cpu" else ctx.xp.asarray(host)
     if ctx.device.kind == "cpu":
         return np.asarray(value)
     return ctx.device.put(value)  # a list, a host array, or already the device's

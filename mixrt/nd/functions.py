@@ -3,7 +3,10 @@ as autograd Functions so that gradients flow through them."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from mixrt.autograd import Function
+from mixrt.nd.dispatch import _common_context
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime.device import add_at
 
@@ -43,3 +46,44 @@ class CopyToDevice(Function):
 
     def backward(self, dy: NDArray) -> NDArray:
         return NDArray(self.source.device.put(dy._read()).copy(), self.source)
+
+
+class FloorMod(Function):
+    """``a % b`` of float arrays as MXNet (and Python) compute it: the result takes the sign
+    of ``b`` (``-1 % 2 == 1``; ``x % 0 == 0``, as MXNet). ONNX's ``Mod`` on floats is C's
+    ``fmod`` (the sign of ``a``) and has no gradient; this one has MXNet's: ``1`` for ``a``,
+    ``-floor(a / b)`` for ``b``. Either side may be a Python number (no gradient)."""
+
+    def forward(self, a, b):
+        like = a if isinstance(a, NDArray) else b
+        ctx = _common_context("Mod", [a, b])  # DeviceMismatchError for two devices
+        xp = ctx.xp
+        self.shapes = [v.shape if isinstance(v, NDArray) else None for v in (a, b)]
+        ra, rb = (v._read() if isinstance(v, NDArray) else xp.asarray(v, dtype=like.dtype)
+                  for v in (a, b))
+        self.saved = (ra, rb, ctx)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = xp.mod(ra, rb)
+            out = xp.where(rb == 0, xp.zeros((), dtype=out.dtype), out)
+        return NDArray(out, ctx)
+
+    def backward(self, dy: NDArray):
+        ra, rb, ctx = self.saved
+        xp, g = ctx.xp, dy._read()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            quotient = xp.where(rb == 0, xp.zeros((), dtype=g.dtype), xp.floor(ra / rb))
+        grads = (g, -g * quotient)
+        return tuple(None if shape is None else
+                     NDArray(_sum_to(xp, grad, shape).astype(raw.dtype), ctx)
+                     for grad, shape, raw in zip(grads, self.shapes, (ra, rb)))
+
+
+def _sum_to(xp, grad, shape):
+    """``grad`` summed over the axes broadcasting added to ``shape``."""
+    grad = xp.asarray(grad)
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, size in enumerate(shape):
+        if size == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    return xp.broadcast_to(grad, shape)

@@ -7,6 +7,21 @@ writes (``_read``) and every in-place write for its pending reads and writes (``
 Under ``autograd.record()`` each op leaves a node on the tape; an array remembers the node
 that made it (``_entry``) and counts its in-place writes (``_version``), so a backward pass can
 tell when a value it saved was overwritten since.
+
+Where it differs from MXNet 1.x's NDArray, on purpose (NumPy's conventions, which ONNX and
+``mixrt.sym`` share):
+
+* a reduction over every axis (``x.sum()``, ``x.norm()``, ``nd.dot`` of two vectors), an
+  integer index of a vector (``x[1]`` of a 1-D ``x``) and ``squeeze`` of an all-ones shape
+  give a 0-d array, shape ``()``; MXNet has no 0-d arrays and gives shape ``(1,)``;
+* comparisons (``x > 0``, ``x == y``) give bool arrays, MXNet's give 0/1 in ``x``'s dtype;
+  a bool array used in arithmetic is cast first (``(x > 0) * x`` is float32, as in MXNet;
+  see ``dispatch._numeric_bools``), and one can index (``x[x > 0]``, a NumPy mask);
+* ``x[key]`` is always a copy; MXNet's ``x[i]`` and ``x[i:j]`` are views that share ``x``'s
+  memory (writing ``x[1:2][:] = 0`` changes ``x`` there, not here: write ``x[1:2] = 0``);
+* ``argmax``/``argmin`` give int64 indices (MXNet's are floats of ``x``'s dtype);
+* ``nd.array`` of a NumPy array keeps its dtype (MXNet's makes float32);
+* arrays of two float dtypes are promoted (MXNet raises); two other dtypes raise, as there.
 """
 
 from __future__ import annotations
@@ -190,7 +205,11 @@ class NDArray(ArrayMethods):
         return self
 
     def astype(self, dtype, copy: bool = True) -> "NDArray":
-        if np.dtype(dtype) == self.dtype and not copy:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise InputError(f"astype: {dtype!r} is not a dtype") from exc
+        if dtype == self.dtype and not copy:
             return self
         return ArrayMethods.astype(self, dtype)
 
@@ -231,8 +250,8 @@ class NDArray(ArrayMethods):
         left, right = (other, self) if reverse else (self, other)
         return dispatch.invoke("", op_type, [left, right], {})
 
-    def __mod__(self, other): return dispatch.invoke("", "Mod", [self, other],
-                                                     {"fmod": int(self.dtype.kind == "f")})
+    def __mod__(self, other): return _mod(self, other)
+    def __rmod__(self, other): return _mod(other, self)
     def __eq__(self, other): return self._binary("Equal", other)
 
     def __ne__(self, other):
@@ -243,7 +262,9 @@ class NDArray(ArrayMethods):
     def __pos__(self): return self
 
     def _inplace(self, op_type: str, other) -> "NDArray":
-        result = self._binary(op_type, other)
+        return self._assign(op_type, self._binary(op_type, other))
+
+    def _assign(self, op_type: str, result: "NDArray") -> "NDArray":
         if result.shape != self.shape:
             raise InputError(f"in-place {op_type}: the result's shape {result.shape} is not "
                              f"this array's {self.shape}")
@@ -255,12 +276,19 @@ class NDArray(ArrayMethods):
     def __isub__(self, other): return self._inplace("Sub", other)
     def __imul__(self, other): return self._inplace("Mul", other)
     def __itruediv__(self, other): return self._inplace("Div", other)
+    def __imod__(self, other): return self._assign("Mod", _mod(self, other))
 
     # -- indexing ----------------------------------------------------------------------
 
     def __getitem__(self, key) -> "NDArray":
+        """A copy of the selected part (see the module's notes: MXNet gives a view for an
+        integer or a slice). An NDArray of floats indexes as integers, as in MXNet."""
         from mixrt.nd.functions import Index  # noqa: PLC0415
-        return Index(_raw_key(key, self.ctx))(self)
+        key = _raw_key(key, self.ctx)
+        try:
+            return Index(key)(self)
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _index_error(exc, "indexing", key, self.shape) from exc
 
     def __setitem__(self, key, value) -> None:
         key = _raw_key(key, self.ctx)
@@ -272,10 +300,48 @@ class NDArray(ArrayMethods):
                                           f".as_in_context({self.ctx})")
             value = value._read()
         target = self._write()
-        target[key] = value
+        try:
+            target[key] = value
+        except (IndexError, TypeError, ValueError) as exc:
+            raise _index_error(exc, "setitem", key, self.shape) from exc
 
     def __iter__(self):
         return (self[i] for i in range(self.shape[0]))
+
+    # -- MXNet's meanings where the shared methods (mixrt/array_methods.py) differ ---------
+
+    def reshape(self, *shape, reverse: bool = False, **kwargs) -> "NDArray":
+        """MXNet's reshape: ``x.reshape((2, -1))``, ``x.reshape(2, 3)``, ``shape=``, and its
+        special codes, resolved here against this array's shape: ``0`` copies a dimension,
+        ``-1`` infers one, ``-2`` copies all the rest, ``-3`` merges two, ``-4, a, b``
+        splits one in two (either may be -1); ``reverse=True`` matches them from the right."""
+        if "shape" in kwargs:
+            if shape:
+                raise InputError("reshape: the shape given both positionally and as shape=")
+            shape = (kwargs.pop("shape"),)
+        if kwargs:
+            raise InputError(f"reshape: unknown arguments {sorted(kwargs)}")
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return ArrayMethods.reshape(self, mxnet_shape(self.shape, shape, reverse))
+
+    def argmax(self, axis=None, keepdims: bool = False) -> "NDArray":
+        """Indices of the largest values along ``axis``; ``axis=None`` (MXNet's default)
+        over the flattened array."""
+        if axis is None:
+            return ArrayMethods.argmax(self.reshape(-1), 0, False)._flat_index(self.ndim,
+                                                                                keepdims)
+        return ArrayMethods.argmax(self, axis, keepdims)
+
+    def argmin(self, axis=None, keepdims: bool = False) -> "NDArray":
+        """Indices of the smallest values along ``axis``; ``axis=None`` (MXNet's default)
+        over the flattened array."""
+        if axis is None:
+            return ArrayMethods.argmin(self.reshape(-1), 0, False)._flat_index(self.ndim,
+                                                                                keepdims)
+        return ArrayMethods.argmin(self, axis, keepdims)
+
+    def _flat_index(self, ndim: int, keepdims: bool) -> "NDArray":
+        return self.reshape((1,) * ndim) if keepdims else self
 
     # -- what the shared methods (mixrt/array_methods.py) run on ------------------------
 
@@ -299,10 +365,98 @@ def _raw_key(key, ctx: Context):
             from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
             raise DeviceMismatchError(f"indexing: the index is on {key.ctx}, the array on "
                                       f"{ctx}; move it with .as_in_context({ctx})")
-        return key._read()
+        raw = key._read()
+        # MXNet's index arrays are usually float32 (nd.array's default): their values index
+        return raw.astype(np.int64) if raw.dtype.kind == "f" else raw
     if isinstance(key, tuple):
         return tuple(_raw_key(k, ctx) for k in key)
     return key
+
+
+class IndexInputError(InputError, IndexError):
+    """An index out of range or of a kind NDArray does not take; an ``IndexError`` too, as
+    Python and MXNet raise."""
+
+
+def _index_error(exc, what: str, key, shape) -> InputError:
+    kind = IndexInputError if isinstance(exc, IndexError) else InputError
+    return kind(f"{what}: key {key!r} on an array of shape {shape}: {exc}")
+
+
+def _mod(a, b):
+    """``a % b`` as in MXNet: the sign of ``b`` (Python's rule) for floats as for ints."""
+    arrays = [v for v in (a, b) if isinstance(v, NDArray)]
+    if all(v.dtype.kind == "f" for v in arrays):
+        from mixrt.nd.functions import FloorMod  # noqa: PLC0415
+        return FloorMod()(a, b)
+    return dispatch.invoke("", "Mod", [a, b], {"fmod": 0})  # integers: Python's rule too
+
+
+def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
+    """The shape MXNet's reshape makes of ``source`` from ``codes`` (its 0/-1/-2/-3/-4, see
+    ``NDArray.reshape``); -1 is resolved too. Mirrors MXNet's ``InferReshapeShape``."""
+    codes = [int(c) for c in codes]
+    source = list(source)
+    if reverse:
+        source, codes = source[::-1], codes[::-1]
+
+    def bad(why):
+        return InputError(f"reshape: cannot reshape {tuple(source[::-1] if reverse else source)}"
+                          f" to {tuple(codes[::-1] if reverse else codes)}"
+                          f"{' (reverse=True)' if reverse else ''}: {why}")
+
+    out, at, inferred, i = [], 0, None, 0
+    while i < len(codes):
+        code = codes[i]
+        if code == 0:
+            if at >= len(source):
+                raise bad("0 copies a dimension the input does not have")
+            out.append(source[at])
+            at += 1
+        elif code == -1:
+            if inferred is not None:
+                raise bad("only one dimension can be -1")
+            inferred = len(out)
+            out.append(1)
+            at += 1
+        elif code == -2:
+            out.extend(source[at:])
+            at = len(source)
+        elif code == -3:
+            if at + 1 >= len(source):
+                raise bad("-3 merges two dimensions the input does not have")
+            out.append(source[at] * source[at + 1])
+            at += 2
+        elif code == -4:
+            if i + 2 >= len(codes) or at >= len(source):
+                raise bad("-4 needs the two dimensions to split into")
+            whole, first, second = source[at], codes[i + 1], codes[i + 2]
+            at += 1
+            i += 2
+            if first == -1 and second == -1:
+                raise bad("-4 cannot split into two -1")
+            if first == -1:
+                first = whole // second if second else 0
+            if second == -1:
+                second = whole // first if first else 0
+            if first * second != whole:
+                raise bad(f"{first} x {second} is not {whole}")
+            out.extend([first, second])
+        elif code > 0:
+            out.append(code)
+            at += 1
+        else:
+            raise bad(f"{code} is not a dimension or one of 0, -1, -2, -3, -4")
+        i += 1
+    size = int(np.prod(source, dtype=np.int64))
+    if inferred is not None:
+        rest = int(np.prod(out, dtype=np.int64))
+        if rest == 0 or size % rest:
+            raise bad(f"{size} elements do not divide into the other dimensions")
+        out[inferred] = size // rest
+    if int(np.prod(out, dtype=np.int64)) != size:
+        raise bad(f"{size} elements are not {int(np.prod(out, dtype=np.int64))}")
+    return tuple(out[::-1] if reverse else out)
 
 
 def _ints(values, ctx: Context):
