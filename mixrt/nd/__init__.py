@@ -61,7 +61,8 @@ def _shape(shape) -> tuple:
 def _filled(fill, shape, ctx, dtype) -> NDArray:
     ctx = as_context(ctx)
     shape = _shape(shape)
-    return NDArray(ctx.xp.full(shape, fill, dtype=np.dtype(dtype or np.float32)), ctx)
+    with ctx.device.active():  # a GPU array is made on the current GPU
+        return NDArray(ctx.xp.full(shape, fill, dtype=np.dtype(dtype or np.float32)), ctx)
 
 
 def zeros(shape, ctx=None, dtype=None) -> NDArray:
@@ -79,12 +80,15 @@ def full(shape, val, ctx=None, dtype=None) -> NDArray:
 def empty(shape, ctx=None, dtype=None) -> NDArray:
     ctx = as_context(ctx)
     shape = _shape(shape)
-    return NDArray(ctx.xp.empty(shape, dtype=np.dtype(dtype or np.float32)), ctx)
+    with ctx.device.active():
+        return NDArray(ctx.xp.empty(shape, dtype=np.dtype(dtype or np.float32)), ctx)
 
 
 def arange(start, stop=None, step=1.0, ctx=None, dtype=None) -> NDArray:
     ctx = as_context(ctx)
-    return NDArray(ctx.xp.arange(start, stop, step, dtype=np.dtype(dtype or np.float32)), ctx)
+    with ctx.device.active():
+        return NDArray(ctx.xp.arange(start, stop, step, dtype=np.dtype(dtype or np.float32)),
+                       ctx)
 
 
 def zeros_like(other: NDArray) -> NDArray:
@@ -124,6 +128,8 @@ from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  
                                  sigmoid, softmax, sqrt, square, squeeze, stack, sum,
                                  tanh, transpose)
 from mixrt.array_methods import where as _where  # noqa: E402
+from mixrt.nd import mxnet_ops as _mx  # noqa: E402  (MXNet's operator names; attaches methods)
+globals().update({_name: getattr(_mx, _name) for _name in _mx.FUNCTIONS})
 
 
 def reshape(data, shape, reverse: bool = False) -> NDArray:
@@ -147,4 +153,4 @@ def where(condition, x, y):
 
 __all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",
            "ones_like", "from_dlpack", "waitall", "dot", "concat", "stack", "where",
-           *OPERATORS]
+           *OPERATORS, *_mx.FUNCTIONS]
