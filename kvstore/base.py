@@ -81,16 +81,16 @@ def sum_on(arrays: list, xp, device=None):
 
 
 def copy_into(out, value) -> None:
-    """``out[...] = value`` across devices (host <-> GPU copies where they differ)."""
+    """``out[...] = value`` across devices (host <-> GPU copies where they differ, a copy to
+    ``out``'s GPU first where ``value`` is on another: a kernel reading across GPUs needs
+    peer access, which not every machine has)."""
     if array_module(out) is np:
         out[...] = to_host(value)
     elif array_module(value) is np and out.flags.c_contiguous:
         out.set(np.ascontiguousarray(value, dtype=out.dtype))
-    elif array_module(value) is np:  # CuPy's set() takes contiguous targets only
+    else:  # CuPy's set() takes contiguous targets only
         with out.device:
             out[...] = array_module(out).asarray(value, dtype=out.dtype)
-    else:
-        out[...] = value
 
 
 def require_out(out) -> None:

@@ -33,12 +33,13 @@ class Device:
 
     @property
     def xp(self):
-        """The array module whose kernels run on this device."""
+        """The array module whose kernels run on this device. On a GPU its kernels and new
+        arrays go to CuPy's current device: work for this one runs inside :meth:`active`
+        (which device is current is the calling thread's own business, so mixrt never
+        changes it for good)."""
         if self.kind == "cpu":
             return np
-        cupy = _cupy()
-        cupy.cuda.Device(self.index).use()
-        return cupy
+        return _cupy()
 
     def active(self):
         """A context in which this device is CuPy's current one, for the thread that enters
@@ -63,6 +64,16 @@ class Device:
 
 
 CPU = Device("cpu")
+
+
+def on_own_device(method):
+    """A method of an object with a ``device`` attribute, run with that device current, so
+    its GPU work and new arrays go there (the caller's current device comes back after)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.device.active():
+            return method(self, *args, **kwargs)
+    return run
 
 
 def parse_device(spec: "str | Device") -> Device:

@@ -181,6 +181,10 @@ class TrainingProgram:
 
         With a loss scaler the gradients come back unscaled, and as None when one of them
         overflowed: that step must be skipped (the scaler has already backed off)."""
+        with self.session.device.active():  # the label cast and the unscaling run there
+            return self._step(params, feeds)
+
+    def _step(self, params: dict, feeds: dict) -> tuple[float, list, dict | None]:
         feeds = self._feeds(params, feeds)
         # gradients stay where the parameters are (the optimizer runs there); the loss and
         # the outputs (a batch of predictions, for metrics) come to the host

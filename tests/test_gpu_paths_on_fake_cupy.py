@@ -27,7 +27,7 @@ GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "test_mixed_precision.py", "ops/test_fused_conv_pool.py", "ops/test_fused.py",
              "test_optimizer.py", "kvstore/test_compression.py", "test_gluon_zoo.py",
              "test_sym.py", "test_training.py", "test_session.py",
-             "test_zoo_random_weights.py"]
+             "test_zoo_random_weights.py", "test_nd_mxnet_ops.py", "test_two_gpus.py"]
 # what the fake cannot stand in for, and why
 EMULATION_GAPS = {
     "test_cuda_graph.py::test_replays_return_what_plain_runs_return":
@@ -38,9 +38,10 @@ real_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
                                reason="a real CuPy is installed: the GPU tests run for real")
 
 
-def _pytest(*args: str) -> tuple[int, str]:
+def _pytest(*args: str, **settings: str) -> tuple[int, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(FAKE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        [str(FAKE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        **settings)
     deselect = [a for gap in EMULATION_GAPS for a in ("--deselect", f"tests/{gap}")]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rs", *deselect, *args], cwd=TESTS.parent, env=env,
@@ -65,6 +66,21 @@ def test_the_gpu_tests_pass_on_the_fake_cupy():
                "without a GPU", "the refusal needs none")
     assert all(any(r in line for r in reasons) for line in skipped), "\n".join(skipped)
     assert _count(output, "passed") >= 400, output[-3000:]
+
+
+@real_cupy
+def test_every_gpu_run_makes_its_own_gpu_current():
+    """The GPU tests again, on a fake with two GPUs whose threads start with GPU 1 current,
+    while the tests ask for gpu:0 (test_two_gpus.py: gpu:1). CuPy launches a kernel on the
+    current GPU and refuses (without peer access) an array of another: so a kernel, a new
+    array or a copy that mixrt runs without making its arrays' GPU current fails here.
+    test_two_gpus.py also checks that mixrt leaves the caller's current GPU as it was."""
+    code, output = _pytest(*(str(TESTS / f) for f in GPU_FILES),
+                           FAKE_CUPY_DEVICES="2", FAKE_CUPY_START_DEVICE="1")
+    assert code == 0, output[-6000:]
+    assert "test_two_gpus.py" not in "".join(
+        line for line in output.splitlines() if line.startswith("SKIPPED"))
+    assert _count(output, "passed") >= 700, output[-3000:]
 
 
 @real_cupy

@@ -572,7 +572,7 @@ def test_gpu_dlpack_with_cupy_shares_memory():
     cupy = pytest.importorskip("cupy")
     source = cupy.arange(6, dtype=cupy.float32)
     a = nd.from_dlpack(source)
-    assert a.ctx == mixrt.gpu(0) and a._data.data.ptr == source.data.ptr
+    assert a.ctx == mixrt.gpu(source.device.id) and a._data.data.ptr == source.data.ptr
     source[0] = 9
     assert a.asnumpy()[0] == 9
     back = cupy.from_dlpack(a)

@@ -12,6 +12,8 @@ Python code define its own forward and backward. Recording and training mode are
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 from contextlib import contextmanager
 
@@ -141,10 +143,9 @@ def _seeds(heads, head_grads) -> list:
                 f"x.attach_grad() on the inputs and compute the head inside "
                 f"`with autograd.record():`")
         given = None if head_grads is None else head_grads[index]
-        if given is None:
-            seeds.append(head.ctx.xp.ones(head.shape, dtype=head.dtype))
-        else:
-            seeds.append(_seed_array(given, head))
+        with head.ctx.device.active():  # the seed goes to the head's GPU
+            seeds.append(head.ctx.xp.ones(head.shape, dtype=head.dtype) if given is None
+                         else _seed_array(given, head))
     return seeds
 
 
@@ -160,10 +161,11 @@ def _store_grad(variable, grad) -> None:
     if variable._grad is None or variable._grad_req == "null":
         return
     target = variable._grad._write()  # waits for engine work still reading it
-    if variable._grad_req == "add":
-        target += grad
-    else:
-        target[...] = grad
+    with variable.ctx.device.active():
+        if variable._grad_req == "add":
+            target += grad
+        else:
+            target[...] = grad
     # _write counted one version; a Trainer tells a fresh gradient from a stale one by it
     if variable._on_grad is not None:
         variable._on_grad(variable)
@@ -195,7 +197,7 @@ def forward_outputs(spec, attributes, raw, inputs, count, ctx) -> int:
     wants = _wanted(inputs, raw)
     if not any(wants):
         return count
-    sig = opgrad.signature(spec, attributes, raw, wants, count, ctx.device.kind)
+    sig = opgrad.signature(spec, attributes, raw, wants, count, str(ctx.device))
     return opgrad.forward_plan(sig, attributes).produced
 
 
@@ -204,7 +206,7 @@ def record_op(spec, attributes, inputs, raw, results, outputs) -> None:
     if not any(wants):
         return
     ctx = outputs[0].ctx
-    sig = opgrad.signature(spec, attributes, raw, wants, len(outputs), ctx.device.kind)
+    sig = opgrad.signature(spec, attributes, raw, wants, len(outputs), str(ctx.device))
     plan = opgrad.forward_plan(sig, attributes)
     if not any(j < len(outputs) for j in plan.float_outputs):
         return  # integer or boolean results: nothing flows back through them
@@ -245,7 +247,9 @@ class Function:
 
     def __call__(self, *inputs):
         recording = needs_tape(inputs)
-        with pause(train_mode=is_training()):
+        ctx = next((x.ctx for x in inputs if hasattr(x, "ctx")), None)
+        with pause(train_mode=is_training()), \
+                (ctx.device.active() if ctx is not None else contextlib.nullcontext()):
             outputs = self.forward(*inputs)
         single = not isinstance(outputs, (tuple, list))
         outputs = [outputs] if single else list(outputs)

@@ -40,7 +40,7 @@ class Signature:
     inputs: tuple  # (dtype str, shape) or None per input
     wants_grad: tuple  # bool per input
     outputs: int  # outputs the caller asked for
-    device: str
+    device: str  # "cpu" or "gpu:N": the backward session runs there
 
 
 @dataclass

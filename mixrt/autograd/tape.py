@@ -181,7 +181,9 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> 
                                 f"backward to run another", op_type=node.name)
         node.check_unchanged()
         parents = list(node.parents)
-        for parent, dx in zip(parents, node.input_grads(dys)):
+        with node.ctx.device.active():  # its backward's kernels go to its own GPU
+            grads = node.input_grads(dys)
+        for parent, dx in zip(parents, grads):
             if parent is not None and dx is not None:
                 _accumulate(parent, dx, node_grads, leaf_grads)
         if not retain_graph:
@@ -217,13 +219,23 @@ def _last_readers(nodes: list) -> dict:
 
 
 def _accumulate(target, grad, node_grads: dict, leaf_grads: dict) -> None:
+    """Add ``grad`` to what ``target`` (a leaf, or a node's output) has gathered, on the
+    target's own device (a copy between GPUs sends its gradient back across)."""
     if isinstance(target, tuple):
         key = (id(target[0]), target[1])
         previous = node_grads.get(key)
-        node_grads[key] = grad if previous is None else previous + grad
+        if previous is None:
+            node_grads[key] = grad
+        else:
+            with target[0].ctx.device.active():
+                node_grads[key] = previous + grad
         return
     previous = leaf_grads.get(id(target))
-    leaf_grads[id(target)] = (target, grad if previous is None else previous[1] + grad)
+    if previous is None:
+        leaf_grads[id(target)] = (target, grad)
+    else:
+        with target.ctx.device.active():
+            leaf_grads[id(target)] = (target, previous[1] + grad)
 
 
 def _nodes_behind(heads) -> list:

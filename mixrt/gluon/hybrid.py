@@ -215,7 +215,10 @@ class CachedGraph:
 
     def __call__(self, *args):
         arrays = self._check_inputs(args)
-        ctx = arrays[0].ctx
+        with arrays[0].ctx.device.active():  # the runs, state writes and outputs go there
+            return self._call_on(arrays, arrays[0].ctx)
+
+    def _call_on(self, arrays: list, ctx):
         params = list(self.params.values())
         values = [p.data() for p in params]
         for param, value in zip(params, values):

@@ -161,8 +161,9 @@ class Parameter:
             raise InputError(f"parameter {self.name!r} has shape {self.shape}; set_data got "
                              f"{tuple(host.shape)}")
         target = self._nd._write()
-        target[...] = self._nd.ctx.device.put(host) if self._nd.ctx.device.kind != "cpu" \
-            else host
+        with self._nd.ctx.device.active():
+            target[...] = self._nd.ctx.device.put(host) if self._nd.ctx.device.kind != "cpu" \
+                else host
 
     def reset_ctx(self, ctx) -> None:
         """Move the parameter (and a fresh gradient) to ``ctx``."""
@@ -198,15 +199,17 @@ class Parameter:
         if self._grad_req == "null":
             return
         raw = self.grad()._write()  # waits for engine work still reading it; a new version
-        if self._grad_req == "add":
-            raw += value
-        else:
-            raw[...] = value
+        with self._nd.ctx.device.active():
+            if self._grad_req == "add":
+                raw += value
+            else:
+                raw[...] = value
 
     def zero_grad(self) -> None:
         grad = self.grad() if self._nd is not None else None
         if grad is not None:
-            grad._write()[...] = 0
+            with grad.ctx.device.active():
+                grad._write()[...] = 0
 
     def grad_is_fresh(self) -> bool:
         """Whether a backward wrote the gradient since the Trainer's last step."""

@@ -77,6 +77,11 @@ class Trainer:
         if self.update_on_kvstore and self._kv_ready:
             self.kvstore.optimizer.set_learning_rate(learning_rate)
 
+    def _update(self, param) -> None:
+        """The optimizer's step of one parameter, on its device (states are made there)."""
+        with param.data().ctx.device.active():
+            self.optimizer.step(param.name, param.raw(), param.raw_grad())
+
     def step(self, batch_size: int = 1, ignore_stale_grad: bool = False) -> None:
         """One update of every trainable parameter from its gradient / ``batch_size``.
 
@@ -93,7 +98,7 @@ class Trainer:
         if self.kvstore is None:
             self.optimizer.rescale_grad = self._scale / batch_size
             for param in trainable:
-                self.optimizer.step(param.name, param.raw(), param.raw_grad())
+                self._update(param)
             self._mark_stepped(trainable)
             return
         first = not self._kv_ready
@@ -107,7 +112,7 @@ class Trainer:
                     self._queue_reduce(param)
             self.optimizer.rescale_grad = self._scale / (self._sync_workers * batch_size)
             for param in trainable:
-                self.optimizer.step(param.name, param.raw(), param.raw_grad())
+                self._update(param)
             self._reduced_early.clear()
         self._mark_stepped(trainable)
 

@@ -40,6 +40,14 @@ def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = No
     spec = op_spec(domain, op_type)
     inputs, attributes = _split(spec, args, kwargs)
     ctx = _common_context(op_type, inputs)
+    if ctx.device.kind == "gpu":  # the kernels and new arrays go to the inputs' GPU
+        with ctx.device.active():
+            return _invoke_on(spec, inputs, attributes, ctx, num_outputs)
+    return _invoke_on(spec, inputs, attributes, ctx, num_outputs)
+
+
+def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
+    op_type = spec.op_type
     _promote_floats(spec, inputs)
     _numeric_bools(spec, inputs)
     _check_shared_dtypes(spec, inputs)

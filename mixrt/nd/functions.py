@@ -42,10 +42,17 @@ class CopyToDevice(Function):
 
     def forward(self, x: NDArray) -> NDArray:
         self.source = x.ctx
-        return NDArray(self.ctx.device.put(x._read()).copy(), self.ctx)
+        return _copied_to(x, self.ctx)
 
     def backward(self, dy: NDArray) -> NDArray:
-        return NDArray(self.source.device.put(dy._read()).copy(), self.source)
+        return _copied_to(dy, self.source)
+
+
+def _copied_to(x: NDArray, ctx) -> NDArray:
+    """A copy of ``x`` on ``ctx``, made there (``put`` leaves an array already there as it
+    is, and a GPU copy goes to the current GPU)."""
+    with ctx.device.active():
+        return NDArray(ctx.device.put(x._read()).copy(), ctx)
 
 
 class FloorMod(Function):

@@ -26,6 +26,8 @@ Where it differs from MXNet 1.x's NDArray, on purpose (NumPy's conventions, whic
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.array_methods import ArrayMethods
@@ -35,6 +37,18 @@ from mixrt.nd import dispatch
 from mixrt.runtime.device import to_host
 
 _GRAD_REQS = ("write", "add", "null")
+
+
+def _on_its_device(method):
+    """An NDArray method whose GPU work (copies, new arrays, writes) goes to the array's own
+    GPU, with the caller's current device back afterwards."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self.ctx.device.kind == "cpu":
+            return method(self, *args, **kwargs)
+        with self.ctx.device.active():
+            return method(self, *args, **kwargs)
+    return run
 
 
 class NDArray(ArrayMethods):
@@ -185,6 +199,7 @@ class NDArray(ArrayMethods):
 
     to_device = as_in_context
 
+    @_on_its_device
     def copyto(self, other) -> "NDArray":
         """Copy into ``other`` (an NDArray of the same shape) or onto a context."""
         if isinstance(other, NDArray):
@@ -194,11 +209,14 @@ class NDArray(ArrayMethods):
             target = other._write()
             target[...] = other.ctx.device.put(source) if other.ctx != self.ctx else source
             return other
-        return NDArray(as_context(other).device.put(self._read()).copy(), as_context(other))
+        target = as_context(other)
+        with target.device.active():  # put() leaves an array already there as it is
+            return NDArray(target.device.put(self._read()).copy(), target)
 
     def copy(self) -> "NDArray":
         return dispatch.invoke("", "Identity", [self], {}).__copy_data()
 
+    @_on_its_device
     def __copy_data(self) -> "NDArray":
         # Identity returns its input's buffer; a copy must own its memory
         self._data = self._data.copy()
@@ -219,6 +237,7 @@ class NDArray(ArrayMethods):
 
     # -- autograd ----------------------------------------------------------------------
 
+    @_on_its_device
     def attach_grad(self, grad_req: str = "write", stype=None) -> None:
         """Give this array a gradient buffer that ``backward`` fills (``"write"``) or adds
         to (``"add"``); ``"null"`` detaches it."""
@@ -264,6 +283,7 @@ class NDArray(ArrayMethods):
     def _inplace(self, op_type: str, other) -> "NDArray":
         return self._assign(op_type, self._binary(op_type, other))
 
+    @_on_its_device
     def _assign(self, op_type: str, result: "NDArray") -> "NDArray":
         if result.shape != self.shape:
             raise InputError(f"in-place {op_type}: the result's shape {result.shape} is not "
@@ -280,6 +300,7 @@ class NDArray(ArrayMethods):
 
     # -- indexing ----------------------------------------------------------------------
 
+    @_on_its_device
     def __getitem__(self, key) -> "NDArray":
         """A copy of the selected part (see the module's notes: MXNet gives a view for an
         integer or a slice). An NDArray of floats indexes as integers, as in MXNet."""
@@ -290,6 +311,7 @@ class NDArray(ArrayMethods):
         except (IndexError, TypeError, ValueError) as exc:
             raise _index_error(exc, "indexing", key, self.shape) from exc
 
+    @_on_its_device
     def __setitem__(self, key, value) -> None:
         key = _raw_key(key, self.ctx)
         if isinstance(value, NDArray):
@@ -351,9 +373,11 @@ class NDArray(ArrayMethods):
     def _int_tensor(self, values):
         return _ints(values, self.ctx)
 
+    @_on_its_device
     def zeros_like(self) -> "NDArray":
         return NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
 
+    @_on_its_device
     def ones_like(self) -> "NDArray":
         return NDArray(self.ctx.xp.ones_like(self._read()), self.ctx)
 
@@ -460,7 +484,8 @@ def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
 
 
 def _ints(values, ctx: Context):
-    return ctx.xp.asarray([int(v) for v in values], dtype=np.int64)
+    with ctx.device.active():
+        return ctx.xp.asarray([int(v) for v in values], dtype=np.int64)
 
 
 def _engine():

@@ -26,7 +26,7 @@ import numpy as np
 from mixrt.errors import GradientError, InputError
 from mixrt.initializer import Xavier, create
 from mixrt.ops.types import TensorType
-from mixrt.runtime.device import parse_device
+from mixrt.runtime.device import on_own_device, parse_device
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward
 from mixrt.runtime.passes.rewrite import copy_graph
@@ -47,10 +47,11 @@ class Executor:
         self._options = dict(device=self.device, opt_level=opt_level, strategy=strategy)
         self._arg_names = symbol.list_arguments()
         self._aux_names = symbol.list_auxiliary_states()
-        self.arg_dict = self._bound("args", args, self._arg_names)
-        self.aux_dict = self._bound("aux_states", aux_states, self._aux_names)
         self._grad_req = _grad_reqs(grad_req, self._arg_names)
-        self.grad_dict = self._gradient_arrays(args_grad)
+        with self.device.active():  # the bound arrays go to this device
+            self.arg_dict = self._bound("args", args, self._arg_names)
+            self.aux_dict = self._bound("aux_states", aux_states, self._aux_names)
+            self.grad_dict = self._gradient_arrays(args_grad)
         self.outputs: list = []
         self.data_names: list[str] = []  # arguments that are data, not parameters
         self._compiled: dict = {}  # shape signature -> _Compiled
@@ -104,6 +105,7 @@ class Executor:
                 else self.device.put(given)
         return arrays
 
+    @on_own_device
     def copy_params_from(self, arg_params: dict, aux_params: dict | None = None,
                          allow_extra_params: bool = False) -> None:
         """Copy parameter values in (shapes must match the bound arrays)."""
@@ -116,6 +118,7 @@ class Executor:
                     raise InputError(f"copy_params_from: the symbol has no {what} {name!r}")
                 _assign(target, name, value, self.device)
 
+    @on_own_device
     def init_params(self, initializer=None, *, overwrite: bool = True) -> None:
         """Fill every parameter and auxiliary state (not the data arguments) with its
         Variable's own ``init`` when it declared one, else ``initializer`` (Xavier)."""
@@ -159,6 +162,7 @@ class Executor:
 
     # -- running -----------------------------------------------------------------------------
 
+    @on_own_device
     def forward(self, is_train: bool = False, **kwargs) -> list:
         """Run the forward pass; ``kwargs`` replace bound arguments (by name) first.
         With ``is_train``, BatchNormalization uses batch statistics (and updates the running
@@ -182,6 +186,7 @@ class Executor:
         self._saved = {name: named[name] for name in training.saved}
         return self.outputs
 
+    @on_own_device
     def backward(self, out_grads=None) -> None:
         """Gradients of the outputs (weighted by ``out_grads``, ones by default) with
         respect to every argument whose grad_req is not "null", into ``grad_dict``."""

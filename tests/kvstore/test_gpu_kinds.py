@@ -141,15 +141,16 @@ def test_nccl_store_refusals_before_gpu_work(monkeypatch):
 def test_device_kind_sums_a_list_on_the_gpu():
     cp = _cupy()
     kv = LocalStore("device")
-    kv.init("w", cp.zeros((2, 3), cp.float32))
+    first = cp.zeros((2, 3), cp.float32)
+    kv.init("w", first)
     kv.push("w", [cp.full((2, 3), 1.5, cp.float32),
                   cp.arange(6, dtype=cp.float32).reshape(2, 3)])
     out = cp.empty((2, 3), cp.float32)
     kv.pull("w", out=out)
     _sync_all(cp)
     np.testing.assert_array_equal(out.get(), 1.5 + np.arange(6).reshape(2, 3))
-    stored = kv._store["w"]
-    assert isinstance(stored, cp.ndarray) and stored.device.id == 0
+    stored = kv._store["w"]  # on the GPU of the array it was initialized with
+    assert isinstance(stored, cp.ndarray) and stored.device.id == first.device.id
 
 
 @needs_gpu

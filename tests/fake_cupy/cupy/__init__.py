@@ -16,7 +16,8 @@ import functools
 import numpy as _np
 
 from cupy import cuda, random  # noqa: F401
-from cupy._core import ndarray, on_device, unwrap, wrap
+from cupy._core import check_devices, current_device, ndarray, on_device, result_of, \
+    unwrap, wrap
 from cupy._kernels import ElementwiseKernel  # noqa: F401
 
 __all__ = ["ElementwiseKernel", "cuda", "ndarray", "random"]
@@ -25,7 +26,10 @@ IS_FAKE = True
 
 
 def asarray(a, dtype=None, order=None, *, blocking=False):
-    if isinstance(a, ndarray) and (dtype is None or _np.dtype(dtype) == a.dtype):
+    """An array already on the current device, in ``dtype``, as it is; anything else (host
+    values, another device's array) copied to the current device."""
+    if isinstance(a, ndarray) and (dtype is None or _np.dtype(dtype) == a.dtype) \
+            and a._device == current_device():
         return a
     return wrap(_np.array(a._host if isinstance(a, ndarray) else a, dtype=dtype,
                           order=order or "K", copy=True))
@@ -37,7 +41,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocki
 
 
 def ascontiguousarray(a, dtype=None):
-    return wrap(_np.ascontiguousarray(unwrap(a), dtype=dtype))
+    return result_of(_np.ascontiguousarray(unwrap(a), dtype=dtype), (a,))
 
 
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
@@ -54,14 +58,15 @@ def get_array_module(*args):
 def from_dlpack(x):
     if isinstance(x, ndarray):
         return x
-    device = x.__dlpack_device__()[0] if hasattr(x, "__dlpack_device__") else 1
-    if device != 2:
+    kind, index = x.__dlpack_device__() if hasattr(x, "__dlpack_device__") else (1, 0)
+    if kind != 2:
         raise TypeError("fake CuPy: from_dlpack takes device (kDLCUDA) tensors only")
-    return wrap(_np.from_dlpack(x))
+    return wrap(_np.from_dlpack(x), int(index))  # the producer's memory, on its device
 
 
 def take(a, indices, axis=None, out=None):
     """CuPy's take wraps out-of-range indices around (it has no mode argument)."""
+    check_devices((a, indices))
     return wrap(_np.take(unwrap(a), unwrap(indices), axis=axis, mode="wrap"))
 
 

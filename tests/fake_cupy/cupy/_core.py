@@ -4,16 +4,68 @@ CuPy's rules kept here, because breaking them is what the fake is for:
 * no implicit conversion to NumPy (``np.asarray(x)`` is a TypeError; ``x.get()`` copies);
 * a NumPy array mixed into device arithmetic or a device function is a TypeError;
 * indexing and reductions return 0-d device arrays, never NumPy scalars;
-* ``x[...] = numpy_array`` and ``cupy.asarray(numpy_array)`` copy host to device.
+* ``x[...] = numpy_array`` and ``cupy.asarray(numpy_array)`` copy host to device;
+* an array lives on the device that was current when it was made (a view, on its base's);
+  work that launches a kernel needs every array on the current device, which is per thread
+  (``cupy.cuda.Device(i)`` as a context, or ``.use()``); ``copy()``, ``cupy.asarray`` and
+  ``cupy.array`` copy from any device to the current one, ``get()`` reads from any.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as _np
 
 DTYPE_CHARS = frozenset("?bhilqBHILQefdFD")  # CuPy 13's (no bfloat16)
+_current = threading.local()  # per thread: .device and .stream (cupy.cuda sets them)
 HOST_MIX = ("Unsupported type <class 'numpy.ndarray'>: a NumPy array mixed into device "
             "work (fake CuPy)")
+
+
+# the device a thread starts on: 0 as in CuPy, unless a test run makes it another GPU so that
+# work mixrt runs without making its own GPU current fails (FAKE_CUPY_START_DEVICE)
+_START_DEVICE = int(os.environ.get("FAKE_CUPY_START_DEVICE", "0"))
+
+
+def current_device() -> int:
+    return getattr(_current, "device", _START_DEVICE)
+
+
+def check_devices(operands) -> None:
+    """As CuPy's kernel launch between devices without peer access (with it, CuPy warns and
+    reads across): every device array must be on the current device."""
+    current = current_device()
+    for array in _arrays(operands):
+        if array._device != current:
+            raise ValueError(f"The device where the array resides ({array._device}) is "
+                             f"different from the current device ({current}). Peer access "
+                             f"is unavailable between these devices.")
+
+
+def _arrays(values):
+    for value in values:
+        if isinstance(value, ndarray):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _arrays(value)
+        elif isinstance(value, dict):
+            yield from _arrays(value.values())
+
+
+def result_of(result, operands, writes: bool = False):
+    """NumPy's ``result`` of work on ``operands``, as CuPy would give it: a view of an operand
+    stays on that array's device (no kernel ran); anything else ran as a kernel on the
+    current device, which every operand must be on (``writes``: the work wrote into one)."""
+    if isinstance(result, (list, tuple)):  # split's views, divmod's two results
+        return type(result)(result_of(r, operands, writes) for r in result)
+    if not writes and isinstance(result, _np.ndarray):
+        for array in _arrays(operands):
+            if _np.may_share_memory(result, array._host):
+                return wrap(result, array._device)
+    check_devices(operands)
+    return wrap(result)
 
 
 class MemoryPointer:
@@ -24,12 +76,13 @@ class MemoryPointer:
 class ndarray:
     """A device array (fake): its values live in ``_host``."""
 
-    __slots__ = ("_host", "__weakref__")
+    __slots__ = ("_host", "_device", "__weakref__")
     __hash__ = None
     __array_priority__ = 100
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._host = _np.empty(shape, dtype=dtype, order=order)
+        self._device = current_device()
 
     # -- what CuPy adds to an array --------------------------------------------------------
 
@@ -46,6 +99,10 @@ class ndarray:
             raise ValueError("set: the host array's dtype and shape must match")
         self._host[...] = array
 
+    def copy(self, order="C"):
+        """To the current device, from any (CuPy's copy does that)."""
+        return wrap(self._host.copy(order=order))
+
     @property
     def data(self):
         return MemoryPointer(self._host)
@@ -53,7 +110,7 @@ class ndarray:
     @property
     def device(self):
         from cupy.cuda import Device  # noqa: PLC0415
-        return Device(0)
+        return Device(self._device)
 
     @property
     def __cuda_array_interface__(self):
@@ -68,16 +125,17 @@ class ndarray:
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         result = getattr(ufunc, method)(*unwrap_args(inputs), **unwrap_kwargs(kwargs))
-        return wrap(result)
+        return result_of(result, (inputs, kwargs), writes="out" in kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        return wrap(func(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+        return result_of(func(*unwrap_args(args), **unwrap_kwargs(kwargs)), (args, kwargs),
+                         writes="out" in kwargs)
 
     def __dlpack__(self, *args, **kwargs):
         return self._host.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
-        return (2, 0)  # kDLCUDA, device 0
+        return (2, self._device)  # kDLCUDA
 
     # -- NumPy's array, delegated ----------------------------------------------------------
 
@@ -86,13 +144,15 @@ class ndarray:
             raise AttributeError(name)
         value = getattr(self._host, name)
         if callable(value):
-            return on_device(value)
-        return wrap(value) if isinstance(value, _np.ndarray) else value
+            return on_device(value, owner=self)
+        return result_of(value, (self,)) if isinstance(value, _np.ndarray) else value
 
     def __getitem__(self, key):
-        return wrap(self._host[wrapped_index(unwrap_index(key), self._host.shape)])
+        return result_of(self._host[wrapped_index(unwrap_index(key), self._host.shape)],
+                         (self, key))
 
     def __setitem__(self, key, value):
+        check_devices((self, key, value))
         self._host[wrapped_index(unwrap_index(key), self._host.shape)] = \
             value._host if isinstance(value, ndarray) else value
 
@@ -100,7 +160,7 @@ class ndarray:
         return len(self._host)
 
     def __iter__(self):
-        return (wrap(row) for row in self._host)
+        return (wrap(row, self._device) for row in self._host)
 
     def __bool__(self):
         return bool(self._host)
@@ -124,16 +184,17 @@ class ndarray:
         return format(self._host.item() if self._host.ndim == 0 else self._host, spec)
 
     def __copy__(self):
-        return wrap(self._host.copy())
+        return self.copy()
 
     def __deepcopy__(self, memo):
-        return wrap(self._host.copy())
+        return self.copy()
 
 
 def _binary(name):
     def operator(self, other):
         if isinstance(other, _np.ndarray):
             raise TypeError(HOST_MIX)
+        check_devices((self, other))
         result = getattr(self._host, name)(other._host if isinstance(other, ndarray) else other)
         return result if result is NotImplemented else wrap(result)
     return operator
@@ -143,6 +204,7 @@ def _inplace(name):
     def operator(self, other):
         if isinstance(other, _np.ndarray):
             raise TypeError(HOST_MIX)
+        check_devices((self, other))
         getattr(self._host, name)(other._host if isinstance(other, ndarray) else other)
         return self
     return operator
@@ -150,6 +212,7 @@ def _inplace(name):
 
 def _unary(name):
     def operator(self):
+        check_devices((self,))
         return wrap(getattr(self._host, name)())
     return operator
 
@@ -165,16 +228,23 @@ for _name in ("neg", "pos", "abs", "invert"):
     setattr(ndarray, f"__{_name}__", _unary(f"__{_name}__"))
 
 
-def on_device(function):
-    """``function`` (NumPy's) taking and giving device arrays."""
+def on_device(function, owner=None):
+    """``function`` (NumPy's; a method of ``owner``'s host array) taking and giving device
+    arrays."""
     def wrapped(*args, **kwargs):
-        return wrap(function(*unwrap_args(args), **unwrap_kwargs(kwargs)))
+        operands = (owner, args, kwargs) if owner is not None else (args, kwargs)
+        result = function(*unwrap_args(args), **unwrap_kwargs(kwargs))
+        if result is None:  # it wrote in place (fill, copyto, sort, ...): a kernel ran
+            check_devices(operands)
+            return None
+        return result_of(result, operands, writes="out" in kwargs)
     wrapped.__name__ = getattr(function, "__name__", "function")
     return wrapped
 
 
-def wrap(value):
-    """NumPy results as device values: arrays and NumPy scalars become device arrays."""
+def wrap(value, device=None):
+    """NumPy results as device values: arrays and NumPy scalars become device arrays, on
+    ``device`` (default: the current one)."""
     if isinstance(value, ndarray):
         return value
     if isinstance(value, _np.ndarray):
@@ -182,13 +252,14 @@ def wrap(value):
             raise ValueError(f"Unsupported dtype {value.dtype}")
         array = object.__new__(ndarray)
         array._host = value
+        array._device = current_device() if device is None else device
         return array
     if isinstance(value, _np.generic):
-        return wrap(_np.asarray(value))
+        return wrap(_np.asarray(value), device)
     if isinstance(value, tuple):
-        return tuple(wrap(v) for v in value)
+        return tuple(wrap(v, device) for v in value)
     if isinstance(value, list):
-        return [wrap(v) for v in value]
+        return [wrap(v, device) for v in value]
     return value
 
 

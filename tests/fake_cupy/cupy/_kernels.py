@@ -9,7 +9,7 @@ import re
 
 import numpy as _np
 
-from cupy._core import ndarray, unwrap, wrap
+from cupy._core import check_devices, ndarray, unwrap, wrap
 
 _erf = _np.vectorize(math.erf, otypes=[_np.float64])
 
@@ -50,6 +50,7 @@ class ElementwiseKernel:
     def __call__(self, *arrays):
         if not all(isinstance(a, ndarray) for a in arrays):
             raise TypeError(f"{self.name}: every argument must be a device array")
+        check_devices(arrays)
         values = dict(zip(self.inputs, (unwrap(a) for a in arrays)))
         dtype = _np.result_type(*values.values())
         for register, code in self.statements:

@@ -1,14 +1,13 @@
-"""cupy.cuda on the fake: one device, streams that run everything at once, no capture."""
+"""cupy.cuda on the fake: devices (a current one per thread), streams that run everything at
+once, no capture."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 
+from cupy._core import _current, current_device
 from cupy.cuda import runtime  # noqa: F401
-
-_current = threading.local()
 
 
 class Device:
@@ -32,7 +31,7 @@ class Device:
         return runtime.memGetInfo()
 
     def __enter__(self):
-        self._previous = getattr(_current, "device", 0)
+        self._previous = current_device()
         self.use()
         return self
 

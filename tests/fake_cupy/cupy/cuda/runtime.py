@@ -1,4 +1,6 @@
-"""cupy.cuda.runtime on the fake: one device with 80 GiB."""
+"""cupy.cuda.runtime on the fake: ``FAKE_CUPY_DEVICES`` devices (default 1) of 80 GiB."""
+
+import os
 
 
 class CUDARuntimeError(RuntimeError):
@@ -6,7 +8,7 @@ class CUDARuntimeError(RuntimeError):
 
 
 def getDeviceCount():  # noqa: N802  (CuPy's name)
-    return 1
+    return int(os.environ.get("FAKE_CUPY_DEVICES", "1"))
 
 
 def memGetInfo():  # noqa: N802
@@ -18,7 +20,8 @@ def deviceSynchronize():  # noqa: N802
 
 
 def getDevice():  # noqa: N802
-    return 0
+    from cupy._core import current_device  # noqa: PLC0415
+    return current_device()
 
 
 def runtimeGetVersion():  # noqa: N802
