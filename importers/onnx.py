@@ -9,6 +9,7 @@ protobuf, NumPy or OS exception.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,10 @@ def load_model_proto(source) -> tuple[onnx.ModelProto, Path | None]:
         return _parse(bytes(source), "<bytes>"), None
     path = Path(os.fspath(source))
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # reading a FIFO blocks, /dev/zero never ends
+            raise ModelLoadError(f"{path}: not a regular file; expected an ONNX model file")
+        size = info.st_size
         if size > MAX_MODEL_BYTES:
             raise ModelLoadError(f"{path}: {size} bytes is over protobuf's 2 GiB limit; "
                                  f"store large weights as external data")

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.errors import KVStoreError, ShapeError
+from mixrt.errors import KVStoreError, OptimizerError, ShapeError
 from mixrt.runtime import optimizer as optim
 from mixrt.runtime.device import array_module, to_host
 
@@ -188,12 +188,17 @@ class KVStore:
     # -- optimizer checkpoints ----------------------------------------------------------
 
     def save_optimizer_states(self, path) -> None:
-        """The store's optimizer state as a ``.npz`` that loads with allow_pickle=False."""
-        np.savez(path, **self._optimizer_state_dict())
+        """The store's optimizer state as an ``.npz`` at exactly ``path`` that loads with
+        allow_pickle=False."""
+        optim.write_npz(path, self._optimizer_state_dict(), f"save_optimizer_states "
+                        f"{str(path)!r}")
 
     def load_optimizer_states(self, path) -> None:
-        with np.load(path, allow_pickle=False) as arrays:
-            self._load_optimizer_state_dict({k: arrays[k] for k in arrays.files})
+        arrays = optim.read_npz(path, "optimizer state file")
+        try:
+            self._load_optimizer_state_dict(arrays)
+        except OptimizerError as exc:  # the optimizer does not know which file it read
+            raise OptimizerError(f"optimizer state file {str(path)!r}: {exc}") from exc
 
     def _optimizer_state_dict(self) -> dict:
         return self._require_optimizer("save_optimizer_states").state_dict()

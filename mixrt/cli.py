@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.errors import InputError, MixrtError
+from mixrt.errors import InputError, MixrtError, ModelLoadError
 
 
 def main(argv=None) -> int:
@@ -257,10 +257,11 @@ def _read_input(spec: str) -> tuple[str, np.ndarray]:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
+    from mixrt.runtime.optimizer import read_npy  # noqa: PLC0415  (checks before it reads)
     try:
-        return name, np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as exc:
-        raise InputError(f"--input {name}: {path} is not a plain .npy array ({exc})") from exc
+        return name, read_npy(path, "input file")
+    except ModelLoadError as exc:
+        raise InputError(f"--input {name}: not a plain .npy array: {exc}") from exc
 
 
 def _describe(value) -> str:

@@ -18,6 +18,8 @@ back) and the optimizer state all stay float32.
 
 from __future__ import annotations
 
+import numbers
+
 import ml_dtypes
 import numpy as np
 
@@ -255,21 +257,36 @@ class LossScaler:
                 "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict) -> None:
-        try:
-            self.scale = _positive("scale", state["scale"])
-            self.clean_steps = int(state["clean_steps"])
-            self.skipped_steps = int(state.get("skipped_steps", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"LossScaler: a state needs scale and clean_steps, got "
-                             f"{state!r}") from exc
+        """What ``state_dict`` returned (after a JSON trip); ``skipped_steps`` may be absent
+        (0), as in states saved before it was counted. Nothing changes unless all fits."""
+        if not isinstance(state, dict) or not {"scale", "clean_steps"} <= set(state) \
+                or set(state) - {"scale", "clean_steps", "skipped_steps"}:
+            raise InputError(f"LossScaler: a state is {{'scale', 'clean_steps', "
+                             f"'skipped_steps'}}, got {_preview(state)}")
+        scale = _positive("scale", state["scale"])
+        counts = [_count(name, state.get(name, 0)) for name in ("clean_steps", "skipped_steps")]
+        self.scale, (self.clean_steps, self.skipped_steps) = scale, counts
 
 
 def _positive(name: str, value, above: float = 0.0) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
+    # a number, not whatever float() takes: "1e3" or True in a saved state is damage
+    number = float("nan") if isinstance(value, bool) or not isinstance(
+        value, numbers.Real) else float(value)
     if not np.isfinite(number) or number <= above:
         raise InputError(f"LossScaler: {name} must be a finite number above {above}, got "
-                         f"{value!r}")
+                         f"{_preview(value)}")
     return number
+
+
+def _count(name: str, value) -> int:
+    """A saved step count: a whole number >= 0 (int(2.7), int(True) or int(inf) would turn
+    a damaged state into a plausible one, or an OverflowError)."""
+    if type(value) is not int or value < 0:
+        raise InputError(f"LossScaler: {name} must be a whole number >= 0, got "
+                         f"{_preview(value)}")
+    return value
+
+
+def _preview(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

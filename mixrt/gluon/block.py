@@ -28,6 +28,7 @@ import numpy as np
 
 from mixrt.errors import InputError
 from mixrt.gluon.parameter import Parameter, ParameterDict
+from mixrt.runtime.optimizer import read_npz, write_npz
 
 
 class _NameScope(threading.local):
@@ -128,30 +129,41 @@ class Block:
 
     def save_parameters(self, filename) -> None:
         """An ``.npz`` of every parameter by its name relative to this block (no pickle)."""
-        arrays = {self._relative(name): p.data().asnumpy()
-                  for name, p in self.collect_params().items()}
-        with open(filename, "wb") as handle:
-            np.savez(handle, **arrays)
+        params = self._relative_params()
+        write_npz(filename, {key: p.data().asnumpy() for key, p in params.items()},
+                  f"save_parameters {str(filename)!r}")
 
     def load_parameters(self, filename, ctx=None, allow_missing: bool = False,
-                        ignore_extra: bool = False) -> None:
-        params = {self._relative(name): p for name, p in self.collect_params().items()}
-        with np.load(filename, allow_pickle=False) as saved:
-            stored = {key: saved[key] for key in saved.files}
+                        ignore_extra: bool = False, cast_dtype: bool = False) -> None:
+        """Set the parameters from a ``save_parameters`` file. Every value must have its
+        parameter's shape and dtype (``cast_dtype=True``: any numeric dtype, converted, as
+        MXNet's option); nothing is changed unless the whole file fits."""
+        params = self._relative_params()
+        stored = read_npz(filename, "parameter file")
+        where = f"parameter file {str(filename)!r}"
         missing = sorted(set(params) - set(stored))
         extra = sorted(set(stored) - set(params))
         if missing and not allow_missing:
-            raise InputError(f"{filename}: no values for parameters {missing} (pass "
+            raise InputError(f"{where}: no values for parameters {missing} (pass "
                              f"allow_missing=True to keep their current values)")
         if extra and not ignore_extra:
-            raise InputError(f"{filename}: values for parameters the block does not have: "
+            raise InputError(f"{where}: values for parameters the block does not have: "
                              f"{extra} (pass ignore_extra=True to skip them)")
-        for key, value in stored.items():
-            if key in params:
-                param = params[key]
-                if not param.is_initialized():
-                    param.initialize(ctx=ctx)
-                param.set_data(value)
+        loaded = {key: _fitting(params[key], value, f"{where}: parameter {key!r}", cast_dtype)
+                  for key, value in stored.items() if key in params}
+        for key, value in loaded.items():
+            param = params[key]
+            if not param.is_initialized():
+                param.initialize(ctx=ctx)
+            param.set_data(value)
+
+    def _relative_params(self) -> dict:
+        found = self.collect_params()
+        params = {self._relative(name): p for name, p in found.items()}
+        if len(params) != len(found):  # "x" and "<prefix>x" would collide in the file
+            raise InputError(f"block {self.name!r}: two parameters share a name relative to "
+                             f"its prefix {self._prefix!r}: {list(found)}")
+        return params
 
     def _relative(self, name: str) -> str:
         return name[len(self._prefix):] if name.startswith(self._prefix) else name
@@ -183,6 +195,21 @@ class Block:
             inner = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({key}): {inner}")
         return "\n".join(lines) + "\n)" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+def _fitting(param: Parameter, value: np.ndarray, where: str, cast_dtype: bool) -> np.ndarray:
+    """``value`` when it can become ``param``'s value (a 0 in the parameter's shape is a
+    dimension not known yet); an InputError naming it otherwise."""
+    shape = param.shape
+    if shape is not None and (len(shape) != value.ndim or any(
+            known not in (0, None) and known != got for known, got in zip(shape, value.shape))):
+        raise InputError(f"{where} has shape {value.shape}; the parameter's is {shape}")
+    if value.dtype == param.dtype:
+        return value
+    if not cast_dtype or value.dtype.kind not in "biuf":
+        raise InputError(f"{where} is {value.dtype}; the parameter is {param.dtype} (pass "
+                         f"cast_dtype=True to convert numeric values)")
+    return value.astype(param.dtype)
 
 
 class _ScopeGuard:

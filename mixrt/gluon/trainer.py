@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from mixrt.errors import GradientError, InputError, KVStoreError
+from mixrt.errors import GradientError, InputError, KVStoreError, OptimizerError
 from mixrt.gluon.parameter import Parameter
 from mixrt.kvstore.base import KVStore
 from mixrt.runtime import engine
@@ -212,18 +212,42 @@ class Trainer:
         return self.optimizer.state_dict()
 
     def load_optimizer_state_dict(self, arrays: dict) -> None:
+        """Restore ``optimizer_state_dict()``'s arrays: every key must be one of this
+        Trainer's parameters and every state array its shape (else an OptimizerError)."""
+        self._check_state_keys(arrays)
         if self.update_on_kvstore:
             self._init_kvstore()
             self.kvstore._load_optimizer_state_dict(dict(arrays))
             return
         self.optimizer.load_state_dict(arrays)
 
+    def _check_state_keys(self, arrays) -> None:
+        """The optimizer checks the state's layout; only the Trainer knows the weights it
+        must fit, so a state saved for another model fails here, not at a later step."""
+        prefix = self.key_prefix if self.update_on_kvstore else ""
+        params = {prefix + param.name: param for param in self.params}
+        for index, key in enumerate(optim.read_meta(arrays)["keys"]):
+            if key not in params:
+                raise OptimizerError(f"the optimizer state is for {key!r}, which is not one "
+                                     f"of this Trainer's {len(params)} parameters "
+                                     f"{sorted(params)[:8]}{' ...' if len(params) > 8 else ''}")
+            shape = params[key].shape
+            for name in (n for n in arrays if n.startswith(f"state{index}.")):
+                found = tuple(np.shape(arrays[name]))
+                if shape is not None and 0 not in shape and found != tuple(shape):
+                    raise OptimizerError(f"the optimizer state {name!r} of {key!r} has shape "
+                                         f"{found}; the parameter's is {tuple(shape)}")
+
     def save_states(self, path) -> None:
-        np.savez(path, **self.optimizer_state_dict())
+        """The optimizer state as an ``.npz`` at exactly ``path`` (``load_states`` reads it)."""
+        optim.write_npz(path, self.optimizer_state_dict(), f"save_states {str(path)!r}")
 
     def load_states(self, path) -> None:
-        with np.load(path, allow_pickle=False) as arrays:
-            self.load_optimizer_state_dict({key: arrays[key] for key in arrays.files})
+        arrays = optim.read_npz(path, "optimizer state file")
+        try:
+            self.load_optimizer_state_dict(arrays)
+        except OptimizerError as exc:  # the optimizer does not know which file it read
+            raise OptimizerError(f"optimizer state file {str(path)!r}: {exc}") from exc
 
 
 def _store(kvstore):

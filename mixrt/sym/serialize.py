@@ -16,15 +16,23 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import os
+import stat
 
 import numpy as np
 
 from mixrt.errors import GraphError, ModelLoadError
+from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
 from mixrt.ops.registry import REGISTRY
 from mixrt.runtime.graph import Graph
 from mixrt.sym.symbol import SymNode, Symbol
 
 FORMAT, VERSION = "mixrt.symbol", 1
+MAX_OUTPUTS = 2 ** 16  # a node's outputs are named one by one: 10**12 of them would hang
+# the dtypes a tensor can have: ONNX's, less strings (object arrays hold pointers, not data)
+TENSOR_DTYPES = {to_numpy_dtype(code).name: to_numpy_dtype(code) for code in ONNX_TYPE_NAMES
+                 if not to_numpy_dtype(code).hasobject}
 
 
 def to_json(symbol: Symbol) -> str:
@@ -46,6 +54,9 @@ def _node_entry(node: SymNode, index: dict) -> dict:
 
 def _encode(value, where: str):
     if isinstance(value, np.ndarray):
+        if value.dtype.name not in TENSOR_DTYPES:  # object bytes are pointers, not data
+            raise GraphError(f"{where}: a {value.dtype} tensor cannot be saved as symbol "
+                             f"JSON; export the model to ONNX instead")
         data = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<"), copy=False)
         return {"__tensor__": {"dtype": value.dtype.name, "shape": list(value.shape),
                                "data": base64.b64encode(data.tobytes()).decode("ascii")}}
@@ -64,10 +75,17 @@ def _encode(value, where: str):
 
 
 def from_json(text: str, source: str = "<string>") -> Symbol:
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise ModelLoadError(f"{source}: symbol JSON is text, got {type(text).__name__}")
     try:
-        document = json.loads(text)
+        return _symbol(json.loads(text), source)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{source}: not symbol JSON: {error}") from None
+    except RecursionError:  # json.loads and _decode recurse once per level of nesting
+        raise ModelLoadError(f"{source}: symbol JSON nested too deeply") from None
+
+
+def _symbol(document, source: str) -> Symbol:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ModelLoadError(f"{source}: not a mixrt symbol file (expected \"format\": "
                              f"\"{FORMAT}\")")
@@ -99,20 +117,53 @@ def _node(entry, earlier: list[SymNode], where: str) -> SymNode:
         raise ModelLoadError(f"{where}: missing or empty \"name\"")
     where = f"{where} ({name!r})"
     domain, opset = entry.get("domain", ""), entry.get("opset", 0)
-    num_outputs = entry.get("num_outputs", 1)
-    if not isinstance(domain, str) or not isinstance(opset, int) or not isinstance(
-            num_outputs, int) or num_outputs < 1:
-        raise ModelLoadError(f"{where}: bad domain, opset or num_outputs")
-    if op is not None and op != "" and REGISTRY.find(domain, op, opset) is None:
+    num_outputs, inputs = entry.get("num_outputs", 1), entry.get("inputs", [])
+    if not isinstance(domain, str) or not _whole(opset) or not _whole(num_outputs) \
+            or not 1 <= num_outputs <= MAX_OUTPUTS or not isinstance(inputs, list):
+        raise ModelLoadError(f"{where}: bad domain, opset, num_outputs (1..{MAX_OUTPUTS}) "
+                             f"or inputs (a list)")
+    if op is not None and not isinstance(op, str):
+        raise ModelLoadError(f"{where}: \"op\" is an operator name, null (a variable) or "
+                             f"\"\" (a constant), got {_brief(op)}")
+    if op in (None, "") and (inputs or num_outputs != 1):
+        raise ModelLoadError(f"{where}: a variable or constant has no inputs and 1 output")
+    if op and REGISTRY.find(domain, op, opset) is None:
         raise ModelLoadError(f"{where}: operator {domain or 'ai.onnx'}::{op} at opset {opset} "
                              f"is not implemented by this mixrt")
-    inputs = [None if ref is None else _reference(ref, earlier, where)
-              for ref in entry.get("inputs", [])]
+    inputs = [None if ref is None else _reference(ref, earlier, where) for ref in inputs]
     attrs = {k: _decode(v, f"{where}.{k}") for k, v in _dict(entry, "attrs", where).items()}
     info = {k: _decode(v, f"{where}.{k}") for k, v in _dict(entry, "info", where).items()}
     if op == "" and not isinstance(info.get("value"), np.ndarray):
         raise ModelLoadError(f"{where}: a constant needs a tensor \"value\"")
+    if op is None:
+        _check_variable(info, where)
     return SymNode(op, name, inputs, attrs, domain, opset, num_outputs, info)
+
+
+def _whole(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _check_variable(info: dict, where: str) -> None:
+    """What binding reads from a variable's declaration: a shape of whole numbers or nulls
+    (unknown), a dtype name, multipliers (other keys are the user's own ``attr``)."""
+    shape = info.get("shape")
+    if shape is not None and (not isinstance(shape, list) or not all(
+            d is None or _whole(d) for d in shape)):
+        raise ModelLoadError(f"{where}: \"shape\" must be a list of whole numbers or nulls, "
+                             f"got {_brief(shape)}")
+    if shape is not None:
+        info["shape"] = tuple(shape)  # as Variable() declares it
+    if "dtype" in info and (not isinstance(info["dtype"], str)
+                            or info["dtype"] not in TENSOR_DTYPES):
+        raise ModelLoadError(f"{where}: \"dtype\" {_brief(info['dtype'])} is not one of "
+                             f"{sorted(TENSOR_DTYPES)}")
+    for key in ("lr_mult", "wd_mult"):
+        value = info.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 <= value < float("inf"):
+            raise ModelLoadError(f"{where}: \"{key}\" must be a finite number >= 0, got "
+                                 f"{_brief(value)}")
 
 
 def _dict(entry: dict, key: str, where: str) -> dict:
@@ -125,7 +176,8 @@ def _dict(entry: dict, key: str, where: str) -> dict:
 def _reference(ref, earlier: list[SymNode], where: str):
     if (not isinstance(ref, list) or len(ref) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in ref)):
-        raise ModelLoadError(f"{where}: a reference is [node index, output index], got {ref!r}")
+        raise ModelLoadError(f"{where}: a reference is [node index, output index], got "
+                             f"{_brief(ref)}")
     node_index, output = ref
     if not 0 <= node_index < len(earlier):
         raise ModelLoadError(f"{where}: refers to node {node_index}, but only nodes 0.."
@@ -148,19 +200,32 @@ def _decode(value, where: str):
 
 
 def _tensor(fields, where: str) -> np.ndarray:
-    try:
-        dtype = np.dtype(fields["dtype"]).newbyteorder("<")
-        shape = tuple(int(d) for d in fields["shape"])
-        data = _base64(fields["data"], where)
-    except (KeyError, TypeError, ValueError) as error:
-        raise ModelLoadError(f"{where}: malformed tensor ({error})") from None
-    if dtype.hasobject or any(d < 0 for d in shape):
-        raise ModelLoadError(f"{where}: tensor dtype {dtype} or shape {shape} not allowed")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not isinstance(fields, dict) or set(fields) != {"dtype", "shape", "data"}:
+        raise ModelLoadError(f"{where}: a tensor is {{\"dtype\", \"shape\", \"data\"}}")
+    name, shape = fields["dtype"], fields["shape"]
+    dtype = TENSOR_DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:  # np.dtype() would also take "V8", "M8[s]", field lists, ...
+        raise ModelLoadError(f"{where}: tensor dtype {_brief(name)} is not one of "
+                             f"{sorted(TENSOR_DTYPES)}")
+    if not isinstance(shape, list) or not all(_whole(d) for d in shape):
+        raise ModelLoadError(f"{where}: tensor shape must be a list of whole numbers, got "
+                             f"{_brief(shape)}")
+    data = _base64(fields["data"], where)
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if len(data) != expected:
         raise ModelLoadError(f"{where}: tensor of shape {shape} and dtype {dtype.name} needs "
                              f"{expected} bytes; the file has {len(data)}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    try:
+        return np.frombuffer(data, dtype.newbyteorder("<")).reshape(shape).astype(dtype)
+    except ValueError as error:  # an empty tensor with a dimension past 2**63, or > 64 axes
+        raise ModelLoadError(f"{where}: tensor shape {_brief(shape)} is not possible "
+                             f"({error})") from None
+
+
+def _brief(value) -> str:
+    """A hostile file's value for a message, cut short (it may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."
 
 
 def _base64(text, where: str) -> bytes:
@@ -179,6 +244,8 @@ def load(path) -> Symbol:
     """A Symbol from a file written by :meth:`Symbol.save`."""
     from pathlib import Path  # noqa: PLC0415
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO blocks, /dev/zero never ends
+            raise ModelLoadError(f"{path}: not a regular file; expected a symbol JSON file")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{path}: cannot read symbol file: {error}") from None

@@ -45,6 +45,7 @@ it over the old one, which leaves existing maps intact. Files are little-endian.
 from __future__ import annotations
 
 import os
+import stat
 
 from .layout import FORMAT_VERSION, MAGIC
 
@@ -81,6 +82,8 @@ def is_mxr(source) -> bool:
     if path.lower().endswith(SUFFIX):
         return True
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # a FIFO or a device would block the read (the loader says why)
         with open(path, "rb") as handle:
             return handle.read(len(MAGIC)) == MAGIC
     except OSError:
