@@ -91,6 +91,10 @@ def test_arrays_move_between_gpus(cp):
     back = second.copyto(mixrt.gpu(0))
     assert back._read().device.id == 0
     np.testing.assert_array_equal(back.asnumpy(), x)
+    into = nd.zeros((2, 5), ctx=mixrt.gpu(1))
+    first.copyto(into)  # an NDArray of another GPU as the target
+    assert on_gpu_1(into._read())
+    np.testing.assert_array_equal(into.asnumpy(), x)
 
 
 def test_a_gluon_network_trains_on_gpu_1_as_on_the_cpu(cp):

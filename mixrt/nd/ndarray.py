@@ -207,7 +207,8 @@ class NDArray(ArrayMethods):
                 raise InputError(f"copyto: shapes differ, {self.shape} into {other.shape}")
             source = self._read()
             target = other._write()
-            target[...] = other.ctx.device.put(source) if other.ctx != self.ctx else source
+            with other.ctx.device.active():  # the write runs on the target's GPU
+                target[...] = other.ctx.device.put(source) if other.ctx != self.ctx else source
             return other
         target = as_context(other)
         with target.device.active():  # put() leaves an array already there as it is
