@@ -175,9 +175,14 @@ def _(data, shape, *, allowzero=0, **_):
     return _infer_reshape(data, const_ints(shape), allowzero, const_length(shape))
 
 
+def _flatten_axis(axis: int, rank: int) -> int:
+    """Flatten's axis may also be ``rank`` (everything in the first dimension)."""
+    return rank if axis == rank else normalize_axis(axis, rank)
+
+
 @op("Flatten", since=1)
 def flatten(xp, input, *, axis=1):
-    axis = normalize_axis(axis, input.ndim)
+    axis = _flatten_axis(axis, input.ndim)
     return input.reshape(math.prod(input.shape[:axis]), math.prod(input.shape[axis:]))
 
 
@@ -185,7 +190,7 @@ def flatten(xp, input, *, axis=1):
 def _(input, *, axis=1, **_):
     if input.shape is None:
         return [typed(input.dtype, (None, None))]
-    axis = normalize_axis(axis, len(input.shape))
+    axis = _flatten_axis(axis, len(input.shape))
     return [typed(input.dtype, (_product(input.shape[:axis]), _product(input.shape[axis:])))]
 
 

@@ -86,6 +86,11 @@ def broadcast_shapes(*shapes) -> tuple | None:
 
 
 def normalize_axis(axis: int, rank: int) -> int:
+    """``axis`` in ``[-rank, rank)`` as a non-negative index; anything else is an error (a
+    silent wrap or a clamp would compute on the wrong axis)."""
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank} "
+                         f"(expected {-rank} <= axis < {rank})")
     return axis + rank if axis < 0 else axis
 
 

@@ -443,6 +443,8 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
         return graph
     from mixrt.runtime.passes import optimize  # noqa: PLC0415 (passes import the registry)
     from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415
+    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415
+    check_operand_types(graph)  # a model the spec calls invalid fails here, naming the node
     # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
     return optimize(expand_gradient_ops(graph), opt_level)
 

@@ -15,6 +15,7 @@ from mixrt.errors import UnsupportedOperatorError
 from mixrt.runtime.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
+from mixrt.runtime.passes.typecheck import operand_type_problem
 from mixrt.runtime.session import lookup_kernel
 
 
@@ -46,9 +47,18 @@ def support_table(graph: Graph, device: Device) -> list[NodeSupport]:
             row.reason = str(exc)
         else:
             row.kernel = f"{kernel.name} [{kernel.version_range()}]"
-            row.supported, row.reason = _device_supports(node, types, device)
+            row.supported, row.reason = _runs(node, types, device)
         rows.append(row)
     return rows
+
+
+def _runs(node, types, device: Device) -> tuple[bool, str]:
+    """Whether a node that has a kernel runs: its operands obey the op's type constraints
+    (a model that breaks them is invalid; Session refuses it) and the device holds them."""
+    problem = operand_type_problem(node, types)
+    if problem:
+        return False, f"invalid model: {problem}"
+    return _device_supports(node, types, device)
 
 
 def _device_supports(node, types, device: Device) -> tuple[bool, str]:

@@ -242,14 +242,14 @@ def test_narrow_dtype_and_string_initializers_round_trip(tmp_path):
               "e5m2": ml_dtypes.float8_e5m2, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
               "i4": ml_dtypes.int4, "u4": ml_dtypes.uint4, "f4": ml_dtypes.float4_e2m1fn}
     values = np.array([[0.5, -1.5, 2.0], [3.0, -0.0, 1.0]], np.float32)
-    graph = Graph(name="narrow", opsets={"": 21})
+    graph = Graph(name="narrow", opsets={"": 23})  # Cast takes float4 from opset 23 on
     for name, dtype in narrow.items():
         graph.initializers[name] = values.astype(dtype)
         graph.nodes.append(Node("Cast", [name], [f"{name}_f"], attributes={"to": 1},
-                                opset=21))
+                                opset=23))
         graph.outputs.append(Value(f"{name}_f", TensorType(np.dtype(np.float32), (2, 3))))
     graph.initializers["words"] = np.array([["a", "Bé"], ["", "日本"]], dtype=object)
-    graph.nodes.append(Node("Identity", ["words"], ["words_out"], opset=21))
+    graph.nodes.append(Node("Identity", ["words"], ["words_out"], opset=23))
     graph.outputs.append(Value("words_out", TensorType(np.dtype(object), (2, 2))))
     loaded = save_load(graph, tmp_path)
     assert same_graph(graph, loaded)

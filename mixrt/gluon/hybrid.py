@@ -17,11 +17,14 @@ from __future__ import annotations
 import threading
 import traceback
 
+import numpy as np
+
 from mixrt import autograd
 from mixrt.autograd import tape
 from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
+from mixrt.runtime.passes.typecheck import promote_mixed_floats
 from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import Group, Symbol, variable_named
 
@@ -277,6 +280,8 @@ class CachedGraph:
             for name, param in self.params.items():
                 shapes[name], dtypes[name] = param.shape, param.dtype
             graph = self.symbol.to_graph(shapes=shapes, dtypes=dtypes)
+            if len({d for d in dtypes.values() if np.dtype(d).kind == "f"}) > 1:
+                graph = promote_mixed_floats(graph)  # as mixrt.nd promotes imperatively
             compiled = self._compiled[key] = _Compiled(graph, self.aux)
         return compiled
 

@@ -51,7 +51,7 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     _promote_floats(spec, inputs)
     _numeric_bools(spec, inputs)
     _check_shared_dtypes(spec, inputs)
-    raw = [_raw_input(value, ctx, inputs) for value in inputs]
+    raw = [_raw_input(spec, i, value, ctx, inputs) for i, value in enumerate(inputs)]
     count = _output_count(spec, attributes, num_outputs, raw)
     recording = _autograd is not None and _autograd.needs_tape(inputs)
     produced = count
@@ -252,13 +252,14 @@ def _in_group(indices: frozenset, variadic_from: int | None, position: int) -> b
     return position in indices
 
 
-def _raw_input(value, ctx, inputs):
+def _raw_input(spec, position: int, value, ctx, inputs):
     """The kernel's view of one argument; a number takes the dtype of the first array that
     is not boolean (``where(x > 1, x, 5)``: x's dtype, not the condition's). As in MXNet
     (whose scalar ops cast the scalar to the array's dtype) and as ``mixrt.sym`` does
     (CastLike), a float number beside an integer array is truncated to that integer type:
     ``int32 + 1.5`` is ``int32 + 1``; an integer out of range wraps (``uint8 + 300``).
-    Beside boolean arrays only, a number other than True/False is float32."""
+    Beside boolean arrays only, a number other than True/False is float32. An input whose
+    ONNX type cannot be that dtype gets one it can (Dropout's ``training_mode`` is bool)."""
     if value is None:
         return None
     if isinstance(value, NDArray):
@@ -269,11 +270,56 @@ def _raw_input(value, ctx, inputs):
         dtype = like.dtype
         if dtype == np.bool_ and not isinstance(value, bool):  # only conditions around
             dtype = np.float32  # where(x > 2, 0.5, -1.5): MXNet's default dtype
+        dtype = _allowed_number_dtype(spec, position, value, inputs, dtype)
         host = np.array(value).astype(dtype)  # C casts: truncate, wrap (MXNet's)
         return host if ctx.device.kind == "cpu" else ctx.xp.asarray(host)
     if ctx.device.kind == "cpu":
         return np.asarray(value)
     return ctx.device.put(value)  # a list, a host array, or already the device's
+
+
+def _allowed_number_dtype(spec, position: int, value, inputs, preferred) -> np.dtype:
+    """``preferred`` when the op's schema lets input ``position`` have it (or an array of
+    the same type parameter has it); else the first of bool (for True/False), int64 and
+    float32 that the input allows."""
+    formals = _formal_types(spec.domain, spec.op_type, spec.opset)
+    if not formals:
+        return preferred
+    param, allowed = formals[min(position, len(formals) - 1)]
+    for j, other in enumerate(inputs):
+        if isinstance(other, NDArray) and other.dtype != np.bool_ and \
+                formals[min(j, len(formals) - 1)][0] == param:
+            return other.dtype
+    if np.dtype(preferred).name in allowed:
+        return preferred
+    candidates = (("bool",) if isinstance(value, bool) else ()) + ("int64", "float32")
+    return np.dtype(next((c for c in candidates if c in allowed), preferred))
+
+
+@functools.lru_cache(maxsize=None)
+def _formal_types(domain: str, op_type: str, opset: int) -> tuple:
+    """Per formal input of the op's ONNX schema: (its type parameter, the NumPy names of the
+    element types it allows); empty for an op without a schema."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return ()
+    by_param = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return tuple((f.type_str, frozenset(_numpy_names(by_param.get(f.type_str, [f.type_str]))))
+                 for f in schema.inputs)
+
+
+def _numpy_names(type_strings) -> list[str]:
+    from mixrt.ops.dtypes import to_numpy_dtype  # noqa: PLC0415
+    names = []
+    for text in type_strings:
+        if text.startswith("tensor(") and text.endswith(")"):
+            try:
+                code = onnx.TensorProto.DataType.Value(text[7:-1].upper())
+                names.append(to_numpy_dtype(code).name)
+            except (KeyError, ValueError):
+                continue
+    return names
 
 
 def _output_count(spec, attributes, asked, raw) -> int:

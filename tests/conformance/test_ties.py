@@ -33,6 +33,13 @@ def _logits_model(name: str, dtype) -> bytes:
                 wide = numpy_helper.to_array(tensor).astype(np.float64)
                 model.graph.initializer[index].CopyFrom(numpy_helper.from_array(wide,
                                                                                 tensor.name))
+        for node in model.graph.node:  # the light models' weights come from these
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.TENSOR and \
+                        attribute.t.data_type == TensorProto.FLOAT:
+                    # the float32 weight's exact value, in float64
+                    wide = numpy_helper.to_array(attribute.t).astype(np.float64)
+                    attribute.t.CopyFrom(numpy_helper.from_array(wide))
         for value in list(model.graph.input) + list(model.graph.output):
             if value.type.tensor_type.elem_type == TensorProto.FLOAT:
                 value.type.tensor_type.elem_type = TensorProto.DOUBLE

@@ -1,0 +1,177 @@
+"""Each node's operand types against its ONNX schema, before anything runs.
+
+NumPy would run ``Add(float32, float64)`` by promoting to float64, ``Sqrt(int32)`` by
+computing in float64 and ``Conv(int32)`` in integers: a model the ONNX spec calls invalid
+would return values of a type nobody declared. onnxruntime refuses such a model when it
+loads it, naming the node; so does mixrt, with a ``GraphError`` that names the node, the
+input, its type and what the schema allows.
+
+Two rules, both from the schema in force at the node's opset:
+
+* an input's type is one the input's type constraint allows;
+* inputs bound to one type parameter (``T`` of Add's ``A`` and ``B``, every input of a
+  homogeneous variadic such as Concat's) have one type.
+
+Only types that are known are checked (declared inputs, initializers, value_info, and what
+inference derives from them); nodes of domains ONNX has no schema for (``mixrt``, custom
+ops) are left alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import defs
+
+from mixrt.errors import GraphError
+from mixrt.ops.dtypes import to_onnx_type
+from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.passes.infer import infer_node, infer_types
+
+_VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
+
+
+def check_operand_types(graph: Graph, types: dict | None = None) -> None:
+    """Raise GraphError at the first node whose operands break its schema's constraints."""
+    types = infer_types(graph) if types is None else types
+    for node in graph.all_nodes():
+        problem = operand_type_problem(node, types)
+        if problem:
+            raise GraphError(f"node {node.label!r} ({node.domain or 'ai.onnx'}::"
+                             f"{node.op_type}, opset {node.opset}): {problem}")
+
+
+def operand_type_problem(node: Node, types: dict) -> str | None:
+    """What is wrong with the node's operand types, or None (also when unknown)."""
+    schema = _schema(node)
+    if schema is None:
+        return None
+    allowed_by_param = {c.type_param_str: set(c.allowed_type_strs)
+                        for c in schema.type_constraints}
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (type, first input with it)
+    for index, name in enumerate(node.inputs):
+        formal = _formal(schema, index)
+        actual = type_string(types.get(name)) if name else None
+        if formal is None or actual is None:
+            continue
+        allowed = allowed_by_param.get(formal.type_str, {formal.type_str})
+        if actual not in allowed:
+            return (f"input {index} ({formal.name}) {name!r} is {actual}; "
+                    f"{node.op_type}-{schema.since_version} accepts {_listed(allowed)}")
+        if formal.type_str not in allowed_by_param or not _binds_one_type(formal):
+            continue
+        first = bound.setdefault(formal.type_str, (actual, name))
+        if first[0] != actual:
+            return (f"inputs {first[1]!r} ({first[0]}) and {name!r} ({actual}) must have one "
+                    f"type (both are {formal.type_str} in {node.op_type}-"
+                    f"{schema.since_version}); insert a Cast")
+    return None
+
+
+def promote_mixed_floats(graph: Graph) -> Graph:
+    """The graph with a Cast before each float operand that shares a type parameter with a
+    wider float (``Gemm(float64 data, float32 weight)`` reads ``Cast(weight, to=DOUBLE)``),
+    as NumPy would promote and as ``mixrt.nd`` does through recorded Casts: a hybridized
+    block fed float64 data computes what the same block computes imperatively, in a graph the
+    spec allows (its backward then returns each gradient in its own parameter's dtype).
+    Top-level nodes only; the graph is changed in place and returned."""
+    types = infer_types(graph)
+    taken = set(graph.initializers) | set(graph.input_names) | \
+        {o for n in graph.nodes for o in n.outputs}
+    made: dict[tuple[str, str], str] = {}  # (source, dtype) -> its cast, made once
+    nodes = []
+    for node in graph.nodes:
+        for index, dtype in _promotions(node, types).items():
+            source = node.inputs[index]
+            if (source, dtype.name) not in made:
+                cast = _cast(graph, source, dtype, taken)
+                nodes.append(cast)
+                taken.add(cast.outputs[0])
+                types[cast.outputs[0]] = TensorType(dtype, types[source].shape)
+                made[source, dtype.name] = cast.outputs[0]
+            node.inputs[index] = made[source, dtype.name]
+        for name, value_type in zip(node.outputs, infer_node(node, types)):
+            if name:
+                types[name] = value_type
+        nodes.append(node)
+    graph.nodes = nodes
+    return graph
+
+
+def _promotions(node: Node, types: dict) -> dict[int, np.dtype]:
+    """Input index -> the float dtype it must be cast to."""
+    schema = _schema(node)
+    if schema is None:
+        return {}
+    groups: dict[str, list[tuple[int, np.dtype]]] = {}
+    params = {c.type_param_str for c in schema.type_constraints}
+    for index, name in enumerate(node.inputs):
+        formal = _formal(schema, index)
+        value_type = types.get(name) if name else None
+        if formal is None or formal.type_str not in params or not _binds_one_type(formal) or \
+                not isinstance(value_type, TensorType) or value_type.dtype is None or \
+                np.dtype(value_type.dtype).kind != "f":
+            continue
+        groups.setdefault(formal.type_str, []).append((index, np.dtype(value_type.dtype)))
+    wanted = {}
+    for members in groups.values():
+        common = np.result_type(*(dtype for _, dtype in members))
+        wanted.update({index: common for index, dtype in members if dtype != common})
+    return wanted
+
+
+def _cast(graph: Graph, source: str, dtype: np.dtype, taken: set) -> Node:
+    name = f"{source}_as_{dtype.name}"
+    while name in taken:
+        name += "_"
+    return Node("Cast", [source], [name], name, "", graph.opsets.get("", 21),
+                {"to": to_onnx_type(dtype)})
+
+
+def type_string(value_type) -> str | None:
+    """ONNX's spelling of a value's type (``tensor(float)``, ``seq(tensor(int64))``), or None
+    when it is not known."""
+    if isinstance(value_type, TensorType):
+        if value_type.dtype is None:
+            return None
+        try:
+            name = onnx.TensorProto.DataType.Name(to_onnx_type(value_type.dtype))
+        except (KeyError, ValueError, TypeError):
+            return None
+        return f"tensor({name.lower()})"
+    if isinstance(value_type, SequenceType):
+        inner = type_string(value_type.element)
+        return None if inner is None else f"seq({inner})"
+    if isinstance(value_type, OptionalType):
+        inner = type_string(value_type.element)
+        return None if inner is None else f"optional({inner})"
+    return None
+
+
+def _schema(node: Node):
+    if not node.opset:
+        return None
+    try:
+        return defs.get_schema(node.op_type, node.opset, node.domain)
+    except defs.SchemaError:
+        return None
+
+
+def _formal(schema, index: int):
+    """The schema's formal input that the node's ``index``-th input fills."""
+    if index < len(schema.inputs):
+        return schema.inputs[index]
+    if schema.inputs and schema.inputs[-1].option == _VARIADIC:
+        return schema.inputs[-1]
+    return None
+
+
+def _binds_one_type(formal) -> bool:
+    """A heterogeneous variadic (Loop's and Scan's state) binds each element on its own."""
+    return formal.option != _VARIADIC or formal.is_homogeneous
+
+
+def _listed(allowed: set[str]) -> str:
+    names = sorted(allowed)
+    return ", ".join(names) if len(names) <= 8 else ", ".join(names[:8]) + ", ..."

@@ -1,0 +1,209 @@
+"""Operand types against the ONNX schema (runtime/passes/typecheck.py): a model the spec calls
+invalid is refused when it loads, as onnxruntime refuses it, instead of running on NumPy's
+promotions. Every ONNX backend node case (tests/conformance) loading proves the check
+refuses no valid model."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt import autograd, nd
+from mixrt.errors import ExecutionError, GraphError
+from mixrt.gluon import nn
+from mixrt.runtime.device import parse_device
+from mixrt.runtime.passes.typecheck import promote_mixed_floats
+from mixrt.runtime.support import support_table
+from mixrt.importers.onnx import import_model
+
+F32, F64, I32, I64, BOOL = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
+                            TensorProto.INT64, TensorProto.BOOL)
+
+
+def _model(op_type, input_types, *, outputs=1, opset=17, **attributes) -> onnx.ModelProto:
+    names = [f"x{i}" for i in range(len(input_types))]
+    node = helper.make_node(op_type, names, [f"y{k}" for k in range(outputs)], name="the_node",
+                            **attributes)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in
+                      zip(names, input_types)],
+        [helper.make_empty_tensor_value_info(f"y{k}") for k in range(outputs)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=8)  # one the installed onnxruntime reads
+
+
+def _onnxruntime_refuses(model) -> bool:
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 (onnxruntime's own exception classes)
+        return True
+    return False
+
+
+INVALID = [
+    # (op, input types, attributes, words the message must hold)
+    ("Sqrt", [I32], {}, ["input 0 (X) 'x0' is tensor(int32)", "tensor(float)"]),
+    ("Softmax", [I64], {}, ["'x0' is tensor(int64)", "Softmax-13 accepts"]),
+    ("Conv", [I32, I32], {}, ["tensor(int32)", "Conv-11 accepts"]),
+    ("Add", [F32, F64], {}, ["'x0' (tensor(float)) and 'x1' (tensor(double))",
+                             "both are T in Add-14", "Cast"]),
+    ("MatMul", [F32, I32], {}, ["'x0' (tensor(float)) and 'x1' (tensor(int32))"]),
+    ("Where", [F32, F32, F32], {}, ["input 0 (condition)", "accepts tensor(bool)"]),
+    ("Concat", [F32, F32, F64], {"axis": 0}, ["'x0' (tensor(float)) and 'x2' "
+                                              "(tensor(double))"]),
+    ("Gather", [F32, F32], {}, ["input 1 (indices) 'x1' is tensor(float)"]),
+    ("Dropout", [F32, F32, F32], {}, ["input 2 (training_mode)", "tensor(bool)"]),
+]
+
+
+@pytest.mark.parametrize("op_type, types, attributes, words", INVALID,
+                         ids=[case[0] for case in INVALID])
+def test_an_invalid_model_is_refused_at_load_naming_node_input_and_types(
+        op_type, types, attributes, words):
+    model = _model(op_type, types, **attributes)
+    assert _onnxruntime_refuses(model)  # the reference refuses it too: we are not stricter
+    with pytest.raises(GraphError) as caught:
+        mixrt.Session(model.SerializeToString())
+    message = str(caught.value)
+    assert message.startswith(f"node 'the_node' (ai.onnx::{op_type}, opset 17)")
+    for word in words:
+        assert word in message
+
+
+VALID = [
+    ("Add", [F64, F64], {}), ("Sqrt", [F64], {}), ("Relu", [I32], {}),
+    ("Pow", [F32, I64], {}),  # T and T1 are separate parameters
+    ("Where", [BOOL, I64, I64], {}), ("Concat", [I32, I32, I32], {"axis": 0}),
+    ("Gather", [F32, I32], {}), ("Dropout", [F64, F32, BOOL], {}),
+    ("Shape", [TensorProto.STRING], {}),
+]
+
+
+@pytest.mark.parametrize("op_type, types, attributes", VALID, ids=[c[0] for c in VALID])
+def test_valid_operand_types_load_in_mixrt_and_onnxruntime(op_type, types, attributes):
+    model = _model(op_type, types, **attributes)
+    assert not _onnxruntime_refuses(model)
+    mixrt.Session(model.SerializeToString())
+
+
+def test_a_mismatch_found_by_inference_names_the_node_downstream():
+    """x0 is int64; Shape's output is int64 too, so Add(Shape(x), float) is caught although
+    no declared type says so."""
+    nodes = [helper.make_node("Shape", ["x0"], ["s"], name="shape"),
+             helper.make_node("Add", ["s", "x1"], ["y"], name="bad_add")]
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x0", F32, [2, 3]),
+        helper.make_tensor_value_info("x1", F32, [2])],
+        [helper.make_tensor_value_info("y", F32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(GraphError, match=r"node 'bad_add'.*'s' \(tensor\(int64\)\) and "
+                                         r"'x1' \(tensor\(float\)\)"):
+        mixrt.Session(model.SerializeToString())
+
+
+def test_unknown_types_and_ops_without_a_schema_are_left_alone():
+    # no declared element type: nothing to check until data arrives
+    model = _model("Add", [TensorProto.UNDEFINED, F32])
+    model.graph.input[0].type.tensor_type.ClearField("elem_type")
+    mixrt.Session(model.SerializeToString())  # loads
+    # a domain ONNX has no schema for (here: com.example) is not checked
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F32, [2])],
+                              [helper.make_tensor_value_info("y", F32, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    table = support_table(import_model(model.SerializeToString()), parse_device("cpu"))
+    assert "invalid" not in table[0].reason  # unsupported for lack of a kernel, not invalid
+
+
+def test_mixrt_check_reports_the_invalid_node():
+    graph = import_model(_model("Add", [F32, F64]).SerializeToString())
+    (row,) = support_table(graph, parse_device("cpu"))
+    assert not row.supported and row.kernel.startswith("add")
+    assert row.reason.startswith("invalid model: inputs 'x0' (tensor(float)) and 'x1'")
+
+
+def test_a_subgraph_node_is_checked_too():
+    then = helper.make_graph([helper.make_node("Add", ["a", "b"], ["t"], name="inner_add")],
+                             "then", [], [helper.make_tensor_value_info("t", F32, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["a"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", F32, None)])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    graph = helper.make_graph([node], "g", [
+        helper.make_tensor_value_info("c", BOOL, []),
+        helper.make_tensor_value_info("a", F32, [2]),
+        helper.make_tensor_value_info("b", F64, [2])],
+        [helper.make_tensor_value_info("y", F32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(GraphError, match="node 'inner_add'"):
+        mixrt.Session(model.SerializeToString())
+
+
+# -- axes out of range ------------------------------------------------------------------------
+
+def test_an_axis_out_of_range_is_an_error_not_a_clamp():
+    model = _model("Unsqueeze", [F32, I64], opset=17)
+    session = mixrt.Session(model.SerializeToString())
+    x = np.ones((2, 3), np.float32)
+    assert session.run(None, {"x0": x, "x1": np.array([-1], np.int64)})[0].shape == (2, 3, 1)
+    with pytest.raises(ExecutionError, match=r"axis 5 is out of range for rank 3"):
+        session.run(None, {"x0": x, "x1": np.array([5], np.int64)})
+
+
+@pytest.mark.parametrize("axis, shape", [(0, (1, 24)), (3, (24, 1)), (-2, (2, 12)),
+                                         (-1, (6, 4))])
+def test_flatten_takes_every_axis_from_minus_rank_to_rank(axis, shape):
+    model = _model("Flatten", [F32], axis=axis)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    (got,) = mixrt.Session(model.SerializeToString()).run(None, {"x0": x})
+    assert got.shape == shape
+    with pytest.raises(ExecutionError, match="out of range"):
+        mixrt.Session(_model("Flatten", [F32], axis=4).SerializeToString()).run(None,
+                                                                               {"x0": x})
+
+
+# -- where mixrt itself mixes float types ------------------------------------------------------
+
+def test_a_number_fills_a_bool_input_as_bool():
+    """nd.Dropout(x, 0.25, True): training_mode is bool in ONNX; it used to become a float
+    array, which the backward's Where refused as a condition."""
+    x = nd.array(np.ones((50, 40)))
+    x.attach_grad()
+    with autograd.record():
+        y = nd.Dropout(x, 0.25, True)
+    y.backward()
+    kept = y.asnumpy() != 0
+    np.testing.assert_allclose(x.grad.asnumpy(), kept / 0.75)
+
+
+def test_hybridized_float64_data_matches_imperative_through_casts():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(6, activation="relu"), nn.Dense(2))
+    net.initialize()
+    x = nd.array(np.random.default_rng(0).standard_normal((4, 5)), dtype="float64")
+    imperative = net(x).asnumpy()
+    net.hybridize()
+    hybrid = net(x).asnumpy()
+    assert imperative.dtype == hybrid.dtype == np.float64
+    np.testing.assert_allclose(hybrid, imperative, rtol=1e-12)
+
+
+def test_promotion_casts_each_narrow_operand_once():
+    from mixrt.ops.types import TensorType
+    from mixrt.runtime.graph import Graph, Node, Value
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    graph = Graph(name="g", opsets={"": 17})
+    graph.inputs = [Value("x", TensorType(f64, (2, 3)))]
+    graph.initializers["w"] = np.ones((3, 3), np.float32)
+    graph.nodes = [Node("MatMul", ["x", "w"], ["h"], "mm1", opset=17),
+                   Node("MatMul", ["h", "w"], ["y"], "mm2", opset=17)]
+    graph.outputs = [Value("y", TensorType(f64, (2, 3)))]
+    promote_mixed_floats(graph)
+    casts = [n for n in graph.nodes if n.op_type == "Cast"]
+    assert [c.inputs for c in casts] == [["w"]]
+    assert graph.nodes[1].inputs[1] == graph.nodes[2].inputs[1] == casts[0].outputs[0]
+    (y,) = mixrt.Session(graph).run(None, {"x": np.ones((2, 3))})
+    assert y.dtype == f64 and np.allclose(y, 9.0)
+    assert f32 != f64
