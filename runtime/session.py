@@ -438,13 +438,15 @@ def _check_option(name: str, value, allowed) -> None:
 
 
 def _optimized(graph: Graph, opt_level: int) -> Graph:
+    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415
     graph.validate()
+    # a model the spec calls invalid fails here, naming the node; a .mxr too (its file may
+    # have been written by anyone: the optimized graphs mixrt compiles pass)
+    check_operand_types(graph)
     if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
         return graph
     from mixrt.runtime.passes import optimize  # noqa: PLC0415 (passes import the registry)
     from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415
-    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415
-    check_operand_types(graph)  # a model the spec calls invalid fails here, naming the node
     # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
     return optimize(expand_gradient_ops(graph), opt_level)
 

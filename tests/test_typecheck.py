@@ -207,3 +207,20 @@ def test_promotion_casts_each_narrow_operand_once():
     (y,) = mixrt.Session(graph).run(None, {"x": np.ones((2, 3))})
     assert y.dtype == f64 and np.allclose(y, 9.0)
     assert f32 != f64
+
+
+def test_a_crafted_mxr_with_mixed_types_is_refused(tmp_path):
+    """A .mxr runs as compiled, without the passes; anyone can write one, so its graph is
+    checked as an ONNX model is."""
+    from mixrt.ops.types import TensorType
+    from mixrt.runtime.format import save_mxr
+    from mixrt.runtime.graph import Graph, Node, Value
+    graph = Graph(name="crafted", opsets={"": 17})
+    graph.inputs = [Value("x", TensorType(np.dtype(np.float32), (2,)))]
+    graph.initializers["w"] = np.ones(2, np.float64)
+    graph.nodes = [Node("Add", ["x", "w"], ["y"], "mixed_add", opset=17)]
+    graph.outputs = [Value("y", TensorType(np.dtype(np.float32), (2,)))]
+    save_mxr(graph, tmp_path / "crafted.mxr")
+    with pytest.raises(GraphError, match="node 'mixed_add'.*'x' \\(tensor\\(float\\)\\) and "
+                                         "'w' \\(tensor\\(double\\)\\)"):
+        mixrt.Session(str(tmp_path / "crafted.mxr"))

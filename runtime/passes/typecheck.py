@@ -150,11 +150,13 @@ def type_string(value_type) -> str | None:
 
 
 def _schema(node: Node):
-    if not node.opset:
+    """The schema in force at the node's opset; None when ONNX has none (also for an opset
+    or a name a damaged file made up: the kernel lookup reports those)."""
+    if not 0 < node.opset < 2 ** 31:
         return None
     try:
         return defs.get_schema(node.op_type, node.opset, node.domain)
-    except defs.SchemaError:
+    except (defs.SchemaError, TypeError, ValueError):
         return None
 
 
