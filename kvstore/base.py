@@ -194,6 +194,8 @@ class KVStore:
                         f"{str(path)!r}")
 
     def load_optimizer_states(self, path) -> None:
+        """Restore what ``save_optimizer_states`` wrote onto this store's optimizer. Its keys
+        must be initialized first, with the shapes the states were saved for."""
         arrays = optim.read_npz(path, "optimizer state file")
         try:
             self._load_optimizer_state_dict(arrays)
@@ -204,7 +206,29 @@ class KVStore:
         return self._require_optimizer("save_optimizer_states").state_dict()
 
     def _load_optimizer_state_dict(self, arrays: dict) -> None:
-        self._require_optimizer("load_optimizer_states").load_state_dict(arrays)
+        optimizer = self._require_optimizer("load_optimizer_states")
+        self._check_state_shapes(arrays)
+        optimizer.load_state_dict(arrays)
+
+    def _check_state_shapes(self, arrays) -> None:
+        """Every saved state array has its key's shape, and every key is one this store
+        holds: a state saved for another model fails when it loads, not at a later step."""
+        for index, key in enumerate(optim.read_meta(arrays)["keys"]):
+            try:
+                shape = self._value_shape(key, "load_optimizer_states")
+            except KVStoreError as exc:
+                raise OptimizerError(f"the optimizer state is for key {key!r}, which this "
+                                     f"store does not hold ({exc})") from exc
+            for name in sorted(n for n in arrays if n.startswith(f"state{index}.")):
+                found = tuple(np.shape(arrays[name]))
+                if found != shape:
+                    raise OptimizerError(f"the optimizer state {name!r} of key {key!r} has "
+                                         f"shape {found}; the key's value has {shape}")
+
+    def _value_shape(self, key: str, what: str) -> tuple:
+        """The shape of the value stored under ``key``; KVStoreError for an unknown key
+        (the in-process stores keep the values themselves: ``_stored``)."""
+        return tuple(self._stored(key, what).shape)
 
     def _require_optimizer(self, what: str) -> optim.Optimizer:
         if self._optimizer is None:

@@ -101,9 +101,45 @@ class NDArrayIter:
                 "position": self._position}
 
     def set_state(self, state: dict) -> None:
-        self._rng.bit_generator.state = state["rng"]
-        self._order = np.asarray(state["order"], dtype=np.int64)
-        self._position = int(state["position"])
+        """Resume from :meth:`state` (read back from a checkpoint). A state this iterator
+        could not have written (another dataset size, sharding or batch size, a damaged
+        file) is an ``InputError`` naming the key, and changes nothing."""
+        if not isinstance(state, dict) or not {"rng", "order", "position"} <= set(state):
+            raise InputError(f"iterator state must be a dict with 'rng', 'order' and "
+                             f"'position', got {_brief(state)}")
+        order = self._checked_order(state["order"])
+        position = state["position"]
+        if isinstance(position, bool) or not isinstance(position, int) or \
+                not 0 <= position <= self.num_batches:
+            raise InputError(f"iterator state 'position' must be an int in [0, "
+                             f"{self.num_batches}], got {_brief(position)}")
+        rng = np.random.default_rng()
+        try:
+            rng.bit_generator.state = state["rng"]
+        except (TypeError, ValueError, KeyError) as exc:
+            raise InputError(f"iterator state 'rng' is not a {type(rng.bit_generator).__name__}"
+                             f" state: {exc}") from exc
+        self._rng, self._order, self._position = rng, order, position
+
+    def _checked_order(self, order) -> np.ndarray:
+        """This worker's sample order: ``share`` distinct indices into the data."""
+        if isinstance(order, (np.ndarray, tuple)):
+            order = np.asarray(order).tolist()
+        if not isinstance(order, list) or len(order) != self.share or \
+                not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
+            raise InputError(f"iterator state 'order' must be a list of {self.share} sample "
+                             f"indices (this iterator's share), got {_brief(order)}")
+        array = np.asarray(order, dtype=np.int64) if order else np.zeros(0, np.int64)
+        if array.size and (array.min() < 0 or array.max() >= len(self.data) or
+                           len(np.unique(array)) != array.size):
+            raise InputError(f"iterator state 'order' must hold distinct indices in [0, "
+                             f"{len(self.data)})")
+        return array
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_arguments(data, label, batch_size, last_batch, num_parts, part_index) -> None:

@@ -343,7 +343,7 @@ class Module:
         except OptimizerError as exc:  # the optimizer does not know which file it read
             _put_back(data, previous)
             raise OptimizerError(f"{where}: {exc}") from exc
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # from set_state
+        except (InputError, KeyError, TypeError, ValueError, OverflowError) as exc:  # set_state
             _put_back(data, previous)
             raise ModelLoadError(f"{where}: the data iterator's state does not fit "
                                  f"({type(exc).__name__}: {exc})") from exc

@@ -370,17 +370,36 @@ def test_bad_optimizer_states_are_refused_naming_the_file(tmp_path, case):
         fresh.load_states(tmp_path / "bad.npz")
     assert len(str(info.value)) < 2000  # a 200 KB meta is not pasted into the message
     assert fresh.optimizer.states == {} and fresh.optimizer.counts == {}
-    if case in TRAINER_ONLY:
-        return
-    store = mixrt.kv.create("local")
+    store = mixrt.kv.create("local")  # holding the keys the good state is for
+    for param in net.collect_params().values():
+        store.init(param.name, param.data().asnumpy())
     store.set_optimizer(optim.create("adam"))
     with pytest.raises(OptimizerError, match="bad.npz"):
         store.load_optimizer_states(tmp_path / "bad.npz")
     assert store.optimizer.states == {}
 
 
-# a store keeps no list of the weights a state must fit (the step checks the shape)
-TRAINER_ONLY = {"unknown key", "wrong state shape"}
+def test_a_store_loads_only_states_that_fit_its_values(tmp_path):
+    """A state saved for another model fails at load, naming the key, not at a later step
+    (or, for a state that broadcasts, never)."""
+    saved = mixrt.kv.create("local")
+    saved.init("w", np.zeros(4, np.float32))
+    saved.set_optimizer(optim.create("adam", learning_rate=0.1))
+    saved.push("w", np.ones(4, np.float32))
+    saved.save_optimizer_states(tmp_path / "w4.npz")
+    for shape in [(1,), (2, 2), (5,)]:
+        other = mixrt.kv.create("local")
+        other.init("w", np.zeros(shape, np.float32))
+        other.set_optimizer(optim.create("adam", learning_rate=0.1))
+        with pytest.raises(OptimizerError, match=r"w4.npz.*'state0\.\w+' of key 'w' has "
+                                                 r"shape \(4,\); the key's value has"):
+            other.load_optimizer_states(tmp_path / "w4.npz")
+        assert other.optimizer.states == {}
+    stranger = mixrt.kv.create("local")
+    stranger.init("v", np.zeros(4, np.float32))
+    stranger.set_optimizer(optim.create("adam", learning_rate=0.1))
+    with pytest.raises(OptimizerError, match="for key 'w', which this store does not hold"):
+        stranger.load_optimizer_states(tmp_path / "w4.npz")
 
 
 @pytest.mark.parametrize("spec", [
@@ -406,6 +425,7 @@ def test_kvstore_states_round_trip_and_refuse_damage(tmp_path):
     store.save_optimizer_states(tmp_path / "kv.states")
     good = (tmp_path / "kv.states").read_bytes()
     again = mixrt.kv.create("local")
+    again.init("w", np.zeros(4, np.float32))  # a state loads onto keys the store holds
     again.set_optimizer(optim.create("adam", learning_rate=0.1))
     again.load_optimizer_states(tmp_path / "kv.states")
     assert again.optimizer.counts == {"w": 1}
@@ -514,6 +534,16 @@ BAD_CHECKPOINTS = {
     "data state empty": (_record_edit(data={}), ModelLoadError, "data iterator"),
     "data rng garbage": (_record_edit(data={"rng": "x", "order": [], "position": 0}),
                          ModelLoadError, "data iterator"),
+    "data order short": (_record_edit(data={"rng": None, "order": [0], "position": 0}),
+                         ModelLoadError, "'order' must be a list of 40 sample indices"),
+    "data order repeats": (_record_edit(data={"rng": None, "order": [0] * 40, "position": 0}),
+                           ModelLoadError, "'order' must hold distinct indices"),
+    "data order out of range": (_record_edit(data={"rng": None, "order": list(range(1, 41)),
+                                                   "position": 0}),
+                                ModelLoadError, r"distinct indices in \[0, 40\)"),
+    "data position past the end": (_record_edit(data={"rng": None, "order": list(range(40)),
+                                                      "position": 3}),
+                                   ModelLoadError, r"'position' must be an int in \[0, 2\]"),
     "scaler a string": (_record_edit(loss_scaler="big"), ModelLoadError, "'loss_scaler'"),
     "scaler scale zero": (_record_edit(loss_scaler={"scale": 0, "clean_steps": 0}),
                           ModelLoadError, "'loss_scaler'"),

@@ -240,7 +240,11 @@ class DistStore(KVStore):
         optimizer.counts = {k: int(v) for k, v in counts.items()}
         return optimizer.state_dict()
 
+    def _value_shape(self, key: str, what: str) -> tuple:
+        return tuple(self._known(key, what)[0])
+
     def _load_optimizer_state_dict(self, arrays: dict) -> None:
+        self._check_state_shapes(arrays)
         saved = optim.from_state_dict(arrays)
         pending = {}
         for server in range(len(self._sockets)):
