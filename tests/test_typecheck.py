@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import mixrt
 from mixrt import autograd, nd
-from mixrt.errors import ExecutionError, GraphError
+from mixrt.errors import ExecutionError, GraphError, InputError
 from mixrt.gluon import nn
 from mixrt.runtime.device import parse_device
 from mixrt.runtime.passes.typecheck import promote_mixed_floats
@@ -224,3 +224,28 @@ def test_a_crafted_mxr_with_mixed_types_is_refused(tmp_path):
     with pytest.raises(GraphError, match="node 'mixed_add'.*'x' \\(tensor\\(float\\)\\) and "
                                          "'w' \\(tensor\\(double\\)\\)"):
         mixrt.Session(str(tmp_path / "crafted.mxr"))
+
+
+# -- mixrt.nd: the same constraints, imperatively -----------------------------------------------
+
+@pytest.mark.parametrize("function", ["sqrt", "exp", "sigmoid", "softmax", "log"])
+def test_nd_refuses_a_dtype_the_op_does_not_take(function):
+    """MXNet 1.9.1 computes sqrt/exp/sigmoid/log of int32 in the integers (sqrt(2) == 1)
+    and refuses softmax; mixrt refuses them all, naming the op and the fix."""
+    x = nd.array(np.array([4, 9, 2], np.int32), dtype="int32")
+    with pytest.raises(InputError, match=r"input 0 is int32, which the op does not take "
+                                         r"\(it takes .*float32.*\); cast it first"):
+        getattr(nd, function)(x)
+    np.testing.assert_allclose(getattr(nd, function)(x.astype("float32")).asnumpy(),
+                               getattr(nd, function)(nd.array([4.0, 9.0, 2.0])).asnumpy())
+
+
+def test_nd_ops_that_take_integers_keep_them():
+    x = nd.array(np.array([4, -9, 2], np.int32), dtype="int32")
+    assert nd.relu(x).dtype == nd.abs(x).dtype == (x + 1).dtype == np.int32
+    np.testing.assert_array_equal(nd.abs(x).asnumpy(), [4, 9, 2])
+
+
+def test_nd_where_takes_a_numeric_condition_as_mxnet_does():
+    got = nd.where(nd.array([[1.0, 0.0], [0.0, 2.5]]), nd.ones((2, 2)), nd.zeros((2, 2)))
+    np.testing.assert_array_equal(got.asnumpy(), [[1, 0], [0, 1]])

@@ -148,9 +148,11 @@ def where(condition, x, y):
                 raise InputError(f"where: a 1-D condition of length {condition.shape[0]} "
                                  f"picks rows, and x has {like.shape[0]} (shape {like.shape})")
             condition = condition.reshape((-1,) + (1,) * (like.ndim - 1))
+    if isinstance(condition, NDArray) and condition.dtype != np.bool_:
+        condition = condition != 0  # MXNet's numeric conditions; ONNX's Where takes bool
     return _where(condition, x, y)
 
 
 __all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",
            "ones_like", "from_dlpack", "waitall", "dot", "concat", "stack", "where",
-           *OPERATORS, *_mx.FUNCTIONS]
+           *OPERATORS, *_mx.FUNCTIONS, *_layers.FUNCTIONS]

@@ -51,6 +51,7 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     _promote_floats(spec, inputs)
     _numeric_bools(spec, inputs)
     _check_shared_dtypes(spec, inputs)
+    _check_allowed_dtypes(spec, inputs)
     raw = [_raw_input(spec, i, value, ctx, inputs) for i, value in enumerate(inputs)]
     count = _output_count(spec, attributes, num_outputs, raw)
     recording = _autograd is not None and _autograd.needs_tape(inputs)
@@ -209,6 +210,36 @@ def _check_shared_dtypes(spec, inputs: list) -> None:
             raise InputError(f"{spec.op_type}: inputs of one type have different dtypes "
                              f"{sorted(str(d) for d in members)}; cast one with .astype() "
                              f"(MXNet does not mix dtypes either)")
+
+
+def _check_allowed_dtypes(spec, inputs: list) -> None:
+    """An array of a dtype the op's ONNX input does not take (``sqrt`` of int32, ``softmax``
+    of int64) is an ``InputError``: NumPy would have computed in float64, MXNet 1.x in the
+    integers (``sqrt([2]) == [1]``), and neither is what the op means."""
+    allowed = _ALLOWED_DTYPES.get(id(spec))  # every call pays this: kept to a dict lookup
+    if allowed is None:
+        allowed = _ALLOWED_DTYPES[id(spec)] = _allowed_dtypes(spec)
+    if not allowed:
+        return
+    count = len(allowed)
+    for position, value in enumerate(inputs):
+        if isinstance(value, NDArray):
+            dtypes = allowed[position] if position < count else allowed[-1]
+            if dtypes and value._data.dtype not in dtypes:
+                raise InputError(
+                    f"{spec.op_type}: input {position} is {value.dtype}, which the op does "
+                    f"not take (it takes {', '.join(sorted(d.name for d in dtypes))}); cast "
+                    f"it first, e.g. x.astype('float32')")
+
+
+# id(spec) -> per formal input, the dtypes it takes (empty: unconstrained); op_spec caches
+# every spec for the life of the process, so an id is never reused for another one
+_ALLOWED_DTYPES: dict[int, tuple] = {}
+
+
+def _allowed_dtypes(spec) -> tuple:
+    return tuple(frozenset(np.dtype(name) for name in names)
+                 for _, names in _formal_types(spec.domain, spec.op_type, spec.opset))
 
 
 def _mixed_floats(inputs: list) -> bool:

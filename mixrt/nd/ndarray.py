@@ -21,7 +21,11 @@ Where it differs from MXNet 1.x's NDArray, on purpose (NumPy's conventions, whic
   memory (writing ``x[1:2][:] = 0`` changes ``x`` there, not here: write ``x[1:2] = 0``);
 * ``argmax``/``argmin`` give int64 indices (MXNet's are floats of ``x``'s dtype);
 * ``nd.array`` of a NumPy array keeps its dtype (MXNet's makes float32);
-* arrays of two float dtypes are promoted (MXNet raises); two other dtypes raise, as there.
+* arrays of two float dtypes are promoted (MXNet raises); two other dtypes raise, as there;
+* an op given a dtype its ONNX definition does not take raises ``InputError``: ``sqrt``,
+  ``exp`` or ``sigmoid`` of an int32 array (MXNet computes them in the integers,
+  ``sqrt(2) == 1``; NumPy would promote to float64). ``where`` still takes a numeric
+  condition, as in MXNet (non-zero is true).
 """
 
 from __future__ import annotations
