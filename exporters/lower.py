@@ -5,6 +5,16 @@ built at a recent opset (``mixrt.sym`` builds at 21) still exports to older ones
 * Gelu (opset 20) below 20: the erf form, or the tanh form for ``approximate="tanh"``;
 * BatchNormalization in inference form (opset 14/15 added ``training_mode``) below 14: the
   same node without the attribute, as opset 9 defines it;
+* Mish (opset 18) below 18: x * tanh(softplus(x));
+* Split with ``num_outputs`` (opset 18) below 18: an equal split as it is, an unequal one
+  (a smaller last part) with its sizes spelled out, where the split axis's size is known;
+* Pad (``axes`` input from opset 18, ``wrap`` from 19) below 18: the same node when it has
+  no ``axes`` (onnx's converter has no adapter for it), or pads spelled out for every axis
+  when the axes and pads are constants and the rank is known;
+* the reductions that took ``axes`` as an input at opset 18 (ReduceMean, ReduceMax, ...)
+  below 18: the ``axes`` attribute, when the input is a constant or absent (PyTorch's
+  torch.export exporter writes them so; without this the whole model would go through
+  onnx's converter, which cannot take a node another rewrite already wrote at the target);
 * any node that sets, to its default value, an attribute a later opset added (Reshape's
   ``allowzero``, AveragePool's ``dilations`` of ones): the same node without it.
 
@@ -26,6 +36,12 @@ from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, dtype_of
 
 LAYER_NORM_OPSET, GELU_OPSET, BATCH_NORM_TRAINING_OPSET = 17, 20, 14
+MISH_OPSET = SPLIT_NUM_OUTPUTS_OPSET = PAD_AXES_OPSET = 18
+SPLIT_AS_INPUT_OPSET = 13  # Split's sizes: an attribute before 13, an input from 13 on
+REDUCE_AXES_INPUT_OPSET = 18
+AXES_BECAME_AN_INPUT_AT_18 = frozenset({
+    "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+    "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
 
 
 def lower_for_opset(graph: Graph, target: int) -> Graph:
@@ -45,6 +61,9 @@ def lower_for_opset(graph: Graph, target: int) -> Graph:
 def _rewriter(node: Node, target: int):
     if node.domain:
         return None
+    if node.op_type in AXES_BECAME_AN_INPUT_AT_18 and target < REDUCE_AXES_INPUT_OPSET and \
+            (node.opset or target) >= REDUCE_AXES_INPUT_OPSET:
+        return _reduce_with_axes_attribute  # drops noop_with_empty_axes itself
     if _defaults_the_target_lacks(node, target):
         return _without_default_attributes
     if node.op_type == "LayerNormalization" and target < LAYER_NORM_OPSET and \
@@ -55,6 +74,14 @@ def _rewriter(node: Node, target: int):
     if node.op_type == "BatchNormalization" and target < BATCH_NORM_TRAINING_OPSET and \
             not node.attributes.get("training_mode", 0) and not any(node.outputs[1:]):
         return _batch_norm_inference
+    if node.op_type == "Mish" and target < MISH_OPSET:
+        return _mish
+    if node.op_type == "Split" and target < SPLIT_NUM_OUTPUTS_OPSET and \
+            "num_outputs" in node.attributes:
+        return _split_by_count
+    if node.op_type == "Pad" and target < PAD_AXES_OPSET and \
+            node.attributes.get("mode", "constant") not in ("wrap", b"wrap"):
+        return _pad_on_every_axis
     return None
 
 
@@ -176,4 +203,72 @@ def _gelu(writer: _Writer, node: Node) -> list[Node]:
 def _batch_norm_inference(writer: _Writer, node: Node) -> list[Node]:
     attributes = {k: v for k, v in node.attributes.items() if k != "training_mode"}
     return [Node(node.op_type, list(node.inputs), node.outputs[:1], node.name, "",
+                 writer.target, attributes)]
+
+
+def _mish(writer: _Writer, node: Node) -> list[Node]:
+    chain = _Chain(writer, node)
+    x = node.inputs[0]
+    chain("Mul", [x, chain("Tanh", [chain("Softplus", [x])])], node.outputs[0])
+    return chain.nodes
+
+
+def _split_by_count(writer: _Writer, node: Node) -> list[Node]:
+    """Split-18's ``num_outputs`` parts: ceil(size / n) each, the last one smaller."""
+    count = int(node.attributes["num_outputs"])
+    axis = int(node.attributes.get("axis", 0))
+    shape = getattr(writer.types.get(node.inputs[0]), "shape", None)
+    size = shape[axis] if shape is not None and -len(shape) <= axis < len(shape) else None
+    attributes = {k: v for k, v in node.attributes.items() if k != "num_outputs"}
+    inputs = node.inputs[:1]
+    if not isinstance(size, int):
+        return [node]  # the exporter will name the node and opset 18
+    if size % count:
+        part = -(-size // count)
+        sizes = [part] * (count - 1) + [size - part * (count - 1)]
+        if writer.target >= SPLIT_AS_INPUT_OPSET:
+            name = writer.fresh(f"{node.outputs[0]}/split")
+            writer.graph.initializers[name] = np.array(sizes, dtype=np.int64)
+            inputs = inputs + [name]
+        else:
+            attributes["split"] = sizes
+    return [Node("Split", inputs, list(node.outputs), node.name, "", writer.target,
+                 attributes)]
+
+
+def _pad_on_every_axis(writer: _Writer, node: Node) -> list[Node]:
+    """Pad-13's form: pads for every axis (``axes`` folded in when it is constant)."""
+    inputs = list(node.inputs[:3])
+    axes_name = node.inputs[3] if len(node.inputs) > 3 else ""
+    if axes_name:
+        axes = writer.graph.initializers.get(axes_name)
+        pads = writer.graph.initializers.get(node.inputs[1])
+        rank = writer.rank(node.inputs[0])
+        if axes is None or pads is None or rank is None:
+            return [node]  # the exporter will name the node and opset 18
+        full = np.zeros(2 * rank, dtype=np.int64)
+        for index, axis in enumerate(int(a) % rank for a in np.ravel(axes)):
+            full[axis] = pads[index]
+            full[rank + axis] = pads[len(axes) + index]
+        inputs[1] = writer.fresh(f"{node.outputs[0]}/pads")
+        writer.graph.initializers[inputs[1]] = full
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return [Node("Pad", inputs, list(node.outputs), node.name, "", writer.target,
+                 dict(node.attributes))]
+
+
+def _reduce_with_axes_attribute(writer: _Writer, node: Node) -> list[Node]:
+    axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
+    axes = writer.graph.initializers.get(axes_name) if axes_name else None
+    if axes_name and axes is None:
+        return [node]  # axes computed at run time: the exporter names the node
+    attributes = {k: v for k, v in node.attributes.items() if k != "noop_with_empty_axes"}
+    listed = [] if axes is None else [int(a) for a in np.ravel(axes)]
+    if not listed and node.attributes.get("noop_with_empty_axes", 0):
+        return [Node("Identity", node.inputs[:1], list(node.outputs), node.name, "",
+                     writer.target, {})]
+    if listed:
+        attributes["axes"] = listed
+    return [Node(node.op_type, node.inputs[:1], list(node.outputs), node.name, "",
                  writer.target, attributes)]

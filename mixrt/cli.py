@@ -278,16 +278,35 @@ def _file_safe(name: str) -> str:
 # -- compile and plan ------------------------------------------------------------------------
 
 def _planned_session(args, opt_level: int | None = None):
-    import mixrt  # noqa: PLC0415
+    session = _session(args, opt_level)
+    return session, session.memory_plan(_plan_feeds(session, args))
 
+
+def _session(args, opt_level: int | None = None):
+    import mixrt  # noqa: PLC0415
     level = args.opt_level if opt_level is None else opt_level
-    session = mixrt.Session(args.model, opt_level=level, strategy=args.strategy)
+    return mixrt.Session(args.model, opt_level=level, strategy=args.strategy)
+
+
+def _plan_feeds(session, args) -> dict:
+    """Feeds to plan for: --input files, else zeros of the declared shapes (--dim values
+    for their symbolic dimensions)."""
     feeds = dict(_read_input(spec) for spec in args.input)
     symbols = dict(_read_dim(spec) for spec in args.dim)
     for value in session._required:
         if value.name not in feeds:
             feeds[value.name] = _zeros_for(value, symbols)
-    return session, session.memory_plan(feeds)
+    return feeds
+
+
+def _open_dims(session, args) -> list[str]:
+    """The symbolic input dimensions neither --dim nor --input gives a size."""
+    given = {spec.partition("=")[0] for spec in args.input}
+    symbols = {spec.partition("=")[0] for spec in args.dim}
+    shapes = [(v.name, getattr(v.type, "shape", None)) for v in session._required
+              if v.name not in given]
+    return [f"{name}[{axis}] {dim!r}" for name, shape in shapes for axis, dim in
+            enumerate(shape or ()) if isinstance(dim, str) and dim not in symbols]
 
 
 def _read_dim(spec: str) -> tuple[str, int]:
@@ -322,14 +341,22 @@ def cmd_compile(args) -> int:
     from mixrt.runtime.format import save_mxr  # noqa: PLC0415
     from mixrt.runtime.memory import format_report  # noqa: PLC0415
 
-    session, plan = _planned_session(args)
+    session = _session(args)
+    open_dims = _open_dims(session, args)
+    # a model with dynamic axes compiles without a stored plan: Session plans each input
+    # shape at its first run, as it does for an .onnx model
+    plan = None if open_dims else session.memory_plan(_plan_feeds(session, args))
     graph = session.graph
-    graph.plans = [plan]
+    graph.plans = [] if plan is None else [plan]
     save_mxr(graph, args.output, opt_level=args.opt_level)
     size = args.output.stat().st_size
     print(f"wrote {args.output} ({size / 2**20:.1f} MiB, opt level {args.opt_level}, "
           f"{len(graph.nodes)} nodes)")
-    print(format_report(plan))
+    if plan is None:
+        print(f"no memory plan stored: {', '.join(open_dims)} stay symbolic (each input "
+              f"shape is planned at its first run; --dim NAME=N stores a plan for one)")
+    else:
+        print(format_report(plan))
     return 0
 
 

@@ -302,21 +302,58 @@ def test_symbol_zoo_exports_at_every_opset(tmp_path, name, options, shape):
                                    atol=2e-5, err_msg=f"{name} at opset {target}")
 
 
+I32 = np.int32
+
+
+def _bitwise_graph():
+    return make_graph([node("BitwiseAnd", ["x", "x"], ["y"], 18, name="mask_bits")],
+                      {"x": tensor(I32, (2,))}, {"y": tensor(I32, (2,))}, opset=18)
+
+
 def test_an_op_newer_than_the_target_is_an_export_error():
-    graph = make_graph([node("Mish", ["x"], ["y"], 18, name="soft_mish")],
-                       {"x": tensor(F32, (2,))}, {"y": tensor(F32, (2,))}, opset=18)
-    with pytest.raises(ExportError, match=r"node 'soft_mish': Mish cannot be exported at "
-                                          r"opset 13 .*did not exist yet.* lowest opset .* 18"):
-        export_model(graph, 13)
+    with pytest.raises(ExportError, match=r"node 'mask_bits': BitwiseAnd cannot be exported "
+                                          r"at opset 13 .*did not exist yet.* lowest opset "
+                                          r".* 18"):
+        export_model(_bitwise_graph(), 13)
 
 
 def test_a_change_the_converter_cannot_undo_is_an_export_error():
-    pad = node("Pad", ["x", "pads"], ["y"], 18, name="padding", mode="constant")
-    graph = make_graph([pad], {"x": tensor(F32, (2, 3))}, {"y": tensor(F32, (2, 5))},
-                       {"pads": np.array([0, 1, 0, 1], np.int64)}, opset=18)
+    """Pad's axes as a run-time input: neither the lowering (which folds constant axes) nor
+    onnx's converter can write it before opset 18."""
+    pad = node("Pad", ["x", "pads", "", "axes"], ["y"], 18, name="padding", mode="constant")
+    graph = make_graph([pad], {"x": tensor(F32, (2, 3)), "axes": tensor(np.int64, (1,))},
+                       {"y": tensor(F32, (2, 5))}, {"pads": np.array([1, 1], np.int64)},
+                       opset=18)
     with pytest.raises(ExportError, match=r"node 'padding': Pad cannot be exported at opset 13 "
                                           r"\(the version converter cannot adapt it.*18"):
         export_model(graph, 13)
+
+
+def test_opset_18_forms_pytorch_writes_are_lowered_for_older_opsets():
+    """What torch.onnx.export(dynamo=True) writes at opset 18+: Mish, Split by num_outputs
+    (even and uneven), Pad with constant axes, ReduceMean with constant axes (and with none,
+    under noop_with_empty_axes). Each is rewritten for 13 and 17 and still computes what it
+    computed (onnxruntime at the target against mixrt at 18)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 7, 4)).astype(F32)
+    nodes = [node("Mish", ["x"], ["m"], 18),
+             node("Split", ["m"], ["a", "b", "c"], 18, axis=1, num_outputs=3),  # 3, 3, 1
+             node("Split", ["a"], ["a1", "a2"], 18, axis=2, num_outputs=2),  # 2, 2
+             node("Pad", ["c", "pads", "", "axes"], ["p"], 18, mode="reflect"),
+             node("ReduceMean", ["b", "mean_axes"], ["r"], 18, keepdims=1),
+             node("ReduceMax", ["a2", ""], ["same"], 18, noop_with_empty_axes=1)]
+    outputs = {"a1": tensor(F32, (2, 3, 2)), "p": tensor(F32, (2, 1, 8)),
+               "r": tensor(F32, (2, 3, 1)), "same": tensor(F32, (2, 3, 2))}
+    graph = make_graph(nodes, {"x": tensor(F32, (2, 7, 4))}, outputs,
+                       {"pads": np.array([2, 2], np.int64), "axes": np.array([-1], np.int64),
+                        "mean_axes": np.array([2], np.int64)}, opset=18)
+    expected = Session(graph).run(None, {"x": x})
+    for target in (13, 17):
+        model = checked_export(graph, target)
+        assert {"Mish", "Identity"} & {n.op_type for n in model.graph.node} == {"Identity"}
+        assert all(not n.attribute or n.op_type != "Split" or
+                   "num_outputs" not in {a.name for a in n.attribute} for n in model.graph.node)
+        assert_same_outputs(ort_run(model, {"x": x}), expected)
 
 
 def test_a_conversion_onnx_gets_wrong_is_refused():
@@ -501,11 +538,10 @@ def test_cli_exports_a_compiled_mxr_at_an_opset(tmp_path):
 
 
 def test_cli_export_error_is_one_line(tmp_path):
-    graph = make_graph([node("Mish", ["x"], ["y"], 18, name="soft_mish")],
-                       {"x": tensor(F32, (2,))}, {"y": tensor(F32, (2,))}, opset=18)
-    save_model(graph, tmp_path / "mish.onnx")
-    result = mixrt("export", str(tmp_path / "mish.onnx"), "-o", str(tmp_path / "old.onnx"),
+    save_model(_bitwise_graph(), tmp_path / "bits.onnx")
+    result = mixrt("export", str(tmp_path / "bits.onnx"), "-o", str(tmp_path / "old.onnx"),
                    "--opset", "13")
     assert result.returncode == 2
-    assert result.stderr.startswith("mixrt: error: node 'soft_mish': Mish cannot be exported")
+    assert result.stderr.startswith("mixrt: error: node 'mask_bits': BitwiseAnd cannot be "
+                                    "exported")
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "old.onnx").exists()
