@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 
 import mixrt
+from mixrt.runtime.device import gpu_available
 
 DATA = Path(__file__).parent / "data" / "torch_exports"
 CASES = json.loads((DATA / "MANIFEST.json").read_text())["made"]
@@ -120,3 +121,11 @@ def test_compiled_and_reexported_forms_give_the_same_outputs(stem, tmp_path):
         exported = export_model(import_model(model), opset).SerializeToString()
         for index, got in enumerate(_onnxruntime(exported, inputs)):
             _close(got, expected[index], f"{stem} output {index} exported at {opset}")
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("stem", CASES)
+def test_the_gpu_gives_pytorchs_outputs(stem):
+    model, inputs, expected = _case(stem)
+    for index, got in enumerate(mixrt.Session(model, device="gpu").run(None, inputs)):
+        _close(got, expected[index], f"{stem} output {index} on the GPU")
