@@ -301,3 +301,21 @@ def test_float16_on_the_gpu_matches_the_cpu():
         assert grads_gpu[name].dtype == F32
         scale = np.abs(grads_cpu[name]).max()
         np.testing.assert_allclose(to_host(grads_gpu[name]), grads_cpu[name], atol=5e-3 * scale)
+
+
+def test_bfloat16_convolutions_are_written_at_the_opset_that_takes_them():
+    """Conv and MaxPool take bfloat16 from opset 22 on; written at the CNN's opset they made
+    a model the operand type check refuses, so no CNN could train in bfloat16."""
+    import ml_dtypes
+    from mixrt.runtime.passes.typecheck import check_operand_types
+    mixrt_random.seed(3)
+    graph = digits_cnn(channels=(4, 4), hidden=8)
+    low = lower_precision(graph, ml_dtypes.bfloat16)
+    opsets = {n.op_type: n.opset for n in low.nodes}
+    assert opsets["Conv"] == opsets["MaxPool"] == 22 and opsets["Gemm"] == graph.opsets[""]
+    check_operand_types(low)  # a valid model: the Session below would refuse it otherwise
+    model = Module(graph)
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.1})
+    x = np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32)
+    loss, _ = model.train_step(x, np.arange(4), trainer, precision="bfloat16")
+    assert np.isfinite(loss)
