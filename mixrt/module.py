@@ -7,6 +7,9 @@
                         checkpoint="run/ckpt")
     model.export_onnx("tuned.onnx")
 
+    model = Module.from_symbol(net, data_names=["data"], label_names=["softmax_label"])
+    model.fit(train_iter, optimizer_params={"learning_rate": 0.1}, epochs=5)   # MXNet's way
+
 The model's float initializers are its parameters (``model.params``, a ParameterDict). A
 training step is one :class:`~mixrt.runtime.training.TrainingProgram` run (forward and
 backward in one planned arena), then ``Trainer.step`` applies the optimizer. Checkpoints are
@@ -33,6 +36,8 @@ from mixrt import metric as metrics
 from mixrt import random as mixrt_random
 from mixrt.errors import InputError, ModelLoadError, OptimizerError
 from mixrt.gluon import Parameter, ParameterDict, Trainer
+from mixrt.initializer import Uniform
+from mixrt.initializer import create as create_initializer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.ops.types import TensorType
 from mixrt.runtime.device import array_module, parse_device, to_host
@@ -41,7 +46,8 @@ from mixrt.runtime.mixed_precision import LossScaler, parse_precision
 from mixrt.runtime.optimizer import read_npz, write_npz
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import Session, load_graph
-from mixrt.runtime.training import LOSSES, Loss, TrainingProgram
+from mixrt.runtime.training import (LOSS_OPSET, LOSSES, Loss, TrainingProgram,
+                                    bce_with_logits, l1, mse)
 
 CHECKPOINT_FORMAT = "mixrt.checkpoint/1"
 
@@ -68,6 +74,14 @@ class Module:
     @classmethod
     def from_onnx(cls, source, *, output: str | None = None, device: str = "cpu") -> "Module":
         return cls(load_graph(source), output=output, device=device)
+
+    @classmethod
+    def from_symbol(cls, symbol, data_names=("data",), label_names=None, device: str = "cpu",
+                    *, initializer=None) -> "SymbolModule":
+        """MXNet's ``Module(symbol, data_names, label_names, context)``: see
+        :class:`SymbolModule`. ``label_names`` defaults to the head layer's label."""
+        return SymbolModule(symbol, data_names, label_names, device=device,
+                            initializer=initializer)
 
     # -- choosing what trains --------------------------------------------------------------
 
@@ -122,7 +136,7 @@ class Module:
     # -- training --------------------------------------------------------------------------
 
     def fit(self, train_data: NDArrayIter, *, eval_data: NDArrayIter | None = None,
-            loss="softmax_cross_entropy", optimizer="sgd", optimizer_params=None,
+            loss=None, optimizer="sgd", optimizer_params=None,
             epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
             trainer: Trainer | None = None, on_epoch=None, precision: str = "float32",
             loss_scaler: LossScaler | bool | None = None, kvstore=None) -> list[dict]:
@@ -133,6 +147,9 @@ class Module:
         :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
         :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
         the default (a dynamic one for float16).
+
+        ``loss``: a name from ``runtime.training.LOSSES`` or a Loss; None: the model's own
+        (softmax cross-entropy here; a symbol's output layer's for :meth:`from_symbol`).
 
         ``kvstore``: a store or kind name (``"dist_sync"``, ...) the gradients go through
         (see :class:`~mixrt.gluon.Trainer`); shard ``train_data`` over the workers
@@ -186,7 +203,7 @@ class Module:
         return {"epoch": epoch + 1, "loss": total / max(batches, 1), f"train_{name}": value,
                 "seconds": time.perf_counter() - started}
 
-    def train_step(self, data, label, trainer: Trainer, loss="softmax_cross_entropy", *,
+    def train_step(self, data, label, trainer: Trainer, loss=None, *,
                    precision: str = "float32", loss_scaler: LossScaler | bool | None = None):
         """Forward, backward and one optimizer update on one batch: (loss, outputs). In
         float16 a step whose scaled gradients overflow updates nothing (the loss scaler
@@ -194,8 +211,10 @@ class Module:
         the module's device."""
         scaler = self._scaler_for(precision, loss_scaler)
         program = self._program(self._loss(loss), precision, scaler)
-        feeds = {self.data_names[0]: _feed_array(data), program.loss_spec.label: label}
+        feeds = {self.data_names[0]: _feed_array(data), program.loss_spec.label: label,
+                 **self._state_feeds()}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
+        outputs = self._store_state(outputs)
         if grads is not None:
             for name, grad in grads.items():
                 self.params[name].set_grad(grad)
@@ -221,9 +240,20 @@ class Module:
             self.loss_scaler = LossScaler()
         return self.loss_scaler
 
+    def _state_feeds(self) -> dict:
+        """Arrays a training step reads besides the batch and the trainable parameters
+        (none here; a SymbolModule's running statistics)."""
+        return {}
+
+    def _store_state(self, outputs: list) -> list:
+        """The model's outputs of a training step, once the state it updated is stored
+        (nothing here)."""
+        return outputs
+
     def _loss(self, loss) -> Loss:
         if isinstance(loss, Loss):
             return loss
+        loss = "softmax_cross_entropy" if loss is None else loss
         if loss not in LOSSES:
             raise InputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
         return LOSSES[loss](self.output, "label")
@@ -236,7 +266,7 @@ class Module:
         key = (loss.kind, trainable, self._structure, precision, scaler is not None)
         if key not in self._programs:
             self._programs[key] = TrainingProgram(
-                self._graph_with_params(), loss, list(trainable), device=self.device,
+                self._training_graph(), loss, list(trainable), device=self.device,
                 precision=precision, loss_scaler=scaler or False)
         program = self._programs[key]
         program.scaler = scaler  # the same kind of graph; this object's scale
@@ -271,6 +301,10 @@ class Module:
 
     def to_graph(self) -> Graph:
         """The model with its current parameter values as initializers (export, compile)."""
+        return self._graph_with_params()
+
+    def _training_graph(self) -> Graph:
+        """The graph a training program differentiates."""
         return self._graph_with_params()
 
     def _graph_with_params(self) -> Graph:
@@ -365,6 +399,308 @@ class Module:
                                      f"{list(value.shape)}; the model's is {param.dtype} "
                                      f"{list(param.shape)}")
         return values
+
+
+class SymbolModule(Module):
+    """A Module over a Symbol, MXNet's ``mx.mod.Module(symbol, data_names, label_names)``
+    (made by :meth:`Module.from_symbol`).
+
+    The parameters are the symbol's arguments other than the data and the label, and its
+    auxiliary states (BatchNorm's running statistics: not trained, updated by each training
+    step). They are made when the data's shape is first known (:meth:`bind`, or the first
+    ``fit``/``predict``/``score``), from the shapes the symbol infers, and initialized as
+    MXNet's ``Module.init_params`` does by default: ``Uniform(0.01)`` for weights, by name
+    zero for biases, betas and running means, one for gammas and running variances; a
+    Variable's own ``init`` wins (LeakyReLU's prelu gamma: 0.25).
+
+    Training (``fit``) runs the symbol in training mode (batch statistics, Dropout on).
+    When the symbol's head is an MXNet output layer, the default loss is the one whose
+    gradient is the layer's backward in MXNet, after MXNet's Module rescales gradients by
+    1 / batch size (so the same optimizer settings train the same way):
+
+    * SoftmaxOutput: softmax cross-entropy of the layer's input (the logits), summed over
+      the batch and divided by its size ("null" normalization, the default), by its size
+      twice ("batch") or by the labels not ignored and the size ("valid"); ``use_ignore``
+      leaves out samples labelled ``ignore_label``;
+    * LinearRegressionOutput: half the mean squared error (MXNet's gradient is
+      ``(pred - label) / outputs per sample``, a mean squared error's gradient halved);
+    * LogisticRegressionOutput: mean binary cross-entropy of the input as logits;
+    * MAERegressionOutput: mean absolute error;
+
+    each times ``grad_scale``; regression labels are reshaped to the prediction's shape.
+    ``predict`` and ``score`` read the head's forward value (softmax probabilities, the
+    sigmoid, ...), as MXNet's ``Module.predict`` returns it; ``predict`` also takes a data
+    iterator. A symbol without an output layer trains with ``fit(loss=...)`` on its output
+    (default softmax cross-entropy) against the label named in ``label_names``."""
+
+    def __init__(self, symbol, data_names=("data",), label_names=None, *,
+                 device: str = "cpu", initializer=None):
+        from mixrt.sym.mxnet_layers import output_layer  # noqa: PLC0415 (mixrt.sym is heavy)
+        from mixrt.sym.symbol import Symbol  # noqa: PLC0415
+        if not isinstance(symbol, Symbol) or len(symbol) != 1:
+            raise InputError(f"Module.from_symbol needs a Symbol with one output, got "
+                             f"{symbol!r}")
+        self.symbol = symbol
+        self.head = output_layer(symbol)
+        self.data_names = _symbol_names(symbol, "data_names", data_names, required=True)
+        labels = _symbol_names(symbol, "label_names", label_names, required=False)
+        self.label_name = self._chosen_label(labels)
+        # what predict returns: the head's forward value, without the label
+        self.prediction = symbol if self.head is None else self.head.prediction
+        # MXNet's Module.init_params default
+        self.initializer = Uniform(0.01) if initializer is None else create_initializer(
+            initializer)
+        self.device = device
+        # Module.__init__ runs in bind(), once there is a graph; until then, no parameters
+        self.graph = None
+        self.params = ParameterDict()
+        self.output = self.prediction.list_outputs()[0]
+        self.loss_scaler = None
+        self._programs, self._predictor, self._version = {}, None, 0
+        self._aux_outputs: list[str] = []
+
+    def _chosen_label(self, labels: list[str]) -> str:
+        head_label = None if self.head is None else self.head.label
+        if labels and head_label is not None and labels[0] != head_label:
+            raise InputError(f"label_names {labels} do not name the label of the symbol's "
+                             f"{self.head.kind} layer, {head_label!r}")
+        return labels[0] if labels else head_label or "label"
+
+    # -- parameters --------------------------------------------------------------------------
+
+    def bind(self, data_shape, dtype="float32") -> None:
+        """Make and initialize the parameters for data of ``data_shape`` (the batch size
+        does not matter: the model takes any); MXNet's ``bind`` + ``init_params``. A module
+        already bound checks that the shape fits."""
+        shape = tuple(int(d) for d in data_shape)
+        if self.graph is not None:
+            bound = self.graph.type_of(self.data_names[0]).shape
+            if len(shape) != len(bound) or shape[1:] != tuple(bound[1:]):
+                raise InputError(f"the module is bound to data of shape (batch, "
+                                 f"{', '.join(map(str, bound[1:]))}); got {shape}")
+            return
+        data_dtype = np.dtype(dtype)
+        values = self._initial_values(shape, data_dtype)
+        graph = self.prediction.to_graph(values, name="module",
+                                         shapes={self.data_names[0]: (None, *shape[1:])},
+                                         dtypes={self.data_names[0]: data_dtype})
+        data_names = self.data_names
+        Module.__init__(self, graph, output=self.output, device=self.device)
+        self.data_names = data_names  # not every graph input: the one the module feeds
+        self.params = ParameterDict((name, self.params[name]) for name in values)
+        for name in self.aux_names:
+            self.params[name].grad_req = "null"
+
+    @property
+    def aux_names(self) -> list[str]:
+        return self.prediction.list_auxiliary_states()
+
+    def _initial_values(self, shape: tuple, data_dtype: np.dtype) -> dict:
+        arg_shapes, _, aux_shapes = self.prediction.infer_shape(**{self.data_names[0]: shape})
+        names = self.prediction.list_arguments() + self.aux_names
+        declared = {node.name: node.info for node in self.prediction._variables()}
+        dtype = data_dtype if data_dtype.kind == "f" else np.dtype(np.float32)
+        values = {}
+        for name, param_shape in zip(names, arg_shapes + aux_shapes):
+            if name in self.data_names:
+                continue
+            init = declared[name].get("init")
+            chosen = self.initializer if init is None else create_initializer(init)
+            values[name] = chosen(name, param_shape, declared[name].get("dtype", dtype))
+        return values
+
+    def init_params(self, initializer=None) -> None:
+        """Initialize every parameter again (``initializer`` replaces the module's)."""
+        if initializer is not None:
+            self.initializer = create_initializer(initializer)
+        bound = self._bound("init_params")
+        shape = (1, *bound.type_of(self.data_names[0]).shape[1:])
+        for name, value in self._initial_values(shape, self._data_dtype()).items():
+            self.params[name].set_data(value)
+        self._changed()
+
+    def _data_dtype(self) -> np.dtype:
+        return np.dtype(self._bound("init_params").type_of(self.data_names[0]).dtype)
+
+    def _bound(self, what: str) -> Graph:
+        if self.graph is None:
+            raise InputError(f"{what}: the module has no parameters yet; call bind(data_shape) "
+                             f"or fit/predict/score first")
+        return self.graph
+
+    def _bind_like(self, data) -> None:
+        data = np.asarray(data) if array_module(data) is np else data
+        self.bind(data.shape, data.dtype)
+
+    def unfreeze(self, names=None) -> None:
+        super().unfreeze(names)
+        for name in self.aux_names:
+            self.params[name].grad_req = "null"
+
+    # -- training --------------------------------------------------------------------------
+
+    def fit(self, train_data: NDArrayIter, **options) -> list[dict]:
+        self._bind_like(train_data.data)
+        return super().fit(train_data, **options)
+
+    def train_step(self, data, label, trainer: Trainer, loss=None, **options):
+        self._bind_like(data)
+        return super().train_step(data, label, trainer, loss, **options)
+
+    def _loss(self, loss) -> Loss:
+        if isinstance(loss, Loss):
+            return loss
+        logits = self.output if self.head is None else self.head.logits.list_outputs()[0]
+        if loss is None and self.head is not None:
+            self._check_trainable_head(logits)
+            return output_layer_loss(self.head.kind, self.head.options, logits,
+                                     self.label_name)
+        loss = "softmax_cross_entropy" if loss is None else loss
+        if loss not in LOSSES:
+            raise InputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
+        return LOSSES[loss](logits, self.label_name)
+
+    def _check_trainable_head(self, logits: str) -> None:
+        if self.head.label is None:
+            raise InputError(f"the symbol's {self.head.kind} layer's label is not a "
+                             f"Variable: the module cannot feed it")
+        if self.head.options.get("preserve_shape"):
+            from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
+            rank = getattr(infer_types(self._bound("fit")).get(logits), "rank", None)
+            if rank != 2:  # the loss takes classes on axis 1, preserve_shape on the last
+                raise InputError(f"SoftmaxOutput(preserve_shape=True) on {rank}-d data "
+                                 f"cannot be trained here (only 2-d); use multi_output=True "
+                                 f"with the classes on axis 1")
+
+    def _training_graph(self) -> Graph:
+        """The graph in training form (batch statistics, Dropout on) with the running
+        statistics as inputs fed each step and their new values as extra outputs."""
+        from mixrt.sym.executor import training_graph  # noqa: PLC0415
+        graph = self._graph_with_params()
+        for name in self.aux_names:
+            array = graph.initializers.pop(name)
+            graph.inputs.append(Value(name, TensorType(array.dtype, tuple(array.shape))))
+        train, updates = training_graph(graph, self.aux_names)
+        self._aux_outputs = list(updates)
+        return train
+
+    def _state_feeds(self) -> dict:
+        return {name: self.params[name].raw() for name in self.aux_names}
+
+    def _store_state(self, outputs: list) -> list:
+        for name, value in zip(self._aux_outputs, outputs[1:]):
+            self.params[name].set_data(value)
+        if self._aux_outputs:
+            self._changed()
+        return outputs[:1]
+
+    def _graph_with_params(self) -> Graph:
+        self._bound("to_graph")
+        return super()._graph_with_params()
+
+    # -- inference -------------------------------------------------------------------------
+
+    def predict(self, data, batch_size: int = 256) -> np.ndarray:
+        """The head's forward value for an array of samples or for every batch of a data
+        iterator (its padding left out), as MXNet's ``Module.predict``."""
+        if not isinstance(data, NDArrayIter):
+            self._bind_like(data)
+            return super().predict(data, batch_size)
+        self._bind_like(data.data)
+        session, parts = self._session(), []
+        data.reset()
+        for batch in data:
+            out = session.run([self.output], {self.data_names[0]: batch.data})[0]
+            parts.append(out[:len(batch.data) - batch.pad])
+        return np.concatenate(parts)
+
+    def score(self, eval_data: NDArrayIter, metric="acc") -> tuple[str, float]:
+        self._bind_like(eval_data.data)
+        return super().score(eval_data, metric)
+
+
+def _symbol_names(symbol, what: str, names, *, required: bool) -> list[str]:
+    """``data_names``/``label_names`` as a list of at most one argument of the symbol."""
+    names = [] if names is None else [names] if isinstance(names, str) else list(names)
+    if len(names) > 1 or (required and not names):
+        count = "one" if required else "at most one"
+        raise InputError(f"Module.from_symbol: {what} must name {count} argument of the "
+                         f"symbol (a Module feeds one data array and one label); got {names}")
+    arguments = symbol.list_arguments()
+    for name in names:
+        if name not in arguments:
+            raise InputError(f"Module.from_symbol: {what} names {name!r}, which is not an "
+                             f"argument of the symbol; its arguments are {arguments}")
+    return names
+
+
+# -- the losses MXNet's output layers train with ----------------------------------------------
+
+def output_layer_loss(kind: str, options: dict, logits: str, label: str) -> Loss:
+    """The Loss whose gradient is MXNet's output layer ``kind``'s backward divided by the
+    batch size (what MXNet's Module applies: rescale_grad = 1 / batch size)."""
+    scale = float(options.get("grad_scale", 1.0))
+    if kind == "SoftmaxOutput":
+        return _softmax_output_loss(logits, label, options, scale)
+    regressions = {"LinearRegressionOutput": (mse, 0.5),
+                   "LogisticRegressionOutput": (bce_with_logits, 1.0),
+                   "MAERegressionOutput": (l1, 1.0)}
+    if kind not in regressions:
+        raise InputError(f"no loss is known for output layer {kind!r}; known: "
+                         f"{['SoftmaxOutput', *regressions]}")
+    make, factor = regressions[kind]
+    return _regression_loss(kind, make, logits, label, factor * scale)
+
+
+def _regression_loss(kind: str, make, logits: str, label: str, factor: float) -> Loss:
+    """``make``'s mean loss times ``factor``, the label reshaped to the logits' shape (a
+    (batch,) label for one output per sample must not broadcast to (batch, batch))."""
+    def build(graph, names, dtype):
+        shaped = names("label_shaped")
+        _loss_node(graph, "Reshape", [label, _loss_node(graph, "Shape", [logits],
+                                                          names("logits_shape"))], shaped)
+        value = make(logits, shaped).build(graph, names, dtype)
+        return _scaled(graph, names, value, factor, dtype)
+    return Loss(f"{kind}*{factor!r}", logits, label, "float", build)
+
+
+def _softmax_output_loss(logits: str, label: str, options: dict, scale: float) -> Loss:
+    """MXNet's SoftmaxOutput gradient is (softmax - one_hot(label)) * grad_scale per
+    sample, none for ignored ones, divided by the batch size ("batch") or by the count of
+    labels not ignored ("valid"); Module's rescale divides by the batch size again."""
+    normalization = options.get("normalization", "null")
+    attributes = {"reduction": "mean" if normalization == "valid" else "sum"}
+    if options.get("use_ignore"):
+        attributes["ignore_index"] = int(options.get("ignore_label", -1))
+
+    def build(graph, names, dtype):
+        total = _loss_node(graph, "SoftmaxCrossEntropyLoss", [logits, label], names("ce"),
+                           **attributes)
+        batch = _loss_node(graph, "ReduceProd", [_loss_node(
+            graph, "Shape", [logits], names("batch_dims"), start=0, end=1)],
+            names("batch_size"), keepdims=0)
+        size = _loss_node(graph, "CastLike", [batch, total], names("batch_size_float"))
+        if normalization == "batch":
+            size = _loss_node(graph, "Mul", [size, size], names("batch_size_squared"))
+        mean = _loss_node(graph, "Div", [total, size], names("ce_per_batch"))
+        return _scaled(graph, names, mean, scale, dtype)
+    kind = f"SoftmaxOutput:{normalization}:{attributes.get('ignore_index')}*{scale!r}"
+    return Loss(kind, logits, label, "int64", build)
+
+
+def _scaled(graph: Graph, names, value: str, factor: float, dtype) -> str:
+    if factor == 1.0:
+        return value
+    constant = names("loss_factor")
+    graph.initializers[constant] = np.asarray(factor, dtype=dtype)
+    return _loss_node(graph, "Mul", [value, constant], names("loss_scaled"))
+
+
+def _loss_node(graph: Graph, op_type: str, inputs: list[str], output: str,
+               **attributes) -> str:
+    graph.nodes.append(Node(op_type, inputs, [output], name=output, opset=LOSS_OPSET,
+                            attributes=attributes))
+    return output
 
 
 def _checkpoint_record(meta, where: str) -> dict:

@@ -10,6 +10,10 @@
 Every operator mixrt registers is a function here, generated from the registry: the ONNX
 default domain at the top level (``sym.Conv``, ``sym.Softmax``), the other domains under a
 namespace (``sym.ml``, ``sym.mixrt``, ``sym.preview_training``, ``sym.preview``).
+
+MXNet 1.x's layers whose names ONNX does not use are here too, with MXNet's arguments
+(``sym.FullyConnected``, ``sym.Convolution``, ``sym.BatchNorm``, ``sym.SoftmaxOutput``, ...;
+see ``mixrt.sym.mxnet_layers``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  
                                  reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
                                  tanh, transpose, where)
 from mixrt.sym.executor import Executor
+from mixrt.sym.mxnet_layers import (Activation, BatchNorm, Convolution, Deconvolution,
+                                    Embedding, FullyConnected, LeakyReLU,
+                                    LinearRegressionOutput, LogisticRegressionOutput,
+                                    MAERegressionOutput, Pooling, SoftmaxOutput)
 from mixrt.sym.ops import OPSET, generate, install
 from mixrt.sym.serialize import load, load_json
 from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
 
-OPERATORS = install(globals(), generate())
+OPERATORS = install(globals(), generate())  # after the MXNet layers: ONNX's names win
 
 
 def __getattr__(name: str):
@@ -38,4 +46,8 @@ def __getattr__(name: str):
                          f"{name!r} is registered)")
 
 __all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load",
-           "load_json", "prefix", "var", *OPERATORS]
+           "load_json", "prefix", "var", *OPERATORS,
+           # MXNet's layers (mixrt.sym.mxnet_layers.LAYERS)
+           "Activation", "BatchNorm", "Convolution", "Deconvolution", "Embedding",
+           "FullyConnected", "LeakyReLU", "LinearRegressionOutput", "LogisticRegressionOutput",
+           "MAERegressionOutput", "Pooling", "SoftmaxOutput"]

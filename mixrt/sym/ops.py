@@ -122,8 +122,13 @@ _counters: dict[str, itertools.count] = defaultdict(itertools.count)
 
 
 def _node_name(op_type: str, given: str | None) -> str:
-    return prefixed(given if given is not None else
-                    f"{op_type.lower()}{next(_counters[op_type])}")
+    return prefixed(layer_name(op_type, given))
+
+
+def layer_name(kind: str, given: str | None) -> str:
+    """``given``, or MXNet's automatic name: the kind in lower case and a counter per kind
+    (``fullyconnected0``); without the ``sym.prefix`` (call_op adds it)."""
+    return given if given is not None else f"{kind.lower()}{next(_counters[kind])}"
 
 
 # -- calling an op ------------------------------------------------------------------------------
@@ -218,8 +223,9 @@ def _auto_variable(spec: OpSpec, node_name: str, input_name: str) -> Symbol:
 # -- parameter shapes from their consumers (what MXNet's backward shape inference gives) ----
 
 def parameter_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
-    """{variable: shape} for variables of unknown shape whose shape their consumer fixes."""
-    found = {}
+    """{variable: shape} for variables of unknown shape whose shape their consumer fixes,
+    or that declare where their shape comes from (:func:`shape_from`)."""
+    found = _declared_sources(nodes, types)
     for node in nodes:
         rule = _SHAPE_RULES.get(node.op)
         if rule is None or node.domain:
@@ -275,6 +281,101 @@ def _gemm_bias(shapes, attrs):
 _SHAPE_RULES = {"BatchNormalization": _channels, "InstanceNormalization": _channels,
                 "LayerNormalization": _normalized, "Conv": _conv_bias,
                 "ConvTranspose": _conv_transpose_bias, "Gemm": _gemm_bias}
+
+
+# A variable may declare where its shape comes from, when the op that reads it cannot say
+# (an MXNet layer's weight, read through a Transpose or a Reshape, or its label, which only
+# a shape-only node reads). ``info[SHAPE_FROM]``, kept in the symbol's JSON:
+#   {"node": name, "input": i, "dims": [...]}: the shape is built from input i of node
+#   ``name``: each entry of "dims" is a whole number (that dimension as it is), ["axis", a]
+#   or ["axis", a, d] (dimension a of that input, divided by d), or ["axes", start, stop]
+#   (its dimensions start:stop, as a Python slice; stop null for the end).
+# Dimensions the variable declares (Variable(shape=(128, None))) must agree with the rule's.
+SHAPE_FROM = "shape_from"
+
+
+def shape_from(node: str, input_index: int, dims: list) -> dict:
+    """The ``info[SHAPE_FROM]`` entry for a variable whose shape follows input
+    ``input_index`` of node ``node`` (see above)."""
+    return {"node": node, "input": int(input_index), "dims": [
+        int(d) if isinstance(d, (int, np.integer)) else list(d) for d in dims]}
+
+
+def _declared_sources(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
+    by_name = {node.name: node for node in nodes if not node.is_variable}
+    found = {}
+    for node in nodes:
+        rule = node.info.get(SHAPE_FROM) if node.is_variable else None
+        if rule is None or _static_shape(types, (node, 0)) is not None:
+            continue
+        source = _source_shape(node.name, rule, by_name, types)
+        shape = None if source is None else _shape_by_rule(node.name, rule["dims"], source)
+        declared = node.info.get("shape")
+        if shape is not None and declared is not None:
+            shape = _merged(node.name, declared, shape)
+        if shape is not None:
+            found[node.name] = shape
+    return found
+
+
+def _source_shape(variable: str, rule, by_name: dict, types: dict):
+    """The (possibly partly unknown) shape of the value the rule names; None when that node
+    is not in this graph or its shape is not known yet."""
+    if not isinstance(rule, dict) or not isinstance(rule.get("node"), str) \
+            or type(rule.get("input")) is not int or not isinstance(rule.get("dims"), list):
+        raise GraphError(f"variable {variable!r}: {SHAPE_FROM!r} must be {{'node': name, "
+                         f"'input': index, 'dims': [...]}}, got {rule!r}")
+    consumer = by_name.get(rule["node"])
+    if consumer is None or not 0 <= rule["input"] < len(consumer.inputs):
+        return None
+    entry = consumer.inputs[rule["input"]]
+    value_type = None if entry is None else types.get(entry[0].output_name(entry[1]))
+    shape = getattr(value_type, "shape", None)
+    return None if shape is None else tuple(shape)
+
+
+def _shape_by_rule(variable: str, dims: list, source: tuple):
+    shape = []
+    for item in dims:
+        if _whole(item):
+            shape.append(item)
+        elif isinstance(item, list) and item[:1] == ["axis"] and len(item) in (2, 3) \
+                and _whole(item[1], signed=True) and all(_whole(d) and d for d in item[2:]):
+            shape.append(_source_dim(variable, item, source))
+        elif isinstance(item, list) and item[:1] == ["axes"] and len(item) == 3 \
+                and all(d is None or _whole(d, signed=True) for d in item[1:]):
+            shape.extend(source[slice(*item[1:])])
+        else:
+            raise GraphError(f"variable {variable!r}: bad {SHAPE_FROM!r} dimension {item!r}; "
+                             f"expected a whole number, ['axis', a(, divisor)] or "
+                             f"['axes', start, stop]")
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
+
+
+def _whole(value, signed: bool = False) -> bool:
+    return type(value) is int and (signed or value >= 0)
+
+
+def _source_dim(variable: str, item: list, source: tuple):
+    axis, divisor = item[1], item[2] if len(item) == 3 else 1
+    if not -len(source) <= axis < len(source):
+        raise GraphError(f"variable {variable!r}: its shape is taken from axis {axis} of a "
+                         f"value of shape {source}, which has no such axis")
+    dim = source[axis]
+    if not isinstance(dim, int):
+        return None
+    if dim % divisor:
+        raise GraphError(f"variable {variable!r}: its shape needs dimension {dim} (axis "
+                         f"{axis} of {source}) divided by {divisor}, which does not divide it")
+    return dim // divisor
+
+
+def _merged(variable: str, declared: tuple, inferred: tuple) -> tuple:
+    if len(declared) != len(inferred) or any(
+            d is not None and d != i for d, i in zip(declared, inferred)):
+        raise GraphError(f"variable {variable!r} is declared with shape {declared}, but its "
+                         f"consumer needs {inferred}")
+    return inferred
 
 
 # -- generation ---------------------------------------------------------------------------------
