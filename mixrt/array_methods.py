@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.errors import GraphError
+
 
 class ArrayMethods:
     __slots__ = ()
@@ -45,8 +47,15 @@ class ArrayMethods:
     # -- shape -------------------------------------------------------------------------
 
     def reshape(self, *shape, reverse: bool = False):
-        del reverse
+        """ONNX's Reshape: 0 copies a dimension, one -1 is inferred. NDArray overrides this
+        with MXNet's codes, which it resolves against its known shape; a Symbol has none,
+        so its -2/-3/-4 and ``reverse`` are an error here rather than a wrong shape."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if reverse or any(isinstance(d, int) and d < -1 for d in shape):
+            raise GraphError(f"reshape{tuple(shape)}{', reverse=True' if reverse else ''}: "
+                             f"MXNet's -2/-3/-4 codes and reverse=True need the input's "
+                             f"shape, which a symbol (a hybridized block) does not know; "
+                             f"write the target with 0 (copy) and one -1 (infer)")
         return self._op("Reshape", [self, self._int_tensor(shape)], {})
 
     def transpose(self, *axes):

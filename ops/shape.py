@@ -140,7 +140,12 @@ def _inferred_dim(in_dims, out_dims):
 
 
 def _reshape(X, target, allowzero):
-    # Only the zeros need resolving here; the array library infers the -1 itself.
+    # Only the zeros need resolving here; the array library infers the -1 itself. It would
+    # also take -3 as -1 (NumPy treats any negative so): ONNX allows -1 alone, once.
+    target = list(target)
+    if any(d < -1 for d in target) or target.count(-1) > 1:
+        raise ValueError(f"Reshape target {target}: only one -1 and no other negative value "
+                         f"is allowed (MXNet's -2/-3/-4 codes are not ONNX's)")
     return X.reshape(tuple(X.shape[i] if d == 0 and not allowzero else d
                            for i, d in enumerate(target)))
 

@@ -249,3 +249,40 @@ def test_nd_ops_that_take_integers_keep_them():
 def test_nd_where_takes_a_numeric_condition_as_mxnet_does():
     got = nd.where(nd.array([[1.0, 0.0], [0.0, 2.5]]), nd.ones((2, 2)), nd.zeros((2, 2)))
     np.testing.assert_array_equal(got.asnumpy(), [[1, 0], [0, 1]])
+
+
+# -- MXNet's reshape codes are not ONNX's ------------------------------------------------------
+
+def test_onnx_reshape_refuses_mxnets_codes():
+    """NumPy takes any negative size as -1: Reshape to (0, -3, 0) of (2, 3, 4, 5) gave
+    (2, 15, 4) where MXNet means (2, 12, 5)."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="merge")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F32, None)],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [onnx.numpy_helper.from_array(np.array([0, -3, 0]), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.zeros((2, 3, 4, 5), np.float32)
+    with pytest.raises(ExecutionError, match=r"node 'merge'.*only one -1 and no other "
+                                             r"negative value"):
+        mixrt.Session(model.SerializeToString()).run(None, {"x": x})
+
+
+def test_a_symbol_refuses_mxnets_reshape_codes_and_an_ndarray_applies_them():
+    from mixrt import sym
+    from mixrt.gluon import nn as gluon_nn
+
+    class Merge(gluon_nn.HybridBlock):
+        def hybrid_forward(self, F, x):
+            return F.reshape(x, (0, -3, 0))
+
+    block = Merge()
+    block.initialize()
+    x = nd.array(np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5))
+    assert block(x).shape == (2, 12, 5)  # imperative: MXNet's meaning
+    block.hybridize()
+    with pytest.raises(GraphError, match=r"reshape\(0, -3, 0\): MXNet's -2/-3/-4 codes"):
+        block(x)
+    with pytest.raises(GraphError, match="reverse=True"):
+        sym.Variable("x").reshape((2, -1), reverse=True)
+    assert sym.Variable("x").reshape((0, -1)).eval("cpu", x=np.zeros((2, 3, 4)))[0].shape \
+        == (2, 12)
