@@ -32,3 +32,10 @@ def __getattr__(name):
     if isinstance(value, type) or not callable(value):
         return value
     return on_device(value)
+
+
+@on_device
+def random(size=None, dtype=float):
+    """CuPy's signature takes a dtype (float32 draws for a float32 Dropout); NumPy's has
+    none, so the pass-through above would fail."""
+    return _np.random.random(size).astype(dtype, copy=False)
