@@ -591,3 +591,16 @@ def test_gpu_dlpack_with_torch_shares_memory():
     assert a.asnumpy()[0, 0] == -1
     b = nd.from_dlpack(torch.ones(3, device="cuda"))
     assert b.ctx == mixrt.gpu(0) and b.asnumpy().tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("make", [lambda x: nd.BlockGrad(x), lambda x: nd.Identity(x),
+                                  lambda x: nd.Dropout(x, 0.5), lambda x: x.astype("float32")],
+                         ids=["BlockGrad", "Identity", "Dropout-not-training", "same-astype"])
+def test_an_op_that_returns_its_input_gives_a_new_array(make):
+    """Writing into the result of an identity op must not change its input (the kernels
+    return the input itself; MXNet's ops give a new array)."""
+    x = nd.array(np.ones(3, np.float32))
+    y = make(x)
+    y[:] = 5
+    np.testing.assert_array_equal(x.asnumpy(), [1, 1, 1])
+    np.testing.assert_array_equal(y.asnumpy(), [5, 5, 5])

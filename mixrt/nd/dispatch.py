@@ -64,10 +64,20 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     if prof is not None:
         prof.imperative(op_type, started, raw, results)
         prof.memory(str(ctx), sum(int(r.nbytes) for r in results[:count] if r is not None))
-    outputs = [NDArray(value, ctx) for value in results[:count]]
+    outputs = [NDArray(_own(value, raw), ctx) for value in results[:count]]
     if recording:
         _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
     return outputs[0] if count == 1 else tuple(outputs)
+
+
+def _own(value, raw: list):
+    """A result that is one of the inputs (Identity, a no-op Dropout or Cast) copied: an
+    in-place write to ``nd.BlockGrad(x)`` must not change ``x``, as it does not in MXNet.
+    Views (Reshape) stay views, as MXNet's reshape is."""
+    for given in raw:
+        if value is given:
+            return value.copy()
+    return value
 
 
 def run_kernel(spec, raw: list, attributes: dict, count: int, ctx) -> list:
