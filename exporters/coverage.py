@@ -77,8 +77,11 @@ def validate(model, feeds: dict | None = None, *, device: str = "cpu", rtol: flo
         report.error = f"{type(exc).__name__}: {exc}"
         return report
     for value, mine, reference in zip(graph.outputs, ours, theirs):
-        report.outputs.append(_compare(value.name, np.asarray(mine), np.asarray(reference),
-                                       rtol, atol))
+        if _holds_maps(mine) or _holds_maps(reference):
+            report.outputs.append(_compare_maps(value.name, mine, reference, rtol, atol))
+        else:
+            report.outputs.append(_compare(value.name, np.asarray(mine),
+                                           np.asarray(reference), rtol, atol))
     return report
 
 
@@ -178,6 +181,34 @@ def _compare(name: str, mine: np.ndarray, reference: np.ndarray, rtol: float,
     max_rel = float(rel.max()) if rel.size else 0.0
     ok = bool(np.all((diff <= atol + rtol * scale) | both_nan))
     return OutputCheck(name, list(mine.shape), max_abs, max_rel, ok)
+
+
+def _holds_maps(value) -> bool:
+    """A map (dict) or a sequence of them, as both runtimes return maps."""
+    return isinstance(value, dict) or (isinstance(value, (list, tuple)) and bool(value)
+                                       and all(isinstance(v, dict) for v in value))
+
+
+def _compare_maps(name: str, mine, reference, rtol: float, atol: float) -> OutputCheck:
+    """Maps match when they hold the same keys, each map of a sequence in turn, and the
+    values under each key match as tensors do (labels exactly, numbers within tolerance).
+    The shape reported is [maps, keys per map] ([maps] when their sizes differ)."""
+    mine_maps = [mine] if isinstance(mine, dict) else list(mine)
+    their_maps = [reference] if isinstance(reference, dict) else list(reference)
+    sizes = {len(m) for m in mine_maps}
+    shape = [len(mine_maps), *sizes] if len(sizes) == 1 else [len(mine_maps)]
+    if not _holds_maps(mine) or not _holds_maps(reference) or \
+            [_keys(m) for m in mine_maps] != [_keys(m) for m in their_maps]:
+        return OutputCheck(name, shape, float("inf"), float("inf"), False)
+    values = [np.asarray([m[k] for m in maps for k in _keys(m)])
+              for maps in (mine_maps, their_maps)]
+    check = _compare(name, *values, rtol, atol)
+    check.shape = shape
+    return check
+
+
+def _keys(mapping: dict) -> list:
+    return sorted(mapping, key=lambda key: (str(type(key)), key))
 
 
 def format_report(report: ValidationReport) -> str:

@@ -22,7 +22,7 @@ from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
                                       inline_model_functions)
 from mixrt.ops.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.registry import REGISTRY, canonical_domain
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.device import aligned
 from mixrt.runtime.graph import Graph, Node, Value
 
@@ -235,7 +235,8 @@ def _sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: Path | None) -> n
 
 
 def value_type(type_proto: onnx.TypeProto, name: str = ""):
-    """TensorType / SequenceType / OptionalType from a TypeProto; None when unset."""
+    """TensorType / SequenceType / OptionalType / MapType from a TypeProto; None when
+    unset."""
     which = type_proto.WhichOneof("value")
     if which == "tensor_type" or which == "sparse_tensor_type":
         tt = getattr(type_proto, which)
@@ -253,7 +254,19 @@ def value_type(type_proto: onnx.TypeProto, name: str = ""):
         return SequenceType(value_type(type_proto.sequence_type.elem_type, name))
     if which == "optional_type":
         return OptionalType(value_type(type_proto.optional_type.elem_type, name))
+    if which == "map_type":
+        return MapType(_map_key_dtype(type_proto.map_type.key_type, name),
+                       value_type(type_proto.map_type.value_type, name))
     return None
+
+
+def _map_key_dtype(elem_type: int, name: str):
+    """A map's key dtype: ONNX allows integer types and strings; 0 is unknown."""
+    if elem_type == 0:
+        return None
+    if not is_known_onnx_type(elem_type):
+        raise ModelLoadError(f"value {name!r} has unknown map key type {elem_type}")
+    return to_numpy_dtype(elem_type)
 
 
 def _dim(dim):

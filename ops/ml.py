@@ -335,20 +335,23 @@ _POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 
 
 def _probit(xp, p):
-    """sqrt(2) * erfinv(2p - 1), the normal quantile: no array library we use has erfinv,
-    so the standard library's computes it on the host (PROBIT is for single scores)."""
-    import math
-    from statistics import NormalDist
-
-    quantile = np.vectorize(lambda v: NormalDist().inv_cdf(v) if 0 < v < 1 else
-                            (math.inf if v >= 1 else -math.inf))
-    host = to_host(p)
-    return xp.asarray(quantile(host.astype(np.float64)).astype(host.dtype))
+    """sqrt(2) * erfinv(2p - 1) through Winitzki's approximation of erfinv (a = 0.147), in
+    float32: onnxruntime computes PROBIT so, and so does onnx's reference (the exact normal
+    quantile differs from both by up to ~2e-4). p = 0 and 1 give -inf and inf."""
+    dtype = p.dtype if p.dtype.kind == "f" else np.float32
+    x = (2 * p.astype(np.float32) - 1).astype(np.float32)
+    sign = xp.where(x < 0, np.float32(-1), np.float32(1))
+    log = xp.log((1 - x) * (1 + x))
+    a = np.float32(0.147)
+    v = np.float32(2) / (np.float32(np.pi) * a) + np.float32(0.5) * log
+    v3 = -v + xp.sqrt(v * v - np.float32(1) / a * log)
+    return (np.float32(np.sqrt(2)) * sign * xp.sqrt(v3)).astype(dtype)
 
 
 def post_transform_scores(xp, scores, post_transform):
     """Apply an ML post_transform (its name, or the int code TreeEnsemble uses) per row."""
     name = _POST_TRANSFORMS[post_transform] if isinstance(post_transform, int) else post_transform
+    name = name.decode() if isinstance(name, bytes) else name
     if name == "NONE":
         return scores
     if name == "LOGISTIC":
@@ -410,12 +413,19 @@ class _Forest:
             go_true = _compare(xp, x, table["splits"][node], mode)
             is_member = (x[..., None] == table["members"][node]).any(axis=-1)
             go_true = xp.where(mode == _MEMBER, is_member, go_true)
-            go_true = xp.where(xp.isnan(x), table["tracks_true"][node], go_true)
+            # a NaN takes the true branch when its node tracks missing values there, else
+            # whatever the comparison says (false, but true for BRANCH_NEQ): onnxruntime and
+            # onnx's TreeEnsemble-5 reference do so; the opset-1/3 text would send it false
+            go_true = go_true | (xp.isnan(x) & table["tracks_true"][node])
             following = xp.where(go_true, table["true_next"][node], table["false_next"][node])
             node = xp.where(interior, following, node)
         return node
 
     def aggregate(self, xp, leaves, function: str):
+        function = function.decode() if isinstance(function, bytes) else function
+        if function not in _AGGREGATES:
+            raise ValueError(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, "
+                             f"got {function!r}")
         weights, hit = xp.asarray(self.weights), xp.asarray(self.hit)
         if function in ("SUM", "AVERAGE"):
             total = weights[leaves[:, 0]].copy()
@@ -512,28 +522,71 @@ def _(X, *, n_targets=None, leaf_targetids=None, **_):
 
 def _forest_from_node_ids(*, treeids, nodeids, featureids, modes, values, truenodeids,
                           falsenodeids, missing_tracks_true, leaf_treeids, leaf_nodeids,
-                          leaf_ids, leaf_weights, n_outputs):
+                          leaf_ids, leaf_weights, n_outputs, leaf_prefix="target_"):
     """The (tree id, node id) encoding of TreeEnsembleRegressor/Classifier: node ids restart
-    at 0 (the root) in every tree, and a leaf may feed several targets/classes."""
-    position = {(t, n): i for i, (t, n) in enumerate(zip(treeids, nodeids))}
-    trees = list(dict.fromkeys(treeids))
-    codes = [_MODES.index(m.decode() if isinstance(m, bytes) else m) for m in modes]
+    at 0 (the root) in every tree, and a leaf may feed several targets/classes (its weights
+    are the ``leaf_prefix`` attributes: target_* or class_*). Inconsistent attributes raise a
+    ValueError naming the attribute."""
+    _same_lengths("nodes_", treeids=treeids, nodeids=nodeids, featureids=featureids,
+                  modes=modes, values=values, truenodeids=truenodeids,
+                  falsenodeids=falsenodeids)
+    if missing_tracks_true:
+        _same_lengths("nodes_", treeids=treeids, missing_value_tracks_true=missing_tracks_true)
+    _same_lengths(leaf_prefix, treeids=leaf_treeids, nodeids=leaf_nodeids, ids=leaf_ids,
+                  weights=leaf_weights)
+    position = {}
+    for i, key in enumerate(zip(treeids, nodeids)):
+        if position.setdefault(key, i) != i:
+            raise ValueError(f"nodes_nodeids: node {key[1]} appears twice in tree {key[0]}")
+    codes = _mode_codes(modes)
 
-    def next_positions(children):
-        return [position[(t, c)] if code != _LEAF else i
+    def at(tree, node, attribute):
+        if (tree, node) not in position:
+            raise ValueError(f"{attribute}: tree {tree} has no node {node}")
+        return position[tree, node]
+
+    def next_positions(children, attribute):
+        return [at(t, c, attribute) if code != _LEAF else i
                 for i, (t, c, code) in enumerate(zip(treeids, children, codes))]
 
+    ids = np.asarray(leaf_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= n_outputs):
+        raise ValueError(f"{leaf_prefix}ids: {int(ids.min() if ids.min() < 0 else ids.max())} "
+                         f"is out of range for {n_outputs} output(s)")
     weights = np.zeros((len(codes), n_outputs))
     hit = np.zeros(weights.shape, dtype=bool)
-    rows = [position[(t, n)] for t, n in zip(leaf_treeids, leaf_nodeids)]
-    np.add.at(weights, (rows, list(leaf_ids)), np.asarray(leaf_weights, dtype=np.float64))
-    hit[rows, list(leaf_ids)] = True
+    rows = [at(t, n, f"{leaf_prefix}nodeids") for t, n in zip(leaf_treeids, leaf_nodeids)]
+    values_at_leaves = np.asarray([] if leaf_weights is None else leaf_weights, np.float64)
+    np.add.at(weights, (rows, ids), values_at_leaves.reshape(-1))
+    hit[rows, ids] = True
     return _Forest(
-        roots=[position[(t, 0)] for t in trees], features=featureids,
-        splits=np.asarray(values, dtype=np.float64), modes=codes,
-        true_next=next_positions(truenodeids), false_next=next_positions(falsenodeids),
+        roots=[at(t, 0, "nodes_nodeids") for t in dict.fromkeys(treeids)],
+        features=featureids, splits=np.asarray(values, dtype=np.float64).reshape(-1),
+        modes=codes, true_next=next_positions(truenodeids, "nodes_truenodeids"),
+        false_next=next_positions(falsenodeids, "nodes_falsenodeids"),
         tracks_true=missing_tracks_true or [0] * len(codes),
         members=np.full((len(codes), 1), np.nan), weights=weights, hit=hit)
+
+
+def _same_lengths(prefix: str, **lists) -> None:
+    """Parallel attribute lists (``nodes_*``, ``class_*``, ...) must have one length."""
+    lengths = {f"{prefix}{name}": len(np.asarray(v).reshape(-1)) if v is not None else 0
+               for name, v in lists.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(f"{prefix}* attributes must have one length: {listed}")
+
+
+def _mode_codes(modes) -> list[int]:
+    """nodes_modes as codes; BRANCH_MEMBER exists only in TreeEnsemble-5."""
+    codes = []
+    for mode in modes:
+        name = mode.decode() if isinstance(mode, bytes) else mode
+        if name not in _MODES or name == "BRANCH_MEMBER":
+            allowed = ", ".join(m for m in _MODES if m != "BRANCH_MEMBER")
+            raise ValueError(f"nodes_modes: unknown mode {name!r}; expected one of {allowed}")
+        codes.append(_MODES.index(name))
+    return codes
 
 
 def _either(listed, as_tensor):

@@ -44,10 +44,28 @@ class TensorType:
 
 @dataclass(frozen=True)
 class SequenceType:
-    element: TensorType | None
+    element: TensorType | MapType | None
 
     def __str__(self) -> str:
         return f"seq({self.element})"
+
+
+@dataclass(frozen=True, repr=False)
+class MapType:
+    """An ``ai.onnx.ml`` map: ``key`` is int64 or object (string), ``value`` the type of its
+    values (a TensorType, as ONNX declares them; ``tensor(float)`` means float scalars).
+
+    A map value is a host Python dict, as onnxruntime's and onnx's Python APIs hand them
+    over (a sequence of maps is a list of dicts): Session converts a fed dict's keys and
+    values to the declared types, and no map ever enters the memory arena or a GPU."""
+
+    key: np.dtype | None
+    value: TensorType | None
+
+    def __str__(self) -> str:
+        return f"map({_scalar_name(self.key)},{_scalar_name(getattr(self.value, 'dtype', None))})"
+
+    __repr__ = __str__  # error messages (the .mxr writer's among them) print types with !r
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,12 @@ class OptionalType:
 
 
 UNKNOWN = TensorType(None, None)
+
+
+def _scalar_name(dtype) -> str:
+    if dtype is None:
+        return "?"
+    return "string" if np.dtype(dtype) == np.dtype(object) else np.dtype(dtype).name
 
 
 def tensor(dtype, shape=None) -> TensorType:

@@ -25,7 +25,7 @@ from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
 from mixrt.runtime import device_checks
@@ -311,9 +311,9 @@ class Session:
         # an output that may view arena memory (the next run reuses it) or a frozen value
         # (every run returns it) is copied
         if host:
-            return [to_host(_copy(env[name]) if name in shared else env[name])
+            return [_host_value(_copy(env[name]) if name in shared else env[name])
                     for name in wanted]
-        return [self.device.put(_copy(env[name]) if name in shared else env[name])
+        return [_held_value(self.device, _copy(env[name]) if name in shared else env[name])
                 for name in wanted]
 
     # -- checks ------------------------------------------------------------------------------
@@ -346,10 +346,14 @@ class Session:
 
     def _checked_feed(self, declared, value, symbols):
         expected = declared.type
+        if isinstance(expected, MapType):
+            return _map_feed(declared.name, value, expected)
         if isinstance(expected, SequenceType):
             if not isinstance(value, (list, tuple)):
                 raise InputError(f"input {declared.name!r} is a sequence; feed a list of "
                                  f"arrays, got {type(value).__name__}")
+            if isinstance(expected.element, MapType):
+                return [_map_feed(declared.name, v, expected.element) for v in value]
             return [self.device.put(np.asarray(v) if isinstance(v, (list, tuple)) else v)
                     for v in value]
         if isinstance(expected, OptionalType):
@@ -368,6 +372,64 @@ class Session:
                 # kernels see ONNX strings one way: object arrays of str
                 array = np.vectorize(_as_text, otypes=[object])(array)
         return self.device.put(array, f"input {declared.name!r}")
+
+
+def _map_feed(name: str, value, expected: MapType) -> dict:
+    """A fed dict with its keys and values converted to the map's declared types (as
+    onnxruntime converts them): int or str keys, NumPy scalars of the value dtype (str for
+    strings), so kernels know the value type (DictVectorizer's output dtype is it)."""
+    if not isinstance(value, dict):
+        raise InputError(f"input {name!r} is a map ({expected}); feed a dict, got "
+                         f"{type(value).__name__}")
+    key_dtype = expected.key
+    value_dtype = getattr(expected.value, "dtype", None)
+    try:
+        return {_map_key(k, key_dtype): _map_item(v, value_dtype) for k, v in value.items()}
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"input {name!r} is a map ({expected}): {exc}") from None
+
+
+def _map_key(key, dtype):
+    if dtype is None:
+        return key
+    if dtype == np.dtype(object):
+        if not isinstance(key, (str, bytes, np.str_)):
+            raise TypeError(f"key {key!r} is not a string")
+        return _as_text(key)
+    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+        raise TypeError(f"key {key!r} is not an integer")
+    return int(key)
+
+
+def _map_item(item, dtype):
+    if dtype is None:
+        return item
+    if dtype == np.dtype(object):
+        if not isinstance(item, (str, bytes, np.str_)):
+            raise TypeError(f"value {item!r} is not a string")
+        return _as_text(item)
+    if isinstance(item, (str, bytes)):
+        raise TypeError(f"value {item!r} is not a number")
+    return np.dtype(dtype).type(item)
+
+
+def _host_value(value):
+    """to_host for a run's output; maps (dicts) live on the host already and pass as they
+    are (to_host would take a dict's ``get`` for CuPy's)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list):
+        return [_host_value(v) for v in value]
+    return to_host(value)
+
+
+def _held_value(device: Device, value):
+    """device.put for a run's output kept on the device; maps stay host dicts."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        return [_held_value(device, v) for v in value]
+    return device.put(value)
 
 
 def _check_tensor(name: str, array, expected: TensorType, symbols: dict) -> None:
@@ -421,6 +483,9 @@ def _type_string(value_type) -> str:
         return "tensor(?)" if value_type.dtype is None else f"tensor({_type_name(value_type.dtype)})"
     if isinstance(value_type, SequenceType):
         return f"seq({_type_string(value_type.element)})"
+    if isinstance(value_type, MapType):
+        key = "?" if value_type.key is None else _type_name(value_type.key)
+        return f"map({key},{_type_string(value_type.value)})"
     if isinstance(value_type, OptionalType):
         return f"optional({_type_string(value_type.element)})"
     return "?"
@@ -459,6 +524,8 @@ def feed_signature(feeds: dict) -> tuple:
 def _value_signature(value):
     if value is None:
         return None
+    if isinstance(value, dict):  # a map: its size sizes what is made from it (CastMap)
+        return ("map", len(value))
     if isinstance(value, list):
         return ("seq",) + tuple(_value_signature(v) for v in value)
     return (tuple(value.shape), np.dtype(value.dtype).str)

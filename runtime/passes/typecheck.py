@@ -19,13 +19,15 @@ ops) are left alone.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 from onnx import defs
 
 from mixrt.errors import GraphError
 from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_node, infer_types
 
@@ -47,7 +49,7 @@ def operand_type_problem(node: Node, types: dict) -> str | None:
     schema = _schema(node)
     if schema is None:
         return None
-    allowed_by_param = {c.type_param_str: set(c.allowed_type_strs)
+    allowed_by_param = {c.type_param_str: {_canonical(t) for t in c.allowed_type_strs}
                         for c in schema.type_constraints}
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (type, first input with it)
     for index, name in enumerate(node.inputs):
@@ -130,16 +132,14 @@ def _cast(graph: Graph, source: str, dtype: np.dtype, taken: set) -> Node:
 
 
 def type_string(value_type) -> str | None:
-    """ONNX's spelling of a value's type (``tensor(float)``, ``seq(tensor(int64))``), or None
-    when it is not known."""
+    """ONNX's spelling of a value's type (``tensor(float)``, ``seq(tensor(int64))``,
+    ``map(int64,tensor(float))``), or None when it is not known."""
     if isinstance(value_type, TensorType):
-        if value_type.dtype is None:
-            return None
-        try:
-            name = onnx.TensorProto.DataType.Name(to_onnx_type(value_type.dtype))
-        except (KeyError, ValueError, TypeError):
-            return None
-        return f"tensor({name.lower()})"
+        name = _element_name(value_type.dtype)
+        return None if name is None else f"tensor({name})"
+    if isinstance(value_type, MapType):
+        key, value = _element_name(value_type.key), type_string(value_type.value)
+        return None if key is None or value is None else f"map({key},{value})"
     if isinstance(value_type, SequenceType):
         inner = type_string(value_type.element)
         return None if inner is None else f"seq({inner})"
@@ -147,6 +147,25 @@ def type_string(value_type) -> str | None:
         inner = type_string(value_type.element)
         return None if inner is None else f"optional({inner})"
     return None
+
+
+def _element_name(dtype) -> str | None:
+    if dtype is None:
+        return None
+    try:
+        return onnx.TensorProto.DataType.Name(to_onnx_type(dtype)).lower()
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+_MAP_IN_SCHEMA = re.compile(r"map\((\w+),\s*(\w+)\)")
+
+
+def _canonical(type_str: str) -> str:
+    """A schema's type string as type_string spells it: the ai.onnx.ml schemas write a map's
+    values as a bare element type (``map(string, float)``, ``seq(map(int64, float))``), ONNX's
+    checker and onnxruntime as a tensor type (``map(string,tensor(float))``)."""
+    return _MAP_IN_SCHEMA.sub(lambda m: f"map({m[1]},tensor({m[2]}))", type_str)
 
 
 def _schema(node: Node):

@@ -1,0 +1,327 @@
+"""SVMClassifier and SVMRegressor (``ai.onnx.ml`` opset 1): scikit-learn's SVC, NuSVC, SVR,
+NuSVR and OneClassSVM as skl2onnx converts them.
+
+Everything is computed in float32, as onnxruntime does (its kernels cast any input to float
+first), with the one-vs-one decision values summed in float64 as it sums them, so a vote on
+the boundary goes the same way. Where onnxruntime departs from the spec's text, the outputs
+follow onnxruntime (users compare with it); each departure is marked "onnxruntime:".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.ml import _NUMBERS, ML, _probit, _rows, post_transform_scores
+from mixrt.ops.ml_trees import _check_post_transform, _name, class_labels, label_values
+from mixrt.ops.registry import op
+from mixrt.ops.types import tensor
+
+_KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
+# rows of the RBF kernel computed at once: bounds the [rows, vectors, features] difference
+_RBF_ELEMENTS = 1 << 22
+
+
+@op("SVMClassifier", since=1, domain=ML, dtypes=_NUMBERS)
+def svm_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
+                   coefficients=None, kernel_params=None, kernel_type="LINEAR",
+                   post_transform="NONE", prob_a=None, prob_b=None, rho=None,
+                   support_vectors=None, vectors_per_class=None):
+    """(label [N], scores). Support vectors given (libsvm's SVC): one-vs-one decision values
+    vote for the label, and the scores are the decision values [N, pairs] ([N, 2] for two
+    classes), or with prob_a/prob_b, class probabilities [N, classes] from Platt-scaled
+    pairwise probabilities coupled as libsvm couples them. No support vectors (liblinear):
+    one linear score per class, the label the best one."""
+    labels = class_labels(classlabels_ints, classlabels_strings)
+    _check_post_transform(post_transform)
+    kernel = _kernel_spec(kernel_type, kernel_params)
+    coefficients = _floats("coefficients", coefficients, required=True)
+    rho = _floats("rho", rho, required=True)
+    prob_a, prob_b = _floats("prob_a", prob_a), _floats("prob_b", prob_b)
+    if len(prob_a) != len(prob_b):
+        raise ValueError(f"prob_a has {len(prob_a)} values but prob_b has {len(prob_b)}")
+    rows = _rows(X).astype(np.float32)
+    counts = np.asarray(vectors_per_class if vectors_per_class is not None else [], np.int64)
+    if counts.sum() == 0:
+        return _linear_classifier(xp, rows, labels, coefficients, rho, post_transform,
+                                  have_proba=bool(len(prob_a)))
+    pairs = len(labels) * (len(labels) - 1) // 2
+    _check_svc(labels, counts, coefficients, rho, prob_a, pairs)
+    vectors = _support_vectors(support_vectors, int(counts.sum()), rows.shape[1])
+    kernels = _kernel_matrix(xp, rows, xp.asarray(vectors), kernel)
+    decisions, votes = _one_vs_one(xp, kernels, counts, coefficients, rho, len(labels))
+    label = label_values(xp, labels, xp.argmax(votes, axis=1))  # the first of tied classes
+    if len(prob_a):
+        probabilities = _coupled_probabilities(xp, decisions, prob_a, prob_b, len(labels))
+        return label, post_transform_scores(xp, probabilities, post_transform).astype(np.float32)
+    if pairs > 1:
+        return label, post_transform_scores(xp, decisions, post_transform).astype(np.float32)
+    return label, _binary_decision_columns(xp, decisions[:, 0], post_transform)
+
+
+@svm_classifier.infer
+def _(X, *, classlabels_ints=None, classlabels_strings=None, vectors_per_class=None,
+      prob_a=None, **_):
+    batch = (X.shape[0] if len(X.shape) > 1 else 1) if X.shape is not None else None
+    classes = len(classlabels_strings if classlabels_strings is not None else
+                  classlabels_ints or [])
+    width = classes
+    if vectors_per_class is not None and sum(vectors_per_class) > 0 and not prob_a:
+        width = classes * (classes - 1) // 2 if classes > 2 else 2
+    label = object if classlabels_strings is not None else np.int64
+    return [tensor(label, (batch,)), tensor(np.float32, (batch, width))]
+
+
+@op("SVMRegressor", since=1, domain=ML, dtypes=_NUMBERS)
+def svm_regressor(xp, X, *, coefficients=None, kernel_params=None, kernel_type="LINEAR",
+                  n_supports=0, one_class=0, post_transform="NONE", rho=None,
+                  support_vectors=None):
+    """[N, 1]: sum_v coefficient_v * K(x, vector_v) + rho[0] (n_supports > 0), else
+    x . coefficients + rho[0]; one_class makes it the sign, +1 or -1.
+
+    onnxruntime: post_transform is accepted but not applied (onnx's reference implements
+    only NONE), so it is checked and then ignored here too."""
+    _check_post_transform(post_transform)
+    kernel = _kernel_spec(kernel_type, kernel_params)
+    coefficients = _floats("coefficients", coefficients, required=True)
+    rho = _floats("rho", rho, required=True)
+    rows = _rows(X).astype(np.float32)
+    if n_supports > 0:
+        if len(coefficients) < n_supports:
+            raise ValueError(f"coefficients has {len(coefficients)} values for n_supports="
+                             f"{n_supports} support vectors")
+        vectors = _support_vectors(support_vectors, int(n_supports), rows.shape[1])
+        kernels = _kernel_matrix(xp, rows, xp.asarray(vectors), kernel)
+        scores = kernels @ xp.asarray(coefficients[:n_supports]) + rho[0]
+    else:  # liblinear: the coefficients are the weights, the kernel plays no part
+        if len(coefficients) != rows.shape[1]:
+            raise ValueError(f"coefficients has {len(coefficients)} values for "
+                             f"{rows.shape[1]} features")
+        scores = rows @ xp.asarray(coefficients) + rho[0]
+    if one_class:
+        scores = xp.where(scores > 0, np.float32(1), np.float32(-1))
+    return scores.astype(np.float32).reshape(-1, 1)
+
+
+@svm_regressor.infer
+def _(X, **_):
+    batch = (X.shape[0] if len(X.shape) > 1 else 1) if X.shape is not None else None
+    return [tensor(np.float32, (batch, 1))]
+
+
+# -- attributes ---------------------------------------------------------------------------
+
+def _floats(name: str, values, required: bool = False) -> np.ndarray:
+    array = np.asarray(values if values is not None else [], np.float32).reshape(-1)
+    if required and not len(array):
+        raise ValueError(f"{name} is required and must not be empty")
+    return array
+
+
+def _kernel_spec(kernel_type, kernel_params) -> tuple:
+    """(kernel name, gamma, coef0, degree); absent kernel_params are zeros, as onnxruntime
+    reads them."""
+    name = _name(kernel_type)
+    if name not in _KERNELS:
+        raise ValueError(f"kernel_type must be one of {', '.join(_KERNELS)}, got "
+                         f"{kernel_type!r}")
+    params = _floats("kernel_params", kernel_params)
+    if len(params) not in (0, 3):
+        raise ValueError(f"kernel_params must hold gamma, coef0 and degree; got "
+                         f"{len(params)} value(s)")
+    gamma, coef0, degree = params if len(params) else np.zeros(3, np.float32)
+    return name, gamma, coef0, degree
+
+
+def _check_svc(labels, counts, coefficients, rho, prob_a, pairs) -> None:
+    if len(counts) != len(labels):
+        raise ValueError(f"vectors_per_class has {len(counts)} entries for {len(labels)} "
+                         f"classes")
+    if len(labels) < 2:
+        raise ValueError("an SVMClassifier with support vectors needs at least two classes")
+    vectors = int(counts.sum())
+    if len(coefficients) < (len(labels) - 1) * vectors:
+        raise ValueError(f"coefficients has {len(coefficients)} values; {len(labels)} "
+                         f"classes and {vectors} support vectors take "
+                         f"{(len(labels) - 1) * vectors}")
+    if len(rho) < pairs:
+        raise ValueError(f"rho has {len(rho)} values; {len(labels)} classes take {pairs}")
+    if len(prob_a) and len(prob_a) < pairs:
+        raise ValueError(f"prob_a has {len(prob_a)} values; {len(labels)} classes take "
+                         f"{pairs}")
+
+
+def _support_vectors(support_vectors, count: int, features: int) -> np.ndarray:
+    vectors = _floats("support_vectors", support_vectors)
+    if len(vectors) != count * features:
+        raise ValueError(f"support_vectors has {len(vectors)} values, not {count} vectors "
+                         f"of the input's {features} features")
+    return vectors.reshape(count, features)
+
+
+# -- kernels and decisions ----------------------------------------------------------------
+
+def _kernel_matrix(xp, rows, vectors, kernel):
+    """K(row, vector) for every pair, [N, vectors], in float32."""
+    name, gamma, coef0, degree = kernel
+    if name == "RBF":
+        return _rbf(xp, rows, vectors, gamma)
+    dot = rows @ vectors.T
+    if name == "LINEAR":
+        return dot
+    dot = gamma * dot + coef0
+    if name == "POLY":
+        return dot ** degree
+    return xp.tanh(dot)  # SIGMOID
+
+
+def _rbf(xp, rows, vectors, gamma):
+    """exp(-gamma |row - vector|^2) from the differences themselves (not |a|^2 + |b|^2 -
+    2 a.b, whose cancellation onnxruntime's results do not have), a slab of rows at a time."""
+    step = max(1, _RBF_ELEMENTS // max(1, vectors.shape[0] * vectors.shape[1]))
+    slabs = []
+    for start in range(0, rows.shape[0], step):
+        difference = rows[start:start + step, None, :] - vectors[None, :, :]
+        slabs.append(xp.exp(-gamma * (difference * difference).sum(axis=2)))
+    if not slabs:
+        return xp.zeros((0, vectors.shape[0]), np.float32)
+    return xp.concatenate(slabs, axis=0).astype(np.float32)
+
+
+def _one_vs_one(xp, kernels, counts, coefficients, rho, classes: int):
+    """libsvm's decision value of every class pair i < j, [N, pairs] float32, and each
+    class's votes [N, classes] (i wins a pair when its value is > 0, else j). Products are
+    float32, their sum float64, as onnxruntime sums them."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    vectors = int(counts.sum())
+    dual = coefficients[:(classes - 1) * vectors].reshape(classes - 1, vectors)
+    decisions, votes = [], xp.zeros((kernels.shape[0], classes), np.int64)
+    pair = 0
+    for i in range(classes - 1):
+        for j in range(i + 1, classes):
+            mine = slice(starts[i], starts[i] + counts[i])
+            theirs = slice(starts[j], starts[j] + counts[j])
+            total = ((kernels[:, mine] * xp.asarray(dual[j - 1, mine])).astype(np.float64)
+                     .sum(axis=1) +
+                     (kernels[:, theirs] * xp.asarray(dual[i, theirs])).astype(np.float64)
+                     .sum(axis=1) + np.float64(rho[pair]))
+            decisions.append(total.astype(np.float32))
+            votes[:, i] += total > 0
+            votes[:, j] += total <= 0
+            pair += 1
+    return xp.stack(decisions, axis=1), votes
+
+
+def _binary_decision_columns(xp, decision, post_transform):
+    """Two classes without probabilities: onnxruntime writes the decision value d as
+    [-d, d] (post_transform NONE), [logistic(-d), logistic(d)] (LOGISTIC) or [1 - d, d]
+    (SOFTMAX, SOFTMAX_ZERO: not applied), and under PROBIT only probit(d) in the first
+    column (NaN marks the second, which it leaves unwritten)."""
+    name = _name(post_transform)
+    if name == "PROBIT":
+        second = xp.full(decision.shape, np.nan, dtype=np.float32)
+        return xp.stack([_probit(xp, decision), second], axis=1).astype(np.float32)
+    if name == "LOGISTIC":
+        return xp.stack([_logistic(xp, -decision), _logistic(xp, decision)], axis=1)
+    first = -decision if name == "NONE" else 1 - decision
+    return xp.stack([first, decision], axis=1).astype(np.float32)
+
+
+def _linear_classifier(xp, rows, labels, coefficients, rho, post_transform, have_proba):
+    """liblinear's form: score_c = x . w_c + rho[0] (one intercept for all classes, as
+    onnxruntime reads rho)."""
+    classes = len(labels)
+    if len(coefficients) % classes or len(coefficients) // classes != rows.shape[1]:
+        raise ValueError(f"coefficients has {len(coefficients)} values, not {classes} "
+                         f"classes x {rows.shape[1]} features")
+    weights = xp.asarray(coefficients.reshape(classes, -1))
+    scores = (rows @ weights.T + rho[0]).astype(np.float32)
+    best = xp.argmax(scores, axis=1)
+    if classes == 2 and not have_proba:
+        # onnxruntime: the second class also wins when the best score is >= 0.5 with all
+        # weights non-negative, or > 0 with some negative
+        top = scores.max(axis=1)
+        positive = bool((coefficients >= 0).all())
+        second = (top >= 0.5) if positive else (top > 0)
+        best = xp.where(second, 1, best)
+    label = label_values(xp, labels, best)
+    if classes == 1:
+        return label, (_probit(xp, scores) if _name(post_transform) == "PROBIT" else scores)
+    return label, post_transform_scores(xp, scores, post_transform).astype(np.float32)
+
+
+# -- probabilities ------------------------------------------------------------------------
+
+def _coupled_probabilities(xp, decisions, prob_a, prob_b, classes: int):
+    """Class probabilities [N, classes]: each pair's decision value through its Platt
+    sigmoid (clipped to [1e-7, 1 - 1e-7]), coupled by libsvm's iterative method (Wu, Lin and
+    Weng 2004) in float32 as onnxruntime runs it, every row at once."""
+    r = xp.zeros((decisions.shape[0], classes, classes), np.float32)
+    pair = 0
+    for i in range(classes - 1):
+        for j in range(i + 1, classes):
+            value = decisions[:, pair] * prob_a[pair] + prob_b[pair]
+            probability = xp.clip(1 - _logistic(xp, value), np.float32(1e-7),
+                                  np.float32(1 - 1e-7))
+            r[:, i, j], r[:, j, i] = probability, 1 - probability
+            pair += 1
+    return _couple(xp, r, classes)
+
+
+def _logistic(xp, value):
+    """onnxruntime's ComputeLogistic, computed from -|v| so exp never overflows."""
+    v = (1 / (1 + xp.exp(-xp.abs(value)))).astype(np.float32)
+    return xp.where(value < 0, 1 - v, v)
+
+
+def _couple(xp, r, k: int):
+    """Solve min_p p'Qp, sum p = 1 with Q[t,t] = sum_{j != t} r[j,t]^2 and Q[t,j] =
+    -r[j,t] r[t,j], by libsvm's coordinate updates: at most 100 sweeps, a row stopping once
+    every |(Qp)_t - p'Qp| < 0.005 / k (rows that stopped keep their p)."""
+    rows = r.shape[0]
+    q = xp.zeros((rows, k, k), np.float32)
+    for t in range(k):
+        for j in range(k):
+            if j != t:
+                q[:, t, t] += r[:, j, t] * r[:, j, t]
+                q[:, t, j] = -r[:, j, t] * r[:, t, j]
+    p = xp.full((rows, k), np.float32(1) / np.float32(k), dtype=np.float32)
+    eps = np.float32(0.005) / np.float32(k)
+    running = xp.ones(rows, dtype=bool)
+    for _ in range(100):
+        qp = _sequential_dot(q, p, k)
+        pqp = _sequential_sum(p * qp, k)
+        error = xp.abs(qp - pqp[:, None]).max(axis=1)
+        running = running & ~(error < eps)
+        if not bool(running.any()):
+            break
+        p = xp.where(running[:, None], _sweep(xp, q, p, qp, pqp, k), p)
+    return p
+
+
+def _sweep(xp, q, p, qp, pqp, k: int):
+    """One pass of coordinate updates over t = 0..k-1 (each reuses the previous ones)."""
+    p, qp = p.copy(), qp.copy()
+    for t in range(k):
+        diff = (-qp[:, t] + pqp) / q[:, t, t]
+        p[:, t] += diff
+        scale = (1 + diff)[:, None]
+        pqp = (pqp + diff * (diff * q[:, t, t] + 2 * qp[:, t])) / (1 + diff) / (1 + diff)
+        qp = (qp + diff[:, None] * q[:, t, :]) / scale
+        p = p / scale
+    return p
+
+
+def _sequential_dot(q, p, k: int):
+    """Q p row by row, each sum accumulated left to right in float32 (onnxruntime's order:
+    the stopping test compares against a small eps, so the rounding should agree)."""
+    total = q[:, :, 0] * p[:, None, 0]
+    for j in range(1, k):
+        total = total + q[:, :, j] * p[:, None, j]
+    return total
+
+
+def _sequential_sum(values, k: int):
+    total = values[:, 0]
+    for j in range(1, k):
+        total = total + values[:, j]
+    return total
