@@ -112,6 +112,17 @@ def _window_attributes(kernel, stride, dilate, pad) -> dict:
 
 # -- convolution -------------------------------------------------------------------------------
 
+def _window_arguments(fn, data, weight, layout, kernel, stride, dilate) -> tuple:
+    """What Convolution and Deconvolution check alike: the arrays, the spatial rank, the
+    layout and the per-axis kernel, stride and dilate (the last two default to 1)."""
+    data, weight = _array(fn, "data", data), _array(fn, "weight", weight)
+    rank = _spatial_rank(fn, data)
+    _check_layout(fn, layout, rank)
+    return (data, weight, rank, _per_axis(fn, "kernel", kernel, rank, minimum=1),
+            _per_axis(fn, "stride", stride, rank, 1, 1),
+            _per_axis(fn, "dilate", dilate, rank, 1, 1))
+
+
 def Convolution(data, weight, bias=None, kernel=None, stride=(), dilate=(), pad=(),
                 num_filter=None, num_group=1, workspace=1024, no_bias=False, cudnn_tune=None,
                 cudnn_off=False, layout=None, name=None):
@@ -120,12 +131,8 @@ def Convolution(data, weight, bias=None, kernel=None, stride=(), dilate=(), pad=
     ``pad`` (both sides of each axis) to 0. ``workspace``, ``cudnn_tune`` and ``cudnn_off``
     are accepted and ignored."""
     fn = "Convolution"
-    data, weight = _array(fn, "data", data), _array(fn, "weight", weight)
-    rank = _spatial_rank(fn, data)
-    _check_layout(fn, layout, rank)
-    kernel = _per_axis(fn, "kernel", kernel, rank, minimum=1)
-    stride = _per_axis(fn, "stride", stride, rank, 1, 1)
-    dilate = _per_axis(fn, "dilate", dilate, rank, 1, 1)
+    data, weight, rank, kernel, stride, dilate = _window_arguments(
+        fn, data, weight, layout, kernel, stride, dilate)
     pad = _per_axis(fn, "pad", pad, rank, 0)
     num_filter, num_group = _groups(fn, data.shape[1], num_filter, num_group)
     _check_weight(fn, weight, (num_filter, data.shape[1] // num_group) + kernel,
@@ -148,12 +155,8 @@ def Deconvolution(data, weight, bias=None, kernel=None, stride=(), dilate=(), pa
     does: the surplus is split ``pad = ceil(surplus / 2)``, ``adj = surplus % 2``.
     ``no_bias`` is True by default, as in MXNet."""
     fn = "Deconvolution"
-    data, weight = _array(fn, "data", data), _array(fn, "weight", weight)
-    rank = _spatial_rank(fn, data)
-    _check_layout(fn, layout, rank)
-    kernel = _per_axis(fn, "kernel", kernel, rank, minimum=1)
-    stride = _per_axis(fn, "stride", stride, rank, 1, 1)
-    dilate = _per_axis(fn, "dilate", dilate, rank, 1, 1)
+    data, weight, rank, kernel, stride, dilate = _window_arguments(
+        fn, data, weight, layout, kernel, stride, dilate)
     num_filter, num_group = _groups(fn, data.shape[1], num_filter, num_group)
     _check_weight(fn, weight, (data.shape[1], num_filter // num_group) + kernel,
                   "(channels, num_filter / num_group) + kernel")
