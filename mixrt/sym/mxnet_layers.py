@@ -211,6 +211,17 @@ def _window_arguments(layer: _Layer, kernel, stride, dilate, pad) -> dict:
             "pads": list(pad) * 2}
 
 
+def _filters(layer, num_filter, num_group) -> tuple[int, int]:
+    """Convolution's and Deconvolution's num_filter and num_group: counts, one a multiple
+    of the other."""
+    num_filter = layer.count("num_filter", num_filter)
+    num_group = layer.count("num_group", num_group)
+    if num_filter % num_group:
+        raise layer.error(f"num_filter={num_filter} is not a multiple of "
+                          f"num_group={num_group}")
+    return num_filter, num_group
+
+
 def Convolution(data=None, weight=None, bias=None, kernel=None, stride=(), dilate=(), pad=(),
                 num_filter=None, num_group=1, no_bias=False, layout=None, name=None,
                 **unknown) -> Symbol:
@@ -219,11 +230,7 @@ def Convolution(data=None, weight=None, bias=None, kernel=None, stride=(), dilat
     layer = _Layer("Convolution", name, unknown)
     kernel = layer.kernel(kernel)
     window = _window_arguments(layer, kernel, stride, dilate, pad)
-    num_filter = layer.count("num_filter", num_filter)
-    num_group = layer.count("num_group", num_group)
-    if num_filter % num_group:
-        raise layer.error(f"num_filter={num_filter} is not a multiple of "
-                          f"num_group={num_group}")
+    num_filter, num_group = _filters(layer, num_filter, num_group)
     no_bias = layer.flag("no_bias", no_bias)
     layer.layout(layout, len(kernel))
     data = layer.data(data)
@@ -250,11 +257,7 @@ def Deconvolution(data=None, weight=None, bias=None, kernel=None, stride=(), dil
     adj = layer.shape("adj", adj, length=len(kernel), default=0)
     if any(a >= s for a, s in zip(adj, window["strides"])):
         raise layer.error(f"adj={adj} must be smaller than stride={tuple(window['strides'])}")
-    num_filter = layer.count("num_filter", num_filter)
-    num_group = layer.count("num_group", num_group)
-    if num_filter % num_group:
-        raise layer.error(f"num_filter={num_filter} is not a multiple of "
-                          f"num_group={num_group}")
+    num_filter, num_group = _filters(layer, num_filter, num_group)
     no_bias = layer.flag("no_bias", no_bias)
     layer.layout(layout, len(kernel))
     if target_shape:
