@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mixrt.errors import InputError, MixrtError
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import MapType, TensorType
 from mixrt.runtime.device import Device, parse_device
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.session import Session, load_graph
@@ -92,11 +92,16 @@ def _device(device: str) -> Device:
 
 def random_feeds(graph: Graph, dims: dict, seed: int = 0) -> dict:
     """One array per fed input, drawn from its declared type: floats standard normal, ints in
-    [0, 10), bools fair coins; a symbolic dimension takes ``dims[name]`` (default 1)."""
+    [0, 10), bools fair coins; a symbolic dimension takes ``dims[name]`` (default 1). A map
+    that a DictVectorizer reads holds every key of its vocabulary, values drawn the same way;
+    any other map is an InputError (there are no keys to draw from)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in graph.feed_inputs():
         value_type = value.type
+        if isinstance(value_type, MapType):
+            feeds[value.name] = _random_map(rng, graph, value)
+            continue
         if not isinstance(value_type, TensorType) or value_type.shape is None \
                 or value_type.dtype is None:
             raise InputError(f"input {value.name!r} has no declared tensor type and shape; "
@@ -105,6 +110,24 @@ def random_feeds(graph: Graph, dims: dict, seed: int = 0) -> dict:
                       value_type.shape)
         feeds[value.name] = _random_array(rng, np.dtype(value_type.dtype), shape)
     return feeds
+
+
+def _random_map(rng, graph: Graph, value) -> dict:
+    keys = {}  # insertion-ordered set: the vocabularies of every DictVectorizer reading it
+    for node in graph.all_nodes():
+        if node.op_type == "DictVectorizer" and node.domain == "ai.onnx.ml" \
+                and value.name in node.inputs:
+            for attribute in ("string_vocabulary", "int64_vocabulary"):
+                for key in node.attributes.get(attribute) or ():
+                    keys[key.decode() if isinstance(key, bytes) else key] = None
+    dtype = getattr(value.type.value, "dtype", None)
+    if not keys or dtype is None:
+        raise InputError(f"input {value.name!r} is a map ({value.type}); random maps are drawn "
+                         f"only for a DictVectorizer's input (its vocabulary gives the keys). "
+                         f"Pass this input as a dict: validate(model, feeds) in Python "
+                         f"(mixrt check --input reads .npy arrays, which cannot hold a map)")
+    values = _random_array(rng, np.dtype(dtype), (len(keys),)).tolist()
+    return dict(zip(keys, values))
 
 
 def _random_array(rng, dtype: np.dtype, shape: tuple) -> np.ndarray:

@@ -37,7 +37,7 @@ from mixrt.exporters.decompose import decompose_graph
 from mixrt.exporters.lower import lower_for_opset
 from mixrt.exporters.lower import schema_at as _schema_at
 from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import ir_version_of, overridable_initializers
@@ -346,6 +346,10 @@ def _complete(value_type) -> bool:
         return value_type.dtype is not None and value_type.shape is not None
     if isinstance(value_type, (SequenceType, OptionalType)):
         return _complete(value_type.element)
+    if isinstance(value_type, MapType):  # ONNX declares a map's values without a shape
+        values = value_type.value
+        return value_type.key is not None and (
+            values.dtype is not None if isinstance(values, TensorType) else _complete(values))
     return False
 
 
@@ -484,7 +488,12 @@ def _value_info(name: str, value_type, *, required: bool = False) -> onnx.ValueI
 
 
 def _type_proto(value_type) -> onnx.TypeProto | None:
-    """The TypeProto of a TensorType/SequenceType/OptionalType; None when unknown."""
+    """The TypeProto of a TensorType/SequenceType/OptionalType/MapType; None when unknown."""
+    if isinstance(value_type, MapType):
+        values = _type_proto(value_type.value)
+        if value_type.key is None or values is None:
+            return None
+        return helper.make_map_type_proto(_element_type(value_type.key), values)
     if isinstance(value_type, (SequenceType, OptionalType)):
         element = _type_proto(value_type.element)
         if element is None:
@@ -494,12 +503,15 @@ def _type_proto(value_type) -> onnx.TypeProto | None:
         return helper.make_optional_type_proto(element)
     if not isinstance(value_type, TensorType) or value_type.dtype is None:
         return None
-    try:
-        element_type = to_onnx_type(value_type.dtype)
-    except KeyError:
-        raise ExportError(f"dtype {value_type.dtype} has no ONNX element type") from None
     shape = None if value_type.shape is None else [_dim(d) for d in value_type.shape]
-    return helper.make_tensor_type_proto(element_type, shape)
+    return helper.make_tensor_type_proto(_element_type(value_type.dtype), shape)
+
+
+def _element_type(dtype) -> int:
+    try:
+        return to_onnx_type(dtype)
+    except KeyError:
+        raise ExportError(f"dtype {dtype} has no ONNX element type") from None
 
 
 def _dim(dim):

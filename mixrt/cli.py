@@ -309,6 +309,15 @@ def _open_dims(session, args) -> list[str]:
             enumerate(shape or ()) if isinstance(dim, str) and dim not in symbols]
 
 
+def _map_inputs(session) -> list[str]:
+    """Inputs that are maps (or sequences of them): their sizes are part of the plan
+    signature, and --input reads only arrays, so no stored plan can be made for them."""
+    from mixrt.ops.types import MapType, SequenceType  # noqa: PLC0415
+    return [f"{v.name} ({v.type})" for v in session._required
+            if isinstance(v.type, MapType) or (isinstance(v.type, SequenceType)
+                                              and isinstance(v.type.element, MapType))]
+
+
 def _read_dim(spec: str) -> tuple[str, int]:
     name, sep, text = spec.partition("=")
     if not sep or not name or not text.isdigit():
@@ -342,17 +351,20 @@ def cmd_compile(args) -> int:
     from mixrt.runtime.memory import format_report  # noqa: PLC0415
 
     session = _session(args)
-    open_dims = _open_dims(session, args)
-    # a model with dynamic axes compiles without a stored plan: Session plans each input
-    # shape at its first run, as it does for an .onnx model
-    plan = None if open_dims else session.memory_plan(_plan_feeds(session, args))
+    open_dims, maps = _open_dims(session, args), _map_inputs(session)
+    # a model with dynamic axes or map inputs compiles without a stored plan: Session plans
+    # each input shape at its first run, as it does for an .onnx model
+    plan = None if open_dims or maps else session.memory_plan(_plan_feeds(session, args))
     graph = session.graph
     graph.plans = [] if plan is None else [plan]
     save_mxr(graph, args.output, opt_level=args.opt_level)
     size = args.output.stat().st_size
     print(f"wrote {args.output} ({size / 2**20:.1f} MiB, opt level {args.opt_level}, "
           f"{len(graph.nodes)} nodes)")
-    if plan is None:
+    if plan is None and maps:
+        print(f"no memory plan stored: map input(s) {', '.join(maps)} are sized when fed "
+              f"(each input shape is planned at its first run)")
+    elif plan is None:
         print(f"no memory plan stored: {', '.join(open_dims)} stay symbolic (each input "
               f"shape is planned at its first run; --dim NAME=N stores a plan for one)")
     else:

@@ -145,18 +145,6 @@ def test_validate_compares_sequences_of_maps_key_by_key():
     assert not _compare_maps("p", maps, maps * 2, 1e-5, 1e-6).ok
 
 
-def test_compile_refuses_maps_which_the_mxr_format_cannot_hold(tmp_path, capsys):
-    out, rows = tmp_path / "m.mxr", tmp_path / "x.npy"
-    np.save(rows, _runs("tree_iris")[0][0]["X"])
-    assert cli.main(["compile", str(DATA / "tree_iris.onnx"), "-o", str(out),
-                     "--input", f"X={rows}"]) == 2
-    assert "map(int64,float32)" in capsys.readouterr().err
-    assert not out.exists()
-    with pytest.raises(GraphError, match="map"):
-        from mixrt.runtime.format import save_mxr
-        save_mxr(mixrt.Session(str(DATA / "dict_tree_iris.onnx")).graph, tmp_path / "d.mxr")
-
-
 # -- maps in the runtime --------------------------------------------------------------------------
 
 def test_map_types_are_spelled_as_onnx_spells_them():

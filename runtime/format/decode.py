@@ -144,7 +144,8 @@ class _Walk:
                 value = slot.unpack.unpack_from(buf, pos + offset)[0]
                 if slot.allowed is not None and value not in slot.allowed:
                     raise DecodeError(f"field {name}.{slot.name} holds {value}, which is not "
-                                      f"one of its enum's values {sorted(slot.allowed)}")
+                                      f"one of its enum's values {sorted(slot.allowed)} (a "
+                                      "damaged file, or one a newer mixrt wrote)")
                 out[slot.name] = value
             else:
                 out[slot.name] = self.reference(slot, name, pos + offset, depth)

@@ -24,6 +24,10 @@ PREAMBLE_SIZE = 64
 MAX_OPT_LEVEL = 2  # Session's opt_level range
 CHECKSUM_CHUNK = 16 << 20  # per-chunk CRCs let large files be verified by several threads
 
+# ONNX element type codes a map's keys may have (onnx.proto, MapProto): the integer types
+# and string. A .mxr stores such a code in ValueType.key_type; anything else is refused.
+MAP_KEY_TYPES = frozenset({2, 3, 4, 5, 6, 7, 8, 12, 13})
+
 _PREAMBLE = struct.Struct("<4sIQI")  # magic, version, header length, header CRC
 _PREAMBLE_CRC = struct.Struct("<I")
 

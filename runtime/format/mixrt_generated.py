@@ -27,6 +27,7 @@ class TypeKind(object):
     Tensor = 1
     Sequence = 2
     Optional = 3
+    Map = 4
 
 
 class DimKind(object):
@@ -153,8 +154,15 @@ class ValueType(object):
             return obj
         return None
 
+    # ValueType
+    def KeyType(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
 def ValueTypeStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def ValueTypeAddKind(builder, kind):
     builder.PrependUint8Slot(0, kind, 0)
@@ -179,6 +187,9 @@ def ValueTypeStartDimKindsVector(builder, numElems):
 
 def ValueTypeAddElement(builder, element):
     builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(element), 0)
+
+def ValueTypeAddKeyType(builder, keyType):
+    builder.PrependInt32Slot(6, keyType, 0)
 
 def ValueTypeEnd(builder):
     return builder.EndObject()

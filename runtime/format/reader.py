@@ -27,14 +27,14 @@ import numpy as np
 
 from mixrt.errors import GraphError, ModelLoadError
 from mixrt.ops.dtypes import is_known_onnx_type, to_numpy_dtype
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory import MemoryPlan, TensorLife, check_plan
 
 from . import mixrt_generated as fb
 from .decode import DecodeError, Decoder
-from .layout import (ALIGNMENT, FORMAT_VERSION, MAX_OPT_LEVEL, PREAMBLE_SIZE, chunk_count,
-                     data_offset, unpack_preamble)
+from .layout import (ALIGNMENT, FORMAT_VERSION, MAP_KEY_TYPES, MAX_OPT_LEVEL, PREAMBLE_SIZE,
+                     chunk_count, data_offset, unpack_preamble)
 from .schema import load_schema
 
 MAX_RANK = 64  # NumPy's limit
@@ -201,8 +201,16 @@ class _GraphReader:
         return Value(name, self.value_type(table["type"], f"{where} value {name!r}"))
 
     def value_type(self, table: dict | None, where: str):
-        if table is None or table["kind"] == fb.TypeKind.Unknown:
+        if table is None:
             return None
+        if table["key_type"] and table["kind"] != fb.TypeKind.Map:
+            raise ModelLoadError(f"{where}: a type that is not a map has key type "
+                                 f"{table['key_type']}")
+        if table["kind"] == fb.TypeKind.Unknown:
+            return None
+        if table["kind"] == fb.TypeKind.Map:
+            return MapType(_map_key(table["key_type"], where),
+                           self.value_type(table["element"], where))
         if table["kind"] == fb.TypeKind.Sequence:
             return SequenceType(self.value_type(table["element"], where))
         if table["kind"] == fb.TypeKind.Optional:
@@ -324,6 +332,15 @@ def _unique(pairs, what: str) -> dict:
 def _dtype(code: int, where: str) -> np.dtype:
     if not is_known_onnx_type(code):
         raise ModelLoadError(f"{where} has element type {code}, which ONNX does not define")
+    return to_numpy_dtype(code)
+
+
+def _map_key(code: int, where: str) -> np.dtype | None:
+    if code == 0:
+        return None
+    if code not in MAP_KEY_TYPES:
+        raise ModelLoadError(f"{where} is a map with key type {code}; ONNX map keys are "
+                             f"integers or strings (codes {sorted(MAP_KEY_TYPES)})")
     return to_numpy_dtype(code)
 
 

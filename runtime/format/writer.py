@@ -25,12 +25,12 @@ import numpy as np
 
 from mixrt.errors import GraphError
 from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 
 from . import mixrt_generated as fb
-from .layout import (ALIGNMENT, CHECKSUM_CHUNK, FORMAT_VERSION, MAGIC, MAX_OPT_LEVEL,
-                     ChunkedCrc, align, data_offset, pack_preamble)
+from .layout import (ALIGNMENT, CHECKSUM_CHUNK, FORMAT_VERSION, MAGIC, MAP_KEY_TYPES,
+                     MAX_OPT_LEVEL, ChunkedCrc, align, data_offset, pack_preamble)
 
 INT64 = (-(1 << 63), (1 << 63) - 1)
 # metadata keys the file stores in their own fields; load_mxr sets them from those fields
@@ -223,8 +223,23 @@ class _Writer:
             if element:
                 fb.ValueTypeAddElement(self.b, element)
             return fb.ValueTypeEnd(self.b)
+        if isinstance(value_type, MapType):
+            return self.map_type(value_type, name, depth)
         raise GraphError(f"value {name!r} has type {value_type!r:.80}; expected a "
-                         "TensorType, SequenceType, OptionalType or None")
+                         "TensorType, SequenceType, OptionalType, MapType or None")
+
+    def map_type(self, value_type: MapType, name: str, depth: int) -> int:
+        key = 0 if value_type.key is None else _onnx_code(value_type.key, f"value {name!r} key")
+        if key and key not in MAP_KEY_TYPES:
+            raise GraphError(f"value {name!r} has type {value_type}; ONNX map keys are "
+                             "integers or strings")
+        values = self.value_type(value_type.value, name, depth + 1)
+        fb.ValueTypeStart(self.b)
+        fb.ValueTypeAddKind(self.b, fb.TypeKind.Map)
+        fb.ValueTypeAddKeyType(self.b, key)
+        if values:
+            fb.ValueTypeAddElement(self.b, values)
+        return fb.ValueTypeEnd(self.b)
 
     def tensor_type(self, value_type: TensorType, name: str) -> int:
         elem = 0 if value_type.dtype is None else _onnx_code(value_type.dtype, f"value {name!r}")
