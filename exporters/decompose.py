@@ -10,6 +10,8 @@ unfolds again:
 * ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
+* ``MXReshape(X)``            -> Reshape(X, Concat of X's dims picked by Gather from Shape(X),
+  multiplied (-3) or divided (-4 with -1) as its plan says, and its fixed sizes)
 
 The new nodes are written at the graph's default-domain opset (the one the fused nodes'
 originals had), in that opset's form (Clip's bounds as attributes before opset 11, as inputs
@@ -27,6 +29,7 @@ from mixrt.errors import ExportError
 from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
 from mixrt.ops.fused_elementwise import Program
+from mixrt.ops.shape_mxnet import DIVIDE, FIXED, INFER, MERGE, reshape_plan
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, dtype_of, each_graph
@@ -36,11 +39,14 @@ _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
 # Add/Mul/... broadcast only when told to, along other rules. Erf arrived at opset 9.
 BROADCASTING_OPSET = 7
 _ERF_OPSET = 9
+_RESHAPE_OPSET = 5  # the target shape as an input
 
 
 def _opset_needed(op_type: str) -> int:
     if op_type == "Erf":
         return _ERF_OPSET
+    if op_type == "Reshape":
+        return _RESHAPE_OPSET
     return BROADCASTING_OPSET if op_type in _BINARY else 1
 
 
@@ -97,6 +103,12 @@ class _Unfolder:
         """A 0-d initializer of the node's dtype holding ``value``."""
         name = self.fresh(f"{self.node.outputs[0]}/{what}")
         self.graph.initializers[name] = np.array(value, dtype=self.dtype())
+        return name
+
+    def ints(self, values, what: str) -> str:
+        """A 1-d int64 initializer holding ``values``."""
+        name = self.fresh(f"{self.node.outputs[0]}/{what}")
+        self.graph.initializers[name] = np.asarray(values, dtype=np.int64)
         return name
 
     def dtype(self) -> np.dtype:
@@ -248,8 +260,44 @@ def _block_grad(unfold: _Unfolder, node: Node) -> None:
     unfold.emit("Identity", [node.inputs[0]], node.outputs[0])
 
 
+def _mx_reshape(unfold: _Unfolder, node: Node) -> None:
+    x = node.inputs[0]
+    known = unfold.types.get(x)
+    if known is None or known.shape is None:
+        raise ExportError(f"node {node.label!r}: mixrt::MXReshape needs the rank of its "
+                          f"input {x!r} to be written as ONNX Reshape; declare its shape")
+    try:
+        plan = reshape_plan(len(known.shape), node.attributes["shape"],
+                            bool(node.attributes.get("reverse", 0)))
+    except ValueError as exc:
+        raise ExportError(f"node {node.label!r}: {exc}") from None
+    dims = unfold.emit("Shape", [x])
+    parts = [_planned_part(unfold, dims, piece) for piece in plan.pieces]
+    target = unfold.emit("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
+    unfold.emit("Reshape", [x, target], node.outputs[0])
+
+
+def _planned_part(unfold: _Unfolder, dims: str, piece) -> str:
+    """One output dimension of an MXReshape plan as a 1-element int64 tensor. A fixed size
+    or the inferred one is a constant (ONNX's -1 infers as MXNet's does); the others are
+    read from the input's shape when the model runs."""
+    if piece.kind in (FIXED, INFER):
+        if piece.kind == FIXED and piece.value == 0:
+            raise ExportError(f"node {unfold.node.label!r}: a -4 split into a size 0 "
+                              f"means 'copy' to ONNX Reshape")
+        return unfold.ints([piece.value if piece.kind == FIXED else -1], "size")
+    dim = unfold.emit("Gather", [dims, unfold.ints([piece.index], "dim")], axis=0)
+    if piece.kind == MERGE:
+        following = unfold.ints([piece.index + 1], "dim")
+        return unfold.emit("Mul", [dim, unfold.emit("Gather", [dims, following], axis=0)])
+    if piece.kind == DIVIDE:
+        return unfold.emit("Div", [dim, unfold.ints([piece.value], "size")])
+    return dim
+
+
 _DECOMPOSITIONS = {
     "BlockGrad": _block_grad,
+    "MXReshape": _mx_reshape,
     "FusedConv": _fused_conv,
     "FusedConvPool": _fused_conv_pool,
     "FusedGemm": _fused_gemm,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import GraphError
 
 
 class ArrayMethods:
@@ -46,17 +45,29 @@ class ArrayMethods:
 
     # -- shape -------------------------------------------------------------------------
 
-    def reshape(self, *shape, reverse: bool = False):
-        """ONNX's Reshape: 0 copies a dimension, one -1 is inferred. NDArray overrides this
-        with MXNet's codes, which it resolves against its known shape; a Symbol has none,
-        so its -2/-3/-4 and ``reverse`` are an error here rather than a wrong shape."""
+    def reshape(self, *shape, reverse: bool = False, **kwargs):
+        """MXNet's reshape: ``x.reshape((2, -1))``, ``x.reshape(2, 3)`` or ``shape=``, with
+        its codes: ``0`` copies a dimension, ``-1`` infers one, ``-2`` copies all the rest,
+        ``-3`` merges two, ``-4, a, b`` splits one in two (either may be -1), and
+        ``reverse=True`` matches them from the right. Sizes, 0 and one -1 are ONNX's Reshape;
+        a subclass resolves the others (``_reshaped``, ``_mxnet_reshape``)."""
+        if "shape" in kwargs:
+            if shape:
+                raise TypeError("reshape: the shape given both positionally and as shape=")
+            shape = (kwargs.pop("shape"),)
+        if kwargs:
+            raise TypeError(f"reshape: unknown arguments {sorted(kwargs)}")
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        if reverse or any(isinstance(d, int) and d < -1 for d in shape):
-            raise GraphError(f"reshape{tuple(shape)}{', reverse=True' if reverse else ''}: "
-                             f"MXNet's -2/-3/-4 codes and reverse=True need the input's "
-                             f"shape, which a symbol (a hybridized block) does not know; "
-                             f"write the target with 0 (copy) and one -1 (infer)")
-        return self._op("Reshape", [self, self._int_tensor(shape)], {})
+        return self._reshaped([int(d) for d in shape], bool(reverse))
+
+    def _reshaped(self, codes: list[int], reverse: bool):
+        """Sizes, 0 and one -1 are ONNX's Reshape; other codes ``_mxnet_reshape``'s."""
+        if reverse or any(d < -1 for d in codes) or codes.count(-1) > 1:
+            return self._mxnet_reshape(codes, reverse)
+        return self._op("Reshape", [self, self._int_tensor(codes)], {})
+
+    def _mxnet_reshape(self, codes: list[int], reverse: bool):
+        raise NotImplementedError
 
     def transpose(self, *axes):
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
@@ -134,7 +145,7 @@ def sum(x, axis=None, keepdims=False): return x.sum(axis, keepdims)  # noqa: A00
 def mean(x, axis=None, keepdims=False): return x.mean(axis, keepdims)
 def max(x, axis=None, keepdims=False): return x.max(axis, keepdims)  # noqa: A001
 def min(x, axis=None, keepdims=False): return x.min(axis, keepdims)  # noqa: A001
-def reshape(x, shape): return x.reshape(shape)
+def reshape(x, shape, reverse=False): return x.reshape(shape, reverse=reverse)
 def transpose(x, axes=None): return x.transpose(*(axes or ()))
 def flatten(x): return x.flatten()
 def expand_dims(x, axis): return x.expand_dims(axis)

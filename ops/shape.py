@@ -120,10 +120,18 @@ def _(input, **_):
 
 def _reshape_target(in_shape, target, allowzero) -> list:
     """Resolve 0 (copy the input dim unless allowzero) and -1 (infer) in a Reshape target.
-    Dims of ``in_shape`` may be unknown (None); so may the result's."""
+    Dims of ``in_shape`` may be unknown (None); so may the result's. ValueError where the
+    known sizes already show the kernel would fail."""
+    if not allowzero and any(d == 0 and i >= len(in_shape) for i, d in enumerate(target)):
+        raise ValueError(f"Reshape target {list(target)}: a 0 copies an input dimension, "
+                         f"and the input has only {len(in_shape)}")
     out = [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
     if -1 in out:
         out[out.index(-1)] = _inferred_dim(in_shape, [d for d in out if d != -1])
+    size, result = _product(in_shape), _product(out)
+    if size is not None and result is not None and size != result:
+        raise ValueError(f"Reshape target {list(target)}: {size} elements "
+                         f"({tuple(in_shape)}) do not fit {tuple(out)}")
     return out
 
 
@@ -136,7 +144,12 @@ def _inferred_dim(in_dims, out_dims):
         else:
             rest_out.append(d)
     size_in, size_out = _product(rest_in), _product(rest_out)
-    return size_in // size_out if size_in is not None and size_out else None
+    if size_in is None or not size_out:
+        return None
+    if size_in % size_out:
+        raise ValueError(f"-1 cannot be inferred: {size_in} elements do not divide by "
+                         f"{size_out}")
+    return size_in // size_out
 
 
 def _reshape(X, target, allowzero):

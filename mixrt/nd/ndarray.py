@@ -39,6 +39,7 @@ from mixrt.context import Context, as_context
 from mixrt.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import dispatch
 from mixrt.runtime.device import to_host
+from mixrt.ops import shape_mxnet
 
 _GRAD_REQS = ("write", "add", "null")
 
@@ -337,19 +338,11 @@ class NDArray(ArrayMethods):
 
     # -- MXNet's meanings where the shared methods (mixrt/array_methods.py) differ ---------
 
-    def reshape(self, *shape, reverse: bool = False, **kwargs) -> "NDArray":
-        """MXNet's reshape: ``x.reshape((2, -1))``, ``x.reshape(2, 3)``, ``shape=``, and its
-        special codes, resolved here against this array's shape: ``0`` copies a dimension,
-        ``-1`` infers one, ``-2`` copies all the rest, ``-3`` merges two, ``-4, a, b``
-        splits one in two (either may be -1); ``reverse=True`` matches them from the right."""
-        if "shape" in kwargs:
-            if shape:
-                raise InputError("reshape: the shape given both positionally and as shape=")
-            shape = (kwargs.pop("shape"),)
-        if kwargs:
-            raise InputError(f"reshape: unknown arguments {sorted(kwargs)}")
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return ArrayMethods.reshape(self, mxnet_shape(self.shape, shape, reverse))
+    def _reshaped(self, codes: list[int], reverse: bool) -> "NDArray":
+        # every code is resolved here against the known shape (a bad one is an InputError
+        # naming it), so the op run is ONNX Reshape with sizes only
+        target = mxnet_shape(self.shape, codes, reverse)
+        return self._op("Reshape", [self, self._int_tensor(target)], {})
 
     def argmax(self, axis=None, keepdims: bool = False) -> "NDArray":
         """Indices of the largest values along ``axis``; ``axis=None`` (MXNet's default)
@@ -423,69 +416,12 @@ def _mod(a, b):
 
 def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
     """The shape MXNet's reshape makes of ``source`` from ``codes`` (its 0/-1/-2/-3/-4, see
-    ``NDArray.reshape``); -1 is resolved too. Mirrors MXNet's ``InferReshapeShape``."""
-    codes = [int(c) for c in codes]
-    source = list(source)
-    if reverse:
-        source, codes = source[::-1], codes[::-1]
-
-    def bad(why):
-        return InputError(f"reshape: cannot reshape {tuple(source[::-1] if reverse else source)}"
-                          f" to {tuple(codes[::-1] if reverse else codes)}"
-                          f"{' (reverse=True)' if reverse else ''}: {why}")
-
-    out, at, inferred, i = [], 0, None, 0
-    while i < len(codes):
-        code = codes[i]
-        if code == 0:
-            if at >= len(source):
-                raise bad("0 copies a dimension the input does not have")
-            out.append(source[at])
-            at += 1
-        elif code == -1:
-            if inferred is not None:
-                raise bad("only one dimension can be -1")
-            inferred = len(out)
-            out.append(1)
-            at += 1
-        elif code == -2:
-            out.extend(source[at:])
-            at = len(source)
-        elif code == -3:
-            if at + 1 >= len(source):
-                raise bad("-3 merges two dimensions the input does not have")
-            out.append(source[at] * source[at + 1])
-            at += 2
-        elif code == -4:
-            if i + 2 >= len(codes) or at >= len(source):
-                raise bad("-4 needs the two dimensions to split into")
-            whole, first, second = source[at], codes[i + 1], codes[i + 2]
-            at += 1
-            i += 2
-            if first == -1 and second == -1:
-                raise bad("-4 cannot split into two -1")
-            if first == -1:
-                first = whole // second if second else 0
-            if second == -1:
-                second = whole // first if first else 0
-            if first * second != whole:
-                raise bad(f"{first} x {second} is not {whole}")
-            out.extend([first, second])
-        elif code > 0:
-            out.append(code)
-            at += 1
-        else:
-            raise bad(f"{code} is not a dimension or one of 0, -1, -2, -3, -4")
-        i += 1
-    size = int(np.prod(source, dtype=np.int64))
-    if inferred is not None:
-        rest = int(np.prod(out, dtype=np.int64))
-        if rest == 0 or size % rest:
-            raise bad(f"{size} elements do not divide into the other dimensions")
-        out[inferred] = size // rest
-    if int(np.prod(out, dtype=np.int64)) != size:
-        raise bad(f"{size} elements are not {int(np.prod(out, dtype=np.int64))}")
-    return tuple(out[::-1] if reverse else out)
+    ``NDArray.reshape``), -1 resolved; the rules are mixrt::MXReshape's (ops/shape_mxnet.py),
+    which a hybridized block runs instead."""
+    try:
+        return shape_mxnet.mxnet_shape(source, codes, reverse)
+    except ValueError as exc:
+        raise InputError(f"reshape: {exc}") from None
 
 
 def _ints(values, ctx: Context):

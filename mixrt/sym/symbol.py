@@ -228,6 +228,11 @@ class Symbol(ArrayMethods):
         from mixrt.sym.ops import call_op  # noqa: PLC0415
         return call_op("", op_type, list(inputs), dict(attributes))
 
+    def _mxnet_reshape(self, codes: list[int], reverse: bool) -> "Symbol":
+        # a symbol's shape is known only when it runs, so the codes travel to the kernel
+        from mixrt.sym.ops import call_op  # noqa: PLC0415
+        return call_op("mixrt", "MXReshape", [self], {"shape": codes, "reverse": int(reverse)})
+
     def _int_tensor(self, values) -> "Symbol":
         return constant(np.asarray([int(v) for v in values], dtype=np.int64))
 
