@@ -512,6 +512,71 @@ def test_small_net_gradients_and_running_statistics_match_mxnet():
         assert np.isclose(analytic, (losses[0] - losses[1]) / 2e-6, rtol=1e-6)
 
 
+# -- parameter dtypes follow the data (MXNet's infer_type) ---------------------------------------
+# mixrt made every undeclared variable float32, so simple_bind of float64 data gave float32
+# weights and a GraphError at the first Gemm. MXNet 1.9.1's infer_type of this net:
+
+def typed_net():
+    x = sym.Convolution(sym.Variable("data"), num_filter=4, kernel=(3, 3), name="conv")
+    x = sym.BatchNorm(x, fix_gamma=False, name="bn")
+    x = sym.Deconvolution(x, num_filter=2, kernel=(2, 2), name="deconv")
+    x = sym.LeakyReLU(x, act_type="prelu", name="prelu")
+    x = sym.FullyConnected(x, num_hidden=3, name="fc")
+    return sym.SoftmaxOutput(x, name="softmax")
+
+
+_BN = ("bn_beta", "bn_gamma", "bn_moving_mean", "bn_moving_var")
+_OTHERS = ("conv_bias", "conv_weight", "data", "deconv_weight", "fc_bias", "fc_weight",
+           "prelu_gamma", "softmax_label")
+MXNET_DTYPES = {  # float16 data keeps BatchNorm's parameters float32
+    "float64": dict.fromkeys(_BN + _OTHERS, "float64"),
+    "float16": {**dict.fromkeys(_BN, "float32"), **dict.fromkeys(_OTHERS, "float16")},
+    "float32": dict.fromkeys(_BN + _OTHERS, "float32"),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(MXNET_DTYPES))
+def test_parameter_dtypes_follow_the_data_as_in_mxnet(dtype):
+    net = typed_net()
+    arguments, outputs, auxiliary = net.infer_type(data=dtype)
+    names = net.list_arguments() + net.list_auxiliary_states()
+    got = {n: np.dtype(t).name for n, t in zip(names, arguments + auxiliary)}
+    assert got == MXNET_DTYPES[dtype]
+    assert [np.dtype(t).name for t in outputs] == [dtype]
+
+
+def test_a_float64_net_binds_and_trains_in_float64():
+    shape = (2, 1, 6, 6)
+    runs = {}
+    for dtype in ("float64", "float32"):
+        executor = typed_net().simple_bind("cpu", data=shape, type_dict={"data": dtype})
+        for name, array in executor.arg_dict.items():
+            array[:] = value_for(name, array.shape).astype(array.dtype)
+        executor.arg_dict["softmax_label"][:] = np.array([0.0, 2.0])
+        outputs = executor.forward(is_train=True, data=pattern(shape).astype(dtype))
+        executor.backward()
+        runs[dtype] = (to_host(outputs[0]), {n: to_host(g) for n, g in
+                                             executor.grad_dict.items() if g is not None})
+    output, grads = runs["float64"]
+    assert output.dtype == np.float64
+    assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
+    np.testing.assert_allclose(output, runs["float32"][0], rtol=1e-5, atol=1e-6)
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad, runs["float32"][1][name], rtol=1e-3, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_a_declared_dtype_is_kept_and_a_clash_is_named():
+    weight = sym.Variable("fc_weight", dtype="float32")
+    net = sym.FullyConnected(sym.Variable("data"), weight=weight, num_hidden=3, name="fc")
+    arguments, _, _ = net.infer_type(data="float64")
+    assert dict(zip(net.list_arguments(), map(str, arguments))) == {
+        "data": "float64", "fc_weight": "float32", "fc_bias": "float64"}
+    with pytest.raises(GraphError, match=r"node 'fc'.*fc_weight"):
+        net.simple_bind("cpu", data=(2, 4), type_dict={"data": "float64"}).forward(
+            data=np.zeros((2, 4)))
+
+
 HEADS = {  # case: (output layer, its arguments) on a FullyConnected of 3 (or "hidden")
     "softmax_null": ("SoftmaxOutput", {}),
     "softmax_batch": ("SoftmaxOutput", {"normalization": "batch"}),

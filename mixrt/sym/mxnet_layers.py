@@ -354,7 +354,8 @@ def BatchNorm(data=None, gamma=None, beta=None, moving_mean=None, moving_var=Non
     plain = axis == 1 and not use_global_stats
     # the node that reads the data: the statistics' shape is the data's channel count
     reader = layer.node_name() if plain else layer.node_name("channels_middle")
-    source = shape_from(reader, 0, [["axis", axis]])
+    # MXNet keeps a BatchNorm's parameters float32 for float16 data
+    source = shape_from(reader, 0, [["axis", axis]], min_float_bits=32)
     gamma = layer.parameter("gamma", gamma, source=source)
     beta = layer.parameter("beta", beta, source=source)
     mean = layer.parameter("moving_mean", moving_mean, source=source, aux=True)

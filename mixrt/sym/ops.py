@@ -220,7 +220,7 @@ def _auto_variable(spec: OpSpec, node_name: str, input_name: str) -> Symbol:
     return variable_named(f"{node_name}_{role}", aux=(spec.op_type, input_name) in _AUX_INPUTS)
 
 
-# -- parameter shapes from their consumers (what MXNet's backward shape inference gives) ----
+# -- parameter shapes and dtypes from their consumers (MXNet's backward inference) ----------
 
 def parameter_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
     """{variable: shape} for variables of unknown shape whose shape their consumer fixes,
@@ -238,6 +238,57 @@ def parameter_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
             if _static_shape(types, entry) is None and "shape" not in entry[0].info:
                 found[entry[0].name] = tuple(shape)
     return found
+
+
+def parameter_dtypes(nodes: list[SymNode], graph, types: dict, free: set) -> dict:
+    """{variable in ``free`` (no dtype given): dtype} where its consumer fixes it, as
+    MXNet's infer_type does (float64 data makes FullyConnected's weight float64):
+
+    * a variable that declares where its shape comes from (an MXNet layer's parameter or
+      label, :data:`SHAPE_FROM`) takes that value's dtype; a BatchNorm's parameters stay
+      float32 for 16-bit data (``"min_float_bits"`` in the rule, MXNet's rule);
+    * otherwise the ONNX schema binding it to one type parameter with operands whose dtype
+      is known decides; a variable offered two dtypes keeps its own, and the type check
+      names the clash."""
+    declared = _declared_dtypes(nodes, types, free)
+    offered: dict[str, set] = {}
+    for node in graph.nodes:
+        for name, dtype in _schema_offers(node, types, free):
+            if name not in declared:
+                offered.setdefault(name, set()).add(dtype)
+    found = {name: dtypes.pop() for name, dtypes in offered.items() if len(dtypes) == 1}
+    found.update(declared)
+    return {name: dtype for name, dtype in found.items() if dtype != types[name].dtype}
+
+
+def _declared_dtypes(nodes: list[SymNode], types: dict, free: set) -> dict:
+    by_name = {node.name: node for node in nodes if not node.is_variable}
+    found = {}
+    for node in nodes:
+        rule = node.info.get(SHAPE_FROM) if node.is_variable else None
+        consumer = by_name.get(rule["node"]) if isinstance(rule, dict) else None
+        if node.name not in free or consumer is None or \
+                not 0 <= rule.get("input", -1) < len(consumer.inputs):
+            continue
+        entry = consumer.inputs[rule["input"]]
+        dtype = getattr(types.get(entry[0].output_name(entry[1])), "dtype", None)
+        if dtype is None or np.dtype(dtype).kind != "f":
+            continue
+        dtype = np.dtype(dtype)
+        if dtype.itemsize * 8 < rule.get("min_float_bits", 0):
+            dtype = np.dtype(np.float32)
+        found[node.name] = dtype
+    return found
+
+
+def _schema_offers(node, types: dict, free: set):
+    from mixrt.runtime.passes.typecheck import shared_type_groups  # noqa: PLC0415
+    for group in shared_type_groups(node, types):
+        given = {dtype for index, dtype in group
+                 if node.inputs[index] not in free and dtype is not None}
+        if len(given) == 1:
+            yield from ((node.inputs[index], *given) for index, _ in group
+                        if node.inputs[index] in free)
 
 
 def _static_shape(types: dict, entry):
@@ -291,14 +342,20 @@ _SHAPE_RULES = {"BatchNormalization": _channels, "InstanceNormalization": _chann
 #   or ["axis", a, d] (dimension a of that input, divided by d), or ["axes", start, stop]
 #   (its dimensions start:stop, as a Python slice; stop null for the end).
 # Dimensions the variable declares (Variable(shape=(128, None))) must agree with the rule's.
+# Unless given, its dtype is that input's float dtype, float32 at least where the rule holds
+# "min_float_bits": 32.
 SHAPE_FROM = "shape_from"
 
 
-def shape_from(node: str, input_index: int, dims: list) -> dict:
-    """The ``info[SHAPE_FROM]`` entry for a variable whose shape follows input
-    ``input_index`` of node ``node`` (see above)."""
-    return {"node": node, "input": int(input_index), "dims": [
+def shape_from(node: str, input_index: int, dims: list, min_float_bits: int = 0) -> dict:
+    """The ``info[SHAPE_FROM]`` entry for a variable whose shape (and, unless given, float
+    dtype, at least ``min_float_bits`` wide) follows input ``input_index`` of node ``node``
+    (see above)."""
+    rule = {"node": node, "input": int(input_index), "dims": [
         int(d) if isinstance(d, (int, np.integer)) else list(d) for d in dims]}
+    if min_float_bits:
+        rule["min_float_bits"] = int(min_float_bits)
+    return rule
 
 
 def _declared_sources(nodes: list[SymNode], types: dict) -> dict[str, tuple]:

@@ -329,18 +329,25 @@ class Symbol(ArrayMethods):
     def _inferred(self, shapes: dict, dtypes: dict) -> dict:
         """Types of every value. Forward inference first; then parameters whose shape
         follows from their consumer (BatchNormalization's gamma from the data's channels,
-        a convolution's bias from its weight) get it, and inference runs again."""
+        a convolution's bias from its weight) get it, variables of no given dtype take the
+        one of an operand they must match (float64 data makes FullyConnected's weight
+        float64, as in MXNet), and inference runs again."""
         from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
-        from mixrt.sym.ops import parameter_shapes  # noqa: PLC0415
-        shapes = dict(shapes)
+        from mixrt.sym.ops import parameter_dtypes, parameter_shapes  # noqa: PLC0415
+        shapes, dtypes = dict(shapes), dict(dtypes)
         nodes = self._topological()
+        free = {n.name for n in nodes if n.is_variable and "dtype" not in n.info} - set(dtypes)
         while True:
-            types = infer_types(self.to_graph(shapes=shapes, dtypes=dtypes))
+            graph = self.to_graph(shapes=shapes, dtypes=dtypes)
+            types = infer_types(graph)
             found = {name: shape for name, shape in parameter_shapes(nodes, types).items()
                      if name not in shapes}
-            if not found:
+            matched = parameter_dtypes(nodes, graph, types, free)
+            if not found and not matched:
                 return types
             shapes.update(found)
+            dtypes.update(matched)
+            free -= set(matched)
 
     def _report(self, types: dict, pick):
         def of(names):

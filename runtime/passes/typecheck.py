@@ -103,24 +103,35 @@ def promote_mixed_floats(graph: Graph) -> Graph:
 
 def _promotions(node: Node, types: dict) -> dict[int, np.dtype]:
     """Input index -> the float dtype it must be cast to."""
+    wanted = {}
+    for group in shared_type_groups(node, types):
+        floats = [(index, dtype) for index, dtype in group
+                  if dtype is not None and dtype.kind == "f"]
+        if floats:
+            common = np.result_type(*(dtype for _, dtype in floats))
+            wanted.update({index: common for index, dtype in floats if dtype != common})
+    return wanted
+
+
+def shared_type_groups(node: Node, types: dict) -> list[list[tuple[int, np.dtype | None]]]:
+    """The node's inputs grouped by the schema's type parameter they are bound to (each
+    group must hold one type), as (input index, dtype or None when not a known tensor);
+    empty when ONNX has no schema for the node."""
     schema = _schema(node)
     if schema is None:
-        return {}
-    groups: dict[str, list[tuple[int, np.dtype]]] = {}
+        return []
     params = {c.type_param_str for c in schema.type_constraints}
+    groups: dict[str, list[tuple[int, np.dtype | None]]] = {}
     for index, name in enumerate(node.inputs):
         formal = _formal(schema, index)
-        value_type = types.get(name) if name else None
-        if formal is None or formal.type_str not in params or not _binds_one_type(formal) or \
-                not isinstance(value_type, TensorType) or value_type.dtype is None or \
-                np.dtype(value_type.dtype).kind != "f":
+        if not name or formal is None or formal.type_str not in params or \
+                not _binds_one_type(formal):
             continue
-        groups.setdefault(formal.type_str, []).append((index, np.dtype(value_type.dtype)))
-    wanted = {}
-    for members in groups.values():
-        common = np.result_type(*(dtype for _, dtype in members))
-        wanted.update({index: common for index, dtype in members if dtype != common})
-    return wanted
+        value_type = types.get(name)
+        dtype = np.dtype(value_type.dtype) if isinstance(value_type, TensorType) and \
+            value_type.dtype is not None else None
+        groups.setdefault(formal.type_str, []).append((index, dtype))
+    return [group for group in groups.values() if len(group) > 1]
 
 
 def _cast(graph: Graph, source: str, dtype: np.dtype, taken: set) -> Node:
