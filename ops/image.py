@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -150,25 +151,40 @@ def _output_sizes(in_sizes, scales, sizes, policy):
     return np.floor(in_sizes * scales).astype(np.int64), scales
 
 
-def _resize(xp, X, roi, scales, sizes, axes=None, *, mode="nearest",
-            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
-            exclude_outside=0, extrapolation_value=0.0, nearest_mode="round_prefer_floor",
-            antialias=0, keep_aspect_ratio_policy="stretch"):
-    rank = X.ndim
+@dataclass(frozen=True)
+class AxisTaps:
+    """How Resize resamples one axis: output ``j`` is ``sum_t weights[j, t] *
+    input[idx[j, t]]`` (weights None: nearest, one tap of weight 1). ``inside`` (only for
+    tf_crop_and_resize) marks the outputs sampled inside the input; the others take
+    extrapolation_value."""
+
+    axis: int
+    out_len: int
+    idx: np.ndarray
+    weights: np.ndarray | None
+    inside: np.ndarray | None
+
+
+def resize_taps(shape, roi, scales, sizes, axes=None, *, mode="nearest",
+                coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
+                exclude_outside=0, nearest_mode="round_prefer_floor", antialias=0,
+                keep_aspect_ratio_policy="stretch") -> list[AxisTaps]:
+    """The tables of a Resize of an input of ``shape``, one per axis it changes, in the order
+    they are applied; Resize's forward and its gradient (image_grad.py) both read them."""
+    rank = len(shape)
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
     roi, scales, sizes = (to_host(v) if _present(v) else None for v in (roi, scales, sizes))
     if (scales is None) == (sizes is None):
         raise ValueError("Resize needs exactly one of 'scales' and 'sizes'")
     if mode not in ("nearest", "linear", "cubic"):
         raise ValueError(f"Resize: mode {mode!r} is not one of nearest, linear, cubic")
-    in_sizes = [X.shape[a] for a in axes]
+    in_sizes = [shape[a] for a in axes]
     crop = coordinate_transformation_mode == "tf_crop_and_resize"
     if roi is None:
         roi = np.concatenate([np.zeros(len(axes)), np.ones(len(axes))])
     roi = roi.astype(np.float64)
     out_sizes, factors = _output_sizes(in_sizes, scales, sizes, keep_aspect_ratio_policy)
-    compute_dtype = accumulation_dtype(X.dtype)
-    y, inside = X, None
+    tables = []
     for k, axis in enumerate(axes):
         in_len, out_len, scale = in_sizes[k], int(out_sizes[k]), float(factors[k])
         if out_len == in_len and scale == 1.0 and not crop:
@@ -182,11 +198,20 @@ def _resize(xp, X, roi, scales, sizes, axes=None, *, mode="nearest",
             idx, weights = _filter_taps(coords, in_len, mode, scale=scale, cubic_a=cubic_coeff_a,
                                         antialias=bool(antialias),
                                         exclude_outside=bool(exclude_outside))
-        y = _apply_taps(xp, y, axis, idx, weights, compute_dtype)
-        if crop:  # points sampled outside the input take extrapolation_value
-            shape = [1] * rank
-            shape[axis] = out_len
-            axis_inside = xp.asarray(((coords >= 0) & (coords <= in_len - 1)).reshape(shape))
+        inside = (coords >= 0) & (coords <= in_len - 1) if crop else None
+        tables.append(AxisTaps(axis, out_len, idx, weights, inside))
+    return tables
+
+
+def _resize(xp, X, roi, scales, sizes, axes=None, *, extrapolation_value=0.0, **options):
+    compute_dtype = accumulation_dtype(X.dtype)
+    y, inside = X, None
+    for taps in resize_taps(X.shape, roi, scales, sizes, axes, **options):
+        y = _apply_taps(xp, y, taps.axis, taps.idx, taps.weights, compute_dtype)
+        if taps.inside is not None:  # points sampled outside the input take extrapolation_value
+            shape = [1] * X.ndim
+            shape[taps.axis] = taps.out_len
+            axis_inside = xp.asarray(taps.inside.reshape(shape))
             inside = axis_inside if inside is None else inside & axis_inside
     if inside is not None:
         y = xp.where(inside, y, xp.asarray(extrapolation_value, dtype=y.dtype))
