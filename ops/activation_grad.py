@@ -77,6 +77,13 @@ def _(b, node, dy):
     return [b.emit("ReluGrad", dy[0], node.outputs[0], domain=MIXRT)]
 
 
+@relu_grad.grad
+def _(b, node, dy):
+    # linear in dY with the same mask (what a gradient of a gradient needs); the mask's
+    # derivative in Y is zero wherever it is defined
+    return [b.emit("ReluGrad", dy[0], node.inputs[1], domain=MIXRT), None]
+
+
 @act.sigmoid.grad
 def _(b, node, dy):
     """d sigmoid = y (1 - y) dx."""

@@ -170,6 +170,33 @@ def _conv_family_grad(op_type: str, attribute_names):
 cv.conv.grad(_conv_family_grad("ConvGrad", CONV_ATTRIBUTES))
 
 
+@conv_grad.grad
+def _(b, node, dd):
+    """The gradient of Conv's gradient (autograd's create_graph: a gradient penalty on a
+    CNN). dX is bilinear in (dY, W), dW in (dY, X) and dB linear in dY, so with incoming
+    ddX, ddW, ddB: d/d dY = Conv(ddX, W) + Conv(X, ddW) + ddB per channel; d/dX is the
+    input gradient of a conv with weights ddW; d/dW the weight gradient of one fed ddX."""
+    dy, x, w = node.inputs[:3]
+    flags = [node.attributes.get(k, d) for k, d in
+             (("input_grad", 1), ("weight_grad", 1), ("bias_grad", 0))]
+    incoming = iter(dd)
+    dd_x, dd_w, dd_b = (next(incoming) if flag else None for flag in flags)
+    attributes = forwarded(node, CONV_ATTRIBUTES)
+    to_dy, to_x, to_w = [], None, None
+    if dd_x is not None:
+        to_dy.append(b.emit("Conv", dd_x, w, **attributes))
+        to_w = b.emit("ConvGrad", dy, dd_x, w, domain=MIXRT, input_grad=0, weight_grad=1,
+                      **attributes)
+    if dd_w is not None:
+        to_dy.append(b.emit("Conv", x, dd_w, **attributes))
+        to_x = b.emit("ConvGrad", dy, x, dd_w, domain=MIXRT, input_grad=1, weight_grad=0,
+                      **attributes)
+    if dd_b is not None:
+        channels = b.emit("Reshape", dd_b, b.ints([-1] + [1] * (b.known_rank(node, dy) - 2)))
+        to_dy.append(b.emit("Expand", channels, b.emit("Shape", dy)))
+    return [b.accumulate(to_dy), to_x, to_w]
+
+
 # -- ConvTranspose ------------------------------------------------------------------------
 
 @op("ConvTransposeGrad", since=1, domain=MIXRT)

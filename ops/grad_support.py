@@ -40,6 +40,12 @@ def shaped_like_second(grad: TensorType, like: TensorType, *_, **__) -> list[Ten
 sum_to_shape_of.infer(shaped_like_second)
 
 
+@sum_to_shape_of.grad
+def _(b, node, dy):
+    # linear in grad: its adjoint spreads the summed gradient back over the broadcast shape
+    return [b.emit("Expand", dy[0], b.emit("Shape", node.inputs[0])), None]
+
+
 @op("BlockGrad", since=1, domain=MIXRT)
 def block_grad(xp, input):
     """Its input, unchanged; no gradient flows back through it (MXNet's BlockGrad, a

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.errors import GradientError
 from mixrt.ops import reduce as red
+from mixrt.ops.dtypes import to_onnx_type
 from mixrt.ops.grad_support import MIXRT
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, normalize_axis
@@ -68,6 +70,33 @@ def reduce_grad(xp, dY, X, Y, axes=None, *, reduction="ReduceSum", axes_attribut
 @reduce_grad.infer
 def _(dY: TensorType, X: TensorType, *_, **__):
     return [TensorType(X.dtype, X.shape)]
+
+
+@reduce_grad.grad
+def _(b, node, dy):
+    """ReduceGrad of ReduceSum or ReduceMean is linear in dY (X and Y give only shapes), so
+    its gradient in dY is the reduction again: what differentiating a gradient (autograd's
+    create_graph) needs. The other reductions' local derivatives depend on X; their second
+    order is not defined here."""
+    reduction = node.attributes.get("reduction", "ReduceSum")
+    if reduction not in ("ReduceSum", "ReduceMean"):
+        raise GradientError(f"the gradient of {reduction}'s gradient is not defined (only "
+                            f"ReduceSum's and ReduceMean's are)", op_type=reduction)
+    axes = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+    if axes is None and node.attributes.get("axes_attribute"):
+        axes = b.ints(node.attributes["axes_attribute"])
+    summed = b.emit("ReduceSum", dy[0], axes, keepdims=node.attributes.get("keepdims", 1),
+                    noop_with_empty_axes=node.attributes.get("noop_with_empty_axes", 0))
+    if reduction == "ReduceMean":
+        summed = b.mul(summed, _size_ratio(b, node.inputs[2], node.inputs[1]))
+    return [summed, None, None, None]
+
+
+def _size_ratio(b, part: str, whole: str) -> str:
+    """size(part) / size(whole) in ``whole``'s dtype (1 / the count a mean divides by)."""
+    to = to_onnx_type(b.dtype(whole) or np.dtype(np.float64))
+    sizes = [b.emit("Cast", b.emit("Size", name), to=to) for name in (part, whole)]
+    return b.emit("Div", *sizes)
 
 
 def _reduction_grad(op_type: str, axes_as_input: bool):

@@ -108,15 +108,20 @@ def backward(heads, head_grads=None, retain_graph: bool = False,
 def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
          create_graph: bool = False, train_mode: bool = True) -> list:
     """The gradients of ``heads`` with respect to ``variables``, returned (``.grad`` is left
-    alone)."""
+    alone). With ``create_graph=True`` the gradients are recorded as they are computed, so
+    they can be differentiated again (``(g * g).sum().backward()`` for a gradient
+    penalty); the graph is then kept unless ``retain_graph=False``."""
     del train_mode
-    if create_graph:
-        raise GradientError("create_graph=True (gradients of gradients) is not supported: "
-                            "the backward of each op runs as a compiled graph, not on the "
-                            "tape; differentiate a Symbol twice with runtime.passes.autodiff")
     heads, variables = _as_list(heads), _as_list(variables)
-    leaf_grads = tape.run_backward(heads, _seeds(heads, head_grads), bool(retain_graph))
     from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+    seeds = _seeds(heads, head_grads)
+    if create_graph:
+        seeds = [NDArray(seed, head.ctx) for seed, head in zip(seeds, heads)]
+        keep = True if retain_graph is None else bool(retain_graph)
+        with _scope(True, None):
+            leaf_grads = tape.run_backward(heads, seeds, keep, create_graph=True)
+    else:
+        leaf_grads = tape.run_backward(heads, seeds, bool(retain_graph))
     results = []
     for index, variable in enumerate(variables):
         found = leaf_grads.get(id(variable))
@@ -125,7 +130,7 @@ def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
                 f"grad: variable {index} (shape {variable.shape}) does not influence the "
                 f"heads: it was not used under autograd.record(), or it was not marked with "
                 f"attach_grad() before use, or the path to it went through .detach()")
-        results.append(NDArray(found[1], variable.ctx))
+        results.append(found[1] if create_graph else NDArray(found[1], variable.ctx))
     return results
 
 
@@ -141,7 +146,9 @@ def _seeds(heads, head_grads) -> list:
                 f"backward: head {index} (shape {head.shape}) was not computed under "
                 f"autograd.record() from any array with a gradient attached; call "
                 f"x.attach_grad() on the inputs and compute the head inside "
-                f"`with autograd.record():`")
+                f"`with autograd.record():` (a gradient from grad(create_graph=True) of "
+                f"a function linear in the variables is a constant, with nothing to "
+                f"differentiate)")
         given = None if head_grads is None else head_grads[index]
         with head.ctx.device.active():  # the seed goes to the head's GPU
             seeds.append(head.ctx.xp.ones(head.shape, dtype=head.dtype) if given is None

@@ -52,7 +52,7 @@ class ForwardPlan:
 
 @dataclass
 class BackwardPlan:
-    session: object  # runtime Session of the backward half
+    session: object  # runtime Session of the backward half (a Graph for create_graph)
     feeds: list  # (feed name, "x"|"y"|"dy", index)
     grads: list  # input index per session output
 
@@ -140,18 +140,34 @@ def _build_forward_plan(sig: Signature, attributes: dict) -> ForwardPlan:
     return ForwardPlan(max(sig.outputs, len(forward.outputs)), floats, None)
 
 
-def _build_backward_plan(sig: Signature, attributes: dict, seeded: tuple) -> BackwardPlan:
-    from mixrt.runtime.session import Session  # noqa: PLC0415 (heavy; first backward only)
+def recorded_backward(sig: Signature, attributes: dict, seeded: tuple) -> BackwardPlan:
+    """The backward half as a plain graph (``session`` holds the Graph), for
+    ``create_graph``: autograd replays it op by op so the tape records its ops."""
+    key = ("graph", sig, seeded)
+    plan = _backward_plans.get(key)
+    if plan is None:
+        backward, feeds, input_of = _backward_half(sig, attributes, seeded)
+        grads = [input_of[name] for name in backward.output_names]
+        plan = _backward_plans.put(key, BackwardPlan(backward, feeds, grads))
+    return plan
+
+
+def _backward_half(sig: Signature, attributes: dict, seeded: tuple):
+    """(backward graph, its feeds as (name, "x"|"y"|"dy", index), {gradient name: the
+    input index it is the gradient of})."""
     produced = forward_plan(sig, attributes).produced
     joint, _ = _gradient(sig, attributes, produced, seeded)
-    split = split_forward_backward(joint)
-    backward = split.backward
+    backward = split_forward_backward(joint).backward
     feeds = [(name, name[:2] if name.startswith("dy") else name[0], int(name.lstrip("dxy")))
              for name in backward.input_names]
+    return backward, feeds, {grad: int(x[1:]) for x, grad in joint.grads.items()}
+
+
+def _build_backward_plan(sig: Signature, attributes: dict, seeded: tuple) -> BackwardPlan:
+    from mixrt.runtime.session import Session  # noqa: PLC0415 (heavy; first backward only)
+    backward, feeds, input_of = _backward_half(sig, attributes, seeded)
     session = Session(backward, device=sig.device)
-    by_name = {grad: int(x[1:]) for x, grad in joint.grads.items()}
-    grads = [by_name[name] for name in session.graph.output_names]
-    return BackwardPlan(session, feeds, grads)
+    return BackwardPlan(session, feeds, [input_of[name] for name in session.graph.output_names])
 
 
 def _float(value_type) -> bool:

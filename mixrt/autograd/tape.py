@@ -54,6 +54,12 @@ class Node:
     def input_grads(self, dys: list) -> list:
         raise NotImplementedError
 
+    def recorded_grads(self, dys: list) -> list:
+        raise GradientError(f"create_graph=True cannot differentiate through {self.name}: "
+                            f"its backward runs as one compiled graph the tape cannot record "
+                            f"(a hybridized block: call hybridize(False) for the code whose "
+                            f"gradients you differentiate)", op_type=self.name)
+
 
 class OpNode(Node):
     """A registered op: backward is its compiled gradient graph (``opgrad``)."""
@@ -76,22 +82,54 @@ class OpNode(Node):
         self.xs = self.ys = None
 
     def input_grads(self, dys: list) -> list:
+        plan = opgrad.backward_plan(self.sig, self.attributes, self._seeded(dys))
+        self._check_outputs_unchanged(plan.feeds)
+        values = {"x": self.xs, "y": self.ys, "dy": dys}
+        feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
+        return self._by_input(plan.grads, plan.session.run_on_device(None, feeds))
+
+    def recorded_grads(self, dys: list) -> list:
+        """``input_grads`` for create_graph: NDArrays in and out, the backward's ops run
+        imperatively (``replay``) so the tape records them. The forward's inputs and
+        outputs enter as arrays that lead back into the tape, so the gradient of a gradient
+        reaches them (tanh's backward reads its output)."""
+        from mixrt.autograd.replay import replay  # noqa: PLC0415
+        plan = opgrad.recorded_backward(self.sig, self.attributes, self._seeded(dys))
+        self._check_outputs_unchanged(plan.feeds)
+        values = {"x": self._taped(self.xs, self.parents),
+                  "y": self._taped(self.ys, [(self, j) for j in range(len(self.ys))]),
+                  "dy": dys}
+        feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
+        return self._by_input(plan.grads, replay(plan.session, feeds, self.ctx))
+
+    def _seeded(self, dys: list) -> tuple:
         forward = opgrad.forward_plan(self.sig, self.attributes)
         if forward.error is not None:
             raise GradientError(f"{self.name} (called at {self.pushed_at}) has no gradient: "
                                 f"{forward.error}; keep it out of the recorded graph with "
                                 f"autograd.pause() or .detach() its input",
                                 op_type=self.name) from forward.error
-        seeded = tuple(j for j in forward.float_outputs if dys[j] is not None)
-        plan = opgrad.backward_plan(self.sig, self.attributes, seeded)
-        self._check_outputs_unchanged(plan.feeds)
-        values = {"x": self.xs, "y": self.ys, "dy": dys}
-        feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
-        results = plan.session.run_on_device(None, feeds)
+        return tuple(j for j in forward.float_outputs if dys[j] is not None)
+
+    def _by_input(self, indices: list, results) -> list:
         grads = [None] * len(self.parents)
-        for index, value in zip(plan.grads, results):
+        for index, value in zip(indices, results):
             grads[index] = value
         return grads
+
+    def _taped(self, raws: list, entries: list) -> list:
+        """NDArrays over ``raws`` that point where the values came from: a leaf is itself,
+        an earlier node's output its entry; anything else is a constant."""
+        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+        arrays = []
+        for raw, entry in zip(raws, entries):
+            if raw is None or (entry is not None and not isinstance(entry, tuple)):
+                arrays.append(entry if raw is not None else None)
+                continue
+            array = NDArray(raw, self.ctx)
+            array._entry = entry
+            arrays.append(array)
+        return arrays
 
     def _check_outputs_unchanged(self, feeds) -> None:
         for _, kind, index in feeds:
@@ -120,14 +158,22 @@ class FunctionNode(Node):
 
     def input_grads(self, dys: list) -> list:
         from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
-        wrapped = [NDArray(dy if dy is not None else _zeros(self.ctx, meta), self.ctx)
+        grads = self.recorded_grads([None if dy is None else NDArray(dy, self.ctx)
+                                     for dy in dys])
+        return [None if g is None else (g._read() if _is_ndarray(g) else g) for g in grads]
+
+    def recorded_grads(self, dys: list) -> list:
+        """The Function's backward on NDArrays (recorded when create_graph records)."""
+        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
+        wrapped = [dy if dy is not None else NDArray(_zeros(self.ctx, meta), self.ctx)
                    for dy, meta in zip(dys, self.out_meta)]
         grads = self.function.backward(*wrapped)
         grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
         if len(grads) != len(self.parents):
             raise GradientError(f"{self.name}.backward returned {len(grads)} gradients for "
                                 f"{len(self.parents)} inputs", op_type=self.name)
-        return [None if g is None else (g._read() if _is_ndarray(g) else g) for g in grads]
+        return [g if g is None or _is_ndarray(g) else NDArray(self.ctx.xp.asarray(g), self.ctx)
+                for g in grads]
 
 
 def _zeros(ctx, meta):
@@ -157,9 +203,12 @@ def call_site() -> str:
 
 # -- the backward walk ---------------------------------------------------------------------
 
-def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> dict:
+def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None,
+                 create_graph: bool = False) -> dict:
     """Propagate ``seeds`` (one raw array per head) back through the tape; returns
-    {id(leaf): (leaf, gradient)} for every leaf reached. With ``on_leaf(leaf, gradient)``,
+    {id(leaf): (leaf, gradient)} for every leaf reached. With ``create_graph`` the seeds
+    and gradients are NDArrays and every backward op is recorded (the caller records), so
+    the gradients can be differentiated again. With ``on_leaf(leaf, gradient)``,
     each leaf is handed over the moment its gradient is complete (after the last node that
     read it), while the walk goes on: what lets a Trainer start communicating a gradient
     while the rest of backward still runs (MXNet's overlap of KVStore and backward)."""
@@ -182,7 +231,7 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None) -> 
         node.check_unchanged()
         parents = list(node.parents)
         with node.ctx.device.active():  # its backward's kernels go to its own GPU
-            grads = node.input_grads(dys)
+            grads = node.recorded_grads(dys) if create_graph else node.input_grads(dys)
         for parent, dx in zip(parents, grads):
             if parent is not None and dx is not None:
                 _accumulate(parent, dx, node_grads, leaf_grads)

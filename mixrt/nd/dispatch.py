@@ -29,15 +29,18 @@ _autograd = None
 
 
 @functools.lru_cache(maxsize=None)
-def op_spec(domain: str, op_type: str):
+def op_spec(domain: str, op_type: str, opset: int | None = None):
+    """The op at the opset symbols use, or at ``opset`` (the same object each time)."""
     from mixrt.sym.ops import spec_of  # noqa: PLC0415 (spec_of imports the whole registry)
-    return spec_of(domain, op_type)
+    return spec_of(domain, op_type, opset)
 
 
-def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = None):
-    """Run ``op_type`` on ``args`` (arrays, numbers, None for a missing optional input) and
-    attributes ``kwargs``; returns an NDArray, or a tuple for several outputs."""
-    spec = op_spec(domain, op_type)
+def invoke(domain: str, op_type: str, args, kwargs, num_outputs: int | None = None, *,
+           opset: int | None = None):
+    """Run ``op_type`` (at ``opset``, or the one symbols use) on ``args`` (arrays, numbers,
+    None for a missing optional input) and attributes ``kwargs``; returns an NDArray, or a
+    tuple for several outputs."""
+    spec = op_spec(domain, op_type, opset)
     inputs, attributes = _split(spec, args, kwargs)
     ctx = _common_context(op_type, inputs)
     if ctx.device.kind == "gpu":  # the kernels and new arrays go to the inputs' GPU

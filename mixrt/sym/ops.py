@@ -66,8 +66,11 @@ class OpSpec:
     kernel: Kernel
 
 
-def spec_of(domain: str, op_type: str) -> OpSpec:
-    kernel = _kernel_for_symbols(domain, op_type)
+def spec_of(domain: str, op_type: str, opset: int | None = None) -> OpSpec:
+    """The op as symbols build it, or as a node of ``opset`` runs it (a gradient graph
+    replayed by autograd's create_graph writes default-domain ops at opset 17)."""
+    kernel = _kernel_for_symbols(domain, op_type) if opset is None else \
+        REGISTRY.lookup(domain, op_type, opset)
     params = list(inspect.signature(kernel.fn).parameters.values())[1:]  # drop xp
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
                                                   p.VAR_POSITIONAL)]
@@ -77,9 +80,10 @@ def spec_of(domain: str, op_type: str) -> OpSpec:
     attributes = {p.name: (None if p.default is p.empty else p.default) for p in params
                   if p.kind is p.KEYWORD_ONLY and not p.name.startswith("_")
                   and p.name != "out"}
-    return OpSpec(kernel.domain, op_type, _opset_for(kernel), tuple(p.name for p in positional),
+    at = _opset_for(kernel) if opset is None else opset
+    return OpSpec(kernel.domain, op_type, at, tuple(p.name for p in positional),
                   required, variadic, attributes, kernel.accepts_any_attribute,
-                  _schema_outputs(kernel.domain, op_type, _opset_for(kernel)), kernel)
+                  _schema_outputs(kernel.domain, op_type, at), kernel)
 
 
 def _kernel_for_symbols(domain: str, op_type: str) -> Kernel:

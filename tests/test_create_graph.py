@@ -1,0 +1,217 @@
+"""Gradients of gradients: ``autograd.grad(..., create_graph=True)`` (mixrt/autograd/replay.py).
+
+Before, create_graph=True was a GradientError, so a gradient penalty (WGAN-GP), a
+Hessian-vector product or a double-backward test could not be written. Each check below is
+against a closed form or against central differences of the first-order gradient, in
+float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mixrt  # noqa: F401  (before NumPy's heavy use: it picks the BLAS kernels)
+from mixrt import autograd, gluon, nd
+from mixrt.errors import GradientError
+from mixrt.runtime.device import gpu_available
+
+X = np.array([0.3, -1.2, 2.0, 0.7])
+
+
+def variable(values, ctx=None) -> nd.NDArray:
+    x = nd.array(np.asarray(values, dtype=np.float64), ctx=ctx) if ctx else \
+        nd.array(np.asarray(values, dtype=np.float64))
+    x.attach_grad()
+    return x
+
+
+def derivatives(f, values, order: int) -> list[np.ndarray]:
+    """[f', f'', ..., f^(order)] of an elementwise ``f`` at ``values``, each by differentiating
+    the previous one, the last by backward()."""
+    x = variable(values)
+    found = []
+    with autograd.record():
+        current = f(x)
+        for _ in range(order - 1):
+            current = autograd.grad(current, [x], create_graph=True)[0]
+            found.append(current.asnumpy())
+    current.backward()
+    return found + [x.grad.asnumpy()]
+
+
+t = np.tanh(X)
+s = 1 / (1 + np.exp(-X))
+CLOSED_FORMS = {  # name: (f, [f', f'', f'''])
+    "tanh": (nd.tanh, [1 - t**2, -2 * t * (1 - t**2), -2 * (1 - t**2) ** 2 + 4 * t**2 * (1 - t**2)]),
+    "sin_times_x": (lambda x: nd.Sin(x) * x, [np.cos(X) * X + np.sin(X),
+                                              2 * np.cos(X) - np.sin(X) * X,
+                                              -3 * np.sin(X) - np.cos(X) * X]),
+    "sigmoid": (nd.sigmoid, [s * (1 - s), s * (1 - s) * (1 - 2 * s),
+                             s * (1 - s) * (1 - 6 * s + 6 * s**2)]),
+    "exp_half": (lambda x: nd.exp(x * 0.5), [0.5 * np.exp(X / 2), 0.25 * np.exp(X / 2),
+                                             0.125 * np.exp(X / 2)]),
+    "cube": (lambda x: x**3, [3 * X**2, 6 * X, np.full_like(X, 6.0)]),
+    "reciprocal": (lambda x: 1 / (x * x + 1), [-2 * X / (X**2 + 1) ** 2,
+                                               (6 * X**2 - 2) / (X**2 + 1) ** 3,
+                                               24 * X * (1 - X**2) / (X**2 + 1) ** 4]),
+    "sqrt": (lambda x: nd.sqrt(x * x + 1), [X / np.sqrt(X**2 + 1), (X**2 + 1) ** -1.5,
+                                            -3 * X * (X**2 + 1) ** -2.5]),
+    "relu_square": (lambda x: nd.relu(x) * x, [2 * np.maximum(X, 0), 2.0 * (X > 0),
+                                               np.zeros_like(X)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOSED_FORMS))
+def test_second_and_third_derivatives_match_the_closed_forms(name):
+    f, expected = CLOSED_FORMS[name]
+    for order, want in enumerate(expected, start=1):
+        if name == "relu_square" and order == 3:
+            break  # (relu x) x has no third derivative to speak of at the recorded ops
+        got = derivatives(f, X, order)[-1]
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12,
+                                   err_msg=f"{name}: derivative {order}")
+
+
+# -- a gradient penalty: d/dθ of |d f / d x|², against central differences -------------------------
+
+def mlp():
+    mixrt.random.seed(5)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(5, activation="tanh"), gluon.nn.Dense(4, activation="relu"),
+            gluon.nn.Dense(1))
+    net.initialize(mixrt.initializer.Normal(0.7))
+    net.cast("float64")
+    return net
+
+
+def cnn():
+    mixrt.random.seed(6)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(3, kernel_size=3, padding=1, strides=2, activation="tanh"),
+            gluon.nn.Conv2D(2, kernel_size=2), gluon.nn.Flatten(), gluon.nn.Dense(1))
+    net.initialize(mixrt.initializer.Normal(0.5))
+    net.cast("float64")
+    return net
+
+
+def penalty(net, data: np.ndarray):
+    """|d net(x) / d x|² summed over the batch, plus the slopes' mean (a linear term), with
+    its graph; returns (x, the penalty)."""
+    x = variable(data)
+    with autograd.record():
+        scores = net(x).sum()
+        slope = autograd.grad(scores, [x], create_graph=True)[0]
+        total = (slope * slope).sum() + slope.mean()
+    return x, total
+
+
+def _penalty_number(net, data) -> float:
+    """The same penalty from first-order gradients only (what central differences move)."""
+    x = variable(data)
+    with autograd.record():
+        scores = net(x).sum()
+    slope = autograd.grad(scores, [x])[0].asnumpy()
+    return float((slope**2).sum() + slope.mean())
+
+
+@pytest.mark.parametrize("build, shape", [(mlp, (3, 6)), (cnn, (2, 1, 6, 6))],
+                         ids=["mlp", "cnn"])
+def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, shape):
+    net = build()
+    data = np.random.default_rng(1).standard_normal(shape)
+    x, total = penalty(net, data)
+    total.backward()
+    assert np.isclose(float(total.asnumpy()), _penalty_number(net, data), rtol=1e-12)
+    rng = np.random.default_rng(2)
+    checked = 0
+    for name, param in net.collect_params().items():
+        grad = param.grad().asnumpy()
+        values = param.data().asnumpy()
+        for flat in rng.choice(values.size, size=min(3, values.size), replace=False):
+            moved = []
+            for step in (1e-6, -1e-6):
+                shifted = values.copy()
+                shifted.flat[flat] += step
+                param.set_data(nd.array(shifted))
+                moved.append(_penalty_number(net, data))
+            param.set_data(nd.array(values))
+            numeric = (moved[0] - moved[1]) / 2e-6
+            assert np.isclose(grad.flat[flat], numeric, rtol=1e-5, atol=1e-7), \
+                f"{name}[{flat}]: {grad.flat[flat]} vs {numeric}"
+            checked += 1
+    assert checked >= 12
+    # and with respect to the data itself
+    for flat in rng.choice(data.size, size=4, replace=False):
+        moved = []
+        for step in (1e-6, -1e-6):
+            shifted = data.copy()
+            shifted.flat[flat] += step
+            moved.append(_penalty_number(net, shifted))
+        numeric = (moved[0] - moved[1]) / 2e-6
+        assert np.isclose(x.grad.asnumpy().flat[flat], numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_a_hessian_vector_product():
+    rng = np.random.default_rng(3)
+    a, v, values = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal(3)
+    x = variable(values)
+    with autograd.record():
+        f = nd.tanh(nd.dot(nd.array(a), x)).sum()
+        g = autograd.grad(f, [x], create_graph=True)[0]
+        directional = (g * nd.array(v)).sum()
+    directional.backward()
+    z = np.tanh(a @ values)
+    hessian = a.T @ np.diag(-2 * z * (1 - z**2)) @ a
+    np.testing.assert_allclose(x.grad.asnumpy(), hessian @ v, rtol=1e-10)
+
+
+def test_first_order_gradients_are_unchanged_and_free_the_graph():
+    x = variable(X)
+    with autograd.record():
+        y = (nd.tanh(x) * x).sum()
+    g = autograd.grad(y, [x])[0]
+    assert g._entry is None  # a plain array: nothing recorded
+    with pytest.raises(GradientError, match="freed"):
+        autograd.grad(y, [x])
+
+
+def test_create_graph_keeps_the_graph_for_another_backward():
+    x = variable(X)
+    with autograd.record():
+        y = (nd.tanh(x) ** 2).sum()
+        g = autograd.grad(y, [x], create_graph=True)[0]
+    again = autograd.grad(y, [x])[0]
+    np.testing.assert_allclose(again.asnumpy(), g.asnumpy(), rtol=1e-14)
+
+
+# -- what is refused, and how it says so ---------------------------------------------------------
+
+def test_a_hybridized_block_says_how_to_differentiate_its_gradient():
+    net = mlp()
+    net.hybridize()
+    x = variable(np.ones((2, 6)))
+    with autograd.record():
+        with pytest.raises(GradientError, match=r"hybridize\(False\)"):
+            autograd.grad(net(x).sum(), [x], create_graph=True)
+
+
+def test_a_backward_kernel_without_a_gradient_is_named_at_the_second_backward():
+    x = variable(np.arange(16.0).reshape(1, 1, 4, 4) % 5)
+    with autograd.record():
+        pooled = nd.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max")
+        g = autograd.grad((pooled**2).sum(), [x], create_graph=True)[0]
+        total = (g * g).sum()
+    with pytest.raises(GradientError, match="MaxPoolGrad"):
+        total.backward()
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+def test_second_derivatives_on_the_gpu():
+    x = variable(X, ctx=mixrt.gpu(0))
+    with autograd.record():
+        g = autograd.grad(nd.tanh(x).sum(), [x], create_graph=True)[0]
+        total = g.sum()
+    total.backward()
+    assert x.grad.ctx == mixrt.gpu(0)
+    np.testing.assert_allclose(x.grad.asnumpy(), CLOSED_FORMS["tanh"][1][1], rtol=1e-10)
