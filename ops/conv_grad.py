@@ -361,6 +361,24 @@ def _(b, node, dy):
                    **forwarded(node, POOL_ATTRIBUTES + ("count_include_pad",)))]
 
 
+# The pool gradients are linear in dY, so their own gradients (what create_graph needs) are
+# their adjoints: AveragePool of the incoming gradient, and for MaxPool the incoming
+# gradient read at each window's winner (MaxPool's Indices are flat NCHW positions).
+
+@max_pool_grad.grad
+def _(b, node, dd):
+    _, winners = b.emit("MaxPool", node.inputs[1], outputs=2,
+                        **forwarded(node, POOL_ATTRIBUTES))
+    flat = b.emit("Reshape", dd[0], b.ints([-1]))
+    return [b.emit("Gather", flat, winners, axis=0), None]
+
+
+@average_pool_grad.grad
+def _(b, node, dd):
+    return [b.emit("AveragePool", dd[0],
+                   **forwarded(node, POOL_ATTRIBUTES + ("count_include_pad",))), None]
+
+
 @pool.lp_pool.grad
 def _(b, node, dy):
     return [b.emit("LpPoolGrad", dy[0], node.inputs[0], node.outputs[0], domain=MIXRT,
