@@ -55,7 +55,7 @@ def export_model(graph: Graph, opset: int | None = None, *,
     target = source if opset is None else _checked_target(opset)
     graph = lower_for_opset(graph, target)
     write_at, pending = _opset_plan(graph, source, target)
-    model = _model_proto(graph, write_at)
+    model = _model_proto(graph, write_at, declare_default=opset is not None)
     if pending:
         model = _converted(model, graph, target, pending)
     _describe(model, graph, producer)
@@ -276,8 +276,10 @@ def _first_line(exc: Exception) -> str:
 
 # -- the ModelProto --------------------------------------------------------------------------
 
-def _model_proto(graph: Graph, opset: int) -> onnx.ModelProto:
+def _model_proto(graph: Graph, opset: int, declare_default: bool = False) -> onnx.ModelProto:
     opsets = _opsets_used(graph, opset)
+    if declare_default:  # asked for by the caller: written even when no node needs it
+        opsets.setdefault("", opset)
     proto = _graph_proto(graph, opsets, top=True)
     imports = [helper.make_opsetid(domain, version) for domain, version in opsets.items()]
     return helper.make_model(proto, opset_imports=imports, ir_version=_ir_version(imports))

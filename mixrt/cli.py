@@ -305,8 +305,9 @@ def _open_dims(session, args) -> list[str]:
     symbols = {spec.partition("=")[0] for spec in args.dim}
     shapes = [(v.name, getattr(v.type, "shape", None)) for v in session._required
               if v.name not in given]
-    return [f"{name}[{axis}] {dim!r}" for name, shape in shapes for axis, dim in
-            enumerate(shape or ()) if isinstance(dim, str) and dim not in symbols]
+    return [f"{name}[{axis}] {dim!r}" if dim is not None else f"{name}[{axis}] (unnamed)"
+            for name, shape in shapes for axis, dim in enumerate(shape or ())
+            if dim is None or isinstance(dim, str) and dim not in symbols]
 
 
 def _map_inputs(session) -> list[str]:
@@ -327,8 +328,14 @@ def _read_dim(spec: str) -> tuple[str, int]:
 
 def _zeros_for(value, symbols: dict) -> np.ndarray:
     """A zero feed of the input's declared shape, symbolic dims taken from --dim."""
-    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    from mixrt.ops.types import MapType, SequenceType, TensorType  # noqa: PLC0415
     value_type = value.type
+    element = value_type.element if isinstance(value_type, SequenceType) else value_type
+    if isinstance(element, MapType):
+        kind = "a sequence of maps" if element is not value_type else "a map"
+        raise InputError(f"input {value.name!r} is {kind}, which --input (.npy arrays) "
+                         f"cannot give and a memory plan needs; plan it from Python: "
+                         f"Session(model).memory_plan(feeds)")
     if not isinstance(value_type, TensorType) or value_type.shape is None \
             or value_type.dtype is None:
         raise InputError(f"input {value.name!r} has no declared tensor shape; give it with "
@@ -339,10 +346,12 @@ def _zeros_for(value, symbols: dict) -> np.ndarray:
             dims.append(dim)
         elif isinstance(dim, str) and dim in symbols:
             dims.append(symbols[dim])
+        elif dim is None:  # no name to give --dim
+            raise InputError(f"input {value.name!r} dimension {axis} has no size and no "
+                             f"name; give the input with --input {value.name}=FILE.npy")
         else:
-            raise InputError(f"input {value.name!r} dimension {axis} is "
-                             f"{dim or 'unknown'!r}; give it with --dim {dim or 'NAME'}=N "
-                             f"or --input {value.name}=FILE.npy")
+            raise InputError(f"input {value.name!r} dimension {axis} is {dim!r}; give it "
+                             f"with --dim {dim}=N or --input {value.name}=FILE.npy")
     return np.zeros(dims, dtype=value_type.dtype)
 
 
@@ -365,8 +374,9 @@ def cmd_compile(args) -> int:
         print(f"no memory plan stored: map input(s) {', '.join(maps)} are sized when fed "
               f"(each input shape is planned at its first run)")
     elif plan is None:
-        print(f"no memory plan stored: {', '.join(open_dims)} stay symbolic (each input "
-              f"shape is planned at its first run; --dim NAME=N stores a plan for one)")
+        print(f"no memory plan stored: {', '.join(open_dims)} stay open (each input "
+              f"shape is planned at its first run; --dim NAME=N or --input NAME=FILE.npy "
+              f"stores a plan for one)")
     else:
         print(format_report(plan))
     return 0

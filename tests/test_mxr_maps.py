@@ -301,3 +301,32 @@ def test_check_validate_names_a_map_it_cannot_draw(tmp_path, capsys):
                      r"DictVectorizer's input", printed), printed
     report = validate(str(path), {"m": {3: 1.5, 1: 2.0}})
     assert report.error is None and report.outputs[0].shape == [1, 2]
+
+
+# -- the CLI on scikit-learn's models: unnamed batch dims, map inputs, ml-only graphs ---------------
+
+def test_compile_of_an_unnamed_batch_dim_stores_no_plan(tmp_path, capsys):
+    # skl2onnx declares X as [None, 4]: compile used to ask for --dim NAME=N, with no name
+    out = tmp_path / "tree.mxr"
+    assert cli.main(["compile", str(DATA / "tree_iris.onnx"), "-o", str(out)]) == 0
+    assert "X[0] (unnamed)" in capsys.readouterr().out
+    feeds, expected = _runs("tree_iris")[0]
+    for got, want in zip(mixrt.Session(str(out)).run(None, feeds), expected):
+        _assert_same(got, want, "tree_iris from the .mxr")
+
+
+def test_plan_says_what_to_give_for_unnamed_dims_and_maps(capsys):
+    assert cli.main(["plan", str(DATA / "tree_iris.onnx")]) == 2
+    assert "no size and no name; give the input with --input X=" in capsys.readouterr().err
+    assert cli.main(["plan", str(DATA / "dict_tree_iris.onnx")]) == 2
+    assert "is a map, which --input (.npy arrays) cannot give" in capsys.readouterr().err
+
+
+def test_export_of_an_ml_only_graph_declares_the_asked_opset(tmp_path):
+    compiled, out = tmp_path / "d.mxr", tmp_path / "d17.onnx"
+    assert cli.main(["compile", str(DATA / "dict_tree_iris.onnx"), "-o", str(compiled)]) == 0
+    assert cli.main(["export", str(compiled), "-o", str(out), "--opset", "17"]) == 0
+    model = onnx.load(out)
+    assert {(o.domain, o.version) for o in model.opset_import} >= {("", 17)}
+    onnx.checker.check_model(model, full_check=True)
+    ort.InferenceSession(str(out))
