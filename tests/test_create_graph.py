@@ -75,36 +75,34 @@ def test_second_and_third_derivatives_match_the_closed_forms(name):
 
 # -- a gradient penalty: d/dθ of |d f / d x|², against central differences -------------------------
 
-def mlp():
-    mixrt.random.seed(5)
+def seeded_net(seed: int, scale: float, *layers):
+    """A float64 HybridSequential of ``layers`` with Normal(``scale``) weights drawn after
+    seeding (layers draw nothing until initialized)."""
+    mixrt.random.seed(seed)
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(5, activation="tanh"), gluon.nn.Dense(4, activation="relu"),
-            gluon.nn.Dense(1))
-    net.initialize(mixrt.initializer.Normal(0.7))
+    net.add(*layers)
+    net.initialize(mixrt.initializer.Normal(scale))
     net.cast("float64")
     return net
+
+
+def mlp():
+    return seeded_net(5, 0.7, gluon.nn.Dense(5, activation="tanh"),
+                      gluon.nn.Dense(4, activation="relu"), gluon.nn.Dense(1))
 
 
 def cnn():
-    mixrt.random.seed(6)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Conv2D(3, kernel_size=3, padding=1, strides=2, activation="tanh"),
-            gluon.nn.Conv2D(2, kernel_size=2), gluon.nn.Flatten(), gluon.nn.Dense(1))
-    net.initialize(mixrt.initializer.Normal(0.5))
-    net.cast("float64")
-    return net
+    return seeded_net(6, 0.5, gluon.nn.Conv2D(3, kernel_size=3, padding=1, strides=2,
+                                              activation="tanh"),
+                      gluon.nn.Conv2D(2, kernel_size=2), gluon.nn.Flatten(), gluon.nn.Dense(1))
 
 
 def pooled_cnn():
-    mixrt.random.seed(7)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Conv2D(3, kernel_size=3, padding=1, activation="tanh"),
-            gluon.nn.MaxPool2D(pool_size=2, strides=2), gluon.nn.Conv2D(2, kernel_size=1),
-            gluon.nn.AvgPool2D(pool_size=2, strides=1, padding=1), gluon.nn.Flatten(),
-            gluon.nn.Dense(1))
-    net.initialize(mixrt.initializer.Normal(0.5))
-    net.cast("float64")
-    return net
+    return seeded_net(7, 0.5, gluon.nn.Conv2D(3, kernel_size=3, padding=1, activation="tanh"),
+                      gluon.nn.MaxPool2D(pool_size=2, strides=2),
+                      gluon.nn.Conv2D(2, kernel_size=1),
+                      gluon.nn.AvgPool2D(pool_size=2, strides=1, padding=1),
+                      gluon.nn.Flatten(), gluon.nn.Dense(1))
 
 
 def penalty(net, data: np.ndarray):
