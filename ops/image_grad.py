@@ -69,17 +69,7 @@ def _adjoint(xp, grad, taps: image.AxisTaps, in_len: int, dtype):
         product = xp.tensordot(grad.astype(dtype, copy=False), xp.asarray(matrix, dtype=dtype),
                                axes=([axis], [0]))
         return xp.moveaxis(product, -1, axis)
-    shape = [1] * grad.ndim
-    shape[axis] = in_len
-    total = None
-    for k in range(depth):
-        term = xp.take(grad, xp.asarray(sources[:, k]), axis=axis).astype(dtype, copy=False)
-        term *= xp.asarray(weights[:, k].reshape(shape), dtype=dtype)
-        if total is None:
-            total = term
-        else:
-            total += term
-    return total
+    return image.weighted_takes(xp, grad.astype(dtype, copy=False), axis, sources, weights)
 
 
 def _transposed(taps: image.AxisTaps, in_len: int) -> tuple[np.ndarray, np.ndarray]:
