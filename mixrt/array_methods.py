@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 class ArrayMethods:
     __slots__ = ()
 

@@ -17,12 +17,11 @@ checked against MXNet itself in tests/test_mx_reshape.py.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from mixrt.ops.grad_support import MIXRT
 from mixrt.ops.registry import op
-from mixrt.ops.shape import _inferred_dim, typed
+from mixrt.ops.shape import _inferred_dim, _product, typed
 from mixrt.ops.shape_grad import reshape_like
 
 # what each output dimension is made of
@@ -156,10 +155,6 @@ def _check_size(source, dims) -> None:
     size, result = _product(source), _product(dims)
     if size is not None and result is not None and size != result:
         raise ValueError(f"{size} elements are not {result}")
-
-
-def _product(dims):
-    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
 
 
 def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:

@@ -123,12 +123,14 @@ class OpNode(Node):
         from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         arrays = []
         for raw, entry in zip(raws, entries):
-            if raw is None or (entry is not None and not isinstance(entry, tuple)):
-                arrays.append(entry if raw is not None else None)
-                continue
-            array = NDArray(raw, self.ctx)
-            array._entry = entry
-            arrays.append(array)
+            if raw is None:
+                arrays.append(None)
+            elif entry is not None and not isinstance(entry, tuple):
+                arrays.append(entry)  # a leaf: the array itself
+            else:
+                array = NDArray(raw, self.ctx)
+                array._entry = entry
+                arrays.append(array)
         return arrays
 
     def _check_outputs_unchanged(self, feeds) -> None:
