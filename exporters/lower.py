@@ -258,6 +258,18 @@ def _pad_on_every_axis(writer: _Writer, node: Node) -> list[Node]:
                  dict(node.attributes))]
 
 
+# What a reduction over no axis leaves (noop_with_empty_axes with empty axes): its
+# elementwise part; the reductions not listed leave the input as it is
+_ELEMENTWISE_PART = {"ReduceSumSquare": ("Mul", 2), "ReduceL1": ("Abs", 1),
+                     "ReduceL2": ("Abs", 1), "ReduceLogSum": ("Log", 1)}
+
+
+def _reduced_over_no_axis(writer: _Writer, node: Node) -> list[Node]:
+    op_type, arity = _ELEMENTWISE_PART.get(node.op_type, ("Identity", 1))
+    return [Node(op_type, node.inputs[:1] * arity, list(node.outputs), node.name, "",
+                 writer.target, {})]
+
+
 def _reduce_with_axes_attribute(writer: _Writer, node: Node) -> list[Node]:
     axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
     axes = writer.graph.initializers.get(axes_name) if axes_name else None
@@ -266,8 +278,7 @@ def _reduce_with_axes_attribute(writer: _Writer, node: Node) -> list[Node]:
     attributes = {k: v for k, v in node.attributes.items() if k != "noop_with_empty_axes"}
     listed = [] if axes is None else [int(a) for a in np.ravel(axes)]
     if not listed and node.attributes.get("noop_with_empty_axes", 0):
-        return [Node("Identity", node.inputs[:1], list(node.outputs), node.name, "",
-                     writer.target, {})]
+        return _reduced_over_no_axis(writer, node)
     if listed:
         attributes["axes"] = listed
     return [Node(node.op_type, node.inputs[:1], list(node.outputs), node.name, "",

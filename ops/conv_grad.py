@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mixrt.errors import GradientError
 from mixrt.ops import conv as cv
 from mixrt.ops import pool
 from mixrt.ops.grad_support import MIXRT
@@ -170,31 +171,39 @@ def _conv_family_grad(op_type: str, attribute_names):
 cv.conv.grad(_conv_family_grad("ConvGrad", CONV_ATTRIBUTES))
 
 
-@conv_grad.grad
-def _(b, node, dd):
-    """The gradient of Conv's gradient (autograd's create_graph: a gradient penalty on a
-    CNN). dX is bilinear in (dY, W), dW in (dY, X) and dB linear in dY, so with incoming
-    ddX, ddW, ddB: d/d dY = Conv(ddX, W) + Conv(X, ddW) + ddB per channel; d/dX is the
-    input gradient of a conv with weights ddW; d/dW the weight gradient of one fed ddX."""
-    dy, x, w = node.inputs[:3]
-    flags = [node.attributes.get(k, d) for k, d in
-             (("input_grad", 1), ("weight_grad", 1), ("bias_grad", 0))]
-    incoming = iter(dd)
-    dd_x, dd_w, dd_b = (next(incoming) if flag else None for flag in flags)
-    attributes = forwarded(node, CONV_ATTRIBUTES)
-    to_dy, to_x, to_w = [], None, None
-    if dd_x is not None:
-        to_dy.append(b.emit("Conv", dd_x, w, **attributes))
-        to_w = b.emit("ConvGrad", dy, dd_x, w, domain=MIXRT, input_grad=0, weight_grad=1,
-                      **attributes)
-    if dd_w is not None:
-        to_dy.append(b.emit("Conv", x, dd_w, **attributes))
-        to_x = b.emit("ConvGrad", dy, x, dd_w, domain=MIXRT, input_grad=1, weight_grad=0,
-                      **attributes)
-    if dd_b is not None:
-        channels = b.emit("Reshape", dd_b, b.ints([-1] + [1] * (b.known_rank(node, dy) - 2)))
-        to_dy.append(b.emit("Expand", channels, b.emit("Shape", dy)))
-    return [b.accumulate(to_dy), to_x, to_w]
+def _conv_family_second_order(forward: str, attribute_names):
+    """The gradient of Conv's (or ConvTranspose's) gradient kernel, for autograd's
+    create_graph (a gradient penalty on a CNN). dX is bilinear in (dY, W), dW in (dY, X) and
+    dB linear in dY, so with incoming ddX, ddW, ddB: d/d dY = F(ddX, W) + F(X, ddW) + ddB per
+    channel, F the forward; d/dX is the input gradient of F with weights ddW; d/dW the
+    weight gradient of F fed ddX."""
+    kernel = forward + "Grad"
+
+    def grad(b, node, dd):
+        dy, x, w = node.inputs[:3]
+        flags = [node.attributes.get(k, d) for k, d in
+                 (("input_grad", 1), ("weight_grad", 1), ("bias_grad", 0))]
+        incoming = iter(dd)
+        dd_x, dd_w, dd_b = (next(incoming) if flag else None for flag in flags)
+        attributes = forwarded(node, attribute_names)
+        to_dy, to_x, to_w = [], None, None
+        if dd_x is not None:
+            to_dy.append(b.emit(forward, dd_x, w, **attributes))
+            to_w = b.emit(kernel, dy, dd_x, w, domain=MIXRT, input_grad=0, weight_grad=1,
+                          **attributes)
+        if dd_w is not None:
+            to_dy.append(b.emit(forward, x, dd_w, **attributes))
+            to_x = b.emit(kernel, dy, x, dd_w, domain=MIXRT, input_grad=1, weight_grad=0,
+                          **attributes)
+        if dd_b is not None:
+            rank = b.known_rank(node, dy)
+            channels = b.emit("Reshape", dd_b, b.ints([-1] + [1] * (rank - 2)))
+            to_dy.append(b.emit("Expand", channels, b.emit("Shape", dy)))
+        return [b.accumulate(to_dy), to_x, to_w]
+    return grad
+
+
+conv_grad.grad(_conv_family_second_order("Conv", CONV_ATTRIBUTES))
 
 
 # -- ConvTranspose ------------------------------------------------------------------------
@@ -244,6 +253,7 @@ def _(dY, X, W, *, group=1, input_grad=1, weight_grad=1, bias_grad=0, **_):
 
 
 cv.conv_transpose.grad(_conv_family_grad("ConvTransposeGrad", CONV_TRANSPOSE_ATTRIBUTES))
+conv_transpose_grad.grad(_conv_family_second_order("ConvTranspose", CONV_TRANSPOSE_ATTRIBUTES))
 
 
 # -- windowed pools -----------------------------------------------------------------------
@@ -385,6 +395,26 @@ def _(b, node, dy):
                    **forwarded(node, POOL_ATTRIBUTES + ("p",)))]
 
 
+@pool.lp_pool.expansion
+def _(b, node):
+    """(window sum of |x|^p)^(1/p): the window sum is AveragePool (opset 19, which dilates)
+    counting the zero padding, times the window size. ceil_mode windows keep the fused
+    LpPoolGrad: AveragePool does not count their overhang as padding."""
+    attributes = forwarded(node, POOL_ATTRIBUTES)
+    if attributes.get("ceil_mode", 0):
+        return None
+    x = node.inputs[0]
+    p = float(node.attributes.get("p", 2))
+    powered = b.emit("Abs", x) if p == 1 else b.mul(x, x) if p == 2 else \
+        b.emit("Pow", b.emit("Abs", x), b.constant(p, like=x))
+    mean = b.emit("AveragePool", powered, count_include_pad=1, opset=19, **attributes)
+    total = b.mul(mean, b.constant(float(math.prod(attributes["kernel_shape"])), like=x))
+    if p == 1:
+        return [total]
+    return [b.emit("Sqrt", total) if p == 2 else
+            b.emit("Pow", total, b.constant(1 / p, like=x))]
+
+
 # -- global pools -------------------------------------------------------------------------
 
 GLOBAL_REDUCTIONS = ("average", "max", "lp")
@@ -421,6 +451,38 @@ def _global_pool_gradient(reduction: str):
         return [b.emit("GlobalPoolGrad", dy[0], node.inputs[0], node.outputs[0],
                        domain=MIXRT, reduction=reduction, **forwarded(node, ("p",)))]
     return grad
+
+
+@global_pool_grad.grad
+def _(b, node, dd):
+    """Linear in dY for the average (its adjoint: GlobalAveragePool) and the max (the
+    incoming gradient read at each plane's first maximum). GlobalLpPool's second order goes
+    through its expansion instead (see global_lp_pool below)."""
+    x = node.inputs[1]
+    reduction = node.attributes.get("reduction", "average")
+    if reduction == "average":
+        return [b.emit("GlobalAveragePool", dd[0]), None, None]
+    if reduction != "max":
+        raise GradientError(f"node {node.label!r}: GlobalPoolGrad of {reduction!r} has no "
+                            f"gradient; differentiate with differentiable_backward=True",
+                            node=node.label, op_type=node.op_type)
+    planes = b.ints([0, 0, -1])
+    first = b.emit("ArgMax", b.emit("Reshape", x, planes), axis=2, keepdims=1)
+    read = b.emit("GatherElements", b.emit("Reshape", dd[0], planes), first, axis=2)
+    return [b.emit("Reshape", read, b.emit("Shape", node.inputs[0])), None, None]
+
+
+@pool.global_lp_pool.expansion
+def _(b, node):
+    """(sum over each plane of |x|^p)^(1/p), in ops that have gradients."""
+    x = node.inputs[0]
+    p = float(node.attributes.get("p", 2))
+    powered = b.mul(x, x) if p == 2 else b.emit("Pow", b.emit("Abs", x),
+                                                b.constant(p, like=x))
+    spatial = b.ints(list(range(2, b.known_rank(node, x))))
+    summed = b.emit("ReduceSum", powered, spatial, keepdims=1)
+    return [b.emit("Sqrt", summed) if p == 2 else
+            b.emit("Pow", summed, b.constant(1 / p, like=x))]
 
 
 pool.global_average_pool.grad(_global_pool_gradient("average"))

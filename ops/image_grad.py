@@ -101,6 +101,15 @@ def _transposed(taps: image.AxisTaps, in_len: int) -> tuple[np.ndarray, np.ndarr
     return sources, table
 
 
+@resize_grad.grad
+def _(b, node, dd):
+    """Linear in dY: its adjoint is the forward Resize (at opset 19, which takes all of
+    ResizeGrad's attributes; extrapolated outputs read nothing, so they get zeros)."""
+    roi, scales, sizes = (input_or_none(node, k) for k in (2, 3, 4))
+    return [b.emit("Resize", dd[0], roi, scales, sizes, opset=19, **node.attributes),
+            None, None, None, None]
+
+
 # -- the gradient functions -------------------------------------------------------------------
 
 _RESIZE_ATTRIBUTES = ("antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",

@@ -34,6 +34,13 @@ def gather_grad(xp, dY, like, indices, *, axis=0):
 gather_grad.infer(shaped_like_second)
 
 
+@gather_grad.grad
+def _(b, node, dd):
+    """Linear in dY: its adjoint gathers again."""
+    axis = int(node.attributes.get("axis", 0))
+    return [b.emit("Gather", dd[0], node.inputs[2], axis=axis), None, None]
+
+
 @index.gather.grad
 def _(b, node, dy):
     data, indices = node.inputs
@@ -64,6 +71,12 @@ def gather_nd_grad(xp, dY, like, indices, *, batch_dims=0):
 
 
 gather_nd_grad.infer(shaped_like_second)
+
+
+@gather_nd_grad.grad
+def _(b, node, dd):
+    batch_dims = int(node.attributes.get("batch_dims", 0))
+    return [b.emit("GatherND", dd[0], node.inputs[2], batch_dims=batch_dims), None, None]
 
 
 @index.gather_nd.grad

@@ -4,6 +4,7 @@ See runtime/passes/autodiff.py for the calling convention."""
 from __future__ import annotations
 
 from mixrt.ops import loss, nn
+from mixrt.ops.conv_grad import optional_input
 from mixrt.ops.grad_support import MIXRT
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
@@ -170,6 +171,18 @@ def nll_loss_grad(xp, dloss, input, target, weight=None, *, ignore_index=None,
             for axis, size in enumerate(classes.shape)]
     grad[(grid[0], classes, *grid[1:])] = (-sample_weight).astype(input.dtype)
     return grad
+
+
+@nll_loss_grad.grad
+def _(b, node, dd):
+    """Linear in dloss and independent of the input's values (it gives only the shape): the
+    adjoint of dloss -> dX is the loss itself applied to the incoming gradient, with the
+    same target, weights and reduction."""
+    target, weight = node.inputs[2], optional_input(node, 3)
+    attributes = {k: v for k, v in node.attributes.items()
+                  if k in ("ignore_index", "reduction")}
+    return [b.emit("NegativeLogLikelihoodLoss", dd[0], target, weight, **attributes),
+            None, None, None]
 
 
 @nll_loss_grad.infer

@@ -3,7 +3,9 @@
 Every Reduce* op exists in two calling conventions: ``axes`` as an attribute (opset 1..12 for
 ReduceSum, 1..17 for the others) and ``axes`` as an optional int64 input with
 ``noop_with_empty_axes`` (ReduceSum-13, the others from 18). Empty or absent axes mean "every
-axis", unless ``noop_with_empty_axes`` makes them mean "return the input".
+axis", unless ``noop_with_empty_axes`` makes them mean "reduce over no axis": the input
+with only the elementwise part applied (ReduceSumSquare gives x^2, ReduceL1 |x|, ReduceLogSum
+log x; the rest give x), as onnxruntime and the ONNX reference compute it.
 
 A reduction over an empty set of elements (an axis of size 0) gives the operation's identity:
 0 for sums, 1 for products, -inf for max and log-sum(-exp), +inf for min.
@@ -154,7 +156,8 @@ def _with_axes_input(reduction: Reduction):
     def kernel(xp, data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
         axes = _axes_from_input(axes)
         if not axes and noop_with_empty_axes:
-            return data
+            return xp.asarray(reduction.compute(xp, data, (), True)).astype(data.dtype,
+                                                                            copy=False)
         return _reduce(xp, reduction, data, axes, keepdims)
 
     kernel.__name__ = kernel.__qualname__ = _snake(reduction.op_type) + "_axes_input"

@@ -55,10 +55,11 @@ def reduce_grad(xp, dY, X, Y, axes=None, *, reduction="ReduceSum", axes_attribut
     """d loss / d X of ``reduction`` given d loss / d Y; axes come from the forward's
     attribute (``axes_attribute``) or its axes input (``axes``)."""
     listed = axes_attribute if axes is None else [int(a) for a in axes.reshape(-1).tolist()]
-    if not listed and noop_with_empty_axes:  # the forward returned X itself
-        return dY
-    axes = tuple(range(X.ndim)) if not listed else tuple(sorted(
-        {normalize_axis(int(a), X.ndim) for a in listed}))
+    if not listed and noop_with_empty_axes:  # reduced over no axis: elementwise
+        axes = ()
+    else:
+        axes = tuple(range(X.ndim)) if not listed else tuple(sorted(
+            {normalize_axis(int(a), X.ndim) for a in listed}))
     dY, Y = _expanded(xp, dY, Y, X, axes, keepdims)
     local = _local_derivative(xp, reduction, X, Y, axes)
     grad = xp.broadcast_to(dY, X.shape)
@@ -74,22 +75,62 @@ def _(dY: TensorType, X: TensorType, *_, **__):
 
 @reduce_grad.grad
 def _(b, node, dy):
-    """ReduceGrad of ReduceSum or ReduceMean is linear in dY (X and Y give only shapes), so
-    its gradient in dY is the reduction again: what differentiating a gradient (autograd's
-    create_graph) needs. The other reductions' local derivatives depend on X; their second
-    order is not defined here."""
+    """ReduceGrad is linear in dY: dX = dY re-expanded times a weight w, so its gradient in
+    dY sums the incoming gradient times w over the reduced axes again (what differentiating
+    a gradient, autograd's create_graph, needs). Where w does not move with X (Sum and Mean:
+    constant; Max and Min: the ties' equal shares) that is all of it; ReduceProd's w = Y / X
+    adds paths through X and Y. The other reductions are differentiated twice through their
+    expansions below."""
     reduction = node.attributes.get("reduction", "ReduceSum")
-    if reduction not in ("ReduceSum", "ReduceMean"):
-        raise GradientError(f"the gradient of {reduction}'s gradient is not defined (only "
-                            f"ReduceSum's and ReduceMean's are)", op_type=reduction)
-    axes = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
-    if axes is None and node.attributes.get("axes_attribute"):
-        axes = b.ints(node.attributes["axes_attribute"])
-    summed = b.emit("ReduceSum", dy[0], axes, keepdims=node.attributes.get("keepdims", 1),
-                    noop_with_empty_axes=node.attributes.get("noop_with_empty_axes", 0))
+    if reduction == "ReduceProd":
+        return _product_second_order(b, node, dy[0])
+    if reduction not in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
+        raise GradientError(f"the gradient of {reduction}'s gradient is defined through its "
+                            f"expansion (differentiable_backward=True)", op_type=reduction)
+    incoming = dd = dy[0]
+    if reduction in ("ReduceMax", "ReduceMin"):  # w is ReduceGrad of ones
+        weights = b.emit("ReduceGrad", b.ones_like(node.inputs[0]), *node.inputs[1:],
+                         domain=MIXRT, **node.attributes)
+        incoming = b.mul(dd, weights)
+    summed = b.emit("ReduceSum", incoming, _axes_of(b, node, 3, "axes_attribute"),
+                    **_reduce_attributes(node))
     if reduction == "ReduceMean":
         summed = b.mul(summed, _size_ratio(b, node.inputs[2], node.inputs[1]))
     return [summed, None, None, None]
+
+
+def _product_second_order(b, node, dd: str) -> list:
+    """dX = dY Y / X (dY and Y spread over the reduced axes, here by ReduceGrad of
+    ReduceSum): linear in dY, and in Y; -dY Y / X^2 in X."""
+    d_y, x, y = node.inputs[:3]
+    rest = node.inputs[3:]
+    attributes = {**node.attributes, "reduction": "ReduceSum"}
+
+    def spread(value: str) -> str:
+        return b.emit("ReduceGrad", value, x, y, *rest, domain=MIXRT, **attributes)
+
+    def summed(value: str) -> str:
+        return b.emit("ReduceSum", value, _axes_of(b, node, 3, "axes_attribute"),
+                      **_reduce_attributes(node))
+
+    over_x = b.emit("Div", dd, x)
+    spread_dy, spread_y = spread(d_y), spread(y)
+    to_x = b.neg(b.emit("Div", b.mul(over_x, b.mul(spread_dy, spread_y)), x))
+    return [summed(b.mul(over_x, spread_y)), to_x, summed(b.mul(over_x, spread_dy)), None]
+
+
+def _axes_of(b, node, position: int, attribute: str) -> str | None:
+    """The reduced axes as an int64 value: the node's axes input, or its attribute."""
+    axes = node.inputs[position] if len(node.inputs) > position and node.inputs[position] \
+        else None
+    if axes is None and node.attributes.get(attribute):
+        axes = b.ints(node.attributes[attribute])
+    return axes
+
+
+def _reduce_attributes(node) -> dict:
+    return {"keepdims": node.attributes.get("keepdims", 1),
+            "noop_with_empty_axes": node.attributes.get("noop_with_empty_axes", 0)}
 
 
 def _size_ratio(b, part: str, whole: str) -> str:
@@ -116,3 +157,45 @@ for _reduction in red.REDUCTIONS:
     _snake = red._snake(_reduction.op_type)
     getattr(red, _snake).grad(_reduction_grad(_reduction.op_type, False))
     getattr(red, _snake + "_axes_input").grad(_reduction_grad(_reduction.op_type, True))
+
+
+# -- the reductions whose gradient weight moves with X, in ops that have gradients ----------
+
+def _summed(b, node, x: str, keepdims=None) -> str:
+    """ReduceSum of ``x`` over the node's axes (input or attribute) with its attributes."""
+    attributes = _reduce_attributes(node)
+    if keepdims is not None:
+        attributes["keepdims"] = keepdims
+    return b.emit("ReduceSum", x, _axes_of(b, node, 1, "axes"), **attributes)
+
+
+def _peak(b, node, x: str, keepdims) -> str:
+    """The slice maxima as a constant (BlockGrad): LogSumExp's shift, whose own derivative
+    cancels exactly."""
+    attributes = {**_reduce_attributes(node), "keepdims": keepdims}
+    peak = b.emit("ReduceMax", x, _axes_of(b, node, 1, "axes"), opset=18, **attributes)
+    return b.emit("BlockGrad", peak, domain=MIXRT)
+
+
+def _square(b, x: str) -> str:
+    return b.mul(x, x)
+
+
+def _log_sum_exp(b, node):
+    x = node.inputs[0]
+    shifted = b.emit("Exp", b.emit("Sub", x, _peak(b, node, x, keepdims=1)))
+    return [b.emit("Add", b.emit("Log", _summed(b, node, shifted)),
+                   _peak(b, node, x, keepdims=node.attributes.get("keepdims", 1)))]
+
+
+_EXPANSIONS = {
+    "ReduceSumSquare": lambda b, node: [_summed(b, node, _square(b, node.inputs[0]))],
+    "ReduceL1": lambda b, node: [_summed(b, node, b.emit("Abs", node.inputs[0]))],
+    "ReduceL2": lambda b, node: [b.emit("Sqrt", _summed(b, node, _square(b, node.inputs[0])))],
+    "ReduceLogSum": lambda b, node: [b.emit("Log", _summed(b, node, node.inputs[0]))],
+    "ReduceLogSumExp": _log_sum_exp,
+}
+for _op_type, _expand in _EXPANSIONS.items():
+    _snake = red._snake(_op_type)
+    getattr(red, _snake).expansion(_expand)
+    getattr(red, _snake + "_axes_input").expansion(_expand)

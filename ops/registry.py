@@ -52,6 +52,9 @@ class Kernel:
     until: int | None = None  # last opset this version serves; None = open-ended
     infer_fn: Callable | None = None
     grad_fn: Callable | None = None
+    # the forward in ops that have gradients of their own, for gradients of gradients when
+    # grad_fn's backward kernel has none (see runtime/passes/autodiff.py)
+    expand_fn: Callable | None = None
     fast: dict = field(default_factory=dict)  # device -> fn with the same signature
 
     @property
@@ -139,6 +142,15 @@ class OpHandle:
         for kernel in self.kernels:
             kernel.grad_fn = grad_fn
         return grad_fn
+
+    def expansion(self, expand_fn: Callable) -> Callable:
+        """``expand_fn(b, node)`` writes the node's forward with the GradBuilder ``b`` in
+        ops that have gradients and returns one name per output (None for an output with no
+        gradient, or None instead of the list when this node's attributes have no
+        expansion). Used only where a backward must itself be differentiable."""
+        for kernel in self.kernels:
+            kernel.expand_fn = expand_fn
+        return expand_fn
 
     def fast(self, device: str) -> Callable:
         if device not in DEVICES:

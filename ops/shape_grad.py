@@ -142,6 +142,12 @@ def slice_grad(xp, dY, like, starts, ends, axes=None, steps=None):
 slice_grad.infer(shaped_like_second)
 
 
+@slice_grad.grad
+def _(b, node, dd):
+    """Linear in dY: its adjoint reads the slice again."""
+    return [b.emit("Slice", dd[0], *node.inputs[2:]), None, None, None, None, None]
+
+
 @index.slice_.grad
 def _(b, node, dy):
     starts, ends = node.inputs[1], node.inputs[2]
@@ -175,6 +181,16 @@ def pad_grad(xp, dY, like, pads, axes=None, *, mode="constant"):
 
 
 pad_grad.infer(shaped_like_second)
+
+
+@pad_grad.grad
+def _(b, node, dd):
+    """Linear in dY: its adjoint copies as the forward Pad did (zeros for constant mode)."""
+    pads, axes = node.inputs[2], input_or_none(node, 3)
+    mode = node.attributes.get("mode", "constant")
+    padded = b.emit("Pad", dd[0], pads, None, axes, mode=mode) if axes else \
+        b.emit("Pad", dd[0], pads, mode=mode)
+    return [padded, None, None, None]
 
 
 def _pad_backward(b, node, dy: str, pads: str, axes: str | None, mode: str) -> str:

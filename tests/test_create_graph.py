@@ -208,12 +208,14 @@ def test_a_hybridized_block_says_how_to_differentiate_its_gradient():
 
 
 def test_a_backward_kernel_without_a_gradient_is_named_at_the_second_backward():
-    x = variable(np.arange(12.0).reshape(3, 4) % 5)
+    # LpPool with ceil_mode is the one op left whose backward kernel has no gradient and no
+    # expansion (AveragePool does not count the overhang as padding)
+    x = variable(np.random.default_rng(4).standard_normal((1, 1, 5, 5)))
     with autograd.record():
-        normalized = nd.LayerNorm(x, nd.array(np.ones(4)), nd.array(np.zeros(4)))
-        g = autograd.grad((normalized**3).sum(), [x], create_graph=True)[0]
+        pooled = nd.LpPool(x, kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)
+        g = autograd.grad((pooled * pooled).sum(), [x], create_graph=True)[0]
         total = (g * g).sum()
-    with pytest.raises(GradientError, match="LayerNormalizationGrad"):
+    with pytest.raises(GradientError, match="LpPoolGrad"):
         total.backward()
 
 

@@ -356,6 +356,20 @@ def test_opset_18_forms_pytorch_writes_are_lowered_for_older_opsets():
         assert_same_outputs(ort_run(model, {"x": x}), expected)
 
 
+@pytest.mark.parametrize("op_type", ["ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
+                                     "ReduceLogSumExp"])
+def test_a_reduction_over_no_axis_lowers_to_its_elementwise_part(op_type):
+    """noop_with_empty_axes with no axes is not Identity for the reductions that square, take
+    the absolute value or the log first: at opsets before 18 it lowers to that op."""
+    x = np.abs(np.random.default_rng(3).standard_normal((2, 3))).astype(F32) + 0.1
+    x[0] *= -1 if op_type != "ReduceLogSum" else 1
+    graph = make_graph([node(op_type, ["x", ""], ["y"], 18, noop_with_empty_axes=1)],
+                       {"x": tensor(F32, (2, 3))}, {"y": tensor(F32, (2, 3))}, opset=18)
+    expected = Session(graph).run(None, {"x": x})
+    assert_same_outputs(ort_run(checked_export(graph, 18), {"x": x}), expected)
+    assert_same_outputs(ort_run(checked_export(graph, 13), {"x": x}), expected)
+
+
 def test_a_conversion_onnx_gets_wrong_is_refused():
     norm = node("GroupNormalization", ["x", "scale", "bias"], ["y"], 18, name="norm",
                 num_groups=2)

@@ -112,7 +112,8 @@ def _one_node_graph(sig: Signature, attributes: dict, outputs: int):
     return graph, node, types
 
 
-def _gradient(sig: Signature, attributes: dict, outputs: int, seeded):
+def _gradient(sig: Signature, attributes: dict, outputs: int, seeded, *,
+              differentiable_backward: bool = False):
     graph, node, types = _one_node_graph(sig, attributes, outputs)
     if seeded is None:
         seeded = tuple(j for j in range(outputs) if _float(types.get(f"y{j}")))
@@ -122,7 +123,8 @@ def _gradient(sig: Signature, attributes: dict, outputs: int, seeded):
     wrt = [f"x{i}" for i, wants in enumerate(sig.wants_grad) if wants]
     if not wrt or not seeds:
         return None, seeded
-    joint = gradient_graph(graph, f"y{seeded[0]}", wrt, seeds=seeds)
+    joint = gradient_graph(graph, f"y{seeded[0]}", wrt, seeds=seeds,
+                           differentiable_backward=differentiable_backward)
     return joint, seeded
 
 
@@ -146,17 +148,21 @@ def recorded_backward(sig: Signature, attributes: dict, seeded: tuple) -> Backwa
     key = ("graph", sig, seeded)
     plan = _backward_plans.get(key)
     if plan is None:
-        backward, feeds, input_of = _backward_half(sig, attributes, seeded)
+        backward, feeds, input_of = _backward_half(sig, attributes, seeded,
+                                                   differentiable=True)
         grads = [input_of[name] for name in backward.output_names]
         plan = _backward_plans.put(key, BackwardPlan(backward, feeds, grads))
     return plan
 
 
-def _backward_half(sig: Signature, attributes: dict, seeded: tuple):
+def _backward_half(sig: Signature, attributes: dict, seeded: tuple, *,
+                   differentiable: bool = False):
     """(backward graph, its feeds as (name, "x"|"y"|"dy", index), {gradient name: the
-    input index it is the gradient of})."""
+    input index it is the gradient of}). ``differentiable``: written to be differentiated
+    again (see ``gradient_graph``'s ``differentiable_backward``)."""
     produced = forward_plan(sig, attributes).produced
-    joint, _ = _gradient(sig, attributes, produced, seeded)
+    joint, _ = _gradient(sig, attributes, produced, seeded,
+                         differentiable_backward=differentiable)
     backward = split_forward_backward(joint).backward
     feeds = [(name, name[:2] if name.startswith("dy") else name[0], int(name.lstrip("dxy")))
              for name in backward.input_names]

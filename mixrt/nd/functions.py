@@ -27,10 +27,27 @@ class Index(Function):
                        x.ctx)
 
     def backward(self, dy: NDArray) -> NDArray:
-        shape, dtype, ctx = self.source
-        dx = ctx.xp.zeros(shape, dtype=dtype)
-        add_at(ctx.xp, dx, self.key, dy._read())
-        return NDArray(dx, ctx)
+        shape, dtype, _ = self.source
+        return IndexAdd(self.key, shape, dtype)(dy)  # a Function, so create_graph sees it
+
+
+class IndexAdd(Function):
+    """Index's backward: ``dy`` added into zeros at ``key``. Its own backward reads
+    ``key`` again, so gradients of gradients through indexing flow (autograd's
+    create_graph records this Function like any other)."""
+
+    def __init__(self, key, shape: tuple, dtype):
+        super().__init__()
+        self.key, self.shape, self.dtype = key, shape, dtype
+
+    def forward(self, dy: NDArray) -> NDArray:
+        xp = dy.ctx.xp
+        dx = xp.zeros(self.shape, dtype=self.dtype)
+        add_at(xp, dx, self.key, dy._read())
+        return NDArray(dx, dy.ctx)
+
+    def backward(self, ddx: NDArray) -> NDArray:
+        return Index(self.key)(ddx)
 
 
 class CopyToDevice(Function):

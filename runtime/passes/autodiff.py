@@ -64,7 +64,8 @@ MIRROR_OPS = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Gelu", "Elu", "
 
 def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
                    keep_outputs: bool = True, mirror: frozenset | None = None,
-                   seeds: dict[str, str] | None = None) -> GradientGraph:
+                   seeds: dict[str, str] | None = None,
+                   differentiable_backward: bool = False) -> GradientGraph:
     """The forward graph plus the backward nodes for d ``loss`` / d ``wrt``.
 
     ``loss`` names a float tensor of the graph (any shape: its gradient seed is all ones, so a
@@ -78,7 +79,12 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
 
     ``seeds`` (``{value: graph input}``), when given, replaces the all-ones seed: the result
     is the vector-Jacobian product sum_i seed_i . d value_i / d w over several values (what
-    ``Executor.backward(out_grads)`` needs); ``loss`` is then just the first of them."""
+    ``Executor.backward(out_grads)`` needs); ``loss`` is then just the first of them.
+
+    ``differentiable_backward``: the backward nodes are to be differentiated again (a
+    gradient of a gradient). An op whose backward is a fused kernel with no gradient of its
+    own but which has an expansion (``@op.expansion``: its forward in ops that have
+    gradients) is then differentiated through that expansion instead."""
     joint = copy_graph(graph)
     joint.toposort()
     _promote_to_inputs(joint, wrt)
@@ -86,20 +92,13 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     targets = list(seeds) if seeds else [loss]
     for target in targets:
         _check_request(joint, types, target, wrt)
-    builder = GradBuilder(joint, types)
+    builder = GradBuilder(joint, types, differentiable_backward=differentiable_backward)
     needed = _nodes_between(joint, set(wrt), set(targets))
     if seeds:
         partials: dict[str, list[str]] = {value: [seed] for value, seed in seeds.items()}
     else:
         partials = {loss: [builder.ones_like(loss)]}
-    for node in reversed(needed):
-        dys = [builder.accumulate(partials.pop(name, None)) if name else None
-               for name in node.outputs]
-        if all(dy is None for dy in dys):
-            continue
-        for name, dx in zip(node.inputs, _input_grads(builder, node, dys)):
-            if name and dx is not None and builder.differentiable(name):
-                partials.setdefault(name, []).append(dx)
+    _backpropagate(builder, needed, partials)
     grads = {w: _gradient_output(builder, w, partials.get(w)) for w in wrt}
     keep = joint.outputs if keep_outputs else []
     joint.outputs = list(keep)
@@ -122,8 +121,9 @@ class GradBuilder:
     """What a gradient function writes backward nodes with: fresh names, typed constants and
     the shape helpers every broadcasting op needs."""
 
-    def __init__(self, graph: Graph, types: dict):
+    def __init__(self, graph: Graph, types: dict, *, differentiable_backward: bool = False):
         self.types = types
+        self.differentiable_backward = differentiable_backward
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
         self._names = NameMaker(graph)
@@ -172,11 +172,13 @@ class GradBuilder:
         return self._names(base)
 
     def emit(self, op_type: str, *inputs, domain: str = "", outputs: int = 1,
-             **attributes):
+             opset: int | None = None, **attributes):
         """Append a backward node; returns its output name (a tuple when ``outputs`` > 1).
-        ``None`` inputs become ONNX's missing-optional marker."""
+        ``None`` inputs become ONNX's missing-optional marker. ``opset``: for a default-domain
+        op whose attributes are newer than BACKWARD_OPSET (Resize-19's)."""
         names = [self._names(f"{op_type.lower()}_grad") for _ in range(outputs)]
-        opset = 1 if domain == MIXRT else BACKWARD_OPSET
+        if opset is None:
+            opset = 1 if domain == MIXRT else BACKWARD_OPSET
         node = Node(op_type, ["" if i is None else i for i in inputs], names,
                     name=names[0], domain=domain, opset=opset, attributes=attributes)
         self.nodes.append(node)
@@ -321,8 +323,26 @@ def _nodes_between(graph: Graph, sources: set[str], targets: set[str]) -> list[N
     return list(reversed(needed))
 
 
+def _backpropagate(builder: GradBuilder, nodes: list[Node], partials: dict) -> None:
+    """Walk ``nodes`` backward from the gradients in ``partials`` ({value: [gradient
+    names]}), adding each input's gradient to it; a node's output gradients are summed and
+    removed once the walk reaches the node."""
+    for node in reversed(nodes):
+        dys = [builder.accumulate(partials.pop(name, None)) if name else None
+               for name in node.outputs]
+        if all(dy is None for dy in dys):
+            continue
+        for name, dx in zip(node.inputs, _input_grads(builder, node, dys)):
+            if name and dx is not None and builder.differentiable(name):
+                partials.setdefault(name, []).append(dx)
+
+
 def _input_grads(builder: GradBuilder, node: Node, dys: list) -> list:
     kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
+    if kernel is not None and kernel.expand_fn is not None and builder.differentiable_backward:
+        grads = _grads_through_expansion(builder, node, dys, kernel.expand_fn)
+        if grads is not None:
+            return grads
     if kernel is None or kernel.grad_fn is None:
         raise GradientError(f"node {node.label!r}: {node.domain or 'ai.onnx'}::"
                             f"{node.op_type} has no gradient definition; the ops that have "
@@ -330,6 +350,27 @@ def _input_grads(builder: GradBuilder, node: Node, dys: list) -> list:
                             f"differentiable_ops()", node=node.label, op_type=node.op_type)
     grads = list(kernel.grad_fn(builder, node, dys))
     return grads + [None] * (len(node.inputs) - len(grads))
+
+
+def _grads_through_expansion(builder: GradBuilder, node: Node, dys: list,
+                             expand_fn) -> list | None:
+    """The node's input gradients through its forward written again in differentiable ops
+    (recomputed in the backward pass) and walked backward like the graph itself; None when
+    the expansion does not cover this node's attributes."""
+    start = len(builder.nodes)
+    outputs = expand_fn(builder, node)
+    if outputs is None:
+        del builder.nodes[start:]
+        return None
+    written = builder.nodes[start:]
+    partials = {out: [dy] for out, dy in zip(outputs, dys) if out and dy is not None}
+    _backpropagate(builder, written, partials)
+    grads, seen = [], set()
+    for name in node.inputs:  # an input read twice gets its summed gradient once
+        grads.append(builder.accumulate(partials.get(name)) if name and name not in seen
+                     else None)
+        seen.add(name)
+    return grads
 
 
 def _gradient_output(builder: GradBuilder, name: str, parts: list[str] | None) -> str:

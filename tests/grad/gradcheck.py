@@ -4,7 +4,9 @@
 outputs with fixed random weights ``R_k`` (so every output element matters differently), the
 backward graph with ``gradient_graph``, runs it in a Session, and compares each requested
 input's gradient with (loss(x + eps) - loss(x - eps)) / (2 eps) computed element by element
-through the forward graph alone.
+through the forward graph alone. Then, unless told not to, it checks the gradient of that
+gradient the same way (``check_second_order``): what ``autograd.grad(create_graph=True)``
+relies on.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ def check_gradient(op_type: str, inputs: list, attributes: dict | None = None, *
                    wrt: list[int] | None = None, constants: tuple[int, ...] = (),
                    domain: str = "", opset: int = 17, outputs: int = 1,
                    loss_outputs: list[int] | None = None, rtol: float = 1e-5,
-                   atol: float = 1e-7, seed: int = 0) -> dict[int, np.ndarray]:
+                   atol: float = 1e-7, seed: int = 0,
+                   second_order: bool = True) -> dict[int, np.ndarray]:
     """Compare symbolic and numeric gradients; returns input index -> symbolic gradient.
 
     ``inputs``: arrays (None for a missing optional input). ``constants``: indices fed as
     initializers (shapes, axes, indices: never differentiated). ``wrt``: indices to check
     (default: every float input that is not a constant). ``loss_outputs``: which outputs the
-    loss reads (default all)."""
+    loss reads (default all). ``second_order``: also check the gradient's gradient (with
+    tolerances no tighter than 1e-4 relative, 1e-6 absolute: differences of differences)."""
     graph, names = _one_node_graph(op_type, inputs, attributes or {}, constants, domain,
                                    opset, outputs)
     weights = _add_loss(graph, range(outputs) if loss_outputs is None else loss_outputs, inputs,
@@ -50,6 +54,11 @@ def check_gradient(op_type: str, inputs: list, attributes: dict | None = None, *
         assert got.shape == numeric.shape, (op_type, index, got.shape, numeric.shape)
         np.testing.assert_allclose(got, numeric, rtol=rtol, atol=atol,
                                    err_msg=f"{op_type}: d loss / d input {index}")
+    if second_order:
+        check_second_order(op_type, inputs, attributes, wrt=wrt, constants=constants,
+                           domain=domain, opset=opset, outputs=outputs,
+                           loss_outputs=loss_outputs, rtol=max(rtol, 1e-4),
+                           atol=max(atol, 1e-6), seed=seed)
     return symbolic
 
 
@@ -93,20 +102,104 @@ def _add_loss(graph, read, inputs, names, seed) -> dict:
     return weights
 
 
-def _numeric_gradient(session, feeds: dict, name: str) -> np.ndarray:
+def _numeric_gradient(session, feeds: dict, name: str, output: str = "loss") -> np.ndarray:
     x = np.array(feeds[name], dtype=np.float64)
     grad = np.zeros_like(x)
     flat, out = x.reshape(-1), grad.reshape(-1)
     for i in range(flat.size):
         keep = flat[i]
         flat[i] = keep + FD_EPS
-        up = _loss(session, feeds, name, x)
+        up = _loss(session, feeds, name, x, output)
         flat[i] = keep - FD_EPS
-        down = _loss(session, feeds, name, x)
+        down = _loss(session, feeds, name, x, output)
         flat[i] = keep
         out[i] = (up - down) / (2 * FD_EPS)
     return grad
 
 
-def _loss(session, feeds, name, value) -> float:
-    return float(session.run(["loss"], {**feeds, name: value.copy()})[0])
+def _loss(session, feeds, name, value, output: str = "loss") -> float:
+    return float(session.run([output], {**feeds, name: value.copy()})[0])
+
+
+# -- second order -----------------------------------------------------------------------------
+
+def check_second_order(op_type: str, inputs: list, attributes: dict | None = None, *,
+                       wrt: list[int] | None = None, constants: tuple[int, ...] = (),
+                       domain: str = "", opset: int = 17, outputs: int = 1,
+                       loss_outputs: list[int] | None = None, rtol: float = 1e-5,
+                       atol: float = 1e-7, seed: int = 0) -> dict[int, np.ndarray]:
+    """Compare the gradient of an op's gradient with central differences of the first.
+
+    The loss is ``sum(R1 Y + R2 Y^2)`` over the read outputs, so the output gradient depends
+    on the inputs and both of a backward kernel's paths are exercised: through dY and through
+    the forward values it reads. The first-order gradients are built to be differentiated
+    again (``differentiable_backward``) and must equal the plain ones; the checked quantity
+    is the penalty ``sum_i <d loss / d x_i, V_i>`` for fixed random V_i, differentiated in
+    every ``wrt`` input. Returns input index -> d penalty / d input."""
+    graph, names = _one_node_graph(op_type, inputs, attributes or {}, constants, domain,
+                                   opset, outputs)
+    feeds = {names[i]: x for i, x in enumerate(inputs) if x is not None and i not in constants}
+    feeds.update(_add_quadratic_loss(graph, range(outputs) if loss_outputs is None
+                                     else loss_outputs, feeds, seed))
+    if wrt is None:
+        wrt = [i for i, x in enumerate(inputs) if x is not None and i not in constants
+               and np.asarray(x).dtype.kind == "f"]
+    wrt_names = [names[i] for i in wrt]
+    plain = gradient_graph(graph, "loss", wrt_names)
+    first = gradient_graph(graph, "loss", wrt_names, differentiable_backward=True)
+    expected = mixrt.Session(plain.graph, opt_level=0).run(
+        [plain.grads[w] for w in wrt_names], feeds)
+    expanded = mixrt.Session(first.graph, opt_level=0).run(
+        [first.grads[w] for w in wrt_names], feeds)
+    for k, (got, value) in enumerate(zip(expanded, expected)):
+        np.testing.assert_allclose(got, value, rtol=1e-9, atol=1e-12,  # the fused one's
+                                   err_msg=f"{op_type}: first-order d / d input {wrt[k]}")
+    rng = np.random.default_rng(seed + 1)
+    penalty_graph = first.graph
+    terms = []
+    for k, (name, value) in enumerate(zip(wrt_names, expected)):
+        direction = f"v{k}"
+        feeds[direction] = rng.standard_normal(np.shape(value)).astype(np.asarray(value).dtype)
+        penalty_graph.inputs.append(Value(direction, TensorType(feeds[direction].dtype,
+                                                                feeds[direction].shape)))
+        terms.append(_weighted_sum(penalty_graph, first.grads[name], direction, f"p{k}"))
+    penalty_graph.nodes.append(Node("Sum", terms, ["penalty"], name="penalty", opset=17))
+    penalty_graph.outputs = [Value("penalty")]
+    second = gradient_graph(penalty_graph, "penalty", wrt_names)
+    symbolic = dict(zip(wrt, mixrt.Session(second.graph, opt_level=0).run(
+        [second.grads[w] for w in wrt_names], feeds)))
+    penalty = mixrt.Session(penalty_graph, opt_level=0)
+    for index in wrt:
+        numeric = _numeric_gradient(penalty, feeds, names[index], output="penalty")
+        np.testing.assert_allclose(symbolic[index], numeric, rtol=rtol, atol=atol,
+                                   err_msg=f"{op_type}: d penalty / d input {index}")
+    return symbolic
+
+
+def _weighted_sum(graph, value: str, weight: str, name: str) -> str:
+    """sum(value * weight) in float64 (outputs of several dtypes add up in one loss)."""
+    graph.nodes.append(Node("Mul", [value, weight], [f"{name}_m"], name=f"{name}_m", opset=17))
+    graph.nodes.append(Node("ReduceSum", [f"{name}_m"], [f"{name}_s"], name=f"{name}_s",
+                            opset=17, attributes={"keepdims": 0}))
+    graph.nodes.append(Node("Cast", [f"{name}_s"], [name], name=name, opset=17,
+                            attributes={"to": 11}))
+    return name
+
+
+def _add_quadratic_loss(graph, read, feeds: dict, seed: int) -> dict:
+    """loss = sum_k sum(R_k Y_k + Q_k Y_k^2), R_k and Q_k fed as inputs shaped like Y_k."""
+    values = mixrt.Session(graph, opt_level=0).run(None, feeds)
+    rng = np.random.default_rng(seed)
+    weights, terms = {}, []
+    for k in read:
+        y = np.asarray(values[k])
+        for kind in ("r", "q"):
+            weights[f"{kind}{k}"] = rng.standard_normal(y.shape).astype(y.dtype)
+            graph.inputs.append(Value(f"{kind}{k}", TensorType(y.dtype, y.shape)))
+        graph.nodes.append(Node("Mul", [f"y{k}", f"y{k}"], [f"yy{k}"], name=f"square{k}",
+                                opset=17))
+        terms.append(_weighted_sum(graph, f"y{k}", f"r{k}", f"lin{k}"))
+        terms.append(_weighted_sum(graph, f"yy{k}", f"q{k}", f"quad{k}"))
+    graph.nodes.append(Node("Sum", terms, ["loss"], name="loss", opset=17))
+    graph.outputs = [Value("loss")] + graph.outputs
+    return weights

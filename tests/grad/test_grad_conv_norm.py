@@ -205,7 +205,10 @@ def test_average_pool_at_opset_7():
 @pytest.mark.parametrize("x_shape, attributes", [POOL_CASES[2], POOL_CASES[3], POOL_CASES[0]],
                          ids=["2d-padded", "2d-ceil", "1d"])
 def test_lp_pool(x_shape, attributes, p):
-    check_gradient("LpPool", [randn(*x_shape)], {**attributes, "p": p}, opset=18)
+    # ceil_mode windows have no expansion (AveragePool does not count their overhang as
+    # padding), so their LpPoolGrad has no gradient of its own
+    check_gradient("LpPool", [randn(*x_shape)], {**attributes, "p": p}, opset=18,
+                   second_order=not attributes.get("ceil_mode"))
 
 
 @pytest.mark.parametrize("op_type, make", [

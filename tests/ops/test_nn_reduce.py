@@ -116,10 +116,31 @@ def test_einsum_scalar_output_is_an_array():
 def test_reduce_noop_with_empty_axes():
     x = RNG.standard_normal((2, 3)).astype(np.float32)
     empty = np.array([], dtype=np.int64)
-    assert kernel("ReduceSum", 13)(np, x, empty, noop_with_empty_axes=1) is x
+    np.testing.assert_array_equal(kernel("ReduceSum", 13)(np, x, empty, noop_with_empty_axes=1),
+                                  x)
     total = kernel("ReduceSum", 13)(np, x, empty, keepdims=0)
     np.testing.assert_allclose(total, x.sum(), rtol=1e-6)
-    assert kernel("ReduceMean", 18)(np, x, None, noop_with_empty_axes=1) is x
+    np.testing.assert_array_equal(kernel("ReduceMean", 18)(np, x, None, noop_with_empty_axes=1),
+                                  x)
+
+
+# onnxruntime's results on [[1, -2, 3], [0.5, 2, -1]] (|x| for ReduceLogSum): a reduction over
+# no axis still applies its elementwise part. mixrt returned x itself for all four until
+# session 25.
+_OVER_NO_AXIS = {"ReduceSumSquare": [1, 4, 9, 0.25, 4, 1], "ReduceL1": [1, 2, 3, 0.5, 2, 1],
+                 "ReduceL2": [1, 2, 3, 0.5, 2, 1],
+                 "ReduceLogSum": np.log([1, 2, 3, 0.5, 2, 1]).tolist(),
+                 "ReduceLogSumExp": [1, -2, 3, 0.5, 2, -1], "ReduceProd": [1, -2, 3, 0.5, 2, -1]}
+
+
+@pytest.mark.parametrize("op_type", sorted(_OVER_NO_AXIS))
+def test_a_reduction_over_no_axis_keeps_its_elementwise_part(op_type):
+    x = np.array([[1, -2, 3], [0.5, 2, -1]], dtype=np.float32)
+    if op_type == "ReduceLogSum":
+        x = np.abs(x)
+    y = kernel(op_type, 18)(np, x, np.array([], dtype=np.int64), noop_with_empty_axes=1)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    np.testing.assert_allclose(y.ravel(), _OVER_NO_AXIS[op_type], rtol=1e-6)
 
 
 def test_reduce_axes_attribute_before_18():

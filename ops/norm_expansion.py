@@ -1,0 +1,164 @@
+"""The normalizations written in ops that have gradients (``@op.expansion``), for gradients
+of gradients.
+
+Their first-order backward is a fused kernel (norm_grad.py: one pass, statistics recomputed
+from X) that has no gradient of its own. When a backward is to be differentiated again
+(``autograd.grad(..., create_graph=True)``, ``gradient_graph(differentiable_backward=True)``)
+autodiff instead differentiates the forward as written here: ReduceMean, Sub, Mul, Sqrt and
+Reciprocal, whose gradients are ordinary ops again. The expansions compute in X's dtype, as
+the fused gradient kernels do, and return one name per forward output (None for the running
+statistics, which carry no gradient).
+"""
+
+from __future__ import annotations
+
+from mixrt.ops import nn
+from mixrt.ops.conv_grad import optional_input
+from mixrt.ops.dtypes import to_numpy_dtype, to_onnx_type
+from mixrt.ops.types import normalize_axis
+
+
+def _standardized(b, x: str, axes: list[int], epsilon: float):
+    """(x^, mean, 1/std) of ``x`` over ``axes`` (kept as size-1 dims), as nn._standardize."""
+    mean = b.emit("ReduceMean", x, axes=axes, keepdims=1)
+    centered = b.emit("Sub", x, mean)
+    variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
+    shifted = b.emit("Add", variance, b.constant(epsilon, like=x))
+    inv_std = b.emit("Reciprocal", b.emit("Sqrt", shifted))
+    return b.mul(centered, inv_std), mean, inv_std
+
+
+def _affine(b, normalized: str, scale: str, bias: str | None, shape: list[int] | None) -> str:
+    """normalized * scale + bias, the parameters reshaped to ``shape`` first when given."""
+    if shape is not None:
+        scale = b.emit("Reshape", scale, b.ints(shape))
+        bias = None if bias is None else b.emit("Reshape", bias, b.ints(shape))
+    y = b.mul(normalized, scale)
+    return y if bias is None else b.emit("Add", y, bias)
+
+
+def _per_channel(rank: int) -> list[int]:
+    """A (C,) parameter's shape broadcasting over (N, C, D1, ...)."""
+    return [-1] + [1] * (rank - 2)
+
+
+def _epsilon(node) -> float:
+    return float(node.attributes.get("epsilon", 1e-5))
+
+
+# -- BatchNormalization -------------------------------------------------------------------
+
+def _batch_norm(b, node, training: bool, spatial: int = 1):
+    x, scale, bias, mean, var = node.inputs[:5]
+    rank = b.known_rank(node, x)
+    if training:
+        axes = [0] + list(range(2, rank))
+        normalized, _, _ = _standardized(b, x, axes, _epsilon(node))
+        y = _affine(b, normalized, scale, bias, _per_channel(rank))
+        return [y] + [None] * (len(node.outputs) - 1)
+    # inference: an affine map of X with the running statistics as inputs that have gradients
+    shape = _per_channel(rank) if spatial else None  # spatial=0: (C, D1, ...) broadcasts as is
+    if shape is not None:
+        mean, var = (b.emit("Reshape", v, b.ints(shape)) for v in (mean, var))
+    shifted = b.emit("Add", var, b.constant(_epsilon(node), like=var))
+    inv_std = b.emit("Reciprocal", b.emit("Sqrt", shifted))
+    normalized = b.mul(b.emit("Sub", x, mean), inv_std)
+    return [_affine(b, normalized, scale, bias, shape)] + [None] * (len(node.outputs) - 1)
+
+
+def _batch_norm_by_outputs(b, node):
+    return _batch_norm(b, node, training=len(node.outputs) > 1,
+                       spatial=int(node.attributes.get("spatial", 1)))
+
+
+for _legacy in (nn.batch_normalization_6, nn.batch_normalization_7, nn.batch_normalization_9):
+    _legacy.expansion(_batch_norm_by_outputs)
+
+
+@nn.batch_normalization.expansion
+def _(b, node):
+    return _batch_norm(b, node, training=bool(node.attributes.get("training_mode", 0)))
+
+
+# -- LayerNormalization, InstanceNormalization, GroupNormalization -------------------------
+
+@nn.layer_normalization.expansion
+def _(b, node):
+    x, scale = node.inputs[:2]
+    rank = b.known_rank(node, x)
+    axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
+    normalized, mean, inv_std = _standardized(b, x, axes, _epsilon(node))
+    y = _affine(b, normalized, scale, optional_input(node, 2), None)
+    stash = to_numpy_dtype(int(node.attributes.get("stash_type", 1)))
+    if b.dtype(x) is not None and b.dtype(x) != stash:  # the statistics outputs' dtype
+        mean, inv_std = (b.emit("Cast", v, to=to_onnx_type(stash)) for v in (mean, inv_std))
+    return [y, mean, inv_std][:len(node.outputs)]
+
+
+@nn.instance_normalization.expansion
+def _(b, node):
+    x, scale, bias = node.inputs[:3]
+    rank = b.known_rank(node, x)
+    normalized, _, _ = _standardized(b, x, list(range(2, rank)), _epsilon(node))
+    return [_affine(b, normalized, scale, bias, _per_channel(rank))]
+
+
+def _group_norm(per_group: bool):
+    """Normalized as (N, G, -1), then the per-group parameters (opset 18) applied there,
+    or the per-channel ones (opset 21) after the reshape back."""
+    def expand(b, node):
+        x, scale, bias = node.inputs[:3]
+        groups = int(node.attributes["num_groups"])
+        grouped = b.emit("Reshape", x, b.ints([0, groups, -1]))
+        normalized, _, _ = _standardized(b, grouped, [2], _epsilon(node))
+        if per_group:
+            y = _affine(b, normalized, scale, bias, [groups, 1])
+            return [b.emit("Reshape", y, b.emit("Shape", x))]
+        normalized = b.emit("Reshape", normalized, b.emit("Shape", x))
+        return [_affine(b, normalized, scale, bias, _per_channel(b.known_rank(node, x)))]
+    return expand
+
+
+nn.group_normalization_18.expansion(_group_norm(per_group=True))
+nn.group_normalization.expansion(_group_norm(per_group=False))
+
+
+# -- LRN and LpNormalization --------------------------------------------------------------
+
+@nn.lrn.expansion
+def _(b, node):
+    """y = x (bias + alpha / size * the sum of x^2 over the ``size`` channels around)^-beta:
+    the channel window is ``size`` slices of the zero-padded squares, summed."""
+    x = node.inputs[0]
+    size = int(node.attributes["size"])
+    alpha, beta, bias = (float(node.attributes.get(k, d)) for k, d in
+                         (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    rank = b.known_rank(node, x)
+    before = (size - 1) // 2
+    pads = [0] * (2 * rank)
+    pads[1], pads[rank + 1] = before, size - 1 - before
+    padded = b.emit("Pad", b.mul(x, x), b.ints(pads))
+    windows = []
+    for k in range(size):
+        end = k - (size - 1) if k < size - 1 else 2**62  # the padded axis' end, less the rest
+        windows.append(b.emit("Slice", padded, b.ints([k]), b.ints([end]), b.ints([1])))
+    total = b.accumulate(windows)
+    d = b.emit("Add", b.mul(total, b.constant(alpha / size, like=x)), b.constant(bias, like=x))
+    return [b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))]
+
+
+@nn.lp_normalization.expansion
+def _(b, node):
+    """x / ||x||_p along ``axis``; an all-zero slice is divided by 1, replaced before the
+    square root so that no infinite derivative meets the zero that masks it."""
+    x = node.inputs[0]
+    p = int(node.attributes.get("p", 2))
+    if p not in (1, 2):
+        return None
+    axes = b.ints([int(node.attributes.get("axis", -1))])
+    summed = b.emit("ReduceSum", b.mul(x, x) if p == 2 else b.emit("Abs", x), axes,
+                    keepdims=1)
+    one = b.constant(1.0, like=x)
+    safe = b.emit("Where", b.emit("Equal", summed, b.constant(0.0, like=x)), one, summed)
+    norm = b.emit("Sqrt", safe) if p == 2 else safe
+    return [b.emit("Div", x, norm)]
