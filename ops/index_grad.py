@@ -57,6 +57,24 @@ def _(b, node, dy):
                    reduction="add"), None]
 
 
+# -- TopK -------------------------------------------------------------------------------------
+
+def _top_k_grad(b, node, dy):
+    """The values' gradient added back at the positions they were taken from (the Indices
+    output, integers, carries none)."""
+    if dy[0] is None:
+        return [None] * len(node.inputs)
+    x, indices = node.inputs[0], b.forward_output(node, 1, "top_k_indices")
+    axis = int(node.attributes.get("axis", -1))
+    scattered = b.emit("ScatterElements", zeros_like(b, x), indices, dy[0], axis=axis,
+                       reduction="add")
+    return [scattered] + [None] * (len(node.inputs) - 1)
+
+
+for _top_k in (index.top_k_1, index.top_k_10, index.top_k):
+    _top_k.grad(_top_k_grad)
+
+
 # -- GatherND ---------------------------------------------------------------------------------
 
 @op("GatherNDGrad", since=1, domain=MIXRT)

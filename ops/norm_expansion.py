@@ -162,3 +162,32 @@ def _(b, node):
     safe = b.emit("Where", b.emit("Equal", summed, b.constant(0.0, like=x)), one, summed)
     norm = b.emit("Sqrt", safe) if p == 2 else safe
     return [b.emit("Div", x, norm)]
+
+
+# -- RMSNormalization and MeanVarianceNormalization: no fused gradient, the expansion is it -
+
+@nn.rms_normalization.expansion
+def _(b, node):
+    """x / sqrt(mean(x^2) + epsilon) * scale over the trailing axes from ``axis``, in the
+    scale's dtype as the forward returns it."""
+    x, scale = node.inputs[:2]
+    rank = b.known_rank(node, x)
+    axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
+    mean_square = b.emit("ReduceMean", b.mul(x, x), axes=axes, keepdims=1)
+    shifted = b.emit("Add", mean_square, b.constant(_epsilon(node), like=x))
+    normalized = b.mul(x, b.emit("Reciprocal", b.emit("Sqrt", shifted)))
+    if b.dtype(x) is not None and b.dtype(scale) is not None and b.dtype(x) != b.dtype(scale):
+        normalized = b.emit("CastLike", normalized, scale)
+    return [b.mul(normalized, scale)]
+
+
+@nn.mean_variance_normalization.expansion
+def _(b, node):
+    """(x - mean) / (std + 1e-9) over ``axes`` (default N, H, W), the variance taken as the
+    mean square of the centred values (what the forward's E[x^2] - E[x]^2 computes)."""
+    x = node.inputs[0]
+    axes = [int(a) for a in node.attributes.get("axes", (0, 2, 3))]
+    centered = b.emit("Sub", x, b.emit("ReduceMean", x, axes=axes, keepdims=1))
+    variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
+    std = b.emit("Add", b.emit("Sqrt", variance), b.constant(1e-9, like=x))
+    return [b.emit("Div", centered, std)]

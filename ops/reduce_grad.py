@@ -199,3 +199,14 @@ for _op_type, _expand in _EXPANSIONS.items():
     _snake = red._snake(_op_type)
     getattr(red, _snake).expansion(_expand)
     getattr(red, _snake + "_axes_input").expansion(_expand)
+
+
+# -- CumSum -------------------------------------------------------------------------------
+
+@red.cum_sum.grad
+def _(b, node, dy):
+    """Each input element reaches the outputs after it (before it, reversed): the gradient
+    is the scan of dY the other way, as exclusive as the forward."""
+    attributes = {"exclusive": node.attributes.get("exclusive", 0),
+                  "reverse": 1 - int(node.attributes.get("reverse", 0))}
+    return [b.emit("CumSum", dy[0], node.inputs[1], **attributes), None]

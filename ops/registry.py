@@ -147,7 +147,8 @@ class OpHandle:
         """``expand_fn(b, node)`` writes the node's forward with the GradBuilder ``b`` in
         ops that have gradients and returns one name per output (None for an output with no
         gradient, or None instead of the list when this node's attributes have no
-        expansion). Used only where a backward must itself be differentiable."""
+        expansion). Used where a backward must itself be differentiable, and as the
+        gradient of an op that has no ``grad``."""
         for kernel in self.kernels:
             kernel.expand_fn = expand_fn
         return expand_fn

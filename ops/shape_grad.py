@@ -235,6 +235,15 @@ def _(b, node, dy):
     return [_pad_backward(b, node, dy[0], b.ints(node.attributes["paddings"]), None, mode)]
 
 
+# -- Trilu ------------------------------------------------------------------------------------
+
+@layout.trilu.grad
+def _(b, node, dy):
+    """A fixed mask: the gradient keeps the same triangle."""
+    k = input_or_none(node, 1)
+    return [b.emit("Trilu", dy[0], k, upper=node.attributes.get("upper", 1)), None]
+
+
 # -- Tile -------------------------------------------------------------------------------------
 
 @shape.tile.grad

@@ -125,9 +125,30 @@ def _penalty_number(net, data) -> float:
     return float((slope**2).sum() + slope.mean())
 
 
+def normalized_mlp():
+    return seeded_net(9, 0.6, gluon.nn.Dense(6), gluon.nn.LayerNorm(),
+                      gluon.nn.Activation("tanh"), gluon.nn.Dense(4), gluon.nn.GELU(),
+                      gluon.nn.Dense(1))
+
+
+def generator_like():
+    """ConvTranspose, BatchNorm with the batch's statistics (recording trains), an
+    upsampling Resize, a cropping slice and a global max: a GAN's critic on a generator."""
+    upsample = gluon.nn.HybridLambda(
+        lambda F, x: nd.Resize(x, None, nd.array(np.array([1, 1, 2, 2], np.float32)),
+                               mode="linear")[:, :, 1:-1, 1:-1])
+    return seeded_net(10, 0.5, gluon.nn.Conv2DTranspose(3, kernel_size=2, strides=2),
+                      gluon.nn.BatchNorm(), gluon.nn.Activation("tanh"), upsample,
+                      gluon.nn.Conv2D(2, kernel_size=3), gluon.nn.GlobalMaxPool2D(),
+                      gluon.nn.Flatten(), gluon.nn.Dense(1))
+
+
 @pytest.mark.parametrize("build, shape", [(mlp, (3, 6)), (cnn, (2, 1, 6, 6)),
-                                          (pooled_cnn, (2, 1, 6, 6))],
-                         ids=["mlp", "cnn", "cnn_with_pools"])
+                                          (pooled_cnn, (2, 1, 6, 6)),
+                                          (normalized_mlp, (3, 5)),
+                                          (generator_like, (2, 1, 3, 3))],
+                         ids=["mlp", "cnn", "cnn_with_pools", "layer_norm_mlp",
+                              "generator_like"])
 def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, shape):
     net = build()
     data = np.random.default_rng(1).standard_normal(shape)
@@ -137,6 +158,8 @@ def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, sha
     rng = np.random.default_rng(2)
     checked = 0
     for name, param in net.collect_params().items():
+        if param.grad_req == "null":  # BatchNorm's running statistics
+            continue
         grad = param.grad().asnumpy()
         values = param.data().asnumpy()
         for flat in rng.choice(values.size, size=min(3, values.size), replace=False):
@@ -194,6 +217,59 @@ def test_create_graph_keeps_the_graph_for_another_backward():
         g = autograd.grad(y, [x], create_graph=True)[0]
     again = autograd.grad(y, [x])[0]
     np.testing.assert_allclose(again.asnumpy(), g.asnumpy(), rtol=1e-14)
+
+
+# -- Hessian-vector products through the ops whose backward is a fused kernel -----------------
+
+def _fixed(*shape, seed=8):
+    return nd.array(np.random.default_rng(seed).standard_normal(shape))
+
+
+_INDICES = nd.array(np.array([2, 0, 2, 1]))
+_SCALES = nd.array(np.array([1, 1, 2, 1.5], dtype=np.float32))
+_THROUGH = {  # name: (f, input shape); each backward kernel's gradient or its op's expansion
+    "gather": (lambda x: nd.tanh(nd.Gather(x, _INDICES, axis=0)), (3, 4)),
+    "indexing": (lambda x: nd.tanh(x[1:3, ::2]) * x[0, 1], (4, 5)),
+    "reflect_pad": (lambda x: nd.tanh(nd.Pad(x, nd.array(np.array([1, 1, 0, 2])),
+                                             mode="reflect")), (4, 5)),
+    "layer_norm": (lambda x: nd.LayerNorm(x, _fixed(5), _fixed(5, seed=9)), (4, 5)),
+    "instance_norm": (lambda x: nd.InstanceNormalization(x, _fixed(2), _fixed(2, seed=9)),
+                      (2, 2, 5)),
+    "rms_norm": (lambda x: nd.RMSNormalization(x, _fixed(5), stash_type=11), (3, 5)),
+    "log_sum_exp": (lambda x: nd.ReduceLogSumExp(x, axes=[1]), (4, 5)),
+    "l2_normalize": (lambda x: nd.LpNormalization(x, axis=1), (4, 5)),
+    "cubic_resize": (lambda x: nd.Resize(x, None, _SCALES, mode="cubic"), (1, 1, 3, 4)),
+    "top_k_cumsum": (lambda x: nd.CumSum(nd.TopK(x, nd.array(np.array([2])))[0] ** 2,
+                                         nd.array(np.array(1))), (3, 4)),
+}
+
+
+def _weighted_gradient(f, values, weights, direction=None):
+    """d/dx of sum(W1 f(x) + W2 f(x)^2); with ``direction``, the derivative of <that, v>
+    (a Hessian-vector product) through create_graph instead."""
+    x = variable(values)
+    with autograd.record():
+        y = f(x)
+        loss = (y * nd.array(weights[0])).sum() + (y * y * nd.array(weights[1])).sum()
+        grad = autograd.grad(loss, [x], create_graph=direction is not None)[0]
+        if direction is None:
+            return grad.asnumpy()
+        (grad * nd.array(direction)).sum().backward()
+    return x.grad.asnumpy()
+
+
+@pytest.mark.parametrize("name", sorted(_THROUGH))
+def test_hessian_vector_products_through_fused_backward_kernels(name):
+    f, shape = _THROUGH[name]
+    rng = np.random.default_rng(5)
+    values, direction = rng.standard_normal(shape), rng.standard_normal(shape)
+    out_shape = f(nd.array(values)).shape
+    weights = (rng.standard_normal(out_shape), rng.standard_normal(out_shape))
+    got = _weighted_gradient(f, values, weights, direction)
+    step = 1e-6
+    numeric = (_weighted_gradient(f, values + step * direction, weights)
+               - _weighted_gradient(f, values - step * direction, weights)) / (2 * step)
+    np.testing.assert_allclose(got, numeric, rtol=1e-5, atol=1e-6 * np.abs(numeric).max())
 
 
 # -- what is refused, and how it says so ---------------------------------------------------------

@@ -84,7 +84,8 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     ``differentiable_backward``: the backward nodes are to be differentiated again (a
     gradient of a gradient). An op whose backward is a fused kernel with no gradient of its
     own but which has an expansion (``@op.expansion``: its forward in ops that have
-    gradients) is then differentiated through that expansion instead."""
+    gradients) is then differentiated through that expansion instead. An op with an
+    expansion and no gradient function (RMSNormalization) always is."""
     joint = copy_graph(graph)
     joint.toposort()
     _promote_to_inputs(joint, wrt)
@@ -339,7 +340,8 @@ def _backpropagate(builder: GradBuilder, nodes: list[Node], partials: dict) -> N
 
 def _input_grads(builder: GradBuilder, node: Node, dys: list) -> list:
     kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
-    if kernel is not None and kernel.expand_fn is not None and builder.differentiable_backward:
+    if kernel is not None and kernel.expand_fn is not None and (
+            builder.differentiable_backward or kernel.grad_fn is None):
         grads = _grads_through_expansion(builder, node, dys, kernel.expand_fn)
         if grads is not None:
             return grads
@@ -433,7 +435,7 @@ def _read_names(nodes: list[Node], outputs: list[str]) -> set[str]:
 def differentiable_ops() -> list[str]:
     """``domain::op`` of every registered op with a gradient definition, sorted."""
     found = {f"{k.domain or 'ai.onnx'}::{k.op_type}" for k in REGISTRY.all_kernels()
-             if k.grad_fn is not None}
+             if k.grad_fn is not None or k.expand_fn is not None}
     return sorted(found)
 
 

@@ -312,6 +312,21 @@ def test_lp_normalization(p, axis):
     check_gradient("LpNormalization", [randn(3, 4, 2)], {"p": p, "axis": axis})
 
 
+# -- RMSNormalization and MeanVarianceNormalization: gradients from their expansions ------
+
+@pytest.mark.parametrize("axis, scale_shape", [(-1, (4,)), (1, (3, 4)), (0, (2, 3, 4))])
+def test_rms_normalization(axis, scale_shape):
+    check_gradient("RMSNormalization", [randn(2, 3, 4), randn(*scale_shape)],
+                   {"axis": axis, "epsilon": 1e-3, "stash_type": 11}, opset=23)
+
+
+@pytest.mark.parametrize("axes", [None, [1], [0, 1, 2, 3]])
+def test_mean_variance_normalization(axes):
+    attributes = {} if axes is None else {"axes": axes}
+    check_gradient("MeanVarianceNormalization", [randn(2, 3, 2, 2)], attributes, opset=13,
+                   rtol=1e-4)
+
+
 # -- helpers --------------------------------------------------------------------------------
 
 def _symbolic_grad(op_type, x, attributes, upstream):

@@ -273,6 +273,34 @@ def test_gather_nd():
                    {"batch_dims": 1}, constants=(1,))
 
 
+@pytest.mark.parametrize("opset, attributes, k", [
+    (1, {"axis": 1, "k": 2}, None), (10, {"axis": 0}, 2), (11, {"axis": -1, "largest": 0}, 3),
+    (24, {"axis": 1, "sorted": 0}, 1)])
+def test_top_k(opset, attributes, k):
+    """The values' gradient goes back to where they were taken from; distinct inputs keep
+    the chosen positions stable under the finite differences."""
+    x = rng.permutation(12).reshape(3, 4) * 0.25 + randn(3, 4) * 0.01
+    inputs = [x] if k is None else [x, ints(k)]
+    check_gradient("TopK", inputs, attributes, opset=opset, outputs=2, loss_outputs=[0],
+                   constants=() if k is None else (1,))
+
+
+# -- CumSum, Trilu --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_cum_sum(axis, reverse, exclusive):
+    check_gradient("CumSum", [randn(3, 4), np.array(axis, dtype=np.int64)],
+                   {"exclusive": exclusive, "reverse": reverse}, constants=(1,), opset=14)
+
+
+@pytest.mark.parametrize("upper, k", [(1, None), (0, 1), (1, -2)])
+def test_trilu(upper, k):
+    inputs = [randn(2, 3, 4)] + ([] if k is None else [np.array(k, dtype=np.int64)])
+    check_gradient("Trilu", inputs, {"upper": upper}, constants=(1,) if k is not None else ())
+
+
 # -- Scatter family -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op_type, opset", [("ScatterElements", 16), ("Scatter", 9)])
