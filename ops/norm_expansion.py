@@ -23,9 +23,14 @@ def _standardized(b, x: str, axes: list[int], epsilon: float):
     mean = b.emit("ReduceMean", x, axes=axes, keepdims=1)
     centered = b.emit("Sub", x, mean)
     variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
-    shifted = b.emit("Add", variance, b.constant(epsilon, like=x))
-    inv_std = b.emit("Reciprocal", b.emit("Sqrt", shifted))
+    inv_std = _inverse_root(b, variance, epsilon)
     return b.mul(centered, inv_std), mean, inv_std
+
+
+def _inverse_root(b, value: str, epsilon: float) -> str:
+    """1 / sqrt(value + epsilon)."""
+    shifted = b.emit("Add", value, b.constant(epsilon, like=value))
+    return b.emit("Reciprocal", b.emit("Sqrt", shifted))
 
 
 def _affine(b, normalized: str, scale: str, bias: str | None, shape: list[int] | None) -> str:
@@ -60,9 +65,7 @@ def _batch_norm(b, node, training: bool, spatial: int = 1):
     shape = _per_channel(rank) if spatial else None  # spatial=0: (C, D1, ...) broadcasts as is
     if shape is not None:
         mean, var = (b.emit("Reshape", v, b.ints(shape)) for v in (mean, var))
-    shifted = b.emit("Add", var, b.constant(_epsilon(node), like=var))
-    inv_std = b.emit("Reciprocal", b.emit("Sqrt", shifted))
-    normalized = b.mul(b.emit("Sub", x, mean), inv_std)
+    normalized = b.mul(b.emit("Sub", x, mean), _inverse_root(b, var, _epsilon(node)))
     return [_affine(b, normalized, scale, bias, shape)] + [None] * (len(node.outputs) - 1)
 
 
@@ -174,8 +177,7 @@ def _(b, node):
     rank = b.known_rank(node, x)
     axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
     mean_square = b.emit("ReduceMean", b.mul(x, x), axes=axes, keepdims=1)
-    shifted = b.emit("Add", mean_square, b.constant(_epsilon(node), like=x))
-    normalized = b.mul(x, b.emit("Reciprocal", b.emit("Sqrt", shifted)))
+    normalized = b.mul(x, _inverse_root(b, mean_square, _epsilon(node)))
     if b.dtype(x) is not None and b.dtype(scale) is not None and b.dtype(x) != b.dtype(scale):
         normalized = b.emit("CastLike", normalized, scale)
     return [b.mul(normalized, scale)]

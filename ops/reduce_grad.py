@@ -92,8 +92,7 @@ def _(b, node, dy):
         weights = b.emit("ReduceGrad", b.ones_like(node.inputs[0]), *node.inputs[1:],
                          domain=MIXRT, **node.attributes)
         incoming = b.mul(dd, weights)
-    summed = b.emit("ReduceSum", incoming, _axes_of(b, node, 3, "axes_attribute"),
-                    **_reduce_attributes(node))
+    summed = _summed(b, node, incoming)
     if reduction == "ReduceMean":
         summed = b.mul(summed, _size_ratio(b, node.inputs[2], node.inputs[1]))
     return [summed, None, None, None]
@@ -109,23 +108,30 @@ def _product_second_order(b, node, dd: str) -> list:
     def spread(value: str) -> str:
         return b.emit("ReduceGrad", value, x, y, *rest, domain=MIXRT, **attributes)
 
-    def summed(value: str) -> str:
-        return b.emit("ReduceSum", value, _axes_of(b, node, 3, "axes_attribute"),
-                      **_reduce_attributes(node))
-
     over_x = b.emit("Div", dd, x)
     spread_dy, spread_y = spread(d_y), spread(y)
     to_x = b.neg(b.emit("Div", b.mul(over_x, b.mul(spread_dy, spread_y)), x))
-    return [summed(b.mul(over_x, spread_y)), to_x, summed(b.mul(over_x, spread_dy)), None]
+    return [_summed(b, node, b.mul(over_x, spread_y)), to_x,
+            _summed(b, node, b.mul(over_x, spread_dy)), None]
 
 
-def _axes_of(b, node, position: int, attribute: str) -> str | None:
-    """The reduced axes as an int64 value: the node's axes input, or its attribute."""
-    axes = node.inputs[position] if len(node.inputs) > position and node.inputs[position] \
-        else None
-    if axes is None and node.attributes.get(attribute):
-        axes = b.ints(node.attributes[attribute])
-    return axes
+def _reduced_axes(b, node) -> str | None:
+    """The axes a Reduce* node (or the ReduceGrad of one) reduces, as an int64 value: its
+    axes input, or its axes attribute; None for all of them."""
+    position, attribute = (3, "axes_attribute") if node.op_type == "ReduceGrad" else (1, "axes")
+    if len(node.inputs) > position and node.inputs[position]:
+        return node.inputs[position]
+    listed = node.attributes.get(attribute)
+    return b.ints(listed) if listed else None
+
+
+def _summed(b, node, x: str, keepdims=None) -> str:
+    """ReduceSum of ``x`` over the node's axes, with its keepdims (unless given) and
+    noop_with_empty_axes."""
+    attributes = _reduce_attributes(node)
+    if keepdims is not None:
+        attributes["keepdims"] = keepdims
+    return b.emit("ReduceSum", x, _reduced_axes(b, node), **attributes)
 
 
 def _reduce_attributes(node) -> dict:
@@ -161,19 +167,11 @@ for _reduction in red.REDUCTIONS:
 
 # -- the reductions whose gradient weight moves with X, in ops that have gradients ----------
 
-def _summed(b, node, x: str, keepdims=None) -> str:
-    """ReduceSum of ``x`` over the node's axes (input or attribute) with its attributes."""
-    attributes = _reduce_attributes(node)
-    if keepdims is not None:
-        attributes["keepdims"] = keepdims
-    return b.emit("ReduceSum", x, _axes_of(b, node, 1, "axes"), **attributes)
-
-
 def _peak(b, node, x: str, keepdims) -> str:
     """The slice maxima as a constant (BlockGrad): LogSumExp's shift, whose own derivative
     cancels exactly."""
     attributes = {**_reduce_attributes(node), "keepdims": keepdims}
-    peak = b.emit("ReduceMax", x, _axes_of(b, node, 1, "axes"), opset=18, **attributes)
+    peak = b.emit("ReduceMax", x, _reduced_axes(b, node), opset=18, **attributes)
     return b.emit("BlockGrad", peak, domain=MIXRT)
 
 
@@ -183,9 +181,11 @@ def _square(b, x: str) -> str:
 
 def _log_sum_exp(b, node):
     x = node.inputs[0]
-    shifted = b.emit("Exp", b.emit("Sub", x, _peak(b, node, x, keepdims=1)))
-    return [b.emit("Add", b.emit("Log", _summed(b, node, shifted)),
-                   _peak(b, node, x, keepdims=node.attributes.get("keepdims", 1)))]
+    peak = _peak(b, node, x, keepdims=1)
+    shifted = b.emit("Exp", b.emit("Sub", x, peak))
+    if not node.attributes.get("keepdims", 1):
+        peak = _peak(b, node, x, keepdims=0)
+    return [b.emit("Add", b.emit("Log", _summed(b, node, shifted)), peak)]
 
 
 _EXPANSIONS = {
