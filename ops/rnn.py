@@ -50,9 +50,10 @@ ACTIVATIONS = {
 }
 
 
-def activation_functions(xp, names, alphas, betas, defaults, num_directions):
-    """One list of unary callables per direction. ``activation_alpha``/``beta`` are consumed
-    in order by the activations that take them; the rest keep their ONNX defaults."""
+def activation_specs(names, alphas, betas, defaults, num_directions):
+    """One list of (activation key, alpha, beta) per direction. ``activation_alpha``/``beta``
+    are consumed in order by the activations that take them; the rest keep their ONNX
+    defaults."""
     names = list(names) if names else list(defaults) * num_directions
     if len(names) == len(defaults) and num_directions == 2:
         names = names * 2
@@ -60,20 +61,27 @@ def activation_functions(xp, names, alphas, betas, defaults, num_directions):
         raise ValueError(f"expected {len(defaults) * num_directions} activations, got "
                          f"{names}")
     alphas, betas = list(alphas or ()), list(betas or ())
-    funcs = []
+    specs = []
     for name in names:
         key = name.lower()
         if key not in ACTIVATIONS:
             raise ValueError(f"unknown activation {name!r}; expected one of "
                              f"{sorted(ACTIVATIONS)}")
-        fn, alpha, beta = ACTIVATIONS[key]
+        _, alpha, beta = ACTIVATIONS[key]
         if alpha is not None and alphas:
             alpha = alphas.pop(0)
         if beta is not None and betas:
             beta = betas.pop(0)
-        funcs.append(lambda x, fn=fn, a=alpha, b=beta: fn(xp, x, a, b))
+        specs.append((key, alpha, beta))
     per = len(defaults)
-    return [funcs[d * per:(d + 1) * per] for d in range(num_directions)]
+    return [specs[d * per:(d + 1) * per] for d in range(num_directions)]
+
+
+def activation_functions(xp, names, alphas, betas, defaults, num_directions):
+    """One list of unary callables per direction (see :func:`activation_specs`)."""
+    return [[lambda x, fn=ACTIVATIONS[key][0], a=alpha, b=beta: fn(xp, x, a, b)
+             for key, alpha, beta in direction]
+            for direction in activation_specs(names, alphas, betas, defaults, num_directions)]
 
 
 # -- the shared driver ------------------------------------------------------------------

@@ -284,8 +284,9 @@ def test_a_hybridized_block_says_how_to_differentiate_its_gradient():
 
 
 def test_a_backward_kernel_without_a_gradient_is_named_at_the_second_backward():
-    # LpPool with ceil_mode is the one op left whose backward kernel has no gradient and no
-    # expansion (AveragePool does not count the overhang as padding)
+    # LpPool with ceil_mode is one of the ops whose backward kernel has no gradient and no
+    # expansion (AveragePool does not count the overhang as padding); the recurrent layers'
+    # are the others (tests/grad/test_grad_recurrent.py)
     x = variable(np.random.default_rng(4).standard_normal((1, 1, 5, 5)))
     with autograd.record():
         pooled = nd.LpPool(x, kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)

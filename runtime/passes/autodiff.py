@@ -94,7 +94,7 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
     for target in targets:
         _check_request(joint, types, target, wrt)
     builder = GradBuilder(joint, types, differentiable_backward=differentiable_backward)
-    needed = _nodes_between(joint, set(wrt), set(targets))
+    needed = _nodes_between(joint, set(wrt), set(targets), builder.differentiable)
     if seeds:
         partials: dict[str, list[str]] = {value: [seed] for value, seed in seeds.items()}
     else:
@@ -307,14 +307,17 @@ def _check_request(graph: Graph, types: dict, loss: str, wrt: list[str]) -> None
                                 f"gradients need a float tensor")
 
 
-def _nodes_between(graph: Graph, sources: set[str], targets: set[str]) -> list[Node]:
-    """Nodes (in order) that depend on a source and that a target depends on: only they
-    need backward nodes."""
+def _nodes_between(graph: Graph, sources: set[str], targets: set[str],
+                   differentiable) -> list[Node]:
+    """Nodes (in order) that depend on a source through float values and that a target
+    depends on: only they need backward nodes. An integer or boolean value carries no
+    gradient, so what is computed from it alone (ConstantOfShape of a Shape, a mask from a
+    comparison) is a constant of the backward pass, whatever op computes it."""
     tainted = set(sources)
     forward = []
     for node in graph.nodes:
         if any(name in tainted for name in node.inputs if name):
-            tainted.update(out for out in node.outputs if out)
+            tainted.update(out for out in node.outputs if out and differentiable(out))
             forward.append(node)
     wanted, needed = set(targets), []
     for node in reversed(forward):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import mixrt
+from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 
@@ -133,3 +134,21 @@ def test_reduce_max_splits_ties_equally():
     joint = gradient_graph(g, "loss", ["x"])
     (grad,) = mixrt.Session(joint.graph, opt_level=0).run([joint.grads["x"]], {"x": x})
     np.testing.assert_array_equal(grad, [[0, 0.5, 0.5], [1, 0, 0]])
+
+
+def test_values_computed_from_integers_alone_are_constants_of_the_backward():
+    # PyTorch's exporter writes an LSTM's zero initial state as ConstantOfShape(Shape(x)):
+    # the shape is an integer, so the state carries no gradient and ConstantOfShape (which
+    # has no gradient definition) needs none
+    nodes = [Node("Shape", ["x"], ["shape"], name="shape", opset=17),
+             Node("ConstantOfShape", ["shape"], ["zeros"], name="zeros", opset=17,
+                  attributes={"value": np.array([0.5])}),
+             Node("Mul", ["x", "zeros"], ["y"], name="mul", opset=17),
+             Node("ReduceSum", ["y"], ["loss"], name="loss", opset=17,
+                  attributes={"keepdims": 0})]
+    graph = Graph(nodes=nodes, inputs=[Value("x", TensorType(np.dtype(np.float64), (2, 3)))],
+                  outputs=[Value("loss")], name="g")
+    joint = gradient_graph(graph, "loss", ["x"])
+    x = np.arange(6.0).reshape(2, 3)
+    (dx,) = mixrt.Session(joint.graph).run([joint.grads["x"]], {"x": x})
+    np.testing.assert_array_equal(dx, np.full((2, 3), 0.5))

@@ -1,0 +1,408 @@
+"""Gradients of the recurrent layers (rnn.py): RNN, GRU and LSTM, every version.
+
+Backpropagation through time, one backward kernel per cell (RNNGrad, GRUGrad, LSTMGrad in
+the mixrt domain), as a framework's fused RNN does it. The kernel runs the forward again step
+by step and keeps what each step's backward needs (the states it started from and the gate
+pre-activations: a few (batch, hidden) arrays per step), then walks the steps in reverse:
+
+* a cell's ``backward`` turns the gradient of its new states into the gradient of its input
+  projection and of its old states, adding its weight gradients (R, Rb, P) as it goes;
+* padding (``sequence_lens``) held the states and wrote zeros, so at a padded step the
+  state gradient passes through unchanged and the cell sees none;
+* the input projection ``X W^T + Wb`` was computed for all steps at once, so dX, dW and dWb
+  are three products over the whole sequence at the end;
+* a reverse direction ran over each sequence reversed within its own length
+  (``rnn.reversal_index``); its gradients are gathered with the same index, its own inverse.
+
+Activations are differentiated at the clipped pre-activation, times 1 inside ``[-clip, clip]``
+and 0 outside (the slope of the clip). These kernels have no gradient of their own: a second
+derivative through a recurrent layer is a GradientError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops import rnn
+from mixrt.ops.conv_grad import forwarded, optional_input
+from mixrt.ops.dtypes import accumulation_dtype
+from mixrt.ops.grad_support import MIXRT
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType
+
+
+# -- activations and their slopes -----------------------------------------------------------
+
+def _sigmoid_slope(xp, x, alpha, beta):
+    s = rnn._sigmoid(xp, x, alpha, beta)
+    return s * (1 - s)
+
+
+def _hard_sigmoid_slope(xp, x, alpha, beta):
+    y = alpha * x + beta
+    return xp.where((y > 0) & (y < 1), alpha, 0.0).astype(x.dtype)
+
+
+# key -> d f(x) / dx, for every activation in rnn.ACTIVATIONS
+SLOPES = {
+    "relu": lambda xp, x, a, b: (x > 0).astype(x.dtype),
+    "tanh": lambda xp, x, a, b: 1 - xp.tanh(x) ** 2,
+    "sigmoid": _sigmoid_slope,
+    "affine": lambda xp, x, a, b: xp.full_like(x, a),
+    "leakyrelu": lambda xp, x, a, b: xp.where(x >= 0, 1.0, a).astype(x.dtype),
+    "thresholdedrelu": lambda xp, x, a, b: (x > a).astype(x.dtype),
+    "scaledtanh": lambda xp, x, a, b: a * b * (1 - xp.tanh(b * x) ** 2),
+    "hardsigmoid": _hard_sigmoid_slope,
+    "elu": lambda xp, x, a, b: xp.where(x >= 0, 1.0, a * xp.exp(xp.minimum(x, 0))),
+    "softsign": lambda xp, x, a, b: 1 / (1 + xp.abs(x)) ** 2,
+    "softplus": lambda xp, x, a, b: rnn._sigmoid(xp, x, a, b),
+}
+
+
+class Activation:
+    """f(clip(a)) and its derivative with respect to a."""
+
+    def __init__(self, xp, spec, clip):
+        self.xp, (self.key, self.alpha, self.beta), self.clip = xp, spec, clip
+
+    def _clipped(self, a):
+        return a if self.clip is None else self.xp.clip(a, -self.clip, self.clip)
+
+    def value(self, a):
+        return rnn.ACTIVATIONS[self.key][0](self.xp, self._clipped(a), self.alpha, self.beta)
+
+    def slope(self, a):
+        slope = SLOPES[self.key](self.xp, self._clipped(a), self.alpha, self.beta)
+        if self.clip is None:
+            return slope
+        return slope * ((a >= -self.clip) & (a <= self.clip))
+
+
+# -- the cells: forward keeping a cache, backward accumulating weight gradients ---------------
+
+class RNNCell:
+    """H' = f(x_proj + H R^T + Rb)."""
+
+    def __init__(self, xp, r, rb, peepholes, acts, **_):
+        self.r, self.rb, (self.f,) = r, rb, acts
+        self.dr, self.drb = xp.zeros_like(r), xp.zeros_like(rb)
+
+    def forward(self, x_proj, states):
+        (h,) = states
+        a = x_proj + h @ self.r.T + self.rb
+        return [self.f.value(a)], (h, a)
+
+    def backward(self, cache, d_new):
+        h, a = cache
+        da = d_new[0] * self.f.slope(a)
+        self.dr += da.T @ h
+        self.drb += da.sum(axis=0)
+        return da, [da @ self.r]
+
+    def peephole_grad(self):
+        return None
+
+
+class GRUCell:
+    """Gates z (update), r (reset), h (candidate), in that order in R and Rb."""
+
+    def __init__(self, xp, r, rb, peepholes, acts, *, linear_before_reset=0, **_):
+        self.xp, self.linear_before_reset = xp, linear_before_reset
+        self.rz, self.rr, self.rh = xp.split(r, 3, axis=0)
+        self.bz, self.br, self.bh = xp.split(rb, 3)
+        self.gate, self.candidate = acts
+        self.dr, self.drb = xp.zeros_like(r), xp.zeros_like(rb)
+
+    def forward(self, x_proj, states):
+        (h,) = states
+        xz, xr, xh = self.xp.split(x_proj, 3, axis=-1)
+        a_z = xz + h @ self.rz.T + self.bz
+        a_r = xr + h @ self.rr.T + self.br
+        z, reset = self.gate.value(a_z), self.gate.value(a_r)
+        if self.linear_before_reset:
+            recurrent = h @ self.rh.T + self.bh
+            a_h = xh + reset * recurrent
+        else:
+            recurrent = None
+            a_h = xh + (reset * h) @ self.rh.T + self.bh
+        candidate = self.candidate.value(a_h)
+        return [(1 - z) * candidate + z * h], (h, a_z, a_r, a_h, z, reset, candidate, recurrent)
+
+    def backward(self, cache, d_new):
+        h, a_z, a_r, a_h, z, reset, candidate, recurrent = cache
+        (dh_new,) = d_new
+        dz = dh_new * (h - candidate)
+        dh = dh_new * z
+        da_h = dh_new * (1 - z) * self.candidate.slope(a_h)
+        hidden = h.shape[1]
+        dr_z, dr_r, dr_h = (self.dr[i * hidden:(i + 1) * hidden] for i in range(3))
+        db_z, db_r, db_h = (self.drb[i * hidden:(i + 1) * hidden] for i in range(3))
+        if self.linear_before_reset:
+            d_reset = da_h * recurrent
+            d_recurrent = da_h * reset
+            dr_h += d_recurrent.T @ h
+            db_h += d_recurrent.sum(axis=0)
+            dh += d_recurrent @ self.rh
+        else:
+            d_gated = da_h @ self.rh              # gradient of reset * h
+            dr_h += da_h.T @ (reset * h)
+            db_h += da_h.sum(axis=0)
+            d_reset = d_gated * h
+            dh += d_gated * reset
+        da_r = d_reset * self.gate.slope(a_r)
+        da_z = dz * self.gate.slope(a_z)
+        for da, dr, db, r in ((da_r, dr_r, db_r, self.rr), (da_z, dr_z, db_z, self.rz)):
+            dr += da.T @ h
+            db += da.sum(axis=0)
+            dh += da @ r
+        return self.xp.concatenate([da_z, da_r, da_h], axis=-1), [dh]
+
+    def peephole_grad(self):
+        return None
+
+
+class LSTMCell:
+    """Gates i, o, f, c in that order in R and Rb; peepholes P in order i, o, f."""
+
+    def __init__(self, xp, r, rb, peepholes, acts, *, input_forget=0, **_):
+        self.xp, self.r, self.rb, self.input_forget = xp, r, rb, input_forget
+        self.gate, self.cell_input, self.output = acts
+        self.peepholes = None if peepholes is None else xp.split(peepholes, 3)
+        self.dr, self.drb = xp.zeros_like(r), xp.zeros_like(rb)
+        self.dp = None if peepholes is None else [xp.zeros_like(p) for p in self.peepholes]
+
+    def forward(self, x_proj, states):
+        h, c = states
+        g_i, g_o, g_f, g_c = self.xp.split(x_proj + h @ self.r.T + self.rb, 4, axis=-1)
+        if self.peepholes is not None:
+            p_i, p_o, p_f = self.peepholes
+            g_i, g_f = g_i + p_i * c, g_f + p_f * c
+        i = self.gate.value(g_i)
+        forget = 1 - i if self.input_forget else self.gate.value(g_f)
+        candidate = self.cell_input.value(g_c)
+        cell = forget * c + i * candidate
+        if self.peepholes is not None:
+            g_o = g_o + p_o * cell
+        o = self.gate.value(g_o)
+        squashed = self.output.value(cell)
+        return [o * squashed, cell], (h, c, g_i, g_o, g_f, g_c, i, forget, candidate, cell, o,
+                                      squashed)
+
+    def backward(self, cache, d_new):
+        h, c, g_i, g_o, g_f, g_c, i, forget, candidate, cell, o, squashed = cache
+        dh_new, dc_new = d_new
+        dg_o = dh_new * squashed * self.gate.slope(g_o)
+        d_cell = dc_new + dh_new * o * self.output.slope(cell)
+        if self.peepholes is not None:
+            d_cell = d_cell + dg_o * self.peepholes[1]
+        d_forget, dc = d_cell * c, d_cell * forget
+        d_i = d_cell * candidate
+        dg_c = d_cell * i * self.cell_input.slope(g_c)
+        if self.input_forget:
+            d_i = d_i - d_forget
+            dg_f = self.xp.zeros_like(d_forget)
+        else:
+            dg_f = d_forget * self.gate.slope(g_f)
+        dg_i = d_i * self.gate.slope(g_i)
+        if self.peepholes is not None:
+            dc = dc + dg_i * self.peepholes[0] + dg_f * self.peepholes[2]
+            for dp, dg, state in zip(self.dp, (dg_i, dg_o, dg_f), (c, cell, c)):
+                dp += (dg * state).sum(axis=0)
+        dg = self.xp.concatenate([dg_i, dg_o, dg_f, dg_c], axis=-1)
+        self.dr += dg.T @ h
+        self.drb += dg.sum(axis=0)
+        return dg, [dg @ self.r, dc]
+
+    def peephole_grad(self):
+        return None if self.dp is None else self.xp.concatenate(self.dp)
+
+
+# -- the shared driver ----------------------------------------------------------------------
+
+def _time_major(a, layout):
+    return a if a is None or not layout else a.swapaxes(0, 1)
+
+
+def _direction_cell(xp, cell_type, d, R, B, P, acts, gates, wide, options):
+    rb = xp.zeros(gates, dtype=wide) if B is None else B[d, gates:].astype(wide)
+    peepholes = None if P is None else P[d].astype(wide)
+    return cell_type(xp, R[d].astype(wide), rb, peepholes, acts, **options)
+
+
+def _run_forward(xp, cell, projected, states, lengths):
+    """The forward again, keeping each step's cache."""
+    caches = []
+    for t in range(projected.shape[0]):
+        new, cache = cell.forward(projected[t], states)
+        caches.append(cache)
+        running = (t < lengths).reshape(-1, 1)
+        states = [xp.where(running, n, s) for n, s in zip(new, states)]
+    return caches
+
+
+def _run_backward(xp, cell, caches, dy, d_states, lengths, gates):
+    """d projection (seq, batch, gates) and the initial states' gradients."""
+    d_projected = xp.empty((len(caches), dy.shape[1], gates), dtype=dy.dtype)
+    for t in reversed(range(len(caches))):
+        running = (t < lengths).reshape(-1, 1)
+        d_new = [xp.where(running, ds, 0) for ds in d_states]
+        d_new[0] = d_new[0] + xp.where(running, dy[t], 0)
+        d_projected[t], d_old = cell.backward(caches[t], d_new)
+        d_states = [old + xp.where(running, 0, ds) for old, ds in zip(d_old, d_states)]
+    return d_projected, d_states
+
+
+def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_lens,
+                       initials, P=None, *, activation_alpha=None, activation_beta=None,
+                       activations=None, clip=None, direction="forward", hidden_size=None,
+                       layout=0, **options):
+    """(dX, dW, dR, dB, d initial state..., dP) of one recurrent layer. ``d_outputs`` are the
+    gradients of (Y, final state...), None for an output nobody used."""
+    wide = accumulation_dtype(X.dtype)
+    x = _time_major(X.astype(wide), layout)
+    seq_len, batch, _ = x.shape
+    num_directions, gates = W.shape[0], W.shape[1]
+    hidden = hidden_size or R.shape[-1]
+    lengths = (xp.full((batch,), seq_len, dtype=np.int64) if sequence_lens is None
+               else sequence_lens.astype(np.int64))
+    batch_index = xp.arange(batch)
+    acts = rnn.activation_specs(activations, activation_alpha, activation_beta, defaults,
+                                num_directions)
+    dY = (xp.zeros((seq_len, num_directions, batch, hidden), dtype=wide)
+          if d_outputs[0] is None else d_outputs[0].astype(wide))
+    if layout:
+        dY = dY.transpose(1, 2, 0, 3)
+    d_finals = [_time_major(None if g is None else g.astype(wide), layout)
+                for g in d_outputs[1:]]
+    initials = [_time_major(s, layout) for s in initials]
+
+    dX = xp.zeros_like(x)
+    dW, dR = xp.zeros(W.shape, dtype=wide), xp.zeros(R.shape, dtype=wide)
+    dB = xp.zeros((num_directions, 2 * gates), dtype=wide)
+    d_initials = [xp.zeros((num_directions, batch, hidden), dtype=wide) for _ in initials]
+    dP = None if P is None else xp.zeros(P.shape, dtype=wide)
+    for d in range(num_directions):
+        gates_of_d = [Activation(xp, spec, clip) for spec in acts[d]]
+        if cell_type is LSTMCell:  # the output activation is applied to the unclipped cell
+            gates_of_d[2] = Activation(xp, acts[d][2], None)
+        cell = _direction_cell(xp, cell_type, d, R, B, P, gates_of_d, gates, wide, options)
+        w = W[d].astype(wide)
+        projected = x @ w.T
+        if B is not None:
+            projected = projected + B[d, :gates].astype(wide)
+        backwards = direction == "reverse" or d == 1
+        order = rnn.reversal_index(xp, lengths, seq_len) if backwards else None
+        if backwards:
+            projected = projected[order, batch_index]
+        states = [xp.zeros((batch, hidden), dtype=wide) if s is None else s[d].astype(wide)
+                  for s in initials]
+        caches = _run_forward(xp, cell, projected, states, lengths)
+        dy = dY[:, d]
+        if backwards:
+            dy = dy[order, batch_index]
+        d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None else g[d]
+                    for g in d_finals]
+        d_projected, d_states = _run_backward(xp, cell, caches, dy, d_states, lengths, gates)
+        if backwards:
+            d_projected = d_projected[order, batch_index]
+        dX += d_projected @ w
+        dW[d] = d_projected.reshape(-1, gates).T @ x.reshape(-1, x.shape[-1])
+        dB[d, :gates] = d_projected.sum(axis=(0, 1))
+        dB[d, gates:] = cell.drb
+        dR[d] = cell.dr
+        for d_initial, d_state in zip(d_initials, d_states):
+            d_initial[d] = d_state
+        if dP is not None:
+            dP[d] = cell.peephole_grad()
+    dX = _time_major(dX, layout)
+    d_initials = [_time_major(g, layout) for g in d_initials]
+    likes = [X, W, R, B, *initials, P]
+    grads = [dX, dW, dR, dB, *d_initials] + ([] if dP is None else [dP])
+    return tuple(g.astype(like.dtype if like is not None else X.dtype)
+                 for g, like in zip(grads, likes))
+
+
+# -- the kernels ----------------------------------------------------------------------------
+# Every input is optional: an output nobody used has no gradient (None), and X, W and R,
+# always present, follow them.
+
+ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip", "direction",
+              "hidden_size", "layout")
+
+
+@op("RNNGrad", since=1, domain=MIXRT)
+def rnn_grad(xp, dY=None, dY_h=None, X=None, W=None, R=None, B=None, sequence_lens=None,
+             initial_h=None, **attributes):
+    """(dX, dW, dR, dB, d initial_h) of RNN."""
+    return recurrent_backward(xp, RNNCell, ["Tanh"], [dY, dY_h], X, W, R, B, sequence_lens,
+                              [initial_h], **attributes)
+
+
+@op("GRUGrad", since=1, domain=MIXRT)
+def gru_grad(xp, dY=None, dY_h=None, X=None, W=None, R=None, B=None, sequence_lens=None,
+             initial_h=None, *, linear_before_reset=0, **attributes):
+    """(dX, dW, dR, dB, d initial_h) of GRU."""
+    return recurrent_backward(xp, GRUCell, ["Sigmoid", "Tanh"], [dY, dY_h], X, W, R, B,
+                              sequence_lens, [initial_h],
+                              linear_before_reset=linear_before_reset, **attributes)
+
+
+@op("LSTMGrad", since=1, domain=MIXRT)
+def lstm_grad(xp, dY=None, dY_h=None, dY_c=None, X=None, W=None, R=None, B=None,
+              sequence_lens=None, initial_h=None, initial_c=None, P=None, *, input_forget=0,
+              **attributes):
+    """(dX, dW, dR, dB, d initial_h, d initial_c[, dP]) of LSTM."""
+    return recurrent_backward(xp, LSTMCell, ["Sigmoid", "Tanh", "Tanh"], [dY, dY_h, dY_c], X,
+                              W, R, B, sequence_lens, [initial_h, initial_c], P,
+                              input_forget=input_forget, **attributes)
+
+
+def _infer_like_inputs(state_count):
+    """The gradients have their inputs' types; an absent B or initial state's gradient is
+    still computed (zeros), with the shape the layer would have given it."""
+    def infer(*types, direction="forward", hidden_size=None, layout=0, **_):
+        X, W, R = types[1 + state_count:4 + state_count]
+        B = types[4 + state_count] if len(types) > 4 + state_count else None
+        initials = list(types[6 + state_count:6 + 2 * state_count])
+        initials += [None] * (state_count - len(initials))
+        result = [TensorType(t.dtype, t.shape) for t in (X, W, R)]
+        bias_shape = None if W.shape is None else (W.shape[0], 2 * W.shape[1])
+        result.append(TensorType(X.dtype, B.shape if B is not None else bias_shape))
+        for state in initials:
+            result.append(TensorType(X.dtype, None if state is None else state.shape))
+        P = types[6 + 2 * state_count] if len(types) > 6 + 2 * state_count else None
+        if P is not None:
+            result.append(TensorType(P.dtype, P.shape))
+        return result
+    return infer
+
+
+rnn_grad.infer(_infer_like_inputs(1))
+gru_grad.infer(_infer_like_inputs(1))
+lstm_grad.infer(_infer_like_inputs(2))
+
+
+# -- the gradients of the forward ops -------------------------------------------------------
+
+def _recurrent_gradient(kernel: str, state_count: int, extra_attributes: tuple):
+    """input index -> gradient: X, W, R, B, (sequence_lens: none), initial states, P."""
+    def gradient(b, node, dy):
+        d_outputs = [dy[i] if i < len(dy) else None for i in range(1 + state_count)]
+        if all(g is None for g in d_outputs):
+            return []
+        inputs = [optional_input(node, i) for i in range(len(node.inputs))]
+        peephole = state_count == 2 and len(inputs) > 7 and inputs[7] is not None
+        grads = b.emit(kernel, *d_outputs, *inputs, domain=MIXRT,
+                       outputs=4 + state_count + int(peephole),
+                       **forwarded(node, ATTRIBUTES + extra_attributes))
+        by_input = list(grads[:4]) + [None] + list(grads[4:])
+        return [g if source is not None else None for g, source in zip(by_input, inputs)]
+    return gradient
+
+
+for _version in (rnn.rnn_7, rnn.rnn_14):
+    _version.grad(_recurrent_gradient("RNNGrad", 1, ()))
+for _version in (rnn.gru_7, rnn.gru_14):
+    _version.grad(_recurrent_gradient("GRUGrad", 1, ("linear_before_reset",)))
+for _version in (rnn.lstm_7, rnn.lstm_14):
+    _version.grad(_recurrent_gradient("LSTMGrad", 2, ("input_forget",)))
