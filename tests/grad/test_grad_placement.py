@@ -1,0 +1,164 @@
+"""Gradients of Compress, ReverseSequence, CenterCropPad, TensorScatter, MaxUnpool, EyeLike,
+SwiGLU and CumProd (ops/placement_grad.py) against float64 central differences (first and,
+except CumProd, second order), symbolic shapes against static ones, and CumProd at zeros
+against closed forms."""
+
+import numpy as np
+import pytest
+
+import mixrt
+from mixrt import autograd, nd
+from mixrt.errors import GradientError
+from mixrt.ops.types import TensorType
+from mixrt.runtime.device import gpu_available
+from mixrt.runtime.graph import Graph, Node, Value
+
+from grad.gradcheck import check_gradient
+from grad.test_grad_shape_index import check_symbolic_matches_static
+
+rng = np.random.default_rng(29)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape)
+
+
+def ints(*values):
+    return np.array(values, dtype=np.int64)
+
+
+@pytest.mark.parametrize("axis, condition", [
+    (0, [True, False, True]), (1, [False, True, True, False]), (-1, [True, False]),
+    (None, [True, False, False, True, True, False, True]),
+    (1, [True, False, True, True, True, True, True])])  # longer than the axis
+def test_compress(axis, condition):
+    attributes = {} if axis is None else {"axis": axis}
+    inputs = [randn(3, 4, 2), np.array(condition)]
+    check_gradient("Compress", inputs, attributes, constants=(1,))
+    check_symbolic_matches_static("Compress", inputs, attributes, constants=(1,))
+
+
+@pytest.mark.parametrize("batch_axis, time_axis", [(1, 0), (0, 1)])
+def test_reverse_sequence(batch_axis, time_axis):
+    x = randn(4, 3, 2) if batch_axis == 1 else randn(3, 4, 2)
+    check_gradient("ReverseSequence", [x, ints(4, 1, 3)],
+                   {"batch_axis": batch_axis, "time_axis": time_axis}, constants=(1,))
+
+
+@pytest.mark.parametrize("target, axes", [
+    ([2, 5], None), ([4, 3], [1, 2]), ([1, 7], [-2, -1]), ([3], [0])])
+def test_center_crop_pad(target, axes):
+    attributes = {} if axes is None else {"axes": axes}
+    x = randn(3, 4, 5) if axes is not None else randn(5, 2)
+    inputs = [x, ints(*target)]
+    check_gradient("CenterCropPad", inputs, attributes, constants=(1,), opset=18)
+    check_symbolic_matches_static("CenterCropPad", inputs, attributes, constants=(1,),
+                                  opset=18)
+
+
+@pytest.mark.parametrize("mode, starts", [
+    ("linear", None), ("linear", [0, 2]), ("circular", [4, 1])])
+def test_tensor_scatter(mode, starts):
+    cache, update = randn(2, 3, 6, 4), randn(2, 3, 3, 4)
+    inputs = [cache, update] + ([] if starts is None else [ints(*starts)])
+    constants = () if starts is None else (2,)
+    check_gradient("TensorScatter", inputs, {"mode": mode, "axis": -2}, constants=constants,
+                   opset=24)
+
+
+def test_max_unpool_reads_the_gradient_where_max_pool_found_the_maxima():
+    pooled_from = np.random.default_rng(2).permutation(32).astype(np.float64).reshape(
+        1, 2, 4, 4)
+    (_, indices) = mixrt.Session(_max_pool_model()).run(None, {"x": pooled_from})
+    x = randn(1, 2, 2, 2)
+    check_gradient("MaxUnpool", [x, indices], {"kernel_shape": [2, 2], "strides": [2, 2]},
+                   constants=(1,), opset=11)
+    check_gradient("MaxUnpool", [x, indices, ints(1, 2, 5, 5)],
+                   {"kernel_shape": [2, 2], "strides": [2, 2]}, constants=(1, 2), opset=11)
+
+
+def _max_pool_model():
+    node = Node("MaxPool", ["x"], ["y", "i"], name="pool", opset=12,
+                attributes={"kernel_shape": [2, 2], "strides": [2, 2]})
+    return Graph(nodes=[node], inputs=[Value("x", TensorType(np.dtype(np.float64),
+                                                              (1, 2, 4, 4)))],
+                 outputs=[Value("y"), Value("i")], name="pool")
+
+
+def test_eye_like_passes_nothing_back():
+    x = nd.array(randn(3, 4))
+    x.attach_grad()
+    with autograd.record():
+        y = (nd.EyeLike(x) * 2 + x).sum()
+    y.backward()
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.ones((3, 4)))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_swiglu(alpha):
+    check_gradient("SwiGLU", [randn(3, 5), randn(3, 5)], {"alpha": alpha}, opset=28)
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_cum_prod(exclusive, reverse, axis):
+    x = rng.uniform(0.5, 1.5, (4, 5)) * rng.choice([-1, 1], (4, 5))
+    check_gradient("CumProd", [x, ints(axis)], {"exclusive": exclusive, "reverse": reverse},
+                   constants=(1,), opset=26, second_order=False)
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cum_prod_at_zeros_matches_the_product_of_the_others(exclusive, reverse):
+    """dX_i = sum_j dY_j prod_{k in K_j, k != i} x_k, element by element: exact where
+    X holds one or two zeros, where dividing Y by X gives NaN."""
+    x = np.array([[2.0, 0.0, 3.0, -1.5, 0.5], [1.5, 0.0, 2.0, 0.0, -2.0]])
+    dy = randn(2, 5)
+    got = _cum_prod_grad(x, dy, exclusive, reverse)
+    want = np.zeros_like(x)
+    n = x.shape[1]
+    for row in range(2):
+        for i in range(n):
+            for j in range(n):
+                members = [k for k in range(n) if _in_scan(k, j, exclusive, reverse)]
+                if i in members:
+                    others = [x[row, k] for k in members if k != i]
+                    want[row, i] += dy[row, j] * np.prod(others)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+def _in_scan(k, j, exclusive, reverse):
+    if reverse:
+        return k > j if exclusive else k >= j
+    return k < j if exclusive else k <= j
+
+
+def _cum_prod_grad(x, dy, exclusive, reverse, ctx=None):
+    options = {} if ctx is None else {"ctx": ctx}
+    data = nd.array(x, **options)
+    data.attach_grad()
+    with autograd.record():
+        y = nd.CumProd(data, nd.array(ints(1), **options), exclusive=exclusive,
+                       reverse=reverse)
+        (y * nd.array(dy, **options)).sum().backward()
+    return data.grad.asnumpy()
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+def test_cum_prod_gradient_on_the_gpu():
+    x = np.array([[2.0, 0.0, 3.0, -1.5], [1.5, 0.5, 2.0, 0.0]])
+    dy = randn(2, 4)
+    np.testing.assert_allclose(_cum_prod_grad(x, dy, 1, 1, ctx=mixrt.gpu(0)),
+                               _cum_prod_grad(x, dy, 1, 1), rtol=1e-12)
+
+
+def test_cum_prod_second_derivative_names_its_backward_kernel():
+    x = nd.array(randn(2, 3))
+    x.attach_grad()
+    with autograd.record():
+        y = nd.CumProd(x, nd.array(ints(1)))
+        g = autograd.grad((y * y).sum(), [x], create_graph=True)[0]
+        total = (g * g).sum()
+    with pytest.raises(GradientError, match="CumProdGrad"):
+        total.backward()
