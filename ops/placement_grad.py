@@ -26,7 +26,6 @@ kernel has no gradient, so a second derivative through CumProd is a GradientErro
 
 from __future__ import annotations
 
-
 from mixrt.ops import attention, index, layout, pool, reduce, shape
 from mixrt.ops.conv_grad import forwarded
 from mixrt.ops.dtypes import NUMERIC
