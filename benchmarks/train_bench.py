@@ -1,7 +1,7 @@
 """Training step time, mixrt against PyTorch on the CPU, one process run; and the training
 memory plan (forward + backward planned together) against naive allocation.
 
-    python benchmarks/train_bench.py [--models mlp resnet18] [--steps 20] [--out FILE.md]
+    python benchmarks/train_bench.py [--models mlp resnet18 lstm] [--steps 20] [--out FILE.md]
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
     python benchmarks/train_bench.py --device gpu --precision float32 float16
 
@@ -80,7 +80,28 @@ def torch_resnet18(seed: int = 0, classes: int = 1000):
     return model, (3, 224, 224)
 
 
-MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32)}
+def torch_lstm(seed: int = 0):
+    """A sequence classifier: a 2-layer LSTM (hidden 256) over 32 steps of 64 features, the
+    last step's state into 10 classes. mixrt trains it through its LSTM backward kernel
+    (backpropagation through time), PyTorch through its own."""
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    torch.manual_seed(seed)
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(64, 256, num_layers=2, batch_first=True)
+            self.out = nn.Linear(256, 10)
+
+        def forward(self, x):
+            states, _ = self.lstm(x)
+            return self.out(states[:, -1])
+
+    return Classifier(), (32, 64)
+
+
+MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32), "lstm": (torch_lstm, 64)}
 
 
 def export_training(module, sample_shape, path: Path) -> Path:

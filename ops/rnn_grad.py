@@ -59,6 +59,9 @@ SLOPES = {
 }
 
 
+SLOPES_OF_VALUES = {"sigmoid": lambda y: y * (1 - y), "tanh": lambda y: 1 - y * y}
+
+
 class Activation:
     """f(clip(a)) and its derivative with respect to a."""
 
@@ -71,8 +74,13 @@ class Activation:
     def value(self, a):
         return rnn.ACTIVATIONS[self.key][0](self.xp, self._clipped(a), self.alpha, self.beta)
 
-    def slope(self, a):
-        slope = SLOPES[self.key](self.xp, self._clipped(a), self.alpha, self.beta)
+    def slope(self, a, value=None):
+        """d value / d a; ``value`` (f at a, when the caller kept it) saves recomputing
+        sigmoid and tanh, whose slopes are functions of their values."""
+        if value is not None and self.key in SLOPES_OF_VALUES:
+            slope = SLOPES_OF_VALUES[self.key](value)
+        else:
+            slope = SLOPES[self.key](self.xp, self._clipped(a), self.alpha, self.beta)
         if self.clip is None:
             return slope
         return slope * ((a >= -self.clip) & (a <= self.clip))
@@ -84,23 +92,34 @@ class RNNCell:
     """H' = f(x_proj + H R^T + Rb)."""
 
     def __init__(self, xp, r, rb, peepholes, acts, **_):
-        self.r, self.rb, (self.f,) = r, rb, acts
-        self.dr, self.drb = xp.zeros_like(r), xp.zeros_like(rb)
+        self.xp, self.r, self.rb, (self.f,) = xp, r, rb, acts
 
     def forward(self, x_proj, states):
         (h,) = states
         a = x_proj + h @ self.r.T + self.rb
-        return [self.f.value(a)], (h, a)
+        h_new = self.f.value(a)
+        return [h_new], (h, a, h_new)
 
     def backward(self, cache, d_new):
-        h, a = cache
-        da = d_new[0] * self.f.slope(a)
-        self.dr += da.T @ h
-        self.drb += da.sum(axis=0)
+        h, a, h_new = cache
+        da = d_new[0] * self.f.slope(a, h_new)
         return da, [da @ self.r]
+
+    def weight_grads(self, d_projected, caches):
+        return _recurrent_weight_grads(self.xp, d_projected, caches)
 
     def peephole_grad(self):
         return None
+
+
+def _recurrent_weight_grads(xp, d_projected, caches):
+    """(dR, dRb) when the recurrent product's gradient is the whole projection's (RNN,
+    LSTM): one matrix product over all steps instead of one per step. ``caches[t][0]`` is
+    the hidden state step t started from; padded steps have zero gradients."""
+    gates = d_projected.shape[-1]
+    previous = xp.stack([cache[0] for cache in caches])
+    dr = d_projected.reshape(-1, gates).T @ previous.reshape(-1, previous.shape[-1])
+    return dr, d_projected.sum(axis=(0, 1))
 
 
 class GRUCell:
@@ -133,7 +152,7 @@ class GRUCell:
         (dh_new,) = d_new
         dz = dh_new * (h - candidate)
         dh = dh_new * z
-        da_h = dh_new * (1 - z) * self.candidate.slope(a_h)
+        da_h = dh_new * (1 - z) * self.candidate.slope(a_h, candidate)
         hidden = h.shape[1]
         dr_z, dr_r, dr_h = (self.dr[i * hidden:(i + 1) * hidden] for i in range(3))
         db_z, db_r, db_h = (self.drb[i * hidden:(i + 1) * hidden] for i in range(3))
@@ -149,13 +168,16 @@ class GRUCell:
             db_h += da_h.sum(axis=0)
             d_reset = d_gated * h
             dh += d_gated * reset
-        da_r = d_reset * self.gate.slope(a_r)
-        da_z = dz * self.gate.slope(a_z)
+        da_r = d_reset * self.gate.slope(a_r, reset)
+        da_z = dz * self.gate.slope(a_z, z)
         for da, dr, db, r in ((da_r, dr_r, db_r, self.rr), (da_z, dr_z, db_z, self.rz)):
             dr += da.T @ h
             db += da.sum(axis=0)
             dh += da @ r
         return self.xp.concatenate([da_z, da_r, da_h], axis=-1), [dh]
+
+    def weight_grads(self, d_projected, caches):
+        return self.dr, self.drb  # accumulated step by step: the gates read different inputs
 
     def peephole_grad(self):
         return None
@@ -168,7 +190,6 @@ class LSTMCell:
         self.xp, self.r, self.rb, self.input_forget = xp, r, rb, input_forget
         self.gate, self.cell_input, self.output = acts
         self.peepholes = None if peepholes is None else xp.split(peepholes, 3)
-        self.dr, self.drb = xp.zeros_like(r), xp.zeros_like(rb)
         self.dp = None if peepholes is None else [xp.zeros_like(p) for p in self.peepholes]
 
     def forward(self, x_proj, states):
@@ -191,27 +212,28 @@ class LSTMCell:
     def backward(self, cache, d_new):
         h, c, g_i, g_o, g_f, g_c, i, forget, candidate, cell, o, squashed = cache
         dh_new, dc_new = d_new
-        dg_o = dh_new * squashed * self.gate.slope(g_o)
-        d_cell = dc_new + dh_new * o * self.output.slope(cell)
+        dg_o = dh_new * squashed * self.gate.slope(g_o, o)
+        d_cell = dc_new + dh_new * o * self.output.slope(cell, squashed)
         if self.peepholes is not None:
             d_cell = d_cell + dg_o * self.peepholes[1]
         d_forget, dc = d_cell * c, d_cell * forget
         d_i = d_cell * candidate
-        dg_c = d_cell * i * self.cell_input.slope(g_c)
+        dg_c = d_cell * i * self.cell_input.slope(g_c, candidate)
         if self.input_forget:
             d_i = d_i - d_forget
             dg_f = self.xp.zeros_like(d_forget)
         else:
-            dg_f = d_forget * self.gate.slope(g_f)
-        dg_i = d_i * self.gate.slope(g_i)
+            dg_f = d_forget * self.gate.slope(g_f, forget)
+        dg_i = d_i * self.gate.slope(g_i, i)
         if self.peepholes is not None:
             dc = dc + dg_i * self.peepholes[0] + dg_f * self.peepholes[2]
             for dp, dg, state in zip(self.dp, (dg_i, dg_o, dg_f), (c, cell, c)):
                 dp += (dg * state).sum(axis=0)
         dg = self.xp.concatenate([dg_i, dg_o, dg_f, dg_c], axis=-1)
-        self.dr += dg.T @ h
-        self.drb += dg.sum(axis=0)
         return dg, [dg @ self.r, dc]
+
+    def weight_grads(self, d_projected, caches):
+        return _recurrent_weight_grads(self.xp, d_projected, caches)
 
     def peephole_grad(self):
         return None if self.dp is None else self.xp.concatenate(self.dp)
@@ -303,13 +325,12 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
         d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None else g[d]
                     for g in d_finals]
         d_projected, d_states = _run_backward(xp, cell, caches, dy, d_states, lengths, gates)
+        dR[d], dB[d, gates:] = cell.weight_grads(d_projected, caches)
         if backwards:
             d_projected = d_projected[order, batch_index]
         dX += d_projected @ w
         dW[d] = d_projected.reshape(-1, gates).T @ x.reshape(-1, x.shape[-1])
         dB[d, :gates] = d_projected.sum(axis=(0, 1))
-        dB[d, gates:] = cell.drb
-        dR[d] = cell.dr
         for d_initial, d_state in zip(d_initials, d_states):
             d_initial[d] = d_state
         if dP is not None:

@@ -69,7 +69,8 @@ case "$step" in
         cp BENCHMARKS.md "$out/BENCHMARKS.md"
         timeout 330 python3 benchmarks/run_all.py --gpu-only --out "$out/BENCHMARKS.md" "$@"
         echo "run_all --gpu-only: exit $?"
-        timeout 200 python3 benchmarks/train_bench.py --device gpu --precision float32 float16 \
+        timeout 200 python3 benchmarks/train_bench.py --device gpu --models mlp resnet18 \
+            --precision float32 float16 \
             --out "$out/train_gpu.md"
         echo "train_bench --device gpu: exit $?"
         ;;
