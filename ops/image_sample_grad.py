@@ -649,18 +649,19 @@ def _(b, node, dy):
                                coordinate_transformation_mode="output_half_pixel")
 
 
-@roi_align_grad.grad
-def _(b, node, dd):
-    """Linear in dY: its adjoint reads dd where the forward read X."""
-    return [b.emit("RoiAlignRouted", dd[0], *node.inputs[1:4], domain=MIXRT,
-                   **forwarded(node, _ROI_ALIGN_ATTRIBUTES)), None, None, None]
+def _routed_adjoint(partner: str, attributes: tuple, routing_inputs: int):
+    """The gradient of a kernel linear in its first input whose adjoint is ``partner``
+    with the same routing inputs (the RoIs, batch indices) and attributes."""
+    def grad(b, node, dd):
+        routing = node.inputs[1:1 + routing_inputs]
+        return [b.emit(partner, dd[0], *routing, domain=MIXRT,
+                       **forwarded(node, attributes))] + [None] * routing_inputs
+    return grad
 
 
-@roi_align_routed.grad
-def _(b, node, dd):
-    """Linear in V: its adjoint is RoiAlignGrad with the same choices."""
-    return [b.emit("RoiAlignGrad", dd[0], *node.inputs[1:4], domain=MIXRT,
-                   **forwarded(node, _ROI_ALIGN_ATTRIBUTES)), None, None, None]
+# RoiAlignGrad reads dd where the forward read X; RoiAlignRouted scatters it back
+roi_align_grad.grad(_routed_adjoint("RoiAlignRouted", _ROI_ALIGN_ATTRIBUTES, 3))
+roi_align_routed.grad(_routed_adjoint("RoiAlignGrad", _ROI_ALIGN_ATTRIBUTES, 3))
 
 
 # -- MaxRoiPool -------------------------------------------------------------------------------
@@ -740,13 +741,5 @@ def _(b, node, dy):
                    **forwarded(node, _MAX_ROI_ATTRIBUTES)), None]
 
 
-@max_roi_pool_grad.grad
-def _(b, node, dd):
-    return [b.emit("MaxRoiPoolRouted", dd[0], *node.inputs[1:3], domain=MIXRT,
-                   **forwarded(node, _MAX_ROI_ATTRIBUTES)), None, None]
-
-
-@max_roi_pool_routed.grad
-def _(b, node, dd):
-    return [b.emit("MaxRoiPoolGrad", dd[0], *node.inputs[1:3], domain=MIXRT,
-                   **forwarded(node, _MAX_ROI_ATTRIBUTES)), None, None]
+max_roi_pool_grad.grad(_routed_adjoint("MaxRoiPoolRouted", _MAX_ROI_ATTRIBUTES, 2))
+max_roi_pool_routed.grad(_routed_adjoint("MaxRoiPoolGrad", _MAX_ROI_ATTRIBUTES, 2))
