@@ -93,6 +93,21 @@ def reversal_index(xp, lengths, seq_len):
     return xp.where(steps < lengths, lengths - 1 - steps, steps)
 
 
+def step_counts(xp, sequence_lens, batch: int, seq_len: int):
+    """Each sequence's length (int64), all ``seq_len`` when none are given. A length outside
+    [0, seq_len] is refused (as onnxruntime does) rather than read past the sequence."""
+    if sequence_lens is None:
+        return xp.full((batch,), seq_len, dtype=np.int64)
+    lengths = sequence_lens.astype(np.int64)
+    if lengths.shape != (batch,):
+        raise ValueError(f"sequence_lens has shape {tuple(lengths.shape)}; expected "
+                         f"({batch},), one length per sequence of the batch")
+    if batch and bool(((lengths < 0) | (lengths > seq_len)).any()):
+        raise ValueError(f"sequence_lens {lengths.tolist()} holds a length outside "
+                         f"[0, {seq_len}], the sequence length of X")
+    return lengths
+
+
 def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size,
                    direction, layout, step, activations, gate_count):
     """Run ``step`` over time for each direction.
@@ -114,9 +129,10 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
     gates = gate_count * hidden
     if B is None:
         B = xp.zeros((num_directions, 2 * gates), dtype=wide)
-    lengths = (xp.full((batch,), seq_len, dtype=np.int64) if sequence_lens is None
-               else sequence_lens.astype(np.int64))
+    lengths = step_counts(xp, sequence_lens, batch, seq_len)
     batch_index = xp.arange(batch)
+    # a sequence of length 0 has no last step: its final states are zeros (onnxruntime's)
+    started = (lengths > 0).reshape(-1, 1)
 
     outputs, finals = [], []
     for d in range(num_directions):
@@ -138,7 +154,7 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
         if backwards:
             y = y[order, batch_index]
         outputs.append(y)
-        finals.append(states)
+        finals.append([xp.where(started, s, xp.zeros((), dtype=wide)) for s in states])
 
     Y = xp.stack(outputs, axis=1)                      # (seq, directions, batch, hidden)
     final = [xp.stack([f[i] for f in finals]) for i in range(len(initial_states))]

@@ -21,8 +21,6 @@ derivative through a recurrent layer is a GradientError.
 
 from __future__ import annotations
 
-import numpy as np
-
 from mixrt.ops import rnn
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.dtypes import accumulation_dtype
@@ -285,9 +283,9 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
     seq_len, batch, _ = x.shape
     num_directions, gates = W.shape[0], W.shape[1]
     hidden = hidden_size or R.shape[-1]
-    lengths = (xp.full((batch,), seq_len, dtype=np.int64) if sequence_lens is None
-               else sequence_lens.astype(np.int64))
+    lengths = rnn.step_counts(xp, sequence_lens, batch, seq_len)
     batch_index = xp.arange(batch)
+    started = (lengths > 0).reshape(-1, 1)  # a length-0 sequence's finals are zeros
     acts = rnn.activation_specs(activations, activation_alpha, activation_beta, defaults,
                                 num_directions)
     dY = (xp.zeros((seq_len, num_directions, batch, hidden), dtype=wide)
@@ -322,8 +320,8 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
         dy = dY[:, d]
         if backwards:
             dy = dy[order, batch_index]
-        d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None else g[d]
-                    for g in d_finals]
+        d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None
+                    else xp.where(started, g[d], 0) for g in d_finals]
         d_projected, d_states = _run_backward(xp, cell, caches, dy, d_states, lengths, gates)
         dR[d], dB[d, gates:] = cell.weight_grads(d_projected, caches)
         if backwards:

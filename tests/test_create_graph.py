@@ -143,12 +143,20 @@ def generator_like():
                       gluon.nn.Flatten(), gluon.nn.Dense(1))
 
 
+def recurrent():
+    """A bidirectional LSTM and a GRU (fused ONNX layers, differentiated twice through
+    their unrolled expansion, ops/rnn_expansion.py)."""
+    return seeded_net(11, 0.5, gluon.rnn.LSTM(3, layout="NTC", bidirectional=True),
+                      gluon.rnn.GRU(2, layout="NTC"), gluon.nn.Flatten(), gluon.nn.Dense(1))
+
+
 @pytest.mark.parametrize("build, shape", [(mlp, (3, 6)), (cnn, (2, 1, 6, 6)),
                                           (pooled_cnn, (2, 1, 6, 6)),
                                           (normalized_mlp, (3, 5)),
-                                          (generator_like, (2, 1, 3, 3))],
+                                          (generator_like, (2, 1, 3, 3)),
+                                          (recurrent, (2, 4, 2))],
                          ids=["mlp", "cnn", "cnn_with_pools", "layer_norm_mlp",
-                              "generator_like"])
+                              "generator_like", "recurrent"])
 def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, shape):
     net = build()
     data = np.random.default_rng(1).standard_normal(shape)

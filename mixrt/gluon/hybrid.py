@@ -44,6 +44,10 @@ _tracing = _Tracing()
 class HybridBlock(Block):
     """A block whose computation is ``hybrid_forward(F, x, *args, **params)``."""
 
+    # the axes of every input that an exported graph leaves free (the batch); a block
+    # whose graph holds for any size along more axes (a recurrent layer's time) says so
+    _free_axes: tuple = (0,)
+
     def __init__(self, prefix: str | None = None, params=None):
         super().__init__(prefix, params)
         self._active = False
@@ -115,8 +119,8 @@ class HybridBlock(Block):
         if any(not p.is_initialized() for p in self.collect_params().values()):
             with autograd.pause(train_mode=False):
                 was_active, self._active = self._active, False
-                try:
-                    self.forward(*args)
+                try:  # the flat call: a subclass's forward may group its arguments
+                    HybridBlock.forward(self, *args)
                 finally:
                     self._active = was_active
         names = ["data"] if len(args) == 1 else [f"data{i}" for i in range(len(args))]
@@ -134,7 +138,7 @@ class HybridBlock(Block):
 
     def _cached_call(self, *args):
         """Traced once per input signature: a block may unroll over a static dimension
-        (an RNN over time steps, see :func:`static_shape`)."""
+        (see :func:`static_shape`)."""
         key = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in args)
         cached = self._cached.get(key)
         if cached is None:
@@ -175,7 +179,7 @@ class HybridSequential(ChildChain, HybridBlock):
 
 def static_shape(x) -> tuple:
     """The shape of ``x``, an NDArray or a Symbol being traced (from the shapes the trace
-    was made for): what a block that unrolls over a dimension (time steps) needs. A block
+    was made for): what a block that unrolls over a dimension needs. A block
     using it is traced again for each new input shape."""
     if not isinstance(x, Symbol):
         return tuple(x.shape)
@@ -300,8 +304,11 @@ class CachedGraph:
             output._entry = (node, index)
 
     def inference_graph(self):
-        """The graph with the parameters as initializers and any batch size."""
-        shapes = {n: (None, *s[1:]) for n, s in self.last_shapes.items()}
+        """The graph with the parameters as initializers and any size along the block's
+        free axes (the batch)."""
+        free = self.block._free_axes
+        shapes = {n: tuple(None if axis in free else d for axis, d in enumerate(s))
+                  for n, s in self.last_shapes.items()}
         params = {name: p.data().asnumpy() for name, p in self.params.items()}
         return self.symbol.to_graph(params, shapes=shapes, name=self.block.name)
 

@@ -19,6 +19,7 @@ from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
 from mixrt.runtime.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.ops.types import TensorType
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.training import TrainingProgram, mse, softmax_cross_entropy
 
@@ -55,7 +56,7 @@ def check_layer(kind, inputs, attributes, *, opset=14, loss_outputs=None):
     outputs = 3 if kind == "LSTM" else 2
     check_gradient(kind, inputs, {"hidden_size": HIDDEN, **attributes}, constants=(4,),
                    opset=opset, outputs=outputs, loss_outputs=loss_outputs,
-                   second_order=False)
+                   second_order=True)
 
 
 # -- every attribute, against central differences ------------------------------------------
@@ -66,6 +67,14 @@ def test_directions_with_sequence_lengths_and_initial_states(kind, direction):
     directions = 2 if direction == "bidirectional" else 1
     inputs = layer_inputs(kind, directions=directions, lengths=[4, 2, 3])
     check_layer(kind, inputs, {"direction": direction})
+
+
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_an_empty_sequence_has_zero_finals_and_passes_no_gradient(kind):
+    """A length-0 sequence outputs zeros and zero final states (onnxruntime's rule), so its
+    initial states get no gradient: the finals' gradient must not pass through to them."""
+    inputs = layer_inputs(kind, directions=2, lengths=[4, 0, 3])
+    check_layer(kind, inputs, {"direction": "bidirectional"})
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
@@ -164,20 +173,53 @@ def _one_layer_graph(kind, inputs):
     return graph
 
 
-def test_a_second_derivative_is_named_at_the_backward_kernel():
+def test_second_derivatives_through_the_imperative_layer():
+    """create_graph through nd.LSTM differentiates the layer unrolled (ops/rnn_expansion.py);
+    its Hessian-vector product equals central differences of the fused first-order
+    gradient, and the first-order gradient it returns is the fused kernel's."""
     x = nd.array(randn(SEQ, BATCH, INPUT))
-    x.attach_grad()
     w, r = nd.array(randn(1, 4 * HIDDEN, INPUT)), nd.array(randn(1, 4 * HIDDEN, HIDDEN))
+    lengths = nd.array(np.array([4, 1, 3], np.int32), dtype=np.int32)
+    v = randn(SEQ, BATCH, INPUT)
+
+    def first_order(value, create_graph=False):
+        point = nd.array(value)
+        point.attach_grad()
+        with autograd.record():
+            y = nd.LSTM(point, w, r, None, lengths, hidden_size=HIDDEN)[0]
+            grad = autograd.grad((y * y * y).sum(), [point], create_graph=create_graph)[0]
+        return point, grad
+
+    point, grad = first_order(x.asnumpy(), create_graph=True)
     with autograd.record():
-        y = nd.LSTM(x, w, r, hidden_size=HIDDEN)[0]
-        g = autograd.grad((y * y).sum(), [x], create_graph=True)[0]
-        total = (g * g).sum()
-    with autograd.record():  # the first-order gradient itself is the plain backward's
-        plain = nd.LSTM(x, w, r, hidden_size=HIDDEN)[0]
-        (plain * plain).sum().backward()
-    np.testing.assert_allclose(g.asnumpy(), x.grad.asnumpy(), rtol=1e-12)
+        (grad * nd.array(v)).sum().backward()
+    np.testing.assert_allclose(grad.asnumpy(), first_order(x.asnumpy())[1].asnumpy(),
+                               rtol=1e-12)
+    numeric = np.zeros_like(v)
+    eps = 1e-6
+    for index in np.ndindex(v.shape):
+        shifted = [x.asnumpy().copy() for _ in range(2)]
+        shifted[0][index] += eps
+        shifted[1][index] -= eps
+        ups, downs = (float((first_order(s)[1].asnumpy() * v).sum()) for s in shifted)
+        numeric[index] = (ups - downs) / (2 * eps)
+    np.testing.assert_allclose(point.grad.asnumpy(), numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_a_second_derivative_at_an_unknown_length_is_named_at_the_backward_kernel():
+    """Unrolling needs the number of steps; where it is symbolic the expansion steps aside
+    and the second derivative stops at the fused kernel, by name."""
+    inputs = layer_inputs("LSTM")
+    graph = _one_layer_graph("LSTM", inputs[:3])
+    graph.inputs[0] = Value("X", TensorType(np.dtype(np.float64), ("T", BATCH, INPUT)))
+    first = gradient_graph(graph, "loss", ["X"], differentiable_backward=True)
+    assert "LSTMGrad" in {node.op_type for node in first.graph.nodes}
+    summed = Node("ReduceSum", [first.grads["X"]], ["g_total"], name="g_total", opset=14,
+                  attributes={"keepdims": 0})
+    first.graph.nodes.append(summed)
+    first.graph.outputs.append(Value("g_total"))
     with pytest.raises(GradientError, match="LSTMGrad"):
-        total.backward()
+        gradient_graph(first.graph, "g_total", ["X"])
 
 
 # -- against PyTorch ------------------------------------------------------------------------

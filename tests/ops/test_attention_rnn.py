@@ -86,6 +86,30 @@ def test_gru_reverse_sequence_lens(linear_before_reset):
     assert_all_close(rnn.gru_14(np, *inputs.values(), **attrs), expected)
 
 
+def test_sequence_length_zero_agrees_with_onnxruntime_and_out_of_range_is_refused():
+    """A length of 0 outputs zeros and keeps the initial state (onnxruntime does so too);
+    a length below 0 or past the sequence is an error in the forward and the backward, not
+    a read past the sequence."""
+    from mixrt.ops import rnn_grad  # noqa: PLC0415
+    seq, batch, inp, hid = 3, 2, 2, 3
+    inputs = dict(X=randn(seq, batch, inp), W=randn(2, 3 * hid, inp),
+                  R=randn(2, 3 * hid, hid), B=randn(2, 6 * hid),
+                  sequence_lens=np.array([0, 3], np.int32), initial_h=randn(2, batch, hid))
+    attrs = dict(hidden_size=hid, direction="bidirectional")
+    expected = run_ort("GRU", inputs, ["Y", "Y_h"], 14, **attrs)
+    assert_all_close(rnn.gru_14(np, *inputs.values(), **attrs), expected)
+    for lengths in ([4, 1], [-1, 2]):
+        bad = dict(inputs, sequence_lens=np.array(lengths, np.int32))
+        with pytest.raises(ValueError, match=r"outside \[0, 3\]"):
+            rnn.gru_14(np, *bad.values(), **attrs)
+        with pytest.raises(ValueError, match=r"outside \[0, 3\]"):
+            rnn_grad.gru_grad(np, np.ones((seq, 2, batch, hid), np.float32), None,
+                              *bad.values(), **attrs)
+    with pytest.raises(ValueError, match=r"expected \(2,\)"):
+        rnn.gru_14(np, *dict(inputs, sequence_lens=np.array([1, 2, 3], np.int32)).values(),
+                   **attrs)
+
+
 def test_rnn_activation_alpha_beta_consumed_in_order():
     seq, batch, inp, hid = 3, 2, 3, 4
     inputs = dict(X=randn(seq, batch, inp), W=randn(2, hid, inp), R=randn(2, hid, hid))

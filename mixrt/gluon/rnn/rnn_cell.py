@@ -1,13 +1,14 @@
-"""Recurrent cells: one time step of an RNN, LSTM or GRU, and the step function the layers
-(``rnn_layer.py``) unroll.
+"""Recurrent cells: one time step of an RNN, LSTM or GRU, and the step function ``unroll``
+repeats.
 
 The gates are PyTorch's (``torch.nn.LSTM``/``GRU``, also MXNet's): an LSTM's i2h/h2h rows
 are the input, forget, cell and output gates; a GRU's are the reset, update and new gates,
 with ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))`` and ``h' = (1 - z) n + z h``.
 
-Every step is Gemm, Split, Sigmoid, Tanh, Add and Mul, so it trains imperatively and
-traced (ONNX's fused LSTM/GRU ops have no gradient). A missing state (``None``) means zeros
-and is left out of the arithmetic, so no zero tensor of a fixed batch size is needed.
+A cell is one step written as Gemm, Split, Sigmoid, Tanh, Add and Mul (the layers, which
+see the whole sequence, use ONNX's fused RNN/LSTM/GRU instead). A missing state (``None``)
+means zeros and is left out of the arithmetic, so no zero tensor of a fixed batch size is
+needed.
 """
 
 from __future__ import annotations

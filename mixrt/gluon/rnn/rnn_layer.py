@@ -1,10 +1,11 @@
 """Recurrent layers: RNN, LSTM and GRU over a whole sequence, stacked ``num_layers`` deep
-and optionally bidirectional, unrolled over the time steps.
+and optionally bidirectional, each layer one fused ONNX RNN/LSTM/GRU node.
 
     layer = rnn.LSTM(64, num_layers=2, layout="NTC", bidirectional=True)
     layer.initialize()
     out = layer(x)                                       # (N, T, 2 * 64)
     out, (h, c) = layer(x, layer.begin_state(batch_size=N))
+    out = padded(x, None, lengths)                       # use_sequence_length=True
 
 Parameters per layer ``k`` and direction (``l`` forward, ``r`` reverse), as in MXNet:
 ``l0_i2h_weight`` (gates * hidden, input), ``l0_h2h_weight`` (gates * hidden, hidden),
@@ -12,26 +13,46 @@ Parameters per layer ``k`` and direction (``l`` forward, ``r`` reverse), as in M
 ``bias_ih_l0``, ``bias_hh_l0`` (``r0_*``: its ``*_l0_reverse``). States are
 (num_layers * directions, N, hidden) with PyTorch's order (layer by layer, forward first).
 
-The sequence length comes from the input's static shape, so a hybridized layer is traced
-once per sequence length. The input projection of every step is one MatMul per layer and
-direction; the recurrence is Gemm and elementwise ops per step (``rnn_cell.step``).
+Why the fused ops: one node per layer runs the whole recurrence in one kernel (and one
+backward kernel, ``ops/rnn_grad.py``), the traced graph does not grow with the sequence
+length, and an exported layer is the ONNX LSTM that onnxruntime and every other runtime run
+natively. The parameters keep MXNet's and PyTorch's gate order (LSTM i, f, g, o; GRU r, z,
+n) so their checkpoints load unchanged; each call reorders the rows into ONNX's (LSTM i, o,
+f, c; GRU z, r, h) with a Split and a Concat, which also carries the gradients back.
+``use_sequence_length``: a third argument (N,) gives each sequence's length; the steps past
+it output zeros and the final states are those of the last real step (PyTorch's packed
+sequences), the reverse direction starting from that step.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from mixrt.errors import InputError
 from mixrt.gluon.hybrid import HybridBlock, static_shape
 from mixrt.gluon.nn.basic_layers import dropout
-from mixrt.gluon.rnn.rnn_cell import MODES, check_mode_options, split, step
+from mixrt.gluon.rnn.rnn_cell import MODES, check_mode_options, split
+
+_INT32 = 6  # TensorProto.INT32: ONNX's sequence_lens type
+
+# mode -> (ONNX op, its attributes, ONNX's gate order as indices into MXNet's)
+_FUSED = {
+    "rnn_tanh": ("RNN", {"activations": ["Tanh"]}, (0,)),
+    "rnn_relu": ("RNN", {"activations": ["Relu"]}, (0,)),
+    "lstm": ("LSTM", {}, (0, 3, 1, 2)),
+    "gru": ("GRU", {"linear_before_reset": 1}, (1, 0, 2)),
+}
 
 
 class _RNNLayer(HybridBlock):
     """The layers' common body; ``mode`` is one of ``rnn_cell.MODES``."""
 
+    _free_axes = (0, 1)  # an exported layer takes any batch size and sequence length
+
     def __init__(self, mode: str, hidden_size: int, num_layers: int, layout: str,
                  dropout: float, bidirectional: bool, input_size: int,
                  i2h_weight_initializer, h2h_weight_initializer, i2h_bias_initializer,
-                 h2h_bias_initializer, dtype, **kwargs):
+                 h2h_bias_initializer, dtype, use_sequence_length: bool = False, **kwargs):
         where = type(self).__name__
         check_mode_options(where, hidden_size)
         if layout not in ("TNC", "NTC"):
@@ -43,6 +64,7 @@ class _RNNLayer(HybridBlock):
         super().__init__(**kwargs)
         self._mode, self._hidden_size, self._num_layers = mode, int(hidden_size), num_layers
         self._layout, self._dropout = layout, float(dropout)
+        self._use_sequence_length = bool(use_sequence_length)
         self._directions = ["l", "r"] if bidirectional else ["l"]
         rows = MODES[mode][0] * hidden_size
         for layer in range(num_layers):
@@ -82,68 +104,98 @@ class _RNNLayer(HybridBlock):
             weight = self.params.get(f"{direction}0_i2h_weight")
             weight.shape = (weight.shape[0], shape[2])
 
-    def forward(self, inputs, states=None):
+    def forward(self, inputs, states=None, sequence_length=None):
         """The output sequence; with ``states`` given, also the final states."""
+        lengths = self._lengths_argument(sequence_length)
         if states is None:
-            return super().forward(inputs)
+            return super().forward(inputs, *lengths)
         states = list(states) if isinstance(states, (list, tuple)) else [states]
         expected = MODES[self._mode][1]
         if len(states) != expected:
             raise InputError(f"{self.name}: takes {expected} state(s), got {len(states)}")
-        outputs = super().forward(inputs, *states)
+        outputs = super().forward(inputs, *states, *lengths)
         return outputs[0], list(outputs[1:])
 
-    def hybrid_forward(self, F, inputs, *states, **params):
+    def _lengths_argument(self, sequence_length) -> list:
+        if self._use_sequence_length and sequence_length is None:
+            raise InputError(f"{self.name}: made with use_sequence_length=True, so it needs "
+                             f"sequence_length, one length per sequence of the batch")
+        if not self._use_sequence_length and sequence_length is not None:
+            raise InputError(f"{self.name}: sequence_length given, but the layer was made "
+                             f"without use_sequence_length=True")
+        return [] if sequence_length is None else [sequence_length]
+
+    def hybrid_forward(self, F, inputs, *args, **params):
+        lengths = None
+        if self._use_sequence_length:
+            *args, lengths = args
+            lengths = F.Cast(lengths, to=_INT32)
         if self._layout == "NTC":
             inputs = F.Transpose(inputs, perm=[1, 0, 2])
-        steps = static_shape(inputs)[0]
-        count = self._num_layers * len(self._directions)
-        # per (layer, direction): its list of initial states, or None for zeros
-        begin = [None] * count
-        if states:
-            pieces = [[s.squeeze(0) for s in split(F, state, [1] * count, 0)]
-                      for state in states]
+        # per layer: its slice (directions, N, hidden) of each given state
+        begin = [[] for _ in range(self._num_layers)]
+        if args:
+            pieces = [split(F, state, [len(self._directions)] * self._num_layers, 0)
+                      for state in args]
             begin = [list(group) for group in zip(*pieces)]
         finals, sequence = [], inputs
         for layer in range(self._num_layers):
-            outputs = []
-            for index, direction in enumerate(self._directions):
-                which = layer * len(self._directions) + index
-                out, final = self._unroll(F, sequence, steps, begin[which],
-                                          f"{direction}{layer}_", params, direction == "r")
-                outputs.append(out)
-                finals.append(final)
-            sequence = outputs[0] if len(outputs) == 1 else F.Concat(*outputs, axis=2)
+            sequence, final = self._fused_layer(F, sequence, layer, begin[layer], lengths,
+                                                params)
+            finals.append(final)
             if layer + 1 < self._num_layers:
                 sequence = dropout(F, sequence, self._dropout)
         if self._layout == "NTC":
             sequence = F.Transpose(sequence, perm=[1, 0, 2])
-        if not states:
+        if not args:
             return sequence
-        stacked = [F.stack(*[final[k] for final in finals], axis=0)
-                   for k in range(len(states))]
+        stacked = [_concat(F, [final[k] for final in finals]) for k in range(len(args))]
         return (sequence, *stacked)
 
-    def _unroll(self, F, sequence, steps: int, states, prefix: str, params: dict,
-                reverse: bool):
-        """One direction of one layer over (T, N, C): the (T, N, H) outputs and the final
-        states."""
-        i2h_weight, h2h_weight, i2h_bias, h2h_bias = (
-            params[prefix + role] for role in ("i2h_weight", "h2h_weight", "i2h_bias",
-                                               "h2h_bias"))
-        projected = F.MatMul(sequence, F.Transpose(i2h_weight)) + i2h_bias
-        inputs = [x.squeeze(0) for x in split(F, projected, [1] * steps, 0)]
-        outputs = [None] * steps
-        for t in (reversed(range(steps)) if reverse else range(steps)):
-            outputs[t], states = step(F, self._mode, inputs[t], states, h2h_weight, h2h_bias,
-                                      self._hidden_size)
-        return F.stack(*outputs, axis=0), states
+    def _fused_layer(self, F, sequence, layer: int, states: list, lengths, params: dict):
+        """One layer, both directions, over (T, N, C): its (T, N, directions * hidden)
+        outputs and its final states, each (directions, N, hidden)."""
+        op_type, attributes, order = _FUSED[self._mode]
+        prefixes = [f"{direction}{layer}_" for direction in self._directions]
+
+        def stacked(role: str):
+            return F.stack(*[self._onnx_gates(F, params[p + role], order) for p in prefixes],
+                           axis=0)
+
+        weights, recurrences = stacked("i2h_weight"), stacked("h2h_weight")
+        biases = F.stack(*[F.Concat(self._onnx_gates(F, params[p + "i2h_bias"], order),
+                                    self._onnx_gates(F, params[p + "h2h_bias"], order),
+                                    axis=0) for p in prefixes], axis=0)
+        attributes = dict(attributes, hidden_size=self._hidden_size,
+                          direction="bidirectional" if len(prefixes) == 2 else "forward")
+        if "activations" in attributes:
+            attributes["activations"] = attributes["activations"] * len(prefixes)
+        outputs = getattr(F, op_type)(sequence, weights, recurrences, biases, lengths,
+                                      *states, num_outputs=1 + MODES[self._mode][1],
+                                      **attributes)
+        outputs = list(outputs)
+        y = outputs[0]  # (T, directions, N, hidden)
+        if len(prefixes) == 1:
+            return y.squeeze(1), outputs[1:]
+        y = F.Transpose(y, perm=[0, 2, 1, 3])
+        return F.Reshape(y, np.array([0, 0, -1], dtype=np.int64)), outputs[1:]
+
+    def _onnx_gates(self, F, x, order: tuple):
+        """``x``'s gate blocks of rows (MXNet's order) in ONNX's order."""
+        if order == tuple(range(len(order))):
+            return x
+        pieces = split(F, x, [self._hidden_size] * len(order), 0)
+        return F.Concat(*[pieces[i] for i in order], axis=0)
 
     def __repr__(self) -> str:
         in_size = self.params.get("l0_i2h_weight").shape[1]
         bidirectional = ", bidirectional" if len(self._directions) == 2 else ""
         return f"{type(self).__name__}({in_size or None} -> {self._hidden_size}, " \
                f"{self._layout}, num_layers={self._num_layers}{bidirectional})"
+
+
+def _concat(F, parts: list):
+    return parts[0] if len(parts) == 1 else F.Concat(*parts, axis=0)
 
 
 class RNN(_RNNLayer):
@@ -153,12 +205,13 @@ class RNN(_RNNLayer):
                  layout: str = "TNC", dropout: float = 0.0, bidirectional: bool = False,
                  i2h_weight_initializer=None, h2h_weight_initializer=None,
                  i2h_bias_initializer="zeros", h2h_bias_initializer="zeros",
-                 input_size: int = 0, dtype="float32", **kwargs):
+                 input_size: int = 0, dtype="float32", use_sequence_length: bool = False,
+                 **kwargs):
         check_mode_options("RNN", hidden_size, activation)
         super().__init__(f"rnn_{activation}", hidden_size, num_layers, layout, dropout,
                          bidirectional, input_size, i2h_weight_initializer,
                          h2h_weight_initializer, i2h_bias_initializer, h2h_bias_initializer,
-                         dtype, **kwargs)
+                         dtype, use_sequence_length, **kwargs)
 
 
 class LSTM(_RNNLayer):
@@ -168,10 +221,11 @@ class LSTM(_RNNLayer):
                  dropout: float = 0.0, bidirectional: bool = False, input_size: int = 0,
                  i2h_weight_initializer=None, h2h_weight_initializer=None,
                  i2h_bias_initializer="zeros", h2h_bias_initializer="zeros",
-                 dtype="float32", **kwargs):
+                 dtype="float32", use_sequence_length: bool = False, **kwargs):
         super().__init__("lstm", hidden_size, num_layers, layout, dropout, bidirectional,
                          input_size, i2h_weight_initializer, h2h_weight_initializer,
-                         i2h_bias_initializer, h2h_bias_initializer, dtype, **kwargs)
+                         i2h_bias_initializer, h2h_bias_initializer, dtype,
+                         use_sequence_length, **kwargs)
 
 
 class GRU(_RNNLayer):
@@ -181,7 +235,8 @@ class GRU(_RNNLayer):
                  dropout: float = 0.0, bidirectional: bool = False, input_size: int = 0,
                  i2h_weight_initializer=None, h2h_weight_initializer=None,
                  i2h_bias_initializer="zeros", h2h_bias_initializer="zeros",
-                 dtype="float32", **kwargs):
+                 dtype="float32", use_sequence_length: bool = False, **kwargs):
         super().__init__("gru", hidden_size, num_layers, layout, dropout, bidirectional,
                          input_size, i2h_weight_initializer, h2h_weight_initializer,
-                         i2h_bias_initializer, h2h_bias_initializer, dtype, **kwargs)
+                         i2h_bias_initializer, h2h_bias_initializer, dtype,
+                         use_sequence_length, **kwargs)
