@@ -170,12 +170,27 @@ def clipped(xp, clip):
     return lambda v: xp.clip(v, -clip, clip)
 
 
+def _keeping_workspace(op_type, xp, *inputs, **attributes):
+    """The outputs plus a workspace of every step's cache, for a training graph whose
+    gradient asked for it as one output more than ONNX's (rnn_grad.py, which builds on this
+    module, hence the late import)."""
+    from mixrt.ops import rnn_grad  # noqa: PLC0415
+    cell_type, defaults, _ = rnn_grad.CELLS[op_type]
+    return rnn_grad.forward_keeping_workspace(xp, cell_type, defaults, *inputs, **attributes)
+
+
 # -- RNN --------------------------------------------------------------------------------
 
 def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                activation_alpha=None, activation_beta=None, activations=None, clip=None,
                direction="forward", hidden_size=None, layout=0, _outputs=2):
     """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
+    if _outputs > 2:
+        return _keeping_workspace("RNN", xp, X, W, R, B, sequence_lens, [initial_h], None,
+                                  activation_alpha=activation_alpha,
+                                  activation_beta=activation_beta, activations=activations,
+                                  clip=clip, direction=direction, hidden_size=hidden_size,
+                                  layout=layout)
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Tanh"], num_directions)
@@ -218,6 +233,12 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                          clip=None, direction="forward", hidden_size=None, layout=0,
                          linear_before_reset=0, _outputs=2):
     """Gates z (update), r (reset), h (candidate), in that order in W, R and B."""
+    if _outputs > 2:
+        return _keeping_workspace("GRU", xp, X, W, R, B, sequence_lens, [initial_h], None,
+                                  activation_alpha=activation_alpha,
+                                  activation_beta=activation_beta, activations=activations,
+                                  clip=clip, direction=direction, hidden_size=hidden_size,
+                                  layout=layout, linear_before_reset=linear_before_reset)
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh"], num_directions)
@@ -272,6 +293,12 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                            direction="forward", hidden_size=None, input_forget=0, layout=0,
                            _outputs=3):
     """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f."""
+    if _outputs > 3:
+        return _keeping_workspace("LSTM", xp, X, W, R, B, sequence_lens,
+                                  [initial_h, initial_c], P, activation_alpha=activation_alpha,
+                                  activation_beta=activation_beta, activations=activations,
+                                  clip=clip, direction=direction, hidden_size=hidden_size,
+                                  layout=layout, input_forget=input_forget)
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh", "Tanh"], num_directions)

@@ -21,6 +21,10 @@ derivative through a recurrent layer is a GradientError.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from mixrt.ops import rnn
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.dtypes import accumulation_dtype
@@ -85,9 +89,22 @@ class Activation:
 
 
 # -- the cells: forward keeping a cache, backward accumulating weight gradients ---------------
+# A cell's cache is a tuple of (batch, hidden) arrays; ``kept(acts, clip, options)`` says
+# which entries its backward reads (acts: per direction, the (key, alpha, beta) activation
+# specs). A pre-activation is read only for a slope that is not a function of the value
+# (sigmoid's and tanh's are) or under ``clip``: the workspace (see forward_keeping_workspace)
+# stores only the kept entries.
+
+def _reads_input(acts: list, index: int, clip) -> bool:
+    return clip is not None or any(a[index][0] not in SLOPES_OF_VALUES for a in acts)
+
 
 class RNNCell:
     """H' = f(x_proj + H R^T + Rb)."""
+
+    @staticmethod
+    def kept(acts, clip, options):  # cache: h, a, h_new
+        return (True, _reads_input(acts, 0, clip), True)
 
     def __init__(self, xp, r, rb, peepholes, acts, **_):
         self.xp, self.r, self.rb, (self.f,) = xp, r, rb, acts
@@ -122,6 +139,12 @@ def _recurrent_weight_grads(xp, d_projected, caches):
 
 class GRUCell:
     """Gates z (update), r (reset), h (candidate), in that order in R and Rb."""
+
+    @staticmethod
+    def kept(acts, clip, options):  # cache: h, a_z, a_r, a_h, z, reset, candidate, recurrent
+        gate, candidate = _reads_input(acts, 0, clip), _reads_input(acts, 1, clip)
+        return (True, gate, gate, candidate, True, True, True,
+                bool(options.get("linear_before_reset")))
 
     def __init__(self, xp, r, rb, peepholes, acts, *, linear_before_reset=0, **_):
         self.xp, self.linear_before_reset = xp, linear_before_reset
@@ -184,6 +207,13 @@ class GRUCell:
 class LSTMCell:
     """Gates i, o, f, c in that order in R and Rb; peepholes P in order i, o, f."""
 
+    @staticmethod
+    def kept(acts, clip, options):
+        # cache: h, c, g_i, g_o, g_f, g_c, i, forget, candidate, cell, o, squashed
+        gate = _reads_input(acts, 0, clip)
+        return (True, True, gate, gate, gate and not options.get("input_forget"),
+                _reads_input(acts, 1, clip)) + (True,) * 6
+
     def __init__(self, xp, r, rb, peepholes, acts, *, input_forget=0, **_):
         self.xp, self.r, self.rb, self.input_forget = xp, r, rb, input_forget
         self.gate, self.cell_input, self.output = acts
@@ -243,28 +273,107 @@ def _time_major(a, layout):
     return a if a is None or not layout else a.swapaxes(0, 1)
 
 
-def _direction_cell(xp, cell_type, d, R, B, P, acts, gates, wide, options):
-    rb = xp.zeros(gates, dtype=wide) if B is None else B[d, gates:].astype(wide)
-    peepholes = None if P is None else P[d].astype(wide)
-    return cell_type(xp, R[d].astype(wide), rb, peepholes, acts, **options)
+@dataclass
+class _Layer:
+    """One recurrent node's inputs, time-major and widened, and per direction its cell."""
+
+    xp: object
+    wide: np.dtype
+    x: object  # (seq, batch, input)
+    lengths: object  # (batch,) int64
+    padded: bool  # some sequence is shorter than seq (then steps are masked)
+    cells: list
+    initials: list  # per state: (directions, batch, hidden) or None
+    kept: tuple  # the cache entries the workspace stores
+    backwards: list  # per direction
+    hidden: int
+    gates: int
+
+    @property
+    def steps(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[1]
+
+    def order(self):
+        """Each sequence reversed within its length, as (time index, batch index)."""
+        return (rnn.reversal_index(self.xp, self.lengths, self.steps),
+                self.xp.arange(self.batch))
+
+    def start_states(self, d: int) -> list:
+        return [self.xp.zeros((self.batch, self.hidden), dtype=self.wide) if s is None
+                else s[d].astype(self.wide) for s in self.initials]
+
+    def running(self, t: int):
+        """(batch, 1): whether step t is inside each sequence; None when none is padded."""
+        return (t < self.lengths).reshape(-1, 1) if self.padded else None
 
 
-def _run_forward(xp, cell, projected, states, lengths):
-    """The forward again, keeping each step's cache."""
-    caches = []
-    for t in range(projected.shape[0]):
+def _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P, *,
+           activation_alpha=None, activation_beta=None, activations=None, clip=None,
+           direction="forward", hidden_size=None, layout=0, **options) -> _Layer:
+    wide = accumulation_dtype(X.dtype)
+    x = _time_major(X.astype(wide), layout)
+    seq_len, batch, _ = x.shape
+    num_directions, gates = W.shape[0], W.shape[1]
+    lengths = rnn.step_counts(xp, sequence_lens, batch, seq_len)
+    padded = sequence_lens is not None and bool((lengths < seq_len).any())
+    acts = rnn.activation_specs(activations, activation_alpha, activation_beta, defaults,
+                                num_directions)
+    cells = []
+    for d in range(num_directions):
+        gates_of_d = [Activation(xp, spec, clip) for spec in acts[d]]
+        if cell_type is LSTMCell:  # the output activation is applied to the unclipped cell
+            gates_of_d[2] = Activation(xp, acts[d][2], None)
+        rb = xp.zeros(gates, dtype=wide) if B is None else B[d, gates:].astype(wide)
+        peepholes = None if P is None else P[d].astype(wide)
+        cells.append(cell_type(xp, R[d].astype(wide), rb, peepholes, gates_of_d, **options))
+    return _Layer(xp, wide, x, lengths, padded, cells,
+                  [_time_major(s, layout) for s in initials],
+                  cell_type.kept(acts, clip, options),
+                  [direction == "reverse" or d == 1 for d in range(num_directions)],
+                  hidden_size or R.shape[-1], gates)
+
+
+def _projected(layer: _Layer, W, B, d: int):
+    """X W^T + Wb of direction d for every step, in the order the direction runs."""
+    projected = layer.x @ W[d].astype(layer.wide).T
+    if B is not None:
+        projected = projected + B[d, :layer.gates].astype(layer.wide)
+    return projected[layer.order()] if layer.backwards[d] else projected
+
+
+def _run_forward(layer: _Layer, d: int, projected):
+    """Direction d step by step: each step's cache, the outputs (zeros at padded steps) and
+    the final states."""
+    xp, cell = layer.xp, layer.cells[d]
+    states, caches, ys = layer.start_states(d), [], []
+    for t in range(layer.steps):
         new, cache = cell.forward(projected[t], states)
         caches.append(cache)
-        running = (t < lengths).reshape(-1, 1)
-        states = [xp.where(running, n, s) for n, s in zip(new, states)]
-    return caches
+        running = layer.running(t)
+        if running is None:
+            states = new
+            ys.append(new[0])
+        else:
+            states = [xp.where(running, n, s) for n, s in zip(new, states)]
+            ys.append(xp.where(running, new[0], xp.zeros((), dtype=layer.wide)))
+    return caches, ys, states
 
 
-def _run_backward(xp, cell, caches, dy, d_states, lengths, gates):
+def _run_backward(layer: _Layer, d: int, caches, dy, d_states):
     """d projection (seq, batch, gates) and the initial states' gradients."""
-    d_projected = xp.empty((len(caches), dy.shape[1], gates), dtype=dy.dtype)
+    xp, cell = layer.xp, layer.cells[d]
+    d_projected = xp.empty((len(caches), dy.shape[1], layer.gates), dtype=dy.dtype)
     for t in reversed(range(len(caches))):
-        running = (t < lengths).reshape(-1, 1)
+        running = layer.running(t)
+        if running is None:
+            d_new = list(d_states)
+            d_new[0] = d_new[0] + dy[t]
+            d_projected[t], d_states = cell.backward(caches[t], d_new)
+            continue
         d_new = [xp.where(running, ds, 0) for ds in d_states]
         d_new[0] = d_new[0] + xp.where(running, dy[t], 0)
         d_projected[t], d_old = cell.backward(caches[t], d_new)
@@ -272,60 +381,102 @@ def _run_backward(xp, cell, caches, dy, d_states, lengths, gates):
     return d_projected, d_states
 
 
-def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_lens,
-                       initials, P=None, *, activation_alpha=None, activation_beta=None,
-                       activations=None, clip=None, direction="forward", hidden_size=None,
-                       layout=0, **options):
-    """(dX, dW, dR, dB, d initial state..., dP) of one recurrent layer. ``d_outputs`` are the
-    gradients of (Y, final state...), None for an output nobody used."""
-    wide = accumulation_dtype(X.dtype)
-    x = _time_major(X.astype(wide), layout)
-    seq_len, batch, _ = x.shape
-    num_directions, gates = W.shape[0], W.shape[1]
-    hidden = hidden_size or R.shape[-1]
-    lengths = rnn.step_counts(xp, sequence_lens, batch, seq_len)
-    batch_index = xp.arange(batch)
-    started = (lengths > 0).reshape(-1, 1)  # a length-0 sequence's finals are zeros
+# -- the training forward: the outputs and a workspace of every step's cache ----------------
+
+def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials,
+                              P=None, **attributes):
+    """(Y, final states..., workspace): the layer's outputs as its ONNX kernel gives them,
+    plus (directions, seq, kept entries, batch, hidden) holding each step's cache, so the
+    backward kernel reads what it would otherwise compute by running the forward again
+    (cuDNN's reserve space). What a training graph runs when the gradient asks for it."""
+    layer = _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P,
+                   **attributes)
+    kept = [i for i, keep in enumerate(layer.kept) if keep]
+    workspace = xp.empty((len(layer.cells), layer.steps, len(kept), layer.batch,
+                          layer.hidden), dtype=layer.wide)
+    started = (layer.lengths > 0).reshape(-1, 1)  # a length-0 sequence's finals are zeros
+    outputs, finals = [], []
+    for d in range(len(layer.cells)):
+        caches, ys, states = _run_forward(layer, d, _projected(layer, W, B, d))
+        for t, cache in enumerate(caches):
+            for slot, entry in enumerate(kept):
+                workspace[d, t, slot] = cache[entry]
+        y = xp.stack(ys)
+        outputs.append(y[layer.order()] if layer.backwards[d] else y)
+        finals.append([xp.where(started, s, xp.zeros((), dtype=layer.wide)) for s in states])
+    Y = xp.stack(outputs, axis=1)  # (seq, directions, batch, hidden)
+    final = [xp.stack([f[i] for f in finals]) for i in range(len(layer.initials))]
+    if attributes.get("layout"):
+        Y = Y.transpose(2, 0, 1, 3)
+        final = [f.swapaxes(0, 1) for f in final]
+    return (*(a.astype(X.dtype) for a in (Y, *final)), workspace)
+
+
+def _caches_from(layer: _Layer, workspace, d: int) -> list:
+    """Direction d's step caches out of the workspace (views), None where not kept."""
+    caches = []
+    for t in range(layer.steps):
+        stored = iter(workspace[d, t])
+        caches.append(tuple(next(stored) if keep else None for keep in layer.kept))
+    return caches
+
+
+def workspace_type(cell_type, defaults, X: TensorType, W: TensorType, R: TensorType, *,
+                   activation_alpha=None, activation_beta=None, activations=None, clip=None,
+                   direction="forward", hidden_size=None, layout=0, **options) -> TensorType:
+    """The workspace output's type (forward_keeping_workspace)."""
+    directions = 2 if direction == "bidirectional" else 1
     acts = rnn.activation_specs(activations, activation_alpha, activation_beta, defaults,
-                                num_directions)
+                                directions)
+    entries = sum(cell_type.kept(acts, clip, options))
+    hidden = hidden_size or (None if R.shape is None else R.shape[-1])
+    if X.shape is None:
+        return TensorType(accumulation_dtype(X.dtype), None)
+    seq, batch = (X.shape[1], X.shape[0]) if layout else X.shape[:2]
+    return TensorType(accumulation_dtype(X.dtype), (directions, seq, entries, batch, hidden))
+
+
+# -- the backward ---------------------------------------------------------------------------
+
+def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_lens,
+                       initials, P=None, workspace=None, **attributes):
+    """(dX, dW, dR, dB, d initial state..., dP) of one recurrent layer. ``d_outputs`` are the
+    gradients of (Y, final state...), None for an output nobody used. Without the forward's
+    ``workspace`` the forward runs again here, keeping its caches."""
+    layer = _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P,
+                   **attributes)
+    wide, x, layout = layer.wide, layer.x, attributes.get("layout", 0)
+    num_directions, gates = len(layer.cells), layer.gates
+    seq_len, batch, hidden = layer.steps, layer.batch, layer.hidden
     dY = (xp.zeros((seq_len, num_directions, batch, hidden), dtype=wide)
           if d_outputs[0] is None else d_outputs[0].astype(wide))
     if layout:
         dY = dY.transpose(1, 2, 0, 3)
     d_finals = [_time_major(None if g is None else g.astype(wide), layout)
                 for g in d_outputs[1:]]
-    initials = [_time_major(s, layout) for s in initials]
+    started = (layer.lengths > 0).reshape(-1, 1)  # a length-0 sequence's finals are zeros
 
     dX = xp.zeros_like(x)
     dW, dR = xp.zeros(W.shape, dtype=wide), xp.zeros(R.shape, dtype=wide)
     dB = xp.zeros((num_directions, 2 * gates), dtype=wide)
-    d_initials = [xp.zeros((num_directions, batch, hidden), dtype=wide) for _ in initials]
+    d_initials = [xp.zeros((num_directions, batch, hidden), dtype=wide)
+                  for _ in layer.initials]
     dP = None if P is None else xp.zeros(P.shape, dtype=wide)
-    for d in range(num_directions):
-        gates_of_d = [Activation(xp, spec, clip) for spec in acts[d]]
-        if cell_type is LSTMCell:  # the output activation is applied to the unclipped cell
-            gates_of_d[2] = Activation(xp, acts[d][2], None)
-        cell = _direction_cell(xp, cell_type, d, R, B, P, gates_of_d, gates, wide, options)
-        w = W[d].astype(wide)
-        projected = x @ w.T
-        if B is not None:
-            projected = projected + B[d, :gates].astype(wide)
-        backwards = direction == "reverse" or d == 1
-        order = rnn.reversal_index(xp, lengths, seq_len) if backwards else None
-        if backwards:
-            projected = projected[order, batch_index]
-        states = [xp.zeros((batch, hidden), dtype=wide) if s is None else s[d].astype(wide)
-                  for s in initials]
-        caches = _run_forward(xp, cell, projected, states, lengths)
+    for d, cell in enumerate(layer.cells):
+        if workspace is None:
+            caches = _run_forward(layer, d, _projected(layer, W, B, d))[0]
+        else:
+            caches = _caches_from(layer, workspace, d)
         dy = dY[:, d]
-        if backwards:
-            dy = dy[order, batch_index]
+        if layer.backwards[d]:
+            dy = dy[layer.order()]
         d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None
                     else xp.where(started, g[d], 0) for g in d_finals]
-        d_projected, d_states = _run_backward(xp, cell, caches, dy, d_states, lengths, gates)
+        d_projected, d_states = _run_backward(layer, d, caches, dy, d_states)
         dR[d], dB[d, gates:] = cell.weight_grads(d_projected, caches)
-        if backwards:
-            d_projected = d_projected[order, batch_index]
+        if layer.backwards[d]:
+            d_projected = d_projected[layer.order()]
+        w = W[d].astype(wide)
         dX += d_projected @ w
         dW[d] = d_projected.reshape(-1, gates).T @ x.reshape(-1, x.shape[-1])
         dB[d, :gates] = d_projected.sum(axis=(0, 1))
@@ -343,53 +494,55 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
 
 # -- the kernels ----------------------------------------------------------------------------
 # Every input is optional: an output nobody used has no gradient (None), and X, W and R,
-# always present, follow them.
+# always present, follow them. The last input is the forward's workspace.
 
 ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip", "direction",
               "hidden_size", "layout")
+# op -> (cell, default activations, states)
+CELLS = {"RNN": (RNNCell, ["Tanh"], 1), "GRU": (GRUCell, ["Sigmoid", "Tanh"], 1),
+         "LSTM": (LSTMCell, ["Sigmoid", "Tanh", "Tanh"], 2)}
 
 
 @op("RNNGrad", since=1, domain=MIXRT)
 def rnn_grad(xp, dY=None, dY_h=None, X=None, W=None, R=None, B=None, sequence_lens=None,
-             initial_h=None, **attributes):
+             initial_h=None, workspace=None, **attributes):
     """(dX, dW, dR, dB, d initial_h) of RNN."""
     return recurrent_backward(xp, RNNCell, ["Tanh"], [dY, dY_h], X, W, R, B, sequence_lens,
-                              [initial_h], **attributes)
+                              [initial_h], workspace=workspace, **attributes)
 
 
 @op("GRUGrad", since=1, domain=MIXRT)
 def gru_grad(xp, dY=None, dY_h=None, X=None, W=None, R=None, B=None, sequence_lens=None,
-             initial_h=None, *, linear_before_reset=0, **attributes):
+             initial_h=None, workspace=None, *, linear_before_reset=0, **attributes):
     """(dX, dW, dR, dB, d initial_h) of GRU."""
     return recurrent_backward(xp, GRUCell, ["Sigmoid", "Tanh"], [dY, dY_h], X, W, R, B,
-                              sequence_lens, [initial_h],
+                              sequence_lens, [initial_h], workspace=workspace,
                               linear_before_reset=linear_before_reset, **attributes)
 
 
 @op("LSTMGrad", since=1, domain=MIXRT)
 def lstm_grad(xp, dY=None, dY_h=None, dY_c=None, X=None, W=None, R=None, B=None,
-              sequence_lens=None, initial_h=None, initial_c=None, P=None, *, input_forget=0,
-              **attributes):
+              sequence_lens=None, initial_h=None, initial_c=None, P=None, workspace=None, *,
+              input_forget=0, **attributes):
     """(dX, dW, dR, dB, d initial_h, d initial_c[, dP]) of LSTM."""
     return recurrent_backward(xp, LSTMCell, ["Sigmoid", "Tanh", "Tanh"], [dY, dY_h, dY_c], X,
                               W, R, B, sequence_lens, [initial_h, initial_c], P,
-                              input_forget=input_forget, **attributes)
+                              workspace=workspace, input_forget=input_forget, **attributes)
 
 
 def _infer_like_inputs(state_count):
     """The gradients have their inputs' types; an absent B or initial state's gradient is
     still computed (zeros), with the shape the layer would have given it."""
     def infer(*types, direction="forward", hidden_size=None, layout=0, **_):
-        X, W, R = types[1 + state_count:4 + state_count]
-        B = types[4 + state_count] if len(types) > 4 + state_count else None
-        initials = list(types[6 + state_count:6 + 2 * state_count])
-        initials += [None] * (state_count - len(initials))
+        types = list(types) + [None] * (8 + 2 * state_count - len(types))
+        X, W, R, B = types[1 + state_count:5 + state_count]
+        initials = types[6 + state_count:6 + 2 * state_count]
         result = [TensorType(t.dtype, t.shape) for t in (X, W, R)]
         bias_shape = None if W.shape is None else (W.shape[0], 2 * W.shape[1])
         result.append(TensorType(X.dtype, B.shape if B is not None else bias_shape))
         for state in initials:
             result.append(TensorType(X.dtype, None if state is None else state.shape))
-        P = types[6 + 2 * state_count] if len(types) > 6 + 2 * state_count else None
+        P = types[6 + 2 * state_count] if state_count == 2 else None
         if P is not None:
             result.append(TensorType(P.dtype, P.shape))
         return result
@@ -401,17 +554,36 @@ gru_grad.infer(_infer_like_inputs(1))
 lstm_grad.infer(_infer_like_inputs(2))
 
 
+def _with_workspace(infer, op_type: str):
+    """The forward op's inference plus its workspace output's type (this module adds the
+    output, so it extends rnn.py's inference here)."""
+    cell_type, defaults, _ = CELLS[op_type]
+
+    def extended(X, W, R, *rest, **attributes):
+        return list(infer(X, W, R, *rest, **attributes)) + [
+            workspace_type(cell_type, defaults, X, W, R, **attributes)]
+    return extended
+
+
+for _op_type, _versions in (("RNN", (rnn.rnn_7, rnn.rnn_14)), ("GRU", (rnn.gru_7, rnn.gru_14)),
+                            ("LSTM", (rnn.lstm_7, rnn.lstm_14))):
+    for _version in _versions:
+        _version.infer(_with_workspace(_version.kernels[0].infer_fn, _op_type))
+
+
 # -- the gradients of the forward ops -------------------------------------------------------
 
 def _recurrent_gradient(kernel: str, state_count: int, extra_attributes: tuple):
-    """input index -> gradient: X, W, R, B, (sequence_lens: none), initial states, P."""
+    """input index -> gradient: X, W, R, B, (sequence_lens: none), initial states, P. The
+    forward node gains its workspace output, which the backward kernel reads."""
     def gradient(b, node, dy):
         d_outputs = [dy[i] if i < len(dy) else None for i in range(1 + state_count)]
         if all(g is None for g in d_outputs):
             return []
-        inputs = [optional_input(node, i) for i in range(len(node.inputs))]
-        peephole = state_count == 2 and len(inputs) > 7 and inputs[7] is not None
-        grads = b.emit(kernel, *d_outputs, *inputs, domain=MIXRT,
+        workspace = b.forward_output(node, 1 + state_count, f"{node.label}_workspace")
+        inputs = [optional_input(node, i) for i in range(5 + state_count + (state_count == 2))]
+        peephole = state_count == 2 and inputs[7] is not None
+        grads = b.emit(kernel, *d_outputs, *inputs, workspace, domain=MIXRT,
                        outputs=4 + state_count + int(peephole),
                        **forwarded(node, ATTRIBUTES + extra_attributes))
         by_input = list(grads[:4]) + [None] + list(grads[4:])

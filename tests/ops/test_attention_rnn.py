@@ -140,12 +140,18 @@ def test_recurrent_float16_runs_wide_and_returns_float16():
 def test_recurrent_infer_layouts():
     x = tensor(np.float32, ("S", "N", 3))
     r = tensor(np.float32, (2, 16, 4))
-    y, yh, yc = rnn.lstm_14.kernels[0].infer_fn(
+    y, yh, yc, workspace = rnn.lstm_14.kernels[0].infer_fn(
         x, r, r, direction="bidirectional")
     assert y.shape == ("S", 2, "N", 4) and yh.shape == yc.shape == (2, "N", 4)
-    y, yh = rnn.gru_14.kernels[0].infer_fn(tensor(np.float32, ("N", "S", 3)), r, r, layout=1,
-                                           hidden_size=4)
+    # the training forward's extra output (rnn_grad.py): the 8 cache entries LSTMGrad reads
+    # with sigmoid and tanh, the 4 pre-activations too when clipped
+    assert workspace.shape == (2, "S", 8, "N", 4)
+    clipped = rnn.lstm_14.kernels[0].infer_fn(x, r, r, direction="bidirectional", clip=1.0)
+    assert clipped[3].shape == (2, "S", 12, "N", 4)
+    y, yh, workspace = rnn.gru_14.kernels[0].infer_fn(tensor(np.float32, ("N", "S", 3)), r, r,
+                                                      layout=1, hidden_size=4)
     assert y.shape == ("N", "S", 1, 4) and yh.shape == ("N", 1, 4)
+    assert workspace.shape == (1, "S", 4, "N", 4)
 
 
 # -- Attention -------------------------------------------------------------------------
