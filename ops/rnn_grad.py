@@ -222,7 +222,18 @@ class LSTMCell:
 
     def forward(self, x_proj, states):
         h, c = states
-        g_i, g_o, g_f, g_c = self.xp.split(x_proj + h @ self.r.T + self.rb, 4, axis=-1)
+        pre = h @ self.r.T
+        pre += x_proj
+        pre += self.rb
+        g_i, g_o, g_f, g_c = self.xp.split(pre, 4, axis=-1)
+        if self.peepholes is None and not self.input_forget:  # i, o, f: one activation call
+            i, o, forget = self.xp.split(self.gate.value(pre[:, :3 * c.shape[-1]]), 3, axis=-1)
+            candidate = self.cell_input.value(g_c)
+            cell = forget * c
+            cell += i * candidate
+            squashed = self.output.value(cell)
+            return [o * squashed, cell], (h, c, g_i, g_o, g_f, g_c, i, forget, candidate, cell,
+                                          o, squashed)
         if self.peepholes is not None:
             p_i, p_o, p_f = self.peepholes
             g_i, g_f = g_i + p_i * c, g_f + p_f * c
