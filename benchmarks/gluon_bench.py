@@ -1,11 +1,14 @@
 """Gluon training step time: mixrt imperative and hybridized against PyTorch eager (and MXNet
 1.9.1's Gluon when a Python with it is given), on the CPU, in one run.
 
-    python benchmarks/gluon_bench.py [--steps 30] [--blocks 3] [--mxnet-python PATH]
-                                     [--out FILE.md]
+    python benchmarks/gluon_bench.py [--model mlp|lstm] [--steps 30] [--blocks 3]
+                                     [--mxnet-python PATH] [--out FILE.md]
 
-The model is the training issue's MLP, 784-1024-1024-10 with ReLU, batch 256, softmax
-cross-entropy, SGD with momentum 0.9, all from the same initial weights. One step = forward
+The default model is the training issue's MLP, 784-1024-1024-10 with ReLU, batch 256, softmax
+cross-entropy, SGD with momentum 0.9, all from the same initial weights. ``--model lstm`` is
+a ``gluon.rnn.LSTM`` (2 layers, hidden 256, batch-first) over 32 steps of 128 features, batch
+64, its last step into a Dense(10), against ``torch.nn.LSTM`` + Linear with the same weights
+(MXNet's column is the MLP's only). One step = forward
 under autograd.record(), the loss, backward, Trainer.step (PyTorch: zero_grad, forward,
 loss, backward, optimizer.step). The runtimes take turns in blocks of steps so that all see
 the same machine speed; the figure is the median step time and the ratio is against PyTorch
@@ -46,8 +49,66 @@ def batch(seed: int = 1):
 
 # -- the runtimes: each returns a step() closure ---------------------------------------------
 
-def mixrt_step(hybridize: bool):
-    from mixrt import autograd, gluon, nd  # noqa: PLC0415
+# the recurrent model: (batch, steps, features) -> LSTM(hidden) x 2 -> last step -> Dense(10)
+LSTM_SHAPE, LSTM_HIDDEN, LSTM_LAYERS = (64, 32, 128), 256, 2
+
+
+def lstm_batch(seed: int = 1):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=LSTM_SHAPE).astype(np.float32),
+            rng.integers(0, 10, LSTM_SHAPE[0]).astype(np.int64))
+
+
+def mixrt_lstm_net():
+    import mixrt as mx  # noqa: PLC0415
+    from mixrt.gluon import HybridBlock, nn, rnn  # noqa: PLC0415
+
+    class LastStep(HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.lstm = rnn.LSTM(LSTM_HIDDEN, num_layers=LSTM_LAYERS, layout="NTC",
+                                 input_size=LSTM_SHAPE[2])
+            self.out = nn.Dense(10, in_units=LSTM_HIDDEN)
+
+        def hybrid_forward(self, F, x):
+            last = np.array(LSTM_SHAPE[1] - 1, dtype=np.int64)
+            return self.out(F.Gather(self.lstm(x), last, axis=1))
+
+    mx.random.seed(0)
+    net = LastStep()
+    net.initialize(mx.initializer.Uniform(1 / LSTM_HIDDEN ** 0.5))
+    return net
+
+
+def torch_lstm_twin(net):
+    """torch.nn.LSTM + Linear holding ``net``'s weights (same gate order, PyTorch's names)."""
+    import torch  # noqa: PLC0415
+
+    class LastStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(LSTM_SHAPE[2], LSTM_HIDDEN, LSTM_LAYERS, batch_first=True)
+            self.out = torch.nn.Linear(LSTM_HIDDEN, 10)
+
+        def forward(self, x):
+            return self.out(self.lstm(x)[0][:, -1])
+
+    model = LastStep()
+    with torch.no_grad():
+        for name, param in net.lstm.collect_params().items():
+            layer, link, kind = name[len(net.lstm.prefix):].split("_")
+            torch_name = f"{kind}_{link[0]}{link[-1]}_l{layer[1:]}"
+            model.lstm.get_parameter(torch_name).copy_(torch.from_numpy(
+                param.data().asnumpy()))
+        model.out.weight.copy_(torch.from_numpy(net.out.weight.data().asnumpy()))
+        model.out.bias.copy_(torch.from_numpy(net.out.bias.data().asnumpy()))
+    return model
+
+
+def mixrt_step(hybridize: bool, model: str = "mlp"):
+    from mixrt import gluon  # noqa: PLC0415
+    if model == "lstm":
+        return _mixrt_train_step(mixrt_lstm_net(), lstm_batch(), hybridize)
     net = gluon.nn.HybridSequential()
     for index, (w, _) in enumerate(initial_weights()):
         last = index == len(SIZES) - 2
@@ -57,26 +118,33 @@ def mixrt_step(hybridize: bool):
     for dense, (w, b) in zip(net, initial_weights()):
         dense.weight.set_data(w)
         dense.bias.set_data(b)
+    return _mixrt_train_step(net, batch(), hybridize)
+
+
+def _mixrt_train_step(net, data, hybridize: bool):
+    from mixrt import autograd, gluon, nd  # noqa: PLC0415
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if hybridize:
         net.hybridize()
         loss_fn.hybridize()
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": LR, "momentum": MOMENTUM})
-    x, y = (nd.array(a) for a in batch())
+    x, y = (nd.array(a) for a in data)
 
     def step():
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
-        trainer.step(BATCH)
+        trainer.step(x.shape[0])
         return loss
     return step
 
 
-def torch_step():
+def torch_step(model: str = "mlp"):
     import torch  # noqa: PLC0415
     torch.set_num_threads(2)
+    if model == "lstm":
+        return _torch_train_step(torch_lstm_twin(mixrt_lstm_net()), lstm_batch())
     layers = []
     for w, b in initial_weights():
         linear = torch.nn.Linear(w.shape[1], w.shape[0])
@@ -84,10 +152,14 @@ def torch_step():
             linear.weight.copy_(torch.from_numpy(w))
             linear.bias.copy_(torch.from_numpy(b))
         layers += [linear, torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
+    return _torch_train_step(torch.nn.Sequential(*layers[:-1]), batch())
+
+
+def _torch_train_step(model, data):
+    import torch  # noqa: PLC0415
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
-    x, y = (torch.from_numpy(a) for a in batch())
+    x, y = (torch.from_numpy(a) for a in data)
 
     def step():
         optimizer.zero_grad()
@@ -192,12 +264,15 @@ def run_block(runner, count: int) -> list[float]:
 
 def report(medians: dict, args) -> str:
     torch_ms = medians["pytorch eager"]
+    what = (f"MLP 784-1024-1024-10, batch {BATCH}" if args.model == "mlp" else
+            f"gluon.rnn.LSTM {LSTM_LAYERS}x{LSTM_HIDDEN} over (N, T, C) = {LSTM_SHAPE}, last "
+            f"step into Dense(10)")
     lines = [f"Measured {time.strftime('%Y-%m-%d')} by `python benchmarks/gluon_bench.py "
-             f"--steps {args.steps} --blocks {args.blocks}`, one run; MLP 784-1024-1024-10, "
-             f"batch {BATCH}, SGD momentum {MOMENTUM}; 2 threads each; median step time, "
-             f"the runtimes taking turns in blocks of steps.", "",
+             f"--model {args.model} --steps {args.steps} --blocks {args.blocks}`, one run; "
+             f"{what}, SGD momentum {MOMENTUM}; 2 threads each; median step time, the "
+             f"runtimes taking turns in blocks of steps.", "",
              "| runtime | step ms | / PyTorch eager | target |", "|---|---|---|---|"]
-    targets = {"mixrt imperative": 1.3, "mixrt hybridized": 1.2}
+    targets = {"mixrt imperative": 1.3, "mixrt hybridized": 1.2} if args.model == "mlp" else {}
     for name, value in medians.items():
         ratio = value / torch_ms
         target = targets.get(name)
@@ -209,16 +284,18 @@ def report(medians: dict, args) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("mlp", "lstm"), default="mlp")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--mxnet-python", help="a Python with mxnet==1.9.1 installed")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args()
-    check_same_start()
-    runners = {"mixrt imperative": mixrt_step(False), "mixrt hybridized": mixrt_step(True),
-               "pytorch eager": torch_step()}
+    check_same_start(args.model)
+    runners = {"mixrt imperative": mixrt_step(False, args.model),
+               "mixrt hybridized": mixrt_step(True, args.model),
+               "pytorch eager": torch_step(args.model)}
     workers = []
-    if args.mxnet_python:
+    if args.mxnet_python and args.model == "mlp":
         cache = Path(__file__).resolve().parent / ".cache"
         cache.mkdir(exist_ok=True)
         for hybrid in (False, True):
@@ -235,11 +312,11 @@ def main() -> None:
         args.out.write_text(table)
 
 
-def check_same_start() -> None:
+def check_same_start(model: str) -> None:
     """The runtimes must compute the same first loss from the same weights."""
-    first = {"mixrt imperative": float(mixrt_step(False)().mean().asscalar()),
-             "mixrt hybridized": float(mixrt_step(True)().mean().asscalar()),
-             "pytorch eager": float(torch_step()().item())}
+    first = {"mixrt imperative": float(mixrt_step(False, model)().mean().asscalar()),
+             "mixrt hybridized": float(mixrt_step(True, model)().mean().asscalar()),
+             "pytorch eager": float(torch_step(model)().item())}
     reference = first["pytorch eager"]
     for name, value in first.items():
         if abs(value - reference) > 1e-4 * max(1.0, abs(reference)):
