@@ -11,6 +11,12 @@ every axis gives shape ``()``, ``argmax``/``argmin`` give int64 indices.
 
 The names that are NDArray methods in MXNet (``x.split``, ``x.topk``, ``x.pick``, ...) are
 attached to ``NDArray`` at import (``METHODS``).
+
+The same functions serve ``hybrid_forward`` (``F.broadcast_add``, ``F.slice_axis``, ...):
+``mixrt.sym.mxnet_ops`` calls them on a stand-in for the Symbol being traced, which has the
+trace's static shape and dtype and answers ``traced_op`` by adding the op to the graph. The
+hooks here (``_invoke``, ``_ints``, ``_made_on``, ``_array``) send every op and constant its
+way, so one body serves both and the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import numpy as np
 
 from mixrt.errors import InputError
 from mixrt.nd import dispatch
-from mixrt.nd.ndarray import NDArray, _ints
+from mixrt.nd.ndarray import NDArray
+from mixrt.nd.ndarray import _ints as _device_ints
 
 _INT64_MAX = 2 ** 62  # a Slice bound past any dimension (ONNX clamps it)
 
@@ -27,11 +34,31 @@ _INT64_MAX = 2 ** 62  # a Slice bound past any dimension (ONNX clamps it)
 # -- helpers -----------------------------------------------------------------------------------
 
 def _op(op_type: str, inputs: list, **attributes):
-    return dispatch.invoke("", op_type, inputs, attributes)
+    return _invoke(op_type, inputs, attributes)
+
+
+def _invoke(op_type: str, inputs: list, attributes: dict, num_outputs=None, domain=""):
+    """Run the op on NDArrays, or add it to the traced graph when an input stands in for a
+    traced Symbol (mixrt.sym.mxnet_ops)."""
+    for value in inputs:
+        if _is_traced(value):
+            return value.traced_op(op_type, inputs, attributes, num_outputs, domain)
+    return dispatch.invoke(domain, op_type, inputs, attributes, num_outputs)
+
+
+def _is_traced(value) -> bool:
+    return hasattr(value, "traced_op")
+
+
+def _ints(values, ctx):
+    """int64 constants on ``ctx`` (a NumPy array, baked into the graph, while tracing)."""
+    if getattr(ctx, "traced", False):
+        return np.asarray([int(v) for v in values], dtype=np.int64)
+    return _device_ints(values, ctx)
 
 
 def _array(fn: str, arg: str, value) -> NDArray:
-    if not isinstance(value, NDArray):
+    if not isinstance(value, NDArray) and not _is_traced(value):
         raise InputError(f"{fn}: {arg} must be an NDArray, got {type(value).__name__}")
     return value
 
@@ -91,7 +118,10 @@ def _scalar(value, like: NDArray) -> NDArray:
 
 
 def _made_on(ctx, factory: str, *args, **kwargs) -> NDArray:
-    """``xp.<factory>(...)`` as an NDArray on ``ctx``, made with its GPU current."""
+    """``xp.<factory>(...)`` as an NDArray on ``ctx``, made with its GPU current (a NumPy
+    constant while tracing)."""
+    if getattr(ctx, "traced", False):
+        return getattr(np, factory)(*args, **kwargs)
     with ctx.device.active():
         return NDArray(getattr(ctx.xp, factory)(*args, **kwargs), ctx)
 
@@ -364,9 +394,8 @@ def split(data, num_outputs=None, axis=1, squeeze_axis=False, name=None):
     if num_outputs == 1:
         parts = [_op("Identity", [data])]
     else:
-        parts = list(dispatch.invoke("", "Split", [data], {"axis": axis,
-                                                            "num_outputs": num_outputs},
-                                     num_outputs=num_outputs))
+        parts = list(_invoke("Split", [data], {"axis": axis, "num_outputs": num_outputs},
+                             num_outputs=num_outputs))
     if squeeze_axis:
         parts = [p.reshape(p.shape[:axis] + p.shape[axis + 1:]) for p in parts]
     return parts[0] if num_outputs == 1 else parts
@@ -465,9 +494,9 @@ def topk(data, axis=-1, k=1, ret_typ="indices", is_ascend=False, dtype="float32"
     if k > size:
         raise InputError(f"{fn}: k={k} is larger than axis {axis}'s length {size}")
     with _paused():
-        _, indices = dispatch.invoke("", "TopK", [source, _ints([k], data.ctx)],
-                                     {"axis": axis, "largest": int(not is_ascend),
-                                      "sorted": 1}, num_outputs=2)
+        _, indices = _invoke("TopK", [source, _ints([k], data.ctx)],
+                             {"axis": axis, "largest": int(not is_ascend), "sorted": 1},
+                             num_outputs=2)
     if ret_typ == "mask":
         if source is not data:
             raise InputError(f"{fn}: ret_typ='mask' needs an axis, got axis=None")
@@ -746,6 +775,8 @@ def BlockGrad(data, name=None):
     """MXNet's ``BlockGrad`` (``stop_gradient``): the same values, with no gradient flowing
     back through it."""
     data = _array("BlockGrad", "data", data)
+    if _is_traced(data):  # a graph has no pause: mixrt's BlockGrad op has a zero gradient
+        return _invoke("BlockGrad", [data], {}, domain="mixrt")
     with _paused():
         return _op("Identity", [data])
 

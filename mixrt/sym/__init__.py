@@ -13,15 +13,15 @@ namespace (``sym.ml``, ``sym.mixrt``, ``sym.preview_training``, ``sym.preview``)
 
 MXNet 1.x's layers whose names ONNX does not use are here too, with MXNet's arguments
 (``sym.FullyConnected``, ``sym.Convolution``, ``sym.BatchNorm``, ``sym.SoftmaxOutput``, ...;
-see ``mixrt.sym.mxnet_layers``).
+see ``mixrt.sym.mxnet_layers``), and MXNet's functions (``sym.broadcast_add``,
+``sym.slice_axis``, ``sym.topk``, ...; see ``mixrt.sym.mxnet_ops``).
 """
 
 from __future__ import annotations
 
-from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  # noqa: F401
-                                 log, log_softmax, max, maximum, mean, min, minimum, relu,
-                                 reshape, sigmoid, softmax, sqrt, square, squeeze, stack, sum,
-                                 tanh, transpose, where)
+from mixrt.array_methods import (clip, concat, exp, expand_dims, flatten,  # noqa: F401
+                                 log, max, maximum, mean, min, minimum, relu, reshape, sigmoid,
+                                 sqrt, square, squeeze, stack, sum, tanh, transpose, where)
 from mixrt.sym.executor import Executor
 from mixrt.sym.mxnet_layers import (Activation, BatchNorm, Convolution, Deconvolution,
                                     Embedding, FullyConnected, LeakyReLU,
@@ -32,6 +32,14 @@ from mixrt.sym.serialize import load, load_json
 from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
 
 OPERATORS = install(globals(), generate())  # after the MXNet layers: ONNX's names win
+
+# MXNet's function names (F.broadcast_add, F.slice_axis, F.topk, ...): mixrt.nd's bodies run
+# on the Symbol (mixrt.sym.mxnet_ops), so a hybrid_forward reads the same with F = nd
+from mixrt.sym import mxnet_ops as _mxnet_ops  # noqa: E402
+
+MXNET_FUNCTIONS = list(_mxnet_ops.FUNCTIONS)
+globals().update(_mxnet_ops.FUNCTIONS)
+_mxnet_ops.attach_methods()
 
 
 def __getattr__(name: str):
@@ -50,4 +58,4 @@ __all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load
            # MXNet's layers (mixrt.sym.mxnet_layers.LAYERS)
            "Activation", "BatchNorm", "Convolution", "Deconvolution", "Embedding",
            "FullyConnected", "LeakyReLU", "LinearRegressionOutput", "LogisticRegressionOutput",
-           "MAERegressionOutput", "Pooling", "SoftmaxOutput"]
+           "MAERegressionOutput", "Pooling", "SoftmaxOutput", *MXNET_FUNCTIONS]

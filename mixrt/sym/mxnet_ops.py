@@ -1,0 +1,187 @@
+"""MXNet's function names on Symbols (``F.broadcast_add``, ``F.slice_axis``, ``F.topk``,
+``F.one_hot``, ``F.BlockGrad``, ...), so a ``hybrid_forward`` that uses them hybridizes.
+
+There is one implementation of each, the imperative one (``mixrt/nd/mxnet_ops.py``), with
+MXNet's argument checks and semantics. Here it runs on :class:`Traced`, a stand-in for the
+Symbol: it has the static shape and dtype the trace knows (``gluon.hybrid.static_shape``;
+outside a trace, what the Symbol's declared variables give), and each op or constant the
+imperative code makes is added to the Symbol's graph instead of being run. A function that
+needs a tensor's value (``take(..., mode='raise')`` reads the indices) raises the
+HybridizeError that names the block and the line.
+
+The names that are NDArray methods in MXNet are Symbol methods too (``x.topk(k=2)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.array_methods import ArrayMethods
+from mixrt.errors import HybridizeError
+from mixrt.nd import mxnet_ops as imperative
+from mixrt.sym.symbol import Symbol
+
+
+class _TraceContext:
+    """The ``ctx`` of a Traced: constants made "on" it are NumPy arrays in the graph."""
+
+    traced = True
+
+    def __repr__(self) -> str:
+        return "traced"
+
+
+TRACE = _TraceContext()
+
+
+class Traced(ArrayMethods):
+    """A single-output Symbol seen as the NDArray ``mixrt.nd.mxnet_ops`` expects."""
+
+    __slots__ = ("symbol", "_type")
+    ctx = TRACE
+    # NumPy constants meet a Traced in the imperative code (``steps < lengths``): NumPy must
+    # hand the operator to the Traced (its reflected method) instead of looping over it
+    __array_ufunc__ = None
+
+    def __init__(self, symbol: Symbol):
+        self.symbol = symbol
+        self._type = None
+
+    # -- what the imperative code reads -------------------------------------------------
+
+    @property
+    def shape(self) -> tuple:
+        from mixrt.gluon.hybrid import static_shape  # noqa: PLC0415 (gluon imports sym)
+        return static_shape(self.symbol)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._type is None:
+            dtype = self.symbol.infer_type()[1][0]
+            if dtype is None:
+                raise HybridizeError(f"the dtype of {self.symbol.list_outputs()[0]} is not "
+                                     f"known while tracing; declare its variables' dtypes")
+            self._type = np.dtype(dtype)
+        return self._type
+
+    def asnumpy(self):
+        return self.symbol.asnumpy()  # the HybridizeError naming the block and the line
+
+    def zeros_like(self) -> np.ndarray:
+        return np.zeros(self.shape, dtype=self.dtype)
+
+    def argmax(self, axis=None, keepdims: bool = False):
+        return self._arg("ArgMax", axis, keepdims)
+
+    def argmin(self, axis=None, keepdims: bool = False):
+        return self._arg("ArgMin", axis, keepdims)
+
+    def _arg(self, op_type: str, axis, keepdims: bool):
+        """NDArray's rule: ``axis=None`` is over the flattened array."""
+        if axis is not None:
+            return self._op(op_type, [self], {"axis": axis, "keepdims": int(keepdims)})
+        flat = self.reshape(-1)
+        index = flat._op(op_type, [flat], {"axis": 0, "keepdims": 0})
+        return index.reshape((1,) * self.ndim) if keepdims else index
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice):
+            raise HybridizeError(f"indexing a traced Symbol with {key!r}: only a slice of "
+                                 f"the first axis is supported here")
+        start, stop, step = key.indices(self.shape[0])
+        return self._op("Slice", [self, *(np.array([v], np.int64)
+                                          for v in (start, stop, 0, step))], {})
+
+    # -- how ops and constants reach the graph ------------------------------------------
+
+    def traced_op(self, op_type: str, inputs: list, attributes: dict, num_outputs=None,
+                  domain: str = ""):
+        from mixrt.sym.ops import call_op  # noqa: PLC0415
+        symbols = [_symbol_of(value) for value in inputs]
+        out = call_op(domain, op_type, symbols, dict(attributes), name=None,
+                      num_outputs=num_outputs)
+        if num_outputs is not None and num_outputs > 1 or len(out) > 1:
+            return [Traced(out[i]) for i in range(len(out))]
+        return Traced(out)
+
+    def _op(self, op_type: str, inputs: list, attributes: dict):
+        return self.traced_op(op_type, inputs, attributes)
+
+    def _int_tensor(self, values):
+        return np.asarray([int(v) for v in values], dtype=np.int64)
+
+    def _binary(self, op_type: str, other, reverse: bool = False):
+        if not isinstance(other, (Traced, Symbol, np.ndarray)):
+            other = np.asarray(other, dtype=self.dtype)  # a number takes the array's type
+        pair = [other, self] if reverse else [self, other]
+        return self._op(op_type, pair, {})
+
+    def __mod__(self, other):
+        return self._op("Mod", [self, other], {"fmod": int(self.dtype.kind == "f")})
+
+    def __neg__(self):
+        return self._op("Neg", [self], {})
+
+
+def _symbol_of(value):
+    if isinstance(value, Traced):
+        return value.symbol
+    return value
+
+
+def _traced(value):
+    """Symbols (also inside lists and tuples) as Traced; anything else as it is."""
+    if isinstance(value, Symbol):
+        if len(value) != 1:
+            return [Traced(value[i]) for i in range(len(value))]
+        return Traced(value)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Symbol) for v in value):
+        return type(value)(_traced(v) for v in value)
+    return value
+
+
+def _symbols(value):
+    if isinstance(value, Traced):
+        return value.symbol
+    if isinstance(value, (list, tuple)):
+        return type(value)(_symbols(v) for v in value)
+    if isinstance(value, np.ndarray):  # a constant result (zeros_like): into the graph
+        from mixrt.sym.symbol import constant  # noqa: PLC0415
+        return constant(value)
+    return value
+
+
+def _on_symbols(name: str):
+    function = getattr(imperative, name)
+
+    def on_symbols(*args, **kwargs):
+        result = function(*[_traced(a) for a in args],
+                          **{k: _traced(v) for k, v in kwargs.items()})
+        return _symbols(result)
+
+    on_symbols.__name__ = on_symbols.__qualname__ = name
+    on_symbols.__doc__ = function.__doc__
+    return on_symbols
+
+
+# every name but MXNet's layers, which mixrt.sym.mxnet_layers has (they make their weights
+# as variables); softmax, log_softmax and dot replace the array_methods ones, so that they
+# take MXNet's arguments (temperature, length, transpose_a, ...) as mixrt.nd's do
+FUNCTIONS = {name: _on_symbols(name) for name in imperative.FUNCTIONS
+             if name not in ("FullyConnected", "Activation", "LeakyReLU", "Embedding")}
+
+
+def attach_methods() -> None:
+    """MXNet's NDArray methods (``x.topk``, ``x.slice_axis``, ...) on Symbol, where Symbol
+    has no method of that name already."""
+    for name in imperative.METHODS:
+        if name in FUNCTIONS and not hasattr(Symbol, name):
+            setattr(Symbol, name, FUNCTIONS[name])
