@@ -138,8 +138,6 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
         B = xp.zeros((num_directions, 2 * gates), dtype=wide)
     lengths = step_counts(xp, sequence_lens, batch, seq_len)
     batch_index = xp.arange(batch)
-    # a sequence of length 0 has no last step: its final states are zeros (onnxruntime's)
-    started = (lengths > 0).reshape(-1, 1)
     padded = sequence_lens is not None and bool((lengths < seq_len).any())
 
     outputs, finals = [], []
@@ -166,14 +164,22 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
         if backwards:
             y = y[order, batch_index]
         outputs.append(y)
-        finals.append([xp.where(started, s, xp.zeros((), dtype=wide)) for s in states])
+        finals.append(states)
+    return layer_outputs(xp, outputs, finals, lengths, layout, X.dtype)
 
+
+def layer_outputs(xp, outputs: list, finals: list, lengths, layout, dtype) -> tuple:
+    """(Y, final states...) in the node's layout and dtype from each direction's (seq,
+    batch, hidden) outputs and final states. A sequence of length 0 has no last step: its
+    final states are zeros (onnxruntime's)."""
+    started = (lengths > 0).reshape(-1, 1)
     Y = xp.stack(outputs, axis=1)                      # (seq, directions, batch, hidden)
-    final = [xp.stack([f[i] for f in finals]) for i in range(len(initial_states))]
+    final = [xp.where(started, xp.stack([f[i] for f in finals]), 0)
+             for i in range(len(finals[0]))]
     if layout:
         Y = Y.transpose(2, 0, 1, 3)
         final = [f.swapaxes(0, 1) for f in final]
-    return tuple(a.astype(X.dtype) for a in (Y, *final))
+    return tuple(a.astype(dtype) for a in (Y, *final))
 
 
 def clipped(xp, clip):

@@ -405,7 +405,6 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
     kept = [i for i, keep in enumerate(layer.kept) if keep]
     workspace = xp.empty((len(layer.cells), layer.steps, len(kept), layer.batch,
                           layer.hidden), dtype=layer.wide)
-    started = (layer.lengths > 0).reshape(-1, 1)  # a length-0 sequence's finals are zeros
     outputs, finals = [], []
     for d in range(len(layer.cells)):
         caches, ys, states = _run_forward(layer, d, _projected(layer, W, B, d))
@@ -414,13 +413,9 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
                 workspace[d, t, slot] = cache[entry]
         y = xp.stack(ys)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
-        finals.append([xp.where(started, s, xp.zeros((), dtype=layer.wide)) for s in states])
-    Y = xp.stack(outputs, axis=1)  # (seq, directions, batch, hidden)
-    final = [xp.stack([f[i] for f in finals]) for i in range(len(layer.initials))]
-    if attributes.get("layout"):
-        Y = Y.transpose(2, 0, 1, 3)
-        final = [f.swapaxes(0, 1) for f in final]
-    return (*(a.astype(X.dtype) for a in (Y, *final)), workspace)
+        finals.append(states)
+    return (*rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),
+                               X.dtype), workspace)
 
 
 def _caches_from(layer: _Layer, workspace, d: int) -> list:
