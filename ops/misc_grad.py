@@ -9,10 +9,12 @@ kernel (mixrt domain) that Det's gradient needs.
 * Hardmax is piecewise constant: like Floor and Sign, nothing flows back through it.
 * Mod: Y = A - q B with q = floor(A / B) (fmod=0) or trunc(A / B) (fmod=1), so dA = dY and
   dB = -q dY. Integer Mod has no gradient.
-* Det: d det(X) = det(X) tr(X^-1 dX), so dX = dY det(X) X^-T. At an exactly singular matrix
-  X^-1 does not exist: MatrixInverse gives NaN there (inf or NaN on a GPU), so the gradient
-  is NaN (PyTorch returns finite values there, through an SVD). Nearly singular matrices
-  are fine: det(X) X^-T, the transposed adjugate, stays bounded as det(X) goes to 0.
+* Det: d det(X) = det(X) tr(X^-1 dX), so dX = dY C with C = det(X) X^-T, the cofactor
+  matrix. C exists at singular matrices too, where X^-1 does not, so the kernel Cofactors
+  (mixrt domain) computes it from X^-1 where X is invertible and from an SVD where it is not
+  (X = U S V^T gives C = det(U) det(V) U diag(prod_{j != i} s_j) V^T), as PyTorch does:
+  the first derivative is finite everywhere. Cofactors' own gradient is written with
+  MatrixInverse, so a second derivative at an exactly singular matrix is NaN.
 
 Each gradient is made of ops that have gradients, so all of them differentiate again.
 See runtime/passes/autodiff.py for the calling convention.
@@ -159,8 +161,50 @@ def _(b, node, dy):
 
 @linalg.det.grad
 def _(b, node, dy):
-    """dX = dY det(X) X^-T, dY det(X) broadcast over each matrix."""
-    x = node.inputs[0]
-    scale = b.emit("Unsqueeze", b.mul(dy[0], node.outputs[0]), b.ints([-2, -1]))
-    inverse = b.emit("MatrixInverse", x, domain=MIXRT)
-    return [b.mul(scale, _matrix_transpose(b, inverse, b.known_rank(node, x)))]
+    """dX = dY C, dY broadcast over each matrix."""
+    scale = b.emit("Unsqueeze", dy[0], b.ints([-2, -1]))
+    return [b.mul(scale, b.emit("Cofactors", node.inputs[0], domain=MIXRT))]
+
+
+@op("Cofactors", since=1, domain=MIXRT, dtypes=FLOATS)
+def cofactors(xp, X):
+    """The cofactor matrices det(X) X^-T of the trailing square matrices of X ([*, M, M]),
+    finite at singular matrices too."""
+    if X.ndim < 2 or X.shape[-1] != X.shape[-2]:
+        raise ValueError(f"Cofactors: expected [*, M, M] square matrices, got shape "
+                         f"{X.shape}")
+    compute = np.float64 if X.dtype == np.float64 else np.float32  # as MatrixInverse
+    square = X.astype(compute, copy=False)
+    inverse_t = xp.swapaxes(matrix_inverse(xp, square), -1, -2)
+    result = xp.linalg.det(square)[..., None, None] * inverse_t
+    singular = ~xp.isfinite(result).all(axis=(-2, -1))
+    if bool(singular.any()):
+        result[singular] = _cofactors_by_svd(xp, square[singular])
+    return result.astype(X.dtype, copy=False)
+
+
+def _cofactors_by_svd(xp, square):
+    """det(U) det(V) U diag(p) V^T with p_i the product of the singular values but the
+    i-th: no division, so exact zeros in s give the adjugate's true value."""
+    u, s, vt = xp.linalg.svd(square)
+    ones = xp.ones_like(s[..., :1])
+    before = xp.cumprod(xp.concatenate([ones, s[..., :-1]], axis=-1), axis=-1)
+    after = xp.flip(xp.cumprod(xp.concatenate([ones, xp.flip(s[..., 1:], axis=-1)],
+                                              axis=-1), axis=-1), axis=-1)
+    sign = xp.linalg.det(u) * xp.linalg.det(vt)
+    return sign[..., None, None] * xp.matmul(u * (before * after)[..., None, :], vt)
+
+
+cofactors.infer(same_as_input)
+
+
+@cofactors.grad
+def _(b, node, dy):
+    """With C = det(X) X^-T and Z = X^-T: dC = tr(X^-1 dX) C - C dX^T Z, so
+    dX = <dY, Z> C - C dY^T Z, <dY, Z> summed over each matrix."""
+    x, c = node.inputs[0], node.outputs[0]
+    rank = b.known_rank(node, x)
+    z = _matrix_transpose(b, b.emit("MatrixInverse", x, domain=MIXRT), rank)
+    along_z = b.emit("ReduceSum", b.mul(dy[0], z), b.ints([-2, -1]), keepdims=1)
+    bent = b.emit("MatMul", b.emit("MatMul", c, _matrix_transpose(b, dy[0], rank)), z)
+    return [b.emit("Sub", b.mul(along_z, c), bent)]

@@ -216,7 +216,17 @@ def _squeeze(X, axes):
     if axes is None:
         return X.reshape(tuple(d for d in X.shape if d != 1))
     axes = {normalize_axis(a, X.ndim) for a in axes}
+    _require_unit_axes(X.shape, axes)
     return X.reshape(tuple(d for i, d in enumerate(X.shape) if i not in axes))
+
+
+def _require_unit_axes(shape, axes):
+    """Squeeze may drop only axes of length 1; say which axis is not, rather than let a
+    reshape fail with an element count the user never wrote."""
+    for a in sorted(axes):
+        if isinstance(shape[a], int) and shape[a] != 1:
+            raise ValueError(f"Squeeze axis {a} has length {shape[a]} in shape "
+                             f"{list(shape)}; only axes of length 1 can be squeezed")
 
 
 def _unsqueeze(X, axes):
@@ -258,6 +268,7 @@ def _infer_squeeze(data, axes):
             return [typed(data.dtype, None)]
         return [typed(data.dtype, [d for d in data.shape if d != 1])]
     axes = {normalize_axis(a, len(data.shape)) for a in axes}
+    _require_unit_axes(data.shape, axes)
     return [typed(data.dtype, [d for i, d in enumerate(data.shape) if i not in axes])]
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import mixrt
+from mixrt.ops import misc_grad
 from mixrt.ops.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
@@ -232,17 +233,39 @@ def _det_second_order(x, weights, direction):
         [second.grads["x"]], {"x": x, "w": weights, "v": direction})[0]
 
 
-def test_singular_matrices_give_nan_gradients_not_an_error():
-    """A batch with one singular matrix: its gradient is NaN (documented in misc_grad.py);
-    the others' are det(X) X^-T, unaffected."""
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_singular_matrices_get_pytorchs_finite_gradients(rank):
+    """A batch with one singular matrix of each rank below full: its gradient is the cofactor
+    matrix from the SVD, as PyTorch's; the others' are det(X) X^-T, unaffected."""
+    torch = pytest.importorskip("torch")
     x = well_conditioned(3, 3, 3)
-    x[1] = [[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]]  # rank 2
+    x[1] = randn(3, rank) @ randn(rank, 3)
     y, (grad,), weights = weighted_gradient("Det", [x])
-    assert y[1] == 0.0
-    assert np.isnan(grad[1]).all()
+    assert abs(y[1]) < 1e-12
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.linalg.det(tx) * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(grad, tx.grad.numpy(), rtol=1e-9, atol=1e-12)
     for i in (0, 2):
         expected = weights[i] * np.linalg.det(x[i]) * np.linalg.inv(x[i]).T
         np.testing.assert_allclose(grad[i], expected, rtol=1e-12)
+
+
+def test_cofactors_of_a_rank_deficient_matrix_are_its_adjugate():
+    """Rank n-1 has a nonzero adjugate (here the 2x2 minors, computed by hand); rank n-2 a
+    zero one. A single 2-D matrix takes the same path as a batch."""
+    x = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 1.0, 1.0]])
+    minors = np.array([[np.linalg.det(np.delete(np.delete(x, i, 0), j, 1)) for j in range(3)]
+                       for i in range(3)])
+    signs = (-1.0) ** np.add.outer(np.arange(3), np.arange(3))
+    np.testing.assert_allclose(misc_grad.cofactors(np, x), signs * minors, atol=1e-12)
+    np.testing.assert_allclose(misc_grad.cofactors(np, x.astype(np.float32)),
+                               signs * minors, atol=1e-5)
+    np.testing.assert_array_equal(misc_grad.cofactors(np, np.zeros((2, 3, 3))), 0.0)
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 2, 2), (1, 1)])
+def test_cofactors_gradient(shape):
+    check_gradient("Cofactors", [well_conditioned(*shape)], domain="mixrt")
 
 
 def test_nearly_singular_matrices_stay_finite():
@@ -257,6 +280,7 @@ def test_nearly_singular_matrices_stay_finite():
 @needs_gpu
 @pytest.mark.parametrize("op_type, inputs, attributes", [
     ("Det", [well_conditioned(2, 3, 3)], {}),
+    ("Det", [np.stack([well_conditioned(3, 3), np.ones((3, 3))])], {}),  # one singular
     ("DepthToSpace", [randn(1, 8, 2, 3)], {"blocksize": 2, "mode": "CRD"}),
     ("SpaceToDepth", [randn(1, 2, 4, 6)], {"blocksize": 2}),
     ("Mod", list(mod_operands((3, 4), (4,))), {"fmod": 1}),

@@ -93,6 +93,15 @@ def test_squeeze_unsqueeze_versions():
     run_both("Unsqueeze", [("x", x), ("a", i64(-1, 1))], opset=13)
 
 
+@pytest.mark.parametrize("opset", [11, 13])
+def test_squeezing_an_axis_longer_than_one_names_it(opset):
+    x = np.ones((1, 3, 1), np.float32)
+    inputs, attrs = ([("x", x)], {"axes": [1]}) if opset == 11 else ([("x", x), ("a", i64(1))], {})
+    model = _model("Squeeze", inputs, attrs, opset, 1)
+    with pytest.raises(mixrt.errors.ExecutionError, match=r"Squeeze axis 1 has length 3"):
+        mixrt.Session(model).run(None, {name: value for name, value in inputs})
+
+
 def test_expand_output_is_writable_copy():
     (out,) = run_both("Expand", [("x", np.arange(3, dtype=np.float32)), ("s", i64(2, 1, 3))])
     assert out.shape == (2, 1, 3) and out.flags.writeable

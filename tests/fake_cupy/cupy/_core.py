@@ -59,7 +59,9 @@ def result_of(result, operands, writes: bool = False):
     stays on that array's device (no kernel ran); anything else ran as a kernel on the
     current device, which every operand must be on (``writes``: the work wrote into one)."""
     if isinstance(result, (list, tuple)):  # split's views, divmod's two results
-        return type(result)(result_of(r, operands, writes) for r in result)
+        parts = [result_of(r, operands, writes) for r in result]
+        # CuPy's linalg.svd gives a plain tuple where NumPy's gives an SVDResult
+        return parts if isinstance(result, list) else tuple(parts)
     if not writes and isinstance(result, _np.ndarray):
         for array in _arrays(operands):
             if _np.may_share_memory(result, array._host):
