@@ -14,8 +14,9 @@ written with ops that have gradients of their own (so these differentiate again)
   gradient is dY with those positions zeroed (TensorScatter of zeros), the update's is dY
   read at those positions (GatherElements).
 * MaxUnpool writes X at the flat positions I: dX reads dY at them (Gather on the flattened
-  dY). When I repeats a position (windows that overlap), the forward kept one write; dX
-  then gives dY to every X written there.
+  dY). When I repeats a position (windows that overlap), the forward keeps the last write
+  only, so dX is zero for the writes that were overwritten (mixrt::MaxUnpoolKept marks the
+  survivors, by the forward's own rule).
 * EyeLike only reads its input's shape: nothing flows back.
 
 SwiGLU gets an expansion (Swish(A) B written with Sigmoid and Mul), which is both its
@@ -120,7 +121,9 @@ def _(b, node, dy):
 def _(b, node, dy):
     flat = b.emit("Reshape", dy[0], b.ints([-1]))
     indices = b.emit("Cast", node.inputs[1], to=7)  # int64
-    return [b.emit("Gather", flat, indices, axis=0), None, None]
+    read = b.emit("Gather", flat, indices, axis=0)
+    kept = b.emit("MaxUnpoolKept", indices, domain=MIXRT)
+    return [b.emit("Where", kept, read, b.constant(0.0, like=dy[0])), None, None]
 
 
 @shape.eyelike.grad

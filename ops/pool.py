@@ -268,8 +268,45 @@ def max_unpool(xp, X, I, output_shape=None, *, kernel_shape=None, pads=None, str
         shape = tuple(X.shape[:2]) + tuple(_unpooled_dims(X.shape[2:], kernel_shape, strides,
                                                           pads))
     Y = xp.zeros(math.prod(shape), dtype=X.dtype)
-    Y[I.reshape(-1).astype(np.int64, copy=False)] = X.reshape(-1)
+    flat = I.reshape(-1).astype(np.int64, copy=False)
+    values = X.reshape(-1)
+    kept = surviving_writes(xp, flat)
+    if kept is None:
+        Y[flat] = values
+    else:
+        Y[flat[kept]] = values[kept]
     return Y.reshape(shape)
+
+
+def surviving_writes(xp, flat):
+    """Where overlapping MaxPool windows picked one position twice, I repeats it; which
+    write lands is then up to the scatter (undefined on a GPU). We keep the last in
+    flat order, as onnxruntime's loop does, and say so: a boolean mask of the writes that
+    survive, or None when no position repeats (the common case, checked in O(n))."""
+    if flat.size == 0:
+        return None
+    written = xp.zeros(int(flat.max()) + 1, dtype=np.int8)
+    written[flat] = 1
+    if int(written.sum()) == flat.size:
+        return None
+    order = xp.argsort(flat, kind="stable")
+    ordered = flat[order]
+    last_of_position = xp.concatenate([ordered[1:] != ordered[:-1], xp.ones(1, dtype=bool)])
+    kept = xp.zeros(flat.size, dtype=bool)
+    kept[order[last_of_position]] = True
+    return kept
+
+
+@op("MaxUnpoolKept", since=1, domain="mixrt")
+def max_unpool_kept(xp, I):
+    """The mask of I's writes that MaxUnpool keeps (see surviving_writes), shaped as I."""
+    kept = surviving_writes(xp, I.reshape(-1).astype(np.int64, copy=False))
+    return xp.ones(I.shape, dtype=bool) if kept is None else kept.reshape(I.shape)
+
+
+@max_unpool_kept.infer
+def _(I, **_):
+    return [TensorType(np.dtype(bool), I.shape)]
 
 
 @max_unpool.infer

@@ -77,12 +77,52 @@ def test_max_unpool_reads_the_gradient_where_max_pool_found_the_maxima():
                    {"kernel_shape": [2, 2], "strides": [2, 2]}, constants=(1, 2), opset=11)
 
 
-def _max_pool_model():
+def _max_pool_model(kernel=2, stride=2):
     node = Node("MaxPool", ["x"], ["y", "i"], name="pool", opset=12,
-                attributes={"kernel_shape": [2, 2], "strides": [2, 2]})
+                attributes={"kernel_shape": [kernel, kernel], "strides": [stride, stride]})
     return Graph(nodes=[node], inputs=[Value("x", TensorType(np.dtype(np.float64),
                                                               (1, 2, 4, 4)))],
                  outputs=[Value("y"), Value("i")], name="pool")
+
+
+def _overlapping_indices():
+    """MaxPool 3x3 stride 1 over 4x4 maps with one large value each: all four windows pick
+    it, so every index repeats."""
+    pooled_from = randn(1, 2, 4, 4)
+    pooled_from[0, :, 1, 2] = 10.0
+    (_, indices) = mixrt.Session(_max_pool_model(3, 1)).run(None, {"x": pooled_from})
+    assert len(np.unique(indices)) == 2
+    return indices
+
+
+def test_max_unpool_with_repeated_indices_keeps_the_last_write_and_its_gradient():
+    """The forward keeps the last write to a position (onnxruntime's rule); the gradient goes
+    to that write alone. Central differences see it: the overwritten X do not move Y."""
+    indices = _overlapping_indices()
+    x = randn(1, 2, 2, 2)
+    check_gradient("MaxUnpool", [x, indices], {"kernel_shape": [3, 3], "strides": [1, 1]},
+                   constants=(1,), opset=11)
+
+
+def test_max_unpool_with_repeated_indices_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+    indices = _overlapping_indices()
+    x = randn(1, 2, 2, 2).astype(np.float32)
+    node = helper.make_node("MaxUnpool", ["x", "i"], ["y"], kernel_shape=[3, 3], strides=[1, 1])
+    graph = helper.make_graph([node], "unpool", [
+        helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape),
+        helper.make_tensor_value_info("i", onnx.TensorProto.INT64, indices.shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)],
+                              ir_version=8)
+    feeds = {"x": x, "i": indices}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = mixrt.Session(model).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)
+    assert np.count_nonzero(got) == 2 and set(got[got != 0]) == {x[0, 0, 1, 1], x[0, 1, 1, 1]}
 
 
 def test_eye_like_passes_nothing_back():
@@ -162,3 +202,23 @@ def test_cum_prod_second_derivative_names_its_backward_kernel():
         total = (g * g).sum()
     with pytest.raises(GradientError, match="CumProdGrad"):
         total.backward()
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+def test_max_unpool_with_repeated_indices_on_the_gpu():
+    """CuPy's scatter picks any of the repeated writes; the GPU must keep the last, as the
+    CPU does, and give the gradient to it alone."""
+    indices = _overlapping_indices()
+    x, dy = randn(1, 2, 2, 2), randn(1, 2, 4, 4)
+
+    def forward_and_grad(**options):
+        data = nd.array(x, **options)
+        data.attach_grad()
+        with autograd.record():
+            y = nd.MaxUnpool(data, nd.array(indices, **options), kernel_shape=[3, 3],
+                             strides=[1, 1])
+            (y * nd.array(dy, **options)).sum().backward()
+        return y.asnumpy(), data.grad.asnumpy()
+
+    for got, want in zip(forward_and_grad(ctx=mixrt.gpu(0)), forward_and_grad()):
+        np.testing.assert_array_equal(got, want)
