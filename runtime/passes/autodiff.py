@@ -316,15 +316,25 @@ def _nodes_between(graph: Graph, sources: set[str], targets: set[str],
     tainted = set(sources)
     forward = []
     for node in graph.nodes:
-        if any(name in tainted for name in node.inputs if name):
+        if any(name in tainted for name in node_reads(node)):
             tainted.update(out for out in node.outputs if out and differentiable(out))
             forward.append(node)
     wanted, needed = set(targets), []
     for node in reversed(forward):
         if any(out in wanted for out in node.outputs if out):
-            wanted.update(name for name in node.inputs if name)
+            wanted.update(node_reads(node))
             needed.append(node)
     return list(reversed(needed))
+
+
+def gradient_targets(node: Node) -> list[str]:
+    """What a node's gradient function returns gradients for, in order: its inputs, then
+    (for If, Loop, Scan) the names its subgraphs read from the enclosing graph, which are
+    inputs too, only unlisted."""
+    if not node.subgraphs():
+        return node.inputs
+    captured = dict.fromkeys(node_reads(node))
+    return [*node.inputs, *(name for name in captured if name not in node.inputs)]
 
 
 def _backpropagate(builder: GradBuilder, nodes: list[Node], partials: dict) -> None:
@@ -336,7 +346,7 @@ def _backpropagate(builder: GradBuilder, nodes: list[Node], partials: dict) -> N
                for name in node.outputs]
         if all(dy is None for dy in dys):
             continue
-        for name, dx in zip(node.inputs, _input_grads(builder, node, dys)):
+        for name, dx in zip(gradient_targets(node), _input_grads(builder, node, dys)):
             if name and dx is not None and builder.differentiable(name):
                 partials.setdefault(name, []).append(dx)
 
@@ -354,7 +364,7 @@ def _input_grads(builder: GradBuilder, node: Node, dys: list) -> list:
                             f"one are listed by mixrt.runtime.passes.autodiff."
                             f"differentiable_ops()", node=node.label, op_type=node.op_type)
     grads = list(kernel.grad_fn(builder, node, dys))
-    return grads + [None] * (len(node.inputs) - len(grads))
+    return grads + [None] * (len(gradient_targets(node)) - len(grads))
 
 
 def _grads_through_expansion(builder: GradBuilder, node: Node, dys: list,

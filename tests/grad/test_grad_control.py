@@ -1,0 +1,315 @@
+"""The gradient of If (ops/control_grad.py): through either branch, values the branches read
+from the enclosing graph, nested Ifs, branch outputs that are captured values or constants,
+second order, a model onnxruntime runs, training, and the GPU; all against float64 central
+differences."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt.errors import GradientError
+from mixrt.importers.onnx import import_model
+from mixrt.ops.types import TensorType
+from mixrt.runtime.device import gpu_available
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.passes.autodiff import gradient_graph
+
+from grad.gradcheck import _numeric_gradient
+
+rng = np.random.default_rng(41)
+F64 = np.dtype(np.float64)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape)
+
+
+def node(op_type, inputs, outputs, **attributes):
+    return Node(op_type, inputs, outputs, name=outputs[0], opset=17, attributes=attributes)
+
+
+def branch(name, nodes, outputs, initializers=None):
+    return Graph(name=name, nodes=nodes, outputs=[Value(o) for o in outputs],
+                 initializers=initializers or {}, opsets={"": 17})
+
+
+def if_graph(then_branch, else_branch, outputs=1, extra_nodes=()):
+    """Inputs c (bool), x [3, 4], w [4]; y_k = If(c); loss = sum_k sum(y_k * r_k)."""
+    ys = [f"y{k}" for k in range(outputs)]
+    graph = Graph(name="if_grad", opsets={"": 17}, inputs=[
+        Value("c", TensorType(np.dtype(bool), (1,))), Value("x", TensorType(F64, (3, 4))),
+        Value("w", TensorType(F64, (4,)))])
+    graph.nodes = [*extra_nodes, Node("If", ["c"], ys, name="if", opset=17, attributes={
+        "then_branch": then_branch, "else_branch": else_branch})]
+    terms = []
+    for k, y in enumerate(ys):
+        graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
+        graph.nodes += [node("Mul", [y, f"r{k}"], [f"m{k}"]),
+                        node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
+        terms.append(f"s{k}")
+    graph.nodes.append(node("Sum", terms, ["loss"]))
+    graph.outputs = [Value("loss")]
+    return graph
+
+
+def feeds_for(cond, shapes):
+    feeds = {"c": np.array([cond]), "x": randn(3, 4), "w": randn(4)}
+    feeds.update({f"r{k}": randn(*shape) for k, shape in enumerate(shapes)})
+    return feeds
+
+
+def check_if_gradient(graph, feeds, wrt=("x", "w"), *, second_order=True):
+    """Symbolic gradients of the loss against central differences, then (second_order) the
+    gradient of <d loss / d x, V> the same way."""
+    gradient = gradient_graph(graph, "loss", list(wrt))
+    got = mixrt.Session(gradient.graph, opt_level=0).run(
+        [gradient.grads[w] for w in wrt], feeds)
+    forward = mixrt.Session(graph, opt_level=0)
+    for name, value in zip(wrt, got):
+        np.testing.assert_allclose(value, _numeric_gradient(forward, feeds, name),
+                                   rtol=1e-6, atol=1e-8, err_msg=f"d loss / d {name}")
+    if second_order:
+        check_second_order(graph, feeds, wrt)
+    return dict(zip(wrt, got))
+
+
+def check_second_order(graph, feeds, wrt):
+    first = gradient_graph(graph, "loss", list(wrt), differentiable_backward=True)
+    penalty = first.graph
+    feeds = dict(feeds)
+    terms = []
+    for k, name in enumerate(wrt):
+        feeds[f"v{k}"] = randn(*feeds[name].shape)
+        penalty.inputs.append(Value(f"v{k}", TensorType(F64, feeds[name].shape)))
+        penalty.nodes += [node("Mul", [first.grads[name], f"v{k}"], [f"pv{k}"]),
+                          node("ReduceSum", [f"pv{k}"], [f"ps{k}"], keepdims=0)]
+        terms.append(f"ps{k}")
+    penalty.nodes.append(node("Sum", terms, ["penalty"]))
+    penalty.outputs = [Value("penalty")]
+    second = gradient_graph(penalty, "penalty", list(wrt))
+    got = mixrt.Session(second.graph, opt_level=0).run([second.grads[w] for w in wrt], feeds)
+    at = mixrt.Session(penalty, opt_level=0)
+    for name, value in zip(wrt, got):
+        np.testing.assert_allclose(value, _numeric_gradient(at, feeds, name, "penalty"),
+                                   rtol=1e-5, atol=1e-7, err_msg=f"d penalty / d {name}")
+
+
+# -- the branches -----------------------------------------------------------------------------
+
+def tanh_branch():
+    """tanh(x * w): reads x and w from outside."""
+    return branch("then", [node("Mul", ["x", "w"], ["t1"]), node("Tanh", ["t1"], ["t2"])],
+                  ["t2"])
+
+
+def sin_branch():
+    """sin(x) + 0.5 with its own initializer: reads x only, so w's gradient is zero here."""
+    half = np.array(0.5)
+    return branch("else", [node("Sin", ["x"], ["e1"]), node("Add", ["e1", "half"], ["e2"])],
+                  ["e2"], initializers={"half": half})
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_either_branch_against_central_differences(cond):
+    graph = if_graph(tanh_branch(), sin_branch())
+    grads = check_if_gradient(graph, feeds_for(cond, [(3, 4)]))
+    if not cond:
+        np.testing.assert_array_equal(grads["w"], 0.0)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_outputs_that_are_captured_values_constants_or_the_same_twice(cond):
+    """then: (x, x * x, t) with t = x * w; else: (a constant, w broadcast by an Expand, t)
+    with t = sin(x): one output is a captured name, one branch output has no gradient, and
+    the third output is shared by the other two of no branch."""
+    then_branch = branch("then", [node("Mul", ["x", "x"], ["sq"]), node("Mul", ["x", "w"],
+                                                                         ["t"])],
+                         ["x", "sq", "t"])
+    shape = np.array([3, 4], np.int64)
+    else_branch = branch("else", [node("Expand", ["w", "shape"], ["we"]),
+                                  node("Sin", ["x"], ["t"])],
+                         ["ones", "we", "t"], initializers={"ones": np.ones((3, 4)),
+                                                            "shape": shape})
+    graph = if_graph(then_branch, else_branch, outputs=3)
+    check_if_gradient(graph, feeds_for(cond, [(3, 4)] * 3))
+
+
+def nested_if_graph():
+    inner_then = branch("inner_then", [node("Mul", ["u", "w"], ["p"])], ["p"])
+    inner_else = branch("inner_else", [node("Exp", ["u"], ["q"])], ["q"])
+    outer_then = branch("outer_then", [
+        node("Tanh", ["x"], ["u"]),
+        Node("If", ["c2"], ["v"], name="inner", opset=17,
+             attributes={"then_branch": inner_then, "else_branch": inner_else}),
+        node("Mul", ["v", "x"], ["o"])], ["o"])
+    graph = if_graph(outer_then, sin_branch())
+    graph.inputs.append(Value("c2", TensorType(np.dtype(bool), (1,))))
+    return graph
+
+
+@pytest.mark.parametrize("outer, inner", [(True, True), (True, False), (False, True)])
+def test_nested_if_reads_through_two_scopes(outer, inner):
+    """The then branch holds an If on a second condition whose branches read x and w from
+    the top graph, and an intermediate of the outer branch."""
+    graph = nested_if_graph()
+    feeds = feeds_for(outer, [(3, 4)])
+    feeds["c2"] = np.array([inner])
+    check_if_gradient(graph, feeds)
+
+
+def test_values_computed_before_the_if_get_their_gradient_through_it():
+    """The branches read h = x @ W from the enclosing graph, not a graph input: the gradient
+    flows through the If into h, then on into x and W."""
+    then_branch = branch("then", [node("Relu", ["h"], ["a"])], ["a"])
+    else_branch = branch("else", [node("Mul", ["h", "h"], ["b"])], ["b"])
+    graph = if_graph(then_branch, else_branch,
+                     extra_nodes=[node("Mul", ["x", "w"], ["h"])])
+    for cond in (True, False):
+        check_if_gradient(graph, feeds_for(cond, [(3, 4)]))
+
+
+def test_an_integer_value_the_branches_read_gets_no_gradient():
+    """Shapes and indices from outside are read, not differentiated."""
+    then_branch = branch("then", [node("Reshape", ["x", "shape"], ["flat"]),
+                                  node("Tanh", ["flat"], ["t"])], ["t"])
+    else_branch = branch("else", [node("Reshape", ["x", "shape"], ["flat"])], ["flat"])
+    graph = if_graph(then_branch, else_branch)
+    graph.initializers["shape"] = np.array([2, 6], np.int64)
+    for cond in (True, False):
+        check_if_gradient(graph, feeds_for(cond, [(2, 6)]))
+
+
+def test_nothing_differentiable_inside_means_no_backward_if():
+    then_branch = branch("then", [], ["k"], initializers={"k": np.ones((3, 4))})
+    else_branch = branch("else", [], ["k"], initializers={"k": np.zeros((3, 4))})
+    graph = if_graph(then_branch, else_branch)
+    gradient = gradient_graph(graph, "loss", ["x"])
+    assert [n.op_type for n in gradient.graph.nodes].count("If") == 1
+    got = mixrt.Session(gradient.graph).run([gradient.grads["x"]], feeds_for(True, [(3, 4)]))
+    np.testing.assert_array_equal(got[0], 0.0)
+
+
+def test_no_subgraph_redefines_a_name_of_its_scope():
+    """ONNX's SSA rule: a subgraph may not define a name its enclosing graphs define. The
+    backward branches are named by their own builder, so they are renamed into the joint
+    graph's name space; checked down every scope chain, second order (Ifs in Ifs) too."""
+    graph = nested_if_graph()
+    first = gradient_graph(graph, "loss", ["x", "w"], differentiable_backward=True)
+    penalty = first.graph
+    penalty.nodes += [node("Mul", [first.grads["x"], first.grads["x"]], ["gg"]),
+                      node("ReduceSum", ["gg"], ["penalty"], keepdims=0)]
+    penalty.outputs = [Value("penalty")]
+    second = gradient_graph(penalty, "penalty", ["x", "w"])
+    assert _count_ifs(second.graph) >= 7  # 2 forward; backward Ifs hold copies and their own
+    _assert_ssa(second.graph, frozenset())
+
+
+def _defined(graph):
+    return ([v.name for v in graph.inputs] + list(graph.initializers)
+            + [o for n in graph.nodes for o in n.outputs if o])
+
+
+def _assert_ssa(graph, scope):
+    names = _defined(graph)
+    assert len(names) == len(set(names)), graph.name
+    assert not set(names) & scope, (graph.name, sorted(set(names) & scope))
+    for n in graph.nodes:
+        for sub in n.subgraphs():
+            _assert_ssa(sub, scope | set(names))
+
+
+def _count_ifs(graph):
+    return sum(1 + sum(_count_ifs(sub) for sub in n.subgraphs())
+               for n in graph.nodes if n.op_type == "If")
+
+
+def test_an_exported_if_model_trains_and_matches_onnxruntime():
+    """An ONNX model with an If (helper-built, as exporters write them) imported, run in
+    onnxruntime and mixrt alike, then fine-tuned: the loss falls on either branch."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _if_classifier_model()
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    for use_relu in (True, False):
+        feeds = {"x": x, "use_relu": np.array([use_relu])}
+        want = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        got = mixrt.Session(model).run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    graph = import_model(model)
+    teacher = rng.standard_normal((4, 3)).astype(np.float32)
+    for use_relu in (True, False):
+        activation = (lambda h: np.maximum(h, 0)) if use_relu else np.tanh
+        losses = _fine_tune(graph, x, use_relu, activation(x @ teacher))
+        assert losses[-1] < 0.01 * losses[0], losses
+
+
+def _if_classifier_model():
+    weight = helper.make_tensor("W", TensorProto.FLOAT, (4, 3),
+                                rng.standard_normal(12).astype(np.float32) * 0.5)
+    then_graph = helper.make_graph([helper.make_node("Relu", ["h"], ["a"])], "relu", [],
+                                   [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph([helper.make_node("Tanh", ["h"], ["b"])], "tanh", [],
+                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    graph = helper.make_graph([
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("If", ["use_relu"], ["y"], then_branch=then_graph,
+                         else_branch=else_graph)], "if_classifier", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+        helper.make_tensor_value_info("use_relu", TensorProto.BOOL, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8)
+
+
+def _fine_tune(graph, x, use_relu, target, steps=200, rate=0.5):
+    """Plain gradient descent on mean((y - target)^2) through the If, by gradient_graph;
+    the target is a teacher's output, so the loss can reach zero."""
+    trained = Graph(name=graph.name, inputs=list(graph.inputs), nodes=list(graph.nodes),
+                    outputs=list(graph.outputs), initializers=dict(graph.initializers),
+                    opsets=dict(graph.opsets))
+    trained.inputs.append(Value("target", TensorType(np.dtype(np.float32), target.shape)))
+    trained.nodes = trained.nodes + [node("Sub", ["y", "target"], ["err"]),
+                                     node("Mul", ["err", "err"], ["sq"]),
+                                     node("ReduceMean", ["sq"], ["mse"], keepdims=0)]
+    gradient = gradient_graph(trained, "mse", ["W"])
+    session = mixrt.Session(gradient.graph)
+    weight = graph.initializers["W"].copy()
+    losses = []
+    for _ in range(steps):
+        loss, grad = session.run(["mse", gradient.grads["W"]],
+                                 {"x": x, "use_relu": np.array([use_relu]), "W": weight,
+                                  "target": target})
+        losses.append(float(loss))
+        weight = weight - rate * grad
+    return losses
+
+
+def test_loop_still_names_itself_when_asked_for_a_gradient():
+    body = Graph(name="body", inputs=[Value("i", TensorType(np.dtype(np.int64), ())),
+                                      Value("cond_in", TensorType(np.dtype(bool), ())),
+                                      Value("acc", TensorType(F64, (3, 4)))],
+                 nodes=[node("Mul", ["acc", "x"], ["acc_out"]),
+                        node("Identity", ["cond_in"], ["cond_out"])],
+                 outputs=[Value("cond_out"), Value("acc_out")], opsets={"": 17})
+    graph = Graph(name="loop", opsets={"": 17}, inputs=[Value("x", TensorType(F64, (3, 4)))],
+                  initializers={"trips": np.array(3, np.int64), "go": np.array(True)})
+    graph.nodes = [Node("Loop", ["trips", "go", "x"], ["y"], name="loop", opset=17,
+                        attributes={"body": body}),
+                   node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    graph.outputs = [Value("loss")]
+    with pytest.raises(GradientError, match="Loop has no gradient definition"):
+        gradient_graph(graph, "loss", ["x"])
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+@pytest.mark.parametrize("cond", [True, False])
+def test_the_gpu_gives_the_cpus_gradients(cond):
+    graph = if_graph(tanh_branch(), sin_branch())
+    gradient = gradient_graph(graph, "loss", ["x", "w"])
+    feeds = feeds_for(cond, [(3, 4)])
+    wanted = [gradient.grads["x"], gradient.grads["w"]]
+    want = mixrt.Session(gradient.graph).run(wanted, feeds)
+    got = mixrt.Session(gradient.graph, device="gpu:0").run(wanted, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
