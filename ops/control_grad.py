@@ -1,4 +1,4 @@
-"""The gradient of If.
+"""The gradients of If and Scan.
 
 An If runs one of two branch graphs, and what its outputs depend on is what the branches
 read from the enclosing graph (ONNX's outer scope): those names are the node's inputs in all
@@ -13,13 +13,20 @@ zeros for one the branch does not read. So an If inside a branch, or an op with 
 expansion, differentiates as it does at the top level, and the backward If differentiates
 again (second order).
 
-Loop and Scan have no gradient yet.
+Scan's gradient is backpropagation through the iterations: the forward Scan is made to
+record each iteration's incoming states, and a second Scan walks the iterations in reverse
+with a body built the same way (the forward body recomputed at the recorded states, then
+differentiated), carrying the states' gradients and summing those of the captured values.
+
+Loop has no gradient yet.
 """
 
 from __future__ import annotations
 
 from mixrt.ops import control
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
+from mixrt.ops.shape_grad import zeros_like
+from mixrt.ops.types import TensorType
 from mixrt.runtime.passes.rewrite import NameMaker, all_names, copy_graph, eliminate_dead_nodes
 
 BRANCHES = ("then_branch", "else_branch")
@@ -43,21 +50,174 @@ def _(b, node, dy):
 def _backward_branch(b, node: Node, key: str, captured: list[str], seeds: dict) -> Graph:
     """The branch ``key`` of ``node`` turned into the graph of d(sum_i dY_i . Y_i) / d c for
     each captured c, reading c, the dY and whatever else the branch reads from outside."""
-    from mixrt.runtime.passes.autodiff import gradient_graph  # noqa: PLC0415 (a cycle)
     branch = node.attributes[key]
-    forward = copy_graph(branch)
-    seeded = _seeded_outputs(forward, seeds)
-    reads = dict.fromkeys([*captured, *outer_scope_reads(branch), *seeded.values()])
-    forward.inputs = [Value(name, b.types.get(name)) for name in reads]
-    forward.outputs = [Value(name) for name in seeded]
-    result = gradient_graph(forward, next(iter(seeded)), captured, keep_outputs=False,
-                            seeds=seeded, differentiable_backward=b.differentiable_backward)
-    backward = result.graph
+    backward, grads = _body_gradient(b, branch, captured, seeds, wrt=captured)
     backward.name = b.fresh(f"{node.label}_{key}_grad")
     backward.inputs = []  # each of them is read from the enclosing graph instead
-    backward.outputs = [Value(result.grads[name], b.types.get(name)) for name in captured]
-    eliminate_dead_nodes(backward)  # the loss output is gone: so are nodes only it needed
-    _rename_definitions(backward, b.fresh)
+    backward.outputs = [Value(grads[name], b.types.get(name)) for name in captured]
+    _finish(backward, b.fresh)
+    return backward
+
+
+def _body_gradient(b, body: Graph, captured: list[str], seeds: dict, *, wrt: list[str]):
+    """``gradient_graph`` of a copy of ``body`` seeded with ``seeds`` ({output index: seed
+    name}) for the names in ``wrt`` (its own inputs or captured ones): the joint graph, whose
+    inputs are the body's inputs, then what it reads from outside, then the seeds; and
+    {wrt name: gradient name}. The caller sets the outputs it wants."""
+    from mixrt.runtime.passes.autodiff import gradient_graph  # noqa: PLC0415 (a cycle)
+    forward = copy_graph(body)
+    seeded = _seeded_outputs(forward, seeds)
+    own = forward.input_names
+    outside = [name for name in dict.fromkeys([*captured, *outer_scope_reads(body),
+                                               *seeded.values()]) if name not in own]
+    forward.inputs = forward.inputs + [Value(name, b.types.get(name)) for name in outside]
+    forward.outputs = [Value(name) for name in seeded]
+    result = gradient_graph(forward, next(iter(seeded)), list(wrt), keep_outputs=False,
+                            seeds=seeded, differentiable_backward=b.differentiable_backward)
+    return result.graph, result.grads
+
+
+def _finish(graph: Graph, fresh) -> None:
+    """Drop what only the loss output needed, then rename into the enclosing name space."""
+    eliminate_dead_nodes(graph)
+    _rename_definitions(graph, fresh)
+
+
+# -- Scan -------------------------------------------------------------------------------------
+
+@control.scan.grad
+def _(b, node, dy):
+    """Backpropagation through the scan: the forward Scan also records each iteration's
+    incoming states (extra scan outputs), and a second Scan walks the iterations in reverse
+    with a body that recomputes the forward body at those states and differentiates it,
+    carrying the states' gradients and the sums of the captured values' gradients."""
+    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
+    scan = _ScanLayout(node)
+    targets = gradient_targets(node)
+    captured = [name for name in targets[len(node.inputs):] if b.differentiable(name)]
+    if all(grad is None for grad in dy):
+        return []
+    recorded = _record_states(b, node, scan)
+    float_states = [i for i in range(scan.states) if _is_float(b, node, scan.body, i)]
+    float_inputs = [j for j in range(scan.scan_inputs)
+                    if _is_float(b, node, scan.body, scan.states + j)]
+    seeded_outputs = [k for k in range(scan.scan_outputs) if dy[scan.states + k] is not None]
+    body = _reverse_body(b, node, scan, captured, float_states, float_inputs, seeded_outputs)
+    initial = [dy[i] if dy[i] is not None else zeros_like(b, node.inputs[i])
+               for i in float_states]
+    inputs = [*initial, *(zeros_like(b, name) for name in captured), *recorded,
+              *node.inputs[scan.states:], *(dy[scan.states + k] for k in seeded_outputs)]
+    outputs = b.emit("Scan", *inputs, outputs=len(float_states) + len(captured)
+                     + len(float_inputs), opset=node.opset, body=body,
+                     num_scan_inputs=scan.states + scan.scan_inputs + len(seeded_outputs),
+                     scan_input_directions=[1] * scan.states
+                     + [1 - d for d in scan.input_directions]
+                     + [1 - scan.output_directions[k] for k in seeded_outputs],
+                     scan_input_axes=[0] * scan.states + scan.input_axes
+                     + [scan.output_axes[k] for k in seeded_outputs],
+                     scan_output_directions=[1 - scan.input_directions[j]
+                                             for j in float_inputs],
+                     scan_output_axes=[scan.input_axes[j] for j in float_inputs])
+    outputs = (outputs,) if isinstance(outputs, str) else outputs
+    grads = dict(zip([*(node.inputs[i] for i in float_states), *captured], outputs))
+    by_index = {i: outputs[n] for n, i in enumerate(float_states)}
+    by_index.update({scan.states + j: outputs[len(float_states) + len(captured) + n]
+                     for n, j in enumerate(float_inputs)})
+    return [by_index.get(i) for i in range(len(node.inputs))] + [
+        grads.get(name) if name in captured else None for name in targets[len(node.inputs):]]
+
+
+class _ScanLayout:
+    """A Scan node's counts, axes and directions, defaults filled in."""
+
+    def __init__(self, node: Node):
+        attributes = node.attributes
+        self.scan_inputs = int(attributes["num_scan_inputs"])
+        self.states = len(node.inputs) - self.scan_inputs
+        self.body = attributes["body"]
+        self.scan_outputs = len(self.body.outputs) - self.states
+        self.input_directions = list(attributes.get("scan_input_directions")
+                                     or [0] * self.scan_inputs)
+        self.input_axes = list(attributes.get("scan_input_axes") or [0] * self.scan_inputs)
+        self.output_directions = list(attributes.get("scan_output_directions")
+                                      or [0] * self.scan_outputs)
+        self.output_axes = list(attributes.get("scan_output_axes") or [0] * self.scan_outputs)
+
+
+def _is_float(b, node: Node, body: Graph, index: int) -> bool:
+    """Whether input ``index`` carries a gradient: by the body's declared input type, which
+    is kept where inference of control-flow outputs is not (recorded states), else by the
+    node's input's type."""
+    from mixrt.runtime.passes.autodiff import is_differentiable_dtype  # noqa: PLC0415
+    declared = body.inputs[index].type
+    if isinstance(declared, TensorType) and declared.dtype is not None:
+        return is_differentiable_dtype(declared.dtype)
+    return bool(node.inputs[index]) and b.differentiable(node.inputs[index])
+
+
+def _record_states(b, node: Node, scan: _ScanLayout) -> list[str]:
+    """Make the forward Scan also output each iteration's incoming states, stacked on axis 0
+    in iteration order; returns their names. The forward node is the joint graph's own copy,
+    so the model's graph is untouched."""
+    body = copy_graph(scan.body)
+    names = NameMaker(body)
+    for state, outer in zip(scan.body.inputs[:scan.states], node.inputs):
+        kept = names(f"{state.name}_at_step")
+        body.nodes.append(Node("Identity", [state.name], [kept], name=kept, opset=13))
+        # typed, so that inference (a second gradient) knows an int state is not float
+        body.outputs.append(Value(kept, state.type or TensorType(b.dtype(outer), None)))
+    recorded = [b.fresh(f"{node.label}_states_{i}") for i in range(scan.states)]
+    node.attributes = dict(node.attributes, body=body,
+                           scan_output_directions=scan.output_directions + [0] * scan.states,
+                           scan_output_axes=scan.output_axes + [0] * scan.states)
+    node.outputs = [*node.outputs, *[""] * (scan.states + scan.scan_outputs
+                                            - len(node.outputs)), *recorded]
+    for name, state in zip(recorded, node.inputs):  # dtype known: an int state stays one
+        b.types[name] = TensorType(b.dtype(state), None)
+    return recorded
+
+
+def _reverse_body(b, node: Node, scan: _ScanLayout, captured: list[str],
+                  float_states: list[int], float_inputs: list[int],
+                  seeded_outputs: list[int]) -> Graph:
+    """The backward Scan's body. Inputs: the states' gradients (carried), the captured
+    values' gradient sums (carried), the forward body's own inputs at this iteration
+    (recorded states, scan input elements), then the seeded scan outputs' gradients.
+    Outputs: the states' gradients one iteration earlier, the sums, and the scan input
+    elements' gradients."""
+    body = scan.body
+    names = NameMaker(body)
+    own = body.input_names
+    state_grads = {own[i]: names(f"d_{own[i]}") for i in float_states}
+    output_grads = {scan.states + k: names(f"d_{body.output_names[scan.states + k]}")
+                    for k in seeded_outputs}
+    seeds = {i: state_grads[own[i]] for i in float_states}
+    seeds.update(output_grads)
+    wrt = [own[i] for i in float_states] + [own[scan.states + j] for j in float_inputs]
+    backward, grads = _body_gradient(b, body, captured, seeds, wrt=[*wrt, *captured])
+    sums_in = [names(f"sum_d_{name}") for name in captured]
+    sums_out = []
+    for name, total in zip(captured, sums_in):
+        summed = names(f"{total}_next")
+        backward.nodes.append(Node("Add", [total, grads[name]], [summed], name=summed,
+                                   opset=13))
+        sums_out.append(summed)
+    # declared, or the node input's dtype: what tells a later gradient which are floats
+    element_types = {v.name: v.type or TensorType(b.dtype(outer), None)
+                     for v, outer in zip(body.inputs, node.inputs)}
+    backward.inputs = [*(Value(state_grads[own[i]], element_types.get(own[i]))
+                         for i in float_states),
+                       *(Value(name, b.types.get(c)) for name, c in zip(sums_in, captured)),
+                       *(Value(name, element_types.get(name)) for name in own),
+                       *(Value(output_grads[k]) for k in sorted(output_grads))]
+    # typed like what they are gradients of: a scan of zero iterations shapes its
+    # outputs from the body's declared types
+    backward.outputs = [*(Value(grads[own[i]], element_types[own[i]]) for i in float_states),
+                        *(Value(name, b.types.get(c)) for name, c in zip(sums_out, captured)),
+                        *(Value(grads[own[scan.states + j]], element_types[own[scan.states + j]])
+                          for j in float_inputs)]
+    backward.name = b.fresh(f"{node.label}_body_grad")
+    _finish(backward, b.fresh)
     return backward
 
 

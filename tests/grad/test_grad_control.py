@@ -313,3 +313,130 @@ def test_the_gpu_gives_the_cpus_gradients(cond):
     got = mixrt.Session(gradient.graph, device="gpu:0").run(wanted, feeds)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+def test_a_scan_gradient_on_the_gpu_gives_the_cpus():
+    graph, xs_shape = scan_graph(input_direction=1, output_axis=1)
+    feeds = scan_feeds(graph, xs_shape)
+    gradient = gradient_graph(graph, "loss", ["h0", "xs", "w", "v"])
+    wanted = [gradient.grads[n] for n in ("h0", "xs", "w", "v")]
+    want = mixrt.Session(gradient.graph).run(wanted, feeds)
+    got = mixrt.Session(gradient.graph, device="gpu:0").run(wanted, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+# -- Scan ---------------------------------------------------------------------------------------
+
+def scan_graph(*, input_direction=0, input_axis=0, output_direction=0, output_axis=0,
+               read=("final", "stacked"), counter=False):
+    """h_{t+1} = tanh(h_t * w + x_t), y_t = h_{t+1} * v + x_t over xs [4, 2, 3] (the scan axis
+    moved to ``input_axis``); w and v are read from the enclosing graph. ``counter`` adds an
+    int64 state the body increments: it is recorded but carries no gradient."""
+    state_type = TensorType(F64, (2, 3))
+    body_inputs = [Value("h", state_type)] + (
+        [Value("n", TensorType(np.dtype(np.int64), ()))] if counter else []) + [
+        Value("x_t", state_type)]
+    body_nodes = [node("Mul", ["h", "w"], ["hw"]), node("Add", ["hw", "x_t"], ["pre"]),
+                  node("Tanh", ["pre"], ["h_next"]), node("Mul", ["h_next", "v"], ["hv"]),
+                  node("Add", ["hv", "x_t"], ["y_t"])]
+    body_outputs = ["h_next"] + (["n_next"] if counter else []) + ["y_t"]
+    initializers = {}
+    if counter:
+        body_nodes.append(node("Add", ["n", "one"], ["n_next"]))
+        initializers["one"] = np.array(1, np.int64)
+    body = Graph(name="body", inputs=body_inputs, nodes=body_nodes,
+                 outputs=[Value(o) for o in body_outputs], initializers=initializers,
+                 opsets={"": 17})
+    xs_shape = [4, 2, 3]
+    xs_shape.insert(input_axis, xs_shape.pop(0))
+    graph = Graph(name="scan_grad", opsets={"": 17}, inputs=[
+        Value("h0", state_type), Value("xs", TensorType(F64, tuple(xs_shape))),
+        Value("w", TensorType(F64, (3,))), Value("v", TensorType(F64, (2, 3)))])
+    state_inputs = ["h0"] + (["n0"] if counter else [])
+    if counter:
+        graph.initializers["n0"] = np.array(0, np.int64)
+    outputs = ["h_final"] + (["n_final"] if counter else []) + ["ys"]
+    graph.nodes = [Node("Scan", [*state_inputs, "xs"], outputs, name="scan", opset=17,
+                        attributes={"body": body, "num_scan_inputs": 1,
+                                    "scan_input_directions": [input_direction],
+                                    "scan_input_axes": [input_axis],
+                                    "scan_output_directions": [output_direction],
+                                    "scan_output_axes": [output_axis]})]
+    terms = []
+    for k, name in enumerate(["h_final", "ys"]):
+        if ("final" if k == 0 else "stacked") not in read:
+            continue
+        graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
+        graph.nodes += [node("Mul", [name, f"r{k}"], [f"m{k}"]),
+                        node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
+        terms.append(f"s{k}")
+    graph.nodes.append(node("Sum", terms, ["loss"]))
+    graph.outputs = [Value("loss")]
+    return graph, xs_shape
+
+
+def scan_feeds(graph, xs_shape):
+    feeds = {"h0": randn(2, 3), "xs": randn(*xs_shape), "w": randn(3), "v": randn(2, 3)}
+    probe = Graph(name="probe", inputs=[v for v in graph.inputs if v.name[0] != "r"],
+                  nodes=[n for n in graph.nodes if n.op_type == "Scan"],
+                  outputs=[Value(o) for o in graph.nodes[0].outputs if o],
+                  initializers=dict(graph.initializers), opsets={"": 17})
+    values = dict(zip(probe.output_names, mixrt.Session(probe, opt_level=0).run(None, feeds)))
+    feeds["r0"] = randn(*values["h_final"].shape)
+    feeds["r1"] = randn(*values["ys"].shape)
+    return {k: v for k, v in feeds.items() if k in graph.input_names}
+
+
+@pytest.mark.parametrize("layout", [
+    {}, {"input_direction": 1}, {"output_direction": 1}, {"input_axis": 1},
+    {"output_axis": 2}, {"input_direction": 1, "input_axis": 2, "output_direction": 1,
+                         "output_axis": 1}])
+def test_scan_against_central_differences(layout):
+    graph, xs_shape = scan_graph(**layout)
+    check_if_gradient(graph, scan_feeds(graph, xs_shape), wrt=("h0", "xs", "w", "v"))
+
+
+@pytest.mark.parametrize("read", [("final",), ("stacked",)])
+def test_scan_with_one_output_in_the_loss(read):
+    graph, xs_shape = scan_graph(read=read)
+    check_if_gradient(graph, scan_feeds(graph, xs_shape), wrt=("h0", "xs", "w", "v"))
+
+
+def test_scan_with_an_integer_state_records_it_and_passes_no_gradient_to_it():
+    graph, xs_shape = scan_graph(counter=True)
+    check_if_gradient(graph, scan_feeds(graph, xs_shape), wrt=("h0", "xs", "w", "v"))
+
+
+def test_scan_matches_pytorchs_loop():
+    """The same recurrence written as a Python loop in PyTorch: gradients to 1e-12."""
+    torch = pytest.importorskip("torch")
+    graph, xs_shape = scan_graph(input_direction=1)
+    feeds = scan_feeds(graph, xs_shape)
+    gradient = gradient_graph(graph, "loss", ["h0", "xs", "w", "v"])
+    got = mixrt.Session(gradient.graph).run(
+        [gradient.grads[n] for n in ("h0", "xs", "w", "v")], feeds)
+    t = {k: torch.tensor(v, requires_grad=k in ("h0", "xs", "w", "v")) for k, v in feeds.items()}
+    h, ys = t["h0"], []
+    for step in reversed(range(4)):
+        h = torch.tanh(h * t["w"] + t["xs"][step])
+        ys.append(h * t["v"] + t["xs"][step])
+    loss = (h * t["r0"]).sum() + (torch.stack(ys) * t["r1"]).sum()
+    loss.backward()
+    for name, value in zip(("h0", "xs", "w", "v"), got):
+        np.testing.assert_allclose(value, t[name].grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_a_scan_of_zero_iterations_passes_the_final_states_gradient_to_the_initial_ones():
+    graph, _ = scan_graph(read=("final",))
+    graph.inputs[1].type = TensorType(F64, (0, 2, 3))
+    feeds = {"h0": randn(2, 3), "xs": np.zeros((0, 2, 3)), "w": randn(3), "v": randn(2, 3),
+             "r0": randn(2, 3)}
+    gradient = gradient_graph(graph, "loss", ["h0", "xs", "w", "v"])
+    dh0, dxs, dw, dv = mixrt.Session(gradient.graph).run(
+        [gradient.grads[n] for n in ("h0", "xs", "w", "v")], feeds)
+    np.testing.assert_array_equal(dh0, feeds["r0"])
+    assert dxs.shape == (0, 2, 3) and dxs.dtype == F64
+    np.testing.assert_array_equal(dw, 0.0)
+    np.testing.assert_array_equal(dv, 0.0)
