@@ -1,4 +1,4 @@
-"""The gradients of If and Scan.
+"""The gradients of If, Scan and Loop.
 
 An If runs one of two branch graphs, and what its outputs depend on is what the branches
 read from the enclosing graph (ONNX's outer scope): those names are the node's inputs in all
@@ -18,10 +18,14 @@ record each iteration's incoming states, and a second Scan walks the iterations 
 with a body built the same way (the forward body recomputed at the recorded states, then
 differentiated), carrying the states' gradients and summing those of the captured values.
 
-Loop has no gradient yet.
+Loop's gradient is the same with the iteration count known only at run time: the records
+include each iteration's number, and a backward Loop runs that many times, reading the
+records backward with Gather.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from mixrt.ops import control
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
@@ -59,17 +63,20 @@ def _backward_branch(b, node: Node, key: str, captured: list[str], seeds: dict) 
     return backward
 
 
-def _body_gradient(b, body: Graph, captured: list[str], seeds: dict, *, wrt: list[str]):
+def _body_gradient(b, body: Graph, captured: list[str], seeds: dict, *, wrt: list[str],
+                   also_reads: tuple = ()):
     """``gradient_graph`` of a copy of ``body`` seeded with ``seeds`` ({output index: seed
     name}) for the names in ``wrt`` (its own inputs or captured ones): the joint graph, whose
     inputs are the body's inputs, then what it reads from outside, then the seeds; and
-    {wrt name: gradient name}. The caller sets the outputs it wants."""
+    {wrt name: gradient name}. The caller sets the outputs it wants. ``also_reads``: outer
+    names the caller's own nodes will read, listed so no backward node is given one."""
     from mixrt.runtime.passes.autodiff import gradient_graph  # noqa: PLC0415 (a cycle)
     forward = copy_graph(body)
     seeded = _seeded_outputs(forward, seeds)
     own = forward.input_names
     outside = [name for name in dict.fromkeys([*captured, *outer_scope_reads(body),
-                                               *seeded.values()]) if name not in own]
+                                               *seeded.values(), *also_reads])
+               if name not in own]
     forward.inputs = forward.inputs + [Value(name, b.types.get(name)) for name in outside]
     forward.outputs = [Value(name) for name in seeded]
     result = gradient_graph(forward, next(iter(seeded)), list(wrt), keep_outputs=False,
@@ -195,6 +202,7 @@ def _reverse_body(b, node: Node, scan: _ScanLayout, captured: list[str],
     seeds.update(output_grads)
     wrt = [own[i] for i in float_states] + [own[scan.states + j] for j in float_inputs]
     backward, grads = _body_gradient(b, body, captured, seeds, wrt=[*wrt, *captured])
+    names = NameMaker(backward)  # what this adds must not meet the backward nodes' names
     sums_in = [names(f"sum_d_{name}") for name in captured]
     sums_out = []
     for name, total in zip(captured, sums_in):
@@ -216,6 +224,110 @@ def _reverse_body(b, node: Node, scan: _ScanLayout, captured: list[str],
                         *(Value(name, b.types.get(c)) for name, c in zip(sums_out, captured)),
                         *(Value(grads[own[scan.states + j]], element_types[own[scan.states + j]])
                           for j in float_inputs)]
+    backward.name = b.fresh(f"{node.label}_body_grad")
+    _finish(backward, b.fresh)
+    return backward
+
+
+# -- Loop -------------------------------------------------------------------------------------
+
+@control.loop.grad
+def _(b, node, dy):
+    """As Scan's, with the iterations counted at run time: the forward Loop records each
+    iteration's number and incoming states, and a backward Loop runs as many times, its
+    body reading iteration T-1-i of the records (Gather) and of the scan outputs' dY."""
+    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
+    if all(grad is None for grad in dy):
+        return []
+    body = node.attributes["body"]
+    states = len(node.inputs) - 2
+    scan_outputs = len(body.outputs) - 1 - states
+    targets = gradient_targets(node)
+    captured = [name for name in targets[len(node.inputs):] if b.differentiable(name)]
+    iterations, recorded = _record_loop(b, node, states, scan_outputs)
+    float_states = [k for k in range(states) if _is_float(b, node, body, 2 + k)]
+    seeded = [k for k in range(scan_outputs) if dy[states + k] is not None]
+    count = b.emit("Shape", iterations, start=0, end=1)
+    last = b.emit("Squeeze", b.emit("Sub", count, b.ints([1])), b.ints([0]))
+    backward = _reverse_loop_body(b, node, captured, float_states, recorded,
+                                  [dy[states + k] for k in seeded], seeded, last)
+    initial = [dy[k] if dy[k] is not None else zeros_like(b, node.inputs[2 + k])
+               for k in float_states]
+    outputs = b.emit("Loop", count, None, *initial, *(zeros_like(b, c) for c in captured),
+                     outputs=len(float_states) + len(captured), opset=node.opset,
+                     body=backward)
+    outputs = (outputs,) if isinstance(outputs, str) else outputs
+    by_input = {2 + k: outputs[n] for n, k in enumerate(float_states)}
+    by_capture = dict(zip(captured, outputs[len(float_states):]))
+    return [by_input.get(i) for i in range(len(node.inputs))] + [
+        by_capture.get(name) for name in targets[len(node.inputs):]]
+
+
+def _record_loop(b, node: Node, states: int, scan_outputs: int):
+    """Make the forward Loop also output, stacked, each iteration's number and incoming
+    states; returns (iteration numbers, [recorded state per state])."""
+    body = copy_graph(node.attributes["body"])
+    names = NameMaker(body)
+    kept_types = [TensorType(np.dtype(np.int64), ())] + [
+        v.type or TensorType(b.dtype(outer), None)
+        for v, outer in zip(body.inputs[2:], node.inputs[2:])]
+    recorded_inputs = [body.inputs[0], *body.inputs[2:]]
+    for value, value_type in zip(recorded_inputs, kept_types):
+        kept = names(f"{value.name}_at_step")
+        body.nodes.append(Node("Identity", [value.name], [kept], name=kept, opset=13))
+        body.outputs.append(Value(kept, value_type))
+    recorded = [b.fresh(f"{node.label}_record_{i}") for i in range(len(recorded_inputs))]
+    node.attributes = dict(node.attributes, body=body)
+    node.outputs = [*node.outputs, *[""] * (states + scan_outputs - len(node.outputs)),
+                    *recorded]
+    for name, value_type in zip(recorded, kept_types):
+        b.types[name] = TensorType(value_type.dtype, None)
+    return recorded[0], recorded[1:]
+
+
+def _reverse_loop_body(b, node: Node, captured: list[str], float_states: list[int],
+                       recorded: list[str], scan_grads: list[str], seeded: list[int],
+                       last: str) -> Graph:
+    """The backward Loop's body: inputs (i, cond, the states' gradients, the captured
+    values' gradient sums); it reads iteration t = last - i of the records and of the scan
+    outputs' dY, recomputes the forward body there and returns (cond, the states' gradients
+    one iteration earlier, the sums)."""
+    body = node.attributes["body"]
+    states = len(node.inputs) - 2
+    names = NameMaker(body)
+    own = body.input_names
+    state_grads = [names(f"d_{own[2 + k]}") for k in float_states]
+    element_grads = [names(f"d_{body.output_names[1 + states + k]}") for k in seeded]
+    seeds = {1 + k: grad for k, grad in zip(float_states, state_grads)}
+    seeds.update({1 + states + k: grad for k, grad in zip(seeded, element_grads)})
+    wrt = [own[2 + k] for k in float_states]
+    backward, grads = _body_gradient(b, body, captured, seeds, wrt=[*wrt, *captured],
+                                     also_reads=(*recorded, *scan_grads, last))
+    names = NameMaker(backward)  # what this adds must not meet the backward nodes' names
+    step, keep_going = names("backward_step"), names("backward_cond")
+    iteration = names("t")
+    reads = [Node("Sub", [last, step], [iteration], name=iteration, opset=13),
+             Node("Identity", [iteration], [own[0]], name=own[0], opset=13),
+             Node("Identity", [keep_going], [own[1]], name=own[1], opset=13)]
+    for source, target in zip([*recorded, *scan_grads], [*own[2:], *element_grads]):
+        reads.append(Node("Gather", [source, iteration], [target], name=target, opset=13,
+                          attributes={"axis": 0}))
+    sums_in = [names(f"sum_d_{name}") for name in captured]
+    sums_out = [names(f"{total}_next") for total in sums_in]
+    adds = [Node("Add", [total, grads[name]], [summed], name=summed, opset=13)
+            for name, total, summed in zip(captured, sums_in, sums_out)]
+    cond_out = names("backward_cond_out")
+    backward.nodes = [*reads, *backward.nodes, *adds,
+                      Node("Identity", [keep_going], [cond_out], name=cond_out, opset=13)]
+    backward.inputs = [Value(step, TensorType(np.dtype(np.int64), ())),
+                       Value(keep_going, TensorType(np.dtype(bool), ())),
+                       *(Value(grad, body.inputs[2 + k].type)
+                         for grad, k in zip(state_grads, float_states)),
+                       *(Value(total, b.types.get(c)) for total, c in zip(sums_in, captured))]
+    backward.outputs = [Value(cond_out, TensorType(np.dtype(bool), ())),
+                        *(Value(grads[own[2 + k]], body.inputs[2 + k].type)
+                          for k in float_states),
+                        *(Value(summed, b.types.get(c)) for summed, c in zip(sums_out, captured))]
     backward.name = b.fresh(f"{node.label}_body_grad")
     _finish(backward, b.fresh)
     return backward

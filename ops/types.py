@@ -125,16 +125,24 @@ def same_as_input(x: TensorType, *_, **__) -> list[TensorType]:
     return [TensorType(x.dtype, x.shape)]
 
 
+def _broadcast_of(inputs) -> tuple | None:
+    """The broadcast shape; unknown when any input's type is (a value inference could not
+    type, such as a Loop's output, may have any shape: leaving it out would claim the
+    others' shape)."""
+    if any(t is None for t in inputs):
+        return None
+    return broadcast_shapes(*(t.shape for t in inputs))
+
+
 def broadcast_like_first(*inputs: TensorType, **_) -> list[TensorType]:
     """Binary/variadic ops: the first input's dtype, the broadcast shape of all."""
     present = [t for t in inputs if t is not None]
-    return [TensorType(present[0].dtype, broadcast_shapes(*(t.shape for t in present)))]
+    return [TensorType(present[0].dtype, _broadcast_of(inputs))]
 
 
 def broadcast_to_bool(*inputs: TensorType, **_) -> list[TensorType]:
     """Comparisons and logic ops: bool, broadcast shape."""
-    present = [t for t in inputs if t is not None]
-    return [TensorType(np.dtype(bool), broadcast_shapes(*(t.shape for t in present)))]
+    return [TensorType(np.dtype(bool), _broadcast_of(inputs))]
 
 
 def dtype_of_input(index: int = 0, outputs: int = 1):

@@ -8,7 +8,6 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
 from mixrt.ops.types import TensorType
 from mixrt.runtime.device import gpu_available
@@ -285,23 +284,6 @@ def _fine_tune(graph, x, use_relu, target, steps=200, rate=0.5):
     return losses
 
 
-def test_loop_still_names_itself_when_asked_for_a_gradient():
-    body = Graph(name="body", inputs=[Value("i", TensorType(np.dtype(np.int64), ())),
-                                      Value("cond_in", TensorType(np.dtype(bool), ())),
-                                      Value("acc", TensorType(F64, (3, 4)))],
-                 nodes=[node("Mul", ["acc", "x"], ["acc_out"]),
-                        node("Identity", ["cond_in"], ["cond_out"])],
-                 outputs=[Value("cond_out"), Value("acc_out")], opsets={"": 17})
-    graph = Graph(name="loop", opsets={"": 17}, inputs=[Value("x", TensorType(F64, (3, 4)))],
-                  initializers={"trips": np.array(3, np.int64), "go": np.array(True)})
-    graph.nodes = [Node("Loop", ["trips", "go", "x"], ["y"], name="loop", opset=17,
-                        attributes={"body": body}),
-                   node("ReduceSum", ["y"], ["loss"], keepdims=0)]
-    graph.outputs = [Value("loss")]
-    with pytest.raises(GradientError, match="Loop has no gradient definition"):
-        gradient_graph(graph, "loss", ["x"])
-
-
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
 @pytest.mark.parametrize("cond", [True, False])
 def test_the_gpu_gives_the_cpus_gradients(cond):
@@ -440,3 +422,118 @@ def test_a_scan_of_zero_iterations_passes_the_final_states_gradient_to_the_initi
     assert dxs.shape == (0, 2, 3) and dxs.dtype == F64
     np.testing.assert_array_equal(dw, 0.0)
     np.testing.assert_array_equal(dv, 0.0)
+
+
+# -- Loop ---------------------------------------------------------------------------------------
+
+def loop_graph(trips=4, *, stop_below=None, read=("final", "stacked")):
+    """h_{i+1} = tanh(h_i * w + x * (1 + i / 2)), y_i = h_{i+1} * v for i < trips; x, w and v
+    are read from the enclosing graph, i (the iteration number) scales the input. With
+    ``stop_below`` the loop also has a condition: it goes on while sum(h) >= stop_below."""
+    scalar_int, scalar_bool = TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(bool), ())
+    state_type = TensorType(F64, (2, 3))
+    nodes = [node("Cast", ["i"], ["i_float"], to=11), node("Mul", ["i_float", "half"], ["ih"]),
+             node("Add", ["ih", "one"], ["scale"]), node("Mul", ["x", "scale"], ["xs"]),
+             node("Mul", ["h", "w"], ["hw"]), node("Add", ["hw", "xs"], ["pre"]),
+             node("Tanh", ["pre"], ["h_next"]), node("Mul", ["h_next", "v"], ["y_i"])]
+    if stop_below is None:
+        nodes.append(node("Identity", ["cond_in"], ["cond_out"]))
+    else:
+        nodes += [node("ReduceSum", ["h_next"], ["total"], keepdims=0),
+                  node("GreaterOrEqual", ["total", "limit"], ["cond_out"])]
+    body = Graph(name="loop_body", inputs=[Value("i", scalar_int), Value("cond_in", scalar_bool),
+                                           Value("h", state_type)],
+                 nodes=nodes, outputs=[Value("cond_out", scalar_bool), Value("h_next", state_type),
+                                       Value("y_i", state_type)],
+                 initializers={"half": np.array(0.5), "one": np.array(1.0),
+                               "limit": np.array(stop_below or 0.0)}, opsets={"": 17})
+    graph = Graph(name="loop_grad", opsets={"": 17}, inputs=[
+        Value("h0", state_type), Value("x", state_type), Value("w", TensorType(F64, (3,))),
+        Value("v", state_type)],
+        initializers={"trips": np.array(trips, np.int64), "go": np.array(True)})
+    graph.nodes = [Node("Loop", ["trips", "go" if stop_below is not None else "", "h0"],
+                        ["h_final", "ys"], name="loop", opset=17, attributes={"body": body})]
+    terms = []
+    for k, name in enumerate(["h_final", "ys"]):
+        if ("final" if k == 0 else "stacked") in read:
+            graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
+            graph.nodes += [node("Mul", [name, f"r{k}"], [f"m{k}"]),
+                            node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
+            terms.append(f"s{k}")
+    graph.nodes.append(node("Sum", terms, ["loss"]))
+    graph.outputs = [Value("loss")]
+    return graph
+
+
+def loop_feeds(graph, steps):
+    feeds = {"h0": randn(2, 3), "x": randn(2, 3), "w": randn(3), "v": randn(2, 3),
+             "r0": randn(2, 3), "r1": randn(steps, 2, 3)}
+    return {k: v for k, v in feeds.items() if k in graph.input_names}
+
+
+@pytest.mark.parametrize("read", [("final", "stacked"), ("final",), ("stacked",)])
+def test_loop_against_central_differences(read):
+    graph = loop_graph(read=read)
+    check_if_gradient(graph, loop_feeds(graph, 4), wrt=("h0", "x", "w", "v"))
+
+
+def test_a_while_loop_differentiates_the_iterations_it_ran():
+    """The condition stops the loop after a data-dependent number of iterations (here 2 of
+    at most 6: sum(h) is -1.59, then -2.62, far enough from -2 that small steps do not
+    change the count)."""
+    graph = loop_graph(trips=6, stop_below=-2.0)
+    feeds = loop_feeds(graph, 2)
+    feeds["h0"] = np.full((2, 3), 0.2)
+    feeds["x"] = np.full((2, 3), -0.3)
+    feeds["w"] = np.array([0.5, -0.2, 0.1])
+    probe = mixrt.Session(_without_loss(graph), opt_level=0).run(
+        None, {k: v for k, v in feeds.items() if k[0] != "r"})
+    assert probe[1].shape[0] == 2, probe[1].shape
+    check_if_gradient(graph, feeds, wrt=("h0", "x", "w", "v"))
+
+
+def _without_loss(graph):
+    return Graph(name="probe", inputs=[v for v in graph.inputs if v.name[0] != "r"],
+                 nodes=graph.nodes[:1], outputs=[Value("h_final"), Value("ys")],
+                 initializers=dict(graph.initializers), opsets={"": 17})
+
+
+def test_a_loop_of_zero_iterations_passes_the_final_gradient_to_the_initial_state():
+    graph = loop_graph(trips=0, read=("final",))
+    feeds = loop_feeds(graph, 0)
+    gradient = gradient_graph(graph, "loss", ["h0", "x", "w", "v"])
+    dh0, dx, dw, dv = mixrt.Session(gradient.graph).run(
+        [gradient.grads[n] for n in ("h0", "x", "w", "v")], feeds)
+    np.testing.assert_array_equal(dh0, feeds["r0"])
+    for grad in (dx, dw, dv):
+        np.testing.assert_array_equal(grad, 0.0)
+
+
+def test_loop_matches_pytorchs_loop():
+    torch = pytest.importorskip("torch")
+    graph = loop_graph(trips=5)
+    feeds = loop_feeds(graph, 5)
+    names = ("h0", "x", "w", "v")
+    gradient = gradient_graph(graph, "loss", list(names))
+    got = mixrt.Session(gradient.graph).run([gradient.grads[n] for n in names], feeds)
+    t = {k: torch.tensor(v, requires_grad=k in names) for k, v in feeds.items()}
+    h, ys = t["h0"], []
+    for i in range(5):
+        h = torch.tanh(h * t["w"] + t["x"] * (1 + i / 2))
+        ys.append(h * t["v"])
+    ((h * t["r0"]).sum() + (torch.stack(ys) * t["r1"]).sum()).backward()
+    for name, value in zip(names, got):
+        np.testing.assert_allclose(value, t[name].grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+def test_a_loop_gradient_on_the_gpu_gives_the_cpus():
+    graph = loop_graph(trips=3)
+    feeds = loop_feeds(graph, 3)
+    names = ("h0", "x", "w", "v")
+    gradient = gradient_graph(graph, "loss", list(names))
+    wanted = [gradient.grads[n] for n in names]
+    want = mixrt.Session(gradient.graph).run(wanted, feeds)
+    got = mixrt.Session(gradient.graph, device="gpu:0").run(wanted, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
