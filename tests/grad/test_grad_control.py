@@ -41,10 +41,15 @@ def if_graph(then_branch, else_branch, outputs=1, extra_nodes=()):
         Value("w", TensorType(F64, (4,)))])
     graph.nodes = [*extra_nodes, Node("If", ["c"], ys, name="if", opset=17, attributes={
         "then_branch": then_branch, "else_branch": else_branch})]
+    return add_weighted_loss(graph, dict(enumerate(ys)))
+
+
+def add_weighted_loss(graph, read: dict):
+    """loss = sum_k sum(read[k] * r_k), the weights r_k fed as inputs."""
     terms = []
-    for k, y in enumerate(ys):
+    for k, name in read.items():
         graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
-        graph.nodes += [node("Mul", [y, f"r{k}"], [f"m{k}"]),
+        graph.nodes += [node("Mul", [name, f"r{k}"], [f"m{k}"]),
                         node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
         terms.append(f"s{k}")
     graph.nodes.append(node("Sum", terms, ["loss"]))
@@ -346,17 +351,7 @@ def scan_graph(*, input_direction=0, input_axis=0, output_direction=0, output_ax
                                     "scan_input_axes": [input_axis],
                                     "scan_output_directions": [output_direction],
                                     "scan_output_axes": [output_axis]})]
-    terms = []
-    for k, name in enumerate(["h_final", "ys"]):
-        if ("final" if k == 0 else "stacked") not in read:
-            continue
-        graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
-        graph.nodes += [node("Mul", [name, f"r{k}"], [f"m{k}"]),
-                        node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
-        terms.append(f"s{k}")
-    graph.nodes.append(node("Sum", terms, ["loss"]))
-    graph.outputs = [Value("loss")]
-    return graph, xs_shape
+    return add_weighted_loss(graph, read_outputs(read)), xs_shape
 
 
 def scan_feeds(graph, xs_shape):
@@ -453,16 +448,13 @@ def loop_graph(trips=4, *, stop_below=None, read=("final", "stacked")):
         initializers={"trips": np.array(trips, np.int64), "go": np.array(True)})
     graph.nodes = [Node("Loop", ["trips", "go" if stop_below is not None else "", "h0"],
                         ["h_final", "ys"], name="loop", opset=17, attributes={"body": body})]
-    terms = []
-    for k, name in enumerate(["h_final", "ys"]):
-        if ("final" if k == 0 else "stacked") in read:
-            graph.inputs.append(Value(f"r{k}", TensorType(F64, None)))
-            graph.nodes += [node("Mul", [name, f"r{k}"], [f"m{k}"]),
-                            node("ReduceSum", [f"m{k}"], [f"s{k}"], keepdims=0)]
-            terms.append(f"s{k}")
-    graph.nodes.append(node("Sum", terms, ["loss"]))
-    graph.outputs = [Value("loss")]
-    return graph
+    return add_weighted_loss(graph, read_outputs(read))
+
+
+def read_outputs(read) -> dict:
+    """{0: the final state, 1: the stacked outputs}, as far as ``read`` names them."""
+    return {k: name for k, (kind, name) in enumerate([("final", "h_final"), ("stacked", "ys")])
+            if kind in read}
 
 
 def loop_feeds(graph, steps):
