@@ -38,17 +38,33 @@ BRANCHES = ("then_branch", "else_branch")
 
 @control.if_.grad
 def _(b, node, dy):
-    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
-    targets = gradient_targets(node)
-    captured = [name for name in targets[len(node.inputs):] if b.differentiable(name)]
+    outer, captured = _captures(b, node)
     seeds = {index: grad for index, grad in enumerate(dy) if grad is not None}
     if not captured or not seeds:
         return []
     branches = {key: _backward_branch(b, node, key, captured, seeds) for key in BRANCHES}
-    grads = b.emit("If", node.inputs[0], outputs=len(captured), **branches)
-    by_name = dict(zip(captured, (grads,) if len(captured) == 1 else grads))
-    return [None] * len(node.inputs) + [by_name.get(name) for name in
-                                        targets[len(node.inputs):]]
+    grads = _names(b.emit("If", node.inputs[0], outputs=len(captured), **branches))
+    return _per_target(node, outer, {}, dict(zip(captured, grads)))
+
+
+def _captures(b, node: Node) -> tuple[list[str], list[str]]:
+    """The names the node's subgraphs read from the enclosing graph (the gradient targets
+    after its inputs), and those of them that carry a gradient."""
+    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
+    outer = gradient_targets(node)[len(node.inputs):]
+    return outer, [name for name in outer if b.differentiable(name)]
+
+
+def _names(emitted) -> tuple:
+    """``b.emit``'s result as a tuple whatever the output count."""
+    return (emitted,) if isinstance(emitted, str) else emitted
+
+
+def _per_target(node: Node, outer: list[str], by_input: dict, by_capture: dict) -> list:
+    """One gradient (or None) per gradient target: by input position, then by captured
+    name."""
+    return [by_input.get(i) for i in range(len(node.inputs))] + [
+        by_capture.get(name) for name in outer]
 
 
 def _backward_branch(b, node: Node, key: str, captured: list[str], seeds: dict) -> Graph:
@@ -98,10 +114,8 @@ def _(b, node, dy):
     incoming states (extra scan outputs), and a second Scan walks the iterations in reverse
     with a body that recomputes the forward body at those states and differentiates it,
     carrying the states' gradients and the sums of the captured values' gradients."""
-    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
     scan = _ScanLayout(node)
-    targets = gradient_targets(node)
-    captured = [name for name in targets[len(node.inputs):] if b.differentiable(name)]
+    outer, captured = _captures(b, node)
     if all(grad is None for grad in dy):
         return []
     recorded = _record_states(b, node, scan)
@@ -125,13 +139,12 @@ def _(b, node, dy):
                      scan_output_directions=[1 - scan.input_directions[j]
                                              for j in float_inputs],
                      scan_output_axes=[scan.input_axes[j] for j in float_inputs])
-    outputs = (outputs,) if isinstance(outputs, str) else outputs
-    grads = dict(zip([*(node.inputs[i] for i in float_states), *captured], outputs))
-    by_index = {i: outputs[n] for n, i in enumerate(float_states)}
-    by_index.update({scan.states + j: outputs[len(float_states) + len(captured) + n]
+    outputs = _names(outputs)
+    by_input = {i: outputs[n] for n, i in enumerate(float_states)}
+    by_input.update({scan.states + j: outputs[len(float_states) + len(captured) + n]
                      for n, j in enumerate(float_inputs)})
-    return [by_index.get(i) for i in range(len(node.inputs))] + [
-        grads.get(name) if name in captured else None for name in targets[len(node.inputs):]]
+    return _per_target(node, outer, by_input,
+                       dict(zip(captured, outputs[len(float_states):])))
 
 
 class _ScanLayout:
@@ -236,14 +249,12 @@ def _(b, node, dy):
     """As Scan's, with the iterations counted at run time: the forward Loop records each
     iteration's number and incoming states, and a backward Loop runs as many times, its
     body reading iteration T-1-i of the records (Gather) and of the scan outputs' dY."""
-    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
     if all(grad is None for grad in dy):
         return []
     body = node.attributes["body"]
     states = len(node.inputs) - 2
     scan_outputs = len(body.outputs) - 1 - states
-    targets = gradient_targets(node)
-    captured = [name for name in targets[len(node.inputs):] if b.differentiable(name)]
+    outer, captured = _captures(b, node)
     iterations, recorded = _record_loop(b, node, states, scan_outputs)
     float_states = [k for k in range(states) if _is_float(b, node, body, 2 + k)]
     seeded = [k for k in range(scan_outputs) if dy[states + k] is not None]
@@ -256,11 +267,9 @@ def _(b, node, dy):
     outputs = b.emit("Loop", count, None, *initial, *(zeros_like(b, c) for c in captured),
                      outputs=len(float_states) + len(captured), opset=node.opset,
                      body=backward)
-    outputs = (outputs,) if isinstance(outputs, str) else outputs
+    outputs = _names(outputs)
     by_input = {2 + k: outputs[n] for n, k in enumerate(float_states)}
-    by_capture = dict(zip(captured, outputs[len(float_states):]))
-    return [by_input.get(i) for i in range(len(node.inputs))] + [
-        by_capture.get(name) for name in targets[len(node.inputs):]]
+    return _per_target(node, outer, by_input, dict(zip(captured, outputs[len(float_states):])))
 
 
 def _record_loop(b, node: Node, states: int, scan_outputs: int):
