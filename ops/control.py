@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.registry import op
-from mixrt.ops.types import UNKNOWN, SequenceType, TensorType, normalize_axis
+from mixrt.ops.types import (UNKNOWN, SequenceType, TensorType, merge_types, normalize_axis,
+                             type_of_value, without_value)
 
 
 def _is_true(xp, cond) -> bool:
@@ -33,34 +34,66 @@ def _graph_output_types(graph) -> list:
     return [UNKNOWN if t is None else t for t in types]
 
 
-def _merge(a, b):
-    """The type two branches agree on: dims that differ become unknown."""
-    if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
-        return a if a == b else (a if b is UNKNOWN else b if a is UNKNOWN else UNKNOWN)
-    dtype = a.dtype if a.dtype is not None else b.dtype
-    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-        return TensorType(dtype, None)
-    return TensorType(dtype, tuple(x if x == y else None for x, y in zip(a.shape, b.shape)))
+def _body_outputs(body, *input_types) -> list:
+    """What a body outputs, given its inputs' types: inferred through the body where the
+    caller can (plan time, or a Subgraph at run time), its declared types otherwise."""
+    found = body.infer(*input_types) if hasattr(body, "infer") else _graph_output_types(body)
+    return [without_value(t) for t in found]
 
 
-def _stacked(element_type):
-    """The type of scan outputs stacked along a new leading axis."""
+_MAX_WIDENINGS = 8
+
+
+def _settled_states(initial: list, run) -> tuple[list, list]:
+    """Types of loop-carried states that hold on every iteration, and the body's outputs
+    from them. ``run(states)`` returns the body's outputs, the next states first. Start from
+    the initial types and widen by what the body makes of them until nothing changes: a
+    state that grows each iteration ends with that dim unknown. Each round forgets at least
+    one dim, so a few rounds settle; past ``_MAX_WIDENINGS`` only ranks are dropped."""
+    states = [without_value(t) for t in initial]
+    for _ in range(_MAX_WIDENINGS):
+        outputs = run(states)
+        widened = [merge_types(state, out) for state, out in zip(states, outputs)]
+        if widened == states:
+            return states, outputs
+        states = widened
+    states = [TensorType(s.dtype, None) if isinstance(s, TensorType) else UNKNOWN
+              for s in states]
+    return states, run(states)
+
+
+def _stacked(element_type, length=None, axis: int = 0):
+    """The type of scan outputs stacked along a new axis of ``length`` entries."""
     if isinstance(element_type, TensorType) and element_type.shape is not None:
-        return TensorType(element_type.dtype, (None, *element_type.shape))
+        shape = list(element_type.shape)
+        shape.insert(normalize_axis(axis, len(shape) + 1), length)
+        return TensorType(element_type.dtype, tuple(shape))
     if isinstance(element_type, TensorType):
         return TensorType(element_type.dtype, None)
     return UNKNOWN
 
 
-def _empty_scan_output(xp, body, index: int):
-    """A scan output of zero iterations: its element shape comes from the body's declared
-    output type when that is fully known, else we can only say (0,) float32."""
-    declared = _graph_output_types(body)[index]
-    if (isinstance(declared, TensorType) and declared.shape is not None
-            and all(isinstance(d, int) for d in declared.shape)):
-        return xp.zeros((0, *declared.shape), dtype=declared.dtype or np.float32)
-    dtype = declared.dtype if isinstance(declared, TensorType) and declared.dtype else np.float32
-    return xp.zeros((0,), dtype=dtype)
+def _empty_scan_output(xp, element_type, axis: int = 0):
+    """A scan output of zero iterations: no element to take a shape from, so the shape is
+    the body's inferred element shape with the dims it cannot know as 0 (the rank agrees
+    with plan-time inference), or (0,) float32 when even the rank is unknown."""
+    dtype = np.float32
+    if isinstance(element_type, TensorType) and element_type.dtype is not None:
+        dtype = element_type.dtype
+    if not isinstance(element_type, TensorType) or element_type.shape is None:
+        return xp.zeros((0,), dtype=dtype)
+    dims = [d if isinstance(d, int) else 0 for d in element_type.shape]
+    dims.insert(normalize_axis(axis, len(dims) + 1), 0)
+    return xp.zeros(tuple(dims), dtype=dtype)
+
+
+def _without_axis(value_type, axis):
+    """One element's type of a tensor scanned along ``axis``."""
+    if not isinstance(value_type, TensorType) or value_type.shape is None:
+        return without_value(value_type) if isinstance(value_type, TensorType) else UNKNOWN
+    shape = list(value_type.shape)
+    del shape[normalize_axis(axis, len(shape))]
+    return TensorType(value_type.dtype, tuple(shape))
 
 
 def _stack(xp, elements: list, axis: int = 0):
@@ -82,9 +115,9 @@ def if_(xp, cond, *, then_branch=None, else_branch=None):
 
 @if_.infer
 def _(cond, *, then_branch=None, else_branch=None, **_):
-    then_types = _graph_output_types(then_branch)
-    else_types = _graph_output_types(else_branch)
-    return [_merge(a, b) for a, b in zip(then_types, else_types)]
+    then_types = _body_outputs(then_branch)
+    else_types = _body_outputs(else_branch)
+    return [merge_types(a, b) for a, b in zip(then_types, else_types)]
 
 
 # -- Loop -------------------------------------------------------------------------------
@@ -109,19 +142,20 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
         # the body's condition output is ignored when the node has no cond input
         keep_going = cond is None or _is_true(xp, cond_value)
         i += 1
-    stacked = [_stack(xp, values) if values else
-               _empty_scan_output(xp, body, 1 + len(carried) + j)
-               for j, values in enumerate(scanned)]
-    return (*carried, *stacked)
+    if i == 0 and scanned:  # no iteration made an element to take a shape from
+        elements = _body_outputs(body, *_LOOP_COUNTERS, *map(type_of_value, carried))[1:]
+        return (*carried, *(_empty_scan_output(xp, t) for t in elements[len(carried):]))
+    return (*carried, *(_stack(xp, values) for values in scanned))
+
+
+_LOOP_COUNTERS = (TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ()))
 
 
 @loop.infer
 def _(M=None, cond=None, *v_initial, body=None, **_):
-    body_types = _graph_output_types(body)
-    n_carried = len(v_initial)
-    carried = [t if t is not None and t is not UNKNOWN else body_types[1 + i]
-               for i, t in enumerate(v_initial)]
-    return carried + [_stacked(t) for t in body_types[1 + n_carried:]]
+    states, outputs = _settled_states(
+        v_initial, lambda carried: _body_outputs(body, *_LOOP_COUNTERS, *carried)[1:])
+    return states + [_stacked(t) for t in outputs[len(states):]]
 
 
 # -- Scan -------------------------------------------------------------------------------
@@ -155,11 +189,12 @@ def scan(xp, *inputs, body=None, num_scan_inputs=None, scan_input_axes=None,
     states, collected = _scan_once(xp, body, states, scan_inputs, in_axes, in_reversed, length)
     out_axes = scan_output_axes or [0] * len(collected)
     out_reversed = scan_output_directions or [0] * len(collected)
+    if length == 0:  # no iteration made an element to take a shape from
+        element_types = [_without_axis(type_of_value(x), a) for x, a in zip(scan_inputs, in_axes)]
+        made = _body_outputs(body, *map(type_of_value, states), *element_types)[n_state:]
+        return (*states, *(_empty_scan_output(xp, t, a) for t, a in zip(made, out_axes)))
     outputs = []
     for j, elements in enumerate(collected):
-        if not elements:
-            outputs.append(_empty_scan_output(xp, body, n_state + j))
-            continue
         if out_reversed[j]:
             elements = elements[::-1]
         axis = normalize_axis(out_axes[j], elements[0].ndim + 1)
@@ -168,15 +203,34 @@ def scan(xp, *inputs, body=None, num_scan_inputs=None, scan_input_axes=None,
 
 
 @scan.infer
-def _(*inputs, body=None, num_scan_inputs=0, scan_output_axes=None, **_):
-    body_types = _graph_output_types(body)
+def _(*inputs, body=None, num_scan_inputs=0, scan_input_axes=None, scan_output_axes=None,
+      **_):
     n_state = len(inputs) - num_scan_inputs
-    states = [t if t is not None and t is not UNKNOWN else body_types[i]
-              for i, t in enumerate(inputs[:n_state])]
-    if scan_output_axes:  # the new axis is not leading: only the dtype is cheap to know
-        return states + [TensorType(getattr(t, "dtype", None), None)
-                         for t in body_types[n_state:]]
-    return states + [_stacked(t) for t in body_types[n_state:]]
+    scanned = inputs[n_state:]
+    in_axes = scan_input_axes or [0] * num_scan_inputs
+    elements = [_without_axis(t, a) for t, a in zip(scanned, in_axes)]
+    length = _dim(scanned[0], in_axes[0]) if scanned else 0
+    states, outputs = _settled_states(
+        inputs[:n_state], lambda carried: _body_outputs(body, *carried, *elements))
+    made = outputs[n_state:]
+    out_axes = scan_output_axes or [0] * len(made)
+    if length == 0:  # the kernel's empty outputs: unknown dims are 0, or the rank unknown
+        return states + [_stacked(_zero_unknowns(t), 0, a) for t, a in zip(made, out_axes)]
+    return states + [_stacked(t, length, a) for t, a in zip(made, out_axes)]
+
+
+def _dim(value_type, axis: int):
+    """One dim of a tensor type, None when unknown."""
+    if not isinstance(value_type, TensorType) or value_type.shape is None:
+        return None
+    return value_type.shape[normalize_axis(axis, len(value_type.shape))]
+
+
+def _zero_unknowns(value_type):
+    if not isinstance(value_type, TensorType) or value_type.shape is None:
+        return TensorType(np.dtype(np.float32), None)
+    return TensorType(value_type.dtype or np.dtype(np.float32),
+                      tuple(d if isinstance(d, int) else 0 for d in value_type.shape))
 
 
 @op("Scan", since=8)
@@ -188,23 +242,62 @@ def scan_8(xp, sequence_lens=None, *inputs, body=None, num_scan_inputs=None, dir
     n_state = len(inputs) - num_scan_inputs
     initial, scan_inputs = inputs[:n_state], inputs[n_state:]
     batch, max_len = scan_inputs[0].shape[0], scan_inputs[0].shape[1]
-    lengths = ([max_len] * batch if sequence_lens is None
-               else [int(n) for n in xp.asarray(sequence_lens).reshape(-1).tolist()])
+    lengths = _sequence_lengths(xp, sequence_lens, batch, max_len)
     reversed_ = directions or [0] * num_scan_inputs
+    blank = _Scan8Blank(xp, body, initial, scan_inputs, max_len)
     final_states, scan_outputs = [], []
     for b in range(batch):
         states = [s[b] for s in initial]
-        per_batch = [x[b] for x in scan_inputs]
         # a reversed input of a short sequence starts from its last valid element
-        per_batch = [x[:lengths[b]] for x in per_batch]
+        per_batch = [x[b][:lengths[b]] for x in scan_inputs]
         states, collected = _scan_once(xp, body, states, per_batch, [0] * len(per_batch),
                                        reversed_, lengths[b])
         final_states.append(states)
-        scan_outputs.append([_padded(xp, elements, max_len) for elements in collected])
+        scan_outputs.append([_padded(xp, elements, max_len) if elements else blank.entry(j)
+                             for j, elements in enumerate(collected)])
+    if batch == 0:
+        return (*initial, *blank.batch_outputs())
     n_out = len(body.output_names) - n_state
     results = [xp.stack([final_states[b][i] for b in range(batch)]) for i in range(n_state)]
     results += [xp.stack([scan_outputs[b][j] for b in range(batch)]) for j in range(n_out)]
     return tuple(results)
+
+
+def _sequence_lengths(xp, sequence_lens, batch: int, max_len: int) -> list[int]:
+    if sequence_lens is None:
+        return [max_len] * batch
+    lengths = [int(n) for n in xp.asarray(sequence_lens).reshape(-1).tolist()]
+    if len(lengths) != batch or any(not 0 <= n <= max_len for n in lengths):
+        raise ValueError(f"sequence_lens {lengths} must hold {batch} lengths in "
+                         f"[0, {max_len}] (the batch and scan axes of the first scan input)")
+    return lengths
+
+
+class _Scan8Blank:
+    """Zero-filled scan outputs for a batch entry that ran no step (or a batch of none):
+    their element shapes come from the body's inference, made once when first needed."""
+
+    def __init__(self, xp, body, initial, scan_inputs, max_len: int):
+        self.xp, self.body, self.max_len = xp, body, max_len
+        self.initial, self.scan_inputs = initial, scan_inputs
+        self._made = None
+
+    def made(self) -> list:
+        if self._made is None:
+            states = [_without_axis(type_of_value(s), 0) for s in self.initial]
+            elements = [_without_axis(_without_axis(type_of_value(x), 0), 0)
+                        for x in self.scan_inputs]
+            self._made = _body_outputs(self.body, *states, *elements)[len(states):]
+        return self._made
+
+    def entry(self, j: int):
+        """One batch entry's padding for scan output j: max_len zero elements."""
+        empty = _empty_scan_output(self.xp, self.made()[j])
+        return self.xp.zeros((self.max_len, *empty.shape[1:]), dtype=empty.dtype)
+
+    def batch_outputs(self) -> list:
+        """Each scan output of a batch of no entries: (0, max_len, element dims)."""
+        return [self.entry(j)[None][:0] for j in range(len(self.made()))]
 
 
 def _padded(xp, elements: list, length: int):
@@ -217,11 +310,16 @@ def _padded(xp, elements: list, length: int):
 
 @scan_8.infer
 def _(sequence_lens=None, *inputs, body=None, num_scan_inputs=0, **_):
-    body_types = _graph_output_types(body)
     n_state = len(inputs) - num_scan_inputs
-    batch = [TensorType(getattr(t, "dtype", None), None) for t in body_types]
-    return [t if t is not None and t is not UNKNOWN else batch[i]
-            for i, t in enumerate(inputs[:n_state])] + batch[n_state:]
+    scanned = inputs[n_state:]
+    batch = _dim(scanned[0], 0) if scanned else None
+    steps = _dim(scanned[0], 1) if scanned else None
+    elements = [_without_axis(_without_axis(t, 0), 0) for t in scanned]
+    states, outputs = _settled_states(
+        [_without_axis(t, 0) for t in inputs[:n_state]],
+        lambda carried: _body_outputs(body, *carried, *elements))
+    return ([_stacked(t, batch) for t in states]
+            + [_stacked(_stacked(t, steps), batch) for t in outputs[n_state:]])
 
 
 # -- SequenceMap ------------------------------------------------------------------------
@@ -242,5 +340,7 @@ def sequence_map(xp, input_sequence, *additional_inputs, body=None):
 
 @sequence_map.infer
 def _(input_sequence, *additional_inputs, body=None, **_):
+    per_position = [t.element if isinstance(t, SequenceType) else t
+                    for t in (input_sequence, *additional_inputs)]
     return [SequenceType(t if isinstance(t, TensorType) else None)
-            for t in _graph_output_types(body)]
+            for t in _body_outputs(body, *per_position)]

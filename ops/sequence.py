@@ -11,8 +11,8 @@ import numpy as np
 
 from mixrt.ops.dtypes import to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import (UNKNOWN, OptionalType, SequenceType, TensorType, normalize_axis,
-                             tensor)
+from mixrt.ops.types import (UNKNOWN, OptionalType, SequenceType, TensorType, merge_types,
+                             normalize_axis, tensor, without_value)
 
 
 def _position(xp, position, length: int, *, inserting: bool = False) -> int:
@@ -44,9 +44,10 @@ def sequence_construct(xp, *inputs):
 
 @sequence_construct.infer
 def _(*inputs, **_):
-    first = inputs[0]
-    shapes = {t.shape for t in inputs}
-    return [SequenceType(TensorType(first.dtype, shapes.pop() if len(shapes) == 1 else None))]
+    element = without_value(inputs[0])
+    for other in inputs[1:]:
+        element = merge_types(element, without_value(other))
+    return [SequenceType(element)]
 
 
 @op("SequenceEmpty", since=11)
@@ -76,7 +77,13 @@ def sequence_insert(xp, input_sequence, tensor_, position=None):
     return (input_sequence[:index] + [tensor_] + input_sequence[index:],)
 
 
-sequence_insert.infer(_same_sequence)
+@sequence_insert.infer
+def _(input_sequence, tensor_, position=None, **_):
+    """The elements after the insert: the old ones' type merged with the new one's."""
+    element = _element_type(input_sequence)
+    if not isinstance(input_sequence, SequenceType) or input_sequence.element is None:
+        return [SequenceType(None)]
+    return [SequenceType(merge_types(without_value(element), without_value(tensor_)))]
 
 
 @op("SequenceErase", since=11)

@@ -79,6 +79,43 @@ class OptionalType:
 UNKNOWN = TensorType(None, None)
 
 
+def without_value(value_type):
+    """The type without a plan-time value (what one loop iteration computes, the next may
+    not); None becomes UNKNOWN."""
+    if value_type is None:
+        return UNKNOWN
+    if isinstance(value_type, TensorType):
+        return TensorType(value_type.dtype, value_type.shape)
+    return value_type
+
+
+def merge_types(a, b):
+    """The type two values agree on (two If branches, two loop iterations, a sequence's old
+    and inserted elements): dims that differ become unknown, and so does the rank when the
+    ranks differ. Give it types without values."""
+    for kind in (SequenceType, OptionalType):
+        if isinstance(a, kind) and isinstance(b, kind):
+            if a.element is None or b.element is None:
+                return kind(None)
+            return kind(merge_types(a.element, b.element))
+    if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
+        return a if a == b else (a if b == UNKNOWN else b if a == UNKNOWN else UNKNOWN)
+    dtype = a.dtype if a.dtype is not None else b.dtype
+    if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return TensorType(dtype, None)
+    return TensorType(dtype, tuple(x if x == y else None for x, y in zip(a.shape, b.shape)))
+
+
+def type_of_value(value):
+    """The type of a run-time value (an array, a list for a sequence), as inference writes
+    it; UNKNOWN for anything else."""
+    if isinstance(value, list):
+        return SequenceType(type_of_value(value[0]) if value else None)
+    if value is None or not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        return UNKNOWN
+    return TensorType(np.dtype(value.dtype), tuple(value.shape))
+
+
 def _scalar_name(dtype) -> str:
     if dtype is None:
         return "?"

@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mixrt.errors import ExecutionError, MixrtError
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, type_of_value
 from mixrt.runtime import device_checks
 from mixrt.runtime.device import aligned_empty
+from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
+from mixrt.runtime.passes.infer import infer_types
 
 # ops whose output (for a contiguous input) is a view of input 0
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BlockGrad"})
@@ -281,6 +283,17 @@ class Subgraph:
         self.output_names = bound.graph.output_names
         # declared types let a loop that runs zero times still shape its scan outputs
         self.output_types = [v.type for v in bound.graph.outputs]
+
+    def infer(self, *input_types) -> list:
+        """The body's output types given its inputs' types, the values it reads from
+        enclosing graphs typed as they are now (for a loop that ran no iteration, whose
+        scan outputs still need a shape)."""
+        graph = self._bound.graph
+        known = {name: type_of_value(self._scope[name]) for name in outer_scope_reads(graph)
+                 if name in self._scope}
+        known.update((n, t) for n, t in zip(self.input_names, input_types) if t is not None)
+        types = infer_types(graph, known)
+        return [types.get(name) for name in self.output_names]
 
     def __call__(self, *values) -> list:
         if len(values) > len(self.input_names):

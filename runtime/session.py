@@ -36,7 +36,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execut
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
-from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
 # input-shape signatures whose plans (and arenas) a session keeps; older ones are dropped
@@ -533,11 +533,12 @@ def _value_signature(value):
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:
     """The graph with its inputs typed by the feeds' concrete shapes, for shape inference
-    (declared intermediate types are dropped: they may carry symbolic dims)."""
+    (declared intermediate types are dropped: they may carry symbolic dims, and a body's
+    declarations may claim a shape its values do not have)."""
     inputs = []
     for value in graph.inputs:
         fed = feeds.get(value.name)
         if fed is not None and hasattr(fed, "shape"):
             value = Value(value.name, TensorType(np.dtype(fed.dtype), tuple(fed.shape)))
         inputs.append(value)
-    return replace(graph, inputs=inputs, value_types={})
+    return without_body_declarations(replace(graph, inputs=inputs, value_types={}))

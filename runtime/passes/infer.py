@@ -3,13 +3,20 @@
 Types the model declares (inputs, outputs, value_info, initializers) win over inferred ones;
 inference fills the gaps. It never touches tensor data (only initializers' shapes and, for
 shape-computing ops such as Reshape, constant values known at plan time).
+
+A control-flow op's infer function sees each GRAPH attribute as a ``BodyTypes``: it can ask
+what the body outputs given types for the body's inputs, in the scope of the enclosing graph.
+That is how a Loop learns its carried states' types (a fixed point over iterations, in
+``ops/control.py``), and the body's own values are typed with the inputs the op settled on.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import TensorType
-from mixrt.runtime.graph import Graph, Node
+from mixrt.runtime.graph import Graph, Node, Value
 
 
 def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[str, object]:
@@ -23,36 +30,111 @@ def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[st
     types: dict[str, object] = dict(outer or {})
     for name, array in graph.initializers.items():
         types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
-    for value in graph.inputs:
+    for value in graph.inputs:  # a body's inputs may arrive typed by its op (the seeds)
         if value.type is not None and value.name not in graph.initializers:
-            types[value.name] = value.type
+            types[value.name] = refined(value.type, types.get(value.name))
     for node in graph.nodes:
-        for name, value_type in zip(node.outputs, infer_node(node, types)):
+        outputs, inner = _infer_with_bodies(node, types)
+        for name, value_type in zip(node.outputs, outputs):
             if name:
-                types[name] = graph.value_types.get(name) or value_type
-        for sub in node.subgraphs():
-            types.update(infer_types(sub, types))
+                types[name] = refined(graph.value_types.get(name), value_type)
+        types.update(inner)
         for name, array in ((settle(node, types) if settle else None) or {}).items():
             types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
     for value in graph.outputs:
         if value.type is not None:
-            types[value.name] = value.type
+            types[value.name] = refined(value.type, types.get(value.name))
     return types
+
+
+def refined(declared, inferred):
+    """A declared type with the gaps inference fills: the declaration wins where it says
+    something (its dims may be symbolic names the model chose), and an unknown dtype, rank
+    or dim takes the inferred one."""
+    if not (isinstance(declared, TensorType) and isinstance(inferred, TensorType)):
+        return declared if declared is not None else inferred
+    dtype = declared.dtype if declared.dtype is not None else inferred.dtype
+    if declared.shape is None:
+        shape = inferred.shape
+    elif inferred.shape is None or len(inferred.shape) != len(declared.shape):
+        shape = declared.shape
+    else:
+        shape = tuple(i if d is None else d for d, i in zip(declared.shape, inferred.shape))
+    keeps_value = shape == inferred.shape and dtype == inferred.dtype
+    return TensorType(dtype, shape, value=inferred.value if keeps_value else None)
+
+
+def without_body_declarations(graph: Graph) -> Graph:
+    """The graph with every subgraph's declared types dropped (inputs, outputs, value_info):
+    what inference then says of control-flow values follows from the top-level inputs alone,
+    so a body that declares a shape its values do not have (the ONNX backend's loop16 case
+    does) cannot make the session plan for that shape."""
+    return replace(graph, nodes=[_undeclared_bodies(node) for node in graph.nodes])
+
+
+def _undeclared_bodies(node: Node) -> Node:
+    if not node.subgraphs():
+        return node
+    attributes = {key: _undeclared(value) if isinstance(value, Graph) else value
+                  for key, value in node.attributes.items()}
+    return replace(node, attributes=attributes)
+
+
+def _undeclared(body: Graph) -> Graph:
+    return replace(body, inputs=[Value(v.name) for v in body.inputs],
+                   outputs=[Value(v.name) for v in body.outputs], value_types={},
+                   nodes=[_undeclared_bodies(node) for node in body.nodes])
 
 
 def infer_node(node: Node, types: dict) -> list:
     """The node's output types, or an empty list when its op cannot say."""
+    return _infer_with_bodies(node, types)[0]
+
+
+class BodyTypes:
+    """A GRAPH attribute as infer functions see it. ``infer(*input_types)`` types the body
+    with its inputs typed as given (where the body does not declare them) in the enclosing
+    scope, and returns its output types; ``types`` keeps the body's values from the last
+    call, which is the one the op's infer function settled on."""
+
+    def __init__(self, graph: Graph, outer: dict):
+        self.graph, self._outer = graph, outer
+        self.input_names, self.output_names = graph.input_names, graph.output_names
+        self.types: dict | None = None
+
+    def infer(self, *input_types) -> list:
+        seeds = {name: value_type for name, value_type in zip(self.input_names, input_types)
+                 if value_type is not None}
+        self.types = infer_types(self.graph, {**self._outer, **seeds})
+        return [self.types.get(name) for name in self.output_names]
+
+    @property
+    def output_types(self) -> list:
+        """The body's output types with nothing known of its inputs but their declarations."""
+        return self.infer()
+
+
+def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
+    """The node's output types, and the types of the values inside its subgraphs."""
     kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
-    if kernel is None or kernel.infer_fn is None:
-        return []
-    inputs = [types.get(name) if name else None for name in node.inputs]
-    attributes = {k: v for k, v in node.attributes.items() if not isinstance(v, Graph)}
-    if kernel.wants_output_count:
-        attributes["_outputs"] = len(node.outputs)
-    try:
-        return list(kernel.infer_fn(*inputs, **attributes))
-    except Exception:  # an infer function that cannot handle unknowns says nothing
-        return []
+    bodies = {key: BodyTypes(value, types) for key, value in node.attributes.items()
+              if isinstance(value, Graph)}
+    outputs = []
+    if kernel is not None and kernel.infer_fn is not None:
+        inputs = [types.get(name) if name else None for name in node.inputs]
+        attributes = {**node.attributes, **bodies}
+        if kernel.wants_output_count:
+            attributes["_outputs"] = len(node.outputs)
+        try:
+            outputs = list(kernel.infer_fn(*inputs, **attributes))
+        except Exception:  # an infer function that cannot handle unknowns says nothing
+            outputs = []
+            for body in bodies.values():  # typed from inputs the op never settled on
+                body.types = None
+    inner: dict = {}
+    for body in bodies.values():
+        inner.update(body.types if body.types is not None else infer_types(body.graph, types))
+    return outputs, inner
 
 
 def first_input_dtype(node: Node, types: dict) -> str | None:
