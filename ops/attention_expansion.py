@@ -28,9 +28,9 @@ autodiff raises a GradientError naming the node). Raised as GradientError naming
 an input rank that inference lost, 3D inputs without q_num_heads/kv_num_heads, head counts
 that are not static where grouped-query attention has to repeat kv heads, and
 nonpad_kv_seqlen together with a past_key of unknown length (the forward then chooses the
-query offset from the past length). The softmax_precision attribute is ignored: the
-expansion computes in the inputs' dtype, so for narrow floats its gradient is that of the
-same computation at input precision.
+query offset from the past length). softmax_precision is honoured as the forward honours
+it: the scores are cast to that type for the Softmax and the probabilities cast back, so a
+float16 layer with softmax_precision=FLOAT has the forward's float32 softmax and its gradient.
 
 RotaryEmbedding is linear in X and each feature pair is turned by a rotation; the adjoint of
 a rotation is the rotation by the negative angle, i.e. the same op with the sin cache
@@ -267,6 +267,15 @@ def _guarded_softmax(b, scores: str, masked: bool) -> str:
     return b.emit("Where", alive, probs, zero)
 
 
+def _softmax_in_precision(b, node, scores: str, masked: bool) -> str:
+    """The guarded softmax at the node's softmax_precision, its result in the scores' type."""
+    precision = node.attributes.get("softmax_precision")
+    if not precision:
+        return _guarded_softmax(b, scores, masked)
+    probs = _guarded_softmax(b, b.emit("Cast", scores, to=int(precision)), masked)
+    return b.emit("CastLike", probs, scores)
+
+
 # -- Attention -----------------------------------------------------------------------------
 
 def _expand_attention(b, node):
@@ -292,7 +301,7 @@ def _expand_attention(b, node):
     scores = b.emit("MatMul", b.mul(q, root), b.emit("Transpose", keys, perm=[0, 1, 3, 2]))
     capped = _softcapped(b, node, scores)
     biased, masked = _masked(b, node, capped, q, k, past_key, mask, nonpad)
-    probs = _guarded_softmax(b, biased, masked)
+    probs = _softmax_in_precision(b, node, biased, masked)
     y = b.emit("MatMul", probs, _repeated_heads(b, v, groups, q_heads))
     if b.known_rank(node, Q) == 3:
         y = _heads_merged(b, y)

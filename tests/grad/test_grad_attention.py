@@ -5,6 +5,7 @@ included); the dynamic-shape paths against static ones; Attention against PyTorc
 tiny attention model trained end to end through gradient_graph."""
 
 import numpy as np
+import onnx
 import pytest
 
 import mixrt
@@ -165,6 +166,52 @@ def test_expansion_matches_the_forward(case):
         # atol 0: the forward's zero rows (every key masked) must be exact zeros here too
         np.testing.assert_allclose(value, want, rtol=1e-13, atol=0, err_msg=f"output {k}")
     assert np.all(np.isfinite(got[0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_expansion_takes_the_softmax_at_softmax_precision(dtype):
+    """float64 inputs with a float32 softmax: the forward rounds the probabilities to float32,
+    and so must the expansion (at 1e-13 a float64 softmax would not match)."""
+    inputs = [x.astype(dtype) for x in qkv(q_len=4, kv_len=5, size=3)]
+    attributes = {"softmax_precision": onnx.TensorProto.FLOAT, "qk_matmul_output_mode": 3}
+    expected = attention.attention_23(np, *inputs, **attributes, _outputs=4)
+    got = run_expansion(inputs, attributes, 23, 4)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == want.dtype == dtype, k
+        np.testing.assert_allclose(value, want, rtol=1e-13 if dtype == np.float64 else 1e-3,
+                                   atol=0, err_msg=f"output {k}")
+    plain = attention.attention_23(np, *inputs, qk_matmul_output_mode=3, _outputs=4)
+    if dtype == np.float64:  # the float32 rounding is there to see
+        assert np.abs(plain[3] - got[3]).max() > 1e-12
+
+
+def test_softmax_precision_of_the_inputs_own_type_differentiates():
+    check_gradient("Attention", qkv(q_len=3, kv_len=4, size=2),
+                   {"softmax_precision": onnx.TensorProto.DOUBLE}, opset=23)
+
+
+def test_softmax_precision_gradient_is_the_float32_softmax_gradient():
+    """float64 inputs, float32 softmax: the backward of the softmax runs in float32 too (as
+    PyTorch's autograd of the same casts does)."""
+    torch = pytest.importorskip("torch")
+    inputs = qkv(q_len=3, kv_len=4, size=2)
+    weights = randn(*inputs[0].shape[:-1], inputs[2].shape[-1])
+    graph = attention_graph({n: TensorType(np.float64, x.shape) for n, x in zip("qkv", inputs)},
+                            {"softmax_precision": onnx.TensorProto.FLOAT}, 23, ["q", "k", "v"])
+    joint = gradient_graph(graph, "loss", ["q", "k", "v"])
+    types = infer_types(joint.graph)
+    assert any(getattr(types.get(out), "dtype", None) == np.float32
+               for node in joint.graph.nodes if node.op_type != "Attention"
+               for out in node.outputs)
+    ours = mixrt.Session(joint.graph, opt_level=0).run(
+        [joint.grads[n] for n in "qkv"], {**dict(zip("qkv", inputs)), "r": weights})
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in inputs)
+    scores = tq @ tk.transpose(-1, -2) / np.sqrt(inputs[0].shape[-1])
+    probs = torch.softmax(scores.float(), dim=-1).double()
+    ((probs @ tv) * torch.tensor(weights)).sum().backward()
+    for got, x in zip(ours, (tq, tk, tv)):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-5, atol=1e-7)
 
 
 # -- shapes known only at run time -----------------------------------------------------------
