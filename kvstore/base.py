@@ -15,6 +15,7 @@ import numpy as np
 
 from mixrt.errors import KVStoreError, OptimizerError, ShapeError
 from mixrt.runtime import optimizer as optim
+from mixrt.runtime.npz import read_npz, write_npz
 from mixrt.runtime.device import array_module, to_host
 
 Updater = Callable[[str, object, object], None]
@@ -190,13 +191,13 @@ class KVStore:
     def save_optimizer_states(self, path) -> None:
         """The store's optimizer state as an ``.npz`` at exactly ``path`` that loads with
         allow_pickle=False."""
-        optim.write_npz(path, self._optimizer_state_dict(), f"save_optimizer_states "
+        write_npz(path, self._optimizer_state_dict(), f"save_optimizer_states "
                         f"{str(path)!r}")
 
     def load_optimizer_states(self, path) -> None:
         """Restore what ``save_optimizer_states`` wrote onto this store's optimizer. Its keys
         must be initialized first, with the shapes the states were saved for."""
-        arrays = optim.read_npz(path, "optimizer state file")
+        arrays = read_npz(path, "optimizer state file")
         try:
             self._load_optimizer_state_dict(arrays)
         except OptimizerError as exc:  # the optimizer does not know which file it read

@@ -257,7 +257,7 @@ def _read_input(spec: str) -> tuple[str, np.ndarray]:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
-    from mixrt.runtime.optimizer import read_npy  # noqa: PLC0415  (checks before it reads)
+    from mixrt.runtime.npz import read_npy  # noqa: PLC0415  (checks before it reads)
     try:
         return name, read_npy(path, "input file")
     except ModelLoadError as exc:

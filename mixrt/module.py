@@ -43,7 +43,7 @@ from mixrt.ops.types import TensorType
 from mixrt.runtime.device import array_module, parse_device, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import LossScaler, parse_precision
-from mixrt.runtime.optimizer import read_npz, write_npz
+from mixrt.runtime.npz import read_npz, write_npz
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import Session, load_graph
 from mixrt.runtime.training import (LOSS_OPSET, LOSSES, Loss, TrainingProgram,

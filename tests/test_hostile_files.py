@@ -21,6 +21,7 @@ from mixrt.gluon import Trainer, nn
 from mixrt.importers.onnx import import_model
 from mixrt.io import NDArrayIter
 from mixrt.module import Module
+from mixrt.runtime import npz
 from mixrt.runtime import optimizer as optim
 from mixrt.runtime.mixed_precision import LossScaler
 
@@ -885,20 +886,20 @@ def test_npz_reader_refuses_a_zip_bomb_header_before_allocating(tmp_path):
     bomb = _zip({"w.npy": _npy_bytes(np.zeros(4, np.float32), header_shape=(2**40, 2**20))})
     (tmp_path / "bomb.npz").write_bytes(bomb)
     with pytest.raises(ModelLoadError, match=r"checkpoint '.*bomb.npz': array 'w'.*needs"):
-        optim.read_npz(tmp_path / "bomb.npz", "checkpoint")
+        npz.read_npz(tmp_path / "bomb.npz", "checkpoint")
 
 
 def test_npz_writer_round_trips_every_key_and_file_objects(tmp_path):
     arrays = {"file": np.arange(3), "allow_pickle": np.ones(2, np.float16),
               "meta": np.array("{}"), "a/b": np.zeros((2, 0))}
-    optim.write_npz(tmp_path / "x", arrays, "test")
-    loaded = optim.read_npz(tmp_path / "x", "test")
+    npz.write_npz(tmp_path / "x", arrays, "test")
+    loaded = npz.read_npz(tmp_path / "x", "test")
     assert loaded.keys() == arrays.keys()
     for key, value in arrays.items():
         assert loaded[key].dtype == value.dtype and np.array_equal(loaded[key], value)
     buffer = io.BytesIO()
-    optim.write_npz(buffer, arrays, "test")
+    npz.write_npz(buffer, arrays, "test")
     buffer.seek(0)
-    assert optim.read_npz(buffer, "test").keys() == arrays.keys()
+    assert npz.read_npz(buffer, "test").keys() == arrays.keys()
     with pytest.raises(InputError, match="'o' has dtype object"):
-        optim.write_npz(tmp_path / "o", {"o": np.array([None])}, "test")
+        npz.write_npz(tmp_path / "o", {"o": np.array([None])}, "test")

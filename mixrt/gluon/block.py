@@ -28,7 +28,7 @@ import numpy as np
 
 from mixrt.errors import InputError
 from mixrt.gluon.parameter import Parameter, ParameterDict
-from mixrt.runtime.optimizer import read_npz, write_npz
+from mixrt.runtime.npz import read_npz, write_npz
 
 
 class _NameScope(threading.local):

@@ -33,6 +33,7 @@ from mixrt.gluon.parameter import Parameter
 from mixrt.kvstore.base import KVStore
 from mixrt.runtime import engine
 from mixrt.runtime import optimizer as optim
+from mixrt.runtime.npz import read_npz, write_npz
 
 
 class Trainer:
@@ -240,10 +241,10 @@ class Trainer:
 
     def save_states(self, path) -> None:
         """The optimizer state as an ``.npz`` at exactly ``path`` (``load_states`` reads it)."""
-        optim.write_npz(path, self.optimizer_state_dict(), f"save_states {str(path)!r}")
+        write_npz(path, self.optimizer_state_dict(), f"save_states {str(path)!r}")
 
     def load_states(self, path) -> None:
-        arrays = optim.read_npz(path, "optimizer state file")
+        arrays = read_npz(path, "optimizer state file")
         try:
             self.load_optimizer_state_dict(arrays)
         except OptimizerError as exc:  # the optimizer does not know which file it read
