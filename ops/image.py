@@ -139,6 +139,9 @@ _BAND_INPUTS_PER_TAP = 16  # measured: at 0.3x linear (27 per tap) the taps were
 def _apply_taps(xp, x, axis, idx, weights, compute_dtype):
     """Resample ``x`` along ``axis``: out[..., j, ...] = sum_t w[j, t] * x[..., idx[j, t], ...]."""
     if weights is None:  # nearest: a pure gather keeps integer data exact
+        times = _repeat_factor(idx[:, 0], x.shape[axis])
+        if times is not None:  # an integer upscale: each input k times (no index array read)
+            return xp.repeat(x, times, axis=axis)
         return xp.take(x, xp.asarray(idx[:, 0]), axis=axis)
     x = x.astype(compute_dtype, copy=False)
     if xp is np and x.size and idx.size:
@@ -148,6 +151,39 @@ def _apply_taps(xp, x, axis, idx, weights, compute_dtype):
         if finite:
             return _banded_product(x, axis, idx.shape[0], bands)
     return weighted_takes(xp, x, axis, idx, weights)
+
+
+def _repeat_factor(idx, in_len: int) -> int | None:
+    """k when the gather takes each input k times in order (nearest at an integer scale)."""
+    out_len = idx.shape[0]
+    if in_len == 0 or out_len % in_len:
+        return None
+    times = out_len // in_len
+    return times if np.array_equal(idx, np.arange(out_len) // times) else None
+
+
+# Nearest taps are exact gathers, so they may run in any order, and the order matters: a
+# take along the last axis gathers single elements, and per output element costs about four
+# times a take along an outer axis, which copies contiguous runs (measured on (1,3,224,224):
+# x2 nearest took 0.33 ms rows first, 0.19 ms columns first; x0.5 took 0.016 ms rows first,
+# 0.027 ms columns first). The order with the least modelled cost runs: axes that shrink go
+# early, and the last axis goes while the array is smallest.
+_LAST_AXIS_GATHER_COST = 4.0
+_MAX_ORDERED_AXES = 4  # 24 orders; more resized axes keep the axis order
+
+
+def _cheapest_gather_order(tables: list, shape) -> list:
+    if not 1 < len(tables) <= _MAX_ORDERED_AXES:
+        return tables
+
+    def cost(order) -> float:
+        size, total = 1.0, 0.0
+        for taps in order:
+            size *= taps.out_len / max(shape[taps.axis], 1)
+            total += size * (_LAST_AXIS_GATHER_COST if taps.axis == len(shape) - 1 else 1.0)
+        return total
+
+    return list(min(itertools.permutations(tables), key=cost))
 
 
 def weighted_takes(xp, x, axis: int, idx, weights):
@@ -284,7 +320,10 @@ def resize_taps(shape, roi, scales, sizes, axes=None, *, mode="nearest",
 def _resize(xp, X, roi, scales, sizes, axes=None, *, extrapolation_value=0.0, **options):
     compute_dtype = accumulation_dtype(X.dtype)
     y, inside = X, None
-    for taps in resize_taps(X.shape, roi, scales, sizes, axes, **options):
+    tables = resize_taps(X.shape, roi, scales, sizes, axes, **options)
+    if all(taps.weights is None for taps in tables):
+        tables = _cheapest_gather_order(tables, X.shape)
+    for taps in tables:
         y = _apply_taps(xp, y, taps.axis, taps.idx, taps.weights, compute_dtype)
         if taps.inside is not None:  # points sampled outside the input take extrapolation_value
             shape = [1] * X.ndim

@@ -1,5 +1,6 @@
 """Resize's forward on both of its paths (ops/image.py): the banded matrix product (NumPy,
-finite input) and the tap-by-tap loop (CuPy, non-finite input, wide windows).
+finite input) and the tap-by-tap loop (CuPy, non-finite input, wide windows); and nearest's
+gathers, run in the cheapest axis order and as repeats at integer scales.
 
 Each path is forced by monkeypatching its threshold and checked two ways: against a direct
 evaluation of the per-axis tap tables (``resize_taps``: gather, weight, sum, as the forward
@@ -180,6 +181,50 @@ def test_axes_subset_and_unit_dims(path):
         ours = image.resize(np, x, None, scales, None, axes=axes, mode="linear")
         np.testing.assert_allclose(
             ours, _by_tables(x, None, scales, None, axes, mode="linear"), rtol=1e-6, atol=1e-6)
+
+
+NEAREST_CASES = [  # (input shape, scales): integer upscales (repeats), shrinks, mixtures
+    ((1, 3, 8, 8), _f32(1, 1, 2, 2)),
+    ((2, 3, 10, 12), _f32(1, 1, 0.5, 0.5)),
+    ((2, 3, 10, 12), _f32(1, 1, 3, 0.4)),
+    ((2, 4, 6, 5), _f32(1, 2, 0.5, 3)),
+    ((3, 4, 5, 6), _f32(2, 0.5, 1.5, 2)),
+    ((2, 3, 4, 5, 6), _f32(1, 1, 2, 0.5, 3)),
+    ((1, 1, 7, 9), _f32(1, 1, 1, 4)),
+]
+
+
+@pytest.mark.parametrize("shape, scales", NEAREST_CASES, ids=str)
+@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "floor", "ceil"])
+def test_nearest_in_any_axis_order_is_the_same_gather(shape, scales, nearest_mode):
+    x = np.arange(np.prod(shape), dtype=np.int64).reshape(shape)
+    attrs = dict(mode="nearest", nearest_mode=nearest_mode,
+                 coordinate_transformation_mode="asymmetric")
+    ours = image.resize(np, x, None, scales, None, **attrs)
+    np.testing.assert_array_equal(ours, _by_tables(x, None, scales, None, **attrs))
+    assert ours.dtype == np.int64 and ours.flags.c_contiguous
+    floats = x.astype(np.float32)
+    np.testing.assert_array_equal(image.resize(np, floats, None, scales, None, **attrs),
+                                  _reference(floats, None, scales, None, **attrs))
+
+
+def test_nearest_gathers_columns_last_when_shrinking_and_first_when_growing():
+    def order(shape, scales):
+        tables = image.resize_taps(shape, None, _f32(*scales), None, mode="nearest")
+        return [taps.axis for taps in image._cheapest_gather_order(tables, shape)]
+
+    assert order((1, 3, 224, 224), (1, 1, 2, 2)) == [3, 2]
+    assert order((1, 3, 224, 224), (1, 1, 0.5, 0.5)) == [2, 3]
+    assert order((1, 3, 224, 224), (1, 1, 2, 0.5)) == [3, 2]  # shrink first
+    assert order((4, 3, 8, 8), (0.5, 1, 2, 1)) == [0, 2]
+
+
+def test_an_integer_upscale_is_a_repeat_and_others_are_not():
+    assert image._repeat_factor(np.arange(12) // 3, 4) == 3
+    assert image._repeat_factor(np.arange(5), 5) == 1
+    assert image._repeat_factor(np.array([0, 0, 1, 1, 1, 2]), 3) is None
+    assert image._repeat_factor(np.arange(6) // 2, 4) is None
+    assert image._repeat_factor(np.zeros(0, np.int64), 0) is None
 
 
 def test_on_cupy_the_taps_run():
