@@ -177,23 +177,36 @@ def _is_float(b, node: Node, body: Graph, index: int) -> bool:
 
 def _record_states(b, node: Node, scan: _ScanLayout) -> list[str]:
     """Make the forward Scan also output each iteration's incoming states, stacked on axis 0
-    in iteration order; returns their names. The forward node is the joint graph's own copy,
-    so the model's graph is untouched."""
-    body = copy_graph(scan.body)
-    names = NameMaker(body)
-    for state, outer in zip(scan.body.inputs[:scan.states], node.inputs):
-        kept = names(f"{state.name}_at_step")
-        body.nodes.append(Node("Identity", [state.name], [kept], name=kept, opset=13))
-        # typed, so that inference (a second gradient) knows an int state is not float
-        body.outputs.append(Value(kept, state.type or TensorType(b.dtype(outer), None)))
-    recorded = [b.fresh(f"{node.label}_states_{i}") for i in range(scan.states)]
-    node.attributes = dict(node.attributes, body=body,
+    in iteration order; returns their names."""
+    states = scan.body.inputs[:scan.states]
+    # typed, so that inference (a second gradient) knows an int state is not float
+    types = [state.type or TensorType(b.dtype(outer), None)
+             for state, outer in zip(states, node.inputs)]
+    recorded = _record_inputs(b, node, states, types, scan.states + scan.scan_outputs,
+                              "states")
+    node.attributes = dict(node.attributes,
                            scan_output_directions=scan.output_directions + [0] * scan.states,
                            scan_output_axes=scan.output_axes + [0] * scan.states)
-    node.outputs = [*node.outputs, *[""] * (scan.states + scan.scan_outputs
-                                            - len(node.outputs)), *recorded]
-    for name, state in zip(recorded, node.inputs):  # dtype known: an int state stays one
-        b.types[name] = TensorType(b.dtype(state), None)
+    return recorded
+
+
+def _record_inputs(b, node: Node, inputs: list[Value], types: list, outputs_before: int,
+                   label: str) -> list[str]:
+    """Make the forward node's body also output each of ``inputs`` as it came in (an
+    Identity each, declared with ``types``), which the node stacks after its first
+    ``outputs_before`` outputs; returns the stacked outputs' names. The forward node is the
+    joint graph's own copy, so the model's graph is untouched."""
+    body = copy_graph(node.attributes["body"])
+    names = NameMaker(body)
+    for value, value_type in zip(inputs, types):
+        kept = names(f"{value.name}_at_step")
+        body.nodes.append(Node("Identity", [value.name], [kept], name=kept, opset=13))
+        body.outputs.append(Value(kept, value_type))
+    recorded = [b.fresh(f"{node.label}_{label}_{i}") for i in range(len(inputs))]
+    node.attributes = dict(node.attributes, body=body)
+    node.outputs = [*node.outputs, *[""] * (outputs_before - len(node.outputs)), *recorded]
+    for name, value_type in zip(recorded, types):  # dtype known: an int state stays one
+        b.types[name] = TensorType(value_type.dtype, None)
     return recorded
 
 
@@ -275,22 +288,12 @@ def _(b, node, dy):
 def _record_loop(b, node: Node, states: int, scan_outputs: int):
     """Make the forward Loop also output, stacked, each iteration's number and incoming
     states; returns (iteration numbers, [recorded state per state])."""
-    body = copy_graph(node.attributes["body"])
-    names = NameMaker(body)
-    kept_types = [TensorType(np.dtype(np.int64), ())] + [
+    body = node.attributes["body"]
+    types = [TensorType(np.dtype(np.int64), ())] + [
         v.type or TensorType(b.dtype(outer), None)
         for v, outer in zip(body.inputs[2:], node.inputs[2:])]
-    recorded_inputs = [body.inputs[0], *body.inputs[2:]]
-    for value, value_type in zip(recorded_inputs, kept_types):
-        kept = names(f"{value.name}_at_step")
-        body.nodes.append(Node("Identity", [value.name], [kept], name=kept, opset=13))
-        body.outputs.append(Value(kept, value_type))
-    recorded = [b.fresh(f"{node.label}_record_{i}") for i in range(len(recorded_inputs))]
-    node.attributes = dict(node.attributes, body=body)
-    node.outputs = [*node.outputs, *[""] * (states + scan_outputs - len(node.outputs)),
-                    *recorded]
-    for name, value_type in zip(recorded, kept_types):
-        b.types[name] = TensorType(value_type.dtype, None)
+    recorded = _record_inputs(b, node, [body.inputs[0], *body.inputs[2:]], types,
+                              states + scan_outputs, "record")
     return recorded[0], recorded[1:]
 
 
