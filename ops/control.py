@@ -25,7 +25,8 @@ def _is_true(xp, cond) -> bool:
 
 
 def _graph_output_types(graph) -> list:
-    """Output types of a body graph when the caller knows them, UNKNOWN otherwise."""
+    """Declared output types of a body that cannot infer (a Graph, or a test's stand-in
+    with ``output_types``), UNKNOWN where none is declared."""
     types = getattr(graph, "output_types", None)
     if types is None and hasattr(graph, "outputs"):
         types = [getattr(v, "type", None) for v in graph.outputs]

@@ -281,8 +281,6 @@ class Subgraph:
         self._bound, self._scope, self._xp = bound, scope, xp
         self.input_names = bound.graph.input_names
         self.output_names = bound.graph.output_names
-        # declared types let a loop that runs zero times still shape its scan outputs
-        self.output_types = [v.type for v in bound.graph.outputs]
 
     def infer(self, *input_types) -> list:
         """The body's output types given its inputs' types, the values it reads from

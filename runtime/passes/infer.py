@@ -108,11 +108,6 @@ class BodyTypes:
         self.types = infer_types(self.graph, {**self._outer, **seeds})
         return [self.types.get(name) for name in self.output_names]
 
-    @property
-    def output_types(self) -> list:
-        """The body's output types with nothing known of its inputs but their declarations."""
-        return self.infer()
-
 
 def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
     """The node's output types, and the types of the values inside its subgraphs."""
