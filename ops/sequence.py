@@ -80,10 +80,10 @@ def sequence_insert(xp, input_sequence, tensor_, position=None):
 @sequence_insert.infer
 def _(input_sequence, tensor_, position=None, **_):
     """The elements after the insert: the old ones' type merged with the new one's."""
-    element = _element_type(input_sequence)
     if not isinstance(input_sequence, SequenceType) or input_sequence.element is None:
         return [SequenceType(None)]
-    return [SequenceType(merge_types(without_value(element), without_value(tensor_)))]
+    return [SequenceType(merge_types(without_value(input_sequence.element),
+                                     without_value(tensor_)))]
 
 
 @op("SequenceErase", since=11)
