@@ -140,8 +140,9 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
         carried = list(outputs[1:1 + len(carried)])
         for collected, value in zip(scanned, outputs[1 + len(carried):]):
             collected.append(value)
-        # the body's condition output is ignored when the node has no cond input
-        keep_going = cond is None or _is_true(xp, cond_value)
+        # the spec's comments call the body's condition ignored when the node has no cond
+        # input, but onnxruntime stops on it either way, and so do we
+        keep_going = _is_true(xp, cond_value)
         i += 1
     if i == 0 and scanned:  # no iteration made an element to take a shape from
         elements = _body_outputs(body, *_LOOP_COUNTERS, *map(type_of_value, carried))[1:]
@@ -154,9 +155,45 @@ _LOOP_COUNTERS = (TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.boo
 
 @loop.infer
 def _(M=None, cond=None, *v_initial, body=None, **_):
+    trips = _constant_scalar(M)
+    if (trips is not None and trips <= 0) or _constant_scalar(cond) is False:
+        return _no_iterations(v_initial, lambda initial: _body_outputs(
+            body, *_LOOP_COUNTERS, *initial)[1 + len(initial):])
     states, outputs = _settled_states(
         v_initial, lambda carried: _body_outputs(body, *_LOOP_COUNTERS, *carried)[1:])
-    return states + [_stacked(t) for t in outputs[len(states):]]
+    iterations = trips if _never_stops_early(cond, body, states) else None
+    return states + [_stacked(t, iterations) for t in outputs[len(states):]]
+
+
+def _no_iterations(initial: list, scan_elements, axes=None) -> list:
+    """The types a loop or scan that runs no iteration gives: its states as they came in,
+    and each scan output empty along its new axis, its other dims what the body makes of
+    the initial states (the kernel shapes them so; a dim unknown here stays unknown)."""
+    states = [without_value(t) for t in initial]
+    made = scan_elements(states)
+    return states + [_stacked(t, 0, a) for t, a in zip(made, axes or [0] * len(made))]
+
+
+_TRUE = TensorType(np.dtype(np.bool_), (), value=np.array(True))
+
+
+def _never_stops_early(cond, body, states) -> bool:
+    """Whether every iteration up to the trip count runs: the loop starts on a true cond
+    (a constant, or none given) and the body keeps a true cond true. The body only ever
+    runs on a true cond, so by induction no iteration stops the loop."""
+    if cond is not None and _constant_scalar(cond) is not True or not hasattr(body, "infer"):
+        return False
+    kept = body.infer(_LOOP_COUNTERS[0], _TRUE, *states)[0]
+    body.infer(*_LOOP_COUNTERS, *states)  # leave the body typed for every iteration
+    return _constant_scalar(kept) is True
+
+
+def _constant_scalar(value_type):
+    """The Python value of a one-element tensor known at plan time, else None."""
+    if not isinstance(value_type, TensorType) or value_type.value is None or \
+            np.asarray(value_type.value).size != 1:
+        return None
+    return np.asarray(value_type.value).reshape(-1)[0].item()
 
 
 # -- Scan -------------------------------------------------------------------------------
@@ -211,13 +248,15 @@ def _(*inputs, body=None, num_scan_inputs=0, scan_input_axes=None, scan_output_a
     in_axes = scan_input_axes or [0] * num_scan_inputs
     elements = [_without_axis(t, a) for t, a in zip(scanned, in_axes)]
     length = _dim(scanned[0], in_axes[0]) if scanned else 0
+    out_axes = scan_output_axes
+    if length == 0:
+        return _no_iterations(inputs[:n_state], lambda initial: _body_outputs(
+            body, *initial, *elements)[n_state:], out_axes)
     states, outputs = _settled_states(
         inputs[:n_state], lambda carried: _body_outputs(body, *carried, *elements))
     made = outputs[n_state:]
-    out_axes = scan_output_axes or [0] * len(made)
-    if length == 0:  # the kernel's empty outputs: unknown dims are 0, or the rank unknown
-        return states + [_stacked(_zero_unknowns(t), 0, a) for t, a in zip(made, out_axes)]
-    return states + [_stacked(t, length, a) for t, a in zip(made, out_axes)]
+    return states + [_stacked(t, length, a)
+                     for t, a in zip(made, out_axes or [0] * len(made))]
 
 
 def _dim(value_type, axis: int):
@@ -225,13 +264,6 @@ def _dim(value_type, axis: int):
     if not isinstance(value_type, TensorType) or value_type.shape is None:
         return None
     return value_type.shape[normalize_axis(axis, len(value_type.shape))]
-
-
-def _zero_unknowns(value_type):
-    if not isinstance(value_type, TensorType) or value_type.shape is None:
-        return TensorType(np.dtype(np.float32), None)
-    return TensorType(value_type.dtype or np.dtype(np.float32),
-                      tuple(d if isinstance(d, int) else 0 for d in value_type.shape))
 
 
 @op("Scan", since=8)

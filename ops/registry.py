@@ -84,6 +84,13 @@ class Kernel:
     def wants_output_count(self) -> bool:
         return "_outputs" in _signature_info(self.fn).attributes
 
+    def infers_optional_input(self, index: int) -> bool:
+        """Whether input ``index`` of the infer function has a default (an optional input:
+        None there means absent, so a present input of unknown type must not arrive as
+        None)."""
+        return self.infer_fn is not None and \
+            index in _signature_info(self.infer_fn).optional_inputs
+
     def version_range(self) -> str:
         return f"{self.since}+" if self.until is None else f"{self.since}-{self.until}"
 
@@ -99,6 +106,7 @@ class _SignatureInfo:
     attributes: frozenset
     var_keyword: bool
     takes_out: bool = False
+    optional_inputs: frozenset = frozenset()  # positions of positional params with defaults
 
 
 _SIGNATURES: dict[Callable, _SignatureInfo] = {}
@@ -109,10 +117,14 @@ def _signature_info(fn: Callable) -> _SignatureInfo:
     if info is None:
         params = inspect.signature(fn).parameters.values()
         keywords = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+        positional = [p for p in params
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         info = _SignatureInfo(
             attributes=frozenset(keywords - {"out"}),
             var_keyword=any(p.kind is p.VAR_KEYWORD for p in params),
             takes_out="out" in keywords,
+            optional_inputs=frozenset(i for i, p in enumerate(positional)
+                                      if p.default is not p.empty),
         )
         _SIGNATURES[fn] = info
     return info

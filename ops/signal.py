@@ -7,13 +7,14 @@ and convert back.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, INTS, to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.ops.types import TensorType, merge_types, normalize_axis
 
 
 def _scalar(a, default=None):
@@ -72,23 +73,31 @@ def _infer_dft(input, dft_length=None, axis=None, *, inverse=0, onesided=0, **at
     if input.shape is None:
         return [TensorType(input.dtype, None)]
     rank = len(input.shape)
-    if axis is None or isinstance(axis, TensorType):
-        value = None if axis is None else axis.value
-        axis = attrs.get("_axis_attr", -2) if value is None else int(np.asarray(value).item())
-    axis = normalize_axis(axis, rank)
     length = None if dft_length is None or dft_length.value is None else int(
         np.asarray(dft_length.value).item())
+    if axis is None:  # absent: opset 20's default, or opset 17's attribute
+        axes = [attrs.get("_axis_attr", -2)]
+    elif axis.value is not None:
+        axes = [int(np.asarray(axis.value).item())]
+    else:  # known only at run time: any signal axis, so keep what they all agree on
+        axes = range(rank - 1)
+    candidates = [_transformed(input, normalize_axis(a, rank), length, inverse, onesided)
+                  for a in axes]
+    return [functools.reduce(merge_types, candidates)]
+
+
+def _transformed(input, axis, length, inverse, onesided):
+    """The output type of a DFT along ``axis`` (of a known rank)."""
     dim = input.shape[axis]
     if onesided and inverse:
         if length is None and isinstance(dim, int):
             length = 2 * (dim - 1)
-        return [TensorType(input.dtype, (*input.shape[:axis], length, *input.shape[axis + 1:-1], 1))]
+        return TensorType(input.dtype, (*input.shape[:axis], length,
+                                        *input.shape[axis + 1:-1], 1))
     n = dim if length is None else length
-    if onesided and isinstance(n, int):
-        n = n // 2 + 1
-    elif onesided:
-        n = None
-    return [TensorType(input.dtype, (*input.shape[:axis], n, *input.shape[axis + 1:-1], 2))]
+    if onesided:
+        n = n // 2 + 1 if isinstance(n, int) else None
+    return TensorType(input.dtype, (*input.shape[:axis], n, *input.shape[axis + 1:-1], 2))
 
 
 dft.infer(_infer_dft)

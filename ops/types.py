@@ -5,8 +5,9 @@ a ``str`` when symbolic ("batch"), or ``None`` when unknown. A shape of ``None``
 rank is unknown. ``value`` holds the data of a value known at plan time (an initializer or a
 folded constant), which ops like Reshape need to know their output shape.
 
-An infer function receives one type per input (``None`` for a missing optional input) and the
-node's attributes as keywords, and returns a list of output types.
+An infer function receives one type per input (``None`` for a missing optional input,
+``UNKNOWN`` for a present optional input whose type inference does not know) and the node's
+attributes as keywords, and returns a list of output types.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def merge_types(a, b):
                 return kind(None)
             return kind(merge_types(a.element, b.element))
     if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
-        return a if a == b else (a if b == UNKNOWN else b if a == UNKNOWN else UNKNOWN)
+        return a if a == b else UNKNOWN  # a tensor and a sequence, or one unknown: no kind
     dtype = a.dtype if a.dtype is not None else b.dtype
     if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
         return TensorType(dtype, None)

@@ -289,8 +289,7 @@ class Subgraph:
         graph = self._bound.graph
         known = {name: type_of_value(self._scope[name]) for name in outer_scope_reads(graph)
                  if name in self._scope}
-        known.update((n, t) for n, t in zip(self.input_names, input_types) if t is not None)
-        types = infer_types(graph, known)
+        types = infer_types(graph, known, inputs=dict(zip(self.input_names, input_types)))
         return [types.get(name) for name in self.output_names]
 
     def __call__(self, *values) -> list:

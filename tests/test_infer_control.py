@@ -14,7 +14,6 @@ import warnings
 
 import numpy as np
 import onnx
-import onnx.backend.test.loader
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
@@ -24,68 +23,9 @@ from onnx import numpy_helper
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.errors import ExecutionError
 from mixrt.ops.types import SequenceType, TensorType
-from mixrt.runtime import executor
-from mixrt.runtime.graph import Value
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.session import Session, _with_input_shapes, load_graph
-
-def fits(value_type, value) -> bool:
-    """Whether a run-time value agrees with everything its inferred type claims."""
-    if value_type is None:
-        return True
-    if isinstance(value_type, SequenceType):
-        return isinstance(value, list) and all(fits(value_type.element, v) for v in value)
-    if not isinstance(value_type, TensorType) or value is None:
-        return True
-    if isinstance(value, list):
-        return value_type.dtype is None and value_type.shape is None
-    array = np.asarray(value)
-    if value_type.dtype is not None and array.dtype != value_type.dtype:
-        return False
-    if value_type.shape is None:
-        return True
-    return len(value_type.shape) == array.ndim and all(
-        not isinstance(d, int) or d == n for d, n in zip(value_type.shape, array.shape))
-
-
-def run_recording(path, feeds: dict, monkeypatch) -> dict:
-    """Run the model unoptimized and return name -> every value it had (bodies run many
-    times, so a body value has one entry per iteration)."""
-    seen: dict[str, list] = {}
-    plain_execute = executor.execute
-
-    def recording_execute(steps, env, xp, *args, **kwargs):
-        plain_execute(steps, env, xp, *args, **kwargs)
-        for name, value in env.maps[0].items():
-            seen.setdefault(name, []).append(value)
-
-    monkeypatch.setattr(executor, "execute", recording_execute)
-    outputs = Session(str(path), opt_level=0).run(None, feeds)
-    monkeypatch.undo()
-    graph = load_graph(str(path))
-    for name, value in zip(graph.output_names, outputs):
-        seen.setdefault(name, []).append(value)
-    return seen
-
-
-def inferred_without_output_declarations(path, feeds: dict) -> dict:
-    """Types as the session infers them to plan for these feeds (bodies' declarations
-    dropped), with the top-level outputs' declarations dropped too so that what is checked
-    is inference's own answer."""
-    graph = load_graph(str(path))
-    graph.outputs = [Value(v.name, None) for v in graph.outputs]
-    return infer_types(_with_input_shapes(graph, feeds))
-
-
-def assert_sound(path, feeds: dict, monkeypatch) -> dict:
-    types = inferred_without_output_declarations(path, feeds)
-    seen = run_recording(path, feeds, monkeypatch)
-    wrong = {name: (str(types.get(name)), [getattr(v, "shape", type(v).__name__)
-                                           for v in values][:3])
-             for name, values in seen.items()
-             if not all(fits(types.get(name), v) for v in values)}
-    assert not wrong, f"values that contradict their inferred types: {wrong}"
-    return types
+from mixrt.runtime.session import Session, load_graph
+from soundness import assert_sound, backend_node_cases, case_inputs
 
 
 # -- the ONNX backend cases that hold subgraphs --------------------------------------------
@@ -95,10 +35,7 @@ def _cases_with_subgraphs() -> dict:
     def holds_graph(graph) -> bool:
         return any(a.type == onnx.AttributeProto.GRAPH for n in graph.node for a in n.attribute)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the case generators warn about their own casts
-        cases = onnx.backend.test.loader.load_model_tests(kind="node")
-    return {case.name: case for case in cases if holds_graph(case.model.graph)}
+    return {case.name: case for case in backend_node_cases() if holds_graph(case.model.graph)}
 
 
 @pytest.mark.parametrize("name", sorted(_cases_with_subgraphs()))
@@ -106,8 +43,7 @@ def test_backend_case_values_fit_their_inferred_types(name, tmp_path, monkeypatc
     case = _cases_with_subgraphs()[name]
     path = tmp_path / "model.onnx"
     onnx.save(case.model, str(path))
-    inputs, _ = case.data_sets[0]
-    feeds = dict(zip([v.name for v in case.model.graph.input], inputs))
+    feeds = dict(zip([v.name for v in case.model.graph.input], case_inputs(case)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_sound(path, feeds, monkeypatch)
@@ -357,3 +293,65 @@ def test_scan8_refuses_lengths_outside_the_scan_axis(tmp_path):
              "x": np.zeros((2, 3, 2), np.float32)}
     with pytest.raises(ExecutionError, match=r"sequence_lens \[4, 2\].*\[0, 3\]"):
         Session(str(path)).run(None, feeds)
+
+
+# -- a Loop's trip count, when plan time knows it ------------------------------------------
+
+def _counting_loop(tmp_path, cond: str, cond_out_node, trips=None, cond_value=None):
+    """A Loop stacking w * i for i < M; M and cond are constants when given values."""
+    body = h.make_graph(
+        [cond_out_node,
+         h.make_node("Cast", ["i"], ["i_f"], to=T.FLOAT),
+         h.make_node("Mul", ["w", "i_f"], ["made"])], "body",
+        [h.make_tensor_value_info("i", T.INT64, []),
+         h.make_tensor_value_info("c_in", T.BOOL, [])],
+        [h.make_tensor_value_info("c_out", T.BOOL, []),
+         h.make_tensor_value_info("made", T.FLOAT, None)],
+        [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    constants = [numpy_helper.from_array(np.array(trips, np.int64), "M")]
+    if cond_value is not None:
+        constants.append(numpy_helper.from_array(np.array(cond_value), "cond"))
+    return _save(tmp_path, [h.make_node("Loop", ["M", cond], ["stack"], body=body),
+                            h.make_node("Relu", ["stack"], ["out"])],
+                 [h.make_tensor_value_info("w", T.FLOAT, [3])],
+                 [h.make_tensor_value_info("out", T.FLOAT, None)], initializers=constants)
+
+
+_KEEP = h.make_node("Identity", ["c_in"], ["c_out"])
+_STOP_AFTER_TWO = h.make_node("Less", ["i", "two"], ["c_out"])
+
+
+@pytest.mark.parametrize("cond, cond_out, cond_value, trips, length", [
+    ("", _KEEP, None, 4, 4),               # no cond input, and the body keeps it true
+    ("", _STOP_AFTER_TWO, None, 4, None),  # the body's cond output stops it (as in ort)
+    ("cond", _KEEP, True, 4, 4),           # a true cond the body keeps true
+    ("cond", _STOP_AFTER_TWO, True, 4, None),  # the body may stop the loop early
+    ("cond", _KEEP, False, 4, 0),          # a false cond: no iteration
+    ("", _KEEP, None, 0, 0),               # a trip count of 0
+    ("", _KEEP, None, -3, 0),              # ... or below
+])
+def test_a_loop_with_a_constant_trip_count_stacks_a_known_length(
+        tmp_path, monkeypatch, cond, cond_out, cond_value, trips, length):
+    path = _counting_loop(tmp_path, cond, cond_out, trips, cond_value)
+    feeds = {"w": np.array([1, 2, 3], np.float32)}
+    types = assert_sound(path, feeds, monkeypatch)
+    assert types["out"].shape == (length, 3)
+    if length != 0:  # onnxruntime gives (0,) for an empty stack (see above)
+        _compare_with_onnxruntime(path, feeds)
+
+
+def test_a_loop_that_runs_no_iteration_keeps_its_states_initial_types(tmp_path, monkeypatch):
+    """A state that would grow keeps its initial shape when no iteration runs, and the
+    empty scan output takes its element shape from that initial state."""
+    one = numpy_helper.from_array(np.ones(1, np.float32), "one")
+    body = _loop_body([h.make_node("Concat", ["s_in", "one"], ["s_out"], axis=0),
+                       h.make_node("Identity", ["s_out"], ["seen"])], ["s"], ["seen"], [one])
+    path = _save(tmp_path, [h.make_node("Loop", ["M", "", "s0"], ["s", "seen_all"], body=body)],
+                 [h.make_tensor_value_info("s0", T.FLOAT, [2])],
+                 [h.make_tensor_value_info("s", T.FLOAT, None),
+                  h.make_tensor_value_info("seen_all", T.FLOAT, None)],
+                 initializers=[numpy_helper.from_array(np.array(0, np.int64), "M")])
+    types = assert_sound(path, {"s0": np.zeros(2, np.float32)}, monkeypatch)
+    assert types["s"].shape == (2,) and types["seen_all"].shape == (0, 3)
+    _, seen_all = Session(str(path)).run(None, {"s0": np.zeros(2, np.float32)})
+    assert seen_all.shape == (0, 3)

@@ -15,13 +15,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 
-def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[str, object]:
+def infer_types(graph: Graph, outer: dict | None = None, settle=None,
+                inputs: dict | None = None) -> dict[str, object]:
     """Name -> TensorType/SequenceType/OptionalType (or None when unknown), subgraphs'
     values included.
+
+    ``outer`` types the names the graph reads from an enclosing scope; ``inputs`` types
+    the graph's own inputs where a body's op knows them (its declarations fill the rest). A
+    body input hides an outer value of its name.
 
     ``settle(node, types)``, when given, runs after each top-level node is inferred and may
     return ``{output name: array}`` for outputs whose data is known at that point (the
@@ -30,9 +35,9 @@ def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[st
     types: dict[str, object] = dict(outer or {})
     for name, array in graph.initializers.items():
         types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
-    for value in graph.inputs:  # a body's inputs may arrive typed by its op (the seeds)
-        if value.type is not None and value.name not in graph.initializers:
-            types[value.name] = refined(value.type, types.get(value.name))
+    for value in graph.inputs:
+        if value.name not in graph.initializers:
+            types[value.name] = refined(value.type, (inputs or {}).get(value.name))
     for node in graph.nodes:
         outputs, inner = _infer_with_bodies(node, types)
         for name, value_type in zip(node.outputs, outputs):
@@ -48,20 +53,44 @@ def infer_types(graph: Graph, outer: dict | None = None, settle=None) -> dict[st
 
 
 def refined(declared, inferred):
-    """A declared type with the gaps inference fills: the declaration wins where it says
-    something (its dims may be symbolic names the model chose), and an unknown dtype, rank
-    or dim takes the inferred one."""
-    if not (isinstance(declared, TensorType) and isinstance(inferred, TensorType)):
+    """What is known of a value from its declaration and from inference together.
+
+    Inference follows from the inputs by the ops' own rules, which are what the kernels
+    compute, so it wins wherever it says something: a declaration that disagrees (a stale
+    value_info, a body that declares scalars where vectors flow) must not let a pass remove
+    a Reshape that is not a no-op. onnxruntime too keeps the inferred shape over a
+    conflicting declaration. The declaration fills what inference leaves open: the dtype,
+    the rank, an unknown dim, and the name of a symbolic dim (the model's names read better
+    than inference's). A declared number where inference has a symbol is not taken: nothing
+    checks it against the inputs."""
+    if inferred is None or _says_nothing(inferred):
         return declared if declared is not None else inferred
-    dtype = declared.dtype if declared.dtype is not None else inferred.dtype
-    if declared.shape is None:
-        shape = inferred.shape
-    elif inferred.shape is None or len(inferred.shape) != len(declared.shape):
-        shape = declared.shape
+    for kind in (SequenceType, OptionalType):
+        if isinstance(declared, kind) and isinstance(inferred, kind):
+            return kind(refined(declared.element, inferred.element))
+    if not (isinstance(declared, TensorType) and isinstance(inferred, TensorType)):
+        return inferred
+    dtype = inferred.dtype if inferred.dtype is not None else declared.dtype
+    if inferred.shape is None or declared.shape is None or \
+            len(inferred.shape) != len(declared.shape):
+        shape = inferred.shape if inferred.shape is not None else declared.shape
     else:
-        shape = tuple(i if d is None else d for d, i in zip(declared.shape, inferred.shape))
+        shape = tuple(_refined_dim(d, i) for d, i in zip(declared.shape, inferred.shape))
     keeps_value = shape == inferred.shape and dtype == inferred.dtype
     return TensorType(dtype, shape, value=inferred.value if keeps_value else None)
+
+
+def _says_nothing(value_type) -> bool:
+    return isinstance(value_type, TensorType) and value_type.dtype is None and \
+        value_type.shape is None
+
+
+def _refined_dim(declared, inferred):
+    if inferred is None:
+        return declared
+    if isinstance(inferred, str) and isinstance(declared, str):
+        return declared
+    return inferred
 
 
 def without_body_declarations(graph: Graph) -> Graph:
@@ -103,9 +132,8 @@ class BodyTypes:
         self.types: dict | None = None
 
     def infer(self, *input_types) -> list:
-        seeds = {name: value_type for name, value_type in zip(self.input_names, input_types)
-                 if value_type is not None}
-        self.types = infer_types(self.graph, {**self._outer, **seeds})
+        self.types = infer_types(self.graph, self._outer,
+                                 inputs=dict(zip(self.input_names, input_types)))
         return [self.types.get(name) for name in self.output_names]
 
 
@@ -116,7 +144,8 @@ def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
               if isinstance(value, Graph)}
     outputs = []
     if kernel is not None and kernel.infer_fn is not None:
-        inputs = [types.get(name) if name else None for name in node.inputs]
+        inputs = [_input_type(kernel, index, name, types)
+                  for index, name in enumerate(node.inputs)]
         attributes = {**node.attributes, **bodies}
         if kernel.wants_output_count:
             attributes["_outputs"] = len(node.outputs)
@@ -130,6 +159,19 @@ def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
     for body in bodies.values():
         inner.update(body.types if body.types is not None else infer_types(body.graph, types))
     return outputs, inner
+
+
+def _input_type(kernel, index: int, name: str, types: dict):
+    """What an infer function gets for one input: None for an absent optional input, and
+    for a present one its type, UNKNOWN where inference has none and the input is optional
+    (so that the function does not take it for absent: a DFT axis of unknown value is not
+    the default axis)."""
+    if not name:
+        return None
+    found = types.get(name)
+    if found is None and kernel.infers_optional_input(index):
+        return UNKNOWN
+    return found
 
 
 def first_input_dtype(node: Node, types: dict) -> str | None:

@@ -1,0 +1,105 @@
+"""Checks that shape inference is sound: every value a real run makes fits the type
+inference gave it before the run.
+
+Inference here sees what the session plans from: the inputs' types (with the feeds' shapes)
+and nothing the model declares about its other values, so what is checked is inference's own
+answer. A run records every value at the top level and inside bodies (a body value has one
+entry per iteration).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import onnx
+import onnx.backend.test.loader
+
+from mixrt.ops.types import SequenceType, TensorType
+from mixrt.runtime import executor
+from mixrt.runtime.graph import Value
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import Session, _with_input_shapes, load_graph
+
+
+def fits(value_type, value) -> bool:
+    """Whether a run-time value agrees with everything its inferred type claims."""
+    if value_type is None:
+        return True
+    if isinstance(value_type, SequenceType):
+        return isinstance(value, list) and all(fits(value_type.element, v) for v in value)
+    if not isinstance(value_type, TensorType) or value is None:
+        return True
+    if isinstance(value, list):
+        return value_type.dtype is None and value_type.shape is None
+    array = np.asarray(value)
+    if value_type.dtype is not None and array.dtype != value_type.dtype:
+        return False
+    if value_type.shape is None:
+        return True
+    return len(value_type.shape) == array.ndim and all(
+        not isinstance(d, int) or d == n for d, n in zip(value_type.shape, array.shape))
+
+
+def run_recording(path, feeds: dict, monkeypatch) -> dict:
+    """Run the model unoptimized and return name -> every value it had."""
+    seen: dict[str, list] = {}
+    plain_execute = executor.execute
+
+    def recording_execute(steps, env, xp, *args, **kwargs):
+        plain_execute(steps, env, xp, *args, **kwargs)
+        for name, value in env.maps[0].items():
+            seen.setdefault(name, []).append(value)
+
+    monkeypatch.setattr(executor, "execute", recording_execute)
+    try:
+        outputs = Session(str(path), opt_level=0).run(None, feeds)
+    finally:
+        monkeypatch.undo()
+    graph = load_graph(str(path))
+    for name, value in zip(graph.output_names, outputs):
+        seen.setdefault(name, []).append(value)
+    return seen
+
+
+def inferred_from_inputs(path, feeds: dict) -> dict:
+    """Types as the session infers them to plan for these feeds (bodies' declarations
+    dropped), with the top-level outputs' declarations dropped too."""
+    graph = load_graph(str(path))
+    graph.outputs = [Value(v.name, None) for v in graph.outputs]
+    return infer_types(_with_input_shapes(graph, feeds))
+
+
+def values_that_contradict(path, feeds: dict, monkeypatch) -> tuple[dict, dict]:
+    """(name -> (inferred type, the first shapes seen) for every value that does not fit
+    its type, the inferred types)."""
+    types = inferred_from_inputs(path, feeds)
+    seen = run_recording(path, feeds, monkeypatch)
+    wrong = {name: (str(types.get(name)), [getattr(v, "shape", type(v).__name__)
+                                           for v in values][:3])
+             for name, values in seen.items()
+             if not all(fits(types.get(name), v) for v in values)}
+    return wrong, types
+
+
+def assert_sound(path, feeds: dict, monkeypatch) -> dict:
+    wrong, types = values_that_contradict(path, feeds, monkeypatch)
+    assert not wrong, f"values that contradict their inferred types: {wrong}"
+    return types
+
+
+@functools.cache
+def backend_node_cases() -> tuple:
+    """The ONNX backend's node cases (built in memory from the installed onnx)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case generators warn about their own casts
+        return tuple(onnx.backend.test.loader.load_model_tests(kind="node"))
+
+
+def case_inputs(case) -> list:
+    """The first data set's inputs as arrays (lists for sequences, None for empty
+    optionals)."""
+    inputs, _ = case.data_sets[0]
+    return [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
+            for v in inputs]
