@@ -32,7 +32,8 @@ GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "test_mx_reshape.py", "grad/test_grad_image.py", "test_create_graph.py",
              "grad/test_grad_recurrent.py", "grad/test_grad_misc.py",
              "grad/test_grad_placement.py", "grad/test_grad_attention.py",
-             "grad/test_grad_sample_roi.py", "gluon/test_rnn.py", "grad/test_grad_control.py"]
+             "grad/test_grad_sample_roi.py", "gluon/test_rnn.py", "grad/test_grad_control.py",
+             "grad/test_grad_signal.py"]
 # what the fake cannot stand in for, and why
 EMULATION_GAPS = {
     "test_cuda_graph.py::test_replays_return_what_plain_runs_return":
