@@ -161,7 +161,8 @@ def _(M=None, cond=None, *v_initial, body=None, **_):
             body, *_LOOP_COUNTERS, *initial)[1 + len(initial):])
     states, outputs = _settled_states(
         v_initial, lambda carried: _body_outputs(body, *_LOOP_COUNTERS, *carried)[1:])
-    iterations = trips if _never_stops_early(cond, body, states) else None
+    iterations = trips if trips is not None and _never_stops_early(cond, body, states) \
+        else None
     return states + [_stacked(t, iterations) for t in outputs[len(states):]]
 
 
