@@ -249,15 +249,14 @@ def _(*inputs, body=None, num_scan_inputs=0, scan_input_axes=None, scan_output_a
     in_axes = scan_input_axes or [0] * num_scan_inputs
     elements = [_without_axis(t, a) for t, a in zip(scanned, in_axes)]
     length = _dim(scanned[0], in_axes[0]) if scanned else 0
-    out_axes = scan_output_axes
     if length == 0:
         return _no_iterations(inputs[:n_state], lambda initial: _body_outputs(
-            body, *initial, *elements)[n_state:], out_axes)
+            body, *initial, *elements)[n_state:], scan_output_axes)
     states, outputs = _settled_states(
         inputs[:n_state], lambda carried: _body_outputs(body, *carried, *elements))
     made = outputs[n_state:]
     return states + [_stacked(t, length, a)
-                     for t, a in zip(made, out_axes or [0] * len(made))]
+                     for t, a in zip(made, scan_output_axes or [0] * len(made))]
 
 
 def _dim(value_type, axis: int):

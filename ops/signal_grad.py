@@ -112,7 +112,7 @@ def _(b, node, dy):
 @dft_grad.grad
 def _(b, node, ddx):
     """DFTGrad is dX = A^T dY for the DFT's matrix A, so its gradient is A ddX."""
-    dy, _, length, axis = (list(node.inputs) + ["", ""])[:4]
+    _, _, length, axis = (list(node.inputs) + ["", ""])[:4]
     forward = b.emit("DFT", ddx[0], length or None, axis or None, opset=20,
                      inverse=int(node.attributes.get("inverse", 0)),
                      onesided=int(node.attributes.get("onesided", 0)))
