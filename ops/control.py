@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.registry import op
+from mixrt.ops.shape import constant
 from mixrt.ops.types import (UNKNOWN, SequenceType, TensorType, merge_types, normalize_axis,
                              type_of_value, without_value)
 
@@ -133,6 +134,9 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
     n_scan = len(body.output_names) - 1 - len(carried)
     scanned = [[] for _ in range(n_scan)]
     cond_value = xp.asarray(keep_going)
+    # a body that hands a true cond back needs no look at it: on the GPU each look waits
+    # for the iteration to finish, which keeps the host from queueing the next one
+    read_cond = not _cond_stays_true(getattr(body, "graph", None))
     i = 0
     while keep_going and (trip_count is None or i < trip_count):
         outputs = body(xp.asarray(i, dtype=np.int64), cond_value, *carried)
@@ -142,12 +146,41 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
             collected.append(value)
         # the spec's comments call the body's condition ignored when the node has no cond
         # input, but onnxruntime stops on it either way, and so do we
-        keep_going = _is_true(xp, cond_value)
+        if read_cond:
+            keep_going = _is_true(xp, cond_value)
         i += 1
     if i == 0 and scanned:  # no iteration made an element to take a shape from
         elements = _body_outputs(body, *_LOOP_COUNTERS, *map(type_of_value, carried))[1:]
         return (*carried, *(_empty_scan_output(xp, t) for t in elements[len(carried):]))
     return (*carried, *(_stack(xp, values) for values in scanned))
+
+
+def _cond_stays_true(graph) -> bool:
+    """Whether a Loop body's cond output is its cond input (through Identity nodes, as
+    exporters write a ``for`` loop) or a constant true: a body that only runs on a true
+    cond then always gives true back. Structure alone decides, so it holds whatever the
+    loop's states and the enclosing values are."""
+    if graph is None or len(graph.inputs) < 2 or not graph.outputs:
+        return False
+    producers = graph.producers()
+    name, cond_in = graph.output_names[0], graph.input_names[1]
+    while name != cond_in:
+        if name in graph.initializers:
+            return _all_true(graph.initializers[name])
+        node = producers.get(name)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False  # read from an enclosing graph, or an op we do not know
+        if node.op_type == "Constant":
+            return _all_true(constant(np, **node.attributes))
+        if node.op_type != "Identity":
+            return False
+        name = node.inputs[0]
+    return True
+
+
+def _all_true(value) -> bool:
+    value = np.asarray(value)
+    return value.dtype == np.bool_ and value.size == 1 and bool(value.reshape(-1)[0])
 
 
 _LOOP_COUNTERS = (TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ()))

@@ -279,6 +279,7 @@ class Subgraph:
 
     def __init__(self, bound, scope, xp):
         self._bound, self._scope, self._xp = bound, scope, xp
+        self.graph = bound.graph  # its structure, for kernels that decide by it
         self.input_names = bound.graph.input_names
         self.output_names = bound.graph.output_names
 

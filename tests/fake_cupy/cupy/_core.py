@@ -29,6 +29,14 @@ HOST_MIX = ("Unsupported type <class 'numpy.ndarray'>: a NumPy array mixed into 
 _START_DEVICE = int(os.environ.get("FAKE_CUPY_START_DEVICE", "0"))
 
 
+# device-to-host reads so far, each a wait for the device on a real GPU: tests count them
+_host_reads = [0]
+
+
+def host_reads() -> int:
+    return _host_reads[0]
+
+
 def current_device() -> int:
     return getattr(_current, "device", _START_DEVICE)
 
@@ -89,6 +97,7 @@ class ndarray:
     # -- what CuPy adds to an array --------------------------------------------------------
 
     def get(self, stream=None, order="C", out=None):
+        _host_reads[0] += 1
         if out is not None:
             out[...] = self._host
             return out
@@ -165,16 +174,28 @@ class ndarray:
         return (wrap(row, self._device) for row in self._host)
 
     def __bool__(self):
+        _host_reads[0] += 1
         return bool(self._host)
 
     def __float__(self):
+        _host_reads[0] += 1
         return float(self._host)
 
     def __int__(self):
+        _host_reads[0] += 1
         return int(self._host)
 
     def __complex__(self):
+        _host_reads[0] += 1
         return complex(self._host)
+
+    def item(self):
+        _host_reads[0] += 1
+        return self._host.item()
+
+    def tolist(self):
+        _host_reads[0] += 1
+        return self._host.tolist()
 
     def __repr__(self):
         return repr(self._host)
