@@ -20,7 +20,8 @@ from mixrt.ops.dtypes import (FLOAT8, FLOATS, NUMERIC, compute_dtype,
                                to_numpy_dtype)
 from mixrt.ops.registry import op
 from mixrt.ops.random import unseeded_generator
-from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis, same_as_input
+from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis, same_as_input, \
+    without_value
 
 _MATMUL_TYPES = FLOATS | {"int32", "int64", "uint32", "uint64"}
 
@@ -380,6 +381,9 @@ def batch_normalization(xp, X, scale, B, input_mean, input_var, *, epsilon=1e-5,
 
 
 def _infer_batch_norm(X: TensorType, scale, B, mean: TensorType, var: TensorType, **_):
+    # the statistics outputs keep the inputs' types, not their values: in training mode
+    # they are the updated running and the batch statistics
+    mean, var = without_value(mean), without_value(var)
     return [TensorType(X.dtype, X.shape), mean, var, mean, var]
 
 

@@ -5,7 +5,9 @@ Soundness: each backend node case is run, and every value it makes must fit the 
 inference gave it beforehand from the inputs alone: with the inputs fed (their values
 unknown to inference), with the inputs as initializers (their values known, which exercises
 the rules that compute shapes from constant data), and with every input dim a symbol (which
-exercises how the rules carry symbols: one symbol must stand for one size).
+exercises how the rules carry symbols: one symbol must stand for one size). Where inference
+knows a value's data before the run (a constant, shape arithmetic), the run must make that
+very data: the optimizer folds it into the graph.
 
 Declarations: a value_info, a graph output or a body may declare a type its values do not
 have. Inference keeps its own answer where the two disagree (as onnxruntime does), so the
@@ -217,3 +219,25 @@ def test_a_dft_axis_known_only_at_run_time_leaves_the_signal_dims_unknown():
 def test_an_untyped_axis_is_not_taken_for_the_default():
     x = TensorType(F32, (1, 10, 8, 1))
     assert infer_node(_dft("axis"), {"x": x})[0].shape == (1, None, None, 2)
+
+
+# -- data inference claims before the run ---------------------------------------------------
+
+def test_training_batch_norm_statistics_do_not_keep_the_inputs_data(tmp_path):
+    """In training mode the mean and var outputs are the updated running statistics: their
+    type is the inputs', their data is not (inference used to pass the inputs' on)."""
+    stats = [numpy_helper.from_array(np.full(2, v, np.float32), n)
+             for n, v in (("scale", 1), ("bias", 0), ("mean", 0.5), ("var", 2))]
+    graph = h.make_graph(
+        [h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                     ["y", "running_mean", "running_var"], training_mode=1)], "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 2])],
+        [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("y", "running_mean",
+                                                            "running_var")], stats)
+    path = _save(tmp_path, graph, opset=15)
+    types = infer_types(load_graph(str(path)))
+    assert types["running_mean"] == TensorType(F32, (2,))  # no value
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    running_mean = Session(str(path)).run(None, {"x": x})[1]
+    np.testing.assert_allclose(running_mean, 0.9 * 0.5 + 0.1 * x.mean(axis=0), rtol=1e-6)
+    assert not fits(TensorType(F32, (2,), value=np.full(2, 0.5, np.float32)), running_mean)
