@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections import ChainMap
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ import onnx.backend.test.loader
 
 from mixrt.ops.types import SequenceType, TensorType
 from mixrt.runtime import executor
+from mixrt.runtime import session as session_module
 from mixrt.runtime.graph import Value
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import Session, _with_input_shapes, load_graph
@@ -62,10 +64,13 @@ def run_recording(path, feeds: dict, monkeypatch) -> dict:
 
     def recording_execute(steps, env, xp, *args, **kwargs):
         plain_execute(steps, env, xp, *args, **kwargs)
-        for name, value in env.maps[0].items():
+        made = env.maps[0] if isinstance(env, ChainMap) else env  # not the enclosing scopes
+        for name, value in made.items():
             seen.setdefault(name, []).append(value)
 
+    # the session runs the top level, the executor's Subgraph the bodies: both are recorded
     monkeypatch.setattr(executor, "execute", recording_execute)
+    monkeypatch.setattr(session_module, "execute", recording_execute)
     try:
         outputs = Session(str(path), opt_level=0).run(None, feeds)
     finally:
@@ -116,3 +121,26 @@ def case_inputs(case) -> list:
     inputs, _ = case.data_sets[0]
     return [onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
             for v in inputs]
+
+
+def stored_model_cases():
+    """(name, model path, feeds) for the ONNX backend's stored whole-model cases (simple
+    nets, and PyTorch's converted modules and operators) and for tests/data/torch_exports:
+    graphs of many nodes, with the shape arithmetic exporters write."""
+    import glob  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+    data = Path(onnx.backend.test.loader.__file__).parent.parent / "data"
+    for kind in ("simple", "pytorch-converted", "pytorch-operator"):
+        for model in sorted((data / kind).glob("*/model.onnx")):
+            inputs = sorted(model.parent.glob("test_data_set_0/input_*.pb"),
+                            key=lambda f: int(f.stem.split("_")[1]))
+            graph = onnx.load(str(model)).graph
+            weights = {t.name for t in graph.initializer}  # old models list them as inputs
+            names = [v.name for v in graph.input if v.name not in weights]
+            tensors = [onnx.numpy_helper.to_array(onnx.load_tensor(str(f))) for f in inputs]
+            yield f"{kind}/{model.parent.name}", model, dict(zip(names, tensors))
+    exports = Path(__file__).parent / "data" / "torch_exports"
+    for model in sorted(glob.glob(str(exports / "*.onnx"))):
+        stored = np.load(model[:-len(".onnx")] + ".npz")
+        feeds = {k[len("input:"):]: v for k, v in stored.items() if k.startswith("input:")}
+        yield f"torch_exports/{Path(model).name}", Path(model), feeds

@@ -31,7 +31,8 @@ from mixrt.ops.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Node, Value
 from mixrt.runtime.passes.infer import infer_node, infer_types, refined, without_body_declarations
 from mixrt.runtime.session import Session, load_graph
-from soundness import backend_node_cases, case_inputs, fits, run_recording, values_that_contradict
+from soundness import (backend_node_cases, case_inputs, fits, run_recording, stored_model_cases,
+                       values_that_contradict)
 
 F32 = np.dtype(np.float32)
 
@@ -117,6 +118,23 @@ def test_every_backend_case_makes_values_that_fit_their_inferred_types(
         if wrong:
             unsound[case.name] = wrong
     assert checked > 1500, f"only {checked} backend cases ran"
+    assert not unsound, f"inference contradicted by the run: {unsound}"
+
+
+@pytest.mark.parametrize("mode", ["fed", "symbolic"])
+def test_whole_models_make_values_that_fit_their_inferred_types(mode, monkeypatch):
+    """The backend's stored models and the PyTorch exports: many nodes each, with the
+    Shape-Gather-Concat-Reshape chains exporters write, checked value by value."""
+    checked, unsound = 0, {}
+    for name, path, feeds in stored_model_cases():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wrong = (_symbolic_contradictions(path, feeds, monkeypatch) if mode == "symbolic"
+                     else values_that_contradict(path, feeds, monkeypatch)[0])
+        checked += 1
+        if wrong:
+            unsound[name] = wrong
+    assert checked >= 150, f"only {checked} models ran"
     assert not unsound, f"inference contradicted by the run: {unsound}"
 
 
