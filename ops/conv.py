@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -395,28 +396,71 @@ def deform_conv(xp, X, W, offset, B=None, mask=None, *, dilations=None, group=1,
     out_dtype = X.dtype
     dtype = work_dtype(X.dtype)
     X, W, offset = (a.astype(dtype, copy=False) for a in (X, W, offset))
-    nd = X.ndim - 2
-    kernel, strides, dilations = spatial_attrs(nd, kernel_shape or W.shape[2:], strides,
-                                               dilations)
-    group, offset_group = int(group), int(offset_group)
-    (n, c), in_dims = X.shape[:2], tuple(X.shape[2:])
-    m = W.shape[0]
-    begin, _, out = window_geometry(in_dims, kernel, strides, dilations, pads)
-    k_size, length = math.prod(kernel), math.prod(out)
-    # offset channels are laid out (offset_group, *kernel, axis)
-    shifts = offset.reshape((n, offset_group, k_size, nd, length))
-    positions = [_tap_positions(xp, a, kernel, strides, dilations, begin, out, dtype)
-                 + shifts[:, :, :, a] for a in range(nd)]
-    sampled = _sample_multilinear(xp, X.reshape(n, offset_group, c // offset_group, -1),
-                                  positions, in_dims)  # (N, OG, C/OG, K*L)
+    where = DeformGeometry.of(X.shape, W.shape, kernel_shape, strides, dilations, pads,
+                              group, offset_group)
+    n, m = X.shape[0], W.shape[0]
+    sampled = _sample_multilinear(xp, where.grouped_image(X), where.positions(xp, offset),
+                                  where.in_dims)  # (N, OG, C/OG, K*L)
     if mask is not None:
-        weights = mask.astype(dtype, copy=False).reshape(n, offset_group, 1, k_size * length)
-        sampled = sampled * weights
-    cols = sampled.reshape(n, group, c // group * k_size, length)
-    Y = xp.matmul(W.reshape(group, m // group, -1), cols).reshape((n, m) + tuple(out))
+        sampled = sampled * where.grouped_mask(mask.astype(dtype, copy=False))
+    cols = where.columns(sampled)
+    Y = xp.matmul(W.reshape(where.group, m // where.group, -1), cols)
+    Y = Y.reshape((n, m) + tuple(where.out))
     if B is not None:
-        Y += B.astype(dtype, copy=False).reshape((1, m) + (1,) * nd)
+        Y += B.astype(dtype, copy=False).reshape((1, m) + (1,) * len(where.out))
     return Y.astype(out_dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class DeformGeometry:
+    """Where a DeformConv's kernel taps sit before their offsets, and how its tensors are
+    grouped: the image and offsets by ``offset_group``, the columns by ``group``."""
+    in_dims: tuple
+    kernel: list
+    strides: list
+    dilations: list
+    begin: list
+    out: list
+    group: int
+    offset_group: int
+
+    @classmethod
+    def of(cls, x_shape, w_shape, kernel_shape, strides, dilations, pads, group, offset_group):
+        nd = len(x_shape) - 2
+        kernel, strides, dilations = spatial_attrs(nd, kernel_shape or w_shape[2:], strides,
+                                                   dilations)
+        in_dims = tuple(int(d) for d in x_shape[2:])
+        begin, _, out = window_geometry(in_dims, kernel, strides, dilations, pads)
+        return cls(in_dims, kernel, strides, dilations, begin, out, int(group),
+                   int(offset_group))
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.kernel)
+
+    @property
+    def length(self) -> int:
+        return math.prod(self.out)
+
+    def positions(self, xp, offset) -> list:
+        """The sampling coordinate along each axis, (N, OG, K, L) each: the tap's place
+        plus its offset (offset channels are laid out (offset_group, *kernel, axis))."""
+        nd = len(self.kernel)
+        shifts = offset.reshape((offset.shape[0], self.offset_group, self.taps, nd,
+                                 self.length))
+        return [_tap_positions(xp, a, self.kernel, self.strides, self.dilations, self.begin,
+                               self.out, offset.dtype) + shifts[:, :, :, a] for a in range(nd)]
+
+    def grouped_image(self, X):
+        return X.reshape(X.shape[0], self.offset_group, X.shape[1] // self.offset_group, -1)
+
+    def grouped_mask(self, mask):
+        return mask.reshape(mask.shape[0], self.offset_group, 1, self.taps * self.length)
+
+    def columns(self, sampled):
+        """(N, OG, C/OG, K*L) samples as the (N, G, C/G*K, L) columns W multiplies."""
+        n, channels = sampled.shape[0], sampled.shape[1] * sampled.shape[2]
+        return sampled.reshape(n, self.group, channels // self.group * self.taps, self.length)
 
 
 def _tap_positions(xp, axis, kernel, strides, dilations, begin, out, dtype):
@@ -436,21 +480,48 @@ def _tap_positions(xp, axis, kernel, strides, dilations, begin, out, dtype):
 def _sample_multilinear(xp, images, positions, in_dims):
     """Sample ``images`` (N, G, Cg, prod(in_dims)) at fractional ``positions`` (one
     (N, G, K, L) array per axis): sum over the 2**nd surrounding grid points."""
-    n, g, cg, _ = images.shape
-    floors = [xp.floor(p) for p in positions]
     result = None
-    for corner in itertools.product((0, 1), repeat=len(in_dims)):
-        weight, flat, inside = 1, 0, True
-        for p, f, bit, size in zip(positions, floors, corner, in_dims):
-            idx = f + bit
-            weight = weight * (1 - xp.abs(p - idx))
-            inside = inside & (idx >= 0) & (idx <= size - 1)
-            flat = flat * size + xp.clip(idx, 0, size - 1).astype(np.int64)
-        weight = xp.where(inside, weight, 0).reshape(n, g, 1, -1)
-        index = xp.broadcast_to(flat.reshape(n, g, 1, -1), (n, g, cg, weight.shape[-1]))
-        term = xp.take_along_axis(images, index, axis=3) * weight
+    for corner in multilinear_corners(xp, positions, in_dims):
+        term = gather_corner(xp, images, corner) * corner.weight
         result = term if result is None else result + term
     return result
+
+
+@dataclass
+class Corner:
+    """One of the 2**nd grid points around each sampling position: its flat index into
+    the image (clipped into it) and its weight (zero where the point lies outside), both
+    (N, G, 1, K*L); with slopes, the weight's derivative along each axis."""
+    index: object
+    weight: object
+    slopes: list | None = None
+
+
+def multilinear_corners(xp, positions, in_dims, slopes: bool = False):
+    """The corners of multilinear interpolation at ``positions`` (one (N, G, K, L) array
+    per axis), one by one: each weight is the product over axes of 1 - |p - corner|."""
+    n, g = positions[0].shape[:2]
+    floors = [xp.floor(p) for p in positions]
+    for bits in itertools.product((0, 1), repeat=len(in_dims)):
+        factors, flat, inside = [], 0, True
+        for p, f, bit, size in zip(positions, floors, bits, in_dims):
+            idx = f + bit
+            factors.append(1 - xp.abs(p - idx))
+            inside = inside & (idx >= 0) & (idx <= size - 1)
+            flat = flat * size + xp.clip(idx, 0, size - 1).astype(np.int64)
+        shaped = lambda a: xp.where(inside, a, 0).reshape(n, g, 1, -1)  # noqa: E731
+        corner = Corner(flat.reshape(n, g, 1, -1), shaped(math.prod(factors)))
+        if slopes:  # d|p - corner|/dp is -1 below the corner (bit 1), +1 above it (bit 0)
+            corner.slopes = [shaped((1 if bit else -1) * math.prod(factors[:a] + factors[a + 1:]))
+                             for a, bit in enumerate(bits)]
+        yield corner
+
+
+def gather_corner(xp, images, corner: Corner):
+    """The image values (N, G, Cg, K*L) at a corner's grid points."""
+    n, g, cg, _ = images.shape
+    index = xp.broadcast_to(corner.index, (n, g, cg, corner.index.shape[-1]))
+    return xp.take_along_axis(images, index, axis=3)
 
 
 @deform_conv.infer

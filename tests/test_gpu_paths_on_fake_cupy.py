@@ -33,7 +33,8 @@ GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "grad/test_grad_recurrent.py", "grad/test_grad_misc.py",
              "grad/test_grad_placement.py", "grad/test_grad_attention.py",
              "grad/test_grad_sample_roi.py", "gluon/test_rnn.py", "grad/test_grad_control.py",
-             "grad/test_grad_signal.py", "ops/test_loop_cond.py"]
+             "grad/test_grad_signal.py", "ops/test_loop_cond.py",
+             "grad/test_grad_deform_col2im.py"]
 # what the fake cannot stand in for, and why
 EMULATION_GAPS = {
     "test_cuda_graph.py::test_replays_return_what_plain_runs_return":
@@ -65,10 +66,11 @@ def test_the_gpu_tests_pass_on_the_fake_cupy():
     code, output = _pytest(*(str(TESTS / f) for f in GPU_FILES))
     assert code == 0, output[-6000:]
     # the GPU tests ran instead of skipping: what still skips needs 2 GPUs, NCCL, or
-    # PyTorch (a CUDA build of it, or any where the test extras leave it out), or checks
+    # PyTorch or torchvision (a CUDA build, or any where the test extras leave it out), or checks
     # the refusal on a machine without a GPU
     skipped = [line for line in output.splitlines() if line.startswith("SKIPPED")]
     reasons = ("2 NVIDIA GPUs", "NCCL", "torch has no CUDA", "could not import 'torch'",
+               "could not import 'torchvision",
                "without a GPU", "the refusal needs none")
     assert all(any(r in line for r in reasons) for line in skipped), "\n".join(skipped)
     assert _count(output, "passed") >= 400, output[-3000:]
