@@ -9,6 +9,7 @@ entry per iteration).
 
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from collections import ChainMap
@@ -57,8 +58,8 @@ def _same_data(known, array) -> bool:
     return bool(np.array_equal(known, array))
 
 
-def run_recording(path, feeds: dict, monkeypatch) -> dict:
-    """Run the model unoptimized and return name -> every value it had."""
+def run_recording(path, feeds: dict, monkeypatch, opt_level: int = 0) -> dict:
+    """Run the model (unoptimized by default) and return name -> every value it had."""
     seen: dict[str, list] = {}
     plain_execute = executor.execute
 
@@ -72,7 +73,7 @@ def run_recording(path, feeds: dict, monkeypatch) -> dict:
     monkeypatch.setattr(executor, "execute", recording_execute)
     monkeypatch.setattr(session_module, "execute", recording_execute)
     try:
-        outputs = Session(str(path), opt_level=0).run(None, feeds)
+        outputs = Session(str(path), opt_level=opt_level).run(None, feeds)
     finally:
         monkeypatch.undo()
     graph = load_graph(str(path))
@@ -81,19 +82,22 @@ def run_recording(path, feeds: dict, monkeypatch) -> dict:
     return seen
 
 
-def inferred_from_inputs(path, feeds: dict) -> dict:
+def inferred_from_inputs(path, feeds: dict, opt_level: int = 0) -> dict:
     """Types as the session infers them to plan for these feeds (bodies' declarations
-    dropped), with the top-level outputs' declarations dropped too."""
-    graph = load_graph(str(path))
+    dropped), with the top-level outputs' declarations dropped too; past opt_level 0, of
+    the graph the optimizer made (fused ops, folded constants)."""
+    graph = load_graph(str(path)) if opt_level == 0 else \
+        copy.deepcopy(Session(str(path), opt_level=opt_level).graph)
     graph.outputs = [Value(v.name, None) for v in graph.outputs]
     return infer_types(_with_input_shapes(graph, feeds))
 
 
-def values_that_contradict(path, feeds: dict, monkeypatch) -> tuple[dict, dict]:
+def values_that_contradict(path, feeds: dict, monkeypatch,
+                           opt_level: int = 0) -> tuple[dict, dict]:
     """(name -> (inferred type, the first shapes seen) for every value that does not fit
     its type, the inferred types)."""
-    types = inferred_from_inputs(path, feeds)
-    seen = run_recording(path, feeds, monkeypatch)
+    types = inferred_from_inputs(path, feeds, opt_level)
+    seen = run_recording(path, feeds, monkeypatch, opt_level)
     wrong = {name: (str(types.get(name)), [getattr(v, "shape", type(v).__name__)
                                            for v in values][:3])
              for name, values in seen.items()

@@ -121,16 +121,18 @@ def test_every_backend_case_makes_values_that_fit_their_inferred_types(
     assert not unsound, f"inference contradicted by the run: {unsound}"
 
 
-@pytest.mark.parametrize("mode", ["fed", "symbolic"])
+@pytest.mark.parametrize("mode", ["fed", "symbolic", "optimized"])
 def test_whole_models_make_values_that_fit_their_inferred_types(mode, monkeypatch):
     """The backend's stored models and the PyTorch exports: many nodes each, with the
-    Shape-Gather-Concat-Reshape chains exporters write, checked value by value."""
+    Shape-Gather-Concat-Reshape chains exporters write, checked value by value; optimized:
+    the graph opt_level 2 makes (fused convolutions, elementwise chains) and its run."""
     checked, unsound = 0, {}
     for name, path, feeds in stored_model_cases():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             wrong = (_symbolic_contradictions(path, feeds, monkeypatch) if mode == "symbolic"
-                     else values_that_contradict(path, feeds, monkeypatch)[0])
+                     else values_that_contradict(path, feeds, monkeypatch,
+                                                 2 if mode == "optimized" else 0)[0])
         checked += 1
         if wrong:
             unsound[name] = wrong
