@@ -137,6 +137,10 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
     # a body that hands a true cond back needs no look at it: on the GPU each look waits
     # for the iteration to finish, which keeps the host from queueing the next one
     read_cond = not _cond_stays_true(getattr(body, "graph", None))
+    if trip_count is None and keep_going and not read_cond:
+        raise ValueError("Loop has no trip count (M) and its body hands back a true cond "
+                         "unchanged, so it would never stop; give it M, or a body that can "
+                         "make cond false")
     i = 0
     while keep_going and (trip_count is None or i < trip_count):
         outputs = body(xp.asarray(i, dtype=np.int64), cond_value, *carried)

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
+from mixrt.errors import ExecutionError
 from mixrt.ops.control import _cond_stays_true
 from mixrt.runtime.device import gpu_available
 from mixrt.importers.onnx import import_model
@@ -114,3 +115,31 @@ def test_a_loop_that_keeps_its_cond_true_reads_nothing_back_per_iteration(kind):
         assert long > short  # the counter does see the per-iteration reads
     got = session.run(None, {"M": np.array(40, np.int64), "x": np.zeros(3, np.float32)})
     assert len(got[1]) == (7 if kind == "computed" else 40)
+
+
+def test_a_loop_that_could_never_stop_is_an_error_naming_the_node():
+    """No trip count and a body that keeps cond true: onnxruntime would spin forever (and
+    a scan output would grow until memory ran out); mixrt says why at once."""
+    model = _loop_model("identity")
+    loop = model.graph.node[0]
+    loop.input[0] = ""  # no M
+    loop.name = "forever"
+    del model.graph.input[0]
+    session = mixrt.Session(model)
+    with pytest.raises(ExecutionError, match="'forever'.*never stop"):
+        session.run(None, {"x": np.zeros(3, np.float32)})
+
+
+@pytest.mark.parametrize("kind, start", [("computed", True), ("identity", False)])
+def test_without_a_trip_count_a_false_start_or_a_body_cond_still_ends_the_loop(kind, start):
+    model = _loop_model(kind)
+    model.graph.node[0].input[0] = ""
+    del model.graph.input[0]
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(start), "start"))
+    feeds = {"x": np.zeros(3, np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = mixrt.Session(model).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert len(got[1]) == (7 if start else 0)
