@@ -605,3 +605,10 @@ def non_max_suppression(xp, boxes, scores, max_output_boxes_per_class=None, iou_
 @non_max_suppression.infer
 def _infer_nms(*_, **__):
     return [TensorType(np.dtype(np.int64), (None, 3))]
+
+
+# -- inputs read on the host only (OpHandle.reads_on_host) ------------------------------------
+
+resize.reads_on_host(1, 2, 3)
+resize_11.reads_on_host(1, 2, 3)
+upsample.reads_on_host(1)

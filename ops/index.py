@@ -433,3 +433,10 @@ def _infer_arg(data, *, axis=0, keepdims=1, **_):
 
 argmax.infer(_infer_arg)
 argmin.infer(_infer_arg)
+
+
+# -- inputs read on the host only (OpHandle.reads_on_host) ------------------------------------
+
+slice_.reads_on_host(1, 2, 3, 4)
+top_k_10.reads_on_host(1)
+top_k.reads_on_host(1)

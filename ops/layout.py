@@ -234,3 +234,8 @@ def reversesequence(xp, input, sequence_lens, *, batch_axis=1, time_axis=0):
 
 
 reversesequence.infer(same_as_input)
+
+
+# -- inputs read on the host only (OpHandle.reads_on_host) ------------------------------------
+
+pad.reads_on_host(1, 3)  # pads and axes; the constant value stays on the device

@@ -211,6 +211,7 @@ def _register(reduction: Reduction) -> None:
             with_input = op(reduction.op_type, since=since, dtypes=dtypes)(with_input)
     with_attribute.infer(_infer_axes_attribute)
     with_input.infer(_infer_axes_input)
+    with_input.reads_on_host(1)  # the axes
     # module-level names (reduce_sum, reduce_sum_axes_input, ...) for tests and tracebacks
     globals()[with_attribute.__name__] = with_attribute
     globals()[with_input.__name__] = with_input
@@ -252,3 +253,7 @@ def cum_prod(xp, x, axis, *, exclusive=0, reverse=0):
 
 cum_sum.infer(same_as_input)
 cum_prod.infer(same_as_input)
+
+
+cum_sum.reads_on_host(1)  # the axis
+cum_prod.reads_on_host(1)

@@ -56,6 +56,8 @@ class Kernel:
     # grad_fn's backward kernel has none (see runtime/passes/autodiff.py)
     expand_fn: Callable | None = None
     fast: dict = field(default_factory=dict)  # device -> fn with the same signature
+    # inputs the kernel only reads on the host (see OpHandle.reads_on_host)
+    host_inputs: frozenset = frozenset()
 
     @property
     def name(self) -> str:
@@ -164,6 +166,14 @@ class OpHandle:
         for kernel in self.kernels:
             kernel.expand_fn = expand_fn
         return expand_fn
+
+    def reads_on_host(self, *indices: int) -> None:
+        """Inputs the kernel only ever reads on the host (shapes, axes, pads, counts), never
+        in device arithmetic. Where such an input is fixed for an input signature (an
+        initializer, a Constant, shape arithmetic), a planned GPU run hands the kernel a
+        host copy made once at plan time, so reading it does not wait for the device."""
+        for kernel in self.kernels:
+            kernel.host_inputs = frozenset(indices)
 
     def fast(self, device: str) -> Callable:
         if device not in DEVICES:

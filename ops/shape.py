@@ -572,3 +572,17 @@ def eyelike(xp, input, *, dtype=None, k=0):
 @eyelike.infer
 def _(input, *, dtype=None, k=0, **_):
     return [typed(_eye_dtype(dtype, input.dtype), input.shape)]
+
+
+# -- inputs read on the host only (OpHandle.reads_on_host) ------------------------------------
+
+reshape.reads_on_host(1)
+squeeze.reads_on_host(1)
+unsqueeze.reads_on_host(1)
+split_1.reads_on_host(1)
+split.reads_on_host(1)
+expand.reads_on_host(1)
+tile_1.reads_on_host(1, 2)
+tile.reads_on_host(1)
+constantofshape.reads_on_host(0)
+range_.reads_on_host(0, 1, 2)

@@ -36,7 +36,7 @@ import numpy as np
 from mixrt.errors import ExecutionError, MixrtError
 from mixrt.ops.types import TensorType, type_of_value
 from mixrt.runtime import device_checks
-from mixrt.runtime.device import aligned_empty
+from mixrt.runtime.device import aligned_empty, to_host
 from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 from mixrt.runtime.passes.infer import infer_types
@@ -84,6 +84,9 @@ class ExecutionPlan:
     shared_outputs: frozenset  # graph outputs that may view arena or frozen memory
     detached: frozenset = frozenset()  # graph outputs copied out of the arena when made
     pool: list = field(default_factory=list)  # idle arenas
+    # GPU plans: id(step) -> {input index: host copy} of the fixed inputs a step only reads
+    # on the host (host_copies)
+    host_args: dict = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -100,6 +103,21 @@ class Arena:
         # start aligned for them to be (CuPy's allocations already are)
         self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
         self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
+
+
+def host_copies(plan: ExecutionPlan, constants: dict) -> dict:
+    """For a GPU plan, the host copy of every input a step only reads on the host
+    (``Kernel.host_inputs``: a Reshape's shape, an Unsqueeze's axes) that this signature
+    fixes, an initializer or a frozen value: each read once here, instead of each run
+    waiting for the device to hand it back."""
+    copies: dict = {}
+    for step in plan.steps:
+        for index in step.host_inputs:
+            name = step.inputs[index] if index < len(step.inputs) else ""
+            value = plan.frozen.get(name, constants.get(name)) if name else None
+            if hasattr(value, "shape"):
+                copies.setdefault(id(step), {})[index] = to_host(value)
+    return copies
 
 
 def _view(buffer, slot: Slot):
@@ -222,7 +240,23 @@ class FrozenValues:
         self.known.update(outputs)
         found = {n: self.observed[n] for n in outputs}
         self.values.update(found)
-        return {n: v for n, v in found.items() if isinstance(v, np.ndarray)}
+        typed = {n: _on_host(v) for n, v in found.items()}
+        return {n: v for n, v in typed.items() if v is not None}
+
+
+# the largest device value the settle hook copies to the host to type it (shape arithmetic
+# is a few ints; a frozen weight gains inference nothing)
+_SETTLE_HOST_LIMIT = 4096
+
+
+def _on_host(value):
+    """A frozen value as inference can hold it: NumPy's as it is, a small device array
+    copied to the host (once, at plan time), anything else None."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__cuda_array_interface__") and value.size <= _SETTLE_HOST_LIMIT:
+        return to_host(value)
+    return None
 
 
 def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:
@@ -309,8 +343,13 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
     views = arena.views if arena is not None else {}
     slots = plan.slots if plan is not None else {}
     detached = plan.detached if plan is not None and arena is not None else frozenset()
+    host_args = plan.host_args if plan is not None else {}
     for step in steps:
         args = _arguments(step, env)
+        fixed = host_args.get(id(step))
+        if fixed:
+            for index, value in fixed.items():
+                args[index] = value
         attributes = step.attributes
         if step.subgraphs:
             attributes = dict(attributes)

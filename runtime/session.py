@@ -31,8 +31,8 @@ from mixrt.runtime.blas_threads import UNGATED
 from mixrt.runtime import device_checks
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.runtime.device import Device, parse_device, to_host
-from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, make_plan,
-                                    plannable_on_gpu, release)
+from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, host_copies,
+                                    make_plan, plannable_on_gpu, release)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
@@ -74,6 +74,7 @@ class BoundNode:
     inputs: list[str]  # trailing missing optional inputs dropped
     writes_into: bool = False  # the kernel takes ``out=``
     reads: list[str] = field(default_factory=list)  # inputs + subgraphs' outer-scope reads
+    host_inputs: frozenset = frozenset()  # input indices the kernel only reads on the host
 
     @property
     def label(self) -> str:
@@ -115,7 +116,7 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
             reads.extend(outer_scope_reads(sub))
         bound.nodes.append(BoundNode(node, kernel.for_device(device.kind), attributes,
                                      subgraphs, inputs, kernel.writes_into(device.kind),
-                                     list(dict.fromkeys(reads))))
+                                     list(dict.fromkeys(reads)), kernel.host_inputs))
     return bound
 
 
@@ -290,6 +291,8 @@ class Session:
                          inferred, settle.values, self.strategy,
                          stored=self.graph.plans,
                          plannable=plannable_on_gpu if self.device.kind == "gpu" else None)
+        if self.device.kind == "gpu":
+            plan.host_args = host_copies(plan, self._bound.constants)
         self._plans.put(signature, plan)
         return env
 
