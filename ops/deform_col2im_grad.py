@@ -94,16 +94,20 @@ def deform_conv_grad(xp, dY, X, W, offset, mask=None, *, dilations=None, group=1
     sampled = sum(v * corner.weight for v, corner in zip(values, corners))
     n, m = dY.shape[:2]
     dy = dY.reshape(n, where.group, m // where.group, where.length)
-    w = W.reshape(where.group, m // where.group, -1)
-    d_columns = xp.matmul(w.swapaxes(-1, -2), dy).reshape(sampled.shape)  # d(masked samples)
-    d_sampled = d_columns if masks is None else d_columns * masks
     grads = []
-    if input_grad:
-        grads.append(_scatter_to_image(xp, d_sampled, corners, images.shape).reshape(X.shape))
-    if offset_grad:
-        grads.append(_offset_grad(xp, d_sampled, corners, values, where).reshape(offset.shape))
-    if mask_grad and mask is not None:
-        grads.append((d_columns * sampled).sum(axis=2).reshape(mask.shape))
+    if input_grad or offset_grad or (mask_grad and mask is not None):
+        # the data side: the columns' gradient W^T dY (the weight-side node skips it)
+        w = W.reshape(where.group, m // where.group, -1)
+        d_columns = xp.matmul(w.swapaxes(-1, -2), dy).reshape(sampled.shape)
+        d_sampled = d_columns if masks is None else d_columns * masks
+        if input_grad:
+            grads.append(_scatter_to_image(xp, d_sampled, corners, images.shape)
+                         .reshape(X.shape))
+        if offset_grad:
+            grads.append(_offset_grad(xp, d_sampled, corners, values, where)
+                         .reshape(offset.shape))
+        if mask_grad and mask is not None:
+            grads.append((d_columns * sampled).sum(axis=2).reshape(mask.shape))
     if weight_grad:
         masked = sampled if masks is None else sampled * masks
         columns = where.columns(masked)

@@ -77,8 +77,10 @@ def _with_host_inputs_fixed(case):
 
 
 def _opset(model, domain) -> int:
-    return next(o.version for o in model.opset_import if o.domain in (domain, "ai.onnx"
-                                                                      if not domain else domain))
+    """The model's opset for ``domain`` ("" and "ai.onnx" both name the default one)."""
+    default = ("", "ai.onnx")
+    return next(o.version for o in model.opset_import
+                if o.domain == domain or (o.domain in default and domain in default))
 
 
 @needs_gpu
