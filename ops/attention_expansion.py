@@ -1,5 +1,5 @@
-"""Gradients of the transformer ops in attention.py: Attention (23, 24, 25) through an
-expansion, RotaryEmbedding through its adjoint.
+"""Gradients of the transformer ops in attention.py: Attention (23, 24, 25) and FlexAttention
+through expansions, RotaryEmbedding through its adjoint.
 
 Attention has no fused backward. Its ``@op.expansion`` writes the forward of
 ``attention.scaled_dot_product_attention`` again in default-domain ops that have gradients,
@@ -32,6 +32,12 @@ query offset from the past length). softmax_precision is honoured as the forward
 it: the scores are cast to that type for the Softmax and the probabilities cast back, so a
 float16 layer with softmax_precision=FLOAT has the forward's float32 softmax and its gradient.
 
+FlexAttention (ai.onnx.preview) expands the same way: the two products at the softmax
+precision, its score_mod and prob_mod subgraphs written into the graph in place of the calls
+(``_inlined``). Their reads of enclosing values stay reads of those names, and autodiff gives
+such captured values gradients (``gradient_targets``), so a learned bias a score_mod adds
+trains. The softmax is the guarded one whenever a score_mod may mask a whole row.
+
 RotaryEmbedding is linear in X and each feature pair is turned by a rotation; the adjoint of
 a rotation is the rotation by the negative angle, i.e. the same op with the sin cache
 negated. dX is therefore one RotaryEmbedding node, whose own gradient is again this one, so
@@ -47,7 +53,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops import attention
 from mixrt.ops.conv_grad import optional_input
-from mixrt.ops.dtypes import to_onnx_type
+from mixrt.ops.dtypes import to_numpy_dtype, to_onnx_type
 
 # (batch, seq, heads, size) <-> (batch, heads, seq, size); the permutation is its own inverse
 SWAP_SEQ_HEADS = [0, 2, 1, 3]
@@ -311,6 +317,74 @@ def _expand_attention(b, node):
 
 for _version in (attention.attention_23, attention.attention_24, attention.attention_25):
     _version.expansion(_expand_attention)
+
+
+# -- FlexAttention -------------------------------------------------------------------------
+
+def _expand_flex_attention(b, node):
+    """FlexAttention's forward: everything between the two products at the softmax
+    precision, the score_mod and prob_mod subgraphs written into the graph in place of the
+    calls (their reads of enclosing values stay reads, so those values get gradients)."""
+    Q, K, V = node.inputs[:3]
+    precision = _flex_precision(b, node, Q)
+    q, k, v = (name if b.dtype(name) == precision else
+               b.emit("Cast", name, to=to_onnx_type(precision)) for name in (Q, K, V))
+    q_heads, kv_heads = (_static_dim(b, name, 1) for name in (Q, K))
+    groups = _kv_groups(node, q_heads, kv_heads)
+    keys = _repeated_heads(b, k, groups, q_heads)
+    scores = b.emit("MatMul", q, b.emit("Transpose", keys, perm=[0, 1, 3, 2]))
+    scores = b.mul(scores, _flex_scale(b, node, q))
+    score_mod, prob_mod = node.attributes.get("score_mod"), node.attributes.get("prob_mod")
+    if score_mod is not None:
+        scores = _inlined(b, node, score_mod, scores)
+    probs = _guarded_softmax(b, scores, masked=score_mod is not None)
+    if prob_mod is not None:
+        probs = _inlined(b, node, prob_mod, probs)
+    y = b.emit("MatMul", probs, _repeated_heads(b, v, groups, q_heads))
+    return [y if precision == b.dtype(Q) else b.emit("CastLike", y, Q)]
+
+
+def _flex_precision(b, node, Q: str) -> np.dtype:
+    precision = node.attributes.get("softmax_precision")
+    if precision:
+        return to_numpy_dtype(int(precision))
+    return np.dtype(np.float64 if b.dtype(Q) == np.float64 else np.float32)
+
+
+def _flex_scale(b, node, q: str) -> str:
+    """The scale attribute, or 1/sqrt(head size) (from a Shape node when not static)."""
+    scale = node.attributes.get("scale")
+    if scale is None:
+        size = _static_dim(b, q, 3)
+        if size is None:
+            size = b.emit("CastLike", b.emit("Shape", q, start=3), q)
+            return b.emit("Reciprocal", b.emit("Sqrt", size))
+        scale = 1.0 / math.sqrt(size)
+    return b.constant(float(scale), like=q)
+
+
+def _inlined(b, node, body, argument: str) -> str:
+    """``body`` (one input, one output) written into the graph reading ``argument``: its
+    nodes copied under fresh names, its initializers as constants."""
+    if len(body.inputs) != 1 or len(body.outputs) != 1:
+        raise _fail(node, f"needs its subgraph {body.name!r} to take one input and give "
+                          f"one output")
+    if any(inner.subgraphs() for inner in body.nodes):
+        raise _fail(node, f"cannot inline subgraph {body.name!r}: a node in it has "
+                          f"subgraphs of its own")
+    renamed = {body.inputs[0].name: argument}
+    renamed.update({name: b.array(value) for name, value in body.initializers.items()})
+    for inner in body.nodes:
+        inputs = [renamed.get(name, name) if name else None for name in inner.inputs]
+        written = b.emit(inner.op_type, *inputs, domain=inner.domain,
+                         outputs=len(inner.outputs), opset=inner.opset, **inner.attributes)
+        written = (written,) if isinstance(written, str) else written
+        renamed.update((old, new) for old, new in zip(inner.outputs, written) if old)
+    name = body.outputs[0].name
+    return renamed.get(name, name)
+
+
+attention.flex_attention.expansion(_expand_flex_attention)
 
 
 # -- RotaryEmbedding -----------------------------------------------------------------------

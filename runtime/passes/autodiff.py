@@ -210,8 +210,12 @@ class GradBuilder:
 
     def ints(self, values) -> str:
         """An int64 constant (axes, shapes, permutations)."""
-        array = np.asarray(values, dtype=np.int64)
-        name = self._names("grad_ints")
+        return self.array(np.asarray(values, dtype=np.int64), base="grad_ints")
+
+    def array(self, value: np.ndarray, base: str = "grad_const") -> str:
+        """A constant initializer holding ``value`` as it is (a subgraph's initializer)."""
+        array = np.asarray(value)
+        name = self._names(base)
         self.constants[name] = array
         self.types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
         return name
@@ -381,7 +385,9 @@ def _grads_through_expansion(builder: GradBuilder, node: Node, dys: list,
     partials = {out: [dy] for out, dy in zip(outputs, dys) if out and dy is not None}
     _backpropagate(builder, written, partials)
     grads, seen = [], set()
-    for name in node.inputs:  # an input read twice gets its summed gradient once
+    # an input read twice gets its summed gradient once; the names an inlined subgraph
+    # reads from the enclosing graph (gradient_targets) get theirs after the inputs
+    for name in gradient_targets(node):
         grads.append(builder.accumulate(partials.get(name)) if name and name not in seen
                      else None)
         seen.add(name)
