@@ -11,7 +11,9 @@ unfolds again:
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
 * ``MXReshape(X)``            -> Reshape(X, Concat of X's dims picked by Gather from Shape(X),
-  multiplied (-3) or divided (-4 with -1) as its plan says, and its fixed sizes)
+  multiplied (-3) or divided (-4 with -1) as its plan says, and its fixed sizes); where a
+  moved, merged or split dimension could be 0 at run time, X first goes through a shape
+  whose 0s Reshape's "0 copies" rule reads correctly (``_zero_safe_source``)
 
 The new nodes are written at the graph's default-domain opset (the one the fused nodes'
 originals had), in that opset's form (Clip's bounds as attributes before opset 11, as inputs
@@ -29,7 +31,7 @@ from mixrt.errors import ExportError
 from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
 from mixrt.ops.fused_elementwise import Program
-from mixrt.ops.shape_mxnet import DIVIDE, FIXED, INFER, MERGE, reshape_plan
+from mixrt.ops.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, dtype_of, each_graph
@@ -274,7 +276,35 @@ def _mx_reshape(unfold: _Unfolder, node: Node) -> None:
     dims = unfold.emit("Shape", [x])
     parts = [_planned_part(unfold, dims, piece) for piece in plan.pieces]
     target = unfold.emit("Concat", parts, axis=0) if len(parts) > 1 else parts[0]
-    unfold.emit("Reshape", [x, target], node.outputs[0])
+    source = _zero_safe_source(unfold, x, plan) if _zero_may_misread(plan) else x
+    unfold.emit("Reshape", [source, target], node.outputs[0])
+
+
+def _zero_may_misread(plan) -> bool:
+    """Whether a size read at run time could be 0 at an output position whose input
+    dimension is another one. Reshape (without allowzero, which opsets before 14 lack)
+    takes a 0 in its target as "copy the input's dimension at this position": right for a
+    dimension copied to its own position, wrong (or out of range) for one that moved, was
+    merged or was split."""
+    return any(piece.kind not in (FIXED, INFER) and not (piece.kind == COPY
+                                                         and piece.index == position)
+               for position, piece in enumerate(plan.pieces))
+
+
+def _zero_safe_source(unfold: _Unfolder, x: str, plan) -> str:
+    """``x`` as a tensor of the output's rank shaped (n, s, s, ...), n its element count
+    and s = sign(n): all zeros when x is empty, so every 0 the target copies is a 0, and
+    (n, 1, 1, ...) otherwise, where the target has no 0 to copy. The zeros come from
+    slicing, not from a Reshape, which would misread them the same way."""
+    rank = len(plan.pieces)
+    column = unfold.emit("Reshape", [x, unfold.ints([-1] + [1] * (rank - 1), "column")])
+    if rank == 1:
+        return column
+    sign = unfold.emit("Sign", [unfold.emit("Shape", [unfold.emit("Reshape", [
+        x, unfold.ints([-1], "flat")])])])
+    ends = unfold.emit("Concat", [sign] * (rank - 1), axis=0) if rank > 2 else sign
+    return unfold.emit("Slice", [column, unfold.ints([0] * (rank - 1), "start"), ends,
+                                 unfold.ints(list(range(1, rank)), "axis")])
 
 
 def _planned_part(unfold: _Unfolder, dims: str, piece) -> str:
