@@ -21,24 +21,12 @@ def per_head(x, batch, steps, heads):
     return x.reshape(batch, steps, heads, -1)
 
 
-def linear_attention_step(xp, state, k, v, decay, beta, rule):
-    """One token of the recurrence; state (b, h, dk, dv), k (b, h, dk), v (b, h, dv),
-    decay (b, h, dk or 1) in log space, beta (b, h or 1, 1)."""
-    if rule in ("gated", "gated_delta"):
-        state = xp.exp(decay)[..., None] * state
-    if rule in ("delta", "gated_delta"):
-        # Delta rule: write only the part of v the state does not already predict from k.
-        predicted = xp.einsum("bhkv,bhk->bhv", state, k)
-        v = beta * (v - predicted)
-    return state + k[..., :, None] * v[..., None, :]
-
-
 @op("LinearAttention", since=27, dtypes=NARROW_FLOATS)
 def linear_attention(xp, query, key, value, past_state=None, decay=None, beta=None, *,
                      chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
                      update_rule="gated_delta"):
-    """Token-by-token recurrence (``chunk_size`` is only a tuning hint for chunked kernels,
-    which give the same result)."""
+    """The recurrence computed a chunk of tokens at a time (see ``_chunk``), which gives
+    the token-by-token result up to rounding."""
     if not q_num_heads or not kv_num_heads:
         raise ValueError("LinearAttention needs q_num_heads and kv_num_heads")
     if update_rule not in UPDATE_RULES:
@@ -51,29 +39,90 @@ def linear_attention(xp, query, key, value, past_state=None, decay=None, beta=No
     wide = accumulation_dtype(query.dtype)
     batch, steps, _ = query.shape
     group = q_num_heads // kv_num_heads
-    q = per_head(query.astype(wide), batch, steps, q_num_heads)
-    k = per_head(key.astype(wide), batch, steps, kv_num_heads)
-    v = per_head(value.astype(wide), batch, steps, kv_num_heads)
+    # (batch, heads, steps, size): each kv head's tokens as the rows of a matrix; query
+    # heads are grouped contiguously over kv heads (head h reads state h // group).
+    k = per_head(key.astype(wide), batch, steps, kv_num_heads).transpose(0, 2, 1, 3)
+    v = per_head(value.astype(wide), batch, steps, kv_num_heads).transpose(0, 2, 1, 3)
     d_k, d_v = k.shape[-1], v.shape[-1]
-    g = None if decay is None else per_head(decay.astype(wide), batch, steps, kv_num_heads)
-    b = None if beta is None else beta.astype(wide).reshape(batch, steps, -1, 1)
+    q = query.astype(wide).reshape(batch, steps, kv_num_heads, group, d_k)
+    q = q.transpose(0, 2, 3, 1, 4)  # (batch, heads, group, steps, d_k)
+    g = b = None
+    if update_rule in ("gated", "gated_delta"):
+        g = per_head(decay.astype(wide), batch, steps, kv_num_heads).transpose(0, 2, 1, 3)
+    if update_rule in ("delta", "gated_delta"):
+        b = beta.astype(wide).reshape(batch, steps, -1, 1).transpose(0, 2, 1, 3)
     if past_state is None:
         state = xp.zeros((batch, kv_num_heads, d_k, d_v), dtype=wide)
     else:
         state = past_state.astype(wide)
-    scale = wide.type(scale or 1.0 / math.sqrt(d_k))
-
-    outputs = []
-    for t in range(steps):
-        state = linear_attention_step(
-            xp, state, k[:, t], v[:, t], None if g is None else g[:, t],
-            None if b is None else b[:, t], update_rule)
-        # Query heads are grouped contiguously over kv heads: head h reads state h // group.
-        q_t = q[:, t].reshape(batch, kv_num_heads, group, d_k)
-        outputs.append(xp.einsum("bhgk,bhkv->bhgv", q_t, state) * scale)
-    output = xp.stack(outputs, axis=1).reshape(batch, steps, q_num_heads * d_v)
+    # A decay per key channel needs a (C, C, d_k) table of decays per chunk: smaller chunks.
+    size = max(1, int(chunk_size or 64))
+    if g is not None and g.shape[-1] > 1:
+        size = min(size, PER_KEY_CHUNK)
+    output = xp.empty((batch, kv_num_heads, group, steps, d_v), dtype=wide)
+    for first in range(0, steps, size):
+        end = min(steps, first + size)
+        state, output[:, :, :, first:end] = _chunk(
+            xp, state, q[:, :, :, first:end], k[:, :, first:end], v[:, :, first:end],
+            None if g is None else g[:, :, first:end], None if b is None else b[:, :, first:end])
+    output = output * wide.type(scale or 1.0 / math.sqrt(d_k))
+    output = output.transpose(0, 3, 1, 2, 4).reshape(batch, steps, q_num_heads * d_v)
     state_dtype = query.dtype if past_state is None else past_state.dtype
     return output.astype(query.dtype), state.astype(state_dtype)
+
+
+PER_KEY_CHUNK = 8
+
+
+def _chunk(xp, state, q, k, v, g, b):
+    """C tokens of the recurrence at once, per (batch, kv head); q (group, C, d_k), k
+    (C, d_k), v (C, d_v), g (C, d_k or 1) log decays, b (C, 1) betas, state (d_k, d_v).
+    Returns the state after the chunk and the unscaled outputs q_t^T S_t.
+
+    With G_t the running sum of g from the chunk's start and Gamma_t = exp(G_t), token t
+    writes u_t (v_t, or under the delta rule beta_t (v_t - read_t)) and
+        S_t = Gamma_t S_0 + sum_{s <= t} (Gamma_t / Gamma_s) k_s u_s^T
+    (a decay per key channel is a diagonal Gamma). The delta rule's reads depend on the
+    earlier writes, which makes U one unit lower-triangular solve:
+        (I + A) U = beta (V - (Gamma k) S_0),  A[t, s] = beta_t (Gamma_t/Gamma_s) k_t . k_s
+    for s < t. Only ratios Gamma_t / Gamma_s with s <= t are formed, as exp(G_t - G_s) <= 1
+    for decays <= 0, so long chunks of strong decay neither overflow nor cancel."""
+    steps = k.shape[-2]
+    causal = xp.tril(xp.ones((steps, steps), dtype=bool))
+    if g is None:
+        ratio = causal.astype(k.dtype)[..., None]  # (C, C, 1): 1 where s <= t
+        gamma = last = tail = None
+    else:
+        running = xp.cumsum(g, axis=-2)  # G_t: (..., C, d_k or 1)
+        spread = running[..., :, None, :] - running[..., None, :, :]
+        ratio = xp.exp(xp.where(causal[..., None], spread, -xp.inf))  # (..., C, C, d_k|1)
+        gamma = xp.exp(running)
+        last = xp.exp(running[..., -1, :])  # Gamma_C: (..., d_k or 1)
+        tail = xp.exp(running[..., -1:, :] - running)  # Gamma_C / Gamma_s
+    key_products = _decayed_products(xp, k, k, ratio)  # (..., C, C)
+    query_products = _decayed_products(xp, q, k[..., None, :, :], ratio[..., None, :, :, :])
+    decayed_q = q if gamma is None else q * gamma[..., None, :, :]
+    if b is None:
+        written = v
+    else:
+        decayed_k = k if gamma is None else k * gamma
+        strict = xp.tril(xp.ones((steps, steps), dtype=bool), -1)
+        system = xp.eye(steps, dtype=k.dtype) + xp.where(strict, b * key_products, 0)
+        written = xp.linalg.solve(system, b * (v - decayed_k @ state))
+    out = decayed_q @ state[..., None, :, :] + query_products @ written[..., None, :, :]
+    if gamma is None:
+        new_state = state + k.swapaxes(-1, -2) @ written
+    else:
+        new_state = last[..., :, None] * state + (k * tail).swapaxes(-1, -2) @ written
+    return new_state, out
+
+
+def _decayed_products(xp, a, k, ratio):
+    """sum_c a_t[c] k_s[c] (Gamma_t / Gamma_s)[c] for s <= t, 0 above: a product of the
+    rows when the decay is per head (one factor), a sum over channels when per key."""
+    if ratio.shape[-1] == 1:
+        return (a @ k.swapaxes(-1, -2)) * ratio[..., 0]
+    return (a[..., :, None, :] * k[..., None, :, :] * ratio).sum(axis=-1)
 
 
 @linear_attention.infer

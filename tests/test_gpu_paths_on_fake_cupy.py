@@ -35,7 +35,8 @@ GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "grad/test_grad_sample_roi.py", "gluon/test_rnn.py", "grad/test_grad_control.py",
              "grad/test_grad_signal.py", "ops/test_loop_cond.py",
              "grad/test_grad_deform_col2im.py", "ops/test_host_inputs.py",
-             "grad/test_grad_attention_recurrent.py", "grad/test_grad_flex_attention.py"]
+             "grad/test_grad_attention_recurrent.py", "grad/test_grad_flex_attention.py",
+             "ops/test_linear_attention_chunks.py"]
 # what the fake cannot stand in for, and why
 EMULATION_GAPS = {
     "test_cuda_graph.py::test_replays_return_what_plain_runs_return":
