@@ -201,21 +201,27 @@ def _(dY, d_present, query, key, value, past_state=None, decay=None, beta=None, 
     return [TensorType(t.dtype, t.shape) for t in present]
 
 
-@ar.linear_attention.grad
-def _(b, node, dy):
-    """One backward node for every input; the optional ones it has come after dQ, dK, dV."""
-    d_outputs = [dy[i] if i < len(dy) else None for i in range(2)]
-    if all(g is None for g in d_outputs):
-        return []
-    inputs = list(node.inputs[:3]) + [optional_input(node, i) for i in (3, 4, 5)]
-    optional = [name for name in inputs[3:] if name is not None]
-    grads = list(b.emit("LinearAttentionGrad", *d_outputs, *inputs, domain=MIXRT,
-                        outputs=3 + len(optional),
-                        **forwarded(node, LINEAR_ATTENTION_ATTRIBUTES)))
-    by_input = grads[:3]
-    rest = iter(grads[3:])
-    by_input += [None if name is None else next(rest) for name in inputs[3:]]
-    return by_input[:len(node.inputs)]
+def _state_op_gradient(kernel: str, required: int, optional: tuple, attributes: tuple):
+    """The gradient of an op with two outputs (Y and the next state): one backward node
+    fed both output gradients and every input, whose outputs are the gradients of the
+    ``required`` inputs, then of the optional inputs (indices ``optional``) the node has."""
+    def gradient(b, node, dy):
+        d_outputs = [dy[i] if i < len(dy) else None for i in range(2)]
+        if all(g is None for g in d_outputs):
+            return []
+        inputs = list(node.inputs[:required]) + [optional_input(node, i) for i in optional]
+        present = [name for name in inputs[required:] if name is not None]
+        grads = b.emit(kernel, *d_outputs, *inputs, domain=MIXRT,
+                       outputs=required + len(present), **forwarded(node, attributes))
+        rest = iter(grads[required:])
+        by_input = list(grads[:required])
+        by_input += [None if name is None else next(rest) for name in inputs[required:]]
+        return by_input[:len(node.inputs)]
+    return gradient
+
+
+ar.linear_attention.grad(_state_op_gradient("LinearAttentionGrad", 3, (3, 4, 5),
+                                            LINEAR_ATTENTION_ATTRIBUTES))
 
 
 # -- CausalConvWithState ------------------------------------------------------------------
@@ -274,16 +280,5 @@ def _(dY, d_present, input, weight, bias=None, past_state=None, **_):
     return [TensorType(t.dtype, t.shape) for t in present]
 
 
-@ar.causal_conv_with_state.grad
-def _(b, node, dy):
-    d_outputs = [dy[i] if i < len(dy) else None for i in range(2)]
-    if all(g is None for g in d_outputs):
-        return []
-    inputs = list(node.inputs[:2]) + [optional_input(node, i) for i in (2, 3)]
-    optional = [name for name in inputs[2:] if name is not None]
-    grads = b.emit("CausalConvWithStateGrad", *d_outputs, *inputs, domain=MIXRT,
-                   outputs=2 + len(optional), **forwarded(node, ("activation",)))
-    by_input = list(grads[:2])
-    rest = iter(grads[2:])
-    by_input += [None if name is None else next(rest) for name in inputs[2:]]
-    return by_input[:len(node.inputs)]
+ar.causal_conv_with_state.grad(_state_op_gradient("CausalConvWithStateGrad", 2, (2, 3),
+                                                   ("activation",)))

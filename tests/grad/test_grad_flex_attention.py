@@ -91,26 +91,31 @@ def subgraph(name: str, nodes: list[Node], initializers: dict | None = None) -> 
     return graph
 
 
+# the query index as a column 'q_col' and the key index as a row 'k_idx' of the scores 's'
+POSITIONS = [
+    Node("Shape", ["s"], ["q_len"], name="q_len", opset=26, attributes={"start": 2, "end": 3}),
+    Node("Shape", ["s"], ["k_len"], name="k_len", opset=26, attributes={"start": 3}),
+    Node("Squeeze", ["q_len"], ["q_n"], name="q_n", opset=26),
+    Node("Squeeze", ["k_len"], ["k_n"], name="k_n", opset=26),
+    Node("Range", ["zero", "q_n", "one"], ["q_idx"], name="q_idx", opset=26),
+    Node("Range", ["zero", "k_n", "one"], ["k_idx"], name="k_idx", opset=26),
+    Node("Unsqueeze", ["q_idx", "last"], ["q_col"], name="q_col", opset=26),
+]
+POSITION_CONSTANTS = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64),
+                      "last": np.array([1], np.int64)}
+
+
 def biased_scores() -> Graph:
     """scores + bias + slope * (q_idx - k_idx): a learned bias and an ALiBi-like slope,
     both read from the enclosing graph."""
-    return subgraph("score_mod", [
-        Node("Shape", ["s"], ["q_len"], name="q_len", opset=26, attributes={"start": 2,
-                                                                            "end": 3}),
-        Node("Shape", ["s"], ["k_len"], name="k_len", opset=26, attributes={"start": 3}),
-        Node("Squeeze", ["q_len"], ["q_n"], name="q_n", opset=26),
-        Node("Squeeze", ["k_len"], ["k_n"], name="k_n", opset=26),
-        Node("Range", ["zero", "q_n", "one"], ["q_idx"], name="q_idx", opset=26),
-        Node("Range", ["zero", "k_n", "one"], ["k_idx"], name="k_idx", opset=26),
-        Node("Unsqueeze", ["q_idx", "last"], ["q_col"], name="q_col", opset=26),
+    return subgraph("score_mod", POSITIONS + [
         Node("Sub", ["q_col", "k_idx"], ["distance"], name="distance", opset=26),
         Node("Cast", ["distance"], ["distance_f"], name="distance_f", opset=26,
              attributes={"to": 11}),
         Node("Mul", ["slope", "distance_f"], ["tilt"], name="tilt", opset=26),
         Node("Add", ["s", "bias"], ["biased"], name="biased", opset=26),
         Node("Add", ["biased", "tilt"], ["out"], name="out", opset=26),
-    ], {"zero": np.array(0, np.int64), "one": np.array(1, np.int64),
-        "last": np.array([1], np.int64)})
+    ], POSITION_CONSTANTS)
 
 
 def weighted_probs() -> Graph:
@@ -158,22 +163,13 @@ def test_second_order_through_the_expansion():
 
 def causal_minus_infinity(row_masked: int) -> Graph:
     """Where(k_idx <= q_idx, s, -inf), and row ``row_masked`` masked entirely."""
-    return subgraph("causal", [
-        Node("Shape", ["s"], ["q_len"], name="q_len", opset=26, attributes={"start": 2,
-                                                                            "end": 3}),
-        Node("Shape", ["s"], ["k_len"], name="k_len", opset=26, attributes={"start": 3}),
-        Node("Squeeze", ["q_len"], ["q_n"], name="q_n", opset=26),
-        Node("Squeeze", ["k_len"], ["k_n"], name="k_n", opset=26),
-        Node("Range", ["zero", "q_n", "one"], ["q_idx"], name="q_idx", opset=26),
-        Node("Range", ["zero", "k_n", "one"], ["k_idx"], name="k_idx", opset=26),
-        Node("Unsqueeze", ["q_idx", "last"], ["q_col"], name="q_col", opset=26),
+    return subgraph("causal", POSITIONS + [
         Node("LessOrEqual", ["k_idx", "q_col"], ["causal"], name="causal", opset=26),
         Node("Equal", ["q_col", "dead"], ["dead_row"], name="dead_row", opset=26),
         Node("Not", ["dead_row"], ["live_row"], name="live_row", opset=26),
         Node("And", ["causal", "live_row"], ["allowed"], name="allowed", opset=26),
         Node("Where", ["allowed", "s", "minus_inf"], ["out"], name="out", opset=26),
-    ], {"zero": np.array(0, np.int64), "one": np.array(1, np.int64),
-        "last": np.array([1], np.int64), "dead": np.array(row_masked, np.int64),
+    ], {**POSITION_CONSTANTS, "dead": np.array(row_masked, np.int64),
         "minus_inf": np.array(-np.inf)})
 
 
