@@ -201,12 +201,7 @@ class GradBuilder:
 
     def constant(self, value, like: str) -> str:
         """A constant initializer with ``like``'s dtype (float64 when unknown)."""
-        dtype = self.dtype(like) or np.dtype(np.float64)
-        array = np.asarray(value, dtype=dtype)
-        name = self._names("grad_const")
-        self.constants[name] = array
-        self.types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
-        return name
+        return self.array(np.asarray(value, dtype=self.dtype(like) or np.dtype(np.float64)))
 
     def ints(self, values) -> str:
         """An int64 constant (axes, shapes, permutations)."""
