@@ -5,17 +5,45 @@ Their first-order backward is a fused kernel (norm_grad.py: one pass, statistics
 from X) that has no gradient of its own. When a backward is to be differentiated again
 (``autograd.grad(..., create_graph=True)``, ``gradient_graph(differentiable_backward=True)``)
 autodiff instead differentiates the forward as written here: ReduceMean, Sub, Mul, Sqrt and
-Reciprocal, whose gradients are ordinary ops again. The expansions compute in X's dtype, as
-the fused gradient kernels do, and return one name per forward output (None for the running
-statistics, which carry no gradient).
+Reciprocal, whose gradients are ordinary ops again. RMSNormalization and
+MeanVarianceNormalization have no fused kernel: their expansion is their first-order gradient.
+
+Each expansion computes in the precision its forward does (``_computed_in``): the stash_type
+for the statistics of LayerNormalization, GroupNormalization-21 and RMSNormalization, float32
+for half-precision inputs elsewhere. Written in X's own dtype a float16 RMSNormalization's
+x * x overflows from |x| = 256 and its gradient comes out as zeros. They return one name per
+forward output (None for the running statistics, which carry no gradient).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from mixrt.ops import nn
 from mixrt.ops.conv_grad import optional_input
-from mixrt.ops.dtypes import to_numpy_dtype, to_onnx_type
+from mixrt.ops.dtypes import compute_dtype, to_numpy_dtype, to_onnx_type
 from mixrt.ops.types import normalize_axis
+
+
+def _cast(b, name: str | None, dtype) -> str | None:
+    """``name`` cast to ``dtype`` when its dtype is known and differs."""
+    have = None if name is None else b.dtype(name)
+    if have is None or dtype is None or have == np.dtype(dtype):
+        return name
+    return b.emit("Cast", name, to=to_onnx_type(dtype))
+
+
+def _computed_in(b, x: str, precision=None):
+    """The precision the forward computes ``x``'s normalization in: ``precision`` (a
+    stash_type's dtype) when given, else float32 for half-precision inputs; None when the
+    dtype of ``x`` is unknown (the expansion then stays in whatever dtype it has)."""
+    if b.dtype(x) is None:
+        return None
+    return np.dtype(precision) if precision is not None else compute_dtype(b.dtype(x))
+
+
+def _stash(node):
+    return to_numpy_dtype(int(node.attributes.get("stash_type", 1)))
 
 
 def _standardized(b, x: str, axes: list[int], epsilon: float):
@@ -54,19 +82,22 @@ def _epsilon(node) -> float:
 # -- BatchNormalization -------------------------------------------------------------------
 
 def _batch_norm(b, node, training: bool, spatial: int = 1):
-    x, scale, bias, mean, var = node.inputs[:5]
+    x = node.inputs[0]
+    precision = _computed_in(b, x)
+    x, scale, bias, mean, var = (_cast(b, v, precision) for v in node.inputs[:5])
     rank = b.known_rank(node, x)
     if training:
         axes = [0] + list(range(2, rank))
         normalized, _, _ = _standardized(b, x, axes, _epsilon(node))
         y = _affine(b, normalized, scale, bias, _per_channel(rank))
-        return [y] + [None] * (len(node.outputs) - 1)
+        return [_cast(b, y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
     # inference: an affine map of X with the running statistics as inputs that have gradients
     shape = _per_channel(rank) if spatial else None  # spatial=0: (C, D1, ...) broadcasts as is
     if shape is not None:
         mean, var = (b.emit("Reshape", v, b.ints(shape)) for v in (mean, var))
     normalized = b.mul(b.emit("Sub", x, mean), _inverse_root(b, var, _epsilon(node)))
-    return [_affine(b, normalized, scale, bias, shape)] + [None] * (len(node.outputs) - 1)
+    y = _affine(b, normalized, scale, bias, shape)
+    return [_cast(b, y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
 
 
 def _batch_norm_by_outputs(b, node):
@@ -87,33 +118,40 @@ def _(b, node):
 
 @nn.layer_normalization.expansion
 def _(b, node):
+    """Statistics in the stash_type, the normalized values cast back to X's dtype before the
+    affine step, as the forward does."""
     x, scale = node.inputs[:2]
     rank = b.known_rank(node, x)
     axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
-    normalized, mean, inv_std = _standardized(b, x, axes, _epsilon(node))
+    stash = _computed_in(b, x, _stash(node))
+    normalized, mean, inv_std = _standardized(b, _cast(b, x, stash), axes, _epsilon(node))
+    normalized = _cast(b, normalized, b.dtype(x))
     y = _affine(b, normalized, scale, optional_input(node, 2), None)
-    stash = to_numpy_dtype(int(node.attributes.get("stash_type", 1)))
-    if b.dtype(x) is not None and b.dtype(x) != stash:  # the statistics outputs' dtype
-        mean, inv_std = (b.emit("Cast", v, to=to_onnx_type(stash)) for v in (mean, inv_std))
     return [y, mean, inv_std][:len(node.outputs)]
 
 
 @nn.instance_normalization.expansion
 def _(b, node):
-    x, scale, bias = node.inputs[:3]
+    x = node.inputs[0]
+    precision = _computed_in(b, x)
+    wide, scale, bias = (_cast(b, v, precision) for v in node.inputs[:3])
     rank = b.known_rank(node, x)
-    normalized, _, _ = _standardized(b, x, list(range(2, rank)), _epsilon(node))
-    return [_affine(b, normalized, scale, bias, _per_channel(rank))]
+    normalized, _, _ = _standardized(b, wide, list(range(2, rank)), _epsilon(node))
+    y = _affine(b, normalized, scale, bias, _per_channel(rank))
+    return [_cast(b, y, b.dtype(x))]
 
 
 def _group_norm(per_group: bool):
-    """Normalized as (N, G, -1), then the per-group parameters (opset 18) applied there,
-    or the per-channel ones (opset 21) after the reshape back."""
+    """Normalized as (N, G, -1) in the stash precision (opset 21's stash_type, X's widened
+    dtype at opset 18) and cast back to X's dtype; then the per-group parameters (opset 18)
+    applied there, or the per-channel ones (opset 21) after the reshape back."""
     def expand(b, node):
         x, scale, bias = node.inputs[:3]
         groups = int(node.attributes["num_groups"])
-        grouped = b.emit("Reshape", x, b.ints([0, groups, -1]))
+        stash = _computed_in(b, x, None if per_group else _stash(node))
+        grouped = b.emit("Reshape", _cast(b, x, stash), b.ints([0, groups, -1]))
         normalized, _, _ = _standardized(b, grouped, [2], _epsilon(node))
+        normalized = _cast(b, normalized, b.dtype(x))
         if per_group:
             y = _affine(b, normalized, scale, bias, [groups, 1])
             return [b.emit("Reshape", y, b.emit("Shape", x))]
@@ -132,7 +170,7 @@ nn.group_normalization.expansion(_group_norm(per_group=False))
 def _(b, node):
     """y = x (bias + alpha / size * the sum of x^2 over the ``size`` channels around)^-beta:
     the channel window is ``size`` slices of the zero-padded squares, summed."""
-    x = node.inputs[0]
+    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
     size = int(node.attributes["size"])
     alpha, beta, bias = (float(node.attributes.get(k, d)) for k, d in
                          (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
@@ -147,39 +185,41 @@ def _(b, node):
         windows.append(b.emit("Slice", padded, b.ints([k]), b.ints([end]), b.ints([1])))
     total = b.accumulate(windows)
     d = b.emit("Add", b.mul(total, b.constant(alpha / size, like=x)), b.constant(bias, like=x))
-    return [b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))]
+    y = b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))
+    return [_cast(b, y, b.dtype(node.inputs[0]))]
 
 
 @nn.lp_normalization.expansion
 def _(b, node):
     """x / ||x||_p along ``axis``; an all-zero slice is divided by 1, replaced before the
     square root so that no infinite derivative meets the zero that masks it."""
-    x = node.inputs[0]
     p = int(node.attributes.get("p", 2))
     if p not in (1, 2):
         return None
+    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
     axes = b.ints([int(node.attributes.get("axis", -1))])
     summed = b.emit("ReduceSum", b.mul(x, x) if p == 2 else b.emit("Abs", x), axes,
                     keepdims=1)
     one = b.constant(1.0, like=x)
     safe = b.emit("Where", b.emit("Equal", summed, b.constant(0.0, like=x)), one, summed)
     norm = b.emit("Sqrt", safe) if p == 2 else safe
-    return [b.emit("Div", x, norm)]
+    return [_cast(b, b.emit("Div", x, norm), b.dtype(node.inputs[0]))]
 
 
 # -- RMSNormalization and MeanVarianceNormalization: no fused gradient, the expansion is it -
 
 @nn.rms_normalization.expansion
 def _(b, node):
-    """x / sqrt(mean(x^2) + epsilon) * scale over the trailing axes from ``axis``, in the
-    scale's dtype as the forward returns it."""
+    """x / sqrt(mean(x^2) + epsilon) over the trailing axes from ``axis``, in the
+    stash_type, cast back to X's dtype; times scale, in the scale's dtype as the forward
+    returns it."""
     x, scale = node.inputs[:2]
     rank = b.known_rank(node, x)
     axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
-    mean_square = b.emit("ReduceMean", b.mul(x, x), axes=axes, keepdims=1)
-    normalized = b.mul(x, _inverse_root(b, mean_square, _epsilon(node)))
-    if b.dtype(x) is not None and b.dtype(scale) is not None and b.dtype(x) != b.dtype(scale):
-        normalized = b.emit("CastLike", normalized, scale)
+    stashed = _cast(b, x, _computed_in(b, x, _stash(node)))
+    mean_square = b.emit("ReduceMean", b.mul(stashed, stashed), axes=axes, keepdims=1)
+    normalized = b.mul(stashed, _inverse_root(b, mean_square, _epsilon(node)))
+    normalized = _cast(b, _cast(b, normalized, b.dtype(x)), b.dtype(scale))
     return [b.mul(normalized, scale)]
 
 
@@ -187,9 +227,9 @@ def _(b, node):
 def _(b, node):
     """(x - mean) / (std + 1e-9) over ``axes`` (default N, H, W), the variance taken as the
     mean square of the centred values (what the forward's E[x^2] - E[x]^2 computes)."""
-    x = node.inputs[0]
+    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
     axes = [int(a) for a in node.attributes.get("axes", (0, 2, 3))]
     centered = b.emit("Sub", x, b.emit("ReduceMean", x, axes=axes, keepdims=1))
     variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
     std = b.emit("Add", b.emit("Sqrt", variance), b.constant(1e-9, like=x))
-    return [b.emit("Div", centered, std)]
+    return [_cast(b, b.emit("Div", centered, std), b.dtype(node.inputs[0]))]
