@@ -24,7 +24,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops import conv as cv
 from mixrt.ops import pool
-from mixrt.ops.grad_support import MIXRT
+from mixrt.ops.grad_support import MIXRT, widened
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
@@ -396,6 +396,7 @@ def _(b, node, dy):
 
 
 @pool.lp_pool.expansion
+@widened
 def _(b, node):
     """(window sum of |x|^p)^(1/p): the window sum is AveragePool (opset 19, which dilates)
     counting the zero padding, times the window size. ceil_mode windows keep the fused
@@ -473,6 +474,7 @@ def _(b, node, dd):
 
 
 @pool.global_lp_pool.expansion
+@widened
 def _(b, node):
     """(sum over each plane of |x|^p)^(1/p), in ops that have gradients."""
     x = node.inputs[0]

@@ -6,6 +6,9 @@ Shape/ReduceSum/Reshape nodes would cost several kernels and host round trips pe
 
 from __future__ import annotations
 
+import dataclasses
+
+from mixrt.ops.dtypes import compute_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType
 
@@ -62,3 +65,22 @@ def _(input, **_):
 @block_grad.grad
 def _(b, node, dy):
     return [None]
+
+
+# -- expansions in their forward's precision ------------------------------------------------
+
+def widened(expand):
+    """``expand`` (an ``@op.expansion``) run on the node's first input cast to its compute
+    dtype (float32 for half-precision floats) and its outputs cast back to that input's
+    dtype: the precision the forwards that widen compute in. Written in float16 alone, an
+    expansion's x * x overflows from |x| = 256 and its gradient comes out as zeros or NaN."""
+    def expand_widened(b, node):
+        x = node.inputs[0]
+        dtype = b.dtype(x)
+        if dtype is None or compute_dtype(dtype) == dtype:
+            return expand(b, node)
+        wide = dataclasses.replace(node, inputs=[b.cast(x, compute_dtype(dtype)),
+                                                 *node.inputs[1:]])
+        outputs = expand(b, wide)
+        return None if outputs is None else [b.cast(y, dtype) for y in outputs]
+    return expand_widened

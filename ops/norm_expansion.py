@@ -21,16 +21,9 @@ import numpy as np
 
 from mixrt.ops import nn
 from mixrt.ops.conv_grad import optional_input
-from mixrt.ops.dtypes import compute_dtype, to_numpy_dtype, to_onnx_type
+from mixrt.ops.grad_support import widened
+from mixrt.ops.dtypes import compute_dtype, to_numpy_dtype
 from mixrt.ops.types import normalize_axis
-
-
-def _cast(b, name: str | None, dtype) -> str | None:
-    """``name`` cast to ``dtype`` when its dtype is known and differs."""
-    have = None if name is None else b.dtype(name)
-    if have is None or dtype is None or have == np.dtype(dtype):
-        return name
-    return b.emit("Cast", name, to=to_onnx_type(dtype))
 
 
 def _computed_in(b, x: str, precision=None):
@@ -84,20 +77,20 @@ def _epsilon(node) -> float:
 def _batch_norm(b, node, training: bool, spatial: int = 1):
     x = node.inputs[0]
     precision = _computed_in(b, x)
-    x, scale, bias, mean, var = (_cast(b, v, precision) for v in node.inputs[:5])
+    x, scale, bias, mean, var = (b.cast(v, precision) for v in node.inputs[:5])
     rank = b.known_rank(node, x)
     if training:
         axes = [0] + list(range(2, rank))
         normalized, _, _ = _standardized(b, x, axes, _epsilon(node))
         y = _affine(b, normalized, scale, bias, _per_channel(rank))
-        return [_cast(b, y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
+        return [b.cast(y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
     # inference: an affine map of X with the running statistics as inputs that have gradients
     shape = _per_channel(rank) if spatial else None  # spatial=0: (C, D1, ...) broadcasts as is
     if shape is not None:
         mean, var = (b.emit("Reshape", v, b.ints(shape)) for v in (mean, var))
     normalized = b.mul(b.emit("Sub", x, mean), _inverse_root(b, var, _epsilon(node)))
     y = _affine(b, normalized, scale, bias, shape)
-    return [_cast(b, y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
+    return [b.cast(y, b.dtype(node.inputs[0]))] + [None] * (len(node.outputs) - 1)
 
 
 def _batch_norm_by_outputs(b, node):
@@ -124,8 +117,8 @@ def _(b, node):
     rank = b.known_rank(node, x)
     axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
     stash = _computed_in(b, x, _stash(node))
-    normalized, mean, inv_std = _standardized(b, _cast(b, x, stash), axes, _epsilon(node))
-    normalized = _cast(b, normalized, b.dtype(x))
+    normalized, mean, inv_std = _standardized(b, b.cast(x, stash), axes, _epsilon(node))
+    normalized = b.cast(normalized, b.dtype(x))
     y = _affine(b, normalized, scale, optional_input(node, 2), None)
     return [y, mean, inv_std][:len(node.outputs)]
 
@@ -134,11 +127,11 @@ def _(b, node):
 def _(b, node):
     x = node.inputs[0]
     precision = _computed_in(b, x)
-    wide, scale, bias = (_cast(b, v, precision) for v in node.inputs[:3])
+    wide, scale, bias = (b.cast(v, precision) for v in node.inputs[:3])
     rank = b.known_rank(node, x)
     normalized, _, _ = _standardized(b, wide, list(range(2, rank)), _epsilon(node))
     y = _affine(b, normalized, scale, bias, _per_channel(rank))
-    return [_cast(b, y, b.dtype(x))]
+    return [b.cast(y, b.dtype(x))]
 
 
 def _group_norm(per_group: bool):
@@ -149,9 +142,9 @@ def _group_norm(per_group: bool):
         x, scale, bias = node.inputs[:3]
         groups = int(node.attributes["num_groups"])
         stash = _computed_in(b, x, None if per_group else _stash(node))
-        grouped = b.emit("Reshape", _cast(b, x, stash), b.ints([0, groups, -1]))
+        grouped = b.emit("Reshape", b.cast(x, stash), b.ints([0, groups, -1]))
         normalized, _, _ = _standardized(b, grouped, [2], _epsilon(node))
-        normalized = _cast(b, normalized, b.dtype(x))
+        normalized = b.cast(normalized, b.dtype(x))
         if per_group:
             y = _affine(b, normalized, scale, bias, [groups, 1])
             return [b.emit("Reshape", y, b.emit("Shape", x))]
@@ -167,10 +160,11 @@ nn.group_normalization.expansion(_group_norm(per_group=False))
 # -- LRN and LpNormalization --------------------------------------------------------------
 
 @nn.lrn.expansion
+@widened
 def _(b, node):
     """y = x (bias + alpha / size * the sum of x^2 over the ``size`` channels around)^-beta:
     the channel window is ``size`` slices of the zero-padded squares, summed."""
-    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
+    x = node.inputs[0]
     size = int(node.attributes["size"])
     alpha, beta, bias = (float(node.attributes.get(k, d)) for k, d in
                          (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
@@ -185,25 +179,25 @@ def _(b, node):
         windows.append(b.emit("Slice", padded, b.ints([k]), b.ints([end]), b.ints([1])))
     total = b.accumulate(windows)
     d = b.emit("Add", b.mul(total, b.constant(alpha / size, like=x)), b.constant(bias, like=x))
-    y = b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))
-    return [_cast(b, y, b.dtype(node.inputs[0]))]
+    return [b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))]
 
 
 @nn.lp_normalization.expansion
+@widened
 def _(b, node):
     """x / ||x||_p along ``axis``; an all-zero slice is divided by 1, replaced before the
     square root so that no infinite derivative meets the zero that masks it."""
     p = int(node.attributes.get("p", 2))
     if p not in (1, 2):
         return None
-    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
+    x = node.inputs[0]
     axes = b.ints([int(node.attributes.get("axis", -1))])
     summed = b.emit("ReduceSum", b.mul(x, x) if p == 2 else b.emit("Abs", x), axes,
                     keepdims=1)
     one = b.constant(1.0, like=x)
     safe = b.emit("Where", b.emit("Equal", summed, b.constant(0.0, like=x)), one, summed)
     norm = b.emit("Sqrt", safe) if p == 2 else safe
-    return [_cast(b, b.emit("Div", x, norm), b.dtype(node.inputs[0]))]
+    return [b.emit("Div", x, norm)]
 
 
 # -- RMSNormalization and MeanVarianceNormalization: no fused gradient, the expansion is it -
@@ -216,20 +210,21 @@ def _(b, node):
     x, scale = node.inputs[:2]
     rank = b.known_rank(node, x)
     axes = list(range(normalize_axis(int(node.attributes.get("axis", -1)), rank), rank))
-    stashed = _cast(b, x, _computed_in(b, x, _stash(node)))
+    stashed = b.cast(x, _computed_in(b, x, _stash(node)))
     mean_square = b.emit("ReduceMean", b.mul(stashed, stashed), axes=axes, keepdims=1)
     normalized = b.mul(stashed, _inverse_root(b, mean_square, _epsilon(node)))
-    normalized = _cast(b, _cast(b, normalized, b.dtype(x)), b.dtype(scale))
+    normalized = b.cast(b.cast(normalized, b.dtype(x)), b.dtype(scale))
     return [b.mul(normalized, scale)]
 
 
 @nn.mean_variance_normalization.expansion
+@widened
 def _(b, node):
     """(x - mean) / (std + 1e-9) over ``axes`` (default N, H, W), the variance taken as the
     mean square of the centred values (what the forward's E[x^2] - E[x]^2 computes)."""
-    x = _cast(b, node.inputs[0], _computed_in(b, node.inputs[0]))
+    x = node.inputs[0]
     axes = [int(a) for a in node.attributes.get("axes", (0, 2, 3))]
     centered = b.emit("Sub", x, b.emit("ReduceMean", x, axes=axes, keepdims=1))
     variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
     std = b.emit("Add", b.emit("Sqrt", variance), b.constant(1e-9, like=x))
-    return [_cast(b, b.emit("Div", centered, std), b.dtype(node.inputs[0]))]
+    return [b.emit("Div", centered, std)]

@@ -11,7 +11,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops import reduce as red
 from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.grad_support import MIXRT
+from mixrt.ops.grad_support import MIXRT, widened
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, normalize_axis
 
@@ -197,8 +197,8 @@ _EXPANSIONS = {
 }
 for _op_type, _expand in _EXPANSIONS.items():
     _snake = red._snake(_op_type)
-    getattr(red, _snake).expansion(_expand)
-    getattr(red, _snake + "_axes_input").expansion(_expand)
+    getattr(red, _snake).expansion(widened(_expand))  # the forwards sum in float32
+    getattr(red, _snake + "_axes_input").expansion(widened(_expand))
 
 
 # -- CumSum -------------------------------------------------------------------------------

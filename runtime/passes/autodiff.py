@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.errors import GradientError
+from mixrt.ops.dtypes import to_onnx_type
 from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value, node_reads
@@ -202,6 +203,13 @@ class GradBuilder:
     def constant(self, value, like: str) -> str:
         """A constant initializer with ``like``'s dtype (float64 when unknown)."""
         return self.array(np.asarray(value, dtype=self.dtype(like) or np.dtype(np.float64)))
+
+    def cast(self, name: str | None, dtype) -> str | None:
+        """``name`` cast to ``dtype`` when its dtype is known and differs (None stays None)."""
+        have = None if name is None else self.dtype(name)
+        if have is None or dtype is None or have == np.dtype(dtype):
+            return name
+        return self.emit("Cast", name, to=to_onnx_type(dtype))
 
     def ints(self, values) -> str:
         """An int64 constant (axes, shapes, permutations)."""

@@ -1,5 +1,6 @@
-"""The normalizations' expansions (ops/norm_expansion.py) compute in the precision their
-forwards do: float16 activations of a size that float16 holds but whose squares it does not
+"""The expansions of the normalizations (ops/norm_expansion.py) and of the reductions and
+pools that square (ReduceL2, ReduceLogSumExp, LpPool, GlobalLpPool) compute in the precision
+their forwards do: float16 activations of a size that float16 holds but whose squares it does not
 (|x| in the hundreds, common in a transformer's residual stream) still get the gradients that
 float64 gives, first order where the expansion is the gradient (RMSNormalization,
 MeanVarianceNormalization) and second order for the rest.
@@ -56,6 +57,12 @@ CASES = {
                  {"num_groups": 2}, 21, [0, 1, 2]),
     "lrn": ("LRN", [large(2, 5, 3, 3)], {"size": 3, "alpha": 1e-4}, 17, [0]),
     "lp2": ("LpNormalization", [large(3, 8)], {"p": 2}, 17, [0]),
+    # the reductions and pools whose expansions square or exponentiate
+    "l2": ("ReduceL2", [large(3, 8)], {"axes": [1]}, 17, [0]),
+    "l2-axes-input": ("ReduceL2", [large(3, 8)], {}, 18, [0]),
+    "log-sum-exp": ("ReduceLogSumExp", [large(3, 8) / 30], {"axes": [1]}, 17, [0]),
+    "lp-pool": ("LpPool", [large(1, 2, 6, 6)], {"kernel_shape": [2, 2], "p": 2}, 18, [0]),
+    "global-lp-pool": ("GlobalLpPool", [large(1, 2, 6, 6)], {"p": 2}, 17, [0]),
 }
 
 
