@@ -203,3 +203,66 @@ def _add_quadratic_loss(graph, read, feeds: dict, seed: int) -> dict:
     graph.nodes.append(Node("Sum", terms, ["loss"], name="loss", opset=17))
     graph.outputs = [Value("loss")] + graph.outputs
     return weights
+
+
+# -- low precision ----------------------------------------------------------------------------
+# A spec is (op_type, inputs, attributes, opset, the input indices differentiated). The
+# gradients are computed in a low-precision dtype and in float64 on the same rounded inputs
+# and loss weights, and compared relative to the largest reference gradient: finite
+# differences mean nothing at float16's or bfloat16's resolution.
+
+def _as(inputs, dtype):
+    return [np.asarray(x, dtype=dtype) for x in inputs]
+
+
+def _spec_gradients(spec, dtype, rounded_to, differentiable_backward):
+    """The joint graph, the differentiated names, the feeds and d loss / d inputs."""
+    op_type, inputs, attributes, opset, wrt = spec
+    inputs = _as(_as(inputs, rounded_to), dtype)  # every run sees the same rounded values
+    graph, names = _one_node_graph(op_type, inputs, dict(attributes), (), "", opset, 1)
+    feeds = {names[i]: x for i, x in enumerate(inputs)}
+    # a quadratic loss when the result is differentiated again, so that no second
+    # derivative (a bias's) is zero by construction
+    weights = (_add_quadratic_loss(graph, [0], feeds, seed=5) if differentiable_backward
+               else _add_loss(graph, [0], inputs, names, seed=5))
+    feeds.update({k: v.astype(rounded_to).astype(dtype) for k, v in weights.items()})
+    wrt_names = [names[i] for i in wrt]
+    joint = gradient_graph(graph, "loss", wrt_names,
+                           differentiable_backward=differentiable_backward)
+    grads = mixrt.Session(joint.graph, opt_level=0).run(
+        [joint.grads[w] for w in wrt_names], feeds)
+    return joint, wrt_names, feeds, grads
+
+
+def gradients_in(spec, dtype, *, rounded_to) -> list:
+    """d sum(Y * R) / d inputs, computed in ``dtype`` on inputs rounded to ``rounded_to``."""
+    return _spec_gradients(spec, dtype, rounded_to, differentiable_backward=False)[3]
+
+
+def second_order_in(spec, dtype, *, rounded_to) -> list:
+    """d sum_i <d loss / d x_i, V_i> / d inputs in ``dtype``, the first order built to be
+    differentiated (``differentiable_backward``)."""
+    joint, wrt_names, feeds, first = _spec_gradients(spec, dtype, rounded_to, True)
+    directions = np.random.default_rng(6)
+    terms = []
+    for k, (name, value) in enumerate(zip(wrt_names, first)):
+        feeds[f"v{k}"] = directions.standard_normal(value.shape).astype(rounded_to) \
+            .astype(dtype)
+        joint.graph.inputs.append(Value(f"v{k}", TensorType(np.dtype(dtype), value.shape)))
+        terms.append(_weighted_sum(joint.graph, joint.grads[name], f"v{k}", f"p{k}"))
+    joint.graph.nodes.append(Node("Sum", terms, ["penalty"], name="penalty", opset=17))
+    joint.graph.outputs = [Value("penalty")]
+    second = gradient_graph(joint.graph, "penalty", wrt_names)
+    return mixrt.Session(second.graph, opt_level=0).run(
+        [second.grads[w] for w in wrt_names], feeds)
+
+
+def assert_near_reference(got, reference, label, tolerance=2e-2):
+    """Every gradient finite and within ``tolerance`` of the largest reference value."""
+    for k, (g, r) in enumerate(zip(got, reference)):
+        g = np.asarray(g, dtype=np.float64)
+        assert np.isfinite(g).all(), f"{label}: gradient {k} is not finite"
+        scale = np.abs(r).max()
+        assert scale > 0, f"{label}: reference gradient {k} is all zeros"
+        error = np.abs(g - r).max() / scale
+        assert error < tolerance, f"{label}: gradient {k} off by {error:.3g} of its largest"

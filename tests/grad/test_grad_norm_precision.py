@@ -13,11 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import mixrt
-from grad.gradcheck import _add_loss, _add_quadratic_loss, _one_node_graph, _weighted_sum
-from mixrt.ops.types import TensorType
-from mixrt.runtime.graph import Node, Value
-from mixrt.runtime.passes.autodiff import gradient_graph
+from grad.gradcheck import assert_near_reference, gradients_in, second_order_in
 
 rng = np.random.default_rng(23)
 LARGE = 300.0  # float16 holds it; its square (9e4) is past float16's 65504
@@ -35,7 +31,7 @@ def positive(*shape):
     return rng.uniform(0.5, 2.0, shape) * LARGE
 
 
-# op, inputs, attributes, opset, the indices differentiated
+# (op, inputs, attributes, opset, the indices differentiated): gradcheck's spec
 CASES = {
     "rms": ("RMSNormalization", [large(2, 3, 16), near_one(16)], {}, 23, [0, 1]),
     "rms-axis1": ("RMSNormalization", [large(2, 3, 16), near_one(3, 16)], {"axis": 1}, 23,
@@ -66,67 +62,18 @@ CASES = {
 }
 
 
-def _as(inputs, dtype):
-    return [np.asarray(x, dtype=dtype) for x in inputs]
-
-
-def _first_order(case, dtype, differentiable_backward=False, rounded_to=np.float16):
-    """d loss / d inputs in ``dtype``; returns the joint graph, the differentiated
-    names, the feeds and the gradients. ``case``: a CASES key or such a tuple."""
-    op_type, inputs, attributes, opset, wrt = CASES[case] if isinstance(case, str) else case
-    # every run sees the same rounded values, whatever dtype it computes in
-    inputs = _as(_as(inputs, rounded_to), dtype)
-    graph, names = _one_node_graph(op_type, inputs, dict(attributes), (), "", opset, 1)
-    feeds = {names[i]: x for i, x in enumerate(inputs)}
-    # a quadratic loss when the result is differentiated again, so that no second
-    # derivative (a bias's) is zero by construction
-    weights = (_add_quadratic_loss(graph, [0], feeds, seed=5) if differentiable_backward
-               else _add_loss(graph, [0], inputs, names, seed=5))
-    feeds.update({k: v.astype(rounded_to).astype(dtype) for k, v in weights.items()})
-    wrt_names = [names[i] for i in wrt]
-    joint = gradient_graph(graph, "loss", wrt_names,
-                           differentiable_backward=differentiable_backward)
-    grads = mixrt.Session(joint.graph, opt_level=0).run(
-        [joint.grads[w] for w in wrt_names], feeds)
-    return joint, wrt_names, feeds, grads
-
-
-def _second_order(case, dtype):
-    """d sum_i <d loss / d x_i, V_i> / d inputs, the first order built to be differentiated."""
-    joint, wrt_names, feeds, first = _first_order(case, dtype, differentiable_backward=True)
-    directions = np.random.default_rng(6)
-    terms = []
-    for k, (name, value) in enumerate(zip(wrt_names, first)):
-        feeds[f"v{k}"] = directions.standard_normal(value.shape).astype(dtype)
-        joint.graph.inputs.append(Value(f"v{k}", TensorType(np.dtype(dtype), value.shape)))
-        terms.append(_weighted_sum(joint.graph, joint.grads[name], f"v{k}", f"p{k}"))
-    joint.graph.nodes.append(Node("Sum", terms, ["penalty"], name="penalty", opset=17))
-    joint.graph.outputs = [Value("penalty")]
-    second = gradient_graph(joint.graph, "penalty", wrt_names)
-    return mixrt.Session(second.graph, opt_level=0).run(
-        [second.grads[w] for w in wrt_names], feeds)
-
-
-def _assert_close(got, reference, label, tolerance=2e-2):
-    for k, (g, r) in enumerate(zip(got, reference)):
-        g = np.asarray(g, dtype=np.float64)
-        assert np.isfinite(g).all(), f"{label}: gradient {k} is not finite"
-        scale = np.abs(r).max()
-        assert scale > 0, f"{label}: reference gradient {k} is all zeros"
-        error = np.abs(g - r).max() / scale
-        assert error < tolerance, f"{label}: gradient {k} off by {error:.3g} of its largest"
-
-
 @pytest.mark.parametrize("case", ["rms", "rms-axis1", "mvn"])
 def test_float16_first_order_through_the_expansion(case):
-    *_, reference = _first_order(case, np.float64)
-    *_, got = _first_order(case, np.float16)
-    _assert_close(got, reference, case)
+    reference = gradients_in(CASES[case], np.float64, rounded_to=np.float16)
+    got = gradients_in(CASES[case], np.float16, rounded_to=np.float16)
+    assert_near_reference(got, reference, case)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_float16_second_order(case):
-    _assert_close(_second_order(case, np.float16), _second_order(case, np.float64), case)
+    spec = CASES[case]
+    assert_near_reference(second_order_in(spec, np.float16, rounded_to=np.float16),
+                          second_order_in(spec, np.float64, rounded_to=np.float16), case)
 
 
 def test_rms_normalization_statistics_follow_stash_type():
@@ -135,6 +82,6 @@ def test_rms_normalization_statistics_follow_stash_type():
     normalizes to a finite gradient."""
     op_type, (x, scale), _, opset, wrt = CASES["rms"]
     huge = (op_type, [x * 1e18, scale], {"stash_type": 11}, opset, wrt)
-    *_, reference = _first_order(huge, np.float64, rounded_to=np.float32)
-    *_, got = _first_order(huge, np.float32, rounded_to=np.float32)
-    _assert_close(got, reference, "stash_type 11", tolerance=1e-4)
+    reference = gradients_in(huge, np.float64, rounded_to=np.float32)
+    got = gradients_in(huge, np.float32, rounded_to=np.float32)
+    assert_near_reference(got, reference, "stash_type 11", tolerance=1e-4)
