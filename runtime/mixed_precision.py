@@ -18,11 +18,11 @@ back) and the optimizer state all stay float32.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 import ml_dtypes
 import numpy as np
-from onnx import defs
 
 from mixrt.errors import InputError, UnsupportedOperatorError
 from mixrt.ops.dtypes import to_onnx_type
@@ -31,9 +31,9 @@ from mixrt.runtime.device import array_module
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.passes.infer import infer_node, infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, rename_output, replace_reads
+from mixrt.runtime.passes.typecheck import version_accepting
 
 FLOAT32 = np.dtype(np.float32)
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 PRECISIONS = {"float32": FLOAT32, "float16": np.dtype(np.float16),
               "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
@@ -126,7 +126,9 @@ class _Caster:
         fixed = _FIXED_INPUTS.get(node.op_type, frozenset())
         node.inputs = [self.cast(name, target) if name and i not in fixed else name
                        for i, name in enumerate(node.inputs)]
-        node.opset = opset_taking(node.op_type, node.opset or _opset(self.graph), target)
+        # a bfloat16 Conv is Conv-22: at 11 it is a model the operand type check refuses
+        node.opset = version_accepting(dataclasses.replace(node, opset=node.opset or
+                                                           _opset(self.graph)), self.types)
         for sub in node.subgraphs():
             for name in dict.fromkeys(outer_scope_reads(sub)):
                 replace_reads(sub, name, self.cast(name, target))
@@ -174,42 +176,6 @@ class _Caster:
         self.types[renamed] = self.types[name]
         self.add(Node("Cast", [renamed], [name], name=self._names(f"{name}_restore"),
                       opset=_opset(self.graph), attributes={"to": to_onnx_type(dtype)}))
-
-
-# ONNX opset 22 added bfloat16 to Conv, ConvTranspose, the poolings, InstanceNormalization,
-# Elu, Selu, Dropout and others without changing them otherwise
-BFLOAT16_OPSET = 22
-
-
-def opset_taking(op_type: str, opset: int, dtype: np.dtype) -> int:
-    """``opset``, or the later one at which ``op_type`` first takes ``dtype`` as its first
-    input when only the types changed in between (a bfloat16 Conv is Conv-22: at 11 it is
-    a model the operand type check rightly refuses)."""
-    if dtype != BFLOAT16 or opset >= BFLOAT16_OPSET:
-        return opset
-    here, there = _schema(op_type, opset), _schema(op_type, BFLOAT16_OPSET)
-    if here is None or there is None or _first_input_takes(here, "tensor(bfloat16)"):
-        return opset
-    if not _first_input_takes(there, "tensor(bfloat16)") or \
-            [f.name for f in here.inputs] != [f.name for f in there.inputs] or \
-            set(here.attributes) != set(there.attributes):
-        return opset
-    return BFLOAT16_OPSET
-
-
-def _schema(op_type: str, opset: int):
-    try:
-        return defs.get_schema(op_type, opset, "")
-    except defs.SchemaError:
-        return None
-
-
-def _first_input_takes(schema, type_string: str) -> bool:
-    if not schema.inputs:
-        return True
-    param = schema.inputs[0].type_str
-    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-    return type_string in allowed.get(param, [param])
 
 
 def _convertible(found: np.dtype, target: np.dtype) -> bool:

@@ -18,12 +18,9 @@ gradient is needed). Gradients reaching one tensor from several consumers are su
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import defs
 
 from mixrt.errors import GradientError
 from mixrt.ops.dtypes import to_onnx_type
@@ -32,7 +29,7 @@ from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value, node_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes
-from mixrt.runtime.passes.typecheck import operand_type_problem
+from mixrt.runtime.passes.typecheck import version_accepting
 
 MIXRT = "mixrt"
 # backward nodes in the default domain are emitted at this opset whatever the model's own:
@@ -183,14 +180,14 @@ class GradBuilder:
         ``None`` inputs become ONNX's missing-optional marker. ``opset``: for a default-domain
         op whose attributes are newer than BACKWARD_OPSET (Resize-19's). A default-domain
         node whose operand types its opset refuses moves to a later version that accepts
-        them, if one changes nothing else (``_version_accepting``)."""
+        them, if one changes nothing else (``typecheck.version_accepting``)."""
         names = [self._names(f"{op_type.lower()}_grad") for _ in range(outputs)]
         if opset is None:
             opset = 1 if domain == MIXRT else BACKWARD_OPSET
         node = Node(op_type, ["" if i is None else i for i in inputs], names,
                     name=names[0], domain=domain, opset=opset, attributes=attributes)
         if not domain:
-            node.opset = _version_accepting(node, self.types)
+            node.opset = version_accepting(node, self.types)
         self.nodes.append(node)
         for name, value_type in zip(names, _infer(node, self.types)):
             self.types[name] = value_type
@@ -257,37 +254,6 @@ class GradBuilder:
 
     def neg(self, a: str) -> str:
         return self.emit("Neg", a)
-
-
-def _version_accepting(node: Node, types: dict) -> int:
-    """The node's opset, or else the first later version of its op that accepts its operand
-    types and differs from it in nothing else: opset 22 added bfloat16 to most float ops
-    (Sin, Cos, Softplus, Round, Conv, the pools, ...) and changed nothing more, so a bfloat16
-    model's backward needs their opset-22 versions where BACKWARD_OPSET's refuse the type.
-    When none does, the node keeps its opset and the type check names it."""
-    if operand_type_problem(node, types) is None:
-        return node.opset
-    base = _signature(node.op_type, node.opset)
-    for version in range(node.opset + 1, defs.onnx_opset_version() + 1):
-        if _signature(node.op_type, version) != base:
-            break
-        candidate = dataclasses.replace(node, opset=version)
-        if operand_type_problem(candidate, types) is None \
-                and REGISTRY.find("", node.op_type, version) is not None:
-            return version
-    return node.opset
-
-
-@functools.cache
-def _signature(op_type: str, version: int) -> tuple | None:
-    """The inputs, outputs and attributes of the ONNX schema in force at ``version``: what
-    must not change for a node to move to that version unchanged."""
-    try:
-        schema = defs.get_schema(op_type, version)
-    except defs.SchemaError:
-        return None
-    return (tuple((p.name, p.option) for p in schema.inputs),
-            tuple(p.name for p in schema.outputs), tuple(sorted(schema.attributes)))
 
 
 def _mirrored(forward: list[Node], builder: GradBuilder, ops: frozenset) -> list[Node]:

@@ -19,6 +19,8 @@ ops) are left alone.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 
 import numpy as np
@@ -27,6 +29,7 @@ from onnx import defs
 
 from mixrt.errors import GraphError
 from mixrt.ops.dtypes import to_onnx_type
+from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_node, infer_types
@@ -69,6 +72,38 @@ def operand_type_problem(node: Node, types: dict) -> str | None:
                     f"type (both are {formal.type_str} in {node.op_type}-"
                     f"{schema.since_version}); insert a Cast")
     return None
+
+
+def version_accepting(node: Node, types: dict) -> int:
+    """The node's opset, or else the first later version of its op that accepts its operand
+    types and differs from it in nothing else: opset 22 added bfloat16 to most float ops
+    (Sin, Cos, Softplus, Round, Conv, the pools, ...) and changed nothing more, so a node
+    written at an older opset (a backward node at autodiff's BACKWARD_OPSET, a node the
+    mixed-precision rewrite moved to bfloat16) needs their opset-22 versions. When none
+    does, the node keeps its opset and the type check names it. Default domain only."""
+    if operand_type_problem(node, types) is None:
+        return node.opset
+    base = _signature(node.op_type, node.opset)
+    for version in range(node.opset + 1, defs.onnx_opset_version() + 1):
+        if _signature(node.op_type, version) != base:
+            break
+        candidate = dataclasses.replace(node, opset=version)
+        if operand_type_problem(candidate, types) is None \
+                and REGISTRY.find("", node.op_type, version) is not None:
+            return version
+    return node.opset
+
+
+@functools.cache
+def _signature(op_type: str, version: int) -> tuple | None:
+    """The inputs, outputs and attributes of the ONNX schema in force at ``version``: what
+    must not change for a node to move to that version unchanged."""
+    try:
+        schema = defs.get_schema(op_type, version)
+    except defs.SchemaError:
+        return None
+    return (tuple((p.name, p.option) for p in schema.inputs),
+            tuple(p.name for p in schema.outputs), tuple(sorted(schema.attributes)))
 
 
 def promote_mixed_floats(graph: Graph) -> Graph:

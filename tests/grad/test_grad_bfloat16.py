@@ -3,7 +3,7 @@ same graph in float64 on the bfloat16-rounded inputs.
 
 Backward nodes are emitted at BACKWARD_OPSET (17), where Sin, Cos, Softplus, Round and others
 do not accept bfloat16 yet: the builder moves such a node to the first later version that
-accepts its types and differs in nothing else (``autodiff._version_accepting``). Without it
+accepts its types and differs in nothing else (``typecheck.version_accepting``). Without it
 the backward graphs of Sin, Cos, Sinh, Cosh, Mish (through Softplus) and Mod (through Round)
 were refused by the type check."""
 
@@ -80,11 +80,12 @@ def test_backward_nodes_move_only_to_versions_that_change_nothing_but_types():
     it); one emitted at 19 moves to 22."""
     from mixrt.ops.types import TensorType
     from mixrt.runtime.graph import Node
-    from mixrt.runtime.passes.autodiff import BACKWARD_OPSET, _version_accepting
+    from mixrt.runtime.passes.autodiff import BACKWARD_OPSET
+    from mixrt.runtime.passes.typecheck import version_accepting
 
     def version(op_type, dtype, opset=BACKWARD_OPSET):
         node = Node(op_type, ["x"], ["y"], opset=opset)
-        return _version_accepting(node, {"x": TensorType(np.dtype(dtype), (1, 2, 3, 3))})
+        return version_accepting(node, {"x": TensorType(np.dtype(dtype), (1, 2, 3, 3))})
 
     assert version("Cos", np.float32) == BACKWARD_OPSET
     assert version("Cos", BF16) == 22
