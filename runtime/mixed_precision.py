@@ -31,7 +31,7 @@ from mixrt.runtime.device import array_module
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.passes.infer import infer_node, infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, rename_output, replace_reads
-from mixrt.runtime.passes.typecheck import version_accepting
+from mixrt.runtime.passes.typecheck import operand_type_problem, version_accepting
 
 FLOAT32 = np.dtype(np.float32)
 PRECISIONS = {"float32": FLOAT32, "float16": np.dtype(np.float16),
@@ -124,14 +124,28 @@ class _Caster:
         if node.op_type in _TYPE_BLIND_OPS or node.domain not in ("", "ai.onnx"):
             return
         fixed = _FIXED_INPUTS.get(node.op_type, frozenset())
+        node.opset = node.opset or _opset(self.graph)
+        # a bfloat16 Conv is Conv-22: at 11 it is a model the operand type check refuses
+        moved = self._version_taking(node, fixed, target)
+        if moved is None:  # no version takes the low type (Range, AveragePool-11 in bfloat16)
+            target, moved = FLOAT32, node.opset
         node.inputs = [self.cast(name, target) if name and i not in fixed else name
                        for i, name in enumerate(node.inputs)]
-        # a bfloat16 Conv is Conv-22: at 11 it is a model the operand type check refuses
-        node.opset = version_accepting(dataclasses.replace(node, opset=node.opset or
-                                                           _opset(self.graph)), self.types)
+        node.opset = moved
         for sub in node.subgraphs():
             for name in dict.fromkeys(outer_scope_reads(sub)):
                 replace_reads(sub, name, self.cast(name, target))
+
+    def _version_taking(self, node: Node, fixed, target: np.dtype) -> int | None:
+        """The opset at which ``node`` takes its float inputs as ``target``, or None."""
+        trial = dict(self.types)
+        for i, name in enumerate(node.inputs):
+            found = _dtype(trial.get(name)) if name and i not in fixed else None
+            if found is not None and _convertible(found, target):
+                trial[name] = TensorType(target, trial[name].shape)
+        version = version_accepting(node, trial)
+        moved = dataclasses.replace(node, opset=version)
+        return version if operand_type_problem(moved, trial) is None else None
 
     def cast(self, name: str, target: np.dtype) -> str:
         """``name`` as ``target`` when it is a float32/low float of another type."""

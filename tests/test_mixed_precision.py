@@ -319,3 +319,43 @@ def test_bfloat16_convolutions_are_written_at_the_opset_that_takes_them():
     x = np.random.default_rng(0).random((4, 1, 8, 8), dtype=np.float32)
     loss, _ = model.train_step(x, np.arange(4), trainer, precision="bfloat16")
     assert np.isfinite(loss)
+
+
+def _one_op_graph(op_type, opset, inputs: dict, attributes=None, constants=None) -> Graph:
+    graph = Graph(name=op_type.lower(), opsets={"": opset})
+    graph.inputs = [Value(n, TensorType(F32, shape)) for n, shape in inputs.items()]
+    graph.initializers = dict(constants or {})
+    graph.nodes = [Node(op_type, [*inputs, *graph.initializers], ["y"], name="op",
+                        opset=opset, attributes=attributes or {})]
+    graph.outputs = [Value("y")]
+    return graph
+
+
+@pytest.mark.parametrize("op_type, opset, precision, inputs, attributes, constants", [
+    # Range takes no float16 or bfloat16 at any opset
+    ("Range", 17, np.float16, {"start": ()}, {},
+     {"limit": np.float32(3.0), "delta": np.float32(0.5)}),
+    # AveragePool takes bfloat16 from 22, but 19 added dilations: 11 cannot simply move
+    ("AveragePool", 11, "bfloat16", {"x": (1, 2, 4, 4)}, {"kernel_shape": [2, 2]}, {}),
+    # Softmax-13 takes bfloat16, but its axis means something else than Softmax-11's
+    ("Softmax", 11, "bfloat16", {"x": (2, 3, 4)}, {}, {}),
+], ids=["range-float16", "average-pool-11-bfloat16", "softmax-11-bfloat16"])
+def test_ops_that_cannot_take_the_low_type_stay_in_float32(op_type, opset, precision, inputs,
+                                                            attributes, constants):
+    """Casting their inputs down made a model the type check refuses; they now compute in
+    float32, at their own opset, and give the float32 graph's result."""
+    import ml_dtypes
+
+    import mixrt
+    from mixrt.runtime.passes.typecheck import check_operand_types
+    dtype = ml_dtypes.bfloat16 if precision == "bfloat16" else precision
+    graph = _one_op_graph(op_type, opset, inputs, attributes, constants)
+    low = lower_precision(graph, dtype, float32_ops=frozenset())
+    check_operand_types(low)
+    node = next(n for n in low.nodes if n.op_type == op_type)
+    assert node.opset == opset
+    assert {infer_types(low)[name].dtype for name in node.inputs} == {F32}
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(shape).astype(F32) for n, shape in inputs.items()}
+    np.testing.assert_array_equal(mixrt.Session(low).run(None, feeds)[0],
+                                  mixrt.Session(graph).run(None, feeds)[0])

@@ -96,14 +96,19 @@ def version_accepting(node: Node, types: dict) -> int:
 
 @functools.cache
 def _signature(op_type: str, version: int) -> tuple | None:
-    """The inputs, outputs and attributes of the ONNX schema in force at ``version``: what
-    must not change for a node to move to that version unchanged."""
+    """Everything of the ONNX schema in force at ``version`` but its type constraints: the
+    inputs and outputs, and each attribute's type, whether it is required and its default.
+    The defaults catch the versions that changed meaning under the same names (Softmax-13's
+    axis, GridSample-20's mode values)."""
     try:
         schema = defs.get_schema(op_type, version)
     except defs.SchemaError:
         return None
-    return (tuple((p.name, p.option) for p in schema.inputs),
-            tuple(p.name for p in schema.outputs), tuple(sorted(schema.attributes)))
+    attributes = tuple(sorted((name, int(a.type), a.required,
+                               a.default_value.SerializeToString())
+                              for name, a in schema.attributes.items()))
+    return (tuple((p.name, p.option, p.type_str) for p in schema.inputs),
+            tuple(p.name for p in schema.outputs), attributes)
 
 
 def promote_mixed_floats(graph: Graph) -> Graph:

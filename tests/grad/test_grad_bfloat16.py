@@ -77,7 +77,8 @@ def test_bfloat16_gradients_match_float64(case):
 def test_backward_nodes_move_only_to_versions_that_change_nothing_but_types():
     """Sin's derivative is Cos: at opset 17 for float32, at 22 for bfloat16. AveragePool-19
     added dilations, so an AveragePool emitted at 17 stays there (and the type check names
-    it); one emitted at 19 moves to 22."""
+    it); one emitted at 19 moves to 22. Softmax-13 kept Softmax-11's names but changed what
+    axis means, and its default: the attribute defaults are part of what must match."""
     from mixrt.ops.types import TensorType
     from mixrt.runtime.graph import Node
     from mixrt.runtime.passes.autodiff import BACKWARD_OPSET
@@ -92,3 +93,4 @@ def test_backward_nodes_move_only_to_versions_that_change_nothing_but_types():
     assert version("AveragePool", BF16) == BACKWARD_OPSET
     assert version("AveragePool", BF16, opset=19) == 22
     assert version("Cos", np.int32) == BACKWARD_OPSET  # no version takes it
+    assert version("Softmax", BF16, opset=11) == 11  # Softmax-13's axis default differs
