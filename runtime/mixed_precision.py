@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections import ChainMap
 
 import ml_dtypes
 import numpy as np
@@ -138,7 +139,7 @@ class _Caster:
 
     def _version_taking(self, node: Node, fixed, target: np.dtype) -> int | None:
         """The opset at which ``node`` takes its float inputs as ``target``, or None."""
-        trial = dict(self.types)
+        trial = ChainMap({}, self.types)  # the inputs' types as if cast, without a copy
         for i, name in enumerate(node.inputs):
             found = _dtype(trial.get(name)) if name and i not in fixed else None
             if found is not None and _convertible(found, target):
