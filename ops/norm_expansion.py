@@ -21,8 +21,8 @@ import numpy as np
 
 from mixrt.ops import nn
 from mixrt.ops.conv_grad import optional_input
-from mixrt.ops.grad_support import widened
 from mixrt.ops.dtypes import compute_dtype, to_numpy_dtype
+from mixrt.ops.grad_support import widened
 from mixrt.ops.types import normalize_axis
 
 
