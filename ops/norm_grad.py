@@ -15,7 +15,10 @@ See runtime/passes/autodiff.py for the calling convention.
 
 from __future__ import annotations
 
+import numpy as np
+
 from mixrt.ops import nn
+from mixrt.ops.dtypes import compute_dtype, to_numpy_dtype
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.grad_support import MIXRT, sum_to_shape
 from mixrt.ops.registry import op
@@ -32,6 +35,16 @@ def _standardized_backward(xp, g, x_hat, inv_std, axes):
 def _cast(grads, likes):
     """Each gradient in its input's dtype (``likes`` are the inputs, in order)."""
     return tuple(g.astype(like.dtype, copy=False) for g, like in zip(grads, likes))
+
+
+def _statistics_dtype(X, stash_type):
+    """Where a backward recomputes the statistics: X's compute dtype, or the forward's
+    stash_type when that is wider (float32 X with stash_type double: x * x of a large x
+    overflows float32, and the forward did not)."""
+    widened = compute_dtype(X.dtype)
+    if stash_type is None:
+        return widened
+    return np.promote_types(widened, to_numpy_dtype(stash_type))
 
 
 def _like_x(dY, X, *_, **__):
@@ -114,20 +127,22 @@ def _(b, node, dy):
 
 @op("LayerNormalizationGrad", since=1, domain=MIXRT)
 def layer_norm_grad(xp, dY, X, Scale, B=None, dMean=None, dInvStdDev=None, *, axis=-1,
-                    epsilon=1e-5, _outputs=2):
+                    epsilon=1e-5, stash_type=None, _outputs=2):
     """dX, dScale (and dB when B is given), each reduced to its input's shape. dY may be
     missing when only the Mean/InvStdDev outputs were used; their gradients add to dX.
-    Computes in X's widened dtype, whatever the forward's stash_type."""
-    x = nn.widen(X)
+    Computes in X's widened dtype, or the forward's stash_type where that is wider."""
+    dtype = _statistics_dtype(X, stash_type)
+    x = X.astype(dtype, copy=False)
     axes = tuple(range(normalize_axis(axis, X.ndim), X.ndim))
     x_hat, _, inv_std = nn._standardize(xp, x, axes, epsilon)
-    dy = xp.zeros(x.shape, dtype=x.dtype) if dY is None else nn.widen(dY)
-    dx = _standardized_backward(xp, dy * nn.widen(Scale), x_hat, inv_std, axes)
+    dy = xp.zeros(x.shape, dtype=dtype) if dY is None else dY.astype(dtype, copy=False)
+    dx = _standardized_backward(xp, dy * Scale.astype(dtype, copy=False), x_hat, inv_std,
+                                axes)
     count = x.size // inv_std.size
     if dMean is not None:
-        dx = dx + nn.widen(dMean) / count
+        dx = dx + dMean.astype(dtype, copy=False) / count
     if dInvStdDev is not None:  # d inv_std / dx = -inv_std^2 x^ / count
-        dx = dx - nn.widen(dInvStdDev) * inv_std * inv_std * x_hat / count
+        dx = dx - dInvStdDev.astype(dtype, copy=False) * inv_std * inv_std * x_hat / count
     grads = (dx, sum_to_shape(xp, dy * x_hat, Scale.shape))
     if B is not None:
         grads += (sum_to_shape(xp, dy, B.shape),)
@@ -146,20 +161,21 @@ def _(b, node, dy):
     d_mean, d_inv_std = (dy[k] if len(dy) > k else None for k in (1, 2))
     grads = b.emit("LayerNormalizationGrad", dy[0], x, scale, bias, d_mean, d_inv_std,
                    domain=MIXRT, outputs=3 if bias else 2,
-                   **forwarded(node, ("axis", "epsilon")))
+                   **forwarded(node, ("axis", "epsilon", "stash_type")))
     return list(grads)
 
 
 # -- InstanceNormalization and GroupNormalization -----------------------------------------
 
-def _grouped_backward(xp, dY, X, scale, groups: int, epsilon):
+def _grouped_backward(xp, dY, X, scale, groups: int, epsilon, stash_type=None):
     """dX and the per-channel d scale, d bias of a normalization over each (instance, group
     of channels) with a per-channel affine (InstanceNormalization: a group per channel)."""
     n, c = X.shape[:2]
     shape = (n, groups, c // groups, -1)
-    x, dy = nn.widen(X).reshape(shape), nn.widen(dY).reshape(shape)
+    dtype = _statistics_dtype(X, stash_type)
+    x, dy = (t.astype(dtype, copy=False).reshape(shape) for t in (X, dY))
     x_hat, _, inv_std = nn._standardize(xp, x, (2, 3), epsilon)
-    gamma = nn.widen(scale).reshape(1, groups, c // groups, 1)
+    gamma = scale.astype(dtype, copy=False).reshape(1, groups, c // groups, 1)
     dx = _standardized_backward(xp, dy * gamma, x_hat, inv_std, (2, 3))
     d_scale = (dy * x_hat).sum(axis=(0, 3)).reshape(c)
     return dx.reshape(X.shape), d_scale, dy.sum(axis=(0, 3)).reshape(c)
@@ -185,12 +201,14 @@ def _(b, node, dy):
 
 
 @op("GroupNormalizationGrad", since=1, domain=MIXRT)
-def group_norm_grad(xp, dY, X, scale, *, num_groups=None, epsilon=1e-5, per_group=0):
+def group_norm_grad(xp, dY, X, scale, *, num_groups=None, epsilon=1e-5, per_group=0,
+                    stash_type=None):
     """dX, dscale, dbias of GroupNormalization; ``per_group`` for opset 18, whose scale and
     bias hold one value per group (spread over its channels by the forward)."""
     groups = int(num_groups)
     per_channel = xp.repeat(scale, X.shape[1] // groups) if per_group else scale
-    dx, d_scale, d_bias = _grouped_backward(xp, dY, X, per_channel, groups, epsilon)
+    dx, d_scale, d_bias = _grouped_backward(xp, dY, X, per_channel, groups, epsilon,
+                                            stash_type)
     if per_group:
         d_scale, d_bias = (g.reshape(groups, -1).sum(axis=1) for g in (d_scale, d_bias))
     return _cast((dx, d_scale, d_bias), (X, scale, scale))
@@ -206,7 +224,7 @@ def _group_norm_gradient(per_group: int):
         x, scale = node.inputs[:2]
         return list(b.emit("GroupNormalizationGrad", dy[0], x, scale, domain=MIXRT,
                            outputs=3, per_group=per_group,
-                           **forwarded(node, ("num_groups", "epsilon"))))
+                           **forwarded(node, ("num_groups", "epsilon", "stash_type"))))
     return grad
 
 

@@ -85,3 +85,16 @@ def test_rms_normalization_statistics_follow_stash_type():
     reference = gradients_in(huge, np.float64, rounded_to=np.float32)
     got = gradients_in(huge, np.float32, rounded_to=np.float32)
     assert_near_reference(got, reference, "stash_type 11", tolerance=1e-4)
+
+
+@pytest.mark.parametrize("case", ["layer", "group-21"])
+def test_fused_gradients_follow_stash_type(case):
+    """The fused LayerNormalizationGrad and GroupNormalizationGrad recompute the statistics in
+    the forward's stash_type when it is wider than X's: float32 input at 1e18 with stash_type
+    11 gives the float64 gradient, not inf or NaN from a float32 x * x."""
+    op_type, inputs, attributes, opset, wrt = CASES[case]
+    huge = (op_type, [inputs[0] * 1e18, *inputs[1:]], {**attributes, "stash_type": 11}, opset,
+            wrt)
+    reference = gradients_in(huge, np.float64, rounded_to=np.float32)
+    got = gradients_in(huge, np.float32, rounded_to=np.float32)
+    assert_near_reference(got, reference, f"{case} stash_type 11", tolerance=1e-4)
