@@ -20,7 +20,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import ALL, FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, conflicting, require_shape, shape_text
 from mixrt.runtime.device import to_host
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -247,10 +247,28 @@ def _im2col(xp, X, kernel, strides, dilations, begin, end, out, group):
     return windows.reshape(n, group, rows, length)
 
 
+def _require_conv_channels(X, W, B, group) -> None:
+    """X's channels are W's input channels times group, W's output channels split into
+    the groups, and a bias holds one value per output channel (where the dims are static)."""
+    if X.shape is None or W is None or W.shape is None or len(X.shape) < 2:
+        return
+    if len(W.shape) != len(X.shape):
+        raise ValueError(f"Conv: W {shape_text(W.shape)} must have X's rank "
+                         f"({len(X.shape)}, X {shape_text(X.shape)})")
+    group = int(group)
+    per_group = W.shape[1] * group if isinstance(W.shape[1], int) else None
+    outputs = W.shape[0]
+    if conflicting(X.shape[1], per_group) or (isinstance(outputs, int) and outputs % group):
+        raise ValueError(f"Conv: X {shape_text(X.shape)} has {X.shape[1]} channels and W "
+                         f"{shape_text(W.shape)}, which do not match group={group}")
+    require_shape("Conv's bias B", B, (outputs,))
+
+
 def _conv_infer(X, W, B=None, *, auto_pad="NOTSET", dilations=None, kernel_shape=None,
-                pads=None, strides=None, **_):
+                pads=None, strides=None, group=1, **_):
     if X.shape is None:
         return [TensorType(X.dtype, None)]
+    _require_conv_channels(X, W, B, group)
     channels = None if W is None or W.shape is None else W.shape[0]
     kernel = kernel_shape or (None if W is None or W.shape is None else W.shape[2:])
     out = inferred_out_dims(X.shape[2:], kernel, strides, dilations, pads, auto_pad)
@@ -525,7 +543,7 @@ def gather_corner(xp, images, corner: Corner):
 
 
 @deform_conv.infer
-def _(X, W, offset=None, B=None, mask=None, *, dilations=None, kernel_shape=None, pads=None,
-      strides=None, **_):
-    return _conv_infer(X, W, kernel_shape=kernel_shape, dilations=dilations, pads=pads,
-                       strides=strides)
+def _(X, W, offset=None, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
+      pads=None, strides=None, **_):
+    return _conv_infer(X, W, B, kernel_shape=kernel_shape, dilations=dilations, pads=pads,
+                       strides=strides, group=group)

@@ -414,7 +414,9 @@ def _infer_upsample(X, scales=None, **_):
 def _infer_upsample_7(X, *, scales=None, **_):
     if X.shape is None or scales is None or not all(isinstance(d, int) for d in X.shape):
         return [TensorType(X.dtype, None if X.shape is None else (None,) * len(X.shape))]
-    return [TensorType(X.dtype, tuple(int(math.floor(d * s)) for d, s in zip(X.shape, scales)))]
+    # the kernel reads the scales as float32: 10 x 0.7 is 10 x 0.699999988, which floors to 6
+    out, _ = _output_sizes(list(X.shape), np.asarray(scales, dtype=np.float32), None, "stretch")
+    return [TensorType(X.dtype, tuple(int(n) for n in out))]
 
 
 # -- GridSample ------------------------------------------------------------------------------

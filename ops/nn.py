@@ -20,8 +20,8 @@ from mixrt.ops.dtypes import (FLOAT8, FLOATS, NUMERIC, compute_dtype,
                                to_numpy_dtype)
 from mixrt.ops.registry import op
 from mixrt.ops.random import unseeded_generator
-from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis, same_as_input, \
-    without_value
+from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, normalize_axis, \
+    require_shape, same_as_input, shape_text, without_value
 
 _MATMUL_TYPES = FLOATS | {"int32", "int64", "uint32", "uint64"}
 
@@ -63,6 +63,10 @@ def matmul_shape(a, b):
     a_vector, b_vector = len(a) == 1, len(b) == 1
     a = (1,) + tuple(a) if a_vector else tuple(a)
     b = tuple(b) + (1,) if b_vector else tuple(b)
+    if conflicting(a[-1], b[-2]):
+        raise ValueError(f"MatMul operands {shape_text(a[1:] if a_vector else a)} and "
+                         f"{shape_text(b[:-1] if b_vector else b)} do not share an inner dim "
+                         f"({a[-1]} against {b[-2]})")
     batch = broadcast_shapes(a[:-2], b[:-2])
     rows = () if a_vector else (a[-2],)
     cols = () if b_vector else (b[-1],)
@@ -92,8 +96,16 @@ def gemm_6(xp, A, B, C, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0)
 def _infer_gemm(A: TensorType, B: TensorType, C=None, *, transA=0, transB=0, **_):
     if A.shape is None or B.shape is None:
         return [TensorType(A.dtype, None)]
-    rows = A.shape[1] if transA else A.shape[0]
-    cols = B.shape[0] if transB else B.shape[1]
+    for name, operand in (("A", A), ("B", B)):
+        if len(operand.shape) != 2:
+            raise ValueError(f"Gemm's {name} must be 2-D; got {shape_text(operand.shape)}")
+    rows, inner_a = A.shape[::-1] if transA else A.shape
+    inner_b, cols = B.shape[::-1] if transB else B.shape
+    if conflicting(inner_a, inner_b):
+        raise ValueError(f"Gemm's A {shape_text(A.shape)} (transA={transA}) and B "
+                         f"{shape_text(B.shape)} (transB={transB}) do not share an inner dim")
+    if isinstance(C, TensorType) and C.shape is not None:
+        broadcast_shapes((rows, cols), C.shape)
     return [TensorType(A.dtype, (rows, cols))]
 
 
@@ -380,7 +392,11 @@ def batch_normalization(xp, X, scale, B, input_mean, input_var, *, epsilon=1e-5,
     return y if _outputs == 1 else (y, input_mean, input_var)[:_outputs]
 
 
-def _infer_batch_norm(X: TensorType, scale, B, mean: TensorType, var: TensorType, **_):
+def _infer_batch_norm(X: TensorType, scale, B, mean: TensorType, var: TensorType, *,
+                      spatial=1, **_):
+    if spatial and X.shape is not None and len(X.shape) >= 2:  # spatial=0: per activation
+        for name, param in (("scale", scale), ("B", B), ("mean", mean), ("var", var)):
+            require_shape(f"BatchNormalization's {name}", param, (X.shape[1],))
     # the statistics outputs keep the inputs' types, not their values: in training mode
     # they are the updated running and the batch statistics
     mean, var = without_value(mean), without_value(var)
@@ -402,7 +418,19 @@ def instance_normalization(xp, input, scale, B, *, epsilon=1e-5):
     return y.astype(input.dtype, copy=False)
 
 
-instance_normalization.infer(same_as_input)
+@instance_normalization.infer
+def _(input: TensorType, scale, B, **_):
+    _require_per_channel("InstanceNormalization", input, scale, B)
+    return same_as_input(input)
+
+
+def _require_per_channel(op_type: str, X: TensorType, *params, count=None) -> None:
+    """Each of ``params`` (scale, bias) holds one value per channel of X, or ``count``."""
+    if X.shape is None or len(X.shape) < 2:
+        return
+    expected = (X.shape[1] if count is None else count,)
+    for name, param in zip(("scale", "bias"), params):
+        require_shape(f"{op_type}'s {name}", param, expected)
 
 
 @op("LayerNormalization", since=17, dtypes=FLOATS)
@@ -421,11 +449,14 @@ def layer_normalization(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_ty
 
 
 @layer_normalization.infer
-def _(X: TensorType, *_, axis=-1, stash_type=1, **__):
+def _(X: TensorType, Scale=None, B=None, *_, axis=-1, stash_type=1, **__):
     stats_shape = None
     if X.shape is not None:
         start = normalize_axis(axis, len(X.shape))
         stats_shape = tuple(X.shape[:start]) + (1,) * (len(X.shape) - start)
+        for param in (Scale, B):  # the kernel multiplies and adds them to X's shape
+            if isinstance(param, TensorType) and param.shape is not None:
+                broadcast_shapes(X.shape, param.shape)
     stash = to_numpy_dtype(stash_type)
     return [TensorType(X.dtype, X.shape), TensorType(stash, stats_shape),
             TensorType(stash, stats_shape)]
@@ -456,8 +487,27 @@ def group_normalization(xp, X, scale, bias, *, num_groups=None, epsilon=1e-5, st
     return _group_norm(xp, X, scale, bias, num_groups, epsilon, to_numpy_dtype(stash_type))
 
 
-group_normalization_18.infer(same_as_input)
-group_normalization.infer(same_as_input)
+def _require_groups(X: TensorType, num_groups) -> None:
+    if num_groups is None:
+        raise ValueError("GroupNormalization needs the 'num_groups' attribute")
+    channels = None if X.shape is None or len(X.shape) < 2 else X.shape[1]
+    if isinstance(channels, int) and (num_groups <= 0 or channels % num_groups):
+        raise ValueError(f"GroupNormalization: {channels} channels do not split into "
+                         f"num_groups={num_groups}")
+
+
+@group_normalization_18.infer
+def _(X: TensorType, scale, bias, *, num_groups=None, **_):
+    _require_groups(X, num_groups)
+    _require_per_channel("GroupNormalization-18", X, scale, bias, count=num_groups)
+    return same_as_input(X)
+
+
+@group_normalization.infer
+def _(X: TensorType, scale, bias, *, num_groups=None, **_):
+    _require_groups(X, num_groups)
+    _require_per_channel("GroupNormalization-21", X, scale, bias)
+    return same_as_input(X)
 
 
 @op("RMSNormalization", since=23, dtypes=FLOATS)

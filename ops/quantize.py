@@ -382,7 +382,7 @@ def qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale
 def _conv_shape(x, w, attrs):
     """Conv's output shape, from Conv's own infer function (found through the registry)."""
     conv_infer = REGISTRY.find("", "Conv", 11).infer_fn
-    return conv_infer(x, w, **{k: v for k, v in attrs.items() if k != "group"})[0].shape
+    return conv_infer(x, w, **attrs)[0].shape
 
 
 @conv_integer.infer

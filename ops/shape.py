@@ -14,7 +14,8 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, SIGNED_INTS, to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis
+from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, normalize_axis, \
+    shape_text
 
 
 # -- helpers shared with index.py and layout.py -------------------------------------------
@@ -335,6 +336,7 @@ def _(*inputs, axis=1, **_):
         known = next((s for s in shapes if s is not None), None)
         return [typed(inputs[0].dtype, unknown_dims(None if known is None else len(known)))]
     axis = normalize_axis(axis, len(shapes[0]))
+    _require_concatenable(shapes, axis)
     out = list(shapes[0])
     axis_dims = [s[axis] for s in shapes]
     out[axis] = sum(axis_dims) if all(isinstance(d, int) for d in axis_dims) else None
@@ -342,6 +344,16 @@ def _(*inputs, axis=1, **_):
         if i != axis and not isinstance(out[i], int):
             out[i] = next((s[i] for s in shapes if isinstance(s[i], int)), out[i])
     return [typed(inputs[0].dtype, out)]
+
+
+def _require_concatenable(shapes, axis: int) -> None:
+    """One rank, and one size along every axis but ``axis`` (where the dims are static)."""
+    first = shapes[0]
+    for shape in shapes[1:]:
+        if len(shape) != len(first) or any(
+                conflicting(a, b) for i, (a, b) in enumerate(zip(first, shape)) if i != axis):
+            raise ValueError(f"Concat along axis {axis}: shapes {shape_text(first)} and "
+                             f"{shape_text(shape)} differ off that axis")
 
 
 def _split_sizes(dim: int, split, count: int, num_outputs=None) -> list[int]:

@@ -129,7 +129,9 @@ def tensor(dtype, shape=None) -> TensorType:
 
 
 def broadcast_shapes(*shapes) -> tuple | None:
-    """NumPy broadcasting over shapes that may hold symbolic or unknown dims."""
+    """NumPy broadcasting over shapes that may hold symbolic or unknown dims. Two static
+    dims that differ and are not 1 are an error (ValueError): no run could broadcast them.
+    A symbolic or unknown dim conflicts with nothing."""
     if any(s is None for s in shapes):
         return None
     rank = max((len(s) for s in shapes), default=0)
@@ -143,8 +145,44 @@ def broadcast_shapes(*shapes) -> tuple | None:
             result.append(known.pop())
         else:
             ints = {d for d in known if isinstance(d, int)}
-            result.append(ints.pop() if len(ints) == 1 else None)
+            if len(ints) > 1:
+                raise ValueError(f"shapes {', '.join(shape_text(s) for s in shapes)} do not "
+                                 f"broadcast (dims {sorted(ints)} at axis {axis - rank})")
+            result.append(ints.pop() if ints else None)
     return tuple(result)
+
+
+def broadcast_or_none(*shapes) -> tuple | None:
+    """broadcast_shapes, with None for shapes that do not broadcast (for passes that only
+    ask whether they do)."""
+    try:
+        return broadcast_shapes(*shapes)
+    except ValueError:
+        return None
+
+
+def shape_text(shape) -> str:
+    """(2, 'N', None) as (2, N, ?): how error messages show a shape."""
+    if shape is None:
+        return "(?)"
+    dims = ["?" if d is None else str(d) for d in shape]
+    return f"({dims[0]},)" if len(dims) == 1 else "(" + ", ".join(dims) + ")"
+
+
+def conflicting(a, b) -> bool:
+    """Whether two dims are static and differ (symbolic or unknown dims match anything)."""
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
+def require_shape(what: str, value_type, expected) -> None:
+    """Raise ValueError when ``value_type``'s shape is known and cannot be ``expected`` (a
+    rank that differs, or a static dim that differs from a static expected one)."""
+    if not isinstance(value_type, TensorType) or value_type.shape is None:
+        return
+    shape, expected = tuple(value_type.shape), tuple(expected)
+    if len(shape) != len(expected) or any(map(conflicting, shape, expected)):
+        raise ValueError(f"{what} has shape {shape_text(shape)}; expected "
+                         f"{shape_text(expected)}")
 
 
 def normalize_axis(axis: int, rank: int) -> int:

@@ -15,7 +15,7 @@ from mixrt.errors import UnsupportedOperatorError
 from mixrt.runtime.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
-from mixrt.runtime.passes.typecheck import operand_type_problem
+from mixrt.runtime.passes.typecheck import operand_problem
 from mixrt.runtime.session import lookup_kernel
 
 
@@ -36,6 +36,7 @@ class NodeSupport:
 
 def support_table(graph: Graph, device: Device) -> list[NodeSupport]:
     types = infer_types(graph)
+    top_level = {id(node) for node in graph.nodes}
     rows = []
     for node in graph.all_nodes():
         dtype = first_input_dtype(node, types)
@@ -47,15 +48,16 @@ def support_table(graph: Graph, device: Device) -> list[NodeSupport]:
             row.reason = str(exc)
         else:
             row.kernel = f"{kernel.name} [{kernel.version_range()}]"
-            row.supported, row.reason = _runs(node, types, device)
+            row.supported, row.reason = _runs(node, types, device, id(node) in top_level)
         rows.append(row)
     return rows
 
 
-def _runs(node, types, device: Device) -> tuple[bool, str]:
+def _runs(node, types, device: Device, top_level: bool) -> tuple[bool, str]:
     """Whether a node that has a kernel runs: its operands obey the op's type constraints
-    (a model that breaks them is invalid; Session refuses it) and the device holds them."""
-    problem = operand_type_problem(node, types)
+    and, where static, its shape rules (a model that breaks them is invalid; Session
+    refuses it) and the device holds them."""
+    problem = operand_problem(node, types, shapes=top_level)
     if problem:
         return False, f"invalid model: {problem}"
     return _device_supports(node, types, device)

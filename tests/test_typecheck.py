@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt import autograd, nd
@@ -139,6 +139,93 @@ def test_a_subgraph_node_is_checked_too():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(GraphError, match="node 'inner_add'"):
         mixrt.Session(model.SerializeToString())
+
+
+# -- static shapes the op's rules refuse -------------------------------------------------------
+
+def _shaped_model(op_type, shapes, *, opset=17, **attributes) -> onnx.ModelProto:
+    """One float32 node whose inputs have the given static shapes: the first a graph input,
+    the rest initializers (weights, as a model carries them)."""
+    names = [f"x{i}" for i in range(len(shapes))]
+    node = helper.make_node(op_type, names, ["y"], name="the_node", **attributes)
+    weights = [numpy_helper.from_array(np.ones(shape, np.float32), name)
+               for name, shape in zip(names[1:], shapes[1:])]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x0", F32, shapes[0])],
+                              [helper.make_empty_tensor_value_info("y")], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                             ir_version=8)
+
+
+def _onnxruntime_fails(model, shape) -> bool:
+    """onnxruntime refuses the model at load, or fails running it."""
+    try:
+        session = ort.InferenceSession(model.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {"x0": np.ones(shape, np.float32)})
+    except Exception:  # noqa: BLE001 (onnxruntime's own exception classes)
+        return True
+    return False
+
+
+SHAPE_INVALID = {
+    # id: (op, shapes, attributes, opset, words the message must hold)
+    "conv-channels": ("Conv", [(1, 4, 8, 8), (2, 3, 3, 3)], {}, 17,
+                      ["X (1, 4, 8, 8) has 4 channels", "W (2, 3, 3, 3)", "group=1"]),
+    "conv-groups": ("Conv", [(1, 4, 8, 8), (3, 2, 3, 3)], {"group": 2}, 17, ["group=2"]),
+    "conv-bias": ("Conv", [(1, 3, 8, 8), (2, 3, 3, 3), (3,)], {}, 17,
+                  ["Conv's bias B has shape (3,); expected (2,)"]),
+    "matmul": ("MatMul", [(2, 3), (4, 5)], {}, 17, ["(2, 3) and (4, 5)", "3 against 4"]),
+    "gemm": ("Gemm", [(2, 3), (2, 5)], {}, 17, ["inner dim"]),
+    "gemm-c": ("Gemm", [(2, 3), (3, 5), (4,)], {}, 17, ["do not broadcast"]),
+    "add": ("Add", [(2, 3), (4,)], {}, 17, ["shapes (2, 3), (4,) do not broadcast",
+                                             "dims [3, 4]"]),
+    "concat": ("Concat", [(2, 3), (2, 4)], {"axis": 0}, 17,
+               ["axis 0", "(2, 3) and (2, 4) differ off that axis"]),
+    "batch-norm": ("BatchNormalization", [(2, 3, 4), (4,), (3,), (3,), (3,)], {}, 15,
+                   ["BatchNormalization's scale has shape (4,); expected (3,)"]),
+    "instance-norm": ("InstanceNormalization", [(2, 3, 4), (3,), (2,)], {}, 17,
+                      ["InstanceNormalization's bias has shape (2,); expected (3,)"]),
+    "layer-norm": ("LayerNormalization", [(2, 3, 4), (5,)], {}, 17, ["do not broadcast"]),
+    # opset 18's per-group scale and bias in a model that declares opset 21
+    "group-norm-21": ("GroupNormalization", [(2, 4, 8), (2,), (2,)], {"num_groups": 2}, 21,
+                      ["GroupNormalization-21's scale has shape (2,); expected (4,)"]),
+    "group-norm-groups": ("GroupNormalization", [(2, 4, 8), (4,), (4,)], {"num_groups": 3},
+                          21, ["4 channels do not split into num_groups=3"]),
+}
+
+
+@pytest.mark.parametrize("case", list(SHAPE_INVALID))
+def test_static_shapes_the_op_refuses_fail_at_load_naming_the_node(case):
+    """A model whose static shapes break its op's rules is refused when it loads, as a
+    GraphError naming the node and the operands, not as a kernel failure on the first run;
+    onnxruntime fails on each of these too (at load, or when it runs)."""
+    op_type, shapes, attributes, opset, words = SHAPE_INVALID[case]
+    model = _shaped_model(op_type, shapes, opset=opset, **attributes)
+    assert _onnxruntime_fails(model, shapes[0])
+    with pytest.raises(GraphError) as caught:
+        mixrt.Session(model.SerializeToString())
+    message = str(caught.value)
+    assert message.startswith(f"node 'the_node' (ai.onnx::{op_type}, opset {opset})")
+    assert "(operands: 'x0' float32[" in message
+    for word in words:
+        assert word in message
+    (row,) = support_table(import_model(model.SerializeToString()), parse_device("cpu"))
+    assert not row.supported and row.reason.startswith("invalid model: ")
+
+
+def test_symbolic_dims_are_not_guessed_at():
+    """A batch dim named N against a static 3 may be 1 or 3 when the model runs: the model
+    loads, and runs where the dims agree."""
+    node = helper.make_node("Add", ["a", "b"], ["y"], name="add")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", F32, ["N", 3]),
+                                            helper.make_tensor_value_info("b", F32, [3, 3])],
+                              [helper.make_empty_tensor_value_info("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = mixrt.Session(model.SerializeToString())
+    (y,) = session.run(None, {"a": np.ones((3, 3), np.float32), "b": np.ones((3, 3), np.float32)})
+    assert y.shape == (3, 3)
+    with pytest.raises(ExecutionError, match="node 'add'"):
+        session.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((3, 3), np.float32)})
 
 
 # -- axes out of range ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.types import broadcast_shapes
+from mixrt.ops.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (NameMaker, constant_scopes, default_opset, dtype_of,
@@ -251,7 +251,7 @@ def _affine_chain(g, start, constants, types, counts, readers) -> list[Node]:
         side = _const_side(node, constants)
         if side is None or side[1].dtype != dtype_of(x_type):
             break
-        if broadcast_shapes(shape, side[1].shape) != tuple(shape):
+        if broadcast_or_none(shape, side[1].shape) != tuple(shape):
             break
         chain.append(node)
         y = node.outputs[0]

@@ -19,7 +19,7 @@ import numpy as np
 
 from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
-from mixrt.ops.types import broadcast_shapes
+from mixrt.ops.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,
@@ -94,7 +94,7 @@ def _adds_in_place(y_type, z_type) -> bool:
             or dtype_of(y_type) != dtype_of(z_type):
         return False
     if None not in y_shape and None not in z_shape:
-        return broadcast_shapes(y_shape, z_shape) == tuple(y_shape)
+        return broadcast_or_none(y_shape, z_shape) == tuple(y_shape)
     aligned = y_shape[len(y_shape) - len(z_shape):]
     return all(z == 1 or (z is not None and z == y) for y, z in zip(aligned, z_shape))
 

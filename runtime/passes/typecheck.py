@@ -15,6 +15,13 @@ Two rules, both from the schema in force at the node's opset:
 Only types that are known are checked (declared inputs, initializers, value_info, and what
 inference derives from them); nodes of domains ONNX has no schema for (``mixrt``, custom
 ops) are left alone.
+
+Shapes are checked too, where they are wholly known: a top-level node whose present inputs
+all have static shapes is shown to its op's infer function, and an infer function that
+refuses them (a Conv weight with the wrong channel count, GroupNormalization-21 given
+opset 18's per-group scale, operands that do not broadcast) is the model's error, reported
+at load rather than as a kernel failure on the first run. Symbolic and unknown dims are not
+guessed at: those nodes are checked by their kernels when they run.
 """
 
 from __future__ import annotations
@@ -38,13 +45,51 @@ _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
 
 
 def check_operand_types(graph: Graph, types: dict | None = None) -> None:
-    """Raise GraphError at the first node whose operands break its schema's constraints."""
+    """Raise GraphError at the first node whose operands break its schema's constraints,
+    or whose static operand shapes its op refuses."""
     types = infer_types(graph) if types is None else types
+    top_level = {id(node) for node in graph.nodes}
     for node in graph.all_nodes():
-        problem = operand_type_problem(node, types)
+        problem = operand_problem(node, types, shapes=id(node) in top_level)
         if problem:
             raise GraphError(f"node {node.label!r} ({node.domain or 'ai.onnx'}::"
                              f"{node.op_type}, opset {node.opset}): {problem}")
+
+
+def operand_problem(node: Node, types: dict, *, shapes: bool) -> str | None:
+    """What is wrong with the node's operand types, and with their shapes when ``shapes``
+    (top-level nodes: a body's values are typed from what its op guessed), or None."""
+    problem = operand_type_problem(node, types)
+    return problem if problem or not shapes else operand_shape_problem(node, types)
+
+
+def operand_shape_problem(node: Node, types: dict) -> str | None:
+    """What the node's infer function refuses in its operands' shapes, when every present
+    input is a tensor of static shape and known dtype (else None: nothing to go on).
+    Only ValueError counts: it is how the ops' shape rules say no; anything else an infer
+    function raises says it could not tell."""
+    kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
+    if kernel is None or kernel.infer_fn is None or node.subgraphs():
+        return None
+    inputs = [types.get(name) if name else None for name in node.inputs]
+    if not all(t is None or _static(t) for t in inputs):
+        return None
+    attributes = dict(node.attributes)
+    if kernel.wants_output_count:
+        attributes["_outputs"] = len(node.outputs)
+    try:
+        kernel.infer_fn(*inputs, **attributes)
+    except ValueError as error:
+        shapes = ", ".join(f"{name!r} {types[name]}" for name in node.inputs if name)
+        return f"{error} (operands: {shapes})"
+    except Exception:  # noqa: BLE001  (an infer function's own limits are not the model's)
+        return None
+    return None
+
+
+def _static(value_type) -> bool:
+    return isinstance(value_type, TensorType) and value_type.dtype is not None and \
+        value_type.shape is not None and all(isinstance(d, int) for d in value_type.shape)
 
 
 def operand_type_problem(node: Node, types: dict) -> str | None:
