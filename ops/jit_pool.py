@@ -149,10 +149,13 @@ def _nan_check(values: list[str]) -> str:
 
 def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[str]:
     """One plane p of x into ``target`` (oh, ow); returns whether a NaN was read (the fast
-    max only: the caller then runs the careful variant on the plane)."""
+    max only: the caller then runs the careful variant on the plane). Elements are indexed
+    in place (``x[p, r, j]``, ``target[i, k]``), not through a view per row: making those
+    views took about half the time on small planes (MaxPool 3x3 stride 2 on 832x14x14: 170
+    us with views, 79 without; 256x27x27: 87 and 51)."""
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
     check = maximum and not careful
-    rows = [f"r{a}[j]" for a in range(kh)]
+    rows = [f"x[p, y0 + {a * dh}, j]" for a in range(kh)]
     cells = [f"row[b + {b * dw}]" for b in range(kw)]
     body = [
         f"def {name}(x, p, target, row, inner, top, divisor):",
@@ -161,7 +164,6 @@ def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[st
         "    for i in range(target.shape[0]):",
         f"        y0 = i * {sh} - top",
         f"        if y0 >= 0 and y0 + {(kh - 1) * dh} < height:",
-        *[f"            r{a} = x[p, y0 + {a * dh}]" for a in range(kh)],
         "            for j in range(width):",
         *[f"                {line}" for line in _fold(rows, maximum, careful)],
         *([f"                {_nan_check(rows)}"] if check else []),
@@ -172,9 +174,8 @@ def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[st
         f"                r = y0 + a * {dh}",
         "                if r < 0 or r >= height:",
         "                    continue",
-        "                src = x[p, r]",
         "                for j in range(width):",
-        "                    v = src[j]",
+        "                    v = x[p, r, j]",
         *([f"                    {_nan_check(['v'])}"] if check else []),
         "                    if first:",
         "                        inner[j] = v",
@@ -186,13 +187,11 @@ def _plane_source(name, kernel, strides, dilations, maximum, careful) -> list[st
         "            if first:  # every row of these windows is padding",
         "                for j in range(width):",
         f"                    inner[j] = {'-np.inf' if maximum else '0.0'}",
-        "        out = target[i]",
-        *([] if maximum else ["        scale = divisor[i]"]),
-        "        for k in range(out.shape[0]):",
+        "        for k in range(target.shape[1]):",
         f"            b = k * {sw}",
         *[f"            {line}" for line in _fold(cells, maximum, careful)],
-        ("            out[k] = m" if maximum else
-         "            out[k] = m / scale[k]"),
+        ("            target[i, k] = m" if maximum else
+         "            target[i, k] = m / divisor[i, k]"),
         "    return seen",
         "",
     ]
