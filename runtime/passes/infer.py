@@ -146,9 +146,7 @@ def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
     if kernel is not None and kernel.infer_fn is not None:
         inputs = [_input_type(kernel, index, name, types)
                   for index, name in enumerate(node.inputs)]
-        attributes = {**node.attributes, **bodies}
-        if kernel.wants_output_count:
-            attributes["_outputs"] = len(node.outputs)
+        attributes = infer_attributes(kernel, node, bodies)
         try:
             outputs = list(kernel.infer_fn(*inputs, **attributes))
         except Exception:  # an infer function that cannot handle unknowns says nothing
@@ -159,6 +157,15 @@ def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
     for body in bodies.values():
         inner.update(body.types if body.types is not None else infer_types(body.graph, types))
     return outputs, inner
+
+
+def infer_attributes(kernel, node: Node, bodies: dict | None = None) -> dict:
+    """The keyword arguments of the kernel's infer function for this node: its attributes
+    (GRAPH ones as ``bodies`` give them) and the output count where the kernel asks."""
+    attributes = {**node.attributes, **(bodies or {})}
+    if kernel.wants_output_count:
+        attributes["_outputs"] = len(node.outputs)
+    return attributes
 
 
 def _input_type(kernel, index: int, name: str, types: dict):

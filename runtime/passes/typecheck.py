@@ -39,7 +39,8 @@ from mixrt.ops.dtypes import to_onnx_type
 from mixrt.ops.registry import REGISTRY
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
-from mixrt.runtime.passes.infer import infer_node, infer_types
+from mixrt.runtime.passes.infer import infer_attributes, infer_node, infer_types
+from mixrt.runtime.passes.rewrite import static_shape
 
 _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
 
@@ -74,11 +75,8 @@ def operand_shape_problem(node: Node, types: dict) -> str | None:
     inputs = [types.get(name) if name else None for name in node.inputs]
     if not all(t is None or _static(t) for t in inputs):
         return None
-    attributes = dict(node.attributes)
-    if kernel.wants_output_count:
-        attributes["_outputs"] = len(node.outputs)
     try:
-        kernel.infer_fn(*inputs, **attributes)
+        kernel.infer_fn(*inputs, **infer_attributes(kernel, node))
     except ValueError as error:
         shapes = ", ".join(f"{name!r} {types[name]}" for name in node.inputs if name)
         return f"{error} (operands: {shapes})"
@@ -89,7 +87,7 @@ def operand_shape_problem(node: Node, types: dict) -> str | None:
 
 def _static(value_type) -> bool:
     return isinstance(value_type, TensorType) and value_type.dtype is not None and \
-        value_type.shape is not None and all(isinstance(d, int) for d in value_type.shape)
+        static_shape(value_type) is not None
 
 
 def operand_type_problem(node: Node, types: dict) -> str | None:
