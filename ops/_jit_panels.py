@@ -448,6 +448,35 @@ def phase_planes(x, planes, ph, pw, sy, sx, top, left, first, rows):
 
 
 @_jit
+def pack_strips(x, packed, first, rows, ow, sy, sx, top, left):
+    """Output rows first..first + rows of a 1x1 convolution's input ``x`` (C, H, W), packed
+    for the tap tile: the strip of outputs q..q + STRIP_ROWS (q a multiple of STRIP_ROWS,
+    counted from output row ``first``) holds, for each channel c, the pixels those outputs
+    read, side by side at ``packed[(q // STRIP_ROWS * C + c) * STRIP_ROWS:]``. The tile then
+    reads one line per two channels in order, where on the image it read a line per channel
+    a plane apart. Pixels in the padding and lanes past the last output are zeros."""
+    channels, height, width = x.shape
+    count = rows * ow
+    strips = -(-count // STRIP_ROWS)
+    source = x.reshape(-1)
+    # each strip's lanes: the pixel its output reads, or -1 (padding, past the last output)
+    lanes = np.empty(STRIP_ROWS, np.int64)
+    for s in range(strips):
+        for i in range(STRIP_ROWS):
+            q = s * STRIP_ROWS + i
+            lanes[i] = -1
+            if q < count:
+                iy, ix = (first + q // ow) * sy - top, q % ow * sx - left
+                if 0 <= iy < height and 0 <= ix < width:
+                    lanes[i] = iy * width + ix
+        for c in range(channels):
+            into = (s * channels + c) * STRIP_ROWS
+            for i in range(STRIP_ROWS):
+                at = lanes[i]
+                packed[into + i] = source[c * height * width + at] if at >= 0 else 0
+
+
+@_jit
 def _zero(target, start, count):
     for t in range(count):
         target[start + t] = 0

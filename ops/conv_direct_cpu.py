@@ -14,6 +14,9 @@ into its zero-padded stride phases, and the tile reads straight out of them:
   columns too: 15 of 64 positions at 7x7; it lost to this one at every size.)
 * a 1x1 convolution of a large image takes **the weight on the left**: 8 output channels by
   32 consecutive outputs of every input channel, read where they lie in the image.
+* a strided 1x1 convolution of a small image takes the tap form on its input **packed into
+  strips** of 8 outputs (each channel's 8 pixels side by side, read in order) instead of the
+  im2col columns and OpenBLAS it took before.
 
 The epilogue (``activation_limits``) is + bias, + residual, a slope below zero and a clamp:
 Relu, LeakyRelu and Clip. Another activation runs after, over the output.
@@ -45,6 +48,7 @@ PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # weight bytes per block of output channels (1x1 form): a block stays in L2 (1 MiB here)
 # while the outputs pass over it
 WEIGHT_BLOCK_BYTES = 1 << 18
+STRIPS_FORM = True
 STRIP = 8  # ops/_jit_panels.py's STRIP_ROWS (read here without loading numba)
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
@@ -77,7 +81,9 @@ def suits(X, W, group, geometry, out, prepacked) -> bool:
     if out is not None and (out.dtype != X.dtype or not out.flags.c_contiguous
                             or np.may_share_memory(out, X)):
         return False
-    return math.prod(geometry[0]) > 1 or _weight_on_the_left(X.shape[1], geometry[6])
+    kernel, strides, out_dims = geometry[0], geometry[1], geometry[6]
+    return math.prod(kernel) > 1 or _weight_on_the_left(X.shape[1], out_dims) \
+        or _strided_pointwise(kernel, strides, X.shape[1], out_dims)
 
 
 def _weight_on_the_left(channels, out_dims) -> bool:
@@ -85,6 +91,17 @@ def _weight_on_the_left(channels, out_dims) -> bool:
     the tap form, ResNet-50's 14x14 and 7x7 ones ran 1.09x, DenseNet's 1.4x the BLAS)."""
     return math.prod(out_dims) >= POINTWISE_POSITIONS \
         and channels * PANEL_WIDTH_BYTES <= POINTWISE_PANEL_BYTES
+
+
+def _strided_pointwise(kernel, strides, channels, out_dims) -> bool:
+    """Whether a 1x1 convolution of stride > 1 that the weight-on-the-left form does not take
+    (ResNet's projections to 14x14 and 7x7) runs the tap tile on its input packed into strips
+    of outputs (``_jit_panels.pack_strips``): 2048 x 1024 to 7x7 680-785 us against 815-913
+    through im2col and OpenBLAS, 1024 x 512 to 14x14 600-731 against 680-815 (2 threads, in
+    one process). Packing costs as much as a stride-1 layer's whole gain: those stay with
+    OpenBLAS (1024 x 256 at 14x14 346 against 513 packed)."""
+    return STRIPS_FORM and math.prod(kernel) == 1 and any(int(s) > 1 for s in strides) \
+        and not _weight_on_the_left(channels, out_dims)
 
 
 class _Layout:
@@ -98,7 +115,10 @@ class _Layout:
         self.strides, self.begin = (int(sy), int(sx)), (int(begin[0]), int(begin[1]))
         self.out_dims = tuple(out_dims)
         self.width = kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // X.itemsize
-        self.taps = math.prod(kernel) > 1
+        # a strided 1x1 kernel on a small image, or with many channels, reads its input
+        # packed into strips (:func:`_strided_pointwise`), with one tap per channel
+        self.strips = _strided_pointwise(kernel, strides, c, out_dims)
+        self.taps = math.prod(kernel) > 1 or self.strips
         ph = -(-(height + begin[0] + end[0]) // sy)
         pw = -(-(width + begin[1] + end[1]) // sx)
         self.plane_dims, self.pw = (ph, pw), pw
@@ -110,12 +130,15 @@ class _Layout:
         phases = (1 if kernel[0] == 1 else sy, 1 if kernel[1] == 1 else sx)
         lanes = kernels.VECTOR_BYTES // X.itemsize
         self.planes_shape = phases + (c, -(-ph * pw // lanes) * lanes)
+        if self.strips:  # every strip of outputs: (C, STRIP), and one more for the padding
+            self.planes_shape = (-(-math.prod(out_dims) // STRIP) + 1, c, STRIP)
         self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
         self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
         weight = W.reshape(m, -1)
         if self.taps:
-            self.rows_at = _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx),
-                                        (dh, dw), phases[1])
+            self.rows_at = np.arange(c, dtype=np.int64) * STRIP if self.strips else \
+                _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx), (dh, dw),
+                             phases[1])
             self.panels = _column_panels(weight, self.width)
             self._places: dict = {}
         else:
@@ -131,7 +154,10 @@ class _Layout:
             ow, count = self.out_dims[1], (r1 - r0) * self.out_dims[1]
             outputs = np.arange(count)
             found = np.zeros(-(-count // STRIP) * STRIP + STRIP, np.int64)
-            found[:count] = outputs // ow * self.pw + outputs % ow
+            if self.strips:  # output q is lane q % STRIP of strip q // STRIP
+                found[:count] = outputs // STRIP * (self.rows_at.size * STRIP) + outputs % STRIP
+            else:
+                found[:count] = outputs // ow * self.pw + outputs % ow
             found = self._places.setdefault((r0, r1), found)
         return found
 
@@ -263,6 +289,10 @@ def _phase_planes(plan, x, r0, r1):
     if not plan.taps and plan.in_place:
         return None
     flat, shaped = _planes(plan, x.dtype)
+    if plan.strips:
+        _kernels().pack_strips(x, flat, r0, r1 - r0, plan.out_dims[1], *plan.strides,
+                               *plan.begin)
+        return flat
     _kernels().phase_planes(x, shaped, *plan.plane_dims, *plan.strides, *plan.begin, r0,
                             r1 - r0 + plan.halo)
     return flat

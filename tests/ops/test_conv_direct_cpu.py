@@ -218,6 +218,57 @@ def test_which_convolutions_take_it():
         x, w = _rand(1, channels, *image), _rand(64, channels, 1, 1)
         found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, None)
         assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, {}) == taken, (image, channels)
+    # a strided 1x1 the weight-on-the-left form leaves: packed into strips
+    x, w = _rand(1, 1024, 14, 14), _rand(2048, 1024, 1, 1)
+    found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, [2, 2])
+    assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, {})
+
+
+STRIDED_POINTWISE = [  # (C, H, W), M, strides, pads: packed into strips of outputs
+    ((40, 14, 14), 64, (2, 2), (0, 0, 0, 0)),  # 49 outputs: six strips and one of a lane
+    ((24, 13, 11), 40, (2, 3), (0, 0, 0, 0)),  # uneven strides; a partial panel
+    ((17, 9, 9), 8, (2, 2), (1, 0, 0, 1)),  # padding: lanes that read zeros
+    ((33, 30, 30), 36, (2, 2), (0, 0, 0, 0)),  # 15 output rows: split by rows on 2 threads
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, m, strides, pads", STRIDED_POINTWISE)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_strided_pointwise_reads_its_input_packed_into_strips(image, m, strides, pads, dtype,
+                                                               with_residual, monkeypatch):
+    monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", 4)
+    X, W, B = _rand(2, *image, dtype=dtype), _rand(m, image[0], 1, 1, dtype=dtype), \
+        _rand(m, dtype=dtype)
+    out_dims = [(d + pads[i] + pads[i + 2] - 1) // s + 1
+                for i, (d, s) in enumerate(zip(image[1:], strides))]
+    Z = _rand(2, m, *out_dims, dtype=dtype) if with_residual else None
+    prepacked: dict = {}
+    got = fused_conv(np, X, W, B, Z, strides=list(strides), pads=list(pads),
+                     activation="Relu", _prepacked=prepacked)
+    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    assert plan.strips and plan.taps
+    want = np.maximum(_expected(X, W, B, Z, strides=list(strides), pads=list(pads)), 0)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+def test_strips_hold_each_output_pixel_per_channel_and_zeros_past_the_last():
+    kernels = jit_cpu.panel_kernels()
+    x = _rand(3, 9, 9)
+    packed = np.full((3, 3, 8), np.nan, np.float32)  # 2 rows of 5 outputs: two strips
+    kernels.pack_strips(x, packed.reshape(-1), 2, 2, 5, 2, 2, 0, 0)
+    outputs = [(oy, ox) for oy in (2, 3) for ox in range(5)]
+    for q, (oy, ox) in enumerate(outputs):
+        np.testing.assert_array_equal(packed[q // 8, :, q % 8], x[:, oy * 2, ox * 2])
+    assert not packed[1, :, 2:].any()  # the second strip's lanes past output 10
+    assert np.isnan(packed[2]).all()  # nothing written past the strips in use
+    # stride 1: strips run across the image's rows
+    contiguous = np.full((2, 3, 8), np.nan, np.float32)
+    kernels.pack_strips(x, contiguous.reshape(-1), 7, 1, 9, 1, 1, 0, 0)
+    for q in range(9):
+        np.testing.assert_array_equal(contiguous[q // 8, :, q % 8], x[:, 7, q])
+    assert not contiguous[1, :, 1:].any()
 
 
 def test_without_the_tile_conv_takes_its_older_paths(monkeypatch):
