@@ -410,6 +410,9 @@ def batched_product(a, b, c, n0, n1, edge, spill):
 
 _finished_tile = _make_tile(STRIP_ROWS, finished=True)
 _tap_tile = _make_tap_tile(STRIP_ROWS)
+# 7 outputs a tile where the outputs come in sevens (7x7 planes: 49 outputs in 7 tiles, where
+# 8-output tiles computed 56)
+_tap_tile7 = _make_tap_tile(STRIP_ROWS - 1)
 
 
 @_jit
@@ -484,13 +487,14 @@ def _zero(target, start, count):
 
 @_jit
 def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, has_residual,
-             low, high, slope, p0, p1, spill, no_bias):
+             low, high, slope, p0, p1, spill, no_bias, strip):
     """Outputs first..first + count of y (M, L), for the output-channel panels p0..p1:
     ``image`` the flat phase planes, ``rows_at`` (K,) each tap's offset in them, ``places``
     the place in them of each output from ``first`` on (padded with valid places to a whole
     strip past the last), ``panels`` (P, K, width) the weight's transpose zero-padded to P *
     width channels, ``bias`` as long, ``spill`` a (width, STRIP_ROWS) scratch for a last
-    strip short of STRIP_ROWS outputs, ``no_bias`` zeros of at least a panel's width.
+    strip short of ``strip`` outputs, ``no_bias`` zeros of at least a panel's width.
+    ``strip``: outputs per tile, STRIP_ROWS or STRIP_ROWS - 1 (:func:`strip_rows`).
     Epilogue per output: + bias, + residual (y's layout) when ``has_residual``, times
     ``slope`` when negative, clamped to [low, high]."""
     k_len, width = panels.shape[1], panels.shape[2]
@@ -501,20 +505,25 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
     # each panel is read from memory once, then serves every strip from cache: the strips of
     # one panel ask for the next one, a share each, while they compute (the first panel is
     # asked for before)
-    share = -(-k_len // -(-count // STRIP_ROWS))
+    share = -(-k_len // -(-count // strip))
     _prefetch_run(flat_panels, p0 * panel_size, panel_size)
     for p in range(p0, p1):
         column = p * width
         columns = min(width, channels - column)
-        for s in range(first, first + count, STRIP_ROWS):
-            start = (s - first) // STRIP_ROWS * share
+        for s in range(first, first + count, strip):
+            start = (s - first) // strip * share
             ahead = panel_size + start * width  # from row k of this panel
             ahead_rows = min(share, k_len - start) if p + 1 < p1 else 0
-            rows = min(STRIP_ROWS, first + count - s)
+            rows = min(strip, first + count - s)
             if rows == STRIP_ROWS:
                 _tap_tile(image, s - first, places, panels, p * panel_size, rows_at, flat_y,
                           column * length + s, length, k_len, bias, column, flat_residual,
                           has_residual, low, high, slope, columns, ahead, ahead_rows)
+                continue
+            if rows == STRIP_ROWS - 1:
+                _tap_tile7(image, s - first, places, panels, p * panel_size, rows_at, flat_y,
+                           column * length + s, length, k_len, bias, column, flat_residual,
+                           has_residual, low, high, slope, columns, ahead, ahead_rows)
                 continue
             _tap_tile(image, s - first, places, panels, p * panel_size, rows_at, flat_spill,
                       0, STRIP_ROWS, k_len, no_bias, 0, flat_spill, False, -np.inf, np.inf,
@@ -523,6 +532,14 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
                 _finish_run(flat_spill, np.uint64(j * STRIP_ROWS), flat_y,
                             np.uint64((column + j) * length + s), np.uint64(rows),
                             bias[column + j], flat_residual, has_residual, low, high, slope)
+
+
+def strip_rows(count: int) -> int:
+    """Outputs per tap tile for ``count`` outputs: 7 where that computes fewer rows than 8
+    (49 outputs: 7 tiles of 7 against 7 of 8, the last with one output), else 8."""
+    shorter = STRIP_ROWS - 1
+    return shorter if -(-count // shorter) * shorter < -(-count // STRIP_ROWS) * STRIP_ROWS \
+        else STRIP_ROWS
 
 
 @_jit

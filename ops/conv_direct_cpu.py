@@ -10,7 +10,8 @@ into its zero-padded stride phases, and the tile reads straight out of them:
   each read at its taps (one broadcast per output and tap), against a panel of 32 output
   channels of the weight's transpose, packed once per session node. Every computed row is an
   output, whatever the image's width, and the tile is stored transposed: 8 consecutive
-  outputs of each channel. (The weight-on-the-left form computes the planes' padding
+  outputs of each channel (7 where outputs come in sevens, as on a 7x7 plane). (The
+  weight-on-the-left form computes the planes' padding
   columns too: 15 of 64 positions at 7x7; it lost to this one at every size.)
 * a 1x1 convolution of a large image takes **the weight on the left**: 8 output channels by
   32 consecutive outputs of every input channel, read where they lie in the image.
@@ -148,12 +149,13 @@ class _Layout:
 
     def places(self, r0, r1):
         """Where outputs r0 * ow.. r1 * ow sit in phase planes that start at plane row r0,
-        padded with place 0 to a whole strip and one more (made once per band)."""
+        padded with place 0 past a whole strip of either size and one more (made once per
+        band)."""
         found = self._places.get((r0, r1))
         if found is None:
             ow, count = self.out_dims[1], (r1 - r0) * self.out_dims[1]
             outputs = np.arange(count)
-            found = np.zeros(-(-count // STRIP) * STRIP + STRIP, np.int64)
+            found = np.zeros(count + 2 * STRIP, np.int64)
             if self.strips:  # output q is lane q % STRIP of strip q // STRIP
                 found[:count] = outputs // STRIP * (self.rows_at.size * STRIP) + outputs % STRIP
             else:
@@ -255,10 +257,14 @@ def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None, at=None):
     spill = jit_cpu._scratch_array("direct_spill", y.dtype, (plan.width, STRIP))
     no_bias = jit_cpu._scratch_array("direct_no_bias", y.dtype, (plan.width,))
     no_bias[:] = 0
-    ow = plan.out_dims[1]
-    _kernels().tap_conv(flat, plan.rows_at, plan.places(r0, r1), (r1 - r0) * ow, plan.panels,
-                        y, (r0 if at is None else at) * ow, bias, residual, has_residual, low, high, slope, p0,
-                        plan.panels.shape[0] if p1 is None else p1, spill, no_bias)
+    ow, kernels = plan.out_dims[1], _kernels()
+    count = (r1 - r0) * ow
+    # strips of packed input hold 8 outputs each; elsewhere 7x7 planes go 7 outputs a tile
+    strip = STRIP if plan.strips else kernels.strip_rows(count)
+    kernels.tap_conv(flat, plan.rows_at, plan.places(r0, r1), count, plan.panels, y,
+                     (r0 if at is None else at) * ow, bias, residual, has_residual, low, high,
+                     slope, p0, plan.panels.shape[0] if p1 is None else p1, spill, no_bias,
+                     strip)
 
 
 def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None, at=None):

@@ -224,6 +224,25 @@ def test_which_convolutions_take_it():
     assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, {})
 
 
+def test_tiles_of_seven_outputs_where_outputs_come_in_sevens():
+    strip_rows = jit_cpu.panel_kernels().strip_rows
+    assert [strip_rows(n) for n in (49, 98, 196, 20, 64, 784, 3136, 8, 7, 1)] == \
+        [7, 7, 7, 7, 8, 8, 8, 8, 7, 7]
+
+
+@pytest.mark.parametrize("image", [(40, 7, 7), (24, 14, 14), (9, 5, 4)])
+@pytest.mark.parametrize("split_rows", [False, True])
+def test_seven_output_tiles_match_the_reference(image, split_rows, monkeypatch):
+    """7x7 planes (7 tiles of 7), 14x14 ones (28 of 7) and 20 outputs (two of 7, then 6
+    through the spill), with the bias, a residual and a Relu in the tile's store."""
+    monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", 1 if split_rows else 1000)
+    X, W, B = _rand(1, *image), _rand(37, image[0], 3, 3), _rand(37)
+    Z = _rand(1, 37, *image[1:])
+    got = fused_conv(np, X, W, B, Z, pads=[1] * 4, activation="Relu", _prepacked={})
+    want = np.maximum(_expected(X, W, B, Z, pads=[1] * 4), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 STRIDED_POINTWISE = [  # (C, H, W), M, strides, pads: packed into strips of outputs
     ((40, 14, 14), 64, (2, 2), (0, 0, 0, 0)),  # 49 outputs: six strips and one of a lane
     ((24, 13, 11), 40, (2, 3), (0, 0, 0, 0)),  # uneven strides; a partial panel
