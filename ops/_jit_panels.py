@@ -493,8 +493,8 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
     the place in them of each output from ``first`` on (padded with valid places to a whole
     strip past the last), ``panels`` (P, K, width) the weight's transpose zero-padded to P *
     width channels, ``bias`` as long, ``spill`` a (width, STRIP_ROWS) scratch for a last
-    strip short of ``strip`` outputs, ``no_bias`` zeros of at least a panel's width.
-    ``strip``: outputs per tile, STRIP_ROWS or STRIP_ROWS - 1 (:func:`strip_rows`).
+    strip of fewer than STRIP_ROWS - 1 outputs, ``no_bias`` zeros of at least a panel's
+    width. ``strip``: outputs per tile, STRIP_ROWS or STRIP_ROWS - 1 (:func:`strip_rows`).
     Epilogue per output: + bias, + residual (y's layout) when ``has_residual``, times
     ``slope`` when negative, clamped to [low, high]."""
     k_len, width = panels.shape[1], panels.shape[2]

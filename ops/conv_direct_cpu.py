@@ -11,8 +11,8 @@ into its zero-padded stride phases, and the tile reads straight out of them:
   channels of the weight's transpose, packed once per session node. Every computed row is an
   output, whatever the image's width, and the tile is stored transposed: 8 consecutive
   outputs of each channel (7 where outputs come in sevens, as on a 7x7 plane). (The
-  weight-on-the-left form computes the planes' padding
-  columns too: 15 of 64 positions at 7x7; it lost to this one at every size.)
+  weight-on-the-left form computes the planes' padding columns too: 15 of 64 positions at
+  7x7; it lost to this one at every size.)
 * a 1x1 convolution of a large image takes **the weight on the left**: 8 output channels by
   32 consecutive outputs of every input channel, read where they lie in the image.
 * a strided 1x1 convolution of a small image takes the tap form on its input **packed into
@@ -49,7 +49,6 @@ PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # weight bytes per block of output channels (1x1 form): a block stays in L2 (1 MiB here)
 # while the outputs pass over it
 WEIGHT_BLOCK_BYTES = 1 << 18
-STRIPS_FORM = True
 STRIP = 8  # ops/_jit_panels.py's STRIP_ROWS (read here without loading numba)
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
@@ -101,7 +100,7 @@ def _strided_pointwise(kernel, strides, channels, out_dims) -> bool:
     through im2col and OpenBLAS, 1024 x 512 to 14x14 600-731 against 680-815 (2 threads, in
     one process). Packing costs as much as a stride-1 layer's whole gain: those stay with
     OpenBLAS (1024 x 256 at 14x14 346 against 513 packed)."""
-    return STRIPS_FORM and math.prod(kernel) == 1 and any(int(s) > 1 for s in strides) \
+    return math.prod(kernel) == 1 and any(int(s) > 1 for s in strides) \
         and not _weight_on_the_left(channels, out_dims)
 
 
@@ -131,8 +130,8 @@ class _Layout:
         phases = (1 if kernel[0] == 1 else sy, 1 if kernel[1] == 1 else sx)
         lanes = kernels.VECTOR_BYTES // X.itemsize
         self.planes_shape = phases + (c, -(-ph * pw // lanes) * lanes)
-        if self.strips:  # every strip of outputs: (C, STRIP), and one more for the padding
-            self.planes_shape = (-(-math.prod(out_dims) // STRIP) + 1, c, STRIP)
+        if self.strips:  # each strip of outputs: (C, STRIP)
+            self.planes_shape = (-(-math.prod(out_dims) // STRIP), c, STRIP)
         self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
         self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
         weight = W.reshape(m, -1)
