@@ -12,14 +12,17 @@ timed runs after one untimed; the outputs are compared with the NumPy recurrence
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 import mixrt
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runners import median_call_ms  # noqa: E402
 
 HEADS, SIZE = 16, 128
 NAMES = ["query", "key", "value", "past_state", "decay", "beta"]
@@ -62,16 +65,6 @@ def recurrence(xp, feeds: dict):
     return xp.stack(outputs, 1).reshape(1, steps, -1), state
 
 
-def timed(run, runs: int) -> float:
-    run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -90,13 +83,13 @@ def main() -> None:
         session = mixrt_session(feeds)
         reference = recurrence(np, feeds)[0]
         diff = float(np.abs(session.run(["y"], feeds)[0] - reference).max())
-        mixrt_ms = timed(lambda: session.run(None, feeds), args.runs)
-        numpy_ms = timed(lambda: recurrence(np, feeds), args.runs)
+        mixrt_ms = median_call_ms(lambda: session.run(None, feeds), args.runs)
+        numpy_ms = median_call_ms(lambda: recurrence(np, feeds), args.runs)
         torch_ms = "–"
         if torch is not None:
             tensors = {n: torch.from_numpy(a) for n, a in feeds.items()}
             with torch.inference_mode():
-                torch_ms = f"{timed(lambda: recurrence(torch, tensors), args.runs):.1f}"
+                torch_ms = f"{median_call_ms(lambda: recurrence(torch, tensors), args.runs):.1f}"
         print(f"| {'per key' if per_key else 'per head'} | {mixrt_ms:.1f} | {numpy_ms:.1f} | "
               f"{torch_ms} | {numpy_ms / mixrt_ms:.2f} | {diff:.1e} |", flush=True)
 

@@ -9,8 +9,8 @@ in this process, host arrays in and out, median of ``--runs`` timed runs after t
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +18,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import mixrt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runners import median_call_ms  # noqa: E402
 
 # (label, input shape, scales, attributes)
 CASES = [
@@ -40,17 +43,6 @@ def one_node_model(shape, scales, attributes) -> onnx.ModelProto:
                              ir_version=9)
 
 
-def median_ms(fn, runs: int) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=15)
@@ -64,8 +56,8 @@ def main() -> None:
         ours = mixrt.Session(model)
         theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
         diff = float(np.abs(ours.run(None, {"X": x})[0] - theirs.run(None, {"X": x})[0]).max())
-        a = median_ms(lambda: ours.run(None, {"X": x}), args.runs)
-        b = median_ms(lambda: theirs.run(None, {"X": x}), args.runs)
+        a = median_call_ms(lambda: ours.run(None, {"X": x}), args.runs, warm=2)
+        b = median_call_ms(lambda: theirs.run(None, {"X": x}), args.runs, warm=2)
         print(f"| {label} | {a:.2f} | {b:.2f} | {a / b:.2f} | {diff:.1e} |", flush=True)
 
 

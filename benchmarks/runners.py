@@ -85,6 +85,19 @@ def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
+def median_call_ms(fn, runs: int, warm: int = 1) -> float:
+    """Median wall time of ``runs`` calls of ``fn``, after ``warm`` untimed ones (the
+    single-kernel benchmarks, which time one runtime at a time)."""
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return median_ms(times)
+
+
 # -- onnxruntime ----------------------------------------------------------------------------
 
 def ort_runner(path, threads: int, device: str = "cpu") -> Runner | None:
