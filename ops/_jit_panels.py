@@ -23,11 +23,17 @@ long K is not one chain of roundings.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
+from llvmlite import binding, ir
+from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from mixrt.ops.parallel import intra_op_threads
 
 VECTOR_BYTES = 64
 PANEL_VECTORS = 2  # vectors across a panel: 32 floats or 16 doubles
@@ -36,6 +42,7 @@ ROW_BLOCK = 256  # rows taken through all of a thread's panels before the next r
 K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
+binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (numba leaves it out)
 
 
 def _make_tile(rows: int, finished: bool = False):
@@ -534,7 +541,8 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
                             bias[column + j], flat_residual, has_residual, low, high, slope)
 
 
-def strip_rows(count: int) -> int:
+@_jit
+def strip_rows(count):
     """Outputs per tap tile for ``count`` outputs: 7 where that computes fewer rows than 8
     (49 outputs: 7 tiles of 7 against 7 of 8, the last with one output), else 8."""
     shorter = STRIP_ROWS - 1
@@ -618,3 +626,466 @@ def _limited(v, low, high, slope):
     if v > high:
         v = high
     return v
+
+
+# -- native worker threads ---------------------------------------------------------------------
+#
+# Worker threads that take a compiled kernel's parts without the GIL.
+#
+# ``ops/parallel.py`` hands a part to a Python thread: the worker wakes from its queue, then
+# waits for the GIL, which the caller holds until its own part enters compiled code. Each of
+# those is a sleep: a job of two 236 us parts of a 1x1 convolution ran 280 us, the worker
+# starting 15 us after the caller and the caller seeing the end 13 us after the worker
+# (benchmarks/NOTES.md §19). Here the hand-off never leaves native code: a kernel's driver
+# (compiled, called once from Python) publishes its arguments in a shared control block,
+# takes parts itself, and waits for the worker's by spinning; the worker is a thread started
+# with ``pthread_create`` on a numba ``cfunc`` that spins on the same block, so two 7 us
+# parts take 7.4 us instead of 21-31.
+#
+# A worker spins for SPIN_ROUNDS pauses after its last job (~45 us: a worker spinning without
+# end took a core from OpenBLAS and the Python threads between jobs, ResNet-50 22 -> 31-39
+# ms), then sleeps on a futex until a caller wakes it; ``conv_direct_cpu.conv`` wakes it
+# before its setup, which covers the ~10-15 us a sleeping thread takes to run again. A caller never
+# waits for a worker to arrive: parts are claimed one at a time from a counter, so a sleeping
+# or busy worker only means the caller takes more of them; it waits only for parts a worker
+# has already claimed.
+#
+# The control block (int64), one 64-byte line per word the threads write:
+#
+# * ``STATE``: the job's sequence number << 16, plus the workers inside it, plus ``CLOSED``
+#   once the caller has taken the last part (no worker may join after that);
+# * ``NEXT``: the next part to claim; ``BUSY``: a caller owns the pool (another caller runs
+#   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
+#   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
+# * ``ARGS`` on: the job's arguments, written by the driver before it publishes the job.
+#
+# A pool is made per process on first use and again in a forked child (whose threads did not
+# survive the fork). Its block and threads live until the process ends.
+#
+# The pool and the convolution driver below live in this file because numba's disk cache is
+# stamped per source file: a cached caller keeps the code of what it called in another file,
+# and would not see that file change (the argument slots, the tile).
+
+LINE = 8  # int64 words per 64-byte line
+STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED = (LINE * i for i in range(6))
+ARGS = 6 * LINE
+BLOCK_WORDS = ARGS + 128
+CLOSED = 1 << 15
+COUNT_MASK = CLOSED - 1
+SPIN_ROUNDS = 2000  # pauses (~22 ns each on this EPYC) before a worker sleeps
+FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
+
+
+# -- atomics, as LLVM IR: numba has none for the CPU --------------------------------------------
+
+def _word(context, builder, signature, args):
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    return builder.gep(data, [args[1]])
+
+
+@intrinsic
+def load(typingctx, block, index):
+    """``block[index]``, read with acquire order (sees what was written before the release
+    that wrote it)."""
+    def codegen(context, builder, signature, args):
+        word = _word(context, builder, signature, args)
+        return builder.load_atomic(word, "acquire", word.type.pointee.width // 8)
+    return block.dtype(block, types.intp), codegen
+
+
+@intrinsic
+def store(typingctx, block, index, value):
+    """``block[index] = value`` with release order (publishes every earlier write)."""
+    def codegen(context, builder, signature, args):
+        word = _word(context, builder, signature, args)
+        builder.store_atomic(args[2], word, "release", word.type.pointee.width // 8)
+        return context.get_dummy_value()
+    return types.void(block, types.intp, block.dtype), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, block, index, value):
+    """Adds ``value`` to ``block[index]`` (sequentially consistent); the old value."""
+    def codegen(context, builder, signature, args):
+        return builder.atomic_rmw("add", _word(context, builder, signature, args), args[2],
+                                  "seq_cst")
+    return block.dtype(block, types.intp, block.dtype), codegen
+
+
+@intrinsic
+def compare_swap(typingctx, block, index, expected, value):
+    """``block[index] = value`` if it holds ``expected`` (sequentially consistent); whether
+    it did."""
+    def codegen(context, builder, signature, args):
+        pair = builder.cmpxchg(_word(context, builder, signature, args), args[2], args[3],
+                               "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(block, types.intp, block.dtype, block.dtype), codegen
+
+
+@intrinsic
+def pause(typingctx):
+    """The spin-wait hint (x86 ``pause``): the core stops speculating past the loop."""
+    def codegen(context, builder, signature, args):
+        builder.call(cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"), [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def address(typingctx, array):
+    """The address of ``array``'s first element, as an int64 (for the argument block)."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+    return types.int64(array), codegen
+
+
+@intrinsic
+def pointer_like(typingctx, value, like):
+    """The int64 ``value`` as a pointer to ``like``'s type (a scalar's, an array's
+    elements')."""
+    element = like.dtype if isinstance(like, types.Array) else like
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_data_type(element).as_pointer())
+    return types.CPointer(element)(types.int64, like), codegen
+
+
+@_jit
+def put(block, slot, array):
+    """``array`` (contiguous, up to 3 dimensions) into slots slot..slot + 3."""
+    block[slot] = address(array)
+    for axis in range(array.ndim):
+        block[slot + 1 + axis] = array.shape[axis]
+
+
+@_jit
+def get1(block, slot, like):
+    return carray(pointer_like(block[slot], like), (block[slot + 1],))
+
+
+@_jit
+def get2(block, slot, like):
+    return carray(pointer_like(block[slot], like), (block[slot + 1], block[slot + 2]))
+
+
+@_jit
+def get3(block, slot, like):
+    return carray(pointer_like(block[slot], like),
+                  (block[slot + 1], block[slot + 2], block[slot + 3]))
+
+
+@intrinsic
+def _as_block(typingctx, raw):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(types.voidptr), codegen
+
+
+@intrinsic
+def _futex(typingctx, word, operation, value):
+    """The futex system call on ``word`` (an int32 array's first element), as an inline
+    ``syscall`` (Linux x86-64): through ctypes numba could not cache the callers."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i64 = ir.IntType(64)
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 7), "syscall",
+                            "={rax},{rax},{rdi},{rsi},{rdx},{r10},{r8},{r9},~{rcx},~{r11},"
+                            "~{memory}", side_effect=True)
+        zero = ir.Constant(i64, 0)
+        return builder.call(call, [ir.Constant(i64, FUTEX_SYSCALL),
+                                   builder.ptrtoint(data, i64), args[1],
+                                   builder.sext(args[2], i64), zero, zero, zero])
+    return types.int64(word, types.int64, types.int32), codegen
+
+
+# -- the caller's side, called from a kernel's compiled driver ---------------------------------
+
+@_jit
+def begin(block) -> int:
+    """Takes the pool for one job: its sequence number, or -1 when another caller has it
+    (then the driver runs every part itself)."""
+    if not compare_swap(block, BUSY, 0, 1):
+        return -1
+    block[NEXT] = 0
+    return (load(block, STATE) >> 16) + 1
+
+
+@_jit
+def wake(block):
+    """Wakes the sleeping workers. A driver calls it before its own setup (its phase planes),
+    which covers the ~10-15 us a sleeping thread takes to run again."""
+    if fetch_add(block, SLEEPERS, 0) > 0:
+        word = block[WAKE:WAKE + 1].view(np.int32)
+        fetch_add(word, 0, np.int32(1))
+        _futex(word, FUTEX_WAKE_PRIVATE, np.int32(1 << 30))
+
+
+@_jit
+def publish(block, sequence):
+    """Opens job ``sequence`` (its arguments are in ``block[ARGS:]``) and wakes workers still
+    asleep."""
+    store(block, STATE, sequence << 16)
+    wake(block)
+
+
+@_jit
+def claim(block, parts) -> int:
+    """The next unclaimed part of the job, or -1 when all are taken."""
+    part = fetch_add(block, NEXT, 1)
+    return part if part < parts else -1
+
+
+@_jit
+def finish(block):
+    """Closes the job (no worker joins after this) and waits for the workers inside it to
+    leave; then the pool is free."""
+    while True:
+        state = load(block, STATE)
+        if compare_swap(block, STATE, state, state | CLOSED):
+            break
+    while load(block, STATE) & COUNT_MASK:
+        pause()
+    store(block, BUSY, 0)
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+@_jit
+def serve(raw):
+    """The worker loop over the jobs in the block at ``raw``, each run by :func:`_dispatch`
+    (it claims parts until none are left); never returns."""
+    block = carray(_as_block(raw), (BLOCK_WORDS,))
+    wake = block[WAKE:WAKE + 1].view(np.int32)
+    done, idle = 0, 0
+    while True:
+        state = load(block, STATE)
+        sequence = state >> 16
+        if sequence != done and not state & CLOSED:
+            if compare_swap(block, STATE, state, state + 1):
+                done, idle = sequence, 0
+                fetch_add(block, JOINED, 1)
+                _dispatch(block)
+                fetch_add(block, STATE, -1)
+            continue
+        idle += 1
+        if idle < SPIN_ROUNDS:
+            pause()
+            continue
+        # sleep: count in, then check the job once more, so that a caller who published
+        # after the check sees a sleeper and wakes it
+        word = load(wake, 0)
+        fetch_add(block, SLEEPERS, 1)
+        if load(block, STATE) == state:
+            _futex(wake, FUTEX_WAIT_PRIVATE, word)
+        fetch_add(block, SLEEPERS, -1)
+        idle = 0
+
+
+WORKER_SIGNATURE = types.voidptr(types.voidptr)
+
+
+_libc = ctypes.CDLL(None)
+
+
+class Pool:
+    """A control block and its worker threads (``intra_op_threads() - 1`` of them)."""
+
+    def __init__(self, worker, workers: int):
+        self.block = np.zeros(BLOCK_WORDS, np.int64)
+        self.workers = 0
+        for _ in range(workers):
+            thread = ctypes.c_ulong()
+            if _libc.pthread_create(ctypes.byref(thread), None, ctypes.c_void_p(worker.address),
+                                    ctypes.c_void_p(self.block.ctypes.data)) != 0:
+                break  # fewer threads than asked: the callers take the parts left
+            _libc.pthread_detach(thread)
+            self.workers += 1
+
+    def wake(self):
+        wake(self.block)
+
+
+_pools: dict = {}
+_lock = threading.Lock()
+
+
+def pool(name: str, worker) -> Pool | None:
+    """This process's pool ``name``, its threads running the ``cfunc`` ``worker`` (which
+    calls :func:`serve`), or None when one thread is all this process may use or no worker
+    started."""
+    workers = intra_op_threads() - 1
+    if workers < 1:
+        return None
+    key = (name, os.getpid(), workers)
+    found = _pools.get(key)
+    if found is None:
+        with _lock:
+            found = _pools.get(key)
+            if found is None:
+                found = _pools[key] = Pool(worker, workers)  # kept for the process's life
+    return found if found.workers else None
+
+
+# -- the direct convolutions, split between threads in native code ----------------------------
+#
+# ``ops/conv_direct_cpu.py``'s convolutions split between threads in native code.
+#
+# One compiled call per image (:func:`conv`) does what ``conv_direct_cpu.conv`` did through
+# ``parallel_for``: it builds the shared phase planes when the threads split the output
+# channels, publishes the job in the pool's control block, claims parts until
+# none are left and waits for the worker's. The worker (:func:`_dispatch`) rebuilds the
+# arguments from the block and claims parts the same way. A part is a band of output rows
+# (each thread builds that band's phase planes in its own buffer, or reads a 1x1's image in
+# place) or a run of output channels over the shared planes, as before: panels of the tap
+# form, strips of the weight-on-the-left form.
+
+# argument slots, from ARGS on: arrays take four (address, shape), then scalars
+(X, PLANES, WORKER_PLANES, ROWS_AT, PLACES, BOUNDS, PANELS, WEIGHTS, Y, BIAS, RESIDUAL,
+ WORKER_SPILL, WORKER_EDGE, NO_BIAS, LIMITS) = (ARGS + 4 * i for i in range(15))
+SCALARS = ARGS + 60
+(ITEMSIZE, TAPS, BY_ROWS, STRIPS, IN_PLACE, PARTS, CHUNK, ROW_BLOCK, HAS_RESIDUAL, SHAPE0,
+ SHAPE1, SHAPE2, SHAPE3, PH, PW, SY, SX, TOP, LEFT, HALO, OH, OW) = \
+    range(SCALARS, SCALARS + 22)
+assert OW < BLOCK_WORDS
+
+
+@_jit
+def _build(x, flat, shape, geometry, strips, r0, r1):
+    """The phase planes (or strips) of output rows r0..r1 into ``flat``."""
+    ph, pw, sy, sx, top, left, halo, oh, ow = geometry
+    if strips:
+        pack_strips(x, flat, r0, r1 - r0, ow, sy, sx, top, left)
+    else:
+        size = shape[0] * shape[1] * shape[2] * shape[3]
+        phase_planes(x, flat[:size].reshape(shape), ph, pw, sy, sx, top, left, r0,
+                             r1 - r0 + halo)
+
+
+@_jit
+def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, panels,
+          weights, y, bias, residual, limits, spill, edge, no_bias):
+    """One part: a band of rows on this thread's own planes (or a 1x1's image in place), or
+    a run of output channels on the shared ones. ``job``: (taps, by_rows, strips, in_place,
+    chunk, row_block, has_residual)."""
+    taps, by_rows, strips, in_place, chunk, row_block, has_residual = job
+    ph, pw, oh, ow = geometry[0], geometry[1], geometry[7], geometry[8]
+    low, high, slope = limits[0], limits[1], limits[2]
+    r0, r1, image = 0, oh, shared
+    if by_rows:
+        r0, r1 = bounds[part], bounds[part + 1]
+        if not in_place:
+            _build(x, own, shape, geometry, strips, r0, r1)
+            image = own
+    count = (r1 - r0) * ow
+    if taps:
+        strip = STRIP_ROWS if strips else strip_rows(count)
+        p0, p1 = (0, panels.shape[0]) if by_rows else \
+            (part * chunk, min(panels.shape[0], (part + 1) * chunk))
+        tap_conv(image, rows_at, places[part if by_rows else 0], count, panels, y,
+                         r0 * ow, bias, residual, has_residual, low, high, slope, p0, p1,
+                         spill, no_bias, strip)
+        return
+    stride, offset = shape[3], 0
+    if in_place:
+        image, stride, offset = x.reshape(-1), ph * pw, r0 * ow
+    m0, m1 = (0, weights.shape[0]) if by_rows else \
+        (part * chunk * STRIP_ROWS, min(weights.shape[0], (part + 1) * chunk * STRIP_ROWS))
+    pointwise_conv(weights, image, stride, offset, count, y, r0 * ow, bias, residual,
+                           has_residual, low, high, slope, m0, m1, row_block, edge,
+                           spill.reshape((STRIP_ROWS, spill.size // STRIP_ROWS)))
+
+
+@_jit
+def native_conv(block, job, parts, x, planes, worker_planes, shape, geometry, rows_at, places, bounds,
+         panels, weights, y, bias, residual, limits, spill, worker_spill, edge, worker_edge,
+         no_bias):
+    """Conv of one image ``x`` into ``y``, its ``parts`` taken by this thread and the pool's
+    worker (``block``; with another caller using it, all here). ``job`` as :func:`_part`
+    reads it; ``limits``: the epilogue's (low, high, slope) in x's dtype; ``panels`` (the
+    tap form) or ``weights`` (1x1, weight on the left), the other one empty."""
+    taps, by_rows, strips, in_place, chunk, row_block, has_residual = job
+    if not by_rows and not in_place:
+        _build(x, planes, shape, geometry, strips, 0, geometry[7])
+    sequence = begin(block) if parts > 1 else -1
+    if sequence >= 0:
+        put(block, X, x)
+        put(block, PLANES, planes)
+        put(block, WORKER_PLANES, worker_planes)
+        put(block, ROWS_AT, rows_at)
+        put(block, PLACES, places)
+        put(block, BOUNDS, bounds)
+        put(block, PANELS, panels)
+        put(block, WEIGHTS, weights)
+        put(block, Y, y)
+        put(block, BIAS, bias)
+        put(block, RESIDUAL, residual)
+        put(block, WORKER_SPILL, worker_spill)
+        put(block, WORKER_EDGE, worker_edge)
+        put(block, NO_BIAS, no_bias)
+        put(block, LIMITS, limits)
+        block[ITEMSIZE], block[PARTS] = x.itemsize, parts
+        block[TAPS], block[BY_ROWS], block[STRIPS], block[IN_PLACE] = taps, by_rows, strips, \
+            in_place
+        block[CHUNK], block[ROW_BLOCK], block[HAS_RESIDUAL] = chunk, row_block, has_residual
+        for i in range(4):
+            block[SHAPE0 + i] = shape[i]
+        for i in range(9):
+            block[PH + i] = geometry[i]
+        publish(block, sequence)
+        part = claim(block, parts)
+        while part >= 0:
+            _part(part, job, x, planes, planes, shape, geometry, rows_at, places, bounds,
+                  panels, weights, y, bias, residual, limits, spill, edge, no_bias)
+            part = claim(block, parts)
+        finish(block)
+        return
+    for part in range(parts):
+        _part(part, job, x, planes, planes, shape, geometry, rows_at, places, bounds, panels,
+              weights, y, bias, residual, limits, spill, edge, no_bias)
+
+
+@_jit
+def _worker_parts(block, zero):
+    """The worker's side of :func:`native_conv`, in the dtype of ``zero``."""
+    index = np.int64(0)
+    x, y = get3(block, X, zero), get2(block, Y, zero)
+    planes, own = get1(block, PLANES, zero), get1(block, WORKER_PLANES, zero)
+    rows_at, bounds = get1(block, ROWS_AT, index), get1(block, BOUNDS, index)
+    places = get2(block, PLACES, index)
+    panels, weights = get3(block, PANELS, zero), get2(block, WEIGHTS, zero)
+    bias, residual = get1(block, BIAS, zero), get2(block, RESIDUAL, zero)
+    spill, edge = get2(block, WORKER_SPILL, zero), get2(block, WORKER_EDGE, zero)
+    no_bias, limits = get1(block, NO_BIAS, zero), get1(block, LIMITS, zero)
+    shape = (block[SHAPE0], block[SHAPE1], block[SHAPE2], block[SHAPE3])
+    geometry = (block[PH], block[PW], block[SY], block[SX], block[TOP], block[LEFT],
+                block[HALO], block[OH], block[OW])
+    job = (block[TAPS] != 0, block[BY_ROWS] != 0, block[STRIPS] != 0, block[IN_PLACE] != 0,
+           block[CHUNK], block[ROW_BLOCK], block[HAS_RESIDUAL] != 0)
+    parts = block[PARTS]
+    part = claim(block, parts)
+    while part >= 0:
+        _part(part, job, x, own, planes, shape, geometry, rows_at, places, bounds, panels,
+              weights, y, bias, residual, limits, spill, edge, no_bias)
+        part = claim(block, parts)
+
+
+@_jit
+def _dispatch(block):
+    if block[ITEMSIZE] == 4:
+        _worker_parts(block, np.float32(0))
+    else:
+        _worker_parts(block, np.float64(0))
+
+
+@cfunc(WORKER_SIGNATURE, nopython=True, error_model="numpy", cache=True)
+def _worker(raw):
+    serve(raw)
+    return raw
+
+
+def conv_pool():
+    """The direct convolutions' worker pool, or None (one thread)."""
+    return pool("direct_conv", _worker)

@@ -26,6 +26,9 @@ Relu, LeakyRelu and Clip. Another activation runs after, over the output.
 from __future__ import annotations
 
 import math
+import os
+import platform
+import sys
 
 import numpy as np
 
@@ -50,6 +53,8 @@ PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # while the outputs pass over it
 WEIGHT_BLOCK_BYTES = 1 << 18
 STRIP = 8  # ops/_jit_panels.py's STRIP_ROWS (read here without loading numba)
+# the native pool's futex call is Linux x86-64's system call (the panel tile is x86 already)
+NATIVE_POOL_PLATFORM = sys.platform.startswith("linux") and platform.machine() == "x86_64"
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
 
@@ -145,6 +150,20 @@ class _Layout:
             self.weights = np.zeros((-(-m // STRIP) * STRIP, c), X.dtype)  # whole strips
             self.weights[:m] = weight
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
+        self._native, self._limits = None, {}
+
+    def native_parts(self) -> _NativeParts:
+        if self._native is None:
+            self._native = _NativeParts(self)
+        return self._native
+
+    def limits(self, low, high, slope) -> np.ndarray:
+        """The epilogue's (low, high, slope) as an array of the image's dtype (made once)."""
+        key = (low, high, slope)
+        found = self._limits.get(key)
+        if found is None:
+            found = self._limits.setdefault(key, np.array(key, type(low)))
+        return found
 
     def places(self, r0, r1):
         """Where outputs r0 * ow.. r1 * ow sit in phase planes that start at plane row r0,
@@ -160,6 +179,46 @@ class _Layout:
             else:
                 found[:count] = outputs // ow * self.pw + outputs % ow
             found = self._places.setdefault((r0, r1), found)
+        return found
+
+
+class _NativeParts:
+    """How the native driver splits a node's image: ``count`` bands of rows between
+    ``bounds`` (each with its row of ``places``), or ``count`` runs of ``chunk`` output
+    panels (tap form) or strips (1x1) over shared planes; one part a thread, as
+    ``parallel_for`` had them."""
+
+    def __init__(self, plan):
+        oh, ow = plan.out_dims
+        self.row_block = 0 if plan.taps else plan.row_block
+        self.bounds = np.array([0, oh], np.int64)
+        bands = [(0, oh)]
+        if plan.by_rows:
+            bands = _row_parts(oh)
+            self.count, self.chunk = len(bands), 0
+            self.bounds = np.array([b[0] for b in bands] + [oh], np.int64)
+        elif plan.taps:
+            panels = plan.panels.shape[0]
+            self.count = len(thread_parts(panels, plan.panels.size * oh * ow))
+            self.chunk = -(-panels // self.count)
+        else:
+            self.count = len(_strip_parts(plan.weights.shape[0]))
+            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
+        rows = [plan.places(r0, r1) for r0, r1 in bands] if plan.taps else [np.zeros(1, np.int64)]
+        self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
+        for i, row in enumerate(rows):
+            self.places[i, :row.size] = row
+        self.rows_at = plan.rows_at if plan.taps else np.zeros(1, np.int64)
+        self.shape = (0, 0, 0, 0) if plan.strips else tuple(int(v) for v in plan.planes_shape)
+        self.geometry = (*plan.plane_dims, *plan.strides, *plan.begin, plan.halo, oh, ow)
+        self._empty: dict = {}
+
+    def empty(self, dtype) -> dict:
+        """Empty arrays of 2 and 3 dimensions, for the form's unused operand."""
+        found = self._empty.get(dtype)
+        if found is None:
+            found = self._empty.setdefault(dtype, {2: np.zeros((0, 0), dtype),
+                                                   3: np.zeros((0, 0, 0), dtype)})
         return found
 
 
@@ -207,9 +266,15 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     scalars = tuple(X.dtype.type(v) for v in limits)  # compared in X's dtype, not float64
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
+    native = _native_pool()
+    if native is not None:
+        native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes during the setup
     for image in range(n):
         y = y_all[image]
         epilogue = (bias, y if z_all is None else z_all[image], z_all is not None) + scalars
+        if native is not None:
+            _native_conv(native, plan, X[image], y, epilogue)
+            continue
         run = _taps if plan.taps else _pointwise
         if plan.by_rows:
             parallel_for(_row_parts(out_dims[0]), lambda r0, r1, x=X[image], y=y, e=epilogue:
@@ -221,6 +286,42 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
             parallel_for(parts, lambda c0, c1, x=X[image], y=y, e=epilogue, s=shared:
                          run(plan, x, y, e, 0, out_dims[0], c0, c1, s))
     return out
+
+
+def _native_pool():
+    """The native workers' pool (``ops/_jit_panels.py``), or None: one thread, or turned off
+    with ``MIXRT_NATIVE_POOL=0``."""
+    if os.environ.get("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
+        return None
+    return _kernels().conv_pool()
+
+
+def _native_conv(native, plan, x, y, epilogue):
+    """One image, its parts split between threads in native code
+    (``_jit_panels.native_conv``)."""
+    bias, residual, has_residual, slope, low, high = epilogue
+    parts, dtype = plan.native_parts(), y.dtype
+    flat, _ = _planes(plan, dtype)
+    scratch = jit_cpu._scratch_array
+    worker_planes = scratch("direct_planes_worker", dtype, flat.shape)
+    spill = scratch("direct_spill", dtype, (plan.width, STRIP))
+    worker_spill = scratch("direct_spill_worker", dtype, (plan.width, STRIP))
+    no_bias = scratch("direct_no_bias", dtype, (plan.width,))
+    no_bias[:] = 0
+    empty = parts.empty(dtype)
+    if plan.taps:
+        panels, weights, edge, worker_edge = plan.panels, empty[2], empty[2], empty[2]
+    else:
+        panels, weights = empty[3], plan.weights
+        edge = scratch("direct_edge", dtype, (plan.weights.shape[1], plan.width))
+        worker_edge = scratch("direct_edge_worker", dtype, edge.shape)
+    job = (plan.taps, plan.by_rows, plan.strips, plan.in_place, parts.chunk, parts.row_block,
+           has_residual)
+    _kernels().native_conv(native.block, job, parts.count, x, flat, worker_planes,
+                            parts.shape, parts.geometry, parts.rows_at, parts.places,
+                            parts.bounds, panels, weights, y, bias, residual,
+                            plan.limits(low, high, slope), spill, worker_spill, edge,
+                            worker_edge, no_bias)
 
 
 def _padded_bias(plan, B, m, dtype) -> np.ndarray:

@@ -1,0 +1,178 @@
+"""The native worker pool under the direct convolutions (ops/_jit_panels.py, its last two
+sections): the same bits as the parts run through ``parallel_for``, the
+worker really taking parts, its sleep and wake, a second caller while the pool is taken,
+concurrent callers, and a forked child that gets a pool of its own."""
+
+import multiprocessing
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mixrt.ops import conv_direct_cpu, jit_cpu
+from mixrt.ops.conv_cpu import direct
+
+RNG = np.random.default_rng(5)
+pytestmark = pytest.mark.skipif(
+    jit_cpu.panel_kernels() is None or not conv_direct_cpu.NATIVE_POOL_PLATFORM,
+    reason="the native pool drives the panel tile (AVX-512, numba) on Linux x86-64")
+
+CASES = [  # (C, H, W), (M, kh, kw), strides, pads: each way the driver splits an image
+    ((16, 34, 34), (40, 3, 3), (1, 1), (1, 1, 1, 1)),  # tap form, bands of rows
+    ((64, 14, 14), (96, 3, 3), (1, 1), (1, 1, 1, 1)),  # tap form, panels on shared planes
+    ((48, 15, 15), (64, 3, 3), (2, 2), (1, 1, 1, 1)),  # four stride phases, shared
+    ((96, 14, 14), (72, 1, 1), (2, 2), (0, 0, 0, 0)),  # strided 1x1: strips, shared
+    ((32, 40, 40), (48, 1, 1), (1, 1), (0, 0, 0, 0)),  # 1x1 read in place, bands of rows
+    ((64, 30, 30), (80, 1, 1), (1, 1), (0, 0, 0, 0)),  # 1x1 in place, strips of channels
+]
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    monkeypatch.delenv("MIXRT_NATIVE_POOL", raising=False)
+    found = conv_direct_cpu._native_pool()
+    assert found is not None and found.workers == 1
+    return found
+
+
+def _conv(X, W, B, Z, kernel, strides, pads, prepacked=None):
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1,
+                  "kernel_shape": list(kernel), "pads": list(pads), "strides": list(strides)}
+    out = direct(X, W, B, Z, conv_direct_cpu.activation_limits("Relu", ()), attributes, None,
+                 {} if prepacked is None else prepacked)
+    assert out is not None, "the direct path did not take this convolution"
+    return out
+
+
+def _operands(image, kernel, strides, pads, dtype, batch=2):
+    c, h, w = image
+    m, kh, kw = kernel
+    X = RNG.standard_normal((batch, c, h, w)).astype(dtype)
+    W = (RNG.standard_normal((m, c, kh, kw)) * 0.1).astype(dtype)
+    B = RNG.standard_normal(m).astype(dtype)
+    oh = (h + pads[0] + pads[2] - kh) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - kw) // strides[1] + 1
+    Z = RNG.standard_normal((batch, m, oh, ow)).astype(dtype)
+    return X, W, B, Z, (kh, kw)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, kernel, strides, pads", CASES)
+def test_the_native_split_gives_the_bits_parallel_for_gives(pool, monkeypatch, image, kernel,
+                                                           strides, pads, dtype):
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, dtype)
+    native = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")
+    assert conv_direct_cpu._native_pool() is None
+    threads = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    np.testing.assert_array_equal(native, threads)
+
+
+def test_the_worker_takes_part_in_back_to_back_jobs(pool):
+    X, W, B, Z, kernel = _operands(*CASES[0][:1], CASES[0][1], (1, 1), (1, 1, 1, 1), np.float32)
+    prepacked: dict = {}
+    joined = pool.block[_native_pool().JOINED]
+    for _ in range(40):
+        _conv(X, W, B, Z, kernel, (1, 1), (1, 1, 1, 1), prepacked)
+    assert pool.block[_native_pool().JOINED] > joined
+
+
+def test_a_sleeping_worker_is_woken_by_the_next_job(pool):
+    image, kernel, strides, pads = CASES[1]
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float32)
+    expected = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    native = _native_pool()
+    deadline = time.monotonic() + 5
+    while pool.block[native.SLEEPERS] == 0:  # past its spin, the worker sleeps on the futex
+        assert time.monotonic() < deadline, "the idle worker never went to sleep"
+        time.sleep(0.001)
+    joined = pool.block[native.JOINED]
+    np.testing.assert_array_equal(_conv(X, W, B, Z, kernel_shape, strides, pads), expected)
+    deadline = time.monotonic() + 5
+    while pool.block[native.JOINED] == joined:  # woken, it joins a job soon after
+        assert time.monotonic() < deadline, "the sleeping worker was never woken"
+        _conv(X, W, B, Z, kernel_shape, strides, pads)
+
+
+def test_a_caller_finding_the_pool_taken_runs_every_part_itself(pool):
+    image, kernel, strides, pads = CASES[4]
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float64)
+    expected = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    native = _native_pool()
+    pool.block[native.BUSY] = 1  # as if another thread's job held it
+    try:
+        joined = pool.block[native.JOINED]
+        np.testing.assert_array_equal(_conv(X, W, B, Z, kernel_shape, strides, pads), expected)
+        assert pool.block[native.JOINED] == joined
+        assert pool.block[native.BUSY] == 1
+    finally:
+        pool.block[native.BUSY] = 0
+
+
+def test_concurrent_callers_each_get_their_own_result(pool):
+    cases = [_operands(image, kernel, strides, pads, np.float32) + (strides, pads)
+             for image, kernel, strides, pads in CASES]
+    expected = [_conv(X, W, B, Z, k, s, p) for X, W, B, Z, k, s, p in cases]
+    failures: list = []
+
+    def run(index):
+        X, W, B, Z, k, s, p = cases[index]
+        prepacked: dict = {}
+        for _ in range(15):
+            if not np.array_equal(_conv(X, W, B, Z, k, s, p, prepacked), expected[index]):
+                failures.append(index)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a caller hung"
+    assert failures == []
+
+
+def _child(queue):
+    image, kernel, strides, pads = CASES[0]
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float32)
+    first = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    os.environ["MIXRT_NATIVE_POOL"] = "0"
+    reference = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    os.environ["MIXRT_NATIVE_POOL"] = "1"
+    queue.put((bool(np.array_equal(first, reference)), id(conv_direct_cpu._native_pool())))
+
+
+def test_a_forked_child_starts_its_own_worker(pool):
+    image, kernel, strides, pads = CASES[0]
+    _conv(*_operands(image, kernel, strides, pads, np.float32)[:5], strides, pads)  # in use
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child, args=(queue,))
+    child.start()
+    try:
+        same, _ = queue.get(timeout=120)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    assert same
+
+
+def test_one_thread_means_no_pool(monkeypatch):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "1")
+    assert conv_direct_cpu._native_pool() is None
+    image, kernel, strides, pads = CASES[0]
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float32)
+    single = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    # one band of rows instead of two: the tiles fall differently, and a last partial tile
+    # adds its bias after the sums rather than before (a rounding apart)
+    np.testing.assert_allclose(_conv(X, W, B, Z, kernel_shape, strides, pads), single,
+                               rtol=1e-5, atol=1e-5)
+
+
+def _native_pool():
+    return jit_cpu.panel_kernels()
