@@ -21,6 +21,11 @@ into its zero-padded stride phases, and the tile reads straight out of them:
 
 The epilogue (``activation_limits``) is + bias, + residual, a slope below zero and a clamp:
 Relu, LeakyRelu and Clip. Another activation runs after, over the output.
+
+An image's parts (bands of output rows, or runs of output channels) are split between the
+calling thread and a native worker thread in one compiled call (``_jit_panels.native_conv``),
+which hands off without the GIL; ``parallel_for`` remains where that pool is off
+(``MIXRT_NATIVE_POOL=0``, one thread, not Linux x86-64).
 """
 
 from __future__ import annotations
