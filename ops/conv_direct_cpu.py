@@ -272,7 +272,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
     native = _native_pool()
-    if native is not None:
+    if native is not None and plan.native_parts().count > 1:
         native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes during the setup
     for image in range(n):
         y = y_all[image]
