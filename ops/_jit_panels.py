@@ -999,9 +999,9 @@ def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, p
 
 
 @_jit
-def native_conv(block, job, parts, x, planes, worker_planes, shape, geometry, rows_at, places, bounds,
-         panels, weights, y, bias, residual, limits, spill, worker_spill, edge, worker_edge,
-         no_bias):
+def native_conv(block, job, parts, x, planes, worker_planes, shape, geometry, rows_at, places,
+                bounds, panels, weights, y, bias, residual, limits, spill, worker_spill, edge,
+                worker_edge, no_bias):
     """Conv of one image ``x`` into ``y``, its ``parts`` taken by this thread and the pool's
     worker (``block``; with another caller using it, all here). ``job`` as :func:`_part`
     reads it; ``limits``: the epilogue's (low, high, slope) in x's dtype; ``panels`` (the
