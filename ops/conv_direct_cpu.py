@@ -13,8 +13,9 @@ into its zero-padded stride phases, and the tile reads straight out of them:
   outputs of each channel (7 where outputs come in sevens, as on a 7x7 plane). (The
   weight-on-the-left form computes the planes' padding columns too: 15 of 64 positions at
   7x7; it lost to this one at every size.)
-* a 1x1 convolution of a large image takes **the weight on the left**: 8 output channels by
-  32 consecutive outputs of every input channel, read where they lie in the image.
+* a 1x1 convolution takes **the weight on the left** (stride 1 from 7x7 outputs, strided
+  ones from 28x28): 8 output channels by 32 consecutive outputs of every input channel, read
+  where they lie in the image; smaller ones stay with OpenBLAS.
 * a strided 1x1 convolution of a small image takes the tap form on its input **packed into
   strips** of 8 outputs (each channel's 8 pixels side by side, read in order) instead of the
   im2col columns and OpenBLAS it took before.
@@ -44,14 +45,18 @@ from mixrt.ops.parallel import intra_op_threads, parallel_for, thread_parts
 # own phase planes: an image written by one core and read by the other cost ~20%) rather
 # than the output channels
 ROWS_SPLIT_MIN = 8
-# a 1x1 convolution takes the direct form from this many outputs; ResNet-50's, 2 threads,
-# against OpenBLAS plus its epilogue pass: 56x56 0.56-0.92, 28x28 0.74-1.06, 14x14
-# 1.24-1.32, 7x7 1.19-1.24 (a last partial panel of outputs is a larger share, and the
-# weight, up to 4 MiB, is read again for each panel)
-POINTWISE_POSITIONS = 28 * 28
-# ... when its panel (input channels x 32 outputs) stays in L1 (48 KiB here) while the
-# output channels' strips pass over it: with 512 input channels ResNet-50's 28x28 layers
-# took 1.07-1.16x OpenBLAS's time (plus its epilogue), with 64-256 0.56-0.92x
+# a 1x1 convolution of stride 1 takes the weight-on-the-left form from this many outputs
+# (7x7: two panels of 32 computed for 49). Since the native workers it beats OpenBLAS plus
+# its epilogue pass on ResNet-50's layers, in one process alternating (us): 512 -> 2048 at
+# 7x7 468 -> 423, 2048 -> 512 at 7x7 439 -> 414, 1024 -> 256 at 14x14 364 -> 348, 512 ->
+# 128 at 28x28 367 -> 319, SqueezeNet's 128 -> 64 at 13x13 113 -> 94; at 4x4 (one panel of
+# 32 for 16 outputs) it lost, 47 -> 82
+POINTWISE_POSITIONS = 7 * 7
+# a strided one (its one stride phase copied out first) from 28x28 outputs, and when its
+# panel (input channels x 32 outputs) stays in L1 (48 KiB here) while the output channels'
+# strips pass over it; ResNet's projections to 14x14 and 7x7 ran 1.09x and 1.16x the
+# packed strips (:func:`_strided_pointwise`)
+STRIDED_POINTWISE_POSITIONS = 28 * 28
 POINTWISE_PANEL_BYTES = 1 << 15
 PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # weight bytes per block of output channels (1x1 form): a block stays in L2 (1 MiB here)
@@ -92,14 +97,17 @@ def suits(X, W, group, geometry, out, prepacked) -> bool:
                             or np.may_share_memory(out, X)):
         return False
     kernel, strides, out_dims = geometry[0], geometry[1], geometry[6]
-    return math.prod(kernel) > 1 or _weight_on_the_left(X.shape[1], out_dims) \
+    return math.prod(kernel) > 1 or _weight_on_the_left(X.shape[1], strides, out_dims) \
         or _strided_pointwise(kernel, strides, X.shape[1], out_dims)
 
 
-def _weight_on_the_left(channels, out_dims) -> bool:
-    """Whether a 1x1 convolution takes the weight-on-the-left form (else it is not taken: as
-    the tap form, ResNet-50's 14x14 and 7x7 ones ran 1.09x, DenseNet's 1.4x the BLAS)."""
-    return math.prod(out_dims) >= POINTWISE_POSITIONS \
+def _weight_on_the_left(channels, strides, out_dims) -> bool:
+    """Whether a 1x1 convolution takes the weight-on-the-left form (POINTWISE_*; else it is
+    not taken: as the tap form, ResNet-50's 14x14 and 7x7 ones ran 1.09x, DenseNet's 1.4x
+    the BLAS)."""
+    if all(int(s) == 1 for s in strides):
+        return math.prod(out_dims) >= POINTWISE_POSITIONS
+    return math.prod(out_dims) >= STRIDED_POINTWISE_POSITIONS \
         and channels * PANEL_WIDTH_BYTES <= POINTWISE_PANEL_BYTES
 
 
@@ -111,7 +119,7 @@ def _strided_pointwise(kernel, strides, channels, out_dims) -> bool:
     one process). Packing costs as much as a stride-1 layer's whole gain: those stay with
     OpenBLAS (1024 x 256 at 14x14 346 against 513 packed)."""
     return math.prod(kernel) == 1 and any(int(s) > 1 for s in strides) \
-        and not _weight_on_the_left(channels, out_dims)
+        and not _weight_on_the_left(channels, strides, out_dims)
 
 
 class _Layout:

@@ -44,6 +44,7 @@ def _direct(X, W, B=None, Z=None, limits=conv_direct_cpu.NO_ACTIVATION, **attrib
 def every_shape(monkeypatch):
     """The direct path for every 2-D convolution of one group, 1x1 ones whatever their size."""
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(conv_direct_cpu, "STRIDED_POINTWISE_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_PANEL_BYTES", 1 << 40)
 
 
@@ -212,12 +213,24 @@ def test_which_convolutions_take_it():
     small = _rand(1, 64, 7, 7)  # any kernel of several taps, on any image
     found_small = geometry({}, small, W, "NOTSET", None, 1, None, [1] * 4, None)
     assert conv_direct_cpu.suits(small, W, 1, found_small, None, {})
-    # 1x1: from 28x28, when 32 outputs of every input channel fit L1
-    for image, channels, taken in [((56, 56), 64, True), ((28, 28), 256, True),
-                                   ((28, 28), 512, False), ((14, 14), 256, False)]:
+    # 1x1 of stride 1: from 7x7 outputs, whatever the channels
+    for image, channels, taken in [((56, 56), 64, True), ((28, 28), 512, True),
+                                   ((7, 7), 2048, True), ((6, 6), 64, False),
+                                   ((4, 4), 64, False)]:
         x, w = _rand(1, channels, *image), _rand(64, channels, 1, 1)
         found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, None)
         assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, {}) == taken, (image, channels)
+    # strided 1x1: the weight on the left from 28x28 outputs when 32 outputs of every input
+    # channel fit L1
+    for image, channels, left in [((56, 56), 256, True), ((56, 56), 512, False),
+                                  ((28, 28), 256, False)]:
+        x, w = _rand(1, channels, *image), _rand(64, channels, 1, 1)
+        found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, [2, 2])
+        prepacked: dict = {}
+        assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, prepacked)
+        kernel, strides, out_dims = found_1x1[0], found_1x1[1], found_1x1[6]
+        assert conv_direct_cpu._weight_on_the_left(channels, strides, out_dims) == left
+        assert conv_direct_cpu._strided_pointwise(kernel, strides, channels, out_dims) != left
     # a strided 1x1 the weight-on-the-left form leaves: packed into strips
     x, w = _rand(1, 1024, 14, 14), _rand(2048, 1024, 1, 1)
     found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, [2, 2])
