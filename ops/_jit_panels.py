@@ -56,7 +56,10 @@ def _make_tile(rows: int, finished: bool = False):
     (``bias, bias_offset, residual, has_residual, low, high, slope``): the sums start at
     ``bias[bias_offset + i]`` for row i; ``residual`` (c's layout, read at c's offsets) is
     added when ``has_residual``, values below zero are multiplied by ``slope`` and the
-    result is clamped to [low, high] by comparisons (NaN passes through)."""
+    result is clamped to [low, high] by comparisons (NaN passes through). Its last argument,
+    ``columns``, is how many of the panel's columns exist: fewer than a panel's width (a
+    last panel of outputs read in place) and the panel's rows, the residual and c are read
+    and written under a mask, so nothing past them is touched."""
 
     if not finished:
         @intrinsic
@@ -69,10 +72,11 @@ def _make_tile(rows: int, finished: bool = False):
 
     @intrinsic
     def finished_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
-                      ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope):
+                      ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope,
+                      columns):
         sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
                          types.intp, types.intp, types.intp, bias, types.intp, residual,
-                         types.boolean, a.dtype, a.dtype, a.dtype)
+                         types.boolean, a.dtype, a.dtype, a.dtype, types.intp)
         return sig, _tile_codegen(rows, finished=True, taps=False)
     return finished_tile
 
@@ -126,13 +130,25 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
             return builder.gep(pointer, [offset if isinstance(offset, ir.Value)
                                          else ir.Constant(index, offset)])
 
-        def load_vector(pointer, offset, width=lanes):
-            return builder.load(builder.bitcast(
-                at(pointer, offset), ir.VectorType(scalar, width).as_pointer()), align=itemsize)
+        # a last panel of fewer columns (finished, not taps): the lanes of each panel vector
+        # that exist, for masked loads and stores (None: a whole panel, plain ones)
+        masks = None
 
-        def store_vector(value, pointer, offset):
-            builder.store(value, builder.bitcast(at(pointer, offset), value.type.as_pointer()),
-                          align=itemsize)
+        def load_vector(pointer, offset, width=lanes, mask=None):
+            address = builder.bitcast(at(pointer, offset), ir.VectorType(scalar, width)
+                                      .as_pointer())
+            if mask is None:
+                return builder.load(address, align=itemsize)
+            return builder.call(masked_load, [address, ir.Constant(ir.IntType(32), itemsize),
+                                              mask, ir.Constant(vector, [0.0] * lanes)])
+
+        def store_vector(value, pointer, offset, mask=None):
+            address = builder.bitcast(at(pointer, offset), value.type.as_pointer())
+            if mask is None:
+                builder.store(value, address, align=itemsize)
+                return
+            builder.call(masked_store, [value, address, ir.Constant(ir.IntType(32), itemsize),
+                                        mask])
 
         if taps:  # the image; each row's place in it, loaded once; the taps' offsets
             A = data(0, a_arg)
@@ -143,9 +159,18 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
         else:
             A = at(data(0, a_arg), a_offset)
         W = at(data(3, panels_arg), panel_offset)
+        kind = f"v{lanes}{'f32' if lanes == 16 else 'f64'}"
         fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vector, [vector] * 3),
-            f"llvm.fma.v{lanes}{'f32' if lanes == 16 else 'f64'}")
+            builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.{kind}")
+        mask_type = ir.VectorType(ir.IntType(1), lanes)
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector.as_pointer(), ir.IntType(32),
+                                                     mask_type, vector]),
+            f"llvm.masked.load.{kind}.p0")
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
+                                                            ir.IntType(32), mask_type]),
+            f"llvm.masked.store.{kind}.p0")
         # the sums live in allocas that LLVM promotes to registers (mem2reg)
         if not finished:
             starts = [[ir.Constant(vector, [0.0] * lanes)] * PANEL_VECTORS] * rows
@@ -163,10 +188,11 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
                                                 + [ir.IntType(32)] * 3), "llvm.prefetch.p0")
             ahead, ahead_rows = args[18], args[19]
 
-        def step(k):
+        def step(k, sums):
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
             w_row = at(W, builder.mul(k, ldw))
-            w = [load_vector(w_row, v * lanes) for v in range(PANEL_VECTORS)]
+            w = [load_vector(w_row, v * lanes, mask=None if masks is None else masks[v])
+                 for v in range(PANEL_VECTORS)]
             if taps:  # a later panel's row k, while k < ahead_rows
                 with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
                     later = at(w_row, ahead)
@@ -189,64 +215,93 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
                     total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
                     builder.store(total, sums[i][v])
 
-        # K goes in blocks of K_BLOCK: each block's sums start at zero and are then added to
-        # the totals, so that a long K is not one chain of roundings (a 64 x 576 layer of
-        # SqueezeNet: 2.3e-6 of the largest output in one chain, 1.7e-6 through OpenBLAS)
-        totals = [[cgutils.alloca_once_value(builder, starts[i][v])
-                   for v in range(PANEL_VECTORS)] for i in range(rows)]
-        zeros = ir.Constant(vector, [0.0] * lanes)
-        sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL_VECTORS)]
-                for _ in range(rows)]
-        block = ir.Constant(index, K_BLOCK)
-        blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
-        with cgutils.for_range(builder, blocks) as outer:
-            k0 = builder.mul(outer.index, block)
-            span = builder.sub(k_len, k0)
-            span = builder.select(builder.icmp_signed("<", span, block), span, block)
-            for row_sums in sums:
-                for part in row_sums:
-                    builder.store(zeros, part)
-            with cgutils.for_range(builder, span) as inner:
-                step(builder.add(k0, inner.index))
-            for row_sums, row_totals in zip(sums, totals):
-                for total, part in zip(row_totals, row_sums):
-                    builder.store(builder.fadd(builder.load(total), builder.load(part)), total)
-        sums = totals
+        def run_and_store():
+            """The sums over K, then the tile stored (finished: through the epilogue)."""
+            # K goes in blocks of K_BLOCK: each block's sums start at zero and are then added
+            # to the totals, so that a long K is not one chain of roundings (a 64 x 576 layer
+            # of SqueezeNet: 2.3e-6 of the largest output in one chain, 1.7e-6 via OpenBLAS)
+            totals = [[cgutils.alloca_once_value(builder, starts[i][v])
+                       for v in range(PANEL_VECTORS)] for i in range(rows)]
+            zeros = ir.Constant(vector, [0.0] * lanes)
+            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL_VECTORS)]
+                    for _ in range(rows)]
+            block = ir.Constant(index, K_BLOCK)
+            blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
+            with cgutils.for_range(builder, blocks) as outer:
+                k0 = builder.mul(outer.index, block)
+                span = builder.sub(k_len, k0)
+                span = builder.select(builder.icmp_signed("<", span, block), span, block)
+                for row_sums in sums:
+                    for part in row_sums:
+                        builder.store(zeros, part)
+                with cgutils.for_range(builder, span) as inner:
+                    step(builder.add(k0, inner.index), sums)
+                for row_sums, row_totals in zip(sums, totals):
+                    for total, part in zip(row_totals, row_sums):
+                        builder.store(builder.fadd(builder.load(total), builder.load(part)),
+                                      total)
+            store_tile(totals)
 
         C = at(data(6, c_arg), c_offset)
-        if taps:
-            def store(*arguments):
-                _transposed_store(*arguments, columns=args[17])
-        else:
-            store = _row_store
 
-        def finish(value, adding, offset):
+        def masked(v):
+            return None if masks is None or v is None else masks[v]
+
+        def put(value, pointer, offset, v=None):
+            store_vector(value, pointer, offset, mask=masked(v))
+
+        def finish(value, adding, offset, v=None):
             if finished:
                 value = _epilogue(builder, value, adding, offset, args[14:17], spread,
-                                  load_vector)
+                                  lambda p, o, w: load_vector(p, o, w, mask=masked(v)))
             return value
-        if not finished:
-            store(builder, sums, C, None, ldc, finish, store_vector)
+
+        def store_tile(sums):
+            if taps:
+                def store(*arguments):
+                    _transposed_store(*arguments, columns=args[17])
+            else:
+                store = _row_store
+            if not finished:
+                store(builder, sums, C, None, ldc, finish, put)
+                return
+            residual = at(data(12, args[12]), c_offset)
+            with builder.if_else(args[13]) as (with_residual, without):
+                with with_residual:
+                    store(builder, sums, C, residual, ldc, finish, put)
+                with without:
+                    store(builder, sums, C, None, ldc, finish, put)
+
+        if not finished or taps:
+            run_and_store()
             return context.get_dummy_value()
-        residual = at(data(12, args[12]), c_offset)
-        with builder.if_else(args[13]) as (with_residual, without):
-            with with_residual:
-                store(builder, sums, C, residual, ldc, finish, store_vector)
-            with without:
-                store(builder, sums, C, None, ldc, finish, store_vector)
+        # the weight on the left: a whole panel, or its first ``columns`` under a mask
+        columns = args[17]
+        whole = builder.icmp_signed(">=", columns, ir.Constant(index, PANEL_VECTORS * lanes))
+        with builder.if_else(whole, likely=True) as (plain, partial):
+            with plain:
+                run_and_store()
+            with partial:
+                mask_index = ir.VectorType(index, lanes)
+                limit = spread(columns)
+                masks = [builder.icmp_signed("<", ir.Constant(mask_index, [
+                    v * lanes + lane for lane in range(lanes)]), limit)
+                    for v in range(PANEL_VECTORS)]
+                run_and_store()
         return context.get_dummy_value()
 
     return codegen
 
 
 def _row_store(builder, sums, C, residual, ldc, finish, store_vector):
-    """Row i of the tile at ``C + i * ldc``: its vectors side by side."""
+    """Row i of the tile at ``C + i * ldc``: its vectors side by side (``finish`` and
+    ``store_vector`` told which vector of the row, for a mask)."""
     lanes = sums[0][0].type.pointee.count
     for i, row_sums in enumerate(sums):
         row = builder.mul(ir.Constant(ir.IntType(64), i), ldc)
         for v, total in enumerate(row_sums):
             offset = builder.add(row, ir.Constant(ir.IntType(64), v * lanes))
-            store_vector(finish(builder.load(total), residual, offset), C, offset)
+            store_vector(finish(builder.load(total), residual, offset, v), C, offset, v)
 
 
 def _transposed_store(builder, sums, C, residual, ldc, finish, store_vector, columns):
@@ -555,31 +610,31 @@ def pointwise_conv(w, image, stride, offset, count, y, first, bias, residual, ha
                    low, high, slope, m0, m1, row_block, edge, spill):
     """Output channels m0..m1 (whole strips) at outputs first..first + count of y (M, L):
     ``w`` (>= m1 rows, C) the weight with zero rows past M, ``image`` flat with its
-    channels ``stride`` apart, output ``first`` at ``offset`` in each. Whole panels of
-    outputs are read in place; the last, partial one is copied into ``edge`` (C, width),
-    zero-padded (reads past the image could fault), and with tiles of rows past M goes
-    through ``spill`` (STRIP_ROWS, width). The epilogue is :func:`tap_conv`'s. Weight rows
-    go in blocks of ``row_block`` that stay in L2 while the outputs pass over them."""
+    channels ``stride`` apart, output ``first`` at ``offset`` in each. Panels of outputs are
+    read in place, a last partial one under a mask. A strip of rows past M goes through
+    ``spill`` (STRIP_ROWS, width), its partial panel copied first into ``edge`` (C, width),
+    zero-padded. The epilogue is :func:`tap_conv`'s. Weight rows go in blocks of
+    ``row_block`` that stay in L2 while the outputs pass over them."""
     k_len = w.shape[1]
     width = spill.shape[1]
     channels, length = y.shape
     flat_y, flat_spill, flat_residual = y.reshape(-1), spill.reshape(-1), residual.reshape(-1)
     whole = count // width * width
-    if whole < count:
+    if whole < count and m1 > channels // STRIP_ROWS * STRIP_ROWS:
         for k in range(k_len):
             for j in range(width):
                 edge[k, j] = image[k * stride + offset + whole + j] if whole + j < count else 0
     for b0 in range(m0, m1, row_block):
         b1 = min(m1, b0 + row_block)
         for q0 in range(0, count, width):
-            inside = q0 < whole
             for s in range(b0, b1, STRIP_ROWS):
-                if inside and s + STRIP_ROWS <= channels:
+                if s + STRIP_ROWS <= channels:
                     _finished_tile(w, s * k_len, k_len, image, offset + q0, stride, flat_y,
                                    s * length + first + q0, length, k_len, bias, s,
-                                   flat_residual, has_residual, low, high, slope)
+                                   flat_residual, has_residual, low, high, slope,
+                                   min(width, count - q0))
                     continue
-                if inside:
+                if q0 < whole:
                     _tile8(w, s * k_len, k_len, image, offset + q0, stride, spill, 0, width,
                            k_len)
                 else:

@@ -4,7 +4,10 @@ dilation, 1x1 read in place or from one phase, rows or channels split over the t
 partial strips and panels), and its epilogue (bias, residual, Relu, LeakyRelu, Clip, a
 post-hoc Sigmoid)."""
 
+import ctypes
 import math
+import mmap
+import sys
 
 import numpy as np
 import pytest
@@ -197,6 +200,43 @@ def test_channels_not_a_multiple_of_a_strip_leave_nothing_past_them(every_shape)
     assert got is out
     np.testing.assert_allclose(out, _expected(X, W, B, Z, pads=[1] * 4), rtol=1e-4, atol=1e-4)
     assert np.all(buffer[size:] == 7.0)
+
+
+def _before_a_guard_page(values: np.ndarray) -> np.ndarray:
+    """A copy of ``values`` whose last byte sits just before a page nothing may touch: a read
+    or write past it faults (and takes the test process down)."""
+    page, size = mmap.PAGESIZE, values.nbytes
+    pages = -(-size // page) + 1
+    memory = mmap.mmap(-1, pages * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(start + (pages - 1) * page, page, 0) == 0  # PROT_NONE
+    guarded = np.frombuffer(memory, values.dtype, values.size, (pages - 1) * page - size)
+    guarded = guarded.reshape(values.shape)
+    guarded[...] = values
+    return guarded
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through libc")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, m", [((64, 7, 7), 64), ((24, 3, 5), 16), ((40, 14, 14), 8)])
+def test_a_partial_panel_read_in_place_touches_nothing_past_the_image(image, m, dtype,
+                                                                       every_shape):
+    # the last panel of outputs (17 of 32 at 7x7) is read and finished under a mask, with
+    # the image, the residual and the output each ending at a page that faults
+    X = _before_a_guard_page(_rand(1, *image, dtype=dtype))
+    W, B = _rand(m, image[0], 1, 1, dtype=dtype), _rand(m, dtype=dtype)
+    Z = _before_a_guard_page(_rand(1, m, *image[1:], dtype=dtype))
+    out = _before_a_guard_page(np.zeros((1, m, *image[1:]), dtype))
+    prepacked: dict = {}
+    got = fused_conv(np, X, W, B, Z, activation="Relu", _prepacked=prepacked, out=out)
+    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    assert not plan.taps and plan.in_place
+    want = np.maximum(_expected(X, W, B, Z), 0)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    assert got is out or np.shares_memory(got, out)
 
 
 def test_which_convolutions_take_it():
