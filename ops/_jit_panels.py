@@ -191,8 +191,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
         def step(k, sums):
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
             w_row = at(W, builder.mul(k, ldw))
-            w = [load_vector(w_row, v * lanes, mask=None if masks is None else masks[v])
-                 for v in range(PANEL_VECTORS)]
+            w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(PANEL_VECTORS)]
             if taps:  # a later panel's row k, while k < ahead_rows
                 with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
                     later = at(w_row, ahead)
@@ -256,12 +255,13 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
                                   lambda p, o, w: load_vector(p, o, w, mask=masked(v)))
             return value
 
+        if taps:
+            def store(*arguments):
+                _transposed_store(*arguments, columns=args[17])
+        else:
+            store = _row_store
+
         def store_tile(sums):
-            if taps:
-                def store(*arguments):
-                    _transposed_store(*arguments, columns=args[17])
-            else:
-                store = _row_store
             if not finished:
                 store(builder, sums, C, None, ldc, finish, put)
                 return
