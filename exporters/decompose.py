@@ -8,6 +8,8 @@ unfolds again:
 * ``FusedConvPool(X, W, B)``  -> Conv [-> activation] [-> LRN] -> MaxPool/AveragePool
 * ``FusedGemm(A, B, C)``      -> Gemm [-> activation]
 * ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
+* ``FusedAttention(Q, K, V, mask)`` -> Transposes of Q, K, V -> MatMul [-> Mul(scale)]
+  [-> Add(mask)] -> Softmax -> MatMul -> Transpose
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
 * ``MXReshape(X)``            -> Reshape(X, Concat of X's dims picked by Gather from Shape(X),
@@ -30,6 +32,7 @@ from onnx import defs
 from mixrt.errors import ExportError
 from mixrt.ops.conv import CONV_ATTRIBUTES
 from mixrt.ops.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.fused_attention import KEY_PERM, QUERY_PERM
 from mixrt.ops.fused_elementwise import Program
 from mixrt.ops.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
 from mixrt.runtime.graph import Graph, Node
@@ -233,6 +236,22 @@ def _fused_mat_mul(unfold: _Unfolder, node: Node) -> None:
     _product_then(unfold, y, addends)
 
 
+def _fused_attention(unfold: _Unfolder, node: Node) -> None:
+    q, k, v, mask = (list(node.inputs) + [""])[:4]
+    scores = unfold.emit("MatMul", [unfold.emit("Transpose", [q], perm=list(QUERY_PERM)),
+                                    unfold.emit("Transpose", [k], perm=list(KEY_PERM))])
+    scale = float(node.attributes.get("scale", 1.0))
+    if scale != 1.0:
+        scores = unfold.emit("Mul", [scores, unfold.constant(scale, "scale")])
+    if mask:
+        scores = unfold.emit("Add", [scores, mask])
+    # the last of four axes: the same for Softmax before opset 13 (which flattens from it)
+    probabilities = unfold.emit("Softmax", [scores], axis=3)
+    values = unfold.emit("Transpose", [v], perm=list(QUERY_PERM))
+    product = unfold.emit("MatMul", [probabilities, values])
+    unfold.emit("Transpose", [product], node.outputs[0], perm=list(QUERY_PERM))
+
+
 def _fused_elementwise(unfold: _Unfolder, node: Node) -> None:
     program_of = [tuple(node.attributes.get(key, ())) for key in ("ops", "operands", "params")]
     try:
@@ -332,5 +351,6 @@ _DECOMPOSITIONS = {
     "FusedConvPool": _fused_conv_pool,
     "FusedGemm": _fused_gemm,
     "FusedMatMul": _fused_mat_mul,
+    "FusedAttention": _fused_attention,
     "FusedElementwise": _fused_elementwise,
 }

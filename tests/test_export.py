@@ -461,6 +461,24 @@ def test_fused_products_decompose(op_type, activation):
                         rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_attention_decomposes(masked, opset):
+    rng = np.random.default_rng(4)
+    shapes = {"q": (2, 5, 3, 8), "k": (2, 6, 3, 8), "v": (2, 6, 3, 4), "m": (2, 1, 1, 6)}
+    feeds = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()
+             if masked or n != "m"}
+    fused = node("FusedAttention", list(feeds), ["y"], 1, "mixrt", name="attention",
+                 scale=0.35)
+    graph = make_graph([fused], {n: tensor(F32, a.shape) for n, a in feeds.items()},
+                       {"y": tensor(F32, None)}, opset=opset, mixrt=1)
+    model = checked_export(graph)
+    assert domains_of(model) == {""}
+    assert [n.op_type for n in model.graph.node].count("Transpose") == 4
+    assert_same_outputs(ort_run(model, feeds), Session(graph, opt_level=0).run(None, feeds),
+                        rtol=1e-5, atol=1e-6)
+
+
 def test_a_mixrt_op_without_decomposition_is_an_export_error():
     grad = node("ReluGrad", ["dy", "y"], ["dx"], 1, "mixrt", name="relu_backward")
     graph = make_graph([grad], {"dy": tensor(F32, (2,)), "y": tensor(F32, (2,))},

@@ -25,6 +25,7 @@ FAKE = TESTS / "fake_cupy"
 # the files whose tests take a GPU; each runs whole (its CPU tests run again, cheaply)
 GPU_FILES = ["test_cuda_graph.py", "test_nd.py", "kvstore/test_gpu_kinds.py",
              "test_mixed_precision.py", "ops/test_fused_conv_pool.py", "ops/test_fused.py",
+             "ops/test_fused_attention.py",
              "test_optimizer.py", "kvstore/test_compression.py", "test_gluon_zoo.py",
              "test_sym.py", "test_training.py", "test_session.py",
              "test_zoo_random_weights.py", "test_nd_mxnet_ops.py", "test_two_gpus.py",

@@ -506,3 +506,56 @@ def test_light_zoo_models_match_their_references(zoo, level):
     if level == 2:
         assert "BatchNormalization" not in ops(optimized)
         assert any(n.domain == "mixrt" for n in optimized.nodes)
+
+
+# -- level 2: attention ---------------------------------------------------------------------------
+
+def attention_graph(scale="Mul", mask=False, key_transposes=1, softmax_axis=-1,
+                    probabilities_out=False) -> tuple[Graph, dict]:
+    """Self-attention as PyTorch exports it, over (batch, seq, heads, size) inputs."""
+    q_perm = [0, 2, 1, 3]
+    nodes = [node("Transpose", ["q"], ["qt"], perm=q_perm)]
+    if key_transposes == 1:
+        nodes.append(node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]))
+    else:
+        nodes += [node("Transpose", ["k"], ["k1"], perm=q_perm),
+                  node("Transpose", ["k1"], ["kt"], perm=[0, 1, 3, 2])]
+    nodes.append(node("MatMul", ["qt", "kt"], ["s"]))
+    scores = "s"
+    if scale:
+        nodes += [const("c", np.float32(0.25 if scale == "Mul" else 4.0)),
+                  node(scale, ["s", "c"], ["scaled"])]
+        scores = "scaled"
+    if mask:
+        nodes.append(node("Add", ["m", scores], ["masked"]))
+        scores = "masked"
+    nodes += [node("Softmax", [scores], ["p"], axis=softmax_axis),
+              node("Transpose", ["v"], ["vt"], perm=q_perm), node("MatMul", ["p", "vt"], ["o"]),
+              node("Transpose", ["o"], ["y"], perm=q_perm)]
+    inputs = [("q", ["b", 5, 2, 8]), ("k", ["b", 7, 2, 8]), ("v", ["b", 7, 2, 4])]
+    feeds = {"q": rand(2, 5, 2, 8), "k": rand(2, 7, 2, 8), "v": rand(2, 7, 2, 4)}
+    if mask:
+        inputs.append(("m", ["b", 1, 1, 7]))
+        feeds["m"] = np.where(RNG.random((2, 1, 1, 7)) < 0.3, -np.inf, 0).astype(np.float32)
+        feeds["m"][..., 0] = 0
+    outputs = [("y", ["b", 5, 2, 4])] + ([("p", None)] if probabilities_out else [])
+    return graph_of(nodes, inputs, outputs), feeds
+
+
+@pytest.mark.parametrize("key_transposes", [1, 2])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("scale", ["Mul", "Div", ""])
+def test_attention_becomes_one_fused_node(scale, mask, key_transposes):
+    graph, feeds = attention_graph(scale, mask, key_transposes)
+    optimized = checked(graph, feeds, 2)
+    assert ops(optimized) == {"FusedAttention": 1}
+    fused = optimized.nodes[0]
+    assert fused.inputs == ["q", "k", "v"] + (["m"] if mask else [])
+    assert fused.attributes.get("scale", 1.0) == (0.25 if scale else 1.0)
+
+
+def test_attention_whose_probabilities_are_read_or_softmax_on_another_axis_stays():
+    graph, feeds = attention_graph(probabilities_out=True)
+    assert "FusedAttention" not in ops(checked(graph, feeds, 2))
+    graph, feeds = attention_graph(softmax_axis=2)
+    assert "FusedAttention" not in ops(checked(graph, feeds, 2))

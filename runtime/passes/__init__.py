@@ -9,8 +9,9 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv/Gemm/MatMul fused with bias,
-  residual add and activation, conv -> [LRN] -> pool chains computed in bands of rows
-  (``bands``), and chains of elementwise ops fused into one kernel.
+  residual add and activation, a transformer's self-attention (transposes, scores, scale,
+  mask, softmax, weighted values) as one node, conv -> [LRN] -> pool chains computed in
+  bands of rows (``bands``), and chains of elementwise ops fused into one kernel.
 
 The passes work on a copy; the caller's graph is never touched.
 """
@@ -24,6 +25,7 @@ from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_cha
 from mixrt.runtime.passes.bands import fuse_conv_pools
 from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products
+from mixrt.runtime.passes.fuse_attention import fuse_attention
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
@@ -69,6 +71,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
     for name, rewrite in (("fold_conv_affine", fold_conv_affine),
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
+                          ("fuse_attention", fuse_attention),
                           ("fuse_products", fuse_products),
                           ("fuse_conv_pools", fuse_conv_pools),
                           ("fuse_elementwise", fuse_elementwise)):

@@ -1,0 +1,127 @@
+"""``mixrt::FusedAttention``: a transformer's self-attention between its dense layers, as the
+optimizer finds it in exported models (``runtime/passes/fuse_attention.py``, opt_level 2).
+
+The node stands for this exact composition of ONNX ops, which the exporter writes back out
+(``exporters/decompose.py``)::
+
+    Qt = Transpose(Q, perm=[0, 2, 1, 3])      Q, V: (batch, seq, heads, size)
+    Kt = Transpose(K, perm=[0, 2, 3, 1])      K:    (batch, keys, heads, size)
+    Vt = Transpose(V, perm=[0, 2, 1, 3])
+    P = Softmax(MatMul(Qt, Kt) * scale [+ mask], axis=-1)
+    Y = Transpose(MatMul(P, Vt), perm=[0, 2, 1, 3])
+
+On the CPU the heads are computed in one compiled pass (``ops/_jit_panels.py``, attention) that reads
+Q, K and V where the dense layers wrote them and writes Y in place: the four transposes the
+graph spells out are never copied, and the scores never leave L1. Anything that kernel does
+not take (other dtypes, a mask that would widen the scores, shapes that do not line up, no
+AVX-512) runs the composition itself, with broadcasting, exactly as the unfused nodes would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops import jit_cpu
+from mixrt.ops.fused import FUSED_DTYPES, MIXRT, _into
+from mixrt.ops.nn import matmul_shape, softmax
+from mixrt.ops.parallel import intra_op_threads, parallel_for, thread_parts
+from mixrt.ops.registry import op
+from mixrt.ops.types import TensorType, broadcast_or_none
+
+QUERY_PERM = (0, 2, 1, 3)
+KEY_PERM = (0, 2, 3, 1)
+# multiply-adds from which the heads are split over the intra-op threads (as
+# ops/matmul_cpu.py's PANEL_SPLIT_WORK: a hand-off costs ~20 us)
+SPLIT_WORK = 1 << 23
+
+
+@op("FusedAttention", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_attention(xp, Q, K, V, mask=None, *, scale=1.0, out=None):
+    """softmax(Q K^T * scale + mask) V per head, in (batch, seq, heads, size) layout."""
+    if xp is np and _compiled_suits(Q, K, V, mask, out):
+        return _compiled(Q, K, V, mask, scale, out)
+    scores = xp.matmul(xp.transpose(Q, QUERY_PERM), xp.transpose(K, KEY_PERM))
+    if scale != 1.0:
+        scores = scores * scores.dtype.type(scale)
+    if mask is not None:
+        scores = scores + mask
+    probabilities = softmax(xp, scores, axis=-1)
+    result = xp.transpose(xp.matmul(probabilities, xp.transpose(V, QUERY_PERM)), QUERY_PERM)
+    return _into(xp, result, out)
+
+
+@fused_attention.infer
+def _(Q, K, V, mask=None, **_):
+    def permuted(value_type, perm):
+        shape = value_type.shape
+        return None if shape is None or len(shape) != 4 else tuple(shape[i] for i in perm)
+    scores = matmul_shape(permuted(Q, QUERY_PERM), permuted(K, KEY_PERM))
+    if scores is not None and mask is not None:
+        scores = broadcast_or_none(scores, mask.shape) if mask.shape is not None else None
+    shape = matmul_shape(scores, permuted(V, QUERY_PERM))
+    return [TensorType(Q.dtype, None if shape is None else tuple(shape[i] for i in QUERY_PERM))]
+
+
+# -- the compiled heads ---------------------------------------------------------------------------
+
+def _compiled_suits(Q, K, V, mask, out) -> bool:
+    """Whether the compiled kernel computes this call: one native float dtype, Q and ``out``
+    C-contiguous and apart from the inputs, batch and heads equal across Q, K and V (no
+    broadcasting between them), K and V with the same keys, a mask that broadcasts to the
+    scores without widening them."""
+    if out is None or Q.ndim != 4 or K.ndim != 4 or V.ndim != 4:
+        return False
+    if not (Q.dtype == K.dtype == V.dtype == out.dtype and Q.dtype in jit_cpu.NATIVE):
+        return False
+    batch, queries, heads, size = Q.shape
+    keys = K.shape[1]
+    if K.shape != (batch, keys, heads, size) or V.shape[:3] != (batch, keys, heads) \
+            or out.shape != (batch, queries, heads, V.shape[3]) or min(out.shape) == 0 \
+            or keys == 0:
+        return False
+    if mask is not None and (mask.dtype != Q.dtype or broadcast_or_none(
+            (batch, heads, queries, keys), mask.shape) != (batch, heads, queries, keys)):
+        return False
+    return Q.flags.c_contiguous and out.flags.c_contiguous \
+        and not any(np.may_share_memory(out, x) for x in (Q, K, V, mask) if x is not None) \
+        and jit_cpu.panel_kernels() is not None
+
+
+def _compiled(Q, K, V, mask, scale, out):
+    kernels = jit_cpu.panel_kernels()
+    batch, queries, heads, size = Q.shape
+    keys, value_size = K.shape[1], V.shape[3]
+    dtype = Q.dtype
+    width = kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // dtype.itemsize
+    key_panels, value_panels = -(-keys // width), -(-value_size // width)
+    has_mask = mask is not None
+    scores_mask = np.broadcast_to(mask, (batch, heads, queries, keys)) if has_mask \
+        else np.zeros((1, 1, 1, 1), dtype)
+    strip = kernels.STRIP_ROWS
+
+    def part(pair0, pair1, row0, row1):
+        scratch = jit_cpu._scratch_array
+        kernels.attention(Q, K, V, scores_mask, has_mask, out, dtype.type(scale), pair0, pair1,
+                          row0, row1, scratch("attention_keys", dtype, (key_panels, size, width)),
+                          scratch("attention_values", dtype, (value_panels, keys, width)),
+                          scratch("attention_scores", dtype, (strip, key_panels * width)),
+                          scratch("panel_spill", dtype, (strip, width)))
+    parallel_for(_parts(batch * heads, queries, strip, queries * keys * (size + value_size)),
+                 part)
+    return out
+
+
+def _parts(pairs: int, rows: int, strip: int, work_per_pair: int) -> list[tuple]:
+    """(pair0, pair1, row0, row1) parts: whole (batch, head) pairs per thread when there are
+    enough of them, else each pair's query rows split in strips between the threads."""
+    work = pairs * work_per_pair
+    if work < SPLIT_WORK or intra_op_threads() < 2:
+        return [(0, pairs, 0, rows)]
+    if pairs >= intra_op_threads():
+        return [(p0, p1, 0, rows) for p0, p1 in thread_parts(pairs, work)]
+    strips = -(-rows // strip)
+    split = [(s0 * strip, min(rows, s1 * strip)) for s0, s1 in thread_parts(strips, work)]
+    return [(pair, pair + 1, r0, r1) for pair in range(pairs) for r0, r1 in split]
+
+
+__all__ = ["fused_attention", "MIXRT", "QUERY_PERM", "KEY_PERM"]

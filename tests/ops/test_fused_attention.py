@@ -1,0 +1,177 @@
+"""mixrt::FusedAttention (ops/fused_attention.py): the compiled heads of ops/_jit_panels.py
+against the composition of ONNX ops it stands for, computed in float64 with NumPy; and the
+vector softmax they use."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mixrt.ops import fused_attention as fa
+from mixrt.ops import jit_cpu, parallel
+from mixrt.ops.fused_attention import fused_attention
+from mixrt.runtime.device import gpu_available
+
+RNG = np.random.default_rng(11)
+needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
+                                  reason="the panel kernels need AVX-512 and numba")
+TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-6), np.float64: dict(rtol=1e-12, atol=1e-13)}
+
+
+def reference(Q, K, V, mask=None, scale=1.0):
+    """The unfused graph's arithmetic, in float64."""
+    q, k, v = (x.astype(np.float64) for x in (Q, K, V))
+    scores = np.matmul(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1)) * scale
+    if mask is not None:
+        scores = scores + mask
+    with np.errstate(invalid="ignore"):
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probabilities = shifted / shifted.sum(axis=-1, keepdims=True)
+    return np.matmul(probabilities, v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+
+
+def heads(batch, queries, keys, count, size, value_size, dtype):
+    Q = RNG.standard_normal((batch, queries, count, size)).astype(dtype)
+    K = RNG.standard_normal((batch, keys, count, size)).astype(dtype)
+    V = RNG.standard_normal((batch, keys, count, value_size)).astype(dtype)
+    return Q, K, V
+
+
+def run(Q, K, V, mask=None, scale=1.0):
+    out = np.empty(Q.shape[:3] + V.shape[3:], Q.dtype)
+    result = fused_attention.kernels[0].fn(np, Q, K, V, mask, scale=scale, out=out)
+    assert result is out
+    return out
+
+
+# -- the compiled heads ----------------------------------------------------------------------------
+
+GEOMETRIES = [  # batch, queries, keys, heads, size, value size
+    (1, 128, 128, 12, 64, 64),  # BERT-base
+    (2, 13, 37, 3, 20, 40),  # strips and panels cut short everywhere
+    (1, 1, 1, 1, 1, 1),
+    (1, 9, 70, 2, 33, 17),  # value columns in one partial panel
+    (3, 5, 64, 1, 16, 96),  # fewer (batch, head) pairs than whole panels of keys
+]
+
+
+@needs_panels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+def test_compiled_heads_match_the_composition(geometry, dtype):
+    batch, queries, keys, count, size, value_size = geometry
+    Q, K, V = heads(*geometry, dtype)
+    scale = 1 / np.sqrt(size)
+    np.testing.assert_allclose(run(Q, K, V, scale=scale), reference(Q, K, V, scale=scale),
+                               **TOLERANCE[dtype])
+
+
+@needs_panels
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 37), (13, 37), (2, 3, 13, 37), (1, 37)])
+def test_masks_broadcast_into_the_scores_and_minus_infinity_weighs_nothing(mask_shape):
+    Q, K, V = heads(2, 13, 37, 3, 20, 24, np.float32)
+    mask = np.where(RNG.random(mask_shape) < 0.3, -np.inf, RNG.standard_normal(mask_shape))
+    mask = mask.astype(np.float32)
+    mask[..., 0] = 0.0  # every row keeps a key
+    got = run(Q, K, V, mask, scale=0.25)
+    np.testing.assert_allclose(got, reference(Q, K, V, mask, 0.25), rtol=2e-5, atol=2e-6)
+    # a key masked out for every query changes nothing when its values do
+    everywhere = np.broadcast_to(mask, (2, 3, 13, 37))
+    hidden = np.all(np.isneginf(everywhere), axis=(1, 2))
+    V2 = V.copy()
+    V2[np.nonzero(hidden)[0], np.nonzero(hidden)[1]] = 1e30
+    np.testing.assert_array_equal(run(Q, K, V2, mask, scale=0.25), got)
+
+
+@needs_panels
+def test_a_nan_score_makes_its_row_nan_and_only_its_row():
+    Q, K, V = heads(1, 9, 20, 2, 8, 8, np.float32)
+    Q[0, 4, 1, 3] = np.nan
+    got = run(Q, K, V)
+    assert np.isnan(got[0, 4, 1]).all()
+    got[0, 4, 1] = 0
+    assert not np.isnan(got).any()
+
+
+@needs_panels
+def test_the_heads_split_over_threads_as_pairs_or_as_strips_of_queries(monkeypatch):
+    monkeypatch.setattr(fa, "SPLIT_WORK", 0)
+    for module in (fa, parallel):
+        monkeypatch.setattr(module, "intra_op_threads", lambda: 3)
+    big = 1 << 24
+    assert fa._parts(12, 128, 8, big) == [(0, 4, 0, 128), (4, 8, 0, 128), (8, 12, 0, 128)]
+    assert fa._parts(2, 20, 8, big) == [(0, 1, 0, 8), (0, 1, 8, 16), (0, 1, 16, 20),
+                                        (1, 2, 0, 8), (1, 2, 8, 16), (1, 2, 16, 20)]
+    for geometry in ((1, 20, 30, 2, 16, 16), (2, 128, 128, 12, 64, 64)):
+        Q, K, V = heads(*geometry, np.float32)
+        scale = 1 / np.sqrt(geometry[4])
+        np.testing.assert_allclose(run(Q, K, V, scale=scale),
+                                   reference(Q, K, V, scale=scale), rtol=2e-5, atol=2e-6)
+
+
+def test_what_the_compiled_kernel_does_not_take_runs_the_composition():
+    Q, K, V = heads(1, 6, 7, 2, 4, 5, np.float32)
+    widening = RNG.standard_normal((3, 2, 6, 7)).astype(np.float32)  # a batch of 3 masks
+    got = fused_attention.kernels[0].fn(np, Q, K, V, widening, scale=0.5)
+    assert got.shape == (3, 6, 2, 5)
+    np.testing.assert_allclose(got, reference(Q, K, V, widening, 0.5), rtol=2e-5, atol=2e-6)
+    one_head_of_keys = (K[:, :, :1], V[:, :, :1])  # broadcast over the query heads
+    got = fused_attention.kernels[0].fn(np, Q, *one_head_of_keys)
+    want = reference(Q, np.repeat(one_head_of_keys[0], 2, 2), np.repeat(one_head_of_keys[1], 2, 2))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    half = fused_attention.kernels[0].fn(np, *(x.astype(np.float16) for x in (Q, K, V)))
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half, reference(Q, K, V), rtol=2e-2, atol=2e-3)
+
+
+def test_inference_gives_the_output_shape_of_the_composition():
+    from mixrt.ops.types import TensorType
+    infer = fused_attention.kernels[0].infer_fn
+    f32 = np.dtype(np.float32)
+    q, k, v = (TensorType(f32, ("b", 128, 12, 64)), TensorType(f32, ("b", 96, 12, 64)),
+               TensorType(f32, ("b", 96, 12, 32)))
+    assert infer(q, k, v)[0].shape == ("b", 128, 12, 32)
+    assert infer(q, k, v, TensorType(f32, (3, 1, 1, 96)))[0].shape == (3, 128, 12, 32)
+    assert infer(TensorType(f32, None), k, v)[0].shape is None
+
+
+# -- the vector softmax -------------------------------------------------------------------------------
+
+@needs_panels
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 128, 129, 1000])
+def test_vector_softmax_rows_match_numpy_with_nan_and_infinities(dtype, n):
+    kernels = jit_cpu.panel_kernels()
+    x = (RNG.standard_normal((6, n)) * 40).astype(dtype)
+    x[1, n // 2] = np.nan
+    x[2, :] = -np.inf
+    x[3, ::2] = -np.inf
+    x[4, :] = np.linspace(-700 if dtype == np.float64 else -87, 0, n)  # exp's whole range
+    got = x.copy().reshape(-1)
+    kernels.softmax_rows(got, 6, n)
+    got = got.reshape(6, n)
+    with np.errstate(invalid="ignore"):  # x - max rounds in x's dtype, as the kernel's does
+        shifted = np.exp((x - x.max(axis=1, keepdims=True)).astype(np.float64))
+        want = shifted / shifted.sum(axis=1, keepdims=True)
+    assert (np.isnan(got) == np.isnan(want)).all()
+    ulp = np.finfo(dtype).eps
+    np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=8 * ulp,
+                               atol=np.finfo(dtype).tiny * 4)
+    if n > 1:
+        assert (got[3, ::2] == 0).all()  # exp(-inf) is exactly 0
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("masked", [False, True])
+def test_on_the_gpu_the_composition_matches_the_cpu(masked):
+    import cupy
+    Q, K, V = heads(2, 13, 37, 3, 20, 24, np.float32)
+    mask = np.zeros((2, 1, 1, 37), np.float32) if masked else None
+    if masked:
+        mask[..., 5:9] = -np.inf
+    on_gpu = [None if x is None else cupy.asarray(x) for x in (Q, K, V, mask)]
+    out = cupy.empty((2, 13, 3, 24), cupy.float32)
+    got = fused_attention.kernels[0].fn(cupy, *on_gpu, scale=0.3, out=out)
+    assert got is out
+    np.testing.assert_allclose(cupy.asnumpy(got), reference(Q, K, V, mask, 0.3),
+                               rtol=2e-5, atol=2e-6)
