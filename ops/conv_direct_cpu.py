@@ -32,9 +32,6 @@ which hands off without the GIL; ``parallel_for`` remains where that pool is off
 from __future__ import annotations
 
 import math
-import os
-import platform
-import sys
 
 import numpy as np
 
@@ -63,8 +60,7 @@ PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # while the outputs pass over it
 WEIGHT_BLOCK_BYTES = 1 << 18
 STRIP = 8  # ops/_jit_panels.py's STRIP_ROWS (read here without loading numba)
-# the native pool's futex call is Linux x86-64's system call (the panel tile is x86 already)
-NATIVE_POOL_PLATFORM = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+NATIVE_POOL_PLATFORM = jit_cpu.NATIVE_POOL_PLATFORM
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
 
@@ -302,11 +298,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
 
 
 def _native_pool():
-    """The native workers' pool (``ops/_jit_panels.py``), or None: one thread, or turned off
-    with ``MIXRT_NATIVE_POOL=0``."""
-    if os.environ.get("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
-        return None
-    return _kernels().conv_pool()
+    return jit_cpu.native_pool()
 
 
 def _native_conv(native, plan, x, y, epilogue):

@@ -93,22 +93,43 @@ def _compiled(Q, K, V, mask, scale, out):
     keys, value_size = K.shape[1], V.shape[3]
     dtype = Q.dtype
     width = kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // dtype.itemsize
-    key_panels, value_panels = -(-keys // width), -(-value_size // width)
-    has_mask = mask is not None
-    scores_mask = np.broadcast_to(mask, (batch, heads, queries, keys)) if has_mask \
-        else np.zeros((1, 1, 1, 1), dtype)
-    strip = kernels.STRIP_ROWS
+    K, V = np.ascontiguousarray(K), np.ascontiguousarray(V)
+    mask_span, mask_strides = _mask_layout(mask, (batch, heads, queries, keys), dtype)
+    shapes = ((-(-keys // width), size, width), (-(-value_size // width), keys, width),
+              (kernels.STRIP_ROWS, -(-keys // width) * width), (kernels.STRIP_ROWS, width))
+
+    def scratch(suffix):
+        return tuple(jit_cpu._scratch_array(f"attention_{name}{suffix}", dtype, shape)
+                     for name, shape in zip(("keys", "values", "scores", "spill"), shapes))
+    parts = np.array(_parts(batch * heads, queries, kernels.STRIP_ROWS,
+                            queries * keys * (size + value_size)), np.int64)
+    native = jit_cpu.native_pool()
+    if native is not None:
+        kernels.native_attention(native.block, len(parts), parts, Q, K, V, mask_span,
+                                 mask_strides, mask is not None, out, dtype.type(scale),
+                                 scratch(""), scratch("_worker"))
+        return out
 
     def part(pair0, pair1, row0, row1):
-        scratch = jit_cpu._scratch_array
-        kernels.attention(Q, K, V, scores_mask, has_mask, out, dtype.type(scale), pair0, pair1,
-                          row0, row1, scratch("attention_keys", dtype, (key_panels, size, width)),
-                          scratch("attention_values", dtype, (value_panels, keys, width)),
-                          scratch("attention_scores", dtype, (strip, key_panels * width)),
-                          scratch("panel_spill", dtype, (strip, width)))
-    parallel_for(_parts(batch * heads, queries, strip, queries * keys * (size + value_size)),
-                 part)
+        kernels.attention(Q, K, V, mask_span, mask_strides, mask is not None, out,
+                          dtype.type(scale), pair0, pair1, row0, row1, *scratch(""))
+    parallel_for([tuple(int(x) for x in bounds) for bounds in parts], part)
     return out
+
+
+def _mask_layout(mask, shape, dtype):
+    """The mask as the kernel reads it: a flat view of the memory it spans from its first
+    element, and its strides in elements once broadcast to the scores' ``shape`` (zero
+    along the broadcast axes); a copy where a stride is negative."""
+    if mask is None:
+        return np.zeros(1, dtype), np.zeros(4, np.int64)
+    view = np.broadcast_to(mask, shape)
+    if any(stride < 0 for stride in view.strides):
+        view = np.ascontiguousarray(view)
+    strides = np.array([stride // view.itemsize for stride in view.strides], np.int64)
+    span = 1 + int(sum((dim - 1) * stride for dim, stride in zip(view.shape, strides)))
+    flat = np.lib.stride_tricks.as_strided(view, shape=(span,), strides=(view.itemsize,))
+    return flat, strides
 
 
 def _parts(pairs: int, rows: int, strip: int, work_per_pair: int) -> list[tuple]:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import platform
+import sys
 import threading
 
 import numpy as np
@@ -62,6 +64,20 @@ def panel_kernels():
             if not _panels:
                 _panels.append(_load_panel_kernels())
     return _panels[0]
+
+
+# the native pool's futex call is Linux x86-64's system call (the panel tile is x86 already)
+NATIVE_POOL_PLATFORM = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+
+
+def native_pool():
+    """The native workers' pool of ops/_jit_panels.py (its drivers hand parts to a worker
+    thread without the GIL), or None: one thread, no panel kernels, not Linux x86-64, or
+    turned off with ``MIXRT_NATIVE_POOL=0`` (callers then split through ``parallel_for``)."""
+    if os.environ.get("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
+        return None
+    kernels = panel_kernels()
+    return None if kernels is None else kernels.native_pool()
 
 
 def _load_panel_kernels():

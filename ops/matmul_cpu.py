@@ -27,7 +27,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.conv_cpu import _buffer, packed
-from mixrt.ops.parallel import parallel_for, thread_parts
+from mixrt.ops.parallel import intra_op_threads, parallel_for, thread_parts
 
 FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
 MIN_WEIGHT = 1 << 16  # elements of B below which the choice does not matter
@@ -116,6 +116,9 @@ PANEL_MIN_WORK = 1 << 20  # multiply-adds below which the product stays with the
 # multiply-adds from which the panels are split over the intra-op threads: handing a part to
 # a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10
 PANEL_SPLIT_WORK = 1 << 23
+# parts of a product per thread through the native pool: claimed one at a time, so a worker
+# that wakes late takes fewer
+NATIVE_PARTS_PER_THREAD = 4
 def panels_suit(A, B, out, prepacked) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
@@ -146,20 +149,33 @@ def pack_panels(B) -> np.ndarray:
 
 
 def panel_product(A, B, out, prepacked):
-    """``out = A @ B`` (:func:`panels_suit`), the panels split over the intra-op threads."""
+    """``out = A @ B`` (:func:`panels_suit`), the panels split over the intra-op threads:
+    through the native pool where there is one (its hand-off never takes the GIL), else
+    ``parallel_for``."""
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
     rows = A.size // k
     a, c = A.reshape(rows, k), out.reshape(rows, n)
     kernels = jit_cpu.panel_kernels()
-    kernel, spill_shape = kernels.panel_product, (kernels.STRIP_ROWS, panels.shape[2])
+    spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
+    spill = jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape)
+    count = panels.shape[0]
+    if rows * k * n < PANEL_SPLIT_WORK:
+        kernels.panel_product(a, panels, c, 0, count, spill)
+        return out
+    native = jit_cpu.native_pool()
+    if native is not None:
+        parts = min(count, NATIVE_PARTS_PER_THREAD * intra_op_threads())
+        bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
+        kernels.native_product(native.block, parts, a, panels, c, bounds, spill,
+                               jit_cpu._scratch_array("panel_spill_worker", A.dtype,
+                                                      spill_shape))
+        return out
 
     def part(p0, p1):
-        kernel(a, panels, c, p0, p1, jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape))
-    if rows * k * n < PANEL_SPLIT_WORK:
-        part(0, panels.shape[0])
-    else:
-        parallel_for(thread_parts(panels.shape[0], rows * k * n), part)
+        kernels.panel_product(a, panels, c, p0, p1,
+                              jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape))
+    parallel_for(thread_parts(count, rows * k * n), part)
     return out
 
 

@@ -175,3 +175,22 @@ def test_on_the_gpu_the_composition_matches_the_cpu(masked):
     assert got is out
     np.testing.assert_allclose(cupy.asnumpy(got), reference(Q, K, V, mask, 0.3),
                                rtol=2e-5, atol=2e-6)
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_through_the_native_pool_the_worker_takes_heads_and_the_bits_stay(monkeypatch, dtype):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    monkeypatch.setattr(fa, "SPLIT_WORK", 0)
+    Q, K, V = heads(2, 40, 50, 3, 24, 40, dtype)
+    mask = np.where(RNG.random((2, 1, 40, 50)) < 0.2, -np.inf, 0.5).astype(dtype)
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")
+    expected = run(Q, K, V, mask, scale=0.2)
+    np.testing.assert_allclose(expected, reference(Q, K, V, mask, 0.2), **TOLERANCE[dtype])
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "1")
+    kernels, native = jit_cpu.panel_kernels(), jit_cpu.native_pool()
+    joined = native.block[kernels.JOINED]
+    for _ in range(40):  # the worker may be asleep for the first ones
+        np.testing.assert_array_equal(run(Q, K, V, mask, scale=0.2), expected)
+    assert native.block[kernels.JOINED] > joined

@@ -209,6 +209,7 @@ def test_panels_are_packed_once_per_weight(monkeypatch):
 
 @needs_panels
 def test_large_products_are_split_over_threads(monkeypatch):
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")
     A, B = _rand(2, 128, 768), _rand(768, 768)
     assert A.size * 768 >= matmul_cpu.PANEL_SPLIT_WORK
     splits = []
@@ -220,6 +221,24 @@ def test_large_products_are_split_over_threads(monkeypatch):
     np.testing.assert_allclose(out, A @ B, rtol=1e-4, atol=1e-3)
     (parts,) = splits
     assert parts[0][0] == 0 and parts[-1][1] == -(-768 // matmul_cpu.panel_width(np.float32))
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_through_the_native_pool_the_worker_takes_panels_and_the_bits_stay(monkeypatch, dtype):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    A, B = _rand(3, 100, 500).astype(dtype), _rand(500, 330).astype(dtype)
+    prepacked: dict = {}
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")
+    expected = mat_mul_cpu(np, A, B, out=np.empty((3, 100, 330), dtype), _prepacked=prepacked)
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "1")
+    kernels, native = jit_cpu.panel_kernels(), jit_cpu.native_pool()
+    joined = native.block[kernels.JOINED]
+    for _ in range(40):  # the worker may be asleep for the first ones
+        out = mat_mul_cpu(np, A, B, out=np.empty((3, 100, 330), dtype), _prepacked=prepacked)
+        np.testing.assert_array_equal(out, expected)
+    assert native.block[kernels.JOINED] > joined
 
 
 @needs_panels
