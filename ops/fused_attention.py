@@ -33,6 +33,7 @@ KEY_PERM = (0, 2, 3, 1)
 # multiply-adds from which the heads are split over the intra-op threads (as
 # ops/matmul_cpu.py's PANEL_SPLIT_WORK: a hand-off costs ~20 us)
 SPLIT_WORK = 1 << 23
+NATIVE_PARTS_PER_THREAD = 4
 
 
 @op("FusedAttention", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
@@ -101,9 +102,10 @@ def _compiled(Q, K, V, mask, scale, out):
     def scratch(suffix):
         return tuple(jit_cpu._scratch_array(f"attention_{name}{suffix}", dtype, shape)
                      for name, shape in zip(("keys", "values", "scores", "spill"), shapes))
-    parts = np.array(_parts(batch * heads, queries, kernels.STRIP_ROWS,
-                            queries * keys * (size + value_size)), np.int64)
     native = jit_cpu.native_pool()
+    parts = np.array(_parts(batch * heads, queries, kernels.STRIP_ROWS,
+                            queries * keys * (size + value_size),
+                            NATIVE_PARTS_PER_THREAD if native is not None else 1), np.int64)
     if native is not None:
         kernels.native_attention(native.block, len(parts), parts, Q, K, V, mask_span,
                                  mask_strides, mask is not None, out, dtype.type(scale),
@@ -132,16 +134,26 @@ def _mask_layout(mask, shape, dtype):
     return flat, strides
 
 
-def _parts(pairs: int, rows: int, strip: int, work_per_pair: int) -> list[tuple]:
-    """(pair0, pair1, row0, row1) parts: whole (batch, head) pairs per thread when there are
-    enough of them, else each pair's query rows split in strips between the threads."""
+def _parts(pairs: int, rows: int, strip: int, work_per_pair: int,
+           per_thread: int = 1) -> list[tuple]:
+    """(pair0, pair1, row0, row1) parts, about ``per_thread`` per thread: runs of whole
+    (batch, head) pairs when there are enough of them, else each pair's query rows split in
+    strips. The native pool claims parts one at a time, so finer parts there let a worker
+    that wakes late still take its share."""
     work = pairs * work_per_pair
-    if work < SPLIT_WORK or intra_op_threads() < 2:
+    threads = intra_op_threads()
+    if work < SPLIT_WORK or threads < 2:
         return [(0, pairs, 0, rows)]
-    if pairs >= intra_op_threads():
-        return [(p0, p1, 0, rows) for p0, p1 in thread_parts(pairs, work)]
+    wanted = threads * per_thread
+    if pairs >= wanted:
+        return [(pairs * p // wanted, pairs * (p + 1) // wanted, 0, rows)
+                for p in range(wanted)]
+    if pairs >= threads:
+        return [(pair, pair + 1, 0, rows) for pair in range(pairs)]
     strips = -(-rows // strip)
-    split = [(s0 * strip, min(rows, s1 * strip)) for s0, s1 in thread_parts(strips, work)]
+    count = min(strips, -(-wanted // pairs))
+    split = [(strips * p // count * strip, min(rows, strips * (p + 1) // count * strip))
+             for p in range(count)]
     return [(pair, pair + 1, r0, r1) for pair in range(pairs) for r0, r1 in split]
 
 
