@@ -74,10 +74,13 @@ def _make_tile(rows: int, finished: bool = False):
     def finished_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
                       ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope,
                       columns):
-        sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
-                         types.intp, types.intp, types.intp, bias, types.intp, residual,
-                         types.boolean, a.dtype, a.dtype, a.dtype, types.intp)
-        return sig, _tile_codegen(rows, finished=True, taps=False)
+        # ``gathered``: ldw is an array, row k of the panel at ``panel_offset + ldw[k]``
+        gathered = isinstance(ldw, types.Array)
+        sig = types.void(a, types.intp, types.intp, panels, types.intp,
+                         ldw if gathered else types.intp, c, types.intp, types.intp,
+                         types.intp, bias, types.intp, residual, types.boolean, a.dtype,
+                         a.dtype, a.dtype, types.intp)
+        return sig, _tile_codegen(rows, finished=True, taps=False, gathered=gathered)
     return finished_tile
 
 
@@ -106,7 +109,7 @@ def _make_tap_tile(rows: int):
     return tile
 
 
-def _tile_codegen(rows: int, finished: bool, taps: bool):
+def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False):
     def codegen(context, builder, signature, args):
         (a_arg, a_offset, lda, panels_arg, panel_offset, ldw, c_arg, c_offset, ldc,
          k_len) = args[:10]
@@ -159,6 +162,8 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
         else:
             A = at(data(0, a_arg), a_offset)
         W = at(data(3, panels_arg), panel_offset)
+        if gathered:  # each panel row's own offset (the weight on the left of a tap conv)
+            w_rows_at = data(5, ldw)
         kind = f"v{lanes}{'f32' if lanes == 16 else 'f64'}"
         fma = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.{kind}")
@@ -190,7 +195,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool):
 
         def step(k, sums):
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
-            w_row = at(W, builder.mul(k, ldw))
+            w_row = at(W, builder.load(at(w_rows_at, k)) if gathered else builder.mul(k, ldw))
             w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(PANEL_VECTORS)]
             if taps:  # a later panel's row k, while k < ahead_rows
                 with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
@@ -644,6 +649,30 @@ def pointwise_conv(w, image, stride, offset, count, y, first, bias, residual, ha
                                 np.uint64((s + i) * length + first + q0),
                                 np.uint64(min(width, count - q0)), bias[s + i], flat_residual,
                                 has_residual, low, high, slope)
+
+
+@_jit
+def left_tap_conv(w, image, rows_at, r0, r1, ow, pw, y, first, bias, residual, has_residual,
+                  low, high, slope, m0, m1, width):
+    """Output rows r0..r1 (``ow`` outputs each) and channels m0..m1 (whole strips of 8) of a
+    kernel of several taps with the weight on the left: ``w`` (M, K) the weight's rows, M a
+    multiple of STRIP_ROWS; ``image`` the flat phase planes from plane row r0 on (rows ``pw``
+    apart), ``rows_at`` (K,) each tap's offset in them; each tile is 8 channels by up to
+    ``width`` consecutive outputs of one row, its panel rows read where they lie (a last
+    partial panel under a mask), stored as rows of y (M, L) from output row ``first``. The
+    epilogue is :func:`tap_conv`'s."""
+    k_len = w.shape[1]
+    length = y.shape[1]
+    flat_y, flat_residual = y.reshape(-1), residual.reshape(-1)
+    for row in range(r0, r1):
+        out_at = (first + row - r0) * ow
+        for q0 in range(0, ow, width):
+            columns = min(width, ow - q0)
+            place = (row - r0) * pw + q0
+            for s in range(m0, m1, STRIP_ROWS):
+                _finished_tile(w, s * k_len, k_len, image, place, rows_at, flat_y,
+                               s * length + out_at + q0, length, k_len, bias, s,
+                               flat_residual, has_residual, low, high, slope, columns)
 
 
 # The epilogue of one run of sums, in two loops (with and without the residual) so that each
@@ -1281,8 +1310,9 @@ def _build(x, flat, shape, geometry, strips, r0, r1):
 def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, panels,
           weights, y, bias, residual, limits, spill, edge, no_bias):
     """One part: a band of rows on this thread's own planes (or a 1x1's image in place), or
-    a run of output channels on the shared ones. ``job``: (taps, by_rows, strips, in_place,
-    chunk, row_block, has_residual)."""
+    a run of output channels on the shared ones. ``job``: (form, by_rows, strips, in_place,
+    chunk, row_block, has_residual), form 0 a 1x1 kernel, 1 the tap tile, 2 taps with the
+    weight on the left."""
     taps, by_rows, strips, in_place, chunk, row_block, has_residual = job
     ph, pw, oh, ow = geometry[0], geometry[1], geometry[7], geometry[8]
     low, high, slope = limits[0], limits[1], limits[2]
@@ -1293,6 +1323,12 @@ def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, p
             _build(x, own, shape, geometry, strips, r0, r1)
             image = own
     count = (r1 - r0) * ow
+    if taps == 2:
+        m0, m1 = (0, weights.shape[0]) if by_rows else \
+            (part * chunk * STRIP_ROWS, min(weights.shape[0], (part + 1) * chunk * STRIP_ROWS))
+        left_tap_conv(weights, image, rows_at, r0, r1, ow, pw, y, r0, bias, residual,
+                      has_residual, low, high, slope, m0, m1, spill.shape[0])
+        return
     if taps:
         strip = STRIP_ROWS if strips else strip_rows(count)
         p0, p1 = (0, panels.shape[0]) if by_rows else \
@@ -1376,7 +1412,7 @@ def _worker_parts(block, zero):
     shape = (block[SHAPE0], block[SHAPE1], block[SHAPE2], block[SHAPE3])
     geometry = (block[PH], block[PW], block[SY], block[SX], block[TOP], block[LEFT],
                 block[HALO], block[OH], block[OW])
-    job = (block[TAPS] != 0, block[BY_ROWS] != 0, block[STRIPS] != 0, block[IN_PLACE] != 0,
+    job = (block[TAPS], block[BY_ROWS] != 0, block[STRIPS] != 0, block[IN_PLACE] != 0,
            block[CHUNK], block[ROW_BLOCK], block[HAS_RESIDUAL] != 0)
     parts = block[PARTS]
     part = claim(block, parts)

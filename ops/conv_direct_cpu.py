@@ -60,6 +60,8 @@ PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # while the outputs pass over it
 WEIGHT_BLOCK_BYTES = 1 << 18
 STRIP = 8  # ops/_jit_panels.py's STRIP_ROWS (read here without loading numba)
+# taps (K = channels x kernel) up to which a tap conv takes the weight on the left
+LEFT_TAPS_MAX_K = 128
 NATIVE_POOL_PLATFORM = jit_cpu.NATIVE_POOL_PLATFORM
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
@@ -107,6 +109,18 @@ def _weight_on_the_left(channels, strides, out_dims) -> bool:
         and channels * PANEL_WIDTH_BYTES <= POINTWISE_PANEL_BYTES
 
 
+def _left_taps(k_len, channels) -> bool:
+    """Whether a kernel of several taps takes the weight on the left: ``channels`` output
+    channels (whole strips of 8) as a tile's rows and 32 outputs of one row as its panel,
+    each panel row read in the phase planes at its tap's offset. With few taps the tap
+    tile's transposed store of 32 x 8 sums weighs on its short K loop; here every store is
+    a row. One process alternating, 2 threads (us, tap tile / weight on the left): 3 -> 24
+    channels 3x3 s2 at 224 (ShuffleNet's stem, K 27) 116 / 84, 3 -> 64 (SqueezeNet's) 218 /
+    168, K 75 389 / 352, K 108 124 / 106; from K 144 even (ResNet's 7x7 stem, K 147: 619 /
+    620), and past 200 the tap tile wins (K 216 223 / 233, K 576 556 / 591)."""
+    return k_len <= LEFT_TAPS_MAX_K and channels % STRIP == 0
+
+
 def _strided_pointwise(kernel, strides, channels, out_dims) -> bool:
     """Whether a 1x1 convolution of stride > 1 that the weight-on-the-left form does not take
     (ResNet's projections to 14x14 and 7x7) runs the tap tile on its input packed into strips
@@ -149,13 +163,18 @@ class _Layout:
         self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
         self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
         weight = W.reshape(m, -1)
+        # a kernel of few taps (a stem's) puts the weight on the left (:func:`_left_taps`)
+        self.left = self.taps and not self.strips and _left_taps(weight.shape[1], m)
         if self.taps:
             self.rows_at = np.arange(c, dtype=np.int64) * STRIP if self.strips else \
                 _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx), (dh, dw),
                              phases[1])
-            self.panels = _column_panels(weight, self.width)
+            self.panels = np.zeros((0, 0, 0), X.dtype) if self.left \
+                else _column_panels(weight, self.width)
             self._places: dict = {}
-        else:
+        if self.left:
+            self.weights, self.row_block = np.ascontiguousarray(weight), 0
+        elif not self.taps:
             self.weights = np.zeros((-(-m // STRIP) * STRIP, c), X.dtype)  # whole strips
             self.weights[:m] = weight
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
@@ -206,6 +225,9 @@ class _NativeParts:
             bands = _row_parts(oh)
             self.count, self.chunk = len(bands), 0
             self.bounds = np.array([b[0] for b in bands] + [oh], np.int64)
+        elif plan.left:
+            self.count = len(_strip_parts(plan.weights.shape[0]))
+            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
         elif plan.taps:
             panels = plan.panels.shape[0]
             self.count = len(thread_parts(panels, plan.panels.size * oh * ow))
@@ -290,7 +312,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
                          run(plan, x, y, e, r0, r1, 0, None))
         else:
             parts = (thread_parts(plan.panels.shape[0], plan.panels.size * y.shape[1])
-                     if plan.taps else _strip_parts(plan.weights.shape[0]))
+                     if plan.taps and not plan.left else _strip_parts(plan.weights.shape[0]))
             shared = _phase_planes(plan, X[image], 0, out_dims[0])
             parallel_for(parts, lambda c0, c1, x=X[image], y=y, e=epilogue, s=shared:
                          run(plan, x, y, e, 0, out_dims[0], c0, c1, s))
@@ -314,13 +336,15 @@ def _native_conv(native, plan, x, y, epilogue):
     no_bias = scratch("direct_no_bias", dtype, (plan.width,))
     no_bias[:] = 0
     empty = parts.empty(dtype)
-    if plan.taps:
+    if plan.left:
+        panels, weights, edge, worker_edge = empty[3], plan.weights, empty[2], empty[2]
+    elif plan.taps:
         panels, weights, edge, worker_edge = plan.panels, empty[2], empty[2], empty[2]
     else:
         panels, weights = empty[3], plan.weights
         edge = scratch("direct_edge", dtype, (plan.weights.shape[1], plan.width))
         worker_edge = scratch("direct_edge_worker", dtype, edge.shape)
-    job = (plan.taps, plan.by_rows, plan.strips, plan.in_place, parts.chunk, parts.row_block,
+    job = (_form(plan), plan.by_rows, plan.strips, plan.in_place, parts.chunk, parts.row_block,
            has_residual)
     _kernels().native_conv(native.block, job, parts.count, x, flat, worker_planes,
                             parts.shape, parts.geometry, parts.rows_at, parts.places,
@@ -329,9 +353,15 @@ def _native_conv(native, plan, x, y, epilogue):
                             worker_edge, no_bias)
 
 
+def _form(plan) -> int:
+    """The native driver's form: 0 a 1x1 kernel, 1 the tap tile, 2 taps, weight on the left."""
+    return 2 if plan.left else int(plan.taps)
+
+
 def _padded_bias(plan, B, m, dtype) -> np.ndarray:
     """B as the epilogue reads it: the tap tile reads a whole panel's biases, zeros past M."""
-    bias = np.zeros(plan.panels.shape[0] * plan.width if plan.taps else m, dtype)
+    bias = np.zeros(plan.panels.shape[0] * plan.width if plan.taps and not plan.left else m,
+                    dtype)
     if B is not None:
         bias[:m] = B.reshape(m)
     return bias
@@ -354,11 +384,17 @@ def band_rows(X, W, B, limits, geometry, prepacked):
 
 
 def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None, at=None):
-    """Output rows r0..r1 and the output-channel panels p0..p1 (None: all) of a kernel of
-    several taps; its phase planes ``shared`` by the threads, or else built here. Row r0
-    goes to row ``at`` of y (default r0)."""
+    """Output rows r0..r1 and the output-channel panels p0..p1 (None: all; with the weight
+    on the left, channels p0..p1) of a kernel of several taps; its phase planes ``shared``
+    by the threads, or else built here. Row r0 goes to row ``at`` of y (default r0)."""
     flat = _phase_planes(plan, x, r0, r1) if shared is None else shared
     bias, residual, has_residual, slope, low, high = epilogue
+    if plan.left:  # p0..p1 are output channels here (whole strips)
+        m0, m1 = (0, plan.weights.shape[0]) if p1 is None else (p0, p1)
+        _kernels().left_tap_conv(plan.weights, flat, plan.rows_at, r0, r1, plan.out_dims[1],
+                                 plan.pw, y, r0 if at is None else at, bias, residual,
+                                 has_residual, low, high, slope, m0, m1, plan.width)
+        return
     spill = jit_cpu._scratch_array("direct_spill", y.dtype, (plan.width, STRIP))
     no_bias = jit_cpu._scratch_array("direct_no_bias", y.dtype, (plan.width,))
     no_bias[:] = 0

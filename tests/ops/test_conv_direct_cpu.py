@@ -66,10 +66,19 @@ GEOMETRIES = [  # (C, H, W), (M, kh, kw), strides, pads, dilations
 ]
 
 
+@pytest.fixture(params=["tap tile", "weight on the left"])
+def tap_form(request, monkeypatch):
+    """Kernels of several taps through the tap tile, or with the weight on the left
+    wherever their output channels come in whole strips (whatever their taps)."""
+    monkeypatch.setattr(conv_direct_cpu, "LEFT_TAPS_MAX_K",
+                        0 if request.param == "tap tile" else 1 << 30)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("image, kernel, strides, pads, dilations", GEOMETRIES)
 def test_direct_matches_the_reference(image, kernel, strides, pads, dilations, dtype,
-                                      every_shape):
+                                      every_shape, tap_form):
     X, W = _rand(2, *image, dtype=dtype), _rand(kernel[0], image[0], *kernel[1:], dtype=dtype)
     B = _rand(kernel[0], dtype=dtype)
     attributes = dict(strides=list(strides), pads=list(pads), dilations=list(dilations))
@@ -113,7 +122,8 @@ def test_pointwise_with_the_weight_on_the_left(image, m, strides, pads, dtype, a
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
-def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeypatch):
+def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeypatch,
+                                                           tap_form):
     X, W = _rand(1, 8, 40, 40), _rand(24, 8, 3, 3)
     want = _expected(X, W, pads=[1, 1, 1, 1])
     for rows_split_min in (1, 1000):  # rows (each thread its own planes), then channels
@@ -133,7 +143,7 @@ def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeyp
 @pytest.mark.parametrize("kernel", [(3, 3), (1, 1)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_the_epilogue_in_the_tile_store(activation, params, limits, kernel, with_residual,
-                                        every_shape):
+                                        every_shape, tap_form):
     assert conv_direct_cpu.activation_limits(activation, params) == limits
     X, W, B = _rand(1, 16, 24, 24), _rand(40, 16, *kernel), _rand(40)
     pad = kernel[0] // 2
@@ -174,7 +184,7 @@ def test_nan_and_inf_reach_only_the_outputs_that_read_them(every_shape):
 
 
 def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
-    X, W = _rand(1, 8, 30, 30), _rand(16, 8, 3, 3)
+    X, W = _rand(1, 32, 30, 30), _rand(16, 32, 3, 3)  # K = 288: the tap tile
     prepacked: dict = {}
     attributes = dict(pads=[1] * 4)
     conv_cpu(np, X, W, _prepacked=prepacked, **attributes)
@@ -182,10 +192,10 @@ def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
     conv_cpu(np, X * 2, W, _prepacked=prepacked, **attributes)
     assert [v for k, v in prepacked.items() if k[0] == "direct"] == layouts
     (plan,) = layouts
-    assert plan.taps and plan.panels.shape == (1, 8 * 9, 32)  # the weight's transpose
+    assert plan.taps and not plan.left and plan.panels.shape == (1, 32 * 9, 32)  # W's transpose
     np.testing.assert_array_equal(plan.panels[0, :, :16], W.reshape(16, -1).T)
     assert not plan.panels[0, :, 16:].any()
-    conv_cpu(np, _rand(1, 8, 20, 20), W, _prepacked=prepacked, **attributes)
+    conv_cpu(np, _rand(1, 32, 20, 20), W, _prepacked=prepacked, **attributes)
     assert len([k for k in prepacked if k[0] == "direct"]) == 2
 
 
@@ -239,6 +249,29 @@ def test_a_partial_panel_read_in_place_touches_nothing_past_the_image(image, m, 
     assert got is out or np.shares_memory(got, out)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through libc")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("image, m, kernel, stride", [((3, 45, 45), 16, 5, 2),
+                                                      ((3, 17, 13), 24, 3, 1)])
+def test_taps_with_the_weight_on_the_left_touch_nothing_past_the_output(image, m, kernel,
+                                                                         stride, dtype):
+    # the last row's last panel (a part of 32 outputs) is stored under a mask, the residual
+    # read under it, with both ending at a page that faults
+    X = _rand(1, *image, dtype=dtype)
+    W, B = _rand(m, image[0], kernel, kernel, dtype=dtype), _rand(m, dtype=dtype)
+    pads = [kernel // 2] * 4
+    want = _expected(X, W, B, pads=pads, strides=[stride] * 2)
+    Z = _before_a_guard_page(_rand(*want.shape, dtype=dtype))
+    out = _before_a_guard_page(np.zeros(want.shape, dtype))
+    prepacked: dict = {}
+    got = fused_conv(np, X, W, B, Z, pads=pads, strides=[stride] * 2, activation="Relu",
+                     _prepacked=prepacked, out=out)
+    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    assert plan.taps and plan.left
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, np.maximum(want + Z, 0), rtol=tolerance, atol=tolerance)
+
+
 def test_which_convolutions_take_it():
     X, W = _rand(1, 64, 56, 56), _rand(64, 64, 3, 3)
     found = geometry({}, X, W, "NOTSET", None, 1, None, [1] * 4, None)
@@ -250,6 +283,18 @@ def test_which_convolutions_take_it():
     assert not conv_direct_cpu.suits(X.astype(np.float16), W.astype(np.float16), 1, found,
                                      np.zeros(out.shape, np.float16), {})
     assert not conv_direct_cpu.suits(X, W, 1, found, out[:, :, ::2], {})  # strided output
+    # a stem's few taps put the weight on the left, where its channels fill strips of 8
+    for channels, m, kernel, left in [(3, 64, 7, False), (3, 64, 5, True), (3, 24, 3, True),
+                                      (3, 10, 3, False), (64, 64, 3, False), (12, 32, 3, True),
+                                      (16, 32, 3, False)]:
+        x, w = _rand(1, channels, 32, 32), _rand(m, channels, kernel, kernel)
+        prepacked = {}
+        found_taps = geometry(prepacked, x, w, "NOTSET", None, 1, None, [kernel // 2] * 4,
+                              [2, 2])
+        assert conv_direct_cpu.suits(x, w, 1, found_taps, None, prepacked)
+        plan = conv_direct_cpu.layout(prepacked, x, w, *found_taps[:2], found_taps[2],
+                                      *found_taps[4:])
+        assert plan.left == left, (channels, m, kernel)
     small = _rand(1, 64, 7, 7)  # any kernel of several taps, on any image
     found_small = geometry({}, small, W, "NOTSET", None, 1, None, [1] * 4, None)
     assert conv_direct_cpu.suits(small, W, 1, found_small, None, {})
