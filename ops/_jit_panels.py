@@ -889,27 +889,16 @@ def softmax_rows(x, rows, n):
 
 
 @_jit
-def _pack_keys(k, b, h, panels, width):
-    """K[b, :, h, :] transposed into ``panels`` (P, size, width): [p, d, j] = K[b, p*width+j,
-    h, d], zero past the last key."""
-    keys, size = k.shape[1], k.shape[3]
+def _pack_columns(m, panels, width):
+    """The columns of ``m`` (rows, columns; any strides) in ``panels`` (P, rows, width):
+    [p, r, c] = m[r, p * width + c], zero past the last column. Attention packs K's head
+    transposed (size x keys) and V's head (keys x size) this way."""
+    rows, columns = m.shape
     for p in range(panels.shape[0]):
-        for d in range(size):
-            for j in range(width):
-                at = p * width + j
-                panels[p, d, j] = k[b, at, h, d] if at < keys else 0
-
-
-@_jit
-def _pack_values(v, b, h, panels, width):
-    """V[b, :, h, :] in ``panels`` (P, keys, width) of its columns: [p, j, c] = V[b, j, h,
-    p*width+c], zero past the last column."""
-    keys, size = v.shape[1], v.shape[3]
-    for p in range(panels.shape[0]):
-        for j in range(keys):
+        for r in range(rows):
             for c in range(width):
                 at = p * width + c
-                panels[p, j, c] = v[b, j, h, at] if at < size else 0
+                panels[p, r, c] = m[r, at] if at < columns else 0
 
 
 @_jit
@@ -942,8 +931,8 @@ def attention(q, k, v, mask, mask_strides, has_mask, out, scale, pair0, pair1, r
     flat_scores, flat_out = scores.reshape(-1), out.reshape(-1)
     for pair in range(pair0, pair1):
         b, h = pair // heads, pair % heads
-        _pack_keys(k, b, h, key_panels, width)
-        _pack_values(v, b, h, value_panels, width)
+        _pack_columns(k[b, :, h, :].T, key_panels, width)
+        _pack_columns(v[b, :, h, :], value_panels, width)
         for s in range(row0, row1, STRIP_ROWS):
             count = min(STRIP_ROWS, row1 - s)
             q_at = (b * q.shape[1] + s) * lda + h * size
