@@ -1535,25 +1535,24 @@ def _worker_attention(block, zero):
 
 
 @_jit
-def _dispatch(block):
-    """The worker's side of the job in the block, by its kind and dtype."""
+def _run_job(block, zero):
+    """The worker's side of the job in the block, in the dtype of ``zero``."""
     job = block[JOB]
-    if block[ITEMSIZE] == 4:
-        zero32 = np.float32(0)
-        if job == PRODUCT_JOB:
-            _worker_product(block, zero32)
-        elif job == ATTENTION_JOB:
-            _worker_attention(block, zero32)
-        else:
-            _worker_parts(block, zero32)
+    if job == PRODUCT_JOB:
+        _worker_product(block, zero)
+    elif job == ATTENTION_JOB:
+        _worker_attention(block, zero)
     else:
-        zero64 = np.float64(0)
-        if job == PRODUCT_JOB:
-            _worker_product(block, zero64)
-        elif job == ATTENTION_JOB:
-            _worker_attention(block, zero64)
-        else:
-            _worker_parts(block, zero64)
+        _worker_parts(block, zero)
+
+
+@_jit
+def _dispatch(block):
+    """The job in the block, by its dtype (each dtype its own compiled code)."""
+    if block[ITEMSIZE] == 4:
+        _run_job(block, np.float32(0))
+    else:
+        _run_job(block, np.float64(0))
 
 
 @cfunc(WORKER_SIGNATURE, nopython=True, error_model="numpy", cache=True)
