@@ -24,7 +24,7 @@ import numpy as np
 from mixrt.ops import jit_cpu
 from mixrt.ops.fused import FUSED_DTYPES, MIXRT, _into
 from mixrt.ops.nn import matmul_shape, softmax
-from mixrt.ops.parallel import intra_op_threads, parallel_for, thread_parts
+from mixrt.ops.parallel import intra_op_threads, parallel_for
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, broadcast_or_none
 

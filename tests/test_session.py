@@ -158,3 +158,27 @@ def test_an_out_of_range_index_on_the_gpu_raises_when_the_run_ends():
             gpu.run(None, feeds)
         # and the session goes on serving good runs
         np.testing.assert_array_equal(gpu.run(None, good)[0], want[0])
+
+
+def test_the_first_answer_has_the_bits_of_every_later_one():
+    # a signature's first run discovers its shapes with the kernels called without out=
+    # buffers, where some take other paths (LayerNormalization's compiled rows, the packed
+    # products); the first answer still comes from a planned run
+    rng = np.random.default_rng(3)
+    scale, bias = rng.standard_normal(768).astype(np.float32), rng.standard_normal(768)
+    weight = rng.standard_normal((768, 768)).astype(np.float32) * 0.05
+    nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 768])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(scale, "s"),
+         onnx.numpy_helper.from_array(bias.astype(np.float32), "b"),
+         onnx.numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = mixrt.Session(model.SerializeToString())
+    for rows in (128, 5):  # each shape's first run, then its planned ones
+        x = (rng.standard_normal((rows, 768)) * 3 + 1).astype(np.float32)
+        first = session.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(first, session.run(None, {"x": x})[0])
+        np.testing.assert_array_equal(first, session.run(None, {"x": x})[0])
