@@ -10,11 +10,12 @@ The node stands for this exact composition of ONNX ops, which the exporter write
     P = Softmax(MatMul(Qt, Kt) * scale [+ mask], axis=-1)
     Y = Transpose(MatMul(P, Vt), perm=[0, 2, 1, 3])
 
-On the CPU the heads are computed in one compiled pass (``ops/_jit_panels.py``, attention) that reads
-Q, K and V where the dense layers wrote them and writes Y in place: the four transposes the
-graph spells out are never copied, and the scores never leave L1. Anything that kernel does
-not take (other dtypes, a mask that would widen the scores, shapes that do not line up, no
-AVX-512) runs the composition itself, with broadcasting, exactly as the unfused nodes would.
+On the CPU the heads are computed in one compiled pass (``ops/_jit_panels.py``, its attention
+section) that reads Q, K and V where the dense layers wrote them and writes Y in place: the
+four transposes the graph spells out are never copied, and the scores never leave L1.
+Anything that kernel does not take (other dtypes, a mask that would widen the scores, shapes
+that do not line up, no AVX-512) runs the composition itself, with broadcasting, exactly as
+the unfused nodes would.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ KEY_PERM = (0, 2, 3, 1)
 # multiply-adds from which the heads are split over the intra-op threads (as
 # ops/matmul_cpu.py's PANEL_SPLIT_WORK: a hand-off costs ~20 us)
 SPLIT_WORK = 1 << 23
+# parts per thread through the native pool (claimed one at a time: a late worker still takes
+# its share)
 NATIVE_PARTS_PER_THREAD = 4
 
 

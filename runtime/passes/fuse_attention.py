@@ -3,10 +3,10 @@
 
 The pattern, walked back from each Softmax over the last axis::
 
-    Transpose(Q, [0,2,1,3]) ─┐
-    Transpose*(K) ───────────┴ MatMul ─ [Mul|Div by a scalar constant] ─ [Add(mask)] ─ Softmax
-    Transpose(V, [0,2,1,3]) ──────────────────────────────────── MatMul(probabilities, ·) ─┘
-                                                                  └ Transpose([0,2,1,3]) = Y
+    S = MatMul(Transpose(Q, [0,2,1,3]), Transpose*(K))
+    S = Mul(S, c) or Div(S, c), c a scalar constant        (optional)
+    S = Add(S, mask), in either order                      (optional)
+    Y = Transpose(MatMul(Softmax(S, axis=-1), Transpose(V, [0,2,1,3])), [0,2,1,3])
 
 K's side may be one Transpose [0,2,3,1] or a run of Transposes that composes to it (PyTorch
 exports ``k.transpose(1, 2)`` then ``.transpose(-1, -2)``). Every value inside the pattern

@@ -138,7 +138,7 @@ def test_inference_gives_the_output_shape_of_the_composition():
     assert infer(TensorType(f32, None), k, v)[0].shape is None
 
 
-# -- the vector softmax -------------------------------------------------------------------------------
+# -- the vector softmax ----------------------------------------------------------------------
 
 @needs_panels
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
