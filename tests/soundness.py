@@ -64,10 +64,14 @@ def run_recording(path, feeds: dict, monkeypatch, opt_level: int = 0) -> dict:
     plain_execute = executor.execute
 
     def recording_execute(steps, env, xp, *args, **kwargs):
+        # a planned run's env (a dict) starts with the session's constants, held as its
+        # kernels take them: only what the run made is recorded from it
+        before = set() if isinstance(env, ChainMap) else set(env)
         plain_execute(steps, env, xp, *args, **kwargs)
         made = env.maps[0] if isinstance(env, ChainMap) else env  # not the enclosing scopes
         for name, value in made.items():
-            seen.setdefault(name, []).append(value)
+            if name not in before:
+                seen.setdefault(name, []).append(value)
 
     # the session runs the top level, the executor's Subgraph the bodies: both are recorded
     monkeypatch.setattr(executor, "execute", recording_execute)
