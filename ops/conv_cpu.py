@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops import conv_direct_cpu, jit_cpu, jit_depthwise, winograd_cpu
+from mixrt.ops import conv_direct_cpu, grouped_cpu, jit_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv import conv, conv_geometry
 from mixrt.runtime.device import ALIGNMENT, aligned, aligned_empty
 
@@ -174,6 +174,10 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked):
     if prepacked is None or X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
         return None
     found = geometry(prepacked, X, W, **attributes)
+    if grouped_cpu.suits(X, W, attributes["group"], found, out, Z):
+        if out is None:
+            out = np.empty((X.shape[0], W.shape[0], *found[-1]), X.dtype)
+        return grouped_cpu.conv(X, W, B, Z, limits, out)
     if not conv_direct_cpu.suits(X, W, attributes["group"], found, out, prepacked):
         return None
     if out is None:

@@ -237,7 +237,7 @@ def _pool_band(band, p0, p1, stage: _Stages, bands: _Bands, image_out) -> None:
         _pool(np, stage.pool)(np, band[None], out=staged[None], **attributes)
     else:
         maximum = stage.pool == "MaxPool"
-        run = jit_pool._compiled(kernel, strides, (1, 1), maximum)
+        run = jit_pool._compiled(kernel, strides, (1, 1), maximum).run
         width = max(bands.left + band.shape[2], (bands.pooled[1] - 1) * strides[1] + kernel[1])
         row = jit_cpu._scratch_array("conv_pool_row", band.dtype, (width,))
         top = bands.pool_pads(p0, p1, stage.pool_attributes["pads"])[0]

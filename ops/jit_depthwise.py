@@ -27,12 +27,14 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.jit_elementwise import kernel as compiled
+from mixrt.ops import jit_cpu
+from mixrt.ops.jit_elementwise import kernel_module as compiled
+from mixrt.ops.native_parts import IMPORTS, part_source, run_parts, split
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
-# outputs from this many elements are split over the intra-op threads by planes (a hand-off
-# costs ~30-40 µs here, as for the pools in jit_pool.py)
+# without the native workers (ops/native_parts.py), outputs from this many elements are split
+# over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 
 
@@ -55,14 +57,19 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims):
     # the padded plane as far as the last window reaches (not past the image's far pads)
     hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
-    run = _compiled(tuple(kernel), tuple(strides), tuple(dilations))
+    module = _compiled(tuple(kernel), tuple(strides), tuple(dilations))
     x = X.reshape(n * channels, height, width)
     y = out.reshape(n * m, oh, ow)
 
     def part(start, stop):
-        run(x, weights, bias, y, m // channels, m, begin[0], left, start, stop,
-            np.empty((hp, wp), X.dtype))
-    if out.size < SPLIT_ELEMENTS:
+        module.run(x, weights, bias, y, m // channels, m, begin[0], left, start, stop,
+                   np.empty((hp, wp), X.dtype))
+    native = jit_cpu.native_pool()
+    parts = split(n * m, out.size, native)
+    if parts is not None:
+        run_parts(native, module, (x, weights, bias, y),
+                  (m // channels, m, begin[0], left, hp, wp), parts)
+    elif out.size < SPLIT_ELEMENTS:
         part(0, n * m)
     else:
         parallel_for(thread_parts(n * m, out.size), part)
@@ -90,7 +97,9 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
     total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + k * {sw} + {b * dw})]" for a, b in taps)
     flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
     return "\n".join([
+        "import numpy as np",
         "from numba import njit, uint64",
+        *IMPORTS,
         "",
         f"@njit({flags})",
         "def plane(pad, wp, w, c, bias, y, base, oh, ow):",
@@ -126,4 +135,8 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         "            padded = p",
         "        plane(ps, wp, ws, channel * taps, bias[channel], ys, q * oh * ow, oh, ow)",
         "",
+        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True)],
+                     ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
+                         "run(x, w, bias, y, multiplier, m, top, left, start, stop,"
+                         f" np.empty((hp, wp), {dtype}))"]),
     ])

@@ -39,6 +39,7 @@ import math
 import os
 import sys
 import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -253,23 +254,29 @@ def cache_dir() -> Path:
     return Path(base) / "mixrt" / "jit"
 
 
-@functools.lru_cache(maxsize=256)
 def kernel(text: str, prefix: str = "mixrt_fused"):
-    """The compiled ``run`` of a generated source (from the cache directory when possible),
-    in a module named ``prefix`` and the source's hash."""
+    """The compiled ``run`` of a generated source (:func:`kernel_module`)."""
+    return kernel_module(text, prefix).run
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_module(text: str, prefix: str = "mixrt_fused"):
+    """The module of a generated source (from the cache directory when possible), named
+    ``prefix`` and the source's hash: its ``run`` and whatever else the source defines."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
     name = f"{prefix}_{digest}"
     with _lock:
         path = _written(cache_dir() / f"{name}.py", text)
         if path is None:
-            namespace: dict = {}
-            exec(compile(text.replace("cache=True", "cache=False"), name, "exec"), namespace)
-            return namespace["run"]
+            module = types.ModuleType(name)
+            exec(compile(text.replace("cache=True", "cache=False"), name, "exec"),
+                 module.__dict__)
+            return module
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # numba's cache locates functions through their module
         spec.loader.exec_module(module)
-        return module.run
+        return module
 
 
 def _written(path: Path, text: str) -> Path | None:

@@ -37,7 +37,9 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.jit_elementwise import kernel as compiled
+from mixrt.ops import jit_cpu
+from mixrt.ops.jit_elementwise import kernel_module as compiled
+from mixrt.ops.native_parts import IMPORTS, part_source, run_parts, split
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
@@ -46,7 +48,8 @@ MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
 # 47 us against the phase planes' 154). The separable per-plane loop spends too much of a
 # narrow plane on its edges; with stride 2 it won at every width measured (13 to 111 wide).
 NARROW_ROWS = 8
-# inputs from this size are split over the intra-op threads by planes. Handing work to
+# without the native workers (ops/native_parts.py, which split from SPLIT_ELEMENTS there),
+# inputs from this size are split over the Python threads by planes. Handing work to
 # another thread costs ~30-40 us on this machine (a woken core; numba's own prange pays the
 # same), so 256x27x27 broke even (108 against 110 us) and 128x55x55 gained (94 against 126)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
@@ -81,7 +84,8 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     whole = _whole_suits(geometry, X, out)  # safe over its own input: no staging
     in_place = not whole and np.may_share_memory(X, out)
     if whole:
-        run = _compiled_whole(tuple(kernel), tuple(begin), bool(maximum))
+        module = _compiled_whole(tuple(kernel), tuple(begin), bool(maximum))
+        run = module.run
         chunk = max(1, CHUNK_ELEMENTS // (height * width))
 
         def part(start, stop):
@@ -91,14 +95,21 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
         # the padded row as far as the last window reaches (ceil_mode can reach past the pads)
         row_cells = max(begin[1] + width,
                         (ow - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1)
-        run = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
+        module = _compiled(tuple(kernel), tuple(strides), tuple(dilations), bool(maximum))
+        run = module.run
 
         def part(start, stop):
             row = np.empty(row_cells, X.dtype)
             staged = np.empty((oh, ow) if in_place else (0, 0), X.dtype)
             run(x, y, row, staged, divisor, begin[0], begin[1], start, stop)
     planes = x.shape[0]
-    if in_place or X.size < SPLIT_ELEMENTS:
+    native = None if in_place else jit_cpu.native_pool()
+    parts = split(planes, X.size, native)
+    if parts is not None and whole:
+        run_parts(native, module, (x, y, divisor), (chunk,), parts)
+    elif parts is not None:
+        run_parts(native, module, (x, y, divisor), (row_cells, begin[0], begin[1]), parts)
+    elif in_place or X.size < SPLIT_ELEMENTS:
         part(0, planes)
     else:
         parallel_for(thread_parts(planes, X.size), part)
@@ -301,8 +312,13 @@ def whole_source(kernel: tuple, begin: tuple, maximum: bool) -> str:
         if not (isinstance(value, int) and value >= 0):
             raise ValueError(f"pool geometry must be integers >= 0, got {value!r}")
     flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
-    lines = ["import numpy as np", "from numba import njit", "",
-             f"@njit({flags})", *_whole_source(kernel, begin, maximum)]
+    lines = ["import numpy as np", "from numba import njit", *IMPORTS, "",
+             f"@njit({flags})", *_whole_source(kernel, begin, maximum),
+             *part_source([("x", 3, True), ("y", 3, True), ("divisor", 2, True)], ["chunk"],
+                          lambda dtype: [
+                              "v = np.empty(min(chunk, stop - start) * x.shape[1] * x.shape[2],"
+                              f" {dtype})",
+                              "run(x, y, v, divisor, start, stop, chunk)"])]
     return "\n".join(lines)
 
 
@@ -313,7 +329,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> st
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"pool geometry must be positive integers, got {value!r}")
     flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
-    lines = ["import numpy as np", "from numba import njit", ""]
+    lines = ["import numpy as np", "from numba import njit", *IMPORTS, ""]
     lines += [f"@njit({flags})", *_plane_source("fast", kernel, strides, dilations, maximum,
                                                 False)]
     if maximum:
@@ -333,5 +349,11 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> st
         "            y[p] = staged",
         "",
     ]
+    # a part on the native pool never shares its input (the in-place pool is not split)
+    lines += part_source([("x", 3, True), ("y", 3, True), ("divisor", 2, True)],
+                         ["cells", "top", "left"], lambda dtype: [
+                             f"row = np.empty(cells, {dtype})",
+                             f"staged = np.empty((0, 0), {dtype})",
+                             "run(x, y, row, staged, divisor, top, left, start, stop)"])
     return "\n".join(lines)
 

@@ -36,6 +36,27 @@ def _recorded_calls(monkeypatch, module, name: str) -> list:
     return calls
 
 
+@pytest.fixture(params=["native", "threads"])
+def split_path(request, monkeypatch):
+    """A split kernel's parts on the native workers (where there are any), or on the Python
+    threads of ``parallel_for``."""
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "1" if request.param == "native" else "0")
+    return request.param
+
+
+def _recorded_splits(monkeypatch, module) -> list:
+    """How many parts each split of ``module``'s kernel had, whether it went to the native
+    workers (``run_parts``) or to the Python threads (``parallel_for``)."""
+    splits: list = []
+    threads, native = module.parallel_for, module.run_parts
+    monkeypatch.setattr(module, "parallel_for",
+                        lambda parts, fn: splits.append(len(parts)) or threads(parts, fn))
+    monkeypatch.setattr(module, "run_parts", lambda pool, kernels, arrays, scalars, parts:
+                        splits.append(len(parts)) or native(pool, kernels, arrays, scalars,
+                                                            parts))
+    return splits
+
+
 def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     """Route every depthwise convolution to the direct loop (ops/jit_depthwise.py) or to the
     phase planes (ops/jit_cpu.py), and record the calls."""
@@ -84,12 +105,9 @@ def test_depthwise_special_values_propagate_as_in_the_reference(monkeypatch):
     assert np.isnan(got[0, 2, 0, 0]) and calls
 
 
-def test_depthwise_split_over_threads_matches_generic(monkeypatch):
+def test_depthwise_split_over_threads_matches_generic(monkeypatch, split_path):
     calls = _count_compiled_depthwise(monkeypatch, True)
-    splits = []
-    real = jit_depthwise.parallel_for
-    monkeypatch.setattr(jit_depthwise, "parallel_for",
-                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    splits = _recorded_splits(monkeypatch, jit_depthwise)
     X = RNG.standard_normal((2, 48, 40, 40)).astype(np.float32)
     W = RNG.standard_normal((96, 1, 3, 3)).astype(np.float32)
     attrs = dict(group=48, pads=[1, 1, 1, 1])
@@ -256,15 +274,12 @@ def test_pool_output_over_its_input_is_right(window, separable, monkeypatch):
     assert calls
 
 
-def test_separable_pool_split_over_threads_matches_generic(monkeypatch):
+def test_separable_pool_split_over_threads_matches_generic(monkeypatch, split_path):
     """Big enough to be split over the intra-op threads by planes, NaNs in both halves."""
     calls = _count_compiled_pools(monkeypatch, True)
     X = RNG.standard_normal((2, 32, 65, 65)).astype(np.float32)
     assert X.size >= jit_pool.SPLIT_ELEMENTS
-    splits = []
-    real = jit_pool.parallel_for
-    monkeypatch.setattr(jit_pool, "parallel_for",
-                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    splits = _recorded_splits(monkeypatch, jit_pool)
     X[0, 1, 5, 7] = X[1, 31, 64, 64] = np.nan
     attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     np.testing.assert_array_equal(inplace_cpu.max_pool_cpu(np, X, **attrs),
@@ -293,7 +308,7 @@ def test_small_planes_in_the_stride_1_loops(image, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_chunked_pool_across_chunks_and_threads_matches_generic(dtype, monkeypatch):
+def test_chunked_pool_across_chunks_and_threads_matches_generic(dtype, monkeypatch, split_path):
     """The stride-1 loop over many planes: chunks of three planes and a short last one (the
     flat runs cross plane boundaries inside a chunk, never across chunks), then a call big
     enough to be split over the threads; NaN and infinities on edge rows and columns."""
@@ -318,9 +333,7 @@ def test_chunked_pool_across_chunks_and_threads_matches_generic(dtype, monkeypat
     assert len(chosen) == 4
     monkeypatch.undo()
     chosen = _recorded_calls(monkeypatch, jit_pool, "_compiled_whole")
-    splits, real = [], jit_pool.parallel_for
-    monkeypatch.setattr(jit_pool, "parallel_for",
-                        lambda parts, fn: splits.append(len(parts)) or real(parts, fn))
+    splits = _recorded_splits(monkeypatch, jit_pool)
     X = RNG.standard_normal((1, 96, 56, 56)).astype(dtype)
     X[0, 95, 55, 0] = np.nan
     assert X.size >= jit_pool.SPLIT_ELEMENTS
