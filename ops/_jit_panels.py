@@ -988,17 +988,7 @@ def attention(q, k, v, mask, mask_strides, has_mask, out, scale, pair0, pair1, r
 # * ``NEXT``: the next part to claim; ``BUSY``: a caller owns the pool (another caller runs
 #   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
 #   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
-# * ``HOLD``: session runs in progress (:func:`hold`); while there are any, an idle worker
-#   keeps spinning instead of sleeping (see below);
 # * ``ARGS`` on: the job's arguments, written by the driver before it publishes the job.
-#
-# Why a run holds the workers awake: this machine's kernel packs runnable threads onto as few
-# vCPUs as it can (``sched_vcpu_pack`` on its command line), and a thread woken from a sleep
-# often lands on the caller's vCPU, where it runs only after the caller's part. In that mode a
-# ShuffleNet run took 7.6 ms instead of 5.2 (its parallel parts ran one after the other, the
-# second vCPU 90% idle), for seconds at a time. A worker that never leaves its vCPU during a
-# run is not subject to that placement. It still calls ``sched_yield`` every YIELD_ROUNDS
-# pauses, so a thread placed on its vCPU (OpenBLAS's, a Python one) gets the core at once.
 #
 # A pool is made per process on first use and again in a forked child (whose threads did not
 # survive the fork). Its block and threads live until the process ends.
@@ -1008,15 +998,13 @@ def attention(q, k, v, mask, mask_strides, has_mask, out, scale, pair0, pair1, r
 # and would not see that file change (the argument slots, the tile).
 
 LINE = 8  # int64 words per 64-byte line
-STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED, HOLD = (LINE * i for i in range(7))
-ARGS = 7 * LINE
+STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED = (LINE * i for i in range(6))
+ARGS = 6 * LINE
 BLOCK_WORDS = ARGS + 128
 CLOSED = 1 << 15
 COUNT_MASK = CLOSED - 1
 SPIN_ROUNDS = 2000  # pauses (~22 ns each on this EPYC) before a worker sleeps
-YIELD_ROUNDS = 256  # pauses between a held worker's yields (~6 us)
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
-SCHED_YIELD_SYSCALL = 24
 
 
 # -- atomics, as LLVM IR: numba has none for the CPU --------------------------------------------
@@ -1150,14 +1138,6 @@ def _futex(typingctx, word, operation, value):
     return types.int64(word, types.int64, types.int32), codegen
 
 
-@intrinsic
-def _sched_yield(typingctx):
-    """Gives the core to another runnable thread on it, if there is one."""
-    def codegen(context, builder, signature, args):
-        return _syscall(builder, SCHED_YIELD_SYSCALL)
-    return types.int64(), codegen
-
-
 # -- the caller's side, called from a kernel's compiled driver ---------------------------------
 
 @_jit
@@ -1178,20 +1158,6 @@ def wake(block):
         word = block[WAKE:WAKE + 1].view(np.int32)
         fetch_add(word, 0, np.int32(1))
         _futex(word, FUTEX_WAKE_PRIVATE, np.int32(1 << 30))
-
-
-@_jit
-def hold(block):
-    """A session run begins: idle workers keep spinning until it ends (the first run in
-    wakes the sleepers, so they are spinning by its first parallel kernel)."""
-    if fetch_add(block, HOLD, 1) == 0:
-        wake(block)
-
-
-@_jit
-def release(block):
-    """A session run ends; with none left, idle workers sleep after SPIN_ROUNDS."""
-    fetch_add(block, HOLD, -1)
 
 
 @_jit
@@ -1245,10 +1211,6 @@ def serve(raw):
         if idle < SPIN_ROUNDS:
             pause()
             continue
-        if load(block, HOLD) > 0:  # a run is in progress: stay on this vCPU
-            _sched_yield()
-            idle = SPIN_ROUNDS - YIELD_ROUNDS
-            continue
         # sleep: count in, then check the job once more, so that a caller who published
         # after the check sees a sleeper and wakes it
         word = load(wake, 0)
@@ -1281,12 +1243,6 @@ class Pool:
 
     def wake(self):
         wake(self.block)
-
-    def hold(self):
-        hold(self.block)
-
-    def release(self):
-        release(self.block)
 
 
 _pools: dict = {}

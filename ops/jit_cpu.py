@@ -80,26 +80,6 @@ def native_pool():
     return None if kernels is None else kernels.native_pool()
 
 
-class workers_awake:
-    """While a session run is inside, the native workers spin between its kernels instead of
-    sleeping (``_jit_panels.hold``: a thread woken from a sleep may be placed behind the
-    caller on its own core). Only a pool some kernel has already started is held: a run
-    that never splits work does not load the panel kernels for it."""
-
-    __slots__ = ("pool",)
-
-    def __enter__(self):
-        self.pool = native_pool() if _panels and _panels[0] is not None else None
-        if self.pool is not None:
-            self.pool.hold()
-        return self
-
-    def __exit__(self, *exc):
-        if self.pool is not None:
-            self.pool.release()
-        return False
-
-
 def _load_panel_kernels():
     if os.environ.get("MIXRT_JIT", "1") == "0":
         return None

@@ -23,7 +23,6 @@ import numpy as np
 
 from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
-from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
@@ -219,7 +218,7 @@ class Session:
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
-        with np.errstate(all="ignore"), self.device.active(), self._workers_awake():
+        with np.errstate(all="ignore"), self.device.active():
             plan = self._cached_plan(signature)
             if plan is None:
                 with self._device_checks() as checks:
@@ -260,12 +259,6 @@ class Session:
                 return self._collect(env, wanted, plan.shared_outputs, host)
             finally:
                 release(plan, arena)
-
-    def _workers_awake(self):
-        """On the CPU, the native workers spin through the run (ops/jit_cpu.py)."""
-        if self.device.kind == "cpu":
-            return jit_cpu.workers_awake()
-        return contextlib.nullcontext()
 
     def _device_checks(self):
         """On a GPU, the run's deferred checks (runtime/device_checks.py)."""

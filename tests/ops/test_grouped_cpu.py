@@ -12,6 +12,7 @@ import mixrt
 from mixrt.ops import conv_direct_cpu, grouped_cpu, jit_cpu
 from mixrt.ops.conv import conv
 from mixrt.ops.conv_cpu import direct
+from mixrt.ops.fused import activate
 
 RNG = np.random.default_rng(11)
 pytestmark = pytest.mark.skipif(
@@ -34,17 +35,9 @@ def _attributes(group):
 
 
 def _expected(X, W, B, Z, activation, group):
+    """The generic kernels: Conv, then Add, then the activation's own op."""
     y = conv(np, X, W, B, group=group)
-    if Z is not None:
-        y = y + Z
-    name, params = activation
-    if name == "Relu":
-        y = np.maximum(y, 0)
-    elif name == "LeakyRelu":
-        y = np.where(y < 0, y * params[0], y)
-    elif name == "Clip":
-        y = np.clip(y, *params)
-    return y
+    return activate(np, y if Z is None else y + Z, activation[0], list(activation[1]))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

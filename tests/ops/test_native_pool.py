@@ -178,7 +178,7 @@ def _native_pool():
     return jit_cpu.panel_kernels()
 
 
-# -- any kernel's parts through a function pointer (CALL_JOB), and runs holding the workers --
+# -- any kernel's parts through a function pointer (CALL_JOB) ---------------------------------
 
 def _marking_part():
     """A PART_SIGNATURE cfunc: part p writes p + 1 over its run of ``out``."""
@@ -219,55 +219,3 @@ def test_a_call_job_finding_the_pool_taken_runs_here(pool):
         assert pool.block[native.JOINED] == joined
     finally:
         pool.block[native.BUSY] = 0
-
-
-def test_a_held_pool_keeps_its_worker_awake(pool):
-    native = _native_pool()
-    deadline = time.monotonic() + 5
-    while pool.block[native.SLEEPERS] == 0:
-        assert time.monotonic() < deadline, "the idle worker never went to sleep"
-        time.sleep(0.001)
-    pool.hold()  # wakes the sleeper, which then spins (and yields) while held
-    try:
-        deadline = time.monotonic() + 5
-        while pool.block[native.SLEEPERS]:
-            assert time.monotonic() < deadline, "hold did not wake the worker"
-            time.sleep(0.001)
-        time.sleep(0.05)  # a thousand spin budgets
-        assert pool.block[native.SLEEPERS] == 0
-    finally:
-        pool.release()
-    deadline = time.monotonic() + 5
-    while pool.block[native.SLEEPERS] == 0:  # released, it sleeps again
-        assert time.monotonic() < deadline, "the released worker never went to sleep"
-        time.sleep(0.001)
-    assert pool.block[native.HOLD] == 0
-
-
-def test_a_session_run_holds_the_pool_and_lets_go_even_when_it_fails(pool):
-    import mixrt  # noqa: PLC0415
-    from onnx import TensorProto, helper  # noqa: PLC0415
-
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "reshape",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
-         helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    session = mixrt.Session(helper.make_model(graph).SerializeToString())
-    x = np.ones((2, 3), np.float32)
-    native, seen = _native_pool(), []
-    original = jit_cpu.workers_awake.__enter__
-
-    def entering(self):
-        result = original(self)
-        seen.append(int(pool.block[native.HOLD]))
-        return result
-    jit_cpu.workers_awake.__enter__ = entering
-    try:
-        session.run(None, {"x": x, "shape": np.array([6])})
-        with pytest.raises(mixrt.errors.ExecutionError):  # raised by the kernel, in the run
-            session.run(None, {"x": x, "shape": np.array([5])})
-    finally:
-        jit_cpu.workers_awake.__enter__ = original
-    assert len(seen) == 2 and all(held >= 1 for held in seen)
-    assert pool.block[native.HOLD] == 0
