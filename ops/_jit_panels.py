@@ -1115,26 +1115,20 @@ def _as_block(typingctx, raw):
     return types.CPointer(types.int64)(types.voidptr), codegen
 
 
-def _syscall(builder, number, *arguments):
-    """An inline ``syscall`` (Linux x86-64) with up to three int64 arguments: through ctypes
-    numba could not cache the callers."""
-    i64 = ir.IntType(64)
-    call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 7), "syscall",
-                        "={rax},{rax},{rdi},{rsi},{rdx},{r10},{r8},{r9},~{rcx},~{r11},"
-                        "~{memory}", side_effect=True)
-    zero = ir.Constant(i64, 0)
-    padded = list(arguments) + [zero] * (6 - len(arguments))
-    return builder.call(call, [ir.Constant(i64, number)] + padded)
-
-
 @intrinsic
 def _futex(typingctx, word, operation, value):
-    """The futex system call on ``word`` (an int32 array's first element)."""
+    """The futex system call on ``word`` (an int32 array's first element), as an inline
+    ``syscall`` (Linux x86-64): through ctypes numba could not cache the callers."""
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         i64 = ir.IntType(64)
-        return _syscall(builder, FUTEX_SYSCALL, builder.ptrtoint(data, i64), args[1],
-                        builder.sext(args[2], i64))
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 7), "syscall",
+                            "={rax},{rax},{rdi},{rsi},{rdx},{r10},{r8},{r9},~{rcx},~{r11},"
+                            "~{memory}", side_effect=True)
+        zero = ir.Constant(i64, 0)
+        return builder.call(call, [ir.Constant(i64, FUTEX_SYSCALL),
+                                   builder.ptrtoint(data, i64), args[1],
+                                   builder.sext(args[2], i64), zero, zero, zero])
     return types.int64(word, types.int64, types.int32), codegen
 
 

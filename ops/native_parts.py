@@ -1,11 +1,9 @@
 """A generated kernel's parts on the native worker pool (``ops/_jit_panels.py``, CALL_JOB).
 
-``parallel_for`` hands a part to a Python thread, which sleeps between jobs. On this machine a
-woken thread often lands on the caller's vCPU (the kernel packs threads onto few vCPUs) and
-runs only after the caller's own part: for seconds at a time a ShuffleNet run took 7.6 ms
-instead of 5.2, the second vCPU idle. The native workers spin while a session run is in
-progress, so a kernel whose parts they take runs them side by side whatever the placement,
-and the hand-off costs a few microseconds instead of 20-40.
+``parallel_for`` hands a part to a Python thread, which wakes from its queue and then waits
+for the GIL: 20-40 us a hand-off, so kernels split only from 256K elements. The native
+worker takes a part without the GIL, spinning between back-to-back jobs, in ~5 us, so the
+pools and depthwise convolutions split from SPLIT_ELEMENTS.
 
 A generated module (``ops/jit_pool.py``, ``ops/jit_depthwise.py``) adds to its ``run`` two
 ``cfunc`` entry points from :func:`part_source`, ``part_f`` (float32) and ``part_d``
