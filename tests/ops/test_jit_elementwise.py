@@ -199,7 +199,7 @@ def test_generated_module_is_cached_on_disk_and_rewritten_when_edited(tmp_path,
     run(x, out, 1, 30, 0, 0, 0, 0, 0, 1)
     np.testing.assert_array_equal(out, np.abs(x))
     files[0].write_text("import os  # tampered\n")
-    je.kernel.cache_clear()
+    je.kernel_module.cache_clear()
     je.kernel(text)
     assert files[0].read_text() == text
 
@@ -209,7 +209,7 @@ def test_an_unwritable_cache_compiles_in_memory(tmp_path, monkeypatch):
     blocker.write_text("not a directory")
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(blocker))
     steps = fe.program(("Neg", "Relu"), (0, 1), (), 1).steps
-    je.kernel.cache_clear()
+    je.kernel_module.cache_clear()
     run = je.kernel(je.source(steps, 1, np.float64, (True,), None))
     x, out = rand(9, dtype=np.float64), np.empty(9)
     run(x, out, 1, 9, 0, 0, 0, 0, 0, 1)
