@@ -1,5 +1,8 @@
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 # mixrt before anything loads NumPy, whichever test file pytest collects first: its BLAS
 # policy (runtime/blas_policy.py) then sets OpenBLAS's environment instead of restarting it
@@ -7,3 +10,38 @@ import mixrt  # noqa: E402,F401
 
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers.py
+
+
+# -- the GPU tests ------------------------------------------------------------------------------
+# Without a GPU the GPU tests skip here; tests/test_gpu_paths_on_fake_cupy.py runs them again on
+# a NumPy-backed fake CuPy, taking only the tests marked ``gpu`` (the rest ran here already).
+# A test that skips with one of the reasons below gets the mark from its skipif; one that skips
+# from its body must carry the mark itself, or the hook below fails it, so that no GPU test
+# falls out of the fake run unnoticed.
+_WANTS_A_GPU = re.compile(r"needs .*(GPU|CuPy)|no CUDA GPU|could not import 'cupy'|no usable NCCL")
+_CONFORMANCE = Path(__file__).parent / "conformance"  # its ``_cuda`` cases have their own run
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(_WANTS_A_GPU.search(str(mark.kwargs.get("reason", "")))
+               for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.gpu)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if not (report.skipped and isinstance(report.longrepr, tuple)):
+        return
+    reason = str(report.longrepr[2])
+    if (_WANTS_A_GPU.search(reason) and item.get_closest_marker("gpu") is None
+            and _CONFORMANCE not in Path(str(item.path)).parents and not _has_a_gpu()):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} skips for want of a GPU ({reason}) but is not marked "
+                           "@pytest.mark.gpu, so the fake-CuPy run would leave it out")
+
+
+def _has_a_gpu() -> bool:
+    from mixrt.runtime.device import gpu_available  # noqa: PLC0415
+    return gpu_available()

@@ -282,6 +282,7 @@ def test_float32_is_unchanged_and_scaling_is_optional():
 
 # -- GPU ----------------------------------------------------------------------------------------
 
+@pytest.mark.gpu
 def test_float16_on_the_gpu_matches_the_cpu():
     pytest.importorskip("cupy")
     from mixrt.runtime.device import gpu_available, to_host

@@ -472,6 +472,7 @@ def test_checkpoints_that_do_not_fit_are_refused():
 
 # -- GPU ------------------------------------------------------------------------------------
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name,params", ALL_CASES, ids=ALL_IDS)
 def test_cupy_matches_numpy_and_checkpoints_move_between_devices(name, params):
     cupy = pytest.importorskip("cupy")

@@ -227,6 +227,7 @@ def test_an_integer_upscale_is_a_repeat_and_others_are_not():
     assert image._repeat_factor(np.zeros(0, np.int64), 0) is None
 
 
+@pytest.mark.gpu
 def test_on_cupy_the_taps_run():
     cupy = pytest.importorskip("cupy")
     x = np.random.default_rng(5).standard_normal((1, 2, 6, 7)).astype(np.float32)
