@@ -21,12 +21,20 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import helpers.py
 _WANTS_A_GPU = re.compile(r"needs .*(GPU|CuPy)|no CUDA GPU|could not import 'cupy'|no usable NCCL")
 _CONFORMANCE = Path(__file__).parent / "conformance"  # its ``_cuda`` cases have their own run
 
+# -- running on several cores (pytest -n auto) --------------------------------------------------
+# The KVStore tests pick free ports by binding port 0 and closing it before their processes
+# bind it again; two such tests on two xdist workers could be handed the same port in between.
+# They form one group, which ``--dist loadgroup`` (pyproject's addopts) runs on one worker.
+_SOCKETS = Path(__file__).parent / "kvstore"
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(_WANTS_A_GPU.search(str(mark.kwargs.get("reason", "")))
                for mark in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.gpu)
+        if _SOCKETS in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.xdist_group("sockets"))
 
 
 @pytest.hookimpl(hookwrapper=True)

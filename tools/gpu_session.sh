@@ -38,23 +38,18 @@ print("GPU:", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
 EOF
 }
 
-gpu_test_files() {
-    python3 - <<'EOF'
-import sys
-sys.path.insert(0, "tests")
-from test_gpu_paths_on_fake_cupy import GPU_FILES
-# and the files whose GPU cases the fake run does not list (refusals, device errors, traces)
-extra = ["test_session.py", "test_profiler_api.py", "gluon/test_hybrid_errors.py"]
-print(" ".join(f"tests/{name}" for name in GPU_FILES + extra))
-EOF
-}
+# The files whose GPU cases are not marked ``gpu`` (refusals, device errors, traces): they run
+# whole, after the marked tests of every other file (tests/conftest.py gives the mark).
+GPU_EXTRA_FILES=(tests/test_session.py tests/test_profiler_api.py tests/gluon/test_hybrid_errors.py)
 
 case "$step" in
     tests)
         setup
-        # shellcheck disable=SC2046  (one word per file)
-        timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_files.xml" \
-            $(gpu_test_files) "$@"
+        timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_marked.xml" \
+            tests --ignore=tests/conformance -m gpu "$@"
+        echo "GPU tests (-m gpu): exit $?"
+        timeout 120 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_files.xml" \
+            "${GPU_EXTRA_FILES[@]}" "$@"
         echo "GPU test files: exit $?"
         # ~4,000 cases, many compiling a CuPy kernel on first use: spread over the host's
         # cores where pytest-xdist is installed (the image has it)

@@ -207,7 +207,12 @@ def test_a_call_job_runs_every_part_once_on_both_threads(pool):
     joined = pool.block[_native_pool().JOINED]
     for _ in range(40):
         np.testing.assert_array_equal(_call_parts(pool, part), expected)
-    assert pool.block[_native_pool().JOINED] > joined
+    # on a loaded machine (another test process on the other core) the worker may miss forty
+    # short jobs in a row; it must still join one within a few seconds
+    deadline = time.monotonic() + 5
+    while pool.block[_native_pool().JOINED] == joined:
+        assert time.monotonic() < deadline, "the worker never took part in a job"
+        np.testing.assert_array_equal(_call_parts(pool, part), expected)
 
 
 def test_a_call_job_finding_the_pool_taken_runs_here(pool):
