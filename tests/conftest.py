@@ -25,7 +25,10 @@ _CONFORMANCE = Path(__file__).parent / "conformance"  # its ``_cuda`` cases have
 # The KVStore tests pick free ports by binding port 0 and closing it before their processes
 # bind it again; two such tests on two xdist workers could be handed the same port in between.
 # They form one group, which ``--dist loadgroup`` (pyproject's addopts) runs on one worker.
+# That group (~200 s) and the fake-CuPy runs (three child pytests, ~70 s each) are handed out
+# first: collected last, they would run on one worker while the other sat idle.
 _SOCKETS = Path(__file__).parent / "kvstore"
+_FIRST = (_SOCKETS, Path(__file__).parent / "test_gpu_paths_on_fake_cupy.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,6 +38,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         if _SOCKETS in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.xdist_group("sockets"))
+    items.sort(key=lambda item: not _runs_first(Path(str(item.path))))  # stable
+
+
+def _runs_first(path: Path) -> bool:
+    return any(path == first or first in path.parents for first in _FIRST)
 
 
 @pytest.hookimpl(hookwrapper=True)
