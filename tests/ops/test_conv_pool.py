@@ -179,7 +179,11 @@ def test_maxunpool_inverts_maxpool_indices():
     shape = np.array([1, 2, 5, 5], dtype=np.int64)
     U = max_unpool(np, Y, I, shape, kernel_shape=[2, 2], strides=[2, 2])
     assert U.shape == X.shape
-    np.testing.assert_array_equal(max_pool(np, U, kernel_shape=[2, 2], strides=[2, 2]), Y)
+    # each maximum goes back to the place it came from, every other place is zero
+    np.testing.assert_array_equal(U.reshape(-1)[I.reshape(-1)], Y.reshape(-1))
+    placed = np.zeros(U.size, bool)
+    placed[I.reshape(-1)] = True
+    assert not U.reshape(-1)[~placed].any()
     default = max_unpool(np, Y, max_pool(np, X[..., :4, :4], kernel_shape=[2, 2],
                                          strides=[2, 2], _outputs=2)[1],
                          kernel_shape=[2, 2], strides=[2, 2])
