@@ -10,12 +10,14 @@ Signatures are the generic kernels' plus ``out``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mixrt.ops.activation import relu, sigmoid, tanh
 from mixrt.ops.elementwise import add, div, mul, sub, sum_
 from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
-                          mat_mul, softmax)
+                          mat_mul, softmax, softmax_coerced)
 from mixrt.ops.shape import concat, transpose
 from mixrt.ops.fused_elementwise import same_view
 from mixrt.ops.parallel import parallel_rows
@@ -154,18 +156,44 @@ def batch_normalization_9_cpu(xp, X, scale, B, mean, var, *, epsilon=1e-5, momen
 
 @softmax.fast("cpu")
 def softmax_cpu(xp, input, *, axis=-1, out=None):
-    """Softmax over the trailing axes from ``axis`` on (opset 13's single axis is the last one
-    in every model we have seen; others take the generic kernel), rows split over the
-    intra-op threads: exp is heavy enough per element that two threads run it in about half
-    the time (ops/parallel.py). The row max and the division are compiled loops
-    (ops/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost twice its
-    exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. Computing in place over
-    ``input`` is safe: each row's max is taken before the row is overwritten."""
-    if out is None or not _native(input, out) or input.size == 0 or (
-            np.may_share_memory(out, input) and not same_view(out, input)) or (
-            axis % input.ndim != input.ndim - 1):
+    """Softmax over ``axis``, on the rows of a 2-D view when every axis after it has size 1
+    (the last axis in most models; a classifier's (N, C, 1, 1) scores over axis 1), else the
+    generic kernel."""
+    if input.ndim == 0:
         return _into(out, softmax(xp, input, axis=axis))
-    rows = input.reshape(-1, input.shape[-1])
+    axis %= input.ndim
+    if math.prod(input.shape[axis + 1:]) != 1:
+        return _into(out, softmax(xp, input, axis=axis))
+    return _softmax_rows(xp, input, input.shape[axis], out, lambda: softmax(xp, input, axis=axis))
+
+
+@softmax_coerced.fast("cpu")
+def softmax_coerced_cpu(xp, input, *, axis=1, out=None):
+    """Opset 1-12's Softmax: over the axes from ``axis`` on, flattened into one, which are the
+    rows of a 2-D view of a contiguous input."""
+    if input.ndim == 0:
+        return _into(out, softmax_coerced(xp, input, axis=axis))
+    return _softmax_rows(xp, input, math.prod(input.shape[axis % input.ndim:]), out,
+                         lambda: softmax_coerced(xp, input, axis=axis))
+
+
+def _softmax_rows(xp, input, width, out, generic):
+    """Softmax of the rows of ``width`` of ``input`` into ``out`` (made here when None), rows
+    split over the intra-op threads: exp is heavy enough per element that two threads run it
+    in about half the time (ops/parallel.py). The row max and the division are compiled
+    loops (ops/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost twice
+    its exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. One compiled call
+    also beats NumPy's reductions over several axes on small inputs: SqueezeNet's final
+    (1, 1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11
+    alone. Computing in place over ``input`` is safe: each row's max is taken before the row
+    is overwritten."""
+    if out is None and isinstance(input, np.ndarray) and input.dtype in jit_cpu.NATIVE:
+        out = np.empty_like(input)
+    if out is None or not _native(input, out) or input.size == 0 or width == 0 or (
+            np.may_share_memory(out, input) and not same_view(out, input)) or not (
+            input.flags.c_contiguous and out.flags.c_contiguous):
+        return _into(out, generic())
+    rows = input.reshape(-1, width)
     target = out.reshape(rows.shape)
     if jit_cpu.softmax_suits(rows, target):
         parallel_rows(rows.shape[0], rows.shape[1],
@@ -179,7 +207,6 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
         y /= y.sum(axis=1, keepdims=True)
     parallel_rows(rows.shape[0], rows.shape[1], part)
     return out
-
 
 
 @concat.fast("cpu")

@@ -463,6 +463,41 @@ def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
     np.testing.assert_allclose(out, numpy_path, rtol=tolerance * 4, atol=tolerance)
 
 
+@pytest.mark.parametrize("shape, axis, coerced", [
+    ((1, 1000, 1, 1), 1, False),  # a classifier's scores, opset 13: the axes after are 1
+    ((3, 10, 1, 1), -3, False),
+    ((1, 1000, 1, 1), 1, True),  # SqueezeNet's, opset 1-12: the axes from 1 on, flattened
+    ((2, 3, 4, 5), 1, True),
+    ((2, 3, 4, 5), 2, True),
+    ((2, 3, 4, 5), 0, True),
+])
+def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch):
+    from mixrt.ops.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn import softmax, softmax_coerced
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    fast, generic = (softmax_coerced_cpu, softmax_coerced) if coerced else (softmax_cpu, softmax)
+    calls = []
+    real = jit_cpu.softmax_rows
+    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    want = generic(np, x.astype(np.float64), axis=axis)
+    out = np.full_like(x, np.nan)
+    assert fast(np, x, axis=axis, out=out) is out and calls
+    np.testing.assert_allclose(out, want, rtol=4e-6, atol=1e-6)
+    made = fast(np, x, axis=axis)  # no planned buffer: one is made
+    assert made.dtype == x.dtype
+    np.testing.assert_allclose(made, want, rtol=4e-6, atol=1e-6)
+
+
+def test_softmax_into_a_strided_buffer_writes_every_element():
+    from mixrt.ops.fast_cpu import softmax_cpu
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    spaced = np.full((4, 3, 4), np.nan, np.float32)
+    out = spaced[::2]  # its rows cannot be one (6, 4) view: a reshape of it is a copy
+    assert softmax_cpu(np, x, axis=-1, out=out) is out
+    np.testing.assert_allclose(out, _softmax_reference(x), rtol=4e-6, atol=1e-7)
+    assert np.isnan(spaced[1::2]).all()
+
+
 def test_softmax_in_place_and_special_values_row_by_row():
     """A NaN anywhere in a row (in any of the max's eight lanes, or past them) makes that row
     NaN, as NumPy's max does; +inf makes its row NaN (inf - inf); a row of -inf is NaN; a row
