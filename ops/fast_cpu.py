@@ -190,8 +190,8 @@ def _softmax_rows(xp, input, width, out, generic):
     if out is None and isinstance(input, np.ndarray) and input.dtype in jit_cpu.NATIVE:
         out = np.empty_like(input)
     if out is None or not _native(input, out) or input.size == 0 or width == 0 or (
-            np.may_share_memory(out, input) and not same_view(out, input)) or not (
-            input.flags.c_contiguous and out.flags.c_contiguous):
+            np.may_share_memory(out, input) and not same_view(out, input)) or (
+            not out.flags.c_contiguous):  # a reshape of it could be a copy, losing the writes
         return _into(out, generic())
     rows = input.reshape(-1, width)
     target = out.reshape(rows.shape)

@@ -498,6 +498,22 @@ def test_softmax_into_a_strided_buffer_writes_every_element():
     assert np.isnan(spaced[1::2]).all()
 
 
+def test_softmax_of_a_strided_input_runs_compiled_on_a_copy_of_its_rows(monkeypatch):
+    from mixrt.ops.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn import softmax, softmax_coerced
+    x = RNG.standard_normal((5, 6, 4)).astype(np.float32).transpose(1, 0, 2)  # not contiguous
+    calls = []
+    real = jit_cpu.softmax_rows
+    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    for fast, generic, axis in ((softmax_cpu, softmax, -1), (softmax_coerced_cpu,
+                                                              softmax_coerced, 1)):
+        out = np.full(x.shape, np.nan, np.float32)
+        assert fast(np, x, axis=axis, out=out) is out
+        np.testing.assert_allclose(out, generic(np, x.astype(np.float64), axis=axis),
+                                   rtol=4e-6, atol=1e-7)
+    assert len(calls) == 2
+
+
 def test_softmax_in_place_and_special_values_row_by_row():
     """A NaN anywhere in a row (in any of the max's eight lanes, or past them) makes that row
     NaN, as NumPy's max does; +inf makes its row NaN (inf - inf); a row of -inf is NaN; a row
