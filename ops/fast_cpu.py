@@ -159,10 +159,7 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
     """Softmax over ``axis``, on the rows of a 2-D view when every axis after it has size 1
     (the last axis in most models; a classifier's (N, C, 1, 1) scores over axis 1), else the
     generic kernel."""
-    if input.ndim == 0:
-        return _into(out, softmax(xp, input, axis=axis))
-    axis %= input.ndim
-    if math.prod(input.shape[axis + 1:]) != 1:
+    if input.ndim == 0 or math.prod(input.shape[axis % input.ndim + 1:]) != 1:
         return _into(out, softmax(xp, input, axis=axis))
     return _softmax_rows(xp, input, input.shape[axis], out, lambda: softmax(xp, input, axis=axis))
 
@@ -187,7 +184,7 @@ def _softmax_rows(xp, input, width, out, generic):
     (1, 1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11
     alone. Computing in place over ``input`` is safe: each row's max is taken before the row
     is overwritten."""
-    if out is None and isinstance(input, np.ndarray) and input.dtype in jit_cpu.NATIVE:
+    if out is None and _native(input):
         out = np.empty_like(input)
     if out is None or not _native(input, out) or input.size == 0 or width == 0 or (
             np.may_share_memory(out, input) and not same_view(out, input)) or (
