@@ -274,6 +274,28 @@ def test_pool_output_over_its_input_is_right(window, separable, monkeypatch):
     assert calls
 
 
+@pytest.mark.parametrize("maximum", [True, False], ids=["max", "average"])
+def test_shrinking_pool_over_its_input_split_over_the_workers(maximum, monkeypatch):
+    """Output at the input's first byte, big enough to split: each thread's output planes
+    overlap input planes of the other's, so both write a scratch that is copied over the
+    input after; NaN in the first and last planes."""
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "1")
+    splits = _recorded_splits(monkeypatch, jit_pool)
+    X = RNG.standard_normal((1, 64, 55, 55)).astype(np.float32)
+    X[0, 0, 1, 1] = X[0, 63, 54, 54] = np.nan
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2])
+    expected = (max_pool(np, X, **attrs) if maximum else average_pool(np, X, **attrs))
+    buffer = X.copy()
+    out = buffer.reshape(-1)[:expected.size].reshape(expected.shape)
+    if maximum:
+        inplace_cpu.max_pool_cpu(np, buffer, out=out, **attrs)
+    else:
+        inplace_cpu.average_pool_cpu(np, buffer, out=out, **attrs)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    threads = 1 if jit_cpu.native_pool() is None else parallel.intra_op_threads()
+    assert splits == ([] if threads == 1 else [threads])
+
+
 def test_separable_pool_split_over_threads_matches_generic(monkeypatch, split_path):
     """Big enough to be split over the intra-op threads by planes, NaNs in both halves."""
     calls = _count_compiled_pools(monkeypatch, True)
@@ -345,10 +367,12 @@ def test_chunked_pool_across_chunks_and_threads_matches_generic(dtype, monkeypat
 def test_separable_pool_source_holds_only_literals():
     text = jit_pool.source((3, 2), (2, 1), (1, 2), True)
     assert "m = m if m > row[b + 2] else row[b + 2]" in text  # kw=2 taps, dilation 2
+    text = jit_pool.source((3, 3), (2, 2), (1, 1), False)  # stride 2: split into even, odd
+    assert "m = m + odd[k + 0]" in text and "m = m + even[k + 1]" in text
     with pytest.raises(ValueError):
         jit_pool.source((3, "1; import os"), (1, 1), (1, 1), True)
     text = jit_pool.whole_source((3, 3), (1, 2), False)
-    assert "m = m + h2[n]" in text and "ys[base + r0 + 1] = m" in text
+    assert "m = m + h2[n]" in text and "ys[uint64(base + r0 + 1)] = m" in text
     with pytest.raises(ValueError):
         jit_pool.whole_source((3, 3), (1, "0; import os"), False)
 
