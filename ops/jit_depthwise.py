@@ -12,6 +12,9 @@ taps, unrolled, with the weights held in registers; the loads are contiguous whe
 is 1, so LLVM vectorizes the row. A tap over the padding multiplies its weight by a real
 zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference.
 
+With stride 2 across, the scratch holds each padded row's even cells and then its odd
+ones (:func:`_split_copy`), so the taps' loads stay contiguous there too.
+
 Two designs lost (benchmarks/NOTES.md §11): reading the input in place with a
 bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where the border
 is a large share), and the taps as one flat run over the whole padded plane (3x slower than
@@ -91,10 +94,13 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
             raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
     taps = [(a, b) for a in range(kh) for b in range(kw)]
+    split = (sw, dw) == (2, 1)  # each padded row as its even cells, then its odd ones
     # every array is flat and indexed with uint64 offsets (see ops/_jit_kernels.py): slicing
     # nine row views per output row cost more than the row's arithmetic on 7x7 and 14x14
     # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
-    total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + k * {sw} + {b * dw})]" for a, b in taps)
+    column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
+        (lambda b: f"k * {sw} + {b * dw}")
+    total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
     flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
     return "\n".join([
         "import numpy as np",
@@ -102,7 +108,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         *IMPORTS,
         "",
         f"@njit({flags})",
-        "def plane(pad, wp, w, c, bias, y, base, oh, ow):",
+        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow):",
         *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
         "    for i in range(oh):",
         *[f"        r{a} = (i * {sh} + {a * dh}) * wp" for a in range(kh)],
@@ -118,6 +124,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         "    oh, ow = y.shape[1], y.shape[2]",
         "    taps = w.shape[1]",
         "    channels = m // multiplier",
+        "    half = (wp + 1) // 2  # where a split row's odd cells start",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
         "    # the border stays zero: every plane overwrites the same interior",
         "    for t in range(hp * wp):",
@@ -127,16 +134,42 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         "        image, channel = q // m, q % m",
         "        p = image * channels + channel // multiplier",
         "        if p != padded:",
-        "            for r in range(rows):",
-        "                source = (p * height + r) * width",
-        "                target = (top + r) * wp + left",
-        "                for c in range(cols):",
-        "                    ps[uint64(target + c)] = xs[uint64(source + c)]",
+        *(_split_copy() if split else [
+            "            for r in range(rows):",
+            "                source = (p * height + r) * width",
+            "                target = (top + r) * wp + left",
+            "                for c in range(cols):",
+            "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]),
         "            padded = p",
-        "        plane(ps, wp, ws, channel * taps, bias[channel], ys, q * oh * ow, oh, ow)",
+        "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
+        " ow)",
         "",
         *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True)],
                      ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
                          "run(x, w, bias, y, multiplier, m, top, left, start, stop,"
                          f" np.empty((hp, wp), {dtype}))"]),
     ])
+
+
+def _split_copy() -> list[str]:
+    """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
+    j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
+    row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
+    per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
+    the copy of the 1.4 MB input (memory-bound) is ~70 and the taps 45 -> 22. The columns
+    go in pairs (a pair of loads LLVM deinterleaves with shuffles), whose first lands in the
+    even or the odd cells as ``left`` is even or odd."""
+    return [
+        "            first = left // 2 if left % 2 == 0 else half + left // 2",
+        "            second = half + left // 2 if left % 2 == 0 else (left + 1) // 2",
+        "            last = left + cols - 1",
+        "            for r in range(rows):",
+        "                source = (p * height + r) * width",
+        "                target = (top + r) * wp",
+        "                for u in range(cols // 2):",
+        "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
+        "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",
+        "                if cols % 2:",
+        "                    ps[uint64(target + (last % 2) * half + last // 2)] = \\",
+        "                        xs[uint64(source + cols - 1)]",
+    ]

@@ -25,6 +25,11 @@ DEPTHWISE = [
     (4, 3, (9, 14), (5, 5), (3, 2), (1, 1), (2, 2, 2, 2)),
     (6, 1, (7, 7), (1, 3), (1, 1), (1, 1), (0, 1, 0, 1)),
     (3, 1, (8, 8), (2, 2), (2, 1), (1, 2), (0, 0, 1, 1)),
+    # stride 2 across (rows split into even and odd cells): no left pad, an odd width whose
+    # last column no window reads, an odd left pad with a wide kernel
+    (4, 1, (6, 10), (3, 3), (2, 2), (1, 1), (0, 0, 0, 0)),
+    (4, 1, (7, 9), (3, 3), (2, 2), (1, 1), (0, 0, 1, 1)),
+    (3, 2, (7, 9), (2, 4), (1, 2), (1, 1), (1, 3, 0, 2)),
 ]
 
 
@@ -131,8 +136,11 @@ def test_depthwise_output_over_its_input_takes_the_copying_kernel(monkeypatch):
 
 
 def test_depthwise_source_holds_only_literals():
-    text = jit_depthwise.source((2, 3), (1, 2), (2, 1))
-    assert "r1 = (i * 1 + 2) * wp" in text and "w1_2 * pad[uint64(r1 + k * 2 + 2)]" in text
+    text = jit_depthwise.source((2, 3), (1, 3), (2, 1))
+    assert "r1 = (i * 1 + 2) * wp" in text and "w1_2 * pad[uint64(r1 + k * 3 + 2)]" in text
+    text = jit_depthwise.source((2, 3), (1, 2), (2, 1))  # stride 2: even cells, then odd
+    assert "w1_1 * pad[uint64(r1 + k + 0 + half)]" in text \
+        and "w1_2 * pad[uint64(r1 + k + 1)]" in text
     with pytest.raises(ValueError):
         jit_depthwise.source((3, 3), (1, "1; import os"), (1, 1))
 
