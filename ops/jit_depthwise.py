@@ -157,12 +157,14 @@ def _split_copy() -> list[str]:
     row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
     per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
     the copy of the 1.4 MB input (memory-bound) is ~70 and the taps 45 -> 22. The columns
-    go in pairs (a pair of loads LLVM deinterleaves with shuffles), whose first lands in the
-    even or the odd cells as ``left`` is even or odd."""
+    go in pairs (a pair of loads LLVM deinterleaves with shuffles): a pair's first column
+    lands at ``first`` + u, its second at ``second`` + u (one in the even cells, one in the
+    odd, as ``left`` is even or odd)."""
+    def place(j):  # where padded column j lies in its row
+        return f"({j}) % 2 * half + ({j}) // 2"
     return [
-        "            first = left // 2 if left % 2 == 0 else half + left // 2",
-        "            second = half + left // 2 if left % 2 == 0 else (left + 1) // 2",
-        "            last = left + cols - 1",
+        f"            first, second = {place('left')}, {place('left + 1')}",
+        f"            last = {place('left + cols - 1')}",
         "            for r in range(rows):",
         "                source = (p * height + r) * width",
         "                target = (top + r) * wp",
@@ -170,6 +172,5 @@ def _split_copy() -> list[str]:
         "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
         "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",
         "                if cols % 2:",
-        "                    ps[uint64(target + (last % 2) * half + last // 2)] = \\",
-        "                        xs[uint64(source + cols - 1)]",
+        "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
     ]

@@ -361,6 +361,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> st
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"pool geometry must be positive integers, got {value!r}")
     flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
+    halves = "row.size // 2 + 1" if (strides[1], dilations[1]) == (2, 1) else "0"
     lines = ["import numpy as np", "from numba import njit", *IMPORTS, ""]
     lines += [f"@njit({flags})", *_plane_source("fast", kernel, strides, dilations, maximum,
                                                 False)]
@@ -372,8 +373,8 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, maximum: bool) -> st
         "def run(x, y, row, staged, divisor, top, left, start, stop):",
         f"    row[:] = {'-np.inf' if maximum else '0.0'}",
         "    inner = row[left:left + x.shape[2]]",
-        "    even = np.empty(row.size // 2 + 1, row.dtype)",
-        "    odd = np.empty(row.size // 2 + 1, row.dtype)",
+        f"    even = np.empty({halves}, row.dtype)",
+        f"    odd = np.empty({halves}, row.dtype)",
         "    for p in range(start, stop):",
         "        target = staged if staged.shape[0] > 0 else y[p]",
         "        if fast(x, p, target, row, inner, top, divisor, even, odd):",
