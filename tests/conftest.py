@@ -36,9 +36,9 @@ def pytest_collection_modifyitems(config, items):
         if any(_WANTS_A_GPU.search(str(mark.kwargs.get("reason", "")))
                for mark in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.gpu)
-        if _SOCKETS in Path(str(item.path)).parents:
+        if _SOCKETS in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("sockets"))
-    items.sort(key=lambda item: not _runs_first(Path(str(item.path))))  # stable
+    items.sort(key=lambda item: not _runs_first(item.path))  # stable
 
 
 def _runs_first(path: Path) -> bool:
@@ -52,7 +52,7 @@ def pytest_runtest_makereport(item, call):
         return
     reason = str(report.longrepr[2])
     if (_WANTS_A_GPU.search(reason) and item.get_closest_marker("gpu") is None
-            and _CONFORMANCE not in Path(str(item.path)).parents and not _has_a_gpu()):
+            and _CONFORMANCE not in item.path.parents and not _has_a_gpu()):
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} skips for want of a GPU ({reason}) but is not marked "
                            "@pytest.mark.gpu, so the fake-CuPy run would leave it out")
