@@ -1280,7 +1280,10 @@ SCALARS = ARGS + 60
 (ITEMSIZE, TAPS, BY_ROWS, STRIPS, IN_PLACE, PARTS, CHUNK, ROW_BLOCK, HAS_RESIDUAL, SHAPE0,
  SHAPE1, SHAPE2, SHAPE3, PH, PW, SY, SX, TOP, LEFT, HALO, OH, OW) = \
     range(SCALARS, SCALARS + 22)
-assert OW < BLOCK_WORDS
+# a kit's own slots (:func:`native_conv`), past those it copies into the block: the calling
+# thread's spill and edge scratch
+SPILL, EDGE = OW + 1, OW + 5
+assert EDGE + 4 < BLOCK_WORDS - 1  # the block's last word names the job
 
 
 @_jit
@@ -1337,42 +1340,38 @@ def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, p
 
 
 @_jit
-def native_conv(block, job, parts, x, planes, worker_planes, shape, geometry, rows_at, places,
-                bounds, panels, weights, y, bias, residual, limits, spill, worker_spill, edge,
-                worker_edge, no_bias):
-    """Conv of one image ``x`` into ``y``, its ``parts`` taken by this thread and the pool's
-    worker (``block``; with another caller using it, all here). ``job`` as :func:`_part`
-    reads it; ``limits``: the epilogue's (low, high, slope) in x's dtype; ``panels`` (the
-    tap form) or ``weights`` (1x1, weight on the left), the other one empty."""
-    taps, by_rows, strips, in_place, chunk, row_block, has_residual = job
-    if not by_rows and not in_place:
-        _build(x, planes, shape, geometry, strips, 0, geometry[7])
+def native_conv(block, kit, x, y, bias, residual, has_residual):
+    """Conv of one image ``x`` into ``y`` (M, L), its parts taken by this thread and the
+    pool's worker (``block``; with another caller using it, or one part, all here).
+    ``kit`` is laid out like the block: every argument that does not change from call to
+    call (the planes, weights, parts, the epilogue's ``limits`` in x's dtype, this thread's
+    ``SPILL`` and ``EDGE`` scratch) written once by ``conv_direct_cpu``, so a call passes
+    only what does; a call of 22 arrays and tuples cost ~4 us in numba's dispatch alone."""
+    index = np.int64(0)
+    planes = get1(kit, PLANES, x)
+    rows_at, bounds, places = get1(kit, ROWS_AT, index), get1(kit, BOUNDS, index), \
+        get2(kit, PLACES, index)
+    panels, weights = get3(kit, PANELS, x), get2(kit, WEIGHTS, x)
+    limits, no_bias = get1(kit, LIMITS, x), get1(kit, NO_BIAS, x)
+    spill, edge = get2(kit, SPILL, x), get2(kit, EDGE, x)
+    shape = (kit[SHAPE0], kit[SHAPE1], kit[SHAPE2], kit[SHAPE3])
+    geometry = (kit[PH], kit[PW], kit[SY], kit[SX], kit[TOP], kit[LEFT], kit[HALO], kit[OH],
+                kit[OW])
+    job = (kit[TAPS], kit[BY_ROWS] != 0, kit[STRIPS] != 0, kit[IN_PLACE] != 0, kit[CHUNK],
+           kit[ROW_BLOCK], has_residual)
+    parts = kit[PARTS]
+    if not job[1] and not job[3]:
+        _build(x, planes, shape, geometry, job[2], 0, geometry[7])
     sequence = begin(block) if parts > 1 else -1
     if sequence >= 0:
         block[JOB] = CONV_JOB
+        for slot in range(ARGS, OW + 1):
+            block[slot] = kit[slot]
         put(block, X, x)
-        put(block, PLANES, planes)
-        put(block, WORKER_PLANES, worker_planes)
-        put(block, ROWS_AT, rows_at)
-        put(block, PLACES, places)
-        put(block, BOUNDS, bounds)
-        put(block, PANELS, panels)
-        put(block, WEIGHTS, weights)
         put(block, Y, y)
         put(block, BIAS, bias)
         put(block, RESIDUAL, residual)
-        put(block, WORKER_SPILL, worker_spill)
-        put(block, WORKER_EDGE, worker_edge)
-        put(block, NO_BIAS, no_bias)
-        put(block, LIMITS, limits)
-        block[ITEMSIZE], block[PARTS] = x.itemsize, parts
-        block[TAPS], block[BY_ROWS], block[STRIPS], block[IN_PLACE] = taps, by_rows, strips, \
-            in_place
-        block[CHUNK], block[ROW_BLOCK], block[HAS_RESIDUAL] = chunk, row_block, has_residual
-        for i in range(4):
-            block[SHAPE0 + i] = shape[i]
-        for i in range(9):
-            block[PH + i] = geometry[i]
+        block[HAS_RESIDUAL] = has_residual
         publish(block, sequence)
         part = claim(block, parts)
         while part >= 0:

@@ -167,13 +167,15 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     return out
 
 
-def direct(X, W, B, Z, limits, attributes, out, prepacked):
+def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None):
     """``out`` = limits(Conv(X, W, B) + Z) through ops/conv_direct_cpu.py when it suits this
     convolution (None when it does not: nothing is computed). ``limits``: the activation as
-    ``conv_direct_cpu.activation_limits`` gives it."""
+    ``conv_direct_cpu.activation_limits`` gives it; ``found``: the :func:`geometry`, when the
+    caller has it."""
     if prepacked is None or X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
         return None
-    found = geometry(prepacked, X, W, **attributes)
+    if found is None:
+        found = geometry(prepacked, X, W, **attributes)
     if grouped_cpu.suits(X, W, attributes["group"], found, out, Z):
         if out is None:
             out = np.empty((X.shape[0], W.shape[0], *found[-1]), X.dtype)
@@ -189,7 +191,9 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     """``conv_geometry``, kept in the session node's ``prepacked`` dict per input and weight
     shape (a node's attributes never change): computing it again took ~2.5 us of every
     call, as long as a ShuffleNet layer's epilogue."""
-    return packed(prepacked, ("geometry", X.shape, W.shape), lambda: conv_geometry(
+    key = ("geometry", X.shape, W.shape)
+    found = None if prepacked is None else prepacked.get(key)
+    return found if found is not None else packed(prepacked, key, lambda: conv_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 

@@ -178,20 +178,12 @@ class _Layout:
             self.weights = np.zeros((-(-m // STRIP) * STRIP, c), X.dtype)  # whole strips
             self.weights[:m] = weight
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
-        self._native, self._limits = None, {}
+        self._native = None
 
     def native_parts(self) -> _NativeParts:
         if self._native is None:
             self._native = _NativeParts(self)
         return self._native
-
-    def limits(self, low, high, slope) -> np.ndarray:
-        """The epilogue's (low, high, slope) as an array of the image's dtype (made once)."""
-        key = (low, high, slope)
-        found = self._limits.get(key)
-        if found is None:
-            found = self._limits.setdefault(key, np.array(key, type(low)))
-        return found
 
     def places(self, r0, r1):
         """Where outputs r0 * ow.. r1 * ow sit in phase planes that start at plane row r0,
@@ -292,21 +284,96 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     then the activation ``limits`` (:func:`activation_limits`)."""
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
+    native, split = _native_pool(), plan.native_parts().count > 1
+    if native is None and split:
+        return _conv_threads(plan, X, B, Z, limits, out)
+    if split:
+        native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes during the setup
+    kit = jit_cpu.scratch_kit(plan, (X.dtype.str, limits), lambda: _Kit(plan, X.dtype, limits))
     n, m = X.shape[0], W.shape[0]
+    bias = kit.bias(B, m)
+    y_all = out.reshape(n, m, -1)
+    z_all = None if Z is None else Z.reshape(n, m, -1)
+    # with one part the block is never read (the kernel takes the pool for two or more)
+    block = kit.words if native is None else native.block
+    run = _kernels().native_conv
+    for image in range(n):
+        y = y_all[image]
+        if z_all is None:
+            run(block, kit.words, X[image], y, bias, y, False)
+        else:
+            run(block, kit.words, X[image], y, bias, z_all[image], True)
+    return out
+
+
+class _Kit:
+    """One thread's prepared call of a node's convolution for one dtype and epilogue: the
+    words ``_jit_panels.native_conv`` reads its fixed arguments from (laid out like the
+    pool's block), the arrays they point to, and the bias as the tile reads it. Kept by
+    ``jit_cpu.scratch_kit`` until a scratch buffer it points to is reallocated."""
+
+    def __init__(self, plan, dtype, limits):
+        kernels, parts = _kernels(), plan.native_parts()
+        scratch = jit_cpu._scratch_array
+        empty = parts.empty(dtype)
+        flat, _ = _planes(plan, dtype)
+        pointwise = not plan.taps
+        edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
+        slope, low, high = limits
+        arrays = {
+            kernels.PLANES: flat,
+            kernels.WORKER_PLANES: scratch("direct_planes_worker", dtype, flat.shape),
+            kernels.ROWS_AT: parts.rows_at, kernels.PLACES: parts.places,
+            kernels.BOUNDS: parts.bounds,
+            kernels.PANELS: plan.panels if plan.taps and not plan.left else empty[3],
+            kernels.WEIGHTS: plan.weights if plan.left or pointwise else empty[2],
+            kernels.LIMITS: np.array((low, high, slope), dtype),
+            kernels.NO_BIAS: np.zeros(plan.width, dtype),
+            kernels.SPILL: scratch("direct_spill", dtype, (plan.width, STRIP)),
+            kernels.WORKER_SPILL: scratch("direct_spill_worker", dtype, (plan.width, STRIP)),
+            kernels.EDGE: scratch("direct_edge", dtype, edge_shape) if pointwise else empty[2],
+            kernels.WORKER_EDGE: scratch("direct_edge_worker", dtype, edge_shape)
+            if pointwise else empty[2],
+        }
+        self.words = np.zeros(kernels.BLOCK_WORDS, np.int64)
+        for slot, array in arrays.items():
+            self.words[slot] = array.ctypes.data
+            self.words[slot + 1:slot + 1 + array.ndim] = array.shape
+        scalars = {kernels.ITEMSIZE: dtype.itemsize, kernels.TAPS: _form(plan),
+                   kernels.BY_ROWS: plan.by_rows, kernels.STRIPS: plan.strips,
+                   kernels.IN_PLACE: plan.in_place, kernels.PARTS: parts.count,
+                   kernels.CHUNK: parts.chunk, kernels.ROW_BLOCK: parts.row_block}
+        for slot, value in scalars.items():
+            self.words[slot] = int(value)
+        self.words[kernels.SHAPE0:kernels.SHAPE0 + 4] = parts.shape
+        self.words[kernels.PH:kernels.PH + 9] = parts.geometry
+        self._arrays = arrays  # the words point into these
+        length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
+            else plan.weights.shape[0]
+        self._zeros, self._padded = np.zeros(length, dtype), np.zeros(length, dtype)
+
+    def bias(self, B, m) -> np.ndarray:
+        """B as the tile reads it: one per output channel, zeros past M to a whole panel."""
+        if B is None:
+            return self._zeros
+        if self._zeros.size == m and B.dtype == self._zeros.dtype and B.flags.c_contiguous:
+            return B.reshape(m)
+        self._padded[:m] = B.reshape(m)  # past M it stays zero
+        return self._padded
+
+
+def _conv_threads(plan, X, B, Z, limits, out):
+    """:func:`conv` with its parts on Python threads (``parallel_for``), where the native
+    pool is off."""
+    n, m, out_dims = X.shape[0], out.shape[1], plan.out_dims
     bias = _padded_bias(plan, B, m, X.dtype)
     scalars = tuple(X.dtype.type(v) for v in limits)  # compared in X's dtype, not float64
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
-    native = _native_pool()
-    if native is not None and plan.native_parts().count > 1:
-        native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes during the setup
+    run = _taps if plan.taps else _pointwise
     for image in range(n):
         y = y_all[image]
         epilogue = (bias, y if z_all is None else z_all[image], z_all is not None) + scalars
-        if native is not None:
-            _native_conv(native, plan, X[image], y, epilogue)
-            continue
-        run = _taps if plan.taps else _pointwise
         if plan.by_rows:
             parallel_for(_row_parts(out_dims[0]), lambda r0, r1, x=X[image], y=y, e=epilogue:
                          run(plan, x, y, e, r0, r1, 0, None))
@@ -321,36 +388,6 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
 
 def _native_pool():
     return jit_cpu.native_pool()
-
-
-def _native_conv(native, plan, x, y, epilogue):
-    """One image, its parts split between threads in native code
-    (``_jit_panels.native_conv``)."""
-    bias, residual, has_residual, slope, low, high = epilogue
-    parts, dtype = plan.native_parts(), y.dtype
-    flat, _ = _planes(plan, dtype)
-    scratch = jit_cpu._scratch_array
-    worker_planes = scratch("direct_planes_worker", dtype, flat.shape)
-    spill = scratch("direct_spill", dtype, (plan.width, STRIP))
-    worker_spill = scratch("direct_spill_worker", dtype, (plan.width, STRIP))
-    no_bias = scratch("direct_no_bias", dtype, (plan.width,))
-    no_bias[:] = 0
-    empty = parts.empty(dtype)
-    if plan.left:
-        panels, weights, edge, worker_edge = empty[3], plan.weights, empty[2], empty[2]
-    elif plan.taps:
-        panels, weights, edge, worker_edge = plan.panels, empty[2], empty[2], empty[2]
-    else:
-        panels, weights = empty[3], plan.weights
-        edge = scratch("direct_edge", dtype, (plan.weights.shape[1], plan.width))
-        worker_edge = scratch("direct_edge_worker", dtype, edge.shape)
-    job = (_form(plan), plan.by_rows, plan.strips, plan.in_place, parts.chunk, parts.row_block,
-           has_residual)
-    _kernels().native_conv(native.block, job, parts.count, x, flat, worker_planes,
-                            parts.shape, parts.geometry, parts.rows_at, parts.places,
-                            parts.bounds, panels, weights, y, bias, residual,
-                            plan.limits(low, high, slope), spill, worker_spill, edge,
-                            worker_edge, no_bias)
 
 
 def _form(plan) -> int:

@@ -193,7 +193,6 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    finish = _activation(activation, activation_params)
     if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
                                     activation_params=activation_params,
@@ -201,6 +200,7 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     if xp is np:
         return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), out,
                                _prepacked)
+    finish = _activation(activation, activation_params)
     y = _into(xp, conv(xp, X, W, B, **attributes), out)
     if Z is not None:
         xp.add(y, Z, out=y)
@@ -208,8 +208,8 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
 
 
 def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
-    dims = geometry(prepacked, X, W, **attributes)[-1]
-    shape = (X.shape[0], W.shape[0], *dims)
+    found = geometry(prepacked, X, W, **attributes)
+    shape = (X.shape[0], W.shape[0], *found[-1])
     if out is None:
         out = np.empty(shape, X.dtype)
     if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
@@ -217,7 +217,7 @@ def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
         np.add(out, Z, out=out)
         return activate(np, out, *activation)
     limits = activation_limits(*activation)
-    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked)
+    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found)
     if done is not None:
         return done if limits is not None else activate(np, done, *activation)
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)

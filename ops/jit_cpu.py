@@ -26,10 +26,11 @@ import os
 import platform
 import sys
 import threading
+import weakref
 
 import numpy as np
 
-from mixrt.ops.parallel import parallel_for, thread_parts
+from mixrt.ops.parallel import parallel_for, pinned_values, thread_parts
 from mixrt.runtime.device import aligned_empty
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -37,6 +38,10 @@ _loaded: list = []
 _panels: list = []
 _lock = threading.Lock()
 _scratch = threading.local()
+_kits = threading.local()
+# prepared calls one thread keeps (:func:`scratch_kit`); past this many they are all dropped
+# (a thread that outlives many sessions would otherwise keep the dead ones' entries)
+KITS_KEPT = 4096
 
 
 def enabled() -> bool:
@@ -73,7 +78,18 @@ NATIVE_POOL_PLATFORM = sys.platform.startswith("linux") and platform.machine() =
 def native_pool():
     """The native workers' pool of ops/_jit_panels.py (its drivers hand parts to a worker
     thread without the GIL), or None: one thread, no panel kernels, not Linux x86-64, or
-    turned off with ``MIXRT_NATIVE_POOL=0`` (callers then split through ``parallel_for``)."""
+    turned off with ``MIXRT_NATIVE_POOL=0`` (callers then split through ``parallel_for``).
+    Looked up once per ``parallel.pinned`` block (a session's run)."""
+    values = pinned_values()
+    if values is None:
+        return _native_pool()
+    found = values.get("native_pool", values)  # the dict itself: not looked up yet
+    if found is values:
+        found = values["native_pool"] = _native_pool()
+    return found
+
+
+def _native_pool():
     if os.environ.get("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
         return None
     kernels = panel_kernels()
@@ -134,7 +150,33 @@ def _scratch_array(name, dtype, shape) -> np.ndarray:
     array = held.get(key)
     if array is None or array.size < size:
         array = held[key] = aligned_empty(size * np.dtype(dtype).itemsize).view(dtype)
+        _thread_kits().clear()  # they may hold the old buffer: rebuilt from the new one
     return array[:size].reshape(shape)
+
+
+def scratch_kit(owner, key, make):
+    """``make()``, kept for this thread per (``owner``, ``key``): a kernel's prepared call,
+    the addresses of its fixed arrays and of this thread's scratch arrays written out once
+    (``conv_direct_cpu``'s kits). Working those out again on every call cost a small
+    convolution more than its kernel (~13 of 24 us). A kit is rebuilt when any scratch
+    buffer of the thread is reallocated (so none keeps an old one alive), and is never
+    returned for another ``owner`` (held weakly: its id may be reused once it is gone)."""
+    kits = _thread_kits()
+    found = kits.get((id(owner), key))
+    if found is not None and found[0]() is owner:
+        return found[1]
+    kit = make()
+    if len(kits) >= KITS_KEPT:
+        kits.clear()
+    kits[(id(owner), key)] = (weakref.ref(owner), kit)
+    return kit
+
+
+def _thread_kits() -> dict:
+    table = getattr(_kits, "table", None)
+    if table is None:
+        table = _kits.table = {}
+    return table
 
 
 # -- depthwise convolution ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ import numpy as np
 
 from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
+from mixrt.ops import parallel
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
@@ -218,7 +219,7 @@ class Session:
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
-        with np.errstate(all="ignore"), self.device.active():
+        with np.errstate(all="ignore"), self.device.active(), parallel.pinned():
             plan = self._cached_plan(signature)
             if plan is None:
                 with self._device_checks() as checks:

@@ -8,6 +8,8 @@ import ctypes
 import math
 import mmap
 import sys
+import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -396,3 +398,73 @@ def test_without_the_tile_conv_takes_its_older_paths(monkeypatch):
                        pads=[1] * 4, strides=None), None, {}) is None
     got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked={})
     np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+
+
+def _kit_of(plan):
+    """This thread's kit for ``plan`` (``jit_cpu.scratch_kit``'s table), or None."""
+    for (owner, _), (ref, kit) in jit_cpu._thread_kits().items():
+        if ref() is plan:
+            return kit
+    return None
+
+
+def test_a_kit_is_rebuilt_when_the_planes_it_points_to_are_reallocated(every_shape):
+    small, large = _rand(1, 8, 12, 12), _rand(1, 8, 90, 90)
+    W = _rand(16, 8, 3, 3)
+    first, plan_small = _direct(small, W, pads=[1] * 4)
+    (plan,) = [v for k, v in plan_small.items() if k[0] == "direct"]
+    kit = _kit_of(plan)
+    assert kit is not None
+    # a larger image grows this thread's phase-plane buffer: every kit pointing at the old
+    # one is dropped, so none keeps it alive or writes into it
+    _direct(large, W, pads=[1] * 4)
+    assert _kit_of(plan) is None
+    again = direct(small, W, None, None, conv_direct_cpu.NO_ACTIVATION,
+                   dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                        pads=[1] * 4, strides=None), None, plan_small)
+    np.testing.assert_array_equal(again, first)
+    rebuilt = _kit_of(plan)
+    planes = jit_cpu._scratch_array("direct_planes", np.float32, (1,))
+    assert rebuilt is not kit
+    assert rebuilt.words[jit_cpu.panel_kernels().PLANES] == planes.ctypes.data
+
+
+def test_a_kit_is_never_handed_to_another_owner():
+    class Owner:
+        pass
+    made = []
+
+    def make():
+        made.append(object())
+        return made[-1]
+    first, other = Owner(), Owner()
+    assert jit_cpu.scratch_kit(first, "k", make) is jit_cpu.scratch_kit(first, "k", make)
+    assert len(made) == 1
+    # an entry under ``other``'s id whose owner is gone (ids are reused) is made again
+    gone = Owner()
+    jit_cpu._thread_kits()[(id(other), "k")] = (weakref.ref(gone), "stale")
+    del gone
+    assert jit_cpu.scratch_kit(other, "k", make) is made[-1] and len(made) == 2
+
+
+def test_threads_calling_one_node_at_once_each_use_their_own_kit():
+    X, W, B = _rand(2, 16, 40, 40), _rand(24, 16, 3, 3), _rand(24)
+    attributes = dict(pads=[1] * 4)
+    prepacked: dict = {}
+    expected = _expected(X, W, B, **attributes)
+    results, errors = [], []
+
+    def call():
+        try:
+            for _ in range(20):
+                results.append(conv_cpu(np, X, W, B, _prepacked=prepacked, **attributes))
+        except Exception as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(results) == 80
+    for got in results:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -73,3 +73,21 @@ def test_softmax_in_place_over_its_input():
     expected = softmax(np, x)
     assert softmax_cpu(np, x, out=x) is x
     np.testing.assert_allclose(x, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_pinned_block_reads_the_thread_count_once(monkeypatch):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "3")
+    with parallel.pinned():
+        monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "5")
+        assert parallel.intra_op_threads() == 3
+        with parallel.pinned():  # reentrant: the outer block's reading holds
+            assert parallel.intra_op_threads() == 3
+        assert parallel.intra_op_threads() == 3
+        assert parallel.pinned_values() == {}
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(parallel.intra_op_threads()))
+        other.start()
+        other.join()
+        assert seen == [5]  # other threads read the environment as before
+    assert parallel.intra_op_threads() == 5
+    assert parallel.pinned_values() is None
