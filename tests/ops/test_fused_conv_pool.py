@@ -227,3 +227,50 @@ def test_exports_as_the_standard_chain(monkeypatch, tmp_path):
     got = ort.InferenceSession(exported.SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _conv_pool_chain(source, name, channels_in, channels, stride, pool_output):
+    """Conv (its weight a Constant) -> Relu -> MaxPool 3x3/2 pad 1 on ``source``."""
+    weight = (RNG.standard_normal((channels, channels_in, 3, 3)) * 0.2).astype(np.float32)
+    return [helper.make_node("Constant", [], [f"{name}_w"],
+                             value=numpy_helper.from_array(weight)),
+            helper.make_node("Conv", [source, f"{name}_w"], [f"{name}_c"], kernel_shape=[3, 3],
+                             strides=[stride, stride], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"{name}_c"], [f"{name}_r"]),
+            helper.make_node("MaxPool", [f"{name}_r"], [pool_output], kernel_shape=[3, 3],
+                             strides=[2, 2], pads=[1, 1, 1, 1])]
+
+
+def _chains_model(nodes, output):
+    graph = helper.make_graph(nodes, "chains", [helper.make_tensor_value_info(
+        "x", F, (1, 3, 64, 64))], [helper.make_tensor_value_info(output, F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_chain_is_not_banded_where_the_peak_lies_elsewhere(monkeypatch):
+    # the chain's conv makes 16x32x32 (64 KiB); a later 1x1 conv makes 256x16x16 (256 KiB),
+    # which sets the arena's size whether or not the chain is banded
+    wide = (RNG.standard_normal((256, 16, 1, 1)) * 0.2).astype(np.float32)
+    nodes = _conv_pool_chain("x", "a", 3, 16, 2, "p") + [
+        helper.make_node("Constant", [], ["wide_w"], value=numpy_helper.from_array(wide)),
+        helper.make_node("Conv", ["p", "wide_w"], ["wide"], kernel_shape=[1, 1]),
+        helper.make_node("GlobalAveragePool", ["wide"], ["y"])]
+    model = _chains_model(nodes, "y")
+    assert "FusedConvPool" not in fused_ops(model, 0, monkeypatch)
+    x = {"x": RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+    banded_anyway = Session(model, opt_level=2)
+    assert banded_anyway.memory_plan(x).arena_bytes >= 256 * 16 * 16 * 4
+
+
+def test_chains_that_lower_the_peak_only_together_are_both_banded(monkeypatch):
+    # a's conv makes 64 KiB; b's conv 48 KiB while a's pooled 16 KiB is alive: both peaks
+    # are 64 KiB, so banding either alone saves nothing, and banding both does
+    nodes = _conv_pool_chain("x", "a", 3, 16, 2, "p") + _conv_pool_chain("p", "b", 16, 48, 1,
+                                                                          "y")
+    model = _chains_model(nodes, "y")
+    assert fused_ops(model, 0, monkeypatch) == ["FusedConvPool", "FusedConvPool"]
+    x = {"x": RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)}
+    session = Session(model, opt_level=2)
+    assert session.memory_plan(x).arena_bytes < 48 * 16 * 16 * 4
+    want = Session(model, opt_level=0).run(None, x)[0]
+    np.testing.assert_allclose(session.run(None, x)[0], want, rtol=1e-5, atol=1e-5)
