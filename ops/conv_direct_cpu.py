@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, replay
 from mixrt.ops.parallel import intra_op_threads, parallel_for, thread_parts
 
 # output rows per thread from which the threads split the image's rows (each building its
@@ -279,31 +279,36 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims) ->
     return plan
 
 
-def conv(X, W, B, Z, limits, out, geometry, prepacked):
+def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None):
     """``out`` = the epilogue of Conv(X, W): + B per channel, + Z (``out``'s shape) when given,
-    then the activation ``limits`` (:func:`activation_limits`)."""
+    then the activation ``limits`` (:func:`activation_limits`). The native call is kept as
+    the node's replay in ``replays`` (its prepacked dict, or None: ``ops/replay.py``)."""
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
     native, split = _native_pool(), plan.native_parts().count > 1
     if native is None and split:
         return _conv_threads(plan, X, B, Z, limits, out)
-    if split:
-        native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes during the setup
     kit = jit_cpu.scratch_kit(plan, (X.dtype.str, limits), lambda: _Kit(plan, X.dtype, limits))
-    n, m = X.shape[0], W.shape[0]
-    bias = kit.bias(B, m)
-    y_all = out.reshape(n, m, -1)
-    z_all = None if Z is None else Z.reshape(n, m, -1)
     # with one part the block is never read (the kernel takes the pool for two or more)
     block = kit.words if native is None else native.block
     run = _kernels().native_conv
-    for image in range(n):
-        y = y_all[image]
-        if z_all is None:
-            run(block, kit.words, X[image], y, bias, y, False)
-        else:
-            run(block, kit.words, X[image], y, bias, z_all[image], True)
-    return out
+
+    def call(X, W, B, Z, out):
+        if split:
+            native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes meanwhile
+        n, m = X.shape[0], W.shape[0]
+        bias = kit.bias(B, m)
+        y_all = out.reshape(n, m, -1)
+        z_all = None if Z is None else Z.reshape(n, m, -1)
+        for image in range(n):
+            y = y_all[image]
+            if z_all is None:
+                run(block, kit.words, X[image], y, bias, y, False)
+            else:
+                run(block, kit.words, X[image], y, bias, z_all[image], True)
+        return out
+    replay.record(replays, (X, W, B, Z, out), call)
+    return call(X, W, B, Z, out)
 
 
 class _Kit:

@@ -27,8 +27,8 @@ import math
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
-from mixrt.ops.native_parts import run_parts
+from mixrt.ops import jit_cpu, replay
+from mixrt.ops.native_parts import prepared
 
 # (symbol, int bits): the scipy-openblas wheels' ILP64 and LP64 names, then a plain CBLAS
 _CBLAS_NAMES = [("scipy_cblas_{}gemm64_", 64), ("cblas_{}gemm64_", 64),
@@ -55,9 +55,11 @@ def suits(X, W, group, geometry, out, Z) -> bool:
     return jit_cpu.native_pool() is not None and _blas() is not None
 
 
-def conv(X, W, B, Z, limits, out):
+def conv(X, W, B, Z, limits, out, replays=None):
     """``out`` = limits(Conv(X, W, B) + Z) (``limits``: conv_direct_cpu's (slope, low,
-    high)); see :func:`suits`."""
+    high)); see :func:`suits`. The call is kept as the node's replay in ``replays`` (its
+    prepacked dict, or None: ``ops/replay.py``) when every array it passes is one of these
+    or made here from constants."""
     (n, c), m, group = X.shape[:2], W.shape[0], X.shape[1] // W.shape[1]
     length = X[0, 0].size
     slope, low, high = limits
@@ -65,11 +67,15 @@ def conv(X, W, B, Z, limits, out):
     residual = _NONE[X.dtype] if Z is None else Z.reshape(-1)
     bounds = np.array([low, high, slope], X.dtype)
     single, double, wide = _blas()
-    run_parts(jit_cpu.native_pool(), _entries(),
-              (X.reshape(-1), W.reshape(-1), bias, residual, bounds, out.reshape(-1)),
-              (n, group, c // group, m // group, length, Z is not None,
-               double if X.dtype == np.float64 else single, wide),
-              [(p, p + 1) for p in range(n * group)])
+    go = prepared(jit_cpu.native_pool(), _entries(),
+                  (X.reshape(-1), W.reshape(-1), bias, residual, bounds, out.reshape(-1)),
+                  (n, group, c // group, m // group, length, Z is not None,
+                   double if X.dtype == np.float64 else single, wide),
+                  [(p, p + 1) for p in range(n * group)])
+    if B is None or np.may_share_memory(bias, B):  # else B's values were copied here
+        go.kept = (bias, bounds)  # made here: the replay keeps them
+        replay.record(replays, (X, W, B, Z, out), go)
+    go()
     return out
 
 

@@ -151,6 +151,7 @@ def _scratch_array(name, dtype, shape) -> np.ndarray:
     if array is None or array.size < size:
         array = held[key] = aligned_empty(size * np.dtype(dtype).itemsize).view(dtype)
         _thread_kits().clear()  # they may hold the old buffer: rebuilt from the new one
+        _kits.generation = scratch_generation() + 1
     return array[:size].reshape(shape)
 
 
@@ -170,6 +171,12 @@ def scratch_kit(owner, key, make):
         kits.clear()
     kits[(id(owner), key)] = (weakref.ref(owner), kit)
     return kit
+
+
+def scratch_generation() -> int:
+    """How many times this thread's scratch buffers were reallocated (what a kept kit was
+    made from is current while this holds)."""
+    return getattr(_kits, "generation", 0)
 
 
 def _thread_kits() -> dict:

@@ -30,9 +30,9 @@ import functools
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, replay
 from mixrt.ops.jit_elementwise import kernel_module as compiled
-from mixrt.ops.native_parts import IMPORTS, part_source, run_parts, split
+from mixrt.ops.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
@@ -48,9 +48,11 @@ def suits(X, W, out, kernel) -> bool:
             and not np.may_share_memory(X, out))
 
 
-def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims):
+def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None):
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
-    into ``out`` (N, C*k, oh, ow); see :func:`suits`."""
+    into ``out`` (N, C*k, oh, ow); see :func:`suits`. A call split over the native workers
+    is kept as the node's replay in ``replays`` (its prepacked dict; ``ops/replay.py``) when
+    it passes W and B where they lie."""
     (n, channels, height, width), m = X.shape, W.shape[0]
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     if out.size == 0:
@@ -70,8 +72,12 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims):
     native = jit_cpu.native_pool()
     parts = split(n * m, out.size, native)
     if parts is not None:
-        run_parts(native, module, (x, weights, bias, y),
-                  (m // channels, m, begin[0], left, hp, wp), parts)
+        go = prepared(native, module, (x, weights, bias, y),
+                      (m // channels, m, begin[0], left, hp, wp), parts)
+        if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
+            go.kept = bias  # zeros made here when there is no B
+            replay.record(replays, (X, W, B, None, out), go)
+        go()
     elif out.size < SPLIT_ELEMENTS:
         part(0, n * m)
     else:

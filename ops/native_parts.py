@@ -66,8 +66,16 @@ def split(rows: int, work: int, native) -> list[tuple[int, int]] | None:
 
 def run_parts(native, module, arrays: tuple, scalars: tuple, parts: list) -> None:
     """``module``'s part entry for ``arrays[0]``'s dtype over ``parts`` ((start, stop) runs,
-    contiguous and in order), on ``native`` (``jit_cpu.native_pool()``). ``arrays`` are C-contiguous and
-    stay alive through the call, as their addresses are all the part gets."""
+    contiguous and in order), on ``native`` (``jit_cpu.native_pool()``). ``arrays`` are
+    C-contiguous and stay alive through the call, as their addresses are all the part
+    gets."""
+    prepared(native, module, arrays, scalars, parts)()
+
+
+def prepared(native, module, arrays: tuple, scalars: tuple, parts: list):
+    """:func:`run_parts` as a call to make later, ``go()``: it holds the arrays' addresses,
+    not the arrays, so they must be alive (and the same) whenever it is made (a replayed
+    node's, ``ops/replay.py``)."""
     shapes = [extent for array in arrays for extent in array.shape]
     bounds = [start for start, _ in parts] + [parts[-1][1]]
     words = np.array([0, *shapes, *scalars, *bounds], np.int64)
@@ -75,7 +83,13 @@ def run_parts(native, module, arrays: tuple, scalars: tuple, parts: list) -> Non
     addresses = np.empty(len(arrays) + 1, np.uint64)
     _addresses(addresses, (words,) + tuple(arrays))
     entry = module.part_f if arrays[0].dtype == np.float32 else module.part_d
-    jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(parts))
+    run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
+        entry.address, len(parts)
+
+    def go(*_):
+        run(block, address, addresses, count)
+    go.words = words  # addresses[0] points into it
+    return go
 
 
 def _make_addresses():

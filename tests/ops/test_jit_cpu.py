@@ -51,12 +51,15 @@ def split_path(request, monkeypatch):
 
 def _recorded_splits(monkeypatch, module) -> list:
     """How many parts each split of ``module``'s kernel had, whether it went to the native
-    workers (``run_parts``) or to the Python threads (``parallel_for``)."""
+    workers (``run_parts``, or ``prepared`` where the module keeps the call) or to the Python
+    threads (``parallel_for``)."""
     splits: list = []
-    threads, native = module.parallel_for, module.run_parts
+    threads = module.parallel_for
     monkeypatch.setattr(module, "parallel_for",
                         lambda parts, fn: splits.append(len(parts)) or threads(parts, fn))
-    monkeypatch.setattr(module, "run_parts", lambda pool, kernels, arrays, scalars, parts:
+    name = "prepared" if hasattr(module, "prepared") else "run_parts"
+    native = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda pool, kernels, arrays, scalars, parts:
                         splits.append(len(parts)) or native(pool, kernels, arrays, scalars,
                                                             parts))
     return splits

@@ -1,0 +1,127 @@
+"""Replayed convolution calls (ops/replay.py): a node's planned runs after the first go
+straight to the native call, and give what the full path gives, for every form that records
+(direct, grouped 1x1, depthwise) and through whatever changes between calls (the input's
+values, the thread, the thread's scratch buffers, an activation applied after the kernel)."""
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mixrt.ops import conv_direct_cpu, jit_cpu, replay
+from mixrt.ops.conv_cpu import conv_cpu, direct
+from mixrt.runtime.session import Session
+
+pytestmark = pytest.mark.skipif(jit_cpu.native_pool() is None or jit_cpu.panel_kernels()
+                                is None, reason="replays record native calls (AVX-512, "
+                                "the native pool, two threads)")
+RNG = np.random.default_rng(5)
+F = TensorProto.FLOAT
+
+
+def _model(conv_nodes, weights, channels=16, size=40):
+    """x -> Relu -> the conv nodes -> Neg -> y (so each conv reads and writes arena
+    views: a graph's inputs and outputs are not in its arena)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"])] + conv_nodes + [
+        helper.make_node("Neg", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", F, (1, channels, size, size))], [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _weights(*shape):
+    return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+CASES = {
+    # a direct 3x3 conv, then a grouped 1x1 conv (4 groups), then a depthwise 3x3 one
+    "direct": ([helper.make_node("Conv", ["r", "w", "b"], ["c"], pads=[1] * 4)],
+               {"w": _weights(32, 16, 3, 3), "b": _weights(32)}),
+    "grouped": ([helper.make_node("Conv", ["r", "w", "b"], ["g"], group=4),
+                 helper.make_node("Relu", ["g"], ["c"])],
+                {"w": _weights(32, 4, 1, 1), "b": _weights(32)}),
+    "depthwise": ([helper.make_node("Conv", ["r", "w"], ["c"], group=16, pads=[1] * 4)],
+                  {"w": _weights(16, 1, 3, 3)}),
+    "sigmoid after": ([helper.make_node("Conv", ["r", "w", "b"], ["g"], pads=[1] * 4),
+                       helper.make_node("Sigmoid", ["g"], ["c"])],
+                      {"w": _weights(32, 16, 3, 3), "b": _weights(32)}),
+}
+
+
+def _conv_nodes(session):
+    return [s for s in session._bound.nodes if s.node.op_type in ("Conv", "FusedConv")]
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
+    model = _model(*CASES[case])
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    calls = []
+    original = replay.replayed
+
+    def spy(prepacked, arrays):
+        done = original(prepacked, arrays)
+        calls.append((id(prepacked), done))
+        return done
+    monkeypatch.setattr(replay, "replayed", spy)
+    for _ in range(4):  # new values each run, in the same arena views
+        x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                                   plain.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    (step,) = _conv_nodes(session)
+    prepacked = step.attributes["_prepacked"]
+    ours = [done for owner, done in calls if owner == id(prepacked)]
+    if case == "sigmoid after":  # the tile applies no Sigmoid: the call that does is not kept
+        assert replay.KEY not in prepacked and ours and not any(ours)
+    else:
+        assert replay.KEY in prepacked
+        assert ours[-2:] == [True, True]  # the planned runs after the first replayed
+
+
+def test_a_replay_lapses_when_the_scratch_grows_and_is_not_taken_on_another_thread():
+    model = _model(*CASES["direct"])
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
+    want = plain.run(None, {"x": x})[0]
+    for _ in range(3):
+        session.run(None, {"x": x})
+    (step,) = _conv_nodes(session)
+    prepacked = step.attributes["_prepacked"]
+    recorded = prepacked[replay.KEY]
+    assert recorded.thread == threading.get_ident()
+    # a larger convolution on this thread reallocates its planes: the replay lapses and the
+    # next run takes the full path, which records anew
+    grown = direct(np.ones((1, 16, 120, 120), np.float32), _weights(32, 16, 3, 3), None, None,
+                   conv_direct_cpu.NO_ACTIVATION, dict(auto_pad="NOTSET", dilations=None,
+                                                       group=1, kernel_shape=None,
+                                                       pads=[1] * 4, strides=None), None, {})
+    assert grown is not None and jit_cpu.scratch_generation() != recorded.scratch
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    assert prepacked[replay.KEY] is not recorded
+    recorded = prepacked[replay.KEY]
+    # runs from another thread (carried out on the session's runner thread) do not take
+    # this thread's replay: they record their own
+    got = []
+    other = threading.Thread(target=lambda: got.append(session.run(None, {"x": x})[0]))
+    other.start()
+    other.join()
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
+    assert prepacked[replay.KEY].thread != recorded.thread
+
+
+def test_a_replay_holds_its_arrays_weakly():
+    X, W, B = RNG.standard_normal((1, 16, 20, 20)).astype(np.float32), _weights(32, 4, 1, 1), \
+        _weights(32)
+    out, prepacked = np.empty((1, 32, 20, 20), np.float32), {}
+    conv_cpu(np, X, W, B, group=4, out=out, _prepacked=prepacked)
+    assert replay.replayed(prepacked, (X, W, B, None, out))
+    gone = weakref.ref(out)
+    del out
+    gc.collect()
+    assert gone() is None  # the replay kept nothing of the output alive
+    assert not replay.replayed(prepacked, (X, W, B, None, np.empty((1, 32, 20, 20),
+                                                                     np.float32)))
