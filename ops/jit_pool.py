@@ -37,9 +37,9 @@ import functools
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, replay
 from mixrt.ops.jit_elementwise import kernel_module as compiled
-from mixrt.ops.native_parts import IMPORTS, part_source, run_parts, split
+from mixrt.ops.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_UNROLLED_TAPS = 64  # per axis; longer windows keep the phase-plane kernel
@@ -72,9 +72,11 @@ def suits(X, out, geometry) -> bool:
     return True
 
 
-def pool2d(X, out, geometry, maximum: bool, counts=None):
+def pool2d(X, out, geometry, maximum: bool, counts=None, replays=None):
     """MaxPool (``maximum``) or AveragePool (window sums / ``counts``, one number or an
-    (oh, ow) array) of X (N, C, H, W) into ``out`` (N, C, oh, ow); see :func:`suits`."""
+    (oh, ow) array) of X (N, C, H, W) into ``out`` (N, C, oh, ow); see :func:`suits`. A
+    call split over the native workers is kept as the node's replay in ``replays`` (its
+    dict, or None: ``ops/replay.py``)."""
     kernel, strides, dilations, begin, _, out_dims = geometry
     (height, width), (oh, ow) = X.shape[2:], out_dims
     x = X.reshape(-1, height, width)
@@ -105,22 +107,35 @@ def pool2d(X, out, geometry, maximum: bool, counts=None):
     planes = x.shape[0]
     native = jit_cpu.native_pool()
     parts = split(planes, X.size, native)
-    if parts is not None and whole:
-        run_parts(native, module, (x, y, divisor), (chunk,), parts)
-    elif parts is not None and in_place:
-        # a part's output planes would overwrite input planes the other thread has yet to
-        # read: both write into a scratch copied over the input once all of it is read
-        # (MaxPool 3x3/2 on 128x55x55 in place: 116 us staged per plane on one thread, 71 so)
-        target = jit_cpu._scratch_array("pool_in_place", X.dtype, y.shape)
-        run_parts(native, module, (x, target, divisor), (row_cells, begin[0], begin[1]), parts)
-        y[...] = target
-    elif parts is not None:
-        run_parts(native, module, (x, y, divisor), (row_cells, begin[0], begin[1]), parts)
+    if parts is not None:
+        go = _native_call(native, module, x, y, divisor, in_place, parts,
+                          (chunk,) if whole else (row_cells, begin[0], begin[1]))
+        replay.record(replays, (X, out), go)
+        go(X, out)
     elif in_place or X.size < SPLIT_ELEMENTS:
         part(0, planes)
     else:
         parallel_for(thread_parts(planes, X.size), part)
     return out
+
+
+def _native_call(native, module, x, y, divisor, in_place, parts, scalars):
+    """``go(X, out)``: the pool's parts over the native workers, into ``y`` (out's planes)
+    or, in place, into a scratch copied over the input once all of it is read (a part's
+    output planes would overwrite input planes the other thread has yet to read: MaxPool
+    3x3/2 on 128x55x55 in place, 116 us staged per plane on one thread, 71 so)."""
+    if not in_place:
+        go = prepared(native, module, (x, y, divisor), scalars, parts)
+        go.kept = divisor  # made per call: the replay keeps it (and no view of out)
+        return go
+    target = jit_cpu._scratch_array("pool_in_place", x.dtype, y.shape)
+    run, shape = prepared(native, module, (x, target, divisor), scalars, parts), y.shape
+
+    def go(X, out):
+        run()
+        out.reshape(shape)[...] = target
+    go.kept = divisor
+    return go
 
 
 def _whole_suits(geometry, X, out) -> bool:

@@ -82,6 +82,12 @@ class Kernel:
         ``runtime/session.bind_graph``)."""
         return "_prepacked" in _signature_info(self.for_device(device)).attributes
 
+    def wants_node_state(self, device: str) -> bool:
+        """Whether the device's function keeps what its node's own calls share (a pool's
+        replayed call, ``ops/replay.py``): it takes ``_node``, a dict the session gives each
+        of its nodes."""
+        return "_node" in _signature_info(self.for_device(device)).attributes
+
     @property
     def wants_output_count(self) -> bool:
         return "_outputs" in _signature_info(self.fn).attributes

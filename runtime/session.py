@@ -109,6 +109,8 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
                 and node.inputs[1] in graph.initializers:
             # the weight is a constant of this session: its kernel may keep a repacked copy
             attributes["_prepacked"] = {}
+        if kernel.wants_node_state(device.kind):
+            attributes["_node"] = {}
         inputs = list(node.inputs)
         while inputs and not inputs[-1]:
             inputs.pop()
