@@ -11,7 +11,10 @@ arrays; the next call with the same arrays goes straight to it.
 The arrays are held weakly (a replay never keeps an arena alive) and compared by identity:
 the same object has the same shape, dtype, strides and memory (numpy will not resize an
 array another one references), and only its values may differ, which the native call reads
-afresh. A replay is also tied to its thread (kits and scratch are per thread) and to the
+afresh. An input that is a new object each run, a view a Reshape made of the same arena
+bytes (ShuffleNet's channel shuffle before each depthwise conv), matches when its address,
+shape, strides and dtype are the recorded ones: the call's addresses are then that live
+array's. A replay is also tied to its thread (kits and scratch are per thread) and to the
 native pool the run pinned, and lapses when the thread's scratch buffers are reallocated
 (its kit would hold an old one). Whatever does not match takes the full path, which
 records again: two threads calling one node in turn simply both take it.
@@ -28,14 +31,19 @@ KEY = ("replay",)  # its place in a node's prepacked dict (string keys name weig
 
 
 class Replay:
-    __slots__ = ("thread", "pool", "scratch", "refs", "action")
+    __slots__ = ("thread", "pool", "scratch", "refs", "layouts", "action")
 
     def __init__(self, arrays: tuple, action):
         self.thread = threading.get_ident()
         self.pool = jit_cpu.native_pool()
         self.scratch = jit_cpu.scratch_generation()
         self.refs = tuple(None if a is None else weakref.ref(a) for a in arrays)
+        self.layouts = tuple(None if a is None else _layout(a) for a in arrays)
         self.action = action
+
+
+def _layout(array) -> tuple:
+    return array.ctypes.data, array.shape, array.strides, array.dtype.str
 
 
 def replayed(prepacked: dict | None, arrays: tuple) -> bool:
@@ -46,8 +54,11 @@ def replayed(prepacked: dict | None, arrays: tuple) -> bool:
             or found.pool is not jit_cpu.native_pool() \
             or found.scratch != jit_cpu.scratch_generation():
         return False
-    for ref, array in zip(found.refs, arrays):
-        if (None if ref is None else ref()) is not array:
+    for ref, layout, array in zip(found.refs, found.layouts, arrays):
+        if ref is None:
+            if array is not None:
+                return False
+        elif ref() is not array and (array is None or _layout(array) != layout):
             return False
     found.action(*arrays)
     return True

@@ -119,12 +119,12 @@ def test_a_replay_holds_its_arrays_weakly():
     out, prepacked = np.empty((1, 32, 20, 20), np.float32), {}
     conv_cpu(np, X, W, B, group=4, out=out, _prepacked=prepacked)
     assert replay.replayed(prepacked, (X, W, B, None, out))
+    elsewhere = np.empty((1, 32, 20, 20), np.float32)  # made while out lives: apart from it
     gone = weakref.ref(out)
     del out
     gc.collect()
     assert gone() is None  # the replay kept nothing of the output alive
-    assert not replay.replayed(prepacked, (X, W, B, None, np.empty((1, 32, 20, 20),
-                                                                     np.float32)))
+    assert not replay.replayed(prepacked, (X, W, B, None, elsewhere))
 
 
 POOLS = {
@@ -157,3 +157,32 @@ def test_pools_replay_and_match_the_unoptimized_graph(case, monkeypatch):
     if case == "max in place":
         arrays = node[replay.KEY].refs
         assert np.may_share_memory(arrays[0](), arrays[1]())  # it did run in place
+
+
+def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
+    # Relu -> Reshape (a view of the Relu's arena slot, a new array object every run) ->
+    # depthwise conv: matched by address, shape, strides and dtype instead of identity
+    shape = helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+        np.array([1, 16, 40, 40], np.int64)))
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), shape,
+             helper.make_node("Reshape", ["r", "shape"], ["v"]),
+             helper.make_node("Conv", ["v", "w"], ["c"], group=16, pads=[1] * 4),
+             helper.make_node("Neg", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, (1, 16, 1600))],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(_weights(16, 1, 3, 3), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    fired = []
+    original = replay.replayed
+    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
+        (id(state), original(state, arrays))) or fired[-1][1])
+    for _ in range(4):
+        x = RNG.standard_normal((1, 16, 1600)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                                   plain.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    (step,) = _conv_nodes(session)
+    state = step.attributes["_prepacked"]
+    ours = [done for owner, done in fired if owner == id(state)]
+    assert ours[-2:] == [True, True]
+    assert state[replay.KEY].refs[0]() is None  # the recorded view itself is gone
