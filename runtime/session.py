@@ -23,7 +23,7 @@ import numpy as np
 
 from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
-from mixrt.ops import parallel
+from mixrt.ops import jit_cpu, parallel
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import REGISTRY, Kernel
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
@@ -222,6 +222,8 @@ class Session:
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
         with np.errstate(all="ignore"), self.device.active(), parallel.pinned():
+            if self.device.kind == "cpu":
+                jit_cpu.wake_native_workers()  # up by the first kernel
             plan = self._cached_plan(signature)
             if plan is None:
                 with self._device_checks() as checks:
