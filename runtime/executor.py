@@ -340,42 +340,15 @@ class Subgraph:
 
 def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | None = None,
             profiler=None) -> None:
-    """Run the bound nodes ``steps`` in order, reading and writing ``env``; with an arena,
-    planned outputs are written into (or copied into) their views."""
-    if arena is not None and plan is not None and steps is plan.steps:
+    """Run the bound nodes ``steps`` in order, reading and writing ``env``; with an arena
+    (``steps`` its plan's), planned outputs are written into (or copied into) their
+    views."""
+    if arena is not None and plan is not None:
         _run_calls(_calls(arena, plan), env, xp, arena.buffer, plan.host_args, profiler)
         return
-    views = arena.views if arena is not None else {}
-    slots = plan.slots if plan is not None else {}
-    detached = plan.detached if plan is not None and arena is not None else frozenset()
-    host_args = plan.host_args if plan is not None else {}
-    for step in steps:
-        args = _arguments(step, env)
-        fixed = host_args.get(id(step))
-        if fixed:
-            for index, value in fixed.items():
-                args[index] = value
-        attributes = step.attributes
-        if step.subgraphs:
-            attributes = dict(attributes)
-            for key, sub in step.subgraphs.items():
-                attributes[key] = ([Subgraph(s, env, xp) for s in sub] if isinstance(sub, list)
-                                   else Subgraph(sub, env, xp))
-        first = step.node.outputs[0] if step.node.outputs else ""
-        view = views.get(first)
-        if view is not None and step.writes_into and slots[first].static:
-            attributes = dict(attributes, out=view)
-        if profiler is not None:
-            started = profiler.clock()
-        result = _call(step, xp, args, attributes)
-        outputs = result if isinstance(result, tuple) else (result,)
-        for name, value in zip(step.node.outputs, outputs):
-            if name in detached:
-                env[name] = _detached(value, arena.buffer, xp)
-            elif name:
-                env[name] = _placed(value, views.get(name))
-        if profiler is not None:
-            profiler.kernel(step, started, args, outputs)
+    calls = [(step, step.inputs, step.attributes,
+              tuple((name, None, False) for name in step.node.outputs)) for step in steps]
+    _run_calls(calls, env, xp, None, {}, profiler)
 
 
 def _calls(arena: Arena, plan: ExecutionPlan) -> list:
@@ -400,7 +373,7 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
 
 
 def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
-    """:func:`execute` over an arena's prepared calls."""
+    """:func:`execute` over its calls (an arena's, or made for a run without one)."""
     for step, inputs, attributes, outputs in calls:
         try:
             args = [env[name] if name else None for name in inputs]
@@ -417,8 +390,7 @@ def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
                                    else Subgraph(sub, env, xp))
         if profiler is not None:
             started = profiler.clock()
-        result = _call_host(step, args, attributes) if xp is np \
-            else _call(step, xp, args, attributes)
+        result = _call(step, xp, args, attributes)
         values = result if isinstance(result, tuple) else (result,)
         for (name, view, detach), value in zip(outputs, values):
             if detach:
@@ -427,24 +399,6 @@ def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
                 env[name] = value if view is None or value is view else _placed(value, view)
         if profiler is not None:
             profiler.kernel(step, started, args, values)
-
-
-def _call_host(step, args, attributes):
-    """:func:`_call` on the host (no device checks to place)."""
-    try:
-        return step.fn(np, *args, **attributes)
-    except MixrtError:
-        raise
-    except Exception as exc:
-        raise _failed(step, exc) from exc
-
-
-def _arguments(step, env) -> list:
-    try:
-        return [env[name] if name else None for name in step.inputs]
-    except KeyError as exc:
-        raise ExecutionError(f"node {step.label!r} ({step.node.op_type}) reads "
-                             f"{exc.args[0]!r}, which has no value") from None
 
 
 def _call(step, xp, args, attributes):
