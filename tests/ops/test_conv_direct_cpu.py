@@ -408,7 +408,14 @@ def _kit_of(plan):
     return None
 
 
+def _fresh_scratch():
+    """This thread's scratch buffers and kits dropped (other tests grew them already)."""
+    jit_cpu._scratch.__dict__.clear()
+    jit_cpu._thread_kits().clear()
+
+
 def test_a_kit_is_rebuilt_when_the_planes_it_points_to_are_reallocated(every_shape):
+    _fresh_scratch()
     small, large = _rand(1, 8, 12, 12), _rand(1, 8, 90, 90)
     W = _rand(16, 8, 3, 3)
     first, plan_small = _direct(small, W, pads=[1] * 4)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mixrt.ops import conv_direct_cpu, jit_cpu, replay
 from mixrt.ops.conv_cpu import conv_cpu, direct
+from mixrt.runtime.blas_threads import GATE
 from mixrt.runtime.session import Session
 
 pytestmark = pytest.mark.skipif(jit_cpu.native_pool() is None or jit_cpu.panel_kernels()
@@ -82,35 +83,57 @@ def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
         assert ours[-2:] == [True, True]  # the planned runs after the first replayed
 
 
-def test_a_replay_lapses_when_the_scratch_grows_and_is_not_taken_on_another_thread():
+def test_a_replay_lapses_when_the_scratch_of_its_thread_grows():
     model = _model(*CASES["direct"])
     session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
     x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
     want = plain.run(None, {"x": x})[0]
+    # runs happen on the thread the BLAS gate picks (this one, or its runner once another
+    # thread has run): the scratch is reset and grown there
+    GATE.run(_fresh_scratch)
     for _ in range(3):
         session.run(None, {"x": x})
     (step,) = _conv_nodes(session)
     prepacked = step.attributes["_prepacked"]
     recorded = prepacked[replay.KEY]
-    assert recorded.thread == threading.get_ident()
-    # a larger convolution on this thread reallocates its planes: the replay lapses and the
+    assert recorded.thread == GATE.run(threading.get_ident)
+    # a larger convolution on that thread reallocates its planes: the replay lapses and the
     # next run takes the full path, which records anew
+    assert GATE.run(_grow_the_planes) != recorded.scratch
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    assert prepacked[replay.KEY] is not recorded
+
+
+def _fresh_scratch():
+    jit_cpu._scratch.__dict__.clear()
+    jit_cpu._thread_kits().clear()
+
+
+def _grow_the_planes() -> int:
     grown = direct(np.ones((1, 16, 120, 120), np.float32), _weights(32, 16, 3, 3), None, None,
                    conv_direct_cpu.NO_ACTIVATION, dict(auto_pad="NOTSET", dilations=None,
                                                        group=1, kernel_shape=None,
                                                        pads=[1] * 4, strides=None), None, {})
-    assert grown is not None and jit_cpu.scratch_generation() != recorded.scratch
-    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
-    assert prepacked[replay.KEY] is not recorded
-    recorded = prepacked[replay.KEY]
-    # runs from another thread (carried out on the session's runner thread) do not take
-    # this thread's replay: they record their own
-    got = []
-    other = threading.Thread(target=lambda: got.append(session.run(None, {"x": x})[0]))
+    assert grown is not None
+    return jit_cpu.scratch_generation()
+
+
+def test_a_replay_is_not_taken_on_another_thread():
+    X, W, B = RNG.standard_normal((1, 16, 20, 20)).astype(np.float32), _weights(32, 4, 1, 1), \
+        _weights(32)
+    out, prepacked = np.empty((1, 32, 20, 20), np.float32), {}
+    conv_cpu(np, X, W, B, group=4, out=out, _prepacked=prepacked)
+    assert replay.replayed(prepacked, (X, W, B, None, out))
+    elsewhere = []
+
+    def call_there():
+        # even where the scratch count happens to match, the kit is another thread's
+        jit_cpu._kits.generation = prepacked[replay.KEY].scratch
+        elsewhere.append(replay.replayed(prepacked, (X, W, B, None, out)))
+    other = threading.Thread(target=call_there)
     other.start()
     other.join()
-    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
-    assert prepacked[replay.KEY].thread != recorded.thread
+    assert elsewhere == [False]
 
 
 def test_a_replay_holds_its_arrays_weakly():
