@@ -106,6 +106,10 @@ def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
 @gemm.fast("cpu")
 def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None,
              _prepacked=None):
+    if out is None and _native(A, B, C) and A.ndim == B.ndim == 2:
+        # a graph output (the executor passes no out= for those, a classifier's logits)
+        # takes the same product forms into a new array
+        out = np.empty((A.shape[1 if transA else 0], B.shape[0 if transB else 1]), A.dtype)
     if out is None or not _native(A, B, C, out) or (C is not None
                                                     and np.may_share_memory(out, C)):
         return _into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,

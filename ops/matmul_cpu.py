@@ -95,52 +95,12 @@ def dense_product(A, B, out, prepacked=None):
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B
-    if one_row_suits(left, right, out, prepacked):
-        return one_row_product(left, B if transB else None, right, out, prepacked)
     if panels_suit(left, right, out, prepacked):
         return panel_product(left, right, out, prepacked)
     if suits(left, right) and not np.may_share_memory(out, left):
         return product_into(left, right, out, prepacked,
                             B_rows=B if transB and B.flags.c_contiguous else None)
     return np.matmul(left, right, out=out)
-
-
-# -- one row against a constant weight, on both threads -------------------------------------
-#
-# A classifier's last layer at batch 1 (ResNet-50's 2048 -> 1000, Inception's 1024 -> 1000)
-# is one row against a weight read from memory once: OpenBLAS's gemv ran it on one thread,
-# 0.41-0.53 ms in the model for ResNet-50's 8 MB, where onnxruntime took 0.25. Here the
-# weight's rows (N, K), the Gemm's own B when transB, else a transposed copy kept in the
-# node's prepacked dict, are split into runs of rows over the native workers
-# (``ops/_gemv_parts.py``), each output one dot product.
-
-ONE_ROW_MIN_WORK = 1 << 18  # multiply-adds below which one row stays with the BLAS
-
-
-def one_row_suits(A, B, out, prepacked) -> bool:
-    """Whether ``out = A @ B`` takes :func:`one_row_product`: one row of a constant weight
-    (``prepacked`` is its node's dict) large enough to split, native floats throughout."""
-    return (prepacked is not None and A.ndim == 2 and A.shape[0] == 1 and B.ndim == 2
-            and A.shape[1] == B.shape[0] and A.shape[1] * B.shape[1] >= ONE_ROW_MIN_WORK
-            and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE
-            and out.flags.c_contiguous and out.size == B.shape[1]
-            and jit_cpu.native_pool() is not None)
-
-
-def one_row_product(A, rows, B, out, prepacked):
-    """``out = A @ B`` for one row A (1, K): ``rows`` is B's transpose (N, K) when the caller
-    has it contiguous (a Gemm's transB weight), else None (a copy is kept)."""
-    from mixrt.ops import _gemv_parts  # noqa: PLC0415  (numba loads with it)
-    from mixrt.ops.native_parts import run_parts  # noqa: PLC0415
-    if rows is None or not rows.flags.c_contiguous:
-        rows = packed(prepacked, "one_row_weight", lambda: np.ascontiguousarray(B.T))
-    native = jit_cpu.native_pool()
-    n, count = rows.shape[0], (native.workers + 1) * NATIVE_PARTS_PER_THREAD
-    bounds = [n * p // count for p in range(count + 1)]
-    run_parts(native, _gemv_parts, (np.ascontiguousarray(A).reshape(-1), rows.reshape(-1),
-                                    out.reshape(-1)), (rows.shape[1],),
-              [(bounds[p], bounds[p + 1]) for p in range(count) if bounds[p] < bounds[p + 1]])
-    return out
 
 
 # -- products against a constant weight packed into panels ---------------------------------------

@@ -314,42 +314,12 @@ def test_stacks_that_broadcast_or_are_strided_keep_numpy_s_product():
     assert not matmul_cpu.stacks_suit(_rand(4, 1, 300), _rand(4, 300, 80), out[:, :1])
 
 
-needs_pool = pytest.mark.skipif(jit_cpu.native_pool() is None,
-                                reason="the one-row product splits over the native workers")
-
-
-@needs_pool
-@pytest.mark.parametrize("transB", [0, 1])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("k, n", [(2048, 1000), (1024, 257), (300, 1001)])
-def test_one_row_against_a_constant_weight_splits_over_the_workers(transB, dtype, k, n,
-                                                                   monkeypatch):
-    A = _rand(1, k).astype(dtype)
-    B = (_rand(n, k) if transB else _rand(k, n)).astype(dtype)
-    A[0, 5] = np.nan  # reaches every output, as in the BLAS
+def test_a_gemm_without_out_takes_the_same_product_forms(monkeypatch):
+    # a graph output gets no out= from the executor: a classifier's logits at batch 8
+    A, B, C = _rand(8, 300), _rand(400, 300), _rand(400)
     calls = []
-    original = matmul_cpu.one_row_product
-    monkeypatch.setattr(matmul_cpu, "one_row_product",
-                        lambda *a: calls.append(1) or original(*a))
-    prepacked: dict = {}
-    out = np.full((1, n), -7, dtype)
-    gemm_cpu(np, A, B, None, transB=transB, out=out, _prepacked=prepacked)
-    assert calls  # it took the split path
-    expected = A.astype(np.float64) @ (B.T if transB else B).astype(np.float64)
-    np.testing.assert_allclose(out, expected, rtol=1e-4 if dtype == np.float32 else 1e-10)
-    A[0, 5] = 1.0
-    gemm_cpu(np, A, B, None, transB=transB, out=out, _prepacked=prepacked)
-    expected = A.astype(np.float64) @ (B.T if transB else B).astype(np.float64)
-    np.testing.assert_allclose(out, expected, rtol=1e-4 if dtype == np.float32 else 1e-10,
-                               atol=1e-3 if dtype == np.float32 else 1e-10)
-    # a (K, N) weight is transposed once and kept; a transB one is read where it lies
-    assert ("one_row_weight" in prepacked) == (not transB)
-
-
-def test_one_row_without_a_constant_weight_or_too_small_keeps_the_blas():
-    assert not matmul_cpu.one_row_suits(_rand(1, 2048), _rand(2048, 1000),
-                                        np.empty((1, 1000), np.float32), None)
-    assert not matmul_cpu.one_row_suits(_rand(1, 64), _rand(64, 64),
-                                        np.empty((1, 64), np.float32), {})
-    assert not matmul_cpu.one_row_suits(_rand(2, 2048), _rand(2048, 1000),
-                                        np.empty((2, 1000), np.float32), {})
+    original = matmul_cpu.gemm_product
+    monkeypatch.setattr(matmul_cpu, "gemm_product", lambda *a: calls.append(1) or original(*a))
+    got = gemm_cpu(np, A, B, C, transB=1, _prepacked={})
+    assert calls and got.shape == (8, 400)
+    np.testing.assert_allclose(got, A @ B.T + C, rtol=1e-4, atol=1e-3)
