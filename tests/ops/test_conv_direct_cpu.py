@@ -475,3 +475,22 @@ def test_threads_calling_one_node_at_once_each_use_their_own_kit():
     assert not errors and len(results) == 80
     for got in results:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8, 13, 28])
+@pytest.mark.parametrize("left", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_phase_planes_of_stride_two_hold_every_padded_pixel_once(width, left, dtype):
+    kernels = jit_cpu.panel_kernels()
+    c, height, top, sy = 3, 7, 1, 2
+    x = _rand(c, height, width, dtype=dtype)
+    ph, pw = -(-(height + top + 1) // sy), -(-(width + left + 1) // 2)
+    planes = np.full((sy, 2, c, ph * pw + 5), np.nan, dtype)  # + the aligning cells
+    kernels.phase_planes(x, planes, ph, pw, sy, 2, top, left, 0, ph)
+    padded = np.zeros((c, ph * sy + 2, pw * 2 + 2), dtype)
+    padded[:, top:top + height, left:left + width] = x
+    for ry in range(sy):
+        for rx in range(2):
+            want = padded[:, ry:ry + ph * sy:sy, rx:rx + pw * 2:2][:, :ph, :pw]
+            np.testing.assert_array_equal(planes[ry, rx, :, :ph * pw].reshape(c, ph, pw), want)
+    assert np.isnan(planes[..., ph * pw:]).all()  # nothing past the planes' rows
