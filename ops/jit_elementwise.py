@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.ops import jit_cpu
+from mixrt.ops import jit_cpu, replay
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
@@ -310,12 +310,15 @@ def suits(steps, inputs, out, kernels: dict | None = None) -> bool:
     return known
 
 
-def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = None) -> bool:
+def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = None,
+        replays: dict | None = None) -> bool:
     """The program over ``inputs`` into ``out`` (their broadcast shape; any strides, but
     its elements must not overlap an input's except as ``alias``, the input that is ``out``
     itself). False, with nothing written, when the arrays do not fit the loop nest.
     ``kernels``: the caller's cache of this program's compiled variants (a dict kept with
-    the program), so a call costs a few dictionary lookups besides the loop."""
+    the program), so a call costs a few dictionary lookups besides the loop. A one-thread
+    call over contiguous arrays is kept as the node's replay in ``replays`` (its dict, or
+    None: ``ops/replay.py``)."""
     placed = layout(out, inputs)
     if placed is None:
         return False
@@ -332,6 +335,10 @@ def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = Non
     rows = dims[0] * dims[1]
     if out.size < 2 * MIN_ELEMENTS or not any(step.op in HEAVY for step in steps):
         run_kernel(*flat, dims[1], dims[2], *outer, 0, rows)
+        if all(array.flags.c_contiguous for array in inputs) and out.flags.c_contiguous:
+            scalars = (dims[1], dims[2], *outer, 0, rows)
+            replay.record(replays, tuple(inputs) + (out,), lambda *arrays: run_kernel(
+                *(array.reshape(-1) for array in arrays), *scalars))
         return True
     parallel_for(thread_parts(rows, out.size),
                  lambda start, stop: run_kernel(*flat, dims[1], dims[2], *outer, start, stop))

@@ -209,3 +209,31 @@ def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
     ours = [done for owner, done in fired if owner == id(state)]
     assert ours[-2:] == [True, True]
     assert state[replay.KEY].refs[0]() is None  # the recorded view itself is gone
+
+
+def test_a_fused_elementwise_chain_replays(monkeypatch):
+    # (a per-channel scale, a shift, Relu) between two transposes: one FusedElementwise that
+    # reads and writes arena views
+    scale = numpy_helper.from_array(_weights(1, 16, 1, 1) + 1, "scale")
+    shift = numpy_helper.from_array(_weights(1, 16, 1, 1), "shift")
+    nodes = [helper.make_node("Transpose", ["x"], ["r"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["r", "scale"], ["m"]),
+             helper.make_node("Add", ["m", "shift"], ["a"]),
+             helper.make_node("Relu", ["a"], ["c"]),
+             helper.make_node("Transpose", ["c"], ["y"], perm=[0, 1, 3, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", F, (1, 16, 40, 40))], [helper.make_tensor_value_info("y", F, None)],
+        [scale, shift])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    fired = []
+    original = replay.replayed
+    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
+        (id(state), original(state, arrays))) or fired[-1][1])
+    for _ in range(4):
+        x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                                   plain.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    (step,) = [s for s in session._bound.nodes if s.node.op_type == "FusedElementwise"]
+    state = step.attributes["_node"]
+    assert [done for owner, done in fired if owner == id(state)][-2:] == [True, True]
