@@ -1,12 +1,13 @@
-"""A convolution node's last CPU call, replayed when the next one passes the very same arrays.
+"""A node's last CPU call (a convolution, a pool, a FusedElementwise chain), replayed when
+the next one passes the very same arrays.
 
 In a planned run a node gets the same array objects every time: its input and output are
 views the arena made once, its weight and bias the session's constants. Yet each call
 checked them all again (contiguity, dtypes, aliasing, the route among the CPU forms), looked
 up its geometry, layout and kit, and made the arguments of its native call: 8-14 us of
-Python a node, on ShuffleNet's 48 convolutions more than their BLAS time. A kernel that
-finished its call through a native driver records here what that call needs beyond the
-arrays; the next call with the same arrays goes straight to it.
+Python a convolution, on ShuffleNet's 48 more than their BLAS time. A kernel that finished
+its call through one compiled call records here what that call needs beyond the arrays; the
+next call with the same arrays goes straight to it.
 
 The arrays are held weakly (a replay never keeps an arena alive) and compared by identity:
 the same object has the same shape, dtype, strides and memory (numpy will not resize an
@@ -27,7 +28,7 @@ import weakref
 
 from mixrt.ops import jit_cpu
 
-KEY = ("replay",)  # its place in a node's prepacked dict (string keys name weight layouts)
+KEY = ("replay",)  # its place in a node's dict (in prepacked ones string keys name layouts)
 
 
 class Replay:
