@@ -38,6 +38,32 @@ def _weights(*shape):
     return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
 
 
+def _spy_on_replays(monkeypatch) -> list:
+    """From now on, (id of the node's dict, whether it replayed) for every replay check."""
+    fired: list = []
+    original = replay.replayed
+    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
+        (id(state), original(state, arrays))) or fired[-1][1])
+    return fired
+
+
+def _replays_of(fired, state) -> list:
+    return [done for owner, done in fired if owner == id(state)]
+
+
+def _runs_match_the_unoptimized_graph(model, shape, tolerance, nan=False):
+    """Four runs of new values at opt_level 2 against opt_level 0; the optimized session."""
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    for _ in range(4):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        if nan:
+            x.reshape(-1)[1234] = np.nan  # a max pool passes NaN on, replayed or not
+        np.testing.assert_allclose(session.run(None, {"x": x})[0],
+                                   plain.run(None, {"x": x})[0], rtol=tolerance,
+                                   atol=tolerance)
+    return session
+
+
 CASES = {
     # a direct 3x3 conv, then a grouped 1x1 conv (4 groups), then a depthwise 3x3 one
     "direct": ([helper.make_node("Conv", ["r", "w", "b"], ["c"], pads=[1] * 4)],
@@ -59,23 +85,11 @@ def _conv_nodes(session):
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
-    model = _model(*CASES[case])
-    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
-    calls = []
-    original = replay.replayed
-
-    def spy(prepacked, arrays):
-        done = original(prepacked, arrays)
-        calls.append((id(prepacked), done))
-        return done
-    monkeypatch.setattr(replay, "replayed", spy)
-    for _ in range(4):  # new values each run, in the same arena views
-        x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
-        np.testing.assert_allclose(session.run(None, {"x": x})[0],
-                                   plain.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(_model(*CASES[case]), (1, 16, 40, 40), 1e-4)
     (step,) = _conv_nodes(session)
     prepacked = step.attributes["_prepacked"]
-    ours = [done for owner, done in calls if owner == id(prepacked)]
+    ours = _replays_of(fired, prepacked)
     if case == "sigmoid after":  # the tile applies no Sigmoid: the call that does is not kept
         assert replay.KEY not in prepacked and ours and not any(ours)
     else:
@@ -118,12 +132,18 @@ def _grow_the_planes() -> int:
     return jit_cpu.scratch_generation()
 
 
-def test_a_replay_is_not_taken_on_another_thread():
+def _grouped_call():
+    """A grouped 1x1 conv called into its own out, recorded: (X, W, B, out, its dict)."""
     X, W, B = RNG.standard_normal((1, 16, 20, 20)).astype(np.float32), _weights(32, 4, 1, 1), \
         _weights(32)
     out, prepacked = np.empty((1, 32, 20, 20), np.float32), {}
     conv_cpu(np, X, W, B, group=4, out=out, _prepacked=prepacked)
     assert replay.replayed(prepacked, (X, W, B, None, out))
+    return X, W, B, out, prepacked
+
+
+def test_a_replay_is_not_taken_on_another_thread():
+    X, W, B, out, prepacked = _grouped_call()
     elsewhere = []
 
     def call_there():
@@ -137,11 +157,7 @@ def test_a_replay_is_not_taken_on_another_thread():
 
 
 def test_a_replay_holds_its_arrays_weakly():
-    X, W, B = RNG.standard_normal((1, 16, 20, 20)).astype(np.float32), _weights(32, 4, 1, 1), \
-        _weights(32)
-    out, prepacked = np.empty((1, 32, 20, 20), np.float32), {}
-    conv_cpu(np, X, W, B, group=4, out=out, _prepacked=prepacked)
-    assert replay.replayed(prepacked, (X, W, B, None, out))
+    X, W, B, out, prepacked = _grouped_call()
     elsewhere = np.empty((1, 32, 20, 20), np.float32)  # made while out lives: apart from it
     gone = weakref.ref(out)
     del out
@@ -163,20 +179,12 @@ POOLS = {
 
 @pytest.mark.parametrize("case", list(POOLS), ids=list(POOLS))
 def test_pools_replay_and_match_the_unoptimized_graph(case, monkeypatch):
-    model = _model([POOLS[case]], {})
-    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
-    fired = []
-    original = replay.replayed
-    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
-        original(state, arrays)) or fired[-1])
-    for _ in range(4):
-        x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
-        x[0, 3, 5, 7] = np.nan  # a max pool passes NaN on, replayed or not
-        np.testing.assert_allclose(session.run(None, {"x": x})[0],
-                                   plain.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(_model([POOLS[case]], {}), (1, 16, 40, 40),
+                                                1e-5, nan=True)
     (step,) = [s for s in session._bound.nodes if s.node.op_type.endswith("Pool")]
     node = step.attributes["_node"]
-    assert replay.KEY in node and fired[-2:] == [True, True]
+    assert replay.KEY in node and _replays_of(fired, node)[-2:] == [True, True]
     if case == "max in place":
         arrays = node[replay.KEY].refs
         assert np.may_share_memory(arrays[0](), arrays[1]())  # it did run in place
@@ -195,19 +203,11 @@ def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
                               [helper.make_tensor_value_info("y", F, None)],
                               [numpy_helper.from_array(_weights(16, 1, 3, 3), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
-    fired = []
-    original = replay.replayed
-    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
-        (id(state), original(state, arrays))) or fired[-1][1])
-    for _ in range(4):
-        x = RNG.standard_normal((1, 16, 1600)).astype(np.float32)
-        np.testing.assert_allclose(session.run(None, {"x": x})[0],
-                                   plain.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(model, (1, 16, 1600), 1e-5)
     (step,) = _conv_nodes(session)
     state = step.attributes["_prepacked"]
-    ours = [done for owner, done in fired if owner == id(state)]
-    assert ours[-2:] == [True, True]
+    assert _replays_of(fired, state)[-2:] == [True, True]
     assert state[replay.KEY].refs[0]() is None  # the recorded view itself is gone
 
 
@@ -225,15 +225,8 @@ def test_a_fused_elementwise_chain_replays(monkeypatch):
         "x", F, (1, 16, 40, 40))], [helper.make_tensor_value_info("y", F, None)],
         [scale, shift])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
-    fired = []
-    original = replay.replayed
-    monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
-        (id(state), original(state, arrays))) or fired[-1][1])
-    for _ in range(4):
-        x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
-        np.testing.assert_allclose(session.run(None, {"x": x})[0],
-                                   plain.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(model, (1, 16, 40, 40), 1e-6)
     (step,) = [s for s in session._bound.nodes if s.node.op_type == "FusedElementwise"]
     state = step.attributes["_node"]
-    assert [done for owner, done in fired if owner == id(state)][-2:] == [True, True]
+    assert _replays_of(fired, state)[-2:] == [True, True]
