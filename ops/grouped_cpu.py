@@ -71,9 +71,8 @@ def conv(X, W, B, Z, limits, out, replays=None):
                   (X.reshape(-1), W.reshape(-1), bias, residual, bounds, out.reshape(-1)),
                   (n, group, c // group, m // group, length, Z is not None,
                    double if X.dtype == np.float64 else single, wide),
-                  [(p, p + 1) for p in range(n * group)])
+                  [(p, p + 1) for p in range(n * group)], keep=(bias, bounds))
     if B is None or np.may_share_memory(bias, B):  # else B's values were copied here
-        go.kept = (bias, bounds)  # made here: the replay keeps them
         replay.record(replays, (X, W, B, Z, out), go)
     go()
     return out

@@ -73,9 +73,8 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     parts = split(n * m, out.size, native)
     if parts is not None:
         go = prepared(native, module, (x, weights, bias, y),
-                      (m // channels, m, begin[0], left, hp, wp), parts)
+                      (m // channels, m, begin[0], left, hp, wp), parts, keep=bias)
         if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
-            go.kept = bias  # zeros made here when there is no B
             replay.record(replays, (X, W, B, None, out), go)
         go()
     elif out.size < SPLIT_ELEMENTS:

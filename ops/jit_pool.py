@@ -124,17 +124,15 @@ def _native_call(native, module, x, y, divisor, in_place, parts, scalars):
     or, in place, into a scratch copied over the input once all of it is read (a part's
     output planes would overwrite input planes the other thread has yet to read: MaxPool
     3x3/2 on 128x55x55 in place, 116 us staged per plane on one thread, 71 so)."""
-    if not in_place:
-        go = prepared(native, module, (x, y, divisor), scalars, parts)
-        go.kept = divisor  # made per call: the replay keeps it (and no view of out)
-        return go
+    if not in_place:  # the divisor is made per call: kept with the call (no view of out)
+        return prepared(native, module, (x, y, divisor), scalars, parts, keep=divisor)
     target = jit_cpu._scratch_array("pool_in_place", x.dtype, y.shape)
-    run, shape = prepared(native, module, (x, target, divisor), scalars, parts), y.shape
+    run = prepared(native, module, (x, target, divisor), scalars, parts, keep=divisor)
+    shape = y.shape
 
     def go(X, out):
         run()
         out.reshape(shape)[...] = target
-    go.kept = divisor
     return go
 
 

@@ -72,10 +72,11 @@ def run_parts(native, module, arrays: tuple, scalars: tuple, parts: list) -> Non
     prepared(native, module, arrays, scalars, parts)()
 
 
-def prepared(native, module, arrays: tuple, scalars: tuple, parts: list):
+def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()):
     """:func:`run_parts` as a call to make later, ``go()``: it holds the arrays' addresses,
     not the arrays, so they must be alive (and the same) whenever it is made (a replayed
-    node's, ``ops/replay.py``)."""
+    node's, ``ops/replay.py``); ``keep``: those among them the caller made for this call
+    (a bias of zeros, a divisor), which ``go`` keeps alive."""
     shapes = [extent for array in arrays for extent in array.shape]
     bounds = [start for start, _ in parts] + [parts[-1][1]]
     words = np.array([0, *shapes, *scalars, *bounds], np.int64)
@@ -88,7 +89,7 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list):
 
     def go(*_):
         run(block, address, addresses, count)
-    go.words = words  # addresses[0] points into it
+    go.kept = (words, keep)  # addresses[0] points into the words
     return go
 
 

@@ -59,9 +59,9 @@ def _recorded_splits(monkeypatch, module) -> list:
                         lambda parts, fn: splits.append(len(parts)) or threads(parts, fn))
     name = "prepared" if hasattr(module, "prepared") else "run_parts"
     native = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda pool, kernels, arrays, scalars, parts:
+    monkeypatch.setattr(module, name, lambda pool, kernels, arrays, scalars, parts, **keep:
                         splits.append(len(parts)) or native(pool, kernels, arrays, scalars,
-                                                            parts))
+                                                            parts, **keep))
     return splits
 
 
