@@ -1347,20 +1347,12 @@ def native_conv(block, kit, x, y, bias, residual, has_residual):
     call (the planes, weights, parts, the epilogue's ``limits`` in x's dtype, this thread's
     ``SPILL`` and ``EDGE`` scratch) written once by ``conv_direct_cpu``, so a call passes
     only what does; a call of 22 arrays and tuples cost ~4 us in numba's dispatch alone."""
-    index = np.int64(0)
     planes = get1(kit, PLANES, x)
-    rows_at, bounds, places = get1(kit, ROWS_AT, index), get1(kit, BOUNDS, index), \
-        get2(kit, PLACES, index)
-    panels, weights = get3(kit, PANELS, x), get2(kit, WEIGHTS, x)
-    limits, no_bias = get1(kit, LIMITS, x), get1(kit, NO_BIAS, x)
     spill, edge = get2(kit, SPILL, x), get2(kit, EDGE, x)
-    shape = (kit[SHAPE0], kit[SHAPE1], kit[SHAPE2], kit[SHAPE3])
-    geometry = (kit[PH], kit[PW], kit[SY], kit[SX], kit[TOP], kit[LEFT], kit[HALO], kit[OH],
-                kit[OW])
-    job = (kit[TAPS], kit[BY_ROWS] != 0, kit[STRIPS] != 0, kit[IN_PLACE] != 0, kit[CHUNK],
-           kit[ROW_BLOCK], has_residual)
-    parts = kit[PARTS]
-    if not job[1] and not job[3]:
+    (rows_at, places, bounds, panels, weights, limits, no_bias), shape, geometry, form, \
+        parts = _fixed_arguments(kit, x)
+    job = form + (has_residual,)
+    if not job[1] and not job[3]:  # neither split by rows nor a 1x1 read in place
         _build(x, planes, shape, geometry, job[2], 0, geometry[7])
     sequence = begin(block) if parts > 1 else -1
     if sequence >= 0:
@@ -1386,23 +1378,34 @@ def native_conv(block, kit, x, y, bias, residual, has_residual):
 
 
 @_jit
+def _fixed_arguments(words, like):
+    """What a convolution's parts read that does not change from call to call, from its kit
+    (the caller's side) or the pool's block (the worker's), which lay it out alike: the
+    arrays (rows_at, places, bounds, panels, weights, limits, no_bias; floats in the dtype
+    of ``like``), the planes' shape, the geometry, the form (taps, by_rows, strips,
+    in_place, chunk, row_block) and the number of parts."""
+    index = np.int64(0)
+    arrays = (get1(words, ROWS_AT, index), get2(words, PLACES, index),
+              get1(words, BOUNDS, index), get3(words, PANELS, like), get2(words, WEIGHTS, like),
+              get1(words, LIMITS, like), get1(words, NO_BIAS, like))
+    shape = (words[SHAPE0], words[SHAPE1], words[SHAPE2], words[SHAPE3])
+    geometry = (words[PH], words[PW], words[SY], words[SX], words[TOP], words[LEFT],
+                words[HALO], words[OH], words[OW])
+    form = (words[TAPS], words[BY_ROWS] != 0, words[STRIPS] != 0, words[IN_PLACE] != 0,
+            words[CHUNK], words[ROW_BLOCK])
+    return arrays, shape, geometry, form, words[PARTS]
+
+
+@_jit
 def _worker_parts(block, zero):
     """The worker's side of :func:`native_conv`, in the dtype of ``zero``."""
-    index = np.int64(0)
     x, y = get3(block, X, zero), get2(block, Y, zero)
     planes, own = get1(block, PLANES, zero), get1(block, WORKER_PLANES, zero)
-    rows_at, bounds = get1(block, ROWS_AT, index), get1(block, BOUNDS, index)
-    places = get2(block, PLACES, index)
-    panels, weights = get3(block, PANELS, zero), get2(block, WEIGHTS, zero)
     bias, residual = get1(block, BIAS, zero), get2(block, RESIDUAL, zero)
     spill, edge = get2(block, WORKER_SPILL, zero), get2(block, WORKER_EDGE, zero)
-    no_bias, limits = get1(block, NO_BIAS, zero), get1(block, LIMITS, zero)
-    shape = (block[SHAPE0], block[SHAPE1], block[SHAPE2], block[SHAPE3])
-    geometry = (block[PH], block[PW], block[SY], block[SX], block[TOP], block[LEFT],
-                block[HALO], block[OH], block[OW])
-    job = (block[TAPS], block[BY_ROWS] != 0, block[STRIPS] != 0, block[IN_PLACE] != 0,
-           block[CHUNK], block[ROW_BLOCK], block[HAS_RESIDUAL] != 0)
-    parts = block[PARTS]
+    (rows_at, places, bounds, panels, weights, limits, no_bias), shape, geometry, form, \
+        parts = _fixed_arguments(block, zero)
+    job = form + (block[HAS_RESIDUAL] != 0,)
     part = claim(block, parts)
     while part >= 0:
         _part(part, job, x, own, planes, shape, geometry, rows_at, places, bounds, panels,
