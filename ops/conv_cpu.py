@@ -92,13 +92,15 @@ def typed_scratch(*specs) -> list[np.ndarray]:
 
 @conv.fast("cpu")
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
-             kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None):
+             kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None,
+             _node=None):
     if out is not None and replay.replayed(_prepacked, (X, W, B, None, out)):
         return out
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked)
+    done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked,
+                  node=_node)
     if done is not None:
         return done
     return conv_bands(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
@@ -137,7 +139,9 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     (n, c), m = X.shape[:2], W.shape[0]
     if out is None:
         out = np.empty((n, m) + tuple(out_dims), dtype=X.dtype)
-    if winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
+    # only for a constant weight: transforming it took 10x a 256-channel 14x14 convolution
+    if prepacked is not None and \
+            winograd_cpu.suits(X, W, kernel, strides, dilations, group, out_dims, out):
         U = packed(prepacked, "winograd", lambda: winograd_cpu.transformed_weights(W))
         return winograd_cpu.conv(X, U, B, out, begin, out_dims, epilogue)
     weights = W.reshape(group, m // group, -1)
@@ -171,26 +175,35 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     return out
 
 
-def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None):
+def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None):
     """``out`` = limits(Conv(X, W, B) + Z) through ops/conv_direct_cpu.py when it suits this
     convolution (None when it does not: nothing is computed). ``limits``: the activation as
     ``conv_direct_cpu.activation_limits`` gives it; ``found``: the :func:`geometry`, when the
-    caller has it."""
-    if prepacked is None or X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
+    caller has it. ``prepacked`` None (W is not a constant): the direct form still takes a
+    large enough call, packing W on each, where the session gave the node a ``node`` dict."""
+    if X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
         return None
+    varying = prepacked is None
+    if varying:
+        prepacked = conv_direct_cpu.varying_layouts(
+            node, X, lambda layouts: geometry(layouts, X, W, **attributes))
+        if prepacked is None:
+            return None
     if found is None:
         found = geometry(prepacked, X, W, **attributes)
-    grouped = grouped_cpu.suits(X, W, attributes["group"], found, out, Z)
+    grouped = not varying and grouped_cpu.suits(X, W, attributes["group"], found, out, Z)
     if not grouped and not conv_direct_cpu.suits(X, W, attributes["group"], found, out,
                                                  prepacked):
         return None
-    # only a call into the caller's own out is kept as the node's replay (ops/replay.py)
-    replays = prepacked if out is not None else None
+    # only a call into the caller's own out, with a constant W, is kept as the node's replay
+    # (ops/replay.py): a W that varies may change in place, under the same address
+    replays = prepacked if out is not None and not varying else None
     if out is None:
         out = np.empty((X.shape[0], W.shape[0], *found[-1]), X.dtype)
     if grouped:
         return grouped_cpu.conv(X, W, B, Z, limits, out, replays)
-    return conv_direct_cpu.conv(X, W, B, Z, limits, out, found, prepacked, replays)
+    return conv_direct_cpu.conv(X, W, B, Z, limits, out, found, prepacked, replays,
+                                repack=varying)
 
 
 def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, strides):

@@ -32,6 +32,7 @@ which hands off without the GIL; ``parallel_for`` remains where that pool is off
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -65,6 +66,11 @@ LEFT_TAPS_MAX_K = 128
 NATIVE_POOL_PLATFORM = jit_cpu.NATIVE_POOL_PLATFORM
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
+# a convolution whose weight is not a constant (training; a gradient's convolution) takes
+# this form from this many output positions a call (images x rows x columns), its weight
+# packed again on every call: ResNet's 512 x 512 x 3 x 3 (9.4 MB) took ~2 ms to pack, its
+# convolution at batch 32 (1,568 positions) 25-35 ms
+VARYING_MIN_POSITIONS = 1024
 
 
 def activation_limits(activation: str, params) -> tuple | None:
@@ -173,12 +179,24 @@ class _Layout:
                 else _column_panels(weight, self.width)
             self._places: dict = {}
         if self.left:
-            self.weights, self.row_block = np.ascontiguousarray(weight), 0
+            # a copy of its own: repack() writes into it
+            self.weights, self.row_block = weight.copy(), 0
         elif not self.taps:
             self.weights = np.zeros((-(-m // STRIP) * STRIP, c), X.dtype)  # whole strips
             self.weights[:m] = weight
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
         self._native = None
+
+    def repack(self, W) -> None:
+        """Pack a new weight of the node's shape into the arrays made for the first one, in
+        place: the kits point at them."""
+        weight = W.reshape(W.shape[0], -1)
+        if self.left:
+            np.copyto(self.weights, weight)
+        elif self.taps:
+            _fill_column_panels(self.panels, weight)
+        else:
+            self.weights[:weight.shape[0]] = weight  # past M the strip stays zero
 
     def native_parts(self) -> _NativeParts:
         if self._native is None:
@@ -262,11 +280,38 @@ def _column_panels(weight, width):
     """The transpose of ``weight`` (M, K) as (P, K, width) panels of output channels, the
     last one zero-padded."""
     m, k = weight.shape
-    count = -(-m // width)
-    panels = np.zeros((count, k, width), weight.dtype)
-    for p in range(count):
-        panels[p, :, :min(width, m - p * width)] = weight[p * width:(p + 1) * width].T
+    panels = np.zeros((-(-m // width), k, width), weight.dtype)
+    _fill_column_panels(panels, weight)
     return panels
+
+
+def _fill_column_panels(panels, weight):
+    """Write ``weight``'s transpose into ``panels`` (:func:`_column_panels`), leaving the last
+    panel's columns past M as they are (zero)."""
+    m, k = weight.shape
+    width = panels.shape[2]
+    whole = m // width
+    np.copyto(panels[:whole], weight[:whole * width].reshape(whole, width, k).transpose(0, 2, 1))
+    if whole < panels.shape[0]:
+        panels[whole, :, :m - whole * width] = weight[whole * width:].T
+
+
+def varying_layouts(node: dict | None, X, geometry_of) -> dict | None:
+    """Where a convolution whose weight may change between calls keeps its layouts: a dict of
+    the calling thread's (a layout holds the packed weight, and two threads may run the node
+    with different weights at once) in the node's dict, or None where the node has no dict or
+    the call is too small to repay packing (VARYING_MIN_POSITIONS). ``geometry_of(layouts)``
+    is the call's conv geometry."""
+    if node is None:
+        return None
+    local = node.get("varying")
+    if local is None:
+        local = node.setdefault("varying", threading.local())
+    layouts = getattr(local, "layouts", None)
+    if layouts is None:
+        layouts = local.layouts = {}
+    out_dims = geometry_of(layouts)[-1]
+    return layouts if X.shape[0] * math.prod(out_dims) >= VARYING_MIN_POSITIONS else None
 
 
 def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims) -> _Layout:
@@ -279,12 +324,16 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims) ->
     return plan
 
 
-def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None):
+def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=False):
     """``out`` = the epilogue of Conv(X, W): + B per channel, + Z (``out``'s shape) when given,
     then the activation ``limits`` (:func:`activation_limits`). The native call is kept as
-    the node's replay in ``replays`` (its prepacked dict, or None: ``ops/replay.py``)."""
+    the node's replay in ``replays`` (its prepacked dict, or None: ``ops/replay.py``).
+    ``repack``: W is not the node's constant (``prepacked`` is then a thread's
+    :func:`varying_layouts`): pack it again first."""
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
+    if repack:
+        plan.repack(W)
     native, split = _native_pool(), plan.native_parts().count > 1
     if native is None and split:
         return _conv_threads(plan, X, B, Z, limits, out)

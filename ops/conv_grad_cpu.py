@@ -11,7 +11,8 @@ scatters W^T dY back with strided adds over the same cold columns. Here:
   result goes straight into the output (later parts add a small partial product);
 * dX of a stride-1 convolution is itself a convolution: of dY with W's kernel flipped and its
   channel axes swapped, padded by the kernel's reach less the forward's pads. That runs
-  through the forward's fast path (conv_cpu.conv_bands), straight into the output;
+  through the forward's fast path (conv_cpu.direct, the weight packed on each call; else
+  conv_cpu.conv_bands), straight into the output;
 * dX of a strided convolution multiplies W^T by a few images' dY at a time and folds each
   image's columns onto a padded scratch image, one strided add per tap, while in cache.
 """
@@ -23,7 +24,9 @@ import math
 import numpy as np
 
 from mixrt.ops import conv as cv
-from mixrt.ops.conv_cpu import _KernelRows, _padded, conv_bands, im2col_into, scratch_arrays
+from mixrt.ops.conv_cpu import (_KernelRows, _padded, conv_bands, direct, im2col_into,
+                                scratch_arrays)
+from mixrt.ops.conv_direct_cpu import NO_ACTIVATION
 from mixrt.ops.conv_grad import conv_grad
 
 # bytes of columns per batch part: big enough that a part is one substantial BLAS call, small
@@ -39,7 +42,7 @@ NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 @conv_grad.fast("cpu")
 def conv_grad_cpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
                   kernel_shape=None, pads=None, strides=None, input_grad=1, weight_grad=1,
-                  bias_grad=0, out=None):
+                  bias_grad=0, out=None, _node=None):
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
     flags = dict(input_grad=input_grad, weight_grad=weight_grad, bias_grad=bias_grad)
@@ -50,7 +53,8 @@ def conv_grad_cpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
     window = _Window(kernel, strides, dilations, begin, end, out_dims)
     grads = []
     if input_grad:
-        grads.append(input_grad_into(dY, W, _target(out, grads, X.shape, X.dtype), window))
+        grads.append(input_grad_into(dY, W, _target(out, grads, X.shape, X.dtype), window,
+                                     _node))
     if weight_grad:
         by_rows = _KernelRows.suit(X, W, kernel, strides, out_dims, forward=False)
         compute = row_weight_grad_into if by_rows else weight_grad_into
@@ -195,12 +199,19 @@ def weight_grad_into(dY, X, dw, window: _Window):
 
 # -- dX -----------------------------------------------------------------------------------
 
-def input_grad_into(dY, W, dx, window: _Window):
+def input_grad_into(dY, W, dx, window: _Window, node=None):
+    """dX; ``node``: the session's dict for this node, where the stride-1 case's convolution
+    keeps its layouts for the direct form (conv_cpu.direct)."""
     flipped = _flipped_pads(window)
-    if flipped is not None:
-        weights = np.ascontiguousarray(W.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-        return conv_bands(dY, weights, dilations=window.dilations, pads=flipped, out=dx)
-    return _folded_input_grad(dY, W, dx, window)
+    if flipped is None:
+        return _folded_input_grad(dY, W, dx, window)
+    weights = np.ascontiguousarray(W.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+    attributes = dict(auto_pad="NOTSET", dilations=window.dilations, group=1,
+                      kernel_shape=window.kernel, pads=flipped, strides=(1, 1))
+    done = direct(dY, weights, None, None, NO_ACTIVATION, attributes, dx, None, node=node)
+    if done is not None:
+        return done
+    return conv_bands(dY, weights, out=dx, **attributes)
 
 
 def _flipped_pads(window: _Window):

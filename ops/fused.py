@@ -187,7 +187,7 @@ def _into(xp, y, out):
 @op("FusedConv", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None, activation="",
-               activation_params=None, out=None, _prepacked=None):
+               activation_params=None, out=None, _prepacked=None, _node=None):
     """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
     On the CPU the residual and activation run on each band of the output right after its
     matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
@@ -199,10 +199,10 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
                                     activation_params=activation_params,
-                                    _prepacked=_prepacked, **attributes), out)
+                                    _prepacked=_prepacked, _node=_node, **attributes), out)
     if xp is np:
         return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), out,
-                               _prepacked)
+                               _prepacked, _node)
     finish = _activation(activation, activation_params)
     y = _into(xp, conv(xp, X, W, B, **attributes), out)
     if Z is not None:
@@ -210,7 +210,7 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     return finish(xp, y)
 
 
-def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
+def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked, node):
     found = geometry(prepacked, X, W, **attributes)
     shape = (X.shape[0], W.shape[0], *found[-1])
     if out is None:
@@ -220,7 +220,7 @@ def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked):
         np.add(out, Z, out=out)
         return activate(np, out, *activation)
     limits = activation_limits(*activation)
-    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found)
+    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
     if done is not None and limits is None:
         replay.forget(prepacked)  # it would leave out the activation applied here
         return activate(np, done, *activation)

@@ -120,7 +120,7 @@ def thread_parts(rows: int, size: int) -> list[tuple[int, int]]:
     """``rows`` in at most one contiguous part per thread (fewer when the ``size`` elements
     of work would give a part under :data:`MIN_ELEMENTS`), for kernels whose parts each pay
     a setup (a compiled loop's call, its scratch buffers)."""
-    count = min(rows, intra_op_threads(), max(1, size // MIN_ELEMENTS))
+    count = min(rows, intra_op_threads(), max(1, size // max(MIN_ELEMENTS, 1)))
     bounds = [rows * p // count for p in range(count + 1)]
     return [(bounds[p], bounds[p + 1]) for p in range(count) if bounds[p] < bounds[p + 1]]
 

@@ -75,8 +75,11 @@ def transformed_weights(W) -> np.ndarray:
     """U (16, M, C): element (i, j) of G g G^T for every filter g = W[m, c], in float64
     then rounded once to W's dtype."""
     m, c = W.shape[:2]
-    u = np.einsum("ik,mckl,jl->ijmc", _G, W.astype(np.float64), _G)
-    return np.ascontiguousarray(u.reshape(16, m, c).astype(W.dtype))
+    # two BLAS contractions, kernel rows then columns: 3x the one einsum (256 x 256: 3.4
+    # against 10.2 ms)
+    rows = np.tensordot(_G, W.astype(np.float64), axes=(1, 2))  # (4, M, C, 3)
+    u = np.tensordot(rows, _G, axes=(3, 1))  # (4, M, C, 4)
+    return np.ascontiguousarray(u.transpose(0, 3, 1, 2).reshape(16, m, c).astype(W.dtype))
 
 
 def conv(X, U, B, out, begin, out_dims, epilogue=None):

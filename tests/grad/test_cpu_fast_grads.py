@@ -78,6 +78,35 @@ def test_conv_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, pa
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, attributes",
+                         [case for case in CONV_CASES if "strides" not in case[2]])
+def test_conv_grad_input_grad_through_the_direct_convolution(monkeypatch, x_shape, w_shape,
+                                                              attributes):
+    """With the session's node dict, a stride-1 dX (the flipped convolution) takes the
+    direct path (its weight packed on each call; every size here), wherever the panel tile
+    runs, and matches the generic kernel's."""
+    from mixrt.ops import conv_direct_cpu, jit_cpu
+    monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 0)
+    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    taken = []
+    real = conv_direct_cpu.conv
+    monkeypatch.setattr(conv_direct_cpu, "conv", lambda *a, **k: taken.append(1) or real(*a, **k))
+    dy, x, w = _conv_case(x_shape, w_shape, attributes)
+    want = conv_grad(np, dy, x, w, weight_grad=0, **attributes)
+    node: dict = {}
+    for _ in range(2):  # the second call packs into the layout the first one made
+        got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, weight_grad=0, _node=node,
+                                          **attributes)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    defaults = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                    strides=None)
+    kernel, strides, dilations, _, begin, end, out_dims = conv_cpu.conv_geometry(
+        x, w, **(defaults | attributes))
+    flipped = conv_grad_cpu._flipped_pads(conv_grad_cpu._Window(kernel, strides, dilations,
+                                                                 begin, end, out_dims))
+    assert bool(taken) == (flipped is not None and jit_cpu.panel_kernels() is not None)
+
+
 @pytest.mark.parametrize("flags", [dict(input_grad=1, weight_grad=0),
                                    dict(input_grad=0, weight_grad=1),
                                    dict(input_grad=0, weight_grad=1, bias_grad=1)])

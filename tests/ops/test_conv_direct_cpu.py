@@ -494,3 +494,73 @@ def test_phase_planes_of_stride_two_hold_every_padded_pixel_once(width, left, dt
             want = padded[:, ry:ry + ph * sy:sy, rx:rx + pw * 2:2][:, :ph, :pw]
             np.testing.assert_array_equal(planes[ry, rx, :, :ph * pw].reshape(c, ph, pw), want)
     assert np.isnan(planes[..., ph * pw:]).all()  # nothing past the planes' rows
+
+
+# -- a weight that is not a constant (training, a gradient's convolution) ------------------
+
+@pytest.mark.parametrize("c, kernel, strides, m", [
+    (16, (3, 3), (1, 1), 40),   # tap tile, a partial last panel
+    (2, (7, 7), (2, 2), 8),     # a stem: K = 98, the weight on the left
+    (16, (1, 1), (1, 1), 20),   # 1x1 read in place: whole strips
+])
+def test_a_weight_that_varies_is_packed_again_on_every_call(c, kernel, strides, m,
+                                                            monkeypatch):
+    """With the node's dict but no constant weight, a large enough call takes the direct
+    path and packs its weight on each call: a weight changed in place, under the same
+    address, gives the new result (no replay, no stale panels), and the caller's first
+    weight is never written."""
+    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    pads = [k // 2 for k in kernel] * 2
+    X, W = _rand(2, c, 48, 48), _rand(m, c, *kernel)
+    first = W.copy()
+    node: dict = {}
+    taken = []
+    real = conv_direct_cpu.conv
+    monkeypatch.setattr(conv_direct_cpu, "conv", lambda *a, **k: taken.append(k) or real(*a, **k))
+    out = np.empty((2, m) + tuple(48 // s for s in strides), np.float32)
+    for step in range(3):
+        got = conv_cpu(np, X, W, pads=pads, strides=list(strides), out=out, _node=node)
+        assert got is out and taken[-1]["repack"]
+        np.testing.assert_allclose(got, _expected(X, W, pads=pads, strides=list(strides)),
+                                   rtol=1e-4, atol=1e-4)
+        if step == 0:
+            np.testing.assert_array_equal(W, first)
+        W *= -0.5  # in place, as an optimizer updates a parameter
+    assert len(taken) == 3
+
+
+def test_a_small_call_with_a_weight_that_varies_keeps_the_older_paths(monkeypatch):
+    """Below VARYING_MIN_POSITIONS packing does not repay itself: not the direct path."""
+    X, W = _rand(1, 8, 16, 16), _rand(8, 8, 3, 3)  # 256 positions
+    assert direct(X, W, None, None, conv_direct_cpu.NO_ACTIVATION,
+                  dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                       pads=[1] * 4, strides=None), None, None, node={}) is None
+    monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 256)
+    got = direct(X, W, None, None, conv_direct_cpu.NO_ACTIVATION,
+                 dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                      pads=[1] * 4, strides=None), None, None, node={})
+    np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+
+
+def test_threads_with_different_weights_at_once_each_pack_their_own():
+    """One node run by four threads at once, each with its own weight (one Session, several
+    request threads, the weight an input): each thread's layout holds its own packing."""
+    X = _rand(2, 16, 32, 32)
+    weights = [_rand(24, 16, 3, 3) for _ in range(4)]
+    expected = [_expected(X, W, pads=[1] * 4) for W in weights]
+    node: dict = {}
+    errors = []
+
+    def call(index):
+        try:
+            for _ in range(15):
+                got = conv_cpu(np, X, weights[index], pads=[1] * 4, _node=node)
+                np.testing.assert_allclose(got, expected[index], rtol=1e-4, atol=1e-4)
+        except Exception as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors

@@ -61,7 +61,8 @@ def test_matches_im2col(case, dtype, with_bias, every_size, monkeypatch):
     expected = _im2col(X, W, B, pads, monkeypatch)
     calls = _calls(monkeypatch)
     got = conv_cpu.conv_bands(X.astype(dtype), W.astype(dtype),
-                              None if B is None else B.astype(dtype), pads=list(pads))
+                              None if B is None else B.astype(dtype), pads=list(pads),
+                              prepacked={})
     assert calls, "the Winograd path was not taken"
     assert got.dtype == dtype and got.shape == expected.shape
     scale = np.abs(expected).max()
@@ -88,7 +89,7 @@ def test_bands_split_and_join_images(rows, every_size, monkeypatch):
     def epilogue(y, image, start, stop):
         assert y.shape == (8, stop - start)
         seen[image, start:stop] += 1
-    got = conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1], epilogue=epilogue)
+    got = conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1], epilogue=epilogue, prepacked={})
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     assert (seen == 1).all()
 
@@ -118,7 +119,7 @@ def test_special_values_reach_the_same_outputs_as_im2col(every_size, monkeypatch
     X[0, 1, 5, 6] = np.nan
     X[0, 0, 9, 2] = np.inf
     W = RNG.standard_normal((3, 2, 3, 3))
-    got = conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1])
+    got = conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1], prepacked={})
     expected = _im2col(X, W, None, (1, 1, 1, 1), monkeypatch)
     window = np.zeros((12, 12), bool)
     window[4:7, 5:8] = True
@@ -158,7 +159,7 @@ def test_other_geometries_keep_im2col(change, every_size, monkeypatch):
     attrs = dict(strides=change.get("strides"), dilations=change.get("dilations"),
                  group=group, pads=[1, 1, 1, 1])
     calls = _calls(monkeypatch)
-    got = conv_cpu.conv_bands(X, W, **attrs)
+    got = conv_cpu.conv_bands(X, W, **attrs, prepacked={})
     assert not calls
     with monkeypatch.context() as patch:
         patch.setattr(winograd_cpu, "ENABLED", False)
@@ -179,6 +180,19 @@ def test_size_rule(channels, image, taken):
     X = np.zeros((1, channels, image, image), np.float32)
     W = np.zeros((channels, channels, 3, 3), np.float32)
     assert winograd_cpu.suits(X, W, (3, 3), (1, 1), (1, 1), 1, (image, image)) is taken
+
+
+def test_not_taken_for_a_weight_that_varies(every_size, monkeypatch):
+    """Without the node's dict (the weight is an input, not a constant) the weight would be
+    transformed on every call, 10x a 256-channel 14x14 convolution: im2col takes it."""
+    X = RNG.standard_normal((1, 8, 12, 12))
+    W = RNG.standard_normal((8, 8, 3, 3))
+    calls = _calls(monkeypatch)
+    got = conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1])
+    assert not calls
+    np.testing.assert_allclose(got, conv_cpu.conv_bands(X, W, pads=[1, 1, 1, 1],
+                                                        prepacked={}), rtol=1e-12, atol=1e-12)
+    assert calls
 
 
 def test_turned_off_by_the_switch(monkeypatch):
