@@ -26,7 +26,9 @@ import numpy as np
 from mixrt.ops import conv as cv
 from mixrt.ops.conv_cpu import (_KernelRows, _padded, conv_bands, direct, im2col_into,
                                 scratch_arrays)
-from mixrt.ops.conv_direct_cpu import NO_ACTIVATION
+from mixrt.ops import jit_cpu
+from mixrt.ops.conv_direct_cpu import NO_ACTIVATION, STRIP, _tap_offsets
+from mixrt.ops.parallel import intra_op_threads, parallel_for
 from mixrt.ops.conv_grad import conv_grad
 
 # bytes of columns per batch part: big enough that a part is one substantial BLAS call, small
@@ -36,6 +38,12 @@ PART_BYTES = 1 << 23
 # faster at 2 threads with 32 or 16 images' columns (1568, 3136) than with 8 (392, 784)
 PART_COLUMNS = 1536
 TRANSPOSED_PRODUCT = 1 << 20
+# dW takes the panel tile when an image's output rows, at the phase planes' width, give at
+# least this long a K: ResNet's layers at batch 32, 2 threads, against the kernel rows or
+# im2col and OpenBLAS (ms): 64 -> 64 at 56x56 31 / 64, 64 -> 128 stride 2 to 28x28 16 / 32,
+# 128 at 28x28 33 / 47, 256 at 14x14 34 / 45 (K 224); but 512 at 7x7 (K 63) 76 / 39, its
+# (taps x channels, M) table of sums, 9.4 MB, passed through once per image
+PANEL_WEIGHT_GRAD_MIN_K = 128
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -58,6 +66,8 @@ def conv_grad_cpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
     if weight_grad:
         by_rows = _KernelRows.suit(X, W, kernel, strides, out_dims, forward=False)
         compute = row_weight_grad_into if by_rows else weight_grad_into
+        if _panel_weight_grad_suits(dY, X, window):
+            compute = panel_weight_grad_into
         grads.append(compute(dY, X, _target(out, grads, W.shape, W.dtype), window))
     if bias_grad:
         grads.append(dY.sum(axis=(0, 2, 3)))
@@ -195,6 +205,77 @@ def weight_grad_into(dY, X, dw, window: _Window):
     if transposed:
         np.copyto(dw.reshape(m, rows), total.T)
     return dw
+
+
+def _panel_weight_grad_suits(dY, X, window: _Window) -> bool:
+    """Whether dW takes the panel tile: a kernel of several taps, input channels in whole
+    strips of 8 (a tile's rows), an image's output rows long enough a run of K
+    (PANEL_WEIGHT_GRAD_MIN_K), contiguous arrays, on a machine that runs the tile."""
+    oh, ow = window.out
+    pw = -(-window.padded_dims(X.shape[2:])[1] // window.strides[1])
+    return math.prod(window.kernel) > 1 and X.shape[1] % STRIP == 0 \
+        and oh * pw >= PANEL_WEIGHT_GRAD_MIN_K \
+        and X.flags.c_contiguous and dY.flags.c_contiguous \
+        and jit_cpu.panel_kernels() is not None
+
+
+def panel_weight_grad_into(dY, X, dw, window: _Window):
+    """dW through the panel tile (``_jit_panels.weight_grad``): each image copied once into
+    its zero-padded stride phases (as the direct forward reads it), dY packed into panels of
+    32 output channels, and every (8 channels, tap) strip of the input multiplied into them
+    along the output positions, no im2col. The threads take halves of the batch, each
+    summing into its own (taps, M) table (or, with fewer images than two a thread, halves of
+    the output channels); the tables are added and transposed into dW at the end."""
+    kernels = jit_cpu.panel_kernels()
+    (n, c, h, w), m = X.shape, dY.shape[1]
+    (kh, kw), (sy, sx), (dh, dwd) = window.kernel, window.strides, window.dilations
+    oh, ow = window.out
+    hp, wp = window.padded_dims((h, w))
+    ph, pw = -(-hp // sy), -(-wp // sx)
+    phases = (1 if kh == 1 else sy, 1 if kw == 1 else sx)
+    lanes = kernels.VECTOR_BYTES // X.itemsize
+    stride = -(-ph * pw // lanes) * lanes  # each plane on a 64-byte boundary
+    width = kernels.PANEL_VECTORS * lanes
+    panel_count = -(-m // width)
+    offsets = _tap_offsets(c, stride, pw, (kh, kw), (sy, sx), (dh, dwd), phases[1])
+    offsets = offsets.reshape(c, kh, kw)
+    strips = [(c0, a, b) for c0 in range(0, c, STRIP) for a in range(kh) for b in range(kw)]
+    strip_at = np.array([offsets[c0, a, b] for c0, a, b in strips], np.int64)
+    strip_row = np.array([(a * kw + b) * c + c0 for c0, a, b in strips], np.int64)
+    # the columns past ow read up to a row and the kernel's reach past the last plane
+    slack = ((kh - 1) * dh // sy + 1) * pw + (kw - 1) * dwd // sx + lanes
+    buffer_size = math.prod(phases) * c * stride + slack
+    parts = _weight_grad_parts(n, panel_count)
+    tables = [np.empty((kh * kw * c, panel_count * width), X.dtype) for _ in parts]
+    no_bias = np.zeros(STRIP, X.dtype)
+
+    def part(index, n0, n1, p0, p1):
+        buffer = jit_cpu._scratch_array("weight_grad_planes", X.dtype, (buffer_size,))
+        panels = jit_cpu._scratch_array("weight_grad_panels", X.dtype,
+                                        (panel_count, oh * pw, width))
+        kernels.weight_grad(X, dY, n0, n1, p0, p1, buffer, phases[0], phases[1], panels,
+                            tables[index], strip_at, strip_row, stride, ph, pw, sy, sx,
+                            window.begin[0], window.begin[1], oh, ow, no_bias)
+    parallel_for([(i,) + bounds for i, bounds in enumerate(parts)], part)
+    total = tables[0]
+    for table in tables[1:]:
+        total += table
+    np.copyto(dw, total[:, :m].reshape(kh, kw, c, m).transpose(3, 2, 0, 1))
+    return dw
+
+
+def _weight_grad_parts(n: int, panels: int) -> list[tuple[int, int, int, int]]:
+    """(n0, n1, p0, p1) per thread: halves of the batch, or of the output panels when there
+    are fewer than two images a thread."""
+    threads = intra_op_threads()
+    if threads < 2 or (n < 2 * threads and panels < 2):
+        return [(0, n, 0, panels)]
+    if n >= 2 * threads:
+        bounds = [n * t // threads for t in range(threads + 1)]
+        return [(bounds[t], bounds[t + 1], 0, panels) for t in range(threads)]
+    count = min(threads, panels)
+    bounds = [panels * t // count for t in range(count + 1)]
+    return [(0, n, bounds[t], bounds[t + 1]) for t in range(count)]
 
 
 # -- dX -----------------------------------------------------------------------------------

@@ -107,6 +107,53 @@ def test_conv_grad_input_grad_through_the_direct_convolution(monkeypatch, x_shap
     assert bool(taken) == (flipped is not None and jit_cpu.panel_kernels() is not None)
 
 
+PANEL_CASES = [  # x shape, w shape, attributes: dW through the panel tile
+    ((2, 8, 9, 9), (5, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((5, 16, 11, 11), (40, 16, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # 2 panels
+    ((2, 8, 12, 12), (33, 8, 5, 5), dict(pads=[2, 2, 2, 2], strides=[2, 2])),
+    ((1, 16, 10, 10), (70, 16, 3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2])),  # 3 panels
+    ((3, 8, 9, 8), (8, 8, 3, 2), dict(pads=[2, 0, 1, 1], strides=[2, 1])),
+    ((2, 8, 9, 9), (16, 8, 2, 2), dict()),  # no padding
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x_shape, w_shape, attributes", PANEL_CASES)
+def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, dtype):
+    """dW through the panel tile, every size: strides, dilation, uneven pads, output
+    channels past a whole panel; the batch split between the threads, or (one image) the
+    panels. Its scratch starts full of NaN: the cells it reads but does not write (each
+    plane's alignment, the slack past the last) must be zeroed, not read stale."""
+    from mixrt.ops import jit_cpu
+    if jit_cpu.panel_kernels() is None:
+        pytest.skip("the panel tile needs AVX-512 and numba")
+    monkeypatch.setattr(conv_grad_cpu, "PANEL_WEIGHT_GRAD_MIN_K", 0)
+    taken = []
+    real = conv_grad_cpu.panel_weight_grad_into
+    monkeypatch.setattr(conv_grad_cpu, "panel_weight_grad_into",
+                        lambda *a: taken.append(1) or real(*a))
+    for name in ("weight_grad_planes", "weight_grad_panels"):
+        jit_cpu._scratch_array(name, dtype, (1 << 16,)).fill(np.nan)
+    dy, x, w = _conv_case(x_shape, w_shape, attributes, dtype=dtype)
+    want = conv_grad(np, dy, x, w, input_grad=0, **attributes)
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, input_grad=0, **attributes)
+    assert taken and got.dtype == dtype
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance * np.abs(want).max())
+
+
+def test_panel_weight_grad_parts():
+    """Halves of the batch while each thread gets two images, else halves of the panels;
+    one part where there is nothing to split."""
+    import mixrt.ops.parallel as parallel
+    threads = parallel.intra_op_threads()
+    if threads != 2:
+        pytest.skip("the parts below are two threads'")
+    assert conv_grad_cpu._weight_grad_parts(32, 2) == [(0, 16, 0, 2), (16, 32, 0, 2)]
+    assert conv_grad_cpu._weight_grad_parts(3, 8) == [(0, 3, 0, 4), (0, 3, 4, 8)]
+    assert conv_grad_cpu._weight_grad_parts(1, 1) == [(0, 1, 0, 1)]
+
+
 @pytest.mark.parametrize("flags", [dict(input_grad=1, weight_grad=0),
                                    dict(input_grad=0, weight_grad=1),
                                    dict(input_grad=0, weight_grad=1, bias_grad=1)])
