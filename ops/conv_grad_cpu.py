@@ -44,6 +44,9 @@ TRANSPOSED_PRODUCT = 1 << 20
 # 128 at 28x28 33 / 47, 256 at 14x14 34 / 45 (K 224); but 512 at 7x7 (K 63) 76 / 39, its
 # (taps x channels, M) table of sums, 9.4 MB, passed through once per image
 PANEL_WEIGHT_GRAD_MIN_K = 128
+# bytes of phase planes per group of images whose sums pass together, per panel of output
+# channels (_jit_panels.weight_grad)
+PANEL_WEIGHT_GRAD_GROUP_BYTES = 1 << 22
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -243,19 +246,21 @@ def panel_weight_grad_into(dY, X, dw, window: _Window):
     strip_at = np.array([offsets[c0, a, b] for c0, a, b in strips], np.int64)
     strip_row = np.array([(a * kw + b) * c + c0 for c0, a, b in strips], np.int64)
     # the columns past ow read up to a row and the kernel's reach past the last plane
-    slack = ((kh - 1) * dh // sy + 1) * pw + (kw - 1) * dwd // sx + lanes
-    buffer_size = math.prod(phases) * c * stride + slack
+    slack = ((kh - 1) * dh // sy + 1) * pw + (kw - 1) * dwd // sx
+    slot = -(-(math.prod(phases) * c * stride + slack) // lanes) * lanes
     parts = _weight_grad_parts(n, panel_count)
+    group = max(1, min(max(n1 - n0 for n0, n1, _, _ in parts),
+                       PANEL_WEIGHT_GRAD_GROUP_BYTES // (slot * X.itemsize)))
     tables = [np.empty((kh * kw * c, panel_count * width), X.dtype) for _ in parts]
     no_bias = np.zeros(STRIP, X.dtype)
 
     def part(index, n0, n1, p0, p1):
-        buffer = jit_cpu._scratch_array("weight_grad_planes", X.dtype, (buffer_size,))
+        buffer = jit_cpu._scratch_array("weight_grad_planes", X.dtype, (group * slot,))
         panels = jit_cpu._scratch_array("weight_grad_panels", X.dtype,
-                                        (panel_count, oh * pw, width))
-        kernels.weight_grad(X, dY, n0, n1, p0, p1, buffer, phases[0], phases[1], panels,
-                            tables[index], strip_at, strip_row, stride, ph, pw, sy, sx,
-                            window.begin[0], window.begin[1], oh, ow, no_bias)
+                                        (group, panel_count, oh * pw, width))
+        kernels.weight_grad(X, dY, n0, n1, p0, p1, group, buffer, slot, phases[0], phases[1],
+                            panels, tables[index], strip_at, strip_row, stride, ph, pw, sy,
+                            sx, window.begin[0], window.begin[1], oh, ow, no_bias)
     parallel_for([(i,) + bounds for i, bounds in enumerate(parts)], part)
     total = tables[0]
     for table in tables[1:]:

@@ -117,17 +117,21 @@ PANEL_CASES = [  # x shape, w shape, attributes: dW through the panel tile
 ]
 
 
+@pytest.mark.parametrize("group_bytes", [1, 1 << 22])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("x_shape, w_shape, attributes", PANEL_CASES)
-def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, dtype):
+def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes, dtype,
+                                           group_bytes):
     """dW through the panel tile, every size: strides, dilation, uneven pads, output
     channels past a whole panel; the batch split between the threads, or (one image) the
-    panels. Its scratch starts full of NaN: the cells it reads but does not write (each
-    plane's alignment, the slack past the last) must be zeroed, not read stale."""
+    panels; images one at a time or in groups (a last group short). Its scratch starts full
+    of NaN: the cells it reads but does not write (each plane's alignment, the slack past
+    the last) must be zeroed, not read stale."""
     from mixrt.ops import jit_cpu
     if jit_cpu.panel_kernels() is None:
         pytest.skip("the panel tile needs AVX-512 and numba")
     monkeypatch.setattr(conv_grad_cpu, "PANEL_WEIGHT_GRAD_MIN_K", 0)
+    monkeypatch.setattr(conv_grad_cpu, "PANEL_WEIGHT_GRAD_GROUP_BYTES", group_bytes)
     taken = []
     real = conv_grad_cpu.panel_weight_grad_into
     monkeypatch.setattr(conv_grad_cpu, "panel_weight_grad_into",
