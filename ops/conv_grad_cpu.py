@@ -26,7 +26,7 @@ import numpy as np
 from mixrt.ops import conv as cv
 from mixrt.ops.conv_cpu import (_KernelRows, _padded, conv_bands, direct, im2col_into,
                                 scratch_arrays)
-from mixrt.ops import jit_cpu
+from mixrt.ops import conv_direct_cpu, jit_cpu
 from mixrt.ops.conv_direct_cpu import NO_ACTIVATION, STRIP, _tap_offsets
 from mixrt.ops.parallel import intra_op_threads, parallel_for
 from mixrt.ops.conv_grad import conv_grad
@@ -44,6 +44,11 @@ TRANSPOSED_PRODUCT = 1 << 20
 # 128 at 28x28 33 / 47, 256 at 14x14 34 / 45 (K 224); but 512 at 7x7 (K 63) 76 / 39, its
 # (taps x channels, M) table of sums, 9.4 MB, passed through once per image
 PANEL_WEIGHT_GRAD_MIN_K = 128
+# a strided convolution's dX goes phase by phase (_phase_input_grad) from phase planes of
+# this many positions: ResNet's stride-2 layers at batch 32, 2 threads, against folding W^T
+# dY's columns (ms): 64 -> 128 from 56x56 25 / 34, 128 -> 256 from 28x28 24 / 29; from
+# 14x14 (7x7 phases) 33 / 24
+PHASE_MIN_POSITIONS = 14 * 14
 # bytes of phase planes per group of images whose sums pass together, per panel of output
 # channels (_jit_panels.weight_grad)
 PANEL_WEIGHT_GRAD_GROUP_BYTES = 1 << 22
@@ -290,6 +295,9 @@ def input_grad_into(dY, W, dx, window: _Window, node=None):
     keeps its layouts for the direct form (conv_cpu.direct)."""
     flipped = _flipped_pads(window)
     if flipped is None:
+        phases = _phase_convolutions(dY.shape, dx.shape, window)
+        if node is not None and phases is not None and _phases_suit(dx, window):
+            return _phase_input_grad(dY, W, dx, phases, node)
         return _folded_input_grad(dY, W, dx, window)
     weights = np.ascontiguousarray(W.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
     attributes = dict(auto_pad="NOTSET", dilations=window.dilations, group=1,
@@ -311,6 +319,95 @@ def _flipped_pads(window: _Window):
     if min(begin + end) < 0:
         return None
     return begin + end
+
+
+class _Phase:
+    """One output phase (ry, rx) of a strided convolution's dX: dX[:, :, ry::sy, rx::sx] is
+    the stride-1 convolution of dY with the taps ``rows`` x ``columns`` of W (those that
+    reach this phase, the kernel flipped), padded by ``pads``, its first ``size`` outputs."""
+
+    def __init__(self, ry, rx, rows, columns, pads, size):
+        self.ry, self.rx, self.rows, self.columns = ry, rx, rows, columns
+        self.pads, self.size = pads, size
+
+
+def _phases_suit(dx, window: _Window) -> bool:
+    """Whether a strided convolution's dX goes phase by phase: where each phase's
+    convolution takes the direct path (the panel tile, enough positions) on planes of at
+    least PHASE_MIN_POSITIONS."""
+    positions = math.prod(-(-size // s) for size, s in zip(dx.shape[2:], window.strides))
+    return positions >= PHASE_MIN_POSITIONS \
+        and dx.shape[0] * positions >= conv_direct_cpu.VARYING_MIN_POSITIONS \
+        and jit_cpu.panel_kernels() is not None
+
+
+def _phase_convolutions(dy_shape, dx_shape, window: _Window):
+    """The :class:`_Phase` list of a strided, undilated 2-D convolution's dX, or None where
+    a phase would read dY from past its first row or column (a crop: not taken)."""
+    if all(s == 1 for s in window.strides) or any(d != 1 for d in window.dilations):
+        return None
+    phases = []
+    for ry in range(window.strides[0]):
+        for rx in range(window.strides[1]):
+            axes = [_phase_axis(r, begin, k, s, out, size) for r, begin, k, s, out, size in
+                    zip((ry, rx), window.begin, window.kernel, window.strides, dy_shape[2:],
+                        dx_shape[2:])]
+            if any(axis is False for axis in axes):
+                return None
+            if any(axis is None for axis in axes):  # no tap reaches it: zeros
+                phases.append(_Phase(ry, rx, [], [], None, None))
+                continue
+            (rows, top, bottom, height), (columns, left, right, width) = axes
+            phases.append(_Phase(ry, rx, rows, columns, [top, left, bottom, right],
+                                 (height, width)))
+    return phases
+
+
+def _phase_axis(r, begin, k, s, out, size):
+    """Along one axis, phase ``r`` of ``size`` input positions: its taps (in the flipped
+    kernel's order), the padding of dY before and after, and the phase's length; None when
+    no tap or no position falls in it, False when dY would need cropping."""
+    length = len(range(r, size, s))
+    taps = [a for a in range(k) if (r + begin - a) % s == 0]
+    if not taps or not length:
+        return None
+    # input r + s * y reads dY[y + (r + begin - a) // s] through tap a: the taps in order of
+    # that offset, lowest first, are the flipped kernel's
+    offsets = {a: (r + begin - a) // s for a in taps}
+    taps.sort(key=offsets.get)
+    first = offsets[taps[0]]
+    if first > 0:
+        return False
+    before = -first
+    after = max(0, length - out - before + len(taps) - 1)
+    return taps, before, after, length
+
+
+def _phase_input_grad(dY, W, dx, phases, node):
+    """dX of a strided convolution, one stride-1 convolution of dY per output phase
+    (conv_cpu.direct, else conv_bands), each written into a scratch and copied into its
+    phase of dX: every multiply-add is one the forward makes, where folding W^T dY's
+    columns back added each of dX's values kh * kw / (sy * sx) times through strided adds."""
+    sy, sx = len({p.ry for p in phases}), len({p.rx for p in phases})
+    for phase in phases:
+        target = dx[:, :, phase.ry::sy, phase.rx::sx]
+        if phase.pads is None:
+            target.fill(0)
+            continue
+        weights = np.ascontiguousarray(
+            W[:, :, phase.rows][:, :, :, phase.columns].transpose(1, 0, 2, 3))
+        top, left, bottom, right = phase.pads
+        shape = (dY.shape[0], W.shape[1], dY.shape[2] + top + bottom - len(phase.rows) + 1,
+                 dY.shape[3] + left + right - len(phase.columns) + 1)
+        out = jit_cpu._scratch_array("phase_input_grad", dY.dtype, shape)
+        attributes = dict(auto_pad="NOTSET", dilations=(1, 1), group=1,
+                          kernel_shape=weights.shape[2:], pads=phase.pads, strides=(1, 1))
+        done = direct(dY, weights, None, None, NO_ACTIVATION, attributes, out, None,
+                      node=node.setdefault(("phase", phase.ry, phase.rx), {}))
+        if done is None:
+            conv_bands(dY, weights, out=out, **attributes)
+        np.copyto(target, out[:, :, :phase.size[0], :phase.size[1]])
+    return dx
 
 
 def _folded_input_grad(dY, W, dx, window: _Window):

@@ -107,6 +107,37 @@ def test_conv_grad_input_grad_through_the_direct_convolution(monkeypatch, x_shap
     assert bool(taken) == (flipped is not None and jit_cpu.panel_kernels() is not None)
 
 
+STRIDED_CASES = [case for case in CONV_CASES if "strides" in case[2]] + [
+    ((2, 8, 10, 10), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # even size
+    ((1, 5, 13, 13), (7, 5, 5, 5), dict(pads=[0, 1, 2, 2], strides=[3, 2])),  # 6 phases
+    ((2, 3, 9, 9), (4, 3, 2, 2), dict(pads=[3, 3, 3, 3], strides=[2, 2])),  # crops: folded
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", STRIDED_CASES)
+def test_strided_input_grad_phase_by_phase_matches_generic(monkeypatch, x_shape, w_shape,
+                                                           attributes):
+    """dX of a strided convolution, one stride-1 convolution per output phase (every size
+    here), a phase no tap reaches zero-filled; where a phase would read dY from past its
+    first row (pads past the kernel), the folded columns instead."""
+    from mixrt.ops import conv_direct_cpu, jit_cpu
+    monkeypatch.setattr(conv_grad_cpu, "PHASE_MIN_POSITIONS", 0)
+    monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 0)
+    taken = []
+    real = conv_grad_cpu._phase_input_grad
+    monkeypatch.setattr(conv_grad_cpu, "_phase_input_grad",
+                        lambda *a: taken.append(1) or real(*a))
+    dy, x, w = _conv_case(x_shape, w_shape, attributes, dtype=np.float64)
+    want = conv_grad(np, dy, x, w, weight_grad=0, **attributes)
+    out = np.full(x.shape, np.nan)  # every element written, the zero phases too
+    got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, weight_grad=0, out=out, _node={},
+                                      **attributes)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    crops = attributes.get("pads") == [3, 3, 3, 3] and w_shape[2] == 2
+    assert bool(taken) == (jit_cpu.panel_kernels() is not None and not crops)
+
+
 PANEL_CASES = [  # x shape, w shape, attributes: dW through the panel tile
     ((2, 8, 9, 9), (5, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
     ((5, 16, 11, 11), (40, 16, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 2])),  # 2 panels
