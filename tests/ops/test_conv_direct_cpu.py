@@ -454,25 +454,36 @@ def test_a_kit_is_never_handed_to_another_owner():
     assert jit_cpu.scratch_kit(other, "k", make) is made[-1] and len(made) == 2
 
 
+def _in_threads(call, count):
+    """``call(i)`` on ``count`` threads at once; the first exception any raised, re-raised."""
+    errors = []
+
+    def run(index):
+        try:
+            call(index)
+        except Exception as exc:  # noqa: BLE001  (re-raised below)
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 def test_threads_calling_one_node_at_once_each_use_their_own_kit():
     X, W, B = _rand(2, 16, 40, 40), _rand(24, 16, 3, 3), _rand(24)
     attributes = dict(pads=[1] * 4)
     prepacked: dict = {}
     expected = _expected(X, W, B, **attributes)
-    results, errors = [], []
+    results = []
 
-    def call():
-        try:
-            for _ in range(20):
-                results.append(conv_cpu(np, X, W, B, _prepacked=prepacked, **attributes))
-        except Exception as exc:  # noqa: BLE001  (reported below)
-            errors.append(exc)
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors and len(results) == 80
+    def call(_):
+        for _ in range(20):
+            results.append(conv_cpu(np, X, W, B, _prepacked=prepacked, **attributes))
+    _in_threads(call, 4)
+    assert len(results) == 80
     for got in results:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -549,18 +560,9 @@ def test_threads_with_different_weights_at_once_each_pack_their_own():
     weights = [_rand(24, 16, 3, 3) for _ in range(4)]
     expected = [_expected(X, W, pads=[1] * 4) for W in weights]
     node: dict = {}
-    errors = []
 
     def call(index):
-        try:
-            for _ in range(15):
-                got = conv_cpu(np, X, weights[index], pads=[1] * 4, _node=node)
-                np.testing.assert_allclose(got, expected[index], rtol=1e-4, atol=1e-4)
-        except Exception as exc:  # noqa: BLE001  (reported below)
-            errors.append(exc)
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+        for _ in range(15):
+            got = conv_cpu(np, X, weights[index], pads=[1] * 4, _node=node)
+            np.testing.assert_allclose(got, expected[index], rtol=1e-4, atol=1e-4)
+    _in_threads(call, 4)
