@@ -315,8 +315,10 @@ def varying_layouts(node: dict | None, X, geometry_of) -> dict | None:
 
 
 def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims) -> _Layout:
-    """The node's :class:`_Layout` for this input shape, made on first use."""
-    key = ("direct", X.shape[1:], W.shape)
+    """The node's :class:`_Layout` for this input shape and dtype, made on first use (a
+    node's weight may change dtype between calls where it is not a constant: an imperative
+    op's dict serves every call with its attributes)."""
+    key = ("direct", X.shape[1:], W.shape, X.dtype.str)
     plan = prepacked.get(key)
     if plan is None:
         plan = prepacked.setdefault(key, _Layout(X, W, kernel, strides, dilations, begin, end,

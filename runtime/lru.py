@@ -12,6 +12,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Hashable
 
+import numpy as np
+
 
 class LruCache:
     """At most ``capacity`` entries; the least recently used one goes first."""
@@ -48,3 +50,15 @@ class LruCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def frozen(value) -> Hashable:
+    """A hashable form of an op's attribute value (lists, arrays, dicts of them), for keys
+    of the caches above."""
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    return value

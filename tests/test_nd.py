@@ -369,6 +369,27 @@ def test_registered_ops_take_sym_arguments():
         nd.Gemm(x)
 
 
+def test_an_imperative_op_gets_the_node_state_a_session_node_gets(monkeypatch):
+    """A registered op that keeps state per session node (a convolution's packed layouts)
+    gets one dict per op and attributes imperatively too, so it takes the same kernels as in
+    a hybridized graph; another dict for other attributes."""
+    from mixrt.nd import dispatch
+    from mixrt.ops import conv_cpu
+    seen = []
+    real = conv_cpu.direct
+    monkeypatch.setattr(conv_cpu, "direct", lambda *a, **k: seen.append(k["node"]) or
+                        real(*a, **k))
+    x = nd.array(np.ones((2, 8, 32, 32), np.float32))
+    w = nd.array(np.ones((8, 8, 3, 3), np.float32))
+    first = nd.Conv(x, w, pads=[1, 1, 1, 1])
+    nd.Conv(x, w, pads=[1, 1, 1, 1])
+    nd.Conv(x, w, pads=[0, 0, 0, 0])
+    assert seen[0] is seen[1] and seen[0] is not seen[2] and isinstance(seen[0], dict)
+    assert "varying" in seen[0]  # the direct path kept its layouts there
+    _close(first[:, :, 1:-1, 1:-1], np.full((2, 8, 30, 30), 72.0))
+    assert len(dispatch._node_states) >= 2
+
+
 # -- leaving mixrt -------------------------------------------------------------------------
 
 def test_asnumpy_asscalar_float():

@@ -21,7 +21,7 @@ import numpy as np
 from mixrt.errors import GradientError
 from mixrt.ops.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.lru import LruCache
+from mixrt.runtime.lru import LruCache, frozen
 from mixrt.runtime.passes.autodiff import (gradient_graph, is_differentiable_dtype,
                                            split_forward_backward)
 from mixrt.runtime.passes.infer import infer_types
@@ -66,9 +66,8 @@ _backward_plans = LruCache(512)
 def signature(spec, attributes: dict, raw: list, wants: list, outputs: int,
               device: str) -> Signature:
     inputs = tuple(None if r is None else (r.dtype.str, tuple(r.shape)) for r in raw)
-    frozen = tuple(sorted((k, _freeze(v)) for k, v in attributes.items()))
-    return Signature(spec.domain, spec.op_type, spec.opset, frozen, inputs, tuple(wants),
-                     outputs, device)
+    return Signature(spec.domain, spec.op_type, spec.opset, frozen(attributes), inputs,
+                     tuple(wants), outputs, device)
 
 
 def differentiable(raw) -> bool:
@@ -180,12 +179,3 @@ def _float(value_type) -> bool:
     dtype = getattr(value_type, "dtype", None)
     return dtype is not None and is_differentiable_dtype(dtype)
 
-
-def _freeze(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return ("array", value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    return value

@@ -566,3 +566,15 @@ def test_threads_with_different_weights_at_once_each_pack_their_own():
             got = conv_cpu(np, X, weights[index], pads=[1] * 4, _node=node)
             np.testing.assert_allclose(got, expected[index], rtol=1e-4, atol=1e-4)
     _in_threads(call, 4)
+
+
+def test_a_node_whose_weight_changes_dtype_keeps_a_layout_per_dtype():
+    """An imperative op's dict serves every call with its attributes: float32, then float64
+    of the same shapes (a network cast), each packed into a layout of its own dtype."""
+    X, W = _rand(2, 8, 32, 32), _rand(16, 8, 3, 3)
+    node: dict = {}
+    for dtype in (np.float32, np.float64, np.float32):
+        x, w = X.astype(dtype), W.astype(dtype)
+        got = conv_cpu(np, x, w, pads=[1] * 4, _node=node)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, _expected(x, w, pads=[1] * 4), rtol=1e-4, atol=1e-4)
