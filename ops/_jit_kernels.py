@@ -134,6 +134,93 @@ def pool(planes, shape, kernel, y, out_dims, sh, sw, dh, dw, acc, maximum, divis
                     y[uint64(target + ox)] = acc[uint64(row + ox)] / divisor[uint64(oy * ow + ox)]
 
 
+@_jit
+def max_pool_grad(x, dy, dx, p0, p1, shape, kernel, strides, dilations, top, left, lowest,
+                  planes, grads, best, winner):
+    """dX of a 2-D MaxPool for planes p0..p1 of ``x``, ``dy`` and ``dx`` (flat (P, H, W),
+    (P, oh, ow), (P, H, W); ``shape`` = (H, W, oh, ow, ph, pw)), by the generic kernel's rule
+    and in its order (ops/conv_grad.py): each window's dy goes to its first maximal tap in
+    row-major order (a later tap wins only when strictly larger; after a NaN, which
+    np.maximum carries, none does), added tap by tap as dy times (winner == tap), so a
+    non-finite dy reaches every tap as the generic's does. A tap in the padding reads
+    ``lowest``, and what it receives is dropped.
+
+    Each plane is split into its padded stride phases (flat ``planes``, (sy, sx, ph, pw)),
+    where every tap of every window is a unit-stride run: the winners (flat ``best`` and
+    ``winner``, (oh, pw), the tap index held in x's dtype so that the loops keep one vector
+    width) and the scattered gradient (flat ``grads``, as ``planes``) are
+    vectorized passes in cache, and the phases are interleaved back into dx."""
+    h, w, oh, ow, ph, pw = shape
+    (kh, kw), (sy, sx), (dh, dw) = kernel, strides, dilations
+    plane = ph * pw
+    run = (oh - 1) * pw + ow  # windows as one run over the phase rows (pw - ow dropped)
+    for p in range(p0, p1):
+        source = p * h * w
+        for ry in range(sy):
+            for rx in range(sx):
+                base = (ry * sx + rx) * plane
+                # columns v_lo..v_hi of each phase row lie in the image
+                v_lo = min(pw, max(0, -(-(left - rx) // sx)))
+                v_hi = max(v_lo, min(pw, (w - 1 + left - rx) // sx + 1))
+                for u in range(ph):
+                    r = u * sy + ry - top
+                    row = base + u * pw
+                    for v in range(pw):
+                        grads[uint64(row + v)] = 0
+                    if r < 0 or r >= h:
+                        for v in range(pw):
+                            planes[uint64(row + v)] = lowest
+                        continue
+                    for v in range(v_lo):
+                        planes[uint64(row + v)] = lowest
+                    start = source + r * w + v_lo * sx + rx - left
+                    for v in range(v_hi - v_lo):
+                        planes[uint64(row + v_lo + v)] = x[uint64(start + v * sx)]
+                    for v in range(v_hi, pw):
+                        planes[uint64(row + v)] = lowest
+        for a in range(kh):
+            qy, ry = divmod(a * dh, sy)
+            for b in range(kw):
+                qx, rx = divmod(b * dw, sx)
+                tap = a * kw + b
+                at = (ry * sx + rx) * plane + qy * pw + qx
+                mark = winner.dtype.type(tap)
+                if tap == 0:
+                    for i in range(run):
+                        best[uint64(i)] = planes[uint64(at + i)]
+                        winner[uint64(i)] = mark
+                    continue
+                for i in range(run):
+                    value = planes[uint64(at + i)]
+                    current = best[uint64(i)]
+                    larger = value > current
+                    winner[uint64(i)] = mark if larger else winner[uint64(i)]
+                    best[uint64(i)] = value if (larger or value != value) else current
+        for a in range(kh):
+            qy, ry = divmod(a * dh, sy)
+            for b in range(kw):
+                qx, rx = divmod(b * dw, sx)
+                tap = a * kw + b
+                at = (ry * sx + rx) * plane + qy * pw + qx
+                mark = winner.dtype.type(tap)
+                one, zero = dy.dtype.type(1), dy.dtype.type(0)
+                for i in range(oh):
+                    row, out = i * pw, p * oh * ow + i * ow
+                    for j in range(ow):
+                        share = dy[uint64(out + j)] * (one if winner[uint64(row + j)] == mark
+                                                       else zero)
+                        grads[uint64(at + row + j)] += share
+        for r in range(h):
+            u, ry = divmod(r + top, sy)
+            target = source + r * w
+            for rx in range(sx):
+                c0 = (rx - left) % sx  # first column of this phase
+                v0 = (c0 + left) // sx
+                row = (ry * sx + rx) * plane + u * pw + v0
+                for v in range((w - c0 + sx - 1) // sx):
+                    dx[uint64(target + c0 + v * sx)] = grads[uint64(row + v)]
+
+
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
 def layer_norm(x, scale, bias, y, rows, n, epsilon):
     """LayerNormalization over rows of ``n`` (flat x, y; scale and bias of n): each row is

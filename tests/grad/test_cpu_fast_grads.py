@@ -344,12 +344,25 @@ POOL_CASES = [
 ]
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def pool_form(request, monkeypatch):
+    """MaxPoolGrad's compiled loop, and the NumPy phased form it takes without numba."""
+    from mixrt.ops import jit_cpu
+    if request.param == "numpy":
+        monkeypatch.setattr(jit_cpu, "enabled", lambda: False)
+    elif not jit_cpu.enabled():
+        pytest.skip("numba is not installed")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rectified", [False, True])
 @pytest.mark.parametrize("x_shape, attributes", POOL_CASES)
-def test_max_pool_grad_matches_generic(monkeypatch, x_shape, attributes, rectified, dtype):
+def test_max_pool_grad_matches_generic(monkeypatch, x_shape, attributes, rectified, dtype,
+                                       pool_form):
     """Rectified inputs are mostly zeros: ties everywhere, each window's gradient going to
-    its first maximum. Chunks of one plane exercise the chunking."""
+    its first maximum; the sums, tap by tap, equal the generic kernel's to the bit. Chunks
+    of one plane exercise the NumPy form's chunking."""
     import mixrt.ops.pool_grad_cpu as pool_grad_cpu
     monkeypatch.setattr(pool_grad_cpu, "CHUNK_BYTES", 1)
     x = randn(*x_shape, dtype=dtype)
@@ -359,6 +372,19 @@ def test_max_pool_grad_matches_generic(monkeypatch, x_shape, attributes, rectifi
     out = np.full(x.shape, np.nan, dtype)
     assert max_pool_grad_cpu(np, dy, x, out=out, **attributes) is out
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("x_shape, attributes", POOL_CASES[:2])
+def test_max_pool_grad_special_values_as_the_generic(x_shape, attributes, pool_form):
+    """A NaN in a window keeps any later tap from winning; an infinite dy reaches every tap
+    of its window as NaN (dy times zero), as the generic kernel's masks give."""
+    x = randn(*x_shape)
+    x[0, 0, 1, 1], x[0, 1, 4, 5], x[1, 2, 0, 0] = np.nan, np.inf, -np.inf
+    dy = randn(*max_pool(np, x, **attributes).shape)
+    dy[0, 0, 0, 0], dy[1, 1, 1, 1] = np.inf, np.nan
+    np.testing.assert_array_equal(max_pool_grad_cpu(np, dy, x, **attributes),
+                                  max_pool_grad(np, dy, x, **attributes))
 
 
 def test_max_pool_grad_falls_back_for_1d_pools():
