@@ -89,10 +89,11 @@ def activation_limits(activation: str, params) -> tuple | None:
 
 
 def suits(X, W, group, geometry, out, prepacked) -> bool:
-    """A 2-D convolution of one group, native floats, a constant weight (``prepacked`` is its
-    node's dict), contiguous input and output (``out`` None: one will be made), on a machine
-    that runs the panel tile: any kernel of several taps, and 1x1 kernels on large images
-    (POINTWISE_*)."""
+    """A 2-D convolution of one group, native floats, a weight with a home for its packed
+    layout (``prepacked``: the node's dict for a constant, a thread's :func:`varying_layouts`
+    for one that varies), contiguous input and output (``out`` None: one will be made), on a
+    machine that runs the panel tile: any kernel of several taps, and 1x1 kernels on large
+    images (POINTWISE_*)."""
     if prepacked is None or X.ndim != 4 or int(group) != 1 or X.dtype not in jit_cpu.NATIVE \
             or W.dtype != X.dtype or not X.flags.c_contiguous \
             or jit_cpu.panel_kernels() is None:

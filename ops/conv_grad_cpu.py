@@ -6,15 +6,21 @@ at once, transposed so that the batch folds into the matmul's inner axis: for Re
 layers that is a 231 MB strided copy, cold in cache when BLAS reads it, and its input gradient
 scatters W^T dY back with strided adds over the same cold columns. Here:
 
-* dW takes the batch a few images at a time, their columns written side by side into the
-  per-thread workspace (conv_cpu.py's), small enough to stay in cache for the matmul, whose
-  result goes straight into the output (later parts add a small partial product);
+* dW takes the panel tile (ops/_jit_panels.weight_grad) where the input channels come in
+  strips of 8 and the output rows give a long enough K: each image copied once into its
+  stride phases, dY packed into panels of output channels, every (8 channels, tap) strip
+  multiplied into them along the output positions, no columns at all;
+* other dW take the batch a few images at a time, their columns written side by side into
+  the per-thread workspace (conv_cpu.py's), small enough to stay in cache for the matmul,
+  whose result goes straight into the output (later parts add a small partial product);
 * dX of a stride-1 convolution is itself a convolution: of dY with W's kernel flipped and its
   channel axes swapped, padded by the kernel's reach less the forward's pads. That runs
   through the forward's fast path (conv_cpu.direct, the weight packed on each call; else
   conv_cpu.conv_bands), straight into the output;
-* dX of a strided convolution multiplies W^T by a few images' dY at a time and folds each
-  image's columns onto a padded scratch image, one strided add per tap, while in cache.
+* dX of a strided convolution with large enough phase planes is one such convolution per
+  output phase, of dY with the taps that reach that phase; smaller ones multiply W^T by a
+  few images' dY at a time and fold each image's columns onto a padded scratch image, one
+  strided add per tap, while in cache.
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ import math
 import numpy as np
 
 from mixrt.ops import conv as cv
+from mixrt.ops import conv_direct_cpu, jit_cpu
 from mixrt.ops.conv_cpu import (_KernelRows, _padded, conv_bands, direct, im2col_into,
                                 scratch_arrays)
-from mixrt.ops import conv_direct_cpu, jit_cpu
 from mixrt.ops.conv_direct_cpu import NO_ACTIVATION, STRIP, _tap_offsets
-from mixrt.ops.parallel import intra_op_threads, parallel_for
 from mixrt.ops.conv_grad import conv_grad
+from mixrt.ops.parallel import intra_op_threads, parallel_for
 
 # bytes of columns per batch part: big enough that a part is one substantial BLAS call, small
 # enough that the columns are still in cache when BLAS reads them
@@ -40,9 +46,9 @@ PART_COLUMNS = 1536
 TRANSPOSED_PRODUCT = 1 << 20
 # dW takes the panel tile when an image's output rows, at the phase planes' width, give at
 # least this long a K: ResNet's layers at batch 32, 2 threads, against the kernel rows or
-# im2col and OpenBLAS (ms): 64 -> 64 at 56x56 31 / 64, 64 -> 128 stride 2 to 28x28 16 / 32,
-# 128 at 28x28 33 / 47, 256 at 14x14 34 / 45 (K 224); but 512 at 7x7 (K 63) 76 / 39, its
-# (taps x channels, M) table of sums, 9.4 MB, passed through once per image
+# im2col and OpenBLAS (ms): 64 -> 64 at 56x56 21 / 34, 64 -> 128 stride 2 to 28x28 12 / 17,
+# 128 at 28x28 21 / 28, 256 at 14x14 24 / 29 (K 224); but 512 at 7x7 (K 63) 36 / 26: so
+# short a run per tile call, with the tile's sums loaded and stored around each
 PANEL_WEIGHT_GRAD_MIN_K = 128
 # a strided convolution's dX goes phase by phase (_phase_input_grad) from phase planes of
 # this many positions: ResNet's stride-2 layers at batch 32, 2 threads, against folding W^T
