@@ -178,38 +178,30 @@ def max_pool_grad(x, dy, dx, p0, p1, shape, kernel, strides, dilations, top, lef
                         planes[uint64(row + v_lo + v)] = x[uint64(start + v * sx)]
                     for v in range(v_hi, pw):
                         planes[uint64(row + v)] = lowest
-        for a in range(kh):
-            qy, ry = divmod(a * dh, sy)
-            for b in range(kw):
-                qx, rx = divmod(b * dw, sx)
-                tap = a * kw + b
-                at = (ry * sx + rx) * plane + qy * pw + qx
-                mark = winner.dtype.type(tap)
-                if tap == 0:
-                    for i in range(run):
-                        best[uint64(i)] = planes[uint64(at + i)]
-                        winner[uint64(i)] = mark
-                    continue
+        for tap in range(kh * kw):
+            at = _phase_tap(tap, kw, dh, dw, sy, sx, plane, pw)
+            mark = winner.dtype.type(tap)
+            if tap == 0:
                 for i in range(run):
-                    value = planes[uint64(at + i)]
-                    current = best[uint64(i)]
-                    larger = value > current
-                    winner[uint64(i)] = mark if larger else winner[uint64(i)]
-                    best[uint64(i)] = value if (larger or value != value) else current
-        for a in range(kh):
-            qy, ry = divmod(a * dh, sy)
-            for b in range(kw):
-                qx, rx = divmod(b * dw, sx)
-                tap = a * kw + b
-                at = (ry * sx + rx) * plane + qy * pw + qx
-                mark = winner.dtype.type(tap)
-                one, zero = dy.dtype.type(1), dy.dtype.type(0)
-                for i in range(oh):
-                    row, out = i * pw, p * oh * ow + i * ow
-                    for j in range(ow):
-                        share = dy[uint64(out + j)] * (one if winner[uint64(row + j)] == mark
-                                                       else zero)
-                        grads[uint64(at + row + j)] += share
+                    best[uint64(i)] = planes[uint64(at + i)]
+                    winner[uint64(i)] = mark
+                continue
+            for i in range(run):
+                value = planes[uint64(at + i)]
+                current = best[uint64(i)]
+                larger = value > current
+                winner[uint64(i)] = mark if larger else winner[uint64(i)]
+                best[uint64(i)] = value if (larger or value != value) else current
+        one, zero = dy.dtype.type(1), dy.dtype.type(0)
+        for tap in range(kh * kw):
+            at = _phase_tap(tap, kw, dh, dw, sy, sx, plane, pw)
+            mark = winner.dtype.type(tap)
+            for i in range(oh):
+                row, out = i * pw, p * oh * ow + i * ow
+                for j in range(ow):
+                    share = dy[uint64(out + j)] * (one if winner[uint64(row + j)] == mark
+                                                   else zero)
+                    grads[uint64(at + row + j)] += share
         for r in range(h):
             u, ry = divmod(r + top, sy)
             target = source + r * w
@@ -219,6 +211,16 @@ def max_pool_grad(x, dy, dx, p0, p1, shape, kernel, strides, dilations, top, lef
                 row = (ry * sx + rx) * plane + u * pw + v0
                 for v in range((w - c0 + sx - 1) // sx):
                     dx[uint64(target + c0 + v * sx)] = grads[uint64(row + v)]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _phase_tap(tap, kw, dh, dw, sy, sx, plane, pw):
+    """Where tap ``tap`` (row-major in a kh x kw window) of the first window lies in the
+    flat (sy, sx, ph, pw) phase planes; window (i, j)'s is ``i * pw + j`` further on."""
+    a, b = divmod(tap, kw)
+    qy, ry = divmod(a * dh, sy)
+    qx, rx = divmod(b * dw, sx)
+    return (ry * sx + rx) * plane + qy * pw + qx
 
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
