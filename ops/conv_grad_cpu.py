@@ -303,15 +303,21 @@ def input_grad_into(dY, W, dx, window: _Window, node=None):
     if flipped is None:
         phases = _phase_convolutions(dY.shape, dx.shape, window)
         if node is not None and phases is not None and _phases_suit(dx, window):
-            return _phase_input_grad(dY, W, dx, phases, node)
+            return _phase_input_grad(dY, W, dx, phases, window.strides, node)
         return _folded_input_grad(dY, W, dx, window)
     weights = np.ascontiguousarray(W.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
-    attributes = dict(auto_pad="NOTSET", dilations=window.dilations, group=1,
-                      kernel_shape=window.kernel, pads=flipped, strides=(1, 1))
-    done = direct(dY, weights, None, None, NO_ACTIVATION, attributes, dx, None, node=node)
+    return _stride_one_conv(dY, weights, flipped, window.dilations, dx, node)
+
+
+def _stride_one_conv(dY, weights, pads, dilations, out, node):
+    """``out`` = the stride-1 convolution of dY with ``weights``: the direct form (its
+    layouts in ``node``) where it takes the call, else conv_bands."""
+    attributes = dict(auto_pad="NOTSET", dilations=dilations, group=1,
+                      kernel_shape=weights.shape[2:], pads=pads, strides=(1, 1))
+    done = direct(dY, weights, None, None, NO_ACTIVATION, attributes, out, None, node=node)
     if done is not None:
         return done
-    return conv_bands(dY, weights, out=dx, **attributes)
+    return conv_bands(dY, weights, out=out, **attributes)
 
 
 def _flipped_pads(window: _Window):
@@ -389,12 +395,12 @@ def _phase_axis(r, begin, k, s, out, size):
     return taps, before, after, length
 
 
-def _phase_input_grad(dY, W, dx, phases, node):
+def _phase_input_grad(dY, W, dx, phases, strides, node):
     """dX of a strided convolution, one stride-1 convolution of dY per output phase
     (conv_cpu.direct, else conv_bands), each written into a scratch and copied into its
     phase of dX: every multiply-add is one the forward makes, where folding W^T dY's
     columns back added each of dX's values kh * kw / (sy * sx) times through strided adds."""
-    sy, sx = len({p.ry for p in phases}), len({p.rx for p in phases})
+    sy, sx = strides
     for phase in phases:
         target = dx[:, :, phase.ry::sy, phase.rx::sx]
         if phase.pads is None:
@@ -406,12 +412,8 @@ def _phase_input_grad(dY, W, dx, phases, node):
         shape = (dY.shape[0], W.shape[1], dY.shape[2] + top + bottom - len(phase.rows) + 1,
                  dY.shape[3] + left + right - len(phase.columns) + 1)
         out = jit_cpu._scratch_array("phase_input_grad", dY.dtype, shape)
-        attributes = dict(auto_pad="NOTSET", dilations=(1, 1), group=1,
-                          kernel_shape=weights.shape[2:], pads=phase.pads, strides=(1, 1))
-        done = direct(dY, weights, None, None, NO_ACTIVATION, attributes, out, None,
-                      node=node.setdefault(("phase", phase.ry, phase.rx), {}))
-        if done is None:
-            conv_bands(dY, weights, out=out, **attributes)
+        _stride_one_conv(dY, weights, phase.pads, (1, 1), out,
+                         node.setdefault(("phase", phase.ry, phase.rx), {}))
         np.copyto(target, out[:, :, :phase.size[0], :phase.size[1]])
     return dx
 
