@@ -109,6 +109,42 @@ def test_inplace_and_views_are_planned():
     assert plan.arena_bytes <= plan.naive_bytes
 
 
+def test_a_gradient_sum_to_its_own_shape_is_a_view():
+    """Autodiff cannot prove a symbolic batch's shapes equal, so Add's gradients go through
+    SumToShapeOf; where the run shows the shapes are equal, it is a view, not a slot (a
+    copy), and where they are not (the broadcast bias), a reduction into a slot of its own."""
+    from mixrt.runtime.graph import Graph, Node, Value
+    from mixrt.runtime.passes.autodiff import gradient_graph
+    from mixrt.ops.types import TensorType
+    graph = Graph(name="adds", opsets={"": 17, "mixrt": 1}, inputs=[
+        Value("a", TensorType(np.float32, ("N", 4))), Value("b", TensorType(np.float32, ("N", 4))),
+        Value("bias", TensorType(np.float32, (4,)))])
+    graph.nodes = [Node("Add", ["a", "b"], ["s"], name="add", opset=17),
+                   Node("Add", ["s", "bias"], ["t"], name="bias_add", opset=17),
+                   Node("Mul", ["t", "t"], ["sq"], name="square", opset=17),
+                   Node("ReduceSum", ["sq"], ["loss"], name="loss", opset=17,
+                        attributes={"keepdims": 0})]
+    graph.outputs = [Value("loss")]
+    joint = gradient_graph(graph, "loss", ["a", "b", "bias"])
+    reductions = [n for n in joint.graph.nodes if n.op_type == "SumToShapeOf"]
+    assert len(reductions) >= 2  # the symbolic batch hid the equal shapes from autodiff
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((3, 4)).astype(np.float32),
+             "b": rng.standard_normal((3, 4)).astype(np.float32),
+             "bias": rng.standard_normal(4).astype(np.float32)}
+    session = mixrt.Session(joint.graph, opt_level=0)
+    wanted = [joint.grads[k] for k in ("a", "b", "bias")]
+    grads = session.run(wanted, feeds)
+    (plan,) = session._plans.values()
+    for node in reductions:
+        like = node.inputs[1]
+        assert (node.outputs[0] in plan.slots) == (like == "bias"), node.outputs[0]
+    t = feeds["a"] + feeds["b"] + feeds["bias"]
+    for got, want in zip(grads, (2 * t, 2 * t, (2 * t).sum(axis=0))):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(session.run(wanted, feeds)[0], 2 * t, rtol=1e-6)
+
+
 def test_plans_are_cached_per_shape_signature_and_bounded():
     session = mixrt.Session(conv_net())
     reference = mixrt.Session(conv_net(), opt_level=0)
