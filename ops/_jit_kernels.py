@@ -505,3 +505,66 @@ def winograd_output(mm, y, bias, m, oh, ow, th, tw, g0, g1, plane, quads):
                     y[target + uint64(2 * tx + 1)] = quads[odd + uint64(tx)]
                 if ow % 2:
                     y[target + uint64(2 * half)] = quads[even + uint64(half)]
+
+
+# -- a standard LSTM's steps (ops/lstm_cpu.py) -----------------------------------------------
+# A step's cache ``block`` is (8, batch, hidden), flat: the states it started from (h, c),
+# then i, forget, candidate, cell, o and tanh(cell), the entries ops/rnn_grad.py's workspace
+# keeps for sigmoid and tanh gates. Plain float arithmetic in the array's own dtype, in the
+# order ops/rnn.py and ops/rnn_grad.py's NumPy expressions take, so both give the same
+# numbers from the same gates.
+
+@_jit
+def lstm_step(gates, h, c, block, batch, hidden):
+    """One step after NumPy's tanh over its gates: ``gates`` (batch, 4 hidden), flat, holds
+    tanh(pre / 2) for i, o and f (a sigmoid is tanh(x / 2) / 2 + 1 / 2, as ops/rnn.py takes
+    it) and tanh(pre) for the candidate; ``h``, ``c`` (batch, hidden), flat, are the states
+    the step starts from. Writes ``block``'s first seven entries; the caller's tanh makes the
+    eighth and the new h."""
+    half = gates.dtype.type(0.5)
+    size = batch * hidden
+    for n in range(batch):
+        row = n * 4 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            i = gates[uint64(row + k)] * half + half
+            o = gates[uint64(row + hidden + k)] * half + half
+            forget = gates[uint64(row + 2 * hidden + k)] * half + half
+            candidate = gates[uint64(row + 3 * hidden + k)]
+            old = c[s]
+            cell = forget * old
+            cell += i * candidate
+            block[s] = h[s]
+            block[uint64(size) + s] = old
+            block[uint64(2 * size) + s] = i
+            block[uint64(3 * size) + s] = forget
+            block[uint64(4 * size) + s] = candidate
+            block[uint64(5 * size) + s] = cell
+            block[uint64(6 * size) + s] = o
+
+
+@_jit
+def lstm_step_grad(block, dh, dy, dc, d_gates, batch, hidden):
+    """One step backward from its cache ``block``: ``dh`` + ``dy`` is the gradient of the h
+    it made, ``dc`` that of its cell (overwritten with the gradient of the cell it started
+    from); writes the gradient of its pre-activations into ``d_gates`` (batch, 4 hidden).
+    All flat. The slopes are functions of the values: s (1 - s), 1 - t t."""
+    one = block.dtype.type(1)
+    size = batch * hidden
+    for n in range(batch):
+        row = n * 4 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            old = block[uint64(size) + s]
+            i = block[uint64(2 * size) + s]
+            forget = block[uint64(3 * size) + s]
+            candidate = block[uint64(4 * size) + s]
+            o = block[uint64(6 * size) + s]
+            squashed = block[uint64(7 * size) + s]
+            d_h = dh[s] + dy[s]
+            d_cell = dc[s] + d_h * o * (one - squashed * squashed)
+            d_gates[uint64(row + k)] = d_cell * candidate * (i * (one - i))
+            d_gates[uint64(row + hidden + k)] = d_h * squashed * (o * (one - o))
+            d_gates[uint64(row + 2 * hidden + k)] = d_cell * old * (forget * (one - forget))
+            d_gates[uint64(row + 3 * hidden + k)] = d_cell * i * (one - candidate * candidate)
+            dc[s] = d_cell * forget

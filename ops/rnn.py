@@ -115,6 +115,13 @@ def step_counts(xp, sequence_lens, batch: int, seq_len: int):
     return lengths
 
 
+def sequence_product(a, b):
+    """``a @ b`` for a (steps, batch, k) stack and a 2-D b as one matrix product over every
+    step: NumPy's matmul of a 3-D stack runs one product per step (32 of 64 x 256 @ 256 x
+    1024 took 5.1-5.4 ms, the one 2048-row product 2.9-3.0)."""
+    return (a.reshape(-1, a.shape[-1]) @ b).reshape(a.shape[:-1] + b.shape[-1:])
+
+
 def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size,
                    direction, layout, step, activations, gate_count):
     """Run ``step`` over time for each direction.
@@ -143,7 +150,7 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
     outputs, finals = [], []
     for d in range(num_directions):
         backwards = direction == "reverse" or d == 1
-        projected = xp.matmul(x, W[d].astype(wide).T) + B[d, :gates].astype(wide)
+        projected = sequence_product(x, W[d].astype(wide).T) + B[d, :gates].astype(wide)
         if backwards:
             order = reversal_index(xp, lengths, seq_len)
             projected = projected[order, batch_index]
@@ -317,6 +324,16 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, input_forget=input_forget)
+    if xp is np and P is None and clip is None and not input_forget \
+            and direction in DIRECTIONS:
+        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
+        found = rnn_grad.standard_lstm(
+            xp, X, W, R, B, sequence_lens, [initial_h, initial_c],
+            activation_alpha=activation_alpha, activation_beta=activation_beta,
+            activations=activations, direction=direction, hidden_size=hidden_size,
+            layout=layout)
+        if found is not None:  # sigmoid, tanh, tanh, unpadded: ops/lstm_cpu.py
+            return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh", "Tanh"], num_directions)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops import rnn
+from mixrt.ops import lstm_cpu, rnn
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.grad_support import MIXRT
@@ -350,7 +350,7 @@ def _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P, *,
 
 def _projected(layer: _Layer, W, B, d: int):
     """X W^T + Wb of direction d for every step, in the order the direction runs."""
-    projected = layer.x @ W[d].astype(layer.wide).T
+    projected = rnn.sequence_product(layer.x, W[d].astype(layer.wide).T)
     if B is not None:
         projected = projected + B[d, :layer.gates].astype(layer.wide)
     return projected[layer.order()] if layer.backwards[d] else projected
@@ -407,15 +407,41 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
                           layer.hidden), dtype=layer.wide)
     outputs, finals = [], []
     for d in range(len(layer.cells)):
-        caches, ys, states = _run_forward(layer, d, _projected(layer, W, B, d))
-        for t, cache in enumerate(caches):
-            for slot, entry in enumerate(kept):
-                workspace[d, t, slot] = cache[entry]
-        y = xp.stack(ys)
+        if cell_type is LSTMCell and lstm_cpu.suits(layer, d):
+            y, states = lstm_cpu.forward(layer, d, W, B, workspace[d])
+        else:
+            caches, ys, states = _run_forward(layer, d, _projected(layer, W, B, d))
+            for t, cache in enumerate(caches):
+                for slot, entry in enumerate(kept):
+                    workspace[d, t, slot] = cache[entry]
+            y = xp.stack(ys)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
     return (*rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),
                                X.dtype), workspace)
+
+
+def standard_lstm(xp, X, W, R, B, sequence_lens, initials, **attributes):
+    """(Y, Y_h, Y_c) of an LSTM node through ops/lstm_cpu.py when every direction suits it
+    (the inference forward: no workspace kept), else None."""
+    layer = _layer(xp, LSTMCell, CELLS["LSTM"][1], X, W, R, B, sequence_lens, initials, None,
+                   **attributes)
+    if not all(lstm_cpu.suits(layer, d) for d in range(len(layer.cells))):
+        return None
+    outputs, finals = [], []
+    for d in range(len(layer.cells)):
+        y, states = lstm_cpu.forward(layer, d, W, B)
+        outputs.append(y[layer.order()] if layer.backwards[d] else y)
+        finals.append(states)
+    return rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),
+                             X.dtype)
+
+
+def _lstm_workspace(layer: _Layer, d: int, W, B):
+    """Direction d's step caches, made by running its forward again (no workspace came)."""
+    steps = np.empty((layer.steps, lstm_cpu.ENTRIES, layer.batch, layer.hidden), layer.wide)
+    lstm_cpu.forward(layer, d, W, B, steps)
+    return steps
 
 
 def _caches_from(layer: _Layer, workspace, d: int) -> list:
@@ -469,21 +495,24 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
                   for _ in layer.initials]
     dP = None if P is None else xp.zeros(P.shape, dtype=wide)
     for d, cell in enumerate(layer.cells):
-        if workspace is None:
-            caches = _run_forward(layer, d, _projected(layer, W, B, d))[0]
-        else:
-            caches = _caches_from(layer, workspace, d)
         dy = dY[:, d]
         if layer.backwards[d]:
             dy = dy[layer.order()]
         d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None
                     else xp.where(started, g[d], 0) for g in d_finals]
-        d_projected, d_states = _run_backward(layer, d, caches, dy, d_states)
-        dR[d], dB[d, gates:] = cell.weight_grads(d_projected, caches)
+        if cell_type is LSTMCell and lstm_cpu.suits(layer, d):
+            steps = workspace[d] if workspace is not None else _lstm_workspace(layer, d, W, B)
+            d_projected, d_states = lstm_cpu.backward(layer, d, steps, dy, d_states)
+            dR[d], dB[d, gates:] = lstm_cpu.recurrent_weight_grads(d_projected, steps)
+        else:
+            caches = _run_forward(layer, d, _projected(layer, W, B, d))[0] \
+                if workspace is None else _caches_from(layer, workspace, d)
+            d_projected, d_states = _run_backward(layer, d, caches, dy, d_states)
+            dR[d], dB[d, gates:] = cell.weight_grads(d_projected, caches)
         if layer.backwards[d]:
             d_projected = d_projected[layer.order()]
         w = W[d].astype(wide)
-        dX += d_projected @ w
+        dX += rnn.sequence_product(d_projected, w)
         dW[d] = d_projected.reshape(-1, gates).T @ x.reshape(-1, x.shape[-1])
         dB[d, :gates] = d_projected.sum(axis=(0, 1))
         for d_initial, d_state in zip(d_initials, d_states):
@@ -494,7 +523,7 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
     d_initials = [_time_major(g, layout) for g in d_initials]
     likes = [X, W, R, B, *initials, P]
     grads = [dX, dW, dR, dB, *d_initials] + ([] if dP is None else [dP])
-    return tuple(g.astype(like.dtype if like is not None else X.dtype)
+    return tuple(g.astype(like.dtype if like is not None else X.dtype, copy=False)
                  for g, like in zip(grads, likes))
 
 

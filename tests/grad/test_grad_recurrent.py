@@ -69,6 +69,16 @@ def test_directions_with_sequence_lengths_and_initial_states(kind, direction):
     check_layer(kind, inputs, {"direction": direction})
 
 
+@pytest.mark.parametrize("direction, layout", [
+    ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
+def test_unpadded_lstm_through_the_compiled_steps(direction, layout):
+    """Sigmoid, tanh, tanh and no padding: the steps ops/lstm_cpu.py runs (sequence_lens
+    given, all full length, still counts as unpadded)."""
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = layer_inputs("LSTM", directions=directions, lengths=[SEQ] * BATCH, layout=layout)
+    check_layer("LSTM", inputs, {"direction": direction, "layout": layout})
+
+
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
 def test_an_empty_sequence_has_zero_finals_and_passes_no_gradient(kind):
     """A length-0 sequence outputs zeros and zero final states (onnxruntime's rule), so its

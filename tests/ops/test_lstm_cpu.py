@@ -1,0 +1,125 @@
+"""The standard LSTM's compiled steps (ops/lstm_cpu.py) against the NumPy cells they stand in
+for (ops/rnn_grad.py), forward and backward, and where each is taken."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops import jit_cpu, lstm_cpu, rnn, rnn_grad
+
+pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
+
+SEQ, BATCH, INPUT, HIDDEN = 5, 4, 6, 8
+
+
+def inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def randn(*shape):
+        return (rng.standard_normal(shape) * 0.7).astype(dtype)
+    x = randn(BATCH, SEQ, INPUT) if layout else randn(SEQ, BATCH, INPUT)
+    state = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
+    return dict(X=x, W=randn(directions, 4 * HIDDEN, INPUT),
+                R=randn(directions, 4 * HIDDEN, HIDDEN),
+                B=randn(directions, 8 * HIDDEN) if bias else None,
+                initials=[randn(*state), randn(*state)] if initial else [None, None])
+
+
+def forward_and_backward(values, direction, layout, seed=1):
+    """(outputs, workspace, gradients) of one layer through rnn_grad's kernels."""
+    attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout}
+    X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
+    y, y_h, y_c, workspace = rnn_grad.forward_keeping_workspace(
+        np, rnn_grad.LSTMCell, ["Sigmoid", "Tanh", "Tanh"], X, W, R, B, None, initials,
+        **attributes)
+    rng = np.random.default_rng(seed)
+    d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h, y_c)]
+    grads = rnn_grad.lstm_grad(np, *d_outputs, X, W, R, B, None, *initials, None, workspace,
+                               **attributes)
+    return (y, y_h, y_c), workspace, grads
+
+
+def generic(monkeypatch):
+    monkeypatch.setattr(lstm_cpu, "suits", lambda layer, d: False)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("direction, layout", [
+    ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
+def test_compiled_steps_match_the_numpy_cells(monkeypatch, dtype, rtol, direction, layout):
+    values = inputs(dtype, 2 if direction == "bidirectional" else 1, layout)
+    fast = forward_and_backward(values, direction, layout)
+    with monkeypatch.context() as patch:
+        generic(patch)
+        slow = forward_and_backward(values, direction, layout)
+    for got, want in zip(fast[0] + (fast[1],) + fast[2], slow[0] + (slow[1],) + slow[2]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+def test_each_backward_reads_the_other_forwards_workspace(monkeypatch):
+    """The cache layout is one: the NumPy forward's workspace through the compiled backward,
+    and the compiled forward's through the NumPy backward, give the same gradients."""
+    values = inputs(np.float64, 1, 0)
+    attributes = {"hidden_size": HIDDEN}
+    _, fast_workspace, fast_grads = forward_and_backward(values, "forward", 0)
+    with monkeypatch.context() as patch:
+        generic(patch)
+        outputs, slow_workspace, slow_grads = forward_and_backward(values, "forward", 0)
+        np.testing.assert_allclose(fast_workspace, slow_workspace, rtol=1e-12)
+        rng = np.random.default_rng(1)
+        d_outputs = [rng.standard_normal(a.shape) for a in outputs]
+        crossed = rnn_grad.lstm_grad(np, *d_outputs, values["X"], values["W"], values["R"],
+                                     values["B"], None, *values["initials"], None,
+                                     fast_workspace, **attributes)
+    for got, want in zip(crossed, slow_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_without_a_workspace_the_backward_runs_the_forward_again():
+    values = inputs(np.float64, 1, 0, bias=False, initial=False)
+    (y, y_h, y_c), _, with_workspace = forward_and_backward(values, "forward", 0)
+    rng = np.random.default_rng(1)
+    d_outputs = [rng.standard_normal(a.shape) for a in (y, y_h, y_c)]
+    again = rnn_grad.lstm_grad(np, *d_outputs, values["X"], values["W"], values["R"], None,
+                               None, None, None, None, None, hidden_size=HIDDEN)
+    for got, want in zip(again, with_workspace):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("direction, layout", [("forward", 0), ("bidirectional", 1)])
+def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, layout):
+    values = inputs(np.float32, 2 if direction == "bidirectional" else 1, layout)
+    args = (np, values["X"], values["W"], values["R"], values["B"], None, *values["initials"])
+    options = {"direction": direction, "hidden_size": HIDDEN, "layout": layout}
+    taken = []
+    real = lstm_cpu.forward
+    monkeypatch.setattr(lstm_cpu, "forward", lambda *a, **k: taken.append(1) or real(*a, **k))
+    fast = rnn.long_short_term_memory(*args, **options)
+    assert taken  # the compiled steps ran
+    generic(monkeypatch)
+    slow = rnn.long_short_term_memory(*args, **options)
+    for got, want in zip(fast, slow):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("options, reason", [
+    ({"clip": 2.0}, "clip"), ({"input_forget": 1}, "input_forget"),
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "another activation"),
+    ({"sequence_lens": np.array([5, 3, 5, 5], np.int32)}, "padding")])
+def test_variants_keep_the_numpy_cells(monkeypatch, options, reason):
+    values = inputs(np.float32, 1, 0)
+    monkeypatch.setattr(lstm_cpu, "forward", lambda *a, **k: pytest.fail(reason))
+    lengths = options.pop("sequence_lens", None)
+    y = rnn.long_short_term_memory(np, values["X"], values["W"], values["R"], values["B"],
+                                   lengths, *values["initials"], hidden_size=HIDDEN,
+                                   **options)[0]
+    assert y.shape == (SEQ, 1, BATCH, HIDDEN) and np.isfinite(y).all()
+
+
+def test_a_nan_in_the_input_reaches_the_outputs():
+    values = inputs(np.float32, 1, 0)
+    values["X"][2, 1, 0] = np.nan
+    y = rnn.long_short_term_memory(np, values["X"], values["W"], values["R"], values["B"],
+                                   None, *values["initials"], hidden_size=HIDDEN)[0]
+    assert np.isfinite(y[:2]).all() and np.isnan(y[2:, 0, 1]).all()
+    assert np.isfinite(y[2, 0, 0]).all()  # other sequences of the batch are untouched
