@@ -326,7 +326,7 @@ def _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P, *,
            activation_alpha=None, activation_beta=None, activations=None, clip=None,
            direction="forward", hidden_size=None, layout=0, **options) -> _Layer:
     wide = accumulation_dtype(X.dtype)
-    x = _time_major(X.astype(wide), layout)
+    x = _time_major(X.astype(wide, copy=False), layout)  # read only, as R is below
     seq_len, batch, _ = x.shape
     num_directions, gates = W.shape[0], W.shape[1]
     lengths = rnn.step_counts(xp, sequence_lens, batch, seq_len)
@@ -340,7 +340,8 @@ def _layer(xp, cell_type, defaults, X, W, R, B, sequence_lens, initials, P, *,
             gates_of_d[2] = Activation(xp, acts[d][2], None)
         rb = xp.zeros(gates, dtype=wide) if B is None else B[d, gates:].astype(wide)
         peepholes = None if P is None else P[d].astype(wide)
-        cells.append(cell_type(xp, R[d].astype(wide), rb, peepholes, gates_of_d, **options))
+        cells.append(cell_type(xp, R[d].astype(wide, copy=False), rb, peepholes, gates_of_d,
+                               **options))
     return _Layer(xp, wide, x, lengths, padded, cells,
                   [_time_major(s, layout) for s in initials],
                   cell_type.kept(acts, clip, options),
