@@ -31,7 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops import jit_cpu, rnn
+from mixrt.ops.conv_cpu import packed
 from mixrt.ops.matmul_cpu import dense_product
+from mixrt.ops.registry import CONSTANT_INPUTS
 
 ENTRIES = 8  # a step's cache: h, c, i, forget, candidate, cell, o, tanh(cell)
 CELL, OUTPUT_GATE, SQUASHED = 5, 6, 7
@@ -57,33 +59,48 @@ def _halved(matrix, hidden: int, dtype):
     return np.multiply(matrix, scale.reshape((-1,) + (1,) * (matrix.ndim - 1)), dtype=dtype)
 
 
-def _projection(layer, W, B, d: int):
+def constant_weights(prepacked: dict | None, B) -> dict | None:
+    """The node's dict (runtime/session.bind_graph) when W, R and B, if given, are all
+    constants of the session, so their halved and packed forms can be kept; else None."""
+    if prepacked is None:
+        return None
+    needed = {1, 2} | ({3} if B is not None else set())
+    return prepacked if needed <= prepacked.get(CONSTANT_INPUTS, frozenset()) else None
+
+
+def _projection(layer, W, B, d: int, constants=None):
     """X W'^T + (Wb + Rb)' of direction d for every step, in the order the direction runs
     (' : the i, o and f columns halved), C-contiguous (steps, batch, 4 hidden)."""
     hidden, wide = layer.hidden, layer.wide
-    projected = rnn.sequence_product(layer.x, _halved(W[d], hidden, wide).T)
+    weight = packed(constants, ("lstm W'", d, wide.str), lambda: _halved(W[d], hidden, wide))
+    projected = rnn.sequence_product(layer.x, weight.T)
     if B is not None:
-        bias = B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide)
-        projected += _halved(bias, hidden, wide)
+        bias = packed(constants, ("lstm bias'", d, wide.str), lambda: _halved(
+            B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), hidden, wide))
+        projected += bias
     return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
 
 
-def forward(layer, d: int, W, B, workspace=None):
+def forward(layer, d: int, W, B, workspace=None, constants=None):
     """Direction d over every step: (outputs (steps, batch, hidden) in the order it ran,
     [final h, final c]). ``workspace`` (steps, 8, batch, hidden), when given, receives each
-    step's cache; without it two blocks take turns (inference)."""
+    step's cache; without it two blocks take turns (inference). ``constants``: the node's
+    dict where the weights are session constants (:func:`constant_weights`), which keeps
+    their halved and packed forms."""
     kernels, hidden, wide = jit_cpu._kernels(), layer.hidden, layer.wide
     steps, batch = layer.steps, layer.batch
-    projected = _projection(layer, W, B, d)
-    recurrent = _halved(layer.cells[d].r, hidden, wide).T  # (hidden, 4 hidden), a view
+    projected = _projection(layer, W, B, d, constants)
+    recurrent = packed(constants, ("lstm R'", d, wide.str),
+                       lambda: _halved(layer.cells[d].r, hidden, wide)).T  # a view
+    # the recurrent weight in panels, packed on the first step (of the session, if constant)
+    panels = {} if constants is None else constants.setdefault(("lstm panels", d, wide.str), {})
     blocks = workspace if workspace is not None else np.empty((2, ENTRIES, batch, hidden), wide)
     outputs = np.empty((steps, batch, hidden), wide)
     gates = np.empty((batch, 4 * hidden), wide)
     h, c = (np.ascontiguousarray(s) for s in layer.start_states(d))
-    packed: dict = {}  # the recurrent weight in panels, packed on the first step
     for t in range(steps):
         block = blocks[t] if workspace is not None else blocks[t % 2]
-        dense_product(h, recurrent, gates, packed)
+        dense_product(h, recurrent, gates, panels)
         gates += projected[t]
         np.tanh(gates, out=gates)
         kernels.lstm_step(gates.reshape(-1), h.reshape(-1), c.reshape(-1), block.reshape(-1),

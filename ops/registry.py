@@ -32,6 +32,10 @@ from mixrt.errors import UnsupportedOperatorError
 DEFAULT_DOMAIN = ""
 _DOMAIN_ALIASES = {"ai.onnx": ""}
 DEVICES = ("cpu", "gpu")
+# in a node's ``_prepacked`` dict (runtime/session.bind_graph): the positions of its inputs
+# that are constants of the session (input 1, the weight, always is; a kernel that derives
+# layouts from others, such as an LSTM's R and B, checks them here)
+CONSTANT_INPUTS = ("constant inputs",)
 
 
 def canonical_domain(domain: str | None) -> str:

@@ -316,8 +316,10 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                            initial_c=None, P=None, *, activation_alpha=None,
                            activation_beta=None, activations=None, clip=None,
                            direction="forward", hidden_size=None, input_forget=0, layout=0,
-                           _outputs=3):
-    """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f."""
+                           _outputs=3, _prepacked=None):
+    """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f.
+    ``_prepacked``: the node's dict where W is a session constant (ops/lstm_cpu.py keeps the
+    weights' halved and packed forms there when R and B are constants too)."""
     if _outputs > 3:
         return _keeping_workspace("LSTM", xp, X, W, R, B, sequence_lens,
                                   [initial_h, initial_c], P, activation_alpha=activation_alpha,
@@ -330,8 +332,8 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
         found = rnn_grad.standard_lstm(
             xp, X, W, R, B, sequence_lens, [initial_h, initial_c],
             activation_alpha=activation_alpha, activation_beta=activation_beta,
-            activations=activations, direction=direction, hidden_size=hidden_size,
-            layout=layout)
+            prepacked=_prepacked, activations=activations, direction=direction,
+            hidden_size=hidden_size, layout=layout)
         if found is not None:  # sigmoid, tanh, tanh, unpadded: ops/lstm_cpu.py
             return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
@@ -371,9 +373,10 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
 @op("LSTM", since=7, dtypes=FLOATS_NO_BF16)
 def lstm_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
            activation_alpha=None, activation_beta=None, activations=None, clip=None,
-           direction="forward", hidden_size=None, input_forget=0, _outputs=3):
+           direction="forward", hidden_size=None, input_forget=0, _outputs=3,
+           _prepacked=None):
     return long_short_term_memory(
-        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P, _prepacked=_prepacked,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         input_forget=input_forget, _outputs=_outputs)
@@ -383,9 +386,10 @@ def lstm_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=No
 @op("LSTM", since=14, dtypes=FLOATS_NO_BF16)
 def lstm_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
             *, activation_alpha=None, activation_beta=None, activations=None, clip=None,
-            direction="forward", hidden_size=None, input_forget=0, layout=0, _outputs=3):
+            direction="forward", hidden_size=None, input_forget=0, layout=0, _outputs=3,
+            _prepacked=None):
     return long_short_term_memory(
-        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P,
+        xp, X, W, R, B, sequence_lens, initial_h, initial_c, P, _prepacked=_prepacked,
         activation_alpha=activation_alpha, activation_beta=activation_beta,
         activations=activations, clip=clip, direction=direction, hidden_size=hidden_size,
         input_forget=input_forget, layout=layout, _outputs=_outputs)

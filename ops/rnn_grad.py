@@ -422,16 +422,18 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
                                X.dtype), workspace)
 
 
-def standard_lstm(xp, X, W, R, B, sequence_lens, initials, **attributes):
+def standard_lstm(xp, X, W, R, B, sequence_lens, initials, prepacked=None, **attributes):
     """(Y, Y_h, Y_c) of an LSTM node through ops/lstm_cpu.py when every direction suits it
-    (the inference forward: no workspace kept), else None."""
+    (the inference forward: no workspace kept), else None. ``prepacked``: the node's dict
+    where its weight is a session constant."""
     layer = _layer(xp, LSTMCell, CELLS["LSTM"][1], X, W, R, B, sequence_lens, initials, None,
                    **attributes)
     if not all(lstm_cpu.suits(layer, d) for d in range(len(layer.cells))):
         return None
     outputs, finals = [], []
+    constants = lstm_cpu.constant_weights(prepacked, B)
     for d in range(len(layer.cells)):
-        y, states = lstm_cpu.forward(layer, d, W, B)
+        y, states = lstm_cpu.forward(layer, d, W, B, constants=constants)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
     return rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),

@@ -25,7 +25,7 @@ from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
 from mixrt.ops import jit_cpu, parallel
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
-from mixrt.ops.registry import REGISTRY, Kernel
+from mixrt.ops.registry import CONSTANT_INPUTS, REGISTRY, Kernel
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
@@ -108,7 +108,8 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
         if kernel.wants_prepacked(device.kind) and len(node.inputs) > 1 \
                 and node.inputs[1] in graph.initializers:
             # the weight is a constant of this session: its kernel may keep a repacked copy
-            attributes["_prepacked"] = {}
+            attributes["_prepacked"] = {CONSTANT_INPUTS: frozenset(
+                i for i, name in enumerate(node.inputs) if name in graph.initializers)}
         if kernel.wants_node_state(device.kind):
             attributes["_node"] = {}
         inputs = list(node.inputs)

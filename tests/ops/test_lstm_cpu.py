@@ -123,3 +123,65 @@ def test_a_nan_in_the_input_reaches_the_outputs():
                                    None, *values["initials"], hidden_size=HIDDEN)[0]
     assert np.isfinite(y[:2]).all() and np.isnan(y[2:, 0, 1]).all()
     assert np.isfinite(y[2, 0, 0]).all()  # other sequences of the batch are untouched
+
+
+def lstm_model(constant: tuple, directions=1):
+    """An LSTM node whose inputs named in ``constant`` ("W", "R", "B") are initializers and
+    the others graph inputs, with the weights it was built from."""
+    from onnx import TensorProto, helper, numpy_helper
+    values = inputs(np.float32, directions, 0, initial=False)
+    weights = {k: values[k] for k in ("W", "R", "B")}
+    direction = "bidirectional" if directions == 2 else "forward"
+    node = helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y", "Y_h", "Y_c"],
+                            hidden_size=HIDDEN, direction=direction)
+    feeds = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", INPUT])]
+    feeds += [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+              for k, v in weights.items() if k not in constant]
+    graph = helper.make_graph(
+        [node], "lstm", feeds, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items() if k in constant])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), values
+
+
+def lstm_node_state(session):
+    (node,) = [n for n in session._bound.nodes if n.node.op_type == "LSTM"]
+    return node.attributes.get("_prepacked")
+
+
+@pytest.mark.parametrize("directions", [1, 2])
+def test_constant_weights_are_halved_and_packed_once_per_session(directions):
+    import mixrt
+    model, values = lstm_model(("W", "R", "B"), directions)
+    session = mixrt.Session(model.SerializeToString())
+    x = values["X"]
+    first = session.run(None, {"X": x})[0]
+    state = lstm_node_state(session)
+    kept = {key[0] for key in state if isinstance(key, tuple) and str(key[0]).startswith("lstm")}
+    assert kept == {"lstm W'", "lstm bias'", "lstm R'", "lstm panels"}
+    again = session.run(None, {"X": x[:, :2]})[0]  # another batch reuses the kept forms
+    np.testing.assert_array_equal(again, session.run(None, {"X": x[:, :2]})[0])
+    fed_model, _ = lstm_model((), directions)
+    fed = mixrt.Session(fed_model.SerializeToString())
+    weights = {k: values[k] for k in ("W", "R", "B")}
+    np.testing.assert_allclose(first, fed.run(None, {"X": x, **weights})[0], rtol=2e-5,
+                               atol=2e-6)
+    np.testing.assert_allclose(again, fed.run(None, {"X": x[:, :2], **weights})[0],
+                               rtol=2e-5, atol=2e-6)
+
+
+def test_a_fed_recurrent_weight_is_read_afresh_on_every_run():
+    """W constant (the node gets its dict) but R fed: nothing derived from the weights is
+    kept, so a new R changes the outputs."""
+    import mixrt
+    model, values = lstm_model(("W", "B"))
+    session = mixrt.Session(model.SerializeToString())
+    x, r = values["X"], values["R"]
+    first = session.run(None, {"X": x, "R": r})[0]
+    second = session.run(None, {"X": x, "R": r * 0.5})[0]
+    state = lstm_node_state(session)
+    assert state is not None and not any(
+        isinstance(key, tuple) and str(key[0]).startswith("lstm") for key in state)
+    assert not np.allclose(first, second)
+    expected = rnn.long_short_term_memory(np, x, values["W"], r * 0.5, values["B"],
+                                          hidden_size=HIDDEN)[0]
+    np.testing.assert_allclose(second, expected, rtol=2e-5, atol=2e-6)
