@@ -568,3 +568,85 @@ def lstm_step_grad(block, dh, dy, dc, d_gates, batch, hidden):
             d_gates[uint64(row + 2 * hidden + k)] = d_cell * old * (forget * (one - forget))
             d_gates[uint64(row + 3 * hidden + k)] = d_cell * i * (one - candidate * candidate)
             dc[s] = d_cell * forget
+
+
+# -- a standard GRU's steps, reset after the recurrent product (ops/gru_cpu.py) --------------
+# A step's cache ``block`` is (5, batch, hidden), flat: the h it started from, z, reset, the
+# candidate and the recurrent term R_h h + Rb_h, the entries ops/rnn_grad.py's workspace
+# keeps for sigmoid and tanh gates with linear_before_reset. ``recurrent`` (batch, 3 hidden)
+# is h R'^T: z's and r's columns halved, the candidate's not.
+
+@_jit
+def gru_gates(recurrent, projected, bias_h, gates, block, batch, hidden):
+    """Before the sigmoids: ``gates`` (batch, 2 hidden) = the halved z and r pre-activations,
+    and the step's recurrent term (block entry 4) = R_h h + ``bias_h``. All flat."""
+    size = batch * hidden
+    for n in range(batch):
+        row, two = n * 3 * hidden, n * 2 * hidden
+        for k in range(hidden):
+            gates[uint64(two + k)] = projected[uint64(row + k)] + recurrent[uint64(row + k)]
+            gates[uint64(two + hidden + k)] = (projected[uint64(row + hidden + k)]
+                                               + recurrent[uint64(row + hidden + k)])
+            block[uint64(4 * size + n * hidden + k)] = (recurrent[uint64(row + 2 * hidden + k)]
+                                                        + bias_h[k])
+
+
+@_jit
+def gru_candidate(gates, projected, h, block, pre, batch, hidden):
+    """After NumPy's tanh over ``gates`` (tanh of half the z and r pre-activations): z and
+    reset, and the candidate's pre-activation ``pre`` (batch, hidden) = x_h + reset times
+    the recurrent term. Writes block entries h, z and reset. All flat."""
+    half = gates.dtype.type(0.5)
+    size = batch * hidden
+    for n in range(batch):
+        two, row = n * 2 * hidden, n * 3 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            z = gates[uint64(two + k)] * half + half
+            reset = gates[uint64(two + hidden + k)] * half + half
+            block[s] = h[s]
+            block[uint64(size) + s] = z
+            block[uint64(2 * size) + s] = reset
+            pre[s] = projected[uint64(row + 2 * hidden + k)] + reset * block[uint64(4 * size) + s]
+
+
+@_jit
+def gru_output(block, h, out, batch, hidden):
+    """The new h = (1 - z) candidate + z h into ``out``, the candidate (block entry 3) made
+    by the caller's tanh. All flat."""
+    one = block.dtype.type(1)
+    size = batch * hidden
+    for s in range(size):
+        z = block[uint64(size + s)]
+        out[uint64(s)] = (one - z) * block[uint64(3 * size + s)] + z * h[uint64(s)]
+
+
+@_jit
+def gru_step_grad(block, dh, dy, d_gates, d_recurrent, carried, batch, hidden):
+    """One step backward from its cache: ``dh`` + ``dy`` is the gradient of the h it made.
+    Writes the gradient of its three pre-activations into ``d_gates`` (batch, 3 hidden),
+    that of h R^T + Rb into ``d_recurrent`` (batch, 3 hidden), and into ``carried`` the
+    part of the old h's gradient that does not pass through R (dh z). All flat."""
+    one = block.dtype.type(1)
+    size = batch * hidden
+    for n in range(batch):
+        row = n * 3 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            h = block[s]
+            z = block[uint64(size) + s]
+            reset = block[uint64(2 * size) + s]
+            candidate = block[uint64(3 * size) + s]
+            recurrent = block[uint64(4 * size) + s]
+            d_h = dh[s] + dy[s]
+            dz = d_h * (h - candidate)
+            da_h = d_h * (one - z) * (one - candidate * candidate)
+            da_z = dz * (z * (one - z))
+            da_r = da_h * recurrent * (reset * (one - reset))
+            d_gates[uint64(row + k)] = da_z
+            d_gates[uint64(row + hidden + k)] = da_r
+            d_gates[uint64(row + 2 * hidden + k)] = da_h
+            d_recurrent[uint64(row + k)] = da_z
+            d_recurrent[uint64(row + hidden + k)] = da_r
+            d_recurrent[uint64(row + 2 * hidden + k)] = da_h * reset
+            carried[s] = d_h * z

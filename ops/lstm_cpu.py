@@ -51,11 +51,11 @@ def suits(layer, d: int) -> bool:
         and layer.batch > 0 and layer.hidden > 0 and jit_cpu.enabled()
 
 
-def _halved(matrix, hidden: int, dtype):
-    """``matrix`` (4 hidden, ...) or a bias (4 hidden,) in ``dtype`` with the i, o and f rows
-    halved: one pass, into a new array."""
-    scale = np.ones(4 * hidden, dtype)
-    scale[:3 * hidden] = 0.5
+def halved(matrix, rows: int, dtype):
+    """``matrix`` (gates, ...) or a bias (gates,) in ``dtype`` with its first ``rows`` rows
+    (the sigmoid gates') halved: one pass, into a new array."""
+    scale = np.ones(matrix.shape[0], dtype)
+    scale[:rows] = 0.5
     return np.multiply(matrix, scale.reshape((-1,) + (1,) * (matrix.ndim - 1)), dtype=dtype)
 
 
@@ -72,11 +72,12 @@ def _projection(layer, W, B, d: int, constants=None):
     """X W'^T + (Wb + Rb)' of direction d for every step, in the order the direction runs
     (' : the i, o and f columns halved), C-contiguous (steps, batch, 4 hidden)."""
     hidden, wide = layer.hidden, layer.wide
-    weight = packed(constants, ("lstm W'", d, wide.str), lambda: _halved(W[d], hidden, wide))
+    weight = packed(constants, ("lstm W'", d, wide.str), lambda: halved(W[d], 3 * hidden, wide))
     projected = rnn.sequence_product(layer.x, weight.T)
     if B is not None:
-        bias = packed(constants, ("lstm bias'", d, wide.str), lambda: _halved(
-            B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), hidden, wide))
+        bias = packed(constants, ("lstm bias'", d, wide.str), lambda: halved(
+            B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), 3 * hidden,
+            wide))
         projected += bias
     return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
 
@@ -91,7 +92,7 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
     steps, batch = layer.steps, layer.batch
     projected = _projection(layer, W, B, d, constants)
     recurrent = packed(constants, ("lstm R'", d, wide.str),
-                       lambda: _halved(layer.cells[d].r, hidden, wide)).T  # a view
+                       lambda: halved(layer.cells[d].r, 3 * hidden, wide)).T  # a view
     # the recurrent weight in panels, packed on the first step (of the session, if constant)
     panels = {} if constants is None else constants.setdefault(("lstm panels", d, wide.str), {})
     blocks = workspace if workspace is not None else np.empty((2, ENTRIES, batch, hidden), wide)
@@ -113,8 +114,9 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
 
 def backward(layer, d: int, workspace, dy, d_states):
     """Direction d's steps in reverse from its ``workspace`` (steps, 8, batch, hidden):
-    (d projection (steps, batch, 4 hidden), [d initial h, d initial c]). ``dy`` is the
-    gradient of its outputs in the order it ran; ``d_states`` that of its final states."""
+    (d projection (steps, batch, 4 hidden), [d initial h, d initial c], dR, dRb). ``dy`` is
+    the gradient of its outputs in the order it ran; ``d_states`` that of its final
+    states."""
     kernels, hidden, wide = jit_cpu._kernels(), layer.hidden, layer.wide
     steps, batch = layer.steps, layer.batch
     recurrent = np.ascontiguousarray(layer.cells[d].r)  # (4 hidden, hidden)
@@ -128,12 +130,8 @@ def backward(layer, d: int, workspace, dy, d_states):
                                dc.reshape(-1), d_projected[t].reshape(-1), batch, hidden)
         dense_product(d_projected[t], recurrent, carried, packed)
         dh, carried = carried, dh
-    return d_projected, [dh, dc]
-
-
-def recurrent_weight_grads(d_projected, workspace):
-    """(dR, dRb) of one direction: the products over every step at once, the h each step
-    started from read out of the workspace."""
-    gates, hidden = d_projected.shape[-1], workspace.shape[-1]
+    # the recurrent weight's gradient: one product over every step, with the h each step
+    # started from read out of the workspace
     started_from = workspace[:, 0].reshape(-1, hidden)
-    return d_projected.reshape(-1, gates).T @ started_from, d_projected.sum(axis=(0, 1))
+    dr = d_projected.reshape(-1, 4 * hidden).T @ started_from
+    return d_projected, [dh, dc], dr, d_projected.sum(axis=(0, 1))

@@ -256,14 +256,24 @@ def rnn_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activatio
 def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                          activation_alpha=None, activation_beta=None, activations=None,
                          clip=None, direction="forward", hidden_size=None, layout=0,
-                         linear_before_reset=0, _outputs=2):
-    """Gates z (update), r (reset), h (candidate), in that order in W, R and B."""
+                         linear_before_reset=0, _outputs=2, _prepacked=None):
+    """Gates z (update), r (reset), h (candidate), in that order in W, R and B.
+    ``_prepacked`` as in :func:`long_short_term_memory` (ops/gru_cpu.py)."""
     if _outputs > 2:
         return _keeping_workspace("GRU", xp, X, W, R, B, sequence_lens, [initial_h], None,
                                   activation_alpha=activation_alpha,
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, linear_before_reset=linear_before_reset)
+    if xp is np and clip is None and linear_before_reset and direction in DIRECTIONS:
+        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
+        found = rnn_grad.compiled_forward(
+            xp, rnn_grad.GRUCell, X, W, R, B, sequence_lens, [initial_h],
+            prepacked=_prepacked, activations=activations, activation_alpha=activation_alpha,
+            activation_beta=activation_beta, direction=direction, hidden_size=hidden_size,
+            layout=layout, linear_before_reset=linear_before_reset)
+        if found is not None:  # sigmoid, tanh, reset after the product: ops/gru_cpu.py
+            return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh"], num_directions)
@@ -290,9 +300,10 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
 @op("GRU", since=7, dtypes=FLOATS_NO_BF16)
 def gru_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
           activation_beta=None, activations=None, clip=None, direction="forward",
-          hidden_size=None, linear_before_reset=0, _outputs=2):
+          hidden_size=None, linear_before_reset=0, _outputs=2, _prepacked=None):
     return gated_recurrent_unit(
-        xp, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
+        xp, X, W, R, B, sequence_lens, initial_h, _prepacked=_prepacked,
+        activation_alpha=activation_alpha,
         activation_beta=activation_beta, activations=activations, clip=clip,
         direction=direction, hidden_size=hidden_size,
         linear_before_reset=linear_before_reset, _outputs=_outputs)
@@ -302,9 +313,10 @@ def gru_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation
 @op("GRU", since=14, dtypes=FLOATS_NO_BF16)
 def gru_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
            activation_beta=None, activations=None, clip=None, direction="forward",
-           hidden_size=None, layout=0, linear_before_reset=0, _outputs=2):
+           hidden_size=None, layout=0, linear_before_reset=0, _outputs=2, _prepacked=None):
     return gated_recurrent_unit(
-        xp, X, W, R, B, sequence_lens, initial_h, activation_alpha=activation_alpha,
+        xp, X, W, R, B, sequence_lens, initial_h, _prepacked=_prepacked,
+        activation_alpha=activation_alpha,
         activation_beta=activation_beta, activations=activations, clip=clip,
         direction=direction, hidden_size=hidden_size, layout=layout,
         linear_before_reset=linear_before_reset, _outputs=_outputs)
@@ -329,8 +341,8 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
     if xp is np and P is None and clip is None and not input_forget \
             and direction in DIRECTIONS:
         from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
-        found = rnn_grad.standard_lstm(
-            xp, X, W, R, B, sequence_lens, [initial_h, initial_c],
+        found = rnn_grad.compiled_forward(
+            xp, rnn_grad.LSTMCell, X, W, R, B, sequence_lens, [initial_h, initial_c],
             activation_alpha=activation_alpha, activation_beta=activation_beta,
             prepacked=_prepacked, activations=activations, direction=direction,
             hidden_size=hidden_size, layout=layout)

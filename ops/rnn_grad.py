@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops import lstm_cpu, rnn
+from mixrt.ops import gru_cpu, lstm_cpu, rnn
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.grad_support import MIXRT
@@ -147,7 +147,7 @@ class GRUCell:
                 bool(options.get("linear_before_reset")))
 
     def __init__(self, xp, r, rb, peepholes, acts, *, linear_before_reset=0, **_):
-        self.xp, self.linear_before_reset = xp, linear_before_reset
+        self.xp, self.linear_before_reset, self.r = xp, linear_before_reset, r
         self.rz, self.rr, self.rh = xp.split(r, 3, axis=0)
         self.bz, self.br, self.bh = xp.split(rb, 3)
         self.gate, self.candidate = acts
@@ -408,8 +408,9 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
                           layer.hidden), dtype=layer.wide)
     outputs, finals = [], []
     for d in range(len(layer.cells)):
-        if cell_type is LSTMCell and lstm_cpu.suits(layer, d):
-            y, states = lstm_cpu.forward(layer, d, W, B, workspace[d])
+        compiled = _compiled(cell_type, layer, d)
+        if compiled is not None:
+            y, states = compiled.forward(layer, d, W, B, workspace[d])
         else:
             caches, ys, states = _run_forward(layer, d, _projected(layer, W, B, d))
             for t, cache in enumerate(caches):
@@ -422,28 +423,38 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
                                X.dtype), workspace)
 
 
-def standard_lstm(xp, X, W, R, B, sequence_lens, initials, prepacked=None, **attributes):
-    """(Y, Y_h, Y_c) of an LSTM node through ops/lstm_cpu.py when every direction suits it
-    (the inference forward: no workspace kept), else None. ``prepacked``: the node's dict
-    where its weight is a session constant."""
-    layer = _layer(xp, LSTMCell, CELLS["LSTM"][1], X, W, R, B, sequence_lens, initials, None,
-                   **attributes)
-    if not all(lstm_cpu.suits(layer, d) for d in range(len(layer.cells))):
+def compiled_forward(xp, cell_type, X, W, R, B, sequence_lens, initials, prepacked=None,
+                     **attributes):
+    """(Y, final states...) of an LSTM or GRU node through ops/lstm_cpu.py or
+    ops/gru_cpu.py when every direction is their standard cell (the inference forward: no
+    workspace kept), else None. ``prepacked``: the node's dict where its weight is a session
+    constant."""
+    layer = _layer(xp, cell_type, CELLS_BY_TYPE[cell_type], X, W, R, B, sequence_lens,
+                   initials, None, **attributes)
+    directions = range(len(layer.cells))
+    modules = [_compiled(cell_type, layer, d) for d in directions]
+    if any(module is None for module in modules):
         return None
     outputs, finals = [], []
     constants = lstm_cpu.constant_weights(prepacked, B)
-    for d in range(len(layer.cells)):
-        y, states = lstm_cpu.forward(layer, d, W, B, constants=constants)
+    for d, module in zip(directions, modules):
+        y, states = module.forward(layer, d, W, B, constants=constants)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
     return rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),
                              X.dtype)
 
 
-def _lstm_workspace(layer: _Layer, d: int, W, B):
+def _compiled(cell_type, layer: _Layer, d: int):
+    """ops/lstm_cpu.py or ops/gru_cpu.py where direction d is its standard cell, else None."""
+    module = COMPILED.get(cell_type)
+    return module if module is not None and module.suits(layer, d) else None
+
+
+def _compiled_workspace(module, layer: _Layer, d: int, W, B):
     """Direction d's step caches, made by running its forward again (no workspace came)."""
-    steps = np.empty((layer.steps, lstm_cpu.ENTRIES, layer.batch, layer.hidden), layer.wide)
-    lstm_cpu.forward(layer, d, W, B, steps)
+    steps = np.empty((layer.steps, module.ENTRIES, layer.batch, layer.hidden), layer.wide)
+    module.forward(layer, d, W, B, steps)
     return steps
 
 
@@ -503,10 +514,12 @@ def recurrent_backward(xp, cell_type, defaults, d_outputs, X, W, R, B, sequence_
             dy = dy[layer.order()]
         d_states = [xp.zeros((batch, hidden), dtype=wide) if g is None
                     else xp.where(started, g[d], 0) for g in d_finals]
-        if cell_type is LSTMCell and lstm_cpu.suits(layer, d):
-            steps = workspace[d] if workspace is not None else _lstm_workspace(layer, d, W, B)
-            d_projected, d_states = lstm_cpu.backward(layer, d, steps, dy, d_states)
-            dR[d], dB[d, gates:] = lstm_cpu.recurrent_weight_grads(d_projected, steps)
+        compiled = _compiled(cell_type, layer, d)
+        if compiled is not None:
+            steps = workspace[d] if workspace is not None \
+                else _compiled_workspace(compiled, layer, d, W, B)
+            d_projected, d_states, dR[d], dB[d, gates:] = compiled.backward(
+                layer, d, steps, dy, d_states)
         else:
             caches = _run_forward(layer, d, _projected(layer, W, B, d))[0] \
                 if workspace is None else _caches_from(layer, workspace, d)
@@ -539,6 +552,9 @@ ATTRIBUTES = ("activation_alpha", "activation_beta", "activations", "clip", "dir
 # op -> (cell, default activations, states)
 CELLS = {"RNN": (RNNCell, ["Tanh"], 1), "GRU": (GRUCell, ["Sigmoid", "Tanh"], 1),
          "LSTM": (LSTMCell, ["Sigmoid", "Tanh", "Tanh"], 2)}
+CELLS_BY_TYPE = {cell: defaults for cell, defaults, _ in CELLS.values()}
+# the cells whose standard form runs compiled steps on the CPU
+COMPILED = {LSTMCell: lstm_cpu, GRUCell: gru_cpu}
 
 
 @op("RNNGrad", since=1, domain=MIXRT)

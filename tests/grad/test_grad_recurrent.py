@@ -69,14 +69,17 @@ def test_directions_with_sequence_lengths_and_initial_states(kind, direction):
     check_layer(kind, inputs, {"direction": direction})
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 @pytest.mark.parametrize("direction, layout", [
     ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
-def test_unpadded_lstm_through_the_compiled_steps(direction, layout):
-    """Sigmoid, tanh, tanh and no padding: the steps ops/lstm_cpu.py runs (sequence_lens
-    given, all full length, still counts as unpadded)."""
+def test_unpadded_layers_through_the_compiled_steps(kind, direction, layout):
+    """Default activations and no padding: the steps ops/lstm_cpu.py and ops/gru_cpu.py run
+    (the GRU with its reset after the product; sequence_lens given, all full length, still
+    counts as unpadded)."""
     directions = 2 if direction == "bidirectional" else 1
-    inputs = layer_inputs("LSTM", directions=directions, lengths=[SEQ] * BATCH, layout=layout)
-    check_layer("LSTM", inputs, {"direction": direction, "layout": layout})
+    inputs = layer_inputs(kind, directions=directions, lengths=[SEQ] * BATCH, layout=layout)
+    extra = {"linear_before_reset": 1} if kind == "GRU" else {}
+    check_layer(kind, inputs, {"direction": direction, "layout": layout, **extra})
 
 
 @pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])

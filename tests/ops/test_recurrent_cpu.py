@@ -1,10 +1,10 @@
-"""The standard LSTM's compiled steps (ops/lstm_cpu.py) against the NumPy cells they stand in
-for (ops/rnn_grad.py), forward and backward, and where each is taken."""
+"""The standard LSTM and GRU steps compiled (ops/lstm_cpu.py, ops/gru_cpu.py) against the
+NumPy cells they stand in for (ops/rnn_grad.py), forward and backward, and where each is taken."""
 
 import numpy as np
 import pytest
 
-from mixrt.ops import jit_cpu, lstm_cpu, rnn, rnn_grad
+from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn, rnn_grad
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
 
@@ -143,8 +143,8 @@ def lstm_model(constant: tuple, directions=1):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), values
 
 
-def lstm_node_state(session):
-    (node,) = [n for n in session._bound.nodes if n.node.op_type == "LSTM"]
+def lstm_node_state(session, op_type="LSTM"):
+    (node,) = [n for n in session._bound.nodes if n.node.op_type == op_type]
     return node.attributes.get("_prepacked")
 
 
@@ -185,3 +185,112 @@ def test_a_fed_recurrent_weight_is_read_afresh_on_every_run():
     expected = rnn.long_short_term_memory(np, x, values["W"], r * 0.5, values["B"],
                                           hidden_size=HIDDEN)[0]
     np.testing.assert_allclose(second, expected, rtol=2e-5, atol=2e-6)
+
+
+# -- the GRU (ops/gru_cpu.py): reset after the recurrent product ------------------------------
+
+def gru_inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def randn(*shape):
+        return (rng.standard_normal(shape) * 0.7).astype(dtype)
+    x = randn(BATCH, SEQ, INPUT) if layout else randn(SEQ, BATCH, INPUT)
+    state = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
+    return dict(X=x, W=randn(directions, 3 * HIDDEN, INPUT),
+                R=randn(directions, 3 * HIDDEN, HIDDEN),
+                B=randn(directions, 6 * HIDDEN) if bias else None,
+                initials=[randn(*state) if initial else None])
+
+
+def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, seed=1):
+    attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout,
+                  "linear_before_reset": linear_before_reset}
+    X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
+    y, y_h, workspace = rnn_grad.forward_keeping_workspace(
+        np, rnn_grad.GRUCell, ["Sigmoid", "Tanh"], X, W, R, B, None, initials, **attributes)
+    rng = np.random.default_rng(seed)
+    d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h)]
+    grads = rnn_grad.gru_grad(np, *d_outputs, X, W, R, B, None, *initials, workspace,
+                              **attributes)
+    return (y, y_h), workspace, grads
+
+
+def generic_gru(monkeypatch):
+    monkeypatch.setattr(gru_cpu, "suits", lambda layer, d: False)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("direction, layout, bias, initial", [
+    ("forward", 0, True, True), ("reverse", 0, False, True), ("bidirectional", 0, True, False),
+    ("bidirectional", 1, True, True)])
+def test_gru_compiled_steps_match_the_numpy_cells(monkeypatch, dtype, rtol, direction, layout,
+                                                  bias, initial):
+    values = gru_inputs(dtype, 2 if direction == "bidirectional" else 1, layout, bias, initial)
+    fast = gru_forward_and_backward(values, direction, layout)
+    with monkeypatch.context() as patch:
+        generic_gru(patch)
+        slow = gru_forward_and_backward(values, direction, layout)
+    for got, want in zip(fast[0] + (fast[1],) + fast[2], slow[0] + (slow[1],) + slow[2]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+
+
+def test_gru_backward_reads_the_numpy_forwards_workspace(monkeypatch):
+    values = gru_inputs(np.float64, 1, 0)
+    attributes = {"hidden_size": HIDDEN, "linear_before_reset": 1}
+    _, _, fast_grads = gru_forward_and_backward(values, "forward", 0)
+    with monkeypatch.context() as patch:
+        generic_gru(patch)
+        outputs, slow_workspace, _ = gru_forward_and_backward(values, "forward", 0)
+    rng = np.random.default_rng(1)
+    d_outputs = [rng.standard_normal(a.shape) for a in outputs]
+    crossed = rnn_grad.gru_grad(np, *d_outputs, values["X"], values["W"], values["R"],
+                                values["B"], None, *values["initials"], slow_workspace,
+                                **attributes)
+    for got, want in zip(crossed, fast_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_gru_inference_takes_the_compiled_steps_only_with_the_reset_after(monkeypatch):
+    values = gru_inputs(np.float32, 2, 0)
+    args = (np, values["X"], values["W"], values["R"], values["B"], None, *values["initials"])
+    taken = []
+    real = gru_cpu.forward
+    monkeypatch.setattr(gru_cpu, "forward", lambda *a, **k: taken.append(1) or real(*a, **k))
+    options = {"direction": "bidirectional", "hidden_size": HIDDEN}
+    fast = rnn.gated_recurrent_unit(*args, linear_before_reset=1, **options)
+    assert taken
+    taken.clear()
+    rnn.gated_recurrent_unit(*args, linear_before_reset=0, **options)
+    assert not taken  # the reset before the product keeps the NumPy cells
+    generic_gru(monkeypatch)
+    slow = rnn.gated_recurrent_unit(*args, linear_before_reset=1, **options)
+    for got, want in zip(fast, slow):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones():
+    import mixrt
+    from onnx import TensorProto, helper, numpy_helper
+    values = gru_inputs(np.float32, 1, 0, initial=False)
+    weights = {k: values[k] for k in ("W", "R", "B")}
+
+    def model(constant):
+        node = helper.make_node("GRU", ["X", "W", "R", "B"], ["Y"], hidden_size=HIDDEN,
+                                linear_before_reset=1)
+        feeds = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", INPUT])]
+        feeds += [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                  for k, v in weights.items() if not constant]
+        graph = helper.make_graph(
+            [node], "gru", feeds, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+            initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()
+                         if constant])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    kept = mixrt.Session(model(True).SerializeToString())
+    fed = mixrt.Session(model(False).SerializeToString())
+    for batch in (BATCH, 1):
+        x = values["X"][:, :batch]
+        np.testing.assert_allclose(kept.run(None, {"X": x})[0],
+                                   fed.run(None, {"X": x, **weights})[0], rtol=2e-5, atol=2e-6)
+    keys = {key[0] for key in lstm_node_state(kept, "GRU") if isinstance(key, tuple)}
+    assert {"gru W'", "gru bias'", "gru R'", "gru panels"} <= keys
