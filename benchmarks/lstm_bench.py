@@ -1,9 +1,9 @@
-"""LSTM inference on the CPU: mixrt against onnxruntime and PyTorch on one sequence model.
+"""LSTM and GRU inference on the CPU: mixrt against onnxruntime and PyTorch on one model.
 
-    python benchmarks/lstm_bench.py [--batch 1 8 64] [--runs 15] [--rounds 3]
+    python benchmarks/lstm_bench.py [--cell lstm|gru] [--batch 1 8 64] [--runs 15] [--rounds 3]
 
-The model is train_bench's sequence classifier (a 2-layer LSTM, hidden 256, over 32 steps of
-64 features, its last step into 10 classes), exported from PyTorch at opset 17. Every
+The model is train_bench's sequence classifier (a 2-layer LSTM or GRU, hidden 256, over 32
+steps of 64 features, its last step into 10 classes), exported from PyTorch at opset 17. Every
 runtime first computes the same logits as onnxruntime (max abs diff printed), then each
 batch is timed in ``--rounds`` rounds that visit the runtimes in turn, ``--runs`` calls a
 visit; the table gives the median over all rounds. Host arrays in and out, 2 threads each.
@@ -22,10 +22,10 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runners import median_call_ms  # noqa: E402
-from train_bench import CACHE, export_training, torch_lstm  # noqa: E402
+from train_bench import CACHE, MODELS, export_training  # noqa: E402
 
 
-def runners(path: Path, threads: int) -> dict:
+def runners(path: Path, threads: int, cell: str) -> dict:
     """name -> run(x) returning the logits as a host array."""
     import torch  # noqa: PLC0415
     torch.set_num_threads(threads)
@@ -34,7 +34,7 @@ def runners(path: Path, threads: int) -> dict:
     options.log_severity_level = 3
     theirs = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     ours = mixrt.Session(str(path))
-    module = torch_lstm()[0].eval()
+    module = MODELS[cell][0]()[0].eval()
 
     def torch_run(x):
         with torch.inference_mode():
@@ -46,14 +46,15 @@ def runners(path: Path, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
     parser.add_argument("--batch", nargs="*", type=int, default=[1, 8, 64])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    module, shape = torch_lstm()
-    path = export_training(module, shape, CACHE / "train_lstm_op17.onnx")
-    run = runners(path, args.threads)
+    module, shape = MODELS[args.cell][0]()
+    path = export_training(module, shape, CACHE / f"train_{args.cell}_op17.onnx")
+    run = runners(path, args.threads, args.cell)
     print("| batch | mixrt ms | onnxruntime ms | torch ms | mixrt/ort | torch/ort | "
           "max abs diff vs ort |")
     print("|---|---|---|---|---|---|---|")

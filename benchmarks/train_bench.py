@@ -1,7 +1,7 @@
 """Training step time, mixrt against PyTorch on the CPU, one process run; and the training
 memory plan (forward + backward planned together) against naive allocation.
 
-    python benchmarks/train_bench.py [--models mlp resnet18 lstm] [--steps 20] [--out FILE.md]
+    python benchmarks/train_bench.py [--models mlp resnet18 lstm gru] [--steps 20] [--out FILE.md]
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
     python benchmarks/train_bench.py --device gpu --precision float32 float16
 
@@ -80,10 +80,11 @@ def torch_resnet18(seed: int = 0, classes: int = 1000):
     return model, (3, 224, 224)
 
 
-def torch_lstm(seed: int = 0):
+def torch_lstm(seed: int = 0, cell: str = "LSTM"):
     """A sequence classifier: a 2-layer LSTM (hidden 256) over 32 steps of 64 features, the
     last step's state into 10 classes. mixrt trains it through its LSTM backward kernel
-    (backpropagation through time), PyTorch through its own."""
+    (backpropagation through time), PyTorch through its own. ``cell="GRU"``: the same with
+    a GRU (which PyTorch computes, and exports, with the reset after the product)."""
     import torch  # noqa: PLC0415
     from torch import nn  # noqa: PLC0415
     torch.manual_seed(seed)
@@ -91,7 +92,7 @@ def torch_lstm(seed: int = 0):
     class Classifier(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = nn.LSTM(64, 256, num_layers=2, batch_first=True)
+            self.lstm = getattr(nn, cell)(64, 256, num_layers=2, batch_first=True)
             self.out = nn.Linear(256, 10)
 
         def forward(self, x):
@@ -101,7 +102,12 @@ def torch_lstm(seed: int = 0):
     return Classifier(), (32, 64)
 
 
-MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32), "lstm": (torch_lstm, 64)}
+def torch_gru(seed: int = 0):
+    return torch_lstm(seed, cell="GRU")
+
+
+MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32), "lstm": (torch_lstm, 64),
+          "gru": (torch_gru, 64)}
 
 
 def export_training(module, sample_shape, path: Path) -> Path:
