@@ -14,6 +14,10 @@ pre-activations: a few (batch, hidden) arrays per step), then walks the steps in
 * a reverse direction ran over each sequence reversed within its own length
   (``rnn.reversal_index``); its gradients are gathered with the same index, its own inverse.
 
+The standard LSTM, and the standard GRU with its reset after the product, run their steps
+compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py, ops/gru_cpu.py: the same
+workspace, the same results to rounding); every other variant, padding and CuPy keep them.
+
 Activations are differentiated at the clipped pre-activation, times 1 inside ``[-clip, clip]``
 and 0 outside (the slope of the clip). These kernels have no gradient of their own: a second
 derivative through a recurrent layer is a GradientError.
