@@ -512,7 +512,8 @@ def winograd_output(mm, y, bias, m, oh, ow, th, tw, g0, g1, plane, quads):
 # then i, forget, candidate, cell, o and tanh(cell), the entries ops/rnn_grad.py's workspace
 # keeps for sigmoid and tanh gates. Plain float arithmetic in the array's own dtype, in the
 # order ops/rnn.py and ops/rnn_grad.py's NumPy expressions take, so both give the same
-# numbers from the same gates.
+# numbers from the same gates. Sequence n runs at step t while t < lengths[n]; past its
+# length (padding) its states hold, its output is zero and its step passes no gradient.
 
 @_jit
 def lstm_step(gates, h, c, block, batch, hidden):
@@ -520,7 +521,7 @@ def lstm_step(gates, h, c, block, batch, hidden):
     tanh(pre / 2) for i, o and f (a sigmoid is tanh(x / 2) / 2 + 1 / 2, as ops/rnn.py takes
     it) and tanh(pre) for the candidate; ``h``, ``c`` (batch, hidden), flat, are the states
     the step starts from. Writes ``block``'s first seven entries; the caller's tanh makes the
-    eighth and the new h."""
+    eighth, and :func:`lstm_output` the new states."""
     half = gates.dtype.type(0.5)
     size = batch * hidden
     for n in range(batch):
@@ -544,15 +545,39 @@ def lstm_step(gates, h, c, block, batch, hidden):
 
 
 @_jit
-def lstm_step_grad(block, dh, dy, dc, d_gates, batch, hidden):
-    """One step backward from its cache ``block``: ``dh`` + ``dy`` is the gradient of the h
+def lstm_output(block, h, c, out, lengths, t, batch, hidden):
+    """Step t's output o tanh(cell) into ``out`` and, for the sequences still running, into
+    the states ``h`` and ``c`` (the cell from the block); zeros for the others. All flat."""
+    size = batch * hidden
+    zero = block.dtype.type(0)
+    for n in range(batch):
+        running = t < lengths[n]
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            if running:
+                y = block[uint64(6 * size) + s] * block[uint64(7 * size) + s]
+                out[s] = y
+                h[s] = y
+                c[s] = block[uint64(5 * size) + s]
+            else:
+                out[s] = zero
+
+
+@_jit
+def lstm_step_grad(block, dh, dy, dc, d_gates, lengths, t, batch, hidden):
+    """Step t backward from its cache ``block``: ``dh`` + ``dy`` is the gradient of the h
     it made, ``dc`` that of its cell (overwritten with the gradient of the cell it started
     from); writes the gradient of its pre-activations into ``d_gates`` (batch, 4 hidden).
-    All flat. The slopes are functions of the values: s (1 - s), 1 - t t."""
-    one = block.dtype.type(1)
+    A sequence past its length gets zeros there and keeps its ``dc``. All flat. The slopes
+    are functions of the values: s (1 - s), 1 - t t."""
+    one, zero = block.dtype.type(1), block.dtype.type(0)
     size = batch * hidden
     for n in range(batch):
         row = n * 4 * hidden
+        if t >= lengths[n]:
+            for j in range(4 * hidden):
+                d_gates[uint64(row + j)] = zero
+            continue
         for k in range(hidden):
             s = uint64(n * hidden + k)
             old = block[uint64(size) + s]
@@ -570,11 +595,21 @@ def lstm_step_grad(block, dh, dy, dc, d_gates, batch, hidden):
             dc[s] = d_cell * forget
 
 
+@_jit
+def hold_rows(carried, dh, lengths, t, batch, hidden):
+    """``carried``'s rows of the sequences past their length at step t take ``dh``'s: the
+    state's gradient passes a padded step unchanged. Flat (batch, hidden)."""
+    for n in range(batch):
+        if t >= lengths[n]:
+            for k in range(hidden):
+                carried[uint64(n * hidden + k)] = dh[uint64(n * hidden + k)]
+
+
 # -- a standard GRU's steps, reset after the recurrent product (ops/gru_cpu.py) --------------
 # A step's cache ``block`` is (5, batch, hidden), flat: the h it started from, z, reset, the
 # candidate and the recurrent term R_h h + Rb_h, the entries ops/rnn_grad.py's workspace
 # keeps for sigmoid and tanh gates with linear_before_reset. ``recurrent`` (batch, 3 hidden)
-# is h R'^T: z's and r's columns halved, the candidate's not.
+# is h R'^T: z's and r's columns halved, the candidate's not. Padding as for the LSTM.
 
 @_jit
 def gru_gates(recurrent, projected, bias_h, gates, block, batch, hidden):
@@ -611,26 +646,43 @@ def gru_candidate(gates, projected, h, block, pre, batch, hidden):
 
 
 @_jit
-def gru_output(block, h, out, batch, hidden):
-    """The new h = (1 - z) candidate + z h into ``out``, the candidate (block entry 3) made
-    by the caller's tanh. All flat."""
-    one = block.dtype.type(1)
+def gru_output(block, h, out, lengths, t, batch, hidden):
+    """Step t's new h = (1 - z) candidate + z h (the candidate, block entry 3, made by the
+    caller's tanh) into ``out`` and the state ``h`` for the sequences still running; zeros
+    into ``out`` for the others, whose ``h`` holds. All flat."""
+    one, zero = block.dtype.type(1), block.dtype.type(0)
     size = batch * hidden
-    for s in range(size):
-        z = block[uint64(size + s)]
-        out[uint64(s)] = (one - z) * block[uint64(3 * size + s)] + z * h[uint64(s)]
+    for n in range(batch):
+        running = t < lengths[n]
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            if running:
+                z = block[uint64(size) + s]
+                y = (one - z) * block[uint64(3 * size) + s] + z * block[s]
+                out[s] = y
+                h[s] = y
+            else:
+                out[s] = zero
 
 
 @_jit
-def gru_step_grad(block, dh, dy, d_gates, d_recurrent, carried, batch, hidden):
-    """One step backward from its cache: ``dh`` + ``dy`` is the gradient of the h it made.
+def gru_step_grad(block, dh, dy, d_gates, d_recurrent, carried, lengths, t, batch, hidden):
+    """Step t backward from its cache: ``dh`` + ``dy`` is the gradient of the h it made.
     Writes the gradient of its three pre-activations into ``d_gates`` (batch, 3 hidden),
     that of h R^T + Rb into ``d_recurrent`` (batch, 3 hidden), and into ``carried`` the
-    part of the old h's gradient that does not pass through R (dh z). All flat."""
-    one = block.dtype.type(1)
+    part of the old h's gradient that does not pass through R (dh z). A sequence past its
+    length gets zeros in both and carries ``dh`` unchanged. All flat."""
+    one, zero = block.dtype.type(1), block.dtype.type(0)
     size = batch * hidden
     for n in range(batch):
         row = n * 3 * hidden
+        if t >= lengths[n]:
+            for j in range(3 * hidden):
+                d_gates[uint64(row + j)] = zero
+                d_recurrent[uint64(row + j)] = zero
+            for k in range(hidden):
+                carried[uint64(n * hidden + k)] = dh[uint64(n * hidden + k)]
+            continue
         for k in range(hidden):
             s = uint64(n * hidden + k)
             h = block[s]

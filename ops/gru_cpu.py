@@ -1,6 +1,6 @@
 """A standard GRU's steps on the CPU, as ops/lstm_cpu.py runs an LSTM's.
 
-The cell: sigmoid and tanh, no clip or padding, and the reset applied after the recurrent
+The cell: sigmoid and tanh, no clip, and the reset applied after the recurrent
 product (``linear_before_reset=1``, which is how PyTorch's GRU computes and exports). Then
 all three gates' recurrent products are one ``h @ R'^T`` a step, through the packed panels.
 With the reset before the product (the ONNX default), the candidate's product waits on the
@@ -10,7 +10,8 @@ A forward step: that product; a compiled pass (``_jit_kernels.gru_gates``) addin
 step's input projection to z's and r's halves and keeping the recurrent term R_h h + Rb_h;
 NumPy's tanh over z and r (halved, so it gives the sigmoids); a compiled pass
 (``gru_candidate``) writing z, reset and the candidate's pre-activation; NumPy's tanh of
-that into the cache; and a compiled pass (``gru_output``) for the new h. A backward step is
+that into the cache; and a compiled pass (``gru_output``) for the new h (padding holds a
+sequence's h past its length, as in ops/lstm_cpu.py). A backward step is
 one compiled pass (``gru_step_grad``) and the product that carries dh back through R. The
 recurrent weight's gradient is one product over every step at the end.
 
@@ -39,7 +40,7 @@ def suits(layer, d: int) -> bool:
     reset after the product, on NumPy floats with the compiled loops at hand."""
     cell = layer.cells[d]
     acts = (cell.gate, cell.candidate)
-    return layer.xp is np and layer.wide in jit_cpu.NATIVE and not layer.padded \
+    return layer.xp is np and layer.wide in jit_cpu.NATIVE \
         and bool(cell.linear_before_reset) \
         and tuple(a.key for a in acts) == STANDARD and all(a.clip is None for a in acts) \
         and layer.batch > 0 and layer.hidden > 0 and jit_cpu.enabled()
@@ -79,7 +80,8 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
     recurrent = np.empty((batch, 3 * hidden), wide)
     gates = np.empty((batch, 2 * hidden), wide)
     pre = np.empty((batch, hidden), wide)
-    (h,) = (np.ascontiguousarray(s) for s in layer.start_states(d))
+    (h,) = (np.array(s, dtype=wide, order="C", copy=True) for s in layer.start_states(d))
+    lengths = np.ascontiguousarray(layer.lengths, dtype=np.int64)
     for t in range(steps):
         block = blocks[t] if workspace is not None else blocks[t % 2]
         flat = block.reshape(-1)
@@ -90,9 +92,9 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
         kernels.gru_candidate(gates.reshape(-1), projected[t].reshape(-1), h.reshape(-1), flat,
                               pre.reshape(-1), batch, hidden)
         np.tanh(pre, out=block[CANDIDATE])
-        kernels.gru_output(flat, h.reshape(-1), outputs[t].reshape(-1), batch, hidden)
-        h = outputs[t]
-    return outputs, [h.copy()]
+        kernels.gru_output(flat, h.reshape(-1), outputs[t].reshape(-1), lengths, t, batch,
+                           hidden)
+    return outputs, [h]
 
 
 def backward(layer, d: int, workspace, dy, d_states):
@@ -108,11 +110,12 @@ def backward(layer, d: int, workspace, dy, d_states):
     through = np.empty_like(dh)
     d_projected = np.empty((steps, batch, 3 * hidden), wide)
     d_recurrent = np.empty((steps, batch, 3 * hidden), wide)
+    lengths = np.ascontiguousarray(layer.lengths, dtype=np.int64)
     panels: dict = {}
     for t in reversed(range(steps)):
         kernels.gru_step_grad(workspace[t].reshape(-1), dh.reshape(-1), dy[t].reshape(-1),
                               d_projected[t].reshape(-1), d_recurrent[t].reshape(-1),
-                              carried.reshape(-1), batch, hidden)
+                              carried.reshape(-1), lengths, t, batch, hidden)
         dense_product(d_recurrent[t], weight, through, panels)
         np.add(carried, through, out=dh)
     started_from = workspace[:, 0].reshape(-1, hidden)

@@ -4,15 +4,15 @@ ops/rnn_grad.py's cells serve every variant (peepholes, clip, any activation, pa
 with one NumPy expression per gate quantity. With 64 x 256 states a forward step spent
 ~140 us in ~15 small calls and their temporaries beside a ~210 us recurrent product, then
 copied its cache into the workspace; a backward step spent ~130 us the same way. For the
-layer almost every model uses (sigmoid, tanh, tanh; no clip, peepholes, input_forget or
-padding) a step here is:
+layer almost every model uses (sigmoid, tanh, tanh; no clip, peepholes or input_forget) a
+step here is:
 
 * forward: ``h @ R'`` into a reused buffer, through the packed panels of ops/matmul_cpu.py
   (R' packed once per call: 64 x 256 @ 256 x 1024 took 114 us against OpenBLAS's 164);
   ``+=`` the step's input projection; one NumPy tanh over all four gates; one compiled
   pass (``_jit_kernels.lstm_step``, 8 us) that makes i, o, f and the new cell and writes
-  the step's cache straight into the workspace; NumPy's tanh of the cell; and the product
-  o * tanh(cell) into the output;
+  the step's cache straight into the workspace; NumPy's tanh of the cell; and a compiled
+  pass (``lstm_output``) for o * tanh(cell) into the output and the states;
 * backward: one compiled pass (``lstm_step_grad``, 36 us) from the cache to the gradient
   of the gates, written into its row of d projection, and the product that carries dh
   back (the panels again: 112 against 150 us).
@@ -21,6 +21,10 @@ The sigmoids are tanh(x / 2) / 2 + 1 / 2, as ops/rnn.py takes them, with the hal
 into the weights: R's and W's i, o and f rows and their biases are halved once per call,
 which is exact (a power of two), so tanh sees exactly half of each pre-activation. NumPy's
 tanh stays (its SIMD loop; numba's would call libm per element).
+
+Padding (``sequence_lens`` shorter than the sequence) is a test per sequence in those
+passes: past its length a sequence's states hold, its output is zero and its steps pass
+its state's gradient through unchanged (``hold_rows`` after the backward product).
 
 The cache layout is rnn_grad's workspace entry for these activations: h, c, i, forget,
 candidate, cell, o, tanh(cell) per step, so either forward feeds either backward.
@@ -36,7 +40,7 @@ from mixrt.ops.matmul_cpu import dense_product
 from mixrt.ops.registry import CONSTANT_INPUTS
 
 ENTRIES = 8  # a step's cache: h, c, i, forget, candidate, cell, o, tanh(cell)
-CELL, OUTPUT_GATE, SQUASHED = 5, 6, 7
+CELL, SQUASHED = 5, 7
 STANDARD = ("sigmoid", "tanh", "tanh")
 
 
@@ -45,7 +49,7 @@ def suits(layer, d: int) -> bool:
     on NumPy floats with the compiled loops at hand."""
     cell = layer.cells[d]
     acts = (cell.gate, cell.cell_input, cell.output)
-    return layer.xp is np and layer.wide in jit_cpu.NATIVE and not layer.padded \
+    return layer.xp is np and layer.wide in jit_cpu.NATIVE \
         and cell.peepholes is None and not cell.input_forget \
         and tuple(a.key for a in acts) == STANDARD and all(a.clip is None for a in acts) \
         and layer.batch > 0 and layer.hidden > 0 and jit_cpu.enabled()
@@ -98,7 +102,8 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
     blocks = workspace if workspace is not None else np.empty((2, ENTRIES, batch, hidden), wide)
     outputs = np.empty((steps, batch, hidden), wide)
     gates = np.empty((batch, 4 * hidden), wide)
-    h, c = (np.ascontiguousarray(s) for s in layer.start_states(d))
+    h, c = (np.array(s, dtype=wide, order="C", copy=True) for s in layer.start_states(d))
+    lengths = np.ascontiguousarray(layer.lengths, dtype=np.int64)
     for t in range(steps):
         block = blocks[t] if workspace is not None else blocks[t % 2]
         dense_product(h, recurrent, gates, panels)
@@ -107,9 +112,10 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
         kernels.lstm_step(gates.reshape(-1), h.reshape(-1), c.reshape(-1), block.reshape(-1),
                           batch, hidden)
         np.tanh(block[CELL], out=block[SQUASHED])
-        np.multiply(block[OUTPUT_GATE], block[SQUASHED], out=outputs[t])
-        h, c = outputs[t], block[CELL]
-    return outputs, [h.copy(), c.copy()]
+        # the output, and the states of the sequences still running (padding holds them)
+        kernels.lstm_output(block.reshape(-1), h.reshape(-1), c.reshape(-1),
+                            outputs[t].reshape(-1), lengths, t, batch, hidden)
+    return outputs, [h, c]
 
 
 def backward(layer, d: int, workspace, dy, d_states):
@@ -124,11 +130,15 @@ def backward(layer, d: int, workspace, dy, d_states):
     dh, dc = (np.array(s, dtype=wide, order="C", copy=True) for s in d_states)
     carried = np.empty_like(dh)
     d_projected = np.empty((steps, batch, 4 * hidden), wide)
+    lengths = np.ascontiguousarray(layer.lengths, dtype=np.int64)
     packed: dict = {}
     for t in reversed(range(steps)):
         kernels.lstm_step_grad(workspace[t].reshape(-1), dh.reshape(-1), dy[t].reshape(-1),
-                               dc.reshape(-1), d_projected[t].reshape(-1), batch, hidden)
+                               dc.reshape(-1), d_projected[t].reshape(-1), lengths, t, batch,
+                               hidden)
         dense_product(d_projected[t], recurrent, carried, packed)
+        if layer.padded:  # a padded step passes the state's gradient through unchanged
+            kernels.hold_rows(carried.reshape(-1), dh.reshape(-1), lengths, t, batch, hidden)
         dh, carried = carried, dh
     # the recurrent weight's gradient: one product over every step, with the h each step
     # started from read out of the workspace

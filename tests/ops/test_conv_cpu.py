@@ -106,6 +106,7 @@ def test_sessions_prepack_constant_conv_weights_only():
     from onnx import TensorProto, helper, numpy_helper
 
     import mixrt
+    from mixrt.ops.registry import CONSTANT_INPUTS
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
@@ -122,11 +123,13 @@ def test_sessions_prepack_constant_conv_weights_only():
 
     session = mixrt.Session(constant.SerializeToString(), opt_level=0)
     (node,) = session._bound.nodes
-    assert node.attributes["_prepacked"] == {}
+    # bound with only the positions of its constant inputs (the weight's)
+    assert node.attributes["_prepacked"] == {CONSTANT_INPUTS: frozenset({1})}
     for _ in range(2):
         np.testing.assert_allclose(session.run(None, {"x": image})[0], expected, rtol=1e-4,
                                    atol=1e-4)
-    assert node.attributes["_prepacked"], "the constant weight was not kept repacked"
+    assert set(node.attributes["_prepacked"]) - {CONSTANT_INPUTS}, \
+        "the constant weight was not kept repacked"
 
     session = mixrt.Session(fed.SerializeToString(), opt_level=0)
     (node,) = session._bound.nodes

@@ -24,16 +24,16 @@ def inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
                 initials=[randn(*state), randn(*state)] if initial else [None, None])
 
 
-def forward_and_backward(values, direction, layout, seed=1):
+def forward_and_backward(values, direction, layout, seed=1, lengths=None):
     """(outputs, workspace, gradients) of one layer through rnn_grad's kernels."""
     attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout}
     X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
     y, y_h, y_c, workspace = rnn_grad.forward_keeping_workspace(
-        np, rnn_grad.LSTMCell, ["Sigmoid", "Tanh", "Tanh"], X, W, R, B, None, initials,
+        np, rnn_grad.LSTMCell, ["Sigmoid", "Tanh", "Tanh"], X, W, R, B, lengths, initials,
         **attributes)
     rng = np.random.default_rng(seed)
     d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h, y_c)]
-    grads = rnn_grad.lstm_grad(np, *d_outputs, X, W, R, B, None, *initials, None, workspace,
+    grads = rnn_grad.lstm_grad(np, *d_outputs, X, W, R, B, lengths, *initials, None, workspace,
                                **attributes)
     return (y, y_h, y_c), workspace, grads
 
@@ -104,8 +104,7 @@ def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, l
 
 @pytest.mark.parametrize("options, reason", [
     ({"clip": 2.0}, "clip"), ({"input_forget": 1}, "input_forget"),
-    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "another activation"),
-    ({"sequence_lens": np.array([5, 3, 5, 5], np.int32)}, "padding")])
+    ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "another activation")])
 def test_variants_keep_the_numpy_cells(monkeypatch, options, reason):
     values = inputs(np.float32, 1, 0)
     monkeypatch.setattr(lstm_cpu, "forward", lambda *a, **k: pytest.fail(reason))
@@ -202,15 +201,17 @@ def gru_inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
                 initials=[randn(*state) if initial else None])
 
 
-def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, seed=1):
+def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, seed=1,
+                             lengths=None):
     attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout,
                   "linear_before_reset": linear_before_reset}
     X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
     y, y_h, workspace = rnn_grad.forward_keeping_workspace(
-        np, rnn_grad.GRUCell, ["Sigmoid", "Tanh"], X, W, R, B, None, initials, **attributes)
+        np, rnn_grad.GRUCell, ["Sigmoid", "Tanh"], X, W, R, B, lengths, initials,
+        **attributes)
     rng = np.random.default_rng(seed)
     d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h)]
-    grads = rnn_grad.gru_grad(np, *d_outputs, X, W, R, B, None, *initials, workspace,
+    grads = rnn_grad.gru_grad(np, *d_outputs, X, W, R, B, lengths, *initials, workspace,
                               **attributes)
     return (y, y_h), workspace, grads
 
@@ -294,3 +295,35 @@ def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones():
                                    fed.run(None, {"X": x, **weights})[0], rtol=2e-5, atol=2e-6)
     keys = {key[0] for key in lstm_node_state(kept, "GRU") if isinstance(key, tuple)}
     assert {"gru W'", "gru bias'", "gru R'", "gru panels"} <= keys
+
+
+# -- padding: sequences shorter than the batch's, one of them empty ----------------------------
+
+PADDED = np.array([5, 2, 0, 4], np.int32)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+@pytest.mark.parametrize("direction, layout", [
+    ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
+def test_padded_sequences_match_the_numpy_cells(monkeypatch, cell, dtype, rtol, direction,
+                                                layout):
+    """Past its length a sequence's states hold, its outputs are zero and its padded steps
+    pass no gradient to the weights: the compiled steps against the NumPy cells."""
+    directions = 2 if direction == "bidirectional" else 1
+    if cell == "LSTM":
+        values, run, module = inputs(dtype, directions, layout), forward_and_backward, lstm_cpu
+    else:
+        values, run, module = gru_inputs(dtype, directions, layout), gru_forward_and_backward, \
+            gru_cpu
+    taken = []
+    real = module.backward
+    monkeypatch.setattr(module, "backward", lambda *a, **k: taken.append(1) or real(*a, **k))
+    fast = run(values, direction, layout, lengths=PADDED)
+    assert taken
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "suits", lambda layer, d: False)
+        slow = run(values, direction, layout, lengths=PADDED)
+    for got, want in zip(fast[0] + fast[2], slow[0] + slow[2]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
