@@ -16,7 +16,8 @@ pre-activations: a few (batch, hidden) arrays per step), then walks the steps in
 
 The standard LSTM, and the standard GRU with its reset after the product, run their steps
 compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py, ops/gru_cpu.py: the same
-workspace, the same results to rounding); every other variant, padding and CuPy keep them.
+workspace, the same results to rounding, padding included); every other variant and CuPy
+keep them.
 
 Activations are differentiated at the clipped pre-activation, times 1 inside ``[-clip, clip]``
 and 0 outside (the slope of the clip). These kernels have no gradient of their own: a second
