@@ -11,17 +11,19 @@ pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
 SEQ, BATCH, INPUT, HIDDEN = 5, 4, 6, 8
 
 
-def inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
+def inputs(dtype, directions, layout, bias=True, initial=True, seed=0, gates=4):
+    """An LSTM's inputs (4 gates, 2 states), or a GRU's (``gates=3``, one state)."""
     rng = np.random.default_rng(seed)
 
     def randn(*shape):
         return (rng.standard_normal(shape) * 0.7).astype(dtype)
     x = randn(BATCH, SEQ, INPUT) if layout else randn(SEQ, BATCH, INPUT)
     state = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
-    return dict(X=x, W=randn(directions, 4 * HIDDEN, INPUT),
-                R=randn(directions, 4 * HIDDEN, HIDDEN),
-                B=randn(directions, 8 * HIDDEN) if bias else None,
-                initials=[randn(*state), randn(*state)] if initial else [None, None])
+    states = 2 if gates == 4 else 1
+    return dict(X=x, W=randn(directions, gates * HIDDEN, INPUT),
+                R=randn(directions, gates * HIDDEN, HIDDEN),
+                B=randn(directions, 2 * gates * HIDDEN) if bias else None,
+                initials=[randn(*state) if initial else None for _ in range(states)])
 
 
 def forward_and_backward(values, direction, layout, seed=1, lengths=None):
@@ -42,15 +44,27 @@ def generic(monkeypatch):
     monkeypatch.setattr(lstm_cpu, "suits", lambda layer, d: False)
 
 
+def cell_case(cell, dtype, directions, layout, bias=True, initial=True):
+    """(inputs, forward_and_backward, compiled module) of an LSTM or a GRU case."""
+    if cell == "LSTM":
+        return inputs(dtype, directions, layout, bias, initial), forward_and_backward, lstm_cpu
+    return (gru_inputs(dtype, directions, layout, bias, initial), gru_forward_and_backward,
+            gru_cpu)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
-@pytest.mark.parametrize("direction, layout", [
-    ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
-def test_compiled_steps_match_the_numpy_cells(monkeypatch, dtype, rtol, direction, layout):
-    values = inputs(dtype, 2 if direction == "bidirectional" else 1, layout)
-    fast = forward_and_backward(values, direction, layout)
+@pytest.mark.parametrize("direction, layout, bias, initial", [
+    ("forward", 0, True, True), ("reverse", 0, False, True), ("bidirectional", 0, True, False),
+    ("bidirectional", 1, True, True)])
+def test_compiled_steps_match_the_numpy_cells(monkeypatch, cell, dtype, rtol, direction, layout,
+                                              bias, initial):
+    directions = 2 if direction == "bidirectional" else 1
+    values, run, module = cell_case(cell, dtype, directions, layout, bias, initial)
+    fast = run(values, direction, layout)
     with monkeypatch.context() as patch:
-        generic(patch)
-        slow = forward_and_backward(values, direction, layout)
+        patch.setattr(module, "suits", lambda layer, d: False)
+        slow = run(values, direction, layout)
     for got, want in zip(fast[0] + (fast[1],) + fast[2], slow[0] + (slow[1],) + slow[2]):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
@@ -189,16 +203,7 @@ def test_a_fed_recurrent_weight_is_read_afresh_on_every_run():
 # -- the GRU (ops/gru_cpu.py): reset after the recurrent product ------------------------------
 
 def gru_inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
-    rng = np.random.default_rng(seed)
-
-    def randn(*shape):
-        return (rng.standard_normal(shape) * 0.7).astype(dtype)
-    x = randn(BATCH, SEQ, INPUT) if layout else randn(SEQ, BATCH, INPUT)
-    state = (BATCH, directions, HIDDEN) if layout else (directions, BATCH, HIDDEN)
-    return dict(X=x, W=randn(directions, 3 * HIDDEN, INPUT),
-                R=randn(directions, 3 * HIDDEN, HIDDEN),
-                B=randn(directions, 6 * HIDDEN) if bias else None,
-                initials=[randn(*state) if initial else None])
+    return inputs(dtype, directions, layout, bias, initial, seed, gates=3)
 
 
 def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, seed=1,
@@ -218,22 +223,6 @@ def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, s
 
 def generic_gru(monkeypatch):
     monkeypatch.setattr(gru_cpu, "suits", lambda layer, d: False)
-
-
-@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
-@pytest.mark.parametrize("direction, layout, bias, initial", [
-    ("forward", 0, True, True), ("reverse", 0, False, True), ("bidirectional", 0, True, False),
-    ("bidirectional", 1, True, True)])
-def test_gru_compiled_steps_match_the_numpy_cells(monkeypatch, dtype, rtol, direction, layout,
-                                                  bias, initial):
-    values = gru_inputs(dtype, 2 if direction == "bidirectional" else 1, layout, bias, initial)
-    fast = gru_forward_and_backward(values, direction, layout)
-    with monkeypatch.context() as patch:
-        generic_gru(patch)
-        slow = gru_forward_and_backward(values, direction, layout)
-    for got, want in zip(fast[0] + (fast[1],) + fast[2], slow[0] + (slow[1],) + slow[2]):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
 
 
 def test_gru_backward_reads_the_numpy_forwards_workspace(monkeypatch):
@@ -311,11 +300,7 @@ def test_padded_sequences_match_the_numpy_cells(monkeypatch, cell, dtype, rtol, 
     """Past its length a sequence's states hold, its outputs are zero and its padded steps
     pass no gradient to the weights: the compiled steps against the NumPy cells."""
     directions = 2 if direction == "bidirectional" else 1
-    if cell == "LSTM":
-        values, run, module = inputs(dtype, directions, layout), forward_and_backward, lstm_cpu
-    else:
-        values, run, module = gru_inputs(dtype, directions, layout), gru_forward_and_backward, \
-            gru_cpu
+    values, run, module = cell_case(cell, dtype, directions, layout)
     taken = []
     real = module.backward
     monkeypatch.setattr(module, "backward", lambda *a, **k: taken.append(1) or real(*a, **k))
