@@ -25,14 +25,12 @@ import numpy as np
 
 from mixrt.ops import jit_cpu, rnn
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.lstm_cpu import constant_weights, halved
+from mixrt.ops.lstm_cpu import halved
 from mixrt.ops.matmul_cpu import dense_product
 
 ENTRIES = 5  # a step's cache: h, z, reset, candidate, recurrent term
 CANDIDATE = 3
 STANDARD = ("sigmoid", "tanh")
-
-__all__ = ["ENTRIES", "backward", "constant_weights", "forward", "suits"]
 
 
 def suits(layer, d: int) -> bool:

@@ -131,12 +131,12 @@ def backward(layer, d: int, workspace, dy, d_states):
     carried = np.empty_like(dh)
     d_projected = np.empty((steps, batch, 4 * hidden), wide)
     lengths = np.ascontiguousarray(layer.lengths, dtype=np.int64)
-    packed: dict = {}
+    panels: dict = {}
     for t in reversed(range(steps)):
         kernels.lstm_step_grad(workspace[t].reshape(-1), dh.reshape(-1), dy[t].reshape(-1),
                                dc.reshape(-1), d_projected[t].reshape(-1), lengths, t, batch,
                                hidden)
-        dense_product(d_projected[t], recurrent, carried, packed)
+        dense_product(d_projected[t], recurrent, carried, panels)
         if layer.padded:  # a padded step passes the state's gradient through unchanged
             kernels.hold_rows(carried.reshape(-1), dh.reshape(-1), lengths, t, batch, hidden)
         dh, carried = carried, dh
