@@ -702,3 +702,81 @@ def gru_step_grad(block, dh, dy, d_gates, d_recurrent, carried, lengths, t, batc
             d_recurrent[uint64(row + hidden + k)] = da_r
             d_recurrent[uint64(row + 2 * hidden + k)] = da_h * reset
             carried[s] = d_h * z
+
+
+# -- a standard GRU's steps, reset before the recurrent product (ops/gru_cpu.py) -------------
+# The cache ``block`` is (4, batch, hidden), flat: the h the step started from, z, reset and
+# the candidate (the entries ops/rnn_grad.py's workspace keeps without linear_before_reset).
+
+@_jit
+def gru_reset(gates, h, block, gated, batch, hidden):
+    """After NumPy's tanh over ``gates`` (batch, 2 hidden: tanh of half the z and r
+    pre-activations): z and reset into the block (with h), and ``gated`` = reset h, the
+    candidate's recurrent product's operand. All flat."""
+    half = gates.dtype.type(0.5)
+    size = batch * hidden
+    for n in range(batch):
+        two = n * 2 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            z = gates[uint64(two + k)] * half + half
+            reset = gates[uint64(two + hidden + k)] * half + half
+            block[s] = h[s]
+            block[uint64(size) + s] = z
+            block[uint64(2 * size) + s] = reset
+            gated[s] = reset * h[s]
+
+
+@_jit
+def gru_reset_grad_candidate(block, dh, dy, d_gates, da_h, dz, carried, lengths, t, batch,
+                             hidden):
+    """Step t backward, first part: the candidate's pre-activation gradient into ``da_h``
+    (batch, hidden) and the last third of ``d_gates`` (batch, 3 hidden), z's output-side
+    gradient into ``dz``, and dh z into ``carried``. A sequence past its length gets zeros
+    and carries ``dh`` unchanged. All flat."""
+    one, zero = block.dtype.type(1), block.dtype.type(0)
+    size = batch * hidden
+    for n in range(batch):
+        row = n * 3 * hidden
+        running = t < lengths[n]
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            if not running:
+                d_gates[uint64(row + 2 * hidden + k)] = zero
+                da_h[s] = zero
+                dz[s] = zero
+                carried[s] = dh[s]
+                continue
+            h = block[s]
+            z = block[uint64(size) + s]
+            candidate = block[uint64(3 * size) + s]
+            d_h = dh[s] + dy[s]
+            d = d_h * (one - z) * (one - candidate * candidate)
+            d_gates[uint64(row + 2 * hidden + k)] = d
+            da_h[s] = d
+            dz[s] = d_h * (h - candidate)
+            carried[s] = d_h * z
+
+
+@_jit
+def gru_reset_grad_gates(block, d_gated, dz, d_gates, d_zr, carried, batch, hidden):
+    """Step t backward, second part, from ``d_gated`` = da_h R_h (the gradient of reset h):
+    z's and r's pre-activation gradients into the first two thirds of ``d_gates`` and into
+    ``d_zr`` (batch, 2 hidden), and d_gated reset added to ``carried``. All flat."""
+    one = block.dtype.type(1)
+    size = batch * hidden
+    for n in range(batch):
+        row, two = n * 3 * hidden, n * 2 * hidden
+        for k in range(hidden):
+            s = uint64(n * hidden + k)
+            h = block[s]
+            z = block[uint64(size) + s]
+            reset = block[uint64(2 * size) + s]
+            g = d_gated[s]
+            da_r = g * h * (reset * (one - reset))
+            da_z = dz[s] * (z * (one - z))
+            carried[s] += g * reset
+            d_gates[uint64(row + k)] = da_z
+            d_gates[uint64(row + hidden + k)] = da_r
+            d_zr[uint64(two + k)] = da_z
+            d_zr[uint64(two + hidden + k)] = da_r

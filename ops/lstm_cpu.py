@@ -55,6 +55,11 @@ def suits(layer, d: int) -> bool:
         and layer.batch > 0 and layer.hidden > 0 and jit_cpu.enabled()
 
 
+def entries(layer, d: int) -> int:
+    """A step's cache entries in the workspace."""
+    return ENTRIES
+
+
 def halved(matrix, rows: int, dtype):
     """``matrix`` (gates, ...) or a bias (gates,) in ``dtype`` with its first ``rows`` rows
     (the sigmoid gates') halved: one pass, into a new array."""

@@ -265,14 +265,14 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, linear_before_reset=linear_before_reset)
-    if xp is np and clip is None and linear_before_reset and direction in DIRECTIONS:
+    if xp is np and clip is None and direction in DIRECTIONS:
         from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
         found = rnn_grad.compiled_forward(
             xp, rnn_grad.GRUCell, X, W, R, B, sequence_lens, [initial_h],
             prepacked=_prepacked, activations=activations, activation_alpha=activation_alpha,
             activation_beta=activation_beta, direction=direction, hidden_size=hidden_size,
             layout=layout, linear_before_reset=linear_before_reset)
-        if found is not None:  # sigmoid, tanh, reset after the product: ops/gru_cpu.py
+        if found is not None:  # sigmoid and tanh: ops/gru_cpu.py
             return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,

@@ -14,8 +14,8 @@ pre-activations: a few (batch, hidden) arrays per step), then walks the steps in
 * a reverse direction ran over each sequence reversed within its own length
   (``rnn.reversal_index``); its gradients are gathered with the same index, its own inverse.
 
-The standard LSTM, and the standard GRU with its reset after the product, run their steps
-compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py, ops/gru_cpu.py: the same
+The standard LSTM and GRU (sigmoid and tanh gates, no clip, peepholes or coupled gates)
+run their steps compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py, ops/gru_cpu.py: the same
 workspace, the same results to rounding, padding included); every other variant and CuPy
 keep them.
 
@@ -458,7 +458,8 @@ def _compiled(cell_type, layer: _Layer, d: int):
 
 def _compiled_workspace(module, layer: _Layer, d: int, W, B):
     """Direction d's step caches, made by running its forward again (no workspace came)."""
-    steps = np.empty((layer.steps, module.ENTRIES, layer.batch, layer.hidden), layer.wide)
+    steps = np.empty((layer.steps, module.entries(layer, d), layer.batch, layer.hidden),
+                     layer.wide)
     module.forward(layer, d, W, B, steps)
     return steps
 

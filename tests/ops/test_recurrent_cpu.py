@@ -1,6 +1,8 @@
 """The standard LSTM and GRU steps compiled (ops/lstm_cpu.py, ops/gru_cpu.py) against the
 NumPy cells they stand in for (ops/rnn_grad.py), forward and backward, and where each is taken."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -44,15 +46,19 @@ def generic(monkeypatch):
     monkeypatch.setattr(lstm_cpu, "suits", lambda layer, d: False)
 
 
+CELLS = ["LSTM", "GRU", "GRU, reset first"]
+
+
 def cell_case(cell, dtype, directions, layout, bias=True, initial=True):
-    """(inputs, forward_and_backward, compiled module) of an LSTM or a GRU case."""
+    """(inputs, forward_and_backward, compiled module) of an LSTM case, or of a GRU's with
+    its reset after the product or ("reset first") before it."""
     if cell == "LSTM":
         return inputs(dtype, directions, layout, bias, initial), forward_and_backward, lstm_cpu
-    return (gru_inputs(dtype, directions, layout, bias, initial), gru_forward_and_backward,
-            gru_cpu)
+    run = functools.partial(gru_forward_and_backward, linear_before_reset=int(cell == "GRU"))
+    return gru_inputs(dtype, directions, layout, bias, initial), run, gru_cpu
 
 
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
 @pytest.mark.parametrize("direction, layout, bias, initial", [
     ("forward", 0, True, True), ("reverse", 0, False, True), ("bidirectional", 0, True, False),
@@ -241,20 +247,19 @@ def test_gru_backward_reads_the_numpy_forwards_workspace(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_gru_inference_takes_the_compiled_steps_only_with_the_reset_after(monkeypatch):
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_gru_inference_takes_the_compiled_steps(monkeypatch, linear_before_reset):
     values = gru_inputs(np.float32, 2, 0)
     args = (np, values["X"], values["W"], values["R"], values["B"], None, *values["initials"])
     taken = []
     real = gru_cpu.forward
     monkeypatch.setattr(gru_cpu, "forward", lambda *a, **k: taken.append(1) or real(*a, **k))
-    options = {"direction": "bidirectional", "hidden_size": HIDDEN}
-    fast = rnn.gated_recurrent_unit(*args, linear_before_reset=1, **options)
+    options = {"direction": "bidirectional", "hidden_size": HIDDEN,
+               "linear_before_reset": linear_before_reset}
+    fast = rnn.gated_recurrent_unit(*args, **options)
     assert taken
-    taken.clear()
-    rnn.gated_recurrent_unit(*args, linear_before_reset=0, **options)
-    assert not taken  # the reset before the product keeps the NumPy cells
     generic_gru(monkeypatch)
-    slow = rnn.gated_recurrent_unit(*args, linear_before_reset=1, **options)
+    slow = rnn.gated_recurrent_unit(*args, **options)
     for got, want in zip(fast, slow):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
@@ -291,7 +296,7 @@ def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones():
 PADDED = np.array([5, 2, 0, 4], np.int32)
 
 
-@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
 @pytest.mark.parametrize("direction, layout", [
     ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
