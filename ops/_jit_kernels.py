@@ -637,12 +637,20 @@ def gru_candidate(gates, projected, h, block, pre, batch, hidden):
         two, row = n * 2 * hidden, n * 3 * hidden
         for k in range(hidden):
             s = uint64(n * hidden + k)
-            z = gates[uint64(two + k)] * half + half
-            reset = gates[uint64(two + hidden + k)] * half + half
-            block[s] = h[s]
-            block[uint64(size) + s] = z
-            block[uint64(2 * size) + s] = reset
+            reset = _gru_sigmoids(gates, h, block, s, two + k, hidden, size, half)
             pre[s] = projected[uint64(row + 2 * hidden + k)] + reset * block[uint64(4 * size) + s]
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _gru_sigmoids(gates, h, block, s, at, hidden, size, half):
+    """z and reset of element ``s`` (its z at ``at`` in the flat (batch, 2 hidden)
+    ``gates``, tanh of half the pre-activations) into the block with h; returns reset."""
+    z = gates[uint64(at)] * half + half
+    reset = gates[uint64(at + hidden)] * half + half
+    block[s] = h[s]
+    block[uint64(size) + s] = z
+    block[uint64(2 * size) + s] = reset
+    return reset
 
 
 @_jit
@@ -719,12 +727,7 @@ def gru_reset(gates, h, block, gated, batch, hidden):
         two = n * 2 * hidden
         for k in range(hidden):
             s = uint64(n * hidden + k)
-            z = gates[uint64(two + k)] * half + half
-            reset = gates[uint64(two + hidden + k)] * half + half
-            block[s] = h[s]
-            block[uint64(size) + s] = z
-            block[uint64(2 * size) + s] = reset
-            gated[s] = reset * h[s]
+            gated[s] = _gru_sigmoids(gates, h, block, s, two + k, hidden, size, half) * h[s]
 
 
 @_jit
