@@ -346,7 +346,7 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
             activation_alpha=activation_alpha, activation_beta=activation_beta,
             prepacked=_prepacked, activations=activations, direction=direction,
             hidden_size=hidden_size, layout=layout)
-        if found is not None:  # sigmoid, tanh, tanh, unpadded: ops/lstm_cpu.py
+        if found is not None:  # sigmoid, tanh, tanh: ops/lstm_cpu.py
             return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
