@@ -33,6 +33,7 @@ from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from mixrt.ops._jit_atomics import compare_swap, fetch_add, load, pause, store
 from mixrt.ops.parallel import intra_op_threads
 
 VECTOR_BYTES = 64
@@ -1083,62 +1084,7 @@ SPIN_ROUNDS = 2000  # pauses (~22 ns each on this EPYC) before a worker sleeps
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 
 
-# -- atomics, as LLVM IR: numba has none for the CPU --------------------------------------------
-
-def _word(context, builder, signature, args):
-    data = context.make_array(signature.args[0])(context, builder, args[0]).data
-    return builder.gep(data, [args[1]])
-
-
-@intrinsic
-def load(typingctx, block, index):
-    """``block[index]``, read with acquire order (sees what was written before the release
-    that wrote it)."""
-    def codegen(context, builder, signature, args):
-        word = _word(context, builder, signature, args)
-        return builder.load_atomic(word, "acquire", word.type.pointee.width // 8)
-    return block.dtype(block, types.intp), codegen
-
-
-@intrinsic
-def store(typingctx, block, index, value):
-    """``block[index] = value`` with release order (publishes every earlier write)."""
-    def codegen(context, builder, signature, args):
-        word = _word(context, builder, signature, args)
-        builder.store_atomic(args[2], word, "release", word.type.pointee.width // 8)
-        return context.get_dummy_value()
-    return types.void(block, types.intp, block.dtype), codegen
-
-
-@intrinsic
-def fetch_add(typingctx, block, index, value):
-    """Adds ``value`` to ``block[index]`` (sequentially consistent); the old value."""
-    def codegen(context, builder, signature, args):
-        return builder.atomic_rmw("add", _word(context, builder, signature, args), args[2],
-                                  "seq_cst")
-    return block.dtype(block, types.intp, block.dtype), codegen
-
-
-@intrinsic
-def compare_swap(typingctx, block, index, expected, value):
-    """``block[index] = value`` if it holds ``expected`` (sequentially consistent); whether
-    it did."""
-    def codegen(context, builder, signature, args):
-        pair = builder.cmpxchg(_word(context, builder, signature, args), args[2], args[3],
-                               "seq_cst", "seq_cst")
-        return builder.extract_value(pair, 1)
-    return types.boolean(block, types.intp, block.dtype, block.dtype), codegen
-
-
-@intrinsic
-def pause(typingctx):
-    """The spin-wait hint (x86 ``pause``): the core stops speculating past the loop."""
-    def codegen(context, builder, signature, args):
-        builder.call(cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"), [])
-        return context.get_dummy_value()
-    return types.void(), codegen
-
+# -- atomics: ops/_jit_atomics.py ---------------------------------------------------------
 
 @intrinsic
 def address(typingctx, array):
@@ -1657,6 +1603,36 @@ def native_for(block, fn, args, parts):
         _call_part(fn, where, part)
         part = claim(block, parts)
     finish(block)
+
+
+# -- the tile, for compiled kernels in other files -------------------------------------------
+#
+# ``tile_f`` and ``tile_d`` are :func:`_tile` behind a C entry point of TILE_SIGNATURE, for a
+# kernel in another file to call through its address (ops/_jit_recurrent.py), so that its
+# cached code never holds a copy of the tile: ``(rows, a, a_offset, lda, panels,
+# panel_offset, ldw, c, c_offset, ldc, k)`` with a, panels and c as addresses, as in
+# :func:`_tile` (c = a @ panel for 1..8 rows).
+
+TILE_SIGNATURE = types.void(*([types.int64] * 11))
+
+
+@_jit
+def _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, zero):
+    _tile(rows, carray(pointer_like(a, zero), (a_offset + rows * lda,)), a_offset, lda,
+          carray(pointer_like(panels, zero), (panel_offset + k_len * ldw,)), panel_offset,
+          ldw, carray(pointer_like(c, zero), (c_offset + rows * ldc,)), c_offset, ldc, k_len)
+
+
+@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def tile_f(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+             np.float32(0))
+
+
+@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def tile_d(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+             np.float64(0))
 
 
 @_jit

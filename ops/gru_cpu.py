@@ -69,6 +69,11 @@ def _projection(layer, W, B, d: int, constants=None):
     return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
 
 
+def inference(layer, d: int, W, B, constants=None):
+    """:func:`forward` without a workspace: (outputs, [final h])."""
+    return forward(layer, d, W, B, constants=constants)
+
+
 def forward(layer, d: int, W, B, workspace=None, constants=None):
     """Direction d over every step: (outputs (steps, batch, hidden) in the order it ran,
     [final h]). ``workspace`` (steps, entries, batch, hidden), when given, receives each

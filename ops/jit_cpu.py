@@ -36,6 +36,7 @@ from mixrt.runtime.device import aligned_empty
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _loaded: list = []
 _panels: list = []
+_recurrent: list = []
 _lock = threading.Lock()
 _scratch = threading.local()
 _kits = threading.local()
@@ -58,6 +59,19 @@ def _kernels():
                 except ImportError:
                     _loaded.append(None)
     return _loaded[0]
+
+
+def recurrent_kernels():
+    """ops/_jit_recurrent.py (a recurrent layer's whole sequence in one call), or None
+    without numba."""
+    if not _recurrent:
+        with _lock:
+            if not _recurrent:
+                try:
+                    _recurrent.append(importlib.import_module("mixrt.ops._jit_recurrent"))
+                except ImportError:
+                    _recurrent.append(None)
+    return _recurrent[0]
 
 
 def panel_kernels():

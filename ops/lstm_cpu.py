@@ -36,7 +36,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu, rnn
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.matmul_cpu import dense_product
+from mixrt.ops.matmul_cpu import dense_product, pack_panels, panel_width
 from mixrt.ops.registry import CONSTANT_INPUTS
 
 ENTRIES = 8  # a step's cache: h, c, i, forget, candidate, cell, o, tanh(cell)
@@ -82,7 +82,12 @@ def _projection(layer, W, B, d: int, constants=None):
     (' : the i, o and f columns halved), C-contiguous (steps, batch, 4 hidden)."""
     hidden, wide = layer.hidden, layer.wide
     weight = packed(constants, ("lstm W'", d, wide.str), lambda: halved(W[d], 3 * hidden, wide))
-    projected = rnn.sequence_product(layer.x, weight.T)
+    if constants is None:
+        projected = rnn.sequence_product(layer.x, weight.T)
+    else:  # the constant weight's panels, kept by the node
+        projected = np.empty(layer.x.shape[:2] + (weight.shape[0],), wide)
+        dense_product(np.ascontiguousarray(layer.x), weight.T, projected,
+                      constants.setdefault(("lstm W' panels", d, wide.str), {}))
     if B is not None:
         bias = packed(constants, ("lstm bias'", d, wide.str), lambda: halved(
             B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), 3 * hidden,
@@ -121,6 +126,92 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
         kernels.lstm_output(block.reshape(-1), h.reshape(-1), c.reshape(-1),
                             outputs[t].reshape(-1), lengths, t, batch, hidden)
     return outputs, [h, c]
+
+
+# -- a few rows: the whole sequence in one call --------------------------------------------
+#
+# Up to SEQUENCE_ROWS rows a step's product is a matrix-vector one, bound by reading R'
+# (1 MB a step at hidden 256, float32): ops/_jit_recurrent.py runs every step in one call,
+# the units split between the native pool's threads so that each reads (and keeps in its
+# L2) only its share of R'. Batch 1, 2-layer LSTM of hidden 256 over 32 steps: 1.61 ms
+# a run with the steps above, 0.60 ms (benchmarks/lstm_bench.py).
+
+SEQUENCE_ROWS = 8
+UNIT_ALIGN = 16  # a part's units: whole 64-byte lines of float32
+
+
+def sequence_suits(layer) -> bool:
+    """Whether the inference forward takes :func:`forward_sequence`: a few rows, and the
+    panel tile (AVX-512) at hand."""
+    return layer.batch <= SEQUENCE_ROWS and jit_cpu.recurrent_kernels() is not None \
+        and jit_cpu.panel_kernels() is not None
+
+
+def unit_bounds(hidden: int, threads: int) -> list[int]:
+    """The hidden units split into one run per thread, each a multiple of UNIT_ALIGN
+    long but the last (fewer parts when there are not enough units)."""
+    parts = max(1, min(threads, hidden // UNIT_ALIGN))
+    cuts = [hidden * p // parts // UNIT_ALIGN * UNIT_ALIGN for p in range(parts)]
+    return cuts + [hidden]
+
+
+def panels_by_part(recurrent, bounds: list[int], gates: int):
+    """R' (gates * hidden, hidden) as the sequence kernels read it: for each part (units
+    u0..u1), the columns of R'^T of its units of every gate, gate by gate, in panels
+    (ops/matmul_cpu.pack_panels); the parts' panels one after another, flat."""
+    hidden = recurrent.shape[1]
+    by_gate = recurrent.reshape(gates, hidden, hidden)
+    return np.concatenate([
+        pack_panels(by_gate[:, u0:u1, :].reshape(-1, hidden).T).reshape(-1)
+        for u0, u1 in zip(bounds[:-1], bounds[1:])])
+
+
+def inference(layer, d: int, W, B, constants=None):
+    """:func:`forward` without a workspace: (outputs, [final h, final c])."""
+    if sequence_suits(layer):
+        return forward_sequence(layer, d, W, B, constants)
+    return forward(layer, d, W, B, constants=constants)
+
+
+def forward_sequence(layer, d: int, W, B, constants=None):
+    """:func:`forward` without a workspace, every step in one compiled call."""
+    hidden, wide = layer.hidden, layer.wide
+    steps, batch = layer.steps, layer.batch
+    native = jit_cpu.native_pool()
+    bounds = unit_bounds(hidden, 1 if native is None else native.workers + 1)
+    projected = _projection(layer, W, B, d, constants)
+    panels = packed(constants, ("lstm R' by part", d, wide.str, len(bounds)),
+                    lambda: panels_by_part(halved(layer.cells[d].r, 3 * hidden, wide),
+                                           bounds, 4))
+    h, c = layer.start_states(d)
+    hs = np.empty((2, batch, hidden), wide)
+    hs[0] = h
+    c = np.array(c, dtype=wide, order="C", copy=True)
+    outputs = np.empty((steps, batch, hidden), wide)
+    run_sequence("lstm", native, steps, batch, hidden, (
+        projected, panels, np.array(bounds, np.int64), hs, c, outputs,
+        np.ascontiguousarray(layer.lengths, dtype=np.int64)))
+    return outputs, [hs[steps % 2], c]
+
+
+def run_sequence(cell: str, native, steps, batch, hidden, arrays) -> None:
+    """ops/_jit_recurrent.py's ``cell`` sequence over ``arrays`` (projected, panels,
+    bounds, then the cell's own), on this thread, or split over ``native``'s threads where
+    the bounds make two parts or more."""
+    kernels, panel_kernels = jit_cpu.recurrent_kernels(), jit_cpu.panel_kernels()
+    floats = arrays[0].dtype
+    parts, width = arrays[2].size - 1, panel_width(floats)
+    tile = (panel_kernels.tile_f if floats == np.float32 else panel_kernels.tile_d).address
+    sync = np.zeros(kernels.sync_words(parts), np.int64)
+    if parts == 1 or native is None:
+        getattr(kernels, f"{cell}_sequence")(0, sync, *(a.reshape(-1) for a in arrays),
+                                             steps, batch, hidden, width, tile)
+        return
+    words = np.array([steps, batch, hidden, parts, width, tile,
+                      arrays[1].size // (hidden * width)], np.int64)
+    addresses = np.array([a.ctypes.data for a in (words, sync) + tuple(arrays)], np.uint64)
+    entry = getattr(kernels, f"{cell}_part_{'f' if floats == np.float32 else 'd'}")
+    panel_kernels.native_for(native.block, entry.address, addresses, parts)
 
 
 def backward(layer, d: int, workspace, dy, d_states):

@@ -443,7 +443,7 @@ def compiled_forward(xp, cell_type, X, W, R, B, sequence_lens, initials, prepack
     outputs, finals = [], []
     constants = lstm_cpu.constant_weights(prepacked, B)
     for d, module in zip(directions, modules):
-        y, states = module.forward(layer, d, W, B, constants=constants)
+        y, states = module.inference(layer, d, W, B, constants)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
     return rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),

@@ -106,14 +106,20 @@ def test_without_a_workspace_the_backward_runs_the_forward_again():
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("path", ["forward", "forward_sequence"])
 @pytest.mark.parametrize("direction, layout", [("forward", 0), ("bidirectional", 1)])
-def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, layout):
+def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, layout, path):
+    """Both compiled inference paths: the steps (more than SEQUENCE_ROWS rows) and the whole
+    sequence in one call (ops/_jit_recurrent.py; tests/ops/test_recurrent_sequence.py)."""
+    if path == "forward_sequence" and jit_cpu.panel_kernels() is None:
+        pytest.skip("the sequence kernels need the panel tile (AVX-512)")
     values = inputs(np.float32, 2 if direction == "bidirectional" else 1, layout)
     args = (np, values["X"], values["W"], values["R"], values["B"], None, *values["initials"])
     options = {"direction": direction, "hidden_size": HIDDEN, "layout": layout}
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", BATCH if path == "forward_sequence" else 0)
     taken = []
-    real = lstm_cpu.forward
-    monkeypatch.setattr(lstm_cpu, "forward", lambda *a, **k: taken.append(1) or real(*a, **k))
+    real = getattr(lstm_cpu, path)
+    monkeypatch.setattr(lstm_cpu, path, lambda *a, **k: taken.append(1) or real(*a, **k))
     fast = rnn.long_short_term_memory(*args, **options)
     assert taken  # the compiled steps ran
     generic(monkeypatch)
@@ -127,7 +133,7 @@ def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, l
     ({"activations": ["Sigmoid", "Relu", "Tanh"]}, "another activation")])
 def test_variants_keep_the_numpy_cells(monkeypatch, options, reason):
     values = inputs(np.float32, 1, 0)
-    monkeypatch.setattr(lstm_cpu, "forward", lambda *a, **k: pytest.fail(reason))
+    monkeypatch.setattr(lstm_cpu, "inference", lambda *a, **k: pytest.fail(reason))
     lengths = options.pop("sequence_lens", None)
     y = rnn.long_short_term_memory(np, values["X"], values["W"], values["R"], values["B"],
                                    lengths, *values["initials"], hidden_size=HIDDEN,
@@ -167,16 +173,22 @@ def lstm_node_state(session, op_type="LSTM"):
     return node.attributes.get("_prepacked")
 
 
+@pytest.mark.parametrize("sequence", [False, True])
 @pytest.mark.parametrize("directions", [1, 2])
-def test_constant_weights_are_halved_and_packed_once_per_session(directions):
+def test_constant_weights_are_halved_and_packed_once_per_session(monkeypatch, directions,
+                                                                 sequence):
     import mixrt
+    if sequence and jit_cpu.panel_kernels() is None:
+        pytest.skip("the sequence kernels need the panel tile (AVX-512)")
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", BATCH if sequence else 0)
     model, values = lstm_model(("W", "R", "B"), directions)
     session = mixrt.Session(model.SerializeToString())
     x = values["X"]
     first = session.run(None, {"X": x})[0]
     state = lstm_node_state(session)
     kept = {key[0] for key in state if isinstance(key, tuple) and str(key[0]).startswith("lstm")}
-    assert kept == {"lstm W'", "lstm bias'", "lstm R'", "lstm panels"}
+    recurrent = {"lstm R' by part"} if sequence else {"lstm R'", "lstm panels"}
+    assert kept == {"lstm W'", "lstm bias'", "lstm W' panels"} | recurrent
     again = session.run(None, {"X": x[:, :2]})[0]  # another batch reuses the kept forms
     np.testing.assert_array_equal(again, session.run(None, {"X": x[:, :2]})[0])
     fed_model, _ = lstm_model((), directions)

@@ -1,0 +1,274 @@
+"""A recurrent layer's whole sequence in one compiled call, split between the native workers.
+
+For a few rows (a service's batch of 1-8) an LSTM step is a matrix-vector product, 256 x
+1024 for hidden 256: 1 MB of float32 weight read per step, ~11 us from one core's L2,
+~25 us a step with the six calls from Python that ops/lstm_cpu.py makes around it. Here
+one call runs every step (:func:`lstm_sequence`), and the hidden units are split into one
+part per thread: a part's rows of the recurrent weight are packed together
+(ops/lstm_cpu.py), so each thread reads only its own share, which stays in its core's L2
+from step to step. A step's parts meet at a barrier (every part reads all of h), one
+counter in the shared ``sync`` words.
+
+The threads are the native pool's (ops/_jit_panels.py): the caller hands ``parts`` parts
+to :func:`lstm_part` through ``native_for``. A part is a thread's preferred share, not
+a promise: a part's steps are claimed one at a time, and a thread takes the steps of any
+part whose thread has not arrived yet (asleep, busy with another caller, or never coming:
+``native_for`` then runs the parts one after another on the caller). So nobody waits for a
+thread that is not there, and once both are in, each keeps to its own share.
+
+``sync`` (int64), one 64-byte line per word: for each part p, PRESENT (its thread has
+arrived) and CLAIMED (how many of its steps are taken); then DONE, parts finished in all.
+Step s may start once DONE reaches s * parts.
+
+The gate functions are computed in float64 by :func:`tanh`, written so that LLVM vectorizes
+it (numba's math.tanh calls libm once per element, ~16 ns). Its error: at most 3 ulp in
+float64 and a correctly rounded float32 over 16M samples (tests/ops/test_recurrent_cpu.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types, uint64
+from numba.extending import intrinsic
+
+from mixrt.ops._jit_atomics import compare_swap, fetch_add, load, pause
+
+_jit = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
+            fastmath={"contract"})
+
+LINE = 8  # int64 words per 64-byte line
+
+
+@_jit
+def sync_words(parts):
+    """The size of the ``sync`` array for ``parts`` parts."""
+    return (2 * parts + 1) * LINE
+
+
+# -- tanh ------------------------------------------------------------------------------------
+#
+# tanh|x| = -m / (2 + m) with m = expm1(-2|x|), which keeps its relative precision near 0.
+# expm1(z) for z = n ln2 + r (|r| <= ln2 / 2) is 2^n expm1(r) + (2^n - 1), expm1(r) by its
+# Taylor series to r^13 (error below 2e-17 relative), 2^n built from its bits. |x| is held
+# at 20, where tanh is 1 in float64; a NaN passes through every step.
+
+LOG2E = 1.4426950408889634
+LN2_HIGH, LN2_LOW = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+(E1, E2, E3, E4, E5, E6, E7, E8, E9, E10, E11, E12, E13) = \
+    (1.0 / math.factorial(k) for k in range(1, 14))
+
+
+@intrinsic
+def _bits_as_float64(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(types.int64), codegen
+
+
+@njit(inline="always", error_model="numpy", fastmath={"contract"})
+def tanh(x):
+    """tanh of the float64 ``x``; vectorizes inside a loop."""
+    a = abs(x)
+    if a > 20.0:  # written so that a NaN is kept
+        a = 20.0
+    z = -2.0 * a
+    n = np.int64(z * LOG2E - 0.5)  # round to nearest: z <= 0
+    whole = np.float64(n)
+    r = (z - whole * LN2_HIGH) - whole * LN2_LOW
+    series = r * (E1 + r * (E2 + r * (E3 + r * (E4 + r * (E5 + r * (E6 + r * (E7 + r * (
+        E8 + r * (E9 + r * (E10 + r * (E11 + r * (E12 + r * E13))))))))))))
+    power = _bits_as_float64((n + 1023) << 52)
+    m = power * series + (power - 1.0)
+    return math.copysign(-m / (2.0 + m), x)
+
+
+@_jit
+def tanh_into(x, y):
+    """y = tanh(x), flat arrays (for the tests)."""
+    for i in range(x.size):
+        y[uint64(i)] = tanh(np.float64(x[uint64(i)]))
+
+
+# -- the barrier -----------------------------------------------------------------------------
+
+@_jit
+def _claim(sync, part, step) -> bool:
+    """Takes ``part``'s step ``step`` if nobody has."""
+    return compare_swap(sync, (2 * part + 1) * LINE, step, step + 1)
+
+
+@_jit
+def _wait_for_step(sync, step, parts):
+    done = (2 * parts) * LINE
+    while load(sync, done) < step * parts:
+        pause()
+
+
+@_jit
+def _finished(sync, parts):
+    fetch_add(sync, (2 * parts) * LINE, 1)
+
+
+# -- the product -----------------------------------------------------------------------------
+#
+# A step's product is the packed-panel tile of ops/_jit_panels.py (8 rows at a time), called
+# through its C entry's address ``tile``: 256 x 1024 at 1 / 8 rows took 13 / 23 us on one
+# thread, against 17 / 80 with the product written as loops here.
+
+@intrinsic
+def _address(typingctx, array):
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+    return types.int64(array), codegen
+
+
+@intrinsic
+def _call_tile(typingctx, tile, rows, a, a_offset, lda, panels, panel_offset, ldw, c,
+               c_offset, ldc, k_len):
+    """Calls the tile entry (ops/_jit_panels.TILE_SIGNATURE) at address ``tile``."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        function = ir.FunctionType(ir.VoidType(), [i64] * 11)
+        builder.call(builder.inttoptr(args[0], function.as_pointer()), list(args[1:]))
+        return context.get_dummy_value()
+    return types.void(*([types.int64] * 12)), codegen
+
+
+@_jit
+def part_columns(units, gates, width):
+    """The columns of a part of ``units`` units: its gates' units, in whole panels."""
+    return (gates * units + width - 1) // width * width
+
+
+@_jit
+def _product(tile, hs, h_at, panels, panel_at, acc, batch, hidden, columns, width):
+    """acc (batch, columns) = h (batch, hidden, at ``h_at`` in ``hs``) @ the part's
+    panels (columns / width of (hidden, width), from ``panel_at``)."""
+    a, p, c = _address(hs), _address(panels), _address(acc)
+    for b0 in range(0, batch, 8):
+        rows = min(8, batch - b0)
+        for i in range(columns // width):
+            _call_tile(tile, rows, a, h_at + b0 * hidden, hidden, p,
+                       panel_at + i * hidden * width, width, c, b0 * columns + i * width,
+                       columns, hidden)
+
+
+# -- LSTM ------------------------------------------------------------------------------------
+
+@_jit
+def lstm_sequence(part, sync, projected, panels, bounds, hs, c, out, lengths, steps, batch,
+                  hidden, width, tile):
+    """The steps of an LSTM direction, this thread preferring part ``part``.
+
+    ``projected`` (steps, batch, 4 hidden): X W'^T + bias' per step in the order the
+    direction runs (' : the i, o and f gates halved, see ops/lstm_cpu.py); ``panels``: R'^T
+    by part, part p's units of the four gates (:func:`part_columns`) as panels of ``width``
+    columns over ``hidden`` rows, the parts one after another; ``hs`` (2, batch, hidden): h
+    (the initial one in [0]) and room for the next; ``c`` (batch, hidden) in place; ``out``
+    (steps, batch, hidden); ``lengths`` (batch,). All flat. h ends in ``hs[steps % 2]``."""
+    parts = bounds.size - 1
+    fetch_add(sync, 2 * part * LINE, 1)  # present
+    widest = 0
+    for p in range(parts):
+        widest = max(widest, part_columns(bounds[p + 1] - bounds[p], 4, width))
+    acc = np.empty(batch * widest, projected.dtype)
+    for step in range(load(sync, 2 * parts * LINE) // parts, steps):
+        _wait_for_step(sync, step, parts)
+        for p in range(parts):  # its own part, then those whose thread is not here
+            mine = (part + p) % parts
+            if (p == 0 or load(sync, 2 * mine * LINE) == 0) and _claim(sync, mine, step):
+                _lstm_part(step, mine, projected, panels, bounds, hs, c, out, lengths,
+                           batch, hidden, width, tile, acc)
+                _finished(sync, parts)
+
+
+@_jit
+def _lstm_part(step, part, projected, panels, bounds, hs, c, out, lengths, batch, hidden,
+               width, tile, acc):
+    """Units bounds[part]..bounds[part + 1] of every row at ``step``."""
+    u0, w = bounds[part], bounds[part + 1] - bounds[part]
+    columns = part_columns(w, 4, width)
+    panel_at = 0
+    for p in range(part):
+        panel_at += part_columns(bounds[p + 1] - bounds[p], 4, width) * hidden
+    h_in, h_out = (step % 2) * batch * hidden, ((step + 1) % 2) * batch * hidden
+    _product(tile, hs, h_in, panels, panel_at, acc, batch, hidden, columns, width)
+    for b in range(batch):
+        at = b * hidden + u0
+        written = (step * batch + b) * hidden + u0
+        if step < lengths[b]:
+            _lstm_units(acc, b * columns, projected, (step * batch + b) * 4 * hidden + u0,
+                        hidden, w, c, at, hs, h_out + at, out, written)
+        else:  # past the sequence's end: its states hold and its output is zero
+            for j in range(w):
+                hs[uint64(h_out + at + j)] = hs[uint64(h_in + at + j)]
+                out[uint64(written + j)] = 0.0
+
+
+@_jit
+def _lstm_units(acc, base, projected, source, hidden, w, c, at, hs, h_at, out, written):
+    """i, o, f (sigmoids of halved inputs) and the candidate, the new cell and h."""
+    for j in range(w):
+        i = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + j)] +
+                                        projected[uint64(source + j)]))
+        o = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + w + j)] +
+                                        projected[uint64(source + hidden + j)]))
+        f = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + 2 * w + j)] +
+                                        projected[uint64(source + 2 * hidden + j)]))
+        candidate = tanh(np.float64(acc[uint64(base + 3 * w + j)] +
+                                    projected[uint64(source + 3 * hidden + j)]))
+        cell = f * c[uint64(at + j)] + i * candidate
+        c[uint64(at + j)] = cell
+        h = o * tanh(cell)
+        hs[uint64(h_at + j)] = h
+        out[uint64(written + j)] = h
+
+
+# -- the pool's entry ------------------------------------------------------------------------
+#
+# args[0]: int64 words (steps, batch, hidden, parts, width, tile, panel count); args[1:]:
+# sync, projected, panels, bounds, hs, c, out, lengths.
+
+PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
+
+
+@intrinsic
+def _pointer_like(typingctx, raw, like):
+    """The void pointer ``raw`` as a pointer to the type of the scalar ``like``."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_data_type(like).as_pointer())
+    return types.CPointer(like)(types.voidptr, like), codegen
+
+
+@_jit
+def _floats(raw, size, zero):
+    return carray(_pointer_like(raw, zero), (size,))
+
+
+@_jit
+def _lstm_args(args, part, zero):
+    words = carray(args[0], (7,), np.int64)
+    steps, batch, hidden, parts = words[0], words[1], words[2], words[3]
+    lstm_sequence(part, carray(args[1], (sync_words(parts),), np.int64),
+                  _floats(args[2], steps * batch * 4 * hidden, zero),
+                  _floats(args[3], words[6] * hidden * words[4], zero),
+                  carray(args[4], (parts + 1,), np.int64),
+                  _floats(args[5], 2 * batch * hidden, zero),
+                  _floats(args[6], batch * hidden, zero),
+                  _floats(args[7], steps * batch * hidden, zero),
+                  carray(args[8], (batch,), np.int64), steps, batch, hidden, words[4],
+                  words[5])
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def lstm_part_f(args, part):
+    _lstm_args(args, part, np.float32(0))
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def lstm_part_d(args, part):
+    _lstm_args(args, part, np.float64(0))
