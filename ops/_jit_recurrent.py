@@ -192,9 +192,7 @@ def _lstm_part(step, part, projected, panels, bounds, hs, c, out, lengths, batch
     """Units bounds[part]..bounds[part + 1] of every row at ``step``."""
     u0, w = bounds[part], bounds[part + 1] - bounds[part]
     columns = part_columns(w, 4, width)
-    panel_at = 0
-    for p in range(part):
-        panel_at += part_columns(bounds[p + 1] - bounds[p], 4, width) * hidden
+    panel_at = _panel_start(bounds, part, 4, width, hidden)
     h_in, h_out = (step % 2) * batch * hidden, ((step + 1) % 2) * batch * hidden
     _product(tile, hs, h_in, panels, panel_at, acc, batch, hidden, columns, width)
     for b in range(batch):
@@ -228,12 +226,136 @@ def _lstm_units(acc, base, projected, source, hidden, w, c, at, hs, h_at, out, w
         out[uint64(written + j)] = h
 
 
-# -- the pool's entry ------------------------------------------------------------------------
+# -- GRU -------------------------------------------------------------------------------------
 #
-# args[0]: int64 words (steps, batch, hidden, parts, width, tile, panel count); args[1:]:
-# sync, projected, panels, bounds, hs, c, out, lengths.
+# With the reset after the product (``linear_before_reset``, PyTorch's form) a step is one
+# product of h with the part's z, r and candidate rows, as an LSTM's. With the reset before
+# it, the candidate's product reads reset * h of every unit, so a step has two phases, each
+# ending at the barrier: z, r and ``gated`` = r h from h's product with the z and r rows;
+# then the candidate from ``gated``'s product with its rows, and h. z waits in ``zs``
+# between them (another thread may take the second phase). The barrier counts phases.
+
+@_jit
+def gru_sequence(part, sync, projected, panels, bounds, hs, out, lengths, bias_h,
+                 candidate_panels, gated, zs, steps, batch, hidden, width, tile, reset_after):
+    """The steps of a GRU direction, this thread preferring part ``part``. ``projected``
+    (steps, batch, 3 hidden): X W'^T + bias' (ops/gru_cpu.py: z's and r's halved); with
+    ``reset_after``, ``panels`` hold each part's z, r and candidate units of R'^T and
+    ``bias_h`` is Rb_h (hidden,); else ``panels`` hold the z and r units and
+    ``candidate_panels`` the candidate's, and ``gated``, ``zs`` (batch, hidden) are shared
+    room. ``hs``, ``out``, ``lengths`` as for :func:`lstm_sequence`."""
+    parts = bounds.size - 1
+    phases = 1 if reset_after else 2
+    fetch_add(sync, 2 * part * LINE, 1)  # present
+    widest = 0
+    for p in range(parts):
+        widest = max(widest, part_columns(bounds[p + 1] - bounds[p], 3, width))
+    acc = np.empty(batch * widest, projected.dtype)
+    for phase in range(load(sync, 2 * parts * LINE) // parts, steps * phases):
+        _wait_for_step(sync, phase, parts)
+        for p in range(parts):
+            mine = (part + p) % parts
+            if (p == 0 or load(sync, 2 * mine * LINE) == 0) and _claim(sync, mine, phase):
+                _gru_part(phase // phases, phase % phases, reset_after, mine, projected,
+                          panels, bounds, hs, out, lengths, bias_h, candidate_panels, gated,
+                          zs, batch, hidden, width, tile, acc)
+                _finished(sync, parts)
+
+
+@_jit
+def _panel_start(bounds, part, gates, width, hidden):
+    """Where part ``part``'s panels start among all parts' (``gates`` gates each)."""
+    at = 0
+    for p in range(part):
+        at += part_columns(bounds[p + 1] - bounds[p], gates, width) * hidden
+    return at
+
+
+@_jit
+def _gru_part(step, phase, reset_after, part, projected, panels, bounds, hs, out, lengths,
+              bias_h, candidate_panels, gated, zs, batch, hidden, width, tile, acc):
+    u0, w = bounds[part], bounds[part + 1] - bounds[part]
+    h_in, h_out = (step % 2) * batch * hidden, ((step + 1) % 2) * batch * hidden
+    if reset_after:
+        columns = part_columns(w, 3, width)
+        _product(tile, hs, h_in, panels, _panel_start(bounds, part, 3, width, hidden), acc,
+                 batch, hidden, columns, width)
+    elif phase == 0:
+        columns = part_columns(w, 2, width)
+        _product(tile, hs, h_in, panels, _panel_start(bounds, part, 2, width, hidden), acc,
+                 batch, hidden, columns, width)
+    else:
+        columns = part_columns(w, 1, width)
+        _product(tile, gated, 0, candidate_panels,
+                 _panel_start(bounds, part, 1, width, hidden), acc, batch, hidden, columns,
+                 width)
+    for b in range(batch):
+        at = b * hidden + u0
+        source = (step * batch + b) * 3 * hidden + u0
+        written = (step * batch + b) * hidden + u0
+        if step >= lengths[b]:  # past the sequence's end: h holds, the output is zero
+            if reset_after or phase == 1:
+                for j in range(w):
+                    hs[uint64(h_out + at + j)] = hs[uint64(h_in + at + j)]
+                    out[uint64(written + j)] = 0.0
+            else:  # its row of the candidate's product: defined, then not read
+                for j in range(w):
+                    gated[uint64(at + j)] = 0.0
+        elif reset_after:
+            _gru_units_reset_after(acc, b * columns, projected, source, hidden, w, bias_h, u0,
+                                   hs, h_in + at, h_out + at, out, written)
+        elif phase == 0:
+            _gru_gates(acc, b * columns, projected, source, hidden, w, hs, h_in + at, gated,
+                       zs, at)
+        else:
+            _gru_candidate(acc, b * columns, projected, source, hidden, w, hs, h_in + at,
+                           h_out + at, zs, at, out, written)
+
+
+@_jit
+def _gru_units_reset_after(acc, base, projected, source, hidden, w, bias_h, u0, hs, h_at,
+                           h_to, out, written):
+    for j in range(w):
+        z = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + j)] + projected[uint64(source + j)]))
+        r = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + w + j)] +
+                                        projected[uint64(source + hidden + j)]))
+        recurrent = np.float64(acc[uint64(base + 2 * w + j)] + bias_h[uint64(u0 + j)])
+        candidate = tanh(projected[uint64(source + 2 * hidden + j)] + r * recurrent)
+        h = (1.0 - z) * candidate + z * hs[uint64(h_at + j)]
+        hs[uint64(h_to + j)] = h
+        out[uint64(written + j)] = h
+
+
+@_jit
+def _gru_gates(acc, base, projected, source, hidden, w, hs, h_at, gated, zs, at):
+    for j in range(w):
+        z = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + j)] + projected[uint64(source + j)]))
+        r = 0.5 + 0.5 * tanh(np.float64(acc[uint64(base + w + j)] +
+                                        projected[uint64(source + hidden + j)]))
+        zs[uint64(at + j)] = z
+        gated[uint64(at + j)] = r * hs[uint64(h_at + j)]
+
+
+@_jit
+def _gru_candidate(acc, base, projected, source, hidden, w, hs, h_at, h_to, zs, at, out,
+                   written):
+    for j in range(w):
+        candidate = tanh(np.float64(acc[uint64(base + j)] +
+                                    projected[uint64(source + 2 * hidden + j)]))
+        z = np.float64(zs[uint64(at + j)])
+        h = (1.0 - z) * candidate + z * hs[uint64(h_at + j)]
+        hs[uint64(h_to + j)] = h
+        out[uint64(written + j)] = h
+
+
+# -- the pool's entries ----------------------------------------------------------------------
+#
+# args[0]: int64 words: steps, batch, hidden, parts, width, tile, flag (the GRU's
+# reset_after), then the size of each array after ``sync``; args[1:]: sync, then the arrays
+# in the order of the kernel's arguments.
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
+HEAD = 7  # words before the sizes
 
 
 @intrinsic
@@ -245,23 +367,38 @@ def _pointer_like(typingctx, raw, like):
 
 
 @_jit
-def _floats(raw, size, zero):
-    return carray(_pointer_like(raw, zero), (size,))
+def _floats(args, words, i, zero):
+    """The float array ``i`` (0: the first after sync)."""
+    return carray(_pointer_like(args[2 + i], zero), (words[HEAD + i],))
+
+
+@_jit
+def _ints(args, words, i):
+    return carray(args[2 + i], (words[HEAD + i],), np.int64)
 
 
 @_jit
 def _lstm_args(args, part, zero):
-    words = carray(args[0], (7,), np.int64)
+    words = carray(args[0], (HEAD + 7,), np.int64)
     steps, batch, hidden, parts = words[0], words[1], words[2], words[3]
     lstm_sequence(part, carray(args[1], (sync_words(parts),), np.int64),
-                  _floats(args[2], steps * batch * 4 * hidden, zero),
-                  _floats(args[3], words[6] * hidden * words[4], zero),
-                  carray(args[4], (parts + 1,), np.int64),
-                  _floats(args[5], 2 * batch * hidden, zero),
-                  _floats(args[6], batch * hidden, zero),
-                  _floats(args[7], steps * batch * hidden, zero),
-                  carray(args[8], (batch,), np.int64), steps, batch, hidden, words[4],
-                  words[5])
+                  _floats(args, words, 0, zero), _floats(args, words, 1, zero),
+                  _ints(args, words, 2), _floats(args, words, 3, zero),
+                  _floats(args, words, 4, zero), _floats(args, words, 5, zero),
+                  _ints(args, words, 6), steps, batch, hidden, words[4], words[5])
+
+
+@_jit
+def _gru_args(args, part, zero):
+    words = carray(args[0], (HEAD + 10,), np.int64)
+    steps, batch, hidden, parts = words[0], words[1], words[2], words[3]
+    gru_sequence(part, carray(args[1], (sync_words(parts),), np.int64),
+                 _floats(args, words, 0, zero), _floats(args, words, 1, zero),
+                 _ints(args, words, 2), _floats(args, words, 3, zero),
+                 _floats(args, words, 4, zero), _ints(args, words, 5),
+                 _floats(args, words, 6, zero), _floats(args, words, 7, zero),
+                 _floats(args, words, 8, zero), _floats(args, words, 9, zero), steps, batch,
+                 hidden, words[4], words[5], words[6] != 0)
 
 
 @cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
@@ -272,3 +409,13 @@ def lstm_part_f(args, part):
 @cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def lstm_part_d(args, part):
     _lstm_args(args, part, np.float64(0))
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def gru_part_f(args, part):
+    _gru_args(args, part, np.float32(0))
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def gru_part_d(args, part):
+    _gru_args(args, part, np.float64(0))

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops import jit_cpu, rnn
+from mixrt.ops import jit_cpu
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.lstm_cpu import halved
+from mixrt.ops.lstm_cpu import (halved, input_product, panels_by_part, run_sequence,
+                                sequence_suits, unit_bounds)
 from mixrt.ops.matmul_cpu import dense_product
 
 CANDIDATE = 3  # a step's cache: h, z, reset, candidate, then (reset after) the recurrent term
@@ -57,7 +58,7 @@ def _projection(layer, W, B, d: int, constants=None):
     is inside the reset)."""
     hidden, wide = layer.hidden, layer.wide
     weight = packed(constants, ("gru W'", d, wide.str), lambda: halved(W[d], 2 * hidden, wide))
-    projected = rnn.sequence_product(layer.x, weight.T)
+    projected = input_product(layer, weight, constants, ("gru W' panels", d, wide.str))
     if B is not None:
         def bias():
             wb, rb = B[d, :layer.gates].astype(wide), B[d, layer.gates:].astype(wide)
@@ -71,7 +72,44 @@ def _projection(layer, W, B, d: int, constants=None):
 
 def inference(layer, d: int, W, B, constants=None):
     """:func:`forward` without a workspace: (outputs, [final h])."""
+    if sequence_suits(layer):
+        return forward_sequence(layer, d, W, B, constants)
     return forward(layer, d, W, B, constants=constants)
+
+
+def forward_sequence(layer, d: int, W, B, constants=None):
+    """:func:`forward` without a workspace, every step in one compiled call
+    (ops/_jit_recurrent.gru_sequence; a few rows, as lstm_cpu.forward_sequence)."""
+    hidden, wide, steps, batch = layer.hidden, layer.wide, layer.steps, layer.batch
+    cell = layer.cells[d]
+    native = jit_cpu.native_pool()
+    bounds = unit_bounds(hidden, 1 if native is None else native.workers + 1)
+    projected = _projection(layer, W, B, d, constants)
+    after = bool(cell.linear_before_reset)
+    key = (d, wide.str, len(bounds))
+
+    def weight():
+        return halved(cell.r, 2 * hidden, wide)
+    if after:  # one product a step: z, r and the candidate's rows together
+        panels = packed(constants, ("gru R' by part",) + key,
+                        lambda: panels_by_part(weight(), bounds, 3))
+        candidate, bias_h = np.zeros(1, wide), np.ascontiguousarray(cell.bh, dtype=wide)
+    else:  # z's and r's rows, then the candidate's
+        panels = packed(constants, ("gru R' by part",) + key,
+                        lambda: panels_by_part(weight()[:2 * hidden], bounds, 2))
+        candidate = packed(constants, ("gru candidate R' by part",) + key,
+                           lambda: panels_by_part(weight()[2 * hidden:], bounds, 1))
+        bias_h = np.zeros(1, wide)
+    (h,) = layer.start_states(d)
+    hs = np.empty((2, batch, hidden), wide)
+    hs[0] = h
+    outputs = np.empty((steps, batch, hidden), wide)
+    shared = np.empty((2, batch, hidden), wide)  # reset h and z, between the phases
+    run_sequence("gru", native, steps, batch, hidden, (
+        projected, panels, np.array(bounds, np.int64), hs, outputs,
+        np.ascontiguousarray(layer.lengths, dtype=np.int64), bias_h, candidate, shared[0],
+        shared[1]), after)
+    return outputs, [hs[steps % 2]]
 
 
 def forward(layer, d: int, W, B, workspace=None, constants=None):

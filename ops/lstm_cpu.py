@@ -82,18 +82,25 @@ def _projection(layer, W, B, d: int, constants=None):
     (' : the i, o and f columns halved), C-contiguous (steps, batch, 4 hidden)."""
     hidden, wide = layer.hidden, layer.wide
     weight = packed(constants, ("lstm W'", d, wide.str), lambda: halved(W[d], 3 * hidden, wide))
-    if constants is None:
-        projected = rnn.sequence_product(layer.x, weight.T)
-    else:  # the constant weight's panels, kept by the node
-        projected = np.empty(layer.x.shape[:2] + (weight.shape[0],), wide)
-        dense_product(np.ascontiguousarray(layer.x), weight.T, projected,
-                      constants.setdefault(("lstm W' panels", d, wide.str), {}))
+    projected = input_product(layer, weight, constants, ("lstm W' panels", d, wide.str))
     if B is not None:
         bias = packed(constants, ("lstm bias'", d, wide.str), lambda: halved(
             B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), 3 * hidden,
             wide))
         projected += bias
     return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
+
+
+def input_product(layer, weight, constants, key):
+    """X weight^T over every step, (steps, batch, gates): a constant ``weight`` through its
+    panels, kept in ``constants`` under ``key`` (the BLAS woke from sleep for it, 40 -> 75
+    us at 32 x 64 @ 64 x 1024 after a sequence's 300 us; the panels took 23 either way)."""
+    if constants is None:
+        return rnn.sequence_product(layer.x, weight.T)
+    projected = np.empty(layer.x.shape[:2] + (weight.shape[0],), layer.wide)
+    dense_product(np.ascontiguousarray(layer.x), weight.T, projected,
+                  constants.setdefault(key, {}))
+    return projected
 
 
 def forward(layer, d: int, W, B, workspace=None, constants=None):
@@ -194,10 +201,10 @@ def forward_sequence(layer, d: int, W, B, constants=None):
     return outputs, [hs[steps % 2], c]
 
 
-def run_sequence(cell: str, native, steps, batch, hidden, arrays) -> None:
+def run_sequence(cell: str, native, steps, batch, hidden, arrays, *flag) -> None:
     """ops/_jit_recurrent.py's ``cell`` sequence over ``arrays`` (projected, panels,
-    bounds, then the cell's own), on this thread, or split over ``native``'s threads where
-    the bounds make two parts or more."""
+    bounds, then the cell's own; ``flag``: the GRU's reset_after), on this thread, or split
+    over ``native``'s threads where the bounds make two parts or more."""
     kernels, panel_kernels = jit_cpu.recurrent_kernels(), jit_cpu.panel_kernels()
     floats = arrays[0].dtype
     parts, width = arrays[2].size - 1, panel_width(floats)
@@ -205,10 +212,10 @@ def run_sequence(cell: str, native, steps, batch, hidden, arrays) -> None:
     sync = np.zeros(kernels.sync_words(parts), np.int64)
     if parts == 1 or native is None:
         getattr(kernels, f"{cell}_sequence")(0, sync, *(a.reshape(-1) for a in arrays),
-                                             steps, batch, hidden, width, tile)
+                                             steps, batch, hidden, width, tile, *flag)
         return
-    words = np.array([steps, batch, hidden, parts, width, tile,
-                      arrays[1].size // (hidden * width)], np.int64)
+    words = np.array([steps, batch, hidden, parts, width, tile, int(bool(flag and flag[0]))]
+                     + [a.size for a in arrays], np.int64)
     addresses = np.array([a.ctypes.data for a in (words, sync) + tuple(arrays)], np.uint64)
     entry = getattr(kernels, f"{cell}_part_{'f' if floats == np.float32 else 'd'}")
     panel_kernels.native_for(native.block, entry.address, addresses, parts)

@@ -5,7 +5,7 @@ parts run by one thread, by the native pool, or by a thread that arrives late.""
 import numpy as np
 import pytest
 
-from mixrt.ops import jit_cpu, lstm_cpu, rnn
+from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn
 
 pytestmark = pytest.mark.skipif(
     not jit_cpu.enabled() or jit_cpu.panel_kernels() is None,
@@ -197,3 +197,64 @@ def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(m
     monkeypatch.setattr(lstm_cpu, "suits", lambda layer, d: False)  # the NumPy cells
     expected = rnn.long_short_term_memory(np, x, *weights.values(), hidden_size=HIDDEN)[0]
     np.testing.assert_allclose(first, expected, rtol=3e-6, atol=3e-6)
+
+
+# -- the GRU sequence ------------------------------------------------------------------------
+
+def gru_values(dtype, batch, directions=1, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def randn(*shape, scale=0.5):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+    return dict(X=randn(STEPS, batch, INPUT, scale=1.0),
+                W=randn(directions, 3 * HIDDEN, INPUT), R=randn(directions, 3 * HIDDEN, HIDDEN),
+                B=randn(directions, 6 * HIDDEN), initial=randn(directions, batch, HIDDEN))
+
+
+def run_gru(values, monkeypatch, rows, reset_after, lengths=None, direction="forward"):
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", rows)
+    return rnn.gated_recurrent_unit(
+        np, values["X"], values["W"], values["R"], values["B"], lengths, values["initial"],
+        hidden_size=HIDDEN, direction=direction, linear_before_reset=reset_after)
+
+
+@pytest.mark.parametrize("reset_after", [1, 0])
+@pytest.mark.parametrize("dtype, tolerance", [(np.float32, 3e-6), (np.float64, 1e-13)])
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_the_gru_sequence_matches_the_compiled_steps(monkeypatch, reset_after, dtype,
+                                                     tolerance, batch, direction):
+    values = gru_values(dtype, batch, 2 if direction == "bidirectional" else 1)
+    taken = []
+    real = gru_cpu.forward_sequence
+    monkeypatch.setattr(gru_cpu, "forward_sequence",
+                        lambda *a, **k: taken.append(1) or real(*a, **k))
+    whole = run_gru(values, monkeypatch, 8, reset_after, direction=direction)
+    assert taken
+    steps = run_gru(values, monkeypatch, 0, reset_after, direction=direction)
+    for got, want in zip(whole, steps):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("reset_after", [1, 0])
+def test_padded_gru_sequences_match_the_compiled_steps(monkeypatch, reset_after):
+    values = gru_values(np.float32, 4, 2)
+    lengths = np.array([STEPS, 2, 0, 5], np.int32)
+    whole = run_gru(values, monkeypatch, 8, reset_after, lengths, "bidirectional")
+    steps = run_gru(values, monkeypatch, 0, reset_after, lengths, "bidirectional")
+    for got, want in zip(whole, steps):
+        np.testing.assert_allclose(got, want, rtol=3e-6, atol=3e-6)
+    assert not whole[0][2:, :, 1].any() and not whole[0][:, :, 2].any()
+
+
+@pytest.mark.parametrize("reset_after", [1, 0])
+def test_a_split_gru_gives_the_same_bits_on_the_pool_as_on_one_thread(monkeypatch,
+                                                                      reset_after):
+    values = gru_values(np.float32, 3)
+    monkeypatch.setattr(jit_cpu, "native_pool", lambda: None)
+    alone = run_gru(values, monkeypatch, 8, reset_after)
+    monkeypatch.undo()
+    pooled = run_gru(values, monkeypatch, 8, reset_after)
+    for got, want in zip(pooled, alone):
+        np.testing.assert_array_equal(got, want)
