@@ -1,4 +1,5 @@
-"""Atomic operations on int64 (or int32) array words, as LLVM IR: numba has none for the CPU.
+"""Atomic operations on int64 (or int32) array words, as LLVM IR (numba has none for the
+CPU), and an array's address.
 
 The native worker pool (ops/_jit_panels.py) and the recurrent sequences split between its
 threads (ops/_jit_recurrent.py) synchronize through them. They are intrinsics, compiled into
@@ -67,3 +68,12 @@ def pause(typingctx):
             builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"), [])
         return context.get_dummy_value()
     return types.void(), codegen
+
+
+@intrinsic
+def address(typingctx, array):
+    """The address of ``array``'s first element, as an int64 (for the argument block)."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+    return types.int64(array), codegen

@@ -33,7 +33,7 @@ from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from mixrt.ops._jit_atomics import compare_swap, fetch_add, load, pause, store
+from mixrt.ops._jit_atomics import address, compare_swap, fetch_add, load, pause, store
 from mixrt.ops.parallel import intra_op_threads
 
 VECTOR_BYTES = 64
@@ -1085,15 +1085,6 @@ FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 
 
 # -- atomics: ops/_jit_atomics.py ---------------------------------------------------------
-
-@intrinsic
-def address(typingctx, array):
-    """The address of ``array``'s first element, as an int64 (for the argument block)."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(data, ir.IntType(64))
-    return types.int64(array), codegen
-
 
 @intrinsic
 def pointer_like(typingctx, value, like):

@@ -34,7 +34,7 @@ from llvmlite import ir
 from numba import carray, cfunc, njit, types, uint64
 from numba.extending import intrinsic
 
-from mixrt.ops._jit_atomics import compare_swap, fetch_add, load, pause
+from mixrt.ops._jit_atomics import address, compare_swap, fetch_add, load, pause
 
 _jit = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
             fastmath={"contract"})
@@ -119,14 +119,6 @@ def _finished(sync, parts):
 # thread, against 17 / 80 with the product written as loops here.
 
 @intrinsic
-def _address(typingctx, array):
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(data, ir.IntType(64))
-    return types.int64(array), codegen
-
-
-@intrinsic
 def _call_tile(typingctx, tile, rows, a, a_offset, lda, panels, panel_offset, ldw, c,
                c_offset, ldc, k_len):
     """Calls the tile entry (ops/_jit_panels.TILE_SIGNATURE) at address ``tile``."""
@@ -148,7 +140,7 @@ def part_columns(units, gates, width):
 def _product(tile, hs, h_at, panels, panel_at, acc, batch, hidden, columns, width):
     """acc (batch, columns) = h (batch, hidden, at ``h_at`` in ``hs``) @ the part's
     panels (columns / width of (hidden, width), from ``panel_at``)."""
-    a, p, c = _address(hs), _address(panels), _address(acc)
+    a, p, c = address(hs), address(panels), address(acc)
     for b0 in range(0, batch, 8):
         rows = min(8, batch - b0)
         for i in range(columns // width):

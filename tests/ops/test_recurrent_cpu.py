@@ -259,13 +259,17 @@ def test_gru_backward_reads_the_numpy_forwards_workspace(monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("path", ["forward", "forward_sequence"])
 @pytest.mark.parametrize("linear_before_reset", [0, 1])
-def test_gru_inference_takes_the_compiled_steps(monkeypatch, linear_before_reset):
+def test_gru_inference_takes_the_compiled_steps(monkeypatch, linear_before_reset, path):
+    if path == "forward_sequence" and jit_cpu.panel_kernels() is None:
+        pytest.skip("the sequence kernels need the panel tile (AVX-512)")
     values = gru_inputs(np.float32, 2, 0)
     args = (np, values["X"], values["W"], values["R"], values["B"], None, *values["initials"])
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", BATCH if path == "forward_sequence" else 0)
     taken = []
-    real = gru_cpu.forward
-    monkeypatch.setattr(gru_cpu, "forward", lambda *a, **k: taken.append(1) or real(*a, **k))
+    real = getattr(gru_cpu, path)
+    monkeypatch.setattr(gru_cpu, path, lambda *a, **k: taken.append(1) or real(*a, **k))
     options = {"direction": "bidirectional", "hidden_size": HIDDEN,
                "linear_before_reset": linear_before_reset}
     fast = rnn.gated_recurrent_unit(*args, **options)
@@ -276,8 +280,9 @@ def test_gru_inference_takes_the_compiled_steps(monkeypatch, linear_before_reset
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones():
+def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones(monkeypatch):
     import mixrt
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", 1)  # batch 4 the steps, 1 the sequence
     from onnx import TensorProto, helper, numpy_helper
     values = gru_inputs(np.float32, 1, 0, initial=False)
     weights = {k: values[k] for k in ("W", "R", "B")}
@@ -301,6 +306,8 @@ def test_a_gru_sessions_constant_weights_are_kept_and_match_fed_ones():
                                    fed.run(None, {"X": x, **weights})[0], rtol=2e-5, atol=2e-6)
     keys = {key[0] for key in lstm_node_state(kept, "GRU") if isinstance(key, tuple)}
     assert {"gru W'", "gru bias'", "gru R'", "gru panels"} <= keys
+    if jit_cpu.panel_kernels() is not None:
+        assert "gru R' by part" in keys
 
 
 # -- padding: sequences shorter than the batch's, one of them empty ----------------------------

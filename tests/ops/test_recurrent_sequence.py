@@ -46,15 +46,25 @@ def test_tanh_keeps_signs_limits_and_nans():
 
 # -- the LSTM sequence -----------------------------------------------------------------------
 
-def lstm_values(dtype, batch, directions=1, seed=0):
+def layer_values(dtype, batch, directions=1, gates=4, seed=0):
+    """An LSTM's inputs (4 gates: two initial states) or a GRU's (3 gates: one)."""
     rng = np.random.default_rng(seed)
 
     def randn(*shape, scale=0.5):
         return (rng.standard_normal(shape) * scale).astype(dtype)
     return dict(X=randn(STEPS, batch, INPUT, scale=1.0),
-                W=randn(directions, 4 * HIDDEN, INPUT), R=randn(directions, 4 * HIDDEN, HIDDEN),
-                B=randn(directions, 8 * HIDDEN),
-                initials=[randn(directions, batch, HIDDEN), randn(directions, batch, HIDDEN)])
+                W=randn(directions, gates * HIDDEN, INPUT),
+                R=randn(directions, gates * HIDDEN, HIDDEN),
+                B=randn(directions, 2 * gates * HIDDEN),
+                initials=[randn(directions, batch, HIDDEN) for _ in range(gates - 2)])
+
+
+def lstm_values(dtype, batch, directions=1):
+    return layer_values(dtype, batch, directions)
+
+
+def gru_values(dtype, batch, directions=1):
+    return layer_values(dtype, batch, directions, gates=3)
 
 
 def run_lstm(values, monkeypatch, rows, lengths=None, direction="forward"):
@@ -201,20 +211,10 @@ def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(m
 
 # -- the GRU sequence ------------------------------------------------------------------------
 
-def gru_values(dtype, batch, directions=1, seed=0):
-    rng = np.random.default_rng(seed)
-
-    def randn(*shape, scale=0.5):
-        return (rng.standard_normal(shape) * scale).astype(dtype)
-    return dict(X=randn(STEPS, batch, INPUT, scale=1.0),
-                W=randn(directions, 3 * HIDDEN, INPUT), R=randn(directions, 3 * HIDDEN, HIDDEN),
-                B=randn(directions, 6 * HIDDEN), initial=randn(directions, batch, HIDDEN))
-
-
 def run_gru(values, monkeypatch, rows, reset_after, lengths=None, direction="forward"):
     monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", rows)
     return rnn.gated_recurrent_unit(
-        np, values["X"], values["W"], values["R"], values["B"], lengths, values["initial"],
+        np, values["X"], values["W"], values["R"], values["B"], lengths, *values["initials"],
         hidden_size=HIDDEN, direction=direction, linear_before_reset=reset_after)
 
 
