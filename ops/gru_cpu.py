@@ -16,6 +16,9 @@ as in ops/lstm_cpu.py). Both places of the reset gate:
   is two compiled passes around the two products (``gru_reset_grad_candidate``,
   ``gru_reset_grad_gates``).
 
+Inference with a few rows (lstm_cpu.SEQUENCE_ROWS) runs the whole sequence in one compiled
+call instead (:func:`forward_sequence`, ops/_jit_recurrent.gru_sequence), as the LSTM does.
+
 The recurrent weight's gradient is one product over every step at the end (per part, with
 the reset before). The cache is rnn_grad's workspace entry for these activations: h, z,
 reset, the candidate, and with the reset after also the recurrent term, per step, so

@@ -135,15 +135,18 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
     return outputs, [h, c]
 
 
-# -- a few rows: the whole sequence in one call --------------------------------------------
+# -- inference: the whole sequence in one call ---------------------------------------------
 #
-# Up to SEQUENCE_ROWS rows a step's product is a matrix-vector one, bound by reading R'
-# (1 MB a step at hidden 256, float32): ops/_jit_recurrent.py runs every step in one call,
-# the units split between the native pool's threads so that each reads (and keeps in its
-# L2) only its share of R'. Batch 1, 2-layer LSTM of hidden 256 over 32 steps: 1.61 ms
-# a run with the steps above, 0.60 ms (benchmarks/lstm_bench.py).
+# With few rows a step's product is a matrix-vector one, bound by reading R' (1 MB a step at
+# hidden 256, float32), and the calls from Python around it cost more than it does:
+# ops/_jit_recurrent.py runs every step in one call, the units split between the native
+# pool's threads so that each reads (and keeps in its L2) only its share of R'. The
+# 2-layer LSTM of hidden 256 over 32 steps (benchmarks/lstm_bench.py), one process, the
+# steps above against the sequence (ms): batch 1 1.61 / 0.74-0.89 (across runs), 8 2.88 /
+# 2.04, 16 5.34 / 3.89, 32 7.69 / 6.98, 64 15.67 / 14.71, 128 31.85 / 31.19 (the GRU: 32
+# 7.80 / 5.35, 64 11.91 / 10.55). Training keeps the steps: they write the workspace.
 
-SEQUENCE_ROWS = 8
+SEQUENCE_ROWS = 64
 UNIT_ALIGN = 16  # a part's units: whole 64-byte lines of float32
 
 

@@ -76,7 +76,7 @@ def run_lstm(values, monkeypatch, rows, lengths=None, direction="forward"):
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(np.float32, 3e-6), (np.float64, 1e-13)])
-@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("batch", [1, 3, 11])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_the_sequence_matches_the_compiled_steps(monkeypatch, dtype, tolerance, batch,
                                                  direction):
@@ -85,7 +85,7 @@ def test_the_sequence_matches_the_compiled_steps(monkeypatch, dtype, tolerance, 
     real = lstm_cpu.forward_sequence
     monkeypatch.setattr(lstm_cpu, "forward_sequence",
                         lambda *a, **k: taken.append(1) or real(*a, **k))
-    whole = run_lstm(values, monkeypatch, 8, direction=direction)
+    whole = run_lstm(values, monkeypatch, 64, direction=direction)
     assert taken
     steps = run_lstm(values, monkeypatch, 0, direction=direction)
     for got, want in zip(whole, steps):
@@ -97,7 +97,7 @@ def test_the_sequence_matches_the_compiled_steps(monkeypatch, dtype, tolerance, 
 def test_padded_sequences_hold_their_states_and_output_zeros(monkeypatch, direction):
     values = lstm_values(np.float32, 4, 2 if direction == "bidirectional" else 1)
     lengths = np.array([STEPS, 2, 0, 5], np.int32)
-    whole = run_lstm(values, monkeypatch, 8, lengths, direction)
+    whole = run_lstm(values, monkeypatch, 64, lengths, direction)
     steps = run_lstm(values, monkeypatch, 0, lengths, direction)
     for got, want in zip(whole, steps):
         np.testing.assert_allclose(got, want, rtol=3e-6, atol=3e-6)
@@ -220,7 +220,7 @@ def run_gru(values, monkeypatch, rows, reset_after, lengths=None, direction="for
 
 @pytest.mark.parametrize("reset_after", [1, 0])
 @pytest.mark.parametrize("dtype, tolerance", [(np.float32, 3e-6), (np.float64, 1e-13)])
-@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("batch", [1, 11])
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_the_gru_sequence_matches_the_compiled_steps(monkeypatch, reset_after, dtype,
                                                      tolerance, batch, direction):
@@ -229,7 +229,7 @@ def test_the_gru_sequence_matches_the_compiled_steps(monkeypatch, reset_after, d
     real = gru_cpu.forward_sequence
     monkeypatch.setattr(gru_cpu, "forward_sequence",
                         lambda *a, **k: taken.append(1) or real(*a, **k))
-    whole = run_gru(values, monkeypatch, 8, reset_after, direction=direction)
+    whole = run_gru(values, monkeypatch, 64, reset_after, direction=direction)
     assert taken
     steps = run_gru(values, monkeypatch, 0, reset_after, direction=direction)
     for got, want in zip(whole, steps):
@@ -241,7 +241,7 @@ def test_the_gru_sequence_matches_the_compiled_steps(monkeypatch, reset_after, d
 def test_padded_gru_sequences_match_the_compiled_steps(monkeypatch, reset_after):
     values = gru_values(np.float32, 4, 2)
     lengths = np.array([STEPS, 2, 0, 5], np.int32)
-    whole = run_gru(values, monkeypatch, 8, reset_after, lengths, "bidirectional")
+    whole = run_gru(values, monkeypatch, 64, reset_after, lengths, "bidirectional")
     steps = run_gru(values, monkeypatch, 0, reset_after, lengths, "bidirectional")
     for got, want in zip(whole, steps):
         np.testing.assert_allclose(got, want, rtol=3e-6, atol=3e-6)
@@ -253,8 +253,8 @@ def test_a_split_gru_gives_the_same_bits_on_the_pool_as_on_one_thread(monkeypatc
                                                                       reset_after):
     values = gru_values(np.float32, 3)
     monkeypatch.setattr(jit_cpu, "native_pool", lambda: None)
-    alone = run_gru(values, monkeypatch, 8, reset_after)
+    alone = run_gru(values, monkeypatch, 64, reset_after)
     monkeypatch.undo()
-    pooled = run_gru(values, monkeypatch, 8, reset_after)
+    pooled = run_gru(values, monkeypatch, 64, reset_after)
     for got, want in zip(pooled, alone):
         np.testing.assert_array_equal(got, want)
