@@ -1,28 +1,31 @@
 """A recurrent layer's whole sequence in one compiled call, split between the native workers.
 
-For a few rows (a service's batch of 1-8) an LSTM step is a matrix-vector product, 256 x
-1024 for hidden 256: 1 MB of float32 weight read per step, ~11 us from one core's L2,
+With a service's few rows (batch 1-8) an LSTM step is a matrix-vector product, 256 x 1024
+for hidden 256: 1 MB of float32 weight read per step, ~11 us from one core's L2,
 ~25 us a step with the six calls from Python that ops/lstm_cpu.py makes around it. Here
-one call runs every step (:func:`lstm_sequence`), and the hidden units are split into one
-part per thread: a part's rows of the recurrent weight are packed together
+one call runs every step (:func:`lstm_sequence`, :func:`gru_sequence`; inference up to
+ops/lstm_cpu.SEQUENCE_ROWS rows, 8 at a time through the tile), and the hidden units are
+split into one part per thread: a part's rows of the recurrent weight are packed together
 (ops/lstm_cpu.py), so each thread reads only its own share, which stays in its core's L2
 from step to step. A step's parts meet at a barrier (every part reads all of h), one
 counter in the shared ``sync`` words.
 
 The threads are the native pool's (ops/_jit_panels.py): the caller hands ``parts`` parts
-to :func:`lstm_part` through ``native_for``. A part is a thread's preferred share, not
-a promise: a part's steps are claimed one at a time, and a thread takes the steps of any
+to ``lstm_part_f`` (or ``_d``, ``gru_part_*``) through ``native_for``. A part is a
+thread's preferred share, not a promise: a part's steps are claimed one at a time, and a thread takes the steps of any
 part whose thread has not arrived yet (asleep, busy with another caller, or never coming:
 ``native_for`` then runs the parts one after another on the caller). So nobody waits for a
 thread that is not there, and once both are in, each keeps to its own share.
 
 ``sync`` (int64), one 64-byte line per word: for each part p, PRESENT (its thread has
 arrived) and CLAIMED (how many of its steps are taken); then DONE, parts finished in all.
-Step s may start once DONE reaches s * parts.
+Step s may start once DONE reaches s * parts (the GRU with its reset before the product
+counts two phases a step).
 
 The gate functions are computed in float64 by :func:`tanh`, written so that LLVM vectorizes
-it (numba's math.tanh calls libm once per element, ~16 ns). Its error: at most 3 ulp in
-float64 and a correctly rounded float32 over 16M samples (tests/ops/test_recurrent_cpu.py).
+it (numba's math.tanh calls libm once per element, ~16 ns; this one ~0.6 ns in a loop). Its
+error against NumPy's: at most 3 ulp in float64, and float32 results correctly rounded over
+16M samples (tests/ops/test_recurrent_sequence.py allows 1 ulp).
 """
 
 from __future__ import annotations
