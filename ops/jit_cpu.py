@@ -51,27 +51,26 @@ def enabled() -> bool:
 
 def _kernels():
     """The compiled kernels module, or None when numba cannot be imported."""
-    if not _loaded:
-        with _lock:
-            if not _loaded:
-                try:
-                    _loaded.append(importlib.import_module("mixrt.ops._jit_kernels"))
-                except ImportError:
-                    _loaded.append(None)
-    return _loaded[0]
+    return _import_once(_loaded, "mixrt.ops._jit_kernels")
 
 
 def recurrent_kernels():
     """ops/_jit_recurrent.py (a recurrent layer's whole sequence in one call), or None
     without numba."""
-    if not _recurrent:
+    return _import_once(_recurrent, "mixrt.ops._jit_recurrent")
+
+
+def _import_once(slot: list, name: str):
+    """Module ``name``, imported on the first call (None if it cannot be), kept in
+    ``slot``."""
+    if not slot:
         with _lock:
-            if not _recurrent:
+            if not slot:
                 try:
-                    _recurrent.append(importlib.import_module("mixrt.ops._jit_recurrent"))
+                    slot.append(importlib.import_module(name))
                 except ImportError:
-                    _recurrent.append(None)
-    return _recurrent[0]
+                    slot.append(None)
+    return slot[0]
 
 
 def panel_kernels():
