@@ -3,15 +3,15 @@
 With a service's few rows (batch 1-8) an LSTM step is a matrix-vector product, 256 x 1024
 for hidden 256: 1 MB of float32 weight read per step, ~11 us from one core's L2,
 ~25 us a step with the six calls from Python that ops/lstm_cpu.py makes around it. Here
-one call runs every step (:func:`lstm_sequence`, :func:`gru_sequence`; inference up to
-ops/lstm_cpu.SEQUENCE_ROWS rows, 8 at a time through the tile), and the hidden units are
-split into one part per thread: a part's rows of the recurrent weight are packed together
-(ops/lstm_cpu.py), so each thread reads only its own share, which stays in its core's L2
-from step to step. A step's parts meet at a barrier (every part reads all of h), one
-counter in the shared ``sync`` words.
+one call runs every step (:func:`lstm_sequence`, :func:`gru_sequence`, :func:`rnn_sequence`;
+inference up to ops/lstm_cpu.SEQUENCE_ROWS rows, 8 at a time through the tile), and the
+hidden units are split into one part per thread: a part's rows of the recurrent weight are
+packed together (ops/lstm_cpu.py), so each thread reads only its own share, which stays in
+its core's L2 from step to step. A step's parts meet at a barrier (every part reads all of
+h), one counter in the shared ``sync`` words.
 
 The threads are the native pool's (ops/_jit_panels.py): the caller hands ``parts`` parts to
-``lstm_part_f`` (or ``_d``, ``gru_part_*``) through ``native_for``. A part is a thread's
+``lstm_part_f`` (or ``_d``, ``gru_part_*``, ``rnn_part_*``) through ``native_for``. A part is a thread's
 preferred share, not a promise: a part's steps are claimed one at a time, and a thread takes
 the steps of any part whose thread has not arrived yet (asleep, busy with another caller, or
 never coming: ``native_for`` then runs the parts one after another on the caller). So nobody
@@ -115,6 +115,30 @@ def _finished(sync, parts):
     fetch_add(sync, (2 * parts) * LINE, 1)
 
 
+@_jit
+def _arrive(sync, part, parts) -> int:
+    """Marks ``part``'s thread present; the first phase it may still find work in."""
+    fetch_add(sync, 2 * part * LINE, 1)
+    return load(sync, 2 * parts * LINE) // parts
+
+
+@_jit
+def _takes(sync, part, offset, parts, phase) -> bool:
+    """Whether the thread preferring ``part`` runs part (part + offset) % parts of
+    ``phase``: its own unless taken, another only while that part's thread is absent."""
+    other = (part + offset) % parts
+    return (offset == 0 or load(sync, 2 * other * LINE) == 0) and _claim(sync, other, phase)
+
+
+@_jit
+def _accumulator(bounds, gates, width, batch, like):
+    """Room for one part's product: ``batch`` rows of its widest part's columns."""
+    widest = 0
+    for p in range(bounds.size - 1):
+        widest = max(widest, part_columns(bounds[p + 1] - bounds[p], gates, width))
+    return np.empty(batch * widest, like.dtype)
+
+
 # -- the product -----------------------------------------------------------------------------
 #
 # A step's product is the packed-panel tile of ops/_jit_panels.py (8 rows at a time), called
@@ -166,18 +190,13 @@ def lstm_sequence(part, sync, projected, panels, bounds, hs, c, out, lengths, st
     (the initial one in [0]) and room for the next; ``c`` (batch, hidden) in place; ``out``
     (steps, batch, hidden); ``lengths`` (batch,). All flat. h ends in ``hs[steps % 2]``."""
     parts = bounds.size - 1
-    fetch_add(sync, 2 * part * LINE, 1)  # present
-    widest = 0
-    for p in range(parts):
-        widest = max(widest, part_columns(bounds[p + 1] - bounds[p], 4, width))
-    acc = np.empty(batch * widest, projected.dtype)
-    for step in range(load(sync, 2 * parts * LINE) // parts, steps):
+    acc = _accumulator(bounds, 4, width, batch, projected)
+    for step in range(_arrive(sync, part, parts), steps):
         _wait_for_step(sync, step, parts)
-        for p in range(parts):  # its own part, then those whose thread is not here
-            mine = (part + p) % parts
-            if (p == 0 or load(sync, 2 * mine * LINE) == 0) and _claim(sync, mine, step):
-                _lstm_part(step, mine, projected, panels, bounds, hs, c, out, lengths,
-                           batch, hidden, width, tile, acc)
+        for offset in range(parts):  # its own part, then those whose thread is not here
+            if _takes(sync, part, offset, parts, step):
+                _lstm_part(step, (part + offset) % parts, projected, panels, bounds, hs, c,
+                           out, lengths, batch, hidden, width, tile, acc)
                 _finished(sync, parts)
 
 
@@ -197,9 +216,15 @@ def _lstm_part(step, part, projected, panels, bounds, hs, c, out, lengths, batch
             _lstm_units(acc, b * columns, projected, (step * batch + b) * 4 * hidden + u0,
                         hidden, w, c, at, hs, h_out + at, out, written)
         else:  # past the sequence's end: its states hold and its output is zero
-            for j in range(w):
-                hs[uint64(h_out + at + j)] = hs[uint64(h_in + at + j)]
-                out[uint64(written + j)] = 0.0
+            _hold(hs, h_in + at, h_out + at, out, written, w)
+
+
+@_jit
+def _hold(hs, h_at, h_to, out, written, w):
+    """A padded step of one row's ``w`` units: h carried over, the output zero."""
+    for j in range(w):
+        hs[uint64(h_to + j)] = hs[uint64(h_at + j)]
+        out[uint64(written + j)] = 0.0
 
 
 @_jit
@@ -241,19 +266,14 @@ def gru_sequence(part, sync, projected, panels, bounds, hs, out, lengths, bias_h
     room. ``hs``, ``out``, ``lengths`` as for :func:`lstm_sequence`."""
     parts = bounds.size - 1
     phases = 1 if reset_after else 2
-    fetch_add(sync, 2 * part * LINE, 1)  # present
-    widest = 0
-    for p in range(parts):
-        widest = max(widest, part_columns(bounds[p + 1] - bounds[p], 3, width))
-    acc = np.empty(batch * widest, projected.dtype)
-    for phase in range(load(sync, 2 * parts * LINE) // parts, steps * phases):
+    acc = _accumulator(bounds, 3, width, batch, projected)
+    for phase in range(_arrive(sync, part, parts), steps * phases):
         _wait_for_step(sync, phase, parts)
-        for p in range(parts):
-            mine = (part + p) % parts
-            if (p == 0 or load(sync, 2 * mine * LINE) == 0) and _claim(sync, mine, phase):
-                _gru_part(phase // phases, phase % phases, reset_after, mine, projected,
-                          panels, bounds, hs, out, lengths, bias_h, candidate_panels, gated,
-                          zs, batch, hidden, width, tile, acc)
+        for offset in range(parts):
+            if _takes(sync, part, offset, parts, phase):
+                _gru_part(phase // phases, phase % phases, reset_after, (part + offset) % parts,
+                          projected, panels, bounds, hs, out, lengths, bias_h,
+                          candidate_panels, gated, zs, batch, hidden, width, tile, acc)
                 _finished(sync, parts)
 
 
@@ -290,9 +310,7 @@ def _gru_part(step, phase, reset_after, part, projected, panels, bounds, hs, out
         written = (step * batch + b) * hidden + u0
         if step >= lengths[b]:  # past the sequence's end: h holds, the output is zero
             if reset_after or phase == 1:
-                for j in range(w):
-                    hs[uint64(h_out + at + j)] = hs[uint64(h_in + at + j)]
-                    out[uint64(written + j)] = 0.0
+                _hold(hs, h_in + at, h_out + at, out, written, w)
             else:  # its row of the candidate's product: defined, then not read
                 for j in range(w):
                     gated[uint64(at + j)] = 0.0
@@ -343,11 +361,92 @@ def _gru_candidate(acc, base, projected, source, hidden, w, hs, h_at, h_to, zs, 
         out[uint64(written + j)] = h
 
 
+# -- RNN -------------------------------------------------------------------------------------
+#
+# h' = f(clip(x W^T + Wb + Rb + h R^T)): one product a step, as the LSTM's, with one gate. f
+# is one of ACTIVATIONS (ONNX's names, lower case); ``clip`` is +inf without a clip.
+
+TANH, RELU, SIGMOID = 0, 1, 2
+ACTIVATIONS = {"tanh": TANH, "relu": RELU, "sigmoid": SIGMOID}
+
+
+@_jit
+def rnn_sequence(part, sync, projected, panels, bounds, hs, out, lengths, clip, steps, batch,
+                 hidden, width, tile, activation):
+    """The steps of an RNN direction, this thread preferring part ``part``. ``projected``
+    (steps, batch, hidden): X W^T + Wb + Rb per step in the order the direction runs;
+    ``panels``: R^T by part (:func:`lstm_sequence`'s layout, one gate); ``clip`` (1,) the
+    bound of the pre-activation; ``activation`` a code of ACTIVATIONS. ``hs``, ``out`` and
+    ``lengths`` as for :func:`lstm_sequence`."""
+    parts = bounds.size - 1
+    acc = _accumulator(bounds, 1, width, batch, projected)
+    for step in range(_arrive(sync, part, parts), steps):
+        _wait_for_step(sync, step, parts)
+        for offset in range(parts):
+            if _takes(sync, part, offset, parts, step):
+                _rnn_part(step, (part + offset) % parts, projected, panels, bounds, hs, out,
+                          lengths, np.float64(clip[0]), batch, hidden, width, tile, acc,
+                          activation)
+                _finished(sync, parts)
+
+
+@_jit
+def _rnn_part(step, part, projected, panels, bounds, hs, out, lengths, clip, batch, hidden,
+              width, tile, acc, activation):
+    u0, w = bounds[part], bounds[part + 1] - bounds[part]
+    columns = part_columns(w, 1, width)
+    h_in, h_out = (step % 2) * batch * hidden, ((step + 1) % 2) * batch * hidden
+    _product(tile, hs, h_in, panels, _panel_start(bounds, part, 1, width, hidden), acc, batch,
+             hidden, columns, width)
+    for b in range(batch):
+        at = b * hidden + u0
+        row = (step * batch + b) * hidden + u0  # in projected and in out alike
+        if step < lengths[b]:
+            _rnn_units(acc, b * columns, projected, row, w, clip, activation, hs, h_out + at,
+                       out)
+        else:
+            _hold(hs, h_in + at, h_out + at, out, row, w)
+
+
+@_jit
+def _rnn_units(acc, base, projected, row, w, clip, activation, hs, h_to, out):
+    """One row's ``w`` units of h' (a loop per activation, so that each vectorizes)."""
+    if activation == TANH:
+        for j in range(w):
+            h = tanh(_clipped(acc[uint64(base + j)] + projected[uint64(row + j)], clip))
+            hs[uint64(h_to + j)] = h
+            out[uint64(row + j)] = h
+    elif activation == RELU:
+        for j in range(w):
+            a = _clipped(acc[uint64(base + j)] + projected[uint64(row + j)], clip)
+            h = 0.0 if a < 0.0 else a  # a NaN passes
+            hs[uint64(h_to + j)] = h
+            out[uint64(row + j)] = h
+    else:
+        for j in range(w):
+            a = _clipped(acc[uint64(base + j)] + projected[uint64(row + j)], clip)
+            h = 0.5 + 0.5 * tanh(0.5 * a)
+            hs[uint64(h_to + j)] = h
+            out[uint64(row + j)] = h
+
+
+@njit(inline="always", error_model="numpy", fastmath={"contract"})
+def _clipped(value, clip):
+    """``value`` (a sum in the arrays' dtype) in float64, held to [-clip, clip]; a NaN
+    passes."""
+    a = np.float64(value)
+    if a > clip:
+        return clip
+    if a < -clip:
+        return -clip
+    return a
+
+
 # -- the pool's entries ----------------------------------------------------------------------
 #
 # args[0]: int64 words: steps, batch, hidden, parts, width, tile, flag (the GRU's
-# reset_after), then the size of each array after ``sync``; args[1:]: sync, then the arrays
-# in the order of the kernel's arguments.
+# reset_after, the RNN's activation), then the size of each array after ``sync``; args[1:]:
+# sync, then the arrays in the order of the kernel's arguments.
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 HEAD = 7  # words before the sizes
@@ -396,6 +495,18 @@ def _gru_args(args, part, zero):
                  hidden, words[4], words[5], words[6] != 0)
 
 
+@_jit
+def _rnn_args(args, part, zero):
+    words = carray(args[0], (HEAD + 7,), np.int64)
+    steps, batch, hidden, parts = words[0], words[1], words[2], words[3]
+    rnn_sequence(part, carray(args[1], (sync_words(parts),), np.int64),
+                 _floats(args, words, 0, zero), _floats(args, words, 1, zero),
+                 _ints(args, words, 2), _floats(args, words, 3, zero),
+                 _floats(args, words, 4, zero), _ints(args, words, 5),
+                 _floats(args, words, 6, zero), steps, batch, hidden, words[4], words[5],
+                 words[6])
+
+
 @cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def lstm_part_f(args, part):
     _lstm_args(args, part, np.float32(0))
@@ -414,3 +525,13 @@ def gru_part_f(args, part):
 @cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def gru_part_d(args, part):
     _gru_args(args, part, np.float64(0))
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def rnn_part_f(args, part):
+    _rnn_args(args, part, np.float32(0))
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def rnn_part_d(args, part):
+    _rnn_args(args, part, np.float64(0))

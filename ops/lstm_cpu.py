@@ -36,7 +36,8 @@ import numpy as np
 
 from mixrt.ops import jit_cpu, rnn
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.matmul_cpu import dense_product, pack_panels, panel_width
+from mixrt.ops.matmul_cpu import (dense_product, pack_panels, panel_product, panel_width,
+                                  panels_suit)
 from mixrt.ops.registry import CONSTANT_INPUTS
 
 ENTRIES = 8  # a step's cache: h, c, i, forget, candidate, cell, o, tanh(cell)
@@ -93,13 +94,16 @@ def _projection(layer, W, B, d: int, constants=None):
 
 def input_product(layer, weight, constants, key):
     """X weight^T over every step, (steps, batch, gates): a constant ``weight`` through its
-    panels, kept in ``constants`` under ``key`` (the BLAS woke from sleep for it, 40 -> 75
-    us at 32 x 64 @ 64 x 1024 after a sequence's 300 us; the panels took 23 either way)."""
+    panels, kept in ``constants`` under ``key``, however small the product (the BLAS woke
+    from sleep for it, 40 -> 75 us at 32 x 64 @ 64 x 1024 after a sequence's 300 us; the
+    panels took 23 either way; an RNN's 32 x 64 @ 64 x 256, 42 against ~10)."""
     if constants is None:
         return rnn.sequence_product(layer.x, weight.T)
     projected = np.empty(layer.x.shape[:2] + (weight.shape[0],), layer.wide)
-    dense_product(np.ascontiguousarray(layer.x), weight.T, projected,
-                  constants.setdefault(key, {}))
+    x, packs = np.ascontiguousarray(layer.x), constants.setdefault(key, {})
+    if panels_suit(x, weight.T, projected, packs, min_work=0):
+        return panel_product(x, weight.T, projected, packs)
+    dense_product(x, weight.T, projected, packs)
     return projected
 
 
@@ -206,8 +210,9 @@ def forward_sequence(layer, d: int, W, B, constants=None):
 
 def run_sequence(cell: str, native, steps, batch, hidden, arrays, *flag) -> None:
     """ops/_jit_recurrent.py's ``cell`` sequence over ``arrays`` (projected, panels,
-    bounds, then the cell's own; ``flag``: the GRU's reset_after), on this thread, or split
-    over ``native``'s threads where the bounds make two parts or more."""
+    bounds, then the cell's own; ``flag``: the GRU's reset_after, the RNN's activation
+    code), on this thread, or split over ``native``'s threads where the bounds make two
+    parts or more."""
     kernels, panel_kernels = jit_cpu.recurrent_kernels(), jit_cpu.panel_kernels()
     floats = arrays[0].dtype
     parts, width = arrays[2].size - 1, panel_width(floats)
@@ -217,7 +222,7 @@ def run_sequence(cell: str, native, steps, batch, hidden, arrays, *flag) -> None
         getattr(kernels, f"{cell}_sequence")(0, sync, *(a.reshape(-1) for a in arrays),
                                              steps, batch, hidden, width, tile, *flag)
         return
-    words = np.array([steps, batch, hidden, parts, width, tile, int(bool(flag and flag[0]))]
+    words = np.array([steps, batch, hidden, parts, width, tile, int(flag[0]) if flag else 0]
                      + [a.size for a in arrays], np.int64)
     addresses = np.array([a.ctypes.data for a in (words, sync) + tuple(arrays)], np.uint64)
     entry = getattr(kernels, f"{cell}_part_{'f' if floats == np.float32 else 'd'}")

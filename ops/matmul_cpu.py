@@ -119,15 +119,16 @@ PANEL_SPLIT_WORK = 1 << 23
 # parts of a product per thread through the native pool: claimed one at a time, so a worker
 # that wakes late takes fewer
 NATIVE_PARTS_PER_THREAD = 4
-def panels_suit(A, B, out, prepacked) -> bool:
+def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
-    PANEL_MIN_ROWS rows, all one native float dtype, ``out`` C-contiguous and apart from A."""
+    PANEL_MIN_ROWS rows, all one native float dtype, ``out`` C-contiguous and apart from A,
+    and at least ``min_work`` multiply-adds."""
     if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
             or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
         return False
     rows = A.size // max(A.shape[-1], 1)
-    return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= PANEL_MIN_WORK \
+    return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= min_work \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and jit_cpu.panel_kernels() is not None
 

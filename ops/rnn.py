@@ -208,14 +208,24 @@ def _keeping_workspace(op_type, xp, *inputs, **attributes):
 
 def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                activation_alpha=None, activation_beta=None, activations=None, clip=None,
-               direction="forward", hidden_size=None, layout=0, _outputs=2):
-    """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb)."""
+               direction="forward", hidden_size=None, layout=0, _outputs=2, _prepacked=None):
+    """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb). ``_prepacked`` as in
+    :func:`long_short_term_memory` (ops/rnn_cpu.py)."""
     if _outputs > 2:
         return _keeping_workspace("RNN", xp, X, W, R, B, sequence_lens, [initial_h], None,
                                   activation_alpha=activation_alpha,
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout)
+    if xp is np and direction in DIRECTIONS:
+        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
+        found = rnn_grad.compiled_forward(
+            xp, rnn_grad.RNNCell, X, W, R, B, sequence_lens, [initial_h],
+            prepacked=_prepacked, activations=activations, activation_alpha=activation_alpha,
+            activation_beta=activation_beta, clip=clip, direction=direction,
+            hidden_size=hidden_size, layout=layout)
+        if found is not None:  # a few rows: ops/rnn_cpu.py
+            return found[:max(_outputs, 1)]
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Tanh"], num_directions)
@@ -233,8 +243,8 @@ def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
 @op("RNN", since=7, dtypes=FLOATS_NO_BF16)
 def rnn_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
           activation_beta=None, activations=None, clip=None, direction="forward",
-          hidden_size=None, _outputs=2):
-    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h,
+          hidden_size=None, _outputs=2, _prepacked=None):
+    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h, _prepacked=_prepacked,
                       activation_alpha=activation_alpha, activation_beta=activation_beta,
                       activations=activations, clip=clip, direction=direction,
                       hidden_size=hidden_size, _outputs=_outputs)
@@ -244,8 +254,8 @@ def rnn_7(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation
 @op("RNN", since=14, dtypes=FLOATS_NO_BF16)
 def rnn_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *, activation_alpha=None,
            activation_beta=None, activations=None, clip=None, direction="forward",
-           hidden_size=None, layout=0, _outputs=2):
-    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h,
+           hidden_size=None, layout=0, _outputs=2, _prepacked=None):
+    return simple_rnn(xp, X, W, R, B, sequence_lens, initial_h, _prepacked=_prepacked,
                       activation_alpha=activation_alpha, activation_beta=activation_beta,
                       activations=activations, clip=clip, direction=direction,
                       hidden_size=hidden_size, layout=layout, _outputs=_outputs)

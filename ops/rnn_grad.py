@@ -15,9 +15,10 @@ pre-activations: a few (batch, hidden) arrays per step), then walks the steps in
   (``rnn.reversal_index``); its gradients are gathered with the same index, its own inverse.
 
 The standard LSTM and GRU (sigmoid and tanh gates, no clip, peepholes or coupled gates)
-run their steps compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py, ops/gru_cpu.py: the same
-workspace, the same results to rounding, padding included); every other variant and CuPy
-keep them.
+run their steps compiled on the CPU instead of these NumPy cells (ops/lstm_cpu.py,
+ops/gru_cpu.py: the same workspace, the same results to rounding, padding included); every
+other variant and CuPy keep them. The RNN's inference with a few rows runs compiled too
+(ops/rnn_cpu.py); its training keeps the NumPy cell.
 
 Activations are differentiated at the clipped pre-activation, times 1 inside ``[-clip, clip]``
 and 0 outside (the slope of the clip). These kernels have no gradient of their own: a second
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops import gru_cpu, lstm_cpu, rnn
+from mixrt.ops import gru_cpu, lstm_cpu, rnn, rnn_cpu
 from mixrt.ops.conv_grad import forwarded, optional_input
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.grad_support import MIXRT
@@ -430,19 +431,19 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
 
 def compiled_forward(xp, cell_type, X, W, R, B, sequence_lens, initials, prepacked=None,
                      **attributes):
-    """(Y, final states...) of an LSTM or GRU node through ops/lstm_cpu.py or
-    ops/gru_cpu.py when every direction is their standard cell (the inference forward: no
-    workspace kept), else None. ``prepacked``: the node's dict where its weight is a session
+    """(Y, final states...) of a recurrent node through ops/lstm_cpu.py, ops/gru_cpu.py or
+    ops/rnn_cpu.py when every direction suits it (the inference forward: no workspace
+    kept), else None. ``prepacked``: the node's dict where its weight is a session
     constant."""
     layer = _layer(xp, cell_type, CELLS_BY_TYPE[cell_type], X, W, R, B, sequence_lens,
                    initials, None, **attributes)
     directions = range(len(layer.cells))
-    modules = [_compiled(cell_type, layer, d) for d in directions]
-    if any(module is None for module in modules):
+    module = INFERENCE.get(cell_type)
+    if module is None or not all(module.suits(layer, d) for d in directions):
         return None
     outputs, finals = [], []
     constants = lstm_cpu.constant_weights(prepacked, B)
-    for d, module in zip(directions, modules):
+    for d in directions:
         y, states = module.inference(layer, d, W, B, constants)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
@@ -561,6 +562,8 @@ CELLS = {"RNN": (RNNCell, ["Tanh"], 1), "GRU": (GRUCell, ["Sigmoid", "Tanh"], 1)
 CELLS_BY_TYPE = {cell: defaults for cell, defaults, _ in CELLS.values()}
 # the cells whose standard form runs compiled steps on the CPU
 COMPILED = {LSTMCell: lstm_cpu, GRUCell: gru_cpu}
+# ... and those whose inference forward does (the RNN's only there: a few rows)
+INFERENCE = {**COMPILED, RNNCell: rnn_cpu}
 
 
 @op("RNNGrad", since=1, domain=MIXRT)

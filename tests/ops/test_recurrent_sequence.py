@@ -1,11 +1,12 @@
 """A recurrent layer's whole sequence in one compiled call (ops/_jit_recurrent.py), split
-between threads: its tanh against NumPy's, its steps against ops/lstm_cpu.py's, and its
-parts run by one thread, by the native pool, or by a thread that arrives late."""
+between threads: its tanh against NumPy's, its steps against ops/lstm_cpu.py's (the RNN's
+against ops/rnn.py's NumPy step), and its parts run by one thread, by the native pool, or
+by a thread that arrives late."""
 
 import numpy as np
 import pytest
 
-from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn
+from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn, rnn_cpu
 
 pytestmark = pytest.mark.skipif(
     not jit_cpu.enabled() or jit_cpu.panel_kernels() is None,
@@ -258,3 +259,134 @@ def test_a_split_gru_gives_the_same_bits_on_the_pool_as_on_one_thread(monkeypatc
     pooled = run_gru(values, monkeypatch, 64, reset_after)
     for got, want in zip(pooled, alone):
         np.testing.assert_array_equal(got, want)
+
+
+# -- the RNN sequence ------------------------------------------------------------------------
+
+def rnn_values(dtype, batch, directions=1):
+    """An RNN's inputs, R scaled down so that a ReLU RNN's states stay near 1 (growing
+    states would grow the rounding differences with them)."""
+    values = layer_values(dtype, batch, directions, gates=1, seed=3)
+    values["R"] *= dtype(0.4)
+    values["initials"] = [layer_values(dtype, batch, directions, gates=3, seed=4)["initials"][0]]
+    return values
+
+
+def run_rnn(values, monkeypatch, compiled, lengths=None, **attributes):
+    """rnn.simple_rnn through ops/rnn_cpu.py (``compiled``) or the NumPy step; the result
+    and whether the compiled sequence ran."""
+    taken = []
+    real = rnn_cpu.inference
+    monkeypatch.setattr(rnn_cpu, "inference",
+                        lambda *a, **k: taken.append(1) or real(*a, **k))
+    if not compiled:
+        monkeypatch.setattr(rnn_cpu, "suits", lambda layer, d: False)
+    result = rnn.simple_rnn(np, values["X"], values["W"], values["R"], values["B"], lengths,
+                            *values["initials"], hidden_size=HIDDEN, **attributes)
+    monkeypatch.undo()
+    return result, bool(taken)
+
+
+@pytest.mark.parametrize("activation", ["Tanh", "Relu", "Sigmoid"])
+@pytest.mark.parametrize("clip", [None, 0.7])
+# the NumPy step sums h R^T by the BLAS and adds the biases in another order
+@pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("batch", [1, 11])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_the_rnn_sequence_matches_the_numpy_steps(monkeypatch, activation, clip, dtype,
+                                                  tolerance, batch, direction):
+    directions = 2 if direction == "bidirectional" else 1
+    values = rnn_values(dtype, batch, directions)
+    attributes = dict(direction=direction, clip=clip, activations=[activation] * directions)
+    whole, taken = run_rnn(values, monkeypatch, True, **attributes)
+    assert taken
+    steps, taken = run_rnn(values, monkeypatch, False, **attributes)
+    assert not taken
+    for got, want in zip(whole, steps):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    if clip is not None and activation == "Relu":
+        assert whole[0].max() <= clip
+
+
+def test_padded_rnn_sequences_hold_their_states_and_output_zeros(monkeypatch):
+    values = rnn_values(np.float32, 4, 2)
+    lengths = np.array([STEPS, 2, 0, 5], np.int32)
+    whole, taken = run_rnn(values, monkeypatch, True, lengths, direction="bidirectional")
+    assert taken
+    steps, _ = run_rnn(values, monkeypatch, False, lengths, direction="bidirectional")
+    for got, want in zip(whole, steps):
+        np.testing.assert_allclose(got, want, rtol=3e-6, atol=3e-6)
+    y, h = whole
+    assert not y[2:, :, 1].any() and not y[:, :, 2].any()
+    np.testing.assert_array_equal(h[0, 1], y[1, 0, 1])  # the forward h held from step 2 on
+    np.testing.assert_array_equal(h[:, 2], 0)  # a sequence of length 0 has no last step
+
+
+def test_the_rnn_keeps_the_numpy_step_past_the_sequence_rows_and_for_other_activations(
+        monkeypatch):
+    values = rnn_values(np.float32, 5)
+    monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", 4)
+    _, taken = run_rnn(values, monkeypatch, True)
+    assert not taken  # 5 rows > 4
+    for activation in ("LeakyRelu", "Softsign", "HardSigmoid"):
+        _, taken = run_rnn(values, monkeypatch, True, activations=[activation])
+        assert not taken
+
+
+def test_a_split_rnn_gives_the_same_bits_on_the_pool_as_on_one_thread(monkeypatch):
+    values = rnn_values(np.float32, 3)
+    monkeypatch.setattr(jit_cpu, "native_pool", lambda: None)
+    alone = rnn.simple_rnn(np, values["X"], values["W"], values["R"], values["B"], None,
+                           *values["initials"], hidden_size=HIDDEN)
+    monkeypatch.undo()
+    pooled, taken = run_rnn(values, monkeypatch, True)
+    assert taken
+    for got, want in zip(pooled, alone):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_rnn_keeps_nans_and_infinities_as_numpy_does(monkeypatch):
+    values = rnn_values(np.float32, 2)
+    values["X"][3, 0, 0] = np.nan
+    values["X"][1, 1, 0] = np.inf
+    for activation in ("Tanh", "Relu", "Sigmoid"):
+        whole, taken = run_rnn(values, monkeypatch, True, activations=[activation])
+        assert taken
+        with np.errstate(invalid="ignore"):  # NumPy's matmul of a NaN says so
+            steps, _ = run_rnn(values, monkeypatch, False, activations=[activation])
+        for got, want in zip(whole, steps):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=3e-6, atol=3e-6)
+
+
+def test_an_rnn_session_keeps_the_parts_panels_and_matches_fed_weights():
+    import mixrt
+    from onnx import TensorProto, helper, numpy_helper
+    values = rnn_values(np.float32, 1)
+    weights = {k: values[k] for k in ("W", "R", "B")}
+
+    def model(constant):
+        node = helper.make_node("RNN", ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=HIDDEN,
+                                activations=["Relu"])
+        feeds = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", INPUT])]
+        feeds += [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                  for k, v in weights.items() if not constant]
+        graph = helper.make_graph(
+            [node], "rnn", feeds,
+            [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Y_h")],
+            initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()
+                         if constant])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    kept = mixrt.Session(model(True).SerializeToString())
+    fed = mixrt.Session(model(False).SerializeToString())
+    x = values["X"]
+    first = kept.run(None, {"X": x})
+    for got, again, other in zip(first, kept.run(None, {"X": x}),
+                                 fed.run(None, {"X": x, **weights})):
+        np.testing.assert_array_equal(got, again)
+        np.testing.assert_allclose(got, other, rtol=3e-6, atol=3e-6)
+    (node,) = [n for n in kept._bound.nodes if n.node.op_type == "RNN"]
+    keys = {key[0] for key in node.attributes["_prepacked"] if isinstance(key, tuple)}
+    assert {"rnn R by part", "rnn W", "rnn bias"} <= keys
