@@ -1,12 +1,14 @@
-"""LSTM and GRU inference on the CPU: mixrt against onnxruntime and PyTorch on one model.
+"""Recurrent inference on the CPU: mixrt against onnxruntime and PyTorch on one model.
 
-    python benchmarks/lstm_bench.py [--cell lstm|gru] [--batch 1 8 64] [--runs 15] [--rounds 3]
+    python benchmarks/lstm_bench.py [--cell lstm|gru|rnn] [--batch 1 8 64] [--runs 15]
+                                    [--rounds 3]
 
-The model is train_bench's sequence classifier (a 2-layer LSTM or GRU, hidden 256, over 32
-steps of 64 features, its last step into 10 classes), exported from PyTorch at opset 17. Every
-runtime first computes the same logits as onnxruntime (max abs diff printed), then each
-batch is timed in ``--rounds`` rounds that visit the runtimes in turn, ``--runs`` calls a
-visit; the table gives the median over all rounds. Host arrays in and out, 2 threads each.
+The model is train_bench's sequence classifier (a 2-layer LSTM, GRU or tanh RNN, hidden
+256, over 32 steps of 64 features, its last step into 10 classes), exported from PyTorch at
+opset 17. Every runtime first computes the same logits as onnxruntime (max abs diff printed),
+then each batch is timed in ``--rounds`` rounds that visit the runtimes in turn, ``--runs``
+calls a visit; the table gives the median over all rounds. Host arrays in and out, 2
+threads each.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def runners(path: Path, threads: int, cell: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
+    parser.add_argument("--cell", choices=("lstm", "gru", "rnn"), default="lstm")
     parser.add_argument("--batch", nargs="*", type=int, default=[1, 8, 64])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)

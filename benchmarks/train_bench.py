@@ -2,6 +2,7 @@
 memory plan (forward + backward planned together) against naive allocation.
 
     python benchmarks/train_bench.py [--models mlp resnet18 lstm gru] [--steps 20] [--out FILE.md]
+                                     (rnn, a tanh RNN, runs only when asked for)
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
     python benchmarks/train_bench.py --device gpu --precision float32 float16
 
@@ -106,8 +107,12 @@ def torch_gru(seed: int = 0):
     return torch_lstm(seed, cell="GRU")
 
 
+def torch_rnn(seed: int = 0):
+    return torch_lstm(seed, cell="RNN")
+
+
 MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32), "lstm": (torch_lstm, 64),
-          "gru": (torch_gru, 64)}
+          "gru": (torch_gru, 64), "rnn": (torch_rnn, 64)}
 
 
 def export_training(module, sample_shape, path: Path) -> Path:
@@ -296,7 +301,7 @@ def _symbolic_batch(graph) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=[m for m in MODELS if m != "rnn"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--memory-batch", type=int, default=32)
