@@ -13,7 +13,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, shape_text
 
 FLOATS_NO_BF16 = frozenset({"float16", "float32", "float64"})
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -89,6 +89,61 @@ def activation_functions(xp, names, alphas, betas, defaults, num_directions):
     return [[lambda x, fn=ACTIVATIONS[key][0], a=alpha, b=beta: fn(xp, x, a, b)
              for key, alpha, beta in direction]
             for direction in activation_specs(names, alphas, betas, defaults, num_directions)]
+
+
+# -- the operands' shapes --------------------------------------------------------------------
+
+GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def check_operands(op_type: str, X, W, R, B=None, *, initial_h=None, initial_c=None, P=None,
+                   direction="forward", hidden_size=None, layout=0) -> None:
+    """Raises a ValueError naming the first operand whose shape does not fit the others, and
+    the shape it should have: W (D, G x H, I), R (D, G x H, H), B (D, 2 x G x H), the initial
+    states (D, batch, H) or with layout=1 (batch, D, H), P (D, 3 x H), for D directions, G
+    gates, hidden size H and input size I. Shapes are tuples (an absent input None); a dim
+    that is not a known int (a name, None) always fits, so the shape inference at load time
+    and the kernels at run time share this."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"{op_type}: direction must be one of {DIRECTIONS}, got {direction!r}")
+    gates, directions = GATES[op_type], 2 if direction == "bidirectional" else 1
+    x = X if X is not None and len(X) == 3 else (None,) * 3
+    if X is not None and len(X) != 3:
+        raise ValueError(f"{op_type}: X has shape {shape_text(X)}; expected 3 axes "
+                         f"({'batch, seq_length' if layout else 'seq_length, batch'}, "
+                         "input_size)")
+    batch, size = (x[0] if layout else x[1]), x[2]
+    hidden = hidden_size if hidden_size is not None else (
+        R[-1] if R is not None and len(R) == 3 else None)
+    wide = None if not isinstance(hidden, int) else gates * hidden
+    state = (batch, directions, hidden) if layout else (directions, batch, hidden)
+    state_axes = "batch, num_directions, hidden_size" if layout \
+        else "num_directions, batch, hidden_size"
+    expected = (
+        ("W", W, (directions, wide, size), f"num_directions, {gates} x hidden_size, input_size"),
+        ("R", R, (directions, wide, hidden), f"num_directions, {gates} x hidden_size, "
+                                             "hidden_size"),
+        ("B", B, (directions, None if wide is None else 2 * wide),
+         f"num_directions, {2 * gates} x hidden_size"),
+        ("initial_h", initial_h, state, state_axes),
+        ("initial_c", initial_c, state, state_axes),
+        ("P", P, (directions, None if hidden is None else 3 * hidden),
+         "num_directions, 3 x hidden_size"))
+    for name, shape, want, axes in expected:
+        if shape is not None and not _fits(shape, want):
+            raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
+                             f"{shape_text(want)} ({axes}) for X {shape_text(X)}, "
+                             f"direction {direction!r} and hidden_size {hidden}")
+
+
+def _fits(shape, expected) -> bool:
+    return len(shape) == len(expected) and all(
+        not isinstance(a, int) or not isinstance(b, int) or a == b
+        for a, b in zip(shape, expected))
+
+
+def _shape(array):
+    return None if array is None else tuple(array.shape)
 
 
 # -- the shared driver ------------------------------------------------------------------
@@ -211,6 +266,8 @@ def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                direction="forward", hidden_size=None, layout=0, _outputs=2, _prepacked=None):
     """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb). ``_prepacked`` as in
     :func:`long_short_term_memory` (ops/rnn_cpu.py)."""
+    check_operands("RNN", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
+                   direction=direction, hidden_size=hidden_size, layout=layout)
     if _outputs > 2:
         return _keeping_workspace("RNN", xp, X, W, R, B, sequence_lens, [initial_h], None,
                                   activation_alpha=activation_alpha,
@@ -269,6 +326,8 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                          linear_before_reset=0, _outputs=2, _prepacked=None):
     """Gates z (update), r (reset), h (candidate), in that order in W, R and B.
     ``_prepacked`` as in :func:`long_short_term_memory` (ops/gru_cpu.py)."""
+    check_operands("GRU", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
+                   direction=direction, hidden_size=hidden_size, layout=layout)
     if _outputs > 2:
         return _keeping_workspace("GRU", xp, X, W, R, B, sequence_lens, [initial_h], None,
                                   activation_alpha=activation_alpha,
@@ -342,6 +401,9 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
     """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f.
     ``_prepacked``: the node's dict where W is a session constant (ops/lstm_cpu.py keeps the
     weights' halved and packed forms there when R and B are constants too)."""
+    check_operands("LSTM", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
+                   initial_c=_shape(initial_c), P=_shape(P), direction=direction,
+                   hidden_size=hidden_size, layout=layout)
     if _outputs > 3:
         return _keeping_workspace("LSTM", xp, X, W, R, B, sequence_lens,
                                   [initial_h, initial_c], P, activation_alpha=activation_alpha,
@@ -419,10 +481,16 @@ def lstm_14(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=N
 
 # -- shape inference --------------------------------------------------------------------
 
-def recurrent_infer(state_outputs):
+def recurrent_infer(op_type: str, state_outputs: int):
     """Y plus ``state_outputs`` final states, each (directions, batch, hidden) or, with
-    layout=1, batch first."""
-    def infer(X, W, R, *_, hidden_size=None, direction="forward", layout=0, **__):
+    layout=1, batch first; operands whose shapes do not fit are refused at load time
+    (:func:`check_operands`)."""
+    def infer(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *,
+              hidden_size=None, direction="forward", layout=0, **__):
+        check_operands(op_type, *(_type_shape(t) for t in (X, W, R, B)),
+                       initial_h=_type_shape(initial_h), initial_c=_type_shape(initial_c),
+                       P=_type_shape(P), direction=direction, hidden_size=hidden_size,
+                       layout=layout)
         if X.shape is None:
             return [TensorType(X.dtype, None) for _ in range(1 + state_outputs)]
         directions = 2 if direction == "bidirectional" else 1
@@ -437,7 +505,11 @@ def recurrent_infer(state_outputs):
     return infer
 
 
-for _kernel in (rnn_7, rnn_14, gru_7, gru_14):
-    _kernel.infer(recurrent_infer(1))
+def _type_shape(value_type):
+    return None if value_type is None else value_type.shape
+
+
+for _kernel, _op_type in ((rnn_7, "RNN"), (rnn_14, "RNN"), (gru_7, "GRU"), (gru_14, "GRU")):
+    _kernel.infer(recurrent_infer(_op_type, 1))
 for _kernel in (lstm_7, lstm_14):
-    _kernel.infer(recurrent_infer(2))
+    _kernel.infer(recurrent_infer("LSTM", 2))

@@ -139,19 +139,86 @@ def test_recurrent_float16_runs_wide_and_returns_float16():
 
 def test_recurrent_infer_layouts():
     x = tensor(np.float32, ("S", "N", 3))
-    r = tensor(np.float32, (2, 16, 4))
+    w, r = tensor(np.float32, (2, 16, 3)), tensor(np.float32, (2, 16, 4))
     y, yh, yc, workspace = rnn.lstm_14.kernels[0].infer_fn(
-        x, r, r, direction="bidirectional")
+        x, w, r, direction="bidirectional")
     assert y.shape == ("S", 2, "N", 4) and yh.shape == yc.shape == (2, "N", 4)
     # the training forward's extra output (rnn_grad.py): the 8 cache entries LSTMGrad reads
     # with sigmoid and tanh, the 4 pre-activations too when clipped
     assert workspace.shape == (2, "S", 8, "N", 4)
-    clipped = rnn.lstm_14.kernels[0].infer_fn(x, r, r, direction="bidirectional", clip=1.0)
+    clipped = rnn.lstm_14.kernels[0].infer_fn(x, w, r, direction="bidirectional", clip=1.0)
     assert clipped[3].shape == (2, "S", 12, "N", 4)
-    y, yh, workspace = rnn.gru_14.kernels[0].infer_fn(tensor(np.float32, ("N", "S", 3)), r, r,
-                                                      layout=1, hidden_size=4)
+    y, yh, workspace = rnn.gru_14.kernels[0].infer_fn(
+        tensor(np.float32, ("N", "S", 3)), tensor(np.float32, (1, 12, 3)),
+        tensor(np.float32, (1, 12, 4)), layout=1, hidden_size=4)
     assert y.shape == ("N", "S", 1, 4) and yh.shape == ("N", 1, 4)
     assert workspace.shape == (1, "S", 4, "N", 4)
+
+
+def recurrent_model(op_type, shapes, **attributes):
+    """One recurrent node whose inputs (name -> shape, None: absent) are graph inputs."""
+    names = [name if shape is not None else "" for name, shape in shapes.items()]
+    node = helper.make_node(op_type, names, ["Y"], **attributes)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+                      for name, shape in shapes.items() if shape is not None],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)],
+                             ir_version=8).SerializeToString()
+
+
+# static shapes: the load-time check shows a node to its infer function only when every
+# input's shape is known (runtime/passes/typecheck.py)
+LSTM_SHAPES = dict(X=(5, 2, 3), W=(2, 16, 3), R=(2, 16, 4), B=(2, 32), sequence_lens=None,
+                   initial_h=(2, 2, 4), initial_c=(2, 2, 4), P=(2, 12))
+
+
+@pytest.mark.parametrize("operand, shape, expected", [
+    ("W", (2, 16, 5), r"W has shape \(2, 16, 5\); expected \(2, 16, 3\) \(num_directions, "
+                      r"4 x hidden_size, input_size\)"),
+    ("W", (1, 16, 3), r"W has shape \(1, 16, 3\); expected \(2, 16, 3\)"),
+    ("R", (2, 16, 5), r"R has shape \(2, 16, 5\); expected \(2, 16, 4\)"),
+    ("B", (2, 16), r"B has shape \(2, 16\); expected \(2, 32\) \(num_directions, "
+                   r"8 x hidden_size\)"),
+    ("initial_h", (1, 2, 4), r"initial_h has shape \(1, 2, 4\); expected \(2, 2, 4\)"),
+    ("initial_c", (2, 3, 4), r"initial_c has shape \(2, 3, 4\); expected \(2, 2, 4\)"),
+    ("P", (2, 16), r"P has shape \(2, 16\); expected \(2, 12\) \(num_directions, "
+                   r"3 x hidden_size\)"),
+    ("X", (5, 3), r"X has shape \(5, 3\); expected 3 axes"),
+])
+def test_a_recurrent_operand_of_the_wrong_shape_is_refused_at_load_naming_it(
+        operand, shape, expected):
+    import mixrt
+    from mixrt.errors import GraphError
+    model = recurrent_model("LSTM", dict(LSTM_SHAPES, **{operand: shape}), hidden_size=4,
+                            direction="bidirectional")
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(model)
+    assert "LSTM" in str(caught.value)
+
+
+def test_a_recurrent_state_whose_batch_differs_from_x_is_refused_at_run_time():
+    """The batch is a symbol at load time, so a fed initial_h whose batch differs from X's
+    is caught when the node runs, with the shapes it should have."""
+    import mixrt
+    from mixrt.errors import ExecutionError
+    shapes = dict(X=("S", "N", 3), W=(1, 4, 3), R=(1, 4, 4), B=None, sequence_lens=None,
+                  initial_h=(1, "M", 4))
+    session = mixrt.Session(recurrent_model("RNN", shapes, hidden_size=4))
+    feeds = dict(X=randn(5, 2, 3), W=randn(1, 4, 3), R=randn(1, 4, 4))
+    np.testing.assert_allclose(session.run(None, dict(feeds, initial_h=randn(1, 2, 4)))[0].shape,
+                               (5, 1, 2, 4))
+    with pytest.raises(ExecutionError, match=r"RNN: initial_h has shape \(1, 3, 4\); "
+                                             r"expected \(1, 2, 4\)"):
+        session.run(None, dict(feeds, initial_h=randn(1, 3, 4)))
+
+
+def test_check_operands_lets_unknown_dims_fit_and_refuses_an_unknown_direction():
+    rnn.check_operands("GRU", None, (1, 12, None), ("K", 12, 4), None, hidden_size=None)
+    rnn.check_operands("GRU", ("S", "N", 7), (1, 12, 7), (1, 12, 4), (1, 24), layout=1,
+                       initial_h=("N", 1, 4))
+    with pytest.raises(ValueError, match=r"direction must be one of"):
+        rnn.check_operands("RNN", None, None, None, direction="sideways")
 
 
 # -- Attention -------------------------------------------------------------------------
