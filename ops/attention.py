@@ -16,7 +16,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, same_as_input
+from mixrt.ops.types import TensorType, broadcast_shapes, same_as_input, shape_text
 
 
 # -- layout helpers -----------------------------------------------------------------------
@@ -219,8 +219,91 @@ def _heads_dim(hidden, num, heads):
     return None
 
 
+def _differ(a, b) -> bool:
+    """Two dims that are both known ints and not equal (a symbol or None fits anything)."""
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
+def _divides(part, whole) -> bool:
+    return not (isinstance(part, int) and isinstance(whole, int) and part and whole % part)
+
+
+def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None, *,
+                           q_num_heads=None, kv_num_heads=None, attn_mask=None) -> None:
+    """Raises a ValueError naming the first of Q, K, V, past_key, past_value, attn_mask
+    (shapes; None unknown) that does not fit the others: (batch, heads, seq, head size)
+    each, or 3-D (batch, seq, heads x head size) with ``q_num_heads``/``kv_num_heads``; K
+    and V one sequence and one head count, which divides Q's; K's head size Q's; the mask
+    broadcast to the scores (batch, heads, q seq, past + kv seq), its key axis no longer
+    (a shorter one is padded)."""
+    if Q is None or K is None or V is None:
+        return
+    four = len(Q) == 4
+    if len(Q) not in (3, 4):
+        raise ValueError(f"{op_type}: Q has shape {shape_text(Q)}; expected 4 axes (batch, "
+                         "heads, seq, head_size) or 3 (batch, seq, heads x head_size)")
+    for name, shape in (("K", K), ("V", V)):
+        if len(shape) != len(Q):
+            raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
+                             f"{len(Q)} axes, as Q {shape_text(Q)}")
+    if not four and not (q_num_heads and kv_num_heads):
+        raise ValueError(f"{op_type}: 3-D inputs need q_num_heads and kv_num_heads")
+    q_heads, kv_heads = (Q[1], K[1]) if four else (q_num_heads, kv_num_heads)
+    q_size = Q[3] if four else (Q[2] // q_heads if isinstance(Q[2], int) else None)
+    k_size = K[3] if four else (K[2] // kv_heads if isinstance(K[2], int) else None)
+    seq_axis = 2 if four else 1
+    problems = (
+        ("K", K, _differ(K[0], Q[0]), f"batch {K[0]}, Q's is {Q[0]}"),
+        ("V", V, _differ(V[0], Q[0]), f"batch {V[0]}, Q's is {Q[0]}"),
+        ("Q", Q, not four and not _divides(q_heads, Q[2]),
+         f"{Q[2]} features do not split into q_num_heads={q_heads}"),
+        ("K", K, not four and not _divides(kv_heads, K[2]),
+         f"{K[2]} features do not split into kv_num_heads={kv_heads}"),
+        ("V", V, not four and not _divides(kv_heads, V[2]),
+         f"{V[2]} features do not split into kv_num_heads={kv_heads}"),
+        ("V", V, four and _differ(V[1], K[1]), f"{V[1]} heads, K's are {K[1]}"),
+        ("K", K, not _divides(kv_heads, q_heads),
+         f"{kv_heads} heads do not divide Q's {q_heads}"),
+        ("K", K, _differ(k_size, q_size), f"head size {k_size}, Q's is {q_size}"),
+        ("V", V, _differ(V[seq_axis], K[seq_axis]),
+         f"{V[seq_axis]} positions, K's are {K[seq_axis]}"))
+    for name, shape, wrong, why in problems:
+        if wrong:
+            raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}: {why} (Q "
+                             f"{shape_text(Q)}, K {shape_text(K)}, V {shape_text(V)})")
+    v_size = V[3] if four else (V[2] // kv_heads if isinstance(V[2], int) else None)
+    for name, past, size in (("past_key", past_key, k_size), ("past_value", past_value, v_size)):
+        expected = (Q[0], kv_heads, None, size)
+        if past is not None and (len(past) != 4 or any(map(_differ, past, expected))):
+            raise ValueError(f"{op_type}: {name} has shape {shape_text(past)}; expected "
+                             f"{shape_text(expected)} (batch, kv heads, past seq, head size)")
+    total = K[seq_axis] if past_key is None else _sum_dims(past_key[2], K[seq_axis])
+    _check_mask(op_type, attn_mask, (Q[0], q_heads, Q[seq_axis], total))
+
+
+def _check_mask(op_type: str, mask, scores) -> None:
+    if not mask:  # absent, or a scalar (it broadcasts)
+        return
+    padded = tuple(mask[:-1]) + (scores[-1],)
+    try:
+        fits = len(mask) <= 4 and not (
+            isinstance(mask[-1], int) and isinstance(scores[-1], int) and mask[-1] > scores[-1])
+        fits = fits and broadcast_shapes(scores, padded) is not None
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{op_type}: attn_mask has shape {shape_text(mask)}; expected one that "
+                         f"broadcasts to the scores {shape_text(scores)} (batch, q heads, q "
+                         "seq, past + kv seq), its last axis no longer than theirs")
+
+
 def infer_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
       q_num_heads=None, kv_num_heads=None, **_):
+    check_attention_shapes("Attention", Q.shape, K.shape, V.shape,
+                           None if past_key is None else past_key.shape,
+                           None if past_value is None else past_value.shape,
+                           q_num_heads=q_num_heads, kv_num_heads=kv_num_heads,
+                           attn_mask=None if attn_mask is None else attn_mask.shape)
     if Q.shape is None or K.shape is None or V.shape is None:
         return [TensorType(Q.dtype, None) for _ in range(4)]
     past_len = 0 if past_key is None or past_key.shape is None else past_key.shape[2]
@@ -274,6 +357,10 @@ def flex_attention(xp, Q, K, V, *, prob_mod=None, scale=None, score_mod=None,
 
 @flex_attention.infer
 def _(Q, K, V, **_):
+    if Q.shape is not None and len(Q.shape) != 4:
+        raise ValueError(f"FlexAttention: Q has shape {shape_text(Q.shape)}; expected 4 axes "
+                         "(batch, heads, seq, head_size)")
+    check_attention_shapes("FlexAttention", Q.shape, K.shape, V.shape)
     if Q.shape is None or V.shape is None:
         return [TensorType(Q.dtype, None)]
     return [TensorType(Q.dtype, Q.shape[:3] + V.shape[3:])]
@@ -312,7 +399,36 @@ def rotary_embedding(xp, X, cos_cache, sin_cache, position_ids=None, *, interlea
     return out.transpose(0, 2, 1, 3) if X.ndim == 4 else out.reshape(X.shape)
 
 
-rotary_embedding.infer(same_as_input)
+@rotary_embedding.infer
+def _(X, cos_cache, sin_cache, position_ids=None, *, num_heads=None, rotary_embedding_dim=0,
+      **_):
+    """X's type; operands whose shapes do not fit are refused: X (batch, heads, seq, size)
+    or (batch, seq, heads x size) with num_heads, each cache (batch, seq, rotary / 2), or
+    (positions, rotary / 2) with position_ids (batch, seq)."""
+    x = X.shape
+    if x is None:
+        return same_as_input(X)
+    if len(x) not in (3, 4) or (len(x) == 3 and not num_heads):
+        raise ValueError(f"RotaryEmbedding: X has shape {shape_text(x)}; expected (batch, "
+                         "heads, seq, head_size), or (batch, seq, hidden) with num_heads")
+    batch, seq = x[0], (x[2] if len(x) == 4 else x[1])
+    size = x[3] if len(x) == 4 else _heads_dim(x[2], 1, num_heads)
+    if len(x) == 3 and not _divides(num_heads, x[2]):
+        raise ValueError(f"RotaryEmbedding: X's {x[2]} features do not split into "
+                         f"num_heads={num_heads}")
+    rotary = rotary_embedding_dim or size
+    half = rotary // 2 if isinstance(rotary, int) else None
+    by_position = position_ids is not None
+    expected = (None, half) if by_position else (batch, seq, half)
+    operands = [("cos_cache", cos_cache.shape, expected), ("sin_cache", sin_cache.shape, expected)]
+    if by_position:
+        operands.append(("position_ids", position_ids.shape, (batch, seq)))
+    for name, shape, want in operands:
+        if shape is not None and (len(shape) != len(want) or any(map(_differ, shape, want))):
+            raise ValueError(f"RotaryEmbedding: {name} has shape {shape_text(shape)}; expected "
+                             f"{shape_text(want)} for X {shape_text(x)} and a rotary size of "
+                             f"{rotary}")
+    return same_as_input(X)
 
 
 # -- SwiGLU -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import math
 
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, shape_text
 
 NARROW_FLOATS = frozenset({"float32", "float16", "bfloat16"})
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
@@ -125,9 +125,63 @@ def _decayed_products(xp, a, k, ratio):
     return (a[..., :, None, :] * k[..., None, :, :] * ratio).sum(axis=-1)
 
 
+def _shape_of(value_type):
+    return None if value_type is None else value_type.shape
+
+
+def _refuse(op_type, name, shape, expected, axes):
+    raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
+                     f"{expected} ({axes})")
+
+
+def _check_linear_attention(query, key, value, past_state, decay, beta, q_heads, kv_heads):
+    """Refuses (ValueError, naming the operand) shapes that do not fit one another: query
+    (B, T, Hq x dk), key (B, T, Hkv x dk), value (B, T, Hkv x dv), past_state (B, Hkv, dk,
+    dv), decay (B, T, Hkv or Hkv x dk), beta (B, T, Hkv or 1)."""
+    q, k, v = query, key, value
+    if q is None or k is None or v is None or not q_heads or not kv_heads:
+        return
+    axes = "batch, steps, heads x size"
+    for name, shape in (("query", q), ("key", k), ("value", v)):
+        if len(shape) != 3 or _differ(shape[0], q[0]) or _differ(shape[1], q[1]):
+            _refuse("LinearAttention", name, shape, f"3 axes, batch and steps as the query "
+                    f"{shape_text(q)}'s", axes)
+    for name, shape, heads in (("query", q, q_heads), ("key", k, kv_heads),
+                               ("value", v, kv_heads)):
+        if isinstance(shape[2], int) and shape[2] % heads:
+            _refuse("LinearAttention", name, shape, f"a last axis that splits into {heads} "
+                    "heads", axes)
+    d_k = k[2] // kv_heads if isinstance(k[2], int) else None
+    d_v = v[2] // kv_heads if isinstance(v[2], int) else None
+    if q_heads % kv_heads or _differ(q[2], None if d_k is None else q_heads * d_k):
+        _refuse("LinearAttention", "query", q, f"q_num_heads={q_heads} heads of the key's "
+                f"size {d_k}, a multiple of kv_num_heads={kv_heads}", axes)
+    state = (q[0], kv_heads, d_k, d_v)
+    if past_state is not None and (len(past_state) != 4
+                                   or any(map(_differ, past_state, state))):
+        _refuse("LinearAttention", "past_state", past_state, shape_text(state),
+                "batch, kv heads, key size, value size")
+    for name, shape, lasts in (("decay", decay, (kv_heads, None if d_k is None else
+                                                 kv_heads * d_k)),
+                               ("beta", beta, (kv_heads, 1))):
+        if shape is None:
+            continue
+        if len(shape) != 3 or _differ(shape[0], q[0]) or _differ(shape[1], q[1]) or (
+                isinstance(shape[2], int) and None not in lasts and shape[2] not in lasts):
+            _refuse("LinearAttention", name, shape, f"(batch {q[0]}, steps {q[1]}, "
+                    f"{' or '.join(str(n) for n in lasts if n is not None)})",
+                    "batch, steps, per head or per key channel")
+
+
+def _differ(a, b) -> bool:
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
 @linear_attention.infer
 def _(query, key, value, past_state=None, decay=None, beta=None, *, kv_num_heads=None,
       q_num_heads=None, **_):
+    _check_linear_attention(*(_shape_of(t) for t in (query, key, value, past_state, decay,
+                                                     beta)), q_num_heads, kv_num_heads)
     state_dtype = query.dtype if past_state is None else past_state.dtype
     if query.shape is None or key.shape is None or value.shape is None or not kv_num_heads:
         return [TensorType(query.dtype, None), TensorType(state_dtype, None)]
@@ -175,6 +229,22 @@ def causal_conv_with_state(xp, input, weight, bias=None, past_state=None, *,
 
 @causal_conv_with_state.infer
 def _(input, weight, bias=None, past_state=None, **_):
+    x, w = input.shape, weight.shape
+    if x is not None and len(x) != 3:
+        _refuse("CausalConvWithState", "input", x, "3 axes", "batch, channels, length")
+    if x is not None and w is not None:
+        taps = w[-1]
+        channels = x[1]
+        if len(w) not in (2, 3) or _differ(w[0], channels) or (len(w) == 3 and _differ(w[1], 1)):
+            _refuse("CausalConvWithState", "weight", w, f"({channels}, 1, k) or ({channels}, k)",
+                    "one filter per channel of the input " + shape_text(x))
+        operands = (("bias", _shape_of(bias), (channels,), "one per channel"),
+                    ("past_state", _shape_of(past_state),
+                     (x[0], channels, taps - 1 if isinstance(taps, int) else None),
+                     "batch, channels, k - 1"))
+        for name, shape, want, axes in operands:
+            if shape is not None and (len(shape) != len(want) or any(map(_differ, shape, want))):
+                _refuse("CausalConvWithState", name, shape, shape_text(want), axes)
     state_shape = None
     if input.shape is not None and weight.shape is not None:
         taps = weight.shape[-1]

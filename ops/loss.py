@@ -11,7 +11,7 @@ from __future__ import annotations
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.nn import log_softmax_over, widen
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, conflicting, shape_text
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -23,6 +23,7 @@ def _nll(xp, log_prob, target, weight, ignore_index, reduction):
     ignored = None if ignore_index is None else target == ignore_index
     # ignore_index may lie outside [0, C): point ignored positions at class 0, then drop them
     classes = target if ignored is None else xp.where(ignored, 0, target)
+    _check_classes(xp, classes, log_prob.shape[1])
     picked = xp.take_along_axis(log_prob, xp.expand_dims(classes, 1), axis=1)
     picked = xp.squeeze(picked, axis=1)
     sample_weight = (xp.ones(picked.shape, dtype=picked.dtype) if weight is None
@@ -58,16 +59,43 @@ def softmax_cross_entropy_loss(xp, scores, labels, weights=None, *, ignore_index
     return loss, log_prob.astype(scores.dtype, copy=False)
 
 
-def _loss_type(input: TensorType, target: TensorType, reduction: str) -> TensorType:
+def _check_classes(xp, classes, count: int) -> None:
+    """A target class outside [0, C) (and not ignore_index) is the caller's error, named,
+    rather than an index error from the pick."""
+    if classes.size and (int(classes.min()) < 0 or int(classes.max()) >= count):
+        bad = classes[(classes < 0) | (classes >= count)].reshape(-1)[:4]
+        raise ValueError(f"the target holds class {', '.join(str(int(v)) for v in bad)}, "
+                         f"outside [0, {count}) for an input of {count} classes (and not "
+                         "ignore_index)")
+
+
+def _loss_type(op_type: str, input: TensorType, target: TensorType, weight,
+               reduction: str) -> TensorType:
+    """The loss's type; operands whose shapes do not fit are refused: input (N, C, d1..dk),
+    target (N, d1..dk), weight (C,)."""
+    x, t = input.shape, target.shape
+    if x is not None and len(x) < 2:
+        raise ValueError(f"{op_type}: the input has shape {shape_text(x)}; expected (N, C, "
+                         "d1, ..., dk), at least 2 axes")
+    if x is not None and t is not None and (
+            len(t) != len(x) - 1 or any(conflicting(a, b) for a, b in zip(t, x[:1] + x[2:]))):
+        raise ValueError(f"{op_type}: the target has shape {shape_text(t)}; expected "
+                         f"{shape_text(x[:1] + x[2:])} (the input {shape_text(x)} without its "
+                         "class axis 1)")
+    w = None if weight is None else weight.shape
+    if x is not None and w is not None and (len(w) != 1 or conflicting(w[0], x[1])):
+        raise ValueError(f"{op_type}: the weight has shape {shape_text(w)}; expected "
+                         f"({x[1]},), one per class of the input {shape_text(x)}")
     return TensorType(input.dtype, target.shape if reduction == "none" else ())
 
 
 @negative_log_likelihood_loss.infer
-def _(input: TensorType, target: TensorType, *_, reduction="mean", **__):
-    return [_loss_type(input, target, reduction)]
+def _(input: TensorType, target: TensorType, weight=None, *, reduction="mean", **__):
+    return [_loss_type("NegativeLogLikelihoodLoss", input, target, weight, reduction)]
 
 
 @softmax_cross_entropy_loss.infer
-def _(scores: TensorType, labels: TensorType, *_, reduction="mean", **__):
-    return [_loss_type(scores, labels, reduction), TensorType(scores.dtype, scores.shape)]
+def _(scores: TensorType, labels: TensorType, weights=None, *, reduction="mean", **__):
+    return [_loss_type("SoftmaxCrossEntropyLoss", scores, labels, weights, reduction),
+            TensorType(scores.dtype, scores.shape)]
 

@@ -520,6 +520,8 @@ def rms_normalization(xp, X, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 
 @rms_normalization.infer
 def _(X: TensorType, scale: TensorType, **_):
+    if X.shape is not None and scale.shape is not None:
+        broadcast_shapes(X.shape, scale.shape)  # the kernel multiplies it to X's shape
     return [TensorType(scale.dtype, X.shape)]
 
 

@@ -13,8 +13,9 @@ import numpy as np
 
 from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
+from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import REGISTRY, op
-from mixrt.ops.types import TensorType, broadcast_shapes, normalize_axis
+from mixrt.ops.types import TensorType, normalize_axis
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
 QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
@@ -290,21 +291,11 @@ def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None):
 
 
 def _matmul_shape(a, b):
-    if a.shape is None or b.shape is None:
+    """MatMul's output shape (ops/nn.matmul_shape, which refuses operands without a common
+    inner dim); None when either shape is unknown or a scalar."""
+    if a.shape is None or b.shape is None or len(a.shape) < 1 or len(b.shape) < 1:
         return None
-    if len(a.shape) < 1 or len(b.shape) < 1:
-        return None
-    a_shape = (1,) + tuple(a.shape) if len(a.shape) == 1 else tuple(a.shape)
-    b_shape = tuple(b.shape) + (1,) if len(b.shape) == 1 else tuple(b.shape)
-    batch = broadcast_shapes(a_shape[:-2], b_shape[:-2])
-    if batch is None:
-        return None
-    shape = batch + (a_shape[-2], b_shape[-1])
-    if len(a.shape) == 1:
-        shape = shape[:-2] + shape[-1:]
-    if len(b.shape) == 1:
-        shape = shape[:-1]
-    return shape
+    return matmul_shape(a.shape, b.shape)
 
 
 @matmul_integer.infer

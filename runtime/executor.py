@@ -424,13 +424,46 @@ def _call(step, xp, args, attributes):
     except MixrtError:
         raise
     except Exception as exc:
-        raise _failed(step, exc) from exc
+        raise _failed(step, exc, args) from exc
 
 
-def _failed(step, exc) -> ExecutionError:
+# an input whose values an infer function is shown when explaining a failure (Reshape's
+# shape, Resize's scales), up to this many elements: a shape rule reads only small ones
+VALUES_SHOWN = 4096
+
+
+def _failed(step, exc, args=()) -> ExecutionError:
+    """The error for a kernel that raised ``exc``: the op's own shape rule on the operands
+    it was given, where that rule refuses them ("W has shape (2, 16, 5); expected ..."),
+    then what the kernel raised (NumPy's "operands could not be broadcast ...")."""
     node = step.node
-    return ExecutionError(f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type}, "
-                          f"opset {node.opset}) failed: {type(exc).__name__}: {exc}")
+    where = f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type}, opset {node.opset})"
+    raised = f"{type(exc).__name__}: {exc}"
+    problem = _shape_problem(node, args) if isinstance(exc, (ValueError, IndexError)) else None
+    if problem and str(exc) in problem:  # the kernel ran the same rule
+        return ExecutionError(f"{where} failed: {problem}")
+    if problem:
+        return ExecutionError(f"{where} failed: {problem} [the kernel raised {raised}]")
+    return ExecutionError(f"{where} failed: {raised}")
+
+
+def _shape_problem(node, args) -> str | None:
+    """What the op's infer function refuses in the operands a run gave it (their shapes now
+    static), as the load-time check (runtime/passes/typecheck.py) says it; None when it
+    accepts them or cannot tell."""
+    from mixrt.runtime.passes.typecheck import operand_shape_problem  # noqa: PLC0415
+    types = {}
+    for name, value in zip(node.inputs, args):
+        if not name or value is None:
+            continue
+        value_type = type_of_value(value)
+        if isinstance(value, np.ndarray) and value.size <= VALUES_SHOWN:
+            value_type = TensorType(value_type.dtype, value_type.shape, value=value)
+        types[name] = value_type
+    try:
+        return operand_shape_problem(node, types)
+    except Exception:  # noqa: BLE001  (explaining a failure must not fail in its turn)
+        return None
 
 
 def _detached(value, buffer, xp):

@@ -191,6 +191,20 @@ SHAPE_INVALID = {
                       ["GroupNormalization-21's scale has shape (2,); expected (4,)"]),
     "group-norm-groups": ("GroupNormalization", [(2, 4, 8), (4,), (4,)], {"num_groups": 3},
                           21, ["4 channels do not split into num_groups=3"]),
+    "rms-norm": ("RMSNormalization", [(2, 3, 4), (5,)], {}, 23, ["do not broadcast"]),
+    "attention-head-size": ("Attention", [(2, 3, 4, 8), (2, 3, 6, 5), (2, 3, 6, 8)], {}, 23,
+                            ["K has shape (2, 3, 6, 5): head size 5, Q's is 8"]),
+    "attention-heads": ("Attention", [(2, 4, 4, 8), (2, 3, 6, 8), (2, 3, 6, 8)], {}, 23,
+                        ["3 heads do not divide Q's 4"]),
+    "attention-kv-length": ("Attention", [(2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 5, 8)], {}, 23,
+                            ["V has shape (2, 3, 5, 8): 5 positions, K's are 6"]),
+    "attention-mask": ("Attention", [(2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 8), (4, 7)], {},
+                       23, ["attn_mask has shape (4, 7)", "(2, 3, 4, 6)"]),
+    "attention-3d": ("Attention", [(2, 4, 32), (2, 6, 12), (2, 6, 12)],
+                     {"q_num_heads": 4, "kv_num_heads": 2}, 23,
+                     ["K has shape (2, 6, 12): head size 6, Q's is 8"]),
+    "rotary-cache": ("RotaryEmbedding", [(2, 3, 4, 8), (2, 4, 3), (2, 4, 3)], {}, 23,
+                     ["cos_cache has shape (2, 4, 3); expected (2, 4, 4)"]),
 }
 
 
@@ -213,6 +227,39 @@ def test_static_shapes_the_op_refuses_fail_at_load_naming_the_node(case):
     assert not row.supported and row.reason.startswith("invalid model: ")
 
 
+@pytest.mark.parametrize("shapes, words", [
+    ([(3, 5, 2), (3, 4)], "the target has shape (3, 4); expected (3, 2) (the input (3, 5, 2) "
+                          "without its class axis 1)"),
+    ([(3, 5), (3,), (4,)], "the weight has shape (4,); expected (5,), one per class"),
+    ([(3,), (3,)], "the input has shape (3,); expected (N, C, d1, ..., dk)"),
+])
+def test_a_loss_whose_target_or_weight_does_not_fit_is_refused_at_load(shapes, words):
+    names = ["scores", "labels", "weights"][:len(shapes)]
+    node = helper.make_node("SoftmaxCrossEntropyLoss", names, ["loss"], name="sce")
+    inputs = [helper.make_tensor_value_info(name, I64 if name == "labels" else F32, shape)
+              for name, shape in zip(names, shapes)]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info("loss")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(GraphError) as caught:
+        mixrt.Session(model.SerializeToString())
+    assert "SoftmaxCrossEntropyLoss: " + words in str(caught.value)
+
+
+def test_a_loss_target_class_out_of_range_is_named():
+    node = helper.make_node("NegativeLogLikelihoodLoss", ["input", "target"], ["loss"],
+                            name="nll", ignore_index=-1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("input", F32, [3, 5]),
+                                            helper.make_tensor_value_info("target", I64, [3])],
+                              [helper.make_empty_tensor_value_info("loss")])
+    session = mixrt.Session(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    scores = np.zeros((3, 5), np.float32)
+    (loss,) = session.run(None, {"input": scores, "target": np.array([4, -1, 0])})
+    assert loss == 0.0  # -1 is ignore_index, not a class
+    with pytest.raises(ExecutionError, match=r"the target holds class 7, outside \[0, 5\)"):
+        session.run(None, {"input": scores, "target": np.array([4, 7, 0])})
+
+
 def test_symbolic_dims_are_not_guessed_at():
     """A batch dim named N against a static 3 may be 1 or 3 when the model runs: the model
     loads, and runs where the dims agree."""
@@ -226,6 +273,37 @@ def test_symbolic_dims_are_not_guessed_at():
     assert y.shape == (3, 3)
     with pytest.raises(ExecutionError, match="node 'add'"):
         session.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((3, 3), np.float32)})
+
+
+def test_a_kernel_failure_on_symbolic_dims_is_explained_by_the_ops_shape_rule():
+    """Shapes the load could not check fail in the kernel; the error then says what the op's
+    own shape rule says of the operands the run gave it, then what the kernel raised."""
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", F32, ["N", "K"]),
+                                            helper.make_tensor_value_info("b", F32, [4, 3])],
+                              [helper.make_empty_tensor_value_info("y")])
+    session = mixrt.Session(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(ExecutionError) as caught:
+        session.run(None, {"a": np.ones((3, 5), np.float32), "b": np.ones((4, 3), np.float32)})
+    message = str(caught.value)
+    assert message.startswith("node 'mm' (ai.onnx::MatMul, opset 17) failed: MatMul operands "
+                              "(3, 5) and (4, 3) do not share an inner dim (5 against 4)")
+    assert "'a' float32[3x5]" in message and "[the kernel raised ValueError: matmul" in message
+
+
+def test_a_kernel_failure_the_shape_rule_accepts_keeps_the_kernels_words():
+    node = helper.make_node("Gather", ["data", "indices"], ["y"], name="gather")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("data", F32, [3]),
+                                            helper.make_tensor_value_info("indices", I64, [1])],
+                              [helper.make_empty_tensor_value_info("y")])
+    session = mixrt.Session(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(ExecutionError) as caught:
+        session.run(None, {"data": np.ones(3, np.float32), "indices": np.array([7])})
+    message = str(caught.value)
+    assert message.startswith("node 'gather' (ai.onnx::Gather, opset 17) failed: ")
+    assert "7" in message and "the kernel raised" not in message
 
 
 # -- axes out of range ------------------------------------------------------------------------
