@@ -442,4 +442,9 @@ def swiglu(xp, A, B, *, alpha=1.0):
     return (gate * b).astype(A.dtype)
 
 
-swiglu.infer(same_as_input)
+@swiglu.infer
+def _(A, B, **_):
+    """Swish(A) * B, elementwise: A and B must broadcast (a ValueError otherwise)."""
+    if A.shape is None or B.shape is None:
+        return [TensorType(A.dtype, None)]
+    return [TensorType(A.dtype, broadcast_shapes(A.shape, B.shape))]

@@ -270,6 +270,11 @@ def _conv_infer(X, W, B=None, *, auto_pad="NOTSET", dilations=None, kernel_shape
         return [TensorType(X.dtype, None)]
     _require_conv_channels(X, W, B, group)
     channels = None if W is None or W.shape is None else W.shape[0]
+    if kernel_shape and W is not None and W.shape is not None and (
+            len(kernel_shape) != len(W.shape) - 2
+            or any(conflicting(k, w) for k, w in zip(kernel_shape, W.shape[2:]))):
+        raise ValueError(f"Conv: W {shape_text(W.shape)} does not match kernel_shape "
+                         f"{list(kernel_shape)} (W's spatial dims are the kernel's)")
     kernel = kernel_shape or (None if W is None or W.shape is None else W.shape[2:])
     out = inferred_out_dims(X.shape[2:], kernel, strides, dilations, pads, auto_pad)
     spatial = out if out is not None else [None] * (len(X.shape) - 2)

@@ -19,7 +19,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, NUMERIC, accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.ops.types import TensorType, normalize_axis, shape_text
 from mixrt.runtime.device import to_host
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -386,6 +386,7 @@ def _infer_resize(X, roi=None, scales=None, sizes=None, *, axes=None,
         return [TensorType(X.dtype, None)]
     rank = len(X.shape)
     axes = list(range(rank)) if axes is None else [normalize_axis(a, rank) for a in axes]
+    _require_one_per_axis(X, axes, scales, sizes)
     given = [None if t is None or t.value is None else np.asarray(t.value)
              for t in (scales, sizes)]
     shape = list(X.shape)
@@ -400,6 +401,18 @@ def _infer_resize(X, roi=None, scales=None, sizes=None, *, axes=None,
         for a in axes:
             shape[a] = None
     return [TensorType(X.dtype, tuple(shape))]
+
+
+def _require_one_per_axis(X, axes, scales, sizes) -> None:
+    """Non-empty scales or sizes hold one value per resized axis (a ValueError otherwise)."""
+    whole = axes == list(range(len(X.shape)))
+    per = f"axis of X {shape_text(X.shape)}" if whole else f"axis in axes {axes}"
+    for name, value_type in (("scales", scales), ("sizes", sizes)):
+        shape = None if value_type is None else value_type.shape
+        length = shape[0] if shape is not None and len(shape) == 1 else None
+        if isinstance(length, int) and length and length != len(axes):
+            raise ValueError(f"Resize: {name} holds {length} values; expected {len(axes)}, "
+                             f"one per {per}")
 
 
 resize_11.infer(_infer_resize)

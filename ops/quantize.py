@@ -15,7 +15,7 @@ from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import REGISTRY, op
-from mixrt.ops.types import TensorType, normalize_axis
+from mixrt.ops.types import TensorType, normalize_axis, shape_text
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
 QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
@@ -317,7 +317,27 @@ def qlinear_matmul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_sca
 
 @qlinear_matmul.infer
 def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
-    return [TensorType(y_zero_point.dtype, _matmul_shape(a, b))]
+    """The product's type; a's scale and zero point must be one value or one per row of a,
+    b's one value or one per column of b (a ValueError naming them otherwise)."""
+    shape = _matmul_shape(a, b)
+    rows = None if a.shape is None or len(a.shape) < 2 else a.shape[-2]
+    columns = None if b.shape is None or len(b.shape) < 2 else b.shape[-1]
+    for name, param, count, of in (("a_scale", a_scale, rows, "row of a"),
+                                   ("a_zero_point", a_zero_point, rows, "row of a"),
+                                   ("b_scale", b_scale, columns, "column of b"),
+                                   ("b_zero_point", b_zero_point, columns, "column of b")):
+        _require_per(name, param, count, of)
+    return [TensorType(y_zero_point.dtype, shape)]
+
+
+def _require_per(name, param, count, of) -> None:
+    size = None if param is None or param.shape is None else param.shape
+    if size is None or len(size) == 0 or (len(size) == 1 and (
+            not isinstance(size[0], int) or size[0] == 1 or not isinstance(count, int)
+            or size[0] == count)):
+        return
+    raise ValueError(f"QLinearMatMul: {name} has shape {shape_text(size)}; expected one value "
+                     f"or ({count},), one per {of}")
 
 
 # -- integer and quantized convolution ---------------------------------------------------------

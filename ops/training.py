@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType
+from mixrt.ops.types import TensorType, conflicting, shape_text
 
 TRAINING = "ai.onnx.preview.training"
 
@@ -82,16 +82,27 @@ def adam(xp, R, T, *inputs, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficien
     return _regroup_outputs(results)
 
 
-def _optimizer_infer(roles: int):
-    """Outputs mirror the X's and the state tensors; the G's have no output."""
+def _optimizer_infer(op_type: str, roles: int, names: tuple):
+    """Outputs mirror the X's and the state tensors; the G's have no output. A variable's
+    gradient and states must have its shape (a ValueError naming them otherwise)."""
     def infer(R, T, *tensors, **_):
         groups = _groups(tensors, roles)
+        for index, group in enumerate(groups):
+            shapes = [t.shape for t in group]
+            if shapes[0] is not None and any(
+                    shape is not None and (len(shape) != len(shapes[0])
+                                           or any(map(conflicting, shape, shapes[0])))
+                    for shape in shapes[1:]):
+                described = ", ".join(f"{name} {shape_text(shape)}"
+                                      for name, shape in zip(names, shapes))
+                raise ValueError(f"{op_type}: variable {index + 1}'s {described} differ; "
+                                 "each must have the variable's shape")
         per_variable = [tuple(TensorType(t.dtype, t.shape) for i, t in enumerate(g) if i != 1)
                         for g in groups]
         return list(_regroup_outputs(per_variable))
     return infer
 
 
-momentum.infer(_optimizer_infer(3))
-adagrad.infer(_optimizer_infer(3))
-adam.infer(_optimizer_infer(4))
+momentum.infer(_optimizer_infer("Momentum", 3, ("X", "G", "V")))
+adagrad.infer(_optimizer_infer("Adagrad", 3, ("X", "G", "H")))
+adam.infer(_optimizer_infer("Adam", 4, ("X", "G", "V", "H")))
