@@ -229,13 +229,14 @@ def _divides(part, whole) -> bool:
 
 
 def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None, *,
-                           q_num_heads=None, kv_num_heads=None, attn_mask=None) -> None:
+                           q_num_heads=None, kv_num_heads=None, attn_mask=None,
+                           nonpad_kv_seqlen=None) -> None:
     """Raises a ValueError naming the first of Q, K, V, past_key, past_value, attn_mask
     (shapes; None unknown) that does not fit the others: (batch, heads, seq, head size)
     each, or 3-D (batch, seq, heads x head size) with ``q_num_heads``/``kv_num_heads``; K
     and V one sequence and one head count, which divides Q's; K's head size Q's; the mask
     broadcast to the scores (batch, heads, q seq, past + kv seq), its key axis no longer
-    (a shorter one is padded)."""
+    (a shorter one is padded); nonpad_kv_seqlen one length per batch entry."""
     if Q is None or K is None or V is None:
         return
     four = len(Q) == 4
@@ -279,6 +280,10 @@ def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None
                              f"{shape_text(expected)} (batch, kv heads, past seq, head size)")
     total = K[seq_axis] if past_key is None else _sum_dims(past_key[2], K[seq_axis])
     _check_mask(op_type, attn_mask, (Q[0], q_heads, Q[seq_axis], total))
+    if nonpad_kv_seqlen is not None and (len(nonpad_kv_seqlen) != 1
+                                         or _differ(nonpad_kv_seqlen[0], Q[0])):
+        raise ValueError(f"{op_type}: nonpad_kv_seqlen has shape {shape_text(nonpad_kv_seqlen)};"
+                         f" expected ({Q[0]},), one length per batch entry")
 
 
 def _check_mask(op_type: str, mask, scores) -> None:
@@ -303,7 +308,9 @@ def infer_attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, non
                            None if past_key is None else past_key.shape,
                            None if past_value is None else past_value.shape,
                            q_num_heads=q_num_heads, kv_num_heads=kv_num_heads,
-                           attn_mask=None if attn_mask is None else attn_mask.shape)
+                           attn_mask=None if attn_mask is None else attn_mask.shape,
+                           nonpad_kv_seqlen=None if nonpad_kv_seqlen is None
+                           else nonpad_kv_seqlen.shape)
     if Q.shape is None or K.shape is None or V.shape is None:
         return [TensorType(Q.dtype, None) for _ in range(4)]
     past_len = 0 if past_key is None or past_key.shape is None else past_key.shape[2]

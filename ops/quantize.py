@@ -318,14 +318,16 @@ def qlinear_matmul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_sca
 @qlinear_matmul.infer
 def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, **_):
     """The product's type; a's scale and zero point must be one value or one per row of a,
-    b's one value or one per column of b (a ValueError naming them otherwise)."""
+    b's and y's one value or one per column of b (a ValueError naming them otherwise)."""
     shape = _matmul_shape(a, b)
     rows = None if a.shape is None or len(a.shape) < 2 else a.shape[-2]
     columns = None if b.shape is None or len(b.shape) < 2 else b.shape[-1]
     for name, param, count, of in (("a_scale", a_scale, rows, "row of a"),
                                    ("a_zero_point", a_zero_point, rows, "row of a"),
                                    ("b_scale", b_scale, columns, "column of b"),
-                                   ("b_zero_point", b_zero_point, columns, "column of b")):
+                                   ("b_zero_point", b_zero_point, columns, "column of b"),
+                                   ("y_scale", y_scale, columns, "column of b"),
+                                   ("y_zero_point", y_zero_point, columns, "column of b")):
         _require_per(name, param, count, of)
     return [TensorType(y_zero_point.dtype, shape)]
 
