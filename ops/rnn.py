@@ -244,6 +244,16 @@ def layer_outputs(xp, outputs: list, finals: list, lengths, layout, dtype) -> tu
     return tuple(a.astype(dtype) for a in (Y, *final))
 
 
+def _compiled(cell: str, X, W, R, B, sequence_lens, initials, outputs: int, **attributes):
+    """The node's first ``outputs`` outputs through rnn_grad.compiled_forward (the compiled
+    CPU cells of ops/lstm_cpu.py, gru_cpu.py and rnn_cpu.py), or None where they do not
+    take it (``cell``: rnn_grad's cell class name)."""
+    from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
+    found = rnn_grad.compiled_forward(np, getattr(rnn_grad, cell), X, W, R, B, sequence_lens,
+                                      initials, **attributes)
+    return None if found is None else found[:max(outputs, 1)]
+
+
 def clipped(xp, clip):
     if clip is None:
         return lambda v: v
@@ -274,15 +284,14 @@ def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout)
-    if xp is np and direction in DIRECTIONS:
-        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
-        found = rnn_grad.compiled_forward(
-            xp, rnn_grad.RNNCell, X, W, R, B, sequence_lens, [initial_h],
-            prepacked=_prepacked, activations=activations, activation_alpha=activation_alpha,
-            activation_beta=activation_beta, clip=clip, direction=direction,
-            hidden_size=hidden_size, layout=layout)
-        if found is not None:  # a few rows: ops/rnn_cpu.py
-            return found[:max(_outputs, 1)]
+    if xp is np:  # a few rows: ops/rnn_cpu.py
+        found = _compiled("RNNCell", X, W, R, B, sequence_lens, [initial_h], _outputs,
+                          prepacked=_prepacked, activations=activations,
+                          activation_alpha=activation_alpha, activation_beta=activation_beta,
+                          clip=clip, direction=direction, hidden_size=hidden_size,
+                          layout=layout)
+        if found is not None:
+            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Tanh"], num_directions)
@@ -334,15 +343,14 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, linear_before_reset=linear_before_reset)
-    if xp is np and clip is None and direction in DIRECTIONS:
-        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
-        found = rnn_grad.compiled_forward(
-            xp, rnn_grad.GRUCell, X, W, R, B, sequence_lens, [initial_h],
-            prepacked=_prepacked, activations=activations, activation_alpha=activation_alpha,
-            activation_beta=activation_beta, direction=direction, hidden_size=hidden_size,
-            layout=layout, linear_before_reset=linear_before_reset)
-        if found is not None:  # sigmoid and tanh: ops/gru_cpu.py
-            return found[:max(_outputs, 1)]
+    if xp is np and clip is None:  # sigmoid and tanh: ops/gru_cpu.py
+        found = _compiled("GRUCell", X, W, R, B, sequence_lens, [initial_h], _outputs,
+                          prepacked=_prepacked, activations=activations,
+                          activation_alpha=activation_alpha, activation_beta=activation_beta,
+                          direction=direction, hidden_size=hidden_size, layout=layout,
+                          linear_before_reset=linear_before_reset)
+        if found is not None:
+            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh"], num_directions)
@@ -410,16 +418,13 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, input_forget=input_forget)
-    if xp is np and P is None and clip is None and not input_forget \
-            and direction in DIRECTIONS:
-        from mixrt.ops import rnn_grad  # noqa: PLC0415  (builds on this module)
-        found = rnn_grad.compiled_forward(
-            xp, rnn_grad.LSTMCell, X, W, R, B, sequence_lens, [initial_h, initial_c],
-            activation_alpha=activation_alpha, activation_beta=activation_beta,
-            prepacked=_prepacked, activations=activations, direction=direction,
-            hidden_size=hidden_size, layout=layout)
-        if found is not None:  # sigmoid, tanh, tanh: ops/lstm_cpu.py
-            return found[:max(_outputs, 1)]
+    if xp is np and P is None and clip is None and not input_forget:  # ops/lstm_cpu.py
+        found = _compiled("LSTMCell", X, W, R, B, sequence_lens, [initial_h, initial_c],
+                          _outputs, prepacked=_prepacked, activations=activations,
+                          activation_alpha=activation_alpha, activation_beta=activation_beta,
+                          direction=direction, hidden_size=hidden_size, layout=layout)
+        if found is not None:
+            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh", "Tanh"], num_directions)

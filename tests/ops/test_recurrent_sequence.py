@@ -178,25 +178,32 @@ def test_unit_bounds_keep_whole_lines_and_enough_units():
     assert lstm_cpu.unit_bounds(100, 1) == [0, 100]
 
 
-def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(monkeypatch):
+def recurrent_sessions(op_type, weights, outputs, **attributes):
+    """Two sessions of one ``op_type`` node over X (S, N, INPUT): W, R and B constants in
+    the first, fed in the second."""
     import mixrt
     from onnx import TensorProto, helper, numpy_helper
-    values = lstm_values(np.float32, 1)
-    weights = {k: values[k] for k in ("W", "R", "B")}
 
     def model(constant):
-        node = helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=HIDDEN)
+        node = helper.make_node(op_type, ["X", "W", "R", "B"], outputs, hidden_size=HIDDEN,
+                                **attributes)
         feeds = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", INPUT])]
         feeds += [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
                   for k, v in weights.items() if not constant]
         graph = helper.make_graph(
-            [node], "lstm", feeds,
-            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+            [node], op_type.lower(), feeds,
+            [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in outputs],
             initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()
                          if constant])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    kept = mixrt.Session(model(True).SerializeToString())
-    fed = mixrt.Session(model(False).SerializeToString())
+    return (mixrt.Session(model(True).SerializeToString()),
+            mixrt.Session(model(False).SerializeToString()))
+
+
+def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(monkeypatch):
+    values = lstm_values(np.float32, 1)
+    weights = {k: values[k] for k in ("W", "R", "B")}
+    kept, fed = recurrent_sessions("LSTM", weights, ["Y"])
     x = values["X"]
     first = kept.run(None, {"X": x})[0]
     np.testing.assert_array_equal(first, kept.run(None, {"X": x})[0])
@@ -362,25 +369,9 @@ def test_the_rnn_keeps_nans_and_infinities_as_numpy_does(monkeypatch):
 
 
 def test_an_rnn_session_keeps_the_parts_panels_and_matches_fed_weights():
-    import mixrt
-    from onnx import TensorProto, helper, numpy_helper
     values = rnn_values(np.float32, 1)
     weights = {k: values[k] for k in ("W", "R", "B")}
-
-    def model(constant):
-        node = helper.make_node("RNN", ["X", "W", "R", "B"], ["Y", "Y_h"], hidden_size=HIDDEN,
-                                activations=["Relu"])
-        feeds = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", INPUT])]
-        feeds += [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
-                  for k, v in weights.items() if not constant]
-        graph = helper.make_graph(
-            [node], "rnn", feeds,
-            [helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in ("Y", "Y_h")],
-            initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()
-                         if constant])
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    kept = mixrt.Session(model(True).SerializeToString())
-    fed = mixrt.Session(model(False).SerializeToString())
+    kept, fed = recurrent_sessions("RNN", weights, ["Y", "Y_h"], activations=["Relu"])
     x = values["X"]
     first = kept.run(None, {"X": x})
     for got, again, other in zip(first, kept.run(None, {"X": x}),
