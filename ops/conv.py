@@ -348,6 +348,7 @@ def _(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
       output_padding=None, output_shape=None, pads=None, strides=None, **_):
     if X.shape is None:
         return [TensorType(X.dtype, None)]
+    _require_transposed_weight(X, W, kernel_shape)
     nd = len(X.shape) - 2
     known_w = W is not None and W.shape is not None
     channels = W.shape[1] * int(group) if known_w and isinstance(W.shape[1], int) else None
@@ -362,6 +363,21 @@ def _(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         spatial = [o if isinstance(d, int) or output_shape else None
                    for o, d in zip(out, in_dims)]
     return [TensorType(X.dtype, (X.shape[0], channels, *spatial))]
+
+
+def _require_transposed_weight(X, W, kernel_shape) -> None:
+    """ConvTranspose's W (C, M / group, k1, ...): X's rank, X's C channels, and the
+    kernel_shape attribute's dims where it is given (a ValueError otherwise)."""
+    if W is None or W.shape is None:
+        return
+    w, x = W.shape, X.shape
+    if len(w) != len(x) or conflicting(w[0], x[1]):
+        raise ValueError(f"ConvTranspose: W {shape_text(w)} does not fit X {shape_text(x)}: "
+                         f"expected X's rank and X's {x[1]} channels first")
+    if kernel_shape and (len(kernel_shape) != len(w) - 2
+                         or any(conflicting(k, d) for k, d in zip(kernel_shape, w[2:]))):
+        raise ValueError(f"ConvTranspose: W {shape_text(w)} does not match kernel_shape "
+                         f"{list(kernel_shape)} (W's spatial dims are the kernel's)")
 
 
 # -- Col2Im ---------------------------------------------------------------------------------

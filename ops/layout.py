@@ -10,7 +10,7 @@ import numpy as np
 from mixrt.ops.dtypes import NUMERIC
 from mixrt.ops.registry import op
 from mixrt.ops.shape import const_ints, host_ints, host_scalar, typed, unknown_dims, zero_of
-from mixrt.ops.types import normalize_axis, same_as_input
+from mixrt.ops.types import conflicting, normalize_axis, same_as_input, shape_text
 
 # -- Trilu ------------------------------------------------------------------------------
 
@@ -98,13 +98,30 @@ def _block_shape(input, channel_scale, spatial_scale):
                                scaled(w, spatial_scale)))
 
 
+def _require_blocks(op_type, input, axes, divisor, what) -> None:
+    """The ``axes`` of a 4-D input split into whole blocks of ``divisor`` (a ValueError
+    naming the input's shape otherwise)."""
+    shape = input.shape
+    if shape is None:
+        return
+    if len(shape) != 4:
+        raise ValueError(f"{op_type}: the input has shape {shape_text(shape)}; expected 4 "
+                         "axes (N, C, H, W)")
+    if any(isinstance(shape[a], int) and shape[a] % divisor for a in axes):
+        raise ValueError(f"{op_type}: the input has shape {shape_text(shape)}; {what} must be "
+                         f"multiples of {divisor}")
+
+
 @depthtospace.infer
 def _(input, *, blocksize=1, **_):
+    _require_blocks("DepthToSpace", input, (1,), blocksize**2, "its channels")
     return [_block_shape(input, Fraction(1, blocksize**2), blocksize)]
 
 
 @spacetodepth.infer
 def _(input, *, blocksize=1, **_):
+    _require_blocks("SpaceToDepth", input, (2, 3), blocksize,
+                    f"its height and width (blocksize={blocksize})")
     return [_block_shape(input, blocksize**2, Fraction(1, blocksize))]
 
 
@@ -233,7 +250,16 @@ def reversesequence(xp, input, sequence_lens, *, batch_axis=1, time_axis=0):
     return xp.moveaxis(gathered, (0, 1), (batch_axis, time_axis))
 
 
-reversesequence.infer(same_as_input)
+@reversesequence.infer
+def _(input, sequence_lens, *, batch_axis=1, time_axis=0, **_):
+    """The input's type; sequence_lens must hold one length per batch entry."""
+    shape, lengths = input.shape, sequence_lens.shape
+    if shape is not None and lengths is not None and (
+            len(lengths) != 1 or conflicting(lengths[0], shape[batch_axis])):
+        raise ValueError(f"ReverseSequence: sequence_lens has shape {shape_text(lengths)}; "
+                         f"expected ({shape[batch_axis]},), one length per entry of the input "
+                         f"{shape_text(shape)}'s batch axis {batch_axis}")
+    return same_as_input(input)
 
 
 # -- inputs read on the host only (OpHandle.reads_on_host) ------------------------------------

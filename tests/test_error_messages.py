@@ -29,13 +29,10 @@ UNEXPLAINED = {
     "DeformConv": "no shape rule for its offsets and mask yet",
     "AffineGrid": "no shape rule for theta against size yet",
     "Einsum": "no shape rule for the equation's labels yet",
-    "ReverseSequence": "no shape rule for sequence_lens yet",
     "RotaryEmbedding": "a 4-D X whose last axis grew: the caches fit, the rotation does not",
-    "SpaceToDepth": "no rule that the blocksize divides the spatial dims yet",
     "DequantizeLinear": "blocked quantization's scale shape is not checked yet",
     "QuantizeLinear": "blocked quantization's scale shape is not checked yet",
     "ConvInteger": "no shape rule for the zero points yet",
-    "ConvTranspose": "no rule that W matches kernel_shape yet",
     "MatMulInteger": "no shape rule for the zero points yet",
     "MaxUnpool": "no shape rule for the indices yet",
     # index errors: the words say which index and which axis, which is what was wrong
