@@ -431,7 +431,10 @@ def _(X, cos_cache, sin_cache, position_ids=None, *, num_heads=None, rotary_embe
     if by_position:
         operands.append(("position_ids", position_ids.shape, (batch, seq)))
     for name, shape, want in operands:
-        if shape is not None and (len(shape) != len(want) or any(map(_differ, shape, want))):
+        # a cache of batch 1 broadcasts over X's batch, as the kernel computes it
+        if shape is not None and (len(shape) != len(want) or any(
+                _differ(d, w) and not (i == 0 and d == 1 and not by_position)
+                for i, (d, w) in enumerate(zip(shape, want)))):
             raise ValueError(f"RotaryEmbedding: {name} has shape {shape_text(shape)}; expected "
                              f"{shape_text(want)} for X {shape_text(x)} and a rotary size of "
                              f"{rotary}")
