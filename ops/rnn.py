@@ -234,14 +234,18 @@ def layer_outputs(xp, outputs: list, finals: list, lengths, layout, dtype) -> tu
     """(Y, final states...) in the node's layout and dtype from each direction's (seq,
     batch, hidden) outputs and final states. A sequence of length 0 has no last step: its
     final states are zeros (onnxruntime's)."""
-    started = (lengths > 0).reshape(-1, 1)
-    Y = xp.stack(outputs, axis=1)                      # (seq, directions, batch, hidden)
-    final = [xp.where(started, xp.stack([f[i] for f in finals]), 0)
+    # (seq, directions, batch, hidden); one direction's arrays are viewed, not copied: the
+    # cells made them for this call (a service's batch-1 step spent ~10 us a node on copies)
+    Y = outputs[0][:, None] if len(outputs) == 1 else xp.stack(outputs, axis=1)
+    final = [finals[0][i][None] if len(finals) == 1 else xp.stack([f[i] for f in finals])
              for i in range(len(finals[0]))]
+    if xp is not np or bool((lengths == 0).any()):  # (CuPy: no host sync to ask)
+        started = (lengths > 0).reshape(-1, 1)
+        final = [xp.where(started, f, 0) for f in final]
     if layout:
         Y = Y.transpose(2, 0, 1, 3)
         final = [f.swapaxes(0, 1) for f in final]
-    return tuple(a.astype(dtype) for a in (Y, *final))
+    return tuple(xp.ascontiguousarray(a).astype(dtype, copy=False) for a in (Y, *final))
 
 
 def _compiled(cell: str, X, W, R, B, sequence_lens, initials, outputs: int, **attributes):
