@@ -8,7 +8,9 @@ is made from just the conv rows its windows read, in a per-thread band buffer, t
 into the output; the arena holds the input and the pooled output only.
 
 On the CPU (``_banded_cpu``), when ``ops/conv_direct_cpu.py`` takes the convolution, each
-thread owns a run of pooled rows and goes down it band by band. The conv rows that two
+thread owns a run of pooled rows and goes down it band by band (a single image of a few MB
+without an LRN is computed whole instead, split between the native threads:
+``_whole_image``). The conv rows that two
 bands' windows share are kept: they move to the top of the band buffer and only the new
 rows are computed, normalized and activated. The band buffer (``BAND_BYTES``) stays in L2
 while the LRN and the pool read it. Otherwise (a grouped conv, a weight that is not a
@@ -40,6 +42,9 @@ POOLS = ("MaxPool", "AveragePool")
 # in 1 MiB ones and 0.70 in one band a thread (0.72 unbanded); each band costs ~15-40 us of
 # Python and of the conv's setup
 BAND_BYTES = 1 << 20
+# a single image whose conv output is at most this big (and has no LRN) is computed whole
+# instead, split between the native threads, then pooled (see _whole_image_suits)
+WHOLE_IMAGE_BYTES = 4 << 20
 # on a GPU a band is a few kernel launches, so bands are big: they only bound the memory
 GPU_BAND_BYTES = 64 << 20
 
@@ -168,9 +173,13 @@ def _banded_cpu(X, W, B, stage: _Stages, bands: _Bands, out, prepacked) -> bool:
             or np.may_share_memory(out, X) or not conv_direct_cpu.suits(
                 X, W, stage.conv["group"], bands.conv_geometry, None, prepacked):
         return False
+    after = None if limits is not None else stage.activation  # what the epilogue leaves
+    if _whole_image_suits(X, W, stage, bands):
+        _whole_image(X, W, B, limits or conv_direct_cpu.NO_ACTIVATION, stage, bands, after,
+                     out, prepacked)
+        return True
     rows = conv_direct_cpu.band_rows(X, W, B, limits or conv_direct_cpu.NO_ACTIVATION,
                                      bands.conv_geometry, prepacked)
-    after = None if limits is not None else stage.activation  # what the epilogue leaves
     pooled_rows = bands.pooled[0]
     count = max(1, min(intra_op_threads(), pooled_rows))  # runs of pooled rows per image
     runs = [(image, pooled_rows * t // count, pooled_rows * (t + 1) // count)
@@ -178,6 +187,34 @@ def _banded_cpu(X, W, B, stage: _Stages, bands: _Bands, out, prepacked) -> bool:
     parallel_for(runs, lambda image, q0, q1: _run_of_bands(
         rows, image, q0, q1, W.shape[0], X.dtype, stage, bands, after, out))
     return True
+
+
+def _whole_image_suits(X, W, stage: _Stages, bands: _Bands) -> bool:
+    """One image whose conv output fits WHOLE_IMAGE_BYTES, without an LRN, with the native
+    workers at hand. The bands' runs split an image's rows between Python threads, each
+    computing its share alone; the direct conv splits the whole image between the native
+    threads, and so does the pool after it. In one process, ms, bands / whole image /
+    unfused: Inception's stem (3.2 MB out) 1.23 / 0.92 / 0.86, its 3x3 64 -> 192 at 56x56
+    (2.4 MB) 2.63 / 2.11 / 2.21 (the pool then on one thread; on the native ones the whole
+    image went as fast as the unfused pair). An LRN would run on one thread over the whole
+    image (AlexNet at batch 1: 12.79 against 12.49 ms banded). With more images the bands'
+    runs over images win (AlexNet's stem at batch 8: 8.9 / 10.8), so only a single image is
+    taken; past the bound the scratch image would cost more memory than it saves time (VGG's
+    first block, 12.8 MB, for ~0.2 ms of its 173)."""
+    size = W.shape[0] * bands.conv_out[0] * bands.conv_out[1] * X.itemsize
+    return X.shape[0] == 1 and not stage.lrn[0] and size <= WHOLE_IMAGE_BYTES \
+        and jit_cpu.native_pool() is not None
+
+
+def _whole_image(X, W, B, limits, stage: _Stages, bands: _Bands, after, out, prepacked):
+    """The single image's conv into a scratch image (the direct conv over the native
+    threads), its activation and LRN, then the pool into ``out`` (the pool's own kernel,
+    split between the native threads as well)."""
+    channels, (height, width) = W.shape[0], bands.conv_out
+    image = jit_cpu._scratch_array("conv_pool_image", X.dtype, (1, channels, height, width))
+    conv_direct_cpu.conv(X, W, B, None, limits, image, bands.conv_geometry, prepacked)
+    _after_conv(image[0], stage, after)
+    _pool(np, stage.pool)(np, image, out=out, **stage.pool_attributes)  # native threads too
 
 
 def _run_of_bands(rows, image, q0, q1, channels, dtype, stage, bands, after, out) -> None:

@@ -84,6 +84,7 @@ def case_arrays(name, dtype=np.float32):
 @pytest.mark.parametrize("name", CASES)
 def test_banded_kernel_matches_the_unfused_chain(monkeypatch, name, prepacked, band_bytes):
     monkeypatch.setattr(banded, "BAND_BYTES", band_bytes)
+    monkeypatch.setattr(banded, "WHOLE_IMAGE_BYTES", 0)  # bands, even for one small image
     _, w_shape, conv, activation, lrn, pool, pool_attributes = CASES[name]
     X, W, B = case_arrays(name)
     conv = dict(conv, kernel_shape=list(w_shape[2:]))
@@ -93,6 +94,34 @@ def test_banded_kernel_matches_the_unfused_chain(monkeypatch, name, prepacked, b
                                  _prepacked={} if prepacked else None)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_single_small_image_is_computed_whole_and_matches(monkeypatch, name):
+    """One image whose conv output fits WHOLE_IMAGE_BYTES, without an LRN: the direct conv
+    over the native threads, then the pool's own kernel (where the direct conv takes the
+    conv at all)."""
+    _, w_shape, conv, activation, lrn, pool, pool_attributes = CASES[name]
+    X, W, B = case_arrays(name)
+    conv = dict(conv, kernel_shape=list(w_shape[2:]))
+    whole = []
+    real = banded._whole_image
+    monkeypatch.setattr(banded, "_whole_image", lambda *a: whole.append(1) or real(*a))
+    want = unfused(X, W, B, conv, activation, lrn, pool, pool_attributes)
+    got = banded.fused_conv_pool(np, X, W, B, **conv, _prepacked={},
+                                 **fused_attributes(activation, lrn, pool, pool_attributes))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # not: two images (resnet_stem), a grouped conv (the direct conv does not take it), an
+    # LRN (it would run on one thread over the whole image)
+    taken = name not in ("resnet_stem", "grouped") and CASES[name][4] is None \
+        and banded.jit_cpu.panel_kernels() is not None \
+        and banded.jit_cpu.native_pool() is not None
+    assert bool(whole) == taken
+    monkeypatch.setattr(banded, "WHOLE_IMAGE_BYTES", 0)
+    whole.clear()
+    banded.fused_conv_pool(np, X, W, B, **conv, _prepacked={},
+                           **fused_attributes(activation, lrn, pool, pool_attributes))
+    assert not whole
 
 
 def test_float64_and_a_given_out_buffer():
