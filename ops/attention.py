@@ -424,6 +424,9 @@ def _(X, cos_cache, sin_cache, position_ids=None, *, num_heads=None, rotary_embe
         raise ValueError(f"RotaryEmbedding: X's {x[2]} features do not split into "
                          f"num_heads={num_heads}")
     rotary = rotary_embedding_dim or size
+    if isinstance(rotary, int) and (rotary % 2 or (isinstance(size, int) and rotary > size)):
+        raise ValueError(f"RotaryEmbedding: a rotary size of {rotary} for X {shape_text(x)}; "
+                         f"expected an even number of features, at most the head size {size}")
     half = rotary // 2 if isinstance(rotary, int) else None
     by_position = position_ids is not None
     expected = (None, half) if by_position else (batch, seq, half)

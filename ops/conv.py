@@ -565,6 +565,23 @@ def gather_corner(xp, images, corner: Corner):
 
 @deform_conv.infer
 def _(X, W, offset=None, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None,
-      pads=None, strides=None, **_):
-    return _conv_infer(X, W, B, kernel_shape=kernel_shape, dilations=dilations, pads=pads,
+      offset_group=1, pads=None, strides=None, **_):
+    """Conv's output type; offset must be (N, offset_group x 2 x taps, *out) and mask
+    (N, offset_group x taps, *out) for the kernel's taps and the output's dims (a ValueError
+    naming them otherwise)."""
+    (y,) = _conv_infer(X, W, B, kernel_shape=kernel_shape, dilations=dilations, pads=pads,
                        strides=strides, group=group)
+    kernel = kernel_shape or (None if W is None or W.shape is None else W.shape[2:])
+    if y.shape is None or kernel is None or not all(isinstance(k, int) for k in kernel):
+        return [y]
+    taps = int(offset_group) * math.prod(kernel)
+    for name, value_type, channels, per in (
+            ("offset", offset, taps * len(kernel), "offset_group x spatial axes x taps"),
+            ("mask", mask, taps, "offset_group x taps")):
+        expected = (y.shape[0], channels, *y.shape[2:])
+        shape = None if value_type is None else value_type.shape
+        if shape is not None and (len(shape) != len(expected)
+                                  or any(map(conflicting, shape, expected))):
+            raise ValueError(f"DeformConv: {name} has shape {shape_text(shape)}; expected "
+                             f"{shape_text(expected)} (batch, {per}, the output's dims)")
+    return [y]

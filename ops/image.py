@@ -557,6 +557,11 @@ def _infer_affine_grid(theta, size, **_):
     if size.value is None:
         return [TensorType(theta.dtype, None)]
     n, _c, *spatial = (int(v) for v in np.asarray(size.value))
+    expected = (n, len(spatial), len(spatial) + 1)  # (N, 2, 3) or (N, 3, 4)
+    if theta.shape is not None and (len(theta.shape) != 3 or any(
+            isinstance(d, int) and d != e for d, e in zip(theta.shape, expected))):
+        raise ValueError(f"AffineGrid: theta has shape {shape_text(theta.shape)}; expected "
+                         f"{shape_text(expected)} for size {[n, _c, *spatial]}")
     return [TensorType(theta.dtype, (n, *spatial, len(spatial)))]
 
 

@@ -142,14 +142,22 @@ def einsum_shape(equation: str, shapes) -> tuple | None:
     for term, shape in zip(terms, shapes):
         labels = term.replace("...", ".")
         ellipsis_rank = len(shape) - (len(labels) - labels.count("."))
+        if ellipsis_rank < 0 or ("." not in labels and ellipsis_rank):
+            raise ValueError(f"Einsum {equation!r}: the term {term!r} does not fit an operand "
+                             f"of shape {shape_text(shape)} ({len(shape)} axes)")
         position = 0
         for label in labels:
             if label == ".":
                 ellipsis = broadcast_shapes(ellipsis, shape[position:position + ellipsis_rank])
                 position += ellipsis_rank
                 continue
-            if sizes.get(label) in (None, 1):  # a size-1 label broadcasts against others
+            known = sizes.get(label)
+            if known in (None, 1):  # a size-1 label broadcasts against others
                 sizes[label] = shape[position]
+            elif shape[position] != 1 and conflicting(known, shape[position]):
+                raise ValueError(f"Einsum {equation!r}: label {label!r} is {known} long in one "
+                                 f"operand and {shape[position]} in another (operand shapes "
+                                 f"{', '.join(shape_text(s) for s in shapes)})")
             position += 1
     if not arrow:  # implicit output: the ellipsis, then labels seen once, in ASCII order
         counts = Counter(c for c in lhs if c.isalpha())

@@ -15,7 +15,7 @@ from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import REGISTRY, op
-from mixrt.ops.types import TensorType, normalize_axis, shape_text
+from mixrt.ops.types import TensorType, conflicting, normalize_axis, shape_text
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
 QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
@@ -160,7 +160,38 @@ def quantize_linear_23(xp, x, y_scale, y_zero_point=None, *, axis=1, saturate=1,
                            precision=precision)
 
 
-def _quantize_infer(x, y_scale, y_zero_point=None, *, output_dtype=0, **_):
+def require_param_shapes(op_type, x, params, axis=1, block_size=0) -> None:
+    """Each (name, type) of ``params`` (a scale, a zero point) fits ``x`` as expand_param
+    reads it: one value, one per entry of ``axis``, or with ``block_size`` x's rank with
+    ``axis`` in blocks of ``block_size`` (ceil(x / block_size) of them); a ValueError naming
+    the parameter otherwise."""
+    if x.shape is None:
+        return
+    rank = len(x.shape)
+    if not -rank <= axis < rank:
+        return  # expand_param names the axis
+    axis = axis % rank
+    along = x.shape[axis]
+    for name, param in params:
+        shape = None if param is None else param.shape
+        if shape is None or (not block_size and all(d == 1 for d in shape)):
+            continue  # unknown, or one value per tensor: (), (1,), (1, 1)
+        if block_size and block_size > 0:
+            blocks = -(-along // block_size) if isinstance(along, int) else None
+            expected = x.shape[:axis] + (blocks,) + x.shape[axis + 1:]
+            why = f"x's shape with axis {axis} in blocks of {block_size}"
+        else:
+            expected, why = (along,), f"one value, or one per entry of x's axis {axis}"
+        if len(shape) != len(expected) or any(map(conflicting, shape, expected)):
+            raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
+                             f"{shape_text(expected)} ({why}, x {shape_text(x.shape)})")
+
+
+def _quantize_infer(x, y_scale, y_zero_point=None, *, output_dtype=0, axis=1, block_size=0,
+                    **_):
+    require_param_shapes("QuantizeLinear", x, (("y_scale", y_scale),
+                                               ("y_zero_point", y_zero_point)),
+                         axis, block_size)
     dtype = y_zero_point.dtype if y_zero_point is not None and y_zero_point.dtype else (
         to_numpy_dtype(output_dtype) if output_dtype else np.dtype(np.uint8))
     return [TensorType(dtype, x.shape)]
@@ -229,7 +260,11 @@ def dequantize_linear_23(xp, x, x_scale, x_zero_point=None, *, axis=1, block_siz
                              output_dtype=output_dtype)
 
 
-def _dequantize_infer(x, x_scale, x_zero_point=None, *, output_dtype=0, **_):
+def _dequantize_infer(x, x_scale, x_zero_point=None, *, output_dtype=0, axis=1,
+                      block_size=0, **_):
+    require_param_shapes("DequantizeLinear", x, (("x_scale", x_scale),
+                                                 ("x_zero_point", x_zero_point)),
+                         axis, block_size)
     if not output_dtype and x_scale.dtype is None:
         return [TensorType(None, x.shape)]
     return [TensorType(_dequantized_dtype(x_scale.dtype, output_dtype), x.shape)]
@@ -299,8 +334,13 @@ def _matmul_shape(a, b):
 
 
 @matmul_integer.infer
-def _(A, B, *_, **__):
-    return [TensorType(np.dtype(np.int32), _matmul_shape(A, B))]
+def _(A, B, a_zero_point=None, b_zero_point=None, **__):
+    shape = _matmul_shape(A, B)
+    rows = None if A.shape is None or len(A.shape) < 2 else A.shape[-2]
+    columns = None if B.shape is None or len(B.shape) < 2 else B.shape[-1]
+    _require_per("MatMulInteger", "a_zero_point", a_zero_point, rows, "row of A")
+    _require_per("MatMulInteger", "b_zero_point", b_zero_point, columns, "column of B")
+    return [TensorType(np.dtype(np.int32), shape)]
 
 
 @op("QLinearMatMul", since=21, dtypes=QLINEAR_MATMUL_21)
@@ -328,18 +368,19 @@ def _(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point,
                                    ("b_zero_point", b_zero_point, columns, "column of b"),
                                    ("y_scale", y_scale, columns, "column of b"),
                                    ("y_zero_point", y_zero_point, columns, "column of b")):
-        _require_per(name, param, count, of)
+        _require_per("QLinearMatMul", name, param, count, of)
     return [TensorType(y_zero_point.dtype, shape)]
 
 
-def _require_per(name, param, count, of) -> None:
+def _require_per(op_type, name, param, count, of) -> None:
+    """A 1-D ``param`` holds one value or ``count`` values, one per ``of`` (a ValueError
+    otherwise); other ranks (a batched B's zero points) are left to the kernel."""
     size = None if param is None or param.shape is None else param.shape
-    if size is None or len(size) == 0 or (len(size) == 1 and (
-            not isinstance(size[0], int) or size[0] == 1 or not isinstance(count, int)
-            or size[0] == count)):
+    if size is None or len(size) != 1 or not isinstance(size[0], int) or size[0] == 1 \
+            or not isinstance(count, int) or size[0] == count:
         return
-    raise ValueError(f"QLinearMatMul: {name} has shape {shape_text(size)}; expected one value "
-                     f"or ({count},), one per {of}")
+    expected = "one value" if count == 1 else f"one value or ({count},), one per {of}"
+    raise ValueError(f"{op_type}: {name} has shape {shape_text(size)}; expected {expected}")
 
 
 # -- integer and quantized convolution ---------------------------------------------------------
@@ -399,7 +440,10 @@ def _conv_shape(x, w, attrs):
 
 
 @conv_integer.infer
-def _(x, w, *_, **attrs):
+def _(x, w, x_zero_point=None, w_zero_point=None, **attrs):
+    _require_per("ConvInteger", "x_zero_point", x_zero_point, 1, "tensor")
+    channels = None if w.shape is None else w.shape[0]
+    _require_per("ConvInteger", "w_zero_point", w_zero_point, channels, "output channel of w")
     return [TensorType(np.dtype(np.int32), _conv_shape(x, w, attrs))]
 
 

@@ -26,15 +26,6 @@ NUMPY_WORDS = re.compile(
 # ops whose failures may still read as NumPy's words alone, and why
 UNEXPLAINED = {
     "FlexAttention": "a node with subgraphs is not shown to its infer function",
-    "DeformConv": "no shape rule for its offsets and mask yet",
-    "AffineGrid": "no shape rule for theta against size yet",
-    "Einsum": "no shape rule for the equation's labels yet",
-    "RotaryEmbedding": "a 4-D X whose last axis grew: the caches fit, the rotation does not",
-    "DequantizeLinear": "blocked quantization's scale shape is not checked yet",
-    "QuantizeLinear": "blocked quantization's scale shape is not checked yet",
-    "ConvInteger": "no shape rule for the zero points yet",
-    "MatMulInteger": "no shape rule for the zero points yet",
-    "MaxUnpool": "no shape rule for the indices yet",
     # index errors: the words say which index and which axis, which is what was wrong
     "NonMaxSuppression": "an index past the boxes, named by NumPy",
     "ScatterElements": "indices and updates of different shapes, named by NumPy",
