@@ -11,11 +11,12 @@ its core's L2 from step to step. A step's parts meet at a barrier (every part re
 h), one counter in the shared ``sync`` words.
 
 The threads are the native pool's (ops/_jit_panels.py): the caller hands ``parts`` parts to
-``lstm_part_f`` (or ``_d``, ``gru_part_*``, ``rnn_part_*``) through ``native_for``. A part is a thread's
-preferred share, not a promise: a part's steps are claimed one at a time, and a thread takes
-the steps of any part whose thread has not arrived yet (asleep, busy with another caller, or
-never coming: ``native_for`` then runs the parts one after another on the caller). So nobody
-waits for a thread that is not there, and once both are in, each keeps to its own share.
+``lstm_part_f`` (or ``_d``, ``gru_part_*``, ``rnn_part_*``) through ``native_for``. A part
+is a thread's preferred share, not a promise: a part's steps are claimed one at a time, and
+a thread takes the steps of any part whose thread has not arrived yet (asleep, busy with
+another caller, or never coming: ``native_for`` then runs the parts one after another on
+the caller). So nobody waits for a thread that is not there, and once both are in, each
+keeps to its own share.
 
 ``sync`` (int64), one 64-byte line per word: for each part p, PRESENT (its thread has
 arrived) and CLAIMED (how many of its steps are taken); then DONE, parts finished in all.
