@@ -222,12 +222,18 @@ def run_directions(xp, X, W, R, B, sequence_lens, initial_states, *, hidden_size
             running = (t < lengths).reshape(-1, 1)
             states = [xp.where(running, n, s) for n, s in zip(new, states)]
             ys.append(xp.where(running, new[0], xp.zeros((), dtype=wide)))
-        y = xp.stack(ys)
+        y = stacked_steps(xp, ys, batch, hidden, wide)
         if backwards:
             y = y[order, batch_index]
         outputs.append(y)
         finals.append(states)
     return layer_outputs(xp, outputs, finals, lengths, layout, X.dtype)
+
+
+def stacked_steps(xp, ys: list, batch: int, hidden: int, dtype):
+    """A direction's per-step outputs as one (steps, batch, hidden) array; an X of no steps
+    gives an empty one (as onnxruntime does), not NumPy's "need at least one array"."""
+    return xp.stack(ys) if ys else xp.zeros((0, batch, hidden), dtype=dtype)
 
 
 def layer_outputs(xp, outputs: list, finals: list, lengths, layout, dtype) -> tuple:

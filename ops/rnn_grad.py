@@ -422,7 +422,7 @@ def forward_keeping_workspace(xp, cell_type, defaults, X, W, R, B, sequence_lens
             for t, cache in enumerate(caches):
                 for slot, entry in enumerate(kept):
                     workspace[d, t, slot] = cache[entry]
-            y = xp.stack(ys)
+            y = rnn.stacked_steps(xp, ys, layer.batch, layer.hidden, layer.wide)
         outputs.append(y[layer.order()] if layer.backwards[d] else y)
         finals.append(states)
     return (*rnn.layer_outputs(xp, outputs, finals, layer.lengths, attributes.get("layout"),

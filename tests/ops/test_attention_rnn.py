@@ -325,3 +325,28 @@ def test_rotary_embedding_partial_fp16_keeps_tail():
                                    interleaved=1)
     assert y.dtype == np.float16 and y.shape == x.shape
     np.testing.assert_array_equal(y[..., 4:], x[..., 4:])
+
+
+@pytest.mark.parametrize("op_type, gates", [("RNN", 1), ("GRU", 3), ("LSTM", 4)])
+@pytest.mark.parametrize("activations", [None, "numpy"])
+def test_a_sequence_of_no_steps_gives_an_empty_y_and_zero_states(op_type, gates,
+                                                                   activations):
+    """X of seq_length 0: Y (0, directions, batch, hidden) and zero final states, as
+    onnxruntime gives for RNN and LSTM (its GRU aborts the process there), through the
+    compiled cells and through NumPy's (an activation they do not take)."""
+    kernel = {"RNN": rnn.rnn_14, "GRU": rnn.gru_14, "LSTM": rnn.lstm_14}[op_type]
+    X, W = randn(0, 2, 3), randn(2, gates * 4, 3)
+    R, h0 = randn(2, gates * 4, 4), randn(2, 2, 4)
+    defaults = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"],
+                "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[op_type]
+    chosen = None if activations is None else (["Softsign"] + defaults[1:]) * 2
+    outputs = kernel(np, X, W, R, None, None, h0, hidden_size=4, direction="bidirectional",
+                     activations=chosen)
+    assert outputs[0].shape == (0, 2, 2, 4)
+    for state in outputs[1:]:
+        assert state.shape == (2, 2, 4) and not state.any()
+    if op_type != "GRU":
+        expected = run_ort(op_type, dict(X=X, W=W, R=R, B=None, sequence_lens=None,
+                                         initial_h=h0), ["Y", "Y_h"], 14, hidden_size=4,
+                           direction="bidirectional")
+        assert_all_close(outputs[:2], expected)
