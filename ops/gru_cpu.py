@@ -31,7 +31,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.lstm_cpu import (halved, input_product, panels_by_part, run_sequence,
+from mixrt.ops.lstm_cpu import (halved, panels_by_part, projection, run_sequence,
                                 sequence_suits, unit_bounds)
 from mixrt.ops.matmul_cpu import dense_product
 
@@ -60,17 +60,15 @@ def _projection(layer, W, B, d: int, constants=None):
     candidate's with Wb, and Rb too when the reset comes before the product (after it, Rb
     is inside the reset)."""
     hidden, wide = layer.hidden, layer.wide
-    weight = packed(constants, ("gru W'", d, wide.str), lambda: halved(W[d], 2 * hidden, wide))
-    projected = input_product(layer, weight, constants, ("gru W' panels", d, wide.str))
-    if B is not None:
-        def bias():
-            wb, rb = B[d, :layer.gates].astype(wide), B[d, layer.gates:].astype(wide)
-            both = wb.copy()
-            joining = 2 * hidden if layer.cells[d].linear_before_reset else 3 * hidden
-            both[:joining] += rb[:joining]
-            return halved(both, 2 * hidden, wide)
-        projected += packed(constants, ("gru bias'", d, wide.str), bias)
-    return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
+
+    def bias():
+        wb, rb = B[d, :layer.gates].astype(wide), B[d, layer.gates:].astype(wide)
+        both = wb.copy()
+        joining = 2 * hidden if layer.cells[d].linear_before_reset else 3 * hidden
+        both[:joining] += rb[:joining]
+        return halved(both, 2 * hidden, wide)
+    return projection(layer, d, constants, "gru", lambda: halved(W[d], 2 * hidden, wide),
+                      None if B is None else bias)
 
 
 def inference(layer, d: int, W, B, constants=None):

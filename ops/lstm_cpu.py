@@ -82,13 +82,23 @@ def _projection(layer, W, B, d: int, constants=None):
     """X W'^T + (Wb + Rb)' of direction d for every step, in the order the direction runs
     (' : the i, o and f columns halved), C-contiguous (steps, batch, 4 hidden)."""
     hidden, wide = layer.hidden, layer.wide
-    weight = packed(constants, ("lstm W'", d, wide.str), lambda: halved(W[d], 3 * hidden, wide))
-    projected = input_product(layer, weight, constants, ("lstm W' panels", d, wide.str))
-    if B is not None:
-        bias = packed(constants, ("lstm bias'", d, wide.str), lambda: halved(
-            B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide), 3 * hidden,
-            wide))
-        projected += bias
+    return projection(layer, d, constants, "lstm", lambda: halved(W[d], 3 * hidden, wide),
+                      None if B is None else lambda: halved(
+                          B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide),
+                          3 * hidden, wide))
+
+
+def projection(layer, d: int, constants, cell: str, weight, bias=None):
+    """X weight^T (+ bias) of direction d for every step, in the order the direction runs,
+    C-contiguous (steps, batch, gates). ``weight()`` and ``bias()`` make the cell's forms
+    of W[d] and of its bias (halved rows, summed biases), kept in ``constants`` under the
+    ``cell``'s keys ("lstm W'", "lstm W' panels", "lstm bias'") when the weights are
+    session constants."""
+    wide = layer.wide
+    w = packed(constants, (f"{cell} W'", d, wide.str), weight)
+    projected = input_product(layer, w, constants, (f"{cell} W' panels", d, wide.str))
+    if bias is not None:
+        projected += packed(constants, (f"{cell} bias'", d, wide.str), bias)
     return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
 
 

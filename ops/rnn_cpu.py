@@ -21,7 +21,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.conv_cpu import packed
-from mixrt.ops.lstm_cpu import (input_product, panels_by_part, run_sequence, sequence_suits,
+from mixrt.ops.lstm_cpu import (panels_by_part, projection, run_sequence, sequence_suits,
                                 unit_bounds)
 
 ACTIVATIONS = ("tanh", "relu", "sigmoid")  # ops/_jit_recurrent.ACTIVATIONS' names
@@ -61,9 +61,6 @@ def _projection(layer, W, B, d: int, constants=None):
     """X W^T + Wb + Rb of direction d for every step, in the order the direction runs,
     C-contiguous (steps, batch, hidden)."""
     wide = layer.wide
-    weight = packed(constants, ("rnn W", d, wide.str), lambda: np.asarray(W[d], wide))
-    projected = input_product(layer, weight, constants, ("rnn W panels", d, wide.str))
-    if B is not None:
-        projected += packed(constants, ("rnn bias", d, wide.str), lambda: (
-            B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide)))
-    return np.ascontiguousarray(projected[layer.order()] if layer.backwards[d] else projected)
+    return projection(layer, d, constants, "rnn", lambda: np.asarray(W[d], wide),
+                      None if B is None else lambda: (
+                          B[d, :layer.gates].astype(wide) + B[d, layer.gates:].astype(wide)))

@@ -380,4 +380,4 @@ def test_an_rnn_session_keeps_the_parts_panels_and_matches_fed_weights():
         np.testing.assert_allclose(got, other, rtol=3e-6, atol=3e-6)
     (node,) = [n for n in kept._bound.nodes if n.node.op_type == "RNN"]
     keys = {key[0] for key in node.attributes["_prepacked"] if isinstance(key, tuple)}
-    assert {"rnn R by part", "rnn W", "rnn bias"} <= keys
+    assert {"rnn R by part", "rnn W'", "rnn bias'"} <= keys
