@@ -16,7 +16,8 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, broadcast_shapes, same_as_input, shape_text
+from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, same_as_input, \
+    shape_text
 
 
 # -- layout helpers -----------------------------------------------------------------------
@@ -219,11 +220,6 @@ def _heads_dim(hidden, num, heads):
     return None
 
 
-def _differ(a, b) -> bool:
-    """Two dims that are both known ints and not equal (a symbol or None fits anything)."""
-    return isinstance(a, int) and isinstance(b, int) and a != b
-
-
 def _divides(part, whole) -> bool:
     return not (isinstance(part, int) and isinstance(whole, int) and part and whole % part)
 
@@ -254,19 +250,19 @@ def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None
     k_size = K[3] if four else (K[2] // kv_heads if isinstance(K[2], int) else None)
     seq_axis = 2 if four else 1
     problems = (
-        ("K", K, _differ(K[0], Q[0]), f"batch {K[0]}, Q's is {Q[0]}"),
-        ("V", V, _differ(V[0], Q[0]), f"batch {V[0]}, Q's is {Q[0]}"),
+        ("K", K, conflicting(K[0], Q[0]), f"batch {K[0]}, Q's is {Q[0]}"),
+        ("V", V, conflicting(V[0], Q[0]), f"batch {V[0]}, Q's is {Q[0]}"),
         ("Q", Q, not four and not _divides(q_heads, Q[2]),
          f"{Q[2]} features do not split into q_num_heads={q_heads}"),
         ("K", K, not four and not _divides(kv_heads, K[2]),
          f"{K[2]} features do not split into kv_num_heads={kv_heads}"),
         ("V", V, not four and not _divides(kv_heads, V[2]),
          f"{V[2]} features do not split into kv_num_heads={kv_heads}"),
-        ("V", V, four and _differ(V[1], K[1]), f"{V[1]} heads, K's are {K[1]}"),
+        ("V", V, four and conflicting(V[1], K[1]), f"{V[1]} heads, K's are {K[1]}"),
         ("K", K, not _divides(kv_heads, q_heads),
          f"{kv_heads} heads do not divide Q's {q_heads}"),
-        ("K", K, _differ(k_size, q_size), f"head size {k_size}, Q's is {q_size}"),
-        ("V", V, _differ(V[seq_axis], K[seq_axis]),
+        ("K", K, conflicting(k_size, q_size), f"head size {k_size}, Q's is {q_size}"),
+        ("V", V, conflicting(V[seq_axis], K[seq_axis]),
          f"{V[seq_axis]} positions, K's are {K[seq_axis]}"))
     for name, shape, wrong, why in problems:
         if wrong:
@@ -275,13 +271,13 @@ def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None
     v_size = V[3] if four else (V[2] // kv_heads if isinstance(V[2], int) else None)
     for name, past, size in (("past_key", past_key, k_size), ("past_value", past_value, v_size)):
         expected = (Q[0], kv_heads, None, size)
-        if past is not None and (len(past) != 4 or any(map(_differ, past, expected))):
+        if past is not None and (len(past) != 4 or any(map(conflicting, past, expected))):
             raise ValueError(f"{op_type}: {name} has shape {shape_text(past)}; expected "
                              f"{shape_text(expected)} (batch, kv heads, past seq, head size)")
     total = K[seq_axis] if past_key is None else _sum_dims(past_key[2], K[seq_axis])
     _check_mask(op_type, attn_mask, (Q[0], q_heads, Q[seq_axis], total))
     if nonpad_kv_seqlen is not None and (len(nonpad_kv_seqlen) != 1
-                                         or _differ(nonpad_kv_seqlen[0], Q[0])):
+                                         or conflicting(nonpad_kv_seqlen[0], Q[0])):
         raise ValueError(f"{op_type}: nonpad_kv_seqlen has shape {shape_text(nonpad_kv_seqlen)};"
                          f" expected ({Q[0]},), one length per batch entry")
 
@@ -436,7 +432,7 @@ def _(X, cos_cache, sin_cache, position_ids=None, *, num_heads=None, rotary_embe
     for name, shape, want in operands:
         # a cache of batch 1 broadcasts over X's batch, as the kernel computes it
         if shape is not None and (len(shape) != len(want) or any(
-                _differ(d, w) and not (i == 0 and d == 1 and not by_position)
+                conflicting(d, w) and not (i == 0 and d == 1 and not by_position)
                 for i, (d, w) in enumerate(zip(shape, want)))):
             raise ValueError(f"RotaryEmbedding: {name} has shape {shape_text(shape)}; expected "
                              f"{shape_text(want)} for X {shape_text(x)} and a rotary size of "

@@ -8,7 +8,7 @@ import math
 
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, shape_text
+from mixrt.ops.types import TensorType, conflicting, shape_text
 
 NARROW_FLOATS = frozenset({"float32", "float16", "bfloat16"})
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
@@ -143,7 +143,7 @@ def _check_linear_attention(query, key, value, past_state, decay, beta, q_heads,
         return
     axes = "batch, steps, heads x size"
     for name, shape in (("query", q), ("key", k), ("value", v)):
-        if len(shape) != 3 or _differ(shape[0], q[0]) or _differ(shape[1], q[1]):
+        if len(shape) != 3 or conflicting(shape[0], q[0]) or conflicting(shape[1], q[1]):
             _refuse("LinearAttention", name, shape, f"3 axes, batch and steps as the query "
                     f"{shape_text(q)}'s", axes)
     for name, shape, heads in (("query", q, q_heads), ("key", k, kv_heads),
@@ -153,12 +153,12 @@ def _check_linear_attention(query, key, value, past_state, decay, beta, q_heads,
                     "heads", axes)
     d_k = k[2] // kv_heads if isinstance(k[2], int) else None
     d_v = v[2] // kv_heads if isinstance(v[2], int) else None
-    if q_heads % kv_heads or _differ(q[2], None if d_k is None else q_heads * d_k):
+    if q_heads % kv_heads or conflicting(q[2], None if d_k is None else q_heads * d_k):
         _refuse("LinearAttention", "query", q, f"q_num_heads={q_heads} heads of the key's "
                 f"size {d_k}, a multiple of kv_num_heads={kv_heads}", axes)
     state = (q[0], kv_heads, d_k, d_v)
     if past_state is not None and (len(past_state) != 4
-                                   or any(map(_differ, past_state, state))):
+                                   or any(map(conflicting, past_state, state))):
         _refuse("LinearAttention", "past_state", past_state, shape_text(state),
                 "batch, kv heads, key size, value size")
     for name, shape, lasts in (("decay", decay, (kv_heads, None if d_k is None else
@@ -166,15 +166,11 @@ def _check_linear_attention(query, key, value, past_state, decay, beta, q_heads,
                                ("beta", beta, (kv_heads, 1))):
         if shape is None:
             continue
-        if len(shape) != 3 or _differ(shape[0], q[0]) or _differ(shape[1], q[1]) or (
+        if len(shape) != 3 or conflicting(shape[0], q[0]) or conflicting(shape[1], q[1]) or (
                 isinstance(shape[2], int) and None not in lasts and shape[2] not in lasts):
             _refuse("LinearAttention", name, shape, f"(batch {q[0]}, steps {q[1]}, "
                     f"{' or '.join(str(n) for n in lasts if n is not None)})",
                     "batch, steps, per head or per key channel")
-
-
-def _differ(a, b) -> bool:
-    return isinstance(a, int) and isinstance(b, int) and a != b
 
 
 @linear_attention.infer
@@ -235,15 +231,18 @@ def _(input, weight, bias=None, past_state=None, **_):
     if x is not None and w is not None:
         taps = w[-1]
         channels = x[1]
-        if len(w) not in (2, 3) or _differ(w[0], channels) or (len(w) == 3 and _differ(w[1], 1)):
-            _refuse("CausalConvWithState", "weight", w, f"({channels}, 1, k) or ({channels}, k)",
+        if len(w) not in (2, 3) or conflicting(w[0], channels) \
+                or (len(w) == 3 and conflicting(w[1], 1)):
+            _refuse("CausalConvWithState", "weight", w,
+                    f"({channels}, 1, k) or ({channels}, k)",
                     "one filter per channel of the input " + shape_text(x))
         operands = (("bias", _shape_of(bias), (channels,), "one per channel"),
                     ("past_state", _shape_of(past_state),
                      (x[0], channels, taps - 1 if isinstance(taps, int) else None),
                      "batch, channels, k - 1"))
         for name, shape, want, axes in operands:
-            if shape is not None and (len(shape) != len(want) or any(map(_differ, shape, want))):
+            if shape is not None and (len(shape) != len(want)
+                                      or any(map(conflicting, shape, want))):
                 _refuse("CausalConvWithState", name, shape, shape_text(want), axes)
     state_shape = None
     if input.shape is not None and weight.shape is not None:
