@@ -16,8 +16,8 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, to_numpy_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, same_as_input, \
-    shape_text
+from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, fits, \
+    same_as_input, shape_text
 
 
 # -- layout helpers -----------------------------------------------------------------------
@@ -271,7 +271,7 @@ def check_attention_shapes(op_type: str, Q, K, V, past_key=None, past_value=None
     v_size = V[3] if four else (V[2] // kv_heads if isinstance(V[2], int) else None)
     for name, past, size in (("past_key", past_key, k_size), ("past_value", past_value, v_size)):
         expected = (Q[0], kv_heads, None, size)
-        if past is not None and (len(past) != 4 or any(map(conflicting, past, expected))):
+        if past is not None and not fits(past, expected):
             raise ValueError(f"{op_type}: {name} has shape {shape_text(past)}; expected "
                              f"{shape_text(expected)} (batch, kv heads, past seq, head size)")
     total = K[seq_axis] if past_key is None else _sum_dims(past_key[2], K[seq_axis])

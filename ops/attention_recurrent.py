@@ -8,7 +8,7 @@ import math
 
 from mixrt.ops.dtypes import accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, conflicting, shape_text
+from mixrt.ops.types import TensorType, conflicting, fits, shape_text
 
 NARROW_FLOATS = frozenset({"float32", "float16", "bfloat16"})
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
@@ -157,8 +157,7 @@ def _check_linear_attention(query, key, value, past_state, decay, beta, q_heads,
         _refuse("LinearAttention", "query", q, f"q_num_heads={q_heads} heads of the key's "
                 f"size {d_k}, a multiple of kv_num_heads={kv_heads}", axes)
     state = (q[0], kv_heads, d_k, d_v)
-    if past_state is not None and (len(past_state) != 4
-                                   or any(map(conflicting, past_state, state))):
+    if past_state is not None and not fits(past_state, state):
         _refuse("LinearAttention", "past_state", past_state, shape_text(state),
                 "batch, kv heads, key size, value size")
     for name, shape, lasts in (("decay", decay, (kv_heads, None if d_k is None else
@@ -241,8 +240,7 @@ def _(input, weight, bias=None, past_state=None, **_):
                      (x[0], channels, taps - 1 if isinstance(taps, int) else None),
                      "batch, channels, k - 1"))
         for name, shape, want, axes in operands:
-            if shape is not None and (len(shape) != len(want)
-                                      or any(map(conflicting, shape, want))):
+            if shape is not None and not fits(shape, want):
                 _refuse("CausalConvWithState", name, shape, shape_text(want), axes)
     state_shape = None
     if input.shape is not None and weight.shape is not None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import ALL, FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, conflicting, require_shape, shape_text
+from mixrt.ops.types import TensorType, conflicting, fits, require_shape, shape_text
 from mixrt.runtime.device import to_host
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -580,8 +580,7 @@ def _(X, W, offset=None, B=None, mask=None, *, dilations=None, group=1, kernel_s
             ("mask", mask, taps, "offset_group x taps")):
         expected = (y.shape[0], channels, *y.shape[2:])
         shape = None if value_type is None else value_type.shape
-        if shape is not None and (len(shape) != len(expected)
-                                  or any(map(conflicting, shape, expected))):
+        if shape is not None and not fits(shape, expected):
             raise ValueError(f"DeformConv: {name} has shape {shape_text(shape)}; expected "
                              f"{shape_text(expected)} (batch, {per}, the output's dims)")
     return [y]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.nn import log_softmax_over, widen
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, conflicting, shape_text
+from mixrt.ops.types import TensorType, conflicting, fits, shape_text
 
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -77,8 +77,7 @@ def _loss_type(op_type: str, input: TensorType, target: TensorType, weight,
     if x is not None and len(x) < 2:
         raise ValueError(f"{op_type}: the input has shape {shape_text(x)}; expected (N, C, "
                          "d1, ..., dk), at least 2 axes")
-    if x is not None and t is not None and (
-            len(t) != len(x) - 1 or any(conflicting(a, b) for a, b in zip(t, x[:1] + x[2:]))):
+    if x is not None and t is not None and not fits(t, x[:1] + x[2:]):
         raise ValueError(f"{op_type}: the target has shape {shape_text(t)}; expected "
                          f"{shape_text(x[:1] + x[2:])} (the input {shape_text(x)} without its "
                          "class axis 1)")

@@ -18,7 +18,7 @@ from mixrt.ops.conv import (inferred_out_dims, pad_spatial, sliding_windows,
                             spatial_attrs, window_geometry, work_dtype)
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, conflicting, shape_text
+from mixrt.ops.types import TensorType, fits, shape_text
 from mixrt.runtime.device import to_host
 
 MAXPOOL_TYPES = FLOATS | {"int8", "uint8"}
@@ -311,8 +311,7 @@ def _(I, **_):
 
 @max_unpool.infer
 def _(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None, **_):
-    if X.shape is not None and I.shape is not None and (
-            len(X.shape) != len(I.shape) or any(map(conflicting, X.shape, I.shape))):
+    if X.shape is not None and I.shape is not None and not fits(I.shape, X.shape):
         raise ValueError(f"MaxUnpool: the indices I have shape {shape_text(I.shape)}; expected "
                          f"X's {shape_text(X.shape)}, one index per value")
     if output_shape is not None:

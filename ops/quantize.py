@@ -15,7 +15,7 @@ from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.registry import REGISTRY, op
-from mixrt.ops.types import TensorType, conflicting, normalize_axis, shape_text
+from mixrt.ops.types import TensorType, fits, normalize_axis, shape_text
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
 QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
@@ -182,7 +182,7 @@ def require_param_shapes(op_type, x, params, axis=1, block_size=0) -> None:
             why = f"x's shape with axis {axis} in blocks of {block_size}"
         else:
             expected, why = (along,), f"one value, or one per entry of x's axis {axis}"
-        if len(shape) != len(expected) or any(map(conflicting, shape, expected)):
+        if not fits(shape, expected):
             raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
                              f"{shape_text(expected)} ({why}, x {shape_text(x.shape)})")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from mixrt.ops.dtypes import FLOATS, accumulation_dtype
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, shape_text
+from mixrt.ops.types import TensorType, fits, shape_text
 
 FLOATS_NO_BF16 = frozenset({"float16", "float32", "float64"})
 DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -130,16 +130,10 @@ def check_operands(op_type: str, X, W, R, B=None, *, initial_h=None, initial_c=N
         ("P", P, (directions, None if hidden is None else 3 * hidden),
          "num_directions, 3 x hidden_size"))
     for name, shape, want, axes in expected:
-        if shape is not None and not _fits(shape, want):
+        if shape is not None and not fits(shape, want):
             raise ValueError(f"{op_type}: {name} has shape {shape_text(shape)}; expected "
                              f"{shape_text(want)} ({axes}) for X {shape_text(X)}, "
                              f"direction {direction!r} and hidden_size {hidden}")
-
-
-def _fits(shape, expected) -> bool:
-    return len(shape) == len(expected) and all(
-        not isinstance(a, int) or not isinstance(b, int) or a == b
-        for a, b in zip(shape, expected))
 
 
 def _shape(array):

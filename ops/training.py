@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
-from mixrt.ops.types import TensorType, conflicting, shape_text
+from mixrt.ops.types import TensorType, fits, shape_text
 
 TRAINING = "ai.onnx.preview.training"
 
@@ -89,10 +89,8 @@ def _optimizer_infer(op_type: str, roles: int, names: tuple):
         groups = _groups(tensors, roles)
         for index, group in enumerate(groups):
             shapes = [t.shape for t in group]
-            if shapes[0] is not None and any(
-                    shape is not None and (len(shape) != len(shapes[0])
-                                           or any(map(conflicting, shape, shapes[0])))
-                    for shape in shapes[1:]):
+            if shapes[0] is not None and any(shape is not None and not fits(shape, shapes[0])
+                                             for shape in shapes[1:]):
                 described = ", ".join(f"{name} {shape_text(shape)}"
                                       for name, shape in zip(names, shapes))
                 raise ValueError(f"{op_type}: variable {index + 1}'s {described} differ; "

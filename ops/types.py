@@ -174,13 +174,19 @@ def conflicting(a, b) -> bool:
     return isinstance(a, int) and isinstance(b, int) and a != b
 
 
+def fits(shape, expected) -> bool:
+    """Whether ``shape`` can be ``expected``: the same rank, and no static dim that differs
+    from a static expected one (symbolic and unknown dims fit anything)."""
+    return len(shape) == len(expected) and not any(map(conflicting, shape, expected))
+
+
 def require_shape(what: str, value_type, expected) -> None:
-    """Raise ValueError when ``value_type``'s shape is known and cannot be ``expected`` (a
-    rank that differs, or a static dim that differs from a static expected one)."""
+    """Raise ValueError when ``value_type``'s shape is known and cannot be ``expected``
+    (:func:`fits`)."""
     if not isinstance(value_type, TensorType) or value_type.shape is None:
         return
     shape, expected = tuple(value_type.shape), tuple(expected)
-    if len(shape) != len(expected) or any(map(conflicting, shape, expected)):
+    if not fits(shape, expected):
         raise ValueError(f"{what} has shape {shape_text(shape)}; expected "
                          f"{shape_text(expected)}")
 
