@@ -44,20 +44,23 @@ GPU_EXTRA_FILES=(tests/test_session.py tests/test_profiler_api.py tests/gluon/te
 
 case "$step" in
     tests)
+        # budgets that fit one device call (10 minutes) with the setup: the marked tests and the
+        # backend suite spread over the host's cores (the image has pytest-xdist), a hung test
+        # stopped by pytest-timeout (the image has it too) instead of eating the call
         setup
-        timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_marked.xml" \
-            tests --ignore=tests/conformance -m gpu "$@"
-        echo "GPU tests (-m gpu): exit $?"
-        timeout 120 python3 -m pytest -q -rs -p no:cacheprovider --junitxml="$out/gpu_files.xml" \
-            "${GPU_EXTRA_FILES[@]}" "$@"
-        echo "GPU test files: exit $?"
-        # ~4,000 cases, many compiling a CuPy kernel on first use: spread over the host's
-        # cores where pytest-xdist is installed (the image has it)
-        spread=()
-        python3 -c "import xdist" 2>/dev/null && spread=(-n 8)
-        timeout 240 python3 -m pytest -q -p no:cacheprovider "${spread[@]}" \
-            --junitxml="$out/cuda_conformance.xml" tests/conformance -k cuda "$@" | tail -n 30
-        echo "backend suite, _cuda cases: exit ${PIPESTATUS[0]}"
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -n 6 --timeout 150 \
+            --junitxml="$out/gpu_marked.xml" tests --ignore=tests/conformance -m gpu "$@" \
+            > "$out/gpu_marked.log" 2>&1
+        echo "GPU tests (-m gpu): exit $?"; tail -n 40 "$out/gpu_marked.log"
+        timeout 90 python3 -m pytest -q -rs -p no:cacheprovider -n 3 --timeout 60 \
+            --junitxml="$out/gpu_files.xml" "${GPU_EXTRA_FILES[@]}" "$@" > "$out/gpu_files.log" 2>&1
+        echo "GPU test files: exit $?"; tail -n 15 "$out/gpu_files.log"
+        # ~4,000 cases, many compiling a CuPy kernel on first use
+        timeout 200 python3 -m pytest -q -p no:cacheprovider -n 12 --timeout 60 \
+            --junitxml="$out/cuda_conformance.xml" tests/conformance -k cuda "$@" \
+            > "$out/cuda_conformance.log" 2>&1
+        echo "backend suite, _cuda cases: exit $?"; tail -n 5 "$out/cuda_conformance.log"
         ;;
     bench)
         setup
