@@ -175,7 +175,10 @@ def torch_runner(module, input_name: str, threads: int, device: str = "cpu") -> 
     def run(feeds: Feeds) -> list[np.ndarray]:
         with torch.inference_mode():
             out = placed(torch.from_numpy(feeds[input_name]).to(target))
-            return [out.cpu().numpy()]  # .cpu() waits for the GPU, as the others do
+            # a module of several outputs (onnx2torch's twin of a zoo model that has two)
+            # returns them as a list, in the graph's order
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            return [o.cpu().numpy() for o in outs]  # .cpu() waits for the GPU, as the others do
 
     return Runner("torch", device, run, placed)
 

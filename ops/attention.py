@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.dtypes import FLOATS, to_numpy_dtype
+from mixrt.ops.dtypes import FLOATS, compute_dtype, to_numpy_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, broadcast_shapes, conflicting, fits, \
     same_as_input, shape_text
@@ -47,6 +47,16 @@ def repeat_kv_heads(xp, x, q_heads):
         raise ValueError(f"q_num_heads ({q_heads}) must be a multiple of kv_num_heads "
                          f"({kv_heads})")
     return xp.repeat(x, q_heads // kv_heads, axis=1)
+
+
+def product(xp, a, b, dtype):
+    """``a @ b`` rounded to ``dtype`` once, as the spec's reference computes it: narrow floats
+    multiply in float32 (NumPy's float16 matmul accumulates in float32; CuPy has no bfloat16
+    matmul, and its float16 one answered 2-4 ulp away from the reference's single rounding),
+    and every stage of the pipeline stays in the input type."""
+    wide = compute_dtype(dtype)
+    return xp.matmul(a.astype(wide, copy=False), b.astype(wide, copy=False)).astype(
+        dtype, copy=False)
 
 
 def softmax_last(xp, x):
@@ -144,8 +154,7 @@ def scaled_dot_product_attention(
     root = dtype.type(math.sqrt(scale))
     k = repeat_kv_heads(xp, k, heads)
     v = repeat_kv_heads(xp, v, heads)
-    # NumPy's bfloat16 matmul answers in float32; every stage stays in the input type.
-    scores = xp.matmul(q * root, (k * root).swapaxes(-1, -2)).astype(dtype)
+    scores = product(xp, q * root, (k * root).swapaxes(-1, -2), dtype)
     qk_output = scores
     if softcap:
         cap = dtype.type(softcap)
@@ -167,7 +176,7 @@ def scaled_dot_product_attention(
     if qk_matmul_output_mode == 3:
         qk_output = probs
 
-    y = xp.matmul(probs, v).astype(dtype)
+    y = product(xp, probs, v, dtype)
     if was_3d:
         y = merge_heads(y)
     return (y, present_key, present_value, qk_output)[:max(_outputs, 1)]

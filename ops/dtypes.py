@@ -92,6 +92,15 @@ def compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if is_float(dtype) and dtype.itemsize < 4 else dtype
 
 
+def sortable(xp, x):
+    """``x`` in a dtype the array module can sort. CuPy's sorts (Thrust) have no bfloat16;
+    float32 holds every bfloat16 exactly, so on a GPU a bfloat16 array sorts as float32
+    and the caller casts the values it returns back. NumPy sorts bfloat16 itself."""
+    if xp is not np and x.dtype == _BFLOAT16:
+        return x.astype(np.float32)
+    return x
+
+
 def accumulation_dtype(dtype) -> np.dtype:
     """Where long accumulations (recurrences, interpolation) run: float64 stays float64,
     every other type runs in float32."""
@@ -104,6 +113,7 @@ def is_float(dtype) -> bool:
     return dtype.kind == "f" or dtype in _ML_FLOATS
 
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _ML_FLOATS = frozenset(np.dtype(t) for t in (
     ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
     ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn,

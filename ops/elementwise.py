@@ -328,8 +328,23 @@ def mod(xp, A, B, *, fmod=0):
     """fmod=0: the remainder takes the divisor's sign (Python's %); fmod=1: the dividend's
     (C's fmod). Both are exact, so narrow floats lose nothing in float32."""
     with quiet(xp):
-        remainder = xp.fmod if fmod else xp.remainder
+        remainder = xp.fmod if fmod else _remainder(xp, A.dtype)
         return in_compute_dtype(xp, A, lambda a: remainder(a, B.astype(a.dtype)))
+
+
+def _remainder(xp, dtype):
+    """Python's % for ``dtype``: NumPy's remainder, or on a GPU for floats one built from C's
+    fmod. CuPy computes a float remainder as a - floor(a / b) * b, which is nan for an infinite
+    divisor (NumPy and the spec: -3 % inf = inf, 3 % inf = 3) and drops the sign of a zero
+    result (NumPy's takes the divisor's)."""
+    if xp is np or not is_float(dtype):
+        return xp.remainder
+
+    def float_remainder(a, b):
+        r = xp.fmod(a, b)  # exact, with the dividend's sign
+        r = xp.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+        return xp.where(r == 0, xp.copysign(xp.zeros_like(r), b), r)
+    return float_remainder
 
 
 @registered("BitShift", 11, 28, dtypes=INTS, infer=broadcast_like_first)
@@ -465,7 +480,8 @@ def _where_type(condition, X, Y, **_):
 
 @registered("Where", 9, 16, dtypes=BOOL, infer=_where_type)
 def where(xp, condition, X, Y):
-    return xp.where(condition, X, Y)
+    # CuPy's where has no bfloat16 loop and answers such operands in float32
+    return xp.where(condition, X, Y).astype(X.dtype, copy=False)
 
 
 # -- Clip -----------------------------------------------------------------------------------

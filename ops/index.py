@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.dtypes import NUMERIC
+from mixrt.ops.dtypes import NUMERIC, sortable
 from mixrt.ops.registry import op
 from mixrt.ops.shape import const_ints, host_ints, host_scalar, typed, unknown_dims
 from mixrt.ops.types import normalize_axis, reduced_shape, same_as_input
@@ -320,7 +320,9 @@ def unique(xp, X, *, axis=None, sorted=1, _outputs=4):
     if axis is not None:
         axis = normalize_axis(axis, X.ndim)
     values, first, inverse, counts = xp.unique(
-        X, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+        sortable(xp, X), return_index=True, return_inverse=True, return_counts=True,
+        axis=axis)
+    values = values.astype(X.dtype, copy=False)
     inverse = inverse.reshape(-1)
     if not sorted:
         # Reorder the sorted uniques by where each first occurs in X.
@@ -352,15 +354,16 @@ def _top_k(xp, X, k, axis, largest):
     """Indices of the k largest (or smallest) entries along ``axis``, sorted, ties broken
     by the smaller index first."""
     axis = normalize_axis(axis, X.ndim)
+    keys = sortable(xp, X)
     if largest:
         # Stable-sort the reversed axis ascending, then read it backwards: values descend
         # and equal values come out in ascending original index. (Negating X would not
         # work for unsigned types.)
         n = X.shape[axis]
-        order = xp.argsort(xp.flip(X, axis), axis=axis, kind="stable")
+        order = xp.argsort(xp.flip(keys, axis), axis=axis, kind="stable")
         order = (n - 1) - xp.flip(order, axis)
     else:
-        order = xp.argsort(X, axis=axis, kind="stable")
+        order = xp.argsort(keys, axis=axis, kind="stable")
     indices = xp.take(order, xp.arange(k), axis=axis).astype(np.int64)
     return xp.take_along_axis(X, indices, axis=axis), indices
 

@@ -37,7 +37,8 @@ def onehot(xp, indices, depth, values, *, axis=-1):
     positions = xp.where(positions < 0, positions + depth, positions)  # -depth..-1 wrap
     classes = xp.arange(depth).reshape((depth,) + (1,) * (indices.ndim - axis))
     hot = xp.expand_dims(positions, axis) == classes  # out-of-range rows stay all-off
-    return xp.where(hot, values[1], values[0])
+    # CuPy's where promotes two bfloat16 scalars to float32; the spec keeps values' type
+    return xp.where(hot, values[1], values[0]).astype(values.dtype, copy=False)
 
 
 @onehot.infer

@@ -14,9 +14,19 @@ What makes a replay safe:
   which lives as long as the graph. Blocks a kernel frees during capture go back to that pool
   only, so no later allocation elsewhere can take an address the graph writes.
 * **Relaxed capture mode**, so the pool may call cudaMalloc while capturing.
+* **cuBLAS let in.** cuBLAS routines can be captured (NVIDIA's cuBLAS guide, "CUDA Graphs
+  Support": with host-pointer alpha and beta, as CuPy passes them, the values are recorded
+  into the graph), but CuPy refuses every cuBLAS call on a capturing stream: its
+  ``cublas.setStream`` asks ``cupy_backends.cuda.api.runtime.streamIsCapturing`` and raises
+  NotImplementedError. Every matrix product (MatMul, Gemm, the GPU's convolutions) goes
+  through cuBLAS, so nothing could be captured. :func:`_let_cublas_capture` answers that
+  question "no" for the streams this module is capturing on, and defers to CuPy for every
+  other stream; a CuPy without that function (another layout) keeps its refusal, and the run
+  falls back as below.
 * **Falling back.** A run that cannot be captured (a kernel that reads a value back to the
-  host, a data-dependent shape) raises during capture; the signature is then marked and
-  runs the ordinary way from then on. A capture never changes what a run returns.
+  host, a data-dependent shape) raises during capture; the signature is then marked, a
+  RuntimeWarning names the node and the reason once, and it runs the ordinary way from then
+  on. A capture never changes what a run returns.
 
 * **Stream order.** The graph runs on a non-blocking stream of its own, which does not wait
   for the default stream by itself; the feeds were put on the device there (asynchronously).
@@ -30,6 +40,7 @@ Outputs are copied to the host after each launch, as every GPU run's are.
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 from mixrt.runtime import device_checks
@@ -90,6 +101,9 @@ class Captures:
                     found = self.runs[signature] = capture(plan, constants, feeds)
                 except Exception as exc:  # noqa: BLE001  (any failure means: run uncaptured)
                     self.failed[signature] = f"{type(exc).__name__}: {exc}"
+                    warnings.warn(f"cuda_graph=True: inputs of shapes {_shapes(feeds)} run "
+                                  f"without a CUDA graph: {self.failed[signature]}",
+                                  RuntimeWarning, stacklevel=4)
             return found
 
 
@@ -106,6 +120,8 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
         env.update(plan.frozen)
         env.update(inputs)
         stream.synchronize()  # the copies above are not part of the graph
+        _let_cublas_capture()
+        _CAPTURING.add(stream.ptr)
         stream.begin_capture()  # relaxed mode (CuPy's default): the pool may cudaMalloc
         try:
             with device_checks.collecting() as checks:
@@ -117,6 +133,8 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
             except Exception:  # noqa: BLE001,S110
                 pass
             raise
+        finally:
+            _CAPTURING.discard(stream.ptr)
         graph = stream.end_capture()
     env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
     return CapturedRun(graph, stream, inputs, env, pool, checks)
@@ -127,3 +145,37 @@ def _wait_for_callers_stream(stream) -> None:
     stream (the feeds' copies to the device among it)."""
     import cupy  # noqa: PLC0415  (GPU sessions only)
     stream.wait_event(cupy.cuda.get_current_stream().record())
+
+
+def _shapes(feeds: dict) -> str:
+    return ", ".join(f"{name} {tuple(value.shape)}" for name, value in feeds.items())
+
+
+# the raw pointers of the streams a capture of ours is recording on
+_CAPTURING: set = set()
+_PATCH_LOCK = threading.Lock()
+
+
+def _let_cublas_capture() -> None:
+    """Install, once per process, an answer to CuPy's "is this stream capturing?" that says
+    no for :data:`_CAPTURING`'s streams, so that cuBLAS calls on them are recorded (see the
+    module docstring). Other streams get CuPy's own answer."""
+    try:
+        from cupy_backends.cuda.api import runtime  # noqa: PLC0415
+    except ImportError:
+        return
+    with _PATCH_LOCK:
+        asked = getattr(runtime, "streamIsCapturing", None)
+        if asked is None or getattr(asked, "lets_mixrt_capture", False):
+            return
+
+        def stream_is_capturing(stream):
+            if int(stream) in _CAPTURING:
+                return False
+            return asked(stream)
+
+        stream_is_capturing.lets_mixrt_capture = True
+        try:
+            runtime.streamIsCapturing = stream_is_capturing
+        except (AttributeError, TypeError):  # a module that refuses assignment
+            pass

@@ -1,0 +1,155 @@
+"""Where mixrt's GPU time goes, per op type: inference runs and training steps.
+
+    python benchmarks/profile_gpu.py [--infer bert_encoder:1 densenet121:8 ...]
+                                     [--train resnet18 mlp] [--runs 5]
+
+A GPU kernel returns before the device has done its work, so wall time around a kernel call
+measures only its launch. Here every kernel call (``runtime.executor._call``, through which
+sessions and training steps run each node) is followed by a device synchronize, and the time
+from the call to the end of the synchronize is charged to the node's op type: the sum is the
+device time of the nodes plus one launch and one synchronize each. The plain, unsynchronized
+wall time of the same run is printed beside it; what the per-op sum does not cover (the
+optimizer's updates, copies in and out, Python between nodes) shows as "outside the nodes".
+A diagnosis tool for a lent GPU machine, not the benchmark (run_all.py and train_bench.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import mixrt  # noqa: F401,I001  (before NumPy, as every benchmark)
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+class SyncedTimer:
+    """While entered, charges each kernel call plus a device synchronize to its op type."""
+
+    def __init__(self):
+        from mixrt.runtime import executor  # noqa: PLC0415
+        self._executor = executor
+        self._plain = executor._call
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __enter__(self):
+        import cupy  # noqa: PLC0415
+
+        def timed_call(step, xp, args, attributes):
+            started = time.perf_counter()
+            result = self._plain(step, xp, args, attributes)
+            if xp is cupy:
+                cupy.cuda.get_current_stream().synchronize()
+            self.seconds[step.node.op_type] += time.perf_counter() - started
+            self.calls[step.node.op_type] += 1
+            return result
+
+        self._executor._call = timed_call
+        return self
+
+    def __exit__(self, *exc):
+        self._executor._call = self._plain
+        return False
+
+    def reset(self):
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def wall_and_ops(run, runs: int) -> tuple[float, float, dict, dict]:
+    """Median plain wall time of ``run()``, median synced wall time, and per op type the
+    median synced seconds and calls per run."""
+    import cupy  # noqa: PLC0415
+
+    def synced():
+        run()
+        cupy.cuda.get_current_stream().synchronize()
+
+    for _ in range(2):  # warm-up: plans, kernel compiles
+        synced()
+    plain = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        synced()
+        plain.append(time.perf_counter() - started)
+    per_run, timed_walls = [], []
+    with SyncedTimer() as timer:
+        for _ in range(runs):
+            timer.reset()
+            started = time.perf_counter()
+            synced()
+            timed_walls.append(time.perf_counter() - started)
+            per_run.append((dict(timer.seconds), dict(timer.calls)))
+    ops = {op for seconds, _ in per_run for op in seconds}
+    seconds = {op: statistics.median(s.get(op, 0.0) for s, _ in per_run) for op in ops}
+    calls = per_run[-1][1]
+    return statistics.median(plain), statistics.median(timed_walls), seconds, calls
+
+
+def report(title: str, plain: float, timed: float, seconds: dict, calls: dict,
+           top: int = 12) -> str:
+    in_nodes = sum(seconds.values())
+    lines = [f"### {title}", "",
+             f"plain run {plain * 1e3:.2f} ms; synchronized after every node "
+             f"{timed * 1e3:.2f} ms, of which the nodes {in_nodes * 1e3:.2f} ms "
+             f"({sum(calls.values())} calls) and outside the nodes "
+             f"{(timed - in_nodes) * 1e3:.2f} ms", "",
+             "| op | ms | calls | us per call | share of the synchronized run |",
+             "|---|---|---|---|---|"]
+    for op in sorted(seconds, key=lambda o: -seconds[o])[:top]:
+        n = calls.get(op, 0)
+        lines.append(f"| {op} | {seconds[op] * 1e3:.2f} | {n} | "
+                     f"{seconds[op] / max(n, 1) * 1e6:.0f} | {seconds[op] / timed:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def infer_case(spec: str, runs: int) -> str:
+    from profile_ops import model_and_feeds  # noqa: PLC0415
+    name, _, batch = spec.partition(":")
+    path, feeds = model_and_feeds(name, int(batch or 1))
+    session = mixrt.Session(str(path), device="gpu")
+    return report(f"{name}, batch {batch or 1}, inference",
+                  *wall_and_ops(lambda: session.run(None, feeds), runs))
+
+
+def train_case(name: str, runs: int, precision: str) -> str:
+    from train_bench import CACHE, MODELS, export_training, mixrt_stepper  # noqa: PLC0415
+    build, batch = MODELS[name]
+    module, sample_shape = build()
+    path = export_training(module, sample_shape, CACHE / f"train_{name}_op17.onnx")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
+    y = rng.integers(0, 10, batch).astype(np.int64)
+    step, _ = mixrt_stepper(path, x, y, "gpu", precision)
+    return report(f"{name}, batch {batch}, training step ({precision})",
+                  *wall_and_ops(step, runs))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--infer", nargs="*", default=["bert_encoder:1", "densenet121:8"],
+                        help="MODEL:BATCH, MODEL as profile_ops.py takes it")
+    parser.add_argument("--train", nargs="*", default=["resnet18"])
+    parser.add_argument("--precision", default="float32")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    from mixrt.runtime.device import gpu_available  # noqa: PLC0415
+    if not gpu_available():
+        print("profile_gpu: no CUDA GPU (or no CuPy) here")
+        return 2
+    for spec in args.infer:
+        print(infer_case(spec, args.runs), flush=True)
+    for name in args.train:
+        print(train_case(name, args.runs, args.precision), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
