@@ -8,10 +8,12 @@
 #                                                   suite's _cuda cases, with the real CuPy
 #                bash tools/gpu_session.sh bench    run_all --gpu-only (its block of
 #                                                   BENCHMARKS.md) and train_bench on the GPU
+#                bash tools/gpu_session.sh profile  benchmarks/profile_gpu.py: GPU time per op
 #
 # A device call's command is then, for example:
 #   bash tools/gpu_session.sh tests 2>&1 | tee $OUT/tests.log
-# Extra arguments after the step go to pytest (tests) or run_all.py (bench).
+# Extra arguments after the step go to pytest (tests), run_all.py (bench) or
+# profile_gpu.py (profile).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,8 +74,14 @@ case "$step" in
             --out "$out/train_gpu.md"
         echo "train_bench --device gpu: exit $?"
         ;;
+    profile)
+        # where the GPU time goes per op type (benchmarks/profile_gpu.py; args go to it)
+        setup
+        timeout 300 python3 benchmarks/profile_gpu.py "$@"
+        echo "profile_gpu: exit $?"
+        ;;
     *)
-        echo "usage: bash tools/gpu_session.sh tests|bench [args]" >&2
+        echo "usage: bash tools/gpu_session.sh tests|bench|profile [args]" >&2
         exit 2
         ;;
 esac
