@@ -322,11 +322,37 @@ def _per_channel(param, rank: int):
     return param.reshape((-1,) + (1,) * (rank - 2))
 
 
+def axes_sum(xp, x, axes, keepdims=False):
+    """``x.sum(axis=axes)``. On a GPU, a (N, C, ...) array summed over every axis but the
+    channels' is summed over its contiguous spatial axis first (N * C sums) and over the batch
+    second: CuPy reduces over axes that are not innermost with one thread block per output, 64
+    blocks for 64 channels, and ResNet-18's training BatchNormalization took 1.9 ms a call at
+    batch 32 on an H200 that way."""
+    axes = tuple(axes)
+    if xp is np or x.ndim < 3 or axes != _channel_axes(x.ndim):
+        return x.sum(axis=axes, keepdims=keepdims)
+    batch, channels = x.shape[:2]
+    total = x.reshape(batch, channels, -1).sum(axis=2).sum(axis=0)
+    return total.reshape((1, channels) + (1,) * (x.ndim - 2)) if keepdims else total
+
+
+def axes_mean(xp, x, axes, keepdims=False):
+    """``x.mean(axis=axes)``, on a GPU through :func:`axes_sum`."""
+    if xp is np:
+        return x.mean(axis=tuple(axes), keepdims=keepdims)
+    count = prod(x.shape[a] for a in axes)
+    return axes_sum(xp, x, axes, keepdims) / max(count, 1)
+
+
+def _channel_axes(rank: int) -> tuple:
+    return (0,) + tuple(range(2, rank))
+
+
 def _standardize(xp, x, axes, epsilon):
     """(x - mean) / sqrt(var + epsilon) over ``axes``; also returns mean and 1/std."""
-    mean = xp.mean(x, axis=axes, keepdims=True)
+    mean = axes_mean(xp, x, axes, keepdims=True)
     centered = x - mean
-    variance = xp.mean(centered * centered, axis=axes, keepdims=True)
+    variance = axes_mean(xp, centered * centered, axes, keepdims=True)
     inv_std = 1.0 / xp.sqrt(variance + epsilon)
     return centered * inv_std, mean, inv_std
 
@@ -342,9 +368,13 @@ def _batch_norm(xp, X, scale, B, mean, var, epsilon, param_shape):
 
 def _batch_statistics(xp, X):
     """Per-channel mean and population variance of a (N, C, ...) batch."""
-    axes = (0,) + tuple(range(2, X.ndim))
+    axes = _channel_axes(X.ndim)
     x = widen(X)
-    return xp.mean(x, axis=axes), xp.var(x, axis=axes)
+    if xp is np:
+        return xp.mean(x, axis=axes), xp.var(x, axis=axes)
+    mean = axes_mean(xp, x, axes, keepdims=True)
+    centered = x - mean
+    return mean.reshape(-1), axes_mean(xp, centered * centered, axes)
 
 
 def _running(previous, current, momentum):

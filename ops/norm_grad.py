@@ -27,8 +27,8 @@ from mixrt.ops.types import TensorType, normalize_axis
 
 def _standardized_backward(xp, g, x_hat, inv_std, axes):
     """dX of x -> x^ over ``axes`` given g = d loss / d x^."""
-    mean_g = g.mean(axis=axes, keepdims=True)
-    mean_gx = (g * x_hat).mean(axis=axes, keepdims=True)
+    mean_g = nn.axes_mean(xp, g, axes, keepdims=True)
+    mean_gx = nn.axes_mean(xp, g * x_hat, axes, keepdims=True)
     return inv_std * (g - mean_g - x_hat * mean_gx)
 
 
@@ -74,8 +74,8 @@ def batch_norm_grad(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, spat
         inv_std = 1.0 / xp.sqrt(nn.widen(var).reshape(shape) + epsilon)
         x_hat = (x - nn.widen(mean).reshape(shape)) * inv_std
     gamma = nn.widen(scale).reshape(shape)
-    d_bias = dy.sum(axis=axes, keepdims=True)
-    d_scale = (dy * x_hat).sum(axis=axes, keepdims=True)
+    d_bias = nn.axes_sum(xp, dy, axes, keepdims=True)
+    d_scale = nn.axes_sum(xp, dy * x_hat, axes, keepdims=True)
     if training_mode:
         dx = _standardized_backward(xp, dy * gamma, x_hat, inv_std, axes)
         grads = (dx, d_scale.reshape(scale.shape), d_bias.reshape(scale.shape))

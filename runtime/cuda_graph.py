@@ -14,15 +14,10 @@ What makes a replay safe:
   which lives as long as the graph. Blocks a kernel frees during capture go back to that pool
   only, so no later allocation elsewhere can take an address the graph writes.
 * **Relaxed capture mode**, so the pool may call cudaMalloc while capturing.
-* **cuBLAS let in.** cuBLAS routines can be captured (NVIDIA's cuBLAS guide, "CUDA Graphs
-  Support": with host-pointer alpha and beta, as CuPy passes them, the values are recorded
-  into the graph), but CuPy refuses every cuBLAS call on a capturing stream: its
-  ``cublas.setStream`` asks ``cupy_backends.cuda.api.runtime.streamIsCapturing`` and raises
-  NotImplementedError. Every matrix product (MatMul, Gemm, the GPU's convolutions) goes
-  through cuBLAS, so nothing could be captured. :func:`_let_cublas_capture` answers that
-  question "no" for the streams this module is capturing on, and defers to CuPy for every
-  other stream; a CuPy without that function (another layout) keeps its refusal, and the run
-  falls back as below.
+* **cuBLAS through ctypes.** CuPy refuses cuBLAS calls while a stream captures, so the
+  kernels run the capture with ``runtime/cublas_capture.CapturingModule`` as their array
+  module: CuPy, with matrix products that call cuBLAS on a handle and workspace of the
+  capture's own. Captures run one at a time in the process (they share that handle).
 * **Falling back.** A run that cannot be captured (a kernel that reads a value back to the
   host, a data-dependent shape) raises during capture; the signature is then marked, a
   RuntimeWarning names the node and the reason once, and it runs the ordinary way from then
@@ -43,7 +38,10 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mixrt.runtime import device_checks
+from mixrt.runtime.cublas_capture import WORKSPACE_BYTES, CapturingModule
 from mixrt.runtime.executor import Arena, execute
 
 
@@ -109,6 +107,14 @@ class Captures:
 
 def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
     """Record one planned run of ``plan`` into a CUDA graph (see the module docstring)."""
+    with _CAPTURE_LOCK:
+        return _capture(plan, constants, feeds)
+
+
+_CAPTURE_LOCK = threading.Lock()  # captures share each device's cuBLAS handle
+
+
+def _capture(plan, constants: dict, feeds: dict) -> CapturedRun:
     import cupy  # noqa: PLC0415  (GPU sessions only)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -119,13 +125,14 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
         env = dict(constants)
         env.update(plan.frozen)
         env.update(inputs)
+        workspace = cupy.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        xp = CapturingModule(cupy, stream, workspace)
         stream.synchronize()  # the copies above are not part of the graph
-        _let_cublas_capture()
-        _CAPTURING.add(stream.ptr)
+        xp.prepare()
         stream.begin_capture()  # relaxed mode (CuPy's default): the pool may cudaMalloc
         try:
             with device_checks.collecting() as checks:
-                execute(plan.steps, env, cupy, arena, plan)
+                execute(plan.steps, env, xp, arena, plan)
         except BaseException:
             # ending an invalidated capture raises too; the kernel's error is the one to keep
             try:
@@ -133,10 +140,9 @@ def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
             except Exception:  # noqa: BLE001,S110
                 pass
             raise
-        finally:
-            _CAPTURING.discard(stream.ptr)
         graph = stream.end_capture()
     env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
+    env["__cublas_workspace__"] = workspace  # and its products into this
     return CapturedRun(graph, stream, inputs, env, pool, checks)
 
 
@@ -150,32 +156,3 @@ def _wait_for_callers_stream(stream) -> None:
 def _shapes(feeds: dict) -> str:
     return ", ".join(f"{name} {tuple(value.shape)}" for name, value in feeds.items())
 
-
-# the raw pointers of the streams a capture of ours is recording on
-_CAPTURING: set = set()
-_PATCH_LOCK = threading.Lock()
-
-
-def _let_cublas_capture() -> None:
-    """Install, once per process, an answer to CuPy's "is this stream capturing?" that says
-    no for :data:`_CAPTURING`'s streams, so that cuBLAS calls on them are recorded (see the
-    module docstring). Other streams get CuPy's own answer."""
-    try:
-        from cupy_backends.cuda.api import runtime  # noqa: PLC0415
-    except ImportError:
-        return
-    with _PATCH_LOCK:
-        asked = getattr(runtime, "streamIsCapturing", None)
-        if asked is None or getattr(asked, "lets_mixrt_capture", False):
-            return
-
-        def stream_is_capturing(stream):
-            if int(stream) in _CAPTURING:
-                return False
-            return asked(stream)
-
-        stream_is_capturing.lets_mixrt_capture = True
-        try:
-            runtime.streamIsCapturing = stream_is_capturing
-        except (AttributeError, TypeError):  # a module that refuses assignment
-            pass
