@@ -51,9 +51,8 @@ def repeat_kv_heads(xp, x, q_heads):
 
 def product(xp, a, b, dtype):
     """``a @ b`` rounded to ``dtype`` once, as the spec's reference computes it: narrow floats
-    multiply in float32 (NumPy's float16 matmul accumulates in float32; CuPy has no bfloat16
-    matmul, and its float16 one answered 2-4 ulp away from the reference's single rounding),
-    and every stage of the pipeline stays in the input type."""
+    multiply in float32 (NumPy's float16 matmul accumulates in float32, and CuPy has no
+    bfloat16 matmul at all), and every stage of the pipeline stays in the input type."""
     wide = compute_dtype(dtype)
     return xp.matmul(a.astype(wide, copy=False), b.astype(wide, copy=False)).astype(
         dtype, copy=False)
