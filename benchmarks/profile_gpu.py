@@ -22,8 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import mixrt  # noqa: F401,I001  (before NumPy, as every benchmark)
-import numpy as np
+import mixrt  # noqa: I001  (before NumPy, as every benchmark)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -120,15 +119,10 @@ def infer_case(spec: str, runs: int) -> str:
 
 
 def train_case(name: str, runs: int, precision: str) -> str:
-    from train_bench import CACHE, MODELS, export_training, mixrt_stepper  # noqa: PLC0415
-    build, batch = MODELS[name]
-    module, sample_shape = build()
-    path = export_training(module, sample_shape, CACHE / f"train_{name}_op17.onnx")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
-    y = rng.integers(0, 10, batch).astype(np.int64)
+    from train_bench import mixrt_stepper, training_case  # noqa: PLC0415
+    _, path, x, y = training_case(name)
     step, _ = mixrt_stepper(path, x, y, "gpu", precision)
-    return report(f"{name}, batch {batch}, training step ({precision})",
+    return report(f"{name}, batch {len(x)}, training step ({precision})",
                   *wall_and_ops(step, runs))
 
 

@@ -226,18 +226,24 @@ def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str,
     return statistics.median(mine), statistics.median(other)
 
 
-def bench(name: str, steps: int, warmup: int, device: str = "cpu",
-          precision: str = "float32") -> dict:
-    import torch  # noqa: PLC0415
-    from mixrt.errors import MixrtError  # noqa: PLC0415
-    torch.set_num_threads(2)
+def training_case(name: str):
+    """``name``'s PyTorch module, its ONNX export (training mode) and one batch (x, y)."""
     build, batch = MODELS[name]
     module, sample_shape = build()
     path = export_training(module, sample_shape, CACHE / f"train_{name}_op17.onnx")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch,) + sample_shape).astype(np.float32)
     y = rng.integers(0, 10, batch).astype(np.int64)
-    row = {"model": name, "batch": batch, "precision": precision}
+    return module, path, x, y
+
+
+def bench(name: str, steps: int, warmup: int, device: str = "cpu",
+          precision: str = "float32") -> dict:
+    import torch  # noqa: PLC0415
+    from mixrt.errors import MixrtError  # noqa: PLC0415
+    torch.set_num_threads(2)
+    module, path, x, y = training_case(name)
+    row = {"model": name, "batch": len(x), "precision": precision}
     theirs = torch_stepper(module, x, y, device, precision)
     try:  # a precision mixrt refuses (bfloat16) says so here, before any timing
         ours, model = mixrt_stepper(path, x, y, device, precision)
