@@ -53,10 +53,6 @@ def _like_x(dY, X, *_, **__):
 
 # -- BatchNormalization -------------------------------------------------------------------
 
-def _channel_axes(rank: int):
-    return (0,) + tuple(range(2, rank))
-
-
 @op("BatchNormalizationGrad", since=1, domain=MIXRT)
 def batch_norm_grad(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, spatial=1,
                     training_mode=0, _outputs=3):
@@ -66,7 +62,7 @@ def batch_norm_grad(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, spat
     inference mode is an affine map of X with the running statistics as constants."""
     x, dy = nn.widen(X), nn.widen(dY)
     per_activation = not spatial and not training_mode  # spatial=0: stats per (C, D1, ...)
-    axes = (0,) if per_activation else _channel_axes(X.ndim)
+    axes = (0,) if per_activation else nn.channel_axes(X.ndim)
     shape = (1,) + tuple(X.shape[1:]) if per_activation else (1, -1) + (1,) * (X.ndim - 2)
     if training_mode:
         x_hat, _, inv_std = nn._standardize(xp, x, axes, epsilon)
