@@ -30,6 +30,7 @@ import weakref
 
 import numpy as np
 
+from mixrt.ops.jit_tier import compiled_allowed
 from mixrt.ops.parallel import parallel_for, pinned_values, thread_parts
 from mixrt.runtime.device import aligned_empty
 
@@ -46,7 +47,10 @@ KITS_KEPT = 4096
 
 
 def enabled() -> bool:
-    return os.environ.get("MIXRT_JIT", "1") != "0" and _kernels() is not None
+    """May compiled kernels run here? Not with ``MIXRT_JIT=0``, without numba, nor on a
+    thread whose session runs its NumPy tier (``ops/jit_tier.py``)."""
+    return (compiled_allowed() and os.environ.get("MIXRT_JIT", "1") != "0"
+            and _kernels() is not None)
 
 
 def _kernels():
@@ -56,7 +60,9 @@ def _kernels():
 
 def recurrent_kernels():
     """ops/_jit_recurrent.py (a recurrent layer's whole sequence in one call), or None
-    without numba."""
+    without numba (or on a thread running the NumPy tier)."""
+    if not compiled_allowed():
+        return None
     return _import_once(_recurrent, "mixrt.ops._jit_recurrent")
 
 
@@ -76,7 +82,10 @@ def _import_once(slot: list, name: str):
 def panel_kernels():
     """ops/_jit_panels.py (the packed-panel tile: ops/matmul_cpu.py's products,
     ops/conv_direct_cpu.py's convolutions), or None where it does not pay: without AVX-512
-    (its 64-byte vectors would be split in two), with MIXRT_JIT=0, or without numba."""
+    (its 64-byte vectors would be split in two), with MIXRT_JIT=0, without numba, or on a
+    thread running the NumPy tier."""
+    if not compiled_allowed():
+        return None
     if not _panels:
         with _lock:
             if not _panels:

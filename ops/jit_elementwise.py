@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt.ops import jit_cpu, replay
+from mixrt.ops.jit_cache import cache_root
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
@@ -247,11 +248,7 @@ def _horner(coefficients) -> str:
 # -- compiling and caching -------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    configured = os.environ.get("MIXRT_CACHE_DIR")
-    if configured:
-        return Path(configured) / "jit"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mixrt" / "jit"
+    return cache_root() / "jit"
 
 
 def kernel(text: str, prefix: str = "mixrt_fused"):

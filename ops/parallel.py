@@ -21,6 +21,8 @@ import queue
 import threading
 from typing import Callable
 
+from mixrt.ops import jit_tier
+
 # below this many elements of work, the hand-off to another thread costs more than it saves
 MIN_ELEMENTS = 1 << 16
 
@@ -135,6 +137,7 @@ class _Job:
 
     def __init__(self, fn, parts):
         self.fn, self.parts = fn, parts
+        self.compiled = jit_tier.compiled_allowed()  # the caller's tier, for every part
         self.next = 0
         self.pending = len(parts)
         self.lock = threading.Lock()
@@ -149,6 +152,10 @@ class _Job:
             return self.parts[self.next - 1]
 
     def work(self) -> None:
+        with jit_tier.using(self.compiled):
+            self._work()
+
+    def _work(self) -> None:
         while (part := self._take()) is not None:
             try:
                 self.fn(*part)

@@ -23,13 +23,13 @@ import numpy as np
 
 from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
-from mixrt.ops import jit_cpu, parallel
+from mixrt.ops import jit_cpu, jit_tier, parallel
 from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.registry import CONSTANT_INPUTS, REGISTRY, Kernel
 from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
-from mixrt.runtime import device_checks
+from mixrt.runtime import device_checks, kernel_tiers
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.runtime.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, host_copies,
@@ -185,6 +185,8 @@ class Session:
         self._captures = Captures() if cuda_graph else None
         # concurrent CPU runs take one BLAS thread each (runtime/blas_threads.py)
         self._gate = BLAS_GATE if self.device.kind == "cpu" else UNGATED
+        # NumPy kernels until the compiled ones are built (runtime/kernel_tiers.py)
+        self._tiers = kernel_tiers.tiers_for(self, model, opt_level)
 
     # -- onnxruntime-compatible surface ----------------------------------------------------
 
@@ -217,8 +219,20 @@ class Session:
         return self._gate.run(lambda: self._gated_run(signature, feeds, wanted, process,
                                                       host))
 
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait until the compiled kernels of every input signature this session has run
+        are in use (they are built in the background: runtime/kernel_tiers.py); True when
+        they are, False on a timeout or where the background compile failed. A session
+        without two tiers (GPU, ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``) returns at
+        once."""
+        return True if self._tiers is None else self._tiers.wait(timeout)
+
     def _gated_run(self, signature, feeds: dict, wanted, process, host: bool) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py)."""
+        if self._tiers is not None and jit_tier.compiled_allowed() \
+                and not self._tiers.compiled(signature, feeds):
+            with jit_tier.using(False):  # the NumPy tier until the compiled one is in
+                return self._gated_run(signature, feeds, wanted, process, host)
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.

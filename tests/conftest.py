@@ -1,8 +1,14 @@
+import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
+
+# The suite tests the kernels as they run once compiled: sessions compile on their first call
+# instead of serving NumPy while a background process compiles (tests/test_kernel_tiers.py
+# tests that, with MIXRT_COMPILE=background set where it needs it).
+os.environ.setdefault("MIXRT_COMPILE", "foreground")
 
 # mixrt before anything loads NumPy, whichever test file pytest collects first: its BLAS
 # policy (runtime/blas_policy.py) then sets OpenBLAS's environment instead of restarting it

@@ -1,0 +1,379 @@
+"""Two kernel tiers for a CPU session: NumPy at once, compiled kernels once they are built.
+
+numba compiles a kernel on its first call, and on a machine with empty caches a small CNN's
+first run waited 76-100 s for it (ResNet-50 12-17 s). A CI job or a new service container
+starts with empty caches every time. So a session's first run of an input signature goes:
+
+* **Warm marker found** (``<cache>/warm/<key>.json``, written once that model's kernels for
+  that signature were compiled into the cache): the run uses the compiled tier at once; numba
+  loads the machine code from its disk cache (0.3-0.5 s for ResNet-50).
+* **Otherwise**: the run, and every run of that signature until the compiled tier is in, runs
+  with the compiled tier off (``ops/jit_tier.py``: every op takes its NumPy/BLAS path, which
+  ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
+
+The background compiler is one thread per process that works through its queue with a child
+process (``python -m mixrt.runtime.compile_worker``, at a lower priority): the child loads
+the same graph, runs it once on the same feeds with compiling in the foreground, which
+compiles exactly the kernels (and signatures) the session needs into the disk cache, and
+writes the warm marker. A child process and not a thread, because numba's compiler holds
+the GIL for much of its work: a compiling thread would stall every serving thread. When the
+child is done, the compiler thread makes one *loading run* of the session (through the BLAS
+gate like any run, compiled tier on: the kernels come from the cache), and only then flips
+the signature to the compiled tier. Runs already under way finish in the tier they started
+in; a run reads its tier once, at its start.
+
+``MIXRT_COMPILE=foreground`` compiles on the first call instead (as before the tiers);
+``Session.wait_compiled()`` waits for the compiled tier (benchmarks, a warm-up step), and
+``mixrt warmup MODEL`` fills the cache ahead, for a container image's build step. If the child
+fails, the signature stays on NumPy with a :class:`CompileWarning` that quotes its error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import hashlib
+import json
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from mixrt.ops import jit_tier
+from mixrt.ops.jit_cache import cache_root
+
+NUMPY, PENDING, LOADING, COMPILED, FAILED = "numpy", "pending", "loading", "compiled", "failed"
+# the kernels' Python and compiled sources: a change to any of them changes what a warm
+# marker stands for (the dispatch code decides which kernels a model calls)
+_KERNEL_PACKAGES = ("ops",)
+# initializers up to this many elements enter a graph's fingerprint with their values (shapes,
+# axes, pads: values that choose kernels); larger ones by dtype and shape only
+_FINGERPRINT_VALUES = 64
+# the loading run is a session's run: this context variable tells _gated_run whose it is
+_LOADING = contextvars.ContextVar("mixrt_loading_tiers", default=None)
+
+
+class CompileWarning(RuntimeWarning):
+    """The background compile of a session's kernels failed; it keeps its NumPy tier."""
+
+
+class SessionTiers:
+    """Which tier each input signature of one CPU session runs, and the switch between."""
+
+    def __init__(self, session, source_path: str | None, opt_level: int):
+        self._session = weakref.ref(session)
+        self._source = source_path
+        self._opt_level = opt_level
+        self._state: dict = {}
+        self._changed = threading.Condition()
+        self._fingerprint: str | None = None
+
+    def compiled(self, signature: tuple, feeds: dict) -> bool:
+        """The tier of a run of ``signature`` starting now (True: compiled)."""
+        state = self._state.get(signature)
+        if state is COMPILED:
+            return True
+        if state is None:
+            state = self._first_run(signature, feeds)
+        return state is COMPILED or (state is LOADING and _LOADING.get() is self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until no signature of this session is still being compiled; True when every
+        signature seen runs the compiled tier."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while any(s in (PENDING, LOADING) for s in self._state.values()):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+            return all(s is COMPILED for s in self._state.values())
+
+    def states(self) -> dict:
+        return dict(self._state)
+
+    # -- the switch --------------------------------------------------------------------------
+
+    def _first_run(self, signature: tuple, feeds: dict) -> str:
+        with self._changed:
+            if signature in self._state:
+                return self._state[signature]
+            if not all(isinstance(v, np.ndarray) for v in feeds.values()):
+                # sequences or maps: the child cannot be handed them; compile on demand
+                self._state[signature] = COMPILED
+                return COMPILED
+            marker = self._marker(signature)
+            if marker.is_file():
+                self._state[signature] = COMPILED
+                return COMPILED
+            self._state[signature] = PENDING
+        job = CompileJob(self, signature, _copied(feeds), marker)
+        compiler().submit(job)
+        return PENDING
+
+    def _set(self, signature: tuple, state: str) -> None:
+        with self._changed:
+            self._state[signature] = state
+            self._changed.notify_all()
+
+    def _compiled(self, job: "CompileJob") -> None:
+        """The child filled the cache: load the kernels with one run, then switch."""
+        session = self._session()
+        if session is None:
+            return
+        self._set(job.signature, LOADING)
+        token = _LOADING.set(self)
+        try:
+            session.run(None, job.feeds)
+        except Exception as exc:  # noqa: BLE001  (a failed load keeps the NumPy tier)
+            self._failed(job, f"the loading run raised {type(exc).__name__}: {exc}")
+            return
+        finally:
+            _LOADING.reset(token)
+        self._set(job.signature, COMPILED)
+        _mark(session, "kernel tier: compiled")
+
+    def _failed(self, job: "CompileJob", why: str) -> None:
+        self._set(job.signature, FAILED)
+        warnings.warn(f"the background compile of this session's kernels for inputs "
+                      f"{_signature_text(job.signature)} failed, so it keeps running NumPy "
+                      f"kernels: {why}", CompileWarning, stacklevel=2)
+
+    # -- where a model's kernels are recorded as compiled ------------------------------------
+
+    def _marker(self, signature: tuple) -> Path:
+        if self._fingerprint is None:
+            self._fingerprint = graph_fingerprint(self._session().graph)
+        key = hashlib.sha256(repr((self._fingerprint, signature, self._opt_level,
+                                   environment_stamp())).encode()).hexdigest()[:32]
+        return cache_root() / "warm" / f"{key}.json"
+
+
+def _mark(session, name: str) -> None:
+    for profiler in (session.profiler, _process_profiler()):
+        if profiler is not None:
+            profiler.mark(name)
+
+
+def _process_profiler():
+    from mixrt.runtime.profiler import symbolic_profiler  # noqa: PLC0415  (cycle)
+    return symbolic_profiler()
+
+
+def _copied(feeds: dict) -> dict:
+    return {name: np.array(value, copy=True) for name, value in feeds.items()}
+
+
+def _signature_text(signature: tuple) -> str:
+    return ", ".join(str(part) for part in signature) or "()"
+
+
+# -- fingerprints ---------------------------------------------------------------------------------
+
+def graph_fingerprint(graph) -> str:
+    """A hash of what decides which kernels a graph calls: its nodes, their attributes, the
+    types of its values and the dtypes, shapes and small values of its initializers (not the
+    weights' values, which only the arithmetic reads)."""
+    digest = hashlib.sha256()
+    _hash_graph(graph, digest)
+    return digest.hexdigest()
+
+
+def _hash_graph(graph, digest) -> None:
+    for value in (*graph.inputs, *graph.outputs):
+        digest.update(f"{value.name}:{value.type}".encode())
+    for name in sorted(graph.initializers):
+        array = graph.initializers[name]
+        digest.update(f"{name}:{getattr(array, 'dtype', type(array))}:"
+                      f"{getattr(array, 'shape', '')}".encode())
+        if isinstance(array, np.ndarray) and array.size <= _FINGERPRINT_VALUES:
+            digest.update(np.ascontiguousarray(array).tobytes())
+    for node in graph.nodes:
+        digest.update(f"{node.domain}::{node.op_type}:{node.opset}:{node.inputs}:"
+                      f"{node.outputs}".encode())
+        for key in sorted(node.attributes):
+            value = node.attributes[key]
+            subgraphs = value if isinstance(value, list) else [value]
+            if subgraphs and all(hasattr(g, "nodes") for g in subgraphs):
+                for sub in subgraphs:
+                    _hash_graph(sub, digest)
+            elif isinstance(value, np.ndarray) and value.size > _FINGERPRINT_VALUES:
+                digest.update(f"{key}:{value.dtype}:{value.shape}".encode())
+            else:
+                digest.update(f"{key}={value!r}".encode())
+
+
+_stamp: list = []
+
+
+def environment_stamp() -> tuple:
+    """What else decides the compiled kernels: the kernel sources (path, size, mtime), numba,
+    Python, the CPU and the settings that choose among kernels."""
+    if not _stamp:
+        import mixrt  # noqa: PLC0415
+        root = Path(mixrt.ops.__file__).parent if hasattr(mixrt, "ops") else None
+        sources = []
+        if root is not None:
+            for path in sorted(root.glob("*.py")):
+                stat = path.stat()
+                sources.append((path.name, stat.st_size, stat.st_mtime_ns))
+        _stamp.append((tuple(sources), _numba_version(), sys.version, platform.machine(),
+                       _cpu_name()))
+    settings = tuple(sorted((k, v) for k, v in os.environ.items()
+                            if k.startswith(("MIXRT_", "OPENBLAS_", "NUMBA_", "OMP_"))
+                            and k not in ("MIXRT_COMPILE", "MIXRT_PROFILE")))
+    return _stamp[0] + (settings, os.cpu_count())
+
+
+def _numba_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    try:
+        return version("numba")
+    except PackageNotFoundError:
+        return "none"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# -- the background compiler ----------------------------------------------------------------------
+
+class CompileJob:
+    def __init__(self, tiers: SessionTiers, signature: tuple, feeds: dict, marker: Path):
+        self.tiers, self.signature, self.feeds, self.marker = tiers, signature, feeds, marker
+
+
+class BackgroundCompiler:
+    """One thread per process; each job is one child process at a time (two cores would
+    not serve a request and compile twice at once)."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._child: subprocess.Popen | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="mixrt-compiler",
+                                        daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def submit(self, job: CompileJob) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        """Stop the child (what it compiled so far stays in the cache)."""
+        self._closed = True
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+    def _serve(self) -> None:
+        while not self._closed:
+            job = self._jobs.get()
+            if self._closed:
+                return
+            try:
+                why = self._compile(job)
+            except Exception as exc:  # noqa: BLE001  (reported, never raised in a thread)
+                why = f"{type(exc).__name__}: {exc}"
+            if self._closed:
+                return
+            if why is None:
+                job.tiers._compiled(job)
+            else:
+                job.tiers._failed(job, why)
+
+    def _compile(self, job: CompileJob) -> str | None:
+        """Run the child over ``job``; None when it succeeded, else why not."""
+        session = job.tiers._session()
+        if session is None:
+            return None
+        if job.marker.is_file():  # another session or process compiled it meanwhile
+            return None
+        jobs = cache_root() / "jobs"
+        jobs.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="job-", dir=jobs))
+        try:
+            spec = _job_spec(session, job, folder)
+            del session
+            log = folder / "child.log"
+            with open(log, "wb") as out:
+                self._child = subprocess.Popen(
+                    [sys.executable, "-m", "mixrt.runtime.compile_worker",
+                     str(folder / "job.json")],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=dict(os.environ, MIXRT_COMPILE="foreground"))
+                code = self._child.wait()
+            self._child = None
+            if code == 0 and job.marker.is_file():
+                return None
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            return f"the compiler process exited with {code}: " + " | ".join(tail)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _job_spec(session, job: CompileJob, folder: Path) -> dict:
+    """Write what the child needs into ``folder``: the model (the session's source file
+    when it has one, else its graph as a .mxr) and the feeds (.npz, no pickle)."""
+    from mixrt.runtime.format import save_mxr  # noqa: PLC0415
+    from mixrt.runtime.npz import write_npz  # noqa: PLC0415
+    tiers = job.tiers
+    if tiers._source is not None:
+        model, opt_level = tiers._source, tiers._opt_level
+    else:
+        model, opt_level = str(folder / "model.mxr"), tiers._opt_level
+        save_mxr(session.graph, model, opt_level=opt_level)
+    names = sorted(job.feeds)
+    write_npz(folder / "feeds.npz", {f"feed{i}": job.feeds[n] for i, n in enumerate(names)},
+              "feeds")
+    spec = {"model": model, "opt_level": opt_level, "feeds": str(folder / "feeds.npz"),
+            "feed_names": names, "marker": str(job.marker), "job": uuid.uuid4().hex}
+    (folder / "job.json").write_text(json.dumps(spec))
+    return spec
+
+
+_compiler: list = []
+_compiler_lock = threading.Lock()
+
+
+def compiler() -> BackgroundCompiler:
+    """The process's background compiler (started on first use, again in a forked child)."""
+    with _compiler_lock:
+        if not _compiler or _compiler[0][0] != os.getpid():
+            _compiler[:] = [(os.getpid(), BackgroundCompiler())]
+        return _compiler[0][1]
+
+
+def tiers_for(session, model, opt_level: int) -> SessionTiers | None:
+    """A CPU session's tiers, or None where there is one tier only: a GPU session,
+    ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``."""
+    if session.device.kind != "cpu" or os.environ.get("MIXRT_JIT", "1") == "0" \
+            or not jit_tier.background_compiles():
+        return None
+    source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    if isinstance(source, bytes):
+        source = os.fsdecode(source)
+    return SessionTiers(session, None if source is None else os.path.abspath(source),
+                        opt_level)
