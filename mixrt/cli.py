@@ -23,6 +23,7 @@ import collections
 import json
 import re
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -105,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--rtol", type=float, default=1e-3)
     check.add_argument("--atol", type=float, default=1e-5)
     check.set_defaults(handler=cmd_check)
+    warmup = commands.add_parser(
+        "warmup", help="compile a model's kernels into the cache now (a container image's "
+        "build step), so that later processes run them from their first call")
+    warmup.add_argument("model")
+    _add_compile_options(warmup)
+    _add_shape_options(warmup)
+    warmup.set_defaults(handler=cmd_warmup)
+
     demo = commands.add_parser("demo", help="the main job: train a CNN on the built-in digits, "
                                "export, fine-tune the import, validate, compile, serve")
     demo.add_argument("--workdir", type=Path, default=Path("mixrt-demo"),
@@ -353,6 +362,23 @@ def _zeros_for(value, symbols: dict) -> np.ndarray:
             raise InputError(f"input {value.name!r} dimension {axis} is {dim!r}; give it "
                              f"with --dim {dim}=N or --input {value.name}=FILE.npy")
     return np.zeros(dims, dtype=value_type.dtype)
+
+
+def cmd_warmup(args) -> int:
+    import mixrt  # noqa: PLC0415
+    from mixrt.ops.jit_cache import cache_root  # noqa: PLC0415
+    from mixrt.runtime.kernel_tiers import warm_up  # noqa: PLC0415
+    started = time.perf_counter()
+    session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
+    feeds = _plan_feeds(session, args)
+    marker = warm_up(session, args.model, args.opt_level, feeds)
+    shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
+    if marker is None:
+        print(f"nothing to compile: {args.model} runs no compiled kernel here (MIXRT_JIT=0)")
+        return 0
+    print(f"compiled the kernels of {args.model} for {shapes} in "
+          f"{time.perf_counter() - started:.1f} s; cache: {cache_root()}")
+    return 0
 
 
 def cmd_compile(args) -> int:

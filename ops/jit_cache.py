@@ -14,3 +14,57 @@ def cache_root() -> Path:
         return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "mixrt"
+
+
+# -- damaged entries -----------------------------------------------------------------------------
+#
+# numba reads its disk cache with pickle and lets any failure escape: a truncated index or
+# data file (a full disk, a process killed mid-write on a file system without atomic
+# rename, a bad copy of a cache into an image) made every later call of that kernel raise
+# UnpicklingError or EOFError, in every process, until someone deleted the file. Guarded,
+# such an entry is deleted and counts as missing, so the kernel is compiled and saved again.
+
+_guarded: list = []
+
+
+def guard_damaged_entries() -> None:
+    """Make numba treat a damaged cache file as a missing one (once per process)."""
+    if _guarded:
+        return
+    from numba.core import caching  # noqa: PLC0415  (numba loads on first use)
+    index_file, cache = caching.IndexDataCacheFile, caching.Cache
+    load_index, load_data, load_overload = (index_file._load_index, index_file._load_data,
+                                            cache.load_overload)
+
+    def _load_index(self):
+        try:
+            return load_index(self)
+        except Exception:  # noqa: BLE001  (any damage: unpickling, truncation, bad types)
+            _remove(self._index_path)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return load_data(self, name)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            _remove(self._data_path(name))
+            raise OSError(f"damaged numba cache entry {name}") from exc  # load() skips it
+
+    def _load_overload(self, sig, target_context):
+        try:
+            return load_overload(self, sig, target_context)
+        except Exception:  # noqa: BLE001  (an entry that unpickled but cannot be rebuilt)
+            return None
+
+    index_file._load_index, index_file._load_data = _load_index, _load_data
+    cache.load_overload = _load_overload
+    _guarded.append(True)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -30,6 +30,7 @@ import weakref
 
 import numpy as np
 
+from mixrt.ops.jit_cache import guard_damaged_entries
 from mixrt.ops.jit_tier import compiled_allowed
 from mixrt.ops.parallel import parallel_for, pinned_values, thread_parts
 from mixrt.runtime.device import aligned_empty
@@ -73,6 +74,7 @@ def _import_once(slot: list, name: str):
         with _lock:
             if not slot:
                 try:
+                    guard_damaged_entries()
                     slot.append(importlib.import_module(name))
                 except ImportError:
                     slot.append(None)
@@ -137,6 +139,7 @@ def _load_panel_kernels():
         from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
         if not binding.get_host_cpu_features().get("avx512f", False):
             return None
+        guard_damaged_entries()
         return importlib.import_module("mixrt.ops._jit_panels")
     except ImportError:
         return None

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt.ops import jit_cpu, replay
-from mixrt.ops.jit_cache import cache_root
+from mixrt.ops.jit_cache import cache_root, guard_damaged_entries
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
@@ -262,6 +262,7 @@ def kernel_module(text: str, prefix: str = "mixrt_fused"):
     ``prefix`` and the source's hash: its ``run`` and whatever else the source defines."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:20]
     name = f"{prefix}_{digest}"
+    guard_damaged_entries()
     with _lock:
         path = _written(cache_dir() / f"{name}.py", text)
         if path is None:

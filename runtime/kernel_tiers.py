@@ -53,12 +53,15 @@ import numpy as np
 from mixrt.ops import jit_tier
 from mixrt.ops.jit_cache import cache_root
 
+# the child's module (a test points it elsewhere to see a failed compile handled)
+WORKER_MODULE = "mixrt.runtime.compile_worker"
 NUMPY, PENDING, LOADING, COMPILED, FAILED = "numpy", "pending", "loading", "compiled", "failed"
 # the kernels' Python and compiled sources: a change to any of them changes what a warm
 # marker stands for (the dispatch code decides which kernels a model calls)
 _KERNEL_PACKAGES = ("ops",)
-# initializers up to this many elements enter a graph's fingerprint with their values (shapes,
-# axes, pads: values that choose kernels); larger ones by dtype and shape only
+# integer initializers up to this many elements enter a graph's fingerprint with their values
+# (shapes, axes, pads: values that choose kernels); others by dtype and shape only, so a
+# model whose weights changed (a training run's evaluation copy each epoch) keeps its key
 _FINGERPRINT_VALUES = 64
 # the loading run is a session's run: this context variable tells _gated_run whose it is
 _LOADING = contextvars.ContextVar("mixrt_loading_tiers", default=None)
@@ -87,6 +90,10 @@ class SessionTiers:
         if state is None:
             state = self._first_run(signature, feeds)
         return state is COMPILED or (state is LOADING and _LOADING.get() is self)
+
+    def is_compiled(self, signature: tuple) -> bool:
+        """Does ``signature`` run the compiled tier already (nothing is started)?"""
+        return self._state.get(signature) is COMPILED
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until no signature of this session is still being compiled; True when every
@@ -183,8 +190,8 @@ def _signature_text(signature: tuple) -> str:
 
 def graph_fingerprint(graph) -> str:
     """A hash of what decides which kernels a graph calls: its nodes, their attributes, the
-    types of its values and the dtypes, shapes and small values of its initializers (not the
-    weights' values, which only the arithmetic reads)."""
+    types of its values and the dtypes and shapes of its initializers, with the values of
+    small integer ones (not the weights' values, which only the arithmetic reads)."""
     digest = hashlib.sha256()
     _hash_graph(graph, digest)
     return digest.hexdigest()
@@ -197,7 +204,8 @@ def _hash_graph(graph, digest) -> None:
         array = graph.initializers[name]
         digest.update(f"{name}:{getattr(array, 'dtype', type(array))}:"
                       f"{getattr(array, 'shape', '')}".encode())
-        if isinstance(array, np.ndarray) and array.size <= _FINGERPRINT_VALUES:
+        if isinstance(array, np.ndarray) and array.size <= _FINGERPRINT_VALUES \
+                and array.dtype.kind in "iub":
             digest.update(np.ascontiguousarray(array).tobytes())
     for node in graph.nodes:
         digest.update(f"{node.domain}::{node.op_type}:{node.opset}:{node.inputs}:"
@@ -320,7 +328,7 @@ class BackgroundCompiler:
             log = folder / "child.log"
             with open(log, "wb") as out:
                 self._child = subprocess.Popen(
-                    [sys.executable, "-m", "mixrt.runtime.compile_worker",
+                    [sys.executable, "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     env=dict(os.environ, MIXRT_COMPILE="foreground"))
@@ -354,6 +362,31 @@ def _job_spec(session, job: CompileJob, folder: Path) -> dict:
     return spec
 
 
+def warm_up(session, model, opt_level: int, feeds: dict) -> Path | None:
+    """Compile, in this process and now, every kernel ``session`` calls on inputs shaped as
+    ``feeds``, into the disk cache, and write the warm marker, so that later processes run
+    that model's compiled tier from their first call (``mixrt warmup``). Returns the
+    marker, or None where there is nothing to compile (``MIXRT_JIT=0``, a GPU session)."""
+    from mixrt.runtime.compile_worker import write_marker  # noqa: PLC0415
+    from mixrt.runtime.session import feed_signature  # noqa: PLC0415  (cycle)
+    tiers = session._tiers or tiers_for(session, model, opt_level, always=True)
+    if tiers is None:
+        return None
+    signature = feed_signature(session._checked_feeds(feeds))
+    tiers._set(signature, LOADING)
+    token = _LOADING.set(tiers)
+    try:
+        with jit_tier.using(True):
+            session.run(None, feeds)
+            session.run(None, feeds)
+    finally:
+        _LOADING.reset(token)
+    tiers._set(signature, COMPILED)
+    marker = tiers._marker(signature)
+    write_marker(marker, str(model))
+    return marker
+
+
 _compiler: list = []
 _compiler_lock = threading.Lock()
 
@@ -366,11 +399,11 @@ def compiler() -> BackgroundCompiler:
         return _compiler[0][1]
 
 
-def tiers_for(session, model, opt_level: int) -> SessionTiers | None:
+def tiers_for(session, model, opt_level: int, *, always: bool = False) -> SessionTiers | None:
     """A CPU session's tiers, or None where there is one tier only: a GPU session,
-    ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``."""
+    ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground`` (unless ``always``)."""
     if session.device.kind != "cpu" or os.environ.get("MIXRT_JIT", "1") == "0" \
-            or not jit_tier.background_compiles():
+            or not (always or jit_tier.background_compiles()):
         return None
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(source, bytes):

@@ -303,7 +303,9 @@ class Session:
         signature = feed_signature(feeds)
         plan = self._cached_plan(signature)
         if plan is None:
-            with np.errstate(all="ignore"), self.device.active():
+            # a plan needs no compiled kernel: planning never waits for the compiler
+            compiled = self._tiers is None or self._tiers.is_compiled(signature)
+            with np.errstate(all="ignore"), self.device.active(), jit_tier.using(compiled):
                 self._discover(signature, feeds)
             plan = self._cached_plan(signature)
         return plan.memory

@@ -1,0 +1,209 @@
+"""The two kernel tiers of a CPU session (runtime/kernel_tiers.py): NumPy kernels serve at
+once while a child process compiles, then the compiled kernels are swapped in.
+
+These run real child processes over real cache folders (each test its own, empty), on a
+model whose compiled kernels take seconds, not minutes, to build: a global average pool
+and a layer normalization (ops/_jit_kernels.py's row_means and layer_norm)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.ops import jit_tier
+from mixrt.runtime import kernel_tiers
+
+# (not jit_cpu.enabled(): that imports numba, which one test checks a NumPy run never does)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                reason="needs numba")
+
+WAIT = 300  # seconds a test waits for a child compile on a busy 2-core CI machine
+
+
+def pool_norm_model(channels: int = 8, side: int = 6, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    scale = numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "scale")
+    bias = numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "bias")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+             helper.make_node("Flatten", ["pooled"], ["flat"]),
+             helper.make_node("LayerNormalization", ["flat", "scale", "bias"], ["y"], axis=-1)]
+    graph = helper.make_graph(
+        nodes, "pool_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, channels, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, channels])],
+        [scale, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
+
+
+def feeds(batch: int = 2, seed: int = 1) -> dict:
+    x = np.random.default_rng(seed).standard_normal((batch, 8, 6, 6)).astype(np.float32)
+    return {"x": x}
+
+
+@pytest.fixture
+def background(tmp_path, monkeypatch):
+    """Background compiles into caches of this test's own (MIXRT_CACHE_DIR, NUMBA_CACHE_DIR)."""
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path / "mixrt"))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    kernel_tiers._stamp.clear()
+    return tmp_path
+
+
+def test_numpy_tier_gives_the_compiled_tiers_results():
+    model = pool_norm_model()
+    session = mixrt.Session(model)
+    with jit_tier.using(False):
+        numpy_tier = session.run(None, feeds())[0]
+    compiled = session.run(None, feeds())[0]
+    np.testing.assert_allclose(numpy_tier, compiled, rtol=1e-5, atol=1e-6)
+
+
+def test_the_numpy_tier_never_loads_numba():
+    """A cold session's first run must not import numba (~0.4 s) or compile anything."""
+    script = ("import sys, numpy as np, mixrt\n"
+              "from mixrt.ops import jit_tier\n"
+              "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
+              "s = mixrt.Session(pool_norm_model())\n"
+              "with jit_tier.using(False):\n"
+              "    s.run(None, feeds())\n"
+              "print('numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, check=True,
+                         env=dict(os.environ, MIXRT_COMPILE="foreground"))
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_first_run_serves_numpy_then_switches_to_compiled(background):
+    session = mixrt.Session(pool_norm_model())
+    first = session.run(None, feeds())[0]
+    states = list(session._tiers.states().values())
+    assert states in (["pending"], ["loading"], ["compiled"])
+    assert session.wait_compiled(timeout=WAIT), session._tiers.states()
+    assert list(session._tiers.states().values()) == ["compiled"]
+    np.testing.assert_allclose(session.run(None, feeds())[0], first, rtol=1e-5, atol=1e-6)
+    markers = list((background / "mixrt" / "warm").glob("*.json"))
+    assert len(markers) == 1 and json.loads(markers[0].read_text())["compiled"]
+
+
+def test_a_warm_marker_starts_the_next_process_compiled(background):
+    first = mixrt.Session(pool_norm_model())
+    first.run(None, feeds())
+    assert first.wait_compiled(timeout=WAIT)
+    # another process, same caches: compiled from its first run, no child started
+    script = ("import mixrt\n"
+              "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
+              "s = mixrt.Session(pool_norm_model(seed=5))\n"  # other weights, same kernels
+              "s.run(None, feeds())\n"
+              "print(list(s._tiers.states().values()))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, check=True, env=dict(os.environ))
+    assert out.stdout.strip() == "['compiled']", out.stderr
+
+
+def test_the_switch_is_thread_safe(background):
+    """8 threads call one session while its compiled tier is swapped in; every answer is
+    the serial one (to float rounding: the tiers may round differently)."""
+    session = mixrt.Session(pool_norm_model())
+    inputs = [feeds(batch=2, seed=s) for s in range(8)]
+    with jit_tier.using(False):
+        expected = [session.run(None, f)[0] for f in inputs]
+    errors: list = []
+    stop = threading.Event()
+
+    def serve(index: int) -> None:
+        while not stop.is_set():
+            got = session.run(None, inputs[index])[0]
+            if not np.allclose(got, expected[index], rtol=1e-5, atol=1e-6):
+                errors.append((index, float(np.abs(got - expected[index]).max())))
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert session.wait_compiled(timeout=WAIT), session._tiers.states()
+        for _ in range(20):  # keep serving a while in the compiled tier
+            session.run(None, inputs[0])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors[:5]
+
+
+def test_a_failed_compile_keeps_numpy_and_warns(background, monkeypatch):
+    monkeypatch.setattr(kernel_tiers, "WORKER_MODULE", "mixrt.no_such_module")
+    session = mixrt.Session(pool_norm_model())
+    expected = session.run(None, feeds())[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not session.wait_compiled(timeout=WAIT)
+    assert list(session._tiers.states().values()) == ["failed"]
+    np.testing.assert_array_equal(session.run(None, feeds())[0], expected)
+    assert any(issubclass(w.category, kernel_tiers.CompileWarning)
+               and "exited with 1" in str(w.message) for w in caught), caught
+
+
+def test_fingerprint_ignores_weights_but_not_shapes():
+    def fingerprint(model):
+        return kernel_tiers.graph_fingerprint(mixrt.Session(model).graph)
+    assert fingerprint(pool_norm_model(seed=0)) == fingerprint(pool_norm_model(seed=3))
+    assert fingerprint(pool_norm_model(channels=8)) != fingerprint(pool_norm_model(channels=4))
+
+
+def _warmup(folder: Path) -> subprocess.Popen:
+    """``mixrt warmup`` of the pool-norm model in a process of its own."""
+    path = folder / "model.onnx"
+    if not path.exists():
+        path.write_bytes(pool_norm_model())
+    return subprocess.Popen([sys.executable, "-m", "mixrt", "warmup", str(path),
+                             "--input", f"x={folder / 'x.npy'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ))
+
+
+def test_two_processes_filling_one_cache_both_succeed(background):
+    np.save(background / "x.npy", feeds()["x"])
+    children = [_warmup(background) for _ in range(2)]
+    outputs = [child.communicate(timeout=WAIT)[0] for child in children]
+    assert [child.returncode for child in children] == [0, 0], outputs
+    assert all("compiled the kernels" in out for out in outputs), outputs
+    session = mixrt.Session(str(background / "model.onnx"))
+    session.run(None, feeds())
+    assert list(session._tiers.states().values()) == ["compiled"]
+
+
+def test_a_damaged_cache_entry_is_rebuilt(background):
+    np.save(background / "x.npy", feeds()["x"])
+    child = _warmup(background)
+    assert child.communicate(timeout=WAIT)[0] and child.returncode == 0
+    entries = [p for p in (background / "numba").rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert entries
+    for index, path in enumerate(entries):  # truncated, garbage, empty
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) // 2] if index % 3 == 0 else
+                         b"not a cache entry" if index % 3 == 1 else b"")
+    script = ("import numpy as np, mixrt\n"
+              "from mixrt.ops import jit_tier\n"
+              "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
+              "s = mixrt.Session(pool_norm_model())\n"
+              "y = s.run(None, feeds())[0]\n"
+              "with jit_tier.using(False):\n"
+              "    z = s.run(None, feeds())[0]\n"
+              "print(list(s._tiers.states().values()), np.allclose(y, z, 1e-5, 1e-6))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['compiled'] True", out.stderr[-2000:]
