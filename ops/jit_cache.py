@@ -60,7 +60,33 @@ def guard_damaged_entries() -> None:
 
     index_file._load_index, index_file._load_data = _load_index, _load_data
     cache.load_overload = _load_overload
+    _stamp_kernel_files(caching._SourceFileBackedLocatorMixin)
     _guarded.append(True)
+
+
+# numba stamps a cache entry with its own source file's mtime and size only, but a cached
+# kernel keeps the machine code it inlined from the other kernel files (the tile, the
+# atomics): an entry of ops/_jit_conv_direct.py would outlive a change to ops/_jit_tile.py.
+# The entries of the kernel files are stamped with every kernel file's mtime and size.
+_KERNEL_FOLDER = Path(__file__).resolve().parent
+
+
+def _stamp_kernel_files(locator) -> None:
+    own = locator.get_source_stamp
+
+    def get_source_stamp(self):
+        stamp = own(self)
+        path = Path(self._py_file).resolve()
+        if path.parent == _KERNEL_FOLDER and path.name.startswith("_jit"):
+            return stamp, kernel_files_stamp()
+        return stamp
+    locator.get_source_stamp = get_source_stamp
+
+
+def kernel_files_stamp() -> tuple:
+    """(name, mtime, size) of every compiled-kernel source file (ops/_jit*.py)."""
+    return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                 for p in sorted(_KERNEL_FOLDER.glob("_jit*.py")))
 
 
 def _remove(path: str) -> None:

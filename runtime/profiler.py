@@ -36,6 +36,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from mixrt.ops.jit_tier import compiled_allowed
+
 # the names events get inside mixrt.profiler.scope(...): "outer:inner:"
 SCOPE = contextvars.ContextVar("mixrt_profiler_scope", default="")
 
@@ -104,7 +106,10 @@ class Profiler:
         op = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
         self._complete(step.label, op, self.category, started, ended,
                        {"op": op, "input_shapes": [_shape(a) for a in args],
-                        "output_shapes": [_shape(o) for o in outputs]})
+                        "output_shapes": [_shape(o) for o in outputs],
+                        # the run's kernel tier (runtime/kernel_tiers.py): "numpy" while
+                        # its compiled kernels are still being built
+                        "tier": "compiled" if compiled_allowed() else "numpy"})
 
     def imperative(self, op_name: str, started: float, inputs, outputs) -> None:
         if not self.profile_imperative:

@@ -207,3 +207,16 @@ def test_a_damaged_cache_entry_is_rebuilt(background):
                          cwd=Path(__file__).parent.parent, env=dict(os.environ))
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "['compiled'] True", out.stderr[-2000:]
+
+
+def test_the_profiler_shows_each_runs_tier_and_the_switch(background, tmp_path):
+    session = mixrt.Session(pool_norm_model(), profile=str(tmp_path / "trace.json"))
+    session.run(None, feeds())
+    session.run(None, feeds())  # a planned run in the NumPy tier, profiled
+    assert session.wait_compiled(timeout=WAIT)
+    session.run(None, feeds())
+    trace = json.loads(Path(session.end_profiling()).read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    tiers = [e["args"]["tier"] for e in events if e.get("cat") == "kernel"]
+    assert tiers[0] == "numpy" and tiers[-1] == "compiled"
+    assert any(e["name"] == "kernel tier: compiled" and e["ph"] == "i" for e in events)

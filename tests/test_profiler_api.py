@@ -59,7 +59,7 @@ def test_session_runs_are_traced_with_memory_counters(tmp_path):
     assert [e["name"] for e in kernels] == ["relu1", "sigmoid1"] * 2
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in kernels)
     assert kernels[0]["args"] == {"op": "Relu", "input_shapes": [[2, 3]],
-                                  "output_shapes": [[2, 3]]}
+                                  "output_shapes": [[2, 3]], "tier": "compiled"}
     runs = [e for e in events if e.get("name") == "run"]
     assert len(runs) == 1 and runs[0]["cat"] == "session"  # the planned run
     counters = [e for e in events if e["ph"] == "C"]
