@@ -24,6 +24,10 @@ import tempfile
 import warnings
 from pathlib import Path
 
+# these timings are of the compiled kernels (warm speed): sessions compile them on their
+# first call rather than serving NumPy while a background process builds them
+os.environ.setdefault("MIXRT_COMPILE", "foreground")
+
 GATHERS = re.compile(r"\b(vp?gather\w+|vp?scatter\w+)")
 
 

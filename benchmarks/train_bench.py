@@ -22,6 +22,7 @@ see the same machine speed; the ratio is mixrt / PyTorch.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,6 +31,10 @@ from pathlib import Path
 
 import mixrt  # noqa: F401,I001  (before NumPy: it picks NumPy's BLAS kernels and thread spin)
 import numpy as np
+
+# these timings are of the compiled kernels (warm speed): sessions compile them on their
+# first call rather than serving NumPy while a background process builds them
+os.environ.setdefault("MIXRT_COMPILE", "foreground")
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
