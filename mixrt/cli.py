@@ -195,7 +195,9 @@ def cmd_demo(args) -> int:
     from mixrt.main_job import run_main_job  # noqa: PLC0415
     compression = None if args.compression is None else {"type": "2bit",
                                                          "threshold": args.compression}
-    return run_main_job(args.workdir, seed=args.seed, progress=not args.no_progress,
+    # progress bars on a terminal; in a pipe or a log file, one line per epoch
+    progress = not args.no_progress and sys.stderr.isatty()
+    return run_main_job(args.workdir, seed=args.seed, progress=progress,
                         kvstore=args.kvstore, compression=compression)
 
 
