@@ -89,26 +89,36 @@ ACTIVATIONS = {  # name -> (in-place function, parameter names)
 
 def activate(xp, y, activation: str, params) -> object:
     """Apply ``activation`` to ``y`` in place (``y`` must be a buffer the caller owns)."""
-    return _activation(activation, params)(xp, y)
+    if activation:
+        fn, params = _checked_activation(activation, params)
+        fn(xp, y, *params)
+    return y
 
 
 def _activation(activation: str, params):
     """``finish(xp, y)``: the activation applied to ``y`` in place, returning ``y``."""
     if not activation:
         return lambda xp, y: y
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown fused activation {activation!r}; expected one of "
-                         f"{', '.join(ACTIVATIONS)} or '' for none")
-    fn, names = ACTIVATIONS[activation]
-    params = list(params or ())
-    if len(params) != len(names):
-        raise ValueError(f"activation {activation} takes activation_params {list(names)}, "
-                         f"got {params}")
+    fn, params = _checked_activation(activation, params)
 
     def finish(xp, y):
         fn(xp, y, *params)
         return y
     return finish
+
+
+def _checked_activation(activation: str, params) -> tuple:
+    """(in-place function, its parameters as a list) of a named activation."""
+    found = ACTIVATIONS.get(activation)
+    if found is None:
+        raise ValueError(f"unknown fused activation {activation!r}; expected one of "
+                         f"{', '.join(ACTIVATIONS)} or '' for none")
+    fn, names = found
+    params = list(params or ())
+    if len(params) != len(names):
+        raise ValueError(f"activation {activation} takes activation_params {list(names)}, "
+                         f"got {params}")
+    return fn, params
 
 
 def _epilogue(has_bias: bool, has_residual: bool, activation: str, params):
@@ -147,12 +157,15 @@ def _add_and_activate(xp, y, bias, residual, activation: str, params):
     """y += bias, y += residual, then the activation, in place (either addend may be None):
     on the CPU one compiled pass over y when ops/jit_elementwise.py takes the program and
     these arrays, else one NumPy call each."""
-    operands = tuple(a for a in (bias, residual) if a is not None)
-    if xp is np and _compiled_epilogue(_epilogue(bias is not None, residual is not None,
-                                                 activation, params), y, operands):
+    # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking)
+    if xp is np and y.size >= jit_elementwise.JIT_MIN_ELEMENTS and _compiled_epilogue(
+            _epilogue(bias is not None, residual is not None, activation, params), y,
+            tuple(a for a in (bias, residual) if a is not None)):
         return y
-    for addend in operands:
-        y += addend
+    if bias is not None:
+        y += bias
+    if residual is not None:
+        y += residual
     return activate(xp, y, activation, params)
 
 
@@ -170,7 +183,10 @@ def _aliases(xp, out, *arrays) -> bool:
     if out is None:
         return False
     if hasattr(xp, "may_share_memory"):
-        return any(a is not None and xp.may_share_memory(out, a) for a in arrays)
+        for a in arrays:
+            if a is not None and xp.may_share_memory(out, a):
+                return True
+        return False
     return any(a is not None and a.data.ptr == out.data.ptr for a in arrays)
 
 

@@ -83,6 +83,8 @@ def dense_product(A, B, out, prepacked=None):
     """``out = A @ B`` (native floats, ``out`` apart from B) in the fastest form here: the
     packed panels for a constant weight, the transposed form for a few rows, else one
     product per C-contiguous stack."""
+    if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK:
+        return stacked_product(A, B, out)  # what the checks below come to (~1 us of them)
     if panels_suit(A, B, out, prepacked):
         return panel_product(A, B, out, prepacked)
     if stacks_suit(A, B, out):
@@ -119,16 +121,29 @@ PANEL_SPLIT_WORK = 1 << 23
 # parts of a product per thread through the native pool: claimed one at a time, so a worker
 # that wakes late takes fewer
 NATIVE_PARTS_PER_THREAD = 4
+# One row (a request at batch 1) through a dense layer of at least this many multiply-adds
+# takes the panels too, split over the native threads however small: inside a run OpenBLAS's
+# gemv took the MLP's 784 x 2048 and 2048 x 2048 layers at 1.6-1.9x onnxruntime's whole run,
+# the split panels at 1.1-1.15x (one thread streams the weight at about half the speed). A
+# gemv alone, back to back on one weight, is as fast (50 against 58 us, 144 against 137).
+ONE_ROW_WORK = PANEL_MIN_WORK
+
+
 def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
-    PANEL_MIN_ROWS rows, all one native float dtype, ``out`` C-contiguous and apart from A,
-    and at least ``min_work`` multiply-adds."""
+    PANEL_MIN_ROWS rows (or one row of ONE_ROW_WORK multiply-adds, with the native pool
+    to split it), all one native float dtype, ``out`` C-contiguous and apart from A, and at
+    least ``min_work`` multiply-adds."""
     if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
             or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
         return False
     rows = A.size // max(A.shape[-1], 1)
-    return rows >= PANEL_MIN_ROWS and A.size * B.shape[1] >= min_work \
+    work = A.size * B.shape[1]
+    if rows < PANEL_MIN_ROWS and not (rows == 1 and work >= ONE_ROW_WORK
+                                      and jit_cpu.native_pool() is not None):
+        return False
+    return work >= min_work \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and jit_cpu.panel_kernels() is not None
 
@@ -161,7 +176,7 @@ def panel_product(A, B, out, prepacked):
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     spill = jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
-    if rows * k * n < PANEL_SPLIT_WORK:
+    if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
         kernels.panel_product(a, panels, c, 0, count, spill)
         return out
     native = jit_cpu.native_pool()

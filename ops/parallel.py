@@ -34,9 +34,14 @@ _state_lock = threading.Lock()
 
 def intra_op_threads() -> int:
     """Threads a kernel may use, the calling one included (inside :class:`pinned`, as read
-    when it began)."""
+    the first time a kernel of the block asked)."""
     threads = getattr(_pinned, "threads", 0)
-    return threads if threads else _configured_threads()
+    if threads:
+        return threads
+    threads = _configured_threads()
+    if getattr(_pinned, "depth", 0):
+        _pinned.threads = threads
+    return threads
 
 
 def _configured_threads() -> int:
@@ -63,12 +68,15 @@ class pinned:
     calling thread are read once: :func:`intra_op_threads`, and whatever a kernel keeps in
     :func:`pinned_values` (``jit_cpu.native_pool``). Each read is ~0.6 us of
     ``os.environ``, and a small convolution asked three times: ~2 us of a ~20 us node.
+    Read when first asked, so a run whose kernels never ask does not pay it either.
     Reentrant; other threads are not affected."""
+
+    __slots__ = ()
 
     def __enter__(self):
         depth = getattr(_pinned, "depth", 0)
         if not depth:
-            _pinned.threads = _configured_threads()
+            _pinned.threads = 0
             _pinned.values = {}
         _pinned.depth = depth + 1
         return self

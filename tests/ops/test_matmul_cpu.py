@@ -277,8 +277,27 @@ def test_panels_need_a_constant_weight_and_plain_layouts():
     assert not matmul_cpu.panels_suit(A, B, np.empty((64, 600), np.float32)[:, ::2], {})
     assert not matmul_cpu.panels_suit(A.astype(np.float16), B.astype(np.float16),
                                       np.zeros((64, 300), np.float16), {})
-    assert not matmul_cpu.panels_suit(_rand(1, 400), B, out[:1], {})  # one row: a gemv
+    assert not matmul_cpu.panels_suit(_rand(1, 400), B, out[:1], {})  # one small row: a gemv
     assert not matmul_cpu.panels_suit(_rand(4, 8), _rand(8, 8), out[:4, :8], {})  # tiny
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+def test_one_row_through_a_large_layer_takes_the_split_panels(monkeypatch):
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    W, bias = _rand(2048, 784), _rand(2048)  # a Gemm's transB weight, the MLP's first layer
+    x = _rand(1, 784)
+    assert 784 * 2048 >= matmul_cpu.ONE_ROW_WORK
+    assert matmul_cpu.panels_suit(x, W.T, np.empty((1, 2048), np.float32), {})
+    taken = []
+    real = matmul_cpu.panel_product
+    monkeypatch.setattr(matmul_cpu, "panel_product", lambda *a: taken.append(1) or real(*a))
+    out = np.empty((1, 2048), np.float32)
+    fused_gemm(np, x, W, bias, transB=1, activation="Relu", out=out, _prepacked={})
+    np.testing.assert_allclose(out, np.maximum(x @ W.T + bias, 0), rtol=1e-4, atol=1e-4)
+    assert taken == [1]
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")  # no native pool to split it: a gemv
+    assert not matmul_cpu.panels_suit(x, W.T, out, {})
 
 
 @needs_panels

@@ -78,6 +78,7 @@ def test_softmax_in_place_over_its_input():
 def test_a_pinned_block_reads_the_thread_count_once(monkeypatch):
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "3")
     with parallel.pinned():
+        assert parallel.intra_op_threads() == 3  # read when first asked
         monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "5")
         assert parallel.intra_op_threads() == 3
         with parallel.pinned():  # reentrant: the outer block's reading holds
