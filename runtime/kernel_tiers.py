@@ -55,7 +55,7 @@ from mixrt.ops.jit_cache import cache_root
 
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
-NUMPY, PENDING, LOADING, COMPILED, FAILED = "numpy", "pending", "loading", "compiled", "failed"
+PENDING, LOADING, COMPILED, FAILED = "pending", "loading", "compiled", "failed"
 # the kernels' Python and compiled sources: a change to any of them changes what a warm
 # marker stands for (the dispatch code decides which kernels a model calls)
 _KERNEL_PACKAGES = ("ops",)
