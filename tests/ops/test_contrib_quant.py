@@ -1,0 +1,271 @@
+"""onnxruntime's quantized com.microsoft operators (ops/contrib_quant*.py) against
+onnxruntime itself: integer outputs exactly, float outputs to float32 rounding; shape rules on
+symbolic dims; bad operands named with their node; and models written by onnxruntime's own
+quantizer (quantize_static in QOperator and QDQ formats, quantize_dynamic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.errors import MixrtError
+
+MS = "com.microsoft"
+rng = np.random.default_rng(0)
+f32 = np.float32
+
+
+# -- one node in both runtimes ---------------------------------------------------------------
+
+def node_model(op_type, inputs, out_dtypes, *, constants=(), shapes=None, domain=MS,
+               node_name="qnode", **attrs):
+    """A model of one node. ``inputs``: (name, array or None for an absent optional input);
+    names in ``constants`` become initializers; ``shapes`` overrides declared input shapes."""
+    names = [name if value is not None else "" for name, value in inputs]
+    outputs = [f"y{i}" for i in range(len(out_dtypes))]
+    node = helper.make_node(op_type, names, outputs, domain=domain, name=node_name, **attrs)
+    present = [(n, v) for n, v in inputs if v is not None]
+    shapes = shapes or {}
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                       shapes.get(n, v.shape))
+         for n, v in present if n not in constants],
+        [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(np.dtype(d)), None)
+         for o, d in zip(outputs, out_dtypes)],
+        initializer=[numpy_helper.from_array(v, n) for n, v in present if n in constants])
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+
+
+def feeds_of(inputs, constants=()):
+    return {n: v for n, v in inputs if v is not None and n not in constants}
+
+
+def run_both(model, feeds):
+    data = model.SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    ours = mixrt.Session(data).run(None, feeds)
+    return ours, theirs
+
+
+def assert_same(ours, theirs, *, rtol=1e-5, atol=1e-6):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, a.shape, b.dtype, b.shape)
+        if a.dtype.kind in "iu":
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def check_node(op_type, inputs, out_dtypes, *, constants=(), **attrs):
+    model = node_model(op_type, inputs, out_dtypes, constants=constants, **attrs)
+    ours, theirs = run_both(model, feeds_of(inputs, constants))
+    assert_same(ours, theirs)
+    return ours
+
+
+def codes(dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def scalar(value, dtype=f32):
+    return np.array(value, dtype=dtype)
+
+
+def a_zero_point(dtype):
+    return scalar(codes(dtype, ()), dtype)
+
+
+def a_scale(low=0.002, high=0.1):
+    return scalar(rng.uniform(low, high))
+
+
+# -- QLinearAdd, QLinearMul ------------------------------------------------------------------
+
+BROADCASTS = [((64, 33), (64, 33)), ((2, 3, 40), (1,)), ((1,), (3, 70)), ((2, 1, 5), (4, 1)),
+              ((2, 3, 1), (2, 3, 16)), ((6,), (4, 6))]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("a_shape, b_shape", BROADCASTS)
+def test_binary_matches_onnxruntime(op_type, dtype, a_shape, b_shape):
+    for _ in range(4):
+        inputs = [("A", codes(dtype, a_shape)), ("A_scale", a_scale()),
+                  ("A_zero_point", a_zero_point(dtype)), ("B", codes(dtype, b_shape)),
+                  ("B_scale", a_scale()), ("B_zero_point", a_zero_point(dtype)),
+                  ("C_scale", a_scale(0.01, 0.2)), ("C_zero_point", a_zero_point(dtype))]
+        check_node(op_type, inputs, [dtype])
+
+
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_binary_ties_and_saturation(op_type):
+    """Equal scales put many results on .5 (round half to even); small C_scales saturate."""
+    for scale_c in (0.05, 0.1, 0.001):
+        inputs = [("A", codes(np.uint8, (500,))), ("A_scale", scalar(0.05)),
+                  ("A_zero_point", scalar(0, np.uint8)), ("B", codes(np.uint8, (500,))),
+                  ("B_scale", scalar(0.05)), ("B_zero_point", scalar(3, np.uint8)),
+                  ("C_scale", scalar(scale_c)), ("C_zero_point", scalar(128, np.uint8))]
+        check_node(op_type, inputs, [np.uint8])
+
+
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_binary_absent_zero_points_are_zero(op_type):
+    """onnxruntime's type inference refuses absent zero points; ours reads them as 0."""
+    inputs = [("A", codes(np.int8, (40,))), ("A_scale", a_scale()),
+              ("A_zero_point", scalar(0, np.int8)), ("B", codes(np.int8, (40,))),
+              ("B_scale", a_scale()), ("B_zero_point", scalar(0, np.int8)),
+              ("C_scale", a_scale()), ("C_zero_point", scalar(0, np.int8))]
+    absent = [(n, None if n.endswith("zero_point") else v) for n, v in inputs]
+    feeds = feeds_of(inputs)
+    explicit = mixrt.Session(node_model(op_type, inputs, [np.int8])).run(None, feeds)
+    implicit = mixrt.Session(node_model(op_type, absent, [np.int8])).run(None, feeds_of(absent))
+    np.testing.assert_array_equal(explicit[0], implicit[0])
+
+
+# -- table-driven activations, softmax, concat, where -----------------------------------------
+
+def every_code(dtype, shape=(2, 128)):
+    """All 256 codes of an 8-bit type, so a whole lookup table is compared."""
+    return np.arange(256, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type, attrs", [("QLinearSigmoid", {}),
+                                            ("QLinearLeakyRelu", {"alpha": 0.1}),
+                                            ("QLinearLeakyRelu", {})])
+@pytest.mark.parametrize("constant_params", [False, True])
+def test_table_activations_match_onnxruntime(op_type, attrs, dtype, constant_params):
+    """Sigmoid's table here uses the exact sigmoid where onnxruntime's is a float32
+    approximation: no code differs over these 32 tables (8192 codes). Constant parameters
+    make onnxruntime build its table once at load, fed ones at each run."""
+    info = np.iinfo(dtype)
+    for trial in range(8):
+        y_scale, y_zero = (scalar(1 / 256), scalar(info.min, dtype)) if trial % 2 else \
+            (a_scale(0.002, 0.05), a_zero_point(dtype))
+        inputs = [("X", every_code(dtype)), ("X_scale", a_scale(0.01, 0.1)),
+                  ("X_zero_point", a_zero_point(dtype)), ("Y_scale", y_scale),
+                  ("Y_zero_point", y_zero)]
+        constants = ("X_scale", "X_zero_point", "Y_scale", "Y_zero_point") \
+            if constant_params else ()
+        check_node(op_type, inputs, [dtype], constants=constants, **attrs)
+
+
+SOFTMAX_CASES = [((3, 4, 9), 13, -1), ((3, 4, 9), 13, 1), ((2, 5, 3, 4), 13, 0),
+                 ((3, 4, 9), 12, 1), ((3, 4, 9), 12, 2), ((2, 300), 13, -1), ((4, 2), 13, 1)]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("shape, opset, axis", SOFTMAX_CASES)
+def test_softmax_matches_onnxruntime(dtype, shape, opset, axis):
+    info = np.iinfo(dtype)
+    for x_scale, y_scale, y_zero in ((0.1, 1 / 256, info.min), (0.02, 1 / 256, info.min),
+                                     (0.5, 1 / 200, 0), (0.05, 0.0123, info.min + 3)):
+        inputs = [("X", codes(dtype, shape)), ("X_scale", scalar(x_scale)),
+                  ("x_zero_point", a_zero_point(dtype)), ("y_scale", scalar(y_scale)),
+                  ("y_zero_point", scalar(y_zero, dtype))]
+        check_node("QLinearSoftmax", inputs, [dtype], constants=("X_scale",), axis=axis,
+                   opset=opset)
+
+
+def test_softmax_of_one_element_is_one():
+    """A row of one element has probability 1: the largest code. (onnxruntime's float32
+    product overflows there and its conversion of infinity to an integer gives the zero
+    point for uint8: a case we do not copy.)"""
+    inputs = [("X", codes(np.uint8, (3, 1))), ("X_scale", scalar(0.5)),
+              ("x_zero_point", scalar(0, np.uint8)), ("y_scale", scalar(1 / 256)),
+              ("y_zero_point", scalar(0, np.uint8))]
+    model = node_model("QLinearSoftmax", inputs, [np.uint8], axis=1, opset=13)
+    np.testing.assert_array_equal(mixrt.Session(model).run(None, feeds_of(inputs))[0], 255)
+
+
+def test_softmax_default_axis_follows_opset():
+    """Without the axis attribute both opsets normalize over the last axis (the
+    attribute's default, -1, whatever Softmax's own default was before opset 13)."""
+    for opset in (12, 13):
+        inputs = [("X", codes(np.uint8, (2, 3, 5))), ("X_scale", scalar(0.1)),
+                  ("x_zero_point", scalar(0, np.uint8)), ("y_scale", scalar(1 / 256)),
+                  ("y_zero_point", scalar(0, np.uint8))]
+        check_node("QLinearSoftmax", inputs, [np.uint8], opset=opset)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_concat_requantizes_each_input(dtype):
+    y_scale, y_zero = a_scale(0.01, 0.05), a_zero_point(dtype)
+    inputs = [("Y_scale", y_scale), ("Y_zero_point", y_zero),
+              ("x0", codes(dtype, (2, 3, 4))), ("s0", a_scale()), ("z0", a_zero_point(dtype)),
+              ("x1", codes(dtype, (2, 5, 4))), ("s1", y_scale.copy()), ("z1", y_zero.copy()),
+              ("x2", every_code(dtype, (2, 128, 1)).repeat(4, axis=2)[:, :7]),
+              ("s2", a_scale(0.05, 0.2)), ("z2", a_zero_point(dtype))]
+    check_node("QLinearConcat", inputs, [dtype], axis=1)
+    check_node("QLinearConcat", inputs, [dtype], axis=-2,
+               constants=("Y_scale", "Y_zero_point", "s0", "z0"))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_where_requantizes_both_branches(dtype):
+    inputs = [("condition", rng.random((3, 1, 6)) > 0.5), ("X", codes(dtype, (4, 6))),
+              ("x_scale", a_scale()), ("x_zero_point", a_zero_point(dtype)),
+              ("Y", codes(dtype, (3, 4, 1))), ("y_scale", a_scale()),
+              ("y_zero_point", a_zero_point(dtype)), ("z_scale", a_scale()),
+              ("z_zero_point", a_zero_point(dtype))]
+    check_node("QLinearWhere", inputs, [dtype])
+
+
+# -- com.microsoft QuantizeLinear and DequantizeLinear ----------------------------------------
+
+NARROW = {"int4": TensorProto.INT4, "uint4": TensorProto.UINT4}
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16])
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_contrib_quantize_dequantize(dtype, per_axis):
+    x = (rng.standard_normal((3, 4, 5)) * 40).astype(f32)
+    x[0, 0, :4] = [0.5, 1.5, 2.5, -2.5]  # ties: half to even
+    if per_axis:
+        scale = rng.uniform(0.05, 0.3, 4).astype(f32)
+        zero = codes(dtype, (4,)) // 2
+    else:
+        scale, zero = scalar(0.25), scalar(codes(dtype, ()) // 2, dtype)
+    inputs = [("x", x), ("y_scale", scale), ("y_zero_point", zero.astype(dtype))]
+    (quantized,) = check_node("QuantizeLinear", inputs, [dtype], axis=1)
+    inputs = [("x", quantized), ("x_scale", scale), ("x_zero_point", zero.astype(dtype))]
+    check_node("DequantizeLinear", inputs, [f32], axis=1)
+
+
+def test_contrib_quantize_float16_and_default_uint8():
+    x = (rng.standard_normal((4, 6)) * 20).astype(np.float16)
+    inputs = [("x", x), ("y_scale", scalar(0.3, np.float16)),
+              ("y_zero_point", scalar(10, np.uint8))]
+    (quantized,) = check_node("QuantizeLinear", inputs, [np.uint8])
+    check_node("DequantizeLinear", [("x", quantized), ("x_scale", scalar(0.3, np.float16)),
+                                    ("x_zero_point", scalar(10, np.uint8))], [np.float16])
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4"])
+def test_contrib_quantize_int4_per_axis(name):
+    """onnxruntime hands no int4 tensor to NumPy: quantize and dequantize in one model, and
+    dequantize int4 codes stored as an initializer."""
+    import ml_dtypes
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    x = (rng.standard_normal((4, 6)) * 3).astype(f32)
+    scale = rng.uniform(0.2, 0.6, 4).astype(f32)
+    zero = np.array([1, -2, 0, 3] if name == "int4" else [1, 8, 0, 15]).astype(dtype)
+    stored = np.array(rng.integers(-8 if name == "int4" else 0, 8, (4, 6))).astype(dtype)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], domain=MS, axis=0),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], domain=MS, axis=0),
+             helper.make_node("DequantizeLinear", ["w", "s", "z"], ["v"], domain=MS, axis=0)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "v")],
+        initializer=[numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zero, "z"),
+                     numpy_helper.from_array(stored, "w")])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    assert_same(*run_both(model, {"x": x}))
