@@ -269,3 +269,58 @@ def test_contrib_quantize_int4_per_axis(name):
     model = helper.make_model(graph, ir_version=10, opset_imports=[
         helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
     assert_same(*run_both(model, {"x": x}))
+
+
+# -- pools -----------------------------------------------------------------------------------
+
+def pool_inputs(dtype, shape, *, same_scales=False):
+    x_scale = a_scale(0.01, 0.2)
+    y_scale = x_scale.copy() if same_scales else a_scale(0.01, 0.2)
+    return [("X", codes(dtype, shape)), ("x_scale", x_scale), ("x_zero_point", a_zero_point(dtype)),
+            ("y_scale", y_scale), ("y_zero_point", a_zero_point(dtype))]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 1), (2, 17, 2, 3, 4), (3, 8, 10)])
+def test_global_average_pool_matches_onnxruntime(dtype, channels_last, shape):
+    """Equal scales and two-element images land on .5: ties round half to even."""
+    for same in (False, True):
+        check_node("QLinearGlobalAveragePool", pool_inputs(dtype, shape, same_scales=same),
+                   [dtype], channels_last=channels_last)
+    check_node("QLinearGlobalAveragePool", pool_inputs(dtype, (4, 9, 2), same_scales=True),
+               [dtype], channels_last=channels_last)
+
+
+AVERAGE_POOLS = [
+    dict(kernel_shape=[3, 3]),
+    dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], count_include_pad=1),
+    dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 0, 0], ceil_mode=1,
+         count_include_pad=1),
+    dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER"),
+    dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_LOWER"),
+    dict(kernel_shape=[7, 6]),  # the whole image: onnxruntime's global arithmetic
+]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("attrs", AVERAGE_POOLS)
+def test_average_pool_matches_onnxruntime(dtype, channels_last, attrs):
+    shape = (2, 7, 6, 3) if channels_last else (2, 3, 7, 6)
+    for _ in range(3):
+        check_node("QLinearAveragePool", pool_inputs(dtype, shape), [dtype],
+                   channels_last=channels_last, **attrs)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3], strides=[2], pads=[1, 2]),
+                                   dict(kernel_shape=[2, 2, 3], pads=[0, 1, 1, 1, 0, 1])])
+def test_average_pool_1d_and_3d(channels_last, attrs):
+    rank = len(attrs["kernel_shape"])
+    spatial = (9, 5, 6)[:rank]
+    shape = (2, *spatial, 4) if channels_last else (2, 4, *spatial)
+    check_node("QLinearAveragePool", pool_inputs(np.uint8, shape), [np.uint8],
+               channels_last=channels_last, **attrs)
