@@ -1,0 +1,125 @@
+"""onnxruntime's own tools applied to the exports above: its quantizers (dynamic, static QDQ
+and QOperator, 4-bit weight-only), its transformer optimizer (fused com.microsoft ops), and a
+float16 conversion by onnxconverter-common. Each starts from a model of ``hf`` or ``vision``
+(built first if missing) and is kept as its tool writes it."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import hf, vision
+from .common import Recipe, ensure, rng, version
+
+
+def _source(name: str):
+    recipes = {**hf.BUILDERS, **vision.BUILDERS}
+    return ensure(name, recipes[name])
+
+
+def _quiet():
+    # the quantizer logs every node it cannot quantize; that is its normal operation
+    logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+def _dynamic(source: str):
+    def build(path: Path) -> dict[str, np.ndarray]:
+        from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+        _quiet()
+        built = _source(source)
+        quantize_dynamic(str(built.model), str(path), weight_type=QuantType.QInt8)
+        return built.load_feeds()
+    return build
+
+
+class _Images:
+    """The calibration reader onnxruntime's static quantizer asks for: a few random images."""
+
+    def __init__(self, name: str, shape, count: int = 4):
+        self._feeds = iter([{name: rng(20 + i).random(shape, dtype=np.float32)}
+                            for i in range(count)])
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+def _static(source: str, qdq: bool):
+    def build(path: Path) -> dict[str, np.ndarray]:
+        from onnxruntime.quantization import QuantFormat, quantize_static  # noqa: PLC0415
+        from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: PLC0415
+        _quiet()
+        built = _source(source)
+        feeds = built.load_feeds()
+        (name, image), = feeds.items()
+        with tempfile.TemporaryDirectory() as scratch:
+            prepared = Path(scratch) / "prepared.onnx"
+            quant_pre_process(str(built.model), str(prepared))  # what its docs ask first
+            quantize_static(str(prepared), str(path), _Images(name, image.shape),
+                            quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator)
+        return feeds
+    return build
+
+
+def _four_bit(source: str):
+    def build(path: Path) -> dict[str, np.ndarray]:
+        import onnx  # noqa: PLC0415
+        from onnxruntime.quantization.matmul_nbits_quantizer import (  # noqa: PLC0415
+            MatMulNBitsQuantizer)
+        _quiet()
+        built = _source(source)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(built.model)), block_size=32,
+                                         is_symmetric=False)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
+        return built.load_feeds()
+    return build
+
+
+def _optimized(source: str, model_type: str):
+    def build(path: Path) -> dict[str, np.ndarray]:
+        from onnxruntime.transformers.optimizer import optimize_model  # noqa: PLC0415
+        _quiet()
+        built = _source(source)
+        model = optimize_model(str(built.model), model_type=model_type, num_heads=hf.HEADS,
+                               hidden_size=hf.HIDDEN, opt_level=0)
+        model.save_model_to_file(str(path))
+        return built.load_feeds()
+    return build
+
+
+def _float16(source: str):
+    def build(path: Path) -> dict[str, np.ndarray]:
+        import onnx  # noqa: PLC0415
+        from onnxconverter_common import float16  # noqa: PLC0415
+        built = _source(source)
+        model = float16.convert_float_to_float16(onnx.load(str(built.model)),
+                                                 keep_io_types=True)
+        onnx.save(model, str(path))
+        return built.load_feeds()
+    return build
+
+
+def _recipes() -> dict[str, Recipe]:
+    quantizer = f"onnxruntime.quantization {version('onnxruntime-gpu')}"
+    optimizer = f"onnxruntime.transformers.optimizer {version('onnxruntime-gpu')}"
+    converter = f"onnxconverter-common {version('onnxconverter-common')} float16"
+    return {
+        "q_bert_dynamic": Recipe("quantized", quantizer, _dynamic("hf_bert_ts")),
+        "q_gpt2_dynamic": Recipe("quantized", quantizer, _dynamic("hf_gpt2_ts")),
+        "q_mobilenet_v3_qdq": Recipe("quantized", quantizer,
+                                     _static("tv_mobilenet_v3_large", qdq=True)),
+        "q_mobilenet_v3_qop": Recipe("quantized", quantizer,
+                                     _static("tv_mobilenet_v3_large", qdq=False)),
+        "q_resnet18_qop": Recipe("quantized", quantizer, _static("tv_resnet18", qdq=False)),
+        "q_llama_4bit": Recipe("quantized", quantizer, _four_bit("hf_llama_ts")),
+        "ortopt_bert": Recipe("fused", optimizer, _optimized("hf_bert_ts", "bert")),
+        "ortopt_gpt2": Recipe("fused", optimizer, _optimized("hf_gpt2_ts", "gpt2")),
+        "fp16_efficientnet_b0": Recipe("float16", converter, _float16("tv_efficientnet_b0")),
+    }
+
+
+BUILDERS = _recipes()
