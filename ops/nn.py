@@ -473,6 +473,7 @@ def _require_per_channel(op_type: str, X: TensorType, *params, count=None) -> No
 
 
 @op("LayerNormalization", since=17, dtypes=FLOATS)
+@op("LayerNormalization", since=1, dtypes=FLOATS)  # onnxruntime's, older exporters write it
 def layer_normalization(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
                         _outputs=1):
     stash = to_numpy_dtype(stash_type)
