@@ -324,3 +324,138 @@ def test_average_pool_1d_and_3d(channels_last, attrs):
     shape = (2, *spatial, 4) if channels_last else (2, 4, *spatial)
     check_node("QLinearAveragePool", pool_inputs(np.uint8, shape), [np.uint8],
                channels_last=channels_last, **attrs)
+
+
+# -- QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul ----------------------------------------
+
+def b_params(dtype, columns, per_column):
+    if per_column:
+        return rng.uniform(0.002, 0.05, columns).astype(f32), codes(dtype, (columns,))
+    return a_scale(0.002, 0.05), a_zero_point(dtype)
+
+
+GEMM_TYPES = [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)]
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype", GEMM_TYPES)
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("output", ["quantized", "float", "float_scaled"])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_qgemm_matches_onnxruntime(a_dtype, b_dtype, per_column, output, with_c):
+    """Quantized or float output (no y_zero_point: float32, divided by y_scale when that
+    is given); C as one int32 per column, per row and column, or per row."""
+    for trial, (m, k, n) in enumerate([(7, 33, 19), (1, 5, 40), (16, 64, 1)]):
+        trans_a, trans_b = trial % 2, (trial + 1) % 2
+        b_scale, b_zero = b_params(b_dtype, n, per_column)
+        c_shape = [(n,), (m, n), (m, 1)][trial]
+        inputs = [("A", codes(a_dtype, (k, m) if trans_a else (m, k))), ("a_scale", a_scale()),
+                  ("a_zero_point", a_zero_point(a_dtype)),
+                  ("B", codes(b_dtype, (n, k) if trans_b else (k, n))), ("b_scale", b_scale),
+                  ("b_zero_point", b_zero),
+                  ("C", rng.integers(-3000, 3000, c_shape).astype(np.int32) if with_c else None),
+                  ("y_scale", a_scale(0.05, 0.5) if output != "float" else None),
+                  ("y_zero_point", a_zero_point(a_dtype) if output == "quantized" else None)]
+        out = a_dtype if output == "quantized" else f32
+        check_node("QGemm", inputs, [out], transA=trans_a, transB=trans_b,
+                   alpha=[1.0, 0.75, 1.5][trial], constants=("B",) if trial == 1 else ())
+
+
+@pytest.mark.parametrize("b_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("a_shape, b_shape", [((9, 17), (17, 11)), ((2, 3, 8), (8, 5)),
+                                              ((4, 1, 6), (4, 6, 3))])
+def test_matmul_integer_to_float_matches_onnxruntime(b_dtype, per_column, a_shape, b_shape):
+    if per_column and len(b_shape) > 2:
+        pytest.skip("onnxruntime wants a batched B's parameters per matrix as well")
+    columns = b_shape[-1]
+    b_scale, b_zero = b_params(b_dtype, columns, per_column)
+    for bias in (None, rng.standard_normal(columns).astype(f32)):
+        inputs = [("A", codes(np.uint8, a_shape)), ("B", codes(b_dtype, b_shape)),
+                  ("a_scale", a_scale()), ("b_scale", b_scale),
+                  ("a_zero_point", a_zero_point(np.uint8)), ("b_zero_point", b_zero),
+                  ("bias", bias)]
+        check_node("MatMulIntegerToFloat", inputs, [f32])
+        check_node("MatMulIntegerToFloat", inputs, [f32], constants=("B", "b_scale"))
+
+
+@pytest.mark.parametrize("b_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_dynamic_quantize_matmul_matches_onnxruntime(b_dtype, per_column):
+    for a_shape, b_shape in (((9, 17), (17, 11)), ((2, 3, 8), (8, 5))):
+        b_scale, b_zero = b_params(b_dtype, b_shape[-1], per_column)
+        for x in (rng.standard_normal(a_shape).astype(f32) * 3,
+                  np.abs(rng.standard_normal(a_shape)).astype(f32), np.zeros(a_shape, f32)):
+            inputs = [("A", x), ("B", codes(b_dtype, b_shape)), ("b_scale", b_scale),
+                      ("b_zero_point", b_zero),
+                      ("bias", rng.standard_normal(b_shape[-1]).astype(f32))]
+            check_node("DynamicQuantizeMatMul", inputs, [f32], constants=("B",))
+
+
+# -- MatMulNBits -------------------------------------------------------------------------------
+
+def pack_codes(values, bits):
+    """Codes packed along the last axis, the first in the lowest bits of each byte."""
+    per_byte = 8 // bits
+    grouped = values.reshape(*values.shape[:-1], -1, per_byte).astype(np.uint8)
+    shifts = (np.arange(per_byte) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(grouped << shifts, axis=-1).astype(np.uint8)
+
+
+def nbits_weights(k, n, bits, block_size, zero_points):
+    blocks = -(-k // block_size)
+    quantized = rng.integers(0, 1 << bits, (n, blocks, block_size))
+    scales = rng.uniform(0.01, 0.1, (n, blocks)).astype(f32)
+    if zero_points == "packed":
+        per_row = -(-blocks * bits // 8) * (8 // bits)
+        zero = np.zeros((n, per_row), np.uint8)
+        zero[:, :blocks] = rng.integers(0, 1 << bits, (n, blocks))
+        zero = pack_codes(zero, bits)
+    elif zero_points == "float":
+        zero = rng.uniform(0, (1 << bits) - 1, (n, blocks)).astype(f32)
+    else:
+        zero = None
+    return pack_codes(quantized, bits), scales, zero
+
+
+NBITS_CASES = [(4, 32, 64, 24), (4, 16, 50, 7), (4, 128, 300, 33), (4, 64, 64, 1),
+               (8, 32, 70, 12), (8, 16, 16, 5), (2, 32, 96, 9)]
+
+
+@pytest.mark.parametrize("bits, block_size, k, n", NBITS_CASES)
+@pytest.mark.parametrize("zero_points", ["absent", "packed", "float"])
+def test_matmul_nbits_matches_onnxruntime(bits, block_size, k, n, zero_points):
+    if bits == 8 and zero_points == "float":
+        pytest.skip("onnxruntime takes float zero points for 2 and 4 bits only")
+    packed, scales, zero = nbits_weights(k, n, bits, block_size, zero_points)
+    for a_shape, bias in (((3, k), None), ((2, 4, k), rng.standard_normal(n).astype(f32))):
+        inputs = [("A", rng.standard_normal(a_shape).astype(f32)), ("B", packed),
+                  ("scales", scales), ("zero_points", zero), ("g_idx", None), ("bias", bias)]
+        model = node_model("MatMulNBits", inputs, [f32], K=k, N=n, bits=bits,
+                           block_size=block_size,
+                           constants=("B", "scales", "zero_points", "bias"))
+        ours, theirs = run_both(model, {"A": inputs[0][1]})
+        assert_same(ours, theirs, rtol=1e-5, atol=2e-5)
+        # fed weights take the path that dequantizes at each run
+        fed = node_model("MatMulNBits", inputs, [f32], K=k, N=n, bits=bits,
+                         block_size=block_size)
+        np.testing.assert_allclose(mixrt.Session(fed).run(None, feeds_of(inputs))[0],
+                                   theirs[0], rtol=1e-5, atol=2e-5)
+
+
+def test_matmul_nbits_accuracy_level_is_ignored():
+    """accuracy_level 4 lets onnxruntime quantize A to int8 blocks internally; ours keeps
+    computing in float32, close to onnxruntime's level 0 exactly and to level 4 within its
+    quantization error."""
+    packed, scales, zero = nbits_weights(128, 16, 4, 32, "packed")
+    x = rng.standard_normal((5, 128)).astype(f32)
+    results = {}
+    for level in (0, 4):
+        inputs = [("A", x), ("B", packed), ("scales", scales), ("zero_points", zero)]
+        model = node_model("MatMulNBits", inputs, [f32], K=128, N=16, bits=4, block_size=32,
+                           accuracy_level=level, constants=("B", "scales", "zero_points"))
+        results[level] = run_both(model, {"A": x})
+    ours0, theirs0 = results[0]
+    ours4, theirs4 = results[4]
+    np.testing.assert_array_equal(ours0[0], ours4[0])
+    assert_same(ours0, theirs0, atol=2e-5)
+    np.testing.assert_allclose(ours4[0], theirs4[0], rtol=0.05, atol=0.05)
