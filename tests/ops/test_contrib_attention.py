@@ -1,0 +1,215 @@
+"""onnxruntime's attention operators of the com.microsoft domain (ops/contrib_attention*.py)
+against onnxruntime's CPU kernels: Attention in every mask_index form, with past state,
+unidirectional, bias and float16; MultiHeadAttention in its separate, cached and packed forms;
+GroupQueryAttention on prompts, ragged decoding, shared-length caches, windows, softcap, sinks
+and rotary embeddings; RotaryEmbedding. Then their shape rules on symbolic models and bad
+operands, refused naming the node."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import mixrt
+from mixrt.errors import ExecutionError, GraphError
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import load_graph
+
+rng = np.random.default_rng(0)
+NODE = "fused_attention_node"
+
+
+def randn(*shape, dtype=np.float32, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def contrib_model(op_type, inputs, outputs, dtype=np.float32, shapes=None, **attrs) -> bytes:
+    """One com.microsoft node; ``inputs`` is name -> array in the op's input order (None
+    leaves an optional input out); ``shapes`` overrides declared input shapes."""
+    names = [name if value is not None else "" for name, value in inputs.items()]
+    while names and not names[-1]:
+        names.pop()
+    shapes = shapes or {}
+    node = helper.make_node(op_type, names, outputs, domain="com.microsoft", name=NODE, **attrs)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype),
+                                       shapes.get(name, value.shape))
+         for name, value in inputs.items() if value is not None],
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                       None) for name in outputs if name])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    return model.SerializeToString()
+
+
+def feeds_of(inputs):
+    return {name: value for name, value in inputs.items() if value is not None}
+
+
+def run_both(op_type, inputs, outputs, dtype=np.float32, **attrs):
+    """(mixrt's outputs, onnxruntime's outputs) of one node."""
+    model = contrib_model(op_type, inputs, outputs, dtype, **attrs)
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
+        None, feeds_of(inputs))
+    return mixrt.Session(model).run(None, feeds_of(inputs)), theirs
+
+
+def run_ours(op_type, inputs, outputs, dtype=np.float32, **attrs):
+    return mixrt.Session(contrib_model(op_type, inputs, outputs, dtype, **attrs)).run(
+        None, feeds_of(inputs))
+
+
+def assert_matches(ours, theirs, dtype=np.float32):
+    """float32 to 1e-5 relative; float16, which both compute in float32 and round once, to
+    one float16 ulp or so."""
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-3, atol=1e-3)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), **tolerance)
+
+
+# -- Attention (BERT) -------------------------------------------------------------------------
+
+BATCH, SEQ, HIDDEN, HEADS = 2, 4, 8, 2
+
+
+def mask_index(form, past=0):
+    """A mask of the named form for (BATCH, SEQ) queries over past + SEQ keys; each hides
+    every key of some query row, whose scores then all sit next to -10000."""
+    total = past + SEQ
+    if form == "key_lengths":
+        return np.array([0, total - 1], np.int32)
+    if form == "ends_and_starts":
+        return np.array([3, total, 1, total], np.int32)  # the second entry: nothing valid
+    if form == "gpu_index":  # (3 * batch + 2): the CPU reads the lengths in front
+        return np.array([2, total, 0, 1, 2, 3, 4, 5], np.int32)
+    if form == "raw_2d":
+        mask = rng.integers(0, 2, (BATCH, total)).astype(np.int32)
+        mask[0] = 0
+        return mask
+    if form == "raw_3d":
+        mask = rng.integers(0, 2, (BATCH, SEQ, total)).astype(np.int32)
+        mask[1, 2] = 0
+        return mask
+    return None
+
+
+def attention_inputs(mask=None, past=0, sizes=(HIDDEN, HIDDEN, HIDDEN), attention_bias=None,
+                     dtype=np.float32):
+    width = sum(sizes)
+    return dict(input=randn(BATCH, SEQ, HIDDEN, dtype=dtype),
+                weights=randn(HIDDEN, width, dtype=dtype, scale=0.5),
+                # onnxruntime's CPU kernel reads the bias unconditionally: always give one
+                bias=randn(width, dtype=dtype), mask_index=mask,
+                past=randn(2, BATCH, HEADS, past, sizes[0] // HEADS, dtype=dtype)
+                if past else None,
+                attention_bias=attention_bias)
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+@pytest.mark.parametrize("past", [0, 3])
+@pytest.mark.parametrize("form", [None, "key_lengths", "ends_and_starts", "gpu_index",
+                                  "raw_2d", "raw_3d"])
+def test_attention_mask_forms_past_and_causal_match_onnxruntime(form, past, unidirectional):
+    inputs = attention_inputs(mask_index(form, past), past)
+    outputs = ["y", "present"] if past else ["y"]
+    assert_matches(*run_both("Attention", inputs, outputs, num_heads=HEADS,
+                             unidirectional=unidirectional))
+
+
+def test_attention_hidden_sizes_scale_filter_value_and_attention_bias():
+    inputs = attention_inputs(mask_index("raw_3d"), sizes=(8, 8, 4),
+                              attention_bias=randn(BATCH, 1, SEQ, SEQ))
+    assert_matches(*run_both("Attention", inputs, ["y"], num_heads=HEADS,
+                             qkv_hidden_sizes=[8, 8, 4], unidirectional=1, scale=0.3,
+                             mask_filter_value=-50.0))
+    inputs = attention_inputs(mask_index("key_lengths"),
+                              attention_bias=randn(1, HEADS, SEQ, SEQ))
+    assert_matches(*run_both("Attention", inputs, ["y"], num_heads=HEADS))
+
+
+@pytest.mark.parametrize("form", ["raw_2d", "key_lengths"])
+def test_attention_float16_computes_in_float32_as_onnxruntime_does(form):
+    inputs = attention_inputs(mask_index(form, 3), past=3, dtype=np.float16)
+    ours, theirs = run_both("Attention", inputs, ["y", "present"], np.float16,
+                            num_heads=HEADS, unidirectional=1)
+    assert_matches(ours, theirs, np.float16)
+    np.testing.assert_array_equal(ours[0], theirs[0])  # one rounding, at the end
+
+
+def test_attention_megatron_mask_reads_its_rows_from_the_past_length():
+    """onnxruntime's CPU kernel refuses the 4-D mask; its meaning is the 3-D mask of the
+    rows past .. past + seq and the first past + seq keys, which it does run."""
+    past, longest = 3, 9
+    megatron = rng.integers(0, 2, (BATCH, 1, longest, longest)).astype(np.int32)
+    megatron[0, 0, past + 1] = 0  # a query row with every key hidden
+    inputs = attention_inputs(megatron, past)
+    ours = run_ours("Attention", inputs, ["y", "present"], num_heads=HEADS, unidirectional=1)
+    as_3d = dict(inputs, mask_index=np.ascontiguousarray(
+        megatron[:, 0, past:past + SEQ, :past + SEQ]))
+    theirs = ort.InferenceSession(
+        contrib_model("Attention", as_3d, ["y", "present"], num_heads=HEADS, unidirectional=1),
+        providers=["CPUExecutionProvider"]).run(None, feeds_of(as_3d))
+    assert_matches(ours, theirs)
+
+
+@pytest.mark.parametrize("placeholder", [np.ones((BATCH, 1), np.int32),
+                                         np.zeros((1, 1), np.int32)])
+def test_attention_placeholder_mask_hides_nothing(placeholder):
+    inputs = attention_inputs(placeholder)
+    ours, theirs = run_both("Attention", inputs, ["y"], num_heads=HEADS)
+    assert_matches(ours, theirs)
+    assert_matches(ours, run_ours("Attention", dict(inputs, mask_index=None), ["y"],
+                                  num_heads=HEADS))
+
+
+def test_attention_shape_rule_on_a_symbolic_model():
+    inputs = attention_inputs(mask_index("raw_2d", 3), past=3)
+    model = contrib_model("Attention", inputs, ["y", "present"], num_heads=HEADS,
+                          shapes={"input": ["batch", "seq", HIDDEN],
+                                  "mask_index": ["batch", "total"],
+                                  "past": [2, "batch", HEADS, "past", HIDDEN // HEADS]})
+    types = infer_types(load_graph(model))
+    assert types["y"].shape == ("batch", "seq", HIDDEN)
+    assert types["present"].shape == (2, "batch", HEADS, None, HIDDEN // HEADS)
+    assert types["y"].dtype == np.float32
+    y, present = mixrt.Session(model).run(None, feeds_of(inputs))
+    assert y.shape == (BATCH, SEQ, HIDDEN) and present.shape == (2, BATCH, HEADS, 7, 4)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(weights=randn(6, 24)), r"weights have shape \(6, 24\); expected 8 rows"),
+    (dict(bias=randn(20)), r"bias has shape \(20,\); expected \(24,\)"),
+    (dict(mask_index=np.ones((BATCH, 5), np.int32)),
+     r"mask_index has shape \(2, 5\); expected \(2,\) key lengths"),
+    (dict(past=randn(2, BATCH, 3, 3, 4)), r"past has shape \(2, 2, 3, 3, 4\); expected "
+                                          r"\(2, 2, 2, past_seq, 4\)"),
+    (dict(attention_bias=randn(BATCH, 3, SEQ, SEQ)), r"attention_bias has shape"),
+])
+def test_attention_refuses_operands_that_do_not_fit_naming_the_node(change, expected):
+    inputs = dict(attention_inputs(), **change)
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(contrib_model("Attention", inputs, ["y"], num_heads=HEADS))
+    assert NODE in str(caught.value)
+
+
+@pytest.mark.parametrize("attrs, expected", [
+    (dict(), r"num_heads attribute is required"),
+    (dict(num_heads=3), r"does not split into 3 heads"),
+    (dict(num_heads=HEADS, qkv_hidden_sizes=[8, 4, 12]), r"Q's and K's equal"),
+    (dict(num_heads=HEADS, do_rotary=1), r"do_rotary=1 is not implemented"),
+])
+def test_attention_refuses_attributes_it_cannot_honour(attrs, expected):
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(contrib_model("Attention", attention_inputs(), ["y"], **attrs))
+    assert NODE in str(caught.value)
+
+
+def test_attention_negative_key_length_is_refused_when_it_runs():
+    inputs = attention_inputs(np.array([2, -1], np.int32))
+    with pytest.raises(ExecutionError, match=rf"{NODE}.*negative key length"):
+        run_ours("Attention", inputs, ["y"], num_heads=HEADS)
