@@ -213,3 +213,121 @@ def test_attention_negative_key_length_is_refused_when_it_runs():
     inputs = attention_inputs(np.array([2, -1], np.int32))
     with pytest.raises(ExecutionError, match=rf"{NODE}.*negative key length"):
         run_ours("Attention", inputs, ["y"], num_heads=HEADS)
+
+
+# -- MultiHeadAttention -----------------------------------------------------------------------
+
+KV_SEQ, HEAD = 5, 4
+
+
+def mha_inputs(seq=SEQ, kv_seq=KV_SEQ, past=0, v_head=HEAD, bias=True, mask=None,
+               attention_bias=None, cached=False, dtype=np.float32):
+    hidden, v_hidden = HEADS * HEAD, HEADS * v_head
+    if cached:  # keys and values already in (batch, heads, kv_seq, head_size)
+        key, value = (randn(BATCH, HEADS, kv_seq, size, dtype=dtype) for size in (HEAD, v_head))
+    else:
+        key, value = randn(BATCH, kv_seq, hidden, dtype=dtype), \
+            randn(BATCH, kv_seq, v_hidden, dtype=dtype)
+    return dict(query=randn(BATCH, seq, hidden, dtype=dtype), key=key, value=value,
+                bias=randn(2 * hidden + v_hidden, dtype=dtype) if bias else None,
+                key_padding_mask=mask, attention_bias=attention_bias,
+                past_key=randn(BATCH, HEADS, past, HEAD, dtype=dtype) if past else None,
+                past_value=randn(BATCH, HEADS, past, v_head, dtype=dtype) if past else None)
+
+
+MHA_OUTPUTS = ["y", "present_key", "present_value", "qk"]
+
+
+@pytest.mark.parametrize("case", [
+    dict(), dict(bias=False), dict(v_head=2), dict(past=3), dict(cached=True),
+    dict(past=3, unidirectional=1), dict(seq=1, past=3, unidirectional=1),
+    # cross-attention: every query but the last is causally masked; the last sees every key
+    dict(seq=2, kv_seq=5, unidirectional=1), dict(seq=5, kv_seq=3, unidirectional=1),
+    dict(scale=0.7)])
+def test_mha_forms_past_and_causal_match_onnxruntime(case):
+    case = dict(case)
+    attrs = {key: case.pop(key) for key in ("unidirectional", "scale") if key in case}
+    assert_matches(*run_both("MultiHeadAttention", mha_inputs(**case), MHA_OUTPUTS,
+                             num_heads=HEADS, **attrs))
+
+
+def key_padding_mask(form, seq=SEQ, total=KV_SEQ):
+    if form == "key_lengths":
+        return np.array([0, total - 2], np.int32)
+    if form == "gpu_index":
+        return np.array([total, 1, 0, 1, 2, 3, 4, 5], np.int32)
+    mask = rng.integers(0, 2, (BATCH, total) if form == "raw_2d" else (BATCH, seq, total))
+    mask[1, 0] = 0  # a fully masked row
+    return mask.astype(np.int32)
+
+
+@pytest.mark.parametrize("past", [0, 3])
+@pytest.mark.parametrize("form", ["key_lengths", "gpu_index", "raw_2d", "raw_3d"])
+def test_mha_key_padding_masks_with_bias_and_past_match_onnxruntime(form, past):
+    total = past + KV_SEQ
+    inputs = mha_inputs(past=past, mask=key_padding_mask(form, total=total),
+                        attention_bias=randn(BATCH, 1, SEQ, total))
+    assert_matches(*run_both("MultiHeadAttention", inputs, MHA_OUTPUTS, num_heads=HEADS,
+                             unidirectional=1, mask_filter_value=-300.0))
+
+
+def test_mha_float16_matches_onnxruntime():
+    inputs = mha_inputs(past=3, mask=key_padding_mask("raw_2d", total=8), dtype=np.float16,
+                        attention_bias=randn(1, HEADS, SEQ, 8, dtype=np.float16))
+    ours, theirs = run_both("MultiHeadAttention", inputs, MHA_OUTPUTS[:3], np.float16,
+                            num_heads=HEADS, unidirectional=1)
+    assert_matches(ours, theirs, np.float16)
+
+
+def test_mha_packed_qkv_and_packed_kv_equal_the_separate_form():
+    """onnxruntime's CPU kernel refuses packed inputs; they must equal the separate form it
+    runs, the bias sliced the same way."""
+    seq = kv_seq = SEQ
+    separate = mha_inputs(seq=seq, kv_seq=kv_seq)
+    theirs = ort.InferenceSession(
+        contrib_model("MultiHeadAttention", separate, ["y"], num_heads=HEADS),
+        providers=["CPUExecutionProvider"]).run(None, feeds_of(separate))
+
+    def heads(x):
+        return x.reshape(BATCH, -1, HEADS, 1, HEAD)
+    q, k, v = (heads(separate[name]) for name in ("query", "key", "value"))
+    packed_qkv = dict(query=np.concatenate([q, k, v], axis=3), key=None, value=None,
+                      bias=separate["bias"])
+    packed_kv = dict(query=separate["query"], key=np.concatenate([k, v], axis=3), value=None,
+                     bias=separate["bias"])
+    for packed in (packed_qkv, packed_kv):
+        assert_matches(run_ours("MultiHeadAttention", packed, ["y"], num_heads=HEADS), theirs)
+
+
+def test_mha_shape_rule_on_a_symbolic_model():
+    inputs = mha_inputs(past=3, v_head=2)
+    model = contrib_model("MultiHeadAttention", inputs, MHA_OUTPUTS, num_heads=HEADS, shapes={
+        "query": ["batch", "seq", 8], "key": ["batch", "kv", 8], "value": ["batch", "kv", 4],
+        "past_key": ["batch", HEADS, 3, HEAD], "past_value": ["batch", HEADS, 3, 2]})
+    types = infer_types(load_graph(model))
+    assert types["y"].shape == ("batch", "seq", 4)
+    assert types["present_key"].shape == ("batch", HEADS, None, HEAD)
+    assert types["present_value"].shape == ("batch", HEADS, None, 2)
+    assert types["qk"].shape == ("batch", HEADS, "seq", None)
+    outputs = mixrt.Session(model).run(None, feeds_of(inputs))
+    assert [o.shape for o in outputs] == [(BATCH, SEQ, 4), (BATCH, HEADS, 8, HEAD),
+                                          (BATCH, HEADS, 8, 2), (BATCH, HEADS, SEQ, 8)]
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(key=randn(BATCH, KV_SEQ, 6)), r"query, key and value have shapes"),
+    (dict(value=randn(BATCH, 3, 8)), r"query, key and value have shapes"),
+    (dict(bias=randn(20)), r"bias has shape \(20,\); expected \(24,\)"),
+    (dict(key_padding_mask=np.ones((BATCH, 4), np.int32)),
+     r"key_padding_mask has shape \(2, 4\)"),
+    (dict(past_key=randn(BATCH, HEADS, 3, HEAD)), r"past_key and past_value come together"),
+    (dict(key=randn(BATCH, HEADS, KV_SEQ, HEAD), value=randn(BATCH, HEADS, KV_SEQ, HEAD),
+          past_key=randn(BATCH, HEADS, 3, HEAD), past_value=randn(BATCH, HEADS, 3, HEAD)),
+     r"cannot be added to them"),
+    (dict(key=None, value=None), r"key is missing"),
+])
+def test_mha_refuses_operands_that_do_not_fit_naming_the_node(change, expected):
+    inputs = dict(mha_inputs(), **change)
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(contrib_model("MultiHeadAttention", inputs, ["y"], num_heads=HEADS))
+    assert NODE in str(caught.value)
