@@ -107,7 +107,7 @@ def require_dtype(op_type, dtype, **values) -> None:
         if value is not None and value.dtype is not None and dtype is not None \
                 and np.dtype(value.dtype) != np.dtype(dtype):
             raise ValueError(f"{op_type}: {name} is {np.dtype(value.dtype).name}; expected "
-                             f"{np.dtype(dtype).name}, the type of the quantized input")
+                             f"{np.dtype(dtype).name}")
 
 
 def require_float_scales(op_type, **scales) -> None:

@@ -459,3 +459,267 @@ def test_matmul_nbits_accuracy_level_is_ignored():
     np.testing.assert_array_equal(ours0[0], ours4[0])
     assert_same(ours0, theirs0, atol=2e-5)
     np.testing.assert_allclose(ours4[0], theirs4[0], rtol=0.05, atol=0.05)
+
+
+# -- models written by onnxruntime's quantizers --------------------------------------------------
+
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat,  # noqa: E402
+                                      QuantType, quantize_dynamic, quantize_static)
+
+
+def weight(name, shape, scale, seed):
+    values = np.random.default_rng(seed).standard_normal(shape) * scale
+    return numpy_helper.from_array(values.astype(f32), name)
+
+
+def small_cnn():
+    """Conv, Relu, Conv, Sigmoid, Mul, Add, GlobalAveragePool, Flatten, Gemm."""
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["h1"]),
+             helper.make_node("Conv", ["h1", "w2", "b2"], ["h2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["h2"], ["gate"]),
+             helper.make_node("Mul", ["h1", "gate"], ["gated"]),
+             helper.make_node("Add", ["gated", "h1"], ["residual"]),
+             helper.make_node("GlobalAveragePool", ["residual"], ["pooled"]),
+             helper.make_node("Flatten", ["pooled"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "wf", "bf"], ["y"], transB=1)]
+    weights = [weight("w1", (8, 3, 3, 3), 0.3, 1), weight("b1", (8,), 0.1, 2),
+               weight("w2", (8, 8, 3, 3), 0.2, 3), weight("b2", (8,), 0.1, 4),
+               weight("wf", (10, 8), 0.3, 5), weight("bf", (10,), 0.1, 6)]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], initializer=weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+class Calibration(CalibrationDataReader):
+    def __init__(self, seed=7):
+        generator = np.random.default_rng(seed)
+        self.batches = iter([{"x": generator.standard_normal((2, 3, 8, 8)).astype(f32)}
+                             for _ in range(4)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def op_types(path):
+    import onnx
+    return {(n.domain, n.op_type) for n in onnx.load(path).graph.node}
+
+
+def assert_matches_onnxruntime(path, feeds):
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ours = mixrt.Session(str(path)).run(None, feeds)
+    assert_same(ours, theirs)
+
+
+@pytest.mark.parametrize("weight_type", [QuantType.QInt8, QuantType.QUInt8])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("quant_format", [QuantFormat.QOperator, QuantFormat.QDQ])
+def test_quantize_static_cnn_runs_as_in_onnxruntime(tmp_path, weight_type, per_channel,
+                                                    quant_format):
+    """Both formats give the same float outputs as onnxruntime, bit for bit (in QDQ format
+    onnxruntime fuses the float ops back into its QLinear kernels)."""
+    source, target = tmp_path / "cnn.onnx", tmp_path / "cnn.quant.onnx"
+    source.write_bytes(small_cnn().SerializeToString())
+    quantize_static(str(source), str(target), Calibration(), quant_format=quant_format,
+                    activation_type=QuantType.QUInt8, weight_type=weight_type,
+                    per_channel=per_channel)
+    if quant_format == QuantFormat.QOperator:
+        assert {(MS, "QLinearAdd"), (MS, "QLinearMul"), (MS, "QLinearSigmoid"),
+                (MS, "QLinearGlobalAveragePool"), (MS, "QGemm")} <= op_types(target)
+    x = np.random.default_rng(11).standard_normal((3, 3, 8, 8)).astype(f32)
+    assert_matches_onnxruntime(target, {"x": x})
+
+
+def two_projections():
+    """x @ w1 (+ b1, Relu) and x @ w2, then a Gemm: quantize_dynamic's MatMul and Gemm
+    cases; onnxruntime's optimizer fuses them into DynamicQuantizeMatMul and (x quantized
+    once for two products) MatMulIntegerToFloat."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["x", "w2"], ["side"]),
+             helper.make_node("Add", ["r", "side"], ["both"]),
+             helper.make_node("Reshape", ["both", "rows"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "w3", "b3"], ["y"])]
+    weights = [weight("w1", (16, 32), 0.3, 1), weight("b1", (32,), 0.1, 2),
+               weight("w2", (16, 32), 0.3, 3), weight("w3", (32, 10), 0.3, 4),
+               weight("b3", (10,), 0.1, 5),
+               numpy_helper.from_array(np.array([-1, 32], np.int64), "rows")]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("weight_type", [QuantType.QInt8, QuantType.QUInt8])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_dynamic_then_optimized_runs_as_in_onnxruntime(tmp_path, weight_type,
+                                                                per_channel):
+    source, target = tmp_path / "mlp.onnx", tmp_path / "mlp.quant.onnx"
+    optimized = tmp_path / "mlp.quant.optimized.onnx"
+    source.write_bytes(two_projections().SerializeToString())
+    quantize_dynamic(str(source), str(target), weight_type=weight_type, per_channel=per_channel)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
+    assert {(MS, "DynamicQuantizeMatMul"), (MS, "MatMulIntegerToFloat")} \
+        <= op_types(optimized)
+    x = np.random.default_rng(12).standard_normal((3, 5, 16)).astype(f32)
+    for path in (target, optimized):
+        assert_matches_onnxruntime(path, {"x": x})
+
+
+def test_matmul_nbits_quantizer_model_runs_as_in_onnxruntime(tmp_path):
+    quantizer = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer",
+                                    exc_type=ImportError)
+    source, target = tmp_path / "mlp.onnx", tmp_path / "mlp.nbits.onnx"
+    source.write_bytes(two_projections().SerializeToString())
+    import onnx
+    model = quantizer.MatMulNBitsQuantizer(onnx.load(str(source)), block_size=16,
+                                           is_symmetric=False)
+    model.process()
+    model.model.save_model_to_file(str(target))
+    assert (MS, "MatMulNBits") in op_types(target)
+    x = np.random.default_rng(13).standard_normal((3, 5, 16)).astype(f32)
+    assert_matches_onnxruntime(target, {"x": x})
+
+
+# -- shape rules on symbolic dims ---------------------------------------------------------------
+
+def inferred_outputs(model):
+    from mixrt.runtime.passes.infer import infer_types
+    from mixrt.runtime.session import load_graph
+    graph = load_graph(model)
+    types = infer_types(graph)
+    return [types[v.name] for v in graph.outputs]
+
+
+def u8_params(*names):
+    return [(n, a_scale() if "scale" in n else a_zero_point(np.uint8)) for n in names]
+
+
+def shape_cases():
+    """(op_type, inputs, declared input shapes, attributes, expected dtype and shape)."""
+    u8 = np.uint8
+    nbits_b, nbits_scales, nbits_zero = nbits_weights(40, 6, 4, 16, "packed")
+    return [
+        ("QLinearAdd", [("A", codes(u8, (2, 4))), *u8_params("A_scale", "A_zero_point"),
+                        ("B", codes(u8, (2, 1))), *u8_params("B_scale", "B_zero_point"),
+                        *u8_params("C_scale", "C_zero_point")],
+         {"A": ["N", 4], "B": ["N", 1]}, {}, (u8, ("N", 4))),
+        ("QLinearSigmoid", [("X", codes(u8, (2, 3))), *u8_params("X_scale", "X_zero_point",
+                                                                 "Y_scale", "Y_zero_point")],
+         {"X": ["N", "C"]}, {}, (u8, ("N", "C"))),
+        ("QLinearSoftmax", [("X", codes(u8, (2, 3))), *u8_params("X_scale", "x_zero_point",
+                                                                 "y_scale", "y_zero_point")],
+         {"X": ["N", 3]}, {"opset": 13}, (u8, ("N", 3))),
+        ("QLinearConcat", [*u8_params("Y_scale", "Y_zero_point"), ("x0", codes(u8, (2, 3))),
+                           ("s0", a_scale()), ("z0", a_zero_point(u8)),
+                           ("x1", codes(u8, (2, 5))), ("s1", a_scale()), ("z1", a_zero_point(u8))],
+         {"x0": ["N", 3], "x1": ["N", 5]}, {"axis": 1}, (u8, ("N", 8))),
+        ("QLinearWhere", [("condition", np.ones((2, 1), bool)), ("X", codes(u8, (4,))),
+                          *u8_params("x_scale", "x_zero_point"), ("Y", codes(u8, (2, 4))),
+                          *u8_params("y_scale", "y_zero_point", "z_scale", "z_zero_point")],
+         {"condition": ["N", 1], "Y": ["N", 4]}, {}, (u8, ("N", 4))),
+        ("QLinearGlobalAveragePool", [("X", codes(u8, (2, 5, 6, 8))),
+                                      *u8_params("x_scale", "x_zero_point", "y_scale",
+                                                 "y_zero_point")],
+         {"X": ["N", "H", "W", 8]}, {"channels_last": 1}, (u8, ("N", 1, 1, 8))),
+        ("QLinearAveragePool", [("X", codes(u8, (2, 8, 8, 3))),
+                                *u8_params("x_scale", "x_zero_point", "y_scale",
+                                           "y_zero_point")],
+         {"X": ["N", 8, 8, 3]},
+         {"channels_last": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4},
+         (u8, ("N", 4, 4, 3))),
+        ("QGemm", [("A", codes(u8, (3, 16))), *u8_params("a_scale", "a_zero_point"),
+                   ("B", codes(np.int8, (16, 8))), ("b_scale", a_scale()),
+                   ("b_zero_point", scalar(0, np.int8)), ("C", None),
+                   *u8_params("y_scale", "y_zero_point")],
+         {"A": ["M", 16]}, {}, (u8, ("M", 8))),
+        ("QGemm", [("A", codes(u8, (16, 3))), *u8_params("a_scale", "a_zero_point"),
+                   ("B", codes(u8, (8, 16))), ("b_scale", a_scale()),
+                   ("b_zero_point", a_zero_point(u8))],
+         {"A": [16, "M"], "B": ["N", 16]}, {"transA": 1, "transB": 1}, (f32, ("M", "N"))),
+        ("MatMulIntegerToFloat", [("A", codes(u8, (2, 3, 16))), ("B", codes(np.int8, (16, 8))),
+                                  ("a_scale", a_scale()), ("b_scale", a_scale())],
+         {"A": ["B", "S", 16]}, {}, (f32, ("B", "S", 8))),
+        ("DynamicQuantizeMatMul", [("A", np.zeros((2, 3, 16), f32)),
+                                   ("B", codes(np.int8, (16, 8))), ("b_scale", a_scale())],
+         {"A": ["B", "S", 16]}, {}, (f32, ("B", "S", 8))),
+        ("MatMulNBits", [("A", np.zeros((2, 3, 40), f32)), ("B", nbits_b),
+                         ("scales", nbits_scales), ("zero_points", nbits_zero)],
+         {"A": ["B", "S", 40]}, {"K": 40, "N": 6, "block_size": 16}, (f32, ("B", "S", 6))),
+        ("QuantizeLinear", [("x", np.zeros((2, 4), f32)), ("y_scale", a_scale()),
+                            ("y_zero_point", scalar(0, np.int8))],
+         {"x": ["N", 4]}, {}, (np.int8, ("N", 4))),
+        ("DequantizeLinear", [("x", codes(np.int16, (2, 4))), ("x_scale", a_scale()),
+                              ("x_zero_point", scalar(0, np.int16))],
+         {"x": ["N", 4]}, {}, (f32, ("N", 4))),
+    ]
+
+
+@pytest.mark.parametrize("case", shape_cases(), ids=lambda case: case[0])
+def test_symbolic_dims_infer_and_run(case):
+    """Each op's shape rule keeps the symbolic dims; the model runs, and what it makes
+    fits the inferred type."""
+    op_type, inputs, shapes, attrs, (dtype, shape) = case
+    feeds = [n for n, _ in inputs if n in shapes]
+    constants = tuple(n for n, v in inputs if v is not None and n not in feeds)
+    model = node_model(op_type, inputs, [dtype], constants=constants, shapes=shapes, **attrs)
+    (output,) = inferred_outputs(model)
+    assert (output.dtype, output.shape) == (np.dtype(dtype), shape)
+    (result,) = mixrt.Session(model).run(None, {n: v for n, v in inputs if n in feeds})
+    assert result.dtype == np.dtype(dtype) and result.ndim == len(shape)
+    assert all(d == n for d, n in zip(shape, result.shape) if isinstance(d, int))
+
+
+# -- bad operands name their node -----------------------------------------------------------------
+
+def bad_models():
+    u8 = np.uint8
+    add = [("A", codes(u8, (2, 3))), ("A_scale", rng.uniform(0.1, 1, 3).astype(f32)),
+           ("A_zero_point", a_zero_point(u8)), ("B", codes(u8, (2, 3))),
+           *u8_params("B_scale", "B_zero_point", "C_scale", "C_zero_point")]
+    mixed = [("A", codes(u8, (2, 3))), *u8_params("A_scale", "A_zero_point"),
+             ("B", codes(np.int8, (2, 3))), *u8_params("B_scale", "B_zero_point", "C_scale",
+                                                      "C_zero_point")]
+    gemm = [("A", codes(u8, (3, 16))), *u8_params("a_scale", "a_zero_point"),
+            ("B", codes(np.int8, (16, 8))), ("b_scale", rng.uniform(0.1, 1, 5).astype(f32)),
+            ("b_zero_point", scalar(0, np.int8))]
+    nbits_b, nbits_scales, _ = nbits_weights(40, 6, 4, 16, "absent")
+    nbits = [("A", np.zeros((2, 41), f32)), ("B", nbits_b), ("scales", nbits_scales)]
+    softmax = [("X", codes(u8, (2, 3))), *u8_params("X_scale", "x_zero_point", "y_scale",
+                                                   "y_zero_point")]
+    concat = [*u8_params("Y_scale", "Y_zero_point"), ("x0", codes(u8, (2, 3))),
+              ("s0", a_scale())]
+    return [("QLinearAdd", add, {}, "A_scale has shape \\(3,\\)"),
+            ("QLinearMul", mixed, {}, "B is int8; expected uint8"),
+            ("QGemm", gemm, {}, "b_scale has shape \\(5,\\)"),
+            ("MatMulNBits", nbits, dict(K=40, N=6, block_size=16), "expected K=40"),
+            ("MatMulNBits", nbits[:1] + nbits[1:], dict(K=40, N=6, block_size=16, bits=3),
+             "bits=3"),
+            ("QLinearSoftmax", softmax, {}, "opset attribute is required"),
+            ("QLinearConcat", concat, {"axis": 1}, "triples")]
+
+
+@pytest.mark.parametrize("case", bad_models(), ids=lambda case: f"{case[0]}-{case[3][:12]}")
+def test_bad_operands_are_refused_naming_the_node(case):
+    op_type, inputs, attrs, words = case
+    model = node_model(op_type, inputs, [np.uint8], node_name="bad_node", **attrs)
+    with pytest.raises(MixrtError, match=words) as caught:
+        mixrt.Session(model).run(None, feeds_of(inputs))
+    assert "bad_node" in str(caught.value)
+
+
+def test_fed_parameters_of_the_wrong_size_fail_at_run_naming_the_node():
+    """Shapes unknown at load: the kernel's words name the node when the run meets them."""
+    inputs = [("X", codes(np.uint8, (2, 3))), ("X_scale", np.full(3, 0.1, f32)),
+              *u8_params("X_zero_point", "Y_scale", "Y_zero_point")]
+    model = node_model("QLinearSigmoid", inputs, [np.uint8], node_name="bad_node",
+                       shapes={"X_scale": ["K"]})
+    with pytest.raises(MixrtError, match="bad_node") as caught:
+        mixrt.Session(model).run(None, feeds_of(inputs))
+    assert "X_scale" in str(caught.value)
