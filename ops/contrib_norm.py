@@ -17,7 +17,7 @@ import numpy as np
 
 from mixrt.ops.contrib_transformer import MICROSOFT, is_narrow, run_kernel, widened
 from mixrt.ops.dtypes import FLOATS, compute_dtype, to_numpy_dtype
-from mixrt.ops.nn import _standardize, _trailing_axes, layer_normalization
+from mixrt.ops.nn import _trailing_axes, layer_normalization
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, conflicting, normalize_axis, require_shape, shape_text
 
@@ -40,7 +40,7 @@ def skip_layer_normalization(xp, input, skip, gamma, beta=None, bias=None, *, ep
                    stash_type=stash, out=None if is_narrow(input) else out)
     outputs = [y.astype(input.dtype, copy=False)]
     if _outputs > 1:
-        _, mean, inv_std = _standardize(xp, total, (total.ndim - 1,), epsilon)
+        mean, inv_std = _row_statistics(xp, total, epsilon)
         outputs += [mean.astype(FLOAT32, copy=False), inv_std.astype(FLOAT32, copy=False),
                     total.astype(input.dtype, copy=False)]
     return outputs[0] if _outputs == 1 else tuple(outputs[:_outputs])
@@ -60,6 +60,16 @@ def skip_simplified_layer_normalization(xp, input, skip, gamma, bias=None, *, ep
     mean = xp.zeros(inv_std.shape, FLOAT32)
     return (y, mean, inv_std.astype(FLOAT32, copy=False),
             total.astype(input.dtype, copy=False))[:_outputs]
+
+
+def _row_statistics(xp, x, epsilon):
+    """The mean and 1 / sqrt(variance + epsilon) of x over its last axis (kept as 1), in
+    two passes and one temporary: SkipLayerNormalization's normalized values come from
+    LayerNormalization's compiled kernel, which returns no statistics."""
+    mean = xp.mean(x, axis=-1, keepdims=True)
+    centered = (x - mean).reshape(-1, x.shape[-1])
+    variance = xp.einsum("ij,ij->i", centered, centered).reshape(mean.shape) / x.shape[-1]
+    return mean, 1.0 / xp.sqrt(variance + epsilon)
 
 
 def _sum(input, skip, bias):

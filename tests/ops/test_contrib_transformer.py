@@ -14,6 +14,7 @@ import mixrt
 from grad.gradcheck import check_gradient
 from mixrt.errors import ExecutionError, GraphError, MixrtError
 from mixrt.ops import REGISTRY
+from mixrt.runtime.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 
@@ -183,7 +184,7 @@ def test_bias_add_is_input_plus_bias_plus_skip():
     x, bias, skip = randn(2, 3, 8), randn(8), randn(2, 3, 8)
     data = model("BiasAdd", {"X": x, "bias": bias, "skip": skip}, ["y"]).SerializeToString()
     got = mixrt.Session(data).run(None, {"X": x, "bias": bias, "skip": skip})[0]
-    np.testing.assert_allclose(got, x + bias + skip, rtol=1e-6)
+    np.testing.assert_allclose(got, x + bias + skip, rtol=1e-5, atol=1e-6)
     half = {k: v.astype(np.float16) for k, v in dict(X=x, bias=bias, skip=skip).items()}
     data = model("BiasAdd", half, ["y"]).SerializeToString()
     got = mixrt.Session(data).run(None, half)[0]
@@ -415,3 +416,38 @@ def test_bad_input_with_symbolic_dims_fails_at_run_naming_the_node():
     built.graph.node[0].name = "residual_norm"
     with pytest.raises(ExecutionError, match=r"residual_norm.*gamma has shape \(6,\)"):
         mixrt.Session(built.SerializeToString()).run(None, dict(inputs, gamma=randn(6)))
+
+
+# -- the GPU ---------------------------------------------------------------------------------
+
+GPU_CASES = [
+    ("FusedMatMul", {"A": randn(4, 2, 3, 5), "B": randn(2, 3, 5, 6)}, ("y",),
+     dict(transBatchA=1, alpha=0.5)),
+    ("FusedGemm", {"A": randn(3, 4), "B": randn(5, 4), "C": randn(5)}, ("y",),
+     dict(transB=1, activation="LeakyRelu", activation_alpha=0.2)),
+    ("FusedGemm", {"A": randn(3, 4), "B": randn(4, 5)}, ("y",), dict(activation="Selu")),
+    ("FusedConv", {"X": randn(1, 2, 6, 6), "W": randn(3, 2, 3, 3), "B": randn(3)}, ("y",),
+     dict(activation="Relu")),
+    ("FastGelu", {"X": randn(2, 5, 16), "bias": randn(16)}, ("y",), {}),
+    ("BiasGelu", {"X": randn(2, 5, 16), "bias": randn(16)}, ("y",), {}),
+    ("QuickGelu", {"X": randn(2, 5, 16)}, ("y",), {}),
+    ("SkipLayerNormalization", {"input": randn(2, 5, 16), "skip": randn(5, 16),
+                                "gamma": randn(16), "beta": randn(16)},
+     ("y", "mean", "inv_std", "sum"), {}),
+    ("SkipSimplifiedLayerNormalization", {"input": randn(2, 5, 16), "skip": randn(2, 5, 16),
+                                          "gamma": randn(16)}, ("y", "mean", "inv_std"), {}),
+    ("EmbedLayerNormalization", embed_inputs(np.float32), ("y", "mask_index", "sum"), {}),
+]
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("op_type,inputs,outputs,attributes", GPU_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(GPU_CASES)])
+def test_the_gpu_computes_what_the_cpu_does(op_type, inputs, outputs, attributes):
+    data = model(op_type, inputs, outputs, **attributes).SerializeToString()
+    feeds = feeds_of(inputs)
+    on_cpu = mixrt.Session(data).run(None, feeds)
+    on_gpu = mixrt.Session(data, device="gpu:0").run(None, feeds)
+    for name, want, have in zip(outputs, on_cpu, on_gpu):
+        assert have.dtype == want.dtype and have.shape == want.shape, name
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5, err_msg=name)
