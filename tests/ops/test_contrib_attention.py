@@ -331,3 +331,151 @@ def test_mha_refuses_operands_that_do_not_fit_naming_the_node(change, expected):
     with pytest.raises(GraphError, match=expected) as caught:
         mixrt.Session(contrib_model("MultiHeadAttention", inputs, ["y"], num_heads=HEADS))
     assert NODE in str(caught.value)
+
+
+# -- GroupQueryAttention ----------------------------------------------------------------------
+
+Q_HEADS, KV_HEADS, GQA_HEAD = 4, 2, 16  # onnxruntime wants head sizes in multiples of 16
+GQA_OUTPUTS = ["y", "present_key", "present_value", "qk"]
+
+
+def gqa_inputs(seq=SEQ, past=0, cache=None, seqlens=None, total=None, packed=False,
+               rotary=0, position_ids=None, attention_bias=None, head_sink=False,
+               head=GQA_HEAD, batch=BATCH, dtype=np.float32):
+    """A call of ``seq`` new tokens after ``past`` cached ones (every entry, unless
+    ``seqlens`` says otherwise) in a cache of ``cache`` positions (``past`` by default)."""
+    cache = past if cache is None else cache
+    seqlens = [past + seq - 1] * batch if seqlens is None else seqlens
+    query = randn(batch, seq, Q_HEADS * head, dtype=dtype)
+    key, value = (randn(batch, seq, KV_HEADS * head, dtype=dtype) for _ in range(2))
+    if packed:
+        query, key, value = np.concatenate([query, key, value], axis=-1), None, None
+    caches = [randn(batch, KV_HEADS, cache, head, dtype=dtype) if cache else None
+              for _ in range(2)]
+    return dict(query=query, key=key, value=value, past_key=caches[0], past_value=caches[1],
+                seqlens_k=np.array(seqlens, np.int32),
+                total_sequence_length=np.array(past + seq if total is None else total, np.int32),
+                cos_cache=randn(32, rotary // 2, dtype=dtype) if rotary else None,
+                sin_cache=randn(32, rotary // 2, dtype=dtype) if rotary else None,
+                position_ids=position_ids,
+                attention_bias=None if attention_bias is None else randn(*attention_bias,
+                                                                          dtype=dtype),
+                head_sink=randn(Q_HEADS, dtype=dtype) if head_sink else None)
+
+
+def assert_gqa_matches(inputs, dtype=np.float32, rows=None, **attrs):
+    """Compare every output; onnxruntime leaves the scores of keys past an entry's valid
+    length unwritten, so those are left out. ``rows`` limits y to the valid queries."""
+    attrs.setdefault("qk_output", 2)
+    ours, theirs = run_both("GroupQueryAttention", inputs, GQA_OUTPUTS, dtype,
+                            num_heads=Q_HEADS, kv_num_heads=KV_HEADS, **attrs)
+    valid_keys = np.arange(theirs[3].shape[-1]) <= inputs["seqlens_k"][:, None, None, None]
+    ours[3], theirs[3] = (np.where(valid_keys, qk, 0) for qk in (ours[3], theirs[3]))
+    if rows is not None:
+        ours[0], theirs[0] = ours[0][rows], theirs[0][rows]
+    assert_matches(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("case", [
+    dict(),                                               # the first prompt
+    dict(packed=True),
+    dict(seqlens=[SEQ - 1, 1]),                           # a right-padded prompt
+    dict(seq=1, past=3, seqlens=[3, 1]),                  # ragged decoding
+    dict(seq=1, past=3, cache=6, seqlens=[3, 2], total=4),  # a cache longer than the total
+    # a later prompt after a past (onnxruntime takes those for one entry only)
+    dict(seq=3, past=4, batch=1),
+    dict(seq=3, past=4, cache=9, seqlens=[6], total=7, batch=1),
+])
+def test_gqa_prompts_decoding_and_caches_match_onnxruntime(case):
+    assert_gqa_matches(gqa_inputs(**case))
+
+
+@pytest.mark.parametrize("attrs, case", [
+    (dict(local_window_size=2), dict(seq=6)),
+    (dict(local_window_size=3), dict(seq=1, past=5, seqlens=[5, 2])),
+    (dict(causal=0), dict()),
+    (dict(causal=0), dict(seq=1, past=3, seqlens=[3, 2])),
+    (dict(softcap=2.0), dict()),
+    (dict(softcap=1.5, qk_output=1), dict(attention_bias=(1, 1, SEQ, SEQ))),
+    (dict(scale=0.3), dict(attention_bias=(BATCH, Q_HEADS, SEQ, SEQ))),
+    (dict(), dict(seq=1, past=3, cache=6, seqlens=[3, 2], total=4,
+                  attention_bias=(BATCH, 1, 1, 4))),
+    (dict(), dict(head_sink=True)),
+    (dict(smooth_softmax=1), dict(seq=1, past=3)),
+])
+def test_gqa_windows_softcap_bias_and_sinks_match_onnxruntime(attrs, case):
+    assert_gqa_matches(gqa_inputs(**case), **attrs)
+
+
+def test_gqa_padded_queries_in_a_window_see_what_the_last_valid_one_sees():
+    """Padding queries of a prompt are onnxruntime's to leave undefined (its two CPU paths
+    differ there when a window is set): only the valid ones are compared."""
+    inputs = gqa_inputs(seq=6, seqlens=[5, 2])
+    assert_gqa_matches(inputs, rows=(1, slice(0, 3)), local_window_size=2)
+
+
+@pytest.mark.parametrize("attrs, case", [
+    (dict(), dict()),
+    (dict(rotary_interleaved=1), dict(packed=True)),
+    (dict(), dict(head=32)),                              # half the head rotates
+    (dict(rotary_interleaved=1), dict(head=32, seq=1, past=3, seqlens=[3, 2])),
+    (dict(), dict(seqlens=[SEQ - 1, 1])),
+    (dict(), dict(seq=1, past=3, seqlens=[3, 2], position_ids=np.array([[7], [9]]))),
+    # on the first prompt, every entry counts from the first position id
+    (dict(), dict(position_ids=np.array([[7, 8, 9, 10], [1, 2, 3, 4]]))),
+])
+def test_gqa_rotary_embeddings_match_onnxruntime(attrs, case):
+    inputs = gqa_inputs(rotary=16, **case)
+    if inputs["position_ids"] is not None:
+        inputs["position_ids"] = inputs["position_ids"].astype(np.int64)
+    assert_gqa_matches(inputs, do_rotary=1, **attrs)
+
+
+@pytest.mark.parametrize("case", [dict(), dict(seq=1, past=3, seqlens=[3, 2], rotary=16)])
+def test_gqa_float16_matches_onnxruntime(case):
+    inputs = gqa_inputs(dtype=np.float16, **case)
+    assert_gqa_matches(inputs, np.float16, do_rotary=int("rotary" in case))
+
+
+def test_gqa_shape_rule_on_a_symbolic_model():
+    inputs = gqa_inputs(seq=1, past=3, cache=6, total=4)
+    hidden = Q_HEADS * GQA_HEAD
+    model = contrib_model("GroupQueryAttention", inputs, GQA_OUTPUTS, num_heads=Q_HEADS,
+                          kv_num_heads=KV_HEADS, qk_output=1, shapes={
+                              "query": ["batch", "seq", hidden],
+                              "key": ["batch", "seq", KV_HEADS * GQA_HEAD],
+                              "value": ["batch", "seq", KV_HEADS * GQA_HEAD],
+                              "past_key": ["batch", KV_HEADS, "cache", GQA_HEAD],
+                              "past_value": ["batch", KV_HEADS, "cache", GQA_HEAD],
+                              "seqlens_k": ["batch"]})
+    types = infer_types(load_graph(model))
+    assert types["y"].shape == ("batch", "seq", hidden)
+    assert types["present_key"].shape == ("batch", KV_HEADS, None, GQA_HEAD)
+    assert types["qk"].shape == ("batch", Q_HEADS, "seq", None)
+    outputs = mixrt.Session(model).run(None, feeds_of(inputs))
+    assert [o.shape for o in outputs] == [(BATCH, 1, hidden), (BATCH, KV_HEADS, 6, GQA_HEAD),
+                                          (BATCH, KV_HEADS, 6, GQA_HEAD), (BATCH, Q_HEADS, 1, 4)]
+
+
+@pytest.mark.parametrize("change, attrs, expected", [
+    (dict(key=randn(BATCH, SEQ, 48)), {}, r"key has shape \(2, 4, 48\); expected \(2, 4, 32\)"),
+    (dict(seqlens_k=np.zeros((BATCH, 1), np.int32)), {}, r"seqlens_k has shape \(2, 1\)"),
+    (dict(past_key=randn(BATCH, KV_HEADS, 3, GQA_HEAD)), {}, r"come together"),
+    (dict(head_sink=randn(3)), {}, r"head_sink has shape \(3,\); expected \(4,\)"),
+    ({}, dict(kv_num_heads=3), r"num_heads=4 is not a multiple of kv_num_heads=3"),
+    ({}, dict(causal=0, local_window_size=2), r"local_window_size=2 needs causal=1"),
+    ({}, dict(do_rotary=1), r"do_rotary=1 needs cos_cache and sin_cache"),
+    ({}, dict(k_quant_type="PER_TENSOR"), r"quantized key/value cache is not implemented"),
+])
+def test_gqa_refuses_operands_that_do_not_fit_naming_the_node(change, attrs, expected):
+    inputs = dict(gqa_inputs(), **change)
+    attrs = dict(dict(num_heads=Q_HEADS, kv_num_heads=KV_HEADS), **attrs)
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(contrib_model("GroupQueryAttention", inputs, ["y"], **attrs))
+    assert NODE in str(caught.value)
+
+
+def test_gqa_valid_lengths_past_the_cache_are_refused_when_it_runs():
+    inputs = gqa_inputs(seq=1, past=3, seqlens=[3, 7])
+    with pytest.raises(ExecutionError, match=rf"{NODE}.*seqlens_k holds 7"):
+        run_ours("GroupQueryAttention", inputs, ["y"], num_heads=Q_HEADS, kv_num_heads=KV_HEADS)
