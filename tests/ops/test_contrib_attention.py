@@ -479,3 +479,67 @@ def test_gqa_valid_lengths_past_the_cache_are_refused_when_it_runs():
     inputs = gqa_inputs(seq=1, past=3, seqlens=[3, 7])
     with pytest.raises(ExecutionError, match=rf"{NODE}.*seqlens_k holds 7"):
         run_ours("GroupQueryAttention", inputs, ["y"], num_heads=Q_HEADS, kv_num_heads=KV_HEADS)
+
+
+# -- RotaryEmbedding --------------------------------------------------------------------------
+
+def rotary_inputs(four_d=False, half=HEAD // 2, position_ids=None, rows=12, dtype=np.float32):
+    x = randn(BATCH, SEQ, HEADS * HEAD, dtype=dtype)
+    if four_d:  # (batch, heads, seq, head_size)
+        x = np.ascontiguousarray(x.reshape(BATCH, SEQ, HEADS, HEAD).transpose(0, 2, 1, 3))
+    return dict(input=x, position_ids=np.array([2]) if position_ids is None else position_ids,
+                cos_cache=randn(rows, half, dtype=dtype), sin_cache=randn(rows, half, dtype=dtype))
+
+
+@pytest.mark.parametrize("case, attrs", [
+    (dict(), dict(num_heads=HEADS)),
+    (dict(), dict()),                                     # heads from the caches' width
+    (dict(four_d=True), dict()),
+    (dict(), dict(num_heads=HEADS, interleaved=1)),
+    (dict(four_d=True, position_ids=np.array([[1, 5, 2, 0], [0, 0, 9, 11]])), dict(interleaved=1)),
+    (dict(half=2), dict(num_heads=HEADS, rotary_embedding_dim=4)),
+    (dict(half=2, four_d=True), dict(num_heads=HEADS, rotary_embedding_dim=4, interleaved=1)),
+    (dict(), dict(num_heads=HEADS, scale=3.0)),           # accepted, and without effect
+    (dict(dtype=np.float16), dict(num_heads=HEADS)),
+])
+def test_rotary_embedding_matches_onnxruntime(case, attrs):
+    inputs = rotary_inputs(**case)
+    inputs["position_ids"] = inputs["position_ids"].astype(np.int64)
+    dtype = inputs["input"].dtype
+    ours, theirs = run_both("RotaryEmbedding", inputs, ["y"], dtype, **attrs)
+    assert_matches(ours, theirs, dtype)
+    if dtype == np.float16:
+        np.testing.assert_array_equal(ours[0], theirs[0])  # float32 inside, one rounding
+
+
+def test_rotary_embedding_refuses_positions_outside_the_caches_when_it_runs():
+    inputs = rotary_inputs(position_ids=np.array([9], np.int64))
+    with pytest.raises(ExecutionError, match=rf"{NODE}.*positions 9..12 fall outside"):
+        run_ours("RotaryEmbedding", inputs, ["y"], num_heads=HEADS)
+
+
+def test_rotary_embedding_shape_rule_on_a_symbolic_model():
+    inputs = rotary_inputs(position_ids=np.zeros((BATCH, SEQ), np.int64))
+    model = contrib_model("RotaryEmbedding", inputs, ["y"], num_heads=HEADS, shapes={
+        "input": ["batch", "seq", HEADS * HEAD], "position_ids": ["batch", "seq"]})
+    assert infer_types(load_graph(model))["y"].shape == ("batch", "seq", HEADS * HEAD)
+    assert mixrt.Session(model).run(None, feeds_of(inputs))[0].shape == (BATCH, SEQ, 8)
+
+
+@pytest.mark.parametrize("change, attrs, expected", [
+    (dict(cos_cache=randn(12, 3), sin_cache=randn(12, 3)), dict(num_heads=HEADS),
+     r"cos_cache has shape \(12, 3\); expected \(max_seq, 2\)"),
+    (dict(sin_cache=randn(12, 3)), dict(num_heads=HEADS), r"cos_cache \(12, 2\) and sin_cache"),
+    (dict(position_ids=np.zeros((BATCH, 3), np.int64)), dict(num_heads=HEADS),
+     r"position_ids has shape \(2, 3\); expected \(1,\) or \(2, 4\)"),
+    (dict(input=randn(BATCH, SEQ)), dict(num_heads=HEADS), r"input has shape \(2, 4\)"),
+    ({}, dict(num_heads=3), r"8 features do not split into num_heads=3"),
+    ({}, dict(rotary_embedding_dim=4), r"rotary_embedding_dim=4 needs num_heads"),
+])
+def test_rotary_embedding_refuses_operands_that_do_not_fit_naming_the_node(change, attrs,
+                                                                          expected):
+    inputs = dict(rotary_inputs(), **change)
+    inputs["position_ids"] = inputs["position_ids"].astype(np.int64)
+    with pytest.raises(GraphError, match=expected) as caught:
+        mixrt.Session(contrib_model("RotaryEmbedding", inputs, ["y"], **attrs))
+    assert NODE in str(caught.value)
