@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,14 @@ from mixrt.runtime.graph import Graph, Node, Value
 # Opsets of the default domain this importer understands.
 MIN_OPSET, MAX_OPSET = 1, 28
 MAX_MODEL_BYTES = 2**31 - 1  # protobuf's own limit
+# onnxruntime runs nodes of its own contrib domain that the model's opset_import leaves out
+# (converters such as skl2onnx write them so), taking them at this version
+CONTRIB_DOMAIN, CONTRIB_DEFAULT_VERSION = "com.microsoft", 1
+
+
+class UndeclaredDomainWarning(UserWarning):
+    """Not an error: a model uses the com.microsoft domain without declaring it in its
+    opset_import; mixrt reads it at version 1, as onnxruntime does."""
 
 
 def load_model_proto(source) -> tuple[onnx.ModelProto, Path | None]:
@@ -72,6 +81,7 @@ def import_model(source) -> Graph:
     try:
         _check_names(model.graph)
         graph_proto = inline_model_functions(model)
+        _declare_contrib_domain(graph_proto, opsets)
         expand_schema_functions(graph_proto, opsets, _has_kernel,
                                 lambda node, types: _infer_proto_types(node, types, opsets))
         graph = _convert_graph(graph_proto, opsets, base_dir)
@@ -125,6 +135,32 @@ def _opsets(model: onnx.ModelProto) -> dict[str, int]:
         raise ModelLoadError(f"model uses default-domain opset {version}; mixrt reads "
                              f"opsets {MIN_OPSET}..{MAX_OPSET}")
     return opsets
+
+
+def _declare_contrib_domain(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+    """Take an undeclared com.microsoft domain at version 1, with a warning naming the first
+    node that uses it; any other undeclared domain stays an error (``_convert_node``)."""
+    if CONTRIB_DOMAIN in opsets:
+        return
+    node = _first_node_of(graph, CONTRIB_DOMAIN)
+    if node is None:
+        return
+    warnings.warn(f"node {node.name or node.op_type!r} uses domain {CONTRIB_DOMAIN!r}, which "
+                  f"the model's opset_import does not declare; reading it at version "
+                  f"{CONTRIB_DEFAULT_VERSION}, as onnxruntime does",
+                  UndeclaredDomainWarning, stacklevel=3)
+    opsets[CONTRIB_DOMAIN] = CONTRIB_DEFAULT_VERSION
+
+
+def _first_node_of(graph: onnx.GraphProto, domain: str) -> onnx.NodeProto | None:
+    for node in graph.node:
+        if canonical_domain(node.domain) == domain:
+            return node
+        for sub in subgraphs_of(node):
+            found = _first_node_of(sub, domain)
+            if found is not None:
+                return found
+    return None
 
 
 def _convert_graph(proto: onnx.GraphProto, opsets: dict[str, int], base_dir: Path | None,
@@ -270,8 +306,11 @@ def _map_key_dtype(elem_type: int, name: str):
 
 
 def _dim(dim):
+    """An int, a symbol's name, or None (unknown). Exporters write ``dim_value: -1`` for "any
+    size"; onnxruntime reads every negative size as unknown, and so do we (0 is a real empty
+    dimension)."""
     if dim.HasField("dim_value"):
-        return int(dim.dim_value)
+        return int(dim.dim_value) if dim.dim_value >= 0 else None
     if dim.HasField("dim_param") and dim.dim_param:
         return dim.dim_param
     return None

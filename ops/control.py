@@ -133,7 +133,8 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
     carried = list(v_initial)
     n_scan = len(body.output_names) - 1 - len(carried)
     scanned = [[] for _ in range(n_scan)]
-    cond_value = xp.asarray(keep_going)
+    iteration_type, cond_type = _loop_counters(body)
+    cond_value = xp.asarray(keep_going).reshape(cond_type.shape)
     # a body that hands a true cond back needs no look at it: on the GPU each look waits
     # for the iteration to finish, which keeps the host from queueing the next one
     read_cond = not _cond_stays_true(getattr(body, "graph", None))
@@ -143,7 +144,8 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
                          "make cond false")
     i = 0
     while keep_going and (trip_count is None or i < trip_count):
-        outputs = body(xp.asarray(i, dtype=np.int64), cond_value, *carried)
+        outputs = body(xp.asarray(i, dtype=np.int64).reshape(iteration_type.shape), cond_value,
+                       *carried)
         cond_value = outputs[0]
         carried = list(outputs[1:1 + len(carried)])
         for collected, value in zip(scanned, outputs[1 + len(carried):]):
@@ -154,7 +156,8 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
             keep_going = _is_true(xp, cond_value)
         i += 1
     if i == 0 and scanned:  # no iteration made an element to take a shape from
-        elements = _body_outputs(body, *_LOOP_COUNTERS, *map(type_of_value, carried))[1:]
+        elements = _body_outputs(body, *_loop_counters(body),
+                                 *map(type_of_value, carried))[1:]
         return (*carried, *(_empty_scan_output(xp, t) for t in elements[len(carried):]))
     return (*carried, *(_stack(xp, values) for values in scanned))
 
@@ -187,17 +190,30 @@ def _all_true(value) -> bool:
     return value.dtype == np.bool_ and value.size == 1 and bool(value.reshape(-1)[0])
 
 
-_LOOP_COUNTERS = (TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ()))
+def _loop_counters(body) -> tuple[TensorType, TensorType]:
+    """The types of the iteration number and the condition as a body is handed them:
+    scalars, except where the body declares one with a rank, which then gets a [1] tensor
+    (onnxruntime's rule; exporters write either)."""
+    inputs = getattr(getattr(body, "graph", None), "inputs", None) or []
+    shapes = [(1,) if index < len(inputs) and _has_rank(inputs[index].type) else ()
+              for index in (0, 1)]
+    return (TensorType(np.dtype(np.int64), shapes[0]),
+            TensorType(np.dtype(np.bool_), shapes[1]))
+
+
+def _has_rank(declared) -> bool:
+    return isinstance(declared, TensorType) and bool(declared.shape)
 
 
 @loop.infer
 def _(M=None, cond=None, *v_initial, body=None, **_):
     trips = _constant_scalar(M)
+    counters = _loop_counters(body)
     if (trips is not None and trips <= 0) or _constant_scalar(cond) is False:
         return _no_iterations(v_initial, lambda initial: _body_outputs(
-            body, *_LOOP_COUNTERS, *initial)[1 + len(initial):])
+            body, *counters, *initial)[1 + len(initial):])
     states, outputs = _settled_states(
-        v_initial, lambda carried: _body_outputs(body, *_LOOP_COUNTERS, *carried)[1:])
+        v_initial, lambda carried: _body_outputs(body, *counters, *carried)[1:])
     iterations = trips if trips is not None and _never_stops_early(cond, body, states) \
         else None
     return states + [_stacked(t, iterations) for t in outputs[len(states):]]
@@ -212,17 +228,17 @@ def _no_iterations(initial: list, scan_elements, axes=None) -> list:
     return states + [_stacked(t, 0, a) for t, a in zip(made, axes or [0] * len(made))]
 
 
-_TRUE = TensorType(np.dtype(np.bool_), (), value=np.array(True))
-
-
 def _never_stops_early(cond, body, states) -> bool:
     """Whether every iteration up to the trip count runs: the loop starts on a true cond
     (a constant, or none given) and the body keeps a true cond true. The body only ever
     runs on a true cond, so by induction no iteration stops the loop."""
     if cond is not None and _constant_scalar(cond) is not True or not hasattr(body, "infer"):
         return False
-    kept = body.infer(_LOOP_COUNTERS[0], _TRUE, *states)[0]
-    body.infer(*_LOOP_COUNTERS, *states)  # leave the body typed for every iteration
+    iteration, cond_type = _loop_counters(body)
+    true = TensorType(cond_type.dtype, cond_type.shape,
+                      value=np.ones(cond_type.shape, dtype=np.bool_))
+    kept = body.infer(iteration, true, *states)[0]
+    body.infer(iteration, cond_type, *states)  # leave the body typed for every iteration
     return _constant_scalar(kept) is True
 
 

@@ -350,10 +350,21 @@ def _(X, *, axis=None, **_):
 
 # -- TopK, ArgMax, ArgMin -------------------------------------------------------------------
 
+def _checked_k(k, length, axis):
+    """k as TopK may take it: 0..length entries of the axis (``length`` None: not known)."""
+    if k < 0:
+        raise ValueError(f"TopK's k is {k}; expected k >= 0")
+    if length is not None and k > length:
+        raise ValueError(f"TopK's k is {k}, more than the {length} entries of axis {axis}; "
+                         f"expected k <= {length}")
+    return k
+
+
 def _top_k(xp, X, k, axis, largest):
     """Indices of the k largest (or smallest) entries along ``axis``, sorted, ties broken
     by the smaller index first."""
     axis = normalize_axis(axis, X.ndim)
+    _checked_k(k, X.shape[axis], axis)
     keys = sortable(xp, X)
     if largest:
         # Stable-sort the reversed axis ascending, then read it backwards: values descend
@@ -387,9 +398,14 @@ def top_k(xp, X, K, *, axis=-1, largest=1, sorted=1):
 
 def _infer_top_k(X, k, axis):
     if X.shape is None:
+        if k is not None:
+            _checked_k(k, None, axis)
         return [typed(X.dtype, None), typed(INT64, None)]
     shape = list(X.shape)
-    shape[normalize_axis(axis, len(shape))] = k
+    axis = normalize_axis(axis, len(shape))
+    if k is not None:
+        _checked_k(k, shape[axis] if isinstance(shape[axis], int) else None, axis)
+    shape[axis] = k
     return [typed(X.dtype, shape), typed(INT64, shape)]
 
 

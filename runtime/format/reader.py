@@ -227,7 +227,7 @@ class _GraphReader:
 
     def dim(self, value: int, kind: int, where: str):
         if kind == fb.DimKind.Known:
-            return value
+            return value if value >= 0 else None  # a negative size means unknown, as in ONNX
         if kind == fb.DimKind.Unknown:
             return None
         if value < 0:

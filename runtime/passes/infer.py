@@ -104,13 +104,17 @@ def without_body_declarations(graph: Graph) -> Graph:
 def _undeclared_bodies(node: Node) -> Node:
     if not node.subgraphs():
         return node
-    attributes = {key: _undeclared(value) if isinstance(value, Graph) else value
+    # a Loop hands its body the iteration number and condition with the rank the body
+    # declares for them (ops/control.py), so those two declarations are facts, not claims
+    kept = 2 if node.op_type == "Loop" and node.domain == "" else 0
+    attributes = {key: _undeclared(value, kept) if isinstance(value, Graph) else value
                   for key, value in node.attributes.items()}
     return replace(node, attributes=attributes)
 
 
-def _undeclared(body: Graph) -> Graph:
-    return replace(body, inputs=[Value(v.name) for v in body.inputs],
+def _undeclared(body: Graph, kept: int = 0) -> Graph:
+    return replace(body, inputs=[v if i < kept else Value(v.name)
+                                 for i, v in enumerate(body.inputs)],
                    outputs=[Value(v.name) for v in body.outputs], value_types={},
                    nodes=[_undeclared_bodies(node) for node in body.nodes])
 
