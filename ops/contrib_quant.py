@@ -254,8 +254,10 @@ def _softmax_rows(X, axis, opset):
 def _exp_table(xp, x_scale, row_length):
     """exp((code - 255 + shift) * x_scale) for the 256 codes, float32: the shift puts the
     row's maximum as high as float32 allows while a row's sum stays finite."""
-    largest = np.finfo(np.float32).max / np.float32(row_length)  # a float32 quotient there
-    shift = max(0.0, float(np.log(np.float64(largest))) - _SOFTMAX_HEADROOM)
+    # onnxruntime takes a float32 logarithm of a float32 quotient: rounding it the same
+    # way moves every entry of the table, and with it which quotients land on .5
+    largest = np.finfo(np.float32).max / np.float32(row_length)
+    shift = max(0.0, float(np.float32(np.log(np.float64(largest)))) - _SOFTMAX_HEADROOM)
     scale = x_scale.astype(F64)
     steps = xp.arange(256, dtype=F64) - 255.0
     return xp.exp((steps + shift / scale) * scale).astype(F32)
