@@ -54,7 +54,7 @@ def skip_simplified_layer_normalization(xp, input, skip, gamma, bias=None, *, ep
     _require_skip(input.shape, skip.shape)
     total = _sum(input, skip, bias)
     normalized, inv_std = _rms_normalized(xp, total, (total.ndim - 1,), epsilon)
-    y = (normalized * widen_like(gamma, total)).astype(input.dtype, copy=False)
+    y = (normalized * _as_dtype_of(gamma, total)).astype(input.dtype, copy=False)
     if _outputs == 1:
         return y
     mean = xp.zeros(inv_std.shape, FLOAT32)
@@ -81,7 +81,8 @@ def _sum(input, skip, bias):
     return total
 
 
-def widen_like(param, x):
+def _as_dtype_of(param, x):
+    """``param`` in the dtype the normalization computed ``x`` in."""
     return param.astype(x.dtype, copy=False)
 
 
@@ -144,7 +145,7 @@ def simplified_layer_normalization(xp, X, scale, *, axis=-1, epsilon=1e-5, stash
     stash = to_numpy_dtype(stash_type)
     x = X.astype(stash, copy=False)
     normalized, inv_std = _rms_normalized(xp, x, _trailing_axes(axis, X.ndim), epsilon)
-    y = (normalized * widen_like(scale, normalized)).astype(scale.dtype, copy=False)
+    y = (normalized * _as_dtype_of(scale, normalized)).astype(scale.dtype, copy=False)
     return y if _outputs == 1 else (y, inv_std)[:_outputs]
 
 

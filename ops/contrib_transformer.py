@@ -4,9 +4,9 @@ the GELU family (Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd, BiasSoftmax). The
 normalizations of that family live in ``ops/contrib_norm.py``.
 
 onnxruntime's transformer optimizer and several exporters write these nodes. Each kernel
-calls the mixrt kernel that computes the same thing (MatMul, Gemm, the ``mixrt`` domain's
-FusedConv and FusedGemm, Gelu, Swish, Softmax) through :func:`run_kernel`, which picks that
-op's fast path for the device, so these nodes run as fast as the ops they fuse.
+calls the mixrt kernel that computes the same thing (MatMul, Gemm, Softmax, the ``mixrt``
+domain's FusedConv, FusedGemm and FusedElementwise) through :func:`run_kernel`, which picks
+that op's fast path for the device, so these nodes run as fast as the ops they fuse.
 
 Half-precision inputs are computed in float32 and rounded once at the end, as onnxruntime's
 CPU kernels do (it casts a float16 node without a float16 kernel to float32 and back).
@@ -15,7 +15,6 @@ CPU kernels do (it casts a float16 node without a float16 kernel to float32 and 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 
 import numpy as np
@@ -160,30 +159,21 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
 
 
 def _in_place_params(activation, params):
-    """The activation_params of the mixrt FusedGemm for an activation it applies in place,
-    else None."""
+    """The activation_params of the mixrt FusedGemm, for an activation it applies in place
+    whose parameters the node writes (onnxruntime requires them), else None."""
     if activation not in fused.ACTIVATIONS or activation not in GEMM_ACTIVATIONS:
         return None
-    defaults = _parameters(activation, params)
-    return [defaults[name] for name in fused.ACTIVATIONS[activation][1]]
+    given = _parameters(activation, params)
+    names = fused.ACTIVATIONS[activation][1]
+    return [given[name] for name in names] if all(name in given for name in names) else None
 
 
 def _parameters(activation, params) -> dict:
-    """The activation kernel's keyword arguments: the node's values, else the kernel's own
-    defaults (left out)."""
-    found = GEMM_ACTIVATIONS.get(activation)
-    if found is None:
-        return {}
-    kernel, names = found
-    chosen = {name: params[attribute] for name, attribute in names
-              if params[attribute] is not None}
-    defaults = {name: p.default for name, p in _keywords(kernel).items()}
-    return {name: chosen.get(name, defaults.get(name)) for name, _ in names}
-
-
-def _keywords(handle) -> dict:
-    return {name: p for name, p in inspect.signature(handle.fn).parameters.items()
-            if p.kind is p.KEYWORD_ONLY}
+    """The activation kernel's keyword arguments that the node writes; the others keep the
+    kernel's defaults, its ONNX op's."""
+    _, names = GEMM_ACTIVATIONS[activation]
+    return {name: params[attribute] for name, attribute in names
+            if params[attribute] is not None}
 
 
 def gemm_activation(xp, y, activation, params):
@@ -367,10 +357,12 @@ def _biased_like_input(op_type, X: TensorType, bias) -> list[TensorType]:
 # -- BiasAdd, BiasSoftmax ----------------------------------------------------------------------
 
 @op("BiasAdd", since=1, domain=MICROSOFT, dtypes=frozenset({"float16", "float32"}))
-def bias_add(xp, X, bias, skip):
-    """X + bias + skip: X and skip (N, S, C), bias (C,)."""
-    x, b, s = widened(X, bias, skip)
-    return (x + s + b).astype(X.dtype, copy=False)
+def bias_add(xp, X, bias, skip, *, out=None, _node=None):
+    """X + skip + bias: X and skip (N, S, C), bias (C,); one pass, as a program."""
+    return run_program(xp, BIAS_ADD_PROGRAM, X, bias, skip, out=out, _node=_node)
+
+
+BIAS_ADD_PROGRAM = dict(ops=("Add", "Add"), operands=(0, 2, 3, 1), params=())
 
 
 @bias_add.infer
@@ -385,12 +377,14 @@ def _(X: TensorType, bias: TensorType, skip: TensorType, **_):
 
 
 @op("BiasSoftmax", since=1, domain=MICROSOFT, dtypes=FLOATS)
-def bias_softmax(xp, data, bias, *, axis=1, is_inner_broadcast=None):
+def bias_softmax(xp, data, bias, *, axis=1, is_inner_broadcast=None, out=None):
     """softmax(data + bias) over the axes from ``axis`` on taken together (Softmax-1's
     coercion). The bias broadcasts onto data (an attention mask over the heads, or over
     the batch); ``is_inner_broadcast`` says which, which the shapes already tell."""
     x, b = widened(data, bias)
-    return softmax_coerced(xp, x + b, axis=axis).astype(data.dtype, copy=False)
+    y = run_kernel(xp, softmax_coerced, x + b, axis=axis,
+                   out=None if is_narrow(data) else out)
+    return y.astype(data.dtype, copy=False)
 
 
 @bias_softmax.infer
