@@ -44,7 +44,7 @@ def _per_column(xp, op_type, name, param, b_shape):
         raise ValueError(f"{op_type}: {name}: {error}") from None
 
 
-def _require_per_column(op_type, columns, **params) -> None:
+def require_per_column(op_type, columns, **params) -> None:
     """Each named parameter type is one value or one per column (where shapes are known)."""
     for name, param in params.items():
         shape = None if param is None else param.shape
@@ -96,14 +96,14 @@ def _(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
     gemm_infer = REGISTRY.find("", "Gemm", 13).infer_fn
     shape = gemm_infer(A, B, C, transA=transA, transB=transB)[0].shape
     columns = None if shape is None else shape[1]
-    _require_per_column(name, columns, b_scale=b_scale, b_zero_point=b_zero_point)
+    require_per_column(name, columns, b_scale=b_scale, b_zero_point=b_zero_point)
     dtype = F32 if y_zero_point is None else y_zero_point.dtype
     return [TensorType(dtype, shape)]
 
 
 # -- MatMulIntegerToFloat, DynamicQuantizeMatMul ------------------------------------------------
 
-def _integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
+def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
                               bias):
     """(A - a_zp)(B - b_zp) exactly, converted to float32 and scaled by a_scale * b_scale
     (B's per column), plus the bias: MatMulIntegerToFloat's output."""
@@ -121,7 +121,7 @@ def _integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point,
 @op("MatMulIntegerToFloat", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
 def matmul_integer_to_float(xp, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
                             bias=None):
-    return _integer_product_to_float(xp, "MatMulIntegerToFloat", A, B, a_scale, b_scale,
+    return integer_product_to_float(xp, "MatMulIntegerToFloat", A, B, a_scale, b_scale,
                                      a_zero_point, b_zero_point, bias)
 
 
@@ -131,7 +131,7 @@ def dynamic_quantize_matmul(xp, A, B, b_scale, b_zero_point=None, bias=None):
     MatMulIntegerToFloat. An all-zero A gets scale 0 here and 1 in onnxruntime: its
     products are 0 either way."""
     codes, scale, zero = dynamic_quantize_linear(xp, A)
-    return _integer_product_to_float(xp, "DynamicQuantizeMatMul", codes, B, scale, b_scale,
+    return integer_product_to_float(xp, "DynamicQuantizeMatMul", codes, B, scale, b_scale,
                                      zero, b_zero_point, bias)
 
 
@@ -142,7 +142,7 @@ def _product_infer(op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point, 
     shape = None if A.shape is None or B.shape is None or not A.shape or not B.shape \
         else matmul_shape(A.shape, B.shape)
     columns = None if B.shape is None or not B.shape else B.shape[-1]
-    _require_per_column(op_type, columns, b_scale=b_scale, b_zero_point=b_zero_point)
+    require_per_column(op_type, columns, b_scale=b_scale, b_zero_point=b_zero_point)
     if bias is not None and bias.shape is not None and \
             (len(bias.shape) != 1 or conflicting(bias.shape[0], columns)):
         raise ValueError(f"{op_type}: bias has shape {shape_text(bias.shape)}; expected "

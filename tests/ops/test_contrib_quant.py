@@ -728,3 +728,81 @@ def test_fed_parameters_of_the_wrong_size_fail_at_run_naming_the_node():
     with pytest.raises(MixrtError, match="bad_node") as caught:
         mixrt.Session(model).run(None, feeds_of(inputs))
     assert "X_scale" in str(caught.value)
+
+
+# -- QAttention ---------------------------------------------------------------------------------
+
+def qattention_inputs(weight_dtype, mask_kind, past_length, per_column):
+    batch, seq, features, heads, head_size = 2, 5, 16, 2, 4
+    hidden, total = heads * head_size, seq + past_length
+    masks = {"none": None,
+             "lengths": np.array([total, total - 2], np.int32),
+             "ends_and_starts": np.array([total, total - 1, 0, 1], np.int32),
+             "2d": (rng.random((batch, total)) > 0.3).astype(np.int32),
+             "3d": (rng.random((batch, seq, total)) > 0.3).astype(np.int32)}
+    past = rng.standard_normal((2, batch, heads, past_length, head_size)).astype(f32) \
+        if past_length else None
+    weight_scale = rng.uniform(0.01, 0.03, 3 * hidden).astype(f32) if per_column \
+        else scalar(0.02)
+    return [("input", codes(np.uint8, (batch, seq, features))),
+            ("weight", codes(weight_dtype, (features, 3 * hidden))),
+            ("bias", rng.standard_normal(3 * hidden).astype(f32)),
+            ("input_scale", scalar(0.02)), ("weight_scale", weight_scale),
+            ("mask_index", masks[mask_kind]), ("input_zero_point", a_zero_point(np.uint8)),
+            ("weight_zero_point", a_zero_point(weight_dtype)), ("past", past)]
+
+
+@pytest.mark.parametrize("weight_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("mask_kind", ["none", "lengths", "ends_and_starts", "2d", "3d"])
+@pytest.mark.parametrize("unidirectional", [0, 1])
+@pytest.mark.parametrize("past_length", [0, 3])
+def test_qattention_matches_onnxruntime(weight_dtype, mask_kind, unidirectional, past_length):
+    inputs = qattention_inputs(weight_dtype, mask_kind, past_length,
+                               per_column=mask_kind != "none")
+    outputs = [f32, f32] if past_length else [f32]
+    model = node_model("QAttention", inputs, outputs, num_heads=2,
+                       unidirectional=unidirectional, constants=("weight", "bias"))
+    assert_same(*run_both(model, feeds_of(inputs, ("weight", "bias"))), rtol=1e-5, atol=3e-6)
+
+
+def float_attention(features=16, heads=2):
+    weights = [weight("w", (features, 3 * features), 0.3, 1), weight("b", (3 * features,), 0.1, 2)]
+    node = helper.make_node("Attention", ["x", "w", "b", "lengths"], ["y"], domain=MS,
+                            num_heads=heads)
+    graph = helper.make_graph(
+        [node], "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", features]),
+         helper.make_tensor_value_info("lengths", TensorProto.INT32, ["B"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=weights)
+    return helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+
+
+@pytest.mark.parametrize("weight_type", [QuantType.QInt8, QuantType.QUInt8])
+def test_quantize_dynamic_attention_runs_as_in_onnxruntime(tmp_path, weight_type):
+    """quantize_dynamic turns a com.microsoft Attention into DynamicQuantizeLinear and
+    QAttention."""
+    source, target = tmp_path / "attention.onnx", tmp_path / "attention.quant.onnx"
+    source.write_bytes(float_attention().SerializeToString())
+    quantize_dynamic(str(source), str(target), weight_type=weight_type)
+    assert (MS, "QAttention") in op_types(target)
+    feeds = {"x": np.random.default_rng(14).standard_normal((2, 5, 16)).astype(f32),
+             "lengths": np.array([5, 3], np.int32)}
+    theirs = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert_same(mixrt.Session(str(target)).run(None, feeds), theirs, rtol=1e-5, atol=3e-6)
+
+
+def test_qattention_shapes_and_bad_weight_scale():
+    inputs = qattention_inputs(np.int8, "lengths", 3, per_column=True)
+    shapes = {"input": ["B", "S", 16], "mask_index": ["B"], "past": [2, "B", 2, "P", 4]}
+    model = node_model("QAttention", inputs, [f32, f32], num_heads=2, shapes=shapes,
+                       constants=("weight", "bias", "input_scale", "weight_scale",
+                                  "input_zero_point", "weight_zero_point"))
+    output, present = inferred_outputs(model)
+    assert (output.dtype, output.shape) == (np.dtype(f32), ("B", "S", 8))
+    assert present.shape[:3] == (2, "B", 2) and present.shape[4] == 4
+    bad = [(n, v[:5] if n == "weight_scale" else v) for n, v in inputs]
+    with pytest.raises(MixrtError, match="weight_scale has shape \\(5,\\)") as caught:
+        mixrt.Session(node_model("QAttention", bad, [f32, f32], num_heads=2,
+                                 node_name="bad_node")).run(None, feeds_of(bad))
+    assert "bad_node" in str(caught.value)
