@@ -74,7 +74,7 @@ def requantize(xp, values, zero_point, dtype):
 
 def codes(xp, dtype):
     """The 256 values of an 8-bit type, in the order of their bit patterns."""
-    return xp.arange(256, dtype=np.uint8).view(dtype)
+    return xp.arange(256, dtype=np.int32).astype(np.uint8).view(dtype)
 
 
 def lookup_table(xp, fn, x_scale, x_zero_point, y_scale, y_zero_point, dtype):
@@ -86,8 +86,9 @@ def lookup_table(xp, fn, x_scale, x_zero_point, y_scale, y_zero_point, dtype):
 
 
 def apply_table(table, x):
-    """Each element of the 8-bit ``x`` replaced by its entry of ``table``."""
-    return table[x.view(np.uint8)]
+    """Each element of the 8-bit ``x`` replaced by its entry of ``table`` (indexed with
+    wide integers: CuPy wraps indices modulo the axis length in the index's own type)."""
+    return table[x.view(np.uint8).astype(np.int32)]
 
 
 def require_per_tensor(op_type, **params) -> None:

@@ -806,3 +806,27 @@ def test_qattention_shapes_and_bad_weight_scale():
         mixrt.Session(node_model("QAttention", bad, [f32, f32], num_heads=2,
                                  node_name="bad_node")).run(None, feeds_of(bad))
     assert "bad_node" in str(caught.value)
+
+
+# -- the GPU computes what the CPU does -------------------------------------------------------------
+
+from mixrt.runtime.device import gpu_available  # noqa: E402
+
+
+def gpu_cases():
+    """Every op of shape_cases (int4 aside: no narrow types on a GPU), and QAttention."""
+    cases = [(op_type, inputs, [dtype], attrs)
+             for op_type, inputs, _, attrs, (dtype, _) in shape_cases()]
+    attention = qattention_inputs(np.int8, "lengths", 3, per_column=True)
+    return cases + [("QAttention", attention, [f32, f32], {"num_heads": 2})]
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("case", gpu_cases(), ids=lambda case: case[0])
+def test_the_gpu_computes_what_the_cpu_does(case):
+    op_type, inputs, out_dtypes, attrs = case
+    model = node_model(op_type, inputs, out_dtypes, **attrs).SerializeToString()
+    feeds = feeds_of(inputs)
+    on_cpu = mixrt.Session(model).run(None, feeds)
+    on_gpu = mixrt.Session(model, device="gpu:0").run(None, feeds)
+    assert_same(on_gpu, on_cpu, rtol=1e-5, atol=1e-5)
