@@ -5,13 +5,20 @@ quantizer (quantize_static in QOperator and QDQ formats, quantize_dynamic)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                      quantize_dynamic, quantize_static)
 
 import mixrt
 from mixrt.errors import MixrtError
+from mixrt.runtime.device import gpu_available
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import load_graph
 
 MS = "com.microsoft"
 rng = np.random.default_rng(0)
@@ -257,7 +264,6 @@ def test_contrib_quantize_float16_and_default_uint8():
 def test_contrib_quantize_int4_per_axis(name):
     """onnxruntime hands no int4 tensor to NumPy: quantize and dequantize in one model, and
     dequantize int4 codes stored as an initializer."""
-    import ml_dtypes
     dtype = np.dtype(getattr(ml_dtypes, name))
     x = (rng.standard_normal((4, 6)) * 3).astype(f32)
     scale = rng.uniform(0.2, 0.6, 4).astype(f32)
@@ -468,10 +474,6 @@ def test_matmul_nbits_accuracy_level_is_ignored():
 
 # -- models written by onnxruntime's quantizers --------------------------------------------------
 
-from onnxruntime.quantization import (CalibrationDataReader, QuantFormat,  # noqa: E402
-                                      QuantType, quantize_dynamic, quantize_static)
-
-
 def weight(name, shape, scale, seed):
     values = np.random.default_rng(seed).standard_normal(shape) * scale
     return numpy_helper.from_array(values.astype(f32), name)
@@ -508,7 +510,6 @@ class Calibration(CalibrationDataReader):
 
 
 def op_types(path):
-    import onnx
     return {(n.domain, n.op_type) for n in onnx.load(path).graph.node}
 
 
@@ -582,7 +583,6 @@ def test_matmul_nbits_quantizer_model_runs_as_in_onnxruntime(tmp_path):
                                     exc_type=ImportError)
     source, target = tmp_path / "mlp.onnx", tmp_path / "mlp.nbits.onnx"
     source.write_bytes(two_projections().SerializeToString())
-    import onnx
     model = quantizer.MatMulNBitsQuantizer(onnx.load(str(source)), block_size=16,
                                            is_symmetric=False)
     model.process()
@@ -595,8 +595,6 @@ def test_matmul_nbits_quantizer_model_runs_as_in_onnxruntime(tmp_path):
 # -- shape rules on symbolic dims ---------------------------------------------------------------
 
 def inferred_outputs(model):
-    from mixrt.runtime.passes.infer import infer_types
-    from mixrt.runtime.session import load_graph
     graph = load_graph(model)
     types = infer_types(graph)
     return [types[v.name] for v in graph.outputs]
@@ -808,10 +806,7 @@ def test_qattention_shapes_and_bad_weight_scale():
     assert "bad_node" in str(caught.value)
 
 
-# -- the GPU computes what the CPU does -------------------------------------------------------------
-
-from mixrt.runtime.device import gpu_available  # noqa: E402
-
+# -- the GPU computes what the CPU does --------------------------------------------------------
 
 def gpu_cases():
     """Every op of shape_cases (int4 aside: no narrow types on a GPU), and QAttention."""
