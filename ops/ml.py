@@ -194,6 +194,8 @@ def normalizer(xp, X, *, norm="MAX"):
         scale = xp.sqrt((rows * rows).sum(axis=1, keepdims=True))
     else:
         raise ValueError(f"Normalizer norm must be one of MAX, L1, L2, got {norm!r}")
+    # onnxruntime leaves a row whose norm is 0 as it is (an empty document's tf-idf row)
+    scale = xp.where(scale == 0, np.float32(1), scale)
     return (rows / scale).reshape(X.shape)
 
 
