@@ -281,7 +281,9 @@ class Re2Pattern:
         self.matches_empty = low == 0
         self.max_width = high
         self.first_is_longest = _single_char_run(tree)
-        self._sees_past_end = _has_end_assertion(tree)
+        self._sees_past_end = _has_assertion(tree, ignored=_START_ANCHORS)
+        # matches the same text wherever that text stands (no anchor, no boundary)
+        self.context_free = not _has_assertion(tree, ignored=frozenset())
 
     def search(self, text: str, start: int) -> tuple[int, int] | None:
         """(start, end) of the leftmost-longest match at or after ``start``, or None."""
@@ -314,8 +316,8 @@ def _ending_before(python: str, remaining: int) -> re.Pattern:
 
 _SINGLE_CHAR = {sre_parse.LITERAL, sre_parse.NOT_LITERAL, sre_parse.IN, sre_parse.ANY,
                 sre_parse.CATEGORY}
-_START_ANCHORS = {sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING,
-                  sre_parse.AT_BEGINNING_LINE}
+_START_ANCHORS = frozenset({sre_parse.AT_BEGINNING, sre_parse.AT_BEGINNING_STRING,
+                            sre_parse.AT_BEGINNING_LINE})
 
 
 def _single_char_run(tree) -> bool:
@@ -334,17 +336,18 @@ def _single_char_run(tree) -> bool:
     return True
 
 
-def _has_end_assertion(tree) -> bool:
-    """Whether anything in ``tree`` looks at the text after where it stands (``\\b``,
+def _has_assertion(tree, ignored) -> bool:
+    """Whether anything in ``tree`` but the anchors ``ignored`` looks around where it
+    stands: with ``_START_ANCHORS`` ignored, whether it looks past its end (``\\b``,
     ``\\Z``, ``$``), which a cut-off text would answer differently."""
     for code, value in tree:
-        if code == sre_parse.AT and value not in _START_ANCHORS:
+        if code == sre_parse.AT and value not in ignored:
             return True
         if code in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
             return True
         for part in value if isinstance(value, (tuple, list)) else ():
             subtrees = part if isinstance(part, list) else [part]
-            if any(isinstance(s, sre_parse.SubPattern) and _has_end_assertion(s)
+            if any(isinstance(s, sre_parse.SubPattern) and _has_assertion(s, ignored)
                    for s in subtrees):
                 return True
     return False

@@ -74,10 +74,16 @@ def _split(text: str, pattern, mincharnum: int) -> list[str]:
 
 
 def _split_by_all(text: str, patterns: tuple, mincharnum: int) -> list[str]:
-    """Each separator in turn splits every piece the ones before it left."""
-    pieces = [text]
-    for pattern in patterns:
-        pieces = [token for piece in pieces for token in _split(piece, pattern, mincharnum)]
+    """Each separator in turn splits every piece the ones before it left. Most pieces hold
+    no separator: one search says so, and a context-free separator found nowhere in the
+    whole text is found in none of its pieces."""
+    pieces = _split(text, patterns[0], mincharnum)
+    for pattern in patterns[1:]:
+        search = pattern.regex.search
+        if pattern.context_free and search(text) is None:
+            continue
+        pieces = [token for piece in pieces for token in
+                  ((piece,) if search(piece) is None else _split(piece, pattern, mincharnum))]
     return pieces
 
 
