@@ -11,9 +11,11 @@ way depending on the order of float32 operations.
 
 * QLinearAdd computes ``fixed + a * ratio_a + b * ratio_b`` in float32 with fused
   multiply-adds (onnxruntime's x86-64 AVX2 kernel, and its constant term, are compiled with
-  FMA contraction); an FMA is emulated exactly by a float64 multiply-add rounded once to
-  float32 (an 8-bit integer times a float32 is exact in float64).
+  FMA contraction), in an order that depends on which operand its broadcast loop holds
+  constant; an FMA is emulated exactly by a float64 multiply-add rounded once to float32
+  (an 8-bit integer times a float32 is exact in float64).
 * QLinearMul scales the integer product by ``a_scale * b_scale / c_scale`` in float32.
+* Both compute a large output once per pair of codes (a 256 x 256 table) and gather.
 * QLinearSigmoid, QLinearLeakyRelu, QLinearConcat and QLinearWhere map each of the 256
   input codes through a table: dequantize in float32, apply the function, quantize as
   onnxruntime's MlasQuantizeLinear does (float32 divide, round half to even, saturate).
@@ -119,11 +121,31 @@ def require_float_scales(op_type, **scales) -> None:
 
 def _absorbs_a_first(A, B) -> bool:
     """Whether onnxruntime's broadcast loop sees A as the scalar of each span (A constant
-    along the innermost output axis while B varies): its kernel then folds A's term into the
-    constant before B's, which changes the order of the float32 operations."""
+    along the innermost output axis while B varies): it then hands its kernel B as the
+    first operand and A as the second, which changes the order of the float32 operations."""
     a_inner = A.shape[-1] if A.ndim else 1
     b_inner = B.shape[-1] if B.ndim else 1
     return a_inner == 1 and b_inner > 1
+
+
+_PAIR_TABLE_MIN = 1 << 16  # outputs this large look their codes up in a 256 x 256 table
+
+
+def _pairwise(xp, codes_of, A, B):
+    """``codes_of(a, b)`` for every broadcast pair of A's and B's elements. A large output
+    computes it once per pair of 8-bit codes and gathers from that table instead: the same
+    arithmetic on 65536 pairs, then one indexing pass."""
+    if max(A.size, B.size) < _PAIR_TABLE_MIN:
+        return codes_of(A, B)
+    every = codes(xp, A.dtype)
+    table = codes_of(every[:, None], every[None, :]).reshape(-1)
+    index = (A.view(np.uint8).astype(np.int32) << 8) | B.view(np.uint8).astype(np.int32)
+    return table[index]
+
+
+def _zero_points(xp, op_type, dtype, *named):
+    return [zero_point_or_zero(xp, op_type, name, zero_point, dtype)
+            for name, zero_point in named]
 
 
 @op("QLinearAdd", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
@@ -132,20 +154,24 @@ def qlinear_add(xp, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
     """C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp, per tensor, with
     NumPy broadcasting."""
     name = "QLinearAdd"
-    dtype = A.dtype
-    zero_a = as_f32(zero_point_or_zero(xp, name, "A_zero_point", A_zero_point, dtype))
-    zero_b = as_f32(zero_point_or_zero(xp, name, "B_zero_point", B_zero_point, dtype))
-    zero_c = zero_point_or_zero(xp, name, "C_zero_point", C_zero_point, dtype)
+    zero_a, zero_b, zero_c = _zero_points(
+        xp, name, A.dtype, ("A_zero_point", A_zero_point), ("B_zero_point", B_zero_point),
+        ("C_zero_point", C_zero_point))
     c_scale = as_f32(one_value(name, "C_scale", C_scale))
     ratio_a = as_f32(one_value(name, "A_scale", A_scale)) / c_scale
     ratio_b = as_f32(one_value(name, "B_scale", B_scale)) / c_scale
-    fixed = as_f32(zero_c) - fma_f32(ratio_a, zero_a, ratio_b * zero_b)
-    a, b = A.astype(F32), B.astype(F32)
-    if _absorbs_a_first(A, B):
-        values = fma_f32(b, ratio_b, fma_f32(a, ratio_a, fixed))
-    else:
-        values = fma_f32(a, ratio_a, fma_f32(b, ratio_b, fixed))
-    return saturate_to(xp, xp.rint(values), dtype)
+    # the kernel's constant term zc - (r1 z1 + r2 z2), its first product fused, and its
+    # second operand's term added before its first's
+    swapped = _absorbs_a_first(A, B)
+    terms = [(ratio_a, zero_a), (ratio_b, zero_b)]
+    (r1, z1), (r2, z2) = terms[::-1] if swapped else terms
+    fixed = as_f32(zero_c) - fma_f32(r1, as_f32(z1), r2 * as_f32(z2))
+
+    def sum_codes(a, b):
+        first, second = (b, a) if swapped else (a, b)
+        values = fma_f32(first, r1, fma_f32(second, r2, fixed))
+        return saturate_to(xp, xp.rint(values), A.dtype)
+    return _pairwise(xp, sum_codes, A, B)
 
 
 @op("QLinearMul", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
@@ -154,17 +180,19 @@ def qlinear_mul(xp, A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
     """C = (A - A_zp)(B - B_zp) A_scale B_scale / C_scale + C_zp, per tensor, with NumPy
     broadcasting. The integer product is exact in float32 (|product| < 2**16)."""
     name = "QLinearMul"
-    dtype = A.dtype
-    zero_a = zero_point_or_zero(xp, name, "A_zero_point", A_zero_point, dtype)
-    zero_b = zero_point_or_zero(xp, name, "B_zero_point", B_zero_point, dtype)
-    zero_c = zero_point_or_zero(xp, name, "C_zero_point", C_zero_point, dtype)
+    zero_a, zero_b, zero_c = _zero_points(
+        xp, name, A.dtype, ("A_zero_point", A_zero_point), ("B_zero_point", B_zero_point),
+        ("C_zero_point", C_zero_point))
     ratio = (as_f32(one_value(name, "A_scale", A_scale))
              * as_f32(one_value(name, "B_scale", B_scale))
              / as_f32(one_value(name, "C_scale", C_scale)))
-    product = (A.astype(np.int32) - zero_a.astype(np.int32)) \
-        * (B.astype(np.int32) - zero_b.astype(np.int32))
-    values = product.astype(F32) * ratio + as_f32(zero_c)
-    return saturate_to(xp, xp.rint(values), dtype)
+
+    def product_codes(a, b):
+        product = (a.astype(np.int32) - zero_a.astype(np.int32)) \
+            * (b.astype(np.int32) - zero_b.astype(np.int32))
+        values = product.astype(F32) * ratio + as_f32(zero_c)
+        return saturate_to(xp, xp.rint(values), A.dtype)
+    return _pairwise(xp, product_codes, A, B)
 
 
 def _infer_binary(op_type):
