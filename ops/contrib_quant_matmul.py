@@ -58,14 +58,14 @@ def require_per_column(op_type, columns, **params) -> None:
 # -- QGemm -------------------------------------------------------------------------------------
 
 @op("QGemm", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
-def qgemm(xp, A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
+def qgemm(xp, A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None, y_scale=None,
           y_zero_point=None, *, alpha=1.0, transA=0, transB=0):
     """alpha * A' B' with int32 C added to the integer sum (C's scale is
     a_scale * b_scale / alpha); a float32 output without y_zero_point, else quantized."""
     name = "QGemm"
     A = A.T if transA else A
     B = B.T if transB else B
-    a_zero = one_value(name, "a_zero_point", a_zero_point)
+    a_zero = None if a_zero_point is None else one_value(name, "a_zero_point", a_zero_point)
     b_zero = _per_column(xp, name, "b_zero_point", b_zero_point, B.shape)
     total = xp.matmul(_centered(A, a_zero), _centered(B, b_zero))
     if C is not None:
@@ -82,7 +82,7 @@ def qgemm(xp, A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scal
 
 
 @qgemm.infer
-def _(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=None,
+def _(A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None, y_scale=None,
       y_zero_point=None, *, transA=0, transB=0, **_):
     name = "QGemm"
     require_dtype(name, A.dtype, a_zero_point=a_zero_point)

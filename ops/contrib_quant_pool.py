@@ -53,7 +53,7 @@ def _global_average(xp, X, x_scale, x_zero, y_scale, y_zero):
 
 
 @op("QLinearGlobalAveragePool", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
-def qlinear_global_average_pool(xp, X, x_scale, x_zero_point, y_scale, y_zero_point, *,
+def qlinear_global_average_pool(xp, X, x_scale, x_zero_point, y_scale, y_zero_point=None, *,
                                 channels_last=0):
     name = "QLinearGlobalAveragePool"
     _require_image(name, X.ndim)
@@ -75,7 +75,7 @@ def _require_pool_params(op_type, X, x_scale, x_zero_point, y_scale, y_zero_poin
 
 
 @qlinear_global_average_pool.infer
-def _(X, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0, **_):
+def _(X, x_scale, x_zero_point, y_scale, y_zero_point=None, *, channels_last=0, **_):
     name = "QLinearGlobalAveragePool"
     _require_pool_params(name, X, x_scale, x_zero_point, y_scale, y_zero_point)
     if X.shape is None:

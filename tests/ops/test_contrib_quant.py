@@ -138,6 +138,22 @@ def test_binary_absent_zero_points_are_zero(op_type):
     np.testing.assert_array_equal(explicit[0], implicit[0])
 
 
+@pytest.mark.parametrize("op_type, inputs", [
+    ("QGemm", [("A", codes(np.uint8, (3, 4))), ("a_scale", scalar(0.1)),
+               ("a_zero_point", scalar(0, np.uint8)), ("B", codes(np.int8, (4, 5))),
+               ("b_scale", scalar(0.1)), ("b_zero_point", scalar(0, np.int8))]),
+    ("QLinearGlobalAveragePool", [("X", codes(np.uint8, (2, 3, 4, 4))),
+                                  ("x_scale", scalar(0.1)), ("x_zero_point", scalar(0, np.uint8)),
+                                  ("y_scale", scalar(0.05)),
+                                  ("y_zero_point", scalar(0, np.uint8))])])
+def test_other_absent_zero_points_are_zero(op_type, inputs):
+    absent = [(n, None if n.endswith("zero_point") else v) for n, v in inputs]
+    out = [f32] if op_type == "QGemm" else [np.uint8]
+    explicit = mixrt.Session(node_model(op_type, inputs, out)).run(None, feeds_of(inputs))
+    implicit = mixrt.Session(node_model(op_type, absent, out)).run(None, feeds_of(absent))
+    np.testing.assert_array_equal(explicit[0], implicit[0])
+
+
 # -- table-driven activations, softmax, concat, where -----------------------------------------
 
 def every_code(dtype, shape=(2, 128)):
