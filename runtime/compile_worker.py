@@ -15,6 +15,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
@@ -50,10 +52,38 @@ def write_marker(marker: Path, model: str) -> None:
     os.replace(temporary, marker)
 
 
+def storable(array) -> tuple[np.ndarray, str | None]:
+    """``array`` in a form an .npy file records without pickle, and the dtype to restore on
+    reading (None: stored as it is). Strings held as Python objects become a fixed-width
+    unicode array; types NumPy's header cannot name (bfloat16, float8, int4 from
+    ml_dtypes) travel as raw bytes of their width."""
+    array = np.asarray(array)
+    if array.dtype.hasobject:
+        return array.astype(np.str_), "object"
+    recorded = np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(array.dtype))
+    if recorded != array.dtype:
+        raw = np.dtype(f"V{array.dtype.itemsize}")  # same width, so 0-d arrays view too
+        contiguous = array if array.flags.c_contiguous else array.copy()
+        return contiguous.view(raw), array.dtype.name
+    return array, None
+
+
+def restored(array: np.ndarray, dtype: str | None) -> np.ndarray:
+    """The array ``storable`` stored, as it was."""
+    if dtype is None:
+        return array
+    if dtype == "object":
+        return array.astype(object)
+    import ml_dtypes  # noqa: PLC0415
+    return array.view(np.dtype(getattr(ml_dtypes, dtype)))
+
+
 def _feeds(spec: dict) -> dict:
     from mixrt.runtime.npz import read_npz  # noqa: PLC0415
     arrays = read_npz(spec["feeds"], "feeds")
-    return {name: arrays[f"feed{i}"] for i, name in enumerate(spec["feed_names"])}
+    dtypes = spec.get("feed_dtypes", {})
+    return {name: restored(arrays[f"feed{i}"], dtypes.get(name))
+            for i, name in enumerate(spec["feed_names"])}
 
 
 if __name__ == "__main__":

@@ -353,11 +353,14 @@ def _job_spec(session, job: CompileJob, folder: Path) -> dict:
     else:
         model, opt_level = str(folder / "model.mxr"), tiers._opt_level
         save_mxr(session.graph, model, opt_level=opt_level)
+    from mixrt.runtime.compile_worker import storable  # noqa: PLC0415
     names = sorted(job.feeds)
-    write_npz(folder / "feeds.npz", {f"feed{i}": job.feeds[n] for i, n in enumerate(names)},
+    stored = {name: storable(job.feeds[name]) for name in names}
+    write_npz(folder / "feeds.npz", {f"feed{i}": stored[n][0] for i, n in enumerate(names)},
               "feeds")
     spec = {"model": model, "opt_level": opt_level, "feeds": str(folder / "feeds.npz"),
-            "feed_names": names, "marker": str(job.marker), "job": uuid.uuid4().hex}
+            "feed_names": names, "marker": str(job.marker), "job": uuid.uuid4().hex,
+            "feed_dtypes": {n: kind for n, (_, kind) in stored.items() if kind is not None}}
     (folder / "job.json").write_text(json.dumps(spec))
     return spec
 

@@ -220,3 +220,31 @@ def test_the_profiler_shows_each_runs_tier_and_the_switch(background, tmp_path):
     tiers = [e["args"]["tier"] for e in events if e.get("cat") == "kernel"]
     assert tiers[0] == "numpy" and tiers[-1] == "compiled"
     assert any(e["name"] == "kernel tier: compiled" and e["ph"] == "i" for e in events)
+
+
+def string_and_bfloat16_model() -> bytes:
+    """Strings (held as Python objects) and bfloat16 in: the feeds an .npy file cannot
+    record as they are, which the compiler's child must still receive."""
+    graph = helper.make_graph(
+        [helper.make_node("StringNormalizer", ["words"], ["upper"], case_change_action="UPPER"),
+         helper.make_node("Cast", ["half"], ["wide"], to=TensorProto.FLOAT),
+         helper.make_node("Relu", ["wide"], ["positive"])],
+        "strings",
+        [helper.make_tensor_value_info("words", TensorProto.STRING, [3]),
+         helper.make_tensor_value_info("half", TensorProto.BFLOAT16, [4])],
+        [helper.make_tensor_value_info("upper", TensorProto.STRING, [3]),
+         helper.make_tensor_value_info("positive", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString()
+
+
+def test_string_and_bfloat16_feeds_reach_the_compiler(background):
+    import ml_dtypes
+    feeds = {"words": np.array(["a", "bc", ""], dtype=object),
+             "half": np.array([-1.5, 0, 2, 3.25], dtype=ml_dtypes.bfloat16)}
+    session = mixrt.Session(string_and_bfloat16_model())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed child compile warns (CompileWarning)
+        first = session.run(None, feeds)
+        assert session.wait_compiled(timeout=WAIT), session._tiers.states()
+    assert list(first[0]) == ["A", "BC", ""]
+    np.testing.assert_array_equal(session.run(None, feeds)[1], [0, 0, 2, 3.25])
