@@ -63,8 +63,11 @@ def _text_pipeline(path: Path) -> dict[str, np.ndarray]:
     pipeline = make_pipeline(TfidfVectorizer(), LogisticRegression()).fit(text, labels)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = to_onnx(pipeline, text[:1].reshape(-1, 1), options={"zipmap": False},
-                        target_opset=17)
+        # skl2onnx writes the StringNormalizer's locale as en_US.UTF-8, which onnxruntime
+        # refuses to load on a machine without that locale (a bare container); "C" lowercases
+        # the same ASCII text
+        options = {TfidfVectorizer: {"locale": "C"}, LogisticRegression: {"zipmap": False}}
+        model = to_onnx(pipeline, text[:1].reshape(-1, 1), options=options, target_opset=17)
     _save(model, path)
     return {model.graph.input[0].name: _sentences(1, 31).reshape(1, 1)}
 

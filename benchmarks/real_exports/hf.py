@@ -171,7 +171,11 @@ def _export(torch, module, feeds, path: Path, output_names, dynamo: bool, dynami
             torch.onnx.export(module, args, str(path), dynamo=True, external_data=False,
                               input_names=list(feeds), output_names=list(output_names))
             return
-        axes = {name: dict(dynamic) for name in feeds if name in _DYNAMIC_INPUTS}
+        # the decoder's tokens are a sequence of their own: one shared name would tell the
+        # runtimes that both lengths are equal
+        axes = {name: {axis: f"decoder_{label}" if name.startswith("decoder") and axis
+                       else label for axis, label in dict(dynamic).items()}
+                for name in feeds if name in _DYNAMIC_INPUTS}
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17,
                           input_names=list(feeds), output_names=list(output_names),
                           dynamic_axes=axes or None)
