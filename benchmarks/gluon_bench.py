@@ -248,7 +248,9 @@ def measure(runners: dict, steps: int, blocks: int, warmup: int = 3) -> dict:
     for name, runner in runners.items():
         run_block(runner, warmup)
     per_block = max(1, steps // blocks)
-    with tqdm(total=per_block * blocks * len(runners), desc="steps", unit="step") as bar:
+    # a bar on a terminal only: in a pipe or a log its carriage returns pile up
+    with tqdm(total=per_block * blocks * len(runners), desc="steps", unit="step",
+              disable=not sys.stderr.isatty()) as bar:
         for _ in range(blocks):
             for name, runner in runners.items():
                 times[name] += run_block(runner, per_block)

@@ -37,6 +37,8 @@ import numpy as np
 os.environ.setdefault("MIXRT_COMPILE", "foreground")
 
 HERE = Path(__file__).resolve().parent
+# progress bars on a terminal only: in a pipe or a log their carriage returns pile up
+QUIET = not sys.stderr.isatty()
 CACHE = HERE / ".cache"
 sys.path.insert(0, str(HERE))
 
@@ -201,7 +203,7 @@ def median_step(step, warmup: int, steps: int, label: str) -> float:
     for _ in range(warmup):
         step()
     times = []
-    for _ in tqdm(range(steps), desc=label, unit="step", leave=False):
+    for _ in tqdm(range(steps), desc=label, unit="step", leave=False, disable=QUIET):
         started = time.perf_counter()
         step()
         times.append(time.perf_counter() - started)
@@ -221,7 +223,7 @@ def interleaved_medians(ours, theirs, warmup: int, steps: int, label: str,
     mine, other = [], []
     rounds = max(1, -(-steps // block))
     for _ in tqdm(range(rounds), desc=f"{label} (mixrt and PyTorch in turns)", unit="round",
-                  leave=False):
+                  leave=False, disable=QUIET):
         for step, times in ((ours, mine), (theirs, other)):
             step()
             for _ in range(block):
