@@ -5,9 +5,15 @@ share, and the BERT ``Attention``. ``MultiHeadAttention`` is in ``contrib_attent
 
 onnxruntime's transformer optimizer and its GenAI exports fuse a transformer's attention into
 these ops. Each is written here as what differs from the ONNX Attention (projections, the
-forms of its mask, the layout of its state), and hands the attention itself to that op's
-pipeline (``attention.scaled_dot_product_attention``) over (batch, heads, seq, head_size)
-tensors, with the mask as an additive bias.
+forms of its mask, the layout of its state); the attention itself, ``attend`` below, is made
+of the ONNX Attention's pieces (``attention.product``, ``softmax_last``, its head layout
+helpers, the default domain's ``rotary_embedding``). It does not call that op's whole
+pipeline (``scaled_dot_product_attention``) because onnxruntime's arithmetic differs in
+ways that show: it scales Q K^T once rather than Q and K by the root of the scale each, adds
+the attention bias and then the mask as two roundings rather than one, and computes float16
+in float32 throughout, rounding once at the end. In a row whose keys are all padding the
+scores sit next to -10000, where a float32 ulp is 0.001, so only the same order of
+operations gives the same probabilities.
 
 The masks are onnxruntime's, which are not the ONNX Attention's: a padded key has
 ``mask_filter_value`` (-10000) added to its score rather than -inf, so a query whose keys are
@@ -151,13 +157,13 @@ def attend(xp, q, k, v, *, scale=0.0, bias=None, mask=None, softcap=0.0, sink=No
     grouped = q.astype(wide, copy=False).reshape(batch, kv_heads, -1, head_size)
     keys = k.astype(wide, copy=False).swapaxes(-1, -2)
     scores = product(xp, grouped, keys, wide).reshape(batch, heads, q_len, total)
-    scores = scores * wide.type(scale or 1.0 / math.sqrt(head_size))
+    scores *= wide.type(scale or 1.0 / math.sqrt(head_size))  # a fresh array: in place
     if softcap:
         cap = wide.type(softcap)
         scores = cap * xp.tanh(scores / cap)
     for term in (bias, mask):
         if term is not None:
-            scores = scores + term.astype(wide, copy=False)
+            scores += term.astype(wide, copy=False)
     probabilities = softmax_last(xp, scores) if sink is None else \
         softmax_with_sink(xp, scores, sink)
     y = product(xp, probabilities.reshape(batch, kv_heads, -1, total),

@@ -9,8 +9,9 @@ last among them, so its past is ``seqlens_k[b] + 1 - seq`` long; on the first pr
 present cache holds, per entry, its past then the new keys, then zeros, and is as long as the
 longer of ``total_sequence_length`` and the past cache. A query at absolute position p sees
 the keys at p and before (all valid keys with ``causal=0``), and only the last
-``local_window_size`` of them (itself included) with a window. The quantized caches, the in-place sliding-window
-cache and the Q/K norms are onnxruntime's GPU features and are refused here.
+``local_window_size`` of them (itself included) with a window; a padding query of a prompt
+sees what its entry's last valid query sees. The quantized caches, the in-place
+sliding-window cache and the Q/K norms are onnxruntime's GPU features and are refused here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mixrt.ops.contrib_attention import MICROSOFT, attend, check_attention_bias,
     require_rank, require_split
 from mixrt.ops.dtypes import compute_dtype
 from mixrt.ops.registry import op
+from mixrt.ops.shape import host_ints
 from mixrt.ops.types import TensorType, UNKNOWN, conflicting, fits, shape_text
 
 NAME = "GroupQueryAttention"
@@ -65,22 +67,29 @@ def rotate(xp, x, positions, cos_cache, sin_cache, interleaved):
                             rotary_embedding_dim=2 * cos_cache.shape[-1])
 
 
-def present_cache(xp, past, new, past_len, length: int):
+def present_cache(xp, past, new, past_len, length: int, uniform_past: int | None):
     """(batch, kv_heads, length, head_size): each entry's first ``past_len[b]`` cached
-    positions, then its new ones, then zeros."""
+    positions, then its new ones, then zeros. ``uniform_past`` is the past length when every
+    entry has the same one (then two slice copies do it), else None."""
     batch, heads, q_len, size = new.shape
+    cache = xp.zeros((batch, heads, length, size), new.dtype)
+    if uniform_past is not None:
+        if past is not None and uniform_past:
+            cache[:, :, :uniform_past] = past[:, :, :uniform_past]
+        cache[:, :, uniform_past:uniform_past + q_len] = new
+        return cache
+    # ragged pasts: gather whole (heads, head_size) rows by (entry, slot)
     slots = xp.arange(length, dtype=np.int64)[None, :]
+    entries = xp.arange(batch)[:, None]
     offset = slots - past_len[:, None]
-    from_new = (offset >= 0) & (offset < q_len)
-    index = xp.clip(offset, 0, q_len - 1)[:, None, :, None]
-    cache = xp.take_along_axis(new, xp.broadcast_to(index, (batch, heads, length, size)), axis=2)
-    cache = xp.where(from_new[:, None, :, None], cache, xp.zeros((), new.dtype))
+    from_new = ((offset >= 0) & (offset < q_len))[..., None, None]
+    by_slot = xp.where(from_new, new.transpose(0, 2, 1, 3)[entries, xp.clip(offset, 0, q_len - 1)],
+                       xp.zeros((), new.dtype))
     if past is not None and past.shape[2]:
-        index = xp.clip(slots, 0, past.shape[2] - 1)[:, None, :, None]
-        kept = xp.take_along_axis(past.astype(new.dtype, copy=False),
-                                  xp.broadcast_to(index, (batch, heads, length, size)), axis=2)
-        cache = xp.where((slots < past_len[:, None])[:, None, :, None], kept, cache)
-    return cache
+        kept = past.astype(new.dtype, copy=False).transpose(0, 2, 1, 3)[
+            entries, xp.clip(slots, 0, past.shape[2] - 1)]
+        by_slot = xp.where((slots < past_len[:, None])[..., None, None], kept, by_slot)
+    return by_slot.transpose(0, 2, 1, 3)
 
 
 def visible_keys(xp, past_len, seqlens_k, q_len: int, length: int, *, causal, window):
@@ -138,9 +147,9 @@ def group_query_attention(
         q, k = (rotate(xp, t, positions, cos_cache.astype(wide, copy=False),
                        sin_cache.astype(wide, copy=False), rotary_interleaved) for t in (q, k))
     length = max(total, 0 if past_key is None else past_key.shape[2])
-    _check_lengths(seqlens_k, past_len, q_len, length)
-    present_key = present_cache(xp, past_key, k, past_len, length)
-    present_value = present_cache(xp, past_value, v, past_len, length)
+    uniform_past = _checked_uniform_past(seqlens_k, q_len, length, first_prompt)
+    present_key = present_cache(xp, past_key, k, past_len, length, uniform_past)
+    present_value = present_cache(xp, past_value, v, past_len, length, uniform_past)
     visible = visible_keys(xp, past_len, seqlens_k, q_len, length, causal=causal,
                            window=local_window_size)
     mask = xp.where(visible, xp.zeros((), wide), xp.asarray(-np.inf, wide))
@@ -168,14 +177,16 @@ def _sink(xp, head_sink, smooth_softmax, num_heads, wide):
     return None
 
 
-def _check_lengths(seqlens_k, past_len, q_len, length) -> None:
-    """A valid length must hold this call's tokens and fit in the cache."""
-    longest, shortest = int(seqlens_k.max()) + 1, int(past_len.min())
-    if longest > length or shortest < 0:
-        raise ValueError(f"{NAME}: seqlens_k holds {longest - 1} (a valid length of "
-                         f"{longest}) or less than {q_len - 1}; expected each entry's valid "
-                         f"length - 1, between seq - 1 = {q_len - 1} and the cache length "
-                         f"{length} - 1")
+def _checked_uniform_past(seqlens_k, q_len, length, first_prompt) -> int | None:
+    """The past length shared by every entry, None when they differ; refuses valid lengths
+    that cannot hold this call's tokens or do not fit in the cache."""
+    valid = [n + 1 for n in host_ints(seqlens_k)]
+    if max(valid) > length or min(valid) < (1 if first_prompt else q_len):
+        raise ValueError(f"{NAME}: seqlens_k holds {[n - 1 for n in valid]}; expected each "
+                         f"entry's valid length - 1, between seq - 1 = {q_len - 1} (0 on the "
+                         f"first prompt) and the cache length {length} - 1")
+    pasts = {0} if first_prompt else {n - q_len for n in valid}
+    return pasts.pop() if len(pasts) == 1 else None
 
 
 def _refuse_unsupported(k_scale, v_scale, q_norm_weight, sliding_window_cache, k_quant_type,

@@ -16,7 +16,6 @@ Q, K and V arrive in one of these forms:
 
 from __future__ import annotations
 
-
 from mixrt.ops.attention import merge_heads, split_heads
 from mixrt.ops.contrib_attention import MASK_FILTER_VALUE, MICROSOFT, additive_mask, attend, \
     causally_hidden, check_attention_bias, check_mask_index, dim_sum, padded_keys, \
