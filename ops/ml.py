@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.parallel import parallel_rows
 from mixrt.ops.registry import op
 from mixrt.runtime.device import to_host
 from mixrt.ops.types import TensorType, same_as_input, tensor
@@ -384,6 +386,9 @@ _MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BR
           "BRANCH_MEMBER", "LEAF")
 _MEMBER, _LEAF = 6, 7
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+_TREE_KERNELS: list = []  # ops/_jit_trees.py once imported (jit_cpu._import_once)
+# a rough count of node visits per tree and row, for splitting a batch over threads
+_STEPS_PER_TREE = 16
 
 
 class _Forest:
@@ -399,6 +404,78 @@ class _Forest:
         self.members = members  # [node count, widest set], NaN-padded; row i for node i
         self.weights = weights  # [node count, targets]
         self.hit = hit
+        self._sparse = {}  # precision -> the leaves' weights as the compiled walk reads them
+        self._compilable = self._tables_in_range()
+
+    def _tables_in_range(self) -> bool:
+        """Can the compiled walk (which does not check bounds) follow this table? Else the
+        NumPy walk runs it, and raises where it always did."""
+        count = len(self.modes)
+        links = np.concatenate([self.roots, self.true_next, self.false_next])
+        same_length = all(len(table) == count for table in (
+            self.features, self.splits, self.true_next, self.false_next, self.tracks_true,
+            self.members, self.weights))
+        return bool(count and same_length and links.min() >= 0 and links.max() < count)
+
+    def _fits(self, width: int) -> bool:
+        interior = self.features[self.modes != _LEAF]
+        return not interior.size or bool(interior.min() >= 0 and interior.max() < width)
+
+    def sums(self, xp, X, precision):
+        """Each target's summed leaf weights [N, targets] in ``precision``, added tree by
+        tree (onnxruntime's order), and whether any reached leaf weighs that target."""
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return _leaf_sums(xp, self, self.leaves(xp, X), precision)
+        total = np.zeros((X.shape[0], self.weights.shape[1]), dtype=precision)
+        reached = np.zeros(total.shape, dtype=bool)
+        self._walk(kernels.forest_sums, X, precision, total, reached)
+        return total, reached
+
+    def aggregate_rows(self, xp, X, function):
+        """``aggregate`` of the leaves X's rows reach, walked by the compiled kernels where
+        they can run."""
+        function = _aggregate_name(function)
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return self.aggregate(xp, self.leaves(xp, X), function)
+        if function in ("SUM", "AVERAGE"):
+            total, _ = self.sums(xp, X, np.float64)
+            return total / len(self.roots) if function == "AVERAGE" else total
+        start = np.inf if function == "MIN" else -np.inf
+        best = np.full((X.shape[0], self.weights.shape[1]), start)
+        self._walk(kernels.forest_extremes, X, np.float64, best, function == "MAX")
+        return np.where(np.isinf(best), 0.0, best)
+
+    def _kernels(self, xp, X):
+        """ops/_jit_trees.py where it may run on X (host arrays, the compiled tier on, a
+        table it can walk safely), else None."""
+        if xp is not np or not self._compilable or not len(self.roots) \
+                or not self._fits(X.shape[1]) or not jit_cpu.enabled():
+            return None
+        return jit_cpu._import_once(_TREE_KERNELS, "mixrt.ops._jit_trees")
+
+    def _walk(self, kernel, X, precision, *outputs):
+        """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
+        for large batches."""
+        data = X if X.dtype in (np.float32, np.float64) else X.astype(np.float64)
+        data = np.ascontiguousarray(data)
+        tables = (self.roots, self.features, self.splits, self.modes, self.true_next,
+                  self.false_next, self.tracks_true, self.members, *self._leaf_table(precision))
+        parallel_rows(X.shape[0], len(self.roots) * _STEPS_PER_TREE,
+                      lambda start, stop: kernel(data, start, stop, *tables, *outputs))
+
+    def _leaf_table(self, precision):
+        """The leaves' weights, sparse: node i's entries are [start[i], start[i + 1]) of
+        (targets, values), the dense table's hit entries in ``precision``."""
+        key = np.dtype(precision)
+        if key not in self._sparse:
+            nodes, targets = np.nonzero(self.hit)
+            start = np.zeros(len(self.modes) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(nodes, minlength=len(self.modes)), out=start[1:])
+            values = np.ascontiguousarray(self.weights[nodes, targets], dtype=precision)
+            self._sparse[key] = (start, targets.astype(np.int64), values)
+        return self._sparse[key]
 
     def leaves(self, xp, X):
         """The leaf each sample reaches in each tree: [N, trees]."""
@@ -424,10 +501,7 @@ class _Forest:
         return node
 
     def aggregate(self, xp, leaves, function: str):
-        function = function.decode() if isinstance(function, bytes) else function
-        if function not in _AGGREGATES:
-            raise ValueError(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, "
-                             f"got {function!r}")
+        function = _aggregate_name(function)
         weights, hit = xp.asarray(self.weights), xp.asarray(self.hit)
         if function in ("SUM", "AVERAGE"):
             total = weights[leaves[:, 0]].copy()
@@ -440,6 +514,27 @@ class _Forest:
         for t in range(leaves.shape[1]):
             best = xp.where(hit[leaves[:, t]], pick(best, weights[leaves[:, t]]), best)
         return xp.where(xp.isinf(best), 0.0, best)  # a target no leaf reached scores 0
+
+
+def _aggregate_name(function) -> str:
+    function = function.decode() if isinstance(function, bytes) else function
+    if function not in _AGGREGATES:
+        raise ValueError(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, "
+                         f"got {function!r}")
+    return function
+
+
+def _leaf_sums(xp, forest, leaves, precision):
+    """The NumPy tier of ``_Forest.sums``: dense weight rows gathered and added tree by
+    tree."""
+    weights = xp.asarray(forest.weights.astype(precision))
+    hit = xp.asarray(forest.hit)
+    total = xp.zeros((leaves.shape[0], weights.shape[1]), dtype=precision)
+    reached = xp.zeros(total.shape, dtype=bool)
+    for tree in range(leaves.shape[1]):
+        total += weights[leaves[:, tree]]
+        reached |= hit[leaves[:, tree]]
+    return total, reached
 
 
 def _compare(xp, x, split, mode):
@@ -501,16 +596,16 @@ def tree_ensemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weig
                   nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
                   nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
                   nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
-                  tree_roots=None):
-    forest = _forest_v5(
+                  tree_roots=None, _node=None):
+    forest = _cached(_node, lambda: _forest_v5(
         leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
         membership_values=membership_values, n_targets=n_targets,
         nodes_falseleafs=nodes_falseleafs, nodes_falsenodeids=nodes_falsenodeids,
         nodes_featureids=nodes_featureids,
         nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
         nodes_modes=nodes_modes, nodes_splits=nodes_splits, nodes_trueleafs=nodes_trueleafs,
-        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots)
-    scores = forest.aggregate(xp, forest.leaves(xp, _rows(X)), _AGGREGATES[aggregate_function])
+        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots))
+    scores = forest.aggregate_rows(xp, _rows(X), _AGGREGATES[aggregate_function])
     return post_transform_scores(xp, scores, post_transform).astype(X.dtype)
 
 
@@ -595,37 +690,11 @@ def _either(listed, as_tensor):
     return as_tensor if as_tensor is not None else listed
 
 
-@op("TreeEnsembleRegressor", since=3, domain=ML, dtypes=_NUMBERS)
-@op("TreeEnsembleRegressor", since=1, domain=ML, dtypes=_NUMBERS)
-def tree_ensemble_regressor(xp, X, *, aggregate_function="SUM", base_values=None,
-                            base_values_as_tensor=None, n_targets=None, nodes_falsenodeids=None,
-                            nodes_featureids=None, nodes_hitrates=None,
-                            nodes_hitrates_as_tensor=None, nodes_missing_value_tracks_true=None,
-                            nodes_modes=None, nodes_nodeids=None, nodes_treeids=None,
-                            nodes_truenodeids=None, nodes_values=None,
-                            nodes_values_as_tensor=None, post_transform="NONE", target_ids=None,
-                            target_nodeids=None, target_treeids=None, target_weights=None,
-                            target_weights_as_tensor=None):
-    """Version 1 has no *_as_tensor attributes; accepting them is harmless, the binder only
-    rejects attributes a kernel does not take."""
-    outputs = int(n_targets) if n_targets is not None else int(max(target_ids)) + 1
-    forest = _forest_from_node_ids(
-        treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
-        modes=nodes_modes, values=_either(nodes_values, nodes_values_as_tensor),
-        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
-        missing_tracks_true=nodes_missing_value_tracks_true, leaf_treeids=target_treeids,
-        leaf_nodeids=target_nodeids, leaf_ids=target_ids,
-        leaf_weights=_either(target_weights, target_weights_as_tensor), n_outputs=outputs)
-    scores = forest.aggregate(xp, forest.leaves(xp, _rows(X)), aggregate_function)
-    base = _either(base_values, base_values_as_tensor)
-    if base is not None:
-        scores = scores + xp.asarray(np.asarray(base, dtype=np.float64))
-    return post_transform_scores(xp, scores, post_transform).astype(np.float32)
-
-
-@tree_ensemble_regressor.infer
-def _(X, *, n_targets=None, target_ids=None, **_):
-    if n_targets is None and target_ids is not None:
-        n_targets = int(max(target_ids)) + 1
-    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else None
-    return [tensor(np.float32, (batch, n_targets))]
+def _cached(node_state, build):
+    """``build()``, kept in the node's ``_node`` dict (a session's node builds it once)."""
+    if node_state is None:
+        return build()
+    model = node_state.get("model")
+    if model is None:
+        model = node_state["model"] = build()
+    return model

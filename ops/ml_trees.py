@@ -1,10 +1,14 @@
-"""TreeEnsembleClassifier (``ai.onnx.ml`` opsets 1 and 3): the classifier scikit-learn's
-decision trees, random forests and gradient boosting convert to.
+"""The tree ensembles of ``ai.onnx.ml``: TreeEnsembleClassifier and TreeEnsembleRegressor
+(opsets 1 and 3: scikit-learn's trees, forests and gradient boosting, LightGBM, XGBoost);
+TreeEnsemble (opset 5) lives beside the forest in ``ops/ml.py``.
 
-Trees are walked for the whole batch at once, level by level (``ops/ml._Forest``); class
-scores are summed tree by tree in the precision onnxruntime sums them in (float32, float64
-for float64 inputs), so a score on a decision threshold (a forest's 0.5) falls on the side
-onnxruntime's does.
+A node's forest (``ops/ml._Forest``: flat node arrays and leaf weights) is built from its
+attributes once, on its first call, and kept in the node's ``_node`` dict with the checks of
+its attributes done; a call without one (a kernel called directly) builds it each time.
+The compiled tier walks each row down each tree (``ops/_jit_trees.py``); the NumPy tier walks
+the whole batch at once, level by level. Either way class scores are summed tree by tree in
+the precision onnxruntime sums them in (float32, float64 for float64 inputs), so a score on
+a decision threshold (a forest's 0.5) falls on the side onnxruntime's does.
 
 The outputs follow onnxruntime, which users compare with, where it departs from the spec's
 text (each departure is marked "onnxruntime:" below). Two classes are the intricate case:
@@ -16,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.ml import (_NUMBERS, ML, _either, _forest_from_node_ids, _POST_TRANSFORMS,
-                          _probit, _rows, post_transform_scores)
+from mixrt.ops.ml import (_NUMBERS, ML, _aggregate_name, _cached, _either,
+                          _forest_from_node_ids, _POST_TRANSFORMS, _probit, _rows,
+                          post_transform_scores)
 from mixrt.ops.registry import op
 from mixrt.ops.types import tensor
 from mixrt.runtime.device import to_host
@@ -32,38 +37,64 @@ def tree_ensemble_classifier(
         nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
         nodes_hitrates_as_tensor=None, nodes_missing_value_tracks_true=None, nodes_modes=None,
         nodes_nodeids=None, nodes_treeids=None, nodes_truenodeids=None, nodes_values=None,
-        nodes_values_as_tensor=None, post_transform="NONE"):
+        nodes_values_as_tensor=None, post_transform="NONE", _node=None):
     """(label [N], scores [N, classes]). Version 1 has no *_as_tensor attributes; the binder
     rejects attributes a kernel does not take, so accepting them here is harmless."""
-    labels = class_labels(classlabels_int64s, classlabels_strings)
-    _check_post_transform(post_transform)
-    weights = _either(class_weights, class_weights_as_tensor)
-    forest = _forest_from_node_ids(
-        treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
-        modes=nodes_modes, values=_either(nodes_values, nodes_values_as_tensor),
-        truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
-        missing_tracks_true=nodes_missing_value_tracks_true, leaf_treeids=class_treeids,
-        leaf_nodeids=class_nodeids, leaf_ids=class_ids, leaf_weights=weights,
-        n_outputs=len(labels), leaf_prefix="class_")
-    precision = np.float64 if X.dtype == np.float64 else np.float32
-    rows = _rows(X)
-    raw, has = _class_sums(xp, forest, forest.leaves(xp, rows), precision)
-    base = _either(base_values, base_values_as_tensor)
-    base = np.asarray([] if base is None else base, precision).reshape(-1)
-    if len(base) not in (0, len(labels)) and (len(labels) > 2 or len(base) > 2):
-        # onnxruntime refuses these too (two classes may have one base value)
-        raise ValueError(f"base_values has {len(base)} values; {len(labels)} classes take 0 "
-                         f"or {len(labels)}")
-    if len(labels) > 2:
-        chosen, scores = _multiclass(xp, raw, has, base, post_transform)
-        return label_values(xp, labels, chosen), scores
-    if len(labels) == 1:
-        return _one_class(xp, labels, raw[:, 0], base, post_transform)
-    ids = np.asarray(class_ids if class_ids is not None else [], np.int64)
-    binary_case = len(set(ids.tolist())) == 1  # every weight is for the same class
-    all_positive = bool((np.asarray(weights if weights is not None else [], np.float64)
-                         >= 0).all())
-    return _two_classes(xp, labels, raw, has, base, post_transform, binary_case, all_positive)
+    model = _cached(_node, lambda: _Classifier(
+        base_values=_either(base_values, base_values_as_tensor), class_ids=class_ids,
+        class_nodeids=class_nodeids, class_treeids=class_treeids,
+        class_weights=_either(class_weights, class_weights_as_tensor),
+        classlabels_int64s=classlabels_int64s, classlabels_strings=classlabels_strings,
+        nodes_falsenodeids=nodes_falsenodeids, nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_nodeids=nodes_nodeids, nodes_treeids=nodes_treeids,
+        nodes_truenodeids=nodes_truenodeids,
+        nodes_values=_either(nodes_values, nodes_values_as_tensor),
+        post_transform=post_transform))
+    return model.run(xp, X)
+
+
+class _Classifier:
+    """A TreeEnsembleClassifier node's forest, labels and checked attributes."""
+
+    def __init__(self, *, base_values, class_ids, class_nodeids, class_treeids, class_weights,
+                 classlabels_int64s, classlabels_strings, nodes_falsenodeids, nodes_featureids,
+                 nodes_missing_value_tracks_true, nodes_modes, nodes_nodeids, nodes_treeids,
+                 nodes_truenodeids, nodes_values, post_transform):
+        self.labels = labels = class_labels(classlabels_int64s, classlabels_strings)
+        _check_post_transform(post_transform)
+        self.post_transform = post_transform
+        self.forest = _forest_from_node_ids(
+            treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+            modes=nodes_modes, values=nodes_values, truenodeids=nodes_truenodeids,
+            falsenodeids=nodes_falsenodeids, missing_tracks_true=nodes_missing_value_tracks_true,
+            leaf_treeids=class_treeids, leaf_nodeids=class_nodeids, leaf_ids=class_ids,
+            leaf_weights=class_weights, n_outputs=len(labels), leaf_prefix="class_")
+        base = np.asarray([] if base_values is None else base_values, np.float64).reshape(-1)
+        if len(base) not in (0, len(labels)) and (len(labels) > 2 or len(base) > 2):
+            # onnxruntime refuses these too (two classes may have one base value)
+            raise ValueError(f"base_values has {len(base)} values; {len(labels)} classes take "
+                             f"0 or {len(labels)}")
+        if len(labels) == 1 and len(base) == 2:  # onnxruntime writes two scores into one column
+            raise ValueError("base_values has 2 values for a single class (classlabels has 1)")
+        self.base = {np.dtype(p): base.astype(p) for p in (np.float32, np.float64)}
+        ids = np.asarray(class_ids if class_ids is not None else [], np.int64)
+        self.binary_case = len(set(ids.tolist())) == 1  # every weight is for the same class
+        self.all_positive = bool((np.asarray(class_weights if class_weights is not None else [],
+                                             np.float64) >= 0).all())
+
+    def run(self, xp, X):
+        precision = np.float64 if X.dtype == np.float64 else np.float32
+        raw, has = self.forest.sums(xp, _rows(X), precision)
+        labels, base, post_transform = self.labels, self.base[np.dtype(precision)], \
+            self.post_transform
+        if len(labels) > 2:
+            chosen, scores = _multiclass(xp, raw, has, base, post_transform)
+            return label_values(xp, labels, chosen), scores
+        if len(labels) == 1:
+            return _one_class(xp, labels, raw[:, 0], base, post_transform)
+        return _two_classes(xp, labels, raw, has, base, post_transform, self.binary_case,
+                            self.all_positive)
 
 
 @tree_ensemble_classifier.infer
@@ -108,19 +139,6 @@ def _check_post_transform(post_transform) -> None:
 
 # -- scores -------------------------------------------------------------------------------
 
-def _class_sums(xp, forest, leaves, precision):
-    """Each class's summed leaf weights [N, classes] in ``precision``, added tree by tree
-    (onnxruntime's order), and whether any reached leaf weighs that class."""
-    weights = xp.asarray(forest.weights.astype(precision))
-    hit = xp.asarray(forest.hit)
-    total = xp.zeros((leaves.shape[0], weights.shape[1]), dtype=precision)
-    reached = xp.zeros(total.shape, dtype=bool)
-    for tree in range(leaves.shape[1]):
-        total += weights[leaves[:, tree]]
-        reached |= hit[leaves[:, tree]]
-    return total, reached
-
-
 def _multiclass(xp, raw, has, base, post_transform):
     """More than two classes: base values are added (a class they reach counts as scored),
     the label is the best class among those scored (the first on ties), and the scores are
@@ -138,8 +156,6 @@ def _multiclass(xp, raw, has, base, post_transform):
 def _one_class(xp, labels, raw, base, post_transform):
     """A single class: onnxruntime scores it as one margin s (plus base_values[0]) and labels
     a row 1 when s > 0, else 0, whatever the declared label."""
-    if len(base) == 2:  # onnxruntime writes two scores into the one column there
-        raise ValueError("base_values has 2 values for a single class (classlabels has 1)")
     if labels.dtype == object:
         raise ValueError("classlabels_strings has a single class, which onnxruntime "
                          "labels by index 1 or 0: give two classes or int64 labels")
@@ -213,3 +229,47 @@ def _logistic(xp, s):
 
 def _name(post_transform) -> str:
     return post_transform.decode() if isinstance(post_transform, bytes) else post_transform
+
+
+# -- regressors ---------------------------------------------------------------------------
+
+@op("TreeEnsembleRegressor", since=3, domain=ML, dtypes=_NUMBERS)
+@op("TreeEnsembleRegressor", since=1, domain=ML, dtypes=_NUMBERS)
+def tree_ensemble_regressor(xp, X, *, aggregate_function="SUM", base_values=None,
+                            base_values_as_tensor=None, n_targets=None, nodes_falsenodeids=None,
+                            nodes_featureids=None, nodes_hitrates=None,
+                            nodes_hitrates_as_tensor=None, nodes_missing_value_tracks_true=None,
+                            nodes_modes=None, nodes_nodeids=None, nodes_treeids=None,
+                            nodes_truenodeids=None, nodes_values=None,
+                            nodes_values_as_tensor=None, post_transform="NONE", target_ids=None,
+                            target_nodeids=None, target_treeids=None, target_weights=None,
+                            target_weights_as_tensor=None, _node=None):
+    """Version 1 has no *_as_tensor attributes; accepting them is harmless, the binder only
+    rejects attributes a kernel does not take. Scores are summed in float64."""
+    def build():
+        outputs = int(n_targets) if n_targets is not None else int(max(target_ids)) + 1
+        forest = _forest_from_node_ids(
+            treeids=nodes_treeids, nodeids=nodes_nodeids, featureids=nodes_featureids,
+            modes=nodes_modes, values=_either(nodes_values, nodes_values_as_tensor),
+            truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
+            missing_tracks_true=nodes_missing_value_tracks_true, leaf_treeids=target_treeids,
+            leaf_nodeids=target_nodeids, leaf_ids=target_ids,
+            leaf_weights=_either(target_weights, target_weights_as_tensor), n_outputs=outputs)
+        base = _either(base_values, base_values_as_tensor)
+        return (forest, _aggregate_name(aggregate_function),
+                None if base is None else np.asarray(base, dtype=np.float64))
+
+    forest, function, base = _cached(_node, build)
+    scores = forest.aggregate_rows(xp, _rows(X), function)
+    if base is not None:
+        scores = scores + xp.asarray(base)
+    return post_transform_scores(xp, scores, post_transform).astype(np.float32)
+
+
+@tree_ensemble_regressor.infer
+def _(X, *, n_targets=None, target_ids=None, **_):
+    if n_targets is None and target_ids is not None:
+        n_targets = int(max(target_ids)) + 1
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else None
+    return [tensor(np.float32, (batch, n_targets))]
+
