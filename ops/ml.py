@@ -406,6 +406,8 @@ class _Forest:
         self.hit = hit
         self._sparse = {}  # precision -> the leaves' weights as the compiled walk reads them
         self._compilable = self._tables_in_range()
+        self._feature_range = None  # (lowest, highest) feature an interior node reads
+        self._packed = None  # the node records (_records)
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -415,11 +417,18 @@ class _Forest:
         same_length = all(len(table) == count for table in (
             self.features, self.splits, self.true_next, self.false_next, self.tracks_true,
             self.members, self.weights))
-        return bool(count and same_length and links.min() >= 0 and links.max() < count)
+        small = count < 2**31 and (not self.features.size or np.abs(self.features).max() < 2**31)
+        return bool(count and same_length and small and links.min() >= 0
+                    and links.max() < count)
 
     def _fits(self, width: int) -> bool:
-        interior = self.features[self.modes != _LEAF]
-        return not interior.size or bool(interior.min() >= 0 and interior.max() < width)
+        """Do the interior nodes' features index rows of ``width`` columns?"""
+        if self._feature_range is None:
+            interior = self.features[self.modes != _LEAF]
+            self._feature_range = ((int(interior.min()), int(interior.max())) if interior.size
+                                   else (0, -1))
+        low, high = self._feature_range
+        return low >= 0 and high < width
 
     def sums(self, xp, X, precision):
         """Each target's summed leaf weights [N, targets] in ``precision``, added tree by
@@ -440,7 +449,9 @@ class _Forest:
         if kernels is None:
             return self.aggregate(xp, self.leaves(xp, X), function)
         if function in ("SUM", "AVERAGE"):
-            total, _ = self.sums(xp, X, np.float64)
+            total = np.zeros((X.shape[0], self.weights.shape[1]))
+            reached = np.zeros(total.shape, dtype=bool)
+            self._walk(kernels.forest_sums, X, np.float64, total, reached)
             return total / len(self.roots) if function == "AVERAGE" else total
         start = np.inf if function == "MIN" else -np.inf
         best = np.full((X.shape[0], self.weights.shape[1]), start)
@@ -460,10 +471,23 @@ class _Forest:
         for large batches."""
         data = X if X.dtype in (np.float32, np.float64) else X.astype(np.float64)
         data = np.ascontiguousarray(data)
-        tables = (self.roots, self.features, self.splits, self.modes, self.true_next,
-                  self.false_next, self.tracks_true, self.members, *self._leaf_table(precision))
+        tables = (self.roots, *self._records(), self.members, *self._leaf_table(precision))
         parallel_rows(X.shape[0], len(self.roots) * _STEPS_PER_TREE,
                       lambda start, stop: kernel(data, start, stop, *tables, *outputs))
+
+    def _records(self):
+        """The nodes as 24-byte records, two flat views of one buffer: float64 (the split
+        at 3 i) and int32 (feature, mode | missing-tracks-true << 8, true and false child at
+        6 i + 2..5)."""
+        if self._packed is None:
+            splits = np.zeros((len(self.modes), 3))
+            links = splits.view(np.int32)
+            splits[:, 0] = self.splits
+            links[:, 2] = self.features
+            links[:, 3] = self.modes | (self.tracks_true.astype(np.int64) << 8)
+            links[:, 4], links[:, 5] = self.true_next, self.false_next
+            self._packed = (splits.reshape(-1), links.reshape(-1))
+        return self._packed
 
     def _leaf_table(self, precision):
         """The leaves' weights, sparse: node i's entries are [start[i], start[i + 1]) of
