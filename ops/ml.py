@@ -209,10 +209,11 @@ normalizer.infer(_float32_like_input)
 
 
 @op("Scaler", since=1, domain=ML, dtypes=_NUMBERS)
-def scaler(xp, X, *, offset=None, scale=None):
-    offset = xp.asarray(offset if offset is not None else [0.0], dtype=np.float32)
-    scale = xp.asarray(scale if scale is not None else [1.0], dtype=np.float32)
-    return (X.astype(np.float32) - offset) * scale
+def scaler(xp, X, *, offset=None, scale=None, _node=None):
+    offset, scale = _cached(_node, lambda: (
+        np.asarray(offset if offset is not None else [0.0], dtype=np.float32),
+        np.asarray(scale if scale is not None else [1.0], dtype=np.float32)))
+    return (X.astype(np.float32, copy=False) - xp.asarray(offset)) * xp.asarray(scale)
 
 
 scaler.infer(_float32_like_input)
@@ -280,12 +281,12 @@ def _(*X, inputdimensions=None, **_):
 
 @op("LinearRegressor", since=1, domain=ML, dtypes=_NUMBERS)
 def linear_regressor(xp, X, *, coefficients=None, intercepts=None, post_transform="NONE",
-                     targets=1):
-    rows = _rows(X).astype(np.float32)
-    weights = xp.asarray(coefficients, dtype=np.float32).reshape(targets, -1)
-    scores = rows @ weights.T
+                     targets=1, _node=None):
+    weights, intercepts = _cached(_node, lambda: _linear_constants(coefficients, intercepts))
+    rows = _rows(X).astype(np.float32, copy=False)
+    scores = rows @ xp.asarray(weights).reshape(targets, -1).T
     if intercepts is not None:
-        scores = scores + xp.asarray(intercepts, dtype=np.float32)
+        scores = scores + xp.asarray(intercepts)
     return post_transform_scores(xp, scores, post_transform)
 
 
@@ -298,7 +299,8 @@ def _(X, *, targets=1, **_):
 
 @op("LinearClassifier", since=1, domain=ML, dtypes=_NUMBERS)
 def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
-                      coefficients=None, intercepts=None, multi_class=0, post_transform="NONE"):
+                      coefficients=None, intercepts=None, multi_class=0, post_transform="NONE",
+                      _node=None):
     """Scores X @ W.T + b, label = the best-scoring class. With one row of coefficients and
     two labels the model is binary: s is the second class's score, the label is the second
     class when s > 0, and the scores are [1 - p, p] with p = s after LOGISTIC if asked (the
@@ -306,11 +308,12 @@ def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
     labels = classlabels_strings if classlabels_strings is not None else classlabels_ints
     if labels is None:
         raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
-    rows = _rows(X).astype(np.float32)
-    weights = xp.asarray(coefficients, dtype=np.float32).reshape(-1, rows.shape[1])
+    weights, intercepts = _cached(_node, lambda: _linear_constants(coefficients, intercepts))
+    rows = _rows(X).astype(np.float32, copy=False)
+    weights = xp.asarray(weights).reshape(-1, rows.shape[1])
     scores = rows @ weights.T
     if intercepts is not None:
-        scores = scores + xp.asarray(intercepts, dtype=np.float32)
+        scores = scores + xp.asarray(intercepts)
     if weights.shape[0] == 1 and len(labels) == 2:
         positive = scores[:, 0] > 0
         p = post_transform_scores(xp, scores, "LOGISTIC") if post_transform == "LOGISTIC" \
@@ -325,6 +328,13 @@ def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
     else:
         label = xp.asarray(classlabels_ints, dtype=np.int64)[chosen]
     return label, scores.astype(np.float32)
+
+
+def _linear_constants(coefficients, intercepts):
+    """A linear model's coefficients and intercepts (or None) as float32 arrays, made once
+    per node: converting the attribute lists was most of a small model's run."""
+    return (np.asarray(coefficients, dtype=np.float32).reshape(-1),
+            None if intercepts is None else np.asarray(intercepts, dtype=np.float32))
 
 
 @linear_classifier.infer

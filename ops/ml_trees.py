@@ -199,12 +199,18 @@ def _two_classes(xp, labels, raw, has, base, post_transform, binary_case, all_po
         positive = (positive_score > 0).astype(np.int64)
         label = labels[to_host(positive)] if labels.dtype == object else positive
         mirrored = not len(base) == 1  # onnxruntime: writes one score only otherwise
-    both = post_transform_scores(xp, xp.stack([read0, read1], axis=1).astype(np.float32),
-                                 post_transform)
+    # most models keep one form for every row: the other is not computed (a batch of one
+    # spent half its time on it)
+    some_pair = bool(pair.any())
+    if some_pair:
+        both = post_transform_scores(xp, xp.stack([read0, read1], axis=1).astype(np.float32),
+                                     post_transform)
+        if bool(pair.all()):
+            return label, both.astype(np.float32, copy=False)
     single = _single_score_columns(xp, read0.astype(np.float32), post_transform, mirrored,
                                    binary_case)
-    scores = xp.where(pair[:, None], both, single)
-    return label, scores.astype(np.float32)
+    scores = xp.where(pair[:, None], both, single) if some_pair else single
+    return label, scores.astype(np.float32, copy=False)
 
 
 def _single_score_columns(xp, s, post_transform, mirrored, binary_case):
@@ -217,7 +223,7 @@ def _single_score_columns(xp, s, post_transform, mirrored, binary_case):
     if not binary_case and not mirrored:
         return xp.stack([s, unwritten], axis=1)
     if name == "LOGISTIC":
-        return xp.stack([_logistic(xp, -s), _logistic(xp, s)], axis=1)
+        return _logistic(xp, xp.stack([-s, s], axis=1))
     if mirrored:
         return xp.stack([-s, s], axis=1)
     return xp.stack([1 - s, s], axis=1)
