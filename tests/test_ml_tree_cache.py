@@ -1,0 +1,147 @@
+"""Tree ensembles built once per node and walked by the compiled kernel (ops/_jit_trees.py):
+the compiled and NumPy walks agree exactly on random forests using every node mode and
+missing values, and nodes or sessions with different forests keep their own."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt.ops import jit_tier, ml, ml_trees
+
+MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+FEATURES = 5
+
+
+def _random_forest(rng, trees, outputs, prefix, depth=5):
+    """(tree id, node id) attributes of random trees; every mode, missing-value tracking on
+    some nodes, splits from a small grid so BRANCH_EQ/NEQ hit."""
+    nodes = {k: [] for k in ("treeids", "nodeids", "featureids", "modes", "values",
+                             "truenodeids", "falsenodeids", "missing_value_tracks_true")}
+    leaves = {k: [] for k in ("treeids", "nodeids", "ids", "weights")}
+    for tree in range(trees):
+        count = [0]
+
+        def grow(level):
+            node = count[0]
+            count[0] += 1
+            row = len(nodes["nodeids"])
+            for key in nodes:
+                nodes[key].append(0)
+            nodes["treeids"][row], nodes["nodeids"][row] = tree, node
+            if level == depth or (level > 1 and rng.random() < 0.2):
+                nodes["modes"][row], nodes["values"][row] = "LEAF", 0.0
+                for target in rng.choice(outputs, size=rng.integers(1, outputs + 1),
+                                         replace=False):
+                    leaves["treeids"].append(tree)
+                    leaves["nodeids"].append(node)
+                    leaves["ids"].append(int(target))
+                    leaves["weights"].append(float(np.float32(rng.normal())))
+                return node
+            nodes["modes"][row] = MODES[rng.integers(len(MODES))]
+            nodes["featureids"][row] = int(rng.integers(FEATURES))
+            nodes["values"][row] = float(rng.integers(-4, 5) / 2)
+            nodes["missing_value_tracks_true"][row] = int(rng.random() < 0.5)
+            nodes["truenodeids"][row] = grow(level + 1)
+            nodes["falsenodeids"][row] = grow(level + 1)
+            return node
+
+        grow(0)
+    attrs = {f"nodes_{k}": v for k, v in nodes.items()}
+    attrs.update({f"{prefix}{k}": v for k, v in leaves.items()})
+    return attrs
+
+
+def _rows(rng, count, dtype=np.float32):
+    x = (rng.integers(-5, 6, size=(count, FEATURES)) / 2).astype(dtype)
+    x[rng.random(x.shape) < 0.15] = np.nan
+    return x
+
+
+def _both_tiers(kernel, x, attrs):
+    with jit_tier.using(False):
+        numpy_tier = kernel(np, x, **attrs, _node={})
+    node_state = {}
+    with jit_tier.using(True):
+        compiled = kernel(np, x, **attrs, _node=node_state)
+        again = kernel(np, x, **attrs, _node=node_state)  # from the node's cached forest
+    assert "model" in node_state
+    return numpy_tier, compiled, again
+
+
+@pytest.mark.parametrize("classes, dtype", [(3, np.float32), (2, np.float32), (4, np.float64)])
+def test_classifier_tiers_agree_exactly(classes, dtype):
+    rng = np.random.default_rng(classes)
+    attrs = _random_forest(rng, 7, classes, "class_")
+    attrs["classlabels_int64s"] = list(range(classes))
+    x = _rows(rng, 300, dtype)
+    for post_transform in ("NONE", "LOGISTIC", "SOFTMAX"):
+        results = _both_tiers(ml_trees.tree_ensemble_classifier, x,
+                              dict(attrs, post_transform=post_transform))
+        for labels_scores in results[1:]:
+            for expected, got in zip(results[0], labels_scores):
+                np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("function", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_regressor_tiers_agree_exactly(function):
+    rng = np.random.default_rng(7)
+    attrs = _random_forest(rng, 9, 2, "target_")
+    attrs.update(n_targets=2, aggregate_function=function, base_values=[0.25, -1.0])
+    x = _rows(rng, 200)
+    numpy_tier, compiled, again = _both_tiers(ml_trees.tree_ensemble_regressor, x, attrs)
+    np.testing.assert_array_equal(compiled, numpy_tier)
+    np.testing.assert_array_equal(again, numpy_tier)
+
+
+def test_tree_ensemble_5_member_nodes_agree():
+    """Opset 5: a BRANCH_MEMBER root (set {1, 3}), then a BRANCH_LT node tracking NaNs."""
+    attrs = dict(
+        nodes_featureids=[0, 1], nodes_modes=np.array([6, 1], np.uint8),
+        nodes_splits=np.array([0.0, 0.5]), nodes_truenodeids=[0, 2],
+        nodes_trueleafs=[1, 1], nodes_falsenodeids=[1, 1], nodes_falseleafs=[0, 1],
+        nodes_missing_value_tracks_true=[0, 1], membership_values=np.array([1.0, 3.0, np.nan]),
+        tree_roots=[0], leaf_targetids=[0, 1, 0], leaf_weights=np.array([1.0, 2.0, 3.0]),
+        n_targets=2, aggregate_function=1, post_transform=0)
+    x = np.array([[1, 0], [3, 9], [2, 0], [2, 9], [2, np.nan], [np.nan, 0]], np.float32)
+    numpy_tier, compiled, again = _both_tiers(ml.tree_ensemble, x, attrs)
+    np.testing.assert_array_equal(numpy_tier, [[1, 0], [1, 0], [3, 0], [0, 2], [3, 0], [3, 0]])
+    np.testing.assert_array_equal(compiled, numpy_tier)
+    np.testing.assert_array_equal(again, numpy_tier)
+
+
+def _regressor_node(name, attrs, output):
+    return helper.make_node("TreeEnsembleRegressor", ["x"], [output], name=name,
+                            domain="ai.onnx.ml", **attrs)
+
+
+def _model(nodes, outputs):
+    graph = helper.make_graph(
+        nodes, "forests", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, FEATURES])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_two_nodes_and_two_sessions_keep_their_own_forests(tmp_path):
+    rng = np.random.default_rng(11)
+    forests = [dict(_random_forest(rng, 5, 1, "target_"), n_targets=1) for _ in range(2)]
+    both = _model([_regressor_node(f"f{i}", a, f"y{i}") for i, a in enumerate(forests)],
+                  ["y0", "y1"])
+    single = _model([_regressor_node("f", forests[1], "y")], ["y"])
+    paths = []
+    for name, model in (("both", both), ("single", single)):
+        paths.append(tmp_path / f"{name}.onnx")
+        paths[-1].write_bytes(model.SerializeToString())
+    x = np.nan_to_num(_rows(rng, 50), nan=0.25)
+    sessions = [mixrt.Session(str(p)) for p in paths]
+    references = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+                  for p in paths]
+    for _ in range(2):  # the second round runs from the nodes' cached forests
+        for session, reference in zip(sessions, references):
+            for got, expected in zip(session.run(None, {"x": x}),
+                                     reference.run(None, {"x": x})):
+                np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    y0, y1 = sessions[0].run(None, {"x": x})
+    assert not np.allclose(y0, y1)
