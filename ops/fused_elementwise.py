@@ -12,7 +12,7 @@ carries a small register program in plain ONNX attributes:
   LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
 
 On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU
-family, clip, sqrt, float32 erf...) runs as one generated, numba-compiled loop
+family, clip, sqrt, x^3, float32 erf and tanh...) runs as one generated, numba-compiled loop
 (``ops/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs, the
 steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is
 the last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out``
@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.ops import jit_elementwise, replay
+from mixrt.ops import jit_elementwise, odd_rational, replay
 from mixrt.ops.elementwise import erf_values, quiet
 from mixrt.ops.fused import FUSED_DTYPES, MIXRT
 from mixrt.ops.registry import op
@@ -80,51 +80,25 @@ def _erf_cpu(args, params, target):
     return _erf_float32(args[0], target)
 
 
-_ERF_LIMIT = 4.0  # erfc(4) = 1.5e-8 is under half an ulp of 1.0f: erf is 1 in float32 beyond
+_ERF_LIMIT = odd_rational.limit("Erf")
 
 
-@functools.cache
 def _erf_rational() -> tuple[np.ndarray, np.ndarray]:
-    """Coefficients (lowest first) of erf(x) ~ x P(u) / Q(u), u = (x / 4)^2, Q(0) = 1, for
-    float32: a [6/4] rational fit by least squares on the relative error, reweighted by the
-    denominator until it settles (Loeb's iteration), against math.erf. Evaluated in float32
-    it stays within ~6 ulp of the correctly rounded erf (3e-7 absolute), where the generic
-    float64 polynomial of ops/elementwise.py costs several times as much."""
-    x = np.concatenate([np.linspace(0.0, _ERF_LIMIT, 2000)[1:],
-                        _ERF_LIMIT * np.sin(np.linspace(0.0, np.pi / 2, 2000))[1:]])
-    u = (x / _ERF_LIMIT) ** 2
-    g = np.array([math.erf(v) for v in x]) / x
-    weights = np.ones_like(u)
-    for _ in range(12):
-        design = np.hstack([u[:, None] ** np.arange(7),
-                            -g[:, None] * u[:, None] ** np.arange(1, 5)])
-        solution = np.linalg.lstsq(design * weights[:, None], g * weights, rcond=None)[0]
-        p, q = solution[:7], np.concatenate([[1.0], solution[7:]])
-        weights = 1.0 / np.abs(g * np.polynomial.polynomial.polyval(u, q))
-    return p.astype(np.float32), q.astype(np.float32)
+    """erf's float32 rational (ops/odd_rational.py): ~6 ulp, where the generic float64
+    polynomial of ops/elementwise.py costs several times as much."""
+    return odd_rational.coefficients("Erf")
 
 
 def _erf_float32(x, target):
-    """erf into ``target``: x P(u) / Q(u) in float32, u = (x / 4)^2, with the two
-    polynomials evaluated in per-thread scratch (no allocation per block)."""
-    p, q = _erf_rational()
-    u, numerator = _scratch(target.shape, 2)
-    clip_(x, -_ERF_LIMIT, _ERF_LIMIT, target)  # NaN stays NaN
-    np.multiply(target, target, out=u)
-    u *= np.float32(1.0 / _ERF_LIMIT ** 2)
-    _horner32(u, p, numerator)
-    target *= numerator
-    np.divide(target, _horner32(u, q, numerator), out=target)
-    return clip_(target, -1.0, 1.0, target)  # |erf| <= 1 exactly
+    """erf into ``target`` through per-thread scratch (no allocation per block)."""
+    return odd_rational.evaluate_float32("Erf", x, target, *_scratch(target.shape, 2))
 
 
-def _horner32(u, coefficients, result):
-    np.multiply(u, coefficients[-1], out=result)
-    result += coefficients[-2]
-    for c in coefficients[-3::-1]:
-        result *= u
-        result += c
-    return result
+def _tanh_cpu(args, params, target):
+    """float32: the rational the compiled loop vectorizes (same bits on both paths)."""
+    if target.dtype != np.float32:
+        return np.tanh(args[0], out=target)
+    return odd_rational.evaluate_float32("Tanh", args[0], target, *_scratch(target.shape, 2))
 
 
 # Its own float32 scratch rather than conv_cpu.scratch_arrays: carving the shared byte
@@ -143,9 +117,21 @@ def _scratch(shape, count: int) -> list[np.ndarray]:
 
 def _pow_cpu(args, params, target):
     (x,), (p,) = args, params
-    if p == 2.0:
+    n = jit_elementwise.small_power(p)
+    if n is None:
+        return np.power(x, _scalar(target, p), out=target)
+    if n == 2:
         return np.multiply(x, x, out=target)
-    return np.power(x, _scalar(target, p), out=target)
+    square = np.multiply(x, x) if np.may_share_memory(x, target) else \
+        np.multiply(x, x, out=target)
+    return np.multiply(square, x if n == 3 else square, out=target)  # (x x) x, (x x)(x x)
+
+
+def _pow_cuda(a, p):
+    n = jit_elementwise.small_power(p)
+    if n is None:
+        return f"pow({a}, {_lit(p)})"
+    return {2: f"({a} * {a})", 3: f"(({a} * {a}) * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[n]
 
 
 def _clip_cpu(args, params, target):
@@ -195,7 +181,7 @@ OPS: dict[str, ElementwiseOp] = {
     "Reciprocal": ElementwiseOp(1, 0, _ufunc(np.reciprocal), lambda a: f"((T)1 / {a})"),
     "Floor": ElementwiseOp(1, 0, _ufunc(np.floor), lambda a: f"floor({a})"),
     "Ceil": ElementwiseOp(1, 0, _ufunc(np.ceil), lambda a: f"ceil({a})"),
-    "Tanh": ElementwiseOp(1, 0, _ufunc(np.tanh), lambda a: f"tanh({a})"),
+    "Tanh": ElementwiseOp(1, 0, _tanh_cpu, lambda a: f"tanh({a})"),
     # the unfused kernels of these call the same ufunc on float32/float64 (ops/elementwise.py)
     **{name: ElementwiseOp(1, 0, _ufunc(getattr(np, ufunc)), _cuda_call(cuda))
        for name, ufunc, cuda in (
@@ -207,8 +193,7 @@ OPS: dict[str, ElementwiseOp] = {
     "Relu": ElementwiseOp(1, 0, _relu_cpu, lambda a: f"mx_max({a}, (T)0)"),
     "Sigmoid": ElementwiseOp(1, 0, _sigmoid_cpu,
                              lambda a: f"((T)1 / ((T)1 + exp(-{a})))"),
-    "Pow": ElementwiseOp(1, 1, _pow_cpu,
-                         lambda a, p: f"({a} * {a})" if p == 2.0 else f"pow({a}, {_lit(p)})"),
+    "Pow": ElementwiseOp(1, 1, _pow_cpu, _pow_cuda),
     "Clip": ElementwiseOp(1, 2, _clip_cpu, _clip_cuda),
     "LeakyRelu": ElementwiseOp(1, 1, _leaky_relu_cpu,
                                lambda a, alpha: f"({a} >= (T)0 ? {a} : {a} * {_lit(alpha)})"),

@@ -25,9 +25,10 @@ rewritten before it is imported. Where no cache directory is writable the source
 in memory.
 
 Only ops that LLVM turns into vector instructions are compiled: arithmetic, max/min, abs,
-sqrt, floor/ceil, the ReLU family, clip, x^2, and erf in float32 (the same rational
-approximation as the NumPy path, in the same order of operations). exp, log, tanh and sigmoid
-stay on the NumPy path, whose SIMD exp/log/tanh run 6-80x faster than numba's calls into libm.
+sqrt, floor/ceil, the ReLU family, clip, x^2, x^3 and x^4 as multiplications, and erf and tanh
+in float32 (rational functions, ops/odd_rational.py, the same order of operations as the NumPy
+path). exp, log and sigmoid stay on the NumPy path, whose SIMD exp/log run 6-80x faster than
+numba's calls into libm.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.ops import jit_cpu, replay
+from mixrt.ops import jit_cpu, odd_rational, replay
 from mixrt.ops.jit_cache import cache_root, guard_damaged_entries
 from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
@@ -54,7 +55,7 @@ JIT_MIN_ELEMENTS = 1 << 12
 # programs with one of these steps are split over the intra-op threads when big; the rest
 # are bound by memory, and the hand-off cost more than a second core saved: bias + ReLU over
 # 256x3136 took 45 us on one thread, 62 us on two; BERT's bias + GELU 216 us on one, 148 on two
-HEAVY = frozenset({"Div", "Reciprocal", "Sqrt", "Erf"})
+HEAVY = frozenset({"Div", "Reciprocal", "Sqrt", "Erf", "Tanh"})
 AXES = 3  # the loop nest's depth; programs over layouts that merge to more stay in NumPy
 
 _lock = threading.Lock()
@@ -98,10 +99,25 @@ TEMPLATES = {  # op -> (source of the step's value from its operands and params)
     "LeakyRelu": lambda a, alpha: f"({a} if {a} >= T(0.0) else {a} * {_lit(alpha)})",
     "HardSigmoid": lambda a, alpha, beta: _clip(f"({a} * {_lit(alpha)} + {_lit(beta)})",
                                                 0.0, 1.0),
-    "Pow": lambda a, p: f"({a} * {a})",  # only p == 2 is compiled (see compilable)
-    "Erf": lambda a: f"erf32({a})",  # float32 only
+    "Pow": lambda a, p: _power(a, int(p)),  # only p in 2, 3, 4 (see compilable)
+    "Erf": lambda a: f"erf32({a})",  # float32 only: a rational (ops/odd_rational.py)
+    "Tanh": lambda a: f"tanh32({a})",
     "Scalar": _lit,
 }
+
+
+def small_power(p: float) -> int | None:
+    """The exponent as an int when Pow(x, p) is computed by multiplying: 2, 3 or 4, as
+    onnxruntime does x^2 and x^3 (NumPy's float32 power cost ~60 ns an element)."""
+    return int(p) if p in (2.0, 3.0, 4.0) else None
+
+
+def _power(a, n: int) -> str:
+    # the association order of ops/fused_elementwise._pow_cpu: the same bits on both paths
+    return {2: f"({a} * {a})", 3: f"(({a} * {a}) * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[n]
+
+
+RATIONAL = {"Erf": "erf32", "Tanh": "tanh32"}  # float32 only
 
 
 def compilable(steps, dtype) -> bool:
@@ -112,9 +128,9 @@ def compilable(steps, dtype) -> bool:
         if step.op not in TEMPLATES or not all(math.isfinite(p) for p in step.params
                                                 if step.op != "Clip"):
             return False
-        if step.op == "Pow" and step.params != (2.0,):
+        if step.op == "Pow" and small_power(step.params[0]) is None:
             return False
-        if step.op == "Erf" and np.dtype(dtype) != np.float32:
+        if step.op in RATIONAL and np.dtype(dtype) != np.float32:
             return False
     return True
 
@@ -188,8 +204,9 @@ def source(steps, inputs: int, dtype, inner: tuple, alias: int | None) -> str:
         f"T = np.{np.dtype(dtype).name}",
         "",
     ]
-    if any(step.op == "Erf" for step in steps):
-        lines += _erf_source()
+    for op_name, function in RATIONAL.items():
+        if any(step.op == op_name for step in steps):
+            lines += odd_rational.numba_source(op_name, function, _clip, _lit)
     lines += [
         "@njit(nogil=True, cache=True, boundscheck=False, error_model='numpy')",
         f"def run({', '.join(names)}, out, n1, n2, {', '.join(strides)}, start, stop):",
@@ -217,32 +234,6 @@ def source(steps, inputs: int, dtype, inner: tuple, alias: int | None) -> str:
         values.append(register)
     lines.append(f"            out[uint64(o + k)] = {values[-1]}")
     return "\n".join(lines) + "\n"
-
-
-def _erf_source() -> list[str]:
-    """erf32(x): x P(u) / Q(u), u = (x / 4)^2, clipped to [-1, 1], in float32 and in the order
-    of operations of ops/fused_elementwise._erf_float32 (so both paths give the same bits)."""
-    from mixrt.ops.fused_elementwise import _ERF_LIMIT, _erf_rational  # noqa: PLC0415
-    p, q = _erf_rational()  # (imported here: fused_elementwise imports this module)
-    return [
-        "@njit(inline='always', error_model='numpy')",
-        "def erf32(x):",
-        f"    c = {_clip('x', -_ERF_LIMIT, _ERF_LIMIT)}",
-        f"    u = c * c * {_lit(1.0 / _ERF_LIMIT ** 2)}",
-        f"    top = {_horner(p)}",
-        f"    bottom = {_horner(q)}",
-        "    r = (c * top) / bottom",
-        f"    return {_clip('r', -1.0, 1.0)}",
-        "",
-    ]
-
-
-def _horner(coefficients) -> str:
-    """u * c[-1] + c[-2], then * u + c for the rest: _horner32's order."""
-    text = f"(u * {_lit(coefficients[-1])} + {_lit(coefficients[-2])})"
-    for c in coefficients[-3::-1]:
-        text = f"({text} * u + {_lit(c)})"
-    return text
 
 
 # -- compiling and caching -------------------------------------------------------------------

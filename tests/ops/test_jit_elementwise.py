@@ -45,7 +45,8 @@ def both_paths(monkeypatch, inputs, ops, operands, params=(), out=None):
 WITH_NAN = np.float32([np.nan, -np.inf, np.inf, -0.0, 0.0, 1.5, -2.5, 3.0])
 
 ONE_INPUT = [("Neg", []), ("Abs", []), ("Sqrt", []), ("Reciprocal", []), ("Floor", []),
-             ("Ceil", []), ("Relu", []), ("Erf", []), ("Pow", [2.0]), ("Clip", [-0.5, 0.5]),
+             ("Ceil", []), ("Relu", []), ("Erf", []), ("Tanh", []), ("Pow", [2.0]),
+             ("Pow", [3.0]), ("Pow", [4.0]), ("Clip", [-0.5, 0.5]),
              ("Clip", [-math.inf, 0.5]), ("Clip", [0.5, -0.5]), ("LeakyRelu", [0.2]),
              ("HardSigmoid", [0.3, 0.4])]
 
@@ -149,8 +150,9 @@ def test_threads_split_rows_without_changing_a_bit(monkeypatch):
 
 @pytest.mark.parametrize("ops, params, dtype", [
     (["Exp"], [], np.float32),          # NumPy's SIMD exp is ~6x numba's libm call
-    (["Tanh"], [], np.float32),
-    (["Pow"], [0.7], np.float32),       # only x^2 compiles
+    (["Tanh"], [], np.float64),         # the float32 rational only
+    (["Pow"], [0.7], np.float32),       # only x^2, x^3, x^4 compile
+    (["Pow"], [5.0], np.float32),
     (["Erf"], [], np.float64),          # the float32 rational only
     (["Scalar", "Add"], [math.inf], np.float32),  # no literal but finite floats
 ])
@@ -214,3 +216,34 @@ def test_an_unwritable_cache_compiles_in_memory(tmp_path, monkeypatch):
     x, out = rand(9, dtype=np.float64), np.empty(9)
     run(x, out, 1, 9, 0, 0, 0, 0, 0, 1)
     np.testing.assert_array_equal(out, np.maximum(-x, 0))
+
+
+# GPT-2's tanh-form GELU as the TorchScript exporter spells it
+GELU_TANH = dict(ops=["Scalar", "Mul", "Pow", "Scalar", "Mul", "Add", "Scalar", "Mul", "Tanh",
+                      "Scalar", "Add", "Mul"],
+                 operands=[0, 1, 0, 3, 4, 0, 5, 6, 7, 8, 9, 10, 2, 11],
+                 params=[0.5, 3.0, 0.044715, 0.7978845608, 1.0])
+
+
+def test_tanh_gelu_compiles_to_the_numpy_bits_and_stays_near_float64(monkeypatch):
+    x = np.concatenate([rand(4000) * 4, np.float32([1e4, -1e4, 60.0, -60.0, 1e-30, -0.0]),
+                        WITH_NAN])
+    with np.errstate(all="ignore"):
+        got, want = both_paths(monkeypatch, [x], **GELU_TANH)
+    np.testing.assert_array_equal(got, want)
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        exact = 0.5 * x64 * (1 + np.tanh(0.7978845608 * (x64 + 0.044715 * x64 ** 3)))
+    np.testing.assert_allclose(got, exact, rtol=2e-6, atol=1e-6)
+
+
+def test_tanh_and_small_powers_stay_within_float_rounding_of_numpy():
+    x = np.concatenate([np.linspace(-12, 12, 20001, dtype=np.float32),
+                        np.geomspace(1e-30, 1, 300).astype(np.float32), WITH_NAN])
+    tanh = fe.program(("Tanh",), (0,), (), 1).run_cpu([x])
+    np.testing.assert_allclose(tanh, np.tanh(x), rtol=8 * 2 ** -24, atol=4e-7)
+    assert np.all(np.abs(tanh[np.isfinite(x)]) <= 1)
+    for p in (2.0, 3.0, 4.0):  # negative bases included; multiplications, not powf
+        got = fe.program(("Pow",), (0,), (p,), 1).run_cpu([x])
+        with np.errstate(all="ignore"):
+            np.testing.assert_allclose(got, np.power(x, np.float32(p)), rtol=4 * 2 ** -23)
