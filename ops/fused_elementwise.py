@@ -297,7 +297,8 @@ class Program:
             routines[key] = found
         if found is None or (out is not None and out.shape != found.shape) \
                 or found.size >= 2 * BLOCK or (found.compilable and
-                                               found.size >= jit_elementwise.JIT_MIN_ELEMENTS):
+                                               found.size >= jit_elementwise.min_elements(
+                                                   self.steps)):
             return None  # blocks, or a compiled loop may take it
         return found
 

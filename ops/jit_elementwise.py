@@ -52,6 +52,11 @@ from mixrt.ops.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
 # conformance cases) should not pay a compile each
 JIT_MIN_ELEMENTS = 1 << 12
+# ... but a program with a rational or a power costs tens of NumPy calls per step, so it
+# compiles from this fraction of that: GPT-2's decoder-step GELU over 1024 elements took
+# 34 us as ufunc calls, 10 us compiled
+COSTLY = frozenset({"Erf", "Tanh", "Pow"})
+COSTLY_DIVISOR = 16
 # programs with one of these steps are split over the intra-op threads when big; the rest
 # are bound by memory, and the hand-off cost more than a second core saved: bias + ReLU over
 # 256x3136 took 45 us on one thread, 62 us on two; BERT's bias + GELU 216 us on one, 148 on two
@@ -285,10 +290,17 @@ def _written(path: Path, text: str) -> Path | None:
 
 # -- running -------------------------------------------------------------------------------------
 
+def min_elements(steps) -> int:
+    """The output size from which ``steps`` run compiled."""
+    if any(step.op in COSTLY for step in steps):
+        return JIT_MIN_ELEMENTS // COSTLY_DIVISOR
+    return JIT_MIN_ELEMENTS
+
+
 def suits(steps, inputs, out, kernels: dict | None = None) -> bool:
     """Whether the program should run compiled here; ``kernels`` (as for :func:`run`) also
     keeps the answer of :func:`compilable` per dtype."""
-    if not (0 < out.size and out.size >= JIT_MIN_ELEMENTS and jit_cpu.enabled()
+    if not (0 < out.size and out.size >= min_elements(steps) and jit_cpu.enabled()
             and all(isinstance(x, np.ndarray) and x.dtype == out.dtype for x in inputs)):
         return False
     if kernels is None:
