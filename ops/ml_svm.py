@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.ml import _NUMBERS, ML, _probit, _rows, post_transform_scores
+from mixrt.ops.ml import _NUMBERS, ML, _cached, _probit, _rows, post_transform_scores
 from mixrt.ops.ml_trees import _check_post_transform, _name, class_labels, label_values
 from mixrt.ops.registry import op
 from mixrt.ops.types import tensor
@@ -25,37 +25,70 @@ _RBF_ELEMENTS = 1 << 22
 def svm_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
                    coefficients=None, kernel_params=None, kernel_type="LINEAR",
                    post_transform="NONE", prob_a=None, prob_b=None, rho=None,
-                   support_vectors=None, vectors_per_class=None):
+                   support_vectors=None, vectors_per_class=None, _node=None):
     """(label [N], scores). Support vectors given (libsvm's SVC): one-vs-one decision values
     vote for the label, and the scores are the decision values [N, pairs] ([N, 2] for two
     classes), or with prob_a/prob_b, class probabilities [N, classes] from Platt-scaled
     pairwise probabilities coupled as libsvm couples them. No support vectors (liblinear):
     one linear score per class, the label the best one."""
-    labels = class_labels(classlabels_ints, classlabels_strings)
-    _check_post_transform(post_transform)
-    kernel = _kernel_spec(kernel_type, kernel_params)
-    coefficients = _floats("coefficients", coefficients, required=True)
-    rho = _floats("rho", rho, required=True)
-    prob_a, prob_b = _floats("prob_a", prob_a), _floats("prob_b", prob_b)
-    if len(prob_a) != len(prob_b):
-        raise ValueError(f"prob_a has {len(prob_a)} values but prob_b has {len(prob_b)}")
+    model = _cached(_node, lambda: _Classifier(
+        classlabels_ints=classlabels_ints, classlabels_strings=classlabels_strings,
+        coefficients=coefficients, kernel_params=kernel_params, kernel_type=kernel_type,
+        post_transform=post_transform, prob_a=prob_a, prob_b=prob_b, rho=rho,
+        support_vectors=support_vectors, vectors_per_class=vectors_per_class))
     rows = _rows(X).astype(np.float32)
-    counts = np.asarray(vectors_per_class if vectors_per_class is not None else [], np.int64)
-    if counts.sum() == 0:
-        return _linear_classifier(xp, rows, labels, coefficients, rho, post_transform,
-                                  have_proba=bool(len(prob_a)))
-    pairs = len(labels) * (len(labels) - 1) // 2
-    _check_svc(labels, counts, coefficients, rho, prob_a, pairs)
-    vectors = _support_vectors(support_vectors, int(counts.sum()), rows.shape[1])
-    kernels = _kernel_matrix(xp, rows, xp.asarray(vectors), kernel)
-    decisions, votes = _one_vs_one(xp, kernels, counts, coefficients, rho, len(labels))
+    labels, post_transform = model.labels, model.post_transform
+    if model.vectors is None:
+        return _linear_classifier(xp, rows, labels, model.coefficients, model.rho,
+                                  post_transform, have_proba=bool(len(model.prob_a)))
+    if rows.shape[1] != model.vectors.shape[1]:
+        raise ValueError(f"support_vectors has {model.vectors.size} values, not "
+                         f"{len(model.vectors)} vectors of the input's {rows.shape[1]} "
+                         f"features")
+    kernels = _kernel_matrix(xp, rows, xp.asarray(model.vectors), model.kernel)
+    decisions, votes = _one_vs_one(xp, kernels, model, len(labels))
     label = label_values(xp, labels, xp.argmax(votes, axis=1))  # the first of tied classes
-    if len(prob_a):
-        probabilities = _coupled_probabilities(xp, decisions, prob_a, prob_b, len(labels))
+    if len(model.prob_a):
+        probabilities = _coupled_probabilities(xp, decisions, model.prob_a, model.prob_b,
+                                               len(labels))
         return label, post_transform_scores(xp, probabilities, post_transform).astype(np.float32)
-    if pairs > 1:
+    if model.pairs > 1:
         return label, post_transform_scores(xp, decisions, post_transform).astype(np.float32)
     return label, _binary_decision_columns(xp, decisions[:, 0], post_transform)
+
+
+class _Classifier:
+    """An SVMClassifier's attributes checked and converted once: a session's node keeps one
+    (``_node``), so a run reads arrays instead of converting long attribute lists."""
+
+    def __init__(self, *, classlabels_ints, classlabels_strings, coefficients, kernel_params,
+                 kernel_type, post_transform, prob_a, prob_b, rho, support_vectors,
+                 vectors_per_class):
+        self.labels = class_labels(classlabels_ints, classlabels_strings)
+        _check_post_transform(post_transform)
+        self.post_transform = post_transform
+        self.kernel = _kernel_spec(kernel_type, kernel_params)
+        self.coefficients = _floats("coefficients", coefficients, required=True)
+        self.rho = _floats("rho", rho, required=True)
+        self.prob_a, self.prob_b = _floats("prob_a", prob_a), _floats("prob_b", prob_b)
+        if len(self.prob_a) != len(self.prob_b):
+            raise ValueError(f"prob_a has {len(self.prob_a)} values but prob_b has "
+                             f"{len(self.prob_b)}")
+        counts = np.asarray(vectors_per_class if vectors_per_class is not None else [],
+                            np.int64)
+        classes = len(self.labels)
+        self.pairs = classes * (classes - 1) // 2
+        self.vectors = None
+        if counts.sum() == 0:
+            return
+        _check_svc(self.labels, counts, self.coefficients, self.rho, self.prob_a, self.pairs)
+        values = _floats("support_vectors", support_vectors)
+        if len(values) % int(counts.sum()):
+            raise ValueError(f"support_vectors has {len(values)} values, not a whole number "
+                             f"of {int(counts.sum())} vectors")
+        self.vectors = values.reshape(int(counts.sum()), -1)
+        self.pair_weights, self.first_of_pair, self.second_of_pair = _pair_weights(
+            counts, self.coefficients, classes)
 
 
 @svm_classifier.infer
@@ -187,28 +220,48 @@ def _rbf(xp, rows, vectors, gamma):
     return xp.concatenate(slabs, axis=0).astype(np.float32)
 
 
-def _one_vs_one(xp, kernels, counts, coefficients, rho, classes: int):
-    """libsvm's decision value of every class pair i < j, [N, pairs] float32, and each
-    class's votes [N, classes] (i wins a pair when its value is > 0, else j). Products are
-    float32, their sum float64, as onnxruntime sums them."""
+def _pair_weights(counts, coefficients, classes: int):
+    """For every class pair i < j (libsvm's order), the dual coefficients that weigh each
+    support vector in its decision value [pairs, 2, vectors]: row 0 holds class i's vectors
+    weighted by their coefficients against j, row 1 class j's against i, zeros elsewhere.
+    Also each pair's first and second class, one-hot [pairs, classes] (a row of wins times
+    them counts votes)."""
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     vectors = int(counts.sum())
     dual = coefficients[:(classes - 1) * vectors].reshape(classes - 1, vectors)
-    decisions, votes = [], xp.zeros((kernels.shape[0], classes), np.int64)
-    pair = 0
-    for i in range(classes - 1):
-        for j in range(i + 1, classes):
-            mine = slice(starts[i], starts[i] + counts[i])
-            theirs = slice(starts[j], starts[j] + counts[j])
-            total = ((kernels[:, mine] * xp.asarray(dual[j - 1, mine])).astype(np.float64)
-                     .sum(axis=1) +
-                     (kernels[:, theirs] * xp.asarray(dual[i, theirs])).astype(np.float64)
-                     .sum(axis=1) + np.float64(rho[pair]))
-            decisions.append(total.astype(np.float32))
-            votes[:, i] += total > 0
-            votes[:, j] += total <= 0
-            pair += 1
-    return xp.stack(decisions, axis=1), votes
+    pairs = [(i, j) for i in range(classes - 1) for j in range(i + 1, classes)]
+    weights = np.zeros((len(pairs), 2, vectors), np.float32)
+    for pair, (i, j) in enumerate(pairs):
+        mine = slice(starts[i], starts[i] + counts[i])
+        theirs = slice(starts[j], starts[j] + counts[j])
+        weights[pair, 0, mine] = dual[j - 1, mine]
+        weights[pair, 1, theirs] = dual[i, theirs]
+    first, second = (np.eye(classes, dtype=np.int64)[list(side)] for side in zip(*pairs))
+    return weights, first, second
+
+
+# rows of products [rows, pairs, 2, vectors] formed at once in _one_vs_one
+_PRODUCT_ELEMENTS = 1 << 22
+
+
+def _one_vs_one(xp, kernels, model, classes: int):
+    """libsvm's decision value of every class pair i < j, [N, pairs] float32, and each
+    class's votes [N, classes] (i wins a pair when its value is > 0, else j). Products are
+    float32, the sums over each class's vectors float64, as onnxruntime sums them (the
+    zero weights of the other classes add nothing)."""
+    weights = xp.asarray(model.pair_weights)
+    step = max(1, _PRODUCT_ELEMENTS // max(1, weights.size))
+    totals = []
+    for start in range(0, kernels.shape[0], step):
+        products = kernels[start:start + step, None, None, :] * weights[None]
+        sides = products.astype(np.float64).sum(axis=3)
+        totals.append(sides[:, :, 0] + sides[:, :, 1] + model.rho[:model.pairs]
+                      .astype(np.float64))
+    total = xp.concatenate(totals, axis=0) if totals else xp.zeros((0, model.pairs))
+    first_wins = (total > 0).astype(np.int64)
+    votes = (first_wins @ xp.asarray(model.first_of_pair)
+             + (1 - first_wins) @ xp.asarray(model.second_of_pair))
+    return total.astype(np.float32), votes
 
 
 def _binary_decision_columns(xp, decision, post_transform):
@@ -255,15 +308,13 @@ def _coupled_probabilities(xp, decisions, prob_a, prob_b, classes: int):
     """Class probabilities [N, classes]: each pair's decision value through its Platt
     sigmoid (clipped to [1e-7, 1 - 1e-7]), coupled by libsvm's iterative method (Wu, Lin and
     Weng 2004) in float32 as onnxruntime runs it, every row at once."""
+    pairs = decisions.shape[1]
+    value = decisions * prob_a[:pairs] + prob_b[:pairs]
+    probability = xp.clip(1 - _logistic(xp, value), np.float32(1e-7), np.float32(1 - 1e-7))
+    first, second = np.triu_indices(classes, 1)  # libsvm's pair order: (0,1), (0,2), ...
     r = xp.zeros((decisions.shape[0], classes, classes), np.float32)
-    pair = 0
-    for i in range(classes - 1):
-        for j in range(i + 1, classes):
-            value = decisions[:, pair] * prob_a[pair] + prob_b[pair]
-            probability = xp.clip(1 - _logistic(xp, value), np.float32(1e-7),
-                                  np.float32(1 - 1e-7))
-            r[:, i, j], r[:, j, i] = probability, 1 - probability
-            pair += 1
+    r[:, first, second] = probability
+    r[:, second, first] = 1 - probability
     return _couple(xp, r, classes)
 
 
@@ -278,12 +329,13 @@ def _couple(xp, r, k: int):
     -r[j,t] r[t,j], by libsvm's coordinate updates: at most 100 sweeps, a row stopping once
     every |(Qp)_t - p'Qp| < 0.005 / k (rows that stopped keep their p)."""
     rows = r.shape[0]
-    q = xp.zeros((rows, k, k), np.float32)
-    for t in range(k):
-        for j in range(k):
-            if j != t:
-                q[:, t, t] += r[:, j, t] * r[:, j, t]
-                q[:, t, j] = -r[:, j, t] * r[:, t, j]
+    q = -(xp.swapaxes(r, 1, 2) * r)  # Q[t, j] = -r[j, t] r[t, j]
+    diagonal = xp.zeros((rows, k), np.float32)
+    squares = r * r
+    for j in range(k):  # Q[t, t] summed over j in order (r[t, t] is 0, adding nothing)
+        diagonal = diagonal + squares[:, j, :]
+    index = np.arange(k)
+    q[:, index, index] = diagonal
     p = xp.full((rows, k), np.float32(1) / np.float32(k), dtype=np.float32)
     eps = np.float32(0.005) / np.float32(k)
     running = xp.ones(rows, dtype=bool)
