@@ -12,6 +12,8 @@ unfolds again:
   [-> Add(mask)] -> Softmax -> MatMul -> Transpose
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
+* ``PairwiseSquaredDistances(X, R)`` -> Sub(Unsqueeze(X, 0), Unsqueeze(R, 1)) ->
+  ReduceSumSquare over the features [-> Sqrt]: the kNN Scan's steps all at once
 * ``MXReshape(X)``            -> Reshape(X, Concat of X's dims picked by Gather from Shape(X),
   multiplied (-3) or divided (-4 with -1) as its plan says, and its fixed sizes); where a
   moved, merged or split dimension could be 0 at run time, X first goes through a shape
@@ -344,6 +346,26 @@ def _planned_part(unfold: _Unfolder, dims: str, piece) -> str:
     return dim
 
 
+def _pairwise_squared_distances(unfold: _Unfolder, node: Node) -> None:
+    x, r = node.inputs
+    difference = unfold.emit("Sub", [_unsqueezed(unfold, x, 0), _unsqueezed(unfold, r, 1)])
+    root = node.attributes.get("root", 0)
+    sums = None if root else node.outputs[0]
+    if unfold.opset >= 18:  # reductions take their axes as an input from opset 18
+        sums = unfold.emit("ReduceSumSquare", [difference, unfold.ints([2], "axes")], sums,
+                           keepdims=0)
+    else:
+        sums = unfold.emit("ReduceSumSquare", [difference], sums, axes=[2], keepdims=0)
+    if root:
+        unfold.emit("Sqrt", [sums], node.outputs[0])
+
+
+def _unsqueezed(unfold: _Unfolder, x: str, axis: int) -> str:
+    if unfold.opset >= 13:  # Unsqueeze takes its axes as an input from opset 13
+        return unfold.emit("Unsqueeze", [x, unfold.ints([axis], "axes")])
+    return unfold.emit("Unsqueeze", [x], axes=[axis])
+
+
 _DECOMPOSITIONS = {
     "BlockGrad": _block_grad,
     "MXReshape": _mx_reshape,
@@ -353,4 +375,5 @@ _DECOMPOSITIONS = {
     "FusedMatMul": _fused_mat_mul,
     "FusedAttention": _fused_attention,
     "FusedElementwise": _fused_elementwise,
+    "PairwiseSquaredDistances": _pairwise_squared_distances,
 }

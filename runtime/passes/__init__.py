@@ -28,6 +28,7 @@ from mixrt.runtime.passes.fuse import fuse_products
 from mixrt.runtime.passes.fuse_attention import fuse_attention
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
+from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
 from mixrt.runtime.passes.simplify import remove_noops
@@ -73,6 +74,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
                           ("fuse_rms_norms", fuse_rms_norms),
+                          ("fuse_scan_distances", fuse_scan_distances),
                           ("fuse_attention", fuse_attention),
                           ("fuse_products", fuse_products),
                           ("fuse_conv_pools", fuse_conv_pools),
