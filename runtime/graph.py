@@ -49,8 +49,10 @@ class Node:
         for value in self.attributes.values():
             if isinstance(value, Graph):
                 found.append(value)
-            elif isinstance(value, list):
-                found.extend(v for v in value if isinstance(v, Graph))
+            elif isinstance(value, list) and value and isinstance(value[0], Graph):
+                # an ONNX list attribute holds one type; checking every element of a tree
+                # ensemble's node lists (10^5 numbers) on each pass made loading take seconds
+                found.extend(value)
         return found
 
 

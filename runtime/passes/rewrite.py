@@ -48,8 +48,9 @@ def copy_node(node: Node) -> Node:
     for key, value in node.attributes.items():
         if isinstance(value, Graph):
             value = copy_graph(value)
-        elif isinstance(value, list):
-            value = [copy_graph(v) if isinstance(v, Graph) else v for v in value]
+        elif isinstance(value, list):  # one type per list attribute (see Node.subgraphs)
+            value = ([copy_graph(v) for v in value] if value and isinstance(value[0], Graph)
+                     else list(value))
         attributes[key] = value
     return Node(node.op_type, list(node.inputs), list(node.outputs), node.name, node.domain,
                 node.opset, attributes)
