@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops import jit_cpu
 from mixrt.ops.ml import _NUMBERS, ML, _cached, _probit, _rows, post_transform_scores
 from mixrt.ops.ml_trees import _check_post_transform, _name, class_labels, label_values
 from mixrt.ops.registry import op
@@ -337,6 +338,10 @@ def _couple(xp, r, k: int):
     index = np.arange(k)
     q[:, index, index] = diagonal
     p = xp.full((rows, k), np.float32(1) / np.float32(k), dtype=np.float32)
+    kernels = _compiled(xp)
+    if kernels is not None:
+        kernels.couple(np.ascontiguousarray(q), p)
+        return p
     eps = np.float32(0.005) / np.float32(k)
     running = xp.ones(rows, dtype=bool)
     for _ in range(100):
@@ -348,6 +353,16 @@ def _couple(xp, r, k: int):
             break
         p = xp.where(running[:, None], _sweep(xp, q, p, qp, pqp, k), p)
     return p
+
+
+_COUPLING_KERNELS: list = []  # ops/_jit_svm.py once imported
+
+
+def _compiled(xp):
+    """ops/_jit_svm.py where it may run (host arrays, the compiled tier on), else None."""
+    if xp is not np or not jit_cpu.enabled():
+        return None
+    return jit_cpu._import_once(_COUPLING_KERNELS, "mixrt.ops._jit_svm")
 
 
 def _sweep(xp, q, p, qp, pqp, k: int):

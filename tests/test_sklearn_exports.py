@@ -522,3 +522,19 @@ def test_cast_map_of_strings_parses_as_stof_and_stoll():
         with pytest.raises(ExecutionError, match=message):
             mixrt.Session(_map_model("CastMap", TensorProto.FLOAT, TensorProto.INT64,
                                      **bad)).run(None, {"m": {0: 1.0}})
+
+
+@pytest.mark.parametrize("classes", [2, 3, 10])
+def test_svm_probability_coupling_same_bits_in_both_tiers(classes, monkeypatch):
+    """libsvm's coupling compiled (ops/_jit_svm.py) and as NumPy sweeps give the same bits."""
+    pytest.importorskip("numba")
+    from mixrt.ops import jit_cpu, ml_svm
+    rng = np.random.default_rng(classes)
+    pairs = classes * (classes - 1) // 2
+    decisions = rng.standard_normal((64, pairs)).astype(np.float32) * 3
+    prob_a = rng.uniform(-3, -0.5, pairs).astype(np.float32)
+    prob_b = rng.uniform(-0.5, 0.5, pairs).astype(np.float32)
+    compiled = ml_svm._coupled_probabilities(np, decisions, prob_a, prob_b, classes)
+    monkeypatch.setattr(jit_cpu, "enabled", lambda: False)
+    plain = ml_svm._coupled_probabilities(np, decisions, prob_a, prob_b, classes)
+    np.testing.assert_array_equal(compiled, plain)
