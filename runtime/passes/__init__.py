@@ -29,6 +29,7 @@ from mixrt.runtime.passes.fuse_attention import fuse_attention
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
+from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
 from mixrt.runtime.passes.simplify import remove_noops
@@ -70,7 +71,8 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
 
 def _rounding_passes(graph: Graph, stats: dict) -> None:
     ir_version = ir_version_of(graph)
-    for name, rewrite in (("fold_conv_affine", fold_conv_affine),
+    for name, rewrite in (("compute_half_in_float", compute_half_in_float),
+                          ("fold_conv_affine", fold_conv_affine),
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
                           ("fuse_rms_norms", fuse_rms_norms),
