@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mixrt.ops import nms_cpu
 from mixrt.ops.dtypes import FLOATS, NUMERIC, accumulation_dtype
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, normalize_axis, shape_text
@@ -567,59 +568,20 @@ def _infer_affine_grid(theta, size, **_):
 
 # -- NonMaxSuppression -----------------------------------------------------------------------
 
-def _corners(boxes, center_point_box):
-    """Boxes as (y_min, x_min, y_max, x_max), whatever corner order or format they came in."""
-    if center_point_box:
-        xc, yc, w, h = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
-        return np.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], axis=1)
-    y1, x1, y2, x2 = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
-    return np.stack([np.minimum(y1, y2), np.minimum(x1, x2),
-                     np.maximum(y1, y2), np.maximum(x1, x2)], axis=1)
-
-
-def _iou_with(box, others):
-    top = np.maximum(box[0], others[:, 0])
-    left = np.maximum(box[1], others[:, 1])
-    bottom = np.minimum(box[2], others[:, 2])
-    right = np.minimum(box[3], others[:, 3])
-    inter = np.clip(bottom - top, 0, None) * np.clip(right - left, 0, None)
-    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
-    union = area(box) + area(others) - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-
-
-def _select_boxes(corners, scores, limit, iou_threshold, score_threshold):
-    """Greedy NMS for one (batch, class): indices of the kept boxes, best score first."""
-    order = np.argsort(-scores, kind="stable")
-    if score_threshold is not None:
-        order = order[scores[order] >= score_threshold]
-    kept = []
-    for i in order:
-        if len(kept) >= limit:
-            break
-        if not kept or np.all(_iou_with(corners[i], corners[kept]) <= iou_threshold):
-            kept.append(int(i))
-    return kept
-
-
 @op("NonMaxSuppression", since=11)
 @op("NonMaxSuppression", since=10)
 def non_max_suppression(xp, boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
                         score_threshold=None, *, center_point_box=0):
     # Greedy selection is sequential and data-dependent: it runs on the host.
-    boxes, scores = to_host(boxes).astype(np.float64), to_host(scores).astype(np.float64)
+    boxes, scores = to_host(boxes), to_host(scores)
     limit = 0 if not _present(max_output_boxes_per_class) else int(
         to_host(max_output_boxes_per_class).reshape(-1)[0])
     iou = 0.0 if not _present(iou_threshold) else float(to_host(iou_threshold).reshape(-1)[0])
     min_score = None if not _present(score_threshold) else float(
         to_host(score_threshold).reshape(-1)[0])
-    selected = []
-    for b in range(boxes.shape[0]):
-        corners = _corners(boxes[b], center_point_box)
-        for c in range(scores.shape[1]):
-            for i in _select_boxes(corners, scores[b, c], limit, iou, min_score):
-                selected.append((b, c, i))
-    return xp.asarray(np.asarray(selected, dtype=np.int64).reshape(-1, 3))
+    selected = nms_cpu.select_all(nms_cpu.corners(boxes, center_point_box), scores, limit,
+                                  iou, min_score)
+    return xp.asarray(selected)
 
 
 @non_max_suppression.infer
