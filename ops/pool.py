@@ -16,6 +16,7 @@ import numpy as np
 
 from mixrt.ops.conv import (inferred_out_dims, pad_spatial, sliding_windows,
                             spatial_attrs, window_geometry, work_dtype)
+from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import FLOATS
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, fits, shape_text
@@ -386,19 +387,61 @@ def roi_align(xp, X, rois, batch_indices, *, coordinate_transformation_mode="hal
     boxes = np.asarray(to_host(rois), dtype=np.float64) * spatial_scale
     batches = np.asarray(to_host(batch_indices)).astype(np.int64).reshape(-1)
     out = (int(output_height), int(output_width))
+    starts = boxes[:, [1, 0]] - (0.5 if half_pixel else 0.0)  # (y, x) per RoI
+    sizes = boxes[:, [3, 2]] - boxes[:, [1, 0]]
+    if not half_pixel:  # the legacy mode never lets an RoI shrink below one pixel
+        sizes = np.maximum(sizes, 1.0)
+    grids = _sample_grids(sizes, out, sampling_ratio)
+    kernels = _roi_kernels(xp)
+    if kernels is not None and len(boxes):
+        return _roi_align_compiled(kernels, X, dtype, batches, starts, sizes, grids, out, mode)
     results = []
-    for box, batch in zip(boxes, batches):
-        start = box[[1, 0]] - (0.5 if half_pixel else 0.0)  # (y, x)
-        size = box[[3, 2]] - box[[1, 0]]
-        if not half_pixel:  # the legacy mode never lets an RoI shrink below one pixel
-            size = np.maximum(size, 1.0)
-        grid = [int(sampling_ratio) if sampling_ratio > 0 else max(math.ceil(s / o), 1)
-                for s, o in zip(size, out)]
+    for start, size, grid, batch in zip(starts, sizes, grids, batches):
         image = X[int(batch)].astype(dtype, copy=False)
-        results.append(_roi_bins(xp, image, start, size / np.array(out), out, grid, mode))
+        results.append(_roi_bins(xp, image, start, size / np.array(out), out, list(grid),
+                                 mode))
     if not results:
         return xp.zeros((0, X.shape[1]) + out, dtype=X.dtype)
     return xp.stack(results).astype(X.dtype, copy=False)
+
+
+def _sample_grids(sizes, out, sampling_ratio):
+    """Samples per bin along y and x of each RoI: sampling_ratio, else ceil(size / bins)."""
+    if sampling_ratio > 0:
+        return np.full((len(sizes), 2), int(sampling_ratio), dtype=np.int64)
+    return np.maximum(np.ceil(sizes / np.array(out)), 1).astype(np.int64)
+
+
+_ROI_KERNELS: list = []  # ops/_jit_roi.py once imported
+
+
+def _roi_kernels(xp):
+    """ops/_jit_roi.py where it may run (host arrays, the compiled tier on), else None."""
+    if xp is not np or not jit_cpu.enabled():
+        return None
+    return jit_cpu._import_once(_ROI_KERNELS, "mixrt.ops._jit_roi")
+
+
+def _roi_align_compiled(kernels, X, dtype, batches, starts, sizes, grids, out, mode):
+    """Every RoI in one compiled call, with the NumPy form's taps and weights."""
+    bin_sizes = sizes / np.array(out)
+    axes = []
+    for a in range(2):  # per RoI, padded to the largest grid (the kernel reads grids[r])
+        widest = int(grids[:, a].max())
+        steps = (np.arange(out[a])[:, None, None] * grids[:, a] + np.arange(widest)[None, :, None]
+                 + 0.5).transpose(2, 0, 1).reshape(len(grids), -1)
+        steps = np.where(np.arange(widest)[None, :].repeat(out[a], 0).reshape(-1) <
+                         grids[:, a, None], steps, 0.5)
+        coords = starts[:, a, None] + steps * bin_sizes[:, a, None] / grids[:, a, None]
+        axes.append(_linear_taps(coords, X.shape[2 + a]))
+    (y_lo, y_hi, y_wlo, y_whi), (x_lo, x_hi, x_wlo, x_whi) = axes
+    weights = np.stack([(wy[:, :, None] * wx[:, None, :]).astype(dtype)
+                        for wy in (y_wlo, y_whi) for wx in (x_wlo, x_whi)], axis=1)
+    images = np.ascontiguousarray(X, dtype=dtype)
+    result = np.empty((len(grids), X.shape[1]) + out, dtype=dtype)
+    kernels.roi_align(images, batches, np.stack([y_lo, y_hi], axis=1),
+                      np.stack([x_lo, x_hi], axis=1), weights, grids, mode == "avg", result)
+    return result.astype(X.dtype, copy=False)
 
 
 @op("RoiAlign", since=10, dtypes=FLOATS)

@@ -133,3 +133,26 @@ def test_nms_without_boxes_or_classes():
             got = _mixrt(np.zeros(shape_boxes, np.float32), np.zeros(shape_scores, np.float32),
                          10, 0.5, None, 0, compiled)
             assert got.shape == (0, 3) and got.dtype == np.int64
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("transform", ["half_pixel", "output_half_pixel"])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_roi_align_compiled_matches_numpy_tier(mode, transform, sampling_ratio):
+    from mixrt.ops import pool
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((2, 6, 10, 12)).astype(np.float32)
+    corner = rng.uniform(-3, 14, size=(20, 2))
+    rois = np.concatenate([corner, corner + rng.uniform(-1, 9, size=(20, 2))], 1)
+    batches = rng.integers(0, 2, 20).astype(np.int64)
+    kwargs = dict(coordinate_transformation_mode=transform, mode=mode, output_height=3,
+                  output_width=4, sampling_ratio=sampling_ratio, spatial_scale=0.5)
+    with jit_tier.using(False):
+        expected = pool.roi_align(np, X, rois.astype(np.float32), batches, **kwargs)
+    with jit_tier.using(True):
+        got = pool.roi_align(np, X, rois.astype(np.float32), batches, **kwargs)
+    assert got.dtype == expected.dtype
+    if mode == "max":  # each weighted corner is the same product: the same bits
+        np.testing.assert_array_equal(got, expected)
+    else:  # the samples' sum may be added in another order
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
