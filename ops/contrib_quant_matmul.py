@@ -20,7 +20,8 @@ import numpy as np
 from mixrt.ops.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_value, requantize,
                                      require_dtype, require_float_scales, require_per_tensor)
 from mixrt.ops.nn import matmul_shape
-from mixrt.ops.quantize import dynamic_quantize_linear, expand_param
+from mixrt.ops.quantize import (centered_weight, dynamic_quantize_linear, exact_integer_product,
+                                expand_param)
 from mixrt.ops.registry import CONSTANT_INPUTS, REGISTRY, op
 from mixrt.ops.types import TensorType, conflicting, shape_text
 
@@ -28,11 +29,11 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
 
-def _centered(x, zero_point):
-    """Codes less their zero point as float64 (exact); a per-column zero point broadcasts
+def _centered(x, zero_point, dtype=F64):
+    """Codes less their zero point as floats (exact); a per-column zero point broadcasts
     along the last axis."""
-    x = x.astype(F64)
-    return x if zero_point is None else x - zero_point.astype(F64)
+    x = x.astype(dtype)
+    return x if zero_point is None else x - zero_point.astype(dtype)
 
 
 def _per_column(xp, op_type, name, param, b_shape):
@@ -104,12 +105,21 @@ def _(A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None, y_scale=N
 # -- MatMulIntegerToFloat, DynamicQuantizeMatMul ------------------------------------------------
 
 def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
-                              bias):
+                              bias, _prepacked=None, b_zero_index=None):
     """(A - a_zp)(B - b_zp) exactly, converted to float32 and scaled by a_scale * b_scale
-    (B's per column), plus the bias: MatMulIntegerToFloat's output."""
+    (B's per column), plus the bias: MatMulIntegerToFloat's output. ``b_zero_index``: the
+    input position of b_zero_point, so that a constant one is folded into the kept B."""
     a_zero = None if a_zero_point is None else one_value(op_type, "a_zero_point", a_zero_point)
-    b_zero = _per_column(xp, op_type, "b_zero_point", b_zero_point, B.shape)
-    total = xp.matmul(_centered(A, a_zero), _centered(B, b_zero))
+
+    def center(weight, zero_point):
+        return _centered(weight, _per_column(xp, op_type, "b_zero_point", zero_point,
+                                             weight.shape))
+
+    constant_inputs = {1} if b_zero_point is None else {1, b_zero_index}
+    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
+    constant = _prepacked if _prepacked is not None and constant_inputs <= \
+        _prepacked.get(CONSTANT_INPUTS, frozenset()) else None
+    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant)
     multiplier = as_f32(one_value(op_type, "a_scale", a_scale)) \
         * as_f32(_per_column(xp, op_type, "b_scale", b_scale, B.shape))
     values = total.astype(F32) * multiplier
@@ -120,19 +130,20 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
 
 @op("MatMulIntegerToFloat", since=1, domain=COM_MICROSOFT, dtypes=INT8S)
 def matmul_integer_to_float(xp, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
-                            bias=None):
+                            bias=None, *, _prepacked=None):
     return integer_product_to_float(xp, "MatMulIntegerToFloat", A, B, a_scale, b_scale,
-                                     a_zero_point, b_zero_point, bias)
+                                     a_zero_point, b_zero_point, bias, _prepacked, 5)
 
 
 @op("DynamicQuantizeMatMul", since=1, domain=COM_MICROSOFT, dtypes=frozenset({"float32"}))
-def dynamic_quantize_matmul(xp, A, B, b_scale, b_zero_point=None, bias=None):
+def dynamic_quantize_matmul(xp, A, B, b_scale, b_zero_point=None, bias=None, *,
+                            _prepacked=None):
     """A quantized to uint8 over its own range (DynamicQuantizeLinear), then
     MatMulIntegerToFloat. An all-zero A gets scale 0 here and 1 in onnxruntime: its
     products are 0 either way."""
     codes, scale, zero = dynamic_quantize_linear(xp, A)
     return integer_product_to_float(xp, "DynamicQuantizeMatMul", codes, B, scale, b_scale,
-                                     zero, b_zero_point, bias)
+                                     zero, b_zero_point, bias, _prepacked, 3)
 
 
 def _product_infer(op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias):

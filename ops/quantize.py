@@ -1,9 +1,15 @@
 """Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the
 integer/quantized matmuls and convolutions.
 
-Integer products are accumulated in float64: every product of 8-bit (and 16-bit) values and
-every sum of fewer than 2**20 of them is exact there, and float64 matmul goes through BLAS
-(cuBLAS on a GPU), where NumPy's integer matmul does not.
+Integer products go through float BLAS (cuBLAS on a GPU), where NumPy's integer matmul does
+not, and stay exact (:func:`exact_integer_product`): on the CPU, 8-bit codes less their zero
+points (at most 255 in magnitude) multiply in float32, where every product and every partial
+sum below 2**24 is an exact integer whatever order BLAS adds in, because every partial sum of
+a row times a column is bounded by the row's sum of |a| times the largest |b|. When that bound
+reaches 2**24, K is cut into chunks short enough to keep each chunk's sums below it, and the
+chunks' exact sums are added in float64. A constant B is centered and converted to float32
+once per session (its ``_prepacked`` dict). On a GPU the product is float64 throughout, where
+every sum of fewer than 2**20 such products is exact.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import numpy as np
 
 from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
+from mixrt.ops.matmul_cpu import dense_product
 from mixrt.ops.nn import matmul_shape
-from mixrt.ops.registry import REGISTRY, op
+from mixrt.ops.registry import CONSTANT_INPUTS, REGISTRY, op
 from mixrt.ops.types import TensorType, fits, normalize_axis, shape_text
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
@@ -299,12 +306,13 @@ def _(x, **_):
 
 # -- integer and quantized matmul --------------------------------------------------------------
 
-def _centered(x, zero_point, *, per_row=False):
-    """x - zero_point as float64. A 1-D per-row zero point of a matrix becomes a column."""
-    x = _as_float(x)
+def _centered(x, zero_point, *, per_row=False, dtype=np.float64):
+    """x - zero_point as floats (exact for 8-bit codes in float32 too). A 1-D per-row zero
+    point of a matrix becomes a column."""
+    x = _as_float(x, dtype)
     if zero_point is None:
         return x
-    zero = _as_float(zero_point)
+    zero = _as_float(zero_point, dtype)
     if per_row and zero.ndim == 1 and zero.size > 1 and x.ndim >= 2:
         zero = zero.reshape(-1, 1)
     return x - zero
@@ -318,10 +326,65 @@ def _per_row(param, a_ndim):
     return param
 
 
+_F32_EXACT = float(2 ** 24)  # integers up to here (and every sum staying below) are exact
+
+
+def exact_integer_product(xp, a, b, b_bound=None, prepacked=None):
+    """a @ b for float operands holding integers of magnitude < 2**16, exactly: float32 (or
+    float64) values that are the integer sums. ``b_bound``: max |b| when the caller knows
+    it; ``prepacked``: the node's dict when b is a constant of the session (the dense
+    product keeps its packed panels there; fused multiply-adds of integers whose sums stay
+    below 2**24 are exact too)."""
+    if xp is not np or a.ndim < 2 or b.ndim < 2:
+        return xp.matmul(a.astype(np.float64), b.astype(np.float64))
+    a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    if b_bound is None:
+        b_bound = float(np.abs(b).max()) if b.size else 0.0
+    row_sums = np.abs(a).sum(axis=-1, dtype=np.float64)
+    if not row_sums.size or float(row_sums.max()) * b_bound < _F32_EXACT:
+        if b.ndim != 2:
+            return np.matmul(a, b)
+        out = np.empty((*a.shape[:-1], b.shape[1]), np.float32)
+        return dense_product(np.ascontiguousarray(a), b, out, prepacked)
+    chunk = max(1, int((_F32_EXACT - 1) // (float(np.abs(a).max()) * b_bound)))
+    total = None
+    for start in range(0, a.shape[-1], chunk):
+        part = np.matmul(a[..., start:start + chunk], b[..., start:start + chunk, :])
+        total = part.astype(np.float64) if total is None else np.add(total, part, out=total)
+    return total
+
+
+def _constant_dict(_prepacked, b_zero_point, b_zero_index=3):
+    """The node's dict when B (and its zero point) are constants of the session, else None."""
+    needed = {1} if b_zero_point is None else {1, b_zero_index}
+    if _prepacked is None or not needed <= _prepacked.get(CONSTANT_INPUTS, frozenset()):
+        return None
+    return _prepacked
+
+
+def centered_weight(xp, B, zero_point, _prepacked, constant_inputs, center):
+    """(B less its zero point as float32, max |that|), kept in ``_prepacked`` when B and its
+    zero point are constants of the session; ``center(B, zero_point)`` centers it."""
+    constant = _prepacked is not None and xp is np and constant_inputs <= \
+        _prepacked.get(CONSTANT_INPUTS, frozenset())
+    if constant and "centered_weight" in _prepacked:
+        return _prepacked["centered_weight"]
+    weight = center(B, zero_point)
+    if xp is np:
+        weight = np.ascontiguousarray(weight, dtype=np.float32)
+    bound = float(xp.abs(weight).max()) if xp is np and weight.size else None
+    if constant:
+        _prepacked["centered_weight"] = (weight, bound)
+    return weight, bound
+
+
 @op("MatMulInteger", since=10, dtypes=INT8S)
-def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None):
-    product = xp.matmul(_centered(A, a_zero_point, per_row=True),
-                        _centered(B, b_zero_point))
+def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None, *, _prepacked=None):
+    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked,
+                                    {1} if b_zero_point is None else {1, 3}, _centered)
+    product = exact_integer_product(xp, _centered(A, a_zero_point, per_row=True,
+                                                  dtype=np.float32), weight, bound,
+                                    _constant_dict(_prepacked, b_zero_point))
     return product.astype(np.int32)
 
 

@@ -27,6 +27,7 @@ from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products
 from mixrt.runtime.passes.fuse_attention import fuse_attention
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
+from mixrt.runtime.passes.fuse_quantized import fuse_dynamic_quantized_products
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.half_regions import compute_half_in_float
@@ -72,6 +73,7 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
 def _rounding_passes(graph: Graph, stats: dict) -> None:
     ir_version = ir_version_of(graph)
     for name, rewrite in (("compute_half_in_float", compute_half_in_float),
+                          ("fuse_dynamic_quantized", fuse_dynamic_quantized_products),
                           ("fold_conv_affine", fold_conv_affine),
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
