@@ -1,5 +1,7 @@
 """Small builders for test models."""
 
+import time
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -75,3 +77,18 @@ def central_difference(executor, feeds: dict, array: np.ndarray, index, eps: flo
     down = executor.forward(is_train=True, **feeds)[0]
     array[index] = keep
     return (up - down) / (2 * eps)
+
+
+def until_the_worker_joins(block, joined_index, job, seconds: float = 10.0):
+    """Repeat ``job`` until the native pool's worker has taken part in one of its runs.
+
+    The worker spins, then sleeps on a futex; on a loaded machine (another test process on the
+    other core) it can miss dozens of short jobs in a row, so a fixed count of runs is flaky.
+    It must still join within a few seconds, or the pool is broken."""
+    joined = block[joined_index]
+    deadline = time.monotonic() + seconds
+    while True:
+        job()
+        if block[joined_index] > joined:
+            return
+        assert time.monotonic() < deadline, "the worker never took part in a job"

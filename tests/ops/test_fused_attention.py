@@ -11,6 +11,7 @@ from mixrt.ops import fused_attention as fa
 from mixrt.ops import jit_cpu, parallel
 from mixrt.ops.fused_attention import fused_attention
 from mixrt.runtime.device import gpu_available
+from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(11)
 needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
@@ -193,7 +194,5 @@ def test_through_the_native_pool_the_worker_takes_heads_and_the_bits_stay(monkey
     np.testing.assert_allclose(expected, reference(Q, K, V, mask, 0.2), **TOLERANCE[dtype])
     monkeypatch.setenv("MIXRT_NATIVE_POOL", "1")
     kernels, native = jit_cpu.panel_kernels(), jit_cpu.native_pool()
-    joined = native.block[kernels.JOINED]
-    for _ in range(40):  # the worker may be asleep for the first ones
-        np.testing.assert_array_equal(run(Q, K, V, mask, scale=0.2), expected)
-    assert native.block[kernels.JOINED] > joined
+    until_the_worker_joins(native.block, kernels.JOINED, lambda: np.testing.assert_array_equal(
+        run(Q, K, V, mask, scale=0.2), expected))

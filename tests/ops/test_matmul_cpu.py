@@ -8,6 +8,7 @@ import pytest
 from mixrt.ops import jit_cpu, matmul_cpu
 from mixrt.ops.fast_cpu import gemm_cpu, mat_mul_cpu
 from mixrt.ops.fused import fused_gemm, fused_mat_mul
+from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(5)
 
@@ -234,11 +235,12 @@ def test_through_the_native_pool_the_worker_takes_panels_and_the_bits_stay(monke
     expected = mat_mul_cpu(np, A, B, out=np.empty((3, 100, 330), dtype), _prepacked=prepacked)
     monkeypatch.setenv("MIXRT_NATIVE_POOL", "1")
     kernels, native = jit_cpu.panel_kernels(), jit_cpu.native_pool()
-    joined = native.block[kernels.JOINED]
-    for _ in range(40):  # the worker may be asleep for the first ones
+
+    def product_matches():
         out = mat_mul_cpu(np, A, B, out=np.empty((3, 100, 330), dtype), _prepacked=prepacked)
         np.testing.assert_array_equal(out, expected)
-    assert native.block[kernels.JOINED] > joined
+
+    until_the_worker_joins(native.block, kernels.JOINED, product_matches)
 
 
 @needs_panels

@@ -13,6 +13,7 @@ import pytest
 
 from mixrt.ops import conv_direct_cpu, jit_cpu
 from mixrt.ops.conv_cpu import direct
+from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(5)
 pytestmark = pytest.mark.skipif(
@@ -74,10 +75,8 @@ def test_the_native_split_gives_the_bits_parallel_for_gives(pool, monkeypatch, i
 def test_the_worker_takes_part_in_back_to_back_jobs(pool):
     X, W, B, Z, kernel = _operands(*CASES[0][:1], CASES[0][1], (1, 1), (1, 1, 1, 1), np.float32)
     prepacked: dict = {}
-    joined = pool.block[_native_pool().JOINED]
-    for _ in range(40):
-        _conv(X, W, B, Z, kernel, (1, 1), (1, 1, 1, 1), prepacked)
-    assert pool.block[_native_pool().JOINED] > joined
+    until_the_worker_joins(pool.block, _native_pool().JOINED,
+                           lambda: _conv(X, W, B, Z, kernel, (1, 1), (1, 1, 1, 1), prepacked))
 
 
 def test_a_sleeping_worker_is_woken_by_the_next_job(pool):
@@ -204,15 +203,10 @@ def _call_parts(pool, part, parts=6, step=7):
 def test_a_call_job_runs_every_part_once_on_both_threads(pool):
     part = _marking_part()
     expected = np.repeat(np.arange(1.0, 7.0), 7)
-    joined = pool.block[_native_pool().JOINED]
     for _ in range(40):
         np.testing.assert_array_equal(_call_parts(pool, part), expected)
-    # on a loaded machine (another test process on the other core) the worker may miss forty
-    # short jobs in a row; it must still join one within a few seconds
-    deadline = time.monotonic() + 5
-    while pool.block[_native_pool().JOINED] == joined:
-        assert time.monotonic() < deadline, "the worker never took part in a job"
-        np.testing.assert_array_equal(_call_parts(pool, part), expected)
+    until_the_worker_joins(pool.block, _native_pool().JOINED, lambda: np.testing.assert_array_equal(
+        _call_parts(pool, part), expected))
 
 
 def test_a_call_job_finding_the_pool_taken_runs_here(pool):
