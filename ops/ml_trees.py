@@ -189,8 +189,11 @@ def _two_classes(xp, labels, raw, has, base, post_transform, binary_case, all_po
         pair = xp.ones(h1.shape, dtype=bool)
     elif len(base) == 1:
         s0 = s0 + base[0]
-    positive_score = xp.where(pair & h1, s1, xp.where(h0, s0, 0))
-    read0, read1 = xp.where(h0, s0, 0), xp.where(h1, s1, 0)
+    read0 = xp.where(h0, s0, 0)
+    # most models keep one form for every row: the other is not computed (a batch of one
+    # spent half its time on it)
+    some_pair = bool(pair.any())
+    positive_score = xp.where(pair & h1, s1, read0) if some_pair else read0
     if binary_case:
         positive = positive_score > (0.5 if all_positive else 0)
         label = label_values(xp, labels, positive.astype(np.int64))
@@ -199,10 +202,8 @@ def _two_classes(xp, labels, raw, has, base, post_transform, binary_case, all_po
         positive = (positive_score > 0).astype(np.int64)
         label = labels[to_host(positive)] if labels.dtype == object else positive
         mirrored = not len(base) == 1  # onnxruntime: writes one score only otherwise
-    # most models keep one form for every row: the other is not computed (a batch of one
-    # spent half its time on it)
-    some_pair = bool(pair.any())
     if some_pair:
+        read1 = xp.where(h1, s1, 0)
         both = post_transform_scores(xp, xp.stack([read0, read1], axis=1).astype(np.float32),
                                      post_transform)
         if bool(pair.all()):
@@ -217,16 +218,19 @@ def _single_score_columns(xp, s, post_transform, mirrored, binary_case):
     """The two columns onnxruntime derives from one binary score s (see _two_classes);
     NaN marks the column it leaves unwritten."""
     name = _name(post_transform)
-    unwritten = xp.full(s.shape, np.nan, dtype=np.float32)
     if name == "PROBIT":
-        return xp.stack([_probit(xp, s), unwritten], axis=1)
+        return xp.stack([_probit(xp, s), _unwritten(xp, s)], axis=1)
     if not binary_case and not mirrored:
-        return xp.stack([s, unwritten], axis=1)
+        return xp.stack([s, _unwritten(xp, s)], axis=1)
     if name == "LOGISTIC":
         return _logistic(xp, xp.stack([-s, s], axis=1))
     if mirrored:
         return xp.stack([-s, s], axis=1)
     return xp.stack([1 - s, s], axis=1)
+
+
+def _unwritten(xp, s):
+    return xp.full(s.shape, np.nan, dtype=np.float32)
 
 
 def _logistic(xp, s):

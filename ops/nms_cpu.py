@@ -39,7 +39,8 @@ def corners(boxes, center_point_box):
 
 
 def areas(boxes):
-    return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    with np.errstate(invalid="ignore"):  # a NaN or infinite corner: a NaN area, no overlap
+        return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
 
 
 def select_all(boxes, scores, limit, iou_threshold, score_threshold):

@@ -118,8 +118,10 @@ def parallel_for(parts: list, fn: Callable) -> None:
 def row_parts(rows: int, elements_per_row: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` covering ``rows``: one part when the work is small, else about
     two parts per thread (so a late thread still finds work to take)."""
+    if rows < 2 or rows * max(elements_per_row, 1) < MIN_ELEMENTS:
+        return [(0, rows)]  # before the thread count: reading it costs a small kernel ~1 us
     threads = intra_op_threads()
-    if threads < 2 or rows < 2 or rows * max(elements_per_row, 1) < MIN_ELEMENTS:
+    if threads < 2:
         return [(0, rows)]
     count = min(rows, 2 * threads)
     step = -(-rows // count)

@@ -31,6 +31,7 @@ from mixrt.runtime.passes.fuse_quantized import fuse_dynamic_quantized_products
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.half_regions import compute_half_in_float
+from mixrt.runtime.passes.infer import after_pass, types_between_passes
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
 from mixrt.runtime.passes.simplify import remove_noops
@@ -47,10 +48,11 @@ def optimize(graph: Graph, level: int = 2, stats: dict | None = None) -> Graph:
     stats = {} if stats is None else stats
     result = copy_graph(graph)
     result.validate()  # the passes walk nodes in topological order
-    if level >= 1:
-        _exact_passes(result, stats)
-    if level >= 2:
-        _rounding_passes(result, stats)
+    with types_between_passes(result):
+        if level >= 1:
+            _exact_passes(result, stats)
+        if level >= 2:
+            _rounding_passes(result, stats)
     result.validate()
     if level:
         result.plans = []  # a memory plan names the tensors of the graph it was made for
@@ -90,6 +92,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
 
 def _run(stats: dict, name: str, rewrite, *args) -> int:
     count = rewrite(*args)
+    after_pass(args[0], count)
     stats[name] = stats.get(name, 0) + count
     return count
 

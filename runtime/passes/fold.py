@@ -103,22 +103,54 @@ def _as_constant(value):
 # -- Shape and Size from static shapes ---------------------------------------------------------
 
 def fold_static_shapes(graph: Graph, ir_version: int | None) -> int:
-    """Shape/Size nodes of the top-level graph whose input's shape inference knows."""
-    types = infer_types(_without_overridable(graph, ir_version))
+    """Shape/Size nodes of the top-level graph whose input's shape inference knows, and
+    the shape arithmetic downstream of them, evaluated in the same walk: a value found
+    makes the next Reshape's output shape static, so the Shape after it folds too. (Folding
+    only the Shape nodes, then leaving their arithmetic to the next round's
+    fold_constants, took Swin-T eight rounds of both passes, each inferring the graph.)"""
     protected = set(graph.output_names)
+    settled: dict[str, np.ndarray] = {}
+
+    def settle(node: Node, types: dict) -> dict | None:
+        found = _settled(node, types, protected)
+        if found:
+            settled.update(found)
+        return found
+
+    infer_types(_without_overridable(graph, ir_version), settle=settle)
     kept, folded = [], 0
     for node in graph.nodes:
-        value = None
-        if node.op_type in ("Shape", "Size") and node.domain == "" \
-                and node.outputs[0] not in protected:
-            value = getattr(types.get(node.outputs[0]), "value", None)
-        if value is None:
+        named = [name for name in node.outputs if name]
+        if not named or not all(name in settled for name in named):
             kept.append(node)
             continue
-        graph.initializers[node.outputs[0]] = np.array(value, dtype=np.int64)
+        for name in named:
+            graph.initializers[name] = settled[name]
         folded += 1
     graph.nodes = kept
     return folded
+
+
+def _settled(node: Node, types: dict, protected: set) -> dict | None:
+    """A Shape/Size node's output from its input's static shape, or the outputs of a node
+    whose every input has a known value (from such a node, upstream), evaluated."""
+    if node.op_type in ("Shape", "Size") and node.domain == "" \
+            and node.outputs[0] not in protected:
+        value = getattr(types.get(node.outputs[0]), "value", None)
+        return None if value is None else {node.outputs[0]: np.array(value, dtype=np.int64)}
+    known = {}
+    for name in node.inputs:
+        value = getattr(types.get(name), "value", None) if name else None
+        if name and not isinstance(value, np.ndarray):
+            return None
+        if name:
+            known[name] = value
+    if not known:
+        return None  # a Constant: fold_constants takes those
+    values = _evaluate(node, known, protected)
+    if values is None:
+        return None
+    return {name: value for name, value in zip(node.outputs, values) if name}
 
 
 def _without_overridable(graph: Graph, ir_version: int | None) -> Graph:

@@ -12,6 +12,8 @@ That is how a Loop learns its carried states' types (a fixed point over iteratio
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import replace
 
 from mixrt.ops.registry import REGISTRY
@@ -19,8 +21,61 @@ from mixrt.ops.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 
+class _PassMemo:
+    """The optimizer's record of the last types inferred for the graph it rewrites, and
+    whether the graph is still as they describe it (the passes since reported no change)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.types: dict | None = None
+        self.reusable = False
+
+
+_memo = threading.local()
+
+
+@contextmanager
+def types_between_passes(graph: Graph):
+    """Within this block, a pass's first ``infer_types(graph)`` reuses the types the previous
+    pass inferred when that pass (and any since) changed nothing: ~14 passes each inferring
+    the whole graph was half of a transformer's load. The optimizer reports each pass's
+    count with :func:`after_pass`."""
+    previous = getattr(_memo, "current", None)
+    _memo.current = _PassMemo(graph)
+    try:
+        yield
+    finally:
+        _memo.current = previous
+
+
+def after_pass(graph: Graph, changes: int) -> None:
+    """A pass on ``graph`` made ``changes`` rewrites: with none, what it inferred still holds."""
+    memo = getattr(_memo, "current", None)
+    if memo is None or memo.graph is not graph:
+        return
+    memo.reusable = not changes and memo.types is not None
+    if changes:
+        memo.types = None
+
+
 def infer_types(graph: Graph, outer: dict | None = None, settle=None,
                 inputs: dict | None = None) -> dict[str, object]:
+    """Name -> TensorType/SequenceType/OptionalType (or None when unknown); see
+    :func:`_inferred_types`. Between the optimizer's passes, a graph no pass has changed is
+    not inferred again (:func:`types_between_passes`)."""
+    memo = getattr(_memo, "current", None)
+    if memo is None or memo.graph is not graph or outer or settle or inputs:
+        return _inferred_types(graph, outer, settle, inputs)
+    if memo.reusable:
+        # once per pass: a later call in the same pass may follow its own rewrites
+        memo.reusable = False
+        return dict(memo.types)
+    memo.types = _inferred_types(graph)
+    return dict(memo.types)
+
+
+def _inferred_types(graph: Graph, outer: dict | None = None, settle=None,
+                    inputs: dict | None = None) -> dict[str, object]:
     """Name -> TensorType/SequenceType/OptionalType (or None when unknown), subgraphs'
     values included.
 

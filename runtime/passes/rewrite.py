@@ -188,6 +188,34 @@ def replace_reads(graph: Graph, old: str, new: str) -> None:
                 sub.outputs = [_renamed(v, old, new) for v in sub.outputs]
 
 
+def replace_reads_many(graph: Graph, renames: dict[str, str]) -> None:
+    """:func:`replace_reads` for every ``old -> new`` of ``renames`` in one walk, chains
+    followed (``a -> b`` and ``b -> c`` make reads of ``a`` and ``b`` read ``c``)."""
+    final = {old: _followed(renames, old) for old in renames}
+    _replace_all(graph, {old: new for old, new in final.items() if old != new})
+
+
+def _followed(renames: dict[str, str], name: str) -> str:
+    for _ in range(len(renames) + 1):  # bounded: a cycle would be a bug upstream
+        if name not in renames:
+            return name
+        name = renames[name]
+    raise AssertionError(f"renames form a cycle through {name!r}")
+
+
+def _replace_all(graph: Graph, final: dict[str, str]) -> None:
+    for node in graph.nodes:
+        if any(n in final for n in node.inputs):
+            node.inputs = [final.get(n, n) for n in node.inputs]
+        for sub in node.subgraphs():
+            defined = _defined_in(sub)
+            inner = {old: new for old, new in final.items() if old not in defined}
+            if inner:
+                _replace_all(sub, inner)
+                sub.outputs = [type(v)(inner[v.name], v.type) if v.name in inner else v
+                               for v in sub.outputs]
+
+
 def _renamed(value, old, new):
     return type(value)(new, value.type) if value.name == old else value
 
