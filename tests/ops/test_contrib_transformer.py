@@ -451,3 +451,23 @@ def test_the_gpu_computes_what_the_cpu_does(op_type, inputs, outputs, attributes
     for name, want, have in zip(outputs, on_cpu, on_gpu):
         assert have.dtype == want.dtype and have.shape == want.shape, name
         np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_onnx_gelu_on_the_cpu_runs_the_compiled_program_with_the_numpy_forms_values(
+        approximate, dtype):
+    from mixrt.ops.activation import gelu
+    from mixrt.ops.contrib_transformer import gelu_cpu
+    X = (randn(3, 70) * 4).astype(dtype)
+    X[0, :4] = [np.inf, -np.inf, np.nan, 0]
+    with np.errstate(all="ignore"):  # inf * 0 in the tanh form: NaN, as both compute it
+        expected = gelu.kernels[0].fn(np, X, approximate=approximate)
+    out = np.empty_like(X)
+    got = gelu_cpu(np, X, approximate=approximate, out=out)
+    assert got.dtype == X.dtype and got.shape == X.shape
+    tolerance = {np.float16: 1e-3, np.float32: 2e-6, np.float64: 1e-12}[dtype]
+    np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64),
+                               rtol=tolerance, atol=tolerance)
+    with pytest.raises(ValueError, match="approximate"):
+        gelu_cpu(np, X, approximate="erf")
