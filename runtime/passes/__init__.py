@@ -8,7 +8,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
   Reshape/Expand/Transpose/Cast, dead nodes and unused initializers;
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
-  ``x * s + t``, runs of constant affine ops collapsed, Conv/Gemm/MatMul fused with bias,
+  ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
+  padding dropped (``dead_taps``), Conv/Gemm/MatMul fused with bias,
   residual add and activation, a transformer's self-attention (transposes, scores, scale,
   mask, softmax, weighted values) as one node, conv -> [LRN] -> pool chains computed in
   bands of rows (``bands``), and chains of elementwise ops fused into one kernel.
@@ -23,6 +24,7 @@ from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)
 from mixrt.runtime.passes.bands import fuse_conv_pools
+from mixrt.runtime.passes.dead_taps import drop_dead_conv_taps
 from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products
 from mixrt.runtime.passes.fuse_attention import fuse_attention
@@ -77,6 +79,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
     for name, rewrite in (("compute_half_in_float", compute_half_in_float),
                           ("fuse_dynamic_quantized", fuse_dynamic_quantized_products),
                           ("fold_conv_affine", fold_conv_affine),
+                          ("drop_dead_conv_taps", drop_dead_conv_taps),
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
                           ("fuse_rms_norms", fuse_rms_norms),
