@@ -20,8 +20,9 @@ import math
 import numpy as np
 
 from mixrt.ops import fused
-from mixrt.ops.activation import (celu, elu, gelu, hard_sigmoid, leaky_relu, relu, selu,
-                                  sigmoid, softplus, softsign, tanh, thresholded_relu)
+from mixrt.ops.activation import (celu, elu, gelu, hard_sigmoid, hard_swish, leaky_relu,
+                                  relu, selu, sigmoid, softplus, softsign, tanh,
+                                  thresholded_relu)
 from mixrt.ops.conv import conv
 from mixrt.ops.dtypes import FLOATS, compute_dtype
 from mixrt.ops.fused_elementwise import fused_elementwise
@@ -306,6 +307,22 @@ def gelu_cpu(xp, X, *, approximate="none", out=None, _node=None):
     NumPy form's erf is a polynomial of ~20 array passes (torch.onnx.export writes Gelu-20
     for BERT's feed-forward, where it was a quarter of the run)."""
     return run_program(xp, gelu_program(approximate, False), X, out=out, _node=_node)
+
+
+@functools.cache
+def hard_swish_program() -> dict:
+    """x * HardSigmoid(x, alpha=1/6, beta=0.5): ONNX HardSwish in the unfused kernel's order
+    (x * 1/6, + 0.5, clipped to [0, 1], times x)."""
+    step = ProgramWriter(1)
+    step("Mul", 0, step("HardSigmoid", 0, params=(1 / 6, 0.5)))
+    return step.attributes()
+
+
+@hard_swish.fast("cpu")
+def hard_swish_cpu(xp, X, *, out=None, _node=None):
+    """ONNX HardSwish as one compiled pass (the NumPy form takes four over the tensor; it
+    follows every expansion convolution of MobileNetV3, DeepLabV3 and SSDlite)."""
+    return run_program(xp, hard_swish_program(), X, out=out, _node=_node)
 
 
 @op("Gelu", since=1, domain=MICROSOFT, dtypes=FLOATS)

@@ -471,3 +471,16 @@ def test_onnx_gelu_on_the_cpu_runs_the_compiled_program_with_the_numpy_forms_val
                                rtol=tolerance, atol=tolerance)
     with pytest.raises(ValueError, match="approximate"):
         gelu_cpu(np, X, approximate="erf")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_onnx_hard_swish_on_the_cpu_gives_the_numpy_forms_bits(dtype):
+    from mixrt.ops.activation import hard_swish
+    from mixrt.ops.contrib_transformer import hard_swish_cpu
+    X = (randn(2, 8, 9, 9) * 4).astype(dtype)
+    X.flat[:5] = [np.nan, np.inf, -np.inf, 3, -3]
+    with np.errstate(all="ignore"):  # inf * 1, -inf * 0: NaN in both
+        expected = hard_swish.kernels[0].fn(np, X)
+    got = hard_swish_cpu(np, X, out=np.empty_like(X))
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == X.dtype
