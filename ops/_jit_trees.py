@@ -17,6 +17,7 @@ float64, as the NumPy tier converts its input.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import float64, njit, uint64
 
 LEAF = 7  # ops/ml._MODES
@@ -99,3 +100,110 @@ def forest_extremes(data, start, stop, roots, splits, links, members, leaf_start
                     continue
                 if value != value or (value > current if take_max else value < current):
                     best[row, target] = value
+
+
+# -- a classifier's scores from the summed leaves ---------------------------------------------
+#
+# ops/ml_trees.py's NumPy forms, row by row, for the post-transforms every converter writes
+# (NONE, LOGISTIC, SOFTMAX): at batch 1 the NumPy forms were ~15 array calls of ~1 us each,
+# more than the forest's walk. The arithmetic is theirs, in float32 where they cast to it.
+
+NONE, LOGISTIC, SOFTMAX = 0, 1, 2  # the codes ops/ml_trees.COMPILED_TRANSFORMS gives
+_ONE = np.float32(1.0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _logistic32(x):
+    return _ONE / (_ONE + np.exp(-x))
+
+
+@_jit
+def two_class_scores(raw, has, base, binary_case, all_positive, transform, positive, scores):
+    """ops/ml_trees._two_classes for rows of ``raw``/``has`` [N, 2]: ``positive`` [N] gets
+    0/1 (the label's index, or with no binary case the label value), ``scores`` [N, 2]
+    float32 the columns. A row whose single column onnxruntime leaves unwritten gets NaN."""
+    zero = raw.dtype.type(0)
+    for row in range(raw.shape[0]):
+        s0, s1 = raw[row, 0], raw[row, 1]
+        h0, h1 = has[row, 0], has[row, 1]
+        pair = h1
+        if base.shape[0] == 2:
+            shifted = base[1] + s0
+            if h1:
+                s1, s0 = shifted, -shifted
+            else:
+                s1, s0 = s1 + base[1], s0 + base[0]
+            pair = True
+        elif base.shape[0] == 1:
+            s0 = s0 + base[0]
+        read0 = s0 if h0 else zero
+        score = s1 if (pair and h1) else read0
+        if binary_case:
+            positive[row] = 1 if score > (0.5 if all_positive else 0.0) else 0
+            mirrored = not all_positive
+        else:
+            positive[row] = 1 if score > 0 else 0
+            mirrored = base.shape[0] != 1
+        if pair:
+            _pair_columns(np.float32(read0), np.float32(s1 if h1 else zero), transform,
+                          scores, row)
+        else:
+            _single_columns(np.float32(read0), transform, mirrored, binary_case, scores, row)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pair_columns(a, b, transform, scores, row):
+    if transform == LOGISTIC:
+        a, b = _logistic32(a), _logistic32(b)
+    elif transform == SOFTMAX:
+        top = a if (a > b or a != a) else b
+        a, b = np.exp(a - top), np.exp(b - top)
+        total = a + b
+        a, b = a / total, b / total
+    scores[row, 0], scores[row, 1] = a, b
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _single_columns(s, transform, mirrored, binary_case, scores, row):
+    if not binary_case and not mirrored:
+        scores[row, 0], scores[row, 1] = s, np.float32(np.nan)
+    elif transform == LOGISTIC:
+        scores[row, 0], scores[row, 1] = _logistic32(-s), _logistic32(s)
+    elif mirrored:
+        scores[row, 0], scores[row, 1] = -s, s
+    else:
+        scores[row, 0], scores[row, 1] = _ONE - s, s
+
+
+@_jit
+def many_class_scores(raw, has, base, transform, chosen, scores):
+    """ops/ml_trees._multiclass for rows of ``raw``/``has`` [N, classes]: base values added
+    (a class they reach counts as scored), ``chosen`` the best scored class (the first on
+    ties, the first NaN if any), ``scores`` the float32 scores post-transformed, an unscored
+    class reading 0."""
+    classes = raw.shape[1]
+    for row in range(raw.shape[0]):
+        best, best_value = 0, -np.inf
+        for j in range(classes):
+            value, scored = raw[row, j], has[row, j]
+            if j < base.shape[0]:
+                value, scored = value + base[j], True
+            scores[row, j] = np.float32(value) if scored else np.float32(0.0)
+            candidate = value if scored else -np.inf
+            if best_value == best_value and (candidate > best_value or candidate != candidate):
+                best, best_value = j, candidate
+        chosen[row] = best
+        if transform == LOGISTIC:
+            for j in range(classes):
+                scores[row, j] = _logistic32(scores[row, j])
+        elif transform == SOFTMAX:
+            top = scores[row, 0]
+            for j in range(1, classes):
+                if scores[row, j] > top or scores[row, j] != scores[row, j]:
+                    top = scores[row, j]
+            total = np.float32(0.0)
+            for j in range(classes):
+                scores[row, j] = np.exp(scores[row, j] - top)
+                total += scores[row, j]
+            for j in range(classes):
+                scores[row, j] = scores[row, j] / total

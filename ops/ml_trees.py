@@ -8,7 +8,10 @@ its attributes done; a call without one (a kernel called directly) builds it eac
 The compiled tier walks each row down each tree (``ops/_jit_trees.py``); the NumPy tier walks
 the whole batch at once, level by level. Either way class scores are summed tree by tree in
 the precision onnxruntime sums them in (float32, float64 for float64 inputs), so a score on
-a decision threshold (a forest's 0.5) falls on the side onnxruntime's does.
+a decision threshold (a forest's 0.5) falls on the side onnxruntime's does. The compiled
+tier also turns the sums into labels and scores (``ops/_jit_trees.two_class_scores``,
+``many_class_scores``) for NONE, LOGISTIC and SOFTMAX, with the NumPy forms' arithmetic:
+labels identical, scores within a few ulp (libm's expf against NumPy's).
 
 The outputs follow onnxruntime, which users compare with, where it departs from the spec's
 text (each departure is marked "onnxruntime:" below). Two classes are the intricate case:
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.ml import (_NUMBERS, ML, _aggregate_name, _cached, _either,
+from mixrt.ops import jit_cpu
+from mixrt.ops.ml import (_NUMBERS, _TREE_KERNELS, ML, _aggregate_name, _cached, _either,
                           _forest_from_node_ids, _POST_TRANSFORMS, _probit, _rows,
                           post_transform_scores)
 from mixrt.ops.registry import op
@@ -88,6 +92,9 @@ class _Classifier:
         raw, has = self.forest.sums(xp, _rows(X), precision)
         labels, base, post_transform = self.labels, self.base[np.dtype(precision)], \
             self.post_transform
+        kernels = _compiled_scores(xp, raw, post_transform, len(labels))
+        if kernels is not None:
+            return self._compiled(kernels, raw, has, base, post_transform)
         if len(labels) > 2:
             chosen, scores = _multiclass(xp, raw, has, base, post_transform)
             return label_values(xp, labels, chosen), scores
@@ -95,6 +102,37 @@ class _Classifier:
             return _one_class(xp, labels, raw[:, 0], base, post_transform)
         return _two_classes(xp, labels, raw, has, base, post_transform, self.binary_case,
                             self.all_positive)
+
+
+    def _compiled(self, kernels, raw, has, base, post_transform):
+        """run's scores and labels through ops/_jit_trees.py (the same arithmetic)."""
+        transform = COMPILED_TRANSFORMS[_name(post_transform)]
+        rows, labels = raw.shape[0], self.labels
+        if len(labels) > 2:
+            chosen = np.empty(rows, np.int64)
+            scores = np.empty((rows, len(labels)), np.float32)
+            kernels.many_class_scores(raw, has, base, transform, chosen, scores)
+            return label_values(np, labels, chosen), scores
+        positive = np.empty(rows, np.int64)
+        scores = np.empty((rows, 2), np.float32)
+        kernels.two_class_scores(raw, has, base, self.binary_case, self.all_positive,
+                                 transform, positive, scores)
+        if self.binary_case or labels.dtype == object:
+            return label_values(np, labels, positive), scores
+        return positive, scores
+
+
+# the post-transforms ops/_jit_trees.py computes (its codes); PROBIT and SOFTMAX_ZERO, which
+# converters seldom write, stay with the NumPy forms
+COMPILED_TRANSFORMS = {"NONE": 0, "LOGISTIC": 1, "SOFTMAX": 2}
+
+
+def _compiled_scores(xp, raw, post_transform, classes: int):
+    """ops/_jit_trees.py when it may finish this classifier's scores, else None."""
+    if xp is not np or classes < 2 or _name(post_transform) not in COMPILED_TRANSFORMS \
+            or not jit_cpu.enabled():
+        return None
+    return jit_cpu._import_once(_TREE_KERNELS, "mixrt.ops._jit_trees")
 
 
 @tree_ensemble_classifier.infer

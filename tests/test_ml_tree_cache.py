@@ -71,7 +71,7 @@ def _both_tiers(kernel, x, attrs):
 
 
 @pytest.mark.parametrize("classes, dtype", [(3, np.float32), (2, np.float32), (4, np.float64)])
-def test_classifier_tiers_agree_exactly(classes, dtype):
+def test_classifier_tiers_agree_to_the_last_bits(classes, dtype):
     rng = np.random.default_rng(classes)
     attrs = _random_forest(rng, 7, classes, "class_")
     attrs["classlabels_int64s"] = list(range(classes))
@@ -79,9 +79,12 @@ def test_classifier_tiers_agree_exactly(classes, dtype):
     for post_transform in ("NONE", "LOGISTIC", "SOFTMAX"):
         results = _both_tiers(ml_trees.tree_ensemble_classifier, x,
                               dict(attrs, post_transform=post_transform))
-        for labels_scores in results[1:]:
-            for expected, got in zip(results[0], labels_scores):
-                np.testing.assert_array_equal(got, expected)
+        for (label, scores) in results[1:]:
+            np.testing.assert_array_equal(label, results[0][0])
+            if post_transform == "NONE":
+                np.testing.assert_array_equal(scores, results[0][1])
+            else:  # the compiled scores' exp is libm's expf, NumPy's its own SIMD one
+                np.testing.assert_array_max_ulp(scores, results[0][1], maxulp=4)
 
 
 @pytest.mark.parametrize("function", ["SUM", "AVERAGE", "MIN", "MAX"])
