@@ -12,7 +12,7 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import FLOATS
-from mixrt.ops.parallel import parallel_rows
+from mixrt.ops.parallel import parallel_for, row_parts
 from mixrt.ops.registry import op
 from mixrt.runtime.device import to_host
 from mixrt.ops.types import TensorType, same_as_input, tensor
@@ -482,8 +482,11 @@ class _Forest:
         data = X if X.dtype in (np.float32, np.float64) else X.astype(np.float64)
         data = np.ascontiguousarray(data)
         tables = (self.roots, *self._records(), self.members, *self._leaf_table(precision))
-        parallel_rows(X.shape[0], len(self.roots) * _STEPS_PER_TREE,
-                      lambda start, stop: kernel(data, start, stop, *tables, *outputs))
+        parts = row_parts(X.shape[0], len(self.roots) * _STEPS_PER_TREE)
+        if len(parts) == 1:  # a request's few rows: the call itself, no hand-out (~2 us)
+            kernel(data, 0, X.shape[0], *tables, *outputs)
+            return
+        parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables, *outputs))
 
     def _records(self):
         """The nodes as 24-byte records, two flat views of one buffer: float64 (the split
