@@ -16,12 +16,23 @@ RNG = np.random.default_rng(5)
 
 
 def conv_model(path, image, weight, **attributes):
+    """y = Conv(x, w, b) + c, c from an If whose branches are Constant nodes (nodes without
+    inputs, in subgraphs, which the pass must pass over: SSDlite's Loop body has one)."""
     inputs = ["x", "w", "b"]
     initializers = [numpy_helper.from_array(weight, "w"),
                     numpy_helper.from_array(RNG.standard_normal(weight.shape[0])
-                                            .astype(np.float32), "b")]
+                                            .astype(np.float32), "b"),
+                    numpy_helper.from_array(np.array(True), "flag")]
+    branches = {}
+    for branch, value in (("then_branch", 0.25), ("else_branch", -1.0)):
+        branches[branch] = helper.make_graph(
+            [helper.make_node("Constant", [], [f"{branch}_c"], value=numpy_helper.from_array(
+                np.array(value, np.float32)))], branch, [],
+            [helper.make_tensor_value_info(f"{branch}_c", TensorProto.FLOAT, [])])
     graph = helper.make_graph(
-        [helper.make_node("Conv", inputs, ["y"], **attributes)], "conv",
+        [helper.make_node("If", ["flag"], ["c"], **branches),
+         helper.make_node("Conv", inputs, ["z"], **attributes),
+         helper.make_node("Add", ["z", "c"], ["y"])], "conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, image)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

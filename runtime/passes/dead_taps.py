@@ -29,8 +29,9 @@ def drop_dead_conv_taps(graph: Graph, ir_version: int | None) -> int:
     trimmed = 0
     for g, constants in constant_scopes(graph, ir_version):
         for node in g.nodes:
-            weight = constants.get(node.inputs[1]) if _plain_conv(node) else None
-            shape = static_shape(types.get(node.inputs[0]))
+            if not _plain_conv(node):
+                continue
+            weight, shape = constants.get(node.inputs[1]), static_shape(types.get(node.inputs[0]))
             if weight is None or shape is None or len(shape) != weight.ndim:
                 continue
             kept = _live_taps(node, shape[2:], weight.shape[2:])
