@@ -4,7 +4,8 @@ The loops live in modules of their own, by what they compute:
 
 * ``ops/_jit_depthwise_pool.py``: depthwise convolution and 2-D pools over stride-phase planes;
 * ``ops/_jit_max_pool_grad.py``: a 2-D MaxPool's dX;
-* ``ops/_jit_row_reductions.py``: LayerNormalization, softmax's row passes, whole-plane pools;
+* ``ops/_jit_row_reductions.py``: LayerNormalization (and RMS), softmax's row passes,
+  whole-plane pools;
 * ``ops/_jit_few_rows.py``: products with a few rows;
 * ``ops/_jit_winograd.py``: the transforms of Winograd F(2x2, 3x3);
 * ``ops/_jit_rnn_steps.py``: a standard LSTM's and GRU's steps.
@@ -25,5 +26,5 @@ from mixrt.ops._jit_rnn_steps import (  # noqa: F401
     gru_candidate, gru_gates, gru_output, gru_reset, gru_reset_grad_candidate, gru_reset_grad_gates,
     gru_step_grad, hold_rows, lstm_output, lstm_step, lstm_step_grad)
 from mixrt.ops._jit_row_reductions import (  # noqa: F401
-    layer_norm, row_maxima, row_means, softmax_scale, softmax_shift)
+    layer_norm, rms_norm, row_maxima, row_means, softmax_scale, softmax_shift)
 from mixrt.ops._jit_winograd import winograd_input, winograd_output  # noqa: F401

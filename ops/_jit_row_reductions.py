@@ -1,5 +1,5 @@
-"""Kernels over rows held in L1: LayerNormalization, softmax's shift by the row max and
-scale by the row sum (``ops/fast_cpu.py``), and pools whose one window is a whole plane
+"""Kernels over rows held in L1: LayerNormalization and its RMS form, softmax's shift by the
+row max and scale by the row sum (``ops/fast_cpu.py``), and pools whose one window is a whole plane
 (``ops/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
 per-row overhead. Arrays are flat and indexed with unsigned offsets (see
 ``ops/_jit_kernels.py``); only the sums are reassociated, so NaNs pass through.
@@ -35,6 +35,23 @@ def layer_norm(x, scale, bias, y, rows, n, epsilon):
         for i in range(n):
             y[uint64(start + i)] = ((x[uint64(start + i)] - mean) * inverse * scale[i]
                                     + bias[i])
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
+def rms_norm(x, scale, y, rows, n, epsilon):
+    """SimplifiedLayerNormalization (RMS) over rows of ``n``: ``y = x * (1 / sqrt(mean(x^2)
+    + epsilon)) * scale``, the NumPy form's order (``ops/contrib_norm.py``); each row read
+    twice while in L1, so ``y`` over ``x`` is safe. Only the sum is reassociated."""
+    count = x.dtype.type(n)
+    for r in range(rows):
+        start = r * n
+        squares = x.dtype.type(0)
+        for i in range(n):
+            value = x[uint64(start + i)]
+            squares += value * value
+        inverse = x.dtype.type(1) / np.sqrt(squares / count + epsilon)
+        for i in range(n):
+            y[uint64(start + i)] = x[uint64(start + i)] * inverse * scale[i]
 
 
 # -- softmax rows (ops/fast_cpu.py) --------------------------------------------------------------

@@ -295,6 +295,18 @@ def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
     return True
 
 
+def rms_norm(X, scale, out, axis: int, epsilon: float) -> bool:
+    """SimplifiedLayerNormalization of float32 X over its axes from ``axis`` on into
+    ``out`` (:func:`layer_norm_suits` holds for them); False (nothing written) when
+    ``scale`` does not span exactly those axes."""
+    n = math.prod(X.shape[axis:])
+    if scale.size != n or X.size == 0:
+        return False
+    _kernels().rms_norm(X.reshape(-1), scale.reshape(-1), out.reshape(-1), X.size // n, n,
+                        X.dtype.type(epsilon))
+    return True
+
+
 # -- softmax -------------------------------------------------------------------------------------
 
 def softmax_suits(rows, target) -> bool:

@@ -484,3 +484,29 @@ def test_onnx_hard_swish_on_the_cpu_gives_the_numpy_forms_bits(dtype):
     got = hard_swish_cpu(np, X, out=np.empty_like(X))
     np.testing.assert_array_equal(got, expected)
     assert got.dtype == X.dtype
+
+
+@pytest.mark.parametrize("shape, axis", [((2, 7, 64), -1), ((3, 5, 4, 6), 2), ((1, 1, 1), -1)])
+def test_rms_normalization_on_the_cpu_compiled_as_the_numpy_form(monkeypatch, shape, axis):
+    from mixrt.ops import jit_cpu
+    from mixrt.ops.contrib_norm import (simplified_layer_normalization,
+                                        simplified_layer_normalization_cpu)
+    if not jit_cpu.enabled():
+        pytest.skip("the compiled tier needs numba")
+    compiled = []
+    original = jit_cpu.rms_norm
+    monkeypatch.setattr(jit_cpu, "rms_norm", lambda *a: compiled.append(1) or original(*a))
+    X = randn(*shape) * 3
+    X[0, 0] = np.nan  # a NaN fills its own row only
+    scale = randn(*shape[axis % len(shape):])
+    expected = simplified_layer_normalization.kernels[0].fn(np, X, scale, axis=axis,
+                                                            epsilon=1e-6)
+    out = np.empty_like(X)
+    got = simplified_layer_normalization_cpu(np, X, scale, axis=axis, epsilon=1e-6, out=out)
+    assert got is out and compiled
+    np.testing.assert_allclose(got, expected, rtol=3e-6, atol=1e-6)
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    in_place = X.copy()
+    simplified_layer_normalization_cpu(np, in_place, scale, axis=axis, epsilon=1e-6,
+                                       out=in_place)
+    np.testing.assert_array_equal(in_place, got)
