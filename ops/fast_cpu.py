@@ -19,7 +19,7 @@ from mixrt.ops import elementwise
 from mixrt.ops.elementwise import add, div, mul, quiet, sub, sum_
 from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
                           mat_mul, softmax, softmax_coerced)
-from mixrt.ops.shape import concat, transpose
+from mixrt.ops.shape import concat, expand, host_ints, transpose
 from mixrt.ops.fused_elementwise import same_view
 from mixrt.ops.parallel import parallel_rows
 from mixrt.ops.simd_cpu import relu_
@@ -241,6 +241,19 @@ def _softmax_rows(xp, input, width, out, generic):
         np.exp(y, out=y)
         y /= y.sum(axis=1, keepdims=True)
     parallel_rows(rows.shape[0], rows.shape[1], part)
+    return out
+
+
+@expand.fast("cpu")
+def expand_cpu(xp, input, shape, *, out=None):
+    """One broadcasting copy into ``out``: ``np.array`` of the zero-stride view took 55 us
+    for Llama's grouped key heads (1, 2, 1, 64, 64) -> (1, 2, 2, 64, 64), copyto 7."""
+    target = np.broadcast_shapes(input.shape, tuple(host_ints(shape)))
+    if out is None:
+        out = np.empty(target, input.dtype)
+    elif out.shape != target or out.dtype != input.dtype or np.may_share_memory(out, input):
+        return _into(out, expand(xp, input, shape))
+    np.copyto(out, np.broadcast_to(input, target))
     return out
 
 

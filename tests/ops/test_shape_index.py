@@ -307,3 +307,21 @@ def test_infer_reshape_and_gather():
     (t,) = index.gather.kernels[0].infer_fn(TensorType(f32, (7, 3)),
                                             TensorType(np.dtype("int64"), (2, 2)), axis=0)
     assert t.shape == (2, 2, 3)
+
+
+@pytest.mark.parametrize("source, shape", [((1, 2, 1, 4, 3), (1, 2, 2, 4, 3)),
+                                           ((3, 1), (2, 1, 4)), ((), (2, 2))])
+def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
+    from mixrt.ops.fast_cpu import expand_cpu
+    from mixrt.ops.shape import expand
+    x = np.arange(int(np.prod(source)), dtype=np.float32).reshape(source)
+    expected = expand(np, x, np.array(shape))
+    out = np.empty(expected.shape, np.float32)
+    assert expand_cpu(np, x, np.array(shape), out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    fresh = expand_cpu(np, x, np.array(shape))
+    np.testing.assert_array_equal(fresh, expected)
+    assert fresh.flags.writeable and fresh.base is None  # a real copy, not the view
+    words = np.array([["a"], ["b"]], dtype=object)
+    np.testing.assert_array_equal(expand_cpu(np, words, np.array([2, 3])),
+                                  expand(np, words, np.array([2, 3])))
