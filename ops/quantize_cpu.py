@@ -1,5 +1,6 @@
-"""QuantizeLinear and DequantizeLinear on the CPU: per-tensor float32 <-> 8-bit through the
-compiled loops of ``ops/_jit_quantize.py``, every other form through ``ops/quantize.py``.
+"""QuantizeLinear, DequantizeLinear and QLinearConv on the CPU: per-tensor float32 <-> 8-bit
+through the compiled loops of ``ops/_jit_quantize.py``, QLinearConv through the float
+convolution's fast path (below), every other form through ``ops/quantize.py``.
 
 Per tensor (one scale, one zero point), float32 values, int8/uint8 codes, no blocks: what
 onnxruntime's static quantizer writes around every QDQ operator, where the NumPy forms cost
@@ -12,10 +13,12 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.contrib_quant import contrib_dequantize_linear, contrib_quantize_linear
+from mixrt.ops.conv_cpu import conv_cpu as _float_conv
 from mixrt.ops.quantize import (dequantize_linear, dequantize_linear_10, dequantize_linear_13,
                                 dequantize_linear_21, dequantize_linear_23, integer_range,
-                                quantize_linear, quantize_linear_10, quantize_linear_13,
-                                quantize_linear_19, quantize_linear_21, quantize_linear_23)
+                                qlinear_conv, quantize_linear, quantize_linear_10,
+                                quantize_linear_13, quantize_linear_19, quantize_linear_21,
+                                quantize_linear_23)
 
 EIGHT_BITS = (np.dtype(np.int8), np.dtype(np.uint8))
 FLOAT32 = np.dtype(np.float32)
@@ -98,3 +101,56 @@ for _handle in (dequantize_linear_10, dequantize_linear_13, dequantize_linear_21
 def contrib_quantize_cpu(xp, x, y_scale, y_zero_point=None, *, axis=1, out=None):
     """com.microsoft QuantizeLinear: the standard one with the division in float32."""
     return quantize_cpu(xp, x, y_scale, y_zero_point, axis=axis, precision=1, out=out)
+
+
+# -- QLinearConv -------------------------------------------------------------------------------
+#
+# The generic kernel centres the weights again on every call and convolves in float64 through
+# NumPy's im2col (a batched matmul of 1x9 rows for a depthwise layer): a QOperator MobileNetV3
+# spent 74 of its ~70-ms run there. Here the centred weights are made once per node and the
+# convolution is the CPU fast path's (ops/conv_cpu.py) in float64, where every sum of 8-bit
+# products is an exact integer in any order, so the result is the generic kernel's exactly.
+
+def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+                     y_zero_point, B=None, *, out=None, _node=None, **attributes):
+    state = _conv_state(xp, _node, w, w_zero_point, x_scale, x_zero_point, y_scale)
+    if state is None:
+        return _into(out, qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point,
+                                       y_scale, y_zero_point, B, **attributes))
+    centered = x.astype(np.float64)
+    centered -= _zero(x_zero_point)
+    accumulated = _float_conv(np, centered, state["weights"], None, **attributes,
+                              _prepacked=state["packed"], _node=state["node"])
+    channels = (1, -1) + (1,) * (accumulated.ndim - 2)
+    if B is not None:
+        accumulated += B.astype(np.float64).reshape(channels)
+    scale = w_scale.astype(np.float64)
+    if scale.size > 1:
+        scale = scale.reshape(channels)
+    # the generic kernel's float64 steps in its order, in place
+    accumulated *= x_scale.astype(np.float64).reshape(()) * scale
+    accumulated /= y_scale.astype(np.float64).reshape(())
+    accumulated += y_zero_point.astype(np.float64)
+    low, high = integer_range(y_zero_point.dtype)
+    np.rint(accumulated, out=accumulated)
+    np.clip(accumulated, low, high, out=accumulated)
+    return _into(out, accumulated.astype(y_zero_point.dtype))
+
+
+def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
+    """The node's centred float64 weights (made on its first call), when this call is the
+    per-tensor-input case with a constant weight; else None."""
+    if xp is not np or node is None or x_scale.size != 1 or y_scale.size != 1 \
+            or (x_zero_point is not None and x_zero_point.size != 1):
+        return None
+    state = node.get("qlinear_conv")
+    if state is None or state["w"] is not w:
+        weights = w.astype(np.float64)
+        if w_zero_point is not None:
+            zero = w_zero_point.astype(np.float64)
+            weights -= zero.reshape((-1,) + (1,) * (w.ndim - 1)) if zero.size > 1 else zero
+        state = node["qlinear_conv"] = {"w": w, "weights": weights, "packed": {}, "node": {}}
+    return state
+
+
+qlinear_conv.fast("cpu")(qlinear_conv_cpu)

@@ -68,3 +68,38 @@ def test_per_axis_and_other_types_take_the_numpy_forms(compiled_calls):
             quantize_cpu.quantize_cpu(np, half, np.array(np.float16(0.5))),
             quantize_linear(np, half, np.array(np.float16(0.5))))
     assert not any(compiled_calls)
+
+
+CONVS = [  # x shape, w shape, attributes
+    ((1, 8, 9, 9), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((2, 12, 10, 7), (12, 1, 5, 5), dict(group=12, pads=[2, 2, 2, 2], strides=[2, 2])),
+    ((1, 6, 8, 8), (9, 2, 3, 1), dict(group=3, dilations=[2, 1], pads=[2, 0, 2, 0])),
+    ((1, 64, 7, 7), (32, 64, 1, 1), {}),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", CONVS)
+@pytest.mark.parametrize("codes, per_channel, biased", [(np.uint8, False, True),
+                                                        (np.int8, True, False),
+                                                        (np.uint8, True, True)])
+def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attributes, codes,
+                                                         per_channel, biased):
+    from mixrt.ops.quantize import qlinear_conv
+    info = np.iinfo(codes)
+    x = RNG.integers(info.min, info.max + 1, x_shape).astype(codes)
+    w = RNG.integers(info.min, info.max + 1, w_shape).astype(codes)
+    channels = w_shape[0] if per_channel else 1
+    w_scale = (RNG.random(channels) * 0.01 + 1e-3).astype(np.float32).reshape(
+        (channels,) if per_channel else ())
+    w_zero = RNG.integers(info.min, info.max + 1, channels).astype(codes).reshape(
+        (channels,) if per_channel else ())
+    params = (np.array(np.float32(0.02)), np.array(codes(3)), w, w_scale, w_zero,
+              np.array(np.float32(0.5)), np.array(codes(7)))
+    bias = RNG.integers(-50000, 50000, w_shape[0]).astype(np.int32) if biased else None
+    expected = qlinear_conv(np, x, *params, bias, **attributes)
+    node: dict = {}
+    for _ in range(2):  # the second call from the node's centred weights
+        got = quantize_cpu.qlinear_conv_cpu(np, x, *params, bias, _node=node, **attributes)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+    assert "qlinear_conv" in node
