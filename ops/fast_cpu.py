@@ -19,6 +19,8 @@ from mixrt.ops import elementwise
 from mixrt.ops.elementwise import add, div, mul, quiet, sub, sum_
 from mixrt.ops.nn import (batch_normalization, batch_normalization_9, gemm, layer_normalization,
                           mat_mul, softmax, softmax_coerced)
+from mixrt.ops.index import scatter_elements
+from mixrt.ops.types import normalize_axis
 from mixrt.ops.shape import concat, expand, host_ints, transpose
 from mixrt.ops.fused_elementwise import same_view
 from mixrt.ops.parallel import parallel_rows
@@ -255,6 +257,41 @@ def expand_cpu(xp, input, shape, *, out=None):
         return _into(out, expand(xp, input, shape))
     np.copyto(out, np.broadcast_to(input, target))
     return out
+
+
+@scatter_elements.fast("cpu")
+def scatter_elements_cpu(xp, data, indices, updates, *, axis=0, reduction="none", out=None):
+    """Plain ScatterElements (no reduction) as one flat assignment at linear offsets: the
+    generic tuple of broadcast index grids cost ~4.5 ns an element (Faster R-CNN's RoI
+    features, (150, 256, 7, 7), 8 ms a call). An index past either end raises IndexError,
+    as the generic kernel's fancy assignment does."""
+    if reduction != "none" or data.ndim == 0 or indices.shape != updates.shape \
+            or indices.ndim != data.ndim or not isinstance(data, np.ndarray) \
+            or any(n > d for n, d in zip(indices.shape, data.shape)):
+        return _into(out, scatter_elements(xp, data, indices, updates, axis=axis,
+                                           reduction=reduction))
+    axis = normalize_axis(axis, data.ndim)
+    length = data.shape[axis]
+    along = indices.astype(np.int64, copy=True)
+    if along.size and (along.min() < -length or along.max() >= length):
+        bad = int(along.min()) if along.min() < -length else int(along.max())
+        raise IndexError(f"index {bad} is out of bounds for axis {axis} of size {length}; "
+                         f"expected every index within [-{length}, {length})")
+    along[along < 0] += length
+    strides = [int(np.prod(data.shape[i + 1:], dtype=np.int64)) for i in range(data.ndim)]
+    along *= strides[axis]
+    for dim, (count, stride) in enumerate(zip(indices.shape, strides)):
+        if dim != axis and count > 1:
+            along += (np.arange(count, dtype=np.int64) * stride).reshape(
+                (1,) * dim + (count,) + (1,) * (data.ndim - dim - 1))
+    result = out if out is not None and out.shape == data.shape and out.dtype == data.dtype \
+        and out.flags.c_contiguous and not np.may_share_memory(out, updates) else None
+    if result is None:
+        result = np.array(data, order="C")
+    elif result is not data:
+        np.copyto(result, data)
+    result.reshape(-1)[along.reshape(-1)] = updates.reshape(-1)
+    return _into(out, result)
 
 
 @concat.fast("cpu")

@@ -325,3 +325,32 @@ def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
     words = np.array([["a"], ["b"]], dtype=object)
     np.testing.assert_array_equal(expand_cpu(np, words, np.array([2, 3])),
                                   expand(np, words, np.array([2, 3])))
+
+
+@pytest.mark.parametrize("data_shape, index_shape, axis", [
+    ((150, 4, 3, 3), (150, 4, 3, 3), 0), ((5, 6, 7), (3, 6, 2), 1), ((4, 9), (4, 5), -1),
+    ((8,), (3,), 0)])
+def test_scatter_elements_on_the_cpu_writes_as_the_generic_kernel(data_shape, index_shape,
+                                                                  axis):
+    from mixrt.ops.fast_cpu import scatter_elements_cpu
+    from mixrt.ops.index import scatter_elements
+    rng = np.random.default_rng(4)
+    data = rng.standard_normal(data_shape).astype(np.float32)
+    length = data_shape[axis]
+    # distinct targets per line along the axis (duplicates are the spec's undefined case)
+    along = np.argsort(rng.random(index_shape[:axis % len(data_shape)] + (length,)
+                                  + index_shape[axis % len(data_shape) + 1:]),
+                       axis=axis)
+    indices = np.take(along, np.arange(index_shape[axis]), axis=axis)
+    indices = np.where(rng.random(indices.shape) < 0.3, indices - length, indices)  # negative
+    updates = rng.standard_normal(index_shape).astype(np.float32)
+    expected = scatter_elements(np, data, indices, updates, axis=axis)
+    out = np.empty_like(data)
+    assert scatter_elements_cpu(np, data, indices, updates, axis=axis, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(scatter_elements_cpu(np, data, indices, updates, axis=axis),
+                                  expected)
+    bad = indices.copy()
+    bad.flat[0] = length
+    with pytest.raises(IndexError, match="out of bounds"):
+        scatter_elements_cpu(np, data, bad, updates, axis=axis)
