@@ -18,6 +18,7 @@ from mixrt.ops.conv import (inferred_out_dims, pad_spatial, sliding_windows,
                             spatial_attrs, window_geometry, work_dtype)
 from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.parallel import parallel_rows
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, fits, shape_text
 from mixrt.runtime.device import to_host
@@ -439,8 +440,16 @@ def _roi_align_compiled(kernels, X, dtype, batches, starts, sizes, grids, out, m
                         for wy in (y_wlo, y_whi) for wx in (x_wlo, x_whi)], axis=1)
     images = np.ascontiguousarray(X, dtype=dtype)
     result = np.empty((len(grids), X.shape[1]) + out, dtype=dtype)
-    kernels.roi_align(images, batches, np.stack([y_lo, y_hi], axis=1),
-                      np.stack([x_lo, x_hi], axis=1), weights, grids, mode == "avg", result)
+    rows, cols = np.stack([y_lo, y_hi], axis=1), np.stack([x_lo, x_hi], axis=1)
+
+    def part(start, stop):  # RoIs [start, stop): the kernel releases the GIL
+        kernels.roi_align(images, batches[start:stop], rows[start:stop], cols[start:stop],
+                          weights[start:stop], grids[start:stop], mode == "avg",
+                          result[start:stop])
+    # a RoI's work: every channel of every bin's samples (its grid, four taps each)
+    parallel_rows(len(grids), X.shape[1] * int(np.prod(out)) * int(grids.prod(axis=1).max()
+                                                                  if len(grids) else 1) * 4,
+                  part)
     return result.astype(X.dtype, copy=False)
 
 
