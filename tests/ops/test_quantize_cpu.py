@@ -104,3 +104,20 @@ def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attri
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
     assert "qlinear_conv" in node
+
+
+@pytest.mark.parametrize("case", ["spread", "positive", "negative", "zeros", "nan", "inf",
+                                  "tiny"])
+def test_dynamic_quantize_on_the_cpu_gives_the_numpy_forms_outputs(case):
+    from mixrt.ops.quantize import dynamic_quantize_linear
+    x = {"spread": RNG.standard_normal((64, 256)) * 3,
+         "positive": RNG.random((3, 5)) + 2, "negative": -RNG.random((7,)) * 1e3,
+         "zeros": np.zeros((4, 4)), "nan": np.array([1.0, np.nan, -2.0]),
+         "inf": np.array([1.0, np.inf, -2.0]), "tiny": RNG.standard_normal(9) * 1e-30,
+         }[case].astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        expected = dynamic_quantize_linear(np, x)
+        got = quantize_cpu.dynamic_quantize_cpu(np, x)
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_array_equal(g, e)
