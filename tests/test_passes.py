@@ -562,3 +562,17 @@ def test_attention_whose_probabilities_are_read_or_softmax_on_another_axis_stays
     assert "FusedAttention" not in ops(checked(graph, feeds, 2))
     graph, feeds = attention_graph(softmax_axis=2)
     assert "FusedAttention" not in ops(checked(graph, feeds, 2))
+
+
+def test_a_pass_that_fails_names_itself_in_a_graph_error(monkeypatch, tmp_path):
+    from helpers import add_model, save
+
+    from mixrt.runtime import passes
+
+    def broken(graph, ir_version):
+        raise IndexError("list index out of range")
+    monkeypatch.setattr(passes, "drop_dead_conv_taps", broken)
+    graph = load_graph(save(add_model(), tmp_path / "add.onnx"))
+    with pytest.raises(GraphError, match="drop_dead_conv_taps pass failed.*IndexError"):
+        optimize(graph, 2)
+    assert optimize(graph, 1).nodes  # the lower level does not run it

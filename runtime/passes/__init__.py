@@ -19,7 +19,7 @@ The passes work on a copy; the caller's graph is never touched.
 
 from __future__ import annotations
 
-from mixrt.errors import GraphError
+from mixrt.errors import GraphError, MixrtError
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)
@@ -94,7 +94,14 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
 
 
 def _run(stats: dict, name: str, rewrite, *args) -> int:
-    count = rewrite(*args)
+    try:
+        count = rewrite(*args)
+    except MixrtError:
+        raise
+    except Exception as exc:  # a pass's own bug: say which pass, and how to step around it
+        raise GraphError(f"the optimizer's {name} pass failed on this graph "
+                         f"({type(exc).__name__}: {exc}); a lower opt_level skips it "
+                         f"(opt_level=0 runs the graph as imported)") from exc
     after_pass(args[0], count)
     stats[name] = stats.get(name, 0) + count
     return count
