@@ -34,8 +34,9 @@ def drop_dead_conv_taps(graph: Graph, ir_version: int | None) -> int:
             weight, shape = constants.get(node.inputs[1]), static_shape(types.get(node.inputs[0]))
             if weight is None or shape is None or len(shape) != weight.ndim:
                 continue
-            kept = _live_taps(node, shape[2:], weight.shape[2:])
-            if kept is not None and _trim(g, node, weight, shape[2:], kept, names, constants):
+            geometry = _geometry(node, shape[2:], weight.shape[2:])
+            kept = None if geometry is None else _live_taps(geometry)
+            if kept is not None and _trim(g, node, weight, geometry, kept, names, constants):
                 trimmed += 1
     return trimmed
 
@@ -45,33 +46,45 @@ def _plain_conv(node: Node) -> bool:
         and node.attributes.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
 
 
-def _live_taps(node: Node, image: tuple, kernel: tuple) -> list[tuple[int, int]] | None:
-    """Per spatial axis, the first and last tap that reads the image at some output
-    position; None when every tap does (or the attributes are not what this pass reads)."""
+def _geometry(node: Node, image: tuple, kernel: tuple) -> list[dict] | None:
+    """Per spatial axis: the image size, taps, stride, dilation, pads and output count;
+    None where the attributes are not what this pass reads or an axis has no output."""
     axes = len(kernel)
     strides = list(node.attributes.get("strides") or [1] * axes)
     dilations = list(node.attributes.get("dilations") or [1] * axes)
     pads = list(node.attributes.get("pads") or [0] * (2 * axes))
     if len(strides) != axes or len(dilations) != axes or len(pads) != 2 * axes:
         return None
-    kept = []
+    geometry = []
     for axis in range(axes):
         size, taps, stride, dilation = image[axis], kernel[axis], strides[axis], dilations[axis]
         begin, end = pads[axis], pads[axis + axes]
         outputs = (size + begin + end - dilation * (taps - 1) - 1) // stride + 1
         if outputs < 1 or size < 1:
             return None
-        read = np.arange(outputs)[:, None] * stride - begin + np.arange(taps)[None, :] * dilation
-        live = np.flatnonzero(((read >= 0) & (read < size)).any(axis=0))
+        geometry.append(dict(size=size, taps=taps, stride=stride, dilation=dilation,
+                             begin=begin, outputs=outputs))
+    return geometry
+
+
+def _live_taps(geometry: list[dict]) -> list[tuple[int, int]] | None:
+    """Per spatial axis, the first and last tap that reads the image at some output
+    position; None when every tap does."""
+    kept = []
+    for axis in geometry:
+        read = np.arange(axis["outputs"])[:, None] * axis["stride"] - axis["begin"] \
+            + np.arange(axis["taps"])[None, :] * axis["dilation"]
+        live = np.flatnonzero(((read >= 0) & (read < axis["size"])).any(axis=0))
         if not len(live):
             return None  # an output that reads only padding: leave such oddities alone
         kept.append((int(live[0]), int(live[-1])))
-    if all(first == 0 and last == taps - 1 for (first, last), taps in zip(kept, kernel)):
+    if all(first == 0 and last == axis["taps"] - 1
+           for (first, last), axis in zip(kept, geometry)):
         return None
     return kept
 
 
-def _trim(g: Graph, node: Node, weight: np.ndarray, image: tuple, kept: list,
+def _trim(g: Graph, node: Node, weight: np.ndarray, geometry: list[dict], kept: list,
           names: NameMaker, constants: dict) -> bool:
     """Rewrite ``node`` to the ``kept`` taps; False (node untouched) where the dropped
     weights are not all finite or the pads cannot be made non-negative."""
@@ -82,27 +95,21 @@ def _trim(g: Graph, node: Node, weight: np.ndarray, image: tuple, kept: list,
     dropped[window] = False
     if not np.isfinite(weight[..., dropped]).all():
         return False
-    strides = list(node.attributes.get("strides") or [1] * axes)
-    dilations = list(node.attributes.get("dilations") or [1] * axes)
-    pads = list(node.attributes.get("pads") or [0] * (2 * axes))
     new_pads = [0] * (2 * axes)
-    for axis, (first, last) in enumerate(kept):
-        size = image[axis]
-        taps, stride, dilation = weight.shape[2 + axis], strides[axis], dilations[axis]
-        outputs = (size + pads[axis] + pads[axis + axes] - dilation * (taps - 1) - 1) \
-            // stride + 1
-        begin = pads[axis] - first * dilation
-        end = (outputs - 1) * stride + dilation * (last - first) + 1 - size - begin
+    for index, ((first, last), axis) in enumerate(zip(kept, geometry)):
+        begin = axis["begin"] - first * axis["dilation"]
+        end = (axis["outputs"] - 1) * axis["stride"] + axis["dilation"] * (last - first) + 1 \
+            - axis["size"] - begin
         if begin < 0 or end < 0:
             return False
-        new_pads[axis], new_pads[axis + axes] = begin, end
+        new_pads[index], new_pads[index + axes] = begin, end
     name = names(f"{node.inputs[1]}_live_taps")
     g.initializers[name] = constants[name] = np.ascontiguousarray(trimmed)
     node.inputs = [node.inputs[0], name, *node.inputs[2:]]
     # an axis left with one tap has no use for its dilation; 1 lets a 1x1 kernel take the
     # pointwise convolution's path
-    dilations = [1 if taps == 1 else d for taps, d in zip(trimmed.shape[2:], dilations)]
+    dilations = [1 if taps == 1 else axis["dilation"]
+                 for taps, axis in zip(trimmed.shape[2:], geometry)]
     node.attributes = {**node.attributes, "pads": new_pads, "dilations": dilations,
                        "kernel_shape": list(trimmed.shape[2:])}
     return True
-
