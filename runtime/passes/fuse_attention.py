@@ -23,7 +23,7 @@ from mixrt.ops.fused import FUSED_DTYPES, MIXRT
 from mixrt.ops.fused_attention import KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,
                                           remove_nodes)
 
 
@@ -32,11 +32,13 @@ def fuse_attention(graph: Graph, ir_version: int | None) -> int:
     types = infer_types(graph)
     fused = 0
     for g, constants in constant_scopes(graph, ir_version):
+        index = GraphIndex(g)
         for softmax in [n for n in g.nodes if n.op_type == "Softmax" and not n.domain]:
-            match = _Match(g, constants, types).at(softmax)
+            match = _Match(g, constants, types, index).at(softmax)
             if match is not None:
                 match.replace()
                 fused += 1
+                index = GraphIndex(g)  # the graph changed; a failed match changes nothing
     if fused:
         graph.opsets.setdefault(MIXRT, 1)
     return fused
@@ -46,15 +48,9 @@ class _Match:
     """One attention pattern in graph ``g``: the nodes it covers and what the fused node
     reads."""
 
-    def __init__(self, g: Graph, constants: dict, types: dict):
+    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
         self.g, self.constants, self.types = g, constants, types
-        self.counts = read_counts(g)
-        self.producers = {name: node for node in g.nodes for name in node.outputs if name}
-        self.readers: dict[str, list[Node]] = {}
-        for node in g.nodes:
-            for name in node.inputs:
-                if name:
-                    self.readers.setdefault(name, []).append(node)
+        self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
         self.covered: list[Node] = []
         self.scale, self.mask = 1.0, ""
 

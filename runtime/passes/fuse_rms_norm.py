@@ -18,7 +18,7 @@ import numpy as np
 
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,
                                           remove_nodes)
 
 
@@ -27,24 +27,20 @@ def fuse_rms_norms(graph: Graph, ir_version: int | None) -> int:
     types = infer_types(graph)
     fused = 0
     for g, constants in constant_scopes(graph, ir_version):
+        index = GraphIndex(g)
         for reduce in [n for n in g.nodes if n.op_type == "ReduceMean" and not n.domain]:
-            match = _Match(g, constants, types)
+            match = _Match(g, constants, types, index)
             if match.at(reduce):
                 match.replace()
                 fused += 1
+                index = GraphIndex(g)  # the graph changed; a failed match changes nothing
     return fused
 
 
 class _Match:
-    def __init__(self, g: Graph, constants: dict, types: dict):
+    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
         self.g, self.constants, self.types = g, constants, types
-        self.counts = read_counts(g)
-        self.producers = {name: node for node in g.nodes for name in node.outputs if name}
-        self.readers: dict[str, list[Node]] = {}
-        for node in g.nodes:
-            for name in node.inputs:
-                if name:
-                    self.readers.setdefault(name, []).append(node)
+        self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
         self.covered: list[Node] = []
 
     def _plain(self, node: Node | None, *op_types: str) -> bool:

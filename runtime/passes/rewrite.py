@@ -88,6 +88,22 @@ def read_counts(graph: Graph) -> Counter:
     return counts
 
 
+class GraphIndex:
+    """Who writes and who reads each value of one graph: ``counts`` (read_counts),
+    ``producers`` (name -> the node writing it) and ``readers`` (name -> the nodes taking it
+    as a direct input). A pattern matcher reads it; after a rewrite changes the graph, make
+    a new one."""
+
+    def __init__(self, graph: Graph):
+        self.counts = read_counts(graph)
+        self.producers = {name: node for node in graph.nodes for name in node.outputs if name}
+        self.readers: dict[str, list[Node]] = {}
+        for node in graph.nodes:
+            for name in node.inputs:
+                if name:
+                    self.readers.setdefault(name, []).append(node)
+
+
 def consumers(graph: Graph) -> dict[str, list[Node]]:
     """Name -> the nodes of this graph that read it (directly or from a subgraph)."""
     found: dict[str, list[Node]] = {}
