@@ -187,18 +187,35 @@ def _rows(X):
 
 @op("Normalizer", since=1, domain=ML, dtypes=_NUMBERS)
 def normalizer(xp, X, *, norm="MAX"):
+    if norm not in _NORMS:
+        raise ValueError(f"Normalizer norm must be one of MAX, L1, L2, got {norm!r}")
     rows = _rows(X).astype(np.float32)
+    kernels = _ml_kernels(xp, rows)
+    if kernels is not None:
+        kernels.normalize_rows(rows, _NORMS.index(norm), rows)  # rows is the op's own copy
+        return rows.reshape(X.shape)
     if norm == "MAX":
         scale = rows.max(axis=1, keepdims=True)
     elif norm == "L1":
         scale = xp.abs(rows).sum(axis=1, keepdims=True)
-    elif norm == "L2":
-        scale = xp.sqrt((rows * rows).sum(axis=1, keepdims=True))
     else:
-        raise ValueError(f"Normalizer norm must be one of MAX, L1, L2, got {norm!r}")
+        scale = xp.sqrt((rows * rows).sum(axis=1, keepdims=True))
     # onnxruntime leaves a row whose norm is 0 as it is (an empty document's tf-idf row)
     scale = xp.where(scale == 0, np.float32(1), scale)
     return (rows / scale).reshape(X.shape)
+
+
+_NORMS = ("MAX", "L1", "L2")  # ops/_jit_ml.py's codes
+_ML_KERNELS: list = []  # ops/_jit_ml.py once imported
+
+
+def _ml_kernels(xp, rows):
+    """ops/_jit_ml.py for float32 rows [N, F] (F > 0, contiguous) on the host with the
+    compiled tier on, else None."""
+    if xp is not np or rows.dtype != np.float32 or not rows.shape[1] \
+            or not rows.flags.c_contiguous or not jit_cpu.enabled():
+        return None
+    return jit_cpu._import_once(_ML_KERNELS, "mixrt.ops._jit_ml")
 
 
 def _float32_like_input(X, *_, **__):
@@ -210,10 +227,25 @@ normalizer.infer(_float32_like_input)
 
 @op("Scaler", since=1, domain=ML, dtypes=_NUMBERS)
 def scaler(xp, X, *, offset=None, scale=None, _node=None):
-    offset, scale = _cached(_node, lambda: (
-        np.asarray(offset if offset is not None else [0.0], dtype=np.float32),
-        np.asarray(scale if scale is not None else [1.0], dtype=np.float32)))
-    return (X.astype(np.float32, copy=False) - xp.asarray(offset)) * xp.asarray(scale)
+    return prepared(_node, lambda: _Scaler(offset, scale)).run(xp, X)
+
+
+class _Scaler:
+    def __init__(self, offset, scale):
+        self.offset = np.asarray(offset if offset is not None else [0.0], dtype=np.float32)
+        self.scale = np.asarray(scale if scale is not None else [1.0], dtype=np.float32)
+
+    def run(self, xp, X):
+        rows = _rows(X).astype(np.float32, copy=False)
+        width = rows.shape[1]
+        kernels = _ml_kernels(xp, rows)
+        if kernels is not None and (len(self.offset) == width or len(self.offset) == 1) \
+                and (len(self.scale) == width or len(self.scale) == 1):
+            out = np.empty(rows.shape, np.float32)
+            kernels.scale_columns(rows, self.offset, self.scale, out)
+            return out.reshape(X.shape)
+        return (X.astype(np.float32, copy=False) - xp.asarray(self.offset)) \
+            * xp.asarray(self.scale)
 
 
 scaler.infer(_float32_like_input)
@@ -305,29 +337,79 @@ def linear_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
     two labels the model is binary: s is the second class's score, the label is the second
     class when s > 0, and the scores are [1 - p, p] with p = s after LOGISTIC if asked (the
     other transforms leave s as it is), as onnxruntime does."""
-    labels = classlabels_strings if classlabels_strings is not None else classlabels_ints
-    if labels is None:
-        raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
-    weights, intercepts = _cached(_node, lambda: _linear_constants(coefficients, intercepts))
-    rows = _rows(X).astype(np.float32, copy=False)
-    weights = xp.asarray(weights).reshape(-1, rows.shape[1])
-    scores = rows @ weights.T
-    if intercepts is not None:
-        scores = scores + xp.asarray(intercepts)
-    if weights.shape[0] == 1 and len(labels) == 2:
-        positive = scores[:, 0] > 0
-        p = post_transform_scores(xp, scores, "LOGISTIC") if post_transform == "LOGISTIC" \
-            else scores
-        scores = xp.concatenate([1 - p, p], axis=1)
-        chosen = positive.astype(np.int64)
-    else:
-        chosen = xp.argmax(scores, axis=1)
-        scores = post_transform_scores(xp, scores, post_transform)
-    if classlabels_strings is not None:
-        label = np.asarray(classlabels_strings, dtype=object)[to_host(chosen)]
-    else:
-        label = xp.asarray(classlabels_ints, dtype=np.int64)[chosen]
-    return label, scores.astype(np.float32)
+    return prepared(_node, lambda: _LinearClassifier(
+        classlabels_ints, classlabels_strings, coefficients, intercepts,
+        post_transform)).run(xp, X)
+
+
+class _LinearClassifier:
+    def __init__(self, classlabels_ints, classlabels_strings, coefficients, intercepts,
+                 post_transform):
+        labels = classlabels_strings if classlabels_strings is not None else classlabels_ints
+        if labels is None:
+            raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
+        self.strings = classlabels_strings is not None
+        self.labels = np.asarray(classlabels_strings, dtype=object) if self.strings \
+            else np.asarray(classlabels_ints, dtype=np.int64)
+        self.weights, self.intercepts = _linear_constants(coefficients, intercepts)
+        self.post_transform = post_transform
+        # what ops/_jit_ml.py computes: its transform code, None where NumPy finishes
+        self.transform = _LINEAR_TRANSFORMS.get(
+            post_transform.decode() if isinstance(post_transform, bytes) else post_transform)
+        self._compiled = {}  # features -> (weights [C, F], intercepts [C], binary) or None
+
+    def run(self, xp, X):
+        rows = _rows(X).astype(np.float32, copy=False)
+        kernels = _ml_kernels(xp, rows) if self.transform is not None else None
+        tables = self._tables(rows.shape[1]) if kernels is not None else None
+        if tables is None:
+            return self._numpy(xp, rows)
+        weights, intercepts, binary = tables
+        chosen = np.empty(rows.shape[0], np.int64)
+        scores = np.empty((rows.shape[0], 2 if binary else len(weights)), np.float32)
+        kernels.linear_classify(rows, weights, intercepts, self.transform, binary, chosen,
+                                scores)
+        return self._label(np, chosen), scores
+
+    def _tables(self, features: int):
+        """The compiled kernel's weights for rows of ``features`` columns, or None where
+        the coefficients do not make whole rows of that width (NumPy then raises)."""
+        if features not in self._compiled:
+            tables = None
+            if features and self.weights.size % features == 0 and self.weights.size:
+                weights = self.weights.reshape(-1, features)
+                intercepts = self.intercepts if self.intercepts is not None \
+                    else np.zeros(len(weights), np.float32)
+                binary = len(weights) == 1 and len(self.labels) == 2
+                if len(intercepts) >= len(weights):
+                    tables = (np.ascontiguousarray(weights), intercepts, binary)
+            self._compiled[features] = tables
+        return self._compiled[features]
+
+    def _numpy(self, xp, rows):
+        weights = xp.asarray(self.weights).reshape(-1, rows.shape[1])
+        scores = rows @ weights.T
+        if self.intercepts is not None:
+            scores = scores + xp.asarray(self.intercepts)
+        if weights.shape[0] == 1 and len(self.labels) == 2:
+            positive = scores[:, 0] > 0
+            p = post_transform_scores(xp, scores, "LOGISTIC") \
+                if self.post_transform == "LOGISTIC" else scores
+            scores = xp.concatenate([1 - p, p], axis=1)
+            chosen = positive.astype(np.int64)
+        else:
+            chosen = xp.argmax(scores, axis=1)
+            scores = post_transform_scores(xp, scores, self.post_transform)
+        return self._label(xp, chosen), scores.astype(np.float32)
+
+    def _label(self, xp, chosen):
+        if self.strings:
+            return self.labels[to_host(chosen)]
+        return xp.asarray(self.labels)[chosen]
+
+
+# the LinearClassifier post-transforms ops/_jit_ml.py computes
+_LINEAR_TRANSFORMS = {"NONE": 0, "LOGISTIC": 1, "SOFTMAX": 2}
 
 
 def _linear_constants(coefficients, intercepts):
@@ -418,6 +500,7 @@ class _Forest:
         self._compilable = self._tables_in_range()
         self._feature_range = None  # (lowest, highest) feature an interior node reads
         self._packed = None  # the node records (_records)
+        self._tables = {}  # precision -> every table the compiled walk reads, in its order
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -446,6 +529,11 @@ class _Forest:
         kernels = self._kernels(xp, X)
         if kernels is None:
             return _leaf_sums(xp, self, self.leaves(xp, X), precision)
+        return self.compiled_sums(kernels, X, precision)
+
+    def compiled_sums(self, kernels, X, precision):
+        """:meth:`sums` through ``kernels`` (ops/_jit_trees.py; :meth:`_kernels` said they
+        may walk X)."""
         total = np.zeros((X.shape[0], self.weights.shape[1]), dtype=precision)
         reached = np.zeros(total.shape, dtype=bool)
         self._walk(kernels.forest_sums, X, precision, total, reached)
@@ -479,12 +567,17 @@ class _Forest:
     def _walk(self, kernel, X, precision, *outputs):
         """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
         for large batches."""
-        data = X if X.dtype in (np.float32, np.float64) else X.astype(np.float64)
-        data = np.ascontiguousarray(data)
-        tables = (self.roots, *self._records(), self.members, *self._leaf_table(precision))
-        parts = row_parts(X.shape[0], len(self.roots) * _STEPS_PER_TREE)
+        native = X.dtype in (np.float32, np.float64)
+        data = X if native and X.flags.c_contiguous \
+            else np.ascontiguousarray(X, dtype=X.dtype if native else np.float64)
+        tables = self._tables.get(precision)
+        if tables is None:
+            tables = self._tables[precision] = (self.roots, *self._records(), self.members,
+                                                *self._leaf_table(precision))
+        rows = X.shape[0]
+        parts = ((0, rows),) if rows == 1 else row_parts(rows, len(self.roots) * _STEPS_PER_TREE)
         if len(parts) == 1:  # a request's few rows: the call itself, no hand-out (~2 us)
-            kernel(data, 0, X.shape[0], *tables, *outputs)
+            kernel(data, 0, rows, *tables, *outputs)
             return
         parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables, *outputs))
 
@@ -734,4 +827,14 @@ def _cached(node_state, build):
     model = node_state.get("model")
     if model is None:
         model = node_state["model"] = build()
+    return model
+
+
+def prepared(node_state, build):
+    """As :func:`_cached`, for a model whose ``run(xp, *inputs)`` computes the node from its
+    inputs alone: the session's executor then calls that directly from the node's next run
+    on (runtime/executor.py ``node_state``), without binding the attributes again."""
+    model = _cached(node_state, build)
+    if node_state is not None:
+        node_state["call"] = model.run
     return model

@@ -46,12 +46,19 @@ def svm_classifier(xp, X, *, classlabels_ints=None, classlabels_strings=None,
         raise ValueError(f"support_vectors has {model.vectors.size} values, not "
                          f"{len(model.vectors)} vectors of the input's {rows.shape[1]} "
                          f"features")
-    kernels = _kernel_matrix(xp, rows, xp.asarray(model.vectors), model.kernel)
-    decisions, votes = _one_vs_one(xp, kernels, model, len(labels))
+    compiled = _compiled(xp) if rows.flags.c_contiguous else None
+    if compiled is not None:
+        decisions, votes = model.compiled_one_vs_one(compiled, rows)
+    else:
+        kernels = _kernel_matrix(xp, rows, xp.asarray(model.vectors), model.kernel)
+        decisions, votes = _one_vs_one(xp, kernels, model, len(labels))
     label = label_values(xp, labels, xp.argmax(votes, axis=1))  # the first of tied classes
     if len(model.prob_a):
-        probabilities = _coupled_probabilities(xp, decisions, model.prob_a, model.prob_b,
-                                               len(labels))
+        if compiled is not None:
+            probabilities = model.compiled_probabilities(compiled, decisions)
+        else:
+            probabilities = _coupled_probabilities(xp, decisions, model.prob_a, model.prob_b,
+                                                   len(labels))
         return label, post_transform_scores(xp, probabilities, post_transform).astype(np.float32)
     if model.pairs > 1:
         return label, post_transform_scores(xp, decisions, post_transform).astype(np.float32)
@@ -90,6 +97,30 @@ class _Classifier:
         self.vectors = values.reshape(int(counts.sum()), -1)
         self.pair_weights, self.first_of_pair, self.second_of_pair = _pair_weights(
             counts, self.coefficients, classes)
+        # what ops/_jit_svm.one_vs_one reads: each class's first vector and count, and the
+        # dual coefficients [classes - 1, vectors]
+        self.counts = counts
+        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.dual = np.ascontiguousarray(
+            self.coefficients[:(classes - 1) * len(self.vectors)].reshape(classes - 1, -1))
+
+    def compiled_one_vs_one(self, kernels, rows):
+        """_kernel_matrix and _one_vs_one's (decisions, votes) by ops/_jit_svm.py."""
+        name, gamma, coef0, degree = self.kernel
+        decisions = np.empty((rows.shape[0], self.pairs), np.float32)
+        votes = np.empty((rows.shape[0], len(self.labels)), np.int64)
+        kernels.one_vs_one(rows, self.vectors, _KERNELS.index(name), gamma, coef0, degree,
+                           self.starts, self.counts, self.dual, self.rho,
+                           np.empty(len(self.vectors), np.float32), decisions, votes)
+        return decisions, votes
+
+    def compiled_probabilities(self, kernels, decisions):
+        """_coupled_probabilities by ops/_jit_svm.py."""
+        classes = len(self.labels)
+        q = np.empty((decisions.shape[0], classes, classes), np.float32)
+        p = np.empty((decisions.shape[0], classes), np.float32)
+        kernels.coupled_probabilities(decisions, self.prob_a, self.prob_b, q, p)
+        return p
 
 
 @svm_classifier.infer

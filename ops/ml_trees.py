@@ -24,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops import jit_cpu
-from mixrt.ops.ml import (_NUMBERS, _TREE_KERNELS, ML, _aggregate_name, _cached, _either,
+from mixrt.ops.ml import (_NUMBERS, _TREE_KERNELS, ML, _aggregate_name, _either,
                           _forest_from_node_ids, _POST_TRANSFORMS, _probit, _rows,
-                          post_transform_scores)
+                          post_transform_scores, prepared)
 from mixrt.ops.registry import op
 from mixrt.ops.types import tensor
 from mixrt.runtime.device import to_host
@@ -44,7 +44,7 @@ def tree_ensemble_classifier(
         nodes_values_as_tensor=None, post_transform="NONE", _node=None):
     """(label [N], scores [N, classes]). Version 1 has no *_as_tensor attributes; the binder
     rejects attributes a kernel does not take, so accepting them here is harmless."""
-    model = _cached(_node, lambda: _Classifier(
+    model = prepared(_node, lambda: _Classifier(
         base_values=_either(base_values, base_values_as_tensor), class_ids=class_ids,
         class_nodeids=class_nodeids, class_treeids=class_treeids,
         class_weights=_either(class_weights, class_weights_as_tensor),
@@ -82,6 +82,9 @@ class _Classifier:
         if len(labels) == 1 and len(base) == 2:  # onnxruntime writes two scores into one column
             raise ValueError("base_values has 2 values for a single class (classlabels has 1)")
         self.base = {np.dtype(p): base.astype(p) for p in (np.float32, np.float64)}
+        # the compiled scores' post-transform code (None: the NumPy forms finish the scores)
+        self.transform = COMPILED_TRANSFORMS.get(_name(post_transform)) \
+            if len(self.labels) >= 2 else None
         ids = np.asarray(class_ids if class_ids is not None else [], np.int64)
         self.binary_case = len(set(ids.tolist())) == 1  # every weight is for the same class
         self.all_positive = bool((np.asarray(class_weights if class_weights is not None else [],
@@ -89,12 +92,17 @@ class _Classifier:
 
     def run(self, xp, X):
         precision = np.float64 if X.dtype == np.float64 else np.float32
-        raw, has = self.forest.sums(xp, _rows(X), precision)
+        rows = _rows(X)
+        kernels = self.forest._kernels(xp, rows)
+        if kernels is not None and self.transform is not None:  # a request's usual path
+            raw, has = self.forest.compiled_sums(kernels, rows, precision)
+            return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
+        raw, has = self.forest.sums(xp, rows, precision)
         labels, base, post_transform = self.labels, self.base[np.dtype(precision)], \
             self.post_transform
         kernels = _compiled_scores(xp, raw, post_transform, len(labels))
         if kernels is not None:
-            return self._compiled(kernels, raw, has, base, post_transform)
+            return self._compiled(kernels, raw, has, base)
         if len(labels) > 2:
             chosen, scores = _multiclass(xp, raw, has, base, post_transform)
             return label_values(xp, labels, chosen), scores
@@ -104,9 +112,9 @@ class _Classifier:
                             self.all_positive)
 
 
-    def _compiled(self, kernels, raw, has, base, post_transform):
+    def _compiled(self, kernels, raw, has, base):
         """run's scores and labels through ops/_jit_trees.py (the same arithmetic)."""
-        transform = COMPILED_TRANSFORMS[_name(post_transform)]
+        transform = self.transform
         rows, labels = raw.shape[0], self.labels
         if len(labels) > 2:
             chosen = np.empty(rows, np.int64)
@@ -304,14 +312,25 @@ def tree_ensemble_regressor(xp, X, *, aggregate_function="SUM", base_values=None
             leaf_nodeids=target_nodeids, leaf_ids=target_ids,
             leaf_weights=_either(target_weights, target_weights_as_tensor), n_outputs=outputs)
         base = _either(base_values, base_values_as_tensor)
-        return (forest, _aggregate_name(aggregate_function),
-                None if base is None else np.asarray(base, dtype=np.float64))
+        return _Regressor(forest, _aggregate_name(aggregate_function),
+                          None if base is None else np.asarray(base, dtype=np.float64),
+                          post_transform)
 
-    forest, function, base = _cached(_node, build)
-    scores = forest.aggregate_rows(xp, _rows(X), function)
-    if base is not None:
-        scores = scores + xp.asarray(base)
-    return post_transform_scores(xp, scores, post_transform).astype(np.float32)
+    return prepared(_node, build).run(xp, X)
+
+
+class _Regressor:
+    """A TreeEnsembleRegressor node's forest and checked attributes."""
+
+    def __init__(self, forest, function: str, base, post_transform):
+        self.forest, self.function, self.base = forest, function, base
+        self.post_transform = post_transform
+
+    def run(self, xp, X):
+        scores = self.forest.aggregate_rows(xp, _rows(X), self.function)
+        if self.base is not None:
+            scores = scores + xp.asarray(self.base)
+        return post_transform_scores(xp, scores, self.post_transform).astype(np.float32)
 
 
 @tree_ensemble_regressor.infer

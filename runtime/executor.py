@@ -404,7 +404,17 @@ def _host_form(step, outputs):
         return None
     name, view, detach = outputs[0]
     fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
-    return len(names), fetch, name, view, detach
+    return len(names), fetch, name, view, detach, node_state(step.attributes)
+
+
+def node_state(attributes) -> dict | None:
+    """The node's state dict (``_node``) when its kernel may leave a prepared call there:
+    ``state["call"](xp, *inputs)``, set by the kernel's first call once it has turned its
+    attributes into a model (ops/ml.py ``prepared``), runs the node from then on without
+    passing the attributes again (a tree ensemble's twenty keyword arguments cost ~3 us a
+    call to bind). Kernels that write into ``out=`` keep none."""
+    state = attributes.get("_node")
+    return state if state is not None and "out" not in attributes else None
 
 
 def _run_host_calls(calls, env, buffer) -> None:
@@ -417,13 +427,15 @@ def _run_host_calls(calls, env, buffer) -> None:
             _run_calls((call,), env, np, buffer, {}, None)
             continue
         step, _, attributes, _, _ = call
-        arity, fetch, name, view, detach = form
+        arity, fetch, name, view, detach, state = form
         try:
             args = (env[fetch],) if arity == 1 else fetch(env) if arity else ()
         except KeyError as exc:
             raise _unread(step, exc) from None
         try:
-            result = step.fn(np, *args, **attributes)
+            prepared = state.get("call") if state is not None else None
+            result = step.fn(np, *args, **attributes) if prepared is None \
+                else prepared(np, *args)
         except MixrtError:
             raise
         except Exception as exc:
@@ -477,7 +489,11 @@ def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
 def _call(step, xp, args, attributes):
     if xp is not np:
         device_checks.at_node(step.label)
+    state = node_state(attributes)
+    prepared = state.get("call") if state is not None else None
     try:
+        if prepared is not None:
+            return prepared(xp, *args)
         return step.fn(xp, *args, **attributes)
     except MixrtError:
         raise

@@ -538,3 +538,84 @@ def test_svm_probability_coupling_same_bits_in_both_tiers(classes, monkeypatch):
     monkeypatch.setattr(jit_cpu, "enabled", lambda: False)
     plain = ml_svm._coupled_probabilities(np, decisions, prob_a, prob_b, classes)
     np.testing.assert_array_equal(compiled, plain)
+
+
+@pytest.mark.parametrize("kernel", ["LINEAR", "POLY", "RBF", "SIGMOID"])
+@pytest.mark.parametrize("proba", [False, True])
+def test_svm_decisions_agree_in_both_tiers(kernel, proba, monkeypatch):
+    """The compiled kernel values, one-vs-one sums and coupling (ops/_jit_svm.py) against
+    the NumPy tier's forms: the same votes and labels, scores to float32 rounding (the
+    feature sums are grouped differently)."""
+    pytest.importorskip("numba")
+    from mixrt.ops import jit_cpu
+    rng = np.random.default_rng(_seed((kernel, proba)))
+    attrs = _svm(rng, 6, proba=proba, kernel=kernel, features=40)
+    attrs["classlabels_ints"] = list(range(6))
+    x = rng.standard_normal((9, 40)).astype(np.float32) * 0.3
+    model = _model("SVMClassifier", x, 2, **attrs)
+    compiled = mixrt.Session(model).run(None, {"x": x})
+    monkeypatch.setattr(jit_cpu, "enabled", lambda: False)
+    plain = mixrt.Session(model).run(None, {"x": x})
+    assert compiled[0].tolist() == plain[0].tolist()
+    np.testing.assert_allclose(compiled[1], plain[1], rtol=1e-5, atol=1e-6)
+
+
+def _in_both_tiers(model, feeds, monkeypatch) -> tuple[list, list]:
+    """The model's outputs with the compiled kernels, then on the NumPy tier."""
+    pytest.importorskip("numba")
+    from mixrt.ops import jit_cpu
+    compiled = mixrt.Session(model).run(None, feeds)
+    with monkeypatch.context() as patch:
+        patch.setattr(jit_cpu, "enabled", lambda: False)
+        plain = mixrt.Session(model).run(None, feeds)
+    return compiled, plain
+
+
+@pytest.mark.parametrize("post_transform", POST_TRANSFORMS)
+@pytest.mark.parametrize("classes, rows_of_weights", [(2, 1), (2, 2), (4, 4)])
+def test_linear_classifier_agrees_in_both_tiers_and_with_onnxruntime(
+        post_transform, classes, rows_of_weights, monkeypatch):
+    """ops/_jit_ml.linear_classify (NONE, LOGISTIC, SOFTMAX; the others stay NumPy) against
+    the NumPy form and onnxruntime, a tie and a NaN row included."""
+    rng = np.random.default_rng(_seed((post_transform, classes, rows_of_weights)))
+    x = rng.standard_normal((7, 5)).astype(np.float32)
+    x[3] = 0.0  # every score is the intercept: ties when the intercepts are equal
+    x[5, 2] = np.nan
+    attrs = dict(coefficients=[float(v) for v in rng.standard_normal(rows_of_weights * 5)],
+                 intercepts=[0.25] * rows_of_weights, classlabels_ints=list(range(classes)),
+                 post_transform=post_transform)
+    model = _model("LinearClassifier", x, 2, **attrs)
+    compiled, plain = _in_both_tiers(model, {"x": x}, monkeypatch)
+    assert compiled[0].tolist() == plain[0].tolist()
+    np.testing.assert_allclose(compiled[1], plain[1], rtol=1e-5, atol=1e-6)
+    if post_transform == "PROBIT" and rows_of_weights == 1:
+        return  # onnxruntime takes the probit of the raw score there: NaN outside (0, 1)
+    clean = np.nan_to_num(x)  # onnxruntime's NaN handling is not what is compared here
+    ours, theirs = _both(model, {"x": clean})
+    assert ours[0].tolist() == theirs[0].tolist()
+    _assert_scores(ours[1], theirs[1], atol=1e-4 if post_transform == "PROBIT" else 1e-6)
+
+
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+def test_normalizer_agrees_in_both_tiers_and_with_onnxruntime(norm, monkeypatch):
+    rng = np.random.default_rng(_seed(norm))
+    x = rng.standard_normal((6, 9)).astype(np.float32)
+    x[2] = 0.0  # a zero norm leaves the row as it is
+    model = _model("Normalizer", x, 1, norm=norm)
+    compiled, plain = _in_both_tiers(model, {"x": x}, monkeypatch)
+    np.testing.assert_allclose(compiled[0], plain[0], rtol=1e-6, atol=1e-7)
+    ours, theirs = _both(model, {"x": x})
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+def test_scaler_agrees_in_both_tiers_and_with_onnxruntime(per_column, monkeypatch):
+    rng = np.random.default_rng(_seed(per_column))
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    count = 4 if per_column else 1
+    model = _model("Scaler", x, 1, offset=[float(v) for v in rng.standard_normal(count)],
+                   scale=[float(v) for v in rng.uniform(0.5, 2, count)])
+    compiled, plain = _in_both_tiers(model, {"x": x}, monkeypatch)
+    np.testing.assert_array_equal(compiled[0], plain[0])
+    ours, theirs = _both(model, {"x": x})
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6)
