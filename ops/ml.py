@@ -12,6 +12,8 @@ import numpy as np
 
 from mixrt.ops import jit_cpu
 from mixrt.ops.dtypes import FLOATS
+from mixrt.ops.node_state import cached as _cached
+from mixrt.ops.node_state import prepared
 from mixrt.ops.parallel import parallel_for, row_parts
 from mixrt.ops.registry import op
 from mixrt.runtime.device import to_host
@@ -820,21 +822,3 @@ def _either(listed, as_tensor):
     return as_tensor if as_tensor is not None else listed
 
 
-def _cached(node_state, build):
-    """``build()``, kept in the node's ``_node`` dict (a session's node builds it once)."""
-    if node_state is None:
-        return build()
-    model = node_state.get("model")
-    if model is None:
-        model = node_state["model"] = build()
-    return model
-
-
-def prepared(node_state, build):
-    """As :func:`_cached`, for a model whose ``run(xp, *inputs)`` computes the node from its
-    inputs alone: the session's executor then calls that directly from the node's next run
-    on (runtime/executor.py ``node_state``), without binding the attributes again."""
-    model = _cached(node_state, build)
-    if node_state is not None:
-        node_state["call"] = model.run
-    return model

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from mixrt.ops.dtypes import STRING
+from mixrt.ops.node_state import prepared
 from mixrt.ops.registry import op
 from mixrt.ops.types import TensorType, broadcast_shapes, tensor
 from mixrt.runtime.device import to_host
@@ -143,33 +144,57 @@ def _count_ngrams(row, table, counts, *, min_n, max_n, max_skip) -> None:
 @op("TfIdfVectorizer", since=9, dtypes=STRING | frozenset({"int32", "int64"}))
 def tfidf_vectorizer(xp, X, *, max_gram_length=None, max_skip_count=None,
                      min_gram_length=None, mode=None, ngram_counts=None, ngram_indexes=None,
-                     pool_int64s=None, pool_strings=None, weights=None):
-    if None in (max_gram_length, max_skip_count, min_gram_length, mode, ngram_counts,
-                ngram_indexes):
-        raise ValueError("TfIdfVectorizer needs max_gram_length, max_skip_count, "
-                         "min_gram_length, mode, ngram_counts and ngram_indexes")
-    if mode not in ("TF", "IDF", "TFIDF"):
-        raise ValueError(f"TfIdfVectorizer mode must be one of TF, IDF, TFIDF, got {mode!r}")
-    pool = list(pool_strings) if pool_strings is not None else [int(v) for v in pool_int64s]
-    table = _ngram_table(pool, [int(c) for c in ngram_counts])
-    data = to_host(X)
-    rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
-    rows = rows.tolist()  # python ints/strs hash like the pool's entries
-    width = int(max(ngram_indexes)) + 1
-    out = np.zeros((len(rows), width), dtype=np.float32)
-    index = np.asarray(ngram_indexes, dtype=np.int64)
-    scale = (np.ones(len(index), np.float32) if weights is None
-             else np.asarray(weights, dtype=np.float32))
-    for r, row in enumerate(rows):
-        counts = np.zeros(len(index), dtype=np.float32)
-        _count_ngrams(row, table, counts, min_n=min_gram_length, max_n=max_gram_length,
-                      max_skip=max_skip_count)
-        if mode == "IDF":
-            counts = np.minimum(counts, 1) * scale
-        elif mode == "TFIDF":
-            counts = counts * scale
-        np.add.at(out[r], index, counts)
-    return xp.asarray(out.reshape(width) if data.ndim <= 1 else out)
+                     pool_int64s=None, pool_strings=None, weights=None, _node=None):
+    return prepared(_node, lambda: _TfIdf(
+        max_gram_length=max_gram_length, max_skip_count=max_skip_count,
+        min_gram_length=min_gram_length, mode=mode, ngram_counts=ngram_counts,
+        ngram_indexes=ngram_indexes, pool_int64s=pool_int64s, pool_strings=pool_strings,
+        weights=weights)).run(xp, X)
+
+
+class _TfIdf:
+    """A TfIdfVectorizer's checked attributes, its n-gram table and output columns, made
+    once per node (rebuilding the table was most of a one-document run)."""
+
+    def __init__(self, *, max_gram_length, max_skip_count, min_gram_length, mode,
+                 ngram_counts, ngram_indexes, pool_int64s, pool_strings, weights):
+        if None in (max_gram_length, max_skip_count, min_gram_length, mode, ngram_counts,
+                    ngram_indexes):
+            raise ValueError("TfIdfVectorizer needs max_gram_length, max_skip_count, "
+                             "min_gram_length, mode, ngram_counts and ngram_indexes")
+        if mode not in ("TF", "IDF", "TFIDF"):
+            raise ValueError(f"TfIdfVectorizer mode must be one of TF, IDF, TFIDF, got "
+                             f"{mode!r}")
+        pool = list(pool_strings) if pool_strings is not None \
+            else [int(v) for v in pool_int64s]
+        self.table = _ngram_table(pool, [int(c) for c in ngram_counts])
+        self.mode, self.max_skip = mode, max_skip_count
+        self.min_n, self.max_n = min_gram_length, max_gram_length
+        self.width = int(max(ngram_indexes)) + 1
+        self.index = np.asarray(ngram_indexes, dtype=np.int64)
+        self.scale = (np.ones(len(self.index), np.float32) if weights is None
+                      else np.asarray(weights, dtype=np.float32))
+        # each pool entry's own column once: then a row's counts are written, not added at
+        self.distinct = len(set(self.index.tolist())) == len(self.index)
+
+    def run(self, xp, X):
+        data = to_host(X)
+        rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
+        rows = rows.tolist()  # python ints/strs hash like the pool's entries
+        out = np.zeros((len(rows), self.width), dtype=np.float32)
+        for r, row in enumerate(rows):
+            counts = np.zeros(len(self.index), dtype=np.float32)
+            _count_ngrams(row, self.table, counts, min_n=self.min_n, max_n=self.max_n,
+                          max_skip=self.max_skip)
+            if self.mode == "IDF":
+                counts = np.minimum(counts, 1) * self.scale
+            elif self.mode == "TFIDF":
+                counts = counts * self.scale
+            if self.distinct:  # + 0: a -0.0 count reads 0.0, as added to the zeros
+                out[r, self.index] = counts + np.float32(0)
+            else:
+                np.add.at(out[r], self.index, counts)
+        return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
 
 
 @tfidf_vectorizer.infer

@@ -410,7 +410,7 @@ def _host_form(step, outputs):
 def node_state(attributes) -> dict | None:
     """The node's state dict (``_node``) when its kernel may leave a prepared call there:
     ``state["call"](xp, *inputs)``, set by the kernel's first call once it has turned its
-    attributes into a model (ops/ml.py ``prepared``), runs the node from then on without
+    attributes into a model (ops/node_state.py), runs the node from then on without
     passing the attributes again (a tree ensemble's twenty keyword arguments cost ~3 us a
     call to bind). Kernels that write into ``out=`` keep none."""
     state = attributes.get("_node")
