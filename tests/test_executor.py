@@ -285,3 +285,53 @@ def test_weights_arena_and_packed_weights_start_on_64_bytes():
     kept = packed({}, "layout", lambda: odd)
     assert kept.ctypes.data % ALIGNMENT == 0
     np.testing.assert_array_equal(kept, odd)
+
+
+def _reshape_chain():
+    """x -> Relu -> Reshape -> Unsqueeze -> Squeeze -> Flatten -> Relu(-x) -> y: four
+    reshapes of an arena tensor, their shapes fixed by the input's."""
+    shape = numpy_helper.from_array(np.array([4, -1], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["a"]),
+        helper.make_node("Unsqueeze", ["a", "axes"], ["b"]),
+        helper.make_node("Squeeze", ["b", "axes"], ["c"]),
+        helper.make_node("Flatten", ["c"], ["d"], axis=0),
+        helper.make_node("Neg", ["d"], ["n"]),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "reshapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_reshapes_of_known_shape_are_made_by_the_run_loop():
+    """A planned run reshapes arena tensors itself when the plan knows the result's shape
+    (ExecutionPlan.reshapes), with the kernels' results, for each signature."""
+    session = mixrt.Session(_reshape_chain(), opt_level=0)
+    for rows in (4, 8, 4):
+        x = np.random.default_rng(rows).standard_normal((rows, 6)).astype(np.float32)
+        expected = np.maximum(-np.maximum(x, 0).reshape(1, -1), 0)
+        for _ in range(3):
+            np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected)
+    plan = session._cached_plan(session._known_feeds[1])  # the last run's: 4 rows
+    assert plan.reshapes == {"a": (4, 6), "b": (1, 4, 6), "c": (4, 6), "d": (1, 24)}
+
+
+def test_a_reshape_the_plan_did_not_see_goes_to_its_kernel():
+    """Should a run's tensor not have the size its plan saw, the kernel runs and its error
+    names the node, as without the shortcut."""
+    from mixrt.runtime import executor
+    session = mixrt.Session(_reshape_chain(), opt_level=0)
+    x = np.ones((4, 6), np.float32)
+    session.run(None, {"x": x})
+    plan = next(iter(session._plans.values()))
+    plan.reshapes["a"] = (5, 7)  # what a wrong plan would hold
+    for arena in plan.pool:
+        arena.calls = None
+    calls = executor._calls(plan.pool[0], plan)
+    form = next(call[4] for call in calls if call[0].node.outputs[0] == "a")
+    assert form[0] == -1 and form[3] == (5, 7)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.zeros((1, 24)))
