@@ -7,6 +7,7 @@ import dataclasses
 import random
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -373,3 +374,20 @@ def test_planning_and_checking_thousands_of_tensors_is_fast():
     elapsed = time.perf_counter() - started
     assert elapsed < 2.0, f"planning 3000 tensors took {elapsed:.2f} s"
     assert plan.arena_bytes <= 1.05 * plan.lower_bound_bytes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_scanned_gap_search_places_as_the_vectorized_one(seed, monkeypatch):
+    """_best_gap's Python scan (few live blocks) and its NumPy form give the same offsets."""
+    from mixrt.runtime import memory
+    rng = np.random.default_rng(seed)
+    lives = []
+    for i in range(300):
+        first = int(rng.integers(0, 200))
+        lives.append(TensorLife(f"t{i}", int(rng.choice([64, 256, 1000, 4096, 40000])),
+                                first, first + int(rng.integers(0, 30))))
+    scanned = plan_memory(lives, "greedy")
+    monkeypatch.setattr(memory, "SCANNED_BLOCKS", -1)
+    vectorized = plan_memory(lives, "greedy")
+    assert scanned.offsets == vectorized.offsets
+    assert scanned.arena_bytes == vectorized.arena_bytes
