@@ -19,7 +19,7 @@ from numba import carray, cfunc, njit, types
 
 from mixrt.ops._jit_native_pool import (
     ITEMSIZE, JOB, PARTS, PRODUCT_A, PRODUCT_BOUNDS, PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
-    PRODUCT_SPILL, begin, claim, finish, get1, get2, get3, pointer_like, publish, put)
+    PRODUCT_SPILL, PRODUCT_BIAS, begin, claim, finish, get1, get2, get3, pointer_like, publish, put)
 from mixrt.ops._jit_tile import STRIP_ROWS, _tile
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
@@ -33,15 +33,17 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
 @_jit
-def panel_product(a, panels, c, p0, p1, spill):
-    """``c = a @ w`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c`` (rows, N)
-    with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded to
-    P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past N.
-    Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
-    panels pass over it."""
+def panel_product(a, panels, c, p0, p1, spill, bias):
+    """``c = a @ w (+ bias)`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c``
+    (rows, N) with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded
+    to P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past
+    N, ``bias`` one value per column added to each finished sum while its tile is in cache
+    (as ``c += bias`` afterwards would add it), or empty. Rows go in blocks of ROW_BLOCK so
+    that a block of ``a`` stays in L2 while the thread's panels pass over it."""
     rows, columns = c.shape
     k_len, width = panels.shape[1], panels.shape[2]
     lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
+    biased = bias.shape[0] > 0
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
         for p in range(p0, p1):
@@ -53,11 +55,16 @@ def panel_product(a, panels, c, p0, p1, spill):
                 if inside:
                     _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
                           ldc, k_len)
+                    if biased:
+                        for i in range(count):
+                            for j in range(width):
+                                c[s + i, column + j] += bias[column + j]
                 else:
                     _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width, k_len)
                     for i in range(count):
                         for j in range(columns - column):
-                            c[s + i, column + j] = spill[i, j]
+                            c[s + i, column + j] = spill[i, j] + bias[column + j] if biased \
+                                else spill[i, j]
 
 
 @_jit
@@ -102,13 +109,13 @@ def batched_product(a, b, c, n0, n1, edge, spill):
 # -- split between threads in native code (see ops/_jit_native_pool.py, JOB) --------------
 
 @_jit
-def native_product(block, parts, a, panels, c, bounds, spill, worker_spill):
-    """``c = a @ w`` (:func:`panel_product`) over the panel runs bounds[p]..bounds[p + 1],
-    taken by this thread and the pool's worker (with another caller using the pool, all
-    here)."""
+def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias):
+    """``c = a @ w (+ bias)`` (:func:`panel_product`) over the panel runs bounds[p]..bounds[p
+    + 1], taken by this thread and the pool's worker (with another caller using the pool,
+    all here)."""
     sequence = begin(block) if parts > 1 else -1
     if sequence < 0:
-        panel_product(a, panels, c, bounds[0], bounds[parts], spill)
+        panel_product(a, panels, c, bounds[0], bounds[parts], spill, bias)
         return
     block[JOB] = PRODUCT_JOB
     put(block, PRODUCT_A, a)
@@ -116,11 +123,12 @@ def native_product(block, parts, a, panels, c, bounds, spill, worker_spill):
     put(block, PRODUCT_C, c)
     put(block, PRODUCT_BOUNDS, bounds)
     put(block, PRODUCT_SPILL, worker_spill)
+    put(block, PRODUCT_BIAS, bias)
     block[ITEMSIZE], block[PARTS] = a.itemsize, parts
     publish(block, sequence)
     part = claim(block, parts)
     while part >= 0:
-        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill)
+        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
         part = claim(block, parts)
     finish(block)
 
@@ -130,10 +138,11 @@ def _worker_product(block, zero):
     a, c = get2(block, PRODUCT_A, zero), get2(block, PRODUCT_C, zero)
     panels, spill = get3(block, PRODUCT_PANELS, zero), get2(block, PRODUCT_SPILL, zero)
     bounds = get1(block, PRODUCT_BOUNDS, np.int64(0))
+    bias = get1(block, PRODUCT_BIAS, zero)
     parts = block[PARTS]
     part = claim(block, parts)
     while part >= 0:
-        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill)
+        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
         part = claim(block, parts)
 
 

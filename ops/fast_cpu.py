@@ -150,6 +150,9 @@ def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=N
                                                     and np.may_share_memory(out, C)):
         return _into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                transB=transB))
+    if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
+            A, B, C, transA, transB, out, _prepacked):
+        return out
     few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     if alpha != 1.0:
         out *= out.dtype.type(alpha)

@@ -275,6 +275,9 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
                                     activation_params=activation_params,
                                     _prepacked=_prepacked), out)
     if xp is np and out is not None and A.dtype == B.dtype == out.dtype:
+        if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
+                A, B, C, transA, transB, out, _prepacked):
+            return _add_and_activate(xp, out, None, None, activation, activation_params)
         y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     else:
         y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
@@ -306,6 +309,8 @@ def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_para
                                        activation_params=activation_params,
                                        _prepacked=_prepacked), out)
     if xp is np and out is not None and out.dtype == A.dtype == B.dtype:
+        if bias is not None and few_rows.biased_panel_product(A, B, bias, out, _prepacked):
+            return _add_and_activate(xp, out, None, Z, activation, activation_params)
         y = few_rows.dense_product(A, B, out, _prepacked)
     else:
         y = xp.matmul(A, B, out=out)

@@ -94,6 +94,13 @@ def dense_product(A, B, out, prepacked=None):
     return stacked_product(A, B, out)
 
 
+def biased_gemm_product(A, B, C, transA, transB, out, prepacked) -> bool:
+    """``out = A' B' + C`` with C one value per column, the bias added in the panels
+    (:func:`biased_panel_product`); False, nothing written, where that does not apply."""
+    return C is not None and not transA and biased_panel_product(
+        A, B.T if transB else B, C, out, prepacked)
+
+
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B
@@ -166,20 +173,22 @@ def pack_panels(B) -> np.ndarray:
     return panels
 
 
-def panel_product(A, B, out, prepacked):
-    """``out = A @ B`` (:func:`panels_suit`), the panels split over the intra-op threads:
-    through the native pool where there is one (its hand-off never takes the GIL), else
-    ``parallel_for``."""
+def panel_product(A, B, out, prepacked, bias=None):
+    """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
+    dtype, contiguous) when given, added to each tile as it is finished; the panels split
+    over the intra-op threads: through the native pool where there is one (its hand-off
+    never takes the GIL), else ``parallel_for``."""
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
     rows = A.size // k
     a, c = A.reshape(rows, k), out.reshape(rows, n)
+    bias = _NO_BIAS[A.dtype.char] if bias is None else bias
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     spill = jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
     if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
-        kernels.panel_product(a, panels, c, 0, count, spill)
+        kernels.panel_product(a, panels, c, 0, count, spill, bias)
         return out
     native = jit_cpu.native_pool()
     if native is not None:
@@ -187,14 +196,32 @@ def panel_product(A, B, out, prepacked):
         bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
         kernels.native_product(native.block, parts, a, panels, c, bounds, spill,
                                jit_cpu._scratch_array("panel_spill_worker", A.dtype,
-                                                      spill_shape))
+                                                      spill_shape), bias)
         return out
 
     def part(p0, p1):
         kernels.panel_product(a, panels, c, p0, p1,
-                              jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape))
+                              jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape),
+                              bias)
     parallel_for(thread_parts(count, rows * k * n), part)
     return out
+
+
+# the panel kernels' "no bias" (an empty vector of the product's dtype)
+_NO_BIAS = {np.dtype(t).char: np.zeros(0, t) for t in (np.float32, np.float64)}
+
+
+def biased_panel_product(A, B, bias, out, prepacked) -> bool:
+    """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
+    (the same float additions as ``out += bias`` afterwards) when :func:`panels_suit` and
+    ``bias`` is one contiguous value per column of A's dtype; False, nothing written,
+    otherwise."""
+    if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \
+            or B.ndim != 2 or bias.shape[0] != B.shape[1] \
+            or not panels_suit(A, B, out, prepacked):
+        return False
+    panel_product(A, B, out, prepacked, bias)
+    return True
 
 
 def stacks_suit(A, B, out) -> bool:

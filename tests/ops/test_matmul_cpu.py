@@ -344,3 +344,53 @@ def test_a_gemm_without_out_takes_the_same_product_forms(monkeypatch):
     got = gemm_cpu(np, A, B, C, transB=1, _prepacked={})
     assert calls and got.shape == (8, 400)
     np.testing.assert_allclose(got, A @ B.T + C, rtol=1e-4, atol=1e-3)
+
+
+@needs_panels
+@pytest.mark.parametrize("rows, n", [(1, 2048), (8, 100), (64, 256), (301, 1000)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_bias_added_in_the_panels_gives_the_bits_of_adding_it_after(rows, n, dtype, split,
+                                                                       monkeypatch):
+    """biased_panel_product: each finished tile plus the bias (a last panel past N through
+    its spill, one thread or split with the native worker) equals the product, then += bias."""
+    monkeypatch.setattr(matmul_cpu, "PANEL_SPLIT_WORK", 1 if split else 1 << 40)
+    if split:  # (one row takes the panels only split: from ONE_ROW_WORK multiply-adds)
+        monkeypatch.setattr(matmul_cpu, "ONE_ROW_WORK", 1)
+    k = max(64, (1 << 21) // (rows * n))
+    A, B, bias = _rand(rows, k, dtype=dtype), _rand(k, n, dtype=dtype), _rand(n, dtype=dtype)
+    prepacked: dict = {}
+    out = np.full((rows, n), np.nan, dtype)
+    assert matmul_cpu.biased_panel_product(A, B, bias, out, prepacked)
+    expected = np.full((rows, n), np.nan, dtype)
+    matmul_cpu.panel_product(A, B, expected, prepacked)
+    expected += bias
+    np.testing.assert_array_equal(out, expected)
+
+
+@needs_panels
+def test_a_bias_the_panels_cannot_add_is_left_to_the_caller():
+    A, B = _rand(64, 256), _rand(256, 256)
+    out = np.zeros((64, 256), np.float32)
+    for bias in (_rand(1, 256), _rand(256, dtype=np.float64), _rand(128), _rand(512)[::2]):
+        assert not matmul_cpu.biased_panel_product(A, B, bias, out, {})
+    assert not out.any()
+    bias = _rand(256)
+    fused = fused_mat_mul(np, A, B, bias, out=out, _prepacked={})
+    np.testing.assert_allclose(fused, A @ B + bias, rtol=1e-4, atol=1e-4)
+
+
+@needs_panels
+@pytest.mark.parametrize("transB", [0, 1])
+def test_gemm_with_a_bias_row_adds_it_in_the_panels(transB):
+    """Gemm and FusedGemm with C one value per column (alpha = beta = 1) take the biased
+    panels: the bits of the product, then += C."""
+    A, C = _rand(64, 256), _rand(300)
+    B = _rand(300, 256) if transB else _rand(256, 300)
+    expected = np.empty((64, 300), np.float32)
+    matmul_cpu.panel_product(A, B.T if transB else B, expected, {})
+    expected += C
+    for kernel in (gemm_cpu, fused_gemm):
+        out = np.full((64, 300), np.nan, np.float32)
+        assert kernel(np, A, B, C, transB=transB, out=out, _prepacked={}) is out
+        np.testing.assert_array_equal(out, expected)
