@@ -31,19 +31,3 @@ def dequantize(x, scale, zero, y):
     """y = float32(x - zero) * scale over flat integer x, float32 y."""
     for i in range(x.shape[0]):
         y[i] = np.float32(np.int64(x[i]) - zero) * scale
-
-
-@_jit
-def value_range(x):
-    """(min(x, 0), max(x, 0)) over flat float32 x, a NaN anywhere giving NaN for both (as
-    NumPy's min and max give it)."""
-    low, high = np.float32(0.0), np.float32(0.0)
-    for i in range(x.shape[0]):
-        value = x[i]
-        if value != value:
-            return value, value
-        if value < low:
-            low = value
-        if value > high:
-            high = value
-    return low, high

@@ -31,9 +31,11 @@ F64 = np.dtype(np.float64)
 
 def _centered(x, zero_point, dtype=F64):
     """Codes less their zero point as floats (exact); a per-column zero point broadcasts
-    along the last axis."""
-    x = x.astype(dtype)
-    return x if zero_point is None else x - zero_point.astype(dtype)
+    along the last axis. One pass: the subtraction casts as it goes."""
+    if zero_point is None:
+        return x.astype(dtype)
+    return np.subtract(x, zero_point.astype(dtype), dtype=dtype) if isinstance(x, np.ndarray) \
+        else x.astype(dtype) - zero_point.astype(dtype)
 
 
 def _per_column(xp, op_type, name, param, b_shape):
@@ -119,13 +121,27 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
     weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
     constant = _prepacked if _prepacked is not None and constant_inputs <= \
         _prepacked.get(CONSTANT_INPUTS, frozenset()) else None
-    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant)
+    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
+                                  a_bound=_code_bound(A.dtype, a_zero))
     multiplier = as_f32(one_value(op_type, "a_scale", a_scale)) \
         * as_f32(_per_column(xp, op_type, "b_scale", b_scale, B.shape))
-    values = total.astype(F32) * multiplier
+    if xp is np and total.dtype == F32 and multiplier.dtype == F32:
+        values = total  # the product's own new array: scaled and shifted in place
+        values *= multiplier
+    else:
+        values = total.astype(F32) * multiplier
     if bias is not None:
-        values = values + as_f32(bias)
+        values += as_f32(bias)
     return values.astype(a_scale.dtype, copy=False)
+
+
+def _code_bound(dtype, zero_point) -> float | None:
+    """The largest |code - zero_point| an 8-bit tensor of ``dtype`` can hold."""
+    if dtype not in (np.uint8, np.int8):
+        return None
+    info = np.iinfo(dtype)
+    zero = 0 if zero_point is None else int(zero_point)
+    return float(max(zero - info.min, info.max - zero))
 
 
 @op("MatMulIntegerToFloat", since=1, domain=COM_MICROSOFT, dtypes=INT8S)

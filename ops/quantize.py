@@ -329,19 +329,23 @@ def _per_row(param, a_ndim):
 _F32_EXACT = float(2 ** 24)  # integers up to here (and every sum staying below) are exact
 
 
-def exact_integer_product(xp, a, b, b_bound=None, prepacked=None):
+def exact_integer_product(xp, a, b, b_bound=None, prepacked=None, a_bound=None):
     """a @ b for float operands holding integers of magnitude < 2**16, exactly: float32 (or
     float64) values that are the integer sums. ``b_bound``: max |b| when the caller knows
-    it; ``prepacked``: the node's dict when b is a constant of the session (the dense
-    product keeps its packed panels there; fused multiply-adds of integers whose sums stay
-    below 2**24 are exact too)."""
+    it; ``a_bound``: a bound on |a| known from its codes' range (then a product that cannot
+    reach 2**24 skips reading a's row sums); ``prepacked``: the node's dict when b is a
+    constant of the session (the dense product keeps its packed panels there; fused
+    multiply-adds of integers whose sums stay below 2**24 are exact too)."""
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a.astype(np.float64), b.astype(np.float64))
     a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
     if b_bound is None:
         b_bound = float(np.abs(b).max()) if b.size else 0.0
-    row_sums = np.abs(a).sum(axis=-1, dtype=np.float64)
-    if not row_sums.size or float(row_sums.max()) * b_bound < _F32_EXACT:
+    if a_bound is not None and a.shape[-1] * a_bound * b_bound < _F32_EXACT:
+        row_sums = None  # no row can sum past 2**24
+    else:
+        row_sums = np.abs(a).sum(axis=-1, dtype=np.float64)
+    if row_sums is None or not row_sums.size or float(row_sums.max()) * b_bound < _F32_EXACT:
         if b.ndim != 2:
             return np.matmul(a, b)
         out = np.empty((*a.shape[:-1], b.shape[1]), np.float32)
