@@ -19,6 +19,7 @@ import numpy as np
 
 from mixrt.ops.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_value, requantize,
                                      require_dtype, require_float_scales, require_per_tensor)
+from mixrt.ops import int8_cpu
 from mixrt.ops.nn import matmul_shape
 from mixrt.ops.quantize import (centered_weight, dynamic_quantize_linear, exact_integer_product,
                                 expand_param)
@@ -118,15 +119,23 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
                                              weight.shape))
 
     constant_inputs = {1} if b_zero_point is None else {1, b_zero_index}
-    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
     constant = _prepacked if _prepacked is not None and constant_inputs <= \
         _prepacked.get(CONSTANT_INPUTS, frozenset()) else None
-    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
-                                  a_bound=_code_bound(A.dtype, a_zero))
+    # the integer codes multiplied as they are (VNNI), else as exact float32 values
+    total = int8_cpu.integer_product(A, a_zero, B, b_zero_point, constant) \
+        if xp is np else None
+    if total is None:
+        weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs,
+                                        center)
+        total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
+                                      a_bound=_code_bound(A.dtype, a_zero))
     multiplier = as_f32(one_value(op_type, "a_scale", a_scale)) \
         * as_f32(_per_column(xp, op_type, "b_scale", b_scale, B.shape))
     if xp is np and total.dtype == F32 and multiplier.dtype == F32:
         values = total  # the product's own new array: scaled and shifted in place
+        values *= multiplier
+    elif xp is np and total.dtype == np.int32 and multiplier.dtype == F32:
+        values = total.astype(F32)  # the exact sums, converted once (as onnxruntime does)
         values *= multiplier
     else:
         values = total.astype(F32) * multiplier

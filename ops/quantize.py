@@ -17,6 +17,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from mixrt.ops import int8_cpu
 from mixrt.ops.cast import cast_array
 from mixrt.ops.dtypes import to_numpy_dtype
 from mixrt.ops.matmul_cpu import dense_product
@@ -384,6 +385,13 @@ def centered_weight(xp, B, zero_point, _prepacked, constant_inputs, center):
 
 @op("MatMulInteger", since=10, dtypes=INT8S)
 def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None, *, _prepacked=None):
+    constant = _constant_dict(_prepacked, b_zero_point)
+    if xp is np and constant is not None and (a_zero_point is None or a_zero_point.size == 1):
+        product = int8_cpu.integer_product(
+            A, None if a_zero_point is None else a_zero_point.reshape(()), B, b_zero_point,
+            constant)
+        if product is not None:  # the codes multiplied as they are (VNNI)
+            return product
     weight, bound = centered_weight(xp, B, b_zero_point, _prepacked,
                                     {1} if b_zero_point is None else {1, 3}, _centered)
     product = exact_integer_product(xp, _centered(A, a_zero_point, per_row=True,
