@@ -19,8 +19,9 @@ int32, row ``i`` of the tile at ``c_offset + i * ldc``. Sums of up to 2**31 are 
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, cfunc, float32, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -44,7 +45,7 @@ def _tile_codegen(rows: int):
     def codegen(context, builder, signature, args):
         (a_arg, a_offset, lda, panels_arg, panel_offset, c_arg, c_offset, ldc,
          k_groups) = args
-        i8, i32, index = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+        i32, index = ir.IntType(32), ir.IntType(64)
         lanes = ir.VectorType(i32, 16)
 
         def data(position, value):
@@ -88,7 +89,6 @@ def _tile_codegen(rows: int):
                 target = at(C, builder.add(row, ir.Constant(index, 16 * v)))
                 builder.store(builder.load(sums[i][v]),
                               builder.bitcast(target, lanes.as_pointer()), align=4)
-        del i8
         return context.get_dummy_value()
     return codegen
 
@@ -127,3 +127,67 @@ def product(a, rows, lda, panels, k_groups, c, ldc, p0, p1):
         for s in range(0, rows, STRIP_ROWS):
             _tile(min(STRIP_ROWS, rows - s), a, s * lda, lda, panels, offset, c,
                   s * ldc + p * PANEL_COLUMNS, ldc, k_groups)
+
+
+# -- split over the native pool ------------------------------------------------------------
+#
+# ``product_part`` is a ``cfunc`` the native pool's worker calls through its address
+# (``_jit_native_pool.native_for``): args[0] the int64 words (rows, lda, k_groups, ldc,
+# panels, parts, then each array's size), args[1:] the codes, the panels and the sums.
+
+PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
+HEAD = 6  # words before the sizes
+
+
+@intrinsic
+def _pointer_like(typingctx, raw, like):
+    """The void pointer ``raw`` as a pointer to the type of the scalar ``like``."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_data_type(like).as_pointer())
+    return types.CPointer(like)(types.voidptr, like), codegen
+
+
+@_jit
+def _product_part(args, part):
+    words = carray(args[0], (HEAD + 3,), np.int64)
+    rows, lda, k_groups, ldc, count, parts = (words[0], words[1], words[2], words[3],
+                                              words[4], words[5])
+    codes = carray(_pointer_like(args[1], np.uint8(0)), (words[HEAD],))
+    panels = carray(_pointer_like(args[2], np.int8(0)), (words[HEAD + 1],))
+    sums = carray(_pointer_like(args[3], np.int32(0)), (words[HEAD + 2],))
+    product(codes, rows, lda, panels, k_groups, sums, ldc, count * part // parts,
+            count * (part + 1) // parts)
+
+
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def product_part(args, part):
+    _product_part(args, part)
+
+
+# -- the float output stage ------------------------------------------------------------------
+
+@_jit
+def to_float(sums, ldc, codes, lda, k, a_zero, shift, b_zero, b_zeros, multiplier, bias,
+             biased, out):
+    """out[i, j] = float32(sum_k (a - a_zero)(b - b_zero[j])) * multiplier[j] (+ bias[j])
+    from the raw sums (flat, rows ldc apart) in one pass: ``shift[j]`` = a_zero * (column
+    j's code sum), and where ``b_zeros`` (some b_zero is nonzero) each row's code sum r
+    takes b_zero[j] * (r - k a_zero) off too, in int32 (exact: every term is a sum of 8-bit
+    products); then the conversion, product and sum in float32, as NumPy's passes make
+    them. ``multiplier`` and ``bias`` one value per column (bias read when ``biased``)."""
+    rows, n = out.shape
+    for i in range(rows):
+        row = i * ldc
+        if b_zeros:
+            row_sum = np.int32(0)
+            for t in range(k):
+                row_sum += np.int32(codes[i * lda + t])
+            r = row_sum - np.int32(k) * np.int32(a_zero)
+            for j in range(n):
+                out[i, j] = float32(sums[row + j] - shift[j] - b_zero[j] * r) * multiplier[j]
+        else:
+            for j in range(n):
+                out[i, j] = float32(sums[row + j] - shift[j]) * multiplier[j]
+        if biased:
+            for j in range(n):
+                out[i, j] = out[i, j] + bias[j]

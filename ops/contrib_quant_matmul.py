@@ -121,21 +121,20 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
     constant_inputs = {1} if b_zero_point is None else {1, b_zero_index}
     constant = _prepacked if _prepacked is not None and constant_inputs <= \
         _prepacked.get(CONSTANT_INPUTS, frozenset()) else None
-    # the integer codes multiplied as they are (VNNI), else as exact float32 values
-    total = int8_cpu.integer_product(A, a_zero, B, b_zero_point, constant) \
-        if xp is np else None
-    if total is None:
-        weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs,
-                                        center)
-        total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
-                                      a_bound=_code_bound(A.dtype, a_zero))
     multiplier = as_f32(one_value(op_type, "a_scale", a_scale)) \
         * as_f32(_per_column(xp, op_type, "b_scale", b_scale, B.shape))
+    if xp is np and a_scale.dtype == F32 and multiplier.size in (1, B.shape[-1]):
+        # the integer codes multiplied as they are (VNNI), the output stage in one pass
+        values = int8_cpu.integer_product_to_float(
+            A, a_zero, B, b_zero_point, multiplier, None if bias is None else as_f32(bias),
+            constant)
+        if values is not None:
+            return values
+    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
+    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
+                                  a_bound=_code_bound(A.dtype, a_zero))
     if xp is np and total.dtype == F32 and multiplier.dtype == F32:
         values = total  # the product's own new array: scaled and shifted in place
-        values *= multiplier
-    elif xp is np and total.dtype == np.int32 and multiplier.dtype == F32:
-        values = total.astype(F32)  # the exact sums, converted once (as onnxruntime does)
         values *= multiplier
     else:
         values = total.astype(F32) * multiplier

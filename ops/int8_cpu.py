@@ -20,9 +20,14 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops import jit_cpu
+from mixrt.ops.parallel import intra_op_threads
 
 _KERNELS: list = []  # ops/_jit_int8.py once imported
 _VNNI: list = []  # whether this CPU has AVX-512 VNNI (asked once)
+# multiply-adds from which a product is split with the native pool's worker, and the parts
+# per thread (claimed one at a time, so a worker that wakes late takes fewer)
+SPLIT_WORK = 1 << 21
+PARTS_PER_THREAD = 4
 
 
 def available() -> bool:
@@ -40,10 +45,50 @@ def available() -> bool:
 
 def integer_product(A, a_zero, B, b_zero, prepacked):
     """sum_k (A[..., k] - a_zero)(B[k, :] - b_zero) as int32 (A's leading axes kept), for
-    8-bit A (any leading axes, C-contiguous) and a constant 2-D 8-bit B whose zero point is
-    one value or one per column, kept packed in ``prepacked`` (the node's dict, given only
-    when B and its zero point are constants of the session); None where this path does not
-    apply (no VNNI, other dtypes or layouts), nothing computed."""
+    8-bit A (any leading axes) and a constant 2-D 8-bit B whose zero point is one value or
+    one per column, kept packed in ``prepacked`` (the node's dict, given only when B and its
+    zero point are constants of the session); None where this path does not apply (no
+    VNNI, other dtypes or layouts), nothing computed."""
+    prepared = _prepared(A, a_zero, B, b_zero, prepacked)
+    if prepared is None:
+        return None
+    weight, a, codes, za = prepared
+    k, n = B.shape
+    total = _raw_product(codes, a.shape[0], weight)[:, :n]
+    if za:
+        total -= np.int32(za) * weight.column_sums
+    zb = weight.zero
+    if weight.has_zero:
+        row_sums = codes[:, :k].sum(axis=1, dtype=np.int32)
+        total -= row_sums[:, None] * zb
+        total += np.int32(k * za) * zb
+    return np.ascontiguousarray(total).reshape(*A.shape[:-1], n)
+
+
+def integer_product_to_float(A, a_zero, B, b_zero, multiplier, bias, prepacked):
+    """float32(:func:`integer_product`) * multiplier (one float32 value, or one per column)
+    + bias (float32 per column, or None): MatMulIntegerToFloat's output stage, in one
+    compiled pass over the sums; None where :func:`integer_product` does not apply."""
+    prepared = _prepared(A, a_zero, B, b_zero, prepacked)
+    if prepared is None:
+        return None
+    weight, a, codes, za = prepared
+    k, n = B.shape
+    sums = _raw_product(codes, a.shape[0], weight)
+    out = np.empty((a.shape[0], n), np.float32)
+    kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops._jit_int8")
+    scale = np.ascontiguousarray(np.broadcast_to(np.asarray(multiplier, np.float32)
+                                                 .reshape(-1), (n,)))
+    kernels.to_float(sums.reshape(-1), sums.shape[1], codes.reshape(-1), codes.shape[1], k,
+                     za, np.int32(za) * weight.column_sums, weight.zero, weight.has_zero,
+                     scale, scale if bias is None else np.ascontiguousarray(bias, np.float32),
+                     bias is not None, out)
+    return out.reshape(*A.shape[:-1], n)
+
+
+def _prepared(A, a_zero, B, b_zero, prepacked):
+    """(the packed weight, A as rows, their unsigned codes, the shifted a_zero), or None
+    where the VNNI product does not apply."""
     if prepacked is None or not available() or A.dtype not in _EIGHT_BITS \
             or B.dtype not in _EIGHT_BITS or B.ndim != 2 or A.ndim < 1 \
             or A.shape[-1] != B.shape[0] or not A.size or not B.size:
@@ -53,21 +98,10 @@ def integer_product(A, a_zero, B, b_zero, prepacked):
         weight = prepacked.setdefault("int8_weight", _Weight(B, b_zero))
     if not weight.matches(b_zero):
         return None
-    k, n = B.shape
-    a = A.reshape(-1, k)
+    a = A.reshape(-1, B.shape[0])
     a_shift = 128 if A.dtype == np.int8 else 0
     codes = _activation_codes(a, a_shift, weight.k_groups)
-    raw = _raw_product(codes, a.shape[0], weight)
-    za = (0 if a_zero is None else int(a_zero)) + a_shift
-    total = raw[:, :n]
-    if za:
-        total -= np.int32(za) * weight.column_sums
-    zb = weight.zero
-    if np.any(zb):
-        row_sums = codes[:, :k].sum(axis=1, dtype=np.int32)
-        total -= row_sums[:, None] * zb
-        total += np.int32(k * za) * zb
-    return np.ascontiguousarray(total).reshape(*A.shape[:-1], n)
+    return weight, a, codes, (0 if a_zero is None else int(a_zero)) + a_shift
 
 
 _EIGHT_BITS = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -94,6 +128,7 @@ class _Weight:
         zero = np.zeros(n, np.int32) if b_zero is None else \
             np.broadcast_to(np.asarray(b_zero).astype(np.int32).reshape(-1), (n,))
         self.zero = np.ascontiguousarray(zero - shift)
+        self.has_zero = bool(self.zero.any())
 
     def matches(self, b_zero) -> bool:
         """The zero point given now is the one packed (a constant, so it always is)."""
@@ -119,13 +154,22 @@ def _activation_codes(a, shift: int, k_groups: int):
 
 def _raw_product(codes, rows: int, weight: _Weight):
     """The int32 sums of the unsigned codes times the weight's signed ones, (rows, 32 *
-    panels), on the calling thread: one thread's VNNI product (BERT's 64 x 256 x 256 in ~20
-    us) already beats the two threads of the float panels (~50 us), and handing half to a
-    Python thread cost more than that half (~50 us); the native pool's split is a next
-    step."""
+    panels): split by panels between this thread and the native pool's worker from
+    SPLIT_WORK multiply-adds (its hand-off stays in native code), else here."""
     kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops._jit_int8")
     ldc = weight.count * 32
     out = np.empty((rows, ldc), np.int32)
-    kernels.product(codes.reshape(-1), rows, codes.shape[1], weight.panels, weight.k_groups,
-                    out.reshape(-1), ldc, 0, weight.count)
+    lda = codes.shape[1]
+    native = jit_cpu.native_pool() if rows * lda * ldc >= SPLIT_WORK else None
+    if native is None or weight.count < 2:
+        kernels.product(codes.reshape(-1), rows, lda, weight.panels, weight.k_groups,
+                        out.reshape(-1), ldc, 0, weight.count)
+        return out
+    parts = min(weight.count, PARTS_PER_THREAD * intra_op_threads())
+    words = np.array([rows, lda, weight.k_groups, ldc, weight.count, parts, codes.size,
+                      weight.panels.size, out.size], np.int64)
+    addresses = np.array([a.ctypes.data for a in (words, codes, weight.panels, out)],
+                         np.uint64)
+    jit_cpu.panel_kernels().native_for(native.block, kernels.product_part.address, addresses,
+                                       parts)
     return out
