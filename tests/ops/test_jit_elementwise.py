@@ -48,7 +48,7 @@ ONE_INPUT = [("Neg", []), ("Abs", []), ("Sqrt", []), ("Reciprocal", []), ("Floor
              ("Ceil", []), ("Relu", []), ("Erf", []), ("Tanh", []), ("Pow", [2.0]),
              ("Pow", [3.0]), ("Pow", [4.0]), ("Clip", [-0.5, 0.5]),
              ("Clip", [-math.inf, 0.5]), ("Clip", [0.5, -0.5]), ("LeakyRelu", [0.2]),
-             ("HardSigmoid", [0.3, 0.4])]
+             ("HardSigmoid", [0.3, 0.4]), ("Sigmoid", [])]
 
 
 @pytest.mark.parametrize("name, params", ONE_INPUT, ids=lambda v: str(v))
@@ -247,3 +247,17 @@ def test_tanh_and_small_powers_stay_within_float_rounding_of_numpy():
         got = fe.program(("Pow",), (0,), (p,), 1).run_cpu([x])
         with np.errstate(all="ignore"):
             np.testing.assert_allclose(got, np.power(x, np.float32(p)), rtol=4 * 2 ** -23)
+
+
+def test_sigmoid_stays_within_the_tanh_rationals_rounding_of_the_exact_logistic():
+    """FusedElementwise's float32 Sigmoid, (1 + tanh(x / 2)) / 2 through the rational (both
+    paths), against float64's 1 / (1 + exp(-x)): absolute error ~2e-7, ends exactly 0 and 1,
+    NaN kept."""
+    x = np.concatenate([np.linspace(-30, 30, 20001, dtype=np.float32), WITH_NAN])
+    with np.errstate(all="ignore"):
+        got = fe.program(("Sigmoid",), (0,), (), 1).run_cpu([x])
+        exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    finite = np.isfinite(x)
+    np.testing.assert_allclose(got[finite], exact[finite], rtol=0, atol=3e-7)
+    tail = got[-len(WITH_NAN):]  # NaN, -inf, inf, ...
+    assert np.isnan(tail[0]) and tail[1] == 0 and tail[2] == 1
