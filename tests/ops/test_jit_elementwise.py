@@ -148,6 +148,25 @@ def test_threads_split_rows_without_changing_a_bit(monkeypatch):
     np.testing.assert_array_equal(one, np.maximum(x / scale + shift, 0))
 
 
+def test_one_long_row_is_cut_into_rows_the_threads_share(monkeypatch):
+    """Contiguous arrays merge into a single row; a heavy program cuts it into ROWS_OF_ONE
+    rows for the threads (EfficientNet's SiLU), with the one-thread bits."""
+    x = rand(1, 32, 112, 112) * 4
+    program = fe.program(("Sigmoid", "Mul"), (0, 0, 1), (), 1)
+    parts = []
+    real = je.thread_parts
+    monkeypatch.setattr(je, "thread_parts", lambda rows, size: parts.append(real(rows, size))
+                        or parts[-1])
+    monkeypatch.setattr(parallel, "intra_op_threads", lambda: 2)
+    two = program.run_cpu([x])
+    assert len(parts[-1]) == 2 and parts[-1][-1][1] == je.ROWS_OF_ONE
+    monkeypatch.setattr(parallel, "intra_op_threads", lambda: 1)
+    np.testing.assert_array_equal(two, program.run_cpu([x]))
+    assert je._as_rows((1, 1, 7), [(0, 0, 1)]) == ((1, 7, 1), [(0, 1, 1)])
+    assert je._as_rows((1, 1, 66), [(0, 0, 1), (0, 0, 0)]) == ((1, 33, 2), [(0, 2, 1), (0, 0, 0)])
+    assert je._as_rows((1, 1, 67), [(0, 0, 1)]) == ((1, 1, 67), [(0, 0, 1)])  # a prime
+
+
 @pytest.mark.parametrize("ops, params, dtype", [
     (["Exp"], [], np.float32),          # NumPy's SIMD exp is ~6x numba's libm call
     (["Tanh"], [], np.float64),         # the float32 rational only
