@@ -77,3 +77,12 @@ def address(typingctx, array):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         return builder.ptrtoint(data, ir.IntType(64))
     return types.int64(array), codegen
+
+
+@intrinsic
+def void_pointer_like(typingctx, raw, like):
+    """The void pointer ``raw`` (an address a ``cfunc`` was handed) as a pointer to the type
+    of the scalar ``like``, for ``carray``."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_data_type(like).as_pointer())
+    return types.CPointer(like)(types.voidptr, like), codegen

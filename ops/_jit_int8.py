@@ -25,6 +25,8 @@ from numba import carray, cfunc, float32, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from mixrt.ops._jit_atomics import void_pointer_like as _pointer_like
+
 STRIP_ROWS = 8  # activation rows of one tile
 PANEL_COLUMNS = 32  # two vectors of 16 int32 lanes
 PANEL_BYTES = PANEL_COLUMNS * 4  # one group of four k of a panel
@@ -137,14 +139,6 @@ def product(a, rows, lda, panels, k_groups, c, ldc, p0, p1):
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 HEAD = 6  # words before the sizes
-
-
-@intrinsic
-def _pointer_like(typingctx, raw, like):
-    """The void pointer ``raw`` as a pointer to the type of the scalar ``like``."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_data_type(like).as_pointer())
-    return types.CPointer(like)(types.voidptr, like), codegen
 
 
 @_jit

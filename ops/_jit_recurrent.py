@@ -39,6 +39,7 @@ from numba import carray, cfunc, njit, types, uint64
 from numba.extending import intrinsic
 
 from mixrt.ops._jit_atomics import address, compare_swap, fetch_add, load, pause
+from mixrt.ops._jit_atomics import void_pointer_like as _pointer_like
 
 _jit = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy",
             fastmath={"contract"})
@@ -451,14 +452,6 @@ def _clipped(value, clip):
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 HEAD = 7  # words before the sizes
-
-
-@intrinsic
-def _pointer_like(typingctx, raw, like):
-    """The void pointer ``raw`` as a pointer to the type of the scalar ``like``."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_data_type(like).as_pointer())
-    return types.CPointer(like)(types.voidptr, like), codegen
 
 
 @_jit
