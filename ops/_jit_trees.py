@@ -207,3 +207,34 @@ def many_class_scores(raw, has, base, transform, chosen, scores):
                 total += scores[row, j]
             for j in range(classes):
                 scores[row, j] = scores[row, j] / total
+
+
+# -- a request's classification in one call ----------------------------------------------------
+#
+# For a few rows the walk and the scores above were two calls, four allocations and their
+# Python between them: ~6 us of a one-tree classifier's ~14 us run. The same functions, in
+# the same order, from one compiled call.
+
+@_jit
+def classify_two(data, roots, splits, links, members, leaf_start, leaf_targets, leaf_values,
+                 targets, base, binary_case, all_positive, transform, positive, scores):
+    """forest_sums over every row of ``data`` into fresh totals, then two_class_scores."""
+    rows = data.shape[0]
+    total = np.zeros((rows, targets), leaf_values.dtype)
+    reached = np.zeros((rows, targets), np.bool_)
+    forest_sums(data, 0, rows, roots, splits, links, members, leaf_start, leaf_targets,
+                leaf_values, total, reached)
+    two_class_scores(total, reached, base, binary_case, all_positive, transform, positive,
+                     scores)
+
+
+@_jit
+def classify_many(data, roots, splits, links, members, leaf_start, leaf_targets, leaf_values,
+                  base, transform, chosen, scores):
+    """forest_sums over every row of ``data`` into fresh totals, then many_class_scores."""
+    rows = data.shape[0]
+    total = np.zeros((rows, scores.shape[1]), leaf_values.dtype)
+    reached = np.zeros((rows, scores.shape[1]), np.bool_)
+    forest_sums(data, 0, rows, roots, splits, links, members, leaf_start, leaf_targets,
+                leaf_values, total, reached)
+    many_class_scores(total, reached, base, transform, chosen, scores)

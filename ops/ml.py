@@ -566,9 +566,8 @@ class _Forest:
             return None
         return jit_cpu._import_once(_TREE_KERNELS, "mixrt.ops._jit_trees")
 
-    def _walk(self, kernel, X, precision, *outputs):
-        """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
-        for large batches."""
+    def walk_inputs(self, X, precision):
+        """(X as the compiled walk reads it, the tables it walks in ``precision``)."""
         native = X.dtype in (np.float32, np.float64)
         data = X if native and X.flags.c_contiguous \
             else np.ascontiguousarray(X, dtype=X.dtype if native else np.float64)
@@ -576,6 +575,16 @@ class _Forest:
         if tables is None:
             tables = self._tables[precision] = (self.roots, *self._records(), self.members,
                                                 *self._leaf_table(precision))
+        return data, tables
+
+    def walks_alone(self, rows: int) -> bool:
+        """Is a walk of ``rows`` rows one call on the calling thread (not split)?"""
+        return rows == 1 or len(row_parts(rows, len(self.roots) * _STEPS_PER_TREE)) == 1
+
+    def _walk(self, kernel, X, precision, *outputs):
+        """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
+        for large batches."""
+        data, tables = self.walk_inputs(X, precision)
         rows = X.shape[0]
         parts = ((0, rows),) if rows == 1 else row_parts(rows, len(self.roots) * _STEPS_PER_TREE)
         if len(parts) == 1:  # a request's few rows: the call itself, no hand-out (~2 us)

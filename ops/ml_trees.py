@@ -95,6 +95,8 @@ class _Classifier:
         rows = _rows(X)
         kernels = self.forest._kernels(xp, rows)
         if kernels is not None and self.transform is not None:  # a request's usual path
+            if self.forest.walks_alone(rows.shape[0]):
+                return self._one_call(kernels, rows, precision)
             raw, has = self.forest.compiled_sums(kernels, rows, precision)
             return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
         raw, has = self.forest.sums(xp, rows, precision)
@@ -111,6 +113,22 @@ class _Classifier:
         return _two_classes(xp, labels, raw, has, base, post_transform, self.binary_case,
                             self.all_positive)
 
+    def _one_call(self, kernels, X, precision):
+        """The walk and _compiled's scores in one compiled call (a request's few rows)."""
+        data, tables = self.forest.walk_inputs(X, precision)
+        rows, labels, base = X.shape[0], self.labels, self.base[np.dtype(precision)]
+        scores = np.empty((rows, max(2, len(labels))), np.float32)
+        if len(labels) > 2:
+            chosen = np.empty(rows, np.int64)
+            kernels.classify_many(data, *tables, base, self.transform, chosen, scores)
+            return label_values(np, labels, chosen), scores
+        positive = np.empty(rows, np.int64)
+        kernels.classify_two(data, *tables, self.forest.weights.shape[1], base,
+                             self.binary_case, self.all_positive, self.transform, positive,
+                             scores)
+        if self.binary_case or labels.dtype == object:
+            return label_values(np, labels, positive), scores
+        return positive, scores
 
     def _compiled(self, kernels, raw, has, base):
         """run's scores and labels through ops/_jit_trees.py (the same arithmetic)."""

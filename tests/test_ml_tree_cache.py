@@ -148,3 +148,21 @@ def test_two_nodes_and_two_sessions_keep_their_own_forests(tmp_path):
                 np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     y0, y1 = sessions[0].run(None, {"x": x})
     assert not np.allclose(y0, y1)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+@pytest.mark.parametrize("post_transform", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_a_requests_walk_and_scores_in_one_call_give_the_two_calls_bits(
+        classes, post_transform, monkeypatch):
+    """ops/_jit_trees.classify_two / classify_many (a few rows: walk and scores in one
+    compiled call) against forest_sums then the scores as separate calls."""
+    rng = np.random.default_rng(classes)
+    attrs = _random_forest(rng, 7, classes, "class_")
+    attrs.update(classlabels_int64s=list(range(classes)), post_transform=post_transform)
+    x = _rows(rng, 40)
+    with jit_tier.using(True):
+        one_call = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+        monkeypatch.setattr(ml._Forest, "walks_alone", lambda self, rows: False)
+        two_calls = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+    np.testing.assert_array_equal(one_call[0], two_calls[0])
+    np.testing.assert_array_equal(one_call[1], two_calls[1])
