@@ -13,7 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import float32, njit
 
-NONE, LOGISTIC, SOFTMAX = 0, 1, 2  # the post-transform codes ops/ml.py gives
+# the post-transform codes ops/ml.py gives (NONE 0, LOGISTIC 1, SOFTMAX 2) and the row's
+# transform are the tree classifiers'
+from mixrt.ops._jit_trees import LOGISTIC, transform_row
+
 MAX, L1, L2 = 0, 1, 2  # the Normalizer norms
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -43,7 +46,7 @@ def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores
             if best_value == best_value and (s > best_value or s != s):
                 best, best_value = j, s
         chosen[row] = best
-        _transform_row(scores, row, classes, transform)
+        transform_row(scores, row, classes, transform)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
@@ -52,24 +55,6 @@ def _dot(rows, row, weights, j, features):
     for k in range(features):
         total += rows[row, k] * weights[j, k]
     return total
-
-
-@njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _transform_row(scores, row, width, transform):
-    if transform == LOGISTIC:
-        for j in range(width):
-            scores[row, j] = _ONE / (_ONE + np.exp(-scores[row, j]))
-    elif transform == SOFTMAX:
-        top = scores[row, 0]
-        for j in range(1, width):
-            if scores[row, j] > top or scores[row, j] != scores[row, j]:
-                top = scores[row, j]
-        total = float32(0.0)
-        for j in range(width):
-            scores[row, j] = np.exp(scores[row, j] - top)
-            total += scores[row, j]
-        for j in range(width):
-            scores[row, j] = scores[row, j] / total
 
 
 @_jit

@@ -193,20 +193,28 @@ def many_class_scores(raw, has, base, transform, chosen, scores):
             if best_value == best_value and (candidate > best_value or candidate != candidate):
                 best, best_value = j, candidate
         chosen[row] = best
-        if transform == LOGISTIC:
-            for j in range(classes):
-                scores[row, j] = _logistic32(scores[row, j])
-        elif transform == SOFTMAX:
-            top = scores[row, 0]
-            for j in range(1, classes):
-                if scores[row, j] > top or scores[row, j] != scores[row, j]:
-                    top = scores[row, j]
-            total = np.float32(0.0)
-            for j in range(classes):
-                scores[row, j] = np.exp(scores[row, j] - top)
-                total += scores[row, j]
-            for j in range(classes):
-                scores[row, j] = scores[row, j] / total
+        transform_row(scores, row, classes, transform)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def transform_row(scores, row, width, transform):
+    """Row ``row`` of float32 ``scores`` post-transformed in place: LOGISTIC per value, or
+    SOFTMAX shifted by the row's max (the first NaN if any), as the NumPy forms compute
+    them (NONE leaves it). Also ops/_jit_ml.py's linear classifier's."""
+    if transform == LOGISTIC:
+        for j in range(width):
+            scores[row, j] = _logistic32(scores[row, j])
+    elif transform == SOFTMAX:
+        top = scores[row, 0]
+        for j in range(1, width):
+            if scores[row, j] > top or scores[row, j] != scores[row, j]:
+                top = scores[row, j]
+        total = np.float32(0.0)
+        for j in range(width):
+            scores[row, j] = np.exp(scores[row, j] - top)
+            total += scores[row, j]
+        for j in range(width):
+            scores[row, j] = scores[row, j] / total
 
 
 # -- a request's classification in one call ----------------------------------------------------
