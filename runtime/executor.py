@@ -404,7 +404,7 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
             if first in views and step.writes_into and slots[first].static:
                 attributes = dict(attributes, out=views[first])
             placed = tuple((name, views.get(name), name in plan.detached) for name in outputs)
-            form = _reshape_form(step, plan) if first in plan.reshapes and first not in views \
+            form = _reshape_form(step, plan) if first in plan.reshapes \
                 else _host_form(step, placed)
             calls.append((step, tuple(step.inputs), attributes, placed, form))
         arena.calls = calls
@@ -412,8 +412,9 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
 
 
 def _host_form(step, outputs):
-    """(arity, the input names or their getter, output name, view, detached) of a step the
-    host loop runs on its own: one named output, every input present, no subgraph."""
+    """(arity, the input names or their getter, output name, view, detached, node state) of
+    a step the host loop runs on its own: one named output, every input present, no
+    subgraph."""
     names = tuple(step.inputs)
     if step.subgraphs or len(outputs) != 1 or not outputs[0][0] or not all(names):
         return None
@@ -424,10 +425,10 @@ def _host_form(step, outputs):
 
 def _reshape_form(step, plan):
     """The host loop's form of a reshape whose output shape the plan knows (arity -1: the
-    input's name, the output's, and the shape where a plain form has its view)."""
+    input's name, the output's, and the shape where a plain form has its view). Such an
+    output views an arena tensor, input 0, and is no graph output (make_plan): it has no
+    slot and is never detached."""
     name = step.node.outputs[0]
-    if name in plan.detached or not step.inputs or not step.inputs[0]:
-        return _host_form(step, ((name, None, name in plan.detached),))
     return -1, step.inputs[0], name, plan.reshapes[name], False, None
 
 
