@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from mixrt.errors import KVStoreError, OptimizerError, ShapeError
+from mixrt.runtime import engine
 from mixrt.runtime import optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 from mixrt.runtime.device import array_module, to_host
@@ -114,6 +115,26 @@ class KVStore:
         self._updater: Updater | None = None
         self._optimizer: optim.Optimizer | None = None
         self._compression: dict | None = None
+        self._engine_var = None
+
+    # -- work queued on the dependency engine ---------------------------------------------
+
+    @property
+    def engine_var(self):
+        """The engine variable every store call queued on the dependency engine writes (a
+        Trainer's pushes and pulls): one per store, so the calls run one at a time, in
+        order, whichever Trainer queued them (a store's sockets belong to one thread at a
+        time)."""
+        if self._engine_var is None:
+            self._engine_var = engine.new_var(f"kvstore {self.type}")
+        return self._engine_var
+
+    def wait_queued(self) -> None:
+        """Wait for the store calls queued on the engine; raise the error of one that
+        failed. A barrier must count the steps a Trainer has queued but not yet pushed, and
+        a call from this thread must not share the sockets with an engine thread."""
+        if self._engine_var is not None and not engine.on_engine_thread():
+            engine.get_engine().wait_to_write(self._engine_var)
 
     # -- identity -----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import numpy as np
 from mixrt import random as mixrt_random
 from mixrt.errors import InputError
 
-LAST_BATCH = ("pad", "discard")
+LAST_BATCH = ("pad", "discard", "roll_over")
 
 
 @dataclass
@@ -37,21 +37,25 @@ class NDArrayIter:
 
     ``shuffle`` reorders every epoch from a generator seeded by ``seed`` (default: drawn from
     :func:`mixrt.random.generator`, so ``mixrt.random.seed`` fixes it); ``last_batch``
-    ``"pad"`` fills the last batch with samples from the start, ``"discard"`` drops it;
-    ``num_parts``/``part_index`` select this worker's share."""
+    (``last_batch_handle``, MXNet's name for it) ``"pad"`` fills the last batch with samples
+    from the start, ``"discard"`` drops it, ``"roll_over"`` keeps the samples left over at
+    the end of an epoch for the first batch of the next; ``num_parts``/``part_index`` select
+    this worker's share. Every worker's share has the same size, so every worker runs the
+    same number of batches in each epoch, whichever ``last_batch``."""
 
     def __init__(self, data, label=None, batch_size: int = 32, *, shuffle: bool = False,
-                 last_batch: str = "pad", num_parts: int = 1, part_index: int = 0,
-                 seed: int | None = None):
+                 last_batch: str | None = None, num_parts: int = 1, part_index: int = 0,
+                 seed: int | None = None, last_batch_handle: str | None = None):
         self.data = np.asarray(data)
         self.label = None if label is None else np.asarray(label)
+        last_batch = _last_batch(last_batch, last_batch_handle)
         _check_arguments(self.data, self.label, batch_size, last_batch, num_parts, part_index)
         self.batch_size, self.shuffle, self.last_batch = int(batch_size), shuffle, last_batch
         self.num_parts, self.part_index = int(num_parts), int(part_index)
         if seed is None:
             seed = int(mixrt_random.generator().integers(0, 2 ** 63))
         self._rng = np.random.default_rng(seed)
-        self._order = np.arange(len(self.data))
+        self._order = np.arange(0)
         self._position = 0
         self.reset()
 
@@ -64,16 +68,28 @@ class NDArrayIter:
 
     @property
     def num_batches(self) -> int:
-        full, rest = divmod(self.share, self.batch_size)
+        """Batches in this epoch (under roll_over, the samples carried over count)."""
+        return self._batches_of(len(self._order))
+
+    def _batches_of(self, samples: int) -> int:
+        full, rest = divmod(samples, self.batch_size)
         return full + (1 if rest and self.last_batch == "pad" else 0)
 
     def reset(self) -> None:
-        """Start a new epoch (reshuffled when ``shuffle``)."""
+        """Start a new epoch (reshuffled when ``shuffle``). Under roll_over the samples an
+        epoch run to its end left unserved come first."""
         order = self._rng.permutation(len(self.data)) if self.shuffle else \
             np.arange(len(self.data))
         start = self.part_index * self.share
-        self._order = order[start:start + self.share]
+        carried = self._left_over()
+        self._order = np.concatenate([carried, order[start:start + self.share]])
         self._position = 0
+
+    def _left_over(self) -> np.ndarray:
+        finished = len(self._order) and self._position >= self.num_batches
+        if self.last_batch != "roll_over" or not finished:
+            return np.zeros(0, dtype=np.int64)
+        return self._order[self.num_batches * self.batch_size:]
 
     def __iter__(self):
         return self
@@ -110,9 +126,9 @@ class NDArrayIter:
         order = self._checked_order(state["order"])
         position = state["position"]
         if isinstance(position, bool) or not isinstance(position, int) or \
-                not 0 <= position <= self.num_batches:
+                not 0 <= position <= self._batches_of(len(order)):
             raise InputError(f"iterator state 'position' must be an int in [0, "
-                             f"{self.num_batches}], got {_brief(position)}")
+                             f"{self._batches_of(len(order))}], got {_brief(position)}")
         rng = np.random.default_rng()
         try:
             rng.bit_generator.state = state["rng"]
@@ -122,16 +138,21 @@ class NDArrayIter:
         self._rng, self._order, self._position = rng, order, position
 
     def _checked_order(self, order) -> np.ndarray:
-        """This worker's sample order: ``share`` distinct indices into the data."""
+        """This worker's sample order: ``share`` distinct indices into the data, after
+        (roll_over) fewer than ``batch_size`` carried over from the epoch before."""
         if isinstance(order, (np.ndarray, tuple)):
             order = np.asarray(order).tolist()
-        if not isinstance(order, list) or len(order) != self.share or \
+        most = self.share + (self.batch_size - 1 if self.last_batch == "roll_over" else 0)
+        if not isinstance(order, list) or not self.share <= len(order) <= most or \
                 not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
-            raise InputError(f"iterator state 'order' must be a list of {self.share} sample "
+            expected = f"{self.share}" if most == self.share else \
+                f"{self.share} to {most}"
+            raise InputError(f"iterator state 'order' must be a list of {expected} sample "
                              f"indices (this iterator's share), got {_brief(order)}")
         array = np.asarray(order, dtype=np.int64) if order else np.zeros(0, np.int64)
+        shared = array[len(array) - self.share:]
         if array.size and (array.min() < 0 or array.max() >= len(self.data) or
-                           len(np.unique(array)) != array.size):
+                           len(np.unique(shared)) != shared.size):
             raise InputError(f"iterator state 'order' must hold distinct indices in [0, "
                              f"{len(self.data)})")
         return array
@@ -140,6 +161,14 @@ class NDArrayIter:
 def _brief(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _last_batch(last_batch, last_batch_handle) -> str:
+    if last_batch is not None and last_batch_handle is not None and \
+            last_batch != last_batch_handle:
+        raise InputError(f"last_batch={last_batch!r} and last_batch_handle="
+                         f"{last_batch_handle!r} disagree; give one of them")
+    return last_batch or last_batch_handle or "pad"
 
 
 def _check_arguments(data, label, batch_size, last_batch, num_parts, part_index) -> None:

@@ -27,6 +27,7 @@ from mixrt.errors import EngineError, InputError
 
 KINDS = ("threaded", "naive")
 DEFAULT_THREADS = 4
+_WORKER_PREFIX = "mixrt-engine-"  # the threaded engine's worker threads' names
 
 _ENGINE_FILE = __file__
 # Frames under these folders are mixrt's own (the frontend's dispatch, the runtime); the
@@ -226,7 +227,7 @@ class Engine:
     def _dispatch(self, op: _Op) -> None:
         if not self._workers:
             for i in range(self.threads):
-                worker = threading.Thread(target=self._work, name=f"mixrt-engine-{i}",
+                worker = threading.Thread(target=self._work, name=f"{_WORKER_PREFIX}{i}",
                                           daemon=True)
                 worker.start()
                 self._workers.append(worker)
@@ -349,6 +350,12 @@ def get_engine() -> Engine | NaiveEngine:
                 _current = _engine_from_env()
                 atexit.register(_finish_at_exit)
     return _current
+
+
+def on_engine_thread() -> bool:
+    """Whether the caller is one of the threaded engine's workers (waiting there for work
+    queued behind the caller's own op would never end)."""
+    return threading.current_thread().name.startswith(_WORKER_PREFIX)
 
 
 def drain_if_running() -> None:

@@ -188,6 +188,38 @@ def test_padding_and_state_round_trip():
     assert len(NDArrayIter(np.arange(7), None, 3, last_batch="discard")) == 2
 
 
+def test_roll_over_carries_the_left_over_samples_into_the_next_epoch():
+    data = np.arange(23)
+    shards = [NDArrayIter(data, data, 4, shuffle=True, seed=3, last_batch_handle="roll_over",
+                          num_parts=2, part_index=rank) for rank in range(2)]
+    served = {0: [], 1: []}
+    for epoch, expected_batches in enumerate([2, 3, 3]):  # 11 a share: 11, 3+11, 2+11
+        for rank, shard in enumerate(shards):
+            shard.reset()
+            assert len(shard) == expected_batches, (epoch, rank)
+            batches = [b.data.tolist() for b in shard]
+            assert all(len(b) == 4 for b in batches)
+            served[rank] += sum(batches, [])
+    # nothing is dropped but the one sample the last epoch leaves over
+    assert len(served[0]) == len(served[1]) == 3 * 11 - 1
+    # a checkpoint taken with samples carried over resumes the same batches
+    shards[0].reset()
+    next(shards[0])
+    saved, rest = shards[0].state(), [b.data.tolist() for b in shards[0]]
+    again = NDArrayIter(data, data, 4, last_batch="roll_over", num_parts=2, part_index=0)
+    again.set_state(saved)
+    assert [b.data.tolist() for b in again] == rest
+
+
+def test_last_batch_handle_is_mxnets_name_for_last_batch():
+    assert NDArrayIter(np.arange(7), None, 3, last_batch_handle="discard").last_batch == \
+        "discard"
+    with pytest.raises(InputError, match="disagree"):
+        NDArrayIter(np.arange(7), None, 3, last_batch="pad", last_batch_handle="discard")
+    with pytest.raises(InputError, match="roll_over"):
+        NDArrayIter(np.arange(7), None, 3, last_batch="keep")
+
+
 def test_prefetching_iter_passes_batches_and_errors():
     def broken():
         yield 1

@@ -102,6 +102,7 @@ class DistStore(KVStore):
     # -- data -----------------------------------------------------------------------------
 
     def init(self, key, value) -> None:
+        self.wait_queued()
         pending = {}
         for name, arrays in key_value_pairs(key, value, "init"):
             if name in self._meta:
@@ -117,6 +118,7 @@ class DistStore(KVStore):
         self._wait(pending, f"init of {_keys(key)} (waits for worker 0's values)")
 
     def push(self, key, value, priority: int = 0) -> None:
+        self.wait_queued()
         started = time.perf_counter()
         trackers = []
         for name, arrays in key_value_pairs(key, value, "push"):
@@ -131,6 +133,7 @@ class DistStore(KVStore):
 
     def pull(self, key, out=None, priority: int = 0):
         require_out(out)
+        self.wait_queued()
         started = time.perf_counter()
         pending, targets = {}, []
         for name, arrays in key_value_pairs(key, out, "pull"):
@@ -196,6 +199,7 @@ class DistStore(KVStore):
             raise KVStoreError(f"set_optimizer takes a mixrt optimizer, got "
                                f"{type(optimizer).__name__}")
         self._optimizer = optimizer
+        self.wait_queued()
         if self._rank == 0:
             self._to_all_servers(p.json_message(p.SET_OPTIMIZER, optimizer.spec()),
                                  "set_optimizer")
@@ -208,6 +212,7 @@ class DistStore(KVStore):
     def set_gradient_compression(self, params: dict) -> None:
         self._compression = check_params(params)
         self._compressor = create_compressor(self._compression)
+        self.wait_queued()
         if self._rank == 0:
             self._to_all_servers(p.json_message(p.SET_COMPRESSION, self._compression),
                                  "set_gradient_compression")
@@ -215,12 +220,15 @@ class DistStore(KVStore):
 
     def barrier(self) -> None:
         """Every worker waits here for the others; workers that arrive after different
-        numbers of steps get a KVStoreError naming each one's count."""
+        numbers of steps get a KVStoreError naming each one's count. The steps a Trainer
+        has queued on the dependency engine are pushed first, so they count."""
+        self.wait_queued()
         self.link.request(p.BARRIER, {"rounds": self._steps()}, f"barrier ({self.name})")
 
     # -- optimizer states ----------------------------------------------------------------
 
     def _optimizer_state_dict(self) -> dict:
+        self.wait_queued()
         replies = self._to_all_servers(p.Message(p.GET_STATES), "save_optimizer_states")
         pieces, counts, spec = {}, {}, None
         for reply in replies:
@@ -245,6 +253,7 @@ class DistStore(KVStore):
 
     def _load_optimizer_state_dict(self, arrays: dict) -> None:
         self._check_state_shapes(arrays)
+        self.wait_queued()
         saved = optim.from_state_dict(arrays)
         pending = {}
         for server in range(len(self._sockets)):

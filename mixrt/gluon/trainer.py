@@ -60,9 +60,6 @@ class Trainer:
             raise InputError("update_on_kvstore=True needs a kvstore")
         self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
         self._kv_ready = False
-        # store calls run on engine threads one at a time, in order: every one writes this
-        # tag (a store's sockets must not be used from two threads at once)
-        self._kv_var = engine.new_var("kvstore")
         self._reduced_early: set = set()
 
     @property
@@ -124,7 +121,7 @@ class Trainer:
         key, grad = self.key_prefix + param.name, param.grad()
         raw = grad._data
         engine.get_engine().push(lambda: self.kvstore.pushpull(key, raw), writes=(
-            grad.engine_var(), self._kv_var), name=f"kvstore pushpull {key!r}")
+            grad.engine_var(), self.kvstore.engine_var), name=f"kvstore pushpull {key!r}")
 
     def _queue_update(self, param, batch_size: int) -> None:
         """Push ``param``'s gradient and pull its updated value, as engine work."""
@@ -135,7 +132,7 @@ class Trainer:
             self.kvstore.push(key, raw_grad if batch_size == 1 else raw_grad / batch_size)
             self.kvstore.pull(key, out=raw_value)
         engine.get_engine().push(update, reads=(grad.engine_var(),), writes=(
-            value.engine_var(), self._kv_var), name=f"kvstore push+pull {key!r}")
+            value.engine_var(), self.kvstore.engine_var), name=f"kvstore push+pull {key!r}")
 
     def _gradient_ready(self, param, _array) -> None:
         """Called by backward the moment ``param``'s gradient is complete."""
