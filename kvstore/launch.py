@@ -48,10 +48,16 @@ fires when the *thread* that started them ends, and ``launch`` returns only when
 Remote processes under ssh are as safe as their connection: when the launcher dies their ssh
 ends, and they lose the scheduler (the store's heartbeats turn that into an error).
 
+Authentication: every job admits only its own processes. Unless ``MIXRT_KV_SECRET`` or
+``MIXRT_KV_TOKEN`` is set, the launcher makes a fresh random token for the job and gives it
+to the job's processes as ``MIXRT_KV_TOKEN``; their sockets ask each other for it at the
+handshake (``kvstore/dist/security.py``), so another process on this host cannot join the
+job or speak for one of its ranks, even on loopback. A user-set token is used as it is.
+
 Across machines (ssh, mpi) the scheduler's address is ``--host-uri``, else the address of this
 machine's name (a loopback answer is refused: pass ``--host-uri``). A scheduler that is not on
-a loopback address needs authentication: set ``MIXRT_KV_SECRET`` (the store derives its
-CURVE keys from it). Every ``MIXRT_KV_*`` variable
+a loopback address needs authentication with encryption: set ``MIXRT_KV_SECRET`` (the store
+derives its CURVE keys from it; it wins over a token). Every ``MIXRT_KV_*`` variable
 set here (the secret, the store's timeouts) and ``PYTHONPATH`` are passed to remote processes:
 by name under mpi (``-x``), under ssh in the ``env`` list of the ssh command line, where
 ``ps`` on either host can see them. ``--host-uri 127.0.0.1`` keeps an
@@ -66,6 +72,7 @@ import ctypes
 import functools
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -145,6 +152,7 @@ def plan_job(command, num_workers: int, num_servers: int, *, launcher: str = "lo
     local_role, remote_role = _role_commands(role_command, remote_role_command, environ)
     uri = host_uri or ("127.0.0.1" if launcher == "local" else reachable_address())
     require_authentication(uri, environ)
+    environ = with_job_token(environ)
     rendezvous = Rendezvous(uri, _root_port(port, uri, environ), num_servers, num_workers)
     local = functools.partial(_local_process, rendezvous, environ)
     scheduler = local("scheduler", 0, local_role)
@@ -189,8 +197,10 @@ def _process_name(role: str, index: int) -> str:
 
 
 def _local_process(rendezvous, environ, role, index, argv) -> Planned:
+    token = {"MIXRT_KV_TOKEN": environ["MIXRT_KV_TOKEN"]} if "MIXRT_KV_TOKEN" in environ \
+        else {}
     return Planned(_process_name(role, index), role, list(argv),
-                   {**rendezvous.environment(role, index), **_unbuffered(environ)})
+                   {**rendezvous.environment(role, index), **token, **_unbuffered(environ)})
 
 
 def _unbuffered(environ) -> dict[str, str]:
@@ -230,6 +240,14 @@ def require_authentication(uri: str, environ) -> None:
     raise KVStoreError(f"the scheduler's address {uri} can be reached from other machines, so "
                        "the job must authenticate: set MIXRT_KV_SECRET to a shared secret and "
                        "launch again")
+
+
+def with_job_token(environ) -> dict:
+    """``environ`` with a fresh ``MIXRT_KV_TOKEN`` for this job, unless it already holds a
+    token or a secret (security.py: the job's processes ask each other for it)."""
+    if any(environ.get(name) for name in (*SECRET_VARIABLES, "MIXRT_KV_TOKEN")):
+        return dict(environ)
+    return {**environ, "MIXRT_KV_TOKEN": secrets.token_urlsafe(32)}
 
 
 def _root_port(port, uri, environ) -> int:

@@ -21,6 +21,8 @@ mixrt's own knobs (seconds unless said otherwise):
     MIXRT_KV_MESSAGE_BYTES      pushes and pull replies travel in messages of at most this
                                 many bytes (8 MiB; the same on every worker)
     MIXRT_KV_SECRET             shared secret: CURVE keys are derived from it (security.py)
+    MIXRT_KV_TOKEN              the job's token for loopback jobs (``mixrt launch`` makes a
+                                fresh one per job; security.py)
     MIXRT_KV_VERBOSE            1: log push/pull latencies and stragglers
 """
 
@@ -52,6 +54,7 @@ class Config:
     max_message: int = 4 << 30
     message_bytes: int = 8 << 20
     secret: str | None = None
+    token: str | None = None
     verbose: bool = False
 
     @property
@@ -93,6 +96,7 @@ def from_env(environ=None, **overrides) -> Config:
         max_message=_int(env, "MIXRT_KV_MAX_MESSAGE", 4 << 30, 1024, 1 << 40),
         message_bytes=_int(env, "MIXRT_KV_MESSAGE_BYTES", 8 << 20, 64, 1 << 40),
         secret=env.get("MIXRT_KV_SECRET") or None,
+        token=env.get("MIXRT_KV_TOKEN") or None,
         verbose=env.get("MIXRT_KV_VERBOSE", "0") not in ("", "0", "false", "no"),
     )
     values.update(overrides)

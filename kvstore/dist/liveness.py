@@ -124,7 +124,7 @@ class SchedulerLink:
         scheduler = self.context.socket(zmq.DEALER)
         scheduler.setsockopt(zmq.LINGER, 500)
         scheduler.setsockopt(zmq.IDENTITY, f"{self.role}-{uuid.uuid4().hex}".encode())
-        secure_client(scheduler, self.config.secret)
+        secure_client(scheduler, self.config)
         scheduler.connect(self.config.root_address)
         pipe = self.context.socket(zmq.PAIR)
         pipe.connect(self._pipe_address)

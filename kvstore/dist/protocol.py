@@ -15,6 +15,14 @@ few MiB come back from the heap warm; and the server sums the first pieces while
 ones are still on the wire. ``decode`` checks
 every field against the frame sizes before anything is read, so a malformed, truncated or
 oversized message is a ``ProtocolError`` that the receiver logs and drops.
+
+No frame a server or the scheduler receives is bigger than a piece: ZeroMQ closes the
+connection of a peer that sends more (``ZMQ_MAXMSGSIZE``, checked before the frame is
+buffered), so one frame cannot make a process allocate more than that. An initial value
+therefore travels as an INIT naming the part (no payload) and, from worker 0, the part's
+pieces as VALUE messages; optimizer states as a LOAD_STATES naming the arrays, then their
+pieces. JSON bodies are bounded in size and depth (``json``), and every field a receiver
+reads is checked for type and range (``text``, ``integer``).
 """
 
 from __future__ import annotations
@@ -40,9 +48,17 @@ TYPE_NAMES = dict(enumerate((
 REGISTER, WELCOME, HEARTBEAT, HEARTBEAT_ACK, BARRIER, BARRIER_DONE, PEER_LOST, ABORT, BYE, \
     SHUTDOWN, HELLO, INIT, PUSH, PULL, VALUE, ACK, ERROR, SET_OPTIMIZER, SET_COMPRESSION, \
     GET_STATES, STATES, LOAD_STATES, STATUS = TYPE_NAMES
+# messages that name a part of an array without carrying it
+HEADER_ONLY = ("PULL", "GET_STATES", "INIT")
 
 # flags
 COMPRESSED = 1
+
+# bounds: control messages' JSON is small; a frame is at most a piece (the job's message
+# size) plus this much for a header frame (48 bytes and a key of up to 64 KiB) or a blob's JSON
+CONTROL_JSON_BYTES = 64 << 10
+JSON_DEPTH = 6
+FRAME_SLACK = 128 << 10
 
 # payload kinds (the header's dtype field)
 NONE, JSON, BLOB = 0, 1, 2
@@ -72,16 +88,24 @@ class Message:
     def type_name(self) -> str:
         return TYPE_NAMES.get(self.type, str(self.type))
 
-    def json(self):
-        """The JSON payload (a dict)."""
+    def json(self, max_bytes: int = CONTROL_JSON_BYTES):
+        """The JSON payload (a dict), at most ``max_bytes`` long and ``JSON_DEPTH`` deep."""
         if self.dtype != JSON:
             raise ProtocolError(f"{self.type_name} message carries no JSON")
+        raw = _buffer(self.payload)
+        if len(raw) > max_bytes:
+            raise ProtocolError(f"{self.type_name} message: JSON payload of {len(raw)} bytes; "
+                                f"at most {max_bytes} expected")
         try:
-            value = json.loads(bytes(_buffer(self.payload)).decode())
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ProtocolError(f"{self.type_name} message: bad JSON payload: {exc}") from None
+            value = json.loads(bytes(raw).decode())
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ProtocolError(f"{self.type_name} message: bad JSON payload: "
+                                f"{str(exc)[:200]}") from None
         if not isinstance(value, dict):
             raise ProtocolError(f"{self.type_name} message: JSON payload is not an object")
+        if _depth(value) > JSON_DEPTH:
+            raise ProtocolError(f"{self.type_name} message: JSON nested deeper than "
+                                f"{JSON_DEPTH} levels")
         return value
 
     def array(self) -> np.ndarray:
@@ -98,6 +122,45 @@ class Message:
             raise ProtocolError(f"{self.type_name} message: blob header overruns its frame")
         meta = Message(self.type, dtype=JSON, payload=bytes(data[4:4 + length])).json()
         return meta, data[4 + length:]
+
+
+def _depth(value) -> int:
+    """How deep lists and objects nest in a parsed JSON value (1 for a flat object)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= JSON_DEPTH:
+                stack += [(child, depth + 1) for child in
+                          (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def text(body: dict, name: str, what: str, *, max_length: int = 256,
+         choices: tuple | None = None) -> str:
+    """``body[name]``, checked to be a string (of ``choices``, when given)."""
+    value = body.get(name)
+    if not isinstance(value, str) or len(value) > max_length or \
+            (choices is not None and value not in choices):
+        expected = f"one of {choices}" if choices else f"a string of at most {max_length}"
+        raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}; expected {expected}")
+    return value
+
+
+def integer(body: dict, name: str, what: str, low: int, high: int, *,
+            default: int | None = None) -> int:
+    """``body[name]``, checked to be an int in [low, high] (``default`` when absent)."""
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}; expected an integer "
+                            f"in [{low}, {high}]")
+    return value
+
+
+def _shown(value) -> str:
+    text_ = repr(value)
+    return text_ if len(text_) <= 60 else text_[:57] + "..."
 
 
 def json_message(type_: int, body: dict | None = None, **fields) -> Message:
@@ -177,7 +240,10 @@ def _check_array_fields(message: Message, size: int, max_message: int) -> None:
         raise ProtocolError(f"{message.type_name} key {message.key!r}: part "
                             f"[{message.offset}, +{message.count}) of {message.total} "
                             f"elements is inconsistent or over the size limit")
-    if message.type in (PULL, GET_STATES):
+    if message.type_name in HEADER_ONLY:
+        if size:
+            raise ProtocolError(f"{message.type_name} key {message.key!r} carries no "
+                                f"payload; got {size} bytes")
         return
     expected = packed_size(message.count) if message.flags & COMPRESSED \
         else message.count * itemsize

@@ -3,11 +3,19 @@ each its rank and the servers' addresses, runs barriers, watches heartbeats, and
 dies, fails or goes silent tells every other process, which then exits naming that peer.
 
 It keeps no data: pushes and pulls go straight from workers to servers.
+
+Registration is open until the job is complete (each role up to its count), then closed.
+At admission every worker gets a ticket, a random string that the servers also get and ask
+for in its HELLO, so no other connection can speak for that rank. Every frame is decoded
+with its size bounded by ZeroMQ (``MAXMSGSIZE``) and its JSON by ``protocol.json``; only a
+registered peer's messages count, barriers and departures only from workers. A frame that
+fails a check is logged with the sender's identity and dropped; none stops the scheduler.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +27,7 @@ from mixrt.kvstore.dist.config import Config
 from mixrt.kvstore.dist.security import check_bind, secure_server
 
 log = logging.getLogger("mixrt.kvstore.scheduler")
+CONTROL_FRAME = 64 << 10   # the scheduler's messages are small
 
 
 @dataclass
@@ -45,15 +54,16 @@ class Scheduler:
         self.context = context or zmq.Context.instance()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # control messages only
+        self.socket.setsockopt(zmq.MAXMSGSIZE, CONTROL_FRAME)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        check_bind(config.root_uri, config.secret, "scheduler")
-        secure_server(self.socket, config.secret)
+        check_bind(config.root_uri, config, "scheduler")
+        secure_server(self.socket, config)
         self.socket.bind(f"tcp://{_bind_host(config.root_uri)}:{config.root_port}")
         self.peers: dict[bytes, Peer] = {}
         self.admitted = False
         self.barrier: dict[bytes, tuple[int, int]] = {}  # identity -> (request, rounds)
         self.started = time.monotonic()
+        self.dropped = 0
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -76,42 +86,67 @@ class Scheduler:
     def _receive(self) -> None:
         identity, *frames = self.socket.recv_multipart(copy=True)
         try:
-            message = p.decode(frames, 1 << 20)
+            message = p.decode(frames, CONTROL_FRAME)
+            self._dispatch(identity, message)
         except p.ProtocolError as exc:
-            log.warning("scheduler: dropped a malformed message: %s", exc)
-            return
+            self._drop(identity, exc)
+        except KVStoreError:
+            raise  # the job's own failure (a lost peer): the scheduler stops with it
+        except Exception as exc:  # noqa: BLE001  (no frame may stop the scheduler)
+            self._drop(identity, f"{type(exc).__name__}: {exc}")
+
+    def _dispatch(self, identity: bytes, message: p.Message) -> None:
         peer = self.peers.get(identity)
+        handler, roles = self._handlers().get(message.type, (None, ()))
+        if handler is None:
+            raise p.ProtocolError(f"the scheduler does not take {message.type_name}")
+        if message.type != p.REGISTER and (peer is None or peer.role not in roles):
+            raise p.ProtocolError(f"{message.type_name} from "
+                                  f"{'an unregistered peer' if peer is None else peer.name}")
         if peer is not None:
             peer.last_seen = time.monotonic()
-        handler = self._handlers().get(message.type)
-        if handler is None or (peer is None and message.type != p.REGISTER):
-            log.warning("scheduler: dropped %s from an unknown peer", message.type_name)
-            return
-        try:
-            handler(identity, peer, message)
-        except p.ProtocolError as exc:
-            log.warning("scheduler: dropped %s: %s", message.type_name, exc)
+        handler(identity, peer, message)
 
     def _handlers(self) -> dict:
-        return {p.REGISTER: self._on_register, p.HEARTBEAT: self._on_heartbeat,
-                p.BARRIER: self._on_barrier, p.BYE: self._on_bye, p.ABORT: self._on_abort}
+        """type -> (handler, the roles that may send it)."""
+        both = ("server", "worker")
+        return {p.REGISTER: (self._on_register, both), p.HEARTBEAT: (self._on_heartbeat, both),
+                p.BARRIER: (self._on_barrier, ("worker",)), p.BYE: (self._on_bye, ("worker",)),
+                p.ABORT: (self._on_abort, both)}
+
+    def _drop(self, identity: bytes, reason) -> None:
+        self.dropped += 1
+        if self.dropped <= 20 or self.dropped % 1000 == 0:
+            peer = self.peers.get(identity)
+            who = peer.name if peer is not None else "an unregistered peer"
+            log.warning("scheduler: dropped a bad message from %s (connection %r; %d so far): "
+                        "%s", who, identity[:40], self.dropped, reason)
 
     # -- admission -------------------------------------------------------------------------
 
     def _on_register(self, identity: bytes, peer, message: p.Message) -> None:
         body = message.json()
-        role = body.get("role")
-        if role not in ("server", "worker") or self.admitted or peer is not None:
-            log.warning("scheduler: refused a registration %r (job already complete or bad "
-                        "role)", body)
-            self._send(identity, p.json_message(p.ERROR, {"message": "registration refused: "
-                                                          "the job is complete"}))
+        role = p.text(body, "role", "REGISTER", choices=("server", "worker"))
+        wanted = self.config.num_servers if role == "server" else self.config.num_workers
+        if peer is not None:
+            raise p.ProtocolError(f"a second REGISTER from {peer.name}")
+        if self.admitted or len(self._role(role)) >= wanted:
+            log.warning("scheduler: refused a %s's registration (connection %r): the job's "
+                        "%d %s(s) are there", role, identity[:40], wanted, role)
+            self._send(identity, p.json_message(p.ERROR, {
+                "message": f"registration refused: the job's {wanted} {role}(s) have "
+                           f"registered"}))
             return
         hint = body.get("hint")
-        self.peers[identity] = Peer(identity, role, str(body.get("host", "?")),
-                                    int(body.get("pid", 0)),
-                                    hint if isinstance(hint, int) else None,
-                                    str(body.get("address", "")))
+        if hint is not None:
+            hint = p.integer(body, "hint", "REGISTER", 0, wanted - 1)
+        address = p.text(body, "address", "REGISTER", max_length=300)
+        if role == "server" and not address.startswith("tcp://"):
+            raise p.ProtocolError(f"a server registered the address {address[:60]!r}; "
+                                  f"expected tcp://HOST:PORT")
+        self.peers[identity] = Peer(identity, role, p.text(body, "host", "REGISTER"),
+                                    p.integer(body, "pid", "REGISTER", 0, 1 << 31), hint,
+                                    address)
         servers, workers = self._role("server"), self._role("worker")
         if len(servers) == self.config.num_servers and len(workers) == self.config.num_workers:
             self._admit(servers, workers)
@@ -123,8 +158,13 @@ class Scheduler:
         book = {"servers": [s.address for s in servers], "num_workers": len(workers),
                 "num_servers": len(servers),
                 "names": {f"{peer.role} {peer.rank}": peer.name for peer in servers + workers}}
-        for peer in servers + workers:
-            self._send(peer.identity, p.json_message(p.WELCOME, dict(book, rank=peer.rank)))
+        tickets = [secrets.token_hex(16) for _ in workers]  # worker rank -> its ticket
+        for peer in servers:
+            self._send(peer.identity, p.json_message(p.WELCOME, dict(book, rank=peer.rank,
+                                                                     tickets=tickets)))
+        for peer in workers:
+            self._send(peer.identity, p.json_message(p.WELCOME, dict(
+                book, rank=peer.rank, ticket=tickets[peer.rank])))
         self.admitted = True
         log.info("scheduler: %d servers and %d workers admitted", len(servers), len(workers))
 
@@ -158,21 +198,22 @@ class Scheduler:
         raise error
 
     def _on_abort(self, identity: bytes, peer: Peer, message: p.Message) -> None:
-        reason = str(message.json().get("message", "failed"))[:2000]
+        reason = p.text(message.json(), "message", "ABORT", max_length=4000)[:2000]
         peer.done = True
         self._fail(PeerLostError(f"{peer.name} failed: {reason}"), lost=peer, kind=p.ABORT)
 
     # -- barriers and departures -----------------------------------------------------------
 
     def _on_barrier(self, identity: bytes, peer: Peer, message: p.Message) -> None:
-        peer.rounds = int(message.json().get("rounds", 0))
+        peer.rounds = p.integer(message.json(), "rounds", "BARRIER", 0, 1 << 62)
         self.barrier[identity] = (message.request, peer.rounds)
         self._publish_status()
         self._settle_barrier()
 
     def _on_bye(self, identity: bytes, peer: Peer, message: p.Message) -> None:
+        peer.rounds = p.integer(message.json(), "rounds", "BYE", 0, 1 << 62,
+                                default=peer.rounds)
         peer.done = True
-        peer.rounds = int(message.json().get("rounds", peer.rounds))
         self._publish_status()
         self._settle_barrier()
 

@@ -11,13 +11,20 @@ next round. A pull is answered once the rounds this worker pushed have completed
 worker always pulls the weights its own gradients went into; the reply goes back in pieces
 too. ``dist_async``: every push updates at once; pulls return the current value.
 
-Every message is checked by ``protocol.decode`` and against this server's state; one that
-fails is logged and dropped (or answered with an ERROR naming the key), and the server goes
-on serving.
+Who may send what: a connection speaks for a worker only after a HELLO carrying that
+worker's ticket (the scheduler hands each worker its own and the servers all of them), and a
+rank is held by one connection. Only worker 0 sets the optimizer, the compression, the
+initial values and loaded optimizer states. Every message is checked by ``protocol.decode``,
+then against the sender's rank and this server's state; one that fails is logged with the
+sender's identity and dropped (or, from a worker, answered with an ERROR naming the key),
+and the server goes on serving. What a worker can make this server hold is bounded: the
+shards worker 0 initializes, one early round per key and worker, and at most
+``MAX_PENDING_INITS`` inits waiting for worker 0's value per worker (no payload).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import statistics
 import time
@@ -36,6 +43,9 @@ from mixrt.kvstore.dist.security import check_bind, secure_server
 from mixrt.runtime import optimizer as optim
 
 log = logging.getLogger("mixrt.kvstore.server")
+MAX_PENDING_INITS = 65_536  # per worker: inits that wait for worker 0's value
+MAX_STATE_SLOTS = 8         # optimizer state arrays per key (Adam has 2, LAMB 2)
+ROOT_ONLY = ("SET_OPTIMIZER", "SET_COMPRESSION", "VALUE", "LOAD_STATES")
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Shard:
     offset: int
     total: int
     value: np.ndarray
+    initialized: int = 0                            # elements of worker 0's value received
     merged: np.ndarray | None = None                # the round's sum, for the optimizer
     received: dict = field(default_factory=dict)    # rank -> elements pushed, all rounds
     filled: dict = field(default_factory=dict)      # rank -> elements summed, this round
@@ -60,9 +71,24 @@ class Shard:
     def size(self) -> int:
         return self.value.size
 
+    @property
+    def ready(self) -> bool:
+        return self.initialized == self.size
+
+    def holds(self, offset: int, count: int) -> bool:
+        return self.offset <= offset and offset + count <= self.offset + self.size
+
     def rounds_pushed(self, rank: int) -> int:
         """Rounds this rank has pushed, a round begun counting as pushed."""
         return -(-self.received.get(rank, 0) // max(self.size, 1))
+
+
+@dataclass
+class _Waiting:
+    """An INIT waiting for worker 0's value (its header only: INIT carries no payload)."""
+    identity: bytes
+    rank: int
+    message: p.Message
 
 
 class Server:
@@ -72,10 +98,10 @@ class Server:
         self.context = context or zmq.Context.instance()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 2000)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, config.max_message + p.HEADER.size + 65536)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, config.message_bytes + p.FRAME_SLACK)
         host = config.bind_host
-        check_bind(host, config.secret, "server")
-        secure_server(self.socket, config.secret)
+        check_bind(host, config, "server")
+        secure_server(self.socket, config)
         port = self.socket.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.link = SchedulerLink(config, "server", address=self.address,
@@ -83,10 +109,13 @@ class Server:
         self.sync = sync
         self.shards: dict[tuple[str, int], Shard] = {}
         self.by_key: dict[str, list[Shard]] = {}  # finds the shard of a push's later pieces
-        self.ranks: dict[bytes, int] = {}
+        self.ranks: dict[bytes, int] = {}       # identity -> the rank its HELLO proved
+        self.holders: dict[int, bytes] = {}     # rank -> the one identity holding it
         self.optimizer: optim.Optimizer | None = None
         self.compressor = None
         self.pending_inits: dict[tuple[str, int], list] = {}
+        self.pending_count: dict[int, int] = {}
+        self.loading: dict | None = None        # optimizer states arriving from worker 0
         self.dropped = 0
         self.stragglers = StragglerWatch(config.verbose)
 
@@ -96,6 +125,7 @@ class Server:
         welcome = self.link.wait_welcome()
         self.rank, self.num_workers = welcome["rank"], welcome["num_workers"]
         self.names = welcome.get("names", {})
+        self.tickets = [ticket.encode() for ticket in welcome["tickets"]]
         log.info("server %d serving at %s", self.rank, self.address)
         try:
             while not self.link.shutdown.is_set():
@@ -113,19 +143,30 @@ class Server:
     def _receive(self) -> None:
         identity, *frames = self.socket.recv_multipart(copy=False)
         identity = identity.bytes
+        message = None
         try:
             message = p.decode(frames, self.config.max_message)
             self._dispatch(identity, message)
         except p.ProtocolError as exc:
-            self._drop(exc)
+            self._drop(identity, exc)
         except MixrtError as exc:
-            self._reply_error(identity, message, str(exc))
+            if message is None:
+                self._drop(identity, exc)
+            else:
+                self._reply_error(identity, message, str(exc))
+        except Exception as exc:  # noqa: BLE001  (no frame may stop the server)
+            self._drop(identity, f"{type(exc).__name__}: {exc}")
 
-    def _drop(self, reason) -> None:
+    def _drop(self, identity: bytes, reason) -> None:
         self.dropped += 1
         if self.dropped <= 20 or self.dropped % 1000 == 0:
-            log.warning("server %d: dropped a bad message (%d so far): %s", self.rank,
-                        self.dropped, reason)
+            log.warning("server %d: dropped a bad message from %s (%d so far): %s", self.rank,
+                        self._sender(identity), self.dropped, reason)
+
+    def _sender(self, identity: bytes) -> str:
+        rank = self.ranks.get(identity)
+        who = f"worker {rank}" if rank is not None else "a peer that did not say HELLO"
+        return f"{who} (connection {identity[:40]!r})"
 
     def _dispatch(self, identity: bytes, message: p.Message) -> None:
         if message.type == p.HELLO:
@@ -134,8 +175,11 @@ class Server:
         if rank is None or rank != message.rank:
             raise p.ProtocolError(f"{message.type_name} from a peer that did not say HELLO "
                                   f"as rank {message.rank}")
-        handler = {p.INIT: self._on_init, p.PUSH: self._on_push, p.PULL: self._on_pull,
-                   p.SET_OPTIMIZER: self._on_set_optimizer,
+        if message.type_name in ROOT_ONLY and rank != 0:
+            raise p.ProtocolError(f"{message.type_name} from worker {rank}; only worker 0 "
+                                  f"sends it")
+        handler = {p.INIT: self._on_init, p.VALUE: self._on_value, p.PUSH: self._on_push,
+                   p.PULL: self._on_pull, p.SET_OPTIMIZER: self._on_set_optimizer,
                    p.SET_COMPRESSION: self._on_set_compression,
                    p.GET_STATES: self._on_get_states,
                    p.LOAD_STATES: self._on_load_states}.get(message.type)
@@ -144,46 +188,94 @@ class Server:
         handler(identity, rank, message)
 
     def _on_hello(self, identity: bytes, message: p.Message) -> None:
+        """A worker proves its rank with its ticket; a rank is held by one connection."""
         body = message.json()
-        rank, mode = body.get("rank"), body.get("mode")
-        if not isinstance(rank, int) or not 0 <= rank < self.num_workers or \
-                mode not in ("sync", "async"):
-            raise p.ProtocolError(f"HELLO with rank {rank!r}, mode {mode!r}")
+        rank = p.integer(body, "rank", "HELLO", 0, self.num_workers - 1)
+        mode = p.text(body, "mode", "HELLO", choices=("sync", "async"))
+        ticket = p.text(body, "ticket", "HELLO", max_length=128).encode()
+        # a well-formed HELLO that fails is answered (a worker then fails at once, naming
+        # the reason) as well as logged
+        if not hmac.compare_digest(ticket, self.tickets[rank]):
+            raise KVStoreError(f"HELLO as worker {rank} without that worker's ticket "
+                               f"(connection {identity[:40]!r})")
+        holder = self.holders.get(rank)
+        if holder is not None and holder != identity:
+            raise KVStoreError(f"HELLO as worker {rank}, whose rank another connection "
+                               f"holds (connection {identity[:40]!r})")
         if self.sync is None:
             self.sync = mode == "sync"
         elif self.sync != (mode == "sync"):
             raise KVStoreError(f"worker {rank} asks for {mode} mode; this job is "
                                f"{'sync' if self.sync else 'async'}")
         self.ranks[identity] = rank
+        self.holders[rank] = identity
         self._send(identity, p.Message(p.ACK, request=message.request))
 
     # -- init, push, pull ------------------------------------------------------------------
 
     def _on_init(self, identity: bytes, rank: int, message: p.Message) -> None:
-        """Worker 0's value wins; the others' inits are answered once it is there."""
+        """An INIT names a part (no payload). Worker 0's makes the shard, whose value then
+        comes as VALUE pieces; every INIT is answered once that value is complete."""
         where = (message.key, message.offset)
         shard = self.shards.get(where)
         if rank == 0:
             if shard is not None:
                 raise KVStoreError(f"init: key {message.key!r} is already initialized")
-            self.shards[where] = shard = Shard(message.key, message.offset, message.total,
-                                               np.array(message.array(), copy=True))
+            dtype = p.array_dtype(message.dtype)
+            shard = Shard(message.key, message.offset, message.total,
+                          np.empty(message.count, dtype))
+            self.shards[where] = shard
             self.by_key.setdefault(message.key, []).append(shard)
-            for waiting in self.pending_inits.pop(where, []):
-                self._check_part(shard, waiting[2], "init")
-                self._send(waiting[0], p.Message(p.ACK, request=waiting[1]))
-        elif shard is None:
-            self.pending_inits.setdefault(where, []).append((identity, message.request,
-                                                              message))
+            self.pending_inits.setdefault(where, []).insert(0, _Waiting(identity, rank,
+                                                                        message))
+            if shard.ready:  # an empty part
+                self._answer_inits(shard)
             return
-        self._check_part(shard, message, "init")
-        self._send(identity, p.Message(p.ACK, request=message.request))
+        if shard is not None and shard.ready:
+            self._check_part(shard, message, "init")
+            self._send(identity, p.Message(p.ACK, request=message.request))
+            return
+        if self.pending_count.get(rank, 0) >= MAX_PENDING_INITS:
+            raise KVStoreError(f"init: worker {rank} has {MAX_PENDING_INITS} inits waiting "
+                               f"for worker 0's values; call init on worker 0 too")
+        self.pending_count[rank] = self.pending_count.get(rank, 0) + 1
+        self.pending_inits.setdefault(where, []).append(_Waiting(identity, rank, message))
+
+    def _on_value(self, identity: bytes, rank: int, message: p.Message) -> None:
+        """A piece of worker 0's initial value, in order."""
+        shard = self._shard(message, "init", ready=False)
+        start = message.offset - shard.offset
+        if shard.ready or start != shard.initialized or \
+                not shard.holds(message.offset, message.count):
+            raise KVStoreError(f"init: key {shard.key!r}: worker 0 sent elements "
+                               f"[{message.offset}, +{message.count}) where its value of "
+                               f"[{shard.offset}, +{shard.size}) continues at element "
+                               f"{shard.offset + shard.initialized}")
+        shard.value[start:start + message.count] = message.array()
+        shard.initialized += message.count
+        if shard.ready:
+            self._answer_inits(shard)
+
+    def _answer_inits(self, shard: Shard) -> None:
+        for waiting in self.pending_inits.pop((shard.key, shard.offset), []):
+            if waiting.rank != 0:
+                self.pending_count[waiting.rank] -= 1
+            try:
+                self._check_part(shard, waiting.message, "init")
+            except KVStoreError as exc:
+                self._reply_error(waiting.identity, waiting.message, str(exc))
+                continue
+            self._send(waiting.identity, p.Message(p.ACK, request=waiting.message.request))
 
     def _on_push(self, identity: bytes, rank: int, message: p.Message) -> None:
         shard = self._shard(message, "push")
         start = self._next_piece(shard, rank, message)
-        gradient = self._gradient(shard, message)
         round_ = shard.received.get(rank, 0) // max(shard.size, 1)
+        if self.sync and round_ > shard.version + 1:
+            raise KVStoreError(f"push: key {shard.key!r}: worker {rank} pushes round "
+                               f"{round_ + 1} while round {shard.version + 1} is still open; "
+                               f"pull before pushing a key again")
+        gradient = self._gradient(shard, message)
         shard.received[rank] = shard.received.get(rank, 0) + gradient.size
         if not self.sync:
             self._update_async(shard, rank, start, gradient)
@@ -300,12 +392,13 @@ class Server:
                 p.VALUE, shard.key, piece if self.sync else piece.copy(),
                 offset=shard.offset + start, total=shard.total, request=request))
 
-    def _shard(self, message: p.Message, what: str) -> Shard:
-        """The shard holding the message's first element."""
+    def _shard(self, message: p.Message, what: str, ready: bool = True) -> Shard:
+        """The shard holding the message's first element (whose value is complete, unless
+        ``ready`` is False)."""
         shard = self.shards.get((message.key, message.offset)) or next(
             (s for s in self.by_key.get(message.key, ())
              if s.offset <= message.offset < s.offset + s.size), None)
-        if shard is None:
+        if shard is None or (ready and not shard.ready):
             raise KVStoreError(f"{what}: key {message.key!r} (elements from "
                                f"{message.offset}) was never initialized on server "
                                f"{self.rank}; call init first")
@@ -338,7 +431,7 @@ class Server:
     # -- settings and optimizer states -----------------------------------------------------
 
     def _on_set_optimizer(self, identity: bytes, rank: int, message: p.Message) -> None:
-        spec = message.json()
+        spec = message.json(max_bytes=max(self.config.message_bytes, p.CONTROL_JSON_BYTES))
         if self.optimizer is None or self.optimizer.spec() != optim.from_spec(spec).spec():
             self.optimizer = optim.from_spec(spec)
             log.info("server %d: optimizer %s", self.rank, self.optimizer)
@@ -359,21 +452,62 @@ class Server:
         self._send(identity, p.blob_message(p.STATES, meta, arrays, request=message.request))
 
     def _on_load_states(self, identity: bytes, rank: int, message: p.Message) -> None:
+        """Worker 0 sends each state array of this server's parts in pieces (a BLOB: a small
+        JSON naming key, slot, dtype, element offset, size and the key's update count, then
+        the bytes), then a JSON message with the number of pieces; only that one swaps the
+        optimizer's states, and only when every array arrived whole."""
         optimizer = self._require_optimizer()
-        meta, data = message.blob()
-        states, position = {}, 0
-        for part, size, dtype in zip(meta["parts"], meta["sizes"], meta["dtypes"]):
-            dtype = np.dtype(dtype)
-            end = position + size * dtype.itemsize
-            if end > len(data):
-                raise p.ProtocolError("LOAD_STATES: arrays overrun the message")
-            array = np.frombuffer(data[position:end], dtype=dtype).copy()
-            states.setdefault(part["key"], {})[part["slot"]] = array
-            position = end
+        if message.dtype == p.BLOB:
+            self._stage_state_piece(message)
+            return
+        pieces = p.integer(message.json(), "pieces", "LOAD_STATES", 0, 1 << 40)
+        loading, self.loading = self.loading or {"arrays": {}, "counts": {}, "pieces": 0}, None
+        arrays = loading["arrays"]
+        short = [f"{key}/{slot}" for (key, slot), (array, filled) in arrays.items()
+                 if filled != array.size]
+        if pieces != loading["pieces"] or short:
+            raise KVStoreError(f"load_optimizer_states: {loading['pieces']} of {pieces} pieces "
+                               f"arrived; incomplete: {short[:5]}")
+        states: dict[str, dict] = {}
+        for (key, slot), (array, _) in arrays.items():
+            states.setdefault(key, {})[slot] = array
         optimizer.states = states
-        optimizer.counts = {k: int(v) for k, v in meta["counts"].items()}
+        optimizer.counts = dict(loading["counts"])
         optimizer.num_update = max(optimizer.counts.values(), default=0)
         self._send(identity, p.Message(p.ACK, request=message.request))
+
+    def _stage_state_piece(self, message: p.Message) -> None:
+        meta, data = message.blob()
+        what = "LOAD_STATES"
+        key = p.text(meta, "key", what, max_length=0xFFFF)
+        slot = p.text(meta, "slot", what, max_length=64)
+        dtype = p.array_dtype(p.DTYPE_CODES.get(p.text(meta, "dtype", what, max_length=16), -1))
+        offset = p.integer(meta, "offset", what, 0, 1 << 50)
+        size = p.integer(meta, "size", what, 0, 1 << 50)
+        count = p.integer(meta, "count", what, 0, 1 << 50)
+        shard = next((s for s in self.by_key.get(key, ()) if s.holds(offset, size)), None)
+        if shard is None or len(data) != size * dtype.itemsize:
+            raise p.ProtocolError(f"{what}: elements [{offset}, +{size}) of key {key!r} are "
+                                  f"not a part on this server, or {len(data)} bytes do not "
+                                  f"hold them")
+        loading = self.loading = self.loading or {"arrays": {}, "counts": {}, "pieces": 0}
+        slots = sum(1 for k, _ in loading["arrays"] if k == key)
+        entry = loading["arrays"].get((key, slot))
+        if entry is None:
+            if slots >= MAX_STATE_SLOTS:
+                raise p.ProtocolError(f"{what}: more than {MAX_STATE_SLOTS} state slots for "
+                                      f"key {key!r}")
+            entry = loading["arrays"][(key, slot)] = (np.empty(shard.size, dtype), 0)
+        array, filled = entry
+        if array.dtype != dtype or offset - shard.offset != filled or \
+                filled + size > array.size:
+            raise p.ProtocolError(f"{what}: key {key!r} slot {slot!r}: elements [{offset}, "
+                                  f"+{size}) of {dtype} where element "
+                                  f"{shard.offset + filled} of {array.dtype} was due")
+        array[filled:filled + size] = np.frombuffer(data, dtype=dtype)
+        loading["arrays"][(key, slot)] = (array, filled + size)
+        loading["counts"][key] = count
+        loading["pieces"] += 1
 
     def _offset_of(self, key: str) -> int:
         return next((offset for (k, offset) in self.shards if k == key), 0)

@@ -56,6 +56,7 @@ class DistStore(KVStore):
         self._rank, self._num_workers = book["rank"], book["num_workers"]
         self.names = book.get("names", {})
         self.servers = book["servers"]
+        self._ticket = book["ticket"]  # proves this worker's rank to the servers
         self._sockets = [self._connect(address) for address in self.servers]
         self._requests = 0
         self._meta: dict[str, tuple] = {}      # key -> (shape, dtype, parts)
@@ -87,35 +88,47 @@ class DistStore(KVStore):
         socket.setsockopt(zmq.LINGER, 2000)
         socket.setsockopt(zmq.IDENTITY, f"worker-{uuid.uuid4().hex}".encode())
         socket.setsockopt(zmq.MAXMSGSIZE, self.config.max_message + p.HEADER.size + 65536)
-        secure_client(socket, self.config.secret)
+        secure_client(socket, self.config)
         socket.connect(address)
         return socket
 
     def _hello(self) -> None:
         pending = {}
         for server in range(len(self._sockets)):
-            request = self._send(server, p.json_message(p.HELLO, {"rank": self._rank,
-                                                                  "mode": self.mode}))
+            request = self._send(server, p.json_message(p.HELLO, {
+                "rank": self._rank, "mode": self.mode, "ticket": self._ticket}))
             pending[request] = (server, None)
         self._wait(pending, "connecting to the servers", timeout=min(self.config.timeout, 60))
 
     # -- data -----------------------------------------------------------------------------
 
     def init(self, key, value) -> None:
+        """Every worker names each part (INIT, no payload); worker 0 then sends its value in
+        pieces (VALUE), which is what every worker pulls."""
         self.wait_queued()
         pending = {}
         for name, arrays in key_value_pairs(key, value, "init"):
             if name in self._meta:
                 raise KVStoreError(f"init: key {name!r} is already initialized")
             flat = np.ascontiguousarray(to_host(arrays[0])).reshape(-1)
-            p.dtype_code(flat.dtype)
+            code = p.dtype_code(flat.dtype)
             parts = self._layout(name, flat.size)
             self._meta[name] = (tuple(arrays[0].shape), flat.dtype, parts)
             for server, offset, count in parts:
-                message = p.array_message(p.INIT, name, flat[offset:offset + count],
-                                          offset=offset, total=flat.size)
+                message = p.Message(p.INIT, key=name, dtype=code, offset=offset, count=count,
+                                    total=flat.size)
                 pending[self._send(server, message)] = (server, None)
+                if self._rank == 0:
+                    self._send_value(server, name, flat, offset, count)
         self._wait(pending, f"init of {_keys(key)} (waits for worker 0's values)")
+
+    def _send_value(self, server: int, name: str, flat: np.ndarray, offset: int,
+                    count: int) -> None:
+        for start, size in p.pieces(count, flat.itemsize, self.config.message_bytes):
+            if size:
+                piece = flat[offset + start:offset + start + size]
+                self._send(server, p.array_message(p.VALUE, name, piece,
+                                                   offset=offset + start, total=flat.size))
 
     def push(self, key, value, priority: int = 0) -> None:
         self.wait_queued()
@@ -252,27 +265,41 @@ class DistStore(KVStore):
         return tuple(self._known(key, what)[0])
 
     def _load_optimizer_state_dict(self, arrays: dict) -> None:
+        """Worker 0 sends every server the states of its parts, in pieces, then the count
+        of pieces; the servers swap them in when all have arrived. The other workers' calls
+        check the file and send nothing (the states live on the servers)."""
         self._check_state_shapes(arrays)
         self.wait_queued()
         saved = optim.from_state_dict(arrays)
+        for key in saved.states:
+            self._known(key, "load_optimizer_states")
+        if self._rank != 0:
+            return
         pending = {}
         for server in range(len(self._sockets)):
-            entries, chunks = [], []
+            sent = 0
             for key, slots in saved.states.items():
-                _, _, parts = self._known(key, "load_optimizer_states")
-                for part_server, offset, count in parts:
-                    if part_server != server:
-                        continue
-                    for slot, array in slots.items():
-                        entries.append({"key": key, "slot": slot, "offset": offset})
-                        chunks.append(np.ascontiguousarray(array).reshape(-1)[
-                            offset:offset + count])
-            meta = {"parts": entries, "sizes": [c.size for c in chunks],
-                    "dtypes": [c.dtype.name for c in chunks],
-                    "counts": {k: c for k, c in saved.counts.items()}}
-            pending[self._send(server, p.blob_message(p.LOAD_STATES, meta, chunks))] = \
-                (server, None)
+                for part_server, offset, count in self._meta[key][2]:
+                    if part_server == server:
+                        sent += self._send_states(server, key, slots, offset, count,
+                                                  saved.counts.get(key, 0))
+            done = p.json_message(p.LOAD_STATES, {"pieces": sent})
+            pending[self._send(server, done)] = (server, None)
         self._wait(pending, "load_optimizer_states")
+
+    def _send_states(self, server: int, key: str, slots: dict, offset: int, count: int,
+                     updates: int) -> int:
+        """One BLOB per piece of each state array of a part; returns how many."""
+        sent = 0
+        for slot, array in slots.items():
+            flat = np.ascontiguousarray(array).reshape(-1)[offset:offset + count]
+            for start, size in p.pieces(count, flat.itemsize, self.config.message_bytes):
+                meta = {"key": key, "slot": slot, "dtype": flat.dtype.name,
+                        "offset": offset + start, "size": size, "count": updates}
+                self._send(server, p.blob_message(p.LOAD_STATES, meta,
+                                                  [flat[start:start + size]]))
+                sent += 1
+        return sent
 
     # -- leaving --------------------------------------------------------------------------
 

@@ -491,14 +491,16 @@ def test_binding_outside_loopback_without_a_key_is_refused(cluster_factory, tmp_
 def _ask(address: str, secret: str | None) -> bool:
     """Does the server answer a HELLO from a client holding ``secret``?"""
     from mixrt.kvstore.dist import protocol as p
+    from mixrt.kvstore.dist.config import Config
     from mixrt.kvstore.dist.security import secure_client
     context = zmq.Context()
     try:
         socket = context.socket(zmq.DEALER)
-        secure_client(socket, secret)
+        socket.setsockopt(zmq.LINGER, 0)
+        secure_client(socket, Config("worker", "127.0.0.1", 1, 1, 1, secret=secret))
         socket.connect(address)
-        socket.send_multipart(p.encode(p.json_message(p.HELLO, {"rank": 0, "mode": "sync"},
-                                                      request=1)))
+        socket.send_multipart(p.encode(p.json_message(  # a wrong ticket gets an ERROR
+            p.HELLO, {"rank": 0, "mode": "sync", "ticket": "0" * 32}, request=1)))
         answered = bool(socket.poll(2000))
         socket.close(linger=0)
         return answered
