@@ -71,9 +71,10 @@ KEY = "w"
 LR = 0.01
 JOB_TIMEOUT = 300.0  # seconds a start, a block of steps or a finish may take
 DEFAULT_MESSAGE_MIB = 8  # kvstore/dist/config.py's message_bytes
-CONFIGS = ("echo", "echo-chunked", "mixrt", "mixrt-sgd", "mxnet", "mxnet-sgd")
+CONFIGS = ("echo", "echo-chunked", "mixrt", "mixrt-sgd", "mixrt-open", "mxnet", "mxnet-sgd")
 LABELS = {"echo": "raw ZeroMQ echo", "echo-chunked": "raw ZeroMQ echo in chunks",
           "mixrt": "mixrt dist_sync",
+          "mixrt-open": "mixrt dist_sync without authentication",
           "mixrt-sgd": "mixrt dist_sync + SGD", "mxnet": "MXNet 1.9.1 dist_sync",
           "mxnet-sgd": "MXNet 1.9.1 dist_sync + SGD"}
 
@@ -218,8 +219,11 @@ class Job:
                        "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers)}
                 if mxnet:  # keep ps-lite on loopback
                     job.update(DMLC_NODE_HOST="127.0.0.1", DMLC_INTERFACE="lo")
-                elif args.message_mib:
-                    job["MIXRT_KV_MESSAGE_BYTES"] = str(args.message_mib << 20)
+                else:  # authenticated as `mixrt launch` makes a job, unless "-open"
+                    from mixrt.kvstore.launch import with_job_token  # noqa: PLC0415
+                    job = with_job_token(job) if config != "mixrt-open" else job
+                    if args.message_mib:
+                        job["MIXRT_KV_MESSAGE_BYTES"] = str(args.message_mib << 20)
                 role_argv = [python, "-c", "import mxnet"] if mxnet else \
                     [python, "-m", "mixrt.kvstore.dist"]
                 for role, index in [("scheduler", 0)] + [("server", i) for i in range(servers)]:
@@ -586,7 +590,10 @@ def render(rows: list[dict], args, command: str, started: str, wall: float,
              "ZeroMQ then reuses its receive buffers instead of mapping fresh pages for every "
              "message). mixrt sends each part in pieces of at most "
              f"{args.message_mib or DEFAULT_MESSAGE_MIB} MiB (`MIXRT_KV_MESSAGE_BYTES`), "
-             "MXNet as one message. mixrt and MXNet: the servers sum the "
+             "MXNet as one message. mixrt's jobs authenticate as `mixrt launch` makes "
+             "them (a fresh `MIXRT_KV_TOKEN`: ZeroMQ PLAIN, checked by a ZAP handler at "
+             "each handshake), but for the row without authentication; MXNet's ps-lite "
+             "has none. mixrt and MXNet: the servers sum the "
              f"pushes and store the sum (no optimizer) or apply SGD (lr {LR}), then answer "
              "the pulls; the pulled values are checked at the end. Default ZeroMQ and socket "
              f"options everywhere; children run with OMP_WAIT_POLICY="
