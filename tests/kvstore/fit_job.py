@@ -28,9 +28,12 @@ def scenarios() -> list[dict]:
               for last in ("pad", "discard", "roll_over") for with_eval in (False, True)]
     gluon = [{"api": "gluon", "last": last, "eval": False}
              for last in ("pad", "discard", "roll_over")]
+    # the optimizer on every worker, the store summing the gradients (update_on_kvstore=False)
+    gluon.append({"api": "gluon", "last": "pad", "eval": False, "local_update": True})
     cases = module + gluon
     for index, case in enumerate(cases):
-        case["name"] = f"{index}-{case['api']}-{case['last']}{'-eval' if case['eval'] else ''}"
+        case["name"] = f"{index}-{case['api']}-{case['last']}{'-eval' if case['eval'] else ''}" \
+            + ("-local" if case.get("local_update") else "")
     return cases
 
 
@@ -111,7 +114,8 @@ def run_worker(config: dict) -> None:
         else:
             model = gluon_model()
             trainer = Trainer(model.collect_params(), "sgd", dict(OPTIMIZER), kvstore=kv,
-                              key_prefix=prefix)
+                              key_prefix=prefix,
+                              update_on_kvstore=not case.get("local_update", False))
             for _ in range(EPOCHS):
                 train.reset()
                 gluon_epoch(model, trainer, ((b.data, b.label) for b in train))

@@ -100,10 +100,12 @@ class PeakMemory(threading.Thread):
     def run(self):
         while self.running:
             try:
-                text = self.path.read_text()
+                found = re.search(r"VmRSS:\s+(\d+) kB", self.path.read_text())
             except OSError:
+                found = None
+            if found is None:  # the server has exited
                 return
-            self.samples.append(int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) << 10)
+            self.samples.append(int(found.group(1)) << 10)
             time.sleep(0.05)
 
     def growth(self) -> int:
