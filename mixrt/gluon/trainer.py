@@ -176,6 +176,15 @@ class Trainer:
     def _init_kvstore(self) -> None:
         if self._kv_ready:
             return
+        if not self.update_on_kvstore and self._is_dist and \
+                self.kvstore._optimizer is not None:
+            # the servers' optimizer updates every key they hold, these gradients too
+            raise KVStoreError(
+                f"this {self.kvstore.type!r} store already runs an optimizer on its servers "
+                f"(set by set_optimizer or a Trainer with update_on_kvstore=True), which "
+                f"would update the gradients a Trainer with update_on_kvstore=False sums "
+                f"there; make this Trainer first, or give every Trainer on the store "
+                f"update_on_kvstore=True")
         names = self._keys(self.params)
         self.kvstore.init(names, [param.raw() for param in self.params])
         self.kvstore.pull(names, out=[param.raw() for param in self.params])

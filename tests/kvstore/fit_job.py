@@ -4,9 +4,9 @@ runs they must equal.
 A worker runs ``python fit_job.py CONFIG_JSON``: every scenario trains a fresh model (the same
 seeded weights on every worker) through ``Module.fit`` or a Gluon ``Trainer`` loop, on this
 worker's shard of a dataset whose size divides by neither the workers nor the batch, and
-worker 0 saves the trained weights as ``OUT/<scenario>.npz``. Scenarios after the first use
-their own ``key_prefix`` so that one store serves them all; the first passes the store
-itself, as the README does. ``reference(scenario, workers)`` trains the same model in one
+worker 0 saves the trained weights as ``OUT/<scenario>.npz``. The first Module scenario
+passes the store itself, as the README does; the others use a Trainer with their own
+``key_prefix``, so that one store serves them all. ``reference(scenario, workers)`` trains the same model in one
 process on the workers' batches put side by side: what a synchronous job must reproduce.
 """
 
@@ -23,14 +23,15 @@ OPTIMIZER = {"learning_rate": 0.02, "momentum": 0.5}
 
 
 def scenarios() -> list[dict]:
-    """Every (api, last batch, eval data) case a job runs."""
+    """Every (api, last batch, eval data) case a job runs. The Gluon Trainer that keeps
+    the optimizer on the workers (update_on_kvstore=False: the store only sums) comes first:
+    once a Trainer has set the servers' optimizer it updates every key they hold."""
+    local = [{"api": "gluon", "last": "pad", "eval": False, "local_update": True}]
     module = [{"api": "module", "last": last, "eval": with_eval}
               for last in ("pad", "discard", "roll_over") for with_eval in (False, True)]
     gluon = [{"api": "gluon", "last": last, "eval": False}
              for last in ("pad", "discard", "roll_over")]
-    # the optimizer on every worker, the store summing the gradients (update_on_kvstore=False)
-    gluon.append({"api": "gluon", "last": "pad", "eval": False, "local_update": True})
-    cases = module + gluon
+    cases = local + module + gluon
     for index, case in enumerate(cases):
         case["name"] = f"{index}-{case['api']}-{case['last']}{'-eval' if case['eval'] else ''}" \
             + ("-local" if case.get("local_update") else "")
@@ -104,7 +105,7 @@ def run_worker(config: dict) -> None:
         prefix = f"s{index}/"
         if case["api"] == "module":
             model = module_model()
-            options = {"kvstore": kv} if index == 0 else {"trainer": Trainer(
+            options = {"kvstore": kv} if index == 1 else {"trainer": Trainer(
                 model.params.trainable(), "sgd", dict(OPTIMIZER), kvstore=kv,
                 key_prefix=prefix)}
             evaluation = iterator("pad", kv.num_workers, kv.rank) if case["eval"] else None

@@ -67,3 +67,42 @@ def test_async_and_compressed_jobs_finish_with_trained_weights(tmp_path, kind, w
             moved = max(float(np.abs(trained[name] - value).max())
                         for name, value in initial.items())
         assert moved > 1e-3, (case, moved)
+
+
+MIXED_TRAINERS = """
+import mixrt, numpy as np
+from mixrt import autograd, gluon, nd
+from mixrt.errors import KVStoreError
+kv = mixrt.kv.create("dist_sync")
+
+def step(trainer, net):
+    with autograd.record():
+        loss = net(nd.array(np.ones((2, 4), np.float32))).sum()
+    loss.backward()
+    trainer.step(2)
+
+first, second = gluon.nn.Dense(3, in_units=4), gluon.nn.Dense(3, in_units=4)
+for net in (first, second):
+    net.initialize()
+step(gluon.Trainer(first.collect_params(), "sgd", kvstore=kv), first)
+try:
+    step(gluon.Trainer(second.collect_params(), "sgd", kvstore=kv, update_on_kvstore=False),
+         second)
+except KVStoreError as error:
+    print("REFUSED", error, flush=True)
+kv.close()
+"""
+
+
+def test_a_trainer_that_sums_on_a_store_whose_servers_optimize_is_refused(tmp_path):
+    """The servers' optimizer would update the summed gradients too."""
+    from cluster import Cluster
+    cluster = Cluster(tmp_path, workers=2, servers=1).start(MIXED_TRAINERS)
+    try:
+        codes = cluster.wait(60)
+        assert set(codes.values()) == {0}, cluster.all_output()
+        for rank in range(2):
+            output = cluster.output(f"worker{rank}")
+            assert "REFUSED" in output and "already runs an optimizer" in output, output
+    finally:
+        cluster.stop()
