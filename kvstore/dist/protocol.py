@@ -28,6 +28,7 @@ reads is checked for type and range (``text``, ``integer``).
 from __future__ import annotations
 
 import json
+import reprlib
 import struct
 from dataclasses import dataclass
 
@@ -144,7 +145,8 @@ def text(body: dict, name: str, what: str, *, max_length: int = 256,
     if not isinstance(value, str) or len(value) > max_length or \
             (choices is not None and value not in choices):
         expected = f"one of {choices}" if choices else f"a string of at most {max_length}"
-        raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}; expected {expected}")
+        raise ProtocolError(f"{what}: field {name!r} is {reprlib.repr(value)}; expected "
+                            f"{expected}")
     return value
 
 
@@ -153,14 +155,9 @@ def integer(body: dict, name: str, what: str, low: int, high: int, *,
     """``body[name]``, checked to be an int in [low, high] (``default`` when absent)."""
     value = body.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ProtocolError(f"{what}: field {name!r} is {_shown(value)}; expected an integer "
-                            f"in [{low}, {high}]")
+        raise ProtocolError(f"{what}: field {name!r} is {reprlib.repr(value)}; expected an "
+                            f"integer in [{low}, {high}]")
     return value
-
-
-def _shown(value) -> str:
-    text_ = repr(value)
-    return text_ if len(text_) <= 60 else text_[:57] + "..."
 
 
 def json_message(type_: int, body: dict | None = None, **fields) -> Message:
