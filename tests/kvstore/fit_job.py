@@ -6,8 +6,9 @@ seeded weights on every worker) through ``Module.fit`` or a Gluon ``Trainer`` lo
 worker's shard of a dataset whose size divides by neither the workers nor the batch, and
 worker 0 saves the trained weights as ``OUT/<scenario>.npz``. The first Module scenario
 passes the store itself, as the README does; the others use a Trainer with their own
-``key_prefix``, so that one store serves them all. ``reference(scenario, workers)`` trains the same model in one
-process on the workers' batches put side by side: what a synchronous job must reproduce.
+``key_prefix``, so that one store serves them all. ``reference(scenario, workers)``
+trains the same model in one process on the workers' batches put side by side: what a
+synchronous job must reproduce.
 """
 
 from __future__ import annotations
