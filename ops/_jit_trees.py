@@ -70,11 +70,15 @@ def _leaf(data, row, node, splits, links, members):
 
 
 @_jit
-def forest_sums(data, start, stop, roots, splits, links, members, leaf_start, leaf_targets,
-                leaf_values, total, reached):
+def forest_sums(data, start, stop, roots, splits, links, members, uniform, leaf_start,
+                leaf_targets, leaf_values, total, reached):
     """Rows [start, stop): ``total[row, target]`` += every reached leaf's weight for the
     target, tree by tree (the NumPy tier's order), and ``reached`` marks the targets a
     reached leaf weighs."""
+    if uniform >= 0:
+        _uniform_sums(data, start, stop, roots, splits, links, uniform == 1, leaf_start,
+                      leaf_targets, leaf_values, total, reached)
+        return
     for row in range(start, stop):
         for tree in range(roots.shape[0]):
             leaf = _leaf(data, row, roots[tree], splits, links, members)
@@ -85,9 +89,39 @@ def forest_sums(data, start, stop, roots, splits, links, members, leaf_start, le
 
 
 @_jit
-def forest_extremes(data, start, stop, roots, splits, links, members, leaf_start,
+def _uniform_sums(data, start, stop, roots, splits, links, less, leaf_start, leaf_targets,
+                  leaf_values, total, reached):
+    """forest_sums where every branch is BRANCH_LEQ (``less`` False: scikit-learn,
+    LightGBM) or BRANCH_LT (True: XGBoost): the walk compares without choosing the mode,
+    written out in the tree loop (a 500-tree LightGBM forest, one row: 19.8 -> 14.4 us; the
+    same steps through :func:`_leaf`, or a helper per walk, stayed at 14-21)."""
+    limit = splits.shape[0] // 3
+    for row in range(start, stop):
+        for tree in range(roots.shape[0]):
+            node = roots[tree]
+            for _ in range(limit):  # the steps _leaf takes (a cycle stops where it stops)
+                at = uint64(node) * uint64(6)
+                mode_word = links[at + MODE]
+                if (mode_word & 255) == LEAF:
+                    break
+                x = float64(data[uint64(row), uint64(links[at + FEATURE])])
+                split = splits[at >> uint64(1)]
+                go_true = x < split if less else x <= split
+                if not go_true and x != x and mode_word >> 8:
+                    go_true = True
+                node = links[at + TRUE_NEXT] if go_true else links[at + FALSE_NEXT]
+            for k in range(leaf_start[node], leaf_start[node + 1]):
+                target = leaf_targets[k]
+                total[row, target] += leaf_values[k]
+                reached[row, target] = True
+
+
+@_jit
+def forest_extremes(data, start, stop, roots, splits, links, members, uniform, leaf_start,
                     leaf_targets, leaf_values, best, take_max):
-    """Rows [start, stop): ``best[row, target]`` becomes the minimum (maximum with
+    """(``uniform`` is forest_sums's, unused here: the tables travel as one tuple.)
+
+    Rows [start, stop): ``best[row, target]`` becomes the minimum (maximum with
     ``take_max``) of its start value and every reached leaf's weight for the target; a NaN
     wins and stays, as with np.minimum/np.maximum."""
     for row in range(start, stop):
@@ -224,25 +258,26 @@ def transform_row(scores, row, width, transform):
 # the same order, from one compiled call.
 
 @_jit
-def classify_two(data, roots, splits, links, members, leaf_start, leaf_targets, leaf_values,
-                 targets, base, binary_case, all_positive, transform, positive, scores):
+def classify_two(data, roots, splits, links, members, uniform, leaf_start, leaf_targets,
+                 leaf_values, targets, base, binary_case, all_positive, transform, positive,
+                 scores):
     """forest_sums over every row of ``data`` into fresh totals, then two_class_scores."""
     rows = data.shape[0]
     total = np.zeros((rows, targets), leaf_values.dtype)
     reached = np.zeros((rows, targets), np.bool_)
-    forest_sums(data, 0, rows, roots, splits, links, members, leaf_start, leaf_targets,
-                leaf_values, total, reached)
+    forest_sums(data, 0, rows, roots, splits, links, members, uniform, leaf_start,
+                leaf_targets, leaf_values, total, reached)
     two_class_scores(total, reached, base, binary_case, all_positive, transform, positive,
                      scores)
 
 
 @_jit
-def classify_many(data, roots, splits, links, members, leaf_start, leaf_targets, leaf_values,
-                  base, transform, chosen, scores):
+def classify_many(data, roots, splits, links, members, uniform, leaf_start, leaf_targets,
+                  leaf_values, base, transform, chosen, scores):
     """forest_sums over every row of ``data`` into fresh totals, then many_class_scores."""
     rows = data.shape[0]
     total = np.zeros((rows, scores.shape[1]), leaf_values.dtype)
     reached = np.zeros((rows, scores.shape[1]), np.bool_)
-    forest_sums(data, 0, rows, roots, splits, links, members, leaf_start, leaf_targets,
-                leaf_values, total, reached)
+    forest_sums(data, 0, rows, roots, splits, links, members, uniform, leaf_start,
+                leaf_targets, leaf_values, total, reached)
     many_class_scores(total, reached, base, transform, chosen, scores)

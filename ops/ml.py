@@ -574,8 +574,15 @@ class _Forest:
         tables = self._tables.get(precision)
         if tables is None:
             tables = self._tables[precision] = (self.roots, *self._records(), self.members,
+                                                self._uniform_mode(),
                                                 *self._leaf_table(precision))
         return data, tables
+
+    def _uniform_mode(self) -> int:
+        """BRANCH_LEQ (0) or BRANCH_LT (1) when every branch has that mode (the compiled
+        walk then compares without choosing the mode), else -1."""
+        branch_modes = set(self.modes[self.modes != _LEAF].tolist())
+        return branch_modes.pop() if branch_modes in ({0}, {1}) else -1
 
     def walks_alone(self, rows: int) -> bool:
         """Is a walk of ``rows`` rows one call on the calling thread (not split)?"""

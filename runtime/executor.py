@@ -413,13 +413,18 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
 
 def _host_form(step, outputs):
     """(arity, the input names or their getter, output name, view, detached, node state) of
-    a step the host loop runs on its own: one named output, every input present, no
-    subgraph."""
+    a step the host loop runs on its own: every input present, no subgraph, and one named
+    output, or several (a classifier's label and scores), which the form names by None
+    with the outputs' (name, view, detached) where one output has its view."""
     names = tuple(step.inputs)
-    if step.subgraphs or len(outputs) != 1 or not outputs[0][0] or not all(names):
+    if step.subgraphs or not outputs or not all(names):
         return None
-    name, view, detach = outputs[0]
     fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
+    if len(outputs) > 1:
+        return len(names), fetch, None, outputs, False, node_state(step.attributes)
+    name, view, detach = outputs[0]
+    if not name:
+        return None
     return len(names), fetch, name, view, detach, node_state(step.attributes)
 
 
@@ -472,6 +477,9 @@ def _run_host_calls(calls, env, buffer) -> None:
             raise
         except Exception as exc:
             raise _failed(step, exc, args) from exc
+        if name is None:  # several outputs: view holds each one's (name, view, detached)
+            _store_outputs(view, result, env, buffer, np)
+            continue
         if isinstance(result, tuple):
             if result:
                 result = result[0]
@@ -483,6 +491,17 @@ def _run_host_calls(calls, env, buffer) -> None:
             env[name] = result
         else:
             env[name] = _placed(result, view)
+
+
+def _store_outputs(outputs, values, env, buffer, xp) -> None:
+    """A step's results into ``env``: each output's (name, view, detached) with its value
+    (an output the node leaves unnamed is dropped)."""
+    values = values if isinstance(values, tuple) else (values,)
+    for (name, view, detach), value in zip(outputs, values):
+        if detach:
+            env[name] = _detached(value, buffer, xp)
+        elif name:
+            env[name] = value if view is None or value is view else _placed(value, view)
 
 
 def _unread(step, exc: KeyError) -> ExecutionError:
@@ -509,11 +528,7 @@ def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
             started = profiler.clock()
         result = _call(step, xp, args, attributes)
         values = result if isinstance(result, tuple) else (result,)
-        for (name, view, detach), value in zip(outputs, values):
-            if detach:
-                env[name] = _detached(value, buffer, xp)
-            elif name:
-                env[name] = value if view is None or value is view else _placed(value, view)
+        _store_outputs(outputs, values, env, buffer, xp)
         if profiler is not None:
             profiler.kernel(step, started, args, values)
 
