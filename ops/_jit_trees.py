@@ -110,6 +110,8 @@ def _uniform_sums(data, start, stop, roots, splits, links, less, leaf_start, lea
                 if not go_true and x != x and mode_word >> 8:
                     go_true = True
                 node = links[at + TRUE_NEXT] if go_true else links[at + FALSE_NEXT]
+            # the leaf's weights, as forest_sums adds them (written out in both loops: as
+            # an inline helper the generic walk went from 19 to 29 us on that forest)
             for k in range(leaf_start[node], leaf_start[node + 1]):
                 target = leaf_targets[k]
                 total[row, target] += leaf_values[k]
