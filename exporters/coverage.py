@@ -20,10 +20,10 @@ import numpy as np
 
 from mixrt.errors import InputError, MixrtError
 from mixrt.ops.types import MapType, TensorType
-from mixrt.runtime.device import Device, parse_device
+from mixrt.runtime.device import parse_device
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.session import Session, load_graph
-from mixrt.runtime.support import support_table
+from mixrt.runtime.support import check_dim_names, support_table
 
 
 @dataclass
@@ -63,7 +63,8 @@ def validate(model, feeds: dict | None = None, *, device: str = "cpu", rtol: flo
              atol: float = 1e-5, dims: dict | None = None, seed: int = 0) -> ValidationReport:
     """Support table plus a numeric comparison with onnxruntime's CPU provider."""
     graph = load_graph(model)
-    target = _device(device)
+    check_dim_names(graph.feed_inputs(), dims or {})  # a misspelt size is the caller's error
+    target = parse_device(device)  # the comparison runs the model: the device must be here
     report = ValidationReport(str(target), rtol, atol,
                               [row.as_dict() for row in support_table(graph, target)])
     if report.unsupported:
@@ -85,16 +86,12 @@ def validate(model, feeds: dict | None = None, *, device: str = "cpu", rtol: flo
     return report
 
 
-def _device(device: str) -> Device:
-    # the registry answers for a device whether or not this machine has one
-    return Device("gpu", 0) if device.startswith(("gpu", "cuda")) else parse_device(device)
-
-
 def random_feeds(graph: Graph, dims: dict, seed: int = 0) -> dict:
     """One array per fed input, drawn from its declared type: floats standard normal, ints in
     [0, 10), bools fair coins; a symbolic dimension takes ``dims[name]`` (default 1). A map
     that a DictVectorizer reads holds every key of its vocabulary, values drawn the same way;
     any other map is an InputError (there are no keys to draw from)."""
+    check_dim_names(graph.feed_inputs(), dims)
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in graph.feed_inputs():

@@ -525,7 +525,9 @@ def _dim(dim):
 # -- provenance and the final check --------------------------------------------------------------
 
 # metadata facts about the file a graph came from, not about the model: not carried over
-_FILE_FACTS = ("ir_version", "format_version")
+# facts about the file the graph was read from, not about the model: the ONNX file written
+# has its own (the importer's absolute source path in particular stays on this machine)
+_FILE_FACTS = ("ir_version", "format_version", "source_path", "source_mtime_ns")
 
 
 def _describe(model: onnx.ModelProto, graph: Graph, producer: str) -> None:
@@ -535,11 +537,16 @@ def _describe(model: onnx.ModelProto, graph: Graph, producer: str) -> None:
     model.ir_version = _ir_version(model.opset_import)
     model.doc_string = str(graph.metadata.get("doc_string", ""))
     del model.metadata_props[:]
+    entries = {}
     for key, value in sorted(graph.metadata.items()):
         if key in _FILE_FACTS or key == "doc_string":
             continue
-        key = f"source_{key}" if key in ("producer", "producer_version") else key
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if key in ("producer", "producer_version"):
+            key = f"source_{key}"  # mixrt writes this file; who wrote the model goes here
+            if key in graph.metadata:  # a .mxr already names the producer before it
+                continue
+        entries[key] = value if isinstance(value, str) else json.dumps(value, default=str)
+    for key, text in sorted(entries.items()):
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=text))
 
 

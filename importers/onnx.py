@@ -61,6 +61,18 @@ def load_model_proto(source) -> tuple[onnx.ModelProto, Path | None]:
     return _parse(data, str(path)), path.resolve().parent
 
 
+def _source_of(source) -> dict:
+    """Where the model came from, for a compiled .mxr to name (``mixrt info``): the file's
+    absolute path, size and modification time. The writer hashes the file when it saves a
+    .mxr (runtime/format/writer.py), so loading a model pays nothing for it."""
+    if not isinstance(source, (str, os.PathLike)):
+        return {}
+    path = Path(os.fspath(source)).resolve()
+    info = path.stat()
+    return {"source_path": str(path), "source_bytes": info.st_size,
+            "source_mtime_ns": info.st_mtime_ns}
+
+
 def _parse(data: bytes, origin: str) -> onnx.ModelProto:
     model = onnx.ModelProto()
     try:
@@ -96,7 +108,8 @@ def import_model(source) -> Graph:
     # (from IR 4 on; before, every initializer had to be listed), which constant folding needs
     graph.metadata.update(ir_version=int(model.ir_version),
                           source_opset=int(opsets.get("", 0)),
-                          producer=f"{model.producer_name} {model.producer_version}".strip())
+                          producer=f"{model.producer_name} {model.producer_version}".strip(),
+                          **_source_of(source))
     return graph
 
 

@@ -13,7 +13,9 @@
     mixrt zoo                              the 9 zoo models end to end, checked
 
 Errors print one line (``mixrt: error: ...``) and exit 2; ``--debug`` shows the traceback.
-Arrays are read with ``allow_pickle=False``: a .npy file never runs code.
+A reader that closes the pipe early (``mixrt info M | head -1``) ends the command quietly
+with status 141, as a SIGPIPE ends other Unix tools. Arrays are read with
+``allow_pickle=False``: a .npy file never runs code.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -32,6 +36,10 @@ import numpy as np
 from mixrt.errors import InputError, MixrtError, ModelLoadError
 
 
+# the status a shell gives a command a SIGPIPE ended (128 + the signal's number)
+BROKEN_PIPE_STATUS = 128 + signal.SIGPIPE
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -40,6 +48,8 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.handler(args)
+    except BrokenPipeError:
+        return _reader_went_away()
     except (MixrtError, OSError, ValueError) as exc:
         if args.debug:
             traceback.print_exc()
@@ -47,10 +57,21 @@ def main(argv=None) -> int:
         return 2
 
 
+def _reader_went_away() -> int:
+    """The reader of stdout closed it (``| head``): nothing is wrong and nothing more can
+    be said. stdout is pointed at /dev/null so that Python's flush at exit does not raise
+    the same error again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return BROKEN_PIPE_STATUS
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixrt", description="mixrt: run and check ONNX "
                                      "models")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"mixrt {_version()}")
     commands = parser.add_subparsers(dest="command")
 
     info = commands.add_parser("info", help="describe a model")
@@ -94,7 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="per-node support table (exit 1 if any "
                                 "node is unsupported)")
     check.add_argument("model")
-    check.add_argument("--device", default="cpu")
+    check.add_argument("--device", default="cpu",
+                       help="the device to check on; it must be present on this machine "
+                       "unless --registry-only is given")
+    check.add_argument("--registry-only", action="store_true",
+                       help="answer from the operator registry alone, without the device "
+                       "(a CPU-only CI runner asking whether a model would run on gpu:N)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--validate", action="store_true",
                        help="also run the model in mixrt and onnxruntime and compare every "
@@ -138,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
     return parser
+
+
+def _version() -> str:
+    from mixrt import __version__  # noqa: PLC0415  (the package's one statement of it)
+    return __version__
 
 
 def _add_launch_command(commands) -> None:
@@ -223,6 +254,8 @@ def cmd_launch(args) -> int:
 def cmd_info(args) -> int:
     graph = _load_graph(args.model)
     print(f"model: {args.model}")
+    for line in _provenance(graph.metadata):
+        print(line)
     print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(graph.opsets.items())))
     print("inputs:")
     for value in graph.feed_inputs():
@@ -238,6 +271,29 @@ def cmd_info(args) -> int:
     for name, count in histogram.most_common():
         print(f"  {count:6}  {name}")
     return 0
+
+
+def _provenance(metadata: dict) -> list[str]:
+    """Who wrote the model and, for a compiled .mxr, which model file it was compiled from."""
+    lines = []
+    if metadata.get("producer"):
+        lines.append(f"producer: {metadata['producer']} "
+                     f"{metadata.get('producer_version', '')}".rstrip())
+    if "opt_level" not in metadata or "format_version" not in metadata:
+        return lines  # not a .mxr
+    if "source_name" in metadata:
+        size = metadata.get("source_bytes")
+        facts = [f"sha256 {metadata['source_sha256']}"] if "source_sha256" in metadata else []
+        facts += [f"{size:,} bytes"] if isinstance(size, int) else []
+        facts += [f"written by {metadata['source_producer']}"] \
+            if metadata.get("source_producer") else []
+        lines.append(f"compiled from: {metadata['source_name']}"
+                     + (f" ({', '.join(facts)})" if facts else ""))
+    else:
+        lines.append("compiled from: a model given as bytes or a graph (no file recorded)")
+    lines.append(f"compiled at opt level {metadata['opt_level']}, .mxr format "
+                 f"{metadata['format_version']}")
+    return lines
 
 
 # -- run -------------------------------------------------------------------------------------
@@ -303,7 +359,7 @@ def _plan_feeds(session, args) -> dict:
     """Feeds to plan for: --input files, else zeros of the declared shapes (--dim values
     for their symbolic dimensions)."""
     feeds = dict(_read_input(spec) for spec in args.input)
-    symbols = dict(_read_dim(spec) for spec in args.dim)
+    symbols = _dim_sizes(session, args)
     for value in session._required:
         if value.name not in feeds:
             feeds[value.name] = _zeros_for(value, symbols)
@@ -313,7 +369,7 @@ def _plan_feeds(session, args) -> dict:
 def _open_dims(session, args) -> list[str]:
     """The symbolic input dimensions neither --dim nor --input gives a size."""
     given = {spec.partition("=")[0] for spec in args.input}
-    symbols = {spec.partition("=")[0] for spec in args.dim}
+    symbols = _dim_sizes(session, args)
     shapes = [(v.name, getattr(v.type, "shape", None)) for v in session._required
               if v.name not in given]
     return [f"{name}[{axis}] {dim!r}" if dim is not None else f"{name}[{axis}] (unnamed)"
@@ -328,6 +384,14 @@ def _map_inputs(session) -> list[str]:
     return [f"{v.name} ({v.type})" for v in session._required
             if isinstance(v.type, MapType) or (isinstance(v.type, SequenceType)
                                               and isinstance(v.type.element, MapType))]
+
+
+def _dim_sizes(session, args) -> dict[str, int]:
+    """--dim's sizes, each for a symbolic dimension the model's inputs declare."""
+    from mixrt.runtime.support import check_dim_names  # noqa: PLC0415  (heavy: see _session)
+    sizes = dict(_read_dim(spec) for spec in args.dim)
+    check_dim_names(session.graph.feed_inputs(), sizes)
+    return sizes
 
 
 def _read_dim(spec: str) -> tuple[str, int]:
@@ -450,15 +514,21 @@ def cmd_export(args) -> int:
 # -- check -----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from mixrt.runtime.device import Device, parse_device  # noqa: PLC0415
+    from mixrt.runtime.device import device_named, parse_device  # noqa: PLC0415
     from mixrt.runtime.support import support_table  # noqa: PLC0415
 
     if args.validate:
+        if args.registry_only:
+            raise InputError("--validate runs the model, so it needs the device itself; "
+                             "--registry-only answers without running anything")
         return _check_validate(args)
+    if args.dim or args.input:
+        raise InputError(f"--{'dim' if args.dim else 'input'} gives values to run the model "
+                         f"with, which only --validate does")
     graph = _load_graph(args.model)
-    # The registry answers for a device whether or not this machine has one.
-    device = Device("gpu", 0) if args.device.startswith(("gpu", "cuda")) else \
-        parse_device(args.device)
+    # a device that is not here fails the check (a GPU job would fail the same way), unless
+    # the caller asks only what the operator registry supports for it
+    device = device_named(args.device) if args.registry_only else parse_device(args.device)
     rows = support_table(graph, device)
     unsupported = [r for r in rows if not r.supported]
     if args.json:

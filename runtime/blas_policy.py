@@ -12,8 +12,12 @@ Two OpenBLAS settings decide how fast mixrt's CPU kernels run around their BLAS 
   a ResNet-18 training step ran ~20% faster on 2 cores (1780 -> 1460 ms). Unless the user
   set it, mixrt sets 16.
 
-OpenBLAS reads both when it loads. When mixrt is imported before NumPy, :func:`before_numpy`
-puts them in the environment and that is all. When NumPy came first (isort puts ``numpy``
+OpenBLAS reads both from the C environment when it loads, and has no call that sets them
+afterwards. mixrt puts them there only for that moment and then restores the environment as
+it was: ``import mixrt`` leaves ``os.environ`` unchanged, so child processes and other
+libraries never see mixrt's choice (a child that imports mixrt makes the same choice
+itself). When mixrt is imported before NumPy, :func:`before_numpy` loads NumPy (and so its
+OpenBLAS) inside that moment. When NumPy came first (isort puts ``numpy``
 before ``mixrt``), its OpenBLAS is already running with its own choice: ResNet-50 at batch
 1 took 37-41 ms instead of 25 on the 2-core EPYC. :func:`after_numpy` then re-tunes the
 loaded library through its exported entry points, the same steps OpenBLAS takes at load and
@@ -28,6 +32,7 @@ not take, one :class:`mixrt.errors.BlasPolicyWarning` says what was missed and h
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -58,17 +63,31 @@ def cpu_has_avx512() -> bool:
     return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= set(flags)
 
 
-def _set_environment() -> None:
-    """The two settings, as OpenBLAS will read them (os.environ writes the C environment)."""
-    if cpu_has_avx512():
-        os.environ["OPENBLAS_CORETYPE"] = CORETYPE
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", THREAD_TIMEOUT)
+@contextlib.contextmanager
+def _settings_in_environment():
+    """The two settings in the environment while OpenBLAS reads them, then the environment
+    exactly as it was (os.environ writes through to the C environment OpenBLAS reads)."""
+    wanted = {"OPENBLAS_CORETYPE": CORETYPE} if cpu_has_avx512() else {}
+    if "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
+        wanted["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def before_numpy() -> None:
-    """NumPy (and so its OpenBLAS) is not loaded yet: the environment is enough."""
+    """NumPy (and so its OpenBLAS) is not loaded yet: load it while the settings are in the
+    environment."""
     if active() and "numpy" not in sys.modules:
-        _set_environment()
+        with _settings_in_environment():
+            import numpy  # noqa: F401,PLC0415  (its OpenBLAS reads the settings as it loads)
 
 
 def after_numpy(stacklevel: int) -> None:
@@ -105,13 +124,13 @@ def _obstacle(library) -> str | None:
 def retune(library, wanted_core: bool) -> None:
     """Restart the loaded ``library`` on the settings: stop its threads, re-read the
     environment, re-select the kernels (DYNAMIC_ARCH builds), start the threads again."""
-    _set_environment()
-    library.blas_thread_shutdown_()
-    library.openblas_read_env()
-    if wanted_core and all(hasattr(library, name) for name in _RESELECT):
-        library.gotoblas_dynamic_quit()
-        library.gotoblas_dynamic_init()
-    library.blas_thread_init()
+    with _settings_in_environment():
+        library.blas_thread_shutdown_()
+        library.openblas_read_env()
+        if wanted_core and all(hasattr(library, name) for name in _RESELECT):
+            library.gotoblas_dynamic_quit()
+            library.gotoblas_dynamic_init()
+        library.blas_thread_init()
 
 
 def _already_tuned(library, wanted_core: bool, user_timeout: bool) -> bool:

@@ -82,15 +82,25 @@ def parse_device(spec: "str | Device") -> Device:
     if isinstance(spec, Device):
         return spec
     named = getattr(spec, "device", None)  # a Context names its Device; check it as a string
-    if isinstance(named, Device):
-        spec = str(named)
+    text = str(named) if isinstance(named, Device) else spec
+    device = device_named(text)
+    if device.kind == "gpu":
+        _check_present(text, device.index)
+    return device
+
+
+def device_named(spec: str) -> Device:
+    """The Device ``spec`` names, present on this machine or not (``mixrt check
+    --registry-only`` asks the registry about a GPU from a CPU-only machine)."""
     match = _DEVICE_PATTERN.match(str(spec).strip().lower())
     if not match:
         raise DeviceUnavailableError(
             f"device {spec!r} is not understood; expected 'cpu', 'gpu' or 'gpu:N'")
     kind, index = match.group(1), int(match.group(2) or 0)
-    if kind == "cpu":
-        return CPU
+    return CPU if kind == "cpu" else Device("gpu", index)
+
+
+def _check_present(spec, index: int) -> None:
     count = gpu_count()
     if count == 0:
         raise DeviceUnavailableError(
@@ -101,7 +111,6 @@ def parse_device(spec: "str | Device") -> Device:
         raise DeviceUnavailableError(
             f"device {spec!r} was requested but this machine has {count} GPU(s): "
             f"gpu:0..gpu:{count - 1}")
-    return Device("gpu", index)
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -165,8 +166,11 @@ class Session:
 
     def __init__(self, model, device: str = "cpu", *, opt_level: int = 2,
                  strategy: str = "greedy", profile: bool = False, cuda_graph: bool = False,
-                 providers=None, **_options):
-        del providers  # accepted for onnxruntime call compatibility; device picks the kernels
+                 providers=None, **onnxruntime_options):
+        # onnxruntime's other arguments are accepted so that its calls run unchanged; the
+        # device picks the kernels. Any other name is a typo that would otherwise be ignored.
+        del providers
+        _check_option_names(onnxruntime_options)
         _check_option("opt_level", opt_level, (0, 1, 2))
         _check_option("strategy", strategy, STRATEGIES)
         self.device = parse_device(device)
@@ -449,13 +453,37 @@ class Session:
         if value is None:
             raise InputError(f"input {declared.name!r} is a tensor; got None")
         array = value if hasattr(value, "__array__") or hasattr(value, "__cuda_array_interface__") \
-            else np.asarray(value)
+            else _python_feed(declared.name, value, expected)
         if isinstance(expected, TensorType):
             _check_tensor(declared.name, array, expected, symbols)
             if expected.dtype == np.dtype(object) and np.dtype(array.dtype).kind in "US":
                 # kernels see ONNX strings one way: object arrays of str
                 array = np.vectorize(_as_text, otypes=[object])(array)
         return self.device.put(array, f"input {declared.name!r}")
+
+
+def _python_feed(name: str, value, expected) -> np.ndarray:
+    """A tensor fed as Python data (a nested list, a tuple, a number), as an array of the
+    input's declared dtype: ``[[1.0, 2.0]]`` feeds a float32 input as NumPy's float64 would
+    not. A conversion that would change values (floats into an integer input, a number too
+    large for the dtype) or a ragged list is refused, naming the input."""
+    kind = type(value).__name__
+    try:
+        natural = np.asarray(value)
+    except ValueError as exc:  # ragged nesting
+        raise InputError(f"input {name!r} was fed a {kind} that is not a rectangular array "
+                         f"({exc})") from exc
+    wanted = getattr(expected, "dtype", None) if isinstance(expected, TensorType) else None
+    if wanted is None or wanted == np.dtype(object) or natural.dtype == object:
+        return natural
+    if not np.can_cast(natural.dtype, wanted, "same_kind"):
+        raise InputError(f"input {name!r} expects {_type_name(wanted)} and was fed a {kind} "
+                         f"of {natural.dtype} values, which that dtype cannot hold unchanged")
+    try:
+        return np.asarray(value, dtype=wanted)
+    except (OverflowError, ValueError) as exc:
+        raise InputError(f"input {name!r} expects {_type_name(wanted)}; the {kind} fed "
+                         f"holds a value it cannot: {exc}") from exc
 
 
 def _map_feed(name: str, value, expected: MapType) -> dict:
@@ -585,6 +613,21 @@ def _type_string(value_type) -> str:
 
 def _copy(value):
     return [_copy(v) for v in value] if isinstance(value, list) else value.copy()
+
+
+# InferenceSession's keyword arguments a Session takes and has no use for
+ONNXRUNTIME_OPTIONS = ("sess_options", "provider_options", "disabled_optimizers")
+SESSION_OPTIONS = ("device", "opt_level", "strategy", "profile", "cuda_graph", "providers",
+                   *ONNXRUNTIME_OPTIONS)
+
+
+def _check_option_names(options: dict) -> None:
+    for name in options:
+        if name not in ONNXRUNTIME_OPTIONS:
+            close = difflib.get_close_matches(name, SESSION_OPTIONS, 1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InputError(f"Session() takes no option {name!r}{hint} Its options are "
+                             f"{', '.join(SESSION_OPTIONS)}")
 
 
 def _check_option(name: str, value, allowed) -> None:

@@ -7,11 +7,12 @@ implemented, device cannot hold the dtype).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from mixrt.errors import UnsupportedOperatorError
+from mixrt.errors import InputError, UnsupportedOperatorError
 from mixrt.runtime.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
@@ -90,3 +91,28 @@ def check_gpu_dtypes(graph: Graph, device: Device) -> None:
             raise UnsupportedOperatorError(reason, node=node.label, domain=node.domain,
                                            op_type=node.op_type, opset=node.opset,
                                            device=str(device))
+
+
+def symbolic_dims(inputs) -> list[str]:
+    """The names of the symbolic dimensions the given graph inputs declare, in order."""
+    names: dict[str, None] = {}
+    for value in inputs:
+        for dim in getattr(value.type, "shape", None) or ():
+            if isinstance(dim, str):
+                names[dim] = None
+    return list(names)
+
+
+def check_dim_names(inputs, sizes: dict) -> None:
+    """Refuse a size given for a symbolic dimension no input declares (``--dim batchsize=8``
+    for a model whose dimension is ``batch``): it would be ignored, and the model planned or
+    validated at a size the caller did not ask for."""
+    known = symbolic_dims(inputs)
+    unknown = [name for name in sizes if name not in known]
+    if not unknown:
+        return
+    hints = [f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+             for name in unknown for close in [difflib.get_close_matches(name, known, 1)]]
+    declared = ", ".join(repr(name) for name in known) or "none: every input dimension is fixed"
+    raise InputError(f"no input declares the symbolic dimension {', '.join(hints)}; the "
+                     f"model's symbolic dimensions are {declared}")

@@ -24,6 +24,11 @@ def test_wheel_contains_every_package(tmp_path):
         for module in source.glob("*.py"):
             assert f"{package.replace('.', '/')}/{module.name}" in names, module
     assert any(n.endswith("entry_points.txt") for n in names)
+    # PEP 561: type checkers read mixrt's annotations
+    assert "mixrt/py.typed" in names
+    # the wheel's version is the one the package states (pyproject reads __version__)
+    from mixrt import __version__
+    assert wheel.name.startswith(f"mixrt-{__version__}-")
 
 
 def test_every_source_folder_with_init_is_a_listed_package():

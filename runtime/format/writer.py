@@ -14,6 +14,7 @@ weights under a running session, or crash it with SIGBUS when the file shrinks).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -93,7 +94,8 @@ class _Writer:
         b = self.b
         root = self.graph(graph, "main graph")
         plans = self.tables([self.plan(plan, i) for i, plan in enumerate(graph.plans)])
-        meta = self.tables([self.key_value(k, v) for k, v in graph.metadata.items()
+        meta = self.tables([self.key_value(k, v) for k, v in
+                            _with_provenance(graph.metadata).items()
                             if k not in NATIVE_METADATA])
         opsets = self.tables([self.opset(d, v) for d, v in
                               _source_opsets(graph).items()])
@@ -415,6 +417,38 @@ class _Writer:
         fb.KeyValueAddValue(self.b, self.text(text))
         fb.KeyValueAddIsJson(self.b, is_json)
         return fb.KeyValueEnd(self.b)
+
+
+def _with_provenance(metadata: dict) -> dict:
+    """The metadata to store, naming the model file the graph was imported from by its name,
+    size and SHA-256 (``mixrt info`` prints them). The importer notes the file's absolute
+    path and modification time; the hash is taken here, at compile time rather than at
+    every load, when the file is still the one that was read. The absolute path itself is
+    not stored: a .mxr is shipped to other machines, where it would only leak this one's
+    folders."""
+    path = metadata.get("source_path")
+    stored = {k: v for k, v in metadata.items() if k not in ("source_path", "source_mtime_ns")}
+    if path is None:
+        return stored
+    stored["source_name"] = os.path.basename(path)
+    if metadata.get("producer"):  # the exporter that wrote it (the .mxr's producer is mixrt)
+        stored["source_producer"] = metadata["producer"]
+    digest = _file_sha256(path, metadata.get("source_bytes"), metadata.get("source_mtime_ns"))
+    if digest is not None:
+        stored["source_sha256"] = digest
+    return stored
+
+
+def _file_sha256(path: str, size, mtime_ns) -> str | None:
+    """The file's SHA-256, or None when it is gone or changed since it was imported."""
+    try:
+        info = os.stat(path)
+        if (info.st_size, info.st_mtime_ns) != (size, mtime_ns):
+            return None
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return None
 
 
 def _plain_number(value):
