@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 import mixrt
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

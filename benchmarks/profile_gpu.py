@@ -10,7 +10,7 @@ from the call to the end of the synchronize is charged to the node's op type: th
 device time of the nodes plus one launch and one synchronize each. The plain, unsynchronized
 wall time of the same run is printed beside it; what the per-op sum does not cover (the
 optimizer's updates, copies in and out, Python between nodes) shows as "outside the nodes".
-A diagnosis tool for a lent GPU machine, not the benchmark (run_all.py and train_bench.py).
+A diagnosis tool for a GPU machine, not the benchmark (run_all.py and train_bench.py).
 """
 
 from __future__ import annotations

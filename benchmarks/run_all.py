@@ -31,7 +31,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # mixrt before anything that loads NumPy: its BLAS policy (AVX-512 OpenBLAS kernels, see
-# docs/architecture.md) can only act before OpenBLAS is loaded, as in a service that does
+# docs/cpu-kernels.md) can only act before OpenBLAS is loaded, as in a service that does
 # `import mixrt` first
 import mixrt  # noqa: E402,F401
 

@@ -298,7 +298,7 @@ def training_memory(batch: int, mirror=None, device: str = "cpu",
 
 def _symbolic_batch(graph) -> None:
     """The zoo file declares batch 1; training plans are made for bigger batches."""
-    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    from mixrt.ops.ir.types import TensorType  # noqa: PLC0415
     for value in graph.feed_inputs():
         shape = value.type.shape
         value.type = TensorType(value.type.dtype, ("N",) + tuple(shape[1:]))

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from mixrt.errors import InputError, MixrtError
-from mixrt.ops.types import MapType, TensorType
+from mixrt.ops.ir.types import MapType, TensorType
 from mixrt.runtime.device import parse_device
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.session import Session, load_graph

@@ -32,11 +32,11 @@ import numpy as np
 from onnx import defs
 
 from mixrt.errors import ExportError
-from mixrt.ops.conv import CONV_ATTRIBUTES
-from mixrt.ops.fused import ACTIVATIONS, MIXRT
-from mixrt.ops.fused_attention import KEY_PERM, QUERY_PERM
-from mixrt.ops.fused_elementwise import Program
-from mixrt.ops.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
+from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.nn.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
+from mixrt.ops.elementwise.fused_elementwise import Program
+from mixrt.ops.shape.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, dtype_of, each_graph

@@ -36,8 +36,8 @@ from mixrt.errors import ExportError
 from mixrt.exporters.decompose import decompose_graph
 from mixrt.exporters.lower import lower_for_opset
 from mixrt.exporters.lower import schema_at as _schema_at
-from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import ir_version_of, overridable_initializers

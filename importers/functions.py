@@ -16,7 +16,7 @@ import onnx
 import onnx.defs
 
 from mixrt.errors import ModelLoadError
-from mixrt.ops.registry import canonical_domain
+from mixrt.ops.ir.registry import canonical_domain
 
 MAX_EXPANSION_DEPTH = 32  # a function calling itself (directly or not) would never end
 _call_ids = itertools.count()

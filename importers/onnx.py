@@ -21,9 +21,9 @@ from mixrt.errors import ModelLoadError
 from mixrt.importers.external_data import read_external_tensor
 from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
                                       inline_model_functions)
-from mixrt.ops.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
-from mixrt.ops.registry import REGISTRY, canonical_domain
-from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
+from mixrt.ops.ir.registry import REGISTRY, canonical_domain
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.device import aligned
 from mixrt.runtime.graph import Graph, Node, Value
 

@@ -122,7 +122,7 @@ class ArrayMethods:
         return self._op("Clip", [self, a_min, a_max], {})
 
     def astype(self, dtype, copy: bool = True):
-        from mixrt.ops.dtypes import to_onnx_type  # noqa: PLC0415
+        from mixrt.ops.ir.dtypes import to_onnx_type  # noqa: PLC0415
         return self._op("Cast", [self], {"to": to_onnx_type(np.dtype(dtype))})
 
     def dot(self, other):

@@ -380,7 +380,7 @@ def _open_dims(session, args) -> list[str]:
 def _map_inputs(session) -> list[str]:
     """Inputs that are maps (or sequences of them): their sizes are part of the plan
     signature, and --input reads only arrays, so no stored plan can be made for them."""
-    from mixrt.ops.types import MapType, SequenceType  # noqa: PLC0415
+    from mixrt.ops.ir.types import MapType, SequenceType  # noqa: PLC0415
     return [f"{v.name} ({v.type})" for v in session._required
             if isinstance(v.type, MapType) or (isinstance(v.type, SequenceType)
                                               and isinstance(v.type.element, MapType))]
@@ -403,7 +403,7 @@ def _read_dim(spec: str) -> tuple[str, int]:
 
 def _zeros_for(value, symbols: dict) -> np.ndarray:
     """A zero feed of the input's declared shape, symbolic dims taken from --dim."""
-    from mixrt.ops.types import MapType, SequenceType, TensorType  # noqa: PLC0415
+    from mixrt.ops.ir.types import MapType, SequenceType, TensorType  # noqa: PLC0415
     value_type = value.type
     element = value_type.element if isinstance(value_type, SequenceType) else value_type
     if isinstance(element, MapType):
@@ -432,7 +432,7 @@ def _zeros_for(value, symbols: dict) -> np.ndarray:
 
 def cmd_warmup(args) -> int:
     import mixrt  # noqa: PLC0415
-    from mixrt.ops.jit_cache import cache_root  # noqa: PLC0415
+    from mixrt.ops.compiled.jit_cache import cache_root  # noqa: PLC0415
     from mixrt.runtime.kernel_tiers import warm_up  # noqa: PLC0415
     started = time.perf_counter()
     session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)

@@ -40,7 +40,7 @@ from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import Uniform
 from mixrt.initializer import create as create_initializer
 from mixrt.io import NDArrayIter, PrefetchingIter
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import array_module, parse_device, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import LossScaler, parse_precision

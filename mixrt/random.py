@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from mixrt.ops import random as ops_random
+from mixrt.ops.random import random as ops_random
 
 _generator = np.random.default_rng()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt import random as mixrt_random
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 DATA = Path(__file__).with_name("data") / "digits.npz"

@@ -1,18 +1,24 @@
-"""mixrt's operators: one module per family, all registered in :data:`REGISTRY`.
+"""mixrt's operators, one package per family, all registered in :data:`REGISTRY`.
 
-Importing this package imports every module in it (sorted by name, so registration order is
-stable), which registers its kernels. A new family is a new module; nothing else to edit.
+The families (``ops/conv/``, ``ops/nn/``, ``ops/attention/``, ...) each hold their operators'
+definitions, shape rules and gradients, then their CPU kernels registered beside them.
+Below them sit layers the families share: ``ops/ir/`` (the registry, value types and
+dtypes), ``ops/compiled/`` (the compiled-kernel machinery and thread pools) and
+``ops/panels/`` (the packed-panel kernels and their native worker pool).
+
+Importing this package imports every public module of every package in it, sorted by
+dotted name so that registration order is stable, which registers their kernels. A new
+operator goes into its family's package; a new family is a new package; nothing else to
+edit.
 """
 
 import importlib
 import pkgutil
 
-from mixrt.ops.registry import REGISTRY, Kernel, op
+from mixrt.ops.ir.registry import REGISTRY, Kernel, op
 
-_INFRASTRUCTURE = {"registry", "types", "dtypes"}
-
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _module not in _INFRASTRUCTURE and not _module.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module}")
+for _module in sorted(m.name for m in pkgutil.walk_packages(__path__, f"{__name__}.")):
+    if not _module.rsplit(".", 1)[-1].startswith("_"):
+        importlib.import_module(_module)
 
 __all__ = ["REGISTRY", "Kernel", "op"]

@@ -3,11 +3,11 @@
 Two OpenBLAS settings decide how fast mixrt's CPU kernels run around their BLAS calls:
 
 * ``OPENBLAS_CORETYPE``. OpenBLAS's runtime dispatch gives this AMD EPYC (Zen 5) its AVX2
-  (Haswell) kernels, and this workplace's machines also export ``OPENBLAS_CORETYPE=Haswell``,
+  (Haswell) kernels, and the machines it was measured on also export ``OPENBLAS_CORETYPE=Haswell``,
   while onnxruntime's MLAS uses AVX-512 on the same CPU. The SkylakeX sgemm runs ~1.8x
   faster there (BENCHMARKS.md), so on CPUs with AVX-512 mixrt picks it.
 * ``OPENBLAS_THREAD_TIMEOUT``. Between two BLAS calls a kernel runs NumPy copies and ufuncs,
-  some split over mixrt's intra-op threads (ops/parallel.py); an OpenBLAS thread still
+  some split over mixrt's intra-op threads (ops/compiled/parallel.py); an OpenBLAS thread still
   spinning in that gap (2^28 cycles, ~0.1 s, by default) takes a core from them. With 2^16
   a ResNet-18 training step ran ~20% faster on 2 cores (1780 -> 1460 ms). Unless the user
   set it, mixrt sets 16.

@@ -35,7 +35,7 @@ from operator import itemgetter
 import numpy as np
 
 from mixrt.errors import ExecutionError, MixrtError
-from mixrt.ops.types import TensorType, type_of_value
+from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime import device_checks
 from mixrt.runtime.device import aligned_empty, to_host
 from mixrt.runtime.graph import outer_scope_reads
@@ -440,7 +440,7 @@ def _reshape_form(step, plan):
 def node_state(attributes) -> dict | None:
     """The node's state dict (``_node``) when its kernel may leave a prepared call there:
     ``state["call"](xp, *inputs)``, set by the kernel's first call once it has turned its
-    attributes into a model (ops/node_state.py), runs the node from then on without
+    attributes into a model (ops/ir/node_state.py), runs the node from then on without
     passing the attributes again (a tree ensemble's twenty keyword arguments cost ~3 us a
     call to bind). Kernels that write into ``out=`` keep none."""
     state = attributes.get("_node")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mixrt.errors import GraphError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 
 
 @dataclass

@@ -8,7 +8,7 @@ starts with empty caches every time. So a session's first run of an input signat
   that signature were compiled into the cache): the run uses the compiled tier at once; numba
   loads the machine code from its disk cache (0.3-0.5 s for ResNet-50).
 * **Otherwise**: the run, and every run of that signature until the compiled tier is in, runs
-  with the compiled tier off (``ops/jit_tier.py``: every op takes its NumPy/BLAS path, which
+  with the compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path, which
   ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
 
 The background compiler is one thread per process that works through its queue with a child
@@ -50,15 +50,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.ops import jit_tier
-from mixrt.ops.jit_cache import cache_root
+from mixrt.ops.compiled import jit_tier
+from mixrt.ops.compiled.jit_cache import cache_root
 
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
 PENDING, LOADING, COMPILED, FAILED = "pending", "loading", "compiled", "failed"
-# the kernels' Python and compiled sources: a change to any of them changes what a warm
-# marker stands for (the dispatch code decides which kernels a model calls)
-_KERNEL_PACKAGES = ("ops",)
 # integer initializers up to this many elements enter a graph's fingerprint with their values
 # (shapes, axes, pads: values that choose kernels); others by dtype and shape only, so a
 # model whose weights changed (a training run's evaluation copy each epoch) keeps its key
@@ -233,9 +230,12 @@ def environment_stamp() -> tuple:
         root = Path(mixrt.ops.__file__).parent if hasattr(mixrt, "ops") else None
         sources = []
         if root is not None:
-            for path in sorted(root.glob("*.py")):
+            # the kernels' Python and compiled sources, every family's: a change to any of
+            # them changes what a warm marker stands for (the dispatch code decides which
+            # kernels a model calls)
+            for path in sorted(root.rglob("*.py")):
                 stat = path.stat()
-                sources.append((path.name, stat.st_size, stat.st_mtime_ns))
+                sources.append((str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns))
         _stamp.append((tuple(sources), _numba_version(), sys.version, platform.machine(),
                        _cpu_name()))
     settings = tuple(sorted((k, v) for k, v in os.environ.items()

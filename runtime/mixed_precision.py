@@ -26,8 +26,8 @@ import ml_dtypes
 import numpy as np
 
 from mixrt.errors import InputError, UnsupportedOperatorError
-from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import array_module
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.passes.infer import infer_node, infer_types

@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from mixrt.ops.jit_tier import compiled_allowed
+from mixrt.ops.compiled.jit_tier import compiled_allowed
 
 # the names events get inside mixrt.profiler.scope(...): "outer:inner:"
 SCOPE = contextvars.ContextVar("mixrt_profiler_scope", default="")

@@ -24,11 +24,11 @@ import numpy as np
 
 from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
                           UnsupportedOperatorError)
-from mixrt.ops import jit_cpu, jit_tier, parallel
-from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_onnx_type
-from mixrt.ops.elementwise import quiet_numpy
-from mixrt.ops.registry import CONSTANT_INPUTS, REGISTRY, Kernel
-from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
+from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_onnx_type
+from mixrt.ops.elementwise.elementwise import quiet_numpy
+from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, Kernel
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
 from mixrt.runtime import device_checks, kernel_tiers
@@ -650,7 +650,7 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
 
 
 # bytes of values and constants under which a run does not wake the native threads as it
-# starts (ops/jit_cpu.native_pool): such small models' kernels seldom split their work, and
+# starts (ops/compiled/jit_cpu.native_pool): such small models' kernels seldom split their work, and
 # one that does wakes them itself (a worker then joins 10-15 us late). Once a process had
 # loaded them, the wake cost a one-node model's run ~9 us (20 -> 11 us: the system call,
 # then a worker spinning ~45 us beside it)

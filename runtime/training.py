@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from mixrt.errors import GradientError, InputError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory import plan_report

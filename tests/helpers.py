@@ -42,7 +42,7 @@ def save(model, path) -> str:
 def mlp_graph(inputs=64, hidden=32, outputs=10, seed=0, dtype=np.float32,
               scales=(0.2, 0.2)):
     """x -> Gemm -> Relu ("features") -> Gemm ("out"), weights normal * ``scales``."""
-    from mixrt.ops.types import TensorType  # noqa: PLC0415
+    from mixrt.ops.ir.types import TensorType  # noqa: PLC0415
     from mixrt.runtime.graph import Graph, Node, Value  # noqa: PLC0415
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(seed)

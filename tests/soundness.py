@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnx.backend.test.loader
 
-from mixrt.ops.types import SequenceType, TensorType
+from mixrt.ops.ir.types import SequenceType, TensorType
 from mixrt.runtime import executor
 from mixrt.runtime import session as session_module
 from mixrt.runtime.graph import Value

@@ -10,7 +10,7 @@ import weakref
 
 from mixrt import autograd, nd
 from mixrt.errors import GradientError
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.ir.registry import REGISTRY
 
 import numpy as np
 import pytest

@@ -40,7 +40,7 @@ print(json.dumps({"bits": digest.hexdigest(), "core": blas_policy._corename(libr
 
 def _run(first: str, **env) -> tuple[dict, str]:
     """The probe in a fresh interpreter after ``first``; its report and its stderr. The
-    environment asks for OpenBLAS's AVX2 kernels, as this workplace's machines do (OpenBLAS
+    environment asks for OpenBLAS's AVX2 kernels, as the machines this was measured on do (OpenBLAS
     0.3.31 alone picks SkylakeX on their AVX-512 EPYC), unless ``env`` says otherwise."""
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_THREAD_TIMEOUT", "MIXRT_BLAS")}

@@ -145,7 +145,7 @@ def generator_like():
 
 def recurrent():
     """A bidirectional LSTM and a GRU (fused ONNX layers, differentiated twice through
-    their unrolled expansion, ops/rnn_expansion.py)."""
+    their unrolled expansion, ops/rnn/rnn_expansion.py)."""
     return seeded_net(11, 0.5, gluon.rnn.LSTM(3, layout="NTC", bidirectional=True),
                       gluon.rnn.GRU(2, layout="NTC"), gluon.nn.Flatten(), gluon.nn.Dense(1))
 

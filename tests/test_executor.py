@@ -115,7 +115,7 @@ def test_a_gradient_sum_to_its_own_shape_is_a_view():
     copy), and where they are not (the broadcast bias), a reduction into a slot of its own."""
     from mixrt.runtime.graph import Graph, Node, Value
     from mixrt.runtime.passes.autodiff import gradient_graph
-    from mixrt.ops.types import TensorType
+    from mixrt.ops.ir.types import TensorType
     graph = Graph(name="adds", opsets={"": 17, "mixrt": 1}, inputs=[
         Value("a", TensorType(np.float32, ("N", 4))), Value("b", TensorType(np.float32, ("N", 4))),
         Value("bias", TensorType(np.float32, (4,)))])
@@ -281,7 +281,7 @@ def test_weights_arena_and_packed_weights_start_on_64_bytes():
     np.testing.assert_array_equal(fixed, odd)
     assert aligned(fixed) is fixed
     # a weight a kernel prepacks in its node's dict is kept aligned too
-    from mixrt.ops.conv_cpu import packed
+    from mixrt.ops.conv.conv_cpu import packed
     kept = packed({}, "layout", lambda: odd)
     assert kept.ctypes.data % ALIGNMENT == 0
     np.testing.assert_array_equal(kept, odd)

@@ -20,9 +20,9 @@ from mixrt.errors import ExportError
 from mixrt.exporters.onnx import export_model, save_model
 from mixrt.importers.onnx import import_model
 from mixrt.models.zoo import light_model, light_model_with_random_weights
-from mixrt.ops.fused import ACTIVATIONS
-from mixrt.ops.fused_elementwise import OPS
-from mixrt.ops.types import SequenceType, tensor
+from mixrt.ops.nn.fused import ACTIVATIONS
+from mixrt.ops.elementwise.fused_elementwise import OPS
+from mixrt.ops.ir.types import SequenceType, tensor
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.session import Session
 

@@ -3,7 +3,7 @@
 the fake first on ``sys.path``, so the Python around the kernels (host and device values
 meeting, reductions that return device scalars, ``cupy.random``, streams and devices, the
 ONNX backend suite's ``_cuda`` cases) is checked on every CI run. It proves nothing about
-CUDA itself: the real GPU run is still owed where a GPU is lent.
+CUDA itself: the real GPU run happens on a CUDA machine.
 
 Skipped where a real CuPy imports: there the GPU tests run for real.
 """

@@ -89,7 +89,7 @@ def test_half_graph_with_unknown_op_is_left_alone():
 
 @pytest.mark.parametrize("k", [7, 300, 1000, 1537])
 def test_exact_integer_product_matches_integer_matmul(k):
-    from mixrt.ops.quantize import exact_integer_product
+    from mixrt.ops.quant.quantize import exact_integer_product
     rng = np.random.default_rng(k)
     # worst-case magnitudes: the row sums pass 2**24 / 128, so K is cut into chunks (and the
     # last chunk is shorter when K is not a multiple of the chunk)

@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.errors import ExecutionError
-from mixrt.ops.types import SequenceType, TensorType
+from mixrt.ops.ir.types import SequenceType, TensorType
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import Session, load_graph
 from soundness import assert_sound, backend_node_cases, case_inputs

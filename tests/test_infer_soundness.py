@@ -27,7 +27,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from mixrt.ops.types import UNKNOWN, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Node, Value
 from mixrt.runtime.passes.infer import infer_node, infer_types, refined, without_body_declarations
 from mixrt.runtime.session import Session, load_graph

@@ -3,7 +3,7 @@ once while a child process compiles, then the compiled kernels are swapped in.
 
 These run real child processes over real cache folders (each test its own, empty), on a
 model whose compiled kernels take seconds, not minutes, to build: a global average pool
-and a layer normalization (ops/_jit_kernels.py's row_means and layer_norm)."""
+and a layer normalization (ops/compiled/_jit_kernels.py's row_means and layer_norm)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops import jit_tier
+from mixrt.ops.compiled import jit_tier
 from mixrt.runtime import kernel_tiers
 
 # (not jit_cpu.enabled(): that imports numba, which one test checks a NumPy run never does)
@@ -74,7 +74,7 @@ def test_numpy_tier_gives_the_compiled_tiers_results():
 def test_the_numpy_tier_never_loads_numba():
     """A cold session's first run must not import numba (~0.4 s) or compile anything."""
     script = ("import sys, numpy as np, mixrt\n"
-              "from mixrt.ops import jit_tier\n"
+              "from mixrt.ops.compiled import jit_tier\n"
               "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
               "s = mixrt.Session(pool_norm_model())\n"
               "with jit_tier.using(False):\n"
@@ -196,7 +196,7 @@ def test_a_damaged_cache_entry_is_rebuilt(background):
         path.write_bytes(data[:len(data) // 2] if index % 3 == 0 else
                          b"not a cache entry" if index % 3 == 1 else b"")
     script = ("import numpy as np, mixrt\n"
-              "from mixrt.ops import jit_tier\n"
+              "from mixrt.ops.compiled import jit_tier\n"
               "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
               "s = mixrt.Session(pool_norm_model())\n"
               "y = s.run(None, feeds())[0]\n"

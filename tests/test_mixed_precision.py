@@ -11,7 +11,7 @@ from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.models.digits import digits_cnn
 from mixrt.module import Module
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import (FLOAT32_OPS, LossScaler, lower_precision,
                                            parse_precision)

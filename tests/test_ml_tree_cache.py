@@ -1,4 +1,4 @@
-"""Tree ensembles built once per node and walked by the compiled kernel (ops/_jit_trees.py):
+"""Tree ensembles built once per node and walked by the compiled kernel (ops/ml/_jit_trees.py):
 the compiled and NumPy walks agree exactly on random forests using every node mode and
 missing values, and nodes or sessions with different forests keep their own."""
 
@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import jit_tier, ml, ml_trees
+from mixrt.ops.compiled import jit_tier
+from mixrt.ops.ml import ml, ml_trees
 
 MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
 FEATURES = 5
@@ -154,7 +155,7 @@ def test_two_nodes_and_two_sessions_keep_their_own_forests(tmp_path):
 @pytest.mark.parametrize("post_transform", ["NONE", "LOGISTIC", "SOFTMAX"])
 def test_a_requests_walk_and_scores_in_one_call_give_the_two_calls_bits(
         classes, post_transform, monkeypatch):
-    """ops/_jit_trees.classify_two / classify_many (a few rows: walk and scores in one
+    """ops/ml/_jit_trees.classify_two / classify_many (a few rows: walk and scores in one
     compiled call) against forest_sums then the scores as separate calls."""
     rng = np.random.default_rng(classes)
     attrs = _random_forest(rng, 7, classes, "class_")

@@ -1,4 +1,4 @@
-"""MXNet's reshape codes in symbols and hybridized blocks: mixrt::MXReshape (ops/shape_mxnet.py).
+"""MXNet's reshape codes in symbols and hybridized blocks: mixrt::MXReshape (ops/shape/shape_mxnet.py).
 
 Before, a symbol refused -2/-3/-4 and reverse=True (a hybridized ``x.reshape(0, -3, 0)``
 was a GraphError), so a block written for MXNet could not hybridize. The expected shapes
@@ -16,8 +16,8 @@ import pytest
 import mixrt  # noqa: F401  (before NumPy's heavy use: it picks the BLAS kernels)
 from mixrt import autograd, gluon, nd, sym
 from mixrt.errors import ExecutionError, GraphError, InputError, ShapeError
-from mixrt.ops.shape_mxnet import mxnet_shape
-from mixrt.ops.types import TensorType
+from mixrt.ops.shape.shape_mxnet import mxnet_shape
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import Session

@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from mixrt.errors import GraphError, ModelLoadError
 from mixrt.importers.onnx import import_model
 from mixrt.models.zoo import LIGHT_MODELS, light_model
-from mixrt.ops.types import OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.types import OptionalType, SequenceType, TensorType
 from mixrt.runtime import memory
 from mixrt.runtime.format import is_mxr, load_mxr, mixrt_generated as fb, save_mxr
 from mixrt.runtime.format.layout import MAGIC, PREAMBLE_SIZE, data_offset

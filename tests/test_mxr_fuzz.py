@@ -32,7 +32,7 @@ from onnx import TensorProto, helper
 from mixrt.errors import MixrtError, ModelLoadError
 from mixrt.importers.onnx import import_model
 from mixrt.models.zoo import light_model
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime import memory
 from mixrt.runtime.format import load_mxr, mixrt_generated as fb, save_mxr
 from mixrt.runtime.format.decode import DecodeError, Decoder

@@ -24,8 +24,8 @@ from mixrt.errors import GraphError, ModelLoadError
 from mixrt.exporters.coverage import validate
 from mixrt.exporters.onnx import export_model
 from mixrt.importers.onnx import value_type
-from mixrt.ops.dtypes import to_numpy_dtype
-from mixrt.ops.types import MapType, OptionalType, SequenceType, tensor
+from mixrt.ops.ir.dtypes import to_numpy_dtype
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, tensor
 from mixrt.runtime.format import load_mxr, mixrt_generated as fb, save_mxr
 from mixrt.runtime.format.decode import DecodeError, Decoder
 from mixrt.runtime.format.layout import MAP_KEY_TYPES, PREAMBLE_SIZE

@@ -374,7 +374,7 @@ def test_an_imperative_op_gets_the_node_state_a_session_node_gets(monkeypatch):
     gets one dict per op and attributes imperatively too, so it takes the same kernels as in
     a hybridized graph; another dict for other attributes."""
     from mixrt.nd import dispatch
-    from mixrt.ops import conv_cpu
+    from mixrt.ops.conv import conv_cpu
     seen = []
     real = conv_cpu.direct
     monkeypatch.setattr(conv_cpu, "direct", lambda *a, **k: seen.append(k["node"]) or

@@ -21,7 +21,7 @@ import mixrt
 from mixrt.errors import ExecutionError, GraphError, ModelLoadError
 from mixrt.exporters.onnx import export_model
 from mixrt.importers.onnx import UndeclaredDomainWarning, import_model
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.format import load_mxr, save_mxr
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 

@@ -3,7 +3,7 @@ import pytest
 
 from mixrt.errors import UnsupportedOperatorError
 from mixrt.ops import REGISTRY
-from mixrt.ops.registry import Registry, op
+from mixrt.ops.ir.registry import Registry, op
 
 
 def test_at_least_150_onnx_operators():

@@ -1,5 +1,5 @@
 """The distance Scan skl2onnx writes for nearest-neighbours models, fused into one
-PairwiseSquaredDistances node (runtime/passes/fuse_scan_distances.py, ops/distances.py):
+PairwiseSquaredDistances node (runtime/passes/fuse_scan_distances.py, ops/ml/distances.py):
 same results as the Scan and as onnxruntime, the Scan gone, and an export that unfolds it."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import mixrt
 from mixrt import cli
 from mixrt.errors import ExecutionError, GraphError, InputError
 from mixrt.exporters.coverage import validate
-from mixrt.ops import ml_maps, ml_trees
-from mixrt.ops.types import MapType, SequenceType, tensor
+from mixrt.ops.ml import ml_maps, ml_trees
+from mixrt.ops.ir.types import MapType, SequenceType, tensor
 from mixrt.runtime.passes.typecheck import type_string
 
 DATA = Path(__file__).parent / "data" / "sklearn_exports"
@@ -526,9 +526,10 @@ def test_cast_map_of_strings_parses_as_stof_and_stoll():
 
 @pytest.mark.parametrize("classes", [2, 3, 10])
 def test_svm_probability_coupling_same_bits_in_both_tiers(classes, monkeypatch):
-    """libsvm's coupling compiled (ops/_jit_svm.py) and as NumPy sweeps give the same bits."""
+    """libsvm's coupling compiled (ops/ml/_jit_svm.py) and as NumPy sweeps give the same bits."""
     pytest.importorskip("numba")
-    from mixrt.ops import jit_cpu, ml_svm
+    from mixrt.ops.compiled import jit_cpu
+    from mixrt.ops.ml import ml_svm
     rng = np.random.default_rng(classes)
     pairs = classes * (classes - 1) // 2
     decisions = rng.standard_normal((64, pairs)).astype(np.float32) * 3
@@ -543,11 +544,11 @@ def test_svm_probability_coupling_same_bits_in_both_tiers(classes, monkeypatch):
 @pytest.mark.parametrize("kernel", ["LINEAR", "POLY", "RBF", "SIGMOID"])
 @pytest.mark.parametrize("proba", [False, True])
 def test_svm_decisions_agree_in_both_tiers(kernel, proba, monkeypatch):
-    """The compiled kernel values, one-vs-one sums and coupling (ops/_jit_svm.py) against
+    """The compiled kernel values, one-vs-one sums and coupling (ops/ml/_jit_svm.py) against
     the NumPy tier's forms: the same votes and labels, scores to float32 rounding (the
     feature sums are grouped differently)."""
     pytest.importorskip("numba")
-    from mixrt.ops import jit_cpu
+    from mixrt.ops.compiled import jit_cpu
     rng = np.random.default_rng(_seed((kernel, proba)))
     attrs = _svm(rng, 6, proba=proba, kernel=kernel, features=40)
     attrs["classlabels_ints"] = list(range(6))
@@ -563,7 +564,7 @@ def test_svm_decisions_agree_in_both_tiers(kernel, proba, monkeypatch):
 def _in_both_tiers(model, feeds, monkeypatch) -> tuple[list, list]:
     """The model's outputs with the compiled kernels, then on the NumPy tier."""
     pytest.importorskip("numba")
-    from mixrt.ops import jit_cpu
+    from mixrt.ops.compiled import jit_cpu
     compiled = mixrt.Session(model).run(None, feeds)
     with monkeypatch.context() as patch:
         patch.setattr(jit_cpu, "enabled", lambda: False)
@@ -575,7 +576,7 @@ def _in_both_tiers(model, feeds, monkeypatch) -> tuple[list, list]:
 @pytest.mark.parametrize("classes, rows_of_weights", [(2, 1), (2, 2), (4, 4)])
 def test_linear_classifier_agrees_in_both_tiers_and_with_onnxruntime(
         post_transform, classes, rows_of_weights, monkeypatch):
-    """ops/_jit_ml.linear_classify (NONE, LOGISTIC, SOFTMAX; the others stay NumPy) against
+    """ops/ml/_jit_ml.linear_classify (NONE, LOGISTIC, SOFTMAX; the others stay NumPy) against
     the NumPy form and onnxruntime, a tie and a NaN row included."""
     rng = np.random.default_rng(_seed((post_transform, classes, rows_of_weights)))
     x = rng.standard_normal((7, 5)).astype(np.float32)

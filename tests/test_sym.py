@@ -11,7 +11,7 @@ import pytest
 import mixrt
 from mixrt import sym
 from mixrt.errors import GradientError, GraphError, InputError, ModelLoadError, ShapeError
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.device import gpu_available, to_host
 
 from helpers import central_difference
@@ -52,7 +52,7 @@ def test_every_registered_op_has_a_documented_function():
 
 
 def test_an_op_registered_later_gets_a_function():
-    from mixrt.ops.registry import op  # noqa: PLC0415
+    from mixrt.ops.ir.registry import op  # noqa: PLC0415
 
     @op("SymTestTwice", since=1)
     def twice(xp, X):

@@ -10,7 +10,7 @@ from mixrt.errors import InputError, ModelLoadError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.module import Module
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.training import LOSSES, TrainingProgram

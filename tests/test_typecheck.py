@@ -356,7 +356,7 @@ def test_hybridized_float64_data_matches_imperative_through_casts():
 
 
 def test_promotion_casts_each_narrow_operand_once():
-    from mixrt.ops.types import TensorType
+    from mixrt.ops.ir.types import TensorType
     from mixrt.runtime.graph import Graph, Node, Value
     f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
     graph = Graph(name="g", opsets={"": 17})
@@ -377,7 +377,7 @@ def test_promotion_casts_each_narrow_operand_once():
 def test_a_crafted_mxr_with_mixed_types_is_refused(tmp_path):
     """A .mxr runs as compiled, without the passes; anyone can write one, so its graph is
     checked as an ONNX model is."""
-    from mixrt.ops.types import TensorType
+    from mixrt.ops.ir.types import TensorType
     from mixrt.runtime.format import save_mxr
     from mixrt.runtime.graph import Graph, Node, Value
     graph = Graph(name="crafted", opsets={"": 17})

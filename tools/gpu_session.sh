@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# What to run on a lent GPU machine (the device tool), from the repository root there, so a
-# session spends its 30 minutes of device time measuring rather than setting up. Each step
-# fits one device call (at most 10 minutes); logs and results go to $OUT, which comes back.
+# What to run on a CUDA machine without network access, from the repository root there, so
+# that the time on the machine goes to measuring rather than setting up. Each step takes at
+# most 10 minutes; logs and results go to $OUT (default /tmp/mixrt-gpu-out).
 #
-# Here, first:   tools/gpu_wheels.sh          (fills .whl/, which the call must `carry`)
+# Here, first:   tools/gpu_wheels.sh          (fills .whl/, to copy there with the tree)
 # There:         bash tools/gpu_session.sh tests    the GPU test files and the ONNX backend
 #                                                   suite's _cuda cases, with the real CuPy
 #                bash tools/gpu_session.sh bench    run_all --gpu-only (its block of
 #                                                   BENCHMARKS.md) and train_bench on the GPU
 #                bash tools/gpu_session.sh profile  benchmarks/profile_gpu.py: GPU time per op
 #
-# A device call's command is then, for example:
+# A command there is then, for example:
 #   bash tools/gpu_session.sh tests 2>&1 | tee $OUT/tests.log
 # Extra arguments after the step go to pytest (tests), run_all.py (bench) or
 # profile_gpu.py (profile).

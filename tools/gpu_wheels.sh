@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Fetch, here, the wheels a lent GPU machine lacks, into .whl/ (gitignored), for
+# Fetch, here, the wheels a CUDA machine without network access lacks, into .whl/ (gitignored), for
 # tools/gpu_session.sh to install there. That machine has no network; its image already holds
 # CuPy, PyTorch, numba, onnx, onnxruntime (CPU build), flatbuffers, matplotlib, tqdm and
-# hypothesis, under Python 3.12 (see the device tool's KINDS.md). What it lacks:
+# hypothesis, under Python 3.12. What it lacks:
 #
 #   pyzmq      the KVStore's transport (a mixrt dependency)
 #   graphviz   mixrt.viz's drawing (a mixrt dependency, pure Python)
 #   onnx2torch the zoo models' PyTorch twins, the GPU benchmark's peer where onnxruntime has
 #              no CUDA provider (benchmarks only, pure Python)
 #
-#   tools/gpu_wheels.sh          then name .whl in the device run's `carry`
+#   tools/gpu_wheels.sh          then copy .whl to that machine with the working tree
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.errors import GradientError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.lru import LruCache, frozen
 from mixrt.runtime.passes.autodiff import (gradient_graph, is_differentiable_dtype,

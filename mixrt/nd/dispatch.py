@@ -374,7 +374,7 @@ def _formal_types(domain: str, op_type: str, opset: int) -> tuple:
 
 
 def _numpy_names(type_strings) -> list[str]:
-    from mixrt.ops.dtypes import to_numpy_dtype  # noqa: PLC0415
+    from mixrt.ops.ir.dtypes import to_numpy_dtype  # noqa: PLC0415
     names = []
     for text in type_strings:
         if text.startswith("tensor(") and text.endswith(")"):

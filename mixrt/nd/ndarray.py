@@ -39,7 +39,7 @@ from mixrt.context import Context, as_context
 from mixrt.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import dispatch
 from mixrt.runtime.device import to_host
-from mixrt.ops import shape_mxnet
+from mixrt.ops.shape import shape_mxnet
 
 _GRAD_REQS = ("write", "add", "null")
 
@@ -416,7 +416,7 @@ def _mod(a, b):
 
 def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
     """The shape MXNet's reshape makes of ``source`` from ``codes`` (its 0/-1/-2/-3/-4, see
-    ``NDArray.reshape``), -1 resolved; the rules are mixrt::MXReshape's (ops/shape_mxnet.py),
+    ``NDArray.reshape``), -1 resolved; the rules are mixrt::MXReshape's (ops/shape/shape_mxnet.py),
     which a hybridized block runs instead."""
     try:
         return shape_mxnet.mxnet_shape(source, codes, reverse)

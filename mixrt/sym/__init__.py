@@ -45,7 +45,7 @@ _mxnet_ops.attach_methods()
 def __getattr__(name: str):
     """An op registered after this module was imported (a user's custom op) gets its
     function on first use."""
-    from mixrt.ops.registry import REGISTRY  # noqa: PLC0415
+    from mixrt.ops.ir.registry import REGISTRY  # noqa: PLC0415
     from mixrt.sym.ops import make_function  # noqa: PLC0415
     if REGISTRY.has_op("", name):
         function = globals()[name] = make_function("", name)

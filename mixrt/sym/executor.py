@@ -25,7 +25,7 @@ import numpy as np
 
 from mixrt.errors import GradientError, InputError
 from mixrt.initializer import Xavier, create
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import on_own_device, parse_device
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward

@@ -1,6 +1,6 @@
 """One Symbol function per registered operator, generated from the registry.
 
-The kernel's Python signature is the ONNX spec (see ``ops/registry.py``), so it tells us the
+The kernel's Python signature is the ONNX spec (see ``ops/ir/registry.py``), so it tells us the
 inputs (positional, optional when they have a default, variadic for ``*inputs``) and the
 attributes (keyword-only, with their defaults). A generated function takes inputs as
 Symbols (or arrays and numbers, which become constants), attributes as keywords, plus:
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from mixrt.errors import GraphError
-from mixrt.ops.registry import REGISTRY, Kernel
+from mixrt.ops.ir.registry import REGISTRY, Kernel
 from mixrt.sym.symbol import SymNode, Symbol, constant, prefixed, variable_named
 
 # the default-domain opset symbols are built at: the newest that export (13..21) and

@@ -23,8 +23,8 @@ import stat
 import numpy as np
 
 from mixrt.errors import GraphError, ModelLoadError
-from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
+from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph
 from mixrt.sym.symbol import SymNode, Symbol
 

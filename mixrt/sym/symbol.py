@@ -22,7 +22,7 @@ import numpy as np
 
 from mixrt.array_methods import ArrayMethods
 from mixrt.errors import GraphError, ShapeError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise

@@ -25,8 +25,8 @@ import flatbuffers
 import numpy as np
 
 from mixrt.errors import GraphError
-from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 
 from . import mixrt_generated as fb

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.types import broadcast_or_none
+from mixrt.ops.ir.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (NameMaker, constant_scopes, default_opset, dtype_of,

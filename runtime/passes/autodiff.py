@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.errors import GradientError
-from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value, node_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes

@@ -1,6 +1,6 @@
 """Band fusion (opt_level 2): ``Conv/FusedConv [-> LRN] -> MaxPool/AveragePool`` becomes
 ``mixrt::FusedConvPool``, which computes the pooled output a band of rows at a time
-(``ops/fused_conv_pool.py``), so the conv's output, usually a CNN's largest tensor, never takes
+(``ops/conv/fused_conv_pool.py``), so the conv's output, usually a CNN's largest tensor, never takes
 room in the arena.
 
 It runs after ``fuse_products``: the conv has already absorbed its bias and activation (a
@@ -27,9 +27,9 @@ import math
 
 import numpy as np
 
-from mixrt.ops.conv import CONV_ATTRIBUTES
-from mixrt.ops.fused_conv_pool import POOLS
-from mixrt.ops.fused import MIXRT
+from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.conv.fused_conv_pool import POOLS
+from mixrt.ops.nn.fused import MIXRT
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.fuse import FLOAT_DTYPES
 from mixrt.runtime.passes.infer import infer_types

@@ -9,7 +9,7 @@
 A step is absorbed only when the value between them has one reader and is not a graph
 output, its dtype is one the fused kernels serve (float32, float64), and the residual or
 bias does not broadcast the product to a bigger shape (the fused kernel adds it in place).
-Activations: those in :data:`mixrt.ops.fused.ACTIVATIONS`, with constant parameters that a
+Activations: those in :data:`mixrt.ops.nn.fused.ACTIVATIONS`, with constant parameters that a
 float32 attribute holds exactly.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.conv import CONV_ATTRIBUTES
-from mixrt.ops.fused import ACTIVATIONS, MIXRT
-from mixrt.ops.types import broadcast_or_none
+from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.nn.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.ir.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (constant_scopes, dtype_of, kernel_for, read_counts,

@@ -1,5 +1,5 @@
 """Self-attention as exported models spell it, fused into ``mixrt::FusedAttention``
-(opt_level 2; the op and its exact meaning: ``ops/fused_attention.py``).
+(opt_level 2; the op and its exact meaning: ``ops/attention/fused_attention.py``).
 
 The pattern, walked back from each Softmax over the last axis::
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.fused import FUSED_DTYPES, MIXRT
-from mixrt.ops.fused_attention import KEY_PERM, QUERY_PERM
+from mixrt.ops.nn.fused import FUSED_DTYPES, MIXRT
+from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,

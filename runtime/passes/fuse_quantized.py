@@ -1,5 +1,5 @@
 """Dynamically quantized linear layers fused into one ``com.microsoft`` MatMulIntegerToFloat
-(opt_level 2; the op: ``ops/contrib_quant_matmul.py``).
+(opt_level 2; the op: ``ops/quant/contrib_quant_matmul.py``).
 
 ``onnxruntime.quantization.quantize_dynamic`` writes each linear layer as::
 

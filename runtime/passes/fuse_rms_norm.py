@@ -1,5 +1,5 @@
 """RMS normalization as Llama-style exports spell it, fused into one
-``SimplifiedLayerNormalization`` (opt_level 2; the op: ``ops/contrib_norm.py``)::
+``SimplifiedLayerNormalization`` (opt_level 2; the op: ``ops/attention/contrib_norm.py``)::
 
     p = Pow(x, 2) or Mul(x, x)
     r = ReduceMean(p, axes=[-1], keepdims=1)

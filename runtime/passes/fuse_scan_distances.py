@@ -1,6 +1,6 @@
 """A Scan that computes distances row by row, as skl2onnx writes scikit-learn's
 nearest-neighbours models (its ``onnx_cdist``), replaced by one
-``mixrt::PairwiseSquaredDistances`` node (opt_level 2; the op: ``ops/distances.py``)::
+``mixrt::PairwiseSquaredDistances`` node (opt_level 2; the op: ``ops/ml/distances.py``)::
 
     Scan(X, R), one state and one scan input, body:
         state_out = Identity(state_in)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, node_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (NameMaker, dtype_of, overridable_initializers,

@@ -7,7 +7,7 @@ shape-computing ops such as Reshape, constant values known at plan time).
 A control-flow op's infer function sees each GRAPH attribute as a ``BodyTypes``: it can ask
 what the body outputs given types for the body's inputs, in the scope of the enclosing graph.
 That is how a Loop learns its carried states' types (a fixed point over iterations, in
-``ops/control.py``), and the body's own values are typed with the inputs the op settled on.
+``ops/control/control.py``), and the body's own values are typed with the inputs the op settled on.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import threading
 from contextlib import contextmanager
 from dataclasses import replace
 
-from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import UNKNOWN, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import UNKNOWN, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 
 
@@ -160,7 +160,7 @@ def _undeclared_bodies(node: Node) -> Node:
     if not node.subgraphs():
         return node
     # a Loop hands its body the iteration number and condition with the rank the body
-    # declares for them (ops/control.py), so those two declarations are facts, not claims
+    # declares for them (ops/control/control.py), so those two declarations are facts, not claims
     kept = 2 if node.op_type == "Loop" and node.domain == "" else 0
     attributes = {key: _undeclared(value, kept) if isinstance(value, Graph) else value
                   for key, value in node.attributes.items()}

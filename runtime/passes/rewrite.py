@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph, Node, outer_scope_reads
 
 

@@ -73,7 +73,7 @@ def _identity(node, types, constants, counts) -> bool:
 
 
 def _inference_dropout(node, types, constants, counts) -> bool:
-    """Dropout before opset 12 never trains in mixrt (see ops/nn.py); from 12 on it trains
+    """Dropout before opset 12 never trains in mixrt (see ops/nn/nn.py); from 12 on it trains
     only when training_mode is given and not a constant false. Its mask must be unread."""
     if any(counts[o] for o in node.outputs[1:] if o):
         return False

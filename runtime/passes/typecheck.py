@@ -35,9 +35,9 @@ import onnx
 from onnx import defs
 
 from mixrt.errors import GraphError
-from mixrt.ops.dtypes import to_onnx_type
-from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_attributes, infer_node, infer_types
 from mixrt.runtime.passes.rewrite import static_shape

@@ -33,7 +33,7 @@ from onnx.backend.test.runner import Runner
 from conformance_suite import expected_failures
 from mixrt.exporters.onnx import export_model
 from mixrt.importers.onnx import import_model
-from mixrt.ops.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype, to_onnx_type
+from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype, to_onnx_type
 
 EXCEPTIONS_FILE = Path(__file__).with_name("roundtrip_exceptions.txt")
 

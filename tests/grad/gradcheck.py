@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import mixrt
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

@@ -1,4 +1,4 @@
-"""The CPU fast paths of the backward kernels (ops/conv_grad_cpu.py, pool_grad_cpu.py,
+"""The CPU fast paths of the backward kernels (ops/conv/conv_grad_cpu.py, pool_grad_cpu.py,
 norm_grad_cpu.py, activation_grad.py), of Conv (conv_cpu.py) and of training-mode
 BatchNormalization (norm_cpu.py) against the
 generic kernels, which tests/grad checks against finite differences: same values, written
@@ -8,18 +8,18 @@ intra-op threads."""
 import numpy as np
 import pytest
 
-import mixrt.ops.conv_cpu as conv_cpu
-import mixrt.ops.conv_grad_cpu as conv_grad_cpu
-from mixrt.ops.activation_grad import relu_grad, relu_grad_cpu
-from mixrt.ops.conv import conv
-from mixrt.ops.conv_grad import conv_grad, max_pool_grad
-from mixrt.ops.fused import fused_conv
-import mixrt.ops.norm_cpu as norm_cpu
-from mixrt.ops.nn import batch_normalization
-from mixrt.ops.norm_grad import batch_norm_grad
-from mixrt.ops.norm_grad_cpu import batch_norm_grad_cpu
-from mixrt.ops.pool import max_pool
-from mixrt.ops.pool_grad_cpu import max_pool_grad_cpu
+import mixrt.ops.conv.conv_cpu as conv_cpu
+import mixrt.ops.conv.conv_grad_cpu as conv_grad_cpu
+from mixrt.ops.elementwise.activation_grad import relu_grad, relu_grad_cpu
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.conv.conv_grad import conv_grad, max_pool_grad
+from mixrt.ops.nn.fused import fused_conv
+import mixrt.ops.nn.norm_cpu as norm_cpu
+from mixrt.ops.nn.nn import batch_normalization
+from mixrt.ops.nn.norm_grad import batch_norm_grad
+from mixrt.ops.nn.norm_grad_cpu import batch_norm_grad_cpu
+from mixrt.ops.pool.pool import max_pool
+from mixrt.ops.pool.pool_grad_cpu import max_pool_grad_cpu
 
 rng = np.random.default_rng(5)
 
@@ -28,7 +28,7 @@ rng = np.random.default_rng(5)
 def intra_op(request, monkeypatch):
     """Every case twice: run inline, and with even tiny work split over the intra-op
     threads (parts of rows, channels or planes written by different threads)."""
-    import mixrt.ops.parallel as parallel
+    import mixrt.ops.compiled.parallel as parallel
     if request.param == "split":
         monkeypatch.setattr(parallel, "MIN_ELEMENTS", 0)
         monkeypatch.setattr(parallel, "intra_op_threads", lambda: 2)
@@ -85,7 +85,8 @@ def test_conv_grad_input_grad_through_the_direct_convolution(monkeypatch, x_shap
     """With the session's node dict, a stride-1 dX (the flipped convolution) takes the
     direct path (its weight packed on each call; every size here), wherever the panel tile
     runs, and matches the generic kernel's."""
-    from mixrt.ops import conv_direct_cpu, jit_cpu
+    from mixrt.ops.compiled import jit_cpu
+    from mixrt.ops.conv import conv_direct_cpu
     monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
     taken = []
@@ -120,7 +121,8 @@ def test_strided_input_grad_phase_by_phase_matches_generic(monkeypatch, x_shape,
     """dX of a strided convolution, one stride-1 convolution per output phase (every size
     here), a phase no tap reaches zero-filled; where a phase would read dY from past its
     first row (pads past the kernel), the folded columns instead."""
-    from mixrt.ops import conv_direct_cpu, jit_cpu
+    from mixrt.ops.compiled import jit_cpu
+    from mixrt.ops.conv import conv_direct_cpu
     monkeypatch.setattr(conv_grad_cpu, "PHASE_MIN_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 0)
     taken = []
@@ -158,7 +160,7 @@ def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attrib
     panels; images one at a time or in groups (a last group short). Its scratch starts full
     of NaN: the cells it reads but does not write (each plane's alignment, the slack past
     the last) must be zeroed, not read stale."""
-    from mixrt.ops import jit_cpu
+    from mixrt.ops.compiled import jit_cpu
     if jit_cpu.panel_kernels() is None:
         pytest.skip("the panel tile needs AVX-512 and numba")
     monkeypatch.setattr(conv_grad_cpu, "PANEL_WEIGHT_GRAD_MIN_K", 0)
@@ -180,7 +182,7 @@ def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attrib
 def test_panel_weight_grad_parts():
     """Halves of the batch while each thread gets two images, else halves of the panels;
     one part where there is nothing to split."""
-    import mixrt.ops.parallel as parallel
+    import mixrt.ops.compiled.parallel as parallel
     threads = parallel.intra_op_threads()
     if threads != 2:
         pytest.skip("the parts below are two threads'")
@@ -347,7 +349,7 @@ POOL_CASES = [
 @pytest.fixture(params=["compiled", "numpy"])
 def pool_form(request, monkeypatch):
     """MaxPoolGrad's compiled loop, and the NumPy phased form it takes without numba."""
-    from mixrt.ops import jit_cpu
+    from mixrt.ops.compiled import jit_cpu
     if request.param == "numpy":
         monkeypatch.setattr(jit_cpu, "enabled", lambda: False)
     elif not jit_cpu.enabled():
@@ -363,7 +365,7 @@ def test_max_pool_grad_matches_generic(monkeypatch, x_shape, attributes, rectifi
     """Rectified inputs are mostly zeros: ties everywhere, each window's gradient going to
     its first maximum; the sums, tap by tap, equal the generic kernel's to the bit. Chunks
     of one plane exercise the NumPy form's chunking."""
-    import mixrt.ops.pool_grad_cpu as pool_grad_cpu
+    import mixrt.ops.pool.pool_grad_cpu as pool_grad_cpu
     monkeypatch.setattr(pool_grad_cpu, "CHUNK_BYTES", 1)
     x = randn(*x_shape, dtype=dtype)
     x = np.maximum(x, 0) if rectified else x
@@ -463,7 +465,7 @@ def test_batch_norm_inference_grad_takes_the_generic_kernel():
 def test_relu_grad_matches_generic(monkeypatch, shape, dtype):
     """Including dY's inf and NaN where Y is 0 (they must give 0, as ``where`` does); in
     chunks of 64 elements, the last one shorter."""
-    import mixrt.ops.activation_grad as activation_grad
+    import mixrt.ops.elementwise.activation_grad as activation_grad
     monkeypatch.setattr(activation_grad, "_CHUNK", 64)
     y = np.maximum(randn(*shape), 0).astype(dtype)
     dy = randn(*shape).astype(dtype)

@@ -1,5 +1,5 @@
 """Gradients of Attention (opsets 23-25, differentiated through its expansion in
-ops/attention_expansion.py) and RotaryEmbedding against float64 finite differences, first
+ops/attention/attention_expansion.py) and RotaryEmbedding against float64 finite differences, first
 and second order; the expansion's values against the forward kernel (fully masked rows
 included); the dynamic-shape paths against static ones; Attention against PyTorch; and a
 tiny attention model trained end to end through gradient_graph."""
@@ -12,9 +12,9 @@ import mixrt
 from grad.gradcheck import check_gradient
 from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
-from mixrt.ops import attention
-from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import TensorType
+from mixrt.ops.attention import attention
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import GradBuilder, gradient_graph
 from mixrt.runtime.passes import typecheck

@@ -1,4 +1,4 @@
-"""Gradients of LinearAttention and CausalConvWithState (ops/attention_recurrent_grad.py).
+"""Gradients of LinearAttention and CausalConvWithState (ops/attention/attention_recurrent_grad.py).
 
 Both ops take float32, float16 and bfloat16 only, so the finite-difference checks call the
 forward and backward kernels directly in float64 (the kernels accumulate in float64 when
@@ -12,10 +12,10 @@ import pytest
 
 import mixrt
 from mixrt.errors import GradientError
-from mixrt.ops.attention_recurrent import causal_conv_with_state, linear_attention
-from mixrt.ops.attention_recurrent_grad import (causal_conv_with_state_grad,
+from mixrt.ops.attention.attention_recurrent import causal_conv_with_state, linear_attention
+from mixrt.ops.attention.attention_recurrent_grad import (causal_conv_with_state_grad,
                                                 linear_attention_grad)
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph

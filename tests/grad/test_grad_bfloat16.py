@@ -79,7 +79,7 @@ def test_backward_nodes_move_only_to_versions_that_change_nothing_but_types():
     added dilations, so an AveragePool emitted at 17 stays there (and the type check names
     it); one emitted at 19 moves to 22. Softmax-13 kept Softmax-11's names but changed what
     axis means, and its default: the attribute defaults are part of what must match."""
-    from mixrt.ops.types import TensorType
+    from mixrt.ops.ir.types import TensorType
     from mixrt.runtime.graph import Node
     from mixrt.runtime.passes.autodiff import BACKWARD_OPSET
     from mixrt.runtime.passes.typecheck import version_accepting

@@ -1,4 +1,4 @@
-"""Gradients of convolutions, pools and normalizations (ops/conv_grad.py, ops/norm_grad.py)
+"""Gradients of convolutions, pools and normalizations (ops/conv/conv_grad.py, ops/nn/norm_grad.py)
 against float64 finite differences, across their attribute spaces; a ResNet-like block against
 torch.autograd where PyTorch is importable; and a check that the kernels never import CuPy."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import mixrt
 from grad.gradcheck import check_gradient
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 
@@ -84,7 +84,7 @@ def test_conv_3d(attributes):
 
 def test_conv_grad_in_batch_parts_matches_one_part(monkeypatch):
     """Big batches build their columns a few samples at a time; the sums must not change."""
-    from mixrt.ops import conv_grad
+    from mixrt.ops.conv import conv_grad
     x, w, dy = randn(3, 4, 5, 5), randn(6, 2, 3, 3), randn(3, 6, 3, 3)
     attributes = {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}
     whole = conv_grad.conv_grad(np, dy, x, w, bias_grad=1, **attributes)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import mixrt
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

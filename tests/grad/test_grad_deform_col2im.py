@@ -1,4 +1,4 @@
-"""Gradients of Col2Im and DeformConv (ops/deform_col2im_grad.py): against float64 central
+"""Gradients of Col2Im and DeformConv (ops/conv/deform_col2im_grad.py): against float64 central
 finite differences (gradcheck), over 1-D, 2-D and 3-D geometry, groups, offset groups,
 strides, dilations, pads, a mask and a bias; Col2Im's second order too; DeformConv against
 PyTorch's torchvision where it is installed; a deformable layer whose offsets learn by SGD;
@@ -13,7 +13,7 @@ import pytest
 
 import mixrt
 from mixrt.errors import GradientError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
@@ -37,7 +37,7 @@ def randn(*shape):
     ((4, 3, 4), (2, 1, 2), {"dilations": [2, 1, 1], "pads": [0, 1, 0, 1, 0, 1]}),
 ])
 def test_col2im_against_finite_differences_first_and_second_order(image, block, attributes):
-    from mixrt.ops.conv import window_geometry
+    from mixrt.ops.conv.conv import window_geometry
     nd = len(image)
     strides, dilations = attributes.get("strides", [1] * nd), attributes.get("dilations", [1] * nd)
     _, _, blocks = window_geometry(list(image), list(block), strides, dilations,

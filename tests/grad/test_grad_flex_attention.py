@@ -1,5 +1,5 @@
 """Gradients of ai.onnx.preview FlexAttention, differentiated through its expansion
-(ops/attention_expansion.py), which writes score_mod and prob_mod into the graph.
+(ops/attention/attention_expansion.py), which writes score_mod and prob_mod into the graph.
 
 * Every ONNX backend case against the gradient of the function body ONNX itself expands it
   to (the ``_expanded_ver26`` models: the same computation in default-domain ops).
@@ -19,7 +19,7 @@ import mixrt
 from grad.gradcheck import _numeric_gradient, check_second_order
 from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph

@@ -1,5 +1,5 @@
 """Gradients of DepthToSpace, SpaceToDepth, Hardmax, Mod, Det and mixrt's MatrixInverse
-(ops/misc_grad.py): against float64 central differences, first and second order
+(ops/nn/misc_grad.py): against float64 central differences, first and second order
 (gradcheck.check_gradient), for every registered version and mode; on symbolic dims; against
 PyTorch (linalg.det, pixel_shuffle); at singular matrices; on the GPU."""
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mixrt
-from mixrt.ops import misc_grad
-from mixrt.ops.types import TensorType
+from mixrt.ops.nn import misc_grad
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph

@@ -1,4 +1,4 @@
-"""The expansions of the normalizations (ops/norm_expansion.py) and of the reductions and
+"""The expansions of the normalizations (ops/nn/norm_expansion.py) and of the reductions and
 pools that square (ReduceL2, ReduceLogSumExp, LpPool, GlobalLpPool) compute in the precision
 their forwards do: float16 activations of a size that float16 holds but whose squares it does not
 (|x| in the hundreds, common in a transformer's residual stream) still get the gradients that

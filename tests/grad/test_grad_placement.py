@@ -1,5 +1,5 @@
 """Gradients of Compress, ReverseSequence, CenterCropPad, TensorScatter, MaxUnpool, EyeLike,
-SwiGLU and CumProd (ops/placement_grad.py) against float64 central differences (first and,
+SwiGLU and CumProd (ops/shape/placement_grad.py) against float64 central differences (first and,
 except CumProd, second order), symbolic shapes against static ones, and CumProd at zeros
 against closed forms."""
 
@@ -9,7 +9,7 @@ import pytest
 import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import GradientError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 

@@ -1,4 +1,4 @@
-"""Gradients of RNN, GRU and LSTM (ops/rnn_grad.py): backpropagation through time against
+"""Gradients of RNN, GRU and LSTM (ops/rnn/rnn_grad.py): backpropagation through time against
 central differences for every attribute the forward takes, the op against torch.nn.LSTM and
 torch.nn.GRU, and two models PyTorch exported (tests/data/torch_exports) differentiated whole
 against PyTorch's autograd, then fine-tuned."""
@@ -19,7 +19,7 @@ from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
 from mixrt.runtime.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.training import TrainingProgram, mse, softmax_cross_entropy
 
@@ -73,7 +73,7 @@ def test_directions_with_sequence_lengths_and_initial_states(kind, direction):
 @pytest.mark.parametrize("direction, layout", [
     ("forward", 0), ("reverse", 0), ("bidirectional", 0), ("bidirectional", 1)])
 def test_unpadded_layers_through_the_compiled_steps(kind, direction, layout):
-    """Default activations and no padding: the steps ops/lstm_cpu.py and ops/gru_cpu.py run
+    """Default activations and no padding: the steps ops/rnn/lstm_cpu.py and ops/rnn/gru_cpu.py run
     (the GRU with its reset after the product; sequence_lens given, all full length, still
     counts as unpadded)."""
     directions = 2 if direction == "bidirectional" else 1
@@ -170,7 +170,7 @@ def test_the_backward_reads_the_forwards_workspace(kind, attributes):
     """A training graph's forward node gains a workspace output (every step's cache), which
     the backward kernel reads instead of running the forward again: the same outputs and
     the same gradients as without it."""
-    from mixrt.ops import rnn, rnn_grad  # noqa: PLC0415
+    from mixrt.ops.rnn import rnn, rnn_grad  # noqa: PLC0415
     states = 2 if kind == "LSTM" else 1
     inputs = layer_inputs(kind, directions=2, lengths=[4, 0, 3], peepholes=kind == "LSTM")
     inputs += [None] * (5 + states + (states == 2) - len(inputs))  # P is the LSTM's
@@ -222,7 +222,7 @@ def _one_layer_graph(kind, inputs):
 
 
 def test_second_derivatives_through_the_imperative_layer():
-    """create_graph through nd.LSTM differentiates the layer unrolled (ops/rnn_expansion.py);
+    """create_graph through nd.LSTM differentiates the layer unrolled (ops/rnn/rnn_expansion.py);
     its Hessian-vector product equals central differences of the fused first-order
     gradient, and the first-order gradient it returns is the fused kernel's."""
     x = nd.array(randn(SEQ, BATCH, INPUT))

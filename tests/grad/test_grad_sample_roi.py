@@ -1,4 +1,4 @@
-"""Gradients of GridSample, AffineGrid, RoiAlign and MaxRoiPool (ops/image_sample_grad.py):
+"""Gradients of GridSample, AffineGrid, RoiAlign and MaxRoiPool (ops/image/image_sample_grad.py):
 against float64 central finite differences, first and second order (gradcheck), over every
 mode, padding mode, align_corners, 4-D and 5-D inputs and the opset versions; GridSample
 against PyTorch's autograd (dX and dGrid); the GPU kernels against the CPU ones; and a tiny
@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import GradientError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph

@@ -7,7 +7,7 @@ import pytest
 
 import mixrt
 from mixrt.errors import GradientError
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

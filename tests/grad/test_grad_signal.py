@@ -1,4 +1,4 @@
-"""Gradients of DFT and STFT (ops/signal_grad.py): against float64 central differences,
+"""Gradients of DFT and STFT (ops/signal/signal_grad.py): against float64 central differences,
 first and second order (gradcheck.check_gradient), for every mode (complex and real input,
 forward and inverse, one-sided, irfft, a dft_length that pads or cuts, every axis, both
 versions); the adjoint kernel against PyTorch's torch.fft autograd; STFT's signal and window
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mixrt  # noqa: F401  (registers every kernel)
-from mixrt.ops import signal, signal_grad
+from mixrt.ops.signal import signal, signal_grad
 from mixrt.runtime.device import gpu_available
 
 from grad.gradcheck import check_gradient

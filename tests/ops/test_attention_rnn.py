@@ -10,8 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from mixrt.ops import attention, attention_recurrent, rnn
-from mixrt.ops.types import TensorType, tensor
+from mixrt.ops.attention import attention, attention_recurrent
+from mixrt.ops.rnn import rnn
+from mixrt.ops.ir.types import TensorType, tensor
 
 rng = np.random.default_rng(0)
 
@@ -90,7 +91,7 @@ def test_sequence_length_zero_agrees_with_onnxruntime_and_out_of_range_is_refuse
     """A length of 0 outputs zeros and keeps the initial state (onnxruntime does so too);
     a length below 0 or past the sequence is an error in the forward and the backward, not
     a read past the sequence."""
-    from mixrt.ops import rnn_grad  # noqa: PLC0415
+    from mixrt.ops.rnn import rnn_grad  # noqa: PLC0415
     seq, batch, inp, hid = 3, 2, 2, 3
     inputs = dict(X=randn(seq, batch, inp), W=randn(2, 3 * hid, inp),
                   R=randn(2, 3 * hid, hid), B=randn(2, 6 * hid),

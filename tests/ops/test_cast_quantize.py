@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixrt.ops import REGISTRY
-from mixrt.ops.cast import bitcast, cast_array, cast_24
-from mixrt.ops.quantize import (conv_integer, dequantize_linear_23, dynamic_quantize_linear,
+from mixrt.ops.elementwise.cast import bitcast, cast_array, cast_24
+from mixrt.ops.quant.quantize import (conv_integer, dequantize_linear_23, dynamic_quantize_linear,
                                 matmul_integer, qlinear_conv, qlinear_matmul,
                                 quantize_linear_23)
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.types import TensorType
 
 rng = np.random.default_rng(0)
 

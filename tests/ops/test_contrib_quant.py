@@ -1,4 +1,4 @@
-"""onnxruntime's quantized com.microsoft operators (ops/contrib_quant*.py) against
+"""onnxruntime's quantized com.microsoft operators (ops/quant/contrib_quant*.py) against
 onnxruntime itself: integer outputs exactly, float outputs to float32 rounding; shape rules on
 symbolic dims; bad operands named with their node; and models written by onnxruntime's own
 quantizer (quantize_static in QOperator and QDQ formats, quantize_dynamic)."""

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt
 from mixrt.errors import ExecutionError, GraphError
 from mixrt.ops import REGISTRY
-from mixrt.ops._re2 import Re2Pattern, python_pattern
-from mixrt.ops.types import TensorType
+from mixrt.ops.text._re2 import Re2Pattern, python_pattern
+from mixrt.ops.ir.types import TensorType
 
 IR_VERSION = 8
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1),

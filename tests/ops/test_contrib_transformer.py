@@ -101,7 +101,7 @@ def test_fused_mat_mul(dtype, a_shape, b_shape, attributes):
 
 
 def test_fused_mat_mul_with_a_constant_weight_takes_the_packed_product():
-    # big enough for the panel kernels of a constant weight (ops/matmul_cpu.py)
+    # big enough for the panel kernels of a constant weight (ops/nn/matmul_cpu.py)
     inputs = {"A": randn(2, 64, 128), "B": randn(160, 128)}
     compare("FusedMatMul", inputs, constants=("B",), transB=1, alpha=0.5)
 
@@ -457,8 +457,8 @@ def test_the_gpu_computes_what_the_cpu_does(op_type, inputs, outputs, attributes
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_onnx_gelu_on_the_cpu_runs_the_compiled_program_with_the_numpy_forms_values(
         approximate, dtype):
-    from mixrt.ops.activation import gelu
-    from mixrt.ops.contrib_transformer import gelu_cpu
+    from mixrt.ops.elementwise.activation import gelu
+    from mixrt.ops.attention.contrib_transformer import gelu_cpu
     X = (randn(3, 70) * 4).astype(dtype)
     X[0, :4] = [np.inf, -np.inf, np.nan, 0]
     with np.errstate(all="ignore"):  # inf * 0 in the tanh form: NaN, as both compute it
@@ -475,8 +475,8 @@ def test_onnx_gelu_on_the_cpu_runs_the_compiled_program_with_the_numpy_forms_val
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_onnx_hard_swish_on_the_cpu_gives_the_numpy_forms_bits(dtype):
-    from mixrt.ops.activation import hard_swish
-    from mixrt.ops.contrib_transformer import hard_swish_cpu
+    from mixrt.ops.elementwise.activation import hard_swish
+    from mixrt.ops.attention.contrib_transformer import hard_swish_cpu
     X = (randn(2, 8, 9, 9) * 4).astype(dtype)
     X.flat[:5] = [np.nan, np.inf, -np.inf, 3, -3]
     with np.errstate(all="ignore"):  # inf * 1, -inf * 0: NaN in both
@@ -488,8 +488,8 @@ def test_onnx_hard_swish_on_the_cpu_gives_the_numpy_forms_bits(dtype):
 
 @pytest.mark.parametrize("shape, axis", [((2, 7, 64), -1), ((3, 5, 4, 6), 2), ((1, 1, 1), -1)])
 def test_rms_normalization_on_the_cpu_compiled_as_the_numpy_form(monkeypatch, shape, axis):
-    from mixrt.ops import jit_cpu
-    from mixrt.ops.contrib_norm import (simplified_layer_normalization,
+    from mixrt.ops.compiled import jit_cpu
+    from mixrt.ops.attention.contrib_norm import (simplified_layer_normalization,
                                         simplified_layer_normalization_cpu)
     if not jit_cpu.enabled():
         pytest.skip("the compiled tier needs numba")

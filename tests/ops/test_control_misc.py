@@ -7,7 +7,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import mixrt
-from mixrt.ops import control, ml, sequence, training
+from mixrt.ops.control import control, sequence
+from mixrt.ops.ml import ml
+from mixrt.ops.training import training
 
 ML = "ai.onnx.ml"
 RNG = np.random.default_rng(0)
@@ -66,7 +68,7 @@ def test_loop_stops_on_cond_and_stacks_scan_outputs():
 
 
 def test_loop_with_zero_trips_uses_declared_scan_type():
-    from mixrt.ops.types import tensor
+    from mixrt.ops.ir.types import tensor
     body = FakeBody(lambda i, c, x: (c, x, x), 3, 3,
                     output_types=[tensor(bool, ()), tensor(np.int32, (2,)), tensor(np.int32, (2,))])
     final, scanned = control.loop(np, np.asarray(0), None, np.ones(2, np.int32), body=body)
@@ -104,7 +106,7 @@ def test_scan8_sequence_lens_pads_outputs():
 
 
 def test_if_infer_merges_branch_shapes():
-    from mixrt.ops.types import tensor
+    from mixrt.ops.ir.types import tensor
     then_b = FakeBody(None, 0, 1, output_types=[tensor(np.float32, (2, 3))])
     else_b = FakeBody(None, 0, 1, output_types=[tensor(np.float32, (2, 4))])
     (merged,) = control.if_.kernels[0].infer_fn(tensor(bool, ()), then_branch=then_b,

@@ -1,12 +1,12 @@
-"""The CPU fast paths of Conv (ops/conv_cpu.py) against the generic kernel: im2col bands and
+"""The CPU fast paths of Conv (ops/conv/conv_cpu.py) against the generic kernel: im2col bands and
 shift-and-add, with padding, dilation, batches and the fused epilogue."""
 
 import numpy as np
 import pytest
 
-import mixrt.ops.conv_cpu as conv_cpu
-from mixrt.ops.conv import conv
-from mixrt.ops.fused import fused_conv
+import mixrt.ops.conv.conv_cpu as conv_cpu
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.nn.fused import fused_conv
 
 CASES = [  # x shape, w shape, attributes
     ((1, 16, 9, 9), (4, 16, 3, 3), dict(pads=[1, 1, 1, 1])),
@@ -106,7 +106,7 @@ def test_sessions_prepack_constant_conv_weights_only():
     from onnx import TensorProto, helper, numpy_helper
 
     import mixrt
-    from mixrt.ops.registry import CONSTANT_INPUTS
+    from mixrt.ops.ir.registry import CONSTANT_INPUTS
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])

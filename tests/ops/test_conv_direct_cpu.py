@@ -1,4 +1,4 @@
-"""Direct convolution on the panel tile (ops/conv_direct_cpu.py): against the generic im2col
+"""Direct convolution on the panel tile (ops/conv/conv_direct_cpu.py): against the generic im2col
 Conv in float64, over the geometries that change its layout (strides and phases, padding,
 dilation, 1x1 read in place or from one phase, rows or channels split over the threads,
 partial strips and panels), and its epilogue (bias, residual, Relu, LeakyRelu, Clip, a
@@ -14,10 +14,11 @@ import weakref
 import numpy as np
 import pytest
 
-from mixrt.ops import conv_direct_cpu, jit_cpu
-from mixrt.ops.conv import conv as reference_conv
-from mixrt.ops.conv_cpu import conv_cpu, direct, geometry
-from mixrt.ops.fused import fused_conv
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import conv_direct_cpu
+from mixrt.ops.conv.conv import conv as reference_conv
+from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
+from mixrt.ops.nn.fused import fused_conv
 
 RNG = np.random.default_rng(11)
 needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import mixrt.ops.conv as conv_ops
-from mixrt.ops.conv import col2im, conv, conv_transpose, deform_conv
-from mixrt.ops.pool import (average_pool, global_lp_pool, lp_pool, max_pool, max_roi_pool,
+import mixrt.ops.conv.conv as conv_ops
+from mixrt.ops.conv.conv import col2im, conv, conv_transpose, deform_conv
+from mixrt.ops.pool.pool import (average_pool, global_lp_pool, lp_pool, max_pool, max_roi_pool,
                             max_unpool, roi_align)
-from mixrt.ops.registry import REGISTRY
-from mixrt.ops.types import TensorType
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import TensorType
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(7)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixrt.ops import image, jit_tier, nms_cpu
+from mixrt.ops.compiled import jit_tier
+from mixrt.ops.image import image, nms_cpu
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -139,7 +140,7 @@ def test_nms_without_boxes_or_classes():
 @pytest.mark.parametrize("transform", ["half_pixel", "output_half_pixel"])
 @pytest.mark.parametrize("sampling_ratio", [0, 2])
 def test_roi_align_compiled_matches_numpy_tier(mode, transform, sampling_ratio):
-    from mixrt.ops import pool
+    from mixrt.ops.pool import pool
     rng = np.random.default_rng(11)
     X = rng.standard_normal((2, 6, 10, 12)).astype(np.float32)
     corner = rng.uniform(-3, 14, size=(20, 2))

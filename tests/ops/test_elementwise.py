@@ -12,8 +12,9 @@ import pytest
 from onnx import helper
 
 import mixrt
-from mixrt.ops import REGISTRY, activation, elementwise as ew
-from mixrt.ops.types import TensorType
+from mixrt.ops import REGISTRY
+from mixrt.ops.elementwise import activation, elementwise as ew
+from mixrt.ops.ir.types import TensorType
 
 SIGNED = [np.int8, np.int16, np.int32, np.int64]
 UNSIGNED = [np.uint8, np.uint16, np.uint32, np.uint64]

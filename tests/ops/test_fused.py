@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from mixrt.ops import REGISTRY
-from mixrt.ops import fused_elementwise as fe
-from mixrt.ops.types import TensorType
+from mixrt.ops.elementwise import fused_elementwise as fe
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 
 RNG = np.random.default_rng(3)

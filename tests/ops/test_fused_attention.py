@@ -1,4 +1,4 @@
-"""mixrt::FusedAttention (ops/fused_attention.py): the compiled heads of ops/_jit_panels.py
+"""mixrt::FusedAttention (ops/attention/fused_attention.py): the compiled heads of ops/panels/_jit_panels.py
 against the composition of ONNX ops it stands for, computed in float64 with NumPy; and the
 vector softmax they use."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixrt.ops import fused_attention as fa
-from mixrt.ops import jit_cpu, parallel
-from mixrt.ops.fused_attention import fused_attention
+from mixrt.ops.attention import fused_attention as fa
+from mixrt.ops.compiled import jit_cpu, parallel
+from mixrt.ops.attention.fused_attention import fused_attention
 from mixrt.runtime.device import gpu_available
 from helpers import until_the_worker_joins
 
@@ -129,7 +129,7 @@ def test_what_the_compiled_kernel_does_not_take_runs_the_composition():
 
 
 def test_inference_gives_the_output_shape_of_the_composition():
-    from mixrt.ops.types import TensorType
+    from mixrt.ops.ir.types import TensorType
     infer = fused_attention.kernels[0].infer_fn
     f32 = np.dtype(np.float32)
     q, k, v = (TensorType(f32, ("b", 128, 12, 64)), TensorType(f32, ("b", 96, 12, 64)),

@@ -1,4 +1,4 @@
-"""mixrt::FusedConvPool (ops/fused_conv_pool.py) and the pass that makes it
+"""mixrt::FusedConvPool (ops/conv/fused_conv_pool.py) and the pass that makes it
 (runtime/passes/bands.py): the banded kernel against the unfused chain and onnxruntime, on
 bands small enough that every band boundary case occurs; the pass's rules; the arena it saves;
 the export that writes it back as standard ops."""
@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.exporters.onnx import export_model
-from mixrt.ops import fused_conv_pool as banded
-from mixrt.ops.fused import fused_conv
-from mixrt.ops.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
+from mixrt.ops.conv import fused_conv_pool as banded
+from mixrt.ops.nn.fused import fused_conv
+from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.passes import bands, optimize
 from mixrt.runtime.session import Session, load_graph

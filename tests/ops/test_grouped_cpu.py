@@ -1,4 +1,4 @@
-"""Grouped 1x1 convolutions on the native workers (ops/grouped_cpu.py): the same values as
+"""Grouped 1x1 convolutions on the native workers (ops/conv/grouped_cpu.py): the same values as
 the generic kernel for every group count, batch, dtype and epilogue, NaN passed on, the
 fallback where no BLAS is found, and a ShuffleNet-shaped block through a Session against
 onnxruntime."""
@@ -9,10 +9,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops import conv_direct_cpu, grouped_cpu, jit_cpu
-from mixrt.ops.conv import conv
-from mixrt.ops.conv_cpu import direct
-from mixrt.ops.fused import activate
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import conv_direct_cpu, grouped_cpu
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.conv.conv_cpu import direct
+from mixrt.ops.nn.fused import activate
 
 RNG = np.random.default_rng(11)
 pytestmark = pytest.mark.skipif(
@@ -94,7 +95,7 @@ def test_what_it_does_not_take(why):
         W, attributes["group"] = RNG.standard_normal((8, 8, 1, 1)).astype(np.float32), 1
     else:
         out = X  # the output over the input
-    from mixrt.ops.conv_cpu import geometry  # noqa: PLC0415
+    from mixrt.ops.conv.conv_cpu import geometry  # noqa: PLC0415
     found = geometry({}, X, W, **attributes)
     assert not grouped_cpu.suits(X, W, attributes["group"], found, out, None)
 

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 import mixrt
 from mixrt.errors import UnsupportedOperatorError
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.device import gpu_available
 from soundness import backend_node_cases, case_inputs
 

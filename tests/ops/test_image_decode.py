@@ -3,7 +3,7 @@ import io
 import numpy as np
 import pytest
 
-from mixrt.ops.image_decode import image_decoder
+from mixrt.ops.image.image_decode import image_decoder
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -10,8 +10,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from mixrt.ops import image, linalg, random, signal
-from mixrt.ops.types import TensorType, tensor
+from mixrt.ops.image import image
+from mixrt.ops.nn import linalg
+from mixrt.ops.random import random
+from mixrt.ops.signal import signal
+from mixrt.ops.ir.types import TensorType, tensor
 
 rng = np.random.default_rng(0)
 

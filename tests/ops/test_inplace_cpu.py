@@ -11,18 +11,18 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import inplace_cpu
-from mixrt.ops.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
-from mixrt.ops.nn import lrn
-from mixrt.ops.pool import average_pool, max_pool
-from mixrt.ops.registry import REGISTRY
+from mixrt.ops.pool import inplace_cpu
+from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
+from mixrt.ops.nn.nn import lrn
+from mixrt.ops.pool.pool import average_pool, max_pool
+from mixrt.ops.ir.registry import REGISTRY
 
 RNG = np.random.default_rng(11)
 
 
 @pytest.fixture(autouse=True, params=["1", "0"], ids=["jit", "numpy"])
 def jit_mode(request, monkeypatch):
-    """2-D pooling runs the compiled loop of ops/jit_cpu.py when numba is there; with
+    """2-D pooling runs the compiled loop of ops/compiled/jit_cpu.py when numba is there; with
     MIXRT_JIT=0 it takes the NumPy paths below, which must stay right too."""
     monkeypatch.setenv("MIXRT_JIT", request.param)
     return request.param

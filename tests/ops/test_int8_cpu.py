@@ -1,4 +1,4 @@
-"""The VNNI integer product (ops/int8_cpu.py, ops/_jit_int8.py): exact int32 sums for every
+"""The VNNI integer product (ops/quant/int8_cpu.py, ops/quant/_jit_int8.py): exact int32 sums for every
 8-bit dtype pair and zero-point form, ragged K, rows and columns; the float route where it
 does not apply."""
 
@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops import int8_cpu
+from mixrt.ops.quant import int8_cpu
 
 needs_vnni = pytest.mark.skipif(not int8_cpu.available(),
                                 reason="needs numba and a CPU with AVX-512 VNNI")

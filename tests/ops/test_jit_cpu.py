@@ -1,5 +1,5 @@
-"""The numba-compiled depthwise convolutions (ops/jit_depthwise.py, ops/jit_cpu.py), 2-D
-pooling (ops/jit_pool.py, ops/jit_cpu.py) and the grouped 1x1 convolution equal the generic
+"""The numba-compiled depthwise convolutions (ops/conv/jit_depthwise.py, ops/compiled/jit_cpu.py), 2-D
+pooling (ops/pool/jit_pool.py, ops/compiled/jit_cpu.py) and the grouped 1x1 convolution equal the generic
 kernels over strides, dilations, asymmetric pads, channel multipliers, ceil_mode and
 NaNs, are what the CPU fast paths really run, and step aside under MIXRT_JIT=0."""
 
@@ -9,9 +9,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops import conv_cpu, inplace_cpu, jit_cpu, jit_depthwise, jit_pool, parallel
-from mixrt.ops.conv import conv
-from mixrt.ops.pool import average_pool, max_pool
+from mixrt.ops.compiled import jit_cpu, parallel
+from mixrt.ops.conv import conv_cpu, jit_depthwise
+from mixrt.ops.pool import inplace_cpu, jit_pool
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.pool.pool import average_pool, max_pool
 
 RNG = np.random.default_rng(5)
 
@@ -66,8 +68,8 @@ def _recorded_splits(monkeypatch, module) -> list:
 
 
 def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
-    """Route every depthwise convolution to the direct loop (ops/jit_depthwise.py) or to the
-    phase planes (ops/jit_cpu.py), and record the calls."""
+    """Route every depthwise convolution to the direct loop (ops/conv/jit_depthwise.py) or to the
+    phase planes (ops/compiled/jit_cpu.py), and record the calls."""
     if not direct:
         monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
     return _recorded_calls(monkeypatch, jit_depthwise if direct else jit_cpu, "depthwise_conv")
@@ -225,8 +227,8 @@ POOLS = [
 
 
 def _count_compiled_pools(monkeypatch, separable: bool) -> list:
-    """Route every compiled pool to the separable loop (ops/jit_pool.py) or to the phase
-    planes (ops/jit_cpu.py), whatever the width rule says, and record the calls."""
+    """Route every compiled pool to the separable loop (ops/pool/jit_pool.py) or to the phase
+    planes (ops/compiled/jit_cpu.py), whatever the width rule says, and record the calls."""
     if separable:
         monkeypatch.setattr(jit_pool, "NARROW_ROWS", 0)
     else:
@@ -434,7 +436,7 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon):
                                          ((4, 3, 2, 6), 2), ((33,), 0)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, monkeypatch):
-    from mixrt.ops.fast_cpu import layer_normalization_cpu
+    from mixrt.ops.nn.fast_cpu import layer_normalization_cpu
     x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
     normalized = shape[axis % len(shape):]
     scale = RNG.standard_normal(normalized).astype(np.float32)
@@ -455,7 +457,7 @@ def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, mo
 
 
 def test_layer_norm_in_place_nan_rows_and_broadcast_scales():
-    from mixrt.ops.fast_cpu import layer_normalization_cpu
+    from mixrt.ops.nn.fast_cpu import layer_normalization_cpu
     x = RNG.standard_normal((4, 16)).astype(np.float32)
     x[2, 5] = np.nan
     scale, bias = RNG.standard_normal(16).astype(np.float32), np.zeros(16, np.float32)
@@ -484,7 +486,7 @@ def _softmax_reference(x):
                                    (1, 1000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
-    from mixrt.ops.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.fast_cpu import softmax_cpu
     x = (RNG.standard_normal(shape) * 4).astype(dtype)
     calls = []
     real = jit_cpu.softmax_rows
@@ -507,8 +509,8 @@ def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
     ((2, 3, 4, 5), 0, True),
 ])
 def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch):
-    from mixrt.ops.fast_cpu import softmax_coerced_cpu, softmax_cpu
-    from mixrt.ops.nn import softmax, softmax_coerced
+    from mixrt.ops.nn.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn.nn import softmax, softmax_coerced
     x = (RNG.standard_normal(shape) * 4).astype(np.float32)
     fast, generic = (softmax_coerced_cpu, softmax_coerced) if coerced else (softmax_cpu, softmax)
     calls = []
@@ -524,7 +526,7 @@ def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch)
 
 
 def test_softmax_into_a_strided_buffer_writes_every_element():
-    from mixrt.ops.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.fast_cpu import softmax_cpu
     x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     spaced = np.full((4, 3, 4), np.nan, np.float32)
     out = spaced[::2]  # its rows cannot be one (6, 4) view: a reshape of it is a copy
@@ -534,8 +536,8 @@ def test_softmax_into_a_strided_buffer_writes_every_element():
 
 
 def test_softmax_of_a_strided_input_runs_compiled_on_a_copy_of_its_rows(monkeypatch):
-    from mixrt.ops.fast_cpu import softmax_coerced_cpu, softmax_cpu
-    from mixrt.ops.nn import softmax, softmax_coerced
+    from mixrt.ops.nn.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn.nn import softmax, softmax_coerced
     x = RNG.standard_normal((5, 6, 4)).astype(np.float32).transpose(1, 0, 2)  # not contiguous
     calls = []
     real = jit_cpu.softmax_rows
@@ -553,7 +555,7 @@ def test_softmax_in_place_and_special_values_row_by_row():
     """A NaN anywhere in a row (in any of the max's eight lanes, or past them) makes that row
     NaN, as NumPy's max does; +inf makes its row NaN (inf - inf); a row of -inf is NaN; a row
     with a -inf among finite scores (a masked key) gives it 0. Other rows are untouched."""
-    from mixrt.ops.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.fast_cpu import softmax_cpu
     x = RNG.standard_normal((8, 19)).astype(np.float32)
     x[0, 0] = np.nan  # the first element: every lane starts from it
     x[1, 5] = np.nan  # inside the eight lanes
@@ -584,8 +586,8 @@ def _spy_whole_plane(monkeypatch):
                                    (2, 3, 1, 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_global_pools_match_the_generic_kernels_and_run_compiled(shape, dtype, monkeypatch):
-    from mixrt.ops.inplace_cpu import global_average_pool_cpu, global_max_pool_cpu
-    from mixrt.ops.pool import global_average_pool, global_max_pool
+    from mixrt.ops.pool.inplace_cpu import global_average_pool_cpu, global_max_pool_cpu
+    from mixrt.ops.pool.pool import global_average_pool, global_max_pool
     x = (RNG.standard_normal(shape) * 3).astype(dtype)
     calls = _spy_whole_plane(monkeypatch)
     out = np.full(shape[:2] + (1,) * (len(shape) - 2), np.nan, dtype)

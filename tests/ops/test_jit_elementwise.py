@@ -1,4 +1,4 @@
-"""FusedElementwise programs compiled by ops/jit_elementwise.py: the same bits as the NumPy
+"""FusedElementwise programs compiled by ops/elementwise/jit_elementwise.py: the same bits as the NumPy
 path for every compiled op, every broadcast layout, in place and split over threads; what
 does not compile stays in NumPy; the generated module's cache on disk."""
 
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from mixrt.ops import fused_elementwise as fe
-from mixrt.ops import jit_cpu
-from mixrt.ops import jit_elementwise as je
-from mixrt.ops import parallel
+from mixrt.ops.elementwise import fused_elementwise as fe
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.elementwise import jit_elementwise as je
+from mixrt.ops.compiled import parallel
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not available")
 

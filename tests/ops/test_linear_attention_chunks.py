@@ -1,6 +1,6 @@
-"""LinearAttention's chunked forward (ops/attention_recurrent.py: ``_chunk``) against the
+"""LinearAttention's chunked forward (ops/attention/attention_recurrent.py: ``_chunk``) against the
 token-by-token recurrence the spec writes, which the backward kernel replays
-(ops/attention_recurrent_grad.py: ``_Tokens.step``): every update rule, a decay per head
+(ops/attention/attention_recurrent_grad.py: ``_Tokens.step``): every update rule, a decay per head
 and per key channel, grouped query heads, chunk sizes that do and do not divide the
 sequence, a past state, decays strong enough to overflow a naive exp(-G), and float16."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import mixrt
-from mixrt.ops.attention_recurrent import linear_attention
-from mixrt.ops.attention_recurrent_grad import _tokens
-from mixrt.ops.types import TensorType
+from mixrt.ops.attention.attention_recurrent import linear_attention
+from mixrt.ops.attention.attention_recurrent_grad import _tokens
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.errors import ExecutionError
-from mixrt.ops.control import _cond_stays_true
+from mixrt.ops.control.control import _cond_stays_true
 from mixrt.runtime.device import gpu_available
 from mixrt.importers.onnx import import_model
 

@@ -1,13 +1,14 @@
-"""Dense products on the CPU (ops/matmul_cpu.py): the packed-panel kernels for a constant
+"""Dense products on the CPU (ops/nn/matmul_cpu.py): the packed-panel kernels for a constant
 weight, and without them the few-rows forms; each gives what matmul gives, for MatMul, Gemm
 (every transA/transB) and the fused kernels, with and without a prepacked B."""
 
 import numpy as np
 import pytest
 
-from mixrt.ops import jit_cpu, matmul_cpu
-from mixrt.ops.fast_cpu import gemm_cpu, mat_mul_cpu
-from mixrt.ops.fused import fused_gemm, fused_mat_mul
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.nn import matmul_cpu
+from mixrt.ops.nn.fast_cpu import gemm_cpu, mat_mul_cpu
+from mixrt.ops.nn.fused import fused_gemm, fused_mat_mul
 from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""The native worker pool under the direct convolutions (ops/_jit_panels.py, its last two
+"""The native worker pool under the direct convolutions (ops/panels/_jit_panels.py, its last two
 sections): the same bits as the parts run through ``parallel_for``, the
 worker really taking parts, its sleep and wake, a second caller while the pool is taken,
 concurrent callers, and a forked child that gets a pool of its own."""
@@ -11,8 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from mixrt.ops import conv_direct_cpu, jit_cpu
-from mixrt.ops.conv_cpu import direct
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import conv_direct_cpu
+from mixrt.ops.conv.conv_cpu import direct
 from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(5)

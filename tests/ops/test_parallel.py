@@ -1,4 +1,4 @@
-"""ops/parallel.py: every part runs exactly once, errors reach the caller, and calls from
+"""ops/compiled/parallel.py: every part runs exactly once, errors reach the caller, and calls from
 many threads at once neither deadlock nor mix their parts up."""
 
 import threading
@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-from mixrt.ops import parallel
-from mixrt.ops.fast_cpu import softmax_cpu
-from mixrt.ops.nn import softmax
+from mixrt.ops.compiled import parallel
+from mixrt.ops.nn.fast_cpu import softmax_cpu
+from mixrt.ops.nn.nn import softmax
 
 
 def test_every_part_runs_once():

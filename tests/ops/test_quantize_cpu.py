@@ -1,5 +1,5 @@
-"""ops/quantize_cpu.py: per-tensor 8-bit QuantizeLinear/DequantizeLinear through the compiled
-loops of ops/_jit_quantize.py give the NumPy forms' codes and values bit for bit, and every
+"""ops/quant/quantize_cpu.py: per-tensor 8-bit QuantizeLinear/DequantizeLinear through the compiled
+loops of ops/quant/_jit_quantize.py give the NumPy forms' codes and values bit for bit, and every
 other form still takes the NumPy path."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixrt.ops import jit_cpu, quantize_cpu
-from mixrt.ops.quantize import dequantize_linear, quantize_linear
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.quant import quantize_cpu
+from mixrt.ops.quant.quantize import dequantize_linear, quantize_linear
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="the compiled tier needs numba")
 RNG = np.random.default_rng(8)
@@ -85,7 +86,7 @@ CONVS = [  # x shape, w shape, attributes
                                                         (np.uint8, True, True)])
 def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attributes, codes,
                                                          per_channel, biased):
-    from mixrt.ops.quantize import qlinear_conv
+    from mixrt.ops.quant.quantize import qlinear_conv
     info = np.iinfo(codes)
     x = RNG.integers(info.min, info.max + 1, x_shape).astype(codes)
     w = RNG.integers(info.min, info.max + 1, w_shape).astype(codes)
@@ -109,7 +110,7 @@ def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attri
 @pytest.mark.parametrize("case", ["spread", "positive", "negative", "zeros", "nan", "inf",
                                   "tiny"])
 def test_dynamic_quantize_on_the_cpu_gives_the_numpy_forms_outputs(case):
-    from mixrt.ops.quantize import dynamic_quantize_linear
+    from mixrt.ops.quant.quantize import dynamic_quantize_linear
     x = {"spread": RNG.standard_normal((64, 256)) * 3,
          "positive": RNG.random((3, 5)) + 2, "negative": -RNG.random((7,)) * 1e3,
          "zeros": np.zeros((4, 4)), "nan": np.array([1.0, np.nan, -2.0]),

@@ -1,12 +1,13 @@
-"""The standard LSTM and GRU steps compiled (ops/lstm_cpu.py, ops/gru_cpu.py) against the
-NumPy cells they stand in for (ops/rnn_grad.py), forward and backward, and where each is taken."""
+"""The standard LSTM and GRU steps compiled (ops/rnn/lstm_cpu.py, ops/rnn/gru_cpu.py) against the
+NumPy cells they stand in for (ops/rnn/rnn_grad.py), forward and backward, and where each is taken."""
 
 import functools
 
 import numpy as np
 import pytest
 
-from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn, rnn_grad
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.rnn import gru_cpu, lstm_cpu, rnn, rnn_grad
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
 
@@ -110,7 +111,7 @@ def test_without_a_workspace_the_backward_runs_the_forward_again():
 @pytest.mark.parametrize("direction, layout", [("forward", 0), ("bidirectional", 1)])
 def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, layout, path):
     """Both compiled inference paths: the steps (more than SEQUENCE_ROWS rows) and the whole
-    sequence in one call (ops/_jit_recurrent.py; tests/ops/test_recurrent_sequence.py)."""
+    sequence in one call (ops/rnn/_jit_recurrent.py; tests/ops/test_recurrent_sequence.py)."""
     if path == "forward_sequence" and jit_cpu.panel_kernels() is None:
         pytest.skip("the sequence kernels need the panel tile (AVX-512)")
     values = inputs(np.float32, 2 if direction == "bidirectional" else 1, layout)
@@ -218,7 +219,7 @@ def test_a_fed_recurrent_weight_is_read_afresh_on_every_run():
     np.testing.assert_allclose(second, expected, rtol=2e-5, atol=2e-6)
 
 
-# -- the GRU (ops/gru_cpu.py): reset after the recurrent product ------------------------------
+# -- the GRU (ops/rnn/gru_cpu.py): reset after the recurrent product ------------------------------
 
 def gru_inputs(dtype, directions, layout, bias=True, initial=True, seed=0):
     return inputs(dtype, directions, layout, bias, initial, seed, gates=3)

@@ -1,12 +1,13 @@
-"""A recurrent layer's whole sequence in one compiled call (ops/_jit_recurrent.py), split
-between threads: its tanh against NumPy's, its steps against ops/lstm_cpu.py's (the RNN's
-against ops/rnn.py's NumPy step), and its parts run by one thread, by the native pool, or
+"""A recurrent layer's whole sequence in one compiled call (ops/rnn/_jit_recurrent.py), split
+between threads: its tanh against NumPy's, its steps against ops/rnn/lstm_cpu.py's (the RNN's
+against ops/rnn/rnn.py's NumPy step), and its parts run by one thread, by the native pool, or
 by a thread that arrives late."""
 
 import numpy as np
 import pytest
 
-from mixrt.ops import gru_cpu, jit_cpu, lstm_cpu, rnn, rnn_cpu
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.rnn import gru_cpu, lstm_cpu, rnn, rnn_cpu
 
 pytestmark = pytest.mark.skipif(
     not jit_cpu.enabled() or jit_cpu.panel_kernels() is None,
@@ -280,7 +281,7 @@ def rnn_values(dtype, batch, directions=1):
 
 
 def run_rnn(values, monkeypatch, compiled, lengths=None, **attributes):
-    """rnn.simple_rnn through ops/rnn_cpu.py (``compiled``) or the NumPy step; the result
+    """rnn.simple_rnn through ops/rnn/rnn_cpu.py (``compiled``) or the NumPy step; the result
     and whether the compiled sequence ran."""
     taken = []
     real = rnn_cpu.inference

@@ -1,4 +1,4 @@
-"""Replayed convolution calls (ops/replay.py): a node's planned runs after the first go
+"""Replayed convolution calls (ops/compiled/replay.py): a node's planned runs after the first go
 straight to the native call, and give what the full path gives, for every form that records
 (direct, grouped 1x1, depthwise) and through whatever changes between calls (the input's
 values, the thread, the thread's scratch buffers, an activation applied after the kernel)."""
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mixrt.ops import conv_direct_cpu, jit_cpu, replay
-from mixrt.ops.conv_cpu import conv_cpu, direct
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv import conv_direct_cpu
+from mixrt.ops.conv.conv_cpu import conv_cpu, direct
 from mixrt.runtime.blas_threads import GATE
 from mixrt.runtime.session import Session
 

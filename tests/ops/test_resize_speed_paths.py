@@ -1,4 +1,4 @@
-"""Resize's forward on both of its paths (ops/image.py): the banded matrix product (NumPy,
+"""Resize's forward on both of its paths (ops/image/image.py): the banded matrix product (NumPy,
 finite input) and the tap-by-tap loop (CuPy, non-finite input, wide windows); and nearest's
 gathers, run in the cheapest axis order and as repeats at integer scales.
 
@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from mixrt.ops import image
-from mixrt.ops.dtypes import accumulation_dtype
+from mixrt.ops.image import image
+from mixrt.ops.ir.dtypes import accumulation_dtype
 
 
 @pytest.fixture(params=["band", "band_small_blocks", "taps"])

@@ -8,8 +8,8 @@ import pytest
 from onnx import helper
 
 import mixrt
-from mixrt.ops import index, shape
-from mixrt.ops.types import TensorType
+from mixrt.ops.shape import index, shape
+from mixrt.ops.ir.types import TensorType
 
 RNG = np.random.default_rng(0)
 
@@ -312,8 +312,8 @@ def test_infer_reshape_and_gather():
 @pytest.mark.parametrize("source, shape", [((1, 2, 1, 4, 3), (1, 2, 2, 4, 3)),
                                            ((3, 1), (2, 1, 4)), ((), (2, 2))])
 def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
-    from mixrt.ops.fast_cpu import expand_cpu
-    from mixrt.ops.shape import expand
+    from mixrt.ops.nn.fast_cpu import expand_cpu
+    from mixrt.ops.shape.shape import expand
     x = np.arange(int(np.prod(source)), dtype=np.float32).reshape(source)
     expected = expand(np, x, np.array(shape))
     out = np.empty(expected.shape, np.float32)
@@ -332,8 +332,8 @@ def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
     ((8,), (3,), 0)])
 def test_scatter_elements_on_the_cpu_writes_as_the_generic_kernel(data_shape, index_shape,
                                                                   axis):
-    from mixrt.ops.fast_cpu import scatter_elements_cpu
-    from mixrt.ops.index import scatter_elements
+    from mixrt.ops.nn.fast_cpu import scatter_elements_cpu
+    from mixrt.ops.shape.index import scatter_elements
     rng = np.random.default_rng(4)
     data = rng.standard_normal(data_shape).astype(np.float32)
     length = data_shape[axis]

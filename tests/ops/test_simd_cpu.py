@@ -1,9 +1,9 @@
-"""ops/simd_cpu.py: constant operands with a real inner stride, and the ReLU/Clip built on them
+"""ops/elementwise/simd_cpu.py: constant operands with a real inner stride, and the ReLU/Clip built on them
 keeping ONNX semantics (NaN propagates, low > high gives high)."""
 
 import numpy as np
 
-from mixrt.ops.simd_cpu import clip_, filled, relu_
+from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
 
 
 def test_filled_is_read_only_and_broadcast_free_on_the_last_axis():

@@ -1,5 +1,5 @@
-"""ops/_jit_trees.py's classifier scores (two_class_scores, many_class_scores) against the
-NumPy forms of ops/ml_trees.py they stand for, over every branch: base values 0/1/2,
+"""ops/ml/_jit_trees.py's classifier scores (two_class_scores, many_class_scores) against the
+NumPy forms of ops/ml/ml_trees.py they stand for, over every branch: base values 0/1/2,
 binary case or not, weights all positive or not, rows scored for either class or none,
 each compiled post-transform, float32 and float64 sums."""
 
@@ -10,7 +10,8 @@ import itertools
 import numpy as np
 import pytest
 
-from mixrt.ops import jit_cpu, ml_trees
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.ml import ml_trees
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="the compiled tier needs numba")
 RNG = np.random.default_rng(3)

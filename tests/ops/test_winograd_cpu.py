@@ -1,4 +1,4 @@
-"""Winograd F(2x2, 3x3) convolution (ops/winograd_cpu.py): equal to im2col over pads, odd
+"""Winograd F(2x2, 3x3) convolution (ops/conv/winograd_cpu.py): equal to im2col over pads, odd
 and even planes, batches, bands that split images and join them, bias and FusedConv's
 epilogue; taken by the layers its size rule names and by no other geometry; and NaNs and
 infinities reach the outputs im2col's would."""
@@ -9,8 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops import conv_cpu, conv_direct_cpu, jit_cpu, winograd_cpu
-from mixrt.ops.fused import fused_conv
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import conv_cpu, conv_direct_cpu, winograd_cpu
+from mixrt.ops.nn.fused import fused_conv
 
 RNG = np.random.default_rng(11)
 

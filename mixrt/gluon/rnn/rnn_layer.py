@@ -14,7 +14,7 @@ Parameters per layer ``k`` and direction (``l`` forward, ``r`` reverse), as in M
 (num_layers * directions, N, hidden) with PyTorch's order (layer by layer, forward first).
 
 Why the fused ops: one node per layer runs the whole recurrence in one kernel (and one
-backward kernel, ``ops/rnn_grad.py``), the traced graph does not grow with the sequence
+backward kernel, ``ops/rnn/rnn_grad.py``), the traced graph does not grow with the sequence
 length, and an exported layer is the ONNX LSTM that onnxruntime and every other runtime run
 natively. The parameters keep MXNet's and PyTorch's gate order (LSTM i, f, g, o; GRU r, z,
 n) so their checkpoints load unchanged; each call reorders the rows into ONNX's (LSTM i, o,

@@ -1,4 +1,4 @@
-"""ElementwiseKernel on the fake: the C subset mixrt generates (ops/fused_elementwise.py's
+"""ElementwiseKernel on the fake: the C subset mixrt generates (ops/elementwise/fused_elementwise.py's
 templates: ``const T rN = expr;`` lines, casts, calls, one form of ternary) rewritten to
 NumPy and evaluated. Anything else is refused."""
 

@@ -1,0 +1,97 @@
+"""Where mixrt keeps what it compiles: ``MIXRT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixrt``
+or ``~/.cache/mixrt``. The generated kernels' sources live in its ``jit/`` folder, the
+markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tiers.py``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("MIXRT_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mixrt"
+
+
+# -- damaged entries -----------------------------------------------------------------------------
+#
+# numba reads its disk cache with pickle and lets any failure escape: a truncated index or
+# data file (a full disk, a process killed mid-write on a file system without atomic
+# rename, a bad copy of a cache into an image) made every later call of that kernel raise
+# UnpicklingError or EOFError, in every process, until someone deleted the file. Guarded,
+# such an entry is deleted and counts as missing, so the kernel is compiled and saved again.
+
+_guarded: list = []
+
+
+def guard_damaged_entries() -> None:
+    """Make numba treat a damaged cache file as a missing one (once per process)."""
+    if _guarded:
+        return
+    from numba.core import caching  # noqa: PLC0415  (numba loads on first use)
+    index_file, cache = caching.IndexDataCacheFile, caching.Cache
+    load_index, load_data, load_overload = (index_file._load_index, index_file._load_data,
+                                            cache.load_overload)
+
+    def _load_index(self):
+        try:
+            return load_index(self)
+        except Exception:  # noqa: BLE001  (any damage: unpickling, truncation, bad types)
+            _remove(self._index_path)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return load_data(self, name)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            _remove(self._data_path(name))
+            raise OSError(f"damaged numba cache entry {name}") from exc  # load() skips it
+
+    def _load_overload(self, sig, target_context):
+        try:
+            return load_overload(self, sig, target_context)
+        except Exception:  # noqa: BLE001  (an entry that unpickled but cannot be rebuilt)
+            return None
+
+    index_file._load_index, index_file._load_data = _load_index, _load_data
+    cache.load_overload = _load_overload
+    _stamp_kernel_files(caching._SourceFileBackedLocatorMixin)
+    _guarded.append(True)
+
+
+# numba stamps a cache entry with its own source file's mtime and size only, but a cached
+# kernel keeps the machine code it inlined from the other kernel files (the tile, the
+# atomics): an entry of ops/panels/_jit_conv_direct.py would outlive a change to
+# ops/panels/_jit_tile.py. The entries of the kernel files (ops/*/_jit*.py) are stamped with
+# every kernel file's mtime and size.
+_OPS_FOLDER = Path(__file__).resolve().parent.parent
+
+
+def _stamp_kernel_files(locator) -> None:
+    own = locator.get_source_stamp
+
+    def get_source_stamp(self):
+        stamp = own(self)
+        path = Path(self._py_file).resolve()
+        if path.parent.parent == _OPS_FOLDER and path.name.startswith("_jit"):
+            return stamp, kernel_files_stamp()
+        return stamp
+    locator.get_source_stamp = get_source_stamp
+
+
+def kernel_files_stamp() -> tuple:
+    """(family/name, mtime, size) of every compiled-kernel source file (ops/*/_jit*.py)."""
+    return tuple((f"{p.parent.name}/{p.name}", p.stat().st_mtime_ns, p.stat().st_size)
+                 for p in sorted(_OPS_FOLDER.glob("*/_jit*.py")))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,78 @@
+"""A node's last CPU call (a convolution, a pool, a FusedElementwise chain), replayed when
+the next one passes the very same arrays.
+
+In a planned run a node gets the same array objects every time: its input and output are
+views the arena made once, its weight and bias the session's constants. Yet each call
+checked them all again (contiguity, dtypes, aliasing, the route among the CPU forms), looked
+up its geometry, layout and kit, and made the arguments of its native call: 8-14 us of
+Python a convolution, on ShuffleNet's 48 more than their BLAS time. A kernel that finished
+its call through one compiled call records here what that call needs beyond the arrays; the
+next call with the same arrays goes straight to it.
+
+The arrays are held weakly (a replay never keeps an arena alive) and compared by identity:
+the same object has the same shape, dtype, strides and memory (numpy will not resize an
+array another one references), and only its values may differ, which the native call reads
+afresh. An input that is a new object each run, a view a Reshape made of the same arena
+bytes (ShuffleNet's channel shuffle before each depthwise conv), matches when its address,
+shape, strides and dtype are the recorded ones: the call's addresses are then that live
+array's. A replay is also tied to its thread (kits and scratch are per thread) and to the
+native pool the run pinned, and lapses when the thread's scratch buffers are reallocated
+(its kit would hold an old one). Whatever does not match takes the full path, which
+records again: two threads calling one node in turn simply both take it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from mixrt.ops.compiled import jit_cpu
+
+KEY = ("replay",)  # its place in a node's dict (in prepacked ones string keys name layouts)
+
+
+class Replay:
+    __slots__ = ("thread", "pool", "scratch", "refs", "layouts", "action")
+
+    def __init__(self, arrays: tuple, action):
+        self.thread = threading.get_ident()
+        self.pool = jit_cpu.native_pool()
+        self.scratch = jit_cpu.scratch_generation()
+        self.refs = tuple(None if a is None else weakref.ref(a) for a in arrays)
+        self.layouts = tuple(None if a is None else _layout(a) for a in arrays)
+        self.action = action
+
+
+def _layout(array) -> tuple:
+    return array.ctypes.data, array.shape, array.strides, array.dtype.str
+
+
+def replayed(prepacked: dict | None, arrays: tuple) -> bool:
+    """Whether the recorded call of this node ran again on ``arrays`` (all the call's array
+    arguments, in the order recorded, the output last)."""
+    found = None if prepacked is None else prepacked.get(KEY)
+    if found is None or found.thread != threading.get_ident() \
+            or found.pool is not jit_cpu.native_pool() \
+            or found.scratch != jit_cpu.scratch_generation():
+        return False
+    for ref, layout, array in zip(found.refs, found.layouts, arrays):
+        if ref is None:
+            if array is not None:
+                return False
+        elif ref() is not array and (array is None or _layout(array) != layout):
+            return False
+    found.action(*arrays)
+    return True
+
+
+def record(prepacked: dict | None, arrays: tuple, action) -> None:
+    """Keep ``action(*arrays)`` as the node's call on these very arrays (the caller checks
+    that ``out``, the last, was given: a call that made its own output is not replayed)."""
+    if prepacked is not None:
+        prepacked[KEY] = Replay(arrays, action)
+
+
+def forget(prepacked: dict | None) -> None:
+    """Drop the recorded call (a call that took another route)."""
+    if prepacked is not None:
+        prepacked.pop(KEY, None)

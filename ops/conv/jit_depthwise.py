@@ -1,0 +1,181 @@
+"""Depthwise 2-D convolution as a generated numba loop over one small padded plane at a time.
+
+The first compiled kernel (``ops/compiled/jit_cpu.py``) copies the whole input into zero-padded
+stride-phase planes, then runs each tap over a flat run of a plane into a scratch row and
+copies that into the output. On ShuffleNet's 136x28x28 3x3 layer the planes alone took 35 of
+its 90 µs, and 142 of 198 µs on the stride-2 112x56x56 one.
+
+Here the input is read plane by plane: each plane is copied into a small scratch whose
+zero border was written once per call (every plane overwrites the same interior), so the
+copy stays in L1 and costs a fraction of the loop. Each output row then sums its ``kh * kw``
+taps, unrolled, with the weights held in registers; the loads are contiguous when the stride
+is 1, so LLVM vectorizes the row. A tap over the padding multiplies its weight by a real
+zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference.
+
+With stride 2 across, the scratch holds each padded row's even cells and then its odd
+ones (:func:`_split_copy`), so the taps' loads stay contiguous there too.
+
+Two designs lost (benchmarks/NOTES.md §11): reading the input in place with a
+bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where the border
+is a large share), and the taps as one flat run over the whole padded plane (3x slower than
+row by row, timed inside numba).
+
+The module is generated per (kernel, strides, dilations) from fixed templates and integer
+literals, then compiled and cached on disk by ``jit_elementwise.kernel`` like the pools'.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.elementwise.jit_elementwise import kernel_module as compiled
+from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
+from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
+
+MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
+# without the native workers (ops/panels/native_parts.py), outputs from this many elements are split
+# over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
+SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
+
+
+def suits(X, W, out, kernel) -> bool:
+    """C-contiguous float arrays, ``out`` apart from the input, a kernel it unrolls."""
+    return (X.flags.c_contiguous and out.flags.c_contiguous and out.dtype == X.dtype
+            and len(kernel) == 2 and max(kernel) <= MAX_TAPS
+            and not np.may_share_memory(X, out))
+
+
+def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None):
+    """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
+    into ``out`` (N, C*k, oh, ow); see :func:`suits`. A call split over the native workers
+    is kept as the node's replay in ``replays`` (its prepacked dict; ``ops/compiled/replay.py``) when
+    it passes W and B where they lie."""
+    (n, channels, height, width), m = X.shape, W.shape[0]
+    (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
+    if out.size == 0:
+        return out
+    weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
+    bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
+    # the padded plane as far as the last window reaches (not past the image's far pads)
+    hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
+    wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
+    module = _compiled(tuple(kernel), tuple(strides), tuple(dilations))
+    x = X.reshape(n * channels, height, width)
+    y = out.reshape(n * m, oh, ow)
+
+    def part(start, stop):
+        module.run(x, weights, bias, y, m // channels, m, begin[0], left, start, stop,
+                   np.empty((hp, wp), X.dtype))
+    native = jit_cpu.native_pool()
+    parts = split(n * m, out.size, native)
+    if parts is not None:
+        go = prepared(native, module, (x, weights, bias, y),
+                      (m // channels, m, begin[0], left, hp, wp), parts, keep=bias)
+        if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
+            replay.record(replays, (X, W, B, None, out), go)
+        go()
+    elif out.size < SPLIT_ELEMENTS:
+        part(0, n * m)
+    else:
+        parallel_for(thread_parts(n * m, out.size), part)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(kernel: tuple, strides: tuple, dilations: tuple):
+    # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
+    return compiled(source(kernel, strides, dilations), prefix="mixrt_depthwise")
+
+
+def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
+    """The module for one geometry: ``run(x, w, bias, y, multiplier, m, top, left, start, stop,
+    pad)`` computes output planes start..stop of y (N*M, oh, ow) from x (N*C, H, W), the
+    weights w (M, kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp)."""
+    for value in (*kernel, *strides, *dilations):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    taps = [(a, b) for a in range(kh) for b in range(kw)]
+    split = (sw, dw) == (2, 1)  # each padded row as its even cells, then its odd ones
+    # every array is flat and indexed with uint64 offsets (see ops/compiled/_jit_kernels.py): slicing
+    # nine row views per output row cost more than the row's arithmetic on 7x7 and 14x14
+    # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
+    column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
+        (lambda b: f"k * {sw} + {b * dw}")
+    total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
+    flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
+    return "\n".join([
+        "import numpy as np",
+        "from numba import njit, uint64",
+        *IMPORTS,
+        "",
+        f"@njit({flags})",
+        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow):",
+        *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
+        "    for i in range(oh):",
+        *[f"        r{a} = (i * {sh} + {a * dh}) * wp" for a in range(kh)],
+        "        o = base + i * ow",
+        "        for k in range(ow):",
+        f"            y[uint64(o + k)] = bias + {total}",
+        "",
+        f"@njit({flags})",
+        "def run(x, w, bias, y, multiplier, m, top, left, start, stop, pad):",
+        "    hp, wp = pad.shape",
+        "    height, width = x.shape[1], x.shape[2]",
+        "    rows, cols = min(height, hp - top), min(width, wp - left)",
+        "    oh, ow = y.shape[1], y.shape[2]",
+        "    taps = w.shape[1]",
+        "    channels = m // multiplier",
+        "    half = (wp + 1) // 2  # where a split row's odd cells start",
+        "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
+        "    # the border stays zero: every plane overwrites the same interior",
+        "    for t in range(hp * wp):",
+        "        ps[t] = 0",
+        "    padded = -1",
+        "    for q in range(start, stop):",
+        "        image, channel = q // m, q % m",
+        "        p = image * channels + channel // multiplier",
+        "        if p != padded:",
+        *(_split_copy() if split else [
+            "            for r in range(rows):",
+            "                source = (p * height + r) * width",
+            "                target = (top + r) * wp + left",
+            "                for c in range(cols):",
+            "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]),
+        "            padded = p",
+        "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
+        " ow)",
+        "",
+        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True)],
+                     ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
+                         "run(x, w, bias, y, multiplier, m, top, left, start, stop,"
+                         f" np.empty((hp, wp), {dtype}))"]),
+    ])
+
+
+def _split_copy() -> list[str]:
+    """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
+    j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
+    row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
+    per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
+    the copy of the 1.4 MB input (memory-bound) is ~70 and the taps 45 -> 22. The columns
+    go in pairs (a pair of loads LLVM deinterleaves with shuffles): a pair's first column
+    lands at ``first`` + u, its second at ``second`` + u (one in the even cells, one in the
+    odd, as ``left`` is even or odd)."""
+    def place(j):  # where padded column j lies in its row
+        return f"({j}) % 2 * half + ({j}) // 2"
+    return [
+        f"            first, second = {place('left')}, {place('left + 1')}",
+        f"            last = {place('left + cols - 1')}",
+        "            for r in range(rows):",
+        "                source = (p * height + r) * width",
+        "                target = (top + r) * wp",
+        "                for u in range(cols // 2):",
+        "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
+        "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",
+        "                if cols % 2:",
+        "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
+    ]

@@ -1,0 +1,571 @@
+"""``mixrt::FusedElementwise``: a chain (or small DAG) of elementwise ops run as one kernel.
+
+The optimizer (``runtime/passes/fuse_elementwise.py``) replaces e.g. PyTorch's exported GELU,
+``x * 0.5 * (1 + erf(x / sqrt 2))``, or a LayerNorm's decomposed tail with one node. The node
+carries a small register program in plain ONNX attributes:
+
+* registers ``0 .. n-1`` are the node's inputs; step ``i`` writes register ``n + i``; the
+  last step's register is the output;
+* ``ops`` (strings): one op name per step, from :data:`OPS`;
+* ``operands`` (ints): the registers each step reads, flattened (``OPS`` gives the arity);
+* ``params`` (floats): each step's constants, flattened (Pow's exponent, Clip's bounds,
+  LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
+
+On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU
+family, clip, sqrt, x^3, float32 erf and tanh...) runs as one generated, numba-compiled loop
+(``ops/elementwise/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs, the
+steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is
+the last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out``
+allocates nothing. On the GPU the program becomes one generated
+``cupy.ElementwiseKernel`` (built once per distinct program and cached), so the chain is one
+pass over memory. The generated source is assembled from the fixed templates below; a
+program read from a file can only pick templates and supply finite float literals.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mixrt.ops.compiled import replay
+from mixrt.ops.elementwise import jit_elementwise, odd_rational
+from mixrt.ops.elementwise.elementwise import erf_values, quiet
+from mixrt.ops.nn.fused import FUSED_DTYPES, MIXRT
+from mixrt.ops.ir.registry import op
+from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
+from mixrt.ops.ir.types import broadcast_like_first
+
+
+# -- the op table: arity, parameter count, CPU step, CUDA expression ----------------------------
+
+@dataclass(frozen=True)
+class ElementwiseOp:
+    arity: int
+    params: int
+    cpu: Callable  # (args, params, target) -> target, computed into target
+    cuda: Callable  # (*operand names, *literals) -> C++ expression
+
+
+def _ufunc(fn):
+    def step(args, params, target):
+        return fn(*args, out=target)
+    step.ufunc = fn  # called directly by the generated small-output functions
+    return step
+
+
+def _scalar(target, value):
+    return target.dtype.type(value)
+
+
+def _relu_cpu(args, params, target):
+    return relu_(args[0], target)
+
+
+def _sigmoid_cpu(args, params, target):
+    """float32: (1 + tanh(x / 2)) / 2 through the tanh rational, as the compiled loop
+    computes it (same bits on both paths; numba's exp would keep that loop scalar); within
+    ~2e-7 of 1 / (1 + exp(-x)), which other dtypes take."""
+    if target.dtype == np.float32:
+        np.multiply(args[0], _scalar(target, 0.5), out=target)
+        odd_rational.evaluate_float32("Tanh", target, target, *_scratch(target.shape, 2))
+        np.add(target, _scalar(target, 1), out=target)
+        return np.multiply(target, _scalar(target, 0.5), out=target)
+    np.negative(args[0], out=target)
+    np.exp(target, out=target)
+    np.add(target, _scalar(target, 1), out=target)
+    return np.reciprocal(target, out=target)
+
+
+def _erf_cpu(args, params, target):
+    if target.dtype != np.float32:
+        np.copyto(target, erf_values(np, np.asarray(args[0])))
+        return target
+    return _erf_float32(args[0], target)
+
+
+_ERF_LIMIT = odd_rational.limit("Erf")
+
+
+def _erf_rational() -> tuple[np.ndarray, np.ndarray]:
+    """erf's float32 rational (ops/elementwise/odd_rational.py): ~6 ulp, where the generic float64
+    polynomial of ops/elementwise/elementwise.py costs several times as much."""
+    return odd_rational.coefficients("Erf")
+
+
+def _erf_float32(x, target):
+    """erf into ``target`` through per-thread scratch (no allocation per block)."""
+    return odd_rational.evaluate_float32("Erf", x, target, *_scratch(target.shape, 2))
+
+
+def _tanh_cpu(args, params, target):
+    """float32: the rational the compiled loop vectorizes (same bits on both paths)."""
+    if target.dtype != np.float32:
+        return np.tanh(args[0], out=target)
+    return odd_rational.evaluate_float32("Tanh", args[0], target, *_scratch(target.shape, 2))
+
+
+# Its own float32 scratch rather than conv_cpu.scratch_arrays: carving the shared byte
+# workspace per block ran the BERT GELU chain ~10% slower in an A/B pair.
+_scratch_local = threading.local()
+
+
+def _scratch(shape, count: int) -> list[np.ndarray]:
+    """``count`` float32 buffers of ``shape`` owned by this thread, reused between calls."""
+    size = math.prod(shape)
+    buffer = getattr(_scratch_local, "buffer", None)
+    if buffer is None or buffer.size < count * size:
+        buffer = _scratch_local.buffer = np.empty(max(count * size, BLOCK), np.float32)
+    return [buffer[i * size:(i + 1) * size].reshape(shape) for i in range(count)]
+
+
+def _pow_cpu(args, params, target):
+    (x,), (p,) = args, params
+    n = jit_elementwise.small_power(p)
+    if n is None:
+        return np.power(x, _scalar(target, p), out=target)
+    if n == 2:
+        return np.multiply(x, x, out=target)
+    square = np.multiply(x, x) if np.may_share_memory(x, target) else \
+        np.multiply(x, x, out=target)
+    return np.multiply(square, x if n == 3 else square, out=target)  # (x x) x, (x x)(x x)
+
+
+def _pow_cuda(a, p):
+    n = jit_elementwise.small_power(p)
+    if n is None:
+        return f"pow({a}, {_lit(p)})"
+    return {2: f"({a} * {a})", 3: f"(({a} * {a}) * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[n]
+
+
+def _clip_cpu(args, params, target):
+    low, high = params  # max then min: low > high gives high; infinite bounds do nothing
+    return clip_(args[0], low, high, target)
+
+
+def _leaky_relu_cpu(args, params, target):
+    np.copyto(target, args[0])
+    return np.multiply(target, _scalar(target, params[0]), out=target, where=target < 0)
+
+
+def _hard_sigmoid_cpu(args, params, target):
+    alpha, beta = params
+    np.multiply(args[0], _scalar(target, alpha), out=target)
+    np.add(target, _scalar(target, beta), out=target)
+    return _clip_cpu([target], (0.0, 1.0), target)
+
+
+def _lit(value: float) -> str:
+    if not math.isfinite(value):
+        raise ValueError(f"FusedElementwise: parameter {value} is not finite")
+    return f"((T){float(value)!r})"
+
+
+def _cuda_call(function: str):
+    return lambda a: f"{function}({a})"
+
+
+def _clip_cuda(a, low, high):
+    inner = a if low == -math.inf else f"mx_max({a}, {_lit(low)})"
+    return inner if high == math.inf else f"mx_min({inner}, {_lit(high)})"
+
+
+OPS: dict[str, ElementwiseOp] = {
+    "Add": ElementwiseOp(2, 0, _ufunc(np.add), lambda a, b: f"({a} + {b})"),
+    "Sub": ElementwiseOp(2, 0, _ufunc(np.subtract), lambda a, b: f"({a} - {b})"),
+    "Mul": ElementwiseOp(2, 0, _ufunc(np.multiply), lambda a, b: f"({a} * {b})"),
+    "Div": ElementwiseOp(2, 0, _ufunc(np.divide), lambda a, b: f"({a} / {b})"),
+    "Max": ElementwiseOp(2, 0, _ufunc(np.maximum), lambda a, b: f"mx_max({a}, {b})"),
+    "Min": ElementwiseOp(2, 0, _ufunc(np.minimum), lambda a, b: f"mx_min({a}, {b})"),
+    "Neg": ElementwiseOp(1, 0, _ufunc(np.negative), lambda a: f"(-{a})"),
+    "Abs": ElementwiseOp(1, 0, _ufunc(np.abs), lambda a: f"fabs({a})"),
+    "Exp": ElementwiseOp(1, 0, _ufunc(np.exp), lambda a: f"exp({a})"),
+    "Log": ElementwiseOp(1, 0, _ufunc(np.log), lambda a: f"log({a})"),
+    "Sqrt": ElementwiseOp(1, 0, _ufunc(np.sqrt), lambda a: f"sqrt({a})"),
+    "Reciprocal": ElementwiseOp(1, 0, _ufunc(np.reciprocal), lambda a: f"((T)1 / {a})"),
+    "Floor": ElementwiseOp(1, 0, _ufunc(np.floor), lambda a: f"floor({a})"),
+    "Ceil": ElementwiseOp(1, 0, _ufunc(np.ceil), lambda a: f"ceil({a})"),
+    "Tanh": ElementwiseOp(1, 0, _tanh_cpu, lambda a: f"tanh({a})"),
+    # the unfused kernels of these call the same ufunc on float32/float64 (ops/elementwise/elementwise.py)
+    **{name: ElementwiseOp(1, 0, _ufunc(getattr(np, ufunc)), _cuda_call(cuda))
+       for name, ufunc, cuda in (
+           ("Sin", "sin", "sin"), ("Cos", "cos", "cos"), ("Tan", "tan", "tan"),
+           ("Asin", "arcsin", "asin"), ("Acos", "arccos", "acos"), ("Atan", "arctan", "atan"),
+           ("Sinh", "sinh", "sinh"), ("Cosh", "cosh", "cosh"), ("Asinh", "arcsinh", "asinh"),
+           ("Acosh", "arccosh", "acosh"), ("Atanh", "arctanh", "atanh"))},
+    "Erf": ElementwiseOp(1, 0, _erf_cpu, lambda a: f"erf({a})"),
+    "Relu": ElementwiseOp(1, 0, _relu_cpu, lambda a: f"mx_max({a}, (T)0)"),
+    "Sigmoid": ElementwiseOp(1, 0, _sigmoid_cpu,
+                             lambda a: f"((T)1 / ((T)1 + exp(-{a})))"),
+    "Pow": ElementwiseOp(1, 1, _pow_cpu, _pow_cuda),
+    "Clip": ElementwiseOp(1, 2, _clip_cpu, _clip_cuda),
+    "LeakyRelu": ElementwiseOp(1, 1, _leaky_relu_cpu,
+                               lambda a, alpha: f"({a} >= (T)0 ? {a} : {a} * {_lit(alpha)})"),
+    "HardSigmoid": ElementwiseOp(
+        1, 2, _hard_sigmoid_cpu,
+        lambda a, alpha, beta: f"mx_min(mx_max({a} * {_lit(alpha)} + {_lit(beta)}, (T)0), (T)1)"),
+    "Scalar": ElementwiseOp(0, 1, None, _lit),  # a literal; register holds a NumPy scalar
+}
+
+# NaN-propagating max/min (NumPy's maximum/minimum semantics; CUDA's fmax drops NaN).
+_CUDA_PREAMBLE = """
+template <typename T> __device__ T mx_max(T a, T b) { return (a > b || isnan(a)) ? a : b; }
+template <typename T> __device__ T mx_min(T a, T b) { return (a < b || isnan(a)) ? a : b; }
+"""
+
+
+# -- programs --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    operands: tuple[int, ...]
+    params: tuple[float, ...]
+
+
+class Program:
+    """A decoded, validated FusedElementwise program."""
+
+    def __init__(self, ops, operands, params, inputs: int):
+        self.inputs = inputs
+        self.steps = _decode(ops, operands, params, inputs)
+        last_use = {}
+        for index, step in enumerate(self.steps):
+            for register in step.operands:
+                last_use[register] = index
+        self.last_use = last_use
+        self.jit_kernels: dict = {}  # its compiled loops (ops/elementwise/jit_elementwise.py) by variant
+        self.routines: dict = {}  # its generated small-output functions by operand layout
+
+    # -- CPU: in-place ufunc calls over cache-sized blocks --------------------------------
+
+    def run_cpu(self, inputs, out=None, replays=None):
+        routine = self.routine(inputs, out)
+        if routine is not None:
+            return routine(*inputs, out)
+        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        if out is None:
+            out = np.empty(shape, inputs[0].dtype)
+        elif not out.flags.c_contiguous or any(
+                _overlaps(out, [x]) and not same_view(out, x) for x in inputs):
+            np.copyto(out, self.run_cpu(inputs))  # a partial overlap: compute aside
+            return out
+        if jit_elementwise.suits(self.steps, inputs, out, self.jit_kernels):
+            alias = next((i for i, x in enumerate(inputs) if _overlaps(out, [x])), None)
+            if jit_elementwise.run(self.steps, inputs, out, alias, self.jit_kernels,
+                                   replays):
+                return out
+        blocks = _row_blocks(shape, inputs, out)
+        if blocks is None:
+            return self._run_block(inputs, out, [])
+        views, out_rows, rows, step = blocks
+        # one thread: these ufuncs take microseconds per block, and two Python threads
+        # trading the GIL at every call ran this slower than one (ops/compiled/parallel.py)
+        spare: list = []  # temporaries handed from one block to the next
+        for start in range(0, rows, step):
+            part = slice(start, start + step)
+            self._run_block([v[part] if full else v for v, full in views], out_rows[part],
+                            spare)
+        return out
+
+    def routine(self, inputs, out):
+        """The program over these operands as one generated function of its ufunc calls,
+        ``f(*inputs, out)`` (``out`` None: made there), with the buffers :meth:`_run_block`
+        would choose chosen once; None where that path does not apply (operands of
+        several dtypes or not NumPy arrays, a strided ``out`` or one partly over an input,
+        an output that runs in blocks or through a compiled loop)."""
+        dtype = inputs[0].dtype
+        key = [dtype]
+        for x in inputs:
+            if x.__class__ is not np.ndarray or x.dtype != dtype:
+                return None
+            key.append(x.shape)
+        over = False
+        if out is not None:
+            if out.__class__ is not np.ndarray or out.dtype != dtype \
+                    or not out.flags.c_contiguous:
+                return None
+            for x in inputs:
+                if np.may_share_memory(out, x):
+                    if not same_view(out, x):
+                        return None
+                    over = True
+        key.append(over)
+        key = tuple(key)
+        routines = self.routines
+        found = routines.get(key, routines)
+        if found is routines:
+            found = _generated(self, dtype, key[1:-1], over)
+            if len(routines) >= MAX_ROUTINES:  # shapes from a service with dynamic axes
+                routines.clear()
+            routines[key] = found
+        if found is None or (out is not None and out.shape != found.shape) \
+                or found.size >= 2 * BLOCK or (found.compilable and
+                                               found.size >= jit_elementwise.min_elements(
+                                                   self.steps)):
+            return None  # blocks, or a compiled loop may take it
+        return found
+
+    def _run_block(self, inputs, out, spare: list):
+        """The program over one block, the last step into ``out``; other steps reuse the
+        buffer of an operand they are the last reader of, then ``out`` (when it aliases no
+        input), then ``spare`` buffers, and allocate only when none fits."""
+        dtype = inputs[0].dtype
+        full = out.shape
+        values, owned = list(inputs), [False] * len(inputs)
+        pool = spare + ([out] if not _overlaps(out, inputs) else [])
+        final = len(self.steps) - 1
+        for index, step in enumerate(self.steps):
+            if step.op == "Scalar":
+                values.append(dtype.type(step.params[0]))
+                owned.append(False)
+                continue
+            args = [values[r] for r in step.operands]
+            result_shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+            dying = [r for r in dict.fromkeys(step.operands)
+                     if owned[r] and self.last_use[r] == index]
+            target = out if index == final else _pick(values, dying, pool, result_shape, dtype)
+            values.append(OPS[step.op].cpu(args, step.params, target))
+            owned.append(True)
+            for r in dying:
+                if values[r] is not target and values[r].shape == full:
+                    pool.append(values[r])
+                values[r] = None
+        spare[:] = [b for b in pool if b is not out]
+        return out
+
+    # -- GPU: one generated kernel -----------------------------------------------------------
+
+    def cuda_source(self) -> tuple[str, str, str]:
+        """(in_params, out_params, operation) of the ElementwiseKernel."""
+        names = [f"in{i}" for i in range(self.inputs)]
+        lines = []
+        for step in self.steps:
+            register = f"r{len(names)}"
+            expression = OPS[step.op].cuda(*(names[r] for r in step.operands), *step.params)
+            lines.append(f"const T {register} = {expression};")
+            names.append(register)
+        lines.append(f"out0 = {names[-1]};")
+        return ", ".join(f"T {n}" for n in names[:self.inputs]), "T out0", "\n".join(lines)
+
+    def run_gpu(self, xp, inputs, out=None):
+        kernel = _cuda_kernel(*self.cuda_source())
+        return kernel(*inputs) if out is None else kernel(*inputs, out)
+
+
+# -- CPU: small outputs as one generated function ----------------------------------------------
+#
+# A small output is one block and no compiled loop takes it, so the program is a fixed list
+# of ufunc calls over fixed buffers: _run_block's choices (which buffer each step writes,
+# what it may reuse) depend only on the operands' shapes and on whether ``out`` is one of
+# them. Made once per such layout into a Python function, a step costs its ufunc call:
+# ~0.3 us over a (1, 16) tensor, against ~5 us of choosing buffers again at every step.
+
+MAX_ROUTINES = 64  # layouts per program
+
+
+def _generated(program: "Program", dtype, shapes, over: bool):
+    """The function for operands of ``shapes`` and ``dtype`` (``over``: ``out`` is one of
+    them), or None for an output that runs in blocks; its ``size`` and ``compilable`` say
+    whether a compiled loop may take it (asked at each call: the threshold is a setting)."""
+    full = np.broadcast_shapes(*shapes)
+    size = math.prod(full)
+    if size >= 2 * BLOCK:
+        return None
+    dtype = np.dtype(dtype)
+    names = [f"x{i}" for i in range(len(shapes))]  # the variable holding each register
+    shape_of = dict(zip(names, shapes), out=full)
+    owned = [False] * len(names)
+    pool = [] if over else ["out"]  # buffers free to write: out, then dead temporaries
+    space = {"empty": np.empty, "dtype": dtype, "full": full}
+    made, lines = [], []
+    final = len(program.steps) - 1
+    for index, step in enumerate(program.steps):
+        if step.op == "Scalar":
+            name = f"c{index}"
+            space[name], shape_of[name] = dtype.type(step.params[0]), ()
+            names.append(name)
+            owned.append(False)
+            continue
+        args = [names[r] for r in step.operands]
+        shape = np.broadcast_shapes(*(shape_of[a] for a in args))
+        dying = [r for r in dict.fromkeys(step.operands)
+                 if owned[r] and program.last_use[r] == index]
+        if index == final:
+            target = "out"
+        else:
+            target = next((names[r] for r in dying if shape_of[names[r]] == shape), None)
+            if target is None:
+                target = next((b for b in pool if shape_of[b] == shape), None)
+                if target is not None:
+                    pool.remove(target)
+            if target is None:
+                target = f"t{len(made)}"
+                space[f"s{len(made)}"], shape_of[target] = shape, shape
+                made.append(target)
+        lines.append(_call_source(step, index, args, target, shape_of[target], dtype, space))
+        names.append(target)
+        owned.append(True)
+        for r in dying:
+            if names[r] != target and shape_of[names[r]] == full:
+                pool.append(names[r])
+            names[r] = None
+    source = "\n".join(
+        [f"def routine({', '.join(f'x{i}' for i in range(len(shapes)))}, out):",
+         "    if out is None:",
+         "        out = empty(full, dtype)"]
+        + [f"    {t} = empty(s{k}, dtype)" for k, t in enumerate(made)]
+        + [f"    {line}" for line in lines] + ["    return out"])
+    exec(compile(source, f"<FusedElementwise {len(program.steps)} steps>", "exec"), space)
+    routine = space["routine"]
+    routine.shape, routine.size = full, size
+    routine.compilable = jit_elementwise.compilable(program.steps, dtype)
+    return routine
+
+
+def _call_source(step: Step, index: int, args: list[str], target: str, shape, dtype,
+                 space: dict) -> str:
+    """One step as a line of the generated function: the call OPS[step.op].cpu makes,
+    made directly where it is one ufunc call (or ReLU's maximum against zeros)."""
+    cpu = OPS[step.op].cpu
+    ufunc = getattr(cpu, "ufunc", None)
+    operands = ", ".join(args)
+    if step.op == "Relu":  # relu_: maximum against a stepping zero operand of target's shape
+        space[f"f{index}"], space[f"z{index}"] = np.maximum, filled(0, np.empty(shape, dtype))
+        return f"f{index}({operands}, z{index}, out={target})"
+    if ufunc is not None:
+        space[f"f{index}"] = ufunc
+        if ufunc in (np.maximum, np.minimum):  # NumPy deprecates their positional out
+            return f"f{index}({operands}, out={target})"
+        return f"f{index}({operands}, {target})"
+    space[f"f{index}"], space[f"p{index}"] = cpu, step.params
+    return f"{target} = f{index}([{operands}], p{index}, {target})"
+
+
+def _decode(ops, operands, params, inputs: int) -> tuple[Step, ...]:
+    if inputs < 1 or not ops:
+        raise ValueError("FusedElementwise needs at least one input and one op")
+    steps, at_operand, at_param = [], 0, 0
+    for index, name in enumerate(ops):
+        if name not in OPS:
+            raise ValueError(f"FusedElementwise step {index}: unknown op {name!r}; expected "
+                             f"one of {', '.join(OPS)}")
+        spec = OPS[name]
+        reads = tuple(int(r) for r in operands[at_operand:at_operand + spec.arity])
+        values = tuple(float(p) for p in params[at_param:at_param + spec.params])
+        if len(reads) != spec.arity or len(values) != spec.params:
+            raise ValueError(f"FusedElementwise step {index} ({name}) needs {spec.arity} "
+                             f"operands and {spec.params} params; the attributes run out")
+        if any(not 0 <= r < inputs + index for r in reads):
+            raise ValueError(f"FusedElementwise step {index} ({name}) reads registers "
+                             f"{list(reads)}; only 0..{inputs + index - 1} exist there")
+        steps.append(Step(name, reads, values))
+        at_operand += spec.arity
+        at_param += spec.params
+    if at_operand != len(operands) or at_param != len(params):
+        raise ValueError(f"FusedElementwise: {len(operands) - at_operand} operands and "
+                         f"{len(params) - at_param} params are left over after the last op")
+    return tuple(steps)
+
+
+# elements per block: big enough that the cost of a ufunc call (about a microsecond) is small
+# next to its work, small enough that a block's few temporaries stay in L2 (16K-element
+# blocks ran the BERT encoder's GELU in 1.6 ms, 64K-element ones in 0.85 ms)
+BLOCK = 1 << 16
+
+
+def _row_blocks(shape, inputs, out):
+    """Split the work along merged leading axes into blocks of about BLOCK elements:
+    ([(input view, sliced per block?)], out as rows, row count, rows per block), or None
+    when the output is small or no leading axis is shared by all inputs."""
+    rank, size = len(shape), math.prod(shape)
+    if size < 2 * BLOCK:
+        return None
+    aligned = [(1,) * (rank - x.ndim) + tuple(x.shape) for x in inputs]
+    lead = 0
+    for k in range(1, rank + 1):
+        if all(a[:k] == shape[:k] or not any(d != 1 for d in a[:k]) for a in aligned):
+            lead = k
+        else:
+            break
+    rows = math.prod(shape[:lead])
+    if lead == 0 or rows < 2:
+        return None
+    tail = tuple(shape[lead:])
+    views = [(x.reshape((rows,) + a[lead:]), True) if a[:lead] == shape[:lead]
+             else (x.reshape(a[lead:]), False) for x, a in zip(inputs, aligned)]
+    step = max(1, BLOCK // max(1, math.prod(tail)))
+    return views, out.reshape((rows,) + tail), rows, step
+
+
+def same_view(a, b) -> bool:
+    """``a`` and ``b`` address the same elements the same way (an in-place plan)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides)
+
+
+def _overlaps(out, inputs) -> bool:
+    return any(isinstance(x, np.ndarray) and np.may_share_memory(out, x) for x in inputs)
+
+
+def _pick(values, dying, pool, shape, dtype):
+    """A buffer of ``shape`` to compute into: a dying operand's, a pooled one, or new."""
+    for r in dying:
+        if values[r].shape == shape:
+            return values[r]
+    for i, buffer in enumerate(pool):
+        if buffer.shape == shape:
+            return pool.pop(i)
+    return np.empty(shape, dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def program(ops: tuple, operands: tuple, params: tuple, inputs: int) -> Program:
+    return Program(ops, operands, params, inputs)
+
+
+@functools.lru_cache(maxsize=512)
+def _cuda_kernel(in_params: str, out_params: str, operation: str):
+    import cupy  # noqa: PLC0415  (only reached on a GPU)
+    digest = hashlib.sha1(operation.encode()).hexdigest()[:12]
+    return cupy.ElementwiseKernel(in_params, out_params, operation,
+                                  name=f"mixrt_fused_{digest}", preamble=_CUDA_PREAMBLE)
+
+
+# -- the kernel -------------------------------------------------------------------------------
+
+@op("FusedElementwise", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_elementwise(xp, *inputs, ops=(), operands=(), params=(), out=None, _node=None):
+    """The program over ``inputs``; on the CPU a call into the caller's ``out`` through one
+    compiled loop is kept as the node's replay (``_node``, ``ops/compiled/replay.py``): DenseNet's
+    62 batch-norm-and-Relu nodes spent ~20 us each choosing that loop again."""
+    if xp is np and out is not None and replay.replayed(_node, inputs + (out,)):
+        return out
+    replay.forget(_node)
+    compiled = _node_program(_node, ops, operands, params, len(inputs))
+    if xp is np:
+        with quiet(np):
+            return compiled.run_cpu(inputs, out, _node if out is not None else None)
+    return compiled.run_gpu(xp, inputs, out)
+
+
+PROGRAM = ("program",)  # its place in a node's dict
+
+
+def _node_program(node: dict | None, ops, operands, params, inputs: int) -> Program:
+    """The node's decoded program, kept in its dict: making the key of the shared cache
+    from a 100-step program's attributes cost ~3 us a call."""
+    found = None if node is None else node.get(PROGRAM)
+    if found is None:
+        found = program(tuple(ops), tuple(operands), tuple(params), inputs)
+        if node is not None:
+            node[PROGRAM] = found
+    return found
+
+
+fused_elementwise.infer(broadcast_like_first)

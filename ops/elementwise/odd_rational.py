@@ -1,0 +1,109 @@
+"""Odd functions (erf, tanh) in float32 as ``x P(u) / Q(u)``, ``u = (x / limit)^2``.
+
+NumPy's float32 tanh is a SIMD call, but numba reaches tanh, erf and exp through scalar libm
+calls that LLVM cannot vectorize: a compiled FusedElementwise loop with one of them ran GPT-2's
+tanh-form GELU at ~60 ns an element. A rational function is only multiplies, adds, one divide
+and two clips, so the compiled loop (``ops/elementwise/jit_elementwise.py``) vectorizes it, and the NumPy
+path of ``ops/elementwise/fused_elementwise.py`` evaluates the same polynomials in the same order, so both
+paths give the same bits.
+
+Each fit is least squares on the relative error, reweighted by the denominator until it
+settles (Loeb's iteration), against ``math``'s float64 function. Beyond ``limit`` the float32
+result is ±1 (erfc(4) = 1.5e-8 and 1 - tanh(9) = 3e-8 are under half an ulp of 1.0f), so the
+input is clipped there and the result clipped to [-1, 1]. Evaluated in float32 both stay
+within ~6 ulp of the correctly rounded value (3e-7 absolute); NaN stays NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from mixrt.ops.elementwise.simd_cpu import clip_
+
+# name -> (float64 reference, clip limit, numerator degree, denominator degree) in u
+FUNCTIONS = {
+    "Erf": (math.erf, 4.0, 6, 4),
+    "Tanh": (math.tanh, 9.0, 5, 4),
+}
+
+
+@functools.cache
+def coefficients(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(P, Q) of ``name`` as float32, lowest degree first, Q(0) = 1."""
+    function, limit, p_degree, q_degree = FUNCTIONS[name]
+    x = np.concatenate([np.linspace(0.0, limit, 2000)[1:],
+                        limit * np.sin(np.linspace(0.0, np.pi / 2, 2000))[1:]])
+    u = (x / limit) ** 2
+    g = np.array([function(v) for v in x]) / x
+    weights = np.ones_like(u)
+    for _ in range(12):
+        design = np.hstack([u[:, None] ** np.arange(p_degree + 1),
+                            -g[:, None] * u[:, None] ** np.arange(1, q_degree + 1)])
+        solution = np.linalg.lstsq(design * weights[:, None], g * weights, rcond=None)[0]
+        p = solution[:p_degree + 1]
+        q = np.concatenate([[1.0], solution[p_degree + 1:]])
+        weights = 1.0 / np.abs(g * np.polynomial.polynomial.polyval(u, q))
+    return p.astype(np.float32), q.astype(np.float32)
+
+
+def limit(name: str) -> float:
+    return FUNCTIONS[name][1]
+
+
+def evaluate_float32(name: str, x, target, u, numerator):
+    """``name`` of float32 ``x`` into ``target``; ``u`` and ``numerator`` are scratch
+    buffers of target's shape (``target`` may be ``x`` itself)."""
+    p, q = coefficients(name)
+    bound = limit(name)
+    below, above = np.less_equal(x, -bound), np.greater_equal(x, bound)  # before target
+    clip_(x, -bound, bound, target)  # NaN stays NaN
+    np.multiply(target, target, out=u)
+    u *= np.float32(1.0 / bound ** 2)
+    _horner32(u, p, numerator)
+    target *= numerator
+    np.divide(target, _horner32(u, q, numerator), out=target)
+    clip_(target, -1.0, 1.0, target)
+    np.copyto(target, np.float32(-1.0), where=below)  # saturated, where rounding gave
+    np.copyto(target, np.float32(1.0), where=above)  # 0.99999994: GELU's 1 + tanh is 0 there
+    return target
+
+
+def _horner32(u, coefficients_, result):
+    np.multiply(u, coefficients_[-1], out=result)
+    result += coefficients_[-2]
+    for c in coefficients_[-3::-1]:
+        result *= u
+        result += c
+    return result
+
+
+def numba_source(name: str, function: str, clip, literal) -> list[str]:
+    """Source lines of an inlined numba function ``function(x)`` computing ``name`` in the
+    order of operations of :func:`evaluate_float32`; ``clip(a, low, high)`` and
+    ``literal(value)`` are the caller's templates."""
+    p, q = coefficients(name)
+    bound = limit(name)
+    return [
+        "@njit(inline='always', error_model='numpy')",
+        f"def {function}(x):",
+        f"    c = {clip('x', -bound, bound)}",
+        f"    u = c * c * {literal(1.0 / bound ** 2)}",
+        f"    top = {_horner_source(p, literal)}",
+        f"    bottom = {_horner_source(q, literal)}",
+        "    r = (c * top) / bottom",
+        f"    s = {clip('r', -1.0, 1.0)}",
+        f"    return T(-1.0) if x <= {literal(-bound)} else (T(1.0) if x >= {literal(bound)} "
+        "else s)",
+        "",
+    ]
+
+
+def _horner_source(coefficients_, literal) -> str:
+    """u * c[-1] + c[-2], then * u + c for the rest: _horner32's order."""
+    text = f"(u * {literal(coefficients_[-1])} + {literal(coefficients_[-2])})"
+    for c in coefficients_[-3::-1]:
+        text = f"({text} * u + {literal(c)})"
+    return text

@@ -1,0 +1,323 @@
+"""Fused kernels of the ``mixrt`` domain: a matrix product or convolution with its bias,
+residual add and activation applied in place, in one kernel call.
+
+The optimizer (``runtime/passes/fuse.py``) makes these nodes from ONNX ones at opt_level 2.
+Their attributes are plain ONNX kinds, so a ``.mxr`` file or an ONNX export carries them:
+``activation`` names one of :data:`ACTIVATIONS` ("" for none) and ``activation_params`` holds
+its constants in the order listed there.
+
+Every kernel accepts ``out``: when the executor passes a buffer (C-contiguous, the output's
+exact shape and dtype) the result is written there and returned; the bias, residual and
+activation then run in place on it, so a fused node touches one output buffer once per step
+instead of allocating one per op.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.compiled import replay
+from mixrt.ops.elementwise import jit_elementwise
+from mixrt.ops.nn import matmul_cpu as few_rows
+from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
+from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
+from mixrt.ops.nn.nn import matmul_shape
+from mixrt.ops.ir.registry import op
+from mixrt.ops.elementwise.simd_cpu import clip_, relu_
+from mixrt.ops.ir.types import TensorType
+
+MIXRT = "mixrt"
+# NumPy has no fast half-precision arithmetic, and the unfused ops compute narrow floats in
+# float32; fusing them would change more than rounding, so only these are fused.
+FUSED_DTYPES = frozenset({"float32", "float64"})
+
+
+# -- activations, applied in place -------------------------------------------------------------
+
+def _relu(xp, y):
+    if xp is np:
+        relu_(y, y)
+    else:
+        xp.maximum(y, y.dtype.type(0), out=y)
+
+
+def _leaky_relu(xp, y, alpha):
+    if xp is np:
+        np.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
+    else:  # CuPy ufuncs take no where=
+        xp.copyto(y, xp.where(y >= 0, y, y * y.dtype.type(alpha)))
+
+
+def _sigmoid(xp, y):
+    # 1 / (1 + e^-y), four in-place passes; e^-y overflowing to inf still gives 0
+    xp.negative(y, out=y)
+    xp.exp(y, out=y)
+    y += y.dtype.type(1)
+    xp.reciprocal(y, out=y)
+
+
+def _tanh(xp, y):
+    xp.tanh(y, out=y)
+
+
+def _hard_sigmoid(xp, y, alpha, beta):
+    y *= y.dtype.type(alpha)
+    y += y.dtype.type(beta)
+    _clip(xp, y, 0.0, 1.0)
+
+
+def _clip(xp, y, low, high):
+    # max then min, so low > high gives high, as ONNX Clip does; infinite bounds are no-ops
+    if xp is np:
+        clip_(y, low, high, y)
+        return
+    xp.maximum(y, y.dtype.type(low), out=y)
+    xp.minimum(y, y.dtype.type(high), out=y)
+
+
+ACTIVATIONS = {  # name -> (in-place function, parameter names)
+    "Relu": (_relu, ()),
+    "LeakyRelu": (_leaky_relu, ("alpha",)),
+    "Sigmoid": (_sigmoid, ()),
+    "Tanh": (_tanh, ()),
+    "HardSigmoid": (_hard_sigmoid, ("alpha", "beta")),
+    "Clip": (_clip, ("min", "max")),
+}
+
+
+def activate(xp, y, activation: str, params) -> object:
+    """Apply ``activation`` to ``y`` in place (``y`` must be a buffer the caller owns)."""
+    if activation:
+        fn, params = _checked_activation(activation, params)
+        fn(xp, y, *params)
+    return y
+
+
+def _activation(activation: str, params):
+    """``finish(xp, y)``: the activation applied to ``y`` in place, returning ``y``."""
+    if not activation:
+        return lambda xp, y: y
+    fn, params = _checked_activation(activation, params)
+
+    def finish(xp, y):
+        fn(xp, y, *params)
+        return y
+    return finish
+
+
+def _checked_activation(activation: str, params) -> tuple:
+    """(in-place function, its parameters as a list) of a named activation."""
+    found = ACTIVATIONS.get(activation)
+    if found is None:
+        raise ValueError(f"unknown fused activation {activation!r}; expected one of "
+                         f"{', '.join(ACTIVATIONS)} or '' for none")
+    fn, names = found
+    params = list(params or ())
+    if len(params) != len(names):
+        raise ValueError(f"activation {activation} takes activation_params {list(names)}, "
+                         f"got {params}")
+    return fn, params
+
+
+def _epilogue(has_bias: bool, has_residual: bool, activation: str, params):
+    """y [+ bias] [+ residual], then the activation, as a FusedElementwise program over the
+    registers (y, bias?, residual?), or None when there is nothing to do or the activation
+    has no compiled loop (Sigmoid, Tanh: NumPy's SIMD exp is faster than numba's)."""
+    return _epilogue_program(bool(has_bias), bool(has_residual), activation or "",
+                             tuple(float(v) for v in params or ()))
+
+
+@functools.lru_cache(maxsize=256)
+def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, params: tuple):
+    # imported here: fused_elementwise imports this module's FUSED_DTYPES
+    from mixrt.ops.elementwise.fused_elementwise import program as elementwise_program  # noqa: PLC0415
+    if activation and (activation not in ACTIVATIONS
+                       or len(params) != len(ACTIVATIONS[activation][1])):
+        return None  # the unfused path reports the mistake
+    steps, operands, values, current = [], [], [], 0
+    for present, register in ((has_bias, 1), (has_residual, 1 + has_bias)):
+        if present:
+            steps.append("Add")
+            operands += [current, register]
+            current = 1 + has_bias + has_residual + len(steps) - 1
+    if activation:
+        steps.append(activation)
+        operands.append(current)
+        values = list(params)
+    if not steps:
+        return None
+    program = elementwise_program(tuple(steps), tuple(operands), tuple(values),
+                                  1 + has_bias + has_residual)
+    return program if jit_elementwise.compilable(program.steps, np.float32) else None
+
+
+def _add_and_activate(xp, y, bias, residual, activation: str, params):
+    """y += bias, y += residual, then the activation, in place (either addend may be None):
+    on the CPU one compiled pass over y when ops/elementwise/jit_elementwise.py takes the program and
+    these arrays, else one NumPy call each."""
+    # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking). Without an
+    # activation NumPy's adds are faster: its in-place add of a bias row is one vectorized
+    # loop, the generic compiled loop nest indexes every element (BERT's 64 x 256 outputs:
+    # 3.5 against 9.7 us)
+    if xp is np and activation and y.size >= jit_elementwise.JIT_MIN_ELEMENTS and _compiled_epilogue(
+            _epilogue(bias is not None, residual is not None, activation, params), y,
+            tuple(a for a in (bias, residual) if a is not None)):
+        return y
+    if bias is not None:
+        y += bias
+    if residual is not None:
+        y += residual
+    return activate(xp, y, activation, params)
+
+
+def _compiled_epilogue(program, y, operands) -> bool:
+    """``program`` over (y, *operands) into y in one compiled pass; False (nothing done)
+    when that path does not suit these arrays."""
+    if program is None or not jit_elementwise.suits(program.steps, operands, y,
+                                                    program.jit_kernels):
+        return False
+    return jit_elementwise.run(program.steps, (y,) + operands, y, 0, program.jit_kernels)
+
+
+def _aliases(xp, out, *arrays) -> bool:
+    """``out`` shares memory with one of ``arrays`` (an in-place plan reused an input)."""
+    if out is None:
+        return False
+    if hasattr(xp, "may_share_memory"):
+        for a in arrays:
+            if a is not None and xp.may_share_memory(out, a):
+                return True
+        return False
+    return any(a is not None and a.data.ptr == out.data.ptr for a in arrays)
+
+
+def _into(xp, y, out):
+    """``y`` moved into ``out`` when the executor gave one."""
+    if out is None or y is out:
+        return y
+    xp.copyto(out, y)
+    return out
+
+
+# -- FusedConv -----------------------------------------------------------------------------------
+
+@op("FusedConv", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+               kernel_shape=None, pads=None, strides=None, activation="",
+               activation_params=None, out=None, _prepacked=None, _node=None):
+    """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
+    On the CPU the residual and activation run on each band of the output right after its
+    matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
+    if xp is np and out is not None and replay.replayed(_prepacked, (X, W, B, Z, out)):
+        return out
+    replay.forget(_prepacked)
+    attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                      kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
+        return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
+                                    activation_params=activation_params,
+                                    _prepacked=_prepacked, _node=_node, **attributes), out)
+    if xp is np:
+        return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), out,
+                               _prepacked, _node)
+    finish = _activation(activation, activation_params)
+    y = _into(xp, conv(xp, X, W, B, **attributes), out)
+    if Z is not None:
+        xp.add(y, Z, out=y)
+    return finish(xp, y)
+
+
+def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked, node):
+    found = geometry(prepacked, X, W, **attributes)
+    shape = (X.shape[0], W.shape[0], *found[-1])
+    if out is None:
+        out = np.empty(shape, X.dtype)
+    if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
+        conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
+        np.add(out, Z, out=out)
+        return activate(np, out, *activation)
+    limits = activation_limits(*activation)
+    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
+    if done is not None and limits is None:
+        replay.forget(prepacked)  # it would leave out the activation applied here
+        return activate(np, done, *activation)
+    if done is not None:
+        return done
+    residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
+    bias = None if B is None else B.reshape(-1, 1)
+
+    def epilogue(y, image, start, stop):
+        # bias, residual and activation on the band while it is in cache
+        band = None if residual is None else residual[image][:, start:stop]
+        _add_and_activate(np, y, bias, band, *activation)
+    return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
+                      **attributes)
+
+
+@fused_conv.infer
+def _(X, W, B=None, Z=None, **attributes):
+    attributes = {k: v for k, v in attributes.items()
+                  if k not in ("activation", "activation_params", "out")}
+    return conv.kernels[0].infer_fn(X, W, B, **attributes)
+
+
+# -- FusedGemm, FusedMatMul ---------------------------------------------------------------------
+
+@op("FusedGemm", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, activation="",
+               activation_params=None, out=None, _prepacked=None):
+    """activation(alpha * A' B' + beta * C), the product written straight into ``out``."""
+    if _aliases(xp, out, A, B, C):
+        return _into(xp, fused_gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                                    transB=transB, activation=activation,
+                                    activation_params=activation_params,
+                                    _prepacked=_prepacked), out)
+    if xp is np and out is not None and A.dtype == B.dtype == out.dtype:
+        if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
+                A, B, C, transA, transB, out, _prepacked):
+            return _add_and_activate(xp, out, None, None, activation, activation_params)
+        y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
+    else:
+        y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    if alpha != 1.0:
+        y *= y.dtype.type(alpha)
+    if C is None or beta == 0.0:
+        C = None
+    elif beta != 1.0:
+        C = C * C.dtype.type(beta)
+    return _add_and_activate(xp, y, C, None, activation, activation_params)
+
+
+@fused_gemm.infer
+def _(A, B, C=None, *, transA=0, transB=0, **_):
+    if A.shape is None or B.shape is None:
+        return [TensorType(A.dtype, None)]
+    rows = A.shape[1] if transA else A.shape[0]
+    cols = B.shape[0] if transB else B.shape[1]
+    return [TensorType(A.dtype, (rows, cols))]
+
+
+@op("FusedMatMul", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_params=None,
+                  out=None, _prepacked=None):
+    """activation(A @ B + bias + Z): a transformer's dense layer (and its residual add) in
+    one call."""
+    if _aliases(xp, out, A, B, bias, Z):
+        return _into(xp, fused_mat_mul(xp, A, B, bias, Z, activation=activation,
+                                       activation_params=activation_params,
+                                       _prepacked=_prepacked), out)
+    if xp is np and out is not None and out.dtype == A.dtype == B.dtype:
+        if bias is not None and few_rows.biased_panel_product(A, B, bias, out, _prepacked):
+            return _add_and_activate(xp, out, None, Z, activation, activation_params)
+        y = few_rows.dense_product(A, B, out, _prepacked)
+    else:
+        y = xp.matmul(A, B, out=out)
+    return _add_and_activate(xp, y, bias, Z, activation, activation_params)
+
+
+@fused_mat_mul.infer
+def _(A, B, bias=None, Z=None, **_):
+    return [TensorType(A.dtype, matmul_shape(A.shape, B.shape))]

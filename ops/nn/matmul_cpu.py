@@ -1,0 +1,259 @@
+"""Dense matrix products on the CPU: MatMul, Gemm and the fused products.
+
+A constant weight and attention's stacked products take the packed-panel tiles of
+``ops/panels/_jit_panels.py`` (the section at the end). Without them (no AVX-512, MIXRT_JIT=0, a
+weight computed in the graph), a batch of a few requests through a dense layer takes the
+forms below.
+
+OpenBLAS's sgemm is slow when the left operand has a handful of rows. Through a 2048 x 2048
+layer on this 2-core machine, one row (a gemv) took 0.09 ms and 8 rows took 1.0 ms; the same
+8 rows computed as the transposed product ``out.T = B.T @ A.T`` into a contiguous (N, m)
+scratch, then copied back, took 0.50 ms, and 0.16 ms against 0.37 ms for the MLP's 784 x 2048
+layer (2.3x). Past 64 rows the plain product wins again. ``B.T`` is fastest contiguous: the
+(N, K) weight of a Gemm with ``transB=1`` already is; a constant (K, N) weight gets a
+contiguous transposed copy kept in its session node's prepacked dict (``conv_cpu.packed``).
+
+Up to eight rows, a compiled loop (``jit_cpu.few_rows_product``) beats that too: sixteen dot
+products per pass over K, each weight value loaded once for eight rows. 8 x 784 @ 784 x
+2048: 95 against 167 us; 8 x 2048 @ 2048 x 2048: 345 against 574; two rows 0.55-0.71x. From
+16 rows on it re-reads the weight per group of eight and loses (0.78-1.59x).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv.conv_cpu import _buffer, packed
+from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
+
+FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
+MIN_WEIGHT = 1 << 16  # elements of B below which the choice does not matter
+
+
+def suits(A, B) -> bool:
+    """Whether ``A @ B`` (A (..., m, K) with its leading axes merged, B (K, N)) is a few-rows
+    product of native floats that the transposed form computes faster."""
+    if A.ndim < 2 or B.ndim != 2 or A.dtype != B.dtype \
+            or A.dtype not in (np.float32, np.float64):
+        return False
+    rows = math.prod(A.shape[:-1])
+    return FEW_ROWS[0] <= rows <= FEW_ROWS[1] and B.size >= MIN_WEIGHT \
+        and (A.ndim == 2 or A.flags.c_contiguous)
+
+
+def product_into(A, B, out, prepacked=None, B_rows=None):
+    """``out = A @ B`` through the transposed product. ``B_rows``, when given, is B.T as a
+    contiguous (N, K) array (a Gemm's transB weight); otherwise B.T comes from ``prepacked``
+    (made once) or is read as a view."""
+    if not out.flags.c_contiguous:  # both paths write through a reshaped view of it
+        return np.matmul(A, B, out=out)
+    a = A.reshape(-1, A.shape[-1])
+    rows = a.shape[0]
+    if B_rows is None:
+        B_rows = packed(prepacked, "rows_of_transpose", lambda: np.ascontiguousarray(B.T)) \
+            if prepacked is not None else B.T
+    n = B_rows.shape[0]
+    target = out.reshape(rows, n)
+    if jit_cpu.few_rows_suits(a, B_rows, target):
+        jit_cpu.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
+        return out
+    scratch = _buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
+    np.matmul(B_rows, a.T, out=scratch)
+    np.copyto(target, scratch.T)
+    return out
+
+
+def stacked_product(A, B, out):
+    """``out = A @ B`` for A (..., m, K) and a 2-D B: a C-contiguous stack of A is one (rows, K)
+    matrix, so the product is one sgemm rather than NumPy's one per stacked matrix. The
+    BERT-shaped encoder at batch 8, (8, 128, 768) @ (768, 3072): 9.4 ms merged against
+    11.8 ms as eight products (OpenBLAS splits a 1024-row product across its threads
+    better than eight 128-row ones)."""
+    if A.ndim > 2 and B.ndim == 2 and A.flags.c_contiguous and out.flags.c_contiguous \
+            and out.shape == A.shape[:-1] + B.shape[1:]:
+        np.matmul(A.reshape(-1, A.shape[-1]), B, out=out.reshape(-1, B.shape[1]))
+        return out
+    return np.matmul(A, B, out=out)
+
+
+def dense_product(A, B, out, prepacked=None):
+    """``out = A @ B`` (native floats, ``out`` apart from B) in the fastest form here: the
+    packed panels for a constant weight, the transposed form for a few rows, else one
+    product per C-contiguous stack."""
+    if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK:
+        return stacked_product(A, B, out)  # what the checks below come to (~1 us of them)
+    if panels_suit(A, B, out, prepacked):
+        return panel_product(A, B, out, prepacked)
+    if stacks_suit(A, B, out):
+        return stacked_panel_product(A, B, out)
+    if suits(A, B) and not np.may_share_memory(out, A):
+        return product_into(A, B, out, prepacked)
+    return stacked_product(A, B, out)
+
+
+def biased_gemm_product(A, B, C, transA, transB, out, prepacked) -> bool:
+    """``out = A' B' + C`` with C one value per column, the bias added in the panels
+    (:func:`biased_panel_product`); False, nothing written, where that does not apply."""
+    return C is not None and not transA and biased_panel_product(
+        A, B.T if transB else B, C, out, prepacked)
+
+
+def gemm_product(A, B, transA, transB, out, prepacked=None):
+    """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
+    left, right = A.T if transA else A, B.T if transB else B
+    if panels_suit(left, right, out, prepacked):
+        return panel_product(left, right, out, prepacked)
+    if suits(left, right) and not np.may_share_memory(out, left):
+        return product_into(left, right, out, prepacked,
+                            B_rows=B if transB and B.flags.c_contiguous else None)
+    return np.matmul(left, right, out=out)
+
+
+# -- products against a constant weight packed into panels ---------------------------------------
+#
+# For a weight that is a constant of the session, the compiled kernels of ops/panels/_jit_panels.py
+# beat OpenBLAS from PANEL_MIN_ROWS rows on (it packs the weight again on every call and
+# splits a 128-row product poorly over two threads). On this machine, 2 threads:
+# 128 x 768 @ 768 x 768 0.32 against 0.39 ms, 128 x 3072 @ 3072 x 768 1.27 against 1.69,
+# 1024 x 768 @ 768 x 3072 10.7 against 11.2.
+
+PANEL_MIN_ROWS = 2
+PANEL_MIN_WORK = 1 << 20  # multiply-adds below which the product stays with the BLAS
+# multiply-adds from which the panels are split over the intra-op threads: handing a part to
+# a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10. Inside a run
+# that woke the workers the hand-off is cheaper: 1 << 22 (a 64-token 256 x 256 layer split)
+# took small BERT, DistilBERT and T5 exports 7-10% faster than 1 << 23; 1 << 20 was slower
+PANEL_SPLIT_WORK = 1 << 22
+# parts of a product per thread through the native pool: claimed one at a time, so a worker
+# that wakes late takes fewer
+NATIVE_PARTS_PER_THREAD = 4
+# One row (a request at batch 1) through a dense layer of at least this many multiply-adds
+# takes the panels too, split over the native threads however small: inside a run OpenBLAS's
+# gemv took the MLP's 784 x 2048 and 2048 x 2048 layers at 1.6-1.9x onnxruntime's whole run,
+# the split panels at 1.1-1.15x (one thread streams the weight at about half the speed). A
+# gemv alone, back to back on one weight, is as fast (50 against 58 us, 144 against 137).
+ONE_ROW_WORK = PANEL_MIN_WORK
+
+
+def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
+    """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
+    (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
+    PANEL_MIN_ROWS rows (or one row of ONE_ROW_WORK multiply-adds, with the native pool
+    to split it), all one native float dtype, ``out`` C-contiguous and apart from A, and at
+    least ``min_work`` multiply-adds."""
+    if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
+            or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
+        return False
+    rows = A.size // max(A.shape[-1], 1)
+    work = A.size * B.shape[1]
+    if rows < PANEL_MIN_ROWS and not (rows == 1 and work >= ONE_ROW_WORK
+                                      and jit_cpu.native_pool() is not None):
+        return False
+    return work >= min_work \
+        and A.flags.c_contiguous and out.flags.c_contiguous \
+        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and jit_cpu.panel_kernels() is not None
+
+
+def panel_width(dtype) -> int:
+    kernels = jit_cpu.panel_kernels()
+    return kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // np.dtype(dtype).itemsize
+
+
+def pack_panels(B) -> np.ndarray:
+    """B (K, N) as (P, K, width) panels of consecutive columns, the last one zero-padded."""
+    k, n = B.shape
+    width = panel_width(B.dtype)
+    count = -(-n // width)
+    panels = np.zeros((count, k, width), B.dtype)
+    for p in range(count):
+        panels[p, :, :min(width, n - p * width)] = B[:, p * width:(p + 1) * width]
+    return panels
+
+
+def panel_product(A, B, out, prepacked, bias=None):
+    """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
+    dtype, contiguous) when given, added to each tile as it is finished; the panels split
+    over the intra-op threads: through the native pool where there is one (its hand-off
+    never takes the GIL), else ``parallel_for``."""
+    panels = packed(prepacked, "panels", lambda: pack_panels(B))
+    k, n = B.shape
+    rows = A.size // k
+    a, c = A.reshape(rows, k), out.reshape(rows, n)
+    bias = _NO_BIAS[A.dtype.char] if bias is None else bias
+    kernels = jit_cpu.panel_kernels()
+    spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
+    spill = jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape)
+    count = panels.shape[0]
+    if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
+        kernels.panel_product(a, panels, c, 0, count, spill, bias)
+        return out
+    native = jit_cpu.native_pool()
+    if native is not None:
+        parts = min(count, NATIVE_PARTS_PER_THREAD * intra_op_threads())
+        bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
+        kernels.native_product(native.block, parts, a, panels, c, bounds, spill,
+                               jit_cpu._scratch_array("panel_spill_worker", A.dtype,
+                                                      spill_shape), bias)
+        return out
+
+    def part(p0, p1):
+        kernels.panel_product(a, panels, c, p0, p1,
+                              jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape),
+                              bias)
+    parallel_for(thread_parts(count, rows * k * n), part)
+    return out
+
+
+# the panel kernels' "no bias" (an empty vector of the product's dtype)
+_NO_BIAS = {np.dtype(t).char: np.zeros(0, t) for t in (np.float32, np.float64)}
+
+
+def biased_panel_product(A, B, bias, out, prepacked) -> bool:
+    """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
+    (the same float additions as ``out += bias`` afterwards) when :func:`panels_suit` and
+    ``bias`` is one contiguous value per column of A's dtype; False, nothing written,
+    otherwise."""
+    if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \
+            or B.ndim != 2 or bias.shape[0] != B.shape[1] \
+            or not panels_suit(A, B, out, prepacked):
+        return False
+    panel_product(A, B, out, prepacked, bias)
+    return True
+
+
+def stacks_suit(A, B, out) -> bool:
+    """Whether ``out = A @ B`` for two stacks of matrices with the same leading axes (the
+    products of attention: scores ``Q @ K^T`` and ``P @ V`` per head) takes the panel
+    kernels, with B's panels read in place. All C-contiguous, one native float dtype."""
+    if A.ndim < 3 or A.ndim != B.ndim or A.shape[:-2] != B.shape[:-2] \
+            or A.shape[-1] != B.shape[-2] or not A.dtype == B.dtype == out.dtype \
+            or A.dtype not in jit_cpu.NATIVE or out.shape != A.shape[:-1] + B.shape[-1:]:
+        return False
+    return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= PANEL_MIN_WORK \
+        and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous \
+        and not np.may_share_memory(out, A) and not np.may_share_memory(out, B) \
+        and jit_cpu.panel_kernels() is not None
+
+
+def stacked_panel_product(A, B, out):
+    """``out = A @ B`` (:func:`stacks_suit`), the stacked matrices split over the threads.
+    Keeping attention off the BLAS also keeps OpenBLAS's threads from spinning into the
+    dense layers' panel products (see runtime/blas_policy.py, ``OPENBLAS_THREAD_TIMEOUT``)."""
+    (m, k), n = A.shape[-2:], B.shape[-1]
+    a, b, c = A.reshape(-1, m, k), B.reshape(-1, k, n), out.reshape(-1, m, n)
+    kernels = jit_cpu.panel_kernels()
+    width = panel_width(A.dtype)
+
+    def part(n0, n1):
+        edge = jit_cpu._scratch_array("panel_edge", A.dtype, (k, width))
+        spill = jit_cpu._scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
+        kernels.batched_product(a, b, c, n0, n1, edge, spill)
+    work = A.size * n
+    if work < PANEL_SPLIT_WORK:
+        part(0, a.shape[0])
+    else:
+        parallel_for(thread_parts(a.shape[0], work), part)
+    return out

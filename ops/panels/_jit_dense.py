@@ -1,0 +1,176 @@
+"""Compiled products against a weight packed into column panels (``ops/nn/matmul_cpu.py``), on
+the tile of ``ops/panels/_jit_tile.py``, and their split over the native worker pool.
+
+OpenBLAS packs both operands on every sgemm call and splits a 128-row product poorly over
+two threads: BERT's 128 x 768 @ 768 x 768 ran at 385 GFLOP/s on this 2-core machine, where
+one thread alone reached 212 and onnxruntime (its weights packed once) ~490. Here the
+constant weight is packed once, into panels of ``2 * lanes`` columns (``lanes`` = one
+64-byte vector: 16 floats, 8 doubles), each panel a contiguous (K, 2 * lanes) block, and
+the activation is read where it lies.
+
+The tile is also served here behind C entry points (``tile_f``, ``tile_d``), for compiled
+kernels in other files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+
+from mixrt.ops.panels._jit_native_pool import (
+    ITEMSIZE, JOB, PARTS, PRODUCT_A, PRODUCT_BOUNDS, PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
+    PRODUCT_SPILL, PRODUCT_BIAS, begin, claim, finish, get1, get2, get3, pointer_like, publish, put)
+from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile
+
+# Rows taken through all of a thread's panels before the next rows. Written as 256 while this
+# code shared one file with the convolution's argument slots, whose ROW_BLOCK (word 115 of
+# the control block, ops/panels/_jit_native_pool.py) rebound the name before numba compiled
+# panel_product: 115 is what it has run with, kept so that moving the code changed no machine
+# code. Whether 256 pays is for a measurement to decide.
+ROW_BLOCK = 115
+
+_jit = njit(nogil=True, cache=True, boundscheck=False)
+
+
+@_jit
+def panel_product(a, panels, c, p0, p1, spill, bias):
+    """``c = a @ w (+ bias)`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c``
+    (rows, N) with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded
+    to P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past
+    N, ``bias`` one value per column added to each finished sum while its tile is in cache
+    (as ``c += bias`` afterwards would add it), or empty. Rows go in blocks of ROW_BLOCK so
+    that a block of ``a`` stays in L2 while the thread's panels pass over it."""
+    rows, columns = c.shape
+    k_len, width = panels.shape[1], panels.shape[2]
+    lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
+    biased = bias.shape[0] > 0
+    for r0 in range(0, rows, ROW_BLOCK):
+        r1 = min(rows, r0 + ROW_BLOCK)
+        for p in range(p0, p1):
+            column = p * width
+            offset = p * k_len * width
+            inside = column + width <= columns
+            for s in range(r0, r1, STRIP_ROWS):
+                count = min(STRIP_ROWS, r1 - s)
+                if inside:
+                    _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
+                          ldc, k_len)
+                    if biased:
+                        for i in range(count):
+                            for j in range(width):
+                                c[s + i, column + j] += bias[column + j]
+                else:
+                    _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width, k_len)
+                    for i in range(count):
+                        for j in range(columns - column):
+                            c[s + i, column + j] = spill[i, j] + bias[column + j] if biased \
+                                else spill[i, j]
+
+
+@_jit
+def product(a, b, c, edge, spill):
+    """``c = a @ b`` with ``b``'s panels read in place (a MatMul of two computed tensors, as
+    in attention's ``Q @ K^T``): ``a`` (rows, K), ``b`` (K, N), ``c`` (rows, N), each with
+    contiguous rows. A last panel that reaches past N is first copied into ``edge`` (K,
+    width), zero-padded, and its tiles written through ``spill`` (STRIP_ROWS, width)."""
+    rows, k_len = a.shape
+    columns = b.shape[1]
+    width = spill.shape[1]
+    lda, ldb, ldc = a.strides[0] // a.itemsize, b.strides[0] // b.itemsize, \
+        c.strides[0] // c.itemsize
+    for p in range(-(-columns // width)):
+        column = p * width
+        if column + width <= columns:
+            for s in range(0, rows, STRIP_ROWS):
+                _tile(min(STRIP_ROWS, rows - s), a, s * lda, lda, b, column, ldb, c,
+                      s * ldc + column, ldc, k_len)
+            continue
+        left = columns - column
+        for k in range(k_len):
+            for j in range(left):
+                edge[k, j] = b[k, column + j]
+            for j in range(left, width):
+                edge[k, j] = 0
+        for s in range(0, rows, STRIP_ROWS):
+            count = min(STRIP_ROWS, rows - s)
+            _tile(count, a, s * lda, lda, edge, 0, width, spill, 0, width, k_len)
+            for i in range(count):
+                for j in range(left):
+                    c[s + i, column + j] = spill[i, j]
+
+
+@_jit
+def batched_product(a, b, c, n0, n1, edge, spill):
+    """``c[n] = a[n] @ b[n]`` for the stacked matrices n0..n1 (3-D arrays)."""
+    for n in range(n0, n1):
+        product(a[n], b[n], c[n], edge, spill)
+
+
+# -- split between threads in native code (see ops/panels/_jit_native_pool.py, JOB) --------------
+
+@_jit
+def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias):
+    """``c = a @ w (+ bias)`` (:func:`panel_product`) over the panel runs bounds[p]..bounds[p
+    + 1], taken by this thread and the pool's worker (with another caller using the pool,
+    all here)."""
+    sequence = begin(block) if parts > 1 else -1
+    if sequence < 0:
+        panel_product(a, panels, c, bounds[0], bounds[parts], spill, bias)
+        return
+    block[JOB] = PRODUCT_JOB
+    put(block, PRODUCT_A, a)
+    put(block, PRODUCT_PANELS, panels)
+    put(block, PRODUCT_C, c)
+    put(block, PRODUCT_BOUNDS, bounds)
+    put(block, PRODUCT_SPILL, worker_spill)
+    put(block, PRODUCT_BIAS, bias)
+    block[ITEMSIZE], block[PARTS] = a.itemsize, parts
+    publish(block, sequence)
+    part = claim(block, parts)
+    while part >= 0:
+        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
+        part = claim(block, parts)
+    finish(block)
+
+
+@_jit
+def _worker_product(block, zero):
+    a, c = get2(block, PRODUCT_A, zero), get2(block, PRODUCT_C, zero)
+    panels, spill = get3(block, PRODUCT_PANELS, zero), get2(block, PRODUCT_SPILL, zero)
+    bounds = get1(block, PRODUCT_BOUNDS, np.int64(0))
+    bias = get1(block, PRODUCT_BIAS, zero)
+    parts = block[PARTS]
+    part = claim(block, parts)
+    while part >= 0:
+        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
+        part = claim(block, parts)
+
+
+# -- the tile, for compiled kernels in other files -------------------------------------------
+#
+# ``tile_f`` and ``tile_d`` are :func:`_tile` behind a C entry point of TILE_SIGNATURE, for a
+# kernel in another file to call through its address (ops/rnn/_jit_recurrent.py), so that its
+# cached code never holds a copy of the tile: ``(rows, a, a_offset, lda, panels,
+# panel_offset, ldw, c, c_offset, ldc, k)`` with a, panels and c as addresses, as in
+# :func:`_tile` (c = a @ panel for 1..8 rows).
+
+TILE_SIGNATURE = types.void(*([types.int64] * 11))
+
+
+@_jit
+def _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, zero):
+    _tile(rows, carray(pointer_like(a, zero), (a_offset + rows * lda,)), a_offset, lda,
+          carray(pointer_like(panels, zero), (panel_offset + k_len * ldw,)), panel_offset,
+          ldw, carray(pointer_like(c, zero), (c_offset + rows * ldc,)), c_offset, ldc, k_len)
+
+
+@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def tile_f(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+             np.float32(0))
+
+
+@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def tile_d(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+             np.float64(0))

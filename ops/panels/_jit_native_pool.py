@@ -1,0 +1,323 @@
+"""The native worker pool: worker threads that take a compiled kernel's parts without the
+GIL, through a control block of int64 words. Here: the block's layout (each job's argument
+slots included), the callers' side (take the pool, publish a job, claim parts, finish), the
+futex the workers sleep on, the threads themselves, and jobs that run any kernel's parts
+through a function pointer. The workers' loop and its dispatch to the drivers (of
+``ops/panels/_jit_dense.py``, ``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_attention.py``) are
+``ops/panels/_jit_native_worker.py``. Compiled, because the hand-off is what costs through Python
+threads (below).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import numpy as np
+from llvmlite import binding, ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+from mixrt.ops.panels._jit_atomics import address, compare_swap, fetch_add, load, pause, store
+from mixrt.ops.compiled.parallel import intra_op_threads
+
+_jit = njit(nogil=True, cache=True, boundscheck=False)
+binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (numba leaves it out)
+
+
+# -- native worker threads ---------------------------------------------------------------------
+#
+# Worker threads that take a compiled kernel's parts without the GIL.
+#
+# ``ops/compiled/parallel.py`` hands a part to a Python thread: the worker wakes from its queue, then
+# waits for the GIL, which the caller holds until its own part enters compiled code. Each of
+# those is a sleep: a job of two 236 us parts of a 1x1 convolution ran 280 us, the worker
+# starting 15 us after the caller and the caller seeing the end 13 us after the worker
+# (benchmarks/NOTES.md §19). Here the hand-off never leaves native code: a kernel's driver
+# (compiled, called once from Python) publishes its arguments in a shared control block,
+# takes parts itself, and waits for the worker's by spinning; the worker is a thread started
+# with ``pthread_create`` on a numba ``cfunc`` that spins on the same block, so two 7 us
+# parts take 7.4 us instead of 21-31.
+#
+# A worker spins for SPIN_ROUNDS pauses after its last job (~45 us: a worker spinning without
+# end took a core from OpenBLAS and the Python threads between jobs, ResNet-50 22 -> 31-39
+# ms), then sleeps on a futex until a caller wakes it; ``conv_direct_cpu.conv`` wakes it
+# before its setup, which covers the ~10-15 us a sleeping thread takes to run again. A caller never
+# waits for a worker to arrive: parts are claimed one at a time from a counter, so a sleeping
+# or busy worker only means the caller takes more of them; it waits only for parts a worker
+# has already claimed.
+#
+# The control block (int64), one 64-byte line per word the threads write:
+#
+# * ``STATE``: the job's sequence number << 16, plus the workers inside it, plus ``CLOSED``
+#   once the caller has taken the last part (no worker may join after that);
+# * ``NEXT``: the next part to claim; ``BUSY``: a caller owns the pool (another caller runs
+#   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
+#   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
+# * ``ARGS`` on: the job's arguments, written by the driver before it publishes the job.
+#
+# A pool is made per process on first use and again in a forked child (whose threads did not
+# survive the fork). Its block and threads live until the process ends.
+
+LINE = 8  # int64 words per 64-byte line
+STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED = (LINE * i for i in range(6))
+ARGS = 6 * LINE
+BLOCK_WORDS = ARGS + 128
+CLOSED = 1 << 15
+COUNT_MASK = CLOSED - 1
+SPIN_ROUNDS = 2000  # pauses (~22 ns each on this EPYC) before a worker sleeps
+FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
+
+
+# -- atomics: ops/panels/_jit_atomics.py ---------------------------------------------------------
+
+@intrinsic
+def pointer_like(typingctx, value, like):
+    """The int64 ``value`` as a pointer to ``like``'s type (a scalar's, an array's
+    elements')."""
+    element = like.dtype if isinstance(like, types.Array) else like
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_data_type(element).as_pointer())
+    return types.CPointer(element)(types.int64, like), codegen
+
+
+@_jit
+def put(block, slot, array):
+    """``array`` (contiguous, up to 3 dimensions) into slots slot..slot + 3."""
+    block[slot] = address(array)
+    for axis in range(array.ndim):
+        block[slot + 1 + axis] = array.shape[axis]
+
+
+@_jit
+def get1(block, slot, like):
+    return carray(pointer_like(block[slot], like), (block[slot + 1],))
+
+
+@_jit
+def get2(block, slot, like):
+    return carray(pointer_like(block[slot], like), (block[slot + 1], block[slot + 2]))
+
+
+@_jit
+def get3(block, slot, like):
+    return carray(pointer_like(block[slot], like),
+                  (block[slot + 1], block[slot + 2], block[slot + 3]))
+
+
+@intrinsic
+def _as_block(typingctx, raw):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(types.voidptr), codegen
+
+
+@intrinsic
+def _futex(typingctx, word, operation, value):
+    """The futex system call on ``word`` (an int32 array's first element), as an inline
+    ``syscall`` (Linux x86-64): through ctypes numba could not cache the callers."""
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i64 = ir.IntType(64)
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 7), "syscall",
+                            "={rax},{rax},{rdi},{rsi},{rdx},{r10},{r8},{r9},~{rcx},~{r11},"
+                            "~{memory}", side_effect=True)
+        zero = ir.Constant(i64, 0)
+        return builder.call(call, [ir.Constant(i64, FUTEX_SYSCALL),
+                                   builder.ptrtoint(data, i64), args[1],
+                                   builder.sext(args[2], i64), zero, zero, zero])
+    return types.int64(word, types.int64, types.int32), codegen
+
+
+# -- the caller's side, called from a kernel's compiled driver ---------------------------------
+
+@_jit
+def begin(block) -> int:
+    """Takes the pool for one job: its sequence number, or -1 when another caller has it
+    (then the driver runs every part itself)."""
+    if not compare_swap(block, BUSY, 0, 1):
+        return -1
+    block[NEXT] = 0
+    return (load(block, STATE) >> 16) + 1
+
+
+@_jit
+def wake(block):
+    """Wakes the sleeping workers. A driver calls it before its own setup (its phase planes),
+    which covers the ~10-15 us a sleeping thread takes to run again."""
+    if fetch_add(block, SLEEPERS, 0) > 0:
+        word = block[WAKE:WAKE + 1].view(np.int32)
+        fetch_add(word, 0, np.int32(1))
+        _futex(word, FUTEX_WAKE_PRIVATE, np.int32(1 << 30))
+
+
+@_jit
+def publish(block, sequence):
+    """Opens job ``sequence`` (its arguments are in ``block[ARGS:]``) and wakes workers still
+    asleep."""
+    store(block, STATE, sequence << 16)
+    wake(block)
+
+
+@_jit
+def claim(block, parts) -> int:
+    """The next unclaimed part of the job, or -1 when all are taken."""
+    part = fetch_add(block, NEXT, 1)
+    return part if part < parts else -1
+
+
+@_jit
+def finish(block):
+    """Closes the job (no worker joins after this) and waits for the workers inside it to
+    leave; then the pool is free."""
+    while True:
+        state = load(block, STATE)
+        if compare_swap(block, STATE, state, state | CLOSED):
+            break
+    while load(block, STATE) & COUNT_MASK:
+        pause()
+    store(block, BUSY, 0)
+
+
+WORKER_SIGNATURE = types.voidptr(types.voidptr)
+
+
+_libc = ctypes.CDLL(None)
+
+
+class Pool:
+    """A control block and its worker threads (``intra_op_threads() - 1`` of them)."""
+
+    def __init__(self, worker, workers: int):
+        self.block = np.zeros(BLOCK_WORDS, np.int64)
+        self.workers = 0
+        for _ in range(workers):
+            thread = ctypes.c_ulong()
+            if _libc.pthread_create(ctypes.byref(thread), None, ctypes.c_void_p(worker.address),
+                                    ctypes.c_void_p(self.block.ctypes.data)) != 0:
+                break  # fewer threads than asked: the callers take the parts left
+            _libc.pthread_detach(thread)
+            self.workers += 1
+
+    def wake(self):
+        wake(self.block)
+
+
+_pools: dict = {}
+_lock = threading.Lock()
+
+
+def pool(name: str, worker) -> Pool | None:
+    """This process's pool ``name``, its threads running the ``cfunc`` ``worker`` (which
+    calls ``_jit_native_worker.serve``), or None when one thread is all this process may use
+    or no worker started."""
+    workers = intra_op_threads() - 1
+    if workers < 1:
+        return None
+    key = (name, os.getpid(), workers)
+    found = _pools.get(key)
+    if found is None:
+        with _lock:
+            found = _pools.get(key)
+            if found is None:
+                found = _pools[key] = Pool(worker, workers)  # kept for the process's life
+    return found if found.workers else None
+
+
+# -- each job's argument slots -------------------------------------------------------------
+#
+# Laid out in one place, so that the asserts below check them against each other: the words
+# every job shares (ITEMSIZE, PARTS, JOB) stay clear of the others, and all fit the block.
+
+# the convolution's (ops/panels/_jit_conv_direct.py, :func:`native_conv`), from ARGS on: arrays take
+# four (address, shape), then scalars
+(X, PLANES, WORKER_PLANES, ROWS_AT, PLACES, BOUNDS, PANELS, WEIGHTS, Y, BIAS, RESIDUAL,
+ WORKER_SPILL, WORKER_EDGE, NO_BIAS, LIMITS) = (ARGS + 4 * i for i in range(15))
+SCALARS = ARGS + 60
+(ITEMSIZE, TAPS, BY_ROWS, STRIPS, IN_PLACE, PARTS, CHUNK, ROW_BLOCK, HAS_RESIDUAL, SHAPE0,
+ SHAPE1, SHAPE2, SHAPE3, PH, PW, SY, SX, TOP, LEFT, HALO, OH, OW) = \
+    range(SCALARS, SCALARS + 22)
+# a kit's own slots (:func:`native_conv`), past those it copies into the block: the calling
+# thread's spill and edge scratch
+SPILL, EDGE = OW + 1, OW + 5
+assert EDGE + 4 < BLOCK_WORDS - 1  # the block's last word names the job
+
+
+# -- dense products and attention, split between threads in native code ----------------------
+#
+# ``ops/nn/matmul_cpu.py``'s panel products and ``ops/attention/fused_attention.py``'s heads go through the
+# same pool: the driver publishes its arrays in the block (the slots from ARGS on, as the
+# convolution's do) and the job's kind in JOB, and both threads claim parts. Through
+# ``parallel_for`` the hand-off cost 55-70 us a call (BERT's 128 x 768 @ 768 x 768: 0.39 ms
+# against 0.32 for one thread's half; numba's prange, 0.33).
+
+JOB = BLOCK_WORDS - 1
+CONV_JOB, PRODUCT_JOB, ATTENTION_JOB, CALL_JOB = 0, 1, 2, 3
+# product slots (arrays)
+(PRODUCT_A, PRODUCT_PANELS, PRODUCT_C, PRODUCT_BOUNDS, PRODUCT_SPILL, PRODUCT_BIAS) = \
+    (ARGS + 4 * i for i in range(6))
+# attention slots: Q, K, V and the output flat with their dims as scalars, the mask's span
+(ATT_Q, ATT_K, ATT_V, ATT_OUT, ATT_MASK, ATT_MASK_STRIDES, ATT_BOUNDS, ATT_KEYS, ATT_VALUES,
+ ATT_SCORES, ATT_SPILL, ATT_SCALE) = (ARGS + 4 * i for i in range(12))
+(ATT_BATCH, ATT_QUERIES, ATT_KEY_COUNT, ATT_HEADS, ATT_SIZE, ATT_VALUE_SIZE,
+ ATT_HAS_MASK) = range(PARTS + 1, PARTS + 8)
+assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_BIAS + 3 < ITEMSIZE
+
+
+# -- any kernel's parts, through a function pointer ----------------------------------------
+#
+# A kernel in another file hands its parts to the pool as a ``cfunc`` of PART_SIGNATURE,
+# ``part(args, index)``: ``args`` points at the caller's array of addresses (its arrays'
+# data, and one int64 array of its sizes and scalars), which the cfunc reads back with
+# ``carray(args[i], shape, dtype)``. The worker calls it without knowing what it computes, so
+# nothing of the kernel is compiled into the worker's cached code (numba's cache keeps, in a
+# cached caller, the code of what it called), and a kernel whose file changes is compiled
+# again on its own.
+
+PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
+CALL_FN, CALL_ARGS = ARGS, ARGS + 1
+
+
+@intrinsic
+def _call_part(typingctx, fn, args, part):
+    """Calls the PART_SIGNATURE function at address ``fn`` on (``args``, ``part``)."""
+    def codegen(context, builder, signature, values):
+        i64 = ir.IntType(64)
+        arguments = ir.IntType(8).as_pointer().as_pointer()
+        function = ir.FunctionType(ir.VoidType(), [arguments, i64])
+        target = builder.inttoptr(values[0], function.as_pointer())
+        builder.call(target, [builder.inttoptr(values[1], arguments), values[2]])
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@_jit
+def native_for(block, fn, args, parts):
+    """``fn(args, p)`` for p < ``parts`` (``fn`` a PART_SIGNATURE address, ``args`` the
+    uint64 array of addresses it reads), taken by this thread and the pool's worker (with
+    another caller using the pool, all here)."""
+    where = address(args)
+    sequence = begin(block) if parts > 1 else -1
+    if sequence < 0:
+        for part in range(parts):
+            _call_part(fn, where, part)
+        return
+    block[JOB], block[CALL_FN], block[CALL_ARGS], block[PARTS] = CALL_JOB, fn, where, parts
+    block[ITEMSIZE] = 0
+    publish(block, sequence)
+    part = claim(block, parts)
+    while part >= 0:
+        _call_part(fn, where, part)
+        part = claim(block, parts)
+    finish(block)
+
+
+@_jit
+def _worker_calls(block):
+    fn, where, parts = block[CALL_FN], block[CALL_ARGS], block[PARTS]
+    part = claim(block, parts)
+    while part >= 0:
+        _call_part(fn, where, part)
+        part = claim(block, parts)

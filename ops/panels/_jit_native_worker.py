@@ -1,0 +1,88 @@
+"""The native pool's worker thread: its loop over the jobs in the control block
+(``ops/panels/_jit_native_pool.py``), the dispatch on the job's word to the drivers' worker sides
+(``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_dense.py``, ``ops/panels/_jit_attention.py``, and any
+kernel's parts through a function pointer), and the ``cfunc`` each thread is started on.
+Compiled: the worker never takes the GIL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, njit
+
+from mixrt.ops.panels._jit_atomics import compare_swap, fetch_add, load, pause
+from mixrt.ops.panels._jit_attention import _worker_attention
+from mixrt.ops.panels._jit_conv_direct import _worker_parts
+from mixrt.ops.panels._jit_dense import _worker_product
+from mixrt.ops.panels._jit_native_pool import (
+    ATTENTION_JOB, BLOCK_WORDS, CALL_JOB, CLOSED, FUTEX_WAIT_PRIVATE, ITEMSIZE, JOB, JOINED,
+    PRODUCT_JOB, SLEEPERS, SPIN_ROUNDS, STATE, WAKE, WORKER_SIGNATURE, _as_block, _futex,
+    _worker_calls, pool)
+
+_jit = njit(nogil=True, cache=True, boundscheck=False)
+
+
+@_jit
+def serve(raw):
+    """The worker loop over the jobs in the block at ``raw``, each run by :func:`_dispatch`
+    (it claims parts until none are left); never returns."""
+    block = carray(_as_block(raw), (BLOCK_WORDS,))
+    wake = block[WAKE:WAKE + 1].view(np.int32)
+    done, idle = 0, 0
+    while True:
+        state = load(block, STATE)
+        sequence = state >> 16
+        if sequence != done and not state & CLOSED:
+            if compare_swap(block, STATE, state, state + 1):
+                done, idle = sequence, 0
+                fetch_add(block, JOINED, 1)
+                _dispatch(block)
+                fetch_add(block, STATE, -1)
+            continue
+        idle += 1
+        if idle < SPIN_ROUNDS:
+            pause()
+            continue
+        # sleep: count in, then check the job once more, so that a caller who published
+        # after the check sees a sleeper and wakes it
+        word = load(wake, 0)
+        fetch_add(block, SLEEPERS, 1)
+        if load(block, STATE) == state:
+            _futex(wake, FUTEX_WAIT_PRIVATE, word)
+        fetch_add(block, SLEEPERS, -1)
+        idle = 0
+
+
+@_jit
+def _run_job(block, zero):
+    """The worker's side of the job in the block, in the dtype of ``zero``."""
+    job = block[JOB]
+    if job == PRODUCT_JOB:
+        _worker_product(block, zero)
+    elif job == ATTENTION_JOB:
+        _worker_attention(block, zero)
+    else:
+        _worker_parts(block, zero)
+
+
+@_jit
+def _dispatch(block):
+    """The job in the block, by its dtype (each dtype its own compiled code)."""
+    if block[JOB] == CALL_JOB:
+        _worker_calls(block)
+    elif block[ITEMSIZE] == 4:
+        _run_job(block, np.float32(0))
+    else:
+        _run_job(block, np.float64(0))
+
+
+@cfunc(WORKER_SIGNATURE, nopython=True, error_model="numpy", cache=True)
+def _worker(raw):
+    serve(raw)
+    return raw
+
+
+def native_pool():
+    """The worker pool of the native drivers (convolutions, panel products, attention), or
+    None (one thread)."""
+    return pool("panels", _worker)

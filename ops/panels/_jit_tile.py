@@ -1,0 +1,384 @@
+"""The packed-panel tile, emitted as LLVM IR: the inner kernel of the dense products
+(``ops/panels/_jit_dense.py``), the direct convolutions (``ops/panels/_jit_conv_direct.py``), their weight
+gradient (``ops/panels/_jit_conv_weight_grad.py``) and the attention heads (``ops/panels/_jit_attention.py``).
+
+The inner kernel computes a tile of up to eight rows by one panel with its sums held in
+registers: for each k, two vector loads of the panel's row and, per activation row, one
+broadcast and two fused multiply-adds. numba's loops did not get there (written as scalar
+sums, LLVM left them unvectorized; as dot products along K, the sixteen horizontal
+reductions per tile held them to 165 GFLOP/s), so the tile is emitted as LLVM IR through
+``numba.extending.intrinsic``, with ``<lanes x float>`` values and ``llvm.fma``. One thread
+runs it at ~250 GFLOP/s.
+
+Each sum is the sequence ``fma(a[i, k], w[k, j], sum)`` over a block of K_BLOCK values of k,
+the blocks' sums then added in order: NaNs and infinities propagate as in any product, and a
+long K is not one chain of roundings.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+VECTOR_BYTES = 64
+PANEL_VECTORS = 2  # vectors across a panel: 32 floats or 16 doubles
+STRIP_ROWS = 8  # activation rows of one tile: 16 sums in registers, 2 panel vectors, a broadcast
+K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
+
+_jit = njit(nogil=True, cache=True, boundscheck=False)
+
+
+def _make_tile(rows: int, finished: bool = False):
+    """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
+    for i < rows and the panel's columns j. Arguments: flat ``a`` and its offset and row
+    stride, flat ``panels`` and the panel's offset and row stride (the panel's width when it
+    is packed, a row of the matrix when the panel is read in place), flat ``c`` and its
+    offset and row stride, and K.
+
+    ``finished``: the convolution's epilogue on the way out, from seven more arguments
+    (``bias, bias_offset, residual, has_residual, low, high, slope``): the sums start at
+    ``bias[bias_offset + i]`` for row i; ``residual`` (c's layout, read at c's offsets) is
+    added when ``has_residual``, values below zero are multiplied by ``slope`` and the
+    result is clamped to [low, high] by comparisons (NaN passes through). Its last argument,
+    ``columns``, is how many of the panel's columns exist: fewer than a panel's width (a
+    last panel of outputs read in place) and the panel's rows, the residual and c are read
+    and written under a mask, so nothing past them is touched."""
+
+    if not finished:
+        @intrinsic
+        def tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
+                 k_len):
+            sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
+                             types.intp, types.intp, types.intp)
+            return sig, _tile_codegen(rows, finished=False, taps=False)
+        return tile
+
+    @intrinsic
+    def finished_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
+                      ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope,
+                      columns):
+        # ``gathered``: ldw is an array, row k of the panel at ``panel_offset + ldw[k]``
+        gathered = isinstance(ldw, types.Array)
+        sig = types.void(a, types.intp, types.intp, panels, types.intp,
+                         ldw if gathered else types.intp, c, types.intp, types.intp,
+                         types.intp, bias, types.intp, residual, types.boolean, a.dtype,
+                         a.dtype, a.dtype, types.intp)
+        return sig, _tile_codegen(rows, finished=True, taps=False, gathered=gathered)
+    return finished_tile
+
+
+def _make_tap_tile(rows: int):
+    """The tile of a convolution with its output positions as rows, read at their taps:
+    ``a[i, k] = image[rows_at[k] + places[strip + i]]`` (``rows_at[k]`` tap k's offset in
+    the flat phase planes ``image``, ``places`` each output's place in them), the panels
+    packed (rows ``2 * lanes`` apart), a bias per column (read for the whole panel), the
+    epilogue of a finished :func:`_make_tile`, and the tile stored transposed: column j's
+    ``rows`` values as one vector at ``c_offset + j * ldc``, consecutive outputs of one
+    channel, for the first ``columns`` columns (a last panel's channels). In its first
+    ``ahead_rows`` steps of k it also asks for panel row ``ahead / width + k`` (a later
+    panel's rows, spread over the tiles that use this one, so that it comes from memory
+    while they compute: a burst of prefetches at each tile's start mostly fell away)."""
+
+    @intrinsic
+    def tile(typingctx, image, strip, places, panels, panel_offset, rows_at, c, c_offset,
+             ldc, k_len, bias, bias_offset, residual, has_residual, low, high, slope, columns,
+             ahead, ahead_rows):
+        sig = types.void(image, types.intp, places, panels, types.intp, rows_at, c,
+                         types.intp, types.intp, types.intp, bias, types.intp, residual,
+                         types.boolean, image.dtype, image.dtype, image.dtype, types.intp,
+                         types.intp, types.intp)
+        return sig, _tile_codegen(rows, finished=True, taps=True)
+
+    return tile
+
+
+def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False):
+    def codegen(context, builder, signature, args):
+        (a_arg, a_offset, lda, panels_arg, panel_offset, ldw, c_arg, c_offset, ldc,
+         k_len) = args[:10]
+        scalar = context.get_value_type(signature.args[0].dtype)
+        itemsize = 4 if isinstance(scalar, ir.FloatType) else 8
+        lanes = VECTOR_BYTES // itemsize
+        vector = ir.VectorType(scalar, lanes)
+        index = ir.IntType(64)
+
+        def data(position, value):
+            return context.make_array(signature.args[position])(context, builder, value).data
+
+        def spread(value, width=lanes):
+            """``value`` in every lane of a ``width`` vector."""
+            undefined = ir.Constant(ir.VectorType(value.type, width), ir.Undefined)
+            return builder.shuffle_vector(
+                builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0)),
+                undefined, ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+
+        def at(pointer, offset):
+            return builder.gep(pointer, [offset if isinstance(offset, ir.Value)
+                                         else ir.Constant(index, offset)])
+
+        # a last panel of fewer columns (finished, not taps): the lanes of each panel vector
+        # that exist, for masked loads and stores (None: a whole panel, plain ones)
+        masks = None
+
+        def load_vector(pointer, offset, width=lanes, mask=None):
+            address = builder.bitcast(at(pointer, offset), ir.VectorType(scalar, width)
+                                      .as_pointer())
+            if mask is None:
+                return builder.load(address, align=itemsize)
+            return builder.call(masked_load, [address, ir.Constant(ir.IntType(32), itemsize),
+                                              mask, ir.Constant(vector, [0.0] * lanes)])
+
+        def store_vector(value, pointer, offset, mask=None):
+            address = builder.bitcast(at(pointer, offset), value.type.as_pointer())
+            if mask is None:
+                builder.store(value, address, align=itemsize)
+                return
+            builder.call(masked_store, [value, address, ir.Constant(ir.IntType(32), itemsize),
+                                        mask])
+
+        if taps:  # the image; each row's place in it, loaded once; the taps' offsets
+            A = data(0, a_arg)
+            places = at(data(2, lda), a_offset)
+            row_places = [builder.load(at(places, i)) for i in range(rows)]
+            rows_at = data(5, ldw)
+            ldw = ir.Constant(index, lanes * PANEL_VECTORS)
+        else:
+            A = at(data(0, a_arg), a_offset)
+        W = at(data(3, panels_arg), panel_offset)
+        if gathered:  # each panel row's own offset (the weight on the left of a tap conv)
+            w_rows_at = data(5, ldw)
+        kind = f"v{lanes}{'f32' if lanes == 16 else 'f64'}"
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector] * 3), f"llvm.fma.{kind}")
+        mask_type = ir.VectorType(ir.IntType(1), lanes)
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vector, [vector.as_pointer(), ir.IntType(32),
+                                                     mask_type, vector]),
+            f"llvm.masked.load.{kind}.p0")
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
+                                                            ir.IntType(32), mask_type]),
+            f"llvm.masked.store.{kind}.p0")
+        # the sums live in allocas that LLVM promotes to registers (mem2reg)
+        if not finished:
+            starts = [[ir.Constant(vector, [0.0] * lanes)] * PANEL_VECTORS] * rows
+        elif taps:  # a bias per column: one vector load per panel vector
+            bias = at(data(10, args[10]), args[11])
+            starts = [[load_vector(bias, v * lanes) for v in range(PANEL_VECTORS)]] * rows
+        else:  # a bias per row
+            bias = at(data(10, args[10]), args[11])
+            starts = [[spread(builder.load(at(bias, i)))] * PANEL_VECTORS
+                      for i in range(rows)]
+
+        if taps:
+            hint = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()]
+                                                + [ir.IntType(32)] * 3), "llvm.prefetch.p0")
+            ahead, ahead_rows = args[18], args[19]
+
+        def step(k, sums):
+            """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
+            w_row = at(W, builder.load(at(w_rows_at, k)) if gathered else builder.mul(k, ldw))
+            w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(PANEL_VECTORS)]
+            if taps:  # a later panel's row k, while k < ahead_rows
+                with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
+                    later = at(w_row, ahead)
+                    for line in range(PANEL_VECTORS * VECTOR_BYTES // 64):
+                        builder.call(hint, [builder.bitcast(at(later, line * 64 // itemsize),
+                                                            ir.IntType(8).as_pointer()),
+                                            ir.Constant(ir.IntType(32), 0),
+                                            ir.Constant(ir.IntType(32), 3),
+                                            ir.Constant(ir.IntType(32), 1)])
+            # a[i, k]: rows lda apart and k unit-stride, or (taps) tap k's offset from row
+            # i's place
+            if taps:
+                a_column = at(A, builder.load(at(rows_at, k)))
+            else:
+                a_column = at(A, k)
+            for i in range(rows):
+                place = row_places[i] if taps else builder.mul(ir.Constant(index, i), lda)
+                value = spread(builder.load(at(a_column, place)))
+                for v in range(PANEL_VECTORS):
+                    total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
+                    builder.store(total, sums[i][v])
+
+        def run_and_store():
+            """The sums over K, then the tile stored (finished: through the epilogue)."""
+            # K goes in blocks of K_BLOCK: each block's sums start at zero and are then added
+            # to the totals, so that a long K is not one chain of roundings (a 64 x 576 layer
+            # of SqueezeNet: 2.3e-6 of the largest output in one chain, 1.7e-6 via OpenBLAS)
+            totals = [[cgutils.alloca_once_value(builder, starts[i][v])
+                       for v in range(PANEL_VECTORS)] for i in range(rows)]
+            zeros = ir.Constant(vector, [0.0] * lanes)
+            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL_VECTORS)]
+                    for _ in range(rows)]
+            block = ir.Constant(index, K_BLOCK)
+            blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
+            with cgutils.for_range(builder, blocks) as outer:
+                k0 = builder.mul(outer.index, block)
+                span = builder.sub(k_len, k0)
+                span = builder.select(builder.icmp_signed("<", span, block), span, block)
+                for row_sums in sums:
+                    for part in row_sums:
+                        builder.store(zeros, part)
+                with cgutils.for_range(builder, span) as inner:
+                    step(builder.add(k0, inner.index), sums)
+                for row_sums, row_totals in zip(sums, totals):
+                    for total, part in zip(row_totals, row_sums):
+                        builder.store(builder.fadd(builder.load(total), builder.load(part)),
+                                      total)
+            store_tile(totals)
+
+        C = at(data(6, c_arg), c_offset)
+
+        def masked(v):
+            return None if masks is None or v is None else masks[v]
+
+        def put(value, pointer, offset, v=None):
+            store_vector(value, pointer, offset, mask=masked(v))
+
+        def finish(value, adding, offset, v=None):
+            if finished:
+                value = _epilogue(builder, value, adding, offset, args[14:17], spread,
+                                  lambda p, o, w: load_vector(p, o, w, mask=masked(v)))
+            return value
+
+        if taps:
+            def store(*arguments):
+                _transposed_store(*arguments, columns=args[17])
+        else:
+            store = _row_store
+
+        def store_tile(sums):
+            if not finished:
+                store(builder, sums, C, None, ldc, finish, put)
+                return
+            residual = at(data(12, args[12]), c_offset)
+            with builder.if_else(args[13]) as (with_residual, without):
+                with with_residual:
+                    store(builder, sums, C, residual, ldc, finish, put)
+                with without:
+                    store(builder, sums, C, None, ldc, finish, put)
+
+        if not finished or taps:
+            run_and_store()
+            return context.get_dummy_value()
+        # the weight on the left: a whole panel, or its first ``columns`` under a mask
+        columns = args[17]
+        whole = builder.icmp_signed(">=", columns, ir.Constant(index, PANEL_VECTORS * lanes))
+        with builder.if_else(whole, likely=True) as (plain, partial):
+            with plain:
+                run_and_store()
+            with partial:
+                mask_index = ir.VectorType(index, lanes)
+                limit = spread(columns)
+                masks = [builder.icmp_signed("<", ir.Constant(mask_index, [
+                    v * lanes + lane for lane in range(lanes)]), limit)
+                    for v in range(PANEL_VECTORS)]
+                run_and_store()
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _row_store(builder, sums, C, residual, ldc, finish, store_vector):
+    """Row i of the tile at ``C + i * ldc``: its vectors side by side (``finish`` and
+    ``store_vector`` told which vector of the row, for a mask)."""
+    lanes = sums[0][0].type.pointee.count
+    for i, row_sums in enumerate(sums):
+        row = builder.mul(ir.Constant(ir.IntType(64), i), ldc)
+        for v, total in enumerate(row_sums):
+            offset = builder.add(row, ir.Constant(ir.IntType(64), v * lanes))
+            store_vector(finish(builder.load(total), residual, offset, v), C, offset, v)
+
+
+def _transposed_store(builder, sums, C, residual, ldc, finish, store_vector, columns):
+    """Column j < ``columns`` of the tile (its ``rows`` values) as one vector at
+    ``C + j * ldc``."""
+    rows, lanes = len(sums), sums[0][0].type.pointee.count
+    column_type = ir.VectorType(sums[0][0].type.pointee.element, rows)
+    index = ir.IntType(64)
+    loaded = [[builder.load(total) for total in row_sums] for row_sums in sums]
+    for v in range(len(sums[0])):
+        for lane in range(lanes):
+            j = ir.Constant(index, v * lanes + lane)
+            with cgutils.if_likely(builder, builder.icmp_signed("<", j, columns)):
+                column = ir.Constant(column_type, ir.Undefined)
+                for i in range(rows):
+                    value = builder.extract_element(loaded[i][v],
+                                                    ir.Constant(ir.IntType(32), lane))
+                    column = builder.insert_element(column, value,
+                                                    ir.Constant(ir.IntType(32), i))
+                offset = builder.mul(j, ldc)
+                store_vector(finish(column, residual, offset), C, offset)
+
+
+def _epilogue(builder, value, residual, offset, limits, spread, load_vector):
+    """value [+ the residual's vector at ``offset``], slope below zero, clamped (see
+    :func:`_make_tile`)."""
+    low, high, slope = limits
+    width = value.type.count
+    if residual is not None:
+        value = builder.fadd(value, load_vector(residual, offset, width))
+    zero = ir.Constant(value.type.element, 0.0)
+    negative = builder.fcmp_ordered("<", value, spread(zero, width))
+    value = builder.select(negative, builder.fmul(value, spread(slope, width)), value)
+    low, high = spread(low, width), spread(high, width)
+    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
+    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
+
+
+@intrinsic
+def _prefetch(typingctx, array, offset):
+    """Asks for the cache line holding ``array.flat[offset]`` (a hint: never faults, so an
+    offset past the array is harmless)."""
+    sig = types.void(array, types.intp)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        hint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        # a read, kept in every cache level, data
+        builder.call(hint, [builder.bitcast(builder.gep(data, [args[1]]), byte),
+                            ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@_jit
+def _prefetch_run(array, start, count):
+    """The cache lines of ``count`` elements of flat ``array`` from ``start``."""
+    step = max(1, VECTOR_BYTES // array.itemsize)
+    for offset in range(start, start + count, step):
+        _prefetch(array, offset)
+
+
+_tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \
+    (_make_tile(rows) for rows in range(1, STRIP_ROWS + 1))
+
+
+@_jit
+def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    """The tile kernel for 1..8 rows (each row count is its own unrolled kernel)."""
+    if rows == 8:
+        _tile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 7:
+        _tile7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 6:
+        _tile6(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 5:
+        _tile5(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 4:
+        _tile4(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 3:
+        _tile3(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 2:
+        _tile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    else:
+        _tile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)

@@ -1,0 +1,115 @@
+"""A generated kernel's parts on the native worker pool (``ops/panels/_jit_panels.py``, CALL_JOB).
+
+``parallel_for`` hands a part to a Python thread, which wakes from its queue and then waits
+for the GIL: 20-40 us a hand-off, so kernels split only from 256K elements. The native
+worker takes a part without the GIL, spinning between back-to-back jobs, in ~5 us, so the
+pools and depthwise convolutions split from SPLIT_ELEMENTS.
+
+A generated module (``ops/pool/jit_pool.py``, ``ops/conv/jit_depthwise.py``) adds to its ``run`` two
+``cfunc`` entry points from :func:`part_source`, ``part_f`` (float32) and ``part_d``
+(float64). Each reads its arguments from an array of addresses: ``args[0]`` is an int64
+array of words (its own length, the shape of every array in order, the integer scalars, then
+the parts' bounds), ``args[1:]`` the arrays' data. :func:`run_parts` writes those and calls
+the pool's driver, which runs ``part(args, p)`` for every part on this thread and the worker.
+Only numba's own ``carray`` reads them, so nothing of the pool is compiled into the module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+
+# work (elements written) from which a kernel's parts go to the native workers: their hand-off
+# costs ~5 us, a Python thread's 20-40 (ops/compiled/parallel.py's MIN_ELEMENTS is set for those).
+# ShuffleNet's 272x14x14 depthwise layer: 62 us on one thread, 42 split in two
+SPLIT_ELEMENTS = 1 << 14
+_SIGNATURE = "types.void(types.CPointer(types.voidptr), types.int64)"
+_FLAGS = "nopython=True, cache=True, error_model='numpy'"
+IMPORTS = ["from numba import carray, cfunc, types"]
+
+
+def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -> list[str]:
+    """The source of ``part_f`` and ``part_d``: ``arrays`` as (name, ndim, floating) in
+    :func:`run_parts`'s order (floating ones in the part's dtype, the others int64),
+    ``scalars`` the integer names after them, and ``body(dtype)`` the statements of one part
+    over ``start``..``stop`` (lines without indentation; ``dtype`` is ``"np.float32"`` or
+    ``"np.float64"``)."""
+    lines = []
+    for suffix, dtype in (("f", "np.float32"), ("d", "np.float64")):
+        lines += [f"@cfunc({_SIGNATURE}, {_FLAGS})", f"def part_{suffix}(args, index):",
+                  "    words_ = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)"]
+        at = 1
+        for position, (name, ndim, floating) in enumerate(arrays, 1):
+            shape = "".join(f"words_[{at + axis}], " for axis in range(ndim))
+            at += ndim
+            kind = dtype if floating else "np.int64"
+            lines.append(f"    {name} = carray(args[{position}], ({shape}), {kind})")
+        for name in scalars:
+            lines.append(f"    {name} = words_[{at}]")
+            at += 1
+        lines.append(f"    start, stop = words_[{at} + index], words_[{at} + index + 1]")
+        lines += [f"    {line}" for line in body(dtype)]
+        lines.append("")
+    return lines
+
+
+def split(rows: int, work: int, native) -> list[tuple[int, int]] | None:
+    """``rows`` in one contiguous part per thread of ``native`` (the calling one included),
+    or None when there is no pool or the ``work`` is too small to split."""
+    if native is None or work < SPLIT_ELEMENTS or rows < 2:
+        return None
+    count = min(rows, native.workers + 1)
+    bounds = [rows * p // count for p in range(count + 1)]
+    return [(bounds[p], bounds[p + 1]) for p in range(count)]
+
+
+def run_parts(native, module, arrays: tuple, scalars: tuple, parts: list) -> None:
+    """``module``'s part entry for ``arrays[0]``'s dtype over ``parts`` ((start, stop) runs,
+    contiguous and in order), on ``native`` (``jit_cpu.native_pool()``). ``arrays`` are
+    C-contiguous and stay alive through the call, as their addresses are all the part
+    gets."""
+    prepared(native, module, arrays, scalars, parts)()
+
+
+def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()):
+    """:func:`run_parts` as a call to make later, ``go()``: it holds the arrays' addresses,
+    not the arrays, so they must be alive (and the same) whenever it is made (a replayed
+    node's, ``ops/compiled/replay.py``); ``keep``: those among them the caller made for this call
+    (a bias of zeros, a divisor), which ``go`` keeps alive."""
+    shapes = [extent for array in arrays for extent in array.shape]
+    bounds = [start for start, _ in parts] + [parts[-1][1]]
+    words = np.array([0, *shapes, *scalars, *bounds], np.int64)
+    words[0] = words.size
+    addresses = np.empty(len(arrays) + 1, np.uint64)
+    _addresses(addresses, (words,) + tuple(arrays))
+    entry = module.part_f if arrays[0].dtype == np.float32 else module.part_d
+    run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
+        entry.address, len(parts)
+
+    def go(*_):
+        run(block, address, addresses, count)
+    go.kept = (words, keep)  # addresses[0] points into the words
+    return go
+
+
+def _make_addresses():
+    from numba import literal_unroll, njit  # noqa: PLC0415  (numba loads on first use)
+
+    @njit(cache=True, nogil=True)
+    def addresses(out, arrays):
+        i = 0
+        for array in literal_unroll(arrays):
+            out[i] = array.ctypes.data
+            i += 1
+    return addresses
+
+
+_compiled_addresses = None
+
+
+def _addresses(out, arrays) -> None:
+    global _compiled_addresses
+    if _compiled_addresses is None:
+        _compiled_addresses = _make_addresses()
+    _compiled_addresses(out, arrays)

@@ -1,0 +1,3 @@
+"""Pooling: MaxPool, AveragePool, LpPool, their global forms, MaxUnpool, MaxRoiPool, RoiAlign
+and LRN, with their CPU paths and compiled kernels.
+"""

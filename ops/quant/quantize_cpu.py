@@ -1,0 +1,189 @@
+"""QuantizeLinear, DequantizeLinear and QLinearConv on the CPU: per-tensor float32 <-> 8-bit
+through the compiled loops of ``ops/quant/_jit_quantize.py``, QLinearConv through the float
+convolution's fast path (below), every other form through ``ops/quant/quantize.py``.
+
+Per tensor (one scale, one zero point), float32 values, int8/uint8 codes, no blocks: what
+onnxruntime's static quantizer writes around every QDQ operator, where the NumPy forms cost
+2-3 ns an element against the compiled loop's fraction of one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.quant.contrib_quant import contrib_dequantize_linear, contrib_quantize_linear
+from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
+from mixrt.ops.quant.quantize import (dequantize_linear, dequantize_linear_10, dequantize_linear_13,
+                                dequantize_linear_21, dequantize_linear_23,
+                                dynamic_quantize_linear, integer_range,
+                                qlinear_conv, quantize_linear, quantize_linear_10,
+                                quantize_linear_13, quantize_linear_19, quantize_linear_21,
+                                quantize_linear_23)
+
+EIGHT_BITS = (np.dtype(np.int8), np.dtype(np.uint8))
+FLOAT32 = np.dtype(np.float32)
+_KERNELS: list = []  # ops/quant/_jit_quantize.py once imported (jit_cpu._import_once)
+
+
+def quantize_cpu(xp, x, y_scale, y_zero_point=None, *, out=None, **attributes):
+    codes = _code_dtype(y_zero_point, attributes)
+    kernels = None if x.dtype != FLOAT32 else \
+        _kernels(xp, x, y_scale, y_zero_point, attributes, codes)
+    if kernels is None:
+        return _into(out, quantize_linear(xp, x, y_scale, y_zero_point, **attributes))
+    y = _target(out, x.shape, codes)
+    low, high = integer_range(codes)
+    kernels.quantize(np.ascontiguousarray(x).reshape(-1), FLOAT32.type(y_scale.reshape(-1)[0]),
+                     _zero(y_zero_point), float(low), float(high), y.reshape(-1))
+    return _into(out, y)
+
+
+def dequantize_cpu(xp, x, x_scale, x_zero_point=None, *, out=None, **attributes):
+    kernels = None
+    if x.dtype in EIGHT_BITS and x_scale.dtype == FLOAT32 \
+            and attributes.get("output_dtype", 0) in (0, 1):
+        kernels = _kernels(xp, x, x_scale, x_zero_point, attributes, x.dtype)
+    if kernels is None:
+        return _into(out, dequantize_linear(xp, x, x_scale, x_zero_point, **attributes))
+    y = _target(out, x.shape, FLOAT32)
+    kernels.dequantize(np.ascontiguousarray(x).reshape(-1),
+                       FLOAT32.type(x_scale.reshape(-1)[0]), _zero(x_zero_point), y.reshape(-1))
+    return _into(out, y)
+
+
+def _code_dtype(zero_point, attributes) -> np.dtype | None:
+    if zero_point is not None:
+        return zero_point.dtype
+    return None if attributes.get("output_dtype", 0) else np.dtype(np.uint8)
+
+
+def _kernels(xp, values, scale, zero_point, attributes, codes):
+    """ops/quant/_jit_quantize.py when this call is the per-tensor 8-bit case it covers."""
+    if xp is not np or codes not in EIGHT_BITS or attributes.get("block_size", 0) \
+            or attributes.get("precision", 0) not in (0, 1) or not jit_cpu.enabled():
+        return None
+    if not isinstance(values, np.ndarray) or scale.size != 1 or scale.dtype != FLOAT32 \
+            or (values.dtype != FLOAT32 and values.dtype not in EIGHT_BITS):
+        return None
+    if zero_point is not None and (zero_point.size != 1 or zero_point.dtype != codes):
+        return None
+    return jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_quantize")
+
+
+def _zero(zero_point) -> int:
+    return 0 if zero_point is None else int(zero_point.reshape(-1)[0])
+
+
+def _target(out, shape, dtype):
+    """``out`` when the loop can write it directly, else a new array."""
+    if out is not None and out.shape == tuple(shape) and out.dtype == dtype \
+            and out.flags.c_contiguous:
+        return out
+    return np.empty(shape, dtype)
+
+
+def _into(out, result):
+    if out is None or out is result:
+        return result
+    np.copyto(out, result)
+    return out
+
+
+for _handle in (quantize_linear_10, quantize_linear_13, quantize_linear_19, quantize_linear_21,
+                quantize_linear_23):
+    _handle.fast("cpu")(quantize_cpu)
+for _handle in (dequantize_linear_10, dequantize_linear_13, dequantize_linear_21,
+                dequantize_linear_23, contrib_dequantize_linear):
+    _handle.fast("cpu")(dequantize_cpu)
+
+
+@contrib_quantize_linear.fast("cpu")
+def contrib_quantize_cpu(xp, x, y_scale, y_zero_point=None, *, axis=1, out=None):
+    """com.microsoft QuantizeLinear: the standard one with the division in float32."""
+    return quantize_cpu(xp, x, y_scale, y_zero_point, axis=axis, precision=1, out=out)
+
+
+# -- DynamicQuantizeLinear ---------------------------------------------------------------------
+
+def dynamic_quantize_cpu(xp, x):
+    """DynamicQuantizeLinear in two compiled passes (the range, then the codes) with the
+    NumPy form's scalar arithmetic between them; a NaN or infinite range takes the NumPy
+    form. Dynamically quantized BERT spent ~70 us a call in its five passes."""
+    if xp is not np or x.dtype != FLOAT32 or not x.size or not jit_cpu.enabled():
+        return dynamic_quantize_linear(xp, x)
+    kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_quantize")
+    flat = np.ascontiguousarray(x).reshape(-1)
+    # NumPy's vectorized min and max (a NaN gives NaN) take the range in ~4 us of 16K
+    # values, a scalar compiled loop ~9; the scalar steps stay float32 NumPy arithmetic, the
+    # clip to [0, 255] of a whole number is Python's (np.clip on a scalar cost ~3 us)
+    low, high = min(flat.min(), _F32_ZERO), max(flat.max(), _F32_ZERO)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return dynamic_quantize_linear(xp, x)
+    scale = np.float32((high - low) / np.float32(255))
+    safe = np.float32(1) if scale == 0 else scale
+    zero = int(min(max(float(np.rint(-low / safe)), 0.0), 255.0))
+    codes = np.empty(x.shape, np.uint8)
+    kernels.quantize(flat, safe, zero, 0.0, 255.0, codes.reshape(-1))
+    return codes, np.asarray(scale, dtype=np.float32), np.asarray(zero, dtype=np.uint8)
+
+
+_F32_ZERO = np.float32(0)
+
+
+dynamic_quantize_linear.fast("cpu")(dynamic_quantize_cpu)
+
+
+# -- QLinearConv -------------------------------------------------------------------------------
+#
+# The generic kernel centres the weights again on every call and convolves in float64 through
+# NumPy's im2col (a batched matmul of 1x9 rows for a depthwise layer): a QOperator MobileNetV3
+# spent 74 of its ~70-ms run there. Here the centred weights are made once per node and the
+# convolution is the CPU fast path's (ops/conv/conv_cpu.py) in float64, where every sum of 8-bit
+# products is an exact integer in any order, so the result is the generic kernel's exactly.
+
+def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+                     y_zero_point, B=None, *, out=None, _node=None, **attributes):
+    state = _conv_state(xp, _node, w, w_zero_point, x_scale, x_zero_point, y_scale)
+    if state is None:
+        return _into(out, qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point,
+                                       y_scale, y_zero_point, B, **attributes))
+    centered = x.astype(np.float64)
+    centered -= _zero(x_zero_point)
+    accumulated = _float_conv(np, centered, state["weights"], None, **attributes,
+                              _prepacked=state["packed"], _node=state["node"])
+    channels = (1, -1) + (1,) * (accumulated.ndim - 2)
+    if B is not None:
+        accumulated += B.astype(np.float64).reshape(channels)
+    scale = w_scale.astype(np.float64)
+    if scale.size > 1:
+        scale = scale.reshape(channels)
+    # the generic kernel's float64 steps in its order, in place
+    accumulated *= x_scale.astype(np.float64).reshape(()) * scale
+    accumulated /= y_scale.astype(np.float64).reshape(())
+    accumulated += y_zero_point.astype(np.float64)
+    low, high = integer_range(y_zero_point.dtype)
+    np.rint(accumulated, out=accumulated)
+    np.clip(accumulated, low, high, out=accumulated)
+    return _into(out, accumulated.astype(y_zero_point.dtype))
+
+
+def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
+    """The node's centred float64 weights (made on its first call), when this call is the
+    per-tensor-input case with a constant weight; else None."""
+    if xp is not np or node is None or x_scale.size != 1 or y_scale.size != 1 \
+            or (x_zero_point is not None and x_zero_point.size != 1):
+        return None
+    state = node.get("qlinear_conv")
+    if state is None or state["w"] is not w:
+        weights = w.astype(np.float64)
+        if w_zero_point is not None:
+            zero = w_zero_point.astype(np.float64)
+            weights -= zero.reshape((-1,) + (1,) * (w.ndim - 1)) if zero.size > 1 else zero
+        state = node["qlinear_conv"] = {"w": w, "weights": weights, "packed": {}, "node": {}}
+    return state
+
+
+qlinear_conv.fast("cpu")(qlinear_conv_cpu)

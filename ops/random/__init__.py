@@ -1,0 +1,3 @@
+"""Random operators: RandomNormal, RandomUniform (and their Like forms), Bernoulli,
+Multinomial.
+"""

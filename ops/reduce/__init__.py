@@ -1,0 +1,2 @@
+"""Reductions over axes (ReduceSum, ReduceMax, ...) and running scans, with their gradients.
+"""

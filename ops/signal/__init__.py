@@ -1,0 +1,2 @@
+"""Signal operators: DFT, STFT, the windows and MelWeightMatrix, with their gradients.
+"""

@@ -1,0 +1,206 @@
+"""String operators and TfIdfVectorizer.
+
+ONNX strings are NumPy object arrays of ``str``. No GPU array library holds strings, so these
+kernels work on the host with NumPy whatever ``xp`` is; a numeric result is handed back as an
+``xp`` array.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from mixrt.ops.ir.dtypes import STRING
+from mixrt.ops.ir.node_state import prepared
+from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.types import TensorType, broadcast_shapes, tensor
+from mixrt.runtime.device import to_host
+
+
+def _strings(values, shape) -> np.ndarray:
+    """An object array of ``shape`` from a flat list of str (np.array would make '<U' arrays
+    or nested lists from them)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out.reshape(shape)
+
+
+# -- StringNormalizer -------------------------------------------------------------------
+
+@op("StringNormalizer", since=10, dtypes=STRING)
+def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, locale="",
+                      stopwords=None):
+    """Drop stopwords, then change case. Only [C] and [1, C] inputs exist; the locale is
+    accepted, but case mapping is Python's Unicode one whatever it says."""
+    if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
+        raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape {X.shape}")
+    words = list(to_host(X).reshape(-1))
+    if stopwords:
+        if is_case_sensitive:
+            stop = set(stopwords)
+            words = [w for w in words if w not in stop]
+        else:
+            stop = {s.lower() for s in stopwords}
+            words = [w for w in words if w.lower() not in stop]
+    change = {"LOWER": str.lower, "UPPER": str.upper, "NONE": None}
+    if case_change_action not in change:
+        raise ValueError(f"StringNormalizer case_change_action must be one of "
+                         f"{sorted(change)}, got {case_change_action!r}")
+    if change[case_change_action]:
+        words = [change[case_change_action](w) for w in words]
+    if not words:  # everything dropped: one empty string, keeping the input's rank
+        words = [""]
+    shape = (len(words),) if X.ndim == 1 else (1, len(words))
+    return _strings(words, shape)
+
+
+@string_normalizer.infer
+def _(X, *, stopwords=None, **_):
+    if X.shape is None or not stopwords:
+        return [TensorType(np.dtype(object), X.shape)]
+    return [TensorType(np.dtype(object), (*X.shape[:-1], None))]  # stopwords drop columns
+
+
+# -- StringSplit, StringConcat, RegexFullMatch ------------------------------------------
+
+@op("StringSplit", since=20, dtypes=STRING)
+def string_split(xp, X, *, delimiter=None, maxsplit=None):
+    """Consecutive delimiters delimit empty strings, except with no (or an empty) delimiter,
+    where runs of whitespace separate and both ends are trimmed (also from the unsplit tail
+    maxsplit leaves, which Python's str.split keeps)."""
+    limit = -1 if maxsplit is None else maxsplit
+    strings = to_host(X).reshape(-1)
+    pieces = ([s.split(delimiter, limit) for s in strings] if delimiter else
+              [s.strip().split(None, limit) for s in strings])
+    width = max((len(p) for p in pieces), default=0)
+    padded = [word for p in pieces for word in p + [""] * (width - len(p))]
+    counts = np.array([len(p) for p in pieces], dtype=np.int64).reshape(X.shape)
+    return _strings(padded, (*X.shape, width)), xp.asarray(counts)
+
+
+@string_split.infer
+def _(X, **_):
+    return [TensorType(np.dtype(object), None if X.shape is None else (*X.shape, None)),
+            TensorType(np.dtype(np.int64), X.shape)]
+
+
+@op("StringConcat", since=20, dtypes=STRING)
+def string_concat(xp, X, Y):
+    left, right = np.broadcast_arrays(to_host(X), to_host(Y))
+    joined = [a + b for a, b in zip(left.reshape(-1), right.reshape(-1))]
+    return _strings(joined, left.shape)
+
+
+@string_concat.infer
+def _(X, Y, **_):
+    return [TensorType(np.dtype(object), broadcast_shapes(X.shape, Y.shape))]
+
+
+@op("RegexFullMatch", since=20, dtypes=STRING)
+def regex_full_match(xp, X, *, pattern=None):
+    """Python's ``re`` stands in for RE2: they agree on the common syntax (classes,
+    quantifiers, groups, alternation); RE2-only syntax raises re.error here."""
+    if pattern is None:
+        raise ValueError("RegexFullMatch needs the pattern attribute")
+    compiled = re.compile(pattern)
+    strings = to_host(X)
+    matched = [compiled.fullmatch(s) is not None for s in strings.reshape(-1)]
+    return xp.asarray(np.array(matched, dtype=np.bool_).reshape(strings.shape))
+
+
+@regex_full_match.infer
+def _(X, **_):
+    return [TensorType(np.dtype(np.bool_), X.shape)]
+
+
+# -- TfIdfVectorizer --------------------------------------------------------------------
+
+def _ngram_table(pool, ngram_counts) -> dict:
+    """Map each n-gram of the pool (a tuple) to its position k in the pool's n-gram order.
+    ngram_counts[n-1] is where the pool's n-grams start."""
+    table, k = {}, 0
+    starts = list(ngram_counts) + [len(pool)]
+    for n, (start, end) in enumerate(zip(starts, starts[1:]), start=1):
+        for i in range(start, end, n):
+            table[tuple(pool[i:i + n])] = k
+            k += 1
+    return table
+
+
+def _count_ngrams(row, table, counts, *, min_n, max_n, max_skip) -> None:
+    """Add the pool n-grams found in one row to ``counts`` (indexed by pool position k).
+    An n-gram takes n items spaced skip+1 apart, for every skip up to max_skip; a unigram
+    has no spacing, so it is counted once."""
+    for n in range(max(min_n, 1), max_n + 1):
+        for skip in range(max_skip + 1 if n > 1 else 1):
+            span = (n - 1) * (skip + 1)
+            for start in range(len(row) - span):
+                k = table.get(tuple(row[start:start + span + 1:skip + 1]))
+                if k is not None:
+                    counts[k] += 1
+
+
+@op("TfIdfVectorizer", since=9, dtypes=STRING | frozenset({"int32", "int64"}))
+def tfidf_vectorizer(xp, X, *, max_gram_length=None, max_skip_count=None,
+                     min_gram_length=None, mode=None, ngram_counts=None, ngram_indexes=None,
+                     pool_int64s=None, pool_strings=None, weights=None, _node=None):
+    return prepared(_node, lambda: _TfIdf(
+        max_gram_length=max_gram_length, max_skip_count=max_skip_count,
+        min_gram_length=min_gram_length, mode=mode, ngram_counts=ngram_counts,
+        ngram_indexes=ngram_indexes, pool_int64s=pool_int64s, pool_strings=pool_strings,
+        weights=weights)).run(xp, X)
+
+
+class _TfIdf:
+    """A TfIdfVectorizer's checked attributes, its n-gram table and output columns, made
+    once per node (rebuilding the table was most of a one-document run)."""
+
+    def __init__(self, *, max_gram_length, max_skip_count, min_gram_length, mode,
+                 ngram_counts, ngram_indexes, pool_int64s, pool_strings, weights):
+        if None in (max_gram_length, max_skip_count, min_gram_length, mode, ngram_counts,
+                    ngram_indexes):
+            raise ValueError("TfIdfVectorizer needs max_gram_length, max_skip_count, "
+                             "min_gram_length, mode, ngram_counts and ngram_indexes")
+        if mode not in ("TF", "IDF", "TFIDF"):
+            raise ValueError(f"TfIdfVectorizer mode must be one of TF, IDF, TFIDF, got "
+                             f"{mode!r}")
+        pool = list(pool_strings) if pool_strings is not None \
+            else [int(v) for v in pool_int64s]
+        self.table = _ngram_table(pool, [int(c) for c in ngram_counts])
+        self.mode, self.max_skip = mode, max_skip_count
+        self.min_n, self.max_n = min_gram_length, max_gram_length
+        self.width = int(max(ngram_indexes)) + 1
+        self.index = np.asarray(ngram_indexes, dtype=np.int64)
+        self.scale = (np.ones(len(self.index), np.float32) if weights is None
+                      else np.asarray(weights, dtype=np.float32))
+        # each pool entry's own column once: then a row's counts are written, not added at
+        self.distinct = len(set(self.index.tolist())) == len(self.index)
+
+    def run(self, xp, X):
+        data = to_host(X)
+        rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
+        rows = rows.tolist()  # python ints/strs hash like the pool's entries
+        out = np.zeros((len(rows), self.width), dtype=np.float32)
+        for r, row in enumerate(rows):
+            counts = np.zeros(len(self.index), dtype=np.float32)
+            _count_ngrams(row, self.table, counts, min_n=self.min_n, max_n=self.max_n,
+                          max_skip=self.max_skip)
+            if self.mode == "IDF":
+                counts = np.minimum(counts, 1) * self.scale
+            elif self.mode == "TFIDF":
+                counts = counts * self.scale
+            if self.distinct:  # + 0: a -0.0 count reads 0.0, as added to the zeros
+                out[r, self.index] = counts + np.float32(0)
+            else:
+                np.add.at(out[r], self.index, counts)
+        return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
+
+
+@tfidf_vectorizer.infer
+def _(X, *, ngram_indexes=(), **_):
+    width = int(max(ngram_indexes)) + 1 if ngram_indexes is not None and len(ngram_indexes) \
+        else None
+    if X.shape is None:
+        return [tensor(np.float32, None)]
+    return [tensor(np.float32, (width,) if len(X.shape) <= 1 else (X.shape[0], width))]
