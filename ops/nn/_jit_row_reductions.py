@@ -1,5 +1,5 @@
 """Kernels over rows held in L1: LayerNormalization and its RMS form, softmax's shift by the
-row max and scale by the row sum (``ops/nn/fast_cpu.py``), and pools whose one window is a whole plane
+row max and scale by the row sum (``ops/nn/nn_cpu.py``), and pools whose one window is a whole plane
 (``ops/pool/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
 per-row overhead. Arrays are flat and indexed with unsigned offsets (see
 ``ops/compiled/_jit_kernels.py``); only the sums are reassociated, so NaNs pass through.
@@ -54,7 +54,7 @@ def rms_norm(x, scale, y, rows, n, epsilon):
             y[uint64(start + i)] = x[uint64(start + i)] * inverse * scale[i]
 
 
-# -- softmax rows (ops/nn/fast_cpu.py) --------------------------------------------------------------
+# -- softmax rows (ops/nn/nn_cpu.py) --------------------------------------------------------------
 
 @_jit
 def softmax_shift(x, y, rows, n):

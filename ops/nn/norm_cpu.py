@@ -6,7 +6,7 @@ normalizes with four whole-tensor expressions, each allocating a temporary as bi
 every (image, channel) plane is one row of X viewed as (N*C, L), and the intra-op threads take
 chunks of rows: one sweep for each row's mean and squared deviations (combined per channel in
 float64), one sweep for Y = a X + b, written into the planned output. Inference mode keeps
-whatever CPU path was registered before this module (fast_cpu.py's).
+whatever CPU path was registered before this module (nn_cpu.py's, imported first).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 
 from mixrt.ops.conv.conv_cpu import scratch_arrays
 from mixrt.ops.elementwise.fused_elementwise import same_view
+from mixrt.ops.nn import nn_cpu  # noqa: F401  (registers the inference path this one keeps)
 from mixrt.ops.nn.nn import batch_normalization
 from mixrt.ops.compiled.parallel import parallel_rows
 

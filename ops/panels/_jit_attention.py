@@ -1,6 +1,6 @@
 """Fused attention heads (``ops/attention/fused_attention.py``) on the packed-panel tile, with the
 softmax as vector IR, and their split over the native worker pool; the same softmax serves
-``ops/nn/fast_cpu.py``'s Softmax rows (:func:`softmax_rows`). Compiled so that a head's scores
+``ops/nn/nn_cpu.py``'s Softmax rows (:func:`softmax_rows`). Compiled so that a head's scores
 stay in L1 between the two products and no transposed copy of Q, K or V is made.
 """
 

@@ -436,7 +436,7 @@ def _layer_norm_reference(x, scale, bias, axis, epsilon):
                                          ((4, 3, 2, 6), 2), ((33,), 0)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, monkeypatch):
-    from mixrt.ops.nn.fast_cpu import layer_normalization_cpu
+    from mixrt.ops.nn.nn_cpu import layer_normalization_cpu
     x = (RNG.standard_normal(shape) * 3 + 1).astype(np.float32)
     normalized = shape[axis % len(shape):]
     scale = RNG.standard_normal(normalized).astype(np.float32)
@@ -457,7 +457,7 @@ def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, mo
 
 
 def test_layer_norm_in_place_nan_rows_and_broadcast_scales():
-    from mixrt.ops.nn.fast_cpu import layer_normalization_cpu
+    from mixrt.ops.nn.nn_cpu import layer_normalization_cpu
     x = RNG.standard_normal((4, 16)).astype(np.float32)
     x[2, 5] = np.nan
     scale, bias = RNG.standard_normal(16).astype(np.float32), np.zeros(16, np.float32)
@@ -486,7 +486,7 @@ def _softmax_reference(x):
                                    (1, 1000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
-    from mixrt.ops.nn.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.nn_cpu import softmax_cpu
     x = (RNG.standard_normal(shape) * 4).astype(dtype)
     calls = []
     real = jit_cpu.softmax_rows
@@ -509,7 +509,7 @@ def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
     ((2, 3, 4, 5), 0, True),
 ])
 def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch):
-    from mixrt.ops.nn.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn.nn_cpu import softmax_coerced_cpu, softmax_cpu
     from mixrt.ops.nn.nn import softmax, softmax_coerced
     x = (RNG.standard_normal(shape) * 4).astype(np.float32)
     fast, generic = (softmax_coerced_cpu, softmax_coerced) if coerced else (softmax_cpu, softmax)
@@ -526,7 +526,7 @@ def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch)
 
 
 def test_softmax_into_a_strided_buffer_writes_every_element():
-    from mixrt.ops.nn.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.nn_cpu import softmax_cpu
     x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
     spaced = np.full((4, 3, 4), np.nan, np.float32)
     out = spaced[::2]  # its rows cannot be one (6, 4) view: a reshape of it is a copy
@@ -536,7 +536,7 @@ def test_softmax_into_a_strided_buffer_writes_every_element():
 
 
 def test_softmax_of_a_strided_input_runs_compiled_on_a_copy_of_its_rows(monkeypatch):
-    from mixrt.ops.nn.fast_cpu import softmax_coerced_cpu, softmax_cpu
+    from mixrt.ops.nn.nn_cpu import softmax_coerced_cpu, softmax_cpu
     from mixrt.ops.nn.nn import softmax, softmax_coerced
     x = RNG.standard_normal((5, 6, 4)).astype(np.float32).transpose(1, 0, 2)  # not contiguous
     calls = []
@@ -555,7 +555,7 @@ def test_softmax_in_place_and_special_values_row_by_row():
     """A NaN anywhere in a row (in any of the max's eight lanes, or past them) makes that row
     NaN, as NumPy's max does; +inf makes its row NaN (inf - inf); a row of -inf is NaN; a row
     with a -inf among finite scores (a masked key) gives it 0. Other rows are untouched."""
-    from mixrt.ops.nn.fast_cpu import softmax_cpu
+    from mixrt.ops.nn.nn_cpu import softmax_cpu
     x = RNG.standard_normal((8, 19)).astype(np.float32)
     x[0, 0] = np.nan  # the first element: every lane starts from it
     x[1, 5] = np.nan  # inside the eight lanes

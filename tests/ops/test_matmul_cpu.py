@@ -7,7 +7,7 @@ import pytest
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import matmul_cpu
-from mixrt.ops.nn.fast_cpu import gemm_cpu, mat_mul_cpu
+from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
 from mixrt.ops.nn.fused import fused_gemm, fused_mat_mul
 from helpers import until_the_worker_joins
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import parallel
-from mixrt.ops.nn.fast_cpu import softmax_cpu
+from mixrt.ops.nn.nn_cpu import softmax_cpu
 from mixrt.ops.nn.nn import softmax
 
 

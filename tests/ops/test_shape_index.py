@@ -312,7 +312,7 @@ def test_infer_reshape_and_gather():
 @pytest.mark.parametrize("source, shape", [((1, 2, 1, 4, 3), (1, 2, 2, 4, 3)),
                                            ((3, 1), (2, 1, 4)), ((), (2, 2))])
 def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
-    from mixrt.ops.nn.fast_cpu import expand_cpu
+    from mixrt.ops.shape.shape_cpu import expand_cpu
     from mixrt.ops.shape.shape import expand
     x = np.arange(int(np.prod(source)), dtype=np.float32).reshape(source)
     expected = expand(np, x, np.array(shape))
@@ -332,7 +332,7 @@ def test_expand_on_the_cpu_copies_into_out_as_the_generic_kernel(source, shape):
     ((8,), (3,), 0)])
 def test_scatter_elements_on_the_cpu_writes_as_the_generic_kernel(data_shape, index_shape,
                                                                   axis):
-    from mixrt.ops.nn.fast_cpu import scatter_elements_cpu
+    from mixrt.ops.shape.shape_cpu import scatter_elements_cpu
     from mixrt.ops.shape.index import scatter_elements
     rng = np.random.default_rng(4)
     data = rng.standard_normal(data_shape).astype(np.float32)

@@ -1,0 +1,92 @@
+"""NumPy ``out=`` paths of the elementwise ops that carry most of a network's bytes:
+the four arithmetic ops, the float unary functions, Sum, Relu, Tanh and Sigmoid, written into
+the arena view the executor hands them, in place over an input whose last reader they are
+(the rules: ``ops/compiled/out_arrays.py``). Signatures are the generic kernels' plus
+``out``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled.out_arrays import into, native
+from mixrt.ops.elementwise import elementwise
+from mixrt.ops.elementwise.activation import relu, sigmoid, tanh
+from mixrt.ops.elementwise.elementwise import add, div, mul, quiet, sub, sum_
+from mixrt.ops.elementwise.simd_cpu import relu_
+
+
+def _binary(generic, ufunc):
+    def fast(xp, A, B, *, out=None):
+        if out is None or not native(A, B, out):
+            return into(out, generic(xp, A, B))
+        return ufunc(A, B, out=out)
+    fast.__name__ = f"{generic.__name__}_cpu"
+    return fast
+
+
+add.fast("cpu")(_binary(add, np.add))
+sub.fast("cpu")(_binary(sub, np.subtract))
+mul.fast("cpu")(_binary(mul, np.multiply))
+div.fast("cpu")(_binary(div, np.divide))
+
+
+def _unary(generic, ufunc):
+    """The float unary op whose generic kernel is ``ufunc`` on native floats, into ``out``
+    (allocating and then copying into the arena cost ~1 us of a small node's ~2)."""
+    def fast(xp, X, *, out=None):
+        if out is None or not native(X, out):
+            return into(out, generic(xp, X))
+        with quiet(np):
+            return ufunc(X, out)
+    fast.__name__ = f"{generic.__name__}_cpu"
+    return fast
+
+
+for _generic, _ufunc in (
+        ("abs_", np.abs), ("neg", np.negative), ("exp", np.exp), ("log", np.log),
+        ("sqrt", np.sqrt), ("reciprocal", np.reciprocal), ("floor", np.floor),
+        ("ceil", np.ceil), ("sin", np.sin), ("cos", np.cos), ("tan", np.tan),
+        ("asin", np.arcsin), ("acos", np.arccos), ("atan", np.arctan), ("sinh", np.sinh),
+        ("cosh", np.cosh), ("asinh", np.arcsinh), ("acosh", np.arccosh),
+        ("atanh", np.arctanh)):
+    getattr(elementwise, _generic).fast("cpu")(_unary(getattr(elementwise, _generic), _ufunc))
+
+
+@sum_.fast("cpu")
+def sum_cpu(xp, *data_0, out=None):
+    if out is None or not native(*data_0, out) or len(data_0) < 2:
+        return into(out, sum_(xp, *data_0))
+    # the first add may not write over an operand a later add still reads
+    if any(np.may_share_memory(out, x) for x in data_0[2:]):
+        return into(out, sum_(xp, *data_0))
+    np.add(data_0[0], data_0[1], out=out)
+    for x in data_0[2:]:
+        np.add(out, x, out=out)
+    return out
+
+
+@relu.fast("cpu")
+def relu_cpu(xp, X, *, out=None):
+    if out is None or not native(X, out):
+        return into(out, relu(xp, X))
+    return relu_(X, out)
+
+
+@tanh.fast("cpu")
+def tanh_cpu(xp, X, *, out=None):
+    if out is None or not native(X, out):
+        return into(out, tanh(xp, X))
+    return np.tanh(X, out=out)
+
+
+@sigmoid.fast("cpu")
+def sigmoid_cpu(xp, X, *, out=None):
+    if out is None or not native(X, out):
+        return into(out, sigmoid(xp, X))
+    # 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2: one transcendental, no overflow, in place
+    np.multiply(X, X.dtype.type(0.5), out=out)
+    np.tanh(out, out=out)
+    out += 1
+    out *= 0.5
+    return out

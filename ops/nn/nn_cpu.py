@@ -1,0 +1,165 @@
+"""NumPy ``out=`` paths of the dense layers: MatMul and Gemm (through the packed-panel
+products of ``matmul_cpu.py``), inference BatchNormalization as one multiply and one add,
+Softmax over rows split between the intra-op threads, LayerNormalization in one compiled loop
+per row. They write into the arena view the executor hands them (the rules:
+``ops/compiled/out_arrays.py``). Signatures are the generic kernels' plus ``out``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.out_arrays import into, native
+from mixrt.ops.compiled.parallel import parallel_rows
+from mixrt.ops.elementwise.fused_elementwise import same_view
+from mixrt.ops.nn import matmul_cpu as few_rows
+from mixrt.ops.nn.nn import (batch_normalization, batch_normalization_9, gemm,
+                             layer_normalization, mat_mul, softmax, softmax_coerced)
+
+
+@mat_mul.fast("cpu")
+def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
+    if out is None or not native(A, B, out):
+        return into(out, mat_mul(xp, A, B))
+    return few_rows.dense_product(A, B, out, _prepacked)
+
+
+@gemm.fast("cpu")
+def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None,
+             _prepacked=None):
+    if out is None and native(A, B, C) and A.ndim == B.ndim == 2:
+        # a graph output (the executor passes no out= for those, a classifier's logits)
+        # takes the same product forms into a new array
+        out = np.empty((A.shape[1 if transA else 0], B.shape[0 if transB else 1]), A.dtype)
+    if out is None or not native(A, B, C, out) or (C is not None
+                                                    and np.may_share_memory(out, C)):
+        return into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                               transB=transB))
+    if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
+            A, B, C, transA, transB, out, _prepacked):
+        return out
+    few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
+    if alpha != 1.0:
+        out *= out.dtype.type(alpha)
+    if C is not None and beta != 0.0:
+        out += C if beta == 1.0 else C * C.dtype.type(beta)
+    return out
+
+
+def _batch_norm_into(X, scale, B, mean, var, epsilon, out):
+    """Inference batch norm as one multiply and one add over X (folded per channel)."""
+    shape = (-1,) + (1,) * (X.ndim - 2)
+    factor = scale / np.sqrt(var + X.dtype.type(epsilon))
+    shift = B - mean * factor
+    np.multiply(X, factor.astype(X.dtype, copy=False).reshape(shape), out=out)
+    out += shift.astype(X.dtype, copy=False).reshape(shape)
+    return out
+
+
+@batch_normalization.fast("cpu")
+def batch_normalization_cpu(xp, X, scale, B, input_mean, input_var, *, epsilon=1e-5,
+                            momentum=0.9, training_mode=0, _outputs=1, out=None):
+    if out is None or training_mode or _outputs != 1 \
+            or not native(X, scale, B, input_mean, input_var, out):
+        result = batch_normalization(xp, X, scale, B, input_mean, input_var, epsilon=epsilon,
+                                     momentum=momentum, training_mode=training_mode,
+                                     _outputs=_outputs)
+        if out is None or isinstance(result, tuple):
+            return result
+        return into(out, result)
+    return _batch_norm_into(X, scale, B, input_mean, input_var, epsilon, out)
+
+
+@batch_normalization_9.fast("cpu")
+def batch_normalization_9_cpu(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9,
+                              _outputs=1, out=None):
+    if out is None or _outputs != 1 or not native(X, scale, B, mean, var, out):
+        result = batch_normalization_9(xp, X, scale, B, mean, var, epsilon=epsilon,
+                                       momentum=momentum, _outputs=_outputs)
+        if out is None or isinstance(result, tuple):
+            return result
+        return into(out, result)
+    return _batch_norm_into(X, scale, B, mean, var, epsilon, out)
+
+
+@softmax.fast("cpu")
+def softmax_cpu(xp, input, *, axis=-1, out=None):
+    """Softmax over ``axis``, on the rows of a 2-D view when every axis after it has size 1
+    (the last axis in most models; a classifier's (N, C, 1, 1) scores over axis 1), else the
+    generic kernel."""
+    if input.ndim == 0 or math.prod(input.shape[axis % input.ndim + 1:]) != 1:
+        return into(out, softmax(xp, input, axis=axis))
+    return _softmax_rows(xp, input, input.shape[axis], out, lambda: softmax(xp, input, axis=axis))
+
+
+@softmax_coerced.fast("cpu")
+def softmax_coerced_cpu(xp, input, *, axis=1, out=None):
+    """Opset 1-12's Softmax: over the axes from ``axis`` on, flattened into one, which are the
+    rows of a 2-D view of a contiguous input."""
+    if input.ndim == 0:
+        return into(out, softmax_coerced(xp, input, axis=axis))
+    return _softmax_rows(xp, input, math.prod(input.shape[axis % input.ndim:]), out,
+                         lambda: softmax_coerced(xp, input, axis=axis))
+
+
+def _softmax_rows(xp, input, width, out, generic):
+    """Softmax of the rows of ``width`` of ``input`` into ``out`` (made here when None), rows
+    split over the intra-op threads: exp is heavy enough per element that two threads run it
+    in about half the time (ops/compiled/parallel.py). The row max and the division are compiled
+    loops (ops/compiled/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost twice
+    its exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. One compiled call
+    also beats NumPy's reductions over several axes on small inputs: SqueezeNet's final
+    (1, 1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11
+    alone. Computing in place over ``input`` is safe: each row's max is taken before the row
+    is overwritten."""
+    if out is None and native(input):
+        out = np.empty_like(input)
+    if out is None or not native(input, out) or input.size == 0 or width == 0 or (
+            np.may_share_memory(out, input) and not same_view(out, input)) or (
+            not out.flags.c_contiguous):  # a reshape of it could be a copy, losing the writes
+        return into(out, generic())
+    rows = input.reshape(-1, width)
+    target = out.reshape(rows.shape)
+    if jit_cpu.softmax_suits(rows, target):
+        parallel_rows(rows.shape[0], rows.shape[1],
+                      lambda start, stop: jit_cpu.softmax_rows(rows, target, start, stop))
+        return out
+
+    def part(start, stop):
+        x, y = rows[start:stop], target[start:stop]
+        np.subtract(x, x.max(axis=1, keepdims=True), out=y)
+        np.exp(y, out=y)
+        y /= y.sum(axis=1, keepdims=True)
+    parallel_rows(rows.shape[0], rows.shape[1], part)
+    return out
+
+
+@layer_normalization.fast("cpu")
+def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
+                            _outputs=1, out=None):
+    """float32 statistics over the trailing axes: one compiled loop per row (ops/compiled/jit_cpu.py,
+    8x the NumPy passes on the BERT encoder's 128x768), else five NumPy passes over X with no
+    temporaries of its size: mean, centre into ``out``, sum of squares (einsum, no squared
+    copy), scale by the inverse deviation, then the affine step."""
+    if out is not None and _outputs == 1 and stash_type == 1 \
+            and jit_cpu.layer_norm_suits(X, Scale, B, out) \
+            and jit_cpu.layer_norm(X, Scale, B, out, axis % X.ndim, epsilon):
+        return out
+    if out is None or _outputs != 1 or stash_type != 1 or X.dtype != np.float32 \
+            or not native(X, Scale, B, out) or np.may_share_memory(out, X):
+        result = layer_normalization(xp, X, Scale, B, axis=axis, epsilon=epsilon,
+                                     stash_type=stash_type, _outputs=_outputs)
+        return result if out is None or isinstance(result, tuple) else into(out, result)
+    start = axis % X.ndim
+    rows = int(np.prod(X.shape[:start], dtype=np.int64))
+    flat, target = X.reshape(rows, -1), out.reshape(rows, -1)
+    np.subtract(flat, flat.mean(axis=1, keepdims=True), out=target)
+    variance = np.einsum("ij,ij->i", target, target) / target.shape[1]
+    target *= (1.0 / np.sqrt(variance + np.float32(epsilon))).astype(np.float32)[:, None]
+    out *= Scale
+    if B is not None:
+        out += B
+    return out
