@@ -3,7 +3,7 @@ once while a child process compiles, then the compiled kernels are swapped in.
 
 These run real child processes over real cache folders (each test its own, empty), on a
 model whose compiled kernels take seconds, not minutes, to build: a global average pool
-and a layer normalization (ops/compiled/_jit_kernels.py's row_means and layer_norm)."""
+and a layer normalization (ops/nn/_jit_row_reductions.py's row_means and layer_norm)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.nn import row_kernels
 from mixrt.ops.attention.contrib_transformer import MICROSOFT, is_narrow, run_kernel, widened
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype, to_numpy_dtype
 from mixrt.ops.nn.nn import _trailing_axes, layer_normalization
@@ -157,8 +158,8 @@ def simplified_layer_normalization_cpu(xp, X, scale, *, axis=-1, epsilon=1e-5, s
     same order of operations; Llama's (1, 64, 256) took ~50 us in the eight NumPy passes),
     else the NumPy form."""
     if out is not None and _outputs == 1 and stash_type == STASH_FLOAT32 \
-            and jit_cpu.layer_norm_suits(X, scale, None, out) \
-            and jit_cpu.rms_norm(X, scale, out, axis % X.ndim, epsilon):
+            and row_kernels.layer_norm_suits(X, scale, None, out) \
+            and row_kernels.rms_norm(X, scale, out, axis % X.ndim, epsilon):
         return out
     result = simplified_layer_normalization(xp, X, scale, axis=axis, epsilon=epsilon,
                                             stash_type=stash_type, _outputs=_outputs)

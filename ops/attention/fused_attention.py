@@ -103,7 +103,7 @@ def _compiled(Q, K, V, mask, scale, out):
               (kernels.STRIP_ROWS, -(-keys // width) * width), (kernels.STRIP_ROWS, width))
 
     def scratch(suffix):
-        return tuple(jit_cpu._scratch_array(f"attention_{name}{suffix}", dtype, shape)
+        return tuple(jit_cpu.scratch_array(f"attention_{name}{suffix}", dtype, shape)
                      for name, shape in zip(("keys", "values", "scores", "spill"), shapes))
     native = jit_cpu.native_pool()
     parts = np.array(_parts(batch * heads, queries, kernels.STRIP_ROWS,

@@ -7,7 +7,7 @@ Both kernels read stride-phase planes that NumPy prepared (``jit_cpu._phase_plan
 channel c. In them, tap (a, b) of every output window is one contiguous run starting at
 ``(a // sh) * pw + b // sw``, with output rows ``pw`` apart: one vectorized pass per tap, the
 ``pw - ow`` columns past each output row computed and dropped. Arrays are flat and indexed
-with unsigned offsets (see ``ops/compiled/_jit_kernels.py``).
+with unsigned offsets (see ``ops/compiled/jit_cpu.py``).
 
 No fastmath: it would let LLVM assume there are no NaNs, and a max pool must pass them on.
 """

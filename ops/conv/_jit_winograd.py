@@ -1,7 +1,7 @@
 """The input and output transforms of Winograd F(2x2, 3x3) (``ops/conv/winograd_cpu.py``): adds
 and subtracts over stride-phase planes of the padded image, each a long unit-stride run
 that LLVM vectorizes; the products between them are NumPy's batched matmul. Arrays are flat
-and indexed with unsigned offsets (see ``ops/compiled/_jit_kernels.py``).
+and indexed with unsigned offsets (see ``ops/compiled/jit_cpu.py``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv import phase_planes
 from mixrt.ops.conv import conv_direct_cpu, grouped_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv.conv import conv, conv_geometry
 from mixrt.runtime.device import ALIGNMENT, aligned, aligned_empty
@@ -119,7 +120,7 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     # depthwise convolutions take a compiled loop, grouped 1x1 ones one batched matmul; other
     # grouped ones the generic kernel, whose one batched matmul over the groups beats a
     # Python loop of tiny per-group matmuls
-    if jit_cpu.depthwise_suits(X, W, group):
+    if phase_planes.depthwise_suits(X, W, group):
         return _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
                           out, epilogue, prepacked)
     if _grouped_pointwise(X, W, group, kernel_shape, pads, strides, auto_pad, out):
@@ -229,7 +230,7 @@ def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
         jit_depthwise.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims,
                                      replays)
     else:
-        jit_cpu.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
+        phase_planes.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims)
     if epilogue is not None:
         flat = out.reshape(out.shape[0], out.shape[1], -1)
         for image in range(out.shape[0]):

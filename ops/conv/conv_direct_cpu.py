@@ -371,7 +371,7 @@ class _Kit:
 
     def __init__(self, plan, dtype, limits):
         kernels, parts = _kernels(), plan.native_parts()
-        scratch = jit_cpu._scratch_array
+        scratch = jit_cpu.scratch_array
         empty = parts.empty(dtype)
         flat, _ = _planes(plan, dtype)
         pointwise = not plan.taps
@@ -489,8 +489,8 @@ def _taps(plan, x, y, epilogue, r0, r1, p0, p1, shared=None, at=None):
                                  plan.pw, y, r0 if at is None else at, bias, residual,
                                  has_residual, low, high, slope, m0, m1, plan.width)
         return
-    spill = jit_cpu._scratch_array("direct_spill", y.dtype, (plan.width, STRIP))
-    no_bias = jit_cpu._scratch_array("direct_no_bias", y.dtype, (plan.width,))
+    spill = jit_cpu.scratch_array("direct_spill", y.dtype, (plan.width, STRIP))
+    no_bias = jit_cpu.scratch_array("direct_no_bias", y.dtype, (plan.width,))
     no_bias[:] = 0
     ow, kernels = plan.out_dims[1], _kernels()
     count = (r1 - r0) * ow
@@ -515,8 +515,8 @@ def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None, at=None):
     bias, residual, has_residual, slope, low, high = epilogue
     kernels = _kernels()
     channels = plan.weights.shape[1]
-    edge = jit_cpu._scratch_array("direct_edge", y.dtype, (channels, plan.width))
-    spill = jit_cpu._scratch_array("direct_spill", y.dtype, (STRIP, plan.width))
+    edge = jit_cpu.scratch_array("direct_edge", y.dtype, (channels, plan.width))
+    spill = jit_cpu.scratch_array("direct_spill", y.dtype, (STRIP, plan.width))
     kernels.pointwise_conv(plan.weights, image, stride, offset, (r1 - r0) * ow, y,
                            (r0 if at is None else at) * ow,
                            bias, residual, has_residual, low, high, slope, m0,
@@ -561,5 +561,5 @@ def _planes(plan, dtype) -> tuple[np.ndarray, np.ndarray]:
     """This thread's phase-plane buffer, flat and shaped. Only the rows a call writes are
     read (not the cells that align each plane, nor rows past a band), so it is never
     cleared."""
-    flat = jit_cpu._scratch_array("direct_planes", dtype, (math.prod(plan.planes_shape),))
+    flat = jit_cpu.scratch_array("direct_planes", dtype, (math.prod(plan.planes_shape),))
     return flat, flat.reshape(plan.planes_shape)

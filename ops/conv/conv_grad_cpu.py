@@ -267,8 +267,8 @@ def panel_weight_grad_into(dY, X, dw, window: _Window):
     no_bias = np.zeros(STRIP, X.dtype)
 
     def part(index, n0, n1, p0, p1):
-        buffer = jit_cpu._scratch_array("weight_grad_planes", X.dtype, (group * slot,))
-        panels = jit_cpu._scratch_array("weight_grad_panels", X.dtype,
+        buffer = jit_cpu.scratch_array("weight_grad_planes", X.dtype, (group * slot,))
+        panels = jit_cpu.scratch_array("weight_grad_panels", X.dtype,
                                         (group, panel_count, oh * pw, width))
         kernels.weight_grad(X, dY, n0, n1, p0, p1, group, buffer, slot, phases[0], phases[1],
                             panels, tables[index], strip_at, strip_row, stride, ph, pw, sy,
@@ -412,7 +412,7 @@ def _phase_input_grad(dY, W, dx, phases, strides, node):
         top, left, bottom, right = phase.pads
         shape = (dY.shape[0], W.shape[1], dY.shape[2] + top + bottom - len(phase.rows) + 1,
                  dY.shape[3] + left + right - len(phase.columns) + 1)
-        out = jit_cpu._scratch_array("phase_input_grad", dY.dtype, shape)
+        out = jit_cpu.scratch_array("phase_input_grad", dY.dtype, shape)
         _stride_one_conv(dY, weights, phase.pads, (1, 1), out,
                          node.setdefault(("phase", phase.ry, phase.rx), {}))
         np.copyto(target, out[:, :, :phase.size[0], :phase.size[1]])

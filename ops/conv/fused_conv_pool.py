@@ -213,7 +213,7 @@ def _whole_image(X, W, B, limits, stage: _Stages, bands: _Bands, after, out, pre
     threads), its activation and LRN, then the pool into ``out`` (the pool's own kernel,
     split between the native threads as well)."""
     channels, (height, width) = W.shape[0], bands.conv_out
-    image = jit_cpu._scratch_array("conv_pool_image", X.dtype, (1, channels, height, width))
+    image = jit_cpu.scratch_array("conv_pool_image", X.dtype, (1, channels, height, width))
     conv_direct_cpu.conv(X, W, B, None, limits, image, bands.conv_geometry, prepacked)
     _after_conv(image[0], stage, after)
     _pool(np, stage.pool)(np, image, out=out, **stage.pool_attributes)  # native threads too
@@ -224,7 +224,7 @@ def _run_of_bands(rows, image, q0, q1, channels, dtype, stage, bands, after, out
     of r conv rows lies contiguous as (C, r, cols), as the pools' compiled loops want it."""
     width = bands.conv_out[1]
     capacity = (bands.rows_per_band - 1) * bands.stride + bands.window  # a band's most rows
-    buffer = jit_cpu._scratch_array("conv_pool_band", dtype, (channels * capacity * width,))
+    buffer = jit_cpu.scratch_array("conv_pool_band", dtype, (channels * capacity * width,))
     held = (0, 0)  # the conv rows the buffer holds
     for p0 in range(q0, q1, bands.rows_per_band):
         p1 = min(q1, p0 + bands.rows_per_band)
@@ -268,7 +268,7 @@ def _pool_band(band, p0, p1, stage: _Stages, bands: _Bands, image_out) -> None:
     are the pool's top padding) through a staging buffer into the output's rows."""
     kernel = tuple(stage.pool_attributes["kernel_shape"])
     strides = tuple(stage.pool_attributes["strides"])
-    staged = jit_cpu._scratch_array("conv_pool_staged", band.dtype,
+    staged = jit_cpu.scratch_array("conv_pool_staged", band.dtype,
                                     (band.shape[0], p1 - p0, bands.pooled[1]))
     if max(kernel) > jit_pool.MAX_UNROLLED_TAPS or not jit_cpu.enabled():
         attributes = dict(stage.pool_attributes, pads=bands.pool_pads(
@@ -278,7 +278,7 @@ def _pool_band(band, p0, p1, stage: _Stages, bands: _Bands, image_out) -> None:
         maximum = stage.pool == "MaxPool"
         run = jit_pool._compiled(kernel, strides, (1, 1), maximum).run
         width = max(bands.left + band.shape[2], (bands.pooled[1] - 1) * strides[1] + kernel[1])
-        row = jit_cpu._scratch_array("conv_pool_row", band.dtype, (width,))
+        row = jit_cpu.scratch_array("conv_pool_row", band.dtype, (width,))
         top = bands.pool_pads(p0, p1, stage.pool_attributes["pads"])[0]
         run(band, staged, row, _NO_STAGING[band.dtype], _divisor(bands, p0, p1, band.dtype),
             top, bands.left, 0, band.shape[0])

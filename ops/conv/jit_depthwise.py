@@ -100,7 +100,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
     taps = [(a, b) for a in range(kh) for b in range(kw)]
     split = (sw, dw) == (2, 1)  # each padded row as its even cells, then its odd ones
-    # every array is flat and indexed with uint64 offsets (see ops/compiled/_jit_kernels.py): slicing
+    # every array is flat and indexed with uint64 offsets (see ops/compiled/jit_cpu.py): slicing
     # nine row views per output row cost more than the row's arithmetic on 7x7 and 14x14
     # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
     column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \

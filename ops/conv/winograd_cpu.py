@@ -85,7 +85,7 @@ def transformed_weights(W) -> np.ndarray:
 def conv(X, U, B, out, begin, out_dims, epilogue=None):
     """Y = conv(X, W) + B into ``out`` (N, M, oh, ow), U = :func:`transformed_weights` (W);
     ``epilogue(y, image, start, stop)`` runs on each band of output columns once written."""
-    kernels = jit_cpu._kernels()
+    kernels = jit_cpu.load("mixrt.ops.conv._jit_winograd")
     (n, c, h, w), m = X.shape, U.shape[1]
     oh, ow = out_dims
     th, tw = -(-oh // 2), -(-ow // 2)
@@ -97,9 +97,9 @@ def conv(X, U, B, out, begin, out_dims, epilogue=None):
         g1 = min(g0 + rows, n * th)
         columns = (g1 - g0) * (tw + 1)
         v, products, v_plane, m_plane = _planes(c, m, columns, X.dtype)
-        phases = jit_cpu._scratch_array("winograd_phases", X.dtype,
+        phases = jit_cpu.scratch_array("winograd_phases", X.dtype,
                                         4 * ((min(rows, th) + 1) * (tw + 1) + 1))
-        combined = jit_cpu._scratch_array("winograd_combined", X.dtype, 12 * columns + 8)
+        combined = jit_cpu.scratch_array("winograd_combined", X.dtype, 12 * columns + 8)
         kernels.winograd_input(x, v, c, h, w, begin[0], begin[1], th, tw, g0, g1, v_plane,
                                phases, combined)
         np.matmul(U, _stack(v, c, columns, v_plane), out=_stack(products, m, columns, m_plane))
@@ -125,8 +125,8 @@ def _planes(c, m, tiles, dtype):
     the previous one, so the 16 streams of the transforms spread over the cache sets."""
     itemsize = np.dtype(dtype).itemsize
     v_plane, m_plane = (_staggered(count * tiles, itemsize) for count in (c, m))
-    v = jit_cpu._scratch_array("winograd_v", dtype, 16 * v_plane)
-    products = jit_cpu._scratch_array("winograd_products", dtype, 16 * m_plane)
+    v = jit_cpu.scratch_array("winograd_v", dtype, 16 * v_plane)
+    products = jit_cpu.scratch_array("winograd_products", dtype, 16 * m_plane)
     return v, products, v_plane, m_plane
 
 

@@ -22,7 +22,6 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 
-_KERNELS: list = []  # ops/image/_jit_nms.py once imported
 _PAIR_BLOCK = 1 << 21  # candidate pairs measured at once (bounds the sweep's memory)
 
 
@@ -74,7 +73,7 @@ def _compiled():
     """ops/image/_jit_nms.py where it may run (the compiled tier on), else None."""
     if not jit_cpu.enabled():
         return None
-    return jit_cpu._import_once(_KERNELS, "mixrt.ops.image._jit_nms")
+    return jit_cpu.load("mixrt.ops.image._jit_nms")
 
 
 def _rows(picks, classes):

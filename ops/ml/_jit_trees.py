@@ -33,7 +33,7 @@ def _leaf(data, row, node, splits, links, members):
     """The node a row reaches from ``node``; at most one step per
     node, as the NumPy walk (a malformed table with a cycle stops where the NumPy walk
     stops). ``splits`` and ``links`` are flat views of the same 24-byte records (see
-    ``ops/ml/ml._Forest.records``), indexed unsigned (see ``ops/compiled/_jit_kernels.py``)."""
+    ``ops/ml/ml._Forest.records``), indexed unsigned (see ``ops/compiled/jit_cpu.py``)."""
     for _ in range(splits.shape[0] // 3):
         at = uint64(node) * uint64(6)
         mode_word = links[at + MODE]

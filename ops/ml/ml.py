@@ -208,7 +208,6 @@ def normalizer(xp, X, *, norm="MAX"):
 
 
 _NORMS = ("MAX", "L1", "L2")  # ops/ml/_jit_ml.py's codes
-_ML_KERNELS: list = []  # ops/ml/_jit_ml.py once imported
 
 
 def _ml_kernels(xp, rows):
@@ -217,7 +216,7 @@ def _ml_kernels(xp, rows):
     if xp is not np or rows.dtype != np.float32 or not rows.shape[1] \
             or not rows.flags.c_contiguous or not jit_cpu.enabled():
         return None
-    return jit_cpu._import_once(_ML_KERNELS, "mixrt.ops.ml._jit_ml")
+    return jit_cpu.load("mixrt.ops.ml._jit_ml")
 
 
 def _float32_like_input(X, *_, **__):
@@ -480,7 +479,6 @@ _MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BR
           "BRANCH_MEMBER", "LEAF")
 _MEMBER, _LEAF = 6, 7
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-_TREE_KERNELS: list = []  # ops/ml/_jit_trees.py once imported (jit_cpu._import_once)
 # a rough count of node visits per tree and row, for splitting a batch over threads
 _STEPS_PER_TREE = 16
 
@@ -564,7 +562,7 @@ class _Forest:
         if xp is not np or not self._compilable or not len(self.roots) \
                 or not self._fits(X.shape[1]) or not jit_cpu.enabled():
             return None
-        return jit_cpu._import_once(_TREE_KERNELS, "mixrt.ops.ml._jit_trees")
+        return jit_cpu.load("mixrt.ops.ml._jit_trees")
 
     def walk_inputs(self, X, precision):
         """(X as the compiled walk reads it, the tables it walks in ``precision``)."""

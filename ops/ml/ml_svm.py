@@ -386,14 +386,13 @@ def _couple(xp, r, k: int):
     return p
 
 
-_COUPLING_KERNELS: list = []  # ops/ml/_jit_svm.py once imported
 
 
 def _compiled(xp):
     """ops/ml/_jit_svm.py where it may run (host arrays, the compiled tier on), else None."""
     if xp is not np or not jit_cpu.enabled():
         return None
-    return jit_cpu._import_once(_COUPLING_KERNELS, "mixrt.ops.ml._jit_svm")
+    return jit_cpu.load("mixrt.ops.ml._jit_svm")
 
 
 def _sweep(xp, q, p, qp, pqp, k: int):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.ml.ml import (_NUMBERS, _TREE_KERNELS, ML, _aggregate_name, _either,
+from mixrt.ops.ml.ml import (_NUMBERS, ML, _aggregate_name, _either,
                           _forest_from_node_ids, _POST_TRANSFORMS, _probit, _rows,
                           post_transform_scores, prepared)
 from mixrt.ops.ir.registry import op
@@ -158,7 +158,7 @@ def _compiled_scores(xp, raw, post_transform, classes: int):
     if xp is not np or classes < 2 or _name(post_transform) not in COMPILED_TRANSFORMS \
             or not jit_cpu.enabled():
         return None
-    return jit_cpu._import_once(_TREE_KERNELS, "mixrt.ops.ml._jit_trees")
+    return jit_cpu.load("mixrt.ops.ml._jit_trees")
 
 
 @tree_ensemble_classifier.infer

@@ -1,5 +1,5 @@
 """Products with a few rows (up to eight, padded to eight) against a transposed weight
-(``ops/nn/matmul_cpu.py``, through ``jit_cpu.few_rows_product``): OpenBLAS's sgemm with eight
+(``ops/nn/matmul_cpu.py``, through ``row_kernels.few_rows_product``): OpenBLAS's sgemm with eight
 columns ran 1.4-1.9x this loop's time.
 """
 

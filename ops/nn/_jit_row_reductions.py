@@ -2,7 +2,7 @@
 row max and scale by the row sum (``ops/nn/nn_cpu.py``), and pools whose one window is a whole plane
 (``ops/pool/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
 per-row overhead. Arrays are flat and indexed with unsigned offsets (see
-``ops/compiled/_jit_kernels.py``); only the sums are reassociated, so NaNs pass through.
+``ops/compiled/jit_cpu.py``); only the sums are reassociated, so NaNs pass through.
 """
 
 from __future__ import annotations

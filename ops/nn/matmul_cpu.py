@@ -13,7 +13,7 @@ layer (2.3x). Past 64 rows the plain product wins again. ``B.T`` is fastest cont
 (N, K) weight of a Gemm with ``transB=1`` already is; a constant (K, N) weight gets a
 contiguous transposed copy kept in its session node's prepacked dict (``conv_cpu.packed``).
 
-Up to eight rows, a compiled loop (``jit_cpu.few_rows_product``) beats that too: sixteen dot
+Up to eight rows, a compiled loop (``row_kernels.few_rows_product``) beats that too: sixteen dot
 products per pass over K, each weight value loaded once for eight rows. 8 x 784 @ 784 x
 2048: 95 against 167 us; 8 x 2048 @ 2048 x 2048: 345 against 574; two rows 0.55-0.71x. From
 16 rows on it re-reads the weight per group of eight and loses (0.78-1.59x).
@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.nn import row_kernels
 from mixrt.ops.conv.conv_cpu import _buffer, packed
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
 
@@ -57,8 +58,8 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
             if prepacked is not None else B.T
     n = B_rows.shape[0]
     target = out.reshape(rows, n)
-    if jit_cpu.few_rows_suits(a, B_rows, target):
-        jit_cpu.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
+    if row_kernels.few_rows_suits(a, B_rows, target):
+        row_kernels.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
         return out
     scratch = _buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
     np.matmul(B_rows, a.T, out=scratch)
@@ -185,7 +186,7 @@ def panel_product(A, B, out, prepacked, bias=None):
     bias = _NO_BIAS[A.dtype.char] if bias is None else bias
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
-    spill = jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape)
+    spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
     if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
         kernels.panel_product(a, panels, c, 0, count, spill, bias)
@@ -195,13 +196,13 @@ def panel_product(A, B, out, prepacked, bias=None):
         parts = min(count, NATIVE_PARTS_PER_THREAD * intra_op_threads())
         bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
         kernels.native_product(native.block, parts, a, panels, c, bounds, spill,
-                               jit_cpu._scratch_array("panel_spill_worker", A.dtype,
+                               jit_cpu.scratch_array("panel_spill_worker", A.dtype,
                                                       spill_shape), bias)
         return out
 
     def part(p0, p1):
         kernels.panel_product(a, panels, c, p0, p1,
-                              jit_cpu._scratch_array("panel_spill", A.dtype, spill_shape),
+                              jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape),
                               bias)
     parallel_for(thread_parts(count, rows * k * n), part)
     return out
@@ -248,8 +249,8 @@ def stacked_panel_product(A, B, out):
     width = panel_width(A.dtype)
 
     def part(n0, n1):
-        edge = jit_cpu._scratch_array("panel_edge", A.dtype, (k, width))
-        spill = jit_cpu._scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
+        edge = jit_cpu.scratch_array("panel_edge", A.dtype, (k, width))
+        spill = jit_cpu.scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
         kernels.batched_product(a, b, c, n0, n1, edge, spill)
     work = A.size * n
     if work < PANEL_SPLIT_WORK:

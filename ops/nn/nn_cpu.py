@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.compiled.parallel import parallel_rows
 from mixrt.ops.elementwise.fused_elementwise import same_view
@@ -123,9 +124,9 @@ def _softmax_rows(xp, input, width, out, generic):
         return into(out, generic())
     rows = input.reshape(-1, width)
     target = out.reshape(rows.shape)
-    if jit_cpu.softmax_suits(rows, target):
+    if row_kernels.softmax_suits(rows, target):
         parallel_rows(rows.shape[0], rows.shape[1],
-                      lambda start, stop: jit_cpu.softmax_rows(rows, target, start, stop))
+                      lambda start, stop: row_kernels.softmax_rows(rows, target, start, stop))
         return out
 
     def part(start, stop):
@@ -145,8 +146,8 @@ def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stas
     temporaries of its size: mean, centre into ``out``, sum of squares (einsum, no squared
     copy), scale by the inverse deviation, then the affine step."""
     if out is not None and _outputs == 1 and stash_type == 1 \
-            and jit_cpu.layer_norm_suits(X, Scale, B, out) \
-            and jit_cpu.layer_norm(X, Scale, B, out, axis % X.ndim, epsilon):
+            and row_kernels.layer_norm_suits(X, Scale, B, out) \
+            and row_kernels.layer_norm(X, Scale, B, out, axis % X.ndim, epsilon):
         return out
     if out is None or _outputs != 1 or stash_type != 1 or X.dtype != np.float32 \
             or not native(X, Scale, B, out) or np.may_share_memory(out, X):

@@ -2,7 +2,7 @@
 padded stride phases, where every tap of every window is a unit-stride run, so finding each
 window's winner and scattering dY are vectorized passes in cache (the NumPy form takes ~70
 calls a chunk). Arrays are flat and indexed with unsigned offsets (see
-``ops/compiled/_jit_kernels.py``).
+``ops/compiled/jit_cpu.py``).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
 from mixrt.ops.conv.conv import spatial_attrs, window_geometry
 from mixrt.ops.conv.conv_cpu import scratch_arrays as _scratch
@@ -313,7 +314,7 @@ def _pool_jit(X, out, geometry, maximum, counts=None, node=None):
     native workers is kept as its replay (``ops/compiled/replay.py``)."""
     kernel, out_dims = geometry[0], geometry[5]
     shape = X.shape[:2] + out_dims
-    if not jit_cpu.pool_suits(X, geometry) or math.prod(kernel) > MAX_TAPS \
+    if not plane_pools.pool_suits(X, geometry) or math.prod(kernel) > MAX_TAPS \
             or math.prod(out_dims) < max(JIT_MIN_OUTPUTS, math.prod(kernel)) \
             or (out is not None and out.shape != shape):
         return None
@@ -323,7 +324,7 @@ def _pool_jit(X, out, geometry, maximum, counts=None, node=None):
     if jit_pool.suits(X, out, geometry) and (not np.may_share_memory(X, out)
                                              or _over_prefix(X, out)):
         return jit_pool.pool2d(X, out, geometry, maximum, counts, replays)
-    return jit_cpu.pool2d(X, out, geometry, maximum, counts)
+    return plane_pools.pool2d(X, out, geometry, maximum, counts)
 
 
 @max_pool.fast("cpu")
@@ -389,7 +390,7 @@ def _whole_plane(X, out, geometry, maximum, counts=None):
     if out is None:
         out = np.empty(X.shape[:2] + tuple(out_dims), dtype=X.dtype)
     count = None if maximum else float(np.asarray(counts).reshape(-1)[0])
-    if not _reducible_into(X, out) or not jit_cpu.whole_plane_pool(X, out, maximum, count):
+    if not _reducible_into(X, out) or not plane_pools.whole_plane_pool(X, out, maximum, count):
         return None
     return out
 
@@ -415,7 +416,7 @@ def _global_pool(X, out, maximum):
     if not (_native(X, out) and X.ndim >= 3):
         return None
     target = np.empty(X.shape[:2] + (1,) * (X.ndim - 2), X.dtype) if out is None else out
-    if _reducible_into(X, target) and jit_cpu.whole_plane_pool(X, target, maximum):
+    if _reducible_into(X, target) and plane_pools.whole_plane_pool(X, target, maximum):
         return target
     return None
 

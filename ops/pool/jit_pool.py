@@ -126,7 +126,7 @@ def _native_call(native, module, x, y, divisor, in_place, parts, scalars):
     3x3/2 on 128x55x55 in place, 116 us staged per plane on one thread, 71 so)."""
     if not in_place:  # the divisor is made per call: kept with the call (no view of out)
         return prepared(native, module, (x, y, divisor), scalars, parts, keep=divisor)
-    target = jit_cpu._scratch_array("pool_in_place", x.dtype, y.shape)
+    target = jit_cpu.scratch_array("pool_in_place", x.dtype, y.shape)
     run = prepared(native, module, (x, target, divisor), scalars, parts, keep=divisor)
     shape = y.shape
 

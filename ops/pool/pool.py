@@ -413,14 +413,13 @@ def _sample_grids(sizes, out, sampling_ratio):
     return np.maximum(np.ceil(sizes / np.array(out)), 1).astype(np.int64)
 
 
-_ROI_KERNELS: list = []  # ops/image/_jit_roi.py once imported
 
 
 def _roi_kernels(xp):
     """ops/image/_jit_roi.py where it may run (host arrays, the compiled tier on), else None."""
     if xp is not np or not jit_cpu.enabled():
         return None
-    return jit_cpu._import_once(_ROI_KERNELS, "mixrt.ops.image._jit_roi")
+    return jit_cpu.load("mixrt.ops.image._jit_roi")
 
 
 def _roi_align_compiled(kernels, X, dtype, batches, starts, sizes, grids, out, mode):

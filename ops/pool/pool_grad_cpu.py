@@ -11,7 +11,7 @@ larger, so ``winner = max(winner, t * better)``), the gradient is scattered into
 the same way round, and the phases are interleaved back into dX.
 
 With numba the same steps run a plane at a time in one compiled call
-(``_jit_kernels.max_pool_grad``), each a vectorized pass in cache; the NumPy form above,
+(``_jit_max_pool_grad.max_pool_grad``), each a vectorized pass in cache; the NumPy form above,
 ~70 calls a chunk, remains where numba is not installed or ``MIXRT_JIT=0``.
 """
 
@@ -58,11 +58,11 @@ def max_pool_grad_cpu(xp, dY, X, *, auto_pad="NOTSET", ceil_mode=0, dilations=No
 
 
 def _compiled_backward(windows, dtype, x, dy, dx):
-    """``_jit_kernels.max_pool_grad`` over the planes, a share per thread: the phased form
+    """``_jit_max_pool_grad.max_pool_grad`` over the planes, a share per thread: the phased form
     below, a plane at a time in one compiled call, where NumPy made ~70 calls a chunk
     (ResNet's 3x3 stride-2 pool over 64 x 112 x 112 at batch 32, 2 threads: 23-24 against
     57-70 ms)."""
-    kernels = jit_cpu._kernels()
+    kernels = jit_cpu.load("mixrt.ops.pool._jit_max_pool_grad")
     layout = _PhasedPool(windows, x.shape[1:], dtype)
     (oh, ow), (ph, pw) = layout.out, layout.plane
     shape = (*x.shape[1:], oh, ow, ph, pw)
@@ -70,10 +70,10 @@ def _compiled_backward(windows, dtype, x, dy, dx):
     flat = [a.reshape(-1) for a in (x, dy, dx)]
 
     def part(p0, p1):
-        planes, grads = (jit_cpu._scratch_array(name, dtype, phased)
+        planes, grads = (jit_cpu.scratch_array(name, dtype, phased)
                          for name in ("max_pool_grad_planes", "max_pool_grad_grads"))
-        best = jit_cpu._scratch_array("max_pool_grad_best", dtype, oh * pw)
-        winner = jit_cpu._scratch_array("max_pool_grad_winner", dtype, oh * pw)
+        best = jit_cpu.scratch_array("max_pool_grad_best", dtype, oh * pw)
+        winner = jit_cpu.scratch_array("max_pool_grad_winner", dtype, oh * pw)
         kernels.max_pool_grad(*flat, p0, p1, shape, tuple(windows.kernel), layout.strides,
                               tuple(windows.dilations), windows.begin[0], windows.begin[1],
                               dtype.type(pool._lowest(dtype)), planes, grads, best, winner)

@@ -22,7 +22,6 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.compiled.parallel import intra_op_threads
 
-_KERNELS: list = []  # ops/quant/_jit_int8.py once imported
 _VNNI: list = []  # whether this CPU has AVX-512 VNNI (asked once)
 # multiply-adds from which a product is split with the native pool's worker, and the parts
 # per thread (claimed one at a time, so a worker that wakes late takes fewer)
@@ -76,7 +75,7 @@ def integer_product_to_float(A, a_zero, B, b_zero, multiplier, bias, prepacked):
     k, n = B.shape
     sums = _raw_product(codes, a.shape[0], weight)
     out = np.empty((a.shape[0], n), np.float32)
-    kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_int8")
+    kernels = jit_cpu.load("mixrt.ops.quant._jit_int8")
     scale = np.ascontiguousarray(np.broadcast_to(np.asarray(multiplier, np.float32)
                                                  .reshape(-1), (n,)))
     kernels.to_float(sums.reshape(-1), sums.shape[1], codes.reshape(-1), codes.shape[1], k,
@@ -143,7 +142,7 @@ def _activation_codes(a, shift: int, k_groups: int):
     rows, k = a.shape
     if shift == 0 and k == 4 * k_groups and a.flags.c_contiguous:
         return a
-    codes = jit_cpu._scratch_array("int8_codes", np.uint8, (rows, 4 * k_groups))
+    codes = jit_cpu.scratch_array("int8_codes", np.uint8, (rows, 4 * k_groups))
     if shift:
         np.add(a.view(np.uint8), np.uint8(128), out=codes[:, :k])
     else:
@@ -156,7 +155,7 @@ def _raw_product(codes, rows: int, weight: _Weight):
     """The int32 sums of the unsigned codes times the weight's signed ones, (rows, 32 *
     panels): split by panels between this thread and the native pool's worker from
     SPLIT_WORK multiply-adds (its hand-off stays in native code), else here."""
-    kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_int8")
+    kernels = jit_cpu.load("mixrt.ops.quant._jit_int8")
     ldc = weight.count * 32
     out = np.empty((rows, ldc), np.int32)
     lda = codes.shape[1]

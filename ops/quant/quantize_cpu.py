@@ -25,7 +25,6 @@ from mixrt.ops.quant.quantize import (dequantize_linear, dequantize_linear_10, d
 
 EIGHT_BITS = (np.dtype(np.int8), np.dtype(np.uint8))
 FLOAT32 = np.dtype(np.float32)
-_KERNELS: list = []  # ops/quant/_jit_quantize.py once imported (jit_cpu._import_once)
 
 
 def quantize_cpu(xp, x, y_scale, y_zero_point=None, *, out=None, **attributes):
@@ -70,7 +69,7 @@ def _kernels(xp, values, scale, zero_point, attributes, codes):
         return None
     if zero_point is not None and (zero_point.size != 1 or zero_point.dtype != codes):
         return None
-    return jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_quantize")
+    return jit_cpu.load("mixrt.ops.quant._jit_quantize")
 
 
 def _zero(zero_point) -> int:
@@ -114,7 +113,7 @@ def dynamic_quantize_cpu(xp, x):
     form. Dynamically quantized BERT spent ~70 us a call in its five passes."""
     if xp is not np or x.dtype != FLOAT32 or not x.size or not jit_cpu.enabled():
         return dynamic_quantize_linear(xp, x)
-    kernels = jit_cpu._import_once(_KERNELS, "mixrt.ops.quant._jit_quantize")
+    kernels = jit_cpu.load("mixrt.ops.quant._jit_quantize")
     flat = np.ascontiguousarray(x).reshape(-1)
     # NumPy's vectorized min and max (a NaN gives NaN) take the range in ~4 us of 16K
     # values, a scalar compiled loop ~9; the scalar steps stay float32 NumPy arithmetic, the

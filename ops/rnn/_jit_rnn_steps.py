@@ -1,7 +1,7 @@
 """A standard LSTM's and GRU's step arithmetic (``ops/rnn/lstm_cpu.py``, ``ops/rnn/gru_cpu.py``):
 the gates, the new states and a step's backward from its cache, each one compiled pass
 where NumPy took ~15 small calls a step and their temporaries. Arrays are flat and indexed
-with unsigned offsets (see ``ops/compiled/_jit_kernels.py``).
+with unsigned offsets (see ``ops/compiled/jit_cpu.py``).
 """
 
 from __future__ import annotations

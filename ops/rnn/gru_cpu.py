@@ -5,7 +5,7 @@ as in ops/rnn/lstm_cpu.py). Both places of the reset gate:
 
 * after the recurrent product (``linear_before_reset=1``, how PyTorch's GRU computes and
   exports, and Gluon's): all three gates' recurrent products are one ``h @ R'^T`` a step,
-  through the packed panels; a compiled pass (``_jit_kernels.gru_gates``) adds the step's
+  through the packed panels; a compiled pass (``_jit_rnn_steps.gru_gates``) adds the step's
   input projection to z's and r's halves and keeps the recurrent term R_h h + Rb_h; NumPy's
   tanh over z and r (halved, so it gives the sigmoids); a compiled pass
   (``gru_candidate``) writes z, reset and the candidate's pre-activation; NumPy's tanh of
@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.rnn.compiled_steps import STEPS
 from mixrt.ops.conv.conv_cpu import packed
 from mixrt.ops.rnn.lstm_cpu import (halved, panels_by_part, projection, run_sequence,
                                 sequence_suits, unit_bounds)
@@ -139,7 +140,7 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
 
 
 def _steps_reset_after(layer, d, projected, weight, panels, block, outputs, h, lengths):
-    kernels, hidden, wide, batch = jit_cpu._kernels(), layer.hidden, layer.wide, layer.batch
+    kernels, hidden, wide, batch = jit_cpu.load(STEPS), layer.hidden, layer.wide, layer.batch
     bias_h = np.ascontiguousarray(layer.cells[d].bh, dtype=wide)
     recurrent = np.empty((batch, 3 * hidden), wide)
     gates = np.empty((batch, 2 * hidden), wide)
@@ -159,7 +160,7 @@ def _steps_reset_after(layer, d, projected, weight, panels, block, outputs, h, l
 
 
 def _steps_reset_before(layer, d, projected, weight, panels, block, outputs, h, lengths):
-    kernels, hidden, wide, batch = jit_cpu._kernels(), layer.hidden, layer.wide, layer.batch
+    kernels, hidden, wide, batch = jit_cpu.load(STEPS), layer.hidden, layer.wide, layer.batch
     gates_weight, candidate_weight = weight[:2 * hidden].T, weight[2 * hidden:].T
     candidate_panels: dict = panels.setdefault("candidate", {})
     gates = np.empty((batch, 2 * hidden), wide)
@@ -195,7 +196,7 @@ def backward(layer, d: int, workspace, dy, d_states):
 
 
 def _grad_reset_after(layer, d, workspace, dy, dh, d_projected, lengths):
-    kernels, hidden, batch = jit_cpu._kernels(), layer.hidden, layer.batch
+    kernels, hidden, batch = jit_cpu.load(STEPS), layer.hidden, layer.batch
     weight = np.ascontiguousarray(layer.cells[d].r)  # (3 hidden, hidden)
     carried, through = np.empty_like(dh), np.empty_like(dh)
     d_recurrent = np.empty_like(d_projected)  # the gradient of h R^T + Rb
@@ -212,7 +213,7 @@ def _grad_reset_after(layer, d, workspace, dy, dh, d_projected, lengths):
 
 
 def _grad_reset_before(layer, d, workspace, dy, dh, d_projected, lengths):
-    kernels, hidden, batch, wide = jit_cpu._kernels(), layer.hidden, layer.batch, layer.wide
+    kernels, hidden, batch, wide = jit_cpu.load(STEPS), layer.hidden, layer.batch, layer.wide
     r = np.ascontiguousarray(layer.cells[d].r)
     gates_weight, candidate_weight = r[:2 * hidden], r[2 * hidden:]  # contiguous rows
     carried, through, d_gated = np.empty_like(dh), np.empty_like(dh), np.empty_like(dh)

@@ -10,7 +10,7 @@ step here is:
 * forward: ``h @ R'`` into a reused buffer, through the packed panels of ops/nn/matmul_cpu.py
   (R' packed once per call: 64 x 256 @ 256 x 1024 took 114 us against OpenBLAS's 164);
   ``+=`` the step's input projection; one NumPy tanh over all four gates; one compiled
-  pass (``_jit_kernels.lstm_step``, 8 us) that makes i, o, f and the new cell and writes
+  pass (``_jit_rnn_steps.lstm_step``, 8 us) that makes i, o, f and the new cell and writes
   the step's cache straight into the workspace; NumPy's tanh of the cell; and a compiled
   pass (``lstm_output``) for o * tanh(cell) into the output and the states;
 * backward: one compiled pass (``lstm_step_grad``, 36 us) from the cache to the gradient
@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.rnn.compiled_steps import STEPS, recurrent_kernels
 from mixrt.ops.rnn import rnn
 from mixrt.ops.conv.conv_cpu import packed
 from mixrt.ops.nn.matmul_cpu import (dense_product, pack_panels, panel_product, panel_width,
@@ -124,7 +125,7 @@ def forward(layer, d: int, W, B, workspace=None, constants=None):
     step's cache; without it two blocks take turns (inference). ``constants``: the node's
     dict where the weights are session constants (:func:`constant_weights`), which keeps
     their halved and packed forms."""
-    kernels, hidden, wide = jit_cpu._kernels(), layer.hidden, layer.wide
+    kernels, hidden, wide = jit_cpu.load(STEPS), layer.hidden, layer.wide
     steps, batch = layer.steps, layer.batch
     projected = _projection(layer, W, B, d, constants)
     recurrent = packed(constants, ("lstm R'", d, wide.str),
@@ -168,7 +169,7 @@ UNIT_ALIGN = 16  # a part's units: whole 64-byte lines of float32
 def sequence_suits(layer) -> bool:
     """Whether the inference forward takes :func:`forward_sequence`: a few rows, and the
     panel tile (AVX-512) at hand."""
-    return layer.batch <= SEQUENCE_ROWS and jit_cpu.recurrent_kernels() is not None \
+    return layer.batch <= SEQUENCE_ROWS and recurrent_kernels() is not None \
         and jit_cpu.panel_kernels() is not None
 
 
@@ -224,7 +225,7 @@ def run_sequence(cell: str, native, steps, batch, hidden, arrays, *flag) -> None
     bounds, then the cell's own; ``flag``: the GRU's reset_after, the RNN's activation
     code), on this thread, or split over ``native``'s threads where the bounds make two
     parts or more."""
-    kernels, panel_kernels = jit_cpu.recurrent_kernels(), jit_cpu.panel_kernels()
+    kernels, panel_kernels = recurrent_kernels(), jit_cpu.panel_kernels()
     floats = arrays[0].dtype
     parts, width = arrays[2].size - 1, panel_width(floats)
     tile = (panel_kernels.tile_f if floats == np.float32 else panel_kernels.tile_d).address
@@ -245,7 +246,7 @@ def backward(layer, d: int, workspace, dy, d_states):
     (d projection (steps, batch, 4 hidden), [d initial h, d initial c], dR, dRb). ``dy`` is
     the gradient of its outputs in the order it ran; ``d_states`` that of its final
     states."""
-    kernels, hidden, wide = jit_cpu._kernels(), layer.hidden, layer.wide
+    kernels, hidden, wide = jit_cpu.load(STEPS), layer.hidden, layer.wide
     steps, batch = layer.steps, layer.batch
     recurrent = np.ascontiguousarray(layer.cells[d].r)  # (4 hidden, hidden)
     dy = np.ascontiguousarray(dy, dtype=wide)

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.rnn.compiled_steps import recurrent_kernels
 from mixrt.ops.conv.conv_cpu import packed
 from mixrt.ops.rnn.lstm_cpu import (panels_by_part, projection, run_sequence, sequence_suits,
                                 unit_bounds)
@@ -50,7 +51,7 @@ def inference(layer, d: int, W, B, constants=None):
     hs[0] = h
     outputs = np.empty((steps, batch, hidden), wide)
     clip = np.array([math.inf if cell.f.clip is None else abs(float(cell.f.clip))], wide)
-    code = jit_cpu.recurrent_kernels().ACTIVATIONS[cell.f.key]
+    code = recurrent_kernels().ACTIVATIONS[cell.f.key]
     run_sequence("rnn", native, steps, batch, hidden, (
         _projection(layer, W, B, d, constants), panels, np.array(bounds, np.int64), hs,
         outputs, np.ascontiguousarray(layer.lengths, dtype=np.int64), clip), code)

@@ -170,7 +170,7 @@ def test_panel_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attrib
     monkeypatch.setattr(conv_grad_cpu, "panel_weight_grad_into",
                         lambda *a: taken.append(1) or real(*a))
     for name in ("weight_grad_planes", "weight_grad_panels"):
-        jit_cpu._scratch_array(name, dtype, (1 << 16,)).fill(np.nan)
+        jit_cpu.scratch_array(name, dtype, (1 << 16,)).fill(np.nan)
     dy, x, w = _conv_case(x_shape, w_shape, attributes, dtype=dtype)
     want = conv_grad(np, dy, x, w, input_grad=0, **attributes)
     got = conv_grad_cpu.conv_grad_cpu(np, dy, x, w, input_grad=0, **attributes)

@@ -432,7 +432,7 @@ def test_a_kit_is_rebuilt_when_the_planes_it_points_to_are_reallocated(every_sha
                         pads=[1] * 4, strides=None), None, plan_small)
     np.testing.assert_array_equal(again, first)
     rebuilt = _kit_of(plan)
-    planes = jit_cpu._scratch_array("direct_planes", np.float32, (1,))
+    planes = jit_cpu.scratch_array("direct_planes", np.float32, (1,))
     assert rebuilt is not kit
     assert rebuilt.words[jit_cpu.panel_kernels().PLANES] == planes.ctypes.data
 

@@ -10,7 +10,9 @@ from onnx import TensorProto, helper
 
 import mixrt
 from mixrt.ops.compiled import jit_cpu, parallel
-from mixrt.ops.conv import conv_cpu, jit_depthwise
+from mixrt.ops.pool import plane_pools
+from mixrt.ops.nn import row_kernels
+from mixrt.ops.conv import conv_cpu, jit_depthwise, phase_planes
 from mixrt.ops.pool import inplace_cpu, jit_pool
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.pool.pool import average_pool, max_pool
@@ -72,7 +74,7 @@ def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     phase planes (ops/compiled/jit_cpu.py), and record the calls."""
     if not direct:
         monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
-    return _recorded_calls(monkeypatch, jit_depthwise if direct else jit_cpu, "depthwise_conv")
+    return _recorded_calls(monkeypatch, jit_depthwise if direct else phase_planes, "depthwise_conv")
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "phase-planes"])
@@ -233,7 +235,7 @@ def _count_compiled_pools(monkeypatch, separable: bool) -> list:
         monkeypatch.setattr(jit_pool, "NARROW_ROWS", 0)
     else:
         monkeypatch.setattr(jit_pool, "suits", lambda *a: False)
-    return _recorded_calls(monkeypatch, jit_pool if separable else jit_cpu, "pool2d")
+    return _recorded_calls(monkeypatch, jit_pool if separable else plane_pools, "pool2d")
 
 
 @pytest.mark.parametrize("separable", [True, False], ids=["separable", "phase-planes"])
@@ -264,7 +266,7 @@ def test_pools_match_generic(case, dtype, separable, monkeypatch):
 
 def test_tiny_pool_outputs_keep_the_numpy_path(monkeypatch):
     """A 7x7 window pooled to 1x1 (ShuffleNet's last pool) is faster in NumPy."""
-    for module in (jit_cpu, jit_pool):
+    for module in (plane_pools, jit_pool):
         monkeypatch.setattr(module, "pool2d", lambda *a: pytest.fail("compiled pool used"))
     X = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
     got = inplace_cpu.average_pool_cpu(np, X, kernel_shape=[7, 7])
@@ -442,8 +444,8 @@ def test_layer_norm_matches_float64_and_runs_compiled(shape, axis, with_bias, mo
     scale = RNG.standard_normal(normalized).astype(np.float32)
     bias = RNG.standard_normal(normalized).astype(np.float32) if with_bias else None
     calls = []
-    real = jit_cpu.layer_norm
-    monkeypatch.setattr(jit_cpu, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    real = row_kernels.layer_norm
+    monkeypatch.setattr(row_kernels, "layer_norm", lambda *a: calls.append(1) or real(*a))
     out = np.empty_like(x)
     got = layer_normalization_cpu(np, x, scale, bias, axis=axis, epsilon=1e-5, out=out)
     assert got is out and calls
@@ -489,8 +491,8 @@ def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
     from mixrt.ops.nn.nn_cpu import softmax_cpu
     x = (RNG.standard_normal(shape) * 4).astype(dtype)
     calls = []
-    real = jit_cpu.softmax_rows
-    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    real = row_kernels.softmax_rows
+    monkeypatch.setattr(row_kernels, "softmax_rows", lambda *a: calls.append(1) or real(*a))
     out = np.full_like(x, np.nan)
     assert softmax_cpu(np, x, axis=-1, out=out) is out and calls
     tolerance = 1e-6 if dtype == np.float32 else 1e-13
@@ -514,8 +516,8 @@ def test_softmax_over_row_views_runs_compiled(shape, axis, coerced, monkeypatch)
     x = (RNG.standard_normal(shape) * 4).astype(np.float32)
     fast, generic = (softmax_coerced_cpu, softmax_coerced) if coerced else (softmax_cpu, softmax)
     calls = []
-    real = jit_cpu.softmax_rows
-    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    real = row_kernels.softmax_rows
+    monkeypatch.setattr(row_kernels, "softmax_rows", lambda *a: calls.append(1) or real(*a))
     want = generic(np, x.astype(np.float64), axis=axis)
     out = np.full_like(x, np.nan)
     assert fast(np, x, axis=axis, out=out) is out and calls
@@ -540,8 +542,8 @@ def test_softmax_of_a_strided_input_runs_compiled_on_a_copy_of_its_rows(monkeypa
     from mixrt.ops.nn.nn import softmax, softmax_coerced
     x = RNG.standard_normal((5, 6, 4)).astype(np.float32).transpose(1, 0, 2)  # not contiguous
     calls = []
-    real = jit_cpu.softmax_rows
-    monkeypatch.setattr(jit_cpu, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    real = row_kernels.softmax_rows
+    monkeypatch.setattr(row_kernels, "softmax_rows", lambda *a: calls.append(1) or real(*a))
     for fast, generic, axis in ((softmax_cpu, softmax, -1), (softmax_coerced_cpu,
                                                               softmax_coerced, 1)):
         out = np.full(x.shape, np.nan, np.float32)
@@ -576,8 +578,8 @@ def test_softmax_in_place_and_special_values_row_by_row():
 
 def _spy_whole_plane(monkeypatch):
     calls = []
-    real = jit_cpu.whole_plane_pool
-    monkeypatch.setattr(jit_cpu, "whole_plane_pool",
+    real = plane_pools.whole_plane_pool
+    monkeypatch.setattr(plane_pools, "whole_plane_pool",
                         lambda *a: calls.append(a[2]) or real(*a))
     return calls
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
 from mixrt.ops.nn.fused import fused_gemm, fused_mat_mul
@@ -116,17 +117,17 @@ def test_stacks_that_are_not_one_matrix_keep_numpy_s_product():
 def test_up_to_eight_rows_take_the_compiled_loop(rows, dtype, n, monkeypatch, no_panels):
     A, B = _rand(rows, 700, dtype=dtype), _rand(700, n, dtype=dtype)
     calls = []
-    real = jit_cpu.few_rows_product
-    monkeypatch.setattr(jit_cpu, "few_rows_product", lambda *a: calls.append(1) or real(*a))
+    real = row_kernels.few_rows_product
+    monkeypatch.setattr(row_kernels, "few_rows_product", lambda *a: calls.append(1) or real(*a))
     splits = []
-    real_split = jit_cpu.parallel_for
-    monkeypatch.setattr(jit_cpu, "parallel_for",
+    real_split = row_kernels.parallel_for
+    monkeypatch.setattr(row_kernels, "parallel_for",
                         lambda parts, fn: splits.append(len(parts)) or real_split(parts, fn))
     out = np.full((rows, n), np.nan, dtype)
     assert mat_mul_cpu(np, A, B, out=out, _prepacked={}) is out and calls
     tolerance = 2e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(out, A.astype(np.float64) @ B, rtol=tolerance, atol=tolerance)
-    assert bool(splits) == (B.size >= jit_cpu.SPLIT_WEIGHT)
+    assert bool(splits) == (B.size >= row_kernels.SPLIT_WEIGHT)
 
 
 @pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not importable")
@@ -152,7 +153,7 @@ def _assert_specials_reach_their_cells_only(rows, k, n):
 
 def test_nine_rows_keep_the_transposed_blas_product(monkeypatch, no_panels):
     A, B = _rand(9, 300), _rand(300, 400)
-    monkeypatch.setattr(jit_cpu, "few_rows_product",
+    monkeypatch.setattr(row_kernels, "few_rows_product",
                         lambda *a: pytest.fail("nine rows took the compiled loop"))
     out = np.empty((9, 400), np.float32)
     mat_mul_cpu(np, A, B, out=out, _prepacked={})

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.rnn import gru_cpu, lstm_cpu, rnn, rnn_cpu
+from mixrt.ops.rnn import compiled_steps, gru_cpu, lstm_cpu, rnn, rnn_cpu
 
 pytestmark = pytest.mark.skipif(
     not jit_cpu.enabled() or jit_cpu.panel_kernels() is None,
@@ -19,7 +19,7 @@ HIDDEN, INPUT, STEPS = 40, 6, 7
 
 
 def kernels():
-    return jit_cpu.recurrent_kernels()
+    return compiled_steps.recurrent_kernels()
 
 
 # -- tanh ------------------------------------------------------------------------------------

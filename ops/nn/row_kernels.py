@@ -1,0 +1,108 @@
+"""Compiled loops over rows held in L1, for the dense layers: LayerNormalization and its RMS
+form, Softmax's shift by the row max and scale by the row sum
+(``_jit_row_reductions.py``), and products with up to eight rows against a transposed
+weight (``_jit_few_rows.py``), each with the test of whether it applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.jit_cpu import NATIVE
+from mixrt.ops.compiled.parallel import parallel_for, thread_parts
+
+ROW_KERNELS = "mixrt.ops.nn._jit_row_reductions"
+FEW_ROWS_KERNELS = "mixrt.ops.nn._jit_few_rows"
+
+
+def layer_norm_suits(X, Scale, B, out) -> bool:
+    """float32 arrays (stash_type 1: float32 statistics), contiguous, normalized over the
+    trailing axes that ``Scale`` (and ``B``) cover exactly; ``out`` may be ``X`` itself."""
+    arrays = [a for a in (X, Scale, B, out) if a is not None]
+    return (X.dtype == np.float32 and all(isinstance(a, np.ndarray) and a.dtype == X.dtype
+                                      and a.flags.c_contiguous for a in arrays)
+            and out.shape == X.shape and Scale.size > 0
+            and (B is None or B.size == Scale.size) and jit_cpu.enabled())
+
+
+def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
+    """LayerNormalization of X over its axes from ``axis`` on into ``out``; False (nothing
+    written) when Scale does not span exactly those axes (broadcast scales stay in NumPy)."""
+    n = math.prod(X.shape[axis:])
+    if Scale.size != n or X.size == 0:
+        return False
+    bias = np.zeros(n, X.dtype) if B is None else B.reshape(-1)
+    jit_cpu.load(ROW_KERNELS).layer_norm(X.reshape(-1), Scale.reshape(-1), bias, out.reshape(-1),
+                          X.size // n, n, X.dtype.type(epsilon))
+    return True
+
+
+def rms_norm(X, scale, out, axis: int, epsilon: float) -> bool:
+    """SimplifiedLayerNormalization of float32 X over its axes from ``axis`` on into
+    ``out`` (:func:`layer_norm_suits` holds for them); False (nothing written) when
+    ``scale`` does not span exactly those axes."""
+    n = math.prod(X.shape[axis:])
+    if scale.size != n or X.size == 0:
+        return False
+    jit_cpu.load(ROW_KERNELS).rms_norm(X.reshape(-1), scale.reshape(-1), out.reshape(-1), X.size // n, n,
+                        X.dtype.type(epsilon))
+    return True
+
+
+# -- softmax -------------------------------------------------------------------------------------
+
+def softmax_suits(rows, target) -> bool:
+    """Contiguous (R, n) float32/float64 views, ``target`` either apart from ``rows`` or the
+    same memory (in place)."""
+    return (rows.dtype == target.dtype and rows.dtype in NATIVE
+            and rows.flags.c_contiguous and target.flags.c_contiguous and jit_cpu.enabled())
+
+
+def softmax_rows(rows, target, start: int, stop: int) -> None:
+    """Softmax of rows start..stop of ``rows`` (R, n) into ``target``: shift by the row max
+    (compiled), NumPy's vectorized exp in place, then divide by the row sum (compiled)."""
+    n = rows.shape[1]
+    x = rows[start:stop].reshape(-1)
+    y = target[start:stop].reshape(-1)
+    kernels = jit_cpu.load(ROW_KERNELS)
+    kernels.softmax_shift(x, y, stop - start, n)
+    np.exp(y, out=y)
+    kernels.softmax_scale(y, stop - start, n)
+
+
+EIGHT_ROWS = 8  # rows the compiled product computes at once (fewer are padded with zeros)
+# weight elements from which the product is split over the intra-op threads by columns
+SPLIT_WEIGHT = 1 << 19
+
+
+def few_rows_suits(a, bt, out) -> bool:
+    """a (rows <= 8, K), bt (N, K) and out (rows, N): contiguous, one native float dtype."""
+    return (a.ndim == bt.ndim == out.ndim == 2 and 1 <= a.shape[0] <= EIGHT_ROWS
+            and a.dtype == bt.dtype == out.dtype and a.dtype in NATIVE
+            and bt.flags.c_contiguous and out.flags.c_contiguous
+            and a.shape[1] == bt.shape[1] and out.shape == (a.shape[0], bt.shape[0])
+            and jit_cpu.enabled())
+
+
+def few_rows_product(a, bt, out) -> None:
+    """``out = a @ bt.T`` for a few rows (:func:`few_rows_suits`): the rows padded to eight in
+    a scratch, the columns split over the intra-op threads for a large weight."""
+    rows, n = a.shape[0], bt.shape[0]
+    padded = jit_cpu.scratch_array("few_rows_a", a.dtype, (EIGHT_ROWS, a.shape[1]))
+    padded[:rows] = a
+    padded[rows:] = 0
+    target = out if rows == EIGHT_ROWS else jit_cpu.scratch_array("few_rows_out", a.dtype,
+                                                          (EIGHT_ROWS, n))
+    kernel = jit_cpu.load(FEW_ROWS_KERNELS).eight_rows
+
+    def part(start, stop):
+        kernel(padded, bt, target, start, stop)
+    if bt.size < SPLIT_WEIGHT:
+        part(0, n)
+    else:
+        parallel_for(thread_parts(n, bt.size), part)
+    if target is not out:
+        np.copyto(out, target[:rows])
