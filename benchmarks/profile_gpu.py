@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="float32")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    from mixrt.runtime.device import gpu_available  # noqa: PLC0415
+    from mixrt.ops.device import gpu_available  # noqa: PLC0415
     if not gpu_available():
         print("profile_gpu: no CUDA GPU (or no CuPy) here")
         return 2

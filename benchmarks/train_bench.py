@@ -144,7 +144,7 @@ def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu",
                   precision: str = "float32"):
     from mixrt.gluon import Trainer  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
-    from mixrt.runtime.device import parse_device  # noqa: PLC0415
+    from mixrt.ops.device import parse_device  # noqa: PLC0415
     model = Module.from_onnx(path, device=device)
     trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.01,
                                                         "momentum": 0.9})
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
 def gpu_missing() -> str | None:
     """Why the GPU runs cannot happen here, or None when they can."""
     from mixrt.errors import DeviceUnavailableError  # noqa: PLC0415
-    from mixrt.runtime.device import parse_device  # noqa: PLC0415
+    from mixrt.ops.device import parse_device  # noqa: PLC0415
     try:
         parse_device("gpu")
     except DeviceUnavailableError as exc:

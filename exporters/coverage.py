@@ -20,7 +20,7 @@ import numpy as np
 
 from mixrt.errors import InputError, MixrtError
 from mixrt.ops.ir.types import MapType, TensorType
-from mixrt.runtime.device import parse_device
+from mixrt.ops.device import parse_device
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.session import Session, load_graph
 from mixrt.runtime.support import check_dim_names, support_table

@@ -33,7 +33,8 @@ from onnx import defs
 
 from mixrt.errors import ExportError
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES
-from mixrt.ops.nn.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.ir.registry import MIXRT
+from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
 from mixrt.ops.elementwise.fused_elementwise import Program
 from mixrt.ops.shape.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan

@@ -24,7 +24,7 @@ from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
 from mixrt.ops.ir.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY, canonical_domain
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
-from mixrt.runtime.device import aligned
+from mixrt.ops.device import aligned
 from mixrt.runtime.graph import Graph, Node, Value
 
 # Opsets of the default domain this importer understands.

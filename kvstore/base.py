@@ -17,7 +17,7 @@ from mixrt.errors import KVStoreError, OptimizerError, ShapeError
 from mixrt.runtime import engine
 from mixrt.runtime import optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
-from mixrt.runtime.device import array_module, to_host
+from mixrt.ops.device import array_module, to_host
 
 Updater = Callable[[str, object, object], None]
 

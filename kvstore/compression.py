@@ -38,7 +38,7 @@ import numbers
 import numpy as np
 
 from mixrt.errors import KVStoreError
-from mixrt.runtime.device import array_module
+from mixrt.ops.device import array_module
 
 DEFAULT_THRESHOLD = 0.5  # MXNet's default for "2bit"
 VALID_TYPES = ("2bit", "none")

@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.errors import KVStoreError
 from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
                                 sum_on)
-from mixrt.runtime.device import array_module
+from mixrt.ops.device import array_module
 
 
 class LocalStore(KVStore):

@@ -28,7 +28,7 @@ import numpy as np
 
 from mixrt.errors import DeviceUnavailableError, KVStoreError
 from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, require_out
-from mixrt.runtime.device import gpu_count
+from mixrt.ops.device import gpu_count
 
 # numpy dtype name -> the cupy.cuda.nccl constant of the same type
 _NCCL_TYPES = {

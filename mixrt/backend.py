@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.session import Session
 
 _DEVICES = {"CPU": "cpu", "CUDA": "gpu:0"}

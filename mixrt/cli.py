@@ -514,7 +514,7 @@ def cmd_export(args) -> int:
 # -- check -----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from mixrt.runtime.device import device_named, parse_device  # noqa: PLC0415
+    from mixrt.ops.device import device_named, parse_device  # noqa: PLC0415
     from mixrt.runtime.support import support_table  # noqa: PLC0415
 
     if args.validate:

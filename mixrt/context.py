@@ -1,6 +1,6 @@
 """Contexts: where an NDArray lives, in MXNet's spelling (``mixrt.cpu()``, ``mixrt.gpu(0)``).
 
-A Context is a thin, hashable name for a :class:`mixrt.runtime.device.Device`; the kernels
+A Context is a thin, hashable name for a :class:`mixrt.ops.device.Device`; the kernels
 only ever see the device's array module (``xp``). ``with mixrt.gpu(0):`` makes it the default
 for arrays created without ``ctx=``, per thread.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from mixrt.errors import DeviceUnavailableError, InputError
-from mixrt.runtime.device import Device, gpu_count, parse_device
+from mixrt.ops.device import Device, gpu_count, parse_device
 
 _KINDS = ("cpu", "gpu")
 

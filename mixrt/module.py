@@ -41,7 +41,7 @@ from mixrt.initializer import Uniform
 from mixrt.initializer import create as create_initializer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import array_module, parse_device, to_host
+from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import LossScaler, parse_precision
 from mixrt.runtime.npz import read_npz, write_npz

@@ -28,7 +28,7 @@ def seed(value: int) -> None:
     ops_random.reseed(value)
     cupy = sys.modules.get("cupy")
     if cupy is not None:
-        from mixrt.runtime.device import gpu_count  # noqa: PLC0415
+        from mixrt.ops.device import gpu_count  # noqa: PLC0415
         for index in range(gpu_count()):  # none without a GPU: nothing to seed
             with cupy.cuda.Device(index):
                 cupy.random.seed(value)

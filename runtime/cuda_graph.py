@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mixrt.runtime import device_checks
+from mixrt.ops import device_checks
 from mixrt.runtime.cublas_capture import WORKSPACE_BYTES, CapturingModule
 from mixrt.runtime.executor import Arena, execute
 
@@ -52,7 +52,7 @@ class CapturedRun:
     inputs: dict  # feed name -> the device buffer the graph reads
     env: dict  # every value of the captured run (outputs included), kept alive
     pool: object  # the private memory pool (kept alive with the graph)
-    checks: object = None  # the run's deferred checks (runtime/device_checks.py)
+    checks: object = None  # the run's deferred checks (ops/device_checks.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def launch(self, feeds: dict) -> dict:

@@ -36,8 +36,8 @@ import numpy as np
 
 from mixrt.errors import ExecutionError, MixrtError
 from mixrt.ops.ir.types import TensorType, type_of_value
-from mixrt.runtime import device_checks
-from mixrt.runtime.device import aligned_empty, to_host
+from mixrt.ops import device_checks
+from mixrt.ops.device import aligned_empty, to_host
 from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 from mixrt.runtime.passes.infer import infer_types

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+import mixrt.ops as ops_package
 from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
 
@@ -226,16 +227,14 @@ def environment_stamp() -> tuple:
     """What else decides the compiled kernels: the kernel sources (path, size, mtime), numba,
     Python, the CPU and the settings that choose among kernels."""
     if not _stamp:
-        import mixrt  # noqa: PLC0415
-        root = Path(mixrt.ops.__file__).parent if hasattr(mixrt, "ops") else None
+        root = Path(ops_package.__file__).parent
         sources = []
-        if root is not None:
-            # the kernels' Python and compiled sources, every family's: a change to any of
-            # them changes what a warm marker stands for (the dispatch code decides which
-            # kernels a model calls)
-            for path in sorted(root.rglob("*.py")):
-                stat = path.stat()
-                sources.append((str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns))
+        # the kernels' Python and compiled sources, every family's: a change to any of
+        # them changes what a warm marker stands for (the dispatch code decides which
+        # kernels a model calls)
+        for path in sorted(root.rglob("*.py")):
+            stat = path.stat()
+            sources.append((str(path.relative_to(root)), stat.st_size, stat.st_mtime_ns))
         _stamp.append((tuple(sources), _numba_version(), sys.version, platform.machine(),
                        _cpu_name()))
     settings = tuple(sorted((k, v) for k, v in os.environ.items()
@@ -323,7 +322,7 @@ class BackgroundCompiler:
         jobs.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="job-", dir=jobs))
         try:
-            spec = _job_spec(session, job, folder)
+            _job_spec(session, job, folder)  # writes job.json beside the log
             del session
             log = folder / "child.log"
             with open(log, "wb") as out:

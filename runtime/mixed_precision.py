@@ -28,7 +28,7 @@ import numpy as np
 from mixrt.errors import InputError, UnsupportedOperatorError
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import array_module
+from mixrt.ops.device import array_module
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.passes.infer import infer_node, infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, rename_output, replace_reads

@@ -31,7 +31,7 @@ import numpy as np
 
 from mixrt.errors import DeviceMismatchError, OptimizerError, ShapeError
 from mixrt.runtime import lr_scheduler as schedulers
-from mixrt.runtime.device import array_module, to_host
+from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.lr_scheduler import LRScheduler, real_param, reject_unknown
 
 STATE_FORMAT = 1  # bumped when the layout of state_dict() changes

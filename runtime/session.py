@@ -31,9 +31,10 @@ from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, Kernel
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
-from mixrt.runtime import device_checks, kernel_tiers
+from mixrt.ops import device_checks
+from mixrt.runtime import kernel_tiers
 from mixrt.runtime.cuda_graph import Captures
-from mixrt.runtime.device import Device, parse_device, to_host
+from mixrt.ops.device import Device, parse_device, to_host
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, host_copies,
                                     make_plan, plannable_on_gpu, release)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
@@ -297,7 +298,7 @@ class Session:
                 release(plan, arena)
 
     def _device_checks(self):
-        """On a GPU, the run's deferred checks (runtime/device_checks.py)."""
+        """On a GPU, the run's deferred checks (ops/device_checks.py)."""
         if self.device.kind == "gpu":
             return device_checks.collecting()
         return _NOTHING

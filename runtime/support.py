@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from mixrt.errors import InputError, UnsupportedOperatorError
-from mixrt.runtime.device import Device, gpu_dtypes_text, gpu_holds
+from mixrt.ops.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
 from mixrt.runtime.passes.typecheck import operand_problem

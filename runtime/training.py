@@ -24,7 +24,7 @@ import numpy as np
 
 from mixrt.errors import GradientError, InputError
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import array_module, to_host
+from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory import plan_report
 from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,

@@ -65,5 +65,5 @@ def pytest_runtest_makereport(item, call):
 
 
 def _has_a_gpu() -> bool:
-    from mixrt.runtime.device import gpu_available  # noqa: PLC0415
+    from mixrt.ops.device import gpu_available  # noqa: PLC0415
     return gpu_available()

@@ -14,7 +14,7 @@ import pytest
 import mixrt  # noqa: F401  (before NumPy's heavy use: it picks the BLAS kernels)
 from mixrt import autograd, gluon, nd
 from mixrt.errors import GradientError
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 X = np.array([0.3, -1.2, 2.0, 0.7])
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt.runtime.cublas_capture import _batched_calls
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 RNG = np.random.default_rng(11)

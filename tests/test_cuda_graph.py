@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.errors import InputError
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 RNG = np.random.default_rng(5)

@@ -262,7 +262,7 @@ def test_weights_arena_and_packed_weights_start_on_64_bytes():
     """Imported initializers (read-only as imported), the arena and a conv's prepacked
     weights all start on a 64-byte boundary: OpenBLAS read a misaligned weight 10-14%
     slower."""
-    from mixrt.runtime.device import ALIGNMENT, aligned
+    from mixrt.ops.device import ALIGNMENT, aligned
     session = mixrt.Session(conv_net().SerializeToString(), opt_level=2)
     for _ in range(2):  # the first run of a shape discovers it; the second runs its plan
         session.run(None, batch(2))

@@ -10,7 +10,7 @@ import pytest
 from mixrt import autograd, initializer, nd
 from mixrt.errors import InputError
 from mixrt.models import gluon_zoo
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 RNG = np.random.default_rng(0)
 

@@ -17,7 +17,7 @@ import mixrt
 from mixrt.errors import InputError
 from mixrt.io import NDArrayIter
 from mixrt.module import Module
-from mixrt.runtime.device import gpu_count
+from mixrt.ops.device import gpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
 

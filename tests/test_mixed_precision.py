@@ -285,7 +285,7 @@ def test_float32_is_unchanged_and_scaling_is_optional():
 @pytest.mark.gpu
 def test_float16_on_the_gpu_matches_the_cpu():
     pytest.importorskip("cupy")
-    from mixrt.runtime.device import gpu_available, to_host
+    from mixrt.ops.device import gpu_available, to_host
     if not gpu_available():
         pytest.skip("no CUDA GPU")
     rng = np.random.default_rng(4)

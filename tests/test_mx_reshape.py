@@ -18,7 +18,7 @@ from mixrt import autograd, gluon, nd, sym
 from mixrt.errors import ExecutionError, GraphError, InputError, ShapeError
 from mixrt.ops.shape.shape_mxnet import mxnet_shape
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import Session
 

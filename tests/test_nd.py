@@ -9,7 +9,7 @@ from mixrt import autograd, nd
 from mixrt.context import Context
 from mixrt.errors import DeviceMismatchError, ExecutionError, GradientError, InputError
 from mixrt.nd import NDArray
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 import numpy as np
 import pytest

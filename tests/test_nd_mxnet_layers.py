@@ -20,7 +20,7 @@ import mixrt
 from mixrt import autograd as ag
 from mixrt import nd
 from mixrt.errors import InputError
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 
 def _arr(*shape, k=1.7):

@@ -476,7 +476,7 @@ def test_checkpoints_that_do_not_fit_are_refused():
 @pytest.mark.parametrize("name,params", ALL_CASES, ids=ALL_IDS)
 def test_cupy_matches_numpy_and_checkpoints_move_between_devices(name, params):
     cupy = pytest.importorskip("cupy")
-    from mixrt.runtime.device import gpu_available
+    from mixrt.ops.device import gpu_available
     if not gpu_available():
         pytest.skip("no CUDA GPU")
     weights, grads = random_problem(seed=13, steps=6, dtype=np.float32)

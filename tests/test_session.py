@@ -6,7 +6,7 @@ from onnx import TensorProto, helper
 import mixrt
 from mixrt.errors import (DeviceUnavailableError, InputError, MixrtError, ModelLoadError,
                           UnsupportedOperatorError)
-from mixrt.runtime.device import gpu_available, parse_device
+from mixrt.ops.device import gpu_available, parse_device
 from mixrt.runtime.support import support_table
 from helpers import add_model, save
 

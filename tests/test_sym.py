@@ -12,7 +12,7 @@ import mixrt
 from mixrt import sym
 from mixrt.errors import GradientError, GraphError, InputError, ModelLoadError, ShapeError
 from mixrt.ops.ir.registry import REGISTRY
-from mixrt.runtime.device import gpu_available, to_host
+from mixrt.ops.device import gpu_available, to_host
 
 from helpers import central_difference
 

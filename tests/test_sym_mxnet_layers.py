@@ -21,7 +21,7 @@ from mixrt.errors import GraphError, InputError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.module import Module, SymbolModule
-from mixrt.runtime.device import gpu_available, to_host
+from mixrt.ops.device import gpu_available, to_host
 from mixrt.sym.mxnet_layers import output_layer
 
 from helpers import flat_digits

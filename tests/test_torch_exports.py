@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 import mixrt
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 DATA = Path(__file__).parent / "data" / "torch_exports"
 CASES = json.loads((DATA / "MANIFEST.json").read_text())["made"]

@@ -11,7 +11,7 @@ from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter, PrefetchingIter
 from mixrt.module import Module
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available, to_host
+from mixrt.ops.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.training import LOSSES, TrainingProgram
 

@@ -20,7 +20,7 @@ from mixrt import autograd, gluon, initializer, nd
 from mixrt.kvstore.local import LocalStore
 from mixrt.models import gluon_zoo
 from mixrt.models.zoo import light_model_with_random_weights
-from mixrt.runtime.device import gpu_count, to_host
+from mixrt.ops.device import gpu_count, to_host
 
 pytestmark = pytest.mark.skipif(gpu_count() < 2,
                                 reason=f"needs 2 NVIDIA GPUs and CuPy; this machine has "

@@ -13,7 +13,7 @@ import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import ExecutionError, GraphError, InputError
 from mixrt.gluon import nn
-from mixrt.runtime.device import parse_device
+from mixrt.ops.device import parse_device
 from mixrt.runtime.passes.typecheck import promote_mixed_floats
 from mixrt.runtime.support import support_table
 from mixrt.importers.onnx import import_model

@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from mixrt.models.zoo import LIGHT_MODELS, light_model_with_random_weights
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.session import Session
 
 ort = pytest.importorskip("onnxruntime")

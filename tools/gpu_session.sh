@@ -32,7 +32,7 @@ setup() {
     export MIXRT_CACHE_DIR=/tmp/mixrt-cache PYTHONUNBUFFERED=1
     python3 - <<'EOF' || exit 2
 import cupy, torch, onnxruntime, mixrt
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 print("GPU:", cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
       "| cupy", cupy.__version__, "| torch", torch.__version__, "cuda", torch.cuda.is_available(),
       "| onnxruntime", onnxruntime.__version__, onnxruntime.get_available_providers(),

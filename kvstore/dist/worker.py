@@ -35,7 +35,7 @@ from mixrt.kvstore.dist.config import Config, from_env
 from mixrt.kvstore.dist.liveness import SchedulerLink, interrupt_main_on_error
 from mixrt.kvstore.dist.security import secure_client
 from mixrt.runtime import optimizer as optim
-from mixrt.runtime.device import array_module, to_host
+from mixrt.ops.device import array_module, to_host
 
 log = logging.getLogger("mixrt.kvstore.worker")
 DIST_KINDS = ("dist_sync", "dist_async", "dist_device_sync")

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
-from mixrt.runtime import device_checks
+from mixrt.ops import device_checks
 from mixrt.runtime import profiler as _profiler
 from mixrt.runtime.lru import LruCache, frozen
 
@@ -109,7 +109,7 @@ def run_kernel(spec, raw: list, attributes: dict, count: int, ctx) -> list:
         attributes = dict(attributes, _node=_node_state(spec, attributes, ctx.device.kind))
     try:
         if ctx.device.kind == "gpu":
-            # an index op's device-side checks (runtime/device_checks.py), read back now:
+            # an index op's device-side checks (ops/device_checks.py), read back now:
             # imperative code wants its error at the op that caused it
             with device_checks.collecting() as checks:
                 device_checks.at_node(f"{spec.domain or 'ai.onnx'}::{spec.op_type}")

@@ -8,7 +8,7 @@ import numpy as np
 from mixrt.autograd import Function
 from mixrt.nd.dispatch import _common_context
 from mixrt.nd.ndarray import NDArray
-from mixrt.runtime.device import add_at
+from mixrt.ops.device import add_at
 
 
 class Index(Function):

@@ -38,7 +38,7 @@ from mixrt.array_methods import ArrayMethods
 from mixrt.context import Context, as_context
 from mixrt.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import dispatch
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 from mixrt.ops.shape import shape_mxnet
 
 _GRAD_REQS = ("write", "add", "null")

@@ -26,7 +26,7 @@ import numpy as np
 from mixrt.errors import GradientError, InputError
 from mixrt.initializer import Xavier, create
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import on_own_device, parse_device
+from mixrt.ops.device import on_own_device, parse_device
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward
 from mixrt.runtime.passes.rewrite import copy_graph
@@ -355,7 +355,7 @@ def _only(feeds: dict, session: Session) -> dict:
 
 
 def _host(array) -> np.ndarray:
-    from mixrt.runtime.device import to_host  # noqa: PLC0415
+    from mixrt.ops.device import to_host  # noqa: PLC0415
     return np.array(to_host(array))  # a copy: the graph must not change when training goes on
 
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.nn.fused import FUSED_DTYPES, MIXRT, _into
+from mixrt.ops.ir.dtypes import FUSED_DTYPES
+from mixrt.ops.ir.registry import MIXRT
+from mixrt.ops.nn.fused import _into
 from mixrt.ops.nn.nn import matmul_shape, softmax
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ir.registry import op

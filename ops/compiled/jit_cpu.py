@@ -33,7 +33,7 @@ import numpy as np
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.compiled.parallel import pinned_values
-from mixrt.runtime.device import aligned_empty
+from mixrt.ops.device import aligned_empty
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _MISSING = object()

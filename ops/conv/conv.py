@@ -21,7 +21,7 @@ import numpy as np
 from mixrt.ops.ir.dtypes import ALL, FLOATS
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, conflicting, fits, require_shape, shape_text
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 

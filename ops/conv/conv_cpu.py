@@ -20,7 +20,7 @@ from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import phase_planes
 from mixrt.ops.conv import conv_direct_cpu, grouped_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv.conv import conv, conv_geometry
-from mixrt.runtime.device import ALIGNMENT, aligned, aligned_empty
+from mixrt.ops.device import ALIGNMENT, aligned, aligned_empty
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
 # and VGG-19 layers, 8 MiB beat 1 MiB by 10-45%: each band is one BLAS call, and BLAS splits

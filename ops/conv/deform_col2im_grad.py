@@ -25,7 +25,7 @@ from mixrt.ops.conv.conv_grad import forwarded, optional_input
 from mixrt.ops.training.grad_support import MIXRT
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 COL2IM_ATTRIBUTES = ("dilations", "pads", "strides")
 DEFORM_ATTRIBUTES = ("dilations", "group", "kernel_shape", "offset_group", "pads", "strides")

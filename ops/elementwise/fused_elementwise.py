@@ -36,8 +36,8 @@ import numpy as np
 from mixrt.ops.compiled import replay
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.elementwise.elementwise import erf_values, quiet
-from mixrt.ops.nn.fused import FUSED_DTYPES, MIXRT
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.dtypes import FUSED_DTYPES
+from mixrt.ops.ir.registry import MIXRT, op
 from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
 from mixrt.ops.ir.types import broadcast_like_first
 

@@ -21,7 +21,7 @@ from mixrt.ops.image import nms_cpu
 from mixrt.ops.ir.dtypes import FLOATS, NUMERIC, accumulation_dtype
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, normalize_axis, shape_text
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
                 "asymmetric", "tf_crop_and_resize")

@@ -72,7 +72,7 @@ from mixrt.ops.ir.dtypes import accumulation_dtype
 from mixrt.ops.training.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 _CUBIC_A = -0.75  # GridSample's fixed Keys coefficient (PyTorch's)
 

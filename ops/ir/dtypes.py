@@ -118,3 +118,8 @@ _ML_FLOATS = frozenset(np.dtype(t) for t in (
     ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
     ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn,
     ml_dtypes.float8_e8m0fnu, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn))
+
+# the dtypes mixrt's fused kernels take. NumPy has no fast half-precision arithmetic, and the
+# unfused ops compute narrow floats in float32; fusing them would change more than rounding,
+# so only these are fused.
+FUSED_DTYPES = frozenset({"float32", "float64"})

@@ -29,6 +29,9 @@ from typing import Callable
 
 from mixrt.errors import UnsupportedOperatorError
 
+# the domain of mixrt's own operators (fused kernels, optimizer steps, backward-only kernels)
+MIXRT = "mixrt"
+
 DEFAULT_DOMAIN = ""
 _DOMAIN_ALIASES = {"ai.onnx": ""}
 DEVICES = ("cpu", "gpu")

@@ -16,7 +16,7 @@ from mixrt.ops.ir.node_state import cached as _cached
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.compiled.parallel import parallel_for, row_parts
 from mixrt.ops.ir.registry import op
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 from mixrt.ops.ir.types import TensorType, same_as_input, tensor
 
 ML = "ai.onnx.ml"

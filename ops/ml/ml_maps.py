@@ -18,7 +18,7 @@ import numpy as np
 from mixrt.ops.ml.ml import ML
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import MapType, SequenceType, tensor
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 
 # -- ZipMap -------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from mixrt.ops.ml.ml import (_NUMBERS, ML, _aggregate_name, _either,
                           post_transform_scores, prepared)
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import tensor
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 
 @op("TreeEnsembleClassifier", since=3, domain=ML, dtypes=_NUMBERS)

@@ -21,18 +21,16 @@ import numpy as np
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.compiled import replay
 from mixrt.ops.elementwise import jit_elementwise
+from mixrt.ops.elementwise.fused_elementwise import program as elementwise_program
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.nn.nn import matmul_shape
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.dtypes import FUSED_DTYPES
+from mixrt.ops.ir.registry import MIXRT, op
 from mixrt.ops.elementwise.simd_cpu import clip_, relu_
 from mixrt.ops.ir.types import TensorType
 
-MIXRT = "mixrt"
-# NumPy has no fast half-precision arithmetic, and the unfused ops compute narrow floats in
-# float32; fusing them would change more than rounding, so only these are fused.
-FUSED_DTYPES = frozenset({"float32", "float64"})
 
 
 # -- activations, applied in place -------------------------------------------------------------
@@ -132,8 +130,6 @@ def _epilogue(has_bias: bool, has_residual: bool, activation: str, params):
 
 @functools.lru_cache(maxsize=256)
 def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, params: tuple):
-    # imported here: fused_elementwise imports this module's FUSED_DTYPES
-    from mixrt.ops.elementwise.fused_elementwise import program as elementwise_program  # noqa: PLC0415
     if activation and (activation not in ACTIVATIONS
                        or len(params) != len(ACTIVATIONS[activation][1])):
         return None  # the unfused path reports the mistake

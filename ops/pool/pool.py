@@ -21,7 +21,7 @@ from mixrt.ops.ir.dtypes import FLOATS
 from mixrt.ops.compiled.parallel import parallel_rows
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, fits, shape_text
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 MAXPOOL_TYPES = FLOATS | {"int8", "uint8"}
 _LOOP_LIMIT = 400  # kernels with more taps than this reduce over a strided view instead

@@ -36,7 +36,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.rnn.compiled_steps import STEPS, recurrent_kernels
-from mixrt.ops.rnn import rnn
+from mixrt.ops.rnn import recurrence
 from mixrt.ops.conv.conv_cpu import packed
 from mixrt.ops.nn.matmul_cpu import (dense_product, pack_panels, panel_product, panel_width,
                                   panels_suit)
@@ -110,7 +110,7 @@ def input_product(layer, weight, constants, key):
     from sleep for it, 40 -> 75 us at 32 x 64 @ 64 x 1024 after a sequence's 300 us; the
     panels took 23 either way; an RNN's 32 x 64 @ 64 x 256, 42 against ~10)."""
     if constants is None:
-        return rnn.sequence_product(layer.x, weight.T)
+        return recurrence.sequence_product(layer.x, weight.T)
     projected = np.empty(layer.x.shape[:2] + (weight.shape[0],), layer.wide)
     x, packs = np.ascontiguousarray(layer.x), constants.setdefault(key, {})
     if panels_suit(x, weight.T, projected, packs, min_work=0):

@@ -13,7 +13,7 @@ kernel with a GradientError that names it.
 Padding (``sequence_lens``): step t of a sequence of length L runs when t < L; a padded step
 holds the states and outputs zeros (Where). The reverse direction walks t from the last step
 down under the same rule, so each sequence starts at its own last step: the reversal within
-the length that ``rnn.run_directions`` does with a gather. A sequence of length 0 ends with
+the length that ``recurrence.run_directions`` does with a gather. A sequence of length 0 ends with
 zero states, as the kernel's does. The expansion computes in X's dtype, as the other
 expansions do (the fused kernels widen float16 to float32).
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops.rnn import rnn
+from mixrt.ops.rnn import recurrence, rnn
 from mixrt.ops.conv.conv_grad import optional_input
 
 _INT64 = 7  # TensorProto.INT64
@@ -85,7 +85,7 @@ def _read(b, node, defaults: list, state_count: int) -> _Layer | None:
         started = _unsqueezed(b, b.emit("Greater", lengths, b.ints([0])))
     direction = attributes.get("direction", "forward")
     direction = direction.decode() if isinstance(direction, bytes) else direction
-    activations = rnn.activation_specs(
+    activations = recurrence.activation_specs(
         _texts(attributes.get("activations")), attributes.get("activation_alpha"),
         attributes.get("activation_beta"), defaults, directions)
     return _Layer(x, weights, initials, peepholes, running, started, steps, batch, hidden,

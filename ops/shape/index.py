@@ -15,7 +15,7 @@ from mixrt.ops.ir.dtypes import NUMERIC, sortable
 from mixrt.ops.ir.registry import op
 from mixrt.ops.shape.shape import const_ints, host_ints, host_scalar, typed, unknown_dims
 from mixrt.ops.ir.types import normalize_axis, reduced_shape, same_as_input
-from mixrt.runtime import device_checks
+from mixrt.ops import device_checks
 
 INT64 = np.dtype(np.int64)
 
@@ -23,7 +23,7 @@ INT64 = np.dtype(np.int64)
 def _wrap(xp, indices, dim):
     """Negative indices count from the end of an axis of length ``dim``. On the CPU an index
     outside [-dim, dim) then raises where it is used; CuPy would wrap it around, so on the
-    GPU the run checks it when it ends (runtime/device_checks.py)."""
+    GPU the run checks it when it ends (ops/device_checks.py)."""
     indices = indices.astype(np.int64)
     if xp is not np and indices.size:
         device_checks.expect_false(((indices < -dim) | (indices >= dim)).any(),

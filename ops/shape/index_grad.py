@@ -12,7 +12,7 @@ from mixrt.ops.training.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.ir.registry import op
 from mixrt.ops.shape.shape_grad import zeros_like
 from mixrt.ops.ir.types import normalize_axis
-from mixrt.runtime.device import add_at
+from mixrt.ops.device import add_at
 
 
 # -- Gather -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from mixrt.ops.text._re2 import compiled
 from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 MICROSOFT = "com.microsoft"
 START_OF_TEXT, END_OF_TEXT = "\x02", "\x03"  # the marks ``mark=1`` puts around each row

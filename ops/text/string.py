@@ -15,7 +15,7 @@ from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, broadcast_shapes, tensor
-from mixrt.runtime.device import to_host
+from mixrt.ops.device import to_host
 
 
 def _strings(values, shape) -> np.ndarray:

@@ -24,6 +24,8 @@ from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)
 from mixrt.runtime.passes.bands import fuse_conv_pools
+# registers the gradients of If, Scan and Loop on the control ops (they need autodiff)
+from mixrt.runtime.passes import control_gradients  # noqa: F401
 from mixrt.runtime.passes.dead_taps import drop_dead_conv_taps
 from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products

@@ -168,6 +168,19 @@ class GradBuilder:
         dtype = self.dtype(name)
         return dtype is None or is_differentiable_dtype(dtype)
 
+    # -- autodiff itself, for the gradients of ops that hold subgraphs ---------------------
+    # (runtime/passes/control_gradients.py: If, Scan and Loop differentiate their bodies)
+
+    differentiable_dtype = staticmethod(is_differentiable_dtype)
+
+    @staticmethod
+    def gradient_graph(graph: Graph, loss: str, wrt: list[str], **options) -> "GradientGraph":
+        return gradient_graph(graph, loss, wrt, **options)
+
+    @staticmethod
+    def gradient_targets(node: Node) -> list[str]:
+        return gradient_targets(node)
+
     # -- emitting nodes ------------------------------------------------------------------
 
     def fresh(self, base: str) -> str:

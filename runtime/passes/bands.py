@@ -29,7 +29,7 @@ import numpy as np
 
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES
 from mixrt.ops.conv.fused_conv_pool import POOLS
-from mixrt.ops.nn.fused import MIXRT
+from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.fuse import FLOAT_DTYPES
 from mixrt.runtime.passes.infer import infer_types

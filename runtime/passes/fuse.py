@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES
-from mixrt.ops.nn.fused import ACTIVATIONS, MIXRT
+from mixrt.ops.ir.registry import MIXRT
+from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.ir.types import broadcast_or_none
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.nn.fused import FUSED_DTYPES, MIXRT
+from mixrt.ops.ir.dtypes import FUSED_DTYPES
+from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops.nn.fused import MIXRT
+from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.elementwise.fused_elementwise import OPS
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.fuse import FLOAT_DTYPES, clip_bounds, float32_exact

@@ -96,7 +96,7 @@ def test_profiler_traces_imperative_and_hybridized_code(tmp_path):
 
 @pytest.mark.gpu  # without a GPU it checks the refusal; on one (or the fake), the figures
 def test_gpu_memory_info_without_a_gpu_says_why():
-    if mixrt.runtime.device.gpu_available():
+    if mixrt.ops.device.gpu_available():
         free, total = mixrt.context.gpu_memory_info(0)
         assert 0 < free <= total
         return

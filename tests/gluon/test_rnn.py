@@ -10,7 +10,7 @@ import pytest
 from mixrt import autograd, initializer, nd
 from mixrt.errors import ExecutionError, InputError
 from mixrt.gluon import rnn
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 torch = pytest.importorskip("torch")
 

@@ -16,7 +16,7 @@ from mixrt.ops.attention.attention_recurrent import causal_conv_with_state, line
 from mixrt.ops.attention.attention_recurrent_grad import (causal_conv_with_state_grad,
                                                 linear_attention_grad)
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

@@ -1,4 +1,4 @@
-"""The gradient of If (ops/control/control_grad.py): through either branch, values the branches read
+"""The gradient of If (runtime/passes/control_gradients.py): through either branch, values the branches read
 from the enclosing graph, nested Ifs, branch outputs that are captured values or constants,
 second order, a model onnxruntime runs, training, and the GPU; all against float64 central
 differences."""
@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 import mixrt
 from mixrt.importers.onnx import import_model
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

@@ -14,7 +14,7 @@ import pytest
 import mixrt
 from mixrt.errors import GradientError
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

@@ -20,7 +20,7 @@ from grad.gradcheck import _numeric_gradient, check_second_order
 from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

@@ -12,7 +12,7 @@ import mixrt
 from mixrt import autograd, gluon, nd
 from mixrt.ops.image import image_grad
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph
 

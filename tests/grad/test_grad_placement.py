@@ -10,7 +10,7 @@ import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import GradientError
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 
 from grad.gradcheck import check_gradient

@@ -17,7 +17,7 @@ import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import GradientError
 from mixrt.importers.onnx import import_model
-from mixrt.runtime.device import gpu_available, to_host
+from mixrt.ops.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.passes.autodiff import gradient_graph
@@ -170,7 +170,7 @@ def test_the_backward_reads_the_forwards_workspace(kind, attributes):
     """A training graph's forward node gains a workspace output (every step's cache), which
     the backward kernel reads instead of running the forward again: the same outputs and
     the same gradients as without it."""
-    from mixrt.ops.rnn import rnn, rnn_grad  # noqa: PLC0415
+    from mixrt.ops.rnn import cells, recurrence, rnn, rnn_grad  # noqa: PLC0415
     states = 2 if kind == "LSTM" else 1
     inputs = layer_inputs(kind, directions=2, lengths=[4, 0, 3], peepholes=kind == "LSTM")
     inputs += [None] * (5 + states + (states == 2) - len(inputs))  # P is the LSTM's
@@ -179,9 +179,9 @@ def test_the_backward_reads_the_forwards_workspace(kind, attributes):
     *outputs, workspace = forward(np, *inputs, _outputs=2 + states, **options)
     for got, want in zip(outputs, forward(np, *inputs, **options)):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
-    kept = sum(rnn_grad.CELLS[kind][0].kept(
-        rnn.activation_specs(options.get("activations"), options.get("activation_alpha"),
-                             None, rnn_grad.CELLS[kind][1], 2),
+    kept = sum(cells.CELLS[kind][0].kept(
+        recurrence.activation_specs(options.get("activations"), options.get("activation_alpha"),
+                             None, cells.CELLS[kind][1], 2),
         options.get("clip"), options))
     assert workspace.shape == (2, SEQ, kept, BATCH, HIDDEN)
     heads = [randn(*o.shape) for o in outputs]

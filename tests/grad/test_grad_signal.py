@@ -9,7 +9,7 @@ import pytest
 
 import mixrt  # noqa: F401  (registers every kernel)
 from mixrt.ops.signal import signal, signal_grad
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 from grad.gradcheck import check_gradient
 

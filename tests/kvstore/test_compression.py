@@ -10,7 +10,7 @@ import pytest
 from mixrt.errors import KVStoreError
 from mixrt.kvstore.compression import TwoBitCompressor, check_params, create_compressor
 from mixrt.kvstore.local import LocalStore
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 DTYPES = [np.float16, np.float32, np.float64]
 SIZES = [0, 1, 3, 4, 5, 1000]

@@ -17,7 +17,7 @@ from mixrt.kvstore import nccl as nccl_store
 from mixrt.kvstore.local import LocalStore
 from mixrt.kvstore.nccl import NCCLStore
 from mixrt.runtime import optimizer as optim
-from mixrt.runtime.device import gpu_count
+from mixrt.ops.device import gpu_count
 
 GPUS = gpu_count()
 

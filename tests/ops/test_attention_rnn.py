@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixrt.ops.attention import attention, attention_recurrent
-from mixrt.ops.rnn import rnn
+from mixrt.ops.rnn import recurrence, rnn
 from mixrt.ops.ir.types import TensorType, tensor
 
 rng = np.random.default_rng(0)
@@ -215,11 +215,11 @@ def test_a_recurrent_state_whose_batch_differs_from_x_is_refused_at_run_time():
 
 
 def test_check_operands_lets_unknown_dims_fit_and_refuses_an_unknown_direction():
-    rnn.check_operands("GRU", None, (1, 12, None), ("K", 12, 4), None, hidden_size=None)
-    rnn.check_operands("GRU", ("S", "N", 7), (1, 12, 7), (1, 12, 4), (1, 24), layout=1,
+    recurrence.check_operands("GRU", None, (1, 12, None), ("K", 12, 4), None, hidden_size=None)
+    recurrence.check_operands("GRU", ("S", "N", 7), (1, 12, 7), (1, 12, 4), (1, 24), layout=1,
                        initial_h=("N", 1, 4))
     with pytest.raises(ValueError, match=r"direction must be one of"):
-        rnn.check_operands("RNN", None, None, None, direction="sideways")
+        recurrence.check_operands("RNN", None, None, None, direction="sideways")
 
 
 # -- Attention -------------------------------------------------------------------------

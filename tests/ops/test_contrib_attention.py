@@ -16,7 +16,7 @@ from onnx import helper
 
 import mixrt
 from mixrt.errors import ExecutionError, GraphError
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 

@@ -16,7 +16,7 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
 
 import mixrt
 from mixrt.errors import MixrtError
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 

@@ -14,7 +14,7 @@ import mixrt
 from grad.gradcheck import check_gradient
 from mixrt.errors import ExecutionError, GraphError, MixrtError
 from mixrt.ops import REGISTRY
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 

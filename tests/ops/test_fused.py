@@ -13,7 +13,7 @@ import pytest
 from mixrt.ops import REGISTRY
 from mixrt.ops.elementwise import fused_elementwise as fe
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 
 RNG = np.random.default_rng(3)
 

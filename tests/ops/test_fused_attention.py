@@ -10,7 +10,7 @@ import pytest
 from mixrt.ops.attention import fused_attention as fa
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.attention.fused_attention import fused_attention
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from helpers import until_the_worker_joins
 
 RNG = np.random.default_rng(11)

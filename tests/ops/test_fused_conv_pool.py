@@ -15,7 +15,7 @@ from mixrt.exporters.onnx import export_model
 from mixrt.ops.conv import fused_conv_pool as banded
 from mixrt.ops.nn.fused import fused_conv
 from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes import bands, optimize
 from mixrt.runtime.session import Session, load_graph
 

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 import mixrt
 from mixrt.errors import UnsupportedOperatorError
 from mixrt.ops.ir.registry import REGISTRY
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from soundness import backend_node_cases, case_inputs
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")

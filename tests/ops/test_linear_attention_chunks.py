@@ -11,7 +11,7 @@ import mixrt
 from mixrt.ops.attention.attention_recurrent import linear_attention
 from mixrt.ops.attention.attention_recurrent_grad import _tokens
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.runtime.graph import Graph, Node, Value
 
 rng = np.random.default_rng(53)

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt
 from mixrt.errors import ExecutionError
 from mixrt.ops.control.control import _cond_stays_true
-from mixrt.runtime.device import gpu_available
+from mixrt.ops.device import gpu_available
 from mixrt.importers.onnx import import_model
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.rnn import gru_cpu, lstm_cpu, rnn, rnn_grad
+from mixrt.ops.rnn import cells, gru_cpu, lstm_cpu, rnn, rnn_grad
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
 
@@ -33,8 +33,8 @@ def forward_and_backward(values, direction, layout, seed=1, lengths=None):
     """(outputs, workspace, gradients) of one layer through rnn_grad's kernels."""
     attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout}
     X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
-    y, y_h, y_c, workspace = rnn_grad.forward_keeping_workspace(
-        np, rnn_grad.LSTMCell, ["Sigmoid", "Tanh", "Tanh"], X, W, R, B, lengths, initials,
+    y, y_h, y_c, workspace = cells.forward_keeping_workspace(
+        np, cells.LSTMCell, ["Sigmoid", "Tanh", "Tanh"], X, W, R, B, lengths, initials,
         **attributes)
     rng = np.random.default_rng(seed)
     d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h, y_c)]
@@ -230,8 +230,8 @@ def gru_forward_and_backward(values, direction, layout, linear_before_reset=1, s
     attributes = {"direction": direction, "hidden_size": HIDDEN, "layout": layout,
                   "linear_before_reset": linear_before_reset}
     X, W, R, B, initials = (values[k] for k in ("X", "W", "R", "B", "initials"))
-    y, y_h, workspace = rnn_grad.forward_keeping_workspace(
-        np, rnn_grad.GRUCell, ["Sigmoid", "Tanh"], X, W, R, B, lengths, initials,
+    y, y_h, workspace = cells.forward_keeping_workspace(
+        np, cells.GRUCell, ["Sigmoid", "Tanh"], X, W, R, B, lengths, initials,
         **attributes)
     rng = np.random.default_rng(seed)
     d_outputs = [rng.standard_normal(a.shape).astype(a.dtype) for a in (y, y_h)]

@@ -1,5 +1,11 @@
 """The gradients of If, Scan and Loop.
 
+They live in the runtime rather than beside the ops in ``ops/control/``: each builds graphs
+(the IR is the runtime's) and differentiates a subgraph with autodiff itself, which the
+gradient builder hands in (``b.gradient_graph``, ``b.gradient_targets``), so ``ops/`` never
+imports the runtime. ``runtime/passes/__init__.py`` imports this module, which registers
+them on the control ops' kernels.
+
 An If runs one of two branch graphs, and what its outputs depend on is what the branches
 read from the enclosing graph (ONNX's outer scope): those names are the node's inputs in all
 but name, and autodiff asks for their gradients after the node's listed inputs
@@ -28,9 +34,9 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.control import control
-from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
-from mixrt.ops.shape.shape_grad import zeros_like
 from mixrt.ops.ir.types import TensorType
+from mixrt.ops.shape.shape_grad import zeros_like
+from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.passes.rewrite import NameMaker, all_names, copy_graph, eliminate_dead_nodes
 
 BRANCHES = ("then_branch", "else_branch")
@@ -50,8 +56,7 @@ def _(b, node, dy):
 def _captures(b, node: Node) -> tuple[list[str], list[str]]:
     """The names the node's subgraphs read from the enclosing graph (the gradient targets
     after its inputs), and those of them that carry a gradient."""
-    from mixrt.runtime.passes.autodiff import gradient_targets  # noqa: PLC0415 (a cycle)
-    outer = gradient_targets(node)[len(node.inputs):]
+    outer = b.gradient_targets(node)[len(node.inputs):]
     return outer, [name for name in outer if b.differentiable(name)]
 
 
@@ -86,7 +91,6 @@ def _body_gradient(b, body: Graph, captured: list[str], seeds: dict, *, wrt: lis
     inputs are the body's inputs, then what it reads from outside, then the seeds; and
     {wrt name: gradient name}. The caller sets the outputs it wants. ``also_reads``: outer
     names the caller's own nodes will read, listed so no backward node is given one."""
-    from mixrt.runtime.passes.autodiff import gradient_graph  # noqa: PLC0415 (a cycle)
     forward = copy_graph(body)
     seeded = _seeded_outputs(forward, seeds)
     own = forward.input_names
@@ -95,7 +99,7 @@ def _body_gradient(b, body: Graph, captured: list[str], seeds: dict, *, wrt: lis
                if name not in own]
     forward.inputs = forward.inputs + [Value(name, b.types.get(name)) for name in outside]
     forward.outputs = [Value(name) for name in seeded]
-    result = gradient_graph(forward, next(iter(seeded)), list(wrt), keep_outputs=False,
+    result = b.gradient_graph(forward, next(iter(seeded)), list(wrt), keep_outputs=False,
                             seeds=seeded, differentiable_backward=b.differentiable_backward)
     return result.graph, result.grads
 
@@ -168,10 +172,9 @@ def _is_float(b, node: Node, body: Graph, index: int) -> bool:
     """Whether input ``index`` carries a gradient: by the body's declared input type, which
     is kept where inference of control-flow outputs is not (recorded states), else by the
     node's input's type."""
-    from mixrt.runtime.passes.autodiff import is_differentiable_dtype  # noqa: PLC0415
     declared = body.inputs[index].type
     if isinstance(declared, TensorType) and declared.dtype is not None:
-        return is_differentiable_dtype(declared.dtype)
+        return b.differentiable_dtype(declared.dtype)
     return bool(node.inputs[index]) and b.differentiable(node.inputs[index])
 
 
