@@ -605,3 +605,18 @@ def _placed(value, view):
         view[...] = value
         return view
     return value  # a shape discovery did not see (data-dependent): keep the kernel's array
+
+
+def feed_signature(feeds: dict) -> tuple:
+    """What a memory plan depends on: each feed's shape and dtype (sequences by element)."""
+    return tuple((name, _value_signature(value)) for name, value in sorted(feeds.items()))
+
+
+def _value_signature(value):
+    if value is None:
+        return None
+    if isinstance(value, dict):  # a map: its size sizes what is made from it (CastMap)
+        return ("map", len(value))
+    if isinstance(value, list):
+        return ("seq",) + tuple(_value_signature(v) for v in value)
+    return (tuple(value.shape), np.dtype(value.dtype).str)

@@ -46,6 +46,7 @@ import time
 import uuid
 import warnings
 import weakref
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,8 @@ import numpy as np
 import mixrt.ops as ops_package
 from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
+from mixrt.runtime.executor import feed_signature
+from mixrt.runtime.npz import storable
 
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
@@ -352,7 +355,6 @@ def _job_spec(session, job: CompileJob, folder: Path) -> dict:
     else:
         model, opt_level = str(folder / "model.mxr"), tiers._opt_level
         save_mxr(session.graph, model, opt_level=opt_level)
-    from mixrt.runtime.compile_worker import storable  # noqa: PLC0415
     names = sorted(job.feeds)
     stored = {name: storable(job.feeds[name]) for name in names}
     write_npz(folder / "feeds.npz", {f"feed{i}": stored[n][0] for i, n in enumerate(names)},
@@ -369,8 +371,6 @@ def warm_up(session, model, opt_level: int, feeds: dict) -> Path | None:
     ``feeds``, into the disk cache, and write the warm marker, so that later processes run
     that model's compiled tier from their first call (``mixrt warmup``). Returns the
     marker, or None where there is nothing to compile (``MIXRT_JIT=0``, a GPU session)."""
-    from mixrt.runtime.compile_worker import write_marker  # noqa: PLC0415
-    from mixrt.runtime.session import feed_signature  # noqa: PLC0415  (cycle)
     tiers = session._tiers or tiers_for(session, model, opt_level, always=True)
     if tiers is None:
         return None
@@ -412,3 +412,13 @@ def tiers_for(session, model, opt_level: int, *, always: bool = False) -> Sessio
         source = os.fsdecode(source)
     return SessionTiers(session, None if source is None else os.path.abspath(source),
                         opt_level)
+
+
+def write_marker(marker: Path, model: str) -> None:
+    """The marker file, written atomically (several processes may write it at once)."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    temporary = marker.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({
+        "model": model, "compiled": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "pid": os.getpid()}))
+    os.replace(temporary, marker)

@@ -19,6 +19,7 @@ import zipfile
 import zlib
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 
 from mixrt.errors import InputError, ModelLoadError
@@ -135,3 +136,30 @@ def _check_regular(path, where: str) -> None:
 
 def _file_name(path) -> str:
     return os.fspath(path) if isinstance(path, (str, os.PathLike)) else repr(path)
+
+
+# -- arrays NumPy's .npy header cannot name -----------------------------------------------
+
+def storable(array) -> tuple[np.ndarray, str | None]:
+    """``array`` in a form an .npy file records without pickle, and the dtype to restore on
+    reading (None: stored as it is). Strings held as Python objects become a fixed-width
+    unicode array; types NumPy's header cannot name (bfloat16, float8, int4 from
+    ml_dtypes) travel as raw bytes of their width."""
+    array = np.asarray(array)
+    if array.dtype.hasobject:
+        return array.astype(np.str_), "object"
+    recorded = np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(array.dtype))
+    if recorded != array.dtype:
+        raw = np.dtype(f"V{array.dtype.itemsize}")  # same width, so 0-d arrays view too
+        contiguous = array if array.flags.c_contiguous else array.copy()
+        return contiguous.view(raw), array.dtype.name
+    return array, None
+
+
+def restored(array: np.ndarray, dtype: str | None) -> np.ndarray:
+    """The array ``storable`` stored, as it was."""
+    if dtype is None:
+        return array
+    if dtype == "object":
+        return array.astype(object)
+    return array.view(np.dtype(getattr(ml_dtypes, dtype)))

@@ -22,12 +22,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.errors import (ExecutionError, InputError, ModelLoadError,
-                          UnsupportedOperatorError)
+from mixrt.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.elementwise.elementwise import quiet_numpy
-from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, Kernel
+from mixrt.ops.ir.registry import CONSTANT_INPUTS, lookup_kernel
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
@@ -35,11 +34,13 @@ from mixrt.ops import device_checks
 from mixrt.runtime import kernel_tiers
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
-from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute, host_copies,
-                                    make_plan, plannable_on_gpu, release)
+from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute,
+                                    feed_signature, host_copies, make_plan, plannable_on_gpu,
+                                    release)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
+from mixrt.runtime.support import check_gpu_dtypes
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
@@ -128,20 +129,6 @@ def bind_graph(graph: Graph, device: Device) -> BoundGraph:
     return bound
 
 
-def lookup_kernel(node: Node, device: Device, dtype: str | None = None) -> Kernel:
-    kernel = REGISTRY.lookup(node.domain, node.op_type, node.opset, node=node.label,
-                             dtype=dtype, device=str(device))
-    unknown = set(node.attributes) - kernel.attribute_names
-    if unknown and not kernel.accepts_any_attribute:
-        raise UnsupportedOperatorError(
-            f"node {node.label!r}: {node.domain or 'ai.onnx'}::{node.op_type} (opset "
-            f"{node.opset}) does not implement attribute(s) {sorted(unknown)}; implemented: "
-            f"{sorted(a for a in kernel.attribute_names if not a.startswith('_'))}",
-            node=node.label, domain=node.domain, op_type=node.op_type, opset=node.opset,
-            device=str(device))
-    return kernel
-
-
 # -- the public session ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -177,7 +164,6 @@ class Session:
         self.device = parse_device(device)
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
-            from mixrt.runtime.support import check_gpu_dtypes  # noqa: PLC0415  (cycle)
             check_gpu_dtypes(self.graph, self.device)
         self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)
@@ -677,21 +663,6 @@ def _feed_key(feeds: dict) -> tuple | None:
             return None
         key.append((name, value.shape, value.dtype))
     return tuple(key)
-
-
-def feed_signature(feeds: dict) -> tuple:
-    """What a memory plan depends on: each feed's shape and dtype (sequences by element)."""
-    return tuple((name, _value_signature(value)) for name, value in sorted(feeds.items()))
-
-
-def _value_signature(value):
-    if value is None:
-        return None
-    if isinstance(value, dict):  # a map: its size sizes what is made from it (CastMap)
-        return ("map", len(value))
-    if isinstance(value, list):
-        return ("seq",) + tuple(_value_signature(v) for v in value)
-    return (tuple(value.shape), np.dtype(value.dtype).str)
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:

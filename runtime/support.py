@@ -17,7 +17,7 @@ from mixrt.ops.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types
 from mixrt.runtime.passes.typecheck import operand_problem
-from mixrt.runtime.session import lookup_kernel
+from mixrt.ops.ir.registry import lookup_kernel
 
 
 @dataclass

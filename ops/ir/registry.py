@@ -279,3 +279,20 @@ def op(op_type: str, since: int = 1, *, domain: str = DEFAULT_DOMAIN,
         return handle
 
     return register
+
+
+def lookup_kernel(node, device, dtype: str | None = None) -> Kernel:
+    """The kernel that runs ``node`` (a runtime Graph node) on ``device``; an
+    UnsupportedOperatorError names the node and what is implemented where none does, or
+    where the node carries an attribute the kernel does not take."""
+    kernel = REGISTRY.lookup(node.domain, node.op_type, node.opset, node=node.label,
+                             dtype=dtype, device=str(device))
+    unknown = set(node.attributes) - kernel.attribute_names
+    if unknown and not kernel.accepts_any_attribute:
+        raise UnsupportedOperatorError(
+            f"node {node.label!r}: {node.domain or 'ai.onnx'}::{node.op_type} (opset "
+            f"{node.opset}) does not implement attribute(s) {sorted(unknown)}; implemented: "
+            f"{sorted(a for a in kernel.attribute_names if not a.startswith('_'))}",
+            node=node.label, domain=node.domain, op_type=node.op_type, opset=node.opset,
+            device=str(device))
+    return kernel
