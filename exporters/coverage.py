@@ -24,6 +24,8 @@ from mixrt.ops.device import parse_device
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.session import Session, load_graph
 from mixrt.runtime.support import check_dim_names, support_table
+from mixrt.runtime.format import is_mxr
+from mixrt.exporters.onnx import export_model
 
 
 @dataclass
@@ -151,7 +153,6 @@ def _onnxruntime_outputs(model, graph: Graph, feeds: dict) -> list:
     except Exception as first:  # noqa: BLE001 (onnxruntime raises its own untyped errors)
         # a file stamped with an IR version or opset newer than this onnxruntime reads:
         # mixrt's own export writes the lowest IR version its opsets allow
-        from mixrt.exporters.onnx import export_model  # noqa: PLC0415
         try:
             again = export_model(graph).SerializeToString()
             return _run_onnxruntime(onnxruntime, again, options, wanted, feeds)
@@ -170,7 +171,6 @@ def _onnx_bytes(model, graph: Graph) -> bytes:
     """The model as ONNX bytes: the ONNX file or bytes themselves, else (a .mxr file, a Graph)
     an export of the graph mixrt runs."""
     import onnx  # noqa: PLC0415
-    from mixrt.runtime.format import is_mxr  # noqa: PLC0415
     if isinstance(model, onnx.ModelProto):
         return model.SerializeToString()
     if isinstance(model, (bytes, bytearray)) and not is_mxr(model):
@@ -178,7 +178,6 @@ def _onnx_bytes(model, graph: Graph) -> bytes:
     if isinstance(model, (str, os.PathLike)) and not is_mxr(model):
         with open(model, "rb") as handle:
             return handle.read()
-    from mixrt.exporters.onnx import export_model  # noqa: PLC0415
     return export_model(graph).SerializeToString()
 
 

@@ -56,6 +56,8 @@ from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.runtime.executor import feed_signature
 from mixrt.runtime.npz import storable
+from mixrt.runtime.profiler import symbolic_profiler
+from mixrt.runtime.npz import write_npz
 
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
@@ -175,7 +177,6 @@ def _mark(session, name: str) -> None:
 
 
 def _process_profiler():
-    from mixrt.runtime.profiler import symbolic_profiler  # noqa: PLC0415  (cycle)
     return symbolic_profiler()
 
 
@@ -348,7 +349,6 @@ def _job_spec(session, job: CompileJob, folder: Path) -> dict:
     """Write what the child needs into ``folder``: the model (the session's source file
     when it has one, else its graph as a .mxr) and the feeds (.npz, no pickle)."""
     from mixrt.runtime.format import save_mxr  # noqa: PLC0415
-    from mixrt.runtime.npz import write_npz  # noqa: PLC0415
     tiers = job.tiers
     if tiers._source is not None:
         model, opt_level = tiers._source, tiers._opt_level

@@ -40,7 +40,6 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execut
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
-from mixrt.runtime.support import check_gpu_dtypes
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
@@ -164,6 +163,9 @@ class Session:
         self.device = parse_device(device)
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
+            # deferred: support.py reads onnx's operator schemas (~0.1 s to import), which
+            # only a GPU session needs here
+            from mixrt.runtime.support import check_gpu_dtypes  # noqa: PLC0415
             check_gpu_dtypes(self.graph, self.device)
         self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)

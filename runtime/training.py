@@ -32,6 +32,7 @@ from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
 from mixrt.runtime.session import Session
+from mixrt.runtime.passes.infer import infer_types
 
 LOSS_OPSET = 17
 
@@ -135,7 +136,6 @@ def attach_loss(graph: Graph, loss: Loss) -> tuple[Graph, str, np.dtype]:
 def _float_dtype(graph: Graph, name: str, known) -> np.dtype:
     if isinstance(known, TensorType) and known.dtype is not None:
         return np.dtype(known.dtype)
-    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
     found = infer_types(graph).get(name)
     if isinstance(found, TensorType) and found.dtype is not None:
         return np.dtype(found.dtype)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.attention.contrib_transformer import MICROSOFT, is_narrow, run_kernel, widened
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype, to_numpy_dtype

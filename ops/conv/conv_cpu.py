@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import replay
 from mixrt.ops.conv import phase_planes
 from mixrt.ops.conv import conv_direct_cpu, grouped_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv.conv import conv, conv_geometry

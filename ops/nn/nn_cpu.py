@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.compiled.parallel import parallel_rows

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import replay
 from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
 from mixrt.ops.conv.conv import spatial_attrs, window_geometry

@@ -24,6 +24,7 @@ from mixrt.ops.nn.matmul_cpu import dense_product
 from mixrt.ops.nn.nn import matmul_shape
 from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, op
 from mixrt.ops.ir.types import TensorType, fits, normalize_axis, shape_text
+from mixrt.ops.conv.conv import conv
 
 # x of QuantizeLinear; x of DequantizeLinear (every quantized type of every version)
 QUANTIZE_INPUTS = frozenset({"float32", "float16", "bfloat16", "int32"})
@@ -471,7 +472,6 @@ def _per_channel(param, ndim):
 def _integer_conv(xp, x, w, x_zero_point, w_zero_point, attrs):
     """conv(x - x_zero_point, w - w_zero_point) in float64 (exact). Padding adds zeros to the
     centered input, i.e. pads x with its zero point."""
-    from mixrt.ops.conv.conv import conv  # conv.py registers Conv; imported late to keep modules apart
 
     x = _centered(x, x_zero_point)
     w = _as_float(w)

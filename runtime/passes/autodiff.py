@@ -30,6 +30,7 @@ from mixrt.runtime.graph import Graph, Node, Value, node_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes
 from mixrt.runtime.passes.typecheck import version_accepting
+from mixrt.runtime.passes.infer import infer_node
 
 MIXRT = "mixrt"
 # backward nodes in the default domain are emitted at this opset whatever the model's own:
@@ -296,7 +297,6 @@ def _mirrored(forward: list[Node], builder: GradBuilder, ops: frozenset) -> list
 
 
 def _infer(node: Node, types: dict) -> list:
-    from mixrt.runtime.passes.infer import infer_node  # noqa: PLC0415 (one walk per node)
     return infer_node(node, types)
 
 
