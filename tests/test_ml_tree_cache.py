@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 import mixrt
 from mixrt.ops.compiled import jit_tier
-from mixrt.ops.ml import ml, ml_trees
+from mixrt.ops.ml import forest, ml_trees
 
 MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
 FEATURES = 5
@@ -109,7 +109,7 @@ def test_tree_ensemble_5_member_nodes_agree():
         tree_roots=[0], leaf_targetids=[0, 1, 0], leaf_weights=np.array([1.0, 2.0, 3.0]),
         n_targets=2, aggregate_function=1, post_transform=0)
     x = np.array([[1, 0], [3, 9], [2, 0], [2, 9], [2, np.nan], [np.nan, 0]], np.float32)
-    numpy_tier, compiled, again = _both_tiers(ml.tree_ensemble, x, attrs)
+    numpy_tier, compiled, again = _both_tiers(forest.tree_ensemble, x, attrs)
     np.testing.assert_array_equal(numpy_tier, [[1, 0], [1, 0], [3, 0], [0, 2], [3, 0], [3, 0]])
     np.testing.assert_array_equal(compiled, numpy_tier)
     np.testing.assert_array_equal(again, numpy_tier)
@@ -163,7 +163,7 @@ def test_a_requests_walk_and_scores_in_one_call_give_the_two_calls_bits(
     x = _rows(rng, 40)
     with jit_tier.using(True):
         one_call = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
-        monkeypatch.setattr(ml._Forest, "walks_alone", lambda self, rows: False)
+        monkeypatch.setattr(forest._Forest, "walks_alone", lambda self, rows: False)
         two_calls = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
     np.testing.assert_array_equal(one_call[0], two_calls[0])
     np.testing.assert_array_equal(one_call[1], two_calls[1])

@@ -5,7 +5,7 @@ The NumPy tier walks every row of every tree at once, level by level: ~15 array 
 per level, so a 100-tree forest of depth 20 costs thousands of NumPy calls for one row. Here
 a row's walk is a few loads per node.
 
-The node table is the one ``ops/ml/ml._Forest`` builds (interior nodes and leaves share the
+The node table is the one ``ops/ml/forest._Forest`` builds (interior nodes and leaves share the
 index space, a leaf's mode is ``LEAF``), packed one node to a 24-byte record (split,
 feature, mode with the missing-value flag, children) so that a step reads one cache line
 rather than one per array (an extra-trees forest's row 7 -> 2 us); a leaf's weights are given sparsely (``leaf_start``
@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from numba import float64, njit, uint64
 
-LEAF = 7  # ops/ml/ml._MODES
+LEAF = 7  # ops/ml/forest._MODES
 MEMBER = 6
-# a node record's int32 slots (after its float64 split, slots 0-1): ops/ml/ml._Forest.records
+# a node record's int32 slots (after its float64 split, slots 0-1): ops/ml/forest._Forest.records
 FEATURE, MODE, TRUE_NEXT, FALSE_NEXT = 2, 3, 4, 5
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -33,7 +33,7 @@ def _leaf(data, row, node, splits, links, members):
     """The node a row reaches from ``node``; at most one step per
     node, as the NumPy walk (a malformed table with a cycle stops where the NumPy walk
     stops). ``splits`` and ``links`` are flat views of the same 24-byte records (see
-    ``ops/ml/ml._Forest.records``), indexed unsigned (see ``ops/compiled/jit_cpu.py``)."""
+    ``ops/ml/forest._Forest.records``), indexed unsigned (see ``ops/compiled/jit_cpu.py``)."""
     for _ in range(splits.shape[0] // 3):
         at = uint64(node) * uint64(6)
         mode_word = links[at + MODE]

@@ -1,8 +1,8 @@
 """The tree ensembles of ``ai.onnx.ml``: TreeEnsembleClassifier and TreeEnsembleRegressor
 (opsets 1 and 3: scikit-learn's trees, forests and gradient boosting, LightGBM, XGBoost);
-TreeEnsemble (opset 5) lives beside the forest in ``ops/ml/ml.py``.
+TreeEnsemble (opset 5) lives beside the forest in ``ops/ml/forest.py``.
 
-A node's forest (``ops/ml/ml._Forest``: flat node arrays and leaf weights) is built from its
+A node's forest (``ops/ml/forest._Forest``: flat node arrays and leaf weights) is built from its
 attributes once, on its first call, and kept in the node's ``_node`` dict with the checks of
 its attributes done; a call without one (a kernel called directly) builds it each time.
 The compiled tier walks each row down each tree (``ops/ml/_jit_trees.py``); the NumPy tier walks
@@ -24,9 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.ml.ml import (_NUMBERS, ML, _aggregate_name, _either,
-                          _forest_from_node_ids, _POST_TRANSFORMS, _probit, _rows,
-                          post_transform_scores, prepared)
+from mixrt.ops.ir.node_state import prepared
+from mixrt.ops.ml.forest import _aggregate_name, _either, _forest_from_node_ids
+from mixrt.ops.ml.ml import (_NUMBERS, ML, _POST_TRANSFORMS, _probit, _rows,
+                             post_transform_scores)
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import tensor
 from mixrt.ops.device import to_host

@@ -8,7 +8,7 @@ from onnx import helper, numpy_helper
 
 import mixrt
 from mixrt.ops.control import control, sequence
-from mixrt.ops.ml import ml
+from mixrt.ops.ml import forest, ml
 from mixrt.ops.training import training
 
 ML = "ai.onnx.ml"
@@ -202,14 +202,14 @@ def test_tree_ensemble_post_transform_codes_follow_the_spec():
     """SOFTMAX is 1 and LOGISTIC 2 in the spec and onnx's reference; onnxruntime swaps them,
     so these are checked by hand."""
     x = np.array([[-1.0, 0.0]], np.float32)  # tree 1 -> leaf 0 (t0: 1), tree 2 -> leaf 4
-    raw = ml.tree_ensemble(np, x, **_tree_attrs_arrays(0))
+    raw = forest.tree_ensemble(np, x, **_tree_attrs_arrays(0))
     np.testing.assert_allclose(raw, [[0.0, 0.0]])
     x = np.array([[1.0, 0.0]], np.float32)  # tree 1 -> leaf 1 (t1: -2), tree 2 -> leaf 4 (t0: -1)
-    raw = ml.tree_ensemble(np, x, **_tree_attrs_arrays(0))
+    raw = forest.tree_ensemble(np, x, **_tree_attrs_arrays(0))
     np.testing.assert_allclose(raw, [[-1.0, -2.0]])
-    softmax = ml.tree_ensemble(np, x, **_tree_attrs_arrays(1))
+    softmax = forest.tree_ensemble(np, x, **_tree_attrs_arrays(1))
     np.testing.assert_allclose(softmax, [[1 / (1 + np.exp(-1)), 1 / (1 + np.exp(1))]], rtol=1e-6)
-    logistic = ml.tree_ensemble(np, x, **_tree_attrs_arrays(2))
+    logistic = forest.tree_ensemble(np, x, **_tree_attrs_arrays(2))
     np.testing.assert_allclose(logistic, 1 / (1 + np.exp([[1.0, 2.0]])), rtol=1e-6)
 
 

@@ -1,0 +1,383 @@
+"""The tree ensembles' shared form: every encoding (TreeEnsemble of ``ai.onnx.ml`` opset 5
+here, TreeEnsembleClassifier/Regressor in ``ml_trees.py``) is turned once, at load, into one
+flat node table (:class:`_Forest`) that the compiled walks of ``_jit_trees.py`` read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.parallel import parallel_for, row_parts
+from mixrt.ops.ir.node_state import cached as _cached
+from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.types import TensorType
+from mixrt.ops.ml.ml import ML, _rows, post_transform_scores
+
+# -- tree ensembles ---------------------------------------------------------------------
+#
+# Every encoding is first turned into one flat table: interior nodes and leaves share the
+# index space, a leaf's mode is _LEAF, and each leaf's contribution to the targets is a row
+# of `weights` (with `hit` saying which targets it touches, for MIN/MAX).
+
+_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+          "BRANCH_MEMBER", "LEAF")
+_MEMBER, _LEAF = 6, 7
+_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+# a rough count of node visits per tree and row, for splitting a batch over threads
+_STEPS_PER_TREE = 16
+
+
+class _Forest:
+    def __init__(self, *, roots, features, splits, modes, true_next, false_next, tracks_true,
+                 members, weights, hit):
+        self.roots = np.asarray(roots, dtype=np.int64)
+        self.features = np.asarray(features, dtype=np.int64)
+        self.splits = np.asarray(splits, dtype=np.float64)
+        self.modes = np.asarray(modes, dtype=np.int64)
+        self.true_next = np.asarray(true_next, dtype=np.int64)
+        self.false_next = np.asarray(false_next, dtype=np.int64)
+        self.tracks_true = np.asarray(tracks_true, dtype=bool)
+        self.members = members  # [node count, widest set], NaN-padded; row i for node i
+        self.weights = weights  # [node count, targets]
+        self.hit = hit
+        self._sparse = {}  # precision -> the leaves' weights as the compiled walk reads them
+        self._compilable = self._tables_in_range()
+        self._feature_range = None  # (lowest, highest) feature an interior node reads
+        self._packed = None  # the node records (_records)
+        self._tables = {}  # precision -> every table the compiled walk reads, in its order
+
+    def _tables_in_range(self) -> bool:
+        """Can the compiled walk (which does not check bounds) follow this table? Else the
+        NumPy walk runs it, and raises where it always did."""
+        count = len(self.modes)
+        links = np.concatenate([self.roots, self.true_next, self.false_next])
+        same_length = all(len(table) == count for table in (
+            self.features, self.splits, self.true_next, self.false_next, self.tracks_true,
+            self.members, self.weights))
+        small = count < 2**31 and (not self.features.size or np.abs(self.features).max() < 2**31)
+        return bool(count and same_length and small and links.min() >= 0
+                    and links.max() < count)
+
+    def _fits(self, width: int) -> bool:
+        """Do the interior nodes' features index rows of ``width`` columns?"""
+        if self._feature_range is None:
+            interior = self.features[self.modes != _LEAF]
+            self._feature_range = ((int(interior.min()), int(interior.max())) if interior.size
+                                   else (0, -1))
+        low, high = self._feature_range
+        return low >= 0 and high < width
+
+    def sums(self, xp, X, precision):
+        """Each target's summed leaf weights [N, targets] in ``precision``, added tree by
+        tree (onnxruntime's order), and whether any reached leaf weighs that target."""
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return _leaf_sums(xp, self, self.leaves(xp, X), precision)
+        return self.compiled_sums(kernels, X, precision)
+
+    def compiled_sums(self, kernels, X, precision):
+        """:meth:`sums` through ``kernels`` (ops/ml/_jit_trees.py; :meth:`_kernels` said they
+        may walk X)."""
+        total = np.zeros((X.shape[0], self.weights.shape[1]), dtype=precision)
+        reached = np.zeros(total.shape, dtype=bool)
+        self._walk(kernels.forest_sums, X, precision, total, reached)
+        return total, reached
+
+    def aggregate_rows(self, xp, X, function):
+        """``aggregate`` of the leaves X's rows reach, walked by the compiled kernels where
+        they can run."""
+        function = _aggregate_name(function)
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return self.aggregate(xp, self.leaves(xp, X), function)
+        if function in ("SUM", "AVERAGE"):
+            total = np.zeros((X.shape[0], self.weights.shape[1]))
+            reached = np.zeros(total.shape, dtype=bool)
+            self._walk(kernels.forest_sums, X, np.float64, total, reached)
+            return total / len(self.roots) if function == "AVERAGE" else total
+        start = np.inf if function == "MIN" else -np.inf
+        best = np.full((X.shape[0], self.weights.shape[1]), start)
+        self._walk(kernels.forest_extremes, X, np.float64, best, function == "MAX")
+        return np.where(np.isinf(best), 0.0, best)
+
+    def _kernels(self, xp, X):
+        """ops/ml/_jit_trees.py where it may run on X (host arrays, the compiled tier on, a
+        table it can walk safely), else None."""
+        if xp is not np or not self._compilable or not len(self.roots) \
+                or not self._fits(X.shape[1]) or not jit_cpu.enabled():
+            return None
+        return jit_cpu.load("mixrt.ops.ml._jit_trees")
+
+    def walk_inputs(self, X, precision):
+        """(X as the compiled walk reads it, the tables it walks in ``precision``)."""
+        native = X.dtype in (np.float32, np.float64)
+        data = X if native and X.flags.c_contiguous \
+            else np.ascontiguousarray(X, dtype=X.dtype if native else np.float64)
+        tables = self._tables.get(precision)
+        if tables is None:
+            tables = self._tables[precision] = (self.roots, *self._records(), self.members,
+                                                self._uniform_mode(),
+                                                *self._leaf_table(precision))
+        return data, tables
+
+    def _uniform_mode(self) -> int:
+        """BRANCH_LEQ (0) or BRANCH_LT (1) when every branch has that mode (the compiled
+        walk then compares without choosing the mode), else -1."""
+        branch_modes = set(self.modes[self.modes != _LEAF].tolist())
+        return branch_modes.pop() if branch_modes in ({0}, {1}) else -1
+
+    def walks_alone(self, rows: int) -> bool:
+        """Is a walk of ``rows`` rows one call on the calling thread (not split)?"""
+        return rows == 1 or len(row_parts(rows, len(self.roots) * _STEPS_PER_TREE)) == 1
+
+    def _walk(self, kernel, X, precision, *outputs):
+        """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
+        for large batches."""
+        data, tables = self.walk_inputs(X, precision)
+        rows = X.shape[0]
+        parts = ((0, rows),) if rows == 1 else row_parts(rows, len(self.roots) * _STEPS_PER_TREE)
+        if len(parts) == 1:  # a request's few rows: the call itself, no hand-out (~2 us)
+            kernel(data, 0, rows, *tables, *outputs)
+            return
+        parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables, *outputs))
+
+    def _records(self):
+        """The nodes as 24-byte records, two flat views of one buffer: float64 (the split
+        at 3 i) and int32 (feature, mode | missing-tracks-true << 8, true and false child at
+        6 i + 2..5)."""
+        if self._packed is None:
+            splits = np.zeros((len(self.modes), 3))
+            links = splits.view(np.int32)
+            splits[:, 0] = self.splits
+            links[:, 2] = self.features
+            links[:, 3] = self.modes | (self.tracks_true.astype(np.int64) << 8)
+            links[:, 4], links[:, 5] = self.true_next, self.false_next
+            self._packed = (splits.reshape(-1), links.reshape(-1))
+        return self._packed
+
+    def _leaf_table(self, precision):
+        """The leaves' weights, sparse: node i's entries are [start[i], start[i + 1]) of
+        (targets, values), the dense table's hit entries in ``precision``."""
+        key = np.dtype(precision)
+        if key not in self._sparse:
+            nodes, targets = np.nonzero(self.hit)
+            start = np.zeros(len(self.modes) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(nodes, minlength=len(self.modes)), out=start[1:])
+            values = np.ascontiguousarray(self.weights[nodes, targets], dtype=precision)
+            self._sparse[key] = (start, targets.astype(np.int64), values)
+        return self._sparse[key]
+
+    def leaves(self, xp, X):
+        """The leaf each sample reaches in each tree: [N, trees]."""
+        table = {name: xp.asarray(getattr(self, name)) for name in (
+            "features", "splits", "modes", "true_next", "false_next", "tracks_true", "members")}
+        data = X.astype(np.float64)
+        node = xp.broadcast_to(xp.asarray(self.roots), (X.shape[0], len(self.roots))).copy()
+        for _ in range(len(self.modes)):  # a path never visits a node twice
+            mode = table["modes"][node]
+            interior = mode != _LEAF
+            if not bool(interior.any()):
+                break
+            x = xp.take_along_axis(data, table["features"][node], axis=1)
+            go_true = _compare(xp, x, table["splits"][node], mode)
+            is_member = (x[..., None] == table["members"][node]).any(axis=-1)
+            go_true = xp.where(mode == _MEMBER, is_member, go_true)
+            # a NaN takes the true branch when its node tracks missing values there, else
+            # whatever the comparison says (false, but true for BRANCH_NEQ): onnxruntime and
+            # onnx's TreeEnsemble-5 reference do so; the opset-1/3 text would send it false
+            go_true = go_true | (xp.isnan(x) & table["tracks_true"][node])
+            following = xp.where(go_true, table["true_next"][node], table["false_next"][node])
+            node = xp.where(interior, following, node)
+        return node
+
+    def aggregate(self, xp, leaves, function: str):
+        function = _aggregate_name(function)
+        weights, hit = xp.asarray(self.weights), xp.asarray(self.hit)
+        if function in ("SUM", "AVERAGE"):
+            total = weights[leaves[:, 0]].copy()
+            for t in range(1, leaves.shape[1]):
+                total += weights[leaves[:, t]]
+            return total / leaves.shape[1] if function == "AVERAGE" else total
+        pick = xp.minimum if function == "MIN" else xp.maximum
+        start = np.inf if function == "MIN" else -np.inf
+        best = xp.full((leaves.shape[0], weights.shape[1]), start)
+        for t in range(leaves.shape[1]):
+            best = xp.where(hit[leaves[:, t]], pick(best, weights[leaves[:, t]]), best)
+        return xp.where(xp.isinf(best), 0.0, best)  # a target no leaf reached scores 0
+
+
+def _aggregate_name(function) -> str:
+    function = function.decode() if isinstance(function, bytes) else function
+    if function not in _AGGREGATES:
+        raise ValueError(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, "
+                         f"got {function!r}")
+    return function
+
+
+def _leaf_sums(xp, forest, leaves, precision):
+    """The NumPy tier of ``_Forest.sums``: dense weight rows gathered and added tree by
+    tree."""
+    weights = xp.asarray(forest.weights.astype(precision))
+    hit = xp.asarray(forest.hit)
+    total = xp.zeros((leaves.shape[0], weights.shape[1]), dtype=precision)
+    reached = xp.zeros(total.shape, dtype=bool)
+    for tree in range(leaves.shape[1]):
+        total += weights[leaves[:, tree]]
+        reached |= hit[leaves[:, tree]]
+    return total, reached
+
+
+def _compare(xp, x, split, mode):
+    tests = [x <= split, x < split, x >= split, x > split, x == split, x != split]
+    result = xp.zeros(x.shape, dtype=bool)
+    for code, test in enumerate(tests):
+        result = xp.where(mode == code, test, result)
+    return result
+
+
+def _member_table(modes, membership_values):
+    """One NaN-padded row of members per node; the sets, NaN-separated in
+    membership_values, belong to the BRANCH_MEMBER nodes in order."""
+    sets, current = [], []
+    for v in (np.asarray(membership_values, dtype=np.float64).tolist()
+              if membership_values is not None else []):
+        if v != v:
+            sets.append(current)
+            current = []
+        else:
+            current.append(v)
+    if current:
+        sets.append(current)
+    table = np.full((len(modes), max([len(s) for s in sets] + [1])), np.nan)
+    member_nodes = [i for i, m in enumerate(modes) if m == _MEMBER]
+    for node, members in zip(member_nodes, sets):
+        table[node, :len(members)] = members
+    return table
+
+
+def _forest_v5(*, leaf_targetids, leaf_weights, membership_values, n_targets, nodes_falseleafs,
+               nodes_falsenodeids, nodes_featureids, nodes_missing_value_tracks_true,
+               nodes_modes, nodes_splits, nodes_trueleafs, nodes_truenodeids, tree_roots):
+    n_nodes, n_leaves = len(nodes_featureids), len(leaf_targetids)
+    targets = int(n_targets) if n_targets is not None else int(max(leaf_targetids)) + 1
+    modes = np.asarray(nodes_modes).reshape(-1).astype(np.int64).tolist() + [_LEAF] * n_leaves
+
+    def next_positions(ids, to_leaf):  # leaves are numbered after the interior nodes
+        return [n_nodes + i if leaf else i for i, leaf in zip(ids, to_leaf)] + [0] * n_leaves
+
+    weights = np.zeros((n_nodes + n_leaves, targets))
+    hit = np.zeros(weights.shape, dtype=bool)
+    leaf_rows = n_nodes + np.arange(n_leaves)
+    np.add.at(weights, (leaf_rows, np.asarray(leaf_targetids)),
+              np.asarray(leaf_weights, dtype=np.float64).reshape(-1))
+    hit[leaf_rows, np.asarray(leaf_targetids)] = True
+    tracks = list(nodes_missing_value_tracks_true or [0] * n_nodes) + [0] * n_leaves
+    return _Forest(
+        roots=tree_roots, features=list(nodes_featureids) + [0] * n_leaves,
+        splits=np.asarray(nodes_splits, dtype=np.float64).reshape(-1).tolist() + [0] * n_leaves,
+        modes=modes, true_next=next_positions(nodes_truenodeids, nodes_trueleafs),
+        false_next=next_positions(nodes_falsenodeids, nodes_falseleafs), tracks_true=tracks,
+        members=_member_table(modes, membership_values), weights=weights, hit=hit)
+
+
+@op("TreeEnsemble", since=5, domain=ML, dtypes=frozenset({"float16", "float32", "float64"}))
+def tree_ensemble(xp, X, *, aggregate_function=1, leaf_targetids=None, leaf_weights=None,
+                  membership_values=None, n_targets=None, nodes_falseleafs=None,
+                  nodes_falsenodeids=None, nodes_featureids=None, nodes_hitrates=None,
+                  nodes_missing_value_tracks_true=None, nodes_modes=None, nodes_splits=None,
+                  nodes_trueleafs=None, nodes_truenodeids=None, post_transform=0,
+                  tree_roots=None, _node=None):
+    forest = _cached(_node, lambda: _forest_v5(
+        leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
+        membership_values=membership_values, n_targets=n_targets,
+        nodes_falseleafs=nodes_falseleafs, nodes_falsenodeids=nodes_falsenodeids,
+        nodes_featureids=nodes_featureids,
+        nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
+        nodes_modes=nodes_modes, nodes_splits=nodes_splits, nodes_trueleafs=nodes_trueleafs,
+        nodes_truenodeids=nodes_truenodeids, tree_roots=tree_roots))
+    scores = forest.aggregate_rows(xp, _rows(X), _AGGREGATES[aggregate_function])
+    return post_transform_scores(xp, scores, post_transform).astype(X.dtype)
+
+
+@tree_ensemble.infer
+def _(X, *, n_targets=None, leaf_targetids=None, **_):
+    if n_targets is None and leaf_targetids is not None:
+        n_targets = int(max(leaf_targetids)) + 1
+    batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else None
+    return [TensorType(X.dtype, (batch, n_targets))]
+
+
+def _forest_from_node_ids(*, treeids, nodeids, featureids, modes, values, truenodeids,
+                          falsenodeids, missing_tracks_true, leaf_treeids, leaf_nodeids,
+                          leaf_ids, leaf_weights, n_outputs, leaf_prefix="target_"):
+    """The (tree id, node id) encoding of TreeEnsembleRegressor/Classifier: node ids restart
+    at 0 (the root) in every tree, and a leaf may feed several targets/classes (its weights
+    are the ``leaf_prefix`` attributes: target_* or class_*). Inconsistent attributes raise a
+    ValueError naming the attribute."""
+    _same_lengths("nodes_", treeids=treeids, nodeids=nodeids, featureids=featureids,
+                  modes=modes, values=values, truenodeids=truenodeids,
+                  falsenodeids=falsenodeids)
+    if missing_tracks_true:
+        _same_lengths("nodes_", treeids=treeids, missing_value_tracks_true=missing_tracks_true)
+    _same_lengths(leaf_prefix, treeids=leaf_treeids, nodeids=leaf_nodeids, ids=leaf_ids,
+                  weights=leaf_weights)
+    position = {}
+    for i, key in enumerate(zip(treeids, nodeids)):
+        if position.setdefault(key, i) != i:
+            raise ValueError(f"nodes_nodeids: node {key[1]} appears twice in tree {key[0]}")
+    codes = _mode_codes(modes)
+
+    def at(tree, node, attribute):
+        if (tree, node) not in position:
+            raise ValueError(f"{attribute}: tree {tree} has no node {node}")
+        return position[tree, node]
+
+    def next_positions(children, attribute):
+        return [at(t, c, attribute) if code != _LEAF else i
+                for i, (t, c, code) in enumerate(zip(treeids, children, codes))]
+
+    ids = np.asarray(leaf_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= n_outputs):
+        raise ValueError(f"{leaf_prefix}ids: {int(ids.min() if ids.min() < 0 else ids.max())} "
+                         f"is out of range for {n_outputs} output(s)")
+    weights = np.zeros((len(codes), n_outputs))
+    hit = np.zeros(weights.shape, dtype=bool)
+    rows = [at(t, n, f"{leaf_prefix}nodeids") for t, n in zip(leaf_treeids, leaf_nodeids)]
+    values_at_leaves = np.asarray([] if leaf_weights is None else leaf_weights, np.float64)
+    np.add.at(weights, (rows, ids), values_at_leaves.reshape(-1))
+    hit[rows, ids] = True
+    return _Forest(
+        roots=[at(t, 0, "nodes_nodeids") for t in dict.fromkeys(treeids)],
+        features=featureids, splits=np.asarray(values, dtype=np.float64).reshape(-1),
+        modes=codes, true_next=next_positions(truenodeids, "nodes_truenodeids"),
+        false_next=next_positions(falsenodeids, "nodes_falsenodeids"),
+        tracks_true=missing_tracks_true or [0] * len(codes),
+        members=np.full((len(codes), 1), np.nan), weights=weights, hit=hit)
+
+
+def _same_lengths(prefix: str, **lists) -> None:
+    """Parallel attribute lists (``nodes_*``, ``class_*``, ...) must have one length."""
+    lengths = {f"{prefix}{name}": len(np.asarray(v).reshape(-1)) if v is not None else 0
+               for name, v in lists.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise ValueError(f"{prefix}* attributes must have one length: {listed}")
+
+
+def _mode_codes(modes) -> list[int]:
+    """nodes_modes as codes; BRANCH_MEMBER exists only in TreeEnsemble-5."""
+    codes = []
+    for mode in modes:
+        name = mode.decode() if isinstance(mode, bytes) else mode
+        if name not in _MODES or name == "BRANCH_MEMBER":
+            allowed = ", ".join(m for m in _MODES if m != "BRANCH_MEMBER")
+            raise ValueError(f"nodes_modes: unknown mode {name!r}; expected one of {allowed}")
+        codes.append(_MODES.index(name))
+    return codes
+
+
+def _either(listed, as_tensor):
+    return as_tensor if as_tensor is not None else listed
+
+
