@@ -1,4 +1,5 @@
-"""Gradients of GridSample, AffineGrid, RoiAlign and MaxRoiPool (ops/image/image_sample_grad.py):
+"""Gradients of GridSample, AffineGrid (ops/image/image_sample_grad.py), RoiAlign and MaxRoiPool
+(ops/pool/roi_pool_grad.py):
 against float64 central finite differences, first and second order (gradcheck), over every
 mode, padding mode, align_corners, 4-D and 5-D inputs and the opset versions; GridSample
 against PyTorch's autograd (dX and dGrid); the GPU kernels against the CPU ones; and a tiny
