@@ -3,7 +3,7 @@ SkipSimplifiedLayerNormalization (the residual add and the normalization after i
 EmbedLayerNormalization (BERT's embeddings and their normalization) in the
 ``com.microsoft`` domain, and SimplifiedLayerNormalization (RMS normalization), which
 onnxruntime registers in the default domain from opset 1. onnxruntime's LayerNormalization
-below opset 17 is ONNX's own kernel (``ops/nn/nn.py``), registered from opset 1.
+below opset 17 is ONNX's own kernel (``ops/nn/norm.py``), registered from opset 1.
 
 Layer normalization is ONNX LayerNormalization's kernel, called through its fast path
 (:func:`~mixrt.ops.attention.contrib_transformer.run_kernel`). The statistics outputs (mean,
@@ -18,7 +18,8 @@ import numpy as np
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.attention.contrib_transformer import MICROSOFT, is_narrow, run_kernel, widened
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype, to_numpy_dtype
-from mixrt.ops.nn.nn import _trailing_axes, layer_normalization
+from mixrt.ops.nn.norm import layer_normalization
+from mixrt.ops.nn.nn import _trailing_axes
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, conflicting, normalize_axis, require_shape, shape_text
 

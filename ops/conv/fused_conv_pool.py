@@ -35,7 +35,7 @@ from mixrt.ops.conv.conv_cpu import geometry as conv_geometry, scratch_arrays
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import activate, fused_conv
-from mixrt.ops.nn.nn import lrn
+from mixrt.ops.nn.norm import lrn
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.pool.pool import _pool_infer, average_pool, max_pool
 from mixrt.ops.ir.registry import op

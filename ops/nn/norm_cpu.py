@@ -16,7 +16,7 @@ import numpy as np
 from mixrt.ops.conv.conv_cpu import scratch_arrays
 from mixrt.ops.elementwise.fused_elementwise import same_view
 from mixrt.ops.nn import nn_cpu  # noqa: F401  (registers the inference path this one keeps)
-from mixrt.ops.nn.nn import batch_normalization
+from mixrt.ops.nn.norm import batch_normalization
 from mixrt.ops.compiled.parallel import parallel_rows
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.nn import nn
+from mixrt.ops.nn import norm
 from mixrt.ops.conv.conv_grad import optional_input
 from mixrt.ops.ir.dtypes import compute_dtype, to_numpy_dtype
 from mixrt.ops.training.grad_support import widened
@@ -40,7 +40,7 @@ def _stash(node):
 
 
 def _standardized(b, x: str, axes: list[int], epsilon: float):
-    """(x^, mean, 1/std) of ``x`` over ``axes`` (kept as size-1 dims), as nn._standardize."""
+    """(x^, mean, 1/std) of ``x`` over ``axes`` (kept as size-1 dims), as norm._standardize."""
     mean = b.emit("ReduceMean", x, axes=axes, keepdims=1)
     centered = b.emit("Sub", x, mean)
     variance = b.emit("ReduceMean", b.mul(centered, centered), axes=axes, keepdims=1)
@@ -98,18 +98,18 @@ def _batch_norm_by_outputs(b, node):
                        spatial=int(node.attributes.get("spatial", 1)))
 
 
-for _legacy in (nn.batch_normalization_6, nn.batch_normalization_7, nn.batch_normalization_9):
+for _legacy in (norm.batch_normalization_6, norm.batch_normalization_7, norm.batch_normalization_9):
     _legacy.expansion(_batch_norm_by_outputs)
 
 
-@nn.batch_normalization.expansion
+@norm.batch_normalization.expansion
 def _(b, node):
     return _batch_norm(b, node, training=bool(node.attributes.get("training_mode", 0)))
 
 
 # -- LayerNormalization, InstanceNormalization, GroupNormalization -------------------------
 
-@nn.layer_normalization.expansion
+@norm.layer_normalization.expansion
 def _(b, node):
     """Statistics in the stash_type, the normalized values cast back to X's dtype before the
     affine step, as the forward does."""
@@ -123,7 +123,7 @@ def _(b, node):
     return [y, mean, inv_std][:len(node.outputs)]
 
 
-@nn.instance_normalization.expansion
+@norm.instance_normalization.expansion
 def _(b, node):
     x = node.inputs[0]
     precision = _computed_in(b, x)
@@ -153,13 +153,13 @@ def _group_norm(per_group: bool):
     return expand
 
 
-nn.group_normalization_18.expansion(_group_norm(per_group=True))
-nn.group_normalization.expansion(_group_norm(per_group=False))
+norm.group_normalization_18.expansion(_group_norm(per_group=True))
+norm.group_normalization.expansion(_group_norm(per_group=False))
 
 
 # -- LRN and LpNormalization --------------------------------------------------------------
 
-@nn.lrn.expansion
+@norm.lrn.expansion
 @widened
 def _(b, node):
     """y = x (bias + alpha / size * the sum of x^2 over the ``size`` channels around)^-beta:
@@ -182,7 +182,7 @@ def _(b, node):
     return [b.mul(x, b.emit("Pow", d, b.constant(-beta, like=x)))]
 
 
-@nn.lp_normalization.expansion
+@norm.lp_normalization.expansion
 @widened
 def _(b, node):
     """x / ||x||_p along ``axis``; an all-zero slice is divided by 1, replaced before the
@@ -202,7 +202,7 @@ def _(b, node):
 
 # -- RMSNormalization and MeanVarianceNormalization: no fused gradient, the expansion is it -
 
-@nn.rms_normalization.expansion
+@norm.rms_normalization.expansion
 def _(b, node):
     """x / sqrt(mean(x^2) + epsilon) over the trailing axes from ``axis``, in the
     stash_type, cast back to X's dtype; times scale, in the scale's dtype as the forward
@@ -217,7 +217,7 @@ def _(b, node):
     return [b.mul(normalized, scale)]
 
 
-@nn.mean_variance_normalization.expansion
+@norm.mean_variance_normalization.expansion
 @widened
 def _(b, node):
     """(x - mean) / (std + 1e-9) over ``axes`` (default N, H, W), the variance taken as the

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.nn import nn
+from mixrt.ops.nn import norm
 from mixrt.ops.ir.dtypes import compute_dtype, to_numpy_dtype
 from mixrt.ops.conv.conv_grad import forwarded, optional_input
 from mixrt.ops.training.grad_support import MIXRT, sum_to_shape
@@ -27,8 +28,8 @@ from mixrt.ops.ir.types import TensorType, normalize_axis
 
 def _standardized_backward(xp, g, x_hat, inv_std, axes):
     """dX of x -> x^ over ``axes`` given g = d loss / d x^."""
-    mean_g = nn.axes_mean(xp, g, axes, keepdims=True)
-    mean_gx = nn.axes_mean(xp, g * x_hat, axes, keepdims=True)
+    mean_g = norm.axes_mean(xp, g, axes, keepdims=True)
+    mean_gx = norm.axes_mean(xp, g * x_hat, axes, keepdims=True)
     return inv_std * (g - mean_g - x_hat * mean_gx)
 
 
@@ -62,16 +63,16 @@ def batch_norm_grad(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, spat
     inference mode is an affine map of X with the running statistics as constants."""
     x, dy = nn.widen(X), nn.widen(dY)
     per_activation = not spatial and not training_mode  # spatial=0: stats per (C, D1, ...)
-    axes = (0,) if per_activation else nn.channel_axes(X.ndim)
+    axes = (0,) if per_activation else norm.channel_axes(X.ndim)
     shape = (1,) + tuple(X.shape[1:]) if per_activation else (1, -1) + (1,) * (X.ndim - 2)
     if training_mode:
-        x_hat, _, inv_std = nn._standardize(xp, x, axes, epsilon)
+        x_hat, _, inv_std = norm._standardize(xp, x, axes, epsilon)
     else:
         inv_std = 1.0 / xp.sqrt(nn.widen(var).reshape(shape) + epsilon)
         x_hat = (x - nn.widen(mean).reshape(shape)) * inv_std
     gamma = nn.widen(scale).reshape(shape)
-    d_bias = nn.axes_sum(xp, dy, axes, keepdims=True)
-    d_scale = nn.axes_sum(xp, dy * x_hat, axes, keepdims=True)
+    d_bias = norm.axes_sum(xp, dy, axes, keepdims=True)
+    d_scale = norm.axes_sum(xp, dy * x_hat, axes, keepdims=True)
     if training_mode:
         dx = _standardized_backward(xp, dy * gamma, x_hat, inv_std, axes)
         grads = (dx, d_scale.reshape(scale.shape), d_bias.reshape(scale.shape))
@@ -109,11 +110,11 @@ def _batch_norm_by_outputs(b, node, dy):
                                 spatial=int(node.attributes.get("spatial", 1)))
 
 
-for _legacy in (nn.batch_normalization_6, nn.batch_normalization_7, nn.batch_normalization_9):
+for _legacy in (norm.batch_normalization_6, norm.batch_normalization_7, norm.batch_normalization_9):
     _legacy.grad(_batch_norm_by_outputs)
 
 
-@nn.batch_normalization.grad
+@norm.batch_normalization.grad
 def _(b, node, dy):
     return _batch_norm_gradient(b, node, dy,
                                 training=bool(node.attributes.get("training_mode", 0)))
@@ -130,7 +131,7 @@ def layer_norm_grad(xp, dY, X, Scale, B=None, dMean=None, dInvStdDev=None, *, ax
     dtype = _statistics_dtype(X, stash_type)
     x = X.astype(dtype, copy=False)
     axes = tuple(range(normalize_axis(axis, X.ndim), X.ndim))
-    x_hat, _, inv_std = nn._standardize(xp, x, axes, epsilon)
+    x_hat, _, inv_std = norm._standardize(xp, x, axes, epsilon)
     dy = xp.zeros(x.shape, dtype=dtype) if dY is None else dY.astype(dtype, copy=False)
     dx = _standardized_backward(xp, dy * Scale.astype(dtype, copy=False), x_hat, inv_std,
                                 axes)
@@ -150,7 +151,7 @@ def _(dY, X, Scale, B=None, *_, _outputs=2, **__):
     return [TensorType(t.dtype, t.shape) for t in (X, Scale, B)[:_outputs]]
 
 
-@nn.layer_normalization.grad
+@norm.layer_normalization.grad
 def _(b, node, dy):
     x, scale = node.inputs[:2]
     bias = optional_input(node, 2)
@@ -170,7 +171,7 @@ def _grouped_backward(xp, dY, X, scale, groups: int, epsilon, stash_type=None):
     shape = (n, groups, c // groups, -1)
     dtype = _statistics_dtype(X, stash_type)
     x, dy = (t.astype(dtype, copy=False).reshape(shape) for t in (X, dY))
-    x_hat, _, inv_std = nn._standardize(xp, x, (2, 3), epsilon)
+    x_hat, _, inv_std = norm._standardize(xp, x, (2, 3), epsilon)
     gamma = scale.astype(dtype, copy=False).reshape(1, groups, c // groups, 1)
     dx = _standardized_backward(xp, dy * gamma, x_hat, inv_std, (2, 3))
     d_scale = (dy * x_hat).sum(axis=(0, 3)).reshape(c)
@@ -189,7 +190,7 @@ def _(dY, X, scale, **_):
     return [TensorType(t.dtype, t.shape) for t in (X, scale, scale)]
 
 
-@nn.instance_normalization.grad
+@norm.instance_normalization.grad
 def _(b, node, dy):
     x, scale = node.inputs[:2]
     return list(b.emit("InstanceNormalizationGrad", dy[0], x, scale, domain=MIXRT, outputs=3,
@@ -224,8 +225,8 @@ def _group_norm_gradient(per_group: int):
     return grad
 
 
-nn.group_normalization_18.grad(_group_norm_gradient(1))
-nn.group_normalization.grad(_group_norm_gradient(0))
+norm.group_normalization_18.grad(_group_norm_gradient(1))
+norm.group_normalization.grad(_group_norm_gradient(0))
 
 
 # -- LRN and LpNormalization --------------------------------------------------------------
@@ -253,7 +254,7 @@ def lrn_grad(xp, dY, X, *, size=None, alpha=1e-4, beta=0.75, bias=1.0):
     return dx.astype(X.dtype, copy=False)
 
 
-@nn.lrn.grad
+@norm.lrn.grad
 def _(b, node, dy):
     return [b.emit("LRNGrad", dy[0], node.inputs[0], domain=MIXRT,
                    **forwarded(node, ("size", "alpha", "beta", "bias")))]
@@ -265,10 +266,10 @@ def lp_normalization_grad(xp, dY, X, *, axis=-1, p=2):
     d||x||/dx is y for p=2 and sign(x) for p=1. An all-zero slice (divided by 1 in the
     forward) passes dY through."""
     x, dy = nn.widen(X), nn.widen(dY)
-    norm = nn.lp_norm(xp, x, axis, p)
-    y = x / norm
+    length = norm.lp_norm(xp, x, axis, p)
+    y = x / length
     direction = y if p == 2 else xp.sign(x)
-    dx = (dy - direction * xp.sum(dy * y, axis=axis, keepdims=True)) / norm
+    dx = (dy - direction * xp.sum(dy * y, axis=axis, keepdims=True)) / length
     return dx.astype(X.dtype, copy=False)
 
 
@@ -276,7 +277,7 @@ for _unary in (lrn_grad, lp_normalization_grad):
     _unary.infer(_like_x)
 
 
-@nn.lp_normalization.grad
+@norm.lp_normalization.grad
 def _(b, node, dy):
     return [b.emit("LpNormalizationGrad", dy[0], node.inputs[0], domain=MIXRT,
                    **forwarded(node, ("axis", "p")))]

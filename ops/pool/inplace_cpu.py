@@ -36,7 +36,7 @@ from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
 from mixrt.ops.conv.conv import spatial_attrs, window_geometry
 from mixrt.ops.conv.conv_cpu import scratch_arrays as _scratch
-from mixrt.ops.nn.nn import lrn
+from mixrt.ops.nn.norm import lrn
 from mixrt.ops.pool.pool import average_pool, global_average_pool, global_max_pool, max_pool
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))

@@ -15,7 +15,7 @@ from mixrt.ops.conv.conv import conv
 from mixrt.ops.conv.conv_grad import conv_grad, max_pool_grad
 from mixrt.ops.nn.fused import fused_conv
 import mixrt.ops.nn.norm_cpu as norm_cpu
-from mixrt.ops.nn.nn import batch_normalization
+from mixrt.ops.nn.norm import batch_normalization
 from mixrt.ops.nn.norm_grad import batch_norm_grad
 from mixrt.ops.nn.norm_grad_cpu import batch_norm_grad_cpu
 from mixrt.ops.pool.pool import max_pool

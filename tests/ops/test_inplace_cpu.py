@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import mixrt
 from mixrt.ops.pool import inplace_cpu
 from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
-from mixrt.ops.nn.nn import lrn
+from mixrt.ops.nn.norm import lrn
 from mixrt.ops.pool.pool import average_pool, max_pool
 from mixrt.ops.ir.registry import REGISTRY
 
