@@ -4,7 +4,7 @@
                                      [--train resnet18 mlp] [--runs 5]
 
 A GPU kernel returns before the device has done its work, so wall time around a kernel call
-measures only its launch. Here every kernel call (``runtime.executor._call``, through which
+measures only its launch. Here every kernel call (``runtime.run_loop._call``, through which
 sessions and training steps run each node) is followed by a device synchronize, and the time
 from the call to the end of the synchronize is charged to the node's op type: the sum is the
 device time of the nodes plus one launch and one synchronize each. The plain, unsynchronized
@@ -32,9 +32,9 @@ class SyncedTimer:
     """While entered, charges each kernel call plus a device synchronize to its op type."""
 
     def __init__(self):
-        from mixrt.runtime import executor  # noqa: PLC0415
-        self._executor = executor
-        self._plain = executor._call
+        from mixrt.runtime import run_loop  # noqa: PLC0415
+        self._run_loop = run_loop
+        self._plain = run_loop._call
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -50,11 +50,11 @@ class SyncedTimer:
             self.calls[step.node.op_type] += 1
             return result
 
-        self._executor._call = timed_call
+        self._run_loop._call = timed_call
         return self
 
     def __exit__(self, *exc):
-        self._executor._call = self._plain
+        self._run_loop._call = self._plain
         return False
 
     def reset(self):

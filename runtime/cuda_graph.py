@@ -42,7 +42,8 @@ import numpy as np
 
 from mixrt.ops import device_checks
 from mixrt.runtime.cublas_capture import WORKSPACE_BYTES, CapturingModule
-from mixrt.runtime.executor import Arena, execute
+from mixrt.runtime.run_loop import execute
+from mixrt.runtime.executor import Arena
 
 
 @dataclass

@@ -54,7 +54,7 @@ import numpy as np
 import mixrt.ops as ops_package
 from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
-from mixrt.runtime.executor import feed_signature
+from mixrt.runtime.feeds import feed_signature
 from mixrt.runtime.npz import storable
 from mixrt.runtime.profiler import symbolic_profiler
 from mixrt.runtime.npz import write_npz

@@ -24,7 +24,6 @@ import numpy as np
 
 from mixrt.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
-from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.registry import CONSTANT_INPUTS, lookup_kernel
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
@@ -34,9 +33,10 @@ from mixrt.ops import device_checks
 from mixrt.runtime import kernel_tiers
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
-from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, execute,
-                                    feed_signature, host_copies, make_plan, plannable_on_gpu,
-                                    release)
+from mixrt.runtime.run_loop import execute
+from mixrt.runtime.executor import ExecutionPlan, FrozenValues, acquire, host_copies, make_plan, plannable_on_gpu, release
+from mixrt.runtime.feeds import (as_text, check_tensor, feed_signature, map_feed, python_feed,
+                                 type_name, unicode_text)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
@@ -398,7 +398,7 @@ class Session:
         signature = feed_signature(checked)
         if self._xp is np:
             texts = tuple(name for name, value in feeds.items()
-                          if checked[name] is not value and _unicode_text(value))
+                          if checked[name] is not value and unicode_text(value))
             if all(checked[name] is value or name in texts for name, value in feeds.items()):
                 key = _feed_key(feeds)
                 if key is not None:
@@ -424,13 +424,13 @@ class Session:
     def _checked_feed(self, declared, value, symbols):
         expected = declared.type
         if isinstance(expected, MapType):
-            return _map_feed(declared.name, value, expected)
+            return map_feed(declared.name, value, expected)
         if isinstance(expected, SequenceType):
             if not isinstance(value, (list, tuple)):
                 raise InputError(f"input {declared.name!r} is a sequence; feed a list of "
                                  f"arrays, got {type(value).__name__}")
             if isinstance(expected.element, MapType):
-                return [_map_feed(declared.name, v, expected.element) for v in value]
+                return [map_feed(declared.name, v, expected.element) for v in value]
             return [self.device.put(np.asarray(v) if isinstance(v, (list, tuple)) else v)
                     for v in value]
         if isinstance(expected, OptionalType):
@@ -442,76 +442,13 @@ class Session:
         if value is None:
             raise InputError(f"input {declared.name!r} is a tensor; got None")
         array = value if hasattr(value, "__array__") or hasattr(value, "__cuda_array_interface__") \
-            else _python_feed(declared.name, value, expected)
+            else python_feed(declared.name, value, expected)
         if isinstance(expected, TensorType):
-            _check_tensor(declared.name, array, expected, symbols)
+            check_tensor(declared.name, array, expected, symbols)
             if expected.dtype == np.dtype(object) and np.dtype(array.dtype).kind in "US":
                 # kernels see ONNX strings one way: object arrays of str
-                array = np.vectorize(_as_text, otypes=[object])(array)
+                array = np.vectorize(as_text, otypes=[object])(array)
         return self.device.put(array, f"input {declared.name!r}")
-
-
-def _python_feed(name: str, value, expected) -> np.ndarray:
-    """A tensor fed as Python data (a nested list, a tuple, a number), as an array of the
-    input's declared dtype: ``[[1.0, 2.0]]`` feeds a float32 input as NumPy's float64 would
-    not. A conversion that would change values (floats into an integer input, a number too
-    large for the dtype) or a ragged list is refused, naming the input."""
-    kind = type(value).__name__
-    try:
-        natural = np.asarray(value)
-    except ValueError as exc:  # ragged nesting
-        raise InputError(f"input {name!r} was fed a {kind} that is not a rectangular array "
-                         f"({exc})") from exc
-    wanted = getattr(expected, "dtype", None) if isinstance(expected, TensorType) else None
-    if wanted is None or wanted == np.dtype(object) or natural.dtype == object:
-        return natural
-    if not np.can_cast(natural.dtype, wanted, "same_kind"):
-        raise InputError(f"input {name!r} expects {_type_name(wanted)} and was fed a {kind} "
-                         f"of {natural.dtype} values, which that dtype cannot hold unchanged")
-    try:
-        return np.asarray(value, dtype=wanted)
-    except (OverflowError, ValueError) as exc:
-        raise InputError(f"input {name!r} expects {_type_name(wanted)}; the {kind} fed "
-                         f"holds a value it cannot: {exc}") from exc
-
-
-def _map_feed(name: str, value, expected: MapType) -> dict:
-    """A fed dict with its keys and values converted to the map's declared types (as
-    onnxruntime converts them): int or str keys, NumPy scalars of the value dtype (str for
-    strings), so kernels know the value type (DictVectorizer's output dtype is it)."""
-    if not isinstance(value, dict):
-        raise InputError(f"input {name!r} is a map ({expected}); feed a dict, got "
-                         f"{type(value).__name__}")
-    key_dtype = expected.key
-    value_dtype = getattr(expected.value, "dtype", None)
-    try:
-        return {_map_key(k, key_dtype): _map_item(v, value_dtype) for k, v in value.items()}
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"input {name!r} is a map ({expected}): {exc}") from None
-
-
-def _map_key(key, dtype):
-    if dtype is None:
-        return key
-    if dtype == np.dtype(object):
-        if not isinstance(key, (str, bytes, np.str_)):
-            raise TypeError(f"key {key!r} is not a string")
-        return _as_text(key)
-    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
-        raise TypeError(f"key {key!r} is not an integer")
-    return int(key)
-
-
-def _map_item(item, dtype):
-    if dtype is None:
-        return item
-    if dtype == np.dtype(object):
-        if not isinstance(item, (str, bytes, np.str_)):
-            raise TypeError(f"value {item!r} is not a string")
-        return _as_text(item)
-    if isinstance(item, (str, bytes)):
-        raise TypeError(f"value {item!r} is not a number")
-    return np.dtype(dtype).type(item)
 
 
 def _host_value(value):
@@ -533,52 +470,6 @@ def _held_value(device: Device, value):
     return device.put(value)
 
 
-def _check_tensor(name: str, array, expected: TensorType, symbols: dict) -> None:
-    dtype = np.dtype(array.dtype)
-    if expected.dtype is not None and dtype != expected.dtype:
-        if not (expected.dtype == np.dtype(object) and dtype.kind in "US"):
-            raise InputError(f"input {name!r} expects dtype {_type_name(expected.dtype)}, "
-                             f"got {_type_name(dtype)}")
-    if expected.shape is None:
-        return
-    shape = tuple(array.shape)
-    if len(shape) != len(expected.shape):
-        raise InputError(f"input {name!r} expects rank {len(expected.shape)} "
-                         f"(shape {_shape_text(expected.shape)}), got rank {len(shape)} "
-                         f"(shape {list(shape)})")
-    for axis, (want, got) in enumerate(zip(expected.shape, shape)):
-        if isinstance(want, int) and want != got:
-            raise InputError(f"input {name!r} expects dimension {axis} to be {want} "
-                             f"(shape {_shape_text(expected.shape)}), got {got} "
-                             f"(shape {list(shape)})")
-        if isinstance(want, str):
-            seen = symbols.setdefault(want, (name, got))
-            if seen[1] != got:
-                raise InputError(f"input {name!r} has {want!r}={got} on axis {axis}, but "
-                                 f"input {seen[0]!r} fixed {want!r}={seen[1]}")
-
-
-def _unicode_text(value) -> bool:
-    """A NumPy str array (dtype U): its ``astype(object)`` holds the ``str`` objects
-    :func:`_as_text` makes of its items."""
-    return value.__class__ is np.ndarray and value.dtype.kind == "U"
-
-
-def _as_text(item) -> str:
-    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
-
-
-def _type_name(dtype) -> str:
-    try:
-        return ONNX_TYPE_NAMES[to_onnx_type(dtype)]
-    except KeyError:
-        return np.dtype(dtype).name
-
-
-def _shape_text(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
 def _node_arg(name: str, value_type) -> NodeArg:
     return NodeArg(name, _type_string(value_type),
                    list(value_type.shape) if isinstance(value_type, TensorType)
@@ -587,11 +478,11 @@ def _node_arg(name: str, value_type) -> NodeArg:
 
 def _type_string(value_type) -> str:
     if isinstance(value_type, TensorType):
-        return "tensor(?)" if value_type.dtype is None else f"tensor({_type_name(value_type.dtype)})"
+        return "tensor(?)" if value_type.dtype is None else f"tensor({type_name(value_type.dtype)})"
     if isinstance(value_type, SequenceType):
         return f"seq({_type_string(value_type.element)})"
     if isinstance(value_type, MapType):
-        key = "?" if value_type.key is None else _type_name(value_type.key)
+        key = "?" if value_type.key is None else type_name(value_type.key)
         return f"map({key},{_type_string(value_type.value)})"
     if isinstance(value_type, OptionalType):
         return f"optional({_type_string(value_type.element)})"

@@ -20,6 +20,7 @@ import onnx.backend.test.loader
 
 from mixrt.ops.ir.types import SequenceType, TensorType
 from mixrt.runtime import executor
+from mixrt.runtime import run_loop
 from mixrt.runtime import session as session_module
 from mixrt.runtime.graph import Value
 from mixrt.runtime.passes.infer import infer_types
@@ -61,7 +62,7 @@ def _same_data(known, array) -> bool:
 def run_recording(path, feeds: dict, monkeypatch, opt_level: int = 0) -> dict:
     """Run the model (unoptimized by default) and return name -> every value it had."""
     seen: dict[str, list] = {}
-    plain_execute = executor.execute
+    plain_execute = run_loop.execute
 
     def recording_execute(steps, env, xp, *args, **kwargs):
         # a planned run's env (a dict) starts with the session's constants, held as its

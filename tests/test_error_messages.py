@@ -2,7 +2,7 @@
 backend node case with one input grown by one along its last axis. Whatever happens, the
 caller gets a mixrt error naming the node; and where the kernel's failure is NumPy's
 ("operands could not be broadcast", "cannot reshape array"), the op's own shape rule says
-what was expected first (runtime/executor._failed), except for the ops listed here."""
+what was expected first (runtime/run_loop._failed), except for the ops listed here."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A session gives each node whose kernel takes ``_node`` a dict of its own (runtim
 A kernel keeps there what it makes of its attributes (a tree ensemble's packed forest, an
 n-gram table), and with :func:`prepared` also a call that computes the node from its inputs
 alone, which the executor then makes instead of calling the kernel with every attribute again
-(runtime/executor.py ``node_state``).
+(runtime/run_loop.py ``node_state``).
 """
 
 from __future__ import annotations

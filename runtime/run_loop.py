@@ -1,0 +1,289 @@
+"""The run loop: a planned run's kernel calls over its arena, and the plain execution a
+discovery run (and any run without a plan) takes. Each step's call is prepared once per
+plan (its arguments' arena views, its ``out=`` view, the attributes it binds), so a run
+does little more than call the kernels in order (``runtime/executor.py`` makes the plans).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import ChainMap
+from operator import itemgetter
+
+import numpy as np
+
+from mixrt.errors import ExecutionError, MixrtError
+from mixrt.ops import device_checks
+from mixrt.ops.ir.types import TensorType, type_of_value
+from mixrt.runtime.executor import Arena, ExecutionPlan
+from mixrt.runtime.graph import outer_scope_reads
+from mixrt.runtime.passes.infer import infer_types
+
+# -- running ---------------------------------------------------------------------------------
+
+class Subgraph:
+    """A GRAPH attribute as control-flow kernels see it: call it with the body's inputs and
+    get its outputs; names it reads from enclosing graphs resolve in the scope it was made in.
+    Subgraphs run the plain way (their shapes change from iteration to iteration)."""
+
+    def __init__(self, bound, scope, xp):
+        self._bound, self._scope, self._xp = bound, scope, xp
+        self.graph = bound.graph  # its structure, for kernels that decide by it
+        self.input_names = bound.graph.input_names
+        self.output_names = bound.graph.output_names
+
+    def infer(self, *input_types) -> list:
+        """The body's output types given its inputs' types, the values it reads from
+        enclosing graphs typed as they are now (for a loop that ran no iteration, whose
+        scan outputs still need a shape)."""
+        graph = self._bound.graph
+        known = {name: type_of_value(self._scope[name]) for name in outer_scope_reads(graph)
+                 if name in self._scope}
+        types = infer_types(graph, known, inputs=dict(zip(self.input_names, input_types)))
+        return [types.get(name) for name in self.output_names]
+
+    def __call__(self, *values) -> list:
+        if len(values) > len(self.input_names):
+            raise ExecutionError(f"subgraph {self._bound.graph.name!r} takes "
+                                 f"{len(self.input_names)} inputs, got {len(values)}")
+        env = ChainMap(dict(zip(self.input_names, values)), self._bound.constants, self._scope)
+        execute(self._bound.nodes, env, self._xp)
+        return [env[name] for name in self.output_names]
+
+
+def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | None = None,
+            profiler=None) -> None:
+    """Run the bound nodes ``steps`` in order, reading and writing ``env``; with an arena
+    (``steps`` its plan's), planned outputs are written into (or copied into) their
+    views."""
+    if arena is not None and plan is not None:
+        calls = _calls(arena, plan)
+        if xp is np and profiler is None and not plan.host_args:
+            _run_host_calls(calls, env, arena.buffer)
+        else:
+            _run_calls(calls, env, xp, arena.buffer, plan.host_args, profiler)
+        return
+    calls = [(step, step.inputs, step.attributes,
+              tuple((name, None, False) for name in step.node.outputs), None)
+             for step in steps]
+    _run_calls(calls, env, xp, None, {}, profiler)
+
+
+def _calls(arena: Arena, plan: ExecutionPlan) -> list:
+    """The plan's steps as this arena runs them: (step, the names it reads, its
+    attributes with ``out=`` its output's view when it has a static one, each output as
+    (name, view or None, detached), and the step's form for :func:`_run_host_calls` (None
+    where it needs the general loop's care: subgraphs, several outputs, absent inputs)).
+    Working these out per node and run was ~1.5 us of the ~3.5 the run loop spent around
+    each kernel."""
+    if arena.calls is None:
+        views, slots = arena.views, plan.slots
+        calls = []
+        for step in plan.steps:
+            outputs = step.node.outputs
+            first = outputs[0] if outputs else ""
+            attributes = step.attributes
+            if first in views and step.writes_into and slots[first].static:
+                attributes = dict(attributes, out=views[first])
+            placed = tuple((name, views.get(name), name in plan.detached) for name in outputs)
+            form = _reshape_form(step, plan) if first in plan.reshapes \
+                else _host_form(step, placed)
+            calls.append((step, tuple(step.inputs), attributes, placed, form))
+        arena.calls = calls
+    return arena.calls
+
+
+def _host_form(step, outputs):
+    """(arity, the input names or their getter, output name, view, detached, node state) of
+    a step the host loop runs on its own: every input present, no subgraph, and one named
+    output, or several (a classifier's label and scores), which the form names by None
+    with the outputs' (name, view, detached) where one output has its view."""
+    names = tuple(step.inputs)
+    if step.subgraphs or not outputs or not all(names):
+        return None
+    fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
+    if len(outputs) > 1:
+        return len(names), fetch, None, outputs, False, node_state(step.attributes)
+    name, view, detach = outputs[0]
+    if not name:
+        return None
+    return len(names), fetch, name, view, detach, node_state(step.attributes)
+
+
+def _reshape_form(step, plan):
+    """The host loop's form of a reshape whose output shape the plan knows (arity -1: the
+    input's name, the output's, and the shape where a plain form has its view). Such an
+    output views an arena tensor, input 0, and is no graph output (make_plan): it has no
+    slot and is never detached."""
+    name = step.node.outputs[0]
+    return -1, step.inputs[0], name, plan.reshapes[name], False, None
+
+
+def node_state(attributes) -> dict | None:
+    """The node's state dict (``_node``) when its kernel may leave a prepared call there:
+    ``state["call"](xp, *inputs)``, set by the kernel's first call once it has turned its
+    attributes into a model (ops/ir/node_state.py), runs the node from then on without
+    passing the attributes again (a tree ensemble's twenty keyword arguments cost ~3 us a
+    call to bind). Kernels that write into ``out=`` keep none."""
+    state = attributes.get("_node")
+    return state if state is not None and "out" not in attributes else None
+
+
+def _run_host_calls(calls, env, buffer) -> None:
+    """:func:`_run_calls` for a CPU arena run without a profiler or host copies: the same
+    steps, results and errors, with each plain step's inputs fetched and output stored in
+    a few bytecodes (a one-node model spent ~2 us of ~16 in the general loop)."""
+    for call in calls:
+        form = call[4]
+        if form is None:
+            _run_calls((call,), env, np, buffer, {}, None)
+            continue
+        step, _, attributes, _, _ = call
+        arity, fetch, name, view, detach, state = form
+        if arity < 0:  # a reshape of known shape (_reshape_form): view is that shape
+            source = env.get(fetch)
+            if source is not None and source.size == math.prod(view):
+                env[name] = source.reshape(view)
+            else:  # not what the plan saw: the kernel says why
+                _run_calls((call,), env, np, buffer, {}, None)
+            continue
+        try:
+            args = (env[fetch],) if arity == 1 else fetch(env) if arity else ()
+        except KeyError as exc:
+            raise _unread(step, exc) from None
+        try:
+            prepared = state.get("call") if state is not None else None
+            result = step.fn(np, *args, **attributes) if prepared is None \
+                else prepared(np, *args)
+        except MixrtError:
+            raise
+        except Exception as exc:
+            raise _failed(step, exc, args) from exc
+        if name is None:  # several outputs: view holds each one's (name, view, detached)
+            _store_outputs(view, result, env, buffer, np)
+            continue
+        if isinstance(result, tuple):
+            if result:
+                result = result[0]
+            else:
+                continue
+        if detach:
+            env[name] = _detached(result, buffer, np)
+        elif view is None or result is view:
+            env[name] = result
+        else:
+            env[name] = _placed(result, view)
+
+
+def _store_outputs(outputs, values, env, buffer, xp) -> None:
+    """A step's results into ``env``: each output's (name, view, detached) with its value
+    (an output the node leaves unnamed is dropped)."""
+    values = values if isinstance(values, tuple) else (values,)
+    for (name, view, detach), value in zip(outputs, values):
+        if detach:
+            env[name] = _detached(value, buffer, xp)
+        elif name:
+            env[name] = value if view is None or value is view else _placed(value, view)
+
+
+def _unread(step, exc: KeyError) -> ExecutionError:
+    return ExecutionError(f"node {step.label!r} ({step.node.op_type}) reads "
+                          f"{exc.args[0]!r}, which has no value")
+
+
+def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
+    """:func:`execute` over its calls (an arena's, or made for a run without one)."""
+    for step, inputs, attributes, outputs, _ in calls:
+        try:
+            args = [env[name] if name else None for name in inputs]
+        except KeyError as exc:
+            raise _unread(step, exc) from None
+        if host_args:
+            for index, value in host_args.get(id(step), {}).items():
+                args[index] = value
+        if step.subgraphs:
+            attributes = dict(attributes)
+            for key, sub in step.subgraphs.items():
+                attributes[key] = ([Subgraph(s, env, xp) for s in sub] if isinstance(sub, list)
+                                   else Subgraph(sub, env, xp))
+        if profiler is not None:
+            started = profiler.clock()
+        result = _call(step, xp, args, attributes)
+        values = result if isinstance(result, tuple) else (result,)
+        _store_outputs(outputs, values, env, buffer, xp)
+        if profiler is not None:
+            profiler.kernel(step, started, args, values)
+
+
+def _call(step, xp, args, attributes):
+    if xp is not np:
+        device_checks.at_node(step.label)
+    state = node_state(attributes)
+    prepared = state.get("call") if state is not None else None
+    try:
+        if prepared is not None:
+            return prepared(xp, *args)
+        return step.fn(xp, *args, **attributes)
+    except MixrtError:
+        raise
+    except Exception as exc:
+        raise _failed(step, exc, args) from exc
+
+
+# an input whose values an infer function is shown when explaining a failure (Reshape's
+# shape, Resize's scales), up to this many elements: a shape rule reads only small ones
+VALUES_SHOWN = 4096
+
+
+def _failed(step, exc, args=()) -> ExecutionError:
+    """The error for a kernel that raised ``exc``: the op's own shape rule on the operands
+    it was given, where that rule refuses them ("W has shape (2, 16, 5); expected ..."),
+    then what the kernel raised (NumPy's "operands could not be broadcast ...")."""
+    node = step.node
+    where = f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type}, opset {node.opset})"
+    raised = f"{type(exc).__name__}: {exc}"
+    problem = _shape_problem(node, args) if isinstance(exc, (ValueError, IndexError)) else None
+    if problem and str(exc) in problem:  # the kernel ran the same rule
+        return ExecutionError(f"{where} failed: {problem}")
+    if problem:
+        return ExecutionError(f"{where} failed: {problem} [the kernel raised {raised}]")
+    return ExecutionError(f"{where} failed: {raised}")
+
+
+def _shape_problem(node, args) -> str | None:
+    """What the op's infer function refuses in the operands a run gave it (their shapes now
+    static), as the load-time check (runtime/passes/typecheck.py) says it; None when it
+    accepts them or cannot tell."""
+    from mixrt.runtime.passes.typecheck import operand_shape_problem  # noqa: PLC0415
+    types = {}
+    for name, value in zip(node.inputs, args):
+        if not name or value is None:
+            continue
+        value_type = type_of_value(value)
+        if isinstance(value, np.ndarray) and value.size <= VALUES_SHOWN:
+            value_type = TensorType(value_type.dtype, value_type.shape, value=value)
+        types[name] = value_type
+    try:
+        return operand_shape_problem(node, types)
+    except Exception:  # noqa: BLE001  (explaining a failure must not fail in its turn)
+        return None
+
+
+def _detached(value, buffer, xp):
+    """A graph output that owns its memory: a copy when it may view the arena."""
+    if xp is np and value.__class__ is np.ndarray and value.base is None:
+        return value  # it owns its memory: a new array, no view of the arena
+    share = getattr(xp, "may_share_memory", None)
+    if share is None or share(value, buffer):
+        return xp.array(value, copy=True)
+    return value
+
+
+def _placed(value, view):
+    """The value as the run keeps it: in its arena view when it has one that fits."""
+    if view is None or value is view:
+        return value
+    if getattr(value, "shape", None) == view.shape and value.dtype == view.dtype:
+        view[...] = value
+        return view
+    return value  # a shape discovery did not see (data-dependent): keep the kernel's array
