@@ -281,7 +281,7 @@ def test_weights_arena_and_packed_weights_start_on_64_bytes():
     np.testing.assert_array_equal(fixed, odd)
     assert aligned(fixed) is fixed
     # a weight a kernel prepacks in its node's dict is kept aligned too
-    from mixrt.ops.conv.conv_cpu import packed
+    from mixrt.ops.compiled.workspace import packed
     kept = packed({}, "layout", lambda: odd)
     assert kept.ctypes.data % ALIGNMENT == 0
     np.testing.assert_array_equal(kept, odd)

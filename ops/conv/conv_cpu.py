@@ -12,21 +12,20 @@ A 1x1 convolution with stride 1 and no padding needs no columns at all: it is on
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from mixrt.ops.compiled import replay
+from mixrt.ops.compiled.workspace import (named_buffer, packed, scratch_arrays, workspace,
+                                          workspace_state)
 from mixrt.ops.conv import phase_planes
 from mixrt.ops.conv import conv_direct_cpu, grouped_cpu, jit_depthwise, winograd_cpu
 from mixrt.ops.conv.conv import conv, conv_geometry
-from mixrt.ops.device import ALIGNMENT, aligned, aligned_empty
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
 # and VGG-19 layers, 8 MiB beat 1 MiB by 10-45%: each band is one BLAS call, and BLAS splits
 # a call over its threads; narrow bands left them short of work and multiplied the epilogues.
 BAND_BYTES = 1 << 23
-_workspace = threading.local()
 # shift-and-add replaces im2col when input channels are at least this many times the output
 # channels, or as many and the output has at least this many pixels (_shift_add_suits)
 SHIFT_ADD_RATIO = 2
@@ -51,44 +50,6 @@ BATCH_COLUMNS = 1536
 # bytes of zero-bordered padding buffers kept per thread, one per input shape and padding
 # (_padding); the most recently used one is kept whatever its size
 PADDING_BYTES_KEPT = 1 << 24
-
-
-def workspace(nbytes: int) -> np.ndarray:
-    """A per-thread scratch buffer of at least ``nbytes`` (kept between calls)."""
-    buffer = getattr(_workspace, "buffer", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = aligned_empty(max(nbytes, 1))
-        _workspace.buffer = buffer
-    return buffer
-
-
-def scratch_arrays(dtype, *shapes) -> list[np.ndarray]:
-    """Arrays of the given shapes carved from this thread's workspace, one after another.
-    Conv and the pools use it; they never run inside one another, so they share it."""
-    dtype = np.dtype(dtype)
-    sizes = [math.prod(s) * dtype.itemsize for s in shapes]
-    buffer = workspace(sum(sizes))
-    arrays, start = [], 0
-    for shape, nbytes in zip(shapes, sizes):
-        arrays.append(buffer[start:start + nbytes].view(dtype).reshape(shape))
-        start += nbytes
-    return arrays
-
-
-def typed_scratch(*specs) -> list[np.ndarray]:
-    """Arrays for ``(dtype, shape)`` pairs carved from this thread's workspace (which starts
-    aligned), each starting on a 64-byte boundary; as :func:`scratch_arrays`, valid until the
-    next carve."""
-    sizes = [-(-math.prod(shape) * np.dtype(dtype).itemsize // ALIGNMENT) * ALIGNMENT
-             for dtype, shape in specs]
-    buffer = workspace(sum(sizes))
-    start = 0
-    arrays = []
-    for (dtype, shape), nbytes in zip(specs, sizes):
-        count = math.prod(shape) * np.dtype(dtype).itemsize
-        arrays.append(buffer[start:start + count].view(dtype).reshape(shape))
-        start += nbytes
-    return arrays
 
 
 @conv.fast("cpu")
@@ -284,19 +245,6 @@ def _copied(out, Y):
     return out
 
 
-def packed(prepacked: dict | None, layout, make):
-    """The weight in ``layout``, made by ``make()``: once per session node when the weight is
-    a constant (``prepacked`` is that node's dict), else on every call. Two threads making it
-    at once both compute it and keep the first; either copy is the same. (:func:`geometry`
-    keeps the node's window geometry per input shape here too, under a tuple key.)"""
-    if prepacked is None:
-        return make()
-    value = prepacked.get(layout)
-    if value is None:
-        value = prepacked.setdefault(layout, aligned(make()))
-    return value
-
-
 def _conv_image(x, w, y, kernel, strides, dilations, begin, end, out_dims, finish,
                 prepacked=None):
     """One image, one group: ``x`` (C, *in), ``w`` (M, C*prod(kernel)), ``y`` (M, L);
@@ -433,7 +381,7 @@ def _phase_planes(padded, strides):
     per-thread buffer; the cells past a plane's last pixel are never read."""
     (c, hp, wp), (sy, sx) = padded.shape, strides
     shape = (sy, sx, c, -(-hp // sy), -(-wp // sx))
-    planes = _buffer("phases", math.prod(shape) * padded.itemsize).view(padded.dtype)
+    planes = named_buffer("phases", math.prod(shape) * padded.itemsize).view(padded.dtype)
     planes = planes.reshape(shape)
     for ry in range(sy):
         for rx in range(sx):
@@ -580,7 +528,7 @@ def _padding(shape, dtype, begin, end, spill=0) -> _Padding:
     DenseNet's shift-and-add zeroed its whole buffer. A model has a handful of paddings;
     the most recently used ones are kept, up to :data:`PADDING_BYTES_KEPT` per thread."""
     key = (tuple(shape), np.dtype(dtype).str, begin, end, spill)
-    kept = _workspace.__dict__.setdefault("paddings", {})
+    kept = workspace_state().setdefault("paddings", {})
     padding = kept.pop(key, None)
     if padding is None:
         padding = _Padding(shape, dtype, begin, end, spill)
@@ -589,15 +537,6 @@ def _padding(shape, dtype, begin, end, spill=0) -> _Padding:
             total -= kept.pop(next(iter(kept))).flat.nbytes
     kept[key] = padding  # most recently used last
     return padding
-
-
-def _buffer(name: str, nbytes: int) -> np.ndarray:
-    """``nbytes`` of a per-thread scratch buffer named ``name`` (kept between calls)."""
-    buffer = getattr(_workspace, name, None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = aligned_empty(nbytes)
-        setattr(_workspace, name, buffer)
-    return buffer[:nbytes]
 
 
 def _windows(x, kernel, strides, dilations, out_dims):

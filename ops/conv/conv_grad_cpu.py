@@ -32,8 +32,8 @@ import numpy as np
 from mixrt.ops.conv import conv as cv
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.conv import conv_direct_cpu
-from mixrt.ops.conv.conv_cpu import (_KernelRows, _padded, conv_bands, direct, im2col_into,
-                                scratch_arrays)
+from mixrt.ops.compiled.workspace import scratch_arrays
+from mixrt.ops.conv.conv_cpu import _KernelRows, _padded, conv_bands, direct, im2col_into
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, STRIP, _tap_offsets
 from mixrt.ops.conv.conv_grad import conv_grad
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for

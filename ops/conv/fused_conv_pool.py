@@ -31,7 +31,8 @@ from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.pool import inplace_cpu, jit_pool
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES, conv, spatial_attrs, window_geometry
-from mixrt.ops.conv.conv_cpu import geometry as conv_geometry, scratch_arrays
+from mixrt.ops.compiled.workspace import scratch_arrays
+from mixrt.ops.conv.conv_cpu import geometry as conv_geometry
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import activate, fused_conv

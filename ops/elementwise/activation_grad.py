@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.elementwise import activation as act
-from mixrt.ops.conv.conv_cpu import scratch_arrays
+from mixrt.ops.compiled.workspace import scratch_arrays
 from mixrt.ops.training.grad_support import MIXRT
 from mixrt.ops.elementwise.fused_elementwise import same_view
 from mixrt.ops.compiled.parallel import parallel_rows

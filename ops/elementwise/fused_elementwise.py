@@ -110,7 +110,7 @@ def _tanh_cpu(args, params, target):
     return odd_rational.evaluate_float32("Tanh", args[0], target, *_scratch(target.shape, 2))
 
 
-# Its own float32 scratch rather than conv_cpu.scratch_arrays: carving the shared byte
+# Its own float32 scratch rather than workspace.scratch_arrays: carving the shared byte
 # workspace per block ran the BERT GELU chain ~10% slower in an A/B pair.
 _scratch_local = threading.local()
 

@@ -11,7 +11,7 @@ layer on this 2-core machine, one row (a gemv) took 0.09 ms and 8 rows took 1.0 
 scratch, then copied back, took 0.50 ms, and 0.16 ms against 0.37 ms for the MLP's 784 x 2048
 layer (2.3x). Past 64 rows the plain product wins again. ``B.T`` is fastest contiguous: the
 (N, K) weight of a Gemm with ``transB=1`` already is; a constant (K, N) weight gets a
-contiguous transposed copy kept in its session node's prepacked dict (``conv_cpu.packed``).
+contiguous transposed copy kept in its session node's prepacked dict (``workspace.packed``).
 
 Up to eight rows, a compiled loop (``row_kernels.few_rows_product``) beats that too: sixteen dot
 products per pass over K, each weight value loaded once for eight rows. 8 x 784 @ 784 x
@@ -27,7 +27,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
-from mixrt.ops.conv.conv_cpu import _buffer, packed
+from mixrt.ops.compiled.workspace import named_buffer, packed
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
 
 FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
@@ -61,7 +61,7 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
     if row_kernels.few_rows_suits(a, B_rows, target):
         row_kernels.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
         return out
-    scratch = _buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
+    scratch = named_buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
     np.matmul(B_rows, a.T, out=scratch)
     np.copyto(target, scratch.T)
     return out

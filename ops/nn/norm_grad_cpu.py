@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.conv.conv_cpu import scratch_arrays
+from mixrt.ops.compiled.workspace import scratch_arrays
 from mixrt.ops.nn.norm_cpu import (NATIVE, channel_moments, for_row_chunks, per_row,
                                 row_moments)
 from mixrt.ops.nn.norm_grad import batch_norm_grad

@@ -23,7 +23,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.pool import pool
-from mixrt.ops.conv.conv_cpu import typed_scratch
+from mixrt.ops.compiled.workspace import typed_scratch
 from mixrt.ops.conv.conv_grad import max_pool_grad
 from mixrt.ops.compiled.parallel import parallel_rows
 

@@ -37,7 +37,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.rnn.compiled_steps import STEPS, recurrent_kernels
 from mixrt.ops.rnn import recurrence
-from mixrt.ops.conv.conv_cpu import packed
+from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.nn.matmul_cpu import (dense_product, pack_panels, panel_product, panel_width,
                                   panels_suit)
 from mixrt.ops.ir.registry import CONSTANT_INPUTS

@@ -21,7 +21,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.rnn.compiled_steps import recurrent_kernels
-from mixrt.ops.conv.conv_cpu import packed
+from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.rnn.lstm_cpu import (panels_by_part, projection, run_sequence, sequence_suits,
                                 unit_bounds)
 
