@@ -19,7 +19,6 @@ import onnx
 import onnx.backend.test.loader
 
 from mixrt.ops.ir.types import SequenceType, TensorType
-from mixrt.runtime import executor
 from mixrt.runtime import run_loop
 from mixrt.runtime import session as session_module
 from mixrt.runtime.graph import Value
@@ -74,8 +73,8 @@ def run_recording(path, feeds: dict, monkeypatch, opt_level: int = 0) -> dict:
             if name not in before:
                 seen.setdefault(name, []).append(value)
 
-    # the session runs the top level, the executor's Subgraph the bodies: both are recorded
-    monkeypatch.setattr(executor, "execute", recording_execute)
+    # the session runs the top level, the run loop's Subgraph the bodies: both are recorded
+    monkeypatch.setattr(run_loop, "execute", recording_execute)
     monkeypatch.setattr(session_module, "execute", recording_execute)
     try:
         outputs = Session(str(path), opt_level=opt_level).run(None, feeds)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import mixrt.ops.conv.conv_cpu as conv_cpu
+from mixrt.ops.compiled import workspace
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.nn.fused import fused_conv
 
@@ -145,7 +146,7 @@ def test_kept_paddings_stay_zero_across_shapes_pads_and_evictions(kept_bytes, mo
     (whose padded planes carry a zero spill) interleaved, with every padding kept or each
     one evicted by the next: all equal the generic kernel, call after call."""
     monkeypatch.setattr(conv_cpu, "PADDING_BYTES_KEPT", kept_bytes)
-    monkeypatch.setattr(conv_cpu._workspace, "paddings", {}, raising=False)
+    monkeypatch.setitem(workspace.workspace_state(), "paddings", {})
     rng = np.random.default_rng(6)
     cases = [((1, 8, 12, 12), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),  # kernel rows
              ((1, 8, 12, 12), (2, 8, 3, 3), dict(pads=[1, 1, 1, 1])),  # shift-and-add
@@ -158,7 +159,7 @@ def test_kept_paddings_stay_zero_across_shapes_pads_and_evictions(kept_bytes, mo
             W = rng.standard_normal(w_shape).astype(np.float32)
             np.testing.assert_allclose(conv_cpu.conv_cpu(np, X, W, **attrs),
                                        conv(np, X, W, **attrs), rtol=1e-5, atol=1e-4)
-    kept = conv_cpu._workspace.paddings
+    kept = workspace.workspace_state()["paddings"]
     # kept: 12x12 with pads 1 (kernel rows, strided im2col), with pads (2, 0, 0, 2), with pads 1
     # and a spill (shift-and-add), 7x7 with pads 1
     assert len(kept) == (1 if kept_bytes == 1 else 4)
