@@ -177,7 +177,7 @@ def _add_launch_command(commands) -> None:
         "running CMD (mixrt launch -n W -s S -- CMD...)",
         description="Start a scheduler, S servers (python -m mixrt.kvstore.dist) and W workers "
         "(CMD), with the DMLC_* variables set, relay their output prefixed with their names, "
-        "and exit with the first failure's status (details: mixrt/kvstore/launch.py).")
+        "and exit with the first failure's status (details: kvstore/launch.py and kvstore/supervisor.py).")
     launch.add_argument("-n", "--num-workers", type=int, required=True, metavar="W")
     launch.add_argument("-s", "--num-servers", type=int, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher)")
