@@ -25,17 +25,15 @@ graph computes in float16 and a dynamic :class:`~mixrt.runtime.mixed_precision.L
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 
 from mixrt import metric as metrics
 from mixrt import random as mixrt_random
-from mixrt.errors import InputError, ModelLoadError, OptimizerError
+from mixrt.checkpoints import Checkpoints
+from mixrt.errors import InputError
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import Uniform
 from mixrt.initializer import create as create_initializer
@@ -44,16 +42,15 @@ from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import LossScaler, parse_precision
-from mixrt.runtime.npz import read_npz, write_npz
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import Session, load_graph
-from mixrt.runtime.training import (LOSS_OPSET, LOSSES, Loss, TrainingProgram,
-                                    bce_with_logits, l1, mse)
+from mixrt.output_losses import output_layer_loss
+from mixrt.progress import epoch_bar, epoch_line
+from mixrt.runtime.training import LOSSES, Loss, TrainingProgram
 
-CHECKPOINT_FORMAT = "mixrt.checkpoint/1"
 
 
-class Module:
+class Module(Checkpoints):
     """``device`` ("cpu", "gpu", "gpu:1" or a Context) is where the training and inference
     sessions run and where the parameters, their gradients and the optimizer's state live:
     a GPU step moves only the batch in and the loss and outputs out."""
@@ -179,7 +176,7 @@ class Module:
             if trainer.kvstore is not None:
                 trainer.kvstore.barrier()
             history.append(record)
-            _epoch_line(record, epochs, progress)
+            epoch_line(record, epochs, progress)
             if on_epoch is not None:
                 on_epoch(record)
             if checkpoint is not None:
@@ -192,7 +189,7 @@ class Module:
         train_metric = metrics.create(metric)
         total, batches = 0.0, 0
         data.reset()
-        bar = _progress(len(data), f"epoch {epoch + 1}/{epochs}", progress)
+        bar = epoch_bar(len(data), f"epoch {epoch + 1}/{epochs}", progress)
         for batch in PrefetchingIter(data):
             loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec,
                                                   **step_options)
@@ -331,80 +328,6 @@ class Module:
     @property
     def _structure(self) -> int:
         return id(self.graph)
-
-    # -- checkpoints -----------------------------------------------------------------------
-
-    def save_checkpoint(self, path, trainer: Trainer, epoch: int, data: NDArrayIter | None,
-                        history: list | None = None) -> Path:
-        """``path``.npz: parameters, optimizer state and a JSON record (no pickle)."""
-        path = Path(str(path) + ".npz") if not str(path).endswith(".npz") else Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        arrays = {f"param/{name}": to_host(param.raw()) for name, param in self.params.items()}
-        arrays.update({f"optimizer/{k}": v for k, v in trainer.optimizer_state_dict().items()})
-        record = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history or [],
-                  "data": None if data is None else data.state(),
-                  "params": {n: p.grad_req for n, p in self.params.items()},
-                  "loss_scaler": self.loss_scaler and self.loss_scaler.state_dict()}
-        arrays["meta"] = np.array(json.dumps(record))
-        write_npz(path, arrays, f"checkpoint {str(path)!r}")
-        return path
-
-    def load_checkpoint(self, path, trainer: Trainer,
-                        data: NDArrayIter | None = None) -> tuple[int, list]:
-        """Restore a checkpoint; returns (epochs done, history so far). Everything is
-        checked before anything changes: a bad file leaves the module as it was."""
-        where = f"checkpoint {str(path)!r}"
-        arrays = read_npz(path, "checkpoint")
-        record = _checkpoint_record(arrays.pop("meta", None), where)
-        values = self._checkpoint_params(arrays, where)
-        _check_scaler_state(record["loss_scaler"], where)
-        self._load_run_state(trainer, data, record["data"], {
-            k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("optimizer/")},
-            where)
-        for name, value in values.items():
-            self.params[name].set_data(value)
-        if record["loss_scaler"]:
-            self.loss_scaler = self.loss_scaler or LossScaler()  # keeps fit's own settings
-            self.loss_scaler.load_state_dict(record["loss_scaler"])
-        self._changed()
-        return record["epoch"], record["history"]
-
-    @staticmethod
-    def _load_run_state(trainer: Trainer, data, data_state, optimizer_state: dict,
-                        where: str) -> None:
-        """The iterator's and the optimizer's state; the iterator is put back as it was
-        when either does not fit."""
-        previous = None if data is None else data.state()
-        try:
-            if data is not None and data_state is not None:
-                data.set_state(data_state)
-            trainer.load_optimizer_state_dict(optimizer_state)
-        except OptimizerError as exc:  # the optimizer does not know which file it read
-            _put_back(data, previous)
-            raise OptimizerError(f"{where}: {exc}") from exc
-        except (InputError, KeyError, TypeError, ValueError, OverflowError) as exc:  # set_state
-            _put_back(data, previous)
-            raise ModelLoadError(f"{where}: the data iterator's state does not fit "
-                                 f"({type(exc).__name__}: {exc})") from exc
-
-    def _checkpoint_params(self, arrays: dict, where: str) -> dict:
-        """The parameter values, each with its parameter's shape and dtype."""
-        values = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("param/")}
-        extra = sorted(k for k in arrays if not k.startswith(("param/", "optimizer/")))
-        unknown = sorted(set(values) - set(self.params))
-        if extra or unknown:
-            raise ModelLoadError(f"{where}: entries this model does not have: "
-                                 f"{extra + [f'param/{n}' for n in unknown]}")
-        for name, param in self.params.items():
-            if name not in values:
-                raise ModelLoadError(f"{where} has no parameter {name!r}")
-            value = values[name]
-            if value.shape != param.shape or value.dtype != param.dtype:
-                raise ModelLoadError(f"{where}: parameter {name!r} is {value.dtype} "
-                                     f"{list(value.shape)}; the model's is {param.dtype} "
-                                     f"{list(param.shape)}")
-        return values
-
 
 class SymbolModule(Module):
     """A Module over a Symbol, MXNet's ``mx.mod.Module(symbol, data_names, label_names)``
@@ -639,112 +562,6 @@ def _symbol_names(symbol, what: str, names, *, required: bool) -> list[str]:
     return names
 
 
-# -- the losses MXNet's output layers train with ----------------------------------------------
-
-def output_layer_loss(kind: str, options: dict, logits: str, label: str) -> Loss:
-    """The Loss whose gradient is MXNet's output layer ``kind``'s backward divided by the
-    batch size (what MXNet's Module applies: rescale_grad = 1 / batch size)."""
-    scale = float(options.get("grad_scale", 1.0))
-    if kind == "SoftmaxOutput":
-        return _softmax_output_loss(logits, label, options, scale)
-    regressions = {"LinearRegressionOutput": (mse, 0.5),
-                   "LogisticRegressionOutput": (bce_with_logits, 1.0),
-                   "MAERegressionOutput": (l1, 1.0)}
-    if kind not in regressions:
-        raise InputError(f"no loss is known for output layer {kind!r}; known: "
-                         f"{['SoftmaxOutput', *regressions]}")
-    make, factor = regressions[kind]
-    return _regression_loss(kind, make, logits, label, factor * scale)
-
-
-def _regression_loss(kind: str, make, logits: str, label: str, factor: float) -> Loss:
-    """``make``'s mean loss times ``factor``, the label reshaped to the logits' shape (a
-    (batch,) label for one output per sample must not broadcast to (batch, batch))."""
-    def build(graph, names, dtype):
-        shaped = names("label_shaped")
-        _loss_node(graph, "Reshape", [label, _loss_node(graph, "Shape", [logits],
-                                                          names("logits_shape"))], shaped)
-        value = make(logits, shaped).build(graph, names, dtype)
-        return _scaled(graph, names, value, factor, dtype)
-    return Loss(f"{kind}*{factor!r}", logits, label, "float", build)
-
-
-def _softmax_output_loss(logits: str, label: str, options: dict, scale: float) -> Loss:
-    """MXNet's SoftmaxOutput gradient is (softmax - one_hot(label)) * grad_scale per
-    sample, none for ignored ones, divided by the batch size ("batch") or by the count of
-    labels not ignored ("valid"); Module's rescale divides by the batch size again."""
-    normalization = options.get("normalization", "null")
-    attributes = {"reduction": "mean" if normalization == "valid" else "sum"}
-    if options.get("use_ignore"):
-        attributes["ignore_index"] = int(options.get("ignore_label", -1))
-
-    def build(graph, names, dtype):
-        total = _loss_node(graph, "SoftmaxCrossEntropyLoss", [logits, label], names("ce"),
-                           **attributes)
-        batch = _loss_node(graph, "ReduceProd", [_loss_node(
-            graph, "Shape", [logits], names("batch_dims"), start=0, end=1)],
-            names("batch_size"), keepdims=0)
-        size = _loss_node(graph, "CastLike", [batch, total], names("batch_size_float"))
-        if normalization == "batch":
-            size = _loss_node(graph, "Mul", [size, size], names("batch_size_squared"))
-        mean = _loss_node(graph, "Div", [total, size], names("ce_per_batch"))
-        return _scaled(graph, names, mean, scale, dtype)
-    kind = f"SoftmaxOutput:{normalization}:{attributes.get('ignore_index')}*{scale!r}"
-    return Loss(kind, logits, label, "int64", build)
-
-
-def _scaled(graph: Graph, names, value: str, factor: float, dtype) -> str:
-    if factor == 1.0:
-        return value
-    constant = names("loss_factor")
-    graph.initializers[constant] = np.asarray(factor, dtype=dtype)
-    return _loss_node(graph, "Mul", [value, constant], names("loss_scaled"))
-
-
-def _loss_node(graph: Graph, op_type: str, inputs: list[str], output: str,
-               **attributes) -> str:
-    graph.nodes.append(Node(op_type, inputs, [output], name=output, opset=LOSS_OPSET,
-                            attributes=attributes))
-    return output
-
-
-def _checkpoint_record(meta, where: str) -> dict:
-    """The checkpoint's JSON record, with the fields load_checkpoint uses checked."""
-    if meta is None:
-        raise ModelLoadError(f"{where} is not a mixrt checkpoint: it has no 'meta' entry")
-    try:
-        record = json.loads(np.asarray(meta).item())
-    except (TypeError, ValueError, RecursionError) as exc:  # not text, not JSON, too deep
-        raise ModelLoadError(f"{where}: its 'meta' entry is not a JSON record "
-                             f"({type(exc).__name__}: {exc})") from exc
-    found = record.get("format") if isinstance(record, dict) else None
-    if found != CHECKPOINT_FORMAT:
-        raise ModelLoadError(f"{where} is not a mixrt checkpoint (format {found!r}; expected "
-                             f"{CHECKPOINT_FORMAT!r})")
-    epoch, history = record.get("epoch"), record.get("history", [])
-    if type(epoch) is not int or epoch < 0:
-        raise ModelLoadError(f"{where}: 'epoch' must be a whole number >= 0, got {epoch!r}")
-    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        raise ModelLoadError(f"{where}: 'history' must be a list of epoch records")
-    if not isinstance(record.get("data"), (dict, type(None))):
-        raise ModelLoadError(f"{where}: 'data' must be the data iterator's state or null")
-    return {"epoch": epoch, "history": history, "data": record.get("data"),
-            "loss_scaler": record.get("loss_scaler")}
-
-
-def _check_scaler_state(state, where: str) -> None:
-    if state:  # None or {}: the run had no loss scaler
-        try:
-            LossScaler().load_state_dict(state)
-        except InputError as exc:
-            raise ModelLoadError(f"{where}: 'loss_scaler': {exc}") from exc
-
-
-def _put_back(data, previous) -> None:
-    if previous is not None:
-        data.set_state(previous)
-
-
 def _feed_array(value):
     """A batch as given when it is already an array of some device (a CuPy batch skips the
     host), else as a NumPy array."""
@@ -769,27 +586,3 @@ def _check_sharding(data: NDArrayIter, kvstore) -> None:
                       f"{kvstore.type!r} store has {workers} workers; shard it with "
                       f"NDArrayIter(..., num_parts={workers}, part_index={kvstore.rank})",
                       stacklevel=3)
-
-
-def _on_terminal() -> bool:
-    return sys.stderr.isatty()
-
-
-def _progress(total: int, description: str, enabled: bool):
-    """A bar over one epoch's batches on a terminal. In a pipe or a CI log a bar's redraws
-    pile up (\r and all), so there the epoch gets one line instead (:func:`_epoch_line`)."""
-    if not enabled or not _on_terminal():
-        return None
-    from tqdm import tqdm  # noqa: PLC0415  (only when a bar is drawn)
-    return tqdm(total=total, desc=description, unit="batch", leave=True)
-
-
-def _epoch_line(record: dict, epochs: int, enabled: bool) -> None:
-    """The epoch's one line where no bar was drawn: ``epoch 3/12: loss 0.1234, train_acc
-    0.9500, eval_acc 0.9400 (1.2 s)``."""
-    if not enabled or _on_terminal():
-        return
-    figures = ", ".join(f"{key} {value:.4f}" for key, value in record.items()
-                        if key not in ("epoch", "seconds") and isinstance(value, float))
-    print(f"epoch {record['epoch']}/{epochs}: {figures} ({record['seconds']:.1f} s)",
-          file=sys.stderr, flush=True)
