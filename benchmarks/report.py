@@ -2,8 +2,8 @@
 
 Everything generated sits between two marker comments; a rerun replaces only that block, so
 analysis written by hand around it survives. The machine section records what decides the
-numbers besides mixrt: the CPU's vector extensions and ``OPENBLAS_CORETYPE``, which pins
-NumPy's BLAS to one kernel family (see ``benchmarks/NOTES.md``).
+numbers besides mixrt: the CPU's vector extensions and the kernel family NumPy's OpenBLAS
+runs (see ``benchmarks/NOTES.md``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt.models.zoo import LIGHT_MODELS
+from mixrt.runtime import blas_policy
 
 import runners  # benchmarks/ is on sys.path, as run_all.py sets it
 
@@ -100,11 +101,14 @@ def _git_revision() -> str:
 
 
 def _coretype_note() -> str:
-    coretype = os.environ.get("OPENBLAS_CORETYPE")
-    if coretype:
-        return (f"`OPENBLAS_CORETYPE={coretype}` (NumPy's BLAS runs that kernel family "
-                "whatever the CPU offers; see `benchmarks/NOTES.md`)")
-    return "`OPENBLAS_CORETYPE` unset (OpenBLAS picks its kernels for this CPU)"
+    """The kernel family NumPy's OpenBLAS runs, asked of the loaded library: mixrt sets it at
+    import without leaving it in the environment (runtime/blas_policy.py)."""
+    library = blas_policy._loaded_openblas()
+    core = blas_policy._corename(library) if library is not None else ""
+    if core:
+        return (f"NumPy's OpenBLAS runs its `{core}` kernels (mixrt's BLAS policy; see "
+                "`docs/cpu-kernels.md`)")
+    return "NumPy's OpenBLAS kernel family unknown (no OpenBLAS found loaded)"
 
 
 def _load(values) -> str:
