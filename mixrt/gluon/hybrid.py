@@ -14,7 +14,6 @@ traced; it raises :class:`HybridizeError` naming the block, the line and the fix
 
 from __future__ import annotations
 
-import threading
 import traceback
 
 import numpy as np
@@ -25,20 +24,16 @@ from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.passes.typecheck import promote_mixed_floats
+from mixrt import sym
 from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import Group, Symbol, variable_named
+from mixrt.sym.tracing import static_shape  # noqa: F401  (gluon's name for it)
+from mixrt.sym.tracing import tracing as _tracing
 
 # input signatures whose traced graphs (and their Sessions) a hybridized block keeps
 MAX_TRACED = 32
 
 
-class _Tracing(threading.local):
-    blocks: list = []
-    variables: dict | None = None  # parameter name -> its Symbol, for this trace
-    shapes: dict | None = None  # input name -> the shape it is traced for
-
-
-_tracing = _Tracing()
 
 
 class HybridBlock(Block):
@@ -105,7 +100,6 @@ class HybridBlock(Block):
     # -- tracing -----------------------------------------------------------------------------
 
     def _traced_forward(self, *args):
-        from mixrt import sym  # noqa: PLC0415
         params = {key: _parameter_symbol(p) for key, p in self._named_params().items()}
         _tracing.blocks.append(self)
         try:
@@ -175,20 +169,6 @@ class HybridSequential(ChildChain, HybridBlock):
     def __getitem__(self, index):
         children = list(self._children.values())
         return children[index]
-
-
-def static_shape(x) -> tuple:
-    """The shape of ``x``, an NDArray or a Symbol being traced (from the shapes the trace
-    was made for): what a block that unrolls over a dimension needs. A block
-    using it is traced again for each new input shape."""
-    if not isinstance(x, Symbol):
-        return tuple(x.shape)
-    known = {n: s for n, s in (_tracing.shapes or {}).items() if n in x.list_inputs()}
-    shape = x.infer_shape_partial(**known)[1][0]
-    if shape is None or any(d is None for d in shape):
-        raise HybridizeError(f"static_shape: the shape of {x.list_outputs()[0]} is not "
-                             f"known while tracing (known input shapes: {known})")
-    return tuple(shape)
 
 
 def _parameter_symbol(param) -> Symbol:

@@ -3,7 +3,7 @@
 
 There is one implementation of each, the imperative one (``mixrt/nd/mxnet_ops.py``), with
 MXNet's argument checks and semantics. Here it runs on :class:`Traced`, a stand-in for the
-Symbol: it has the static shape and dtype the trace knows (``gluon.hybrid.static_shape``;
+Symbol: it has the static shape and dtype the trace knows (``sym.tracing.static_shape``;
 outside a trace, what the Symbol's declared variables give), and each op or constant the
 imperative code makes is added to the Symbol's graph instead of being run. A function that
 needs a tensor's value (``take(..., mode='raise')`` reads the indices) raises the
@@ -20,6 +20,7 @@ from mixrt.array_methods import ArrayMethods
 from mixrt.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
 from mixrt.sym.symbol import Symbol
+from mixrt.sym.tracing import static_shape
 
 
 class _TraceContext:
@@ -51,7 +52,6 @@ class Traced(ArrayMethods):
 
     @property
     def shape(self) -> tuple:
-        from mixrt.gluon.hybrid import static_shape  # noqa: PLC0415 (gluon imports sym)
         return static_shape(self.symbol)
 
     @property
