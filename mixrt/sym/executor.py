@@ -31,6 +31,7 @@ from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward
 from mixrt.runtime.passes.rewrite import copy_graph
 from mixrt.runtime.session import Session
+from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import DEFAULT_DTYPE, Group, Symbol
 
 GRAD_REQS = ("write", "add", "null")
@@ -408,3 +409,6 @@ def _data_no_grad(grad_req, symbol: Symbol, shapes: dict):
     if not isinstance(grad_req, str):
         return grad_req
     return {n: ("null" if n in shapes else grad_req) for n in symbol.list_arguments()}
+
+
+symbol_module.hand_in(Executor=Executor, simple_bind=simple_bind)

@@ -27,6 +27,7 @@ import numpy as np
 
 from mixrt.errors import GraphError
 from mixrt.ops.ir.registry import REGISTRY, Kernel
+from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import SymNode, Symbol, constant, prefixed, variable_named
 
 # the default-domain opset symbols are built at: the newest that export (13..21) and
@@ -514,3 +515,7 @@ def install(module_globals: dict, functions: dict) -> list[str]:
             module_globals[namespace] = SimpleNamespace(**by_op)
             names.append(namespace)
     return names
+
+
+symbol_module.hand_in(call_op=call_op, parameter_shapes=parameter_shapes,
+                      parameter_dtypes=parameter_dtypes)

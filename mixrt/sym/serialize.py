@@ -26,6 +26,7 @@ from mixrt.errors import GraphError, ModelLoadError
 from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph
+from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import SymNode, Symbol
 
 FORMAT, VERSION = "mixrt.symbol", 1
@@ -250,3 +251,6 @@ def load(path) -> Symbol:
     except (OSError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"{path}: cannot read symbol file: {error}") from None
     return from_json(text, str(path))
+
+
+symbol_module.hand_in(to_json=to_json)

@@ -27,6 +27,24 @@ from mixrt.runtime.graph import Graph, Node, Value
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
 
+# A Symbol's arithmetic, parameter-shape inference, JSON and binding are done by
+# mixrt/sym/ops.py, serialize.py and executor.py, which build on this module. Each hands its
+# functions in as it is imported (mixrt/sym/__init__.py imports them all), so this module
+# imports none of them and no import loop ties them.
+_HANDED_IN: dict = {}
+
+
+def hand_in(**functions) -> None:
+    _HANDED_IN.update(functions)
+
+
+def _handed_in(name: str):
+    return _HANDED_IN[name]
+
+
+def _call_op(domain: str, op_type: str, inputs: list, attributes: dict) -> "Symbol":
+    return _HANDED_IN["call_op"](domain, op_type, inputs, attributes)
+
 
 def value_error(what: str) -> GraphError:
     """The error for a Symbol used where Python needs a value (``mixrt.gluon`` replaces it
@@ -214,24 +232,20 @@ class Symbol(ArrayMethods):
     # -- arithmetic: ONNX ops, scalars as constants cast to the other operand's dtype --------
 
     def _binary(self, op_type: str, other, reverse: bool = False) -> "Symbol":
-        from mixrt.sym.ops import call_op  # noqa: PLC0415 (ops imports this module)
         other = other if isinstance(other, Symbol) else scalar_like(other, self)
         left, right = (other, self) if reverse else (self, other)
-        return call_op("", op_type, [left, right], {})
+        return _call_op("", op_type, [left, right], {})
 
 
     def __neg__(self):
-        from mixrt.sym.ops import call_op  # noqa: PLC0415
-        return call_op("", "Neg", [self], {})
+        return _call_op("", "Neg", [self], {})
 
     def _op(self, op_type: str, inputs: list, attributes: dict) -> "Symbol":
-        from mixrt.sym.ops import call_op  # noqa: PLC0415
-        return call_op("", op_type, list(inputs), dict(attributes))
+        return _call_op("", op_type, list(inputs), dict(attributes))
 
     def _mxnet_reshape(self, codes: list[int], reverse: bool) -> "Symbol":
         # a symbol's shape is known only when it runs, so the codes travel to the kernel
-        from mixrt.sym.ops import call_op  # noqa: PLC0415
-        return call_op("mixrt", "MXReshape", [self], {"shape": codes, "reverse": int(reverse)})
+        return _call_op("mixrt", "MXReshape", [self], {"shape": codes, "reverse": int(reverse)})
 
     def _int_tensor(self, values) -> "Symbol":
         return constant(np.asarray([int(v) for v in values], dtype=np.int64))
@@ -333,16 +347,16 @@ class Symbol(ArrayMethods):
         one of an operand they must match (float64 data makes FullyConnected's weight
         float64, as in MXNet), and inference runs again."""
         from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
-        from mixrt.sym.ops import parameter_dtypes, parameter_shapes  # noqa: PLC0415
         shapes, dtypes = dict(shapes), dict(dtypes)
         nodes = self._topological()
         free = {n.name for n in nodes if n.is_variable and "dtype" not in n.info} - set(dtypes)
         while True:
             graph = self.to_graph(shapes=shapes, dtypes=dtypes)
             types = infer_types(graph)
-            found = {name: shape for name, shape in parameter_shapes(nodes, types).items()
+            found = {name: shape for name, shape in
+                     _handed_in("parameter_shapes")(nodes, types).items()
                      if name not in shapes}
-            matched = parameter_dtypes(nodes, graph, types, free)
+            matched = _handed_in("parameter_dtypes")(nodes, graph, types, free)
             if not found and not matched:
                 return types
             shapes.update(found)
@@ -358,8 +372,7 @@ class Symbol(ArrayMethods):
     # -- saving --------------------------------------------------------------------------
 
     def tojson(self) -> str:
-        from mixrt.sym.serialize import to_json  # noqa: PLC0415
-        return to_json(self)
+        return _handed_in("to_json")(self)
 
     def save(self, path) -> None:
         from pathlib import Path  # noqa: PLC0415
@@ -371,14 +384,13 @@ class Symbol(ArrayMethods):
              **options):
         """An Executor over ``args`` (a dict by name or a list in ``list_arguments()``
         order); gradients go to ``args_grad`` (allocated when None)."""
-        from mixrt.sym.executor import Executor  # noqa: PLC0415
-        return Executor(self, ctx, args, args_grad, grad_req, aux_states, **options)
+        return _handed_in("Executor")(self, ctx, args, args_grad, grad_req, aux_states,
+                                      **options)
 
     def simple_bind(self, ctx="cpu", grad_req="write", type_dict=None, **shapes):
         """bind with every array allocated from the inferred shapes (zeros; initialize
         with ``executor.init_params``)."""
-        from mixrt.sym.executor import simple_bind  # noqa: PLC0415
-        return simple_bind(self, ctx, grad_req, type_dict or {}, shapes)
+        return _handed_in("simple_bind")(self, ctx, grad_req, type_dict or {}, shapes)
 
     def eval(self, ctx="cpu", **kwargs) -> list:
         """Run once on the given arrays (every variable by name); the outputs."""
@@ -468,14 +480,13 @@ def constant(value, name: str | None = None) -> Symbol:
 def scalar_like(value, like: Symbol) -> Symbol:
     """A Python number as a tensor of ``like``'s dtype, whatever that turns out to be
     (ONNX's CastLike), so ``x * 2`` works for float16 and float64 symbols alike."""
-    from mixrt.sym.ops import call_op  # noqa: PLC0415
     if not isinstance(value, (int, float, np.number, bool)):
         raise GraphError(f"cannot combine a Symbol with {type(value).__name__} {value!r}; "
                          f"use a Symbol, a number or sym.constant(array)")
     # Kept exact (int64 or float64) until the cast: a float32 constant would round
     # ``x * (1 / math.sqrt(8))`` differently for float64 x than the imperative path does.
     exact = np.int64(value) if isinstance(value, (int, np.integer)) else np.float64(value)
-    return call_op("", "CastLike", [constant(exact), like], {})
+    return _call_op("", "CastLike", [constant(exact), like], {})
 
 
 # -- lowering helpers ------------------------------------------------------------------------
