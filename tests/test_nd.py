@@ -373,7 +373,7 @@ def test_an_imperative_op_gets_the_node_state_a_session_node_gets(monkeypatch):
     """A registered op that keeps state per session node (a convolution's packed layouts)
     gets one dict per op and attributes imperatively too, so it takes the same kernels as in
     a hybridized graph; another dict for other attributes."""
-    from mixrt.nd import dispatch
+    from mixrt import dispatch
     from mixrt.ops.conv import conv_cpu
     seen = []
     real = conv_cpu.direct

@@ -18,6 +18,7 @@ import threading
 from contextlib import contextmanager
 
 from mixrt.autograd import opgrad, tape
+from mixrt.autograd.arrays import new_array
 from mixrt.errors import GradientError, InputError
 
 
@@ -113,10 +114,9 @@ def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
     penalty); the graph is then kept unless ``retain_graph=False``."""
     del train_mode
     heads, variables = _as_list(heads), _as_list(variables)
-    from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
     seeds = _seeds(heads, head_grads)
     if create_graph:
-        seeds = [NDArray(seed, head.ctx) for seed, head in zip(seeds, heads)]
+        seeds = [new_array(seed, head.ctx) for seed, head in zip(seeds, heads)]
         keep = True if retain_graph is None else bool(retain_graph)
         with _scope(True, None):
             leaf_grads = tape.run_backward(heads, seeds, keep, create_graph=True)
@@ -130,7 +130,7 @@ def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
                 f"grad: variable {index} (shape {variable.shape}) does not influence the "
                 f"heads: it was not used under autograd.record(), or it was not marked with "
                 f"attach_grad() before use, or the path to it went through .detach()")
-        results.append(found[1] if create_graph else NDArray(found[1], variable.ctx))
+        results.append(found[1] if create_graph else new_array(found[1], variable.ctx))
     return results
 
 
@@ -182,7 +182,7 @@ def _as_list(values) -> list:
     return list(values) if isinstance(values, (list, tuple)) else [values]
 
 
-# -- what the imperative dispatcher calls (mixrt/nd/dispatch.py) -----------------------------
+# -- what the imperative dispatcher calls (mixrt/dispatch.py) -----------------------------
 
 def needs_tape(inputs) -> bool:
     if not _state.recording:
@@ -276,7 +276,7 @@ def _fresh(array):
 
 
 def _connect_dispatcher() -> None:
-    from mixrt.nd import dispatch  # noqa: PLC0415
+    from mixrt import dispatch  # noqa: PLC0415
     dispatch._autograd = __import__(__name__, fromlist=["needs_tape"])
 
 

@@ -12,16 +12,16 @@ GradientError naming it.
 
 from __future__ import annotations
 
-from mixrt.nd import dispatch
+from mixrt.autograd.arrays import new_array
+from mixrt import dispatch
 
 
 def replay(graph, feeds: dict, ctx) -> list:
     """The outputs of ``graph`` (NDArrays) computed from ``feeds`` ({input name: NDArray})."""
-    from mixrt.nd.ndarray import NDArray  # noqa: PLC0415 (nd imports autograd)
     values = dict(feeds)
     with ctx.device.active():
         for name, constant in graph.initializers.items():
-            values[name] = NDArray(ctx.xp.asarray(constant), ctx)
+            values[name] = new_array(ctx.xp.asarray(constant), ctx)
         for node in graph.nodes:
             args = [values[name] if name else None for name in node.inputs]
             results = dispatch.invoke(node.domain, node.op_type, args, dict(node.attributes),

@@ -14,7 +14,10 @@ import traceback
 import weakref
 
 from mixrt.autograd import opgrad
+from mixrt.autograd.arrays import new_array
+from mixrt.autograd.replay import replay
 from mixrt.errors import GradientError
+
 
 _sequence = itertools.count()
 
@@ -93,7 +96,6 @@ class OpNode(Node):
         imperatively (``replay``) so the tape records them. The forward's inputs and
         outputs enter as arrays that lead back into the tape, so the gradient of a gradient
         reaches them (tanh's backward reads its output)."""
-        from mixrt.autograd.replay import replay  # noqa: PLC0415
         plan = opgrad.recorded_backward(self.sig, self.attributes, self._seeded(dys))
         self._check_outputs_unchanged(plan.feeds)
         values = {"x": self._taped(self.xs, self.parents),
@@ -120,7 +122,6 @@ class OpNode(Node):
     def _taped(self, raws: list, entries: list) -> list:
         """NDArrays over ``raws`` that point where the values came from: a leaf is itself,
         an earlier node's output its entry; anything else is a constant."""
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         arrays = []
         for raw, entry in zip(raws, entries):
             if raw is None:
@@ -128,7 +129,7 @@ class OpNode(Node):
             elif entry is not None and not isinstance(entry, tuple):
                 arrays.append(entry)  # a leaf: the array itself
             else:
-                array = NDArray(raw, self.ctx)
+                array = new_array(raw, self.ctx)
                 array._entry = entry
                 arrays.append(array)
         return arrays
@@ -159,22 +160,20 @@ class FunctionNode(Node):
         self.function = None
 
     def input_grads(self, dys: list) -> list:
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
-        grads = self.recorded_grads([None if dy is None else NDArray(dy, self.ctx)
+        grads = self.recorded_grads([None if dy is None else new_array(dy, self.ctx)
                                      for dy in dys])
         return [None if g is None else (g._read() if _is_ndarray(g) else g) for g in grads]
 
     def recorded_grads(self, dys: list) -> list:
         """The Function's backward on NDArrays (recorded when create_graph records)."""
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
-        wrapped = [dy if dy is not None else NDArray(_zeros(self.ctx, meta), self.ctx)
+        wrapped = [dy if dy is not None else new_array(_zeros(self.ctx, meta), self.ctx)
                    for dy, meta in zip(dys, self.out_meta)]
         grads = self.function.backward(*wrapped)
         grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
         if len(grads) != len(self.parents):
             raise GradientError(f"{self.name}.backward returned {len(grads)} gradients for "
                                 f"{len(self.parents)} inputs", op_type=self.name)
-        return [g if g is None or _is_ndarray(g) else NDArray(self.ctx.xp.asarray(g), self.ctx)
+        return [g if g is None or _is_ndarray(g) else new_array(self.ctx.xp.asarray(g), self.ctx)
                 for g in grads]
 
 

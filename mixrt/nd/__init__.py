@@ -20,9 +20,9 @@ import mixrt.ops  # noqa: F401  (registers every kernel)
 from mixrt import autograd as _autograd
 from mixrt.context import as_context
 from mixrt.errors import InputError
-from mixrt.nd import dispatch
+from mixrt import dispatch
 from mixrt.nd.ndarray import NDArray
-from mixrt.sym.ops import generate, install
+from mixrt.op_specs import generate, install
 
 _autograd._connect_dispatcher()
 

@@ -2,7 +2,7 @@
 ``nd.BatchNorm``, ``nd.SoftmaxOutput``, ...), with MXNet's argument names and defaults.
 
 As in ``mixrt.nd.mxnet_ops``, each is composed of registered ops run through
-``mixrt.nd.dispatch``: it runs on the data's device and, under ``autograd.record()``, its
+``mixrt.dispatch``: it runs on the data's device and, under ``autograd.record()``, its
 gradient flows through the ops' own gradient definitions (``SoftmaxOutput`` has MXNet's own
 backward, an ``autograd.Function``). Bad arguments raise ``InputError`` naming the function
 and the argument. Data is channels-first (``NCW``, ``NCHW``, ``NCDHW``); a ``layout`` that
@@ -29,7 +29,7 @@ import numpy as np
 
 from mixrt import autograd
 from mixrt.errors import InputError
-from mixrt.nd import dispatch
+from mixrt import dispatch
 from mixrt.nd.mxnet_ops import (_array, _axis, _choice, _int, _made_on, _op, _scalar, _tuple,
                                 one_hot)
 from mixrt.nd.ndarray import NDArray, _ints

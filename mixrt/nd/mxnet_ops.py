@@ -1,7 +1,7 @@
 """MXNet 1.x's most-used operator names on NDArrays (``nd.FullyConnected``, ``nd.Activation``,
 ``nd.one_hot``, ``x.topk(...)``, ...), with MXNet's argument names and defaults.
 
-Each is composed of registered ops run through ``mixrt.nd.dispatch`` (so it runs on the
+Each is composed of registered ops run through ``mixrt.dispatch`` (so it runs on the
 array's device and, under ``autograd.record()``, its gradient flows through the ops' own
 gradient definitions). Where MXNet's result differs from the ONNX op's (``round`` rounds half
 away from zero, ``one_hot`` of a negative index is all ``off_value``, ``topk`` indices are
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.errors import InputError
-from mixrt.nd import dispatch
+from mixrt import dispatch
 from mixrt.nd.ndarray import NDArray
 from mixrt.nd.ndarray import _ints as _device_ints
 

@@ -1,7 +1,7 @@
 """NDArray: an array on one device, with the registry's ops as methods and operators.
 
 The data is a NumPy or CuPy array (``xp`` of its context). Operations run when called
-(``mixrt.nd.dispatch``); what runs asynchronously is engine work that writes an array —
+(``mixrt.dispatch``); what runs asynchronously is engine work that writes an array —
 a KVStore pull, ``copyto`` another device — so every read first waits for the array's pending
 writes (``_read``) and every in-place write for its pending reads and writes (``_write``).
 Under ``autograd.record()`` each op leaves a node on the tape; an array remembers the node
@@ -34,11 +34,13 @@ import functools
 
 import numpy as np
 
+from mixrt import autograd
 from mixrt.array_methods import ArrayMethods
+from mixrt.autograd.arrays import use_array_type
 from mixrt.context import Context, as_context
 from mixrt.errors import DeviceMismatchError, GradientError, InputError
-from mixrt.nd import dispatch
-from mixrt.ops.device import to_host
+from mixrt import dispatch
+from mixrt.ops.device import add_at, to_host
 from mixrt.ops.shape import shape_mxnet
 
 _GRAD_REQS = ("write", "add", "null")
@@ -85,7 +87,6 @@ class NDArray(ArrayMethods):
 
     def _write(self):
         """The data, for an in-place write that follows (bumps the version)."""
-        from mixrt import autograd  # noqa: PLC0415
         if autograd.is_recording() and (self._entry is not None or self._grad is not None):
             raise GradientError(
                 "in-place write to an array autograd is recording (it was computed under "
@@ -199,7 +200,6 @@ class NDArray(ArrayMethods):
         ctx = as_context(ctx)
         if ctx == self.ctx:
             return self
-        from mixrt.nd.functions import CopyToDevice  # noqa: PLC0415
         return CopyToDevice(ctx)(self)
 
     to_device = as_in_context
@@ -265,7 +265,6 @@ class NDArray(ArrayMethods):
 
     def backward(self, out_grad=None, retain_graph: bool = False,
                  train_mode: bool = True) -> None:
-        from mixrt import autograd  # noqa: PLC0415
         autograd.backward([self], None if out_grad is None else [out_grad],
                           retain_graph=retain_graph, train_mode=train_mode)
 
@@ -310,7 +309,6 @@ class NDArray(ArrayMethods):
     def __getitem__(self, key) -> "NDArray":
         """A copy of the selected part (see the module's notes: MXNet gives a view for an
         integer or a slice). An NDArray of floats indexes as integers, as in MXNet."""
-        from mixrt.nd.functions import Index  # noqa: PLC0415
         key = _raw_key(key, self.ctx)
         try:
             return Index(key)(self)
@@ -409,7 +407,6 @@ def _mod(a, b):
     """``a % b`` as in MXNet: the sign of ``b`` (Python's rule) for floats as for ints."""
     arrays = [v for v in (a, b) if isinstance(v, NDArray)]
     if all(v.dtype.kind == "f" for v in arrays):
-        from mixrt.nd.functions import FloorMod  # noqa: PLC0415
         return FloorMod()(a, b)
     return dispatch.invoke("", "Mod", [a, b], {"fmod": 0})  # integers: Python's rule too
 
@@ -435,3 +432,111 @@ def _engine():
 
 
 dispatch.NDArray = NDArray
+
+
+# -- the NDArray operations that are not registered ops ----------------------------------------
+# indexing and device copies, written as autograd Functions so that gradients flow through
+
+class Index(autograd.Function):
+    """``x[key]``: NumPy indexing forward; backward adds the gradient into zeros at ``key``
+    (``add.at``, so an index that repeats gets every contribution)."""
+
+    def __init__(self, key):
+        super().__init__()
+        self.key = key
+
+    def forward(self, x: NDArray) -> NDArray:
+        self.source = (x.shape, x.dtype, x.ctx)
+        picked = x._read()[self.key]
+        xp = x.ctx.xp
+        return NDArray(picked.copy() if isinstance(picked, xp.ndarray) else xp.asarray(picked),
+                       x.ctx)
+
+    def backward(self, dy: NDArray) -> NDArray:
+        shape, dtype, _ = self.source
+        return IndexAdd(self.key, shape, dtype)(dy)  # a Function, so create_graph sees it
+
+
+class IndexAdd(autograd.Function):
+    """Index's backward: ``dy`` added into zeros at ``key``. Its own backward reads
+    ``key`` again, so gradients of gradients through indexing flow (autograd's
+    create_graph records this Function like any other)."""
+
+    def __init__(self, key, shape: tuple, dtype):
+        super().__init__()
+        self.key, self.shape, self.dtype = key, shape, dtype
+
+    def forward(self, dy: NDArray) -> NDArray:
+        xp = dy.ctx.xp
+        dx = xp.zeros(self.shape, dtype=self.dtype)
+        add_at(xp, dx, self.key, dy._read())
+        return NDArray(dx, dy.ctx)
+
+    def backward(self, ddx: NDArray) -> NDArray:
+        return Index(self.key)(ddx)
+
+
+class CopyToDevice(autograd.Function):
+    """The one way across devices; the gradient comes back to the source device."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx
+
+    def forward(self, x: NDArray) -> NDArray:
+        self.source = x.ctx
+        return _copied_to(x, self.ctx)
+
+    def backward(self, dy: NDArray) -> NDArray:
+        return _copied_to(dy, self.source)
+
+
+def _copied_to(x: NDArray, ctx) -> NDArray:
+    """A copy of ``x`` on ``ctx``, made there (``put`` leaves an array already there as it
+    is, and a GPU copy goes to the current GPU)."""
+    with ctx.device.active():
+        return NDArray(ctx.device.put(x._read()).copy(), ctx)
+
+
+class FloorMod(autograd.Function):
+    """``a % b`` of float arrays as MXNet (and Python) compute it: the result takes the sign
+    of ``b`` (``-1 % 2 == 1``; ``x % 0 == 0``, as MXNet). ONNX's ``Mod`` on floats is C's
+    ``fmod`` (the sign of ``a``) and has no gradient; this one has MXNet's: ``1`` for ``a``,
+    ``-floor(a / b)`` for ``b``. Either side may be a Python number (no gradient)."""
+
+    def forward(self, a, b):
+        like = a if isinstance(a, NDArray) else b
+        ctx = dispatch._common_context("Mod", [a, b])  # DeviceMismatchError for two devices
+        xp = ctx.xp
+        self.shapes = [v.shape if isinstance(v, NDArray) else None for v in (a, b)]
+        ra, rb = (v._read() if isinstance(v, NDArray) else xp.asarray(v, dtype=like.dtype)
+                  for v in (a, b))
+        self.saved = (ra, rb, ctx)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = xp.mod(ra, rb)
+            out = xp.where(rb == 0, xp.zeros((), dtype=out.dtype), out)
+        return NDArray(out, ctx)
+
+    def backward(self, dy: NDArray):
+        ra, rb, ctx = self.saved
+        xp, g = ctx.xp, dy._read()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            quotient = xp.where(rb == 0, xp.zeros((), dtype=g.dtype), xp.floor(ra / rb))
+        grads = (g, -g * quotient)
+        return tuple(None if shape is None else
+                     NDArray(_sum_to(xp, grad, shape).astype(raw.dtype), ctx)
+                     for grad, shape, raw in zip(grads, self.shapes, (ra, rb)))
+
+
+def _sum_to(xp, grad, shape):
+    """``grad`` summed over the axes broadcasting added to ``shape``."""
+    grad = xp.asarray(grad)
+    while grad.ndim > len(shape):
+        grad = grad.sum(axis=0)
+    for axis, size in enumerate(shape):
+        if size == 1 and grad.shape[axis] != 1:
+            grad = grad.sum(axis=axis, keepdims=True)
+    return xp.broadcast_to(grad, shape)
+
+
+use_array_type(NDArray)  # autograd hands its values back as NDArrays

@@ -27,11 +27,12 @@ from mixrt.sym.mxnet_layers import (Activation, BatchNorm, Convolution, Deconvol
                                     Embedding, FullyConnected, LeakyReLU,
                                     LinearRegressionOutput, LogisticRegressionOutput,
                                     MAERegressionOutput, Pooling, SoftmaxOutput)
-from mixrt.sym.ops import OPSET, generate, install
+from mixrt.op_specs import OPSET, generate, install
+from mixrt.sym.ops import make_function
 from mixrt.sym.serialize import load, load_json
 from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
 
-OPERATORS = install(globals(), generate())  # after the MXNet layers: ONNX's names win
+OPERATORS = install(globals(), generate(make_function))  # after the MXNet layers: ONNX's names win
 
 # MXNet's function names (F.broadcast_add, F.slice_axis, F.topk, ...): mixrt.nd's bodies run
 # on the Symbol (mixrt.sym.mxnet_ops), so a hybrid_forward reads the same with F = nd
@@ -46,7 +47,6 @@ def __getattr__(name: str):
     """An op registered after this module was imported (a user's custom op) gets its
     function on first use."""
     from mixrt.ops.ir.registry import REGISTRY  # noqa: PLC0415
-    from mixrt.sym.ops import make_function  # noqa: PLC0415
     if REGISTRY.has_op("", name):
         function = globals()[name] = make_function("", name)
         return function

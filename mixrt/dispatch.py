@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
+from mixrt.op_specs import spec_of
 from mixrt.ops import device_checks
 from mixrt.runtime import profiler as _profiler
 from mixrt.runtime.lru import LruCache, frozen
@@ -32,7 +33,6 @@ _autograd = None
 @functools.lru_cache(maxsize=None)
 def op_spec(domain: str, op_type: str, opset: int | None = None):
     """The op at the opset symbols use, or at ``opset`` (the same object each time)."""
-    from mixrt.sym.ops import spec_of  # noqa: PLC0415 (spec_of imports the whole registry)
     return spec_of(domain, op_type, opset)
 
 
