@@ -6,6 +6,7 @@ and the matching functions, so one ``hybrid_forward`` reads the same with ``F = 
 from __future__ import annotations
 
 import numpy as np
+from mixrt.ops.ir.dtypes import to_onnx_type
 
 
 class ArrayMethods:
@@ -122,7 +123,6 @@ class ArrayMethods:
         return self._op("Clip", [self, a_min, a_max], {})
 
     def astype(self, dtype, copy: bool = True):
-        from mixrt.ops.ir.dtypes import to_onnx_type  # noqa: PLC0415
         return self._op("Cast", [self], {"to": to_onnx_type(np.dtype(dtype))})
 
     def dot(self, other):

@@ -19,11 +19,13 @@ import time
 import numpy as np
 import onnx
 
+from mixrt.context import current_context
 from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
 from mixrt.op_specs import spec_of
 from mixrt.ops import device_checks
+from mixrt.ops.ir.dtypes import to_numpy_dtype
 from mixrt.runtime import profiler as _profiler
-from mixrt.runtime.lru import LruCache, frozen
+from mixrt.runtime.lru import frozen, LruCache
 
 # filled in by mixrt.nd.ndarray / mixrt.autograd (they import this module)
 NDArray = None
@@ -166,7 +168,6 @@ def _common_context(op_type: str, inputs):
                     f"mixrt does not copy implicitly: move one with "
                     f".as_in_context({ctx}) or .as_in_context({value.ctx})")
     if ctx is None:
-        from mixrt.context import current_context  # noqa: PLC0415
         ctx = current_context()
     return ctx
 
@@ -374,7 +375,6 @@ def _formal_types(domain: str, op_type: str, opset: int) -> tuple:
 
 
 def _numpy_names(type_strings) -> list[str]:
-    from mixrt.ops.ir.dtypes import to_numpy_dtype  # noqa: PLC0415
     names = []
     for text in type_strings:
         if text.startswith("tensor(") and text.endswith(")"):

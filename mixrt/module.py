@@ -30,23 +30,25 @@ import warnings
 
 import numpy as np
 
-from mixrt import metric as metrics
-from mixrt import random as mixrt_random
+from mixrt import metric as metrics, random as mixrt_random
 from mixrt.checkpoints import Checkpoints
 from mixrt.errors import InputError
+from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
-from mixrt.initializer import Uniform
-from mixrt.initializer import create as create_initializer
+from mixrt.initializer import create as create_initializer, Uniform
 from mixrt.io import NDArrayIter, PrefetchingIter
-from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module, parse_device, to_host
-from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.mixed_precision import LossScaler, parse_precision
-from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
-from mixrt.runtime.session import Session, load_graph
+from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
 from mixrt.progress import epoch_bar, epoch_line
-from mixrt.runtime.training import LOSSES, Loss, TrainingProgram
+from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.mixed_precision import parse_precision, LossScaler
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
+from mixrt.runtime.session import load_graph, Session
+from mixrt.runtime.training import Loss, LOSSES, TrainingProgram
+from mixrt.sym.executor import training_graph
+from mixrt.sym.symbol import Symbol
 
 
 
@@ -317,7 +319,6 @@ class Module(Checkpoints):
         return graph
 
     def export_onnx(self, path, opset: int | None = None) -> None:
-        from mixrt.exporters.onnx import save_model  # noqa: PLC0415
         save_model(self.to_graph(), path, opset=opset)
 
     def _changed(self, structure: bool = False) -> None:
@@ -364,7 +365,6 @@ class SymbolModule(Module):
     def __init__(self, symbol, data_names=("data",), label_names=None, *,
                  device: str = "cpu", initializer=None):
         from mixrt.sym.mxnet_layers import output_layer  # noqa: PLC0415 (mixrt.sym is heavy)
-        from mixrt.sym.symbol import Symbol  # noqa: PLC0415
         if not isinstance(symbol, Symbol) or len(symbol) != 1:
             raise InputError(f"Module.from_symbol needs a Symbol with one output, got "
                              f"{symbol!r}")
@@ -493,7 +493,6 @@ class SymbolModule(Module):
             raise InputError(f"the symbol's {self.head.kind} layer's label is not a "
                              f"Variable: the module cannot feed it")
         if self.head.options.get("preserve_shape"):
-            from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
             rank = getattr(infer_types(self._bound("fit")).get(logits), "rank", None)
             if rank != 2:  # the loss takes classes on axis 1, preserve_shape on the last
                 raise InputError(f"SoftmaxOutput(preserve_shape=True) on {rank}-d data "
@@ -503,7 +502,6 @@ class SymbolModule(Module):
     def _training_graph(self) -> Graph:
         """The graph in training form (batch statistics, Dropout on) with the running
         statistics as inputs fed each step and their new values as extra outputs."""
-        from mixrt.sym.executor import training_graph  # noqa: PLC0415
         graph = self._graph_with_params()
         for name in self.aux_names:
             array = graph.initializers.pop(name)
@@ -569,7 +567,6 @@ def _feed_array(value):
 
 
 def _static_type(graph: Graph, name: str) -> TensorType:
-    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
     found = infer_types(graph).get(name)
     if not isinstance(found, TensorType) or found.shape is None or any(
             not isinstance(d, int) for d in found.shape[1:]):

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from mixrt.ops.device import gpu_count
 from mixrt.ops.random import random as ops_random
 
 _generator = np.random.default_rng()
@@ -28,7 +29,6 @@ def seed(value: int) -> None:
     ops_random.reseed(value)
     cupy = sys.modules.get("cupy")
     if cupy is not None:
-        from mixrt.ops.device import gpu_count  # noqa: PLC0415
         for index in range(gpu_count()):  # none without a GPU: nothing to seed
             with cupy.cuda.Device(index):
                 cupy.random.seed(value)

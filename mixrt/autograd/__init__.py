@@ -17,6 +17,7 @@ import contextlib
 import threading
 from contextlib import contextmanager
 
+from mixrt import dispatch
 from mixrt.autograd import opgrad, tape
 from mixrt.autograd.arrays import new_array
 from mixrt.errors import GradientError, InputError
@@ -276,7 +277,6 @@ def _fresh(array):
 
 
 def _connect_dispatcher() -> None:
-    from mixrt import dispatch  # noqa: PLC0415
     dispatch._autograd = __import__(__name__, fromlist=["needs_tape"])
 
 

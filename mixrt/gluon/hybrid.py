@@ -18,16 +18,22 @@ import traceback
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import autograd, sym
 from mixrt.autograd import tape
 from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.passes.typecheck import promote_mixed_floats
-from mixrt import sym
 from mixrt.sym import symbol as symbol_module
-from mixrt.sym.symbol import Group, Symbol, variable_named
+from mixrt.sym.symbol import variable_named, Group, Symbol
 from mixrt.sym.tracing import static_shape  # noqa: F401  (gluon's name for it)
+from mixrt import nd
+from mixrt.exporters.onnx import save_model
+from mixrt.gluon.parameter import Parameter
+from mixrt.nd.ndarray import NDArray
+from mixrt.runtime.format import save_mxr
+from mixrt.runtime.session import Session
+from mixrt.sym.executor import HEAD_GRAD, TrainingPair
 from mixrt.sym.tracing import tracing as _tracing
 
 # input signatures whose traced graphs (and their Sessions) a hybridized block keeps
@@ -51,7 +57,6 @@ class HybridBlock(Block):
         self._reg_params: dict = {}
 
     def __setattr__(self, name: str, value) -> None:
-        from mixrt.gluon.parameter import Parameter  # noqa: PLC0415
         if isinstance(value, Parameter) and hasattr(self, "_reg_params"):
             self._reg_params[name] = value
         super().__setattr__(name, value)
@@ -78,7 +83,6 @@ class HybridBlock(Block):
         if self._active:
             return self._cached_call(x, *args)
         self._resolve_deferred(x, *args)
-        from mixrt import nd  # noqa: PLC0415
         return self.hybrid_forward(nd, x, *args, **self._param_values())
 
     def hybrid_forward(self, F, x, *args, **params):
@@ -151,8 +155,6 @@ class HybridBlock(Block):
             raise InputError(f"export: {self.name} has not run hybridized yet; call "
                              f"hybridize() and run it on an input first")
         graph = self._last_cached.inference_graph()
-        from mixrt.exporters.onnx import save_model  # noqa: PLC0415
-        from mixrt.runtime.format import save_mxr  # noqa: PLC0415
         onnx_path, mxr_path = f"{path}.onnx", f"{path}.mxr"
         save_model(graph, onnx_path, opset)
         save_mxr(graph, mxr_path)
@@ -236,7 +238,6 @@ class CachedGraph:
         return outputs
 
     def _check_inputs(self, args) -> list:
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         if len(args) != len(self.input_names):
             raise InputError(f"{self.block.name} was traced with {len(self.input_names)} "
                              f"input(s); called with {len(args)}")
@@ -270,7 +271,6 @@ class CachedGraph:
         return compiled
 
     def _wrap(self, outputs, ctx):
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         wrapped = [NDArray(o, ctx) for o in outputs]
         return wrapped[0] if self.single else tuple(wrapped)
 
@@ -303,7 +303,6 @@ class _Compiled:
 
     def inference(self, ctx):
         if self._inference is None:
-            from mixrt.runtime.session import Session  # noqa: PLC0415
             self._inference = Session(self.graph, device=str(ctx.device))
         return self._inference
 
@@ -311,7 +310,6 @@ class _Compiled:
         """``wants[i]``: whether ``names[i]`` (inputs, then parameters) needs a gradient."""
         key = (train, wants)
         if key not in self._training:
-            from mixrt.sym.executor import TrainingPair  # noqa: PLC0415
             wrt = [n for n, w in zip(names, wants) if w]
             self._training[key] = TrainingPair(self.graph, wrt, self.aux,
                                                {"device": str(ctx.device)}, train=train)
@@ -331,7 +329,6 @@ class _CachedOpNode(tape.Node):
         self.pair = self.saved = None
 
     def input_grads(self, dys: list) -> list:
-        from mixrt.sym.executor import HEAD_GRAD  # noqa: PLC0415
         pair = self.pair
         heads = {}
         for index, name in pair.seeded:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt import nd
 from mixrt.errors import InputError
-from mixrt.gluon.hybrid import HybridBlock, static_shape
+from mixrt.gluon.hybrid import static_shape, HybridBlock
+from mixrt.sym import constant, Symbol
 
 
 class Loss(HybridBlock):
@@ -51,10 +53,8 @@ class Loss(HybridBlock):
 
 def _one_like(pred):
     """A one-element 1 that broadcasts against anything, for ``pred``'s kind of array."""
-    from mixrt.sym import Symbol, constant  # noqa: PLC0415
     if isinstance(pred, Symbol):
         return constant(np.ones(1, np.float32))
-    from mixrt import nd  # noqa: PLC0415
     return nd.ones((1,), ctx=pred.ctx, dtype=pred.dtype)
 
 

@@ -17,7 +17,10 @@ from collections import OrderedDict
 import numpy as np
 
 from mixrt.context import as_context
-from mixrt.errors import InputError, ShapeError
+from mixrt.errors import DeviceMismatchError, InputError, ShapeError
+from mixrt.initializer import create, Uniform
+from mixrt.nd.ndarray import NDArray
+from mixrt.sym.symbol import variable_named
 
 GRAD_REQS = ("write", "add", "null")
 
@@ -89,7 +92,6 @@ class Parameter:
         ``default_init`` (uniform); deferred while the shape has unknown dimensions."""
         if self._nd is not None and not force_reinit:
             return
-        from mixrt.initializer import Uniform, create  # noqa: PLC0415
         chosen = create(init if init is not None else self.init if self.init is not None
                         else default_init or Uniform())
         ctx = as_context(ctx[0] if isinstance(ctx, (list, tuple)) else ctx)
@@ -106,7 +108,6 @@ class Parameter:
         self._place(initializer(self.name, self._shape, self._dtype), ctx)
 
     def _place(self, host: np.ndarray, ctx) -> None:
-        from mixrt.nd.ndarray import NDArray  # noqa: PLC0415
         raw = host if ctx.device.kind == "cpu" else ctx.device.put(host)
         self._nd = NDArray(raw, ctx)
         self._attach_grad()
@@ -135,7 +136,6 @@ class Parameter:
         """The value as an NDArray (on ``ctx``, which must be where it lives)."""
         value = self._checked()
         if ctx is not None and as_context(ctx) != value.ctx:
-            from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
             raise DeviceMismatchError(f"parameter {self.name!r} lives on {value.ctx}, not "
                                       f"{as_context(ctx)}; move it with reset_ctx()")
         return value
@@ -224,7 +224,6 @@ class Parameter:
 
     def var(self):
         """The Symbol variable standing for this parameter when a block is traced."""
-        from mixrt.sym.symbol import variable_named  # noqa: PLC0415
         shape = self.shape if self.shape is not None and _complete(self.shape) else None
         return variable_named(self.name, shape=shape, dtype=self.dtype,
                               aux=not self.differentiable, lr_mult=self.lr_mult,

@@ -30,9 +30,9 @@ import numpy as np
 
 from mixrt.errors import GradientError, InputError, KVStoreError, OptimizerError
 from mixrt.gluon.parameter import Parameter
+from mixrt.kvstore import create
 from mixrt.kvstore.base import KVStore
-from mixrt.runtime import engine
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime import engine, optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 
 
@@ -261,6 +261,5 @@ def _store(kvstore):
     if kvstore is None or isinstance(kvstore, KVStore):
         return kvstore
     if isinstance(kvstore, str):
-        from mixrt.kvstore import create  # noqa: PLC0415
         return create(kvstore)
     raise InputError(f"kvstore must be a KVStore or a kind name, got {type(kvstore).__name__}")

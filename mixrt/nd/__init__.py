@@ -17,10 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 import mixrt.ops  # noqa: F401  (registers every kernel)
-from mixrt import autograd as _autograd
+from mixrt import autograd as _autograd, dispatch
 from mixrt.context import as_context
 from mixrt.errors import InputError
-from mixrt import dispatch
 from mixrt.nd.ndarray import NDArray
 from mixrt.op_specs import generate, install
 
@@ -117,7 +116,6 @@ def to_dlpack_for_read(array: NDArray):
 
 def waitall() -> None:
     """Wait for every piece of engine work pushed so far (and raise the first failure)."""
-    from mixrt.runtime.engine import get_engine  # noqa: PLC0415
     get_engine().wait_all()
 
 
@@ -131,6 +129,7 @@ from mixrt.array_methods import where as _where  # noqa: E402
 from mixrt.nd import mxnet_ops as _mx  # noqa: E402  (MXNet's operator names; attaches methods)
 globals().update({_name: getattr(_mx, _name) for _name in _mx.FUNCTIONS})
 from mixrt.nd import mxnet_layers as _layers  # noqa: E402  (MXNet's layer operators)
+from mixrt.runtime.engine import get_engine
 globals().update({_name: getattr(_layers, _name)
                   for _name in _layers.FUNCTIONS + _layers.EXTENDED})
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError
-from mixrt import dispatch
-from mixrt.nd.ndarray import NDArray
-from mixrt.nd.ndarray import _ints as _device_ints
+from mixrt import autograd, dispatch
+from mixrt.errors import DeviceMismatchError, InputError
+from mixrt.nd.ndarray import _ints as _device_ints, NDArray
 
 _INT64_MAX = 2 ** 62  # a Slice bound past any dimension (ONNX clamps it)
 
@@ -105,7 +104,6 @@ def _index_array(fn: str, arg: str, value, ctx) -> NDArray:
     their values index, truncated)."""
     value = _array(fn, arg, value)
     if value.ctx != ctx:
-        from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
         raise DeviceMismatchError(f"{fn}: {arg} is on {value.ctx}, the data on {ctx}; move "
                                   f"it with .as_in_context({ctx})")
     if value.dtype.kind not in "iufb":
@@ -200,7 +198,6 @@ def LeakyReLU(data, gamma=None, act_type="leaky", slope=0.25, lower_bound=0.125,
     if act_type == "gelu":
         return _op("Gelu", [data])
     if act_type == "rrelu":
-        from mixrt import autograd  # noqa: PLC0415
         if autograd.is_training():
             raise InputError(f"{fn}: act_type='rrelu' in training mode draws random slopes, "
                              f"which mixrt does not support; use it outside training")
@@ -523,7 +520,6 @@ def argsort(data, axis=-1, is_ascend=True, dtype="float32", name=None):
 
 
 def _paused():
-    from mixrt import autograd  # noqa: PLC0415
     return autograd.pause(train_mode=autograd.is_training())
 
 

@@ -34,14 +34,14 @@ import functools
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import autograd, dispatch
 from mixrt.array_methods import ArrayMethods
 from mixrt.autograd.arrays import use_array_type
-from mixrt.context import Context, as_context
+from mixrt.context import as_context, Context
 from mixrt.errors import DeviceMismatchError, GradientError, InputError
-from mixrt import dispatch
 from mixrt.ops.device import add_at, to_host
 from mixrt.ops.shape import shape_mxnet
+from mixrt.runtime.engine import get_engine
 
 _GRAD_REQS = ("write", "add", "null")
 
@@ -320,7 +320,6 @@ class NDArray(ArrayMethods):
         key = _raw_key(key, self.ctx)
         if isinstance(value, NDArray):
             if value.ctx != self.ctx:
-                from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
                 raise DeviceMismatchError(f"setitem: the value is on {value.ctx}, the "
                                           f"array on {self.ctx}; move it with "
                                           f".as_in_context({self.ctx})")
@@ -382,7 +381,6 @@ class NDArray(ArrayMethods):
 def _raw_key(key, ctx: Context):
     if isinstance(key, NDArray):
         if key.ctx != ctx:
-            from mixrt.errors import DeviceMismatchError  # noqa: PLC0415
             raise DeviceMismatchError(f"indexing: the index is on {key.ctx}, the array on "
                                       f"{ctx}; move it with .as_in_context({ctx})")
         raw = key._read()
@@ -427,7 +425,6 @@ def _ints(values, ctx: Context):
 
 
 def _engine():
-    from mixrt.runtime.engine import get_engine  # noqa: PLC0415
     return get_engine()
 
 

@@ -27,16 +27,17 @@ from mixrt.sym.mxnet_layers import (Activation, BatchNorm, Convolution, Deconvol
                                     Embedding, FullyConnected, LeakyReLU,
                                     LinearRegressionOutput, LogisticRegressionOutput,
                                     MAERegressionOutput, Pooling, SoftmaxOutput)
-from mixrt.op_specs import OPSET, generate, install
+from mixrt.op_specs import generate, install, OPSET
 from mixrt.sym.ops import make_function
 from mixrt.sym.serialize import load, load_json
-from mixrt.sym.symbol import Group, Symbol, Variable, constant, prefix, var
+from mixrt.sym.symbol import constant, prefix, var, Group, Symbol, Variable
 
 OPERATORS = install(globals(), generate(make_function))  # after the MXNet layers: ONNX's names win
 
 # MXNet's function names (F.broadcast_add, F.slice_axis, F.topk, ...): mixrt.nd's bodies run
 # on the Symbol (mixrt.sym.mxnet_ops), so a hybrid_forward reads the same with F = nd
 from mixrt.sym import mxnet_ops as _mxnet_ops  # noqa: E402
+from mixrt.ops.ir.registry import REGISTRY
 
 MXNET_FUNCTIONS = list(_mxnet_ops.FUNCTIONS)
 globals().update(_mxnet_ops.FUNCTIONS)
@@ -46,7 +47,6 @@ _mxnet_ops.attach_methods()
 def __getattr__(name: str):
     """An op registered after this module was imported (a user's custom op) gets its
     function on first use."""
-    from mixrt.ops.ir.registry import REGISTRY  # noqa: PLC0415
     if REGISTRY.has_op("", name):
         function = globals()[name] = make_function("", name)
         return function

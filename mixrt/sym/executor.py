@@ -24,11 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.errors import GradientError, InputError
-from mixrt.initializer import Xavier, create
+from mixrt.exporters.onnx import save_model
+from mixrt.initializer import create, Xavier
+from mixrt.ops.device import on_own_device, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
-from mixrt.ops.device import on_own_device, parse_device
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward
+from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph
 from mixrt.runtime.session import Session
 from mixrt.sym import symbol as symbol_module
@@ -158,7 +160,6 @@ class Executor:
 
     def export_onnx(self, path, opset: int | None = None, data_names=None, outputs=None):
         """Write the inference graph (see :meth:`to_graph`) as an ONNX model."""
-        from mixrt.exporters.onnx import save_model  # noqa: PLC0415
         return save_model(self.to_graph(data_names, outputs), path, opset)
 
     # -- running -----------------------------------------------------------------------------
@@ -341,7 +342,6 @@ def _dropout_in_training(graph: Graph, node: Node) -> None:
 
 
 def _output_types(graph: Graph) -> dict:
-    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
     return infer_types(graph)
 
 
@@ -356,7 +356,6 @@ def _only(feeds: dict, session: Session) -> dict:
 
 
 def _host(array) -> np.ndarray:
-    from mixrt.ops.device import to_host  # noqa: PLC0415
     return np.array(to_host(array))  # a copy: the graph must not change when training goes on
 
 

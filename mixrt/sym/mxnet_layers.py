@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.errors import GraphError
-from mixrt.sym.ops import SHAPE_FROM, call_op, layer_name, shape_from
-from mixrt.sym.symbol import Symbol, constant, prefixed, variable_named
+from mixrt.initializer import Constant
+from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
+from mixrt.sym.symbol import constant, prefixed, variable_named, Symbol
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
@@ -461,7 +462,6 @@ def LeakyReLU(data=None, gamma=None, act_type="leaky", slope=0.25, name=None,
 def _prelu(layer: _Layer, data: Symbol, gamma) -> Symbol:
     """Slopes per channel on data seen as (batch, channels, rest): the data's rank is not
     known here, but (channels, 1) broadcasts against that view whatever it is."""
-    from mixrt.initializer import Constant  # noqa: PLC0415 (initializer imports numpy only)
     grouped = layer.node("Reshape", [data, layer.ints([0, 0, -1])], "grouped")
     gamma = layer.parameter("gamma", gamma, source=shape_from(grouped.name, 0, [["axis", 1]]),
                             init=Constant(0.25))

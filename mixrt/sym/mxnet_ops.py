@@ -19,7 +19,8 @@ import numpy as np
 from mixrt.array_methods import ArrayMethods
 from mixrt.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
-from mixrt.sym.symbol import Symbol
+from mixrt.sym.ops import call_op
+from mixrt.sym.symbol import constant, Symbol
 from mixrt.sym.tracing import static_shape
 
 
@@ -104,7 +105,6 @@ class Traced(ArrayMethods):
 
     def traced_op(self, op_type: str, inputs: list, attributes: dict, num_outputs=None,
                   domain: str = ""):
-        from mixrt.sym.ops import call_op  # noqa: PLC0415
         symbols = [_symbol_of(value) for value in inputs]
         out = call_op(domain, op_type, symbols, dict(attributes), name=None,
                       num_outputs=num_outputs)
@@ -154,7 +154,6 @@ def _symbols(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_symbols(v) for v in value)
     if isinstance(value, np.ndarray):  # a constant result (zeros_like): into the graph
-        from mixrt.sym.symbol import constant  # noqa: PLC0415
         return constant(value)
     return value
 

@@ -27,8 +27,9 @@ import numpy as np
 from mixrt.errors import GraphError
 from mixrt.op_specs import OPSET, OpSpec, docstring, spec_of  # noqa: F401  (mixrt.sym's OPSET)
 from mixrt.ops.ir.registry import REGISTRY
+from mixrt.runtime.passes.typecheck import shared_type_groups
 from mixrt.sym import symbol as symbol_module
-from mixrt.sym.symbol import SymNode, Symbol, constant, prefixed, variable_named
+from mixrt.sym.symbol import constant, prefixed, variable_named, Symbol, SymNode
 
 # the default-domain opset symbols are built at: the newest that export (13..21) and
 # onnxruntime both take; ops that exist only at later opsets are built at their first one
@@ -216,7 +217,6 @@ def _declared_dtypes(nodes: list[SymNode], types: dict, free: set) -> dict:
 
 
 def _schema_offers(node, types: dict, free: set):
-    from mixrt.runtime.passes.typecheck import shared_type_groups  # noqa: PLC0415
     for group in shared_type_groups(node, types):
         given = {dtype for index, dtype in group
                  if node.inputs[index] not in free and dtype is not None}

@@ -22,8 +22,10 @@ import numpy as np
 
 from mixrt.array_methods import ArrayMethods
 from mixrt.errors import GraphError, ShapeError
+from mixrt.initializer import create
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
+from mixrt.runtime.passes.infer import infer_types
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
 
@@ -346,7 +348,6 @@ class Symbol(ArrayMethods):
         a convolution's bias from its weight) get it, variables of no given dtype take the
         one of an operand they must match (float64 data makes FullyConnected's weight
         float64, as in MXNet), and inference runs again."""
-        from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
         shapes, dtypes = dict(shapes), dict(dtypes)
         nodes = self._topological()
         free = {n.name for n in nodes if n.is_variable and "dtype" not in n.info} - set(dtypes)
@@ -426,7 +427,6 @@ def variable_named(name: str, shape=None, dtype=None, init=None, *, aux: bool = 
     if dtype is not None:
         info["dtype"] = np.dtype(dtype).name
     if init is not None:
-        from mixrt.initializer import create  # noqa: PLC0415
         info["init"] = create(init).spec()
     if aux:
         info["aux"] = True
@@ -530,7 +530,6 @@ def _settle_scalars(graph: Graph) -> None:
              and n.inputs[0] in graph.initializers]
     if not casts:
         return
-    from mixrt.runtime.passes.infer import infer_types  # noqa: PLC0415
     types = infer_types(graph)
     readers = [name for node in graph.nodes for name in node.inputs]
     for node in casts:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt import nd
 from mixrt.errors import InputError
 
 
@@ -22,7 +23,6 @@ def to_ndarray(batch: np.ndarray):
     """A host batch as a ``mixrt.nd.NDArray``, keeping its dtype (integer labels stay
     integer). ``mixrt.nd`` is imported here, on first use, so that datasets and samplers load
     without the imperative frontend."""
-    from mixrt import nd  # noqa: PLC0415
     return nd.array(batch, dtype=batch.dtype)
 
 

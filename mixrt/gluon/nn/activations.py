@@ -5,7 +5,8 @@ or two ONNX ops, the same with ``F = nd`` and ``F = sym``."""
 from __future__ import annotations
 
 from mixrt.errors import InputError
-from mixrt.gluon.hybrid import HybridBlock, static_shape
+from mixrt.gluon.hybrid import static_shape, HybridBlock
+from mixrt.initializer import Constant
 
 # MXNet's activation names -> the ONNX op computing it
 ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "softrelu": "Softplus",
@@ -61,7 +62,6 @@ class PReLU(HybridBlock):
 
     def __init__(self, alpha_initializer=None, in_channels: int = 1, **kwargs):
         super().__init__(**kwargs)
-        from mixrt.initializer import Constant  # noqa: PLC0415
         self.alpha = self.params.get("alpha", shape=(in_channels,),
                                      init=alpha_initializer or Constant(0.25))
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import autograd, nd, sym
 from mixrt.errors import InputError
 from mixrt.gluon.block import Block
-from mixrt.gluon.hybrid import HybridBlock, static_shape
+from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.activations import apply_activation, check_activation
 
 
 def is_symbolic(F) -> bool:
     """Whether ``hybrid_forward`` is being traced (``F`` is ``mixrt.sym``)."""
-    from mixrt import sym  # noqa: PLC0415
     return F is sym
 
 
@@ -269,7 +268,6 @@ class Lambda(Block):
     def __init__(self, function, **kwargs):
         super().__init__(**kwargs)
         if isinstance(function, str):
-            from mixrt import nd  # noqa: PLC0415
             function = getattr(nd, function)
         elif not callable(function):
             raise InputError(f"Lambda takes a function or an nd function's name, got "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt import nd, sym
 from mixrt.errors import InputError
 from mixrt.gluon.hybrid import HybridBlock
 
@@ -88,7 +89,6 @@ class RecurrentCell(HybridBlock):
     def begin_state(self, batch_size: int = 0, func=None, **kwargs) -> list:
         """Zero states (``func(shape, **kwargs)``, default ``nd.zeros``) for a batch."""
         if func is None:
-            from mixrt import nd  # noqa: PLC0415
             func = nd.zeros
         return [func(info["shape"], **kwargs) for info in self.state_info(batch_size)]
 
@@ -142,7 +142,6 @@ class RecurrentCell(HybridBlock):
 
 
 def _namespace_of(x):
-    from mixrt import nd, sym  # noqa: PLC0415
     return sym if isinstance(x, sym.Symbol) else nd
 
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt import nd
 from mixrt.errors import InputError
-from mixrt.gluon.hybrid import HybridBlock, static_shape
+from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.basic_layers import dropout
-from mixrt.gluon.rnn.rnn_cell import MODES, check_mode_options, split
+from mixrt.gluon.rnn.rnn_cell import check_mode_options, split, MODES
 
 _INT32 = 6  # TensorProto.INT32: ONNX's sequence_lens type
 
@@ -89,7 +90,6 @@ class _RNNLayer(HybridBlock):
     def begin_state(self, batch_size: int = 0, func=None, **kwargs) -> list:
         """Zero states (``func(shape, **kwargs)``, default ``nd.zeros``) for a batch."""
         if func is None:
-            from mixrt import nd  # noqa: PLC0415
             func = nd.zeros
         return [func(info["shape"], **kwargs) for info in self.state_info(batch_size)]
 
