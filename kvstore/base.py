@@ -14,10 +14,10 @@ from typing import Callable
 import numpy as np
 
 from mixrt.errors import KVStoreError, OptimizerError, ShapeError
-from mixrt.runtime import engine
-from mixrt.runtime import optimizer as optim
-from mixrt.runtime.npz import read_npz, write_npz
+from mixrt.kvstore.compression import check_params
 from mixrt.ops.device import array_module, to_host
+from mixrt.runtime import engine, optimizer as optim
+from mixrt.runtime.npz import read_npz, write_npz
 
 Updater = Callable[[str, object, object], None]
 
@@ -204,7 +204,6 @@ class KVStore:
         return self._optimizer
 
     def set_gradient_compression(self, params: dict) -> None:
-        from mixrt.kvstore.compression import check_params  # noqa: PLC0415
         self._compression = check_params(params)
 
     # -- optimizer checkpoints ----------------------------------------------------------

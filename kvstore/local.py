@@ -17,6 +17,7 @@ import numpy as np
 from mixrt.errors import KVStoreError
 from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
                                 sum_on)
+from mixrt.kvstore.compression import create_compressor
 from mixrt.ops.device import array_module
 
 
@@ -66,7 +67,6 @@ class LocalStore(KVStore):
             raise KVStoreError("gradient compression is for the 'device' and 'dist_*' "
                                "kinds; the 'local' store sums on the CPU uncompressed")
         super().set_gradient_compression(params)
-        from mixrt.kvstore.compression import create_compressor  # noqa: PLC0415
         self._compressor = create_compressor(self._compression)
 
     def _stored(self, name: str, what: str):

@@ -37,6 +37,9 @@ import ctypes
 import os
 import sys
 import threading
+import warnings
+
+from mixrt import errors
 
 AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}  # OpenBLAS's AVX-512 kernels
 CORETYPE = "SkylakeX"
@@ -147,9 +150,6 @@ def _missed(wanted_core: bool, user_timeout: bool, core: str, timeout: int) -> l
 
 
 def _warn(missed: list[str], obstacle: str, stacklevel: int) -> None:
-    import warnings  # noqa: PLC0415
-
-    from mixrt import errors  # noqa: PLC0415
     warnings.warn(
         f"mixrt was imported after NumPy and could not re-tune NumPy's OpenBLAS in place "
         f"({obstacle}), so it runs without {' and '.join(missed)}: convolutional models run up to 1.6x slower on the "

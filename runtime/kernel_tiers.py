@@ -55,9 +55,9 @@ import mixrt.ops as ops_package
 from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.runtime.feeds import feed_signature
-from mixrt.runtime.npz import storable
+from mixrt.runtime.format import save_mxr
+from mixrt.runtime.npz import storable, write_npz
 from mixrt.runtime.profiler import symbolic_profiler
-from mixrt.runtime.npz import write_npz
 
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
@@ -348,7 +348,6 @@ class BackgroundCompiler:
 def _job_spec(session, job: CompileJob, folder: Path) -> dict:
     """Write what the child needs into ``folder``: the model (the session's source file
     when it has one, else its graph as a .mxr) and the feeds (.npz, no pickle)."""
-    from mixrt.runtime.format import save_mxr  # noqa: PLC0415
     tiers = job.tiers
     if tiers._source is not None:
         model, opt_level = tiers._source, tiers._opt_level

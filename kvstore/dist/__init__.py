@@ -11,16 +11,16 @@ import sys
 
 from mixrt.errors import KVStoreError
 from mixrt.kvstore.dist.config import Config, from_env
+from mixrt.kvstore.dist.scheduler import run_scheduler
+from mixrt.kvstore.dist.server import run_server
 
 
 def run_role(config: Config | None = None) -> int:
     """Serve as the scheduler or a server until the job ends; returns the exit status."""
     config = config or from_env()
     if config.role == "scheduler":
-        from mixrt.kvstore.dist.scheduler import run_scheduler  # noqa: PLC0415
         return run_scheduler(config)
     if config.role == "server":
-        from mixrt.kvstore.dist.server import run_server  # noqa: PLC0415
         return run_server(config)
     raise KVStoreError("run_role serves the scheduler and server roles; a worker creates "
                        "its store with mixrt.kv.create('dist_sync')")

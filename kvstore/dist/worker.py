@@ -34,8 +34,9 @@ from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config, from_env
 from mixrt.kvstore.dist.liveness import SchedulerLink, interrupt_main_on_error
 from mixrt.kvstore.dist.security import secure_client
-from mixrt.runtime import optimizer as optim
 from mixrt.ops.device import array_module, to_host
+from mixrt.runtime import optimizer as optim
+from mixrt.runtime.engine import drain_if_running
 
 log = logging.getLogger("mixrt.kvstore.worker")
 DIST_KINDS = ("dist_sync", "dist_async", "dist_device_sync")
@@ -308,7 +309,6 @@ class DistStore(KVStore):
         Trainer queued on the dependency engine finish first)."""
         if self._closed:
             return
-        from mixrt.runtime.engine import drain_if_running  # noqa: PLC0415
         drain_if_running()
         self._closed = True
         if self.link.error is None:
