@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mixrt import __version__  # the package's one statement of it
 from mixrt.errors import InputError, MixrtError, ModelLoadError
 
 
@@ -71,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mixrt", description="mixrt: run and check ONNX "
                                      "models")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--version", action="version", version=f"mixrt {_version()}")
+    parser.add_argument("--version", action="version", version=f"mixrt {__version__}")
     commands = parser.add_subparsers(dest="command")
 
     info = commands.add_parser("info", help="describe a model")
@@ -166,18 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    from mixrt import __version__  # noqa: PLC0415  (the package's one statement of it)
-    return __version__
-
-
 def _add_launch_command(commands) -> None:
     launch = commands.add_parser(
         "launch", help="start a distributed KVStore job: a scheduler, S servers and W workers "
         "running CMD (mixrt launch -n W -s S -- CMD...)",
         description="Start a scheduler, S servers (python -m mixrt.kvstore.dist) and W workers "
         "(CMD), with the DMLC_* variables set, relay their output prefixed with their names, "
-        "and exit with the first failure's status (details: kvstore/launch.py and kvstore/supervisor.py).")
+        "and exit with the first failure's status (details: kvstore/launch.py and "
+        "kvstore/supervisor.py).")
     launch.add_argument("-n", "--num-workers", type=int, required=True, metavar="W")
     launch.add_argument("-s", "--num-servers", type=int, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher)")

@@ -8,8 +8,8 @@ starts with empty caches every time. So a session's first run of an input signat
   that signature were compiled into the cache): the run uses the compiled tier at once; numba
   loads the machine code from its disk cache (0.3-0.5 s for ResNet-50).
 * **Otherwise**: the run, and every run of that signature until the compiled tier is in, runs
-  with the compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path, which
-  ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
+  with the compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path,
+  which ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
 
 The background compiler is one thread per process that works through its queue with a child
 process (``python -m mixrt.runtime.compile_worker``, at a lower priority): the child loads

@@ -34,7 +34,8 @@ from mixrt.runtime import kernel_tiers
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
 from mixrt.runtime.run_loop import execute
-from mixrt.runtime.executor import ExecutionPlan, FrozenValues, acquire, host_copies, make_plan, plannable_on_gpu, release
+from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_copies, make_plan,
+                                    plannable_on_gpu, release)
 from mixrt.runtime.feeds import (as_text, check_tensor, feed_signature, map_feed, python_feed,
                                  type_name, unicode_text)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
@@ -478,7 +479,9 @@ def _node_arg(name: str, value_type) -> NodeArg:
 
 def _type_string(value_type) -> str:
     if isinstance(value_type, TensorType):
-        return "tensor(?)" if value_type.dtype is None else f"tensor({type_name(value_type.dtype)})"
+        if value_type.dtype is None:
+            return "tensor(?)"
+        return f"tensor({type_name(value_type.dtype)})"
     if isinstance(value_type, SequenceType):
         return f"seq({_type_string(value_type.element)})"
     if isinstance(value_type, MapType):
@@ -529,11 +532,11 @@ def _optimized(graph: Graph, opt_level: int) -> Graph:
     return optimize(expand_gradient_ops(graph), opt_level)
 
 
-# bytes of values and constants under which a run does not wake the native threads as it
-# starts (ops/compiled/jit_cpu.native_pool): such small models' kernels seldom split their work, and
-# one that does wakes them itself (a worker then joins 10-15 us late). Once a process had
-# loaded them, the wake cost a one-node model's run ~9 us (20 -> 11 us: the system call,
-# then a worker spinning ~45 us beside it)
+# bytes of values and constants under which a run does not wake the native threads as it starts
+# (ops/compiled/jit_cpu.native_pool): such small models' kernels seldom split their work, and one
+# that does wakes them itself (a worker then joins 10-15 us late). Once a process had loaded them,
+# the wake cost a one-node model's run ~9 us (20 -> 11 us: the system call, then a worker spinning
+# ~45 us beside it)
 WAKE_BYTES = 1 << 18
 
 

@@ -163,7 +163,8 @@ def test_fit_in_a_pipe_prints_one_line_per_epoch_instead_of_a_bar(capsys):
 def test_import_mixrt_defers_the_heavy_packages():
     """``import mixrt`` (and so ``mixrt --version``) loads neither onnx nor numba: a service
     pays for them when it loads a model and when its kernels compile, not before."""
-    probe = "import sys, mixrt\nprint(sorted(m for m in ('onnx', 'numba', 'llvmlite', 'cupy') if m in sys.modules))"
+    probe = ("import sys, mixrt\n"
+             "print(sorted(m for m in ('onnx', 'numba', 'llvmlite', 'cupy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,4 +1,5 @@
-"""MXNet's reshape codes in symbols and hybridized blocks: mixrt::MXReshape (ops/shape/shape_mxnet.py).
+"""MXNet's reshape codes in symbols and hybridized blocks: mixrt::MXReshape
+(ops/shape/shape_mxnet.py).
 
 Before, a symbol refused -2/-3/-4 and reverse=True (a hybridized ``x.reshape(0, -3, 0)``
 was a GraphError), so a block written for MXNet could not hybridize. The expected shapes

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.attention.attention import merge_heads, rotary_embedding, split_heads
-from mixrt.ops.attention.contrib_attention import MICROSOFT, attend, check_attention_bias, require_heads, \
-    require_rank, require_split
+from mixrt.ops.attention.contrib_attention import (MICROSOFT, attend, check_attention_bias,
+                                                   require_heads, require_rank, require_split)
 from mixrt.ops.ir.dtypes import compute_dtype
 from mixrt.ops.ir.registry import op
 from mixrt.ops.shape.shape import host_ints

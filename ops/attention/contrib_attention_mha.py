@@ -17,9 +17,11 @@ Q, K and V arrive in one of these forms:
 from __future__ import annotations
 
 from mixrt.ops.attention.attention import merge_heads, split_heads
-from mixrt.ops.attention.contrib_attention import MASK_FILTER_VALUE, MICROSOFT, additive_mask, attend, \
-    causally_hidden, check_attention_bias, check_mask_index, dim_sum, padded_keys, \
-    require_heads, require_rank, require_split, with_past
+from mixrt.ops.attention.contrib_attention import (MASK_FILTER_VALUE, MICROSOFT, additive_mask,
+                                                   attend, causally_hidden, check_attention_bias,
+                                                   check_mask_index, dim_sum, padded_keys,
+                                                   require_heads, require_rank, require_split,
+                                                   with_past)
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, conflicting, fits, shape_text

@@ -20,9 +20,9 @@ import math
 import numpy as np
 
 from mixrt.ops.nn import fused
-from mixrt.ops.elementwise.activation import (celu, elu, gelu, hard_sigmoid, hard_swish, leaky_relu,
-                                  relu, selu, sigmoid, softplus, softsign, tanh,
-                                  thresholded_relu)
+from mixrt.ops.elementwise.activation import (celu, elu, gelu, hard_sigmoid, hard_swish,
+                                              leaky_relu, relu, selu, sigmoid, softplus, softsign,
+                                              tanh, thresholded_relu)
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype
 from mixrt.ops.elementwise.fused_elementwise import fused_elementwise
@@ -236,11 +236,11 @@ def _(X, W, B=None, Z=None, *, activation=None, activation_params=None, **attrib
 
 # -- the GELU family ----------------------------------------------------------------------------
 #
-# Each is a FusedElementwise program (ops/elementwise/fused_elementwise.py), the kernel the optimizer runs
-# an exported GELU's Div/Erf/Add/Mul chain through: on the CPU one compiled pass over memory
-# into the output, on the GPU one generated kernel. Gelu-20's own kernel takes several NumPy
-# passes (its erf in float64): at BERT's 128 x 3072 the program ran a bias and GELU in ~0.6 ms,
-# the separate kernels in ~11.
+# Each is a FusedElementwise program (ops/elementwise/fused_elementwise.py), the kernel the
+# optimizer runs an exported GELU's Div/Erf/Add/Mul chain through: on the CPU one compiled pass
+# over memory into the output, on the GPU one generated kernel. Gelu-20's own kernel takes several
+# NumPy passes (its erf in float64): at BERT's 128 x 3072 the program ran a bias and GELU in ~0.6
+# ms, the separate kernels in ~11.
 
 class ProgramWriter:
     """A FusedElementwise program being written: registers 0.. hold the node's inputs and

@@ -10,12 +10,12 @@ The node stands for this exact composition of ONNX ops, which the exporter write
     P = Softmax(MatMul(Qt, Kt) * scale [+ mask], axis=-1)
     Y = Transpose(MatMul(P, Vt), perm=[0, 2, 1, 3])
 
-On the CPU the heads are computed in one compiled pass (``ops/panels/_jit_panels.py``, its attention
-section) that reads Q, K and V where the dense layers wrote them and writes Y in place: the
-four transposes the graph spells out are never copied, and the scores never leave L1.
-Anything that kernel does not take (other dtypes, a mask that would widen the scores, shapes
-that do not line up, no AVX-512) runs the composition itself, with broadcasting, exactly as
-the unfused nodes would.
+On the CPU the heads are computed in one compiled pass (``ops/panels/_jit_panels.py``, its
+attention section) that reads Q, K and V where the dense layers wrote them and writes Y in place:
+the four transposes the graph spells out are never copied, and the scores never leave L1. Anything
+that kernel does not take (other dtypes, a mask that would widen the scores, shapes that do not
+line up, no AVX-512) runs the composition itself, with broadcasting, exactly as the unfused nodes
+would.
 """
 
 from __future__ import annotations

@@ -179,8 +179,8 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
 def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out,
                epilogue, prepacked=None):
     """ShuffleNet's and MobileNet's depthwise convolutions, by the direct compiled loop of
-    ``ops/conv/jit_depthwise.py`` or else the phase-plane one of ``ops/compiled/jit_cpu.py`` (3-4x the
-    generic kernel's batched 1x9 matmuls on ShuffleNet)."""
+    ``ops/conv/jit_depthwise.py`` or else the phase-plane one of ``ops/compiled/jit_cpu.py``
+    (3-4x the generic kernel's batched 1x9 matmuls on ShuffleNet)."""
     kernel, strides, dilations, _, begin, _, out_dims = geometry(
         prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
     # a call into the caller's out with nothing after it is the node's whole call: replayable

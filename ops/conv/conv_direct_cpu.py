@@ -464,8 +464,9 @@ def _padded_bias(plan, B, m, dtype) -> np.ndarray:
 def band_rows(X, W, B, limits, geometry, prepacked):
     """``rows(image, r0, r1, y, at)``: output rows r0..r1 of one image of Conv(X, W) + B,
     through the epilogue ``limits``, written into ``y`` (M, L) from output row ``at`` on (y's
-    rows hold L / OW output rows each), on the calling thread alone. For kernels that compute
-    a convolution a band of rows at a time (``ops/conv/fused_conv_pool.py``); :func:`suits` must hold."""
+    rows hold L / OW output rows each), on the calling thread alone. For kernels that compute a
+    convolution a band of rows at a time (``ops/conv/fused_conv_pool.py``); :func:`suits` must
+    hold."""
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
     bias = _padded_bias(plan, B, W.shape[0], X.dtype)

@@ -36,8 +36,8 @@ from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
-# without the native workers (ops/panels/native_parts.py), outputs from this many elements are split
-# over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
+# without the native workers (ops/panels/native_parts.py), outputs from this many elements are
+# split over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 
 
@@ -50,9 +50,9 @@ def suits(X, W, out, kernel) -> bool:
 
 def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None):
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
-    into ``out`` (N, C*k, oh, ow); see :func:`suits`. A call split over the native workers
-    is kept as the node's replay in ``replays`` (its prepacked dict; ``ops/compiled/replay.py``) when
-    it passes W and B where they lie."""
+    into ``out`` (N, C*k, oh, ow); see :func:`suits`. A call split over the native workers is
+    kept as the node's replay in ``replays`` (its prepacked dict; ``ops/compiled/replay.py``)
+    when it passes W and B where they lie."""
     (n, channels, height, width), m = X.shape, W.shape[0]
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     if out.size == 0:

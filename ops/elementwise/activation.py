@@ -1,8 +1,8 @@
 """Activation functions.
 
 Each is computed in the input's compute dtype (float32 for float16/bfloat16, see
-:func:`mixrt.ops.elementwise.elementwise.compute_dtype`) and rounded back once. Attribute constants are
-turned into scalars of that dtype first, so a float32 tensor is never promoted to float64.
+:func:`mixrt.ops.elementwise.elementwise.compute_dtype`) and rounded back once. Attribute constants
+are turned into scalars of that dtype first, so a float32 tensor is never promoted to float64.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import math
 
 import numpy as np
 
-from mixrt.ops.ir.dtypes import (compute_dtype, BOOL, FLOAT8, FLOATS, INTS, NUMERIC, SIGNED_INTS, STRING,
-                              is_float)
+from mixrt.ops.ir.dtypes import (compute_dtype, BOOL, FLOAT8, FLOATS, INTS, NUMERIC, SIGNED_INTS,
+                                 STRING, is_float)
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import (TensorType, broadcast_like_first, broadcast_shapes,
                              broadcast_to_bool, same_as_input)

@@ -11,15 +11,15 @@ carries a small register program in plain ONNX attributes:
 * ``params`` (floats): each step's constants, flattened (Pow's exponent, Clip's bounds,
   LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
 
-On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU
-family, clip, sqrt, x^3, float32 erf and tanh...) runs as one generated, numba-compiled loop
-(``ops/elementwise/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs, the
-steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is
-the last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out``
-allocates nothing. On the GPU the program becomes one generated
-``cupy.ElementwiseKernel`` (built once per distinct program and cached), so the chain is one
-pass over memory. The generated source is assembled from the fixed templates below; a
-program read from a file can only pick templates and supply finite float literals.
+On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU family,
+clip, sqrt, x^3, float32 erf and tanh...) runs as one generated, numba-compiled loop
+(``ops/elementwise/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs,
+the steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is the
+last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out`` allocates
+nothing. On the GPU the program becomes one generated ``cupy.ElementwiseKernel`` (built once per
+distinct program and cached), so the chain is one pass over memory. The generated source is
+assembled from the fixed templates below; a program read from a file can only pick templates and
+supply finite float literals.
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ OPS: dict[str, ElementwiseOp] = {
     "Floor": ElementwiseOp(1, 0, _ufunc(np.floor), lambda a: f"floor({a})"),
     "Ceil": ElementwiseOp(1, 0, _ufunc(np.ceil), lambda a: f"ceil({a})"),
     "Tanh": ElementwiseOp(1, 0, _tanh_cpu, lambda a: f"tanh({a})"),
-    # the unfused kernels of these call the same ufunc on float32/float64 (ops/elementwise/elementwise.py)
+    # the unfused kernels of these call the same ufunc on float32/float64
+    # (ops/elementwise/elementwise.py)
     **{name: ElementwiseOp(1, 0, _ufunc(getattr(np, ufunc)), _cuda_call(cuda))
        for name, ufunc, cuda in (
            ("Sin", "sin", "sin"), ("Cos", "cos", "cos"), ("Tan", "tan", "tan"),
@@ -239,7 +240,8 @@ class Program:
             for register in step.operands:
                 last_use[register] = index
         self.last_use = last_use
-        self.jit_kernels: dict = {}  # its compiled loops (ops/elementwise/jit_elementwise.py) by variant
+        # its compiled loops (ops/elementwise/jit_elementwise.py) by variant
+        self.jit_kernels: dict = {}
         self.routines: dict = {}  # its generated small-output functions by operand layout
 
     # -- CPU: in-place ufunc calls over cache-sized blocks --------------------------------

@@ -1,10 +1,10 @@
 """FusedElementwise programs compiled into one loop on the CPU (numba), one pass over memory.
 
-The NumPy path of ``ops/elementwise/fused_elementwise.py`` runs a program as one ufunc call per step over
-cache-sized blocks: every step reads and writes its block again, and each call costs about a
-microsecond. DenseNet's batch-norm + ReLU (``x * scale + shift``, ``max(., 0)`` over
-256x56x56) took 0.55 ms that way and 0.065 ms as one compiled loop; the BERT encoder's GELU,
-0.9 ms against 0.1 ms.
+The NumPy path of ``ops/elementwise/fused_elementwise.py`` runs a program as one ufunc call per
+step over cache-sized blocks: every step reads and writes its block again, and each call costs
+about a microsecond. DenseNet's batch-norm + ReLU (``x * scale + shift``, ``max(., 0)`` over
+256x56x56) took 0.55 ms that way and 0.065 ms as one compiled loop; the BERT encoder's GELU, 0.9 ms
+against 0.1 ms.
 
 A program becomes Python source the same way the GPU path builds its CUDA source: fixed
 templates per op, operand names and finite float literals (``repr`` of a float), nothing else
@@ -24,9 +24,9 @@ compiling it (0.2-0.5 s). A file whose contents differ from the source it should
 rewritten before it is imported. Where no cache directory is writable the source is compiled
 in memory.
 
-Only ops that LLVM turns into vector instructions are compiled: arithmetic, max/min, abs,
-sqrt, floor/ceil, the ReLU family, clip, x^2, x^3 and x^4 as multiplications, and erf and tanh
-in float32 (rational functions, ops/elementwise/odd_rational.py, the same order of operations as the NumPy
+Only ops that LLVM turns into vector instructions are compiled: arithmetic, max/min, abs, sqrt,
+floor/ceil, the ReLU family, clip, x^2, x^3 and x^4 as multiplications, and erf and tanh in float32
+(rational functions, ops/elementwise/odd_rational.py, the same order of operations as the NumPy
 path). exp, log and sigmoid stay on the NumPy path, whose SIMD exp/log run 6-80x faster than
 numba's calls into libm.
 """
@@ -108,8 +108,8 @@ TEMPLATES = {  # op -> (source of the step's value from its operands and params)
     "Pow": lambda a, p: _power(a, int(p)),  # only p in 2, 3, 4 (see compilable)
     "Erf": lambda a: f"erf32({a})",  # float32 only: a rational (ops/elementwise/odd_rational.py)
     "Tanh": lambda a: f"tanh32({a})",
-    # (1 + tanh(x / 2)) / 2 through the tanh rational, as ops/elementwise/fused_elementwise.py's NumPy
-    # form computes it: numba's exp is a scalar libm call that keeps the loop from
+    # (1 + tanh(x / 2)) / 2 through the tanh rational, as ops/elementwise/fused_elementwise.py's
+    # NumPy form computes it: numba's exp is a scalar libm call that keeps the loop from
     # vectorizing (EfficientNet's SiLU took 8 of its 19 ms as NumPy's four passes)
     "Sigmoid": lambda a: f"((tanh32({a} * T(0.5)) + T(1.0)) * T(0.5))",
     "Scalar": _lit,
@@ -123,7 +123,8 @@ def small_power(p: float) -> int | None:
 
 
 def _power(a, n: int) -> str:
-    # the association order of ops/elementwise/fused_elementwise._pow_cpu: the same bits on both paths
+    # the association order of ops/elementwise/fused_elementwise._pow_cpu: the same bits on both
+    # paths
     return {2: f"({a} * {a})", 3: f"(({a} * {a}) * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[n]
 
 

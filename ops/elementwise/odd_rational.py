@@ -1,10 +1,10 @@
 """Odd functions (erf, tanh) in float32 as ``x P(u) / Q(u)``, ``u = (x / limit)^2``.
 
-NumPy's float32 tanh is a SIMD call, but numba reaches tanh, erf and exp through scalar libm
-calls that LLVM cannot vectorize: a compiled FusedElementwise loop with one of them ran GPT-2's
-tanh-form GELU at ~60 ns an element. A rational function is only multiplies, adds, one divide
-and two clips, so the compiled loop (``ops/elementwise/jit_elementwise.py``) vectorizes it, and the NumPy
-path of ``ops/elementwise/fused_elementwise.py`` evaluates the same polynomials in the same order, so both
+NumPy's float32 tanh is a SIMD call, but numba reaches tanh, erf and exp through scalar libm calls
+that LLVM cannot vectorize: a compiled FusedElementwise loop with one of them ran GPT-2's tanh-form
+GELU at ~60 ns an element. A rational function is only multiplies, adds, one divide and two clips,
+so the compiled loop (``ops/elementwise/jit_elementwise.py``) vectorizes it, and the NumPy path of
+``ops/elementwise/fused_elementwise.py`` evaluates the same polynomials in the same order, so both
 paths give the same bits.
 
 Each fit is least squares on the relative error, reweighted by the denominator until it

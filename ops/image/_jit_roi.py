@@ -15,8 +15,9 @@ from numba import njit
 @njit(nogil=True, cache=True)
 def roi_align(images, batches, rows, cols, weights, grids, average, out):
     """out [R, C, out_h, out_w]. images [N, C, H, W]; rows[r] (y_lo, y_hi) and cols[r]
-    (x_lo, x_hi) per sample along each axis (bins padded to the largest grid); weights[r, k] the corner k weights
-    (lo-lo, lo-hi, hi-lo, hi-hi) per (sample y, sample x); grids[r] the samples per bin."""
+    (x_lo, x_hi) per sample along each axis (bins padded to the largest grid); weights[r, k] the
+    corner k weights (lo-lo, lo-hi, hi-lo, hi-hi) per (sample y, sample x); grids[r] the samples
+    per bin."""
     count, channels, out_h, out_w = out.shape
     # the samples of bin (ph, pw) start at ph * stride_h, pw * stride_w (padded grids)
     stride_h, stride_w = rows.shape[2] // out_h, cols.shape[2] // out_w

@@ -91,8 +91,8 @@ class Kernel:
 
     def wants_node_state(self, device: str) -> bool:
         """Whether the device's function keeps what its node's own calls share (a pool's
-        replayed call, ``ops/compiled/replay.py``): it takes ``_node``, a dict the session gives each
-        of its nodes."""
+        replayed call, ``ops/compiled/replay.py``): it takes ``_node``, a dict the session gives
+        each of its nodes."""
         return "_node" in _signature_info(self.for_device(device)).attributes
 
     @property

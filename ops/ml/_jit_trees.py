@@ -6,13 +6,13 @@ per level, so a 100-tree forest of depth 20 costs thousands of NumPy calls for o
 a row's walk is a few loads per node.
 
 The node table is the one ``ops/ml/forest._Forest`` builds (interior nodes and leaves share the
-index space, a leaf's mode is ``LEAF``), packed one node to a 24-byte record (split,
-feature, mode with the missing-value flag, children) so that a step reads one cache line
-rather than one per array (an extra-trees forest's row 7 -> 2 us); a leaf's weights are given sparsely (``leaf_start``
-into ``leaf_targets``/``leaf_values``, the nonzero-or-hit entries of the dense table), which
-adds the same values in the same order as the NumPy tier's dense rows (adding the dense
-table's zeros changes nothing), so both tiers give identical scores. Comparisons are in
-float64, as the NumPy tier converts its input.
+index space, a leaf's mode is ``LEAF``), packed one node to a 24-byte record (split, feature, mode
+with the missing-value flag, children) so that a step reads one cache line rather than one per
+array (an extra-trees forest's row 7 -> 2 us); a leaf's weights are given sparsely (``leaf_start``
+into ``leaf_targets``/``leaf_values``, the nonzero-or-hit entries of the dense table), which adds
+the same values in the same order as the NumPy tier's dense rows (adding the dense table's zeros
+changes nothing), so both tiers give identical scores. Comparisons are in float64, as the NumPy
+tier converts its input.
 """
 
 from __future__ import annotations

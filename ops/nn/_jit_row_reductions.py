@@ -1,6 +1,6 @@
 """Kernels over rows held in L1: LayerNormalization and its RMS form, softmax's shift by the
-row max and scale by the row sum (``ops/nn/nn_cpu.py``), and pools whose one window is a whole plane
-(``ops/pool/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
+row max and scale by the row sum (``ops/nn/nn_cpu.py``), and pools whose one window is a whole
+plane (``ops/pool/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
 per-row overhead. Arrays are flat and indexed with unsigned offsets (see
 ``ops/compiled/jit_cpu.py``); only the sums are reassociated, so NaNs pass through.
 """
@@ -40,8 +40,8 @@ def layer_norm(x, scale, bias, y, rows, n, epsilon):
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
 def rms_norm(x, scale, y, rows, n, epsilon):
     """SimplifiedLayerNormalization (RMS) over rows of ``n``: ``y = x * (1 / sqrt(mean(x^2)
-    + epsilon)) * scale``, the NumPy form's order (``ops/attention/contrib_norm.py``); each row read
-    twice while in L1, so ``y`` over ``x`` is safe. Only the sum is reassociated."""
+    + epsilon)) * scale``, the NumPy form's order (``ops/attention/contrib_norm.py``); each row
+    read twice while in L1, so ``y`` over ``x`` is safe. Only the sum is reassociated."""
     count = x.dtype.type(n)
     for r in range(rows):
         start = r * n
@@ -115,7 +115,7 @@ def softmax_scale(y, rows, n):
             y[uint64(s + i)] *= inverse
 
 
-# -- whole-plane pools (ops/pool/inplace_cpu.py) ------------------------------------------------------
+# -- whole-plane pools (ops/pool/inplace_cpu.py) --------------------------------------------------
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
 def row_means(x, y, rows, n, count):

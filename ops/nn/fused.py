@@ -152,8 +152,8 @@ def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, param
 
 def _add_and_activate(xp, y, bias, residual, activation: str, params):
     """y += bias, y += residual, then the activation, in place (either addend may be None):
-    on the CPU one compiled pass over y when ops/elementwise/jit_elementwise.py takes the program and
-    these arrays, else one NumPy call each."""
+    on the CPU one compiled pass over y when ops/elementwise/jit_elementwise.py takes the
+    program and these arrays, else one NumPy call each."""
     # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking). Without an
     # activation NumPy's adds are faster: its in-place add of a bias row is one vectorized
     # loop, the generic compiled loop nest indexes every element (BERT's 64 x 256 outputs:

@@ -107,14 +107,14 @@ def softmax_coerced_cpu(xp, input, *, axis=1, out=None):
 
 def _softmax_rows(xp, input, width, out, generic):
     """Softmax of the rows of ``width`` of ``input`` into ``out`` (made here when None), rows
-    split over the intra-op threads: exp is heavy enough per element that two threads run it
-    in about half the time (ops/compiled/parallel.py). The row max and the division are compiled
-    loops (ops/compiled/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost twice
-    its exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. One compiled call
-    also beats NumPy's reductions over several axes on small inputs: SqueezeNet's final
-    (1, 1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11
-    alone. Computing in place over ``input`` is safe: each row's max is taken before the row
-    is overwritten."""
+    split over the intra-op threads: exp is heavy enough per element that two threads run it in
+    about half the time (ops/compiled/parallel.py). The row max and the division are compiled
+    loops (ops/compiled/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost
+    twice its exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. One compiled call
+    also beats NumPy's reductions over several axes on small inputs: SqueezeNet's final (1,
+    1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11 alone.
+    Computing in place over ``input`` is safe: each row's max is taken before the row is
+    overwritten."""
     if out is None and native(input):
         out = np.empty_like(input)
     if out is None or not native(input, out) or input.size == 0 or width == 0 or (
@@ -140,10 +140,10 @@ def _softmax_rows(xp, input, width, out, generic):
 @layer_normalization.fast("cpu")
 def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
                             _outputs=1, out=None):
-    """float32 statistics over the trailing axes: one compiled loop per row (ops/compiled/jit_cpu.py,
-    8x the NumPy passes on the BERT encoder's 128x768), else five NumPy passes over X with no
-    temporaries of its size: mean, centre into ``out``, sum of squares (einsum, no squared
-    copy), scale by the inverse deviation, then the affine step."""
+    """float32 statistics over the trailing axes: one compiled loop per row
+    (ops/compiled/jit_cpu.py, 8x the NumPy passes on the BERT encoder's 128x768), else five
+    NumPy passes over X with no temporaries of its size: mean, centre into ``out``, sum of
+    squares (einsum, no squared copy), scale by the inverse deviation, then the affine step."""
     if out is not None and _outputs == 1 and stash_type == 1 \
             and row_kernels.layer_norm_suits(X, Scale, B, out) \
             and row_kernels.layer_norm(X, Scale, B, out, axis % X.ndim, epsilon):

@@ -98,7 +98,8 @@ def _batch_norm_by_outputs(b, node):
                        spatial=int(node.attributes.get("spatial", 1)))
 
 
-for _legacy in (norm.batch_normalization_6, norm.batch_normalization_7, norm.batch_normalization_9):
+for _legacy in (norm.batch_normalization_6, norm.batch_normalization_7,
+                norm.batch_normalization_9):
     _legacy.expansion(_batch_norm_by_outputs)
 
 

@@ -47,8 +47,8 @@ def rms_norm(X, scale, out, axis: int, epsilon: float) -> bool:
     n = math.prod(X.shape[axis:])
     if scale.size != n or X.size == 0:
         return False
-    jit_cpu.load(ROW_KERNELS).rms_norm(X.reshape(-1), scale.reshape(-1), out.reshape(-1), X.size // n, n,
-                        X.dtype.type(epsilon))
+    jit_cpu.load(ROW_KERNELS).rms_norm(X.reshape(-1), scale.reshape(-1), out.reshape(-1),
+                                       X.size // n, n, X.dtype.type(epsilon))
     return True
 
 

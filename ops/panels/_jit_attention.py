@@ -24,13 +24,13 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 # -- attention ---------------------------------------------------------------------------------
 #
-# ``ops/attention/fused_attention.py``'s heads. Q, K, V and the output stay in the (batch, seq, heads,
-# size) layout the dense layers use: a head is a column band of each row, read and written
-# with the row stride, so the transposes the unfused graph copies through never happen. Per
-# (batch, head) pair, K's head is packed transposed into panels (size x 32 keys) and V's into
-# panels of its columns (keys x 32); then each strip of up to eight queries gets its scores
-# from the tile into an (8, keys) scratch that stays in L1, turns them into probabilities in
-# place (scaled, masked, softmax), and multiplies them by V's panels straight into the output.
+# ``ops/attention/fused_attention.py``'s heads. Q, K, V and the output stay in the (batch, seq,
+# heads, size) layout the dense layers use: a head is a column band of each row, read and written
+# with the row stride, so the transposes the unfused graph copies through never happen. Per (batch,
+# head) pair, K's head is packed transposed into panels (size x 32 keys) and V's into panels of its
+# columns (keys x 32); then each strip of up to eight queries gets its scores from the tile into an
+# (8, keys) scratch that stays in L1, turns them into probabilities in place (scaled, masked,
+# softmax), and multiplies them by V's panels straight into the output.
 #
 # The softmax is vector IR (:func:`_softmax_row`): numba's exp is a scalar libm call, and its
 # loops keep a running max scalar. exp(x) = 2^n e^r with n = rint(x / ln 2) and r = x - n ln 2

@@ -1,8 +1,8 @@
 """Direct convolutions on the packed-panel tile (``ops/conv/conv_direct_cpu.py``): the image copied
-once into its zero-padded stride phases (or packed into strips), the tile reading each
-output at its taps there, the bias, residual and activation applied as each tile is stored;
-no im2col columns and no pass after. Compiled because the tile is (``ops/panels/_jit_tile.py``), and
-so that one call per image splits its parts with the native worker (the driver at the end).
+once into its zero-padded stride phases (or packed into strips), the tile reading each output at
+its taps there, the bias, residual and activation applied as each tile is stored; no im2col columns
+and no pass after. Compiled because the tile is (``ops/panels/_jit_tile.py``), and so that one call
+per image splits its parts with the native worker (the driver at the end).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from mixrt.ops.panels._jit_native_pool import (
     ROWS_AT, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS,
     WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y, begin, claim, finish, get1, get2, get3,
     publish, put)
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run, _tile8
+from mixrt.ops.panels._jit_tile import (STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run,
+                                        _tile8)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from mixrt.ops.panels._jit_native_pool import (
-    ITEMSIZE, JOB, PARTS, PRODUCT_A, PRODUCT_BOUNDS, PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
-    PRODUCT_SPILL, PRODUCT_BIAS, begin, claim, finish, get1, get2, get3, pointer_like, publish, put)
+from mixrt.ops.panels._jit_native_pool import (ITEMSIZE, JOB, PARTS, PRODUCT_A, PRODUCT_BOUNDS,
+                                               PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
+                                               PRODUCT_SPILL, PRODUCT_BIAS, begin, claim, finish,
+                                               get1, get2, get3, pointer_like, publish, put)
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this

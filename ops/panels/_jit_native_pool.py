@@ -1,9 +1,9 @@
 """The native worker pool: worker threads that take a compiled kernel's parts without the
-GIL, through a control block of int64 words. Here: the block's layout (each job's argument
-slots included), the callers' side (take the pool, publish a job, claim parts, finish), the
-futex the workers sleep on, the threads themselves, and jobs that run any kernel's parts
-through a function pointer. The workers' loop and its dispatch to the drivers (of
-``ops/panels/_jit_dense.py``, ``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_attention.py``) are
+GIL, through a control block of int64 words. Here: the block's layout (each job's argument slots
+included), the callers' side (take the pool, publish a job, claim parts, finish), the futex the
+workers sleep on, the threads themselves, and jobs that run any kernel's parts through a function
+pointer. The workers' loop and its dispatch to the drivers (of ``ops/panels/_jit_dense.py``,
+``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_attention.py``) are
 ``ops/panels/_jit_native_worker.py``. Compiled, because the hand-off is what costs through Python
 threads (below).
 """
@@ -30,15 +30,14 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 #
 # Worker threads that take a compiled kernel's parts without the GIL.
 #
-# ``ops/compiled/parallel.py`` hands a part to a Python thread: the worker wakes from its queue, then
-# waits for the GIL, which the caller holds until its own part enters compiled code. Each of
-# those is a sleep: a job of two 236 us parts of a 1x1 convolution ran 280 us, the worker
-# starting 15 us after the caller and the caller seeing the end 13 us after the worker
-# (benchmarks/NOTES.md §19). Here the hand-off never leaves native code: a kernel's driver
-# (compiled, called once from Python) publishes its arguments in a shared control block,
-# takes parts itself, and waits for the worker's by spinning; the worker is a thread started
-# with ``pthread_create`` on a numba ``cfunc`` that spins on the same block, so two 7 us
-# parts take 7.4 us instead of 21-31.
+# ``ops/compiled/parallel.py`` hands a part to a Python thread: the worker wakes from its queue,
+# then waits for the GIL, which the caller holds until its own part enters compiled code. Each of
+# those is a sleep: a job of two 236 us parts of a 1x1 convolution ran 280 us, the worker starting
+# 15 us after the caller and the caller seeing the end 13 us after the worker (benchmarks/NOTES.md
+# §19). Here the hand-off never leaves native code: a kernel's driver (compiled, called once from
+# Python) publishes its arguments in a shared control block, takes parts itself, and waits for the
+# worker's by spinning; the worker is a thread started with ``pthread_create`` on a numba ``cfunc``
+# that spins on the same block, so two 7 us parts take 7.4 us instead of 21-31.
 #
 # A worker spins for SPIN_ROUNDS pauses after its last job (~45 us: a worker spinning without
 # end took a core from OpenBLAS and the Python threads between jobs, ResNet-50 22 -> 31-39
@@ -231,8 +230,8 @@ def pool(name: str, worker) -> Pool | None:
 # Laid out in one place, so that the asserts below check them against each other: the words
 # every job shares (ITEMSIZE, PARTS, JOB) stay clear of the others, and all fit the block.
 
-# the convolution's (ops/panels/_jit_conv_direct.py, :func:`native_conv`), from ARGS on: arrays take
-# four (address, shape), then scalars
+# the convolution's (ops/panels/_jit_conv_direct.py, :func:`native_conv`), from ARGS on: arrays
+# take four (address, shape), then scalars
 (X, PLANES, WORKER_PLANES, ROWS_AT, PLACES, BOUNDS, PANELS, WEIGHTS, Y, BIAS, RESIDUAL,
  WORKER_SPILL, WORKER_EDGE, NO_BIAS, LIMITS) = (ARGS + 4 * i for i in range(15))
 SCALARS = ARGS + 60
@@ -247,11 +246,11 @@ assert EDGE + 4 < BLOCK_WORDS - 1  # the block's last word names the job
 
 # -- dense products and attention, split between threads in native code ----------------------
 #
-# ``ops/nn/matmul_cpu.py``'s panel products and ``ops/attention/fused_attention.py``'s heads go through the
-# same pool: the driver publishes its arrays in the block (the slots from ARGS on, as the
-# convolution's do) and the job's kind in JOB, and both threads claim parts. Through
-# ``parallel_for`` the hand-off cost 55-70 us a call (BERT's 128 x 768 @ 768 x 768: 0.39 ms
-# against 0.32 for one thread's half; numba's prange, 0.33).
+# ``ops/nn/matmul_cpu.py``'s panel products and ``ops/attention/fused_attention.py``'s heads go
+# through the same pool: the driver publishes its arrays in the block (the slots from ARGS on, as
+# the convolution's do) and the job's kind in JOB, and both threads claim parts. Through
+# ``parallel_for`` the hand-off cost 55-70 us a call (BERT's 128 x 768 @ 768 x 768: 0.39 ms against
+# 0.32 for one thread's half; numba's prange, 0.33).
 
 JOB = BLOCK_WORDS - 1
 CONV_JOB, PRODUCT_JOB, ATTENTION_JOB, CALL_JOB = 0, 1, 2, 3

@@ -1,8 +1,8 @@
 """The native pool's worker thread: its loop over the jobs in the control block
 (``ops/panels/_jit_native_pool.py``), the dispatch on the job's word to the drivers' worker sides
-(``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_dense.py``, ``ops/panels/_jit_attention.py``, and any
-kernel's parts through a function pointer), and the ``cfunc`` each thread is started on.
-Compiled: the worker never takes the GIL.
+(``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_dense.py``,
+``ops/panels/_jit_attention.py``, and any kernel's parts through a function pointer), and the
+``cfunc`` each thread is started on. Compiled: the worker never takes the GIL.
 """
 
 from __future__ import annotations

@@ -2,20 +2,22 @@
 module (where the CPU has AVX-512) and its callers read ``kernels.<name>``. The kernels live
 in modules of their own, by what they compute:
 
-* ``ops/panels/_jit_tile.py``: the tile (up to 8 rows by a panel of two 64-byte vectors), in LLVM IR;
+* ``ops/panels/_jit_tile.py``: the tile (up to 8 rows by a panel of two 64-byte vectors), in LLVM
+  IR;
 * ``ops/panels/_jit_dense.py``: products against packed panels or read in place, batched products,
   their native driver, and the tile's C entries for kernels in other files;
-* ``ops/panels/_jit_conv_direct.py``: direct convolutions over stride-phase planes and their driver;
+* ``ops/panels/_jit_conv_direct.py``: direct convolutions over stride-phase planes and their
+  driver;
 * ``ops/panels/_jit_conv_weight_grad.py``: a convolution's weight gradient on the tile;
 * ``ops/panels/_jit_attention.py``: fused attention heads, the vector softmax, their driver;
 * ``ops/panels/_jit_native_pool.py``: the native worker pool (control block, futex, threads, each
   job's argument slots, any kernel's parts through a function pointer);
 * ``ops/panels/_jit_native_worker.py``: the worker's loop and its dispatch on the job's word.
 
-They call each other's compiled functions, and numba's disk cache keeps, in a cached caller,
-the code of what it called from another file: ``ops/compiled/jit_cache.py`` stamps their entries with
-every ``ops/_jit*.py`` file, so a change to one invalidates the others. ``ROW_BLOCK`` here is
-the control block's slot (``_jit_native_pool``), as callers have always read it;
+They call each other's compiled functions, and numba's disk cache keeps, in a cached caller, the
+code of what it called from another file: ``ops/compiled/jit_cache.py`` stamps their entries with
+every ``ops/_jit*.py`` file, so a change to one invalidates the others. ``ROW_BLOCK`` here is the
+control block's slot (``_jit_native_pool``), as callers have always read it;
 ``_jit_dense.ROW_BLOCK`` is the products' row block.
 """
 
@@ -27,17 +29,26 @@ from mixrt.ops.panels._jit_conv_direct import (  # noqa: F401
 from mixrt.ops.panels._jit_conv_weight_grad import pack_gradient, weight_grad  # noqa: F401
 from mixrt.ops.panels._jit_dense import (  # noqa: F401
     TILE_SIGNATURE, batched_product, native_product, panel_product, product, tile_d, tile_f)
-from mixrt.ops.panels._jit_native_pool import (  # noqa: F401
-    ARGS, ATTENTION_JOB, ATT_BATCH, ATT_BOUNDS, ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEYS,
-    ATT_KEY_COUNT, ATT_MASK, ATT_MASK_STRIDES, ATT_OUT, ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES,
-    ATT_SIZE, ATT_SPILL, ATT_V, ATT_VALUES, ATT_VALUE_SIZE, BIAS, BLOCK_WORDS, BOUNDS, BUSY,
-    BY_ROWS, CALL_ARGS, CALL_FN, CALL_JOB, CHUNK, CLOSED, CONV_JOB, COUNT_MASK, EDGE, FUTEX_SYSCALL,
-    FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE, HALO, HAS_RESIDUAL, IN_PLACE, ITEMSIZE, JOB, JOINED,
-    LEFT, LIMITS, LINE, NEXT, NO_BIAS, OH, OW, PANELS, PARTS, PART_SIGNATURE, PH, PLACES, PLANES,
-    PRODUCT_A, PRODUCT_BOUNDS, PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, PW, RESIDUAL,
-    ROWS_AT, ROW_BLOCK, SCALARS, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SLEEPERS, SPILL, SPIN_ROUNDS,
-    STATE, STRIPS, SX, SY, TAPS, TOP, WAKE, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SIGNATURE,
-    WORKER_SPILL, X, Y, Pool, begin, claim, finish, get1, get2, get3, native_for, pointer_like,
-    pool, publish, put, wake)
+from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, ATT_BOUNDS,
+                                               ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEYS,
+                                               ATT_KEY_COUNT, ATT_MASK, ATT_MASK_STRIDES, ATT_OUT,
+                                               ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES, ATT_SIZE,
+                                               ATT_SPILL, ATT_V, ATT_VALUES, ATT_VALUE_SIZE, BIAS,
+                                               BLOCK_WORDS, BOUNDS, BUSY, BY_ROWS, CALL_ARGS,
+                                               CALL_FN, CALL_JOB, CHUNK, CLOSED, CONV_JOB,
+                                               COUNT_MASK, EDGE, FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE,
+                                               FUTEX_WAKE_PRIVATE, HALO, HAS_RESIDUAL, IN_PLACE,
+                                               ITEMSIZE, JOB, JOINED, LEFT, LIMITS, LINE, NEXT,
+                                               NO_BIAS, OH, OW, PANELS, PARTS, PART_SIGNATURE, PH,
+                                               PLACES, PLANES, PRODUCT_A, PRODUCT_BOUNDS,
+                                               PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
+                                               PRODUCT_SPILL, PW, RESIDUAL, ROWS_AT, ROW_BLOCK,
+                                               SCALARS, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SLEEPERS,
+                                               SPILL, SPIN_ROUNDS, STATE, STRIPS, SX, SY, TAPS,
+                                               TOP, WAKE, WEIGHTS, WORKER_EDGE, WORKER_PLANES,
+                                               WORKER_SIGNATURE, WORKER_SPILL, X, Y, Pool, begin,
+                                               claim, finish, get1, get2, get3, native_for,
+                                               pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
-from mixrt.ops.panels._jit_tile import K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES  # noqa: F401
+# noqa: F401
+from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES)

@@ -1,6 +1,7 @@
 """The packed-panel tile, emitted as LLVM IR: the inner kernel of the dense products
-(``ops/panels/_jit_dense.py``), the direct convolutions (``ops/panels/_jit_conv_direct.py``), their weight
-gradient (``ops/panels/_jit_conv_weight_grad.py``) and the attention heads (``ops/panels/_jit_attention.py``).
+(``ops/panels/_jit_dense.py``), the direct convolutions (``ops/panels/_jit_conv_direct.py``), their
+weight gradient (``ops/panels/_jit_conv_weight_grad.py``) and the attention heads
+(``ops/panels/_jit_attention.py``).
 
 The inner kernel computes a tile of up to eight rows by one panel with its sums held in
 registers: for each k, two vector loads of the panel's row and, per activation row, one

@@ -5,13 +5,13 @@ for the GIL: 20-40 us a hand-off, so kernels split only from 256K elements. The 
 worker takes a part without the GIL, spinning between back-to-back jobs, in ~5 us, so the
 pools and depthwise convolutions split from SPLIT_ELEMENTS.
 
-A generated module (``ops/pool/jit_pool.py``, ``ops/conv/jit_depthwise.py``) adds to its ``run`` two
-``cfunc`` entry points from :func:`part_source`, ``part_f`` (float32) and ``part_d``
-(float64). Each reads its arguments from an array of addresses: ``args[0]`` is an int64
-array of words (its own length, the shape of every array in order, the integer scalars, then
-the parts' bounds), ``args[1:]`` the arrays' data. :func:`run_parts` writes those and calls
-the pool's driver, which runs ``part(args, p)`` for every part on this thread and the worker.
-Only numba's own ``carray`` reads them, so nothing of the pool is compiled into the module.
+A generated module (``ops/pool/jit_pool.py``, ``ops/conv/jit_depthwise.py``) adds to its ``run``
+two ``cfunc`` entry points from :func:`part_source`, ``part_f`` (float32) and ``part_d`` (float64).
+Each reads its arguments from an array of addresses: ``args[0]`` is an int64 array of words (its
+own length, the shape of every array in order, the integer scalars, then the parts' bounds),
+``args[1:]`` the arrays' data. :func:`run_parts` writes those and calls the pool's driver, which
+runs ``part(args, p)`` for every part on this thread and the worker. Only numba's own ``carray``
+reads them, so nothing of the pool is compiled into the module.
 """
 
 from __future__ import annotations

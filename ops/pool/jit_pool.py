@@ -14,11 +14,11 @@ pad 1 on 6x6 to 28x28 planes) take a second loop that runs each pass over a chun
 laid end to end and then recomputes the planes' edge rows and columns (:func:`_whole_source`);
 per plane, those small planes' edges and loop entries cost more than their interiors.
 
-The taps are unrolled: a kernel is generated per (kh, kw, strides, dilations, max or
-average) from fixed templates and integer literals, and compiled and cached on disk the way
-``ops/elementwise/jit_elementwise.py`` caches FusedElementwise programs (the same ``kernel`` function).
-With the tap counts known, LLVM keeps the loads in registers; the same loop with runtime tap
-counts ran 2.5x slower.
+The taps are unrolled: a kernel is generated per (kh, kw, strides, dilations, max or average) from
+fixed templates and integer literals, and compiled and cached on disk the way
+``ops/elementwise/jit_elementwise.py`` caches FusedElementwise programs (the same ``kernel``
+function). With the tap counts known, LLVM keeps the loads in registers; the same loop with runtime
+tap counts ran 2.5x slower.
 
 NaN: ``a if a > b else b`` is one vector instruction, but it drops a NaN in ``a``, and a max
 pool must pass NaNs on (as np.maximum does). The NaN-propagating select costs twice as much,

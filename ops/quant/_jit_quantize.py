@@ -1,9 +1,9 @@
-"""Per-tensor QuantizeLinear and DequantizeLinear compiled by numba (``ops/quant/quantize_cpu.py``):
-one pass over the tensor, where the NumPy forms of ``ops/quant/quantize.py`` take seven with
-float64 temporaries (a QDQ MobileNetV3 spent 46 of its 55 ms in them). The arithmetic is
-theirs: the division or product in float32, rounding half to even of that float32 value,
-the zero point added exactly, then clamped to the type's range. A NaN becomes 0, as
-NumPy's cast of NaN to an 8-bit integer gives on x86.
+"""Per-tensor QuantizeLinear and DequantizeLinear compiled by numba
+(``ops/quant/quantize_cpu.py``): one pass over the tensor, where the NumPy forms of
+``ops/quant/quantize.py`` take seven with float64 temporaries (a QDQ MobileNetV3 spent 46 of its 55
+ms in them). The arithmetic is theirs: the division or product in float32, rounding half to even of
+that float32 value, the zero point added exactly, then clamped to the type's range. A NaN becomes
+0, as NumPy's cast of NaN to an 8-bit integer gives on x86.
 """
 
 from __future__ import annotations

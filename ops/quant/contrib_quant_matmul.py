@@ -21,8 +21,8 @@ from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_val
                                      require_dtype, require_float_scales, require_per_tensor)
 from mixrt.ops.quant import int8_cpu
 from mixrt.ops.nn.nn import matmul_shape
-from mixrt.ops.quant.quantize import (centered_weight, dynamic_quantize_linear, exact_integer_product,
-                                expand_param)
+from mixrt.ops.quant.quantize import (centered_weight, dynamic_quantize_linear,
+                                      exact_integer_product, expand_param)
 from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, op
 from mixrt.ops.ir.types import TensorType, conflicting, shape_text
 

@@ -16,12 +16,12 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.quant.contrib_quant import contrib_dequantize_linear, contrib_quantize_linear
 from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
-from mixrt.ops.quant.quantize import (dequantize_linear, dequantize_linear_10, dequantize_linear_13,
-                                dequantize_linear_21, dequantize_linear_23,
-                                dynamic_quantize_linear, integer_range,
-                                qlinear_conv, quantize_linear, quantize_linear_10,
-                                quantize_linear_13, quantize_linear_19, quantize_linear_21,
-                                quantize_linear_23)
+from mixrt.ops.quant.quantize import (dequantize_linear, dequantize_linear_10,
+                                      dequantize_linear_13, dequantize_linear_21,
+                                      dequantize_linear_23, dynamic_quantize_linear, integer_range,
+                                      qlinear_conv, quantize_linear, quantize_linear_10,
+                                      quantize_linear_13, quantize_linear_19, quantize_linear_21,
+                                      quantize_linear_23)
 
 EIGHT_BITS = (np.dtype(np.int8), np.dtype(np.uint8))
 FLOAT32 = np.dtype(np.float32)

@@ -61,7 +61,8 @@ class Activation:
         return a if self.clip is None else self.xp.clip(a, -self.clip, self.clip)
 
     def value(self, a):
-        return recurrence.ACTIVATIONS[self.key][0](self.xp, self._clipped(a), self.alpha, self.beta)
+        activation = recurrence.ACTIVATIONS[self.key][0]
+        return activation(self.xp, self._clipped(a), self.alpha, self.beta)
 
     def slope(self, a, value=None):
         """d value / d a; ``value`` (f at a, when the caller kept it) saves recomputing
@@ -433,7 +434,8 @@ def compiled_forward(xp, cell_type, X, W, R, B, sequence_lens, initials, prepack
 
 
 def _compiled(cell_type, layer: _Layer, d: int):
-    """ops/rnn/lstm_cpu.py or ops/rnn/gru_cpu.py where direction d is its standard cell, else None."""
+    """ops/rnn/lstm_cpu.py or ops/rnn/gru_cpu.py where direction d is its standard cell, else
+    None."""
     module = COMPILED.get(cell_type)
     return module if module is not None and module.suits(layer, d) else None
 

@@ -1,9 +1,9 @@
 """Shape operators: ops that create, reshape, join or split tensors without arithmetic.
 
 Shape-like operands (``shape``, ``axes``, ``pads``, ``repeats``...) are small int64 tensors that
-decide output shapes, which live on the host; on the GPU reading them is an explicit
-device-to-host copy (:func:`host_ints`). Layout permutations (DepthToSpace, Trilu, OneHot...)
-and Pad live in :mod:`mixrt.ops.shape.layout`, imported at the bottom so its kernels register with ours.
+decide output shapes, which live on the host; on the GPU reading them is an explicit device-to-host
+copy (:func:`host_ints`). Layout permutations (DepthToSpace, Trilu, OneHot...) and Pad live in
+:mod:`mixrt.ops.shape.layout`, imported at the bottom so its kernels register with ours.
 """
 
 from __future__ import annotations

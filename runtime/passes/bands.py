@@ -1,7 +1,7 @@
 """Band fusion (opt_level 2): ``Conv/FusedConv [-> LRN] -> MaxPool/AveragePool`` becomes
 ``mixrt::FusedConvPool``, which computes the pooled output a band of rows at a time
-(``ops/conv/fused_conv_pool.py``), so the conv's output, usually a CNN's largest tensor, never takes
-room in the arena.
+(``ops/conv/fused_conv_pool.py``), so the conv's output, usually a CNN's largest tensor, never
+takes room in the arena.
 
 It runs after ``fuse_products``: the conv has already absorbed its bias and activation (a
 residual add stops it: a residual is a whole tensor anyway). A chain is fused only when

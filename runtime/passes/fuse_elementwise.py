@@ -6,10 +6,10 @@ which is not a graph output: GELU's diamond (``x`` read by both the Div and the 
 joins whole, a LayerNorm's tail from ``+ eps`` to ``+ beta`` too. Groups never create a
 cycle: only the root's value leaves the group, and every member runs before the root.
 
-A node is fusible when its op has a step in :data:`mixrt.ops.elementwise.fused_elementwise.OPS`, every
-operand and its result share one dtype the kernel serves, and its constants fit a float32
-attribute exactly. A one-element constant operand that cannot widen the result becomes a
-literal in the program (a ``Scalar`` step) instead of an input.
+A node is fusible when its op has a step in :data:`mixrt.ops.elementwise.fused_elementwise.OPS`,
+every operand and its result share one dtype the kernel serves, and its constants fit a float32
+attribute exactly. A one-element constant operand that cannot widen the result becomes a literal in
+the program (a ``Scalar`` step) instead of an input.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Gradients of LinearAttention and CausalConvWithState (ops/attention/attention_recurrent_grad.py).
+"""Gradients of LinearAttention and CausalConvWithState
+(ops/attention/attention_recurrent_grad.py).
 
 Both ops take float32, float16 and bfloat16 only, so the finite-difference checks call the
 forward and backward kernels directly in float64 (the kernels accumulate in float64 when

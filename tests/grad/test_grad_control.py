@@ -1,7 +1,7 @@
-"""The gradient of If (runtime/passes/control_gradients.py): through either branch, values the branches read
-from the enclosing graph, nested Ifs, branch outputs that are captured values or constants,
-second order, a model onnxruntime runs, training, and the GPU; all against float64 central
-differences."""
+"""The gradient of If (runtime/passes/control_gradients.py): through either branch, values the
+branches read from the enclosing graph, nested Ifs, branch outputs that are captured values or
+constants, second order, a model onnxruntime runs, training, and the GPU; all against float64
+central differences."""
 
 import numpy as np
 import pytest

@@ -1,9 +1,9 @@
-"""onnxruntime's attention operators of the com.microsoft domain (ops/attention/contrib_attention*.py)
-against onnxruntime's CPU kernels: Attention in every mask_index form, with past state,
-unidirectional, bias and float16; MultiHeadAttention in its separate, cached and packed forms;
-GroupQueryAttention on prompts, ragged decoding, shared-length caches, windows, softcap, sinks
-and rotary embeddings; RotaryEmbedding. Then their shape rules on symbolic models and bad
-operands, refused naming the node."""
+"""onnxruntime's attention operators of the com.microsoft domain
+(ops/attention/contrib_attention*.py) against onnxruntime's CPU kernels: Attention in every
+mask_index form, with past state, unidirectional, bias and float16; MultiHeadAttention in its
+separate, cached and packed forms; GroupQueryAttention on prompts, ragged decoding,
+shared-length caches, windows, softcap, sinks and rotary embeddings; RotaryEmbedding. Then their
+shape rules on symbolic models and bad operands, refused naming the node."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""mixrt::FusedAttention (ops/attention/fused_attention.py): the compiled heads of ops/panels/_jit_panels.py
-against the composition of ONNX ops it stands for, computed in float64 with NumPy; and the
-vector softmax they use."""
+"""mixrt::FusedAttention (ops/attention/fused_attention.py): the compiled heads of
+ops/panels/_jit_panels.py against the composition of ONNX ops it stands for, computed in float64
+with NumPy; and the vector softmax they use."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The VNNI integer product (ops/quant/int8_cpu.py, ops/quant/_jit_int8.py): exact int32 sums for every
-8-bit dtype pair and zero-point form, ragged K, rows and columns; the float route where it
-does not apply."""
+"""The VNNI integer product (ops/quant/int8_cpu.py, ops/quant/_jit_int8.py): exact int32 sums
+for every 8-bit dtype pair and zero-point form, ragged K, rows and columns; the float route
+where it does not apply."""
 
 import numpy as np
 import pytest

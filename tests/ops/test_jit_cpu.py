@@ -1,7 +1,8 @@
-"""The numba-compiled depthwise convolutions (ops/conv/jit_depthwise.py, ops/compiled/jit_cpu.py), 2-D
-pooling (ops/pool/jit_pool.py, ops/compiled/jit_cpu.py) and the grouped 1x1 convolution equal the generic
-kernels over strides, dilations, asymmetric pads, channel multipliers, ceil_mode and
-NaNs, are what the CPU fast paths really run, and step aside under MIXRT_JIT=0."""
+"""The numba-compiled depthwise convolutions (ops/conv/jit_depthwise.py,
+ops/compiled/jit_cpu.py), 2-D pooling (ops/pool/jit_pool.py, ops/compiled/jit_cpu.py) and the
+grouped 1x1 convolution equal the generic kernels over strides, dilations, asymmetric pads,
+channel multipliers, ceil_mode and NaNs, are what the CPU fast paths really run, and step aside
+under MIXRT_JIT=0."""
 
 import numpy as np
 import onnxruntime as ort
@@ -74,7 +75,8 @@ def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     phase planes (ops/compiled/jit_cpu.py), and record the calls."""
     if not direct:
         monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
-    return _recorded_calls(monkeypatch, jit_depthwise if direct else phase_planes, "depthwise_conv")
+    module = jit_depthwise if direct else phase_planes
+    return _recorded_calls(monkeypatch, module, "depthwise_conv")
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "phase-planes"])

@@ -1,6 +1,6 @@
-"""FusedElementwise programs compiled by ops/elementwise/jit_elementwise.py: the same bits as the NumPy
-path for every compiled op, every broadcast layout, in place and split over threads; what
-does not compile stays in NumPy; the generated module's cache on disk."""
+"""FusedElementwise programs compiled by ops/elementwise/jit_elementwise.py: the same bits as
+the NumPy path for every compiled op, every broadcast layout, in place and split over threads;
+what does not compile stays in NumPy; the generated module's cache on disk."""
 
 from __future__ import annotations
 

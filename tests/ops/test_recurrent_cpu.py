@@ -1,5 +1,6 @@
 """The standard LSTM and GRU steps compiled (ops/rnn/lstm_cpu.py, ops/rnn/gru_cpu.py) against the
-NumPy cells they stand in for (ops/rnn/rnn_grad.py), forward and backward, and where each is taken."""
+NumPy cells they stand in for (ops/rnn/rnn_grad.py), forward and backward, and where each is
+taken."""
 
 import functools
 

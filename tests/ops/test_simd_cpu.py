@@ -1,5 +1,5 @@
-"""ops/elementwise/simd_cpu.py: constant operands with a real inner stride, and the ReLU/Clip built on them
-keeping ONNX semantics (NaN propagates, low > high gives high)."""
+"""ops/elementwise/simd_cpu.py: constant operands with a real inner stride, and the ReLU/Clip
+built on them keeping ONNX semantics (NaN propagates, low > high gives high)."""
 
 import numpy as np
 

@@ -1,6 +1,6 @@
-"""ElementwiseKernel on the fake: the C subset mixrt generates (ops/elementwise/fused_elementwise.py's
-templates: ``const T rN = expr;`` lines, casts, calls, one form of ternary) rewritten to
-NumPy and evaluated. Anything else is refused."""
+"""ElementwiseKernel on the fake: the C subset mixrt generates
+(ops/elementwise/fused_elementwise.py's templates: ``const T rN = expr;`` lines, casts, calls,
+one form of ternary) rewritten to NumPy and evaluated. Anything else is refused."""
 
 from __future__ import annotations
 
