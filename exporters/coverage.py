@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mixrt.errors import InputError, MixrtError
+from mixrt.base.errors import InputError, MixrtError
 from mixrt.ops.ir.types import MapType, TensorType
 from mixrt.ops.device import parse_device
 from mixrt.runtime.graph import Graph

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import defs
 
-from mixrt.errors import ExportError
+from mixrt.base.errors import ExportError
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, defs, helper, numpy_helper, version_converter
 
-from mixrt.errors import ExportError
+from mixrt.base.errors import ExportError
 from mixrt.exporters.decompose import decompose_graph
 from mixrt.exporters.lower import lower_for_opset
 from mixrt.exporters.lower import schema_at as _schema_at

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mixrt.errors import ModelLoadError
+from mixrt.base.errors import ModelLoadError
 
 _PACKED_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}  # int4/uint4/float4, int2/uint2
 

@@ -15,7 +15,7 @@ from collections import deque
 import onnx
 import onnx.defs
 
-from mixrt.errors import ModelLoadError
+from mixrt.base.errors import ModelLoadError
 from mixrt.ops.ir.registry import canonical_domain
 
 MAX_EXPANSION_DEPTH = 32  # a function calling itself (directly or not) would never end

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mixrt.errors import ModelLoadError
+from mixrt.base.errors import ModelLoadError
 from mixrt.importers.external_data import read_external_tensor
 from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
                                       inline_model_functions)

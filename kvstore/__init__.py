@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.base import KVStore
 
 KINDS = ("local", "device", "nccl", "dist_sync", "dist_async", "dist_device_sync")

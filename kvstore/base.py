@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.errors import KVStoreError, OptimizerError, ShapeError
+from mixrt.base.errors import KVStoreError, OptimizerError, ShapeError
 from mixrt.kvstore.compression import check_params
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime import engine, optimizer as optim

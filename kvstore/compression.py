@@ -37,7 +37,7 @@ import numbers
 
 import numpy as np
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.ops.device import array_module
 
 DEFAULT_THRESHOLD = 0.5  # MXNet's default for "2bit"

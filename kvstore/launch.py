@@ -78,7 +78,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.dist.config import is_loopback
 from mixrt.kvstore.supervisor import (KILL_GRACE_S, SERVER_GRACE_S, Planned, Supervisor,
                                       _set_parent_death_signal)

@@ -14,7 +14,7 @@ import contextlib
 
 import numpy as np
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
                                 sum_on)
 from mixrt.kvstore.compression import create_compressor

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import DeviceUnavailableError, KVStoreError
+from mixrt.base.errors import DeviceUnavailableError, KVStoreError
 from mixrt.kvstore.base import KVStore, check_like, copy_into, key_value_pairs, require_out
 from mixrt.ops.device import gpu_count
 

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 
 SERVER_GRACE_S = 15.0   # after the last worker: time for the scheduler and servers to leave
 KILL_GRACE_S = 3.0      # between SIGTERM and SIGKILL when the job is stopped

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.errors import InputError, ModelLoadError, OptimizerError
+from mixrt.base.errors import InputError, ModelLoadError, OptimizerError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.ops.device import to_host

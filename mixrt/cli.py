@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mixrt import __version__  # the package's one statement of it
-from mixrt.errors import InputError, MixrtError, ModelLoadError
+from mixrt.base.errors import InputError, MixrtError, ModelLoadError
 
 
 # the status a shell gives a command a SIGPIPE ended (128 + the signal's number)

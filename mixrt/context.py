@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from mixrt.errors import DeviceUnavailableError, InputError
+from mixrt.base.errors import DeviceUnavailableError, InputError
 from mixrt.ops.device import Device, gpu_count, parse_device
 
 _KINDS = ("cpu", "gpu")

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from mixrt.context import current_context
-from mixrt.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
+from mixrt.base.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
 from mixrt.op_specs import spec_of
 from mixrt.ops import device_checks
 from mixrt.ops.ir.dtypes import to_numpy_dtype

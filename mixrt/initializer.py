@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from mixrt import random as mixrt_random
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 
 # name suffix -> role (mixrt.sym names parameters this way: fc1_weight, bn1_moving_var)
 _ROLE_BY_SUFFIX = {"bias": "zero", "beta": "zero", "mean": "zero",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt import random as mixrt_random
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 
 LAST_BATCH = ("pad", "discard", "roll_over")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 
 
 class EvalMetric:

@@ -32,7 +32,7 @@ import numpy as np
 
 from mixrt import metric as metrics, random as mixrt_random
 from mixrt.checkpoints import Checkpoints
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import create as create_initializer, Uniform

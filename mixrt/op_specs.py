@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import onnx.defs
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 import mixrt.ops  # noqa: F401  (registers every kernel)
 from mixrt.ops.ir.registry import REGISTRY, Kernel
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.training import LOSS_OPSET, Loss, bce_with_logits, l1, mse
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextvars
 import os
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.runtime import profiler as _runtime
 
 CONFIG_DEFAULTS = {"filename": "profile.json", "profile_all": False,

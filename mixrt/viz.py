@@ -21,7 +21,7 @@ from pathlib import Path
 
 import graphviz
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.sym.symbol import Symbol, SymNode
 
 PARAMETER_SUFFIXES = ("_weight", "_bias", "_gamma", "_beta", "_moving_mean", "_moving_var",

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon import HybridBlock, nn
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import DeviceUnavailableError
+from mixrt.base.errors import DeviceUnavailableError
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|gpu|cuda)(?::(\d+))?$")
 # the dtypes a CuPy array holds (CuPy's own list): bool, the integers, float16/32/64 and

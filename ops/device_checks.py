@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from mixrt.errors import ExecutionError
+from mixrt.base.errors import ExecutionError
 
 _local = threading.local()
 

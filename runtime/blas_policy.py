@@ -39,7 +39,7 @@ import sys
 import threading
 import warnings
 
-from mixrt import errors
+from mixrt.base import errors
 
 AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}  # OpenBLAS's AVX-512 kernels
 CORETYPE = "SkylakeX"

@@ -23,7 +23,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from mixrt.errors import EngineError, InputError
+from mixrt.base.errors import EngineError, InputError
 
 KINDS = ("threaded", "naive")
 DEFAULT_THREADS = 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.ir.types import MapType, TensorType
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 from mixrt.ops.ir.types import TensorType
 
 

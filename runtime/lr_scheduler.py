@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from mixrt.errors import OptimizerError
+from mixrt.base.errors import OptimizerError
 
 _WARMUP_MODES = ("linear", "constant")
 

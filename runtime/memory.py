@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 
 STRATEGIES = ("naive", "inplace", "sharing", "greedy")
 ALIGNMENT = 64

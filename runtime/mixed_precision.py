@@ -25,7 +25,7 @@ from collections import ChainMap
 import ml_dtypes
 import numpy as np
 
-from mixrt.errors import InputError, UnsupportedOperatorError
+from mixrt.base.errors import InputError, UnsupportedOperatorError
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module

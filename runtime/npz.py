@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
-from mixrt.errors import InputError, ModelLoadError
+from mixrt.base.errors import InputError, ModelLoadError
 
 _BROKEN_FILE = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, lzma.LZMAError,
                 NotImplementedError, RuntimeError, struct.error, OverflowError, MemoryError)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mixrt.errors import DeviceMismatchError, OptimizerError, ShapeError
+from mixrt.base.errors import DeviceMismatchError, OptimizerError, ShapeError
 from mixrt.runtime import lr_scheduler as schedulers
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.lr_scheduler import LRScheduler, real_param, reject_unknown

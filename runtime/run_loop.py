@@ -12,7 +12,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from mixrt.errors import ExecutionError, MixrtError
+from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.errors import ExecutionError, InputError, ModelLoadError
+from mixrt.base.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.registry import CONSTANT_INPUTS, lookup_kernel

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from mixrt.errors import InputError, UnsupportedOperatorError
+from mixrt.base.errors import InputError, UnsupportedOperatorError
 from mixrt.ops.device import Device, gpu_dtypes_text, gpu_holds
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.infer import first_input_dtype, infer_types

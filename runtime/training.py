@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.errors import GradientError, InputError
+from mixrt.base.errors import GradientError, InputError
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.dist.config import Config, from_env
 from mixrt.kvstore.dist.scheduler import run_scheduler
 from mixrt.kvstore.dist.server import run_server

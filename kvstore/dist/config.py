@@ -33,7 +33,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 
 ROLES = ("scheduler", "server", "worker")
 

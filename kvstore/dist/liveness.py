@@ -25,7 +25,7 @@ import uuid
 
 import zmq
 
-from mixrt.errors import KVStoreError, KVTimeoutError, PeerLostError
+from mixrt.base.errors import KVStoreError, KVTimeoutError, PeerLostError
 from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config
 from mixrt.kvstore.dist.security import secure_client

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 
 MAGIC = b"MXKV"
 VERSION = 1

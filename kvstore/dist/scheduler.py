@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from mixrt.errors import KVStoreError, KVTimeoutError, PeerLostError
+from mixrt.base.errors import KVStoreError, KVTimeoutError, PeerLostError
 from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config
 from mixrt.kvstore.dist.security import check_bind, secure_server

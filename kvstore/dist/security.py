@@ -29,7 +29,7 @@ import zmq
 import zmq.auth.thread
 from zmq.utils import z85
 
-from mixrt.errors import KVStoreError
+from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.dist.config import Config, is_loopback
 
 PLAIN_USER = "mixrt-kv"

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from mixrt.errors import KVStoreError, MixrtError
+from mixrt.base.errors import KVStoreError, MixrtError
 from mixrt.kvstore.compression import create_compressor
 from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config

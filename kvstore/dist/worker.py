@@ -26,7 +26,7 @@ import zlib
 import numpy as np
 import zmq
 
-from mixrt.errors import KVStoreError, KVTimeoutError
+from mixrt.base.errors import KVStoreError, KVTimeoutError
 from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
                                 sum_on)
 from mixrt.kvstore.compression import check_params, create_compressor

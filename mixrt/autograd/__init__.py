@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from mixrt import dispatch
 from mixrt.autograd import opgrad, tape
 from mixrt.autograd.arrays import new_array
-from mixrt.errors import GradientError, InputError
+from mixrt.base.errors import GradientError, InputError
 
 
 class _State(threading.local):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.lru import LruCache, frozen

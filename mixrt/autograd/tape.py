@@ -16,7 +16,7 @@ import weakref
 from mixrt.autograd import opgrad
 from mixrt.autograd.arrays import new_array
 from mixrt.autograd.replay import replay
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 
 
 _sequence = itertools.count()

@@ -26,7 +26,7 @@ from collections import OrderedDict, defaultdict
 
 import numpy as np
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.runtime.npz import read_npz, write_npz
 

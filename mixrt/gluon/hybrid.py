@@ -20,7 +20,7 @@ import numpy as np
 
 from mixrt import autograd, sym
 from mixrt.autograd import tape
-from mixrt.errors import DeviceMismatchError, HybridizeError, InputError
+from mixrt.base.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.passes.typecheck import promote_mixed_floats

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import nd
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.sym import constant, Symbol
 

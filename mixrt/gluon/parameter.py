@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from mixrt.context import as_context
-from mixrt.errors import DeviceMismatchError, InputError, ShapeError
+from mixrt.base.errors import DeviceMismatchError, InputError, ShapeError
 from mixrt.initializer import create, Uniform
 from mixrt.nd.ndarray import NDArray
 from mixrt.sym.symbol import variable_named

@@ -28,7 +28,7 @@ import functools
 
 import numpy as np
 
-from mixrt.errors import GradientError, InputError, KVStoreError, OptimizerError
+from mixrt.base.errors import GradientError, InputError, KVStoreError, OptimizerError
 from mixrt.gluon.parameter import Parameter
 from mixrt.kvstore import create
 from mixrt.kvstore.base import KVStore

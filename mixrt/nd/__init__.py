@@ -19,7 +19,7 @@ import numpy as np
 import mixrt.ops  # noqa: F401  (registers every kernel)
 from mixrt import autograd as _autograd, dispatch
 from mixrt.context import as_context
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.nd.ndarray import NDArray
 from mixrt.op_specs import generate, install
 

@@ -28,7 +28,7 @@ import functools
 import numpy as np
 
 from mixrt import autograd
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt import dispatch
 from mixrt.nd.mxnet_ops import (_array, _axis, _choice, _int, _made_on, _op, _scalar, _tuple,
                                 one_hot)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import autograd, dispatch
-from mixrt.errors import DeviceMismatchError, InputError
+from mixrt.base.errors import DeviceMismatchError, InputError
 from mixrt.nd.ndarray import _ints as _device_ints, NDArray
 
 _INT64_MAX = 2 ** 62  # a Slice bound past any dimension (ONNX clamps it)

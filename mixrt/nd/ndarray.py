@@ -38,7 +38,7 @@ from mixrt import autograd, dispatch
 from mixrt.array_methods import ArrayMethods
 from mixrt.autograd.arrays import use_array_type
 from mixrt.context import as_context, Context
-from mixrt.errors import DeviceMismatchError, GradientError, InputError
+from mixrt.base.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.ops.device import add_at, to_host
 from mixrt.ops.shape import shape_mxnet
 from mixrt.runtime.engine import get_engine

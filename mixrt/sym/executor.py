@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import GradientError, InputError
+from mixrt.base.errors import GradientError, InputError
 from mixrt.exporters.onnx import save_model
 from mixrt.initializer import create, Xavier
 from mixrt.ops.device import on_own_device, parse_device, to_host

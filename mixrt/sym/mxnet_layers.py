@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 from mixrt.initializer import Constant
 from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
 from mixrt.sym.symbol import constant, prefixed, variable_named, Symbol

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.array_methods import ArrayMethods
-from mixrt.errors import HybridizeError
+from mixrt.base.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
 from mixrt.sym.ops import call_op
 from mixrt.sym.symbol import constant, Symbol

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 from mixrt.op_specs import OPSET, OpSpec, docstring, spec_of  # noqa: F401  (mixrt.sym's OPSET)
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.passes.typecheck import shared_type_groups

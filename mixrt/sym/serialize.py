@@ -22,7 +22,7 @@ import stat
 
 import numpy as np
 
-from mixrt.errors import GraphError, ModelLoadError
+from mixrt.base.errors import GraphError, ModelLoadError
 from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph

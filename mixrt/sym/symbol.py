@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mixrt.array_methods import ArrayMethods
-from mixrt.errors import GraphError, ShapeError
+from mixrt.base.errors import GraphError, ShapeError
 from mixrt.initializer import create
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value

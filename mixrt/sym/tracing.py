@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from mixrt.errors import HybridizeError
+from mixrt.base.errors import HybridizeError
 from mixrt.sym.symbol import Symbol
 
 

@@ -50,7 +50,7 @@ import math
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.attention import attention
 from mixrt.ops.conv.conv_grad import optional_input
 from mixrt.ops.ir.dtypes import to_numpy_dtype, to_onnx_type

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.conv import conv as cv
 from mixrt.ops.pool import pool
 from mixrt.ops.training.grad_support import MIXRT, widened

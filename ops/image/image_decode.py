@@ -11,7 +11,7 @@ import io
 
 import numpy as np
 
-from mixrt.errors import ExecutionError
+from mixrt.base.errors import ExecutionError
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.image import image
 from mixrt.ops.ir.dtypes import accumulation_dtype
 from mixrt.ops.training.grad_support import MIXRT, shaped_like_second

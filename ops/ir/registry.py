@@ -27,7 +27,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
-from mixrt.errors import UnsupportedOperatorError
+from mixrt.base.errors import UnsupportedOperatorError
 
 # the domain of mixrt's own operators (fused kernels, optimizer steps, backward-only kernels)
 MIXRT = "mixrt"

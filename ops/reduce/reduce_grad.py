@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.reduce import reduce as red
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.training.grad_support import MIXRT, widened

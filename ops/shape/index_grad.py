@@ -6,7 +6,7 @@ move elements. See runtime/passes/autodiff.py for the calling convention.
 
 from __future__ import annotations
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.shape import index
 from mixrt.ops.training.grad_support import MIXRT, shaped_like_second
 from mixrt.ops.ir.registry import op

@@ -15,7 +15,7 @@ import string
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.elementwise import cast, elementwise
 from mixrt.ops.nn import nn
 from mixrt.ops.shape import index, layout, shape

@@ -25,7 +25,7 @@ from functools import cache
 
 import numpy as np
 
-from mixrt.errors import GraphError, ModelLoadError
+from mixrt.base.errors import GraphError, ModelLoadError
 from mixrt.ops.ir.dtypes import is_known_onnx_type, to_numpy_dtype
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node, Value

@@ -24,7 +24,7 @@ from pathlib import Path
 import flatbuffers
 import numpy as np
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node

@@ -19,7 +19,7 @@ The passes work on a copy; the caller's graph is never touched.
 
 from __future__ import annotations
 
-from mixrt.errors import GraphError, MixrtError
+from mixrt.base.errors import GraphError, MixrtError
 from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.errors import GradientError
+from mixrt.base.errors import GradientError
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import TensorType

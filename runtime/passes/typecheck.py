@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import defs
 
-from mixrt.errors import GraphError
+from mixrt.base.errors import GraphError
 from mixrt.ops.ir.dtypes import to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import nd
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 
 
 def to_ndarray(batch: np.ndarray):

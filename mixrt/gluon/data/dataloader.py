@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from mixrt.errors import InputError, MixrtError
+from mixrt.base.errors import InputError, MixrtError
 from mixrt.gluon.data.batchify import default_batchify_fn
 from mixrt.gluon.data.sampler import BatchSampler, RandomSampler, SequentialSampler
 

@@ -8,7 +8,7 @@ nothing until a sample is read, and random augmentations are drawn afresh on eve
 
 from __future__ import annotations
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 
 
 class Dataset:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import random as mixrt_random
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.data.dataset import _check_part
 
 LAST_BATCH = ("keep", "discard", "rollover")

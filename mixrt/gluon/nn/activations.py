@@ -4,7 +4,7 @@ or two ONNX ops, the same with ``F = nd`` and ``F = sym``."""
 
 from __future__ import annotations
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.initializer import Constant
 

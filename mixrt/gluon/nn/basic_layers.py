@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import autograd, nd, sym
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.block import Block
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.activations import apply_activation, check_activation

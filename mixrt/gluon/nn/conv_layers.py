@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numbers import Integral
 
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import HybridBlock, static_shape
 from mixrt.gluon.nn.activations import apply_activation, check_activation
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import nd, sym
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import HybridBlock
 
 # mode -> (gates, states): the i2h/h2h weights have gates * hidden_size rows

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt import nd
-from mixrt.errors import InputError
+from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.basic_layers import dropout
 from mixrt.gluon.rnn.rnn_cell import check_mode_options, split, MODES
