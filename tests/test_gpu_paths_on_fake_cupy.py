@@ -6,6 +6,10 @@ ONNX backend suite's ``_cuda`` cases) is checked on every CI run. It proves noth
 CUDA itself: the real GPU run happens on a CUDA machine.
 
 Skipped where a real CuPy imports: there the GPU tests run for real.
+
+The tests at the end are GPU tests themselves (so they skip here and run in that child, and on a
+real GPU): the kernels registered with ``@fn.fast("gpu")`` are the ones a GPU session and an
+imperative op on the GPU run, and each gives its generic function's result.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import math
+
+import numpy as np
 import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt import nd
+from mixrt.ops import REGISTRY
+from mixrt.ops.device import gpu_available
 
 TESTS = Path(__file__).resolve().parent
 FAKE = TESTS / "fake_cupy"
@@ -132,3 +145,90 @@ def test_a_gpu_test_cannot_fall_out_of_the_fake_run(tmp_path, selection):
     else:
         assert done.returncode == 0, done.stdout
         assert _count(done.stdout, "skipped") == 2 and _count(done.stdout, "deselected") == 3
+
+
+# -- the kernels registered for the GPU ----------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+RNG = np.random.default_rng(11)
+
+
+def _spied(monkeypatch, kernels) -> list:
+    """Each kernel's GPU function (its registered one, else the generic) wrapped to record its
+    calls, as registered for the GPU: what binding a GPU session or an imperative op on the
+    GPU then picks."""
+    calls: list = []
+    for kernel in kernels:
+        chosen = kernel.for_device("gpu")
+
+        def spy(xp, *args, _chosen=chosen, **kwargs):
+            calls.append(_chosen.__name__)
+            return _chosen(xp, *args, **kwargs)
+        monkeypatch.setitem(kernel.fast, "gpu", spy)
+    return calls
+
+
+def _fused_model(program: dict, shape) -> bytes:
+    node = helper.make_node("FusedElementwise", ["x"], ["y"], domain="mixrt", **program)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("mixrt", 1)],
+                             ir_version=8).SerializeToString()
+
+
+GELU = dict(ops=["Scalar", "Div", "Erf", "Scalar", "Add", "Mul", "Scalar", "Mul"],
+            operands=[0, 1, 2, 3, 4, 0, 5, 6, 7], params=[math.sqrt(2.0), 1.0, 0.5])
+
+
+@needs_gpu
+def test_a_gpu_session_runs_the_kernel_registered_for_the_gpu(monkeypatch):
+    fused = REGISTRY.find("mixrt", "FusedElementwise", 1)
+    assert fused.fast["gpu"].__name__ == "fused_elementwise_gpu"
+    calls = _spied(monkeypatch, [fused])
+    x = RNG.standard_normal((3, 8)).astype(np.float32)
+    (got,) = mixrt.Session(_fused_model(GELU, x.shape), device="gpu").run(None, {"x": x})
+    assert calls == ["fused_elementwise_gpu"]
+    np.testing.assert_allclose(got, fused.fn(np, x, **GELU), rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_an_imperative_op_on_the_gpu_runs_the_kernel_registered_for_the_gpu(monkeypatch):
+    """Relu has no GPU kernel of its own: a function registered for the GPU takes its place."""
+    relu = REGISTRY.versions("", "Relu")
+    calls = _spied(monkeypatch, relu)
+    x = RNG.standard_normal((4, 5)).astype(np.float32)
+    got = nd.array(x, ctx=mixrt.gpu(0)).relu()
+    assert calls and set(calls) == {relu[-1].fn.__name__}
+    np.testing.assert_array_equal(got.asnumpy(), np.maximum(x, 0))
+
+
+FUSED_PROGRAMS = {
+    "gelu": GELU,
+    "clip-leaky-relu": dict(ops=["Clip", "LeakyRelu"], operands=[0, 1], params=[-0.5, 2.0, 0.1]),
+    "hard-sigmoid-sigmoid": dict(ops=["HardSigmoid", "Sigmoid", "Mul"], operands=[0, 1, 2, 0],
+                                 params=[0.3, 0.4]),
+    "pow-relu-tanh": dict(ops=["Pow", "Relu", "Tanh", "Exp", "Sub"],
+                          operands=[0, 1, 0, 3, 2, 4], params=[3.0]),
+}
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", FUSED_PROGRAMS)
+def test_fused_elementwise_on_the_gpu_is_its_kernel_and_the_generic_result(name):
+    import cupy  # noqa: PLC0415  (the fake's, or a real one)
+    program = FUSED_PROGRAMS[name]
+    kernel = REGISTRY.find("mixrt", "FusedElementwise", 1)
+    assert kernel.for_device("gpu") is kernel.fast["gpu"] is not kernel.fn
+    x = RNG.standard_normal((5, 7)).astype(np.float32)
+    device_x = cupy.asarray(x)
+    fast = kernel.for_device("gpu")(cupy, device_x, **program)
+    generic = kernel.fn(cupy, device_x, **program)
+    assert isinstance(fast, cupy.ndarray) and isinstance(generic, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(fast), cupy.asnumpy(generic), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cupy.asnumpy(fast), kernel.fn(np, x, **program), rtol=1e-5,
+                               atol=1e-6)
+    out = cupy.empty(x.shape, cupy.float32)
+    assert kernel.for_device("gpu")(cupy, device_x, **program, out=out) is out
+    np.testing.assert_allclose(cupy.asnumpy(out), cupy.asnumpy(generic), rtol=1e-5, atol=1e-6)

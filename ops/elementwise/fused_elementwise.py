@@ -11,21 +11,22 @@ carries a small register program in plain ONNX attributes:
 * ``params`` (floats): each step's constants, flattened (Pow's exponent, Clip's bounds,
   LeakyRelu's alpha, HardSigmoid's alpha and beta, a ``Scalar``'s value).
 
-On the CPU a program whose steps all have vectorizing loops (arithmetic, max/min, the ReLU family,
-clip, sqrt, x^3, float32 erf and tanh...) runs as one generated, numba-compiled loop
-(``ops/elementwise/jit_elementwise.py``), one pass over memory. Otherwise, and for small outputs,
-the steps are NumPy ufunc calls writing in place: a step reuses the buffer of an operand it is the
-last reader of, else the output buffer (``out``) or a pooled one, so a GELU over ``out`` allocates
-nothing. On the GPU the program becomes one generated ``cupy.ElementwiseKernel`` (built once per
-distinct program and cached), so the chain is one pass over memory. The generated source is
-assembled from the fixed templates below; a program read from a file can only pick templates and
-supply finite float literals.
+The generic kernel runs the program one array-module call per step (:meth:`Program.run`), on
+any device. On the CPU (``ops/elementwise/elementwise_cpu.py``) a program whose steps all have
+vectorizing loops (arithmetic, max/min, the ReLU family, clip, sqrt, x^3, float32 erf and
+tanh...) runs as one generated, numba-compiled loop (``ops/elementwise/jit_elementwise.py``), one
+pass over memory. Otherwise, and for small outputs, the steps are NumPy ufunc calls writing in
+place: a step reuses the buffer of an operand it is the last reader of, else the output buffer
+(``out``) or a pooled one, so a GELU over ``out`` allocates nothing. On the GPU
+(``ops/elementwise/elementwise_gpu.py``) the program becomes one generated
+``cupy.ElementwiseKernel`` (built once per distinct program and cached), so the chain is one pass
+over memory. The generated source is assembled from the fixed templates below; a program read
+from a file can only pick templates and supply finite float literals.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import threading
 from dataclasses import dataclass
@@ -33,7 +34,6 @@ from typing import Callable
 
 import numpy as np
 
-from mixrt.ops.compiled import replay
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.elementwise.elementwise import erf_values, quiet
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
@@ -213,11 +213,45 @@ OPS: dict[str, ElementwiseOp] = {
     "Scalar": ElementwiseOp(0, 1, None, _lit),  # a literal; register holds a NumPy scalar
 }
 
-# NaN-propagating max/min (NumPy's maximum/minimum semantics; CUDA's fmax drops NaN).
-_CUDA_PREAMBLE = """
-template <typename T> __device__ T mx_max(T a, T b) { return (a > b || isnan(a)) ? a : b; }
-template <typename T> __device__ T mx_min(T a, T b) { return (a < b || isnan(a)) ? a : b; }
-"""
+# -- the same steps with any array module's functions (the generic kernel) ---------------------
+
+def _generic_ufunc(name: str):
+    return lambda xp, args, params, dtype: getattr(xp, name)(*args)
+
+
+def _generic_clip(xp, x, low, high, dtype):
+    # max then min, as the other forms: low > high gives high; infinite bounds do nothing
+    return xp.minimum(xp.maximum(x, dtype.type(low)), dtype.type(high))
+
+
+def _generic_sigmoid(xp, args, params, dtype):
+    one = dtype.type(1)
+    return one / (one + xp.exp(-args[0]))
+
+
+def _generic_leaky_relu(xp, args, params, dtype):
+    x = args[0]
+    return xp.where(x >= 0, x, x * dtype.type(params[0]))
+
+
+def _generic_hard_sigmoid(xp, args, params, dtype):
+    alpha, beta = params
+    return _generic_clip(xp, args[0] * dtype.type(alpha) + dtype.type(beta), 0.0, 1.0, dtype)
+
+
+GENERIC_STEPS: dict[str, Callable] = {  # name -> (xp, args, params, dtype) -> a new value
+    **{name: _generic_ufunc(spec.cpu.ufunc.__name__) for name, spec in OPS.items()
+       if hasattr(spec.cpu, "ufunc")},
+    "Tanh": lambda xp, args, params, dtype: xp.tanh(args[0]),
+    "Erf": lambda xp, args, params, dtype: erf_values(xp, args[0]),
+    "Relu": lambda xp, args, params, dtype: xp.maximum(args[0], dtype.type(0)),
+    "Sigmoid": _generic_sigmoid,
+    "Pow": lambda xp, args, params, dtype: xp.power(args[0], dtype.type(params[0])),
+    "Clip": lambda xp, args, params, dtype: _generic_clip(xp, args[0], *params, dtype),
+    "LeakyRelu": _generic_leaky_relu,
+    "HardSigmoid": _generic_hard_sigmoid,
+    "Scalar": lambda xp, args, params, dtype: dtype.type(params[0]),
+}
 
 
 # -- programs --------------------------------------------------------------------------------
@@ -243,6 +277,19 @@ class Program:
         # its compiled loops (ops/elementwise/jit_elementwise.py) by variant
         self.jit_kernels: dict = {}
         self.routines: dict = {}  # its generated small-output functions by operand layout
+
+    # -- any device: one array-module call per step -------------------------------------
+
+    def run(self, xp, inputs):
+        """The program over ``inputs`` through ``xp``'s functions, each step into a new array
+        (the generic kernel and the reference of the paths below)."""
+        dtype = inputs[0].dtype
+        values = list(inputs)
+        for step in self.steps:
+            values.append(GENERIC_STEPS[step.op](xp, [values[r] for r in step.operands],
+                                                 step.params, dtype))
+        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        return xp.ascontiguousarray(xp.broadcast_to(xp.asarray(values[-1], dtype), shape))
 
     # -- CPU: in-place ufunc calls over cache-sized blocks --------------------------------
 
@@ -341,7 +388,7 @@ class Program:
         spare[:] = [b for b in pool if b is not out]
         return out
 
-    # -- GPU: one generated kernel -----------------------------------------------------------
+    # -- GPU: the source of one generated kernel (ops/elementwise/elementwise_gpu.py) ---------
 
     def cuda_source(self) -> tuple[str, str, str]:
         """(in_params, out_params, operation) of the ElementwiseKernel."""
@@ -354,10 +401,6 @@ class Program:
             names.append(register)
         lines.append(f"out0 = {names[-1]};")
         return ", ".join(f"T {n}" for n in names[:self.inputs]), "T out0", "\n".join(lines)
-
-    def run_gpu(self, xp, inputs, out=None):
-        kernel = _cuda_kernel(*self.cuda_source())
-        return kernel(*inputs) if out is None else kernel(*inputs, out)
 
 
 # -- CPU: small outputs as one generated function ----------------------------------------------
@@ -531,35 +574,25 @@ def program(ops: tuple, operands: tuple, params: tuple, inputs: int) -> Program:
     return Program(ops, operands, params, inputs)
 
 
-@functools.lru_cache(maxsize=512)
-def _cuda_kernel(in_params: str, out_params: str, operation: str):
-    import cupy  # noqa: PLC0415  (only reached on a GPU)
-    digest = hashlib.sha1(operation.encode()).hexdigest()[:12]
-    return cupy.ElementwiseKernel(in_params, out_params, operation,
-                                  name=f"mixrt_fused_{digest}", preamble=_CUDA_PREAMBLE)
-
-
 # -- the kernel -------------------------------------------------------------------------------
 
 @op("FusedElementwise", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_elementwise(xp, *inputs, ops=(), operands=(), params=(), out=None, _node=None):
-    """The program over ``inputs``; on the CPU a call into the caller's ``out`` through one
-    compiled loop is kept as the node's replay (``_node``, ``ops/compiled/replay.py``): DenseNet's
-    62 batch-norm-and-Relu nodes spent ~20 us each choosing that loop again."""
-    if xp is np and out is not None and replay.replayed(_node, inputs + (out,)):
-        return out
-    replay.forget(_node)
-    compiled = _node_program(_node, ops, operands, params, len(inputs))
-    if xp is np:
-        with quiet(np):
-            return compiled.run_cpu(inputs, out, _node if out is not None else None)
-    return compiled.run_gpu(xp, inputs, out)
+    """The program over ``inputs``, one array-module call per step; the CPU's and the GPU's
+    one-pass forms are registered beside it (``elementwise_cpu.py``, ``elementwise_gpu.py``)."""
+    compiled = node_program(_node, ops, operands, params, len(inputs))
+    with quiet(xp):
+        result = compiled.run(xp, inputs)
+    if out is None:
+        return result
+    xp.copyto(out, result)
+    return out
 
 
 PROGRAM = ("program",)  # its place in a node's dict
 
 
-def _node_program(node: dict | None, ops, operands, params, inputs: int) -> Program:
+def node_program(node: dict | None, ops, operands, params, inputs: int) -> Program:
     """The node's decoded program, kept in its dict: making the key of the shared cache
     from a 100-step program's attributes cost ~3 us a call."""
     found = None if node is None else node.get(PROGRAM)

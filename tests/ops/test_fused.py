@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops import REGISTRY
-from mixrt.ops.elementwise import fused_elementwise as fe
+from mixrt.ops.elementwise import elementwise_gpu, fused_elementwise as fe
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import gpu_available
 
@@ -281,14 +281,14 @@ def test_one_cuda_kernel_per_distinct_program(monkeypatch):
             return arrays[-1]
 
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ElementwiseKernel=FakeKernel))
-    fe._cuda_kernel.cache_clear()
-    fused = kernel("FusedElementwise").fn
+    elementwise_gpu.cuda_kernel.cache_clear()
+    fused = kernel("FusedElementwise").for_device("gpu")
     fake_xp = types.SimpleNamespace(__name__="cupy")
     x = rand(3)
     for _ in range(3):
         fused(fake_xp, x, **GELU)
         fused(fake_xp, x, ops=["Relu", "Exp"], operands=[0, 1])
-    fe._cuda_kernel.cache_clear()
+    elementwise_gpu.cuda_kernel.cache_clear()
     assert len(built) == 2 and all(n.startswith("mixrt_fused_") for n in built)
 
 
