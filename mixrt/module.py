@@ -48,6 +48,7 @@ from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import load_graph, Session
 from mixrt.runtime.training import Loss, LOSSES, TrainingProgram
 from mixrt.sym.executor import training_graph
+from mixrt.sym.symbol_layers import output_layer
 from mixrt.sym.symbol import Symbol
 
 
@@ -364,7 +365,6 @@ class SymbolModule(Module):
 
     def __init__(self, symbol, data_names=("data",), label_names=None, *,
                  device: str = "cpu", initializer=None):
-        from mixrt.sym.mxnet_layers import output_layer  # noqa: PLC0415 (mixrt.sym is heavy)
         if not isinstance(symbol, Symbol) or len(symbol) != 1:
             raise InputError(f"Module.from_symbol needs a Symbol with one output, got "
                              f"{symbol!r}")

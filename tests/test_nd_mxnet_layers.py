@@ -1,4 +1,4 @@
-"""MXNet's layer operators in mixrt.nd (mixrt/nd/mxnet_layers.py): Convolution,
+"""MXNet's layer operators in mixrt.nd (mixrt/nd/array_layers.py): Convolution,
 Deconvolution, Pooling, BatchNorm, LayerNorm, InstanceNorm, UpSampling, clip, SoftmaxOutput,
 and MXNet's spellings of the ONNX-named Dropout, Concat and LRN (Flatten is ONNX's as is).
 
@@ -552,7 +552,7 @@ def test_concat_lrn_and_flatten_keep_their_onnx_calls():
 
 
 def test_names_are_exported_without_shadowing_other_onnx_ops():
-    from mixrt.nd import mxnet_layers, mxnet_ops
+    from mixrt.nd import array_layers as mxnet_layers, mxnet_ops
     assert not set(mxnet_layers.FUNCTIONS) & set(nd.OPERATORS)
     assert not set(mxnet_layers.FUNCTIONS) & set(mxnet_ops.FUNCTIONS)
     assert set(mxnet_layers.EXTENDED) <= set(nd.OPERATORS)  # ONNX names, given MXNet's keywords
@@ -670,7 +670,7 @@ _X4, _W = (lambda: _arr(1, 2, 5, 5)), (lambda: _arr(3, 2, 3, 3))
     (lambda: nd.clip(_arr(3), "low", 1.0), "a_min"),
     (lambda: nd.clip([1.0, 2.0], 0.0, 1.0), "clip: data"),
     (lambda: nd.SoftmaxOutput(_arr(3, 4), nd.array([1, 2])), "label"),
-    (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), nd.array([1, 2])), "multi_output"),
+    (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), nd.array([1, 2, 0])), "label"),
     (lambda: nd.SoftmaxOutput(_arr(3, 4), nd.array([1, 2, 0]), normalization="mean"),
      "normalization"),
     (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), nd.zeros((2, 4)), multi_output=True,
@@ -681,3 +681,14 @@ _X4, _W = (lambda: _arr(1, 2, 5, 5)), (lambda: _arr(3, 2, 3, 3))
 def test_bad_arguments_raise_input_errors_naming_them(call, words):
     with pytest.raises(InputError, match=words):
         call()
+
+
+def test_softmax_output_flattens_data_of_more_dimensions_as_mxnet_does():
+    """Without multi_output or preserve_shape, MXNet's SoftmaxOutput takes the softmax of
+    the data flattened to (batch, rest), in the data's shape (as mixrt.sym's does)."""
+    data = _arr(2, 3, 4)
+    out = nd.SoftmaxOutput(data, nd.array([1, 2]))
+    flat = data.asnumpy().reshape(2, -1)
+    expected = np.exp(flat) / np.exp(flat).sum(axis=1, keepdims=True)
+    assert out.shape == (2, 3, 4)
+    np.testing.assert_allclose(out.asnumpy(), expected.reshape(2, 3, 4), rtol=1e-5)

@@ -22,7 +22,7 @@ from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.module import Module, SymbolModule
 from mixrt.ops.device import gpu_available, to_host
-from mixrt.sym.mxnet_layers import output_layer
+from mixrt.sym.symbol_layers import output_layer
 
 from helpers import flat_digits
 
@@ -857,8 +857,10 @@ D = sym.Variable("d")
      r"'bad': kernel must be a tuple of ints >= 1"),
     (lambda: sym.Deconvolution(D, kernel=(2, 2), stride=(2, 2), adj=(2, 2), num_filter=2,
                                name="bad"), r"Deconvolution 'bad': adj=\(2, 2\) must be smaller"),
-    (lambda: sym.Pooling(D, kernel=(2, 2), pool_type="lp", name="bad"),
-     r"Pooling 'bad': pool_type='lp' is not one of \['max', 'avg', 'sum'\]"),
+    (lambda: sym.Pooling(D, kernel=(2, 2), pool_type="median", name="bad"),
+     r"Pooling 'bad': pool_type='median' is not one of \['max', 'avg', 'sum', 'lp'\]"),
+    (lambda: sym.Pooling(D, kernel=(2, 2), pool_type="lp", p_value=4, name="bad"),
+     r"Pooling 'bad': pool_type='lp' needs p_value 1, 2 or 3"),
     (lambda: sym.Pooling(D, kernel=(2, 2), pooling_convention="same", name="bad"),
      r"'bad': pooling_convention='same' is not one of"),
     (lambda: sym.Pooling(D, pool_type="max", name="bad"), r"Pooling 'bad': kernel is required"),

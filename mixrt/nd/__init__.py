@@ -128,7 +128,7 @@ from mixrt.array_methods import (clip, concat, dot, exp, expand_dims, flatten,  
 from mixrt.array_methods import where as _where  # noqa: E402
 from mixrt.nd import mxnet_ops as _mx  # noqa: E402  (MXNet's operator names; attaches methods)
 globals().update({_name: getattr(_mx, _name) for _name in _mx.FUNCTIONS})
-from mixrt.nd import mxnet_layers as _layers  # noqa: E402  (MXNet's layer operators)
+from mixrt.nd import array_layers as _layers  # noqa: E402  (MXNet's layer operators)
 from mixrt.runtime.engine import get_engine
 globals().update({_name: getattr(_layers, _name)
                   for _name in _layers.FUNCTIONS + _layers.EXTENDED})

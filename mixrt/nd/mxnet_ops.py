@@ -1,5 +1,6 @@
-"""MXNet 1.x's most-used operator names on NDArrays (``nd.FullyConnected``, ``nd.Activation``,
-``nd.one_hot``, ``x.topk(...)``, ...), with MXNet's argument names and defaults.
+"""MXNet 1.x's most-used operator names on NDArrays (``nd.one_hot``, ``nd.softmax``,
+``nd.broadcast_add``, ``x.topk(...)``, ...), with MXNet's argument names and defaults (its
+layers, ``nd.FullyConnected`` and the rest, are ``mixrt/nd/array_layers.py``'s).
 
 Each is composed of registered ops run through ``mixrt.dispatch`` (so it runs on the
 array's device and, under ``autograd.record()``, its gradient flows through the ops' own
@@ -132,86 +133,6 @@ def _clip_or_wrap(fn: str, index: NDArray, size: int, mode: str) -> NDArray:
     return _op("Clip", [index, low, high])
 
 
-# -- layers ------------------------------------------------------------------------------------
-
-def FullyConnected(data, weight, bias=None, num_hidden=None, no_bias=False, flatten=True,
-                   name=None):
-    """MXNet's ``FullyConnected``: ``data @ weight.T + bias``; ``weight`` is
-    ``(num_hidden, in_units)``. ``flatten=True`` flattens ``data`` to ``(batch, -1)`` first;
-    ``flatten=False`` applies to the last axis and keeps the others."""
-    fn = "FullyConnected"
-    data, weight = _array(fn, "data", data), _array(fn, "weight", weight)
-    if num_hidden is None:
-        raise InputError(f"{fn}: num_hidden is required")
-    num_hidden = _int(fn, "num_hidden", num_hidden, 1)
-    if flatten and data.ndim != 2:
-        data = data.reshape(data.shape[0], -1) if data.ndim else data.reshape(1, 1)
-    in_units = data.shape[-1] if data.ndim else 1
-    if weight.shape != (num_hidden, in_units):
-        raise InputError(f"{fn}: weight must have shape (num_hidden, in_units) = "
-                         f"({num_hidden}, {in_units}), got {weight.shape}")
-    if not no_bias:
-        if bias is None:
-            raise InputError(f"{fn}: bias is required unless no_bias=True")
-        bias = _array(fn, "bias", bias)
-        if bias.shape != (num_hidden,):
-            raise InputError(f"{fn}: bias must have shape ({num_hidden},), got {bias.shape}")
-    if flatten or data.ndim == 2:
-        inputs = [data, weight] + ([] if no_bias else [bias])
-        return _op("Gemm", inputs, transB=1)
-    out = _op("MatMul", [data, _op("Transpose", [weight], perm=[1, 0])])
-    return out if no_bias else out + bias
-
-
-_ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "softrelu": "Softplus",
-                "softsign": "Softsign"}
-
-
-def Activation(data, act_type=None, name=None):
-    """MXNet's ``Activation``: ``act_type`` one of relu, sigmoid, tanh, softrelu
-    (``log(1 + exp(x))``), softsign (``x / (1 + |x|)``)."""
-    data = _array("Activation", "data", data)
-    if act_type is None:
-        raise InputError(f"Activation: act_type is required, one of {list(_ACTIVATIONS)}")
-    _choice("Activation", "act_type", act_type, _ACTIVATIONS)
-    return _op(_ACTIVATIONS[act_type], [data])
-
-
-def LeakyReLU(data, gamma=None, act_type="leaky", slope=0.25, lower_bound=0.125,
-              upper_bound=0.334, name=None):
-    """MXNet's ``LeakyReLU``: ``leaky`` (``slope * x`` below 0), ``elu``
-    (``slope * (exp(x) - 1)`` below 0), ``selu``, ``gelu`` (the erf form), ``prelu`` (a
-    learned ``gamma`` per channel, axis 1), ``rrelu`` outside training only (the slope is
-    ``(lower_bound + upper_bound) / 2``; in training MXNet draws it at random: not
-    supported, ``InputError``)."""
-    fn = "LeakyReLU"
-    data = _array(fn, "data", data)
-    _choice(fn, "act_type", act_type, ("leaky", "elu", "selu", "gelu", "prelu", "rrelu"))
-    if act_type == "leaky":  # (MXNet's gradient at 0 is slope, as here; LeakyRelu's is 1)
-        return _op("Where", [data > 0, data, data * float(slope)])
-    if act_type == "elu":  # slope * (exp(x) - 1) below 0, exp of x <= 0 only (no inf * 0)
-        positive = data > 0
-        below = _op("Where", [positive, _scalar(0, data), data])
-        return _op("Where", [positive, data, (_op("Exp", [below]) - 1.0) * float(slope)])
-    if act_type == "selu":
-        return _op("Selu", [data], alpha=1.6732632423543772, gamma=1.0507009873554805)
-    if act_type == "gelu":
-        return _op("Gelu", [data])
-    if act_type == "rrelu":
-        if autograd.is_training():
-            raise InputError(f"{fn}: act_type='rrelu' in training mode draws random slopes, "
-                             f"which mixrt does not support; use it outside training")
-        return _op("LeakyRelu", [data], alpha=(float(lower_bound) + float(upper_bound)) / 2)
-    gamma = _array(fn, "gamma", gamma)
-    if gamma.size != 1:
-        channels = data.shape[1] if data.ndim > 1 else None
-        if gamma.ndim != 1 or gamma.shape[0] != channels:
-            raise InputError(f"{fn}: gamma must have shape (1,) or (channels,) = "
-                             f"({channels},) for data {data.shape}, got {gamma.shape}")
-        gamma = gamma.reshape((channels,) + (1,) * (data.ndim - 2))
-    return _op("Where", [data > 0, data, data * gamma])  # gradient gamma at 0, as MXNet
-
-
 def _softmax(fn, op_type, data, length, axis, temperature, dtype, use_length):
     data = _array(fn, "data", data)
     axis = _axis(fn, axis, data.ndim)
@@ -257,24 +178,6 @@ def log_softmax(data, axis=-1, temperature=None, dtype=None, use_length=False, l
     entries are 0 here)."""
     return _softmax("log_softmax", "LogSoftmax", data, length, axis, temperature, dtype,
                     use_length)
-
-
-def Embedding(data, weight, input_dim=None, output_dim=None, dtype="float32",
-              sparse_grad=False, name=None):
-    """MXNet's ``Embedding``: rows of ``weight`` (``(input_dim, output_dim)``) at the
-    indices in ``data`` (floats index, truncated; out-of-range indices are clipped, as
-    MXNet does). ``sparse_grad`` is accepted and ignored: the gradient is dense."""
-    fn = "Embedding"
-    data, weight = _array(fn, "data", data), _array(fn, "weight", weight)
-    if input_dim is None or output_dim is None:
-        raise InputError(f"{fn}: input_dim and output_dim are required")
-    input_dim = _int(fn, "input_dim", input_dim, 1)
-    output_dim = _int(fn, "output_dim", output_dim, 1)
-    if weight.shape != (input_dim, output_dim):
-        raise InputError(f"{fn}: weight must have shape (input_dim, output_dim) = "
-                         f"({input_dim}, {output_dim}), got {weight.shape}")
-    index = _clip_or_wrap(fn, _index_array(fn, "data", data, weight.ctx), input_dim, "clip")
-    return _op("Gather", [weight, index], axis=0)
 
 
 def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0,
@@ -780,8 +683,7 @@ def BlockGrad(data, name=None):
 stop_gradient = BlockGrad
 
 
-FUNCTIONS = ["FullyConnected", "Activation", "LeakyReLU", "softmax", "log_softmax",
-             "Embedding", "SequenceMask", "one_hot", "pick", "take", "split", "slice_axis",
+FUNCTIONS = ["softmax", "log_softmax", "SequenceMask", "one_hot", "pick", "take", "split", "slice_axis",
              "slice", "flip", "reverse", "topk", "sort", "argsort", "argmax", "argmin",
              "broadcast_to", "broadcast_like", "broadcast_axis",
              *(f"broadcast_{n}" for n in _BROADCASTS), "tile", "repeat", "dot", "batch_dot",

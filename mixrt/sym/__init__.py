@@ -13,7 +13,7 @@ namespace (``sym.ml``, ``sym.mixrt``, ``sym.preview_training``, ``sym.preview``)
 
 MXNet 1.x's layers whose names ONNX does not use are here too, with MXNet's arguments
 (``sym.FullyConnected``, ``sym.Convolution``, ``sym.BatchNorm``, ``sym.SoftmaxOutput``, ...;
-see ``mixrt.sym.mxnet_layers``), and MXNet's functions (``sym.broadcast_add``,
+see ``mixrt.sym.symbol_layers``), and MXNet's functions (``sym.broadcast_add``,
 ``sym.slice_axis``, ``sym.topk``, ...; see ``mixrt.sym.mxnet_ops``).
 """
 
@@ -23,7 +23,7 @@ from mixrt.array_methods import (clip, concat, exp, expand_dims, flatten,  # noq
                                  log, max, maximum, mean, min, minimum, relu, reshape, sigmoid,
                                  sqrt, square, squeeze, stack, sum, tanh, transpose, where)
 from mixrt.sym.executor import Executor
-from mixrt.sym.mxnet_layers import (Activation, BatchNorm, Convolution, Deconvolution,
+from mixrt.sym.symbol_layers import (Activation, BatchNorm, Convolution, Deconvolution,
                                     Embedding, FullyConnected, LeakyReLU,
                                     LinearRegressionOutput, LogisticRegressionOutput,
                                     MAERegressionOutput, Pooling, SoftmaxOutput)
@@ -55,7 +55,7 @@ def __getattr__(name: str):
 
 __all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load",
            "load_json", "prefix", "var", *OPERATORS,
-           # MXNet's layers (mixrt.sym.mxnet_layers.LAYERS)
+           # MXNet's layers (mixrt.sym.symbol_layers.LAYERS)
            "Activation", "BatchNorm", "Convolution", "Deconvolution", "Embedding",
            "FullyConnected", "LeakyReLU", "LinearRegressionOutput", "LogisticRegressionOutput",
            "MAERegressionOutput", "Pooling", "SoftmaxOutput", *MXNET_FUNCTIONS]

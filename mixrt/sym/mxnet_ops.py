@@ -171,11 +171,10 @@ def _on_symbols(name: str):
     return on_symbols
 
 
-# every name but MXNet's layers, which mixrt.sym.mxnet_layers has (they make their weights
-# as variables); softmax, log_softmax and dot replace the array_methods ones, so that they
-# take MXNet's arguments (temperature, length, transpose_a, ...) as mixrt.nd's do
-FUNCTIONS = {name: _on_symbols(name) for name in imperative.FUNCTIONS
-             if name not in ("FullyConnected", "Activation", "LeakyReLU", "Embedding")}
+# (MXNet's layers are mixrt.layers', bound for symbols in mixrt.sym.symbol_layers: they make
+# their weights as variables); softmax, log_softmax and dot replace the array_methods ones,
+# so that they take MXNet's arguments (temperature, length, transpose_a, ...) as mixrt.nd's do
+FUNCTIONS = {name: _on_symbols(name) for name in imperative.FUNCTIONS}
 
 
 def attach_methods() -> None:
