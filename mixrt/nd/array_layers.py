@@ -32,8 +32,9 @@ import numpy as np
 from mixrt import autograd, dispatch, layers
 from mixrt.base.errors import InputError
 from mixrt.layers.call import LayerCall, ShapeRule
-from mixrt.nd.mxnet_ops import (_array, _axis, _choice, _int, _invoke, _made_on, _op,
-                                _scalar, _tuple, one_hot)
+from mixrt.nd.mxnet_args import (_array, _axis, _choice, _int, _invoke, _made_on, _op,
+                                 _scalar, _tuple)
+from mixrt.nd.mxnet_indexing import one_hot
 from mixrt.nd.ndarray import NDArray, _ints
 
 

@@ -7,12 +7,13 @@
     net.infer_shape(data=(32, 784))    # fc1_weight (128, 784), softmax_label (32,)
 
 The layers are ``mixrt/layers/``'s, written once for NDArrays, symbols and Gluon;
-:class:`SymbolCall` is how they build here. Each is composed of registered ONNX ops (so it exports, binds and differentiates like
-any symbol) under one name: the node that gives the layer's output is named after the
-layer (``fc1``, output ``fc1_output``), the others ``<layer>_<role>``. Without ``name=`` a
-layer gets MXNet's automatic one (``fullyconnected0``, ``convolution1``). Parameters left out
-become Variables named MXNet's way (``<layer>_weight``, ``_bias``, ``_gamma``, ``_beta``; the
-running statistics ``_moving_mean``/``_moving_var`` are auxiliary states) whose shapes follow
+:class:`SymbolCall` is how they build here. Each is composed of registered ONNX ops (so it
+exports, binds and differentiates like any symbol) under one name: the node that gives the
+layer's output is named after the layer (``fc1``, output ``fc1_output``), the others
+``<layer>_<role>``. Without ``name=`` a layer gets MXNet's automatic one
+(``fullyconnected0``, ``convolution1``). Parameters left out become Variables named
+MXNet's way (``<layer>_weight``, ``_bias``, ``_gamma``, ``_beta``; the running statistics
+``_moving_mean``/``_moving_var`` are auxiliary states) whose shapes follow
 from the data's (``mixrt.sym.ops.SHAPE_FROM``), so ``infer_shape(data=...)`` and
 ``simple_bind`` need nothing else. A bare Variable passed as a parameter (a shared weight)
 learns the same rule when it has no shape of its own.

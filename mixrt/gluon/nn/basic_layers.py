@@ -51,11 +51,8 @@ class Dense(HybridBlock):
         self.weight.shape = (self._units, in_units)
 
     def hybrid_forward(self, F, x, weight, bias=None):
-        if self._flatten:
-            y = F.Gemm(F.Flatten(x, axis=1), weight, bias, transB=1)
-        else:
-            y = F.MatMul(x, F.Transpose(weight))
-            y = y if bias is None else y + bias
+        y = F.FullyConnected(x, weight, bias, num_hidden=self._units, no_bias=bias is None,
+                             flatten=self._flatten)
         return apply_activation(F, y, self._activation)
 
     def __repr__(self) -> str:
@@ -129,44 +126,15 @@ class BatchNorm(HybridBlock):
             param.shape = (channels,)
 
     def hybrid_forward(self, F, x, gamma, beta, running_mean, running_var):
-        stats = (gamma, beta, running_mean, running_var)
-        rank = len(static_shape(x))
-        axis = _axis_index(self._axis, rank, "BatchNorm")
-        if axis == 1:
-            return self._normalize(F, x, *stats)
-        perm = _moved(rank, axis, 1)  # ONNX normalizes axis 1: move the channels there
-        y = self._normalize(F, F.Transpose(x, perm=perm), *stats)
-        return F.Transpose(y, perm=[int(a) for a in np.argsort(perm)])
-
-    def _normalize(self, F, x, gamma, beta, running_mean, running_var):
-        if self._use_global_stats:
-            return _fixed_batch_norm(F, x, gamma, beta, running_mean, running_var,
-                                     self._epsilon)
-        options = {"epsilon": self._epsilon, "momentum": self._momentum}
-        if is_symbolic(F) or not autograd.is_training():
-            return F.BatchNormalization(x, gamma, beta, running_mean, running_var, **options)
-        # The op reads detached handles: the in-place update below is then no change to
-        # an input the tape recorded (training-mode backward never reads the statistics).
-        y, new_mean, new_var = F.BatchNormalization(
-            x, gamma, beta, running_mean.detach(), running_var.detach(), training_mode=1,
-            num_outputs=3, **options)
-        with autograd.pause(train_mode=True):
-            running_mean[:] = new_mean
-            running_var[:] = new_var
-        return y
+        # MXNet's BatchNorm layer: in training (autograd's on NDArrays, the executor's on a
+        # hybridized graph) the batch's statistics, and the running ones updated
+        return F.BatchNorm(x, gamma, beta, running_mean, running_var, eps=self._epsilon,
+                           momentum=self._momentum, fix_gamma=False,
+                           use_global_stats=self._use_global_stats, axis=self._axis)
 
     def __repr__(self) -> str:
         return f"BatchNorm(axis={self._axis}, eps={self._epsilon}, " \
                f"momentum={self._momentum}, in_channels={self.gamma.shape[0] or None})"
-
-
-def _fixed_batch_norm(F, x, gamma, beta, mean, var, epsilon):
-    """BatchNorm with given statistics as plain arithmetic: the executor's switch to
-    training leaves it alone."""
-    rank = len(static_shape(x))
-    shape = (-1,) + (1,) * (rank - 2)
-    factor = gamma / F.Sqrt(var + epsilon)
-    return x * factor.reshape(shape) + (beta - mean * factor).reshape(shape)
 
 
 def _axis_index(axis: int, rank: int, where: str) -> int:
@@ -228,7 +196,7 @@ class Embedding(HybridBlock):
                                       init=weight_initializer)
 
     def hybrid_forward(self, F, x, weight):
-        return F.Gather(weight, x.astype(np.int64), axis=0)
+        return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim)
 
     def __repr__(self) -> str:
         return f"Embedding({self._input_dim} -> {self._output_dim})"

@@ -84,14 +84,13 @@ class _Conv(HybridBlock):
         self.weight.shape = self._weight_shape(shape[1])
 
     def hybrid_forward(self, F, x, weight, bias=None):
-        options = {"kernel_shape": list(self._kernel), "strides": list(self._strides),
-                   "pads": list(self._padding) * 2, "dilations": list(self._dilation),
-                   "group": self._groups}
+        options = {"kernel": self._kernel, "stride": self._strides, "pad": self._padding,
+                   "dilate": self._dilation, "num_filter": self._channels,
+                   "num_group": self._groups, "no_bias": bias is None}
         if self._transposed:
-            y = F.ConvTranspose(x, weight, bias, output_padding=list(self._output_padding),
-                                **options)
+            y = F.Deconvolution(x, weight, bias, adj=self._output_padding, **options)
         else:
-            y = F.Conv(x, weight, bias, **options)
+            y = F.Convolution(x, weight, bias, **options)
         return apply_activation(F, y, self._activation)
 
     def __repr__(self) -> str:
@@ -148,7 +147,7 @@ class _Pool(HybridBlock):
     window size; ``ceil_mode``: keep a last, partial window)."""
 
     _dims = 2
-    _op = "MaxPool"
+    _pool_type = "max"
 
     @classmethod
     def _alias(cls) -> str:
@@ -168,11 +167,11 @@ class _Pool(HybridBlock):
         self._count_include_pad = bool(count_include_pad)
 
     def hybrid_forward(self, F, x):
-        options = {"kernel_shape": list(self._kernel), "strides": list(self._strides),
-                   "pads": list(self._padding) * 2, "ceil_mode": int(self._ceil_mode)}
-        if self._op == "AveragePool":
-            options["count_include_pad"] = int(self._count_include_pad)
-        return getattr(F, self._op)(x, **options)
+        # MXNet's Gluon pools are its Pooling layer: ceil_mode is the "full" convention
+        return F.Pooling(x, kernel=self._kernel, stride=self._strides, pad=self._padding,
+                         pool_type=self._pool_type,
+                         pooling_convention="full" if self._ceil_mode else "valid",
+                         count_include_pad=self._count_include_pad)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self._kernel}, stride={self._strides}, " \
@@ -180,34 +179,34 @@ class _Pool(HybridBlock):
 
 
 class MaxPool1D(_Pool):
-    _dims, _op = 1, "MaxPool"
+    _dims, _pool_type = 1, "max"
 
 
 class MaxPool2D(_Pool):
-    _dims, _op = 2, "MaxPool"
+    _dims, _pool_type = 2, "max"
 
 
 class MaxPool3D(_Pool):
-    _dims, _op = 3, "MaxPool"
+    _dims, _pool_type = 3, "max"
 
 
 class AvgPool1D(_Pool):
-    _dims, _op = 1, "AveragePool"
+    _dims, _pool_type = 1, "avg"
 
 
 class AvgPool2D(_Pool):
-    _dims, _op = 2, "AveragePool"
+    _dims, _pool_type = 2, "avg"
 
 
 class AvgPool3D(_Pool):
-    _dims, _op = 3, "AveragePool"
+    _dims, _pool_type = 3, "avg"
 
 
 class _GlobalPool(HybridBlock):
     """One value per channel: (N, C, ...) -> (N, C, 1, ...)."""
 
     _dims = 2
-    _op = "GlobalAveragePool"
+    _pool_type = "avg"
 
     @classmethod
     def _alias(cls) -> str:
@@ -218,31 +217,31 @@ class _GlobalPool(HybridBlock):
         super().__init__(**kwargs)
 
     def hybrid_forward(self, F, x):
-        return getattr(F, self._op)(x)
+        return F.Pooling(x, pool_type=self._pool_type, global_pool=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
 class GlobalAvgPool1D(_GlobalPool):
-    _dims, _op = 1, "GlobalAveragePool"
+    _dims, _pool_type = 1, "avg"
 
 
 class GlobalAvgPool2D(_GlobalPool):
-    _dims, _op = 2, "GlobalAveragePool"
+    _dims, _pool_type = 2, "avg"
 
 
 class GlobalAvgPool3D(_GlobalPool):
-    _dims, _op = 3, "GlobalAveragePool"
+    _dims, _pool_type = 3, "avg"
 
 
 class GlobalMaxPool1D(_GlobalPool):
-    _dims, _op = 1, "GlobalMaxPool"
+    _dims, _pool_type = 1, "max"
 
 
 class GlobalMaxPool2D(_GlobalPool):
-    _dims, _op = 2, "GlobalMaxPool"
+    _dims, _pool_type = 2, "max"
 
 
 class GlobalMaxPool3D(_GlobalPool):
-    _dims, _op = 3, "GlobalMaxPool"
+    _dims, _pool_type = 3, "max"
