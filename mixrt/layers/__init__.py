@@ -31,6 +31,7 @@ def bind(function, frontend):
     signature = inspect.signature(function)
     layer.__name__ = layer.__qualname__ = function.__name__
     layer.__doc__ = function.__doc__
+    layer.definition = function  # the one definition every front end binds
     layer.__signature__ = signature.replace(parameters=list(
         signature.parameters.values())[1:])
     return layer
