@@ -170,6 +170,12 @@ def _gpu_absence_reason() -> str:
     return reason if cupy is None else "CuPy sees no CUDA device"
 
 
+def device_kind(xp) -> str:
+    """The kind of device whose registered kernels (``Kernel.for_device``) run on ``xp``'s
+    arrays: "cpu" for NumPy, "gpu" for CuPy."""
+    return "cpu" if xp is np else "gpu"
+
+
 def array_module(array):
     """numpy or cupy, whichever owns ``array``."""
     if isinstance(array, np.ndarray) or np.isscalar(array):

@@ -28,6 +28,7 @@ from mixrt.ops.ir.dtypes import FLOATS, compute_dtype
 from mixrt.ops.elementwise.fused_elementwise import fused_elementwise
 from mixrt.ops.nn.nn import gemm, mat_mul, matmul_shape, softmax_coerced, widen
 from mixrt.ops.ir.registry import op
+from mixrt.ops.device import device_kind
 from mixrt.ops.ir.types import TensorType, broadcast_shapes, normalize_axis, require_shape, \
     same_as_input, shape_text
 
@@ -42,7 +43,7 @@ def run_kernel(xp, handle, *inputs, out=None, _prepacked=None, _node=None, **att
     fast path there, handed ``out`` (the arena view to write into), ``_prepacked`` and
     ``_node`` (the node's kept layouts and state) where that path takes them."""
     kernel = handle.kernels[0]
-    device = "cpu" if xp is np else "gpu"
+    device = device_kind(xp)
     if out is not None and kernel.writes_into(device):
         attributes["out"] = out
     if _prepacked is not None and kernel.wants_prepacked(device):

@@ -108,6 +108,7 @@ def pad_spatial(xp, x, begin, end, value=0):
 
 
 def _as_strided(xp):
+    # the array module's own as_strided (NumPy and CuPy keep it in different places)
     if xp.__name__ == "cupy":
         import cupy.lib.stride_tricks as tricks
     else:

@@ -72,6 +72,8 @@ def fused_conv_pool(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, grou
     bands = _bands(X, W, stage, _prepacked)
     if out is None:
         out = xp.empty((X.shape[0], W.shape[0]) + bands.pooled, dtype=X.dtype)
+    # the CPU's compiled bands stay in this function, beside the device-neutral ones they
+    # fall back to band by band
     if xp is np and _banded_cpu(X, W, B, stage, bands, out, _prepacked):
         return out
     return _banded_any(xp, X, W, B, stage, bands, out, _prepacked)
@@ -329,6 +331,9 @@ def _banded_any(xp, X, W, B, stage: _Stages, bands: _Bands, out, prepacked):
         out[:, :, p0:p1] = _pool(xp, stage.pool)(xp, y, **attributes)
     return out
 
+
+# These two pick the kernel LRN and the pool register for the device (their CPU ones write in
+# place, into the band's own buffer), as a node of that op would run there.
 
 def _normalize(xp, y, lrn_attributes):
     size, alpha, beta, bias = lrn_attributes

@@ -52,7 +52,7 @@ def in_compute_dtype(xp, X, fn):
 def quiet(xp):
     """Silence NumPy's floating-point warnings: ONNX defines inf/nan results (log(0), 1/0).
     Inside :class:`quiet_numpy` (a session's run) there is nothing left to do."""
-    if xp is np or xp.__name__ == "numpy":
+    if xp is np or xp.__name__ == "numpy":  # CuPy raises no floating-point warnings
         if _ERROR_STATE is not None and _ERROR_STATE.get() is _IGNORING[1]:
             return _NOTHING
         return np.errstate(all="ignore")
@@ -170,6 +170,7 @@ def _horner(value, interval, coefficients):
 
 def erf_values(xp, x):
     """erf of a float32/float64 array, in that dtype."""
+    # a helper of Erf, Gelu and FusedElementwise, not a kernel: the device picks its erf
     if xp.__name__ == "cupy":
         import cupyx.scipy.special
         return cupyx.scipy.special.erf(x)
@@ -386,7 +387,7 @@ def _remainder(xp, dtype):
     fmod. CuPy computes a float remainder as a - floor(a / b) * b, which is nan for an infinite
     divisor (NumPy and the spec: -3 % inf = inf, 3 % inf = 3) and drops the sign of a zero
     result (NumPy's takes the divisor's)."""
-    if xp is np or not is_float(dtype):
+    if xp is np or not is_float(dtype):  # a helper: one result, CuPy's float form corrected
         return xp.remainder
 
     def float_remainder(a, b):

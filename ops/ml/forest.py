@@ -104,6 +104,7 @@ class _Forest:
     def _kernels(self, xp, X):
         """ops/ml/_jit_trees.py where it may run on X (host arrays, the compiled tier on, a
         table it can walk safely), else None."""
+        # the trees' compiled walk on host arrays, not an op's kernel: the ensembles share it
         if xp is not np or not self._compilable or not len(self.roots) \
                 or not self._fits(X.shape[1]) or not jit_cpu.enabled():
             return None

@@ -213,6 +213,8 @@ _NORMS = ("MAX", "L1", "L2")  # ops/ml/_jit_ml.py's codes
 def _ml_kernels(xp, rows):
     """ops/ml/_jit_ml.py for float32 rows [N, F] (F > 0, contiguous) on the host with the
     compiled tier on, else None."""
+    # an inner step's compiled loop on host arrays, not the op's kernel: the steps around it
+    # are the same on every device
     if xp is not np or rows.dtype != np.float32 or not rows.shape[1] \
             or not rows.flags.c_contiguous or not jit_cpu.enabled():
         return None

@@ -390,6 +390,8 @@ def _couple(xp, r, k: int):
 
 def _compiled(xp):
     """ops/ml/_jit_svm.py where it may run (host arrays, the compiled tier on), else None."""
+    # an inner step's compiled loop on host arrays, not the op's kernel: the steps around it
+    # are the same on every device
     if xp is not np or not jit_cpu.enabled():
         return None
     return jit_cpu.load("mixrt.ops.ml._jit_svm")

@@ -156,6 +156,8 @@ COMPILED_TRANSFORMS = {"NONE": 0, "LOGISTIC": 1, "SOFTMAX": 2}
 
 def _compiled_scores(xp, raw, post_transform, classes: int):
     """ops/ml/_jit_trees.py when it may finish this classifier's scores, else None."""
+    # an inner step's compiled loop on host arrays, not the op's kernel: the steps around it
+    # are the same on every device
     if xp is not np or classes < 2 or _name(post_transform) not in COMPILED_TRANSFORMS \
             or not jit_cpu.enabled():
         return None

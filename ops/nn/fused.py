@@ -34,6 +34,8 @@ from mixrt.ops.ir.types import TensorType
 
 
 # -- activations, applied in place -------------------------------------------------------------
+# Helpers of every fused op, not kernels: on the CPU they call the SIMD loops of simd_cpu.py,
+# on a GPU the same arithmetic through xp (CuPy's ufuncs take no ``where=``).
 
 def _relu(xp, y):
     if xp is np:
@@ -207,6 +209,8 @@ def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, g
     """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
     On the CPU the residual and activation run on each band of the output right after its
     matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
+    # the CPU's path stays in this function (not .fast("cpu")): FusedConvPool's bands
+    # (ops/conv/fused_conv_pool.py) call it for the banded direct convolution
     if xp is np and out is not None and replay.replayed(_prepacked, (X, W, B, Z, out)):
         return out
     replay.forget(_prepacked)

@@ -249,6 +249,7 @@ def _keep_mask(xp, shape, ratio: float, seed):
     """True where an element survives. The same seed gives the same mask (the ONNX tests'
     generator: NumPy's legacy RandomState, uniform in [0, 1), kept where >= ratio). Without
     a seed the mask comes from the stream ``mixrt.random.seed`` reseeds (CuPy's on a GPU)."""
+    # a branch, not a kernel: the device only picks the random stream (same distribution)
     if seed is not None:  # drawn on the host, so a seed means one mask on every device
         keep = np.random.RandomState(seed).uniform(0.0, 1.0, shape) >= ratio
         return keep if xp is np else xp.asarray(keep)

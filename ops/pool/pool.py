@@ -417,6 +417,7 @@ def _sample_grids(sizes, out, sampling_ratio):
 
 def _roi_kernels(xp):
     """ops/image/_jit_roi.py where it may run (host arrays, the compiled tier on), else None."""
+    # an inner step's compiled loop, not RoiAlign's kernel: its steps around it are shared
     if xp is not np or not jit_cpu.enabled():
         return None
     return jit_cpu.load("mixrt.ops.image._jit_roi")

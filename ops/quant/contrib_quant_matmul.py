@@ -133,7 +133,7 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
     weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
     total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
                                   a_bound=_code_bound(A.dtype, a_zero))
-    if xp is np and total.dtype == F32 and multiplier.dtype == F32:
+    if xp is np and total.dtype == F32 and multiplier.dtype == F32:  # the same, in place
         values = total  # the product's own new array: scaled and shifted in place
         values *= multiplier
     else:

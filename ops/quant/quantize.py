@@ -338,6 +338,8 @@ def exact_integer_product(xp, a, b, b_bound=None, prepacked=None, a_bound=None):
     reach 2**24 skips reading a's row sums); ``prepacked``: the node's dict when b is a
     constant of the session (the dense product keeps its packed panels there; fused
     multiply-adds of integers whose sums stay below 2**24 are exact too)."""
+    # a helper of the integer products, not a kernel: the same exact sums; on the host in
+    # float32 with packed panels where they cannot round, on a GPU in float64
     if xp is not np or a.ndim < 2 or b.ndim < 2:
         return xp.matmul(a.astype(np.float64), b.astype(np.float64))
     a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
@@ -371,6 +373,8 @@ def _constant_dict(_prepacked, b_zero_point, b_zero_index=3):
 def centered_weight(xp, B, zero_point, _prepacked, constant_inputs, center):
     """(B less its zero point as float32, max |that|), kept in ``_prepacked`` when B and its
     zero point are constants of the session; ``center(B, zero_point)`` centers it."""
+    # a helper, not a kernel: the kept copy and its bound serve the host's float32 product
+    # (exact_integer_product); a GPU multiplies in float64 and needs neither
     constant = _prepacked is not None and xp is np and constant_inputs <= \
         _prepacked.get(CONSTANT_INPUTS, frozenset())
     if constant and "centered_weight" in _prepacked:

@@ -25,6 +25,7 @@ def _wrap(xp, indices, dim):
     outside [-dim, dim) then raises where it is used; CuPy would wrap it around, so on the
     GPU the run checks it when it ends (ops/device_checks.py)."""
     indices = indices.astype(np.int64)
+    # a branch, not a kernel: only where an out-of-range index is reported differs
     if xp is not np and indices.size:
         device_checks.expect_false(((indices < -dim) | (indices >= dim)).any(),
                                    f"every index within [-{dim}, {dim}) on its axis")
@@ -127,7 +128,7 @@ def _scatter(xp, data, index, updates, reduction):
     out = data.copy()
     if reduction == "none":
         out[index] = updates
-    elif xp.__name__ == "numpy":
+    elif xp.__name__ == "numpy":  # the same reduction; CuPy lacks most ufuncs' ``at``
         getattr(np, _REDUCTIONS[reduction]).at(out, index, updates)
     else:
         _reduce_in_rounds(xp, out, index, updates, getattr(xp, _REDUCTIONS[reduction]))
