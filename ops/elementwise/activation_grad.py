@@ -9,7 +9,7 @@ import numpy as np
 from mixrt.ops.elementwise import activation as act
 from mixrt.ops.compiled.workspace import scratch_arrays
 from mixrt.ops.training.grad_support import MIXRT
-from mixrt.ops.elementwise.fused_elementwise import same_view
+from mixrt.ops.elementwise.row_blocks import same_view
 from mixrt.ops.compiled.parallel import parallel_rows
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType

@@ -36,9 +36,10 @@ import numpy as np
 
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.elementwise.elementwise import erf_values, quiet
+from mixrt.ops.elementwise.row_blocks import BLOCK, overlaps, pick, row_blocks, same_view
+from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT, op
-from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
 from mixrt.ops.ir.types import broadcast_like_first
 
 
@@ -301,15 +302,15 @@ class Program:
         if out is None:
             out = np.empty(shape, inputs[0].dtype)
         elif not out.flags.c_contiguous or any(
-                _overlaps(out, [x]) and not same_view(out, x) for x in inputs):
+                overlaps(out, [x]) and not same_view(out, x) for x in inputs):
             np.copyto(out, self.run_cpu(inputs))  # a partial overlap: compute aside
             return out
         if jit_elementwise.suits(self.steps, inputs, out, self.jit_kernels):
-            alias = next((i for i, x in enumerate(inputs) if _overlaps(out, [x])), None)
+            alias = next((i for i, x in enumerate(inputs) if overlaps(out, [x])), None)
             if jit_elementwise.run(self.steps, inputs, out, alias, self.jit_kernels,
                                    replays):
                 return out
-        blocks = _row_blocks(shape, inputs, out)
+        blocks = row_blocks(shape, inputs, out)
         if blocks is None:
             return self._run_block(inputs, out, [])
         views, out_rows, rows, step = blocks
@@ -367,7 +368,7 @@ class Program:
         dtype = inputs[0].dtype
         full = out.shape
         values, owned = list(inputs), [False] * len(inputs)
-        pool = spare + ([out] if not _overlaps(out, inputs) else [])
+        pool = spare + ([out] if not overlaps(out, inputs) else [])
         final = len(self.steps) - 1
         for index, step in enumerate(self.steps):
             if step.op == "Scalar":
@@ -378,7 +379,7 @@ class Program:
             result_shape = np.broadcast_shapes(*(np.shape(a) for a in args))
             dying = [r for r in dict.fromkeys(step.operands)
                      if owned[r] and self.last_use[r] == index]
-            target = out if index == final else _pick(values, dying, pool, result_shape, dtype)
+            target = out if index == final else pick(values, dying, pool, result_shape, dtype)
             values.append(OPS[step.op].cpu(args, step.params, target))
             owned.append(True)
             for r in dying:
@@ -516,57 +517,6 @@ def _decode(ops, operands, params, inputs: int) -> tuple[Step, ...]:
         raise ValueError(f"FusedElementwise: {len(operands) - at_operand} operands and "
                          f"{len(params) - at_param} params are left over after the last op")
     return tuple(steps)
-
-
-# elements per block: big enough that the cost of a ufunc call (about a microsecond) is small
-# next to its work, small enough that a block's few temporaries stay in L2 (16K-element
-# blocks ran the BERT encoder's GELU in 1.6 ms, 64K-element ones in 0.85 ms)
-BLOCK = 1 << 16
-
-
-def _row_blocks(shape, inputs, out):
-    """Split the work along merged leading axes into blocks of about BLOCK elements:
-    ([(input view, sliced per block?)], out as rows, row count, rows per block), or None
-    when the output is small or no leading axis is shared by all inputs."""
-    rank, size = len(shape), math.prod(shape)
-    if size < 2 * BLOCK:
-        return None
-    aligned = [(1,) * (rank - x.ndim) + tuple(x.shape) for x in inputs]
-    lead = 0
-    for k in range(1, rank + 1):
-        if all(a[:k] == shape[:k] or not any(d != 1 for d in a[:k]) for a in aligned):
-            lead = k
-        else:
-            break
-    rows = math.prod(shape[:lead])
-    if lead == 0 or rows < 2:
-        return None
-    tail = tuple(shape[lead:])
-    views = [(x.reshape((rows,) + a[lead:]), True) if a[:lead] == shape[:lead]
-             else (x.reshape(a[lead:]), False) for x, a in zip(inputs, aligned)]
-    step = max(1, BLOCK // max(1, math.prod(tail)))
-    return views, out.reshape((rows,) + tail), rows, step
-
-
-def same_view(a, b) -> bool:
-    """``a`` and ``b`` address the same elements the same way (an in-place plan)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides)
-
-
-def _overlaps(out, inputs) -> bool:
-    return any(isinstance(x, np.ndarray) and np.may_share_memory(out, x) for x in inputs)
-
-
-def _pick(values, dying, pool, shape, dtype):
-    """A buffer of ``shape`` to compute into: a dying operand's, a pooled one, or new."""
-    for r in dying:
-        if values[r].shape == shape:
-            return values[r]
-    for i, buffer in enumerate(pool):
-        if buffer.shape == shape:
-            return pool.pop(i)
-    return np.empty(shape, dtype)
 
 
 @functools.lru_cache(maxsize=512)

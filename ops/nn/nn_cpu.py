@@ -14,7 +14,7 @@ import numpy as np
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.compiled.parallel import parallel_rows
-from mixrt.ops.elementwise.fused_elementwise import same_view
+from mixrt.ops.elementwise.row_blocks import same_view
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.norm import batch_normalization, batch_normalization_9, layer_normalization
 from mixrt.ops.nn.nn import gemm, mat_mul, softmax, softmax_coerced

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled.workspace import scratch_arrays
-from mixrt.ops.elementwise.fused_elementwise import same_view
+from mixrt.ops.elementwise.row_blocks import same_view
 from mixrt.ops.nn import nn_cpu  # noqa: F401  (registers the inference path this one keeps)
 from mixrt.ops.nn.norm import batch_normalization
 from mixrt.ops.compiled.parallel import parallel_rows
