@@ -34,6 +34,7 @@ from mixrt.ops.conv.conv import CONV_ATTRIBUTES, conv, spatial_attrs, window_geo
 from mixrt.ops.compiled.workspace import scratch_arrays
 from mixrt.ops.conv.conv_cpu import geometry as conv_geometry
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
+from mixrt.ops.device import device_kind
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import activate, fused_conv
 from mixrt.ops.nn.norm import lrn
@@ -316,15 +317,18 @@ def _banded_any(xp, X, W, B, stage: _Stages, bands: _Bands, out, prepacked):
     span = (bands.conv_geometry[0][0] - 1) * bands.conv_geometry[2][0] + 1
     stride = bands.conv_geometry[1][0]
     height = X.shape[2]
+    # FusedConv's kernel for the device, as a FusedConv node there runs (on the CPU its
+    # direct or banded convolution, ops/nn/fused_cpu.py)
+    conv_kernel = fused_conv.kernels[-1].for_device(device_kind(xp))
     for p0 in range(0, bands.pooled[0], bands.rows_per_band):
         p1 = min(bands.pooled[0], p0 + bands.rows_per_band)
         a, b = bands.conv_rows(p0, p1)
         first, last = a * stride - begin[0], (b - 1) * stride - begin[0] + span
         pads = [max(0, -first), begin[1], max(0, last - height), end[1]]
         rows = xp.ascontiguousarray(X[:, :, max(0, first):min(height, last)])
-        y = fused_conv(xp, rows, W, B, activation=stage.activation[0],
-                       activation_params=stage.activation[1],
-                       _prepacked=prepacked, **dict(conv_attributes, pads=pads))
+        y = conv_kernel(xp, rows, W, B, activation=stage.activation[0],
+                        activation_params=stage.activation[1],
+                        _prepacked=prepacked, **dict(conv_attributes, pads=pads))
         y = _normalize(xp, y, stage.lrn)
         attributes = dict(stage.pool_attributes, pads=bands.pool_pads(
             p0, p1, stage.pool_attributes["pads"]))

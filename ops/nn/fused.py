@@ -19,12 +19,8 @@ import functools
 import numpy as np
 
 from mixrt.ops.conv.conv import conv
-from mixrt.ops.compiled import replay
 from mixrt.ops.elementwise import jit_elementwise
 from mixrt.ops.elementwise.fused_elementwise import program as elementwise_program
-from mixrt.ops.nn import matmul_cpu as few_rows
-from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
-from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.nn.nn import matmul_shape
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT, op
@@ -153,22 +149,28 @@ def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, param
 
 
 def _add_and_activate(xp, y, bias, residual, activation: str, params):
-    """y += bias, y += residual, then the activation, in place (either addend may be None):
-    on the CPU one compiled pass over y when ops/elementwise/jit_elementwise.py takes the
-    program and these arrays, else one NumPy call each."""
-    # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking). Without an
-    # activation NumPy's adds are faster: its in-place add of a bias row is one vectorized
-    # loop, the generic compiled loop nest indexes every element (BERT's 64 x 256 outputs:
-    # 3.5 against 9.7 us)
-    if xp is np and activation and y.size >= jit_elementwise.JIT_MIN_ELEMENTS and _compiled_epilogue(
-            _epilogue(bias is not None, residual is not None, activation, params), y,
-            tuple(a for a in (bias, residual) if a is not None)):
-        return y
+    """y += bias, y += residual, then the activation, in place (either addend may be None),
+    one array-module call each (the CPU's one compiled pass: ``add_and_activate_cpu``)."""
     if bias is not None:
         y += bias
     if residual is not None:
         y += residual
     return activate(xp, y, activation, params)
+
+
+def add_and_activate_cpu(y, bias, residual, activation: str, params):
+    """:func:`_add_and_activate` on NumPy arrays: one compiled pass over y when
+    ops/elementwise/jit_elementwise.py takes the program and these arrays, else one NumPy call
+    each."""
+    # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking). Without an
+    # activation NumPy's adds are faster: its in-place add of a bias row is one vectorized
+    # loop, the generic compiled loop nest indexes every element (BERT's 64 x 256 outputs:
+    # 3.5 against 9.7 us)
+    if activation and y.size >= jit_elementwise.JIT_MIN_ELEMENTS and _compiled_epilogue(
+            _epilogue(bias is not None, residual is not None, activation, params), y,
+            tuple(a for a in (bias, residual) if a is not None)):
+        return y
+    return _add_and_activate(np, y, bias, residual, activation, params)
 
 
 def _compiled_epilogue(program, y, operands) -> bool:
@@ -206,55 +208,17 @@ def _into(xp, y, out):
 def fused_conv(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
                kernel_shape=None, pads=None, strides=None, activation="",
                activation_params=None, out=None, _prepacked=None, _node=None):
-    """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu.
-    On the CPU the residual and activation run on each band of the output right after its
-    matmul, while it is still in cache (``conv_cpu.conv_bands``'s epilogue)."""
-    # the CPU's path stays in this function (not .fast("cpu")): FusedConvPool's bands
-    # (ops/conv/fused_conv_pool.py) call it for the banded direct convolution
-    if xp is np and out is not None and replay.replayed(_prepacked, (X, W, B, Z, out)):
-        return out
-    replay.forget(_prepacked)
+    """activation(Conv(X, W, B) + Z): ResNet's conv, folded batch norm, shortcut and Relu,
+    through Conv's generic kernel on any device. The CPU's banded form, residual and
+    activation applied to each band while it is in cache, is registered beside it
+    (``ops/nn/fused_cpu.py``)."""
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    if _aliases(xp, out, X, W, B, Z):  # out is an input's buffer: read it before writing
-        return _into(xp, fused_conv(xp, X, W, B, Z, activation=activation,
-                                    activation_params=activation_params,
-                                    _prepacked=_prepacked, _node=_node, **attributes), out)
-    if xp is np:
-        return _fused_conv_cpu(X, W, B, Z, attributes, (activation, activation_params), out,
-                               _prepacked, _node)
     finish = _activation(activation, activation_params)
-    y = _into(xp, conv(xp, X, W, B, **attributes), out)
+    y = conv(xp, X, W, B, **attributes)  # a new array: out may be an input's buffer
     if Z is not None:
         xp.add(y, Z, out=y)
-    return finish(xp, y)
-
-
-def _fused_conv_cpu(X, W, B, Z, attributes, activation, out, prepacked, node):
-    found = geometry(prepacked, X, W, **attributes)
-    shape = (X.shape[0], W.shape[0], *found[-1])
-    if out is None:
-        out = np.empty(shape, X.dtype)
-    if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
-        conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
-        np.add(out, Z, out=out)
-        return activate(np, out, *activation)
-    limits = activation_limits(*activation)
-    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
-    if done is not None and limits is None:
-        replay.forget(prepacked)  # it would leave out the activation applied here
-        return activate(np, done, *activation)
-    if done is not None:
-        return done
-    residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
-    bias = None if B is None else B.reshape(-1, 1)
-
-    def epilogue(y, image, start, stop):
-        # bias, residual and activation on the band while it is in cache
-        band = None if residual is None else residual[image][:, start:stop]
-        _add_and_activate(np, y, bias, band, *activation)
-    return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
-                      **attributes)
+    return _into(xp, finish(xp, y), out)
 
 
 @fused_conv.infer
@@ -275,13 +239,7 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
                                     transB=transB, activation=activation,
                                     activation_params=activation_params,
                                     _prepacked=_prepacked), out)
-    if xp is np and out is not None and A.dtype == B.dtype == out.dtype:
-        if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
-                A, B, C, transA, transB, out, _prepacked):
-            return _add_and_activate(xp, out, None, None, activation, activation_params)
-        y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
-    else:
-        y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if C is None or beta == 0.0:
@@ -309,12 +267,7 @@ def fused_mat_mul(xp, A, B, bias=None, Z=None, *, activation="", activation_para
         return _into(xp, fused_mat_mul(xp, A, B, bias, Z, activation=activation,
                                        activation_params=activation_params,
                                        _prepacked=_prepacked), out)
-    if xp is np and out is not None and out.dtype == A.dtype == B.dtype:
-        if bias is not None and few_rows.biased_panel_product(A, B, bias, out, _prepacked):
-            return _add_and_activate(xp, out, None, Z, activation, activation_params)
-        y = few_rows.dense_product(A, B, out, _prepacked)
-    else:
-        y = xp.matmul(A, B, out=out)
+    y = xp.matmul(A, B, out=out)
     return _add_and_activate(xp, y, bias, Z, activation, activation_params)
 
 

@@ -18,7 +18,10 @@ from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
-from mixrt.ops.nn.fused import fused_conv
+from mixrt.ops.nn import fused
+
+# the CPU's fast paths, as a CPU session binds them
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
 
 RNG = np.random.default_rng(11)
 needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,

@@ -13,11 +13,14 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.exporters.onnx import export_model
 from mixrt.ops.conv import fused_conv_pool as banded
-from mixrt.ops.nn.fused import fused_conv
+from mixrt.ops.nn import fused
 from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
 from mixrt.ops.device import gpu_available
 from mixrt.runtime.passes import bands, optimize
 from mixrt.runtime.session import Session, load_graph
+
+# the CPU's fast paths, as a CPU session binds them
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(11)

@@ -9,8 +9,12 @@ from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
-from mixrt.ops.nn.fused import fused_gemm, fused_mat_mul
+from mixrt.ops.nn import fused
 from helpers import until_the_worker_joins
+
+# the CPU's fast paths, as a CPU session binds them
+fused_gemm = fused.fused_gemm.kernels[-1].for_device("cpu")
+fused_mat_mul = fused.fused_mat_mul.kernels[-1].for_device("cpu")
 
 RNG = np.random.default_rng(5)
 

@@ -11,7 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.conv import conv_cpu, conv_direct_cpu, winograd_cpu
-from mixrt.ops.nn.fused import fused_conv
+from mixrt.ops.nn import fused
+
+# the CPU's fast paths, as a CPU session binds them
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
 
 RNG = np.random.default_rng(11)
 

@@ -1,0 +1,111 @@
+"""The fused products' CPU forms (FusedConv, FusedGemm, FusedMatMul), registered beside their
+generic kernels in ``ops/nn/fused.py``. Signatures are the generic kernels'.
+
+* FusedConv: the direct convolution of ``ops/conv/conv_direct_cpu.py`` with the residual and
+  activation in its loop, else ``conv_cpu.conv_bands`` with the bias, residual and activation
+  applied to each band of the output right after its matmul, while it is still in cache; a
+  call into the caller's ``out`` is kept as the node's replay (``ops/compiled/replay.py``).
+* FusedGemm, FusedMatMul: the few-rows and packed-panel products of ``ops/nn/matmul_cpu.py``
+  written into ``out``, then the epilogue in one compiled pass where it has one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import replay
+from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
+from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
+from mixrt.ops.nn import matmul_cpu as few_rows
+from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu, fused_conv,
+                                fused_gemm, fused_mat_mul)
+
+
+@fused_conv.fast("cpu")
+def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                   kernel_shape=None, pads=None, strides=None, activation="",
+                   activation_params=None, out=None, _prepacked=None, _node=None):
+    """FusedConv through the CPU's direct or banded convolution (FusedConvPool's bands, in
+    ``ops/conv/fused_conv_pool.py``, call it too)."""
+    if out is not None and replay.replayed(_prepacked, (X, W, B, Z, out)):
+        return out
+    replay.forget(_prepacked)
+    attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
+                      kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
+        return _into(np, fused_conv_cpu(np, X, W, B, Z, activation=activation,
+                                        activation_params=activation_params,
+                                        _prepacked=_prepacked, _node=_node, **attributes), out)
+    return _banded(X, W, B, Z, attributes, (activation, activation_params), out, _prepacked,
+                   _node)
+
+
+def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):
+    found = geometry(prepacked, X, W, **attributes)
+    shape = (X.shape[0], W.shape[0], *found[-1])
+    if out is None:
+        out = np.empty(shape, X.dtype)
+    if Z is not None and tuple(Z.shape) != shape:  # a broadcast residual: add it afterwards
+        conv_bands(X, W, B, out=out, prepacked=prepacked, **attributes)
+        np.add(out, Z, out=out)
+        return activate(np, out, *activation)
+    limits = activation_limits(*activation)
+    done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
+    if done is not None and limits is None:
+        replay.forget(prepacked)  # it would leave out the activation applied here
+        return activate(np, done, *activation)
+    if done is not None:
+        return done
+    residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
+    bias = None if B is None else B.reshape(-1, 1)
+
+    def epilogue(y, image, start, stop):
+        # bias, residual and activation on the band while it is in cache
+        band = None if residual is None else residual[image][:, start:stop]
+        add_and_activate_cpu(y, bias, band, *activation)
+    return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
+                      **attributes)
+
+
+@fused_gemm.fast("cpu")
+def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
+                   activation="", activation_params=None, out=None, _prepacked=None):
+    """FusedGemm with the product written straight into ``out`` by the few-rows or panel
+    kernels where they take it."""
+    if _aliases(np, out, A, B, C):
+        return _into(np, fused_gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                                        transB=transB, activation=activation,
+                                        activation_params=activation_params,
+                                        _prepacked=_prepacked), out)
+    if out is not None and A.dtype == B.dtype == out.dtype:
+        if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
+                A, B, C, transA, transB, out, _prepacked):
+            return add_and_activate_cpu(out, None, None, activation, activation_params)
+        y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
+    else:
+        y = np.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    if alpha != 1.0:
+        y *= y.dtype.type(alpha)
+    if C is None or beta == 0.0:
+        C = None
+    elif beta != 1.0:
+        C = C * C.dtype.type(beta)
+    return add_and_activate_cpu(y, C, None, activation, activation_params)
+
+
+@fused_mat_mul.fast("cpu")
+def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_params=None,
+                      out=None, _prepacked=None):
+    """FusedMatMul with the product written into ``out`` by the few-rows or panel kernels
+    (a bias folded into the panels' pass)."""
+    if _aliases(np, out, A, B, bias, Z):
+        return _into(np, fused_mat_mul_cpu(np, A, B, bias, Z, activation=activation,
+                                           activation_params=activation_params,
+                                           _prepacked=_prepacked), out)
+    if out is not None and out.dtype == A.dtype == B.dtype:
+        if bias is not None and few_rows.biased_panel_product(A, B, bias, out, _prepacked):
+            return add_and_activate_cpu(out, None, Z, activation, activation_params)
+        y = few_rows.dense_product(A, B, out, _prepacked)
+    else:
+        y = np.matmul(A, B, out=out)
+    return add_and_activate_cpu(y, bias, Z, activation, activation_params)

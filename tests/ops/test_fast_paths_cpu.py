@@ -1,0 +1,151 @@
+"""The CPU fast paths registered with ``@fn.fast("cpu")`` beside the generic kernels of the fused
+and recurrent ops: each gives its generic function's result (the device-neutral reference a GPU
+runs too), and a CPU session binds the fast one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from mixrt.ops.nn import fused
+from mixrt.runtime.session import Session
+from helpers import mlp_graph
+
+RNG = np.random.default_rng(23)
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _both(handle, *args, out_shape=None, dtype=np.float32, **attributes):
+    """(generic, CPU fast path) on the same arguments; with ``out_shape`` each writes into an
+    ``out`` of that shape, filled with NaN first."""
+    results = []
+    for fn in (handle.kernels[-1].fn, handle.kernels[-1].for_device("cpu")):
+        if out_shape is None:
+            results.append(fn(np, *args, **attributes))
+        else:
+            out = np.full(out_shape, np.nan, dtype)
+            assert fn(np, *args, out=out, **attributes) is out
+            results.append(out)
+    return results
+
+
+def _bound_functions(session) -> dict:
+    return {node.node.op_type: node.fn for node in session._bound.nodes}
+
+
+# -- FusedConv, FusedGemm, FusedMatMul (ops/nn/fused_cpu.py) -------------------------------------
+
+ACTIVATIONS = [("", None), ("Relu", None), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.5]),
+               ("Sigmoid", None), ("HardSigmoid", [0.2, 0.5])]
+
+
+def test_the_fused_products_register_cpu_fast_paths():
+    for handle in (fused.fused_conv, fused.fused_gemm, fused.fused_mat_mul):
+        chosen = handle.kernels[-1].for_device("cpu")
+        assert chosen is not handle.kernels[-1].fn
+        assert chosen.__name__ == handle.__name__ + "_cpu"
+        assert handle.kernels[-1].for_device("gpu") is handle.kernels[-1].fn
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=lambda a: a[0] or "none")
+@pytest.mark.parametrize("x_shape, w_shape, attributes", [
+    ((1, 8, 9, 9), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),
+    ((2, 3, 12, 10), (5, 3, 5, 5), dict(strides=[2, 2], pads=[2, 1, 2, 1])),
+    ((1, 16, 7, 7), (32, 16, 1, 1), {}),
+    ((1, 8, 8, 8), (8, 2, 3, 3), dict(group=4, pads=[1, 1, 1, 1])),
+])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fused_conv_cpu_agrees_with_the_generic_kernel(x_shape, w_shape, attributes,
+                                                       activation, with_out):
+    X, W, B = _rand(*x_shape), _rand(*w_shape), _rand(w_shape[0])
+    generic = fused.fused_conv.kernels[-1].fn(np, X, W, B, **attributes)
+    Z = _rand(*generic.shape)
+    kwargs = dict(attributes, activation=activation[0], activation_params=activation[1])
+    expected, got = _both(fused.fused_conv, X, W, B, Z, _prepacked={},
+                          out_shape=generic.shape if with_out else None, **kwargs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_conv_with_a_broadcast_residual_agrees():
+    X, W = _rand(1, 4, 6, 6), _rand(6, 4, 3, 3)
+    Z = _rand(6, 1, 1)
+    expected, got = _both(fused.fused_conv, X, W, None, Z, pads=[1] * 4, activation="Relu")
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS[:4], ids=lambda a: a[0] or "none")
+@pytest.mark.parametrize("rows, inner, cols, transA, transB, alpha, beta", [
+    (1, 64, 32, 0, 0, 1.0, 1.0), (8, 784, 300, 0, 1, 1.0, 1.0),
+    (64, 256, 300, 0, 1, 1.0, 1.0), (5, 17, 9, 1, 0, 0.5, 2.0), (100, 48, 40, 1, 1, 1.0, 0.0)])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fused_gemm_cpu_agrees_with_the_generic_kernel(rows, inner, cols, transA, transB,
+                                                       alpha, beta, activation, with_out):
+    A = _rand(inner, rows) if transA else _rand(rows, inner)
+    B = _rand(cols, inner) if transB else _rand(inner, cols)
+    C = _rand(cols)
+    expected, got = _both(fused.fused_gemm, A, B, C, alpha=alpha, beta=beta, transA=transA,
+                          transB=transB, activation=activation[0],
+                          activation_params=activation[1], _prepacked={},
+                          out_shape=(rows, cols) if with_out else None)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS[:4], ids=lambda a: a[0] or "none")
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((4, 64), (64, 32)), ((8, 784), (784, 2048)), ((2, 16, 256), (256, 300)),
+    ((64, 256), (256, 300))])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_fused_mat_mul_cpu_agrees_with_the_generic_kernel(a_shape, b_shape, activation,
+                                                          with_out):
+    A, B = _rand(*a_shape), _rand(*b_shape)
+    out_shape = a_shape[:-1] + b_shape[-1:]
+    bias, Z = _rand(b_shape[-1]), _rand(*out_shape)
+    expected, got = _both(fused.fused_mat_mul, A, B, bias, Z, activation=activation[0],
+                          activation_params=activation[1], _prepacked={},
+                          out_shape=out_shape if with_out else None)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_fused_products_write_into_an_inputs_buffer_as_the_generic_kernel_does():
+    """An in-place plan may hand an input's buffer as ``out``."""
+    A, B, bias = _rand(8, 32), _rand(32, 32), _rand(32)
+    for fn in (fused.fused_mat_mul.kernels[-1].fn,
+               fused.fused_mat_mul.kernels[-1].for_device("cpu")):
+        Z = _rand(8, 32)
+        expected = np.maximum(A @ B + bias + Z, 0)
+        assert fn(np, A, B, bias, Z, activation="Relu", out=Z) is Z
+        np.testing.assert_allclose(Z, expected, rtol=1e-4, atol=1e-4)
+    X, W = _rand(1, 4, 5, 5), _rand(4, 4, 3, 3)
+    for fn in (fused.fused_conv.kernels[-1].fn, fused.fused_conv.kernels[-1].for_device("cpu")):
+        Z = _rand(1, 4, 5, 5)
+        expected = fused.fused_conv.kernels[-1].fn(np, X, W, None, Z.copy(), pads=[1] * 4)
+        assert fn(np, X, W, None, Z, pads=[1] * 4, out=Z) is Z
+        np.testing.assert_allclose(Z, expected, rtol=1e-4, atol=1e-4)
+
+
+def _conv_relu_model() -> bytes:
+    W = helper.make_tensor("w", TensorProto.FLOAT, (8, 3, 3, 3),
+                           _rand(8, 3, 3, 3).ravel().tolist())
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[W])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8).SerializeToString()
+
+
+def test_a_cpu_session_binds_the_fused_products_cpu_fast_paths():
+    model = _conv_relu_model()
+    session = Session(model, opt_level=2)
+    assert _bound_functions(session)["FusedConv"] is fused.fused_conv.kernels[-1].fast["cpu"]
+    x = _rand(1, 3, 8, 8)
+    (got,) = session.run(None, {"x": x})
+    (expected,) = Session(model, opt_level=0).run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    functions = _bound_functions(Session(mlp_graph(), opt_level=2))
+    assert functions["FusedGemm"] is fused.fused_gemm.kernels[-1].fast["cpu"]
