@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from mixrt.ops.attention.fused_attention import fused_attention
 from mixrt.ops.nn import fused
 from mixrt.runtime.session import Session
 from helpers import mlp_graph
@@ -149,3 +150,24 @@ def test_a_cpu_session_binds_the_fused_products_cpu_fast_paths():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     functions = _bound_functions(Session(mlp_graph(), opt_level=2))
     assert functions["FusedGemm"] is fused.fused_gemm.kernels[-1].fast["cpu"]
+
+
+# -- FusedAttention (ops/attention/attention_cpu.py) --------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch, queries, keys, heads, size, value_size, masked", [
+    (1, 16, 16, 4, 8, 8, False), (2, 13, 37, 3, 20, 40, True), (1, 1, 1, 1, 1, 1, False),
+    (1, 9, 70, 2, 33, 17, True)])
+def test_fused_attention_cpu_agrees_with_the_generic_kernel(batch, queries, keys, heads, size,
+                                                            value_size, masked, dtype):
+    assert fused_attention.kernels[0].for_device("cpu").__name__ == "fused_attention_cpu"
+    Q = _rand(batch, queries, heads, size, dtype=dtype)
+    K = _rand(batch, keys, heads, size, dtype=dtype)
+    V = _rand(batch, keys, heads, value_size, dtype=dtype)
+    mask = _rand(batch, 1, 1, keys, dtype=dtype) if masked else None
+    expected, got = _both(fused_attention, Q, K, V, mask, scale=0.3, dtype=dtype,
+                          out_shape=(batch, queries, heads, value_size))
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+    expected, got = _both(fused_attention, Q, K, V, mask, scale=0.3)  # no out: the composition
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)

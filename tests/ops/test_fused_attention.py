@@ -1,18 +1,20 @@
-"""mixrt::FusedAttention (ops/attention/fused_attention.py): the compiled heads of
-ops/panels/_jit_panels.py against the composition of ONNX ops it stands for, computed in float64
-with NumPy; and the vector softmax they use."""
+"""mixrt::FusedAttention (ops/attention/fused_attention.py; its CPU form: attention_cpu.py): the
+compiled heads of ops/panels/_jit_panels.py against the composition of ONNX ops it stands for,
+computed in float64 with NumPy; and the vector softmax they use."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mixrt.ops.attention import fused_attention as fa
+from mixrt.ops.attention import attention_cpu as fa
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.attention.fused_attention import fused_attention
 from mixrt.ops.device import gpu_available
 from helpers import until_the_worker_joins
 
+# the CPU's fast path, as a CPU session binds it
+fused_attention_cpu = fused_attention.kernels[0].for_device("cpu")
 RNG = np.random.default_rng(11)
 needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
                                   reason="the panel kernels need AVX-512 and numba")
@@ -40,7 +42,7 @@ def heads(batch, queries, keys, count, size, value_size, dtype):
 
 def run(Q, K, V, mask=None, scale=1.0):
     out = np.empty(Q.shape[:3] + V.shape[3:], Q.dtype)
-    result = fused_attention.kernels[0].fn(np, Q, K, V, mask, scale=scale, out=out)
+    result = fused_attention_cpu(np, Q, K, V, mask, scale=scale, out=out)
     assert result is out
     return out
 
@@ -116,14 +118,14 @@ def test_the_heads_split_over_threads_as_pairs_or_as_strips_of_queries(monkeypat
 def test_what_the_compiled_kernel_does_not_take_runs_the_composition():
     Q, K, V = heads(1, 6, 7, 2, 4, 5, np.float32)
     widening = RNG.standard_normal((3, 2, 6, 7)).astype(np.float32)  # a batch of 3 masks
-    got = fused_attention.kernels[0].fn(np, Q, K, V, widening, scale=0.5)
+    got = fused_attention_cpu(np, Q, K, V, widening, scale=0.5)
     assert got.shape == (3, 6, 2, 5)
     np.testing.assert_allclose(got, reference(Q, K, V, widening, 0.5), rtol=2e-5, atol=2e-6)
     one_head_of_keys = (K[:, :, :1], V[:, :, :1])  # broadcast over the query heads
-    got = fused_attention.kernels[0].fn(np, Q, *one_head_of_keys)
+    got = fused_attention_cpu(np, Q, *one_head_of_keys)
     want = reference(Q, np.repeat(one_head_of_keys[0], 2, 2), np.repeat(one_head_of_keys[1], 2, 2))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
-    half = fused_attention.kernels[0].fn(np, *(x.astype(np.float16) for x in (Q, K, V)))
+    half = fused_attention_cpu(np, *(x.astype(np.float16) for x in (Q, K, V)))
     assert half.dtype == np.float16
     np.testing.assert_allclose(half, reference(Q, K, V), rtol=2e-2, atol=2e-3)
 
