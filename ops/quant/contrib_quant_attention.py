@@ -16,7 +16,7 @@ from mixrt.ops.attention.attention import merge_heads, split_heads
 from mixrt.ops.attention.contrib_attention import (MASK_FILTER_VALUE, additive_mask, attend,
                                          causally_hidden, padded_keys, with_past)
 from mixrt.ops.quant.contrib_quant import COM_MICROSOFT, INT8S, require_dtype, require_per_tensor
-from mixrt.ops.quant.contrib_quant_matmul import integer_product_to_float, require_per_column
+from mixrt.ops.quant.contrib_quant_matmul import device_product_to_float, require_per_column
 from mixrt.ops.ir.dtypes import compute_dtype
 from mixrt.ops.ir.registry import REGISTRY, op
 from mixrt.ops.ir.types import TensorType
@@ -44,9 +44,9 @@ def qattention(xp, input, weight, bias, input_scale, weight_scale, mask_index=No
     if not num_heads:
         raise ValueError("QAttention: the num_heads attribute is required")
     dtype = np.dtype(bias.dtype)
-    projected = integer_product_to_float(xp, "QAttention", input, weight, input_scale,
-                                         weight_scale, input_zero_point, weight_zero_point,
-                                         bias).astype(compute_dtype(dtype), copy=False)
+    projected = device_product_to_float(xp, "QAttention", input, weight, input_scale,
+                                        weight_scale, input_zero_point, weight_zero_point,
+                                        bias).astype(compute_dtype(dtype), copy=False)
     hidden = weight.shape[1] // 3
     q, k, v = (split_heads(projected[..., i * hidden:(i + 1) * hidden], num_heads)
                for i in range(3))

@@ -19,10 +19,9 @@ import numpy as np
 
 from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_value, requantize,
                                      require_dtype, require_float_scales, require_per_tensor)
-from mixrt.ops.quant import int8_cpu
+from mixrt.ops.device import device_kind
 from mixrt.ops.nn.nn import matmul_shape
-from mixrt.ops.quant.quantize import (centered_weight, dynamic_quantize_linear,
-                                      exact_integer_product, expand_param)
+from mixrt.ops.quant.quantize import dynamic_quantize_linear, expand_param
 from mixrt.ops.ir.registry import CONSTANT_INPUTS, REGISTRY, op
 from mixrt.ops.ir.types import TensorType, conflicting, shape_text
 
@@ -107,11 +106,11 @@ def _(A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None, y_scale=N
 
 # -- MatMulIntegerToFloat, DynamicQuantizeMatMul ------------------------------------------------
 
-def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
-                              bias, _prepacked=None, b_zero_index=None):
-    """(A - a_zp)(B - b_zp) exactly, converted to float32 and scaled by a_scale * b_scale
-    (B's per column), plus the bias: MatMulIntegerToFloat's output. ``b_zero_index``: the
-    input position of b_zero_point, so that a constant one is folded into the kept B."""
+def product_operands(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
+                     _prepacked, b_zero_index):
+    """What both forms of :func:`integer_product_to_float` start from: (a's zero point as
+    one value, ``center(B, b_zero_point)``, the inputs that must be constants for B's kept
+    copy, the node's dict when they are, the float32 multiplier a_scale * b_scale)."""
     a_zero = None if a_zero_point is None else one_value(op_type, "a_zero_point", a_zero_point)
 
     def center(weight, zero_point):
@@ -123,27 +122,42 @@ def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, 
         _prepacked.get(CONSTANT_INPUTS, frozenset()) else None
     multiplier = as_f32(one_value(op_type, "a_scale", a_scale)) \
         * as_f32(_per_column(xp, op_type, "b_scale", b_scale, B.shape))
-    if xp is np and a_scale.dtype == F32 and multiplier.size in (1, B.shape[-1]):
-        # the integer codes multiplied as they are (VNNI), the output stage in one pass
-        values = int8_cpu.integer_product_to_float(
-            A, a_zero, B, b_zero_point, multiplier, None if bias is None else as_f32(bias),
-            constant)
-        if values is not None:
-            return values
-    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked, constant_inputs, center)
-    total = exact_integer_product(xp, _centered(A, a_zero, F32), weight, bound, constant,
-                                  a_bound=_code_bound(A.dtype, a_zero))
-    if xp is np and total.dtype == F32 and multiplier.dtype == F32:  # the same, in place
-        values = total  # the product's own new array: scaled and shifted in place
-        values *= multiplier
-    else:
-        values = total.astype(F32) * multiplier
+    return a_zero, center, constant_inputs, constant, multiplier
+
+
+def integer_product_to_float(xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point,
+                              bias, _prepacked=None, b_zero_index=None):
+    """(A - a_zp)(B - b_zp) exactly, converted to float32 and scaled by a_scale * b_scale
+    (B's per column), plus the bias: MatMulIntegerToFloat's output, with the product in
+    float64 on any device (the CPU's VNNI and float32 products: ``ops/quant/quantize_cpu.py``).
+    ``b_zero_index``: the input position of b_zero_point, so that a constant one is folded
+    into the kept B."""
+    a_zero, center, _, _, multiplier = product_operands(
+        xp, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point, _prepacked,
+        b_zero_index)
+    total = xp.matmul(_centered(A, a_zero), center(B, b_zero_point))  # exact in float64
+    return output_stage(total.astype(F32) * multiplier, bias, a_scale)
+
+
+# integer_product_to_float's device forms beside the generic one, as a kernel's fast paths:
+# ops/quant/quantize_cpu.py registers the CPU's; QAttention's projection runs the device's
+PRODUCT_TO_FLOAT: dict = {}
+
+
+def device_product_to_float(xp, *args, **kwargs):
+    """:func:`integer_product_to_float` through the form registered for xp's device."""
+    return PRODUCT_TO_FLOAT.get(device_kind(xp), integer_product_to_float)(xp, *args, **kwargs)
+
+
+def output_stage(values, bias, a_scale):
+    """The scaled product ``values`` (float32, the caller's own) plus the bias, in a_scale's
+    dtype."""
     if bias is not None:
         values += as_f32(bias)
     return values.astype(a_scale.dtype, copy=False)
 
 
-def _code_bound(dtype, zero_point) -> float | None:
+def code_bound(dtype, zero_point) -> float | None:
     """The largest |code - zero_point| an 8-bit tensor of ``dtype`` can hold."""
     if dtype not in (np.uint8, np.int8):
         return None

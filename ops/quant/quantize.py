@@ -17,7 +17,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from mixrt.ops.quant import int8_cpu
 from mixrt.ops.elementwise.cast import cast_array
 from mixrt.ops.ir.dtypes import to_numpy_dtype
 from mixrt.ops.nn.matmul_cpu import dense_product
@@ -390,18 +389,10 @@ def centered_weight(xp, B, zero_point, _prepacked, constant_inputs, center):
 
 @op("MatMulInteger", since=10, dtypes=INT8S)
 def matmul_integer(xp, A, B, a_zero_point=None, b_zero_point=None, *, _prepacked=None):
-    constant = _constant_dict(_prepacked, b_zero_point)
-    if xp is np and constant is not None and (a_zero_point is None or a_zero_point.size == 1):
-        product = int8_cpu.integer_product(
-            A, None if a_zero_point is None else a_zero_point.reshape(()), B, b_zero_point,
-            constant)
-        if product is not None:  # the codes multiplied as they are (VNNI)
-            return product
-    weight, bound = centered_weight(xp, B, b_zero_point, _prepacked,
-                                    {1} if b_zero_point is None else {1, 3}, _centered)
-    product = exact_integer_product(xp, _centered(A, a_zero_point, per_row=True,
-                                                  dtype=np.float32), weight, bound,
-                                    _constant_dict(_prepacked, b_zero_point))
+    """(A - a_zero_point)(B - b_zero_point) in int32: the codes less their zero points in
+    float64, whose sums of 8-bit products are exact, on any device. The CPU's VNNI and
+    float32 products are registered beside it (``ops/quant/quantize_cpu.py``)."""
+    product = xp.matmul(_centered(A, a_zero_point, per_row=True), _centered(B, b_zero_point))
     return product.astype(np.int32)
 
 

@@ -1,6 +1,9 @@
 """QuantizeLinear, DequantizeLinear and QLinearConv on the CPU: per-tensor float32 <-> 8-bit
 through the compiled loops of ``ops/quant/_jit_quantize.py``, QLinearConv through the float
-convolution's fast path (below), every other form through ``ops/quant/quantize.py``.
+convolution's fast path (below), every other form through ``ops/quant/quantize.py``. The integer
+products (MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul) multiply the 8-bit codes
+as they are where ``ops/quant/int8_cpu.py`` takes them (VNNI), else in float32 where no sum can
+round (``quantize.exact_integer_product``), the end of this module.
 
 Per tensor (one scale, one zero point), float32 values, int8/uint8 codes, no blocks: what
 onnxruntime's static quantizer writes around every QDQ operator, where the NumPy forms cost
@@ -14,11 +17,19 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.quant.contrib_quant import contrib_dequantize_linear, contrib_quantize_linear
+from mixrt.ops.quant import int8_cpu
+from mixrt.ops.quant.contrib_quant import (as_f32, contrib_dequantize_linear,
+                                           contrib_quantize_linear)
+from mixrt.ops.quant.contrib_quant_matmul import (PRODUCT_TO_FLOAT, _centered as centered_codes,
+                                                  code_bound, dynamic_quantize_matmul,
+                                                  matmul_integer_to_float, output_stage,
+                                                  product_operands)
 from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
-from mixrt.ops.quant.quantize import (dequantize_linear, dequantize_linear_10,
+from mixrt.ops.quant.quantize import (_centered, _constant_dict, centered_weight,
+                                      dequantize_linear, dequantize_linear_10,
                                       dequantize_linear_13, dequantize_linear_21,
-                                      dequantize_linear_23, dynamic_quantize_linear, integer_range,
+                                      dequantize_linear_23, dynamic_quantize_linear,
+                                      exact_integer_product, integer_range, matmul_integer,
                                       qlinear_conv, quantize_linear, quantize_linear_10,
                                       quantize_linear_13, quantize_linear_19, quantize_linear_21,
                                       quantize_linear_23)
@@ -186,3 +197,66 @@ def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
 
 
 qlinear_conv.fast("cpu")(qlinear_conv_cpu)
+
+
+# -- the integer products ----------------------------------------------------------------------
+
+@matmul_integer.fast("cpu")
+def matmul_integer_cpu(xp, A, B, a_zero_point=None, b_zero_point=None, *, _prepacked=None):
+    """The codes multiplied as they are (VNNI) for a constant B and one a_zero_point, else
+    less their zero points in float32 with B's centred copy kept for a constant B."""
+    constant = _constant_dict(_prepacked, b_zero_point)
+    if constant is not None and (a_zero_point is None or a_zero_point.size == 1):
+        product = int8_cpu.integer_product(
+            A, None if a_zero_point is None else a_zero_point.reshape(()), B, b_zero_point,
+            constant)
+        if product is not None:
+            return product
+    weight, bound = centered_weight(np, B, b_zero_point, _prepacked,
+                                    {1} if b_zero_point is None else {1, 3}, _centered)
+    product = exact_integer_product(np, _centered(A, a_zero_point, per_row=True,
+                                                  dtype=np.float32), weight, bound, constant)
+    return product.astype(np.int32)
+
+
+def integer_product_to_float_cpu(xp, op_type, A, B, a_scale, b_scale, a_zero_point,
+                                 b_zero_point, bias, prepacked=None, b_zero_index=None):
+    """``contrib_quant_matmul.integer_product_to_float`` on the CPU: the codes multiplied as
+    they are (VNNI) with the output stage in one pass, else the exact float32 product scaled
+    in place."""
+    a_zero, center, constant_inputs, constant, multiplier = product_operands(
+        np, op_type, A, B, a_scale, b_scale, a_zero_point, b_zero_point, prepacked,
+        b_zero_index)
+    if a_scale.dtype == FLOAT32 and multiplier.size in (1, B.shape[-1]):
+        values = int8_cpu.integer_product_to_float(
+            A, a_zero, B, b_zero_point, multiplier, None if bias is None else as_f32(bias),
+            constant)
+        if values is not None:
+            return values
+    weight, bound = centered_weight(np, B, b_zero_point, prepacked, constant_inputs, center)
+    total = exact_integer_product(np, centered_codes(A, a_zero, FLOAT32), weight, bound,
+                                  constant, a_bound=code_bound(A.dtype, a_zero))
+    if total.dtype == FLOAT32 and multiplier.dtype == FLOAT32:  # the same, in place
+        values = total  # the product's own new array: scaled and shifted in place
+        values *= multiplier
+    else:
+        values = total.astype(FLOAT32) * multiplier
+    return output_stage(values, bias, a_scale)
+
+
+PRODUCT_TO_FLOAT["cpu"] = integer_product_to_float_cpu
+
+
+@matmul_integer_to_float.fast("cpu")
+def matmul_integer_to_float_cpu(xp, A, B, a_scale, b_scale, a_zero_point=None,
+                                b_zero_point=None, bias=None, *, _prepacked=None):
+    return integer_product_to_float_cpu(np, "MatMulIntegerToFloat", A, B, a_scale, b_scale,
+                                        a_zero_point, b_zero_point, bias, _prepacked, 5)
+
+
+@dynamic_quantize_matmul.fast("cpu")
+def dynamic_quantize_matmul_cpu(xp, A, B, b_scale, b_zero_point=None, bias=None, *,
+                                _prepacked=None):
+    codes, scale, zero = dynamic_quantize_linear(np, A)
+    return integer_product_to_float_cpu(np, "DynamicQuantizeMatMul", codes, B, scale, b_scale,
+                                        zero, b_zero_point, bias, _prepacked, 3)

@@ -9,7 +9,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixrt.ops.attention.fused_attention import fused_attention
+from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused
+from mixrt.ops.quant import contrib_quant_matmul as qmm
+from mixrt.ops.quant.quantize import matmul_integer
 from mixrt.runtime.session import Session
 from helpers import mlp_graph
 
@@ -171,3 +174,68 @@ def test_fused_attention_cpu_agrees_with_the_generic_kernel(batch, queries, keys
     np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
     expected, got = _both(fused_attention, Q, K, V, mask, scale=0.3)  # no out: the composition
     np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+# -- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul (ops/quant/quantize_cpu.py) ------
+
+def _codes(dtype, shape):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _constants(*indices) -> dict:
+    """A session node's dict where inputs ``indices`` are constants of the session (the CPU
+    keeps B's layouts there and takes the VNNI product)."""
+    return {CONSTANT_INPUTS: frozenset(indices)}
+
+
+@pytest.mark.parametrize("a_dtype, b_dtype", [(np.uint8, np.int8), (np.int8, np.int8),
+                                              (np.uint8, np.uint8)])
+@pytest.mark.parametrize("a_shape, b_shape", [((5, 96), (96, 48)), ((2, 3, 40), (40, 16)),
+                                              ((1, 300), (300, 64))])
+@pytest.mark.parametrize("zero_points", ["none", "scalar", "per_row", "constant"])
+def test_matmul_integer_cpu_agrees_with_the_generic_kernel(a_dtype, b_dtype, a_shape, b_shape,
+                                                           zero_points):
+    A, B = _codes(a_dtype, a_shape), _codes(b_dtype, b_shape)
+    a_zero = b_zero = None
+    prepacked = None
+    if zero_points == "scalar":
+        a_zero, b_zero = _codes(a_dtype, ()), _codes(b_dtype, ())
+    elif zero_points == "per_row" and len(a_shape) == 2:
+        a_zero, b_zero = _codes(a_dtype, a_shape[:1]), _codes(b_dtype, b_shape[-1:])
+    elif zero_points == "constant":
+        a_zero, prepacked = np.array(7, a_dtype), _constants(1)
+    expected, got = _both(matmul_integer, A, B, a_zero, b_zero, _prepacked=prepacked)
+    assert got.dtype == expected.dtype == np.int32
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("constant", [False, True])
+@pytest.mark.parametrize("a_shape, b_shape", [((5, 96), (96, 48)), ((2, 3, 40), (40, 16))])
+def test_the_integer_products_to_float_agree_with_the_generic_kernels(per_column, constant,
+                                                                       a_shape, b_shape):
+    A, B = _codes(np.uint8, a_shape), _codes(np.int8, b_shape)
+    columns = b_shape[-1]
+    b_scale = (RNG.random(columns) * 0.02 if per_column else np.array(0.01)).astype(np.float32)
+    b_zero = _codes(np.int8, (columns,) if per_column else ())
+    bias = _rand(columns)
+    a_scale, a_zero = np.array(0.02, np.float32), np.array(3, np.uint8)
+    expected, got = _both(qmm.matmul_integer_to_float, A, B, a_scale, b_scale, a_zero, b_zero,
+                          bias, _prepacked=_constants(1, 5) if constant else None)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    X = _rand(*a_shape)
+    expected, got = _both(qmm.dynamic_quantize_matmul, X, B, b_scale, b_zero, bias,
+                          _prepacked=_constants(1, 3) if constant else None)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    for handle in (matmul_integer, qmm.matmul_integer_to_float, qmm.dynamic_quantize_matmul):
+        assert handle.kernels[-1].for_device("cpu").__name__ == handle.__name__ + "_cpu"
+
+
+def test_qattentions_projection_takes_the_cpus_product_on_numpy():
+    assert qmm.PRODUCT_TO_FLOAT["cpu"].__name__ == "integer_product_to_float_cpu"
+    A, B = _codes(np.uint8, (2, 3, 40)), _codes(np.int8, (40, 24))
+    args = ("QAttention", A, B, np.array(0.02, np.float32), np.array(0.01, np.float32),
+            np.array(3, np.uint8), None, _rand(24))
+    np.testing.assert_allclose(qmm.device_product_to_float(np, *args),
+                               qmm.integer_product_to_float(np, *args), rtol=1e-6, atol=1e-6)
