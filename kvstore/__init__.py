@@ -20,6 +20,8 @@ import sys
 
 from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.base import KVStore
+from mixrt.kvstore.local import LocalStore
+from mixrt.kvstore.nccl import NCCLStore
 
 KINDS = ("local", "device", "nccl", "dist_sync", "dist_async", "dist_device_sync")
 
@@ -29,15 +31,13 @@ def create(kind: str = "local", **options) -> KVStore:
     if not isinstance(kind, str) or kind not in KINDS:
         raise KVStoreError(f"unknown KVStore kind {kind!r}; choose one of {KINDS}")
     if kind in ("local", "device"):
-        from mixrt.kvstore.local import LocalStore  # noqa: PLC0415
         return LocalStore(kind, **options)
     if kind == "nccl":
-        from mixrt.kvstore.nccl import NCCLStore  # noqa: PLC0415
         return NCCLStore(**options)
     if os.environ.get("DMLC_ROLE", "worker") in ("scheduler", "server"):
-        from mixrt.kvstore.dist import main  # noqa: PLC0415
+        from mixrt.kvstore.dist import main  # noqa: PLC0415 (pyzmq)
         sys.exit(main())
-    from mixrt.kvstore.dist.worker import DistStore  # noqa: PLC0415
+    from mixrt.kvstore.dist.worker import DistStore  # noqa: PLC0415 (pyzmq)
     return DistStore(kind, **options)
 
 

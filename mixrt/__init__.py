@@ -23,6 +23,8 @@ from mixrt import errors  # noqa: E402,F401
 
 if _NUMPY_FIRST:
     blas_policy.after_numpy(stacklevel=2)
+from mixrt.context import cpu, gpu  # noqa: E402
+from mixrt.runtime.format import is_mxr, load_mxr  # noqa: E402
 from mixrt.runtime.session import NodeArg, Session, register_loader  # noqa: E402
 
 __version__ = "0.1.0"
@@ -36,22 +38,12 @@ def _is_onnx_source(source) -> bool:
 
 
 def _import_onnx(source):
-    from mixrt.importers.onnx import import_model  # noqa: PLC0415
+    from mixrt.importers.onnx import import_model  # noqa: PLC0415 (onnx)
     return import_model(source)
 
 
-def _is_mxr_source(source) -> bool:
-    from mixrt.runtime.format import is_mxr  # noqa: PLC0415
-    return is_mxr(source)
-
-
-def _load_mxr(source):
-    from mixrt.runtime.format import load_mxr  # noqa: PLC0415
-    return load_mxr(source)
-
-
 register_loader(_is_onnx_source, _import_onnx)
-register_loader(_is_mxr_source, _load_mxr)  # tried first: .mxr files are recognised by content
+register_loader(is_mxr, load_mxr)  # tried first: .mxr files are recognised by content
 
 
 def load(model, device: str = "cpu", **options) -> Session:
@@ -64,16 +56,6 @@ def load(model, device: str = "cpu", **options) -> Session:
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "optimizer", "lr_scheduler",
                               "gluon", "io", "metric", "module", "models", "kv", "nd",
                               "autograd", "context", "profiler", "viz"})
-
-
-def cpu(device_id: int = 0):
-    from mixrt.context import cpu as make  # noqa: PLC0415
-    return make(device_id)
-
-
-def gpu(device_id: int = 0):
-    from mixrt.context import gpu as make  # noqa: PLC0415
-    return make(device_id)
 
 
 def __getattr__(name: str):

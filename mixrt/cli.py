@@ -33,8 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
+import mixrt  # registers the model loaders
 from mixrt import __version__  # the package's one statement of it
 from mixrt.base.errors import InputError, MixrtError, ModelLoadError
+from mixrt.demo import run_demo
+from mixrt.ops.compiled.jit_cache import cache_root
+from mixrt.ops.device import device_named, parse_device
+from mixrt.ops.ir.types import MapType, SequenceType, TensorType
+from mixrt.runtime.format import save_mxr
+from mixrt.runtime.kernel_tiers import warm_up
+from mixrt.runtime.memory import STRATEGIES, format_report, plan_report
+from mixrt.runtime.npz import read_npy  # checks before it reads
+from mixrt.runtime.plan_plot import draw_plan  # loads matplotlib only when it draws
+from mixrt.runtime.session import load_graph
 
 
 # the status a shell gives a command a SIGPIPE ended (128 + the signal's number)
@@ -195,7 +206,6 @@ def _add_launch_command(commands) -> None:
 
 
 def _add_compile_options(parser) -> None:
-    from mixrt.runtime.memory import STRATEGIES  # noqa: PLC0415
     parser.add_argument("--opt-level", type=int, default=2, choices=(0, 1, 2),
                         help="graph optimization level (default 2)")
     parser.add_argument("--strategy", default="greedy", choices=STRATEGIES,
@@ -210,8 +220,6 @@ def _add_shape_options(parser) -> None:
 
 
 def _load_graph(model: str):
-    import mixrt  # noqa: F401,PLC0415  (registers the model loaders)
-    from mixrt.runtime.session import load_graph  # noqa: PLC0415
     graph = load_graph(model)
     graph.validate()
     return graph
@@ -220,7 +228,7 @@ def _load_graph(model: str):
 # -- demo ------------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
-    from mixrt.main_job import run_main_job  # noqa: PLC0415
+    from mixrt.main_job import run_main_job  # noqa: PLC0415 (onnx, via the training frontends)
     compression = None if args.compression is None else {"type": "2bit",
                                                          "threshold": args.compression}
     # progress bars on a terminal; in a pipe or a log file, one line per epoch
@@ -230,14 +238,13 @@ def cmd_demo(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from mixrt.demo import run_demo  # noqa: PLC0415
     return run_demo(args.device)
 
 
 # -- launch ----------------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from mixrt.kvstore.launch import launch  # noqa: PLC0415
+    from mixrt.kvstore.launch import launch  # noqa: PLC0415 (pyzmq)
     # REMAINDER keeps the "--" that separates CMD from the launcher's own options
     command = args.worker_command
     command = command[1:] if command[:1] == ["--"] else command
@@ -296,8 +303,6 @@ def _provenance(metadata: dict) -> list[str]:
 # -- run -------------------------------------------------------------------------------------
 
 def cmd_run(args) -> int:
-    import mixrt  # noqa: PLC0415
-
     session = mixrt.Session(args.model, device=args.device, opt_level=args.opt_level,
                             strategy=args.strategy,
                             profile=str(args.profile) if args.profile else False)
@@ -321,7 +326,6 @@ def _read_input(spec: str) -> tuple[str, np.ndarray]:
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
-    from mixrt.runtime.npz import read_npy  # noqa: PLC0415  (checks before it reads)
     try:
         return name, read_npy(path, "input file")
     except ModelLoadError as exc:
@@ -347,7 +351,6 @@ def _planned_session(args, opt_level: int | None = None):
 
 
 def _session(args, opt_level: int | None = None):
-    import mixrt  # noqa: PLC0415
     level = args.opt_level if opt_level is None else opt_level
     return mixrt.Session(args.model, opt_level=level, strategy=args.strategy)
 
@@ -377,7 +380,6 @@ def _open_dims(session, args) -> list[str]:
 def _map_inputs(session) -> list[str]:
     """Inputs that are maps (or sequences of them): their sizes are part of the plan
     signature, and --input reads only arrays, so no stored plan can be made for them."""
-    from mixrt.ops.ir.types import MapType, SequenceType  # noqa: PLC0415
     return [f"{v.name} ({v.type})" for v in session._required
             if isinstance(v.type, MapType) or (isinstance(v.type, SequenceType)
                                               and isinstance(v.type.element, MapType))]
@@ -385,7 +387,7 @@ def _map_inputs(session) -> list[str]:
 
 def _dim_sizes(session, args) -> dict[str, int]:
     """--dim's sizes, each for a symbolic dimension the model's inputs declare."""
-    from mixrt.runtime.support import check_dim_names  # noqa: PLC0415  (heavy: see _session)
+    from mixrt.runtime.support import check_dim_names  # noqa: PLC0415 (onnx's schemas)
     sizes = dict(_read_dim(spec) for spec in args.dim)
     check_dim_names(session.graph.feed_inputs(), sizes)
     return sizes
@@ -400,7 +402,6 @@ def _read_dim(spec: str) -> tuple[str, int]:
 
 def _zeros_for(value, symbols: dict) -> np.ndarray:
     """A zero feed of the input's declared shape, symbolic dims taken from --dim."""
-    from mixrt.ops.ir.types import MapType, SequenceType, TensorType  # noqa: PLC0415
     value_type = value.type
     element = value_type.element if isinstance(value_type, SequenceType) else value_type
     if isinstance(element, MapType):
@@ -428,9 +429,6 @@ def _zeros_for(value, symbols: dict) -> np.ndarray:
 
 
 def cmd_warmup(args) -> int:
-    import mixrt  # noqa: PLC0415
-    from mixrt.ops.compiled.jit_cache import cache_root  # noqa: PLC0415
-    from mixrt.runtime.kernel_tiers import warm_up  # noqa: PLC0415
     started = time.perf_counter()
     session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
     feeds = _plan_feeds(session, args)
@@ -445,9 +443,6 @@ def cmd_warmup(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from mixrt.runtime.format import save_mxr  # noqa: PLC0415
-    from mixrt.runtime.memory import format_report  # noqa: PLC0415
-
     session = _session(args)
     open_dims, maps = _open_dims(session, args), _map_inputs(session)
     # a model with dynamic axes or map inputs compiles without a stored plan: Session plans
@@ -472,8 +467,6 @@ def cmd_compile(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from mixrt.runtime.memory import format_report, plan_report  # noqa: PLC0415
-
     session, plan = _planned_session(args)
     # naive allocation of the model as imported: the MXNet paper's baseline (a .mxr is
     # already optimized, so it has none)
@@ -487,7 +480,6 @@ def cmd_plan(args) -> int:
     else:
         print(format_report(plan, imported))
     if args.png:
-        from mixrt.runtime.plan_plot import draw_plan  # noqa: PLC0415
         draw_plan(plan, args.png, title=f"{Path(args.model).name}: {plan.strategy}")
         if not args.json:
             print(f"plot: {args.png}")
@@ -497,7 +489,7 @@ def cmd_plan(args) -> int:
 # -- export ----------------------------------------------------------------------------------
 
 def cmd_export(args) -> int:
-    from mixrt.exporters.onnx import save_model  # noqa: PLC0415
+    from mixrt.exporters.onnx import save_model  # noqa: PLC0415 (onnx)
 
     model = save_model(_load_graph(args.model), args.output, opset=args.opset)
     opset = next((o.version for o in model.opset_import if not o.domain), None)
@@ -511,8 +503,7 @@ def cmd_export(args) -> int:
 # -- check -----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from mixrt.ops.device import device_named, parse_device  # noqa: PLC0415
-    from mixrt.runtime.support import support_table  # noqa: PLC0415
+    from mixrt.runtime.support import support_table  # noqa: PLC0415 (onnx's schemas)
 
     if args.validate:
         if args.registry_only:
@@ -539,16 +530,15 @@ def cmd_check(args) -> int:
 
 def _check_validate(args) -> int:
     """Support table plus a numeric comparison with onnxruntime: the CI gate."""
-    import mixrt  # noqa: F401,PLC0415  (registers the model loaders)
-    from mixrt.exporters.coverage import format_report, validate  # noqa: PLC0415
+    from mixrt.exporters import coverage  # noqa: PLC0415 (onnx)
     feeds = dict(_read_input(item) for item in args.input) or None
     dims = dict(_read_dim(item) for item in args.dim)
-    report = validate(args.model, feeds, device=args.device, rtol=args.rtol, atol=args.atol,
-                      dims=dims)
+    report = coverage.validate(args.model, feeds, device=args.device, rtol=args.rtol,
+                               atol=args.atol, dims=dims)
     if args.json:
         print(json.dumps({"model": args.model, **report.as_dict()}, indent=2))
     else:
-        print(format_report(report))
+        print(coverage.format_report(report))
     return 0 if report.ok else 1
 
 

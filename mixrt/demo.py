@@ -14,7 +14,7 @@ from mixrt.runtime.session import Session
 
 
 def run_demo(device: str = "cpu", rtol: float = 1e-3, atol: float = 1e-5) -> int:
-    from mixrt.models.zoo import LIGHT_MODELS, light_model  # noqa: PLC0415
+    from mixrt.models.zoo import LIGHT_MODELS, light_model  # noqa: PLC0415 (onnx)
 
     print(f"mixrt demo: {len(LIGHT_MODELS)} ImageNet architectures on {device}")
     print(f"{'model':14} {'load ms':>8} {'run ms':>8} {'max abs err':>12}  result")

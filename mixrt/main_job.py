@@ -20,9 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from mixrt import random as mixrt_random
+from mixrt.exporters.coverage import format_report, validate
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
+from mixrt.kvstore import create as create_store
+from mixrt.models.digits import digits_cnn, load_digits, split
 from mixrt.module import Module
+from mixrt.runtime.format import save_mxr
+from mixrt.runtime.session import Session
 
 TASK_A_CLASSES = 5
 ACCURACY_TARGET = 0.95
@@ -38,7 +43,6 @@ def run_main_job(workdir: Path, *, seed: int = 0, epochs_a: int = 12, epochs_b: 
     trains on its shard of the data through the store (``compression``: its gradient
     compression, e.g. ``{"type": "2bit", "threshold": 0.5}``); every worker exports its own
     copy, and worker 0 alone validates, compiles and serves."""
-    from mixrt.models.digits import digits_cnn, load_digits, split  # noqa: PLC0415
     store = _store(kvstore, compression)
     rank = 0 if store is None else store.rank
     workdir = Path(workdir) if rank == 0 else Path(workdir) / f"worker{rank}"
@@ -98,8 +102,7 @@ def _say(step: int, text: str) -> None:
 def _store(kind: str | None, compression: dict | None):
     if kind is None:
         return None
-    from mixrt.kvstore import create  # noqa: PLC0415
-    store = create(kind)
+    store = create_store(kind)
     if compression is not None:
         store.set_gradient_compression(compression)
     print(f"[kv] worker {store.rank} of {store.num_workers} in a {kind!r} job", flush=True)
@@ -142,7 +145,6 @@ def _fit(model, train_x, train_y, test_x, test_y, epochs, learning_rate, progres
 
 
 def _validate(path: Path, sample: np.ndarray) -> bool:
-    from mixrt.exporters.coverage import format_report, validate  # noqa: PLC0415
     report = validate(path, {"image": sample})
     _say(5, "validate the export against onnxruntime (every node supported, outputs match)")
     print("    " + format_report(report).replace("\n", "\n    "))
@@ -150,8 +152,6 @@ def _validate(path: Path, sample: np.ndarray) -> bool:
 
 
 def _compile(onnx_path: Path, mxr_path: Path) -> Path:
-    from mixrt.runtime.format import save_mxr  # noqa: PLC0415
-    from mixrt.runtime.session import Session  # noqa: PLC0415
     session = Session(str(onnx_path), opt_level=2)
     plan = session.memory_plan({"image": np.zeros((1, 1, 8, 8), np.float32)})
     graph = session.graph
@@ -164,7 +164,6 @@ def _compile(onnx_path: Path, mxr_path: Path) -> Path:
 
 def _serve(mxr_path: Path, test_x, test_y, expected_scores) -> bool:
     """Answer every test image as one request from the .mxr file, as a service would."""
-    from mixrt.runtime.session import Session  # noqa: PLC0415
     session = Session(str(mxr_path))
     started = time.perf_counter()
     scores = np.concatenate([session.run(None, {"image": test_x[i:i + 1]})[0]

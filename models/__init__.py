@@ -11,10 +11,10 @@ from __future__ import annotations
 
 def get_symbol(name: str, **options):
     """A zoo symbol by name: "mlp", "lenet", "resnet18" ... "resnet152", "transformer"."""
-    from mixrt.models.lenet import lenet  # noqa: PLC0415 (mixrt.sym is built on demand)
-    from mixrt.models.mlp import mlp  # noqa: PLC0415
-    from mixrt.models.resnet import SPECS, resnet  # noqa: PLC0415
-    from mixrt.models.transformer import transformer_encoder  # noqa: PLC0415
+    from mixrt.models.lenet import lenet  # noqa: PLC0415 (mixrt.sym and onnx, on demand)
+    from mixrt.models.mlp import mlp  # noqa: PLC0415 (the same)
+    from mixrt.models.resnet import SPECS, resnet  # noqa: PLC0415 (the same)
+    from mixrt.models.transformer import transformer_encoder  # noqa: PLC0415 (the same)
 
     builders = {"mlp": mlp, "lenet": lenet, "transformer": transformer_encoder}
     builders.update({f"resnet{depth}": (lambda d: lambda **o: resnet(d, **o))(depth)

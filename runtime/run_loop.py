@@ -254,7 +254,7 @@ def _shape_problem(node, args) -> str | None:
     """What the op's infer function refuses in the operands a run gave it (their shapes now
     static), as the load-time check (runtime/passes/typecheck.py) says it; None when it
     accepts them or cannot tell."""
-    from mixrt.runtime.passes.typecheck import operand_shape_problem  # noqa: PLC0415
+    from mixrt.runtime.passes.typecheck import operand_shape_problem  # noqa: PLC0415 (onnx)
     types = {}
     for name, value in zip(node.inputs, args):
         if not name or value is None:

@@ -41,6 +41,7 @@ from mixrt.runtime.feeds import (as_text, check_tensor, feed_signature, map_feed
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
+from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
@@ -442,7 +443,8 @@ class Session:
                 return [self.device.put(v) for v in value]
         if value is None:
             raise InputError(f"input {declared.name!r} is a tensor; got None")
-        array = value if hasattr(value, "__array__") or hasattr(value, "__cuda_array_interface__") \
+        array = value if hasattr(value, "__array__") \
+            or hasattr(value, "__cuda_array_interface__") \
             else python_feed(declared.name, value, expected)
         if isinstance(expected, TensorType):
             check_tensor(declared.name, array, expected, symbols)
@@ -519,15 +521,14 @@ def _check_option(name: str, value, allowed) -> None:
 
 
 def _optimized(graph: Graph, opt_level: int) -> Graph:
-    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415
+    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415 (onnx)
     graph.validate()
     # a model the spec calls invalid fails here, naming the node; a .mxr too (its file may
     # have been written by anyone: the optimized graphs mixrt compiles pass)
     check_operand_types(graph)
     if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
         return graph
-    from mixrt.runtime.passes import optimize  # noqa: PLC0415 (passes import the registry)
-    from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415
+    from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415 (onnx)
     # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
     return optimize(expand_gradient_ops(graph), opt_level)
 

@@ -58,14 +58,14 @@ SUFFIX = ".mxr"
 def load_mxr(source):
     """The Graph stored in a .mxr file (a path) or in its bytes; ModelLoadError if the file
     is damaged, hostile or not a .mxr file. Weights are read-only views of the file's map."""
-    from .reader import load_mxr as load  # noqa: PLC0415
+    from mixrt.runtime.format.reader import load_mxr as load  # noqa: PLC0415 (flatbuffers)
     return load(source)
 
 
 def save_mxr(graph, path, *, producer: str = "mixrt", opt_level: int = 0,
              producer_version: str | None = None) -> None:
     """Write ``graph`` with its initializers, plans and metadata to ``path`` (atomically)."""
-    from .writer import save_mxr as save  # noqa: PLC0415
+    from mixrt.runtime.format.writer import save_mxr as save  # noqa: PLC0415 (flatbuffers)
     save(graph, path, producer=producer, opt_level=opt_level,
          producer_version=producer_version)
 
