@@ -1,13 +1,12 @@
 """Recurrent layers: RNN, GRU and LSTM (opsets 7, 14 with ``layout``, 22 with bfloat16).
 
-All three run one driver (``recurrence.run_directions``) with their own cell step; the
-standard forms run compiled on the CPU (``cells.compiled_forward``), and a training graph's
-forward keeps a workspace of every step for the gradient (``cells.forward_keeping_workspace``).
+All three run one driver (``recurrence.run_directions``) with their own cell step, on any
+device; the standard forms run compiled on the CPU (``cells.compiled_forward``, registered with
+``.fast("cpu")`` in ``ops/rnn/recurrent_cpu.py``), and a training graph's forward keeps a
+workspace of every step for the gradient (``cells.forward_keeping_workspace``).
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from mixrt.ops.ir.dtypes import FLOATS, accumulation_dtype
 from mixrt.ops.ir.registry import op
@@ -17,15 +16,6 @@ from mixrt.ops.rnn.recurrence import (_shape, activation_functions, check_operan
                                       run_directions)
 
 FLOATS_NO_BF16 = frozenset({"float16", "float32", "float64"})
-
-
-def _compiled(cell: str, X, W, R, B, sequence_lens, initials, outputs: int, **attributes):
-    """The node's first ``outputs`` outputs through cells.compiled_forward (the compiled
-    CPU cells of ops/rnn/lstm_cpu.py, gru_cpu.py and rnn_cpu.py), or None where they do not
-    take it (``cell``: the cell class's name in cells.py)."""
-    found = cells.compiled_forward(np, getattr(cells, cell), X, W, R, B, sequence_lens,
-                                   initials, **attributes)
-    return None if found is None else found[:max(outputs, 1)]
 
 
 def _keeping_workspace(op_type, xp, *inputs, **attributes):
@@ -41,7 +31,7 @@ def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                activation_alpha=None, activation_beta=None, activations=None, clip=None,
                direction="forward", hidden_size=None, layout=0, _outputs=2, _prepacked=None):
     """H_t = f(X_t W^T + H_{t-1} R^T + Wb + Rb). ``_prepacked`` as in
-    :func:`long_short_term_memory` (ops/rnn/rnn_cpu.py)."""
+    :func:`long_short_term_memory` (the CPU's form: ops/rnn/recurrent_cpu.py)."""
     check_operands("RNN", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
                    direction=direction, hidden_size=hidden_size, layout=layout)
     if _outputs > 2:
@@ -50,14 +40,6 @@ def simple_rnn(xp, X, W, R, B=None, sequence_lens=None, initial_h=None, *,
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout)
-    if xp is np:  # a few rows: ops/rnn/rnn_cpu.py
-        found = _compiled("RNNCell", X, W, R, B, sequence_lens, [initial_h], _outputs,
-                          prepacked=_prepacked, activations=activations,
-                          activation_alpha=activation_alpha, activation_beta=activation_beta,
-                          clip=clip, direction=direction, hidden_size=hidden_size,
-                          layout=layout)
-        if found is not None:
-            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Tanh"], num_directions)
@@ -100,7 +82,8 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                          clip=None, direction="forward", hidden_size=None, layout=0,
                          linear_before_reset=0, _outputs=2, _prepacked=None):
     """Gates z (update), r (reset), h (candidate), in that order in W, R and B.
-    ``_prepacked`` as in :func:`long_short_term_memory` (ops/rnn/gru_cpu.py)."""
+    ``_prepacked`` as in :func:`long_short_term_memory` (the CPU's form:
+    ops/rnn/recurrent_cpu.py)."""
     check_operands("GRU", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
                    direction=direction, hidden_size=hidden_size, layout=layout)
     if _outputs > 2:
@@ -109,14 +92,6 @@ def gated_recurrent_unit(xp, X, W, R, B=None, sequence_lens=None, initial_h=None
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, linear_before_reset=linear_before_reset)
-    if xp is np and clip is None:  # sigmoid and tanh: ops/rnn/gru_cpu.py
-        found = _compiled("GRUCell", X, W, R, B, sequence_lens, [initial_h], _outputs,
-                          prepacked=_prepacked, activations=activations,
-                          activation_alpha=activation_alpha, activation_beta=activation_beta,
-                          direction=direction, hidden_size=hidden_size, layout=layout,
-                          linear_before_reset=linear_before_reset)
-        if found is not None:
-            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh"], num_directions)
@@ -173,8 +148,9 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                            direction="forward", hidden_size=None, input_forget=0, layout=0,
                            _outputs=3, _prepacked=None):
     """Gates i, o, f, c in that order in W, R and B; peepholes P in order i, o, f.
-    ``_prepacked``: the node's dict where W is a session constant (ops/rnn/lstm_cpu.py keeps the
-    weights' halved and packed forms there when R and B are constants too)."""
+    ``_prepacked``: the node's dict where W is a session constant (the CPU's form,
+    ops/rnn/recurrent_cpu.py, through ops/rnn/lstm_cpu.py keeps the weights' halved and packed
+    forms there when R and B are constants too; this generic form does not read it)."""
     check_operands("LSTM", X.shape, W.shape, R.shape, _shape(B), initial_h=_shape(initial_h),
                    initial_c=_shape(initial_c), P=_shape(P), direction=direction,
                    hidden_size=hidden_size, layout=layout)
@@ -184,13 +160,6 @@ def long_short_term_memory(xp, X, W, R, B=None, sequence_lens=None, initial_h=No
                                   activation_beta=activation_beta, activations=activations,
                                   clip=clip, direction=direction, hidden_size=hidden_size,
                                   layout=layout, input_forget=input_forget)
-    if xp is np and P is None and clip is None and not input_forget:  # ops/rnn/lstm_cpu.py
-        found = _compiled("LSTMCell", X, W, R, B, sequence_lens, [initial_h, initial_c],
-                          _outputs, prepacked=_prepacked, activations=activations,
-                          activation_alpha=activation_alpha, activation_beta=activation_beta,
-                          direction=direction, hidden_size=hidden_size, layout=layout)
-        if found is not None:
-            return found
     num_directions = W.shape[0]
     acts = activation_functions(xp, activations, activation_alpha, activation_beta,
                                 ["Sigmoid", "Tanh", "Tanh"], num_directions)

@@ -12,6 +12,7 @@ from mixrt.ops.attention.fused_attention import fused_attention
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused
 from mixrt.ops.quant import contrib_quant_matmul as qmm
+from mixrt.ops.rnn import rnn
 from mixrt.ops.quant.quantize import matmul_integer
 from mixrt.runtime.session import Session
 from helpers import mlp_graph
@@ -239,3 +240,62 @@ def test_qattentions_projection_takes_the_cpus_product_on_numpy():
             np.array(3, np.uint8), None, _rand(24))
     np.testing.assert_allclose(qmm.device_product_to_float(np, *args),
                                qmm.integer_product_to_float(np, *args), rtol=1e-6, atol=1e-6)
+
+
+# -- RNN, GRU, LSTM (ops/rnn/recurrent_cpu.py) ---------------------------------------------------
+
+RECURRENT = {"RNN": (rnn.rnn_7, rnn.rnn_14, 1, 1), "GRU": (rnn.gru_7, rnn.gru_14, 3, 1),
+             "LSTM": (rnn.lstm_7, rnn.lstm_14, 4, 2)}
+
+
+def _recurrent_inputs(op_type, directions, seq, batch, size, hidden, dtype, lengths):
+    gates = RECURRENT[op_type][2]
+    inputs = [_rand(seq, batch, size, dtype=dtype) * 0.5,
+              _rand(directions, gates * hidden, size, dtype=dtype) * 0.3,
+              _rand(directions, gates * hidden, hidden, dtype=dtype) * 0.3,
+              _rand(directions, 2 * gates * hidden, dtype=dtype) * 0.1,
+              None if not lengths else RNG.integers(1, seq + 1, batch).astype(np.int32)]
+    inputs += [_rand(directions, batch, hidden, dtype=dtype) * 0.5
+               for _ in range(RECURRENT[op_type][3])]
+    return inputs
+
+
+@pytest.mark.parametrize("op_type", list(RECURRENT))
+def test_the_recurrent_ops_register_cpu_fast_paths(op_type):
+    for handle in RECURRENT[op_type][:2]:
+        for kernel in handle.kernels:
+            assert kernel.for_device("cpu") is not kernel.fn
+            assert kernel.for_device("gpu") is kernel.fn
+            assert kernel.wants_prepacked("cpu")
+
+
+@pytest.mark.parametrize("op_type", list(RECURRENT))
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("batch, lengths", [(1, False), (3, True), (11, False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("attributes", [{}, {"clip": 0.8}, {"linear_before_reset": 1},
+                                        {"activations": "relu"}],
+                         ids=["plain", "clip", "reset_after", "relu"])
+def test_the_recurrent_cpu_kernels_agree_with_the_generic_ones(op_type, direction, batch, lengths,
+                                                              dtype, attributes):
+    if "linear_before_reset" in attributes and op_type != "GRU":
+        pytest.skip("a GRU attribute")
+    if "activations" in attributes:
+        if op_type != "RNN":
+            pytest.skip("the RNN's other activation")
+        attributes = {"activations": ["Relu"] * (2 if direction == "bidirectional" else 1)}
+    directions = 2 if direction == "bidirectional" else 1
+    inputs = _recurrent_inputs(op_type, directions, 6, batch, 5, 8, dtype, lengths)
+    handle = RECURRENT[op_type][1]
+    expected, got = _both(handle, *inputs, direction=direction, hidden_size=8, **attributes)
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have, want, rtol=tolerance, atol=tolerance)
+
+
+def test_the_opset_7_recurrent_cpu_kernels_agree_with_the_generic_ones():
+    for op_type in RECURRENT:
+        inputs = _recurrent_inputs(op_type, 1, 4, 2, 3, 6, np.float32, False)
+        expected, got = _both(RECURRENT[op_type][0], *inputs, hidden_size=6)
+        for want, have in zip(expected, got):
+            np.testing.assert_allclose(have, want, rtol=2e-5, atol=2e-5)

@@ -10,6 +10,10 @@ import pytest
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.rnn import cells, gru_cpu, lstm_cpu, rnn, rnn_grad
 
+# the CPU's fast paths, as a CPU session binds them
+lstm_on_cpu = rnn.lstm_14.kernels[-1].for_device("cpu")
+gru_on_cpu = rnn.gru_14.kernels[-1].for_device("cpu")
+
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="needs numba")
 
 SEQ, BATCH, INPUT, HIDDEN = 5, 4, 6, 8
@@ -122,10 +126,10 @@ def test_the_inference_forward_matches_the_numpy_steps(monkeypatch, direction, l
     taken = []
     real = getattr(lstm_cpu, path)
     monkeypatch.setattr(lstm_cpu, path, lambda *a, **k: taken.append(1) or real(*a, **k))
-    fast = rnn.long_short_term_memory(*args, **options)
+    fast = lstm_on_cpu(*args, **options)
     assert taken  # the compiled steps ran
     generic(monkeypatch)
-    slow = rnn.long_short_term_memory(*args, **options)
+    slow = lstm_on_cpu(*args, **options)
     for got, want in zip(fast, slow):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
@@ -137,17 +141,17 @@ def test_variants_keep_the_numpy_cells(monkeypatch, options, reason):
     values = inputs(np.float32, 1, 0)
     monkeypatch.setattr(lstm_cpu, "inference", lambda *a, **k: pytest.fail(reason))
     lengths = options.pop("sequence_lens", None)
-    y = rnn.long_short_term_memory(np, values["X"], values["W"], values["R"], values["B"],
-                                   lengths, *values["initials"], hidden_size=HIDDEN,
-                                   **options)[0]
+    y = lstm_on_cpu(np, values["X"], values["W"], values["R"], values["B"],
+                    lengths, *values["initials"], hidden_size=HIDDEN,
+                    **options)[0]
     assert y.shape == (SEQ, 1, BATCH, HIDDEN) and np.isfinite(y).all()
 
 
 def test_a_nan_in_the_input_reaches_the_outputs():
     values = inputs(np.float32, 1, 0)
     values["X"][2, 1, 0] = np.nan
-    y = rnn.long_short_term_memory(np, values["X"], values["W"], values["R"], values["B"],
-                                   None, *values["initials"], hidden_size=HIDDEN)[0]
+    y = lstm_on_cpu(np, values["X"], values["W"], values["R"], values["B"],
+                    None, *values["initials"], hidden_size=HIDDEN)[0]
     assert np.isfinite(y[:2]).all() and np.isnan(y[2:, 0, 1]).all()
     assert np.isfinite(y[2, 0, 0]).all()  # other sequences of the batch are untouched
 
@@ -215,8 +219,8 @@ def test_a_fed_recurrent_weight_is_read_afresh_on_every_run():
     assert state is not None and not any(
         isinstance(key, tuple) and str(key[0]).startswith("lstm") for key in state)
     assert not np.allclose(first, second)
-    expected = rnn.long_short_term_memory(np, x, values["W"], r * 0.5, values["B"],
-                                          hidden_size=HIDDEN)[0]
+    expected = lstm_on_cpu(np, x, values["W"], r * 0.5, values["B"],
+                           hidden_size=HIDDEN)[0]
     np.testing.assert_allclose(second, expected, rtol=2e-5, atol=2e-6)
 
 
@@ -274,10 +278,10 @@ def test_gru_inference_takes_the_compiled_steps(monkeypatch, linear_before_reset
     monkeypatch.setattr(gru_cpu, path, lambda *a, **k: taken.append(1) or real(*a, **k))
     options = {"direction": "bidirectional", "hidden_size": HIDDEN,
                "linear_before_reset": linear_before_reset}
-    fast = rnn.gated_recurrent_unit(*args, **options)
+    fast = gru_on_cpu(*args, **options)
     assert taken
     generic_gru(monkeypatch)
-    slow = rnn.gated_recurrent_unit(*args, **options)
+    slow = gru_on_cpu(*args, **options)
     for got, want in zip(fast, slow):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 

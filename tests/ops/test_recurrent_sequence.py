@@ -9,6 +9,11 @@ import pytest
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.rnn import compiled_steps, gru_cpu, lstm_cpu, rnn, rnn_cpu
 
+# the CPU's fast paths, as a CPU session binds them
+lstm_on_cpu = rnn.lstm_14.kernels[-1].for_device("cpu")
+gru_on_cpu = rnn.gru_14.kernels[-1].for_device("cpu")
+rnn_on_cpu = rnn.rnn_14.kernels[-1].for_device("cpu")
+
 pytestmark = pytest.mark.skipif(
     not jit_cpu.enabled() or jit_cpu.panel_kernels() is None,
     reason="needs numba and the panel tile (AVX-512)")
@@ -70,9 +75,9 @@ def gru_values(dtype, batch, directions=1):
 
 
 def run_lstm(values, monkeypatch, rows, lengths=None, direction="forward"):
-    """rnn.long_short_term_memory with SEQUENCE_ROWS = ``rows`` (0: the compiled steps)."""
+    """LSTM's CPU kernel with SEQUENCE_ROWS = ``rows`` (0: the compiled steps)."""
     monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", rows)
-    return rnn.long_short_term_memory(
+    return lstm_on_cpu(
         np, values["X"], values["W"], values["R"], values["B"], lengths, *values["initials"],
         hidden_size=HIDDEN, direction=direction)
 
@@ -214,7 +219,7 @@ def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(m
     keys = {key[0] for key in node.attributes["_prepacked"] if isinstance(key, tuple)}
     assert "lstm R' by part" in keys
     monkeypatch.setattr(lstm_cpu, "suits", lambda layer, d: False)  # the NumPy cells
-    expected = rnn.long_short_term_memory(np, x, *weights.values(), hidden_size=HIDDEN)[0]
+    expected = lstm_on_cpu(np, x, *weights.values(), hidden_size=HIDDEN)[0]
     np.testing.assert_allclose(first, expected, rtol=3e-6, atol=3e-6)
 
 
@@ -222,7 +227,7 @@ def test_a_session_at_batch_one_keeps_the_parts_panels_and_matches_fed_weights(m
 
 def run_gru(values, monkeypatch, rows, reset_after, lengths=None, direction="forward"):
     monkeypatch.setattr(lstm_cpu, "SEQUENCE_ROWS", rows)
-    return rnn.gated_recurrent_unit(
+    return gru_on_cpu(
         np, values["X"], values["W"], values["R"], values["B"], lengths, *values["initials"],
         hidden_size=HIDDEN, direction=direction, linear_before_reset=reset_after)
 
@@ -281,7 +286,7 @@ def rnn_values(dtype, batch, directions=1):
 
 
 def run_rnn(values, monkeypatch, compiled, lengths=None, **attributes):
-    """rnn.simple_rnn through ops/rnn/rnn_cpu.py (``compiled``) or the NumPy step; the result
+    """RNN's CPU kernel through ops/rnn/rnn_cpu.py (``compiled``) or the NumPy step; the result
     and whether the compiled sequence ran."""
     taken = []
     real = rnn_cpu.inference
@@ -289,8 +294,8 @@ def run_rnn(values, monkeypatch, compiled, lengths=None, **attributes):
                         lambda *a, **k: taken.append(1) or real(*a, **k))
     if not compiled:
         monkeypatch.setattr(rnn_cpu, "suits", lambda layer, d: False)
-    result = rnn.simple_rnn(np, values["X"], values["W"], values["R"], values["B"], lengths,
-                            *values["initials"], hidden_size=HIDDEN, **attributes)
+    result = rnn_on_cpu(np, values["X"], values["W"], values["R"], values["B"], lengths,
+                        *values["initials"], hidden_size=HIDDEN, **attributes)
     monkeypatch.undo()
     return result, bool(taken)
 
@@ -345,8 +350,8 @@ def test_the_rnn_keeps_the_numpy_step_past_the_sequence_rows_and_for_other_activ
 def test_a_split_rnn_gives_the_same_bits_on_the_pool_as_on_one_thread(monkeypatch):
     values = rnn_values(np.float32, 3)
     monkeypatch.setattr(jit_cpu, "native_pool", lambda: None)
-    alone = rnn.simple_rnn(np, values["X"], values["W"], values["R"], values["B"], None,
-                           *values["initials"], hidden_size=HIDDEN)
+    alone = rnn_on_cpu(np, values["X"], values["W"], values["R"], values["B"], None,
+                       *values["initials"], hidden_size=HIDDEN)
     monkeypatch.undo()
     pooled, taken = run_rnn(values, monkeypatch, True)
     assert taken
