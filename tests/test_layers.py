@@ -57,9 +57,8 @@ DEFERRED = {
 }
 # imports inside functions that defer nothing heavy and are to move to module level (the
 # imported module is loaded by ``import mixrt`` already): where each is
-NOT_YET_AT_MODULE_LEVEL = {
-    ("mixrt.autograd.opgrad", "mixrt.runtime.session"): "mixrt/autograd/opgrad.py:172",
-}
+NOT_YET_AT_MODULE_LEVEL: dict = {}
+
 
 def layer_of(module: str) -> int:
     if module in APPLICATIONS:

@@ -25,6 +25,7 @@ from mixrt.runtime.lru import LruCache, frozen
 from mixrt.runtime.passes.autodiff import (gradient_graph, is_differentiable_dtype,
                                            split_forward_backward)
 from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import Session
 
 _SYMBOL_OPSET = 21  # what mixrt.sym builds at; backward nodes of the default domain use 17
 
@@ -169,7 +170,6 @@ def _backward_half(sig: Signature, attributes: dict, seeded: tuple, *,
 
 
 def _build_backward_plan(sig: Signature, attributes: dict, seeded: tuple) -> BackwardPlan:
-    from mixrt.runtime.session import Session  # noqa: PLC0415 (heavy; first backward only)
     backward, feeds, input_of = _backward_half(sig, attributes, seeded)
     session = Session(backward, device=sig.device)
     return BackwardPlan(session, feeds, [input_of[name] for name in session.graph.output_names])
