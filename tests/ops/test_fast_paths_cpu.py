@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixrt.ops.attention.fused_attention import fused_attention
+from mixrt.ops.conv import conv_pool_cpu, fused_conv_pool
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused
 from mixrt.ops.quant import contrib_quant_matmul as qmm
@@ -299,3 +300,40 @@ def test_the_opset_7_recurrent_cpu_kernels_agree_with_the_generic_ones():
         expected, got = _both(RECURRENT[op_type][0], *inputs, hidden_size=6)
         for want, have in zip(expected, got):
             np.testing.assert_allclose(have, want, rtol=2e-5, atol=2e-5)
+
+
+# -- FusedConvPool (ops/conv/conv_pool_cpu.py) ---------------------------------------------------
+
+CONV_POOLS = {  # x shape, w shape, conv attributes, activation, lrn, pool, pool attributes
+    "resnet_stem": ((1, 3, 32, 32), (8, 3, 7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]),
+                    "Relu", 0, "MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2],
+                                               pads=[1, 1, 1, 1])),
+    "zfnet_lrn": ((2, 3, 23, 23), (6, 3, 5, 5), dict(strides=[2, 2], pads=[1, 1, 1, 1]),
+                  "Relu", 5, "MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2],
+                                             ceil_mode=1)),
+    "average": ((1, 4, 16, 16), (8, 4, 3, 3), dict(pads=[1, 1, 1, 1]), "", 0, "AveragePool",
+                dict(kernel_shape=[2, 2], strides=[2, 2], count_include_pad=1)),
+    "grouped": ((1, 8, 12, 12), (8, 2, 3, 3), dict(group=4, pads=[1, 1, 1, 1]), "Relu", 0,
+                "MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2])),
+}
+
+
+@pytest.mark.parametrize("name", list(CONV_POOLS))
+@pytest.mark.parametrize("prepacked", [True, False], ids=["constant", "fed"])
+@pytest.mark.parametrize("whole_image", [True, False], ids=["whole", "bands"])
+def test_fused_conv_pool_cpu_agrees_with_the_generic_kernel(monkeypatch, name, prepacked,
+                                                            whole_image):
+    assert fused_conv_pool.fused_conv_pool.kernels[-1].for_device("cpu") is \
+        conv_pool_cpu.fused_conv_pool_cpu
+    if not whole_image:
+        monkeypatch.setattr(conv_pool_cpu, "WHOLE_IMAGE_BYTES", 0)
+    x_shape, w_shape, conv, activation, lrn, pool, pool_attributes = CONV_POOLS[name]
+    X, W, B = _rand(*x_shape), _rand(*w_shape) * 0.3, _rand(w_shape[0])
+    attributes = dict(conv, kernel_shape=list(w_shape[2:]), activation=activation,
+                      lrn_size=lrn, pool=pool,
+                      **{f"pool_{k}": v for k, v in pool_attributes.items()})
+    results = []
+    for fn in (fused_conv_pool.fused_conv_pool.kernels[-1].fn,
+               conv_pool_cpu.fused_conv_pool_cpu):
+        results.append(fn(np, X, W, B, _prepacked={} if prepacked else None, **attributes))
+    np.testing.assert_allclose(results[1], results[0], rtol=2e-5, atol=2e-5)

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.exporters.onnx import export_model
-from mixrt.ops.conv import fused_conv_pool as banded
+from mixrt.ops.conv import conv_pool_cpu, fused_conv_pool as banded
 from mixrt.ops.nn import fused
 from mixrt.ops.pool.inplace_cpu import average_pool_cpu, lrn_cpu, max_pool_cpu
 from mixrt.ops.device import gpu_available
@@ -21,6 +21,7 @@ from mixrt.runtime.session import Session, load_graph
 
 # the CPU's fast paths, as a CPU session binds them
 fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
+fused_conv_pool = banded.fused_conv_pool.kernels[-1].for_device("cpu")
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(11)
@@ -87,14 +88,14 @@ def case_arrays(name, dtype=np.float32):
 @pytest.mark.parametrize("name", CASES)
 def test_banded_kernel_matches_the_unfused_chain(monkeypatch, name, prepacked, band_bytes):
     monkeypatch.setattr(banded, "BAND_BYTES", band_bytes)
-    monkeypatch.setattr(banded, "WHOLE_IMAGE_BYTES", 0)  # bands, even for one small image
+    monkeypatch.setattr(conv_pool_cpu, "WHOLE_IMAGE_BYTES", 0)  # bands, even for one image
     _, w_shape, conv, activation, lrn, pool, pool_attributes = CASES[name]
     X, W, B = case_arrays(name)
     conv = dict(conv, kernel_shape=list(w_shape[2:]))
     want = unfused(X, W, B, conv, activation, lrn, pool, pool_attributes)
-    got = banded.fused_conv_pool(np, X, W, B, **conv,
-                                 **fused_attributes(activation, lrn, pool, pool_attributes),
-                                 _prepacked={} if prepacked else None)
+    got = fused_conv_pool(np, X, W, B, **conv,
+                          **fused_attributes(activation, lrn, pool, pool_attributes),
+                          _prepacked={} if prepacked else None)
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
@@ -108,22 +109,22 @@ def test_a_single_small_image_is_computed_whole_and_matches(monkeypatch, name):
     X, W, B = case_arrays(name)
     conv = dict(conv, kernel_shape=list(w_shape[2:]))
     whole = []
-    real = banded._whole_image
-    monkeypatch.setattr(banded, "_whole_image", lambda *a: whole.append(1) or real(*a))
+    real = conv_pool_cpu._whole_image
+    monkeypatch.setattr(conv_pool_cpu, "_whole_image", lambda *a: whole.append(1) or real(*a))
     want = unfused(X, W, B, conv, activation, lrn, pool, pool_attributes)
-    got = banded.fused_conv_pool(np, X, W, B, **conv, _prepacked={},
-                                 **fused_attributes(activation, lrn, pool, pool_attributes))
+    got = fused_conv_pool(np, X, W, B, **conv, _prepacked={},
+                          **fused_attributes(activation, lrn, pool, pool_attributes))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     # not: two images (resnet_stem), a grouped conv (the direct conv does not take it), an
     # LRN (it would run on one thread over the whole image)
     taken = name not in ("resnet_stem", "grouped") and CASES[name][4] is None \
-        and banded.jit_cpu.panel_kernels() is not None \
-        and banded.jit_cpu.native_pool() is not None
+        and conv_pool_cpu.jit_cpu.panel_kernels() is not None \
+        and conv_pool_cpu.jit_cpu.native_pool() is not None
     assert bool(whole) == taken
-    monkeypatch.setattr(banded, "WHOLE_IMAGE_BYTES", 0)
+    monkeypatch.setattr(conv_pool_cpu, "WHOLE_IMAGE_BYTES", 0)
     whole.clear()
-    banded.fused_conv_pool(np, X, W, B, **conv, _prepacked={},
-                           **fused_attributes(activation, lrn, pool, pool_attributes))
+    fused_conv_pool(np, X, W, B, **conv, _prepacked={},
+                    **fused_attributes(activation, lrn, pool, pool_attributes))
     assert not whole
 
 
@@ -133,8 +134,8 @@ def test_float64_and_a_given_out_buffer():
     conv = dict(conv, kernel_shape=list(w_shape[2:]))
     want = unfused(X, W, B, conv, activation, lrn, pool, pool_attributes)
     out = np.full(want.shape, np.nan)
-    got = banded.fused_conv_pool(np, X, W, B, **conv, out=out, _prepacked={},
-                                 **fused_attributes(activation, lrn, pool, pool_attributes))
+    got = fused_conv_pool(np, X, W, B, **conv, out=out, _prepacked={},
+                          **fused_attributes(activation, lrn, pool, pool_attributes))
     assert got is out
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
@@ -142,8 +143,8 @@ def test_float64_and_a_given_out_buffer():
 def test_an_unknown_pool_is_refused():
     X, W, B = case_arrays("pointwise")
     with pytest.raises(ValueError, match="pool must be one of"):
-        banded.fused_conv_pool(np, X, W, B, kernel_shape=[1, 1], pool="LpPool",
-                               pool_kernel_shape=[2, 2])
+        fused_conv_pool(np, X, W, B, kernel_shape=[1, 1], pool="LpPool",
+                        pool_kernel_shape=[2, 2])
 
 
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
@@ -153,7 +154,7 @@ def test_on_the_gpu_matches_the_cpu():
     X, W, B = case_arrays("zfnet_stem")
     conv = dict(conv, kernel_shape=list(w_shape[2:]))
     attributes = fused_attributes(activation, lrn, pool, pool_attributes)
-    want = banded.fused_conv_pool(np, X, W, B, **conv, **attributes)
+    want = fused_conv_pool(np, X, W, B, **conv, **attributes)
     got = banded.fused_conv_pool(cupy, cupy.asarray(X), cupy.asarray(W), cupy.asarray(B),
                                  **conv, **attributes)
     np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=1e-4, atol=1e-4)
