@@ -232,3 +232,86 @@ def test_fused_elementwise_on_the_gpu_is_its_kernel_and_the_generic_result(name)
     out = cupy.empty(x.shape, cupy.float32)
     assert kernel.for_device("gpu")(cupy, device_x, **program, out=out) is out
     np.testing.assert_allclose(cupy.asnumpy(out), cupy.asnumpy(generic), rtol=1e-5, atol=1e-6)
+
+
+# -- the ops whose CPU paths are registered with .fast("cpu") ------------------------------------
+# (ops/nn/fused_cpu.py, attention/attention_cpu.py, quant/quantize_cpu.py, rnn/recurrent_cpu.py,
+# conv/conv_pool_cpu.py): on the GPU their generic kernel runs, and gives the CPU path's result
+
+
+def _codes(dtype, shape):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _normal(*shape):
+    return (RNG.standard_normal(shape) * 0.5).astype(np.float32)
+
+
+MOVED = {  # (domain, op_type, version) -> (inputs, attributes, tolerance)
+    ("mixrt", "FusedConv", 1): lambda: (
+        [_normal(1, 4, 9, 9), _normal(6, 4, 3, 3), _normal(6), _normal(1, 6, 9, 9)],
+        dict(pads=[1, 1, 1, 1], activation="Relu"), 1e-4),
+    ("mixrt", "FusedGemm", 1): lambda: (
+        [_normal(8, 32), _normal(16, 32), _normal(16)],
+        dict(transB=1, activation="LeakyRelu", activation_params=[0.1]), 1e-4),
+    ("mixrt", "FusedMatMul", 1): lambda: (
+        [_normal(2, 5, 32), _normal(32, 16), _normal(16), _normal(2, 5, 16)],
+        dict(activation="Relu"), 1e-4),
+    ("mixrt", "FusedAttention", 1): lambda: (
+        [_normal(2, 7, 3, 8), _normal(2, 9, 3, 8), _normal(2, 9, 3, 8), _normal(2, 1, 1, 9)],
+        dict(scale=0.3), 1e-5),
+    ("mixrt", "FusedConvPool", 1): lambda: (
+        [_normal(1, 3, 16, 16), _normal(6, 3, 3, 3), _normal(6)],
+        dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], activation="Relu", lrn_size=3,
+             pool_kernel_shape=[2, 2], pool_strides=[2, 2]), 1e-4),
+    ("", "MatMulInteger", 10): lambda: (
+        [_codes(np.uint8, (5, 40)), _codes(np.int8, (40, 12)), np.array(3, np.uint8)], {}, 0),
+    ("com.microsoft", "MatMulIntegerToFloat", 1): lambda: (
+        [_codes(np.uint8, (5, 40)), _codes(np.int8, (40, 12)), np.array(0.02, np.float32),
+         np.array(0.01, np.float32), np.array(3, np.uint8)], {}, 1e-6),
+    ("", "LSTM", 14): lambda: (
+        [_normal(5, 2, 4), _normal(1, 24, 4), _normal(1, 24, 6), _normal(1, 48)],
+        dict(hidden_size=6), 1e-5),
+    ("", "GRU", 14): lambda: (
+        [_normal(5, 2, 4), _normal(1, 18, 4), _normal(1, 18, 6), _normal(1, 36)],
+        dict(hidden_size=6, linear_before_reset=1), 1e-5),
+    ("", "RNN", 14): lambda: (
+        [_normal(5, 2, 4), _normal(1, 6, 4), _normal(1, 6, 6), _normal(1, 12)],
+        dict(hidden_size=6), 1e-5),
+}
+
+
+@needs_gpu
+@pytest.mark.parametrize("key", MOVED, ids=lambda key: key[1])
+def test_an_op_with_a_cpu_fast_path_runs_its_generic_kernel_on_the_gpu(key):
+    import cupy  # noqa: PLC0415  (the fake's, or a real one)
+    kernel = REGISTRY.find(*key)
+    assert kernel.for_device("gpu") is kernel.fn and kernel.for_device("cpu") is not kernel.fn
+    inputs, attributes, tolerance = MOVED[key]()
+    got = kernel.for_device("gpu")(cupy, *(cupy.asarray(x) for x in inputs), **attributes)
+    want = kernel.for_device("cpu")(np, *inputs, **attributes)
+    for have, expected in zip(got if isinstance(got, (tuple, list)) else [got],
+                              want if isinstance(want, (tuple, list)) else [want]):
+        assert isinstance(have, cupy.ndarray)
+        np.testing.assert_allclose(cupy.asnumpy(have), expected, rtol=tolerance,
+                                   atol=tolerance)
+
+
+@needs_gpu
+def test_a_gpu_session_binds_fused_convs_generic_kernel(monkeypatch):
+    fused = REGISTRY.find("mixrt", "FusedConv", 1)
+    calls = _spied(monkeypatch, [fused])
+    w = helper.make_tensor("w", TensorProto.FLOAT, (6, 3, 3, 3), _normal(6, 3, 3, 3).ravel())
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=8).SerializeToString()
+    x = _normal(1, 3, 8, 8)
+    (got,) = mixrt.Session(model, device="gpu", opt_level=2).run(None, {"x": x})
+    assert calls == [fused.fn.__name__]
+    (want,) = mixrt.Session(model, opt_level=2).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
