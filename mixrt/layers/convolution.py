@@ -93,12 +93,9 @@ def Convolution(frontend, data=None, weight=None, bias=None, kernel=None, stride
     _check_channels(layer, data, num_group)
     if sizes is not None:
         _check_fits(layer, sizes, kernel, window)
-    weight = layer.parameter("weight", weight, shape=(num_filter, None, *kernel),
-                             rule=ShapeRule(None, data, (num_filter, ["axis", 1, num_group],
-                                                         *kernel)))
-    bias = _bias(layer, bias, no_bias, num_filter, None, data)
-    inputs = [data, weight] + ([] if no_bias else [bias])
-    return layer.node("Conv", inputs, group=num_group, **window)
+    weight_dims = (num_filter, ["axis", 1, num_group], *kernel)
+    return _filtered(layer, "Conv", data, weight, bias, weight_dims, num_filter, no_bias,
+                     group=num_group, **window)
 
 
 def _check_fits(layer, sizes, kernel, window) -> None:
@@ -140,12 +137,21 @@ def Deconvolution(frontend, data=None, weight=None, bias=None, kernel=None, stri
         window["output_padding"] = list(adj)
     if sizes is not None:
         _check_deconvolution_output(layer, sizes, kernel, window, adj)
-    per_group = num_filter // num_group
-    weight = layer.parameter("weight", weight, shape=(None, per_group, *kernel),
-                             rule=ShapeRule(None, data, (["axis", 1], per_group, *kernel)))
+    weight_dims = (["axis", 1], num_filter // num_group, *kernel)
+    return _filtered(layer, "ConvTranspose", data, weight, bias, weight_dims, num_filter,
+                     no_bias, group=num_group, **window)
+
+
+def _filtered(layer, op_type, data, weight, bias, weight_dims, num_filter, no_bias,
+              **attributes):
+    """The layer's one node over the data, its weight (of ``weight_dims``, as a
+    ``ShapeRule`` reads them) and its bias."""
+    known = tuple(d if isinstance(d, int) else None for d in weight_dims)
+    weight = layer.parameter("weight", weight, shape=known,
+                             rule=ShapeRule(None, data, weight_dims))
     bias = _bias(layer, bias, no_bias, num_filter, None, data)
     inputs = [data, weight] + ([] if no_bias else [bias])
-    return layer.node("ConvTranspose", inputs, group=num_group, **window)
+    return layer.node(op_type, inputs, **attributes)
 
 
 def _check_deconvolution_output(layer, sizes, kernel, window, adj) -> None:

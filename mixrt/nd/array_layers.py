@@ -117,19 +117,9 @@ class ArrayCall(LayerCall):
         return _softmax_output(self, data, label, options)
 
 
-def _bound(name: str):
-    return layers.bind(layers.LAYERS[name], ArrayCall)
-
-
-FullyConnected = _bound("FullyConnected")
-Convolution = _bound("Convolution")
-Deconvolution = _bound("Deconvolution")
-Pooling = _bound("Pooling")
-BatchNorm = _bound("BatchNorm")
-Activation = _bound("Activation")
-LeakyReLU = _bound("LeakyReLU")
-Embedding = _bound("Embedding")
-SoftmaxOutput = _bound("SoftmaxOutput")
+# FullyConnected, Convolution, Deconvolution, Pooling, BatchNorm, Activation, LeakyReLU,
+# Embedding, SoftmaxOutput
+globals().update(layers.bind_all(ArrayCall))
 
 
 # -- argument helpers --------------------------------------------------------------------------

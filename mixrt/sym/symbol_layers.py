@@ -129,19 +129,9 @@ def _adopt(given: Symbol, source: dict | None) -> None:
     node.info[SHAPE_FROM] = source
 
 
-def _bound(name: str):
-    return layers.bind(layers.LAYERS[name], SymbolCall)
-
-
-FullyConnected = _bound("FullyConnected")
-Convolution = _bound("Convolution")
-Deconvolution = _bound("Deconvolution")
-Pooling = _bound("Pooling")
-BatchNorm = _bound("BatchNorm")
-Activation = _bound("Activation")
-LeakyReLU = _bound("LeakyReLU")
-Embedding = _bound("Embedding")
-SoftmaxOutput = _bound("SoftmaxOutput")
+# FullyConnected, Convolution, Deconvolution, Pooling, BatchNorm, Activation, LeakyReLU,
+# Embedding, SoftmaxOutput
+globals().update(layers.bind_all(SymbolCall))
 
 
 # -- output layers -----------------------------------------------------------------------------

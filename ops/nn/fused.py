@@ -240,13 +240,18 @@ def fused_gemm(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, act
                                     activation_params=activation_params,
                                     _prepacked=_prepacked), out)
     y = xp.matmul(A.T if transA else A, B.T if transB else B, out=out)
+    y, C = gemm_terms(y, C, alpha, beta)
+    return _add_and_activate(xp, y, C, None, activation, activation_params)
+
+
+def gemm_terms(y, C, alpha: float, beta: float):
+    """Gemm's ``alpha * (A @ B)`` (scaled in place in ``y``) and ``beta * C`` (None where it
+    adds nothing)."""
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if C is None or beta == 0.0:
-        C = None
-    elif beta != 1.0:
-        C = C * C.dtype.type(beta)
-    return _add_and_activate(xp, y, C, None, activation, activation_params)
+        return y, None
+    return y, C if beta == 1.0 else C * C.dtype.type(beta)
 
 
 @fused_gemm.infer

@@ -18,7 +18,7 @@ from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu, fused_conv,
-                                fused_gemm, fused_mat_mul)
+                                fused_gemm, fused_mat_mul, gemm_terms)
 
 
 @fused_conv.fast("cpu")
@@ -84,12 +84,7 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
         y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     else:
         y = np.matmul(A.T if transA else A, B.T if transB else B, out=out)
-    if alpha != 1.0:
-        y *= y.dtype.type(alpha)
-    if C is None or beta == 0.0:
-        C = None
-    elif beta != 1.0:
-        C = C * C.dtype.type(beta)
+    y, C = gemm_terms(y, C, alpha, beta)
     return add_and_activate_cpu(y, C, None, activation, activation_params)
 
 
