@@ -68,6 +68,18 @@ def _filters(layer, num_filter, num_group) -> tuple[int, int]:
     return num_filter, num_group
 
 
+def _filter_arguments(layer, num_filter, num_group, no_bias, layout, kernel, data) -> tuple:
+    """What Convolution and Deconvolution read alike: the filter counts, ``no_bias``, the
+    layout, and the data with its spatial shape where known (None otherwise)."""
+    num_filter, num_group = _filters(layer, num_filter, num_group)
+    no_bias = layer.flag("no_bias", no_bias)
+    layer.layout(layout, len(kernel))
+    data = layer.data(data)
+    sizes = layer.spatial_data(data, len(kernel))
+    _check_channels(layer, data, num_group)
+    return num_filter, num_group, no_bias, data, sizes
+
+
 def _check_channels(layer, data, num_group: int) -> None:
     shape = layer.known_shape(data)
     if shape is not None and shape[1] % num_group:
@@ -85,12 +97,8 @@ def Convolution(frontend, data=None, weight=None, bias=None, kernel=None, stride
     layer = frontend("Convolution", name, unknown)
     kernel = layer.kernel(kernel)
     window = _window(layer, kernel, stride, dilate, pad)
-    num_filter, num_group = _filters(layer, num_filter, num_group)
-    no_bias = layer.flag("no_bias", no_bias)
-    layer.layout(layout, len(kernel))
-    data = layer.data(data)
-    sizes = layer.spatial_data(data, len(kernel))
-    _check_channels(layer, data, num_group)
+    num_filter, num_group, no_bias, data, sizes = _filter_arguments(
+        layer, num_filter, num_group, no_bias, layout, kernel, data)
     if sizes is not None:
         _check_fits(layer, sizes, kernel, window)
     weight_dims = (num_filter, ["axis", 1, num_group], *kernel)
@@ -122,12 +130,8 @@ def Deconvolution(frontend, data=None, weight=None, bias=None, kernel=None, stri
     if any(a >= s for a, s in zip(adj, window["strides"])):
         raise layer.error(f"adj={adj} must be smaller than stride={tuple(window['strides'])}"
                           f" on every axis")
-    num_filter, num_group = _filters(layer, num_filter, num_group)
-    no_bias = layer.flag("no_bias", no_bias)
-    layer.layout(layout, len(kernel))
-    data = layer.data(data)
-    sizes = layer.spatial_data(data, len(kernel))
-    _check_channels(layer, data, num_group)
+    num_filter, num_group, no_bias, data, sizes = _filter_arguments(
+        layer, num_filter, num_group, no_bias, layout, kernel, data)
     if target_shape:
         # ONNX's output_shape splits the surplus as MXNet does (the larger half in front)
         window["output_shape"] = list(layer.shape("target_shape", target_shape,
