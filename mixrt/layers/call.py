@@ -71,9 +71,6 @@ class LayerCall:
 
     # -- what each front end provides ---------------------------------------------------
 
-    # whether BatchNorm's output_mean_var can be given (the statistics as outputs)
-    statistics_outputs = True
-
     def full_name(self, kind: str, given: str | None) -> str | None:
         """The name errors and nodes use (the symbol front end: MXNet's automatic one when
         none is given, with the current prefix)."""

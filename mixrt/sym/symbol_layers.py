@@ -58,7 +58,6 @@ class SymbolCall(LayerCall):
     layer, the parameters left out made as Variables whose shapes follow from the data's."""
 
     error_type = GraphError
-    statistics_outputs = False
 
     def full_name(self, kind: str, given: str | None) -> str:
         self.base = layer_name(kind, given)
