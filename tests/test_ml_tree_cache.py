@@ -167,3 +167,102 @@ def test_a_requests_walk_and_scores_in_one_call_give_the_two_calls_bits(
         two_calls = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
     np.testing.assert_array_equal(one_call[0], two_calls[0])
     np.testing.assert_array_equal(one_call[1], two_calls[1])
+
+
+# -- a request's path (ops/ml/tree_requests.py) ------------------------------------------------
+
+def _through_request(kernel, x, attrs, monkeypatch, request_class):
+    """(the answer a node's request gives on its second call, the general path's answer on
+    a node whose request declines, how many calls the request answered)."""
+    answered = []
+    call = request_class.__call__
+
+    def counted(self, X):
+        answer = call(self, X)
+        answered.append(answer is not None)
+        return answer
+
+    monkeypatch.setattr(request_class, "__call__", counted)
+    node_state = {}
+    with jit_tier.using(True):
+        kernel(np, x, **attrs, _node=node_state)  # makes the request
+        through = kernel(np, x, **attrs, _node=node_state)
+        monkeypatch.setattr(request_class, "__call__", lambda self, X: None)
+        general = kernel(np, x, **attrs, _node={})
+        kernel(np, x, **attrs, _node=node_state)
+    return through, general, sum(answered)
+
+
+LABELS = {"indices": lambda n: {"classlabels_int64s": list(range(n))},
+          "other ints": lambda n: {"classlabels_int64s": [10 * k + 3 for k in range(n)]},
+          "strings": lambda n: {"classlabels_strings": [f"c{k}" for k in range(n)]}}
+
+
+@pytest.mark.parametrize("labels", sorted(LABELS))
+@pytest.mark.parametrize("classes, binary_weights", [(2, False), (2, True), (3, False)])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_a_classifiers_request_gives_the_general_paths_answer(labels, classes, binary_weights,
+                                                              rows, monkeypatch):
+    from mixrt.ops.ml.tree_requests import ClassifierRequest
+    rng = np.random.default_rng(classes + rows)
+    attrs = _random_forest(rng, 6, classes, "class_")
+    if binary_weights:  # every weight for one class: the converters' binary case
+        attrs["class_ids"] = [1] * len(attrs["class_ids"])
+    attrs.update(LABELS[labels](classes), post_transform="LOGISTIC")
+    x = _rows(rng, rows)
+    through, general, answered = _through_request(ml_trees.tree_ensemble_classifier, x, attrs,
+                                                  monkeypatch, ClassifierRequest)
+    assert answered == 1
+    np.testing.assert_array_equal(through[0], general[0])
+    assert through[0].dtype == general[0].dtype
+    np.testing.assert_array_equal(through[1], general[1])
+
+
+@pytest.mark.parametrize("function", ["SUM", "AVERAGE"])
+@pytest.mark.parametrize("base", [None, [0.5], [0.25, -1.0]])
+def test_a_regressors_request_gives_the_general_paths_bits(function, base, monkeypatch):
+    from mixrt.ops.ml.tree_requests import RegressorRequest
+    rng = np.random.default_rng(3)
+    attrs = dict(_random_forest(rng, 9, 2, "target_"), n_targets=2, aggregate_function=function)
+    if base is not None:
+        attrs["base_values"] = base
+    x = _rows(rng, 3)
+    through, general, answered = _through_request(ml_trees.tree_ensemble_regressor, x, attrs,
+                                                  monkeypatch, RegressorRequest)
+    assert answered == 1
+    assert through.dtype == general.dtype == np.float32
+    np.testing.assert_array_equal(through, general)
+
+
+def test_a_request_declines_rows_it_does_not_walk_as_they_are():
+    """float64, a strided view, one row as a vector, too few columns, the NumPy tier: each
+    goes the general way (which answers or refuses as before)."""
+    rng = np.random.default_rng(5)
+    attrs = dict(_random_forest(rng, 4, 3, "class_"), classlabels_int64s=[0, 1, 2],
+                 post_transform="SOFTMAX")
+    node_state = {}
+    x = _rows(rng, 4)
+    with jit_tier.using(True):
+        ml_trees.tree_ensemble_classifier(np, x, **attrs, _node=node_state)
+    request = node_state["model"].request
+    assert request is not None and request(x) is not None
+    for declined in (x.astype(np.float64), np.asfortranarray(np.repeat(x, 2, axis=1))[:, ::2],
+                     x[0], np.ascontiguousarray(x[:, :2])):
+        assert request(declined) is None
+    with jit_tier.using(False):
+        assert request(x) is None
+    wide = np.repeat(x, 2, axis=1)[:, ::2]
+    with jit_tier.using(True):
+        label, scores = ml_trees.tree_ensemble_classifier(np, wide, **attrs, _node=node_state)
+    np.testing.assert_array_equal(label, ml_trees.tree_ensemble_classifier(
+        np, x, **attrs, _node=node_state)[0])
+
+
+def test_min_and_max_regressors_make_no_request():
+    rng = np.random.default_rng(9)
+    attrs = dict(_random_forest(rng, 4, 1, "target_"), n_targets=1, aggregate_function="MAX")
+    node_state = {}
+    with jit_tier.using(True):
+        for _ in range(2):
+            ml_trees.tree_ensemble_regressor(np, _rows(rng, 2), **attrs, _node=node_state)
+    assert node_state["model"].request is None

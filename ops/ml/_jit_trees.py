@@ -283,3 +283,28 @@ def classify_many(data, roots, splits, links, members, uniform, leaf_start, leaf
     forest_sums(data, 0, rows, roots, splits, links, members, uniform, leaf_start,
                 leaf_targets, leaf_values, total, reached)
     many_class_scores(total, reached, base, transform, chosen, scores)
+
+
+@_jit
+def regress(data, roots, splits, links, members, uniform, leaf_start, leaf_targets,
+            leaf_values, average, base, values):
+    """A regressor's SUM or AVERAGE (``average``) scores for every row of ``data``, plus
+    ``base`` (empty, one value for every target, or one per target), into float32
+    ``values`` [rows, targets]: ops/ml/ml_trees._Regressor's float64 arithmetic in its
+    order (sums tree by tree, the division, the base) before the one rounding to float32."""
+    rows, targets = values.shape
+    total = np.zeros((rows, targets), np.float64)
+    reached = np.zeros((rows, targets), np.bool_)
+    forest_sums(data, 0, rows, roots, splits, links, members, uniform, leaf_start,
+                leaf_targets, leaf_values, total, reached)
+    trees = roots.shape[0]
+    for row in range(rows):
+        for target in range(targets):
+            value = total[row, target]
+            if average:
+                value = value / trees
+            if base.shape[0] == 1:
+                value = value + base[0]
+            elif base.shape[0] > 1:
+                value = value + base[target]
+            values[row, target] = np.float32(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.compiled.parallel import parallel_for, row_parts
+from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, row_parts
 from mixrt.ops.ir.node_state import cached as _cached
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
@@ -61,12 +61,15 @@ class _Forest:
 
     def _fits(self, width: int) -> bool:
         """Do the interior nodes' features index rows of ``width`` columns?"""
+        low, high = self._feature_range_of()
+        return low >= 0 and high < width
+
+    def _feature_range_of(self) -> tuple[int, int]:
         if self._feature_range is None:
             interior = self.features[self.modes != _LEAF]
             self._feature_range = ((int(interior.min()), int(interior.max())) if interior.size
                                    else (0, -1))
-        low, high = self._feature_range
-        return low >= 0 and high < width
+        return self._feature_range
 
     def sums(self, xp, X, precision):
         """Each target's summed leaf weights [N, targets] in ``precision``, added tree by
@@ -115,12 +118,27 @@ class _Forest:
         native = X.dtype in (np.float32, np.float64)
         data = X if native and X.flags.c_contiguous \
             else np.ascontiguousarray(X, dtype=X.dtype if native else np.float64)
+        return data, self.walk_tables(precision)
+
+    def walk_tables(self, precision) -> tuple:
+        """Every table the compiled walk reads, in its order, the leaves in ``precision``."""
         tables = self._tables.get(precision)
         if tables is None:
             tables = self._tables[precision] = (self.roots, *self._records(), self.members,
                                                 self._uniform_mode(),
                                                 *self._leaf_table(precision))
-        return data, tables
+        return tables
+
+    def widest_row_read(self) -> int | None:
+        """How many columns a row needs for every interior node's feature (None where some
+        node reads a negative feature: no row fits)."""
+        low, high = self._feature_range_of()
+        return high + 1 if low >= 0 else None
+
+    def alone_rows(self) -> int:
+        """The most rows whose walk is one call on the calling thread (:meth:`walks_alone`
+        without the thread count, which it reads only for larger batches)."""
+        return max(1, (MIN_ELEMENTS - 1) // max(1, len(self.roots) * _STEPS_PER_TREE))
 
     def _uniform_mode(self) -> int:
         """BRANCH_LEQ (0) or BRANCH_LT (1) when every branch has that mode (the compiled

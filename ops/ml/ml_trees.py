@@ -26,6 +26,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ml.forest import _aggregate_name, _either, _forest_from_node_ids
+from mixrt.ops.ml.tree_requests import ClassifierRequest, regressor_request
 from mixrt.ops.ml.ml import (_NUMBERS, ML, _POST_TRANSFORMS, _probit, _rows,
                              post_transform_scores)
 from mixrt.ops.ir.registry import op
@@ -90,12 +91,20 @@ class _Classifier:
         self.binary_case = len(set(ids.tolist())) == 1  # every weight is for the same class
         self.all_positive = bool((np.asarray(class_weights if class_weights is not None else [],
                                              np.float64) >= 0).all())
+        self.request = None  # ops/ml/tree_requests.py, made on the first compiled run
 
     def run(self, xp, X):
+        request = self.request
+        if request is not None and X.__class__ is np.ndarray:
+            answer = request(X)  # None: not rows it takes as they are
+            if answer is not None:
+                return answer
         precision = np.float64 if X.dtype == np.float64 else np.float32
         rows = _rows(X)
         kernels = self.forest._kernels(xp, rows)
         if kernels is not None and self.transform is not None:  # a request's usual path
+            if self.request is None:
+                self.request = ClassifierRequest(kernels, self)
             if self.forest.walks_alone(rows.shape[0]):
                 return self._one_call(kernels, rows, precision)
             raw, has = self.forest.compiled_sums(kernels, rows, precision)
@@ -346,9 +355,20 @@ class _Regressor:
     def __init__(self, forest, function: str, base, post_transform):
         self.forest, self.function, self.base = forest, function, base
         self.post_transform = post_transform
+        self.request = False  # ops/ml/tree_requests.py: None where it cannot answer
 
     def run(self, xp, X):
-        scores = self.forest.aggregate_rows(xp, _rows(X), self.function)
+        request = self.request
+        if request and X.__class__ is np.ndarray:
+            answer = request(X)  # None: not rows it takes as they are
+            if answer is not None:
+                return answer
+        rows = _rows(X)
+        if request is False and xp is np:
+            kernels = self.forest._kernels(xp, rows)
+            if kernels is not None:
+                self.request = regressor_request(kernels, self)
+        scores = self.forest.aggregate_rows(xp, rows, self.function)
         if self.base is not None:
             scores = scores + xp.asarray(self.base)
         return post_transform_scores(xp, scores, self.post_transform).astype(np.float32)

@@ -1,0 +1,114 @@
+"""A tree ensemble's request: a few float32 rows, answered by one compiled call.
+
+A service sends a classifier or regressor one row at a time. The compiled walk of a small
+forest takes ~1 us for it; the general path around it (the tier and table checks, the row
+conversion, two or three allocations, the labels' lookup) took ~3 us more, and the regressor
+another ~4 in NumPy's small calls for the division, the base values and the cast. A request
+object, made on a node's first compiled run, keeps what those checks settle once (the
+kernel, its tables, the width a row needs, how labels map), so a later call checks only what
+can change between calls: the array's dtype, shape and layout, and whether compiled kernels
+may run on this thread. Anything else returns None and the general path answers, with the
+same values either way (the same compiled functions in the same order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled.jit_tier import compiled_allowed
+
+_FLOAT32 = np.dtype(np.float32)
+_NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
+
+
+class _Request:
+    """What a request path checks of ``X`` before its one compiled call."""
+
+    __slots__ = ("kernels", "tables", "width", "most_rows")
+
+    def __init__(self, kernels, forest, precision):
+        self.kernels = kernels
+        self.tables = forest.walk_tables(precision)
+        width = forest.widest_row_read()
+        self.width = width if width is not None else _NO_ROW_FITS
+        self.most_rows = forest.alone_rows()
+
+    def takes(self, X) -> bool:
+        """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?
+        Of ``jit_cpu.enabled`` only the thread's tier is asked (~0.1 us of its ~0.5): the
+        kernels are loaded (the request was made by a compiled run), and the environment
+        setting it also reads is the process's, fixed before its first run."""
+        return X.dtype is _FLOAT32 and X.ndim == 2 and X.shape[1] >= self.width \
+            and X.shape[0] <= self.most_rows and X.flags.c_contiguous and compiled_allowed()
+
+
+class ClassifierRequest(_Request):
+    """``_Classifier.run`` for a request: the walk, scores and labels of ``classify_many``
+    or ``classify_two`` (ops/ml/_jit_trees.py), as ``_Classifier._one_call`` calls them."""
+
+    __slots__ = ("classify", "arguments", "columns", "labels")
+
+    def __init__(self, kernels, classifier):
+        super().__init__(kernels, classifier.forest, np.float32)
+        labels, base = classifier.labels, classifier.base[_FLOAT32]
+        self.columns = max(2, len(labels))
+        if len(labels) > 2:
+            self.classify = kernels.classify_many
+            self.arguments = (*self.tables, base, classifier.transform)
+        else:
+            self.classify = kernels.classify_two
+            self.arguments = (*self.tables, classifier.forest.weights.shape[1], base,
+                              classifier.binary_case, classifier.all_positive,
+                              classifier.transform)
+        # the labels to look the chosen indices up in; None: the indices are the labels
+        # (labels 0..n-1, or two classes without the binary case, which answer the index)
+        looked_up = len(labels) > 2 or classifier.binary_case or labels.dtype == object
+        indices = labels.dtype != object and np.array_equal(labels, np.arange(len(labels)))
+        self.labels = labels if looked_up and not indices else None
+
+    def __call__(self, X):
+        if not self.takes(X):
+            return None
+        rows = X.shape[0]
+        scores = np.empty((rows, self.columns), np.float32)
+        chosen = np.empty(rows, np.int64)
+        self.classify(X, *self.arguments, chosen, scores)
+        return (chosen if self.labels is None else self.labels[chosen]), scores
+
+
+class RegressorRequest(_Request):
+    """``_Regressor.run`` for a request with SUM or AVERAGE and no post-transform: the walk,
+    the division, the base values and the rounding in ``regress`` (ops/ml/_jit_trees.py)."""
+
+    __slots__ = ("average", "base", "targets")
+
+    def __init__(self, kernels, regressor):
+        super().__init__(kernels, regressor.forest, np.float64)
+        self.average = regressor.function == "AVERAGE"
+        self.base = np.empty(0) if regressor.base is None \
+            else np.ascontiguousarray(regressor.base.reshape(-1))
+        self.targets = regressor.forest.weights.shape[1]
+
+    def __call__(self, X):
+        if not self.takes(X):
+            return None
+        values = np.empty((X.shape[0], self.targets), np.float32)
+        self.kernels.regress(X, *self.tables, self.average, self.base, values)
+        return values
+
+
+def regressor_request(kernels, regressor):
+    """A :class:`RegressorRequest` where ``regress`` computes what ``_Regressor.run`` does
+    (SUM or AVERAGE, no post-transform, base values NumPy broadcasts the same way), else
+    None."""
+    base = regressor.base
+    targets = regressor.forest.weights.shape[1]
+    if regressor.function not in ("SUM", "AVERAGE") or _name(regressor.post_transform) != "NONE" \
+            or (base is not None and base.size not in (1, targets)) \
+            or (base is not None and base.ndim > 1):
+        return None
+    return RegressorRequest(kernels, regressor)
+
+
+def _name(post_transform) -> str:
+    return post_transform.decode() if isinstance(post_transform, bytes) else post_transform

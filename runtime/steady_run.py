@@ -1,0 +1,57 @@
+"""The lane a CPU session's repeated request takes.
+
+A service calls ``Session.run(None, feeds)`` again and again with feeds of the same names,
+shapes and dtypes. After the first such run, what ``Session._run`` works out on every call
+is settled: the output names, the feeds' signature and its plan, the kernel tier (compiled),
+no CUDA graph, no profiler of the session's own. :class:`SteadyRun` keeps those answers, and
+the environment the plan starts from (the initializers and the plan's frozen values, one
+dict copied per run instead of two merged), so such a run is the arena, the kernels and the
+outputs. ``Session.run`` takes the lane when the feeds' key matches and no profiler records
+(``mixrt.profiler`` may start at any time); anything else takes the full path, which sets up
+the lane again for the feeds it last saw. A one-node model's run: ~1.5 us of ~8 less.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu, parallel
+from mixrt.ops.elementwise.elementwise import quiet_numpy
+from mixrt.runtime.executor import ExecutionPlan, acquire, release
+from mixrt.runtime.run_loop import execute
+
+
+class SteadyRun:
+    """A planned CPU run of feeds whose :func:`~mixrt.runtime.session._feed_key` is ``key``.
+
+    ``start``: the environment every run starts from (initializers and ``plan.frozen``);
+    ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them."""
+
+    __slots__ = ("key", "plan", "_start", "_take_outputs")
+
+    def __init__(self, key: tuple, plan: ExecutionPlan, start: dict,
+                 take_outputs: Callable[[dict], list]):
+        self.key, self.plan = key, plan
+        self._start, self._take_outputs = start, take_outputs
+
+    def bind(self, feeds: dict) -> Callable[[], list]:
+        """The run of ``feeds`` as a call of no arguments (what the BLAS gate admits)."""
+        return partial(self._run, feeds)
+
+    def _run(self, feeds: dict) -> list:
+        plan = self.plan
+        # as Session._gated_run: IEEE results without NumPy's warnings, settings read once
+        with quiet_numpy(), parallel.pinned():
+            if plan.wakes_workers:
+                jit_cpu.wake_native_workers()
+            arena = acquire(plan, np)
+            try:
+                env = self._start.copy()
+                env.update(feeds)
+                execute(plan.steps, env, np, arena, plan)
+                return self._take_outputs(env)
+            finally:
+                release(plan, arena)

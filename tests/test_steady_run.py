@@ -1,0 +1,138 @@
+"""A CPU session's repeated run takes the steady lane (runtime/steady_run.py) and answers as
+the full path does: the same values, fresh outputs, and the full path again wherever
+something the lane settled has changed (the feeds' shapes, the outputs asked for, a
+profiler, the kernel tier)."""
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+from mixrt import profiler
+from mixrt.runtime.steady_run import SteadyRun
+
+
+def _model():
+    """y = relu(x) * 2 + b, z = x + b: two outputs, one of them an arena-planned tensor."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Mul", ["r", "two"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"]),
+             helper.make_node("Add", ["x", "b"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "steady", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("b", TensorProto.FLOAT, [4], [0.5, -1.0, 2.0, 0.0])])
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _expected(x):
+    b = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    return [np.maximum(x, 0) * 2 + b, x + b]
+
+
+@pytest.fixture
+def lane_runs(monkeypatch):
+    """How many runs the steady lane carried out."""
+    runs = []
+    run = SteadyRun._run
+
+    def counted(self, feeds):
+        runs.append(self)
+        return run(self, feeds)
+
+    monkeypatch.setattr(SteadyRun, "_run", counted)
+    return runs
+
+
+def _feeds(rows, seed):
+    return {"x": np.random.default_rng(seed).normal(size=(rows, 4)).astype(np.float32)}
+
+
+def test_repeated_runs_take_the_lane_and_answer_as_the_full_path(lane_runs):
+    session = mixrt.Session(_model().SerializeToString())
+    first = _feeds(3, 0)
+    for got, want in zip(session.run(None, first), _expected(first["x"])):
+        np.testing.assert_array_equal(got, want)
+    assert not lane_runs
+    answers = []
+    for seed in range(1, 4):
+        feeds = _feeds(3, seed)
+        answers.append((feeds, session.run(None, feeds)))
+    assert len(lane_runs) == 3
+    for feeds, outputs in answers:  # each run's outputs are its own (no arena reuse)
+        for got, want in zip(outputs, _expected(feeds["x"])):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_new_shapes_and_chosen_outputs_take_the_full_path(lane_runs):
+    session = mixrt.Session(_model().SerializeToString())
+    session.run(None, _feeds(3, 0))
+    session.run(None, _feeds(3, 1))
+    assert len(lane_runs) == 1
+    feeds = _feeds(5, 2)
+    (z,) = session.run(["z"], feeds)
+    np.testing.assert_array_equal(z, _expected(feeds["x"])[1])
+    assert len(lane_runs) == 1  # outputs chosen: the full path (which sets up its lane)
+    y, z = session.run(None, feeds)
+    assert len(lane_runs) == 2 and lane_runs[-1].key[0][1] == (5, 4)
+    np.testing.assert_array_equal(y, _expected(feeds["x"])[0])
+    np.testing.assert_array_equal(z, _expected(feeds["x"])[1])
+
+
+def test_a_running_profiler_sees_the_runs_the_lane_would_take(lane_runs, tmp_path):
+    session = mixrt.Session(_model().SerializeToString())
+    for seed in range(2):
+        session.run(None, _feeds(2, seed))
+    assert len(lane_runs) == 1
+    profiler.set_config(filename=str(tmp_path / "trace.json"), aggregate_stats=True)
+    profiler.set_state("run")
+    try:
+        session.run(None, _feeds(2, 5))
+    finally:
+        profiler.set_state("stop")
+    assert len(lane_runs) == 1
+    assert "Add" in profiler.dumps(reset=True)  # the profiler saw the kernels
+    session.run(None, _feeds(2, 6))
+    assert len(lane_runs) == 2
+
+
+def test_a_profiling_session_never_takes_the_lane(lane_runs, tmp_path):
+    session = mixrt.Session(_model().SerializeToString(), profile=True)
+    for seed in range(3):
+        session.run(None, _feeds(2, seed))
+    assert not lane_runs
+
+
+def test_threads_share_the_lane(lane_runs):
+    session = mixrt.Session(_model().SerializeToString())
+    session.run(None, _feeds(4, 0))
+    failures = []
+
+    def serve(seed):
+        for step in range(20):
+            feeds = _feeds(4, seed * 100 + step)
+            for got, want in zip(session.run(None, feeds), _expected(feeds["x"])):
+                if not np.array_equal(got, want):
+                    failures.append(seed)
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert len(lane_runs) == 80
+
+
+def test_a_bad_feed_still_gets_the_full_paths_error():
+    session = mixrt.Session(_model().SerializeToString())
+    session.run(None, _feeds(2, 0))
+    session.run(None, _feeds(2, 1))
+    with pytest.raises(mixrt.errors.InputError, match="x"):
+        session.run(None, {"x": np.ones((2, 3), np.float32)})
+    with pytest.raises(mixrt.errors.InputError):
+        session.run(None, {"x": np.ones((2, 4), np.float32), "extra": np.ones(1)})
