@@ -20,17 +20,18 @@ import sys
 
 from mixrt.base.errors import KVStoreError
 from mixrt.kvstore.base import KVStore
-from mixrt.kvstore.local import LocalStore
+from mixrt.kvstore.local import AGGREGATE_ON, LocalStore
 from mixrt.kvstore.nccl import NCCLStore
 
-KINDS = ("local", "device", "nccl", "dist_sync", "dist_async", "dist_device_sync")
+KINDS = ("local", "device", "nccl", "dist_sync", "dist_async", "dist_device_sync",
+         "local_update_cpu", "local_allreduce_cpu", "local_allreduce_device")
 
 
 def create(kind: str = "local", **options) -> KVStore:
     """A store of ``kind``; see the module docstring."""
     if not isinstance(kind, str) or kind not in KINDS:
         raise KVStoreError(f"unknown KVStore kind {kind!r}; choose one of {KINDS}")
-    if kind in ("local", "device"):
+    if kind in AGGREGATE_ON:
         return LocalStore(kind, **options)
     if kind == "nccl":
         return NCCLStore(**options)

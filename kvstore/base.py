@@ -9,6 +9,9 @@ push replaces the stored value by the sum (MXNet's semantics).
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -20,6 +23,46 @@ from mixrt.runtime import engine, optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 
 Updater = Callable[[str, object, object], None]
+
+
+# -- a frontend's arrays ----------------------------------------------------------------------
+# kvstore/ sits below the frontends and may not import mixrt.nd, yet MXNet's users hand the
+# stores NDArrays, MXNet-style updaters and MXNet optimizers. mixrt/kv.py hands in, as it
+# loads, how those meet the stores' NumPy/CuPy arrays.
+
+@dataclass(frozen=True)
+class ArrayFront:
+    """``open(value, write)``: the NumPy/CuPy array inside a frontend array (synchronized for
+    a read, or for the write that follows), None for anything else; ``wrap_updater(f)``: an
+    updater over raw arrays that calls ``f(key, merged, stored)`` with frontend arrays;
+    ``optimizer_updater(o)``: MXNet's ``Updater`` for a frontend optimizer, else None."""
+
+    open: Callable
+    wrap_updater: Callable
+    optimizer_updater: Callable
+
+
+_front: ArrayFront | None = None
+
+
+def set_array_front(front: ArrayFront) -> None:
+    global _front
+    _front = front
+
+
+def opened(array, what: str):
+    """The raw array to read (``init``, ``push``) or to fill (``pull``) for ``array``."""
+    raw = None if _front is None else _front.open(array, write=what.startswith("pull"))
+    return array if raw is None else raw
+
+
+_INT_KEY = re.compile(r"-?[0-9]+")
+
+
+def user_key(name: str):
+    """The key as MXNet's updaters see it: an int for an int key (``3`` and ``"3"`` are
+    one key here, so a digits-only str key comes back as an int too)."""
+    return int(name) if _INT_KEY.fullmatch(name) else name
 
 
 def normalize_key(key) -> str:
@@ -45,6 +88,7 @@ def key_value_pairs(keys, values, what: str) -> list[tuple[str, list]]:
 
 def _as_list(value, key, what: str) -> list:
     arrays = list(value) if isinstance(value, (list, tuple)) else [value]
+    arrays = [opened(array, what) for array in arrays]
     if not arrays:
         raise KVStoreError(f"{what} key {key!r}: no arrays given")
     for array in arrays:
@@ -110,10 +154,12 @@ class KVStore:
     """The API every kind implements (``mixrt.kv.create(kind)`` picks one)."""
 
     type = ""
+    OPTIMIZER = "optimizer"  # MXNet's capability name (is_capable)
 
     def __init__(self):
         self._updater: Updater | None = None
         self._optimizer: optim.Optimizer | None = None
+        self._front_updater = None  # MXNet's Updater, when set_optimizer got an MXNet one
         self._compression: dict | None = None
         self._engine_var = None
 
@@ -175,6 +221,34 @@ class KVStore:
         self.push(key, value, priority)
         return self.pull(key, value if out is None else out, priority)
 
+    def broadcast(self, key, value, out, priority: int = 0):
+        """MXNet's ``broadcast``: ``init`` the key with ``value``, then ``pull`` it into
+        ``out``."""
+        self.init(key, value)
+        return self.pull(key, out=out, priority=priority)
+
+    def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None):
+        """MXNet's ``row_sparse_pull`` on dense arrays: ``out`` gets the stored rows
+        ``row_ids`` name and zeros elsewhere (the dense view of MXNet's row-sparse result;
+        mixrt has no sparse storage)."""
+        if row_ids is None:
+            raise KVStoreError("row_sparse_pull needs row_ids (the rows to pull)")
+        self.pull(key, out=out, priority=priority)
+        for name, arrays in key_value_pairs(key, out, "pull"):
+            ids = _row_ids_per_output(name, row_ids, len(arrays), key)
+            for array, rows in zip(arrays, ids):
+                keep = np.zeros(array.shape[0], dtype=bool)
+                keep[np.asarray(to_host(opened(rows, "read")), dtype=np.int64)] = True
+                array[array_module(array).asarray(~keep)] = 0
+        return out
+
+    def is_capable(self, capability: str) -> bool:
+        """MXNet's ``is_capable``: whether this kind can run an optimizer (``"optimizer"``)."""
+        if capability != self.OPTIMIZER:
+            raise KVStoreError(f"is_capable: unknown capability {capability!r}; the one "
+                               f"MXNet names is {self.OPTIMIZER!r}")
+        return True
+
     # -- updates ------------------------------------------------------------------------
 
     def _apply(self, name: str, total, stored) -> None:
@@ -191,12 +265,27 @@ class KVStore:
                                f"{updater!r}")
         self._updater = updater
 
-    def set_optimizer(self, optimizer: optim.Optimizer) -> None:
-        """Run ``optimizer`` inside the store: each push updates the stored weight."""
+    def _set_updater(self, updater) -> None:
+        """MXNet's ``_set_updater``: ``updater(key, merged, stored)`` with NDArrays (the key
+        an int for int keys) runs on each push and changes ``stored`` in place."""
+        if _front is None or not callable(updater):
+            raise KVStoreError(f"_set_updater takes a callable (key, merged, stored) over "
+                               f"NDArrays (import mixrt.kv first), got {updater!r}")
+        self.set_updater(_front.wrap_updater(updater))
+
+    def set_optimizer(self, optimizer) -> None:
+        """Run ``optimizer`` inside the store: each push updates the stored weight. An MXNet
+        optimizer (``mixrt.optimizer``) runs through its ``Updater``, as MXNet's local store
+        does."""
+        front_updater = None if _front is None else _front.optimizer_updater(optimizer)
+        if front_updater is not None:
+            self._optimizer, self._front_updater = None, front_updater
+            self._set_updater(front_updater)
+            return
         if not isinstance(optimizer, optim.Optimizer):
             raise KVStoreError(f"set_optimizer takes a mixrt optimizer (mixrt.optimizer."
                                f"create(...)), got {type(optimizer).__name__}")
-        self._optimizer = optimizer
+        self._optimizer, self._front_updater = optimizer, None
         self.set_updater(optimizer_updater(optimizer))
 
     @property
@@ -208,15 +297,23 @@ class KVStore:
 
     # -- optimizer checkpoints ----------------------------------------------------------
 
-    def save_optimizer_states(self, path) -> None:
+    def save_optimizer_states(self, path, dump_optimizer: bool = False) -> None:
         """The store's optimizer state as an ``.npz`` at exactly ``path`` that loads with
-        allow_pickle=False."""
+        allow_pickle=False. For an MXNet optimizer the file is its Updater's ``get_states``
+        (also an ``.npz``, never a pickle; ``dump_optimizer`` adds the optimizer's
+        settings)."""
+        if self._front_updater is not None:
+            Path(path).write_bytes(self._front_updater.get_states(dump_optimizer))
+            return
         write_npz(path, self._optimizer_state_dict(), f"save_optimizer_states "
                         f"{str(path)!r}")
 
     def load_optimizer_states(self, path) -> None:
         """Restore what ``save_optimizer_states`` wrote onto this store's optimizer. Its keys
         must be initialized first, with the shapes the states were saved for."""
+        if self._front_updater is not None:
+            self._front_updater.set_states(_read_bytes(path, "optimizer state file"))
+            return
         arrays = read_npz(path, "optimizer state file")
         try:
             self._load_optimizer_state_dict(arrays)
@@ -259,3 +356,23 @@ class KVStore:
 
     def __repr__(self) -> str:
         return f"<KVStore {self.type!r} rank {self.rank} of {self.num_workers}>"
+
+
+def _row_ids_per_output(name: str, row_ids, outputs: int, key) -> list:
+    """One row-id array per output: a list of them (per key for a list of keys), or one
+    for all."""
+    if isinstance(key, (list, tuple)):
+        index = [normalize_key(k) for k in key].index(name)
+        row_ids = row_ids[index] if isinstance(row_ids, (list, tuple)) else row_ids
+    ids = list(row_ids) if isinstance(row_ids, (list, tuple)) else [row_ids] * outputs
+    if len(ids) != outputs:
+        raise KVStoreError(f"row_sparse_pull key {name!r}: {outputs} outputs need as many "
+                           f"row_ids, got {len(ids)}")
+    return ids
+
+
+def _read_bytes(path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise OptimizerError(f"{what} {str(path)!r}: {exc.strerror or exc}") from None

@@ -1,5 +1,9 @@
 """The single-process kinds: ``local`` sums per-device values on the CPU, ``device`` on a GPU.
 
+MXNet's other names for them are served too and report themselves by that name
+(``kv.type``): ``local_update_cpu`` and ``local_allreduce_cpu`` are ``local``,
+``local_allreduce_device`` is ``device``.
+
 ``device`` keeps each stored value on the GPU of the first array it was initialized with and
 sums pushed lists there (peer copies instead of round trips through the host), which is
 what makes it the faster choice for several GPUs in one process. Given host arrays only it
@@ -21,12 +25,18 @@ from mixrt.kvstore.compression import create_compressor
 from mixrt.ops.device import array_module
 
 
+# MXNet's name -> where a pushed list is summed
+AGGREGATE_ON = {"local": "cpu", "local_update_cpu": "cpu", "local_allreduce_cpu": "cpu",
+                "device": "device", "local_allreduce_device": "device"}
+
+
 class LocalStore(KVStore):
     def __init__(self, kind: str = "local"):
         super().__init__()
-        if kind not in ("local", "device"):
-            raise KVStoreError(f"LocalStore serves 'local' and 'device', not {kind!r}")
+        if kind not in AGGREGATE_ON:
+            raise KVStoreError(f"LocalStore serves {sorted(AGGREGATE_ON)}, not {kind!r}")
         self.type = kind
+        self._on_device = AGGREGATE_ON[kind] == "device"
         self._store: dict[str, object] = {}
         self._compressor = None
 
@@ -35,7 +45,7 @@ class LocalStore(KVStore):
             if name in self._store:
                 raise KVStoreError(f"init: key {name!r} is already initialized")
             first = arrays[0]
-            if self.type == "device" and array_module(first) is not np:
+            if self._on_device and array_module(first) is not np:
                 with array_module(first).cuda.Device(first.device.id):
                     self._store[name] = array_module(first).array(first, copy=True)
             else:
@@ -53,7 +63,7 @@ class LocalStore(KVStore):
             with _on_device_of(stored):  # the update (and new optimizer state) stays there
                 self._apply(name, total, stored)
 
-    def pull(self, key, out=None, priority: int = 0):
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
         require_out(out)
         for name, arrays in key_value_pairs(key, out, "pull"):
             stored = self._stored(name, "pull")
@@ -63,9 +73,9 @@ class LocalStore(KVStore):
         return out
 
     def set_gradient_compression(self, params: dict) -> None:
-        if self.type == "local":
+        if not self._on_device:
             raise KVStoreError("gradient compression is for the 'device' and 'dist_*' "
-                               "kinds; the 'local' store sums on the CPU uncompressed")
+                               f"kinds; the {self.type!r} store sums on the CPU uncompressed")
         super().set_gradient_compression(params)
         self._compressor = create_compressor(self._compression)
 

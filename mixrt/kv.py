@@ -1,5 +1,61 @@
-"""``mixrt.kv.create(kind)``: the KVStore (see :mod:`mixrt.kvstore`)."""
+"""MXNet's ``mx.kv``: ``create(name)`` and the KVStore (``mixrt.kvstore`` does the work).
 
-from mixrt.kvstore import KINDS, KVStore, create  # noqa: F401
+    kv = mixrt.kv.create("local")            # local | device | local_allreduce_cpu | ...
+    kv.init(3, nd.ones((2, 3)))              # NDArrays, NumPy or CuPy arrays; int or str keys
+    kv.push(3, [nd.ones((2, 3), ctx=c) for c in ctxs])   # a list per key is summed
+    kv.pull(3, out=a)
+    kv.set_optimizer(mixrt.optimizer.SGD(learning_rate=0.1))
+    kv._set_updater(lambda key, merged, stored: stored.__iadd__(merged))
 
-__all__ = ["KINDS", "KVStore", "create"]
+The stores sit below the frontends; this module hands them, as it loads, how NDArrays open
+to their NumPy/CuPy data, how an MXNet updater (NDArrays, int keys) is called, and how an
+MXNet optimizer becomes its ``Updater``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.context import cpu, gpu
+from mixrt.kvstore import KINDS, KVStore, create as _create
+from mixrt.kvstore.base import ArrayFront, set_array_front, user_key
+from mixrt.nd.ndarray import NDArray
+from mixrt.ops.device import array_module
+from mixrt.optimizers import Optimizer as _MXNetOptimizer, get_updater
+
+KVStoreBase = KVStore  # MXNet 1.9's base class name
+
+
+def create(name: str = "local", **options) -> KVStore:
+    """A store of kind ``name`` (MXNet's: ``local``, ``device``, ``local_update_cpu``,
+    ``local_allreduce_cpu``, ``local_allreduce_device``, ``nccl``, ``dist_sync``,
+    ``dist_device_sync``, ``dist_async``)."""
+    return _create(name, **options)
+
+
+def _open(value, write: bool):
+    if not isinstance(value, NDArray):
+        return None
+    return value._write() if write else value._read()
+
+
+def _as_ndarray(raw) -> NDArray:
+    if array_module(raw) is np:
+        return NDArray(raw, cpu())
+    return NDArray(raw, gpu(raw.device.id))
+
+
+def _wrap_updater(updater):
+    def update(name: str, merged, stored) -> None:
+        updater(user_key(name), _as_ndarray(merged), _as_ndarray(stored))
+    return update
+
+
+def _optimizer_updater(optimizer):
+    return get_updater(optimizer) if isinstance(optimizer, _MXNetOptimizer) else None
+
+
+set_array_front(ArrayFront(open=_open, wrap_updater=_wrap_updater,
+                           optimizer_updater=_optimizer_updater))
+
+__all__ = ["KINDS", "KVStore", "KVStoreBase", "create"]

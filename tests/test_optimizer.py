@@ -6,7 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from mixrt import lr_scheduler, optimizer
+from mixrt import lr_scheduler
+# the engine's optimizers (PyTorch's rules); mixrt.optimizer is MXNet's (test_mxnet_optimizer)
+from mixrt.runtime import optimizer
 from mixrt.errors import DeviceMismatchError, OptimizerError, ShapeError
 
 SHAPES = [(5, 3), (7,)]

@@ -1,0 +1,473 @@
+"""MXNet's optimizer update operators on NDArrays (``nd.sgd_update``, ``nd.adam_update``, ...).
+
+Each takes the arrays and hyper-parameters MXNet's operator of that name takes and updates
+its state arrays (``mom``, ``mean``, ``weight32``, ...) in place, as MXNet's do. The new
+weight goes to ``out`` (in MXNet's optimizers always the weight itself) or, without ``out``,
+into a new array that is returned. ``clip_gradient`` < 0 means no clipping, MXNet's default.
+
+The arithmetic runs on the arrays' own NumPy/CuPy data in their dtype, with MXNet's
+hyper-parameters rounded to float32 first (MXNet's operators take them as C floats), so a
+float32 weight takes the same steps as under MXNet to within a few ulps.
+``mixrt.optimizer``'s classes call these. This module imports nothing from ``mixrt.nd`` (it
+makes arrays through autograd's hand-in, as the op dispatcher does), so ``mixrt.nd`` may
+import it to offer these functions under its own name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.autograd.arrays import new_array
+from mixrt.base.errors import InputError, ShapeError
+from mixrt.ops.device import array_module
+
+
+# -- reading and writing NDArrays ----------------------------------------------------------
+
+def _is_ndarray(value) -> bool:
+    return hasattr(value, "_read") and hasattr(value, "_write") and hasattr(value, "ctx")
+
+
+def _data(array, name: str, op: str):
+    if not _is_ndarray(array):
+        raise InputError(f"{op}: {name} must be an NDArray, got {type(array).__name__}")
+    return array._read()
+
+
+def _state(array, name: str, op: str, like):
+    """A state array MXNet's operator updates in place: its data, ready to be written."""
+    _data(array, name, op)
+    if array.shape != like.shape:
+        raise ShapeError(f"{op}: {name} has shape {array.shape}, the weight {like.shape}")
+    return array._write()
+
+
+def _result(value, weight, out, op: str):
+    """``value`` into ``out`` (in place), or a new NDArray beside ``weight``."""
+    if out is None:
+        return new_array(value.astype(weight.dtype, copy=True), weight.ctx)
+    if not _is_ndarray(out) or out.shape != weight.shape:
+        raise InputError(f"{op}: out must be an NDArray of the weight's shape "
+                         f"{weight.shape}")
+    target = out._write()
+    target[...] = value
+    return out
+
+
+def _f32(value) -> float:
+    """A hyper-parameter as MXNet's operators see it: a C float."""
+    return float(np.float32(value))
+
+
+def _rescaled(xp, grad, rescale_grad, clip_gradient, dtype=None):
+    """``rescale_grad * grad``, clipped to ``[-clip_gradient, clip_gradient]`` when
+    ``clip_gradient`` >= 0."""
+    g = grad.astype(dtype, copy=False) if dtype is not None else grad
+    g = g * _f32(rescale_grad)
+    if clip_gradient is not None and clip_gradient >= 0:
+        bound = _f32(clip_gradient)
+        g = xp.clip(g, -bound, bound)
+    return g
+
+
+# -- SGD and its momentum forms ------------------------------------------------------------
+
+def _sgd_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient):
+    """The new weight; ``mom`` (when given) updated in place: MXNet keeps ``-lr`` inside
+    the momentum buffer (``mom = momentum * mom - lr * (wd * w + g)``; ``w += mom``)."""
+    g = _rescaled(xp, grad, rescale_grad, clip_gradient, weight.dtype)
+    lr, wd = _f32(lr), _f32(wd)
+    if mom is None:
+        return (1 - lr * wd) * weight - lr * g
+    mom *= _f32(momentum)
+    mom -= lr * wd * weight + lr * g
+    return weight + mom
+
+
+def sgd_update(weight, grad, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
+               lazy_update=True, out=None, name=None):
+    w = _data(weight, "weight", "sgd_update")
+    g = _data(grad, "grad", "sgd_update")
+    value = _sgd_step(array_module(w), w, g, None, lr, 0.0, wd, rescale_grad, clip_gradient)
+    return _result(value, weight, out, "sgd_update")
+
+
+def sgd_mom_update(weight, grad, mom, lr, momentum=0.0, wd=0.0, rescale_grad=1.0,
+                   clip_gradient=-1.0, lazy_update=True, out=None, name=None):
+    w = _data(weight, "weight", "sgd_mom_update")
+    g = _data(grad, "grad", "sgd_mom_update")
+    m = _state(mom, "mom", "sgd_mom_update", weight)
+    value = _sgd_step(array_module(w), w, g, m, lr, momentum, wd, rescale_grad,
+                      clip_gradient)
+    return _result(value, weight, out, "sgd_mom_update")
+
+
+def mp_sgd_update(weight, grad, weight32, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
+                  lazy_update=True, out=None, name=None):
+    """SGD on the float32 master copy ``weight32`` (updated in place); the weight gets it
+    cast to its own dtype."""
+    w32 = _state(weight32, "weight32", "mp_sgd_update", weight)
+    g = _data(grad, "grad", "mp_sgd_update")
+    w32[...] = _sgd_step(array_module(w32), w32, g, None, lr, 0.0, wd, rescale_grad,
+                         clip_gradient)
+    return _result(w32, weight, out, "mp_sgd_update")
+
+
+def mp_sgd_mom_update(weight, grad, mom, weight32, lr, momentum=0.0, wd=0.0,
+                      rescale_grad=1.0, clip_gradient=-1.0, lazy_update=True, out=None,
+                      name=None):
+    w32 = _state(weight32, "weight32", "mp_sgd_mom_update", weight)
+    m = _state(mom, "mom", "mp_sgd_mom_update", weight)
+    g = _data(grad, "grad", "mp_sgd_mom_update")
+    w32[...] = _sgd_step(array_module(w32), w32, g, m, lr, momentum, wd, rescale_grad,
+                         clip_gradient)
+    return _result(w32, weight, out, "mp_sgd_mom_update")
+
+
+def _nag_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient,
+              in_place: bool):
+    """Nesterov momentum as MXNet's NAG keeps it (``-lr`` inside the buffer):
+    ``g' = clip(g) + wd * w``, ``w += momentum * (momentum * mom - lr * g') - lr * g'``,
+    ``mom = momentum * mom - lr * (clip(g) + wd * w)``. MXNet's kernel writes the weight
+    before the momentum, so when the weight is updated in place (``out`` is the weight,
+    or the float32 copy of the mixed-precision form) the momentum's decay term reads the
+    new weight; this does the same, as MXNet's NAG optimizer's numbers depend on it."""
+    g = _rescaled(xp, grad, rescale_grad, clip_gradient, weight.dtype)
+    momentum, lr, wd = _f32(momentum), _f32(lr), _f32(wd)
+    step = lr * (g + wd * weight)
+    new_weight = weight + momentum * (momentum * mom - step) - step
+    if in_place:
+        step = lr * (g + wd * new_weight)
+    mom *= momentum
+    mom -= step
+    return new_weight
+
+
+def nag_mom_update(weight, grad, mom, lr, momentum=0.0, wd=0.0, rescale_grad=1.0,
+                   clip_gradient=-1.0, out=None, name=None):
+    w = _data(weight, "weight", "nag_mom_update")
+    g = _data(grad, "grad", "nag_mom_update")
+    m = _state(mom, "mom", "nag_mom_update", weight)
+    value = _nag_step(array_module(w), w, g, m, lr, momentum, wd, rescale_grad, clip_gradient,
+                      in_place=out is weight)
+    return _result(value, weight, out, "nag_mom_update")
+
+
+def mp_nag_mom_update(weight, grad, mom, weight32, lr, momentum=0.0, wd=0.0,
+                      rescale_grad=1.0, clip_gradient=-1.0, out=None, name=None):
+    w32 = _state(weight32, "weight32", "mp_nag_mom_update", weight)
+    m = _state(mom, "mom", "mp_nag_mom_update", weight)
+    g = _data(grad, "grad", "mp_nag_mom_update")
+    w32[...] = _nag_step(array_module(w32), w32, g, m, lr, momentum, wd, rescale_grad,
+                         clip_gradient, in_place=True)
+    return _result(w32, weight, out, "mp_nag_mom_update")
+
+
+# -- sign methods ----------------------------------------------------------------------------
+
+def signsgd_update(weight, grad, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
+                   out=None, name=None):
+    """``w = (1 - lr * wd) * w - lr * sign(g)`` (rescaling and clipping keep the sign)."""
+    w = _data(weight, "weight", "signsgd_update")
+    g = _data(grad, "grad", "signsgd_update")
+    xp = array_module(w)
+    lr = _f32(lr)
+    value = (1 - lr * _f32(wd)) * w - lr * xp.sign(g).astype(w.dtype)
+    return _result(value, weight, out, "signsgd_update")
+
+
+def signum_update(weight, grad, mom, lr, momentum=0.0, wd=0.0, rescale_grad=1.0,
+                  clip_gradient=-1.0, wd_lh=0.0, out=None, name=None):
+    """``mom = momentum * mom - (1 - momentum) * (wd * w + g)``;
+    ``w = (1 - lr * wd_lh) * w + lr * sign(mom)``."""
+    w = _data(weight, "weight", "signum_update")
+    m = _state(mom, "mom", "signum_update", weight)
+    xp = array_module(w)
+    g = _rescaled(xp, _data(grad, "grad", "signum_update"), rescale_grad, clip_gradient,
+                  w.dtype)
+    momentum, lr = _f32(momentum), _f32(lr)
+    m *= momentum
+    m -= (1 - momentum) * (_f32(wd) * w + g)
+    value = (1 - lr * _f32(wd_lh)) * w + lr * xp.sign(m)
+    return _result(value, weight, out, "signum_update")
+
+
+# -- adaptive methods ------------------------------------------------------------------------
+
+def adam_update(weight, grad, mean, var, lr, beta1=0.9, beta2=0.999, epsilon=1e-8, wd=0.0,
+                rescale_grad=1.0, clip_gradient=-1.0, lazy_update=True, out=None, name=None):
+    """One Adam step with ``lr`` already bias-corrected by the caller (MXNet's Adam folds
+    ``sqrt(1 - beta2^t) / (1 - beta1^t)`` into it): weight decay joins the gradient
+    before clipping, epsilon is added after the square root."""
+    w = _data(weight, "weight", "adam_update")
+    m = _state(mean, "mean", "adam_update", weight)
+    v = _state(var, "var", "adam_update", weight)
+    xp = array_module(w)
+    g = _data(grad, "grad", "adam_update").astype(w.dtype, copy=False) * _f32(rescale_grad)
+    g = g + _f32(wd) * w
+    if clip_gradient is not None and clip_gradient >= 0:
+        g = xp.clip(g, -_f32(clip_gradient), _f32(clip_gradient))
+    beta1, beta2 = _f32(beta1), _f32(beta2)
+    m *= beta1
+    m += (1 - beta1) * g
+    v *= beta2
+    v += (1 - beta2) * (g * g)
+    value = w - _f32(lr) * m / (xp.sqrt(v) + _f32(epsilon))
+    return _result(value, weight, out, "adam_update")
+
+
+def _with_decay(xp, weight, grad, wd, rescale_grad, clip_gradient):
+    """``rescale_grad * g + wd * w``, then clipped (RMSProp's and FTML's order)."""
+    g = grad.astype(weight.dtype, copy=False) * _f32(rescale_grad) + _f32(wd) * weight
+    if clip_gradient is not None and clip_gradient >= 0:
+        g = xp.clip(g, -_f32(clip_gradient), _f32(clip_gradient))
+    return g
+
+
+def _clip_weights(xp, value, clip_weights):
+    if clip_weights is not None and clip_weights >= 0:
+        return xp.clip(value, -_f32(clip_weights), _f32(clip_weights))
+    return value
+
+
+def rmsprop_update(weight, grad, n, lr, gamma1=0.95, epsilon=1e-8, wd=0.0, rescale_grad=1.0,
+                   clip_gradient=-1.0, clip_weights=-1.0, out=None, name=None):
+    """``n = (1 - gamma1) g^2 + gamma1 n``; ``w -= lr * g / sqrt(n + epsilon)`` (Tieleman
+    and Hinton; epsilon inside the square root, as MXNet has it)."""
+    w = _data(weight, "weight", "rmsprop_update")
+    state = _state(n, "n", "rmsprop_update", weight)
+    xp = array_module(w)
+    g = _with_decay(xp, w, _data(grad, "grad", "rmsprop_update"), wd, rescale_grad,
+                    clip_gradient)
+    gamma1 = _f32(gamma1)
+    state[...] = (1 - gamma1) * (g * g) + gamma1 * state
+    value = w - _f32(lr) * g / xp.sqrt(state + _f32(epsilon))
+    return _result(_clip_weights(xp, value, clip_weights), weight, out, "rmsprop_update")
+
+
+def rmspropalex_update(weight, grad, n, g, delta, lr, gamma1=0.95, gamma2=0.9, epsilon=1e-8,
+                       wd=0.0, rescale_grad=1.0, clip_gradient=-1.0, clip_weights=-1.0,
+                       out=None, name=None):
+    """Centered RMSProp (Graves, 2013): running means of ``g^2`` (``n``) and ``g``
+    (``g``), ``delta = gamma2 delta - lr g / sqrt(n - g_mean^2 + epsilon)``, ``w += delta``."""
+    w = _data(weight, "weight", "rmspropalex_update")
+    n_state = _state(n, "n", "rmspropalex_update", weight)
+    g_state = _state(g, "g", "rmspropalex_update", weight)
+    d_state = _state(delta, "delta", "rmspropalex_update", weight)
+    xp = array_module(w)
+    grad_ = _with_decay(xp, w, _data(grad, "grad", "rmspropalex_update"), wd, rescale_grad,
+                        clip_gradient)
+    gamma1 = _f32(gamma1)
+    n_state[...] = (1 - gamma1) * (grad_ * grad_) + gamma1 * n_state
+    g_state[...] = (1 - gamma1) * grad_ + gamma1 * g_state
+    d_state[...] = _f32(gamma2) * d_state - _f32(lr) * grad_ / xp.sqrt(
+        n_state - g_state * g_state + _f32(epsilon))
+    value = _clip_weights(xp, w + d_state, clip_weights)
+    return _result(value, weight, out, "rmspropalex_update")
+
+
+def ftrl_update(weight, grad, z, n, lr, lamda1=0.01, beta=1.0, wd=0.0, rescale_grad=1.0,
+                clip_gradient=-1.0, out=None, name=None):
+    """FTRL-Proximal (McMahan et al., 2013) with MXNet's parameter names."""
+    w = _data(weight, "weight", "ftrl_update")
+    z_state = _state(z, "z", "ftrl_update", weight)
+    n_state = _state(n, "n", "ftrl_update", weight)
+    xp = array_module(w)
+    g = _rescaled(xp, _data(grad, "grad", "ftrl_update"), rescale_grad, clip_gradient,
+                  w.dtype)
+    lr, lamda1 = _f32(lr), _f32(lamda1)
+    z_state += g - (xp.sqrt(n_state + g * g) - xp.sqrt(n_state)) * w / lr
+    n_state += g * g
+    value = (xp.sign(z_state) * lamda1 - z_state) / (
+        (_f32(beta) + xp.sqrt(n_state)) / lr + _f32(wd)) * (xp.abs(z_state) > lamda1)
+    return _result(value, weight, out, "ftrl_update")
+
+
+def ftml_update(weight, grad, d, v, z, lr, t, beta1=0.6, beta2=0.999, epsilon=1e-8, wd=0.0,
+                rescale_grad=1.0, clip_grad=-1.0, out=None, name=None):
+    """FTML (Zheng & Kwok, 2017) at step ``t`` (1 on the first update)."""
+    w = _data(weight, "weight", "ftml_update")
+    d_state = _state(d, "d", "ftml_update", weight)
+    v_state = _state(v, "v", "ftml_update", weight)
+    z_state = _state(z, "z", "ftml_update", weight)
+    xp = array_module(w)
+    g = _with_decay(xp, w, _data(grad, "grad", "ftml_update"), wd, rescale_grad, clip_grad)
+    beta1, beta2, lr, t = _f32(beta1), _f32(beta2), _f32(lr), int(t)
+    v_state[...] = beta2 * v_state + (1 - beta2) * (g * g)
+    d_t = (1 - beta1 ** t) / lr * (xp.sqrt(v_state / (1 - beta2 ** t)) + float(epsilon))
+    z_state[...] = beta1 * z_state + (1 - beta1) * g - (d_t - beta1 * d_state) * w
+    d_state[...] = d_t
+    return _result(-z_state / d_t, weight, out, "ftml_update")
+
+
+def lamb_update_phase1(weight, grad, mean, var, t, wd, beta1=0.9, beta2=0.999, epsilon=1e-6,
+                       bias_correction=True, rescale_grad=1.0, clip_gradient=-1.0, out=None,
+                       name=None):
+    """LAMB's direction (You et al., 2019): Adam's moments, bias-corrected when asked,
+    ``m / (sqrt(v) + epsilon) + wd * w``. Returns it (a new array unless ``out``)."""
+    w = _data(weight, "weight", "lamb_update_phase1")
+    return _lamb_direction(weight, w, grad, mean, var, t, wd, beta1, beta2, epsilon,
+                           bias_correction, rescale_grad, clip_gradient, out,
+                           "lamb_update_phase1")
+
+
+def _lamb_direction(weight, w, grad, mean, var, t, wd, beta1, beta2, epsilon,
+                    bias_correction, rescale_grad, clip_gradient, out, op):
+    m = _state(mean, "mean", op, weight)
+    v = _state(var, "var", op, weight)
+    xp = array_module(w)
+    g = _rescaled(xp, _data(grad, "grad", op), rescale_grad, clip_gradient, w.dtype)
+    beta1, beta2 = _f32(beta1), _f32(beta2)
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * (g * g)
+    m_hat, v_hat = m, v
+    if bias_correction:
+        m_hat = m / (1 - beta1 ** int(t))
+        v_hat = v / (1 - beta2 ** int(t))
+    value = m_hat / (xp.sqrt(v_hat) + _f32(epsilon)) + _f32(wd) * w
+    if out is None:
+        return new_array(value, weight.ctx)
+    return _result(value, weight, out, op)
+
+
+def lamb_update_phase2(weight, g, r1, r2, lr, lower_bound=-1.0, upper_bound=-1.0, out=None,
+                       name=None):
+    """``w -= lr * ratio * g`` with ``ratio = r1 / r2`` (``r1``, the weight's norm, held
+    to ``[lower_bound, upper_bound]`` where those are > 0); 1 when either norm is 0."""
+    w = _data(weight, "weight", "lamb_update_phase2")
+    value = w - _f32(lr) * _trust_ratio(r1, r2, lower_bound, upper_bound) * _data(
+        g, "g", "lamb_update_phase2")
+    return _result(value, weight, out, "lamb_update_phase2")
+
+
+def _trust_ratio(r1, r2, lower_bound, upper_bound) -> float:
+    first = float(_data(r1, "r1", "lamb_update_phase2").reshape(-1)[0])
+    second = float(_data(r2, "r2", "lamb_update_phase2").reshape(-1)[0])
+    if lower_bound is not None and lower_bound > 0:
+        first = max(first, float(lower_bound))
+    if upper_bound is not None and upper_bound > 0:
+        first = min(first, float(upper_bound))
+    return 1.0 if first == 0 or second == 0 else first / second
+
+
+def mp_lamb_update_phase1(weight, grad, mean, var, weight32, t, wd, beta1=0.9, beta2=0.999,
+                          epsilon=1e-6, bias_correction=True, rescale_grad=1.0,
+                          clip_gradient=-1.0, out=None, name=None):
+    w32 = _data(weight32, "weight32", "mp_lamb_update_phase1")
+    return _lamb_direction(weight32, w32, grad, mean, var, t, wd, beta1, beta2, epsilon,
+                           bias_correction, rescale_grad, clip_gradient, out,
+                           "mp_lamb_update_phase1")
+
+
+def mp_lamb_update_phase2(weight, g, r1, r2, weight32, lr, lower_bound=-1.0,
+                          upper_bound=-1.0, out=None, name=None):
+    w32 = _state(weight32, "weight32", "mp_lamb_update_phase2", weight)
+    w32 -= _f32(lr) * _trust_ratio(r1, r2, lower_bound, upper_bound) * _data(
+        g, "g", "mp_lamb_update_phase2")
+    return _result(w32, weight, out, "mp_lamb_update_phase2")
+
+
+def group_adagrad_update(weight, grad, history, lr, rescale_grad=1.0, clip_gradient=-1.0,
+                         epsilon=1e-5, out=None, name=None):
+    """AdaGrad with one accumulator per row: ``history`` (rows, 1) gains the row's mean
+    squared gradient; ``w -= lr * g / sqrt(history + epsilon)``."""
+    w = _data(weight, "weight", "group_adagrad_update")
+    h = history._write() if _is_ndarray(history) else None
+    if h is None or h.shape[0] != w.shape[0]:
+        raise ShapeError(f"group_adagrad_update: history must be an NDArray with "
+                         f"{w.shape[0]} rows")
+    xp = array_module(w)
+    g = _rescaled(xp, _data(grad, "grad", "group_adagrad_update"), rescale_grad,
+                  clip_gradient, w.dtype)
+    rows = g.reshape(g.shape[0], -1)
+    h += (rows * rows).mean(axis=1).reshape(h.shape)
+    scale = xp.sqrt(h.reshape(-1) + _f32(epsilon)).reshape((-1,) + (1,) * (w.ndim - 1))
+    return _result(w - _f32(lr) * g / scale, weight, out, "group_adagrad_update")
+
+
+# -- the multi-tensor forms (the same steps, one weight after the other) --------------------
+
+def _groups(data, per_weight: int, num_weights: int, op: str) -> list:
+    data = list(data)
+    if len(data) != per_weight * int(num_weights):
+        raise InputError(f"{op}: {num_weights} weights need {per_weight * int(num_weights)} "
+                         f"arrays, got {len(data)}")
+    return [data[i:i + per_weight] for i in range(0, len(data), per_weight)]
+
+
+def _outs(out, count: int, op: str) -> list:
+    if out is None:
+        return [None] * count
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(outs) != count:
+        raise InputError(f"{op}: {count} weights need {count} outputs, got {len(outs)}")
+    return outs
+
+
+def _multi(step, per_weight: int, op: str, with_momentum: bool):
+    def run(*data, lrs, wds, momentum=0.0, rescale_grad=1.0, clip_gradient=-1.0,
+            num_weights=1, out=None, name=None):
+        groups = _groups(data, per_weight, num_weights, op)
+        outs = _outs(out, len(groups), op)
+        extra = {"momentum": momentum} if with_momentum else {}
+        results = [step(*arrays, lr=lr, wd=wd, rescale_grad=rescale_grad,
+                        clip_gradient=clip_gradient, out=target, **extra)
+                   for arrays, lr, wd, target in zip(groups, lrs, wds, outs)]
+        return results if len(results) > 1 else results[0]
+    run.__name__ = op
+    run.__doc__ = f"MXNet's {op}: {step.__name__} on each of ``num_weights`` weights."
+    return run
+
+
+multi_sgd_update = _multi(sgd_update, 2, "multi_sgd_update", False)
+multi_sgd_mom_update = _multi(sgd_mom_update, 3, "multi_sgd_mom_update", True)
+multi_mp_sgd_update = _multi(mp_sgd_update, 3, "multi_mp_sgd_update", False)
+multi_mp_sgd_mom_update = _multi(mp_sgd_mom_update, 4, "multi_mp_sgd_mom_update", True)
+
+
+def _host_values(values, ctx):
+    """Float32 ``values`` as an NDArray on ``ctx``."""
+    result = np.asarray(values, np.float32)
+    return new_array(ctx.device.put(result) if ctx.device.kind != "cpu" else result, ctx)
+
+
+def multi_sum_sq(*data, num_arrays, out=None, name=None):
+    """The sum of squares of each array, as one float32 NDArray of ``num_arrays`` values."""
+    arrays = list(data)
+    if not arrays or len(arrays) != int(num_arrays):
+        raise InputError(f"multi_sum_sq: num_arrays={num_arrays} but {len(arrays)} given")
+    return _host_values([float((_data(a, "data", "multi_sum_sq").astype(np.float32) ** 2)
+                               .sum()) for a in arrays], arrays[0].ctx)
+
+
+def _finite(array) -> bool:
+    raw = _data(array, "data", "all_finite")
+    return bool(array_module(raw).isfinite(raw).all())
+
+
+def all_finite(data, init_output=True, out=None, name=None):
+    """1.0 (float32, shape (1,)) when every element of ``data`` is finite, else 0.0."""
+    return _host_values([1.0 if _finite(data) else 0.0], data.ctx)
+
+
+def multi_all_finite(*data, num_arrays=1, init_output=True, out=None, name=None):
+    finite = all(_finite(array) for array in data[:int(num_arrays)])
+    return _host_values([1.0 if finite else 0.0], data[0].ctx)
+
+
+def reset_arrays(*data, num_arrays, out=None, name=None):
+    """Set every array to zero (in place)."""
+    for array in data[:int(num_arrays)]:
+        array._write()[...] = 0
+
+
+FUNCTIONS = ("sgd_update", "sgd_mom_update", "mp_sgd_update", "mp_sgd_mom_update",
+             "nag_mom_update", "mp_nag_mom_update", "signsgd_update", "signum_update",
+             "adam_update", "rmsprop_update", "rmspropalex_update", "ftrl_update",
+             "ftml_update", "lamb_update_phase1", "lamb_update_phase2",
+             "mp_lamb_update_phase1", "mp_lamb_update_phase2", "group_adagrad_update",
+             "multi_sgd_update", "multi_sgd_mom_update", "multi_mp_sgd_update",
+             "multi_mp_sgd_mom_update", "multi_sum_sq", "all_finite", "multi_all_finite",
+             "reset_arrays")
+
+__all__ = list(FUNCTIONS)

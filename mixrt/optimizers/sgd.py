@@ -1,0 +1,251 @@
+"""MXNet's gradient-descent family: SGD (ccSGD), NAG, Signum, SGLD, DCASGD, LARS, LBSGD and
+the ``test`` optimizer, with MXNet's update rules, defaults and state layouts.
+
+Where MXNet passes an option to its update operator only when it is set (``if
+self.clip_gradient:``), these do the same: ``clip_gradient=0`` clips nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from mixrt import nd, optimizer_ops as ops, random as mixrt_random
+from mixrt.base.errors import OptimizerError
+from mixrt.optimizers.base import Optimizer, register, warn_float16
+
+
+def listed(index, weight, grad, state):
+    """One update or several (MXNet's aggregated form) as four lists."""
+    if isinstance(index, (list, tuple)):
+        return list(index), list(weight), list(grad), list(state)
+    return [index], [weight], [grad], [state]
+
+
+def zeros_like(weight, dtype=None):
+    return nd.zeros(weight.shape, weight.ctx, dtype=dtype or weight.dtype)
+
+
+def clipping(optimizer) -> float:
+    """MXNet's operators clip when ``clip_gradient`` is set and non-zero; -1 is "no"."""
+    return optimizer.clip_gradient if optimizer.clip_gradient else -1.0
+
+
+def rescaled(optimizer, grad):
+    """``rescale_grad * grad`` clipped (the Python-level kinds' own arithmetic)."""
+    grad = grad * optimizer.rescale_grad
+    if optimizer.clip_gradient is not None:
+        grad = nd.clip(grad, -optimizer.clip_gradient, optimizer.clip_gradient)
+    return grad
+
+
+class _MomentumSGD(Optimizer):
+    """What SGD, NAG and LARS share: an optional momentum buffer and, with
+    ``multi_precision``, the state ``(momentum, float32 weight)``."""
+
+    def create_state(self, index, weight):
+        return None if self.momentum == 0.0 else zeros_like(weight)
+
+    def create_state_multi_precision(self, index, weight):
+        if self.multi_precision and weight.dtype == np.float16:
+            master = weight.astype(np.float32)
+            return (self.create_state(index, master), master)
+        warn_float16(weight, self.multi_precision, type(self).__name__)
+        return self.create_state(index, weight)
+
+    def update(self, index, weight, grad, state):
+        self._update_impl(index, weight, grad, state, multi_precision=False)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        first = weight[0] if isinstance(index, (list, tuple)) else weight
+        self._update_impl(index, weight, grad, state,
+                          multi_precision=self.multi_precision and first.dtype == np.float16)
+
+    def _options(self, momentum=None) -> dict:
+        momentum = self.momentum if momentum is None else momentum
+        return {"rescale_grad": self.rescale_grad, "clip_gradient": clipping(self),
+                "momentum": momentum if momentum > 0 else 0.0}
+
+    def _step(self, weight, grad, state, lr, wd, multi_precision, options) -> None:
+        plain, with_momentum, mp_plain, mp_momentum = self._operators
+        momentum = options.pop("momentum")
+        if not multi_precision:
+            if state is None:
+                plain(weight, grad, out=weight, lr=lr, wd=wd, **options)
+            else:
+                with_momentum(weight, grad, state, out=weight, lr=lr, wd=wd,
+                              momentum=momentum, **options)
+        elif state[0] is None:
+            mp_plain(weight, grad, state[1], out=weight, lr=lr, wd=wd, **options)
+        else:
+            mp_momentum(weight, grad, state[0], state[1], out=weight, lr=lr, wd=wd,
+                        momentum=momentum, **options)
+
+
+@register
+class SGD(_MomentumSGD):
+    """SGD with optional momentum (MXNet keeps ``-lr`` in the buffer:
+    ``mom = momentum * mom - lr * (grad + wd * weight)``, ``weight += mom``).
+    ``lazy_update`` concerns row-sparse gradients, which mixrt does not have."""
+
+    _operators = (ops.sgd_update, ops.sgd_mom_update, ops.mp_sgd_update,
+                  ops.mp_sgd_mom_update)
+
+    def __init__(self, momentum=0.0, lazy_update=True, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+        self.lazy_update = lazy_update
+        self.aggregate_num = int(os.getenv("MXNET_OPTIMIZER_AGGREGATION_SIZE", "4"))
+
+    def _update_impl(self, indices, weights, grads, states, multi_precision=False):
+        indices, weights, grads, states = listed(indices, weights, grads, states)
+        self._update_count(indices)
+        for weight, grad, state, lr, wd in zip(weights, grads, states,
+                                               self._get_lrs(indices), self._get_wds(indices)):
+            self._step(weight, grad, state, lr, wd, multi_precision, self._options())
+
+    def spec(self) -> dict:
+        return _engine_sgd_spec(self, nesterov=False)
+
+
+@register
+class ccSGD(SGD):  # noqa: N801 (MXNet's name)
+    """Deprecated in MXNet: SGD under another name."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+@register
+class NAG(_MomentumSGD):
+    """Nesterov accelerated SGD: ``mom = momentum * mom - lr * g'``,
+    ``weight += momentum * mom - lr * g'`` with ``g' = grad + wd * weight``."""
+
+    _operators = (ops.sgd_update, ops.nag_mom_update, ops.mp_sgd_update,
+                  ops.mp_nag_mom_update)
+
+    def __init__(self, momentum=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+
+    def update_multi_precision(self, index, weight, grad, state):
+        use = self.multi_precision and weight.dtype == np.float16 and \
+            isinstance(state, (tuple, list))
+        self._update_impl(index, weight, grad, state, multi_precision=use)
+
+    def _update_impl(self, index, weight, grad, state, multi_precision=False):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        self._step(weight, grad, state, lr, wd, multi_precision, self._options())
+
+    def spec(self) -> dict:
+        return _engine_sgd_spec(self, nesterov=self.momentum > 0)
+
+
+@register
+class Signum(Optimizer):
+    """signSGD (``momentum`` 0) or Signum (Bernstein et al., 2018): steps by the sign of
+    the gradient or of its momentum; ``wd_lh`` is decoupled weight decay."""
+
+    def __init__(self, learning_rate=0.01, momentum=0.9, wd_lh=0.0, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.momentum = momentum
+        self.wd_lh = wd_lh
+
+    def create_state(self, index, weight):
+        return None if self.momentum == 0.0 else zeros_like(weight)
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        options = {"rescale_grad": self.rescale_grad, "clip_gradient": clipping(self)}
+        if state is None:
+            ops.signsgd_update(weight, grad, out=weight, lr=lr, wd=wd, **options)
+        else:
+            ops.signum_update(weight, grad, state, out=weight, lr=lr, wd=wd,
+                              momentum=self.momentum if self.momentum > 0 else 0.0,
+                              wd_lh=self.wd_lh or 0.0, **options)
+
+
+@register
+class SGLD(Optimizer):
+    """Stochastic gradient Langevin dynamics: half a gradient step plus Gaussian noise of
+    variance ``lr`` (from mixrt's generator: ``mixrt.random.seed`` fixes it)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = rescaled(self, grad)
+        weight[:] = weight + (-lr / 2) * (grad + wd * weight)
+        noise = mixrt_random.generator().normal(0.0, math.sqrt(lr), weight.shape)
+        weight[:] = weight + nd.array(noise.astype(weight.dtype), ctx=weight.ctx)
+
+
+@register
+class DCASGD(Optimizer):
+    """Delay-compensated asynchronous SGD (Zheng et al., 2016); state ``(momentum or
+    None, previous weight)``."""
+
+    def __init__(self, momentum=0.0, lamda=0.04, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum = momentum
+        self.weight_previous = {}
+        self.lamda = lamda
+
+    def create_state(self, index, weight):
+        momentum = None if self.momentum == 0.0 else zeros_like(weight)
+        return (momentum, weight.copy())
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        grad = rescaled(self, grad)
+        mom, previous = state
+        step = -lr * (grad + wd * weight + self.lamda * grad * grad * (weight - previous))
+        if mom is not None:
+            mom[:] = mom * self.momentum + step
+            step = mom
+        previous[:] = weight
+        weight[:] = weight + step
+
+
+@register
+class Test(Optimizer):
+    """MXNet's test optimizer: ``weight += rescale_grad * grad``; the state copies the
+    weight."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+
+    def create_state(self, index, weight):
+        return nd.zeros(weight.shape, weight.ctx)
+
+    def update(self, index, weight, grad, state):
+        weight[:] = weight + grad * self.rescale_grad
+        state[:] = weight
+
+
+def _engine_sgd_spec(optimizer, nesterov: bool) -> dict:
+    """The engine's ``sgd`` that takes these steps while the rate is constant."""
+    if optimizer.multi_precision or optimizer.param_dict or optimizer.idx2name or \
+            (optimizer.clip_gradient is not None and optimizer.clip_gradient <= 0):
+        raise OptimizerError(f"{type(optimizer).__name__} with multi_precision, param_dict, "
+                             f"param_idx2name or clip_gradient <= 0 has no engine twin for a "
+                             f"parameter server")
+    scheduler = optimizer.lr_scheduler
+    params = {"learning_rate": optimizer.lr if scheduler is None else None,
+              "wd": optimizer.wd, "rescale_grad": optimizer.rescale_grad,
+              "clip_gradient": optimizer.clip_gradient,
+              "lr_scheduler": None if scheduler is None else scheduler.spec(),
+              "lr_mult": {str(k): v for k, v in optimizer.lr_mult.items()},
+              "wd_mult": {str(k): v for k, v in optimizer.wd_mult.items()},
+              "momentum": max(optimizer.momentum, 0.0), "nesterov": nesterov}
+    return {"name": "sgd", "params": params}
+
+
+__all__ = ["SGD", "ccSGD", "NAG", "Signum", "SGLD", "DCASGD", "Test"]
