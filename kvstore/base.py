@@ -93,8 +93,8 @@ def _as_list(value, key, what: str) -> list:
         raise KVStoreError(f"{what} key {key!r}: no arrays given")
     for array in arrays:
         if not hasattr(array, "shape") or not hasattr(array, "dtype"):
-            raise KVStoreError(f"{what} key {key!r}: expected NumPy or CuPy arrays, got "
-                               f"{type(array).__name__}")
+            raise KVStoreError(f"{what} key {key!r}: expected NDArrays, NumPy or CuPy "
+                               f"arrays, got {type(array).__name__}")
     return arrays
 
 

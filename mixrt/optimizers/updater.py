@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from mixrt.base.errors import OptimizerError
+from mixrt.base.errors import ModelLoadError, OptimizerError
 from mixrt.context import cpu
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime import lr_scheduler as schedulers
@@ -94,7 +94,10 @@ class Updater:
             raise OptimizerError("set_states: these bytes are a pickle (MXNet's format); "
                                  "mixrt never unpickles (it would run code the file names): "
                                  "save the states with mixrt's get_states")
-        arrays = read_npz(io.BytesIO(data), "optimizer states")
+        try:
+            arrays = read_npz(io.BytesIO(data), "optimizer states")
+        except ModelLoadError as exc:
+            raise OptimizerError(f"set_states: {exc}") from None
         self.load_state_arrays(arrays, restore_counts=False)
 
     # -- the layout, shared with Optimizer.state_dict ------------------------------------
