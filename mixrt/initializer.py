@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from mixrt import random as mixrt_random
+from mixrt import random_streams as mixrt_random
 from mixrt.base.errors import InputError
 
 # name suffix -> role (mixrt.sym names parameters this way: fc1_weight, bn1_moving_var)

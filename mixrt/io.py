@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt import random as mixrt_random
+from mixrt import random_streams as mixrt_random
 from mixrt.base.errors import InputError
 
 LAST_BATCH = ("pad", "discard", "roll_over")

@@ -1,45 +1,58 @@
-"""One seed for every random stream mixrt uses: ``mixrt.random.seed(42)``.
+"""MXNet's ``mx.random``: one seed for every random stream mixrt uses, and the samplers.
 
-It seeds NumPy's global generator (user code and older libraries draw from it), mixrt's own
-generator (parameter initializers, data shuffling), the stream of random ops without a seed
-attribute (Dropout's masks, RandomNormal) and CuPy's when CuPy is already imported.
-Code that needs randomness takes ``generator()`` rather than calling NumPy's global functions,
-so a run is reproducible from its seed and a resumed run can restore the exact state.
+    mixrt.random.seed(42)                       # NumPy, mixrt, the random ops, every GPU
+    mixrt.random.seed(7, ctx=mixrt.gpu(0))      # only GPU 0's stream
+    x = mixrt.random.uniform(0, 1, shape=(2, 3))
+
+:func:`seed` reseeds NumPy's global generator, mixrt's own (:func:`generator`: parameter
+initializers, data shuffling), the stream random ops without a ``seed`` attribute draw from
+on the CPU (Dropout's masks, RandomNormal, the samplers below) and CuPy's generator of each
+GPU (``mixrt/random_streams.py``). The samplers (``uniform``, ``normal``, ``randn``,
+``randint``, ``poisson``, ``exponential``, ``gamma``, ``negative_binomial``,
+``generalized_negative_binomial``, ``multinomial``, ``shuffle``) are ``mixrt.nd.random``'s.
 """
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
-from mixrt.ops.device import gpu_count
-from mixrt.ops.random import random as ops_random
-
-_generator = np.random.default_rng()
-
-
-def seed(value: int) -> None:
-    """Reseed NumPy, mixrt and (if loaded) CuPy, on every GPU (CuPy keeps a generator per
-    device and its ``seed`` reseeds only the current one's)."""
-    global _generator
-    value = int(value)
-    np.random.seed(value % (2 ** 32))
-    _generator = np.random.default_rng(value)
-    ops_random.reseed(value)
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        for index in range(gpu_count()):  # none without a GPU: nothing to seed
-            with cupy.cuda.Device(index):
-                cupy.random.seed(value)
+from mixrt.base.errors import DeviceUnavailableError, InputError
+from mixrt.context import Context
+from mixrt.nd.random import (exponential, gamma, generalized_negative_binomial,  # noqa: F401
+                             multinomial, negative_binomial, normal, poisson, randint, randn,
+                             shuffle, uniform)
+from mixrt.ops.device import Device, device_named
+from mixrt.random_streams import generator, reseed, spawn  # noqa: F401
 
 
-def generator() -> np.random.Generator:
-    """mixrt's generator (reseeded by :func:`seed`)."""
-    return _generator
+def seed(seed_state, ctx="all") -> None:
+    """Reseed the random streams of every device (``ctx='all'``), of the host
+    (``ctx=mixrt.cpu()``: NumPy's, mixrt's and the random ops' on the CPU) or of one GPU
+    (``ctx=mixrt.gpu(i)``). The same seed then gives the same draws again; seeding a GPU
+    this machine lacks does nothing, as in MXNet."""
+    if not isinstance(seed_state, (int, np.integer)) or isinstance(seed_state, bool):
+        raise InputError(f"seed: seed_state must be an int, got {seed_state!r}")
+    value = int(seed_state) % (2 ** 64)  # any int, as MXNet takes; the generators want >= 0
+    if isinstance(ctx, str) and ctx == "all":
+        reseed(value)
+        return
+    device = _device_of(ctx)
+    reseed(value, device.kind, device.index)
 
 
-def spawn() -> np.random.Generator:
-    """An independent generator derived from mixrt's (one per data iterator, say), so that
-    streams do not shift each other when one of them draws more."""
-    return np.random.default_rng(_generator.integers(0, 2 ** 63))
+def _device_of(ctx) -> Device:
+    """The device ``ctx`` names, whether this machine has it or not."""
+    if isinstance(ctx, Context):
+        return ctx.device
+    if isinstance(ctx, str):
+        try:
+            return device_named(ctx)
+        except DeviceUnavailableError:  # a name that is no device: said below
+            pass
+    raise InputError(f"seed: ctx must be 'all' or a context (mixrt.cpu(), mixrt.gpu(i), "
+                     f"'gpu:1'), got {ctx!r}")
+
+
+__all__ = ["seed", "generator", "spawn", "uniform", "normal", "randn", "randint", "poisson",
+           "exponential", "gamma", "negative_binomial", "generalized_negative_binomial",
+           "multinomial", "shuffle"]

@@ -42,6 +42,8 @@ from mixrt.ops.ir.registry import REGISTRY
 MXNET_FUNCTIONS = list(_mxnet_ops.FUNCTIONS)
 globals().update(_mxnet_ops.FUNCTIONS)
 _mxnet_ops.attach_methods()
+from mixrt.sym import random  # noqa: E402  (MXNet's samplers, and sym.random_uniform, ...)
+globals().update(random.FLAT)
 
 
 def __getattr__(name: str):
