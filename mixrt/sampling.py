@@ -196,6 +196,9 @@ def _draw_shape(builder, fn, shape, out, default):
         shape = default
     if shape is None:
         raise builder.error(f"{fn}: shape is required (or out=, whose shape is taken)")
+    if not shape:
+        raise builder.error(f"{fn}: shape must have at least one dimension (MXNet draws no "
+                            f"0-d arrays), got ()")
     return shape
 
 
