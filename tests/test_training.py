@@ -233,8 +233,8 @@ def test_metrics():
     acc = metric.create("acc")
     acc.update(np.array([0, 1, 1]), np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]]))
     assert acc.get() == ("accuracy", pytest.approx(2 / 3))
-    ce = metric.create("ce")
-    ce.update(np.array([0]), np.array([[0.0, 0.0]]))
+    ce = metric.create("ce")  # MXNet's CrossEntropy reads probabilities, not scores
+    ce.update(np.array([0]), np.array([[0.5, 0.5]]))
     assert ce.get()[1] == pytest.approx(np.log(2))
     top = metric.TopKAccuracy(2)
     top.update(np.array([2]), np.array([[0.1, 0.5, 0.4]]))
