@@ -35,6 +35,11 @@ INTEGER_DTYPES = ("int32", "int64")
 # MXNet's multinomial index types, with the largest index each holds exactly
 INDEX_DTYPES = {"uint8": 2 ** 8 - 1, "int32": 2 ** 31 - 1, "float16": 2 ** 11,
                 "float32": 2 ** 24, "float64": 2 ** 53}
+# the mixrt ops that draw (and so take a key in a symbol: ops/random/samplers.py)
+DRAWING_OPS = frozenset({"SampleUniform", "SampleNormal", "SampleGamma", "SampleExponential",
+                         "SamplePoisson", "SampleNegativeBinomial",
+                         "SampleGeneralizedNegativeBinomial", "SampleMultinomial",
+                         "RandomInteger", "Shuffle"})
 
 
 class Builder:
@@ -334,3 +339,59 @@ def shuffle(builder: Builder, fn: str, data, *, out=None, name=None):
         raise builder.error(f"{fn}: data must have at least one axis, got a 0-d array")
     result = builder.op(MIXRT, "Shuffle", [data], {}, name=name, label="_shuffle")
     return builder.written(fn, result, out)
+
+
+# -- densities ------------------------------------------------------------------------------
+
+# MXNet's random_pdf_* parameter names, per distribution
+PDF_PARAMETERS = {"uniform": ("low", "high"), "normal": ("mu", "sigma"),
+                  "gamma": ("alpha", "beta"), "exponential": ("lam",), "poisson": ("lam",),
+                  "negative_binomial": ("k", "p"),
+                  "generalized_negative_binomial": ("mu", "alpha"), "dirichlet": ("alpha",)}
+
+
+def pdf(builder: Builder, distribution: str, sample, params: dict, is_log=False, *, out=None,
+        name=None):
+    """The density of ``sample`` under ``params`` (arrays of one shape that begins the
+    sample's; a Dirichlet's also ends it), or its log."""
+    fn = f"random_pdf_{distribution}"
+    arrays = {"sample": sample, **params}
+    for arg, value in arrays.items():
+        if not isinstance(value, builder.array_type):
+            raise builder.error(f"{fn}: {arg} must be an {builder.array_type.__name__}, got "
+                                f"{type(value).__name__}")
+    _check_one_float_dtype(builder, fn, arrays)
+    _check_pdf_shapes(builder, fn, distribution, sample, params)
+    attributes = {"distribution": distribution, "is_log": int(bool(is_log))}
+    result = builder.op(MIXRT, "RandomPdf", list(arrays.values()), attributes, name=name,
+                        label=f"_random_pdf_{distribution}")
+    return builder.written(fn, result, out)
+
+
+def _check_one_float_dtype(builder: Builder, fn: str, arrays: dict) -> None:
+    dtypes = {arg: builder.dtype_of(value) for arg, value in arrays.items()}
+    known = {np.dtype(d) for d in dtypes.values() if d is not None}
+    if len(known) > 1 or any(d.kind != "f" for d in known):
+        given = ", ".join(f"{arg} {np.dtype(d).name}" for arg, d in dtypes.items()
+                          if d is not None)
+        raise builder.error(f"{fn}: the sample and the parameters must have one "
+                            f"floating-point dtype, got {given}")
+
+
+def _check_pdf_shapes(builder, fn, distribution, sample, params) -> None:
+    sample_shape = builder.shape_of(sample)
+    shapes = {arg: builder.shape_of(value) for arg, value in params.items()}
+    known = [tuple(s) for s in shapes.values() if s is not None]
+    if len(set(known)) > 1:
+        raise builder.error(f"{fn}: the parameters must have one shape, got {shapes}")
+    if not known or sample_shape is None:
+        return
+    shape, sample_shape = known[0], tuple(sample_shape)
+    categories = distribution == "dirichlet"
+    lead = shape[:-1] if categories else shape
+    fits = len(sample_shape) >= len(shape) and sample_shape[:len(lead)] == lead and (
+        not categories or (shape and sample_shape[-1:] == shape[-1:]))
+    if not fits:
+        where = "begin and end" if categories else "begin"
+        raise builder.error(f"{fn}: the parameters' shape {shape} must {where} the sample's "
+                            f"{sample_shape}")

@@ -595,3 +595,143 @@ def test_samplers_on_the_gpu_have_their_moments():
     _close(_values(uniform).mean(), 0.0, 2 / math.sqrt(12), "uniform on the GPU")
     nb = nd.random.negative_binomial(3, 0.4, shape=N, ctx=mx.gpu(0))
     _close(_values(nb).mean(), 4.5, math.sqrt(1.8) / 0.4, "negative binomial on the GPU")
+
+
+# -- densities: random_pdf_* ----------------------------------------------------------------------
+# MXNet 1.9.1's values and gradients (d sum(out) / d input) for these samples and parameters
+
+PDF_SAMPLE = [[0.5, 1.0, 2.0], [1.5, 0.25, 3.0]]
+DIRICHLET_SAMPLE = [[[0.2, 0.3, 0.5]], [[0.1, 0.1, 0.8]]]
+PDF_PARAMETERS = {
+    "uniform": ([0., 1.], [3., 4.]), "normal": ([0., 1.], [1., 2.]),
+    "gamma": ([2., 3.], [1., 2.]), "exponential": ([2., 3.],), "poisson": ([2., 3.],),
+    "negative_binomial": ([2., 3.], [0.4, 0.5]),
+    "generalized_negative_binomial": ([2., 3.], [0.4, 0.5]),
+    "dirichlet": ([[1., 2., 3.], [2., 2., 2.]],),
+}
+MXNET_PDFS = {
+    ("uniform", False): ([[0.3333333, 0.3333333, 0.3333333], [0.3333333, 0.3333333, 0.3333333]], [[0., 0., 0.], [0., 0., 0.]], [[0.3333333, 0.3333333], [-0.3333333, -0.3333333]]),  # noqa: E501
+    ("uniform", True): ([[-1.0986123, -1.0986123, -1.0986123], [-1.0986123, -1.0986123, -1.0986123]], [[0., 0., 0.], [0., 0., 0.]], [[1., 1.], [-1., -1.]]),  # noqa: E501
+    ("normal", False): ([[0.3520653, 0.2419707, 0.053991], [0.1933341, 0.1859275, 0.1209854]], [[-0.1760327, -0.2419707, -0.1079819], [-0.0241668, 0.0348614, -0.0604927]], [[0.5259853, 0.049798], [-0.1020761, -0.1705161]]),  # noqa: E501
+    ("normal", True): ([[-1.0439385, -1.4189385, -2.9189386], [-1.6433357, -1.6823982, -2.1120858]], [[-0.5, -1., -2.], [-0.125, 0.1875, -0.5]], [[3.5, 0.4375], [2.25, -0.8984375]]),  # noqa: E501
+    ("gamma", False): ([[0.3032653, 0.3678795, 0.2706706], [0.4480836, 0.1516327, 0.0892351]], [[0.3032653, 0., -0.1353353], [-0.2987224, 0.909796, -0.1189801]], [[-0.4207777, -0.0886993], [0.8227775, 0.0556882]]),  # noqa: E501
+    ("gamma", True): ([[-1.1931472, -1., -1.3068528], [-0.8027754, -1.8862944, -2.416481]], [[1., 0., -0.5], [-0.6666666, 6., -1.3333333]], [[-1.268353, -0.5711284], [2.5, -0.25]]),  # noqa: E501
+    ("exponential", False): ([[7.3575890e-01, 2.7067056e-01, 3.6631279e-02], [3.3326991e-02, 1.4170997e+00, 3.7022942e-04]], [[-1.4715178e+00, -5.4134113e-01, -7.3262557e-02], [-9.9980973e-02, -4.2512989e+00, -1.1106883e-03]], [[-0.1902822, 0.0782229]]),  # noqa: E501
+    ("exponential", True): ([[-0.3068528, -1.3068528, -3.3068528], [-3.4013877, 0.3486123, -7.9013877]], [[-2., -2., -2.], [-3., -3., -3.]], [[-2., -3.75]]),  # noqa: E501
+    ("poisson", False): ([[0.2159639, 0.2706706, 0.2706706], [0.1946087, 0.0722896, 0.2240418]], [[0., 0., 0.], [0., 0., 0.]], [[-0.2973082, -0.1635698]]),  # noqa: E501
+    ("poisson", True): ([[-1.5326442, -1.3068528, -1.3068528], [-1.6367644, -2.6270752, -1.4959226]], [[0., 0., 0.], [0., 0., 0.]], [[-1.25, -1.4166667]]),  # noqa: E501
+    ("negative_binomial", False): ([[0.1859032, 0.192, 0.1728], [0.1933495, 0.1478138, 0.15625]], [[0., 0., 0.], [0., 0., 0.]], [[-0.2124821, -0.1183421], [1.7025969, 1.3930247]]),  # noqa: E501
+    ("negative_binomial", True): ([[-1.6825291, -1.6502599, -1.7556204], [-1.6432558, -1.9118017, -1.856298]], [[0., 0., 0.], [0., 0., 0.]], [[-1.1351663, -0.7358148], [9.166667, 8.5]]),  # noqa: E501
+    ("generalized_negative_binomial", False): ([[0.2603612, 0.255609, 0.198807], [0.1859032, 0.1760224, 0.13824]], [[0., 0., 0.], [0., 0., 0.]], [[-0.1794864, -0.1017222], [-0.1200219, 0.0124355]]),  # noqa: E501
+    ("generalized_negative_binomial", True): ([[-1.3456854, -1.3641062, -1.6154206], [-1.6825291, -1.7371442, -1.9787638]], [[0., 0., 0.], [0., 0., 0.]], [[-0.6944448, -0.5666667], [-0.6096097, -0.0583836]]),  # noqa: E501
+    ("dirichlet", False): ([[4.5], [0.9599999]], [[[0., 14.999999, 18.]], [[9.599999, 9.599999, 1.1999999]]], [[[3.0325303, 0.3571235, 0.4058386], [-0.9784814, -0.9784814, 1.0177823]]]),  # noqa: E501
+    ("dirichlet", True): ([[1.5040774], [-0.0408221]], [[[0., 3.3333333, 4.]], [[10., 10., 1.25]]], [[[0.6738957, 0.0793608, 0.0901864], [-1.0192516, -1.0192516, 1.06019]]]),  # noqa: E501
+}
+
+
+@pytest.mark.parametrize("distribution, is_log", MXNET_PDFS, ids=[f"{d}-{'log' if log else 'pdf'}"
+                                                                 for d, log in MXNET_PDFS])
+def test_densities_and_their_gradients_are_mxnets(distribution, is_log):
+    value, sample_grad, param_grads = MXNET_PDFS[distribution, is_log]
+    sample = nd.array(DIRICHLET_SAMPLE if distribution == "dirichlet" else PDF_SAMPLE)
+    params = [nd.array(p) for p in PDF_PARAMETERS[distribution]]
+    for array in [sample, *params]:
+        array.attach_grad()
+    with autograd.record():
+        got = getattr(nd, f"random_pdf_{distribution}")(sample, *params, is_log=is_log)
+    got.backward()
+    np.testing.assert_allclose(got.asnumpy(), value, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(sample.grad.asnumpy(), sample_grad, rtol=2e-5, atol=1e-5)
+    for param, expected in zip(params, param_grads):
+        np.testing.assert_allclose(param.grad.asnumpy(), expected, rtol=2e-5, atol=1e-5)
+
+
+def test_density_shapes_and_dtypes_are_mxnets():
+    one = nd.random_pdf_normal(nd.array([[0.5, 1.0]]), nd.array([0.0]), nd.array([1.0]))
+    assert one.shape == (1, 2)
+    assert nd.random_pdf_normal(nd.array([0.5, 1.0]), nd.array([0.0, 1.0]),
+                                nd.array([1.0, 1.0])).shape == (2,)
+    assert nd.random_pdf_normal(nd.array([[[0.5], [1.0]]]), nd.array([0.0]),
+                                nd.array([1.0])).shape == (1, 2, 1)
+    wide = nd.random_pdf_normal(nd.array([[0.5]], dtype="float64"),
+                                nd.array([0.0], dtype="float64"), nd.array([1.0], dtype="float64"))
+    assert wide.dtype == np.float64
+    # MXNet's formulas outside the support: a uniform's density everywhere, an exponential's
+    # at negative samples, a Poisson's 0 at -1
+    np.testing.assert_allclose(nd.random_pdf_uniform(nd.array([[5.0]]), nd.array([0.0]),
+                                                     nd.array([1.0])).asnumpy(), [[1.0]])
+    np.testing.assert_allclose(nd.random_pdf_exponential(nd.array([[-1.0]]),
+                                                         nd.array([1.0])).asnumpy(), [[math.e]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(nd.random_pdf_poisson(nd.array([[-1.0]]),
+                                                     nd.array([1.0])).asnumpy(), [[0.0]])
+
+
+def test_a_generalized_negative_binomial_of_no_dispersion_is_its_poisson_limit():
+    """MXNet gives NaN at alpha = 0; the limit is the Poisson of mean mu, and the derivative
+    in alpha there is ((x - mu)^2 - x) / 2 (compared with a small alpha)."""
+    sample = nd.array([[0.0, 1.0, 4.0]])
+    limit = nd.random_pdf_generalized_negative_binomial(sample, nd.array([2.0]), nd.array([0.0]),
+                                                        is_log=True)
+    poisson = nd.random_pdf_poisson(sample, nd.array([2.0]), is_log=True)
+    np.testing.assert_allclose(limit.asnumpy(), poisson.asnumpy(), rtol=1e-6)
+    alpha = nd.array([0.0], dtype="float64")
+    alpha.attach_grad()
+    with autograd.record():
+        log_f = nd.random_pdf_generalized_negative_binomial(
+            sample.astype("float64"), nd.array([2.0], dtype="float64"), alpha, is_log=True)
+    log_f.backward()
+
+    def at(value):  # the summed log-density at alpha = value
+        return nd.random_pdf_generalized_negative_binomial(
+            sample.astype("float64"), nd.array([2.0], dtype="float64"),
+            nd.array([value], dtype="float64"), is_log=True).asnumpy().sum()
+
+    step, origin = 1e-4, log_f.asnumpy().sum()
+    # one-sided (alpha >= 0), second order: Richardson's extrapolation of two differences
+    slope = (4 * (at(step) - origin) - (at(2 * step) - origin)) / (2 * step)
+    np.testing.assert_allclose(alpha.grad.asnumpy(), [slope], rtol=1e-4)
+
+
+def test_lgamma_and_digamma():
+    from mixrt.ops.random.special import digamma, lgamma
+    x = np.array([1e-3, 0.1, 0.5, 1.0, 1.5, 2.0, 3.7, 6.0, 10.0, 57.3, 1e4, -0.5, -2.5])
+    np.testing.assert_allclose(lgamma(np, x), [math.lgamma(v) for v in x], rtol=1e-12,
+                               atol=1e-12)
+    step = 1e-4 * np.minimum(np.abs(x), 1.0)  # small where the curvature is large
+    slopes = (np.array([math.lgamma(v + h) for v, h in zip(x, step)])
+              - np.array([math.lgamma(v - h) for v, h in zip(x, step)])) / (2 * step)
+    np.testing.assert_allclose(digamma(np, x), slopes, rtol=1e-6, atol=1e-6)
+    assert np.isinf(lgamma(np, np.array([0.0])))[0]
+
+
+def test_densities_as_symbols():
+    s, mu, sigma = sym.var("s"), sym.var("mu"), sym.var("sigma")
+    density = sym.random_pdf_normal(s, mu, sigma)
+    assert density.name.startswith("_random_pdf_normal")
+    assert density.infer_shape(s=(2, 3), mu=(2,), sigma=(2,))[1] == [(2, 3)]
+    got = density.eval(s=nd.array(PDF_SAMPLE), mu=nd.array([0.0, 1.0]),
+                       sigma=nd.array([1.0, 2.0]))[0]
+    np.testing.assert_allclose(_values(got), MXNET_PDFS["normal", False][0], rtol=2e-5)
+    dirichlet = sym.random_pdf_dirichlet(sym.var("x"), sym.var("a"))
+    assert dirichlet.infer_shape(x=(2, 1, 3), a=(2, 3))[1] == [(2, 1)]
+
+
+PDF_REFUSED = [
+    ("mx.nd.random_pdf_normal(a, a.astype('float64'), b)",
+     "random_pdf_normal: the sample and the parameters must have one floating-point dtype"),
+    ("mx.nd.random_pdf_normal(a.astype('int32'), a.astype('int32'), b.astype('int32'))",
+     "random_pdf_normal: the sample and the parameters must have one floating-point dtype"),
+    ("mx.nd.random_pdf_normal(p, a, b)",
+     r"random_pdf_normal: the parameters' shape \(3,\) must begin the sample's \(2, 3\)"),
+    ("mx.nd.random_pdf_normal(a, a[:2], b)", "random_pdf_normal: the parameters must have one"),
+    ("mx.nd.random_pdf_dirichlet(p, p[:, :2])",
+     r"random_pdf_dirichlet: the parameters' shape \(2, 2\) must begin and end"),
+    ("mx.nd.random_pdf_gamma(a, 2.0, b)", "random_pdf_gamma: alpha must be an NDArray"),
+]
+
+
+@pytest.mark.parametrize("expression, message", PDF_REFUSED, ids=[r[0] for r in PDF_REFUSED])
+def test_bad_density_arguments(expression, message):
+    with pytest.raises(InputError, match=message):
+        eval(expression, _environment())  # noqa: S307  (our own table)

@@ -300,6 +300,51 @@ def sample_multinomial(data, shape=None, get_prob=False, dtype="int32", out=None
                                 out=out, name=_only_name("sample_multinomial", kwargs))
 
 
+# -- densities: MXNet's random_pdf_* ---------------------------------------------------------
+# (the density of each sample under the distribution of the parameters above it; is_log
+# gives its log; differentiable in the sample and the parameters)
+
+def _pdf(distribution, sample, params, is_log, out, kwargs):
+    return sampling.pdf(_ARRAYS, distribution, sample, params, is_log, out=out,
+                        name=_only_name(f"random_pdf_{distribution}", kwargs))
+
+
+def random_pdf_uniform(sample=None, low=None, high=None, is_log=False, out=None, **kwargs):
+    return _pdf("uniform", sample, dict(low=low, high=high), is_log, out, kwargs)
+
+
+def random_pdf_normal(sample=None, mu=None, sigma=None, is_log=False, out=None, **kwargs):
+    return _pdf("normal", sample, dict(mu=mu, sigma=sigma), is_log, out, kwargs)
+
+
+def random_pdf_gamma(sample=None, alpha=None, beta=None, is_log=False, out=None, **kwargs):
+    """``beta`` is the rate, as in MXNet's random_pdf_gamma."""
+    return _pdf("gamma", sample, dict(alpha=alpha, beta=beta), is_log, out, kwargs)
+
+
+def random_pdf_exponential(sample=None, lam=None, is_log=False, out=None, **kwargs):
+    return _pdf("exponential", sample, dict(lam=lam), is_log, out, kwargs)
+
+
+def random_pdf_poisson(sample=None, lam=None, is_log=False, out=None, **kwargs):
+    return _pdf("poisson", sample, dict(lam=lam), is_log, out, kwargs)
+
+
+def random_pdf_negative_binomial(sample=None, k=None, p=None, is_log=False, out=None,
+                                 **kwargs):
+    return _pdf("negative_binomial", sample, dict(k=k, p=p), is_log, out, kwargs)
+
+
+def random_pdf_generalized_negative_binomial(sample=None, mu=None, alpha=None, is_log=False,
+                                             out=None, **kwargs):
+    return _pdf("generalized_negative_binomial", sample, dict(mu=mu, alpha=alpha), is_log,
+                out, kwargs)
+
+
+def random_pdf_dirichlet(sample=None, alpha=None, is_log=False, out=None, **kwargs):
+    return _pdf("dirichlet", sample, dict(alpha=alpha), is_log, out, kwargs)
+
+
 __all__ = ["uniform", "normal", "randn", "randint", "poisson", "exponential", "gamma",
            "negative_binomial", "generalized_negative_binomial", "multinomial", "shuffle",
            "uniform_like", "normal_like", "gamma_like", "exponential_like", "poisson_like",
@@ -312,5 +357,5 @@ FLAT = {name: globals()[name] for name in (
     "random_negative_binomial", "random_generalized_negative_binomial", "random_randint",
     "sample_uniform", "sample_normal", "sample_gamma", "sample_exponential", "sample_poisson",
     "sample_negative_binomial", "sample_generalized_negative_binomial", "sample_multinomial",
-    "shuffle")}
+    "shuffle", *(f"random_pdf_{name}" for name in sampling.PDF_PARAMETERS))}
 FLAT.update(uniform=random_uniform, normal=random_normal)

@@ -38,7 +38,7 @@ class _SymbolBuilder(sampling.Builder):
     def op(self, domain, op_type, inputs, attributes, *, ctx=None, name=None, label=None,
            num_outputs=1):
         node_name = layer_name(label, name) if label is not None else name
-        if domain == MIXRT:
+        if domain == MIXRT and op_type in sampling.DRAWING_OPS:
             inputs = list(inputs) + [self._key(node_name)]
         return call_op(domain, op_type, inputs, attributes, name=node_name,
                        num_outputs=num_outputs)
@@ -266,6 +266,48 @@ def sample_multinomial(data, shape=None, get_prob=False, dtype="int32", **kwargs
                                 name=_only_name("sample_multinomial", kwargs))
 
 
+# -- densities: MXNet's random_pdf_* ---------------------------------------------------------
+
+def _pdf(distribution, sample, params, is_log, kwargs):
+    return sampling.pdf(_SYMBOLS, distribution, sample, params, is_log,
+                        name=_only_name(f"random_pdf_{distribution}", kwargs))
+
+
+def random_pdf_uniform(sample=None, low=None, high=None, is_log=False, **kwargs):
+    return _pdf("uniform", sample, dict(low=low, high=high), is_log, kwargs)
+
+
+def random_pdf_normal(sample=None, mu=None, sigma=None, is_log=False, **kwargs):
+    return _pdf("normal", sample, dict(mu=mu, sigma=sigma), is_log, kwargs)
+
+
+def random_pdf_gamma(sample=None, alpha=None, beta=None, is_log=False, **kwargs):
+    """``beta`` is the rate, as in MXNet's random_pdf_gamma."""
+    return _pdf("gamma", sample, dict(alpha=alpha, beta=beta), is_log, kwargs)
+
+
+def random_pdf_exponential(sample=None, lam=None, is_log=False, **kwargs):
+    return _pdf("exponential", sample, dict(lam=lam), is_log, kwargs)
+
+
+def random_pdf_poisson(sample=None, lam=None, is_log=False, **kwargs):
+    return _pdf("poisson", sample, dict(lam=lam), is_log, kwargs)
+
+
+def random_pdf_negative_binomial(sample=None, k=None, p=None, is_log=False, **kwargs):
+    return _pdf("negative_binomial", sample, dict(k=k, p=p), is_log, kwargs)
+
+
+def random_pdf_generalized_negative_binomial(sample=None, mu=None, alpha=None, is_log=False,
+                                             **kwargs):
+    return _pdf("generalized_negative_binomial", sample, dict(mu=mu, alpha=alpha), is_log,
+                kwargs)
+
+
+def random_pdf_dirichlet(sample=None, alpha=None, is_log=False, **kwargs):
+    return _pdf("dirichlet", sample, dict(alpha=alpha), is_log, kwargs)
+
+
 __all__ = ["uniform", "normal", "randn", "randint", "poisson", "exponential", "gamma",
            "negative_binomial", "generalized_negative_binomial", "multinomial", "shuffle",
            "uniform_like", "normal_like", "gamma_like", "exponential_like", "poisson_like",
@@ -278,5 +320,5 @@ FLAT = {name: globals()[name] for name in (
     "random_negative_binomial", "random_generalized_negative_binomial", "random_randint",
     "sample_uniform", "sample_normal", "sample_gamma", "sample_exponential", "sample_poisson",
     "sample_negative_binomial", "sample_generalized_negative_binomial", "sample_multinomial",
-    "shuffle")}
+    "shuffle", *(f"random_pdf_{name}" for name in sampling.PDF_PARAMETERS))}
 FLAT.update(uniform=random_uniform, normal=random_normal)
