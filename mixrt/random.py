@@ -9,18 +9,20 @@ initializers, data shuffling), the stream random ops without a ``seed`` attribut
 on the CPU (Dropout's masks, RandomNormal, the samplers below) and CuPy's generator of each
 GPU (``mixrt/random_streams.py``). The samplers (``uniform``, ``normal``, ``randn``,
 ``randint``, ``poisson``, ``exponential``, ``gamma``, ``negative_binomial``,
-``generalized_negative_binomial``, ``multinomial``, ``shuffle``) are ``mixrt.nd.random``'s.
+``generalized_negative_binomial``, ``multinomial``, ``shuffle``) are ``mixrt.nd.random``'s,
+loaded on first use as ``mixrt``'s own submodules are: the initializers, data iterators and
+samplers that take their generator from here are below ``mixrt.nd`` (its layers use the
+initializers), so this module must not load it when it loads.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 
 from mixrt.base.errors import DeviceUnavailableError, InputError
 from mixrt.context import Context
-from mixrt.nd.random import (exponential, gamma, generalized_negative_binomial,  # noqa: F401
-                             multinomial, negative_binomial, normal, poisson, randint, randn,
-                             shuffle, uniform)
 from mixrt.ops.device import Device, device_named
 from mixrt.random_streams import generator, reseed, spawn  # noqa: F401
 
@@ -51,6 +53,20 @@ def _device_of(ctx) -> Device:
             pass
     raise InputError(f"seed: ctx must be 'all' or a context (mixrt.cpu(), mixrt.gpu(i), "
                      f"'gpu:1'), got {ctx!r}")
+
+
+SAMPLERS = ("uniform", "normal", "randn", "randint", "poisson", "exponential", "gamma",
+            "negative_binomial", "generalized_negative_binomial", "multinomial", "shuffle")
+
+
+def __getattr__(name: str):
+    if name in SAMPLERS:
+        return getattr(importlib.import_module("mixrt.nd.random"), name)
+    raise AttributeError(f"module 'mixrt.random' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(SAMPLERS))
 
 
 __all__ = ["seed", "generator", "spawn", "uniform", "normal", "randn", "randint", "poisson",

@@ -9,9 +9,10 @@
 Code that needs randomness takes :func:`generator` rather than NumPy's global functions, so a
 run is reproducible from its seed and a resumed run can restore the exact state.
 
-This module is apart from ``mixrt.random`` (MXNet's ``mx.random``: the seed and the
-samplers), which builds on ``mixrt.nd``: the initializers that ``mixrt.nd``'s layers use take
-their generator from here, which keeps the imports one way.
+``mixrt.random`` (MXNet's ``mx.random``: the seed with its ``ctx``, and the samplers, which
+it loads from ``mixrt.nd`` on first use) re-exports :func:`generator` and :func:`spawn`; a
+module below ``mixrt.nd`` (the initializers its layers use, the data iterators) may import
+either.
 """
 
 from __future__ import annotations
