@@ -53,9 +53,9 @@ def load(model, device: str = "cpu", **options) -> Session:
 
 # submodules reachable as attributes of ``mixrt`` without importing each (``mixrt.sym``,
 # ``mixrt.random.seed``), loaded on first use so that ``import mixrt`` stays light
-_LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "optimizer", "lr_scheduler",
-                              "gluon", "io", "metric", "module", "models", "kv", "nd",
-                              "autograd", "context", "profiler", "viz"})
+_LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
+                              "lr_scheduler", "gluon", "io", "metric", "module", "models",
+                              "kv", "nd", "autograd", "context", "profiler", "viz"})
 
 
 def __getattr__(name: str):

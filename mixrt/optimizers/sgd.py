@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from mixrt import nd, optimizer_ops as ops, random as mixrt_random
+from mixrt import nd, optimizer_ops as ops
+from mixrt.random_streams import generator as random_generator
 from mixrt.base.errors import OptimizerError
 from mixrt.optimizers.base import Optimizer, register, warn_float16
 
@@ -182,7 +183,7 @@ class SGLD(Optimizer):
         lr, wd = self._get_lr(index), self._get_wd(index)
         grad = rescaled(self, grad)
         weight[:] = weight + (-lr / 2) * (grad + wd * weight)
-        noise = mixrt_random.generator().normal(0.0, math.sqrt(lr), weight.shape)
+        noise = random_generator().normal(0.0, math.sqrt(lr), weight.shape)
         weight[:] = weight + nd.array(noise.astype(weight.dtype), ctx=weight.ctx)
 
 
