@@ -45,7 +45,7 @@ def reseed(value: int, device_type: str | None = None, device_id: int = 0) -> No
         for index in indices if cupy is not None else ():
             # CuPy keeps a generator per device and its seed reseeds the current one's
             with cupy.cuda.Device(index):
-                cupy.random.seed(value)
+                cupy.random.seed(value % (2 ** 32))  # as NumPy's legacy seed takes it
 
 
 def generator() -> np.random.Generator:
