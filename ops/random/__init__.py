@@ -1,3 +1,4 @@
 """Random operators: RandomNormal, RandomUniform (and their Like forms), Bernoulli,
-Multinomial.
+Multinomial; MXNet's samplers (``mixrt::Sample*``, RandomInteger, SampleMultinomial,
+Shuffle: ``samplers.py``) and densities (RandomPdf: ``pdf.py``).
 """
