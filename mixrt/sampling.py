@@ -182,6 +182,9 @@ def _out_dtype(builder, fn, dtype, out, allowed, default) -> np.dtype:
     from ``out``'s is refused, as MXNet refuses it."""
     if out is None:
         return read_dtype(builder, fn, dtype, allowed, default)
+    if not isinstance(out, builder.array_type):
+        raise builder.error(f"{fn}: out must be an {builder.array_type.__name__}, got "
+                            f"{type(out).__name__}")
     have = np.dtype(builder.dtype_of(out))
     wanted = read_dtype(builder, fn, dtype, allowed, have.name if have.name in allowed
                         else default)

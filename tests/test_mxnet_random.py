@@ -389,6 +389,7 @@ REFUSED = [
     ("mx.nd.random.uniform('a', 3, shape=2)", "uniform: the distribution's parameters"),
     ("mx.nd.sample_gamma(1.0, 2.0)", "sample_gamma: alpha must be an NDArray"),
     ("mx.nd.random.uniform(shape=2, foo=1)", "uniform: unknown argument 'foo'"),
+    ("mx.nd.random.uniform(shape=2, out=np.zeros(2))", "uniform: out must be an NDArray"),
     # MXNet gives zeros, garbage or a wrapped-around index for these
     ("mx.nd.random.multinomial(mx.nd.zeros(300), dtype='uint8')",
      "multinomial: 300 classes do not all fit exactly in dtype='uint8'"),
