@@ -57,6 +57,7 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     _promote_floats(spec, inputs)
     _numeric_bools(spec, inputs)
     _check_shared_dtypes(spec, inputs)
+    _numeric_conditions(spec, inputs)
     _check_allowed_dtypes(spec, inputs)
     raw = [_raw_input(spec, i, value, ctx, inputs) for i, value in enumerate(inputs)]
     count = _output_count(spec, attributes, num_outputs, raw)
@@ -70,7 +71,11 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     if prof is not None:
         prof.imperative(op_type, started, raw, results)
         prof.memory(str(ctx), sum(int(r.nbytes) for r in results[:count] if r is not None))
-    outputs = [NDArray(_own(value, raw), ctx) for value in results[:count]]
+    outputs = [NDArray(_own(value, raw, op_type), ctx) for value in results[:count]]
+    if op_type in VIEW_OPS and isinstance(inputs[0], NDArray) and \
+            shares_buffer(results[0], raw[0]):
+        outputs[0]._share_memory_of(inputs[0])
+    results[:count] = [output._data for output in outputs]  # the tape keeps the owned copies
     if recording:
         _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
     return outputs[0] if count == 1 else tuple(outputs)
@@ -93,14 +98,34 @@ def _node_state(spec, attributes: dict, device: str) -> dict:
     return state
 
 
-def _own(value, raw: list):
-    """A result that is one of the inputs (Identity, a no-op Dropout or Cast) copied: an
-    in-place write to ``nd.BlockGrad(x)`` must not change ``x``, as it does not in MXNet.
-    Views (Reshape) stay views, as MXNet's reshape is."""
+# The ops whose result may stay a view of their data input (MXNet's reshape is a view):
+# the result is tied to the input, so an in-place write to either counts against both
+VIEW_OPS = frozenset({"Reshape"})
+
+
+def _own(value, raw: list, op_type: str):
+    """A result that is one of the inputs, or a view of one (Identity, Transpose, Squeeze,
+    a no-op Cast, ...), copied: in MXNet these results own their memory, so an in-place
+    write to ``nd.BlockGrad(x)`` or ``x.T`` must not change ``x``, nor a write to ``x``
+    them. The results of ``VIEW_OPS`` stay views, as MXNet's reshape is."""
     for given in raw:
         if value is given:
             return value.copy()
+        if op_type not in VIEW_OPS and given is not None and shares_buffer(value, given):
+            return value.copy()
     return value
+
+
+def shares_buffer(a, b) -> bool:
+    """Whether two NumPy/CuPy arrays are views of one allocation (the bases they hang
+    from are one object)."""
+    return _allocation(a) is _allocation(b)
+
+
+def _allocation(array):
+    while getattr(array, "base", None) is not None and hasattr(array.base, "shape"):
+        array = array.base
+    return array
 
 
 def run_kernel(spec, raw: list, attributes: dict, count: int, ctx) -> list:
@@ -244,6 +269,25 @@ def _check_shared_dtypes(spec, inputs: list) -> None:
             raise InputError(f"{spec.op_type}: inputs of one type have different dtypes "
                              f"{sorted(str(d) for d in members)}; cast one with .astype() "
                              f"(MXNet does not mix dtypes either)")
+
+
+def _numeric_conditions(spec, inputs: list) -> None:
+    """A numeric array given to an input that takes only bool (``Where``'s condition,
+    ``And``, ``Not``, ...) is read as ``x != 0``, through recorded ops: MXNet's comparisons
+    give 0/1 in the data's dtype, and its masks and conditions are such numbers."""
+    allowed = _ALLOWED_DTYPES.get(id(spec))
+    if allowed is None:
+        allowed = _ALLOWED_DTYPES[id(spec)] = _allowed_dtypes(spec)
+    if not allowed:
+        return
+    count = len(allowed)
+    for position, value in enumerate(inputs):
+        if isinstance(value, NDArray) and value.dtype != np.bool_ and \
+                (allowed[position] if position < count else allowed[-1]) == _ONLY_BOOL:
+            inputs[position] = invoke("", "Not", [invoke("", "Equal", [value, 0], {})], {})
+
+
+_ONLY_BOOL = frozenset({np.dtype(np.bool_)})
 
 
 def _check_allowed_dtypes(spec, inputs: list) -> None:

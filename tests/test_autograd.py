@@ -15,6 +15,12 @@ from mixrt.ops.ir.registry import REGISTRY
 import numpy as np
 import pytest
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 RNG = np.random.default_rng(7)
 
 
@@ -29,7 +35,7 @@ def _positive(*shape):
 def _variables(arrays):
     variables = []
     for a in arrays:
-        v = nd.array(a)
+        v = _nd(a)
         if v.dtype.kind == "f":
             v.attach_grad()
         variables.append(v)
@@ -92,7 +98,7 @@ CASES = {
                        [_normal(2, 3, 4)]),
     "ReduceMean_keepdims": (lambda a: a.mean(axis=1, keepdims=True),
                             lambda t, F, a: a.mean(dim=1, keepdim=True), [_normal(2, 3, 4)]),
-    "Reshape": (lambda a: a.reshape(4, -1) * nd.array(np.arange(6.0, dtype=np.float64)),
+    "Reshape": (lambda a: a.reshape(4, -1) * _nd(np.arange(6.0, dtype=np.float64)),
                 lambda t, F, a: a.reshape(4, -1) * t.arange(6.0, dtype=t.float64),
                 [_normal(2, 3, 4)]),
     "Transpose": (lambda a: a.transpose(2, 0, 1), lambda t, F, a: a.permute(2, 0, 1),
@@ -123,7 +129,7 @@ CASES = {
                                 lambda t, F, x, y: F.cross_entropy(x, y),
                                 [_normal(6, 5), LABELS]),
     "SoftmaxCrossEntropyLoss_weights_ignore_index": (
-        lambda x, y: nd.SoftmaxCrossEntropyLoss(x, y, nd.array(CLASS_WEIGHTS), ignore_index=3),
+        lambda x, y: nd.SoftmaxCrossEntropyLoss(x, y, _nd(CLASS_WEIGHTS), ignore_index=3),
         lambda t, F, x, y: F.cross_entropy(x, y, weight=t.tensor(CLASS_WEIGHTS), ignore_index=3),
         [_normal(6, 5), LABELS]),
     "Split_one_output_used": (lambda a: nd.Split(a, axis=1, num_outputs=2)[1] * 3,
@@ -167,7 +173,7 @@ def test_gradient_matches_torch(case):
     with autograd.record():
         y = ours(*xs)
     head = _normal(*y.shape)
-    y.backward(nd.array(head))
+    y.backward(_nd(head))
     ts = [torch.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
     expected = theirs(torch, functional, *ts)
     expected.backward(torch.tensor(head))
@@ -179,7 +185,7 @@ def test_gradient_matches_torch(case):
 
 
 def test_dropout_gradient_is_the_forward_mask():
-    x = nd.array(_positive(40, 50))
+    x = _nd(_positive(40, 50))
     x.attach_grad()
     with autograd.record():
         y = nd.Dropout(x, 0.25, True)
@@ -191,7 +197,7 @@ def test_dropout_gradient_is_the_forward_mask():
 
 
 def test_dropout_outside_training_mode_is_identity_with_unit_gradient():
-    x = nd.array(_positive(3, 4))
+    x = _nd(_positive(3, 4))
     x.attach_grad()
     with autograd.record():
         y = nd.Dropout(x, 0.5)
@@ -212,7 +218,7 @@ def test_custom_function_against_the_analytic_gradient():
             return dy * y * (1 - y)
 
     values = _normal(3, 4)
-    x = nd.array(values)
+    x = _nd(values)
     x.attach_grad()
     with autograd.record():
         y = (Sigmoid()(x) * 2).sum()
@@ -286,11 +292,11 @@ def test_backward_with_head_grads():
     with autograd.record():
         y = x * x
     head = _normal(2, 3)
-    y.backward(nd.array(head))
+    y.backward(_nd(head))
     np.testing.assert_allclose(x.grad.asnumpy(), 2 * x.asnumpy() * head)
     with autograd.record():
         y = x * 3
-    autograd.backward([y], [nd.array(head)])
+    autograd.backward([y], [_nd(head)])
     np.testing.assert_allclose(x.grad.asnumpy(), 3 * head)
 
 
@@ -386,7 +392,7 @@ def test_recording_is_per_thread():
 
 
 def test_mark_variables():
-    x = nd.array(_normal(2, 2))
+    x = _nd(_normal(2, 2))
     gradient = nd.zeros((2, 2), dtype=np.float64)
     autograd.mark_variables([x], [gradient])
     with autograd.record():
@@ -455,7 +461,7 @@ def test_inplace_change_of_an_output_its_gradient_reads_fails_at_backward():
 
 
 def test_backward_on_an_untaped_head_says_attach_grad_and_record():
-    x = nd.array(_normal(3))
+    x = _nd(_normal(3))
     y = (x * 2).sum()
     with pytest.raises(GradientError, match="attach_grad") as info:
         y.backward()
@@ -608,7 +614,7 @@ def test_ops_whose_inputs_have_different_onnx_types_are_not_promoted():
     data = nd.array(np.array([1.0, 2.0, 3.0]), dtype="float32")
     picked = nd.Gather(data, nd.array(np.array([2, 0]), dtype="int64"))
     assert picked.dtype == np.float32
-    chosen = nd.Where(nd.array(np.array([True, False])), nd.array(np.ones(2), dtype="float16"),
+    chosen = nd.Where(_nd(np.array([True, False])), nd.array(np.ones(2), dtype="float16"),
                       nd.array(np.zeros(2), dtype="float32"))
     assert chosen.dtype == np.float32  # X and Y share T: the float16 one is promoted
 

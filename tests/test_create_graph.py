@@ -16,12 +16,18 @@ from mixrt import autograd, gluon, nd
 from mixrt.errors import GradientError
 from mixrt.ops.device import gpu_available
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 X = np.array([0.3, -1.2, 2.0, 0.7])
 
 
 def variable(values, ctx=None) -> nd.NDArray:
-    x = nd.array(np.asarray(values, dtype=np.float64), ctx=ctx) if ctx else \
-        nd.array(np.asarray(values, dtype=np.float64))
+    x = _nd(np.asarray(values, dtype=np.float64), ctx=ctx) if ctx else \
+        _nd(np.asarray(values, dtype=np.float64))
     x.attach_grad()
     return x
 
@@ -135,7 +141,7 @@ def generator_like():
     """ConvTranspose, BatchNorm with the batch's statistics (recording trains), an
     upsampling Resize, a cropping slice and a global max: a GAN's critic on a generator."""
     upsample = gluon.nn.HybridLambda(
-        lambda F, x: nd.Resize(x, None, nd.array(np.array([1, 1, 2, 2], np.float32)),
+        lambda F, x: nd.Resize(x, None, _nd(np.array([1, 1, 2, 2], np.float32)),
                                mode="linear")[:, :, 1:-1, 1:-1])
     return seeded_net(10, 0.5, gluon.nn.Conv2DTranspose(3, kernel_size=2, strides=2),
                       gluon.nn.BatchNorm(), gluon.nn.Activation("tanh"), upsample,
@@ -162,7 +168,7 @@ def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, sha
     data = np.random.default_rng(1).standard_normal(shape)
     x, total = penalty(net, data)
     total.backward()
-    assert np.isclose(float(total.asnumpy()), _penalty_number(net, data), rtol=1e-12)
+    assert np.isclose(float(total), _penalty_number(net, data), rtol=1e-12)
     rng = np.random.default_rng(2)
     checked = 0
     for name, param in net.collect_params().items():
@@ -175,9 +181,9 @@ def test_a_gradient_penalty_has_the_gradient_central_differences_give(build, sha
             for step in (1e-6, -1e-6):
                 shifted = values.copy()
                 shifted.flat[flat] += step
-                param.set_data(nd.array(shifted))
+                param.set_data(_nd(shifted))
                 moved.append(_penalty_number(net, data))
-            param.set_data(nd.array(values))
+            param.set_data(_nd(values))
             numeric = (moved[0] - moved[1]) / 2e-6
             assert np.isclose(grad.flat[flat], numeric, rtol=1e-5, atol=1e-7), \
                 f"{name}[{flat}]: {grad.flat[flat]} vs {numeric}"
@@ -199,9 +205,9 @@ def test_a_hessian_vector_product():
     a, v, values = rng.standard_normal((4, 3)), rng.standard_normal(3), rng.standard_normal(3)
     x = variable(values)
     with autograd.record():
-        f = nd.tanh(nd.dot(nd.array(a), x)).sum()
+        f = nd.tanh(nd.dot(_nd(a), x)).sum()
         g = autograd.grad(f, [x], create_graph=True)[0]
-        directional = (g * nd.array(v)).sum()
+        directional = (g * _nd(v)).sum()
     directional.backward()
     z = np.tanh(a @ values)
     hessian = a.T @ np.diag(-2 * z * (1 - z**2)) @ a
@@ -230,15 +236,15 @@ def test_create_graph_keeps_the_graph_for_another_backward():
 # -- Hessian-vector products through the ops whose backward is a fused kernel -----------------
 
 def _fixed(*shape, seed=8):
-    return nd.array(np.random.default_rng(seed).standard_normal(shape))
+    return _nd(np.random.default_rng(seed).standard_normal(shape))
 
 
-_INDICES = nd.array(np.array([2, 0, 2, 1]))
-_SCALES = nd.array(np.array([1, 1, 2, 1.5], dtype=np.float32))
+_INDICES = _nd(np.array([2, 0, 2, 1]))
+_SCALES = _nd(np.array([1, 1, 2, 1.5], dtype=np.float32))
 _THROUGH = {  # name: (f, input shape); each backward kernel's gradient or its op's expansion
     "gather": (lambda x: nd.tanh(nd.Gather(x, _INDICES, axis=0)), (3, 4)),
     "indexing": (lambda x: nd.tanh(x[1:3, ::2]) * x[0, 1], (4, 5)),
-    "reflect_pad": (lambda x: nd.tanh(nd.Pad(x, nd.array(np.array([1, 1, 0, 2])),
+    "reflect_pad": (lambda x: nd.tanh(nd.Pad(x, _nd(np.array([1, 1, 0, 2])),
                                              mode="reflect")), (4, 5)),
     "layer_norm": (lambda x: nd.LayerNorm(x, _fixed(5), _fixed(5, seed=9)), (4, 5)),
     "instance_norm": (lambda x: nd.InstanceNormalization(x, _fixed(2), _fixed(2, seed=9)),
@@ -247,8 +253,8 @@ _THROUGH = {  # name: (f, input shape); each backward kernel's gradient or its o
     "log_sum_exp": (lambda x: nd.ReduceLogSumExp(x, axes=[1]), (4, 5)),
     "l2_normalize": (lambda x: nd.LpNormalization(x, axis=1), (4, 5)),
     "cubic_resize": (lambda x: nd.Resize(x, None, _SCALES, mode="cubic"), (1, 1, 3, 4)),
-    "top_k_cumsum": (lambda x: nd.CumSum(nd.TopK(x, nd.array(np.array([2])))[0] ** 2,
-                                         nd.array(np.array(1))), (3, 4)),
+    "top_k_cumsum": (lambda x: nd.CumSum(nd.TopK(x, _nd(np.array([2])))[0] ** 2,
+                                         _nd(np.array(1))), (3, 4)),
 }
 
 
@@ -258,11 +264,11 @@ def _weighted_gradient(f, values, weights, direction=None):
     x = variable(values)
     with autograd.record():
         y = f(x)
-        loss = (y * nd.array(weights[0])).sum() + (y * y * nd.array(weights[1])).sum()
+        loss = (y * _nd(weights[0])).sum() + (y * y * _nd(weights[1])).sum()
         grad = autograd.grad(loss, [x], create_graph=direction is not None)[0]
         if direction is None:
             return grad.asnumpy()
-        (grad * nd.array(direction)).sum().backward()
+        (grad * _nd(direction)).sum().backward()
     return x.grad.asnumpy()
 
 
@@ -271,7 +277,7 @@ def test_hessian_vector_products_through_fused_backward_kernels(name):
     f, shape = _THROUGH[name]
     rng = np.random.default_rng(5)
     values, direction = rng.standard_normal(shape), rng.standard_normal(shape)
-    out_shape = f(nd.array(values)).shape
+    out_shape = f(_nd(values)).shape
     weights = (rng.standard_normal(out_shape), rng.standard_normal(out_shape))
     got = _weighted_gradient(f, values, weights, direction)
     step = 1e-6

@@ -23,13 +23,19 @@ from mixrt.errors import InputError
 from mixrt.ops.device import gpu_available
 
 
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
+
 def _arr(*shape, k=1.7):
     values = np.sin(np.arange(int(np.prod(shape))) * k + 0.3).reshape(shape)
-    return nd.array(values.astype("float32"))
+    return _nd(values.astype("float32"))
 
 
 def _weights(y):
-    return nd.array((np.arange(y.size).reshape(y.shape) % 5 + 1).astype("float32"))
+    return _nd((np.arange(y.size).reshape(y.shape) % 5 + 1).astype("float32"))
 
 
 def _with_grad(f, *arrays):
@@ -149,8 +155,8 @@ def _case_pool_3d_avg():
 # -- BatchNorm
 
 def _bn_params(c=3):
-    return (nd.array([2.0, 0.5, 1.5, -1.0][:c]), nd.array([0.1, -0.2, 0.3, 0.4][:c]),
-            nd.array([0.5, 0.1, -0.3, 0.2][:c]), nd.array([1.5, 0.7, 2.0, 0.9][:c]))
+    return (_nd([2.0, 0.5, 1.5, -1.0][:c]), _nd([0.1, -0.2, 0.3, 0.4][:c]),
+            _nd([0.5, 0.1, -0.3, 0.2][:c]), _nd([1.5, 0.7, 2.0, 0.9][:c]))
 
 
 def _batch_norm(x, train_mode=True, steps=1, **kwargs):
@@ -279,43 +285,43 @@ def _softmax_output(data, label, **kwargs):
 
 
 def _case_softmax_output():
-    return _softmax_output(_arr(3, 4), nd.array([1, 3, 0]))
+    return _softmax_output(_arr(3, 4), _nd([1, 3, 0]))
 
 
 def _case_softmax_output_scale_batch():
-    return _softmax_output(_arr(3, 4), nd.array([2, 0, 0]), grad_scale=2.0, normalization="batch")
+    return _softmax_output(_arr(3, 4), _nd([2, 0, 0]), grad_scale=2.0, normalization="batch")
 
 
 def _case_softmax_output_ignore_valid():
-    return _softmax_output(_arr(3, 4), nd.array([1, -1, 0]), use_ignore=True, normalization="valid")
+    return _softmax_output(_arr(3, 4), _nd([1, -1, 0]), use_ignore=True, normalization="valid")
 
 
 def _case_softmax_output_valid_counts_without_use_ignore():
-    return _softmax_output(_arr(3, 4), nd.array([1, 3, 0]), ignore_label=3, normalization="valid")
+    return _softmax_output(_arr(3, 4), _nd([1, 3, 0]), ignore_label=3, normalization="valid")
 
 
 def _case_softmax_output_smooth():
-    return _softmax_output(_arr(3, 4), nd.array([1, 3, 0]), smooth_alpha=0.3, use_ignore=True, ignore_label=3)
+    return _softmax_output(_arr(3, 4), _nd([1, 3, 0]), smooth_alpha=0.3, use_ignore=True, ignore_label=3)
 
 
 def _case_softmax_output_odd_labels():  # truncated; out of range: no class
-    return _softmax_output(_arr(3, 4), nd.array([1.7, 5, -2]))
+    return _softmax_output(_arr(3, 4), _nd([1.7, 5, -2]))
 
 
 def _case_softmax_output_multi():
-    return _softmax_output(_arr(2, 3, 4), nd.array([[0, 1, 2, 1], [2, 2, 0, 1]]), multi_output=True)
+    return _softmax_output(_arr(2, 3, 4), _nd([[0, 1, 2, 1], [2, 2, 0, 1]]), multi_output=True)
 
 
 def _case_softmax_output_multi_valid():
-    return _softmax_output(_arr(2, 3, 2, 2), nd.array([[0, -1, 2, 1], [2, 2, -1, 1]]), multi_output=True, use_ignore=True, normalization="valid")
+    return _softmax_output(_arr(2, 3, 2, 2), _nd([[0, -1, 2, 1], [2, 2, -1, 1]]), multi_output=True, use_ignore=True, normalization="valid")
 
 
 def _case_softmax_output_multi_batch():
-    return _softmax_output(_arr(2, 3, 2, 2), nd.array([[[0, 1], [2, 1]], [[2, 2], [0, 1]]]), multi_output=True, normalization="batch", grad_scale=3.0)
+    return _softmax_output(_arr(2, 3, 2, 2), _nd([[[0, 1], [2, 1]], [[2, 2], [0, 1]]]), multi_output=True, normalization="batch", grad_scale=3.0)
 
 
 def _case_softmax_output_preserve():
-    return _softmax_output(_arr(2, 3, 4), nd.array([[0, 1, 2], [3, -1, 0]]), preserve_shape=True, use_ignore=True, normalization="batch")
+    return _softmax_output(_arr(2, 3, 4), _nd([[0, 1, 2], [3, -1, 0]]), preserve_shape=True, use_ignore=True, normalization="batch")
 
 
 # MXNet 1.9.1's results for the cases above (see the module docstring)
@@ -489,7 +495,7 @@ def test_deconvolution_3d_is_the_adjoint_of_convolution(ctx):
     # same weight array: (num_filter, channels) for Convolution is (channels, num_filter) here
     dx = nd.Deconvolution(dy, w, num_filter=2, adj=(0, 0, 1), **options)
     assert dx.shape == x.shape
-    np.testing.assert_allclose(float((y * dy).sum().asnumpy()), float((x * dx).sum().asnumpy()),
+    np.testing.assert_allclose(float((y * dy).sum()), float((x * dx).sum()),
                                rtol=1e-4)
 
 
@@ -502,7 +508,7 @@ def draws(ctx):
 
 
 def test_mxnet_dropout_drops_in_training_and_scales_the_rest(draws):
-    x = nd.array(np.arange(1.0, 4001.0).reshape(40, 100))
+    x = _nd(np.arange(1.0, 4001.0).reshape(40, 100))
     x.attach_grad()
     with ag.record():
         y = nd.Dropout(x, p=0.3)
@@ -527,7 +533,7 @@ def test_mxnet_dropout_modes_and_shared_axes(draws):
 
 
 def test_onnx_dropout_calls_keep_their_meaning():
-    x = nd.array(np.arange(1.0, 201.0).reshape(10, 20))
+    x = _nd(np.arange(1.0, 201.0).reshape(10, 20))
     with ag.record():
         identity = nd.Dropout(x, 0.5)  # ONNX: no training_mode, so no dropout
         dropped = nd.Dropout(x, 0.25, True)
@@ -568,7 +574,7 @@ def _softmax(x, axis):
 
 
 def test_softmax_output_out_grad_multiplies_by_the_head_gradient(ctx):
-    data, label, head = _arr(3, 4), nd.array([1, 3, 0]), _arr(3, 4, k=0.77)
+    data, label, head = _arr(3, 4), _nd([1, 3, 0]), _arr(3, 4, k=0.77)
     data.attach_grad()
     with ag.record():
         y = nd.SoftmaxOutput(data, label, out_grad=True, grad_scale=0.5)
@@ -586,7 +592,7 @@ def test_softmax_output_outside_recording_is_the_softmax(ctx):
 
 def test_layer_norm_keeps_float64_precision():
     x = np.sin(np.arange(24.0) * 1.3).reshape(2, 3, 4) * 1e3 + 1e4
-    out = nd.LayerNorm(nd.array(x), nd.ones(3, dtype="float64"), nd.zeros(3, dtype="float64"),
+    out = nd.LayerNorm(_nd(x), nd.ones(3, dtype="float64"), nd.zeros(3, dtype="float64"),
                        axis=1)
     expected = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
     assert out.dtype == np.float64
@@ -669,9 +675,9 @@ _X4, _W = (lambda: _arr(1, 2, 5, 5)), (lambda: _arr(3, 2, 3, 3))
     (lambda: nd.clip(_arr(3), 1.0, -1.0), "a_min"),
     (lambda: nd.clip(_arr(3), "low", 1.0), "a_min"),
     (lambda: nd.clip([1.0, 2.0], 0.0, 1.0), "clip: data"),
-    (lambda: nd.SoftmaxOutput(_arr(3, 4), nd.array([1, 2])), "label"),
-    (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), nd.array([1, 2, 0])), "label"),
-    (lambda: nd.SoftmaxOutput(_arr(3, 4), nd.array([1, 2, 0]), normalization="mean"),
+    (lambda: nd.SoftmaxOutput(_arr(3, 4), _nd([1, 2])), "label"),
+    (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), _nd([1, 2, 0])), "label"),
+    (lambda: nd.SoftmaxOutput(_arr(3, 4), _nd([1, 2, 0]), normalization="mean"),
      "normalization"),
     (lambda: nd.SoftmaxOutput(_arr(2, 3, 4), nd.zeros((2, 4)), multi_output=True,
                               smooth_alpha=0.1), "smooth_alpha"),
@@ -687,7 +693,7 @@ def test_softmax_output_flattens_data_of_more_dimensions_as_mxnet_does():
     """Without multi_output or preserve_shape, MXNet's SoftmaxOutput takes the softmax of
     the data flattened to (batch, rest), in the data's shape (as mixrt.sym's does)."""
     data = _arr(2, 3, 4)
-    out = nd.SoftmaxOutput(data, nd.array([1, 2]))
+    out = nd.SoftmaxOutput(data, _nd([1, 2]))
     flat = data.asnumpy().reshape(2, -1)
     expected = np.exp(flat) / np.exp(flat).sum(axis=1, keepdims=True)
     assert out.shape == (2, 3, 4)

@@ -3,10 +3,10 @@ LeakyReLU, softmax, one_hot, pick, take, split, slice, topk, sort, broadcast_*, 
 tile, repeat, flip, round, BlockGrad, Embedding, SequenceMask, ... and the NDArray methods.
 
 Every expected value below was produced by real MXNet 1.9.1 (CPU) running the same code,
-gradients included (``_with_grad``: the gradient of ``sum(y * w)`` for a fixed ``w``). Where
-mixrt keeps its own conventions on purpose (the NDArray docstring: a full reduction is 0-d,
-argmax is int64) the literal says so; MXNet's own bugs are checked against finite
-differences instead (selu's gradient below 0; sort's backward raises in MXNet).
+gradients included (``_with_grad``: the gradient of ``sum(y * w)`` for a fixed ``w``), shapes
+and dtypes too (a full reduction has shape (1,), argmax gives float32 indices, since
+2026-11-24). MXNet's own bugs are checked against finite differences instead (selu's
+gradient below 0; sort's backward raises in MXNet).
 """
 
 from __future__ import annotations
@@ -498,9 +498,9 @@ EXPECTED = {
     'dot_nd': ((3, 2, 3), 'float32', [[[-5.5, -6.5, -7.5], [2, 4, 6]], [[2, 4.75, 7.5], [-7, -8, -9]], [[11.5, 15.5, 19.5], [0, -2.25, -4.5]]]),
     'norm': [((3,), 'float32', [2.54951, 3.75, 4.25]), ((3, 4), 'float32', [[0.1961161, -0.5883484, 0.7844645, 0], [1.6, -0.1333333, 0.5333334, -1.066667], [1.058824, 1.764706, -2.117647, 0.5294118]])],
     'norm_l1': [((1, 4), 'float32', [[5, 4.25, 6, 2.75]]), ((3, 4), 'float32', [[1, -2, 3, 0], [1, -2, 3, -4], [1, 2, -3, 4]])],
-    'norm_all': ((), 'float32', 6.214901),
+    'norm_all': ((1,), 'float32', [6.214901]),
     'norm_tuple': ((3,), 'float32', [2.54951, 3.75, 4.25]),
-    'argmax': [((3,), 'int64', [2, 0, 1]), ((1, 4), 'int64', [[0, 0, 2, 1]])],
+    'argmax': [((3,), 'float32', [2, 0, 1]), ((1, 4), 'float32', [[0, 0, 2, 1]])],
     'tile': [((6, 4), 'float32', [[0.5, -1.5, 2, 0], [3, -0.25, 1, -2], [1.5, 2.5, -3, 0.75], [0.5, -1.5, 2, 0], [3, -0.25, 1, -2], [1.5, 2.5, -3, 0.75]]), ((3, 4), 'float32', [[4, 6, 8, 5], [7, 4, 6, 8], [5, 7, 4, 6]])],
     'tile_short': ((2, 4), 'float32', [[1, 2, 1, 2], [1, 2, 1, 2]]),
     'tile_long': ((1, 6), 'float32', [[1, 2, 1, 2, 1, 2]]),
@@ -557,7 +557,8 @@ def _numeric_grad(f, x0, eps=1e-6):
         up, down = x0.copy(), x0.copy()
         up[i] += eps
         down[i] -= eps
-        grad[i] = (f(nd.array(up)).asnumpy().sum() - f(nd.array(down)).asnumpy().sum()) / (2 * eps)
+        grad[i] = (f(nd.array(up, dtype="float64")).asnumpy().sum()
+                   - f(nd.array(down, dtype="float64")).asnumpy().sum()) / (2 * eps)
     return grad
 
 
@@ -574,7 +575,7 @@ def _numeric_grad(f, x0, eps=1e-6):
 ], ids=["selu", "elu", "gelu", "softrelu", "sort", "topk", "norm", "softmax", "repeat"])
 def test_gradients_match_finite_differences(f):
     x0 = np.array([[0.5, -1.5, 2.0, 0.3], [3.0, -0.25, 1.0, -2.0], [1.5, 2.5, -3.0, 0.75]])
-    x = nd.array(x0)
+    x = nd.array(x0, dtype="float64")  # nd.array's default is float32, as MXNet's
     x.attach_grad()
     with ag.record():
         y = f(x).sum()
@@ -620,7 +621,7 @@ def test_names_are_functions_and_methods_and_do_not_shadow_onnx_ops():
     assert x.softmax(0).shape == (3, 4)  # axis first, as mixrt's method had it
     np.testing.assert_allclose(x.softmax(axis=1, temperature=2.0).asnumpy(),
                                nd.softmax(x / 2.0).asnumpy(), rtol=1e-6)
-    assert x.norm().shape == ()
+    assert x.norm().shape == (1,)  # MXNet has no 0-d results
 
 
 # -- typed errors naming the argument -------------------------------------------------------------

@@ -1,8 +1,9 @@
 """mixrt.nd and mixrt.autograd against MXNet 1.9.1's imperative API, where a differential
 audit found mixrt silently returning something else. The expected values are MXNet's, as it
-printed them (written down here: MXNet is not needed to run these). The deliberate
-differences (0-d results of full reductions, bool comparisons, copies from indexing) are
-listed in mixrt/nd/ndarray.py's module docstring and are not tested against MXNet here."""
+printed them (written down here: MXNet is not needed to run these). Full reductions,
+comparisons, views from indexing and argmax's dtype follow MXNet since 2026-11-24
+(tests/test_mxnet_nd_semantics.py); the differences left are listed in
+mixrt/nd/ndarray.py's module docstring."""
 
 import numpy as np
 import pytest
@@ -214,13 +215,14 @@ def test_reshape_is_recorded():
 
 def test_argmax_argmin_default_to_the_flattened_array():
     x = _x()
-    assert x.argmax().asnumpy().tolist() == 4 and x.argmax().shape == ()  # MXNet [4.]
-    assert x.argmin().asnumpy().tolist() == 1  # MXNet [1.]
+    assert x.argmax().asnumpy().tolist() == [4] and x.argmax().shape == (1,)  # MXNet [4.]
+    assert x.argmax().dtype == np.float32
+    assert x.argmin().asnumpy().tolist() == [1]  # MXNet [1.]
     assert x.argmax(keepdims=True).shape == (1, 1)  # MXNet (1, 1)
     assert x.argmax(axis=1).asnumpy().tolist() == [2, 1]
-    assert nd.array([1, 3, 3, 0]).argmax().asnumpy().tolist() == 1  # first of the ties
+    assert nd.array([1, 3, 3, 0]).argmax().asnumpy().tolist() == [1]  # first of the ties
     cube = nd.array(np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 11.5)
-    assert cube.argmin().asnumpy().tolist() == 0 and cube.argmax().asnumpy().tolist() == 23
+    assert cube.argmin().asnumpy().tolist() == [0] and cube.argmax().asnumpy().tolist() == [23]
 
 
 # -- where with a 1-D condition ---------------------------------------------------------------

@@ -28,79 +28,18 @@ _autograd._connect_dispatcher()
 OPERATORS = install(globals(), generate(dispatch.make_function))
 
 
-# -- making arrays --------------------------------------------------------------------------
+# -- making arrays (MXNet's names and float32 default: mixrt/nd/creation.py) ------------------
 
-def array(source, ctx=None, dtype=None) -> NDArray:
-    """An NDArray holding a copy of ``source`` (NumPy keeps its dtype; lists and numbers
-    become float32, as in MXNet, unless ``dtype`` says otherwise)."""
-    ctx = as_context(ctx)
-    if isinstance(source, NDArray):
-        source = source.asnumpy()
-    elif hasattr(source, "__dlpack__") and not isinstance(source, np.ndarray):
-        source = np.asarray(source)
-    if dtype is None and not isinstance(source, (np.ndarray, np.generic)):
-        dtype = np.float32
-    try:
-        host = np.array(source, dtype=dtype, copy=True)
-    except (TypeError, ValueError) as exc:  # ragged lists, strings, unknown dtypes
-        raise InputError(f"array: cannot make an array of {type(source).__name__} "
-                         f"{str(source)[:60]}: {exc}") from exc
-    if host.dtype.kind not in "biufc":
-        raise InputError(f"array: {host.dtype} data is not numbers")
-    return NDArray(ctx.device.put(host) if ctx.device.kind != "cpu" else host, ctx)
-
-
-def _shape(shape) -> tuple:
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(int(d) < 0 for d in shape):
-        raise InputError(f"shape {shape} has a negative dimension")
-    return shape
-
-
-def _filled(fill, shape, ctx, dtype) -> NDArray:
-    ctx = as_context(ctx)
-    shape = _shape(shape)
-    with ctx.device.active():  # a GPU array is made on the current GPU
-        return NDArray(ctx.xp.full(shape, fill, dtype=np.dtype(dtype or np.float32)), ctx)
-
-
-def zeros(shape, ctx=None, dtype=None) -> NDArray:
-    return _filled(0, shape, ctx, dtype)
-
-
-def ones(shape, ctx=None, dtype=None) -> NDArray:
-    return _filled(1, shape, ctx, dtype)
-
-
-def full(shape, val, ctx=None, dtype=None) -> NDArray:
-    return _filled(val, shape, ctx, dtype)
-
-
-def empty(shape, ctx=None, dtype=None) -> NDArray:
-    ctx = as_context(ctx)
-    shape = _shape(shape)
-    with ctx.device.active():
-        return NDArray(ctx.xp.empty(shape, dtype=np.dtype(dtype or np.float32)), ctx)
-
-
-def arange(start, stop=None, step=1.0, ctx=None, dtype=None) -> NDArray:
-    ctx = as_context(ctx)
-    with ctx.device.active():
-        return NDArray(ctx.xp.arange(start, stop, step, dtype=np.dtype(dtype or np.float32)),
-                       ctx)
-
-
-def zeros_like(other: NDArray) -> NDArray:
-    return other.zeros_like()
-
-
-def ones_like(other: NDArray) -> NDArray:
-    return other.ones_like()
+from mixrt.nd.creation import (arange, array, empty, eye, from_numpy, full,  # noqa: E402
+                               identity, linspace, ones, ones_like, zeros, zeros_like)
 
 
 def from_dlpack(source) -> NDArray:
     """An NDArray sharing ``source``'s memory (a NumPy, CuPy or PyTorch tensor, anything
-    with ``__dlpack__``): no copy, on the device the producer says it lives on."""
+    with ``__dlpack__``, or a DLPack capsule as ``to_dlpack_for_read`` gives): no copy, on
+    the device the producer says it lives on."""
+    if type(source).__name__ == "PyCapsule":
+        return _from_capsule(source)
     device_type, device_id = source.__dlpack_device__()
     if int(device_type) == 1:  # kDLCPU
         return NDArray(np.from_dlpack(source), as_context("cpu"))
@@ -110,7 +49,36 @@ def from_dlpack(source) -> NDArray:
     raise InputError(f"from_dlpack: device type {device_type} is neither the CPU nor CUDA")
 
 
+class _HostCapsule:
+    """A bare DLPack capsule, offered to NumPy as host memory (NumPy refuses it, without
+    using it up, when the tensor lives on a GPU)."""
+
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **_kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def _from_capsule(capsule) -> NDArray:
+    try:
+        return NDArray(np.from_dlpack(_HostCapsule(capsule)), as_context("cpu"))
+    except (BufferError, RuntimeError, TypeError):
+        import cupy  # noqa: PLC0415  (a GPU tensor: CuPy is there)
+        data = cupy.from_dlpack(capsule)
+        return NDArray(data, as_context(f"gpu:{data.device.id}"))
+
+
 def to_dlpack_for_read(array: NDArray):
+    """A DLPack capsule of ``array``'s memory (MXNet's; pass it to ``from_dlpack``)."""
+    return array.__dlpack__()
+
+
+def to_dlpack_for_write(array: NDArray):
+    """As ``to_dlpack_for_read``: the consumer may write through it."""
     return array.__dlpack__()
 
 
@@ -132,6 +100,8 @@ from mixrt.nd import array_layers as _layers  # noqa: E402  (MXNet's layer opera
 from mixrt.runtime.engine import get_engine
 globals().update({_name: getattr(_layers, _name)
                   for _name in _layers.FUNCTIONS + _layers.EXTENDED})
+from mixrt.nd import random  # noqa: E402  (MXNet's samplers, and nd.random_uniform, ...)
+globals().update(random.FLAT)
 
 
 def reshape(data, shape, reverse: bool = False) -> NDArray:
@@ -151,10 +121,23 @@ def where(condition, x, y):
                                  f"picks rows, and x has {like.shape[0]} (shape {like.shape})")
             condition = condition.reshape((-1,) + (1,) * (like.ndim - 1))
     if isinstance(condition, NDArray) and condition.dtype != np.bool_:
-        condition = condition != 0  # MXNet's numeric conditions; ONNX's Where takes bool
+        # MXNet's numeric conditions (non-zero is true); ONNX's Where takes bool
+        condition = dispatch.invoke("", "Not", [condition._binary("Equal", 0)], {})
     return _where(condition, x, y)
 
 
-__all__ = ["NDArray", "array", "zeros", "ones", "full", "empty", "arange", "zeros_like",
-           "ones_like", "from_dlpack", "waitall", "dot", "concat", "stack", "where",
+__all__ = ["NDArray", "from_dlpack", "to_dlpack_for_read", "to_dlpack_for_write",
+           "waitall", "dot", "concat", "stack", "where",
            *OPERATORS, *_mx.FUNCTIONS, *_layers.FUNCTIONS]
+
+
+# -- the rest of MXNet 1.x's mx.nd: reductions giving (1,), files, math, shapes, linalg ------
+
+from mixrt.nd import contrib, linalg  # noqa: E402  (nd.contrib.*, nd.linalg.*)
+from mixrt.nd import creation as _creation, reductions as _reductions  # noqa: E402
+from mixrt.nd import serialization as _files  # noqa: E402
+for _module in (_creation, _reductions, _files):
+    globals().update({_name: getattr(_module, _name) for _name in _module.FUNCTIONS})
+    __all__ += _module.FUNCTIONS
+globals().update({f"linalg_{_name}": getattr(linalg, _name) for _name in linalg.FUNCTIONS})
+__all__ += ["contrib", "linalg", *(f"linalg_{_name}" for _name in linalg.FUNCTIONS)]

@@ -22,7 +22,8 @@ def one_hot(indices, depth=None, on_value=1.0, off_value=0.0, dtype="float32", n
     dtype = _dtype(fn, "dtype", dtype)
     indices = _index_array(fn, "indices", indices, _array(fn, "indices", indices).ctx)
     ctx = indices.ctx
-    outside = _op("Or", [indices < 0, indices >= depth])
+    outside = _op("Or", [_op("Less", [indices, _ints([0], ctx).reshape(())]),
+                         _op("GreaterOrEqual", [indices, _ints([depth], ctx).reshape(())])])
     indices = _op("Where", [outside, _ints([depth], ctx).reshape(()), indices])
     # one column more, where the outside indices land, dropped after
     values = _made_on(ctx, "asarray", [off_value, on_value], dtype=dtype)
@@ -227,21 +228,24 @@ def _paused():
 
 
 def argmax(data, axis=None, keepdims=False, name=None):
-    """Indices of the largest entries along ``axis`` (``None``: the flattened data). int64,
-    as ``NDArray.argmax`` (MXNet's are floats)."""
-    data = _array("argmax", "data", data)
-    if axis is not None:
-        axis = _axis("argmax", axis, data.ndim)
-    return data.argmax(axis=axis, keepdims=keepdims)
+    """Indices of the largest entries along ``axis`` (``None``: the flattened data, shape
+    ``(1,)``), as floats of the data's dtype, as MXNet's."""
+    return _arg_index("argmax", data, axis, keepdims)
 
 
 def argmin(data, axis=None, keepdims=False, name=None):
-    """Indices of the smallest entries along ``axis`` (``None``: the flattened data). int64,
-    as ``NDArray.argmin`` (MXNet's are floats)."""
-    data = _array("argmin", "data", data)
+    """Indices of the smallest entries along ``axis``, as ``argmax``."""
+    return _arg_index("argmin", data, axis, keepdims)
+
+
+def _arg_index(fn: str, data, axis, keepdims: bool):
+    data = _array(fn, "data", data)
     if axis is not None:
-        axis = _axis("argmin", axis, data.ndim)
-    return data.argmin(axis=axis, keepdims=keepdims)
+        axis = _axis(fn, axis, data.ndim)
+    index = getattr(data, fn)(axis=axis, keepdims=keepdims)
+    if axis is None and not keepdims and index.shape != (1,):
+        index = index.reshape((1,))
+    return index if index.dtype == data.dtype else index.astype(data.dtype)
 
 
 # -- shapes ------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ array's device and, under ``autograd.record()``, its gradient flows through the 
 gradient definitions). Where MXNet's result differs from the ONNX op's (``round`` rounds half
 away from zero, ``one_hot`` of a negative index is all ``off_value``, ``topk`` indices are
 float32 by default) the composition follows MXNet. Bad arguments raise ``InputError`` naming
-the argument. Conventions of mixrt's NDArray still hold (see its docstring): a reduction over
-every axis gives shape ``()``, ``argmax``/``argmin`` give int64 indices.
+the argument. As in MXNet (see NDArray's docstring), a reduction over every axis gives
+shape ``(1,)`` and ``argmax``/``argmin`` give indices as floats of the data's dtype.
 
 The names that are NDArray methods in MXNet (``x.split``, ``x.topk``, ``x.pick``, ...) are
 attached to ``NDArray`` at import (``METHODS``).
@@ -30,6 +30,7 @@ from mixrt.nd.mxnet_args import (_array, _axis, _dtype, _index_array, _int, _inv
 from mixrt.nd.mxnet_indexing import (_paused, argmax, argmin, argsort, flip,  # noqa: F401
                                      one_hot, pick, reverse, slice, slice_axis, sort, split,
                                      take, topk)  # (in FUNCTIONS and METHODS below)
+from mixrt.nd import mxnet_math as _math, mxnet_shape as _shape
 from mixrt.nd.ndarray import NDArray
 
 
@@ -58,7 +59,7 @@ def _softmax(fn, op_type, data, length, axis, temperature, dtype, use_length):
                          f"{expected}, got {length.shape}")
     positions = _made_on(data.ctx, "arange", data.shape[axis], dtype=np.int64).reshape(
         (-1,) + (1,) * (data.ndim - 1 - axis))
-    mask = positions < length.expand_dims(axis)
+    mask = _op("Less", [positions, length.expand_dims(axis)])  # bool, for Where
     low = _scalar(-np.inf, data)
     out = _op(op_type, [_op("Where", [mask, data, low])], axis=axis)
     return _op("Where", [mask, out, _scalar(0, data)])
@@ -78,6 +79,13 @@ def log_softmax(data, axis=-1, temperature=None, dtype=None, use_length=False, l
     entries are 0 here)."""
     return _softmax("log_softmax", "LogSoftmax", data, length, axis, temperature, dtype,
                     use_length)
+
+
+def softmin(data, axis=-1, temperature=None, dtype=None, use_length=False, length=None,
+            name=None):
+    """MXNet's ``softmin``: ``softmax`` of ``-data`` (the smallest entries weigh most)."""
+    data = _array("softmin", "data", data)
+    return softmax(_op("Neg", [data]), length, axis, temperature, dtype, use_length)
 
 
 def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0,
@@ -104,7 +112,7 @@ def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.
     steps = _made_on(data.ctx, "arange", data.shape[axis], dtype=np.float64)
     steps = steps.reshape((-1, 1) if axis == 0 else (1, -1))
     lengths = lengths.astype(np.float64).reshape((1, -1) if axis == 0 else (-1, 1))
-    mask = steps < lengths
+    mask = _op("Less", [steps, lengths])  # bool, for Where
     mask = mask.reshape(mask.shape + (1,) * (data.ndim - 2))
     return _op("Where", [mask, data, _scalar(value, data)])
 
@@ -234,7 +242,7 @@ def repeat(data, repeats, axis=None, name=None):
 def dot(lhs, rhs, transpose_a=False, transpose_b=False, forward_stype=None, name=None):
     """MXNet's ``dot``: for 2-D arrays the matrix product; for N-D, the last axis of ``lhs``
     with the first of ``rhs`` (``transpose_a``/``transpose_b`` reverse all of an array's
-    axes first). Two vectors give a 0-d array (MXNet: shape (1,))."""
+    axes first). Two vectors give shape ``(1,)``, as MXNet."""
     fn = "dot"
     lhs, rhs = _array(fn, "lhs", lhs), _array(fn, "rhs", rhs)
     if lhs.ndim == 0 or rhs.ndim == 0:
@@ -248,6 +256,8 @@ def dot(lhs, rhs, transpose_a=False, transpose_b=False, forward_stype=None, name
         raise InputError(f"{fn}: lhs's last axis ({lhs.shape}) must match rhs's first "
                          f"({rhs.shape})" + (" after transpose_a/transpose_b"
                                              if transpose_a or transpose_b else ""))
+    if lhs.ndim == 1 and rhs.ndim == 1:
+        return _op("MatMul", [lhs, rhs]).reshape((1,))
     if lhs.ndim <= 2 and rhs.ndim <= 2:
         return _op("MatMul", [lhs, rhs])
     out_shape = lhs.shape[:-1] + rhs.shape[1:]
@@ -280,7 +290,7 @@ def batch_dot(lhs, rhs, transpose_a=False, transpose_b=False, forward_stype=None
 
 def norm(data, ord=2, axis=None, out_dtype=None, keepdims=False, name=None):  # noqa: A002
     """MXNet's ``norm``: the L1 (``ord=1``) or L2 (``ord=2``) norm over ``axis`` (an int or
-    a tuple; ``None``: every axis, a 0-d result unless ``keepdims``)."""
+    a tuple; ``None``: every axis, shape ``(1,)`` unless ``keepdims``)."""
     fn = "norm"
     data = _array(fn, "data", data)
     if ord not in (1, 2):
@@ -291,6 +301,8 @@ def norm(data, ord=2, axis=None, out_dtype=None, keepdims=False, name=None):  # 
         axes = [_axis(fn, a, data.ndim) for a in _tuple(fn, "axis", axis)]
         inputs.append(_ints(axes, data.ctx))
     out = _op("ReduceL1" if ord == 1 else "ReduceL2", inputs, **attributes)
+    if out.ndim == 0:
+        out = out.reshape((1,))  # MXNet has no 0-d results
     if out_dtype is not None:
         out = out.astype(_dtype(fn, "out_dtype", out_dtype))
     return out
@@ -348,19 +360,29 @@ def BlockGrad(data, name=None):
 stop_gradient = BlockGrad
 
 
-FUNCTIONS = ["softmax", "log_softmax", "SequenceMask", "one_hot", "pick", "take", "split",
-             "slice_axis",
-             "slice", "flip", "reverse", "topk", "sort", "argsort", "argmax", "argmin",
-             "broadcast_to", "broadcast_like", "broadcast_axis",
+broadcast_axes = broadcast_axis  # MXNet's other name for it
+
+
+FUNCTIONS = ["softmax", "log_softmax", "softmin", "SequenceMask", "one_hot", "pick", "take",
+             "split", "slice_axis", "slice", "flip", "reverse", "topk", "sort", "argsort",
+             "argmax", "argmin", "broadcast_to", "broadcast_like", "broadcast_axis",
+             "broadcast_axes",
              *(f"broadcast_{n}" for n in _BROADCASTS), "tile", "repeat", "dot", "batch_dot",
              "norm", "abs", "sign", "floor", "ceil", "rint", "round", "fix", "trunc",
              "BlockGrad", "stop_gradient"]
 
 # NDArray methods in MXNet (x.topk(k=2) is topk(x, k=2))
 METHODS = ["split", "topk", "pick", "one_hot", "take", "slice_axis", "slice", "broadcast_to",
-           "broadcast_like", "broadcast_axis", "norm", "tile", "repeat", "flip", "sort",
+           "broadcast_like", "broadcast_axis", "broadcast_axes", "norm", "tile", "repeat", "flip", "sort",
            "argsort", "abs", "sign", "floor", "ceil", "round", "rint", "fix", "trunc", "softmax",
-           "log_softmax"]
+           "log_softmax", "softmin"]
+
+# MXNet's elementwise math and binary names (mxnet_math.py) and shape names
+# (mxnet_shape.py): functions here (so mixrt.sym traces them too) and methods
+for _module in (_math, _shape):
+    globals().update({_name: getattr(_module, _name) for _name in _module.FUNCTIONS})
+    FUNCTIONS += _module.FUNCTIONS
+    METHODS += _module.METHODS
 
 
 def _softmax_method(self, axis=-1, length=None, temperature=None, dtype=None,

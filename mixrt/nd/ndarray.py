@@ -8,24 +8,30 @@ Under ``autograd.record()`` each op leaves a node on the tape; an array remember
 that made it (``_entry``) and counts its in-place writes (``_version``), so a backward pass can
 tell when a value it saved was overwritten since.
 
-Where it differs from MXNet 1.x's NDArray, on purpose (NumPy's conventions, which ONNX and
-``mixrt.sym`` share):
+MXNet 1.x's semantics, which its users' code relies on (``tests/test_mxnet_nd_semantics.py``
+checks them against MXNet 1.9.1):
 
-* a reduction over every axis (``x.sum()``, ``x.norm()``, ``nd.dot`` of two vectors), an
-  integer index of a vector (``x[1]`` of a 1-D ``x``) and ``squeeze`` of an all-ones shape
-  give a 0-d array, shape ``()``; MXNet has no 0-d arrays and gives shape ``(1,)``;
-* comparisons (``x > 0``, ``x == y``) give bool arrays, MXNet's give 0/1 in ``x``'s dtype;
-  a bool array used in arithmetic is cast first (``(x > 0) * x`` is float32, as in MXNet;
-  see ``dispatch._numeric_bools``), and one can index (``x[x > 0]``, a NumPy mask);
-* ``x[key]`` is always a copy; MXNet's ``x[i]`` and ``x[i:j]`` are views that share ``x``'s
-  memory (writing ``x[1:2][:] = 0`` changes ``x`` there, not here: write ``x[1:2] = 0``);
-* ``argmax``/``argmin`` give int64 indices (MXNet's are floats of ``x``'s dtype);
-* ``nd.array`` of a NumPy array keeps its dtype (MXNet's makes float32);
+* basic indexing whose selection is one contiguous run of memory (``x[1]``, ``x[1:3]``,
+  ``x[1, 2:4]``) gives a view: ``x[1:2][:] = 0`` writes into ``x`` (``views.py`` has the
+  rule); other keys copy. ``reshape`` is a view too; every other op's result owns its memory
+  (``dispatch._own``). A view and its base share one version counter and engine tag, so a
+  write through either counts against both: a backward pass that saved one refuses to use
+  a value written since, and engine work on one waits for work on the other;
+* an integer index of a vector and a reduction over every axis give shape ``(1,)``
+  (``reductions.py``), as MXNet has no 0-d results there;
+* comparisons (``x > 0``, ``x == y``) give 0/1 in the arrays' dtype (float32), and so do
+  ``argmax``/``argmin`` (their indices as floats of ``x``'s dtype, as MXNet);
+* ``nd.array`` makes float32 unless ``dtype`` is given or the source is an NDArray
+  (``creation.py``).
+
+Where it still differs, on purpose:
+
 * arrays of two float dtypes are promoted (MXNet raises); two other dtypes raise, as there;
 * an op given a dtype its ONNX definition does not take raises ``InputError``: ``sqrt``,
   ``exp`` or ``sigmoid`` of an int32 array (MXNet computes them in the integers,
   ``sqrt(2) == 1``; NumPy would promote to float64). ``where`` still takes a numeric
-  condition, as in MXNet (non-zero is true).
+  condition, as in MXNet (non-zero is true);
+* ``float(x)`` and ``int(x)`` of a one-element array work (MXNet 1.9 raises TypeError).
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from mixrt.array_methods import ArrayMethods
 from mixrt.autograd.arrays import use_array_type
 from mixrt.context import as_context, Context
 from mixrt.base.errors import DeviceMismatchError, GradientError, InputError
-from mixrt.ops.device import add_at, to_host
+from mixrt.nd import views
+from mixrt.nd.array_functions import CopyToDevice, FloorMod, Index
+from mixrt.ops.device import to_host
 from mixrt.ops.shape import shape_mxnet
 from mixrt.runtime.engine import get_engine
 
@@ -59,8 +67,8 @@ def _on_its_device(method):
 
 
 class NDArray(ArrayMethods):
-    __slots__ = ("_data", "ctx", "_var", "_entry", "_version", "_grad", "_grad_req",
-                 "_on_grad", "__weakref__")
+    __slots__ = ("_data", "ctx", "_var", "_entry", "_versions", "_base", "_grad",
+                 "_grad_req", "_on_grad", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
 
     def __init__(self, data, ctx: Context):
@@ -73,7 +81,8 @@ class NDArray(ArrayMethods):
         self.ctx = ctx
         self._var = None  # the engine tag, made the first time engine work touches the array
         self._entry = None  # (tape node, output index) when autograd recorded its making
-        self._version = 0
+        self._versions = [0]  # in-place writes so far; one list shared with views
+        self._base = None  # the array whose memory this one views (MXNet's basic indexing)
         self._grad = None
         self._grad_req = "null"
         self._on_grad = None  # called with this array once backward stored its gradient
@@ -81,8 +90,9 @@ class NDArray(ArrayMethods):
     # -- engine synchronisation ----------------------------------------------------------
 
     def _read(self):
-        if self._var is not None:
-            _engine().wait_to_read(self._var)
+        var = self._var if self._base is None else self._base._var
+        if var is not None:
+            _engine().wait_to_read(var)
         return self._data
 
     def _write(self):
@@ -92,13 +102,30 @@ class NDArray(ArrayMethods):
                 "in-place write to an array autograd is recording (it was computed under "
                 "record() or has a gradient attached); write `y = x + v` instead of "
                 "`x += v`, or do the update under autograd.pause()")
-        if self._var is not None:
-            _engine().wait_to_write(self._var)
-        self._version += 1
+        var = self._var if self._base is None else self._base._var
+        if var is not None:
+            _engine().wait_to_write(var)
+        self._versions[0] += 1
         return self._data
 
+    @property
+    def _version(self) -> int:
+        """In-place writes to this array's memory so far (through it or a view)."""
+        return self._versions[0]
+
+    def _share_memory_of(self, source: "NDArray") -> "NDArray":
+        """Mark this array as a view of ``source``'s memory: one version counter and one
+        engine tag for both."""
+        root = source if source._base is None else source._base
+        self._base = root
+        self._versions = root._versions
+        return self
+
     def engine_var(self):
-        """This array's engine tag, for work pushed to ``mixrt.runtime.engine``."""
+        """This array's engine tag, for work pushed to ``mixrt.runtime.engine`` (a view's
+        is its base's)."""
+        if self._base is not None:
+            return self._base.engine_var()
         if self._var is None:
             self._var = _engine().new_var(f"ndarray{id(self):x}")
         return self._var
@@ -137,11 +164,18 @@ class NDArray(ArrayMethods):
     def stype(self) -> str:
         return "default"
 
+    @property
+    def writable(self) -> bool:
+        return True
+
     def __len__(self) -> int:
+        if not self.shape:
+            raise UnsizedArrayError("len() of a 0-d NDArray")
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"\n{self.asnumpy()!r}\n<NDArray {'x'.join(map(str, self.shape))} @{self.ctx}>"
+        """MXNet's: the values as NumPy prints them, then ``<NDArray 2x3 @cpu(0)>``."""
+        return f"\n{self.asnumpy()}\n<NDArray {'x'.join(map(str, self.shape))} @{self.ctx}>"
 
     __hash__ = object.__hash__  # == builds an array, so identity is the hash
 
@@ -156,12 +190,15 @@ class NDArray(ArrayMethods):
         return host.copy() if copy and host is data else host  # np.array(x) must not alias x
 
     def asscalar(self):
+        """The one element as a NumPy scalar of the array's dtype (MXNet's)."""
         if self.size != 1:
-            raise InputError(f"asscalar needs an array of one element, this one is "
-                             f"{self.shape}")
-        return self.asnumpy().reshape(()).item()
+            raise NotScalarError(f"asscalar needs an array of one element, this one is "
+                                 f"{self.shape}")
+        return self.asnumpy().reshape(())[()]
 
-    item = asscalar
+    def item(self):
+        """The one element as a Python number."""
+        return self.asscalar().item()
 
     def __float__(self) -> float:
         return float(self.asscalar())
@@ -175,6 +212,13 @@ class NDArray(ArrayMethods):
         return int(self.asscalar())
 
     def __bool__(self) -> bool:
+        """MXNet's rule: an empty array is false, one element is its truth, more are
+        ambiguous (``ValueError``)."""
+        if self.size == 0:
+            return False
+        if self.size > 1:
+            raise AmbiguousTruthError("The truth value of an NDArray with multiple elements "
+                                      "is ambiguous.")
         return bool(self.asscalar())
 
     def tolist(self) -> list:
@@ -191,6 +235,26 @@ class NDArray(ArrayMethods):
 
     def __dlpack_device__(self):
         return self._read().__dlpack_device__()
+
+    def to_dlpack_for_read(self):
+        """A DLPack capsule of this array's memory (MXNet's; ``nd.from_dlpack`` takes it)."""
+        return self.__dlpack__()
+
+    to_dlpack_for_write = to_dlpack_for_read
+
+    def tostype(self, stype: str) -> "NDArray":
+        """A copy in storage ``stype``; mixrt has only dense (``'default'``) so far."""
+        if stype != "default":
+            raise InputError(f"tostype: stype={stype!r}: mixrt has only dense ('default') "
+                             f"storage so far")
+        return self.copy()
+
+    def as_nd_ndarray(self) -> "NDArray":
+        return self
+
+    def as_np_ndarray(self):
+        raise InputError("as_np_ndarray: mixrt has no mx.np arrays; use asnumpy() for a "
+                         "NumPy copy")
 
     # -- moving and copying ------------------------------------------------------------
 
@@ -238,7 +302,9 @@ class NDArray(ArrayMethods):
         return ArrayMethods.astype(self, dtype)
 
     def detach(self) -> "NDArray":
-        """The same data, cut off from the recorded graph (no gradient flows through)."""
+        """The same memory, cut off from the recorded graph (no gradient flows through).
+        Its in-place writes are counted apart from this array's: a tape that reads the
+        detached array reads no gradient through it (BatchNorm's moving statistics)."""
         return NDArray(self._read(), self.ctx)
 
     # -- autograd ----------------------------------------------------------------------
@@ -276,10 +342,24 @@ class NDArray(ArrayMethods):
 
     def __mod__(self, other): return _mod(self, other)
     def __rmod__(self, other): return _mod(other, self)
-    def __eq__(self, other): return self._binary("Equal", other)
 
-    def __ne__(self, other):
-        return dispatch.invoke("", "Not", [self._binary("Equal", other)], {})
+    def _compare(self, op_type: str, other, negate: bool = False):
+        """MXNet's comparisons: 0/1 in the arrays' dtype (float32), not booleans."""
+        if other is None or isinstance(other, str):
+            return NotImplemented  # `x == None` is False, as for any object
+        result = self._binary(op_type, other)
+        if negate:
+            result = dispatch.invoke("", "Not", [result], {})
+        dtype = np.result_type(self.dtype, other.dtype) if isinstance(other, NDArray) \
+            else self.dtype
+        return result.astype(dtype)
+
+    def __eq__(self, other): return self._compare("Equal", other)
+    def __ne__(self, other): return self._compare("Equal", other, negate=True)
+    def __gt__(self, other): return self._compare("Greater", other)
+    def __lt__(self, other): return self._compare("Less", other)
+    def __ge__(self, other): return self._compare("GreaterOrEqual", other)
+    def __le__(self, other): return self._compare("LessOrEqual", other)
 
     def __neg__(self): return dispatch.invoke("", "Neg", [self], {})
     def __abs__(self): return dispatch.invoke("", "Abs", [self], {})
@@ -307,13 +387,17 @@ class NDArray(ArrayMethods):
 
     @_on_its_device
     def __getitem__(self, key) -> "NDArray":
-        """A copy of the selected part (see the module's notes: MXNet gives a view for an
-        integer or a slice). An NDArray of floats indexes as integers, as in MXNet."""
-        key = _raw_key(key, self.ctx)
+        """The selected part: a view of this array's memory where MXNet gives one (a
+        contiguous selection by integers and slices, ``views.py``), else a copy. A
+        selection of one element by integers has shape ``(1,)``. An NDArray of floats
+        indexes as integers, as in MXNet."""
+        key = views.mxnet_key(_raw_key(key, self.ctx), self.ndim)
         try:
-            return Index(key)(self)
+            view = views.basic_view(self._read(), key)
+            result = Index(key, view)(self)
         except (IndexError, TypeError, ValueError) as exc:
             raise _index_error(exc, "indexing", key, self.shape) from exc
+        return result if view is None else result._share_memory_of(self)
 
     @_on_its_device
     def __setitem__(self, key, value) -> None:
@@ -331,7 +415,7 @@ class NDArray(ArrayMethods):
             raise _index_error(exc, "setitem", key, self.shape) from exc
 
     def __iter__(self):
-        return (self[i] for i in range(self.shape[0]))
+        return (self[i] for i in range(len(self)))
 
     # -- MXNet's meanings where the shared methods (mixrt/array_methods.py) differ ---------
 
@@ -342,23 +426,21 @@ class NDArray(ArrayMethods):
         return self._op("Reshape", [self, self._int_tensor(target)], {})
 
     def argmax(self, axis=None, keepdims: bool = False) -> "NDArray":
-        """Indices of the largest values along ``axis``; ``axis=None`` (MXNet's default)
-        over the flattened array."""
-        if axis is None:
-            return ArrayMethods.argmax(self.reshape(-1), 0, False)._flat_index(self.ndim,
-                                                                                keepdims)
-        return ArrayMethods.argmax(self, axis, keepdims)
+        """Indices of the largest values along ``axis`` (``None``, MXNet's default: over the
+        flattened array, shape ``(1,)``), as floats of this array's dtype (MXNet's)."""
+        return self._arg_index(ArrayMethods.argmax, axis, keepdims)
 
     def argmin(self, axis=None, keepdims: bool = False) -> "NDArray":
-        """Indices of the smallest values along ``axis``; ``axis=None`` (MXNet's default)
-        over the flattened array."""
-        if axis is None:
-            return ArrayMethods.argmin(self.reshape(-1), 0, False)._flat_index(self.ndim,
-                                                                                keepdims)
-        return ArrayMethods.argmin(self, axis, keepdims)
+        """Indices of the smallest values along ``axis``, as ``argmax``."""
+        return self._arg_index(ArrayMethods.argmin, axis, keepdims)
 
-    def _flat_index(self, ndim: int, keepdims: bool) -> "NDArray":
-        return self.reshape((1,) * ndim) if keepdims else self
+    def _arg_index(self, method, axis, keepdims: bool) -> "NDArray":
+        if axis is None:
+            flat = method(self.reshape(-1), 0, False)
+            index = flat.reshape((1,) * self.ndim if keepdims else (1,))
+        else:
+            index = method(self, axis, keepdims)
+        return index.astype(self.dtype)
 
     # -- what the shared methods (mixrt/array_methods.py) run on ------------------------
 
@@ -379,21 +461,43 @@ class NDArray(ArrayMethods):
 
 
 def _raw_key(key, ctx: Context):
+    """``key`` with NDArrays as their data. As in MXNet, index arrays hold integers by
+    value: floats (``nd.array``'s default) are truncated and booleans are 0/1 (a mask
+    picks rows 0 and 1, it does not select)."""
     if isinstance(key, NDArray):
         if key.ctx != ctx:
             raise DeviceMismatchError(f"indexing: the index is on {key.ctx}, the array on "
                                       f"{ctx}; move it with .as_in_context({ctx})")
-        raw = key._read()
-        # MXNet's index arrays are usually float32 (nd.array's default): their values index
-        return raw.astype(np.int64) if raw.dtype.kind == "f" else raw
+        return _integer_index(key._read())
     if isinstance(key, tuple):
         return tuple(_raw_key(k, ctx) for k in key)
+    if isinstance(key, (bool, np.bool_)):
+        return int(key)
+    if isinstance(key, np.ndarray):
+        return _integer_index(key)
     return key
+
+
+def _integer_index(raw):
+    return raw.astype(np.int64) if raw.dtype.kind in "fb" else raw
 
 
 class IndexInputError(InputError, IndexError):
     """An index out of range or of a kind NDArray does not take; an ``IndexError`` too, as
     Python and MXNet raise."""
+
+
+class AmbiguousTruthError(InputError, ValueError):
+    """``bool()`` of an array of several elements; a ``ValueError`` too, as in MXNet."""
+
+
+class NotScalarError(InputError, ValueError):
+    """``asscalar()`` of an array that is not one element; a ``ValueError`` too, as in
+    MXNet."""
+
+
+class UnsizedArrayError(InputError, TypeError):
+    """``len()`` or iteration of a 0-d array; a ``TypeError`` too, as in NumPy."""
 
 
 def _index_error(exc, what: str, key, shape) -> InputError:
@@ -429,111 +533,6 @@ def _engine():
 
 
 dispatch.NDArray = NDArray
-
-
-# -- the NDArray operations that are not registered ops ----------------------------------------
-# indexing and device copies, written as autograd Functions so that gradients flow through
-
-class Index(autograd.Function):
-    """``x[key]``: NumPy indexing forward; backward adds the gradient into zeros at ``key``
-    (``add.at``, so an index that repeats gets every contribution)."""
-
-    def __init__(self, key):
-        super().__init__()
-        self.key = key
-
-    def forward(self, x: NDArray) -> NDArray:
-        self.source = (x.shape, x.dtype, x.ctx)
-        picked = x._read()[self.key]
-        xp = x.ctx.xp
-        return NDArray(picked.copy() if isinstance(picked, xp.ndarray) else xp.asarray(picked),
-                       x.ctx)
-
-    def backward(self, dy: NDArray) -> NDArray:
-        shape, dtype, _ = self.source
-        return IndexAdd(self.key, shape, dtype)(dy)  # a Function, so create_graph sees it
-
-
-class IndexAdd(autograd.Function):
-    """Index's backward: ``dy`` added into zeros at ``key``. Its own backward reads
-    ``key`` again, so gradients of gradients through indexing flow (autograd's
-    create_graph records this Function like any other)."""
-
-    def __init__(self, key, shape: tuple, dtype):
-        super().__init__()
-        self.key, self.shape, self.dtype = key, shape, dtype
-
-    def forward(self, dy: NDArray) -> NDArray:
-        xp = dy.ctx.xp
-        dx = xp.zeros(self.shape, dtype=self.dtype)
-        add_at(xp, dx, self.key, dy._read())
-        return NDArray(dx, dy.ctx)
-
-    def backward(self, ddx: NDArray) -> NDArray:
-        return Index(self.key)(ddx)
-
-
-class CopyToDevice(autograd.Function):
-    """The one way across devices; the gradient comes back to the source device."""
-
-    def __init__(self, ctx):
-        super().__init__()
-        self.ctx = ctx
-
-    def forward(self, x: NDArray) -> NDArray:
-        self.source = x.ctx
-        return _copied_to(x, self.ctx)
-
-    def backward(self, dy: NDArray) -> NDArray:
-        return _copied_to(dy, self.source)
-
-
-def _copied_to(x: NDArray, ctx) -> NDArray:
-    """A copy of ``x`` on ``ctx``, made there (``put`` leaves an array already there as it
-    is, and a GPU copy goes to the current GPU)."""
-    with ctx.device.active():
-        return NDArray(ctx.device.put(x._read()).copy(), ctx)
-
-
-class FloorMod(autograd.Function):
-    """``a % b`` of float arrays as MXNet (and Python) compute it: the result takes the sign
-    of ``b`` (``-1 % 2 == 1``; ``x % 0 == 0``, as MXNet). ONNX's ``Mod`` on floats is C's
-    ``fmod`` (the sign of ``a``) and has no gradient; this one has MXNet's: ``1`` for ``a``,
-    ``-floor(a / b)`` for ``b``. Either side may be a Python number (no gradient)."""
-
-    def forward(self, a, b):
-        like = a if isinstance(a, NDArray) else b
-        ctx = dispatch._common_context("Mod", [a, b])  # DeviceMismatchError for two devices
-        xp = ctx.xp
-        self.shapes = [v.shape if isinstance(v, NDArray) else None for v in (a, b)]
-        ra, rb = (v._read() if isinstance(v, NDArray) else xp.asarray(v, dtype=like.dtype)
-                  for v in (a, b))
-        self.saved = (ra, rb, ctx)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = xp.mod(ra, rb)
-            out = xp.where(rb == 0, xp.zeros((), dtype=out.dtype), out)
-        return NDArray(out, ctx)
-
-    def backward(self, dy: NDArray):
-        ra, rb, ctx = self.saved
-        xp, g = ctx.xp, dy._read()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            quotient = xp.where(rb == 0, xp.zeros((), dtype=g.dtype), xp.floor(ra / rb))
-        grads = (g, -g * quotient)
-        return tuple(None if shape is None else
-                     NDArray(_sum_to(xp, grad, shape).astype(raw.dtype), ctx)
-                     for grad, shape, raw in zip(grads, self.shapes, (ra, rb)))
-
-
-def _sum_to(xp, grad, shape):
-    """``grad`` summed over the axes broadcasting added to ``shape``."""
-    grad = xp.asarray(grad)
-    while grad.ndim > len(shape):
-        grad = grad.sum(axis=0)
-    for axis, size in enumerate(shape):
-        if size == 1 and grad.shape[axis] != 1:
-            grad = grad.sum(axis=axis, keepdims=True)
-    return xp.broadcast_to(grad, shape)
 
 
 use_array_type(NDArray)  # autograd hands its values back as NDArrays

@@ -372,7 +372,7 @@ def imperative_gradients(q, k, v, weights) -> list:
     for x in arrays:
         x.attach_grad()
     with autograd.record():
-        loss = (nd.Attention(*arrays, is_causal=1) * nd.array(weights)).sum()
+        loss = (nd.Attention(*arrays, is_causal=1) * nd.array(weights, dtype=np.float64)).sum()
     loss.backward()
     return [x.grad.asnumpy() for x in arrays]
 

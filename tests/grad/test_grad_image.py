@@ -18,6 +18,12 @@ from mixrt.runtime.passes.autodiff import gradient_graph
 
 from grad.gradcheck import check_gradient
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 rng = np.random.default_rng(5)
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 
@@ -308,14 +314,14 @@ def ctx(request):
 
 def test_nd_autograd_through_resize_matches_finite_differences(ctx):
     data = randn(1, 2, 3, 4)
-    scales = nd.array(f32(1, 1, 2, 1.5))
-    weights = nd.array(np.random.default_rng(2).standard_normal((1, 2, 6, 6)))
+    scales = _nd(f32(1, 1, 2, 1.5))
+    weights = _nd(np.random.default_rng(2).standard_normal((1, 2, 6, 6)))
 
     def loss_of(values):
-        return float((nd.Resize(nd.array(values), None, scales, mode="cubic") * weights)
-                     .sum().asnumpy())
+        return float((nd.Resize(_nd(values), None, scales, mode="cubic") * weights)
+                     .sum())
 
-    x = nd.array(data)
+    x = _nd(data)
     x.attach_grad()
     with autograd.record():
         loss = (nd.Resize(x, None, scales, mode="cubic") * weights).sum()
@@ -346,7 +352,7 @@ def conv_up_gradients(hybrid: bool, data: np.ndarray):
     block.initialize()
     if hybrid:
         block.hybridize()
-    x = nd.array(data)
+    x = _nd(data)
     x.attach_grad()
     with autograd.record():
         loss = (block(x) ** 2).sum()

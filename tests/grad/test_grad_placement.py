@@ -16,6 +16,12 @@ from mixrt.runtime.graph import Graph, Node, Value
 from grad.gradcheck import check_gradient
 from grad.test_grad_shape_index import check_symbolic_matches_static
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 rng = np.random.default_rng(29)
 
 
@@ -126,7 +132,7 @@ def test_max_unpool_with_repeated_indices_matches_onnxruntime():
 
 
 def test_eye_like_passes_nothing_back():
-    x = nd.array(randn(3, 4))
+    x = _nd(randn(3, 4))
     x.attach_grad()
     with autograd.record():
         y = (nd.EyeLike(x) * 2 + x).sum()
@@ -176,12 +182,12 @@ def _in_scan(k, j, exclusive, reverse):
 
 def _cum_prod_grad(x, dy, exclusive, reverse, ctx=None):
     options = {} if ctx is None else {"ctx": ctx}
-    data = nd.array(x, **options)
+    data = _nd(x, **options)
     data.attach_grad()
     with autograd.record():
-        y = nd.CumProd(data, nd.array(ints(1), **options), exclusive=exclusive,
+        y = nd.CumProd(data, _nd(ints(1), **options), exclusive=exclusive,
                        reverse=reverse)
-        (y * nd.array(dy, **options)).sum().backward()
+        (y * _nd(dy, **options)).sum().backward()
     return data.grad.asnumpy()
 
 
@@ -194,10 +200,10 @@ def test_cum_prod_gradient_on_the_gpu():
 
 
 def test_cum_prod_second_derivative_names_its_backward_kernel():
-    x = nd.array(randn(2, 3))
+    x = _nd(randn(2, 3))
     x.attach_grad()
     with autograd.record():
-        y = nd.CumProd(x, nd.array(ints(1)))
+        y = nd.CumProd(x, _nd(ints(1)))
         g = autograd.grad((y * y).sum(), [x], create_graph=True)[0]
         total = (g * g).sum()
     with pytest.raises(GradientError, match="CumProdGrad"):
@@ -212,12 +218,12 @@ def test_max_unpool_with_repeated_indices_on_the_gpu():
     x, dy = randn(1, 2, 2, 2), randn(1, 2, 4, 4)
 
     def forward_and_grad(**options):
-        data = nd.array(x, **options)
+        data = _nd(x, **options)
         data.attach_grad()
         with autograd.record():
-            y = nd.MaxUnpool(data, nd.array(indices, **options), kernel_shape=[3, 3],
+            y = nd.MaxUnpool(data, _nd(indices, **options), kernel_shape=[3, 3],
                              strides=[1, 1])
-            (y * nd.array(dy, **options)).sum().backward()
+            (y * _nd(dy, **options)).sum().backward()
         return y.asnumpy(), data.grad.asnumpy()
 
     for got, want in zip(forward_and_grad(ctx=mixrt.gpu(0)), forward_and_grad()):

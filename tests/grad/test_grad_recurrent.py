@@ -23,6 +23,12 @@ from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.training import TrainingProgram, mse, softmax_cross_entropy
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 rng = np.random.default_rng(3)
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTS = ROOT / "tests" / "data" / "torch_exports"
@@ -225,13 +231,13 @@ def test_second_derivatives_through_the_imperative_layer():
     """create_graph through nd.LSTM differentiates the layer unrolled (ops/rnn/rnn_expansion.py);
     its Hessian-vector product equals central differences of the fused first-order
     gradient, and the first-order gradient it returns is the fused kernel's."""
-    x = nd.array(randn(SEQ, BATCH, INPUT))
-    w, r = nd.array(randn(1, 4 * HIDDEN, INPUT)), nd.array(randn(1, 4 * HIDDEN, HIDDEN))
+    x = _nd(randn(SEQ, BATCH, INPUT))
+    w, r = _nd(randn(1, 4 * HIDDEN, INPUT)), _nd(randn(1, 4 * HIDDEN, HIDDEN))
     lengths = nd.array(np.array([4, 1, 3], np.int32), dtype=np.int32)
     v = randn(SEQ, BATCH, INPUT)
 
     def first_order(value, create_graph=False):
-        point = nd.array(value)
+        point = _nd(value)
         point.attach_grad()
         with autograd.record():
             y = nd.LSTM(point, w, r, None, lengths, hidden_size=HIDDEN)[0]
@@ -240,7 +246,7 @@ def test_second_derivatives_through_the_imperative_layer():
 
     point, grad = first_order(x.asnumpy(), create_graph=True)
     with autograd.record():
-        (grad * nd.array(v)).sum().backward()
+        (grad * _nd(v)).sum().backward()
     np.testing.assert_allclose(grad.asnumpy(), first_order(x.asnumpy())[1].asnumpy(),
                                rtol=1e-12)
     numeric = np.zeros_like(v)
@@ -298,7 +304,7 @@ def test_the_layer_matches_torch_autograd(kind):
     R = np.stack([_onnx_weights(getattr(layer, f"weight_hh_l0{s}"), kind) for s in suffixes])
     B = np.stack([np.concatenate([_onnx_weights(getattr(layer, f"bias_{p}_l0{s}"), kind)
                                   for p in ("ih", "hh")]) for s in suffixes])
-    args = [nd.array(a) for a in (x.detach().numpy(), W, R, B)]
+    args = [_nd(a) for a in (x.detach().numpy(), W, R, B)]
     for a in args:
         a.attach_grad()
     extra = {"linear_before_reset": 1} if kind == "GRU" else {}
@@ -306,7 +312,7 @@ def test_the_layer_matches_torch_autograd(kind):
         out = getattr(nd, kind)(*args, hidden_size=HIDDEN, direction="bidirectional",
                                 **extra)
         y_onnx = out[0] if isinstance(out, (list, tuple)) else out   # (seq, dirs, batch, h)
-        per_direction = nd.array(weights.numpy().reshape(SEQ, BATCH, 2, HIDDEN)
+        per_direction = _nd(weights.numpy().reshape(SEQ, BATCH, 2, HIDDEN)
                                  .transpose(0, 2, 1, 3))
         (y_onnx * per_direction).sum().backward()
     np.testing.assert_allclose(args[0].grad.asnumpy(), x.grad.numpy(), rtol=1e-9, atol=1e-12)

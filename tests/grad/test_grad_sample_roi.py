@@ -27,6 +27,12 @@ from mixrt.runtime.session import load_graph
 
 from grad.gradcheck import check_gradient
 
+
+def _nd(value, **kwargs):
+    """``nd.array`` keeping a NumPy array's dtype (these checks compute in float64);
+    ``nd.array``'s own default is float32, as MXNet's."""
+    return nd.array(value, dtype=getattr(value, "dtype", None), **kwargs)
+
 rng = np.random.default_rng(11)
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 
@@ -150,11 +156,11 @@ def test_a_gradient_penalty_on_the_grid_matches_torch_double_backward(mode, padd
     torch = pytest.importorskip("torch")
     x0, g0 = randn(1, 2, 5, 6), rng.uniform(-1.1, 1.1, (1, 3, 4, 2))
     w0 = randn(1, 2, 3, 4)
-    x, grid = nd.array(x0), nd.array(g0)
+    x, grid = _nd(x0), _nd(g0)
     x.attach_grad()
     grid.attach_grad()
     with autograd.record():
-        loss = (nd.GridSample(x, grid, mode=mode, padding_mode=padding_mode) * nd.array(w0)).sum()
+        loss = (nd.GridSample(x, grid, mode=mode, padding_mode=padding_mode) * _nd(w0)).sum()
         dgrid = autograd.grad(loss, [grid], create_graph=True)[0]
         penalty = (dgrid * dgrid).sum()
     penalty.backward()
