@@ -1,229 +1,315 @@
-"""Data iterators: ``NDArrayIter`` over in-memory arrays (shuffling, padding, per-worker
-sharding) and ``PrefetchingIter`` that prepares the next batches on a background thread.
+"""MXNet's data iterators (``mx.io``): ``DataDesc``, ``DataBatch``, ``DataIter``,
+``NDArrayIter``, ``CSVIter``, ``ResizeIter`` and ``PrefetchingIter``, as MXNet 1.9 serves
+their batches (lists of NDArrays, ``pad``, ``provide_data``/``provide_label``).
 
-Sharding gives every worker the same number of batches: the dataset is cut into
-``num_parts`` equal shares after one shuffle that every worker computes identically from the
-shared seed, and the remainder (fewer than ``num_parts`` samples) is left out of that epoch.
-Unequal batch counts would make a synchronous data-parallel job wait forever for the worker
-with more batches.
+    it = mixrt.io.NDArrayIter(x, y, batch_size=32, shuffle=True, last_batch_handle="pad")
+    for batch in it:
+        batch.data[0], batch.label[0], batch.pad
+    it.reset()
+
+MXNet's C++ iterators (``ImageRecordIter``, ``MNISTIter``, ``LibSVMIter``, ...,
+``MXDataIter``) are not provided: calling one raises an InputError that says so.
+``NDArrayIter``'s sharding and resumable state are mixrt's (``mixrt/io_ndarray.py``).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt import random_streams as mixrt_random
-from mixrt.base.errors import InputError
-
-LAST_BATCH = ("pad", "discard", "roll_over")
-
-
-@dataclass
-class DataBatch:
-    """One batch: ``data`` and ``label`` arrays; ``pad`` samples at the end are repeats that
-    metrics must not count."""
-
-    data: np.ndarray
-    label: np.ndarray | None
-    pad: int = 0
+from mixrt import nd
+from mixrt.base.errors import InputError, ModelLoadError
+from mixrt.io_base import DataBatch, DataDesc, DataIter, read_ahead  # noqa: F401
+from mixrt.io_ndarray import LAST_BATCH, NDArrayIter  # noqa: F401
 
 
-class NDArrayIter:
-    """Batches of ``data`` (and ``label``) along axis 0.
+class ResizeIter(DataIter):
+    """``data_iter`` cut or stretched to ``size`` batches an epoch (restarting it when it
+    runs out); ``reset_internal`` resets it with this one."""
 
-    ``shuffle`` reorders every epoch from a generator seeded by ``seed`` (default: drawn from
-    :func:`mixrt.random.generator`, so ``mixrt.random.seed`` fixes it); ``last_batch``
-    (``last_batch_handle``, MXNet's name for it) ``"pad"`` fills the last batch with samples
-    from the start, ``"discard"`` drops it, ``"roll_over"`` keeps the samples left over at
-    the end of an epoch for the first batch of the next; ``num_parts``/``part_index`` select
-    this worker's share. Every worker's share has the same size, so every worker runs the
-    same number of batches in each epoch, whichever ``last_batch``."""
-
-    def __init__(self, data, label=None, batch_size: int = 32, *, shuffle: bool = False,
-                 last_batch: str | None = None, num_parts: int = 1, part_index: int = 0,
-                 seed: int | None = None, last_batch_handle: str | None = None):
-        self.data = np.asarray(data)
-        self.label = None if label is None else np.asarray(label)
-        last_batch = _last_batch(last_batch, last_batch_handle)
-        _check_arguments(self.data, self.label, batch_size, last_batch, num_parts, part_index)
-        self.batch_size, self.shuffle, self.last_batch = int(batch_size), shuffle, last_batch
-        self.num_parts, self.part_index = int(num_parts), int(part_index)
-        if seed is None:
-            seed = int(mixrt_random.generator().integers(0, 2 ** 63))
-        self._rng = np.random.default_rng(seed)
-        self._order = np.arange(0)
-        self._position = 0
-        self.reset()
-
-    # -- epochs --------------------------------------------------------------------------
-
-    @property
-    def share(self) -> int:
-        """Samples this worker sees per epoch (the same on every worker)."""
-        return len(self.data) // self.num_parts
-
-    @property
-    def num_batches(self) -> int:
-        """Batches in this epoch (under roll_over, the samples carried over count)."""
-        return self._batches_of(len(self._order))
-
-    def _batches_of(self, samples: int) -> int:
-        full, rest = divmod(samples, self.batch_size)
-        return full + (1 if rest and self.last_batch == "pad" else 0)
-
-    def reset(self) -> None:
-        """Start a new epoch (reshuffled when ``shuffle``). Under roll_over the samples an
-        epoch run to its end left unserved come first."""
-        order = self._rng.permutation(len(self.data)) if self.shuffle else \
-            np.arange(len(self.data))
-        start = self.part_index * self.share
-        carried = self._left_over()
-        self._order = np.concatenate([carried, order[start:start + self.share]])
-        self._position = 0
-
-    def _left_over(self) -> np.ndarray:
-        finished = len(self._order) and self._position >= self.num_batches
-        if self.last_batch != "roll_over" or not finished:
-            return np.zeros(0, dtype=np.int64)
-        return self._order[self.num_batches * self.batch_size:]
-
-    def __iter__(self):
-        return self
+    def __init__(self, data_iter, size, reset_internal=True):
+        super().__init__()
+        self.data_iter, self.size, self.reset_internal = data_iter, size, reset_internal
+        self.cur = 0
+        self.current_batch = None
+        self.provide_data = data_iter.provide_data
+        self.provide_label = data_iter.provide_label
+        self.batch_size = data_iter.batch_size
+        if hasattr(data_iter, "default_bucket_key"):
+            self.default_bucket_key = data_iter.default_bucket_key
 
     def __len__(self) -> int:
-        return self.num_batches
+        return self.size
 
-    def __next__(self) -> DataBatch:
-        if self._position >= self.num_batches:
-            raise StopIteration
-        start = self._position * self.batch_size
-        picked = self._order[start:start + self.batch_size]
-        pad = self.batch_size - len(picked)
-        if pad:
-            picked = np.concatenate([picked, self._order[:pad]])
-        self._position += 1
-        label = None if self.label is None else self.label[picked]
-        return DataBatch(self.data[picked], label, pad)
+    def reset(self):
+        self.cur = 0
+        if self.reset_internal:
+            self.data_iter.reset()
 
-    # -- resuming ------------------------------------------------------------------------
-
-    def state(self) -> dict:
-        """JSON-able state: the shuffle generator and the position in the epoch."""
-        return {"rng": self._rng.bit_generator.state, "order": self._order.tolist(),
-                "position": self._position}
-
-    def set_state(self, state: dict) -> None:
-        """Resume from :meth:`state` (read back from a checkpoint). A state this iterator
-        could not have written (another dataset size, sharding or batch size, a damaged
-        file) is an ``InputError`` naming the key, and changes nothing."""
-        if not isinstance(state, dict) or not {"rng", "order", "position"} <= set(state):
-            raise InputError(f"iterator state must be a dict with 'rng', 'order' and "
-                             f"'position', got {_brief(state)}")
-        order = self._checked_order(state["order"])
-        position = state["position"]
-        if isinstance(position, bool) or not isinstance(position, int) or \
-                not 0 <= position <= self._batches_of(len(order)):
-            raise InputError(f"iterator state 'position' must be an int in [0, "
-                             f"{self._batches_of(len(order))}], got {_brief(position)}")
-        rng = np.random.default_rng()
+    def iter_next(self):
+        if self.cur == self.size:
+            return False
         try:
-            rng.bit_generator.state = state["rng"]
-        except (TypeError, ValueError, KeyError) as exc:
-            raise InputError(f"iterator state 'rng' is not a {type(rng.bit_generator).__name__}"
-                             f" state: {exc}") from exc
-        self._rng, self._order, self._position = rng, order, position
+            self.current_batch = self.data_iter.next()
+        except StopIteration:
+            self.data_iter.reset()
+            self.current_batch = self.data_iter.next()
+        self.cur += 1
+        return True
 
-    def _checked_order(self, order) -> np.ndarray:
-        """This worker's sample order: ``share`` distinct indices into the data, after
-        (roll_over) fewer than ``batch_size`` carried over from the epoch before."""
-        if isinstance(order, (np.ndarray, tuple)):
-            order = np.asarray(order).tolist()
-        most = self.share + (self.batch_size - 1 if self.last_batch == "roll_over" else 0)
-        if not isinstance(order, list) or not self.share <= len(order) <= most or \
-                not all(isinstance(i, int) and not isinstance(i, bool) for i in order):
-            expected = f"{self.share}" if most == self.share else \
-                f"{self.share} to {most}"
-            raise InputError(f"iterator state 'order' must be a list of {expected} sample "
-                             f"indices (this iterator's share), got {_brief(order)}")
-        array = np.asarray(order, dtype=np.int64) if order else np.zeros(0, np.int64)
-        shared = array[len(array) - self.share:]
-        if array.size and (array.min() < 0 or array.max() >= len(self.data) or
-                           len(np.unique(shared)) != shared.size):
-            raise InputError(f"iterator state 'order' must hold distinct indices in [0, "
-                             f"{len(self.data)})")
-        return array
+    def getdata(self):
+        return self.current_batch.data
+
+    def getlabel(self):
+        return self.current_batch.label
+
+    def getindex(self):
+        return self.current_batch.index
+
+    def getpad(self):
+        return self.current_batch.pad
 
 
-def _brief(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+class _OneAhead:
+    """Reads one batch of ``source`` ahead on a thread of its own."""
+
+    def __init__(self, source):
+        self.source = source
+        self.wanted, self.ready = threading.Event(), threading.Event()
+        self.batch, self.error, self.running = None, None, True
+        self.wanted.set()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="mixrt-prefetch")
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            self.wanted.wait()
+            self.wanted.clear()
+            if not self.running:
+                return
+            try:
+                self.batch, self.error = self.source.next(), None
+            except StopIteration:
+                self.batch, self.error = None, None
+            except Exception as exc:  # noqa: BLE001  (handed to the consumer)
+                self.batch, self.error = None, exc
+            self.ready.set()
+
+    def take(self):
+        self.ready.wait()
+        self.ready.clear()
+        batch, error = self.batch, self.error
+        self.wanted.set()
+        if error is not None:
+            raise error
+        return batch
+
+    def settle(self):
+        """Wait for the read under way (before the source is reset)."""
+        self.ready.wait()
+
+    def restart(self):
+        self.ready.clear()
+        self.wanted.set()
+
+    def stop(self):
+        self.running = False
+        self.wanted.set()
 
 
-def _last_batch(last_batch, last_batch_handle) -> str:
-    if last_batch is not None and last_batch_handle is not None and \
-            last_batch != last_batch_handle:
-        raise InputError(f"last_batch={last_batch!r} and last_batch_handle="
-                         f"{last_batch_handle!r} disagree; give one of them")
-    return last_batch or last_batch_handle or "pad"
+class PrefetchingIter(DataIter):
+    """Reads the next batch of each of ``iters`` on background threads; a batch joins
+    their data and labels (renamed by ``rename_data``/``rename_label``, one dict per
+    iterator)."""
 
+    def __init__(self, iters, rename_data=None, rename_label=None):
+        super().__init__()
+        self.iters = iters if isinstance(iters, list) else [iters]
+        if not self.iters:
+            raise InputError("PrefetchingIter needs at least one iterator")
+        self.n_iter = len(self.iters)
+        self.rename_data, self.rename_label = rename_data, rename_label
+        self.batch_size = self.provide_data[0][1][0]
+        self.current_batch = None
+        self._readers = [_OneAhead(it) for it in self.iters]
 
-def _check_arguments(data, label, batch_size, last_batch, num_parts, part_index) -> None:
-    if label is not None and len(label) != len(data):
-        raise InputError(f"data has {len(data)} samples but label has {len(label)}; they "
-                         f"must match along axis 0")
-    if int(batch_size) < 1:
-        raise InputError(f"batch_size must be at least 1, got {batch_size}")
-    if last_batch not in LAST_BATCH:
-        raise InputError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
-    if not 0 <= int(part_index) < int(num_parts):
-        raise InputError(f"part_index must be in [0, num_parts={num_parts}), got {part_index}")
-    if len(data) // int(num_parts) == 0:
-        raise InputError(f"{len(data)} samples cannot be split over {num_parts} workers")
-
-
-class PrefetchingIter:
-    """Iterates ``source`` on a background thread, ``depth`` batches ahead, so slicing and
-    copying the next batch overlaps the training step. Exceptions surface at ``next``."""
-
-    _DONE = object()
-
-    def __init__(self, source, depth: int = 2):
-        self.source, self.depth = source, depth
-        self._queue: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
+    def __del__(self):
+        for reader in getattr(self, "_readers", ()):
+            reader.stop()
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.iters[0])
 
-    def __iter__(self):
-        self._queue = queue.Queue(maxsize=self.depth)
-        self._thread = threading.Thread(target=self._fill, args=(self._queue,), daemon=True,
-                                        name="mixrt-prefetch")
-        self._thread.start()
-        return self
+    def _renamed(self, renames, which: str) -> list:
+        if renames is None:
+            return sum((list(getattr(it, which)) for it in self.iters), [])
+        return sum(([DataDesc(names[d.name], d.shape, d.dtype) if isinstance(d, DataDesc)
+                     else DataDesc(*d) for d in getattr(it, which)]
+                    for names, it in zip(renames, self.iters)), [])
 
-    def _fill(self, out: queue.Queue) -> None:
-        try:
-            for batch in self.source:
-                out.put(batch)
-        except BaseException as exc:  # handed to the consumer, raised at its next()
-            out.put(exc)
-            return
-        out.put(self._DONE)
+    @property
+    def provide_data(self):
+        return self._renamed(self.rename_data, "provide_data")
 
-    def __next__(self):
-        if self._queue is None:
-            iter(self)
-        item = self._queue.get()
-        if item is self._DONE:
-            self._thread.join()
-            self._queue = None
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._queue = None
-            raise item
-        return item
+    @property
+    def provide_label(self):
+        return self._renamed(self.rename_label, "provide_label")
+
+    def reset(self):
+        for reader in self._readers:
+            reader.settle()
+        for it in self.iters:
+            it.reset()
+        for reader in self._readers:
+            reader.restart()
+
+    def iter_next(self):
+        batches = [reader.take() for reader in self._readers]
+        if batches[0] is None:
+            if any(b is not None for b in batches):
+                raise InputError("Number of entry mismatches between iterators")
+            return False
+        if any(b is None or b.pad != batches[0].pad for b in batches):
+            raise InputError("Number of entry mismatches between iterators")
+        self.current_batch = DataBatch(sum((b.data for b in batches), []),
+                                       sum((b.label for b in batches), []), batches[0].pad,
+                                       batches[0].index, provide_data=self.provide_data,
+                                       provide_label=self.provide_label)
+        return True
+
+    def next(self):
+        if self.iter_next():
+            return self.current_batch
+        raise StopIteration
+
+    def getdata(self):
+        return self.current_batch.data
+
+    def getlabel(self):
+        return self.current_batch.label
+
+    def getindex(self):
+        return self.current_batch.index
+
+    def getpad(self):
+        return self.current_batch.pad
+
+
+class CSVIter(DataIter):
+    """Batches of rows of CSV files, as MXNet's CSVIter: each row of ``data_csv`` holds
+    one sample of ``data_shape``; labels come from ``label_csv`` (zeros without one). With
+    ``round_batch`` the last batch is filled from the start and the next epoch begins
+    after the samples it borrowed; without, its unfilled rows keep the previous batch's
+    values. ``pad`` counts the filler rows either way."""
+
+    def __init__(self, data_csv, data_shape, label_csv=None, label_shape=(1,), batch_size=1,
+                 round_batch=True, prefetch_buffer=4, ctx="cpu", dtype=None,
+                 data_name="data", label_name="softmax_label", **unknown):
+        super().__init__(int(batch_size))
+        if unknown:
+            raise InputError(f"CSVIter has no argument {sorted(unknown)}")
+        self.dtype = np.dtype(dtype or np.float32)
+        if self.dtype not in (np.float32, np.int32, np.int64):
+            raise InputError(f"CSVIter: dtype must be float32, int32 or int64, got {dtype}")
+        self.data_shape, self.label_shape = tuple(data_shape), tuple(label_shape)
+        self._data = _read_csv(data_csv, self.data_shape, self.dtype, "data_csv")
+        self._label = np.zeros((len(self._data),) + self.label_shape, self.dtype) \
+            if label_csv is None else _read_csv(label_csv, self.label_shape, self.dtype,
+                                                "label_csv")
+        if len(self._label) != len(self._data):
+            raise InputError(f"CSVIter: {len(self._data)} data rows but {len(self._label)} "
+                             f"label rows")
+        self.round_batch, self.data_name, self.label_name = round_batch, data_name, label_name
+        self.ctx = ctx
+        self._start = self._next = 0
+        self._pad = 0
+        self._buffers = None
+        self._batch = None
+
+    @property
+    def _label_batch_shape(self) -> tuple:
+        if self.label_shape == (1,):
+            return (self.batch_size,)
+        return (self.batch_size,) + self.label_shape
+
+    @property
+    def provide_data(self):
+        return [DataDesc(self.data_name, (self.batch_size,) + self.data_shape, self.dtype)]
+
+    @property
+    def provide_label(self):
+        return [DataDesc(self.label_name, self._label_batch_shape, self.dtype)]
+
+    def reset(self):
+        self._start = self._pad if self.round_batch else 0
+        self._next = self._start
+        self._pad = 0
+
+    def iter_next(self):
+        total = len(self._data)
+        if self._next >= total:
+            return False
+        rows = np.arange(self._next, min(self._next + self.batch_size, total))
+        self._next += len(rows)
+        missing = self.batch_size - len(rows)
+        if self._buffers is None:
+            self._buffers = (np.zeros((self.batch_size,) + self.data_shape, self.dtype),
+                             np.zeros((self.batch_size,) + self.label_shape, self.dtype))
+        data, label = self._buffers
+        data[:len(rows)], label[:len(rows)] = self._data[rows], self._label[rows]
+        if missing and self.round_batch:
+            wrapped = np.arange(missing) % total
+            data[len(rows):], label[len(rows):] = self._data[wrapped], self._label[wrapped]
+        self._pad = missing
+        self._batch = (data.copy(), label.reshape(self._label_batch_shape).copy())
+        return True
+
+    def getdata(self):
+        return [nd.array(self._batch[0], dtype=self.dtype)]
+
+    def getlabel(self):
+        return [nd.array(self._batch[1], dtype=self.dtype)]
+
+    def getpad(self):
+        return self._pad
+
+    def getindex(self):
+        return None
+
+
+def _read_csv(path, shape: tuple, dtype, argument: str) -> np.ndarray:
+    try:
+        rows = np.loadtxt(path, delimiter=",", ndmin=2, dtype=np.float64)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"CSVIter {argument} {str(path)!r}: {exc}") from None
+    if rows.shape[1] != int(np.prod(shape)):
+        raise InputError(f"CSVIter {argument} {str(path)!r}: rows hold {rows.shape[1]} "
+                         f"values, the shape {shape} needs {int(np.prod(shape))}")
+    return rows.reshape((len(rows),) + shape).astype(dtype)
+
+
+class MXDataIter(DataIter):
+    """MXNet's handle to a C++ iterator: mixrt has none."""
+
+    def __init__(self, *args, **kwargs):
+        raise InputError("mixrt has no C++ data iterators (MXDataIter); use NDArrayIter, "
+                         "CSVIter or mixrt.gluon.data")
+
+
+def _not_provided(name: str):
+    def unavailable(*args, **kwargs):
+        raise InputError(f"mx.io.{name} is one of MXNet's C++ iterators, which mixrt does "
+                         f"not provide; use NDArrayIter, CSVIter or mixrt.gluon.data")
+    unavailable.__name__ = name
+    return unavailable
+
+
+ImageRecordIter = _not_provided("ImageRecordIter")
+ImageRecordUInt8Iter = _not_provided("ImageRecordUInt8Iter")
+ImageDetRecordIter = _not_provided("ImageDetRecordIter")
+MNISTIter = _not_provided("MNISTIter")
+LibSVMIter = _not_provided("LibSVMIter")
+
+__all__ = ["DataDesc", "DataBatch", "DataIter", "NDArrayIter", "CSVIter", "ResizeIter",
+           "PrefetchingIter", "MXDataIter", "ImageRecordIter", "MNISTIter", "LibSVMIter"]

@@ -36,7 +36,7 @@ from mixrt.base.errors import InputError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import create as create_initializer, Uniform
-from mixrt.io import NDArrayIter, PrefetchingIter
+from mixrt.io import DataIter, NDArrayIter, read_ahead
 from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
@@ -193,11 +193,11 @@ class Module(Checkpoints):
         total, batches = 0.0, 0
         data.reset()
         bar = epoch_bar(len(data), f"epoch {epoch + 1}/{epochs}", progress)
-        for batch in PrefetchingIter(data):
-            loss_value, outputs = self.train_step(batch.data, batch.label, trainer, loss_spec,
+        for batch in read_ahead(data):
+            inputs, labels, real = self._batch_arrays(batch)
+            loss_value, outputs = self.train_step(inputs, labels, trainer, loss_spec,
                                                   **step_options)
-            real = len(batch.data) - batch.pad
-            train_metric.update(batch.label[:real], outputs[0][:real])
+            train_metric.update(labels[:real], outputs[0][:real])
             total, batches = total + loss_value, batches + 1
             if bar is not None:
                 bar.update(1)
@@ -286,15 +286,30 @@ class Module(Checkpoints):
                  for i in range(0, len(data), batch_size)]
         return np.concatenate(parts)
 
-    def score(self, eval_data: NDArrayIter, metric="acc") -> tuple[str, float]:
+    def score(self, eval_data: DataIter, metric="acc") -> tuple[str, float]:
         chosen = metrics.create(metric)
         eval_data.reset()
         session = self._session()
         for batch in eval_data:
-            real = len(batch.data) - batch.pad
-            out = session.run([self.output], {self.data_names[0]: batch.data})[0]
-            chosen.update(batch.label[:real], out[:real])
+            inputs, labels, real = self._batch_arrays(batch)
+            out = session.run([self.output], {self.data_names[0]: inputs})[0]
+            chosen.update(labels[:real], out[:real])
         return chosen.get()
+
+    def _batch_arrays(self, batch) -> tuple:
+        """A DataBatch's first data and label arrays on the host, the data in the model's
+        input dtype (MXNet's iterators serve float32), and how many rows are real."""
+        inputs = batch.data[0].asnumpy()
+        wanted = self._input_dtype()
+        if wanted is not None and inputs.dtype != wanted:
+            inputs = inputs.astype(wanted)
+        labels = batch.label[0].asnumpy() if batch.label else None
+        return inputs, labels, len(inputs) - (batch.pad or 0)
+
+    def _input_dtype(self):
+        found = self.graph.type_of(self.data_names[0]) if self.graph is not None else None
+        dtype = getattr(found, "dtype", None)
+        return None if dtype is None or np.dtype(dtype).kind != "f" else np.dtype(dtype)
 
     def _session(self) -> Session:
         if self._predictor is None or self._predictor[0] != self._version:
@@ -460,6 +475,10 @@ class SymbolModule(Module):
         data = np.asarray(data) if array_module(data) is np else data
         self.bind(data.shape, data.dtype)
 
+    def _bind_like_iter(self, data: DataIter) -> None:
+        described = data.provide_data[0]
+        self.bind(described.shape, described.dtype)
+
     def unfreeze(self, names=None) -> None:
         super().unfreeze(names)
         for name in self.aux_names:
@@ -467,8 +486,8 @@ class SymbolModule(Module):
 
     # -- training --------------------------------------------------------------------------
 
-    def fit(self, train_data: NDArrayIter, **options) -> list[dict]:
-        self._bind_like(train_data.data)
+    def fit(self, train_data: DataIter, **options) -> list[dict]:
+        self._bind_like_iter(train_data)
         return super().fit(train_data, **options)
 
     def train_step(self, data, label, trainer: Trainer, loss=None, **options):
@@ -529,19 +548,20 @@ class SymbolModule(Module):
     def predict(self, data, batch_size: int = 256) -> np.ndarray:
         """The head's forward value for an array of samples or for every batch of a data
         iterator (its padding left out), as MXNet's ``Module.predict``."""
-        if not isinstance(data, NDArrayIter):
+        if not isinstance(data, DataIter):
             self._bind_like(data)
             return super().predict(data, batch_size)
-        self._bind_like(data.data)
+        self._bind_like_iter(data)
         session, parts = self._session(), []
         data.reset()
         for batch in data:
-            out = session.run([self.output], {self.data_names[0]: batch.data})[0]
-            parts.append(out[:len(batch.data) - batch.pad])
+            inputs, _, real = self._batch_arrays(batch)
+            out = session.run([self.output], {self.data_names[0]: inputs})[0]
+            parts.append(out[:real])
         return np.concatenate(parts)
 
-    def score(self, eval_data: NDArrayIter, metric="acc") -> tuple[str, float]:
-        self._bind_like(eval_data.data)
+    def score(self, eval_data: DataIter, metric="acc") -> tuple[str, float]:
+        self._bind_like_iter(eval_data)
         return super().score(eval_data, metric)
 
 

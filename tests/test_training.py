@@ -8,7 +8,7 @@ import mixrt
 from mixrt import metric, random as mixrt_random
 from mixrt.errors import InputError, ModelLoadError
 from mixrt.gluon import Trainer
-from mixrt.io import NDArrayIter, PrefetchingIter
+from mixrt.io import NDArrayIter, read_ahead
 from mixrt.module import Module
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import gpu_available, to_host
@@ -167,7 +167,8 @@ def test_sharding_gives_equal_disjoint_shares():
     parts = [NDArrayIter(data, data, 10, shuffle=True, num_parts=3, part_index=i, seed=9)
              for i in range(3)]
     assert len({len(p) for p in parts}) == 1
-    seen = [np.concatenate([b.data[:len(b.data) - b.pad] for b in p]) for p in parts]
+    seen = [np.concatenate([b.data[0].asnumpy()[:b.data[0].shape[0] - b.pad] for b in p])
+            for p in parts]  # MXNet's batches: lists of NDArrays
     assert sum(len(s) for s in seen) == 3 * (103 // 3)
     assert len(np.unique(np.concatenate(seen))) == 3 * (103 // 3)
     with pytest.raises(InputError, match="part_index"):
@@ -181,10 +182,10 @@ def test_padding_and_state_round_trip():
     it.reset()
     next(it)
     saved = it.state()
-    rest = [b.data.tolist() for b in it]
+    rest = [b.data[0].asnumpy().tolist() for b in it]
     again = NDArrayIter(np.arange(7), np.arange(7), 3, shuffle=True, seed=123)
     again.set_state(saved)
-    assert [b.data.tolist() for b in again] == rest
+    assert [b.data[0].asnumpy().tolist() for b in again] == rest
     assert len(NDArrayIter(np.arange(7), None, 3, last_batch="discard")) == 2
 
 
@@ -197,7 +198,7 @@ def test_roll_over_carries_the_left_over_samples_into_the_next_epoch():
         for rank, shard in enumerate(shards):
             shard.reset()
             assert len(shard) == expected_batches, (epoch, rank)
-            batches = [b.data.tolist() for b in shard]
+            batches = [b.data[0].asnumpy().tolist() for b in shard]
             assert all(len(b) == 4 for b in batches)
             served[rank] += sum(batches, [])
     # nothing is dropped but the one sample the last epoch leaves over
@@ -205,10 +206,10 @@ def test_roll_over_carries_the_left_over_samples_into_the_next_epoch():
     # a checkpoint taken with samples carried over resumes the same batches
     shards[0].reset()
     next(shards[0])
-    saved, rest = shards[0].state(), [b.data.tolist() for b in shards[0]]
+    saved, rest = shards[0].state(), [b.data[0].asnumpy().tolist() for b in shards[0]]
     again = NDArrayIter(data, data, 4, last_batch="roll_over", num_parts=2, part_index=0)
     again.set_state(saved)
-    assert [b.data.tolist() for b in again] == rest
+    assert [b.data[0].asnumpy().tolist() for b in again] == rest
 
 
 def test_last_batch_handle_is_mxnets_name_for_last_batch():
@@ -220,13 +221,13 @@ def test_last_batch_handle_is_mxnets_name_for_last_batch():
         NDArrayIter(np.arange(7), None, 3, last_batch="keep")
 
 
-def test_prefetching_iter_passes_batches_and_errors():
+def test_read_ahead_passes_items_and_errors():
     def broken():
         yield 1
         raise RuntimeError("reader failed")
-    assert list(PrefetchingIter([1, 2, 3])) == [1, 2, 3]
+    assert list(read_ahead([1, 2, 3])) == [1, 2, 3]
     with pytest.raises(RuntimeError, match="reader failed"):
-        list(PrefetchingIter(broken()))
+        list(read_ahead(broken()))
 
 
 def test_metrics():
