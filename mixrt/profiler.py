@@ -10,6 +10,9 @@
     profiler.dump()                       # trace.json: open it in chrome://tracing or Perfetto
     print(profiler.dumps())               # time per op: count, total, min, max, average
 
+User annotations are MXNet's ``Domain``, ``Task``, ``Frame``, ``Event``, ``Counter`` and
+``Marker`` (``mixrt/profiler_objects.py``).
+
 What is recorded: imperative NDArray ops (category "imperative"), the kernels of every
 Session that has no profiler of its own (category "symbolic", each run as a "run" event in
 category "session"), memory counters ``memory:<device>`` (a session's arena per run) and
@@ -21,17 +24,25 @@ and the flag records nothing. The hooks runtime code calls are documented in
 from __future__ import annotations
 
 import contextvars
+import json
+import numbers
 import os
 
 from mixrt.base.errors import InputError
+from mixrt.profiler_objects import Counter, Domain, Event, Frame, Marker, Task  # noqa: F401
 from mixrt.runtime import profiler as _runtime
 
 CONFIG_DEFAULTS = {"filename": "profile.json", "profile_all": False,
                    "profile_symbolic": True, "profile_imperative": True,
                    "profile_memory": True, "profile_api": False, "aggregate_stats": False,
                    "continuous_dump": False}
+# MXNet's options that change nothing here: mixrt dumps when asked (or, with
+# continuous_dump, at stop and exit), and profiles the worker it runs in
+ACCEPTED_ONLY = {"dump_period": 1.0, "profile_process": "worker", "contiguous_dump": False}
 
 STATES = ("run", "stop")
+PROCESSES = ("worker", "server")
+SORT_KEYS = {"total": 1, "avg": None, "min": 2, "max": 3, "count": 0}
 
 
 def set_config(**options) -> None:
@@ -39,11 +50,13 @@ def set_config(**options) -> None:
     defaults (``CONFIG_DEFAULTS``). ``profile_all`` turns on symbolic, imperative, memory
     and api profiling. ``aggregate_stats`` keeps the per-op times :func:`dumps` reports;
     ``continuous_dump`` writes the trace at every ``set_state("stop")`` and at exit."""
-    unknown = sorted(set(options) - set(CONFIG_DEFAULTS))
+    unknown = sorted(set(options) - set(CONFIG_DEFAULTS) - set(ACCEPTED_ONLY))
     if unknown:
         raise InputError(f"profiler.set_config: unknown option(s) {unknown}; the options are "
-                         f"{list(CONFIG_DEFAULTS)}")
-    config = {**CONFIG_DEFAULTS, **options}
+                         f"{list(CONFIG_DEFAULTS) + list(ACCEPTED_ONLY)}")
+    _check_accepted_only(options)
+    config = {**CONFIG_DEFAULTS, **{k: v for k, v in options.items()
+                                    if k not in ACCEPTED_ONLY}}
     filename = config.pop("filename")
     if not isinstance(filename, (str, os.PathLike)) or not os.fspath(filename):
         raise InputError(f"profiler.set_config: filename must be a non-empty path, got "
@@ -59,8 +72,30 @@ def set_config(**options) -> None:
     _runtime.process_profiler().configure(filename=filename, **config)
 
 
-def set_state(state: str = "stop") -> None:
+def _check_accepted_only(options: dict) -> None:
+    period = options.get("dump_period", 1.0)
+    if isinstance(period, bool) or not isinstance(period, numbers.Real) or period <= 0:
+        raise InputError(f"profiler.set_config: dump_period must be a positive number of "
+                         f"seconds, got {period!r}")
+    _check_process("set_config", options.get("profile_process", "worker"))
+    if not isinstance(options.get("contiguous_dump", False), bool):
+        raise InputError("profiler.set_config: contiguous_dump must be True or False")
+
+
+def _check_process(what: str, process) -> None:
+    """MXNet's ``profile_process``: "worker" is this process; a parameter server's own
+    profiling ("server") is not offered."""
+    if process not in PROCESSES:
+        raise InputError(f"profiler.{what}: profile_process must be one of "
+                         f"{list(PROCESSES)}, got {process!r}")
+    if process == "server":
+        raise InputError(f"profiler.{what}: profile_process='server' (profiling the "
+                         f"parameter servers) is not offered; mixrt profiles this worker")
+
+
+def set_state(state: str = "stop", profile_process: str = "worker") -> None:
     """``"run"`` starts (or restarts, un-pausing) recording; ``"stop"`` stops it."""
+    _check_process("set_state", profile_process)
     if state not in STATES:
         raise InputError(f"profiler.set_state: state must be one of {list(STATES)}, got "
                          f"{state!r}")
@@ -72,40 +107,77 @@ def state() -> str:
     return _runtime.state()
 
 
-def pause() -> None:
+def pause(profile_process: str = "worker") -> None:
     """Stop recording without leaving the "run" state; :func:`resume` goes on."""
+    _check_process("pause", profile_process)
     _runtime.set_paused(True)
 
 
-def resume() -> None:
+def resume(profile_process: str = "worker") -> None:
+    _check_process("resume", profile_process)
     _runtime.set_paused(False)
 
 
-def dump(finished: bool = True) -> str:
+def dump(finished: bool = True, profile_process: str = "worker") -> str:
     """Write the events recorded so far to the configured file as Chrome ``traceEvents``
     JSON; returns its path. ``finished`` also forgets them, so the next trace starts
     empty; with ``finished=False`` a later dump rewrites the file with these and newer
     events."""
+    _check_process("dump", profile_process)
     return _runtime.process_profiler().write(clear=finished)
 
 
-def dumps(reset: bool = False) -> str:
-    """The aggregate statistics as a table: per category and op, the number of calls and the
-    total, minimum, maximum and average microseconds, largest total first. ``reset`` starts
-    the statistics afresh (the trace is kept). Needs ``set_config(aggregate_stats=True)``."""
+def dump_profile() -> str:
+    """MXNet's older name for :func:`dump`."""
+    return dump(True)
+
+
+def dumps(reset: bool = False, format: str = "table", sort_by: str = "total",  # noqa: A002
+          ascending: bool = False) -> str:
+    """The aggregate statistics: per category and op, the number of calls and the total,
+    minimum, maximum and average time, sorted by ``sort_by`` ("total", "avg", "min",
+    "max", "count"), largest first unless ``ascending``. ``format`` "table" (microseconds)
+    or "json" (MXNet's layout: ``{"Time": {category: {name: {"Count", "Total", "Min",
+    "Max", "Avg"}}}, "Unit": {"Time": "ms"}}``). ``reset`` starts the statistics afresh
+    (the trace is kept). Needs ``set_config(aggregate_stats=True)``."""
+    if format not in ("table", "json"):
+        raise InputError(f"profiler.dumps: format must be 'table' or 'json', got {format!r}")
+    if sort_by not in SORT_KEYS:
+        raise InputError(f"profiler.dumps: sort_by must be one of {list(SORT_KEYS)}, got "
+                         f"{sort_by!r}")
     profiler = _runtime.process_profiler()
     if profiler.stats is None:
         raise InputError("profiler.dumps: aggregate statistics are off; call "
                          "profiler.set_config(aggregate_stats=True) before recording")
-    return format_table(profiler.statistics(reset=reset))
+    rows = _sorted(profiler.statistics(reset=reset), sort_by, ascending)
+    return format_json(rows) if format == "json" else format_table(dict(rows))
+
+
+def _sorted(stats: dict, sort_by: str, ascending: bool) -> list:
+    column = SORT_KEYS[sort_by]
+
+    def key(item):
+        count, total = item[1][0], item[1][1]
+        return total / count if column is None else item[1][column]
+    return sorted(stats.items(), key=key, reverse=not ascending)
+
+
+def format_json(rows: list) -> str:
+    """MXNet's JSON statistics, times in milliseconds."""
+    table: dict = {}
+    for (category, name), (count, total, low, high) in rows:
+        table.setdefault(category, {})[name] = {
+            "Count": int(count), "Total": total / 1e3, "Min": low / 1e3, "Max": high / 1e3,
+            "Avg": total / count / 1e3}
+    return json.dumps({"Time": table, "Unit": {"Time": "ms"}}, indent=4)
 
 
 def format_table(stats: dict) -> str:
+    """The statistics as a table, in the order ``stats`` lists them."""
     header = ("Category", "Name", "Count", "Total (us)", "Min (us)", "Max (us)", "Avg (us)")
     rows = [(category, name, str(int(count)), f"{total:.3f}", f"{low:.3f}", f"{high:.3f}",
              f"{total / count:.3f}")
-            for (category, name), (count, total, low, high)
-            in sorted(stats.items(), key=lambda item: -item[1][1])]
+            for (category, name), (count, total, low, high) in stats.items()]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells) -> str:
@@ -140,25 +212,6 @@ def scope(name: str = "<unk>") -> Scope:
     return Scope(name)
 
 
-class Marker:
-    """An instant event: ``profiler.Marker("epoch 3").mark()``; recorded only while the
-    profiler runs."""
-
-    def __init__(self, name: str):
-        if not isinstance(name, str) or not name:
-            raise InputError(f"profiler.Marker: name must be a non-empty string, got "
-                             f"{name!r}")
-        self.name = name
-
-    def mark(self, scope: str = "process") -> None:
-        """``scope``: how far the line is drawn — "global", "process" or "thread"."""
-        if scope not in _runtime.INSTANT_SCOPES:
-            raise InputError(f"profiler.Marker.mark: scope must be one of "
-                             f"{list(_runtime.INSTANT_SCOPES)}, got {scope!r}")
-        profiler = _runtime.current()
-        if profiler is not None:
-            profiler.mark(self.name, scope)
-
-
-__all__ = ["CONFIG_DEFAULTS", "Marker", "Scope", "dump", "dumps", "pause", "resume",
-           "scope", "set_config", "set_state", "state"]
+__all__ = ["CONFIG_DEFAULTS", "Counter", "Domain", "Event", "Frame", "Marker", "Scope",
+           "Task", "dump", "dump_profile", "dumps", "pause", "resume", "scope", "set_config",
+           "set_state", "state"]
