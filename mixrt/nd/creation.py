@@ -31,13 +31,14 @@ def array(source_array, ctx=None, dtype=None) -> NDArray:
         source_array = np.asarray(source_array)
     dtype = DEFAULT_DTYPE if dtype is None else _dtype("array", "dtype", dtype)
     try:
-        host = np.array(source_array, dtype=dtype, copy=True)
+        host = np.array(source_array, copy=True)
     except (TypeError, ValueError) as exc:  # ragged lists, strings
         raise InputError(f"array: cannot make an array of {type(source_array).__name__} "
                          f"{str(source_array)[:60]}: {exc}") from exc
     if host.dtype.kind not in "biufc":
         raise InputError(f"array: {host.dtype} data is not numbers")
-    return _placed(host, ctx)
+    with np.errstate(invalid="ignore", over="ignore"):  # C's casts, as MXNet's: -2 -> 254
+        return _placed(host.astype(dtype, copy=False), ctx)
 
 
 def _placed(host: np.ndarray, ctx) -> NDArray:

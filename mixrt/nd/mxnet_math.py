@@ -268,7 +268,14 @@ def ElementWiseSum(*args, out=None, name=None, num_args=None):
     if any(a.shape != arrays[0].shape for a in arrays):
         raise InputError(f"{fn}: the arrays must have one shape, got "
                          f"{[a.shape for a in arrays]}")
-    result = arrays[0] * 1 if len(arrays) == 1 else _op("Sum", arrays)
+    if len(arrays) == 1:
+        result = arrays[0] * 1
+    elif arrays[0].dtype.kind == "f":
+        result = _op("Sum", arrays)
+    else:  # ONNX's Sum is for floats; integers add pairwise
+        result = arrays[0]
+        for array in arrays[1:]:
+            result = result + array
     return _into(fn, out, result)
 
 

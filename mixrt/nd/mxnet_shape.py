@@ -214,14 +214,17 @@ def split_v2(ary, indices_or_sections, axis=0, squeeze_axis=False):
 def shape_array(data, name=None):
     """MXNet's ``shape_array``: the shape as an int64 array."""
     data = _array("shape_array", "data", data)
-    return _ints(data.shape, data.ctx) if isinstance(data, NDArray) else _op("Shape", [data])
+    if isinstance(data, NDArray):
+        return _made_on(data.ctx, "asarray", data.shape, dtype=np.int64)
+    return _op("Shape", [data])
 
 
 def size_array(data, name=None):
     """MXNet's ``size_array``: the number of elements as an int64 array of shape (1,)."""
     data = _array("size_array", "data", data)
-    return _ints([data.size], data.ctx) if isinstance(data, NDArray) else \
-        _op("Size", [data]).reshape((1,))
+    if isinstance(data, NDArray):
+        return _made_on(data.ctx, "asarray", [data.size], dtype=np.int64)
+    return _op("Size", [data]).reshape((1,))
 
 
 def cast(data, dtype, name=None):

@@ -132,13 +132,11 @@ def _parse(buffer, source: str):
     arrays = [_record(reader, f"array {i}") for i in range(_bounded(reader, count, 4))]
     names = [_name(reader, i) for i in range(_bounded(reader, reader.number(
         "Q", "the number of names"), 8))]
+    if names and len(names) != len(arrays):
+        raise reader.error(f"{len(names)} names for {len(arrays)} arrays")
     if reader.offset != len(reader.buffer):
         raise reader.error(f"{len(reader.buffer) - reader.offset} bytes follow the names")
-    if not names:
-        return arrays
-    if len(names) != len(arrays):
-        raise reader.error(f"{len(names)} names for {len(arrays)} arrays")
-    return dict(zip(names, arrays))
+    return dict(zip(names, arrays)) if names else arrays
 
 
 def _bounded(reader: _Reader, count: int, least_bytes: int) -> int:
@@ -200,8 +198,11 @@ def _versioned(reader: _Reader, what: str, magic: int):
 def _sparse(reader: _Reader, what: str, stype: str, shape, storage_shape, device, dtype):
     aux = [(reader.dtype(f"{what}'s aux {i}"), reader.shape(f"{what}'s aux {i}"))
            for i in range(AUX_ARRAYS[stype])]
-    record = {"stype": stype, "shape": shape, "device": device,
-              "data": reader.values(dtype, storage_shape, what),
+    # the stored values' shape follows from the indices (MXNet may save a storage shape of
+    # 0 when the array was still being computed): nnz for csr, rows x the rest otherwise
+    stored = aux[-1][1][:1] + (shape[1:] if stype == "row_sparse" else ())
+    record = {"stype": stype, "shape": shape, "device": device, "storage_shape": storage_shape,
+              "data": reader.values(dtype, stored, what),
               "aux": [reader.values(t, s, f"{what}'s aux {i}")
                       for i, (t, s) in enumerate(aux)]}
     builder = SPARSE_BUILDERS.get(stype)
@@ -285,7 +286,7 @@ def _entries(data) -> tuple[list, list]:
 def array_record(array: NDArray) -> bytes:
     """One dense array as a version-2 record (version 3 where MXNet's legacy shapes cannot
     hold its shape)."""
-    host = np.ascontiguousarray(array.asnumpy())
+    host = np.asarray(array.asnumpy(), order="C")  # (ascontiguousarray makes 0-d 1-d)
     if host.dtype not in CODES:
         raise InputError(f"save: MXNet's file format has no {host.dtype} (it has "
                          f"{', '.join(DTYPES.values())})")
