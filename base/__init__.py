@@ -5,3 +5,6 @@ it before NumPy loads, and the kvstore, the runtime and the operators share one 
 errors without reaching up into the frontends' folder. Users import the same classes as
 :mod:`mixrt.errors`.
 """
+
+# MXNet's ``mxnet.base.MXNetError`` under MXNet's dotted path, for code written against MXNet
+from mixrt.base.errors import MXNetError  # noqa: E402,F401

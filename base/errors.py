@@ -116,8 +116,13 @@ class BlasPolicyWarning(UserWarning):
     ``runtime/blas_policy.py``)."""
 
 
+# MXNet's one error type (``mxnet.base.MXNetError``): code written against MXNet catches it
+# around any call, and every error mixrt raises on purpose is one
+MXNetError = MixrtError
+
+
 __all__ = [
-    "BlasPolicyWarning", "MixrtError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
+    "BlasPolicyWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError", "EngineError", "HybridizeError",

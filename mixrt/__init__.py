@@ -23,7 +23,8 @@ from mixrt import errors  # noqa: E402,F401
 
 if _NUMPY_FIRST:
     blas_policy.after_numpy(stacklevel=2)
-from mixrt.context import cpu, gpu  # noqa: E402
+from mixrt.base.errors import MXNetError  # noqa: E402,F401  (MXNet's top-level name)
+from mixrt.context import Context, cpu, current_context, gpu  # noqa: E402
 from mixrt.runtime.format import is_mxr, load_mxr  # noqa: E402
 from mixrt.runtime.session import NodeArg, Session, register_loader  # noqa: E402
 
@@ -55,14 +56,22 @@ def load(model, device: str = "cpu", **options) -> Session:
 # ``mixrt.random.seed``), loaded on first use so that ``import mixrt`` stays light
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
-                              "kv", "nd", "autograd", "context", "profiler", "viz"})
+                              "kv", "nd", "autograd", "context", "profiler", "viz",
+                              "test_utils"})
+
+# MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
+# ``mx.module``): code written against MXNet finds them under its own dotted paths
+_MXNET_SYNONYMS = {"ndarray": "nd", "symbol": "sym", "mod": "module", "rnd": "random",
+                   "visualization": "viz"}
 
 
 def __getattr__(name: str):
+    name = _MXNET_SYNONYMS.get(name, name)
     if name in _LAZY_SUBMODULES:
         import importlib  # noqa: PLC0415
         return importlib.import_module(f"mixrt.{name}")
     raise AttributeError(f"module 'mixrt' has no attribute {name!r}")
 
 
-__all__ = ["Session", "NodeArg", "load", "errors", "cpu", "gpu", "__version__"]
+__all__ = ["Session", "NodeArg", "load", "errors", "cpu", "gpu", "Context", "current_context",
+           "MXNetError", "__version__"]
