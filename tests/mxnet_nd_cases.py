@@ -344,6 +344,16 @@ CASES = {
     "onehot_encode": lambda nd, ag: (lambda o: into(o, nd.onehot_encode(
         nd.array([1, 0, 3]), o)))(nd.zeros((3, 4))),
     "broadcast_axes": lambda nd, ag: nd.broadcast_axes(nd.ones((1, 2)), axis=0, size=3),
+    "slice_assign": lambda nd, ag: (lambda x: into(x, x.slice_assign(
+        nd.ones((2, 2)), (0, 1), (2, 3), ())))(nd.zeros((3, 4))),
+    "slice_assign_scalar": lambda nd, ag: (lambda x: into(x, x.slice_assign_scalar(
+        5, (1, None), (None, 2), (None, None))))(nd.zeros((3, 4))),
+    "SliceChannel": lambda nd, ag: nd.SliceChannel(nd.array(CUBE), num_outputs=2, axis=2),
+    "Cast_dtype": lambda nd, ag: nd.Cast(nd.array([1.7, -1.2]), dtype="int32"),
+    "softmax_cross_entropy": lambda nd, ag: nd.softmax_cross_entropy(
+        nd.array([[1, 2, 3], [1, 1, 1]]), nd.array([2, 0])),
+    "grad_softmax_cross_entropy": lambda nd, ag: grad_of(
+        nd, ag, lambda x: nd.softmax_cross_entropy(x, nd.array([2, 0])), M23),
     "grad_moveaxis": lambda nd, ag: grad_of(nd, ag, lambda x: nd.moveaxis(x, 0, 1), M23),
     "grad_pad": lambda nd, ag: grad_of(nd, ag, lambda x: nd.pad(
         x.reshape((1, 1, 2, 3)), mode="reflect", pad_width=(0, 0, 0, 0, 1, 0, 1, 1)), M23),

@@ -12,9 +12,11 @@ import struct
 import numpy as np
 import pytest
 
+import mixrt
 from mixrt import autograd, nd
 from mixrt.errors import GradientError, InputError, ModelLoadError
 from mixrt.nd import serialization
+from mixrt.ops.device import gpu_available
 
 from mxnet_nd_cases import CASES
 from mxnet_nd_expected import EXPECTED
@@ -49,6 +51,14 @@ def _assert_same(got, want, where: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_mxnet(name):
     _assert_same(_described(CASES[name](nd, autograd)), EXPECTED[name], name)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU (or no CuPy) here")
+@pytest.mark.parametrize("name", sorted(n for n in CASES if not n.startswith("repr")))
+def test_matches_mxnet_on_the_gpu(name):  # (repr names the device: @gpu(0) there)
+    with mixrt.gpu(0):  # every array the case makes without ctx= is made there
+        got = CASES[name](nd, autograd)
+    _assert_same(_described(got), EXPECTED[name], name)
 
 
 # -- views under autograd ------------------------------------------------------------------------

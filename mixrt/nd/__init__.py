@@ -140,4 +140,14 @@ for _module in (_creation, _reductions, _files):
     globals().update({_name: getattr(_module, _name) for _name in _module.FUNCTIONS})
     __all__ += _module.FUNCTIONS
 globals().update({f"linalg_{_name}": getattr(linalg, _name) for _name in linalg.FUNCTIONS})
+_onnx_cast = Cast  # noqa: F821  (installed from the registry above)
+
+
+def Cast(*args, dtype=None, **kwargs):  # noqa: F811
+    """MXNet's ``Cast(data, dtype=...)`` when called with ``dtype``; else ONNX's
+    ``Cast(input, to=...)``."""
+    if dtype is None:
+        return _onnx_cast(*args, **kwargs)
+    kwargs.pop("name", None)
+    return _mx.cast(*args, dtype=dtype, **kwargs)
 __all__ += ["contrib", "linalg", *(f"linalg_{_name}" for _name in linalg.FUNCTIONS)]

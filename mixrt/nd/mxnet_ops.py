@@ -88,6 +88,17 @@ def softmin(data, axis=-1, temperature=None, dtype=None, use_length=False, lengt
     return softmax(_op("Neg", [data]), length, axis, temperature, dtype, use_length)
 
 
+def softmax_cross_entropy(data, label, name=None):
+    """MXNet's ``softmax_cross_entropy``: the cross entropy of ``softmax(data)`` (2-D,
+    classes on axis 1) at the integer ``label`` of each row, summed: shape ``(1,)``."""
+    fn = "softmax_cross_entropy"
+    data = _array(fn, "data", data)
+    if data.ndim != 2:
+        raise InputError(f"{fn}: data must be 2-D (batch, classes), got {data.shape}")
+    picked = pick(_op("LogSoftmax", [data], axis=1), label, axis=1)
+    return _op("Neg", [picked]).sum(axis=0, keepdims=True)
+
+
 def SequenceMask(data, sequence_length=None, use_sequence_length=False, value=0.0, axis=0,
                  name=None):
     """MXNet's ``SequenceMask``: along ``axis`` (0: ``(time, batch, ...)``, 1:
@@ -360,10 +371,12 @@ def BlockGrad(data, name=None):
 stop_gradient = BlockGrad
 
 
-broadcast_axes = broadcast_axis  # MXNet's other name for it
+broadcast_axes = broadcast_axis  # MXNet's other names
+SliceChannel = split
 
 
-FUNCTIONS = ["softmax", "log_softmax", "softmin", "SequenceMask", "one_hot", "pick", "take",
+FUNCTIONS = ["softmax", "log_softmax", "softmin", "softmax_cross_entropy", "SliceChannel",
+             "SequenceMask", "one_hot", "pick", "take",
              "split", "slice_axis", "slice", "flip", "reverse", "topk", "sort", "argsort",
              "argmax", "argmin", "broadcast_to", "broadcast_like", "broadcast_axis",
              "broadcast_axes",

@@ -414,6 +414,17 @@ class NDArray(ArrayMethods):
         except (IndexError, TypeError, ValueError) as exc:
             raise _index_error(exc, "setitem", key, self.shape) from exc
 
+    def slice_assign(self, rhs, begin, end, step=()) -> "NDArray":
+        """MXNet's: ``rhs`` written into the region ``begin:end:step`` of the first axes
+        (``None`` entries take the whole axis), in place; returns this array."""
+        self[_region(begin, end, step)] = rhs
+        return self
+
+    def slice_assign_scalar(self, value, begin, end, step=()) -> "NDArray":
+        """MXNet's: ``value`` written into the region ``begin:end:step``, in place."""
+        self[_region(begin, end, step)] = value
+        return self
+
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
@@ -476,6 +487,14 @@ def _raw_key(key, ctx: Context):
     if isinstance(key, np.ndarray):
         return _integer_index(key)
     return key
+
+
+def _region(begin, end, step) -> tuple:
+    if len(begin) != len(end) or (step and len(step) != len(begin)):
+        raise InputError(f"slice_assign: begin {begin}, end {end} and step {step} must have "
+                         f"one entry per axis")
+    steps = step or (None,) * len(begin)
+    return tuple(slice(b, e, s) for b, e, s in zip(begin, end, steps))
 
 
 def _integer_index(raw):
