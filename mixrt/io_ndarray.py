@@ -86,6 +86,7 @@ class NDArrayIter(DataIter):
         self._sequence = np.zeros(0, np.int64)  # this epoch: carried over + this share
         self._carried = 0
         self._batch = -1                       # the batch last reached this epoch
+        self._served_all = False               # every full batch of the epoch went out
         self.reset()
 
     @property
@@ -132,7 +133,7 @@ class NDArrayIter(DataIter):
             self._perm = self._perm[self.idx]
         start = self.part_index * self.num_data
         self._sequence = np.concatenate([carried, self._perm[start:start + self.num_data]])
-        self._carried, self._batch = len(carried), -1
+        self._carried, self._batch, self._served_all = len(carried), -1, False
 
     def hard_reset(self) -> None:
         """A new epoch that carries nothing over."""
@@ -141,8 +142,10 @@ class NDArrayIter(DataIter):
         self.reset()
 
     def _left_over(self) -> np.ndarray:
-        finished = len(self._sequence) and self._batch >= len(self)
-        if self.last_batch_handle != "roll_over" or not finished:
+        """The short last batch's samples, for roll_over, once every full batch went out
+        (MXNet carries them only after next() has reached them: an epoch read batch by
+        batch in step with other iterators, zip-style, carries here as well)."""
+        if self.last_batch_handle != "roll_over" or not self._served_all:
             return np.zeros(0, np.int64)
         return self._sequence[len(self) * self.batch_size:]
 
@@ -153,10 +156,11 @@ class NDArrayIter(DataIter):
         return self._batch * self.batch_size < len(self._sequence)
 
     def next(self) -> DataBatch:
-        if not self.iter_next():
+        if not self.iter_next() or self._rows() is None:  # the end, or a short last batch
+            self._served_all = True                       # (dropped, or kept for later)
             raise StopIteration
-        if self._rows() is None:  # a short last batch: dropped or kept for the next epoch
-            raise StopIteration
+        if self._batch == len(self) - 1:
+            self._served_all = True
         return DataBatch(data=self.getdata(), label=self.getlabel(), pad=self.getpad(),
                          index=None)
 
@@ -229,7 +233,8 @@ class NDArrayIter(DataIter):
             raise InputError(f"iterator state 'carried' must be {len(order) - self.num_data}")
         self._rng, self._sequence, self._carried = rng, order, carried
         self.idx, self._perm = idx, perm
-        self._batch = position - 1 if position < batches else batches
+        self._batch = position - 1
+        self._served_all = position == batches
 
     def _checked_order(self, order) -> np.ndarray:
         """This worker's sample order: ``num_data`` distinct indices into the data, after

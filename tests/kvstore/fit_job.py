@@ -92,6 +92,11 @@ def gluon_epoch(net, trainer, batches) -> None:
         trainer.step(len(data))
 
 
+def _arrays(batch) -> tuple:
+    """A batch's data and label as NumPy arrays (MXNet's batches hold lists of NDArrays)."""
+    return batch.data[0].asnumpy(), batch.label[0].asnumpy()
+
+
 # -- one worker of a job ------------------------------------------------------------------
 
 def run_worker(config: dict) -> None:
@@ -120,7 +125,7 @@ def run_worker(config: dict) -> None:
                               update_on_kvstore=not case.get("local_update", False))
             for _ in range(EPOCHS):
                 train.reset()
-                gluon_epoch(model, trainer, ((b.data, b.label) for b in train))
+                gluon_epoch(model, trainer, (_arrays(b) for b in train))
                 kv.barrier()
         if kv.rank == 0:
             np.savez(out / f"{case['name']}.npz", **weights(model))
@@ -141,8 +146,7 @@ def reference(case: dict, workers: int) -> dict[str, np.ndarray]:
     for _ in range(EPOCHS):
         for shard in shards:
             shard.reset()
-        steps = [(np.concatenate([b.data for b in group]), np.concatenate([b.label
-                                                                          for b in group]))
+        steps = [tuple(np.concatenate(parts) for parts in zip(*map(_arrays, group)))
                  for group in zip(*shards)]
         if case["api"] == "module":
             for data, label in steps:
