@@ -57,7 +57,7 @@ def load(model, device: str = "cpu", **options) -> Session:
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
                               "kv", "nd", "autograd", "context", "profiler", "viz",
-                              "test_utils"})
+                              "test_utils", "util"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths
@@ -65,7 +65,14 @@ _MXNET_SYNONYMS = {"ndarray": "nd", "symbol": "sym", "mod": "module", "rnd": "ra
                    "visualization": "viz"}
 
 
+# MXNet's top-level switches of NumPy semantics, which live in mixrt.util
+_UTIL_NAMES = frozenset({"np_shape", "is_np_shape", "is_np_array", "use_np"})
+
+
 def __getattr__(name: str):
+    if name in _UTIL_NAMES:
+        import importlib  # noqa: PLC0415
+        return getattr(importlib.import_module("mixrt.util"), name)
     name = _MXNET_SYNONYMS.get(name, name)
     if name in _LAZY_SUBMODULES:
         import importlib  # noqa: PLC0415
