@@ -69,8 +69,15 @@ class ArrayMethods:
     def _mxnet_reshape(self, codes: list[int], reverse: bool):
         raise NotImplementedError
 
-    def transpose(self, *axes):
+    def transpose(self, *axes, **kwargs):
+        """The axes in the order given (``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or
+        MXNet's ``axes=``); none given: reversed."""
+        if "axes" in kwargs:
+            axes = (kwargs.pop("axes"),) if not axes else axes
+        if kwargs:
+            raise TypeError(f"transpose: unknown arguments {sorted(kwargs)}")
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        axes = () if axes == (None,) else axes
         return self._op("Transpose", [self], {"perm": list(axes)} if axes else {})
 
     @property

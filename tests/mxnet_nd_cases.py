@@ -162,6 +162,15 @@ CASES = {
     "float_ndarray_key": lambda nd, ag: nd.array(np.arange(12.0).reshape(3, 4))[
         nd.array([2, 0])],
     "iterate_vector": lambda nd, ag: [a for a in nd.array([1, 2, 3])],
+    "setitem_one_element_array": lambda nd, ag: (lambda b: [b.__setitem__(
+        0, np.array([47.844944], dtype=np.float32)), b][1])(nd.zeros(1)),
+    "crop_assign": lambda nd, ag: nd._internal._crop_assign(
+        nd.ones((2, 3)), nd.zeros((1, 2)), begin=(0, 0), end=(1, 2)),
+    "crop_assign_scalar_out": lambda nd, ag: (lambda y: into(y, nd._internal._crop_assign_scalar(
+        y, scalar=5, begin=(0, 1), end=(2, 3), out=y)))(nd.ones((2, 3))),
+    "transpose_axes_keyword": lambda nd, ag: nd.array(CUBE).transpose(axes=(1, 0, 2)),
+    "broadcast_to_numpy_shape": lambda nd, ag: nd.ones((1, 2)).broadcast_to(
+        shape=np.array([3, 2])),
     # -- reductions: (1,) over every axis -------------------------------------------------
     "sum_all": lambda nd, ag: nd.array(M23).sum(),
     "mean_all": lambda nd, ag: nd.array(M23).mean(),

@@ -357,6 +357,8 @@ def test_asscalar_and_len_refuse_what_mxnet_refuses():
     (lambda: nd.ones((2,), out=nd.zeros((3,))), "out"),
     (lambda: nd.zeros((2,), stype="csr"), "stype"),
     (lambda: nd.array([1]).tostype("row_sparse"), "stype"),
+    (lambda: nd.broadcast_like(nd.ones((1, 2)), nd.ones((3, 2)), lhs_axes=(), rhs_axes=()),
+     "at least one axis"),  # MXNet refuses empty axes too
 ])
 def test_bad_arguments_raise_input_errors_naming_them(call, words):
     with pytest.raises(InputError, match=words):

@@ -133,7 +133,7 @@ __all__ = ["NDArray", "from_dlpack", "to_dlpack_for_read", "to_dlpack_for_write"
 
 # -- the rest of MXNet 1.x's mx.nd: reductions giving (1,), files, math, shapes, linalg ------
 
-from mixrt.nd import contrib, linalg  # noqa: E402  (nd.contrib.*, nd.linalg.*)
+from mixrt.nd import _internal, contrib, linalg  # noqa: E402,F401  (nd.contrib.*, ...)
 from mixrt.nd import creation as _creation, reductions as _reductions  # noqa: E402
 from mixrt.nd import serialization as _files  # noqa: E402
 for _module in (_creation, _reductions, _files):

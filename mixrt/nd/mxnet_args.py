@@ -81,6 +81,8 @@ def _dtype(fn: str, arg: str, dtype) -> np.dtype:
 def _tuple(fn: str, arg: str, value) -> tuple:
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return (int(value),)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return tuple(value.tolist())
     if not isinstance(value, (tuple, list)):
         raise InputError(f"{fn}: {arg} must be an int or a tuple of ints, got {value!r}")
     return tuple(value)

@@ -160,6 +160,8 @@ def broadcast_like(lhs, rhs, lhs_axes=None, rhs_axes=None, name=None):
                              f"number of dimensions")
         return broadcast_to(lhs, rhs.shape)
     lhs_axes, rhs_axes = _tuple(fn, "lhs_axes", lhs_axes), _tuple(fn, "rhs_axes", rhs_axes)
+    if not lhs_axes:
+        raise InputError(f"{fn}: lhs_axes and rhs_axes must name at least one axis")
     if len(lhs_axes) != len(rhs_axes):
         raise InputError(f"{fn}: lhs_axes {lhs_axes} and rhs_axes {rhs_axes} must have the "
                          f"same length")

@@ -410,7 +410,7 @@ class NDArray(ArrayMethods):
             value = value._read()
         target = self._write()
         try:
-            target[key] = value
+            _assign_into(self.ctx.xp, target, key, value)
         except (IndexError, TypeError, ValueError) as exc:
             raise _index_error(exc, "setitem", key, self.shape) from exc
 
@@ -487,6 +487,18 @@ def _raw_key(key, ctx: Context):
     if isinstance(key, np.ndarray):
         return _integer_index(key)
     return key
+
+
+def _assign_into(xp, target, key, value) -> None:
+    """``target[key] = value``; a one-element value also fills a single element, as in
+    MXNet (NumPy 2 refuses ``x[0] = array([5.0])``)."""
+    try:
+        target[key] = value
+    except ValueError:
+        value = xp.asarray(value)
+        if value.size != 1:
+            raise
+        target[key] = value.reshape(())
 
 
 def _region(begin, end, step) -> tuple:
