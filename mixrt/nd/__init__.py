@@ -135,8 +135,8 @@ __all__ = ["NDArray", "from_dlpack", "to_dlpack_for_read", "to_dlpack_for_write"
 
 from mixrt.nd import _internal, contrib, linalg  # noqa: E402,F401  (nd.contrib.*, ...)
 from mixrt.nd import creation as _creation, reductions as _reductions  # noqa: E402
-from mixrt.nd import serialization as _files  # noqa: E402
-for _module in (_creation, _reductions, _files):
+from mixrt.nd import serialization as _files, special as _special  # noqa: E402
+for _module in (_creation, _reductions, _files, _special):
     globals().update({_name: getattr(_module, _name) for _name in _module.FUNCTIONS})
     __all__ += _module.FUNCTIONS
 globals().update({f"linalg_{_name}": getattr(linalg, _name) for _name in linalg.FUNCTIONS})
