@@ -343,16 +343,18 @@ class NDArray(ArrayMethods):
     def __mod__(self, other): return _mod(self, other)
     def __rmod__(self, other): return _mod(other, self)
 
+    @_on_its_device
     def _compare(self, op_type: str, other, negate: bool = False):
-        """MXNet's comparisons: 0/1 in the arrays' dtype (float32), not booleans."""
+        """MXNet's comparisons: 0/1 in the arrays' dtype (float32), not booleans. The
+        cast is not an op: a comparison has no gradient, so nothing is recorded."""
         if other is None or isinstance(other, str):
             return NotImplemented  # `x == None` is False, as for any object
-        result = self._binary(op_type, other)
+        truth = self._binary(op_type, other)._data
         if negate:
-            result = dispatch.invoke("", "Not", [result], {})
+            truth = self.ctx.xp.logical_not(truth)
         dtype = np.result_type(self.dtype, other.dtype) if isinstance(other, NDArray) \
             else self.dtype
-        return result.astype(dtype)
+        return NDArray(truth.astype(dtype), self.ctx)
 
     def __eq__(self, other): return self._compare("Equal", other)
     def __ne__(self, other): return self._compare("Equal", other, negate=True)

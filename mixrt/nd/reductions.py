@@ -35,7 +35,17 @@ def _reduce(fn: str, op_type: str, data, axis, keepdims: bool, exclude: bool):
         return _op("Identity", [data])
     inputs = [data] if axes is None else [data, _ints(axes, data.ctx)]
     out = _op(op_type, inputs, keepdims=int(bool(keepdims)))
-    return out.reshape((1,)) if out.ndim == 0 else out
+    return _at_least_1d(out)
+
+
+def _at_least_1d(out):
+    """A 0-d result as shape (1,) (MXNet has no 0-d results): an op where autograd
+    recorded the result, else the same data seen as (1,)."""
+    if out.ndim != 0:
+        return out
+    if isinstance(out, NDArray) and out._entry is None:
+        return NDArray(out._data.reshape((1,)), out.ctx)
+    return out.reshape((1,))
 
 
 def _reduction(fn: str, op_type: str, what: str):
