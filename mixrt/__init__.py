@@ -56,8 +56,8 @@ def load(model, device: str = "cpu", **options) -> Session:
 # ``mixrt.random.seed``), loaded on first use so that ``import mixrt`` stays light
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
-                              "kv", "nd", "autograd", "context", "profiler", "viz",
-                              "test_utils", "util"})
+                              "model", "callback", "kv", "nd", "autograd", "context",
+                              "profiler", "viz", "test_utils", "util"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths

@@ -150,6 +150,14 @@ class Initializer:
                 return
         self._init_default(desc, arr)
 
+    def fill_by_name(self, name: str, arr) -> None:
+        """Fill ``arr`` as MXNet's global initializer fills the parameter ``name`` (the
+        InitDesc rules, no own ``__init__``); a name those rules do not cover gets this
+        initializer's weight rule, where MXNet would refuse it."""
+        rule = next((rule for suffix, rule in _DESC_RULES if name.endswith(suffix)),
+                    "_init_weight")
+        getattr(self, rule)(name, arr)
+
     def _legacy_init(self, name, arr) -> None:
         if not isinstance(name, str):
             raise InitializerError(f"name must be string, got {type(name).__name__}")

@@ -26,7 +26,6 @@ graph computes in float16 and a dynamic :class:`~mixrt.runtime.mixed_precision.L
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
@@ -35,8 +34,12 @@ from mixrt.checkpoints import Checkpoints
 from mixrt.base.errors import InputError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
-from mixrt.initializer import create as create_initializer, Uniform
+from mixrt.initializer import create as create_initializer, role_of, Uniform
 from mixrt.io import DataIter, NDArrayIter, read_ahead
+from mixrt import mod_module
+from mixrt.mod_base import BaseModule  # noqa: F401  (MXNet's mx.mod names)
+from mixrt.mod_bucketing import BucketingModule  # noqa: F401
+from mixrt.module_checks import check_sharding, feed_array, static_type, symbol_names
 from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
@@ -56,7 +59,17 @@ from mixrt.sym.symbol import Symbol
 class Module(Checkpoints):
     """``device`` ("cpu", "gpu", "gpu:1" or a Context) is where the training and inference
     sessions run and where the parameters, their gradients and the optimizer's state live:
-    a GPU step moves only the batch in and the loss and outputs out."""
+    a GPU step moves only the batch in and the loss and outputs out.
+
+    ``Module(symbol, data_names, label_names, context=...)`` (a Symbol first, as MXNet's
+    ``mx.mod.Module``) makes MXNet's Module instead (``mixrt/mod_module.py``)."""
+
+    def __new__(cls, graph=None, *args, **kwargs):
+        if cls is Module and isinstance(graph, Symbol):
+            return mod_module.Module(graph, *args, **kwargs)
+        return super().__new__(cls)
+
+    load = staticmethod(mod_module.Module.load)  # MXNet's Module.load(prefix, epoch)
 
     def __init__(self, graph: Graph, *, output: str | None = None, device: str = "cpu"):
         self.graph = copy_graph(graph)
@@ -110,7 +123,7 @@ class Module(Checkpoints):
         """Drop everything after ``features`` and add a fresh dense layer on it (Xavier
         initialized from :func:`mixrt.random.generator`) as the model's only output."""
         graph = self.graph
-        feature_type = _static_type(graph, features)
+        feature_type = static_type(graph, features)
         width = int(np.prod(feature_type.shape[1:]))
         flat = f"{name}.flatten"
         weight, bias, output = f"{name}.weight", f"{name}.bias", f"{name}.output"
@@ -162,7 +175,7 @@ class Module(Checkpoints):
         KVStoreError instead of a hang."""
         trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params,
                                      kvstore=kvstore)
-        _check_sharding(train_data, trainer.kvstore)
+        check_sharding(train_data, trainer.kvstore)
         loss_spec = self._loss(loss)
         parse_precision(precision, self.device)  # a bad name fails before any work
         self._scaler_for(precision, loss_scaler)  # before resume loads its state into it
@@ -216,7 +229,7 @@ class Module(Checkpoints):
         the module's device."""
         scaler = self._scaler_for(precision, loss_scaler)
         program = self._program(self._loss(loss), precision, scaler)
-        feeds = {self.data_names[0]: _feed_array(data), program.loss_spec.label: label,
+        feeds = {self.data_names[0]: feed_array(data), program.loss_spec.label: label,
                  **self._state_feeds()}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
         outputs = self._store_state(outputs)
@@ -385,8 +398,8 @@ class SymbolModule(Module):
                              f"{symbol!r}")
         self.symbol = symbol
         self.head = output_layer(symbol)
-        self.data_names = _symbol_names(symbol, "data_names", data_names, required=True)
-        labels = _symbol_names(symbol, "label_names", label_names, required=False)
+        self.data_names = symbol_names(symbol, "data_names", data_names, required=True)
+        labels = symbol_names(symbol, "label_names", label_names, required=False)
         self.label_name = self._chosen_label(labels)
         # what predict returns: the head's forward value, without the label
         self.prediction = symbol if self.head is None else self.head.prediction
@@ -439,6 +452,9 @@ class SymbolModule(Module):
         return self.prediction.list_auxiliary_states()
 
     def _initial_values(self, shape: tuple, data_dtype: np.dtype) -> dict:
+        """MXNet's Module.init_params: a Variable's own init fills it whole; running means
+        and variances start at 0 and 1 (what MXNet's BatchNorm declares for them); other
+        parameters take the module's initializer by MXNet's name rules."""
         arg_shapes, _, aux_shapes = self.prediction.infer_shape(**{self.data_names[0]: shape})
         names = self.prediction.list_arguments() + self.aux_names
         declared = {node.name: node.info for node in self.prediction._variables()}
@@ -447,9 +463,17 @@ class SymbolModule(Module):
         for name, param_shape in zip(names, arg_shapes + aux_shapes):
             if name in self.data_names:
                 continue
+            value = np.zeros(param_shape, declared[name].get("dtype", dtype))
             init = declared[name].get("init")
-            chosen = self.initializer if init is None else create_initializer(init)
-            values[name] = chosen(name, param_shape, declared[name].get("dtype", dtype))
+            if init is not None:
+                create_initializer(init)._init_weight(name, value)
+            elif name in self.aux_names:
+                value[...] = 1.0 if role_of(name) == "one" else 0.0
+            elif hasattr(self.initializer, "fill_by_name"):
+                self.initializer.fill_by_name(name, value)
+            else:  # Load, Mixed: MXNet calls them with the name
+                self.initializer(name, value)
+            values[name] = value
         return values
 
     def init_params(self, initializer=None) -> None:
@@ -565,41 +589,4 @@ class SymbolModule(Module):
         return super().score(eval_data, metric)
 
 
-def _symbol_names(symbol, what: str, names, *, required: bool) -> list[str]:
-    """``data_names``/``label_names`` as a list of at most one argument of the symbol."""
-    names = [] if names is None else [names] if isinstance(names, str) else list(names)
-    if len(names) > 1 or (required and not names):
-        count = "one" if required else "at most one"
-        raise InputError(f"Module.from_symbol: {what} must name {count} argument of the "
-                         f"symbol (a Module feeds one data array and one label); got {names}")
-    arguments = symbol.list_arguments()
-    for name in names:
-        if name not in arguments:
-            raise InputError(f"Module.from_symbol: {what} names {name!r}, which is not an "
-                             f"argument of the symbol; its arguments are {arguments}")
-    return names
-
-
-def _feed_array(value):
-    """A batch as given when it is already an array of some device (a CuPy batch skips the
-    host), else as a NumPy array."""
-    return value if array_module(value) is not np else np.asarray(value)
-
-
-def _static_type(graph: Graph, name: str) -> TensorType:
-    found = infer_types(graph).get(name)
-    if not isinstance(found, TensorType) or found.shape is None or any(
-            not isinstance(d, int) for d in found.shape[1:]):
-        raise InputError(f"replace_head: the shape of {name!r} is not known ({found}); the "
-                         f"new head needs a static feature size")
-    return found
-
-
-def _check_sharding(data: NDArrayIter, kvstore) -> None:
-    """Workers that each train on all the data would count every sample num_workers times."""
-    workers = 1 if kvstore is None else kvstore.num_workers
-    if workers > 1 and getattr(data, "num_parts", workers) != workers:
-        warnings.warn(f"train_data is split into {data.num_parts} part(s) but the "
-                      f"{kvstore.type!r} store has {workers} workers; shard it with "
-                      f"NDArrayIter(..., num_parts={workers}, part_index={kvstore.rank})",
-                      stacklevel=3)
+mod_module.use_symbol_module(SymbolModule)

@@ -1,0 +1,173 @@
+"""mx.mod (mixrt.module) against MXNet 1.9.1: Module's bind/init_params/init_optimizer/
+forward/backward/update, fit, score, predict, iter_predict, checkpoints, fixed parameters
+and BatchNorm's running statistics; BucketingModule sharing parameters across buckets;
+parameters MXNet wrote (tests/data/mxnet_checkpoint: MXNet 1.9.1's save_checkpoint of a
+Xavier-initialized fc-bn-softmax net).
+
+The expected values were printed by MXNet 1.9.1 running the same calls (2026-11-24).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import mixrt
+from mixrt import io, model, nd, sym
+from mixrt.errors import InputError
+from mixrt.module import BucketingModule, Module
+
+DATA = "tests/data/mxnet_checkpoint/mxck"
+EXPECTED = {"names": [["data"], ["softmax_label"], ["softmax_output"], [["softmax_output", [8, 3]]]], "forward": [[0.28454500436782837, 0.43759098649024963, 0.277864009141922], [0.3466309905052185, 0.30560600757598877, 0.3477630019187927]], "after_one": [[0.18129600584506989, 0.3018369972705841, -0.21719099581241608, -0.23770399391651154, 0.6404799818992615, -0.34084200859069824, -0.12347999960184097, 0.258419007062912], [0.032281000167131424, 0.1457590013742447, -0.1513810008764267, 0.19920599460601807, -0.32581400871276855, 0.5144619941711426, 0.07718899846076965, -0.0904809981584549], [0.2204200029373169, -0.02250700071454048, -0.33642399311065674, -0.3966220021247864, 0.19014699757099152, -0.042716000229120255, -0.06947200000286102, 0.2900969982147217]], "after_fit": [[-0.7274199724197388, -0.2158699929714203, -0.4111100137233734, -0.7244700193405151, -0.2723099887371063, -0.4572800099849701], [0.7042700052261353, 1.7979300022125244, 0.05420000106096268, 1.0855499505996704, 0.5393400192260742, -1.0102800130844116]], "score": [["accuracy", 0.875], ["cross-entropy", 0.487998]], "predict": [[10, 3], [0.08715999871492386, 0.8377599716186523, 0.07507000118494034]], "iter_predict": [[[4, 3], 0], [[4, 3], 1], [[2, 3], 2]], "ckpt": [["fc1_bias", "fc1_weight", "fc2_bias", "fc2_weight"], [], ["data", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "softmax_label"], 0.0], "loaded_predict": [5.999999848427251e-05, 0.05875999853014946, 0.9411699771881104], "fixed": [24.0, ["bn_moving_mean", "bn_moving_var"], [0.13179999589920044, 0.13179999589920044, 0.13179999589920044, 0.13179999589920044]]}
+BUCKETS = {"outs": [[0.14195799827575684, 0.38381099700927734, 0.4742310047149658], [0.16904599964618683, 0.21407799422740936, 0.6168749928474426], [0.4571619927883148, 0.31696799397468567, 0.22586999833583832], [0.16211600601673126, 0.5618950128555298, 0.27598899602890015], [0.2739099860191345, 0.33667999505996704, 0.38940998911857605], [0.43211400508880615, 0.3641720116138458, 0.20371399819850922]], "w": [[0.32515600323677063, 0.18142199516296387, -0.4190860092639923, 0.3059979975223541, -0.39802899956703186], [-0.34658700227737427, 0.3020409941673279, 0.03140399977564812, -0.012996000237762928, -0.424778014421463], [-0.1906840056180954, 0.33818501234054565, -0.6143019795417786, -0.4536829888820648, 0.1737920045852661]], "buckets": [1, 2]}
+
+
+def mlp():
+    data = sym.Variable("data")
+    fc1 = sym.FullyConnected(data, num_hidden=8, name="fc1")
+    act = sym.Activation(fc1, act_type="relu", name="relu1")
+    fc2 = sym.FullyConnected(act, num_hidden=3, name="fc2")
+    return sym.SoftmaxOutput(fc2, name="softmax")
+
+
+def problem():
+    rng = np.random.RandomState(0)
+    x = rng.randn(40, 6).astype("float32")
+    y = (x[:, 0] > 0).astype("float32") + (x[:, 1] > 0)
+    weights = {"fc1_weight": rng.randn(8, 6).astype("float32") * 0.3,
+               "fc1_bias": np.zeros(8, "float32"),
+               "fc2_weight": rng.randn(3, 8).astype("float32") * 0.3,
+               "fc2_bias": np.zeros(3, "float32")}
+    return x, y, {k: nd.array(v) for k, v in weights.items()}
+
+
+def close(found, expected, rtol=1e-4):
+    np.testing.assert_allclose(np.asarray(found, dtype=float), np.asarray(expected, dtype=float),
+                               rtol=rtol, atol=1e-5)
+
+
+def test_module_steps_fit_score_predict_and_checkpoints_match_mxnet(tmp_path):
+    x, y, args = problem()
+    it = io.NDArrayIter(x, y, batch_size=8)
+    m = Module(mlp(), data_names=["data"], label_names=["softmax_label"])
+    m.bind(data_shapes=it.provide_data, label_shapes=it.provide_label)
+    m.init_params(arg_params=args)
+    m.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.5, "momentum": 0.9,
+                                                        "wd": 0.01})
+    assert [m.data_names, m.label_names, m.output_names,
+            [[name, list(shape)] for name, shape in m.output_shapes]] == EXPECTED["names"]
+    batch = next(it)
+    m.forward(batch, is_train=True)
+    close(m.get_outputs()[0].asnumpy()[:2], EXPECTED["forward"])
+    m.backward()
+    m.update()
+    close(m.get_params()[0]["fc2_weight"].asnumpy(), EXPECTED["after_one"])
+    it.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # init_params again: ignored, as in MXNet
+        m.fit(it, num_epoch=3, eval_metric="acc", optimizer="sgd",
+              optimizer_params={"learning_rate": 0.5})
+    arg, _ = m.get_params()
+    close(arg["fc1_weight"].asnumpy()[:2], EXPECTED["after_fit"])
+    scores = m.score(io.NDArrayIter(x, y, batch_size=8), ["acc", "ce"])
+    close([v for _, v in scores], [v for _, v in EXPECTED["score"]])
+    assert [n for n, _ in scores] == [n for n, _ in EXPECTED["score"]]
+    predicted = m.predict(io.NDArrayIter(x[:10], y[:10], batch_size=4))
+    assert list(predicted.shape) == EXPECTED["predict"][0]
+    close(predicted.asnumpy()[-1], EXPECTED["predict"][1])
+    shapes = [[list(o[0].shape), i] for o, i, _ in
+              m.iter_predict(io.NDArrayIter(x[:10], batch_size=4))]
+    assert shapes == EXPECTED["iter_predict"]
+    prefix = str(tmp_path / "ck")
+    m.save_checkpoint(prefix, 3)
+    symbol, arg_params, aux_params = model.load_checkpoint(prefix, 3)
+    assert [sorted(arg_params), sorted(aux_params), symbol.list_arguments()] == \
+        EXPECTED["ckpt"][:3]
+    loaded = Module.load(prefix, 3)
+    loaded.bind(data_shapes=[("data", (5, 6))], for_training=False)
+    close(loaded.predict(nd.array(x[:5])).asnumpy()[0], EXPECTED["loaded_predict"])
+
+
+def test_fixed_parameters_and_running_statistics_match_mxnet():
+    x, _, _ = problem()
+    data = sym.Variable("data")
+    bn = sym.BatchNorm(sym.FullyConnected(data, num_hidden=4, name="fc"), name="bn")
+    net = sym.LinearRegressionOutput(sym.FullyConnected(bn, num_hidden=1, name="out"),
+                                     name="lro")
+    m = Module(net, label_names=["lro_label"], fixed_param_names=["fc_weight"])
+    it = io.NDArrayIter(x, x[:, 0], batch_size=10, label_name="lro_label")
+    m.fit(it, num_epoch=2, eval_metric="mse", initializer=mixrt.init.One(),
+          optimizer_params={"learning_rate": 0.01})
+    arg, aux = m.get_params()
+    found = [float(arg["fc_weight"].asnumpy().sum()), sorted(aux),
+             aux["bn_moving_mean"].asnumpy().tolist()]
+    assert found[:2] == EXPECTED["fixed"][:2]
+    close(found[2], EXPECTED["fixed"][2])
+
+
+def test_bucketing_module_shares_parameters_as_mxnet():
+    def sym_gen(key):
+        data = sym.Variable("data")
+        x = data if key == 1 else sym.Activation(data, act_type="relu")
+        fc = sym.FullyConnected(x, num_hidden=3, name="fc")
+        return sym.SoftmaxOutput(fc, name="softmax"), ("data",), ("softmax_label",)
+    rng = np.random.RandomState(2)
+    m = BucketingModule(sym_gen, default_bucket_key=1)
+    m.bind(data_shapes=[("data", (4, 5))], label_shapes=[("softmax_label", (4,))])
+    w = rng.randn(3, 5).astype("float32") * 0.3
+    m.init_params(arg_params={"fc_weight": nd.array(w), "fc_bias": nd.zeros((3,))})
+    m.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.3, "momentum": 0.5})
+    outputs = []
+    for step in range(6):
+        key = 1 + step % 2
+        x = rng.randn(4, 5).astype("float32")
+        y = rng.randint(0, 3, size=4).astype("float32")
+        batch = io.DataBatch([nd.array(x)], [nd.array(y)], bucket_key=key,
+                             provide_data=[io.DataDesc("data", (4, 5))],
+                             provide_label=[io.DataDesc("softmax_label", (4,))])
+        m.forward(batch, is_train=True)
+        m.backward()
+        m.update()
+        outputs.append(m.get_outputs()[0].asnumpy()[0])
+    close(outputs, BUCKETS["outs"])
+    close(m.get_params()[0]["fc_weight"].asnumpy(), BUCKETS["w"])
+    assert sorted(m._buckets) == BUCKETS["buckets"]
+
+
+def test_parameters_mxnet_wrote_load_and_predict_as_in_mxnet():
+    arg_params, aux_params = model.load_params(DATA, 7)
+    assert sorted(arg_params) == ["bn_beta", "bn_gamma", "fc_bias", "fc_weight"]
+    assert sorted(aux_params) == ["bn_moving_mean", "bn_moving_var"]
+    data = sym.Variable("data")
+    net = sym.SoftmaxOutput(sym.BatchNorm(sym.FullyConnected(data, num_hidden=3, name="fc"),
+                                          name="bn"), name="softmax")
+    m = Module(net)
+    m.bind([("data", (2, 4))], for_training=False)
+    m.set_params(arg_params, aux_params)
+    found = m.predict(nd.array(np.arange(8).reshape(2, 4))).asnumpy()
+    # MXNet 1.9.1's Module.load(...).predict on the same input
+    close(found, [[0.5133867263793945, 0.4538913071155548, 0.03272198885679245],
+                  [0.2688823640346527, 0.7309482097625732, 0.000169437364093028]])
+
+
+def test_callbacks_and_errors():
+    x, y, args = problem()
+    seen = []
+    m = Module(mlp())
+    m.fit(io.NDArrayIter(x, y, batch_size=20), num_epoch=2, arg_params=args,
+          batch_end_callback=lambda p: seen.append(("batch", p.epoch, p.nbatch)),
+          epoch_end_callback=[lambda epoch, s, a, aux: seen.append(("epoch", epoch))],
+          optimizer_params={"learning_rate": 0.1})
+    assert seen == [("batch", 0, 0), ("batch", 0, 1), ("epoch", 0),
+                    ("batch", 1, 0), ("batch", 1, 1), ("epoch", 1)]
+    fresh = Module(mlp())
+    with pytest.raises(InputError, match="call bind"):
+        fresh.init_params()
+    with pytest.raises(InputError, match="num_epoch"):
+        fresh.fit(io.NDArrayIter(x, y, batch_size=20))
+    fresh.bind([("data", (4, 6))], [("softmax_label", (4,))])
+    with pytest.raises(InputError, match="not presented"):
+        fresh.init_params(arg_params={"fc1_weight": args["fc1_weight"]})
+    fresh.init_params()
+    with pytest.raises(InputError, match="out_grads"):
+        fresh.backward(out_grads=[nd.ones((4, 3))])
