@@ -8,3 +8,14 @@ errors without reaching up into the frontends' folder. Users import the same cla
 
 # MXNet's ``mxnet.base.MXNetError`` under MXNet's dotted path, for code written against MXNet
 from mixrt.base.errors import MXNetError  # noqa: E402,F401
+
+
+def __getattr__(name: str):
+    """MXNet's ``mxnet.base`` type tuples, made on first use: NumPy is loaded only then,
+    as this package must not load it (``runtime/blas_policy.py`` imports it first)."""
+    if name not in ("integer_types", "numeric_types", "string_types"):
+        raise AttributeError(f"module 'mixrt.base' has no attribute {name!r}")
+    import numpy  # noqa: PLC0415  (deferred on purpose: see the docstring)
+    return {"integer_types": (int, numpy.int32, numpy.int64),
+            "numeric_types": (float, int, numpy.generic),
+            "string_types": (str,)}[name]

@@ -73,6 +73,14 @@ def setitem_columns_add(nd):
     return base
 
 
+def inplace_view(nd, make):
+    """[the result, the base after the result was written]."""
+    base = _grid(nd)
+    made = make(base)
+    made[:] = -1
+    return [made, base]
+
+
 def into(out, made):
     """[what a call with out= returned, out]."""
     return [made, out]
@@ -162,6 +170,22 @@ CASES = {
     "float_ndarray_key": lambda nd, ag: nd.array(np.arange(12.0).reshape(3, 4))[
         nd.array([2, 0])],
     "iterate_vector": lambda nd, ag: [a for a in nd.array([1, 2, 3])],
+    "flatten_inplace_is_a_view": lambda nd, ag: inplace_view(nd, lambda x: x.flatten(
+        inplace=True)),
+    "expand_dims_inplace_is_a_view": lambda nd, ag: inplace_view(nd, lambda x: x.expand_dims(
+        1, inplace=True)),
+    "squeeze_inplace_is_a_view": lambda nd, ag: inplace_view(nd, lambda x: x.reshape(
+        (3, 1, 4)).squeeze(axis=1, inplace=True)),
+    "flatten_copy": lambda nd, ag: inplace_view(nd, lambda x: x.flatten()),
+    "squeeze_all_ones": lambda nd, ag: nd.ones((1, 1, 1)).squeeze(),
+    "squeeze_axes": lambda nd, ag: nd.zeros((2, 1, 3, 1)).squeeze(axis=(1, 3)),
+    "int_rounding": lambda nd, ag: [getattr(nd.array([50000001, -3], dtype="int32"), name)()
+                                    for name in ("floor", "ceil", "round", "rint", "fix",
+                                                 "trunc")],
+    "setitem_list_into_an_element": lambda nd, ag: (lambda x: [x.__setitem__(
+        (1, 2), [7]), x][1])(nd.zeros((2, 3), dtype="int32")),
+    "linspace_int32": lambda nd, ag: nd.linspace(3.7, 50.2, 7, dtype="int32"),
+    "linspace_descending": lambda nd, ag: nd.linspace(24, 11, 12),
     "setitem_one_element_array": lambda nd, ag: (lambda b: [b.__setitem__(
         0, np.array([47.844944], dtype=np.float32)), b][1])(nd.zeros(1)),
     "crop_assign": lambda nd, ag: nd._internal._crop_assign(

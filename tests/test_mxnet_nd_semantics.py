@@ -6,6 +6,7 @@ files, and the errors."""
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import struct
 
@@ -190,6 +191,40 @@ def test_other_results_own_their_memory(make):
     np.testing.assert_array_equal(y.asnumpy(), before)
     y[:] = -7
     assert x.asnumpy().min() == 1
+
+
+def test_a_recorded_value_written_in_place_is_refused_as_in_mxnet():
+    target, value = nd.zeros((3, 2)), _leaf()
+    with autograd.record():
+        with pytest.raises(GradientError, match=r"Inplace operations \(\+=, -=, x\[:\]=, etc\)"):
+            target[0:3] = value * 2  # its gradient would be lost
+        with pytest.raises(GradientError, match="Inplace operations"):
+            target += value
+        target[0:1] = 5  # a number, or an array off the tape, may be written (MXNet)
+        target[1:2] = nd.ones((1, 2))
+
+
+def test_contiguity_is_numpys():
+    grid = np.arange(6 * 7 * 8 * 9).reshape(6, 7, 8, 9)
+    slices = [slice(None), slice(2), slice(1, 4), slice(None, None, 2), slice(0, 1),
+              slice(None, None, -1), slice(3, None, -2), slice(20)]
+    for key in itertools.product(slices, repeat=3):
+        assert nd.NDArray._basic_indexing_slice_is_contiguous(key, grid.shape) == \
+            grid[key].flags.contiguous, key
+
+
+def test_from_numpy_shares_the_memory_and_locks_the_numpy_array():
+    host = np.array([[1, 2], [3, 4]], dtype=np.float32)
+    for _ in range(2):  # a second from_numpy of the now read-only array shares it too
+        shared = nd.from_numpy(host)
+        with pytest.raises(ValueError):
+            host[0, 0] = 9
+        shared[1, 1] = 100
+        assert host[1, 1] == 100
+    with pytest.raises(ValueError, match="C-contiguous"):
+        nd.from_numpy(np.ones((2, 3)).T)
+    copied = nd.from_numpy(np.ones(2), zero_copy=False)
+    assert copied.dtype == np.float64
 
 
 def test_a_view_shares_its_bases_engine_tag():
@@ -388,6 +423,15 @@ def test_truth_of_several_elements_is_ambiguous():
     with pytest.raises(InputError):
         bool(nd.ones((2,)))
     assert not bool(nd.zeros((0,)))
+
+
+def test_shape_and_axis_errors_are_value_errors_as_in_mxnet():
+    with pytest.raises(ValueError, match="reshape"):
+        nd.zeros((2, 3, 5)).reshape((2, 3))
+    for source, destination in [(3, 0), (-4, 0), (0, 5), ([0, 0], [0, 1]), ([0, 1], [1, 1]),
+                                (0, [0, 1])]:
+        with pytest.raises(ValueError):
+            nd.moveaxis(nd.zeros((1, 2, 3)), source, destination)
 
 
 def test_asscalar_and_len_refuse_what_mxnet_refuses():

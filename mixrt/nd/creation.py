@@ -51,16 +51,34 @@ def _placed(host: np.ndarray, ctx) -> NDArray:
 
 def from_numpy(ndarray, zero_copy: bool = True) -> NDArray:
     """An NDArray of a NumPy array's dtype; with ``zero_copy`` it shares the array's
-    memory (which must be C-contiguous), as MXNet's does."""
+    memory (which must be C-contiguous) and the NumPy array becomes read-only, as MXNet's
+    does."""
     if not isinstance(ndarray, np.ndarray):
         raise InputError(f"from_numpy: ndarray must be a NumPy array, got "
                          f"{type(ndarray).__name__}")
     if zero_copy:
         if not ndarray.flags.c_contiguous:
-            raise InputError("from_numpy: zero_copy needs a C-contiguous array; pass "
-                             "np.ascontiguousarray(x) or zero_copy=False")
-        return NDArray(ndarray, as_context("cpu"))
+            raise NotContiguousError("from_numpy: zero_copy needs a C-contiguous array; "
+                                     "pass np.ascontiguousarray(x) or zero_copy=False")
+        shared = np.asarray(_WritableMemory(ndarray))
+        ndarray.flags.writeable = False  # as MXNet: the NDArray owns the memory now
+        return NDArray(shared, as_context("cpu"))
     return NDArray(np.array(ndarray, copy=True), as_context("cpu"))
+
+
+class _WritableMemory:
+    """The memory of a NumPy array, offered writable (the array itself is made read-only,
+    perhaps by an earlier ``from_numpy``); holds the array so the memory lives on."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.__array_interface__ = dict(array.__array_interface__,
+                                        data=(array.__array_interface__["data"][0], False))
+
+
+class NotContiguousError(InputError, ValueError):
+    """``from_numpy(zero_copy=True)`` of an array that is not C-contiguous; a ``ValueError``
+    too, as MXNet raises."""
 
 
 def _shape(fn: str, shape) -> tuple:
@@ -170,14 +188,15 @@ def _positive(fn: str, arg: str, value) -> int:
 
 def linspace(start, stop, num, endpoint=True, ctx=None, dtype=None) -> NDArray:
     """``num`` evenly spaced values from ``start`` to ``stop`` (included unless
-    ``endpoint=False``), ``start + i * step`` computed in ``dtype`` (float32)."""
+    ``endpoint=False``), ``start + i * step`` computed in float64, then cast to ``dtype``
+    (float32 by default; an integer dtype truncates, as NumPy's)."""
     if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 0:
         raise InputError(f"linspace: num must be a non-negative int, got {num!r}")
     dtype = DEFAULT_DTYPE if dtype is None else _dtype("linspace", "dtype", dtype)
     intervals = num - 1 if endpoint else num
     step = (float(stop) - float(start)) / intervals if intervals > 0 else 0.0
-    host = _cast(start, dtype) + np.arange(num).astype(dtype) * _cast(step, dtype)
-    return _placed(host.astype(dtype, copy=False), ctx)
+    host = float(start) + np.arange(num) * step  # in float64, then cast (MXNet's, NumPy's)
+    return _placed(host.astype(dtype), ctx)
 
 
 def eye(N, M=0, k=0, ctx=None, dtype=None, **kwargs) -> NDArray:

@@ -57,10 +57,15 @@ def _int(fn: str, arg: str, value, minimum=None) -> int:
     return int(value)
 
 
+class AxisError(InputError, ValueError):
+    """An axis out of range or named twice; a ``ValueError`` too, as NumPy's and MXNet's
+    Python functions raise."""
+
+
 def _axis(fn: str, axis, ndim: int, arg: str = "axis") -> int:
     axis = _int(fn, arg, axis)
     if not -ndim <= axis < ndim:
-        raise InputError(f"{fn}: {arg}={axis} is out of range for an array of {ndim} "
+        raise AxisError(f"{fn}: {arg}={axis} is out of range for an array of {ndim} "
                          f"dimensions (expected {-ndim} <= {arg} < {ndim})")
     return axis % ndim
 
@@ -83,6 +88,8 @@ def _tuple(fn: str, arg: str, value) -> tuple:
         return (int(value),)
     if isinstance(value, np.ndarray) and value.ndim == 1:
         return tuple(value.tolist())
+    if isinstance(value, range):
+        return tuple(value)
     if not isinstance(value, (tuple, list)):
         raise InputError(f"{fn}: {arg} must be an int or a tuple of ints, got {value!r}")
     return tuple(value)

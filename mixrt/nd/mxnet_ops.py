@@ -331,18 +331,33 @@ def _unary(fn: str, op_type: str, doc: str):
     return function
 
 
+def _integers_unchanged(function):
+    """A rounding function that gives integer data back as it is (a copy), as MXNet's do;
+    ONNX's rounding ops take floats only."""
+    def rounding(data, name=None):
+        data = _array(function.__name__, "data", data)
+        if data.dtype.kind in "iub":
+            return _op("Identity", [data])
+        return function(data)
+    rounding.__name__ = rounding.__qualname__ = function.__name__
+    rounding.__doc__ = function.__doc__
+    return rounding
+
+
 sign = _unary("sign", "Sign", "MXNet's ``sign``: -1, 0 or 1 (gradient 0).")
-floor = _unary("floor", "Floor", "MXNet's ``floor`` (gradient 0).")
-ceil = _unary("ceil", "Ceil", "MXNet's ``ceil`` (gradient 0).")
+floor = _integers_unchanged(_unary("floor", "Floor", "MXNet's ``floor`` (gradient 0)."))
+ceil = _integers_unchanged(_unary("ceil", "Ceil", "MXNet's ``ceil`` (gradient 0)."))
 abs = _unary("abs", "Abs", "MXNet's ``abs``.")  # noqa: A001 (MXNet's name)
 
 
+@_integers_unchanged
 def rint(data, name=None):
     """MXNet's ``rint``: to the nearest integer, halves downwards (``rint(2.5)`` is 2,
     ``rint(-2.5)`` is -3; ``round`` takes halves away from zero). Gradient 0."""
     return _op("Ceil", [_array("rint", "data", data) - 0.5])
 
 
+@_integers_unchanged
 def round(data, name=None):  # noqa: A001 (MXNet's name)
     """MXNet's ``round``: to the nearest integer, halves away from zero (``round(2.5)`` is
     3, ``round(-0.5)`` is -1; ``rint`` rounds halves down). Gradient 0."""
@@ -351,6 +366,7 @@ def round(data, name=None):  # noqa: A001 (MXNet's name)
                        _op("Floor", [_op("Abs", [data]) + 0.5])])
 
 
+@_integers_unchanged
 def fix(data, name=None):
     """MXNet's ``fix``: towards zero (gradient 0)."""
     data = _array("fix", "data", data)

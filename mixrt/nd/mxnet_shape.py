@@ -15,7 +15,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError
 from mixrt.nd.mxnet_args import (_array, _axis, _dtype, _index_array, _int, _ints,
-                                 _made_on, _op, _tuple)
+                                 _made_on, _op, _tuple, AxisError)
 from mixrt.nd.mxnet_indexing import one_hot, pick, slice, slice_axis
 from mixrt.nd.ndarray import NDArray
 
@@ -28,8 +28,9 @@ def moveaxis(tensor, source, destination):
     sources = [_axis(fn, a, tensor.ndim, "source") for a in _tuple(fn, "source", source)]
     targets = [_axis(fn, a, tensor.ndim, "destination")
                for a in _tuple(fn, "destination", destination)]
-    if len(sources) != len(targets) or len(set(sources)) != len(sources):
-        raise InputError(f"{fn}: source {source} and destination {destination} must name "
+    if len(sources) != len(targets) or len(set(sources)) != len(sources) or \
+            len(set(targets)) != len(targets):
+        raise AxisError(f"{fn}: source {source} and destination {destination} must name "
                          f"as many distinct axes")
     order = [a for a in range(tensor.ndim) if a not in sources]
     for target, axis in sorted(zip(targets, sources)):

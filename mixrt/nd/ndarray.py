@@ -52,6 +52,7 @@ from mixrt.ops.shape import shape_mxnet
 from mixrt.runtime.engine import get_engine
 
 _GRAD_REQS = ("write", "add", "null")
+py_slice = slice  # MXNet's name for Python's slice (its module shadows it with nd.slice)
 
 
 def _on_its_device(method):
@@ -375,6 +376,7 @@ class NDArray(ArrayMethods):
         if result.shape != self.shape:
             raise InputError(f"in-place {op_type}: the result's shape {result.shape} is not "
                              f"this array's {self.shape}")
+        _refuse_recorded_value(result, f"in-place {op_type}")
         target = self._write()
         target[...] = result._data
         return self
@@ -393,38 +395,39 @@ class NDArray(ArrayMethods):
         contiguous selection by integers and slices, ``views.py``), else a copy. A
         selection of one element by integers has shape ``(1,)``. An NDArray of floats
         indexes as integers, as in MXNet."""
-        key = views.mxnet_key(_raw_key(key, self.ctx), self.ndim)
+        key = views.mxnet_key(views.raw_key(key, self.ctx), self.ndim)
         try:
             view = views.basic_view(self._read(), key)
             result = Index(key, view)(self)
         except (IndexError, TypeError, ValueError) as exc:
-            raise _index_error(exc, "indexing", key, self.shape) from exc
+            raise views.index_error(exc, "indexing", key, self.shape) from exc
         return result if view is None else result._share_memory_of(self)
 
     @_on_its_device
     def __setitem__(self, key, value) -> None:
-        key = _raw_key(key, self.ctx)
+        key = views.raw_key(key, self.ctx)
         if isinstance(value, NDArray):
             if value.ctx != self.ctx:
                 raise DeviceMismatchError(f"setitem: the value is on {value.ctx}, the "
                                           f"array on {self.ctx}; move it with "
                                           f".as_in_context({self.ctx})")
+            _refuse_recorded_value(value, "x[key] = value")
             value = value._read()
         target = self._write()
         try:
-            _assign_into(self.ctx.xp, target, key, value)
+            views.assign_into(self.ctx.xp, target, key, value)
         except (IndexError, TypeError, ValueError) as exc:
-            raise _index_error(exc, "setitem", key, self.shape) from exc
+            raise views.index_error(exc, "setitem", key, self.shape) from exc
 
     def slice_assign(self, rhs, begin, end, step=()) -> "NDArray":
         """MXNet's: ``rhs`` written into the region ``begin:end:step`` of the first axes
         (``None`` entries take the whole axis), in place; returns this array."""
-        self[_region(begin, end, step)] = rhs
+        self[views.region(begin, end, step)] = rhs
         return self
 
     def slice_assign_scalar(self, value, begin, end, step=()) -> "NDArray":
         """MXNet's: ``value`` written into the region ``begin:end:step``, in place."""
-        self[_region(begin, end, step)] = value
+        self[views.region(begin, end, step)] = value
         return self
 
     def __iter__(self):
@@ -455,6 +458,33 @@ class NDArray(ArrayMethods):
             index = method(self, axis, keepdims)
         return index.astype(self.dtype)
 
+    def flatten(self, inplace: bool = False) -> "NDArray":
+        """``(n, rest)``: a copy, or with ``inplace`` a view (MXNet's)."""
+        if inplace:
+            return self.reshape((self.shape[0] if self.ndim else 1, -1))
+        return ArrayMethods.flatten(self)
+
+    def expand_dims(self, axis: int, inplace: bool = False) -> "NDArray":
+        """A new length-1 axis at ``axis``: a copy, or with ``inplace`` a view."""
+        if inplace:
+            axis = axis + self.ndim + 1 if axis < 0 else axis
+            return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
+        return ArrayMethods.expand_dims(self, axis)
+
+    def squeeze(self, axis=None, inplace: bool = False) -> "NDArray":
+        """Without the length-1 axes (``axis``: those named); all of them squeezed gives
+        shape ``(1,)``, as MXNet has no 0-d arrays there. ``inplace``: a view."""
+        if not inplace:
+            squeezed = ArrayMethods.squeeze(self, axis)
+            return squeezed.reshape((1,)) if squeezed.ndim == 0 else squeezed
+        named = range(self.ndim) if axis is None else \
+            {a % self.ndim for a in np.atleast_1d(axis)}
+        kept = tuple(d for a, d in enumerate(self.shape) if a not in named or d != 1)
+        return self.reshape(kept or (1,))
+
+    # the test MXNet's basic indexing makes to give a view (a key of slices, one shape)
+    _basic_indexing_slice_is_contiguous = staticmethod(views.slice_is_contiguous)
+
     # -- what the shared methods (mixrt/array_methods.py) run on ------------------------
 
     def _op(self, op_type: str, inputs: list, attributes: dict):
@@ -473,51 +503,19 @@ class NDArray(ArrayMethods):
 
 
 
-def _raw_key(key, ctx: Context):
-    """``key`` with NDArrays as their data. As in MXNet, index arrays hold integers by
-    value: floats (``nd.array``'s default) are truncated and booleans are 0/1 (a mask
-    picks rows 0 and 1, it does not select)."""
-    if isinstance(key, NDArray):
-        if key.ctx != ctx:
-            raise DeviceMismatchError(f"indexing: the index is on {key.ctx}, the array on "
-                                      f"{ctx}; move it with .as_in_context({ctx})")
-        return _integer_index(key._read())
-    if isinstance(key, tuple):
-        return tuple(_raw_key(k, ctx) for k in key)
-    if isinstance(key, (bool, np.bool_)):
-        return int(key)
-    if isinstance(key, np.ndarray):
-        return _integer_index(key)
-    return key
+def _refuse_recorded_value(value: NDArray, what: str) -> None:
+    """MXNet's rule: while recording, an in-place write of a value autograd follows would
+    lose its gradient (the target is no node of the tape)."""
+    if autograd.is_recording() and (value._entry is not None or value._grad is not None):
+        raise GradientError(f"{what}: Inplace operations (+=, -=, x[:]=, etc) are not "
+                            f"supported when recording with autograd: the value is on the "
+                            f"tape and its gradient would be lost; compute a new array "
+                            f"instead (e.g. nd.where, nd.concat), or write under "
+                            f"autograd.pause()")
 
 
-def _assign_into(xp, target, key, value) -> None:
-    """``target[key] = value``; a one-element value also fills a single element, as in
-    MXNet (NumPy 2 refuses ``x[0] = array([5.0])``)."""
-    try:
-        target[key] = value
-    except ValueError:
-        value = xp.asarray(value)
-        if value.size != 1:
-            raise
-        target[key] = value.reshape(())
-
-
-def _region(begin, end, step) -> tuple:
-    if len(begin) != len(end) or (step and len(step) != len(begin)):
-        raise InputError(f"slice_assign: begin {begin}, end {end} and step {step} must have "
-                         f"one entry per axis")
-    steps = step or (None,) * len(begin)
-    return tuple(slice(b, e, s) for b, e, s in zip(begin, end, steps))
-
-
-def _integer_index(raw):
-    return raw.astype(np.int64) if raw.dtype.kind in "fb" else raw
-
-
-class IndexInputError(InputError, IndexError):
-    """An index out of range or of a kind NDArray does not take; an ``IndexError`` too, as
-    Python and MXNet raise."""
+class ReshapeError(InputError, ValueError):
+    """A reshape whose target does not fit; a ``ValueError`` too, as in MXNet."""
 
 
 class AmbiguousTruthError(InputError, ValueError):
@@ -531,11 +529,6 @@ class NotScalarError(InputError, ValueError):
 
 class UnsizedArrayError(InputError, TypeError):
     """``len()`` or iteration of a 0-d array; a ``TypeError`` too, as in NumPy."""
-
-
-def _index_error(exc, what: str, key, shape) -> InputError:
-    kind = IndexInputError if isinstance(exc, IndexError) else InputError
-    return kind(f"{what}: key {key!r} on an array of shape {shape}: {exc}")
 
 
 def _mod(a, b):
@@ -553,7 +546,7 @@ def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
     try:
         return shape_mxnet.mxnet_shape(source, codes, reverse)
     except ValueError as exc:
-        raise InputError(f"reshape: {exc}") from None
+        raise ReshapeError(f"reshape: {exc}") from None
 
 
 def _ints(values, ctx: Context):
