@@ -25,6 +25,11 @@ def _data(shape):
     return values.astype(np.float64)
 
 
+def _array(values):
+    """An NDArray keeping float64 (nd.array makes float32 of NumPy data, as MXNet's does)."""
+    return nd.array(values, dtype=values.dtype)
+
+
 def _symbol_forward(build, data: np.ndarray) -> np.ndarray:
     net = build(sym.Variable("data"))
     executor = net.simple_bind("cpu", data=data.shape, type_dict={"data": "float64"})
@@ -53,7 +58,7 @@ def test_symbol_pooling_computes_what_the_ndarray_one_does(case):
     arguments = POOLS[case]
     shape = (2, 3, 7) if len(arguments.get("kernel", (0, 0))) == 1 else (2, 3, 7, 6)
     data = _data(shape)
-    expected = nd.Pooling(nd.array(data), **arguments).asnumpy()
+    expected = nd.Pooling(_array(data), **arguments).asnumpy()
     got = _symbol_forward(lambda x: sym.Pooling(x, name="p", **arguments), data)
     # a window wholly in the padding: the dtype's lowest value on NDArrays; a symbol does
     # not know its dtype while it is built, and gives float32's (documented in pooling.py)
@@ -64,7 +69,7 @@ def test_symbol_pooling_computes_what_the_ndarray_one_does(case):
 
 def test_a_window_wholly_in_the_padding_gives_the_lowest_value_as_mxnet():
     data = _data((1, 1, 2, 2))
-    out = nd.Pooling(nd.array(data), kernel=(2, 2), stride=(2, 2), pad=(2, 2)).asnumpy()
+    out = nd.Pooling(_array(data), kernel=(2, 2), stride=(2, 2), pad=(2, 2)).asnumpy()
     assert out[0, 0, 0, 0] == np.finfo(np.float64).min
     assert out[0, 0, 1, 1] == data.max()
 
@@ -83,14 +88,14 @@ def test_gluon_ceil_mode_pools_are_mxnets_full_convention():
 def test_deconvolution_target_shape_splits_the_surplus_as_mxnet_on_both_front_ends():
     data, weight = _data((1, 2, 4, 4)), _data((2, 3, 3, 3))
     arguments = dict(kernel=(3, 3), stride=(2, 2), num_filter=3, target_shape=(8, 7))
-    expected = nd.Deconvolution(nd.array(data), nd.array(weight), **arguments).asnumpy()
+    expected = nd.Deconvolution(_array(data), _array(weight), **arguments).asnumpy()
     assert expected.shape == (1, 3, 8, 7)
     net = sym.Deconvolution(sym.Variable("data"), name="d", **arguments)
     executor = net.simple_bind("cpu", data=data.shape, type_dict={"data": "float64"})
-    executor.copy_params_from({"d_weight": nd.array(weight)})
+    executor.copy_params_from({"d_weight": _array(weight)})
     got = np.asarray(executor.forward(data=data)[0])
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     # MXNet's split: (4 - 1) * 2 + 3 = 9 rows, 1 too many: pad 1 in front, none behind
-    full = nd.Deconvolution(nd.array(data), nd.array(weight), kernel=(3, 3), stride=(2, 2),
+    full = nd.Deconvolution(_array(data), _array(weight), kernel=(3, 3), stride=(2, 2),
                             num_filter=3).asnumpy()
     np.testing.assert_allclose(expected[:, :, :, :], full[:, :, 1:9, 1:8], rtol=1e-12)
