@@ -10,6 +10,11 @@ errors without reaching up into the frontends' folder. Users import the same cla
 from mixrt.base.errors import MXNetError  # noqa: E402,F401
 
 
+def py_str(raw: bytes) -> str:
+    """MXNet's ``mxnet.base.py_str``: bytes from the library as a str."""
+    return raw.decode("utf-8")
+
+
 def __getattr__(name: str):
     """MXNet's ``mxnet.base`` type tuples, made on first use: NumPy is loaded only then,
     as this package must not load it (``runtime/blas_policy.py`` imports it first)."""

@@ -69,7 +69,7 @@ def _on_its_device(method):
 
 class NDArray(ArrayMethods):
     __slots__ = ("_data", "ctx", "_var", "_entry", "_versions", "_base", "_grad",
-                 "_grad_req", "_on_grad", "__weakref__")
+                 "_grad_req", "_on_grad", "_grad_seen", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
 
     def __init__(self, data, ctx: Context):
@@ -87,6 +87,7 @@ class NDArray(ArrayMethods):
         self._grad = None
         self._grad_req = "null"
         self._on_grad = None  # called with this array once backward stored its gradient
+        self._grad_seen = 0  # the gradient's version when _fresh_grad was last cleared
 
     # -- engine synchronisation ----------------------------------------------------------
 
@@ -321,10 +322,21 @@ class NDArray(ArrayMethods):
         self._grad = None if grad_req == "null" else \
             NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
         self._entry = None  # a variable is a leaf, whatever made it
+        self._grad_seen = 0
 
     @property
     def grad(self) -> "NDArray | None":
         return self._grad
+
+    @property
+    def _fresh_grad(self) -> bool:
+        """MXNet's flag: a backward pass wrote the gradient since it was last cleared."""
+        return self._grad is not None and self._grad._version != self._grad_seen
+
+    @_fresh_grad.setter
+    def _fresh_grad(self, fresh: bool) -> None:
+        current = self._grad._version if self._grad is not None else 0
+        self._grad_seen = current - 1 if fresh else current
 
     @property
     def grad_req(self) -> str:
@@ -441,22 +453,27 @@ class NDArray(ArrayMethods):
         target = mxnet_shape(self.shape, codes, reverse)
         return self._op("Reshape", [self, self._int_tensor(target)], {})
 
-    def argmax(self, axis=None, keepdims: bool = False) -> "NDArray":
+    def argmax(self, axis=None, keepdims: bool = False, out=None) -> "NDArray":
         """Indices of the largest values along ``axis`` (``None``, MXNet's default: over the
-        flattened array, shape ``(1,)``), as floats of this array's dtype (MXNet's)."""
-        return self._arg_index(ArrayMethods.argmax, axis, keepdims)
+        flattened array, shape ``(1,)``), as floats of this array's dtype (MXNet's); so
+        ``np.argmax(x, axis=1)`` is an NDArray too, as with MXNet."""
+        return self._arg_index(ArrayMethods.argmax, axis, keepdims, out)
 
-    def argmin(self, axis=None, keepdims: bool = False) -> "NDArray":
+    def argmin(self, axis=None, keepdims: bool = False, out=None) -> "NDArray":
         """Indices of the smallest values along ``axis``, as ``argmax``."""
-        return self._arg_index(ArrayMethods.argmin, axis, keepdims)
+        return self._arg_index(ArrayMethods.argmin, axis, keepdims, out)
 
-    def _arg_index(self, method, axis, keepdims: bool) -> "NDArray":
+    def _arg_index(self, method, axis, keepdims: bool, out) -> "NDArray":
         if axis is None:
             flat = method(self.reshape(-1), 0, False)
             index = flat.reshape((1,) * self.ndim if keepdims else (1,))
         else:
             index = method(self, axis, keepdims)
-        return index.astype(self.dtype)
+        index = index.astype(self.dtype)
+        if out is not None:
+            out[:] = index
+            return out
+        return index
 
     def flatten(self, inplace: bool = False) -> "NDArray":
         """``(n, rest)``: a copy, or with ``inplace`` a view (MXNet's)."""

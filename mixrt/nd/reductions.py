@@ -49,8 +49,10 @@ def _at_least_1d(out):
 
 
 def _reduction(fn: str, op_type: str, what: str):
-    def function(data, axis=None, keepdims=False, exclude=False, name=None):
-        return _reduce(fn, op_type, data, axis, keepdims, exclude)
+    def function(data, axis=None, keepdims=False, exclude=False, name=None, out=None,
+                 dtype=None):
+        result = _reduce(fn, op_type, data, axis, keepdims, exclude)
+        return _finished(fn, result, out, dtype)
     function.__name__ = function.__qualname__ = fn
     function.__doc__ = (f"MXNet's ``{fn}``: the {what} over ``axis`` (``None`` or ``()``: "
                         f"every axis, shape ``(1,)``; ``exclude=True``: the other axes).")
@@ -63,6 +65,18 @@ max = _reduction("max", "ReduceMax", "largest value")  # noqa: A001
 min = _reduction("min", "ReduceMin", "smallest value")  # noqa: A001
 prod = _reduction("prod", "ReduceProd", "product")
 sum_axis, max_axis, min_axis = sum, max, min
+
+
+def _finished(fn: str, result, out, dtype):
+    """``dtype`` (NumPy's ``np.sum(x, dtype=...)`` passes it) and MXNet's ``out=``."""
+    if dtype is not None:
+        result = result.astype(dtype)
+    if out is None:
+        return result
+    if not isinstance(out, NDArray) or out.shape != result.shape:
+        raise InputError(f"{fn}: out must be an NDArray of shape {result.shape}")
+    out[:] = result
+    return out
 
 
 def _without_nans(data, fill: float):
