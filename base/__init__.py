@@ -10,6 +10,16 @@ errors without reaching up into the frontends' folder. Users import the same cla
 from mixrt.base.errors import MXNetError  # noqa: E402,F401
 
 
+class NotImplementedForSymbol(MXNetError):
+    """MXNet's error for an NDArray-only function called on a Symbol."""
+
+    def __init__(self, function, alias=None, *args):
+        super().__init__(f"Function {getattr(function, '__name__', function)}"
+                         f"{f' (namely operator {alias!r})' if alias else ''} is not "
+                         f"implemented for Symbol and only available in NDArray.")
+        self.function, self.alias, self.args = function, alias, args
+
+
 def py_str(raw: bytes) -> str:
     """MXNet's ``mxnet.base.py_str``: bytes from the library as a str."""
     return raw.decode("utf-8")

@@ -467,6 +467,29 @@ def test_bad_arguments_raise_input_errors_naming_them(call, words):
         call()
 
 
+def test_numpy_functions_on_ndarrays_give_ndarrays_as_with_mxnet():
+    scores = nd.array([[0.3, 0.7], [0.0, 1.0], [0.4, 0.6]])
+    picked = np.argmax(scores, axis=1)  # NumPy calls NDArray.argmax(axis=1, out=None)
+    assert isinstance(picked, nd.NDArray) and picked.asnumpy().tolist() == [1, 1, 1]
+    assert isinstance(np.sum(scores, axis=0), nd.NDArray) and np.sum(scores).shape == (1,)
+
+
+def test_fresh_grad_says_whether_backward_wrote_the_gradient():
+    x, y = nd.ones((2, 2)), nd.ones((2, 2))
+    dx, dy = nd.zeros_like(x), nd.zeros_like(y)
+    autograd.mark_variables([x, y], [dx, dy])
+    assert not x._fresh_grad and not y._fresh_grad
+    with autograd.record():
+        total = x + 2 + y
+    total.backward()
+    assert x._fresh_grad and y._fresh_grad
+    x._fresh_grad = y._fresh_grad = False
+    with autograd.record():
+        total = (x + 2).detach() + y
+    total.backward()
+    assert y._fresh_grad and not x._fresh_grad  # MXNet's test_detach_updated_grad
+
+
 # -- names ---------------------------------------------------------------------------------------
 
 MXNET_NDARRAY_METHODS = [

@@ -53,6 +53,9 @@ from mixrt.runtime.engine import get_engine
 
 _GRAD_REQS = ("write", "add", "null")
 py_slice = slice  # MXNet's name for Python's slice (its module shadows it with nd.slice)
+# MXNet's storage type codes (its NDArray files use them too: nd/serialization.py)
+_STORAGE_TYPE_STR_TO_ID = {"undefined": -1, "default": 0, "row_sparse": 1, "csr": 2}
+_STORAGE_TYPE_ID_TO_STR = {code: name for name, code in _STORAGE_TYPE_STR_TO_ID.items()}
 
 
 def _on_its_device(method):
