@@ -8,8 +8,10 @@
 
 Every registered operator is a function here with the same arguments as its ``mixrt.sym``
 twin (the ONNX default domain at the top level, other domains under ``nd.mixrt``, ``nd.ml``,
-...), plus the creation functions below and MXNet's everyday names (``dot``, ``relu``, ...).
-Arrays on different devices never meet silently: ``DeviceMismatchError``.
+...), plus MXNet 1.x's ``mx.nd`` API with its semantics (``creation.py``, ``mxnet_ops.py``
+and the modules it gathers, ``reductions.py``, ``special.py``), ``nd.save``/``nd.load`` in
+MXNet's file format (``serialization.py``), ``nd.linalg`` and ``nd.contrib``. Arrays on
+different devices never meet silently: ``DeviceMismatchError``.
 """
 
 from __future__ import annotations
