@@ -283,7 +283,7 @@ class Session:
                 if on_cpu and profiler is None:
                     execute(plan.steps, env, np, arena, plan)
                     outputs = self._collect(env, wanted, plan.shared_outputs, host)
-                    self._remember_steady(signature, plan, wanted, host)
+                    self._remember_steady(signature, plan, host)
                     return outputs
                 with self._device_checks() as checks:
                     if profiler is not None:
@@ -296,11 +296,10 @@ class Session:
             finally:
                 release(plan, arena)
 
-    def _remember_steady(self, signature, plan, wanted, host: bool) -> None:
+    def _remember_steady(self, signature, plan, host: bool) -> None:
         """After a planned CPU run: keep what the next run of the same feeds needs, when
         it can take :class:`SteadyRun`'s lane (all outputs, NumPy feeds passed as they are,
         the compiled tier in, no profiler of the session's own)."""
-        del wanted  # the lane returns every output: its plan computes them all
         known = self._known_feeds
         if not host or self.profiler is not None or known is None or known[1] is not signature \
                 or known[2] or not (self._tiers is None or self._tiers.is_compiled(signature)):
