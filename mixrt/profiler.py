@@ -150,7 +150,9 @@ def dumps(reset: bool = False, format: str = "table", sort_by: str = "total",  #
         raise InputError("profiler.dumps: aggregate statistics are off; call "
                          "profiler.set_config(aggregate_stats=True) before recording")
     rows = _sorted(profiler.statistics(reset=reset), sort_by, ascending)
-    return format_json(rows) if format == "json" else format_table(dict(rows))
+    if format == "json":
+        return format_json(rows, _memory_rows(profiler, sort_by, ascending))
+    return format_table(dict(rows))
 
 
 def _sorted(stats: dict, sort_by: str, ascending: bool) -> list:
@@ -162,14 +164,34 @@ def _sorted(stats: dict, sort_by: str, ascending: bool) -> list:
     return sorted(stats.items(), key=key, reverse=not ascending)
 
 
-def format_json(rows: list) -> str:
-    """MXNet's JSON statistics, times in milliseconds."""
+def format_json(rows: list, memory: list | None = None) -> str:
+    """MXNet's JSON statistics: times in milliseconds, the memory counters (each device's
+    ``memory:<device>`` samples) in kB."""
     table: dict = {}
     for (category, name), (count, total, low, high) in rows:
         table.setdefault(category, {})[name] = {
             "Count": int(count), "Total": total / 1e3, "Min": low / 1e3, "Max": high / 1e3,
             "Avg": total / count / 1e3}
-    return json.dumps({"Time": table, "Unit": {"Time": "ms"}}, indent=4)
+    storage = {name: {"Count": count, "Min": low / 1e3, "Max": high / 1e3,
+                      "Avg": total / count / 1e3} for name, (count, total, low, high)
+               in (memory or [])}
+    return json.dumps({"Memory": {"Device Storage": storage} if storage else {},
+                       "Time": table, "Unit": {"Time": "ms", "Memory": "kB"}}, indent=4)
+
+
+def _memory_rows(profiler, sort_by: str, ascending: bool) -> list:
+    """(counter name, [count, total, min, max] bytes) of the trace's memory counters."""
+    samples: dict = {}
+    for event in list(profiler.events):
+        if event.get("ph") == "C" and str(event.get("name", "")).startswith("memory:"):
+            value = float(event.get("args", {}).get("allocated_bytes", 0))
+            entry = samples.setdefault(f"Memory: {event['name'][7:]}", [0, 0.0, value, value])
+            entry[0] += 1
+            entry[1] += value
+            entry[2], entry[3] = min(entry[2], value), max(entry[3], value)
+    ordered = _sorted({(None, name): values for name, values in samples.items()}, sort_by,
+                      ascending)
+    return [(name, values) for (_, name), values in ordered]
 
 
 def format_table(stats: dict) -> str:

@@ -76,7 +76,7 @@ def test_statistics_count_tasks_and_sort_as_asked():
     event.stop()
     profiler.set_state("stop")
     stats = json.loads(profiler.dumps(format="json"))
-    assert stats["Unit"] == {"Time": "ms"}
+    assert stats["Unit"] == {"Time": "ms", "Memory": "kB"} and "Memory" in stats
     assert stats["Time"]["dom"]["task1"]["Count"] == 2
     assert stats["Time"]["event"]["event1"]["Count"] == 1
     table = profiler.dumps(sort_by="count", ascending=True)

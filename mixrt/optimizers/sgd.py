@@ -12,8 +12,7 @@ import os
 
 import numpy as np
 
-from mixrt import nd, optimizer_ops as ops
-from mixrt.random_streams import generator as random_generator
+from mixrt import nd, optimizer_ops as ops, random as mixrt_random
 from mixrt.base.errors import OptimizerError
 from mixrt.optimizers.base import Optimizer, register, warn_float16
 
@@ -173,7 +172,8 @@ class Signum(Optimizer):
 @register
 class SGLD(Optimizer):
     """Stochastic gradient Langevin dynamics: half a gradient step plus Gaussian noise of
-    variance ``lr`` (from mixrt's generator: ``mixrt.random.seed`` fixes it)."""
+    variance ``lr``, drawn by ``mixrt.random.normal`` as MXNet draws it with
+    ``mx.random.normal`` (so ``mixrt.random.seed`` gives the same noise to the same calls)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -183,8 +183,8 @@ class SGLD(Optimizer):
         lr, wd = self._get_lr(index), self._get_wd(index)
         grad = rescaled(self, grad)
         weight[:] = weight + (-lr / 2) * (grad + wd * weight)
-        noise = random_generator().normal(0.0, math.sqrt(lr), weight.shape)
-        weight[:] = weight + nd.array(noise.astype(weight.dtype), ctx=weight.ctx)
+        weight[:] = weight + mixrt_random.normal(0, math.sqrt(lr), shape=weight.shape,
+                                                 dtype=weight.dtype, ctx=weight.ctx)
 
 
 @register
