@@ -137,8 +137,8 @@ def dumps(reset: bool = False, format: str = "table", sort_by: str = "total",  #
     """The aggregate statistics: per category and op, the number of calls and the total,
     minimum, maximum and average time, sorted by ``sort_by`` ("total", "avg", "min",
     "max", "count"), largest first unless ``ascending``. ``format`` "table" (microseconds)
-    or "json" (MXNet's layout: ``{"Time": {category: {name: {"Count", "Total", "Min",
-    "Max", "Avg"}}}, "Unit": {"Time": "ms"}}``). ``reset`` starts the statistics afresh
+    or "json" (MXNet's layout: ``{"Memory": {...}, "Time": {category: {name: {"Count",
+    "Total", "Min", "Max", "Avg"}}}, "Unit": {"Time": "ms", "Memory": "kB"}}``). ``reset`` starts the statistics afresh
     (the trace is kept). Needs ``set_config(aggregate_stats=True)``."""
     if format not in ("table", "json"):
         raise InputError(f"profiler.dumps: format must be 'table' or 'json', got {format!r}")
