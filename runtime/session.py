@@ -207,7 +207,8 @@ class Session:
         del run_options
         steady = self._steady
         if steady is not None and output_names is None and feeds.__class__ is dict \
-                and _feed_key(feeds) == steady.key and symbolic_profiler() is None:
+                and _feed_key(feeds) == steady.key and symbolic_profiler() is None \
+                and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
             return self._gate.run(steady.bind(feeds))
         return self._run(output_names, feeds, host=True)
 

@@ -348,6 +348,9 @@ def test_the_kernel_tiers_loading_run_is_a_background_run():
         def compiled(self, signature, feeds):
             return True
 
+        def is_compiled(self, signature):
+            return True
+
     session._tiers = Tiers()
     done = []
 
