@@ -170,8 +170,8 @@ class Module(BaseModule):
     def get_params(self):
         self._require("get_params", binded=True, params=True)
         params = self._inner.params
-        return ({n: nd.array(params[n].raw()) for n in self._param_names},
-                {n: nd.array(params[n].raw()) for n in self._aux_names})
+        return ({n: _copy(params[n].raw()) for n in self._param_names},
+                {n: _copy(params[n].raw()) for n in self._aux_names})
 
     def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
                    allow_extra=False):
@@ -282,7 +282,7 @@ class Module(BaseModule):
 
     def get_outputs(self, merge_multi_context=True):
         self._require("get_outputs", binded=True, params=True)
-        return [nd.array(out) for out in self._outputs]
+        return [_copy(out) for out in self._outputs]
 
     def get_input_grads(self, merge_multi_context=True):
         raise InputError("get_input_grads: bind(inputs_need_grad=True) is not offered")
@@ -328,6 +328,11 @@ class Module(BaseModule):
 
     def install_monitor(self, mon):
         raise InputError("install_monitor: mixrt has no executor monitor")
+
+
+def _copy(raw):
+    """An NDArray holding a copy of ``raw`` in its own dtype."""
+    return nd.array(raw, dtype=raw.dtype)
 
 
 def _store(kvstore):
