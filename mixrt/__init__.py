@@ -57,12 +57,12 @@ def load(model, device: str = "cpu", **options) -> Session:
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
                               "model", "callback", "kv", "nd", "autograd", "context",
-                              "profiler", "viz", "test_utils", "util"})
+                              "profiler", "viz", "test_utils", "util", "numpy"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths
 _MXNET_SYNONYMS = {"ndarray": "nd", "symbol": "sym", "mod": "module", "rnd": "random",
-                   "visualization": "viz"}
+                   "visualization": "viz", "np": "numpy"}
 
 
 # MXNet's top-level switches of NumPy semantics, which live in mixrt.util

@@ -212,3 +212,11 @@ def test_discard_stderr_silences_file_descriptor_2(capfd):
         os.write(2, b"hidden\n")
     os.write(2, b"shown\n")
     assert capfd.readouterr().err == "shown\n"
+
+
+def test_numpy_api_module_imports_and_refuses_every_name():
+    import mixrt.numpy as mx_np  # MXNet 1.x files import it at the top
+    assert mx.np is mx_np
+    with pytest.raises(AttributeError, match="NumPy-compatible array API"):
+        mx_np.random  # noqa: B018
+    assert not hasattr(mx_np, "__path__")  # a module, not a package, to the import system
