@@ -220,3 +220,17 @@ def test_numpy_api_module_imports_and_refuses_every_name():
     with pytest.raises(AttributeError, match="NumPy-compatible array API"):
         mx_np.random  # noqa: B018
     assert not hasattr(mx_np, "__path__")  # a module, not a package, to the import system
+
+
+def test_compare_optimizer_gives_the_second_optimizer_one_multi_tensor_call():
+    calls = []
+
+    class Recording(mx.optimizer.SGD):
+        def update_multi_precision(self, index, weight, grad, state):
+            calls.append((self.tag, index))
+            return super().update_multi_precision(index, weight, grad, state)
+
+    reference, aggregated = Recording(momentum=0.9), Recording(momentum=0.9)
+    reference.tag, aggregated.tag = "reference", "aggregated"
+    tu.compare_optimizer(reference, aggregated, [(2, 3), (4,)], np.float32, ntensors=2)
+    assert calls == [("reference", 0), ("reference", 1), ("aggregated", [0, 1])]

@@ -284,8 +284,10 @@ def _compare_with_truth(values: dict, truth: dict, rtol, atol, equal_nan, raise_
 def compare_optimizer(opt1, opt2, shape, dtype, w_stype="default", g_stype="default",
                       rtol=1e-4, atol=1e-5, compare_states=True, ntensors=1):
     """Assert that two optimizers make the same states and the same update from the same
-    random weights and gradients; with ``ntensors`` > 1, ``shape`` is a list of shapes
-    updated in one multi-tensor call."""
+    random weights and gradients. With ``ntensors`` > 1, ``shape`` is a list of shapes:
+    ``opt1`` (a reference) updates the tensors one at a time, ``opt2`` all of them in one
+    multi-tensor call (a list of indices, weights, gradients and states), as MXNet's
+    aggregated updates run."""
     shapes = list(shape) if ntensors > 1 else [shape]
     if len(shapes) != ntensors:
         raise InputError(f"compare_optimizer: {len(shapes)} shapes for ntensors={ntensors}")
@@ -298,16 +300,13 @@ def compare_optimizer(opt1, opt2, shape, dtype, w_stype="default", g_stype="defa
     states2 = [opt2.create_state_multi_precision(i, w) for i, w in enumerate(weights2)]
     if compare_states:
         compare_ndarray_tuple(tuple(states1), tuple(states2))
-    _update(opt1, weights1, grads1, states1)
-    _update(opt2, weights2, grads2, states2)
+    for i, (weight, grad, state) in enumerate(zip(weights1, grads1, states1)):
+        opt1.update_multi_precision(i, weight, grad, state)
+    if ntensors == 1:
+        opt2.update_multi_precision(0, weights2[0], grads2[0], states2[0])
+    else:
+        opt2.update_multi_precision(list(range(ntensors)), weights2, grads2, states2)
     if compare_states:
         compare_ndarray_tuple(tuple(states1), tuple(states2), rtol=rtol, atol=atol)
     for w1, w2 in zip(weights1, weights2):
         assert_almost_equal(w1.asnumpy(), w2.asnumpy(), rtol=rtol, atol=atol)
-
-
-def _update(optimizer, weights, grads, states) -> None:
-    if len(weights) == 1:
-        optimizer.update_multi_precision(0, weights[0], grads[0], states[0])
-    else:
-        optimizer.update_multi_precision(list(range(len(weights))), weights, grads, states)
