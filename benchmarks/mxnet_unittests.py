@@ -168,7 +168,7 @@ REASONS = {
     "argument": "refused argument (TypeError: an argument mixrt's function does not take)",
     "mixrt": "a mixrt.errors refusal",
     "value": "wrong value (AssertionError)",
-    "numpy": "the test needs NumPy < 1.24 (np.float, np.bool, ... were removed)",
+    "numpy": "the test needs an older NumPy (np.float, np.bool, np.NaN, ... were removed)",
     "timeout": "timeout",
     "other": "other exception",
     "not run": "not run (the file's run was cut off first)",
@@ -193,7 +193,7 @@ def reason_of(message: str) -> str:
         return "not run"
     if "Timeout" in message:
         return "timeout"
-    if "module 'numpy' has no attribute" in message:
+    if "module 'numpy' has no attribute" in message or "removed in the NumPy 2.0" in message:
         return "numpy"
     if kind.rsplit(".", 1)[-1] in MISSING_TYPES:
         return "missing"
