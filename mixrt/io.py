@@ -24,7 +24,24 @@ from mixrt.io_base import DataBatch, DataDesc, DataIter, read_ahead  # noqa: F40
 from mixrt.io_ndarray import LAST_BATCH, NDArrayIter  # noqa: F401
 
 
-class ResizeIter(DataIter):
+class _ReadsCurrentBatch(DataIter):
+    """MXNet's per-part readers for an iterator that keeps the batch ``iter_next`` made in
+    ``current_batch``."""
+
+    def getdata(self):
+        return self.current_batch.data
+
+    def getlabel(self):
+        return self.current_batch.label
+
+    def getindex(self):
+        return self.current_batch.index
+
+    def getpad(self):
+        return self.current_batch.pad
+
+
+class ResizeIter(_ReadsCurrentBatch):
     """``data_iter`` cut or stretched to ``size`` batches an epoch (restarting it when it
     runs out); ``reset_internal`` resets it with this one."""
 
@@ -57,18 +74,6 @@ class ResizeIter(DataIter):
             self.current_batch = self.data_iter.next()
         self.cur += 1
         return True
-
-    def getdata(self):
-        return self.current_batch.data
-
-    def getlabel(self):
-        return self.current_batch.label
-
-    def getindex(self):
-        return self.current_batch.index
-
-    def getpad(self):
-        return self.current_batch.pad
 
 
 class _OneAhead:
@@ -118,7 +123,7 @@ class _OneAhead:
         self.wanted.set()
 
 
-class PrefetchingIter(DataIter):
+class PrefetchingIter(_ReadsCurrentBatch):
     """Reads the next batch of each of ``iters`` on background threads; a batch joins
     their data and labels (renamed by ``rename_data``/``rename_label``, one dict per
     iterator)."""
@@ -182,18 +187,6 @@ class PrefetchingIter(DataIter):
         if self.iter_next():
             return self.current_batch
         raise StopIteration
-
-    def getdata(self):
-        return self.current_batch.data
-
-    def getlabel(self):
-        return self.current_batch.label
-
-    def getindex(self):
-        return self.current_batch.index
-
-    def getpad(self):
-        return self.current_batch.pad
 
 
 class CSVIter(DataIter):

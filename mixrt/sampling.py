@@ -398,3 +398,27 @@ def _check_pdf_shapes(builder, fn, distribution, sample, params) -> None:
         where = "begin and end" if categories else "begin"
         raise builder.error(f"{fn}: the parameters' shape {shape} must {where} the sample's "
                             f"{sample_shape}")
+
+
+# -- the names both front ends (mixrt.nd.random, mixrt.sym.random) export -------------------
+
+RANDOM_NAMES = ("uniform", "normal", "randn", "randint", "poisson", "exponential", "gamma",
+                "negative_binomial", "generalized_negative_binomial", "multinomial", "shuffle",
+                "uniform_like", "normal_like", "gamma_like", "exponential_like",
+                "poisson_like", "negative_binomial_like", "generalized_negative_binomial_like")
+# what mixrt.nd and mixrt.sym hold at their top level
+FLAT_NAMES = (
+    "random_uniform", "random_normal", "random_gamma", "random_exponential", "random_poisson",
+    "random_negative_binomial", "random_generalized_negative_binomial", "random_randint",
+    "sample_uniform", "sample_normal", "sample_gamma", "sample_exponential", "sample_poisson",
+    "sample_negative_binomial", "sample_generalized_negative_binomial", "sample_multinomial",
+    "shuffle", *(f"random_pdf_{name}" for name in PDF_PARAMETERS))
+
+
+def flat_functions(namespace: dict) -> dict:
+    """A front end's top-level random names from its module ``namespace``: MXNet's
+    ``uniform`` and ``normal`` there are the random_uniform and random_normal operators,
+    not the random module's functions."""
+    flat = {name: namespace[name] for name in FLAT_NAMES}
+    flat.update(uniform=namespace["random_uniform"], normal=namespace["random_normal"])
+    return flat

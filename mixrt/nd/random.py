@@ -345,17 +345,5 @@ def random_pdf_dirichlet(sample=None, alpha=None, is_log=False, out=None, **kwar
     return _pdf("dirichlet", sample, dict(alpha=alpha), is_log, out, kwargs)
 
 
-__all__ = ["uniform", "normal", "randn", "randint", "poisson", "exponential", "gamma",
-           "negative_binomial", "generalized_negative_binomial", "multinomial", "shuffle",
-           "uniform_like", "normal_like", "gamma_like", "exponential_like", "poisson_like",
-           "negative_binomial_like", "generalized_negative_binomial_like"]
-
-# what mixrt.nd holds at its top level (MXNet's nd.uniform and nd.normal are its
-# random_uniform and random_normal operators, not nd.random's functions)
-FLAT = {name: globals()[name] for name in (
-    "random_uniform", "random_normal", "random_gamma", "random_exponential", "random_poisson",
-    "random_negative_binomial", "random_generalized_negative_binomial", "random_randint",
-    "sample_uniform", "sample_normal", "sample_gamma", "sample_exponential", "sample_poisson",
-    "sample_negative_binomial", "sample_generalized_negative_binomial", "sample_multinomial",
-    "shuffle", *(f"random_pdf_{name}" for name in sampling.PDF_PARAMETERS))}
-FLAT.update(uniform=random_uniform, normal=random_normal)
+__all__ = list(sampling.RANDOM_NAMES)
+FLAT = sampling.flat_functions(globals())  # mixrt.nd's top-level names
