@@ -15,6 +15,8 @@ import it to offer these functions under its own name.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.autograd.arrays import new_array
@@ -469,5 +471,23 @@ FUNCTIONS = ("sgd_update", "sgd_mom_update", "mp_sgd_update", "mp_sgd_mom_update
              "multi_sgd_update", "multi_sgd_mom_update", "multi_mp_sgd_update",
              "multi_mp_sgd_mom_update", "multi_sum_sq", "all_finite", "multi_all_finite",
              "reset_arrays")
+
+
+
+def _on_the_arrays_device(function):
+    """CuPy computes on the thread's current GPU and refuses arrays of another: each update
+    runs with its first array's GPU current, whichever GPU the caller had current."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        first = next((a for a in args if _is_ndarray(a)), None)
+        if first is None or first.ctx.device.kind == "cpu":
+            return function(*args, **kwargs)
+        with first.ctx.device.active():
+            return function(*args, **kwargs)
+    return run
+
+
+for _name in FUNCTIONS:
+    globals()[_name] = _on_the_arrays_device(globals()[_name])
 
 __all__ = list(FUNCTIONS)

@@ -567,11 +567,11 @@ def test_gpu_results_match_the_cpu():
 def test_an_out_of_range_index_on_the_gpu_raises_at_its_op():
     """CuPy would wrap it around; the imperative op checks on the device and says so."""
     table = nd.array(np.arange(6, dtype=np.float32).reshape(3, 2), ctx=mixrt.gpu(0))
-    rows = nd.Gather(table, nd.array(np.array([2, -3]), ctx=mixrt.gpu(0)), axis=0)
+    rows = nd.Gather(table, nd.array([2, -3], ctx=mixrt.gpu(0), dtype="int64"), axis=0)
     assert rows.asnumpy().tolist() == [[4, 5], [0, 1]]
     for bad in ([0, 3], [-4, 0]):
         with pytest.raises(ExecutionError, match=r"Gather.*index within \[-3, 3\)"):
-            nd.Gather(table, nd.array(np.array(bad), ctx=mixrt.gpu(0)), axis=0)
+            nd.Gather(table, nd.array(bad, ctx=mixrt.gpu(0), dtype="int64"), axis=0)
 
 
 @needs_gpu

@@ -93,7 +93,7 @@ def adamw_update(weight, grad, mean, var, rescale_grad, lr, eta, beta1=0.9, beta
     scale = _rescale(fn, rescale_grad)
     if not np.isfinite(scale) or scale == 0:
         return _into(fn, out, weight.copy())
-    with autograd.pause():
+    with autograd.pause(), weight.ctx.device.active():  # CuPy computes on the current GPU
         new = _adamw_step(fn, weight, grad, mean, var, scale, lr, eta, beta1, beta2,
                           epsilon, wd, clip_gradient)
         return _written(fn, weight, out, new)
@@ -110,7 +110,7 @@ def mp_adamw_update(weight, grad, mean, var, weight32, rescale_grad, lr, eta, be
     scale = _rescale(fn, rescale_grad)
     if not np.isfinite(scale) or scale == 0:
         return _into(fn, out, weight.copy())
-    with autograd.pause():
+    with autograd.pause(), weight.ctx.device.active():
         new = _adamw_step(fn, weight32, grad, mean, var, scale, lr, eta, beta1, beta2,
                           epsilon, wd, clip_gradient)
         weight32._write()[...] = new

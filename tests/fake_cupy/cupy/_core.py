@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import numpy as _np
 
@@ -93,6 +94,7 @@ class ndarray:
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._host = _np.empty(shape, dtype=dtype, order=order)
         self._device = current_device()
+        _BASES.setdefault(id(self._host), self)
 
     # -- what CuPy adds to an array --------------------------------------------------------
 
@@ -117,6 +119,19 @@ class ndarray:
     @property
     def data(self):
         return MemoryPointer(self._host)
+
+    @property
+    def base(self):
+        """As CuPy's: the array a view hangs from (None for one that owns its memory), one
+        object however often it is asked: a new wrapper each time would hide from mixrt's
+        ``shares_buffer`` that two views share memory."""
+        host = self._host.base
+        if not isinstance(host, _np.ndarray):
+            return None
+        base = _BASES.get(id(host))
+        if base is None:
+            base = _BASES[id(host)] = wrap(host, self._device)
+        return base
 
     @property
     def device(self):
@@ -265,6 +280,11 @@ def on_device(function, owner=None):
     return wrapped
 
 
+# the first wrapper of each host array, while something holds it (it holds the host array,
+# so the id is not reused meanwhile): a view's ``base``, as CuPy's is the array it was made from
+_BASES: "weakref.WeakValueDictionary[int, ndarray]" = weakref.WeakValueDictionary()
+
+
 def wrap(value, device=None):
     """NumPy results as device values: arrays and NumPy scalars become device arrays, on
     ``device`` (default: the current one)."""
@@ -276,6 +296,7 @@ def wrap(value, device=None):
         array = object.__new__(ndarray)
         array._host = value
         array._device = current_device() if device is None else device
+        _BASES.setdefault(id(value), array)  # the first wrapper of a host array is its base
         return array
     if isinstance(value, _np.generic):
         return wrap(_np.asarray(value), device)
