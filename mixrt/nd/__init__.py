@@ -136,6 +136,8 @@ __all__ = ["NDArray", "from_dlpack", "to_dlpack_for_read", "to_dlpack_for_write"
 # -- the rest of MXNet 1.x's mx.nd: reductions giving (1,), files, math, shapes, linalg ------
 
 from mixrt.nd import _internal, contrib, linalg  # noqa: E402,F401  (nd.contrib.*, ...)
+from mixrt.nd import sparse  # noqa: E402  (MXNet's mx.nd.sparse: csr and row_sparse arrays)
+from mixrt.nd.sparse import cast_storage  # noqa: E402,F401
 from mixrt.nd import creation as _creation, reductions as _reductions  # noqa: E402
 from mixrt.nd import serialization as _files, special as _special  # noqa: E402
 for _module in (_creation, _reductions, _files, _special):

@@ -9,6 +9,7 @@ its dtype). Where ``out=`` is given, the values are written into it and it is re
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -17,6 +18,7 @@ from mixrt.base.errors import InputError
 from mixrt.context import as_context
 from mixrt.nd.mxnet_args import _dtype
 from mixrt.nd.ndarray import NDArray
+from mixrt.runtime import profiler as _profiler
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # MXNet's mx_real_t
 
@@ -24,6 +26,8 @@ DEFAULT_DTYPE = np.dtype(np.float32)  # MXNet's mx_real_t
 def array(source_array, ctx=None, dtype=None) -> NDArray:
     """An NDArray holding a copy of ``source_array`` (an NDArray, NumPy array, list or
     number): float32 unless ``dtype`` is given, or the dtype of an NDArray source."""
+    if isinstance(source_array, NDArray) and source_array.stype != "default":
+        return _sparse().array(source_array, ctx=ctx, dtype=dtype)  # keeps its storage
     if isinstance(source_array, NDArray):
         dtype = source_array.dtype if dtype is None else dtype
         source_array = source_array.asnumpy()
@@ -113,15 +117,21 @@ def _filled(fn: str, fill, shape, ctx, dtype, out) -> NDArray:
         dtype = out.dtype if dtype is None else dtype
     dtype = DEFAULT_DTYPE if dtype is None else _dtype(fn, "dtype", dtype)
     ctx = as_context(ctx)
+    prof = _profiler.current()
+    started = time.perf_counter() if prof is not None else 0.0
     with ctx.device.active():  # a GPU array is made on the current GPU
         made = NDArray(ctx.xp.full(shape, fill, dtype=dtype), ctx)
+    if prof is not None:  # an op in MXNet (_zeros, _ones, _full), so profiled as one
+        prof.imperative(f"_{fn}", started, [], [made._read()])
     return _into(fn, out, made)
 
 
 def zeros(shape, ctx=None, dtype=None, out=None, **kwargs) -> NDArray:
-    """An array of zeros (float32 unless ``dtype``); ``stype`` other than ``default``
-    is sparse storage, which mixrt does not have yet."""
-    _dense_only("zeros", kwargs)
+    """An array of zeros (float32 unless ``dtype``); ``stype='row_sparse'`` or ``'csr'``
+    makes a sparse one with nothing stored (``nd.sparse.zeros``)."""
+    stype = _stype_of("zeros", kwargs)
+    if stype != "default":
+        return _into("zeros", out, _sparse().zeros(stype, shape, ctx=ctx, dtype=dtype))
     return _filled("zeros", 0, shape, ctx, dtype, out)
 
 
@@ -135,8 +145,11 @@ def full(shape, val, ctx=None, dtype=None, out=None) -> NDArray:
     return _filled("full", val, shape, ctx, dtype, out)
 
 
-def empty(shape, ctx=None, dtype=None) -> NDArray:
-    """An array whose values are not set (float32 unless ``dtype``)."""
+def empty(shape, ctx=None, dtype=None, stype=None) -> NDArray:
+    """An array whose values are not set (float32 unless ``dtype``); a sparse ``stype``
+    gives one with nothing stored."""
+    if stype not in (None, "default"):
+        return _sparse().empty(stype, shape, ctx=ctx, dtype=dtype)
     shape = _shape("empty", shape)
     dtype = DEFAULT_DTYPE if dtype is None else _dtype("empty", "dtype", dtype)
     ctx = as_context(ctx)
@@ -144,14 +157,30 @@ def empty(shape, ctx=None, dtype=None) -> NDArray:
         return NDArray(ctx.xp.empty(shape, dtype=dtype), ctx)
 
 
-def _dense_only(fn: str, kwargs: dict) -> None:
+def _stype_of(fn: str, kwargs: dict) -> str:
+    """The storage type a creation function is asked for (MXNet's ``stype=``)."""
     stype = kwargs.pop("stype", None)
     kwargs.pop("name", None)
     if kwargs:
         raise InputError(f"{fn}: unknown arguments {sorted(kwargs)}")
-    if stype not in (None, "default"):
-        raise InputError(f"{fn}: stype={stype!r}: mixrt has only dense ('default') "
-                         f"storage so far")
+    stype = "default" if stype is None else stype
+    if stype not in ("default", "row_sparse", "csr"):
+        raise InputError(f"{fn}: stype must be 'default', 'row_sparse' or 'csr', got "
+                         f"{stype!r}")
+    return stype
+
+
+def _dense_only(fn: str, kwargs: dict) -> None:
+    """MXNet's functions that make only dense arrays take ``stype='default'`` too."""
+    stype = _stype_of(fn, kwargs)
+    if stype != "default":
+        raise InputError(f"{fn}: stype={stype!r}: {fn} makes dense arrays only; make one "
+                         f"and convert it with tostype({stype!r})")
+
+
+def _sparse():
+    from mixrt.nd import sparse  # noqa: PLC0415  (sparse arrays build on this module)
+    return sparse
 
 
 def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None,

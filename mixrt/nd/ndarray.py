@@ -248,11 +248,10 @@ class NDArray(ArrayMethods):
     to_dlpack_for_write = to_dlpack_for_read
 
     def tostype(self, stype: str) -> "NDArray":
-        """A copy in storage ``stype``; mixrt has only dense (``'default'``) so far."""
-        if stype != "default":
-            raise InputError(f"tostype: stype={stype!r}: mixrt has only dense ('default') "
-                             f"storage so far")
-        return self.copy()
+        """A copy in storage ``stype``: ``'default'``, ``'row_sparse'`` or ``'csr'``
+        (``mixrt/nd/sparse.py``)."""
+        from mixrt.nd.sparse import cast_storage  # noqa: PLC0415  (it builds on NDArray)
+        return cast_storage(self, stype)
 
     def as_nd_ndarray(self) -> "NDArray":
         return self
@@ -317,13 +316,13 @@ class NDArray(ArrayMethods):
     @_on_its_device
     def attach_grad(self, grad_req: str = "write", stype=None) -> None:
         """Give this array a gradient buffer that ``backward`` fills (``"write"``) or adds
-        to (``"add"``); ``"null"`` detaches it."""
-        del stype
+        to (``"add"``); ``"null"`` detaches it. ``stype`` is the gradient's storage type
+        (by default this array's own)."""
         if grad_req not in _GRAD_REQS:
             raise InputError(f"grad_req must be one of {_GRAD_REQS}, got {grad_req!r}")
         self._grad_req = grad_req
         self._grad = None if grad_req == "null" else \
-            NDArray(self.ctx.xp.zeros_like(self._read()), self.ctx)
+            _zeros_of(self, self.stype if stype is None else stype)
         self._entry = None  # a variable is a leaf, whatever made it
         self._grad_seen = 0
 
@@ -567,6 +566,14 @@ def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
         return shape_mxnet.mxnet_shape(source, codes, reverse)
     except ValueError as exc:
         raise ReshapeError(f"reshape: {exc}") from None
+
+
+def _zeros_of(array: NDArray, stype: str) -> NDArray:
+    """Zeros of ``array``'s shape, dtype and context in storage ``stype``."""
+    if stype == "default":
+        return NDArray(array.ctx.xp.zeros_like(array._read()), array.ctx)
+    from mixrt.nd.sparse import zeros  # noqa: PLC0415  (it builds on NDArray)
+    return zeros(stype, array.shape, ctx=array.ctx, dtype=array.dtype)
 
 
 def _ints(values, ctx: Context):

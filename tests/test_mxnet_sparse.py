@@ -1,0 +1,204 @@
+"""MXNet 1.x's sparse storage (``mx.nd.sparse``): CSR and row_sparse arrays, their stored
+form, the storage types of operator results and sparse gradients. Expected values and
+storage types are MXNet 1.9.1's."""
+
+import numpy as np
+import pytest
+
+import mixrt
+from mixrt import autograd, nd
+from mixrt.base.errors import InputError, MXNetError
+from mixrt.nd.ndarray import _STORAGE_TYPE_ID_TO_STR, _STORAGE_TYPE_STR_TO_ID
+from mixrt.nd.sparse import CSRNDArray, RowSparseNDArray, BaseSparseNDArray
+
+DENSE = np.array([[0, 1, 0], [2, 0, 3], [0, 0, 0], [4, 0, 0]], dtype=np.float32)
+
+
+def test_storage_type_ids_are_mxnets():
+    assert _STORAGE_TYPE_STR_TO_ID == {"undefined": -1, "default": 0, "row_sparse": 1,
+                                       "csr": 2}
+    assert _STORAGE_TYPE_ID_TO_STR[2] == "csr"
+
+
+def test_tostype_csr_stores_sorted_int64_components():
+    csr = nd.array(DENSE).tostype("csr")
+    assert isinstance(csr, CSRNDArray) and isinstance(csr, BaseSparseNDArray)
+    assert isinstance(csr, nd.NDArray) and csr.stype == "csr"
+    assert csr.indptr.asnumpy().tolist() == [0, 1, 3, 3, 4]
+    assert csr.indices.asnumpy().tolist() == [1, 0, 2, 0]
+    assert csr.indices.dtype == np.int64 and csr.indptr.dtype == np.int64
+    assert csr.data.asnumpy().tolist() == [1, 2, 3, 4]
+    np.testing.assert_array_equal(csr.asnumpy(), DENSE)
+    np.testing.assert_array_equal(csr.asscipy().toarray(), DENSE)
+
+
+def test_tostype_row_sparse_stores_the_non_zero_rows():
+    rsp = nd.array(DENSE).tostype("row_sparse")
+    assert isinstance(rsp, RowSparseNDArray) and rsp.stype == "row_sparse"
+    assert rsp.indices.asnumpy().tolist() == [0, 1, 3]
+    np.testing.assert_array_equal(rsp.data.asnumpy(), DENSE[[0, 1, 3]])
+    assert rsp.tostype("default").stype == "default"
+
+
+def test_csr_and_row_sparse_do_not_convert_into_each_other():
+    with pytest.raises(MXNetError, match="not supported"):
+        nd.array(DENSE).tostype("csr").tostype("row_sparse")
+    with pytest.raises(InputError, match="stype"):
+        nd.array(DENSE).tostype("sparse")
+
+
+def test_csr_matrix_from_its_definition_coordinates_and_scipy():
+    made = nd.sparse.csr_matrix((np.array([1., 2.]), [1, 2], [0, 1, 2]), shape=(2, 3))
+    np.testing.assert_array_equal(made.asnumpy(), [[0, 1, 0], [0, 0, 2]])
+    assert made.dtype == np.float64  # the data's dtype, as MXNet
+    summed = nd.sparse.csr_matrix(([1, 2], ([0, 0], [1, 1])), shape=(2, 2))
+    np.testing.assert_array_equal(summed.asnumpy(), [[0, 3], [0, 0]])
+    assert summed.dtype == np.float32 and summed.indices.asnumpy().tolist() == [1]
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    from_scipy = nd.sparse.csr_matrix(scipy_sparse.csr_matrix(DENSE))
+    np.testing.assert_array_equal(from_scipy.asnumpy(), DENSE)
+    assert nd.sparse.array(from_scipy).stype == "csr"
+
+
+def test_explicit_zeros_stay_stored():
+    csr = nd.sparse.csr_matrix((np.array([0., 1.]), [0, 1], [0, 1, 2]), shape=(2, 3))
+    assert csr.data.asnumpy().tolist() == [0, 1]
+    rsp = nd.sparse.row_sparse_array((np.zeros((2, 3)), [0, 2]), shape=(4, 3))
+    assert rsp.indices.asnumpy().tolist() == [0, 2]
+    assert (rsp * 2).indices.asnumpy().tolist() == [0, 2]
+
+
+def test_bad_definitions_raise_naming_what_is_wrong():
+    with pytest.raises(MXNetError, match="rows"):
+        nd.sparse.csr_matrix((np.array([1.]), [1], [0, 1]), shape=(2, 3))
+    with pytest.raises(MXNetError, match="indices"):
+        nd.sparse.row_sparse_array((np.ones((1, 2)), [5]), shape=(3, 2))
+    unsorted = nd.sparse.csr_matrix((np.array([1., 2.]), [1, 0], [0, 2]), shape=(1, 3))
+    with pytest.raises(MXNetError, match="sorted"):
+        unsorted.check_format()
+
+
+def test_zeros_and_empty_store_nothing():
+    rsp = nd.zeros((3, 2), stype="row_sparse")
+    assert rsp.stype == "row_sparse" and rsp.indices.shape == (0,)
+    csr = nd.sparse.zeros("csr", (2, 3), dtype="float64")
+    assert csr.indptr.asnumpy().tolist() == [0, 0, 0] and csr.dtype == np.float64
+    assert nd.empty((2, 2), stype="csr").stype == "csr"
+    with pytest.raises(InputError, match="2-D"):
+        nd.zeros((2,), stype="csr")
+
+
+def test_result_storage_types_follow_mxnet():
+    dense = nd.array(DENSE)
+    csr, rsp = dense.tostype("csr"), dense.tostype("row_sparse")
+    cases = {"csr*2": (csr * 2, "csr"), "csr+1": (csr + 1, "default"),
+             "csr/2": (csr / 2, "csr"), "csr+csr": (csr + csr, "csr"),
+             "rsp-rsp": (rsp - rsp, "row_sparse"), "rsp+dense": (rsp + dense, "default"),
+             "csr*dense": (csr * dense, "csr"), "rsp*dense": (rsp * dense, "row_sparse"),
+             "-csr": (-csr, "csr"), "abs rsp": (abs(rsp), "row_sparse"),
+             "sqrt csr": (nd.sparse.sqrt(csr), "csr"), "exp csr": (nd.exp(csr), "default"),
+             "sum csr": (nd.sparse.sum(csr, axis=0), "default"),
+             "copy": (csr.copy(), "csr"), "astype": (rsp.astype("float64"), "row_sparse")}
+    for name, (result, stype) in cases.items():
+        assert result.stype == stype, name
+    np.testing.assert_allclose((csr * 2).asnumpy(), DENSE * 2)
+    np.testing.assert_allclose(nd.sparse.sum(csr, axis=0).asnumpy(), DENSE.sum(0))
+
+
+def test_row_sparse_sum_stores_the_union_of_rows():
+    a = nd.sparse.row_sparse_array((np.ones((1, 2)), [0]), shape=(4, 2))
+    b = nd.sparse.row_sparse_array((np.ones((2, 2)), [0, 3]), shape=(4, 2))
+    total = nd.sparse.elemwise_add(a, b)
+    assert total.indices.asnumpy().tolist() == [0, 3]
+    np.testing.assert_array_equal(total.asnumpy()[0], [2, 2])
+    assert nd.sparse.add_n(a, b, a).indices.asnumpy().tolist() == [0, 3]
+
+
+def test_dot_storage_types_and_values():
+    csr = nd.array(DENSE).tostype("csr")
+    rhs = nd.array(np.arange(6, dtype=np.float32).reshape(3, 2))
+    out = nd.sparse.dot(csr, rhs)
+    assert out.stype == "default"
+    np.testing.assert_allclose(out.asnumpy(), DENSE @ rhs.asnumpy())
+    out_t = nd.sparse.dot(csr, nd.ones((4, 2)), transpose_a=True)
+    assert out_t.stype == "row_sparse" and out_t.indices.asnumpy().tolist() == [0, 1, 2]
+    np.testing.assert_allclose(out_t.asnumpy(), DENSE.T @ np.ones((4, 2)))
+    assert nd.sparse.dot(nd.ones((2, 4)), csr).stype == "csr"
+    assert nd.sparse.dot(nd.ones((2, 4)), csr, forward_stype="default").stype == "default"
+
+
+def test_retain_keeps_the_named_stored_rows():
+    rsp = nd.array(DENSE).tostype("row_sparse")
+    kept = nd.sparse.retain(rsp, nd.array([0, 2, 3]))
+    assert kept.indices.asnumpy().tolist() == [0, 3]
+    np.testing.assert_array_equal(kept.asnumpy(), DENSE * np.array([[1], [0], [0], [1]]))
+    assert rsp.retain(nd.array([1])).indices.asnumpy().tolist() == [1]
+
+
+def test_csr_row_slicing_and_assignment():
+    csr = nd.array(DENSE).tostype("csr")
+    rows = csr[1:3]
+    assert rows.stype == "csr" and rows.indptr.asnumpy().tolist() == [0, 2, 2]
+    assert csr[-1].shape == (1, 3) and csr[-1].asnumpy().tolist() == [[4, 0, 0]]
+    with pytest.raises(ValueError):
+        csr[::2]
+    target = nd.sparse.zeros("csr", (4, 3))
+    target[:] = csr
+    assert target.indices.asnumpy().tolist() == [1, 0, 2, 0]
+    with pytest.raises(ValueError):
+        target[:] = 1
+
+
+def test_row_sparse_assignment_of_a_number_stores_every_row():
+    rsp = nd.sparse.zeros("row_sparse", (3, 2))
+    rsp[:] = 1
+    assert rsp.indices.asnumpy().tolist() == [0, 1, 2]
+    with pytest.raises(Exception, match=r"\[:\]"):
+        rsp[1]
+
+
+def test_a_dense_write_recomputes_the_structure():
+    rsp = nd.sparse.zeros("row_sparse", (3, 2))
+    nd.array([[0, 0], [5, 5], [0, 0]]).copyto(rsp)
+    assert rsp.indices.asnumpy().tolist() == [1]
+
+
+@pytest.mark.parametrize("stype", ["default", "row_sparse", "csr"])
+def test_attach_grad_gives_a_gradient_of_the_arrays_or_the_asked_stype(stype):
+    x = nd.zeros((2, 2), stype=stype)
+    x.attach_grad()
+    assert x.grad.stype == stype
+    for grad_stype in ("default", "row_sparse", "csr"):
+        x.attach_grad(stype=grad_stype)
+        assert x.grad.stype == grad_stype
+    assert x.detach().stype == stype
+
+
+def test_gradient_through_sparse_dot_is_row_sparse():
+    lhs = nd.array(DENSE).tostype("csr")
+    weight = nd.ones((3, 2))
+    weight.attach_grad(stype="row_sparse")
+    with autograd.record():
+        y = nd.sparse.dot(lhs, weight)
+    y.backward()
+    assert weight.grad.stype == "row_sparse"
+    np.testing.assert_allclose(weight.grad.asnumpy(), DENSE.T @ np.ones((4, 2)))
+    assert weight.grad.indices.asnumpy().tolist() == [0, 1, 2]
+
+
+def test_sparse_inputs_differentiate_like_dense_ones():
+    x = nd.array(DENSE + 1).tostype("csr")
+    x.attach_grad()
+    with autograd.record():
+        y = x * x
+    y.backward()
+    assert x.grad.stype == "csr"
+    np.testing.assert_allclose(x.grad.asnumpy(), 2 * (DENSE + 1))
+
+
+def test_copy_to_another_context_keeps_storage():
+    rsp = nd.array(DENSE).tostype("row_sparse")
+    moved = rsp.copyto(mixrt.cpu(0))
+    assert moved.stype == "row_sparse" and moved.indices.asnumpy().tolist() == [0, 1, 3]
+    with pytest.raises(MXNetError):
+        rsp.copyto(nd.sparse.zeros("csr", (4, 3)))
