@@ -3,19 +3,38 @@
 A Context is a thin, hashable name for a :class:`mixrt.ops.device.Device`; the kernels
 only ever see the device's array module (``xp``). ``with mixrt.gpu(0):`` makes it the default
 for arrays created without ``ctx=``, per thread.
+
+MXNet's two other host kinds are names too: ``cpu_pinned`` (page-locked memory for faster
+copies to a GPU) and ``cpu_shared`` (shared memory, which MXNet's DataLoader workers hand
+batches through). Both are host memory to mixrt: NumPy arrays on the CPU device, as
+``cpu(i)`` for every ``i`` is; the Context keeps its kind so that it compares and prints as
+MXNet's does (``cpu_shared(0) != cpu(0)``).
 """
 
 from __future__ import annotations
 
 import threading
+import warnings
 
 from mixrt.base.errors import DeviceUnavailableError, InputError
 from mixrt.ops.device import Device, gpu_count, parse_device
 
-_KINDS = ("cpu", "gpu")
+# MXNet's device type ids (``Context.devtype2str``), which its C API and files use
+_TYPE_IDS = {"cpu": 1, "gpu": 2, "cpu_pinned": 3, "cpu_shared": 5}
+_KINDS = tuple(_TYPE_IDS)
 
 
-class Context:
+class _ContextType(type):
+    @property
+    def default_ctx(cls) -> "Context":
+        """MXNet's deprecated class-level spelling of :func:`current_context`."""
+        warnings.warn("Context.default_ctx has been deprecated. Please use "
+                      "mixrt.context.current_context() instead.", DeprecationWarning,
+                      stacklevel=2)
+        return current_context()
+
+
+class Context(metaclass=_ContextType):
     __slots__ = ("device_type", "device_id", "device", "_previous")
 
     def __init__(self, device_type: str = "cpu", device_id: int = 0):
@@ -24,8 +43,14 @@ class Context:
         if device_type not in _KINDS:
             raise InputError(f"context type must be one of {_KINDS}, got {device_type!r}")
         self.device_type, self.device_id = device_type, int(device_id)
-        self.device = Device(device_type, self.device_id if device_type == "gpu" else 0)
+        is_gpu = device_type == "gpu"
+        self.device = Device("gpu" if is_gpu else "cpu", self.device_id if is_gpu else 0)
         self._previous = None
+
+    @property
+    def device_typeid(self) -> int:
+        """MXNet's number for the kind (1 cpu, 2 gpu, 3 cpu_pinned, 5 cpu_shared)."""
+        return _TYPE_IDS[self.device_type]
 
     @property
     def xp(self):
@@ -67,6 +92,16 @@ def cpu(device_id: int = 0) -> Context:
 
 def gpu(device_id: int = 0) -> Context:
     return Context("gpu", device_id)
+
+
+def cpu_pinned(device_id: int = 0) -> Context:
+    """MXNet's page-locked host memory; host memory to mixrt."""
+    return Context("cpu_pinned", device_id)
+
+
+def cpu_shared(device_id: int = 0) -> Context:
+    """MXNet's shared host memory (DataLoader workers' batches); host memory to mixrt."""
+    return Context("cpu_shared", device_id)
 
 
 def current_context() -> Context:

@@ -6,7 +6,7 @@ from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
 from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon.trainer import Trainer
 
-_SUBMODULES = frozenset({"nn", "rnn", "loss", "data"})
+_SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils"})
 
 
 def __getattr__(name: str):
