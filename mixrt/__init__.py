@@ -57,7 +57,8 @@ def load(model, device: str = "cpu", **options) -> Session:
 _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer",
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
                               "model", "callback", "kv", "nd", "autograd", "context",
-                              "profiler", "viz", "test_utils", "util", "numpy"})
+                              "profiler", "viz", "test_utils", "util", "numpy",
+                              "operator", "engine", "image"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths

@@ -13,7 +13,9 @@
 User annotations are MXNet's ``Domain``, ``Task``, ``Frame``, ``Event``, ``Counter`` and
 ``Marker`` (``mixrt/profiler_objects.py``).
 
-What is recorded: imperative NDArray ops (category "imperative"), the kernels of every
+What is recorded: imperative NDArray ops (category "imperative"; in the statistics MXNet's
+"operator" with MXNet's op names, ``sqrt``, ``_plus_scalar``; "Custom Operator" for a
+Python operator and the ops it runs, ``mixrt/operator.py``), the kernels of every
 Session that has no profiler of its own (category "symbolic", each run as a "run" event in
 category "session"), memory counters ``memory:<device>`` (a session's arena per run) and
 markers. ``profile_api`` is accepted so MXNet scripts run; mixrt has no C API layer to time,
@@ -43,6 +45,37 @@ ACCEPTED_ONLY = {"dump_period": 1.0, "profile_process": "worker", "contiguous_du
 STATES = ("run", "stop")
 PROCESSES = ("worker", "server")
 SORT_KEYS = {"total": 1, "avg": None, "min": 2, "max": 3, "count": 0}
+
+# MXNet's names for the ops imperative calls run, in the statistics (the trace keeps the
+# ONNX op): a unary op's lower-case name, a binary one's scalar form when one operand is a
+# number (0-d: MXNet 1.x arrays have none), the number first for the reversed ones
+_UNARY_NAMES = {"Sqrt": "sqrt", "Exp": "exp", "Log": "log", "Abs": "abs", "Neg": "negative",
+                "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Sin": "sin",
+                "Cos": "cos", "Tan": "tan", "Floor": "floor", "Ceil": "ceil",
+                "Round": "round", "Sign": "sign", "Reciprocal": "reciprocal",
+                "Softmax": "softmax", "LogSoftmax": "log_softmax", "MatMul": "dot",
+                "Transpose": "transpose", "Reshape": "Reshape", "Cast": "Cast",
+                "Identity": "_copy", "Erf": "erf"}
+_BINARY_NAMES = {"Add": ("plus", "add", "plus"), "Sub": ("minus", "sub", "rminus"),
+                 "Mul": ("mul", "mul", "mul"), "Div": ("div", "div", "rdiv"),
+                 "Pow": ("power", "power", "rpower"), "Max": ("maximum", "maximum", "maximum"),
+                 "Min": ("minimum", "minimum", "minimum"), "Mod": ("mod", "mod", "rmod")}
+
+
+def mxnet_op_name(op_type: str, inputs: list) -> str:
+    """The name MXNet's profiler gives the op an imperative call ran."""
+    if op_type in _BINARY_NAMES and len(inputs) == 2:
+        scalar, broadcast, reversed_scalar = _BINARY_NAMES[op_type]
+        first, second = (getattr(x, "ndim", None) == 0 for x in inputs)
+        if second and not first:
+            return f"_{scalar}_scalar"
+        if first and not second:
+            return f"_{reversed_scalar}_scalar"
+        return f"broadcast_{broadcast}"
+    return _UNARY_NAMES.get(op_type, op_type)
+
+
+_runtime.STATISTICS_NAMES[:] = [mxnet_op_name]
 
 
 def set_config(**options) -> None:

@@ -54,6 +54,8 @@ import numpy as np
 import mixrt.ops as ops_package
 from mixrt.ops.compiled import jit_tier
 from mixrt.ops.compiled.jit_cache import cache_root
+from mixrt.ops.control.custom import IN_PROCESS_OPS
+from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.feeds import feed_signature
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.npz import storable, write_npz
@@ -404,13 +406,21 @@ def tiers_for(session, model, opt_level: int, *, always: bool = False) -> Sessio
     """A CPU session's tiers, or None where there is one tier only: a GPU session,
     ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground`` (unless ``always``)."""
     if session.device.kind != "cpu" or os.environ.get("MIXRT_JIT", "1") == "0" \
-            or not (always or jit_tier.background_compiles()):
+            or not (always or jit_tier.background_compiles()) \
+            or _runs_python_of_this_process(session.graph):
         return None
     source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     if isinstance(source, bytes):
         source = os.fsdecode(source)
     return SessionTiers(session, None if source is None else os.path.abspath(source),
                         opt_level)
+
+
+def _runs_python_of_this_process(graph) -> bool:
+    """Whether a node calls Python code registered in this process (mixrt::Custom): the
+    compiler's child process has none of it, so such a graph keeps one tier."""
+    return any(node.domain == MIXRT and node.op_type in IN_PROCESS_OPS
+               for node in graph.nodes)
 
 
 def write_marker(marker: Path, model: str) -> None:

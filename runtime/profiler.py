@@ -16,7 +16,10 @@ paused, else None; it is one global read, cheap enough for every imperative op. 
   code shows up (category "symbolic", memory counters from the arena when profile_memory);
 * ``imperative(op_name, started, inputs, outputs)`` — one "X" event, category "imperative",
   with the inputs' and outputs' shapes and dtypes; the NDArray dispatcher calls it with
-  ``started = time.perf_counter()`` taken before the op;
+  ``started = time.perf_counter()`` taken before the op. Its statistics go to MXNet's
+  category "operator" under the name ``STATISTICS_NAMES`` gives (or to the category and
+  prefix ``IMPERATIVE_GROUP`` sets, inside a custom operator);
+* ``python_op(name, category, started)`` — one "X" event for a Python operator's code;
 * ``memory(device, allocated_bytes)`` — a counter event named ``memory:<device>``;
 * ``mark(name, scope)`` — an instant event ("ph": "i"), ``mixrt.profiler.Marker``.
 
@@ -42,6 +45,13 @@ from mixrt.ops.compiled.jit_tier import compiled_allowed
 SCOPE = contextvars.ContextVar("mixrt_profiler_scope", default="")
 
 INSTANT_SCOPES = {"global": "g", "process": "p", "thread": "t"}
+
+# (category, name prefix) for the aggregate statistics of imperative ops made inside a
+# Python operator (mixrt.operator: "Custom Operator", "<op_type>::"); None elsewhere
+IMPERATIVE_GROUP = contextvars.ContextVar("mixrt_profiler_imperative_group", default=None)
+# the statistics' name of an imperative op, (op_type, raw inputs) -> name: mixrt.profiler
+# installs MXNet's operator names (``sqrt``, ``_plus_scalar``); the trace keeps op_type
+STATISTICS_NAMES: list = []
 
 
 class Profiler:
@@ -116,11 +126,18 @@ class Profiler:
             return
         ended = time.perf_counter()
         inputs, outputs = _as_list(inputs), _as_list(outputs)
-        self._complete(op_name, op_name, "imperative", started, ended,
+        category, prefix = IMPERATIVE_GROUP.get() or ("operator", "")  # MXNet's category
+        named = STATISTICS_NAMES[0](op_name, inputs) if STATISTICS_NAMES else op_name
+        self._complete(op_name, prefix + named, "imperative", started, ended,
                        {"input_shapes": [_shape(a) for a in inputs],
                         "input_dtypes": [_dtype(a) for a in inputs],
                         "output_shapes": [_shape(o) for o in outputs],
-                        "output_dtypes": [_dtype(o) for o in outputs]})
+                        "output_dtypes": [_dtype(o) for o in outputs]},
+                       stats_category=category)
+
+    def python_op(self, name: str, category: str, started: float) -> None:
+        """One event for Python code that computes as an op (a custom operator)."""
+        self._complete(name, name, category, started, time.perf_counter(), {})
 
     def memory(self, device: str, allocated_bytes: int) -> None:
         if not self.profile_memory:
@@ -153,7 +170,7 @@ class Profiler:
     # -- recording -------------------------------------------------------------------------
 
     def _complete(self, name: str, op: str, category: str, started: float, ended: float,
-                  args: dict) -> None:
+                  args: dict, stats_category: str | None = None) -> None:
         scope = SCOPE.get()
         duration = round((ended - started) * 1e6, 3)
         event = {"name": scope + name, "cat": category, "ph": "X", "ts": self._us(started),
@@ -162,7 +179,7 @@ class Profiler:
         with self._lock:
             self.events.append(event)
             if self.stats is not None:
-                _accumulate(self.stats, (category, scope + op), duration)
+                _accumulate(self.stats, (stats_category or category, scope + op), duration)
 
     def _add(self, event: dict) -> None:
         with self._lock:

@@ -155,3 +155,5 @@ def Cast(*args, dtype=None, **kwargs):  # noqa: F811
     kwargs.pop("name", None)
     return _mx.cast(*args, dtype=dtype, **kwargs)
 __all__ += ["contrib", "linalg", *(f"linalg_{_name}" for _name in linalg.FUNCTIONS)]
+
+from mixrt.operator import imperative_custom as Custom  # noqa: E402  (MXNet's nd.Custom)

@@ -44,6 +44,7 @@ globals().update(_mxnet_ops.FUNCTIONS)
 _mxnet_ops.attach_methods()
 from mixrt.sym import random  # noqa: E402  (MXNet's samplers, and sym.random_uniform, ...)
 globals().update(random.FLAT)
+from mixrt.sym.custom import Custom  # noqa: E402,F401  (MXNet's sym.Custom: mixrt.operator)
 
 
 def __getattr__(name: str):
