@@ -40,6 +40,10 @@ class ArrayFront:
     open: Callable
     wrap_updater: Callable
     optimizer_updater: Callable
+    # a frontend array's storage type (MXNet's 'default', 'row_sparse', 'csr'; None for
+    # anything else), and how a row_sparse one records the rows row_sparse_pull stored
+    stype: Callable = lambda value: None
+    stored_rows: Callable = lambda value, rows: None
 
 
 _front: ArrayFront | None = None
@@ -54,6 +58,15 @@ def opened(array, what: str):
     """The raw array to read (``init``, ``push``) or to fill (``pull``) for ``array``."""
     raw = None if _front is None else _front.open(array, write=what.startswith("pull"))
     return array if raw is None else raw
+
+
+def frontend_stype(array) -> str | None:
+    """MXNet's storage type of a frontend array; None for a NumPy or CuPy array."""
+    return None if _front is None else _front.stype(array)
+
+
+def storage_type(array) -> str:
+    return frontend_stype(array) or "default"
 
 
 _INT_KEY = re.compile(r"-?[0-9]+")
@@ -75,22 +88,30 @@ def normalize_key(key) -> str:
     return text
 
 
-def key_value_pairs(keys, values, what: str) -> list[tuple[str, list]]:
+def key_value_pairs(keys, values, what: str, skip_sparse: bool = False,
+                    open_arrays: bool = True) -> list[tuple[str, list]]:
     """``(key, value)``, ``([k1, k2], [v1, v2])`` or ``([k1, k2], [[v1a, v1b], v2])`` as
-    ``[(key, [arrays...]), ...]`` (one array per device)."""
+    ``[(key, [arrays...]), ...]`` (one array per device, opened to its NumPy/CuPy data
+    unless ``open_arrays`` is false). ``skip_sparse``: leave out sparse arrays (MXNet's
+    ``pull(..., ignore_sparse=True)``), which may leave a key with none."""
     if isinstance(keys, (list, tuple)):
         if not isinstance(values, (list, tuple)) or len(values) != len(keys):
             raise KVStoreError(f"{what}: {len(keys)} keys need {len(keys)} values, got "
                                f"{_describe(values)}")
-        return [(normalize_key(k), _as_list(v, k, what)) for k, v in zip(keys, values)]
-    return [(normalize_key(keys), _as_list(values, keys, what))]
+        return [(normalize_key(k), _as_list(v, k, what, skip_sparse, open_arrays))
+                for k, v in zip(keys, values)]
+    return [(normalize_key(keys), _as_list(values, keys, what, skip_sparse, open_arrays))]
 
 
-def _as_list(value, key, what: str) -> list:
+def _as_list(value, key, what: str, skip_sparse: bool = False,
+             open_arrays: bool = True) -> list:
     arrays = list(value) if isinstance(value, (list, tuple)) else [value]
-    arrays = [opened(array, what) for array in arrays]
     if not arrays:
         raise KVStoreError(f"{what} key {key!r}: no arrays given")
+    if skip_sparse:
+        arrays = [array for array in arrays if storage_type(array) == "default"]
+    if open_arrays:
+        arrays = [opened(array, what) for array in arrays]
     for array in arrays:
         if not hasattr(array, "shape") or not hasattr(array, "dtype"):
             raise KVStoreError(f"{what} key {key!r}: expected NDArrays, NumPy or CuPy "
@@ -212,7 +233,7 @@ class KVStore:
     def push(self, key, value, priority: int = 0) -> None:
         raise NotImplementedError
 
-    def pull(self, key, out=None, priority: int = 0):
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
         raise NotImplementedError
 
     def pushpull(self, key, value, out=None, priority: int = 0):
@@ -228,18 +249,25 @@ class KVStore:
         return self.pull(key, out=out, priority=priority)
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None):
-        """MXNet's ``row_sparse_pull`` on dense arrays: ``out`` gets the stored rows
-        ``row_ids`` name and zeros elsewhere (the dense view of MXNet's row-sparse result;
-        mixrt has no sparse storage)."""
+        """MXNet's ``row_sparse_pull``: each ``out`` (row_sparse NDArrays; NumPy and CuPy
+        arrays get the dense view) gets the stored rows its ``row_ids`` name, and stores
+        exactly those rows; the others are zero."""
         if row_ids is None:
             raise KVStoreError("row_sparse_pull needs row_ids (the rows to pull)")
-        self.pull(key, out=out, priority=priority)
-        for name, arrays in key_value_pairs(key, out, "pull"):
+        require_out(out)
+        outputs = key_value_pairs(key, out, "row_sparse_pull", open_arrays=False)
+        for name, arrays in outputs:
+            for array in arrays:
+                if frontend_stype(array) not in (None, "row_sparse"):
+                    raise KVStoreError(f"row_sparse_pull key {name!r}: out must be a "
+                                       f"row_sparse array, got storage type "
+                                       f"{storage_type(array)!r} (use pull for dense ones)")
+        self.pull(key, out=out, priority=priority, ignore_sparse=False)
+        for name, arrays in outputs:
             ids = _row_ids_per_output(name, row_ids, len(arrays), key)
             for array, rows in zip(arrays, ids):
-                keep = np.zeros(array.shape[0], dtype=bool)
-                keep[np.asarray(to_host(opened(rows, "read")), dtype=np.int64)] = True
-                array[array_module(array).asarray(~keep)] = 0
+                _keep_rows(array, np.unique(np.asarray(to_host(opened(rows, "read")),
+                                                       dtype=np.int64)))
         return out
 
     def is_capable(self, capability: str) -> bool:
@@ -356,6 +384,16 @@ class KVStore:
 
     def __repr__(self) -> str:
         return f"<KVStore {self.type!r} rank {self.rank} of {self.num_workers}>"
+
+
+def _keep_rows(array, rows: np.ndarray) -> None:
+    """Zero every row of ``array`` but ``rows``, and record them as its stored rows."""
+    raw = opened(array, "pull")
+    keep = np.zeros(raw.shape[0], dtype=bool)
+    keep[rows] = True
+    raw[array_module(raw).asarray(~keep)] = 0
+    if _front is not None:
+        _front.stored_rows(array, rows)
 
 
 def _row_ids_per_output(name: str, row_ids, outputs: int, key) -> list:

@@ -19,8 +19,8 @@ import contextlib
 import numpy as np
 
 from mixrt.base.errors import KVStoreError
-from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs, require_out,
-                                sum_on)
+from mixrt.kvstore.base import (KVStore, check_like, copy_into, key_value_pairs,
+                                normalize_key, require_out, sum_on, user_key)
 from mixrt.kvstore.compression import create_compressor
 from mixrt.ops.device import array_module
 
@@ -39,8 +39,23 @@ class LocalStore(KVStore):
         self._on_device = AGGREGATE_ON[kind] == "device"
         self._store: dict[str, object] = {}
         self._compressor = None
+        # int or str: MXNet's local stores refuse to mix the two; a digits-only str is
+        # the int it spells here (3 and "3" are one key), so only names count as str
+        self._key_kind = None
+
+    def _check_key_kind(self, key, what: str) -> None:
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        for one in keys:
+            kind = type(user_key(normalize_key(one)))
+            if self._key_kind is None:
+                self._key_kind = kind
+            elif kind is not self._key_kind:
+                raise KVStoreError(f"{what}: key {one!r} is a {kind.__name__}, and this "
+                                   f"store's keys are {self._key_kind.__name__}s; mixed key "
+                                   f"types are not allowed (as in MXNet)")
 
     def init(self, key, value) -> None:
+        self._check_key_kind(key, "init")
         for name, arrays in key_value_pairs(key, value, "init"):
             if name in self._store:
                 raise KVStoreError(f"init: key {name!r} is already initialized")
@@ -52,6 +67,7 @@ class LocalStore(KVStore):
                 self._store[name] = np.array(_host(first), copy=True)
 
     def push(self, key, value, priority: int = 0) -> None:
+        self._check_key_kind(key, "push")
         for name, arrays in key_value_pairs(key, value, "push"):
             stored = self._stored(name, "push")
             for array in arrays:
@@ -64,8 +80,9 @@ class LocalStore(KVStore):
                 self._apply(name, total, stored)
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
+        self._check_key_kind(key, "pull")
         require_out(out)
-        for name, arrays in key_value_pairs(key, out, "pull"):
+        for name, arrays in key_value_pairs(key, out, "pull", skip_sparse=ignore_sparse):
             stored = self._stored(name, "pull")
             for array in arrays:
                 check_like(name, stored, array, "pull")

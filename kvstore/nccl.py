@@ -112,7 +112,8 @@ class NCCLStore(KVStore):
             with cupy.cuda.Device(home):
                 self._apply(name, total, stored)
 
-    def pull(self, key, out=None, priority: int = 0):
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
+        # sparse outs are filled as dense ones here (only the local kinds skip them)
         require_out(out)
         cupy = self._cupy
         for name, arrays in key_value_pairs(key, out, "pull"):

@@ -3,7 +3,8 @@
     kv = mixrt.kv.create("local")            # local | device | local_allreduce_cpu | ...
     kv.init(3, nd.ones((2, 3)))              # NDArrays, NumPy or CuPy arrays; int or str keys
     kv.push(3, [nd.ones((2, 3), ctx=c) for c in ctxs])   # a list per key is summed
-    kv.pull(3, out=a)
+    kv.pull(3, out=a)                        # sparse outs are skipped (ignore_sparse=True)
+    kv.row_sparse_pull(3, out=rsp, row_ids=nd.array([0, 1]))   # rsp: a RowSparseNDArray
     kv.set_optimizer(mixrt.optimizer.SGD(learning_rate=0.1))
     kv._set_updater(lambda key, merged, stored: stored.__iadd__(merged))
 
@@ -20,17 +21,20 @@ from mixrt.context import cpu, gpu
 from mixrt.kvstore import KINDS, KVStore, create as _create
 from mixrt.kvstore.base import ArrayFront, set_array_front, user_key
 from mixrt.nd.ndarray import NDArray
+from mixrt.nd.sparse_arrays import RowSparseNDArray
 from mixrt.ops.device import array_module
 from mixrt.optimizers import Optimizer as _MXNetOptimizer, get_updater
 
-KVStoreBase = KVStore  # MXNet 1.9's base class name
+from mixrt.kv_base import KVStoreBase, TestStore, registered  # noqa: E402,F401
 
 
 def create(name: str = "local", **options) -> KVStore:
     """A store of kind ``name`` (MXNet's: ``local``, ``device``, ``local_update_cpu``,
     ``local_allreduce_cpu``, ``local_allreduce_device``, ``nccl``, ``dist_sync``,
-    ``dist_device_sync``, ``dist_async``)."""
-    return _create(name, **options)
+    ``dist_device_sync``, ``dist_async``), or of a class registered with
+    ``KVStoreBase.register`` (``teststore``, MXNet's, is one)."""
+    custom = registered(name) if isinstance(name, str) else None
+    return custom if custom is not None else _create(name, **options)
 
 
 def _open(value, write: bool):
@@ -55,7 +59,18 @@ def _optimizer_updater(optimizer):
     return get_updater(optimizer) if isinstance(optimizer, _MXNetOptimizer) else None
 
 
+def _stype(value):
+    return value.stype if isinstance(value, NDArray) else None
+
+
+def _stored_rows(value, rows) -> None:
+    """A row_sparse_pull's ``out`` stores exactly the rows asked for (zero or not)."""
+    if isinstance(value, RowSparseNDArray):
+        value._keep_structure(rows.astype(np.int64))
+
+
 set_array_front(ArrayFront(open=_open, wrap_updater=_wrap_updater,
-                           optimizer_updater=_optimizer_updater))
+                           optimizer_updater=_optimizer_updater, stype=_stype,
+                           stored_rows=_stored_rows))
 
 __all__ = ["KINDS", "KVStore", "KVStoreBase", "create"]

@@ -109,11 +109,11 @@ def test_pushpull_broadcast_and_row_sparse_pull():
     equals(b, 3)
     kv.pushpull(99, nd.ones((2, 2)) * 5, out=b)
     equals(b, 5)
-    kv.init("e", nd.ones((4, 2)))
-    out = nd.zeros((4, 2))
-    # MXNet needs row-sparse arrays here; on dense ones mixrt fills the rows asked for
-    kv.row_sparse_pull("e", out=out, row_ids=nd.array([0, 2], dtype="int64"))
+    kv.init(7, nd.ones((4, 2)))
+    out = nd.zeros((4, 2), stype="row_sparse")
+    kv.row_sparse_pull(7, out=out, row_ids=nd.array([0, 2], dtype="int64"))
     np.testing.assert_array_equal(out.asnumpy(), [[1, 1], [0, 0], [1, 1], [0, 0]])
+    assert out.indices.asnumpy().tolist() == [0, 2]
 
 
 def test_mixing_ndarrays_and_host_arrays_and_errors():

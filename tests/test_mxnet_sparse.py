@@ -202,3 +202,29 @@ def test_copy_to_another_context_keeps_storage():
     assert moved.stype == "row_sparse" and moved.indices.asnumpy().tolist() == [0, 1, 3]
     with pytest.raises(MXNetError):
         rsp.copyto(nd.sparse.zeros("csr", (4, 3)))
+
+
+def test_kvstore_pull_skips_sparse_outs_and_row_sparse_pull_fills_the_rows_asked():
+    kv = mixrt.kv.create("local")
+    kv.init(3, nd.ones((4, 2)) * 5)
+    rsp = nd.array(np.full((4, 2), 2, np.float32)).tostype("row_sparse")
+    kv.pull(3, out=rsp)  # ignore_sparse=True: left as it was
+    np.testing.assert_array_equal(rsp.asnumpy(), np.full((4, 2), 2))
+    kv.row_sparse_pull(3, out=rsp, row_ids=nd.array([3, 1, 3]))
+    assert rsp.indices.asnumpy().tolist() == [1, 3]
+    np.testing.assert_array_equal(rsp.asnumpy(), [[0, 0], [5, 5], [0, 0], [5, 5]])
+    with pytest.raises(MXNetError, match="row_sparse"):
+        kv.row_sparse_pull(3, out=nd.zeros((4, 2)), row_ids=nd.array([1]))
+
+
+def test_kvstore_push_of_row_sparse_values_sums_them():
+    kv = mixrt.kv.create("local")
+    kv.init("w", nd.zeros((3, 2), stype="row_sparse"))
+    grads = [nd.sparse.row_sparse_array((np.ones((1, 2), np.float32), [i]), shape=(3, 2))
+             for i in (0, 2)]
+    kv.push("w", grads)
+    out = nd.zeros((3, 2))
+    kv.pull("w", out=out)
+    np.testing.assert_array_equal(out.asnumpy(), [[1, 1], [0, 0], [1, 1]])
+    with pytest.raises(MXNetError, match="mixed key types"):
+        kv.init(5, nd.zeros((3, 2)))

@@ -145,7 +145,8 @@ class DistStore(KVStore):
         self._wait_sent(trackers, f"push of {_keys(key)}")
         self._verbose("push", key, started)
 
-    def pull(self, key, out=None, priority: int = 0):
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
+        # sparse outs are filled as dense ones here (only the local kinds skip them)
         require_out(out)
         self.wait_queued()
         started = time.perf_counter()
