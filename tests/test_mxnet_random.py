@@ -736,3 +736,51 @@ PDF_REFUSED = [
 def test_bad_density_arguments(expression, message):
     with pytest.raises(InputError, match=message):
         eval(expression, _environment())  # noqa: S307  (our own table)
+
+
+# -- the Zipfian candidate samplers (MXNet 1.9.1's nd._internal._sample_unique_zipfian and
+#    nd.contrib.rand_zipfian) ------------------------------------------------------------------
+
+def test_unique_zipfian_rows_hold_distinct_classes_and_count_their_draws():
+    mx.random.seed(3)
+    classes, tries = nd._internal._sample_unique_zipfian(793472, shape=(4, 8192))
+    assert classes.shape == (4, 8192) and classes.dtype == np.int64
+    assert tries.shape == (4,) and tries.dtype == np.int64
+    for row in classes.asnumpy():
+        assert np.unique(row).size == 8192 and row.min() >= 0 and row.max() < 793472
+    # the draws a row needs, as the log-uniform sampler of PyTorch and MXNet needs them
+    assert ((tries.asnumpy() > 14500) & (tries.asnumpy() < 17000)).all()
+
+
+def test_unique_zipfian_refuses_more_classes_than_the_range():
+    with pytest.raises(InputError, match="range_max"):
+        nd._internal._sample_unique_zipfian(5, shape=(1, 6))
+    with pytest.raises(InputError, match="batch_size, num_sampled"):
+        nd._internal._sample_unique_zipfian(5, shape=(3,))
+
+
+def test_rand_zipfian_expected_counts_follow_the_distribution():
+    mx.random.seed(5)
+    true_classes = nd.array([0, 3, 19], dtype="int32")
+    sampled, count_true, count_sampled = nd.contrib.rand_zipfian(true_classes, 1000, 20)
+    assert sampled.shape == (1000,) and sampled.dtype == np.int64
+    assert count_true.dtype == np.float64 and count_sampled.shape == (1000,)
+
+    def expected(k):
+        return np.log((k + 2.0) / (k + 1.0)) / np.log(21) * 1000
+    np.testing.assert_allclose(count_true.asnumpy(), expected(np.array([0, 3, 19])))
+    drawn = sampled.asnumpy()
+    np.testing.assert_allclose(count_sampled.asnumpy(), expected(drawn))
+    frequencies = np.bincount(drawn, minlength=20)
+    np.testing.assert_allclose(frequencies, expected(np.arange(20)), atol=60)
+
+
+def test_symbol_samplers_take_and_drop_ctx():
+    drawn = sym.random.uniform(low=-1.5, high=3.0, shape=(2, 3), ctx=mx.cpu())
+    assert drawn.infer_shape()[1] == [(2, 3)]
+
+
+def test_random_uniform_arrays_is_a_list_as_mxnets():
+    from mixrt.test_utils import random_uniform_arrays
+    arrays = random_uniform_arrays((2, 3), low=-0.5, high=0.5)
+    assert isinstance(arrays, list) and arrays[0].shape == (2, 3)

@@ -1,10 +1,16 @@
 """The few of MXNet's ``nd._internal`` operators that its users and tests call directly:
-the region assignments behind ``x[begin:end] = value``."""
+the region assignments behind ``x[begin:end] = value``, and the unique Zipfian candidate
+sampler ``nd.contrib.rand_zipfian``'s kin."""
 
 from __future__ import annotations
 
+import numbers
+
+from mixrt import dispatch
 from mixrt.base.errors import InputError
+from mixrt.context import as_context
 from mixrt.nd.ndarray import NDArray
+from mixrt.ops.ir.registry import MIXRT
 
 
 def _target(fn: str, lhs, out) -> NDArray:
@@ -34,3 +40,26 @@ def _slice_assign_scalar(data, scalar=0.0, begin=(), end=(), step=(), out=None,
 
 _crop_assign = _slice_assign
 _crop_assign_scalar = _slice_assign_scalar
+
+
+def _sample_unique_zipfian(range_max, shape=None, ctx=None, out=None, name=None):
+    """MXNet's candidate sampler: per row of ``shape`` = (batch_size, num_sampled), that
+    many distinct classes in [0, range_max) drawn from the approximate Zipfian
+    distribution, and how many draws each row took (both int64; ``mixrt::
+    SampleUniqueZipfian``)."""
+    if shape is None or len(tuple(shape)) != 2:
+        raise InputError(f"_sample_unique_zipfian: shape must be (batch_size, num_sampled), "
+                         f"got {shape!r}")
+    if isinstance(range_max, bool) or not isinstance(range_max, numbers.Integral) or \
+            range_max < 1 or int(shape[1]) > range_max:
+        raise InputError(f"_sample_unique_zipfian: range_max must be an int >= num_sampled "
+                         f"({shape[1]}), got {range_max!r}")
+    with as_context(ctx):
+        result = dispatch.invoke(MIXRT, "SampleUniqueZipfian", [],
+                                 {"range_max": int(range_max),
+                                  "shape": [int(d) for d in shape]}, num_outputs=2)
+    if out is not None:
+        for target, value in zip(out, result):
+            target[:] = value
+        return out
+    return list(result)

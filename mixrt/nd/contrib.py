@@ -12,11 +12,15 @@ rounded to float32 first, as MXNet's C floats are.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mixrt import autograd
 from mixrt.base.errors import InputError, ShapeError
+from mixrt.context import as_context, current_context
 from mixrt.nd.mxnet_args import _array, _axis, _index_array, _int, _made_on, _op, _tuple
+from mixrt.nd import random
 from mixrt.nd.ndarray import NDArray
 
 
@@ -221,6 +225,34 @@ def gradientmultiplier(data, scalar=1.0, is_int=True, out=None, name=None):
     return _into("gradientmultiplier", out, _GradientMultiplier(float(scalar))(data))
 
 
+# -- sampling -----------------------------------------------------------------------------------
+
+def rand_zipfian(true_classes, num_sampled, range_max, ctx=None):
+    """MXNet's ``contrib.rand_zipfian``: ``num_sampled`` classes in [0, range_max) drawn
+    with replacement from the approximate Zipfian distribution, P(k) = log((k + 2) /
+    (k + 1)) / log(range_max + 1), and the expected counts of ``true_classes`` and of the
+    drawn classes among ``num_sampled`` draws (float64), for sampled softmax. Draws on
+    ``ctx`` (the current context by default)."""
+    fn = "rand_zipfian"
+    true_classes = _array(fn, "true_classes", true_classes)
+    num_sampled, range_max = _int(fn, "num_sampled", num_sampled), \
+        _int(fn, "range_max", range_max)
+    if num_sampled < 1 or range_max < 1:
+        raise InputError(f"{fn}: num_sampled and range_max must be positive, got "
+                         f"{num_sampled} and {range_max}")
+    ctx = current_context() if ctx is None else as_context(ctx)
+    log_range = math.log(range_max + 1)
+    draws = random.uniform(0, log_range, shape=(num_sampled,), dtype="float64", ctx=ctx)
+    sampled = (draws.exp() - 1).astype("int64") % range_max
+    return (sampled, _expected_count(true_classes.as_in_context(ctx), log_range, num_sampled),
+            _expected_count(sampled, log_range, num_sampled))
+
+
+def _expected_count(classes: NDArray, log_range: float, num_sampled: int) -> NDArray:
+    classes = classes.astype("float64")  # in float64: an int class would divide as ints
+    return ((classes + 2.0) / (classes + 1.0)).log() / log_range * num_sampled
+
+
 FUNCTIONS = ["isnan", "isinf", "isfinite", "adamw_update", "mp_adamw_update", "boolean_mask",
              "arange_like", "index_copy", "index_array", "allclose", "div_sqrt_dim",
-             "quadratic", "gradientmultiplier"]
+             "quadratic", "gradientmultiplier", "rand_zipfian"]

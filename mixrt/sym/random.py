@@ -60,9 +60,9 @@ _SYMBOLS = _SymbolBuilder()
 
 def _only_name(fn: str, kwargs: dict):
     """MXNet's symbol functions pass extra keywords to their op: here ``name``, and
-    ``attr`` (MXNet's node attributes, which mixrt's nodes do not keep) is taken and
-    dropped."""
-    unknown = sorted(set(kwargs) - {"name", "attr"})
+    ``attr`` (MXNet's node attributes, which mixrt's nodes do not keep) and ``ctx`` (a
+    symbol's device is the one it is bound on) are taken and dropped."""
+    unknown = sorted(set(kwargs) - {"name", "attr", "ctx"})
     if unknown:
         raise GraphError(f"{fn}: unknown argument {unknown[0]!r}")
     return kwargs.get("name")

@@ -29,8 +29,8 @@ def random_arrays(*shapes):
 
 def random_uniform_arrays(*shapes, low=0.0, high=1.0, dtype=None):
     dtype = default_dtype() if dtype is None else dtype
-    arrays = [np.random.uniform(low, high, size=shape).astype(dtype) for shape in shapes]
-    return arrays[0] if len(arrays) == 1 else arrays
+    # a list even for one shape, as MXNet's (its tests index [0]; random_arrays unwraps)
+    return [np.random.uniform(low, high, size=shape).astype(dtype) for shape in shapes]
 
 
 def random_sample(population, k):
