@@ -26,11 +26,14 @@ def py_str(raw: bytes) -> str:
 
 
 def __getattr__(name: str):
-    """MXNet's ``mxnet.base`` type tuples, made on first use: NumPy is loaded only then,
-    as this package must not load it (``runtime/blas_policy.py`` imports it first)."""
-    if name not in ("integer_types", "numeric_types", "string_types"):
+    """MXNet's ``mxnet.base`` type tuples and ``mx_real_t``, made on first use: NumPy is
+    loaded only then, as this package must not load it (``runtime/blas_policy.py`` imports
+    it first)."""
+    if name not in ("integer_types", "numeric_types", "string_types", "mx_real_t"):
         raise AttributeError(f"module 'mixrt.base' has no attribute {name!r}")
     import numpy  # noqa: PLC0415  (deferred on purpose: see the docstring)
     return {"integer_types": (int, numpy.int32, numpy.int64),
             "numeric_types": (float, int, numpy.generic),
-            "string_types": (str,)}[name]
+            "string_types": (str,),
+            # MXNet's default real type: what a parameter is unless data says otherwise
+            "mx_real_t": numpy.float32}[name]

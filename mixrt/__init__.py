@@ -58,7 +58,7 @@ _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
                               "model", "callback", "kv", "nd", "autograd", "context",
                               "profiler", "viz", "test_utils", "util", "numpy",
-                              "operator", "engine", "image"})
+                              "name", "attribute", "operator", "engine", "image"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths
@@ -71,6 +71,9 @@ _UTIL_NAMES = frozenset({"np_shape", "is_np_shape", "is_np_array", "use_np"})
 
 
 def __getattr__(name: str):
+    if name == "AttrScope":  # MXNet's top-level name for mixrt.attribute.AttrScope
+        import importlib  # noqa: PLC0415
+        return importlib.import_module("mixrt.attribute").AttrScope
     if name in _UTIL_NAMES:
         import importlib  # noqa: PLC0415
         return getattr(importlib.import_module("mixrt.util"), name)

@@ -45,6 +45,11 @@ _mxnet_ops.attach_methods()
 from mixrt.sym import random  # noqa: E402  (MXNet's samplers, and sym.random_uniform, ...)
 globals().update(random.FLAT)
 from mixrt.sym.custom import Custom  # noqa: E402,F401  (MXNet's sym.Custom: mixrt.operator)
+# the MXNet functions mx.sym code calls before any shape is known, built shape-free
+from mixrt.sym import shape_free as _shape_free  # noqa: E402
+from mixrt.sym import _internal  # noqa: E402,F401  (MXNet's mx.sym._internal)
+globals().update(_shape_free.FUNCTIONS)
+MXNET_FUNCTIONS += [name for name in _shape_free.FUNCTIONS if name not in MXNET_FUNCTIONS]
 
 
 def __getattr__(name: str):

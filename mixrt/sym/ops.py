@@ -17,19 +17,17 @@ or inferred at bind time.
 
 from __future__ import annotations
 
-import inspect
-import itertools
-from collections import defaultdict
-from types import SimpleNamespace
-
 import numpy as np
 
+from mixrt import attribute, name as naming
 from mixrt.base.errors import GraphError
 from mixrt.op_specs import OPSET, OpSpec, docstring, spec_of  # noqa: F401  (mixrt.sym's OPSET)
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.passes.typecheck import shared_type_groups
+from mixrt.sym.mxnet_arguments import mxnet_arguments
 from mixrt.sym import symbol as symbol_module
-from mixrt.sym.symbol import constant, prefixed, variable_named, Symbol, SymNode
+from mixrt.sym.symbol import (ATTRIBUTES, constant, prefixed, variable_named, Symbol,
+                               SymNode)
 
 # the default-domain opset symbols are built at: the newest that export (13..21) and
 # onnxruntime both take; ops that exist only at later opsets are built at their first one
@@ -53,32 +51,68 @@ _AUX_INPUTS = {("BatchNormalization", "input_mean"), ("BatchNormalization", "inp
 
 # -- node names -------------------------------------------------------------------------------
 
-_counters: dict[str, itertools.count] = defaultdict(itertools.count)
-
-
-def _node_name(op_type: str, given: str | None) -> str:
-    return prefixed(layer_name(op_type, given))
+def _node_name(op_type: str, given: str | None, exact: bool = False) -> str:
+    return prefixed(given if exact else layer_name(op_type, given))
 
 
 def layer_name(kind: str, given: str | None) -> str:
     """``given``, or MXNet's automatic name: the kind in lower case and a counter per kind
-    (``fullyconnected0``); without the ``sym.prefix`` (call_op adds it)."""
-    return given if given is not None else f"{kind.lower()}{next(_counters[kind])}"
+    (``fullyconnected0``), as the current ``mixrt.name.NameManager`` gives them; without the
+    ``sym.prefix`` (call_op adds it)."""
+    return naming.current().get(given, kind.lower())
 
 
 # -- calling an op ------------------------------------------------------------------------------
 
 def call_op(domain: str, op_type: str, args: list, kwargs: dict, *, name: str | None = None,
-            num_outputs: int | None = None) -> Symbol:
-    """Add one node: ``args`` positional inputs, ``kwargs`` inputs by name or attributes."""
+            num_outputs: int | None = None, exact_name: bool = False) -> Symbol:
+    """Add one node: ``args`` positional inputs, ``kwargs`` inputs by name, attributes, or
+    MXNet's attributes of any symbol (``attr=``, ``lr_mult=``, ``__layout__=``, ...: stored
+    on the node, see :func:`split_symbol_attributes`). ``exact_name``: ``name`` is final
+    (a layer's inner node), not one for the name manager."""
     spec = spec_of(domain, op_type)
-    node_name = _node_name(op_type, name)
+    node_name = _node_name(op_type, name, exact_name)
+    kwargs, symbol_attributes = split_symbol_attributes(kwargs)
+    args, kwargs = mxnet_arguments(spec, f"{op_type} {node_name!r}", args, kwargs)
     inputs, attributes = _split_arguments(spec, node_name, args, kwargs)
     count = _output_count(spec, node_name, attributes, num_outputs, inputs)
-    node = SymNode(op_type, node_name, [_entry(spec, node_name, i, value) for i, value in
-                                        enumerate(inputs)], attributes, spec.domain,
-                   spec.opset, count)
+    entries = [_entry(spec, node_name, i, value, symbol_attributes)
+               for i, value in enumerate(inputs)]
+    node = SymNode(op_type, node_name, entries, attributes, spec.domain, spec.opset, count)
+    if symbol_attributes:
+        node.info[ATTRIBUTES] = symbol_attributes
     return Symbol([(node, i) for i in range(count)])
+
+
+# MXNet's keywords that any operator takes, stored as the attribute ``__<key>__`` (and read
+# back under both names)
+SYMBOL_KEYWORDS = ("ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage")
+
+
+def split_symbol_attributes(kwargs: dict) -> tuple[dict, dict]:
+    """(the operator's own arguments, the symbol's attributes as strings): ``attr=`` (a
+    dict), :data:`SYMBOL_KEYWORDS` and ``__<key>__`` keywords, over the current
+    ``mixrt.attribute.AttrScope``'s."""
+    own, given = {}, {}
+    for key, value in kwargs.items():
+        if key == "attr":
+            given.update(_string_attributes(value))
+        elif key in SYMBOL_KEYWORDS:
+            given[f"__{key}__"] = str(value)
+        elif key.startswith("__") and key.endswith("__") and len(key) > 4:
+            given[key] = str(value)
+        else:
+            own[key] = value
+    return own, attribute.current().get(given)
+
+
+def _string_attributes(attr) -> dict:
+    if attr is None:
+        return {}
+    if not isinstance(attr, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in attr.items()):
+        raise GraphError(f"attr must be a dict of strings to strings, got {attr!r}")
+    return dict(attr)
 
 
 def _split_arguments(spec: OpSpec, node_name: str, args, kwargs) -> tuple[list, dict]:
@@ -132,13 +166,16 @@ def _output_count(spec: OpSpec, node_name: str, attributes: dict, asked, inputs)
     return spec.default_outputs
 
 
-def _entry(spec: OpSpec, node_name: str, index: int, value):
+def _entry(spec: OpSpec, node_name: str, index: int, value, symbol_attributes: dict):
     """One input of the new node: a Symbol's output, a constant, a missing optional input
-    or (for a required input left out) a new Variable."""
+    or (for a required input left out) a new Variable, with the node's attributes."""
     input_name = spec.inputs[min(index, len(spec.inputs) - 1)]
     if value is None:
         if index < spec.required:
-            return _auto_variable(spec, node_name, input_name)._outputs[0]
+            made = _auto_variable(spec, node_name, input_name)._outputs[0]
+            if symbol_attributes:
+                made[0].info[ATTRIBUTES] = dict(symbol_attributes)
+            return made
         return None
     if isinstance(value, Symbol):
         if len(value) != 1:
@@ -309,6 +346,24 @@ def _declared_sources(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
     return found
 
 
+def declared_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
+    """{value: shape, None where unknown} for every node, variable or not, that declares
+    where its shape comes from (:data:`SHAPE_FROM`), as far as the source's shape is known:
+    what shape inference checks the value against and learns it from."""
+    by_name = {node.name: node for node in nodes if not node.is_variable}
+    found = {}
+    for node in nodes:
+        rule = node.info.get(SHAPE_FROM)
+        if rule is None:
+            continue
+        source = _source_shape(node.name, rule, by_name, types)
+        if source is not None:
+            source = tuple(d if isinstance(d, int) else None for d in source)
+            found[node.output_name(0)] = _shape_by_rule(node.name, rule["dims"], source,
+                                                        partial=True)
+    return found
+
+
 def _source_shape(variable: str, rule, by_name: dict, types: dict):
     """The (possibly partly unknown) shape of the value the rule names; None when that node
     is not in this graph or its shape is not known yet."""
@@ -325,7 +380,7 @@ def _source_shape(variable: str, rule, by_name: dict, types: dict):
     return None if shape is None else tuple(shape)
 
 
-def _shape_by_rule(variable: str, dims: list, source: tuple):
+def _shape_by_rule(variable: str, dims: list, source: tuple, partial: bool = False):
     shape = []
     for item in dims:
         if _whole(item):
@@ -340,6 +395,8 @@ def _shape_by_rule(variable: str, dims: list, source: tuple):
             raise GraphError(f"variable {variable!r}: bad {SHAPE_FROM!r} dimension {item!r}; "
                              f"expected a whole number, ['axis', a(, divisor)] or "
                              f"['axes', start, stop]")
+    if partial:
+        return tuple(d if isinstance(d, int) else None for d in shape)
     return tuple(shape) if all(isinstance(d, int) for d in shape) else None
 
 
@@ -383,4 +440,4 @@ def make_function(domain: str, op_type: str):
 
 
 symbol_module.hand_in(call_op=call_op, parameter_shapes=parameter_shapes,
-                      parameter_dtypes=parameter_dtypes)
+                      parameter_dtypes=parameter_dtypes, declared_shapes=declared_shapes)

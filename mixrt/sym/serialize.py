@@ -27,9 +27,12 @@ from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph
 from mixrt.sym import symbol as symbol_module
-from mixrt.sym.symbol import SymNode, Symbol
+from mixrt.sym.symbol import ATTRIBUTES, SymNode, Symbol
 
 FORMAT, VERSION = "mixrt.symbol", 1
+# the whole symbol's attributes, as MXNet's JSON has them: the MXNet API version whose
+# (legacy) shape semantics the symbol follows
+SYMBOL_ATTRIBUTES = {"mxnet_version": ["int", 10901]}
 MAX_OUTPUTS = 2 ** 16  # a node's outputs are named one by one: 10**12 of them would hang
 # the dtypes a tensor can have: ONNX's, less strings (object arrays hold pointers, not data)
 TENSOR_DTYPES = {to_numpy_dtype(code).name: to_numpy_dtype(code) for code in ONNX_TYPE_NAMES
@@ -41,8 +44,8 @@ def to_json(symbol: Symbol) -> str:
     index = {id(node): i for i, node in enumerate(nodes)}
     entries = [_node_entry(node, index) for node in nodes]
     heads = [[index[id(node)], i] for node, i in symbol._outputs]
-    return json.dumps({"format": FORMAT, "version": VERSION, "nodes": entries, "heads": heads},
-                      indent=1)
+    return json.dumps({"format": FORMAT, "version": VERSION, "nodes": entries, "heads": heads,
+                       "attrs": dict(SYMBOL_ATTRIBUTES)}, indent=1)
 
 
 def _node_entry(node: SymNode, index: dict) -> dict:
@@ -138,6 +141,7 @@ def _node(entry, earlier: list[SymNode], where: str) -> SymNode:
         raise ModelLoadError(f"{where}: a constant needs a tensor \"value\"")
     if op is None:
         _check_variable(info, where)
+    _check_attributes(info.get(ATTRIBUTES, {}), where)
     return SymNode(op, name, inputs, attrs, domain, opset, num_outputs, info)
 
 
@@ -165,6 +169,13 @@ def _check_variable(info: dict, where: str) -> None:
                 or not 0 <= value < float("inf"):
             raise ModelLoadError(f"{where}: \"{key}\" must be a finite number >= 0, got "
                                  f"{_brief(value)}")
+
+
+def _check_attributes(attributes, where: str) -> None:
+    if not isinstance(attributes, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in attributes.items()):
+        raise ModelLoadError(f"{where}: {ATTRIBUTES!r} must map strings to strings, got "
+                             f"{_brief(attributes)}")
 
 
 def _dict(entry: dict, key: str, where: str) -> dict:
@@ -253,4 +264,4 @@ def load(path) -> Symbol:
     return from_json(text, str(path))
 
 
-symbol_module.hand_in(to_json=to_json)
+symbol_module.hand_in(to_json=to_json, from_json=from_json)

@@ -20,14 +20,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mixrt import attribute
 from mixrt.array_methods import ArrayMethods
+from mixrt.base import NotImplementedForSymbol
 from mixrt.base.errors import GraphError, ShapeError
 from mixrt.initializer import create
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
+from mixrt.sym.partial_shapes import is_unknown, learned_shapes, SAME_SHAPE, unknown_dim
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
+# node.info key of MXNet's symbol attributes (strings: ``attr=``, ``lr_mult``, AttrScope's),
+# which list_attr/attr_dict show and operators never read
+ATTRIBUTES = "attr"
+# node.info key of a node that is part of an MXNet layer (sym.FullyConnected, ...): the layer's
+# name, which is its output node's. MXNet's structural queries (get_children, get_internals)
+# see the layer as that one node, as MXNet has it.
+LAYER = "layer"
+# keys of a Variable's ``attr=`` that are mixrt records of its own, not MXNet attributes
+_INFO_KEYS = ("shape_from",)
 
 # A Symbol's arithmetic, parameter-shape inference, JSON and binding are done by
 # mixrt/sym/ops.py, serialize.py and executor.py, which build on this module. Each hands its
@@ -48,10 +60,32 @@ def _call_op(domain: str, op_type: str, inputs: list, attributes: dict) -> "Symb
     return _HANDED_IN["call_op"](domain, op_type, inputs, attributes)
 
 
+class ValueNeeded(GraphError, NotImplementedForSymbol):
+    """A Symbol used where Python needs a value: a GraphError, and MXNet's
+    NotImplementedForSymbol, which MXNet code catches."""
+
+    def __init__(self, message: str):
+        Exception.__init__(self, message)
+        self.function, self.alias = None, None
+
+
+_NOT_IMPLEMENTED_KINDS: dict[type, type] = {}
+
+
+def _not_implemented_for_symbol(error: Exception) -> Exception:
+    """``error`` (the traced block's refusal) as one that is also MXNet's
+    NotImplementedForSymbol, which MXNet code catches around ``bool(symbol)``."""
+    kind = type(error)
+    if kind not in _NOT_IMPLEMENTED_KINDS:
+        _NOT_IMPLEMENTED_KINDS[kind] = type(kind.__name__, (kind, NotImplementedForSymbol), {
+            "__init__": ValueNeeded.__init__, "__module__": kind.__module__})
+    return _NOT_IMPLEMENTED_KINDS[kind](str(error))
+
+
 def value_error(what: str) -> GraphError:
     """The error for a Symbol used where Python needs a value (``mixrt.gluon`` replaces it
     with one that names the HybridBlock being traced and the line)."""
-    return GraphError(f"a Symbol has no value until its graph runs; it cannot be {what}")
+    return ValueNeeded(f"a Symbol has no value until its graph runs; it cannot be {what}")
 
 
 @dataclass(eq=False)
@@ -116,23 +150,50 @@ class Symbol(ArrayMethods):
     def list_inputs(self) -> list[str]:
         return [n.name for n in self._variables()]
 
-    def list_attr(self) -> dict:
-        """The single output node's attributes (or a variable's declared info)."""
-        node = self._single_node("list_attr")
-        return dict(node.info if node.is_variable else node.attrs)
+    def list_attr(self, recursive: bool = False) -> dict:
+        """The single output node's attributes as strings (MXNet's): those it was given
+        (``attr=``, ``lr_mult=``, an AttrScope's), a variable's ``__shape__`` and
+        multipliers, an operator's own attributes. ``recursive``: every node's, keyed
+        ``<node>_<key>``."""
+        if recursive:
+            return {f"{node}_{key}": value for node, found in self.attr_dict().items()
+                    for key, value in found.items()}
+        return _attributes(self._single_node("list_attr"))
 
     def attr(self, key: str):
+        """The attribute ``key`` of the single output node (a string), or None."""
         return self.list_attr().get(key)
+
+    def attr_dict(self) -> dict:
+        """{node name: its attributes} for every node that has some."""
+        found = {}
+        for node in self._topological():
+            attributes = _attributes(node)
+            if attributes:
+                found[node.name] = attributes
+        return found
+
+    def _set_attr(self, **attributes) -> None:
+        """Set attributes (strings) of the single output node, in place."""
+        node = self._single_node("_set_attr")
+        node.info.setdefault(ATTRIBUTES, {}).update(
+            {key: str(value) for key, value in attributes.items()})
 
     def get_internals(self) -> "Symbol":
         """Every output of every node, in topological order: pick one by name
-        (``net.get_internals()["relu1_output"]``) to get a feature extractor."""
-        return Symbol([(node, i) for node in self._topological()
+        (``net.get_internals()["relu1_output"]``) to get a feature extractor. A layer
+        (``sym.FullyConnected``) is one node here, as in MXNet; constants are not listed."""
+        return Symbol([(node, i) for node in self._topological() if _listed(node)
                        for i in range(node.num_outputs)])
 
     def get_children(self) -> "Symbol | None":
-        node = self._single_node("get_children")
-        inputs = [i for i in node.inputs if i is not None]
+        """The inputs of the output nodes (of a layer: the layer's inputs), None for a
+        variable."""
+        inputs, seen = [], set()
+        for node, _ in self._outputs:
+            if id(node) not in seen:
+                seen.add(id(node))
+                inputs.extend(_layer_inputs(node))
         return Symbol(inputs) if inputs else None
 
     def __len__(self) -> int:
@@ -191,9 +252,17 @@ class Symbol(ArrayMethods):
 
     # -- composition ---------------------------------------------------------------------
 
-    def __call__(self, *args, **kwargs) -> "Symbol":
+    def __call__(self, *args, name: str | None = None, **kwargs) -> "Symbol":
         """Composition: a copy of this symbol with variables replaced by symbols, by name
-        (``net(data=other)``) or positionally in ``list_arguments()`` order."""
+        (``net(data=other)``) or positionally in ``list_arguments()`` order. ``name``
+        renames the single output node of the copy (MXNet's ``name=``)."""
+        composed = self._composed(args, kwargs)
+        head = composed._single_node("compose with name=") if name is not None else None
+        if head is not None and not head.is_variable:  # a copy: renaming it touches no other
+            head.name = name
+        return composed
+
+    def _composed(self, args, kwargs) -> "Symbol":
         arguments = self.list_arguments()
         if len(args) > len(arguments):
             raise GraphError(f"symbol takes {len(arguments)} arguments {arguments}; got "
@@ -234,9 +303,13 @@ class Symbol(ArrayMethods):
     # -- arithmetic: ONNX ops, scalars as constants cast to the other operand's dtype --------
 
     def _binary(self, op_type: str, other, reverse: bool = False) -> "Symbol":
-        other = other if isinstance(other, Symbol) else scalar_like(other, self)
+        both = isinstance(other, Symbol)
+        other = other if both else scalar_like(other, self)
         left, right = (other, self) if reverse else (self, other)
-        return _call_op("", op_type, [left, right], {})
+        made = _call_op("", op_type, [left, right], {})
+        if both:  # MXNet's Symbol arithmetic is elementwise: operands of one shape
+            made._outputs[0][0].info[SAME_SHAPE] = "loose"
+        return made
 
 
     def __neg__(self):
@@ -257,7 +330,9 @@ class Symbol(ArrayMethods):
     # -- a Symbol has no value: refuse to become one (instead of being silently truthy) -----
 
     def __bool__(self):
-        raise value_error("used as a Python bool (an if, while, and/or, assert)")
+        error = value_error("used as a Python bool (an if, while, and/or, assert)")
+        raise error if isinstance(error, NotImplementedForSymbol) else \
+            _not_implemented_for_symbol(error)
 
     def __float__(self):
         raise value_error("converted with float()")
@@ -343,20 +418,27 @@ class Symbol(ArrayMethods):
         return named
 
     def _inferred(self, shapes: dict, dtypes: dict) -> dict:
-        """Types of every value. Forward inference first; then parameters whose shape
-        follows from their consumer (BatchNormalization's gamma from the data's channels,
-        a convolution's bias from its weight) get it, variables of no given dtype take the
-        one of an operand they must match (float64 data makes FullyConnected's weight
-        float64, as in MXNet), and inference runs again."""
-        shapes, dtypes = dict(shapes), dict(dtypes)
+        """Types of every value. Forward inference first, each unknown dimension of a
+        variable carried as a symbol of its own; then what the graph says of the variables
+        from the other direction (``partial_shapes``: operands of one shape, an output's
+        shape read back into an input's, parameters whose shape follows from their
+        consumer, as BatchNormalization's gamma from the data's channels); variables of no
+        given dtype take the one of an operand they must match (float64 data makes
+        FullyConnected's weight float64, as in MXNet); and inference runs again."""
+        shapes = {name: _unknown_as_none(shape) for name, shape in shapes.items()}
+        dtypes = dict(dtypes)
         nodes = self._topological()
-        free = {n.name for n in nodes if n.is_variable and "dtype" not in n.info} - set(dtypes)
+        variables = [n for n in nodes if n.is_variable]
+        free = {n.name for n in variables if "dtype" not in n.info} - set(dtypes)
         while True:
-            graph = self.to_graph(shapes=shapes, dtypes=dtypes)
+            given = {n.name: shapes.get(n.name, n.info.get("shape")) for n in variables}
+            graph = self.to_graph(shapes=_with_unknown_dims(given), dtypes=dtypes)
             types = infer_types(graph)
-            found = {name: shape for name, shape in
-                     _handed_in("parameter_shapes")(nodes, types).items()
-                     if name not in shapes}
+            found = learned_shapes(nodes, types, given,
+                                   _handed_in("declared_shapes")(nodes, types))
+            for name, shape in _handed_in("parameter_shapes")(nodes, types).items():
+                if name not in shapes and not _complete(found.get(name, given[name])):
+                    found[name] = shape
             matched = _handed_in("parameter_dtypes")(nodes, graph, types, free)
             if not found and not matched:
                 return types
@@ -366,7 +448,7 @@ class Symbol(ArrayMethods):
 
     def _report(self, types: dict, pick):
         def of(names):
-            return [pick(_tensor(types.get(name))) for name in names]
+            return [pick(_known_dims(_tensor(types.get(name)))) for name in names]
         return (of(self.list_arguments()), of(self.list_outputs()),
                 of(self.list_auxiliary_states()))
 
@@ -378,6 +460,16 @@ class Symbol(ArrayMethods):
     def save(self, path) -> None:
         from pathlib import Path  # noqa: PLC0415
         Path(path).write_text(self.tojson(), encoding="utf-8")
+
+    def __getstate__(self) -> dict:
+        """Pickled as its JSON (MXNet's way), so a pickle holds no code of ours."""
+        return {"json": self.tojson()}
+
+    def __setstate__(self, state: dict) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("json"), str):
+            raise GraphError(f"cannot unpickle a Symbol from {type(state).__name__}: "
+                             f"expected {{'json': symbol JSON}}")
+        self._outputs = _handed_in("from_json")(state["json"], "pickled Symbol")._outputs
 
     # -- running -------------------------------------------------------------------------
 
@@ -421,9 +513,12 @@ def variable_named(name: str, shape=None, dtype=None, init=None, *, aux: bool = 
                    lr_mult: float | None = None, wd_mult: float | None = None,
                    attr: dict | None = None) -> Symbol:
     """:func:`Variable` with the name taken as it is (no prefix)."""
-    info = dict(attr or {})
-    if shape is not None:
-        info["shape"] = tuple(None if d is None or d == -1 else int(d) for d in shape)
+    attr = attribute.current().get(attr)
+    info = {key: attr.pop(key) for key in _INFO_KEYS if key in attr}
+    if attr:
+        info[ATTRIBUTES] = {str(key): str(value) for key, value in attr.items()}
+    if shape is not None:  # 0 and -1: unknown (MXNet's legacy shapes say 0)
+        info["shape"] = tuple(None if d is None or d in (0, -1) else int(d) for d in shape)
     if dtype is not None:
         info["dtype"] = np.dtype(dtype).name
     if init is not None:
@@ -489,6 +584,62 @@ def scalar_like(value, like: Symbol) -> Symbol:
     return _call_op("", "CastLike", [constant(exact), like], {})
 
 
+# -- MXNet's view of the structure: a layer is one node ------------------------------------------
+
+def _listed(node: SymNode) -> bool:
+    """Whether MXNet would list the node: not a constant, not a layer's inner node."""
+    return not node.is_constant and node.info.get(LAYER, node.name) == node.name
+
+
+def _layer_inputs(node: SymNode) -> list:
+    """The entries ``node`` reads; for a layer's output node, those the layer reads from
+    outside (its data and parameters), in the order met walking back from ``node``."""
+    layer = node.info.get(LAYER)
+    found, seen = [], set()
+
+    def walk(current: SymNode) -> None:
+        for entry in current.inputs:
+            if entry is None or entry[0].is_constant:
+                continue
+            inner = layer is not None and entry[0].info.get(LAYER) == layer \
+                and not entry[0].is_variable
+            if inner:
+                walk(entry[0])
+            elif (id(entry[0]), entry[1]) not in seen:
+                seen.add((id(entry[0]), entry[1]))
+                found.append(entry)
+
+    walk(node)
+    return found
+
+
+# -- attributes --------------------------------------------------------------------------------
+
+def _attributes(node: SymNode) -> dict:
+    """A node's attributes as MXNet lists them: strings, the keywords MXNet stores as
+    ``__<key>__`` under both names."""
+    found = {}
+    if node.is_variable:
+        if node.info.get("shape") is not None:
+            found["__shape__"] = str(tuple(0 if d is None else d for d in node.info["shape"]))
+        for key in ("lr_mult", "wd_mult"):
+            if key in node.info:
+                found[f"__{key}__"] = str(node.info[key])
+    elif not node.is_constant:
+        found.update({key: _attribute_text(value) for key, value in node.attrs.items()})
+    found.update(node.info.get(ATTRIBUTES, {}))
+    for key in ("lr_mult", "wd_mult", "ctx_group"):
+        if f"__{key}__" in found:
+            found[key] = found[f"__{key}__"]
+    return found
+
+
+def _attribute_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return str(tuple(value))
+    return str(value)
+
+
 # -- lowering helpers ------------------------------------------------------------------------
 
 def _check_unique_names(nodes: list[SymNode]) -> None:
@@ -507,8 +658,9 @@ def _add_variable(graph: Graph, node: SymNode, params, shapes, dtypes) -> None:
         return
     shape = shapes.get(node.name, node.info.get("shape"))
     dtype = dtypes.get(node.name, node.info.get("dtype", DEFAULT_DTYPE))
-    if shape is not None:
-        shape = tuple(None if d is None or d == -1 else int(d) for d in shape)
+    if shape is not None:  # a str is a symbolic dimension (partial_shapes.unknown_dim)
+        shape = tuple(None if d is None or d == -1 else d if isinstance(d, str) else int(d)
+                      for d in shape)
     graph.inputs.append(Value(node.name, TensorType(np.dtype(dtype), shape)))
 
 
@@ -560,6 +712,28 @@ def _listing(names: list[str], shown: int = 20) -> str:
 
 def _tensor(value_type):
     return value_type if isinstance(value_type, TensorType) else None
+
+
+def _known_dims(value_type):
+    """The type with the symbols of unknown dimensions reported as None."""
+    if value_type is None or value_type.shape is None:
+        return value_type
+    return value_type.with_shape(tuple(None if is_unknown(d) else d for d in value_type.shape))
+
+
+def _unknown_as_none(shape):
+    """A shape given to inference: 0 and -1 mean unknown (MXNet's legacy shapes)."""
+    if shape is None:
+        return None
+    return tuple(None if d is None or d in (0, -1) else int(d) for d in shape)
+
+
+def _with_unknown_dims(shapes: dict) -> dict:
+    """Each variable's unknown dimensions as symbols of their own, for forward inference
+    to carry (``partial_shapes.unknown_dim``)."""
+    return {name: None if shape is None else tuple(
+        unknown_dim(name, axis) if d is None else d for axis, d in enumerate(shape))
+        for name, shape in shapes.items()}
 
 
 def _complete(shape) -> bool:

@@ -44,8 +44,8 @@ import numpy as np
 from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
-from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
-from mixrt.sym.symbol import constant, prefixed, variable_named, Symbol
+from mixrt.sym.ops import call_op, layer_name, shape_from, split_symbol_attributes, SHAPE_FROM
+from mixrt.sym.symbol import ATTRIBUTES, LAYER, constant, prefixed, variable_named, Symbol
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
@@ -59,6 +59,12 @@ class SymbolCall(LayerCall):
 
     error_type = GraphError
 
+    def __init__(self, kind: str, name, unknown: dict | None = None):
+        # attr=, lr_mult=, __layout__=, ...: attributes of the layer's nodes and of the
+        # parameters it makes, not arguments of the layer
+        unknown, self.attributes = split_symbol_attributes(unknown or {})
+        super().__init__(kind, name, unknown)
+
     def full_name(self, kind: str, given: str | None) -> str:
         self.base = layer_name(kind, given)
         return prefixed(self.base)
@@ -67,8 +73,15 @@ class SymbolCall(LayerCall):
         return self.name if role is None else f"{self.name}_{role}"
 
     def node(self, op_type: str, inputs, role: str | None = None, **attributes) -> Symbol:
+        """One node of the layer: named after it (``fc1``) or ``<layer>_<role>``, marked as
+        the layer's (``LAYER``: the layer is one node to MXNet's structure queries)."""
         base = self.base if role is None else f"{self.base}_{role}"
-        return call_op("", op_type, list(inputs), attributes, name=base)
+        made = call_op("", op_type, list(inputs), attributes, name=base, exact_name=True)
+        node = made._outputs[0][0]
+        node.info[LAYER] = self.name
+        if self.attributes:
+            node.info[ATTRIBUTES] = dict(self.attributes)
+        return made
 
     def scalar(self, value: float, like: Symbol, role: str) -> Symbol:
         """A number in ``like``'s dtype (stored in it when the graph is lowered)."""
@@ -101,8 +114,11 @@ class SymbolCall(LayerCall):
             given = self.symbol(role, given)
             _adopt(given, source)
             return given
-        return variable_named(self.node_name(role), shape, dtype, init, aux=aux,
+        made = variable_named(self.node_name(role), shape, dtype, init, aux=aux,
                               attr=None if source is None else {SHAPE_FROM: source})
+        if self.attributes:
+            made._outputs[0][0].info[ATTRIBUTES] = dict(self.attributes)
+        return made
 
     def batch_normalization(self, x, scale, beta, mean, var, eps, momentum, output_mean_var,
                             role):
@@ -118,11 +134,13 @@ class SymbolCall(LayerCall):
 
 
 def _adopt(given: Symbol, source: dict | None) -> None:
-    """A bare Variable of unknown shape passed as a parameter gets the shape rule of the
-    parameter it stands for (what MXNet's backward shape inference gives it)."""
+    """A value of unknown shape passed as a parameter (a bare Variable, or a cast or sum of
+    one) gets the shape rule of the parameter it stands for (what MXNet's backward shape
+    inference gives it, and checks it against)."""
     node = given._outputs[0][0]
     declared = node.info.get("shape")
-    if source is None or not node.is_variable or SHAPE_FROM in node.info or (
+    if source is None or node.is_constant or given._outputs[0][1] != 0 or \
+            SHAPE_FROM in node.info or (
             declared is not None and all(d is not None for d in declared)):
         return
     node.info[SHAPE_FROM] = source

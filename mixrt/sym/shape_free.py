@@ -1,0 +1,156 @@
+"""MXNet functions on Symbols that need no static shape: built straight from ONNX ops, so a
+symbol made before any shape is known still infers and binds once shapes arrive.
+
+``mixrt.sym.mxnet_ops`` runs ``mixrt.nd``'s bodies on a traced stand-in, which reads the
+shapes a HybridBlock's trace knows; MXNet's own ``mx.sym`` code builds symbols with no shapes
+at all (``elemwise_add(a, b)`` of two bare Variables). The functions here replace those
+bodies for ``mx.sym``: MXNet's names and arguments, nodes named MXNet's way
+(``elemwise_add0``), shapes left to inference (``partial_shapes`` reads back what an
+elementwise operator's output says of its operands).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.base.errors import GraphError
+from mixrt.sym.ops import call_op, layer_name
+from mixrt.sym.partial_shapes import SAME_SHAPE
+from mixrt.sym.symbol import constant, LAYER, prefixed, Symbol
+
+
+class _Function:
+    """One MXNet function call: its node names (``name`` or MXNet's automatic one; inner
+    nodes ``<name>_<role>``, part of one layer) and its operands checked."""
+
+    def __init__(self, function: str, name: str | None):
+        self.function = function
+        self.name = layer_name(function, name)
+        self.head = prefixed(self.name)  # the output node's name, which names the layer
+
+    def symbol(self, argument: str, value) -> Symbol:
+        if not isinstance(value, Symbol) or len(value) != 1:
+            raise GraphError(f"{self.function}: {argument} must be a single-output Symbol, "
+                             f"got {value!r}")
+        return value
+
+    def node(self, op_type: str, inputs: list, role: str | None = None,
+             **attributes) -> Symbol:
+        name = self.name if role is None else f"{self.name}_{role}"
+        made = call_op("", op_type, inputs, attributes, name=name, exact_name=True)
+        made._outputs[0][0].info[LAYER] = self.head
+        return made
+
+
+def _elementwise(function: str, op_type: str):
+    def elementwise(lhs, rhs, name=None, **attributes):
+        call = _Function(function, name)
+        made = call.node(op_type, [call.symbol("lhs", lhs), call.symbol("rhs", rhs)],
+                         **attributes)
+        made._outputs[0][0].info[SAME_SHAPE] = "strict"  # MXNet: operands of one shape
+        return made
+    elementwise.__name__ = elementwise.__qualname__ = function
+    elementwise.__doc__ = f"MXNet's ``{function}``: ``{op_type}`` of two Symbols of one shape."
+    return elementwise
+
+
+def _broadcast(function: str, op_type: str, compare: bool):
+    def broadcast(lhs, rhs, name=None, **attributes):
+        call = _Function(function, name)
+        lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
+        if not compare:
+            return call.node(op_type, [lhs, rhs], **attributes)
+        if op_type == "NotEqual":
+            test = call.node("Not", [call.node("Equal", [lhs, rhs], "equal")], "test")
+        else:
+            test = call.node(op_type, [lhs, rhs], "test")
+        return call.node("CastLike", [test, lhs], **attributes)  # 0/1 in lhs's dtype
+    broadcast.__name__ = broadcast.__qualname__ = function
+    broadcast.__doc__ = (f"MXNet's ``{function}``: ``{op_type}`` of ``lhs`` and ``rhs`` with "
+                         f"length-1 axes broadcast" + ("; 0/1 in lhs's dtype." if compare
+                                                       else "."))
+    return broadcast
+
+
+_ELEMENTWISE = {"elemwise_add": "Add", "elemwise_sub": "Sub", "elemwise_mul": "Mul",
+                "elemwise_div": "Div"}
+_BROADCASTS = {"add": ("Add", False), "plus": ("Add", False), "sub": ("Sub", False),
+               "minus": ("Sub", False), "mul": ("Mul", False), "div": ("Div", False),
+               "power": ("Pow", False), "maximum": ("Max", False),
+               "minimum": ("Min", False), "equal": ("Equal", True),
+               "not_equal": ("NotEqual", True), "greater": ("Greater", True),
+               "greater_equal": ("GreaterOrEqual", True), "lesser": ("Less", True),
+               "lesser_equal": ("LessOrEqual", True)}
+
+
+def split(data=None, num_outputs=None, axis=1, squeeze_axis=False, name=None, **attributes):
+    """MXNet's ``split`` (``SliceChannel``): ``num_outputs`` equal parts along ``axis``
+    (outputs ``<name>_output0``, ...); ``squeeze_axis`` drops that axis from each part."""
+    call = _Function("split", name)
+    data = call.symbol("data", data)
+    if num_outputs is None or int(num_outputs) < 1:
+        raise GraphError(f"split {call.name!r}: num_outputs must be a whole number >= 1, "
+                         f"got {num_outputs!r}")
+    count, axis = int(num_outputs), int(axis)
+    if not squeeze_axis:
+        if count == 1:
+            return call.node("Identity", [data], **attributes)
+        return call.node("Split", [data], num_outputs=count, axis=axis, **attributes)
+    parts = call.node("Split", [data], "parts", num_outputs=count, axis=axis) if count > 1 \
+        else call.node("Identity", [data], "parts")
+    axes = constant(np.asarray([axis], dtype=np.int64))
+    squeezed = [call.node("Squeeze", [parts[i], axes], f"output{i}", **attributes)
+                for i in range(count)]
+    return squeezed[0] if count == 1 else _group(squeezed)
+
+
+def _group(symbols: list) -> Symbol:
+    return Symbol([s._outputs[0] for s in symbols])
+
+
+def _filled_like(function: str, fill: float):
+    def filled_like(data=None, name=None, **attributes):
+        call = _Function(function, name)
+        data = call.symbol("data", data)
+        shape = call.node("Shape", [data], "shape")
+        filled = call.node("ConstantOfShape", [shape], "fill",
+                           value=np.asarray([fill], dtype=np.float32))
+        return call.node("CastLike", [filled, data], **attributes)
+    filled_like.__name__ = filled_like.__qualname__ = function
+    filled_like.__doc__ = f"MXNet's ``{function}``: {fill:g} in the shape and dtype of data."
+    return filled_like
+
+
+def batch_take(a=None, indices=None, name=None, **attributes):
+    """MXNet's ``batch_take``: ``out[i] = a[i, indices[i]]`` for 2-D ``a`` and 1-D
+    ``indices``, the indices clipped to ``[0, a.shape[1] - 1]`` (MXNet's rule)."""
+    call = _Function("batch_take", name)
+    a, indices = call.symbol("a", a), call.symbol("indices", indices)
+    index = call.node("Cast", [indices], "index", to=7)  # int64
+    width = call.node("Shape", [a], "width", start=1, end=2)
+    last = call.node("Sub", [width, constant(np.asarray(1, dtype=np.int64))], "last")
+    clipped = call.node("Min", [call.node("Max", [index, constant(np.int64(0))], "low"),
+                                last], "clipped")
+    columns = call.node("Unsqueeze", [clipped, constant(np.asarray([1], np.int64))],
+                        "columns")
+    taken = call.node("GatherElements", [a, columns], "taken", axis=1)
+    return call.node("Squeeze", [taken, constant(np.asarray([1], np.int64))], **attributes)
+
+
+def identity_with_attr_like_rhs(lhs=None, rhs=None, name=None, **attributes):
+    """MXNet's ``_identity_with_attr_like_rhs``: ``lhs`` as it is, in ``rhs``'s shape (so
+    shape inference learns either's shape from the other's)."""
+    call = _Function("_identity_with_attr_like_rhs", name)
+    lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
+    made = call.node("Expand", [lhs, call.node("Shape", [rhs], "shape")], **attributes)
+    made._outputs[0][0].info[SAME_SHAPE] = "strict"
+    return made
+
+
+FUNCTIONS = {
+    **{name: _elementwise(name, op) for name, op in _ELEMENTWISE.items()},
+    **{f"broadcast_{name}": _broadcast(f"broadcast_{name}", op, compare)
+       for name, (op, compare) in _BROADCASTS.items()},
+    "split": split, "SliceChannel": split, "batch_take": batch_take,
+    "zeros_like": _filled_like("zeros_like", 0.0), "ones_like": _filled_like("ones_like", 1.0),
+}
