@@ -91,22 +91,30 @@ class EvalMetric:
         self.sum_metric = 0.0
 
     def get(self):
-        if self.num_inst == 0:
-            return self.name, float("nan")
-        return self.name, self.sum_metric / self.num_inst
+        return self.name, mean_of(self.sum_metric, self.num_inst)
 
     def get_global(self):
         if not self._has_global_stats:
             return self.get()
-        if self.global_num_inst == 0:
-            return self.name, float("nan")
-        return self.name, self.global_sum_metric / self.global_num_inst
+        return self.name, mean_of(self.global_sum_metric, self.global_num_inst)
 
     def get_name_value(self) -> list:
         return _pairs(*self.get())
 
     def get_global_name_value(self) -> list:
         return _pairs(*self.get_global()) if self._has_global_stats else self.get_name_value()
+
+
+def mean_of(total, count):
+    """``total / count`` as MXNet 1.x computes it: in float64 (its tallies are float64
+    scalars under NumPy 1.x's promotion), NaN for no instances. A scalar comes back as a
+    Python float, the type MXNet documents for a metric's value, so it compares equal to
+    the same number in any float dtype under NumPy 2's promotion too."""
+    if count == 0:
+        return float("nan")
+    if np.ndim(total) == 0:
+        return float(total) / count
+    return np.asarray(total, dtype=np.float64) / count
 
 
 def _pairs(name, value) -> list:

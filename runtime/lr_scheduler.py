@@ -143,10 +143,7 @@ class FactorScheduler(LRScheduler):
 
     def _after_warmup(self, num_update: int) -> float:
         decays = max(0, (num_update - 1) // self.step)
-        if decays == 0:
-            return self.base_lr
-        return max(self.base_lr * self.factor ** decays,
-                   min(self.base_lr, self.stop_factor_lr))
+        return decayed(self.base_lr, self.factor, decays, min(self.base_lr, self.stop_factor_lr))
 
 
 class MultiFactorScheduler(LRScheduler):
@@ -171,7 +168,20 @@ class MultiFactorScheduler(LRScheduler):
 
     def _after_warmup(self, num_update: int) -> float:
         decays = sum(1 for s in self.step if num_update > s)
-        return self.base_lr * self.factor ** decays
+        return decayed(self.base_lr, self.factor, decays)
+
+
+def decayed(lr: float, factor: float, times: int, floor: float = 0.0) -> float:
+    """``lr`` multiplied by ``factor`` ``times`` times, never below ``floor``. One product
+    at a time, as MXNet's schedulers decay their rate, so the rates are MXNet's to the last
+    bit (``0.1 ** 4`` and ``0.1 * 0.1 * 0.1 * 0.1`` differ in it)."""
+    if factor == 1.0:
+        return lr
+    for _ in range(times):
+        lr *= factor
+        if lr <= floor or lr == 0.0:  # every later product stays there
+            return max(lr, floor)
+    return lr
 
 
 class _DecayToFinal(LRScheduler):

@@ -20,6 +20,19 @@ weights. With ``update_on_kvstore=False`` the summed gradients are pulled back a
 worker applies the optimizer itself. In ``dist_sync`` the servers sum the workers'
 gradients, so the Trainer divides by the number of workers (as MXNet's Module does): each
 worker's loss is a mean over its own shard, and the update equals one on the global batch.
+
+MXNet's Gluon Trainer is the model (``mx.gluon.Trainer``, same arguments and attributes):
+the parameters are taken in sorted name order from a dict (``_params``, ``_param2idx``), an
+optimizer named as MXNet names one is ``mixrt.optimizer``'s with ``param_dict`` mapping each
+index to its Parameter (so a Parameter's ``lr_mult`` set later still counts), and it updates
+through one MXNet ``Updater`` per context (``_updaters``) keyed by the parameter's index. A
+name only the engine knows (``adamw``) gets the engine's optimizer. ``step`` is
+``allreduce_grads`` then ``update``, and either may be called alone when the optimizer runs
+here. A store of a class registered with ``mixrt.kv.KVStoreBase.register`` sums gradients
+through its ``pushpull``; one that cannot run an optimizer makes ``update_on_kvstore=True`` a
+ValueError, as MXNet's does. With no store named, as with one device and MXNet's default
+``'device'``, there is no store (``_kvstore`` and ``_update_on_kvstore`` are None); mixrt's
+``kvstore=None`` means the same.
 """
 
 from __future__ import annotations
@@ -30,37 +43,121 @@ import numpy as np
 
 from mixrt.base.errors import GradientError, InputError, KVStoreError, OptimizerError
 from mixrt.gluon.parameter import Parameter
+from mixrt.kv_base import KVStoreBase, registered
 from mixrt.kvstore import create
 from mixrt.kvstore.base import KVStore
+from mixrt.optimizers import Optimizer as MXNetOptimizer, create as create_mxnet, get_updater
 from mixrt.runtime import engine, optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 
 
+class TrainerConfigError(InputError, ValueError):
+    """A Trainer setting MXNet refuses with a ValueError (a store that cannot run the
+    optimizer asked to, Parameters that are not Parameters)."""
+
+
 class Trainer:
-    def __init__(self, params, optimizer="sgd", optimizer_params: dict | None = None, *,
-                 kvstore=None, update_on_kvstore: bool | None = None, key_prefix: str = ""):
-        params = list(params.values()) if isinstance(params, dict) else list(params)
-        params = list({id(p): p for p in params}.values())  # shared parameters once
-        if not all(isinstance(p, Parameter) for p in params):
-            raise InputError("Trainer takes Parameters (a ParameterDict or a list of them)")
-        self.params = params
-        self._scale = 1.0
-        if isinstance(optimizer, optim.Optimizer):
-            self.optimizer = optimizer
-        else:
-            options = dict(optimizer_params or {})
-            options.setdefault("lr_mult", {p.name: p.lr_mult for p in params if p.lr_mult != 1})
-            options.setdefault("wd_mult", {p.name: p.wd_mult for p in params if p.wd_mult != 1})
-            self.optimizer = optim.create(optimizer, **options)
+    def __init__(self, params, optimizer="sgd", optimizer_params: dict | None = None,
+                 kvstore="device", compression_params: dict | None = None,
+                 update_on_kvstore: bool | None = None, *, key_prefix: str = ""):
+        self._params = _parameter_list(params)
+        self._param2idx = {param.name: index for index, param in enumerate(self._params)}
+        self._compression_params = compression_params
+        self._init_optimizer(optimizer, optimizer_params)
         self._scale = self.optimizer.rescale_grad
-        self.kvstore = _store(kvstore)
-        self.update_on_kvstore = self.kvstore is not None if update_on_kvstore is None \
-            else bool(update_on_kvstore)
-        if self.update_on_kvstore and self.kvstore is None:
-            raise InputError("update_on_kvstore=True needs a kvstore")
+        self.kvstore = _store(kvstore, len(self._contexts or [None]))
+        if self.kvstore is not None and compression_params:
+            self.kvstore.set_gradient_compression(compression_params)
+        self._asked_update_on_kvstore = update_on_kvstore
+        self.update_on_kvstore = self._choose_update_on_kvstore(update_on_kvstore)
         self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
         self._kv_ready = False
         self._reduced_early: set = set()
+
+    def _init_optimizer(self, optimizer, optimizer_params) -> None:
+        """MXNet's optimizer of that name (or the given one) with ``param_dict`` over the
+        parameters' indices; a name only the engine has gets the engine's optimizer."""
+        param_dict = {index: param for index, param in enumerate(self._params)}
+        if isinstance(optimizer, optim.Optimizer):
+            if optimizer_params:
+                raise TrainerConfigError("optimizer_params must be None if optimizer is an "
+                                         "instance of Optimizer instead of str")
+            self.optimizer = optimizer
+        elif isinstance(optimizer, str) and optimizer.lower() in MXNetOptimizer.opt_registry:
+            self.optimizer = create_mxnet(optimizer, param_dict=param_dict,
+                                          **dict(optimizer_params or {}))
+        else:
+            options = dict(optimizer_params or {})
+            options.setdefault("lr_mult", {p.name: p.lr_mult for p in self._params
+                                           if p.lr_mult != 1})
+            options.setdefault("wd_mult", {p.name: p.wd_mult for p in self._params
+                                           if p.wd_mult != 1})
+            self.optimizer = optim.create(optimizer, **options)
+        if isinstance(self.optimizer, MXNetOptimizer):
+            # not copied: a Parameter's lr_mult or wd_mult changed later takes effect
+            self.optimizer.param_dict = param_dict
+            self._updaters = [self.optimizer._updater()] + [
+                get_updater(self.optimizer) for _ in (self._contexts or [None])[1:]]
+        else:
+            self._updaters = []
+
+    def _choose_update_on_kvstore(self, asked: bool | None):
+        """MXNet's rule: None without a store; with one, the store updates unless told
+        otherwise or unable to (a custom store that runs no optimizer)."""
+        if self.kvstore is None:
+            if asked:
+                raise InputError("update_on_kvstore=True needs a kvstore")
+            return None
+        if self._is_dist and self.kvstore.type == "dist_async":
+            if asked is False:
+                raise TrainerConfigError("Please set update_on_kvstore=True when training "
+                                         "in async mode.")
+            return True
+        capable = _can_run_optimizer(self.kvstore)
+        return capable if asked is None else bool(asked)
+
+    # -- MXNet's attribute names ----------------------------------------------------------
+
+    @property
+    def params(self) -> list:
+        return self._params
+
+    @property
+    def _optimizer(self):
+        return self.optimizer
+
+    @property
+    def _kvstore(self):
+        return self.kvstore
+
+    @property
+    def _update_on_kvstore(self):
+        return self.update_on_kvstore
+
+    @property
+    def _kv_initialized(self) -> bool:
+        return self._kv_ready
+
+    @property
+    def _params_to_init(self) -> list:
+        """The parameters the store has not been given yet (all of them before the first
+        step, none after)."""
+        return [] if self._kv_ready or self.kvstore is None else list(self._params)
+
+    @property
+    def _contexts(self):
+        """The contexts every parameter lives on (None while one is not initialized)."""
+        contexts = None
+        for param in self._params:
+            if not param.is_initialized():
+                return None
+            found = param.list_ctx()
+            if contexts is not None and found != contexts:
+                raise InputError(f"All Parameters must be initialized on the same set of "
+                                 f"contexts, but Parameter {param.name!r} is initialized on "
+                                 f"{found} while previous Parameters are on {contexts}")
+            contexts = found
+        return contexts
 
     @property
     def learning_rate(self) -> float:
@@ -72,13 +169,24 @@ class Trainer:
                                "(update_on_kvstore=True); give the optimizer an lr_scheduler, "
                                "or make the Trainer with update_on_kvstore=False")
         self.optimizer.set_learning_rate(learning_rate)
-        if self.update_on_kvstore and self._kv_ready:
-            self.kvstore.optimizer.set_learning_rate(learning_rate)
+        store_optimizer = getattr(self.kvstore, "optimizer", None)
+        if self.update_on_kvstore and self._kv_ready and store_optimizer is not None and \
+                store_optimizer is not self.optimizer:
+            store_optimizer.set_learning_rate(learning_rate)
 
     def _update(self, param) -> None:
-        """The optimizer's step of one parameter, on its device (states are made there)."""
-        with param.data().ctx.device.active():
-            self.optimizer.step(param.name, param.raw(), param.raw_grad())
+        """The optimizer's step of one parameter on each of its contexts (states are made
+        there): MXNet's optimizers through the context's Updater under the parameter's
+        index, the engine's under its name."""
+        if not self._updaters:
+            with param.data().ctx.device.active():
+                self.optimizer.step(param.name, param.raw(), param.raw_grad())
+            return
+        index = self._param2idx[param.name]
+        for updater, weight, grad in zip(self._updaters, param.list_data(),
+                                         param.list_grad()):
+            with weight.ctx.device.active():
+                updater(index, grad, weight)
 
     def step(self, batch_size: int = 1, ignore_stale_grad: bool = False) -> None:
         """One update of every trainable parameter from its gradient / ``batch_size``.
@@ -93,31 +201,62 @@ class Trainer:
         ``update_on_kvstore=True`` each parameter's push and pull are queued here and the
         next forward waits only for the parameters it reads."""
         trainable = self._trainable(ignore_stale_grad)
-        if self.kvstore is None:
-            self.optimizer.rescale_grad = self._scale / batch_size
-            for param in trainable:
-                self._update(param)
-            self._mark_stepped(trainable)
-            return
         first = not self._kv_ready
         self._init_kvstore()
         if self.update_on_kvstore:
             for param in trainable:
                 self._queue_update(param, batch_size)
         else:
-            for param in trainable:
-                if first or id(param) not in self._reduced_early:
-                    self._queue_reduce(param)
-            self.optimizer.rescale_grad = self._scale / (self._sync_workers * batch_size)
-            for param in trainable:
-                self._update(param)
-            self._reduced_early.clear()
+            self._reduce(trainable, everything=first)
+            self._update_all(trainable, batch_size)
         self._mark_stepped(trainable)
+
+    def allreduce_grads(self) -> None:
+        """Sum each parameter's gradients across contexts and workers, in place (MXNet's
+        first half of ``step``; only while the optimizer runs here)."""
+        self._init_kvstore()
+        self._require_local_updates("allreduce_grads")
+        self._reduce([p for p in self._params if p.grad_req != "null"], everything=True)
+
+    def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
+        """Apply the optimizer to the (already reduced) gradients / ``batch_size`` (MXNet's
+        second half of ``step``; only while the optimizer runs here)."""
+        self._init_kvstore()
+        self._require_local_updates("update")
+        trainable = self._trainable(ignore_stale_grad)
+        self._update_all(trainable, batch_size)
+        self._mark_stepped(trainable)
+
+    def _require_local_updates(self, what: str) -> None:
+        # an AssertionError, as MXNet raises: calling these is a bug in the training loop
+        assert not self.update_on_kvstore, (
+            f"{what}() when parameters are updated on kvstore is not supported. Try setting "
+            f"`update_on_kvstore` to False when creating trainer.")
+
+    def _reduce(self, params, everything: bool) -> None:
+        """The store's sum of each gradient, except those backward already queued."""
+        if self.kvstore is None:
+            return
+        for param in params:
+            if everything or id(param) not in self._reduced_early:
+                self._queue_reduce(param)
+        self._reduced_early.clear()
+
+    def _update_all(self, params, batch_size: int) -> None:
+        workers = self._sync_workers if self.kvstore is not None else 1
+        self.optimizer.rescale_grad = self._scale / (workers * batch_size)
+        for param in params:
+            self._update(param)
 
     # -- communication on the engine ------------------------------------------------------
 
     def _queue_reduce(self, param) -> None:
-        """Sum ``param``'s gradient over the workers, in place, as engine work."""
+        """Sum ``param``'s gradient over the workers, in place, as engine work (a custom
+        store's ``pushpull`` of the NDArrays of every context, here and now)."""
+        if not isinstance(self.kvstore, KVStore):
+            grads = param.list_grad()
+            self.kvstore.pushpull(self._param2idx[param.name], grads, out=grads)
+            return
         key, grad = self.key_prefix + param.name, param.grad()
         raw = grad._data
         engine.get_engine().push(lambda: self.kvstore.pushpull(key, raw), writes=(
@@ -141,11 +280,11 @@ class Trainer:
             self._queue_reduce(param)
 
     def zero_grad(self) -> None:
-        for param in self.params:
+        for param in self._params:
             param.zero_grad()
 
     def _trainable(self, ignore_stale_grad: bool) -> list[Parameter]:
-        trainable = [param for param in self.params if param.grad_req != "null"]
+        trainable = [param for param in self._params if param.grad_req != "null"]
         stale = [param.name for param in trainable if not param.grad_is_fresh()]
         if stale and not ignore_stale_grad:
             raise GradientError(
@@ -174,7 +313,13 @@ class Trainer:
         return self.kvstore.num_workers if sync else 1
 
     def _init_kvstore(self) -> None:
-        if self._kv_ready:
+        if self._kv_ready or self.kvstore is None:
+            return
+        if self.update_on_kvstore and not _can_run_optimizer(self.kvstore):
+            raise TrainerConfigError(f"Please set update_on_kvstore=False when training with "
+                                     f"{type(self.kvstore).__name__}: it runs no optimizer")
+        if not isinstance(self.kvstore, KVStore):
+            self._init_custom_store()
             return
         if not self.update_on_kvstore and self._is_dist and \
                 self.kvstore._optimizer is not None:
@@ -185,14 +330,24 @@ class Trainer:
                 f"would update the gradients a Trainer with update_on_kvstore=False sums "
                 f"there; make this Trainer first, or give every Trainer on the store "
                 f"update_on_kvstore=True")
-        names = self._keys(self.params)
-        self.kvstore.init(names, [param.raw() for param in self.params])
-        self.kvstore.pull(names, out=[param.raw() for param in self.params])
+        names = self._keys(self._params)
+        self.kvstore.init(names, [param.raw() for param in self._params])
+        self.kvstore.pull(names, out=[param.raw() for param in self._params])
         if self.update_on_kvstore:
             self.kvstore.set_optimizer(self._store_optimizer())
         else:
-            for param in self.params:
+            for param in self._params:
                 param.data()._on_grad = functools.partial(self._gradient_ready, param)
+        self._kv_ready = True
+
+    def _init_custom_store(self) -> None:
+        """A store registered with KVStoreBase: rank 0's first copy of every parameter
+        goes to all copies (MXNet's broadcast); the optimizer, if it runs there, is set."""
+        for param in self._params:
+            copies = param.list_data()
+            self.kvstore.broadcast(self._param2idx[param.name], copies[0], copies)
+        if self.update_on_kvstore:
+            self.kvstore.set_optimizer(self.optimizer)
         self._kv_ready = True
 
     def _keys(self, params) -> list[str]:
@@ -200,7 +355,14 @@ class Trainer:
 
     def _store_optimizer(self) -> optim.Optimizer:
         """A copy of the optimizer for the store, keyed as the store's keys are and with a
-        gradient scale that divides by the workers the store sums."""
+        gradient scale that divides by the workers the store sums. A local store runs
+        MXNet's optimizer itself (as MXNet's does), told which Parameter each store key
+        is, so that the Parameters' multipliers still count."""
+        if isinstance(self.optimizer, MXNetOptimizer) and not self._is_dist:
+            for param in self._params:
+                self.optimizer.param_dict[self.key_prefix + param.name] = param
+            self.optimizer.rescale_grad = self._scale  # the push is divided by the batch
+            return self.optimizer
         spec = self.optimizer.spec()
         params = spec["params"]
         params["rescale_grad"] = self._scale / self._sync_workers
@@ -215,8 +377,15 @@ class Trainer:
         """The optimizer's state (from the store when it runs there)."""
         if self.update_on_kvstore:
             self._init_kvstore()
-            return self.kvstore._optimizer_state_dict()
+            updater = self._store_updater()
+            return updater.state_arrays() if updater is not None else \
+                self.kvstore._optimizer_state_dict()
         return self.optimizer.state_dict()
+
+    def _store_updater(self):
+        """The MXNet Updater a local store runs this Trainer's MXNet optimizer through, or
+        None (the store runs an engine optimizer of its own)."""
+        return getattr(self.kvstore, "_front_updater", None)
 
     def load_optimizer_state_dict(self, arrays: dict) -> None:
         """Restore ``optimizer_state_dict()``'s arrays: every key must be one of this
@@ -224,7 +393,11 @@ class Trainer:
         self._check_state_keys(arrays)
         if self.update_on_kvstore:
             self._init_kvstore()
-            self.kvstore._load_optimizer_state_dict(dict(arrays))
+            updater = self._store_updater()
+            if updater is not None:
+                updater.load_state_arrays(dict(arrays))
+            else:
+                self.kvstore._load_optimizer_state_dict(dict(arrays))
             return
         self.optimizer.load_state_dict(arrays)
 
@@ -232,7 +405,9 @@ class Trainer:
         """The optimizer checks the state's layout; only the Trainer knows the weights it
         must fit, so a state saved for another model fails here, not at a later step."""
         prefix = self.key_prefix if self.update_on_kvstore else ""
-        params = {prefix + param.name: param for param in self.params}
+        params = {prefix + param.name: param for param in self._params}
+        if self._updaters and not self.update_on_kvstore:  # MXNet's Updater keys: indices
+            params = {str(index): param for index, param in enumerate(self._params)}
         for index, key in enumerate(optim.read_meta(arrays)["keys"]):
             if key not in params:
                 raise OptimizerError(f"the optimizer state is for {key!r}, which is not one "
@@ -257,9 +432,36 @@ class Trainer:
             raise OptimizerError(f"optimizer state file {str(path)!r}: {exc}") from exc
 
 
-def _store(kvstore):
-    if kvstore is None or isinstance(kvstore, KVStore):
+def _parameter_list(params) -> list:
+    """The Parameters in MXNet's order: a dict's by sorted name (so that every worker
+    numbers them alike, whatever order its blocks were built in), a list's as given;
+    a Parameter shared under two names once."""
+    if isinstance(params, dict):
+        params = [params[name] for name in sorted(params)]
+    elif isinstance(params, (list, tuple)):
+        params = list(params)
+    else:
+        raise TrainerConfigError(f"First argument must be a list or dict of Parameters, "
+                                 f"got {type(params).__name__}")
+    for param in params:
+        if not isinstance(param, Parameter):
+            raise TrainerConfigError(f"First argument must be a list or dict of Parameters, "
+                                     f"got a list holding a {type(param).__name__}")
+    return list({id(p): p for p in params}.values())
+
+
+def _store(kvstore, num_devices: int):
+    """The store named or given. MXNet's default, ``'device'``, makes none for a single
+    device (there is nothing to sum); a kind named explicitly is made even then (mixrt
+    keeps it: a one-device job may still train through a store's optimizer)."""
+    if kvstore is None or isinstance(kvstore, (KVStore, KVStoreBase)):
         return kvstore
     if isinstance(kvstore, str):
-        return create(kvstore)
+        if kvstore == "device" and num_devices == 1:
+            return None
+        return registered(kvstore) or create(kvstore)
     raise InputError(f"kvstore must be a KVStore or a kind name, got {type(kvstore).__name__}")
+
+
+def _can_run_optimizer(kvstore) -> bool:
+    return bool(kvstore.is_capable(KVStoreBase.OPTIMIZER))

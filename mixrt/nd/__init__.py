@@ -156,4 +156,20 @@ def Cast(*args, dtype=None, **kwargs):  # noqa: F811
     return _mx.cast(*args, dtype=dtype, **kwargs)
 __all__ += ["contrib", "linalg", *(f"linalg_{_name}" for _name in linalg.FUNCTIONS)]
 
+
+# -- MXNet's optimizer update operators, CachedOp, and out= on every operator ------------------
+
+from mixrt import optimizer_ops as _optimizer_ops  # noqa: E402  (imports nothing of mixrt.nd)
+from mixrt.nd.cached_op import CachedOp  # noqa: E402
+from mixrt.nd.mxnet_math import accepting_out as _accepting_out  # noqa: E402
+globals().update({_name: getattr(_optimizer_ops, _name) for _name in _optimizer_ops.FUNCTIONS})
+__all__ += [*_optimizer_ops.FUNCTIONS, "CachedOp"]
+
+# the shared everyday functions (mixrt/array_methods.py) and a few of MXNet's operator and
+# layer functions were written without out=; under mx.nd every operator takes it
+for _name in (*_mx.FUNCTIONS, *_layers.FUNCTIONS, "concat", "stack", "exp", "expand_dims",
+              "flatten", "log", "maximum", "minimum", "relu", "sigmoid", "sqrt", "square",
+              "squeeze", "tanh", "transpose", "reshape", "where"):
+    globals()[_name] = _accepting_out(globals()[_name])
+
 from mixrt.operator import imperative_custom as Custom  # noqa: E402  (MXNet's nd.Custom)

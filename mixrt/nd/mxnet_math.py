@@ -19,6 +19,8 @@ plain ``exp(x) - 1`` and ``log(1 + x)`` are as good. The small-``x`` branch read
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 from mixrt.base.errors import InputError
@@ -40,6 +42,31 @@ def _into(fn: str, out, result):
         raise InputError(f"{fn}: out has shape {out.shape}, the result {result.shape}")
     out[:] = result
     return out
+
+
+def accepting_out(function):
+    """``function`` taking MXNet's ``out=`` (every ``mx.nd`` operator does) and ``name=``
+    (a symbol's name, meaningless imperatively): the result is written into ``out`` (an
+    NDArray, or a list of them for a function giving several), which is returned. A
+    function that already takes ``out`` comes back as it is."""
+    if "out" in inspect.signature(function).parameters:
+        return function
+
+    @functools.wraps(function)
+    def with_out(*args, out=None, name=None, **kwargs):
+        result = function(*args, **kwargs)
+        if out is None:
+            return result
+        if not isinstance(result, (list, tuple)):
+            return _into(function.__name__, out, result)
+        targets = [out] if isinstance(out, NDArray) else list(out)
+        if len(targets) != len(result):
+            raise InputError(f"{function.__name__}: out has {len(targets)} array(s) for "
+                             f"{len(result)} results")
+        for target, value in zip(targets, result):
+            _into(function.__name__, target, value)
+        return out
+    return with_out
 
 
 def _unary(fn: str, compute, doc: str):

@@ -131,6 +131,7 @@ class Updater:
                 for k, kind in zip(meta["keys"], meta["key_types"])]
         states = {key: _unflatten(layout, f"state{i}", arrays)
                   for i, (key, layout) in enumerate(zip(keys, meta["layouts"]))}
+        _refuse_unnamed(arrays, meta["layouts"])
         self.states = states
         self.states_synced = dict.fromkeys(states, False)
         if restore_counts:
@@ -188,11 +189,33 @@ def _unflatten(layout, name: str, arrays):
         entry = f"{name}.value" if name.count(".") == 0 else name
         if entry not in arrays:
             raise OptimizerError(f"the optimizer states lack the array {entry!r}")
-        return NDArray(np.array(arrays[entry]), cpu())
+        value = np.array(arrays[entry])
+        if value.dtype.kind != "f":  # every MXNet optimizer's state is floating point
+            raise OptimizerError(f"the optimizer state {entry!r} holds {value.dtype}; the "
+                                 f"states are floating-point arrays")
+        return NDArray(value, cpu())
     if isinstance(layout, list) and len(layout) == 2 and layout[0] in ("tuple", "list"):
         parts = [_unflatten(part, f"{name}.{i}", arrays) for i, part in enumerate(layout[1])]
         return tuple(parts) if layout[0] == "tuple" else parts
     raise OptimizerError(f"the optimizer states hold an unknown layout {layout!r}")
+
+
+def _named(layout, name: str) -> list:
+    """The array entries ``layout`` names (as ``_flatten`` wrote them)."""
+    if layout == "array":
+        return [f"{name}.value" if name.count(".") == 0 else name]
+    if isinstance(layout, list) and len(layout) == 2:
+        return [entry for i, part in enumerate(layout[1])
+                for entry in _named(part, f"{name}.{i}")]
+    return []
+
+
+def _refuse_unnamed(arrays, layouts) -> None:
+    """An array no state names is a file for another model or a tampered one."""
+    named = {entry for i, layout in enumerate(layouts) for entry in _named(layout, f"state{i}")}
+    extra = sorted(set(arrays) - named - {"meta"})
+    if extra:
+        raise OptimizerError(f"the optimizer states hold arrays no state names: {extra[:5]}")
 
 
 def _read_meta(arrays) -> dict:

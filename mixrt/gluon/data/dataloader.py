@@ -13,6 +13,12 @@ Batches arrive in sampler order whatever order the workers finish in. Every epoc
 (``iter(loader)``) gets its own thread pool; it is shut down when the epoch ends, when
 loading fails, or when the iterator is closed (``close()``) or dropped early, so an abandoned
 epoch leaves no threads behind once the batches already being loaded are done.
+
+MXNet's options: ``thread_pool`` chooses between its worker processes and threads; mixrt's
+workers are always threads (nothing is pickled), so both values load the same way.
+``pin_memory=True`` hands batches out on ``cpu_pinned(pin_device_id)``, MXNet's context for
+page-locked memory (host memory to mixrt). ``auto_reload=True`` starts loading an epoch's
+first batches before it is asked for: when the loader is made and whenever an epoch ends.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from mixrt.base.errors import InputError, MixrtError
+from mixrt.context import cpu_pinned
 from mixrt.gluon.data.batchify import default_batchify_fn
 from mixrt.gluon.data.sampler import BatchSampler, RandomSampler, SequentialSampler
 
@@ -43,11 +50,14 @@ class DataLoader:
     indices. ``batchify_fn`` turns a list of samples into a batch (default:
     :func:`default_batchify_fn`). ``num_workers > 0`` loads on that many threads with
     ``prefetch`` (default ``2 * num_workers``) batches in flight beyond the one being
-    consumed; ``timeout`` seconds is the longest the consumer waits for one batch."""
+    consumed; ``timeout`` seconds is the longest the consumer waits for one batch.
+    ``pin_memory``, ``pin_device_id``, ``thread_pool`` and ``auto_reload``: see the module's
+    docstring."""
 
     def __init__(self, dataset, batch_size=None, shuffle=False, sampler=None, last_batch=None,
-                 batch_sampler=None, batchify_fn=None, num_workers=0, prefetch=None,
-                 timeout=120):
+                 batch_sampler=None, batchify_fn=None, num_workers=0, pin_memory=False,
+                 pin_device_id=0, prefetch=None, thread_pool=False, timeout=120,
+                 auto_reload=False):
         self.dataset = dataset
         self.batch_sampler = _batch_sampler(dataset, batch_size, shuffle, sampler, last_batch,
                                             batch_sampler)
@@ -58,29 +68,46 @@ class DataLoader:
         if not float(timeout) > 0:
             raise InputError(f"timeout must be a positive number of seconds, got {timeout}")
         self.timeout = float(timeout)
+        self.pin_memory = bool(pin_memory)
+        self.pin_device_id = _at_least(pin_device_id, 0, "pin_device_id")
+        self.thread_pool = bool(thread_pool)  # threads either way: see the module docstring
+        self.auto_reload = bool(auto_reload)
+        self._started = self._start() if self.auto_reload and self.num_workers else None
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
     def __iter__(self):
-        batches = iter(self.batch_sampler)
         if self.num_workers == 0:
-            return (self._load(indices) for indices in batches)
-        return self._threaded(batches)
+            return (self._load(indices) for indices in iter(self.batch_sampler))
+        started, self._started = self._started or self._start(), None
+        return self._threaded(*started)
 
-    def _threaded(self, batches):
-        # A generator, so that dropping or closing it runs the finally clause.
+    def _start(self):
+        """An epoch's thread pool with its first batches already submitted (as many as
+        are loaded ahead of the one being consumed, and that one)."""
         pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mixrt-data")
-        pending = deque()
+        batches, pending = iter(self.batch_sampler), deque()
+        for indices in batches:
+            pending.append((indices, pool.submit(self._load, indices)))
+            if len(pending) > self.prefetch:
+                break
+        return pool, batches, pending
+
+    def _threaded(self, pool, batches, pending):
+        # A generator, so that dropping or closing it runs the finally clause.
+        finished = False
         try:
-            for indices in batches:
-                pending.append((indices, pool.submit(self._load, indices)))
-                if len(pending) > self.prefetch:
-                    yield self._wait(*pending.popleft())
             while pending:
                 yield self._wait(*pending.popleft())
+                for more in batches:  # asked for the next: one more goes in flight
+                    pending.append((more, pool.submit(self._load, more)))
+                    break
+            finished = True
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+        if finished and self.auto_reload:
+            self._started = self._start()
 
     def _wait(self, indices, future):
         try:
@@ -93,11 +120,12 @@ class DataLoader:
     def _load(self, indices):
         samples = [self._read(index, indices) for index in indices]
         try:
-            return self.batchify_fn(samples)
+            batch = self.batchify_fn(samples)
         except Exception as exc:
             raise DataLoaderError(f"batchify_fn failed on the batch of samples "
                                   f"{_describe(indices)}: {type(exc).__name__}: {exc}",
                                   indices=indices) from exc
+        return _pinned(batch, self.pin_device_id) if self.pin_memory else batch
 
     def _read(self, index, indices):
         try:
@@ -127,6 +155,16 @@ def _batch_sampler(dataset, batch_size, shuffle, sampler, last_batch, batch_samp
         raise InputError("shuffle=True cannot be combined with a sampler: the sampler decides "
                          "the order (use RandomSampler for a shuffled one)")
     return BatchSampler(sampler, batch_size, last_batch or "keep")
+
+
+def _pinned(batch, device_id: int):
+    """``batch`` (an NDArray, or lists and tuples of them) on ``cpu_pinned(device_id)``;
+    anything else is left as it is, as MXNet does."""
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pinned(part, device_id) for part in batch)
+    if hasattr(batch, "as_in_context"):
+        return batch.as_in_context(cpu_pinned(device_id))
+    return batch
 
 
 def _at_least(value, low: int, name: str) -> int:
