@@ -228,3 +228,71 @@ def test_kvstore_push_of_row_sparse_values_sums_them():
     np.testing.assert_array_equal(out.asnumpy(), [[1, 1], [0, 0], [1, 1]])
     with pytest.raises(MXNetError, match="mixed key types"):
         kv.init(5, nd.zeros((3, 2)))
+
+
+# -- gluon Parameters: contexts and storage types -----------------------------------------
+
+def test_parameter_keeps_one_copy_per_context():
+    from mixrt import gluon
+    param = gluon.Parameter("w", shape=(2, 3), init="ones")
+    param.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(1)])
+    assert param.list_ctx() == [mixrt.cpu(0), mixrt.cpu(1)]
+    assert len(param.list_data()) == 2 and len(param.list_grad()) == 2
+    assert param.data(mixrt.cpu(1)).ctx == mixrt.cpu(1)
+    param.set_data(nd.zeros((2, 3)))
+    assert all((copy.asnumpy() == 0).all() for copy in param.list_data())
+    param.reset_ctx(mixrt.cpu(2))
+    assert param.list_ctx() == [mixrt.cpu(2)]
+
+
+def test_parameter_storage_types_as_mxnet():
+    from mixrt import gluon
+    from mixrt.gluon.parameter import ParameterStorageError
+    param = gluon.Parameter("w", shape=(4, 2), stype="row_sparse", grad_stype="row_sparse")
+    param.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(1)])
+    assert param.grad(mixrt.cpu(0)).stype == "row_sparse"
+    assert param._data[0].stype == "row_sparse"
+    assert param.var().attr("__storage_type__") == "1"
+    with pytest.raises(RuntimeError):
+        param.data()
+    with pytest.raises(ParameterStorageError, match="no Trainer"):
+        param.row_sparse_data(nd.arange(0, 4))
+    dense = gluon.Parameter("d", shape=(4, 2))
+    dense.initialize()
+    with pytest.raises(RuntimeError, match="use data"):
+        dense.row_sparse_data(nd.arange(0, 4))
+    with pytest.raises(AssertionError):
+        gluon.Parameter("bad", shape=(2,), grad_stype="dense")
+
+
+def test_only_one_trainer_per_sparse_parameter():
+    from mixrt import gluon
+    param = gluon.Parameter("w", shape=(4,), stype="row_sparse")
+    first, second = object(), object()
+    param._set_trainer(first)
+    param._set_trainer(None)
+    param._set_trainer(first)
+    with pytest.raises(RuntimeError, match="More than one"):
+        param._set_trainer(second)
+
+
+def test_parameter_dict_saves_and_loads_with_prefixes(tmp_path):
+    from mixrt import gluon
+    params = gluon.ParameterDict("net_")
+    params.get("w0", shape=(2, 2), init="ones")
+    params.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(1)])
+    assert str(params).splitlines()[0] == "net_ ("
+    path = str(tmp_path / "p.params")
+    params.save(path, strip_prefix="net_")
+    assert list(nd.load(path)) == ["w0"]
+    loaded = gluon.ParameterDict("net_")
+    loaded.get("w0", shape=(2, 0))
+    loaded.load(path, ctx=mixrt.cpu(0), restore_prefix="net_")
+    assert loaded["net_w0"].shape == (2, 2)
+    np.testing.assert_array_equal(loaded["net_w0"].data().asnumpy(), np.ones((2, 2)))
+    other = gluon.ParameterDict("other_")
+    other.get("x", shape=(1,))
+    with pytest.raises(InputError, match="missing"):
+        other.load(path, ignore_extra=True)
+    with pytest.raises(InputError, match="no parameter"):
+        other.load(path, allow_missing=True)

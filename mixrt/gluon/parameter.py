@@ -1,13 +1,21 @@
-"""Parameters: a named array on a device, its gradient and whether it trains (``grad_req``).
+"""Parameters: a named array on one or more devices, its gradient and whether it trains
+(``grad_req``).
 
     weight = Parameter("dense0_weight", shape=(10, 0), init="xavier")   # 0: not known yet
-    weight.initialize(ctx=mixrt.cpu())      # deferred until the first forward fixes the 0
-    weight.data()                           # NDArray; under autograd.record() a leaf
+    weight.initialize(ctx=[mixrt.gpu(0), mixrt.gpu(1)])  # one copy per context; deferred
+    weight.data(mixrt.gpu(1))                # NDArray; under autograd.record() a leaf
+    weight.list_data(), weight.list_grad()   # the copies, in the order of the contexts
 
-The value is an NDArray with its gradient attached, so imperative code and the tape use it
-directly; the Trainer and the Module update ``raw()`` (the NumPy/CuPy array behind it) in
-place, so the NDArray sees every update. A parameter made from an array (``Parameter(name,
-array)``, what ``Module`` does for an imported model's weights) is initialized at once.
+Each copy is an NDArray with its gradient attached, so imperative code and the tape use it
+directly; the Trainer and the Module update ``raw()`` (the NumPy/CuPy array behind the first
+copy) or every copy of ``list_data()`` in place, so the NDArrays see every update. A
+parameter made from an array (``Parameter(name, array)``, what ``Module`` does for an
+imported model's weights) is initialized at once.
+
+Storage types, as MXNet's: ``stype='row_sparse'`` keeps the value as a RowSparseNDArray,
+read through ``row_sparse_data(row_id)`` (the rows a batch needs, fetched through the
+Parameter's Trainer) instead of ``data()``; ``grad_stype='row_sparse'`` makes the gradient
+one (an embedding's gradient touches the rows the batch used).
 """
 
 from __future__ import annotations
@@ -16,41 +24,62 @@ from collections import OrderedDict
 
 import numpy as np
 
-from mixrt.context import as_context
+from mixrt.context import as_context, current_context
 from mixrt.base.errors import DeviceMismatchError, InputError, ShapeError
 from mixrt.initializer import create, Uniform
-from mixrt.nd.ndarray import NDArray
+from mixrt.nd.ndarray import NDArray, _STORAGE_TYPE_STR_TO_ID
+from mixrt.nd.sparse_arrays import RowSparseNDArray
 from mixrt.sym.symbol import variable_named
 
 GRAD_REQS = ("write", "add", "null")
+STYPES = ("default", "row_sparse", "csr")
+
+
+class ParameterStorageError(InputError, RuntimeError):
+    """A parameter read in a way its storage type (or its missing Trainer) does not allow;
+    a ``RuntimeError`` too, as MXNet raises."""
+
+
+class ParameterStypeError(InputError, AssertionError):
+    """An unknown ``stype``/``grad_stype``; an ``AssertionError`` too, as MXNet's check."""
 
 
 class Parameter:
     """``grad_req``: ``"write"`` (each backward overwrites the gradient), ``"add"``
-    (gradients accumulate until ``zero_grad``) or ``"null"`` (frozen)."""
+    (gradients accumulate until ``zero_grad``) or ``"null"`` (frozen). ``stype`` and
+    ``grad_stype``: the storage types of the value and of the gradient."""
 
     def __init__(self, name: str, data=None, *, shape=None, dtype=None, init=None,
                  grad_req: str = "write", lr_mult: float = 1.0, wd_mult: float = 1.0,
-                 allow_deferred_init: bool = True, differentiable: bool = True):
+                 allow_deferred_init: bool = True, differentiable: bool = True,
+                 stype: str = "default", grad_stype: str = "default"):
         _check_grad_req(name, grad_req)
         self.name = name
+        self._stype = _checked_stype(name, "stype", stype)
+        self._grad_stype = _checked_stype(name, "grad_stype", grad_stype)
         self._grad_req = grad_req if differentiable else "null"
         self.lr_mult, self.wd_mult = float(lr_mult), float(wd_mult)
         self.init = init
         self.allow_deferred_init = allow_deferred_init
-        self._nd = None
-        self._deferred = None  # (initializer, ctx) waiting for the shape
+        self._data = None  # one NDArray per context, once initialized
+        self._deferred = None  # (initializer, [ctx, ...]) waiting for the shape
+        self._trainer = None  # the Trainer that row_sparse_data fetches rows through
         self._stepped_version = -1  # the gradient's version at the Trainer's last step
         self.differentiable = differentiable  # False: an auxiliary state (BN statistics)
         if data is not None:
             array = np.array(data)  # our own, writable copy (the optimizer updates in place)
             self._shape, self._dtype = tuple(array.shape), array.dtype
-            self._place(array, as_context("cpu"))
+            self._place(array, [as_context("cpu")])
         else:
             self._shape = None if shape is None else _shape_tuple(shape)
             self._dtype = np.dtype(dtype or np.float32)
 
-    # -- shape and type ---------------------------------------------------------------------
+    @property
+    def _nd(self):
+        """The first copy (the one single-device code reads), or None."""
+        return None if self._data is None else self._data[0]
+
+    # -- shape, type and storage ------------------------------------------------------------
 
     @property
     def shape(self):
@@ -74,6 +103,14 @@ class Parameter:
         return self._nd.dtype if self._nd is not None else self._dtype
 
     @property
+    def stype(self) -> str:
+        return self._stype
+
+    @property
+    def grad_stype(self) -> str:
+        return self._grad_stype
+
+    @property
     def grad_req(self) -> str:
         return self._grad_req
 
@@ -81,7 +118,7 @@ class Parameter:
     def grad_req(self, req: str) -> None:
         _check_grad_req(self.name, req)
         self._grad_req = req
-        if self._nd is not None:
+        if self._data is not None:
             self._attach_grad()
 
     # -- initialization ---------------------------------------------------------------------
@@ -89,13 +126,13 @@ class Parameter:
     def initialize(self, init=None, ctx=None, default_init=None,
                    force_reinit: bool = False) -> None:
         """Give the parameter its first value from ``init``, else its own ``init``, else
-        ``default_init`` (uniform); deferred while the shape has unknown dimensions."""
-        if self._nd is not None and not force_reinit:
+        ``default_init`` (uniform), on each context of ``ctx`` (one or a list; the
+        current context by default); deferred while the shape has unknown dimensions."""
+        if self._data is not None and not force_reinit:
             return
         chosen = create(init if init is not None else self.init if self.init is not None
                         else default_init or Uniform())
-        ctx = as_context(ctx[0] if isinstance(ctx, (list, tuple)) else ctx)
-        self._deferred = (chosen, ctx)
+        self._deferred = (chosen, _contexts(ctx))
         if _complete(self._shape):
             self._finish_deferred_init()
         elif not self.allow_deferred_init:
@@ -103,135 +140,252 @@ class Parameter:
                              f"and allow_deferred_init=False")
 
     def _finish_deferred_init(self) -> None:
-        initializer, ctx = self._deferred
+        initializer, contexts = self._deferred
         self._deferred = None
-        self._place(initializer(self.name, self._shape, self._dtype), ctx)
+        self._place(initializer(self.name, self._shape, self._dtype), contexts)
 
-    def _place(self, host: np.ndarray, ctx) -> None:
-        raw = host if ctx.device.kind == "cpu" else ctx.device.put(host)
-        self._nd = NDArray(raw, ctx)
+    def _place(self, host: np.ndarray, contexts: list) -> None:
+        """One copy of ``host`` per context, each with a fresh gradient."""
+        self._data = [self._copy_on(host, ctx) for ctx in contexts]
         self._attach_grad()
 
+    def _copy_on(self, host: np.ndarray, ctx) -> NDArray:
+        raw = np.array(host, copy=True) if ctx.device.kind == "cpu" else ctx.device.put(host)
+        if self._stype == "row_sparse":  # every row stored, as MXNet's initializers leave it
+            return RowSparseNDArray(raw, ctx, np.arange(raw.shape[0], dtype=np.int64))
+        array = NDArray(raw, ctx)
+        return array if self._stype == "default" else array.tostype(self._stype)
+
     def _attach_grad(self) -> None:
-        self._nd.attach_grad(self._grad_req)
+        for copy in self._data:
+            copy.attach_grad(self._grad_req, stype=self._grad_stype)
         if self._nd._grad is not None:  # a new gradient is stale until a backward writes it
             self._stepped_version = self._nd._grad._version
 
-    def _checked(self):
-        if self._nd is None:
+    def _checked(self) -> list:
+        if self._data is None:
             if self._deferred is not None:
                 raise InputError(f"parameter {self.name!r} has shape {self._shape}, not fully "
                                  f"known yet: the first forward pass sets it (its block's "
                                  f"infer_shape) and initializes the parameter")
             raise InputError(f"parameter {self.name!r} has not been initialized; call "
                              f"block.initialize() or block.collect_params().initialize()")
-        return self._nd
+        return self._data
+
+    def _check_and_get(self, arrays: list, ctx):
+        """The array of ``arrays`` (one per context) on ``ctx``; ``ctx=list``: all of them;
+        ``ctx=None``: the only one, or the current context's."""
+        if ctx is list:
+            return list(arrays)
+        if ctx is None:
+            if len(arrays) == 1:
+                return arrays[0]
+            ctx = current_context()
+        ctx = as_context(ctx)
+        for array in arrays:
+            if array.ctx == ctx:
+                return array
+        raise DeviceMismatchError(f"parameter {self.name!r} was not initialized on {ctx}; "
+                                  f"it lives on {[a.ctx for a in arrays]} (reset_ctx() moves "
+                                  f"it)")
 
     def is_initialized(self) -> bool:
-        return self._nd is not None
+        return self._data is not None
 
     # -- values -----------------------------------------------------------------------------
 
+    def _dense_only(self, what: str) -> None:
+        if self._stype != "default":
+            raise ParameterStorageError(
+                f"Cannot return a copy of Parameter {self.name!r} via {what}() because its "
+                f"storage type is {self._stype}. Please use row_sparse_data() instead.")
+
     def data(self, ctx=None):
-        """The value as an NDArray (on ``ctx``, which must be where it lives)."""
-        value = self._checked()
-        if ctx is not None and as_context(ctx) != value.ctx:
-            raise DeviceMismatchError(f"parameter {self.name!r} lives on {value.ctx}, not "
-                                      f"{as_context(ctx)}; move it with reset_ctx()")
-        return value
+        """The value on ``ctx`` as an NDArray (a dense parameter's; a row_sparse one is
+        read with ``row_sparse_data``)."""
+        self._dense_only("data")
+        return self._check_and_get(self._checked(), ctx)
 
     def list_data(self) -> list:
-        return [self.data()]
+        """The copies, one per context, in the order of ``list_ctx()``."""
+        self._dense_only("list_data")
+        return list(self._checked())
 
     def list_ctx(self) -> list:
-        return [self._checked().ctx]
+        if self._data is None and self._deferred is not None:
+            return list(self._deferred[1])
+        return [array.ctx for array in self._checked()]
 
     def raw(self):
-        """The NumPy or CuPy array behind ``data()`` (updated in place by optimizers), once
-        pending engine writes to it (a KVStore pull) are done."""
-        return self._checked()._read()
+        """The NumPy or CuPy array behind the first copy (updated in place by optimizers),
+        once pending engine writes to it (a KVStore pull) are done."""
+        return self._checked()[0]._read()
 
     def set_data(self, value) -> None:
+        """Write ``value`` into every copy (initializing the parameter if it was not)."""
         host = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
-        if self._nd is None:
+        if self._data is None:
             self.shape = host.shape
-            self._place(np.array(host, dtype=self._dtype), as_context(None))
+            contexts = self._deferred[1] if self._deferred is not None else [as_context(None)]
+            self._deferred = None
+            self._place(np.array(host, dtype=self._dtype), contexts)
             return
         if tuple(host.shape) != self.shape:
             raise InputError(f"parameter {self.name!r} has shape {self.shape}; set_data got "
                              f"{tuple(host.shape)}")
-        target = self._nd._write()
-        with self._nd.ctx.device.active():
-            target[...] = self._nd.ctx.device.put(host) if self._nd.ctx.device.kind != "cpu" \
-                else host
+        for copy in self._data:
+            target = copy._write()
+            with copy.ctx.device.active():
+                target[...] = copy.ctx.device.put(host) if copy.ctx.device.kind != "cpu" \
+                    else host
 
     def reset_ctx(self, ctx) -> None:
-        """Move the parameter (and a fresh gradient) to ``ctx``."""
-        if self._nd is None:
+        """Move the parameter (with fresh gradients) to ``ctx`` (one or a list)."""
+        contexts = _contexts(ctx)
+        if self._data is None:
             if self._deferred is not None:
-                self._deferred = (self._deferred[0], as_context(ctx))
+                self._deferred = (self._deferred[0], contexts)
             return
-        self._place(self.raw() if as_context(ctx).device.kind != "cpu" else
-                    np.asarray(self._nd.asnumpy()), as_context(ctx))
+        self._place(self._data[0].asnumpy(), contexts)
 
     def cast(self, dtype) -> None:
         self._dtype = np.dtype(dtype)
-        if self._nd is not None:
-            self._place(self._nd.asnumpy().astype(self._dtype), self._nd.ctx)
+        if self._data is not None:
+            self._place(self._data[0].asnumpy().astype(self._dtype), self.list_ctx())
+
+    # -- row_sparse values (MXNet's; fetched through the Trainer's store) ---------------------
+
+    def row_sparse_data(self, row_id):
+        """The rows ``row_id`` names, as a RowSparseNDArray on ``row_id``'s context (this
+        parameter's copy there, refreshed by its Trainer)."""
+        self._sparse_only("row_sparse_data")
+        return self._get_row_sparse(self._check_and_get(self._checked(), row_id.ctx), row_id)
+
+    def list_row_sparse_data(self, row_id) -> list:
+        """``row_sparse_data`` on every context: the copies, with the rows ``row_id``
+        names."""
+        self._sparse_only("list_row_sparse_data")
+        return self._get_row_sparse(list(self._checked()), row_id)
+
+    def _sparse_only(self, what: str) -> None:
+        if self._stype != "row_sparse":
+            raise ParameterStorageError(
+                f"Cannot return a copy of Parameter {self.name!r} via {what}() because its "
+                f"storage type is {self._stype}. Please use data() instead.")
+
+    def _get_row_sparse(self, out, row_id, full_idx: bool = False):
+        if self._trainer is None:
+            raise ParameterStorageError(f"Cannot get row_sparse data for Parameter "
+                                        f"{self.name!r} when no Trainer is created with it.")
+        pull = getattr(self._trainer, "_row_sparse_pull", None)
+        if pull is None:
+            raise ParameterStorageError(f"parameter {self.name!r}: its Trainer "
+                                        f"({type(self._trainer).__name__}) cannot fetch "
+                                        f"row_sparse rows (it has no _row_sparse_pull)")
+        pull(self, out, row_id, full_idx)
+        return out
+
+    def _set_trainer(self, trainer) -> None:
+        """Record the Trainer that updates this parameter; a sparse parameter takes one."""
+        if self._stype != "default" and self._trainer is not None and trainer is not None \
+                and self._trainer is not trainer:
+            raise ParameterStorageError(
+                f"Failed to set the trainer for Parameter {self.name!r} because it was "
+                f"already set. More than one trainers for a {self._stype} Parameter is not "
+                f"supported.")
+        self._trainer = trainer
+
+    def _reduce(self) -> NDArray:
+        """The value on the CPU: the mean of the copies (a row_sparse parameter's every
+        row, fetched through its Trainer), what checkpoints save."""
+        cpu = as_context("cpu")
+        if self._stype == "default":
+            copies = self._checked()
+            total = copies[0].copyto(cpu)
+            for copy in copies[1:]:
+                total += copy.copyto(cpu)
+            return total / len(copies) if len(copies) > 1 else total
+        from mixrt.nd import arange, sparse  # noqa: PLC0415  (mixrt.nd imports gluon late)
+        full = sparse.zeros("row_sparse", self.shape, ctx=cpu, dtype=self.dtype)
+        self._get_row_sparse(full, arange(0, self.shape[0], dtype="int64", ctx=cpu),
+                             full_idx=True)
+        return full
+
+    def _load_init(self, value, ctx=None) -> None:
+        """A loaded value: the parameter's shape is checked (its unknown dimensions
+        filled), then it initializes the parameter on ``ctx`` or is written into it."""
+        host = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        self.shape = host.shape
+        if self._data is None:
+            contexts = _contexts(ctx) if ctx is not None else \
+                self._deferred[1] if self._deferred is not None else [as_context(None)]
+            self._deferred = None
+            self._place(host.astype(self._dtype), contexts)
+        else:
+            self.set_data(host.astype(self.dtype))
 
     # -- gradients --------------------------------------------------------------------------
 
     def grad(self, ctx=None):
-        """The gradient NDArray (None while frozen)."""
-        del ctx
-        value = self._checked()
-        return value._grad
+        """The gradient NDArray on ``ctx`` (None while frozen)."""
+        copy = self._check_and_get(self._checked(), ctx)
+        return copy._grad
 
     def list_grad(self) -> list:
-        return [self.grad()]
+        """The gradients, one per context (None while frozen)."""
+        return [copy._grad for copy in self._checked()]
 
     def raw_grad(self):
-        grad = self.grad()
+        grad = self._checked()[0]._grad
         return None if grad is None else grad._read()
 
     def set_grad(self, value) -> None:
-        """Write (``"add"``: add) ``value`` into the gradient (what Module's backward does)."""
+        """Write (``"add"``: add) ``value`` into the first copy's gradient (what Module's
+        backward does)."""
         if self._grad_req == "null":
             return
-        raw = self.grad()._write()  # waits for engine work still reading it; a new version
-        with self._nd.ctx.device.active():
+        first = self._checked()[0]
+        raw = first._grad._write()  # waits for engine work still reading it; a new version
+        with first.ctx.device.active():
             if self._grad_req == "add":
                 raw += value
             else:
                 raw[...] = value
 
     def zero_grad(self) -> None:
-        grad = self.grad() if self._nd is not None else None
-        if grad is not None:
-            with grad.ctx.device.active():
-                grad._write()[...] = 0
+        for grad in (self.list_grad() if self._data is not None else []):
+            if grad is not None:
+                with grad.ctx.device.active():
+                    grad._write()[...] = 0
 
     def grad_is_fresh(self) -> bool:
         """Whether a backward wrote the gradient since the Trainer's last step."""
-        grad = self.grad()
+        grad = self.grad(self._checked()[0].ctx)
         return grad is not None and grad._version != self._stepped_version
 
     def mark_stepped(self) -> None:
-        grad = self.grad()
+        grad = self._checked()[0]._grad
         self._stepped_version = -1 if grad is None else grad._version
 
     # -- symbolic -------------------------------------------------------------------------
 
     def var(self):
-        """The Symbol variable standing for this parameter when a block is traced."""
+        """The Symbol variable standing for this parameter when a block is traced (a
+        sparse one says its storage type in ``__storage_type__``, as MXNet's)."""
         shape = self.shape if self.shape is not None and _complete(self.shape) else None
+        attr = None if self._stype == "default" else \
+            {"__storage_type__": str(_STORAGE_TYPE_STR_TO_ID[self._stype])}
         return variable_named(self.name, shape=shape, dtype=self.dtype,
                               aux=not self.differentiable, lr_mult=self.lr_mult,
-                              wd_mult=self.wd_mult)
+                              wd_mult=self.wd_mult, attr=attr)
+
+    def _mxnet_repr(self) -> str:
+        return f"Parameter {self.name} (shape={self.shape}, dtype={self.dtype})"
 
     def __repr__(self) -> str:
+        stype = "" if self._stype == "default" else f", stype={self._stype!r}"
         return f"Parameter({self.name!r}, shape={self.shape}, dtype={self.dtype}, " \
-               f"grad_req={self.grad_req!r})"
+               f"grad_req={self.grad_req!r}{stype})"
 
 
 class ParameterDict(OrderedDict):
@@ -241,10 +395,18 @@ class ParameterDict(OrderedDict):
     ``options`` (shape, init, dtype, grad_req, ...) the first time: how blocks declare
     their parameters."""
 
-    def __init__(self, *args, prefix: str = "", shared: "ParameterDict | None" = None):
-        super().__init__(*args)
-        self.prefix = prefix
+    def __init__(self, prefix="", shared: "ParameterDict | None" = None):
+        # MXNet's signature (prefix, shared); mixrt also takes the parameters themselves
+        # (a dict or (name, parameter) pairs) in place of the prefix
+        contents = () if isinstance(prefix, str) else prefix
+        super().__init__(contents)
+        self.prefix = prefix if isinstance(prefix, str) else ""
         self._shared = shared
+
+    def __repr__(self) -> str:
+        """MXNet's: the prefix, then one line per parameter."""
+        lines = "\n".join(f"  {param._mxnet_repr()}" for param in self.values())
+        return f"{self.prefix} (\n{lines}\n)"
 
     def get(self, name: str, default=None, **options) -> Parameter:
         full = self.prefix + name
@@ -283,11 +445,72 @@ class ParameterDict(OrderedDict):
         for param in self.values():
             param.reset_ctx(ctx)
 
+    def save(self, filename, strip_prefix: str = "") -> None:
+        """Every parameter's value (the mean of its copies) to ``filename`` in MXNet's
+        ``.params`` format, named without ``strip_prefix``."""
+        from mixrt.nd import save  # noqa: PLC0415  (mixrt.nd's files; imported late)
+        values = {}
+        for param in self.values():
+            if not param.name.startswith(strip_prefix):
+                raise InputError(f"save: prefix {strip_prefix!r} is to be striped before "
+                                 f"saving, but Parameter {param.name!r} does not start "
+                                 f"with it")
+            values[param.name[len(strip_prefix):]] = param._reduce()
+        save(filename, values)
+
+    def load(self, filename, ctx=None, allow_missing: bool = False,
+             ignore_extra: bool = False, restore_prefix: str = "") -> None:
+        """Values saved by ``save`` (names given ``restore_prefix``) into the parameters,
+        initializing on ``ctx`` those that are not yet; a parameter the file lacks, or a
+        file entry no parameter takes, is an error unless allowed."""
+        from mixrt.nd import load  # noqa: PLC0415
+        loaded = load(filename)
+        if not isinstance(loaded, dict):
+            raise InputError(f"load {str(filename)!r}: the file holds a list of arrays, not "
+                             f"named parameters")
+        values = {restore_prefix + _without_kind(name): value for name, value in loaded.items()}
+        if not allow_missing:
+            missing = [name for name in self if name not in values]
+            if missing:
+                raise InputError(f"load {str(filename)!r}: parameters {missing} are missing "
+                                 f"in the file (allow_missing=True skips them)")
+        if not ignore_extra:
+            extra = [name for name in values if name not in self]
+            if extra:
+                raise InputError(f"load {str(filename)!r}: the file has {extra}, which no "
+                                 f"parameter here is named (ignore_extra=True skips them)")
+        for name, value in values.items():
+            if name in self:
+                self[name]._load_init(value, ctx)
+
     def update(self, other) -> None:
         for name, param in dict(other).items():
             if name in self and self[name] is not param:
                 raise InputError(f"two different parameters are both named {name!r}")
             self[name] = param
+
+
+def _without_kind(name: str) -> str:
+    """A saved name without MXNet's ``arg:``/``aux:`` mark (Module checkpoints have it)."""
+    return name.split(":", 1)[1] if name.startswith(("arg:", "aux:")) else name
+
+
+def _contexts(ctx) -> list:
+    """``ctx`` (a context, its name, a list of them, or None: the current one) as a list."""
+    if ctx is None:
+        return [current_context()]
+    if isinstance(ctx, (list, tuple)):
+        if not ctx:
+            raise InputError("a parameter needs at least one context, got an empty list")
+        return [as_context(c) for c in ctx]
+    return [as_context(ctx)]
+
+
+def _checked_stype(name: str, what: str, stype) -> str:
+    if stype not in STYPES:
+        raise ParameterStypeError(f"parameter {name!r}: {what} must be one of {STYPES}, "
+                                  f"got {stype!r}")
+    return stype
 
 
 def _check_grad_req(name: str, req: str) -> None:
