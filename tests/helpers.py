@@ -69,12 +69,14 @@ def flat_digits():
 
 def central_difference(executor, feeds: dict, array: np.ndarray, index, eps: float = 1e-6):
     """d(loss)/d(array[index]) by central differences through ``executor``'s training forward
-    (its first output is the loss); ``array`` is restored afterwards."""
-    keep = array[index]
+    (its first output is the loss); ``array`` is restored afterwards. The executor's
+    outputs are arrays it writes again on each forward, as MXNet's are: read each loss out
+    before the next run."""
+    keep = float(array[index])
     array[index] = keep + eps
-    up = executor.forward(is_train=True, **feeds)[0]
+    up = np.array(executor.forward(is_train=True, **feeds)[0], dtype=np.float64)
     array[index] = keep - eps
-    down = executor.forward(is_train=True, **feeds)[0]
+    down = np.array(executor.forward(is_train=True, **feeds)[0], dtype=np.float64)
     array[index] = keep
     return (up - down) / (2 * eps)
 

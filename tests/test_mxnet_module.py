@@ -14,7 +14,7 @@ import pytest
 
 import mixrt
 from mixrt import io, model, nd, sym
-from mixrt.errors import InputError
+from mixrt.errors import GradientError, InputError
 from mixrt.module import BucketingModule, Module
 
 DATA = "tests/data/mxnet_checkpoint/mxck"
@@ -169,5 +169,5 @@ def test_callbacks_and_errors():
     with pytest.raises(InputError, match="not presented"):
         fresh.init_params(arg_params={"fc1_weight": args["fc1_weight"]})
     fresh.init_params()
-    with pytest.raises(InputError, match="out_grads"):
+    with pytest.raises(GradientError, match="forward first"):
         fresh.backward(out_grads=[nd.ones((4, 3))])

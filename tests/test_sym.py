@@ -289,7 +289,7 @@ def test_on_the_gpu_the_executor_matches_the_cpu_and_keeps_its_arrays_there():
 def test_training_forward_updates_running_statistics_and_inference_uses_them():
     executor, feeds = _bound_small_net(np.float32)
     before = {n: a.copy() for n, a in executor.aux_dict.items()}
-    train_loss = executor.forward(is_train=True, **feeds)[0]
+    train_loss = executor.forward(is_train=True, **feeds)[0].asnumpy()
     mean = executor.aux_dict["bn_moving_mean"]
     assert not np.allclose(mean, before["bn_moving_mean"])
     conv = sym.Group([small_net().get_internals()["c_output"]])

@@ -36,10 +36,8 @@ from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import create as create_initializer, role_of, Uniform
 from mixrt.io import DataIter, NDArrayIter, read_ahead
-from mixrt import mod_module
-from mixrt.mod_base import BaseModule  # noqa: F401  (MXNet's mx.mod names)
-from mixrt.mod_bucketing import BucketingModule  # noqa: F401
-from mixrt.module_checks import check_sharding, feed_array, static_type, symbol_names
+from mixrt.module import module as mxnet_module
+from mixrt.module.checks import check_sharding, feed_array, static_type, symbol_names
 from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
@@ -62,14 +60,15 @@ class Module(Checkpoints):
     a GPU step moves only the batch in and the loss and outputs out.
 
     ``Module(symbol, data_names, label_names, context=...)`` (a Symbol first, as MXNet's
-    ``mx.mod.Module``) makes MXNet's Module instead (``mixrt/mod_module.py``)."""
+    ``mx.mod.Module``) makes MXNet's Module instead (``mixrt/module/module.py``)."""
 
     def __new__(cls, graph=None, *args, **kwargs):
-        if cls is Module and isinstance(graph, Symbol):
-            return mod_module.Module(graph, *args, **kwargs)
+        if cls is Module and (isinstance(graph, Symbol) or "symbol" in kwargs):
+            return mxnet_module.Module(graph, *args, **kwargs) if graph is not None \
+                else mxnet_module.Module(*args, **kwargs)
         return super().__new__(cls)
 
-    load = staticmethod(mod_module.Module.load)  # MXNet's Module.load(prefix, epoch)
+    load = staticmethod(mxnet_module.Module.load)  # MXNet's Module.load(prefix, epoch)
 
     def __init__(self, graph: Graph, *, output: str | None = None, device: str = "cpu"):
         self.graph = copy_graph(graph)
@@ -588,5 +587,3 @@ class SymbolModule(Module):
         self._bind_like_iter(eval_data)
         return super().score(eval_data, metric)
 
-
-mod_module.use_symbol_module(SymbolModule)

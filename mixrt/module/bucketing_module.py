@@ -1,7 +1,7 @@
-"""MXNet's ``BucketingModule`` (``mixrt.module`` is the public module): one Module per bucket
-key, made from ``sym_gen(key) -> (symbol, data_names, label_names)``, all sharing the
-default bucket's parameters and optimizer; each batch runs in the module of its
-``bucket_key``."""
+"""MXNet's ``BucketingModule`` (``mx.mod.BucketingModule``): one Module per bucket key, made
+from ``sym_gen(key) -> (symbol, data_names, label_names)``, each bound against the default
+bucket's (``shared_module``: the same parameter and gradient memory) and sharing its
+optimizer; each batch runs in the module of its ``bucket_key``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import logging
 from mixrt import model
 from mixrt.base.errors import InputError
 from mixrt.context import cpu
-from mixrt.mod_base import BaseModule
-from mixrt.mod_module import Module
+from mixrt.module.base_module import BaseModule
+from mixrt.module.module import Module
 
 
 class BucketingModule(BaseModule):
@@ -24,6 +24,9 @@ class BucketingModule(BaseModule):
         self._sym_gen, self._default_bucket_key = sym_gen, default_bucket_key
         self._context = context if context is not None else cpu()
         self._fixed_param_names = fixed_param_names
+        self._state_names = state_names
+        self._work_load_list, self._group2ctxs = work_load_list, group2ctxs
+        self._grad_req = "write"
         self._buckets: dict = {}
         self._curr_module = None
         self._curr_bucket_key = None
@@ -32,7 +35,9 @@ class BucketingModule(BaseModule):
     def _module_for(self, key) -> Module:
         symbol, data_names, label_names = self._sym_gen(key)
         return Module(symbol, data_names, label_names, logger=self.logger,
-                      context=self._context, fixed_param_names=self._fixed_param_names)
+                      context=self._context, work_load_list=self._work_load_list,
+                      fixed_param_names=self._fixed_param_names,
+                      state_names=self._state_names, group2ctxs=self._group2ctxs)
 
     # -- the current bucket's description ---------------------------------------------------
 
@@ -79,11 +84,12 @@ class BucketingModule(BaseModule):
         default = self._module_for(self._default_bucket_key)
         default.bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                      grad_req=grad_req)
+        self._grad_req, self.inputs_need_grad = grad_req, inputs_need_grad
         self._buckets = {self._default_bucket_key: default}
         self._curr_module, self._curr_bucket_key = default, self._default_bucket_key
         self.binded, self.for_training = True, for_training
         if self._pending is not None:
-            default.set_params(*self._pending, allow_missing=True)
+            default.init_params(None, *self._pending, allow_missing=True, force_init=True)
             self.params_initialized, self._pending = True, None
 
     def switch_bucket(self, bucket_key, data_shapes, label_shapes=None):
@@ -94,8 +100,8 @@ class BucketingModule(BaseModule):
         if bucket_key not in self._buckets:
             default = self._buckets[self._default_bucket_key]
             module = self._module_for(bucket_key)
-            module.bind(data_shapes, label_shapes, self.for_training,
-                        shared_module=default)
+            module.bind(data_shapes, label_shapes, self.for_training, self.inputs_need_grad,
+                        shared_module=default, grad_req=self._grad_req)
             if self.optimizer_initialized:
                 module.borrow_optimizer(default)
             self._buckets[bucket_key] = module
@@ -121,7 +127,6 @@ class BucketingModule(BaseModule):
         self._buckets[self._default_bucket_key].set_params(
             arg_params, aux_params, allow_missing, force_init, allow_extra)
         self.params_initialized = True
-        self._changed_everywhere()
 
     def init_optimizer(self, kvstore="local", optimizer="sgd",
                        optimizer_params=(("learning_rate", 0.01),), force_init=False):
@@ -148,12 +153,8 @@ class BucketingModule(BaseModule):
 
     def update(self):
         self._current("update").update()
-        self._changed_everywhere()
-
-    def _changed_everywhere(self) -> None:
-        """Shared parameters changed: every bucket's cached inference session is stale."""
-        for module in self._buckets.values():
-            module._inner._changed()
+        for module in self._buckets.values():  # their parameters are the same memory
+            module._params_dirty = True
 
     def get_outputs(self, merge_multi_context=True):
         return self._current("get_outputs").get_outputs(merge_multi_context)

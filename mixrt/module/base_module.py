@@ -1,4 +1,4 @@
-"""What MXNet's modules share (``mixrt.module`` is the public module): ``BaseModule`` with
+"""What MXNet's modules share (``mx.mod.BaseModule``): ``BaseModule`` with
 ``fit``, ``score``, ``predict``, ``iter_predict`` and ``forward_backward`` written against
 bind/init_params/init_optimizer/forward/backward/update, which a module defines."""
 
@@ -117,7 +117,8 @@ class BaseModule:
         for epoch in range(begin_epoch, num_epoch):
             self._fit_epoch(epoch, train_data, eval_metric, batch_end_callback)
             arg_now, aux_now = self.get_params()
-            _call_all(epoch_end_callback, epoch, self.symbol, arg_now, aux_now)
+            if epoch_end_callback is not None:
+                _call_all(epoch_end_callback, epoch, self.symbol, arg_now, aux_now)
             if eval_data is not None:
                 for name, value in self.score(eval_data, validation_metric,
                                               score_end_callback=eval_end_callback,

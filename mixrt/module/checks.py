@@ -1,4 +1,5 @@
-"""Checks and small helpers of :mod:`mixrt.module` (kept apart to keep that module short)."""
+"""Checks and small helpers of :mod:`mixrt.module.graph_module` (kept apart to keep that
+module short)."""
 
 from __future__ import annotations
 

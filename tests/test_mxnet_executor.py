@@ -1,0 +1,133 @@
+"""MXNet's symbolic Executor, its DataParallelExecutorGroup and ``mx.contrib.autograd``, as
+MXNet 1.9.1 documents and computes them (values worked out by hand, checked against
+MXNet 1.9.1 for the same calls)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mixrt import nd, sym
+from mixrt.context import cpu
+from mixrt.contrib import autograd as contrib_autograd
+from mixrt.errors import GradientError, InputError
+from mixrt.io import DataBatch
+from mixrt.module.executor_group import split_input_slice
+from mixrt.module.module import Module
+
+
+def test_bound_ndarrays_are_the_executors_own():
+    """Writing into arg_dict changes the next forward; backward writes into the args_grad
+    arrays given; outputs are NDArrays."""
+    x, y = sym.Variable("x"), sym.Variable("y")
+    lhs, rhs = nd.array([[1.0, 2.0]]), nd.array([[3.0, 4.0]])
+    lhs_grad, rhs_grad = nd.zeros((1, 2)), nd.zeros((1, 2))
+    executor = (x * y).bind(cpu(), args=[lhs, rhs], args_grad=[lhs_grad, rhs_grad])
+    assert executor.arg_dict["x"] is lhs
+    out = executor.forward()[0]
+    assert isinstance(out, nd.NDArray)
+    np.testing.assert_array_equal(out.asnumpy(), [[3.0, 8.0]])
+    executor.arg_dict["x"][:] = 2.0
+    executor.forward(is_train=True)
+    np.testing.assert_array_equal(executor.outputs[0].asnumpy(), [[6.0, 8.0]])
+    executor.backward([nd.ones((1, 2))])
+    np.testing.assert_array_equal(lhs_grad.asnumpy(), [[3.0, 4.0]])
+    np.testing.assert_array_equal(rhs_grad.asnumpy(), [[2.0, 2.0]])
+
+
+def test_reshape_shares_memory_and_refuses_growth():
+    x = sym.Variable("x")
+    executor = sym.FullyConnected(x, num_hidden=4, name="fc").simple_bind(
+        cpu(), x=(5, 4), grad_req="null")
+    executor.arg_dict["x"][:] = 1
+    executor.arg_dict["fc_weight"][:] = 1
+    smaller = executor.reshape(x=(3, 4))
+    smaller.forward()
+    np.testing.assert_array_equal(smaller.outputs[0].asnumpy(), 4)
+    np.testing.assert_array_equal(executor.outputs[0].asnumpy()[:3], 4)  # the same memory
+    with pytest.raises(InputError, match="allow_up_sizing"):
+        executor.reshape(x=(6, 4))
+    assert executor.reshape(x=(6, 4), allow_up_sizing=True).arg_dict["x"].shape == (6, 4)
+
+
+def test_softmax_output_backward_is_its_loss_gradient():
+    """MXNet's SoftmaxOutput backward: softmax - one_hot(label), whatever the head
+    gradient."""
+    data = nd.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    net = sym.SoftmaxOutput(sym.Variable("data"), name="softmax")
+    executor = net.simple_bind(cpu(), grad_req={"data": "write"}, data=(2, 3))
+    executor.arg_dict["softmax_label"][:] = nd.array([2, 0])
+    probs = executor.forward(is_train=True, data=data)[0].asnumpy()
+    executor.backward()
+    expected = probs - np.eye(3)[[2, 0]]
+    np.testing.assert_allclose(executor.grad_dict["data"].asnumpy(), expected, rtol=1e-6)
+
+
+def test_backward_after_an_inference_forward_and_debug_str():
+    x = sym.Variable("x")
+    executor = (x * x).simple_bind(cpu(), grad_req={"x": "write"}, x=(2,))
+    with pytest.raises(GradientError, match="forward first"):
+        executor.backward()
+    executor.forward(x=nd.array([1.0, 3.0]))
+    executor.backward()
+    np.testing.assert_array_equal(executor.grad_dict["x"].asnumpy(), [2.0, 6.0])
+    assert "Total 0 MB allocated" in executor.debug_str()
+
+
+def test_batches_split_over_contexts_by_workload():
+    assert split_input_slice(10, [1, 1]) == [slice(0, 5), slice(5, 10)]
+    assert split_input_slice(9, [1, 2]) == [slice(0, 3), slice(3, 9)]
+    with pytest.raises(InputError, match="no rows"):
+        split_input_slice(1, [1, 1])
+
+
+def test_module_on_two_contexts_gives_input_gradients_and_trains():
+    """y = a + 2b on cpu(0) and cpu(1): input gradients are 1 and 2; a bias trained by
+    SGD (lr 1, rescale 1/batch) on head gradients of ones moves by -1 per step."""
+    a, b = sym.Variable("a"), sym.Variable("b")
+    mod = Module(a + 2 * b, data_names=["b", "a"], label_names=None,
+                 context=[cpu(0), cpu(1)])
+    mod.bind(data_shapes=[("b", (4, 3)), ("a", (4, 3))], inputs_need_grad=True)
+    mod.init_params()
+    mod.forward(DataBatch(data=[nd.ones((4, 3)), nd.ones((4, 3))]), is_train=True)
+    mod.backward([nd.ones((4, 3))])
+    b_grad, a_grad = mod.get_input_grads()
+    np.testing.assert_array_equal(a_grad.asnumpy(), 1)
+    np.testing.assert_array_equal(b_grad.asnumpy(), 2)
+
+    fc = Module(sym.FullyConnected(sym.Variable("data"), num_hidden=2, name="fc"),
+                label_names=None, context=[cpu(0), cpu(1)])
+    fc.bind(data_shapes=[("data", (4, 2))])
+    fc.init_params()
+    fc.init_optimizer(optimizer_params={"learning_rate": 1})
+    for batch in (4, 6):  # the second batch size reshapes the executors
+        fc.forward(DataBatch(data=[nd.ones((batch, 2))]), is_train=True)
+        fc.backward([nd.ones((batch, 2))])
+        fc.update()
+    assert fc.get_outputs()[0].shape == (6, 2)
+    # rescale_grad stays 1/4 (the bound batch): -1, then -1.5
+    np.testing.assert_allclose(fc.get_params()[0]["fc_bias"].asnumpy(), -2.5)
+
+
+def test_module_set_params_checks_missing_and_extra_names():
+    mod = Module(sym.FullyConnected(sym.Variable("data"), num_hidden=2, name="fc"),
+                 label_names=None)
+    mod.bind(data_shapes=[("data", (1, 2))])
+    full = {"fc_weight": nd.ones((2, 2)), "fc_bias": nd.zeros((2,))}
+    mod.set_params(full, {})
+    with pytest.raises(RuntimeError, match="fc_bias"):
+        mod.set_params({"fc_weight": nd.ones((2, 2))}, {})
+    with pytest.raises(ValueError, match="fc_2"):
+        mod.set_params({**full, "fc_2": nd.ones((2,))}, {}, allow_missing=True)
+
+
+def test_contrib_autograd_grad_and_loss_and_sections():
+    x = nd.array([[1.0, 2.0]])
+    grads, loss = contrib_autograd.grad_and_loss(lambda v: v * v)(x)
+    np.testing.assert_array_equal(grads[0].asnumpy(), [[2.0, 4.0]])
+    np.testing.assert_array_equal(loss.asnumpy(), [[1.0, 4.0]])
+    with contrib_autograd.train_section():
+        with contrib_autograd.test_section():
+            assert not contrib_autograd.set_is_training(False)
+    with pytest.raises(InputError, match="argument 1"):
+        contrib_autograd.grad(lambda v, mode: v, argnum=1)(x, True)
