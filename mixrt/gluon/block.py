@@ -13,39 +13,95 @@
     net.hybridize(); y = net(x)                # traced once, then the planned executor
 
 A block owns parameters (``self.params.get(...)``, or a ``Parameter`` assigned as an
-attribute) and child blocks (assigned as attributes). Names follow MXNet's: a block's
-prefix is its class's alias and a counter (``dense0_``), nested under its parent's
-``name_scope()``; a parameter is the prefix plus its role (``dense0_weight``).
+attribute) and child blocks (assigned as attributes). Names follow MXNet 1.x's: a block's
+prefix is its class's alias and a counter (``dense0_``; at the top level the counter is the
+symbol name manager's, as in MXNet), nested under its parent's ``name_scope()``, which also
+prefixes the names of the symbols made inside it; a parameter is its block's parameter
+prefix plus its role (``dense0_weight``). A block made with ``params=`` of another shares
+them: its parameter names are the other's.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections import OrderedDict, defaultdict
+import warnings
+from collections import OrderedDict
 
-import numpy as np
-
-from mixrt.base.errors import InputError
+from mixrt import name as naming
 from mixrt.gluon.parameter import Parameter, ParameterDict
-from mixrt.runtime.npz import read_npz, write_npz
+from mixrt.gluon import param_files
 
 
-class _NameScope(threading.local):
-    current: "Block | None" = None
-    counters: defaultdict = None
+class _BlockScope:
+    """The ``name_scope()`` of a block: children made inside count their prefixes here,
+    and symbols made inside take the block's prefix (MXNet's ``_BlockScope``)."""
+
+    _current = threading.local()
+
+    def __init__(self, block: "Block"):
+        self._block = block
+        self._counter: dict = {}
+        self._old_scope = None
+        self._symbol_names = None
+
+    @staticmethod
+    def create(prefix: str | None, params: ParameterDict | None, hint: str):
+        """(the block's prefix, its ParameterDict) for a block made now."""
+        current = getattr(_BlockScope._current, "value", None)
+        if current is None:
+            if prefix is None:
+                prefix = naming.current().get(None, hint) + "_"
+            shared_prefix = prefix if params is None else params.prefix
+            return prefix, ParameterDict(prefix=shared_prefix, shared=params)
+        if prefix is None:
+            count = current._counter.get(hint, 0)
+            prefix = f"{hint}{count}_"
+            current._counter[hint] = count + 1
+        parent = current._block.params
+        if params is None:
+            params = ParameterDict(prefix=parent.prefix + prefix, shared=parent._shared)
+        else:
+            params = ParameterDict(prefix=params.prefix, shared=params)
+        return current._block.prefix + prefix, params
+
+    def __enter__(self):
+        if self._block._empty_prefix:  # MXNet: a block named "" scopes nothing
+            return self
+        self._old_scope = getattr(_BlockScope._current, "value", None)
+        _BlockScope._current.value = self
+        self._symbol_names = naming.Prefix(self._block.prefix)
+        self._symbol_names.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._block._empty_prefix:
+            return
+        self._symbol_names.__exit__(*exc_info)
+        self._symbol_names = None
+        _BlockScope._current.value = self._old_scope
 
 
-_scope = _NameScope()
-_global_counters: defaultdict = defaultdict(int)
+class HookHandle:
+    """What ``register_forward_hook`` and friends return: ``detach()`` removes the hook
+    (also on leaving a ``with`` block)."""
 
+    _next_key = 0
 
-def _next_prefix(alias: str) -> str:
-    parent = _scope.current
-    counters = parent._child_counters if parent is not None else _global_counters
-    index = counters[alias]
-    counters[alias] += 1
-    return (parent.prefix if parent is not None else "") + f"{alias}{index}_"
+    def __init__(self, hooks: OrderedDict, hook):
+        self._hooks = hooks
+        self._key = HookHandle._next_key
+        HookHandle._next_key += 1
+        hooks[self._key] = hook
+
+    def detach(self) -> None:
+        self._hooks.pop(self._key, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.detach()
 
 
 class Block:
@@ -53,12 +109,13 @@ class Block:
 
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
         object.__setattr__(self, "_children", OrderedDict())
-        object.__setattr__(self, "_child_counters", defaultdict(int))
-        self._prefix = _next_prefix(self._alias()) if prefix is None else \
-            ((_scope.current.prefix if _scope.current is not None else "") + prefix)
-        self._params = ParameterDict(prefix=self._prefix, shared=params)
-        self._forward_hooks: list = []
-        self._forward_pre_hooks: list = []
+        object.__setattr__(self, "_reg_params", OrderedDict())
+        self._empty_prefix = prefix == ""
+        self._prefix, self._params = _BlockScope.create(prefix, params, self._alias())
+        self._name = self._prefix[:-1] if self._prefix.endswith("_") else self._prefix
+        self._scope = _BlockScope(self)
+        self._forward_hooks: OrderedDict = OrderedDict()
+        self._forward_pre_hooks: OrderedDict = OrderedDict()
 
     @classmethod
     def _alias(cls) -> str:
@@ -70,7 +127,7 @@ class Block:
 
     @property
     def name(self) -> str:
-        return self._prefix[:-1] if self._prefix.endswith("_") else self._prefix
+        return self._name
 
     @property
     def params(self) -> ParameterDict:
@@ -78,33 +135,63 @@ class Block:
         return self._params
 
     def name_scope(self):
-        """Children made inside are named under this block (``net0_dense0_``)."""
-        return _ScopeGuard(self)
+        """Children and symbols made inside are named under this block (``net0_dense0_``)."""
+        return self._scope
 
     # -- children and parameters by attribute ----------------------------------------------
 
     def __setattr__(self, name: str, value) -> None:
+        existing = self.__dict__.get(name)
+        if isinstance(existing, (Parameter, Block)) and not isinstance(value, type(existing)):
+            raise TypeError(f"{type(self).__name__}.{name} is a {type(existing).__name__}; "
+                            f"it cannot become a {type(value).__name__}")
         if isinstance(value, Block):
             self.register_child(value, name)
         elif isinstance(value, Parameter):
-            self._params[value.name] = value
+            self._reg_params[name] = value
+            if value.name not in self._params:
+                self._params[value.name] = value
         object.__setattr__(self, name, value)
 
     def register_child(self, block: "Block", name: str | None = None) -> "Block":
-        self._children[name or str(len(self._children))] = block
+        """Make ``block`` a child (``name``: its key, by default its position)."""
+        self._children[str(len(self._children)) if name is None else name] = block
         return block
 
     def collect_params(self, select: str | None = None) -> ParameterDict:
-        """Every parameter of this block and its children (``select``: a regex on names)."""
-        found = ParameterDict(prefix=self._prefix)
-        found.update(self._params)
+        """Every parameter of this block and its children (``select``: a regex that the
+        names must match, as ``re.match``)."""
+        self._warn_unregistered_blocks()
+        found = ParameterDict(prefix=self._params.prefix)
+        pattern = re.compile(select) if select else None
+        found.update({key: param for key, param in self._params.items()
+                      if pattern is None or pattern.match(key)})
         for child in self._children.values():
-            found.update(child.collect_params())
-        if select is None:
-            return found
-        pattern = re.compile(select)
-        return ParameterDict([(k, v) for k, v in found.items() if pattern.match(k)],
-                             prefix=self._prefix)
+            found.update(child.collect_params(select))
+        return found
+
+    def _warn_unregistered_blocks(self) -> None:
+        """Blocks kept in a list, tuple or dict attribute are not children: their
+        parameters would be missed silently, so say so (as MXNet does)."""
+        children = set(map(id, self._children.values()))
+        for key, value in self.__dict__.items():
+            if key.startswith("__") or not isinstance(value, (list, tuple, dict)):
+                continue
+            if _holds_unregistered_block(value, children):
+                warnings.warn(f'"{type(self).__name__}.{key}" is an unregistered container '
+                              f"with Blocks; Blocks inside a list, tuple or dict are not "
+                              f"registered automatically: register them with "
+                              f"register_child() or use nn.Sequential/nn.HybridSequential",
+                              stacklevel=3)
+
+    def _collect_params_with_prefix(self, prefix: str = "") -> dict:
+        """Parameters by their path of attribute names (``fc1.weight``): what
+        ``save_parameters`` writes, independent of the name prefixes."""
+        dotted = prefix + "." if prefix else ""
+        found = {dotted + key: param for key, param in self._reg_params.items()}
+        for name, child in self._children.items():
+            found.update(child._collect_params_with_prefix(dotted + name))
+        return found
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -115,118 +202,122 @@ class Block:
         self.collect_params().initialize(init, ctx, verbose, force_reinit)
 
     def hybridize(self, active: bool = True, **options) -> None:
+        """Hybridize every HybridBlock among the children (options: see HybridBlock)."""
         for child in self._children.values():
             child.hybridize(active, **options)
 
     def cast(self, dtype) -> None:
+        """Convert every parameter of the block and its children to ``dtype``."""
         for child in self._children.values():
             child.cast(dtype)
         for param in self._params.values():
             param.cast(dtype)
 
+    def apply(self, fn) -> "Block":
+        """``fn(block)`` on every child, recursively, then on this block."""
+        for child in self._children.values():
+            child.apply(fn)
+        fn(self)
+        return self
+
     def zero_grad(self) -> None:
         self.collect_params().zero_grad()
 
-    def save_parameters(self, filename) -> None:
-        """An ``.npz`` of every parameter by its name relative to this block (no pickle)."""
-        params = self._relative_params()
-        write_npz(filename, {key: p.data().asnumpy() for key, p in params.items()},
-                  f"save_parameters {str(filename)!r}")
+    def reset_ctx(self, ctx) -> None:
+        self.collect_params().reset_ctx(ctx)
+
+    # -- parameter files ---------------------------------------------------------------------
+
+    def save_parameters(self, filename, deduplicate: bool = False) -> None:
+        """Write the parameters in MXNet's ``.params`` format (``nd.save``), by their path
+        of attribute names (``fc1.weight``), so a block of the same structure loads them
+        whatever its prefix. ``deduplicate``: a parameter shared by several paths is
+        written once."""
+        param_files.save(self, filename, deduplicate)
 
     def load_parameters(self, filename, ctx=None, allow_missing: bool = False,
-                        ignore_extra: bool = False, cast_dtype: bool = False) -> None:
-        """Set the parameters from a ``save_parameters`` file. Every value must have its
-        parameter's shape and dtype (``cast_dtype=True``: any numeric dtype, converted, as
-        MXNet's option); nothing is changed unless the whole file fits."""
-        params = self._relative_params()
-        stored = read_npz(filename, "parameter file")
-        where = f"parameter file {str(filename)!r}"
-        missing = sorted(set(params) - set(stored))
-        extra = sorted(set(stored) - set(params))
-        if missing and not allow_missing:
-            raise InputError(f"{where}: no values for parameters {missing} (pass "
-                             f"allow_missing=True to keep their current values)")
-        if extra and not ignore_extra:
-            raise InputError(f"{where}: values for parameters the block does not have: "
-                             f"{extra} (pass ignore_extra=True to skip them)")
-        loaded = {key: _fitting(params[key], value, f"{where}: parameter {key!r}", cast_dtype)
-                  for key, value in stored.items() if key in params}
-        for key, value in loaded.items():
-            param = params[key]
-            if not param.is_initialized():
-                param.initialize(ctx=ctx)
-            param.set_data(value)
+                        ignore_extra: bool = False, cast_dtype: bool = False,
+                        dtype_source: str = "current") -> None:
+        """Set the parameters from a ``save_parameters`` file (also MXNet's files with
+        prefixed names, and mixrt's earlier ``.npz`` ones). Every value must have its
+        parameter's shape (0: not known yet) and dtype; ``cast_dtype=True`` converts
+        numbers, to the parameter's dtype (``dtype_source="current"``) or the parameter
+        to the file's (``"saved"``). Nothing changes unless the whole file fits."""
+        param_files.load(self, filename, ctx, allow_missing, ignore_extra, cast_dtype,
+                         dtype_source)
 
-    def _relative_params(self) -> dict:
-        found = self.collect_params()
-        params = {self._relative(name): p for name, p in found.items()}
-        if len(params) != len(found):  # "x" and "<prefix>x" would collide in the file
-            raise InputError(f"block {self.name!r}: two parameters share a name relative to "
-                             f"its prefix {self._prefix!r}: {list(found)}")
-        return params
+    def save_params(self, filename) -> None:
+        """Deprecated in MXNet 1.x: the parameters by their prefixed names."""
+        warnings.warn("save_params is deprecated; use save_parameters", DeprecationWarning,
+                      stacklevel=2)
+        param_files.save_prefixed(self, filename)
+
+    def load_params(self, filename, ctx=None, allow_missing: bool = False,
+                    ignore_extra: bool = False) -> None:
+        """Deprecated in MXNet 1.x: ``load_parameters``."""
+        warnings.warn("load_params is deprecated; use load_parameters", DeprecationWarning,
+                      stacklevel=2)
+        self.load_parameters(filename, ctx, allow_missing, ignore_extra)
 
     def _relative(self, name: str) -> str:
-        return name[len(self._prefix):] if name.startswith(self._prefix) else name
+        prefix = self._params.prefix
+        return name[len(prefix):] if name.startswith(prefix) else name
 
     # -- calling ----------------------------------------------------------------------------
 
-    def register_forward_hook(self, hook) -> None:
+    def register_forward_hook(self, hook) -> HookHandle:
         """``hook(block, inputs, outputs)`` after every call."""
-        self._forward_hooks.append(hook)
+        return HookHandle(self._forward_hooks, hook)
 
-    def register_forward_pre_hook(self, hook) -> None:
+    def register_forward_pre_hook(self, hook) -> HookHandle:
         """``hook(block, inputs)`` before every call."""
-        self._forward_pre_hooks.append(hook)
+        return HookHandle(self._forward_pre_hooks, hook)
 
     def __call__(self, *args):
-        for hook in self._forward_pre_hooks:
+        for hook in list(self._forward_pre_hooks.values()):
             hook(self, args)
         outputs = self.forward(*args)
-        for hook in self._forward_hooks:
+        for hook in list(self._forward_hooks.values()):
             hook(self, args, outputs)
         return outputs
 
     def forward(self, *args):
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
+    def summary(self, *inputs) -> None:
+        """Print each layer's output shape and parameter count for one call on
+        ``inputs`` (the block must not be hybridized: its layers would not be called)."""
+        from mixrt.gluon.summary import print_summary  # noqa: PLC0415  (imports nn)
+        print_summary(self, inputs)
+
     def __repr__(self) -> str:
-        lines = [f"{type(self).__name__}("]
-        for key, child in self._children.items():
-            inner = repr(child).replace("\n", "\n  ")
-            lines.append(f"  ({key}): {inner}")
-        return "\n".join(lines) + "\n)" if len(lines) > 1 else f"{type(self).__name__}()"
+        children = [(key, value) for key, value in self.__dict__.items()
+                    if isinstance(value, Block)]
+        return _nested_repr(type(self).__name__, children)
 
 
-def _fitting(param: Parameter, value: np.ndarray, where: str, cast_dtype: bool) -> np.ndarray:
-    """``value`` when it can become ``param``'s value (a 0 in the parameter's shape is a
-    dimension not known yet); an InputError naming it otherwise."""
-    shape = param.shape
-    if shape is not None and (len(shape) != value.ndim or any(
-            known not in (0, None) and known != got for known, got in zip(shape, value.shape))):
-        raise InputError(f"{where} has shape {value.shape}; the parameter's is {shape}")
-    if value.dtype == param.dtype:
-        return value
-    if not cast_dtype or value.dtype.kind not in "biuf":
-        raise InputError(f"{where} is {value.dtype}; the parameter is {param.dtype} (pass "
-                         f"cast_dtype=True to convert numeric values)")
-    return value.astype(param.dtype)
+def _nested_repr(name: str, children: list) -> str:
+    lines = [f"  ({key}): {_indent(repr(child), 2)}" for key, child in children]
+    return f"{name}(\n" + "\n".join(lines) + "\n)"
 
 
-class _ScopeGuard:
-    def __init__(self, block: Block):
-        self._block, self._previous = block, None
+def _indent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    return "\n".join([lines[0]] + [" " * spaces + line for line in lines[1:]])
 
-    def __enter__(self):
-        self._previous, _scope.current = _scope.current, self._block
-        return self
 
-    def __exit__(self, *_exc) -> None:
-        _scope.current = self._previous
+def _holds_unregistered_block(value, children: set) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_unregistered_block(item, children) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_unregistered_block(item, children) for item in value.values())
+    return isinstance(value, Block) and id(value) not in children
 
 
 class ChildChain:
-    """What Sequential and HybridSequential share: ``add``, ``len`` and the chained call
-    (the extra arguments go to the first child only)."""
+    """What Sequential and HybridSequential share: ``add``, ``len``, indexing and slicing,
+    and the chained call (the extra arguments go to the first child only; a child's tuple
+    output feeds the next one's arguments)."""
 
     def add(self, *blocks):
         for block in blocks:
@@ -237,10 +328,24 @@ class ChildChain:
         for block in self._children.values():
             x = block(x, *args)
             args = ()
-        return x
+            if isinstance(x, (tuple, list)):
+                x, args = x[0], tuple(x[1:])
+        return (x, *args) if args else x
 
     def __len__(self) -> int:
         return len(self._children)
+
+    def __getitem__(self, index):
+        picked = list(self._children.values())[index]
+        if not isinstance(index, slice):
+            return picked
+        net = type(self)(prefix=self._prefix)
+        with net.name_scope():
+            net.add(*picked)
+        return net
+
+    def __repr__(self) -> str:
+        return _nested_repr(type(self).__name__, list(self._children.items()))
 
 
 class Sequential(ChildChain, Block):
@@ -249,10 +354,10 @@ class Sequential(ChildChain, Block):
     def forward(self, x, *args):
         return self._chain(x, args)
 
-    def __getitem__(self, index):
+    def hybridize(self, active: bool = True, **options) -> None:
+        from mixrt.gluon.hybrid import HybridBlock  # noqa: PLC0415  (hybrid imports block)
         children = list(self._children.values())
-        if isinstance(index, slice):
-            picked = type(self)(prefix=self._prefix)
-            picked.add(*children[index])
-            return picked
-        return children[index]
+        if children and all(isinstance(c, HybridBlock) for c in children):
+            warnings.warn(f"All children of the Sequential {self.prefix!r} are HybridBlocks; "
+                          f"HybridSequential would run them as one graph", stacklevel=2)
+        super().hybridize(active, **options)

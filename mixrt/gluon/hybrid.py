@@ -15,6 +15,7 @@ traced; it raises :class:`HybridizeError` naming the block, the line and the fix
 from __future__ import annotations
 
 import traceback
+import warnings
 
 import numpy as np
 
@@ -43,7 +44,12 @@ MAX_TRACED = 32
 
 
 class HybridBlock(Block):
-    """A block whose computation is ``hybrid_forward(F, x, *args, **params)``."""
+    """A block whose computation is ``hybrid_forward(F, x, *args, **params)``.
+
+    Inputs are NDArrays or Symbols (not both), ``None`` for an optional input, or (nested)
+    lists of them. Imperatively any other argument (a number) passes through to
+    ``hybrid_forward``; hybridized, the inputs' structure is fixed by the first call
+    (trailing ``None``s aside, which default arguments stand for)."""
 
     # the axes of every input that an exported graph leaves free (the batch); a block
     # whose graph holds for any size along more axes (a recurrent layer's time) says so
@@ -52,24 +58,45 @@ class HybridBlock(Block):
     def __init__(self, prefix: str | None = None, params=None):
         super().__init__(prefix, params)
         self._active = False
+        self._flags: dict = {}
+        self._clear_cached_graph()
+
+    def _clear_cached_graph(self) -> None:
         self._cached = LruCache(MAX_TRACED)  # input signature -> CachedGraph
         self._last_cached = None
-        self._reg_params: dict = {}
+        self._in_format = None
 
-    def __setattr__(self, name: str, value) -> None:
-        if isinstance(value, Parameter) and hasattr(self, "_reg_params"):
-            self._reg_params[name] = value
-        super().__setattr__(name, value)
+    def register_child(self, block, name: str | None = None):
+        if not isinstance(block, HybridBlock):
+            raise ValueError(f"Children of a HybridBlock must be HybridBlocks too, but "
+                             f"{name or block.name!r} is a {type(block).__name__}; for a "
+                             f"Sequential, use HybridSequential")
+        super().register_child(block, name)
+        self._clear_cached_graph()  # the traced graph no longer has this block's shape
+        return block
 
     def hybridize(self, active: bool = True, static_alloc: bool = False,
-                  static_shape: bool = False, **options) -> None:
+                  static_shape: bool = False, inline_limit: int = 2,
+                  forward_bulk_size: int | None = None,
+                  backward_bulk_size: int | None = None) -> None:
         """Trace on the next call and run the compiled graph from then on. The planned
-        executor always allocates its arena once per input-shape signature, which is what
-        ``static_alloc``/``static_shape`` ask for in MXNet; they are accepted for that."""
-        del static_alloc, static_shape
+        executor always allocates its arena once per input-shape signature (what
+        ``static_alloc``/``static_shape`` ask of MXNet) and compiles the whole graph as one
+        (``inline_limit``, the bulk sizes: MXNet's limits on that); they are kept as
+        given."""
         self._active = bool(active)
-        self._cached, self._last_cached = LruCache(MAX_TRACED), None
-        super().hybridize(active, **options)
+        self._flags = {"static_alloc": static_alloc, "static_shape": static_shape,
+                       "inline_limit": inline_limit, "forward_bulk_size": forward_bulk_size,
+                       "backward_bulk_size": backward_bulk_size}
+        self._clear_cached_graph()
+        if self._active and (self._forward_hooks or self._forward_pre_hooks):
+            warnings.warn(f"{self.name!r} is hybridized while it has forward hooks; as a "
+                          f"child of a hybridized block its hooks are not called",
+                          stacklevel=2)
+        for child in self._children.values():
+            child.hybridize(active, static_alloc=static_alloc, static_shape=static_shape,
+                            inline_limit=inline_limit, forward_bulk_size=forward_bulk_size,
+                            backward_bulk_size=backward_bulk_size)
 
     def infer_shape(self, *args) -> None:
         """Set the unknown dimensions of this block's parameters from its inputs' shapes
@@ -78,12 +105,23 @@ class HybridBlock(Block):
     # -- calling -----------------------------------------------------------------------------
 
     def forward(self, x, *args):
-        if isinstance(x, Symbol) or any(isinstance(a, Symbol) for a in args):
-            return self._traced_forward(x, *args)
+        inputs = (x, *args)
+        has_symbol, has_array, contexts = _input_kinds(inputs)
+        if has_symbol and has_array:
+            raise ValueError(f"{self.name}: the inputs mix NDArrays and Symbols; a "
+                             f"HybridBlock takes one kind")
+        if not has_symbol and not has_array:
+            raise ValueError(f"{self.name}: no NDArray or Symbol among the inputs {inputs!r}")
+        if has_symbol:
+            return self._traced_forward(*inputs)
         if self._active:
-            return self._cached_call(x, *args)
-        self._resolve_deferred(x, *args)
-        return self.hybrid_forward(nd, x, *args, **self._param_values())
+            if len(contexts) > 1:
+                raise ValueError(f"{self.name}: the inputs are on several devices "
+                                 f"{sorted(map(str, contexts))}; a hybridized block runs "
+                                 f"on one")
+            return self._cached_call(*inputs)
+        self._resolve_deferred(*inputs)
+        return self.hybrid_forward(nd, *inputs, **self._param_values())
 
     def hybrid_forward(self, F, x, *args, **params):
         raise NotImplementedError(f"{type(self).__name__} must define hybrid_forward()")
@@ -107,7 +145,8 @@ class HybridBlock(Block):
         params = {key: _parameter_symbol(p) for key, p in self._named_params().items()}
         _tracing.blocks.append(self)
         try:
-            return self.hybrid_forward(sym, *args, **params)
+            with self.name_scope():
+                return self.hybrid_forward(sym, *args, **params)
         finally:
             _tracing.blocks.pop()
 
@@ -121,28 +160,47 @@ class HybridBlock(Block):
                     HybridBlock.forward(self, *args)
                 finally:
                     self._active = was_active
-        names = ["data"] if len(args) == 1 else [f"data{i}" for i in range(len(args))]
-        inputs = [variable_named(n, dtype=a.dtype) for n, a in zip(names, args)]
+        flat, form = _flatten(args)
+        names = _input_names(flat)
+        variables = [None if a is None else variable_named(n, dtype=a.dtype)
+                     for n, a in zip(names, flat)]
         previous = (_tracing.variables, _tracing.shapes)
         _tracing.variables = {}
-        _tracing.shapes = {n: tuple(a.shape) for n, a in zip(names, args)}
+        _tracing.shapes = {n: tuple(a.shape) for n, a in zip(names, flat) if a is not None}
         try:
-            outputs = self._traced_forward(*inputs)
+            outputs = self._traced_forward(*_regroup(variables, form))
         finally:
             _tracing.variables, _tracing.shapes = previous
         single = isinstance(outputs, Symbol) and len(outputs) == 1
         group = outputs if isinstance(outputs, Symbol) else Group(list(outputs))
-        return CachedGraph(self, group, names, single)
+        return CachedGraph(self, group, [n for n, a in zip(names, flat) if a is not None],
+                           single)
 
     def _cached_call(self, *args):
         """Traced once per input signature: a block may unroll over a static dimension
         (see :func:`static_shape`)."""
-        key = tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", ""))) for a in args)
+        flat, form = _flatten(args)
+        self._check_format(form)
+        present = [a for a in flat if a is not None]
+        key = (form, tuple((tuple(a.shape), str(a.dtype)) for a in present))
         cached = self._cached.get(key)
         if cached is None:
             cached = self._cached.put(key, self.trace(*args))
         self._last_cached = cached
-        return cached(*args)
+        return cached(*present)
+
+    def _check_format(self, form: tuple) -> None:
+        """The first call fixes the inputs' structure, as in MXNet: an input that was None
+        stays None and an array stays an array. A call with fewer or more inputs (trailing
+        arguments with defaults) is traced on its own."""
+        if self._in_format is None:
+            self._in_format = form
+            return
+        common = min(len(form), len(self._in_format))
+        if form[:common] != self._in_format[:common]:
+            raise ValueError(f"{self.name}: the inputs' structure {form} differs from the "
+                             f"one it was hybridized with, {self._in_format} (0: an "
+                             f"array, -1: None, (n, ...): a list of n)")
 
     # -- export ------------------------------------------------------------------------------
 
@@ -168,9 +226,69 @@ class HybridSequential(ChildChain, HybridBlock):
         del F
         return self._chain(x, args)
 
-    def __getitem__(self, index):
-        children = list(self._children.values())
-        return children[index]
+
+# -- the inputs' structure -------------------------------------------------------------------
+
+_NONE, _ARRAY = -1, 0
+
+
+def _input_kinds(inputs) -> tuple:
+    """(any Symbol, any NDArray, the NDArrays' contexts) among nested inputs."""
+    has_symbol, has_array, contexts = False, False, set()
+    for value in inputs:
+        if isinstance(value, (list, tuple)):
+            symbol, array, inner = _input_kinds(value)
+            has_symbol, has_array = has_symbol or symbol, has_array or array
+            contexts |= inner
+        elif isinstance(value, Symbol):
+            has_symbol = True
+        elif isinstance(value, NDArray):
+            has_array = True
+            contexts.add(value.ctx)
+    return has_symbol, has_array, contexts
+
+
+def _flatten(inputs) -> tuple:
+    """(the arrays and Nones in order, the structure: one entry per input, ``0`` an array,
+    ``-1`` None, ``(n, ...)`` a list of n)."""
+    flat, form = [], []
+    for value in inputs:
+        if value is None:
+            flat.append(None)
+            form.append(_NONE)
+        elif isinstance(value, (NDArray, Symbol)):
+            flat.append(value)
+            form.append(_ARRAY)
+        elif isinstance(value, (list, tuple)):
+            inner, inner_form = _flatten(value)
+            flat.extend(inner)
+            form.append((len(value), *inner_form))
+        else:
+            raise ValueError(f"a hybridized block's inputs are NDArrays, None or (nested) "
+                             f"lists of them; got {value!r} of type {type(value).__name__}")
+    return flat, tuple(form)
+
+
+def _regroup(flat: list, form: tuple) -> list:
+    values, position = [], 0
+    for entry in form:
+        if isinstance(entry, tuple):
+            size = _flat_size(entry[1:])
+            values.append(_regroup(flat[position:position + size], entry[1:]))
+            position += size
+        else:
+            values.append(flat[position])
+            position += 1
+    return values
+
+
+def _flat_size(form: tuple) -> int:
+    return sum(_flat_size(e[1:]) if isinstance(e, tuple) else 1 for e in form)
+
+
+def _input_names(flat: list) -> list:
+    """MXNet's names for a traced block's inputs: ``data``, or ``data0``, ``data1``, ..."""
+    return ["data"] if len(flat) == 1 else [f"data{i}" for i in range(len(flat))]
 
 
 def _parameter_symbol(param) -> Symbol:
