@@ -32,7 +32,10 @@ from mixrt import nd
 from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.basic_layers import dropout
-from mixrt.gluon.rnn.rnn_cell import check_mode_options, split, MODES
+from mixrt.gluon.rnn.cell_wrappers import (BidirectionalCell, DropoutCell,
+                                           HybridSequentialRNNCell)
+from mixrt.gluon.rnn.rnn_cell import (check_mode_options, GRUCell, LSTMCell, MODES, RNNCell,
+                                      split)
 
 _INT32 = 6  # TensorProto.INT32: ONNX's sequence_lens type
 
@@ -67,19 +70,22 @@ class _RNNLayer(HybridBlock):
         self._layout, self._dropout = layout, float(dropout)
         self._use_sequence_length = bool(use_sequence_length)
         self._directions = ["l", "r"] if bidirectional else ["l"]
+        self._input_size = int(input_size)
+        self._initializers = {"i2h_weight_initializer": i2h_weight_initializer,
+                              "h2h_weight_initializer": h2h_weight_initializer,
+                              "i2h_bias_initializer": i2h_bias_initializer,
+                              "h2h_bias_initializer": h2h_bias_initializer}
         rows = MODES[mode][0] * hidden_size
         for layer in range(num_layers):
             in_size = input_size if layer == 0 else hidden_size * len(self._directions)
+            shapes = {"i2h_weight": (rows, in_size), "h2h_weight": (rows, hidden_size),
+                      "i2h_bias": (rows,), "h2h_bias": (rows,)}
             for direction in self._directions:
-                name = f"{direction}{layer}_"
-                self.params.get(name + "i2h_weight", shape=(rows, in_size), dtype=dtype,
-                                init=i2h_weight_initializer)
-                self.params.get(name + "h2h_weight", shape=(rows, hidden_size), dtype=dtype,
-                                init=h2h_weight_initializer)
-                self.params.get(name + "i2h_bias", shape=(rows,), dtype=dtype,
-                                init=i2h_bias_initializer)
-                self.params.get(name + "h2h_bias", shape=(rows,), dtype=dtype,
-                                init=h2h_bias_initializer)
+                for role, shape in shapes.items():
+                    name = f"{direction}{layer}_{role}"  # MXNet's: l0_i2h_weight, also
+                    setattr(self, name, self.params.get(  # an attribute of the layer
+                        name, shape=shape, dtype=dtype,
+                        init=self._initializers[role + "_initializer"]))
 
     # -- states ------------------------------------------------------------------------------
 
@@ -179,6 +185,26 @@ class _RNNLayer(HybridBlock):
             return y.squeeze(1), outputs[1:]
         y = F.Transpose(y, perm=[0, 2, 1, 3])
         return F.Reshape(y, np.array([0, 0, -1], dtype=np.int64)), outputs[1:]
+
+    def _unfuse(self):
+        """The layer as cells sharing its parameters: a HybridSequentialRNNCell of one
+        cell (a BidirectionalCell of two) per layer, DropoutCells between them."""
+        cell_class, options = {"rnn_tanh": (RNNCell, {"activation": "tanh"}),
+                               "rnn_relu": (RNNCell, {"activation": "relu"}),
+                               "lstm": (LSTMCell, {}), "gru": (GRUCell, {})}[self._mode]
+        stack = HybridSequentialRNNCell(prefix=self.prefix, params=self.params)
+        with stack.name_scope():
+            in_size = self._input_size
+            for layer in range(self._num_layers):
+                # made in the stack's scope, the cells find the layer's parameters
+                cells = [cell_class(self._hidden_size, prefix=f"{direction}{layer}_",
+                                    input_size=in_size, **options, **self._initializers)
+                         for direction in self._directions]
+                stack.add(cells[0] if len(cells) == 1 else BidirectionalCell(*cells))
+                if self._dropout > 0 and layer + 1 < self._num_layers:
+                    stack.add(DropoutCell(self._dropout))
+                in_size = self._hidden_size * len(self._directions)
+        return stack
 
     def _onnx_gates(self, F, x, order: tuple):
         """``x``'s gate blocks of rows (MXNet's order) in ONNX's order."""
