@@ -4,6 +4,7 @@ Trainer, and the layers (``nn``, ``rnn``), losses (``loss``) and data pipeline (
 from mixrt.gluon.block import Block, Sequential
 from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
 from mixrt.gluon.parameter import Parameter, ParameterDict
+from mixrt.gluon.symbol_block import SymbolBlock
 from mixrt.gluon.trainer import Trainer
 
 _SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils"})
@@ -17,4 +18,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Parameter",
-           "ParameterDict", "Trainer", "static_shape"]
+           "ParameterDict", "SymbolBlock", "Trainer", "static_shape"]
