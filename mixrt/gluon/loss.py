@@ -40,7 +40,6 @@ class Loss(HybridBlock):
                              f"{weight!r} (per-sample weights go in sample_weight)")
         super().__init__(**kwargs)
         self._weight, self._batch_axis = weight, int(batch_axis)
-        self._gapped_calls: dict = {}  # which optional inputs were given -> _GappedCall
 
     def forward(self, pred, label, sample_weight=None):
         return self._call_given(pred, label, sample_weight)
@@ -54,15 +53,12 @@ class Loss(HybridBlock):
         count = max(i + 1 for i, present in enumerate(given) if present)
         if all(given[:count]):
             return HybridBlock.forward(self, *args[:count])
-        call = self._gapped_calls.get(given)
+        # a child per pattern, so hybridize() and friends reach it: "given_0101"
+        name = "given_" + "".join(str(int(present)) for present in given)
+        call = self._children.get(name)
         if call is None:
-            call = self._gapped_calls[given] = _GappedCall(self, given)
+            call = self.register_child(_GappedCall(self, given), name)
         return call(*[arg for arg in args if arg is not None])
-
-    def hybridize(self, active: bool = True, **options) -> None:
-        super().hybridize(active, **options)
-        for call in self._gapped_calls.values():
-            call.hybridize(active, **options)
 
     def _weighted(self, F, loss, sample_weight=None, weight=None):
         """``loss * sample_weight * weight`` (``weight``: this loss's unless given)."""

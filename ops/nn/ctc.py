@@ -41,10 +41,11 @@ def ctc_loss_grad(xp, data, label, data_lengths=None, label_lengths=None, dY=Non
     log_p = problem.log_likelihood(alpha)
     # log of the probability mass of the paths through (t, s), divided by the whole
     through = alpha + beta - problem.emitted - log_p[None, :, None]
-    occupancy = xp.zeros(problem.log_probs.shape, dtype=np.float64)
-    where = (xp.arange(problem.steps)[:, None, None], xp.arange(problem.batch)[None, :, None],
-             problem.extended[None, :, :])
-    xp.add.at(occupancy, where, xp.exp(through))  # a class may sit at several positions
+    # summed over the positions s of each class (a class may sit at several): one-hot
+    # positions by class, so NumPy and CuPy run the same contraction
+    classes = problem.log_probs.shape[2]
+    one_hot = (problem.extended[:, :, None] == xp.arange(classes)[None, None, :])
+    occupancy = xp.einsum("tns,nsc->tnc", xp.exp(through), one_hot.astype(np.float64))
     grad = xp.exp(problem.log_probs) - occupancy
     grad *= problem.active_steps()[:, :, None]
     grad *= xp.asarray(dY, dtype=np.float64)[None, :, None]
