@@ -100,7 +100,7 @@ class TestStore(KVStoreBase):
 
     def broadcast(self, key, value, out, priority=0):
         for target in out if isinstance(out, list) else [out]:
-            target[:] = value
+            target[:] = value.as_in_context(target.context)
 
     def pushpull(self, key, value, out=None, priority=0):
         values = value if isinstance(value, list) else [value]

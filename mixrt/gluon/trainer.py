@@ -161,6 +161,10 @@ class Trainer:
 
     @property
     def learning_rate(self) -> float:
+        """The current rate; with the store updating, after the updates queued so far (a
+        schedule reads the update count they advance)."""
+        if self.update_on_kvstore and isinstance(self.kvstore, KVStore):
+            self.kvstore.wait_queued()
         return self.optimizer.learning_rate
 
     def set_learning_rate(self, learning_rate: float) -> None:
