@@ -79,3 +79,10 @@ def test_refusals():
     block = gluon.SymbolBlock(out, data)
     with pytest.raises(InputError, match="takes 1 inputs"):
         block(nd.ones((1, 3)), nd.ones((1, 3)))
+
+
+def test_sparse_parameters_are_refused():
+    weight = sym.var("weight", attr={"__storage_type__": "1"})  # row_sparse
+    out = sym.FullyConnected(sym.var("data"), weight, num_hidden=2, no_bias=True)
+    with pytest.raises(InputError, match="storage type"):
+        gluon.SymbolBlock(out, sym.var("data"))

@@ -34,8 +34,10 @@ class SymbolBlock(HybridBlock):
             raise InputError(f"SymbolBlock: inputs {missing} are not variables of the "
                              f"outputs, whose variables are {self._symbol.list_inputs()}")
         auxiliary = set(self._symbol.list_auxiliary_states())
+        attributes = self._symbol.attr_dict()
         for name in self._symbol.list_inputs():
             if name not in self._input_names:
+                _refuse_sparse(name, attributes.get(name, {}))
                 self.params.get(name, allow_deferred_init=True,
                                 grad_req="null" if name in auxiliary else "write")
         self._active = True  # arrays always go through the compiled graph
@@ -88,6 +90,17 @@ class SymbolBlock(HybridBlock):
     def __repr__(self) -> str:
         outputs = ", ".join(self._symbol.list_outputs())
         return f"SymbolBlock(\n  {self._input_names} -> [{outputs}]\n)"
+
+
+class SparseParameterError(InputError, AssertionError):
+    """A SymbolBlock parameter that is not dense (MXNet asserts the same)."""
+
+
+def _refuse_sparse(name: str, attributes: dict) -> None:
+    storage = attributes.get("__storage_type__", "0")
+    if str(storage) not in ("0", "-1"):  # 0: default (dense); -1: undefined
+        raise SparseParameterError(f"SymbolBlock does not support parameter {name!r}: its "
+                                   f"storage type is {storage} (sparse), only dense ones")
 
 
 def _as_list(values) -> list:
