@@ -1,5 +1,5 @@
 """mixrt.gluon: models as Python classes (Block, HybridBlock), their Parameters, the
-Trainer, and the layers (``nn``, ``rnn``), losses (``loss``) and data pipeline (``data``)."""
+Trainer, and the layers (``nn``, ``rnn``, ``contrib.nn``), losses (``loss``) and data pipeline (``data``)."""
 
 from mixrt.gluon.block import Block, Sequential
 from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
@@ -7,7 +7,7 @@ from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon.symbol_block import SymbolBlock
 from mixrt.gluon.trainer import Trainer
 
-_SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils"})
+_SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils", "contrib"})
 
 
 def __getattr__(name: str):

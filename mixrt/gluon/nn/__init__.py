@@ -19,7 +19,10 @@ from mixrt.gluon.nn.conv_layers import (AvgPool1D, AvgPool2D, AvgPool3D, Conv1D,
                                         Conv1DTranspose, Conv2D, Conv2DTranspose, Conv3D,
                                         Conv3DTranspose, GlobalAvgPool1D, GlobalAvgPool2D,
                                         GlobalAvgPool3D, GlobalMaxPool1D, GlobalMaxPool2D,
-                                        GlobalMaxPool3D, MaxPool1D, MaxPool2D, MaxPool3D)
+                                        GlobalMaxPool3D, MaxPool1D, MaxPool2D, MaxPool3D,
+                                        ReflectionPad2D)
+from mixrt.gluon.nn.norm_layers import GroupNorm, InstanceNorm
+from mixrt.gluon.symbol_block import SymbolBlock  # MXNet names it here too
 
 __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Dense", "Dropout",
            "BatchNorm", "LayerNorm", "Embedding", "Flatten", "Lambda", "HybridLambda",
@@ -27,4 +30,5 @@ __all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Dense", "D
            "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose",
            "MaxPool1D", "MaxPool2D", "MaxPool3D", "AvgPool1D", "AvgPool2D", "AvgPool3D",
            "GlobalAvgPool1D", "GlobalAvgPool2D", "GlobalAvgPool3D", "GlobalMaxPool1D",
-           "GlobalMaxPool2D", "GlobalMaxPool3D"]
+           "GlobalMaxPool2D", "GlobalMaxPool3D", "ReflectionPad2D", "InstanceNorm",
+           "GroupNorm", "SymbolBlock"]

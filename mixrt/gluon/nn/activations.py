@@ -20,9 +20,18 @@ def check_activation(name: str, where: str = "Activation") -> str:
     return name
 
 
-def apply_activation(F, x, name: str | None):
+def apply_activation(F, x, name: str | None, node_name: str | None = None):
     """``x`` through the named activation (``None``: unchanged)."""
-    return x if name is None else getattr(F, ACTIVATIONS[name])(x)
+    return x if name is None else getattr(F, ACTIVATIONS[name])(x, name=node_name)
+
+
+def activation_child(block, name: str | None):
+    """MXNet's layers with ``activation=`` hold it as a child ``Activation`` block named
+    after it (``dense0_relu_``), made in the layer's name scope; None without one."""
+    if name is None:
+        return None
+    with block.name_scope():
+        return Activation(check_activation(name, type(block).__name__), prefix=name + "_")
 
 
 class Activation(HybridBlock):
@@ -30,11 +39,14 @@ class Activation(HybridBlock):
     or "softsign" (x / (1 + |x|))."""
 
     def __init__(self, activation: str, **kwargs):
+        self._act_type = check_activation(activation)  # first: it names the block
         super().__init__(**kwargs)
-        self._act_type = check_activation(activation)
+
+    def _alias(self) -> str:
+        return self._act_type  # MXNet names an Activation after it: relu0_
 
     def hybrid_forward(self, F, x):
-        return apply_activation(F, x, self._act_type)
+        return apply_activation(F, x, self._act_type, "fwd")
 
     def __repr__(self) -> str:
         return f"Activation({self._act_type})"
@@ -50,7 +62,7 @@ class LeakyReLU(HybridBlock):
         self._alpha = float(alpha)
 
     def hybrid_forward(self, F, x):
-        return F.LeakyRelu(x, alpha=self._alpha)
+        return F.LeakyRelu(x, alpha=self._alpha, name="fwd")
 
     def __repr__(self) -> str:
         return f"LeakyReLU({self._alpha})"
@@ -70,7 +82,7 @@ class PReLU(HybridBlock):
         if channels > 1:  # ONNX broadcasts from the last axis; the channels are axis 1
             rank = len(static_shape(x))
             alpha = alpha.reshape((channels,) + (1,) * (rank - 2))
-        return F.PRelu(x, alpha)
+        return F.PRelu(x, alpha, name="fwd")
 
 
 class ELU(HybridBlock):
@@ -81,14 +93,14 @@ class ELU(HybridBlock):
         self._alpha = float(alpha)
 
     def hybrid_forward(self, F, x):
-        return F.Elu(x, alpha=self._alpha)
+        return F.Elu(x, alpha=self._alpha, name="fwd")
 
 
 class SELU(HybridBlock):
     """Klambauer et al.'s self-normalizing ELU (the ONNX constants)."""
 
     def hybrid_forward(self, F, x):
-        return F.Selu(x)
+        return F.Selu(x, name="fwd")
 
 
 class GELU(HybridBlock):
@@ -102,7 +114,7 @@ class GELU(HybridBlock):
         self._approximation = "none" if approximation == "erf" else approximation
 
     def hybrid_forward(self, F, x):
-        return F.Gelu(x, approximate=self._approximation)
+        return F.Gelu(x, approximate=self._approximation, name="fwd")
 
 
 class Swish(HybridBlock):

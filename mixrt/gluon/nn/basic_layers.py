@@ -20,7 +20,7 @@ from mixrt import autograd, nd, sym
 from mixrt.base.errors import InputError
 from mixrt.gluon.block import Block
 from mixrt.gluon.hybrid import static_shape, HybridBlock
-from mixrt.gluon.nn.activations import apply_activation, check_activation
+from mixrt.gluon.nn.activations import activation_child
 
 
 def is_symbolic(F) -> bool:
@@ -38,8 +38,8 @@ class Dense(HybridBlock):
                  bias_initializer="zeros", in_units: int = 0, **kwargs):
         super().__init__(**kwargs)
         self._units, self._flatten = int(units), bool(flatten)
-        self._activation = None if activation is None else check_activation(activation,
-                                                                             "Dense")
+        self._activation = activation
+        self.act = activation_child(self, activation)
         self.weight = self.params.get("weight", shape=(units, in_units), dtype=dtype,
                                       init=weight_initializer)
         self.bias = self.params.get("bias", shape=(units,), dtype=dtype,
@@ -52,8 +52,8 @@ class Dense(HybridBlock):
 
     def hybrid_forward(self, F, x, weight, bias=None):
         y = F.FullyConnected(x, weight, bias, num_hidden=self._units, no_bias=bias is None,
-                             flatten=self._flatten)
-        return apply_activation(F, y, self._activation)
+                             flatten=self._flatten, name="fwd")
+        return y if self.act is None else self.act(y)
 
     def __repr__(self) -> str:
         shape = self.weight.shape
@@ -63,22 +63,32 @@ class Dense(HybridBlock):
 
 class Dropout(HybridBlock):
     """In training, zero each element with probability ``rate`` and scale the survivors by
-    ``1 / (1 - rate)``; outside training, the identity."""
+    ``1 / (1 - rate)``; outside training, the identity. ``axes``: one draw is shared along
+    these axes (variational dropout: whole channels or time steps dropped together)."""
 
     def __init__(self, rate: float, axes=(), **kwargs):
         if not 0.0 <= rate < 1.0:
             raise InputError(f"Dropout: rate must be in [0, 1), got {rate}")
-        if axes:
-            raise InputError(f"Dropout: axes={axes!r} (one mask shared along axes) is not "
-                             f"supported; use axes=()")
+        axes = (axes,) if isinstance(axes, int) else tuple(axes)
+        if not all(isinstance(a, (int, np.integer)) for a in axes):
+            raise InputError(f"Dropout: axes must be ints, got {axes!r}")
         super().__init__(**kwargs)
-        self._rate = float(rate)
+        self._rate, self._axes = float(rate), tuple(int(a) for a in axes)
 
     def hybrid_forward(self, F, x):
-        return dropout(F, x, self._rate)
+        if not self._axes or self._rate == 0.0:
+            return dropout(F, x, self._rate)
+        # the mask is drawn on x's shape with the shared axes cut to 1, then broadcast;
+        # ONNX Dropout of ones gives 0 or 1 / (1 - rate) there, so training switches alike
+        compact = x
+        for axis in self._axes:
+            compact = F.slice_axis(compact, axis=axis, begin=0, end=1)
+        mask = dropout(F, F.ones_like(compact), self._rate)
+        return F.broadcast_mul(x, mask)
 
     def __repr__(self) -> str:
-        return f"Dropout(p = {self._rate})"
+        axes = f", axes={self._axes}" if self._axes else ""
+        return f"Dropout(p = {self._rate}{axes})"
 
 
 def dropout(F, x, rate: float):
