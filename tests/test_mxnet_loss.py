@@ -188,3 +188,8 @@ def test_losses_of_unshaped_symbols_bind_and_match_imperative(loss_fn, label_sha
     pred = nd.FullyConnected(data, weight, bias, num_hidden=5)
     want = loss_fn(pred, label, *([feeds["sign"]] if extra else []))
     close(got, want.asnumpy())
+    # a Module binds from the data's and labels' shapes alone: they must settle the rest
+    given = {name: feeds[name].shape for name in ("data", "label", "sign") if name in feeds}
+    arg_shapes, out_shapes, _ = symbol.infer_shape(**given)
+    assert dict(zip(symbol.list_arguments(), arg_shapes))["fc_weight"] == (5, 3)
+    assert out_shapes == [want.shape]

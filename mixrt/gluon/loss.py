@@ -25,7 +25,6 @@ from mixrt.sym import Symbol
 from mixrt.sym.ops import call_op
 
 _INT64, _FLOAT = 7, 1  # ONNX TensorProto data types, for Cast
-_AFTER_ALL = np.array([2 ** 62], dtype=np.int64)  # a Slice end past any dimension
 
 
 class Loss(HybridBlock):
@@ -110,12 +109,11 @@ def _reshape_like(F, x, like):
 def _pick(F, values, index, axis: int):
     """MXNet's ``pick(values, index, axis, keepdims=True)``: ``index`` holds one position
     along ``axis`` per row, in any shape of as many elements."""
-    shape = F.Shape(values)
-    pieces = [F.Slice(shape, np.array([0], dtype=np.int64), np.array([axis], dtype=np.int64)),
-              np.ones(1, dtype=np.int64)]
-    if axis != -1:
-        pieces.append(F.Slice(shape, np.array([axis + 1], dtype=np.int64), _AFTER_ALL))
-    index = F.Reshape(F.Cast(index, to=_INT64), F.Concat(*pieces, axis=0))
+    # the shape of values with 1 along axis, read off one slice of it: symbolic shape
+    # inference knows a Slice's shape where it cannot follow arithmetic on shape values
+    first = F.Slice(values, np.array([0], dtype=np.int64), np.array([1], dtype=np.int64),
+                    np.array([axis], dtype=np.int64))
+    index = F.Reshape(F.Cast(index, to=_INT64), F.Shape(first))
     return F.GatherElements(values, index, axis=axis)
 
 
