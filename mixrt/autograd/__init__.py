@@ -131,8 +131,35 @@ def grad(heads, variables, head_grads=None, retain_graph: bool | None = None,
                 f"grad: variable {index} (shape {variable.shape}) does not influence the "
                 f"heads: it was not used under autograd.record(), or it was not marked with "
                 f"attach_grad() before use, or the path to it went through .detach()")
-        results.append(found[1] if create_graph else new_array(found[1], variable.ctx))
+        if not create_graph:
+            results.append(new_array(found[1], variable.ctx))
+        elif found[1]._entry is None:
+            results.append(_constant_of(variable, found[1]))
+        else:
+            results.append(found[1])
     return results
+
+
+class _ConstantGradient:
+    """The tape's node for a gradient that does not depend on its variable (that of a
+    function linear in it): differentiating it again gives zeros, as in MXNet, where the
+    gradient stays in the recorded graph, instead of a head that is in no graph."""
+
+    def __init__(self, variable):
+        self.shape, self.dtype, self.ctx = variable.shape, variable.dtype, variable.ctx
+
+    def backward(self, _dy):
+        with self.ctx.device.active():
+            return new_array(self.ctx.xp.zeros(self.shape, dtype=self.dtype), self.ctx)
+
+
+def _constant_of(variable, gradient):
+    """``gradient`` recorded as a constant function of ``variable``."""
+    node = tape.FunctionNode(_ConstantGradient(variable), [variable], gradient.ctx,
+                             [(gradient.shape, gradient.dtype)])
+    node.name = "constant gradient"
+    gradient._entry = (node, 0)
+    return gradient
 
 
 def _seeds(heads, head_grads) -> list:

@@ -46,13 +46,19 @@ class Node:
                     op_type=self.name)
 
     def release(self) -> None:
-        self.parents = [None] * len(self.parents)
+        """Drop the values saved for backward. The links to the parents stay: a later
+        backward may still pass through a node whose gradient reads nothing saved (a
+        Transpose that two gradients of one forward share, as MXNet's graph lets them)."""
         self.versions = []
         self.freed = True
         self._release_saved()
 
     def _release_saved(self) -> None:
         pass
+
+    def reads_saved(self, dys: list) -> bool:
+        """Whether the backward for ``dys`` reads values a release dropped."""
+        return True
 
     def input_grads(self, dys: list) -> list:
         raise NotImplementedError
@@ -84,6 +90,10 @@ class OpNode(Node):
     def _release_saved(self) -> None:
         self.xs = self.ys = None
 
+    def reads_saved(self, dys: list) -> bool:
+        plan = opgrad.backward_plan(self.sig, self.attributes, self._seeded(dys))
+        return any(kind in ("x", "y") for _, kind, _ in plan.feeds)
+
     def input_grads(self, dys: list) -> list:
         plan = opgrad.backward_plan(self.sig, self.attributes, self._seeded(dys))
         self._check_outputs_unchanged(plan.feeds)
@@ -98,8 +108,9 @@ class OpNode(Node):
         reaches them (tanh's backward reads its output)."""
         plan = opgrad.recorded_backward(self.sig, self.attributes, self._seeded(dys))
         self._check_outputs_unchanged(plan.feeds)
-        values = {"x": self._taped(self.xs, self.parents),
-                  "y": self._taped(self.ys, [(self, j) for j in range(len(self.ys))]),
+        xs, ys = self.xs or [], self.ys or []  # none once released (reads_saved said so)
+        values = {"x": self._taped(xs, self.parents),
+                  "y": self._taped(ys, [(self, j) for j in range(len(ys))]),
                   "dy": dys}
         feeds = {name: values[kind][index] for name, kind, index in plan.feeds}
         return self._by_input(plan.grads, replay(plan.session, feeds, self.ctx))
@@ -225,7 +236,7 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None,
                for j, meta in enumerate(node.out_meta)]
         if all(dy is None for dy in dys):
             continue
-        if node.freed:
+        if node.freed and node.reads_saved(dys):
             raise GradientError(f"backward reached {node.name}, whose graph an earlier "
                                 f"backward() freed; pass retain_graph=True to the first "
                                 f"backward to run another", op_type=node.name)
