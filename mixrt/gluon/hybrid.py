@@ -78,16 +78,17 @@ class HybridBlock(Block):
     def hybridize(self, active: bool = True, static_alloc: bool = False,
                   static_shape: bool = False, inline_limit: int = 2,
                   forward_bulk_size: int | None = None,
-                  backward_bulk_size: int | None = None) -> None:
+                  backward_bulk_size: int | None = None, **cached_op_flags) -> None:
         """Trace on the next call and run the compiled graph from then on. The planned
         executor always allocates its arena once per input-shape signature (what
         ``static_alloc``/``static_shape`` ask of MXNet) and compiles the whole graph as one
         (``inline_limit``, the bulk sizes: MXNet's limits on that); they are kept as
-        given."""
+        given, as are MXNet's other CachedOp flags (``data_indices``, ``param_indices``:
+        which inputs are data and which parameters, which the traced graph knows)."""
         self._active = bool(active)
         self._flags = {"static_alloc": static_alloc, "static_shape": static_shape,
                        "inline_limit": inline_limit, "forward_bulk_size": forward_bulk_size,
-                       "backward_bulk_size": backward_bulk_size}
+                       "backward_bulk_size": backward_bulk_size, **cached_op_flags}
         self._clear_cached_graph()
         if self._active and (self._forward_hooks or self._forward_pre_hooks):
             warnings.warn(f"{self.name!r} is hybridized while it has forward hooks; as a "
@@ -96,7 +97,7 @@ class HybridBlock(Block):
         for child in self._children.values():
             child.hybridize(active, static_alloc=static_alloc, static_shape=static_shape,
                             inline_limit=inline_limit, forward_bulk_size=forward_bulk_size,
-                            backward_bulk_size=backward_bulk_size)
+                            backward_bulk_size=backward_bulk_size, **cached_op_flags)
 
     def infer_shape(self, *args) -> None:
         """Set the unknown dimensions of this block's parameters from its inputs' shapes
