@@ -58,12 +58,13 @@ _LAZY_SUBMODULES = frozenset({"sym", "random", "initializer", "init", "optimizer
                               "lr_scheduler", "gluon", "io", "metric", "module", "models",
                               "model", "callback", "kv", "nd", "autograd", "context",
                               "profiler", "viz", "test_utils", "util", "numpy",
-                              "name", "attribute", "operator", "engine", "image"})
+                              "name", "attribute", "operator", "engine", "image",
+                              "rnn", "monitor", "contrib"})
 
 # MXNet's other names for the same modules (``mx.ndarray`` is ``mx.nd``, ``mx.mod`` is
 # ``mx.module``): code written against MXNet finds them under its own dotted paths
 _MXNET_SYNONYMS = {"ndarray": "nd", "symbol": "sym", "mod": "module", "rnd": "random",
-                   "visualization": "viz", "np": "numpy"}
+                   "visualization": "viz", "np": "numpy", "mon": "monitor"}
 
 
 # MXNet's top-level switches of NumPy semantics, which live in mixrt.util

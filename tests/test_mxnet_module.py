@@ -171,3 +171,55 @@ def test_callbacks_and_errors():
     fresh.init_params()
     with pytest.raises(GradientError, match="forward first"):
         fresh.backward(out_grads=[nd.ones((4, 3))])
+
+
+def _regression_module(contexts=None, batch=1):
+    net = sym.FullyConnected(sym.Variable("data"), num_hidden=2, name="fc_0")
+    net = sym.LinearRegressionOutput(net, name="softmax")
+    mod = Module(net, context=contexts or [mixrt.cpu()])
+    mod.bind([("data", (batch, 2))], label_shapes=[("softmax_label", (batch, 2))])
+    mod.init_params(arg_params={"fc_0_weight": nd.array([[.15, .20], [.25, .30]]),
+                                "fc_0_bias": nd.array([.35, .35])})
+    return mod
+
+
+def _batch():
+    return io.DataBatch(data=[nd.array([[0.05, .10]])], label=[nd.array([[.01, 0.99]])])
+
+
+def test_monitor_reports_matching_arrays_on_every_interval_th_batch():
+    mod = _regression_module()
+    mon = mixrt.mon.Monitor(2, stat_func=lambda x: nd.sum(nd.abs(x)) / x.size,
+                            pattern="fc_0.*|data", sort=True)
+    mod.install_monitor(mon)
+    mon.tic()
+    mod.forward_backward(_batch())
+    res = mon.toc()
+    names = [name for _, name, _ in res]
+    assert names == sorted(names) and {"data", "fc_0_bias", "fc_0_weight"} <= set(names)
+    assert "softmax_label" not in names
+    # MXNet's text: a one-element statistic as its scalar (float32 digits), then a tab
+    assert dict((name, text) for _, name, text in res)["fc_0_weight"] == "0.22500001\t"
+    assert {step for step, _, _ in res} == {1}
+    mon.tic()  # batch 2 of interval 2: not collected
+    mod.forward(_batch())
+    assert mon.toc() == []
+
+
+def test_monitor_rejects_an_interval_below_one():
+    with pytest.raises(InputError, match="interval"):
+        mixrt.mon.Monitor(0)
+
+
+def test_multi_context_module_updates_inside_the_store(tmp_path):
+    mod = _regression_module([mixrt.cpu(0), mixrt.cpu(1)], batch=2)
+    mod.init_optimizer(optimizer_params={"learning_rate": 0.1, "momentum": 0.9})
+    assert mod._update_on_kvstore and mod._updater is None
+    before = mod.get_params()[0]["fc_0_bias"].asnumpy()
+    mod.forward_backward(io.DataBatch(data=[nd.ones((2, 2))], label=[nd.zeros((2, 2))]))
+    mod.update()
+    after = mod.get_params()[0]["fc_0_bias"].asnumpy()
+    assert not np.allclose(before, after)
+    path = str(tmp_path / "states")
+    mod.save_optimizer_states(path)
+    mod.load_optimizer_states(path)

@@ -148,12 +148,21 @@ class DataParallelExecutorGroup:
             shapes[desc.name] = tuple(shape)
         return shapes
 
+    def _inferred_shapes(self, shapes: dict) -> tuple:
+        """(argument shapes, auxiliary shapes) from the input ``shapes``. Output layers
+        read labels for their size only, so their given shapes stand ((batch,) for a
+        (batch, 1) regression output, as in MXNet) and inference first goes without them;
+        a label that is reshaped before the output layer (a sequence's (batch, T) labels
+        flattened) is all that determines that layer's shapes, so then it goes with them."""
+        without_labels = {n: s for n, s in shapes.items() if n not in self.label_names}
+        arg_shapes, _, aux_shapes = self.symbol.infer_shape(**without_labels)
+        if arg_shapes is None and len(without_labels) < len(shapes):
+            arg_shapes, _, aux_shapes = self.symbol.infer_shape(**shapes)
+        return arg_shapes, aux_shapes
+
     def _bind_ith_exec(self, index: int, shapes: dict, shared_group) -> Executor:
         ctx = self.contexts[index]
-        # labels are read by the output layers for their size only: their given shapes
-        # stand, as in MXNet ((batch,) for a (batch, 1) regression output)
-        arg_shapes, _, aux_shapes = self.symbol.infer_shape(
-            **{n: s for n, s in shapes.items() if n not in self.label_names})
+        arg_shapes, aux_shapes = self._inferred_shapes(shapes)
         if arg_shapes is not None:
             arg_shapes = [shapes.get(n, s) if n in self.label_names else s
                           for n, s in zip(self.arg_names, arg_shapes)]

@@ -22,6 +22,7 @@ never pickled.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import numpy as np
@@ -275,7 +276,14 @@ class Module(BaseModule):
             if not optimizer.idx2name:
                 optimizer.idx2name = dict(idx2name)
         self._optimizer, self._kvstore = optimizer, store
-        self._updater = optimizers.get_updater(optimizer)
+        self._update_on_kvstore = store is not None and _updates_on_store()
+        if self._update_on_kvstore:
+            # the store runs the optimizer on each push, as MXNet's does: its Updater holds
+            # the states and the module has none of its own
+            store.set_optimizer(optimizer)
+            self._updater = None
+        else:
+            self._updater = optimizers.get_updater(optimizer)
         if store is not None:
             names = list(idx2name.values())
             store.init(names, [self._arg_params[n] for n in names])
@@ -290,6 +298,7 @@ class Module(BaseModule):
             raise InputError("borrow_optimizer: the shared module has no optimizer yet")
         self._optimizer, self._updater = shared_module._optimizer, shared_module._updater
         self._kvstore = shared_module._kvstore
+        self._update_on_kvstore = shared_module._update_on_kvstore
         self.optimizer_initialized = True
 
     # -- a batch -------------------------------------------------------------------------------
@@ -321,7 +330,8 @@ class Module(BaseModule):
 
     def update(self):
         """One optimizer step on every parameter, with the gradients summed over the
-        contexts (through the store when there is one)."""
+        contexts (through the store when there is one; in it when it runs the optimizer,
+        every context then pulling the updated weight)."""
         self._require("update", binded=True, params=True, optimizer=True)
         self._params_dirty = True
         group = self._exec_group
@@ -329,6 +339,10 @@ class Module(BaseModule):
         for index, (name, weights, grads) in enumerate(zip(names, group.param_arrays,
                                                            group.grad_arrays or [])):
             if grads is None or group.grad_req.get(name, "null") == "null":
+                continue
+            if self._update_on_kvstore:
+                self._kvstore.push(name, list(grads))
+                self._kvstore.pull(name, out=list(weights))
                 continue
             total = _summed(grads)
             if self._kvstore is not None:
@@ -389,11 +403,17 @@ class Module(BaseModule):
 
     def save_optimizer_states(self, fname):
         self._require("save_optimizer_states", optimizer=True)
+        if self._update_on_kvstore:
+            self._kvstore.save_optimizer_states(fname)
+            return
         with open(fname, "wb") as out:
             out.write(self._updater.get_states())
 
     def load_optimizer_states(self, fname):
         self._require("load_optimizer_states", optimizer=True)
+        if self._update_on_kvstore:
+            self._kvstore.load_optimizer_states(fname)
+            return
         with open(fname, "rb") as source:
             self._updater.set_states(source.read())
 
@@ -462,6 +482,12 @@ def _batch_shapes(data_batch, names) -> list:
 def _attributes(symbol) -> dict:
     attr_dict = getattr(symbol, "attr_dict", None)
     return attr_dict() if callable(attr_dict) else {}
+
+
+def _updates_on_store() -> bool:
+    """MXNet's MXNET_UPDATE_ON_KVSTORE (default on): whether a store, where there is one,
+    runs the optimizer rather than the module."""
+    return os.environ.get("MXNET_UPDATE_ON_KVSTORE", "1").strip() not in ("0", "")
 
 
 def _store(kvstore, contexts: int):
