@@ -474,6 +474,53 @@ FUNCTIONS = ("sgd_update", "sgd_mom_update", "mp_sgd_update", "mp_sgd_mom_update
 
 
 
+# -- row_sparse gradients: MXNet's lazy updates ----------------------------------------------
+
+def _stored_rows(grad):
+    """The row indices a row_sparse gradient stores (a host int64 array), else None."""
+    if getattr(grad, "stype", "default") != "row_sparse":
+        return None
+    return np.asarray(grad._structure(), dtype=np.int64)
+
+
+def _lazy_for_row_sparse(function, states: int, flag: bool = True):
+    """``function`` as MXNet runs it on a row_sparse gradient: only the rows the gradient
+    stores are updated (weight decay, momentum and moments included), the others keep
+    their weight and states. ``flag``: the operator has ``lazy_update`` (when False, the
+    update is the dense one); the FTRL operator is always lazy."""
+    @functools.wraps(function)
+    def run(weight, grad, *args, **kwargs):
+        rows = _stored_rows(grad)
+        lazy = kwargs.get("lazy_update", True) if flag else True
+        if rows is None or not lazy:
+            return function(weight, grad, *args, **kwargs)
+        return _on_rows(function, rows, weight, grad, args[:states], args[states:], kwargs)
+    return run
+
+
+def _on_rows(function, rows, weight, grad, states, rest, kwargs):
+    """``function`` run on the ``rows`` of every array, the results written back there."""
+    op = function.__name__
+    out = kwargs.pop("out", None)
+    xp = array_module(_data(weight, "weight", op))
+    index = xp.asarray(rows)
+
+    def part(array, name):
+        return new_array(_data(array, name, op)[index], array.ctx)
+    weight_rows = part(weight, "weight")
+    state_rows = [part(state, f"state {i}") for i, state in enumerate(states)]
+    function(weight_rows, part(grad, "grad"), *state_rows, *rest, out=weight_rows, **kwargs)
+    for state, updated in zip(states, state_rows):
+        _state(state, "state", op, weight)[index] = updated._read()
+    target = weight if out is None else out
+    if out is None:
+        target = new_array(_data(weight, "weight", op).copy(), weight.ctx)
+    elif out is not weight:
+        _result(_data(weight, "weight", op), weight, out, op)
+    target._write()[index] = weight_rows._read()
+    return target
+
+
 def _on_the_arrays_device(function):
     """CuPy computes on the thread's current GPU and refuses arrays of another: each update
     runs with its first array's GPU current, whichever GPU the caller had current."""
@@ -486,6 +533,13 @@ def _on_the_arrays_device(function):
             return function(*args, **kwargs)
     return run
 
+
+# how many state arrays follow (weight, grad) in each operator MXNet updates lazily
+_LAZY = {"sgd_update": 0, "sgd_mom_update": 1, "mp_sgd_update": 1, "mp_sgd_mom_update": 2,
+         "adam_update": 2}
+for _name, _states in _LAZY.items():
+    globals()[_name] = _lazy_for_row_sparse(globals()[_name], _states)
+ftrl_update = _lazy_for_row_sparse(ftrl_update, 2, flag=False)  # noqa: F821
 
 for _name in FUNCTIONS:
     globals()[_name] = _on_the_arrays_device(globals()[_name])

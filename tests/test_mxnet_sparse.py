@@ -296,3 +296,38 @@ def test_parameter_dict_saves_and_loads_with_prefixes(tmp_path):
         other.load(path, ignore_extra=True)
     with pytest.raises(InputError, match="no parameter"):
         other.load(path, allow_missing=True)
+
+
+# -- optimizers: MXNet's lazy updates for row_sparse gradients -----------------------------
+
+def _row_sparse_grad():
+    return nd.sparse.row_sparse_array((np.ones((1, 2), np.float32), [1]), shape=(3, 2))
+
+
+def test_sgd_update_with_a_row_sparse_grad_touches_the_stored_rows_only():
+    weight = nd.ones((3, 2))
+    nd.sgd_update(weight, _row_sparse_grad(), lr=0.5, wd=0.1, out=weight)
+    # row 1: w - lr * (g + wd * w) = 1 - 0.5 * 1.1; rows 0 and 2 keep their weight (no decay)
+    np.testing.assert_allclose(weight.asnumpy(), [[1, 1], [0.45, 0.45], [1, 1]], rtol=1e-6)
+    dense = nd.ones((3, 2))
+    nd.sgd_update(dense, _row_sparse_grad(), lr=0.5, wd=0.1, lazy_update=False, out=dense)
+    np.testing.assert_allclose(dense.asnumpy()[0], [0.95, 0.95], rtol=1e-6)
+
+
+def test_adam_update_lazily_keeps_the_moments_of_absent_rows():
+    weight, mean, var = nd.ones((3, 2)), nd.ones((3, 2)), nd.ones((3, 2))
+    nd.adam_update(weight, _row_sparse_grad(), mean, var, lr=0.1, out=weight)
+    np.testing.assert_array_equal(mean.asnumpy()[[0, 2]], np.ones((2, 2)))
+    np.testing.assert_allclose(mean.asnumpy()[1], [1.0, 1.0])  # 0.9 * 1 + 0.1 * 1
+    np.testing.assert_allclose(var.asnumpy()[1], [0.999 + 0.001] * 2, rtol=1e-6)
+    assert (weight.asnumpy()[1] < 1).all() and (weight.asnumpy()[[0, 2]] == 1).all()
+
+
+def test_optimizer_classes_pass_lazy_update():
+    from mixrt import optimizer
+    for lazy, untouched in ((True, True), (False, False)):
+        opt = optimizer.Adam(learning_rate=0.1, wd=0.1, lazy_update=lazy)
+        weight = nd.ones((3, 2)).tostype("row_sparse")
+        state = opt.create_state(0, weight)
+        opt.update(0, weight, _row_sparse_grad(), state)
+        assert bool((weight.asnumpy()[0] == 1).all()) is untouched

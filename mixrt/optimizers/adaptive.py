@@ -47,7 +47,8 @@ class Adam(Optimizer):
         mean, var = state
         ops.adam_update(weight, grad, mean, var, out=weight, lr=lr, wd=wd, beta1=self.beta1,
                         beta2=self.beta2, epsilon=self.epsilon,
-                        rescale_grad=self.rescale_grad, clip_gradient=clipping(self))
+                        rescale_grad=self.rescale_grad, clip_gradient=clipping(self),
+                        lazy_update=self.lazy_update)
 
 
 @register

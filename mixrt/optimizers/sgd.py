@@ -88,7 +88,7 @@ class _MomentumSGD(Optimizer):
 class SGD(_MomentumSGD):
     """SGD with optional momentum (MXNet keeps ``-lr`` in the buffer:
     ``mom = momentum * mom - lr * (grad + wd * weight)``, ``weight += mom``).
-    ``lazy_update`` concerns row-sparse gradients, which mixrt does not have."""
+    ``lazy_update``: with a row_sparse gradient, only the rows it stores are updated."""
 
     _operators = (ops.sgd_update, ops.sgd_mom_update, ops.mp_sgd_update,
                   ops.mp_sgd_mom_update)
@@ -105,6 +105,9 @@ class SGD(_MomentumSGD):
         for weight, grad, state, lr, wd in zip(weights, grads, states,
                                                self._get_lrs(indices), self._get_wds(indices)):
             self._step(weight, grad, state, lr, wd, multi_precision, self._options())
+
+    def _options(self, momentum=None) -> dict:
+        return dict(super()._options(momentum), lazy_update=self.lazy_update)
 
     def spec(self) -> dict:
         return _engine_sgd_spec(self, nesterov=False)

@@ -292,10 +292,13 @@ def compare_optimizer(opt1, opt2, shape, dtype, w_stype="default", g_stype="defa
     if len(shapes) != ntensors:
         raise InputError(f"compare_optimizer: {len(shapes)} shapes for ntensors={ntensors}")
     ctx = default_context()
-    weights1 = [rand_ndarray(s, w_stype, density=1, dtype=dtype, ctx=ctx) for s in shapes]
-    grads1 = [rand_ndarray(s, g_stype, density=1, dtype=dtype, ctx=ctx) for s in shapes]
-    weights2 = [w.copyto(ctx) for w in weights1]
-    grads2 = [g.copyto(ctx) for g in grads1]
+    # as MXNet's: opt2 gets the arrays in their storage types (a sparse gradient of random
+    # density, so that lazy updates skip rows), the reference opt1 dense copies of them
+    weights2 = [rand_ndarray(s, w_stype, density=1, dtype=dtype, ctx=ctx) for s in shapes]
+    grads2 = [rand_ndarray(s, g_stype, density=None if g_stype != "default" else 1,
+                           dtype=dtype, ctx=ctx) for s in shapes]
+    weights1 = [w.copyto(ctx).tostype("default") for w in weights2]
+    grads1 = [g.copyto(ctx).tostype("default") for g in grads2]
     states1 = [opt1.create_state_multi_precision(i, w) for i, w in enumerate(weights1)]
     states2 = [opt2.create_state_multi_precision(i, w) for i, w in enumerate(weights2)]
     if compare_states:
