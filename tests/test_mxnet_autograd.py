@@ -63,3 +63,23 @@ def test_a_freed_node_whose_gradient_reads_saved_values_is_still_refused():
     y.backward()
     with pytest.raises(GradientError, match="freed"):
         y.backward()
+
+
+def test_get_symbol_gives_the_recorded_computation():
+    x, z = nd.ones((1,)), nd.ones((1,))
+    x.attach_grad()
+    z.attach_grad()
+    with autograd.record():
+        y = x * x + 2 * z - 1
+    symbol = autograd.get_symbol(y)
+    assert symbol.list_arguments() == ["var0", "var1"]
+    executor = symbol.bind("cpu", {"var0": nd.array([3.0]), "var1": nd.array([2.0])})
+    np.testing.assert_allclose(executor.forward()[0].asnumpy(), [12.0])
+    with autograd.record():
+        y = x * x + 2 * x - 1
+    assert autograd.get_symbol(y).list_arguments() == ["var0"]
+
+
+def test_get_symbol_refuses_what_has_no_recording():
+    with pytest.raises(GradientError, match="not computed under"):
+        autograd.get_symbol(nd.ones((2,)))

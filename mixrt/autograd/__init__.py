@@ -13,7 +13,7 @@ Python code define its own forward and backward. Recording and training mode are
 from __future__ import annotations
 
 import contextlib
-
+import importlib
 import threading
 from contextlib import contextmanager
 
@@ -299,6 +299,12 @@ class Function:
         return outputs[0] if single else tuple(outputs)
 
 
+def get_symbol(x):
+    """The recorded computation of ``x`` as a Symbol (``mixrt/autograd/symbolize.py``);
+    loaded on first use, since the symbol frontend is built on this module."""
+    return importlib.import_module("mixrt.autograd.symbolize").symbol_of(x)
+
+
 def _fresh(array):
     return type(array)(array._read(), array.ctx)  # same memory, no autograd history
 
@@ -308,4 +314,5 @@ def _connect_dispatcher() -> None:
 
 
 __all__ = ["record", "pause", "train_mode", "predict_mode", "is_recording", "is_training",
-           "set_recording", "set_training", "mark_variables", "backward", "grad", "Function"]
+           "set_recording", "set_training", "mark_variables", "backward", "grad", "Function",
+           "get_symbol"]
