@@ -216,7 +216,7 @@ def _attribute_text(key: str, value) -> str:
 
 def _internal_shapes(symbol: Symbol, given: dict) -> dict:
     internals = symbol.get_internals()
-    return dict(zip(internals.list_outputs(), internals.infer_shape_partial(**given)[1]))
+    return dict(zip(internals.list_outputs(), internals._known_shapes((), given)[1]))
 
 
 def _internal_dtypes(symbol: Symbol, given: dict) -> dict:

@@ -10,6 +10,7 @@ import pytest
 
 import mixrt
 from mixrt import sym
+from mixrt.base import MXNetError
 from mixrt.errors import GradientError, GraphError, InputError, ModelLoadError, ShapeError
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.device import gpu_available, to_host
@@ -169,15 +170,47 @@ def test_infer_shape_and_type():
     assert out_types == [np.float32]
 
 
-def test_infer_shape_names_what_is_unknown():
+def test_incomplete_infer_shape_warns_and_gives_nones():
+    # MXNet's convention: infer_shape gives (None, None, None) and a warning naming the
+    # arguments still unknown; infer_shape_partial reports them with 0 and ()
     net = sym.Gemm(sym.Variable("data"), sym.Variable("w"), transB=1)
-    with pytest.raises(ShapeError, match=r"\['data', 'w'\]"):
-        net.infer_shape()
+    with pytest.warns(UserWarning, match=r"'data': \(\), 'w': \(\)"):
+        assert net.infer_shape() == (None, None, None)
     args, outs, _ = net.infer_shape_partial(data=(2, 3))
-    assert args == [(2, 3), None] and outs == [None]
+    assert args == [(2, 3), ()] and outs == [()]
+    args, outs, _ = (sym.Variable("x") + sym.Variable("y")).infer_shape_partial(x=(0, 3))
+    assert args == [(0, 3), (0, 3)] and outs == [(0, 3)]
     assert net.infer_shape(data=(2, 3), w=(5, 3))[1] == [(2, 5)]
     with pytest.raises(GraphError, match="no variables"):
         net.infer_shape(nothing=(1,))
+
+
+def test_contradictory_shapes_still_raise():
+    net = sym.FullyConnected(sym.Variable("data"), num_hidden=4, name="fc")
+    with pytest.raises(ShapeError, match="fc_weight"):
+        net.infer_shape(data=(2, 3), fc_weight=(5, 3))
+    with pytest.raises(MXNetError, match="fc_weight"):
+        net.infer_shape_partial(data=(2, 3), fc_weight=(4, 7))
+    gemm = sym.Gemm(sym.Variable("d"), sym.Variable("w"), transB=1)
+    with pytest.raises(ShapeError, match="gemm"):
+        gemm.infer_shape(d=(2, 3), w=(5, 4))
+
+
+def test_simple_bind_names_the_arguments_it_cannot_shape():
+    net = sym.Gemm(sym.Variable("data"), sym.Variable("w"), transB=1)
+    with pytest.raises(ShapeError, match=r"simple_bind.*'w': \(\)"):
+        net.simple_bind(data=(2, 3))
+    with pytest.raises(ShapeError, match=r"'data': \(0, 3\)"):
+        (sym.Variable("data") * 2).simple_bind(data=(0, 3))
+
+
+def test_infer_type_partial_leaves_undecided_dtypes_none():
+    data = sym.Variable("data")
+    net = sym.FullyConnected(sym.Cast(data, dtype="float32"), num_hidden=4, name="fc")
+    args, outs, aux = net.infer_type_partial()
+    assert args == [None, np.float32, np.float32] and outs == [np.float32] and aux == []
+    assert net.infer_type_partial(data="float16")[0][0] == np.float16
+    assert sym.sin(sym.Variable("x")).infer_type_partial() == ([None], [None], [])
 
 
 # -- JSON ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.base.errors import GradientError, InputError, MixrtError
+from mixrt.base.errors import GradientError, InputError, MixrtError, ShapeError
 from mixrt.context import as_context
 from mixrt.exporters.onnx import save_model
 from mixrt.initializer import create, Xavier
@@ -153,12 +153,12 @@ class Executor:
         MXNet's are, so a reshaped executor can share them); otherwise at first forward."""
         try:
             shapes = {n: a.shape for n, a in {**self.arg_dict, **self.aux_dict}.items()}
-            _, out_shapes, _ = self.symbol.infer_shape(**shapes)
+            _, out_shapes, _ = self.symbol._known_shapes((), shapes)
             _, out_types, _ = self.symbol.infer_type(
                 **{n: a.dtype for n, a in self.arg_dict.items()})
         except MixrtError:
             return []
-        if out_shapes is None or out_types is None or any(s is None for s in out_shapes):
+        if any(s is None or None in s for s in out_shapes):
             return []
         with self.device.active():
             return [NDArray(self._xp.zeros(s, t or DEFAULT_DTYPE), self._ctx)
@@ -362,9 +362,7 @@ class Executor:
         memory: an array of the same size or smaller is a view of the old one (the first
         elements), a larger one is allocated only with ``allow_up_sizing``. Arguments whose
         shape changes without being named need ``partial_shaping``."""
-        arg_shapes, out_shapes, aux_shapes = self.symbol.infer_shape(**kwargs)
-        if arg_shapes is None:
-            raise InputError(f"reshape: the shapes {kwargs} do not determine every argument")
+        arg_shapes, out_shapes, aux_shapes = _inferred_shapes(self.symbol, kwargs, "reshape")
         resized = _Resizer(self._ctx, self.device, partial_shaping, allow_up_sizing, kwargs)
         args = {n: resized(n, self.arg_dict[n], s)
                 for n, s in zip(self._arg_names, arg_shapes)}
@@ -680,7 +678,7 @@ def _grad_reqs(grad_req, names: list[str]) -> dict[str, str]:
 def simple_bind(symbol: Symbol, ctx, grad_req, type_dict: dict, shapes: dict) -> Executor:
     """Allocate every argument and auxiliary array from the shapes inferred from ``shapes``
     (zeros) and bind; the names given in ``shapes`` are remembered as data arguments."""
-    arg_shapes, _, aux_shapes = symbol.infer_shape(**shapes)
+    arg_shapes, _, aux_shapes = _inferred_shapes(symbol, shapes, "simple_bind")
     arg_types, _, aux_types = symbol.infer_type(**type_dict)
 
     def arrays(names, shape_list, type_list):
@@ -692,6 +690,24 @@ def simple_bind(symbol: Symbol, ctx, grad_req, type_dict: dict, shapes: dict) ->
                         arrays(symbol.list_auxiliary_states(), aux_shapes, aux_types))
     executor.data_names = [n for n in shapes if n in symbol.list_arguments()]
     return executor
+
+
+def _inferred_shapes(symbol: Symbol, shapes: dict, what: str) -> tuple:
+    """Every argument's and auxiliary state's shape from ``shapes``; arrays cannot be
+    allocated otherwise, so one left unknown is a ShapeError naming it (as MXNet's)."""
+    inferred = symbol._known_shapes((), shapes)
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    unknown = {name: tuple(0 if d is None else d for d in shape or ())
+               for name, shape in zip(names, inferred[0] + inferred[2])
+               if shape is None or None in shape}
+    if unknown:
+        raise ShapeError(f"{what}: cannot decide the shapes of {unknown} (0 is an unknown "
+                         f"dimension) from the shapes given, {shapes}; give them too")
+    if any(shape is None or None in shape for shape in inferred[1]):
+        raise ShapeError(f"{what}: the outputs {symbol.list_outputs()} have no shape for "
+                         f"the argument shapes {dict(zip(symbol.list_arguments(), inferred[0]))}"
+                         f"; their operators do not accept them together")
+    return inferred
 
 
 def _data_no_grad(grad_req, symbol: Symbol, shapes: dict):

@@ -357,10 +357,14 @@ def declared_shapes(nodes: list[SymNode], types: dict) -> dict[str, tuple]:
         if rule is None:
             continue
         source = _source_shape(node.name, rule, by_name, types)
-        if source is not None:
-            source = tuple(d if isinstance(d, int) else None for d in source)
-            found[node.output_name(0)] = _shape_by_rule(node.name, rule["dims"], source,
-                                                        partial=True)
+        if source is None:
+            continue
+        source = tuple(d if isinstance(d, int) else None for d in source)
+        shape = _shape_by_rule(node.name, rule["dims"], source, partial=True)
+        if None not in shape or any(d is not None for d in source):
+            found[node.output_name(0)] = shape
+        # else the source tells nothing yet: MXNet leaves a layer's parameter unknown,
+        # ``()``, until its data has a shape, rather than half-shaped
     return found
 
 

@@ -95,6 +95,36 @@ def learned_shapes(nodes: list, types: dict, variable_shapes: dict,
     """{variable: shape} for variables whose shape the graph tells more of than
     ``variable_shapes`` (their shapes as given, None for unknown dims). ``types`` are
     forward inference's; ``declared``: {value: shape} of values that declare their shape."""
+    dims, known = _propagated(nodes, types, declared)
+    found = {}
+    for name, given in variable_shapes.items():
+        shape = dims.shape(known.get(name))
+        if shape is None:
+            continue
+        shape = tuple(None if is_unknown(d) else d for d in shape)
+        if given is None or (len(given) == len(shape) and any(
+                g is None and d is not None for g, d in zip(given, shape))):
+            found[name] = shape
+    return found
+
+
+def completed_types(nodes: list, types: dict, declared: dict) -> dict:
+    """``types`` with the shapes that forward inference left unknown and the other
+    direction knows (an elementwise operator's output from its other operand, as MXNet's
+    bidirectional inference reports it)."""
+    dims, known = _propagated(nodes, types, declared)
+    completed = dict(types)
+    for name, value_type in types.items():
+        if getattr(value_type, "shape", ()) is not None or known.get(name) is None:
+            continue
+        shape = tuple(None if is_unknown(d) else d for d in dims.shape(known[name]))
+        completed[name] = value_type.with_shape(shape)
+    return completed
+
+
+def _propagated(nodes: list, types: dict, declared: dict):
+    """What forward inference and the graph's backward rules together say of each value's
+    shape: the union-find of dimensions and {value: shape}."""
     dims = _Dims()
     known = {name: tuple(t.shape) for name, t in types.items()
              if getattr(t, "shape", None) is not None}
@@ -108,16 +138,11 @@ def learned_shapes(nodes: list, types: dict, variable_shapes: dict,
         for value, shape in _backward(node, known).items():
             known[value] = dims.merged([known.get(value), shape],
                                        f"{node.op} {node.name!r}: input {value!r}")
-    found = {}
-    for name, given in variable_shapes.items():
-        shape = dims.shape(known.get(name))
-        if shape is None:
-            continue
-        shape = tuple(None if is_unknown(d) else d for d in shape)
-        if given is None or (len(given) == len(shape) and any(
-                g is None and d is not None for g, d in zip(given, shape))):
-            found[name] = shape
-    return found
+    for node in nodes:  # and forward again: what an operand learned reaches its consumers
+        if not (node.is_variable or node.is_constant):
+            for group, strict in _same_shape_groups(node):
+                _join(dims, known, group, strict, node)
+    return dims, known
 
 
 def _join(dims: _Dims, known: dict, group: list, strict: bool, node) -> None:
@@ -182,8 +207,10 @@ def _gemm(node, inputs, outputs):
     trans_a, trans_b = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
     rows = (None, out[0]) if trans_a else (out[0], None)
     found = {0: rows}
-    if a is not None and len(a) == 2:
-        inner = a[0] if trans_a else a[1]
+    inner = a[0 if trans_a else 1] if a is not None and len(a) == 2 else None
+    # the weight only once the data fixes its inner dimension, as MXNet's FullyConnected
+    # (an MXNet weight whose data has no shape yet stays unknown, ``()``, not (out, 0))
+    if inner is not None and not is_unknown(inner):
         found[1] = (out[1], inner) if trans_b else (inner, out[1])
     return found
 

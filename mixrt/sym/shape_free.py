@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.base.errors import GraphError
+from mixrt.base.errors import GraphError, HybridizeError
+from mixrt.sym import mxnet_ops as traced_ops
 from mixrt.sym.ops import call_op, layer_name
 from mixrt.sym.partial_shapes import SAME_SHAPE
 from mixrt.sym.symbol import constant, LAYER, prefixed, Symbol
+from mixrt.sym.tracing import static_shape
 
 
 class _Function:
@@ -147,10 +149,83 @@ def identity_with_attr_like_rhs(lhs=None, rhs=None, name=None, **attributes):
     return made
 
 
+def _int64s(*values) -> Symbol:
+    return constant(np.asarray(values, dtype=np.int64))
+
+
+def dot(lhs=None, rhs=None, transpose_a=False, transpose_b=False, forward_stype=None,
+        name=None, **attributes):
+    """MXNet's ``dot``: ``lhs``'s last axis with ``rhs``'s first (``transpose_a`` and
+    ``transpose_b`` reverse all of an operand's axes first, as ONNX's Transpose does
+    without knowing the rank); two vectors give shape ``(1,)``.
+
+    Where ``rhs``'s shape is known when the symbol is built (declared, or traced), the
+    imperative implementation builds it for any rank. Otherwise it is ONNX's MatMul, which
+    is MXNet's dot for a ``rhs`` of one or two axes (the case of every layer), whatever
+    ``lhs``'s rank; ``Expand`` to shape ``(1,)`` changes only the scalar two vectors give."""
+    call = _Function("dot", name)
+    lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
+    try:
+        rank = len(static_shape(rhs))
+    except HybridizeError:
+        rank = None
+    if rank is not None and rank > 2:
+        return traced_ops.FUNCTIONS["dot"](lhs, rhs, transpose_a=transpose_a, transpose_b=transpose_b,
+                                  name=name, **attributes)
+    if transpose_a:
+        lhs = call.node("Transpose", [lhs], "lhs_t")
+    if transpose_b:
+        rhs = call.node("Transpose", [rhs], "rhs_t")
+    product = call.node("MatMul", [lhs, rhs], "product")
+    return call.node("Expand", [product, _int64s(1)], **attributes)
+
+
+def batch_dot(lhs=None, rhs=None, transpose_a=False, transpose_b=False, forward_stype=None,
+              name=None, **attributes):
+    """MXNet's ``batch_dot``: the matrix products ``lhs[i] @ rhs[i]`` over the leading
+    (batch) axes; ``transpose_a``/``transpose_b`` swap each matrix's two axes."""
+    call = _Function("batch_dot", name)
+    lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
+    left = "...ji" if transpose_a else "...ij"
+    right = "...kj" if transpose_b else "...jk"
+    return call.node("Einsum", [lhs, rhs], equation=f"{left},{right}->...ik", **attributes)
+
+
+def pick(data=None, index=None, axis=-1, keepdims=False, mode="clip", name=None,
+         **attributes):
+    """MXNet's ``pick``: ``data``'s entry at ``index`` along ``axis`` (``index`` has the
+    data's shape without that axis); indices out of range are clipped (``mode="clip"``)
+    or wrapped (``"wrap"``); ``axis=None`` picks from the flattened data."""
+    call = _Function("pick", name)
+    data, index = call.symbol("data", data), call.symbol("index", index)
+    if mode not in ("clip", "wrap"):
+        raise GraphError(f"pick {call.name!r}: mode must be 'clip' or 'wrap', got {mode!r}")
+    if axis is None:
+        data = call.node("Reshape", [data, _int64s(-1)], "flat")
+        index = call.node("Reshape", [index, _int64s(-1)], "flat_index")
+        axis = 0
+    axis = int(axis)
+    index = call.node("Cast", [index], "index", to=7)  # int64
+    bounds = {"start": axis} if axis == -1 else {"start": axis, "end": axis + 1}
+    length = call.node("Shape", [data], "length", **bounds)
+    if mode == "wrap":
+        index = call.node("Mod", [index, length], "wrapped", fmod=0)
+    else:
+        last = call.node("Sub", [length, _int64s(1)], "last")
+        index = call.node("Min", [call.node("Max", [index, _int64s(0)], "low"), last],
+                          "clipped")
+    positions = call.node("Unsqueeze", [index, _int64s(axis)], "positions")
+    if keepdims:
+        return call.node("GatherElements", [data, positions], axis=axis, **attributes)
+    picked = call.node("GatherElements", [data, positions], "picked", axis=axis)
+    return call.node("Squeeze", [picked, _int64s(axis)], **attributes)
+
+
 FUNCTIONS = {
     **{name: _elementwise(name, op) for name, op in _ELEMENTWISE.items()},
     **{f"broadcast_{name}": _broadcast(f"broadcast_{name}", op, compare)
        for name, (op, compare) in _BROADCASTS.items()},
     "split": split, "SliceChannel": split, "batch_take": batch_take,
     "zeros_like": _filled_like("zeros_like", 0.0), "ones_like": _filled_like("ones_like", 1.0),
+    "dot": dot, "batch_dot": batch_dot, "pick": pick,
 }

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,12 +24,13 @@ import numpy as np
 from mixrt import attribute
 from mixrt.array_methods import ArrayMethods
 from mixrt.base import NotImplementedForSymbol
-from mixrt.base.errors import GraphError, ShapeError
+from mixrt.base.errors import GraphError, MixrtError, ShapeError
 from mixrt.initializer import create
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.sym.partial_shapes import is_unknown, learned_shapes, SAME_SHAPE, unknown_dim
+from mixrt.sym.partial_shapes import (completed_types, is_unknown, learned_shapes, SAME_SHAPE,
+                                     unknown_dim)
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # a variable's dtype when nobody says otherwise
 # node.info key of MXNet's symbol attributes (strings: ``attr=``, ``lr_mult``, AttrScope's),
@@ -380,26 +382,53 @@ class Symbol(ArrayMethods):
 
     def infer_type(self, *args, **kwargs):
         """(argument dtypes, output dtypes, auxiliary dtypes) from the given argument dtypes
-        (positional in ``list_arguments()`` order, or by name) and the declared ones."""
+        (positional in ``list_arguments()`` order, or by name) and the declared ones; a
+        variable nothing decides is float32 (what ``simple_bind`` allocates it as)."""
         dtypes = self._named("infer_type", args, kwargs)
         types = self._inferred(shapes={}, dtypes=dtypes)
         return self._report(types, lambda t: None if t is None else t.dtype)
 
+    def infer_type_partial(self, *args, **kwargs):
+        """Like :meth:`infer_type`, with None for every dtype that depends on a variable
+        whose dtype nobody gives or decides (MXNet's): ``Cast(data, dtype="float32")``
+        knows its output and a following layer's parameters, not ``data``."""
+        dtypes = self._named("infer_type_partial", args, kwargs)
+        assumed = self._report(self._inferred(shapes={}, dtypes=dtypes), _dtype_of)
+        try:  # what changes with the dtype assumed for undecided variables is unknown
+            probed = self._report(
+                self._inferred(shapes={}, dtypes=dtypes, undecided=np.dtype(np.float64)),
+                _dtype_of)
+        except MixrtError:  # an op refusing float64 says nothing of what it depends on
+            return assumed
+        return tuple([a if a == b else None for a, b in zip(first, second)]
+                     for first, second in zip(assumed, probed))
+
     def infer_shape(self, *args, **kwargs):
         """(argument shapes, output shapes, auxiliary shapes) from the given argument shapes
-        and the declared ones; a ShapeError names what is still unknown."""
-        result = self.infer_shape_partial(*args, **kwargs)
-        missing = [name for name, shape in zip(self.list_outputs(), result[1])
-                   if not _complete(shape)]
-        if missing:
-            unknown = [n for n, s in zip(self.list_arguments(), result[0]) if not _complete(s)]
-            raise ShapeError(f"cannot infer the shapes of outputs {missing}: arguments "
-                             f"{unknown} have unknown shapes; give them to infer_shape or "
-                             f"declare them with Variable(shape=...)")
-        return result
+        and the declared ones. When some shape stays unknown, MXNet's answer: a warning
+        naming the arguments still unknown and ``(None, None, None)``; a contradiction is
+        a ShapeError."""
+        result = self._known_shapes(args, kwargs)
+        if all(_complete(shape) for shapes in result for shape in shapes):
+            return result
+        unknown = _unknown_arguments(self, result[0])
+        if not unknown:  # every argument known and still no output shape: they disagree
+            raise ShapeError(f"infer_shape: the outputs {self.list_outputs()} have no shape "
+                             f"for the argument shapes {dict(zip(self.list_arguments(), result[0]))}"
+                             f"; their operators do not accept them together")
+        warnings.warn(f"infer_shape: cannot decide the shapes of arguments {unknown} (0 "
+                      f"is an unknown dimension); give them as inputs", stacklevel=2)
+        return None, None, None
 
     def infer_shape_partial(self, *args, **kwargs):
-        """Like :meth:`infer_shape`, with None for whatever stays unknown."""
+        """Like :meth:`infer_shape`, reporting what stays unknown as MXNet does: an
+        unknown dimension as 0, a shape of unknown rank as ``()``."""
+        return tuple([_mxnet_shape(shape) for shape in shapes]
+                     for shapes in self._known_shapes(args, kwargs))
+
+    def _known_shapes(self, args, kwargs):
+        """Shape inference with None for an unknown dimension and for a shape of unknown
+        rank (mixrt's own convention, which its callers read)."""
         shapes = self._named("infer_shape", args, kwargs)
         types = self._inferred(shapes=shapes, dtypes={})
         return self._report(types, lambda t: None if t is None else t.shape)
@@ -417,14 +446,15 @@ class Symbol(ArrayMethods):
         named.update(kwargs)
         return named
 
-    def _inferred(self, shapes: dict, dtypes: dict) -> dict:
+    def _inferred(self, shapes: dict, dtypes: dict, undecided=None) -> dict:
         """Types of every value. Forward inference first, each unknown dimension of a
         variable carried as a symbol of its own; then what the graph says of the variables
         from the other direction (``partial_shapes``: operands of one shape, an output's
         shape read back into an input's, parameters whose shape follows from their
         consumer, as BatchNormalization's gamma from the data's channels); variables of no
         given dtype take the one of an operand they must match (float64 data makes
-        FullyConnected's weight float64, as in MXNet); and inference runs again."""
+        FullyConnected's weight float64, as in MXNet); and inference runs again.
+        ``undecided``: the dtype assumed for variables nothing decides (else float32)."""
         shapes = {name: _unknown_as_none(shape) for name, shape in shapes.items()}
         dtypes = dict(dtypes)
         nodes = self._topological()
@@ -432,16 +462,18 @@ class Symbol(ArrayMethods):
         free = {n.name for n in variables if "dtype" not in n.info} - set(dtypes)
         while True:
             given = {n.name: shapes.get(n.name, n.info.get("shape")) for n in variables}
-            graph = self.to_graph(shapes=_with_unknown_dims(given), dtypes=dtypes)
+            assumed = {name: undecided for name in free} if undecided is not None else {}
+            graph = self.to_graph(shapes=_with_unknown_dims(given),
+                                  dtypes={**assumed, **dtypes})
             types = infer_types(graph)
-            found = learned_shapes(nodes, types, given,
-                                   _handed_in("declared_shapes")(nodes, types))
+            declared = _handed_in("declared_shapes")(nodes, types)
+            found = learned_shapes(nodes, types, given, declared)
             for name, shape in _handed_in("parameter_shapes")(nodes, types).items():
                 if name not in shapes and not _complete(found.get(name, given[name])):
                     found[name] = shape
             matched = _handed_in("parameter_dtypes")(nodes, graph, types, free)
             if not found and not matched:
-                return types
+                return completed_types(nodes, types, declared)
             shapes.update(found)
             dtypes.update(matched)
             free -= set(matched)
@@ -499,12 +531,19 @@ class Symbol(ArrayMethods):
 
 def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
              lr_mult: float | None = None, wd_mult: float | None = None,
-             attr: dict | None = None) -> Symbol:
+             attr: dict | None = None, stype: str | None = None) -> Symbol:
     """A graph input (data, a label or a parameter). ``shape`` may hold None for a dimension
     known only when bound; ``init`` (an initializer, its name or spec) is what
-    ``Executor.init_params`` uses for it. Inside ``sym.prefix(p)`` the name gets ``p``."""
+    ``Executor.init_params`` uses for it. Inside ``sym.prefix(p)`` the name gets ``p``.
+    ``stype`` (MXNet's storage type) is kept as the ``__storage_type__`` attribute."""
     if not isinstance(name, str) or not name:
         raise GraphError(f"a Variable needs a non-empty string name, got {name!r}")
+    if stype is not None:
+        from mixrt.nd.ndarray import _STORAGE_TYPE_STR_TO_ID  # noqa: PLC0415
+        if stype not in ("default", "row_sparse", "csr"):
+            raise GraphError(f"Variable {name!r}: stype must be 'default', 'row_sparse' or "
+                             f"'csr', got {stype!r}")
+        attr = dict(attr or {}, __storage_type__=str(_STORAGE_TYPE_STR_TO_ID[stype]))
     return variable_named(prefixed(name), shape, dtype, init, aux=aux, lr_mult=lr_mult,
                           wd_mult=wd_mult, attr=attr)
 
@@ -734,6 +773,22 @@ def _with_unknown_dims(shapes: dict) -> dict:
     return {name: None if shape is None else tuple(
         unknown_dim(name, axis) if d is None else d for axis, d in enumerate(shape))
         for name, shape in shapes.items()}
+
+
+def _dtype_of(value_type):
+    return None if value_type is None else value_type.dtype
+
+
+def _mxnet_shape(shape) -> tuple:
+    """A shape as MXNet's legacy inference reports it: 0 for an unknown dimension, ``()``
+    for an unknown rank."""
+    return () if shape is None else tuple(0 if d is None else d for d in shape)
+
+
+def _unknown_arguments(symbol: "Symbol", arg_shapes: list) -> dict:
+    """{argument: its partial shape in MXNet's notation} for those not fully known."""
+    return {name: _mxnet_shape(shape) for name, shape in zip(symbol.list_arguments(), arg_shapes)
+            if not _complete(shape)}
 
 
 def _complete(shape) -> bool:

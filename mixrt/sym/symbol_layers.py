@@ -114,6 +114,10 @@ class SymbolCall(LayerCall):
             given = self.symbol(role, given)
             _adopt(given, source)
             return given
+        if source is not None and shape is not None and None in tuple(shape):
+            # a shape the data completes is the data's to give: until then MXNet knows
+            # nothing of it (``()``), and neither does its ``__shape__`` attribute
+            shape = None
         made = variable_named(self.node_name(role), shape, dtype, init, aux=aux,
                               attr=None if source is None else {SHAPE_FROM: source})
         if self.attributes:

@@ -28,7 +28,7 @@ def static_shape(x) -> tuple:
     if not isinstance(x, Symbol):
         return tuple(x.shape)
     known = {n: s for n, s in (tracing.shapes or {}).items() if n in x.list_inputs()}
-    shape = x.infer_shape_partial(**known)[1][0]
+    shape = x._known_shapes((), known)[1][0]
     if shape is None or any(d is None for d in shape):
         raise HybridizeError(f"static_shape: the shape of {x.list_outputs()[0]} is not "
                              f"known while tracing (known input shapes: {known})")
