@@ -223,3 +223,20 @@ def test_multi_context_module_updates_inside_the_store(tmp_path):
     path = str(tmp_path / "states")
     mod.save_optimizer_states(path)
     mod.load_optimizer_states(path)
+
+
+def test_ctx_group_places_arrays_and_input_gradients_on_the_group_context():
+    with mixrt.AttrScope(ctx_group="dev1"):
+        a = sym.Variable("a") * 2
+    with mixrt.AttrScope(ctx_group="dev2"):
+        c = a + sym.Variable("b")
+    mod = Module(c, context=[mixrt.cpu(0)], data_names=["a", "b"], label_names=None,
+                 group2ctxs={"dev1": mixrt.cpu(1), "dev2": mixrt.cpu(2)})
+    mod.bind(data_shapes=[["a", (2, 5)], ["b", (2, 5)]], inputs_need_grad=True)
+    mod.init_params()
+    mod.forward(io.DataBatch(data=[nd.ones((2, 5)), nd.ones((2, 5))]), is_train=True)
+    mod.backward([nd.ones((2, 5))])
+    grad_a, grad_b = mod.get_input_grads()
+    assert (grad_a.context, grad_b.context) == (mixrt.cpu(1), mixrt.cpu(2))
+    np.testing.assert_array_equal(grad_a.asnumpy(), np.full((2, 5), 2.0))
+    np.testing.assert_array_equal(grad_b.asnumpy(), np.ones((2, 5)))

@@ -186,7 +186,9 @@ class DataParallelExecutorGroup:
 
     def _context_of(self, name: str, index: int):
         """The context of a variable's arrays: its ``ctx_group``'s in ``group2ctxs``."""
-        group = _attributes(self.symbol).get(name, {}).get("__ctx_group__")
+        attributes = _attributes(self.symbol).get(name, {})
+        # MXNet's AttrScope(ctx_group=...) writes both keys; a symbol may carry either
+        group = attributes.get("__ctx_group__", attributes.get("ctx_group"))
         placed = self.group2ctxs[index].get(group) if group is not None else None
         return as_context(placed) if placed is not None else self.contexts[index]
 
