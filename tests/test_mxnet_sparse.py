@@ -331,3 +331,13 @@ def test_optimizer_classes_pass_lazy_update():
         state = opt.create_state(0, weight)
         opt.update(0, weight, _row_sparse_grad(), state)
         assert bool((weight.asnumpy()[0] == 1).all()) is untouched
+
+
+def test_symbol_variables_record_their_storage_type():
+    weight = mixrt.sym.Variable("weight", stype="row_sparse")
+    assert weight.attr("__storage_type__") == str(_STORAGE_TYPE_STR_TO_ID["row_sparse"])
+    assert mixrt.sym.Variable("data").attr("__storage_type__") is None
+    with pytest.raises(MXNetError, match="stype"):
+        mixrt.sym.Variable("x", stype="sparse")
+    assert mixrt.sym.sparse.dot is mixrt.sym.dot
+    assert mixrt.sym.sparse.cast_storage(weight, "csr") is weight

@@ -50,6 +50,7 @@ from mixrt.sym import shape_free as _shape_free  # noqa: E402
 from mixrt.sym import _internal  # noqa: E402,F401  (MXNet's mx.sym._internal)
 globals().update(_shape_free.FUNCTIONS)
 MXNET_FUNCTIONS += [name for name in _shape_free.FUNCTIONS if name not in MXNET_FUNCTIONS]
+from mixrt.sym import sparse  # noqa: E402,F401  (MXNet's mx.sym.sparse)
 
 
 def __getattr__(name: str):
