@@ -161,3 +161,47 @@ def test_layer_parameters_are_attributes_and_unfuse_shares_them():
     want = layer(x)
     got, _ = stack.unroll(5, x, layout="TNC", merge_outputs=True)
     close(got, want, rtol=1e-4, atol=1e-5)
+
+
+# LSTM(3, projection_size=2, input_size=2, bidirectional=True): MXNet 1.9.1's outputs and
+# final states for parameters sin(arange + i) / 2 (i: the parameter's place by name) and
+# input cos(arange(12)) as (T=3, N=2, C=2)
+LSTMP_OUT = [[[-0.115662, 0.108669, 0.021754, -0.023202], [0.122356, -0.126079, 0.080156,
+                                                          -0.082026]],
+             [[-0.020866, 0.016369, 0.054495, -0.061208], [-0.071857, 0.065667, 0.020416,
+                                                          -0.023983]],
+             [[0.096597, -0.09964, 0.070579, -0.069594], [0.034118, -0.039799, 0.050409,
+                                                         -0.056556]]]
+LSTMP_H = [[[0.096597, -0.09964], [0.034118, -0.039799]],
+           [[0.021754, -0.023202], [0.080156, -0.082026]]]
+LSTMP_C = [[[0.29095, 0.045313, -0.141181], [0.101332, 0.134148, -0.038984]],
+           [[0.106323, -0.10858, 0.185304], [-0.054489, 0.288766, -0.013713]]]
+
+
+def test_projected_lstm_layer_matches_mxnet_imperative_and_hybridized():
+    layer = rnn.LSTM(3, projection_size=2, input_size=2, bidirectional=True, prefix="p_")
+    layer.initialize()
+    for i, (_, param) in enumerate(sorted(layer.collect_params().items())):
+        size = int(np.prod(param.shape))
+        param.set_data(nd.array(np.sin(np.arange(size) + i).reshape(param.shape) * 0.5))
+    assert layer.l0_h2r_weight.shape == (2, 3) and layer.r0_h2h_weight.shape == (12, 2)
+    x = nd.array(np.cos(np.arange(12)).reshape(3, 2, 2))
+    for hybrid in (False, True):
+        layer.hybridize(hybrid)
+        out, (h, c) = layer(x, layer.begin_state(2))
+        close(out, LSTMP_OUT, atol=2e-6)
+        close(h, LSTMP_H, atol=2e-6)
+        close(c, LSTMP_C, atol=2e-6)
+        assert layer(x).shape == (3, 2, 4)
+
+
+def test_projected_cell_and_refusals():
+    cell = rnn.LSTMPCell(4, 2, input_size=3)
+    cell.initialize(initializer.Uniform(0.5))
+    assert [s.shape for s in cell.begin_state(5)] == [(5, 2), (5, 4)]
+    outputs, states = cell.unroll(3, rand(5, 3, 3), merge_outputs=True)
+    assert outputs.shape == (5, 3, 2) and states[1].shape == (5, 4)
+    with pytest.raises(InputError, match="projection_size"):
+        rnn.GRU(3, projection_size=2)
+    with pytest.raises(InputError, match="projection_size"):
+        rnn.LSTMPCell(3, 0)

@@ -21,9 +21,9 @@ import numpy as np
 
 from mixrt.base.errors import InputError
 from mixrt.gluon.nn.basic_layers import dropout
-from mixrt.gluon.rnn.rnn_cell import (as_list, HybridRecurrentCell, merged, named,
-                                      namespace_of, RecurrentCell, reverse_steps,
-                                      sequence_steps, mask_steps)
+from mixrt.gluon.rnn.rnn_cell import (as_list, HybridRecurrentCell, mask_steps, merged,
+                                      named, namespace_of, RecurrentCell, reverse_steps,
+                                      sequence_steps)
 
 
 def _state_slices(cells, states) -> list:
@@ -213,8 +213,9 @@ def _zone_out(F, rate: float, new, old):
 
 class BidirectionalCell(HybridRecurrentCell):
     """``l_cell`` over the sequence and ``r_cell`` over it reversed; each step's output is
-    the two outputs concatenated (MXNet names it ``{output_prefix}t{step}``). Only
-    ``unroll`` runs it: a step needs the whole sequence."""
+    the two outputs concatenated (MXNet names it ``{output_prefix}t{step}``; two of them
+    in one graph need two prefixes, a graph's node names being unique). Only ``unroll``
+    runs it: a step needs the whole sequence."""
 
     def __init__(self, l_cell: RecurrentCell, r_cell: RecurrentCell,
                  output_prefix: str = "bi_"):

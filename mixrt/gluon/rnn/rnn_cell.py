@@ -143,10 +143,15 @@ class _GatedCell(HybridRecurrentCell):
         rows = MODES[self._mode][0] * hidden_size
         self.i2h_weight = self.params.get("i2h_weight", shape=(rows, input_size),
                                           init=i2h_weight_initializer)
-        self.h2h_weight = self.params.get("h2h_weight", shape=(rows, hidden_size),
+        self.h2h_weight = self.params.get("h2h_weight",
+                                          shape=(rows, self._recurrent_size()),
                                           init=h2h_weight_initializer)
         self.i2h_bias = self.params.get("i2h_bias", shape=(rows,), init=i2h_bias_initializer)
         self.h2h_bias = self.params.get("h2h_bias", shape=(rows,), init=h2h_bias_initializer)
+
+    def _recurrent_size(self) -> int:
+        """The width of the state the h2h weights read (LSTMPCell's is its projection)."""
+        return self._hidden_size
 
     def state_info(self, batch_size: int = 0) -> list:
         return [{"shape": (batch_size, self._hidden_size), "__layout__": "NC"}] * \
@@ -155,14 +160,13 @@ class _GatedCell(HybridRecurrentCell):
     def infer_shape(self, x, *states) -> None:
         self.i2h_weight.shape = (self.i2h_weight.shape[0], x.shape[1])
 
-    def hybrid_forward(self, F, x, *states, i2h_weight, h2h_weight, i2h_bias, h2h_bias):
-        weights = (i2h_weight, h2h_weight, i2h_bias, h2h_bias)
+    def hybrid_forward(self, F, x, *states, **params):
         if F is not sym:
-            return self._step(F, x, states, *weights)
+            return self._step(F, x, states, **params)
         # MXNet names a step's nodes after the step, under the cell's prefix (rnn_t0_out):
         # each step's are its own, and its output is named as MXNet's
         with naming.Prefix(f"{self.prefix}t{self._counter}_"):
-            return self._step(F, x, states, *weights)
+            return self._step(F, x, states, **params)
 
     def _step(self, F, x, states, i2h_weight, h2h_weight, i2h_bias, h2h_bias):
         x_proj = F.Gemm(x, i2h_weight, i2h_bias, transB=1)
@@ -305,3 +309,41 @@ class GRUCell(_GatedCell):
     """Gated recurrent unit; states [h]."""
 
     _mode = "gru"
+
+
+class LSTMPCell(_GatedCell):
+    """LSTM with a projection (Sak et al. 2014, "LSTM based RNN architectures for large
+    vocabulary speech recognition"): the hidden state h (hidden_size) is projected to
+    ``r = W_hr h`` (projection_size, no bias), which is the output and what the next step
+    reads; states [r, c]. MXNet's ``gluon.contrib.rnn.LSTMPCell``."""
+
+    _mode = "lstm"
+
+    def __init__(self, hidden_size: int, projection_size: int, i2h_weight_initializer=None,
+                 h2h_weight_initializer=None, h2r_weight_initializer=None,
+                 i2h_bias_initializer="zeros", h2h_bias_initializer="zeros",
+                 input_size: int = 0, prefix=None, params=None):
+        if projection_size < 1:
+            raise InputError(f"LSTMPCell: projection_size must be >= 1, got "
+                             f"{projection_size}")
+        self._projection_size = int(projection_size)
+        super().__init__(hidden_size, i2h_weight_initializer, h2h_weight_initializer,
+                         i2h_bias_initializer, h2h_bias_initializer, input_size, prefix,
+                         params)
+        self.h2r_weight = self.params.get("h2r_weight",
+                                          shape=(projection_size, hidden_size),
+                                          init=h2r_weight_initializer)
+
+    def _recurrent_size(self) -> int:
+        return self._projection_size
+
+    def state_info(self, batch_size: int = 0) -> list:
+        return [{"shape": (batch_size, self._projection_size), "__layout__": "NC"},
+                {"shape": (batch_size, self._hidden_size), "__layout__": "NC"}]
+
+    def _step(self, F, x, states, i2h_weight, h2h_weight, i2h_bias, h2h_bias, h2r_weight):
+        x_proj = F.Gemm(x, i2h_weight, i2h_bias, transB=1)
+        _, (h, c) = step(F, "lstm", x_proj, list(states) or None, h2h_weight, h2h_bias,
+                         self._hidden_size)
+        r = F.MatMul(h, F.Transpose(h2r_weight, perm=[1, 0]))
+        return (named(r, "out"), r, c)

@@ -34,8 +34,8 @@ from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.gluon.nn.basic_layers import dropout
 from mixrt.gluon.rnn.cell_wrappers import (BidirectionalCell, DropoutCell,
                                            HybridSequentialRNNCell)
-from mixrt.gluon.rnn.rnn_cell import (check_mode_options, GRUCell, LSTMCell, MODES, RNNCell,
-                                      split)
+from mixrt.gluon.rnn.rnn_cell import (check_mode_options, GRUCell, LSTMCell, LSTMPCell, MODES,
+                                      RNNCell, split)
 
 _INT32 = 6  # TensorProto.INT32: ONNX's sequence_lens type
 
@@ -56,8 +56,12 @@ class _RNNLayer(HybridBlock):
     def __init__(self, mode: str, hidden_size: int, num_layers: int, layout: str,
                  dropout: float, bidirectional: bool, input_size: int,
                  i2h_weight_initializer, h2h_weight_initializer, i2h_bias_initializer,
-                 h2h_bias_initializer, dtype, use_sequence_length: bool = False, **kwargs):
+                 h2h_bias_initializer, dtype, use_sequence_length: bool = False,
+                 projection_size: int | None = None, h2r_weight_initializer=None, **kwargs):
         where = type(self).__name__
+        if projection_size is not None and (mode != "lstm" or projection_size < 1):
+            raise InputError(f"{where}: projection_size must be None or, for an LSTM, >= 1; "
+                             f"got {projection_size}")
         check_mode_options(where, hidden_size)
         if layout not in ("TNC", "NTC"):
             raise InputError(f"{where}: layout must be 'TNC' or 'NTC', got {layout!r}")
@@ -71,15 +75,22 @@ class _RNNLayer(HybridBlock):
         self._use_sequence_length = bool(use_sequence_length)
         self._directions = ["l", "r"] if bidirectional else ["l"]
         self._input_size = int(input_size)
+        self._projection_size = projection_size
+        if projection_size is not None:  # unrolled: only the batch axis stays free
+            self._free_axes = (layout.find("N"),)
         self._initializers = {"i2h_weight_initializer": i2h_weight_initializer,
                               "h2h_weight_initializer": h2h_weight_initializer,
                               "i2h_bias_initializer": i2h_bias_initializer,
                               "h2h_bias_initializer": h2h_bias_initializer}
-        rows = MODES[mode][0] * hidden_size
+        if projection_size is not None:
+            self._initializers["h2r_weight_initializer"] = h2r_weight_initializer
+        rows, width = MODES[mode][0] * hidden_size, self._state_width()
         for layer in range(num_layers):
-            in_size = input_size if layer == 0 else hidden_size * len(self._directions)
-            shapes = {"i2h_weight": (rows, in_size), "h2h_weight": (rows, hidden_size),
+            in_size = input_size if layer == 0 else width * len(self._directions)
+            shapes = {"i2h_weight": (rows, in_size), "h2h_weight": (rows, width),
                       "i2h_bias": (rows,), "h2h_bias": (rows,)}
+            if projection_size is not None:
+                shapes["h2r_weight"] = (projection_size, hidden_size)
             for direction in self._directions:
                 for role, shape in shapes.items():
                     name = f"{direction}{layer}_{role}"  # MXNet's: l0_i2h_weight, also
@@ -87,11 +98,16 @@ class _RNNLayer(HybridBlock):
                         name, shape=shape, dtype=dtype,
                         init=self._initializers[role + "_initializer"]))
 
+    def _state_width(self) -> int:
+        """The width of h: the hidden size, or an LSTMP's projection size."""
+        return self._hidden_size if self._projection_size is None else self._projection_size
+
     # -- states ------------------------------------------------------------------------------
 
     def state_info(self, batch_size: int = 0) -> list:
-        shape = (self._num_layers * len(self._directions), batch_size, self._hidden_size)
-        return [{"shape": shape, "__layout__": "LNC"}] * MODES[self._mode][1]
+        rows = self._num_layers * len(self._directions)
+        widths = [self._state_width(), self._hidden_size][:MODES[self._mode][1]]
+        return [{"shape": (rows, batch_size, width), "__layout__": "LNC"} for width in widths]
 
     def begin_state(self, batch_size: int = 0, func=None, **kwargs) -> list:
         """Zero states (``func(shape, **kwargs)``, default ``nd.zeros``) for a batch."""
@@ -136,6 +152,8 @@ class _RNNLayer(HybridBlock):
         if self._use_sequence_length:
             *args, lengths = args
             lengths = F.Cast(lengths, to=_INT32)
+        if self._projection_size is not None:
+            return self._projected(F, inputs, args, lengths)
         if self._layout == "NTC":
             inputs = F.Transpose(inputs, perm=[1, 0, 2])
         # per layer: its slice (directions, N, hidden) of each given state
@@ -186,12 +204,36 @@ class _RNNLayer(HybridBlock):
         y = F.Transpose(y, perm=[0, 2, 1, 3])
         return F.Reshape(y, np.array([0, 0, -1], dtype=np.int64)), outputs[1:]
 
+    def _projected(self, F, inputs, states, lengths):
+        """An LSTMP, which no fused ONNX op computes: the layer's cells (sharing its
+        parameters) unrolled over the sequence, whose length the trace fixes."""
+        length = static_shape(inputs)[self._layout.find("T")]
+        count = self._num_layers * len(self._directions)
+        begin = None
+        if states:  # (count, N, width) each -> per cell [h, c]
+            pieces = [[p.squeeze(0) for p in split(F, state, [1] * count, 0)]
+                      for state in states]
+            begin = [piece for k in range(count) for piece in (pieces[0][k], pieces[1][k])]
+        outputs, finals = self._cells().unroll(length, inputs, begin, self._layout,
+                                               merge_outputs=True, valid_length=lengths)
+        if not states:
+            return outputs
+        return outputs, F.stack(*finals[0::2], axis=0), F.stack(*finals[1::2], axis=0)
+
+    def _cells(self):
+        """``_unfuse()``, made once (not a child: its parameters are the layer's own)."""
+        if self.__dict__.get("_cell_stack") is None:
+            object.__setattr__(self, "_cell_stack", self._unfuse())
+        return self._cell_stack
+
     def _unfuse(self):
         """The layer as cells sharing its parameters: a HybridSequentialRNNCell of one
         cell (a BidirectionalCell of two) per layer, DropoutCells between them."""
         cell_class, options = {"rnn_tanh": (RNNCell, {"activation": "tanh"}),
                                "rnn_relu": (RNNCell, {"activation": "relu"}),
                                "lstm": (LSTMCell, {}), "gru": (GRUCell, {})}[self._mode]
+        if self._projection_size is not None:
+            cell_class, options = LSTMPCell, {"projection_size": self._projection_size}
         stack = HybridSequentialRNNCell(prefix=self.prefix, params=self.params)
         with stack.name_scope():
             in_size = self._input_size
@@ -200,10 +242,12 @@ class _RNNLayer(HybridBlock):
                 cells = [cell_class(self._hidden_size, prefix=f"{direction}{layer}_",
                                     input_size=in_size, **options, **self._initializers)
                          for direction in self._directions]
-                stack.add(cells[0] if len(cells) == 1 else BidirectionalCell(*cells))
+                # a graph's node names are unique: each layer's outputs get their own
+                stack.add(cells[0] if len(cells) == 1 else
+                          BidirectionalCell(*cells, output_prefix=f"bi{layer}_"))
                 if self._dropout > 0 and layer + 1 < self._num_layers:
                     stack.add(DropoutCell(self._dropout))
-                in_size = self._hidden_size * len(self._directions)
+                in_size = self._state_width() * len(self._directions)
         return stack
 
     def _onnx_gates(self, F, x, order: tuple):
@@ -241,17 +285,21 @@ class RNN(_RNNLayer):
 
 
 class LSTM(_RNNLayer):
-    """Long short-term memory layer; states [h, c]."""
+    """Long short-term memory layer; states [h, c]. ``projection_size``: an LSTMP, whose
+    h is projected to that size (``l0_h2r_weight``) before the next step and the output
+    read it; it runs as its cells unrolled, not as one fused node."""
 
     def __init__(self, hidden_size: int, num_layers: int = 1, layout: str = "TNC",
                  dropout: float = 0.0, bidirectional: bool = False, input_size: int = 0,
                  i2h_weight_initializer=None, h2h_weight_initializer=None,
                  i2h_bias_initializer="zeros", h2h_bias_initializer="zeros",
+                 projection_size: int | None = None, h2r_weight_initializer=None,
                  dtype="float32", use_sequence_length: bool = False, **kwargs):
         super().__init__("lstm", hidden_size, num_layers, layout, dropout, bidirectional,
                          input_size, i2h_weight_initializer, h2h_weight_initializer,
                          i2h_bias_initializer, h2h_bias_initializer, dtype,
-                         use_sequence_length, **kwargs)
+                         use_sequence_length, projection_size, h2r_weight_initializer,
+                         **kwargs)
 
 
 class GRU(_RNNLayer):
