@@ -205,3 +205,30 @@ def test_projected_cell_and_refusals():
         rnn.GRU(3, projection_size=2)
     with pytest.raises(InputError, match="projection_size"):
         rnn.LSTMPCell(3, 0)
+
+
+def test_variational_dropout_keeps_one_mask_per_sequence():
+    base = rnn.LSTMCell(6, input_size=3)
+    cell = rnn.VariationalDropoutCell(base, drop_outputs=0.5)
+    cell.initialize(initializer.Uniform(0.5))
+    x = rand(4, 5, 3)
+    close(cell.unroll(5, x, merge_outputs=True)[0], base.unroll(5, x, merge_outputs=True)[0])
+    with autograd.record():
+        outputs, _ = cell.unroll(5, x, merge_outputs=True)
+    dropped = outputs.asnumpy() == 0
+    assert dropped.any() and not dropped.all()
+    assert all((dropped[:, t] == dropped[:, 0]).all() for t in range(5))  # every step
+    with pytest.raises(InputError, match="drop_states"):
+        rnn.VariationalDropoutCell(rnn.BidirectionalCell(rnn.RNNCell(2), rnn.RNNCell(2)),
+                                   drop_states=0.5)
+
+
+def test_symbolic_unroll_with_valid_length_infers_every_shape():
+    """What a Module binds from: the data's and lengths' shapes settle the weights'."""
+    cell = rnn.RNNCell(7)
+    outputs, states = cell.unroll(5, sym.var("data"), valid_length=sym.var("length"),
+                                  merge_outputs=True)
+    group = sym.Group([outputs, states[0]])
+    arg_shapes, out_shapes, _ = group.infer_shape(data=(4, 5, 3), length=(4,))
+    assert dict(zip(group.list_arguments(), arg_shapes))[cell.prefix + "i2h_weight"] == (7, 3)
+    assert out_shapes == [(4, 5, 7), (4, 7)]

@@ -13,11 +13,13 @@ step; ``unroll`` for a sequence), with PyTorch's gate equations and MXNet's name
 
 from mixrt.gluon.rnn.cell_wrappers import (BidirectionalCell, DropoutCell,
                                            HybridSequentialRNNCell, ModifierCell,
-                                           ResidualCell, SequentialRNNCell, ZoneoutCell)
+                                           ResidualCell, SequentialRNNCell,
+                                           VariationalDropoutCell, ZoneoutCell)
 from mixrt.gluon.rnn.rnn_cell import (GRUCell, HybridRecurrentCell, LSTMCell, LSTMPCell,
                                       RecurrentCell, RNNCell)
 from mixrt.gluon.rnn.rnn_layer import GRU, LSTM, RNN
 
 __all__ = ["RNN", "LSTM", "GRU", "RecurrentCell", "HybridRecurrentCell", "RNNCell",
            "LSTMCell", "LSTMPCell", "GRUCell", "SequentialRNNCell", "HybridSequentialRNNCell",
-           "DropoutCell", "ModifierCell", "ResidualCell", "ZoneoutCell", "BidirectionalCell"]
+           "DropoutCell", "ModifierCell", "ResidualCell", "ZoneoutCell", "BidirectionalCell",
+           "VariationalDropoutCell"]

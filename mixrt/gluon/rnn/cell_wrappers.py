@@ -198,6 +198,51 @@ class ZoneoutCell(ModifierCell):
         return output, new_states
 
 
+class VariationalDropoutCell(ModifierCell):
+    """Variational dropout (Gal and Ghahramani 2016): one dropout mask per sequence for the
+    inputs (rate ``drop_inputs``), for the first state h (``drop_states``) and for the
+    outputs (``drop_outputs``), the same at every step until ``reset()`` (``unroll``
+    resets); nothing is dropped outside training. MXNet's
+    ``gluon.contrib.rnn.VariationalDropoutCell``."""
+
+    def __init__(self, base_cell: RecurrentCell, drop_inputs: float = 0.0,
+                 drop_states: float = 0.0, drop_outputs: float = 0.0):
+        if drop_states and isinstance(base_cell, BidirectionalCell):
+            raise InputError("VariationalDropoutCell: drop_states needs a cell that steps; "
+                             "a BidirectionalCell does not")
+        for name, rate in (("drop_inputs", drop_inputs), ("drop_states", drop_states),
+                           ("drop_outputs", drop_outputs)):
+            if not 0.0 <= rate < 1.0:
+                raise InputError(f"VariationalDropoutCell: {name} must be in [0, 1), got "
+                                 f"{rate}")
+        super().__init__(base_cell)
+        self.drop_inputs, self.drop_states, self.drop_outputs = \
+            float(drop_inputs), float(drop_states), float(drop_outputs)
+        self._masks: dict = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self._masks = {}
+
+    def _masked(self, F, which: str, rate: float, x):
+        """``x`` times this sequence's mask for ``which``, drawn at its first step."""
+        if rate == 0.0:
+            return x
+        if which not in self._masks:
+            self._masks[which] = dropout(F, _full_like(F, x, 1.0), rate)
+        return x * self._masks[which]
+
+    def forward(self, inputs, states=None):
+        self._counter += 1
+        F = namespace_of(inputs)
+        if states is not None and len(states):
+            states = [self._masked(F, "states", self.drop_states, states[0]),
+                      *list(states)[1:]]
+        output, new_states = self.base_cell(self._masked(F, "inputs", self.drop_inputs,
+                                                         inputs), states)
+        return self._masked(F, "outputs", self.drop_outputs, output), new_states
+
+
 def _full_like(F, x, value: float):
     return F.Expand(F.CastLike(np.array(value, dtype=np.float32), x), F.Shape(x))
 

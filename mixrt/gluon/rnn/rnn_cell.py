@@ -198,11 +198,13 @@ def first_states(cell, first_step, begin_state):
     if begin_state is not None:
         return begin_state
     if isinstance(first_step, sym.Symbol):
-        batch = sym.Slice(sym.Shape(first_step), np.array([0], dtype=np.int64),
-                          np.array([1], dtype=np.int64))
-        zero = sym.CastLike(np.array(0.0, dtype=np.float32), first_step)
-        return [sym.Expand(zero, sym.Concat(batch, np.array(info["shape"][1:], np.int64),
-                                            axis=0))
+        # (N, 1) from one column of the step, broadcast with a row of zeros: shape
+        # inference follows a Slice and an Expand, not arithmetic on shape values
+        column = sym.Shape(sym.Slice(first_step, np.array([0], dtype=np.int64),
+                                     np.array([1], dtype=np.int64),
+                                     np.array([-1], dtype=np.int64)))
+        return [sym.Expand(sym.CastLike(np.zeros((1, *info["shape"][1:]), np.float32),
+                                        first_step), column)
                 for info in cell.state_info()]
     return cell.begin_state(first_step.shape[0], ctx=first_step.ctx, dtype=first_step.dtype)
 
@@ -251,16 +253,19 @@ def _lengths_column(F, valid_length, like):
     return F.CastLike(F.Reshape(valid_length, np.array([-1, 1], dtype=np.int64)), like)
 
 
-def _where_length(F, lengths, test: str, value: int):
-    """1 where ``lengths <test> value`` (Greater, Equal, LessOrEqual), else 0."""
+def _where_length(F, lengths, test: str, value: int, like):
+    """1 where ``lengths <test> value`` (Greater, Equal, LessOrEqual), else 0, in the
+    shape of ``like`` (spelled out: symbolic shape inference takes the operands of a
+    product to have one shape)."""
     bound = F.CastLike(np.array(value, dtype=np.float32), lengths)
-    return F.CastLike(getattr(F, test)(lengths, bound), lengths)
+    return F.Expand(F.CastLike(getattr(F, test)(lengths, bound), lengths), F.Shape(like))
 
 
 def mask_steps(F, outputs: list, valid_length) -> list:
     """Each step's output, zero for the sequences that ended before it."""
     lengths = _lengths_column(F, valid_length, outputs[0])
-    return [out * _where_length(F, lengths, "Greater", t) for t, out in enumerate(outputs)]
+    return [out * _where_length(F, lengths, "Greater", t, out)
+            for t, out in enumerate(outputs)]
 
 
 def states_at_lengths(F, history: list, valid_length) -> list:
@@ -269,7 +274,7 @@ def states_at_lengths(F, history: list, valid_length) -> list:
     lengths = _lengths_column(F, valid_length, history[0][0])
     finals = []
     for k in range(len(history[0])):
-        picked = [states[k] * _where_length(F, lengths, "Equal", t + 1)
+        picked = [states[k] * _where_length(F, lengths, "Equal", t + 1, states[k])
                   for t, states in enumerate(history)]
         finals.append(functools.reduce(lambda a, b: a + b, picked))
     return finals
@@ -283,9 +288,9 @@ def reverse_steps(F, steps: list, valid_length) -> list:
     lengths = _lengths_column(F, valid_length, steps[0])
     reversed_steps = []
     for t, x in enumerate(steps):
-        step_t = x * _where_length(F, lengths, "LessOrEqual", t)
+        step_t = x * _where_length(F, lengths, "LessOrEqual", t, x)
         for s in range(len(steps) - t):  # step s lands on t where length = s + t + 1
-            step_t = step_t + steps[s] * _where_length(F, lengths, "Equal", s + t + 1)
+            step_t = step_t + steps[s] * _where_length(F, lengths, "Equal", s + t + 1, x)
         reversed_steps.append(step_t)
     return reversed_steps
 
