@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt import autograd
 from mixrt.context import cpu, gpu
 from mixrt.kvstore import KINDS, KVStore, create as _create
 from mixrt.kvstore.base import ArrayFront, set_array_front, user_key
@@ -40,7 +41,10 @@ def create(name: str = "local", **options) -> KVStore:
 def _open(value, write: bool):
     if not isinstance(value, NDArray):
         return None
-    return value._write() if write else value._read()
+    if not write:
+        return value._read()
+    with autograd.pause():  # a pull is no recorded op: it may fill a recorded leaf
+        return value._write()
 
 
 def _as_ndarray(raw) -> NDArray:

@@ -341,3 +341,32 @@ def test_symbol_variables_record_their_storage_type():
         mixrt.sym.Variable("x", stype="sparse")
     assert mixrt.sym.sparse.dot is mixrt.sym.dot
     assert mixrt.sym.sparse.cast_storage(weight, "csr") is weight
+
+
+def test_trainer_keeps_row_sparse_weights_in_its_store_and_serves_rows():
+    from mixrt import gluon
+    x = gluon.Parameter("x", shape=(4, 1), stype="row_sparse", grad_stype="row_sparse")
+    x.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(1)], init="zeros")
+    trainer = gluon.Trainer([x], "sgd", {"learning_rate": 0.1}, kvstore="local")
+    assert x._trainer is trainer
+    rows = nd.array([0, 2], ctx=mixrt.cpu(0))
+    with autograd.record():
+        for w in x.list_row_sparse_data(rows):
+            (w + 1).backward()
+    trainer.step(1)
+    assert trainer._update_on_kvstore is True
+    # both contexts' gradients (ones) summed in the store: -0.2 on every row
+    updated = x.row_sparse_data(nd.arange(0, 4, ctx=mixrt.cpu(1)))
+    assert updated.ctx == mixrt.cpu(1) and updated.stype == "row_sparse"
+    np.testing.assert_allclose(updated.asnumpy().ravel(), [-0.2] * 4, rtol=1e-6)
+    assert x.row_sparse_data(rows).indices.asnumpy().tolist() == [0, 2]
+
+
+def test_trainer_refuses_local_updates_of_row_sparse_weights():
+    from mixrt import gluon
+    x = gluon.Parameter("x", shape=(4, 1), stype="row_sparse")
+    x.initialize(init="zeros")
+    trainer = gluon.Trainer([x], "sgd", kvstore="local", update_on_kvstore=False)
+    with pytest.raises(ValueError, match="sparse weights"):
+        x.row_sparse_data(nd.arange(0, 4))
+    assert trainer._kvstore is not None

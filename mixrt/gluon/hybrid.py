@@ -122,7 +122,8 @@ class HybridBlock(Block):
                                  f"on one")
             return self._cached_call(*inputs)
         self._resolve_deferred(*inputs)
-        return self.hybrid_forward(nd, *inputs, **self._param_values())
+        ctx = next(iter(contexts)) if len(contexts) == 1 else None
+        return self.hybrid_forward(nd, *inputs, **self._param_values(ctx))
 
     def hybrid_forward(self, F, x, *args, **params):
         raise NotImplementedError(f"{type(self).__name__} must define hybrid_forward()")
@@ -132,8 +133,9 @@ class HybridBlock(Block):
         named.update(self._reg_params)
         return named
 
-    def _param_values(self) -> dict:
-        return {key: param.data() for key, param in self._named_params().items()}
+    def _param_values(self, ctx=None) -> dict:
+        """The parameters' copies on ``ctx`` (the inputs' context, as MXNet reads them)."""
+        return {key: param.data(ctx) for key, param in self._named_params().items()}
 
     def _resolve_deferred(self, *args) -> None:
         pending = [p for p in self._params.values() if not p.is_initialized()]
@@ -328,7 +330,7 @@ class CachedGraph:
 
     def _call_on(self, arrays: list, ctx):
         params = list(self.params.values())
-        values = [p.data() for p in params]
+        values = [p.data(ctx) for p in params]
         for param, value in zip(params, values):
             if value.ctx != ctx:
                 raise DeviceMismatchError(f"{self.block.name}: parameter {param.name!r} is on "

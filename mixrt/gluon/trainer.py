@@ -43,6 +43,7 @@ import numpy as np
 
 from mixrt.base.errors import GradientError, InputError, KVStoreError, OptimizerError
 from mixrt.gluon.parameter import Parameter
+from mixrt import kv as _kv  # noqa: F401  (the stores take NDArrays: row_sparse_data's)
 from mixrt.kv_base import KVStoreBase, registered
 from mixrt.kvstore import create
 from mixrt.kvstore.base import KVStore
@@ -62,16 +63,21 @@ class Trainer:
                  update_on_kvstore: bool | None = None, *, key_prefix: str = ""):
         self._params = _parameter_list(params)
         self._param2idx = {param.name: index for index, param in enumerate(self._params)}
+        for param in self._params:  # row_sparse_data fetches its rows through this Trainer
+            param._set_trainer(self)
         self._compression_params = compression_params
         self._init_optimizer(optimizer, optimizer_params)
         self._scale = self.optimizer.rescale_grad
-        self.kvstore = _store(kvstore, len(self._contexts or [None]))
+        # MXNet's rule: sparse weights live in a store, even for one device
+        self.kvstore = _store(kvstore, len(self._contexts or [None]),
+                              needed=self._contains_sparse_weight)
         if self.kvstore is not None and compression_params:
             self.kvstore.set_gradient_compression(compression_params)
         self._asked_update_on_kvstore = update_on_kvstore
         self.update_on_kvstore = self._choose_update_on_kvstore(update_on_kvstore)
         self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
         self._kv_ready = False
+        self._pending: list = []  # deferred parameters the store gets once they are set
         self._reduced_early: set = set()
 
     def _init_optimizer(self, optimizer, optimizer_params) -> None:
@@ -108,6 +114,12 @@ class Trainer:
             if asked:
                 raise InputError("update_on_kvstore=True needs a kvstore")
             return None
+        if self._contains_sparse_weight:
+            return True  # the store keeps the full weights (asked False: refused at first use)
+        if self._contains_sparse_grad and not self._is_dist:
+            # MXNet's choice for dense weights and sparse gradients on one machine: the
+            # gradients are summed in the store and the optimizer runs here
+            return False if asked is None else bool(asked)
         if self._is_dist and self.kvstore.type == "dist_async":
             if asked is False:
                 raise TrainerConfigError("Please set update_on_kvstore=True when training "
@@ -139,10 +151,20 @@ class Trainer:
         return self._kv_ready
 
     @property
+    def _contains_sparse_weight(self) -> bool:
+        return any(param.stype != "default" for param in self._params)
+
+    @property
+    def _contains_sparse_grad(self) -> bool:
+        return any(param.grad_stype != "default" for param in self._params)
+
+    @property
     def _params_to_init(self) -> list:
         """The parameters the store has not been given yet (all of them before the first
-        step, none after)."""
-        return [] if self._kv_ready or self.kvstore is None else list(self._params)
+        step; after it, those whose initialization was still deferred then)."""
+        if self.kvstore is None:
+            return []
+        return list(self._pending) if self._kv_ready else list(self._params)
 
     @property
     def _contexts(self):
@@ -261,25 +283,53 @@ class Trainer:
             grads = param.list_grad()
             self.kvstore.pushpull(self._param2idx[param.name], grads, out=grads)
             return
-        key, grad = self.key_prefix + param.name, param.grad()
-        raw = grad._data
-        engine.get_engine().push(lambda: self.kvstore.pushpull(key, raw), writes=(
-            grad.engine_var(), self.kvstore.engine_var), name=f"kvstore pushpull {key!r}")
+        key, grads = self.key_prefix + param.name, param.list_grad()
+        raws = [grad._data for grad in grads]  # one per context: summed, the sum in each
+        engine.get_engine().push(
+            lambda: self.kvstore.pushpull(key, raws, out=raws),
+            writes=(*(grad.engine_var() for grad in grads), self.kvstore.engine_var),
+            name=f"kvstore pushpull {key!r}")
 
     def _queue_update(self, param, batch_size: int) -> None:
-        """Push ``param``'s gradient and pull its updated value, as engine work."""
-        key, grad, value = self.key_prefix + param.name, param.grad(), param.data()
-        raw_grad, raw_value = grad._data, value._data
+        """Push ``param``'s gradient and pull its updated value, as engine work. A
+        row_sparse weight is not pulled: ``row_sparse_data`` fetches the rows it needs."""
+        key, grads, copies = self.key_prefix + param.name, param.list_grad(), param._data
+        raw_grads, raw_values = [g._data for g in grads], [c._data for c in copies]
+        pull = param.stype == "default"
 
-        def update():
-            self.kvstore.push(key, raw_grad if batch_size == 1 else raw_grad / batch_size)
-            self.kvstore.pull(key, out=raw_value)
-        engine.get_engine().push(update, reads=(grad.engine_var(),), writes=(
-            value.engine_var(), self.kvstore.engine_var), name=f"kvstore push+pull {key!r}")
+        def update():  # the store sums the contexts' gradients, then updates once
+            self.kvstore.push(key, raw_grads if batch_size == 1 else
+                              [raw / batch_size for raw in raw_grads])
+            if pull:
+                self.kvstore.pull(key, out=raw_values)
+        engine.get_engine().push(
+            update, reads=tuple(grad.engine_var() for grad in grads),
+            writes=(*(copy.engine_var() for copy in copies), self.kvstore.engine_var),
+            name=f"kvstore push+pull {key!r}")
+
+    def _row_sparse_pull(self, parameter, out, row_id, full_idx: bool = False) -> None:
+        """Fill ``out`` (one array or a list, a row_sparse parameter's copies) with the
+        rows ``row_id`` names of the weights the store holds (MXNet's; what
+        ``Parameter.row_sparse_data`` calls). ``full_idx``: every row, as a checkpoint
+        wants them."""
+        if self.kvstore is None:
+            raise TrainerConfigError(f"parameter {parameter.name!r} is row_sparse: its "
+                                     f"weights live in a kvstore, and this Trainer has none "
+                                     f"(kvstore=None)")
+        self._init_kvstore()
+        self.kvstore.wait_queued()  # the pushes of earlier steps have updated the rows
+        key = self.key_prefix + parameter.name
+        if full_idx and not self.update_on_kvstore:
+            self.kvstore.pull(key, out=out, ignore_sparse=False)
+        else:
+            self.kvstore.row_sparse_pull(key, out=out, row_ids=row_id)
 
     def _gradient_ready(self, param, _array) -> None:
         """Called by backward the moment ``param``'s gradient is complete."""
-        if self._kv_ready and not self.update_on_kvstore and param.grad_req == "write":
+        # with several contexts the sum waits for step(): the other copies' gradients
+        # may not be written yet
+        if self._kv_ready and not self.update_on_kvstore and param.grad_req == "write" \
+                and len(param.list_ctx()) == 1:
             self._reduced_early.add(id(param))
             self._queue_reduce(param)
 
@@ -317,8 +367,13 @@ class Trainer:
         return self.kvstore.num_workers if sync else 1
 
     def _init_kvstore(self) -> None:
+        if self._kv_ready and self._pending:
+            self._give_store([p for p in self._pending if p.is_initialized()])
         if self._kv_ready or self.kvstore is None:
             return
+        if self._contains_sparse_weight and self._asked_update_on_kvstore is False:
+            raise TrainerConfigError("Cannot set update_on_kvstore=False when sparse weights "
+                                     "are present.")
         if self.update_on_kvstore and not _can_run_optimizer(self.kvstore):
             raise TrainerConfigError(f"Please set update_on_kvstore=False when training with "
                                      f"{type(self.kvstore).__name__}: it runs no optimizer")
@@ -334,15 +389,26 @@ class Trainer:
                 f"would update the gradients a Trainer with update_on_kvstore=False sums "
                 f"there; make this Trainer first, or give every Trainer on the store "
                 f"update_on_kvstore=True")
-        names = self._keys(self._params)
-        self.kvstore.init(names, [param.raw() for param in self._params])
-        self.kvstore.pull(names, out=[param.raw() for param in self._params])
         if self.update_on_kvstore:
             self.kvstore.set_optimizer(self._store_optimizer())
-        else:
-            for param in self._params:
-                param.data()._on_grad = functools.partial(self._gradient_ready, param)
+        # a parameter whose shape waits for the first forward joins the store later (a
+        # sparse layer's row_sparse_data may start the store before that forward)
+        self._pending = [param for param in self._params if not param.is_initialized()]
+        self._give_store([param for param in self._params if param.is_initialized()])
         self._kv_ready = True
+
+    def _give_store(self, params) -> None:
+        """Initialize ``params``' keys with their values (every copy pulls them)."""
+        if not params:
+            return
+        names = self._keys(params)
+        self.kvstore.init(names, [param.raw() for param in params])
+        self.kvstore.pull(names, out=[[copy._read() for copy in param._data]
+                                      for param in params], ignore_sparse=False)
+        if not self.update_on_kvstore:
+            for param in params:
+                param._data[0]._on_grad = functools.partial(self._gradient_ready, param)
+        self._pending = [param for param in self._pending if param not in params]
 
     def _init_custom_store(self) -> None:
         """A store registered with KVStoreBase: rank 0's first copy of every parameter
@@ -454,14 +520,15 @@ def _parameter_list(params) -> list:
     return list({id(p): p for p in params}.values())
 
 
-def _store(kvstore, num_devices: int):
+def _store(kvstore, num_devices: int, needed: bool = False):
     """The store named or given. MXNet's default, ``'device'``, makes none for a single
-    device (there is nothing to sum); a kind named explicitly is made even then (mixrt
-    keeps it: a one-device job may still train through a store's optimizer)."""
+    device (there is nothing to sum) unless one is ``needed`` (row_sparse weights live
+    there); a kind named explicitly is made even then (mixrt keeps it: a one-device job
+    may still train through a store's optimizer)."""
     if kvstore is None or isinstance(kvstore, (KVStore, KVStoreBase)):
         return kvstore
     if isinstance(kvstore, str):
-        if kvstore == "device" and num_devices == 1:
+        if kvstore == "device" and num_devices == 1 and not needed:
             return None
         return registered(kvstore) or create(kvstore)
     raise InputError(f"kvstore must be a KVStore or a kind name, got {type(kvstore).__name__}")
