@@ -370,3 +370,21 @@ def test_trainer_refuses_local_updates_of_row_sparse_weights():
     with pytest.raises(ValueError, match="sparse weights"):
         x.row_sparse_data(nd.arange(0, 4))
     assert trainer._kvstore is not None
+
+
+def test_parameter_dict_load_checks_or_casts_dtypes(tmp_path):
+    from mixrt import gluon
+    saved = gluon.ParameterDict("")
+    saved.get("w", shape=(2,), dtype="int8", init="ones")
+    saved.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(3)])
+    assert saved.list_ctx() == [mixrt.cpu(0), mixrt.cpu(3)]
+    path = str(tmp_path / "w.params")
+    saved.save(path)
+    loading = gluon.ParameterDict("")
+    loading.get("w", shape=(2,), dtype="float64")
+    with pytest.raises(InputError, match="cast_dtype"):
+        loading.load(path)
+    loading.load(path, cast_dtype=True, dtype_source="current")
+    assert loading["w"].data().dtype == np.float64
+    loading.load(path, cast_dtype=True, dtype_source="saved")
+    assert loading["w"].data().dtype == np.int8

@@ -311,18 +311,32 @@ class Parameter:
                              full_idx=True)
         return full
 
-    def _load_init(self, value, ctx=None) -> None:
+    def _load_init(self, value, ctx=None, cast_dtype: bool = False,
+                   dtype_source: str = "current") -> None:
         """A loaded value: the parameter's shape is checked (its unknown dimensions
-        filled), then it initializes the parameter on ``ctx`` or is written into it."""
+        filled) and so is its dtype, unless ``cast_dtype`` says which one wins
+        (``dtype_source``: the parameter's ``'current'`` one or the ``'saved'`` one); then
+        it initializes the parameter on ``ctx`` or is written into it."""
         host = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
         self.shape = host.shape
+        if not cast_dtype and host.dtype != np.dtype(self.dtype):
+            raise InputError(f"Failed loading Parameter {self.name!r} from saved params: "
+                             f"dtype incompatible expected {np.dtype(self.dtype)} vs saved "
+                             f"{host.dtype}. Set cast_dtype=True to cast the dtype of saved "
+                             f"params.")
+        if cast_dtype and dtype_source not in ("current", "saved"):
+            raise InputError(f"load: dtype_source must be 'current' or 'saved', got "
+                             f"{dtype_source!r}")
+        if cast_dtype and dtype_source == "saved" and host.dtype != np.dtype(self.dtype):
+            self.cast(host.dtype)
+        host = host.astype(self.dtype)
         if self._data is None:
             contexts = _contexts(ctx) if ctx is not None else \
                 self._deferred[1] if self._deferred is not None else [as_context(None)]
             self._deferred = None
-            self._place(host.astype(self._dtype), contexts)
+            self._place(host, contexts)
         else:
-            self.set_data(host.astype(self.dtype))
+            self.set_data(host)
 
     # -- gradients --------------------------------------------------------------------------
 
@@ -458,11 +472,21 @@ class ParameterDict(OrderedDict):
             values[param.name[len(strip_prefix):]] = param._reduce()
         save(filename, values)
 
+    def list_ctx(self) -> list:
+        """Every context some parameter lives on."""
+        found = []
+        for param in self.values():
+            found += [ctx for ctx in param.list_ctx() if ctx not in found]
+        return found
+
     def load(self, filename, ctx=None, allow_missing: bool = False,
-             ignore_extra: bool = False, restore_prefix: str = "") -> None:
+             ignore_extra: bool = False, restore_prefix: str = "", cast_dtype: bool = False,
+             dtype_source: str = "current") -> None:
         """Values saved by ``save`` (names given ``restore_prefix``) into the parameters,
         initializing on ``ctx`` those that are not yet; a parameter the file lacks, or a
-        file entry no parameter takes, is an error unless allowed."""
+        file entry no parameter takes, is an error unless allowed. A dtype that differs
+        from the parameter's is an error unless ``cast_dtype`` (``dtype_source``: whose
+        dtype is kept, ``'current'`` or ``'saved'``)."""
         from mixrt.nd import load  # noqa: PLC0415
         loaded = load(filename)
         if not isinstance(loaded, dict):
@@ -481,7 +505,7 @@ class ParameterDict(OrderedDict):
                                  f"parameter here is named (ignore_extra=True skips them)")
         for name, value in values.items():
             if name in self:
-                self[name]._load_init(value, ctx)
+                self[name]._load_init(value, ctx, cast_dtype, dtype_source)
 
     def update(self, other) -> None:
         for name, param in dict(other).items():
