@@ -98,3 +98,14 @@ def test_context_default_ctx_is_the_current_context():
             assert mixrt.Context.default_ctx == mixrt.cpu(3)
     with pytest.warns(DeprecationWarning):
         mixrt.Context.default_ctx  # noqa: B018
+
+
+def test_shape_is_known_and_replace_file(tmp_path):
+    assert utils.shape_is_known((2, 3)) and not utils.shape_is_known((2, 0))
+    assert not utils.shape_is_known(None) and not utils.shape_is_known(())
+    with pytest.raises(InputError, match="negative"):
+        utils.shape_is_known((2, -3))
+    (tmp_path / "a").write_text("new")
+    (tmp_path / "b").write_text("old")
+    utils.replace_file(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert (tmp_path / "b").read_text() == "new" and not (tmp_path / "a").exists()

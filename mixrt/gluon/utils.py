@@ -80,7 +80,25 @@ def clip_global_norm(arrays, max_norm: float, check_isfinite: bool = True):
     return total if check_isfinite else total_norm
 
 
+def shape_is_known(shape) -> bool:
+    """Whether every dimension of ``shape`` is known (MXNet's legacy shapes mark an
+    unknown one 0; None and () are unknown)."""
+    if shape is None or len(shape) == 0:
+        return False
+    for size in shape:
+        if size == 0:
+            return False
+        if size < 0:
+            raise InputError(f"shape_is_known: a dimension cannot be negative, got {shape}")
+    return True
+
+
 # -- files -----------------------------------------------------------------------------------
+
+def replace_file(src: str, dst: str) -> None:
+    """Move ``src`` over ``dst`` in one step (MXNet's helper for downloads)."""
+    os.replace(src, dst)
+
 
 def check_sha1(filename: str, sha1_hash: str) -> bool:
     """Whether the file's SHA-1 digest (hexadecimal) is ``sha1_hash``."""
@@ -189,4 +207,5 @@ def _brief_print_list(items, limit: int = 7) -> str:
     return ", ".join(f"'{item}'" for item in items)
 
 
-__all__ = ["split_data", "split_and_load", "clip_global_norm", "check_sha1", "download"]
+__all__ = ["split_data", "split_and_load", "clip_global_norm", "check_sha1", "download",
+           "shape_is_known", "replace_file"]
