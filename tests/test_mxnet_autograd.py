@@ -83,3 +83,13 @@ def test_get_symbol_gives_the_recorded_computation():
 def test_get_symbol_refuses_what_has_no_recording():
     with pytest.raises(GradientError, match="not computed under"):
         autograd.get_symbol(nd.ones((2,)))
+
+
+def test_a_second_backward_from_a_freed_head_is_refused_as_in_mxnet():
+    x = nd.ones((2, 2))
+    x.attach_grad()
+    with autograd.record():
+        y = x + 1  # its gradient reads nothing saved, and still: the graph is gone
+    y.backward()
+    with pytest.raises(GradientError, match="freed"):
+        y.backward()

@@ -230,13 +230,16 @@ def run_backward(heads: list, seeds: list, retain_graph: bool, on_leaf=None,
         _accumulate(head._entry if head._entry is not None else head, seed, node_grads,
                     leaf_grads)
     nodes = _nodes_behind(heads)
+    head_nodes = {id(h._entry[0]) for h in heads if h._entry is not None}
     last_reader = _last_readers(nodes) if on_leaf is not None else {}
     for node in nodes:
         dys = [_as_value_dtype(node_grads.pop((id(node), j), None), meta)
                for j, meta in enumerate(node.out_meta)]
         if all(dy is None for dy in dys):
             continue
-        if node.freed and node.reads_saved(dys):
+        # a head's own graph, once freed, is refused (as MXNet refuses a head whose
+        # recording a backward cleared); inside, only a node that needs what it dropped
+        if node.freed and (id(node) in head_nodes or node.reads_saved(dys)):
             raise GradientError(f"backward reached {node.name}, whose graph an earlier "
                                 f"backward() freed; pass retain_graph=True to the first "
                                 f"backward to run another", op_type=node.name)
