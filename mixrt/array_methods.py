@@ -15,6 +15,12 @@ class ArrayMethods:
     def _op(self, op_type: str, inputs: list, attributes: dict):
         raise NotImplementedError
 
+    def _named_op(self, kind: str, op_type: str, inputs: list, attributes: dict, name=None):
+        """``_op`` for MXNet's function ``kind`` as a method, which takes ``name=``: a
+        Symbol names its node so (``x.abs(name="abs0")``), or as MXNet names a ``kind``
+        node (``abs0``); an array has no name to give and ignores it."""
+        return self._op(op_type, inputs, attributes)
+
     def _int_tensor(self, values):
         raise NotImplementedError
 
@@ -39,13 +45,14 @@ class ArrayMethods:
     def __lt__(self, other): return self._binary("Less", other)
     def __ge__(self, other): return self._binary("GreaterOrEqual", other)
     def __le__(self, other): return self._binary("LessOrEqual", other)
+    def __abs__(self): return self.abs()
 
     def _axes(self, axis):
         return None if axis is None else self._int_tensor(np.atleast_1d(axis))
 
     # -- shape -------------------------------------------------------------------------
 
-    def reshape(self, *shape, reverse: bool = False, **kwargs):
+    def reshape(self, *shape, reverse: bool = False, name=None, **kwargs):
         """MXNet's reshape: ``x.reshape((2, -1))``, ``x.reshape(2, 3)`` or ``shape=``, with
         its codes: ``0`` copies a dimension, ``-1`` infers one, ``-2`` copies all the rest,
         ``-3`` merges two, ``-4, a, b`` splits one in two (either may be -1), and
@@ -58,7 +65,11 @@ class ArrayMethods:
         if kwargs:
             raise TypeError(f"reshape: unknown arguments {sorted(kwargs)}")
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return self._reshaped([int(d) for d in shape], bool(reverse))
+        return self._named_reshape([int(d) for d in shape], bool(reverse), name)
+
+    def _named_reshape(self, codes: list[int], reverse: bool, name=None):
+        """``_reshaped`` for MXNet's ``name=``, which only a Symbol has a use for."""
+        return self._reshaped(codes, reverse)
 
     def _reshaped(self, codes: list[int], reverse: bool):
         """Sizes, 0 and one -1 are ONNX's Reshape; other codes ``_mxnet_reshape``'s."""
@@ -69,7 +80,7 @@ class ArrayMethods:
     def _mxnet_reshape(self, codes: list[int], reverse: bool):
         raise NotImplementedError
 
-    def transpose(self, *axes, **kwargs):
+    def transpose(self, *axes, name=None, **kwargs):
         """The axes in the order given (``x.transpose(1, 0)``, ``x.transpose((1, 0))`` or
         MXNet's ``axes=``); none given: reversed."""
         if "axes" in kwargs:
@@ -78,56 +89,74 @@ class ArrayMethods:
             raise TypeError(f"transpose: unknown arguments {sorted(kwargs)}")
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
         axes = () if axes == (None,) else axes
-        return self._op("Transpose", [self], {"perm": list(axes)} if axes else {})
+        return self._named_op("transpose", "Transpose", [self],
+                              {"perm": list(axes)} if axes else {}, name)
 
     @property
     def T(self):
         return self.transpose()
 
-    def flatten(self):
-        return self._op("Flatten", [self], {"axis": 1})
+    def flatten(self, name=None):
+        return self._named_op("flatten", "Flatten", [self], {"axis": 1}, name)
 
-    def expand_dims(self, axis: int):
-        return self._op("Unsqueeze", [self, self._int_tensor([axis])], {})
+    def expand_dims(self, axis: int, name=None):
+        return self._named_op("expand_dims", "Unsqueeze", [self, self._int_tensor([axis])],
+                              {}, name)
 
-    def squeeze(self, axis=None):
-        return self._op("Squeeze", [self, self._axes(axis)], {})
+    def squeeze(self, axis=None, name=None):
+        return self._named_op("squeeze", "Squeeze", [self, self._axes(axis)], {}, name)
 
     # -- reductions ----------------------------------------------------------------------
 
-    def _reduce(self, op_type: str, axis, keepdims: bool):
-        return self._op(op_type, [self, self._axes(axis)], {"keepdims": int(keepdims)})
+    def _reduce(self, kind: str, op_type: str, axis, keepdims: bool, name=None):
+        return self._named_op(kind, op_type, [self, self._axes(axis)],
+                              {"keepdims": int(keepdims)}, name)
 
-    def sum(self, axis=None, keepdims=False): return self._reduce("ReduceSum", axis, keepdims)
-    def mean(self, axis=None, keepdims=False): return self._reduce("ReduceMean", axis, keepdims)
-    def max(self, axis=None, keepdims=False): return self._reduce("ReduceMax", axis, keepdims)
-    def min(self, axis=None, keepdims=False): return self._reduce("ReduceMin", axis, keepdims)
-    def prod(self, axis=None, keepdims=False): return self._reduce("ReduceProd", axis, keepdims)
+    def sum(self, axis=None, keepdims=False, name=None):
+        return self._reduce("sum", "ReduceSum", axis, keepdims, name)
 
-    def norm(self):
-        return self._op("ReduceL2", [self], {"keepdims": 0})
+    def mean(self, axis=None, keepdims=False, name=None):
+        return self._reduce("mean", "ReduceMean", axis, keepdims, name)
 
-    def argmax(self, axis: int = 0, keepdims: bool = False):
-        return self._op("ArgMax", [self], {"axis": axis, "keepdims": int(keepdims)})
+    def max(self, axis=None, keepdims=False, name=None):
+        return self._reduce("max", "ReduceMax", axis, keepdims, name)
 
-    def argmin(self, axis: int = 0, keepdims: bool = False):
-        return self._op("ArgMin", [self], {"axis": axis, "keepdims": int(keepdims)})
+    def min(self, axis=None, keepdims=False, name=None):
+        return self._reduce("min", "ReduceMin", axis, keepdims, name)
+
+    def prod(self, axis=None, keepdims=False, name=None):
+        return self._reduce("prod", "ReduceProd", axis, keepdims, name)
+
+    def norm(self, name=None):
+        return self._named_op("norm", "ReduceL2", [self], {"keepdims": 0}, name)
+
+    def argmax(self, axis: int = 0, keepdims: bool = False, name=None):
+        return self._named_op("argmax", "ArgMax", [self],
+                              {"axis": axis, "keepdims": int(keepdims)}, name)
+
+    def argmin(self, axis: int = 0, keepdims: bool = False, name=None):
+        return self._named_op("argmin", "ArgMin", [self],
+                              {"axis": axis, "keepdims": int(keepdims)}, name)
 
     # -- elementwise ---------------------------------------------------------------------
 
-    def exp(self): return self._op("Exp", [self], {})
-    def log(self): return self._op("Log", [self], {})
-    def sqrt(self): return self._op("Sqrt", [self], {})
-    def abs(self): return self._op("Abs", [self], {})
-    def relu(self): return self._op("Relu", [self], {})
-    def sigmoid(self): return self._op("Sigmoid", [self], {})
-    def tanh(self): return self._op("Tanh", [self], {})
-    def square(self): return self._op("Mul", [self, self], {})
-    def softmax(self, axis=-1): return self._op("Softmax", [self], {"axis": axis})
-    def log_softmax(self, axis=-1): return self._op("LogSoftmax", [self], {"axis": axis})
+    def exp(self, name=None): return self._named_op("exp", "Exp", [self], {}, name)
+    def log(self, name=None): return self._named_op("log", "Log", [self], {}, name)
+    def sqrt(self, name=None): return self._named_op("sqrt", "Sqrt", [self], {}, name)
+    def abs(self, name=None): return self._named_op("abs", "Abs", [self], {}, name)
+    def relu(self, name=None): return self._named_op("relu", "Relu", [self], {}, name)
+    def sigmoid(self, name=None): return self._named_op("sigmoid", "Sigmoid", [self], {}, name)
+    def tanh(self, name=None): return self._named_op("tanh", "Tanh", [self], {}, name)
+    def square(self, name=None): return self._named_op("square", "Mul", [self, self], {}, name)
 
-    def clip(self, a_min, a_max):
-        return self._op("Clip", [self, a_min, a_max], {})
+    def softmax(self, axis=-1, name=None):
+        return self._named_op("softmax", "Softmax", [self], {"axis": axis}, name)
+
+    def log_softmax(self, axis=-1, name=None):
+        return self._named_op("log_softmax", "LogSoftmax", [self], {"axis": axis}, name)
+
+    def clip(self, a_min, a_max, name=None):
+        return self._named_op("clip", "Clip", [self, a_min, a_max], {}, name)
 
     def astype(self, dtype, copy: bool = True):
         return self._op("Cast", [self], {"to": to_onnx_type(np.dtype(dtype))})
@@ -138,25 +167,26 @@ class ArrayMethods:
 
 # -- the same as functions (``F.relu(x)``) -------------------------------------------------------
 
-def relu(x): return x.relu()
-def sigmoid(x): return x.sigmoid()
-def tanh(x): return x.tanh()
-def exp(x): return x.exp()
-def log(x): return x.log()
-def sqrt(x): return x.sqrt()
-def square(x): return x.square()
-def softmax(x, axis=-1): return x.softmax(axis)
-def log_softmax(x, axis=-1): return x.log_softmax(axis)
-def sum(x, axis=None, keepdims=False): return x.sum(axis, keepdims)  # noqa: A001
-def mean(x, axis=None, keepdims=False): return x.mean(axis, keepdims)
-def max(x, axis=None, keepdims=False): return x.max(axis, keepdims)  # noqa: A001
-def min(x, axis=None, keepdims=False): return x.min(axis, keepdims)  # noqa: A001
-def reshape(x, shape, reverse=False): return x.reshape(shape, reverse=reverse)
-def transpose(x, axes=None): return x.transpose(*(axes or ()))
-def flatten(x): return x.flatten()
-def expand_dims(x, axis): return x.expand_dims(axis)
-def squeeze(x, axis=None): return x.squeeze(axis)
-def clip(x, a_min, a_max): return x.clip(a_min, a_max)
+def relu(x, name=None): return x.relu(name=name)
+def sigmoid(x, name=None): return x.sigmoid(name=name)
+def tanh(x, name=None): return x.tanh(name=name)
+def exp(x, name=None): return x.exp(name=name)
+def log(x, name=None): return x.log(name=name)
+def sqrt(x, name=None): return x.sqrt(name=name)
+def square(x, name=None): return x.square(name=name)
+def softmax(x, axis=-1, name=None): return x.softmax(axis, name=name)
+def log_softmax(x, axis=-1, name=None): return x.log_softmax(axis, name=name)
+def sum(x, axis=None, keepdims=False, name=None): return x.sum(axis, keepdims, name)  # noqa: A001
+def mean(x, axis=None, keepdims=False, name=None): return x.mean(axis, keepdims, name)
+def max(x, axis=None, keepdims=False, name=None): return x.max(axis, keepdims, name)  # noqa: A001
+def min(x, axis=None, keepdims=False, name=None): return x.min(axis, keepdims, name)  # noqa: A001
+def prod(x, axis=None, keepdims=False, name=None): return x.prod(axis, keepdims, name)
+def reshape(x, shape, reverse=False, name=None): return x.reshape(shape, reverse=reverse, name=name)
+def transpose(x, axes=None, name=None): return x.transpose(*(axes or ()), name=name)
+def flatten(x, name=None): return x.flatten(name=name)
+def expand_dims(x, axis, name=None): return x.expand_dims(axis, name=name)
+def squeeze(x, axis=None, name=None): return x.squeeze(axis, name=name)
+def clip(x, a_min, a_max, name=None): return x.clip(a_min, a_max, name=name)
 
 
 def dot(a, b, transpose_a: bool = False, transpose_b: bool = False):
@@ -184,6 +214,6 @@ def stack(*arrays, axis: int = 0):
 
 
 FUNCTIONS = ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "square", "softmax",
-             "log_softmax", "sum", "mean", "max", "min", "reshape", "transpose", "flatten",
+             "log_softmax", "sum", "mean", "max", "min", "prod", "reshape", "transpose", "flatten",
              "expand_dims", "squeeze", "clip", "dot", "maximum", "minimum", "where", "concat",
              "stack"]

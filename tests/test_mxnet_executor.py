@@ -131,3 +131,43 @@ def test_contrib_autograd_grad_and_loss_and_sections():
             assert not contrib_autograd.set_is_training(False)
     with pytest.raises(InputError, match="argument 1"):
         contrib_autograd.grad(lambda v, mode: v, argnum=1)(x, True)
+
+
+def _internal_count(executor) -> int:
+    return len(executor.get_optimized_symbol().get_internals())
+
+
+def test_get_optimized_symbol_eliminates_common_expressions(monkeypatch):
+    a, b = sym.Variable("a"), sym.Variable("b")
+    values = {"a": np.array([[1.0, 2.0]], np.float32), "b": np.array([[3.0, 5.0]], np.float32)}
+    net = (a + b) + (a + b)
+    monkeypatch.setenv("MXNET_ELIMINATE_COMMON_EXPR", "0")
+    plain = net.simple_bind(cpu(), a=(1, 2), b=(1, 2))
+    monkeypatch.setenv("MXNET_ELIMINATE_COMMON_EXPR", "1")
+    merged = net.simple_bind(cpu(), a=(1, 2), b=(1, 2))
+    assert _internal_count(plain) == _internal_count(merged) + 1
+    for executor in (plain, merged):
+        out = executor.forward(is_train=True, **values)[0].asnumpy()
+        np.testing.assert_array_equal(out, [[8.0, 14.0]])
+        executor.backward(out_grads=[nd.ones((1, 2))])
+        np.testing.assert_array_equal(executor.grad_dict["a"].asnumpy(), [[2.0, 2.0]])
+    # two outputs of one value stay two arrays under their own names (a copy, as MXNet's)
+    shifted = a + 1
+    group = sym.Group([a * shifted, a * shifted])  # one product kept, one copy added
+    grouped = group.simple_bind(cpu(), a=(1, 2))
+    optimized = grouped.get_optimized_symbol()
+    assert optimized.list_outputs() == group.list_outputs()
+    assert len(optimized.get_internals()) == len(group.get_internals())
+    # dropout draws are never merged
+    drops = sym.Dropout(a) + sym.Dropout(a)
+    kept = drops.simple_bind(cpu(), a=(1, 2)).get_optimized_symbol()
+    assert len(kept.get_internals()) == len(drops.get_internals())
+
+
+def test_simple_bind_gives_every_float_argument_a_gradient():
+    data, label = sym.Variable("data"), sym.Variable("label")
+    net = sym.FullyConnected(data, num_hidden=2, name="fc") + sym.Cast(label, dtype="float32")
+    executor = net.simple_bind(cpu(), data=(3, 4), label=(3, 2),
+                               type_dict={"label": "int32"})
+    assert sorted(executor.grad_dict) == ["data", "fc_bias", "fc_weight"]
+    assert net.simple_bind(cpu(), grad_req="null", data=(3, 4), label=(3, 2)).grad_dict == {}

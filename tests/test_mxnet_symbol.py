@@ -172,3 +172,66 @@ def test_zeros_ones_like_and_batch_take_values():
     taken = sym.batch_take(x, sym.Variable("idx"))
     out = taken.eval(x=data, idx=np.array([0, 9, -2], np.int32))[0]
     np.testing.assert_array_equal(out, [0.0, 7.0, 8.0])  # MXNet clips the indices
+
+
+# -- functions built without shapes, fluent methods, creators ----------------------------------
+
+def _run(symbol, **arrays):
+    return [np.asarray(out.asnumpy()) for out in symbol.eval(**arrays)]
+
+
+def test_dot_batch_dot_and_pick_infer_with_unknown_dimensions():
+    x, y = sym.Variable("x"), sym.Variable("y")
+    assert sym.dot(x, y).infer_shape_partial(x=(0, 3, 4), y=(4, 5))[1] == [(0, 3, 5)]
+    assert sym.dot(x, y, transpose_a=True, transpose_b=True).infer_shape(
+        x=(4, 3, 2), y=(6, 4))[1] == [(2, 3, 6)]
+    assert sym.batch_dot(x, y).infer_shape_partial(x=(0, 3, 4), y=(0, 4, 5))[1] == [(0, 3, 5)]
+    assert sym.batch_dot(x, y, transpose_b=True).infer_shape(x=(2, 3, 4), y=(2, 5, 4))[1] \
+        == [(2, 3, 5)]
+    assert sym.pick(x, y, axis=1).infer_shape_partial(x=(0, 3, 3), y=(0, 3))[1] == [(0, 3)]
+
+
+def test_dot_of_two_vectors_has_shape_one_and_pick_clips_or_wraps():
+    p, q = sym.Variable("p"), sym.Variable("q")
+    vector = np.array([1.0, 2.0, 3.0], np.float32)
+    (out,) = _run(sym.dot(p, q), p=vector, q=vector + 3)
+    assert out.shape == (1,) and out[0] == 32.0
+    data = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+    index = np.array([4, -1], np.float32)
+    np.testing.assert_array_equal(_run(sym.pick(p, q, axis=0), p=data, q=index)[0], [5, 2])
+    np.testing.assert_array_equal(
+        _run(sym.pick(p, q, axis=0, mode="wrap"), p=data, q=index)[0], [3, 6])
+    with pytest.raises(GraphError, match="mode"):
+        sym.pick(p, q, mode="raise")
+
+
+def test_creators_nan_reductions_and_argmax_channel():
+    zeros = sym.zeros((3, 3))
+    assert zeros.name.startswith("_zeros") and zeros.infer_shape()[1] == [(3, 3)]
+    assert sym.ones((2,), dtype="int32").infer_type()[1] == [np.int32]
+    np.testing.assert_array_equal(_run(sym.full((2, 2), 7.5))[0], np.full((2, 2), 7.5))
+    with pytest.raises(GraphError, match="shape"):
+        sym.zeros((2, -1))
+    x = sym.Variable("x")
+    data = np.array([[1, np.nan, 3], [np.nan, np.nan, 2]], np.float32)
+    np.testing.assert_array_equal(_run(sym.nansum(x, axis=1), x=data)[0], [4, 2])
+    np.testing.assert_array_equal(_run(x.nanprod(), x=data)[0], 6)
+    np.testing.assert_array_equal(
+        _run(sym.argmax_channel(x), x=np.array([[1, 5, 3], [7, 2, 2]], np.float32))[0], [1, 0])
+
+
+def test_fluent_methods_take_name_and_name_nodes_as_mxnet():
+    with NameManager():
+        a = sym.Variable("a")
+        names = [a.abs().name, a.sum(axis=1).name, a.expand_dims(axis=1).name,
+                 sym.arctan(a).name, a.zeros_like().name, a.nansum().name]
+        assert a.split(num_outputs=2).list_outputs() == ["split0_output0", "split0_output1"]
+    assert names == ["abs0", "sum0", "expand_dims0", "arctan0", "zeros_like0", "nansum0"]
+    assert a.abs(name="magnitude").name == "magnitude"
+    assert a.flatten(name="flat").name == "flat"
+    assert a.reshape((2, 3), name="r").name == "r"
+    assert sym.relu(a, name="act").name == "act"
+    data = np.array([[-1.0, 2.0]], np.float32)
+    np.testing.assert_array_equal(_run(abs(a), a=data)[0], [[1.0, 2.0]])
+    # a function built from several nodes is one node to MXNet's structure queries
+    assert sym.arctan(a, name="t").get_internals().list_outputs() == ["a", "t_output"]

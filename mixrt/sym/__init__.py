@@ -20,8 +20,9 @@ see ``mixrt.sym.symbol_layers``), and MXNet's functions (``sym.broadcast_add``,
 from __future__ import annotations
 
 from mixrt.array_methods import (clip, concat, exp, expand_dims, flatten,  # noqa: F401
-                                 log, max, maximum, mean, min, minimum, relu, reshape, sigmoid,
-                                 sqrt, square, squeeze, stack, sum, tanh, transpose, where)
+                                 log, max, maximum, mean, min, minimum, prod, relu, reshape,
+                                 sigmoid, sqrt, square, squeeze, stack, sum, tanh, transpose,
+                                 where)
 from mixrt.sym.executor import Executor
 from mixrt.sym.symbol_layers import (Activation, BatchNorm, Convolution, Deconvolution,
                                     Embedding, FullyConnected, LeakyReLU,
@@ -50,6 +51,7 @@ from mixrt.sym import shape_free as _shape_free  # noqa: E402
 from mixrt.sym import _internal  # noqa: E402,F401  (MXNet's mx.sym._internal)
 globals().update(_shape_free.FUNCTIONS)
 MXNET_FUNCTIONS += [name for name in _shape_free.FUNCTIONS if name not in MXNET_FUNCTIONS]
+globals().update(_shape_free.CREATORS)  # sym.zeros, sym.ones, sym.full: no operand
 from mixrt.sym import sparse  # noqa: E402,F401  (MXNet's mx.sym.sparse)
 
 
@@ -67,4 +69,5 @@ __all__ = ["Executor", "Group", "OPSET", "Symbol", "Variable", "constant", "load
            # MXNet's layers (mixrt.sym.symbol_layers.LAYERS)
            "Activation", "BatchNorm", "Convolution", "Deconvolution", "Embedding",
            "FullyConnected", "LeakyReLU", "LinearRegressionOutput", "LogisticRegressionOutput",
-           "MAERegressionOutput", "Pooling", "SoftmaxOutput", *MXNET_FUNCTIONS]
+           "MAERegressionOutput", "Pooling", "SoftmaxOutput", *MXNET_FUNCTIONS,
+           *_shape_free.CREATORS]

@@ -38,6 +38,7 @@ from mixrt.runtime.training import LOSS_OPSET, NameMaker
 from mixrt.nd import NDArray
 from mixrt.output_losses import output_layer_loss
 from mixrt.sym import symbol as symbol_module
+from mixrt.sym.common_expr import eliminate_common_expr, enabled as common_expr_enabled
 from mixrt.sym.symbol import DEFAULT_DTYPE, Group, Symbol
 from mixrt.sym.symbol_layers import output_layer
 
@@ -80,6 +81,8 @@ class Executor:
         self._saved_by = None  # the TrainingPair that forward ran
         self._inferred = False  # whether the last forward was an inference one
         self._monitor = None  # (callback, monitor_all)
+        self._eliminate_common_expr = common_expr_enabled()
+        self._optimized = None  # get_optimized_symbol's, made on first use
         self.outputs: list = self._output_arrays()
 
     # -- arrays ------------------------------------------------------------------------------
@@ -348,13 +351,22 @@ class Executor:
         key = tuple(sorted(shapes.items()))
         if key not in self._compiled:
             dtypes = {n: a.dtype for n, a in arrays.items()}
-            graph = self.symbol.to_graph(shapes=shapes, dtypes=dtypes)
+            graph = self.get_optimized_symbol().to_graph(shapes=shapes, dtypes=dtypes)
             wrt = [n for n in self._arg_names if self._grad_req[n] != "null"]
             self._compiled[key] = _Compiled(graph, wrt, self._aux_names, self._options,
                                             output_layers(self.symbol))
         return self._compiled[key]
 
     # -- MXNet's other executor calls ---------------------------------------------------------
+
+    def get_optimized_symbol(self) -> Symbol:
+        """The symbol this executor runs: with ``MXNET_ELIMINATE_COMMON_EXPR`` on (the
+        default, read when the executor is made) each repeated computation done once
+        (``mixrt.sym.common_expr``); otherwise the bound symbol itself."""
+        if self._optimized is None:
+            self._optimized = eliminate_common_expr(self.symbol) \
+                if self._eliminate_common_expr else self.symbol
+        return self._optimized
 
     def reshape(self, partial_shaping: bool = False, allow_up_sizing: bool = False,
                 **kwargs) -> "Executor":
@@ -686,7 +698,7 @@ def simple_bind(symbol: Symbol, ctx, grad_req, type_dict: dict, shapes: dict) ->
                 for n, s, t in zip(names, shape_list, type_list)}
 
     executor = Executor(symbol, ctx, arrays(symbol.list_arguments(), arg_shapes, arg_types),
-                        None, _data_no_grad(grad_req, symbol, shapes),
+                        None, _simple_bind_reqs(grad_req, symbol, arg_types),
                         arrays(symbol.list_auxiliary_states(), aux_shapes, aux_types))
     executor.data_names = [n for n in shapes if n in symbol.list_arguments()]
     return executor
@@ -710,12 +722,14 @@ def _inferred_shapes(symbol: Symbol, shapes: dict, what: str) -> tuple:
     return inferred
 
 
-def _data_no_grad(grad_req, symbol: Symbol, shapes: dict):
-    """A plain grad_req string covers the parameters; data and labels (the names given
-    shapes) get none, as MXNet's Module binds them."""
+def _simple_bind_reqs(grad_req, symbol: Symbol, arg_types: list):
+    """A plain grad_req string is every float argument's, data and labels included
+    (MXNet's simple_bind); an integer argument (class labels, indices) has no gradient to
+    hold and gets none."""
     if not isinstance(grad_req, str):
         return grad_req
-    return {n: ("null" if n in shapes else grad_req) for n in symbol.list_arguments()}
+    return {name: grad_req if np.dtype(dtype or DEFAULT_DTYPE).kind in "fc" else "null"
+            for name, dtype in zip(symbol.list_arguments(), arg_types)}
 
 
 symbol_module.hand_in(Executor=Executor, simple_bind=simple_bind)

@@ -19,8 +19,8 @@ import numpy as np
 from mixrt.array_methods import ArrayMethods
 from mixrt.base.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
-from mixrt.sym.ops import call_op
-from mixrt.sym.symbol import constant, Symbol
+from mixrt.sym.ops import call_op, layer_name
+from mixrt.sym.symbol import constant, LAYER, prefixed, Symbol
 from mixrt.sym.tracing import static_shape
 
 
@@ -106,8 +106,12 @@ class Traced(ArrayMethods):
     def traced_op(self, op_type: str, inputs: list, attributes: dict, num_outputs=None,
                   domain: str = ""):
         symbols = [_symbol_of(value) for value in inputs]
-        out = call_op(domain, op_type, symbols, dict(attributes), name=None,
-                      num_outputs=num_outputs)
+        scope = _calls[-1] if _calls else None
+        out = call_op(domain, op_type, symbols, dict(attributes),
+                      name=None if scope is None else scope.inner_name(op_type),
+                      num_outputs=num_outputs, exact_name=scope is not None)
+        if scope is not None:
+            out._outputs[0][0].info[LAYER] = scope.head
         if num_outputs is not None and num_outputs > 1 or len(out) > 1:
             return [Traced(out[i]) for i in range(len(out))]
         return Traced(out)
@@ -158,13 +162,49 @@ def _symbols(value):
     return value
 
 
+class _Call:
+    """One MXNet function called on Symbols: MXNet makes it one node, ``name`` or the
+    function's automatic name (``arctan0``). The nodes its imperative body adds are named
+    ``<name>_<op><k>`` as one layer's, and its single output node is renamed ``<name>``,
+    so names and counters are MXNet's whatever the body builds it from."""
+
+    def __init__(self, function: str, name: str | None):
+        self.name = layer_name(function, name)
+        self.head = prefixed(self.name)
+        self._counts: dict[str, int] = {}
+
+    def inner_name(self, op_type: str) -> str:
+        kind = op_type.lower()
+        count = self._counts.get(kind, 0)
+        self._counts[kind] = count + 1
+        return f"{self.name}_{kind}{count}"
+
+    def named(self, result):
+        """The result with its output node named the call's, when the body made it and
+        every output is that node's (``split``'s several too)."""
+        if isinstance(result, Symbol):
+            nodes = {id(node): node for node, _ in result._outputs}
+            node = next(iter(nodes.values()))
+            if len(nodes) == 1 and node.info.get(LAYER) == self.head \
+                    and len(result) == node.num_outputs:
+                node.name = self.head
+        return result
+
+
+_calls: list[_Call] = []  # the MXNet functions being traced, innermost last
+
+
 def _on_symbols(name: str):
     function = getattr(imperative, name)
 
-    def on_symbols(*args, **kwargs):
-        result = function(*[_traced(a) for a in args],
-                          **{k: _traced(v) for k, v in kwargs.items()})
-        return _symbols(result)
+    def on_symbols(*args, name=None, **kwargs):
+        _calls.append(_Call(on_symbols.__name__, name))
+        try:
+            result = function(*[_traced(a) for a in args],
+                              **{k: _traced(v) for k, v in kwargs.items()})
+            return _calls[-1].named(_symbols(result))
+        finally:
+            _calls.pop()
 
     on_symbols.__name__ = on_symbols.__qualname__ = name
     on_symbols.__doc__ = function.__doc__

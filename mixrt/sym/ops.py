@@ -443,5 +443,5 @@ def make_function(domain: str, op_type: str):
     return function
 
 
-symbol_module.hand_in(call_op=call_op, parameter_shapes=parameter_shapes,
+symbol_module.hand_in(call_op=call_op, layer_name=layer_name, parameter_shapes=parameter_shapes,
                       parameter_dtypes=parameter_dtypes, declared_shapes=declared_shapes)

@@ -221,11 +221,81 @@ def pick(data=None, index=None, axis=-1, keepdims=False, mode="clip", name=None,
     return call.node("Squeeze", [picked, _int64s(axis)], **attributes)
 
 
+def _filled(function: str, fill):
+    def filled(shape=None, dtype=None, name=None, **attributes):
+        return full(shape, fill, dtype, name=name, _function=function, **attributes)
+    filled.__name__ = filled.__qualname__ = function.lstrip("_")
+    filled.__doc__ = f"MXNet's ``{function.lstrip('_')}``: {fill:g} in ``shape`` (float32 " \
+                     f"unless ``dtype``)."
+    return filled
+
+
+def full(shape=None, val=None, dtype=None, name=None, _function="_full", **attributes):
+    """MXNet's ``full``: ``val`` in ``shape`` (float32 unless ``dtype``), a node of the
+    graph (``_full0``) rather than a stored array."""
+    call = _Function(_function, name)
+    if shape is None or val is None:
+        raise GraphError(f"{_function.lstrip('_')} {call.name!r}: needs shape and a value, "
+                         f"got shape={shape!r}, val={val!r}")
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        raise GraphError(f"{_function.lstrip('_')} {call.name!r}: shape must be whole "
+                         f"numbers >= 0, got {shape!r}")
+    value = np.asarray([val], dtype=np.dtype(dtype) if dtype is not None else np.float32)
+    return call.node("ConstantOfShape", [_int64s(*dims)], value=value, **attributes)
+
+
+def _nan_reduce(function: str, op_type: str, neutral: float):
+    def nan_reduce(data=None, axis=None, keepdims=False, exclude=False, name=None,
+                   **attributes):
+        call = _Function(function, name)
+        data = call.symbol("data", data)
+        if exclude:
+            raise GraphError(f"{function} {call.name!r}: exclude=True needs the data's rank, "
+                             f"which a Symbol does not have until bound; name the axes")
+        is_nan = call.node("IsNaN", [data], "is_nan")
+        kept = call.node("Where", [is_nan, call.node("CastLike", [
+            constant(np.float64(neutral)), data], "neutral"), data], "kept")
+        inputs = [kept] if axis is None else [kept, _int64s(*np.atleast_1d(axis))]
+        return call.node(op_type, inputs, keepdims=int(bool(keepdims)), **attributes)
+    nan_reduce.__name__ = nan_reduce.__qualname__ = function
+    nan_reduce.__doc__ = (f"MXNet's ``{function}``: ``{op_type}`` over ``axis`` (all axes "
+                          f"when None) with NaN counted as {neutral:g}.")
+    return nan_reduce
+
+
+def argmax_channel(data=None, name=None, **attributes):
+    """MXNet's ``argmax_channel``: the index of the largest entry along axis 1, in the
+    data's dtype."""
+    call = _Function("argmax_channel", name)
+    data = call.symbol("data", data)
+    index = call.node("ArgMax", [data], "index", axis=1, keepdims=0)
+    return call.node("CastLike", [index, data], **attributes)
+
+
 FUNCTIONS = {
     **{name: _elementwise(name, op) for name, op in _ELEMENTWISE.items()},
     **{f"broadcast_{name}": _broadcast(f"broadcast_{name}", op, compare)
        for name, (op, compare) in _BROADCASTS.items()},
     "split": split, "SliceChannel": split, "batch_take": batch_take,
     "zeros_like": _filled_like("zeros_like", 0.0), "ones_like": _filled_like("ones_like", 1.0),
-    "dot": dot, "batch_dot": batch_dot, "pick": pick,
+    "dot": dot, "batch_dot": batch_dot, "pick": pick, "argmax_channel": argmax_channel,
+    "nansum": _nan_reduce("nansum", "ReduceSum", 0.0),
+    "nanprod": _nan_reduce("nanprod", "ReduceProd", 1.0),
 }
+
+CREATORS = {"zeros": _filled("_zeros", 0), "ones": _filled("_ones", 1), "full": full}
+"""MXNet's functions that make a Symbol from a shape alone (no operand to trace)."""
+
+
+# MXNet's Symbol methods of the same names (``x.zeros_like()``, ``x.nansum(axis=1)``)
+METHODS = ("zeros_like", "ones_like", "nansum", "nanprod", "argmax_channel", "pick", "split",
+           "dot")
+
+
+def _attach_methods() -> None:
+    for method in METHODS:
+        setattr(Symbol, method, FUNCTIONS[method])
+
+
+_attach_methods()

@@ -320,9 +320,22 @@ class Symbol(ArrayMethods):
     def _op(self, op_type: str, inputs: list, attributes: dict) -> "Symbol":
         return _call_op("", op_type, list(inputs), dict(attributes))
 
-    def _mxnet_reshape(self, codes: list[int], reverse: bool) -> "Symbol":
+    def _named_op(self, kind: str, op_type: str, inputs: list, attributes: dict,
+                  name: str | None = None, domain: str = "") -> "Symbol":
+        return _HANDED_IN["call_op"](domain, op_type, list(inputs), dict(attributes),
+                                     name=_HANDED_IN["layer_name"](kind, name))
+
+    def _named_reshape(self, codes: list[int], reverse: bool, name=None) -> "Symbol":
+        if reverse or any(d < -1 for d in codes) or codes.count(-1) > 1:
+            return self._mxnet_reshape(codes, reverse, name)
+        return self._named_op("reshape", "Reshape", [self, self._int_tensor(codes)], {},
+                              name)
+
+    def _mxnet_reshape(self, codes: list[int], reverse: bool, name=None) -> "Symbol":
         # a symbol's shape is known only when it runs, so the codes travel to the kernel
-        return _call_op("mixrt", "MXReshape", [self], {"shape": codes, "reverse": int(reverse)})
+        # (its node, unnamed, is named for it: mxreshape0, which its errors name)
+        return _HANDED_IN["call_op"]("mixrt", "MXReshape", [self],
+                                     {"shape": codes, "reverse": int(reverse)}, name=name)
 
     def _int_tensor(self, values) -> "Symbol":
         return constant(np.asarray([int(v) for v in values], dtype=np.int64))
