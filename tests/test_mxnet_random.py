@@ -784,3 +784,20 @@ def test_random_uniform_arrays_is_a_list_as_mxnets():
     from mixrt.test_utils import random_uniform_arrays
     arrays = random_uniform_arrays((2, 3), low=-0.5, high=0.5)
     assert isinstance(arrays, list) and arrays[0].shape == (2, 3)
+
+
+def test_symbol_rand_zipfian_gives_the_three_outputs():
+    outputs = sym.contrib.rand_zipfian(sym.var("true_classes"), 500, 20)
+    executor = sym.Group(list(outputs)).bind(
+        "cpu", {"true_classes": nd.array([1, 3], dtype="int32")})
+    sampled, count_true, count_sampled = executor.forward()
+    assert sampled.shape == (500,) and sampled.dtype == np.int64
+    drawn = sampled.asnumpy()
+    assert drawn.min() >= 0 and drawn.max() < 20
+
+    def expected(k):
+        return np.log((k + 2.0) / (k + 1.0)) / np.log(21) * 500
+    np.testing.assert_allclose(count_true.asnumpy(), expected(np.array([1, 3])))
+    np.testing.assert_allclose(count_sampled.asnumpy(), expected(drawn))
+    with pytest.raises(GraphError, match="num_sampled"):
+        sym.contrib.rand_zipfian(sym.var("t"), 0, 20)

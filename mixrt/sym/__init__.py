@@ -46,6 +46,7 @@ _mxnet_ops.attach_methods()
 from mixrt.sym import random  # noqa: E402  (MXNet's samplers, and sym.random_uniform, ...)
 globals().update(random.FLAT)
 from mixrt.sym.custom import Custom  # noqa: E402,F401  (MXNet's sym.Custom: mixrt.operator)
+from mixrt.sym import contrib  # noqa: E402,F401  (MXNet's sym.contrib.rand_zipfian, ...)
 # the MXNet functions mx.sym code calls before any shape is known, built shape-free
 from mixrt.sym import shape_free as _shape_free  # noqa: E402
 from mixrt.sym import _internal  # noqa: E402,F401  (MXNet's mx.sym._internal)
