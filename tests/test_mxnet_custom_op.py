@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from mixrt import autograd, nd, operator, profiler, sym
+from mixrt import autograd, gluon, init, nd, operator, profiler, sym
 from mixrt.errors import InputError
 
 
@@ -159,3 +159,29 @@ def test_profiler_names_custom_operators_as_mxnet(tmp_path):
     assert {"test_sigmoid::pure_python", "_backward_test_sigmoid::pure_python",
             "test_sigmoid::_zeros"} <= set(stats["Custom Operator"])
     assert {"_plus_scalar", "sqrt"} <= set(stats["operator"])
+
+
+class _DenseThenSigmoid(gluon.HybridBlock):
+    def __init__(self):
+        super().__init__()
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3, in_units=4)
+
+    def hybrid_forward(self, F, x):
+        return F.Custom(self.dense(x), op_type="test_sigmoid")
+
+
+def test_hybridized_block_runs_and_differentiates_a_custom_op():
+    grads = []
+    for hybridize in (False, True):
+        net = _DenseThenSigmoid()
+        net.initialize(init.Constant(0.1))
+        if hybridize:
+            net.hybridize()
+        x = nd.array(np.arange(8.0).reshape(2, 4))
+        with autograd.record():
+            y = net(x)
+        y.backward()
+        grads.append(net.dense.weight.grad().asnumpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5)
+    assert np.abs(grads[0]).sum() > 0
