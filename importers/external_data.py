@@ -20,15 +20,15 @@ import os
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from mixrt.base.errors import ModelLoadError
+from mixrt.importers.tensors import STRING, to_array
+from mixrt.ops.ir.dtypes import to_numpy_dtype
 
 _PACKED_BITS = {21: 4, 22: 4, 23: 4, 25: 2, 26: 2}  # int4/uint4/float4, int2/uint2
 
 
-def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+def read_external_tensor(tensor, base_dir: Path | None) -> np.ndarray:
     name = tensor.name or "<unnamed>"
     entries = {e.key: e.value for e in tensor.external_data}
     location = entries.get("location")
@@ -57,13 +57,13 @@ def read_external_tensor(tensor: onnx.TensorProto, base_dir: Path | None) -> np.
     if len(data) != length:
         raise ModelLoadError(f"tensor {name!r}: {location!r} ended early ({len(data)} of "
                              f"{length} bytes)")
-    inline = onnx.TensorProto()
+    inline = type(tensor)()  # ours or onnx's, as the model's
     inline.CopyFrom(tensor)
     del inline.external_data[:]
-    inline.data_location = onnx.TensorProto.DEFAULT
+    inline.data_location = 0  # TensorProto.DEFAULT
     inline.raw_data = data
     try:
-        return numpy_helper.to_array(inline)
+        return to_array(inline)
     except Exception as exc:
         raise ModelLoadError(f"tensor {name!r}: external bytes do not form a tensor of shape "
                              f"{list(tensor.dims)} ({exc})") from exc
@@ -111,14 +111,14 @@ def _non_negative_int(name: str, entries: dict, key: str, default):
     return value
 
 
-def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
+def _expected_bytes(tensor) -> int | None:
     count = 1
     for dim in tensor.dims:
         count *= int(dim)
-    if tensor.data_type == onnx.TensorProto.STRING:
+    if tensor.data_type == STRING:
         return None  # strings are never stored as raw bytes; to_array will reject them
     bits = _PACKED_BITS.get(tensor.data_type)
     if bits is not None:
         return (count * bits + 7) // 8
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    itemsize = to_numpy_dtype(tensor.data_type).itemsize
     return count * itemsize

@@ -12,27 +12,29 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-import onnx
-import onnx.defs
-
 from mixrt.base.errors import ModelLoadError
+from mixrt.importers import proto
 from mixrt.ops.ir.registry import canonical_domain
 
 MAX_EXPANSION_DEPTH = 32  # a function calling itself (directly or not) would never end
 _call_ids = itertools.count()
 
 
-def inline_model_functions(model: onnx.ModelProto) -> onnx.GraphProto:
-    """The model's main graph with every call of a model-local function expanded."""
+def inline_model_functions(model, owned: bool):
+    """The model's main graph with every call of a model-local function expanded. ``owned``:
+    the model was parsed for this load, so its graph may be changed in place and is not
+    copied (a copy holds every weight twice); a caller's ModelProto is copied first."""
     functions = {(canonical_domain(f.domain), f.name, f.overload): f for f in model.functions}
-    graph = onnx.GraphProto()
+    if owned and not functions:
+        return model.graph
+    graph = type(model.graph)()
     graph.CopyFrom(model.graph)
     if functions:
         _inline_in_graph(graph, functions, depth=0)
     return graph
 
 
-def _inline_in_graph(graph: onnx.GraphProto, functions: dict, depth: int) -> None:
+def _inline_in_graph(graph, functions: dict, depth: int) -> None:
     if depth > MAX_EXPANSION_DEPTH:
         raise ModelLoadError(f"model functions nest deeper than {MAX_EXPANSION_DEPTH} "
                              f"levels (recursive function?)")
@@ -53,7 +55,7 @@ def _inline_in_graph(graph: onnx.GraphProto, functions: dict, depth: int) -> Non
         _inline_in_graph(graph, functions, depth + 1)
 
 
-def expand_call(call: onnx.NodeProto, function: onnx.FunctionProto) -> list[onnx.NodeProto]:
+def expand_call(call, function) -> list:
     """The body of ``function`` as nodes wired to ``call``'s inputs, outputs and attributes."""
     if len(call.input) > len(function.input) or len(call.output) > len(function.output):
         raise ModelLoadError(
@@ -69,7 +71,7 @@ def expand_call(call: onnx.NodeProto, function: onnx.FunctionProto) -> list[onnx
     attributes.update({a.name: a for a in call.attribute})
     nodes = []
     for body_node in function.node:
-        node = onnx.NodeProto()
+        node = type(call)()
         node.CopyFrom(body_node)
         _rename_node(node, renames, prefix)
         _bind_attributes(node, attributes)
@@ -79,7 +81,7 @@ def expand_call(call: onnx.NodeProto, function: onnx.FunctionProto) -> list[onnx
     return nodes
 
 
-def _rename_node(node: onnx.NodeProto, renames: dict, prefix: str) -> None:
+def _rename_node(node, renames: dict, prefix: str) -> None:
     def rename(name: str) -> str:
         if not name:
             return name
@@ -91,7 +93,7 @@ def _rename_node(node: onnx.NodeProto, renames: dict, prefix: str) -> None:
         _rename_outer_references(sub, rename)
 
 
-def _rename_outer_references(graph: onnx.GraphProto, rename) -> None:
+def _rename_outer_references(graph, rename) -> None:
     """Rename the names a subgraph reads from its enclosing function body."""
     local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     local.update(o for n in graph.node for o in n.output)
@@ -104,14 +106,14 @@ def _rename_outer_references(graph: onnx.GraphProto, rename) -> None:
             output.name = rename(output.name)
 
 
-def _bind_attributes(node: onnx.NodeProto, attributes: dict) -> None:
+def _bind_attributes(node, attributes: dict) -> None:
     bound = []
     for attr in node.attribute:
         if attr.ref_attr_name:
             actual = attributes.get(attr.ref_attr_name)
             if actual is None:
                 continue  # caller did not set it and the function gives no default
-            copy = onnx.AttributeProto()
+            copy = type(attr)()
             copy.CopyFrom(actual)
             copy.name = attr.name
             bound.append(copy)
@@ -124,14 +126,17 @@ def _bind_attributes(node: onnx.NodeProto, attributes: dict) -> None:
     node.attribute.extend(bound)
 
 
-def schema_function(call: onnx.NodeProto, opset: int, input_types: list) -> \
-        onnx.FunctionProto | None:
-    """The function body ONNX's schema gives ``call``'s op at ``opset``, or None.
+def schema_function(call, opset: int, input_types: list):
+    """The function body ONNX's schema gives ``call``'s op at ``opset`` (a FunctionProto of
+    ``call``'s own classes), or None.
 
     ``input_types`` are TypeProtos of the call's inputs (needed by context-dependent
-    functions such as Attention, whose body depends on input ranks and dtypes).
+    functions such as Attention, whose body depends on input ranks and dtypes). Only a model
+    with a node that has no kernel gets here, so only such a model imports onnx's schemas.
     """
+    import onnx.defs  # noqa: PLC0415  (heavy: the function bodies live in its registry)
     domain = canonical_domain(call.domain)
+    function_class = proto.sibling(call, "FunctionProto")
     try:
         schema = onnx.defs.get_schema(call.op_type, opset, domain)
     except Exception:  # SchemaError for unknown ops; TypeError for non-text names
@@ -139,7 +144,8 @@ def schema_function(call: onnx.NodeProto, opset: int, input_types: list) -> \
     try:
         version = _newest_at_most(schema.function_opset_versions, opset)
         if schema.has_function and version is not None:
-            body = _as_function(schema.get_function_with_opset_version(version))
+            body = _as_function(function_class,
+                                schema.get_function_with_opset_version(version))
             if body.node:
                 return body
         version = _newest_at_most(schema.context_dependent_function_opset_versions, opset)
@@ -147,7 +153,7 @@ def schema_function(call: onnx.NodeProto, opset: int, input_types: list) -> \
             raw = schema.get_context_dependent_function_with_opset_version(
                 version, call.SerializeToString(),
                 [t.SerializeToString() for t in input_types])
-            body = _as_function(raw) if raw else None
+            body = _as_function(function_class, raw) if raw else None
             if body is not None and body.node:
                 return body
     except Exception:  # the schema refused these types/attributes
@@ -160,17 +166,19 @@ def _newest_at_most(versions, opset: int) -> int | None:
     return max(eligible) if eligible else None
 
 
-def _as_function(body) -> onnx.FunctionProto:
-    if isinstance(body, onnx.FunctionProto):
+def _as_function(function_class, body):
+    """A schema's function body (onnx's FunctionProto, or its serialized bytes) as a
+    ``function_class``: the call's graph can hold only nodes of its own classes."""
+    if isinstance(body, function_class):
         return body
-    function = onnx.FunctionProto()
-    function.ParseFromString(body)
+    function = function_class()
+    function.ParseFromString(body if isinstance(body, bytes) else body.SerializeToString())
     return function
 
 
 # -- standard ops without a kernel, expanded from their schema's function body ----------------
 
-def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_kernel,
+def expand_schema_functions(graph, opsets: dict[str, int], has_kernel,
                             infer_output_types) -> None:
     """Replace nodes whose op has no kernel (``has_kernel(domain, op, opset)`` is false) by
     the function body ONNX's schema defines for them, in place, subgraphs included.
@@ -184,10 +192,10 @@ def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_
             for sub in subgraphs_of(node):
                 expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
         return
+    type_class = proto.sibling(graph, "TypeProto")
     types = {v.name: v.type for v in (*graph.input, *graph.value_info, *graph.output)}
     for tensor in graph.initializer:
-        types[tensor.name] = onnx.helper.make_tensor_type_proto(tensor.data_type,
-                                                                tensor.dims)
+        types[tensor.name] = proto.tensor_type(type_class, tensor.data_type, tensor.dims)
     pending, done, depth = deque(_copy(n) for n in graph.node), [], {}
     while pending:
         node = pending.popleft()
@@ -195,7 +203,7 @@ def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_
             expand_schema_functions(sub, opsets, has_kernel, infer_output_types)
         domain = canonical_domain(node.domain)
         opset = opsets.get(domain)
-        input_types = [types.get(name, onnx.TypeProto()) for name in node.input]
+        input_types = [types.get(name, type_class()) for name in node.input]
         body = None
         if opset is not None and not has_kernel(domain, node.op_type, opset):
             level = depth.get(id(node), 0)
@@ -217,19 +225,19 @@ def expand_schema_functions(graph: onnx.GraphProto, opsets: dict[str, int], has_
     graph.node.extend(done)
 
 
-def _body_opset(body: onnx.FunctionProto, domain: str) -> int:
+def _body_opset(body, domain: str) -> int:
     for entry in body.opset_import:
         if canonical_domain(entry.domain) == canonical_domain(domain):
             return int(entry.version)
     return 1
 
 
-def _has_own_kernel(node: onnx.NodeProto, opsets: dict[str, int], has_kernel) -> bool:
+def _has_own_kernel(node, opsets: dict[str, int], has_kernel) -> bool:
     opset = opsets.get(canonical_domain(node.domain))
     return opset is None or has_kernel(canonical_domain(node.domain), node.op_type, opset)
 
 
-def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+def subgraphs_of(node) -> list:
     """The GRAPH and GRAPHS attribute values of a node."""
     found = []
     for attr in node.attribute:
@@ -237,7 +245,7 @@ def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return found
 
 
-def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
+def _copy(node):
+    copy = type(node)()
     copy.CopyFrom(node)
     return copy

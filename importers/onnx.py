@@ -14,16 +14,16 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from mixrt.base.errors import ModelLoadError
+from mixrt.importers import proto
 from mixrt.importers.external_data import read_external_tensor
 from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
                                       inline_model_functions)
 from mixrt.ops.ir.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY, canonical_domain
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.importers.tensors import to_array
 from mixrt.ops.device import aligned
 from mixrt.runtime.graph import Graph, Node, Value
 
@@ -35,14 +35,21 @@ MAX_MODEL_BYTES = 2**31 - 1  # protobuf's own limit
 CONTRIB_DOMAIN, CONTRIB_DEFAULT_VERSION = "com.microsoft", 1
 
 
+# AttributeProto.AttributeType's and TensorProto.DataLocation's values (onnx-ml.proto)
+(FLOAT, INT, STRING, TENSOR, GRAPH, FLOATS, INTS, STRINGS, TENSORS, GRAPHS, SPARSE_TENSOR,
+ SPARSE_TENSORS, TYPE_PROTO, TYPE_PROTOS) = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+EXTERNAL = 1
+
+
 class UndeclaredDomainWarning(UserWarning):
     """Not an error: a model uses the com.microsoft domain without declaring it in its
     opset_import; mixrt reads it at version 1, as onnxruntime does."""
 
 
-def load_model_proto(source) -> tuple[onnx.ModelProto, Path | None]:
-    """A ModelProto from a path, bytes or a ModelProto, and the folder external data lives in."""
-    if isinstance(source, onnx.ModelProto):
+def load_model_proto(source) -> tuple[object, Path | None]:
+    """A ModelProto from a path, bytes or a ModelProto (onnx's own, or parsed by
+    ``importers/proto.py`` without onnx), and the folder external data lives in."""
+    if proto.is_model_proto(source):
         return source, None
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _parse(bytes(source), "<bytes>"), None
@@ -73,8 +80,8 @@ def _source_of(source) -> dict:
             "source_mtime_ns": info.st_mtime_ns}
 
 
-def _parse(data: bytes, origin: str) -> onnx.ModelProto:
-    model = onnx.ModelProto()
+def _parse(data: bytes, origin: str):
+    model = proto.message("ModelProto")()
     try:
         model.ParseFromString(data)
     except Exception as exc:  # DecodeError, RuntimeWarning-as-error, ValueError
@@ -92,7 +99,7 @@ def import_model(source) -> Graph:
     opsets = _opsets(model)
     try:
         _check_names(model.graph)
-        graph_proto = inline_model_functions(model)
+        graph_proto = inline_model_functions(model, owned=not proto.is_model_proto(source))
         _declare_contrib_domain(graph_proto, opsets)
         expand_schema_functions(graph_proto, opsets, _has_kernel,
                                 lambda node, types: _infer_proto_types(node, types, opsets))
@@ -113,7 +120,7 @@ def import_model(source) -> Graph:
     return graph
 
 
-def _check_names(graph: onnx.GraphProto) -> None:
+def _check_names(graph) -> None:
     """Protobuf hands back bytes for a string field that is not valid UTF-8; every name we
     use as a dict key or pass to onnx.defs must be text."""
     for node in graph.node:
@@ -133,7 +140,7 @@ def _check_names(graph: onnx.GraphProto) -> None:
         raise ModelLoadError(f"graph {graph.name!r} has a value name that is not valid UTF-8")
 
 
-def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+def _opsets(model) -> dict[str, int]:
     opsets = {}
     for entry in model.opset_import:
         opsets[canonical_domain(entry.domain)] = int(entry.version)
@@ -150,7 +157,7 @@ def _opsets(model: onnx.ModelProto) -> dict[str, int]:
     return opsets
 
 
-def _declare_contrib_domain(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+def _declare_contrib_domain(graph, opsets: dict[str, int]) -> None:
     """Take an undeclared com.microsoft domain at version 1, with a warning naming the first
     node that uses it; any other undeclared domain stays an error (``_convert_node``)."""
     if CONTRIB_DOMAIN in opsets:
@@ -165,7 +172,7 @@ def _declare_contrib_domain(graph: onnx.GraphProto, opsets: dict[str, int]) -> N
     opsets[CONTRIB_DOMAIN] = CONTRIB_DEFAULT_VERSION
 
 
-def _first_node_of(graph: onnx.GraphProto, domain: str) -> onnx.NodeProto | None:
+def _first_node_of(graph, domain: str):
     for node in graph.node:
         if canonical_domain(node.domain) == domain:
             return node
@@ -176,7 +183,7 @@ def _first_node_of(graph: onnx.GraphProto, domain: str) -> onnx.NodeProto | None
     return None
 
 
-def _convert_graph(proto: onnx.GraphProto, opsets: dict[str, int], base_dir: Path | None,
+def _convert_graph(proto, opsets: dict[str, int], base_dir: Path | None,
                    ) -> Graph:
     graph = Graph(name=proto.name or "main", opsets=opsets)
     for tensor in proto.initializer:
@@ -192,7 +199,7 @@ def _convert_graph(proto: onnx.GraphProto, opsets: dict[str, int], base_dir: Pat
     return graph
 
 
-def _convert_node(proto: onnx.NodeProto, opsets: dict[str, int], base_dir: Path | None,
+def _convert_node(proto, opsets: dict[str, int], base_dir: Path | None,
                   ) -> Node:
     domain = canonical_domain(proto.domain)
     if domain not in opsets:
@@ -209,34 +216,33 @@ def _convert_node(proto: onnx.NodeProto, opsets: dict[str, int], base_dir: Path 
     return node
 
 
-def _attribute_value(attr: onnx.AttributeProto, node: Node, opsets, base_dir):
-    kind = onnx.AttributeProto.AttributeType
-    t = attr.type
-    if t == kind.FLOAT:
+def _attribute_value(attr, node: Node, opsets, base_dir):
+    t = attr.type  # AttributeProto.AttributeType's values
+    if t == FLOAT:
         return float(attr.f)
-    if t == kind.INT:
+    if t == INT:
         return int(attr.i)
-    if t == kind.STRING:
+    if t == STRING:
         return _decode(attr.s)
-    if t == kind.TENSOR:
+    if t == TENSOR:
         return tensor_to_array(attr.t, base_dir)
-    if t == kind.GRAPH:
+    if t == GRAPH:
         return _convert_graph(attr.g, opsets, base_dir)
-    if t == kind.SPARSE_TENSOR:
+    if t == SPARSE_TENSOR:
         return _sparse_to_dense(attr.sparse_tensor, base_dir)
-    if t == kind.TYPE_PROTO:
+    if t == TYPE_PROTO:
         return attr.tp
-    if t == kind.FLOATS:
+    if t == FLOATS:
         return [float(v) for v in attr.floats]
-    if t == kind.INTS:
+    if t == INTS:
         return [int(v) for v in attr.ints]
-    if t == kind.STRINGS:
+    if t == STRINGS:
         return [_decode(v) for v in attr.strings]
-    if t == kind.TENSORS:
+    if t == TENSORS:
         return [tensor_to_array(v, base_dir) for v in attr.tensors]
-    if t == kind.GRAPHS:
+    if t == GRAPHS:
         return [_convert_graph(g, opsets, base_dir) for g in attr.graphs]
-    if t == kind.TYPE_PROTOS:
+    if t == TYPE_PROTOS:
         return list(attr.type_protos)
     raise ModelLoadError(f"node {node.label!r}: attribute {attr.name!r} has unknown type {t}")
 
@@ -248,17 +254,17 @@ def _decode(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def tensor_to_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+def tensor_to_array(tensor, base_dir: Path | None) -> np.ndarray:
     """A TensorProto's data as a NumPy array (external data read safely)."""
     name = tensor.name or "<unnamed>"
     if not is_known_onnx_type(tensor.data_type):
         raise ModelLoadError(f"tensor {name!r} has unknown element type {tensor.data_type}")
     if any(d < 0 for d in tensor.dims):
         raise ModelLoadError(f"tensor {name!r} has a negative dimension {list(tensor.dims)}")
-    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+    if tensor.data_location == EXTERNAL:
         return read_external_tensor(tensor, base_dir)
     try:
-        array = numpy_helper.to_array(tensor)
+        array = to_array(tensor)
     except Exception as exc:
         raise ModelLoadError(f"tensor {name!r}: its data does not match its dtype "
                              f"{to_numpy_dtype(tensor.data_type).name} and shape "
@@ -266,7 +272,7 @@ def tensor_to_array(tensor: onnx.TensorProto, base_dir: Path | None) -> np.ndarr
     return aligned(array)  # BLAS and the compiled loops read aligned weights faster
 
 
-def _sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: Path | None) -> np.ndarray:
+def _sparse_to_dense(sparse, base_dir: Path | None) -> np.ndarray:
     values = tensor_to_array(sparse.values, base_dir)
     indices = tensor_to_array(sparse.indices, base_dir).astype(np.int64)
     shape = tuple(int(d) for d in sparse.dims)
@@ -283,7 +289,7 @@ def _sparse_to_dense(sparse: onnx.SparseTensorProto, base_dir: Path | None) -> n
     return dense
 
 
-def value_type(type_proto: onnx.TypeProto, name: str = ""):
+def value_type(type_proto, name: str = ""):
     """TensorType / SequenceType / OptionalType / MapType from a TypeProto; None when
     unset."""
     which = type_proto.WhichOneof("value")
@@ -335,7 +341,7 @@ def _has_kernel(domain: str, op_type: str, opset: int) -> bool:
     return REGISTRY.find(domain, op_type, opset) is not None
 
 
-def _infer_proto_types(node: onnx.NodeProto, input_types: list, opsets) -> list:
+def _infer_proto_types(node, input_types: list, opsets) -> list:
     """Output TypeProtos of a kernel-backed node, from its op's infer function; [] if unknown."""
     domain = canonical_domain(node.domain)
     kernel = REGISTRY.find(domain, node.op_type, opsets.get(domain, 0))
@@ -345,12 +351,12 @@ def _infer_proto_types(node: onnx.NodeProto, input_types: list, opsets) -> list:
         converted = _convert_node(node, opsets, None)
         inputs = [value_type(t) if name else None for name, t in zip(node.input, input_types)]
         outputs = kernel.infer_fn(*inputs, **converted.attributes)
-        return [_type_proto(t) for t in outputs]
+        return [_type_proto(proto.sibling(node, "TypeProto"), t) for t in outputs]
     except Exception:  # inference is best effort here; the kernel decides at run time
         return []
 
 
-def _type_proto(value) -> onnx.TypeProto | None:
+def _type_proto(type_class, value):
     if not isinstance(value, TensorType) or value.dtype is None:
         return None
     try:
@@ -359,4 +365,4 @@ def _type_proto(value) -> onnx.TypeProto | None:
         return None
     shape = None if value.shape is None else [d if isinstance(d, (int, str)) else None
                                               for d in value.shape]
-    return onnx.helper.make_tensor_type_proto(elem, shape)
+    return proto.tensor_type(type_class, elem, shape)

@@ -43,6 +43,7 @@ from mixrt.ops.ir.types import MapType, SequenceType, TensorType
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.kernel_tiers import warm_up
 from mixrt.runtime.memory import STRATEGIES, format_report, plan_report
+from mixrt.runtime.support import check_dim_names, support_table
 from mixrt.runtime.npz import read_npy  # checks before it reads
 from mixrt.runtime.plan_plot import draw_plan  # loads matplotlib only when it draws
 from mixrt.runtime.session import load_graph
@@ -387,7 +388,6 @@ def _map_inputs(session) -> list[str]:
 
 def _dim_sizes(session, args) -> dict[str, int]:
     """--dim's sizes, each for a symbolic dimension the model's inputs declare."""
-    from mixrt.runtime.support import check_dim_names  # noqa: PLC0415 (onnx's schemas)
     sizes = dict(_read_dim(spec) for spec in args.dim)
     check_dim_names(session.graph.feed_inputs(), sizes)
     return sizes
@@ -503,7 +503,6 @@ def cmd_export(args) -> int:
 # -- check -----------------------------------------------------------------------------------
 
 def cmd_check(args) -> int:
-    from mixrt.runtime.support import support_table  # noqa: PLC0415 (onnx's schemas)
 
     if args.validate:
         if args.registry_only:

@@ -18,6 +18,7 @@ from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.typecheck import operand_shape_problem
 
 # -- running ---------------------------------------------------------------------------------
 
@@ -254,7 +255,6 @@ def _shape_problem(node, args) -> str | None:
     """What the op's infer function refuses in the operands a run gave it (their shapes now
     static), as the load-time check (runtime/passes/typecheck.py) says it; None when it
     accepts them or cannot tell."""
-    from mixrt.runtime.passes.typecheck import operand_shape_problem  # noqa: PLC0415 (onnx)
     types = {}
     for name, value in zip(node.inputs, args):
         if not name or value is None:

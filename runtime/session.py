@@ -41,6 +41,9 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_c
 from mixrt.runtime.feeds import (as_text, check_tensor, feed_signature, map_feed, python_feed,
                                  type_name, unicode_text)
 from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
+from mixrt.runtime.passes.autodiff import expand_gradient_ops
+from mixrt.runtime.passes.typecheck import check_operand_types
+from mixrt.runtime.support import check_gpu_dtypes
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
 from mixrt.runtime.passes import optimize
@@ -167,9 +170,6 @@ class Session:
         self.device = parse_device(device)
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
-            # deferred: support.py reads onnx's operator schemas (~0.1 s to import), which
-            # only a GPU session needs here
-            from mixrt.runtime.support import check_gpu_dtypes  # noqa: PLC0415
             check_gpu_dtypes(self.graph, self.device)
         self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)
@@ -556,14 +556,12 @@ def _check_option(name: str, value, allowed) -> None:
 
 
 def _optimized(graph: Graph, opt_level: int) -> Graph:
-    from mixrt.runtime.passes.typecheck import check_operand_types  # noqa: PLC0415 (onnx)
     graph.validate()
     # a model the spec calls invalid fails here, naming the node; a .mxr too (its file may
     # have been written by anyone: the optimized graphs mixrt compiles pass)
     check_operand_types(graph)
     if "opt_level" in graph.metadata:  # compiled (.mxr): runs as it was compiled
         return graph
-    from mixrt.runtime.passes.autodiff import expand_gradient_ops  # noqa: PLC0415 (onnx)
     # ONNX's Gradient op has no kernel: it becomes the backward nodes it stands for
     return optimize(expand_gradient_ops(graph), opt_level)
 

@@ -27,13 +27,14 @@ LAYERS = ["ground", "ops base", "kernel machinery", "operator families", "runtim
 # purpose, so that ``import mixrt``, ``mixrt --version`` and ``mixrt --help`` do not load
 # it; the test checks that the imported module loads it and the importing one does not
 DEFERRED = {
-    # the ONNX loader, registered by ``import mixrt``, reads onnx only when a model is loaded
-    ("mixrt", "mixrt.importers.onnx"): "onnx",
+    # the ONNX loader, registered by ``import mixrt``, needs protobuf only when a model is
+    # loaded (and onnx itself only for a node its kernels lack, whose schema body it expands)
+    ("mixrt", "mixrt.importers.onnx"): "google.protobuf",
+    ("mixrt", "mixrt.importers.proto"): "google.protobuf",
     # the CLI's subcommands: only the one run loads what it needs
     ("mixrt.cli", "mixrt.main_job"): "onnx",  # and the training frontends
     ("mixrt.cli", "mixrt.exporters.coverage"): "onnx",  # and onnxruntime, when it validates
     ("mixrt.cli", "mixrt.exporters.onnx"): "onnx",
-    ("mixrt.cli", "mixrt.runtime.support"): "onnx",  # onnx's operator schemas
     ("mixrt.cli", "mixrt.kvstore.launch"): "zmq",  # pyzmq
     ("mixrt.demo", "mixrt.models.zoo"): "onnx",
     # the parameter server's ZeroMQ side, only for a dist_* store
@@ -49,11 +50,6 @@ DEFERRED = {
     # the .mxr reader and writer: the FlatBuffers runtime, only when a .mxr is read or written
     ("mixrt.runtime.format", "mixrt.runtime.format.reader"): "flatbuffers",
     ("mixrt.runtime.format", "mixrt.runtime.format.writer"): "flatbuffers",
-    # the type check and autodiff read onnx's operator schemas (~0.1 s)
-    ("mixrt.runtime.run_loop", "mixrt.runtime.passes.typecheck"): "onnx",
-    ("mixrt.runtime.session", "mixrt.runtime.passes.typecheck"): "onnx",
-    ("mixrt.runtime.session", "mixrt.runtime.passes.autodiff"): "onnx",
-    ("mixrt.runtime.session", "mixrt.runtime.support"): "onnx",  # a GPU session's dtype check
 }
 # imports inside functions that defer nothing heavy and are to move to module level (the
 # imported module is loaded by ``import mixrt`` already): where each is

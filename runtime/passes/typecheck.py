@@ -31,18 +31,17 @@ import functools
 import re
 
 import numpy as np
-import onnx
-from onnx import defs
 
 from mixrt.base.errors import GraphError
-from mixrt.ops.ir.dtypes import to_onnx_type
+from mixrt.ops.ir import onnx_schemas
+from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_attributes, infer_node, infer_types
 from mixrt.runtime.passes.rewrite import static_shape
 
-_VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
+_VARIADIC = onnx_schemas.VARIADIC
 
 
 def check_operand_types(graph: Graph, types: dict | None = None) -> None:
@@ -95,8 +94,8 @@ def operand_type_problem(node: Node, types: dict) -> str | None:
     schema = _schema(node)
     if schema is None:
         return None
-    allowed_by_param = {c.type_param_str: {_canonical(t) for t in c.allowed_type_strs}
-                        for c in schema.type_constraints}
+    allowed_by_param = {param: {_canonical(t) for t in allowed}
+                        for param, allowed in schema.type_constraints.items()}
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (type, first input with it)
     for index, name in enumerate(node.inputs):
         formal = _formal(schema, index)
@@ -126,6 +125,7 @@ def version_accepting(node: Node, types: dict) -> int:
     does, the node keeps its opset and the type check names it. Default domain only."""
     if operand_type_problem(node, types) is None:
         return node.opset
+    from onnx import defs  # noqa: PLC0415  (the attributes' defaults: autodiff, not loading)
     base = _signature(node.op_type, node.opset)
     for version in range(node.opset + 1, defs.onnx_opset_version() + 1):
         if _signature(node.op_type, version) != base:
@@ -143,6 +143,7 @@ def _signature(op_type: str, version: int) -> tuple | None:
     inputs and outputs, and each attribute's type, whether it is required and its default.
     The defaults catch the versions that changed meaning under the same names (Softmax-13's
     axis, GridSample-20's mode values)."""
+    from onnx import defs  # noqa: PLC0415
     try:
         schema = defs.get_schema(op_type, version)
     except defs.SchemaError:
@@ -203,7 +204,7 @@ def shared_type_groups(node: Node, types: dict) -> list[list[tuple[int, np.dtype
     schema = _schema(node)
     if schema is None:
         return []
-    params = {c.type_param_str for c in schema.type_constraints}
+    params = set(schema.type_constraints)
     groups: dict[str, list[tuple[int, np.dtype | None]]] = {}
     for index, name in enumerate(node.inputs):
         formal = _formal(schema, index)
@@ -247,7 +248,7 @@ def _element_name(dtype) -> str | None:
     if dtype is None:
         return None
     try:
-        return onnx.TensorProto.DataType.Name(to_onnx_type(dtype)).lower()
+        return ONNX_TYPE_NAMES[to_onnx_type(dtype)]
     except (KeyError, ValueError, TypeError):
         return None
 
@@ -265,12 +266,9 @@ def _canonical(type_str: str) -> str:
 def _schema(node: Node):
     """The schema in force at the node's opset; None when ONNX has none (also for an opset
     or a name a damaged file made up: the kernel lookup reports those)."""
-    if not 0 < node.opset < 2 ** 31:
+    if not 0 < node.opset < 2 ** 31 or not isinstance(node.op_type, str):
         return None
-    try:
-        return defs.get_schema(node.op_type, node.opset, node.domain)
-    except (defs.SchemaError, TypeError, ValueError):
-        return None
+    return onnx_schemas.get_schema(node.op_type, node.opset, node.domain)
 
 
 def _formal(schema, index: int):
