@@ -32,14 +32,13 @@ __version__ = "0.1.0"
 
 
 def _is_onnx_source(source) -> bool:
-    import onnx  # noqa: PLC0415  (onnx is heavy; import only when a model is loaded)
-    if isinstance(source, (bytes, bytearray, memoryview, onnx.ModelProto)):
-        return True
-    return isinstance(source, (str, os.PathLike))
+    from mixrt.importers.proto import is_model_proto  # noqa: PLC0415  (protobuf: on first load)
+    return isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) or \
+        is_model_proto(source)
 
 
 def _import_onnx(source):
-    from mixrt.importers.onnx import import_model  # noqa: PLC0415 (onnx)
+    from mixrt.importers.onnx import import_model  # noqa: PLC0415  (protobuf: on first load)
     return import_model(source)
 
 
