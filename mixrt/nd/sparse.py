@@ -173,8 +173,9 @@ def _from_dense(fn: str, stype: str, source, shape, ctx, dtype) -> NDArray:
                                      f"{source.stype} one")
         made = source.astype(_default_dtype(source, dtype))
         return made if ctx is None else made.copyto(as_context(ctx))
-    dense = _nd.array(source, ctx=ctx if ctx is not None or not isinstance(source, NDArray)
-                      else source.ctx, dtype=_default_dtype(source, dtype))
+    if ctx is None and isinstance(source, NDArray):
+        ctx = source.ctx
+    dense = _nd.array(source, ctx=ctx, dtype=_default_dtype(source, dtype))
     if shape is not None and tuple(shape) != dense.shape:
         raise InputError(f"{fn}: shape {tuple(shape)} does not match the source's "
                          f"{dense.shape}")
@@ -284,10 +285,6 @@ def _rows(array: NDArray):
 
 def _invoke(op_type: str, *inputs) -> NDArray:
     return dispatch.invoke("", op_type, list(inputs), {})
-
-
-def _stype(value) -> str:
-    return value.stype if isinstance(value, NDArray) else "scalar"
 
 
 def _check_same_shape(fn: str, lhs: NDArray, rhs: NDArray) -> None:
@@ -400,7 +397,7 @@ def add_n(*args, out=None, name=None) -> NDArray:
         raise InputError("add_n: needs at least one array")
     arrays = [_array("add_n", f"args[{i}]", a) for i, a in enumerate(args)]
     total = arrays[0]
-    for index, other in enumerate(arrays[1:], start=1):
+    for other in arrays[1:]:
         _check_same_shape("add_n", arrays[0], other)
         total = _sum_like("add_n", "Add", total, other)
     return _into("add_n", out, total if len(arrays) > 1 else arrays[0].copy())
@@ -412,17 +409,17 @@ ElementWiseSum = add_n
 # -- unary operators -----------------------------------------------------------------------
 # zero maps to zero, so a sparse input keeps its storage and structure (MXNet's list)
 
-def _zero_preserving(name: str, compute):
+def _zero_preserving(fn: str, compute):
+    """MXNet's unary ``fn`` (computed by ``compute``), keeping a sparse input's storage."""
     def operator(data, out=None, name=None):
-        data = _array(name_, "data", data)
+        data = _array(fn, "data", data)
         result = compute(data)
         if isinstance(data, BaseSparseNDArray):
             result = _restyled(result, data.stype, data._structure())
-        return _into(name_, out, result)
-    name_ = name
-    operator.__name__ = operator.__qualname__ = name
-    operator.__doc__ = (f"MXNet's ``{name}``: a sparse input keeps its storage type and "
-                        f"structure (``{name}(0) == 0``).")
+        return _into(fn, out, result)
+    operator.__name__ = operator.__qualname__ = fn
+    operator.__doc__ = (f"MXNet's ``{fn}``: a sparse input keeps its storage type and "
+                        f"structure (``{fn}(0) == 0``).")
     return operator
 
 
@@ -439,10 +436,10 @@ for _name in ("rint", "round", "fix", "trunc", "expm1", "log1p", "degrees", "rad
 
 
 def _as_plain_input(data: NDArray) -> NDArray:
-    """``data`` for an MXNet nd function that may call NDArray methods a sparse array
-    refuses (reshape): itself when dense, else a dense array on the same tape place.
-    A sparse leaf with a gradient attached is passed as itself (nothing refused there
-    so far) so that its gradient is found."""
+    """``data`` for one of mixrt.nd's MXNet functions, which may call NDArray methods a
+    sparse array refuses (``reshape``): a dense NDArray over the same buffer and at the
+    same place on autograd's tape. A sparse leaf with a gradient attached is the tape's
+    own parent and goes as itself (these functions only transpose, slice or reduce it)."""
     if not isinstance(data, BaseSparseNDArray) or data._grad is not None:
         return data
     plain = NDArray(data._read(), data.ctx)
