@@ -17,12 +17,13 @@ input shapes, edges carry the shapes inference finds.
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import graphviz
 
 from mixrt.base.errors import InputError
-from mixrt.sym.symbol import Symbol, SymNode
+from mixrt.sym.symbol import LAYER, Symbol, SymNode
 
 PARAMETER_SUFFIXES = ("_weight", "_bias", "_gamma", "_beta", "_moving_mean", "_moving_var",
                       "_running_mean", "_running_var")
@@ -80,6 +81,11 @@ def plot_network(symbol: Symbol, title: str = "plot", save_format: str = "pdf",
         raise InputError(f"plot_network: save_format {save_format!r} is not a Graphviz "
                          f"format; common ones are ['pdf', 'png', 'svg'] (all: "
                          f"graphviz.FORMATS)")
+    _warn_repeated_names(symbol)
+    distinct = symbol._distinct()  # nodes sharing a name: each its own node and edges
+    shown = {id(copy): node.name for copy, node in
+             zip(distinct._topological(), symbol._topological())}
+    symbol = distinct
     shapes = _internal_shapes(symbol, shape) if shape else {}
     dtypes = _internal_dtypes(symbol, dtype) if dtype else {}
     dot = graphviz.Digraph(name=title, format=save_format,
@@ -92,7 +98,8 @@ def plot_network(symbol: Symbol, title: str = "plot", save_format: str = "pdf",
         # ids are ours, never names: a name may hold quotes, spaces or dot's port colons
         ids[id(node)] = node_id = f"node{len(ids)}"
         family = "input" if node.op in (None, "") else _FAMILY_OF.get(node.op, "other")
-        dot.node(node_id, label=graphviz.nohtml(_label(node)), fillcolor=COLORS[family],
+        dot.node(node_id, label=graphviz.nohtml(_label(node, shown.get(id(node)))),
+                 fillcolor=COLORS[family],
                  **({"shape": "oval"} if node.op is None else {}))
         for entry in node.inputs:
             if entry is None or id(entry[0]) not in ids:
@@ -132,6 +139,7 @@ def print_summary(symbol: Symbol, shape: dict | None = None, line_length: int = 
     counted once, at their first consumer; auxiliary states (running statistics) count as
     non-trainable."""
     _check_symbol(symbol, "print_summary")
+    symbol = symbol._distinct()  # a repeated name's later nodes listed as <name>_<k>
     shapes = _internal_shapes(symbol, shape or {})
     widths = [int(line_length * f) for f in (0.36, 0.24, 0.12)]
     widths.append(line_length - sum(widths))
@@ -192,18 +200,35 @@ def _check_symbol(symbol, what: str) -> None:
         raise InputError(f"{what} takes a mixrt.sym.Symbol, got {type(symbol).__name__}")
 
 
-def _label(node: SymNode) -> str:
+def _warn_repeated_names(symbol: Symbol) -> None:
+    """MXNet's warning for nodes that share a name (its drawing joins them by name, which
+    can make a cycle; here each stays its own node)."""
+    seen, repeated = set(), []
+    for node in symbol._topological():
+        if node.info.get(LAYER, node.name) != node.name:
+            continue  # a layer's inner node: MXNet's layer is one node, named once
+        if node.name in seen and node.name not in repeated:
+            repeated.append(node.name)
+        seen.add(node.name)
+    if repeated:
+        warnings.warn("There are multiple variables with the same name in your graph, "
+                      f"which a drawing by name could join into a cycle. Repeated names: "
+                      f"{','.join(repeated)}", RuntimeWarning, stacklevel=3)
+
+
+def _label(node: SymNode, name: str | None = None) -> str:
+    name = name or node.name
     if node.op is None:
-        return graphviz.escape(node.name)
+        return graphviz.escape(name)
     if node.op == "":
-        return graphviz.escape(f"constant {node.name}")
+        return graphviz.escape(f"constant {name}")
     op = f"{node.domain}::{node.op}" if node.domain else node.op
     lines = [op]
     settings = [f"{key}={_attribute_text(key, node.attrs[key])}"
                 for key in KEY_ATTRIBUTES.get(node.op, ()) if key in node.attrs]
     if settings:
         lines.append(", ".join(settings))
-    lines.append(node.name)
+    lines.append(name)
     return "\\n".join(graphviz.escape(line) for line in lines)
 
 

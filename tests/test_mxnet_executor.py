@@ -171,3 +171,17 @@ def test_simple_bind_gives_every_float_argument_a_gradient():
                                type_dict={"label": "int32"})
     assert sorted(executor.grad_dict) == ["data", "fc_bias", "fc_weight"]
     assert net.simple_bind(cpu(), grad_req="null", data=(3, 4), label=(3, 2)).grad_dict == {}
+
+
+def test_debug_str_counts_what_the_forward_keeps_for_the_backward():
+    data = sym.Variable("data")
+    for _ in range(4):
+        data = data * data
+
+    def allocated(net, **options):
+        text = net.simple_bind(cpu(), data=(64, 1024), **options).debug_str()
+        return int(text.split("Total ")[1].split(" MB")[0])
+    training, inference = allocated(data), allocated(data, grad_req="null")
+    assert training > inference
+    # behind stop_gradient no gradient flows, so nothing is kept: the inference amount
+    assert allocated(sym.stop_gradient(data)) == inference

@@ -235,3 +235,14 @@ def test_fluent_methods_take_name_and_name_nodes_as_mxnet():
     np.testing.assert_array_equal(_run(abs(a), a=data)[0], [[1.0, 2.0]])
     # a function built from several nodes is one node to MXNet's structure queries
     assert sym.arctan(a, name="t").get_internals().list_outputs() == ["a", "t_output"]
+
+
+def test_plot_network_warns_of_names_used_twice_and_draws_each_node():
+    from mixrt import viz  # noqa: PLC0415  (needs the graphviz package)
+    net = sym.FullyConnected(sym.Variable("data"), name="fc", num_hidden=8)
+    net = sym.FullyConnected(sym.Activation(net, act_type="relu", name="relu1"), name="fc",
+                             num_hidden=3)
+    with pytest.warns(RuntimeWarning, match="same name.*Repeated names: .*fc"):
+        dot = viz.plot_network(net, shape={"data": (4, 5)}, hide_weights=False)
+    assert dot.source.count("label=fc_weight ") == 2
+    assert 'label="8x5"' in dot.source and 'label="3x8"' in dot.source  # each weight its own

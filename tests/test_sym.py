@@ -89,11 +89,21 @@ def test_prefix_applies_to_nodes_and_variables():
     assert net.name == "block1_act"
 
 
-def test_duplicate_node_names_are_an_error():
+def test_nodes_sharing_a_name_stay_distinct_nodes():
+    # MXNet allows two nodes of one name; the graph names the later one same_1, and
+    # inference reports each by its own node
     x = sym.Variable("x")
     net = sym.Add(sym.Relu(x, name="same"), sym.Sigmoid(x, name="same"))
-    with pytest.raises(GraphError, match="'same'"):
-        net.to_graph()
+    graph = net.to_graph()
+    assert [n.name for n in graph.nodes if n.op_type != "Add"] == ["same", "same_1"]
+    values = np.array([[-1.0, 2.0]], np.float32)
+    expected = np.maximum(values, 0) + 1 / (1 + np.exp(-values))
+    np.testing.assert_allclose(to_host(net.eval(x=values)[0]), expected, rtol=1e-6)
+    first = sym.FullyConnected(sym.Variable("data"), num_hidden=4, name="fc")
+    twice = sym.FullyConnected(first, num_hidden=2, name="fc")
+    args, outs, _ = twice.infer_shape(data=(3, 5))
+    assert twice.list_arguments() == ["data", "fc_weight", "fc_bias", "fc_weight", "fc_bias"]
+    assert args == [(3, 5), (4, 5), (4,), (2, 4), (2,)] and outs == [(3, 2)]
 
 
 # -- composition, outputs, arithmetic -------------------------------------------------------------

@@ -436,6 +436,9 @@ class Executor:
         if training.backward is not None:
             saved = {v.name: self._xp.zeros(_static(v), _dtype(v))
                      for v in training.backward.graph.feed_inputs() if v.name not in feeds}
+            # what the forward keeps for the backward is held between the two, as MXNet's
+            # plan holds it
+            total += sum(int(a.nbytes) for a in saved.values())
             total += _arena_bytes(training.backward, {**feeds, **saved})
         return total
 

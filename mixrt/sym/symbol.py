@@ -375,9 +375,11 @@ class Symbol(ArrayMethods):
         initializers holding the given arrays), constants initializers, outputs the graph's
         outputs. ``shapes``/``dtypes`` override variables' declared types."""
         params, shapes, dtypes = params or {}, shapes or {}, dtypes or {}
+        distinct = self._distinct()
+        if distinct is not self:
+            return distinct.to_graph(params, name=name, shapes=shapes, dtypes=dtypes)
         graph = Graph(name)
         nodes = self._topological()
-        _check_unique_names(nodes)
         for node in nodes:
             if node.is_variable:
                 _add_variable(graph, node, params, shapes, dtypes)
@@ -470,14 +472,15 @@ class Symbol(ArrayMethods):
         ``undecided``: the dtype assumed for variables nothing decides (else float32)."""
         shapes = {name: _unknown_as_none(shape) for name, shape in shapes.items()}
         dtypes = dict(dtypes)
-        nodes = self._topological()
+        symbol = self._distinct()
+        nodes = symbol._topological()
         variables = [n for n in nodes if n.is_variable]
         free = {n.name for n in variables if "dtype" not in n.info} - set(dtypes)
         while True:
             given = {n.name: shapes.get(n.name, n.info.get("shape")) for n in variables}
             assumed = {name: undecided for name in free} if undecided is not None else {}
-            graph = self.to_graph(shapes=_with_unknown_dims(given),
-                                  dtypes={**assumed, **dtypes})
+            graph = symbol.to_graph(shapes=_with_unknown_dims(given),
+                                    dtypes={**assumed, **dtypes})
             types = infer_types(graph)
             declared = _handed_in("declared_shapes")(nodes, types)
             found = learned_shapes(nodes, types, given, declared)
@@ -492,10 +495,39 @@ class Symbol(ArrayMethods):
             free -= set(matched)
 
     def _report(self, types: dict, pick):
+        """What ``types`` (of the graph ``to_graph`` makes) says of each argument, output
+        and auxiliary state, by node: two nodes of one name are reported each its own."""
+        distinct = self._distinct()
+
         def of(names):
             return [pick(_known_dims(_tensor(types.get(name)))) for name in names]
-        return (of(self.list_arguments()), of(self.list_outputs()),
-                of(self.list_auxiliary_states()))
+        return (of(distinct.list_arguments()), of(distinct.list_outputs()),
+                of(distinct.list_auxiliary_states()))
+
+    def _distinct(self) -> "Symbol":
+        """This symbol, or where two nodes share a name (MXNet allows it: a layer name
+        used twice), a copy whose later namesakes are ``<name>_<k>``: the names its graph
+        and its inference use. The copy lists its nodes in this symbol's order."""
+        nodes = self._topological()
+        renamed, taken = {}, set()
+        for node in nodes:
+            name, k = node.name, 0
+            while not taken.isdisjoint(_value_names(node, name)):
+                k += 1
+                name = f"{node.name}_{k}"
+            if name != node.name:
+                renamed[id(node)] = name
+            taken.update(_value_names(node, name))
+        if not renamed:
+            return self
+        copies: dict[int, SymNode] = {}
+        for node in nodes:
+            inputs = [None if e is None else (copies[id(e[0])], e[1]) for e in node.inputs]
+            copies[id(node)] = SymNode(node.op, renamed.get(id(node), node.name), inputs,
+                                       dict(node.attrs), node.domain, node.opset,
+                                       node.num_outputs, dict(node.info))
+        _rename_references(nodes, copies)
+        return Symbol([(copies[id(node)], index) for node, index in self._outputs])
 
     # -- saving --------------------------------------------------------------------------
 
@@ -694,14 +726,42 @@ def _attribute_text(value) -> str:
 
 # -- lowering helpers ------------------------------------------------------------------------
 
-def _check_unique_names(nodes: list[SymNode]) -> None:
-    seen: dict[str, SymNode] = {}
+def _rename_references(nodes: list[SymNode], copies: dict) -> None:
+    """In a renamed copy, the node names that nodes' records hold (the layer a node is
+    part of, the consumer a parameter's shape rule reads) follow the renaming: each means
+    the namesake its node feeds, directly or through the layer's inner nodes."""
+    consumers: dict[int, list] = {}
     for node in nodes:
-        for value in {node.output_name(i) for i in range(node.num_outputs)}:
-            other = seen.setdefault(value, node)
-            if other is not node:
-                raise GraphError(f"two different nodes are both named {node.name!r} (value "
-                                 f"{value!r}); give one of them another name=")
+        for entry in node.inputs:
+            if entry is not None:
+                consumers.setdefault(id(entry[0]), []).append(node)
+    for node in nodes:
+        copy = copies[id(node)]
+        if isinstance(node.info.get(LAYER), str):
+            copy.info[LAYER] = _fed_namesake(node, node.info[LAYER], consumers, copies)
+        rule = node.info.get(_INFO_KEYS[0])
+        if isinstance(rule, dict) and isinstance(rule.get("node"), str):
+            copy.info[_INFO_KEYS[0]] = {
+                **rule, "node": _fed_namesake(node, rule["node"], consumers, copies)}
+
+
+def _fed_namesake(node: SymNode, name: str, consumers: dict, copies: dict) -> str:
+    """The new name of the first node called ``name`` that ``node`` is or feeds."""
+    queue, seen = [node], set()
+    while queue:
+        current = queue.pop(0)
+        if current.name == name:
+            return copies[id(current)].name
+        if id(current) not in seen:
+            seen.add(id(current))
+            queue.extend(consumers.get(id(current), []))
+    return name
+
+
+def _value_names(node: SymNode, name: str) -> list[str]:
+    """The names ``node``'s outputs would have were the node named ``name``."""
+    return [SymNode(node.op, name, num_outputs=node.num_outputs).output_name(i)
+            for i in range(node.num_outputs)]
 
 
 def _add_variable(graph: Graph, node: SymNode, params, shapes, dtypes) -> None:
