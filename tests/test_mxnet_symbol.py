@@ -246,3 +246,26 @@ def test_plot_network_warns_of_names_used_twice_and_draws_each_node():
         dot = viz.plot_network(net, shape={"data": (4, 5)}, hide_weights=False)
     assert dot.source.count("label=fc_weight ") == 2
     assert 'label="8x5"' in dot.source and 'label="3x8"' in dot.source  # each weight its own
+
+
+def test_variable_keeps_double_underscore_attributes():
+    v = sym.Variable("x", __layout__="NCHW", attr={"a": "b"})
+    assert v.list_attr() == {"a": "b", "__layout__": "NCHW"}
+    assert sym.load_json(v.tojson()).attr("__layout__") == "NCHW"
+    with pytest.raises(GraphError, match="__<key>__"):
+        sym.Variable("x", layout="NCHW")
+
+
+@pytest.mark.parametrize("normalization, expected", [("null", 2.0), ("batch", 1.0),
+                                                     ("valid", 2.0 / 3)])
+def test_make_loss_passes_data_and_backpropagates_the_scale(normalization, expected):
+    x = sym.Variable("x")
+    head = sym.MakeLoss(x, grad_scale=2.0, normalization=normalization, valid_thresh=0.5)
+    data = np.array([[0.1, 0.7, 1.0], [0.2, 0.3, 0.9]], np.float32)
+    executor = head.simple_bind("cpu", x=(2, 3))
+    np.testing.assert_array_equal(executor.forward(is_train=True, x=data)[0].asnumpy(), data)
+    executor.backward()
+    np.testing.assert_allclose(executor.grad_dict["x"].asnumpy(), np.full((2, 3), expected),
+                               rtol=1e-6)
+    with pytest.raises(GraphError, match="normalization"):
+        sym.make_loss(x, normalization="mean")

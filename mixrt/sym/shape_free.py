@@ -36,10 +36,10 @@ class _Function:
                              f"got {value!r}")
         return value
 
-    def node(self, op_type: str, inputs: list, role: str | None = None,
+    def node(self, op_type: str, inputs: list, role: str | None = None, domain: str = "",
              **attributes) -> Symbol:
         name = self.name if role is None else f"{self.name}_{role}"
-        made = call_op("", op_type, inputs, attributes, name=name, exact_name=True)
+        made = call_op(domain, op_type, inputs, attributes, name=name, exact_name=True)
         made._outputs[0][0].info[LAYER] = self.head
         return made
 
@@ -273,6 +273,48 @@ def argmax_channel(data=None, name=None, **attributes):
     return call.node("CastLike", [index, data], **attributes)
 
 
+def _loss_maker(function: str):
+    def make_loss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null",
+                  name=None, **attributes):
+        """MXNet's ``{function}``: a loss head of one's own making. Forward: ``data``
+        itself. Backward (seeded with ones, as ``backward()`` without ``out_grads`` does):
+        ``grad_scale`` for every element, divided by the batch size (``normalization=
+        "batch"``) or by the count of elements above ``valid_thresh`` (``"valid"``, at
+        least 1). Built as ``held + (data - held) * scale`` with ``held`` the data behind
+        BlockGrad, whose value is the data and whose gradient is ``scale``; unlike MXNet's,
+        gradients given to ``backward(out_grads)`` scale it too."""
+        call = _Function(function, name)
+        data = call.symbol("data", data)
+        if normalization not in ("null", "batch", "valid"):
+            raise GraphError(f"{function} {call.name!r}: normalization must be 'null', "
+                             f"'batch' or 'valid', got {normalization!r}")
+        scale = call.node("CastLike", [constant(np.float64(grad_scale)), data], "scale")
+        if normalization != "null":
+            scale = call.node("Div", [scale, _normalizer(call, data, normalization,
+                                                         valid_thresh)], "normalized")
+        held = call.node("BlockGrad", [data], "held", domain="mixrt")
+        moving = call.node("Mul", [call.node("Sub", [data, held], "moving"), scale], "scaled")
+        return call.node("Add", [held, moving], **attributes)
+    make_loss.__name__ = make_loss.__qualname__ = function
+    make_loss.__doc__ = make_loss.__doc__.replace("{function}", function)
+    return make_loss
+
+
+def _normalizer(call: _Function, data: Symbol, normalization: str, valid_thresh) -> Symbol:
+    """The batch size, or the count of elements above ``valid_thresh`` (at least 1), in
+    the data's dtype."""
+    if normalization == "batch":
+        count = call.node("Shape", [data], "batch", start=0, end=1)
+    else:
+        threshold = call.node("CastLike", [constant(np.float64(valid_thresh)), data],
+                              "threshold")
+        above = call.node("Greater", [data, threshold], "above")
+        count = call.node("ReduceSum", [call.node("Cast", [above], "valid", to=7)],
+                          "count", keepdims=0)
+        count = call.node("Max", [count, _int64s(1)], "at_least_one")
+    return call.node("CastLike", [count, data], "count_as_data")
+
+
 FUNCTIONS = {
     **{name: _elementwise(name, op) for name, op in _ELEMENTWISE.items()},
     **{f"broadcast_{name}": _broadcast(f"broadcast_{name}", op, compare)
@@ -282,6 +324,7 @@ FUNCTIONS = {
     "dot": dot, "batch_dot": batch_dot, "pick": pick, "argmax_channel": argmax_channel,
     "nansum": _nan_reduce("nansum", "ReduceSum", 0.0),
     "nanprod": _nan_reduce("nanprod", "ReduceProd", 1.0),
+    "make_loss": _loss_maker("make_loss"), "MakeLoss": _loss_maker("MakeLoss"),
 }
 
 CREATORS = {"zeros": _filled("_zeros", 0), "ones": _filled("_ones", 1), "full": full}

@@ -576,13 +576,21 @@ class Symbol(ArrayMethods):
 
 def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
              lr_mult: float | None = None, wd_mult: float | None = None,
-             attr: dict | None = None, stype: str | None = None) -> Symbol:
+             attr: dict | None = None, stype: str | None = None, **attributes) -> Symbol:
     """A graph input (data, a label or a parameter). ``shape`` may hold None for a dimension
     known only when bound; ``init`` (an initializer, its name or spec) is what
     ``Executor.init_params`` uses for it. Inside ``sym.prefix(p)`` the name gets ``p``.
-    ``stype`` (MXNet's storage type) is kept as the ``__storage_type__`` attribute."""
+    ``stype`` (MXNet's storage type) is kept as the ``__storage_type__`` attribute; other
+    keywords are MXNet's extra attributes, ``__<key>__`` (``__layout__="NCHW"``), kept as
+    they are."""
     if not isinstance(name, str) or not name:
         raise GraphError(f"a Variable needs a non-empty string name, got {name!r}")
+    for key in attributes:
+        if not (key.startswith("__") and key.endswith("__") and len(key) > 4):
+            raise GraphError(f"Variable {name!r}: unknown argument {key!r}; extra "
+                             f"attributes must be named __<key>__ (as __layout__)")
+    if attributes:
+        attr = {**(attr or {}), **{key: str(value) for key, value in attributes.items()}}
     if stype is not None:
         from mixrt.nd.ndarray import _STORAGE_TYPE_STR_TO_ID  # noqa: PLC0415
         if stype not in ("default", "row_sparse", "csr"):
