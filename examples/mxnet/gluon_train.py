@@ -81,7 +81,9 @@ def main():
     parser.add_argument("--out", default=None, help="where the saved files go (default: a temp dir)")
     args = parser.parse_args()
 
+    # MXNet's own generators, then NumPy's global one, which the shuffling samplers draw from
     mx.random.seed(42)
+    np.random.seed(42)
     rng = np.random.RandomState(42)
     train_x, train_y = synthetic_images(1024, rng)
     test_x, test_y = synthetic_images(256, rng)

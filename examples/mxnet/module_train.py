@@ -51,7 +51,9 @@ def main():
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
+    # MXNet's own generators, then NumPy's global one, which the shuffling samplers draw from
     mx.random.seed(42)
+    np.random.seed(42)
     rng = np.random.RandomState(42)
     centres = rng.normal(0.0, 1.5, size=(NUM_CLASSES, NUM_FEATURES))
     train_x, train_y = synthetic_points(1024, centres, rng)
