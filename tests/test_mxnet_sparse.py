@@ -388,3 +388,23 @@ def test_parameter_dict_load_checks_or_casts_dtypes(tmp_path):
     assert loading["w"].data().dtype == np.float64
     loading.load(path, cast_dtype=True, dtype_source="saved")
     assert loading["w"].data().dtype == np.int8
+
+
+def test_new_values_after_the_store_took_them_make_the_trainer_start_a_new_store():
+    from mixrt import gluon
+    x = gluon.Parameter("x", shape=(3,), init="zeros")
+    x.initialize(ctx=[mixrt.cpu(0), mixrt.cpu(1)])
+    trainer = gluon.Trainer([x], "sgd", {"learning_rate": 0.1}, kvstore="local")
+    for _ in range(2):  # the second step starts from the value set, not the store's copy
+        with autograd.record():
+            for w in x.list_data():
+                (w + 1).backward()
+        trainer.step(1)
+        x.set_data(nd.zeros((3,)))
+        assert trainer._kvstore is None and not trainer._kv_initialized
+    with autograd.record():
+        for w in x.list_data():
+            (w + 1).backward()
+    trainer.step(1)
+    assert trainer._kvstore.type == "local"
+    np.testing.assert_allclose(x.data(mixrt.cpu(1)).asnumpy(), [-0.2] * 3, rtol=1e-6)

@@ -238,6 +238,15 @@ class Parameter:
             with copy.ctx.device.active():
                 target[...] = copy.ctx.device.put(host) if copy.ctx.device.kind != "cpu" \
                     else host
+        self._stale_store()
+
+    def _stale_store(self) -> None:
+        """New values make the copy in the Trainer's store stale where the store updates
+        the weights: MXNet's Trainer then drops its store and starts a fresh one."""
+        trainer = self._trainer
+        if trainer is not None and trainer._kv_initialized and trainer._update_on_kvstore \
+                and self not in trainer._params_to_init:
+            trainer._reset_kvstore()
 
     def reset_ctx(self, ctx) -> None:
         """Move the parameter (with fresh gradients) to ``ctx`` (one or a list)."""

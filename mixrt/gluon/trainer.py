@@ -69,6 +69,8 @@ class Trainer:
         self._init_optimizer(optimizer, optimizer_params)
         self._scale = self.optimizer.rescale_grad
         # MXNet's rule: sparse weights live in a store, even for one device
+        self._kvstore_asked = kvstore  # a store dropped by _reset_kvstore is made again
+        self._store_dropped = False
         self.kvstore = _store(kvstore, len(self._contexts or [None]),
                               needed=self._contains_sparse_weight)
         if self.kvstore is not None and compression_params:
@@ -366,7 +368,19 @@ class Trainer:
         sync = self._is_dist and self.kvstore.type != "dist_async"
         return self.kvstore.num_workers if sync else 1
 
+    def _reset_kvstore(self) -> None:
+        """MXNet's: values were set into the parameters after the store took them, so its
+        copies are stale; the store is dropped and the next step makes a fresh one (the
+        optimizer's states in it go too, as in MXNet)."""
+        if self._is_dist:
+            raise KVStoreError("Cannot reset distributed KVStore.")
+        self.kvstore, self.update_on_kvstore = None, None
+        self._kv_ready, self._pending = False, []
+        self._store_dropped = True
+
     def _init_kvstore(self) -> None:
+        if self._store_dropped:
+            self._remake_store()
         if self._kv_ready and self._pending:
             self._give_store([p for p in self._pending if p.is_initialized()])
         if self._kv_ready or self.kvstore is None:
@@ -396,6 +410,15 @@ class Trainer:
         self._pending = [param for param in self._params if not param.is_initialized()]
         self._give_store([param for param in self._params if param.is_initialized()])
         self._kv_ready = True
+
+    def _remake_store(self) -> None:
+        """The store ``_reset_kvstore`` dropped, made again from the Trainer's settings."""
+        self._store_dropped = False
+        self.kvstore = _store(self._kvstore_asked, len(self._contexts or [None]),
+                              needed=self._contains_sparse_weight)
+        if self.kvstore is not None and self._compression_params:
+            self.kvstore.set_gradient_compression(self._compression_params)
+        self.update_on_kvstore = self._choose_update_on_kvstore(self._asked_update_on_kvstore)
 
     def _give_store(self, params) -> None:
         """Initialize ``params``' keys with their values (every copy pulls them)."""
