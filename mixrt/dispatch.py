@@ -25,6 +25,7 @@ from mixrt.op_specs import spec_of
 from mixrt.ops import device_checks
 from mixrt.ops.ir.dtypes import to_numpy_dtype
 from mixrt.runtime import profiler as _profiler
+from mixrt.runtime.engine import get_engine
 from mixrt.runtime.lru import frozen, LruCache
 
 # filled in by mixrt.nd.ndarray / mixrt.autograd (they import this module)
@@ -59,7 +60,9 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     _check_shared_dtypes(spec, inputs)
     _numeric_conditions(spec, inputs)
     _check_allowed_dtypes(spec, inputs)
-    raw = [_raw_input(spec, i, value, ctx, inputs) for i, value in enumerate(inputs)]
+    failure = _carried_failure(inputs)
+    raw = [_raw_input(spec, i, value, ctx, inputs, failure is None)
+           for i, value in enumerate(inputs)]
     count = _output_count(spec, attributes, num_outputs, raw)
     recording = _autograd is not None and _autograd.needs_tape(inputs)
     produced = count
@@ -75,6 +78,8 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     if op_type in VIEW_OPS and isinstance(inputs[0], NDArray) and \
             shares_buffer(results[0], raw[0]):
         outputs[0]._share_memory_of(inputs[0])
+    if failure is not None:
+        get_engine().inherit(failure, [output.engine_var() for output in outputs])
     results[:count] = [output._data for output in outputs]  # the tape keeps the owned copies
     if recording:
         _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
@@ -361,7 +366,21 @@ def _in_group(indices: frozenset, variadic_from: int | None, position: int) -> b
     return position in indices
 
 
-def _raw_input(spec, position: int, value, ctx, inputs):
+def _carried_failure(inputs):
+    """The error asynchronous work left on an input and nobody has raised yet (a sampler
+    MXNet's checks refused, ``nd/random.py``). As in MXNet, the op still runs, on the values
+    the input holds, and its outputs carry the error on: it is raised at the next wait on
+    them (``asnumpy``, ``wait_to_read``, ``waitall``), not at this call."""
+    for value in inputs:
+        if isinstance(value, NDArray):
+            var = value._var if value._base is None else value._base._var
+            failure = None if var is None else get_engine().failure_of(var)
+            if failure is not None:
+                return failure
+    return None
+
+
+def _raw_input(spec, position: int, value, ctx, inputs, checked: bool = True):
     """The kernel's view of one argument; a number takes the dtype of the first array that
     is not boolean (``where(x > 1, x, 5)``: x's dtype, not the condition's). As in MXNet
     (whose scalar ops cast the scalar to the array's dtype) and as ``mixrt.sym`` does
@@ -372,7 +391,8 @@ def _raw_input(spec, position: int, value, ctx, inputs):
     if value is None:
         return None
     if isinstance(value, NDArray):
-        return value._read()
+        # unchecked: an input's failure is carried on (its writes are done already)
+        return value._read() if checked else value._data
     arrays = [v for v in inputs if isinstance(v, NDArray)]
     like = next((v for v in arrays if v.dtype != np.bool_), arrays[0] if arrays else None)
     if isinstance(value, (bool, int, float)) and like is not None:

@@ -83,6 +83,11 @@ class Builder:
         """``result``, stored into ``out`` when one was given."""
         return result
 
+    def refused(self, fn: str, message: str, shape: tuple, dtype, ctx, out):
+        """Number parameters MXNet's checks refuse (``message`` says why). MXNet checks
+        them when the op runs; a frontend that runs nothing now raises at once."""
+        raise self.error(f"{fn}: {message}")
+
 
 @dataclass(frozen=True)
 class Distribution:
@@ -170,11 +175,19 @@ def _parameter_kind(builder: Builder, fn: str, params: dict) -> str:
 
 
 def _check_numbers(builder: Builder, fn: str, distribution: Distribution, params: dict):
+    problem = _number_problem(distribution, params)
+    if problem is not None:
+        raise builder.error(f"{fn}: {problem}")
+
+
+def _number_problem(distribution: Distribution, params: dict) -> str | None:
+    """What MXNet's checks of the number parameters refuse, or None."""
     names, values = list(params), [float(v) for v in params.values()]
     for test, message in distribution.checks:
         if not test(*values):
             given = ", ".join(f"{n}={v!r}" for n, v in params.items())
-            raise builder.error(f"{fn}: {message.format(*names)}, got {given}")
+            return f"{message.format(*names)}, got {given}"
+    return None
 
 
 def _out_dtype(builder, fn, dtype, out, allowed, default) -> np.dtype:
@@ -226,8 +239,10 @@ def draw(builder: Builder, distribution: Distribution, fn: str, params: dict, sh
         result = builder.op(MIXRT, distribution.sample_op, inputs, attributes, name=name,
                             label=f"_sample_{distribution.mxnet_name}")
         return builder.written(fn, result, out)
-    _check_numbers(builder, fn, distribution, params)
     shape = _draw_shape(builder, fn, shape, out, default_shape)
+    problem = _number_problem(distribution, params)
+    if problem is not None:
+        return builder.refused(fn, problem, shape, dtype, ctx, out)
     attributes = {"shape": list(shape), "dtype": to_onnx_type(dtype)}
     if distribution.onnx_op is not None:
         attributes.update({attribute: float(value) for attribute, value in

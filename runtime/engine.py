@@ -156,6 +156,25 @@ class Engine:
             self._wait_until(lambda: all(op.done for op in ops))
             self._raise_error_of(var)
 
+    def failure_of(self, var: Var) -> EngineError | None:
+        """Block until the writes of ``var`` pushed so far have finished; the error they
+        left on it if no wait has raised it yet (what an op that reads ``var`` may carry on
+        instead of raising), else None."""
+        with self._cond:
+            writer = var._writer
+            if writer is not None:
+                self._wait_until(lambda: writer.done)
+            return var._error if var._error in self._errors else None
+
+    def inherit(self, error: EngineError, variables) -> None:
+        """Put ``error`` on ``variables``, as a pooled op that read a failed input leaves it
+        on what it writes: raised at the next wait on one of them, or once by wait_all."""
+        with self._cond:
+            for var in variables:
+                var._error = error
+            if error in self._errors:
+                self._errors[error].extend(variables)
+
     def wait_all(self) -> None:
         """Block until everything pushed has finished; raise the oldest error not yet raised
         (and clear it from every variable that holds it)."""
@@ -304,6 +323,13 @@ class NaiveEngine:
                 raise _engine_error(name, _pushed_at(), exc) from exc
             for var in op.writes:
                 var._error = None
+
+    def failure_of(self, var: Var) -> EngineError | None:
+        return None  # every failure was raised where its op was pushed
+
+    def inherit(self, error: EngineError, variables) -> None:
+        for var in variables:
+            var._error = error
 
     def wait_to_read(self, var: Var) -> None:
         error, var._error = var._error, None

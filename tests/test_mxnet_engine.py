@@ -36,3 +36,23 @@ def test_bad_sizes_are_refused(size):
     with pytest.raises(InputError, match="size"):
         engine.set_bulk_size(size)
     assert issubclass(InputError, MXNetError)
+
+
+def _boom():
+    raise ValueError("bad value")
+
+
+def test_a_failure_not_yet_raised_can_be_carried_on_then_raises_once():
+    from mixrt.errors import EngineError
+    from mixrt.runtime.engine import Engine
+    engine = Engine(threads=1)
+    source, carried = engine.new_var("source"), engine.new_var("carried")
+    engine.push(_boom, writes=(source,), name="boom")
+    failure = engine.failure_of(source)
+    assert isinstance(failure, EngineError) and "boom" in str(failure)
+    engine.inherit(failure, [carried])
+    with pytest.raises(EngineError, match="boom"):
+        engine.wait_to_read(carried)
+    assert engine.failure_of(source) is None  # raised: nothing left to carry
+    engine.wait_all()  # and not raised again here
+    engine.close()

@@ -401,8 +401,12 @@ REFUSED = [
 
 @pytest.mark.parametrize("expression, message", REFUSED, ids=[r[0] for r in REFUSED])
 def test_bad_arguments_raise_input_error_naming_function_and_argument(expression, message):
-    with pytest.raises(InputError, match=message):
+    # number parameters are checked as the sampler runs, as in MXNet: at the next wait
+    with pytest.raises(mixrt.MXNetError, match=message) as caught:
         eval(expression, _environment())  # noqa: S307  (our own table)
+        nd.waitall()
+    error = caught.value
+    assert isinstance(error, InputError) or isinstance(error.__cause__, InputError)
 
 
 def test_symbols_refuse_bad_arguments_with_graph_error():
@@ -801,3 +805,30 @@ def test_symbol_rand_zipfian_gives_the_three_outputs():
     np.testing.assert_allclose(count_sampled.asnumpy(), expected(drawn))
     with pytest.raises(GraphError, match="num_sampled"):
         sym.contrib.rand_zipfian(sym.var("t"), 0, 20)
+
+
+
+# -- refused parameters fail as MXNet's do: at the next wait, carried through later ops ------
+
+def test_a_refused_sampler_raises_at_the_wait_not_at_the_call():
+    drawn = nd.random.normal(0, -1, (2, 2))  # no error yet, as in MXNet
+    product = nd.dot(nd.ones((2, 2)), drawn)  # carried on, not raised here
+    with pytest.raises(mixrt.MXNetError, match="scale must be > 0"):
+        product.asnumpy()
+    nd.waitall()  # raised once already
+
+
+def test_after_a_refused_sampler_the_next_draw_carries_its_error_once():
+    nd.random.uniform(2, 1, (3,))  # low > high
+    later = nd.random.uniform(0, 1, (3,))
+    with pytest.raises(mixrt.MXNetError, match="low must be <= high"):
+        later.asnumpy()
+    nd.waitall()
+    assert nd.random.uniform(0, 1, (3,)).asnumpy().shape == (3,)
+
+
+def test_an_unobserved_refusal_surfaces_at_waitall():
+    nd.random.gamma(-2, 3, shape=(2,))
+    with pytest.raises(mixrt.MXNetError, match="gamma: alpha must be > 0"):
+        nd.waitall()
+    nd.waitall()

@@ -27,6 +27,7 @@ from mixrt.base.errors import InputError
 from mixrt.context import as_context
 from mixrt.nd.mxnet_args import _made_on
 from mixrt.nd.ndarray import NDArray
+from mixrt.runtime.engine import get_engine
 
 
 class _ArrayBuilder(sampling.Builder):
@@ -39,9 +40,11 @@ class _ArrayBuilder(sampling.Builder):
     def op(self, domain, op_type, inputs, attributes, *, ctx=None, name=None, label=None,
            num_outputs=1):
         if any(isinstance(value, NDArray) for value in inputs):  # their device decides
-            return dispatch.invoke(domain, op_type, inputs, attributes, num_outputs)
-        with as_context(ctx):
-            return dispatch.invoke(domain, op_type, inputs, attributes, num_outputs)
+            result = dispatch.invoke(domain, op_type, inputs, attributes, num_outputs)
+        else:
+            with as_context(ctx):
+                result = dispatch.invoke(domain, op_type, inputs, attributes, num_outputs)
+        return _carry_stream_failure(result)
 
     def scalar(self, value, ctx):
         return _made_on(as_context(ctx), "asarray", value, dtype=np.float64)
@@ -67,6 +70,44 @@ class _ArrayBuilder(sampling.Builder):
             raise InputError(f"{fn}: out is {out.dtype}{list(out.shape)} and the samples "
                              f"are {result.dtype}{list(result.shape)}")
         return result.copyto(out)
+
+    def refused(self, fn, message, shape, dtype, ctx, out):
+        """MXNet checks the parameters as the sampler runs, asynchronously: the call returns
+        its array, and the error comes at the next wait on it (``wait_to_read``,
+        ``asnumpy``, ``waitall``) or on what is computed from it. The array holds NaN (or
+        zeros for integers) meanwhile; ``out`` keeps what it held."""
+        ctx = as_context(ctx) if out is None else out.ctx
+        if out is None:
+            fill = np.nan if np.dtype(dtype).kind == "f" else 0
+            out = _made_on(ctx, "full", tuple(shape), fill, dtype=dtype)
+        error = InputError(f"{fn}: {message}")
+
+        def run():
+            raise error
+        # behind an earlier failure of the stream not raised yet, that one is carried on
+        earlier = _failed_stream.get(str(ctx))
+        if earlier is not None and get_engine().failure_of(earlier) is None:
+            earlier = None
+        get_engine().push(run, reads=[] if earlier is None else [earlier],
+                          writes=[out.engine_var()], name=f"_random_{fn}")
+        _failed_stream[str(ctx)] = out.engine_var()
+        return out
+
+
+# Per device, the engine tag of the last sampler MXNet's checks refused. MXNet's samplers
+# share one random resource, which a failed sampler leaves failed: every later draw on the
+# device carries that error until a wait raises it (MXNet 1.9.1: after normal(0, -1),
+# normal(0, 1).asnumpy() raises, and then neither raises again).
+_failed_stream: dict = {}
+
+
+def _carry_stream_failure(result):
+    arrays = list(result) if isinstance(result, (tuple, list)) else [result]
+    earlier = _failed_stream.get(str(arrays[0].ctx))
+    failure = None if earlier is None else get_engine().failure_of(earlier)
+    if failure is not None:
+        get_engine().inherit(failure, [a.engine_var() for a in arrays])
+    return result
 
 
 _ARRAYS = _ArrayBuilder()
