@@ -189,6 +189,10 @@ def test_dot_batch_dot_and_pick_infer_with_unknown_dimensions():
     assert sym.batch_dot(x, y, transpose_b=True).infer_shape(x=(2, 3, 4), y=(2, 5, 4))[1] \
         == [(2, 3, 5)]
     assert sym.pick(x, y, axis=1).infer_shape_partial(x=(0, 3, 3), y=(0, 3))[1] == [(0, 3)]
+    # an rhs of three axes, its shape declared: lhs's last axis with rhs's first
+    with NameManager():
+        three = sym.dot(sym.Variable("p", shape=(2, 3)), sym.Variable("q", shape=(3, 4, 5)))
+    assert three.name == "dot0" and three.infer_shape()[1] == [(2, 4, 5)]
 
 
 def test_dot_of_two_vectors_has_shape_one_and_pick_clips_or_wraps():

@@ -719,9 +719,10 @@ def _inferred_shapes(symbol: Symbol, shapes: dict, what: str) -> tuple:
         raise ShapeError(f"{what}: cannot decide the shapes of {unknown} (0 is an unknown "
                          f"dimension) from the shapes given, {shapes}; give them too")
     if any(shape is None or None in shape for shape in inferred[1]):
+        given = dict(zip(symbol.list_arguments(), inferred[0]))
         raise ShapeError(f"{what}: the outputs {symbol.list_outputs()} have no shape for "
-                         f"the argument shapes {dict(zip(symbol.list_arguments(), inferred[0]))}"
-                         f"; their operators do not accept them together")
+                         f"the argument shapes {given}; their operators do not accept them "
+                         f"together")
     return inferred
 
 

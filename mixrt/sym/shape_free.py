@@ -163,15 +163,15 @@ def dot(lhs=None, rhs=None, transpose_a=False, transpose_b=False, forward_stype=
     imperative implementation builds it for any rank. Otherwise it is ONNX's MatMul, which
     is MXNet's dot for a ``rhs`` of one or two axes (the case of every layer), whatever
     ``lhs``'s rank; ``Expand`` to shape ``(1,)`` changes only the scalar two vectors give."""
-    call = _Function("dot", name)
-    lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
     try:
-        rank = len(static_shape(rhs))
+        rank = len(static_shape(rhs)) if isinstance(rhs, Symbol) else None
     except HybridizeError:
         rank = None
-    if rank is not None and rank > 2:
-        return traced_ops.FUNCTIONS["dot"](lhs, rhs, transpose_a=transpose_a, transpose_b=transpose_b,
-                                  name=name, **attributes)
+    if rank is not None and rank > 2:  # (before a name is taken: the traced call takes it)
+        return traced_ops.FUNCTIONS["dot"](lhs, rhs, transpose_a=transpose_a,
+                                           transpose_b=transpose_b, name=name, **attributes)
+    call = _Function("dot", name)
+    lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
     if transpose_a:
         lhs = call.node("Transpose", [lhs], "lhs_t")
     if transpose_b:

@@ -428,9 +428,10 @@ class Symbol(ArrayMethods):
             return result
         unknown = _unknown_arguments(self, result[0])
         if not unknown:  # every argument known and still no output shape: they disagree
+            given = dict(zip(self.list_arguments(), result[0]))
             raise ShapeError(f"infer_shape: the outputs {self.list_outputs()} have no shape "
-                             f"for the argument shapes {dict(zip(self.list_arguments(), result[0]))}"
-                             f"; their operators do not accept them together")
+                             f"for the argument shapes {given}; their operators do not "
+                             f"accept them together")
         warnings.warn(f"infer_shape: cannot decide the shapes of arguments {unknown} (0 "
                       f"is an unknown dimension); give them as inputs", stacklevel=2)
         return None, None, None
