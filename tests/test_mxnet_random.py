@@ -832,3 +832,12 @@ def test_an_unobserved_refusal_surfaces_at_waitall():
     with pytest.raises(mixrt.MXNetError, match="gamma: alpha must be > 0"):
         nd.waitall()
     nd.waitall()
+
+
+def test_copies_and_views_carry_a_refused_sampler_until_one_wait_raises_it():
+    # MXNet 1.9.1's test_exc_post_fail: the rows of a failed copy, raised once through one
+    first, second = nd.random.normal(0, -1, (2, 2)).copyto(mixrt.cpu())
+    with pytest.raises(mixrt.MXNetError, match="normal: scale must be > 0"):
+        first.asnumpy()
+    assert second.asnumpy().shape == (2,)
+    nd.waitall()

@@ -100,6 +100,15 @@ class NDArray(ArrayMethods):
             _engine().wait_to_read(var)
         return self._data
 
+    def _read_carrying(self):
+        """The data once pending writes are done, and the error they left that no wait has
+        raised yet (None when there is none): for a copy or a view, which carries the
+        error on instead of raising it, as MXNet's asynchronous copies do (an op does the
+        same in ``dispatch._carried_failure``)."""
+        var = self._var if self._base is None else self._base._var
+        failure = None if var is None else _engine().failure_of(var)
+        return (self._data if failure is not None else self._read()), failure
+
     def _write(self):
         """The data, for an in-place write that follows (bumps the version)."""
         if autograd.is_recording() and (self._entry is not None or self._grad is not None):
@@ -284,8 +293,12 @@ class NDArray(ArrayMethods):
                 target[...] = other.ctx.device.put(source) if other.ctx != self.ctx else source
             return other
         target = as_context(other)
+        source, failure = self._read_carrying()
         with target.device.active():  # put() leaves an array already there as it is
-            return NDArray(target.device.put(self._read()).copy(), target)
+            copied = NDArray(target.device.put(source).copy(), target)
+        if failure is not None:
+            _engine().inherit(failure, [copied.engine_var()])
+        return copied
 
     def copy(self) -> "NDArray":
         return dispatch.invoke("", "Identity", [self], {}).__copy_data()
@@ -411,7 +424,7 @@ class NDArray(ArrayMethods):
         indexes as integers, as in MXNet."""
         key = views.mxnet_key(views.raw_key(key, self.ctx), self.ndim)
         try:
-            view = views.basic_view(self._read(), key)
+            view = views.basic_view(self._read_carrying()[0], key)  # a view shares its var
             result = Index(key, view)(self)
         except (IndexError, TypeError, ValueError) as exc:
             raise views.index_error(exc, "indexing", key, self.shape) from exc
