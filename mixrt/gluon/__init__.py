@@ -1,5 +1,6 @@
 """mixrt.gluon: models as Python classes (Block, HybridBlock), their Parameters, the
-Trainer, and the layers (``nn``, ``rnn``, ``contrib.nn``), losses (``loss``) and data pipeline (``data``)."""
+Trainer, the layers (``nn``, ``rnn``, ``contrib.nn``), losses (``loss``), the data pipeline
+(``data``) and MXNet's model zoo (``model_zoo.vision``)."""
 
 from mixrt.gluon.block import Block, Sequential
 from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
@@ -7,7 +8,7 @@ from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon.symbol_block import SymbolBlock
 from mixrt.gluon.trainer import Trainer
 
-_SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils", "contrib"})
+_SUBMODULES = frozenset({"nn", "rnn", "loss", "data", "utils", "contrib", "model_zoo"})
 
 
 def __getattr__(name: str):

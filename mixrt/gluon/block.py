@@ -31,6 +31,7 @@ from collections import OrderedDict
 from mixrt import name as naming
 from mixrt.gluon.parameter import Parameter, ParameterDict
 from mixrt.gluon import param_files
+from mixrt.gluon.summary import print_summary
 
 
 class _BlockScope:
@@ -106,6 +107,12 @@ class HookHandle:
 
 class Block:
     """The base of every layer and model; ``forward`` is plain imperative Python."""
+
+    # class facts read where importing the subclass would make an import loop:
+    # whether the block can run as one traced graph (HybridBlock), and whether it only
+    # chains its children (a summary's rows are then its children's)
+    _hybridizable = False
+    _container = False
 
     def __init__(self, prefix: str | None = None, params: ParameterDict | None = None):
         object.__setattr__(self, "_children", OrderedDict())
@@ -287,7 +294,6 @@ class Block:
     def summary(self, *inputs) -> None:
         """Print each layer's output shape and parameter count for one call on
         ``inputs`` (the block must not be hybridized: its layers would not be called)."""
-        from mixrt.gluon.summary import print_summary  # noqa: PLC0415  (imports nn)
         print_summary(self, inputs)
 
     def __repr__(self) -> str:
@@ -318,6 +324,8 @@ class ChildChain:
     """What Sequential and HybridSequential share: ``add``, ``len``, indexing and slicing,
     and the chained call (the extra arguments go to the first child only; a child's tuple
     output feeds the next one's arguments)."""
+
+    _container = True
 
     def add(self, *blocks):
         for block in blocks:
@@ -355,9 +363,8 @@ class Sequential(ChildChain, Block):
         return self._chain(x, args)
 
     def hybridize(self, active: bool = True, **options) -> None:
-        from mixrt.gluon.hybrid import HybridBlock  # noqa: PLC0415  (hybrid imports block)
         children = list(self._children.values())
-        if children and all(isinstance(c, HybridBlock) for c in children):
+        if children and all(c._hybridizable for c in children):
             warnings.warn(f"All children of the Sequential {self.prefix!r} are HybridBlocks; "
                           f"HybridSequential would run them as one graph", stacklevel=2)
         super().hybridize(active, **options)

@@ -54,6 +54,7 @@ class HybridBlock(Block):
     # the axes of every input that an exported graph leaves free (the batch); a block
     # whose graph holds for any size along more axes (a recurrent layer's time) says so
     _free_axes: tuple = (0,)
+    _hybridizable = True
 
     def __init__(self, prefix: str | None = None, params=None):
         super().__init__(prefix, params)

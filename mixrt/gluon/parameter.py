@@ -24,10 +24,12 @@ from collections import OrderedDict
 
 import numpy as np
 
+from mixrt import nd
 from mixrt.context import as_context, current_context
 from mixrt.base.errors import DeviceMismatchError, InputError, ShapeError
 from mixrt.initializer import create, Uniform
 from mixrt.nd.ndarray import NDArray, _STORAGE_TYPE_STR_TO_ID
+from mixrt.nd import sparse as nd_sparse
 from mixrt.nd.sparse_arrays import RowSparseNDArray
 from mixrt.sym.symbol import variable_named
 
@@ -314,9 +316,8 @@ class Parameter:
             for copy in copies[1:]:
                 total += copy.copyto(cpu)
             return total / len(copies) if len(copies) > 1 else total
-        from mixrt.nd import arange, sparse  # noqa: PLC0415  (mixrt.nd imports gluon late)
-        full = sparse.zeros("row_sparse", self.shape, ctx=cpu, dtype=self.dtype)
-        self._get_row_sparse(full, arange(0, self.shape[0], dtype="int64", ctx=cpu),
+        full = nd_sparse.zeros("row_sparse", self.shape, ctx=cpu, dtype=self.dtype)
+        self._get_row_sparse(full, nd.arange(0, self.shape[0], dtype="int64", ctx=cpu),
                              full_idx=True)
         return full
 
@@ -471,7 +472,6 @@ class ParameterDict(OrderedDict):
     def save(self, filename, strip_prefix: str = "") -> None:
         """Every parameter's value (the mean of its copies) to ``filename`` in MXNet's
         ``.params`` format, named without ``strip_prefix``."""
-        from mixrt.nd import save  # noqa: PLC0415  (mixrt.nd's files; imported late)
         values = {}
         for param in self.values():
             if not param.name.startswith(strip_prefix):
@@ -479,7 +479,7 @@ class ParameterDict(OrderedDict):
                                  f"saving, but Parameter {param.name!r} does not start "
                                  f"with it")
             values[param.name[len(strip_prefix):]] = param._reduce()
-        save(filename, values)
+        nd.save(filename, values)
 
     def list_ctx(self) -> list:
         """Every context some parameter lives on."""
@@ -496,8 +496,7 @@ class ParameterDict(OrderedDict):
         file entry no parameter takes, is an error unless allowed. A dtype that differs
         from the parameter's is an error unless ``cast_dtype`` (``dtype_source``: whose
         dtype is kept, ``'current'`` or ``'saved'``)."""
-        from mixrt.nd import load  # noqa: PLC0415
-        loaded = load(filename)
+        loaded = nd.load(filename)
         if not isinstance(loaded, dict):
             raise InputError(f"load {str(filename)!r}: the file holds a list of arrays, not "
                              f"named parameters")

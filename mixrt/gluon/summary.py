@@ -30,8 +30,7 @@ def print_summary(block, inputs) -> None:
             raise AssertionError(f"{layer.name!r} is hybridized: its layers are not called "
                                  f"one by one, so summary() cannot see them; call it before "
                                  f"hybridize()")
-        from mixrt.gluon.block import ChildChain  # noqa: PLC0415
-        if not isinstance(layer, ChildChain):  # a container's rows are its children's
+        if not layer._container:  # a container's rows are its children's
             handles.append(layer.register_forward_hook(record))
 
     try:

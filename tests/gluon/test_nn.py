@@ -338,10 +338,10 @@ def test_errors_name_the_valid_choices():
         nn.Activation("swish")
     with pytest.raises(InputError, match="valid activations"):
         nn.Dense(3, activation="gelu")
-    with pytest.raises(InputError, match="layout 'NHWC'.*'NCHW'"):
-        nn.Conv2D(3, 3, layout="NHWC")
+    with pytest.raises(InputError, match="layout 'NCWH'.*'NCHW'"):
+        nn.Conv2D(3, 3, layout="NCWH")  # MXNet takes NCHW and NHWC only
     with pytest.raises(InputError, match="layout"):
-        nn.MaxPool1D(layout="NWC")
+        nn.MaxPool1D(layout="WNC")
     with pytest.raises(InputError, match="groups"):
         nn.Conv2D(3, 3, groups=2)
     with pytest.raises(InputError, match="kernel_size"):

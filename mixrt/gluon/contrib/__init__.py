@@ -1,5 +1,6 @@
-"""mixrt.gluon.contrib: MXNet 1.x's ``gluon.contrib`` layers (``contrib.nn``)."""
+"""mixrt.gluon.contrib: MXNet 1.x's ``gluon.contrib`` layers (``contrib.nn``) and cells
+(``contrib.rnn``)."""
 
-from mixrt.gluon.contrib import nn
+from mixrt.gluon.contrib import nn, rnn
 
-__all__ = ["nn"]
+__all__ = ["nn", "rnn"]

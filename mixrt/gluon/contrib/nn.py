@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from numbers import Integral
 
+from mixrt import nd
 from mixrt.base.errors import InputError
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.gluon.hybrid import HybridBlock, static_shape
@@ -20,7 +21,6 @@ class Concurrent(ChildChain, Block):
         self.axis = int(axis)
 
     def forward(self, x):
-        from mixrt import nd  # noqa: PLC0415  (nd imports gluon's neighbours)
         return nd.concat(*[block(x) for block in self._children.values()], dim=self.axis)
 
 
