@@ -153,9 +153,7 @@ def make_prop(op_type, kwargs: dict) -> CustomOpProp:
 
 
 def _as_param(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return "(" + ", ".join(_as_param(v) for v in value) + ")"
-    return str(value)
+    return str(value)  # what MXNet's C API receives for any parameter
 
 
 def params_text(kwargs: dict) -> str:
@@ -184,7 +182,7 @@ def infer(prop: CustomOpProp, op_type: str, shapes: list, dtypes: list):
 # -- running one: the forward and backward shared by both frontends -----------------------------
 
 class _Call:
-    """One operator instance with its inputs' split into arguments and auxiliary states."""
+    """One operator instance, with its inputs split into arguments and auxiliary states."""
 
     def __init__(self, prop: CustomOpProp, op_type: str, inputs: list, ctx):
         self.prop, self.op_type, self.ctx = prop, op_type, ctx
@@ -351,9 +349,10 @@ class _GraphRunner:
 
 
 def _context_of(xp, arrays: list):
+    """The context a session's kernel runs in: the CPU, or the GPU it made current."""
     if xp is np:
         return cpu()
-    return gpu(arrays[0].device.id)
+    return gpu(arrays[0].device.id if arrays else xp.cuda.Device().id)
 
 
 _graph_op.use_runner(_GraphRunner())
