@@ -408,3 +408,12 @@ def test_new_values_after_the_store_took_them_make_the_trainer_start_a_new_store
     trainer.step(1)
     assert trainer._kvstore.type == "local"
     np.testing.assert_allclose(x.data(mixrt.cpu(1)).asnumpy(), [-0.2] * 3, rtol=1e-6)
+
+
+def test_deep_copies_keep_storage_and_stored_rows():
+    import copy
+    rsp = nd.sparse.row_sparse_array((np.zeros((1, 2), np.float32), [2]), shape=(3, 2))
+    copied = copy.deepcopy(rsp)
+    assert type(copied) is RowSparseNDArray and copied.indices.asnumpy().tolist() == [2]
+    csr = copy.deepcopy(nd.array(DENSE).tostype("csr"))
+    assert csr.indptr.asnumpy().tolist() == [0, 1, 3, 3, 4]

@@ -78,6 +78,15 @@ class BaseSparseNDArray(NDArray):
     def _structure_of(self, host: np.ndarray):
         raise NotImplementedError
 
+    # -- copies by copy/pickle: NDArray's dense record, and the structure ----------------
+
+    def __getstate__(self) -> dict:
+        return dict(NDArray.__getstate__(self), stored=self._structure())
+
+    def __setstate__(self, state: dict) -> None:
+        NDArray.__setstate__(self, state)
+        self._keep_structure(state["stored"])
+
     # -- what it is --------------------------------------------------------------------
 
     @property
