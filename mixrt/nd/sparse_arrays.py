@@ -81,11 +81,14 @@ class BaseSparseNDArray(NDArray):
     # -- copies by copy/pickle: NDArray's dense record, and the structure ----------------
 
     def __getstate__(self) -> dict:
-        return dict(NDArray.__getstate__(self), stored=self._structure())
+        stored = self._structure()
+        parts = stored if isinstance(stored, tuple) else (stored,)
+        return dict(NDArray.__getstate__(self), stored=[part.tolist() for part in parts])
 
     def __setstate__(self, state: dict) -> None:
         NDArray.__setstate__(self, state)
-        self._keep_structure(state["stored"])
+        parts = tuple(np.asarray(part, dtype=INDEX_DTYPE) for part in state["stored"])
+        self._keep_structure(parts if self._STYPE == "csr" else parts[0])
 
     # -- what it is --------------------------------------------------------------------
 
