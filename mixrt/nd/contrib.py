@@ -20,7 +20,7 @@ from mixrt import autograd
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import as_context, current_context
 from mixrt.nd.mxnet_args import _array, _axis, _index_array, _int, _made_on, _op, _tuple
-from mixrt.nd import random
+from mixrt.nd.random import uniform
 from mixrt.nd.ndarray import NDArray
 
 
@@ -242,7 +242,7 @@ def rand_zipfian(true_classes, num_sampled, range_max, ctx=None):
                          f"{num_sampled} and {range_max}")
     ctx = current_context() if ctx is None else as_context(ctx)
     log_range = math.log(range_max + 1)
-    draws = random.uniform(0, log_range, shape=(num_sampled,), dtype="float64", ctx=ctx)
+    draws = uniform(0, log_range, shape=(num_sampled,), dtype="float64", ctx=ctx)
     sampled = (draws.exp() - 1).astype("int64") % range_max
     return (sampled, _expected_count(true_classes.as_in_context(ctx), log_range, num_sampled),
             _expected_count(sampled, log_range, num_sampled))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from mixrt.base.errors import GraphError
-from mixrt.sym import random
+from mixrt.sym.random import uniform
 from mixrt.sym.ops import call_op
 from mixrt.sym.symbol import Symbol
 
@@ -25,7 +25,7 @@ def rand_zipfian(true_classes, num_sampled, range_max):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise GraphError(f"rand_zipfian: {name} must be a positive int, got {value!r}")
     log_range = math.log(range_max + 1)
-    draws = random.uniform(0, log_range, shape=(num_sampled,), dtype="float64")
+    draws = uniform(0, log_range, shape=(num_sampled,), dtype="float64")
     # each draw is below range_max already; the remainder keeps it so, as MXNet's does
     sampled = call_op("", "Mod", [(draws.exp() - 1).astype("int64"),
                                   np.array(range_max, dtype=np.int64)], {})
