@@ -74,7 +74,7 @@ class SymbolBlock(HybridBlock):
         arg_shapes, _, aux_shapes = self._symbol.infer_shape_partial(**known)
         names = self._symbol.list_arguments() + self._symbol.list_auxiliary_states()
         for name, shape in zip(names, list(arg_shapes) + list(aux_shapes)):
-            if name in self.params and shape is not None and None not in shape:
+            if name in self.params and shape and 0 not in shape:  # () / 0: unknown
                 self.params[name].shape = shape
 
     def hybrid_forward(self, F, *args, **params):

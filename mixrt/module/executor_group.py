@@ -15,6 +15,8 @@ memory. Host contexts (``cpu(0)``, ``cpu(1)``) are all main memory, as in MXNet.
 
 from __future__ import annotations
 
+import warnings
+
 import logging
 
 import numpy as np
@@ -155,9 +157,9 @@ class DataParallelExecutorGroup:
         a label that is reshaped before the output layer (a sequence's (batch, T) labels
         flattened) is all that determines that layer's shapes, so then it goes with them."""
         without_labels = {n: s for n, s in shapes.items() if n not in self.label_names}
-        arg_shapes, _, aux_shapes = self.symbol.infer_shape(**without_labels)
+        arg_shapes, _, aux_shapes = _quietly_inferred(self.symbol, without_labels)
         if arg_shapes is None and len(without_labels) < len(shapes):
-            arg_shapes, _, aux_shapes = self.symbol.infer_shape(**shapes)
+            arg_shapes, _, aux_shapes = _quietly_inferred(self.symbol, shapes)
         return arg_shapes, aux_shapes
 
     def _bind_ith_exec(self, index: int, shapes: dict, shared_group) -> Executor:
@@ -372,3 +374,11 @@ def _group2ctxs(group2ctxs, count: int) -> list[dict]:
 
 
 __all__ = ["DataParallelExecutorGroup", "split_input_slice"]
+
+
+def _quietly_inferred(symbol, shapes: dict) -> tuple:
+    """``symbol.infer_shape(**shapes)`` without its warning for shapes it cannot complete:
+    binding tries without the labels first, and says itself what stays unknown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return symbol.infer_shape(**shapes)

@@ -31,7 +31,7 @@ import numpy as np
 
 from mixrt import metric as metrics, random as mixrt_random
 from mixrt.checkpoints import Checkpoints
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, ShapeError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import create as create_initializer, role_of, Uniform
@@ -455,6 +455,9 @@ class SymbolModule(Module):
         and variances start at 0 and 1 (what MXNet's BatchNorm declares for them); other
         parameters take the module's initializer by MXNet's name rules."""
         arg_shapes, _, aux_shapes = self.prediction.infer_shape(**{self.data_names[0]: shape})
+        if arg_shapes is None:
+            raise ShapeError(f"init_params: the data shape {shape} does not determine every "
+                             f"parameter of {self.prediction.list_arguments()}")
         names = self.prediction.list_arguments() + self.aux_names
         declared = {node.name: node.info for node in self.prediction._variables()}
         dtype = data_dtype if data_dtype.kind == "f" else np.dtype(np.float32)

@@ -28,7 +28,7 @@ import warnings
 import numpy as np
 
 from mixrt import model, nd, optimizer as optimizers
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import cpu
 from mixrt.initializer import create as create_initializer, InitDesc, role_of, \
     Uniform
@@ -114,6 +114,9 @@ class Module(BaseModule):
     def _inferred_output_shapes(self):
         shapes = {d.name: d.shape for d in self._data_shapes + (self._label_shapes or [])}
         _, out_shapes, _ = self._symbol.infer_shape(**shapes)
+        if out_shapes is None:
+            raise ShapeError(f"output_shapes: the bound shapes {shapes} do not determine "
+                             f"the outputs {self._output_names}")
         return list(zip(self._output_names, out_shapes))
 
     @property

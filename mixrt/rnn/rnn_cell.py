@@ -195,16 +195,16 @@ def merge_sequence(outputs: list, axis: int, inputs, merge_outputs):
 
 
 def zero_states(cell: BaseRNNCell, first_step) -> list:
-    """Zeros of each of ``cell``'s state shapes, the 0 (batch) dimension taken from
-    ``first_step``'s first axis when the graph runs."""
-    batch = sym.Slice(sym.Shape(first_step), np.array([0], dtype=np.int64),
-                      np.array([1], dtype=np.int64))
-    zero = sym.CastLike(np.array(0.0, dtype=np.float32), first_step)
+    """Zeros of each of ``cell``'s state shapes (``(0, H)``: 0 is the batch), the batch
+    taken from ``first_step``'s first axis. Built by broadcasting a (batch, 1) column of
+    zeros like the input against a (1, H) row, so that shape inference sees (batch, H)
+    whenever it knows the input's shape (a shape computed from Shape values it could not)."""
+    one = np.array([1], dtype=np.int64)
+    column = sym.zeros_like(sym.Slice(first_step, one - 1, one, one))  # first_step[:, :1]
     states = []
     for info in cell.state_info:
-        pieces = [batch if size == 0 else np.array([size], dtype=np.int64)
-                  for size in info["shape"]]
-        states.append(sym.Expand(zero, sym.Concat(*pieces, axis=0)))
+        row = np.zeros([1] + [size for size in info["shape"] if size != 0], np.float32)
+        states.append(sym.broadcast_add(column, sym.CastLike(row, first_step)))
     return states
 
 
