@@ -19,7 +19,7 @@ import time
 import numpy as np
 import onnx
 
-from mixrt.context import current_context
+from mixrt.context import Context, current_context
 from mixrt.base.errors import DeviceMismatchError, ExecutionError, InputError, MixrtError
 from mixrt.op_specs import spec_of
 from mixrt.ops import device_checks
@@ -187,18 +187,23 @@ def _split(spec, args, kwargs) -> tuple[list, dict]:
 
 
 def _common_context(op_type: str, inputs):
+    """Where the op runs and its results live: the inputs' device. Host contexts mix as in
+    MXNet (all host memory): the first input's ``cpu(i)``, a ``cpu_shared``/``cpu_pinned``
+    one's results on ``cpu`` of its id. GPUs never mix with anything else."""
     ctx = None
     for value in inputs:
         if isinstance(value, NDArray):
             if ctx is None:
                 ctx = value.ctx
-            elif value.ctx != ctx:
+            elif value.ctx != ctx and not (ctx.device.kind == value.ctx.device.kind == "cpu"):
                 raise DeviceMismatchError(
                     f"{op_type}: inputs are on different devices, {ctx} and {value.ctx}; "
                     f"mixrt does not copy implicitly: move one with "
                     f".as_in_context({ctx}) or .as_in_context({value.ctx})")
     if ctx is None:
-        ctx = current_context()
+        return current_context()
+    if ctx.device_type not in ("cpu", "gpu"):  # cpu_shared, cpu_pinned
+        return Context("cpu", ctx.device_id)
     return ctx
 
 

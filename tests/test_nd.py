@@ -494,17 +494,20 @@ def _elsewhere(values):
 
 @pytest.mark.parametrize("op_type, call", [
     ("Add", lambda a, b: a + b),
-    ("Mul", lambda a, b: b * a),
+    ("Mul", lambda a, b: a * b),
     ("MatMul", lambda a, b: a.reshape(1, 3) @ b.reshape(3, 1)),
     ("Gemm", lambda a, b: nd.Gemm(a.reshape(1, 3), b.reshape(1, 3), transB=1)),
     ("Concat", lambda a, b: nd.concat(a, b, dim=0)),
 ])
-def test_device_mismatch_names_both_devices_and_the_op(op_type, call):
-    with pytest.raises(DeviceMismatchError) as info:
-        call(_elsewhere([1, 2, 3]), nd.ones(3))
-    message = str(info.value)
-    assert message.startswith(f"{op_type}:"), message
-    assert "cpu(1)" in message and "cpu(0)" in message and "as_in_context" in message
+def test_host_contexts_mix_as_in_mxnet(op_type, call):
+    """cpu(1) and cpu(0) are both host memory: MXNet 1.9.1 runs the op and puts the result
+    on the first input's context (a cpu_shared or cpu_pinned one's on cpu of its id). A GPU
+    and the host do not mix (test_gpu_and_cpu_arrays_never_meet)."""
+    there, here = _elsewhere([1, 2, 3]), nd.ones(3)
+    assert call(there, here).context == Context("cpu", 1)
+    assert call(here, there).context == Context("cpu", 0)
+    shared = nd.ones(3, ctx=Context("cpu_shared", 1))
+    assert call(shared, here).context == Context("cpu", 1)
 
 
 def test_device_mismatch_in_indexing_and_setitem():
@@ -578,6 +581,8 @@ def test_an_out_of_range_index_on_the_gpu_raises_at_its_op():
 def test_gpu_and_cpu_arrays_never_meet():
     with pytest.raises(DeviceMismatchError, match=r"gpu\(0\).*cpu\(0\)|cpu\(0\).*gpu\(0\)"):
         nd.ones(3, ctx=mixrt.gpu(0)) + nd.ones(3)
+    with pytest.raises(DeviceMismatchError, match=r"^Concat: .*as_in_context"):
+        nd.concat(nd.ones(3), nd.ones(3, ctx=mixrt.gpu(0)), dim=0)
 
 
 @needs_gpu
