@@ -53,10 +53,23 @@ def _as_ndarray(raw) -> NDArray:
     return NDArray(raw, gpu(raw.device.id))
 
 
+class _NDArrayUpdater:
+    """An MXNet updater (``key, merged, stored`` as NDArrays, int keys) as the stores call
+    it (raw arrays, str keys). Its attributes are the updater's: MXNet code reads
+    ``kv._updater.optimizer`` and ``kv._updater.states``."""
+
+    def __init__(self, updater):
+        self.updater = updater
+
+    def __call__(self, name: str, merged, stored) -> None:
+        self.updater(user_key(name), _as_ndarray(merged), _as_ndarray(stored))
+
+    def __getattr__(self, attribute: str):
+        return getattr(self.updater, attribute)
+
+
 def _wrap_updater(updater):
-    def update(name: str, merged, stored) -> None:
-        updater(user_key(name), _as_ndarray(merged), _as_ndarray(stored))
-    return update
+    return _NDArrayUpdater(updater)
 
 
 def _optimizer_updater(optimizer):
