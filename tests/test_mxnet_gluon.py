@@ -9,8 +9,8 @@ import warnings
 import numpy as np
 import pytest
 
-from mixrt import autograd, nd, sym
-from mixrt.gluon import Block, HybridBlock, nn
+from mixrt import autograd, init, nd, sym
+from mixrt.gluon import Block, HybridBlock, SymbolBlock, nn
 from mixrt.gluon.contrib import nn as contrib_nn
 
 
@@ -253,3 +253,50 @@ def test_summary_counts_parameters_and_refuses_hybridized(capsys):
     net.hybridize()
     with pytest.raises(AssertionError):
         net.summary(nd.ones((5, 3)))
+
+
+class _StatesOut(HybridBlock):
+    """Returns (output, [state, state]) as a recurrent layer's unroll does."""
+
+    def hybrid_forward(self, F, x):
+        return x * 2, [x + 1, (x - 1, x * 0)]
+
+
+def test_a_hybridized_block_returns_its_nested_outputs_as_they_were():
+    block = _StatesOut()
+    x = nd.array([[1.0, 2.0]])
+    eager = block(x)
+    block.hybridize()
+    traced = block(x)
+    assert isinstance(traced, tuple) and isinstance(traced[1], list)
+    assert isinstance(traced[1][1], tuple) and len(traced[1][1]) == 2
+    for got, want in zip((traced[0], traced[1][0], *traced[1][1]),
+                         (eager[0], eager[1][0], *eager[1][1])):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+
+
+def test_export_writes_mxnets_symbol_and_params_files_and_onnx(tmp_path):
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4, in_units=3), nn.BatchNorm(in_channels=4))
+    net.initialize()
+    net.hybridize()
+    x = nd.array(np.random.default_rng(0).normal(size=(2, 3)))
+    out = net(x)
+    paths = net.export(str(tmp_path / "net"), epoch=3)
+    assert paths["symbol"].endswith("net-symbol.json")
+    assert paths["params"].endswith("net-0003.params")
+    assert {"onnx", "mxr"} <= paths.keys()
+    saved = nd.load(paths["params"])
+    assert f"arg:{net[0].weight.name}" in saved
+    assert f"aux:{net[1].running_mean.name}" in saved
+    assert not any(k.startswith("arg:") and k.endswith("running_var") for k in saved)
+    back = SymbolBlock.imports(paths["symbol"], ["data"], paths["params"])
+    np.testing.assert_allclose(back(x).asnumpy(), out.asnumpy(), rtol=1e-6)
+
+
+def test_a_parameters_variable_carries_its_initializer():
+    dense = nn.Dense(3, in_units=2, bias_initializer=init.Constant(0.5))
+    bias = dense.bias.var()
+    assert bias is dense.bias.var()  # one Variable while the parameter is unchanged
+    assert bias.list_attr()["__init__"] == init.Constant(0.5).dumps()
+    assert "__init__" not in dense.weight.var().list_attr()  # no initializer of its own

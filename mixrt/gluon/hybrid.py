@@ -175,10 +175,10 @@ class HybridBlock(Block):
             outputs = self._traced_forward(*_regroup(variables, form))
         finally:
             _tracing.variables, _tracing.shapes = previous
-        single = isinstance(outputs, Symbol) and len(outputs) == 1
-        group = outputs if isinstance(outputs, Symbol) else Group(list(outputs))
+        symbols, out_form = _flatten_outputs(outputs)
+        group = outputs if isinstance(outputs, Symbol) else Group(symbols)
         return CachedGraph(self, group, [n for n, a in zip(names, flat) if a is not None],
-                           single)
+                           out_form)
 
     def _cached_call(self, *args):
         """Traced once per input signature: a block may unroll over a static dimension
@@ -208,19 +208,29 @@ class HybridBlock(Block):
 
     # -- export ------------------------------------------------------------------------------
 
-    def export(self, path, epoch: int = 0, *, opset: int | None = None) -> dict:
-        """Write the traced graph with its current parameters: ``path.onnx`` (runs in
-        onnxruntime) and ``path.mxr`` (mixrt's compiled format). The block must have run
-        hybridized once, so its input shapes are known. Returns the file paths."""
-        del epoch
+    def export(self, path, epoch: int = 0, remove_amp_cast: bool = True, *,
+               opset: int | None = None) -> dict:
+        """Write the traced graph with its current parameters, as MXNet's export does,
+        ``path-symbol.json`` (the Symbol; inputs ``data`` or ``data0``, ``data1``, ...)
+        and ``path-<epoch:04d>.params`` (``arg:<name>`` and ``aux:<name>`` entries), which
+        ``SymbolBlock.imports`` and ``Module.load`` read; and beside them ``path.onnx``
+        (runs in onnxruntime) and ``path.mxr`` (mixrt's compiled format). The block must
+        have run hybridized once, so its input shapes are known. ``remove_amp_cast`` is
+        MXNet's and changes nothing here (mixrt's graphs hold no AMP casts). Returns the
+        paths by kind: ``symbol``, ``params``, ``onnx``, ``mxr``."""
+        del remove_amp_cast
         if self._last_cached is None or self._last_cached.last_shapes is None:
             raise InputError(f"export: {self.name} has not run hybridized yet; call "
                              f"hybridize() and run it on an input first")
-        graph = self._last_cached.inference_graph()
-        onnx_path, mxr_path = f"{path}.onnx", f"{path}.mxr"
-        save_model(graph, onnx_path, opset)
-        save_mxr(graph, mxr_path)
-        return {"onnx": onnx_path, "mxr": mxr_path}
+        cached = self._last_cached
+        paths = {"symbol": f"{path}-symbol.json", "params": f"{path}-{int(epoch):04d}.params",
+                 "onnx": f"{path}.onnx", "mxr": f"{path}.mxr"}
+        cached.symbol.save(paths["symbol"])
+        nd.save(paths["params"], cached.checkpoint_values())
+        graph = cached.inference_graph()
+        save_model(graph, paths["onnx"], opset)
+        save_mxr(graph, paths["mxr"])
+        return paths
 
 
 class HybridSequential(ChildChain, HybridBlock):
@@ -290,6 +300,38 @@ def _flat_size(form: tuple) -> int:
     return sum(_flat_size(e[1:]) if isinstance(e, tuple) else 1 for e in form)
 
 
+def _flatten_outputs(outputs) -> tuple:
+    """(the Symbols of a traced block's outputs in order, their structure): a Symbol is
+    its output count; a (nested) list or tuple is ``(its type, its items' structures)``,
+    so a block returning ``(out, [h, c])`` gets that shape back hybridized."""
+    if isinstance(outputs, Symbol):
+        return [outputs], len(outputs)
+    if not isinstance(outputs, (list, tuple)):
+        raise HybridizeError(f"a hybridized block returns Symbols or (nested) lists or "
+                             f"tuples of them, got {type(outputs).__name__}")
+    symbols, forms = [], []
+    for item in outputs:
+        inner, form = _flatten_outputs(item)
+        symbols += inner
+        forms.append(form)
+    return symbols, (type(outputs), tuple(forms))
+
+
+def _regroup_outputs(arrays: list, form, top: bool = True):
+    """The arrays of a traced call in the structure ``_flatten_outputs`` recorded: one
+    array for a one-output Symbol; a multi-output Symbol, or the outermost container, as a
+    tuple (MXNet's multiple outputs); inner lists and tuples as they were."""
+    if isinstance(form, int):
+        return (arrays[0] if form == 1 and not top else tuple(arrays[:form])), form
+    kind, forms = form
+    items, used = [], 0
+    for inner in forms:
+        item, size = _regroup_outputs(arrays[used:], inner, top=False)
+        items.append(item)
+        used += size
+    return (tuple(items) if top else kind(items)), used
+
+
 def _input_names(flat: list) -> list:
     """MXNet's names for a traced block's inputs: ``data``, or ``data0``, ``data1``, ..."""
     return ["data"] if len(flat) == 1 else [f"data{i}" for i in range(len(flat))]
@@ -310,9 +352,10 @@ def _parameter_symbol(param) -> Symbol:
 class CachedGraph:
     """A traced block's Symbol and its compiled Sessions, one set per input signature."""
 
-    def __init__(self, block: HybridBlock, symbol: Symbol, input_names: list, single: bool):
+    def __init__(self, block: HybridBlock, symbol: Symbol, input_names: list, out_form):
         self.block, self.symbol, self.input_names = block, symbol, input_names
-        self.single = single
+        self.out_form = out_form  # see _flatten_outputs
+        self.single = out_form == 1
         params = block.collect_params()
         inputs = set(symbol.list_inputs())
         self.params = {name: p for name, p in params.items() if name in inputs}
@@ -394,7 +437,7 @@ class CachedGraph:
 
     def _wrap(self, outputs, ctx):
         wrapped = [NDArray(o, ctx) for o in outputs]
-        return wrapped[0] if self.single else tuple(wrapped)
+        return wrapped[0] if self.single else _regroup_outputs(wrapped, self.out_form)[0]
 
     def _record(self, pair, feeds, named, inputs, outputs, ctx) -> None:
         outs = [outputs] if self.single else list(outputs)
@@ -404,6 +447,13 @@ class CachedGraph:
                              [*self.input_names, *self.params], ctx, meta)
         for index, output in enumerate(outs):
             output._entry = (node, index)
+
+    def checkpoint_values(self) -> dict:
+        """The graph's parameters as an MXNet checkpoint names them: ``arg:<name>``, or
+        ``aux:<name>`` for auxiliary states (BatchNorm's running statistics)."""
+        aux = set(self.aux)
+        return {f"{'aux' if name in aux else 'arg'}:{name}": param._reduce()
+                for name, param in self.params.items()}
 
     def inference_graph(self):
         """The graph with the parameters as initializers and any size along the block's

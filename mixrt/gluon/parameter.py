@@ -394,14 +394,25 @@ class Parameter:
     # -- symbolic -------------------------------------------------------------------------
 
     def var(self):
-        """The Symbol variable standing for this parameter when a block is traced (a
-        sparse one says its storage type in ``__storage_type__``, as MXNet's)."""
+        """The Symbol variable standing for this parameter when a block is traced, carrying
+        its initializer (``__init__``, what a Module's ``init_params`` uses); a sparse one
+        says its storage type in ``__storage_type__``, as MXNet's. The same Variable is
+        returned until the shape, dtype or initializer changes."""
         shape = self.shape if self.shape is not None and _complete(self.shape) else None
-        attr = None if self._stype == "default" else \
+        key = (shape, self.dtype, id(self.init), self.lr_mult, self.wd_mult)
+        cached = getattr(self, "_var", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        attr = {} if self._stype == "default" else \
             {"__storage_type__": str(_STORAGE_TYPE_STR_TO_ID[self._stype])}
-        return variable_named(self.name, shape=shape, dtype=self.dtype,
-                              aux=not self.differentiable, lr_mult=self.lr_mult,
-                              wd_mult=self.wd_mult, attr=attr)
+        if self.init is not None:  # MXNet's spelling: a name, or the initializer's dumps()
+            attr["__init__"] = self.init if isinstance(self.init, str) else \
+                create(self.init).dumps()
+        symbol = variable_named(self.name, shape=shape, dtype=self.dtype, init=self.init,
+                                aux=not self.differentiable, lr_mult=self.lr_mult,
+                                wd_mult=self.wd_mult, attr=attr)
+        self._var = (key, symbol)
+        return symbol
 
     def _mxnet_repr(self) -> str:
         return f"Parameter {self.name} (shape={self.shape}, dtype={self.dtype})"
