@@ -417,3 +417,16 @@ def test_deep_copies_keep_storage_and_stored_rows():
     assert type(copied) is RowSparseNDArray and copied.indices.asnumpy().tolist() == [2]
     csr = copy.deepcopy(nd.array(DENSE).tostype("csr"))
     assert csr.indptr.asnumpy().tolist() == [0, 1, 3, 3, 4]
+
+
+def test_a_stores_updater_shows_the_mxnet_updaters_optimizer():
+    from mixrt import optimizer
+    kv = mixrt.kv.create("local")
+    opt = optimizer.SGD(learning_rate=0.5)
+    kv.set_optimizer(opt)
+    assert kv._updater.optimizer is opt and kv._updater.states == {}
+    kv.init(0, nd.ones((2,)))
+    kv.push(0, nd.ones((2,)))
+    out = nd.zeros((2,))
+    kv.pull(0, out=out)
+    np.testing.assert_allclose(out.asnumpy(), [0.5, 0.5])
