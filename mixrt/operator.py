@@ -23,7 +23,9 @@ before ``forward`` fills them through :meth:`CustomOp.assign`, and the code runs
 autograd's recording paused. Imperatively, one operator instance serves a call's forward and
 its backward (an ``autograd`` tape node); in a graph, each Custom node keeps one instance
 per input signature (``ops/control/custom.py`` holds the graph ops, which call back here).
-With the profiler on, a call shows as ``<op_type>::pure_python`` (its backward
+``forward``'s ``is_train`` is ``autograd.is_training()`` where the op runs (imperatively,
+a hybridized block's call); a symbol Executor's ``forward(is_train=True)`` does not set
+that mode yet, so there it reads False. With the profiler on, a call shows as ``<op_type>::pure_python`` (its backward
 ``_backward_<op_type>::pure_python``) in the "Custom Operator" category, and the ops its
 Python code runs as ``<op_type>::<op>`` there too.
 """
