@@ -430,3 +430,13 @@ def test_a_stores_updater_shows_the_mxnet_updaters_optimizer():
     out = nd.zeros((2,))
     kv.pull(0, out=out)
     np.testing.assert_allclose(out.asnumpy(), [0.5, 0.5])
+
+
+def test_storage_casts_are_differentiable():
+    x = nd.array(DENSE).tostype("csr")
+    x.attach_grad()
+    with autograd.record():
+        y = (x.tostype("default") * 3).tostype("row_sparse").copy()
+    y.backward()
+    np.testing.assert_allclose(x.grad.asnumpy(), np.full(DENSE.shape, 3))
+    assert y.stype == "row_sparse" and x.grad.stype == "csr"

@@ -56,10 +56,9 @@ def _restyled(result: NDArray, stype: str, stored=None) -> NDArray:
 
 
 def _dense_of(array: NDArray) -> NDArray:
-    """A dense NDArray with ``array``'s values (its own copy), on autograd's tape where
-    ``array`` is recorded."""
-    copy = _nd.identity(array)
-    return copy if type(copy) is NDArray else NDArray(copy._read(), copy.ctx)
+    """A dense NDArray with ``array``'s values (its own copy: the dispatcher copies an
+    Identity's result), on autograd's tape where ``array`` is recorded."""
+    return _invoke("Identity", array)
 
 
 def cast_storage(data, stype: str) -> NDArray:
@@ -78,7 +77,7 @@ def cast_storage(data, stype: str) -> NDArray:
         raise SparseStorageError("cast_storage: a row_sparse array needs at least one axis")
     if stype == "default":
         return _dense_of(data)
-    return _restyled(_nd.identity(data), stype)
+    return _restyled(_dense_of(data), stype)
 
 
 def _array(fn: str, arg: str, value) -> NDArray:

@@ -114,7 +114,9 @@ class BaseSparseNDArray(NDArray):
         return cast_storage(self, stype)
 
     def copy(self) -> "BaseSparseNDArray":
-        return self._like(self._read().copy(), self._structure())
+        """A copy of this storage type and structure (recorded, as NDArray.copy is)."""
+        sparse = _sparse_module()
+        return sparse._restyled(sparse._dense_of(self), self._STYPE, self._structure())
 
     def _like(self, dense, stored) -> "BaseSparseNDArray":
         """An array of this storage type on this context holding ``dense``."""
