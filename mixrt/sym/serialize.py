@@ -10,6 +10,9 @@ Nodes are listed in dependency order and refer to earlier nodes by index. ``op``
 a variable and "" for a constant. Arrays (constants, tensor attributes) are stored as dtype,
 shape and base64 of their little-endian bytes. A loaded file is checked before use: every
 index, every op and every array must make sense, or ModelLoadError says what is wrong where.
+
+MXNet 1.x's own symbol files (no "format"; "nodes", "arg_nodes" and "heads") are read too, by
+:mod:`mixrt.sym.mxnet_json`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from mixrt.base.errors import GraphError, ModelLoadError
 from mixrt.ops.ir.dtypes import ONNX_TYPE_NAMES, to_numpy_dtype
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph
-from mixrt.sym import symbol as symbol_module
+from mixrt.sym import mxnet_json, symbol as symbol_module
 from mixrt.sym.symbol import ATTRIBUTES, SymNode, Symbol
 
 FORMAT, VERSION = "mixrt.symbol", 1
@@ -90,9 +93,12 @@ def from_json(text: str, source: str = "<string>") -> Symbol:
 
 
 def _symbol(document, source: str) -> Symbol:
+    if mxnet_json.is_mxnet_document(document):
+        return mxnet_json.symbol_from_document(document, source)
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ModelLoadError(f"{source}: not a mixrt symbol file (expected \"format\": "
-                             f"\"{FORMAT}\")")
+                             f"\"{FORMAT}\") nor an MXNet one (\"nodes\", \"arg_nodes\", "
+                             f"\"heads\")")
     if document.get("version") != VERSION:
         raise ModelLoadError(f"{source}: symbol format version {document.get('version')!r}; "
                              f"this mixrt reads version {VERSION}")

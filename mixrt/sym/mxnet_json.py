@@ -1,0 +1,532 @@
+"""MXNet 1.x's own symbol files (``prefix-symbol.json``, nnvm's graph JSON) read into a Symbol.
+
+    {"nodes": [{"op": "null", "name": "data", "inputs": []},
+               {"op": "Convolution", "name": "conv0", "attrs": {"kernel": "(3, 3)", ...},
+                "inputs": [[0, 0, 0], [1, 0, 0]]}, ...],
+     "arg_nodes": [0, 1], "node_row_ptr": [...], "heads": [[5, 0, 0]],
+     "attrs": {"mxnet_version": ["int", 10901]}}
+
+Each node is rebuilt by mixrt's MXNet-named symbol function for its op (``sym.Convolution``,
+``sym.BatchNorm``, ...) or, where MXNet's op is one ONNX operator, by that operator, with the
+node's inputs in MXNet's argument order and its parameters parsed from MXNet's strings
+(``"(3, 3)"``, ``"True"``, ``"1e-05"``, ``"None"``). Node names are kept, so the arguments and
+auxiliary states are named as the ``.params`` file's keys (``arg:conv0_weight``,
+``aux:bn0_moving_mean``), and variables keep their declared shape, dtype, initializer and
+learning-rate multipliers. Every index, op and parameter is checked: a malformed or hostile
+file, or an op this reader does not know, raises ModelLoadError naming the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt import array_methods
+from mixrt.base.errors import GraphError, MixrtError, ModelLoadError
+from mixrt.sym import mxnet_ops, shape_free, symbol_layers
+from mixrt.sym.ops import call_op
+from mixrt.sym.symbol import constant, scalar_like, variable_named, Group, Symbol
+
+MAX_PARAMETER_TEXT = 4096  # MXNet writes short strings; a megabyte one is not a parameter
+INT64_MAX = np.iinfo(np.int64).max  # "to the end" for ONNX Slice
+# MXNet's dtype codes (mshadow's TypeFlag) in a variable's "__dtype__"
+DTYPE_CODES = {0: "float32", 1: "float64", 2: "float16", 3: "uint8", 4: "int32", 5: "int8",
+               6: "int64", 7: "bool", 8: "int16", 9: "uint16", 10: "uint32", 11: "uint64"}
+# a variable's attributes that are declarations rather than the user's own
+DECLARATION_KEYS = ("__shape__", "__dtype__", "__init__", "__lr_mult__", "__wd_mult__")
+# inputs of these ops that are auxiliary states (updated by the op, not learned)
+AUXILIARY_INPUTS = {"BatchNorm": (3, 4), "_contrib_SyncBatchNorm": (3, 4)}
+
+
+def is_mxnet_document(document) -> bool:
+    """Whether parsed JSON has MXNet's graph layout (and not mixrt's own "format")."""
+    return (isinstance(document, dict) and "format" not in document
+            and all(key in document for key in ("nodes", "heads", "arg_nodes")))
+
+
+def symbol_from_document(document: dict, source: str) -> Symbol:
+    nodes = _list(document, "nodes", source)
+    auxiliary = _auxiliary_nodes(nodes, source)
+    built: list[Symbol] = []
+    for index, entry in enumerate(nodes):
+        where = f"{source}: node {index}"
+        if not isinstance(entry, dict):
+            raise ModelLoadError(f"{where}: expected an object, got {_brief(entry)}")
+        built.append(_node(entry, built, index in auxiliary, where))
+    heads = [_entry(head, built, f"{source}: heads") for head in _list(document, "heads",
+                                                                        source)]
+    if not heads:
+        raise ModelLoadError(f"{source}: the symbol has no outputs (\"heads\" is empty)")
+    return heads[0] if len(heads) == 1 else Group(heads)
+
+
+def _list(document: dict, key: str, source: str) -> list:
+    value = document.get(key)
+    if not isinstance(value, list):
+        raise ModelLoadError(f"{source}: {key!r} must be a list, got {_brief(value)}")
+    return value
+
+
+def _auxiliary_nodes(nodes: list, source: str) -> set:
+    """The variables some op reads as an auxiliary state (BatchNorm's moving mean and
+    variance): MXNet tells them apart by the op, not by the variable."""
+    auxiliary = set()
+    for entry in nodes:
+        positions = AUXILIARY_INPUTS.get(entry.get("op")) if isinstance(entry, dict) else None
+        inputs = entry.get("inputs") if positions else None
+        if isinstance(inputs, list):
+            auxiliary.update(ref[0] for position, ref in enumerate(inputs)
+                             if position in positions and isinstance(ref, list) and ref
+                             and _integer(ref[0]))
+    return auxiliary
+
+
+def _node(entry: dict, built: list[Symbol], auxiliary: bool, where: str) -> Symbol:
+    op, name = entry.get("op"), entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ModelLoadError(f"{where}: missing or empty \"name\"")
+    where = f"{where} ({name!r})"
+    if not isinstance(op, str) or not op:
+        raise ModelLoadError(f"{where}: \"op\" must be an operator name or \"null\", got "
+                             f"{_brief(op)}")
+    attrs = entry.get("attrs", entry.get("param", {}))  # "param": MXNet before 0.9
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in attrs.items()):
+        raise ModelLoadError(f"{where}: \"attrs\" must map strings to strings")
+    inputs = entry.get("inputs", [])
+    if not isinstance(inputs, list):
+        raise ModelLoadError(f"{where}: \"inputs\" must be a list, got {_brief(inputs)}")
+    if op == "null":
+        if inputs:
+            raise ModelLoadError(f"{where}: a variable (op \"null\") has no inputs")
+        return _variable(name, attrs, auxiliary, where)
+    translate = OPERATORS.get(op)
+    if translate is None:
+        raise ModelLoadError(f"{where}: MXNet operator {op!r} is not supported by this "
+                             f"reader")
+    operands = [_entry(ref, built, where) for ref in inputs]
+    params = {key: _parse(value, f"{where}.{key}") for key, value in attrs.items()
+              if not _is_symbol_attribute(key)}
+    try:
+        symbol = translate(name, operands, params)
+    except (MixrtError, TypeError, ValueError) as error:
+        raise ModelLoadError(f"{where}: MXNet operator {op!r} with {params}: {error}") from None
+    annotations = {k: v for k, v in attrs.items() if _is_symbol_attribute(k)}
+    if annotations and len(symbol.list_outputs()) == 1:
+        symbol._set_attr(**annotations)
+    return symbol
+
+
+def _entry(ref, built: list[Symbol], where: str) -> Symbol:
+    """An input reference [node, output, version] (MXNet < 1.0 writes [node, output])."""
+    if not isinstance(ref, list) or len(ref) not in (2, 3) or not all(map(_integer, ref)):
+        raise ModelLoadError(f"{where}: an input is [node index, output index, version], "
+                             f"got {_brief(ref)}")
+    node, output = ref[0], ref[1]
+    if not 0 <= node < len(built):
+        raise ModelLoadError(f"{where}: refers to node {node}, but only nodes 0.."
+                             f"{len(built) - 1} come before it")
+    outputs = len(built[node].list_outputs())
+    if not 0 <= output < outputs:
+        raise ModelLoadError(f"{where}: node {node} ({built[node].list_outputs()[0]!r}) has "
+                             f"{outputs} output(s); output {output} was asked for")
+    return built[node] if outputs == 1 else built[node][output]
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_symbol_attribute(key: str) -> bool:
+    """MXNet's attributes of any node (``__lr_mult__``, ``__ctx_group__``), not op params."""
+    return key.startswith("__") and key.endswith("__") and len(key) > 4
+
+
+# -- variables ---------------------------------------------------------------------------------
+
+def _variable(name: str, attrs: dict, auxiliary: bool, where: str) -> Symbol:
+    shape = _parse(attrs["__shape__"], f"{where}.__shape__") if "__shape__" in attrs else None
+    if shape is not None and (not isinstance(shape, tuple)
+                              or not all(_integer(d) and d >= -1 for d in shape)):
+        raise ModelLoadError(f"{where}: \"__shape__\" must be a tuple of whole numbers, got "
+                             f"{_brief(attrs['__shape__'])}")
+    dtype = _dtype(attrs["__dtype__"], where) if "__dtype__" in attrs else None
+    multipliers = {key: _multiplier(attrs, key, where) for key in ("lr_mult", "wd_mult")}
+    own = {k: v for k, v in attrs.items() if k not in DECLARATION_KEYS}
+    try:
+        # mixrt's initializers take MXNet's "__init__" as it is: a name or dumps()' JSON
+        return variable_named(name, shape, dtype, attrs.get("__init__"),
+                              aux=auxiliary, attr=own or None, **multipliers)
+    except (MixrtError, TypeError, ValueError) as error:
+        raise ModelLoadError(f"{where}: bad variable declaration: {error}") from None
+
+
+def _dtype(text: str, where: str) -> str:
+    code = _parse(text, f"{where}.__dtype__")
+    if _integer(code) and code in DTYPE_CODES:
+        return DTYPE_CODES[code]
+    if isinstance(code, str) and code in DTYPE_CODES.values():
+        return code
+    raise ModelLoadError(f"{where}: \"__dtype__\" {_brief(text)} is not one of MXNet's dtype "
+                         f"codes {sorted(DTYPE_CODES)}")
+
+
+def _multiplier(attrs: dict, key: str, where: str):
+    text = attrs.get(f"__{key}__")
+    if text is None:
+        return None
+    value = _parse(text, f"{where}.__{key}__")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < float("inf"):
+        raise ModelLoadError(f"{where}: \"__{key}__\" must be a finite number >= 0, got "
+                             f"{_brief(text)}")
+    return float(value)
+
+
+# -- MXNet's parameter strings -----------------------------------------------------------------
+
+def _parse(text: str, where: str):
+    """``"(3, 3)"`` -> (3, 3), ``"True"`` -> True, ``"1e-05"`` -> 1e-05, ``"None"`` -> None;
+    anything else is a string (``"relu"``, ``"float32"``)."""
+    if len(text) > MAX_PARAMETER_TEXT:
+        raise ModelLoadError(f"{where}: a parameter of {len(text)} characters (at most "
+                             f"{MAX_PARAMETER_TEXT})")
+    text = text.strip()
+    if text[:1] in "([" and text[-1:] in ")]" and text:
+        inner = text[1:-1].strip().rstrip(",")
+        items = [item.strip() for item in inner.split(",")] if inner else []
+        if any(item[:1] in "([" for item in items):
+            raise ModelLoadError(f"{where}: nested tuples are not MXNet parameters: "
+                                 f"{_brief(text)}")
+        return tuple(_scalar(item) for item in items)
+    return _scalar(text)
+
+
+def _scalar(text: str):
+    named = {"None": None, "True": True, "False": False, "true": True, "false": False}
+    if text in named:
+        return named[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:120] + "..."
+
+
+# -- the ops -----------------------------------------------------------------------------------
+# Each translation is (node name, input Symbols in MXNet's order, parsed params) -> Symbol.
+
+def _arity(name: str, inputs: list, low: int, high: int | None = None) -> None:
+    high = low if high is None else high
+    if not low <= len(inputs) <= high:
+        expected = low if low == high else f"{low} to {high}"
+        raise GraphError(f"takes {expected} input(s), the file gives {len(inputs)}")
+
+
+def _layer(function, input_names: tuple, required: int = 1):
+    """One of mixrt's MXNet layers (``sym.Convolution``): the inputs by MXNet's names."""
+    def translate(name, inputs, params):
+        _arity(name, inputs, required, len(input_names))
+        return function(**dict(zip(input_names, inputs)), **params, name=name)
+    return translate
+
+
+def _onnx(op_type: str, arity: int = 1, **fixed):
+    """An MXNet op that is one ONNX operator without parameters of its own."""
+    def translate(name, inputs, params):
+        _arity(name, inputs, arity)
+        _no_params(params)
+        return call_op("", op_type, inputs, dict(fixed), name=name)
+    return translate
+
+
+def _required(params: dict, key: str):
+    if key not in params:
+        raise GraphError(f"the parameter {key!r} is missing")
+    return params.pop(key)
+
+
+def _no_params(params: dict) -> None:
+    if params:
+        raise GraphError(f"unknown parameter(s) {sorted(params)}")
+
+
+def _scalar_op(op_type: str, reverse: bool = False):
+    """``_plus_scalar`` (x + scalar) and the reflected ``_rminus_scalar`` (scalar - x)."""
+    def translate(name, inputs, params):
+        _arity(name, inputs, 1)
+        scalar = params.pop("scalar", None)
+        params.pop("is_int", None)  # MXNet 2's flag; the value's own type says it here
+        _no_params(params)
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)):
+            raise GraphError(f"'scalar' must be a number, got {scalar!r}")
+        operands = [inputs[0], scalar_like(float(scalar), inputs[0])]
+        return call_op("", op_type, operands[::-1] if reverse else operands, {}, name=name)
+    return translate
+
+
+def _comparison(op_type: str, negate: bool, with_scalar: bool):
+    """``_greater_scalar``, ``broadcast_equal``, ...: MXNet's comparisons give 1 or 0 in the
+    operand's dtype, not booleans."""
+    def translate(name, inputs, params):
+        _arity(name, inputs, 1 if with_scalar else 2)
+        operands = list(inputs)
+        if with_scalar:
+            scalar = _required(params, "scalar")
+            params.pop("is_int", None)
+            if isinstance(scalar, bool) or not isinstance(scalar, (int, float)):
+                raise GraphError(f"'scalar' must be a number, got {scalar!r}")
+            operands.append(scalar_like(float(scalar), inputs[0]))
+        _no_params(params)
+        truth = call_op("", op_type, operands, {}, name=f"{name}_compare", exact_name=True)
+        one, zero = scalar_like(1.0, inputs[0]), scalar_like(0.0, inputs[0])
+        choices = [zero, one] if negate else [one, zero]
+        return call_op("", "Where", [truth, *choices], {}, name=name)
+    return translate
+
+
+def _function(function, arity: int = 1):
+    """A function of mixrt.sym with MXNet's own parameters (``sym.reshape``, ``sym.split``)."""
+    def translate(name, inputs, params):
+        _arity(name, inputs, arity)
+        return function(*inputs, **params, name=name)
+    return translate
+
+
+def _reduce(function):
+    def translate(name, inputs, params):
+        _arity(name, inputs, 1)
+        if params.pop("exclude", False):
+            raise GraphError("exclude=True (reducing all axes but the given ones) is not "
+                             "supported without a known rank")
+        return function(inputs[0], **params, name=name)
+    return translate
+
+
+def _softmax(op_type: str):
+    def translate(name, inputs, params):
+        _arity(name, inputs, 1)
+        axis, temperature = params.pop("axis", -1), params.pop("temperature", None)
+        params.pop("dtype", None)  # the output dtype: the input's here
+        if params.pop("use_length", False):
+            raise GraphError("use_length=True is not supported")
+        _no_params(params)
+        data = inputs[0]
+        if temperature not in (None, 1, 1.0):
+            data = call_op("", "Div", [data, scalar_like(float(temperature), data)], {},
+                           name=f"{name}_temperature", exact_name=True)
+        return call_op("", op_type, [data], {"axis": axis}, name=name)
+    return translate
+
+
+def _softmax_activation(name, inputs, params):
+    """``channel``: softmax along axis 1; ``instance`` (the default): along the last axis,
+    which is what MXNet 1.9.1 computes (for 2-D data, each instance's values)."""
+    _arity(name, inputs, 1)
+    mode = params.pop("mode", "instance")
+    _no_params(params)
+    if mode not in ("instance", "channel"):
+        raise GraphError(f"mode must be 'instance' or 'channel', got {mode!r}")
+    return call_op("", "Softmax", inputs, {"axis": 1 if mode == "channel" else -1}, name=name)
+
+
+def _dropout(name, inputs, params):
+    _arity(name, inputs, 1)
+    rate, axes = params.pop("p", 0.5), params.pop("axes", ())
+    mode = params.pop("mode", "training")
+    params.pop("cudnn_off", None)
+    _no_params(params)
+    if axes:
+        raise GraphError(f"axes={axes} (a mask shared along axes) is not supported")
+    if mode != "training":
+        raise GraphError(f"mode={mode!r} is not supported (only 'training')")
+    ratio = constant(np.array(rate, dtype=np.float32), name=f"{name}_ratio")
+    return call_op("", "Dropout", [inputs[0], ratio], {}, name=name)
+
+
+def _flatten(name, inputs, params):
+    _arity(name, inputs, 1)
+    _no_params(params)
+    return call_op("", "Flatten", inputs, {"axis": 1}, name=name)
+
+
+def _concat(name, inputs, params):
+    count, dim = params.pop("num_args", len(inputs)), params.pop("dim", 1)
+    _no_params(params)
+    if count != len(inputs) or not inputs:
+        raise GraphError(f"num_args={count}, but the file gives {len(inputs)} input(s)")
+    return call_op("", "Concat", inputs, {"axis": dim}, name=name)
+
+
+def _reshape(name, inputs, params):
+    _arity(name, inputs, 1)
+    shape, reverse = params.pop("shape", None), params.pop("reverse", False)
+    for legacy in ("target_shape", "keep_highest"):
+        if params.pop(legacy, None) not in (None, (), False):
+            raise GraphError(f"the legacy parameter {legacy!r} is not supported; use 'shape'")
+    _no_params(params)
+    return array_methods.reshape(inputs[0], shape, reverse=reverse, name=name)
+
+
+def _slice_axis(name, inputs, params):
+    _arity(name, inputs, 1)
+    axis, begin = _required(params, "axis"), _required(params, "begin")
+    end = params.pop("end", None)
+    _no_params(params)
+    return _onnx_slice(name, inputs[0], [begin], [INT64_MAX if end is None else end], [axis])
+
+
+def _slice(name, inputs, params):
+    """MXNet's ``slice``: begin/end/step per leading axis, None for the whole axis."""
+    _arity(name, inputs, 1)
+    begin, end = _required(params, "begin"), _required(params, "end")
+    step = params.pop("step", ()) or (None,) * len(begin)
+    _no_params(params)
+    if not len(begin) == len(end) == len(step):
+        raise GraphError(f"begin {begin}, end {end} and step {step} differ in length")
+    steps = [1 if s is None else s for s in step]
+    starts = [(0 if s > 0 else -1) if b is None else b for b, s in zip(begin, steps)]
+    ends = [(INT64_MAX if s > 0 else -INT64_MAX) if e is None else e
+            for e, s in zip(end, steps)]
+    return _onnx_slice(name, inputs[0], starts, ends, list(range(len(begin))), steps)
+
+
+def _onnx_slice(name, data, starts, ends, axes, steps=None):
+    bounds = [constant(np.array(values, dtype=np.int64), name=f"{name}_{role}")
+              for role, values in (("starts", starts), ("ends", ends), ("axes", axes),
+                                   ("steps", steps)) if values is not None]
+    return call_op("", "Slice", [data, *bounds], {}, name=name)
+
+
+def _clip(name, inputs, params):
+    _arity(name, inputs, 1)
+    low, high = _required(params, "a_min"), _required(params, "a_max")
+    _no_params(params)
+    return array_methods.clip(inputs[0], low, high, name=name)
+
+
+def _where(name, inputs, params):
+    _arity(name, inputs, 3)
+    _no_params(params)
+    condition = call_op("", "Cast", [inputs[0]], {"to": 9}, name=f"{name}_condition",
+                        exact_name=True)  # MXNet's condition is any nonzero number
+    return call_op("", "Where", [condition, inputs[1], inputs[2]], {}, name=name)
+
+
+def _square(name, inputs, params):
+    _arity(name, inputs, 1)
+    _no_params(params)
+    return call_op("", "Mul", [inputs[0], inputs[0]], {}, name=name)
+
+
+def _upsampling(name, inputs, params):
+    """Nearest-neighbour UpSampling by an integer ``scale`` (bilinear needs its weight)."""
+    scale, kind = _required(params, "scale"), _required(params, "sample_type")
+    count = params.pop("num_args", 1)
+    params.pop("workspace", None)
+    params.pop("multi_input_mode", None)
+    _no_params(params)
+    if kind != "nearest" or count != 1 or len(inputs) != 1:
+        raise GraphError(f"only sample_type='nearest' with one input is supported, got "
+                         f"{kind!r} with {len(inputs)}")
+    scales = constant(np.array([1, 1, scale, scale], dtype=np.float32), name=f"{name}_scales")
+    return call_op("", "Resize", [inputs[0], None, scales],
+                   {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                    "nearest_mode": "floor"}, name=name)
+
+
+def _cast(name, inputs, params):
+    _arity(name, inputs, 1)
+    return mxnet_ops.FUNCTIONS["cast"](inputs[0], **params, name=name)
+
+
+_LAYERS = {
+    "Convolution": _layer(symbol_layers.Convolution, ("data", "weight", "bias"), 2),
+    "Deconvolution": _layer(symbol_layers.Deconvolution, ("data", "weight", "bias"), 2),
+    "FullyConnected": _layer(symbol_layers.FullyConnected, ("data", "weight", "bias"), 2),
+    "Activation": _layer(symbol_layers.Activation, ("data",)),
+    "LeakyReLU": _layer(symbol_layers.LeakyReLU, ("data", "gamma")),
+    "BatchNorm": _layer(symbol_layers.BatchNorm,
+                        ("data", "gamma", "beta", "moving_mean", "moving_var"), 5),
+    "Pooling": _layer(symbol_layers.Pooling, ("data",)),
+    "Embedding": _layer(symbol_layers.Embedding, ("data", "weight"), 2),
+    "SoftmaxOutput": _layer(symbol_layers.SoftmaxOutput, ("data", "label")),
+    "LinearRegressionOutput": _layer(symbol_layers.LinearRegressionOutput,
+                                     ("data", "label")),
+    "LogisticRegressionOutput": _layer(symbol_layers.LogisticRegressionOutput,
+                                       ("data", "label")),
+    "MAERegressionOutput": _layer(symbol_layers.MAERegressionOutput, ("data", "label")),
+}
+_SCALARS = {
+    "_plus_scalar": ("Add", False), "_PlusScalar": ("Add", False),
+    "_minus_scalar": ("Sub", False), "_MinusScalar": ("Sub", False),
+    "_rminus_scalar": ("Sub", True), "_RMinusScalar": ("Sub", True),
+    "_mul_scalar": ("Mul", False), "_MulScalar": ("Mul", False),
+    "_div_scalar": ("Div", False), "_DivScalar": ("Div", False),
+    "_rdiv_scalar": ("Div", True), "_RDivScalar": ("Div", True),
+    "_power_scalar": ("Pow", False), "_PowerScalar": ("Pow", False),
+    "_rpower_scalar": ("Pow", True), "_RPowerScalar": ("Pow", True),
+    "_maximum_scalar": ("Max", False), "_MaximumScalar": ("Max", False),
+    "_minimum_scalar": ("Min", False), "_MinimumScalar": ("Min", False),
+}
+# two-operand ops; broadcast_* follow NumPy's broadcasting, as ONNX's operators do
+_BINARY = {
+    "Add": ("elemwise_add", "_plus", "_add", "_Plus", "broadcast_add", "broadcast_plus"),
+    "Sub": ("elemwise_sub", "_minus", "_sub", "_Minus", "broadcast_sub", "broadcast_minus"),
+    "Mul": ("elemwise_mul", "_mul", "_Mul", "broadcast_mul"),
+    "Div": ("elemwise_div", "_div", "_Div", "broadcast_div"),
+    "Pow": ("_power", "_Power", "broadcast_power"),
+    "Max": ("_maximum", "_Maximum", "broadcast_maximum"),
+    "Min": ("_minimum", "_Minimum", "broadcast_minimum"),
+}
+# MXNet's comparison name -> (ONNX operator, whether its result is negated)
+_COMPARISONS = {"equal": ("Equal", False), "not_equal": ("Equal", True),
+                "greater": ("Greater", False), "greater_equal": ("GreaterOrEqual", False),
+                "lesser": ("Less", False), "lesser_equal": ("LessOrEqual", False)}
+_UNARY = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log",
+          "sqrt": "Sqrt", "abs": "Abs", "negative": "Neg", "reciprocal": "Reciprocal",
+          "floor": "Floor", "ceil": "Ceil", "sign": "Sign", "sin": "Sin", "cos": "Cos",
+          "erf": "Erf", "_copy": "Identity", "identity": "Identity"}
+_FUNCTIONS = {
+    "transpose": _function(array_methods.transpose),
+    "expand_dims": _function(array_methods.expand_dims),
+    "squeeze": _function(array_methods.squeeze),
+    "SliceChannel": _function(shape_free.FUNCTIONS["split"]),
+    "split": _function(shape_free.FUNCTIONS["split"]),
+    "dot": _function(shape_free.FUNCTIONS["dot"], 2),
+    "batch_dot": _function(shape_free.FUNCTIONS["batch_dot"], 2),
+    "zeros_like": _function(shape_free.FUNCTIONS["zeros_like"]),
+    "ones_like": _function(shape_free.FUNCTIONS["ones_like"]),
+    "BlockGrad": _function(mxnet_ops.FUNCTIONS["BlockGrad"]),
+    "stop_gradient": _function(mxnet_ops.FUNCTIONS["BlockGrad"]),
+}
+_REDUCTIONS = {"sum": array_methods.sum, "mean": array_methods.mean, "max": array_methods.max,
+               "min": array_methods.min, "prod": array_methods.prod}
+
+OPERATORS = {
+    **_LAYERS,
+    **{op: _scalar_op(onnx, reverse) for op, (onnx, reverse) in _SCALARS.items()},
+    **{op: _onnx(onnx, 2) for onnx, ops in _BINARY.items() for op in ops},
+    **{op: _onnx(onnx) for op, onnx in _UNARY.items()},
+    **{f"_{op}_scalar": _comparison(onnx, negate, True)
+       for op, (onnx, negate) in _COMPARISONS.items()},
+    **{f"{prefix}{op}": _comparison(onnx, negate, False)
+       for op, (onnx, negate) in _COMPARISONS.items() for prefix in ("_", "broadcast_")},
+    **_FUNCTIONS,
+    **{op: _reduce(function) for op, function in _REDUCTIONS.items()},
+    "sum_axis": _reduce(array_methods.sum), "max_axis": _reduce(array_methods.max),
+    "min_axis": _reduce(array_methods.min),
+    "softmax": _softmax("Softmax"), "log_softmax": _softmax("LogSoftmax"),
+    "SoftmaxActivation": _softmax_activation,
+    "Dropout": _dropout, "Flatten": _flatten, "flatten": _flatten,
+    "Concat": _concat, "concat": _concat,
+    "Reshape": _reshape, "reshape": _reshape,
+    "slice_axis": _slice_axis, "slice": _slice, "crop": _slice,
+    "clip": _clip, "where": _where, "square": _square,
+    "UpSampling": _upsampling, "Cast": _cast, "cast": _cast,
+}
