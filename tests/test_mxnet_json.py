@@ -18,7 +18,7 @@ from mixrt import gluon, nd, sym
 from mixrt.errors import ModelLoadError
 
 DATA = Path(__file__).parent / "data" / "mxnet_json"
-SYMBOL_MODELS = ["mlp", "lenet", "resnet_thumb", "ops_mix", "layers_mix"]
+SYMBOL_MODELS = ["mlp", "lenet", "resnet_thumb", "ops_mix", "layers_mix", "norms"]
 ALL_MODELS = SYMBOL_MODELS + ["gluon_net"]
 
 
@@ -72,6 +72,23 @@ def test_load_checkpoint_and_module_match_mxnet(name):
     module.set_params(args, aux)
     module.forward(mx.io.DataBatch([nd.array(expected["data"])]), is_train=False)
     _assert_outputs(module.get_outputs(), expected)
+
+
+def test_module_load_matches_mxnet():
+    module = mx.mod.Module.load(str(DATA / "resnet_thumb"), 0, data_names=["data"],
+                                label_names=["softmax_label"])
+    expected = _expected("resnet_thumb")
+    module.bind(data_shapes=[("data", expected["data"].shape)], for_training=False)
+    module.forward(mx.io.DataBatch([nd.array(expected["data"])]), is_train=False)
+    _assert_outputs(module.get_outputs(), expected)
+
+
+def test_normalization_parameters_get_mxnet_shapes():
+    symbol = sym.load(str(DATA / "norms-symbol.json"))
+    arg_shapes, _, _ = symbol.infer_shape(data=(2, 4, 3, 5))
+    assert dict(zip(symbol.list_arguments(), arg_shapes)) == {
+        "data": (2, 4, 3, 5), "inorm_gamma": (4,), "inorm_beta": (4,),
+        "gnorm_gamma": (2,), "gnorm_beta": (2,), "lnorm_gamma": (5,), "lnorm_beta": (5,)}
 
 
 def test_symbol_block_imports_a_gluon_export():
@@ -171,6 +188,14 @@ def test_missing_required_parameter_is_named():
     relu = document["nodes"][_node_index(document, "relu1")]
     relu.update(op="slice_axis", attrs={"axis": "1"})
     with pytest.raises(ModelLoadError, match=r"relu1.*'begin' is missing"):
+        _load(document)
+
+
+def test_layer_norm_on_an_inner_axis_is_refused_by_name():
+    document = json.loads((DATA / "norms-symbol.json").read_text())
+    layer_norm = document["nodes"][_node_index(document, "lnorm")]
+    layer_norm["attrs"] = {"axis": "1"}
+    with pytest.raises(ModelLoadError, match=r"lnorm.*axis=1"):
         _load(document)
 
 

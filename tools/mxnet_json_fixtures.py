@@ -125,6 +125,15 @@ def layers_mix():
     return mx.sym.LinearRegressionOutput(x, name="regression"), (2, 2, 3, 3)
 
 
+def norms():
+    """InstanceNorm, LayerNorm and GroupNorm, with MXNet's parameter shapes."""
+    data = mx.sym.Variable("data")
+    x = mx.sym.InstanceNorm(data, eps=1e-4, name="inorm")
+    x = mx.sym.GroupNorm(x, num_groups=2, name="gnorm")
+    x = mx.sym.LayerNorm(x, name="lnorm")
+    return mx.sym.Activation(x, act_type="softrelu"), (2, 4, 3, 5)
+
+
 def gluon_net():
     net = mx.gluon.nn.HybridSequential(prefix="net_")
     with net.name_scope():
@@ -187,7 +196,8 @@ def _save_expected(prefix, data, outputs):
 def main(out):
     os.makedirs(out, exist_ok=True)
     rng = np.random.RandomState(SEED)
-    for builder in (mlp, lenet, resnet_thumb, ops_mix, layers_mix):
+    for builder in (mlp, lenet, resnet_thumb, ops_mix, layers_mix,
+                    norms):
         symbol, shape = builder()
         save_symbol_model(out, builder.__name__, symbol, shape, rng)
     net, shape = gluon_net()

@@ -23,7 +23,7 @@ import numpy as np
 from mixrt import array_methods
 from mixrt.base.errors import GraphError, MixrtError, ModelLoadError
 from mixrt.sym import mxnet_ops, shape_free, symbol_layers
-from mixrt.sym.ops import call_op
+from mixrt.sym.ops import call_op, shape_from, SHAPE_FROM
 from mixrt.sym.symbol import constant, scalar_like, variable_named, Group, Symbol
 
 MAX_PARAMETER_TEXT = 4096  # MXNet writes short strings; a megabyte one is not a parameter
@@ -440,6 +440,64 @@ def _upsampling(name, inputs, params):
                     "nearest_mode": "floor"}, name=name)
 
 
+def _instance_norm(name, inputs, params):
+    """Each sample's channel normalized over its spatial values: ONNX's InstanceNormalization."""
+    _arity(name, inputs, 3)
+    eps = params.pop("eps", 1e-3)
+    _no_params(params)
+    out = call_op("", "InstanceNormalization", inputs, {"epsilon": eps}, name=name)
+    _shape_follows(inputs[1:], shape_from(name, 0, [["axis", 1]]))
+    return out
+
+
+def _layer_norm(name, inputs, params):
+    """MXNet normalizes along ``axis`` alone, ONNX's LayerNormalization from ``axis`` to the
+    last: the two agree for the last axis, MXNet's default and what Gluon writes."""
+    _arity(name, inputs, 3)
+    axis, eps = params.pop("axis", -1), params.pop("eps", 1e-5)
+    if params.pop("output_mean_var", False):
+        raise GraphError("output_mean_var=True is not supported")
+    _no_params(params)
+    if axis != -1:
+        raise GraphError(f"axis={axis} is not supported: only the last axis (-1), whose "
+                         f"index is unknown until the data's rank is")
+    out = call_op("", "LayerNormalization", inputs, {"axis": -1, "epsilon": eps}, name=name)
+    _shape_follows(inputs[1:], shape_from(name, 0, [["axis", -1]]))
+    return out
+
+
+def _group_norm(name, inputs, params):
+    """MXNet's gamma and beta are per group (``num_groups`` values): the data seen as
+    (N, groups, rest) is what InstanceNormalization normalizes per group."""
+    _arity(name, inputs, 3)
+    groups, eps = params.pop("num_groups", 1), params.pop("eps", 1e-5)
+    if params.pop("output_mean_var", False):
+        raise GraphError("output_mean_var=True is not supported")
+    _no_params(params)
+    if not _integer(groups) or groups < 1:
+        raise GraphError(f"num_groups must be a whole number >= 1, got {groups!r}")
+    data, gamma, beta = inputs
+    layout = constant(np.array([0, groups, -1], dtype=np.int64), name=f"{name}_groups")
+    grouped = call_op("", "Reshape", [data, layout], {}, name=f"{name}_grouped",
+                      exact_name=True)
+    normed = call_op("", "InstanceNormalization", [grouped, gamma, beta], {"epsilon": eps},
+                     name=f"{name}_normalized", exact_name=True)
+    shape = call_op("", "Shape", [data], {}, name=f"{name}_shape", exact_name=True)
+    _shape_follows([gamma, beta], shape_from(name, 0, [groups]))
+    return call_op("", "Reshape", [normed, shape], {}, name=name)
+
+
+def _shape_follows(parameters: list, rule: dict) -> None:
+    """A parameter variable of undeclared shape (gamma, beta) gets it from the data's, as
+    mixrt's own layers' parameters do, so binding with the data's shape alone works."""
+    for parameter in parameters:
+        node, index = parameter._outputs[0]
+        declared = node.info.get("shape")
+        if node.is_variable and index == 0 and SHAPE_FROM not in node.info and (
+                declared is None or None in declared):
+            node.info[SHAPE_FROM] = rule
+
+
 def _cast(name, inputs, params):
     _arity(name, inputs, 1)
     return mxnet_ops.FUNCTIONS["cast"](inputs[0], **params, name=name)
@@ -529,4 +587,5 @@ OPERATORS = {
     "slice_axis": _slice_axis, "slice": _slice, "crop": _slice,
     "clip": _clip, "where": _where, "square": _square,
     "UpSampling": _upsampling, "Cast": _cast, "cast": _cast,
+    "InstanceNorm": _instance_norm, "LayerNorm": _layer_norm, "GroupNorm": _group_norm,
 }
