@@ -119,6 +119,24 @@ def test_prelu_gamma_keeps_its_initializer():
     assert saved["prelu_gamma"]["info"]["init"] == {"type": "Constant", "value": 0.25}
 
 
+def test_files_of_mxnet_before_0_9_are_read():
+    """Old files keep the op's parameters in "param", the user's in "attr", and refer to
+    inputs as [node, output]."""
+    document = json.loads((DATA / "mlp-symbol.json").read_text())
+    for node in document["nodes"]:
+        attrs = node.pop("attrs", {})
+        node["param"] = {k: v for k, v in attrs.items() if not k.startswith("__")}
+        node["attr"] = {k: v for k, v in attrs.items() if k.startswith("__")}
+        node["inputs"] = [ref[:2] for ref in node["inputs"]]
+    document["heads"] = [ref[:2] for ref in document["heads"]]
+    symbol = sym.load_json(json.dumps(document))
+    args, aux = _split_params("mlp")
+    expected = _expected("mlp")
+    outputs = symbol.bind("cpu", {**args, "data": nd.array(expected["data"]),
+                                  "softmax_label": nd.zeros((2,))}).forward()
+    _assert_outputs(outputs, expected)
+
+
 # -- malformed and hostile files ---------------------------------------------------------------
 
 def _document() -> dict:
@@ -181,6 +199,21 @@ def test_malformed_documents_raise_model_load_error(change, message):
     change(document)
     with pytest.raises(ModelLoadError, match=message):
         _load(document)
+
+
+@pytest.mark.parametrize("value", ["inf", "(1,, 2)", "", "-7", "(None,)", "1e999", "[["])
+def test_any_bad_parameter_value_is_a_model_load_error(value):
+    """Each op of the op-mix file with one parameter spoiled: it loads (the value happens
+    to be valid) or raises ModelLoadError, never another exception."""
+    clean = json.loads((DATA / "ops_mix-symbol.json").read_text())
+    for index, node in enumerate(clean["nodes"]):
+        for key in node.get("attrs") or {}:
+            document = json.loads(json.dumps(clean))
+            document["nodes"][index]["attrs"][key] = value
+            try:
+                _load(document)
+            except ModelLoadError as error:
+                assert node["name"] in str(error)
 
 
 def test_missing_required_parameter_is_named():

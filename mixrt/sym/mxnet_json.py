@@ -88,10 +88,7 @@ def _node(entry: dict, built: list[Symbol], auxiliary: bool, where: str) -> Symb
     if not isinstance(op, str) or not op:
         raise ModelLoadError(f"{where}: \"op\" must be an operator name or \"null\", got "
                              f"{_brief(op)}")
-    attrs = entry.get("attrs", entry.get("param", {}))  # "param": MXNet before 0.9
-    if not isinstance(attrs, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                              for k, v in attrs.items()):
-        raise ModelLoadError(f"{where}: \"attrs\" must map strings to strings")
+    attrs = _attributes(entry, where)
     inputs = entry.get("inputs", [])
     if not isinstance(inputs, list):
         raise ModelLoadError(f"{where}: \"inputs\" must be a list, got {_brief(inputs)}")
@@ -108,12 +105,25 @@ def _node(entry: dict, built: list[Symbol], auxiliary: bool, where: str) -> Symb
               if not _is_symbol_attribute(key)}
     try:
         symbol = translate(name, operands, params)
-    except (MixrtError, TypeError, ValueError) as error:
+    except (MixrtError, TypeError, ValueError, OverflowError) as error:
         raise ModelLoadError(f"{where}: MXNet operator {op!r} with {params}: {error}") from None
     annotations = {k: v for k, v in attrs.items() if _is_symbol_attribute(k)}
     if annotations and len(symbol.list_outputs()) == 1:
         symbol._set_attr(**annotations)
     return symbol
+
+
+def _attributes(entry: dict, where: str) -> dict:
+    """The node's "attrs"; files of MXNet before 0.9 split them into the op's "param" and
+    the user's "attr"."""
+    parts = [entry["attrs"]] if "attrs" in entry else [entry.get("param", {}),
+                                                      entry.get("attr", {})]
+    for part in parts:
+        if not isinstance(part, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in part.items()):
+            raise ModelLoadError(f"{where}: \"attrs\" must map strings to strings, got "
+                                 f"{_brief(part)}")
+    return {key: value for part in parts for key, value in part.items()}
 
 
 def _entry(ref, built: list[Symbol], where: str) -> Symbol:
@@ -156,7 +166,7 @@ def _variable(name: str, attrs: dict, auxiliary: bool, where: str) -> Symbol:
         # mixrt's initializers take MXNet's "__init__" as it is: a name or dumps()' JSON
         return variable_named(name, shape, dtype, attrs.get("__init__"),
                               aux=auxiliary, attr=own or None, **multipliers)
-    except (MixrtError, TypeError, ValueError) as error:
+    except (MixrtError, TypeError, ValueError, OverflowError) as error:
         raise ModelLoadError(f"{where}: bad variable declaration: {error}") from None
 
 
