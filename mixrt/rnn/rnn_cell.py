@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt import init as initializers, sym
+from mixrt import init as initializers, nd, sym
 from mixrt.base.errors import InputError
 
 _LAYOUTS = ("NTC", "TNC")
@@ -115,7 +115,6 @@ class BaseRNNCell:
 
     def pack_weights(self, args: dict) -> dict:
         """The inverse of :meth:`unpack_weights`."""
-        from mixrt import nd  # noqa: PLC0415  (nd is heavy; only checkpoints need it)
         args = dict(args)
         if not self._gate_names:
             return args
