@@ -14,6 +14,7 @@ from mixrt.errors import GradientError, InputError
 from mixrt.io import DataBatch
 from mixrt.module.executor_group import split_input_slice
 from mixrt.module.module import Module
+from mixrt.name import NameManager
 
 
 def test_bound_ndarrays_are_the_executors_own():
@@ -185,3 +186,31 @@ def test_debug_str_counts_what_the_forward_keeps_for_the_backward():
     assert training > inference
     # behind stop_gradient no gradient flows, so nothing is kept: the inference amount
     assert allocated(sym.stop_gradient(data)) == inference
+
+
+@pytest.mark.parametrize("make_head, options, expected", [
+    (sym.make_loss, {}, 1.0),
+    (sym.make_loss, {"grad_scale": 2.0}, 1.0),  # make_loss has no parameters
+    (sym.MakeLoss, {"grad_scale": 2.0}, 2.0),
+    (sym.MakeLoss, {"normalization": "batch"}, 0.5),
+    (sym.MakeLoss, {"normalization": "valid", "valid_thresh": 0.6}, 0.5),
+])
+def test_loss_heads_ignore_the_head_gradient_given(make_head, options, expected):
+    """MXNet 1.9.1's make_loss and MakeLoss backpropagate their own gradient, whatever
+    out_grads backward is given."""
+    head = make_head(sym.Variable("x") * 1, **options)
+    executor = head.simple_bind(cpu(), x=(2, 3))
+    executor.forward(is_train=True, x=np.array([[1, -2, 0.5], [0, 3, -1]], np.float32))
+    for out_grads in (None, [nd.ones((2, 3)) * 3]):
+        executor.backward(out_grads)
+        np.testing.assert_allclose(executor.grad_dict["x"].asnumpy(),
+                                   np.full((2, 3), expected), rtol=1e-6)
+
+
+def test_loss_head_output_names_are_mxnets():
+    x = sym.Variable("x")
+    with NameManager():  # automatic names counted from 0
+        assert sym.make_loss(x).list_outputs() == ["make_loss0_loss"]
+    assert sym.make_loss(x, name="foo").list_outputs() == ["foo_loss"]
+    assert sym.MakeLoss(x, name="m").list_outputs() == ["m_output"]
+    assert sym.load_json(sym.make_loss(x, name="bar").tojson()).list_outputs() == ["bar_loss"]

@@ -205,3 +205,25 @@ def test_sdml_hybridized_equals_imperative():
         results.append(value_and_grad(loss, A, B))
     close(results[1][0], results[0][0].asnumpy())
     close(results[1][1], results[0][1].asnumpy())
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_cosine_embedding_loss_matches_mxnet(hybridize):
+    """MXNet's CosineEmbeddingLoss calls broadcast_maximum with axis=1, which MXNet's
+    broadcast operators take and ignore (values from MXNet 1.9.1)."""
+    loss_fn = gloss.CosineEmbeddingLoss(margin=-0.5)
+    if hybridize:
+        loss_fn.hybridize()
+    close(loss_fn(nd.array(A), nd.array(B), nd.array([1, -1])), [[1.3563483], [0.1460808]])
+
+
+def test_broadcast_operators_take_keywords_and_align_shapes_at_the_end():
+    lhs, rhs = nd.array([0.0]), nd.array([[0.5], [-0.2], [3.0]])
+    close(nd.broadcast_maximum(lhs, rhs, axis=1), [[0.5], [0.0], [3.0]])
+    assert nd.broadcast_add(nd.ones((2, 1, 4)), nd.ones((3, 1))).shape == (2, 3, 4)
+    assert nd.broadcast_hypot(lhs, rhs, axis=7).shape == (3, 1)
+    node = sym.broadcast_maximum(sym.Variable("a"), sym.Variable("b"), axis=1)
+    assert node.list_attr()["axis"] == "1"
+    close(node.eval(a=lhs, b=rhs)[0], [[0.5], [0.0], [3.0]])
+    with pytest.raises(InputError, match="do not broadcast"):
+        nd.broadcast_add(nd.ones((2,)), nd.ones((3,)))

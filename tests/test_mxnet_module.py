@@ -240,3 +240,43 @@ def test_ctx_group_places_arrays_and_input_gradients_on_the_group_context():
     assert (grad_a.context, grad_b.context) == (mixrt.cpu(1), mixrt.cpu(2))
     np.testing.assert_array_equal(grad_a.asnumpy(), np.full((2, 5), 2.0))
     np.testing.assert_array_equal(grad_b.asnumpy(), np.ones((2, 5)))
+
+
+def l2_head(**make_loss_options):
+    """A linear regression whose loss is a Gluon L2Loss behind make_loss, labels an input."""
+    data, label = sym.Variable("data"), sym.Variable("label")
+    fc = sym.FullyConnected(data, num_hidden=1, name="fc")
+    return sym.make_loss(mixrt.gluon.loss.L2Loss()(fc, label), **make_loss_options)
+
+
+def test_make_loss_module_scores_every_batch_with_its_own_labels():
+    """Labels are loaded for inference forwards too (MXNet 1.9.1 gives these values)."""
+    x = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
+    y = np.array([[1.0], [0.0], [2.0], [-1.0], [0.5], [3.0]], np.float32)
+    batches = io.NDArrayIter(x, y, batch_size=3, label_name="label")
+    mod = Module(l2_head(name="l2"), data_names=("data",), label_names=("label",))
+    assert mod.output_names == ["l2_loss"]
+    mod.bind(batches.provide_data, batches.provide_label)
+    mod.init_params(arg_params={"fc_weight": nd.array([[0.5, -0.25]]),
+                                "fc_bias": nd.array([0.1])})
+    assert mod.score(batches, mixrt.metric.Loss())[0][1] == pytest.approx(1.0757291714, 1e-6)
+    np.testing.assert_allclose(mod.predict(batches).asnumpy().ravel(),
+                               [0.4278125, 0.0078125, 1.6653125, 0.7503125, 0.0253125,
+                                3.5778124], rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{}, {"grad_scale": 2.0, "normalization": "batch"}])
+def test_make_loss_backward_seeds_ones_and_ignores_makeloss_keywords(options):
+    """MXNet's make_loss has no parameters: MakeLoss's keywords change nothing."""
+    batches = io.NDArrayIter(np.arange(6, dtype=np.float32).reshape(3, 2) / 10,
+                             np.array([[1.0], [0.0], [2.0]], np.float32), batch_size=3,
+                             label_name="label")
+    mod = Module(l2_head(**options), data_names=("data",), label_names=("label",))
+    mod.bind(batches.provide_data, batches.provide_label)
+    mod.init_params(arg_params={"fc_weight": nd.array([[0.5, -0.25]]),
+                                "fc_bias": nd.array([0.1])})
+    mod.forward(next(iter(batches)), is_train=True)
+    mod.backward()
+    grads = mod._exec_group.execs[0].grad_dict
+    np.testing.assert_allclose(grads["fc_weight"].asnumpy(), [[-0.705, -0.9675]], rtol=1e-5)
+    np.testing.assert_allclose(grads["fc_bias"].asnumpy(), [-2.625], rtol=1e-5)

@@ -272,4 +272,4 @@ def test_make_loss_passes_data_and_backpropagates_the_scale(normalization, expec
     np.testing.assert_allclose(executor.grad_dict["x"].asnumpy(), np.full((2, 3), expected),
                                rtol=1e-6)
     with pytest.raises(GraphError, match="normalization"):
-        sym.make_loss(x, normalization="mean")
+        sym.MakeLoss(x, normalization="mean")

@@ -667,7 +667,7 @@ def test_names_are_functions_and_methods_and_do_not_shadow_onnx_ops():
     (lambda x: nd.broadcast_to(x, (6, 4)), "shape"),
     (lambda x: nd.broadcast_like(x, nd.ones((3, 4)), lhs_axes=(0,)), "rhs_axes"),
     (lambda x: nd.broadcast_add(x, nd.ones((2, 4))), "broadcast"),
-    (lambda x: nd.broadcast_mul(x, nd.ones(4)), "dimensions"),
+    (lambda x: nd.broadcast_mul(x, nd.ones(3)), "dimensions"),
     (lambda x: nd.broadcast_axis(x, axis=(0,), size=(2, 3)), "size"),
     (lambda x: nd.dot(x, x), "rhs"),
     (lambda x: nd.batch_dot(x, x), "3-D"),

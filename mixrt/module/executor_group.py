@@ -277,11 +277,13 @@ class DataParallelExecutorGroup:
     # -- running ----------------------------------------------------------------------------
 
     def forward(self, data_batch, is_train=None):
-        """Copy each executor's slice of the batch in, then run forward on every one."""
+        """Copy each executor's slice of the batch in (its labels too, when it has them,
+        whether training or not: a symbol computing its loss from the labels, as
+        ``make_loss`` ones do, needs them to score), then run forward on every one."""
         is_train = self.for_training if is_train is None else is_train
         self._load(self.data_arrays, data_batch.data, self.data_layouts)
         label = getattr(data_batch, "label", None)
-        if is_train and label and self.label_arrays is not None:
+        if label and self.label_arrays is not None:
             self._load(self.label_arrays, label, self.label_layouts)
         for executor in self.execs:
             executor.forward(is_train=is_train)

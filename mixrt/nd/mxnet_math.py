@@ -266,16 +266,23 @@ elemwise_mul = _elementwise("elemwise_mul", lambda a, b: a * b)
 elemwise_div = _elementwise("elemwise_div", lambda a, b: a / b)
 
 
+def check_broadcastable(fn: str, lhs, rhs) -> None:
+    """MXNet's broadcasting: shapes aligned at their last axes (the shorter one read as
+    having length-1 axes in front), where each pair of lengths is equal or has a 1."""
+    pairs = zip(reversed(lhs.shape), reversed(rhs.shape))
+    if any(a != b and 1 not in (a, b) for a, b in pairs):
+        raise InputError(f"{fn}: shapes {lhs.shape} and {rhs.shape} do not broadcast "
+                         f"(aligned at their last dimensions, only length-1 ones broadcast)")
+
+
 def _broadcast_checked(fn: str, compute):
-    def function(lhs, rhs, out=None, name=None):
+    def function(lhs, rhs, out=None, name=None, **ignored):
+        del ignored  # MXNet's broadcast operators take any keyword, without effect
         lhs, rhs = _array(fn, "lhs", lhs), _array(fn, "rhs", rhs)
-        if lhs.ndim != rhs.ndim or any(a != b and 1 not in (a, b)
-                                       for a, b in zip(lhs.shape, rhs.shape)):
-            raise InputError(f"{fn}: shapes {lhs.shape} and {rhs.shape} do not broadcast "
-                             f"(the same rank; only length-1 axes broadcast)")
+        check_broadcastable(fn, lhs, rhs)
         return _into(fn, out, compute(lhs, rhs))
     function.__name__ = function.__qualname__ = fn
-    function.__doc__ = f"MXNet's ``{fn}`` (both of one rank, length-1 axes broadcast)."
+    function.__doc__ = f"MXNet's ``{fn}`` (length-1 axes broadcast, shapes aligned at the end)."
     return function
 
 

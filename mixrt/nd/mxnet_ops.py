@@ -187,15 +187,12 @@ def broadcast_axis(data, axis=(), size=(), name=None):
 
 
 def _broadcast(fn: str, op_type: str, compare: bool = False):
-    def function(lhs, rhs, name=None):
+    def function(lhs, rhs, name=None, **ignored):
+        # MXNet's broadcast operators have no parameters and take any keyword given
+        # (CosineEmbeddingLoss passes axis=1) without effect; so do these
+        del ignored
         lhs, rhs = _array(fn, "lhs", lhs), _array(fn, "rhs", rhs)
-        if lhs.ndim != rhs.ndim:
-            raise InputError(f"{fn}: lhs {lhs.shape} and rhs {rhs.shape} must have the same "
-                             f"number of dimensions")
-        for a, b in zip(lhs.shape, rhs.shape):
-            if a != b and 1 not in (a, b):
-                raise InputError(f"{fn}: shapes {lhs.shape} and {rhs.shape} do not "
-                                 f"broadcast (only length-1 axes do)")
+        _math.check_broadcastable(fn, lhs, rhs)
         if op_type == "NotEqual":
             out = _op("Not", [_op("Equal", [lhs, rhs])])
         elif op_type == "Mod":
@@ -205,8 +202,9 @@ def _broadcast(fn: str, op_type: str, compare: bool = False):
         return out.astype(lhs.dtype) if compare else out
     function.__name__ = function.__qualname__ = fn
     function.__doc__ = (f"MXNet's ``{fn}``: ``{op_type}`` of ``lhs`` and ``rhs`` with "
-                        f"length-1 axes broadcast (both of the same rank)"
-                        + ("; 0/1 in lhs's dtype, as MXNet." if compare else "."))
+                        f"length-1 axes broadcast (shapes aligned at their last axes)"
+                        + ("; 0/1 in lhs's dtype, as MXNet." if compare else ".")
+                        + " Other keywords are taken and ignored, as MXNet's are.")
     return function
 
 

@@ -39,7 +39,7 @@ from mixrt.nd import NDArray
 from mixrt.output_losses import output_layer_loss
 from mixrt.sym import symbol as symbol_module
 from mixrt.sym.common_expr import eliminate_common_expr, enabled as common_expr_enabled
-from mixrt.sym.symbol import DEFAULT_DTYPE, Group, Symbol
+from mixrt.sym.symbol import DEFAULT_DTYPE, Group, LOSS_HEAD, Symbol
 from mixrt.sym.symbol_layers import output_layer
 
 TensorProto_INT64 = 7  # ONNX's element type code of int64 (Cast's ``to``)
@@ -306,12 +306,16 @@ class Executor:
                 target[...] = grad
 
     def _head_grads(self, out_grads, training) -> dict:
+        """The backward's seeds: ``out_grads`` (ones by default) for the outputs, ones
+        for a loss head (make_loss, MakeLoss: MXNet's ignore the gradient given) and the
+        batch size for an output layer's attached loss."""
         heads = {seed: self._xp.asarray(float(batch), dtype=dtype)
                  for seed, (batch, dtype) in training.loss_seeds().items()}
         seeded = training.seeded
+        loss_heads = _loss_heads(self.symbol)
+        heads.update({HEAD_GRAD.format(name): self._xp.ones_like(self.outputs[i]._read())
+                      for i, name in seeded if out_grads is None or i in loss_heads})
         if out_grads is None:
-            heads.update({HEAD_GRAD.format(name): self._xp.ones_like(self.outputs[i]._read())
-                          for i, name in seeded})
             return heads
         if not isinstance(out_grads, (list, tuple)):
             out_grads = [out_grads]
@@ -319,6 +323,8 @@ class Executor:
             raise InputError(f"backward: {len(out_grads)} head gradients for "
                              f"{len(self.outputs)} outputs {self.symbol.list_outputs()}")
         for i, name in seeded:
+            if i in loss_heads:
+                continue
             given = out_grads[i]
             grad = given._read() if isinstance(given, NDArray) else self.device.put(given)
             if tuple(grad.shape) != self.outputs[i].shape:
@@ -571,6 +577,12 @@ class TrainingPair:
         """{loss seed input: (batch size, dtype)}: an output layer's loss is a mean over the
         batch, MXNet's gradient its sum."""
         return dict(self._loss_batches)
+
+
+def _loss_heads(symbol: Symbol) -> set[int]:
+    """The indices of the outputs that are loss heads (``LOSS_HEAD``)."""
+    return {index for index, (node, _) in enumerate(symbol._outputs)
+            if node.info.get(LOSS_HEAD)}
 
 
 def output_layers(symbol: Symbol) -> dict:

@@ -15,9 +15,9 @@ import numpy as np
 
 from mixrt.base.errors import GraphError, HybridizeError
 from mixrt.sym import mxnet_ops as traced_ops
-from mixrt.sym.ops import call_op, layer_name
+from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
 from mixrt.sym.partial_shapes import SAME_SHAPE
-from mixrt.sym.symbol import constant, LAYER, prefixed, Symbol
+from mixrt.sym.symbol import constant, LAYER, LOSS_HEAD, OUTPUT_SUFFIX, prefixed, Symbol
 from mixrt.sym.tracing import static_shape
 
 
@@ -56,10 +56,19 @@ def _elementwise(function: str, op_type: str):
     return elementwise
 
 
+def _parameterless(attributes: dict) -> dict:
+    """An MXNet operator without parameters takes any keyword given (``axis=1`` to
+    ``broadcast_maximum``, say) as a string attribute of its node, where it changes
+    nothing: the keywords as ``attr=``, beside the symbol attributes given."""
+    own, strings = split_symbol_attributes(attributes)
+    return {"attr": {**strings, **{key: str(value) for key, value in own.items()}}}
+
+
 def _broadcast(function: str, op_type: str, compare: bool):
     def broadcast(lhs, rhs, name=None, **attributes):
         call = _Function(function, name)
         lhs, rhs = call.symbol("lhs", lhs), call.symbol("rhs", rhs)
+        attributes = _parameterless(attributes)
         if not compare:
             return call.node(op_type, [lhs, rhs], **attributes)
         if op_type == "NotEqual":
@@ -273,31 +282,42 @@ def argmax_channel(data=None, name=None, **attributes):
     return call.node("CastLike", [index, data], **attributes)
 
 
-def _loss_maker(function: str):
-    def make_loss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null",
-                  name=None, **attributes):
-        """MXNet's ``{function}``: a loss head of one's own making. Forward: ``data``
-        itself. Backward (seeded with ones, as ``backward()`` without ``out_grads`` does):
-        ``grad_scale`` for every element, divided by the batch size (``normalization=
-        "batch"``) or by the count of elements above ``valid_thresh`` (``"valid"``, at
-        least 1). Built as ``held + (data - held) * scale`` with ``held`` the data behind
-        BlockGrad, whose value is the data and whose gradient is ``scale``; unlike MXNet's,
-        gradients given to ``backward(out_grads)`` scale it too."""
-        call = _Function(function, name)
-        data = call.symbol("data", data)
-        if normalization not in ("null", "batch", "valid"):
-            raise GraphError(f"{function} {call.name!r}: normalization must be 'null', "
-                             f"'batch' or 'valid', got {normalization!r}")
-        scale = call.node("CastLike", [constant(np.float64(grad_scale)), data], "scale")
-        if normalization != "null":
-            scale = call.node("Div", [scale, _normalizer(call, data, normalization,
-                                                         valid_thresh)], "normalized")
-        held = call.node("BlockGrad", [data], "held", domain="mixrt")
-        moving = call.node("Mul", [call.node("Sub", [data, held], "moving"), scale], "scaled")
-        return call.node("Add", [held, moving], **attributes)
-    make_loss.__name__ = make_loss.__qualname__ = function
-    make_loss.__doc__ = make_loss.__doc__.replace("{function}", function)
-    return make_loss
+def make_loss(data=None, name=None, **attributes):
+    """MXNet's ``make_loss``: a loss head of one's own making, output ``<name>_loss``.
+    Forward: ``data`` itself; backward: ones, whatever head gradient ``backward`` is
+    given (the executor seeds a loss head itself). The operator has no parameters: any
+    keyword given (MakeLoss's ``grad_scale``, say) is kept as a string attribute and
+    changes nothing, as in MXNet."""
+    call = _Function("make_loss", name)
+    data = call.symbol("data", data)
+    loss = call.node("Identity", [data], **_parameterless(attributes))
+    node = loss._outputs[0][0]
+    node.info[OUTPUT_SUFFIX], node.info[LOSS_HEAD] = "loss", True
+    return loss
+
+
+def MakeLoss(data=None, grad_scale=1.0, valid_thresh=0.0, normalization="null", name=None,
+             **attributes):
+    """MXNet's legacy ``MakeLoss``: a loss head whose backward is ``grad_scale`` for every
+    element, whatever head gradient ``backward`` is given, divided by the batch size
+    (``normalization="batch"``) or by the count of elements above ``valid_thresh``
+    (``"valid"``, at least 1). Forward: ``data`` itself. Built as ``held + (data - held) *
+    scale`` with ``held`` the data behind BlockGrad, whose value is the data and whose
+    gradient is ``scale`` for the ones the executor seeds a loss head with."""
+    call = _Function("MakeLoss", name)
+    data = call.symbol("data", data)
+    if normalization not in ("null", "batch", "valid"):
+        raise GraphError(f"MakeLoss {call.name!r}: normalization must be 'null', 'batch' or "
+                         f"'valid', got {normalization!r}")
+    scale = call.node("CastLike", [constant(np.float64(grad_scale)), data], "scale")
+    if normalization != "null":
+        scale = call.node("Div", [scale, _normalizer(call, data, normalization,
+                                                     valid_thresh)], "normalized")
+    held = call.node("BlockGrad", [data], "held", domain="mixrt")
+    moving = call.node("Mul", [call.node("Sub", [data, held], "moving"), scale], "scaled")
+    loss = call.node("Add", [held, moving], **attributes)
+    loss._outputs[0][0].info[LOSS_HEAD] = True
+    return loss
 
 
 def _normalizer(call: _Function, data: Symbol, normalization: str, valid_thresh) -> Symbol:
@@ -324,7 +344,7 @@ FUNCTIONS = {
     "dot": dot, "batch_dot": batch_dot, "pick": pick, "argmax_channel": argmax_channel,
     "nansum": _nan_reduce("nansum", "ReduceSum", 0.0),
     "nanprod": _nan_reduce("nanprod", "ReduceProd", 1.0),
-    "make_loss": _loss_maker("make_loss"), "MakeLoss": _loss_maker("MakeLoss"),
+    "make_loss": make_loss, "MakeLoss": MakeLoss,
 }
 
 CREATORS = {"zeros": _filled("_zeros", 0), "ones": _filled("_ones", 1), "full": full}

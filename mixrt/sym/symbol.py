@@ -90,6 +90,14 @@ def value_error(what: str) -> GraphError:
     return ValueNeeded(f"a Symbol has no value until its graph runs; it cannot be {what}")
 
 
+# an operator node's info key: the word its outputs are named by, where MXNet's operator
+# names them otherwise than ``<node>_output`` (make_loss: ``<node>_loss``)
+OUTPUT_SUFFIX = "output_suffix"
+# an operator node's info key: the node is a loss head (make_loss, MakeLoss), whose
+# gradient MXNet fixes whatever head gradient backward is given
+LOSS_HEAD = "loss_head"
+
+
 @dataclass(eq=False)
 class SymNode:
     """One node of a symbol's DAG. ``op`` is None for a variable, "" for a constant."""
@@ -116,7 +124,9 @@ class SymNode:
     def output_name(self, index: int) -> str:
         if self.is_variable or self.is_constant:
             return self.name
-        return f"{self.name}_output" if self.num_outputs == 1 else f"{self.name}_output{index}"
+        suffix = self.info.get(OUTPUT_SUFFIX, "output")
+        return f"{self.name}_{suffix}" if self.num_outputs == 1 else \
+            f"{self.name}_{suffix}{index}"
 
 
 _constant_ids = itertools.count()
