@@ -99,6 +99,44 @@ def test_symbol_block_imports_a_gluon_export():
     assert "net_batchnorm0_running_mean" in block.collect_params()
 
 
+def _without_prefix(params: dict) -> dict:
+    return {key.split(":", 1)[-1]: value for key, value in params.items()}
+
+
+def test_gluon_lstm_export_matches_mxnet():
+    """Gluon's LSTM exports MXNet's fused RNN op over the _rnn_param_concat of its weights;
+    here 2 layers, bidirectional, begin states given, the final states output too."""
+    symbol = sym.load(str(DATA / "gluon_lstm-symbol.json"))
+    expected = _expected("gluon_lstm")
+    inputs = {key: nd.array(expected[key]) for key in ("data0", "data1", "data2")}
+    params = _without_prefix(nd.load(str(DATA / "gluon_lstm-0000.params")))
+    _assert_outputs(symbol.bind("cpu", {**params, **inputs}).forward(), expected)
+    block = gluon.SymbolBlock.imports(str(DATA / "gluon_lstm-symbol.json"),
+                                      ["data0", "data1", "data2"],
+                                      str(DATA / "gluon_lstm-0000.params"))
+    _assert_outputs(block(*inputs.values()), expected)
+
+
+def test_gluon_gru_export_in_ntc_layout_matches_mxnet():
+    """A GRU with layout NTC: MXNet's export swaps the axes around the RNN op (SwapAxis)
+    and takes the begin state as an input (zeros here, as the layer's default)."""
+    symbol = sym.load(str(DATA / "gluon_gru-symbol.json"))
+    expected = _expected("gluon_gru")
+    params = _without_prefix(nd.load(str(DATA / "gluon_gru-0000.params")))
+    inputs = {"data0": nd.array(expected["data0"]), "data1": nd.zeros((1, 2, 4))}
+    _assert_outputs(symbol.bind("cpu", {**params, **inputs}).forward(), expected)
+
+
+def test_rnn_over_a_single_flat_parameter_vector_is_refused():
+    nodes = [{"op": "null", "name": name, "inputs": []}
+             for name in ("data", "parameters", "state")]
+    nodes.append({"op": "RNN", "name": "rnn", "inputs": [[0, 0, 0], [1, 0, 0], [2, 0, 0]],
+                  "attrs": {"mode": "gru", "state_size": "4", "num_layers": "1"}})
+    document = {"nodes": nodes, "arg_nodes": [0, 1, 2], "heads": [[3, 0, 0]]}
+    with pytest.raises(ModelLoadError, match=r"'rnn'.*flat parameter vector"):
+        _load(document)
+
+
 def test_variable_declarations_are_kept():
     symbol = sym.load(str(DATA / "gluon_net-symbol.json"))
     attributes = symbol.attr_dict()
@@ -276,6 +314,15 @@ def test_shape_ops_follow_mxnet():
                                   x.sum(axis=(0, 2), keepdims=True))
     assert _one_op("UpSampling", {"scale": "2", "sample_type": "nearest", "num_args": "1"},
                    x[None]).shape == (1, 2, 6, 8)
+
+
+def test_swap_axis_follows_mxnet_for_any_rank():
+    x = np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5)
+    np.testing.assert_array_equal(_one_op("SwapAxis", {"dim1": "3", "dim2": "1"}, x),
+                                  np.swapaxes(x, 1, 3))
+    np.testing.assert_array_equal(_one_op("SwapAxis", {"dim1": "0", "dim2": "1"}, x[0]),
+                                  np.swapaxes(x[0], 0, 1))
+    np.testing.assert_array_equal(_one_op("SwapAxis", {"dim1": "2", "dim2": "2"}, x), x)
 
 
 def test_softmax_with_temperature():

@@ -150,6 +150,17 @@ def gluon_net():
     return net, (2, 3, 12, 12)
 
 
+def gluon_lstm():
+    """A 2-layer bidirectional LSTM (MXNet's fused RNN op) given its begin states."""
+    return mx.gluon.rnn.LSTM(5, num_layers=2, bidirectional=True, input_size=3,
+                             prefix="lstm_"), [(4, 2, 3), (4, 2, 5), (4, 2, 5)]
+
+
+def gluon_gru():
+    """A one-layer GRU in NTC layout, with its default (zero) begin state."""
+    return mx.gluon.rnn.GRU(4, layout="NTC", input_size=3, prefix="gru_"), [(2, 5, 3)]
+
+
 def _random_params(symbol, shape, rng):
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=shape)
     args = {n: mx.nd.array(rng.normal(0, 0.5, s)) for n, s in
@@ -174,23 +185,37 @@ def save_symbol_model(out, name, symbol, shape, rng):
     _save_expected(prefix, data, outputs)
 
 
-def save_gluon_model(out, name, net, shape, rng):
+def save_gluon_model(out, name, net, shapes, rng):
+    """``shapes``: one input's, or a list of each input's (data0, data1, ...)."""
     net.initialize(mx.init.Normal(0.5))
     net.hybridize()
-    data = rng.normal(0, 1, shape).astype(np.float32)
-    net(mx.nd.array(data))  # the first call builds the graph
+    several = isinstance(shapes, list)
+    inputs = [rng.normal(0, 1, s).astype(np.float32) for s in (shapes if several else [shapes])]
+    _call(net, inputs)  # the first call builds the graph
     for param in net.collect_params().values():
         values = rng.uniform(0.5, 1.5, param.shape) if param.name.endswith("var") \
             else rng.normal(0, 0.4, param.shape)
         param.set_data(mx.nd.array(values))
-    outputs = net(mx.nd.array(data))
+    outputs = _call(net, inputs)
     net.export(os.path.join(out, name))
-    _save_expected(os.path.join(out, name), data, [outputs])
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    outputs = [o for item in outputs for o in (item if isinstance(item, list) else [item])]
+    if several:
+        _save_expected(os.path.join(out, name), inputs[0], outputs,
+                       {f"data{i}": a for i, a in enumerate(inputs)})
+    else:
+        _save_expected(os.path.join(out, name), inputs[0], outputs)
 
 
-def _save_expected(prefix, data, outputs):
+def _call(net, inputs):
+    """The data, and the begin states (a list, as Gluon's rnn layers take them) if given."""
+    arrays = [mx.nd.array(a) for a in inputs]
+    return net(arrays[0], arrays[1:]) if len(arrays) > 1 else net(arrays[0])
+
+
+def _save_expected(prefix, data, outputs, inputs=None):
     arrays = {f"output{i}": o.asnumpy() for i, o in enumerate(outputs)}
-    np.savez(prefix + "-expected.npz", data=data, **arrays)
+    np.savez(prefix + "-expected.npz", data=data, **(inputs or {}), **arrays)
 
 
 def main(out):
@@ -200,8 +225,9 @@ def main(out):
                     norms):
         symbol, shape = builder()
         save_symbol_model(out, builder.__name__, symbol, shape, rng)
-    net, shape = gluon_net()
-    save_gluon_model(out, "gluon_net", net, shape, rng)
+    for builder in (gluon_net, gluon_lstm, gluon_gru):
+        net, shape = builder()
+        save_gluon_model(out, builder.__name__, net, shape, rng)
 
 
 if __name__ == "__main__":

@@ -508,6 +508,168 @@ def _shape_follows(parameters: list, rule: dict) -> None:
             node.info[SHAPE_FROM] = rule
 
 
+# MXNet's RNN modes -> (ONNX operator, its attributes, gates, ONNX's gate order as indices
+# into MXNet's, states)
+_RNN_MODES = {
+    "rnn_tanh": ("RNN", {"activations": ["Tanh"]}, 1, (0,), 1),
+    "rnn_relu": ("RNN", {"activations": ["Relu"]}, 1, (0,), 1),
+    "lstm": ("LSTM", {}, 4, (0, 3, 1, 2), 2),
+    "gru": ("GRU", {"linear_before_reset": 1}, 3, (1, 0, 2), 1),
+}
+
+
+def _rnn(name, inputs, params):
+    """MXNet's fused RNN op over (T, N, C) data, one ONNX RNN/LSTM/GRU node per layer.
+
+    Its parameter input must be the ``_rnn_param_concat`` of the separate weights and
+    biases that Gluon's rnn layers export (the one flat vector of ``sym.RNN`` cannot be cut
+    before the data's width is known): per layer and direction ``i2h_weight``,
+    ``h2h_weight``, then all the ``i2h_bias``, ``h2h_bias`` pairs in the same order."""
+    mode = _required(params, "mode")
+    if mode not in _RNN_MODES:
+        raise GraphError(f"mode must be one of {sorted(_RNN_MODES)}, got {mode!r}")
+    op_type, attributes, gates, order, states = _RNN_MODES[mode]
+    hidden, layers = _required(params, "state_size"), params.pop("num_layers", 1)
+    directions = 2 if params.pop("bidirectional", False) else 1
+    rate, state_outputs = params.pop("p", 0.0), params.pop("state_outputs", False)
+    lengths = params.pop("use_sequence_length", False)
+    for unsupported in ("projection_size", "lstm_state_clip_min", "lstm_state_clip_max"):
+        if params.pop(unsupported, None) is not None:
+            raise GraphError(f"{unsupported} is not supported")
+    params.pop("lstm_state_clip_nan", None)
+    params.pop("cudnn_off", None)
+    _no_params(params)
+    _arity(name, inputs, 2 + states + bool(lengths))
+    data, pieces = inputs[0], _rnn_pieces(inputs[1], layers * directions * 4)
+    begin = inputs[2:2 + states]
+    lengths = call_op("", "Cast", [inputs[-1]], {"to": 6}, name=f"{name}_lengths",
+                      exact_name=True) if lengths else None
+    attributes = dict(attributes, hidden_size=hidden,
+                      direction="bidirectional" if directions == 2 else "forward")
+    if "activations" in attributes:
+        attributes["activations"] = attributes["activations"] * directions
+    layout = _RNNLayout(name, hidden, gates, order, directions)
+    sequence, finals = data, []
+    for layer in range(layers):
+        if layer and rate:
+            sequence = _dropout(f"{name}_dropout{layer}", [sequence], {"p": rate})
+        sequence, final = layout.layer(layer, sequence, pieces, begin, lengths, op_type,
+                                       attributes, 1 + states)
+        finals.append(final)
+    output = call_op("", "Identity", [sequence], {}, name=name)
+    if not state_outputs:
+        return output
+    stacked = [finals[0][k] if layers == 1 else call_op(
+        "", "Concat", [final[k] for final in finals], {"axis": 0},
+        name=f"{name}_state{k}", exact_name=True) for k in range(states)]
+    return Group([output, *stacked])
+
+
+def _rnn_pieces(parameters: Symbol, count: int) -> list[Symbol]:
+    node = parameters._outputs[0][0]
+    if node.op != "Concat" or len(node.inputs) != count:
+        raise GraphError(f"the parameters must be the _rnn_param_concat of the {count} "
+                         f"weights and biases (as Gluon exports them); a single flat "
+                         f"parameter vector is not supported")
+    return [Symbol([entry]) for entry in node.inputs]
+
+
+class _RNNLayout:
+    """Where a layer's weights, biases and states are among MXNet's, in ONNX's layout."""
+
+    def __init__(self, name: str, hidden: int, gates: int, order: tuple, directions: int):
+        self.name, self.hidden, self.gates = name, hidden, gates
+        self.order, self.directions = order, directions
+
+    def layer(self, layer, sequence, pieces, begin, lengths, op_type, attributes, outputs):
+        """One layer, all directions: (T, N, directions * hidden) and its final states."""
+        prefix = f"{self.name}_layer{layer}"
+        cells = [layer * self.directions + d for d in range(self.directions)]
+        biases = len(pieces) // 2
+        weights = self._stack([self._gates(pieces[2 * c], f"{prefix}_w{c}") for c in cells],
+                              f"{prefix}_W")
+        recurrences = self._stack([self._gates(pieces[2 * c + 1], f"{prefix}_r{c}")
+                                   for c in cells], f"{prefix}_R")
+        bias = self._stack([self._concat([self._gates(pieces[biases + 2 * c + k],
+                                                      f"{prefix}_b{c}_{k}", matrix=False)
+                                          for k in (0, 1)], f"{prefix}_b{c}")
+                            for c in cells], f"{prefix}_B")
+        states = [self._state_slice(state, layer, f"{prefix}_state{k}")
+                  for k, state in enumerate(begin)]
+        result = call_op("", op_type, [sequence, weights, recurrences, bias, lengths, *states],
+                         attributes, name=prefix, num_outputs=outputs, exact_name=True)
+        y = result[0]  # (T, directions, N, hidden)
+        y = call_op("", "Transpose", [y], {"perm": [0, 2, 1, 3]}, name=f"{prefix}_y",
+                    exact_name=True)
+        width = constant(np.array([0, 0, -1], dtype=np.int64), name=f"{prefix}_width")
+        y = call_op("", "Reshape", [y, width], {}, name=f"{prefix}_out", exact_name=True)
+        return y, [result[k] for k in range(1, outputs)]
+
+    def _gates(self, piece, name, matrix=True):
+        """A flattened weight (or bias) as (gates * hidden, -1) rows in ONNX's gate order."""
+        rows = self.gates * self.hidden
+        shape = constant(np.array([rows, -1] if matrix else [rows], dtype=np.int64),
+                         name=f"{name}_shape")
+        piece = call_op("", "Reshape", [piece, shape], {}, name=f"{name}_rows",
+                        exact_name=True)
+        if self.order == tuple(range(self.gates)):
+            return piece
+        sizes = constant(np.array([self.hidden] * self.gates, dtype=np.int64),
+                         name=f"{name}_sizes")
+        blocks = call_op("", "Split", [piece, sizes], {"axis": 0}, name=f"{name}_split",
+                         num_outputs=self.gates, exact_name=True)
+        return self._concat([blocks[i] for i in self.order], f"{name}_gates")
+
+    def _concat(self, parts, name):
+        return call_op("", "Concat", parts, {"axis": 0}, name=name, exact_name=True)
+
+    def _stack(self, parts, name):
+        axes = constant(np.array([0], dtype=np.int64), name=f"{name}_axes")
+        lifted = [call_op("", "Unsqueeze", [part, axes], {}, name=f"{name}_{i}",
+                          exact_name=True) for i, part in enumerate(parts)]
+        return lifted[0] if len(lifted) == 1 else self._concat(lifted, name)
+
+    def _state_slice(self, state, layer, name):
+        first = layer * self.directions
+        return _onnx_slice(name, state, [first], [first + self.directions], [0])
+
+
+def _swap_axis(name, inputs, params):
+    """MXNet's SwapAxis (dims are non-negative there) for data of any rank: viewed as
+    (before, dim1, between, dim2, after), transposed, and given the swapped shape back."""
+    _arity(name, inputs, 1)
+    first, second = sorted((params.pop("dim1", 0), params.pop("dim2", 0)))
+    _no_params(params)
+    if not (_integer(first) and first >= 0):
+        raise GraphError(f"dim1 and dim2 must be whole numbers >= 0, got {first!r}")
+    data = inputs[0]
+    if first == second:
+        return call_op("", "Identity", [data], {}, name=name)
+    shape = call_op("", "Shape", [data], {}, name=f"{name}_shape", exact_name=True)
+
+    def dims(role, begin, end):
+        return _onnx_slice(f"{name}_{role}", shape, [begin], [end], [0])
+
+    def product(role, begin, end):
+        return call_op("", "ReduceProd", [dims(role, begin, end)], {"keepdims": 1},
+                       name=f"{name}_{role}_size", exact_name=True)
+
+    rest = constant(np.array([-1], dtype=np.int64), name=f"{name}_rest")
+    view = call_op("", "Concat", [product("before", 0, first), dims("dim1", first, first + 1),
+                                  product("between", first + 1, second),
+                                  dims("dim2", second, second + 1), rest], {"axis": 0},
+                   name=f"{name}_view", exact_name=True)
+    viewed = call_op("", "Reshape", [data, view], {}, name=f"{name}_viewed", exact_name=True)
+    swapped = call_op("", "Transpose", [viewed], {"perm": [0, 3, 2, 1, 4]},
+                      name=f"{name}_swapped", exact_name=True)
+    target = call_op("", "Concat", [dims("head", 0, first), dims("second", second, second + 1),
+                                    dims("middle", first + 1, second),
+                                    dims("first", first, first + 1),
+                                    dims("tail", second + 1, INT64_MAX)], {"axis": 0},
+                     name=f"{name}_target", exact_name=True)
+    return call_op("", "Reshape", [swapped, target], {}, name=name)
+
+
 def _cast(name, inputs, params):
     _arity(name, inputs, 1)
     return mxnet_ops.FUNCTIONS["cast"](inputs[0], **params, name=name)
@@ -597,5 +759,7 @@ OPERATORS = {
     "slice_axis": _slice_axis, "slice": _slice, "crop": _slice,
     "clip": _clip, "where": _where, "square": _square,
     "UpSampling": _upsampling, "Cast": _cast, "cast": _cast,
+    "RNN": _rnn, "_rnn_param_concat": _concat, "SwapAxis": _swap_axis,
+    "swapaxes": _swap_axis,
     "InstanceNorm": _instance_norm, "LayerNorm": _layer_norm, "GroupNorm": _group_norm,
 }
