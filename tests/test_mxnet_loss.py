@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mixrt import autograd, nd, sym
-from mixrt.errors import InputError
+from mixrt.errors import GraphError, InputError
 from mixrt.gluon import loss as gloss
 
 A = [[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]
@@ -227,3 +227,18 @@ def test_broadcast_operators_take_keywords_and_align_shapes_at_the_end():
     close(node.eval(a=lhs, b=rhs)[0], [[0.5], [0.0], [3.0]])
     with pytest.raises(InputError, match="do not broadcast"):
         nd.broadcast_add(nd.ones((2,)), nd.ones((3,)))
+
+
+@pytest.mark.parametrize("function, options", [
+    ("softmax", {"axis": 0}), ("log_softmax", {"temperature": 2.0}),
+    ("softmin", {"axis": -1, "dtype": "float64"})])
+def test_softmax_family_of_an_unshaped_symbol_binds_later(function, options):
+    """MXNet code applies log_softmax to a symbol whose shape is known only at bind
+    (KLDivLoss over a network's output): the result equals the imperative one."""
+    head = getattr(sym, function)(sym.Variable("x"), **options)
+    got = head.eval(x=nd.array(A))[0]
+    want = getattr(nd, function)(nd.array(A), **options)
+    assert got.dtype == want.dtype
+    close(got, want.asnumpy())
+    with pytest.raises(GraphError, match="temperature"):
+        sym.log_softmax(sym.Variable("x"), temperature=0.0)

@@ -189,6 +189,63 @@ def dot(lhs=None, rhs=None, transpose_a=False, transpose_b=False, forward_stype=
     return call.node("Expand", [product, _int64s(1)], **attributes)
 
 
+def _softmax_family(function: str, op_type: str, negate: bool = False):
+    def softmax(data=None, axis=-1, temperature=None, dtype=None, use_length=False,
+                length=None, name=None, **attributes):
+        if _known_rank(data) is not None or use_length:
+            # the imperative body: every argument, checked against the known shape
+            return traced_ops.FUNCTIONS[function](data, axis=axis, temperature=temperature,
+                                                  dtype=dtype, use_length=use_length,
+                                                  length=length, name=name, **attributes)
+        call = _Function(function, name)
+        data = call.symbol("data", data)
+        if negate:
+            data = call.node("Neg", [data], "negated")
+        if temperature is not None and float(temperature) != 1.0:
+            if float(temperature) == 0.0:
+                raise GraphError(f"{function} {call.name!r}: temperature must not be 0")
+            scale = call.node("CastLike", [constant(np.float64(temperature)), data], "t")
+            data = call.node("Div", [data, scale], "tempered")
+        if dtype is not None:
+            data = call.node("Cast", [data], "cast", to=_float_code(function, dtype))
+        return call.node(op_type, [data], axis=int(axis), **attributes)
+    softmax.__name__ = softmax.__qualname__ = function
+    softmax.__doc__ = (f"MXNet's ``{function}`` along ``axis`` (a negative one counts from "
+                       f"the end), of ``data / temperature`` cast to ``dtype``. Where the "
+                       f"data's shape is unknown it is ONNX's ``{op_type}``, whose axis needs "
+                       f"no rank; ``use_length`` needs the shape (the imperative body).")
+    return softmax
+
+
+def _with_length_second(function):
+    """MXNet's ``softmax`` takes ``length`` second (log_softmax and softmin ``axis``)."""
+    def softmax(data=None, length=None, axis=-1, temperature=None, dtype=None,
+                use_length=False, name=None, **attributes):
+        return function(data, axis=axis, temperature=temperature, dtype=dtype,
+                        use_length=use_length, length=length, name=name, **attributes)
+    softmax.__name__ = softmax.__qualname__ = function.__name__
+    softmax.__doc__ = function.__doc__
+    return softmax
+
+
+def _known_rank(data) -> int | None:
+    try:
+        return len(static_shape(data)) if isinstance(data, Symbol) else None
+    except HybridizeError:
+        return None
+
+
+_FLOAT_CODES = {"float16": 10, "float32": 1, "float64": 11}  # ONNX's element types
+
+
+def _float_code(function: str, dtype) -> int:
+    key = np.dtype(dtype).name if dtype in (np.float16, np.float32, np.float64) else dtype
+    if key not in _FLOAT_CODES:
+        raise GraphError(f"{function}: dtype must be None, 'float16', 'float32' or "
+                         f"'float64', got {dtype!r}")
+    return _FLOAT_CODES[key]
+
+
 def batch_dot(lhs=None, rhs=None, transpose_a=False, transpose_b=False, forward_stype=None,
               name=None, **attributes):
     """MXNet's ``batch_dot``: the matrix products ``lhs[i] @ rhs[i]`` over the leading
@@ -345,6 +402,9 @@ FUNCTIONS = {
     "nansum": _nan_reduce("nansum", "ReduceSum", 0.0),
     "nanprod": _nan_reduce("nanprod", "ReduceProd", 1.0),
     "make_loss": make_loss, "MakeLoss": MakeLoss,
+    "softmax": _with_length_second(_softmax_family("softmax", "Softmax")),
+    "log_softmax": _softmax_family("log_softmax", "LogSoftmax"),
+    "softmin": _softmax_family("softmin", "Softmax", negate=True),
 }
 
 CREATORS = {"zeros": _filled("_zeros", 0), "ones": _filled("_ones", 1), "full": full}
