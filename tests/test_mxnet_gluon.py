@@ -12,6 +12,7 @@ import pytest
 from mixrt import autograd, init, nd, sym
 from mixrt.gluon import Block, HybridBlock, SymbolBlock, nn
 from mixrt.gluon.contrib import nn as contrib_nn
+from mixrt.ops.conv import conv_grad_cpu
 
 
 class _TwoDense(Block):
@@ -300,3 +301,42 @@ def test_a_parameters_variable_carries_its_initializer():
     assert bias is dense.bias.var()  # one Variable while the parameter is unchanged
     assert bias.list_attr()["__init__"] == init.Constant(0.5).dumps()
     assert "__init__" not in dense.weight.var().list_attr()  # no initializer of its own
+
+
+def _conv_input_grad(dy, w, x_shape, stride, dilate, pad):
+    """dL/dX of a 2-D convolution, window by window (the reference)."""
+    n, c, h, wd = x_shape
+    kh, kw = w.shape[2:]
+    dx = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
+    for oy in range(dy.shape[2]):
+        for ox in range(dy.shape[3]):
+            rows = slice(oy * stride, oy * stride + (kh - 1) * dilate + 1, dilate)
+            cols = slice(ox * stride, ox * stride + (kw - 1) * dilate + 1, dilate)
+            dx[:, :, rows, cols] += np.einsum("nm,mckl->nckl", dy[:, :, oy, ox], w)
+    return dx[:, :, pad:pad + h, pad:pad + wd]
+
+
+@pytest.mark.parametrize("size, kernel, stride, dilate, pad", [
+    (224, 224, 1, 1, 0),  # MXNet's test_conv2d_16c: as a flipped convolution, 112 GiB
+    (24, 20, 1, 1, 1),    # a few positions, padded
+    (7, 5, 2, 1, 0),      # strided, more taps than positions
+    (7, 3, 1, 3, 0),      # dilated to the image's size
+])
+def test_conv_input_grad_of_a_kernel_as_large_as_the_image(size, kernel, stride, dilate, pad,
+                                                           monkeypatch):
+    def convolved(*_args):
+        raise AssertionError("dX convolved over padding")
+    # dY has a few positions: dX folds W^T dY back, never convolves dY's padded image with
+    # the whole flipped kernel (for 224x224, 112 GiB of partial products)
+    monkeypatch.setattr(conv_grad_cpu, "_stride_one_conv", convolved)
+    rng = np.random.default_rng(1)
+    x = nd.array(rng.uniform(-1, 1, (1, 3, size, size)))
+    w = nd.array(rng.uniform(-1, 1, (16, 3, kernel, kernel)))
+    x.attach_grad()
+    with autograd.record():
+        y = nd.Convolution(x, w, kernel=(kernel, kernel), stride=(stride, stride),
+                           dilate=(dilate, dilate), pad=(pad, pad), num_filter=16, no_bias=True)
+    dy = rng.uniform(-1, 1, y.shape)
+    y.backward(nd.array(dy))
+    want = _conv_input_grad(dy, w.asnumpy(), x.shape, stride, dilate, pad)
+    np.testing.assert_allclose(x.grad.asnumpy(), want, rtol=1e-4, atol=1e-4)

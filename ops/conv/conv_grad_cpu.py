@@ -59,6 +59,12 @@ PHASE_MIN_POSITIONS = 14 * 14
 # bytes of phase planes per group of images whose sums pass together, per panel of output
 # channels (_jit_panels.weight_grad)
 PANEL_WEIGHT_GRAD_GROUP_BYTES = 1 << 22
+# a stride-1 convolution's dX is folded from W^T dY's columns, not convolved, when dY has
+# fewer than 1/this of dX's positions: the flipped-kernel convolution computes every dX
+# position against every tap, and only dY's positions times the taps are not padding (a
+# 224x224 kernel over a 224x224 image, one output position, asked 112 GiB for the taps'
+# partial products, all but one in 50176 of them zero)
+FOLD_INPUT_GRAD_RATIO = 4
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -128,6 +134,15 @@ class _Window:
     def im2col(self, x, cols):
         im2col_into(x, cols, self.kernel, self.strides, self.dilations, self.begin, self.end,
                     self.out)
+
+    @property
+    def positions(self):
+        return [(a, b) for a in range(self.out[0]) for b in range(self.out[1])]
+
+    def window_slices(self, position):
+        """Where the window of output ``position`` lies in the padded image."""
+        return tuple(slice(p * s, p * s + (k - 1) * d + 1, d) for p, s, k, d in
+                     zip(position, self.strides, self.kernel, self.dilations))
 
     def tap_slices(self, tap):
         """Where tap ``(a, b)`` of every window lies in the padded image."""
@@ -301,6 +316,8 @@ def input_grad_into(dY, W, dx, window: _Window, node=None):
     """dX; ``node``: the session's dict for this node, where the stride-1 case's convolution
     keeps its layouts for the direct form (conv_cpu.direct)."""
     flipped = _flipped_pads(window)
+    if flipped is not None and _mostly_padding(dx, window):
+        return _folded_input_grad(dY, W, dx, window)
     if flipped is None:
         phases = _phase_convolutions(dY.shape, dx.shape, window)
         if node is not None and phases is not None and _phases_suit(dx, window):
@@ -308,6 +325,13 @@ def input_grad_into(dY, W, dx, window: _Window, node=None):
         return _folded_input_grad(dY, W, dx, window)
     weights = np.ascontiguousarray(W.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
     return _stride_one_conv(dY, weights, flipped, window.dilations, dx, node)
+
+
+def _mostly_padding(dx, window: _Window) -> bool:
+    """Whether dX's stride-1 convolution would multiply padding nearly everywhere: the
+    forward's output has under 1/FOLD_INPUT_GRAD_RATIO of the input's positions (a kernel
+    about as large as the image)."""
+    return math.prod(window.out) * FOLD_INPUT_GRAD_RATIO < math.prod(dx.shape[2:])
 
 
 def _stride_one_conv(dY, weights, pads, dilations, out, node):
@@ -448,6 +472,13 @@ def _col2im(cols, image, dx, crop, window: _Window):
     kh, kw = window.kernel
     view = cols.reshape(c, kh, kw, *window.out)
     image.fill(0)
-    for tap in window.taps:
-        image[(slice(None),) + window.tap_slices(tap)] += view[:, tap[0], tap[1]]
+    # one strided add per tap, or per output position when there are fewer of those (a
+    # kernel nearly the image's size)
+    if len(window.taps) <= math.prod(window.out):
+        for tap in window.taps:
+            image[(slice(None),) + window.tap_slices(tap)] += view[:, tap[0], tap[1]]
+    else:
+        for position in window.positions:
+            image[(slice(None),) + window.window_slices(position)] += \
+                view[:, :, :, position[0], position[1]]
     np.copyto(dx, image[crop])
