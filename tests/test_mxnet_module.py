@@ -280,3 +280,30 @@ def test_make_loss_backward_seeds_ones_and_ignores_makeloss_keywords(options):
     grads = mod._exec_group.execs[0].grad_dict
     np.testing.assert_allclose(grads["fc_weight"].asnumpy(), [[-0.705, -0.9675]], rtol=1e-5)
     np.testing.assert_allclose(grads["fc_bias"].asnumpy(), [-2.625], rtol=1e-5)
+
+
+def test_a_variables_own_init_fills_any_name_in_its_declared_storage():
+    """MXNet's global initializer hands a Variable's init its array whatever the name
+    (``v`` has no weight/bias suffix); the module's copy keeps the declared stype."""
+    data = sym.Variable("data")
+    v = sym.Variable("v", shape=(5, 1), init=mixrt.init.Constant(0.5), stype="row_sparse")
+    net = sym.LinearRegressionOutput(sym.dot(data, v), sym.Variable("label"), name="out")
+    mod = Module(net, data_names=["data"], label_names=["label"])
+    mod.bind(data_shapes=[("data", (4, 5))], label_shapes=[("label", (4, 1))])
+    mod.init_params()
+    params = mod.get_params()[0]
+    assert params["v"].stype == "row_sparse"
+    np.testing.assert_array_equal(params["v"].asnumpy(), np.full((5, 1), 0.5))
+
+
+def test_symbols_take_mxnets_operand_names_and_scalar_shapes():
+    x = sym.Variable("x")
+    value = nd.array([[1.0, -2.0, 3.0]])
+    np.testing.assert_array_equal(sym.square(data=x).eval(x=value)[0].asnumpy(),
+                                  [[1.0, 4.0, 9.0]])
+    np.testing.assert_array_equal(
+        sym.sum(data=x, axis=1, keepdims=True).eval(x=value)[0].asnumpy(), [[2.0]])
+    assert sym.flatten(data=x).infer_shape(x=(2, 3, 4))[1] == [(2, 12)]
+    squares = sym._internal._square_sum(data=x, axis=1, keepdims=True)
+    np.testing.assert_array_equal(squares.eval(x=value)[0].asnumpy(), [[14.0]])
+    assert sym.Variable("b", shape=1).infer_shape()[0] == [(1,)]  # MXNet reads 1 as (1,)

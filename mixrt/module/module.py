@@ -35,6 +35,7 @@ from mixrt.initializer import create as create_initializer, InitDesc, role_of, \
 from mixrt.kv import create as create_store
 from mixrt.module.base_module import BaseModule, descs
 from mixrt.module.executor_group import DataParallelExecutorGroup
+from mixrt.nd.ndarray import _STORAGE_TYPE_ID_TO_STR
 
 
 class MissingParameterError(InputError, RuntimeError):
@@ -140,13 +141,13 @@ class Module(BaseModule):
                           "init_params call ignored.", stacklevel=2)
             return
         self._require("init_params", binded=True)
+        attrs = _attributes(self._symbol)
         if self._arg_params is None:
-            self._arg_params = {n: nd.zeros(a[0].shape, dtype=a[0].dtype) for n, a in
+            self._arg_params = {n: _host_param(a[0], attrs.get(n)) for n, a in
                                 zip(self._exec_group.param_names_in_order(),
                                     self._exec_group.param_arrays)}
-            self._aux_params = {n: nd.zeros(a[0].shape, dtype=a[0].dtype) for n, a in
+            self._aux_params = {n: _host_param(a[0], attrs.get(n)) for n, a in
                                 zip(self._aux_names, self._exec_group.aux_arrays)}
-        attrs = _attributes(self._symbol)
         declared = {node.name: node.info.get("init") for node in self._symbol._variables()}
         for table, given in ((self._arg_params, arg_params), (self._aux_params, aux_params)):
             for name, array in sorted(table.items()):
@@ -157,12 +158,16 @@ class Module(BaseModule):
                                     allow_extra=allow_extra)
 
     def _initializer_of(self, name: str, initializer, declared):
-        """A Variable's own ``init`` wins; running statistics start at MXNet's values
-        (means 0, variances 1), whatever the module's initializer."""
+        """A Variable's own ``init`` wins, filling the array whatever its name (MXNet
+        hands it to the global initializer as ``__init__``, whose weight rule runs);
+        running statistics start at MXNet's values (means 0, variances 1), whatever the
+        module's initializer."""
         if initializer is None:
             return None
         if declared is not None:
-            return create_initializer(declared)
+            own = create_initializer(declared)
+            fill = getattr(own, "_init_weight", None)  # Load and Mixed are plain callables
+            return own if fill is None else (lambda desc, array: fill(desc, array))
         if name in self._aux_names:
             return _filler(1.0 if role_of(name) == "one" else 0.0)
         return initializer
@@ -480,6 +485,14 @@ def _batch_shapes(data_batch, names) -> list:
         raise InputError(f"forward: the batch has {len(data)} data arrays; the module "
                          f"takes {len(names)}: {list(names)}")
     return [tuple(a.shape) for a in data]
+
+
+def _host_param(array, attrs: dict | None):
+    """The module's own copy of a parameter: zeros of the bound array's shape and dtype,
+    in the storage its Variable declares (``stype='row_sparse'``), as MXNet's."""
+    code = (attrs or {}).get("__storage_type__")
+    stype = _STORAGE_TYPE_ID_TO_STR.get(int(code), "default") if code else "default"
+    return nd.zeros(array.shape, dtype=array.dtype, stype=stype)
 
 
 def _attributes(symbol) -> dict:

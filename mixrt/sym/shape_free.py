@@ -11,8 +11,11 @@ elementwise operator's output says of its operands).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from mixrt import array_methods
 from mixrt.base.errors import GraphError, HybridizeError
 from mixrt.sym import mxnet_ops as traced_ops
 from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
@@ -330,6 +333,21 @@ def _nan_reduce(function: str, op_type: str, neutral: float):
     return nan_reduce
 
 
+def square_sum(data=None, axis=None, keepdims=False, exclude=False, name=None,
+               **attributes):
+    """MXNet's ``_square_sum``: the sum of ``data``'s squares over ``axis`` (every axis
+    when None), kept as length-1 axes with ``keepdims``. MXNet keeps a row_sparse input's
+    storage; the values are these."""
+    call = _Function("_square_sum", name)
+    data = call.symbol("data", data)
+    if exclude:
+        raise GraphError(f"_square_sum {call.name!r}: exclude=True needs the data's rank, "
+                         f"which a Symbol does not have until bound; name the axes")
+    squares = call.node("Mul", [data, data], "squares")
+    inputs = [squares] if axis is None else [squares, _int64s(*np.atleast_1d(axis))]
+    return call.node("ReduceSum", inputs, keepdims=int(bool(keepdims)), **attributes)
+
+
 def argmax_channel(data=None, name=None, **attributes):
     """MXNet's ``argmax_channel``: the index of the largest entry along axis 1, in the
     data's dtype."""
@@ -392,7 +410,25 @@ def _normalizer(call: _Function, data: Symbol, normalization: str, valid_thresh)
     return call.node("CastLike", [count, data], "count_as_data")
 
 
+def _data_operand(function):
+    """``function`` (``mixrt.array_methods``', whose operand is ``x``) under MXNet's
+    signature, whose operand is ``data``: ``sym.square(data=x)`` as MXNet code writes it."""
+    @functools.wraps(function)
+    def with_data(data=None, *args, **kwargs):
+        if data is None:
+            raise GraphError(f"{function.__name__}: data (a Symbol) is required")
+        return function(data, *args, **kwargs)
+    del with_data.__wrapped__  # its signature is not the wrapped one's
+    return with_data
+
+
+# array_methods' functions that take one operand, MXNet's data
+_DATA_OPERAND = ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "square", "sum", "mean",
+                 "max", "min", "prod", "reshape", "transpose", "flatten", "expand_dims",
+                 "squeeze", "clip")
+
 FUNCTIONS = {
+    **{name: _data_operand(getattr(array_methods, name)) for name in _DATA_OPERAND},
     **{name: _elementwise(name, op) for name, op in _ELEMENTWISE.items()},
     **{f"broadcast_{name}": _broadcast(f"broadcast_{name}", op, compare)
        for name, (op, compare) in _BROADCASTS.items()},

@@ -620,6 +620,8 @@ def variable_named(name: str, shape=None, dtype=None, init=None, *, aux: bool = 
     info = {key: attr.pop(key) for key in _INFO_KEYS if key in attr}
     if attr:
         info[ATTRIBUTES] = {str(key): str(value) for key, value in attr.items()}
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)  # MXNet reads shape=1 as (1,)
     if shape is not None:  # 0 and -1: unknown (MXNet's legacy shapes say 0)
         info["shape"] = tuple(None if d is None or d in (0, -1) else int(d) for d in shape)
     if dtype is not None:
