@@ -17,8 +17,11 @@ def test_split_data_even_and_uneven():
     parts = utils.split_data(data, 5)
     assert [p.shape for p in parts] == [(2, 2)] * 5
     np.testing.assert_array_equal(parts[4].asnumpy(), [[16, 17], [18, 19]])
-    parts = utils.split_data(data, 3, even_split=False)
-    assert [p.shape[0] for p in parts] == [3, 3, 4]
+    parts = utils.split_data(data, 3, even_split=False)  # NumPy's array_split, as MXNet 1.9.1
+    assert [p.shape[0] for p in parts] == [4, 3, 3]
+    assert [p.shape[1] for p in utils.split_data(nd.ones((2, 33)), 4, 1, False)] == [9, 8, 8, 8]
+    with pytest.raises(ValueError):  # MXNet's type
+        utils.split_data(nd.ones((2, 33)), 4, batch_axis=1)
     parts = utils.split_data(data, 2, batch_axis=1)
     np.testing.assert_array_equal(parts[1].asnumpy().ravel(), np.arange(1, 20, 2))
     # fewer rows than parts: the parts past the rows are empty, as in MXNet

@@ -25,18 +25,23 @@ _CHUNK = 1 << 20
 
 # -- batches across devices ------------------------------------------------------------------
 
+class UnevenSplitError(InputError, ValueError):
+    """A batch does not split evenly into the parts asked for (MXNet raises ValueError)."""
+
+
 def split_data(data, num_slice: int, batch_axis: int = 0, even_split: bool = True) -> list:
     """``data`` cut into ``num_slice`` parts along ``batch_axis``. With ``even_split=False``
-    the last part takes the remainder; with fewer rows than parts, the parts past the
-    rows are empty (as in MXNet)."""
+    the sizes are NumPy's ``array_split``'s, as in MXNet 1.9: the first ``size % num_slice``
+    parts hold one more row, and with fewer rows than parts the last parts are empty."""
     size = data.shape[batch_axis]
     if even_split and size % num_slice != 0:
-        raise InputError(f"split_data: data of shape {tuple(data.shape)} cannot be evenly "
-                         f"split into {num_slice} slices along axis {batch_axis}; use a batch "
-                         f"size that is a multiple of {num_slice} or even_split=False")
-    step = max(size // num_slice, 1)
-    bounds = [(min(i * step, size), size if i == num_slice - 1 else min((i + 1) * step, size))
-              for i in range(num_slice)]
+        raise UnevenSplitError(f"split_data: data of shape {tuple(data.shape)} cannot be "
+                               f"evenly split into {num_slice} slices along axis "
+                               f"{batch_axis}; use a batch size that is a multiple of "
+                               f"{num_slice} or even_split=False")
+    each, extras = divmod(size, num_slice)
+    starts = [i * each + min(i, extras) for i in range(num_slice + 1)]
+    bounds = list(zip(starts[:-1], starts[1:]))
     if batch_axis == 0:
         return [data[begin:end] for begin, end in bounds]
     return [nd.slice_axis(data, axis=batch_axis, begin=begin, end=end)
