@@ -307,3 +307,16 @@ def test_symbols_take_mxnets_operand_names_and_scalar_shapes():
     squares = sym._internal._square_sum(data=x, axis=1, keepdims=True)
     np.testing.assert_array_equal(squares.eval(x=value)[0].asnumpy(), [[14.0]])
     assert sym.Variable("b", shape=1).infer_shape()[0] == [(1,)]  # MXNet reads 1 as (1,)
+
+
+@pytest.mark.parametrize("make", [sym.Embedding, sym.contrib.SparseEmbedding])
+def test_an_embedding_weight_given_as_a_bare_variable_gets_the_layers_shape(make):
+    weight = sym.Variable("embed_weight", stype="row_sparse")
+    embed = make(data=sym.Variable("data"), weight=weight, input_dim=10, output_dim=4,
+                 name="embed")
+    arg_shapes, out_shapes, _ = embed.infer_shape(data=(2, 3))
+    assert dict(zip(embed.list_arguments(), arg_shapes))["embed_weight"] == (10, 4)
+    assert out_shapes == [(2, 3, 4)]
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    rows = embed.eval(data=nd.array([[1, 0, 9], [2, 2, 3]]), embed_weight=nd.array(table))
+    np.testing.assert_array_equal(rows[0].asnumpy()[1, 2], table[3])

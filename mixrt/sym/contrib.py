@@ -1,5 +1,5 @@
 """MXNet's ``mx.sym.contrib``: the contrib functions written over other symbols
-(``rand_zipfian``; ``mixrt.nd.contrib`` has the imperative ones)."""
+(``rand_zipfian``, ``SparseEmbedding``; ``mixrt.nd.contrib`` has the imperative ones)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from mixrt.base.errors import GraphError
 from mixrt.sym.random import uniform
 from mixrt.sym.ops import call_op
 from mixrt.sym.symbol import Symbol
+from mixrt.sym.symbol_layers import Embedding
 
 
 def rand_zipfian(true_classes, num_sampled, range_max):
@@ -39,3 +40,14 @@ def _expected_count(classes: Symbol, log_range: float, num_sampled: int) -> Symb
 
 
 __all__ = ["rand_zipfian"]
+
+
+def SparseEmbedding(data=None, weight=None, input_dim=None, output_dim=None, dtype="float32",
+                    deterministic=False, name=None, **attributes):
+    """MXNet's ``contrib.SparseEmbedding``: ``Embedding`` with ``sparse_grad=True``, the
+    rows of ``weight`` at the indices in ``data``. MXNet gives the weight a row_sparse
+    gradient; here it is dense, of the same values. ``deterministic`` (the order MXNet's
+    GPU kernel adds gradient rows in) changes nothing."""
+    del deterministic
+    return Embedding(data=data, weight=weight, input_dim=input_dim, output_dim=output_dim,
+                     dtype=dtype, sparse_grad=True, name=name, **attributes)

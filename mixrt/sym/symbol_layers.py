@@ -113,6 +113,8 @@ class SymbolCall(LayerCall):
         if given is not None:
             given = self.symbol(role, given)
             _adopt(given, source)
+            if source is None and shape is not None and None not in tuple(shape):
+                _declare_shape(given, tuple(shape))
             return given
         if source is not None and shape is not None and None in tuple(shape):
             # a shape the data completes is the data's to give: until then MXNet knows
@@ -148,6 +150,15 @@ def _adopt(given: Symbol, source: dict | None) -> None:
             declared is not None and all(d is not None for d in declared)):
         return
     node.info[SHAPE_FROM] = source
+
+
+def _declare_shape(given: Symbol, shape: tuple) -> None:
+    """A bare Variable of unknown shape passed as a parameter whose shape the layer's
+    arguments fix (Embedding's weight: (input_dim, output_dim)) takes that shape, which
+    MXNet's shape inference gives it."""
+    node = given._outputs[0][0]
+    if node.is_variable and node.info.get("shape") is None:
+        node.info["shape"] = shape
 
 
 # FullyConnected, Convolution, Deconvolution, Pooling, BatchNorm, Activation, LeakyReLU,
