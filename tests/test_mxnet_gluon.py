@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from mixrt import autograd, init, nd, sym
-from mixrt.gluon import Block, HybridBlock, SymbolBlock, nn
+from mixrt.errors import InputError, ShapeError
+from mixrt.gluon import Block, HybridBlock, SymbolBlock, Trainer, nn
 from mixrt.gluon.contrib import nn as contrib_nn
 from mixrt.ops.conv import conv_grad_cpu
 
@@ -340,3 +341,43 @@ def test_conv_input_grad_of_a_kernel_as_large_as_the_image(size, kernel, stride,
     y.backward(nd.array(dy))
     want = _conv_input_grad(dy, w.asnumpy(), x.shape, stride, dilate, pad)
     np.testing.assert_allclose(x.grad.asnumpy(), want, rtol=1e-4, atol=1e-4)
+
+
+class _AddConstant(HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.const = self.params.get_constant("const", [[1, 2], [3, 4]])
+
+    def hybrid_forward(self, F, x, const):
+        return x + const
+
+
+@pytest.mark.parametrize("hybridize", [False, True])
+def test_a_constant_keeps_its_value_through_training(hybridize):
+    block = _AddConstant()
+    block.initialize(init.Uniform(5.0))  # a Constant's own value wins over the block's
+    if hybridize:
+        block.hybridize()
+    trainer = Trainer(block.collect_params(), "sgd", {"learning_rate": 1.0})
+    x = nd.ones((2, 2))
+    x.attach_grad()
+    with autograd.record():
+        y = block(x)
+    y.backward()
+    trainer.step(1)
+    assert block.const.grad_req == "null" and block.const.dtype == np.float32
+    np.testing.assert_array_equal(block.const.data().asnumpy(), [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(y.asnumpy(), [[2, 3], [4, 5]])
+    np.testing.assert_array_equal(x.grad.asnumpy(), np.ones((2, 2)))
+
+
+def test_get_constant_finds_the_constant_and_checks_what_it_is_given():
+    block = _AddConstant(prefix="b_")
+    assert block.params.get_constant("const") is block.const
+    with pytest.raises(KeyError, match="b_other"):
+        block.params.get_constant("other")
+    with pytest.raises(ShapeError, match="shape"):
+        block.params.get_constant("const", [1, 2, 3])
+    block.params.get("weight", shape=(2,))
+    with pytest.raises(InputError, match="not a Constant"):
+        block.params.get_constant("weight", [1, 2])

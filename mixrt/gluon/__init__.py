@@ -4,7 +4,7 @@ Trainer, the layers (``nn``, ``rnn``, ``contrib.nn``), losses (``loss``), the da
 
 from mixrt.gluon.block import Block, Sequential
 from mixrt.gluon.hybrid import HybridBlock, HybridSequential, static_shape
-from mixrt.gluon.parameter import Parameter, ParameterDict
+from mixrt.gluon.parameter import Constant, Parameter, ParameterDict
 from mixrt.gluon.symbol_block import SymbolBlock
 from mixrt.gluon.trainer import Trainer
 
@@ -18,5 +18,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mixrt.gluon' has no attribute {name!r}")
 
 
-__all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Parameter",
+__all__ = ["Block", "HybridBlock", "Sequential", "HybridSequential", "Constant", "Parameter",
            "ParameterDict", "SymbolBlock", "Trainer", "static_shape"]

@@ -27,7 +27,7 @@ import numpy as np
 from mixrt import nd
 from mixrt.context import as_context, current_context
 from mixrt.base.errors import DeviceMismatchError, InputError, ShapeError
-from mixrt.initializer import create, Uniform
+from mixrt.initializer import Constant as ConstantInit, create, Uniform
 from mixrt.nd.ndarray import NDArray, _STORAGE_TYPE_STR_TO_ID
 from mixrt.nd import sparse as nd_sparse
 from mixrt.nd.sparse_arrays import RowSparseNDArray
@@ -423,6 +423,22 @@ class Parameter:
                f"grad_req={self.grad_req!r}{stype})"
 
 
+class Constant(Parameter):
+    """A parameter that holds ``value`` and is never trained (``grad_req="null"``): its
+    initializer is the value, whatever initializer the block is given (MXNet's
+    ``gluon.Constant``; a value not an array becomes a float32 one)."""
+
+    def __init__(self, name: str, value):
+        value = value.asnumpy() if isinstance(value, NDArray) else \
+            np.asarray(value, dtype=np.float32)
+        self.value = value
+        super().__init__(name, shape=value.shape, dtype=value.dtype, grad_req="null",
+                         init=ConstantInit(value))
+
+    def _mxnet_repr(self) -> str:
+        return f"Constant {self.name} (shape={self.shape}, dtype={self.dtype})"
+
+
 class ParameterDict(OrderedDict):
     """Parameters by name, in a stable order (the order optimizers and checkpoints see).
 
@@ -454,6 +470,26 @@ class ParameterDict(OrderedDict):
             return default
         self[full] = Parameter(full, **options)
         return self[full]
+
+    def get_constant(self, name: str, value=None) -> Constant:
+        """The Constant ``prefix + name``, made from ``value`` the first time (a later
+        ``value`` must have the same shape)."""
+        full = self.prefix + name
+        if full not in self and self._shared is not None and full in self._shared:
+            self[full] = self._shared[full]
+        if full not in self:
+            if value is None:
+                raise KeyError(f"get_constant: no constant named {full!r}; give its value "
+                               f"the first time")
+            self[full] = Constant(full, value)
+            return self[full]
+        found = self[full]
+        if not isinstance(found, Constant):
+            raise InputError(f"get_constant: {full!r} is a Parameter, not a Constant")
+        if value is not None and tuple(np.shape(value)) != tuple(found.shape):
+            raise ShapeError(f"get_constant: constant {full!r} has shape {found.shape}, "
+                             f"the value given has shape {tuple(np.shape(value))}")
+        return found
 
     def trainable(self) -> list[Parameter]:
         return [p for p in self.values() if p.grad_req != "null"]
