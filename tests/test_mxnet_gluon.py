@@ -381,3 +381,14 @@ def test_get_constant_finds_the_constant_and_checks_what_it_is_given():
     block.params.get("weight", shape=(2,))
     with pytest.raises(InputError, match="not a Constant"):
         block.params.get_constant("weight", [1, 2])
+
+
+def test_a_parameters_gradient_list_follows_grad_req():
+    dense = nn.Dense(2, in_units=3)
+    assert dense.weight._grad is None  # not initialized
+    dense.initialize()
+    assert len(dense.weight._grad) == 1
+    dense.collect_params().setattr("grad_req", "null")
+    assert dense.weight._grad is None
+    dense.collect_params().setattr("grad_req", "write")
+    assert dense.weight._grad[0].shape == (2, 3)

@@ -355,6 +355,14 @@ class Parameter:
         copy = self._check_and_get(self._checked(), ctx)
         return copy._grad
 
+    @property
+    def _grad(self):
+        """MXNet's internal list of gradients, one per context, or None before
+        initialization and while frozen: code written against MXNet reads it."""
+        if self._data is None or self._grad_req == "null":
+            return None
+        return self.list_grad()
+
     def list_grad(self) -> list:
         """The gradients, one per context (None while frozen)."""
         return [copy._grad for copy in self._checked()]
