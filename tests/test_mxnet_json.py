@@ -127,13 +127,27 @@ def test_gluon_gru_export_in_ntc_layout_matches_mxnet():
     _assert_outputs(symbol.bind("cpu", {**params, **inputs}).forward(), expected)
 
 
-def test_rnn_over_a_single_flat_parameter_vector_is_refused():
-    nodes = [{"op": "null", "name": name, "inputs": []}
-             for name in ("data", "parameters", "state")]
-    nodes.append({"op": "RNN", "name": "rnn", "inputs": [[0, 0, 0], [1, 0, 0], [2, 0, 0]],
-                  "attrs": {"mode": "gru", "state_size": "4", "num_layers": "1"}})
-    document = {"nodes": nodes, "arg_nodes": [0, 1, 2], "heads": [[3, 0, 0]]}
-    with pytest.raises(ModelLoadError, match=r"'rnn'.*flat parameter vector"):
+def test_sym_rnn_over_one_flat_parameter_vector_matches_mxnet():
+    """sym.RNN's flat vector is cut where the data's width puts each weight."""
+    symbol = sym.load(str(DATA / "flat_rnn-symbol.json"))
+    args, _ = _split_params("flat_rnn")
+    expected = _expected("flat_rnn")
+    assert args["rnn_parameters"].shape == (184,)
+    outputs = symbol.bind("cpu", {**args, "data": nd.array(expected["data"])}).forward()
+    _assert_outputs(outputs, expected)
+
+
+def test_rnn_mode_and_projection_are_checked():
+    document = json.loads((DATA / "flat_rnn-symbol.json").read_text())
+    rnn = document["nodes"][_node_index(document, "rnn")]
+    rnn["attrs"]["mode"] = "transformer"
+    with pytest.raises(ModelLoadError, match=r"'rnn'.*mode must be one of"):
+        _load(document)
+    rnn["attrs"].update(mode="lstm", state_size="inf")
+    with pytest.raises(ModelLoadError, match=r"'rnn'.*state_size must be a whole number in"):
+        _load(document)
+    rnn["attrs"].update(state_size="4", projection_size="3")
+    with pytest.raises(ModelLoadError, match=r"'rnn'.*projection_size is not supported"):
         _load(document)
 
 

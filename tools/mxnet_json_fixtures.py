@@ -134,6 +134,15 @@ def norms():
     return mx.sym.Activation(x, act_type="softrelu"), (2, 4, 3, 5)
 
 
+def flat_rnn():
+    """sym.RNN over one flat parameter vector: 2 bidirectional tanh layers, then a head."""
+    data = mx.sym.Variable("data")
+    x = mx.sym.RNN(data, mx.sym.Variable("rnn_parameters"), mx.sym.Variable("rnn_state"),
+                   state_size=4, num_layers=2, bidirectional=True, mode="rnn_tanh",
+                   name="rnn")
+    return mx.sym.FullyConnected(x, num_hidden=2, flatten=False, name="head"), (5, 2, 3)
+
+
 def gluon_net():
     net = mx.gluon.nn.HybridSequential(prefix="net_")
     with net.name_scope():
@@ -222,7 +231,7 @@ def main(out):
     os.makedirs(out, exist_ok=True)
     rng = np.random.RandomState(SEED)
     for builder in (mlp, lenet, resnet_thumb, ops_mix, layers_mix,
-                    norms):
+                    norms, flat_rnn):
         symbol, shape = builder()
         save_symbol_model(out, builder.__name__, symbol, shape, rng)
     for builder in (gluon_net, gluon_lstm, gluon_gru):

@@ -28,6 +28,8 @@ from mixrt.sym.symbol import constant, scalar_like, variable_named, Group, Symbo
 
 MAX_PARAMETER_TEXT = 4096  # MXNet writes short strings; a megabyte one is not a parameter
 INT64_MAX = np.iinfo(np.int64).max  # "to the end" for ONNX Slice
+# each RNN layer is a handful of nodes made now: a file asking for 10**11 would exhaust memory
+MAX_RNN_LAYERS = 1024
 # MXNet's dtype codes (mshadow's TypeFlag) in a variable's "__dtype__"
 DTYPE_CODES = {0: "float32", 1: "float64", 2: "float16", 3: "uint8", 4: "int32", 5: "int8",
                6: "int64", 7: "bool", 8: "int16", 9: "uint16", 10: "uint32", 11: "uint64"}
@@ -521,15 +523,20 @@ _RNN_MODES = {
 def _rnn(name, inputs, params):
     """MXNet's fused RNN op over (T, N, C) data, one ONNX RNN/LSTM/GRU node per layer.
 
-    Its parameter input must be the ``_rnn_param_concat`` of the separate weights and
-    biases that Gluon's rnn layers export (the one flat vector of ``sym.RNN`` cannot be cut
-    before the data's width is known): per layer and direction ``i2h_weight``,
-    ``h2h_weight``, then all the ``i2h_bias``, ``h2h_bias`` pairs in the same order."""
+    Its parameters are MXNet's (cuDNN's) layout: per layer and direction ``i2h_weight``,
+    ``h2h_weight``, then all the ``i2h_bias``, ``h2h_bias`` pairs in the same order; either
+    the ``_rnn_param_concat`` of the separate arrays that Gluon's rnn layers export, or
+    ``sym.RNN``'s one flat vector (whose size follows from the data's width: bind it with
+    its array or its shape)."""
     mode = _required(params, "mode")
     if mode not in _RNN_MODES:
         raise GraphError(f"mode must be one of {sorted(_RNN_MODES)}, got {mode!r}")
     op_type, attributes, gates, order, states = _RNN_MODES[mode]
     hidden, layers = _required(params, "state_size"), params.pop("num_layers", 1)
+    for key, value, most in (("state_size", hidden, INT64_MAX),
+                             ("num_layers", layers, MAX_RNN_LAYERS)):
+        if not _integer(value) or not 1 <= value <= most:
+            raise GraphError(f"{key} must be a whole number in 1..{most}, got {value!r}")
     directions = 2 if params.pop("bidirectional", False) else 1
     rate, state_outputs = params.pop("p", 0.0), params.pop("state_outputs", False)
     lengths = params.pop("use_sequence_length", False)
@@ -540,7 +547,8 @@ def _rnn(name, inputs, params):
     params.pop("cudnn_off", None)
     _no_params(params)
     _arity(name, inputs, 2 + states + bool(lengths))
-    data, pieces = inputs[0], _rnn_pieces(inputs[1], layers * directions * 4)
+    data, layout = inputs[0], _RNNLayout(name, hidden, gates, order, directions)
+    pieces = _rnn_pieces(name, data, inputs[1], layout, layers)
     begin = inputs[2:2 + states]
     lengths = call_op("", "Cast", [inputs[-1]], {"to": 6}, name=f"{name}_lengths",
                       exact_name=True) if lengths else None
@@ -548,7 +556,6 @@ def _rnn(name, inputs, params):
                       direction="bidirectional" if directions == 2 else "forward")
     if "activations" in attributes:
         attributes["activations"] = attributes["activations"] * directions
-    layout = _RNNLayout(name, hidden, gates, order, directions)
     sequence, finals = data, []
     for layer in range(layers):
         if layer and rate:
@@ -565,13 +572,42 @@ def _rnn(name, inputs, params):
     return Group([output, *stacked])
 
 
-def _rnn_pieces(parameters: Symbol, count: int) -> list[Symbol]:
+def _rnn_pieces(name, data, parameters: Symbol, layout: "_RNNLayout", layers: int):
+    """The weights and biases, each flattened, in MXNet's order: the inputs of the
+    ``_rnn_param_concat`` Gluon exports, or else slices of the one flat vector."""
+    count = layers * layout.directions * 4
     node = parameters._outputs[0][0]
-    if node.op != "Concat" or len(node.inputs) != count:
-        raise GraphError(f"the parameters must be the _rnn_param_concat of the {count} "
-                         f"weights and biases (as Gluon exports them); a single flat "
-                         f"parameter vector is not supported")
-    return [Symbol([entry]) for entry in node.inputs]
+    if node.op == "Concat" and len(node.inputs) == count:
+        return [Symbol([entry]) for entry in node.inputs]
+    return _flat_pieces(name, data, parameters, layout, layers)
+
+
+def _flat_pieces(name, data, parameters, layout, layers):
+    """Slices of ``sym.RNN``'s flat parameter vector. Only the first layer's input weights
+    depend on the data's width C, so each bound is ``a + b * C`` with a, b known now."""
+    rows, cells = layout.gates * layout.hidden, layout.directions
+    sizes = []  # (constant part, multiple of C) of each piece's length
+    for layer in range(layers):
+        for _ in range(cells):
+            sizes += [(0, rows) if layer == 0 else (rows * cells * layout.hidden, 0),
+                      (rows * layout.hidden, 0)]
+    sizes += [(rows, 0)] * (2 * layers * cells)
+    bounds = np.cumsum([(0, 0)] + sizes, axis=0)
+    shape = call_op("", "Shape", [data], {}, name=f"{name}_data_shape", exact_name=True)
+    width = _onnx_slice(f"{name}_width", shape, [2], [3], [0])
+    scaled = call_op("", "Mul", [width, constant(bounds[:, 1].astype(np.int64),
+                                                 name=f"{name}_per_width")], {},
+                     name=f"{name}_scaled", exact_name=True)
+    offsets = call_op("", "Add", [scaled, constant(bounds[:, 0].astype(np.int64),
+                                                   name=f"{name}_fixed")], {},
+                      name=f"{name}_offsets", exact_name=True)
+    pieces = []
+    for i in range(len(sizes)):
+        start = _onnx_slice(f"{name}_start{i}", offsets, [i], [i + 1], [0])
+        end = _onnx_slice(f"{name}_end{i}", offsets, [i + 1], [i + 2], [0])
+        pieces.append(call_op("", "Slice", [parameters, start, end], {},
+                              name=f"{name}_piece{i}", exact_name=True))
+    return pieces
 
 
 class _RNNLayout:
