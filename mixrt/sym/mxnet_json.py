@@ -233,7 +233,7 @@ def _brief(value) -> str:
 # -- the ops -----------------------------------------------------------------------------------
 # Each translation is (node name, input Symbols in MXNet's order, parsed params) -> Symbol.
 
-def _arity(name: str, inputs: list, low: int, high: int | None = None) -> None:
+def _arity(inputs: list, low: int, high: int | None = None) -> None:
     high = low if high is None else high
     if not low <= len(inputs) <= high:
         expected = low if low == high else f"{low} to {high}"
@@ -243,7 +243,7 @@ def _arity(name: str, inputs: list, low: int, high: int | None = None) -> None:
 def _layer(function, input_names: tuple, required: int = 1):
     """One of mixrt's MXNet layers (``sym.Convolution``): the inputs by MXNet's names."""
     def translate(name, inputs, params):
-        _arity(name, inputs, required, len(input_names))
+        _arity(inputs, required, len(input_names))
         return function(**dict(zip(input_names, inputs)), **params, name=name)
     return translate
 
@@ -251,7 +251,7 @@ def _layer(function, input_names: tuple, required: int = 1):
 def _onnx(op_type: str, arity: int = 1, **fixed):
     """An MXNet op that is one ONNX operator without parameters of its own."""
     def translate(name, inputs, params):
-        _arity(name, inputs, arity)
+        _arity(inputs, arity)
         _no_params(params)
         return call_op("", op_type, inputs, dict(fixed), name=name)
     return translate
@@ -271,7 +271,7 @@ def _no_params(params: dict) -> None:
 def _scalar_op(op_type: str, reverse: bool = False):
     """``_plus_scalar`` (x + scalar) and the reflected ``_rminus_scalar`` (scalar - x)."""
     def translate(name, inputs, params):
-        _arity(name, inputs, 1)
+        _arity(inputs, 1)
         scalar = params.pop("scalar", None)
         params.pop("is_int", None)  # MXNet 2's flag; the value's own type says it here
         _no_params(params)
@@ -286,7 +286,7 @@ def _comparison(op_type: str, negate: bool, with_scalar: bool):
     """``_greater_scalar``, ``broadcast_equal``, ...: MXNet's comparisons give 1 or 0 in the
     operand's dtype, not booleans."""
     def translate(name, inputs, params):
-        _arity(name, inputs, 1 if with_scalar else 2)
+        _arity(inputs, 1 if with_scalar else 2)
         operands = list(inputs)
         if with_scalar:
             scalar = _required(params, "scalar")
@@ -305,14 +305,14 @@ def _comparison(op_type: str, negate: bool, with_scalar: bool):
 def _function(function, arity: int = 1):
     """A function of mixrt.sym with MXNet's own parameters (``sym.reshape``, ``sym.split``)."""
     def translate(name, inputs, params):
-        _arity(name, inputs, arity)
+        _arity(inputs, arity)
         return function(*inputs, **params, name=name)
     return translate
 
 
 def _reduce(function):
     def translate(name, inputs, params):
-        _arity(name, inputs, 1)
+        _arity(inputs, 1)
         if params.pop("exclude", False):
             raise GraphError("exclude=True (reducing all axes but the given ones) is not "
                              "supported without a known rank")
@@ -322,7 +322,7 @@ def _reduce(function):
 
 def _softmax(op_type: str):
     def translate(name, inputs, params):
-        _arity(name, inputs, 1)
+        _arity(inputs, 1)
         axis, temperature = params.pop("axis", -1), params.pop("temperature", None)
         params.pop("dtype", None)  # the output dtype: the input's here
         if params.pop("use_length", False):
@@ -339,7 +339,7 @@ def _softmax(op_type: str):
 def _softmax_activation(name, inputs, params):
     """``channel``: softmax along axis 1; ``instance`` (the default): along the last axis,
     which is what MXNet 1.9.1 computes (for 2-D data, each instance's values)."""
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     mode = params.pop("mode", "instance")
     _no_params(params)
     if mode not in ("instance", "channel"):
@@ -348,7 +348,7 @@ def _softmax_activation(name, inputs, params):
 
 
 def _dropout(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     rate, axes = params.pop("p", 0.5), params.pop("axes", ())
     mode = params.pop("mode", "training")
     params.pop("cudnn_off", None)
@@ -362,7 +362,7 @@ def _dropout(name, inputs, params):
 
 
 def _flatten(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     _no_params(params)
     return call_op("", "Flatten", inputs, {"axis": 1}, name=name)
 
@@ -376,7 +376,7 @@ def _concat(name, inputs, params):
 
 
 def _reshape(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     shape, reverse = params.pop("shape", None), params.pop("reverse", False)
     for legacy in ("target_shape", "keep_highest"):
         if params.pop(legacy, None) not in (None, (), False):
@@ -386,7 +386,7 @@ def _reshape(name, inputs, params):
 
 
 def _slice_axis(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     axis, begin = _required(params, "axis"), _required(params, "begin")
     end = params.pop("end", None)
     _no_params(params)
@@ -395,7 +395,7 @@ def _slice_axis(name, inputs, params):
 
 def _slice(name, inputs, params):
     """MXNet's ``slice``: begin/end/step per leading axis, None for the whole axis."""
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     begin, end = _required(params, "begin"), _required(params, "end")
     step = params.pop("step", ()) or (None,) * len(begin)
     _no_params(params)
@@ -416,14 +416,14 @@ def _onnx_slice(name, data, starts, ends, axes, steps=None):
 
 
 def _clip(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     low, high = _required(params, "a_min"), _required(params, "a_max")
     _no_params(params)
     return array_methods.clip(inputs[0], low, high, name=name)
 
 
 def _where(name, inputs, params):
-    _arity(name, inputs, 3)
+    _arity(inputs, 3)
     _no_params(params)
     condition = call_op("", "Cast", [inputs[0]], {"to": 9}, name=f"{name}_condition",
                         exact_name=True)  # MXNet's condition is any nonzero number
@@ -431,7 +431,7 @@ def _where(name, inputs, params):
 
 
 def _square(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     _no_params(params)
     return call_op("", "Mul", [inputs[0], inputs[0]], {}, name=name)
 
@@ -454,7 +454,7 @@ def _upsampling(name, inputs, params):
 
 def _instance_norm(name, inputs, params):
     """Each sample's channel normalized over its spatial values: ONNX's InstanceNormalization."""
-    _arity(name, inputs, 3)
+    _arity(inputs, 3)
     eps = params.pop("eps", 1e-3)
     _no_params(params)
     out = call_op("", "InstanceNormalization", inputs, {"epsilon": eps}, name=name)
@@ -465,7 +465,7 @@ def _instance_norm(name, inputs, params):
 def _layer_norm(name, inputs, params):
     """MXNet normalizes along ``axis`` alone, ONNX's LayerNormalization from ``axis`` to the
     last: the two agree for the last axis, MXNet's default and what Gluon writes."""
-    _arity(name, inputs, 3)
+    _arity(inputs, 3)
     axis, eps = params.pop("axis", -1), params.pop("eps", 1e-5)
     if params.pop("output_mean_var", False):
         raise GraphError("output_mean_var=True is not supported")
@@ -481,7 +481,7 @@ def _layer_norm(name, inputs, params):
 def _group_norm(name, inputs, params):
     """MXNet's gamma and beta are per group (``num_groups`` values): the data seen as
     (N, groups, rest) is what InstanceNormalization normalizes per group."""
-    _arity(name, inputs, 3)
+    _arity(inputs, 3)
     groups, eps = params.pop("num_groups", 1), params.pop("eps", 1e-5)
     if params.pop("output_mean_var", False):
         raise GraphError("output_mean_var=True is not supported")
@@ -546,7 +546,7 @@ def _rnn(name, inputs, params):
     params.pop("lstm_state_clip_nan", None)
     params.pop("cudnn_off", None)
     _no_params(params)
-    _arity(name, inputs, 2 + states + bool(lengths))
+    _arity(inputs, 2 + states + bool(lengths))
     data, layout = inputs[0], _RNNLayout(name, hidden, gates, order, directions)
     pieces = _rnn_pieces(name, data, inputs[1], layout, layers)
     begin = inputs[2:2 + states]
@@ -673,7 +673,7 @@ class _RNNLayout:
 def _swap_axis(name, inputs, params):
     """MXNet's SwapAxis (dims are non-negative there) for data of any rank: viewed as
     (before, dim1, between, dim2, after), transposed, and given the swapped shape back."""
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     first, second = sorted((params.pop("dim1", 0), params.pop("dim2", 0)))
     _no_params(params)
     if not (_integer(first) and first >= 0):
@@ -707,7 +707,7 @@ def _swap_axis(name, inputs, params):
 
 
 def _cast(name, inputs, params):
-    _arity(name, inputs, 1)
+    _arity(inputs, 1)
     return mxnet_ops.FUNCTIONS["cast"](inputs[0], **params, name=name)
 
 
