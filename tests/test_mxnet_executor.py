@@ -214,3 +214,35 @@ def test_loss_head_output_names_are_mxnets():
     assert sym.make_loss(x, name="foo").list_outputs() == ["foo_loss"]
     assert sym.MakeLoss(x, name="m").list_outputs() == ["m_output"]
     assert sym.load_json(sym.make_loss(x, name="bar").tojson()).list_outputs() == ["bar_loss"]
+
+
+def test_monitor_sees_every_layers_outputs_and_the_gradients_it_passes_back():
+    """MXNet 1.9.1's executor shows these to a monitor for this net (values from it; the
+    gradient fc_0 passes to ``data``, which MXNet does not compute, is left out)."""
+    net = sym.FullyConnected(sym.Variable("data"), num_hidden=2, name="fc_0")
+    net = sym.Activation(net, act_type="sigmoid", name="act_0")
+    net = sym.FullyConnected(net, num_hidden=2, name="fc_1")
+    net = sym.Activation(net, act_type="sigmoid", name="act_1")
+    net = sym.LinearRegressionOutput(net, name="softmax", grad_scale=2)
+    executor = net.simple_bind(cpu(), grad_req={"fc_0_weight": "write"}, data=(1, 2),
+                               softmax_label=(1, 2))
+    executor.copy_params_from({"fc_0_weight": nd.array([[.15, .20], [.25, .30]]),
+                               "fc_0_bias": nd.array([.35, .35]),
+                               "fc_1_weight": nd.array([[.40, .45], [.50, .55]]),
+                               "fc_1_bias": nd.array([.60, .60])})
+    seen = {}
+    executor.set_monitor_callback(
+        lambda name, array: seen.setdefault(name, float(np.abs(array.asnumpy()).mean())))
+    executor.forward(is_train=True, data=nd.array([[0.05, 0.10]]),
+                     softmax_label=nd.array([[0.01, 0.99]]))
+    executor.backward()
+    want = {"fc_0_output": 0.385, "act_0_output": 0.59507716, "fc_1_output": 1.1654137,
+            "act_1_output": 0.7621468, "softmax_output": 0.7621468,
+            "softmax_backward_output0": 0.4792183, "softmax_backward_output1": 0.0,
+            "act_1_backward_output": 0.088298395, "fc_1_backward_output0": 0.038860314,
+            "fc_1_backward_output1": 0.05254436, "fc_1_backward_output2": 0.088298395,
+            "act_0_backward_output": 0.009362806, "fc_0_backward_output1": 0.00070221035,
+            "fc_0_backward_output2": 0.009362806}
+    assert set(want) <= set(seen) and set(seen) - set(want) == {"fc_0_backward_output0"}
+    for name, value in want.items():
+        assert seen[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name

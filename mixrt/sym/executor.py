@@ -37,7 +37,7 @@ from mixrt.runtime.session import Session
 from mixrt.runtime.training import LOSS_OPSET, NameMaker
 from mixrt.nd import NDArray
 from mixrt.output_losses import output_layer_loss
-from mixrt.sym import symbol as symbol_module
+from mixrt.sym import monitoring, symbol as symbol_module
 from mixrt.sym.common_expr import eliminate_common_expr, enabled as common_expr_enabled
 from mixrt.sym.symbol import DEFAULT_DTYPE, Group, LOSS_HEAD, Symbol
 from mixrt.sym.symbol_layers import output_layer
@@ -237,6 +237,8 @@ class Executor:
             self._set_argument(name, value)
         compiled = self._compiled_for_shapes()
         feeds = self._raw_feeds()
+        if self._monitor is not None:  # what the monitor sees, before aux updates
+            self._report_forward(compiled, feeds, is_train)
         if not is_train:
             self._saved, self._inferred = None, True
             values = compiled.inference().run_on_device(None, _only(feeds,
@@ -279,8 +281,6 @@ class Executor:
             else:
                 self.outputs.append(NDArray(value, self._ctx))
         del self.outputs[len(values):]
-        if self._monitor is not None:
-            self._report_to_monitor()
         return self.outputs
 
     @on_own_device
@@ -304,6 +304,9 @@ class Executor:
                 target += grad
             else:
                 target[...] = grad
+        if self._monitor is not None:
+            self._report_backward(out_grads, training is not self._compiled_for_shapes()
+                                  ._inference_training)
 
     def _head_grads(self, out_grads, training) -> dict:
         """The backward's seeds: ``out_grads`` (ones by default) for the outputs, ones
@@ -399,17 +402,49 @@ class Executor:
         return executor
 
     def set_monitor_callback(self, callback, monitor_all: bool = False) -> None:
-        """Call ``callback(name, array)`` after each forward for every output (``<output
-        name>``) and, with ``monitor_all``, every argument and auxiliary state too."""
+        """Call ``callback(name, array)`` as MXNet's executor does: after each forward
+        with every layer's outputs (``fc_0_output``; with ``monitor_all``, every argument
+        and auxiliary state first), after each backward with the gradient each layer
+        passes to each of its inputs (``fc_0_backward_output0``); see
+        ``mixrt.sym.monitoring`` for how they are computed."""
         self._monitor = (callback, bool(monitor_all))
 
-    def _report_to_monitor(self) -> None:
+    def _report_forward(self, compiled: "_Compiled", feeds: dict, is_train: bool) -> None:
         callback, monitor_all = self._monitor
         if monitor_all:
             for name, array in {**self.arg_dict, **self.aux_dict}.items():
                 callback(name, array)
-        for name, array in zip(self.symbol.list_outputs(), self.outputs):
-            callback(name, array)
+        session = compiled.monitored_forward(self.symbol, is_train)
+        values = session.run_on_device(None, _only(feeds, session))
+        named = dict(zip(session.graph.output_names, values))
+        for layer in monitoring.layers_of(self.symbol):
+            for name in layer.outputs:
+                callback(name, NDArray(named[name], self._ctx))
+
+    def _report_backward(self, out_grads, is_train: bool) -> None:
+        callback, _ = self._monitor
+        compiled = self._compiled_for_shapes()
+        training, zeros = compiled.monitored_backward(self.symbol, is_train)
+        if training.backward is None:
+            return
+        feeds = {**self._raw_feeds(),
+                 **monitoring.zeros_feeds(training.forward.graph, zeros, self._xp)}
+        values = training.forward.run_on_device(None, _only(feeds, training.forward))
+        named = dict(zip(training.forward.graph.output_names, values))
+        saved = {name: named[name] for name in training.saved}
+        feeds.update(saved)
+        feeds.update(self._head_grads(out_grads, training))
+        grads = training.backward.run_on_device(None, _only(feeds, training.backward))
+        by_value = dict(zip(training.wrt, grads))
+        by_value.update({value: by_value[zero] for value, zero in zeros.items()
+                         if zero in by_value})
+        for layer in output_layers(self.symbol).values():  # MXNet's give labels none
+            if layer.label in by_value:
+                by_value[layer.label] = self._xp.zeros_like(by_value[layer.label])
+        for layer in monitoring.layers_of(self.symbol):
+            for name, value in zip(layer.gradient_names(), layer.inputs):
+                if value in by_value:
+                    callback(name, NDArray(by_value[value], self._ctx))
 
     def debug_str(self) -> str:
         """What the executor computes and holds: the symbol's outputs, its variables, each
@@ -512,6 +547,7 @@ class _Compiled:
         self.graph, self.wrt, self.aux_names, self.options = graph, wrt, aux_names, options
         self.layers = layers or {}
         self._inference = self._training = self._inference_training = None
+        self._monitoring: dict = {}  # (what, is_train) -> a monitor's Session or pair
 
     def inference(self) -> Session:
         if self._inference is None:
@@ -525,6 +561,31 @@ class _Compiled:
                                                     self.options, train=False,
                                                     output_layers=self.layers)
         return self._inference_training
+
+    def monitored_forward(self, symbol: Symbol, is_train: bool) -> Session:
+        """The forward (training form with ``is_train``) keeping every layer's outputs."""
+        key = ("forward", is_train)
+        if key not in self._monitoring:
+            graph = training_graph(self.graph, self.aux_names)[0] if is_train else self.graph
+            kept = monitoring.with_layer_outputs(graph, monitoring.layers_of(symbol))
+            self._monitoring[key] = Session(kept, **self.options)
+        return self._monitoring[key]
+
+    def monitored_backward(self, symbol: Symbol, is_train: bool) -> tuple:
+        """(a TrainingPair over the graph whose computed layer inputs are read through
+        zeros, {value: its zeros input}), differentiated with respect to those zeros and
+        to the arguments the layers read."""
+        key = ("backward", is_train)
+        if key not in self._monitoring:
+            layers = monitoring.layers_of(symbol)
+            graph, zeros = monitoring.perturbed(self.graph, layers)
+            wrt = monitoring.differentiable_inputs(graph, layers)
+            wrt = [name for name in wrt if name not in zeros.values()] + list(zeros.values())
+            pair = TrainingPair(graph, wrt, self.aux_names, self.options, train=is_train,
+                                output_layers=self.layers,
+                                read_as=monitoring.read_names(zeros))
+            self._monitoring[key] = (pair, zeros)
+        return self._monitoring[key]
 
     def training(self) -> "TrainingPair":
         if self._training is None:
@@ -544,7 +605,9 @@ class TrainingPair:
     (``mixrt.output_losses``: a mean over the batch), seeded with the batch size."""
 
     def __init__(self, graph: Graph, wrt: list[str], aux_names: list[str], options: dict,
-                 train: bool = True, output_layers: dict | None = None):
+                 train: bool = True, output_layers: dict | None = None,
+                 read_as: dict | None = None):
+        # read_as: {value: the value an output layer's loss reads in its place}
         train, self.aux_updates = training_graph(graph, aux_names) if train else \
             (copy_graph(graph), {})
         self.model_outputs = graph.output_names
@@ -556,7 +619,8 @@ class TrainingPair:
         seeds = {name: HEAD_GRAD.format(name) for _, name in self.seeded}
         self._loss_batches = {}  # loss seed input -> (batch size, dtype)
         for index, layer in layers.items():
-            loss, batch, dtype = _attach_layer_loss(train, layer, f"output{index}")
+            loss, batch, dtype = _attach_layer_loss(train, layer, f"output{index}",
+                                                    read_as or {})
             seeds[loss] = HEAD_GRAD.format(loss)
             train.inputs.append(Value(seeds[loss], TensorType(dtype, ())))
             self._loss_batches[seeds[loss]] = (batch, dtype)
@@ -596,11 +660,13 @@ def output_layers(symbol: Symbol) -> dict:
     return found
 
 
-def _attach_layer_loss(graph: Graph, layer, tag: str) -> tuple[str, int, np.dtype]:
+def _attach_layer_loss(graph: Graph, layer, tag: str,
+                       read_as: dict) -> tuple[str, int, np.dtype]:
     """Add ``layer``'s loss to ``graph`` (SoftmaxOutput's class labels cast to int64 first,
     as MXNet's float labels hold class indices); returns the loss value,
     the batch size and the loss's dtype."""
     logits = layer.logits.list_outputs()[0]
+    logits = read_as.get(logits, logits)
     label = layer.label
     if layer.kind == "SoftmaxOutput":
         label = f"{tag}_{layer.label}_class"
