@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.base.errors import InputError
 from mixrt.context import as_context
 from mixrt.nd.mxnet_args import _dtype
-from mixrt.nd.ndarray import NDArray
+from mixrt.nd.ndarray import NDArray, sparse_module
 from mixrt.runtime import profiler as _profiler
 
 DEFAULT_DTYPE = np.dtype(np.float32)  # MXNet's mx_real_t
@@ -27,7 +27,7 @@ def array(source_array, ctx=None, dtype=None) -> NDArray:
     """An NDArray holding a copy of ``source_array`` (an NDArray, NumPy array, list or
     number): float32 unless ``dtype`` is given, or the dtype of an NDArray source."""
     if isinstance(source_array, NDArray) and source_array.stype != "default":
-        return _sparse().array(source_array, ctx=ctx, dtype=dtype)  # keeps its storage
+        return sparse_module().array(source_array, ctx=ctx, dtype=dtype)  # keeps its storage
     if isinstance(source_array, NDArray):
         dtype = source_array.dtype if dtype is None else dtype
         source_array = source_array.asnumpy()
@@ -131,7 +131,8 @@ def zeros(shape, ctx=None, dtype=None, out=None, **kwargs) -> NDArray:
     makes a sparse one with nothing stored (``nd.sparse.zeros``)."""
     stype = _stype_of("zeros", kwargs)
     if stype != "default":
-        return _into("zeros", out, _sparse().zeros(stype, shape, ctx=ctx, dtype=dtype))
+        made = sparse_module().zeros(stype, shape, ctx=ctx, dtype=dtype)
+        return _into("zeros", out, made)
     return _filled("zeros", 0, shape, ctx, dtype, out)
 
 
@@ -149,7 +150,7 @@ def empty(shape, ctx=None, dtype=None, stype=None) -> NDArray:
     """An array whose values are not set (float32 unless ``dtype``); a sparse ``stype``
     gives one with nothing stored."""
     if stype not in (None, "default"):
-        return _sparse().empty(stype, shape, ctx=ctx, dtype=dtype)
+        return sparse_module().empty(stype, shape, ctx=ctx, dtype=dtype)
     shape = _shape("empty", shape)
     dtype = DEFAULT_DTYPE if dtype is None else _dtype("empty", "dtype", dtype)
     ctx = as_context(ctx)
@@ -178,9 +179,6 @@ def _dense_only(fn: str, kwargs: dict) -> None:
                          f"and convert it with tostype({stype!r})")
 
 
-def _sparse():
-    from mixrt.nd import sparse  # noqa: PLC0415  (sparse arrays build on this module)
-    return sparse
 
 
 def arange(start, stop=None, step=1.0, repeat=1, infer_range=None, ctx=None,

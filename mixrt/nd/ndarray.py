@@ -259,8 +259,7 @@ class NDArray(ArrayMethods):
     def tostype(self, stype: str) -> "NDArray":
         """A copy in storage ``stype``: ``'default'``, ``'row_sparse'`` or ``'csr'``
         (``mixrt/nd/sparse.py``)."""
-        from mixrt.nd.sparse import cast_storage  # noqa: PLC0415  (it builds on NDArray)
-        return cast_storage(self, stype)
+        return sparse_module().cast_storage(self, stype)
 
     def as_nd_ndarray(self) -> "NDArray":
         return self
@@ -581,12 +580,25 @@ def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
         raise ReshapeError(f"reshape: {exc}") from None
 
 
+# mixrt/nd/sparse.py builds on NDArray, so it cannot be imported here: it hands itself in as
+# it loads (mixrt/nd/__init__.py imports it, so it is there before any array exists)
+_SPARSE: list = []
+
+
+def hand_in_sparse(module) -> None:
+    _SPARSE[:] = [module]
+
+
+def sparse_module():
+    """mixrt.nd.sparse (the csr and row_sparse arrays and their operators)."""
+    return _SPARSE[0]
+
+
 def _zeros_of(array: NDArray, stype: str) -> NDArray:
     """Zeros of ``array``'s shape, dtype and context in storage ``stype``."""
     if stype == "default":
         return NDArray(array.ctx.xp.zeros_like(array._read()), array.ctx)
-    from mixrt.nd.sparse import zeros  # noqa: PLC0415  (it builds on NDArray)
-    return zeros(stype, array.shape, ctx=array.ctx, dtype=array.dtype)
+    return sparse_module().zeros(stype, array.shape, ctx=array.ctx, dtype=array.dtype)
 
 
 def _ints(values, ctx: Context):

@@ -18,12 +18,15 @@ a dense NDArray, as there.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-import mixrt.nd as _nd
 from mixrt import dispatch
 from mixrt.base.errors import InputError
 from mixrt.context import as_context
+from mixrt.nd import array_layers, creation, mxnet_indexing, mxnet_ops, reductions
+from mixrt.nd import ndarray as ndarray_module
 from mixrt.nd.creation import DEFAULT_DTYPE
 from mixrt.nd.mxnet_args import _dtype
 from mixrt.nd.ndarray import NDArray
@@ -129,11 +132,11 @@ def zeros(stype: str, shape, ctx=None, dtype=None, **kwargs) -> NDArray:
         raise InputError(f"zeros: unknown arguments {sorted(kwargs)}")
     _check_stype("zeros", stype)
     if stype == "default":
-        return _nd.zeros(shape, ctx=ctx, dtype=dtype)
+        return creation.zeros(shape, ctx=ctx, dtype=dtype)
     shape = _shape_of("zeros", (shape,) if isinstance(shape, int) else shape)
     if stype == "csr" and len(shape) != 2:
         raise SparseStorageError(f"zeros: a csr array is 2-D, not of shape {shape}")
-    dense = _nd.zeros(shape, ctx=ctx, dtype=dtype)
+    dense = creation.zeros(shape, ctx=ctx, dtype=dtype)
     made = STORAGE_CLASSES[stype](dense._read(), dense.ctx)
     made._keep_structure(made._empty_structure())
     return made
@@ -174,7 +177,7 @@ def _from_dense(fn: str, stype: str, source, shape, ctx, dtype) -> NDArray:
         return made if ctx is None else made.copyto(as_context(ctx))
     if ctx is None and isinstance(source, NDArray):
         ctx = source.ctx
-    dense = _nd.array(source, ctx=ctx, dtype=_default_dtype(source, dtype))
+    dense = creation.array(source, ctx=ctx, dtype=_default_dtype(source, dtype))
     if shape is not None and tuple(shape) != dense.shape:
         raise InputError(f"{fn}: shape {tuple(shape)} does not match the source's "
                          f"{dense.shape}")
@@ -450,7 +453,7 @@ def clip(data, a_min, a_max, out=None, name=None) -> NDArray:
     """``data`` clipped to ``[a_min, a_max]``; a sparse input keeps its storage where the
     range holds 0 (MXNet's rule), else the result is dense."""
     data = _array("clip", "data", data)
-    result = _nd.clip(_as_plain_input(data), a_min, a_max)
+    result = array_layers.clip(_as_plain_input(data), a_min, a_max)
     if isinstance(data, BaseSparseNDArray) and a_min <= 0 <= a_max:
         result = _restyled(result, data.stype, data._structure())
     return _into("clip", out, result)
@@ -460,13 +463,13 @@ def clip(data, a_min, a_max, out=None, name=None) -> NDArray:
 
 def sum(data, axis=None, keepdims=False, exclude=False, out=None, name=None):  # noqa: A001
     """MXNet's ``sum`` of any storage type (a dense result)."""
-    return _nd.sum(_as_plain_input(data), axis=axis, keepdims=keepdims, exclude=exclude,
+    return reductions.sum(_as_plain_input(data), axis=axis, keepdims=keepdims, exclude=exclude,
                    out=out)
 
 
 def mean(data, axis=None, keepdims=False, exclude=False, out=None, name=None):
     """MXNet's ``mean`` of any storage type (a dense result)."""
-    return _nd.mean(_as_plain_input(data), axis=axis, keepdims=keepdims, exclude=exclude,
+    return reductions.mean(_as_plain_input(data), axis=axis, keepdims=keepdims, exclude=exclude,
                     out=out)
 
 
@@ -475,7 +478,7 @@ def square_sum(data, axis=None, keepdims=False, out=None, name=None) -> NDArray:
     axis 1 with ``keepdims`` stays row_sparse (its rows), anything else is dense."""
     data = _array("square_sum", "data", data)
     squares = _invoke("Mul", data, data)
-    result = _nd.sum(squares, axis=axis, keepdims=keepdims)
+    result = reductions.sum(squares, axis=axis, keepdims=keepdims)
     if isinstance(data, RowSparseNDArray) and axis in (1, -1, (1,)) and keepdims \
             and data.ndim == 2:
         result = _restyled(result, "row_sparse", data._structure())
@@ -502,7 +505,7 @@ def retain(data, indices, out=None, name=None) -> RowSparseNDArray:
 def slice(data, begin, end, step=(), out=None, name=None):  # noqa: A001 (MXNet's name)
     """MXNet's ``slice``: of a csr array (step 1) a csr array; of others dense."""
     data = _array("slice", "data", data)
-    result = _nd.slice(_as_plain_input(data), begin=begin, end=end, step=step)
+    result = mxnet_indexing.slice(_as_plain_input(data), begin=begin, end=end, step=step)
     if isinstance(data, CSRNDArray) and all(s in (None, 1) for s in (step or ())):
         result = _restyled(result, "csr")
     return _into("slice", out, result if isinstance(data, CSRNDArray)
@@ -518,7 +521,7 @@ def dot(lhs, rhs, transpose_a=False, transpose_b=False, forward_stype=None, out=
     columns touch; dense x csr (or csr.T) is csr; other combinations are dense.
     ``forward_stype`` asks for a result storage type instead."""
     lhs, rhs = _array("dot", "lhs", lhs), _array("dot", "rhs", rhs)
-    result = _nd.dot(_as_plain_input(lhs), _as_plain_input(rhs), transpose_a=transpose_a,
+    result = mxnet_ops.dot(_as_plain_input(lhs), _as_plain_input(rhs), transpose_a=transpose_a,
                      transpose_b=transpose_b)
     if forward_stype is not None:
         _check_stype("dot", forward_stype)
@@ -553,3 +556,5 @@ FUNCTIONS = ["cast_storage", "zeros", "empty", "array", "csr_matrix", "row_spars
              "square_sum", "retain", "slice", *_ONNX_UNARY,
              "rint", "round", "fix", "trunc", "expm1", "log1p", "degrees", "radians", "dot"]
 __all__ = ["BaseSparseNDArray", "CSRNDArray", "RowSparseNDArray", *FUNCTIONS]
+
+ndarray_module.hand_in_sparse(sys.modules[__name__])

@@ -23,7 +23,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError
 from mixrt.context import Context, as_context
-from mixrt.nd.ndarray import NDArray
+from mixrt.nd.ndarray import NDArray, sparse_module
 from mixrt.ops.device import to_host
 
 INDEX_DTYPE = np.dtype(np.int64)  # MXNet's aux type for indices and indptr
@@ -110,12 +110,11 @@ class BaseSparseNDArray(NDArray):
 
     def tostype(self, stype: str) -> NDArray:
         """A copy in storage ``stype`` (MXNet refuses csr <-> row_sparse)."""
-        from mixrt.nd.sparse import cast_storage  # noqa: PLC0415  (the op module uses us)
-        return cast_storage(self, stype)
+        return sparse_module().cast_storage(self, stype)
 
     def copy(self) -> "BaseSparseNDArray":
         """A copy of this storage type and structure (recorded, as NDArray.copy is)."""
-        sparse = _sparse_module()
+        sparse = sparse_module()
         return sparse._restyled(sparse._dense_of(self), self._STYPE, self._structure())
 
     def _like(self, dense, stored) -> "BaseSparseNDArray":
@@ -183,15 +182,15 @@ class BaseSparseNDArray(NDArray):
 
     # -- arithmetic with MXNet's result storage types (mixrt/nd/sparse.py) -------------
 
-    def __add__(self, other): return _sparse_module().add(self, other)
-    def __radd__(self, other): return _sparse_module().add(other, self)
-    def __sub__(self, other): return _sparse_module().subtract(self, other)
-    def __rsub__(self, other): return _sparse_module().subtract(other, self)
-    def __mul__(self, other): return _sparse_module().multiply(self, other)
-    def __rmul__(self, other): return _sparse_module().multiply(other, self)
-    def __truediv__(self, other): return _sparse_module().divide(self, other)
-    def __neg__(self): return _sparse_module().multiply(self, -1.0)
-    def __abs__(self): return _sparse_module().abs(self)
+    def __add__(self, other): return sparse_module().add(self, other)
+    def __radd__(self, other): return sparse_module().add(other, self)
+    def __sub__(self, other): return sparse_module().subtract(self, other)
+    def __rsub__(self, other): return sparse_module().subtract(other, self)
+    def __mul__(self, other): return sparse_module().multiply(self, other)
+    def __rmul__(self, other): return sparse_module().multiply(other, self)
+    def __truediv__(self, other): return sparse_module().divide(self, other)
+    def __neg__(self): return sparse_module().multiply(self, -1.0)
+    def __abs__(self): return sparse_module().abs(self)
 
     __hash__ = NDArray.__hash__
 
@@ -210,9 +209,6 @@ class BaseSparseNDArray(NDArray):
                          f"NumPy array, got {type(value).__name__}")
 
 
-def _sparse_module():
-    from mixrt.nd import sparse  # noqa: PLC0415  (it imports this module)
-    return sparse
 
 
 def _whole(key) -> bool:
@@ -248,7 +244,7 @@ class RowSparseNDArray(BaseSparseNDArray):
 
     def retain(self, indices) -> "RowSparseNDArray":
         """Only the stored rows that ``indices`` names (MXNet's ``sparse.retain``)."""
-        return _sparse_module().retain(self, indices)
+        return sparse_module().retain(self, indices)
 
     def _check_structure(self, rows: np.ndarray, full_check: bool) -> None:
         if full_check and rows.size:
@@ -343,7 +339,7 @@ class CSRNDArray(BaseSparseNDArray):
         """A row (``x[i]``, shape ``(1, n)``) or a run of rows (``x[a:b]``), as CSR."""
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             begin = int(key) + self.shape[0] if key < 0 else int(key)
-            return _sparse_module().slice(self, begin=(begin,), end=(begin + 1,))
+            return sparse_module().slice(self, begin=(begin,), end=(begin + 1,))
         if isinstance(key, slice):
             if key.step not in (None, 1):
                 raise SparseStorageError("CSRNDArray only supports continuous slicing on "
@@ -351,7 +347,7 @@ class CSRNDArray(BaseSparseNDArray):
             if _whole(key):
                 return self
             begin, end, _ = key.indices(self.shape[0])
-            return _sparse_module().slice(self, begin=(begin,), end=(max(begin, end),))
+            return sparse_module().slice(self, begin=(begin,), end=(max(begin, end),))
         if isinstance(key, tuple):
             raise SparseStorageError("CSRNDArray: multi-dimension indexing is not supported")
         raise SparseStorageError(f"CSRNDArray: undefined behaviour for the key {key!r}")
