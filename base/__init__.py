@@ -20,6 +20,11 @@ class NotImplementedForSymbol(MXNetError):
         self.function, self.alias, self.args = function, alias, args
 
 
+# MXNet's storage types and their ids (``mxnet.ndarray.ndarray._STORAGE_TYPE_STR_TO_ID``):
+# the ground's, so that a symbol's ``__storage_type__`` and an NDArray's stype share them
+STORAGE_TYPE_IDS = {"undefined": -1, "default": 0, "row_sparse": 1, "csr": 2}
+
+
 def py_str(raw: bytes) -> str:
     """MXNet's ``mxnet.base.py_str``: bytes from the library as a str."""
     return raw.decode("utf-8")

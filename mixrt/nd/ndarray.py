@@ -44,6 +44,7 @@ from mixrt import autograd, dispatch
 from mixrt.array_methods import ArrayMethods
 from mixrt.autograd.arrays import use_array_type
 from mixrt.context import as_context, Context
+from mixrt.base import STORAGE_TYPE_IDS
 from mixrt.base.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import views
 from mixrt.nd.array_functions import CopyToDevice, FloorMod, Index
@@ -54,7 +55,7 @@ from mixrt.runtime.engine import get_engine
 _GRAD_REQS = ("write", "add", "null")
 py_slice = slice  # MXNet's name for Python's slice (its module shadows it with nd.slice)
 # MXNet's storage type codes (its NDArray files use them too: nd/serialization.py)
-_STORAGE_TYPE_STR_TO_ID = {"undefined": -1, "default": 0, "row_sparse": 1, "csr": 2}
+_STORAGE_TYPE_STR_TO_ID = STORAGE_TYPE_IDS
 _STORAGE_TYPE_ID_TO_STR = {code: name for name, code in _STORAGE_TYPE_STR_TO_ID.items()}
 
 

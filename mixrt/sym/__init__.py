@@ -53,7 +53,8 @@ from mixrt.sym import _internal  # noqa: E402,F401  (MXNet's mx.sym._internal)
 globals().update(_shape_free.FUNCTIONS)
 MXNET_FUNCTIONS += [name for name in _shape_free.FUNCTIONS if name not in MXNET_FUNCTIONS]
 globals().update(_shape_free.CREATORS)  # sym.zeros, sym.ones, sym.full: no operand
-from mixrt.sym import sparse  # noqa: E402,F401  (MXNet's mx.sym.sparse)
+from mixrt.sym import sparse  # noqa: E402  (MXNet's mx.sym.sparse: the dense ops, by name)
+sparse.__dict__.update({_name: globals()[_name] for _name in sparse.SAME_AS_DENSE})
 
 
 def __getattr__(name: str):

@@ -9,17 +9,16 @@ the values MXNet's sparse kernel would. A variable's storage type is still recor
 
 from __future__ import annotations
 
-from mixrt import sym as _sym
 from mixrt.base.errors import GraphError
 
-# the operators whose sparse forms MXNet lists in mx.sym.sparse and that mixrt.sym has
-_SAME_AS_DENSE = ("dot", "elemwise_add", "elemwise_sub", "elemwise_mul", "add_n",
+# the operators whose sparse forms MXNet lists in mx.sym.sparse and that mixrt.sym has:
+# mixrt/sym/__init__.py hands them in once it has made them (this module is part of it)
+SAME_AS_DENSE = ("dot", "elemwise_add", "elemwise_sub", "elemwise_mul", "add_n",
                   "ElementWiseSum", "add", "subtract", "multiply", "divide", "square",
                   "sqrt", "abs", "sign", "negative", "relu", "clip", "sum", "mean", "slice",
                   "floor", "ceil", "round", "rint", "fix", "trunc", "sin", "tan", "arcsin",
                   "arctan", "sinh", "tanh", "arcsinh", "arctanh", "expm1", "log1p",
                   "degrees", "radians", "exp", "log")
-globals().update({_name: getattr(_sym, _name) for _name in _SAME_AS_DENSE})
 
 
 def cast_storage(data, stype: str, name=None):
@@ -30,4 +29,4 @@ def cast_storage(data, stype: str, name=None):
     return data
 
 
-__all__ = [*_SAME_AS_DENSE, "cast_storage"]
+__all__ = [*SAME_AS_DENSE, "cast_storage"]

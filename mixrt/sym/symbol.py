@@ -23,7 +23,7 @@ import numpy as np
 
 from mixrt import attribute
 from mixrt.array_methods import ArrayMethods
-from mixrt.base import NotImplementedForSymbol
+from mixrt.base import STORAGE_TYPE_IDS, NotImplementedForSymbol
 from mixrt.base.errors import GraphError, MixrtError, ShapeError
 from mixrt.initializer import create
 from mixrt.ops.ir.types import TensorType
@@ -96,6 +96,10 @@ OUTPUT_SUFFIX = "output_suffix"
 # an operator node's info key: the node is a loss head (make_loss, MakeLoss), whose
 # gradient MXNet fixes whatever head gradient backward is given
 LOSS_HEAD = "loss_head"
+# an operator node's info key: the order (input positions) MXNet's structure lists its
+# inputs in, where it is not the node's own (an Embedding's Gather reads the weight first;
+# MXNet lists data, then weight)
+INPUT_ORDER = "input_order"
 
 
 @dataclass(eq=False)
@@ -127,6 +131,11 @@ class SymNode:
         suffix = self.info.get(OUTPUT_SUFFIX, "output")
         return f"{self.name}_{suffix}" if self.num_outputs == 1 else \
             f"{self.name}_{suffix}{index}"
+
+
+def _inputs_in_listed_order(node: SymNode) -> list:
+    order = node.info.get(INPUT_ORDER)
+    return node.inputs if order is None else [node.inputs[i] for i in order]
 
 
 _constant_ids = itertools.count()
@@ -254,7 +263,7 @@ class Symbol(ArrayMethods):
                     order.append(node)
                     continue
                 stack.append((node, True))
-                for entry in reversed(node.inputs):
+                for entry in reversed(_inputs_in_listed_order(node)):
                     if entry is not None and id(entry[0]) not in seen:
                         stack.append((entry[0], False))
         return order
@@ -603,11 +612,10 @@ def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
     if attributes:
         attr = {**(attr or {}), **{key: str(value) for key, value in attributes.items()}}
     if stype is not None:
-        from mixrt.nd.ndarray import _STORAGE_TYPE_STR_TO_ID  # noqa: PLC0415
         if stype not in ("default", "row_sparse", "csr"):
             raise GraphError(f"Variable {name!r}: stype must be 'default', 'row_sparse' or "
                              f"'csr', got {stype!r}")
-        attr = dict(attr or {}, __storage_type__=str(_STORAGE_TYPE_STR_TO_ID[stype]))
+        attr = dict(attr or {}, __storage_type__=str(STORAGE_TYPE_IDS[stype]))
     return variable_named(prefixed(name), shape, dtype, init, aux=aux, lr_mult=lr_mult,
                           wd_mult=wd_mult, attr=attr)
 
