@@ -320,3 +320,12 @@ def test_an_embedding_weight_given_as_a_bare_variable_gets_the_layers_shape(make
     table = np.arange(40, dtype=np.float32).reshape(10, 4)
     rows = embed.eval(data=nd.array([[1, 0, 9], [2, 2, 3]]), embed_weight=nd.array(table))
     np.testing.assert_array_equal(rows[0].asnumpy()[1, 2], table[3])
+
+
+def test_layers_list_their_data_before_their_parameters_as_mxnet():
+    data = sym.Variable("data")
+    assert sym.Embedding(data, input_dim=10, output_dim=4, name="e").list_arguments() == \
+        ["data", "e_weight"]
+    assert sym.BatchNorm(data, name="bn").list_arguments() == ["data", "bn_gamma", "bn_beta"]
+    embed = sym.Embedding(data, input_dim=10, output_dim=4, name="e")
+    assert sym.load_json(embed.tojson()).list_arguments() == ["data", "e_weight"]

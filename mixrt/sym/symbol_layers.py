@@ -45,7 +45,7 @@ from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
 from mixrt.sym.ops import call_op, layer_name, shape_from, split_symbol_attributes, SHAPE_FROM
-from mixrt.sym.symbol import ATTRIBUTES, LAYER, constant, prefixed, variable_named, Symbol
+from mixrt.sym.symbol import ATTRIBUTES, INPUT_ORDER, LAYER, constant, prefixed, variable_named, Symbol
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
@@ -63,6 +63,7 @@ class SymbolCall(LayerCall):
         # attr=, lr_mult=, __layout__=, ...: attributes of the layer's nodes and of the
         # parameters it makes, not arguments of the layer
         unknown, self.attributes = split_symbol_attributes(unknown or {})
+        self._data_nodes: set[int] = set()  # the nodes given as the layer's data
         super().__init__(kind, name, unknown)
 
     def full_name(self, kind: str, given: str | None) -> str:
@@ -81,7 +82,25 @@ class SymbolCall(LayerCall):
         node.info[LAYER] = self.name
         if self.attributes:
             node.info[ATTRIBUTES] = dict(self.attributes)
+        self._data_first(node)
         return made
+
+    def _data_first(self, node) -> None:
+        """MXNet lists a layer's data before its parameters (Embedding: data, weight):
+        the inputs that are or come from the layer's data go first in the listed order."""
+        from_data = [i for i, entry in enumerate(node.inputs)
+                     if entry is not None and self._reaches_data(entry[0])]
+        order = from_data + [i for i in range(len(node.inputs)) if i not in from_data]
+        if order != sorted(order):
+            node.info[INPUT_ORDER] = order
+
+    def _reaches_data(self, node) -> bool:
+        """Whether ``node`` is the layer's data or one of the layer's nodes computed
+        from it."""
+        if id(node) in self._data_nodes:
+            return True
+        return node.info.get(LAYER) == self.name and any(
+            entry is not None and self._reaches_data(entry[0]) for entry in node.inputs)
 
     def scalar(self, value: float, like: Symbol, role: str) -> Symbol:
         """A number in ``like``'s dtype (stored in it when the graph is lowered)."""
@@ -97,9 +116,10 @@ class SymbolCall(LayerCall):
 
     def data(self, value, argument: str = "data") -> Symbol:
         """The data input; left out, a Variable ``<layer>_data`` (as MXNet makes one)."""
-        if value is None:
-            return variable_named(self.node_name(argument))
-        return self.symbol(argument, value)
+        data = variable_named(self.node_name(argument)) if value is None \
+            else self.symbol(argument, value)
+        self._data_nodes.add(id(data._outputs[0][0]))
+        return data
 
     def parameter(self, role: str, given, *, rule: ShapeRule | None = None, shape=None,
                   aux: bool = False, init=None, dtype=None, single_ok: bool = False,
