@@ -86,21 +86,18 @@ class Trainer:
         """MXNet's optimizer of that name (or the given one) with ``param_dict`` over the
         parameters' indices; a name only the engine has gets the engine's optimizer."""
         param_dict = {index: param for index, param in enumerate(self._params)}
+        self._requested = None  # (name, options) of an optimizer asked for by name
         if isinstance(optimizer, optim.Optimizer):
             if optimizer_params:
                 raise TrainerConfigError("optimizer_params must be None if optimizer is an "
                                          "instance of Optimizer instead of str")
             self.optimizer = optimizer
         elif isinstance(optimizer, str) and optimizer.lower() in MXNetOptimizer.opt_registry:
+            self._requested = (optimizer, dict(optimizer_params or {}))
             self.optimizer = create_mxnet(optimizer, param_dict=param_dict,
                                           **dict(optimizer_params or {}))
         else:
-            options = dict(optimizer_params or {})
-            options.setdefault("lr_mult", {p.name: p.lr_mult for p in self._params
-                                           if p.lr_mult != 1})
-            options.setdefault("wd_mult", {p.name: p.wd_mult for p in self._params
-                                           if p.wd_mult != 1})
-            self.optimizer = optim.create(optimizer, **options)
+            self.optimizer = optim.create(optimizer, **self._engine_options(optimizer_params))
         if isinstance(self.optimizer, MXNetOptimizer):
             # not copied: a Parameter's lr_mult or wd_mult changed later takes effect
             self.optimizer.param_dict = param_dict
@@ -108,6 +105,25 @@ class Trainer:
                 get_updater(self.optimizer) for _ in (self._contexts or [None])[1:]]
         else:
             self._updaters = []
+
+    def _engine_options(self, optimizer_params) -> dict:
+        """Options for the engine's optimizer, with the Parameters' multipliers by name."""
+        options = dict(optimizer_params or {})
+        options.setdefault("lr_mult", {p.name: p.lr_mult for p in self._params
+                                       if p.lr_mult != 1})
+        options.setdefault("wd_mult", {p.name: p.wd_mult for p in self._params
+                                       if p.wd_mult != 1})
+        return options
+
+    def _engine_spec(self) -> dict:
+        """The optimizer a parameter server runs, as a spec: for one asked for by name, the
+        engine's optimizer of that name with the same options and the Parameters'
+        multipliers (MXNet's optimizers run in this process only; the store's processes
+        rebuild the engine's from its spec, without pickle); else the optimizer's own."""
+        if isinstance(self.optimizer, MXNetOptimizer) and self._requested is not None:
+            name, options = self._requested
+            return optim.create(name, **self._engine_options(options)).spec()
+        return self.optimizer.spec()
 
     def _choose_update_on_kvstore(self, asked: bool | None):
         """MXNet's rule: None without a store; with one, the store updates unless told
@@ -456,7 +472,7 @@ class Trainer:
                 self.optimizer.param_dict[self.key_prefix + param.name] = param
             self.optimizer.rescale_grad = self._scale  # the push is divided by the batch
             return self.optimizer
-        spec = self.optimizer.spec()
+        spec = self._engine_spec()
         params = spec["params"]
         params["rescale_grad"] = self._scale / self._sync_workers
         for multipliers in ("lr_mult", "wd_mult"):

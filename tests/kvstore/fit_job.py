@@ -23,13 +23,19 @@ SAMPLES, BATCH, EPOCHS = 203, 8, 3
 OPTIMIZER = {"learning_rate": 0.02, "momentum": 0.5}
 
 
-def scenarios() -> list[dict]:
+def scenarios(kind: str = "dist_sync") -> list[dict]:
     """Every (api, last batch, eval data) case a job runs. The Gluon Trainer that keeps
     the optimizer on the workers (update_on_kvstore=False: the store only sums) comes first:
-    once a Trainer has set the servers' optimizer it updates every key they hold."""
+    once a Trainer has set the servers' optimizer it updates every key they hold. Not in
+    async mode, where MXNet's rule (and the Trainer's) is that the servers optimize. The
+    first Module case fits through the store itself (``kvstore=``), the others through a
+    Trainer."""
     local = [{"api": "gluon", "last": "pad", "eval": False, "local_update": True}]
+    if kind == "dist_async":
+        local = []
     module = [{"api": "module", "last": last, "eval": with_eval}
               for last in ("pad", "discard", "roll_over") for with_eval in (False, True)]
+    module[0]["store_fit"] = True
     gluon = [{"api": "gluon", "last": last, "eval": False}
              for last in ("pad", "discard", "roll_over")]
     cases = local + module + gluon
@@ -106,12 +112,12 @@ def run_worker(config: dict) -> None:
     if config.get("compression"):
         kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
     out = Path(config["out"])
-    for index, case in enumerate(scenarios()):
+    for index, case in enumerate(scenarios(config["kind"])):
         train = iterator(case["last"], kv.num_workers, kv.rank)
         prefix = f"s{index}/"
         if case["api"] == "module":
             model = module_model()
-            options = {"kvstore": kv} if index == 1 else {"trainer": Trainer(
+            options = {"kvstore": kv} if case.get("store_fit") else {"trainer": Trainer(
                 model.params.trainable(), "sgd", dict(OPTIMIZER), kvstore=kv,
                 key_prefix=prefix)}
             evaluation = iterator("pad", kv.num_workers, kv.rank) if case["eval"] else None

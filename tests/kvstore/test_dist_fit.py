@@ -29,7 +29,7 @@ def _launch(tmp_path, kind: str, workers: int, servers: int, compression: bool =
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
-    for case in fit_job.scenarios():
+    for case in fit_job.scenarios(kind):
         for rank in range(workers):
             assert f"[worker {rank}] DONE {case['name']}" in output, output
     return out
@@ -48,7 +48,7 @@ def test_sync_jobs_finish_and_equal_one_process(tmp_path, kind, workers, servers
     out = _launch(tmp_path, kind, workers, servers)
     differences = {case["name"]: _relative_difference(out / f"{case['name']}.npz",
                                                       fit_job.reference(case, workers))
-                   for case in fit_job.scenarios()}
+                   for case in fit_job.scenarios(kind)}
     print("largest relative difference per scenario:", differences)
     assert max(differences.values()) <= 1e-6, differences
 
@@ -59,7 +59,7 @@ def test_sync_jobs_finish_and_equal_one_process(tmp_path, kind, workers, servers
 def test_async_and_compressed_jobs_finish_with_trained_weights(tmp_path, kind, workers,
                                                                servers, compression):
     out = _launch(tmp_path, kind, workers, servers, compression)
-    for case in fit_job.scenarios():
+    for case in fit_job.scenarios(kind):
         initial = fit_job.weights(fit_job.module_model() if case["api"] == "module"
                                   else fit_job.gluon_model())
         with np.load(out / f"{case['name']}.npz", allow_pickle=False) as trained:
