@@ -25,8 +25,8 @@ import numpy as np
 
 from mixrt import dispatch
 from mixrt.base.errors import InputError
-from mixrt.context import as_context
 from mixrt.nd.creation import array
+from mixrt.nd.mxnet_args import _into
 from mixrt.nd.ndarray import NDArray
 
 NEAREST, BILINEAR, BICUBIC, AREA, LANCZOS, AUTO, RANDOM = 0, 1, 2, 3, 4, 9, 10
@@ -259,15 +259,6 @@ def _size(fn: str, name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise InputError(f"{fn}: {name} must be a positive int, got {value!r}")
     return int(value)
-
-
-def _into(fn: str, out, result: NDArray) -> NDArray:
-    if out is None:
-        return result
-    if not isinstance(out, NDArray) or out.shape != result.shape:
-        raise InputError(f"{fn}: out must be an NDArray of shape {result.shape}")
-    out[:] = result
-    return out
 
 
 __all__ = ["imdecode", "imread", "imresize", "scale_down", "resize_short", "fixed_crop",

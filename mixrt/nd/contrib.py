@@ -19,7 +19,8 @@ import numpy as np
 from mixrt import autograd
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import as_context, current_context
-from mixrt.nd.mxnet_args import _array, _axis, _index_array, _int, _made_on, _op, _tuple
+from mixrt.nd.mxnet_args import (_array, _axis, _index_array, _int, _into, _made_on, _op,
+                                  _tuple)
 from mixrt.nd.random import uniform
 from mixrt.nd.ndarray import NDArray
 
@@ -31,15 +32,6 @@ def _test(fn: str, compute):
     function.__name__ = function.__qualname__ = fn
     function.__doc__ = f"MXNet's ``contrib.{fn}``: 1 where it holds, else 0 (data's dtype)."
     return function
-
-
-def _into(fn: str, out, result):
-    if out is None:
-        return result
-    if not isinstance(out, NDArray) or out.shape != result.shape:
-        raise InputError(f"{fn}: out must be an NDArray of shape {result.shape}")
-    out[:] = result
-    return out
 
 
 isnan = _test("isnan", lambda x: _op("IsNaN", [x]))

@@ -16,7 +16,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError
 from mixrt.context import as_context
-from mixrt.nd.mxnet_args import _dtype
+from mixrt.nd.mxnet_args import _dtype, _into
 from mixrt.nd.ndarray import NDArray, sparse_module
 from mixrt.runtime import profiler as _profiler
 
@@ -96,18 +96,6 @@ def _shape(fn: str, shape) -> tuple:
     if any(d < 0 for d in shape):
         raise InputError(f"{fn}: shape {shape} has a negative dimension")
     return shape
-
-
-def _into(fn: str, out, made: NDArray) -> NDArray:
-    """``made`` written into ``out`` (MXNet's ``out=``), or ``made`` itself."""
-    if out is None:
-        return made
-    if not isinstance(out, NDArray):
-        raise InputError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
-    if out.shape != made.shape:
-        raise InputError(f"{fn}: out has shape {out.shape}, the result {made.shape}")
-    out[:] = made if out.ctx == made.ctx else made.as_in_context(out.ctx)
-    return out
 
 
 def _filled(fn: str, fill, shape, ctx, dtype, out) -> NDArray:

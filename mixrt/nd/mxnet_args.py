@@ -49,6 +49,19 @@ def _array(fn: str, arg: str, value) -> NDArray:
     return value
 
 
+def _into(fn: str, out, result: NDArray) -> NDArray:
+    """MXNet's ``out=``: ``result`` written into ``out`` (moved to its context first), which
+    is returned; without ``out``, ``result`` itself."""
+    if out is None:
+        return result
+    if not isinstance(out, NDArray):
+        raise InputError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
+    if out.shape != result.shape:
+        raise InputError(f"{fn}: out has shape {out.shape}, the result {result.shape}")
+    out[:] = result if out.ctx == result.ctx else result.as_in_context(out.ctx)
+    return out
+
+
 def _int(fn: str, arg: str, value, minimum=None) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InputError(f"{fn}: {arg} must be an int, got {value!r}")

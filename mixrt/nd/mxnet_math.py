@@ -24,24 +24,12 @@ import inspect
 import math
 
 from mixrt.base.errors import InputError
-from mixrt.nd.mxnet_args import _array, _is_traced, _made_on, _op
+from mixrt.nd.mxnet_args import _array, _into, _is_traced, _made_on, _op
 from mixrt.nd.ndarray import NDArray
 
 
 def _is_array(value) -> bool:
     return isinstance(value, NDArray) or _is_traced(value)
-
-
-def _into(fn: str, out, result):
-    """MXNet's ``out=``: the result written into ``out``, which is returned."""
-    if out is None:
-        return result
-    if not isinstance(out, NDArray):
-        raise InputError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
-    if out.shape != result.shape:
-        raise InputError(f"{fn}: out has shape {out.shape}, the result {result.shape}")
-    out[:] = result
-    return out
 
 
 def accepting_out(function):

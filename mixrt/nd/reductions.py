@@ -14,7 +14,7 @@ whose full reductions keep ONNX's 0-d shape.
 from __future__ import annotations
 
 from mixrt.base.errors import InputError
-from mixrt.nd.mxnet_args import _array, _axis, _ints, _op, _tuple
+from mixrt.nd.mxnet_args import _array, _axis, _into, _ints, _op, _tuple
 from mixrt.nd.mxnet_indexing import argmax
 from mixrt.nd.ndarray import NDArray
 
@@ -71,12 +71,7 @@ def _finished(fn: str, result, out, dtype):
     """``dtype`` (NumPy's ``np.sum(x, dtype=...)`` passes it) and MXNet's ``out=``."""
     if dtype is not None:
         result = result.astype(dtype)
-    if out is None:
-        return result
-    if not isinstance(out, NDArray) or out.shape != result.shape:
-        raise InputError(f"{fn}: out must be an NDArray of shape {result.shape}")
-    out[:] = result
-    return out
+    return _into(fn, out, result)
 
 
 def _without_nans(data, fill: float):
