@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mixrt import sym
 from mixrt.base.errors import InputError
-from mixrt.rnn.rnn_cell import (BaseRNNCell, merge_sequence, RNNParams, split_sequence,
+from mixrt.rnn.rnn_cell import (BaseRNNCell, CellGroup, merge_sequence, RNNParams, split_sequence,
                                 split_states, zero_states)
 
 
@@ -137,7 +137,7 @@ class ResidualCell(ModifierCell):
                 for out, step in zip(outputs, steps)], states
 
 
-class BidirectionalCell(BaseRNNCell):
+class BidirectionalCell(CellGroup):
     """``l_cell`` over the sequence and ``r_cell`` over it reversed, their outputs
     concatenated per step (named ``<output_prefix>t<i>``). Only ``unroll`` exists: a
     single step has no reverse direction."""
@@ -159,23 +159,6 @@ class BidirectionalCell(BaseRNNCell):
 
     def __call__(self, inputs, states):
         raise NotImplementedError("BidirectionalCell cannot be stepped; use unroll")
-
-    @property
-    def state_info(self) -> list:
-        return [info for cell in self._cells for info in cell.state_info]
-
-    def begin_state(self, func=None, **kwargs) -> list:
-        return [state for cell in self._cells for state in cell.begin_state(func, **kwargs)]
-
-    def unpack_weights(self, args: dict) -> dict:
-        for cell in self._cells:
-            args = cell.unpack_weights(args)
-        return args
-
-    def pack_weights(self, args: dict) -> dict:
-        for cell in self._cells:
-            args = cell.pack_weights(args)
-        return args
 
     def unroll(self, length: int, inputs, begin_state=None, layout: str = "NTC",
                merge_outputs=None):

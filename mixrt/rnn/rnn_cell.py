@@ -324,24 +324,9 @@ class GRUCell(_GatedCell):
         return next_h, [next_h]
 
 
-class SequentialRNNCell(BaseRNNCell):
-    """Cells stacked: each one's output is the next one's input; the states are all the
-    cells' states in order."""
-
-    def __init__(self, params: RNNParams | None = None):
-        super().__init__(prefix="", params=params)
-        self._override_cell_params = params is not None
-        self._cells: list = []
-
-    def add(self, cell: BaseRNNCell) -> None:
-        """Append ``cell``; with ``params`` given to the stack, the cell uses those."""
-        self._cells.append(cell)
-        if self._override_cell_params:
-            if not cell._own_params:
-                raise InputError("SequentialRNNCell.add: the stack was given params, so "
-                                 "each cell added must have its own (none passed to it)")
-            cell._params._params.update(self._params._params)
-        self._params._params.update(cell.params._params)
+class CellGroup(BaseRNNCell):
+    """A cell made of the cells in ``self._cells``: their states one after another, and
+    their weights packed and unpacked each by its own cell."""
 
     @property
     def state_info(self) -> list:
@@ -359,6 +344,27 @@ class SequentialRNNCell(BaseRNNCell):
         for cell in self._cells:
             args = cell.pack_weights(args)
         return args
+
+
+
+class SequentialRNNCell(CellGroup):
+    """Cells stacked: each one's output is the next one's input; the states are all the
+    cells' states in order."""
+
+    def __init__(self, params: RNNParams | None = None):
+        super().__init__(prefix="", params=params)
+        self._override_cell_params = params is not None
+        self._cells: list = []
+
+    def add(self, cell: BaseRNNCell) -> None:
+        """Append ``cell``; with ``params`` given to the stack, the cell uses those."""
+        self._cells.append(cell)
+        if self._override_cell_params:
+            if not cell._own_params:
+                raise InputError("SequentialRNNCell.add: the stack was given params, so "
+                                 "each cell added must have its own (none passed to it)")
+            cell._params._params.update(self._params._params)
+        self._params._params.update(cell.params._params)
 
     def __call__(self, inputs, states):
         self._counter += 1
