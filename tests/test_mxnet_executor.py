@@ -246,3 +246,19 @@ def test_monitor_sees_every_layers_outputs_and_the_gradients_it_passes_back():
     assert set(want) <= set(seen) and set(seen) - set(want) == {"fc_0_backward_output0"}
     for name, value in want.items():
         assert seen[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.parametrize("make, label", [
+    (sym.LinearRegressionOutput, [[0.5, 0.0, 1.0], [1.0, 1.0, 0.0]]),
+    (sym.MAERegressionOutput, [[0.5, 0.0, 1.0], [1.0, 1.0, 0.0]]),
+    (sym.SoftmaxOutput, [2.0, 0.0])])
+def test_output_layers_pass_their_labels_no_gradient(make, label):
+    """MXNet 1.9.1's output layers leave a label's gradient at zero."""
+    head = make(sym.Variable("data"), name="out")
+    executor = head.simple_bind(cpu(), data=(2, 3))
+    assert sorted(executor.grad_dict) == ["data", "out_label"]
+    executor.forward(is_train=True, data=nd.array([[1, 2, 3], [0, 1, 0.5]]),
+                     out_label=nd.array(label))
+    executor.backward()
+    assert not executor.grad_dict["out_label"].asnumpy().any()
+    assert executor.grad_dict["data"].asnumpy().any()

@@ -438,9 +438,6 @@ class Executor:
         by_value = dict(zip(training.wrt, grads))
         by_value.update({value: by_value[zero] for value, zero in zeros.items()
                          if zero in by_value})
-        for layer in output_layers(self.symbol).values():  # MXNet's give labels none
-            if layer.label in by_value:
-                by_value[layer.label] = self._xp.zeros_like(by_value[layer.label])
         for layer in monitoring.layers_of(self.symbol):
             for name, value in zip(layer.gradient_names(), layer.inputs):
                 if value in by_value:
@@ -672,6 +669,10 @@ def _attach_layer_loss(graph: Graph, layer, tag: str,
         label = f"{tag}_{layer.label}_class"
         graph.nodes.append(Node("Cast", [layer.label], [label], name=label, opset=LOSS_OPSET,
                                 attributes={"to": TensorProto_INT64}))
+    else:  # MXNet's output layers pass their labels no gradient
+        label = f"{tag}_{layer.label}_held"
+        graph.nodes.append(Node("BlockGrad", [layer.label], [label], name=label,
+                                domain="mixrt", opset=1))
     loss = output_layer_loss(layer.kind, layer.options, logits, label)
     logits_type = infer_types(graph).get(logits)
     shape = getattr(logits_type, "shape", None)
