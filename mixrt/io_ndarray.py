@@ -297,11 +297,15 @@ def _last_batch(last_batch, last_batch_handle) -> str:
 
 
 def _check_arguments(host, axis, batch_size, last_batch, num_parts, part_index) -> int:
+    # MXNet's count: the first data array's; the others are read at the same indices, so
+    # they may hold more rows (a table of per-sample weights longer than this data), not fewer
     lengths = {name: array.shape[axis] for name, array, _, _ in host}
     samples = next(iter(lengths.values()))
-    if len(set(lengths.values())) != 1:
-        raise InputError(f"every data and label array needs the same number of samples "
-                         f"along the batch axis; got {lengths}")
+    short = {name: length for name, length in lengths.items() if length < samples}
+    if short:
+        raise InputError(f"the first data array has {samples} samples along the batch axis, "
+                         f"but {short} have fewer; every data and label array needs at "
+                         f"least as many (got {lengths})")
     if int(batch_size) < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size}")
     if last_batch not in LAST_BATCH:

@@ -248,8 +248,8 @@ def test_state_resumes_the_same_batches_and_refuses_strangers():
 def test_errors_name_the_argument():
     with pytest.raises(InputError, match="roll_over"):
         io.NDArrayIter(np.arange(4), batch_size=2, last_batch_handle="keep")
-    with pytest.raises(InputError, match="same number of samples"):
-        io.NDArrayIter(np.arange(4), np.arange(5), batch_size=2)
+    with pytest.raises(InputError, match="have fewer"):
+        io.NDArrayIter(np.arange(5), np.arange(4), batch_size=2)
     with pytest.raises(InputError, match="disagree"):
         io.NDArrayIter(np.arange(4), batch_size=2, last_batch="pad",
                        last_batch_handle="discard")
@@ -259,3 +259,11 @@ def test_errors_name_the_argument():
         io.CSVIter(data_csv="nope.csv", data_shape=(3,))
     with pytest.raises(InputError, match="Data must be list"):
         io.DataBatch(nd.ones((2,)))
+
+
+def test_longer_labels_are_read_at_the_datas_indices_as_in_mxnet():
+    """MXNet counts samples by the first data array and reads the others at its indices
+    (MXNet 1.9.1: labels 0..19 beside 10 samples give [0..4], [5..9])."""
+    batches = io.NDArrayIter(np.arange(10).reshape(10, 1), np.arange(20), batch_size=5)
+    assert [b.label[0].asnumpy().tolist() for b in batches] == [[0, 1, 2, 3, 4],
+                                                                 [5, 6, 7, 8, 9]]
