@@ -121,8 +121,11 @@ class SessionTiers:
         with self._changed:
             if signature in self._state:
                 return self._state[signature]
-            if not all(isinstance(v, np.ndarray) for v in feeds.values()):
-                # sequences or maps: the child cannot be handed them; compile on demand
+            if not all(isinstance(v, np.ndarray) for v in feeds.values()) or \
+                    sum(v.nbytes for v in feeds.values()) > LARGE_FEEDS:
+                # sequences or maps: the child cannot be handed them; feeds this large: a
+                # copy, a file of them and the child's run over them cost more than the
+                # kernels' compile in this process; either way, compile on demand
                 self._state[signature] = COMPILED
                 return COMPILED
             marker = self._marker(signature)
@@ -170,6 +173,14 @@ class SessionTiers:
         key = hashlib.sha256(repr((self._fingerprint, signature, self._opt_level,
                                    environment_stamp())).encode()).hexdigest()[:32]
         return cache_root() / "warm" / f"{key}.json"
+
+
+# feeds of more bytes than this are not handed to the background compiler (_first_run):
+# each new signature would copy them, write them to a file and run them in the child, a
+# second or more per 512 MB (MXNet's Gluon tests slice 16x128x256x256 inputs through
+# hybridized blocks), where compiling the few kernels on demand takes milliseconds from a
+# warm cache
+LARGE_FEEDS = 1 << 26
 
 
 def _mark(session, name: str) -> None:

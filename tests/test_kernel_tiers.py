@@ -251,3 +251,17 @@ def test_string_and_bfloat16_feeds_reach_the_compiler(background):
         assert session.wait_compiled(timeout=WAIT), session._tiers.states()
     assert list(first[0]) == ["A", "BC", ""]
     np.testing.assert_array_equal(session.run(None, feeds)[1], [0, 0, 2, 3.25])
+
+
+def test_large_feeds_compile_on_demand_without_a_child(background, monkeypatch):
+    """Feeds over LARGE_FEEDS are neither copied nor handed to a child: the signature goes
+    straight to the compiled tier, which compiles what it needs in this process."""
+    monkeypatch.setattr(kernel_tiers, "LARGE_FEEDS", feeds()["x"].nbytes - 1)
+    submitted = []
+    monkeypatch.setattr(kernel_tiers.compiler(), "submit", submitted.append)
+    session = mixrt.Session(pool_norm_model())
+    result = session.run(None, feeds())[0]
+    assert submitted == [] and list(session._tiers.states().values()) == ["compiled"]
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    expected = mixrt.Session(pool_norm_model()).run(None, feeds())[0]
+    np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)

@@ -10,6 +10,7 @@ import pytest
 
 import mixrt as mx
 import mixrt.test_utils as tu
+from mixrt.test_utils import compare
 from mixrt.errors import InputError, MixrtError
 
 
@@ -234,3 +235,15 @@ def test_compare_optimizer_gives_the_second_optimizer_one_multi_tensor_call():
     reference.tag, aggregated.tag = "reference", "aggregated"
     tu.compare_optimizer(reference, aggregated, [(2, 3), (4,)], np.float32, ntensors=2)
     assert calls == [("reference", 0), ("reference", 1), ("aggregated", [0, 1])]
+
+
+def test_assert_almost_equal_compares_large_arrays_a_chunk_at_a_time(monkeypatch):
+    """Arrays over compare.CHUNK elements are compared in chunks: the same verdict, and an
+    element off in the last chunk is still found and reported."""
+    monkeypatch.setattr(compare, "CHUNK", 7)
+    a = np.linspace(0, 1, 60, dtype=np.float32).reshape(3, 4, 5)
+    compare.assert_almost_equal(a, a + 1e-8, rtol=1e-5, atol=1e-6)
+    b = a.copy()
+    b[2, 3, 4] += 1
+    with pytest.raises(AssertionError, match=r"Location of maximum error: \(2, 3, 4\)"):
+        compare.assert_almost_equal(a, b, rtol=1e-5, atol=1e-6)
