@@ -136,7 +136,8 @@ def test_a_symbol_bound_to_gpu_1_runs_there(cp):
     for name, executor in (("cpu", cpu), ("gpu", gpu)):
         loss = executor.forward(is_train=True, **feeds)[0]
         executor.backward()
-        arrays = {"loss": loss, **executor.grad_dict, **executor.aux_dict}
+        arrays = {name: array._read() for name, array in  # the Executor's NDArrays' data
+                  {"loss": loss, **executor.grad_dict, **executor.aux_dict}.items()}
         if name == "gpu":
             assert all(on_gpu_1(a) for a in arrays.values())
         results[name] = {k: to_host(a) for k, a in arrays.items()}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, MixrtError
 from mixrt.context import Context, as_context
 from mixrt.nd.ndarray import NDArray, sparse_module
 from mixrt.ops.device import to_host
@@ -311,7 +311,11 @@ class CSRNDArray(BaseSparseNDArray):
 
     def asscipy(self):
         """A ``scipy.sparse.csr_matrix`` copy (SciPy is needed for this call only)."""
-        import scipy.sparse  # noqa: PLC0415  (an optional dependency)
+        try:
+            import scipy.sparse  # noqa: PLC0415  (an optional dependency)
+        except ImportError as missing:
+            raise MixrtError("CSRNDArray.asscipy needs SciPy (pip install scipy); "
+                             "asnumpy() gives the dense values without it") from missing
         indptr, cols = self._structure()
         return scipy.sparse.csr_matrix((self.data.asnumpy(), cols.copy(), indptr.copy()),
                                        shape=self.shape)
