@@ -159,15 +159,15 @@ def _moved(rank: int, source: int, destination: int) -> list:
     return order
 
 
-class LayerNorm(HybridBlock):
-    """Normalize each sample over ``axis`` (by default the last), then scale by ``gamma``
-    and shift by ``beta`` (shape: that axis)."""
+class PerChannelNorm(HybridBlock):
+    """A normalization scaled by ``gamma`` and shifted by ``beta``, both the size of the
+    input's ``axis`` (learned unless ``scale``/``center`` is off): LayerNorm, InstanceNorm."""
 
-    def __init__(self, axis: int = -1, epsilon: float = 1e-5, center: bool = True,
-                 scale: bool = True, beta_initializer="zeros", gamma_initializer="ones",
-                 in_channels: int = 0, **kwargs):
+    def __init__(self, axis: int, epsilon: float, center: bool, scale: bool,
+                 beta_initializer, gamma_initializer, in_channels: int, **kwargs):
         super().__init__(**kwargs)
         self._axis, self._epsilon = int(axis), float(epsilon)
+        self._center, self._scale = bool(center), bool(scale)
         self.gamma = self.params.get("gamma", shape=(in_channels,), init=gamma_initializer,
                                      grad_req="write" if scale else "null")
         self.beta = self.params.get("beta", shape=(in_channels,), init=beta_initializer,
@@ -175,8 +175,19 @@ class LayerNorm(HybridBlock):
 
     def infer_shape(self, x, *args) -> None:
         shape = static_shape(x)
-        channels = shape[_axis_index(self._axis, len(shape), "LayerNorm")]
+        channels = shape[_axis_index(self._axis, len(shape), type(self).__name__)]
         self.gamma.shape = self.beta.shape = (channels,)
+
+
+class LayerNorm(PerChannelNorm):
+    """Normalize each sample over ``axis`` (by default the last), then scale by ``gamma``
+    and shift by ``beta`` (shape: that axis)."""
+
+    def __init__(self, axis: int = -1, epsilon: float = 1e-5, center: bool = True,
+                 scale: bool = True, beta_initializer="zeros", gamma_initializer="ones",
+                 in_channels: int = 0, **kwargs):
+        super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer,
+                         in_channels, **kwargs)
 
     def hybrid_forward(self, F, x, gamma, beta):
         rank = len(static_shape(x))

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import HybridBlock, static_shape
+from mixrt.gluon.nn.basic_layers import PerChannelNorm, _axis_index
 
 
-def _axis_index(axis: int, rank: int, where: str) -> int:
-    if not -rank <= axis < rank:
-        raise InputError(f"{where}: axis {axis} is out of range for a {rank}-D input")
-    return axis % rank
-
-
-class InstanceNorm(HybridBlock):
+class InstanceNorm(PerChannelNorm):
     """Normalize each (sample, channel) over the other axes by its own mean and (biased)
     variance, then ``* gamma + beta`` per channel (``axis``: the channels). MXNet's
     default leaves ``gamma`` fixed at one (``scale=False``)."""
@@ -22,18 +17,8 @@ class InstanceNorm(HybridBlock):
     def __init__(self, axis: int = 1, epsilon: float = 1e-5, center: bool = True,
                  scale: bool = False, beta_initializer="zeros", gamma_initializer="ones",
                  in_channels: int = 0, **kwargs):
-        super().__init__(**kwargs)
-        self._axis, self._epsilon = int(axis), float(epsilon)
-        self._center, self._scale = bool(center), bool(scale)
-        self.gamma = self.params.get("gamma", shape=(in_channels,), init=gamma_initializer,
-                                     grad_req="write" if scale else "null")
-        self.beta = self.params.get("beta", shape=(in_channels,), init=beta_initializer,
-                                    grad_req="write" if center else "null")
-
-    def infer_shape(self, x, *args) -> None:
-        shape = static_shape(x)
-        channels = shape[_axis_index(self._axis, len(shape), "InstanceNorm")]
-        self.gamma.shape = self.beta.shape = (channels,)
+        super().__init__(axis, epsilon, center, scale, beta_initializer, gamma_initializer,
+                         in_channels, **kwargs)
 
     def hybrid_forward(self, F, x, gamma, beta):
         rank = len(static_shape(x))
