@@ -285,9 +285,7 @@ def _numeric_conditions(spec, inputs: list) -> None:
     """A numeric array given to an input that takes only bool (``Where``'s condition,
     ``And``, ``Not``, ...) is read as ``x != 0``, through recorded ops: MXNet's comparisons
     give 0/1 in the data's dtype, and its masks and conditions are such numbers."""
-    allowed = _ALLOWED_DTYPES.get(id(spec))
-    if allowed is None:
-        allowed = _ALLOWED_DTYPES[id(spec)] = _allowed_dtypes(spec)
+    allowed = _allowed_for(spec)
     if not allowed:
         return
     count = len(allowed)
@@ -300,13 +298,20 @@ def _numeric_conditions(spec, inputs: list) -> None:
 _ONLY_BOOL = frozenset({np.dtype(np.bool_)})
 
 
+def _allowed_for(spec) -> tuple:
+    """The dtypes each input of ``spec``'s op takes (``_allowed_dtypes``), worked out once
+    per op: every imperative call reads them, so this is kept to a dict lookup."""
+    allowed = _ALLOWED_DTYPES.get(id(spec))
+    if allowed is None:
+        allowed = _ALLOWED_DTYPES[id(spec)] = _allowed_dtypes(spec)
+    return allowed
+
+
 def _check_allowed_dtypes(spec, inputs: list) -> None:
     """An array of a dtype the op's ONNX input does not take (``sqrt`` of int32, ``softmax``
     of int64) is an ``InputError``: NumPy would have computed in float64, MXNet 1.x in the
     integers (``sqrt([2]) == [1]``), and neither is what the op means."""
-    allowed = _ALLOWED_DTYPES.get(id(spec))  # every call pays this: kept to a dict lookup
-    if allowed is None:
-        allowed = _ALLOWED_DTYPES[id(spec)] = _allowed_dtypes(spec)
+    allowed = _allowed_for(spec)
     if not allowed:
         return
     count = len(allowed)
