@@ -27,15 +27,13 @@ def _projection(channels: int, stride: int, in_channels: int):
                      in_channels=in_channels)
 
 
-class BasicBlockV1(HybridBlock):
-    """Two 3x3 convolutions with BatchNorm; ReLU after adding the shortcut."""
+class _ResidualV1(HybridBlock):
+    """A v1 residual unit: ``relu(shortcut + body(x))``, the shortcut a strided 1x1
+    projection with BatchNorm where the shape changes (``downsample``), else ``x``. The
+    subclass makes ``body`` first, so the parameters are named in MXNet's order."""
 
-    def __init__(self, channels: int, stride: int, downsample: bool = False,
-                 in_channels: int = 0, **kwargs):
-        super().__init__(**kwargs)
-        self.body = nn.HybridSequential(prefix="")
-        self.body.add(_conv3x3(channels, stride, in_channels), nn.BatchNorm(),
-                      nn.Activation("relu"), _conv3x3(channels, 1, channels), nn.BatchNorm())
+    def _add_shortcut(self, channels: int, stride: int, downsample: bool,
+                      in_channels: int) -> None:
         self.downsample = None
         if downsample:
             self.downsample = nn.HybridSequential(prefix="")
@@ -46,7 +44,19 @@ class BasicBlockV1(HybridBlock):
         return F.Activation(shortcut + self.body(x), act_type="relu")
 
 
-class BottleneckV1(HybridBlock):
+class BasicBlockV1(_ResidualV1):
+    """Two 3x3 convolutions with BatchNorm; ReLU after adding the shortcut."""
+
+    def __init__(self, channels: int, stride: int, downsample: bool = False,
+                 in_channels: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.body = nn.HybridSequential(prefix="")
+        self.body.add(_conv3x3(channels, stride, in_channels), nn.BatchNorm(),
+                      nn.Activation("relu"), _conv3x3(channels, 1, channels), nn.BatchNorm())
+        self._add_shortcut(channels, stride, downsample, in_channels)
+
+
+class BottleneckV1(_ResidualV1):
     """1x1 (to channels/4), 3x3, 1x1 (back to channels) convolutions with BatchNorm; ReLU
     after adding the shortcut. The stride is the first convolution's, as in MXNet's v1."""
 
@@ -59,14 +69,7 @@ class BottleneckV1(HybridBlock):
                       nn.Activation("relu"), _conv3x3(inner, 1, inner), nn.BatchNorm(),
                       nn.Activation("relu"), nn.Conv2D(channels, kernel_size=1, strides=1),
                       nn.BatchNorm())
-        self.downsample = None
-        if downsample:
-            self.downsample = nn.HybridSequential(prefix="")
-            self.downsample.add(_projection(channels, stride, in_channels), nn.BatchNorm())
-
-    def hybrid_forward(self, F, x):
-        shortcut = self.downsample(x) if self.downsample is not None else x
-        return F.Activation(shortcut + self.body(x), act_type="relu")
+        self._add_shortcut(channels, stride, downsample, in_channels)
 
 
 class BasicBlockV2(HybridBlock):
