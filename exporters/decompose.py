@@ -8,8 +8,9 @@ unfolds again:
 * ``FusedConvPool(X, W, B)``  -> Conv [-> activation] [-> LRN] -> MaxPool/AveragePool
 * ``FusedGemm(A, B, C)``      -> Gemm [-> activation]
 * ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
-* ``FusedAttention(Q, K, V, mask)`` -> Transposes of Q, K, V -> MatMul [-> Mul(scale)]
-  [-> Add(mask)] -> Softmax -> MatMul -> Transpose
+* ``FusedAttention(Q, K, V, mask)`` -> Transposes of Q, K, V (of those not heads first)
+  -> MatMul [-> Mul(scale)] [-> Add(mask)] -> Softmax [-> Where(IsNaN, 0)] -> MatMul
+  -> Transpose
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
 * ``PairwiseSquaredDistances(X, R)`` -> Sub(Unsqueeze(X, 0), Unsqueeze(R, 1)) ->
@@ -35,7 +36,7 @@ from mixrt.base.errors import ExportError
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
-from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
+from mixrt.ops.attention.fused_attention import QUERY_PERM, input_perms
 from mixrt.ops.elementwise.fused_elementwise import Program
 from mixrt.ops.shape.shape_mxnet import COPY, DIVIDE, FIXED, INFER, MERGE, reshape_plan
 from mixrt.runtime.graph import Graph, Node
@@ -55,6 +56,8 @@ def _opset_needed(op_type: str) -> int:
         return _ERF_OPSET
     if op_type == "Reshape":
         return _RESHAPE_OPSET
+    if op_type in ("IsNaN", "Where"):  # FusedAttention's guard: both first defined at 9
+        return 9
     return BROADCASTING_OPSET if op_type in _BINARY else 1
 
 
@@ -241,8 +244,14 @@ def _fused_mat_mul(unfold: _Unfolder, node: Node) -> None:
 
 def _fused_attention(unfold: _Unfolder, node: Node) -> None:
     q, k, v, mask = (list(node.inputs) + [""])[:4]
-    scores = unfold.emit("MatMul", [unfold.emit("Transpose", [q], perm=list(QUERY_PERM)),
-                                    unfold.emit("Transpose", [k], perm=list(KEY_PERM))])
+    try:
+        q_perm, k_perm, v_perm = input_perms(node.attributes.get("heads_first"))
+    except ValueError as exc:
+        raise ExportError(f"node {node.label!r}: {exc}") from exc
+
+    def laid_out(name, perm):
+        return name if perm is None else unfold.emit("Transpose", [name], perm=list(perm))
+    scores = unfold.emit("MatMul", [laid_out(q, q_perm), laid_out(k, k_perm)])
     scale = float(node.attributes.get("scale", 1.0))
     if scale != 1.0:
         scores = unfold.emit("Mul", [scores, unfold.constant(scale, "scale")])
@@ -250,8 +259,10 @@ def _fused_attention(unfold: _Unfolder, node: Node) -> None:
         scores = unfold.emit("Add", [scores, mask])
     # the last of four axes: the same for Softmax before opset 13 (which flattens from it)
     probabilities = unfold.emit("Softmax", [scores], axis=3)
-    values = unfold.emit("Transpose", [v], perm=list(QUERY_PERM))
-    product = unfold.emit("MatMul", [probabilities, values])
+    if int(node.attributes.get("nan_to_zero", 0)):
+        probabilities = unfold.emit("Where", [unfold.emit("IsNaN", [probabilities]),
+                                              unfold.constant(0.0, "zero"), probabilities])
+    product = unfold.emit("MatMul", [probabilities, laid_out(v, v_perm)])
     unfold.emit("Transpose", [product], node.outputs[0], perm=list(QUERY_PERM))
 
 

@@ -479,6 +479,24 @@ def test_fused_attention_decomposes(masked, opset):
                         rtol=1e-5, atol=1e-6)
 
 
+def test_heads_first_attention_with_its_nan_guard_decomposes():
+    rng = np.random.default_rng(6)
+    shapes = {"q": (2, 1, 3, 8), "k": (2, 3, 6, 8), "v": (2, 3, 6, 4), "m": (2, 1, 1, 6)}
+    feeds = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
+    feeds["m"][1] = -np.inf  # the second batch's query sees no key: the guard zeroes it
+    fused = node("FusedAttention", list(feeds), ["y"], 1, "mixrt", name="attention",
+                 scale=0.35, heads_first=[0, 1, 1], nan_to_zero=1)
+    graph = make_graph([fused], {n: tensor(F32, a.shape) for n, a in feeds.items()},
+                       {"y": tensor(F32, None)}, opset=17, mixrt=1)
+    model = checked_export(graph)
+    kinds = [n.op_type for n in model.graph.node]
+    # Q brought heads first, K^T of heads-first K, the output: V is used as it is
+    assert kinds.count("Transpose") == 3 and {"IsNaN", "Where"} <= set(kinds)
+    expected = Session(graph, opt_level=0).run(None, feeds)
+    assert (expected[0][1] == 0).all()
+    assert_same_outputs(ort_run(model, feeds), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_a_mixrt_op_without_decomposition_is_an_export_error():
     grad = node("ReluGrad", ["dy", "y"], ["dx"], 1, "mixrt", name="relu_backward")
     graph = make_graph([grad], {"dy": tensor(F32, (2,)), "y": tensor(F32, (2,))},

@@ -564,6 +564,73 @@ def test_attention_whose_probabilities_are_read_or_softmax_on_another_axis_stays
     assert "FusedAttention" not in ops(checked(graph, feeds, 2))
 
 
+def sdpa_graph(key_form="transpose", guard_value=0.0, reshape_out=False,
+               kv_heads_first=True, out_shape=None) -> tuple[Graph, dict]:
+    """Attention as PyTorch's ``scaled_dot_product_attention`` exports it: Q and K^T each
+    scaled by the root of the scale, the guard Where(IsNaN(P), 0, P) after the Softmax, K and
+    V heads first (a KV cache's Concat) or transposed there from (batch, seq, heads, size);
+    K^T by a Transpose [0, 1, 3, 2] or (``key_form="reshape"``) the dynamo exporter's 3-D
+    Reshape, Transpose [0, 2, 1] and Reshape back."""
+    perm = [0, 2, 1, 3]
+    b, s, t, h, d = 2, 3, 6, 2, 8
+    nodes = [node("Transpose", ["q"], ["qh"], perm=perm), const("root", np.float32(0.5)),
+             node("Mul", ["qh", "root"], ["qs"])]
+    if kv_heads_first:
+        key, value = "k", "v"
+    else:
+        nodes += [node("Transpose", ["k"], ["kh"], perm=perm),
+                  node("Transpose", ["v"], ["vh"], perm=perm)]
+        key, value = "kh", "vh"
+    if key_form == "transpose":
+        nodes.append(node("Transpose", [key], ["kt"], perm=[0, 1, 3, 2]))
+    else:
+        nodes += [const("flat", np.array([b * h, t, d], np.int64)),
+                  const("back", np.array([b, h, d, t], np.int64)),
+                  node("Reshape", [key, "flat"], ["k3"]),
+                  node("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+                  node("Reshape", ["k3t", "back"], ["kt"])]
+    nodes += [node("Mul", ["root", "kt"], ["ks"]), node("MatMul", ["qs", "ks"], ["s"]),
+              node("Add", ["s", "m"], ["masked"]), node("Softmax", ["masked"], ["p"], axis=-1),
+              node("IsNaN", ["p"], ["bad"]), const("zero", np.float32(guard_value)),
+              node("Where", ["bad", "zero", "p"], ["pg"]), node("MatMul", ["pg", value], ["o"])]
+    out = "o"
+    if reshape_out:
+        nodes += [const("same", np.array(out_shape or [b, h, s, d], np.int64)),
+                  node("Reshape", ["o", "same"], ["o2"])]
+        out = "o2"
+    nodes.append(node("Transpose", [out], ["y"], perm=perm))
+    kv_shape = [b, h, t, d] if kv_heads_first else [b, t, h, d]
+    feeds = {"q": rand(b, s, h, d), "k": rand(*kv_shape), "v": rand(*kv_shape),
+             "m": np.where(RNG.random((b, 1, s, t)) < 0.3, -np.inf, 0).astype(np.float32)}
+    feeds["m"][0, 0, 1] = -np.inf  # one query sees no key: its probabilities are NaN
+    inputs = [("q", [b, s, h, d]), ("k", kv_shape), ("v", kv_shape), ("m", [b, 1, s, t])]
+    return graph_of(nodes, inputs, [("y", None if out_shape else [b, s, h, d])]), feeds
+
+
+@pytest.mark.parametrize("key_form", ["transpose", "reshape"])
+@pytest.mark.parametrize("kv_heads_first", [True, False])
+def test_scaled_dot_product_attention_becomes_one_fused_node(key_form, kv_heads_first):
+    graph, feeds = sdpa_graph(key_form, kv_heads_first=kv_heads_first,
+                              reshape_out=key_form == "reshape")
+    optimized = checked(graph, feeds, 2)
+    fused = [n for n in optimized.nodes if n.op_type == "FusedAttention"]
+    assert len(fused) == 1 and ops(optimized) == {"FusedAttention": 1}
+    assert fused[0].inputs == ["q", "k", "v", "m"]
+    assert fused[0].attributes["scale"] == pytest.approx(0.25)
+    assert fused[0].attributes["nan_to_zero"] == 1
+    assert fused[0].attributes.get("heads_first") == ([0, 1, 1] if kv_heads_first else None)
+    # the fully masked query's output is zeros, as the guard makes it, not NaN
+    assert np.all(run(optimized, feeds)[0][0, 1] == 0)
+
+
+def test_a_guard_that_is_not_zero_or_a_reshape_that_moves_values_keeps_attention_unfused():
+    graph, feeds = sdpa_graph(guard_value=0.5)
+    assert "FusedAttention" not in ops(checked(graph, feeds, 2))
+    # (b, h, s, d) -> (b, s, h, d) as a Reshape: the same rank, other values where they lie
+    graph, feeds = sdpa_graph(reshape_out=True, out_shape=[2, 3, 2, 8])
+    assert "FusedAttention" not in ops(checked(graph, feeds, 2))
+
+
 def test_a_pass_that_fails_names_itself_in_a_graph_error(monkeypatch, tmp_path):
     from helpers import add_model, save
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.attention.fused_attention import fused_attention
+from mixrt.ops.attention.fused_attention import QUERY_PERM, fused_attention
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ir.types import broadcast_or_none
@@ -23,11 +23,83 @@ NATIVE_PARTS_PER_THREAD = 4
 
 
 @fused_attention.fast("cpu")
-def fused_attention_cpu(xp, Q, K, V, mask=None, *, scale=1.0, out=None):
+def fused_attention_cpu(xp, Q, K, V, mask=None, *, scale=1.0, heads_first=None, nan_to_zero=0,
+                        out=None):
     """The compiled heads where they take this call, else the generic composition."""
-    if _compiled_suits(Q, K, V, mask, out):
-        return _compiled(Q, K, V, mask, scale, out)
-    return fused_attention.fn(np, Q, K, V, mask, scale=scale, out=out)
+    if _few_queries_suit(Q, K, V, mask, out):
+        _few_queries(Q, K, V, mask, scale, heads_first, out)
+        if not nan_to_zero or not np.isnan(out).any():
+            return out
+        return fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first,
+                                  nan_to_zero=nan_to_zero, out=out)
+    q, k, v = _sequence_first(Q, K, V, heads_first)
+    if _compiled_suits(q, k, v, mask, out):
+        _compiled(q, k, v, mask, scale, out)
+        # a row of probabilities that is not a number makes its output row not a number (it
+        # multiplies every value): where the guard is asked for and one shows, the generic
+        # composition computes the call again, guard and all
+        if not nan_to_zero or not np.isnan(out).any():
+            return out
+    return fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first,
+                              nan_to_zero=nan_to_zero, out=out)
+
+
+def _sequence_first(Q, K, V, heads_first) -> tuple:
+    """Q, K and V in the (batch, seq, heads, size) layout the compiled heads read: an input
+    that comes heads first (``scaled_dot_product_attention``'s layout) as a transposed copy,
+    which costs what the Transpose node before it in the unfused graph did."""
+    if heads_first is None or not any(heads_first):
+        return Q, K, V
+    return tuple(np.ascontiguousarray(x.transpose(QUERY_PERM)) if first and x.ndim == 4 else x
+                 for x, first in zip((Q, K, V), heads_first))
+
+
+# -- a few queries: a decoder's step ------------------------------------------------------------
+
+FEW_QUERIES_KERNELS = "mixrt.ops.attention._jit_few_queries"
+# queries per head up to which the direct loop beats packing each head's K and V into panels
+# (one query, 4 heads of 64 keys: 5 against 44 us)
+FEW_QUERIES = 4
+
+
+def _few_queries_suit(Q, K, V, mask, out) -> bool:
+    """A call of at most FEW_QUERIES queries per head, in one native float dtype, with as
+    many heads and keys in K and V as Q asks for, a mask that broadcasts to the scores, and
+    ``out`` C-contiguous apart from the inputs. (The layouts are read through the flags: the
+    axes of Q, K, V are checked in :func:`_few_queries`.)"""
+    if out is None or Q.ndim != 4 or K.ndim != 4 or V.ndim != 4 or out.ndim != 4:
+        return False
+    if not (Q.dtype == K.dtype == V.dtype == out.dtype and Q.dtype in jit_cpu.NATIVE):
+        return False
+    if not out.flags.c_contiguous or out.shape[1] > FEW_QUERIES or out.size == 0 \
+            or any(np.may_share_memory(out, x) for x in (Q, K, V, mask) if x is not None):
+        return False
+    return (mask is None or mask.dtype == Q.dtype) and jit_cpu.enabled()
+
+
+def _few_queries(Q, K, V, mask, scale, heads_first, out) -> None:
+    q_first, k_first, v_first = heads_first or (0, 0, 0)
+    q = Q if q_first else Q.transpose(QUERY_PERM)
+    k = K if k_first else K.transpose(QUERY_PERM)
+    v = V if v_first else V.transpose(QUERY_PERM)
+    batch, heads, queries, _ = q.shape
+    keys = k.shape[2]
+    scores_shape = (batch, heads, queries, keys)
+    if k.shape[:2] != (batch, heads) or v.shape[:3] != (batch, heads, keys) \
+            or q.shape[3] != k.shape[3] or out.shape != (batch, queries, heads, v.shape[3]) \
+            or keys == 0 or (mask is not None and broadcast_or_none(
+                scores_shape, mask.shape) != scores_shape):
+        fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first, out=out)
+        return
+    kernels = jit_cpu.load(FEW_QUERIES_KERNELS)
+    target = out.transpose(QUERY_PERM)
+    into = target if target.flags.c_contiguous else np.empty(target.shape, out.dtype)
+    mask_span, mask_strides = _flat_mask(mask, scores_shape, out.dtype)
+    kernels.attend(*(np.ascontiguousarray(x) for x in (q, k, v)), mask_span, mask_strides,
+                   mask is not None, out.dtype.type(scale), into,
+                   jit_cpu.scratch_array("attention_few_scores", out.dtype, (keys,)))
+    if into is not target:
+        np.copyto(target, into)
 
 
 # -- the compiled heads ---------------------------------------------------------------------------
@@ -84,6 +156,26 @@ def _compiled(Q, K, V, mask, scale, out):
                           dtype.type(scale), pair0, pair1, row0, row1, *scratch(""))
     parallel_for([tuple(int(x) for x in bounds) for bounds in parts], part)
     return out
+
+
+_NO_MASK = {np.dtype(t).char: (np.zeros(1, t), np.zeros(4, np.int64))
+            for t in (np.float32, np.float64)}
+
+
+def _flat_mask(mask, shape, dtype):
+    """:func:`_mask_layout` without its NumPy views (~8 us) for the common case, a
+    C-contiguous mask of at most 4 axes: its flat view, and each axis's stride where it has
+    more than one entry (zero where it broadcasts)."""
+    if mask is None:
+        return _NO_MASK[np.dtype(dtype).char]
+    if not mask.flags.c_contiguous or mask.ndim > 4:
+        return _mask_layout(mask, shape, dtype)
+    dims = (1,) * (4 - mask.ndim) + mask.shape
+    strides, step = [0, 0, 0, 0], 1
+    for axis in range(3, -1, -1):
+        strides[axis] = step if dims[axis] > 1 else 0
+        step *= dims[axis]
+    return mask.reshape(-1), np.array(strides, np.int64)
 
 
 def _mask_layout(mask, shape, dtype):

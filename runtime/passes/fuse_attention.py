@@ -21,7 +21,7 @@ import numpy as np
 
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
-from mixrt.ops.attention.fused_attention import KEY_PERM, QUERY_PERM
+from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,
@@ -53,7 +53,8 @@ class _Match:
         self.g, self.constants, self.types = g, constants, types
         self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
         self.covered: list[Node] = []
-        self.scale, self.mask = 1.0, ""
+        self.scale, self.mask, self.nan_to_zero = 1.0, "", 0
+        self.heads_first = [0, 0, 0]
 
     # -- walking ---------------------------------------------------------------------------
 
@@ -103,6 +104,17 @@ class _Match:
             return None
         return float(np.asarray(value).reshape(-1)[0])
 
+    def _rank4(self, name: str) -> bool:
+        found = self.types.get(name)
+        return found is not None and found.shape is not None and len(found.shape) == 4
+
+    def _shape(self, name: str) -> tuple | None:
+        """The static shape of ``name`` when every dim is known (an int or a named dim)."""
+        found = self.types.get(name)
+        if found is None or found.shape is None or any(d is None for d in found.shape):
+            return None
+        return tuple(found.shape)
+
     # -- the pattern -----------------------------------------------------------------------
 
     def at(self, softmax: Node) -> "_Match | None":
@@ -111,18 +123,19 @@ class _Match:
         scores = self._scores_product(softmax.inputs[0])
         if scores is None:
             return None
-        q = self._transposed(scores.inputs[0], QUERY_PERM)
-        k = self._transposed(scores.inputs[1], KEY_PERM)
-        product = self._reader(softmax.outputs[0], "MatMul")
-        if q is None or k is None or product is None \
-                or product.inputs[0] != softmax.outputs[0]:
+        q, q_first = self._heads(self._unscaled(scores.inputs[0]))
+        k, k_first = self._key(self._unscaled(scores.inputs[1]))
+        probabilities = self._guarded(softmax.outputs[0])
+        product = None if probabilities is None else self._reader(probabilities, "MatMul")
+        if q is None or k is None or product is None or product.inputs[0] != probabilities:
             return None
-        v = self._transposed(product.inputs[1], QUERY_PERM)
-        last = self._reader(product.outputs[0], "Transpose")
-        if v is None or last is None or tuple(last.attributes.get("perm", ())) != QUERY_PERM:
+        v, v_first = self._heads(product.inputs[1])
+        last = self._output_transpose(product.outputs[0])
+        if v is None or last is None:
             return None
         self.covered += [scores, softmax, product, last]
         self.inputs = [q, k, v] + ([self.mask] if self.mask else [])
+        self.heads_first = [q_first, k_first, v_first]
         if not all(dtype_of(self.types.get(name)) in _DTYPES and
                    dtype_of(self.types.get(name)) == dtype_of(self.types.get(q))
                    for name in self.inputs):
@@ -153,24 +166,105 @@ class _Match:
         return self._scaled_product(name)
 
     def _scaled_product(self, name: str) -> Node | None:
+        return self._producer(self._unscaled(name), "MatMul")
+
+    def _unscaled(self, name: str) -> str:
+        """What a private Mul or Div by a scalar constant scales into ``name`` (its factor
+        taken into ``scale``), else ``name``. PyTorch's ``scaled_dot_product_attention``
+        scales Q and K^T each by the root of the scale before their product."""
         for op_type in ("Mul", "Div"):
             node = self._producer(name, op_type)
             if node is None:
                 continue
             for side in ((0, 1) if op_type == "Mul" else (0,)):
-                scale = self._scalar(node.inputs[1 - side])
-                product = self._producer(node.inputs[side], "MatMul")
-                if scale is not None and product is not None and scale != 0.0:
-                    self.scale = scale if op_type == "Mul" else 1.0 / scale
+                factor = self._scalar(node.inputs[1 - side])
+                if factor is not None and factor != 0.0:
+                    self.scale *= factor if op_type == "Mul" else 1.0 / factor
                     self.covered.append(node)
-                    return product
+                    return node.inputs[side]
+        return name
+
+    def _heads(self, name: str) -> tuple:
+        """(the input, heads first?) for an operand of the products, (batch, heads, seq,
+        size): the (batch, seq, heads, size) tensor a run of private Transposes made it from,
+        else the operand itself; (None, None) when it is not 4-D."""
+        source = self._transposed(name, QUERY_PERM)
+        if source is not None:
+            return source, 0
+        return (name, 1) if self._rank4(name) else (None, None)
+
+    def _key(self, name: str) -> tuple:
+        """(K, heads first?) for K^T, (batch, heads, size, keys): Transposes of K by
+        [0, 2, 3, 1] (K sequence first) or [0, 1, 3, 2] (heads first), or the dynamo
+        exporter's Reshape to 3-D, Transpose [0, 2, 1] and Reshape back."""
+        source = self._transposed(name, KEY_PERM)
+        if source is not None:
+            return source, 0
+        source = self._transposed(name, HEADS_FIRST_KEY_PERM) or self._reshaped_key(name)
+        if source is None or not self._rank4(source):
+            return None, None
+        return self._heads(source)
+
+    def _reshaped_key(self, name: str) -> str | None:
+        """K (b, h, s, d) behind Reshape(Transpose(Reshape(K, (b*h, s, d)), [0, 2, 1]),
+        (b, h, d, s)), each private; the shapes must say so."""
+        last = self._producer(name, "Reshape")
+        middle = None if last is None else self._producer(last.inputs[0], "Transpose")
+        if middle is None or list(middle.attributes.get("perm", ())) != [0, 2, 1]:
             return None
-        return self._producer(name, "MatMul")
+        first = self._producer(middle.inputs[0], "Reshape")
+        if first is None:
+            return None
+        key, flat, result = (self._shape(n) for n in (first.inputs[0], first.outputs[0], name))
+        if key is None or flat is None or result is None or len(key) != 4 or len(flat) != 3 \
+                or flat[1:] != key[2:] or result != (key[0], key[1], key[3], key[2]):
+            return None
+        self.covered += [first, middle, last]
+        return first.inputs[0]
+
+    def _guarded(self, name: str) -> str | None:
+        """What the values product reads of the probabilities ``name``: ``name`` itself, or
+        ``Where(IsNaN(name), 0, name)`` (``scaled_dot_product_attention``'s guard, then
+        ``nan_to_zero``); None when something else reads them."""
+        readers = self.readers.get(name, [])
+        if len(readers) == 1:
+            return name
+        if len(readers) != 2 or self.counts[name] != 2 or name in self.g.output_names:
+            return None
+        by_type = {node.op_type: node for node in readers if not node.domain}
+        isnan, where = by_type.get("IsNaN"), by_type.get("Where")
+        if isnan is None or where is None or kernel_for(where) is None \
+                or self._reader(isnan.outputs[0], "Where") is not where \
+                or list(where.inputs) != [isnan.outputs[0], where.inputs[1], name] \
+                or self._scalar(where.inputs[1]) != 0.0:
+            return None
+        self.covered += [isnan, where]
+        self.nan_to_zero = 1
+        return where.outputs[0]
+
+    def _output_transpose(self, name: str) -> Node | None:
+        """The Transpose [0, 2, 1, 3] that reads the values product, through an optional
+        Reshape that keeps its shape (the Llama exports')."""
+        reshape = self._reader(name, "Reshape")
+        if reshape is not None:
+            shape = self._shape(name)
+            if shape is None or shape != self._shape(reshape.outputs[0]):
+                return None
+            self.covered.append(reshape)
+            name = reshape.outputs[0]
+        last = self._reader(name, "Transpose")
+        if last is None or tuple(last.attributes.get("perm", ())) != QUERY_PERM:
+            return None
+        return last
 
     # -- rewriting -------------------------------------------------------------------------
 
     def replace(self) -> None:
         attributes = {"scale": self.scale} if self.scale != 1.0 else {}
+        if any(self.heads_first):
+            attributes["heads_first"] = self.heads_first
+        if self.nan_to_zero:
+            attributes["nan_to_zero"] = 1
         fused = Node("FusedAttention", self.inputs, [self.output], self.name, MIXRT, 1,
                      attributes)
         last = self.covered[-1]  # the output Transpose runs after everything it reads

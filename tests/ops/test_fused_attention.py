@@ -198,3 +198,56 @@ def test_through_the_native_pool_the_worker_takes_heads_and_the_bits_stay(monkey
     kernels, native = jit_cpu.panel_kernels(), jit_cpu.native_pool()
     until_the_worker_joins(native.block, kernels.JOINED, lambda: np.testing.assert_array_equal(
         run(Q, K, V, mask, scale=0.2), expected))
+
+
+# -- heads first, the NaN guard, and a decoder's few queries ----------------------------------------
+
+def laid_out(Q, K, V, heads_first):
+    """Q, K, V given (batch, seq, heads, size), each moved heads first where asked."""
+    return tuple(np.ascontiguousarray(x.transpose(0, 2, 1, 3)) if first else x
+                 for x, first in zip((Q, K, V), heads_first))
+
+
+@pytest.mark.parametrize("queries", [1, 3, 9])  # the direct loop, then the packed heads
+@pytest.mark.parametrize("heads_first", [(0, 1, 1), (1, 1, 1), (1, 0, 0), (0, 0, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_heads_first_inputs_give_what_the_sequence_first_ones_do(heads_first, queries, dtype):
+    Q, K, V = heads(2, queries, 37, 3, 20, 24, dtype)
+    mask = np.where(RNG.random((2, 1, queries, 37)) < 0.3, -np.inf, 0).astype(dtype)
+    mask[..., 0] = 0
+    out = np.empty(Q.shape[:3] + V.shape[3:], dtype)
+    got = fused_attention_cpu(np, *laid_out(Q, K, V, heads_first), mask, scale=0.3,
+                              heads_first=list(heads_first), out=out)
+    np.testing.assert_allclose(got, reference(Q, K, V, mask, 0.3), **TOLERANCE[dtype])
+    generic = fused_attention.fn(np, *laid_out(Q, K, V, heads_first), mask, scale=0.3,
+                                 heads_first=list(heads_first))
+    np.testing.assert_allclose(generic, reference(Q, K, V, mask, 0.3), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("queries", [1, 9])
+def test_the_nan_guard_zeroes_a_query_that_sees_no_key_and_nothing_else(queries):
+    Q, K, V = heads(1, queries, 12, 2, 8, 8, np.float32)
+    mask = np.zeros((1, 1, queries, 12), np.float32)
+    mask[0, 0, queries - 1] = -np.inf  # the last query sees no key
+    out = np.empty(Q.shape[:3] + V.shape[3:], np.float32)
+    unguarded = fused_attention_cpu(np, Q, K, V, mask, out=out.copy())
+    assert np.isnan(unguarded[0, queries - 1]).all()
+    got = fused_attention_cpu(np, Q, K, V, mask, nan_to_zero=1, out=out)
+    assert (got[0, queries - 1] == 0).all()
+    np.testing.assert_allclose(got[0, :queries - 1], unguarded[0, :queries - 1], rtol=2e-5,
+                               atol=2e-6)
+
+
+def test_heads_first_must_name_three_inputs_with_zero_or_one():
+    Q, K, V = heads(1, 1, 4, 1, 2, 2, np.float32)
+    with pytest.raises(ValueError, match=r"heads_first is \[q, k, v\] of 0 or 1"):
+        fused_attention.fn(np, Q, K, V, heads_first=[0, 2])
+
+
+def test_inference_reads_heads_first_inputs():
+    from mixrt.ops.ir.types import TensorType
+    infer = fused_attention.kernels[0].infer_fn
+    f32 = np.dtype(np.float32)
+    q, k, v = (TensorType(f32, ("b", 1, 12, 64)), TensorType(f32, ("b", 12, 96, 64)),
+               TensorType(f32, ("b", 12, 96, 32)))
+    assert infer(q, k, v, heads_first=[0, 1, 1])[0].shape == ("b", 1, 12, 32)
