@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, float32, njit, types
+from numba import carray, cfunc, float32, njit, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -168,20 +168,29 @@ def to_float(sums, ldc, codes, lda, k, a_zero, shift, b_zero, b_zeros, multiplie
     j's code sum), and where ``b_zeros`` (some b_zero is nonzero) each row's code sum r
     takes b_zero[j] * (r - k a_zero) off too, in int32 (exact: every term is a sum of 8-bit
     products); then the conversion, product and sum in float32, as NumPy's passes make
-    them. ``multiplier`` and ``bias`` one value per column (bias read when ``biased``)."""
+    them (the bias added after the product's rounding). Offsets are unsigned: with signed
+    ones numba's check for negative indices kept the loops from vectorizing (BERT's 64 x
+    1024 output: 39 -> 11 us)."""
     rows, n = out.shape
+    flat = out.reshape(-1)
     for i in range(rows):
-        row = i * ldc
+        row, at = uint64(i * ldc), uint64(i * n)
         if b_zeros:
             row_sum = np.int32(0)
             for t in range(k):
-                row_sum += np.int32(codes[i * lda + t])
+                row_sum += np.int32(codes[uint64(i * lda + t)])
             r = row_sum - np.int32(k) * np.int32(a_zero)
             for j in range(n):
-                out[i, j] = float32(sums[row + j] - shift[j] - b_zero[j] * r) * multiplier[j]
+                u = uint64(j)
+                flat[at + u] = float32(sums[row + u] - shift[u] - b_zero[u] * r) * multiplier[u]
+            if biased:
+                for j in range(n):
+                    flat[at + uint64(j)] += bias[uint64(j)]
+        elif biased:
+            for j in range(n):
+                u = uint64(j)
+                flat[at + u] = float32(sums[row + u] - shift[u]) * multiplier[u] + bias[u]
         else:
             for j in range(n):
-                out[i, j] = float32(sums[row + j] - shift[j]) * multiplier[j]
-        if biased:
-            for j in range(n):
-                out[i, j] = out[i, j] + bias[j]
+                u = uint64(j)
+                flat[at + u] = float32(sums[row + u] - shift[u]) * multiplier[u]

@@ -24,8 +24,12 @@ from mixrt.ops.compiled.parallel import intra_op_threads
 
 _VNNI: list = []  # whether this CPU has AVX-512 VNNI (asked once)
 # multiply-adds from which a product is split with the native pool's worker, and the parts
-# per thread (claimed one at a time, so a worker that wakes late takes fewer)
-SPLIT_WORK = 1 << 21
+# per thread (claimed one at a time, so a worker that wakes late takes fewer). Alone, back
+# to back, a split 64 x 256 @ 256 x 1024 took 51 us against 80 on one thread; inside a run
+# the split cost more than it saved: the dynamically quantized BERT (25 such products of
+# 4-17 M multiply-adds, 64 tokens) ran 3.7 ms unsplit against 5.6 split from 1 << 21 and 3.9
+# from 1 << 24, GPT-2 3.7 against 4.0 (one process, alternating, 2026-11-24)
+SPLIT_WORK = 1 << 26
 PARTS_PER_THREAD = 4
 
 
@@ -76,8 +80,9 @@ def integer_product_to_float(A, a_zero, B, b_zero, multiplier, bias, prepacked):
     sums = _raw_product(codes, a.shape[0], weight)
     out = np.empty((a.shape[0], n), np.float32)
     kernels = jit_cpu.load("mixrt.ops.quant._jit_int8")
-    scale = np.ascontiguousarray(np.broadcast_to(np.asarray(multiplier, np.float32)
-                                                 .reshape(-1), (n,)))
+    scale = np.asarray(multiplier, np.float32).reshape(-1)
+    if scale.size != n:  # one value for every column (np.broadcast_to took ~5 us)
+        scale = np.full(n, scale[0], np.float32)
     kernels.to_float(sums.reshape(-1), sums.shape[1], codes.reshape(-1), codes.shape[1], k,
                      za, np.int32(za) * weight.column_sums, weight.zero, weight.has_zero,
                      scale, scale if bias is None else np.ascontiguousarray(bias, np.float32),
@@ -167,8 +172,9 @@ def _raw_product(codes, rows: int, weight: _Weight):
     parts = min(weight.count, PARTS_PER_THREAD * intra_op_threads())
     words = np.array([rows, lda, weight.k_groups, ldc, weight.count, parts, codes.size,
                       weight.panels.size, out.size], np.int64)
-    addresses = np.array([a.ctypes.data for a in (words, codes, weight.panels, out)],
-                         np.uint64)
+    # (the array interface's address: ``.ctypes.data`` built a ctypes object per array, ~2 us)
+    addresses = np.array([a.__array_interface__["data"][0]
+                          for a in (words, codes, weight.panels, out)], np.uint64)
     jit_cpu.panel_kernels().native_for(native.block, kernels.product_part.address, addresses,
                                        parts)
     return out

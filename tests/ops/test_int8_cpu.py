@@ -25,6 +25,17 @@ def _reference(A, a_zero, B, b_zero):
 
 
 @needs_vnni
+def test_a_product_split_with_the_native_worker_sums_what_one_thread_does(monkeypatch):
+    rng = np.random.default_rng(3)
+    A, B = _codes(rng, np.uint8, (37, 300)), _codes(rng, np.int8, (300, 200))
+    zero = _codes(rng, np.int8, (200,))
+    whole = int8_cpu.integer_product(A, np.uint8(9), B, zero, {})
+    monkeypatch.setattr(int8_cpu, "SPLIT_WORK", 0)  # every product split into parts
+    np.testing.assert_array_equal(int8_cpu.integer_product(A, np.uint8(9), B, zero, {}), whole)
+    np.testing.assert_array_equal(whole, _reference(A, np.uint8(9), B, zero))
+
+
+@needs_vnni
 @pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("b_dtype", [np.int8, np.uint8])
 @pytest.mark.parametrize("b_zero", ["none", "one", "per column"])
