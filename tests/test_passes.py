@@ -25,13 +25,15 @@ F = TensorProto.FLOAT
 # -- building and checking -------------------------------------------------------------------
 
 def graph_of(nodes, inputs, outputs, initializers=(), opset=17, ir_version=None,
-             value_info=()) -> Graph:
+             value_info=(), ml_opset=None) -> Graph:
     """A Graph from onnx helper pieces; ``inputs``/``outputs`` are (name, shape) pairs or
     ValueInfoProtos; initializers are name -> array."""
     values, results = [_value(v) for v in inputs], [_value(v) for v in outputs]
     tensors = [numpy_helper.from_array(a, n) for n, a in dict(initializers).items()]
     graph = helper.make_graph(nodes, "g", values, results, tensors, value_info=value_info)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)] + \
+        ([helper.make_opsetid("ai.onnx.ml", ml_opset)] if ml_opset else [])
+    model = helper.make_model(graph, opset_imports=opsets)
     imported = load_graph(model)
     if ir_version is not None:
         imported.metadata["ir_version"] = ir_version
@@ -509,6 +511,44 @@ def test_light_zoo_models_match_their_references(zoo, level):
     if level == 2:
         assert "BatchNormalization" not in ops(optimized)
         assert any(n.domain == "mixrt" for n in optimized.nodes)
+
+
+# -- level 1: a classifier's labels (runtime/passes/class_labels.py) -----------------------------
+
+def labels_graph(classes, cast_to=TensorProto.INT64, argmax_read_elsewhere=False):
+    """skl2onnx's label tail: ArgMax, ArrayFeatureExtractor of the classes, Reshape [-1],
+    an optional Cast."""
+    nodes = [node("ArgMax", ["p"], ["index"], axis=1),
+             helper.make_node("ArrayFeatureExtractor", ["classes", "index"], ["picked"],
+                              domain="ai.onnx.ml"),
+             node("Reshape", ["picked", "flat"], ["label" if cast_to is None else "flat_label"])]
+    if cast_to is not None:
+        nodes.append(node("Cast", ["flat_label"], ["label"], to=cast_to))
+    label_type = {np.str_: TensorProto.STRING}.get(classes.dtype.type, TensorProto.INT64)
+    outputs = [("label", None, cast_to or label_type)]
+    if argmax_read_elsewhere:
+        outputs.append(("index", None, TensorProto.INT64))
+    initializers = {"classes": classes, "flat": np.array([-1], np.int64)}
+    graph = graph_of(nodes, [("p", ["n", 4])], outputs, initializers, ml_opset=1)
+    return graph, {"p": rand(5, 4)}
+
+
+@pytest.mark.parametrize("classes, cast_to, kept", [
+    (np.arange(4, dtype=np.int32), TensorProto.INT64, {"ArgMax": 1}),  # the index is the label
+    (np.array([3, 7, 11, 40], np.int64), TensorProto.INT64, {"ArgMax": 1, "Gather": 1}),
+    (np.array(["ant", "bee", "cat", "dog"]), None, {"ArgMax": 1, "Gather": 1}),
+])
+def test_a_classifiers_label_tail_becomes_one_lookup(classes, cast_to, kept):
+    graph, feeds = labels_graph(classes, cast_to)
+    optimized = checked(graph, feeds, 1)
+    assert ops(optimized) == kept
+
+
+def test_a_label_tail_whose_cast_is_not_exact_or_whose_index_is_read_stays():
+    graph, feeds = labels_graph(np.array([0.5, 1.0, 2.0, 3.0], np.float32))
+    assert "ArrayFeatureExtractor" in ops(checked(graph, feeds, 1))
+    graph, feeds = labels_graph(np.arange(4, dtype=np.int64), argmax_read_elsewhere=True)
+    assert "ArrayFeatureExtractor" in ops(checked(graph, feeds, 1))
 
 
 # -- level 2: attention ---------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 0 - the graph as imported;
 * 1 - exact rewrites, which never change a bit of any output: constant folding (static
   Shape/Size included), removal of Identity, inference Dropout and no-op
-  Reshape/Expand/Transpose/Cast, dead nodes and unused initializers;
+  Reshape/Expand/Transpose/Cast, dead nodes and unused initializers, and a classifier's
+  ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup (``class_labels``);
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
@@ -24,6 +25,7 @@ from mixrt.runtime.graph import Graph
 from mixrt.runtime.passes.affine import (batchnorm_to_affine, combine_affine_chains,
                                          fold_conv_affine)
 from mixrt.runtime.passes.bands import fuse_conv_pools
+from mixrt.runtime.passes.class_labels import fold_class_labels
 # registers the gradients of If, Scan and Loop on the control ops (they need autodiff)
 from mixrt.runtime.passes import control_gradients  # noqa: F401
 from mixrt.runtime.passes.dead_taps import drop_dead_conv_taps
@@ -73,6 +75,7 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
         changed += _run(stats, "dead_nodes", eliminate_dead_nodes, graph)
         if not changed:
             break
+    _run(stats, "class_labels", fold_class_labels, graph, ir_version)
     _run(stats, "unused_initializers", prune_initializers, graph, ir_version)
 
 

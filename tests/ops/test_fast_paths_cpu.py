@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from mixrt.ops.attention.fused_attention import fused_attention
 from mixrt.ops.conv import conv_pool_cpu, fused_conv_pool
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
-from mixrt.ops.nn import fused
+from mixrt.ops.nn import fused, fused_cpu
 from mixrt.ops.quant import contrib_quant_matmul as qmm
 from mixrt.ops.rnn import rnn
 from mixrt.ops.quant.quantize import matmul_integer
@@ -114,6 +114,25 @@ def test_fused_mat_mul_cpu_agrees_with_the_generic_kernel(a_shape, b_shape, acti
                           activation_params=activation[1], _prepacked={},
                           out_shape=out_shape if with_out else None)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("activation", ["", "Relu"])
+@pytest.mark.parametrize("biased", [False, True])
+def test_a_tiny_dense_layer_agrees_with_the_generic_kernel_even_into_its_input(activation,
+                                                                              biased):
+    """Under fused_cpu.TINY_WORK the layer is three NumPy calls; ``out`` may be A's buffer
+    and a NaN stays NaN through the Relu."""
+    A, B = _rand(3, 16), _rand(16, 16)
+    A[1, 2] = np.nan
+    bias = _rand(16) if biased else None
+    assert A.size * B.shape[1] < fused_cpu.TINY_WORK
+    expected = fused.fused_mat_mul.kernels[-1].fn(np, A, B, bias, activation=activation)
+    cpu = fused.fused_mat_mul.kernels[-1].for_device("cpu")
+    got = cpu(np, A, B, bias, activation=activation, out=np.empty((3, 16), np.float32))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert np.isnan(got[1]).all()
+    assert cpu(np, A, B, bias, activation=activation, out=A) is A
+    np.testing.assert_allclose(A, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_fused_products_write_into_an_inputs_buffer_as_the_generic_kernel_does():
