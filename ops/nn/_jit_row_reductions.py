@@ -115,6 +115,24 @@ def softmax_scale(y, rows, n):
             y[uint64(s + i)] *= inverse
 
 
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
+def softmax_small(x, y, rows, n):
+    """The whole softmax of a few short rows of ``n`` (flat x, y; y may be x) in one call:
+    the shift of :func:`softmax_shift`, each exp from libm (a classifier's ten scores do not
+    fill a vector), the scale of :func:`softmax_scale`. A NaN in a row makes the row NaN."""
+    for r in range(rows):
+        s = r * n
+        m, _ = _row_max(x, s, n)
+        total = y.dtype.type(0)
+        for i in range(n):
+            e = np.exp(x[uint64(s + i)] - m)
+            y[uint64(s + i)] = e
+            total += e
+        inverse = y.dtype.type(1) / total
+        for i in range(n):
+            y[uint64(s + i)] *= inverse
+
+
 # -- whole-plane pools (ops/pool/inplace_cpu.py) --------------------------------------------------
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})

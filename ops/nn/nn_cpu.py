@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.compiled.parallel import parallel_rows
@@ -90,9 +91,38 @@ def softmax_cpu(xp, input, *, axis=-1, out=None):
     """Softmax over ``axis``, on the rows of a 2-D view when every axis after it has size 1
     (the last axis in most models; a classifier's (N, C, 1, 1) scores over axis 1), else the
     generic kernel."""
+    if input.ndim == 2 and input.size <= SMALL_SOFTMAX and axis in (-1, 1) \
+            and _small_rows_suit(input, out):
+        return _small_softmax(input, out)
     if input.ndim == 0 or math.prod(input.shape[axis % input.ndim + 1:]) != 1:
         return into(out, softmax(xp, input, axis=axis))
     return _softmax_rows(xp, input, input.shape[axis], out, lambda: softmax(xp, input, axis=axis))
+
+
+# elements of a 2-D softmax over its rows computed in one compiled call with nothing else
+# asked: a classifier's (1, 10) scores took ~7 us, of which the checks and the split that
+# serve a transformer's scores were most
+SMALL_SOFTMAX = 1 << 12
+
+
+def _small_rows_suit(input, out) -> bool:
+    """A contiguous native float ``input``, and ``out`` (when given) of its shape and dtype,
+    contiguous, apart from it or the very same view."""
+    if input.dtype not in row_kernels.NATIVE or not input.flags.c_contiguous:
+        return False
+    if out is not None and (out.shape != input.shape or out.dtype != input.dtype
+                            or not out.flags.c_contiguous or (
+                                np.may_share_memory(out, input)
+                                and not same_view(out, input))):
+        return False
+    return jit_cpu.enabled()
+
+
+def _small_softmax(input, out):
+    target = np.empty_like(input) if out is None else out
+    jit_cpu.load(row_kernels.ROW_KERNELS).softmax_small(
+        input.reshape(-1), target.reshape(-1), input.shape[0], input.shape[1])
+    return target
 
 
 @softmax_coerced.fast("cpu")

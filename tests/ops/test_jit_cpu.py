@@ -490,13 +490,25 @@ def _softmax_reference(x):
                                    (1, 1000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_softmax_matches_float64_and_runs_compiled(shape, dtype, monkeypatch):
+    from mixrt.ops.nn import nn_cpu
     from mixrt.ops.nn.nn_cpu import softmax_cpu
     x = (RNG.standard_normal(shape) * 4).astype(dtype)
     calls = []
     real = row_kernels.softmax_rows
     monkeypatch.setattr(row_kernels, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    small = x.ndim == 2 and x.size <= nn_cpu.SMALL_SOFTMAX  # one call, nothing else asked
+    if small:
+        kernels = jit_cpu.load(row_kernels.ROW_KERNELS)
+        real_small = kernels.softmax_small
+        monkeypatch.setattr(kernels, "softmax_small",
+                            lambda *a: calls.append(1) or real_small(*a))
     out = np.full_like(x, np.nan)
     assert softmax_cpu(np, x, axis=-1, out=out) is out and calls
+    if small:
+        assert softmax_cpu(np, out, axis=-1, out=out) is out  # in place: x is out
+        np.testing.assert_allclose(out, _softmax_reference(_softmax_reference(x)).astype(dtype),
+                                   rtol=1e-5, atol=1e-6)
+        softmax_cpu(np, x, axis=-1, out=out)
     tolerance = 1e-6 if dtype == np.float32 else 1e-13
     np.testing.assert_allclose(out, _softmax_reference(x), rtol=tolerance * 4, atol=tolerance)
     monkeypatch.setenv("MIXRT_JIT", "0")
