@@ -21,7 +21,7 @@ import numpy as np
 
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import GraphIndex, NameMaker, constant_scopes, remove_nodes
+from mixrt.runtime.passes.rewrite import GraphIndex, NameMaker, remove_nodes, replace_matches
 
 ML = "ai.onnx.ml"  # ArrayFeatureExtractor's domain
 _ONNX_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 11: np.float64, 8: np.str_}
@@ -29,22 +29,17 @@ _ONNX_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 11: np.float64, 8: np.st
 
 def fold_class_labels(graph: Graph, ir_version: int | None) -> int:
     """Fold every label lookup of the form above; returns how many."""
-    types = infer_types(graph)
-    folded = 0
-    for g, constants in constant_scopes(graph, ir_version):
-        index = GraphIndex(g)
-        for argmax in [n for n in g.nodes if n.op_type == "ArgMax" and not n.domain]:
-            lookup = _Lookup(g, constants, types, index).at(argmax)
-            if lookup is not None:
-                lookup.replace(NameMaker(graph))
-                folded += 1
-                index = GraphIndex(g)
-    return folded
+    types, names = infer_types(graph), NameMaker(graph)
+    return replace_matches(
+        graph, ir_version, lambda node: node.op_type == "ArgMax" and not node.domain,
+        lambda g, constants, index, argmax: _Lookup(g, constants, types, index, names).at(argmax))
 
 
 class _Lookup:
-    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
+    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex,
+                 names: NameMaker):
         self.g, self.constants, self.types, self.index = g, constants, types, index
+        self.names = names
         self.covered: list[Node] = []
 
     def _only_reader(self, name: str, op_type: str, domain: str = "") -> Node | None:
@@ -87,7 +82,7 @@ class _Lookup:
             return found[0]
         return None
 
-    def replace(self, names: NameMaker) -> None:
+    def replace(self) -> None:
         attributes = dict(self.argmax.attributes, keepdims=0)
         position = self.g.nodes.index(self.argmax)
         if self.labels.dtype == np.int64 and np.array_equal(
@@ -95,7 +90,7 @@ class _Lookup:
             self.g.nodes[position] = Node("ArgMax", self.argmax.inputs, [self.output],
                                           self.argmax.name, "", self.argmax.opset, attributes)
         else:
-            table = names(f"{self.output}/classes")
+            table = self.names(f"{self.output}/classes")
             self.g.initializers[table] = self.labels
             self.constants[table] = self.labels
             index = self.argmax.outputs[0]

@@ -24,22 +24,16 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,
-                                          remove_nodes)
+from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
+                                          replace_matches)
 
 
 def fuse_attention(graph: Graph, ir_version: int | None) -> int:
     """Replace each attention pattern by one FusedAttention node; returns how many."""
     types = infer_types(graph)
-    fused = 0
-    for g, constants in constant_scopes(graph, ir_version):
-        index = GraphIndex(g)
-        for softmax in [n for n in g.nodes if n.op_type == "Softmax" and not n.domain]:
-            match = _Match(g, constants, types, index).at(softmax)
-            if match is not None:
-                match.replace()
-                fused += 1
-                index = GraphIndex(g)  # the graph changed; a failed match changes nothing
+    fused = replace_matches(
+        graph, ir_version, lambda node: node.op_type == "Softmax" and not node.domain,
+        lambda g, constants, index, softmax: _Match(g, constants, types, index).at(softmax))
     if fused:
         graph.opsets.setdefault(MIXRT, 1)
     return fused

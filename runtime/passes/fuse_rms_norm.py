@@ -18,23 +18,20 @@ import numpy as np
 
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, constant_scopes, dtype_of, kernel_for,
-                                          remove_nodes)
+from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
+                                          replace_matches)
 
 
 def fuse_rms_norms(graph: Graph, ir_version: int | None) -> int:
     """Replace each RMS normalization pattern by one node; returns how many."""
     types = infer_types(graph)
-    fused = 0
-    for g, constants in constant_scopes(graph, ir_version):
-        index = GraphIndex(g)
-        for reduce in [n for n in g.nodes if n.op_type == "ReduceMean" and not n.domain]:
-            match = _Match(g, constants, types, index)
-            if match.at(reduce):
-                match.replace()
-                fused += 1
-                index = GraphIndex(g)  # the graph changed; a failed match changes nothing
-    return fused
+
+    def match_at(g, constants, index, reduce):
+        match = _Match(g, constants, types, index)
+        return match if match.at(reduce) else None
+    return replace_matches(graph, ir_version,
+                           lambda node: node.op_type == "ReduceMean" and not node.domain,
+                           match_at)
 
 
 class _Match:

@@ -166,6 +166,23 @@ def constant_scopes(graph: Graph, ir_version: int | None, outer: dict | None = N
             yield from constant_scopes(sub, 3, constants)  # a body's initializers are fixed
 
 
+def replace_matches(graph: Graph, ir_version: int | None, starts, match_at) -> int:
+    """A pattern pass's walk: in the graph and each subgraph, every node ``starts(node)``
+    picks is offered to ``match_at(g, constants, index, node)``, which returns a match (with
+    ``replace()``) or None; the index is made again after each replacement (a failed match
+    changes nothing). Returns how many were replaced."""
+    replaced = 0
+    for g, constants in constant_scopes(graph, ir_version):
+        index = GraphIndex(g)
+        for node in [n for n in g.nodes if starts(n)]:
+            match = match_at(g, constants, index, node)
+            if match is not None:
+                match.replace()
+                replaced += 1
+                index = GraphIndex(g)
+    return replaced
+
+
 def default_opset(graph: Graph) -> int:
     """The default-domain opset for nodes a pass creates: the graph's, but at least 7, the
     first with NumPy broadcasting for arithmetic."""
