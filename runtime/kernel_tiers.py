@@ -4,12 +4,15 @@ numba compiles a kernel on its first call, and on a machine with empty caches a 
 first run waited 76-100 s for it (ResNet-50 12-17 s). A CI job or a new service container
 starts with empty caches every time. So a session's first run of an input signature goes:
 
+* The run, and every run of that signature until the compiled tier is in, runs with the
+  compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path, which
+  ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
 * **Warm marker found** (``<cache>/warm/<key>.json``, written once that model's kernels for
-  that signature were compiled into the cache): the run uses the compiled tier at once; numba
-  loads the machine code from its disk cache (0.3-0.5 s for ResNet-50).
-* **Otherwise**: the run, and every run of that signature until the compiled tier is in, runs
-  with the compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path,
-  which ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
+  that signature were compiled into the cache): the compiler starts no child; it makes the
+  loading run below at once, numba loading the machine code from its disk cache. That used
+  to happen inside the first run, which then took 0.4-0.8 s more than the NumPy tier's on
+  every model of the real-exports set (numba's import alone is ~0.4 s).
+* **Otherwise** the child compiles first.
 
 The background compiler is one thread per process that works through its queue with a child
 process (``python -m mixrt.runtime.compile_worker``, at a lower priority): the child loads
@@ -128,10 +131,12 @@ class SessionTiers:
                 # kernels' compile in this process; either way, compile on demand
                 self._state[signature] = COMPILED
                 return COMPILED
+            # with a warm marker too the first run serves NumPy: the compiler skips the
+            # child and makes its loading run at once (importing numba and loading the
+            # kernels from the cache cost every model of the real-exports set 0.4-0.8 s of
+            # its first run: Faster R-CNN 1.27 s against 0.48 on NumPy, a decision tree
+            # 0.39 s against 2 ms)
             marker = self._marker(signature)
-            if marker.is_file():
-                self._state[signature] = COMPILED
-                return COMPILED
             self._state[signature] = PENDING
         job = CompileJob(self, signature, _copied(feeds), marker)
         compiler().submit(job)
