@@ -49,15 +49,23 @@ def _array(fn: str, arg: str, value) -> NDArray:
     return value
 
 
-def _into(fn: str, out, result: NDArray) -> NDArray:
-    """MXNet's ``out=``: ``result`` written into ``out`` (moved to its context first), which
-    is returned; without ``out``, ``result`` itself."""
+def _out_for(fn: str, out, result: NDArray) -> NDArray | None:
+    """MXNet's ``out=`` checked against ``result``: an NDArray of its shape, or None when no
+    ``out`` was given."""
     if out is None:
-        return result
+        return None
     if not isinstance(out, NDArray):
         raise InputError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
     if out.shape != result.shape:
         raise InputError(f"{fn}: out has shape {out.shape}, the result {result.shape}")
+    return out
+
+
+def _into(fn: str, out, result: NDArray) -> NDArray:
+    """MXNet's ``out=``: ``result`` written into ``out`` (moved to its context first), which
+    is returned; without ``out``, ``result`` itself."""
+    if _out_for(fn, out, result) is None:
+        return result
     out[:] = result if out.ctx == result.ctx else result.as_in_context(out.ctx)
     return out
 

@@ -28,7 +28,7 @@ from mixrt.context import as_context
 from mixrt.nd import array_layers, creation, mxnet_indexing, mxnet_ops, reductions
 from mixrt.nd import ndarray as ndarray_module
 from mixrt.nd.creation import DEFAULT_DTYPE
-from mixrt.nd.mxnet_args import _dtype
+from mixrt.nd.mxnet_args import _dtype, _out_for
 from mixrt.nd.ndarray import NDArray
 from mixrt.nd.sparse_arrays import (INDEX_DTYPE, STORAGE_CLASSES, BaseSparseNDArray,
                                     CSRNDArray, RowSparseNDArray, SparseFormatError,
@@ -538,13 +538,10 @@ def dot(lhs, rhs, transpose_a=False, transpose_b=False, forward_stype=None, out=
 # -- out= ----------------------------------------------------------------------------------
 
 def _into(fn: str, out, result: NDArray) -> NDArray:
-    """``result`` written into ``out`` (MXNet's ``out=``), or ``result`` itself."""
-    if out is None:
+    """``result`` written into ``out`` (MXNet's ``out=``, checked as the dense functions
+    check it), in ``out``'s storage, or ``result`` itself."""
+    if _out_for(fn, out, result) is None:
         return result
-    if not isinstance(out, NDArray):
-        raise InputError(f"{fn}: out must be an NDArray, got {type(out).__name__}")
-    if out.shape != result.shape:
-        raise InputError(f"{fn}: out has shape {out.shape}, the result {result.shape}")
     result.copyto(out) if result.stype in ("default", out.stype) else \
         cast_storage(result, "default").copyto(out)
     return out
