@@ -26,22 +26,26 @@ NATIVE_PARTS_PER_THREAD = 4
 def fused_attention_cpu(xp, Q, K, V, mask=None, *, scale=1.0, heads_first=None, nan_to_zero=0,
                         out=None):
     """The compiled heads where they take this call, else the generic composition."""
-    if _few_queries_suit(Q, K, V, mask, out):
-        _few_queries(Q, K, V, mask, scale, heads_first, out)
-        if not nan_to_zero or not np.isnan(out).any():
-            return out
-        return fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first,
-                                  nan_to_zero=nan_to_zero, out=out)
-    q, k, v = _sequence_first(Q, K, V, heads_first)
-    if _compiled_suits(q, k, v, mask, out):
-        _compiled(q, k, v, mask, scale, out)
-        # a row of probabilities that is not a number makes its output row not a number (it
-        # multiplies every value): where the guard is asked for and one shows, the generic
-        # composition computes the call again, guard and all
-        if not nan_to_zero or not np.isnan(out).any():
-            return out
+    done = _few_queries(Q, K, V, mask, scale, heads_first, out) \
+        if _few_queries_suit(Q, K, V, mask, out) else _packed(Q, K, V, mask, scale,
+                                                               heads_first, out)
+    # a row of probabilities that is not a number makes its output row not a number (it
+    # multiplies every value): where the guard is asked for and one shows, the generic
+    # composition computes the call again, guard and all
+    if done and (not nan_to_zero or not np.isnan(out).any()):
+        return out
     return fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first,
                               nan_to_zero=nan_to_zero, out=out)
+
+
+def _packed(Q, K, V, mask, scale, heads_first, out) -> bool:
+    """The call by the packed-panel heads into ``out``; False (nothing written) where they
+    do not take it."""
+    q, k, v = _sequence_first(Q, K, V, heads_first)
+    if not _compiled_suits(q, k, v, mask, out):
+        return False
+    _compiled(q, k, v, mask, scale, out)
+    return True
 
 
 def _sequence_first(Q, K, V, heads_first) -> tuple:
@@ -58,7 +62,7 @@ def _sequence_first(Q, K, V, heads_first) -> tuple:
 
 FEW_QUERIES_KERNELS = "mixrt.ops.attention._jit_few_queries"
 # queries per head up to which the direct loop beats packing each head's K and V into panels
-# (one query, 4 heads of 64 keys: 5 against 44 us)
+# (one query, 4 heads of 64 keys: 9 against 44 us)
 FEW_QUERIES = 4
 
 
@@ -77,7 +81,9 @@ def _few_queries_suit(Q, K, V, mask, out) -> bool:
     return (mask is None or mask.dtype == Q.dtype) and jit_cpu.enabled()
 
 
-def _few_queries(Q, K, V, mask, scale, heads_first, out) -> None:
+def _few_queries(Q, K, V, mask, scale, heads_first, out) -> bool:
+    """The call by the direct loop into ``out``; False (nothing written) where K, V, the
+    mask or ``out`` do not line up with Q's batch, heads and queries without broadcasting."""
     q_first, k_first, v_first = heads_first or (0, 0, 0)
     q = Q if q_first else Q.transpose(QUERY_PERM)
     k = K if k_first else K.transpose(QUERY_PERM)
@@ -89,8 +95,7 @@ def _few_queries(Q, K, V, mask, scale, heads_first, out) -> None:
             or q.shape[3] != k.shape[3] or out.shape != (batch, queries, heads, v.shape[3]) \
             or keys == 0 or (mask is not None and broadcast_or_none(
                 scores_shape, mask.shape) != scores_shape):
-        fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first, out=out)
-        return
+        return False
     kernels = jit_cpu.load(FEW_QUERIES_KERNELS)
     target = out.transpose(QUERY_PERM)
     into = target if target.flags.c_contiguous else np.empty(target.shape, out.dtype)
@@ -100,6 +105,7 @@ def _few_queries(Q, K, V, mask, scale, heads_first, out) -> None:
                    jit_cpu.scratch_array("attention_few_scores", out.dtype, (keys,)))
     if into is not target:
         np.copyto(target, into)
+    return True
 
 
 # -- the compiled heads ---------------------------------------------------------------------------
