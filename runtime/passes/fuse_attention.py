@@ -9,7 +9,15 @@ The pattern, walked back from each Softmax over the last axis::
     Y = Transpose(MatMul(Softmax(S, axis=-1), Transpose(V, [0,2,1,3])), [0,2,1,3])
 
 K's side may be one Transpose [0,2,3,1] or a run of Transposes that composes to it (PyTorch
-exports ``k.transpose(1, 2)`` then ``.transpose(-1, -2)``). Every value inside the pattern
+exports ``k.transpose(1, 2)`` then ``.transpose(-1, -2)``). PyTorch's
+``scaled_dot_product_attention`` exports its own spelling, taken too: each operand of the
+scores MatMul may be scaled by a scalar (the root of the scale, on Q and on K^T); Q, K and V
+may come heads first, (batch, heads, seq, size), with no Transpose of their own (a KV cache's
+Concat), K^T then being a Transpose [0,1,3,2] or the dynamo exporter's Reshape to 3-D,
+Transpose [0,2,1] and Reshape back; ``Where(IsNaN(P), 0, P)`` may follow the Softmax; and a
+Reshape that keeps the product's shape may precede the last Transpose. The fused node says
+which inputs come heads first (``heads_first``) and whether the guard is there
+(``nan_to_zero``). Every value inside the pattern
 must have the pattern as its only reader and must not be a graph output; Q, K, V and the mask
 are what the fused node reads. The pass runs before ``fuse_products``, which would otherwise
 take a scores MatMul followed by its mask Add as a MatMul with a residual.
