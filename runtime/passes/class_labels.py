@@ -65,7 +65,7 @@ class _Lookup:
         if classes is None or classes.ndim != 1 or reshape is None \
                 or not _is_flat(self.constants.get(reshape.inputs[1])):
             return None
-        cast = self._cast_after(reshape.outputs[0])
+        cast = self._only_reader(reshape.outputs[0], "Cast")
         labels = _cast_exactly(classes, cast)
         if labels is None:
             return None
@@ -74,30 +74,22 @@ class _Lookup:
         self.output = self.covered[-1].outputs[0]
         return self
 
-    def _cast_after(self, name: str) -> Node | None:
-        """The Cast reading the reshaped labels, where one is all that reads them."""
-        found = self.index.readers.get(name, [])
-        if len(found) == 1 and found[0].op_type == "Cast" and not found[0].domain \
-                and name not in self.g.output_names:
-            return found[0]
-        return None
-
     def replace(self) -> None:
-        attributes = dict(self.argmax.attributes, keepdims=0)
         position = self.g.nodes.index(self.argmax)
-        if self.labels.dtype == np.int64 and np.array_equal(
-                self.labels, np.arange(len(self.labels))):  # the index is the label
-            self.g.nodes[position] = Node("ArgMax", self.argmax.inputs, [self.output],
-                                          self.argmax.name, "", self.argmax.opset, attributes)
-        else:
+        direct = self.labels.dtype == np.int64 and np.array_equal(
+            self.labels, np.arange(len(self.labels)))  # the index is the label
+        index = self.output if direct else self.argmax.outputs[0]
+        self.g.nodes[position] = Node("ArgMax", self.argmax.inputs, [index], self.argmax.name,
+                                      "", self.argmax.opset,
+                                      dict(self.argmax.attributes, keepdims=0))
+        if not direct:
             table = self.names(f"{self.output}/classes")
             self.g.initializers[table] = self.labels
             self.constants[table] = self.labels
-            index = self.argmax.outputs[0]
-            self.g.nodes[position] = Node("ArgMax", self.argmax.inputs, [index],
-                                          self.argmax.name, "", self.argmax.opset, attributes)
+            # Gather along axis 0 means the same at every opset: the ArgMax's serves
             self.g.nodes.insert(position + 1, Node("Gather", [table, index], [self.output],
-                                                   self.covered[0].name, "", 13, {"axis": 0}))
+                                                   self.covered[0].name, "",
+                                                   self.argmax.opset, {"axis": 0}))
         remove_nodes(self.g, self.covered)
 
 
