@@ -32,6 +32,7 @@ import contextvars
 import os
 import queue
 import threading
+from functools import partial
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -61,27 +62,33 @@ class BlasGate:
         self._first_caller: int | None = None
         self._runner: _Runner | None = None
 
-    def run(self, body: Callable[[], T], aside: bool = False) -> T:
-        """``body()`` admitted: alone among the gate's runs, on the calling thread or (once a
-        second thread has run) on the runner thread. Its exception, if any, is raised here.
+    def run(self, body: Callable[..., T], *args, aside: bool = False) -> T:
+        """``body(*args)`` admitted: alone among the gate's runs, on the calling thread or
+        (once a second thread has run) on the runner thread. Its exception, if any, is
+        raised here.
 
         ``aside``: a run the process makes for itself in the background (the kernel tiers'
         loading run, runtime/kernel_tiers.py) takes its turn on its own thread and does not
         count as a second caller: it once handed every later run of a one-thread service
         to the runner, +20 us a run (a one-node model went 16 -> 40 us)."""
-        if not self._enabled or getattr(self._inside, "run", False):
-            return body()
+        inside = self._inside
+        if not self._enabled or getattr(inside, "run", False):
+            return body(*args)
         with self._turn:
-            if aside:
-                return self.admitted_here(body)
-            if self._runner is None or self._runner.pid != os.getpid():
+            if not aside and (self._runner is None or self._runner.pid != os.getpid()):
                 caller = threading.get_ident()
                 if self._first_caller is None:
                     self._first_caller = caller
-                if caller == self._first_caller and self._runner is None:
-                    return self.admitted_here(body)
-                self._runner = _Runner(self)
-            return self._runner.call(body)
+                if caller != self._first_caller or self._runner is not None:
+                    self._runner = _Runner(self)
+                    return self._runner.call(partial(body, *args))
+            elif not aside:
+                return self._runner.call(partial(body, *args))
+            inside.run = True  # admitted here (reentrant: see the first line)
+            try:
+                return body(*args)
+            finally:
+                inside.run = False
 
     def admitted_here(self, body):
         """``body()`` on this thread, marked as inside a run (for reentrancy)."""

@@ -58,16 +58,24 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
     (``steps`` its plan's), planned outputs are written into (or copied into) their
     views."""
     if arena is not None and plan is not None:
-        calls = _calls(arena, plan)
-        if xp is np and profiler is None and not plan.host_args:
-            _run_host_calls(calls, env, arena.buffer)
+        if xp is np and profiler is None:
+            run_host_calls(arena, plan, env)
         else:
-            _run_calls(calls, env, xp, arena.buffer, plan.host_args, profiler)
+            _run_calls(_calls(arena, plan), env, xp, arena.buffer, plan.host_args, profiler)
         return
     calls = [(step, step.inputs, step.attributes,
               tuple((name, None, False) for name in step.node.outputs), None)
              for step in steps]
     _run_calls(calls, env, xp, None, {}, profiler)
+
+
+def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
+    """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's)."""
+    calls = arena.calls if arena.calls is not None else _calls(arena, plan)
+    if plan.host_args:
+        _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
+    else:
+        _run_host_calls(calls, env, arena.buffer)
 
 
 def _calls(arena: Arena, plan: ExecutionPlan) -> list:

@@ -209,7 +209,7 @@ class Session:
         if steady is not None and output_names is None and feeds.__class__ is dict \
                 and _feed_key(feeds) == steady.key and symbolic_profiler() is None \
                 and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
-            return self._gate.run(steady.bind(feeds))
+            return self._gate.run(steady.run, feeds)
         return self._run(output_names, feeds, host=True)
 
     def run_on_device(self, output_names, feeds: dict) -> list:
@@ -227,8 +227,8 @@ class Session:
         # the kernel tiers' loading run comes from their thread: it takes its turn there,
         # and the gate does not hand the service's later runs to its runner for it
         aside = self._tiers is not None and kernel_tiers._LOADING.get() is self._tiers
-        return self._gate.run(lambda: self._gated_run(signature, feeds, wanted, process,
-                                                      host), aside)
+        return self._gate.run(self._gated_run, signature, feeds, wanted, process, host,
+                              aside=aside)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the compiled kernels of every input signature this session has run

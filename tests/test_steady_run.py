@@ -38,13 +38,13 @@ def _expected(x):
 def lane_runs(monkeypatch):
     """How many runs the steady lane carried out."""
     runs = []
-    run = SteadyRun._run
+    run = SteadyRun.run
 
     def counted(self, feeds):
         runs.append(self)
         return run(self, feeds)
 
-    monkeypatch.setattr(SteadyRun, "_run", counted)
+    monkeypatch.setattr(SteadyRun, "run", counted)
     return runs
 
 

@@ -190,8 +190,9 @@ def _for_exporter(model, dynamo: bool):
     (``enable_gqa``); Llama's eager attention (repeated heads, explicit softmax) is what users
     of that exporter switch to."""
     config = model.config
-    grouped = getattr(config, "num_key_value_heads", None) not in (None,
-                                                                 config.num_attention_heads)
+    # a composite config (CLIP's) names no heads of its own: no grouped heads either
+    kv_heads = getattr(config, "num_key_value_heads", None)
+    grouped = kv_heads is not None and kv_heads != config.num_attention_heads
     if grouped and not dynamo:
         model.set_attn_implementation("eager")
     return model.eval()

@@ -84,6 +84,23 @@ def _ignoring_all():
     return ignoring
 
 
+def quiet_enter():
+    """Enter ``np.errstate(all="ignore")`` for a session's run; returns the token
+    :func:`quiet_exit` takes. :class:`quiet_numpy` is the same as a ``with`` block."""
+    if _ERROR_STATE is None:
+        token = np.errstate(all="ignore")
+        token.__enter__()
+        return token
+    return _ERROR_STATE.set(_ignoring_all())
+
+
+def quiet_exit(token) -> None:
+    if _ERROR_STATE is None:
+        token.__exit__(None, None, None)
+    else:
+        _ERROR_STATE.reset(token)
+
+
 class quiet_numpy:
     """``np.errstate(all="ignore")`` for a session's run, for a fraction of its cost; the
     kernels' own :func:`quiet` blocks inside it cost a lookup."""
@@ -91,18 +108,11 @@ class quiet_numpy:
     __slots__ = ("_token",)
 
     def __enter__(self):
-        if _ERROR_STATE is None:
-            self._token = np.errstate(all="ignore")
-            self._token.__enter__()
-        else:
-            self._token = _ERROR_STATE.set(_ignoring_all())
+        self._token = quiet_enter()
         return self
 
     def __exit__(self, *exc):
-        if _ERROR_STATE is None:
-            self._token.__exit__(*exc)
-        else:
-            _ERROR_STATE.reset(self._token)
+        quiet_exit(self._token)
 
 
 def _bool_like_input(x: TensorType, **_) -> list[TensorType]:
