@@ -8,9 +8,11 @@ unfolds again:
 * ``FusedConvPool(X, W, B)``  -> Conv [-> activation] [-> LRN] -> MaxPool/AveragePool
 * ``FusedGemm(A, B, C)``      -> Gemm [-> activation]
 * ``FusedMatMul(A, B, b, Z)`` -> MatMul [-> Add(b)] [-> Add(Z)] [-> activation]
-* ``FusedAttention(Q, K, V, mask)`` -> Transposes of Q, K, V (of those not heads first)
-  -> MatMul [-> Mul(scale)] [-> Add(mask)] -> Softmax [-> Where(IsNaN, 0)] -> MatMul
-  -> Transpose
+* ``FusedAttention(Q, K, V, mask)`` -> [Gathers repeating K's and V's heads (kv_repeat)]
+  -> Transposes of Q, K, V (of those not heads first) -> MatMul [-> Mul(scale)]
+  [-> Add(mask)] -> Softmax [-> Where(IsNaN, 0)] -> MatMul -> Transpose
+* ``FusedRotary(X, cos, sin)`` -> X * cos + Concat(Neg(second half), first half) * sin, the
+  halves cut by Split
 * ``FusedElementwise``        -> one node per step of its register program, its literals
   as 0-d initializers
 * ``PairwiseSquaredDistances(X, R)`` -> Sub(Unsqueeze(X, 0), Unsqueeze(R, 1)) ->
@@ -249,6 +251,8 @@ def _fused_attention(unfold: _Unfolder, node: Node) -> None:
     except ValueError as exc:
         raise ExportError(f"node {node.label!r}: {exc}") from exc
 
+    k, v = (_repeated_heads(unfold, node, name) for name in (k, v))
+
     def laid_out(name, perm):
         return name if perm is None else unfold.emit("Transpose", [name], perm=list(perm))
     scores = unfold.emit("MatMul", [laid_out(q, q_perm), laid_out(k, k_perm)])
@@ -264,6 +268,50 @@ def _fused_attention(unfold: _Unfolder, node: Node) -> None:
                                               unfold.constant(0.0, "zero"), probabilities])
     product = unfold.emit("MatMul", [probabilities, laid_out(v, v_perm)])
     unfold.emit("Transpose", [product], node.outputs[0], perm=list(QUERY_PERM))
+
+
+def _repeated_heads(unfold: _Unfolder, node: Node, name: str) -> str:
+    """A heads-first K or V with each head repeated ``kv_repeat`` times in a row: a Gather
+    of heads [0, 0, 1, 1, ...] along axis 1 (its head count must be known)."""
+    repeat = int(node.attributes.get("kv_repeat", 1))
+    if repeat == 1:
+        return name
+    shape = getattr(unfold.types.get(name), "shape", None)
+    heads = shape[1] if shape is not None and len(shape) == 4 else None
+    if not isinstance(heads, int):
+        raise ExportError(f"node {node.label!r}: writing FusedAttention's kv_repeat as a "
+                          f"Gather needs the head count of {name!r}, which is not known")
+    indices = unfold.ints([h // repeat for h in range(heads * repeat)], "heads")
+    return unfold.emit("Gather", [name, indices], axis=1)
+
+
+def _fused_rotary(unfold: _Unfolder, node: Node) -> None:
+    x, cos, sin = node.inputs
+    first, second = _halves(unfold, node, x)
+    rotated = unfold.emit("Concat", [unfold.emit("Neg", [second]), first], axis=-1
+                          if unfold.opset >= 11 else _rank(unfold, node, x) - 1)
+    unfold.emit("Add", [unfold.emit("Mul", [x, cos]), unfold.emit("Mul", [rotated, sin])],
+                node.outputs[0])
+
+
+def _halves(unfold: _Unfolder, node: Node, x: str) -> list[str]:
+    """The two halves of x's last axis, by one Split in the opset's form."""
+    axis = -1 if unfold.opset >= 11 else _rank(unfold, node, x) - 1
+    attributes = {"axis": axis}
+    if unfold.opset >= 18:
+        attributes["num_outputs"] = 2
+    halves = [unfold.fresh(f"{node.outputs[0]}/half") for _ in range(2)]
+    name = unfold.fresh(f"{node.name}/Split") if node.name else ""
+    unfold.emitted.append(Node("Split", [x], halves, name, "", unfold.opset, attributes))
+    return halves
+
+
+def _rank(unfold: _Unfolder, node: Node, name: str) -> int:
+    shape = getattr(unfold.types.get(name), "shape", None)
+    if shape is None:
+        raise ExportError(f"node {node.label!r}: writing mixrt::{node.op_type} before "
+                          f"opset 11 needs the rank of {name!r}, which is not known")
+    return len(shape)
 
 
 def _fused_elementwise(unfold: _Unfolder, node: Node) -> None:
@@ -387,5 +435,6 @@ _DECOMPOSITIONS = {
     "FusedMatMul": _fused_mat_mul,
     "FusedAttention": _fused_attention,
     "FusedElementwise": _fused_elementwise,
+    "FusedRotary": _fused_rotary,
     "PairwiseSquaredDistances": _pairwise_squared_distances,
 }

@@ -497,6 +497,37 @@ def test_heads_first_attention_with_its_nan_guard_decomposes():
     assert_same_outputs(ort_run(model, feeds), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_grouped_heads_attention_decomposes_with_gathers():
+    rng = np.random.default_rng(8)
+    shapes = {"q": (1, 4, 2, 8), "k": (1, 2, 6, 8), "v": (1, 2, 6, 4)}
+    feeds = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
+    fused = node("FusedAttention", list(feeds), ["y"], 1, "mixrt", name="attention",
+                 scale=0.35, heads_first=[1, 1, 1], kv_repeat=2)
+    graph = make_graph([fused], {n: tensor(F32, a.shape) for n, a in feeds.items()},
+                       {"y": tensor(F32, None)}, opset=17, mixrt=1)
+    model = checked_export(graph)
+    assert [n.op_type for n in model.graph.node].count("Gather") == 2
+    expected = Session(graph, opt_level=0).run(None, feeds)
+    assert expected[0].shape == (1, 2, 4, 4)
+    assert_same_outputs(ort_run(model, feeds), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 18])  # Split's three forms, axis -1 from 11
+def test_fused_rotary_decomposes_into_its_halves(opset):
+    rng = np.random.default_rng(9)
+    shapes = {"x": (1, 3, 5, 8), "cos": (1, 1, 5, 8), "sin": (1, 1, 5, 8)}
+    feeds = {n: rng.standard_normal(s).astype(F32) for n, s in shapes.items()}
+    fused = node("FusedRotary", list(feeds), ["y"], 1, "mixrt", name="rotary")
+    graph = make_graph([fused], {n: tensor(F32, a.shape) for n, a in feeds.items()},
+                       {"y": tensor(F32, None)}, opset=opset, mixrt=1)
+    model = checked_export(graph)
+    assert domains_of(model) == {""}
+    assert {"Split", "Neg", "Concat"} <= {n.op_type for n in model.graph.node}
+    # the same float operations in the same order: the same bits
+    np.testing.assert_array_equal(ort_run(model, feeds)[0],
+                                  Session(graph, opt_level=0).run(None, feeds)[0])
+
+
 def test_a_mixrt_op_without_decomposition_is_an_export_error():
     grad = node("ReluGrad", ["dy", "y"], ["dx"], 1, "mixrt", name="relu_backward")
     graph = make_graph([grad], {"dy": tensor(F32, (2,)), "y": tensor(F32, (2,))},

@@ -671,6 +671,108 @@ def test_a_guard_that_is_not_zero_or_a_reshape_that_moves_values_keeps_attention
     assert "FusedAttention" not in ops(checked(graph, feeds, 2))
 
 
+def grouped_attention_graph(key_form="transpose", v_repeat=2) -> tuple[Graph, dict]:
+    """Grouped-query attention as Llama's exports spell it: K and V heads first with 2
+    heads, each repeated (Unsqueeze at 2, Expand, Reshape) to Q's 4 (``v_repeat=None``: V
+    comes with 4 heads of its own); K^T by a Transpose
+    [0, 1, 3, 2] or (``key_form="reshape"``) the dynamo exporter's Reshape of the 5-D
+    Expand straight to 3-D, Transpose [0, 2, 1] and Reshape back."""
+    b, h, kv, s, t, d = 1, 4, 2, 2, 6, 8
+    nodes = [const("axis2", np.array([2], np.int64)), const("c", np.float32(0.35))]
+
+    def repeated(name, repeat, reshape=True):
+        nodes.extend([node("Unsqueeze", [name, "axis2"], [f"{name}5"]),
+                      const(f"{name}_grow", np.array([b, kv, repeat, t, d], np.int64)),
+                      node("Expand", [f"{name}5", f"{name}_grow"], [f"{name}x"])])
+        if not reshape:
+            return f"{name}x"
+        nodes.extend([const(f"{name}_heads", np.array([b, kv * repeat, t, d], np.int64)),
+                      node("Reshape", [f"{name}x", f"{name}_heads"], [f"{name}r"])])
+        return f"{name}r"
+    if key_form == "transpose":
+        nodes.append(node("Transpose", [repeated("k", 2)], ["kt"], perm=[0, 1, 3, 2]))
+    else:
+        nodes += [const("flat", np.array([b * h, t, d], np.int64)),
+                  const("back", np.array([b, h, d, t], np.int64)),
+                  node("Reshape", [repeated("k", 2, reshape=False), "flat"], ["k3"]),
+                  node("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+                  node("Reshape", ["k3t", "back"], ["kt"])]
+    nodes += [node("MatMul", ["q", "kt"], ["scores"]), node("Mul", ["scores", "c"], ["sc"]),
+              node("Softmax", ["sc"], ["p"], axis=-1),
+              node("MatMul", ["p", repeated("v", v_repeat) if v_repeat else "v"], ["o"]),
+              node("Transpose", ["o"], ["y"], perm=[0, 2, 1, 3])]
+    kv_heads, v_heads = [b, kv, t, d], [b, kv if v_repeat else h, t, d]
+    feeds = {"q": rand(b, h, s, d), "k": rand(*kv_heads), "v": rand(*v_heads)}
+    inputs = [("q", [b, h, s, d]), ("k", kv_heads), ("v", v_heads)]
+    return graph_of(nodes, inputs, [("y", [b, s, h, d])]), feeds
+
+
+@pytest.mark.parametrize("key_form", ["transpose", "reshape"])
+def test_grouped_query_attention_reads_the_unrepeated_heads(key_form):
+    graph, feeds = grouped_attention_graph(key_form)
+    optimized = checked(graph, feeds, 2)
+    assert ops(optimized) == {"FusedAttention": 1}
+    fused = optimized.nodes[0]
+    assert fused.inputs == ["q", "k", "v"] and fused.attributes["kv_repeat"] == 2
+    assert fused.attributes["heads_first"] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("key_form", ["transpose", "reshape"])
+def test_attention_whose_values_are_not_repeated_keeps_the_keys_repeat(key_form):
+    graph, feeds = grouped_attention_graph(key_form, v_repeat=None)
+    found = ops(checked(graph, feeds, 2))
+    if key_form == "transpose":  # K's repeated heads are a tensor the fused node reads
+        assert found["FusedAttention"] == 1 and found["Expand"] == 1
+    else:  # they exist only inside the reshapes: nothing to read, no fusion
+        assert "FusedAttention" not in found
+
+
+def rotary_graph(first_end=4, second_start=4, order="standard", opset=17) -> tuple[Graph, dict]:
+    """Hugging Face's rotary embedding of x (1, 3, 5, 8): x * cos + rotate_half(x) * sin,
+    rotate_half(x) = Concat(Neg(x[..., 4:]), x[..., :4]) (``order="swapped"``: the halves
+    the other way round, which is another function); the products and the sum with their
+    operands in the other order when ``order="commuted"``."""
+    if opset >= 10:
+        nodes = [const("zero", np.array([0], np.int64)), const("last", np.array([-1], np.int64)),
+                 const("mid", np.array([first_end], np.int64)),
+                 const("start2", np.array([second_start], np.int64)),
+                 const("end", np.array([np.iinfo(np.int64).max], np.int64)),
+                 node("Slice", ["x", "zero", "mid", "last"], ["x1"]),
+                 node("Slice", ["x", "start2", "end", "last"], ["x2"])]
+    else:
+        nodes = [node("Slice", ["x"], ["x1"], starts=[0], ends=[first_end], axes=[3]),
+                 node("Slice", ["x"], ["x2"], starts=[second_start], ends=[8], axes=[3])]
+    nodes.append(node("Neg", ["x2"], ["n2"]))
+    halves = ["x1", "n2"] if order == "swapped" else ["n2", "x1"]
+    nodes.append(node("Concat", halves, ["r"], axis=-1 if opset >= 11 else 3))
+    if order == "commuted":
+        nodes += [node("Mul", ["cos", "x"], ["a"]), node("Mul", ["sin", "r"], ["bb"]),
+                  node("Add", ["bb", "a"], ["y"])]
+    else:
+        nodes += [node("Mul", ["x", "cos"], ["a"]), node("Mul", ["r", "sin"], ["bb"]),
+                  node("Add", ["a", "bb"], ["y"])]
+    feeds = {"x": rand(1, 3, 5, 8), "cos": rand(1, 1, 5, 8), "sin": rand(1, 1, 5, 8)}
+    inputs = [("x", [1, 3, 5, 8]), ("cos", [1, 1, 5, 8]), ("sin", [1, 1, 5, 8])]
+    return graph_of(nodes, inputs, [("y", [1, 3, 5, 8])], opset=opset), feeds
+
+
+@pytest.mark.parametrize("opset", [9, 17])
+@pytest.mark.parametrize("order", ["standard", "commuted"])
+def test_rotary_embedding_becomes_one_node_with_the_same_bits(order, opset):
+    graph, feeds = rotary_graph(order=order, opset=opset)
+    optimized = checked(graph, feeds, 2)
+    assert ops(optimized) == {"FusedRotary": 1}
+    assert optimized.nodes[0].inputs == ["x", "cos", "sin"]
+    np.testing.assert_array_equal(run(optimized, feeds)[0], run(graph, feeds)[0])
+
+
+@pytest.mark.parametrize("variant", [dict(order="swapped"), dict(first_end=5, second_start=5),
+                                     dict(second_start=3, first_end=3)])
+def test_a_rotation_that_is_not_rotate_half_stays_unfused(variant):
+    graph, feeds = rotary_graph(**variant)
+    assert "FusedRotary" not in ops(checked(graph, feeds, 2))
+
+
 def test_a_pass_that_fails_names_itself_in_a_graph_error(monkeypatch, tmp_path):
     from helpers import add_model, save
 

@@ -17,15 +17,16 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
-def attend(q, k, v, mask, mask_strides, has_mask, scale, out, scores):
-    """``out[b, h, i] = softmax(scale * q[b, h, i] . k[b, h, :] + mask) @ v[b, h]``;
+def attend(q, k, v, mask, mask_strides, has_mask, scale, repeat, out, scores):
+    """``out[b, h, i] = softmax(scale * q[b, h, i] . k[b, g, :] + mask) @ v[b, g]`` with
+    ``g = h // repeat`` (grouped-query attention: K and V have heads / repeat heads);
     ``scores`` a scratch of at least the key count."""
     batch, heads, queries, size = q.shape
     keys, value_size = k.shape[2], v.shape[3]
     zero = q.dtype.type(0)
     for b in range(batch):
         for h in range(heads):
-            keys_of, values_of = k[b, h], v[b, h]
+            keys_of, values_of = k[b, h // repeat], v[b, h // repeat]
             for i in range(queries):
                 query, row = q[b, h, i], out[b, h, i]
                 at = b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.attention.fused_attention import QUERY_PERM, fused_attention
+from mixrt.ops.attention.fused_attention import (QUERY_PERM, fused_attention, kv_repeat_of,
+                                                 repeated_heads)
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
-from mixrt.ops.ir.types import broadcast_or_none
+from mixrt.ops.ir.types import broadcasts_to
 
 # multiply-adds from which the heads are split over the intra-op threads (as
 # ops/nn/matmul_cpu.py's PANEL_SPLIT_WORK: a hand-off costs ~20 us)
@@ -24,18 +25,23 @@ NATIVE_PARTS_PER_THREAD = 4
 
 @fused_attention.fast("cpu")
 def fused_attention_cpu(xp, Q, K, V, mask=None, *, scale=1.0, heads_first=None, nan_to_zero=0,
-                        out=None):
-    """The compiled heads where they take this call, else the generic composition."""
-    done = _few_queries(Q, K, V, mask, scale, heads_first, out) \
-        if _few_queries_suit(Q, K, V, mask, out) else _packed(Q, K, V, mask, scale,
-                                                               heads_first, out)
+                        kv_repeat=1, out=None):
+    """The compiled heads where they take this call, else the generic composition. Grouped
+    K and V (``kv_repeat``) are read in place by the few-queries loop; the packed heads
+    take them repeated."""
+    repeat = kv_repeat_of(heads_first, kv_repeat)
+    if _few_queries_suit(Q, K, V, mask, out):
+        done = _few_queries(Q, K, V, mask, scale, heads_first, repeat, out)
+    else:
+        done = _packed(Q, repeated_heads(np, K, repeat), repeated_heads(np, V, repeat), mask,
+                       scale, heads_first, out)
     # a row of probabilities that is not a number makes its output row not a number (it
     # multiplies every value): where the guard is asked for and one shows, the generic
     # composition computes the call again, guard and all
     if done and (not nan_to_zero or not np.isnan(out).any()):
         return out
     return fused_attention.fn(np, Q, K, V, mask, scale=scale, heads_first=heads_first,
-                              nan_to_zero=nan_to_zero, out=out)
+                              nan_to_zero=nan_to_zero, kv_repeat=kv_repeat, out=out)
 
 
 def _packed(Q, K, V, mask, scale, heads_first, out) -> bool:
@@ -81,9 +87,10 @@ def _few_queries_suit(Q, K, V, mask, out) -> bool:
     return (mask is None or mask.dtype == Q.dtype) and jit_cpu.enabled()
 
 
-def _few_queries(Q, K, V, mask, scale, heads_first, out) -> bool:
-    """The call by the direct loop into ``out``; False (nothing written) where K, V, the
-    mask or ``out`` do not line up with Q's batch, heads and queries without broadcasting."""
+def _few_queries(Q, K, V, mask, scale, heads_first, repeat, out) -> bool:
+    """The call by the direct loop into ``out``; False (nothing written) where K, V (their
+    heads each serving ``repeat`` query heads), the mask or ``out`` do not line up with Q's
+    batch, heads and queries without broadcasting."""
     q_first, k_first, v_first = heads_first or (0, 0, 0)
     q = Q if q_first else Q.transpose(QUERY_PERM)
     k = K if k_first else K.transpose(QUERY_PERM)
@@ -91,17 +98,18 @@ def _few_queries(Q, K, V, mask, scale, heads_first, out) -> bool:
     batch, heads, queries, _ = q.shape
     keys = k.shape[2]
     scores_shape = (batch, heads, queries, keys)
-    if k.shape[:2] != (batch, heads) or v.shape[:3] != (batch, heads, keys) \
+    kv_heads = heads // repeat
+    if kv_heads * repeat != heads or k.shape[:2] != (batch, kv_heads) \
+            or v.shape[:3] != (batch, kv_heads, keys) \
             or q.shape[3] != k.shape[3] or out.shape != (batch, queries, heads, v.shape[3]) \
-            or keys == 0 or (mask is not None and broadcast_or_none(
-                scores_shape, mask.shape) != scores_shape):
+            or keys == 0 or (mask is not None and not broadcasts_to(mask.shape, scores_shape)):
         return False
     kernels = jit_cpu.load(FEW_QUERIES_KERNELS)
     target = out.transpose(QUERY_PERM)
     into = target if target.flags.c_contiguous else np.empty(target.shape, out.dtype)
     mask_span, mask_strides = _flat_mask(mask, scores_shape, out.dtype)
     kernels.attend(*(np.ascontiguousarray(x) for x in (q, k, v)), mask_span, mask_strides,
-                   mask is not None, out.dtype.type(scale), into,
+                   mask is not None, out.dtype.type(scale), repeat, into,
                    jit_cpu.scratch_array("attention_few_scores", out.dtype, (keys,)))
     if into is not target:
         np.copyto(target, into)
@@ -125,8 +133,8 @@ def _compiled_suits(Q, K, V, mask, out) -> bool:
             or out.shape != (batch, queries, heads, V.shape[3]) or min(out.shape) == 0 \
             or keys == 0:
         return False
-    if mask is not None and (mask.dtype != Q.dtype or broadcast_or_none(
-            (batch, heads, queries, keys), mask.shape) != (batch, heads, queries, keys)):
+    if mask is not None and (mask.dtype != Q.dtype
+                             or not broadcasts_to(mask.shape, (batch, heads, queries, keys))):
         return False
     return Q.flags.c_contiguous and out.flags.c_contiguous \
         and not any(np.may_share_memory(out, x) for x in (Q, K, V, mask) if x is not None) \

@@ -15,7 +15,12 @@ The node stands for this exact composition of ONNX ops, which the exporter write
 heads first, (batch, heads, seq, size), as PyTorch's ``scaled_dot_product_attention`` takes
 them: such a Q or V is used as it is (no transpose), such a K is transposed by [0, 1, 3, 2].
 ``nan_to_zero`` is that function's guard as its exporters write it: a row of probabilities
-that is not a number (every key masked with -inf) weighs nothing instead.
+that is not a number (every key masked with -inf) weighs nothing instead. ``kv_repeat``
+(grouped-query attention, K and V heads first) serves each head of K and V to that many
+consecutive query heads, as Llama's ``repeat_kv`` spells it before the products::
+
+    K = Reshape(Expand(Unsqueeze(K, [2]), (b, kv_heads, kv_repeat, s, d)),
+                (b, kv_heads * kv_repeat, s, d))      the same for V
 
 The generic kernel runs that composition, with broadcasting, exactly as the unfused nodes would,
 on any device. On the CPU (``ops/attention/attention_cpu.py``, registered with ``.fast("cpu")``)
@@ -61,11 +66,27 @@ def _permuted(xp, x, perm):
     return x if perm is None else xp.transpose(x, perm)
 
 
+def kv_repeat_of(heads_first, kv_repeat) -> int:
+    """``kv_repeat`` checked: at least 1, and above 1 only with K and V heads first."""
+    repeat = int(kv_repeat)
+    if repeat < 1 or repeat > 1 and _flags(heads_first)[1:] != (1, 1):
+        raise ValueError(f"FusedAttention's kv_repeat is {repeat}; expected 1, or more with "
+                         f"K and V heads first (heads_first [q, 1, 1])")
+    return repeat
+
+
+def repeated_heads(xp, x, repeat: int):
+    """A heads-first K or V with each head repeated ``repeat`` times in a row."""
+    return x if repeat == 1 else xp.repeat(x, repeat, axis=1)
+
+
 @op("FusedAttention", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
 def fused_attention(xp, Q, K, V, mask=None, *, scale=1.0, heads_first=None, nan_to_zero=0,
-                    out=None):
+                    kv_repeat=1, out=None):
     """softmax(Q K^T * scale + mask) V per head; Y in (batch, seq, heads, size) layout."""
     q_perm, k_perm, v_perm = input_perms(heads_first)
+    repeat = kv_repeat_of(heads_first, kv_repeat)
+    K, V = repeated_heads(xp, K, repeat), repeated_heads(xp, V, repeat)
     scores = xp.matmul(_permuted(xp, Q, q_perm), xp.transpose(K, k_perm))
     if scale != 1.0:
         scores = scores * scores.dtype.type(scale)
@@ -80,19 +101,24 @@ def fused_attention(xp, Q, K, V, mask=None, *, scale=1.0, heads_first=None, nan_
 
 
 @fused_attention.infer
-def _(Q, K, V, mask=None, *, heads_first=None, **_):
-    def permuted(value_type, perm):
+def _(Q, K, V, mask=None, *, heads_first=None, kv_repeat=1, **_):
+    repeat = kv_repeat_of(heads_first, kv_repeat)
+
+    def permuted(value_type, perm, grouped=False):
         shape = value_type.shape
         if shape is None or len(shape) != 4:
             return None
+        if grouped and repeat > 1:
+            heads = shape[1] * repeat if isinstance(shape[1], int) else None
+            shape = (shape[0], heads, *shape[2:])
         return tuple(shape) if perm is None else tuple(shape[i] for i in perm)
     q_perm, k_perm, v_perm = input_perms(heads_first)
-    scores = matmul_shape(permuted(Q, q_perm), permuted(K, k_perm))
+    scores = matmul_shape(permuted(Q, q_perm), permuted(K, k_perm, True))
     if scores is not None and mask is not None:
         scores = broadcast_or_none(scores, mask.shape) if mask.shape is not None else None
-    shape = matmul_shape(scores, permuted(V, v_perm))
+    shape = matmul_shape(scores, permuted(V, v_perm, True))
     return [TensorType(Q.dtype, None if shape is None else tuple(shape[i] for i in QUERY_PERM))]
 
 
-__all__ = ["fused_attention", "input_perms", "MIXRT", "QUERY_PERM", "KEY_PERM",
+__all__ = ["fused_attention", "input_perms", "kv_repeat_of", "repeated_heads", "MIXRT", "QUERY_PERM", "KEY_PERM",
            "HEADS_FIRST_KEY_PERM"]

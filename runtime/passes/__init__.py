@@ -12,7 +12,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
   padding dropped (``dead_taps``), Conv/Gemm/MatMul fused with bias,
   residual add and activation, a transformer's self-attention (transposes, scores, scale,
-  mask, softmax, weighted values) as one node, conv -> [LRN] -> pool chains computed in
+  mask, softmax, weighted values) as one node, Llama's rotary embedding (rotate_half and
+  its products) as one node, conv -> [LRN] -> pool chains computed in
   bands of rows (``bands``), and chains of elementwise ops fused into one kernel.
 
 The passes work on a copy; the caller's graph is never touched.
@@ -35,6 +36,7 @@ from mixrt.runtime.passes.fuse_attention import fuse_attention
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
 from mixrt.runtime.passes.fuse_quantized import fuse_dynamic_quantized_products
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
+from mixrt.runtime.passes.fuse_rotary import fuse_rotary
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.infer import after_pass, types_between_passes
@@ -88,6 +90,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("batchnorm_to_affine", batchnorm_to_affine),
                           ("combine_affine_chains", combine_affine_chains),
                           ("fuse_rms_norms", fuse_rms_norms),
+                          ("fuse_rotary", fuse_rotary),
                           ("fuse_scan_distances", fuse_scan_distances),
                           ("fuse_attention", fuse_attention),
                           ("fuse_products", fuse_products),

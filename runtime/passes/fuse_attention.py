@@ -15,9 +15,11 @@ scores MatMul may be scaled by a scalar (the root of the scale, on Q and on K^T)
 may come heads first, (batch, heads, seq, size), with no Transpose of their own (a KV cache's
 Concat), K^T then being a Transpose [0,1,3,2] or the dynamo exporter's Reshape to 3-D,
 Transpose [0,2,1] and Reshape back; ``Where(IsNaN(P), 0, P)`` may follow the Softmax; and a
-Reshape that keeps the product's shape may precede the last Transpose. The fused node says
-which inputs come heads first (``heads_first``) and whether the guard is there
-(``nan_to_zero``). Every value inside the pattern
+Reshape that keeps the product's shape may precede the last Transpose. K and V may repeat
+their heads for grouped-query attention as Llama's ``repeat_kv`` spells it (Reshape of an
+Expand of an Unsqueeze at axis 2, both with one repeat), which the fused node reads from
+its source instead (``kv_repeat``). The fused node says which inputs come heads first
+(``heads_first``) and whether the guard is there (``nan_to_zero``). Every value inside the pattern
 must have the pattern as its only reader and must not be a graph output; Q, K, V and the mask
 are what the fused node reads. The pass runs before ``fuse_products``, which would otherwise
 take a scores MatMul followed by its mask Add as a MatMul with a residual.
@@ -57,6 +59,7 @@ class _Match:
         self.covered: list[Node] = []
         self.scale, self.mask, self.nan_to_zero = 1.0, "", 0
         self.heads_first = [0, 0, 0]
+        self.key_group = None  # (K's source, repeat, nodes) when K^T was reshaped from it
 
     # -- walking ---------------------------------------------------------------------------
 
@@ -135,6 +138,10 @@ class _Match:
         last = self._output_transpose(product.outputs[0])
         if v is None or last is None:
             return None
+        grouped = self._grouped_heads(k, v, k_first and v_first)
+        if grouped is None:
+            return None
+        k, v, self.kv_repeat = grouped
         self.covered += [scores, softmax, product, last]
         self.inputs = [q, k, v] + ([self.mask] if self.mask else [])
         self.heads_first = [q_first, k_first, v_first]
@@ -218,11 +225,67 @@ class _Match:
         if first is None:
             return None
         key, flat, result = (self._shape(n) for n in (first.inputs[0], first.outputs[0], name))
+        source, group = first.inputs[0], None
+        if key is not None and len(key) == 5:  # heads repeated (grouped-query attention)
+            group = self._repeated(first.inputs[0])
+            if group is None:
+                return None
+            source, repeat, _ = group
+            base = self._shape(source)
+            key = (base[0], base[1] * repeat, base[2], base[3])
         if key is None or flat is None or result is None or len(key) != 4 or len(flat) != 3 \
                 or flat[1:] != key[2:] or result != (key[0], key[1], key[3], key[2]):
             return None
         self.covered += [first, middle, last]
-        return first.inputs[0]
+        self.key_group = group
+        return source
+
+    def _grouped_heads(self, k: str, v: str, heads_first: bool) -> tuple | None:
+        """(K, V, kv_repeat) as the fused node reads them: the sources of Llama's
+        ``repeat_kv`` when K and V both come through it with one repeat (those nodes then
+        covered), else K and V as found with 1; None where K's repeated heads exist only
+        inside the dynamo exporter's reshapes and V's do not match them."""
+        v_group = self._repeated_heads(v) if heads_first else None
+        k_group = self.key_group or (self._repeated_heads(k) if heads_first else None)
+        if k_group is None or v_group is None or k_group[1] != v_group[1]:
+            return None if self.key_group is not None else (k, v, 1)
+        self.covered = k_group[2] + v_group[2] + self.covered  # they run before the rest
+        return k_group[0], v_group[0], k_group[1]
+
+    def _repeated_heads(self, name: str) -> tuple | None:
+        """(source, repeat, nodes) when ``name``, (b, h * repeat, s, d), is
+        Reshape(Expand(Unsqueeze(source, [2]), (b, h, repeat, s, d))), each private."""
+        reshape = self._producer(name, "Reshape")
+        group = None if reshape is None else self._repeated(reshape.inputs[0])
+        if group is None:
+            return None
+        source, repeat, nodes = group
+        base = self._shape(source)
+        if self._shape(name) != (base[0], base[1] * repeat, base[2], base[3]):
+            return None
+        return source, repeat, nodes + [reshape]
+
+    def _repeated(self, name: str) -> tuple | None:
+        """(source, repeat, [Unsqueeze, Expand]) when ``name``, (b, h, repeat, s, d), is
+        Expand(Unsqueeze(source, [2])) of a heads-first (b, h, s, d) source, each private."""
+        expand = self._producer(name, "Expand")
+        unsqueeze = None if expand is None else self._producer(expand.inputs[0], "Unsqueeze")
+        if unsqueeze is None or self._unsqueezed_axes(unsqueeze) not in ([2], [-3]):
+            return None
+        source = unsqueeze.inputs[0]
+        base, grown = self._shape(source), self._shape(name)
+        if base is None or grown is None or len(base) != 4 or not isinstance(base[1], int) \
+                or not isinstance(grown[2], int) \
+                or grown != (base[0], base[1], grown[2], base[2], base[3]):
+            return None
+        return source, grown[2], [unsqueeze, expand]
+
+    def _unsqueezed_axes(self, node: Node) -> list | None:
+        if node.opset < 13:
+            axes = node.attributes.get("axes")
+            return None if axes is None else [int(a) for a in axes]
+        value = self.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
 
     def _guarded(self, name: str) -> str | None:
         """What the values product reads of the probabilities ``name``: ``name`` itself, or
@@ -267,6 +330,8 @@ class _Match:
             attributes["heads_first"] = self.heads_first
         if self.nan_to_zero:
             attributes["nan_to_zero"] = 1
+        if self.kv_repeat > 1:
+            attributes["kv_repeat"] = self.kv_repeat
         fused = Node("FusedAttention", self.inputs, [self.output], self.name, MIXRT, 1,
                      attributes)
         last = self.covered[-1]  # the output Transpose runs after everything it reads

@@ -251,3 +251,42 @@ def test_inference_reads_heads_first_inputs():
     q, k, v = (TensorType(f32, ("b", 1, 12, 64)), TensorType(f32, ("b", 12, 96, 64)),
                TensorType(f32, ("b", 12, 96, 32)))
     assert infer(q, k, v, heads_first=[0, 1, 1])[0].shape == ("b", 1, 12, 32)
+
+
+# -- grouped-query attention: K and V heads served to several query heads ---------------------------
+
+@pytest.mark.parametrize("queries", [1, 3, 9])  # the direct loop, then the packed heads
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_heads_give_what_the_repeated_heads_do(queries, dtype):
+    Q, K, V = heads(2, queries, 19, 6, 16, 8, dtype)
+    q = np.ascontiguousarray(Q.transpose(0, 2, 1, 3))
+    # 2 heads of K and V, each serving 3 query heads in a row
+    k, v = (np.ascontiguousarray(x[:, :, :2].transpose(0, 2, 1, 3)) for x in (K, V))
+    mask = np.where(RNG.random((2, 1, queries, 19)) < 0.3, -np.inf, 0).astype(dtype)
+    mask[..., 0] = 0
+    repeated = [np.repeat(x, 3, axis=1) for x in (k, v)]
+    expected = reference(Q, *(x.transpose(0, 2, 1, 3) for x in repeated), mask, 0.3)
+    out = np.empty(Q.shape[:3] + V.shape[3:], dtype)
+    got = fused_attention_cpu(np, q, k, v, mask, scale=0.3, heads_first=[1, 1, 1],
+                              kv_repeat=3, out=out)
+    np.testing.assert_allclose(got, expected, **TOLERANCE[dtype])
+    generic = fused_attention.fn(np, q, k, v, mask, scale=0.3, heads_first=[1, 1, 1],
+                                 kv_repeat=3)
+    np.testing.assert_allclose(generic, expected, **TOLERANCE[dtype])
+
+
+def test_kv_repeat_needs_heads_first_keys_and_values():
+    Q, K, V = heads(1, 1, 4, 2, 2, 2, np.float32)
+    with pytest.raises(ValueError, match="kv_repeat is 2"):
+        fused_attention.fn(np, Q, K, V, kv_repeat=2)
+    with pytest.raises(ValueError, match="kv_repeat is 0"):
+        fused_attention.fn(np, Q, K, V, heads_first=[1, 1, 1], kv_repeat=0)
+
+
+def test_inference_repeats_the_grouped_heads():
+    from mixrt.ops.ir.types import TensorType
+    infer = fused_attention.kernels[0].infer_fn
+    f32 = np.dtype(np.float32)
+    q, k, v = (TensorType(f32, ("b", 8, 1, 64)), TensorType(f32, ("b", 2, 96, 64)),
+               TensorType(f32, ("b", 2, 96, 32)))
+    assert infer(q, k, v, heads_first=[1, 1, 1], kv_repeat=4)[0].shape == ("b", 1, 8, 32)
