@@ -41,6 +41,9 @@ VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", 
 # makes the view itself (``ExecutionPlan.reshapes``)
 RESHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
+# ops whose every output is a slice of input 0 (their kernels return views)
+SLICING_OPS = frozenset({"Split"})
+
 # ops whose kernels compute the output elementwise from same-shaped inputs through ufuncs with
 # ``out=``, so the output may share its buffer with an input that dies here
 INPLACE_OPS = frozenset({
@@ -145,6 +148,12 @@ def _views_input(node, observed: dict) -> bool:
         and getattr(result, "shape", False) == grad.shape
 
 
+def _views_part(node) -> bool:
+    """Whether every output of the node is a view of a part of its first input: Split's
+    slices (a slot of their own cost a copy each; GPT-2's fused q, k, v: three a layer)."""
+    return node.op_type in SLICING_OPS and node.domain in ("", "ai.onnx") and bool(node.inputs)
+
+
 def acquire(plan: ExecutionPlan, xp) -> Arena:
     # list.pop and list.append are atomic: two runs never take one arena
     try:
@@ -200,7 +209,7 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
             if not name:
                 continue
             value = observed.get(name)
-            if position == 0 and _views_input(node, observed) \
+            if (position == 0 and _views_input(node, observed) or _views_part(node)) \
                     and node.inputs[0] in slots | root.keys() and name not in outputs:
                 root[name] = root.get(node.inputs[0], node.inputs[0])
                 if node.op_type in RESHAPE_OPS and node.domain in ("", "ai.onnx") \

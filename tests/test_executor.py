@@ -335,3 +335,29 @@ def test_a_reshape_the_plan_did_not_see_goes_to_its_kernel():
     form = next(call[4] for call in calls if call[0].node.outputs[0] == "a")
     assert form[0] == -1 and form[3] == (5, 7)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.zeros((1, 24)))
+
+
+def test_split_parts_are_views_of_their_input_not_slots():
+    """Split's outputs are slices of its input: no slot (and no copy into one) of their own,
+    and the input's slot lives until the last part is read, so a later tensor never takes
+    its bytes while a part is still to be read."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r"], ["p", "q", "s"], axis=1, num_outputs=3),
+             helper.make_node("Neg", ["p"], ["np"]),
+             helper.make_node("Exp", ["np"], ["e"]),  # made while s is yet to be read
+             helper.make_node("Add", ["e", "q"], ["eq"]),
+             helper.make_node("Mul", ["eq", "s"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    session = mixrt.Session(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 18)]), opt_level=0)
+    x = np.random.default_rng(5).standard_normal((2, 12)).astype(np.float32)
+    r = np.maximum(x, 0)
+    expected = (np.exp(-r[:, :4]) + r[:, 4:8]) * r[:, 8:]
+    for _ in range(3):
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-6)
+    plan = next(iter(session._plans.values()))
+    lives = {life.name: life for life in plan.memory.lifetimes}
+    assert "r" in lives and not lives.keys() & {"p", "q", "s"}
+    assert lives["r"].last == 5  # the Mul, the sixth step, reads its last part
