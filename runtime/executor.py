@@ -90,7 +90,8 @@ class ExecutionPlan:
     # CPU plans: whether a run wakes the native worker threads as it starts (its kernels
     # may split their work over them)
     wakes_workers: bool = True
-    # view value -> its shape, for RESHAPE_OPS outputs whose shape inference predicted (so
+    # view value -> its shape, for RESHAPE_OPS outputs (of arena tensors, or of values the
+    # arena does not hold, such as strings) whose shape inference predicted (so
     # every run of the signature has it): the host loop reshapes input 0 itself, ~0.4 us
     # against ~2-4 us through the kernel (which reads and checks the shape tensor each
     # run); a one-token GPT-2 step has 48 such Reshapes
@@ -221,6 +222,10 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
                 continue
             if name in outputs or not plannable(value) or node.subgraphs():
                 holds[name] = reads_slots
+                if position == 0 and name not in outputs and node.op_type in RESHAPE_OPS \
+                        and node.domain in ("", "ai.onnx") and _views_input(node, observed) \
+                        and _predicted(inferred.get(name), value):
+                    reshapes[name] = tuple(value.shape)  # strings: a text model's reshapes
                 continue
             slots[name] = Slot(0, tuple(value.shape), np.dtype(value.dtype),
                                static=_predicted(inferred.get(name), value))

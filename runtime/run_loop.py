@@ -122,8 +122,8 @@ def _host_form(step, outputs):
 def _reshape_form(step, plan):
     """The host loop's form of a reshape whose output shape the plan knows (arity -1: the
     input's name, the output's, and the shape where a plain form has its view). Such an
-    output views an arena tensor, input 0, and is no graph output (make_plan): it has no
-    slot and is never detached."""
+    output views input 0 (an arena tensor, or a value the arena does not hold) and is no
+    graph output (make_plan): it has no slot and is never detached."""
     name = step.node.outputs[0]
     return -1, step.inputs[0], name, plan.reshapes[name], False, None
 

@@ -299,18 +299,19 @@ class Session:
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
         """After a planned CPU run: keep what the next run of the same feeds needs, when
-        it can take :class:`SteadyRun`'s lane (all outputs, NumPy feeds passed as they are,
-        the compiled tier in, no profiler of the session's own)."""
+        it can take :class:`SteadyRun`'s lane (all outputs, NumPy feeds passed as they are
+        or text to make object strings of, the compiled tier in, no profiler of the
+        session's own)."""
         known = self._known_feeds
         if not host or self.profiler is not None or known is None or known[1] is not signature \
-                or known[2] or not (self._tiers is None or self._tiers.is_compiled(signature)):
+                or not (self._tiers is None or self._tiers.is_compiled(signature)):
             return
         steady = self._steady
         if steady is None or steady.plan is not plan:
             start = dict(self._bound.constants)
             start.update(plan.frozen)
             self._steady = SteadyRun(known[0], plan, start, partial(
-                _host_outputs, self.graph.output_names, plan.shared_outputs))
+                _host_outputs, self.graph.output_names, plan.shared_outputs), known[2])
 
     def _device_checks(self):
         """On a GPU, the run's deferred checks (ops/device_checks.py)."""

@@ -27,14 +27,16 @@ class SteadyRun:
     """A planned CPU run of feeds whose :func:`~mixrt.runtime.session._feed_key` is ``key``.
 
     ``start``: the environment every run starts from (initializers and ``plan.frozen``);
-    ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them."""
+    ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them; ``texts``: the
+    feeds given as NumPy unicode text, which the run takes as object strings."""
 
-    __slots__ = ("key", "plan", "_start", "_take_outputs")
+    __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts")
 
     def __init__(self, key: tuple, plan: ExecutionPlan, start: dict,
-                 take_outputs: Callable[[dict], list]):
+                 take_outputs: Callable[[dict], list], texts: tuple = ()):
         self.key, self.plan = key, plan
         self._start, self._take_outputs = start, take_outputs
+        self._texts = texts  # feeds of NumPy unicode text, run as object strings
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE
@@ -50,6 +52,8 @@ class SteadyRun:
             try:
                 env = self._start.copy()
                 env.update(feeds)
+                for name in self._texts:  # as Session._checked_feed converts them
+                    env[name] = feeds[name].astype(object)
                 run_host_calls(arena, plan, env)
                 return self._take_outputs(env)
             finally:

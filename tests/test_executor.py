@@ -361,3 +361,21 @@ def test_split_parts_are_views_of_their_input_not_slots():
     lives = {life.name: life for life in plan.memory.lifetimes}
     assert "r" in lives and not lives.keys() & {"p", "q", "s"}
     assert lives["r"].last == 5  # the Mul, the sixth step, reads its last part
+
+
+def test_reshapes_of_strings_are_made_by_the_run_loop_too():
+    """A text model's reshapes (strings never live in the arena) take the same shortcut
+    when the plan knows their shape, and answer as the kernel would."""
+    shape = numpy_helper.from_array(np.array([-1], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+             helper.make_node("StringNormalizer", ["flat"], ["y"], case_change_action="UPPER")]
+    graph = helper.make_graph(
+        nodes, "text", [helper.make_tensor_value_info("x", TensorProto.STRING, [1, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, None)], [shape])
+    session = mixrt.Session(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]), opt_level=0)
+    for text in ("one two", "three", "one two"):
+        got = session.run(None, {"x": np.array([[text]], dtype=object)})[0]
+        np.testing.assert_array_equal(got, np.array([text.upper()], dtype=object))
+    plan = next(iter(session._plans.values()))
+    assert plan.reshapes == {"flat": (1,)}

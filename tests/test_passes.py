@@ -773,6 +773,34 @@ def test_a_rotation_that_is_not_rotate_half_stays_unfused(variant):
     assert "FusedRotary" not in ops(checked(graph, feeds, 2))
 
 
+def tfidf_graph(idf) -> tuple[Graph, dict]:
+    """skl2onnx's TfidfVectorizer: raw counts (TF mode, its weights all ones) times a
+    constant idf per column."""
+    nodes = [node("TfIdfVectorizer", ["x"], ["counts"], mode="TF", min_gram_length=1,
+                  max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+                  ngram_indexes=[2, 0, 1], pool_strings=["a", "b", "c"],
+                  weights=[1.0, 1.0, 1.0]),
+             const("idf", np.asarray(idf, np.float32)), node("Mul", ["counts", "idf"], ["y"])]
+    graph = graph_of(nodes, [("x", [2, 4], TensorProto.STRING)], [("y", [2, 3])])
+    x = np.array([["a", "b", "a", "q"], ["c", "c", "x", "y"]], dtype=object)
+    return graph, {"x": x}
+
+
+def test_tfidf_column_weights_fold_into_the_vectorizer_exactly():
+    graph, feeds = tfidf_graph([1.5, 0.25, 3.0])
+    optimized = checked(graph, feeds, 1)  # level 1: the same bits
+    assert ops(optimized) == {"TfIdfVectorizer": 1}
+    folded = optimized.nodes[0].attributes
+    # pool entry k counts into column ngram_indexes[k]: its weight is that column's idf
+    assert folded["mode"] == "TFIDF" and folded["weights"] == [3.0, 1.5, 0.25]
+
+
+@pytest.mark.parametrize("idf", [[1.5, -0.25, 3.0], [1.5, np.inf, 3.0]])
+def test_weights_that_would_change_a_zero_column_stay_a_mul(idf):
+    graph, feeds = tfidf_graph(idf)  # 0 * -0.25 is -0.0, 0 * inf is NaN: not the fold's 0
+    assert ops(checked(graph, feeds, 1)) == {"TfIdfVectorizer": 1, "Mul": 1}
+
+
 def test_a_pass_that_fails_names_itself_in_a_graph_error(monkeypatch, tmp_path):
     from helpers import add_model, save
 

@@ -136,3 +136,18 @@ def test_a_bad_feed_still_gets_the_full_paths_error():
         session.run(None, {"x": np.ones((2, 3), np.float32)})
     with pytest.raises(mixrt.errors.InputError):
         session.run(None, {"x": np.ones((2, 4), np.float32), "extra": np.ones(1)})
+
+
+def test_text_feeds_take_the_lane_as_object_strings(lane_runs):
+    """NumPy unicode text (what a caller usually has) is run as object strings, as the full
+    path converts it, in the lane too."""
+    nodes = [helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="LOWER")]
+    graph = helper.make_graph(
+        nodes, "text", [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [2])])
+    session = mixrt.Session(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]).SerializeToString())
+    for words in (["Warm", "FAST"], ["Cold", "Slow"], ["WaRm", "fAsT"]):
+        got = session.run(None, {"x": np.array(words)})[0]  # dtype '<U4'
+        assert got.dtype == object and got.tolist() == [w.lower() for w in words]
+    assert len(lane_runs) == 2

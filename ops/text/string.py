@@ -35,7 +35,7 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
     accepted, but case mapping is Python's Unicode one whatever it says."""
     if X.ndim == 2 and X.shape[0] != 1 or X.ndim > 2:
         raise ValueError(f"StringNormalizer takes a [C] or [1, C] tensor, got shape {X.shape}")
-    words = list(to_host(X).reshape(-1))
+    words = to_host(X).reshape(-1).tolist()
     if stopwords:
         if is_case_sensitive:
             stop = set(stopwords)
@@ -43,16 +43,19 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
         else:
             stop = {s.lower() for s in stopwords}
             words = [w for w in words if w.lower() not in stop]
-    change = {"LOWER": str.lower, "UPPER": str.upper, "NONE": None}
-    if case_change_action not in change:
+    if case_change_action not in _CASE_CHANGES:
         raise ValueError(f"StringNormalizer case_change_action must be one of "
-                         f"{sorted(change)}, got {case_change_action!r}")
-    if change[case_change_action]:
-        words = [change[case_change_action](w) for w in words]
+                         f"{sorted(_CASE_CHANGES)}, got {case_change_action!r}")
+    change = _CASE_CHANGES[case_change_action]
+    if change is not None:
+        words = [change(w) for w in words]
     if not words:  # everything dropped: one empty string, keeping the input's rank
         words = [""]
     shape = (len(words),) if X.ndim == 1 else (1, len(words))
     return _strings(words, shape)
+
+
+_CASE_CHANGES = {"LOWER": str.lower, "UPPER": str.upper, "NONE": None}
 
 
 @string_normalizer.infer
@@ -176,12 +179,23 @@ class _TfIdf:
                       else np.asarray(weights, dtype=np.float32))
         # each pool entry's own column once: then a row's counts are written, not added at
         self.distinct = len(set(self.index.tolist())) == len(self.index)
+        # single items only (scikit-learn's default): a row is counted item by item into a
+        # dict, and only the entries found are weighted and written (building the n-gram
+        # tuples and weighting every pool entry was most of a one-document run); finite
+        # weights, so that the entries not found are the zeros the full path writes
+        self.unigrams = {key[0]: k for key, k in self.table.items()} \
+            if self.max_n == 1 and self.min_n <= 1 and self.distinct \
+            and np.all(np.isfinite(self.scale)) else None
 
     def run(self, xp, X):
         data = to_host(X)
         rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
         rows = rows.tolist()  # python ints/strs hash like the pool's entries
         out = np.zeros((len(rows), self.width), dtype=np.float32)
+        if self.unigrams is not None:
+            for r, row in enumerate(rows):
+                self._unigram_row(row, out[r])
+            return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
         for r, row in enumerate(rows):
             counts = np.zeros(len(self.index), dtype=np.float32)
             _count_ngrams(row, self.table, counts, min_n=self.min_n, max_n=self.max_n,
@@ -195,6 +209,26 @@ class _TfIdf:
             else:
                 np.add.at(out[r], self.index, counts)
         return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
+
+
+    def _unigram_row(self, row, out) -> None:
+        """One row's counts of single items into ``out`` (zeros), weighted as the mode
+        says: the same float32 products as the full path's, written where they belong."""
+        found: dict = {}
+        lookup = self.unigrams.get
+        for item in row:
+            k = lookup(item)
+            if k is not None:
+                found[k] = found.get(k, 0) + 1
+        if not found:
+            return
+        entries = np.fromiter(found, np.int64, len(found))
+        counts = np.fromiter(found.values(), np.float32, len(found))
+        if self.mode == "IDF":
+            counts = np.minimum(counts, 1) * self.scale[entries]
+        elif self.mode == "TFIDF":
+            counts = counts * self.scale[entries]
+        out[self.index[entries]] = counts + np.float32(0)
 
 
 @tfidf_vectorizer.infer

@@ -5,8 +5,9 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 0 - the graph as imported;
 * 1 - exact rewrites, which never change a bit of any output: constant folding (static
   Shape/Size included), removal of Identity, inference Dropout and no-op
-  Reshape/Expand/Transpose/Cast, dead nodes and unused initializers, and a classifier's
-  ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup (``class_labels``);
+  Reshape/Expand/Transpose/Cast, dead nodes and unused initializers, a classifier's
+  ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup (``class_labels``),
+  and a TF-mode TfIdfVectorizer's constant column weights folded into it (``tfidf_weights``);
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
@@ -39,6 +40,7 @@ from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_rotary import fuse_rotary
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.half_regions import compute_half_in_float
+from mixrt.runtime.passes.tfidf_weights import fold_tfidf_weights
 from mixrt.runtime.passes.infer import after_pass, types_between_passes
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
@@ -78,6 +80,7 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
         if not changed:
             break
     _run(stats, "class_labels", fold_class_labels, graph, ir_version)
+    _run(stats, "tfidf_weights", fold_tfidf_weights, graph, ir_version)
     _run(stats, "unused_initializers", prune_initializers, graph, ir_version)
 
 

@@ -154,6 +154,25 @@ def test_tfidf_weighted_modes_strings(mode):
              weights=[0.5, 2.0, 1.0, 3.0, 0.25])
 
 
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("pool", ["strings", "int64s"])
+def test_tfidf_single_items_counted_by_dict_match_onnxruntime(mode, pool):
+    """Unigram pools (scikit-learn's default) take the dict count: repeats, items outside
+    the pool, an empty row, a pool entry's column out of order."""
+    words = [["b", "zz", "b", "a"], ["c", "c", "c", "#"], ["#", "#", "#", "#"]]
+    vocabulary = ["a", "b", "c", "d"]
+    if pool == "strings":
+        x = np.array(words, dtype=object)
+        table = dict(pool_strings=vocabulary)
+    else:
+        codes = {w: i + 10 for i, w in enumerate(vocabulary + ["zz", "#"])}
+        x = np.array([[codes[w] for w in row] for row in words], dtype=np.int64)
+        table = dict(pool_int64s=[codes[w] for w in vocabulary])
+    run_both("TfIdfVectorizer", [("x", x)], opset=9, exact=False, mode=mode, min_gram_length=1,
+             max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+             ngram_indexes=[3, 0, 1, 4], weights=[0.5, 2.0, 1.5, 3.0], **table)
+
+
 # -- ai.onnx.ml -------------------------------------------------------------------------
 
 def test_label_encoder_float_keys_nan_and_repeats():
