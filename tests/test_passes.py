@@ -211,6 +211,15 @@ def test_identity_dropout_and_noop_shape_ops_are_removed():
     assert optimized.nodes[0].inputs == ["x"]
 
 
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_flatten_of_a_matrix_at_axis_one_is_removed_whatever_its_dims(axis):
+    g = graph_of([node("Flatten", ["x"], ["f"], axis=axis), node("Relu", ["f"], ["y"])],
+                 [("x", ["n", "m"])], [("y", None)])
+    optimized = checked(g, {"x": rand(2, 3)}, 1)
+    # at axis 0, (n, m) becomes (1, n * m): a reshape, which stays
+    assert ops(optimized) == ({"Relu": 1} if axis else {"Flatten": 1, "Relu": 1})
+
+
 def test_a_node_binding_would_reject_is_not_optimized_away():
     g = graph_of([node("Identity", ["x"], ["a"], bogus=1), node("Neg", ["a"], ["y"])],
                  [("x", [2])], [("y", [2])])

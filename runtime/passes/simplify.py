@@ -1,6 +1,6 @@
 """Removal of nodes that pass their input through unchanged: Identity, inference Dropout,
-Reshape/Expand to the input's own static shape, Transpose by the identity permutation, Cast
-and CastLike to the input's own dtype.
+Reshape/Expand to the input's own static shape, Transpose by the identity permutation,
+Flatten at axis 1 of a matrix, Cast and CastLike to the input's own dtype.
 
 Removing ``y = op(x)`` makes every reader of ``y`` read ``x`` (subgraph outer-scope reads
 included). When ``y`` is an output of its graph the name must survive: the node producing
@@ -103,6 +103,14 @@ def _identity_transpose(node, types, constants, counts) -> bool:
     return rank is not None and rank <= 1  # the default reverses the axes
 
 
+def _flatten_of_matrix(node, types, constants, counts) -> bool:
+    """Flatten at axis 1 of a rank-2 input gives the input's own shape, whatever its dims
+    (skl2onnx flattens a Tokenizer's (rows, tokens) so)."""
+    rank = getattr(types.get(node.inputs[0]), "rank", None)
+    axis = node.attributes.get("axis", 1)
+    return len(node.outputs) == 1 and rank == 2 and axis in (1, -1)
+
+
 def _same_dtype(node, types, constants, counts) -> bool:
     x, y = dtype_of(types.get(node.inputs[0])), dtype_of(_computed(node, types))
     return x is not None and x == y
@@ -110,6 +118,7 @@ def _same_dtype(node, types, constants, counts) -> bool:
 
 _RULES = {
     "Identity": _identity,
+    "Flatten": _flatten_of_matrix,
     "Dropout": _inference_dropout,
     "Reshape": _same_static_shape,
     "Expand": _same_static_shape,
