@@ -17,10 +17,13 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
-def attend(q, k, v, mask, mask_strides, has_mask, scale, repeat, out, scores):
+def attend(q, k, v, mask, mask_strides, has_mask, scale, repeat, nan_to_zero, out, scores):
     """``out[b, h, i] = softmax(scale * q[b, h, i] . k[b, g, :] + mask) @ v[b, g]`` with
     ``g = h // repeat`` (grouped-query attention: K and V have heads / repeat heads);
-    ``scores`` a scratch of at least the key count."""
+    ``scores`` a scratch of at least the key count. With ``nan_to_zero`` a row whose
+    probabilities are not numbers (their sum is NaN: every key masked with -inf, or a score
+    NaN or +inf) weighs nothing, as ``Where(IsNaN(P), 0, P)`` makes it: its output is 0
+    (or NaN where a value is not finite, as 0 times it is)."""
     batch, heads, queries, size = q.shape
     keys, value_size = k.shape[2], v.shape[3]
     zero = q.dtype.type(0)
@@ -47,6 +50,10 @@ def attend(q, k, v, mask, mask_strides, has_mask, scale, repeat, out, scores):
                     scores[j] = shifted
                     weight += shifted
                 row[:] = zero
+                if nan_to_zero and weight != weight:  # the guard's zeros still multiply V
+                    for j in range(keys):
+                        scores[j] = zero
+                    weight = q.dtype.type(1)
                 for j in range(keys):
                     p = scores[j] / weight
                     value = values_of[j]

@@ -290,3 +290,26 @@ def test_inference_repeats_the_grouped_heads():
     q, k, v = (TensorType(f32, ("b", 8, 1, 64)), TensorType(f32, ("b", 2, 96, 64)),
                TensorType(f32, ("b", 2, 96, 32)))
     assert infer(q, k, v, heads_first=[1, 1, 1], kv_repeat=4)[0].shape == ("b", 1, 8, 32)
+
+
+def test_a_decoder_step_with_new_arrays_of_the_same_layout_takes_the_kept_step():
+    """Each step passes a new K and V (the KV cache's Concat): the node keeps the layout it
+    worked out and the next steps go straight to the loop, with their own values."""
+    from mixrt.ops.attention.attention_cpu import STEP
+    node = {}
+    for step in range(3):
+        Q, K, V = heads(1, 1, 16, 4, 8, 8, np.float32)
+        k, v = (np.ascontiguousarray(x.transpose(0, 2, 1, 3)) for x in (K, V))
+        mask = np.zeros((1, 1, 1, 16), np.float32)
+        if step == 2:
+            mask[..., :] = -np.inf  # no key to see: the guard zeroes the row
+            v[0, 1, 3, 0] = np.nan  # a NaN value elsewhere stays what the composition makes
+        out = np.empty((1, 1, 4, 8), np.float32)
+        got = fused_attention_cpu(np, Q, k, v, mask, scale=0.5, heads_first=[0, 1, 1],
+                                  nan_to_zero=1, out=out, _node=node)
+        assert node.get(STEP) is not None
+        expected = fused_attention.fn(np, Q, k, v, mask, scale=0.5, heads_first=[0, 1, 1],
+                                      nan_to_zero=1)
+        np.testing.assert_allclose(got, expected, **TOLERANCE[np.float32])
+    # the guarded row weighs every value by 0: zeros, and NaN where 0 meets the NaN value
+    assert np.isnan(got[0, 0, 1, 0]) and (np.nan_to_num(got, nan=0.0) == 0).all()
