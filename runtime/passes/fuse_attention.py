@@ -34,19 +34,13 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
-                                          replace_matches)
+from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, fuse_into_mixrt, kernel_for,
+                                          remove_nodes)
 
 
 def fuse_attention(graph: Graph, ir_version: int | None) -> int:
     """Replace each attention pattern by one FusedAttention node; returns how many."""
-    types = infer_types(graph)
-    fused = replace_matches(
-        graph, ir_version, lambda node: node.op_type == "Softmax" and not node.domain,
-        lambda g, constants, index, softmax: _Match(g, constants, types, index).at(softmax))
-    if fused:
-        graph.opsets.setdefault(MIXRT, 1)
-    return fused
+    return fuse_into_mixrt(graph, ir_version, infer_types(graph), "Softmax", _Match)
 
 
 class _Match:

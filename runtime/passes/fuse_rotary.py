@@ -21,21 +21,15 @@ from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
-                                          replace_matches)
+from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, fuse_into_mixrt, kernel_for,
+                                          remove_nodes)
 
 _DTYPES = frozenset(np.dtype(name) for name in FUSED_DTYPES)
 
 
 def fuse_rotary(graph: Graph, ir_version: int | None) -> int:
     """Replace each rotary embedding pattern by one FusedRotary node; returns how many."""
-    types = infer_types(graph)
-    fused = replace_matches(
-        graph, ir_version, lambda node: node.op_type == "Concat" and not node.domain,
-        lambda g, constants, index, concat: _Match(g, constants, types, index).at(concat))
-    if fused:
-        graph.opsets.setdefault(MIXRT, 1)
-    return fused
+    return fuse_into_mixrt(graph, ir_version, infer_types(graph), "Concat", _Match)
 
 
 class _Match:

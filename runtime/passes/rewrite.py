@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.registry import MIXRT, REGISTRY
 from mixrt.runtime.graph import Graph, Node, outer_scope_reads
 
 
@@ -181,6 +181,20 @@ def replace_matches(graph: Graph, ir_version: int | None, starts, match_at) -> i
                 replaced += 1
                 index = GraphIndex(g)
     return replaced
+
+
+def fuse_into_mixrt(graph: Graph, ir_version: int | None, types: dict, start_op: str,
+                    matcher) -> int:
+    """A pass that fuses patterns into ``mixrt``-domain nodes: every default-domain
+    ``start_op`` node is offered to ``matcher(g, constants, types, index).at(node)`` (see
+    :func:`replace_matches`), and a graph that gained one imports the mixrt domain. Returns
+    how many were replaced."""
+    fused = replace_matches(
+        graph, ir_version, lambda node: node.op_type == start_op and not node.domain,
+        lambda g, constants, index, node: matcher(g, constants, types, index).at(node))
+    if fused:
+        graph.opsets.setdefault(MIXRT, 1)
+    return fused
 
 
 def default_opset(graph: Graph) -> int:
