@@ -232,7 +232,8 @@ def test_the_nan_guard_zeroes_a_query_that_sees_no_key_and_nothing_else(queries)
     out = np.empty(Q.shape[:3] + V.shape[3:], np.float32)
     unguarded = fused_attention_cpu(np, Q, K, V, mask, out=out.copy())
     assert np.isnan(unguarded[0, queries - 1]).all()
-    got = fused_attention_cpu(np, Q, K, V, mask, nan_to_zero=1, out=out)
+    with np.errstate(invalid="ignore"):  # the packed heads' fallback: -inf - -inf, as ONNX has it
+        got = fused_attention_cpu(np, Q, K, V, mask, nan_to_zero=1, out=out)
     assert (got[0, queries - 1] == 0).all()
     np.testing.assert_allclose(got[0, :queries - 1], unguarded[0, :queries - 1], rtol=2e-5,
                                atol=2e-6)
