@@ -120,5 +120,6 @@ def _(Q, K, V, mask=None, *, heads_first=None, kv_repeat=1, **_):
     return [TensorType(Q.dtype, None if shape is None else tuple(shape[i] for i in QUERY_PERM))]
 
 
-__all__ = ["fused_attention", "input_perms", "kv_repeat_of", "repeated_heads", "MIXRT", "QUERY_PERM", "KEY_PERM",
+__all__ = ["fused_attention", "input_perms", "kv_repeat_of", "repeated_heads", "MIXRT",
+           "QUERY_PERM", "KEY_PERM",
            "HEADS_FIRST_KEY_PERM"]

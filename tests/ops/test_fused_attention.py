@@ -254,7 +254,7 @@ def test_inference_reads_heads_first_inputs():
     assert infer(q, k, v, heads_first=[0, 1, 1])[0].shape == ("b", 1, 12, 32)
 
 
-# -- grouped-query attention: K and V heads served to several query heads ---------------------------
+# -- grouped-query attention: K and V heads served to several query heads -------------------------
 
 @pytest.mark.parametrize("queries", [1, 3, 9])  # the direct loop, then the packed heads
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
