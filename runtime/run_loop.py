@@ -71,7 +71,7 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
 
 def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's)."""
-    calls = arena.calls if arena.calls is not None else _calls(arena, plan)
+    calls = _calls(arena, plan)
     if plan.host_args:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
     else:

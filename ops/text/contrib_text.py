@@ -16,6 +16,7 @@ import functools
 import numpy as np
 
 from mixrt.ops.text._re2 import compiled
+from mixrt.ops.text.string import object_strings
 from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ir.registry import op
@@ -178,9 +179,7 @@ def _padded(rows: list, shape: tuple, mark: bool, pad_value: str) -> np.ndarray:
     # one-document text model's run)
     flat = [token for row in rows for token in (row + [pad_value] * (width - len(row))
                                                  if len(row) < width else row)]
-    out = np.empty(len(flat), dtype=object)
-    out[:] = flat
-    return out.reshape(*shape, width)
+    return object_strings(flat, (*shape, width))
 
 
 def _check_rank(shape) -> None:

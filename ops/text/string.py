@@ -18,7 +18,7 @@ from mixrt.ops.ir.types import TensorType, broadcast_shapes, tensor
 from mixrt.ops.device import to_host
 
 
-def _strings(values, shape) -> np.ndarray:
+def object_strings(values, shape) -> np.ndarray:
     """An object array of ``shape`` from a flat list of str (np.array would make '<U' arrays
     or nested lists from them)."""
     out = np.empty(len(values), dtype=object)
@@ -52,7 +52,7 @@ def string_normalizer(xp, X, *, case_change_action="NONE", is_case_sensitive=0, 
     if not words:  # everything dropped: one empty string, keeping the input's rank
         words = [""]
     shape = (len(words),) if X.ndim == 1 else (1, len(words))
-    return _strings(words, shape)
+    return object_strings(words, shape)
 
 
 _CASE_CHANGES = {"LOWER": str.lower, "UPPER": str.upper, "NONE": None}
@@ -79,7 +79,7 @@ def string_split(xp, X, *, delimiter=None, maxsplit=None):
     width = max((len(p) for p in pieces), default=0)
     padded = [word for p in pieces for word in p + [""] * (width - len(p))]
     counts = np.array([len(p) for p in pieces], dtype=np.int64).reshape(X.shape)
-    return _strings(padded, (*X.shape, width)), xp.asarray(counts)
+    return object_strings(padded, (*X.shape, width)), xp.asarray(counts)
 
 
 @string_split.infer
@@ -92,7 +92,7 @@ def _(X, **_):
 def string_concat(xp, X, Y):
     left, right = np.broadcast_arrays(to_host(X), to_host(Y))
     joined = [a + b for a, b in zip(left.reshape(-1), right.reshape(-1))]
-    return _strings(joined, left.shape)
+    return object_strings(joined, left.shape)
 
 
 @string_concat.infer
