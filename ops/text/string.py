@@ -210,7 +210,6 @@ class _TfIdf:
                 np.add.at(out[r], self.index, counts)
         return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
 
-
     def _unigram_row(self, row, out) -> None:
         """One row's counts of single items into ``out`` (zeros), weighted as the mode
         says: the same float32 products as the full path's, written where they belong."""

@@ -34,8 +34,8 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, fuse_into_mixrt, kernel_for,
-                                          remove_nodes)
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, fuse_into_mixrt,
+                                          kernel_for, remove_nodes)
 
 
 def fuse_attention(graph: Graph, ir_version: int | None) -> int:
@@ -278,8 +278,7 @@ class _Match:
         if node.opset < 13:
             axes = node.attributes.get("axes")
             return None if axes is None else [int(a) for a in axes]
-        value = self.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
-        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+        return constant_ints(self.constants, node.inputs[1]) if len(node.inputs) > 1 else None
 
     def _guarded(self, name: str) -> str | None:
         """What the values product reads of the probabilities ``name``: ``name`` itself, or

@@ -18,8 +18,8 @@ import numpy as np
 
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
-                                          replace_matches)
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, kernel_for,
+                                          remove_nodes, replace_matches)
 
 
 def fuse_rms_norms(graph: Graph, ir_version: int | None) -> int:
@@ -109,8 +109,7 @@ class _Match:
     def _last_axis(self, reduce: Node, x: str) -> bool:
         axes = reduce.attributes.get("axes")
         if axes is None and len(reduce.inputs) > 1:
-            found = self.constants.get(reduce.inputs[1])
-            axes = None if found is None else [int(a) for a in found.reshape(-1)]
+            axes = constant_ints(self.constants, reduce.inputs[1])
         rank = len(self.types.get(x).shape)
         return axes is not None and len(axes) == 1 and axes[0] in (-1, rank - 1)
 

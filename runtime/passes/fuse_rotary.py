@@ -21,8 +21,8 @@ from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, fuse_into_mixrt, kernel_for,
-                                          remove_nodes)
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, fuse_into_mixrt,
+                                          kernel_for, remove_nodes)
 
 _DTYPES = frozenset(np.dtype(name) for name in FUSED_DTYPES)
 
@@ -117,7 +117,7 @@ class _Match:
             starts, ends = node.attributes.get("starts"), node.attributes.get("ends")
             axes, steps = node.attributes.get("axes"), None
         else:
-            starts, ends, axes, steps = (self._ints(name) for name in
+            starts, ends, axes, steps = (constant_ints(self.constants, name) for name in
                                          (list(node.inputs[1:]) + ["", "", ""])[:4])
             if any(name and found is None for name, found in
                    zip(node.inputs[1:], (starts, ends, axes, steps))):
@@ -129,12 +129,6 @@ class _Match:
             return None
         size = self.types.get(self.x).shape[-1]
         return tuple(min(max(v + size if v < 0 else v, 0), size) for v in (starts[0], ends[0]))
-
-    def _ints(self, name: str):
-        if not name:
-            return None
-        value = self.constants.get(name)
-        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
 
     def replace(self) -> None:
         fused = Node("FusedRotary", [self.x, self.cos, self.sin], [self.output], self.name,

@@ -197,6 +197,13 @@ def fuse_into_mixrt(graph: Graph, ir_version: int | None, types: dict, start_op:
     return fused
 
 
+def constant_ints(constants: dict, name: str) -> list[int] | None:
+    """The integers of constant ``name`` (an input such as axes, starts or ends), or None
+    when it is absent or not a constant."""
+    value = constants.get(name) if name else None
+    return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+
 def default_opset(graph: Graph) -> int:
     """The default-domain opset for nodes a pass creates: the graph's, but at least 7, the
     first with NumPy broadcasting for arithmetic."""
