@@ -102,6 +102,13 @@ def biased_gemm_product(A, B, C, transA, transB, out, prepacked) -> bool:
         A, B.T if transB else B, C, out, prepacked)
 
 
+def small_one_row(A, B, transA, transB) -> bool:
+    """Whether Gemm's ``A' B'`` is one row (A (1, K), not transposed) under ONE_ROW_WORK
+    multiply-adds: neither the panels nor the few-rows form take it, the BLAS does."""
+    return not transA and A.ndim == B.ndim == 2 and A.shape[0] == 1 \
+        and A.size * B.shape[0 if transB else 1] < ONE_ROW_WORK
+
+
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B

@@ -73,6 +73,22 @@ def test_gemm_every_transposition(transA, transB, no_panels):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("transB", [0, 1])
+@pytest.mark.parametrize("alpha, beta", [(1.0, 1.0), (0.5, 2.0), (1.0, 0.0)])
+def test_a_small_one_row_gemm_gives_the_general_paths_bits(transB, alpha, beta, monkeypatch):
+    """A decoder step's one-row Gemm goes straight to the BLAS; the result is what the
+    general path (the panels and few-rows checks, which do not take it) computes."""
+    A, B, C = _rand(1, 256), _rand(768, 256) if transB else _rand(256, 768), _rand(768)
+    assert matmul_cpu.small_one_row(A, B, 0, transB)
+    fast, general = np.empty((1, 768), np.float32), np.empty((1, 768), np.float32)
+    gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transB=transB, out=fast, _prepacked={})
+    monkeypatch.setattr(matmul_cpu, "small_one_row", lambda *args: False)
+    gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transB=transB, out=general, _prepacked={})
+    np.testing.assert_array_equal(fast, general)
+    np.testing.assert_allclose(fast, alpha * (A @ (B.T if transB else B)) + beta * C,
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_fused_kernels_take_the_few_rows_path(no_panels):
     A, W, bias = _rand(8, 784), _rand(2048, 784), _rand(2048)
     out = np.empty((8, 2048), np.float32)
