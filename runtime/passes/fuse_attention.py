@@ -34,8 +34,8 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, fuse_into_mixrt,
-                                          kernel_for, remove_nodes)
+from mixrt.runtime.passes.rewrite import (GraphIndex, PatternMatch, constant_ints, dtype_of,
+                                          fuse_into_mixrt, kernel_for, remove_nodes)
 
 
 def fuse_attention(graph: Graph, ir_version: int | None) -> int:
@@ -43,40 +43,17 @@ def fuse_attention(graph: Graph, ir_version: int | None) -> int:
     return fuse_into_mixrt(graph, ir_version, infer_types(graph), "Softmax", _Match)
 
 
-class _Match:
+class _Match(PatternMatch):
     """One attention pattern in graph ``g``: the nodes it covers and what the fused node
     reads."""
 
     def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
-        self.g, self.constants, self.types = g, constants, types
-        self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
-        self.covered: list[Node] = []
+        super().__init__(g, constants, types, index)
         self.scale, self.mask, self.nan_to_zero = 1.0, "", 0
         self.heads_first = [0, 0, 0]
         self.key_group = None  # (K's source, repeat, nodes) when K^T was reshaped from it
 
     # -- walking ---------------------------------------------------------------------------
-
-    def _private(self, name: str) -> bool:
-        """Read once, by the pattern, and not a graph output."""
-        return self.counts[name] == 1 and name not in self.g.output_names
-
-    def _producer(self, name: str, op_type: str) -> Node | None:
-        node = self.producers.get(name)
-        if node is None or node.domain or node.op_type != op_type or len(node.outputs) != 1 \
-                or not self._private(name) or kernel_for(node) is None:
-            return None
-        return node
-
-    def _reader(self, name: str, op_type: str) -> Node | None:
-        found = self.readers.get(name, [])
-        if len(found) != 1 or not self._private(name):
-            return None
-        node = found[0]
-        if node.domain or node.op_type != op_type or len(node.outputs) != 1 \
-                or kernel_for(node) is None:
-            return None
-        return node
 
     def _transposed(self, name: str, perm: tuple) -> str | None:
         """The tensor that a run of private Transposes ending in ``name`` permutes by

@@ -21,8 +21,8 @@ from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, fuse_into_mixrt,
-                                          kernel_for, remove_nodes)
+from mixrt.runtime.passes.rewrite import (PatternMatch, constant_ints, dtype_of, fuse_into_mixrt,
+                                          remove_nodes)
 
 _DTYPES = frozenset(np.dtype(name) for name in FUSED_DTYPES)
 
@@ -32,13 +32,8 @@ def fuse_rotary(graph: Graph, ir_version: int | None) -> int:
     return fuse_into_mixrt(graph, ir_version, infer_types(graph), "Concat", _Match)
 
 
-class _Match:
+class _Match(PatternMatch):
     """One rotary pattern in graph ``g``: the nodes it covers and what the fused node reads."""
-
-    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
-        self.g, self.constants, self.types = g, constants, types
-        self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
-        self.covered: list[Node] = []
 
     def at(self, concat: Node) -> "_Match | None":
         if len(concat.inputs) != 2 or len(concat.outputs) != 1:
@@ -60,9 +55,9 @@ class _Match:
 
     def _products(self, rotated: str) -> bool:
         """``Add(Mul(x, cos), Mul(rotated, sin))``: records cos, sin and the output."""
-        by_sin = self._only_reader(rotated, "Mul")
-        add = by_sin and self._only_reader(by_sin.outputs[0], "Add")
-        if not add or len(add.inputs) != 2:
+        by_sin = self._reader(rotated, "Mul")
+        add = by_sin and self._reader(by_sin.outputs[0], "Add")
+        if not add or len(add.inputs) != 2 or len(by_sin.inputs) != 2:
             return False
         other = add.inputs[1] if add.inputs[0] == by_sin.outputs[0] else add.inputs[0]
         by_cos = self._producer(other, "Mul")
@@ -82,26 +77,6 @@ class _Match:
                                         for table in (self.cos, self.sin))
 
     # -- the pieces ---------------------------------------------------------------------------
-
-    def _private(self, name: str) -> bool:
-        return self.counts.get(name) == 1 and name not in self.g.output_names
-
-    def _plain(self, node: Node | None, op_type: str) -> bool:
-        return (node is not None and not node.domain and node.op_type == op_type
-                and len(node.outputs) == 1 and kernel_for(node) is not None)
-
-    def _producer(self, name: str, op_type: str) -> Node | None:
-        """The node writing ``name`` when it is a plain ``op_type`` and only the pattern
-        reads ``name``."""
-        node = self.producers.get(name)
-        return node if self._plain(node, op_type) and self._private(name) else None
-
-    def _only_reader(self, name: str, op_type: str) -> Node | None:
-        found = self.readers.get(name, [])
-        if len(found) != 1 or not self._private(name) or not self._plain(found[0], op_type) \
-                or len(found[0].inputs) != 2:
-            return None
-        return found[0]
 
     def _last_size(self, x: str) -> int | None:
         shape = getattr(self.types.get(x), "shape", None)

@@ -183,6 +183,39 @@ def replace_matches(graph: Graph, ir_version: int | None, starts, match_at) -> i
     return replaced
 
 
+class PatternMatch:
+    """The walk one pattern match makes over graph ``g`` (a fusion pass's ``_Match``):
+    its constants, the inferred types and the index, ``covered`` the nodes taken so far,
+    and the steps every such pass takes from a value to the node that writes or reads it."""
+
+    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
+        self.g, self.constants, self.types = g, constants, types
+        self.counts, self.producers, self.readers = index.counts, index.producers, index.readers
+        self.covered: list[Node] = []
+
+    def _private(self, name: str) -> bool:
+        """Read once, by the pattern, and not a graph output."""
+        return self.counts[name] == 1 and name not in self.g.output_names
+
+    def _plain(self, node: Node | None, op_type: str) -> bool:
+        """A default-domain ``op_type`` node with one output that binding would accept."""
+        return (node is not None and not node.domain and node.op_type == op_type
+                and len(node.outputs) == 1 and kernel_for(node) is not None)
+
+    def _producer(self, name: str, op_type: str) -> Node | None:
+        """The plain ``op_type`` node writing ``name``, when only the pattern reads it."""
+        node = self.producers.get(name)
+        return node if self._plain(node, op_type) and self._private(name) else None
+
+    def _reader(self, name: str, op_type: str) -> Node | None:
+        """The one node reading ``name``, when it is a plain ``op_type`` and ``name`` is
+        private."""
+        found = self.readers.get(name, [])
+        if len(found) != 1 or not self._private(name) or not self._plain(found[0], op_type):
+            return None
+        return found[0]
+
+
 def fuse_into_mixrt(graph: Graph, ir_version: int | None, types: dict, start_op: str,
                     matcher) -> int:
     """A pass that fuses patterns into ``mixrt``-domain nodes: every default-domain
