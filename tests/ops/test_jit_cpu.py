@@ -70,6 +70,14 @@ def _recorded_splits(monkeypatch, module) -> list:
     return splits
 
 
+@pytest.fixture(params=["rows", "flat"])
+def depthwise_form(request, monkeypatch):
+    """The direct loop's row form (every output width above FLAT_MAX_WIDTH) or its flat
+    form (every width under it)."""
+    monkeypatch.setattr(jit_depthwise, "FLAT_MAX_WIDTH", 0 if request.param == "rows" else 1 << 30)
+    return request.param
+
+
 def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     """Route every depthwise convolution to the direct loop (ops/conv/jit_depthwise.py) or to the
     phase planes (ops/compiled/jit_cpu.py), and record the calls."""
@@ -83,7 +91,8 @@ def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("case", DEPTHWISE, ids=lambda c: f"c{c[0]}x{c[1]}-k{c[3]}-s{c[4]}")
-def test_depthwise_matches_generic_conv(case, batch, dtype, direct, monkeypatch):
+def test_depthwise_matches_generic_conv(case, batch, dtype, direct, depthwise_form,
+                                        monkeypatch):
     calls = _count_compiled_depthwise(monkeypatch, direct)
     channels, multiplier, image, kernel, strides, dilations, pads = case
     X = RNG.standard_normal((batch, channels) + image).astype(dtype)
@@ -99,7 +108,7 @@ def test_depthwise_matches_generic_conv(case, batch, dtype, direct, monkeypatch)
     assert len(calls) == 2
 
 
-def test_depthwise_special_values_propagate_as_in_the_reference(monkeypatch):
+def test_depthwise_special_values_propagate_as_in_the_reference(depthwise_form, monkeypatch):
     """NaN and inf in the image and the weights: a tap over the zero padding still
     multiplies its weight (inf * 0 is NaN in the zero-padded reference too)."""
     calls = _count_compiled_depthwise(monkeypatch, True)
@@ -119,7 +128,8 @@ def test_depthwise_special_values_propagate_as_in_the_reference(monkeypatch):
     assert np.isnan(got[0, 2, 0, 0]) and calls
 
 
-def test_depthwise_split_over_threads_matches_generic(monkeypatch, split_path):
+def test_depthwise_split_over_threads_matches_generic(monkeypatch, split_path,
+                                                      depthwise_form):
     calls = _count_compiled_depthwise(monkeypatch, True)
     splits = _recorded_splits(monkeypatch, jit_depthwise)
     X = RNG.standard_normal((2, 48, 40, 40)).astype(np.float32)
@@ -142,6 +152,36 @@ def test_depthwise_output_over_its_input_takes_the_copying_kernel(monkeypatch):
     conv_cpu.conv_cpu(np, buffer, W, group=4, pads=[1, 1, 1, 1], out=buffer)
     np.testing.assert_allclose(buffer, expected, rtol=1e-5, atol=1e-5)
     assert not direct
+
+
+@pytest.mark.parametrize("case", DEPTHWISE, ids=lambda c: f"c{c[0]}x{c[1]}-k{c[3]}-s{c[4]}")
+def test_depthwise_forms_give_the_same_bits(case, monkeypatch):
+    """The row and flat forms add the same products in the same order."""
+    channels, multiplier, image, kernel, strides, dilations, pads = case
+    X = RNG.standard_normal((2, channels) + image).astype(np.float32)
+    W = RNG.standard_normal((channels * multiplier, 1) + kernel).astype(np.float32)
+    B = RNG.standard_normal(channels * multiplier).astype(np.float32)
+    attrs = dict(group=channels, kernel_shape=list(kernel), strides=list(strides),
+                 dilations=list(dilations), pads=list(pads))
+    results = []
+    for widest in (0, 1 << 30):
+        monkeypatch.setattr(jit_depthwise, "FLAT_MAX_WIDTH", widest)
+        results.append(conv_cpu.conv_cpu(np, X, W, B, **attrs))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_depthwise_flat_source_reads_each_tap_at_its_phase():
+    """Stride 2 by 1, dilation 1: the padded plane (5 + 2 rows, 4 + 2 columns, reaching
+    as far as 2 * 2 + 3 - 1 = 6 rows) is two row phases of 4 x 6 cells; tap (1, 2) starts in
+    the odd phase, two cells in."""
+    plane = jit_depthwise.FlatPlane((3, 3), (2, 1), (1, 1), (5, 4, 1, 1, 3, 4))
+    assert (plane.phase_rows, plane.phase_width, plane.phases) == (4, 6, 2)
+    assert plane.length == 32 and plane.plane == 32 + 1 * 6 + 2
+    assert plane.offset(1, 2) == plane.plane + 2 and plane.offset(2, 0) == 6
+    text = jit_depthwise.flat_source(plane)
+    assert f"w1_2 * ps[uint64(k + {plane.plane + 2})]" in text
+    with pytest.raises(ValueError):
+        jit_depthwise.FlatPlane((3, 3), (1, 1), (1, 1), (5, "4; import os", 1, 1, 3, 4))
 
 
 def test_depthwise_source_holds_only_literals():
