@@ -333,6 +333,7 @@ ACTIVATIONS = [
     (node("Sigmoid", ["s"], ["y"]), {}),
     (node("Tanh", ["s"], ["y"]), {}),
     (node("HardSigmoid", ["s"], ["y"], alpha=0.3, beta=0.4), {}),
+    (node("HardSwish", ["s"], ["y"]), {}),
     (node("Clip", ["s", "lo", "hi"], ["y"]), {"lo": np.float32(-0.5), "hi": np.float32(0.5)}),
 ]
 

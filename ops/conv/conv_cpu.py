@@ -176,6 +176,25 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 
+def depthwise_activated(X, W, B, attributes: dict, activation: tuple, out, prepacked):
+    """FusedConv's depthwise convolution without a residual: the bias and ``activation``
+    ((name, params)) applied by the compiled loop of ``ops/conv/jit_depthwise.py`` as it
+    stores each output, into ``out`` (made when None); None, nothing computed, where that
+    loop does not take it (the caller then adds them in a pass of its own)."""
+    if not phase_planes.depthwise_suits(X, W, attributes["group"]) \
+            or jit_depthwise.activation_constants(*activation, X.dtype) is None:
+        return None
+    kernel, strides, dilations, _, begin, _, out_dims = geometry(prepacked, X, W, **attributes)
+    shape = (X.shape[0], W.shape[0]) + tuple(out_dims)
+    replays = prepacked if out is not None else None  # only a call into the caller's out
+    if out is None:
+        out = np.empty(shape, X.dtype)
+    if out.shape != shape or not jit_depthwise.suits(X, W, out, kernel):
+        return None
+    return jit_depthwise.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin,
+                                        out_dims, replays, activation)
+
+
 def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides, out,
                epilogue, prepacked=None):
     """ShuffleNet's and MobileNet's depthwise convolutions, by the direct compiled loop of

@@ -57,6 +57,47 @@ FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors 
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 
 
+# FusedConv's activations the kernels apply to each sum as they store it: name -> (its
+# constants from its params, passed in the input's dtype as the ``act`` array the kernel
+# reads as c0, c1, ...; the statements that turn the sum ``v`` into the stored value). Each
+# is the template ops/elementwise/jit_elementwise.py compiles for the unfused node (NaN
+# passes Relu's and Clip's comparisons, as through NumPy's maximum and minimum), so the
+# stored bits are those of the Conv and its activation run apart.
+# (``|``, not ``or``: without a branch to short-circuit, LLVM vectorizes the loop)
+def _nan_max(target: str, a: str, b: str) -> str:
+    return f"{target} = {a} if (({a} > {b}) | ({a} != {a})) else {b}"
+
+
+def _nan_min(target: str, a: str, b: str) -> str:
+    return f"{target} = {a} if (({a} < {b}) | ({a} != {a})) else {b}"
+
+
+ACTIVATIONS = {
+    "": (lambda params: [], []),
+    "Relu": (lambda params: [0.0], [_nan_max("v", "v", "c0")]),
+    "LeakyRelu": (lambda params: [0.0, params[0]], ["v = v if v >= c0 else v * c1"]),
+    "Clip": (lambda params: list(params), [_nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
+    "HardSigmoid": (lambda params: [0.0, 1.0, *params],
+                    ["v = v * c2 + c3", _nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
+    "HardSwish": (lambda params: [0.0, 1.0, 1 / 6, 0.5],
+                  ["g = v * c2 + c3", _nan_max("g", "g", "c0"), _nan_min("g", "g", "c1"),
+                   "v = v * g"]),
+}
+_MOST_CONSTANTS = 4
+_PARAMS = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}  # how many params each takes
+
+
+def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
+    """The ``act`` array of FusedConv's ``activation`` with ``params`` (None where the
+    kernels do not apply it)."""
+    found = ACTIVATIONS.get(activation or "")
+    params = list(params or ())
+    if found is None or len(params) != _PARAMS.get(activation or "", 0):
+        return None
+    values = found[0](params)
+    return np.array(values + [0.0] * (_MOST_CONSTANTS - len(values)), dtype)
+
+
 def suits(X, W, out, kernel) -> bool:
     """C-contiguous float arrays, ``out`` apart from the input, a kernel it unrolls."""
     return (X.flags.c_contiguous and out.flags.c_contiguous and out.dtype == X.dtype
@@ -64,37 +105,43 @@ def suits(X, W, out, kernel) -> bool:
             and not np.may_share_memory(X, out))
 
 
-def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None):
+def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None,
+                   activation=("", None)):
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
-    into ``out`` (N, C*k, oh, ow); see :func:`suits`. A call split over the native workers is
-    kept as the node's replay in ``replays`` (its prepacked dict; ``ops/compiled/replay.py``)
-    when it passes W and B where they lie."""
+    then ``activation`` (FusedConv's (name, params), one of ACTIVATIONS), into ``out`` (N,
+    C*k, oh, ow); see :func:`suits`. A call split over the native workers is kept as the
+    node's replay in ``replays`` (its prepacked dict; ``ops/compiled/replay.py``) when it
+    passes W and B where they lie."""
     (n, channels, height, width), m = X.shape, W.shape[0]
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     if out.size == 0:
         return out
     weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
     bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
+    name = activation[0] or ""
+    constants = activation_constants(name, activation[1], X.dtype)
     # the padded plane as far as the last window reaches (not past the image's far pads)
     hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
     if ow <= FLAT_MAX_WIDTH:
         image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
-        module, wp = _compiled_flat(tuple(kernel), tuple(strides), tuple(dilations), image)
+        module, wp = _compiled_flat(tuple(kernel), tuple(strides), tuple(dilations), image,
+                                    name)
         hp = 1
     else:
-        module = _compiled(tuple(kernel), tuple(strides), tuple(dilations))
+        module = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name)
     x = X.reshape(n * channels, height, width)
     y = out.reshape(n * m, oh, ow)
 
     def part(start, stop):
-        module.run(x, weights, bias, y, m // channels, m, begin[0], left, start, stop,
+        module.run(x, weights, bias, y, constants, m // channels, m, begin[0], left, start,
+                   stop,
                    np.empty((hp, wp), X.dtype))
     native = jit_cpu.native_pool()
     parts = split(n * m, out.size, native)
     if parts is not None:
-        go = prepared(native, module, (x, weights, bias, y),
-                      (m // channels, m, begin[0], left, hp, wp), parts, keep=bias)
+        go = prepared(native, module, (x, weights, bias, y, constants),
+                      (m // channels, m, begin[0], left, hp, wp), parts, keep=(bias, constants))
         if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
             replay.record(replays, (X, W, B, None, out), go)
         go()
@@ -106,12 +153,12 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(kernel: tuple, strides: tuple, dilations: tuple):
+def _compiled(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""):
     # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
-    return compiled(source(kernel, strides, dilations), prefix="mixrt_depthwise")
+    return compiled(source(kernel, strides, dilations, activation), prefix="mixrt_depthwise")
 
 
-def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
+def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "") -> str:
     """The module for one geometry: ``run(x, w, bias, y, multiplier, m, top, left, start, stop,
     pad)`` computes output planes start..stop of y (N*M, oh, ow) from x (N*C, H, W), the
     weights w (M, kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp)."""
@@ -134,16 +181,19 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
         *IMPORTS,
         "",
         f"@njit({flags})",
-        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow):",
+        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
         *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
         "    for i in range(oh):",
         *[f"        r{a} = (i * {sh} + {a * dh}) * wp" for a in range(kh)],
         "        o = base + i * ow",
         "        for k in range(ow):",
-        f"            y[uint64(o + k)] = bias + {total}",
+        f"            v = bias + {total}",
+        *[f"            {line}" for line in ACTIVATIONS[activation][1]],
+        "            y[uint64(o + k)] = v",
         "",
         f"@njit({flags})",
-        "def run(x, w, bias, y, multiplier, m, top, left, start, stop, pad):",
+        "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
+        "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    hp, wp = pad.shape",
         "    height, width = x.shape[1], x.shape[2]",
         "    rows, cols = min(height, hp - top), min(width, wp - left)",
@@ -168,11 +218,12 @@ def source(kernel: tuple, strides: tuple, dilations: tuple) -> str:
             "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]),
         "            padded = p",
         "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
-        " ow)",
+        " ow, c0, c1, c2, c3)",
         "",
-        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True)],
+        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
+                      ("act", 1, True)],
                      ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
-                         "run(x, w, bias, y, multiplier, m, top, left, start, stop,"
+                         "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
                          f" np.empty((hp, wp), {dtype}))"]),
     ])
 
@@ -218,13 +269,15 @@ class FlatPlane:
 
 
 @functools.lru_cache(maxsize=128)
-def _compiled_flat(kernel: tuple, strides: tuple, dilations: tuple, image: tuple) -> tuple:
+def _compiled_flat(kernel: tuple, strides: tuple, dilations: tuple, image: tuple,
+                   activation: str = "") -> tuple:
     """(the flat form's module, its scratch's cells) for one geometry."""
     plane = FlatPlane(kernel, strides, dilations, image)
-    return compiled(flat_source(plane), prefix="mixrt_depthwise_flat"), plane.scratch
+    return compiled(flat_source(plane, activation), prefix="mixrt_depthwise_flat"), \
+        plane.scratch
 
 
-def flat_source(plane: FlatPlane) -> str:
+def flat_source(plane: FlatPlane, activation: str = "") -> str:
     """The flat form's module for one geometry (see the module's docstring): ``run`` as in
     :func:`source`, its ``pad`` a (1, ``plane.scratch``) scratch."""
     (kh, kw), (height, width, top, left, oh, ow) = plane.kernel, plane.image
@@ -240,7 +293,8 @@ def flat_source(plane: FlatPlane) -> str:
         *IMPORTS,
         "",
         f"@njit({flags})",
-        "def run(x, w, bias, y, multiplier, m, top, left, start, stop, pad):",
+        "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
+        "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
         "    channels = m // multiplier",
         "    # the padding stays zero: every plane overwrites the same cells",
@@ -260,16 +314,19 @@ def flat_source(plane: FlatPlane) -> str:
         *[f"        w{a}_{b} = ws[uint64(channel * {kh * kw} + {a * kw + b})]" for a, b in taps],
         "        b = bias[channel]",
         f"        for k in range({plane.length}):",
-        f"            ps[uint64({output} + k)] = b + {total}",
+        f"            v = b + {total}",
+        *[f"            {line}" for line in ACTIVATIONS[activation][1]],
+        f"            ps[uint64({output} + k)] = v",
         f"        base = q * {oh * ow}",
         f"        for i in range({oh}):",
         f"            for j in range({ow}):",
         f"                ys[uint64(base + i * {ow} + j)] = ps[uint64({output} + i *"
         f" {plane.phase_width} + j)]",
         "",
-        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True)],
+        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
+                      ("act", 1, True)],
                      ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
-                         "run(x, w, bias, y, multiplier, m, top, left, start, stop,"
+                         "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
                          f" np.empty((hp, wp), {dtype}))"]),
     ])
 

@@ -18,6 +18,7 @@ import functools
 
 import numpy as np
 
+from mixrt.ops.compiled import replay
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.elementwise import jit_elementwise
 from mixrt.ops.elementwise.fused_elementwise import program as elementwise_program
@@ -65,6 +66,14 @@ def _hard_sigmoid(xp, y, alpha, beta):
     _clip(xp, y, 0.0, 1.0)
 
 
+def _hard_swish(xp, y):
+    # y * HardSigmoid(y, 1/6, 0.5) in the unfused kernel's order (ops/elementwise/activation.py)
+    gate = y * y.dtype.type(1 / 6)
+    gate += y.dtype.type(0.5)
+    _clip(xp, gate, 0.0, 1.0)
+    y *= gate
+
+
 def _clip(xp, y, low, high):
     # max then min, so low > high gives high, as ONNX Clip does; infinite bounds are no-ops
     if xp is np:
@@ -80,6 +89,7 @@ ACTIVATIONS = {  # name -> (in-place function, parameter names)
     "Sigmoid": (_sigmoid, ()),
     "Tanh": (_tanh, ()),
     "HardSigmoid": (_hard_sigmoid, ("alpha", "beta")),
+    "HardSwish": (_hard_swish, ()),
     "Clip": (_clip, ("min", "max")),
 }
 
@@ -137,7 +147,12 @@ def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, param
             steps.append("Add")
             operands += [current, register]
             current = 1 + has_bias + has_residual + len(steps) - 1
-    if activation:
+    if activation == "HardSwish":  # y * HardSigmoid(y, 1/6, 0.5), as its own kernel runs it
+        gate = 1 + has_bias + has_residual + len(steps)  # the HardSigmoid's register
+        steps += ["HardSigmoid", "Mul"]
+        operands += [current, current, gate]
+        values = [1 / 6, 0.5]
+    elif activation:
         steps.append(activation)
         operands.append(current)
         values = list(params)
@@ -171,6 +186,26 @@ def add_and_activate_cpu(y, bias, residual, activation: str, params):
             tuple(a for a in (bias, residual) if a is not None)):
         return y
     return _add_and_activate(np, y, bias, residual, activation, params)
+
+
+def compiled_activation(y, activation: str, params):
+    """``activation`` over ``y`` (contiguous, y's own buffer) in one compiled pass, done
+    now; returns that pass as a call on an array of y's layout, ``again(array)``, for a
+    replay to make (ops/compiled/replay.py), or None, nothing done, where the activation
+    has no compiled pass over y."""
+    program = _epilogue(False, False, activation, params)
+    if not activation or program is None or not y.flags.c_contiguous \
+            or y.size < jit_elementwise.JIT_MIN_ELEMENTS \
+            or not jit_elementwise.suits(program.steps, (), y, program.jit_kernels):
+        return None
+    recorded: dict = {}
+    if not jit_elementwise.run(program.steps, (y,), y, 0, program.jit_kernels, recorded):
+        return None
+    found = recorded.get(replay.KEY)
+    if found is None:  # a pass split over the threads records nothing: the full call again
+        return lambda array: jit_elementwise.run(program.steps, (array,), array, 0,
+                                                 program.jit_kernels)
+    return lambda array: found.action(array, array)
 
 
 def _compiled_epilogue(program, y, operands) -> bool:

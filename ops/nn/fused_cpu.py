@@ -1,10 +1,13 @@
 """The fused products' CPU forms (FusedConv, FusedGemm, FusedMatMul), registered beside their
 generic kernels in ``ops/nn/fused.py``. Signatures are the generic kernels'.
 
-* FusedConv: the direct convolution of ``ops/conv/conv_direct_cpu.py`` with the residual and
-  activation in its loop, else ``conv_cpu.conv_bands`` with the bias, residual and activation
-  applied to each band of the output right after its matmul, while it is still in cache; a
-  call into the caller's ``out`` is kept as the node's replay (``ops/compiled/replay.py``).
+* FusedConv: a depthwise one without a residual through the compiled loop of
+  ``ops/conv/jit_depthwise.py`` with its bias and activation as it stores each output; the
+  direct convolution of ``ops/conv/conv_direct_cpu.py`` with the residual and a piecewise
+  activation in its loop (another in a compiled pass after it); else
+  ``conv_cpu.conv_bands`` with the bias, residual and activation applied to each band of
+  the output right after its matmul, while it is still in cache. A call into the caller's
+  ``out`` is kept as the node's replay (``ops/compiled/replay.py``).
 * FusedGemm, FusedMatMul: the few-rows and packed-panel products of ``ops/nn/matmul_cpu.py``
   written into ``out``, then the epilogue in one compiled pass where it has one.
 """
@@ -14,11 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import replay
-from mixrt.ops.conv.conv_cpu import conv_bands, direct, geometry
+from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.nn import matmul_cpu as few_rows
-from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu, fused_conv,
-                                fused_gemm, fused_mat_mul, gemm_terms)
+from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu,
+                                compiled_activation, fused_conv, fused_gemm, fused_mat_mul,
+                                gemm_terms)
 
 
 @fused_conv.fast("cpu")
@@ -41,6 +45,10 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
 
 
 def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):
+    if Z is None:  # a depthwise one applies its bias and activation in its own loop
+        done = depthwise_activated(X, W, B, attributes, activation, out, prepacked)
+        if done is not None:
+            return done
     found = geometry(prepacked, X, W, **attributes)
     shape = (X.shape[0], W.shape[0], *found[-1])
     if out is None:
@@ -52,8 +60,7 @@ def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):
     limits = activation_limits(*activation)
     done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
     if done is not None and limits is None:
-        replay.forget(prepacked)  # it would leave out the activation applied here
-        return activate(np, done, *activation)
+        return _activated(done, activation, prepacked)
     if done is not None:
         return done
     residual = None if Z is None else Z.reshape(shape[0], shape[1], -1)
@@ -65,6 +72,21 @@ def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):
         add_and_activate_cpu(y, bias, band, *activation)
     return conv_bands(X, W, None, out=out, epilogue=epilogue, prepacked=prepacked,
                       **attributes)
+
+
+def _activated(out, activation: tuple, prepacked):
+    """``out`` with the activation the direct convolution's tile does not apply (HardSwish,
+    Sigmoid) in a pass of its own; the convolution's recorded call, when it made one,
+    replays with that pass after it."""
+    conv = None if prepacked is None else prepacked.get(replay.KEY)
+    again = compiled_activation(out, *activation)
+    if again is None:
+        replay.forget(prepacked)  # it would leave out the activation applied here
+        return add_and_activate_cpu(out, None, None, *activation)
+    if conv is not None:
+        action = conv.action
+        conv.action = lambda *arrays: (action(*arrays), again(arrays[-1]))
+    return out
 
 
 @fused_gemm.fast("cpu")

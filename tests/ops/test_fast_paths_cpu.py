@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixrt.ops.attention.fused_attention import fused_attention
+from mixrt.ops.compiled import replay
 from mixrt.ops.conv import conv_pool_cpu, fused_conv_pool
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused, fused_cpu
@@ -46,7 +47,7 @@ def _bound_functions(session) -> dict:
 # -- FusedConv, FusedGemm, FusedMatMul (ops/nn/fused_cpu.py) -------------------------------------
 
 ACTIVATIONS = [("", None), ("Relu", None), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.5]),
-               ("Sigmoid", None), ("HardSigmoid", [0.2, 0.5])]
+               ("Sigmoid", None), ("HardSigmoid", [0.2, 0.5]), ("HardSwish", None)]
 
 
 def test_the_fused_products_register_cpu_fast_paths():
@@ -74,6 +75,23 @@ def test_fused_conv_cpu_agrees_with_the_generic_kernel(x_shape, w_shape, attribu
     expected, got = _both(fused.fused_conv, X, W, B, Z, _prepacked={},
                           out_shape=generic.shape if with_out else None, **kwargs)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ["HardSwish", "Sigmoid"])
+def test_fused_conv_replays_its_activation_pass(activation):
+    """An activation the direct convolution's tile does not apply runs as a pass after
+    it; the node's replayed call (the same arrays again) makes that pass too, on the new
+    values."""
+    X, W, B = np.empty((1, 8, 28, 28), np.float32), _rand(16, 8, 3, 3), _rand(16)
+    out, prepacked = np.empty((1, 16, 28, 28), np.float32), {}
+    for call in range(3):
+        X[...] = _rand(*X.shape)  # new values in the same arrays: calls 2 and 3 replay
+        expected = fused.fused_conv.kernels[-1].fn(np, X, W, B, pads=[1] * 4,
+                                                  activation=activation)
+        got = fused_cpu.fused_conv_cpu(np, X, W, B, pads=[1] * 4, activation=activation,
+                                       out=out, _prepacked=prepacked)
+        assert got is out and replay.KEY in prepacked
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_fused_conv_with_a_broadcast_residual_agrees():

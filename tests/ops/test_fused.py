@@ -32,11 +32,12 @@ def rand(*shape):
 
 ACTIVATIONS = [("Relu", [], {}), ("LeakyRelu", [0.1], {"alpha": 0.1}),
                ("Sigmoid", [], {}), ("Tanh", [], {}),
-               ("HardSigmoid", [0.3, 0.4], {"alpha": 0.3, "beta": 0.4})]
+               ("HardSigmoid", [0.3, 0.4], {"alpha": 0.3, "beta": 0.4}),
+               ("HardSwish", [], {})]
 
 
 def unfused_activation(name, y, attributes):
-    return onnx_op(name, y, opset=22 if name == "HardSigmoid" else 17, **attributes)
+    return onnx_op(name, y, opset=22 if name.startswith("Hard") else 17, **attributes)
 
 
 # -- FusedConv, FusedGemm, FusedMatMul ---------------------------------------------------------

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper
 import mixrt
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.pool import plane_pools
-from mixrt.ops.nn import row_kernels
+from mixrt.ops import REGISTRY
+from mixrt.ops.nn import fused_cpu, row_kernels
 from mixrt.ops.conv import conv_cpu, jit_depthwise, phase_planes
 from mixrt.ops.pool import inplace_cpu, jit_pool
 from mixrt.ops.conv.conv import conv
@@ -204,6 +205,38 @@ def test_depthwise_conv_takes_the_compiled_loop_unless_turned_off(monkeypatch):
     second = conv_cpu.conv_cpu(np, X, W, group=4, pads=[1, 1, 1, 1])
     assert calls == [1]
     np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-6)
+
+
+DEPTHWISE_ACTIVATIONS = [("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.75]),
+                         ("HardSigmoid", [0.3, 0.4]), ("HardSwish", [])]
+
+
+def _unfused(name, params, y):
+    names = {"LeakyRelu": ["alpha"], "Clip": [], "HardSigmoid": ["alpha", "beta"]}
+    attributes = dict(zip(names.get(name, []), params))
+    bounds = [np.float32(p) for p in params] if name == "Clip" else []
+    return REGISTRY.find("", name, 22).fn(np, y, *bounds, **attributes)
+
+
+@pytest.mark.parametrize("activation", DEPTHWISE_ACTIVATIONS, ids=lambda a: a[0])
+def test_fused_depthwise_applies_its_activation_in_the_loop(activation, depthwise_form,
+                                                              monkeypatch):
+    """FusedConv's bias and activation as the depthwise loop stores each sum: the same
+    bits as the Conv and the activation's own kernel, NaN included."""
+    taken = _recorded_calls(monkeypatch, fused_cpu, "depthwise_activated")
+    X = RNG.standard_normal((2, 6, 9, 9)).astype(np.float32) * 4
+    X[0, 1, 4, 4] = np.nan
+    W = RNG.standard_normal((6, 1, 3, 3)).astype(np.float32)
+    B = RNG.standard_normal(6).astype(np.float32)
+    attrs = dict(group=6, pads=[1, 1, 1, 1], strides=[2, 1])
+    name, params = activation
+    want = _unfused(name, params, conv_cpu.conv_cpu(np, X, W, B, **attrs))
+    out, prepacked = np.empty_like(want), {}
+    for _ in range(2):  # the second call replays the first
+        got = fused_cpu.fused_conv_cpu(np, X, W, B, activation=name, activation_params=params,
+                                       out=out, _prepacked=prepacked, **attrs)
+        np.testing.assert_array_equal(got, want)
+    assert taken and np.isnan(want).any()
 
 
 GROUPED = [
