@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.workspace import named_buffer, packed
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
@@ -181,54 +181,70 @@ def pack_panels(B) -> np.ndarray:
     return panels
 
 
-def panel_product(A, B, out, prepacked, bias=None):
+def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=()):
     """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
     dtype, contiguous) when given, added to each tile as it is finished; the panels split
     over the intra-op threads: through the native pool where there is one (its hand-off
-    never takes the GIL), else ``parallel_for``."""
+    never takes the GIL), else ``parallel_for``. The call is kept as the node's replay in
+    ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the node's arrays
+    ``recorded``, whose first is A and last ``out``: the checks and the arguments cost ~7
+    us of a 64 x 256 @ 256 x 256 product's ~32."""
+    call = panel_call(A, B, prepacked, bias)
+    call(A, out)
+    if replays is not None:
+        replay.record(replays, recorded, lambda *arrays: call(arrays[0], arrays[-1]))
+    return out
+
+
+def panel_call(A, B, prepacked, bias=None):
+    """:func:`panel_product` for A's shape as a call to make, ``call(A, out)``, on arrays of
+    the shapes and dtype of these (its scratch is this thread's)."""
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
     rows = A.size // k
-    a, c = A.reshape(rows, k), out.reshape(rows, n)
     bias = _NO_BIAS[A.dtype.char] if bias is None else bias
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
     if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
-        kernels.panel_product(a, panels, c, 0, count, spill, bias)
-        return out
+        one = kernels.panel_product
+        return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
+                                  spill, bias)
     native = jit_cpu.native_pool()
     if native is not None:
         parts = min(count, NATIVE_PARTS_PER_THREAD * intra_op_threads())
         bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
-        kernels.native_product(native.block, parts, a, panels, c, bounds, spill,
-                               jit_cpu.scratch_array("panel_spill_worker", A.dtype,
-                                                      spill_shape), bias)
-        return out
+        worker_spill = jit_cpu.scratch_array("panel_spill_worker", A.dtype, spill_shape)
+        run, block = kernels.native_product, native.block
+        return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
+                                  out.reshape(rows, n), bounds, spill, worker_spill, bias)
 
-    def part(p0, p1):
-        kernels.panel_product(a, panels, c, p0, p1,
-                              jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape),
-                              bias)
-    parallel_for(thread_parts(count, rows * k * n), part)
-    return out
+    def threads(A, out):
+        a, c = A.reshape(rows, k), out.reshape(rows, n)
+
+        def part(p0, p1):
+            kernels.panel_product(a, panels, c, p0, p1,
+                                  jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape),
+                                  bias)
+        parallel_for(thread_parts(count, rows * k * n), part)
+    return threads
 
 
 # the panel kernels' "no bias" (an empty vector of the product's dtype)
 _NO_BIAS = {np.dtype(t).char: np.zeros(0, t) for t in (np.float32, np.float64)}
 
 
-def biased_panel_product(A, B, bias, out, prepacked) -> bool:
+def biased_panel_product(A, B, bias, out, prepacked, replays=None, recorded=()) -> bool:
     """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
     (the same float additions as ``out += bias`` afterwards) when :func:`panels_suit` and
     ``bias`` is one contiguous value per column of A's dtype; False, nothing written,
-    otherwise."""
+    otherwise. ``replays``, ``recorded``: as for :func:`panel_product`."""
     if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \
             or B.ndim != 2 or bias.shape[0] != B.shape[1] \
             or not panels_suit(A, B, out, prepacked):
         return False
-    panel_product(A, B, out, prepacked, bias)
+    panel_product(A, B, out, prepacked, bias, replays, recorded)
     return True
 
 
