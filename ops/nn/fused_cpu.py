@@ -19,8 +19,8 @@ import numpy as np
 from mixrt.ops.compiled import replay
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
-from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import matmul_cpu as few_rows
+from mixrt.ops.nn.nn_cpu import constant_bias
 from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu,
                                 compiled_activation, fused_conv, fused_gemm, fused_mat_mul,
                                 gemm_terms)
@@ -94,7 +94,10 @@ def _activated(out, activation: tuple, prepacked):
 def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
                    activation="", activation_params=None, out=None, _prepacked=None):
     """FusedGemm with the product written straight into ``out`` by the few-rows or panel
-    kernels where they take it."""
+    kernels where they take it (replayed as Gemm's, ``nn_cpu.gemm_cpu``)."""
+    arrays = (A, B, C, out)
+    if out is not None and replay.replayed(_prepacked, arrays):
+        return out
     if _aliases(np, out, A, B, C):
         return _into(np, fused_gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                         transB=transB, activation=activation,
@@ -102,7 +105,8 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
                                         _prepacked=_prepacked), out)
     if out is not None and A.dtype == B.dtype == out.dtype:
         if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
-                A, B, C, transA, transB, out, _prepacked):
+                A, B, C, transA, transB, out, _prepacked,
+                None if activation else constant_bias(_prepacked, 2), arrays):
             return add_and_activate_cpu(out, None, None, activation, activation_params)
         y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     else:
@@ -134,19 +138,19 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
                                            activation_params=activation_params,
                                            _prepacked=_prepacked), out)
     if out is not None and out.dtype == A.dtype == B.dtype:
-        replays = _prepacked if Z is None and not activation \
-            and _BIAS in _prepacked.get(CONSTANT_INPUTS, ()) else None
-        if bias is not None and few_rows.biased_panel_product(A, B, bias, out, _prepacked,
-                                                              replays, arrays):
+        alone = Z is None and not activation  # nothing after the product to replay
+        if bias is not None and few_rows.biased_panel_product(
+                A, B, bias, out, _prepacked, constant_bias(_prepacked, 2) if alone else None,
+                arrays):
             return add_and_activate_cpu(out, None, Z, activation, activation_params)
-        y = few_rows.dense_product(A, B, out, _prepacked)
+        y = few_rows.dense_product(A, B, out, _prepacked,
+                                   _prepacked if alone and bias is None else None, arrays)
     else:
         y = np.matmul(A, B, out=out)
     return add_and_activate_cpu(y, bias, Z, activation, activation_params)
 
 
 _TINY_ACTIVATIONS = ("", "Relu")
-_BIAS = 2  # FusedMatMul's bias input: a replay holds it, so only a constant one
 
 
 def _tiny_layer(A, B, bias, activation, out):

@@ -80,14 +80,15 @@ def stacked_product(A, B, out):
     return np.matmul(A, B, out=out)
 
 
-def dense_product(A, B, out, prepacked=None):
+def dense_product(A, B, out, prepacked=None, replays=None, recorded=()):
     """``out = A @ B`` (native floats, ``out`` apart from B) in the fastest form here: the
     packed panels for a constant weight, the transposed form for a few rows, else one
-    product per C-contiguous stack."""
+    product per C-contiguous stack. ``replays``, ``recorded``: as for
+    :func:`panel_product`, which alone records."""
     if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK:
         return stacked_product(A, B, out)  # what the checks below come to (~1 us of them)
     if panels_suit(A, B, out, prepacked):
-        return panel_product(A, B, out, prepacked)
+        return panel_product(A, B, out, prepacked, None, replays, recorded)
     if stacks_suit(A, B, out):
         return stacked_panel_product(A, B, out)
     if suits(A, B) and not np.may_share_memory(out, A):
@@ -95,11 +96,12 @@ def dense_product(A, B, out, prepacked=None):
     return stacked_product(A, B, out)
 
 
-def biased_gemm_product(A, B, C, transA, transB, out, prepacked) -> bool:
+def biased_gemm_product(A, B, C, transA, transB, out, prepacked, replays=None,
+                        recorded=()) -> bool:
     """``out = A' B' + C`` with C one value per column, the bias added in the panels
     (:func:`biased_panel_product`); False, nothing written, where that does not apply."""
     return C is not None and not transA and biased_panel_product(
-        A, B.T if transB else B, C, out, prepacked)
+        A, B.T if transB else B, C, out, prepacked, replays, recorded)
 
 
 def small_one_row(A, B, transA, transB) -> bool:

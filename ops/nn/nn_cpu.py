@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.compiled.parallel import parallel_rows
@@ -23,14 +24,24 @@ from mixrt.ops.nn.nn import gemm, mat_mul, softmax, softmax_coerced
 
 @mat_mul.fast("cpu")
 def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
+    """A product against a constant weight through the panels is kept as the node's
+    replay (``ops/compiled/replay.py``)."""
+    arrays = (A, B, out)
+    if out is not None and replay.replayed(_prepacked, arrays):
+        return out
     if out is None or not native(A, B, out):
         return into(out, mat_mul(xp, A, B))
-    return few_rows.dense_product(A, B, out, _prepacked)
+    return few_rows.dense_product(A, B, out, _prepacked, _prepacked, arrays)
 
 
 @gemm.fast("cpu")
 def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=None,
              _prepacked=None):
+    """A product with a constant bias through the panels is kept as the node's replay
+    (``ops/compiled/replay.py``)."""
+    arrays = (A, B, C, out)
+    if out is not None and replay.replayed(_prepacked, arrays):
+        return out
     if out is None and native(A, B, C) and A.ndim == B.ndim == 2:
         # a graph output (the executor passes no out= for those, a classifier's logits)
         # takes the same product forms into a new array
@@ -44,7 +55,7 @@ def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=N
         # cannot pass (~1.5 us of a decoder step's ~13 us Gemm, sixteen a GPT-2 step)
         np.matmul(A, B.T if transB else B, out=out)
     elif alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
-            A, B, C, transA, transB, out, _prepacked):
+            A, B, C, transA, transB, out, _prepacked, constant_bias(_prepacked, 2), arrays):
         return out
     else:
         few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
@@ -53,6 +64,13 @@ def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=N
     if C is not None and beta != 0.0:
         out += C if beta == 1.0 else C * C.dtype.type(beta)
     return out
+
+
+def constant_bias(prepacked, index: int):
+    """``prepacked`` where input ``index`` (a bias) is a constant of the session, else None:
+    a replay holds the bias it was recorded with, so only a constant one may be kept."""
+    return prepacked if prepacked is not None \
+        and index in prepacked.get(CONSTANT_INPUTS, ()) else None
 
 
 def _batch_norm_into(X, scale, B, mean, var, epsilon, out):

@@ -1,7 +1,9 @@
-"""Replayed convolution calls (ops/compiled/replay.py): a node's planned runs after the first go
-straight to the native call, and give what the full path gives, for every form that records
-(direct, grouped 1x1, depthwise) and through whatever changes between calls (the input's
-values, the thread, the thread's scratch buffers, an activation applied after the kernel)."""
+"""Replayed convolution and dense-product calls (ops/compiled/replay.py): a node's planned runs
+after the first go straight to the native call, and give what the full path gives, for every
+form that records (direct, grouped 1x1, depthwise convolutions; MatMul, Gemm and FusedMatMul
+against a constant weight through the panels) and through whatever changes between calls
+(the input's values, the thread, the thread's scratch buffers, an activation applied after
+the kernel)."""
 
 import gc
 import threading
@@ -229,3 +231,52 @@ def test_a_fused_elementwise_chain_replays(monkeypatch):
     (step,) = [s for s in session._bound.nodes if s.node.op_type == "FusedElementwise"]
     state = step.attributes["_node"]
     assert _replays_of(fired, state)[-2:] == [True, True]
+
+
+PRODUCTS = {
+    # (nodes after x -> Relu -> r, weights): a 64 x 256 activation through a dense layer
+    "MatMul": ([helper.make_node("MatMul", ["r", "w"], ["c"])], {"w": _weights(256, 256)}),
+    "MatMul and bias": ([helper.make_node("MatMul", ["r", "w"], ["m"]),
+                         helper.make_node("Add", ["m", "b"], ["c"])],
+                        {"w": _weights(256, 512), "b": _weights(512)}),
+    "Gemm": ([helper.make_node("Gemm", ["r", "w", "b"], ["c"], transB=1)],
+             {"w": _weights(384, 256), "b": _weights(384)}),
+}
+
+
+@pytest.mark.parametrize("case", PRODUCTS)
+def test_products_against_a_constant_weight_replay(case, monkeypatch):
+    nodes, weights = PRODUCTS[case]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"])] + nodes + [helper.make_node("Neg", ["c"],
+                                                                             ["y"])],
+        "g", [helper.make_tensor_value_info("x", F, (64, 256))],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(model, (64, 256), 1e-4)
+    (step,) = [s for s in session._bound.nodes
+               if s.node.op_type in ("MatMul", "FusedMatMul", "Gemm")]
+    state = step.attributes["_prepacked"]
+    assert replay.KEY in state and _replays_of(fired, state)[-2:] == [True, True]
+
+
+def test_a_product_with_a_computed_bias_does_not_replay(monkeypatch):
+    """A replay holds the bias it was made with: a bias the graph computes is not kept."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["b"], ["nb"]),
+             helper.make_node("Gemm", ["r", "w", "nb"], ["c"]),
+             helper.make_node("Neg", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, (64, 256)),
+                                           helper.make_tensor_value_info("b", F, (256,))],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(_weights(256, 256), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
+    for _ in range(3):
+        feeds = {"x": RNG.standard_normal((64, 256)).astype(np.float32),
+                 "b": RNG.standard_normal(256).astype(np.float32)}
+        np.testing.assert_allclose(session.run(None, feeds)[0], plain.run(None, feeds)[0],
+                                   rtol=1e-4, atol=1e-4)
+    (step,) = [s for s in session._bound.nodes if s.node.op_type == "Gemm"]
+    assert replay.KEY not in step.attributes["_prepacked"]
