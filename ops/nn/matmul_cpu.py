@@ -164,7 +164,8 @@ def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
         return False
     return work >= min_work \
         and A.flags.c_contiguous and out.flags.c_contiguous \
-        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) and jit_cpu.panel_kernels() is not None
+        and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) \
+        and jit_cpu.panel_kernels() is not None
 
 
 def panel_width(dtype) -> int:
