@@ -78,10 +78,10 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
     ``prepacked``: a dict in which the reordered weights of a constant ``W`` are kept between
     runs (:func:`packed`); None when ``W`` may change from one call to the next."""
     xp = np
-    # depthwise convolutions take a compiled loop, grouped 1x1 ones one batched matmul; other
-    # grouped ones the generic kernel, whose one batched matmul over the groups beats a
-    # Python loop of tiny per-group matmuls
-    if phase_planes.depthwise_suits(X, W, group):
+    # depthwise convolutions and narrow groups take a compiled loop, grouped 1x1 ones one
+    # batched matmul; other grouped ones the generic kernel, whose one batched matmul over
+    # the groups beats a Python loop of tiny per-group matmuls
+    if phase_planes.depthwise_suits(X, W, group) or _narrow_groups(X, W, group, out):
         return _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
                           out, epilogue, prepacked)
     if _grouped_pointwise(X, W, group, kernel_shape, pads, strides, auto_pad, out):
@@ -171,17 +171,32 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None
 def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
     """``conv_geometry``, kept in the session node's ``prepacked`` dict per input and weight
     shape (a node's attributes never change): computing it again took ~2.5 us of every
-    call, as long as a ShuffleNet layer's epilogue."""
-    return packed(prepacked, ("geometry", X.shape, W.shape), lambda: conv_geometry(
+    call, as long as a ShuffleNet layer's epilogue. The pads are part of the key: a
+    FusedConvPool's bands (ops/conv/fused_conv_pool.py) call one node's kernel with pads of
+    their own."""
+    key = ("geometry", X.shape, W.shape, None if pads is None else tuple(pads))
+    return packed(prepacked, key, lambda: conv_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 
+def _narrow_groups(X, W, group, out) -> bool:
+    """A grouped convolution of narrow groups that the compiled loop of
+    ``ops/conv/jit_depthwise.py`` takes (its flat form), into ``out`` or a new array; not a
+    1x1 one (ShuffleNet's), which ``grouped_cpu`` computes as one product per group."""
+    return jit_depthwise.narrow_groups(X, W, group) and X.flags.c_contiguous \
+        and 1 < W.shape[2] * W.shape[3] and max(W.shape[2:]) <= jit_depthwise.MAX_TAPS \
+        and (out is None or (out.dtype == X.dtype and out.flags.c_contiguous
+                             and not np.may_share_memory(X, out)))
+
+
 def depthwise_activated(X, W, B, attributes: dict, activation: tuple, out, prepacked):
-    """FusedConv's depthwise convolution without a residual: the bias and ``activation``
-    ((name, params)) applied by the compiled loop of ``ops/conv/jit_depthwise.py`` as it
-    stores each output, into ``out`` (made when None); None, nothing computed, where that
-    loop does not take it (the caller then adds them in a pass of its own)."""
-    if not phase_planes.depthwise_suits(X, W, attributes["group"]) \
+    """FusedConv's depthwise (or narrow grouped) convolution without a residual: the bias
+    and ``activation`` ((name, params)) applied by the compiled loop of
+    ``ops/conv/jit_depthwise.py`` as it stores each output, into ``out`` (made when None);
+    None, nothing computed, where that loop does not take it (the caller then adds them in
+    a pass of its own)."""
+    if not (phase_planes.depthwise_suits(X, W, attributes["group"])
+            or _narrow_groups(X, W, attributes["group"], out)) \
             or jit_depthwise.activation_constants(*activation, X.dtype) is None:
         return None
     kernel, strides, dilations, _, begin, _, out_dims = geometry(prepacked, X, W, **attributes)

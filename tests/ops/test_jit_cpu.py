@@ -180,7 +180,10 @@ def test_depthwise_flat_source_reads_each_tap_at_its_phase():
     assert plane.length == 32 and plane.plane == 32 + 1 * 6 + 2
     assert plane.offset(1, 2) == plane.plane + 2 and plane.offset(2, 0) == 6
     text = jit_depthwise.flat_source(plane)
-    assert f"w1_2 * ps[uint64(k + {plane.plane + 2})]" in text
+    assert f"w0_1_2 * ps[uint64(k + {plane.plane + 2})]" in text
+    held = plane.phases * plane.plane  # a group's second plane starts past the first's phases
+    assert f"w1_1_2 * ps[uint64(k + {held + plane.plane + 2})]" in \
+        jit_depthwise.flat_source(plane, "", 2)
     with pytest.raises(ValueError):
         jit_depthwise.FlatPlane((3, 3), (1, 1), (1, 1), (5, "4; import os", 1, 1, 3, 4))
 
@@ -207,6 +210,42 @@ def test_depthwise_conv_takes_the_compiled_loop_unless_turned_off(monkeypatch):
     np.testing.assert_allclose(first, second, rtol=1e-5, atol=1e-6)
 
 
+NARROW_GROUPS = [
+    # (groups, input channels per group, output channels per group, image, kernel, strides,
+    # dilations, pads)
+    (6, 8, 8, (12, 12), (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),  # RegNet's stride-2 block
+    (3, 8, 8, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+    (4, 2, 3, (9, 11), (3, 3), (1, 1), (2, 2), (2, 1, 0, 3)),
+    (2, 3, 1, (10, 9), (5, 5), (3, 2), (1, 1), (2, 2, 2, 2)),
+    (5, 4, 2, (6, 40), (1, 3), (1, 1), (1, 1), (0, 1, 0, 1)),  # wider than FLAT_MAX_WIDTH
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
+def test_narrow_groups_take_the_flat_loop_and_match_generic_conv(case, dtype, monkeypatch):
+    calls = _count_compiled_depthwise(monkeypatch, True)
+    groups, width, outputs, image, kernel, strides, dilations, pads = case
+    X = RNG.standard_normal((2, groups * width) + image).astype(dtype)
+    W = RNG.standard_normal((groups * outputs, width) + kernel).astype(dtype)
+    B = RNG.standard_normal(groups * outputs).astype(dtype)
+    attrs = dict(group=groups, kernel_shape=list(kernel), strides=list(strides),
+                 dilations=list(dilations), pads=list(pads))
+    for bias in (B, None):
+        got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
+        np.testing.assert_allclose(got, conv(np, X, W, bias, **attrs), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2
+
+
+def test_wide_groups_keep_the_generic_path(monkeypatch):
+    calls = _count_compiled_depthwise(monkeypatch, True)
+    X = RNG.standard_normal((1, 2 * (jit_depthwise.MAX_GROUP_WIDTH + 1), 6, 6))
+    W = RNG.standard_normal((4, jit_depthwise.MAX_GROUP_WIDTH + 1, 3, 3))
+    got = conv_cpu.conv_cpu(np, X, W, group=2, pads=[1, 1, 1, 1])
+    np.testing.assert_allclose(got, conv(np, X, W, group=2, pads=[1, 1, 1, 1]), rtol=1e-6)
+    assert not calls
+
+
 DEPTHWISE_ACTIVATIONS = [("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.75]),
                          ("HardSigmoid", [0.3, 0.4]), ("HardSwish", [])]
 
@@ -219,16 +258,17 @@ def _unfused(name, params, y):
 
 
 @pytest.mark.parametrize("activation", DEPTHWISE_ACTIVATIONS, ids=lambda a: a[0])
-def test_fused_depthwise_applies_its_activation_in_the_loop(activation, depthwise_form,
+@pytest.mark.parametrize("width", [1, 4], ids=["depthwise", "groups of 4"])
+def test_fused_depthwise_applies_its_activation_in_the_loop(activation, width, depthwise_form,
                                                               monkeypatch):
-    """FusedConv's bias and activation as the depthwise loop stores each sum: the same
-    bits as the Conv and the activation's own kernel, NaN included."""
+    """FusedConv's bias and activation as the depthwise (or narrow grouped) loop stores
+    each sum: the same bits as the Conv and the activation's own kernel, NaN included."""
     taken = _recorded_calls(monkeypatch, fused_cpu, "depthwise_activated")
-    X = RNG.standard_normal((2, 6, 9, 9)).astype(np.float32) * 4
+    X = RNG.standard_normal((2, 24, 9, 9)).astype(np.float32) * 4
     X[0, 1, 4, 4] = np.nan
-    W = RNG.standard_normal((6, 1, 3, 3)).astype(np.float32)
-    B = RNG.standard_normal(6).astype(np.float32)
-    attrs = dict(group=6, pads=[1, 1, 1, 1], strides=[2, 1])
+    W = RNG.standard_normal((24, width, 3, 3)).astype(np.float32)
+    B = RNG.standard_normal(24).astype(np.float32)
+    attrs = dict(group=24 // width, pads=[1, 1, 1, 1], strides=[2, 1])
     name, params = activation
     want = _unfused(name, params, conv_cpu.conv_cpu(np, X, W, B, **attrs))
     out, prepacked = np.empty_like(want), {}
