@@ -28,16 +28,23 @@ def layer_norm_suits(X, Scale, B, out) -> bool:
             and (B is None or B.size == Scale.size) and jit_cpu.enabled())
 
 
-def layer_norm(X, Scale, B, out, axis: int, epsilon: float) -> bool:
-    """LayerNormalization of X over its axes from ``axis`` on into ``out``; False (nothing
-    written) when Scale does not span exactly those axes (broadcast scales stay in NumPy)."""
+def layer_norm(X, Scale, B, out, axis: int, epsilon: float):
+    """LayerNormalization of X over its axes from ``axis`` on into ``out``; returns the call
+    made, ``again(X, Scale, B, out)`` on arrays of these shapes (a replay's,
+    ``ops/compiled/replay.py``), or None, nothing written, when Scale does not span exactly
+    those axes (broadcast scales stay in NumPy)."""
     n = math.prod(X.shape[axis:])
     if Scale.size != n or X.size == 0:
-        return False
-    bias = np.zeros(n, X.dtype) if B is None else B.reshape(-1)
-    jit_cpu.load(ROW_KERNELS).layer_norm(X.reshape(-1), Scale.reshape(-1), bias, out.reshape(-1),
-                          X.size // n, n, X.dtype.type(epsilon))
-    return True
+        return None
+    rows, epsilon, kernel = X.size // n, X.dtype.type(epsilon), \
+        jit_cpu.load(ROW_KERNELS).layer_norm
+    zeros = np.zeros(n, X.dtype) if B is None else None
+
+    def again(X, Scale, B, out):
+        kernel(X.reshape(-1), Scale.reshape(-1), zeros if B is None else B.reshape(-1),
+               out.reshape(-1), rows, n, epsilon)
+    again(X, Scale, B, out)
+    return again
 
 
 def rms_norm(X, scale, out, axis: int, epsilon: float) -> bool:

@@ -280,3 +280,20 @@ def test_a_product_with_a_computed_bias_does_not_replay(monkeypatch):
                                    rtol=1e-4, atol=1e-4)
     (step,) = [s for s in session._bound.nodes if s.node.op_type == "Gemm"]
     assert replay.KEY not in step.attributes["_prepacked"]
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_normalization_replays(with_bias, monkeypatch):
+    weights = {"s": _weights(256) + 1} | ({"b": _weights(256)} if with_bias else {})
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("LayerNormalization", ["r", *weights], ["c"], epsilon=1e-5),
+             helper.make_node("Neg", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, (64, 256))],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(w, name) for name, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(model, (64, 256), 1e-5)
+    (step,) = [s for s in session._bound.nodes if s.node.op_type == "LayerNormalization"]
+    state = step.attributes["_node"]
+    assert replay.KEY in state and _replays_of(fired, state)[-2:] == [True, True]
