@@ -374,3 +374,22 @@ def test_fused_conv_pool_cpu_agrees_with_the_generic_kernel(monkeypatch, name, p
                conv_pool_cpu.fused_conv_pool_cpu):
         results.append(fn(np, X, W, B, _prepacked={} if prepacked else None, **attributes))
     np.testing.assert_allclose(results[1], results[0], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_of_a_few_indices_writes_into_out(axis):
+    from mixrt.ops.shape import shape_cpu
+    from mixrt.ops.shape.index import gather
+    data = _rand(5, 6, 7)
+    indices = np.array([[0, -1], [2, -3]], np.int64)
+    want = gather(np, data, indices, axis=axis)
+    out = np.empty_like(want)
+    assert shape_cpu.gather_cpu(np, data, indices, axis=axis, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(shape_cpu.gather_cpu(np, data, indices.astype(np.int32),
+                                                       axis=axis), want)
+    one = list(data.shape)
+    one[axis] = 1
+    with pytest.raises(IndexError):  # past the end, into out too
+        shape_cpu.gather_cpu(np, data, np.array([data.shape[axis]]), axis=axis,
+                             out=np.empty(one, np.float32))
