@@ -152,6 +152,8 @@ def unary_step(unfold: _Unfolder, op_type: str, x: str, params: list[float],
         return unfold.emit(op_type, [x], output, alpha=params[0])
     if op_type == "HardSigmoid":
         return unfold.emit(op_type, [x], output, alpha=params[0], beta=params[1])
+    if op_type == "Swish":  # SiLU: ONNX has no operator of its own for it
+        return unfold.emit("Mul", [x, unfold.emit("Sigmoid", [x], None)], output)
     if op_type == "HardSwish" and unfold.opset < 14:  # HardSwish came in opset 14
         gate = unfold.emit("HardSigmoid", [x], None, alpha=1 / 6, beta=0.5)
         return unfold.emit("Mul", [x, gate], output)

@@ -354,6 +354,24 @@ def test_conv_batchnorm_residual_activation_become_one_fused_conv(activation, ex
     assert fused.inputs[3] == "x"
 
 
+@pytest.mark.parametrize("order", [["c", "s"], ["s", "c"]])
+def test_conv_then_silu_becomes_a_fused_conv_with_swish(order):
+    g = graph_of([node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                  node("Sigmoid", ["c"], ["s"]), node("Mul", order, ["y"])],
+                 [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])], {"W": rand(4, 4, 3, 3)})
+    optimized = checked(g, {"x": rand(1, 4, 6, 6)}, 2)
+    assert ops(optimized) == {"FusedConv": 1}
+    assert optimized.nodes[0].attributes["activation"] == "Swish"
+
+
+def test_a_sigmoid_read_elsewhere_keeps_silu_apart():
+    g = graph_of([node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                  node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"])],
+                 [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6]), ("s", [1, 4, 6, 6])],
+                 {"W": rand(4, 4, 3, 3)})
+    assert "FusedConv" not in ops(checked(g, {"x": rand(1, 4, 6, 6)}, 2))
+
+
 def test_residual_that_would_broadcast_the_conv_output_is_not_fused():
     g = graph_of([node("Conv", ["x", "W"], ["c"]), node("Add", ["c", "z"], ["y"])],
                  [("x", [1, 3, 1, 1]), ("z", [2, 4, 1, 1])], [("y", [2, 4, 1, 1])],

@@ -53,6 +53,7 @@ import functools
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.elementwise.jit_elementwise import kernel_module as compiled
 from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
@@ -90,9 +91,21 @@ ACTIVATIONS = {
     "HardSwish": (lambda params: [0.0, 1.0, 1 / 6, 0.5],
                   ["g = v * c2 + c3", _nan_max("g", "g", "c0"), _nan_min("g", "g", "c1"),
                    "v = v * g"]),
+    # float32 only: its sigmoid is the compiled programs' tanh rational (tanh32)
+    "Swish": (lambda params: [0.0, 1.0, 0.5], ["v = v * ((tanh32(v * c2) + c1) * c2)"]),
 }
+_FLOAT32_ONLY = ("Swish",)
 _MOST_CONSTANTS = 4
 _PARAMS = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}  # how many params each takes
+
+
+def _helpers(activation: str) -> list[str]:
+    """Source lines an activation's statements call: Swish's tanh rational."""
+    if activation not in _FLOAT32_ONLY:
+        return []
+    return ["T = np.float32", "",
+            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.clip_source,
+                                       jit_elementwise.literal_source)]
 
 
 def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
@@ -100,7 +113,8 @@ def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
     kernels do not apply it)."""
     found = ACTIVATIONS.get(activation or "")
     params = list(params or ())
-    if found is None or len(params) != _PARAMS.get(activation or "", 0):
+    if found is None or len(params) != _PARAMS.get(activation or "", 0) \
+            or (activation in _FLOAT32_ONLY and np.dtype(dtype) != np.float32):
         return None
     values = found[0](params)
     return np.array(values + [0.0] * (_MOST_CONSTANTS - len(values)), dtype)
@@ -205,6 +219,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "import numpy as np",
         "from numba import njit, uint64",
         *IMPORTS,
+        *_helpers(activation),
         "",
         f"@njit({flags})",
         "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
@@ -321,6 +336,7 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         "import numpy as np",
         "from numba import njit, uint64",
         *IMPORTS,
+        *_helpers(activation),
         "",
         f"@njit({flags})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",

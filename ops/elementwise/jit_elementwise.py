@@ -128,6 +128,9 @@ def _power(a, n: int) -> str:
     return {2: f"({a} * {a})", 3: f"(({a} * {a}) * {a})", 4: f"(({a} * {a}) * ({a} * {a}))"}[n]
 
 
+# the templates other generated kernels reuse (ops/conv/jit_depthwise.py's Swish)
+clip_source, literal_source = _clip, _lit
+
 RATIONAL = {"Erf": "erf32", "Tanh": "tanh32"}  # float32 only
 RATIONAL_OF = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Tanh"}  # the rational a step uses
 

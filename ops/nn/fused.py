@@ -74,6 +74,11 @@ def _hard_swish(xp, y):
     y *= gate
 
 
+def _swish(xp, y):
+    # y * Sigmoid(y) (SiLU) as the FusedElementwise program the unfused pair becomes
+    y[...] = _SWISH.run(xp, (y,))
+
+
 def _clip(xp, y, low, high):
     # max then min, so low > high gives high, as ONNX Clip does; infinite bounds are no-ops
     if xp is np:
@@ -90,8 +95,11 @@ ACTIVATIONS = {  # name -> (in-place function, parameter names)
     "Tanh": (_tanh, ()),
     "HardSigmoid": (_hard_sigmoid, ("alpha", "beta")),
     "HardSwish": (_hard_swish, ()),
+    "Swish": (_swish, ()),  # Sigmoid(y) and Mul(y, it): SiLU, EfficientNet's activation
     "Clip": (_clip, ("min", "max")),
 }
+# the program fuse_elementwise makes of Swish's pair: s = Sigmoid(y), then y * s
+_SWISH = elementwise_program(("Sigmoid", "Mul"), (0, 0, 1), (), 1)
 
 
 def activate(xp, y, activation: str, params) -> object:
@@ -147,11 +155,14 @@ def _epilogue_program(has_bias: bool, has_residual: bool, activation: str, param
             steps.append("Add")
             operands += [current, register]
             current = 1 + has_bias + has_residual + len(steps) - 1
+    gate = 1 + has_bias + has_residual + len(steps)  # the register of a gate's first step
     if activation == "HardSwish":  # y * HardSigmoid(y, 1/6, 0.5), as its own kernel runs it
-        gate = 1 + has_bias + has_residual + len(steps)  # the HardSigmoid's register
         steps += ["HardSigmoid", "Mul"]
         operands += [current, current, gate]
         values = [1 / 6, 0.5]
+    elif activation == "Swish":  # y * Sigmoid(y), as the unfused pair's program runs it
+        steps += ["Sigmoid", "Mul"]
+        operands += [current, current, gate]
     elif activation:
         steps.append(activation)
         operands.append(current)

@@ -10,7 +10,7 @@ A step is absorbed only when the value between them has one reader and is not a 
 output, its dtype is one the fused kernels serve (float32, float64), and the residual or
 bias does not broadcast the product to a bigger shape (the fused kernel adds it in place).
 Activations: those in :data:`mixrt.ops.nn.fused.ACTIVATIONS`, with constant parameters that a
-float32 attribute holds exactly.
+float32 attribute holds exactly, and ``Mul(y, Sigmoid(y))`` (SiLU, EfficientNet's) as "Swish".
 """
 
 from __future__ import annotations
@@ -167,9 +167,29 @@ def _activation_step(follow: _Follow, constants: dict) -> tuple[str, list[float]
     node = follow.next_node()
     found = activation_of(node, constants)
     if found is None or node.inputs[0] != follow.value:
-        return "", []
+        return _swish_step(follow)
     follow.take(node)
     return found
+
+
+def _swish_step(follow: _Follow) -> tuple[str, list[float]]:
+    """("Swish", []) when the value's two readers are ``s = Sigmoid(y)`` and ``Mul(y, s)``
+    (SiLU, as PyTorch exports it), taking both; else ("", [])."""
+    y, index = follow.value, follow.index
+    if index.counts[y] != 2 or y in index.g.output_names or "Swish" not in ACTIVATIONS:
+        return "", []
+    readers = [node for node in index.g.nodes if y in node.inputs]
+    sigmoid = next((n for n in readers if n.op_type == "Sigmoid" and not n.domain), None)
+    mul = next((n for n in readers if n.op_type == "Mul" and not n.domain), None)
+    if sigmoid is None or mul is None or len(readers) != 2 or len(mul.inputs) != 2 \
+            or sorted(mul.inputs) != sorted([y, sigmoid.outputs[0]]) \
+            or index.counts[sigmoid.outputs[0]] != 1 \
+            or sigmoid.outputs[0] in index.g.output_names \
+            or kernel_for(sigmoid) is None or kernel_for(mul) is None:
+        return "", []
+    follow.take(sigmoid)
+    follow.take(mul)
+    return "Swish", []
 
 
 # -- the three products --------------------------------------------------------------------------

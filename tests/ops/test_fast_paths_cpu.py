@@ -47,7 +47,8 @@ def _bound_functions(session) -> dict:
 # -- FusedConv, FusedGemm, FusedMatMul (ops/nn/fused_cpu.py) -------------------------------------
 
 ACTIVATIONS = [("", None), ("Relu", None), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.5]),
-               ("Sigmoid", None), ("HardSigmoid", [0.2, 0.5]), ("HardSwish", None)]
+               ("Sigmoid", None), ("HardSigmoid", [0.2, 0.5]), ("HardSwish", None),
+               ("Swish", None)]
 
 
 def test_the_fused_products_register_cpu_fast_paths():

@@ -33,10 +33,12 @@ def rand(*shape):
 ACTIVATIONS = [("Relu", [], {}), ("LeakyRelu", [0.1], {"alpha": 0.1}),
                ("Sigmoid", [], {}), ("Tanh", [], {}),
                ("HardSigmoid", [0.3, 0.4], {"alpha": 0.3, "beta": 0.4}),
-               ("HardSwish", [], {})]
+               ("HardSwish", [], {}), ("Swish", [], {})]
 
 
 def unfused_activation(name, y, attributes):
+    if name == "Swish":
+        return y * onnx_op("Sigmoid", y)
     return onnx_op(name, y, opset=22 if name.startswith("Hard") else 17, **attributes)
 
 
@@ -95,7 +97,7 @@ def test_fused_conv_without_bias_or_activation_and_clip():
 
 def test_unknown_activation_names_the_choices():
     with pytest.raises(ValueError, match="expected one of Relu"):
-        kernel("FusedConv").fn(np, rand(1, 1, 2, 2), rand(1, 1, 1, 1), activation="Swish")
+        kernel("FusedConv").fn(np, rand(1, 1, 2, 2), rand(1, 1, 1, 1), activation="Mish")
 
 
 def test_fused_gemm_matches_gemm_then_relu():

@@ -247,10 +247,13 @@ def test_wide_groups_keep_the_generic_path(monkeypatch):
 
 
 DEPTHWISE_ACTIVATIONS = [("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.75]),
-                         ("HardSigmoid", [0.3, 0.4]), ("HardSwish", [])]
+                         ("HardSigmoid", [0.3, 0.4]), ("HardSwish", []), ("Swish", [])]
 
 
 def _unfused(name, params, y):
+    if name == "Swish":  # Sigmoid and Mul, as fuse_elementwise would have made them
+        kernel = REGISTRY.find("mixrt", "FusedElementwise", 1).for_device("cpu")
+        return kernel(np, y, ops=("Sigmoid", "Mul"), operands=(0, 0, 1), params=())
     names = {"LeakyRelu": ["alpha"], "Clip": [], "HardSigmoid": ["alpha", "beta"]}
     attributes = dict(zip(names.get(name, []), params))
     bounds = [np.float32(p) for p in params] if name == "Clip" else []
