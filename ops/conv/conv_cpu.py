@@ -19,7 +19,8 @@ from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.workspace import (named_buffer, packed, scratch_arrays, workspace,
                                           workspace_state)
 from mixrt.ops.conv import phase_planes
-from mixrt.ops.conv import conv_direct_cpu, grouped_cpu, jit_depthwise, winograd_cpu
+from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
+                             winograd_cpu)
 from mixrt.ops.conv.conv import conv, conv_geometry
 
 # bytes of im2col columns (or of output, for a 1x1 convolution) per band. Measured on ResNet-50
@@ -153,6 +154,8 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None
             return None
     if found is None:
         found = geometry(prepacked, X, W, **attributes)
+    if sparse_taps.suits(X, W, attributes["group"], found, out):  # taps mostly over padding
+        return sparse_taps.conv(X, W, B, Z, limits, out, found, None if varying else prepacked)
     grouped = not varying and grouped_cpu.suits(X, W, attributes["group"], found, out, Z)
     if not grouped and not conv_direct_cpu.suits(X, W, attributes["group"], found, out,
                                                  prepacked):
