@@ -72,7 +72,7 @@ SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 # is the template ops/elementwise/jit_elementwise.py compiles for the unfused node (NaN
 # passes Relu's and Clip's comparisons, as through NumPy's maximum and minimum), so the
 # stored bits are those of the Conv and its activation run apart.
-# (``|``, not ``or``: without a branch to short-circuit, LLVM vectorizes the loop)
+# (``|`` rather than ``or``: no short-circuit branch inside the vectorized loops)
 def _nan_max(target: str, a: str, b: str) -> str:
     return f"{target} = {a} if (({a} > {b}) | ({a} != {a})) else {b}"
 
