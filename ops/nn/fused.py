@@ -188,13 +188,15 @@ def add_and_activate_cpu(y, bias, residual, activation: str, params):
     """:func:`_add_and_activate` on NumPy arrays: one compiled pass over y when
     ops/elementwise/jit_elementwise.py takes the program and these arrays, else one NumPy call
     each."""
-    # (a compiled pass takes no output under JIT_MIN_ELEMENTS: not worth asking). Without an
+    # (a compiled pass takes no output under its program's min_elements, at least
+    # JIT_MIN_ELEMENTS // COSTLY_DIVISOR: not worth asking below that). Without an
     # activation NumPy's adds are faster: its in-place add of a bias row is one vectorized
     # loop, the generic compiled loop nest indexes every element (BERT's 64 x 256 outputs:
     # 3.5 against 9.7 us)
-    if activation and y.size >= jit_elementwise.JIT_MIN_ELEMENTS and _compiled_epilogue(
-            _epilogue(bias is not None, residual is not None, activation, params), y,
-            tuple(a for a in (bias, residual) if a is not None)):
+    if activation and y.size >= jit_elementwise.JIT_MIN_ELEMENTS // \
+            jit_elementwise.COSTLY_DIVISOR and _compiled_epilogue(
+                _epilogue(bias is not None, residual is not None, activation, params), y,
+                tuple(a for a in (bias, residual) if a is not None)):
         return y
     return _add_and_activate(np, y, bias, residual, activation, params)
 
@@ -206,7 +208,6 @@ def compiled_activation(y, activation: str, params):
     has no compiled pass over y."""
     program = _epilogue(False, False, activation, params)
     if not activation or program is None or not y.flags.c_contiguous \
-            or y.size < jit_elementwise.JIT_MIN_ELEMENTS \
             or not jit_elementwise.suits(program.steps, (), y, program.jit_kernels):
         return None
     recorded: dict = {}

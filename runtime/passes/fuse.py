@@ -10,7 +10,8 @@ A step is absorbed only when the value between them has one reader and is not a 
 output, its dtype is one the fused kernels serve (float32, float64), and the residual or
 bias does not broadcast the product to a bigger shape (the fused kernel adds it in place).
 Activations: those in :data:`mixrt.ops.nn.fused.ACTIVATIONS`, with constant parameters that a
-float32 attribute holds exactly, and ``Mul(y, Sigmoid(y))`` (SiLU, EfficientNet's) as "Swish".
+float32 attribute holds exactly, and after a convolution ``Mul(y, Sigmoid(y))`` (SiLU,
+EfficientNet's) as "Swish".
 """
 
 from __future__ import annotations
@@ -163,11 +164,15 @@ def float32_exact(value) -> bool:
     return np.isnan(value) or float(np.float32(value)) == value
 
 
-def _activation_step(follow: _Follow, constants: dict) -> tuple[str, list[float]]:
+def _activation_step(follow: _Follow, constants: dict,
+                     swish: bool = False) -> tuple[str, list[float]]:
+    """The activation after the chain, taken; ``swish``: SiLU's pair too (a convolution's:
+    after a dense layer fuse_elementwise joins the pair with what follows, Llama's gate
+    times its up projection, in one pass)."""
     node = follow.next_node()
     found = activation_of(node, constants)
     if found is None or node.inputs[0] != follow.value:
-        return _swish_step(follow)
+        return _swish_step(follow) if swish else ("", [])
     follow.take(node)
     return found
 
@@ -201,7 +206,7 @@ def _fuse_conv(g: Graph, conv: Node, constants: dict, types: dict, index: _Reade
     if z is not None:
         follow.take(follow.next_node())
         inputs.append(z)
-    activation, params = _activation_step(follow, constants)
+    activation, params = _activation_step(follow, constants, swish=True)
     if not follow.absorbed:
         return 0
     attributes = {k: v for k, v in conv.attributes.items() if k in CONV_ATTRIBUTES}
