@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops.compiled import replay
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.attention.contrib_transformer import MICROSOFT, is_narrow, run_kernel, widened
 from mixrt.ops.ir.dtypes import FLOATS, compute_dtype, to_numpy_dtype
@@ -153,14 +154,19 @@ def simplified_layer_normalization(xp, X, scale, *, axis=-1, epsilon=1e-5, stash
 
 @simplified_layer_normalization.fast("cpu")
 def simplified_layer_normalization_cpu(xp, X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,
-                                       _outputs=1, out=None):
+                                       _outputs=1, out=None, _node=None):
     """float32 rows in one compiled loop each (``ops/nn/_jit_row_reductions.rms_norm``, the
     same order of operations; Llama's (1, 64, 256) took ~50 us in the eight NumPy passes),
-    else the NumPy form."""
-    if out is not None and _outputs == 1 and stash_type == STASH_FLOAT32 \
-            and row_kernels.layer_norm_suits(X, scale, None, out) \
-            and row_kernels.rms_norm(X, scale, out, axis % X.ndim, epsilon):
+    kept as the node's replay (``ops/compiled/replay.py``), else the NumPy form."""
+    arrays = (X, scale, out)
+    if out is not None and replay.replayed(_node, arrays):
         return out
+    if out is not None and _outputs == 1 and stash_type == STASH_FLOAT32 \
+            and row_kernels.layer_norm_suits(X, scale, None, out):
+        again = row_kernels.rms_norm(X, scale, out, axis % X.ndim, epsilon)
+        if again is not None:
+            replay.record(_node, arrays, again)
+            return out
     result = simplified_layer_normalization(xp, X, scale, axis=axis, epsilon=epsilon,
                                             stash_type=stash_type, _outputs=_outputs)
     if out is None or isinstance(result, tuple):

@@ -47,16 +47,21 @@ def layer_norm(X, Scale, B, out, axis: int, epsilon: float):
     return again
 
 
-def rms_norm(X, scale, out, axis: int, epsilon: float) -> bool:
+def rms_norm(X, scale, out, axis: int, epsilon: float):
     """SimplifiedLayerNormalization of float32 X over its axes from ``axis`` on into
-    ``out`` (:func:`layer_norm_suits` holds for them); False (nothing written) when
+    ``out`` (:func:`layer_norm_suits` holds for them); returns the call made,
+    ``again(X, scale, out)``, as :func:`layer_norm` does, or None (nothing written) when
     ``scale`` does not span exactly those axes."""
     n = math.prod(X.shape[axis:])
     if scale.size != n or X.size == 0:
-        return False
-    jit_cpu.load(ROW_KERNELS).rms_norm(X.reshape(-1), scale.reshape(-1), out.reshape(-1),
-                                       X.size // n, n, X.dtype.type(epsilon))
-    return True
+        return None
+    rows, epsilon, kernel = X.size // n, X.dtype.type(epsilon), \
+        jit_cpu.load(ROW_KERNELS).rms_norm
+
+    def again(X, scale, out):
+        kernel(X.reshape(-1), scale.reshape(-1), out.reshape(-1), rows, n, epsilon)
+    again(X, scale, out)
+    return again
 
 
 # -- softmax -------------------------------------------------------------------------------------

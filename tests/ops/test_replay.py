@@ -297,3 +297,19 @@ def test_layer_normalization_replays(with_bias, monkeypatch):
     (step,) = [s for s in session._bound.nodes if s.node.op_type == "LayerNormalization"]
     state = step.attributes["_node"]
     assert replay.KEY in state and _replays_of(fired, state)[-2:] == [True, True]
+
+
+def test_rms_normalization_replays(monkeypatch):
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("SimplifiedLayerNormalization", ["r", "s"], ["c"], epsilon=1e-6),
+             helper.make_node("Neg", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, (1, 256))],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(_weights(256) + 1, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    fired = _spy_on_replays(monkeypatch)
+    session = _runs_match_the_unoptimized_graph(model, (1, 256), 1e-5)
+    (step,) = [s for s in session._bound.nodes
+               if s.node.op_type == "SimplifiedLayerNormalization"]
+    state = step.attributes["_node"]
+    assert replay.KEY in state and _replays_of(fired, state)[-2:] == [True, True]
