@@ -15,6 +15,8 @@ from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused, fused_cpu
 from mixrt.ops.quant import contrib_quant_matmul as qmm
 from mixrt.ops.rnn import rnn
+from mixrt.ops.shape import shape_cpu
+from mixrt.ops.shape.index import gather
 from mixrt.ops.quant.quantize import matmul_integer
 from mixrt.runtime.session import Session
 from helpers import mlp_graph
@@ -379,8 +381,6 @@ def test_fused_conv_pool_cpu_agrees_with_the_generic_kernel(monkeypatch, name, p
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_gather_of_a_few_indices_writes_into_out(axis):
-    from mixrt.ops.shape import shape_cpu
-    from mixrt.ops.shape.index import gather
     data = _rand(5, 6, 7)
     indices = np.array([[0, -1], [2, -3]], np.int64)
     want = gather(np, data, indices, axis=axis)

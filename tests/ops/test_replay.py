@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from mixrt.ops.attention.fused_rotary import fused_rotary, fused_rotary_cpu
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct
@@ -313,3 +314,15 @@ def test_rms_normalization_replays(monkeypatch):
                if s.node.op_type == "SimplifiedLayerNormalization"]
     state = step.attributes["_node"]
     assert replay.KEY in state and _replays_of(fired, state)[-2:] == [True, True]
+
+
+def test_fused_rotary_replays_on_new_values(monkeypatch):
+    fired = _spy_on_replays(monkeypatch)
+    X, cos, sin = (np.empty((1, 4, 1, 64), np.float32) for _ in range(3))
+    out, state = np.empty_like(X), {}
+    for _ in range(3):
+        for array in (X, cos, sin):
+            array[...] = RNG.standard_normal(array.shape)
+        assert fused_rotary_cpu(np, X, cos, sin, out=out, _node=state) is out
+        np.testing.assert_allclose(out, fused_rotary(np, X, cos, sin), rtol=1e-6, atol=1e-6)
+    assert _replays_of(fired, state) == [False, True, True]
