@@ -99,6 +99,25 @@ _MOST_CONSTANTS = 4
 _PARAMS = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}  # how many params each takes
 
 
+_FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
+
+
+def _module_head(activation: str) -> list[str]:
+    """The imports both forms' modules start with, and what the activation calls."""
+    return ["import numpy as np", "from numba import njit, uint64", *IMPORTS,
+            *_helpers(activation), ""]
+
+
+def _part_entries() -> list[str]:
+    """Both forms' native part entries: ``run`` over planes start..stop with a scratch of
+    (hp, wp) cells of its own."""
+    return part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
+                        ("act", 1, True)],
+                       ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
+                           "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
+                           f" np.empty((hp, wp), {dtype}))"])
+
+
 def _helpers(activation: str) -> list[str]:
     """Source lines an activation's statements call: Swish's tanh rational."""
     if activation not in _FLOAT32_ONLY:
@@ -214,14 +233,9 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
         (lambda b: f"k * {sw} + {b * dw}")
     total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
-    flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
     return "\n".join([
-        "import numpy as np",
-        "from numba import njit, uint64",
-        *IMPORTS,
-        *_helpers(activation),
-        "",
-        f"@njit({flags})",
+        *_module_head(activation),
+        f"@njit({_FLAGS})",
         "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
         *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
         "    for i in range(oh):",
@@ -232,7 +246,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         *[f"            {line}" for line in ACTIVATIONS[activation][1]],
         "            y[uint64(o + k)] = v",
         "",
-        f"@njit({flags})",
+        f"@njit({_FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    hp, wp = pad.shape",
@@ -261,11 +275,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
         " ow, c0, c1, c2, c3)",
         "",
-        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
-                      ("act", 1, True)],
-                     ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
-                         "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
-                         f" np.empty((hp, wp), {dtype}))"]),
+        *_part_entries(),
     ])
 
 
@@ -331,14 +341,9 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
     output = width * held
     total = " + ".join(f"w{c}_{a}_{b} * ps[uint64(k + {c * held + plane.offset(a, b)})]"
                        for c, a, b in taps)
-    flags = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
     return "\n".join([
-        "import numpy as np",
-        "from numba import njit, uint64",
-        *IMPORTS,
-        *_helpers(activation),
-        "",
-        f"@njit({flags})",
+        *_module_head(activation),
+        f"@njit({_FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
@@ -371,11 +376,7 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         f"                ys[uint64(base + i * {ow} + j)] = ps[uint64({output} + i *"
         f" {plane.phase_width} + j)]",
         "",
-        *part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
-                      ("act", 1, True)],
-                     ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
-                         "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
-                         f" np.empty((hp, wp), {dtype}))"]),
+        *_part_entries(),
     ])
 
 
