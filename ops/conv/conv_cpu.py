@@ -155,7 +155,10 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None
     if found is None:
         found = geometry(prepacked, X, W, **attributes)
     if sparse_taps.suits(X, W, attributes["group"], found, out):  # taps mostly over padding
-        return sparse_taps.conv(X, W, B, Z, limits, out, found, None if varying else prepacked)
+        done = sparse_taps.conv(X, W, B, Z, limits, out, found,
+                                None if varying else prepacked)
+        if done is not None:
+            return done
     grouped = not varying and grouped_cpu.suits(X, W, attributes["group"], found, out, Z)
     if not grouped and not conv_direct_cpu.suits(X, W, attributes["group"], found, out,
                                                  prepacked):

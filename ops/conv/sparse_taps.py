@@ -60,16 +60,18 @@ def suits(X, W, group, geometry, out) -> bool:
 
 def conv(X, W, B, Z, limits, out, geometry, prepacked):
     """``out`` = limits(Conv(X, W, B) + Z), tap by tap (:func:`suits`); ``prepacked``: the
-    node's dict, where each tap's (M, C) weight is kept once made, or None."""
+    node's dict, where each tap's (M, C) weight is kept once made, or None. None, nothing
+    written, when W is not all finite: the spec's zero padding times an infinite weight is
+    NaN, which skipping the padded taps would lose (the direct kernel keeps it)."""
     kernel, strides, dilations, _, begin, _, out_dims = geometry
     n, m = X.shape[0], W.shape[0]
+    ranges = tap_ranges(geometry, X.shape[2:])
+    weights = packed(prepacked, ("sparse taps", W.shape), lambda: _tap_weights(W, ranges)) \
+        if prepacked is not None else _tap_weights(W, ranges)
+    if not weights:
+        return None
     if out is None:
         out = np.empty((n, m) + tuple(out_dims), X.dtype)
-    ranges = tap_ranges(geometry, X.shape[2:])
-    weights = packed(prepacked, ("sparse taps", W.shape), lambda: [
-        np.ascontiguousarray(W[:, :, a, b]) for a, b, _, _ in ranges]) \
-        if prepacked is not None else [np.ascontiguousarray(W[:, :, a, b])
-                                       for a, b, _, _ in ranges]
     out[...] = 0
     for image in range(n):
         for weight, (a, b, (i0, i1), (j0, j1)) in zip(weights, ranges):
@@ -84,6 +86,13 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     if Z is not None:
         out += Z
     return _limited(out, limits)
+
+
+def _tap_weights(W, ranges) -> list:
+    """Each reaching tap's (M, C) weight, contiguous; empty when W is not all finite."""
+    if not np.isfinite(W).all():
+        return []
+    return [np.ascontiguousarray(W[:, :, a, b]) for a, b, _, _ in ranges]
 
 
 def _limited(y, limits):

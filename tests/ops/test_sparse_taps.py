@@ -86,3 +86,18 @@ def test_tap_ranges_are_the_outputs_that_read_the_image():
     reached = sum((r[1] - r[0]) * (c[1] - c[0]) for r, c in ranges.values())
     assert reached == 196 + 4 * 28 + 4 * 4 < sparse_taps.MAX_COVERAGE * 9 * 196
     assert NO_ACTIVATION == (1.0, -math.inf, math.inf)
+
+
+def test_an_infinite_weight_keeps_the_direct_kernel():
+    """Zero padding times inf is NaN in the spec: skipping the padded taps would lose it."""
+    X = RNG.standard_normal((1, 4, 14, 14)).astype(np.float32)
+    W = RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    W[0, 0, 0, 0] = np.inf
+    attributes = dict(dilations=[12, 12], pads=[12, 12, 12, 12])
+    found = _geometry(X, W, attributes)
+    assert sparse_taps.conv(X, W, None, None, NO_ACTIVATION, None, found, {}) is None
+    got = conv_cpu.conv_cpu(np, X, W, None, _prepacked={}, **attributes)
+    with np.errstate(invalid="ignore"):  # inf * 0 in the reference's product
+        want = conv(np, X, W, None, **attributes)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 0, :12]).all()  # the rows whose corner tap reads only padding
