@@ -372,6 +372,30 @@ def test_a_sigmoid_read_elsewhere_keeps_silu_apart():
     assert "FusedConv" not in ops(checked(g, {"x": rand(1, 4, 6, 6)}, 2))
 
 
+def _reshaped_gemm(transB=0, x_shape=(1, 1, 8)):
+    weight = rand(8, 6) if not transB else rand(6, 8)
+    return graph_of([node("Reshape", ["x", "flat"], ["a"]),
+                     node("Gemm", ["a", "W", "C"], ["g"], transB=transB),
+                     node("Reshape", ["g", "back"], ["y0"]),
+                     node("Add", ["y0", "x2"], ["y"])],
+                    [("x", list(x_shape)), ("x2", [1, 1, 6])], [("y", [1, 1, 6])],
+                    {"W": weight, "C": rand(6), "flat": np.array([1, 8], np.int64),
+                     "back": np.array([1, 1, 6], np.int64)})
+
+
+def test_a_reshaped_gemm_becomes_one_fused_matmul_with_its_residual():
+    """GPT-2's Conv1D: Reshape to 2-D, Gemm, Reshape back, then the residual Add."""
+    optimized = checked(_reshaped_gemm(), {"x": rand(1, 1, 8), "x2": rand(1, 1, 6)}, 2)
+    assert ops(optimized) == {"FusedMatMul": 1}
+    assert optimized.nodes[0].inputs[0] == "x" and len(optimized.nodes[0].inputs) == 4
+
+
+def test_a_transposed_gemm_keeps_its_reshapes():
+    optimized = checked(_reshaped_gemm(transB=1), {"x": rand(1, 1, 8), "x2": rand(1, 1, 6)},
+                        2)
+    assert ops(optimized)["Gemm"] + ops(optimized)["FusedGemm"] == 1
+
+
 def test_residual_that_would_broadcast_the_conv_output_is_not_fused():
     g = graph_of([node("Conv", ["x", "W"], ["c"]), node("Add", ["c", "z"], ["y"])],
                  [("x", [1, 3, 1, 1]), ("z", [2, 4, 1, 1])], [("y", [2, 4, 1, 1])],

@@ -130,6 +130,8 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     arrays = (A, B, bias, Z, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
+    if out is not None and not activation and few_rows.one_row_blas(A, B, out):
+        return _one_row_layer(A, B, bias, Z, out)
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
             and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
         return _tiny_layer(A, B, bias, activation, out)
@@ -151,6 +153,20 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
 
 
 _TINY_ACTIVATIONS = ("", "Relu")
+
+
+def _one_row_layer(A, B, bias, Z, out):
+    """``out = A @ B + bias + Z`` for one row below the panels' reach, as Gemm's one-row
+    form runs it (``nn_cpu.gemm_cpu``): the BLAS's product, then NumPy's adds, without the
+    checks among the product forms that cannot take it (a GPT-2 decoder step's dense
+    layers). NumPy's product copies an ``out`` that overlaps A; the adds are elementwise
+    in place."""
+    np.matmul(A, B, out=out)
+    if bias is not None:
+        np.add(out, bias, out=out)
+    if Z is not None:
+        np.add(out, Z, out=out)
+    return out
 
 
 def _tiny_layer(A, B, bias, activation, out):

@@ -111,6 +111,15 @@ def small_one_row(A, B, transA, transB) -> bool:
         and A.size * B.shape[0 if transB else 1] < ONE_ROW_WORK
 
 
+def one_row_blas(A, B, out) -> bool:
+    """Whether ``A @ B`` into ``out`` is one row (any leading ones) of native floats under
+    ONE_ROW_WORK multiply-adds, which the BLAS computes as the panels and few-rows forms
+    would not take it (:func:`small_one_row`'s test for MatMul's layout)."""
+    return B.ndim == 2 and A.shape[-1] == B.shape[0] and A.size == A.shape[-1] \
+        and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE \
+        and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK
+
+
 def gemm_product(A, B, transA, transB, out, prepacked=None):
     """``out = A' B'`` (2-D, native floats), a few-rows product in its faster form."""
     left, right = A.T if transA else A, B.T if transB else B

@@ -11,7 +11,9 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
-  padding dropped (``dead_taps``), Conv/Gemm/MatMul fused with bias,
+  padding dropped (``dead_taps``), a Gemm between flattening and unflattening Reshapes
+  made a MatMul over the unflattened input (``gemm_reshapes``), Conv/Gemm/MatMul fused with
+  bias,
   residual add and activation, a transformer's self-attention (transposes, scores, scale,
   mask, softmax, weighted values) as one node, Llama's rotary embedding (rotate_half and
   its products) as one node, conv -> [LRN] -> pool chains computed in
@@ -34,6 +36,7 @@ from mixrt.runtime.passes.dead_taps import drop_dead_conv_taps
 from mixrt.runtime.passes.fold import fold_constants, fold_static_shapes
 from mixrt.runtime.passes.fuse import fuse_products
 from mixrt.runtime.passes.fuse_attention import fuse_attention
+from mixrt.runtime.passes.gemm_reshapes import unflatten_dense_layers
 from mixrt.runtime.passes.fuse_elementwise import fuse_elementwise
 from mixrt.runtime.passes.fuse_quantized import fuse_dynamic_quantized_products
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
@@ -96,6 +99,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("fuse_rotary", fuse_rotary),
                           ("fuse_scan_distances", fuse_scan_distances),
                           ("fuse_attention", fuse_attention),
+                          ("unflatten_dense_layers", unflatten_dense_layers),
                           ("fuse_products", fuse_products),
                           ("fuse_conv_pools", fuse_conv_pools),
                           ("fuse_elementwise", fuse_elementwise)):

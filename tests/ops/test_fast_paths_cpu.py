@@ -394,3 +394,16 @@ def test_gather_of_a_few_indices_writes_into_out(axis):
     with pytest.raises(IndexError):  # past the end, into out too
         shape_cpu.gather_cpu(np, data, np.array([data.shape[axis]]), axis=axis,
                              out=np.empty(one, np.float32))
+
+
+@pytest.mark.parametrize("with_bias, with_residual", [(True, True), (True, False),
+                                                      (False, False)])
+def test_a_one_row_dense_layer_goes_straight_to_the_blas(with_bias, with_residual):
+    """A decoder step's one-row layer: the product, then the bias and residual adds."""
+    A, B = _rand(1, 1, 256), _rand(256, 768)
+    bias = _rand(768) if with_bias else None
+    Z = _rand(1, 1, 768) if with_residual else None
+    want = A @ B + (0 if bias is None else bias) + (0 if Z is None else Z)
+    out = np.empty((1, 1, 768), np.float32)
+    assert fused_cpu.fused_mat_mul_cpu(np, A, B, bias, Z, out=out, _prepacked={}) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
