@@ -104,20 +104,18 @@ def biased_gemm_product(A, B, C, transA, transB, out, prepacked, replays=None,
         A, B.T if transB else B, C, out, prepacked, replays, recorded)
 
 
-def small_one_row(A, B, transA, transB) -> bool:
-    """Whether Gemm's ``A' B'`` is one row (A (1, K), not transposed) under ONE_ROW_WORK
-    multiply-adds: neither the panels nor the few-rows form take it, the BLAS does."""
-    return not transA and A.ndim == B.ndim == 2 and A.shape[0] == 1 \
-        and A.size * B.shape[0 if transB else 1] < ONE_ROW_WORK
-
-
 def one_row_blas(A, B, out) -> bool:
     """Whether ``A @ B`` into ``out`` is one row (any leading ones) of native floats under
-    ONE_ROW_WORK multiply-adds, which the BLAS computes as the panels and few-rows forms
-    would not take it (:func:`small_one_row`'s test for MatMul's layout)."""
+    ONE_ROW_WORK multiply-adds: neither the panels nor the few-rows form take it, the BLAS
+    does (a decoder step's dense layers)."""
     return B.ndim == 2 and A.shape[-1] == B.shape[0] and A.size == A.shape[-1] \
         and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE \
         and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK
+
+
+def small_one_row(A, B, transA, transB, out) -> bool:
+    """:func:`one_row_blas` for Gemm's ``A' B'`` (A not transposed)."""
+    return not transA and A.ndim == 2 and one_row_blas(A, B.T if transB else B, out)
 
 
 def gemm_product(A, B, transA, transB, out, prepacked=None):

@@ -52,7 +52,7 @@ def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=N
                                                     and np.may_share_memory(out, C)):
         return into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                transB=transB))
-    if few_rows.small_one_row(A, B, transA, transB):
+    if few_rows.small_one_row(A, B, transA, transB, out):
         # what gemm_product comes to for it, without the panels' and few rows' checks that
         # cannot pass (~1.5 us of a decoder step's ~13 us Gemm, sixteen a GPT-2 step)
         np.matmul(A, B.T if transB else B, out=out)

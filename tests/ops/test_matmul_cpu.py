@@ -79,8 +79,8 @@ def test_a_small_one_row_gemm_gives_the_general_paths_bits(transB, alpha, beta, 
     """A decoder step's one-row Gemm goes straight to the BLAS; the result is what the
     general path (the panels and few-rows checks, which do not take it) computes."""
     A, B, C = _rand(1, 256), _rand(768, 256) if transB else _rand(256, 768), _rand(768)
-    assert matmul_cpu.small_one_row(A, B, 0, transB)
     fast, general = np.empty((1, 768), np.float32), np.empty((1, 768), np.float32)
+    assert matmul_cpu.small_one_row(A, B, 0, transB, fast)
     gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transB=transB, out=fast, _prepacked={})
     monkeypatch.setattr(matmul_cpu, "small_one_row", lambda *args: False)
     gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transB=transB, out=general, _prepacked={})
