@@ -66,7 +66,9 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked):
     kernel, strides, dilations, _, begin, _, out_dims = geometry
     n, m = X.shape[0], W.shape[0]
     ranges = tap_ranges(geometry, X.shape[2:])
-    weights = packed(prepacked, ("sparse taps", W.shape), lambda: _tap_weights(W, ranges)) \
+    # kept per set of reaching taps: another input size (or the pads) may reach others
+    key = ("sparse taps", W.shape, tuple((a, b) for a, b, _, _ in ranges))
+    weights = packed(prepacked, key, lambda: _tap_weights(W, ranges)) \
         if prepacked is not None else _tap_weights(W, ranges)
     if not weights:
         return None

@@ -101,3 +101,15 @@ def test_an_infinite_weight_keeps_the_direct_kernel():
         want = conv(np, X, W, None, **attributes)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[0, 0, :12]).all()  # the rows whose corner tap reads only padding
+
+
+def test_a_node_seeing_another_image_size_takes_that_size_s_taps():
+    W = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    attributes = dict(dilations=[8, 8], pads=[8, 8, 8, 8])
+    state = {}
+    for size in (6, 14, 6):  # at 6 only the centre tap reaches the image, at 14 all nine
+        X = RNG.standard_normal((1, 3, size, size)).astype(np.float32)
+        got = sparse_taps.conv(X, W, None, None, NO_ACTIVATION, None,
+                               _geometry(X, W, attributes), state)
+        np.testing.assert_allclose(got, conv(np, X, W, None, **attributes), rtol=1e-4,
+                                   atol=1e-4)
