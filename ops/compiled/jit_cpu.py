@@ -41,7 +41,15 @@ _modules: dict = {}  # name -> the imported kernel module, or None where it cann
 _panels: list = []
 _lock = threading.Lock()
 _scratch = threading.local()
-_kits = threading.local()
+
+
+class _Kits(threading.local):
+    """A thread's kept kits (class defaults: see ops/compiled/jit_tier.py's _Tier)."""
+
+    generation, table = 0, None
+
+
+_kits = _Kits()
 # prepared calls one thread keeps (:func:`scratch_kit`); past this many they are all dropped
 # (a thread that outlives many sessions would otherwise keep the dead ones' entries)
 KITS_KEPT = 4096
@@ -187,11 +195,11 @@ def scratch_kit(owner, key, make):
 def scratch_generation() -> int:
     """How many times this thread's scratch buffers were reallocated (what a kept kit was
     made from is current while this holds)."""
-    return getattr(_kits, "generation", 0)
+    return _kits.generation
 
 
 def _thread_kits() -> dict:
-    table = getattr(_kits, "table", None)
+    table = _kits.table
     if table is None:
         table = _kits.table = {}
     return table

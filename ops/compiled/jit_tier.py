@@ -18,18 +18,27 @@ import contextlib
 import os
 import threading
 
-_local = threading.local()
+
+class _Tier(threading.local):
+    """What each thread starts with. A class default, not ``getattr(local, name, default)``:
+    a thread-local attribute that is missing costs ~0.3 us to miss (the raised and caught
+    AttributeError), one that is found ~0.04 us, and every compiled kernel asks."""
+
+    compiled = True
+
+
+_local = _Tier()
 
 
 def compiled_allowed() -> bool:
     """May this thread call compiled kernels now?"""
-    return getattr(_local, "compiled", True)
+    return _local.compiled
 
 
 @contextlib.contextmanager
 def using(compiled: bool):
     """Run the block with the compiled tier allowed (True) or off (False) on this thread."""
-    before = getattr(_local, "compiled", True)
+    before = _local.compiled
     _local.compiled = compiled
     try:
         yield

@@ -188,14 +188,18 @@ def _rows(X):
 
 
 @op("Normalizer", since=1, domain=ML, dtypes=_NUMBERS)
-def normalizer(xp, X, *, norm="MAX"):
+def normalizer(xp, X, *, norm="MAX", out=None):
+    """Each row divided by its norm; the compiled kernel writes into ``out`` (the arena's
+    float32 view of the output, where the run has one): copying a one-row result there
+    cost as much as computing it."""
     if norm not in _NORMS:
         raise ValueError(f"Normalizer norm must be one of MAX, L1, L2, got {norm!r}")
-    rows = _rows(X).astype(np.float32)
+    rows = _rows(X).astype(np.float32, copy=False)
     kernels = _ml_kernels(xp, rows)
     if kernels is not None:
-        kernels.normalize_rows(rows, _NORMS.index(norm), rows)  # rows is the op's own copy
-        return rows.reshape(X.shape)
+        target = np.empty(rows.shape, np.float32) if out is None else out.reshape(rows.shape)
+        kernels.normalize_rows(rows, _NORMS.index(norm), target)
+        return target.reshape(X.shape)
     if norm == "MAX":
         scale = rows.max(axis=1, keepdims=True)
     elif norm == "L1":

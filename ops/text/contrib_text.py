@@ -39,6 +39,8 @@ def _matches(text: str, pattern, mincharnum: int) -> list[str]:
     ``mincharnum`` is skipped one character on from where it starts (not from its end), so
     a match inside it may still count: onnxruntime's scan."""
     if mincharnum == 1 and not pattern.matches_empty and pattern.first_is_longest:
+        if not pattern.regex.groups:  # findall gives whole matches then (~2x finditer's pace)
+            return pattern.regex.findall(text)
         return [m.group() for m in pattern.regex.finditer(text)]
     tokens, start = [], 0
     while start <= len(text):

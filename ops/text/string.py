@@ -186,6 +186,12 @@ class _TfIdf:
         self.unigrams = {key[0]: k for key, k in self.table.items()} \
             if self.max_n == 1 and self.min_n <= 1 and self.distinct \
             and np.all(np.isfinite(self.scale)) else None
+        if self.unigrams is not None:
+            # a few items are written one by one as Python floats: a count times a float32
+            # weight is exact in float64, so its one rounding to float32 is the float32
+            # product's (five NumPy calls on a short document cost ~2 us)
+            self.columns = self.index.tolist()
+            self.weights = (self.scale if mode != "TF" else np.ones_like(self.scale)).tolist()
 
     def run(self, xp, X):
         data = to_host(X)
@@ -219,7 +225,10 @@ class _TfIdf:
             k = lookup(item)
             if k is not None:
                 found[k] = found.get(k, 0) + 1
-        if not found:
+        if len(found) <= SCALAR_WRITES:
+            columns, weights, once = self.columns, self.weights, self.mode == "IDF"
+            for k, count in found.items():  # + 0.0: a -0.0 product reads 0.0, as below
+                out[columns[k]] = (1 if once else count) * weights[k] + 0.0
             return
         entries = np.fromiter(found, np.int64, len(found))
         counts = np.fromiter(found.values(), np.float32, len(found))
@@ -228,6 +237,11 @@ class _TfIdf:
         elif self.mode == "TFIDF":
             counts = counts * self.scale[entries]
         out[self.index[entries]] = counts + np.float32(0)
+
+
+# a row finding at most this many pool entries writes them one by one (~70 ns each)
+# instead of through five array operations (~2 us whatever the count)
+SCALAR_WRITES = 24
 
 
 @tfidf_vectorizer.infer

@@ -173,6 +173,23 @@ def test_tfidf_single_items_counted_by_dict_match_onnxruntime(mode, pool):
              ngram_indexes=[3, 0, 1, 4], weights=[0.5, 2.0, 1.5, 3.0], **table)
 
 
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+def test_tfidf_rows_finding_few_and_many_items_weigh_alike(mode):
+    """A row finding at most SCALAR_WRITES pool entries writes them one by one as Python
+    floats, a row finding more through NumPy's float32 products: the same bits either way,
+    and onnxruntime's."""
+    from mixrt.ops.text.string import SCALAR_WRITES
+    vocabulary = [f"w{i}" for i in range(2 * SCALAR_WRITES)]
+    weights = np.random.default_rng(3).uniform(0.1, 7.0, len(vocabulary)).astype(np.float32)
+    many = vocabulary + vocabulary[:5]  # every entry, five of them twice
+    few = (vocabulary[:3] * 3 + ["unknown"] * len(vocabulary))[:len(many)]
+    x = np.array([many, few], dtype=object)
+    run_both("TfIdfVectorizer", [("x", x)], opset=9, mode=mode, min_gram_length=1,
+             max_gram_length=1, max_skip_count=0, ngram_counts=[0],
+             ngram_indexes=list(range(len(vocabulary)))[::-1], pool_strings=vocabulary,
+             weights=weights.tolist())
+
+
 # -- ai.onnx.ml -------------------------------------------------------------------------
 
 def test_label_encoder_float_keys_nan_and_repeats():
