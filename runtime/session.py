@@ -250,52 +250,58 @@ class Session:
         on_cpu = self._xp is np
         with quiet_numpy(), _NOTHING if on_cpu else self.device.active(), parallel.pinned():
             plan = self._cached_plan(signature)
-            if on_cpu and (plan is None or plan.wakes_workers):
-                jit_cpu.wake_native_workers()  # up by the first kernel
-            if plan is None:
-                with self._device_checks() as checks:
-                    env = self._discover(signature, feeds, process)
-                self._raise_failed(checks)
-                plan = self._cached_plan(signature)
-                if plan is None or self.device.kind != "cpu":
-                    return self._collect(env, wanted, frozenset(), host)
-                # on the CPU the answer comes from a planned run too: the discovery run's
-                # kernels, called without out= buffers, may take other paths (BERT's
-                # LayerNormalization, its products: 2.6e-6 apart), and a session's first
-                # answer should have the same bits as every later one. Profilers saw the
-                # discovery run (the process's) or see the planned runs from the next call
-                # on (the session's own), as before.
-                profiler = None
-            else:
-                profiler = self.profiler if self.profiler is not None else process
-            if self._captures is not None and profiler is None:
-                captured = self._captures.get(signature, plan, self._bound.constants, feeds)
-                if captured is not None:
-                    with captured.lock:  # one replay at a time: they share the graph's memory
-                        # (so outputs kept on the device are copies: the next launch writes)
-                        values = captured.launch(feeds)
-                        return captured.kept(lambda: self._collect(values, wanted,
-                                                                   frozenset(wanted), host))
-            arena = acquire(plan, self._xp)
-            try:
-                env = dict(self._bound.constants)
-                env.update(plan.frozen)
-                env.update(feeds)
-                if on_cpu and profiler is None:
-                    execute(plan.steps, env, np, arena, plan)
-                    outputs = self._collect(env, wanted, plan.shared_outputs, host)
-                    self._remember_steady(signature, plan, host)
-                    return outputs
-                with self._device_checks() as checks:
-                    if profiler is not None:
-                        with profiler.run(plan.arena_bytes, self.device):
-                            execute(plan.steps, env, self._xp, arena, plan, profiler)
-                    else:
-                        execute(plan.steps, env, self._xp, arena, plan)
-                self._raise_failed(checks)
-                return self._collect(env, wanted, plan.shared_outputs, host)
-            finally:
-                release(plan, arena)
+            # the native workers up by the first kernel, and spinning until the run ends
+            with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers)):
+                return self._planned_run(plan, signature, feeds, wanted, process, host)
+
+    def _planned_run(self, plan, signature, feeds: dict, wanted, process, host: bool) -> list:
+        """:meth:`_gated_run` inside its blocks: ``plan`` (None before this signature's
+        discovery run) over ``feeds``."""
+        on_cpu = self._xp is np
+        if plan is None:
+            with self._device_checks() as checks:
+                env = self._discover(signature, feeds, process)
+            self._raise_failed(checks)
+            plan = self._cached_plan(signature)
+            if plan is None or self.device.kind != "cpu":
+                return self._collect(env, wanted, frozenset(), host)
+            # on the CPU the answer comes from a planned run too: the discovery run's
+            # kernels, called without out= buffers, may take other paths (BERT's
+            # LayerNormalization, its products: 2.6e-6 apart), and a session's first
+            # answer should have the same bits as every later one. Profilers saw the
+            # discovery run (the process's) or see the planned runs from the next call
+            # on (the session's own), as before.
+            profiler = None
+        else:
+            profiler = self.profiler if self.profiler is not None else process
+        if self._captures is not None and profiler is None:
+            captured = self._captures.get(signature, plan, self._bound.constants, feeds)
+            if captured is not None:
+                with captured.lock:  # one replay at a time: they share the graph's memory
+                    # (so outputs kept on the device are copies: the next launch writes)
+                    values = captured.launch(feeds)
+                    return captured.kept(lambda: self._collect(values, wanted,
+                                                               frozenset(wanted), host))
+        arena = acquire(plan, self._xp)
+        try:
+            env = dict(self._bound.constants)
+            env.update(plan.frozen)
+            env.update(feeds)
+            if on_cpu and profiler is None:
+                execute(plan.steps, env, np, arena, plan)
+                outputs = self._collect(env, wanted, plan.shared_outputs, host)
+                self._remember_steady(signature, plan, host)
+                return outputs
+            with self._device_checks() as checks:
+                if profiler is not None:
+                    with profiler.run(plan.arena_bytes, self.device):
+                        execute(plan.steps, env, self._xp, arena, plan, profiler)
+                else:
+                    execute(plan.steps, env, self._xp, arena, plan)
+            self._raise_failed(checks)
+            return self._collect(env, wanted, plan.shared_outputs, host)
+        finally:
+            release(plan, arena)
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
         """After a planned CPU run: keep what the next run of the same feeds needs, when

@@ -45,9 +45,10 @@ class SteadyRun:
         plan = self.plan
         quiet = quiet_enter()
         parallel.pin()
+        workers = None
         try:
-            if plan.wakes_workers:
-                jit_cpu.wake_native_workers()
+            if plan.wakes_workers:  # up by the first kernel, spinning until the run ends
+                workers = jit_cpu.native_run_begins()
             arena = acquire(plan, np)
             try:
                 env = self._start.copy()
@@ -59,5 +60,7 @@ class SteadyRun:
             finally:
                 release(plan, arena)
         finally:
+            if workers is not None:
+                workers.run_ends()
             parallel.unpin()
             quiet_exit(quiet)

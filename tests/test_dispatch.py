@@ -267,7 +267,7 @@ def test_planned_outputs_own_their_memory_and_keep_the_bits():
 
 def test_only_runs_of_sizable_models_wake_the_native_workers(monkeypatch):
     woken = []
-    monkeypatch.setattr(jit_cpu, "wake_native_workers", lambda: woken.append(1))
+    monkeypatch.setattr(jit_cpu, "native_run_begins", lambda: woken.append(1))
     small = Session(chain(["Relu", "Neg"], (1, 16)))
     x = np.ones((1, 16), np.float32)
     for _ in range(3):
@@ -280,6 +280,21 @@ def test_only_runs_of_sizable_models_wake_the_native_workers(monkeypatch):
     for _ in range(3):
         large.run(None, {"x": np.ones((1, 256), np.float32)})
     assert len(woken) == 3
+
+
+def test_runs_that_use_the_native_workers_end_their_count():
+    """A run holds the native workers in their longer spin only while it lasts: the first
+    (discovery), planned and steady runs each end what they began."""
+    weight = numpy_helper.from_array(np.ones((256, 512), np.float32), "w")
+    session = Session(model([helper.make_node("MatMul", ["x", "w"], ["y"])], (1, 256),
+                            initializers=[weight]))
+    for _ in range(4):
+        session.run(None, {"x": np.ones((1, 256), np.float32)})
+    pool = jit_cpu.native_pool()
+    if pool is None:
+        pytest.skip("no native pool here (one thread, no AVX-512 or not Linux x86-64)")
+    from mixrt.ops.panels._jit_native_pool import RUNS  # noqa: PLC0415  (numba)
+    assert pool.block[RUNS] == 0
 
 
 # -- the session's per-run checks ------------------------------------------------------------

@@ -20,6 +20,7 @@ multiply-adds); slicing a view per run avoids the wrap but costs ~20-30 ns a vie
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -129,16 +130,31 @@ def native_pool():
     return found
 
 
-def wake_native_workers() -> None:
-    """Wake the native workers if they sleep (once this process has loaded them). A session's
-    run calls it as it starts: a worker asleep since the last run takes 10-15 us (far more
-    on a busy host) to run again, and meanwhile the first kernel's caller takes the parts.
-    With 2 ms between requests, SqueezeNet's first conv went 736 -> 668 us."""
+def native_run_begins():
+    """A session's run that uses the native workers starts: they wake if they sleep (once
+    this process has loaded them), and spin between its jobs until the run calls the pool's
+    ``run_ends()``; returns that pool, or None. A worker asleep since the last run takes
+    10-15 us (far more on a busy host) to run again, and meanwhile the first kernel's caller
+    takes the parts: with 2 ms between requests, SqueezeNet's first conv went 736 -> 668 us.
+    (``ops/panels/_jit_native_pool.py`` says why the spin lasts the run.)"""
     if "mixrt.ops.panels._jit_panels" not in sys.modules:
-        return
+        return None
     pool = native_pool()
     if pool is not None:
-        pool.wake()
+        pool.run_begins()
+    return pool
+
+
+@contextlib.contextmanager
+def native_run(uses_workers: bool):
+    """The block of a run that uses the native workers (:func:`native_run_begins`), or of
+    one that does not (``uses_workers`` False: nothing is done)."""
+    pool = native_run_begins() if uses_workers else None
+    try:
+        yield
+    finally:
+        if pool is not None:
+            pool.run_ends()
 
 
 def _native_pool():

@@ -123,8 +123,7 @@ def _helpers(activation: str) -> list[str]:
     if activation not in _FLOAT32_ONLY:
         return []
     return ["T = np.float32", "",
-            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.clip_source,
-                                       jit_elementwise.literal_source)]
+            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.literal_source)]
 
 
 def activation_constants(activation: str, params, dtype) -> np.ndarray | None:

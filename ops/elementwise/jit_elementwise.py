@@ -129,7 +129,7 @@ def _power(a, n: int) -> str:
 
 
 # the templates other generated kernels reuse (ops/conv/jit_depthwise.py's Swish)
-clip_source, literal_source = _clip, _lit
+literal_source = _lit
 
 RATIONAL = {"Erf": "erf32", "Tanh": "tanh32"}  # float32 only
 RATIONAL_OF = {"Erf": "Erf", "Tanh": "Tanh", "Sigmoid": "Tanh"}  # the rational a step uses
@@ -221,7 +221,7 @@ def source(steps, inputs: int, dtype, inner: tuple, alias: int | None) -> str:
     ]
     for op_name, function in RATIONAL.items():
         if any(RATIONAL_OF.get(step.op) == op_name for step in steps):
-            lines += odd_rational.numba_source(op_name, function, _clip, _lit)
+            lines += odd_rational.numba_source(op_name, function, _lit)
     lines += [
         "@njit(nogil=True, cache=True, boundscheck=False, error_model='numpy')",
         f"def run({', '.join(names)}, out, n1, n2, {', '.join(strides)}, start, stop):",

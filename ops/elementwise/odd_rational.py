@@ -80,23 +80,27 @@ def _horner32(u, coefficients_, result):
     return result
 
 
-def numba_source(name: str, function: str, clip, literal) -> list[str]:
+def numba_source(name: str, function: str, literal) -> list[str]:
     """Source lines of an inlined numba function ``function(x)`` computing ``name`` in the
-    order of operations of :func:`evaluate_float32`; ``clip(a, low, high)`` and
-    ``literal(value)`` are the caller's templates."""
+    order of operations of :func:`evaluate_float32`; ``literal(value)`` is the caller's
+    template. Each clip is two selects against a literal, ``low if v < low else v``: a NaN
+    fails the comparison and passes through, so LLVM makes each side one min or max,
+    where NumPy's NaN-propagating maximum took four instructions a side (~8% of SiLU)."""
     p, q = coefficients(name)
     bound = limit(name)
+    low, high = literal(-bound), literal(bound)
     return [
         "@njit(inline='always', error_model='numpy')",
         f"def {function}(x):",
-        f"    c = {clip('x', -bound, bound)}",
+        f"    a = {low} if x < {low} else x",
+        f"    c = {high} if a > {high} else a",
         f"    u = c * c * {literal(1.0 / bound ** 2)}",
         f"    top = {_horner_source(p, literal)}",
         f"    bottom = {_horner_source(q, literal)}",
         "    r = (c * top) / bottom",
-        f"    s = {clip('r', -1.0, 1.0)}",
-        f"    return T(-1.0) if x <= {literal(-bound)} else (T(1.0) if x >= {literal(bound)} "
-        "else s)",
+        "    s = T(-1.0) if r < T(-1.0) else r",
+        "    s = T(1.0) if s > T(1.0) else s",
+        f"    return T(-1.0) if x <= {low} else (T(1.0) if x >= {high} else s)",
         "",
     ]
 

@@ -16,8 +16,8 @@ from mixrt.ops.panels._jit_conv_direct import _worker_parts
 from mixrt.ops.panels._jit_dense import _worker_product
 from mixrt.ops.panels._jit_native_pool import (
     ATTENTION_JOB, BLOCK_WORDS, CALL_JOB, CLOSED, FUTEX_WAIT_PRIVATE, ITEMSIZE, JOB, JOINED,
-    PRODUCT_JOB, SLEEPERS, SPIN_ROUNDS, STATE, WAKE, WORKER_SIGNATURE, _as_block, _futex,
-    _worker_calls, pool)
+    PRODUCT_JOB, RUN_SPIN_ROUNDS, RUNS, SLEEPERS, SPIN_ROUNDS, STATE, WAKE, WORKER_SIGNATURE,
+    _as_block, _futex, _worker_calls, pool)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
@@ -40,7 +40,7 @@ def serve(raw):
                 fetch_add(block, STATE, -1)
             continue
         idle += 1
-        if idle < SPIN_ROUNDS:
+        if idle < SPIN_ROUNDS or idle < RUN_SPIN_ROUNDS and load(block, RUNS) > 0:
             pause()
             continue
         # sleep: count in, then check the job once more, so that a caller who published

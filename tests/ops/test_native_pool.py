@@ -97,6 +97,26 @@ def test_a_sleeping_worker_is_woken_by_the_next_job(pool):
         _conv(X, W, B, Z, kernel_shape, strides, pads)
 
 
+def test_a_run_wakes_the_sleeping_worker_and_is_counted_until_it_ends(pool):
+    from mixrt.ops.panels import _jit_native_pool as native  # noqa: PLC0415  (numba)
+    deadline = time.monotonic() + 5
+    while pool.block[native.SLEEPERS] == 0:
+        assert time.monotonic() < deadline, "the idle worker never went to sleep"
+        time.sleep(0.001)
+    runs = pool.block[native.RUNS]
+    pool.run_begins()
+    try:
+        assert pool.block[native.RUNS] == runs + 1  # the worker spins RUN_SPIN_ROUNDS now
+        while pool.block[native.SLEEPERS] != 0:
+            assert time.monotonic() < deadline, "the run did not wake the sleeping worker"
+    finally:
+        pool.run_ends()
+    assert pool.block[native.RUNS] == runs
+    while pool.block[native.SLEEPERS] == 0:  # with no run left it sleeps again
+        assert time.monotonic() < deadline + 5, "the worker never slept after the run"
+        time.sleep(0.001)
+
+
 def test_a_caller_finding_the_pool_taken_runs_every_part_itself(pool):
     image, kernel, strides, pads = CASES[4]
     X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float64)
