@@ -25,11 +25,13 @@ from mixrt.ops.compiled.parallel import intra_op_threads
 _VNNI: list = []  # whether this CPU has AVX-512 VNNI (asked once)
 # multiply-adds from which a product is split with the native pool's worker, and the parts
 # per thread (claimed one at a time, so a worker that wakes late takes fewer). Alone, back
-# to back, a split 64 x 256 @ 256 x 1024 took 51 us against 80 on one thread; inside a run
-# the split cost more than it saved: the dynamically quantized BERT (25 such products of
-# 4-17 M multiply-adds, 64 tokens) ran 3.7 ms unsplit against 5.6 split from 1 << 21 and 3.9
-# from 1 << 24, GPT-2 3.7 against 4.0 (one process, alternating, 2026-11-24)
-SPLIT_WORK = 1 << 26
+# to back, a split 64 x 256 @ 256 x 1024 took 51 us against 80 on one thread. Inside a run
+# the split once cost more than it saved, while the worker slept between the products; it
+# spins through a run now (ops/panels/_jit_native_pool.py), and the dynamically quantized
+# GPT-2 (17 products of 4-17 M multiply-adds, 64 tokens) ran 1.61 ms split from 1 << 23,
+# 1.62 from 1 << 21, 1.70 unsplit (1 << 26); BERT 1.79, 1.84, 1.87 (one process each,
+# sessions alternating, 2026-11-24)
+SPLIT_WORK = 1 << 23
 PARTS_PER_THREAD = 4
 
 
