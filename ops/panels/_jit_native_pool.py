@@ -48,10 +48,12 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 # worker asleep by then left the next product's parts to the caller (a 64-token 256 x 256
 # layer 25 -> 48 us); in one A/B set, TorchScript BERT 1.57 -> 1.48x onnxruntime, T5 1.43
 # -> 1.36, EfficientNet-B0 2.22 -> 2.15, the KV-cache Llama 2.21 -> 2.09, ResNet-18 and
-# Swin-T unchanged. Between runs a service's idle worker still sleeps after ~45 us. A caller never
-# waits for a worker to arrive: parts are claimed one at a time from a counter, so a sleeping
-# or busy worker only means the caller takes more of them; it waits only for parts a worker
-# has already claimed.
+# Swin-T unchanged. It takes a core a thread of OpenBLAS may want: the 4-bit Llama, while its
+# products went through NumPy's matmul, ran 20% slower. Waiting with sched_yield instead kept
+# that but cost the KV-cache GPT-2 10%. Between runs an idle worker sleeps after ~45 us.
+# A caller never waits for a worker to arrive: parts are claimed one at a time from a
+# counter, so a sleeping or busy worker only means the caller takes more of them; it waits
+# only for parts a worker has already claimed.
 #
 # The control block (int64), one 64-byte line per word the threads write:
 #

@@ -273,22 +273,35 @@ def matmul_nbits(xp, A, B, scales, zero_points=None, g_idx=None, bias=None, *, K
     """A (..., K) times the dequantized (K, N) weight, plus bias; a constant weight is
     dequantized once per session."""
     del accuracy_level  # how onnxruntime may compute internally; the result's meaning is one
-    name = "MatMulNBits"
-    _nbits_attributes(name, K, N, bits, block_size, weight_prepacked)
-    if g_idx is not None:
-        raise ValueError(f"{name}: the deprecated g_idx input is not supported")
-    weight_inputs = {1, 2} if zero_points is None else {1, 2, 3}
-    constant = _prepacked is not None and weight_inputs <= _prepacked[CONSTANT_INPUTS]
-    weight = _prepacked.get("weight") if constant else None
-    if weight is None:
-        weight = dequantized_weight(xp, B, scales, zero_points, K=K, N=N, bits=bits,
-                                    block_size=block_size)
-        if constant:
-            weight = _prepacked.setdefault("weight", xp.ascontiguousarray(weight))
+    weight = nbits_weight(xp, B, scales, zero_points, g_idx, _prepacked, K=K, N=N, bits=bits,
+                          block_size=block_size, weight_prepacked=weight_prepacked)
     y = xp.matmul(as_f32(A), weight)
     if bias is not None:
         y = y + as_f32(bias)
     return y.astype(A.dtype, copy=False)
+
+
+def nbits_weight(xp, B, scales, zero_points, g_idx, prepacked, *, K, N, bits, block_size,
+                 weight_prepacked):
+    """MatMulNBits' attributes checked and its float32 (K, N) weight, kept in ``prepacked``
+    (the node's dict) when B, scales and zero_points are the session's constants."""
+    name = "MatMulNBits"
+    _nbits_attributes(name, K, N, bits, block_size, weight_prepacked)
+    if g_idx is not None:
+        raise ValueError(f"{name}: the deprecated g_idx input is not supported")
+    weight = prepacked.get("weight") if constant_nbits_weight(prepacked, zero_points) else None
+    if weight is None:
+        weight = dequantized_weight(xp, B, scales, zero_points, K=K, N=N, bits=bits,
+                                    block_size=block_size)
+        if constant_nbits_weight(prepacked, zero_points):
+            weight = prepacked.setdefault("weight", xp.ascontiguousarray(weight))
+    return weight
+
+
+def constant_nbits_weight(prepacked, zero_points) -> bool:
+    """Whether MatMulNBits' weight inputs are all the session's constants."""
+    weight_inputs = {1, 2} if zero_points is None else {1, 2, 3}
+    return prepacked is not None and weight_inputs <= prepacked[CONSTANT_INPUTS]
 
 
 @matmul_nbits.infer

@@ -16,13 +16,17 @@ import math
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled.out_arrays import into, native
+from mixrt.ops.nn import matmul_cpu
 from mixrt.ops.quant import int8_cpu
 from mixrt.ops.quant.contrib_quant import (as_f32, contrib_dequantize_linear,
                                            contrib_quantize_linear)
 from mixrt.ops.quant.contrib_quant_matmul import (PRODUCT_TO_FLOAT, _centered as centered_codes,
-                                                  code_bound, dynamic_quantize_matmul,
-                                                  matmul_integer_to_float, output_stage,
+                                                  code_bound, constant_nbits_weight,
+                                                  dynamic_quantize_matmul,
+                                                  matmul_integer_to_float, matmul_nbits,
+                                                  nbits_weight, output_stage,
                                                   product_operands)
 from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
 from mixrt.ops.quant.quantize import (_centered, _constant_dict, centered_weight,
@@ -260,3 +264,38 @@ def dynamic_quantize_matmul_cpu(xp, A, B, b_scale, b_zero_point=None, bias=None,
     codes, scale, zero = dynamic_quantize_linear(np, A)
     return integer_product_to_float_cpu(np, "DynamicQuantizeMatMul", codes, B, scale, b_scale,
                                         zero, b_zero_point, bias, _prepacked, 3)
+
+
+# -- MatMulNBits -------------------------------------------------------------------------------
+
+@matmul_nbits.fast("cpu")
+def matmul_nbits_cpu(xp, A, B, scales, zero_points=None, g_idx=None, bias=None, *, K=None,
+                     N=None, bits=4, block_size=None, accuracy_level=0, weight_prepacked=0,
+                     out=None, _prepacked=None):
+    """The dequantized weight (made once for a constant one) through the float products of a
+    MatMul against a constant (``ops/nn/matmul_cpu.py``): the packed panels split with the
+    native worker, the bias added in each tile, the call replayed. Through NumPy's matmul
+    and OpenBLAS's own threads, a 4-bit Llama ran its products at 2.1x onnxruntime's time
+    where the float32 export's took 1.3x."""
+    arrays = (A, B, scales, zero_points, g_idx, bias, out)
+    if out is not None and replay.replayed(_prepacked, arrays):
+        return out
+    weight = nbits_weight(np, B, scales, zero_points, g_idx, _prepacked, K=K, N=N, bits=bits,
+                          block_size=block_size, weight_prepacked=weight_prepacked)
+    if out is None or not native(A, weight, bias, out) or A.ndim < 2:
+        return into(out, matmul_nbits(np, A, B, scales, zero_points, g_idx, bias, K=K, N=N,
+                                      bits=bits, block_size=block_size,
+                                      _prepacked=_prepacked))
+    # panels kept with the node only for a weight that is its own for the session
+    packed = _prepacked if constant_nbits_weight(_prepacked, zero_points) else None
+    if bias is not None and matmul_cpu.biased_panel_product(A, weight, bias, out, packed,
+                                                            _prepacked, arrays):
+        return out
+    if matmul_cpu.one_row_blas(A, weight, out):
+        np.matmul(A, weight, out=out)
+    else:
+        matmul_cpu.dense_product(A, weight, out, packed, _prepacked, arrays)
+    if bias is not None:  # after the whole product, as the generic kernel adds it
+        out += bias
+        replay.forget(_prepacked)  # a recorded panel call would leave the bias out
+    return out

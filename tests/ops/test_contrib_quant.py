@@ -471,6 +471,30 @@ def test_matmul_nbits_matches_onnxruntime(bits, block_size, k, n, zero_points):
                                    theirs[0], rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matmul_nbits_through_the_float_panels_matches_onnxruntime(rows, with_bias):
+    """A constant weight large enough for the CPU's packed panels (split with the native
+    worker, the bias added per tile), a decoder step's one row through the BLAS, and the
+    replayed call of later runs: onnxruntime's results each time."""
+    k, n = 256, 512
+    packed, scales, zero = nbits_weights(k, n, 4, 32, "packed")
+    bias = rng.standard_normal(n).astype(f32) if with_bias else None
+    inputs = [("A", rng.standard_normal((1, rows, k)).astype(f32)), ("B", packed),
+              ("scales", scales), ("zero_points", zero), ("g_idx", None), ("bias", bias)]
+    model = node_model("MatMulNBits", inputs, [f32], K=k, N=n, bits=4, block_size=32,
+                       constants=("B", "scales", "zero_points", "bias"))
+    # a node after it: the product then writes into the run's memory, as inside a model
+    model.graph.node[0].output[0] = "product"
+    model.graph.node.append(helper.make_node("Neg", ["product"], ["y0"]))
+    session = mixrt.Session(model.SerializeToString())
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"])
+    for _ in range(3):  # the first (discovery), the planned, the replayed runs
+        feeds = {"A": rng.standard_normal((1, rows, k)).astype(f32)}
+        assert_same(session.run(None, feeds), theirs.run(None, feeds), rtol=1e-5, atol=2e-5)
+
+
 def test_matmul_nbits_accuracy_level_is_ignored():
     """accuracy_level 4 lets onnxruntime quantize A to int8 blocks internally; ours keeps
     computing in float32, close to onnxruntime's level 0 exactly and to level 4 within its
