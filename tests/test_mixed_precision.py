@@ -11,6 +11,7 @@ from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.models.digits import digits_cnn
 from mixrt.module import Module
+from mixrt.ops.device import gpu_available
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.mixed_precision import (FLOAT32_OPS, LossScaler, lower_precision,
@@ -180,6 +181,31 @@ def test_scaler_unscales_in_place_and_flags_non_finite():
     assert grads["a"].tolist() == [1.0, 2.0] and grads["b"].dtype == F32
     assert not scaler.unscale({"a": np.array([1.0, np.inf], F32)})
     assert not scaler.unscale({"a": np.array([np.nan], F32)})
+
+
+def test_all_finite_reads_each_device_once():
+    from mixrt.runtime.mixed_precision import all_finite  # noqa: PLC0415
+    assert all_finite([np.ones(3, F32), np.zeros((2, 2), np.float16)])
+    assert not all_finite([np.ones(3, F32), np.array([1.0, np.nan], F32)])
+    assert not all_finite([np.array([-np.inf], np.float16), np.ones(2, F32)])
+    assert all_finite([])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_the_scaler_checks_a_gpu_steps_gradients_with_one_read():
+    """A host read per gradient was a wait for the GPU per parameter in every step."""
+    import cupy  # noqa: PLC0415
+    scaler = LossScaler(init_scale=4.0)
+    grads = {f"w{i}": cupy.full((3, i + 1), 8.0, F32) for i in range(12)}
+    reads = getattr(getattr(cupy, "_core", None), "host_reads", None)
+    before = reads() if reads else 0
+    assert scaler.unscale(grads)
+    if reads:  # the fake CuPy counts device-to-host reads
+        assert reads() - before == 1
+    assert float(grads["w3"][0, 0]) == 2.0
+    grads["w7"][1, 2] = np.inf
+    assert not scaler.unscale(grads)
 
 
 @pytest.mark.parametrize("options", [{"init_scale": 0}, {"init_scale": float("inf")},
