@@ -31,6 +31,7 @@ import numpy as np
 
 from mixrt.base.errors import DeviceMismatchError, OptimizerError, ShapeError
 from mixrt.runtime import lr_scheduler as schedulers
+from mixrt.runtime import optimizer_kernels
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.lr_scheduler import LRScheduler, real_param, reject_unknown
 
@@ -248,6 +249,9 @@ class SGD(Optimizer):
         return ("momentum",) if self.momentum else ()
 
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
+        if optimizer_kernels.sgd(xp, weight, grad, state.get("momentum"), lr, wd,
+                                 self.momentum, self.nesterov):
+            return  # on a GPU: one launch
         g = _with_l2(grad, weight, wd)
         if not self.momentum:
             weight -= lr * g
@@ -293,6 +297,15 @@ class _AdamMoments(Optimizer):
         denom = xp.sqrt(var) / (1 - self.beta2 ** t) ** 0.5 + self.epsilon
         weight -= step_size * (mean / denom)
 
+    def _fused_adam_step(self, xp, weight, grad, state, lr, t, *, wd=0.0,
+                         decay=None) -> bool:
+        """:meth:`_adam_step` (after Adam's L2 term or AdamW's shrink) as one launch on a
+        GPU (``runtime/optimizer_kernels.py``); False, nothing done, elsewhere."""
+        return optimizer_kernels.adam(
+            xp, weight, grad, state["mean"], state["var"], step_size=lr / (1 - self.beta1 ** t),
+            correction=(1 - self.beta2 ** t) ** 0.5, beta1=self.beta1, beta2=self.beta2,
+            epsilon=self.epsilon, wd=wd, decay=decay)
+
 
 class Adam(_AdamMoments):
     """Adam (Kingma & Ba, 2015), as torch.optim.Adam (no amsgrad). Weight decay is L2,
@@ -302,7 +315,8 @@ class Adam(_AdamMoments):
     name = "adam"
 
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
-        self._adam_step(xp, weight, _with_l2(grad, weight, wd), state, lr, t)
+        if not self._fused_adam_step(xp, weight, grad, state, lr, t, wd=wd):
+            self._adam_step(xp, weight, _with_l2(grad, weight, wd), state, lr, t)
 
 
 class AdamW(_AdamMoments):
@@ -314,6 +328,9 @@ class AdamW(_AdamMoments):
     default_wd = 0.01
 
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
+        if self._fused_adam_step(xp, weight, grad, state, lr, t,
+                                 decay=1 - lr * wd if wd else None):
+            return
         if wd:
             weight *= 1 - lr * wd
         self._adam_step(xp, weight, grad, state, lr, t)

@@ -494,3 +494,32 @@ def test_cupy_matches_numpy_and_checkpoints_move_between_devices(name, params):
         np.testing.assert_allclose(cupy.asnumpy(mine), reference, rtol=2e-5, atol=2e-6)
     with pytest.raises(DeviceMismatchError):
         on_gpu.step(0, gpu_weights[0], grads[0][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,params", [
+    ("sgd", dict(learning_rate=0.1)), ("sgd", dict(learning_rate=0.1, momentum=0.9, wd=0.01)),
+    ("sgd", dict(learning_rate=0.1, momentum=0.9, nesterov=True)),
+    ("adam", dict(learning_rate=0.01, wd=0.1)), ("adamw", dict(learning_rate=0.01, wd=0.1))])
+def test_a_gpu_update_is_one_launch_per_parameter(name, params, monkeypatch):
+    """SGD, Adam and AdamW update each weight and its state in one kernel on a GPU
+    (runtime/optimizer_kernels.py), where their array expressions launched 6-12."""
+    cupy = pytest.importorskip("cupy")
+    from mixrt.ops.device import gpu_available
+    from mixrt.runtime import optimizer_kernels
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    launches = []
+    compiled = optimizer_kernels._compiled
+
+    def counted(*args):
+        kernel = compiled(*args)
+        return lambda *arrays: (launches.append(args[-1]), kernel(*arrays))[1]
+    monkeypatch.setattr(optimizer_kernels, "_compiled", counted)
+    weights, grads = random_problem(seed=3, steps=2, dtype=np.float32)
+    expected = run(optimizer.create(name, **params), weights, grads)
+    result = run(optimizer.create(name, **params), [cupy.asarray(w) for w in weights],
+                 [[cupy.asarray(g) for g in step] for step in grads])
+    assert len(launches) == 2 * len(weights)
+    for mine, reference in zip(result, expected):
+        np.testing.assert_allclose(cupy.asnumpy(mine), reference, rtol=2e-6, atol=1e-7)

@@ -38,7 +38,8 @@ class ElementwiseKernel:
                  **options):
         self.name = name
         self.inputs = [p.split()[-1] for p in in_params.split(",")]
-        self.output = out_params.split()[-1]
+        self.outputs = [p.split()[-1] for p in out_params.split(",")]
+        self.output = self.outputs[-1]
         self.statements = []
         for line in operation.strip().splitlines():
             match = STATEMENT.match(line.strip())
@@ -51,6 +52,11 @@ class ElementwiseKernel:
             self.statements.append((match.group(1), compile(expression, name, "eval")))
 
     def __call__(self, *arrays):
+        # as CuPy: an input may be a Python number (cast to the arrays' type); the outputs,
+        # when given, are device arrays the operation may read and writes in place
+        inputs, given = arrays[:len(self.inputs)], arrays[len(self.inputs):]
+        if len(self.outputs) > 1 or any(isinstance(a, (int, float)) for a in inputs):
+            return self._into_outputs(inputs, given)
         if not all(isinstance(a, ndarray) for a in arrays):
             raise TypeError(f"{self.name}: every argument must be a device array")
         check_devices(arrays)
@@ -65,3 +71,23 @@ class ElementwiseKernel:
             unwrap(out)[...] = result
             return out
         return wrap(_np.array(result, dtype=dtype))
+
+
+    def _into_outputs(self, inputs, outputs):
+        """Several outputs, each a given device array read and written in place."""
+        if len(outputs) != len(self.outputs) or not all(isinstance(a, ndarray)
+                                                        for a in outputs):
+            raise TypeError(f"{self.name}: pass every output, each a device array")
+        arrays = [a for a in (*inputs, *outputs) if isinstance(a, ndarray)]
+        if not all(isinstance(a, (ndarray, int, float)) for a in inputs):
+            raise TypeError(f"{self.name}: an input is a device array or a number")
+        check_devices(arrays)
+        values = {name: unwrap(a) if isinstance(a, ndarray) else a
+                  for name, a in zip(self.inputs + self.outputs, (*inputs, *outputs))}
+        dtype = _np.result_type(*(unwrap(a) for a in arrays))
+        for register, code in self.statements:
+            values[register] = _np.asarray(eval(code, dict(FUNCTIONS), values),  # noqa: S307
+                                           dtype=dtype)
+        for name, out in zip(self.outputs, outputs):
+            unwrap(out)[...] = values[name]
+        return tuple(outputs)
