@@ -293,18 +293,23 @@ class _AdamMoments(Optimizer):
         """torch.optim.Adam's step: bias corrections folded into the step size and the
         denominator, epsilon added after the square root."""
         mean, var = self._update_moments(state, g)
-        step_size = lr / (1 - self.beta1 ** t)
-        denom = xp.sqrt(var) / (1 - self.beta2 ** t) ** 0.5 + self.epsilon
+        step_size, correction = self._bias_corrections(lr, t)
+        denom = xp.sqrt(var) / correction + self.epsilon
         weight -= step_size * (mean / denom)
+
+    def _bias_corrections(self, lr, t) -> tuple[float, float]:
+        """(the step size lr / (1 - beta1^t), the denominator's sqrt(1 - beta2^t))."""
+        return lr / (1 - self.beta1 ** t), (1 - self.beta2 ** t) ** 0.5
 
     def _fused_adam_step(self, xp, weight, grad, state, lr, t, *, wd=0.0,
                          decay=None) -> bool:
         """:meth:`_adam_step` (after Adam's L2 term or AdamW's shrink) as one launch on a
         GPU (``runtime/optimizer_kernels.py``); False, nothing done, elsewhere."""
+        step_size, correction = self._bias_corrections(lr, t)
         return optimizer_kernels.adam(
-            xp, weight, grad, state["mean"], state["var"], step_size=lr / (1 - self.beta1 ** t),
-            correction=(1 - self.beta2 ** t) ** 0.5, beta1=self.beta1, beta2=self.beta2,
-            epsilon=self.epsilon, wd=wd, decay=decay)
+            xp, weight, grad, state["mean"], state["var"], step_size=step_size,
+            correction=correction, beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+            wd=wd, decay=decay)
 
 
 class Adam(_AdamMoments):
