@@ -12,7 +12,7 @@ from cupy.cuda import runtime  # noqa: F401
 
 class Device:
     def __init__(self, device=None):
-        self.id = 0 if device is None else int(device)
+        self.id = current_device() if device is None else int(device)
         if not 0 <= self.id < runtime.getDeviceCount():
             raise runtime.CUDARuntimeError(f"cudaErrorInvalidDevice: device {self.id}")
 
