@@ -5,6 +5,7 @@ memory plan (forward + backward planned together) against naive allocation.
                                      (rnn, a tanh RNN, runs only when asked for)
     python benchmarks/train_bench.py --memory-only        # just the ResNet-50 plan
     python benchmarks/train_bench.py --device gpu --precision float32 float16
+                                     [--models mlp resnet18 resnet50] [--no-cuda-graph]
 
 ``--device gpu`` runs both on the first CUDA GPU (mixrt ``device="gpu"``: its sessions,
 parameters, gradients and optimizer state are there; PyTorch on ``cuda``) and exits with a
@@ -88,6 +89,40 @@ def torch_resnet18(seed: int = 0, classes: int = 1000):
     return model, (3, 224, 224)
 
 
+def torch_resnet50(seed: int = 0, classes: int = 1000):
+    """ResNet-50 v1.5 (torchvision's: the stride on the 3x3 of each bottleneck), written out."""
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    torch.manual_seed(seed)
+
+    def conv_bn(cin, cout, kernel, stride=1):
+        return [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
+                nn.BatchNorm2d(cout)]
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, stride):
+            super().__init__()
+            self.body = nn.Sequential(*conv_bn(cin, mid, 1), nn.ReLU(),
+                                      *conv_bn(mid, mid, 3, stride), nn.ReLU(),
+                                      *conv_bn(mid, mid * 4, 1))
+            self.down = None
+            if stride != 1 or cin != mid * 4:
+                self.down = nn.Sequential(*conv_bn(cin, mid * 4, 1, stride))
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+    stages, cin = [], 64
+    for mid, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for index in range(count):
+            stages.append(Bottleneck(cin, mid, stride if index == 0 else 1))
+            cin = mid * 4
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.MaxPool2d(3, 2, 1), *stages, nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(2048, classes))
+    return model, (3, 224, 224)
+
+
 def torch_lstm(seed: int = 0, cell: str = "LSTM"):
     """A sequence classifier: a 2-layer LSTM (hidden 256) over 32 steps of 64 features, the
     last step's state into 10 classes. mixrt trains it through its LSTM backward kernel
@@ -119,7 +154,10 @@ def torch_rnn(seed: int = 0):
 
 
 MODELS = {"mlp": (torch_mlp, 256), "resnet18": (torch_resnet18, 32), "lstm": (torch_lstm, 64),
-          "gru": (torch_gru, 64), "rnn": (torch_rnn, 64)}
+          "gru": (torch_gru, 64), "rnn": (torch_rnn, 64), "resnet50": (torch_resnet50, 32)}
+# what runs unless --models names others: the tanh RNN and ResNet-50 (minutes a step on a
+# CPU) only when asked for
+DEFAULT_MODELS = [m for m in MODELS if m not in ("rnn", "resnet50")]
 
 
 def export_training(module, sample_shape, path: Path) -> Path:
@@ -141,7 +179,7 @@ def export_training(module, sample_shape, path: Path) -> Path:
 # -- one step in each runtime -------------------------------------------------------------
 
 def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu",
-                  precision: str = "float32"):
+                  precision: str = "float32", cuda_graph: bool = False):
     from mixrt.gluon import Trainer  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
     from mixrt.ops.device import parse_device  # noqa: PLC0415
@@ -150,9 +188,10 @@ def mixrt_stepper(path: Path, x: np.ndarray, y: np.ndarray, device: str = "cpu",
                                                         "momentum": 0.9})
     # the batch waits on the device, as PyTorch's does (torch_stepper moves it once)
     x, y = parse_device(device).put(x), parse_device(device).put(y)
-    if precision == "float32":  # the call the CPU figures have always timed
+    if precision == "float32" and not cuda_graph:  # the call the CPU figures have timed
         return lambda: model.train_step(x, y, trainer), model
-    return lambda: model.train_step(x, y, trainer, precision=precision), model
+    return lambda: model.train_step(x, y, trainer, precision=precision,
+                                    cuda_graph=cuda_graph), model
 
 
 def torch_stepper(module, x: np.ndarray, y: np.ndarray, device: str = "cpu",
@@ -245,7 +284,7 @@ def training_case(name: str):
 
 
 def bench(name: str, steps: int, warmup: int, device: str = "cpu",
-          precision: str = "float32") -> dict:
+          precision: str = "float32", cuda_graph: bool = False) -> dict:
     import torch  # noqa: PLC0415
     from mixrt.errors import MixrtError  # noqa: PLC0415
     torch.set_num_threads(2)
@@ -253,7 +292,7 @@ def bench(name: str, steps: int, warmup: int, device: str = "cpu",
     row = {"model": name, "batch": len(x), "precision": precision}
     theirs = torch_stepper(module, x, y, device, precision)
     try:  # a precision mixrt refuses (bfloat16) says so here, before any timing
-        ours, model = mixrt_stepper(path, x, y, device, precision)
+        ours, model = mixrt_stepper(path, x, y, device, precision, cuda_graph)
         if precision != "float32":
             ours()
     except MixrtError as exc:
@@ -314,7 +353,7 @@ def _symbolic_batch(graph) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=[m for m in MODELS if m != "rnn"])
+    parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--memory-batch", type=int, default=32)
@@ -323,6 +362,10 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--precision", nargs="+", default=["float32"],
                         choices=("float32", "float16", "bfloat16"))
+    # on a GPU mixrt replays each step's forward and backward as a CUDA graph, as a user
+    # fine-tuning there would ask it to (train_step(..., cuda_graph=True))
+    parser.add_argument("--no-cuda-graph", action="store_true",
+                        help="GPU: run mixrt's steps without CUDA graphs")
     args = parser.parse_args(argv)
     if args.device == "gpu" and (reason := gpu_missing()):
         print(f"train_bench: --device gpu needs a CUDA GPU that both CuPy and PyTorch can "
@@ -333,8 +376,9 @@ def main(argv=None) -> int:
                                             for m in args.models]
         text = render(rows, training_memory(args.memory_batch))
     else:
+        graphs = args.device == "gpu" and not args.no_cuda_graph
         rows = [] if args.memory_only else [
-            bench(m, args.steps, args.warmup, args.device, p)
+            bench(m, args.steps, args.warmup, args.device, p, graphs)
             for m in args.models for p in args.precision]
         memory = [training_memory(args.memory_batch, device=args.device, precision=p)
                   for p in args.precision if p != "bfloat16"]

@@ -8,7 +8,10 @@ call and a few kernel launches per node.
 What makes a replay safe:
 
 * **Fixed inputs.** The graph reads its inputs from buffers made for it; a run copies the
-  feeds into them (on the capture stream) before the launch.
+  feeds into them (on the capture stream) before the launch. Feeds the session names as
+  read in place (:meth:`Captures.read_in_place`: a training step's parameters, which the
+  optimizer updates in place between steps) are read where they are, without the copy;
+  a launch given another array for one of them captures the signature again.
 * **A private memory pool.** Everything allocated while capturing (the arena, each kernel's
   temporaries, the outputs) comes from a CuPy memory pool that only this graph uses, and
   which lives as long as the graph. Blocks a kernel frees during capture go back to that pool
@@ -54,16 +57,23 @@ class CapturedRun:
     env: dict  # every value of the captured run (outputs included), kept alive
     pool: object  # the private memory pool (kept alive with the graph)
     checks: object = None  # the run's deferred checks (ops/device_checks.py)
+    in_place: frozenset = frozenset()  # feeds read where they are (not copied in)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def takes(self, feeds: dict) -> bool:
+        """Whether each feed read in place is the very array the graph was captured
+        reading (same memory, shape and dtype)."""
+        return all(_same_array(feeds[name], self.inputs[name]) for name in self.in_place)
+
     def launch(self, feeds: dict) -> dict:
-        """Copy ``feeds`` in, replay, wait; returns the run's values (valid until the next
-        launch, so the caller copies what it keeps while holding :attr:`lock`, through
-        :meth:`kept`)."""
+        """Copy ``feeds`` in (all but those read in place), replay, wait; returns the run's
+        values (valid until the next launch, so the caller copies what it keeps while
+        holding :attr:`lock`, through :meth:`kept`)."""
         _wait_for_callers_stream(self.stream)
         with self.stream:
             for name, value in feeds.items():
-                self.inputs[name][...] = value
+                if name not in self.in_place:
+                    self.inputs[name][...] = value
             self.graph.launch(self.stream)
         self.stream.synchronize()
         if self.checks is not None:  # each replay recomputed them
@@ -86,18 +96,28 @@ class Captures:
     def __init__(self):
         self.runs: dict = {}
         self.failed: dict = {}  # signature -> why it could not be captured
+        self.in_place: frozenset = frozenset()
         self._lock = threading.Lock()
 
+    def read_in_place(self, names) -> None:
+        """Feeds named here are read by a graph where they are, not copied in: the caller
+        keeps each one's array between runs (updating it in place) and passes it again."""
+        self.in_place = frozenset(names)
+
     def get(self, signature: tuple, plan, constants: dict, feeds: dict) -> CapturedRun | None:
-        """The captured run for ``signature``, capturing it now on first call; None when it
-        cannot be captured."""
+        """The captured run for ``signature``, capturing it now on first call (or again
+        when a feed read in place is another array now); None when it cannot be
+        captured."""
         if signature in self.failed:
             return None
         with self._lock:
             found = self.runs.get(signature)
+            if found is not None and not found.takes(feeds):
+                found = None  # a parameter was replaced: its graph reads the old one
             if found is None and signature not in self.failed:
                 try:
-                    found = self.runs[signature] = capture(plan, constants, feeds)
+                    found = self.runs[signature] = capture(plan, constants, feeds,
+                                                           self.in_place & feeds.keys())
                 except Exception as exc:  # noqa: BLE001  (any failure means: run uncaptured)
                     self.failed[signature] = f"{type(exc).__name__}: {exc}"
                     warnings.warn(f"cuda_graph=True: inputs of shapes {_shapes(feeds)} run "
@@ -106,22 +126,24 @@ class Captures:
             return found
 
 
-def capture(plan, constants: dict, feeds: dict) -> CapturedRun:
-    """Record one planned run of ``plan`` into a CUDA graph (see the module docstring)."""
+def capture(plan, constants: dict, feeds: dict, in_place=frozenset()) -> CapturedRun:
+    """Record one planned run of ``plan`` into a CUDA graph (see the module docstring);
+    the feeds named in ``in_place`` are read where they are."""
     with _CAPTURE_LOCK:
-        return _capture(plan, constants, feeds)
+        return _capture(plan, constants, feeds, frozenset(in_place))
 
 
 _CAPTURE_LOCK = threading.Lock()  # captures share each device's cuBLAS handle
 
 
-def _capture(plan, constants: dict, feeds: dict) -> CapturedRun:
+def _capture(plan, constants: dict, feeds: dict, in_place: frozenset) -> CapturedRun:
     import cupy  # noqa: PLC0415  (GPU sessions only)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     _wait_for_callers_stream(stream)
     with cupy.cuda.using_allocator(pool.malloc), stream:
-        inputs = {name: cupy.array(value, copy=True) for name, value in feeds.items()}
+        inputs = {name: _read_in_place(value, name) if name in in_place
+                  else cupy.array(value, copy=True) for name, value in feeds.items()}
         arena = Arena(plan, cupy)
         env = dict(constants)
         env.update(plan.frozen)
@@ -144,7 +166,21 @@ def _capture(plan, constants: dict, feeds: dict) -> CapturedRun:
         graph = stream.end_capture()
     env["__arena__"] = arena  # the graph writes into it: it must outlive the graph
     env["__cublas_workspace__"] = workspace  # and its products into this
-    return CapturedRun(graph, stream, inputs, env, pool, checks)
+    return CapturedRun(graph, stream, inputs, env, pool, checks, in_place)
+
+
+def _read_in_place(value, name: str):
+    """A feed the graph reads where it is: a C-contiguous array of the current device."""
+    import cupy  # noqa: PLC0415  (GPU sessions only)
+    if not isinstance(value, cupy.ndarray) or not value.flags.c_contiguous:
+        raise ValueError(f"feed {name!r} is to be read in place by the CUDA graph, so it "
+                         f"must be a C-contiguous array of the session's GPU")
+    return value
+
+
+def _same_array(value, captured) -> bool:
+    return getattr(value, "data", None) is not None and value.data.ptr == captured.data.ptr \
+        and value.shape == captured.shape and value.dtype == captured.dtype
 
 
 def _wait_for_callers_stream(stream) -> None:

@@ -212,13 +212,27 @@ class Session:
             return self._gate.run(steady.run, feeds)
         return self._run(output_names, feeds, host=True)
 
-    def run_on_device(self, output_names, feeds: dict) -> list:
+    def run_on_device(self, output_names, feeds: dict, *, lent: bool = False) -> list:
         """As :meth:`run`, but the outputs stay on this session's device (CuPy arrays on a
         GPU): for callers that hand them to the next GPU op (a hybridized block, autograd's
-        per-op backward), which a copy to the host and back would only slow down."""
-        return self._run(output_names, feeds, host=False)
+        per-op backward), which a copy to the host and back would only slow down.
 
-    def _run(self, output_names, feeds: dict, host: bool) -> list:
+        ``lent=True`` hands over outputs that may be this session's own memory (its arena,
+        a CUDA graph's buffers) without the copy each would otherwise get: they hold until
+        the session's next run, so the caller must be done with them by then, and must not
+        run the session from two threads at once (a training step's gradients, which the
+        optimizer reads before the next step)."""
+        return self._run(output_names, feeds, host=False, lent=lent)
+
+    def read_in_place(self, names) -> None:
+        """With ``cuda_graph=True``: the feeds named here are read by a captured graph where
+        they are instead of being copied into its input buffers. The caller passes the same
+        device array for each on every run and updates it in place between runs (a training
+        step's parameters); another array captures the signature again."""
+        if self._captures is not None:
+            self._captures.read_in_place(names)
+
+    def _run(self, output_names, feeds: dict, host: bool, lent: bool = False) -> list:
         wanted = self._output_names(output_names)
         feeds, signature = self._feeds_and_signature(feeds)
         # without a profiler of its own, the session records into mixrt.profiler's while that
@@ -227,8 +241,8 @@ class Session:
         # the kernel tiers' loading run comes from their thread: it takes its turn there,
         # and the gate does not hand the service's later runs to its runner for it
         aside = self._tiers is not None and kernel_tiers._LOADING.get() is self._tiers
-        return self._gate.run(self._gated_run, signature, feeds, wanted, process, host,
-                              aside=aside)
+        return self._gate.run(self._gated_run, signature, feeds, wanted, process,
+                              (host, lent), aside=aside)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the compiled kernels of every input signature this session has run
@@ -238,12 +252,13 @@ class Session:
         once."""
         return True if self._tiers is None else self._tiers.wait(timeout)
 
-    def _gated_run(self, signature, feeds: dict, wanted, process, host: bool) -> list:
-        """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py)."""
+    def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:
+        """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py);
+        ``delivery`` is (to the host, lent) as :meth:`_collect` takes them."""
         if self._tiers is not None and jit_tier.compiled_allowed() \
                 and not self._tiers.compiled(signature, feeds):
             with jit_tier.using(False):  # the NumPy tier until the compiled one is in
-                return self._gated_run(signature, feeds, wanted, process, host)
+                return self._gated_run(signature, feeds, wanted, process, delivery)
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
@@ -252,12 +267,14 @@ class Session:
             plan = self._cached_plan(signature)
             # the native workers up by the first kernel, and spinning until the run ends
             with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers)):
-                return self._planned_run(plan, signature, feeds, wanted, process, host)
+                return self._planned_run(plan, signature, feeds, wanted, process, delivery)
 
-    def _planned_run(self, plan, signature, feeds: dict, wanted, process, host: bool) -> list:
+    def _planned_run(self, plan, signature, feeds: dict, wanted, process,
+                     delivery: tuple) -> list:
         """:meth:`_gated_run` inside its blocks: ``plan`` (None before this signature's
         discovery run) over ``feeds``."""
         on_cpu = self._xp is np
+        host, lent = delivery
         if plan is None:
             with self._device_checks() as checks:
                 env = self._discover(signature, feeds, process)
@@ -280,6 +297,8 @@ class Session:
                 with captured.lock:  # one replay at a time: they share the graph's memory
                     # (so outputs kept on the device are copies: the next launch writes)
                     values = captured.launch(feeds)
+                    if lent:  # valid until the next launch, as the caller agreed
+                        return self._collect(values, wanted, frozenset(), host)
                     return captured.kept(lambda: self._collect(values, wanted,
                                                                frozenset(wanted), host))
         arena = acquire(plan, self._xp)
@@ -299,7 +318,8 @@ class Session:
                 else:
                     execute(plan.steps, env, self._xp, arena, plan)
             self._raise_failed(checks)
-            return self._collect(env, wanted, plan.shared_outputs, host)
+            return self._collect(env, wanted, frozenset() if lent else plan.shared_outputs,
+                                 host)
         finally:
             release(plan, arena)
 

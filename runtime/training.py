@@ -152,12 +152,18 @@ class TrainingProgram:
     and outputs stay float32 (see :mod:`mixrt.runtime.mixed_precision`). float16 scales
     the loss with ``loss_scaler`` (default: a dynamic :class:`LossScaler`; ``False``:
     none); ``program.scaler`` may be swapped for another LossScaler between steps, not for
-    None."""
+    None.
+
+    ``cuda_graph=True`` (GPU) records each batch shape's forward and backward as one CUDA
+    graph on its second step and replays it from then on (``runtime/cuda_graph.py``). The
+    graph reads the parameters where they are (the optimizer updates them in place), and
+    the gradients it hands back are its own buffers, valid until the next step: the caller
+    runs the optimizer before stepping again, from one thread."""
 
     def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
                  device: str = "cpu", opt_level: int = 1, strategy: str = "greedy",
                  mirror: frozenset | None = None, precision: str = "float32",
-                 loss_scaler: LossScaler | bool | None = None):
+                 loss_scaler: LossScaler | bool | None = None, cuda_graph: bool = False):
         self.loss_spec = loss
         self.trainable = list(trainable)
         self.precision = precision
@@ -171,7 +177,9 @@ class TrainingProgram:
         self.joint = gradient_graph(with_loss, differentiated, self.trainable,
                                     keep_outputs=True, mirror=mirror)
         self.session = Session(self.joint.graph, device=device, opt_level=opt_level,
-                               strategy=strategy)
+                               strategy=strategy, cuda_graph=cuda_graph)
+        self.session.read_in_place(self.trainable)
+        self._lent = cuda_graph  # the gradients without a copy each (see above)
         self.outputs = graph.output_names
         self._grad_names = [self.joint.grads[name] for name in self.trainable]
 
@@ -189,7 +197,7 @@ class TrainingProgram:
         # gradients stay where the parameters are (the optimizer runs there); the loss and
         # the outputs (a batch of predictions, for metrics) come to the host
         values = self.session.run_on_device([self.loss, *self.outputs, *self._grad_names],
-                                            feeds)
+                                            feeds, lent=self._lent)
         loss, rest = to_host(values[0]), values[1:]
         outputs = [to_host(value) for value in rest[:len(self.outputs)]]
         grads = dict(zip(self.trainable, rest[len(self.outputs):]))

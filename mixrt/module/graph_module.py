@@ -221,13 +221,15 @@ class Module(Checkpoints):
                 "seconds": time.perf_counter() - started}
 
     def train_step(self, data, label, trainer: Trainer, loss=None, *,
-                   precision: str = "float32", loss_scaler: LossScaler | bool | None = None):
+                   precision: str = "float32", loss_scaler: LossScaler | bool | None = None,
+                   cuda_graph: bool = False):
         """Forward, backward and one optimizer update on one batch: (loss, outputs). In
         float16 a step whose scaled gradients overflow updates nothing (the loss scaler
         backs off instead). ``data`` and ``label`` may be host arrays or arrays already on
-        the module's device."""
+        the module's device. ``cuda_graph=True`` (GPU) replays each batch shape's forward
+        and backward as one CUDA graph from its second step (see TrainingProgram)."""
         scaler = self._scaler_for(precision, loss_scaler)
-        program = self._program(self._loss(loss), precision, scaler)
+        program = self._program(self._loss(loss), precision, scaler, cuda_graph)
         feeds = {self.data_names[0]: feed_array(data), program.loss_spec.label: label,
                  **self._state_feeds()}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
@@ -276,15 +278,16 @@ class Module(Checkpoints):
         return LOSSES[loss](self.output, "label")
 
     def _program(self, loss: Loss, precision: str = "float32",
-                 scaler: LossScaler | None = None) -> TrainingProgram:
+                 scaler: LossScaler | None = None, cuda_graph: bool = False) -> TrainingProgram:
         trainable = tuple(p.name for p in self.params.trainable())
         if not trainable:
             raise InputError("every parameter is frozen; unfreeze some before training")
-        key = (loss.kind, trainable, self._structure, precision, scaler is not None)
+        key = (loss.kind, trainable, self._structure, precision, scaler is not None,
+               cuda_graph)
         if key not in self._programs:
             self._programs[key] = TrainingProgram(
                 self._training_graph(), loss, list(trainable), device=self.device,
-                precision=precision, loss_scaler=scaler or False)
+                precision=precision, loss_scaler=scaler or False, cuda_graph=cuda_graph)
         program = self._programs[key]
         program.scaler = scaler  # the same kind of graph; this object's scale
         return program

@@ -6,7 +6,7 @@ and device meet, the CUDA stream and device bookkeeping) runs before a GPU does.
 It is put first on ``sys.path`` by ``tests/test_gpu_paths_on_fake_cupy.py`` only. Arrays
 follow CuPy's rules (``_core.py``); kernels are NumPy's. What it cannot stand in for is
 refused loudly: CUDA C beyond the subset mixrt generates for ``ElementwiseKernel``
-(``_kernels.py``), CUDA graph capture and NCCL.
+and reductions beyond sums (``_kernels.py``), CUDA graph capture and NCCL.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as _np
 from cupy import cuda, random  # noqa: F401
 from cupy._core import check_devices, current_device, ndarray, on_device, result_of, \
     unwrap, wrap
-from cupy._kernels import ElementwiseKernel  # noqa: F401
+from cupy._kernels import ElementwiseKernel, ReductionKernel  # noqa: F401
 
-__all__ = ["ElementwiseKernel", "cuda", "ndarray", "random"]
+__all__ = ["ElementwiseKernel", "ReductionKernel", "cuda", "ndarray", "random"]
 __version__ = "0.0-fake"
 IS_FAKE = True
 
@@ -83,7 +83,7 @@ class RawKernel:
         raise NotImplementedError("fake CuPy cannot compile CUDA C")
 
 
-RawModule = ReductionKernel = RawKernel
+RawModule = RawKernel
 
 
 def fuse(*args, **kwargs):

@@ -1,6 +1,7 @@
-"""ElementwiseKernel on the fake: the C subset mixrt generates
-(ops/elementwise/fused_elementwise.py's templates: ``const T rN = expr;`` lines, casts, calls,
-one form of ternary) rewritten to NumPy and evaluated. Anything else is refused."""
+"""ElementwiseKernel and ReductionKernel on the fake: the C subset mixrt generates
+(ops/elementwise/fused_elementwise.py's templates and the fused kernels: ``const T rN =
+expr;`` lines, casts to a type parameter, calls, one form of ternary; a reduction that sums
+a mapped expression) rewritten to NumPy and evaluated. Anything else is refused."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ FUNCTIONS = {"mx_max": _nan_max, "mx_min": _nan_min, "fabs": _np.abs, "exp": _np
              "sin": _np.sin, "cos": _np.cos, "tan": _np.tan, "asin": _np.arcsin,
              "acos": _np.arccos, "atan": _np.arctan, "sinh": _np.sinh, "cosh": _np.cosh,
              "asinh": _np.arcsinh, "acosh": _np.arccosh, "atanh": _np.arctanh,
+             "fmax": _np.fmax, "fmin": _np.fmin,
              "erf": lambda x: _erf(x).astype(_np.asarray(x).dtype)}
-STATEMENT = re.compile(r"^(?:const T )?(\w+) = (.+);$")
+STATEMENT = re.compile(r"^(?:const [A-Z] )?(\w+) = (.+);$")
+CAST = re.compile(r"\([A-Z]\)")  # a cast to a type parameter: NumPy's promotion stands in
 TERNARY = re.compile(r"\((\w+) >= 0 \? (\w+) : (\w+) \* \(([^()]+)\)\)")
 
 
@@ -46,7 +49,7 @@ class ElementwiseKernel:
             if match is None:
                 raise NotImplementedError(f"fake CuPy cannot run this CUDA C: {line!r}")
             expression = TERNARY.sub(r"where(\1 >= 0, \2, \3 * (\4))",
-                                     match.group(2).replace("(T)", ""))
+                                     CAST.sub("", match.group(2)))
             if "?" in expression:
                 raise NotImplementedError(f"fake CuPy cannot run this CUDA C: {line!r}")
             self.statements.append((match.group(1), compile(expression, name, "eval")))
@@ -91,3 +94,38 @@ class ElementwiseKernel:
         for name, out in zip(self.outputs, outputs):
             unwrap(out)[...] = values[name]
         return tuple(outputs)
+
+
+class ReductionKernel:
+    """CuPy's ReductionKernel for the one form mixrt writes: a sum (``a + b`` from identity
+    0) of ``map_expr`` over the inputs broadcast together, taken along ``axis``, the output
+    in the dtype its type parameter binds to (that of the first input with that parameter)
+    and ``post_map_expr`` of the form ``y = a``."""
+
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
+                 name="reduce_kernel", reduce_type=None, **options):
+        self.name = name
+        self.inputs = [p.split() for p in in_params.split(",")]
+        (out_type, self.output), = [p.split() for p in out_params.split(",")]
+        if reduce_expr.replace(" ", "") != "a+b" or str(identity) != "0" \
+                or post_map_expr.replace(" ", "") != f"{self.output}=a":
+            raise NotImplementedError(f"fake CuPy reduces only sums: {name}")
+        self.out_type = out_type
+        self.map = compile(CAST.sub("", map_expr), name, "eval")
+
+    def __call__(self, *args, axis=None, keepdims=False, out=None):
+        if len(args) != len(self.inputs) or not all(isinstance(a, (ndarray, int, float))
+                                                    for a in args):
+            raise TypeError(f"{self.name}: takes {len(self.inputs)} arrays or numbers")
+        check_devices([a for a in args if isinstance(a, ndarray)])
+        values = {name: unwrap(a) if isinstance(a, ndarray) else a
+                  for (_, name), a in zip(self.inputs, args)}
+        dtype = next(unwrap(a).dtype for (kind, _), a in zip(self.inputs, args)
+                     if kind == self.out_type and isinstance(a, ndarray))
+        shape = _np.broadcast_shapes(*(_np.shape(v) for v in values.values()))
+        mapped = _np.broadcast_to(eval(self.map, dict(FUNCTIONS), values), shape)  # noqa: S307
+        result = mapped.sum(axis=axis, keepdims=keepdims, dtype=dtype)
+        if out is not None:
+            unwrap(out)[...] = result
+            return out
+        return wrap(_np.asarray(result, dtype=dtype))
