@@ -66,6 +66,12 @@ def at_node(label: str | None) -> None:
         _local.node = label
 
 
+def deferring() -> bool:
+    """Whether this thread's kernels run inside a collecting (GPU) run, where a check is
+    handed to :func:`expect_false` rather than read back at once."""
+    return _local.checks is not None
+
+
 def expect_false(flag, expected: str) -> None:
     """``flag`` (a 0-d device bool) must come out False; ``expected`` says what should hold."""
     checks = _local.checks

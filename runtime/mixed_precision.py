@@ -10,7 +10,8 @@ and the dynamic loss scaler that keeps float16 gradients from underflowing.
 The rewrite is a graph pass, so the runtime's own planner and executor run the low-precision
 graph: every float32 graph input and initializer is cast once, at its first reader that
 computes in the low type; ops in ``FLOAT32_OPS`` (the deny list: losses, the softmax family,
-normalizations, reductions, exp/log/pow) get their inputs cast back up to float32; every graph
+normalizations but BatchNormalization, reductions, exp/log/pow) get their inputs cast back up
+to float32 (BatchNormalization takes a low X with float32 parameters); every graph
 output leaves as the float32 it was. The weights the optimizer updates (graph inputs or
 initializers) are never touched, so master weights, their gradients (the Cast's gradient casts
 back) and the optimizer state all stay float32.
@@ -47,7 +48,9 @@ FLOAT32_OPS = frozenset({
     "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Softmax", "LogSoftmax",
     "Hardmax",
     # normalizations: statistics and running means accumulate over a whole batch
-    "BatchNormalization", "LayerNormalization", "InstanceNormalization",
+    # (BatchNormalization instead takes a low-precision X with float32 parameters and
+    # statistics, and its kernels accumulate in float32: _FIXED_INPUTS)
+    "LayerNormalization", "InstanceNormalization",
     "GroupNormalization", "RMSNormalization", "LpNormalization", "LRN",
     "MeanVarianceNormalization",
     # reductions (a mean over many elements loses float16's 11 bits) and long sums
@@ -59,8 +62,13 @@ FLOAT32_OPS = frozenset({
 
 # ops that read only an input's shape or convert it themselves: their inputs are never cast
 _TYPE_BLIND_OPS = frozenset({"Shape", "Size", "Cast", "CastLike"})
-# inputs whose type the spec fixes (float32 scales, regions of interest), by op and position
-_FIXED_INPUTS = {"Resize": frozenset({1, 2}), "Upsample": frozenset({1})}
+# inputs whose type the spec fixes (float32 scales, regions of interest), by op and
+# position; and BatchNormalization's scale, bias, mean and variance, which stay float32
+# (version 15 types them apart from X, as PyTorch's autocast and cuDNN do): a float16
+# convolution's output goes into it and out of it without a Cast either side, where a
+# float32 BatchNormalization cost two casts and float32 traffic a layer
+_FIXED_INPUTS = {"Resize": frozenset({1, 2}), "Upsample": frozenset({1}),
+                 "BatchNormalization": frozenset({1, 2, 3, 4})}
 
 
 def parse_precision(name, device="cpu") -> np.dtype:

@@ -386,3 +386,58 @@ def test_ops_that_cannot_take_the_low_type_stay_in_float32(op_type, opset, preci
     feeds = {n: rng.standard_normal(shape).astype(F32) for n, shape in inputs.items()}
     np.testing.assert_array_equal(mixrt.Session(low).run(None, feeds)[0],
                                   mixrt.Session(graph).run(None, feeds)[0])
+
+
+def _conv_bn_graph(opset: int) -> Graph:
+    """conv - batch norm (training mode) - relu - conv, at ``opset``."""
+    rng = np.random.default_rng(4)
+    g = Graph(name="conv_bn", opsets={"": opset})
+    g.inputs = [Value("x", TensorType(F32, ("N", 3, 6, 6)))]
+    g.initializers.update({
+        "w1": (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(F32),
+        "w2": (rng.standard_normal((10, 4, 6, 6)) * 0.1).astype(F32),
+        "scale": np.ones(4, F32), "bias": np.zeros(4, F32),
+        "mean": np.zeros(4, F32), "var": np.ones(4, F32)})
+
+    def node(op_type, inputs, outputs, **attributes):
+        return Node(op_type, inputs, outputs, name=outputs[0], opset=opset,
+                    attributes=attributes)
+    g.nodes = [node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+               node("BatchNormalization", ["c1", "scale", "bias", "mean", "var"],
+                    ["bn", "new_mean", "new_var"], training_mode=1),
+               node("Relu", ["bn"], ["r"]),
+               node("Conv", ["r", "w2"], ["c2"]),
+               node("Flatten", ["c2"], ["logits"])]
+    g.outputs = [Value("logits")]
+    return g
+
+
+def test_batch_norm_computes_in_float16_between_convolutions_without_casts():
+    """BatchNormalization-15 takes a float16 X with float32 scale, bias and statistics (its
+    kernels sum in float32), so a float16 convolution's output goes in and out of it with
+    no Cast either side; the gradients keep float32's direction. Before opset 15 it cannot
+    take mixed types and computes in float32 between casts, as before."""
+    graph = _conv_bn_graph(17)
+    trainable = ["w1", "w2", "scale", "bias"]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((8, 3, 6, 6)).astype(F32),
+             "label": rng.integers(0, 10, 8)}
+    params = {k: graph.initializers[k] for k in trainable}
+    full = TrainingProgram(graph, softmax_cross_entropy("logits"), trainable)
+    half = TrainingProgram(graph, softmax_cross_entropy("logits"), trainable,
+                           precision="float16")
+    _, _, grads32 = full.step(params, feeds)
+    _, _, grads16 = half.step(params, feeds)
+    joint = half.joint.graph
+    found = _types_by_op(joint, half._feeds(params, feeds))
+    assert found["BatchNormalization"] == {F16} and found["BatchNormalizationGrad"] == {F16}
+    producers = {out: n for n in joint.nodes for out in n.outputs}
+    bn = next(n for n in joint.nodes if n.op_type == "BatchNormalization")
+    assert producers[bn.inputs[0]].op_type == "Conv"
+    assert all(n.op_type != "Cast" for n in joint.nodes if bn.outputs[0] in n.inputs)
+    for name in trainable:
+        a, b = grads32[name].ravel(), grads16[name].ravel()
+        assert grads16[name].dtype == F32
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99, name
+    older = lower_precision(_conv_bn_graph(14), F16)
+    assert _types_by_op(older, {"x": feeds["x"]})["BatchNormalization"] == {F32}

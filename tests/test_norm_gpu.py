@@ -87,3 +87,38 @@ def test_the_output_lands_in_the_view_given_and_inference_mode_is_the_generic_on
     got = batch_norm_grad_gpu(cupy, on_gpu[0], on_gpu[0], on_gpu[1], *on_gpu[3:], _outputs=5)
     for actual, wanted in zip(got, expected, strict=True):
         _close(actual, wanted, "float32")
+
+
+LAYER_CASES = [((6, 16), -1, True), ((2, 5, 12), -1, True), ((2, 3, 4, 5), 2, False),
+               ((3, 7), -1, False)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("shape, axis, bias", LAYER_CASES, ids=str)
+def test_layer_normalization_and_its_gradient_match_the_generic_kernels(shape, axis, bias,
+                                                                        dtype):
+    import cupy  # noqa: PLC0415
+    from mixrt.ops.nn.norm import layer_normalization  # noqa: PLC0415
+    from mixrt.ops.nn.norm_grad import layer_norm_grad  # noqa: PLC0415
+    from mixrt.ops.nn.norm_gpu import layer_norm_grad_gpu, layer_normalization_gpu  # noqa
+    x = (3.0 + RNG.standard_normal(shape)).astype(dtype)
+    normalized = shape[axis % len(shape):]
+    scale = RNG.standard_normal(normalized).astype(dtype)
+    b = RNG.standard_normal(normalized).astype(dtype) if bias else None
+    on_gpu = [None if v is None else cupy.asarray(v) for v in (x, scale, b)]
+    expected = layer_normalization(np, x, scale, b, axis=axis, epsilon=1e-4, _outputs=3)
+    got = layer_normalization_gpu(cupy, *on_gpu, axis=axis, epsilon=1e-4, _outputs=3)
+    # the forward's statistics are float32 (stash_type 1) whatever X's type
+    stash = "float32" if dtype == "float64" else dtype
+    for actual, wanted in zip(got, expected, strict=True):
+        assert actual.shape == wanted.shape and actual.dtype == wanted.dtype
+        _close(actual, wanted, stash)
+    dy = RNG.standard_normal(shape).astype(dtype)
+    outputs = 3 if bias else 2
+    expected = layer_norm_grad(np, dy, x, scale, b, axis=axis, epsilon=1e-4, _outputs=outputs)
+    got = layer_norm_grad_gpu(cupy, cupy.asarray(dy), *on_gpu, axis=axis, epsilon=1e-4,
+                              _outputs=outputs)
+    for actual, wanted in zip(got, expected, strict=True):
+        assert actual.shape == wanted.shape and actual.dtype == wanted.dtype
+        _close(actual, wanted, dtype)

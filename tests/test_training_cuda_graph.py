@@ -75,3 +75,35 @@ def test_a_cpu_program_refuses_cuda_graphs():
     x = np.zeros((4, 64), np.float32)
     with pytest.raises(InputError, match="cuda_graph=True"):
         model.train_step(x, np.zeros(4, np.int64), trainer, cuda_graph=True)
+
+
+@needs_gpu
+def test_a_gpu_training_run_reads_back_only_its_checks_once():
+    """Reading a device value to the host waits for the GPU and cannot be recorded in a CUDA
+    graph: the forward and backward of a step (softmax cross-entropy's class check and its
+    gradient's mean included) read back only the run's deferred checks, together."""
+    import cupy  # noqa: PLC0415
+    if not getattr(cupy, "IS_FAKE", False):
+        pytest.skip("counts the fake CuPy's reads back: fake CuPy only")
+    _, _, model = _trained(False, steps=2)
+    (program,) = model._programs.values()
+    on_gpu = mixrt.gpu(0).device.put
+    feeds = program._feeds(model.params.arrays(), {
+        "data": on_gpu(RNG.standard_normal((8, 1, 8, 8)).astype(np.float32)),
+        program.loss_spec.label: on_gpu(RNG.integers(0, 10, 8)), **model._state_feeds()})
+    before = cupy._core.host_reads()
+    program.session.run_on_device([program.loss, *program._grad_names], feeds)
+    assert cupy._core.host_reads() - before == 1
+
+
+@needs_gpu
+def test_a_bad_class_in_a_gpu_step_is_named_after_the_run():
+    """On a GPU the deferred check names the loss node once the run is done (CuPy's pick
+    itself would wrap the class around); the fake's NumPy pick refuses it at once."""
+    from mixrt.errors import ExecutionError  # noqa: PLC0415
+    _, _, model = _trained(False, steps=1)
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.05})
+    x = RNG.standard_normal((4, 1, 8, 8)).astype(np.float32)
+    with pytest.raises(ExecutionError, match=r"node 'loss'.*(every target class in \[0, 10\)"
+                                             r"|index 10 is out of bounds)"):
+        model.train_step(x, np.array([1, 2, 10, 3]), trainer)

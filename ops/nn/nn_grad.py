@@ -158,10 +158,11 @@ def nll_loss_grad(xp, dloss, input, target, weight=None, *, ignore_index=None,
                      else weight.astype(input.dtype)[classes])
     if ignored is not None:
         sample_weight = xp.where(ignored, 0, sample_weight).astype(input.dtype)
-    if reduction == "mean":
-        total = sample_weight.sum()
-        scale = dloss / total if total != 0 else xp.zeros_like(dloss)
-        sample_weight = sample_weight * scale
+    if reduction == "mean":  # 0 where every position is ignored; chosen on the device,
+        total = sample_weight.sum()  # since a branch on it would wait for the GPU
+        nonzero = total != 0
+        scale = xp.where(nonzero, dloss / xp.where(nonzero, total, 1), 0)
+        sample_weight = sample_weight * scale.astype(sample_weight.dtype, copy=False)
     else:  # "sum": dloss is a scalar; "none": one dloss per position
         sample_weight = sample_weight * dloss
     grad = xp.zeros(input.shape, dtype=input.dtype)

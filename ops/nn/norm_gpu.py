@@ -1,4 +1,6 @@
-"""BatchNormalization in training mode, and its gradient, on a GPU as a few fused CuPy kernels.
+"""BatchNormalization in training mode and LayerNormalization, with their gradients, on a GPU
+as a few fused CuPy kernels (LayerNormalization's plan is the same over rows; see its
+section).
 
 Written as array expressions, a training BatchNormalization launched ~15 CuPy kernels and
 its gradient ~25 (748 us a call in ResNet-18's training step at batch 32 on an H200, 15 ms
@@ -27,8 +29,9 @@ import math
 
 import numpy as np
 
-from mixrt.ops.nn.norm import batch_normalization
-from mixrt.ops.nn.norm_grad import batch_norm_grad
+from mixrt.ops.ir.dtypes import to_numpy_dtype
+from mixrt.ops.nn.norm import batch_normalization, layer_normalization
+from mixrt.ops.nn.norm_grad import _statistics_dtype, batch_norm_grad, layer_norm_grad
 
 _CENTERED_SQUARES = ("T x, F mean", "F total", "((F)x - mean) * ((F)x - mean)")
 _CENTERED_PRODUCT = ("T dy, T x, F mean", "F total", "(F)dy * ((F)x - mean)")
@@ -163,4 +166,107 @@ def batch_norm_grad_gpu(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, 
          dx.reshape(n, c, -1))
     grads = (dx, d_scale.astype(scale.dtype, copy=False).reshape(scale.shape),
              sum_dy.astype(scale.dtype, copy=False).reshape(scale.shape))
+    return grads[:_outputs]
+
+
+# -- LayerNormalization ----------------------------------------------------------------------
+# The same plan over X viewed as (rows, D), D the normalized axes: row sums for the mean and
+# the squared deviations, one kernel for 1 / std, one for y; the gradient's two row sums of
+# g = dy * scale and g (x - mean), one kernel for dx, column sums for dscale and dbias.
+
+_LN_STATISTICS = ("F squares, F count, F epsilon", "F inv_std",
+                  "inv_std = 1 / sqrt(squares / count + epsilon);")
+# the normalized value rounded to X's type before the affine step, as the generic kernel
+_LN_AFFINE = ("T x, F mean, F inv_std, T scale, T bias", "T y",
+              "y = (T)((T)(((F)x - mean) * inv_std) * scale + bias);")
+_LN_SCALE = ("T x, F mean, F inv_std, T scale", "T y",
+             "y = (T)((T)(((F)x - mean) * inv_std) * scale);")
+_LN_SCALED = ("T dy, T scale, F mean", "F total", "(F)dy * (F)scale")  # mean binds F
+_LN_SCALED_CENTERED = ("T dy, T scale, T x, F mean", "F total",
+                       "(F)dy * (F)scale * ((F)x - mean)")
+_LN_NORMALIZED_DY = ("T dy, T x, F mean, F inv_std", "F total",
+                     "(F)dy * (((F)x - mean) * inv_std)")
+# dx = inv_std (g - sum(g) / D - x^ sum(g x^) / D), with x^ = (x - mean) inv_std
+_LN_INPUT_GRADIENT = ("T dy, T scale, T x, F mean, F inv_std, F sum_g, F sum_gx, F count",
+                      "T dx", """
+const F g = (F)dy * (F)scale;
+const F correction = ((F)x - mean) * inv_std * inv_std * sum_gx / count;
+dx = (T)(inv_std * (g - sum_g / count - correction));
+""")
+
+
+def _layer_rows(X, Scale, B, axis: int):
+    """(rows, D) of X's normalized axes when the scale (and bias) cover them exactly,
+    else None."""
+    start = axis % X.ndim
+    width = math.prod(X.shape[start:])
+    rows = X.size // max(width, 1)
+    fits = all(p is None or (p.size == width and p.dtype == X.dtype) for p in (Scale, B))
+    return (rows, width) if fits and X.size and np.dtype(X.dtype).kind == "f" else None
+
+
+def _layer_moments(xp, x2, dtype, epsilon):
+    """mean and 1 / sqrt(var + epsilon) of each row of (rows, D) ``x2``, as (rows, 1)."""
+    rows, width = x2.shape
+    mean = (x2.sum(axis=1, dtype=dtype) / width).reshape(rows, 1)
+    squares = _reduction(xp.ReductionKernel, _CENTERED_SQUARES, "mixrt_ln_squares")(
+        x2, mean, axis=1)
+    inv_std = xp.empty((rows,), dtype=dtype)
+    _run(xp, _LN_STATISTICS, "mixrt_ln_statistics", squares, float(width), float(epsilon),
+         inv_std)
+    return mean, inv_std.reshape(rows, 1)
+
+
+@layer_normalization.fast("gpu")
+def layer_normalization_gpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
+                            _outputs=1, out=None):
+    """Fused (above) when Scale and B cover the normalized axes; Y written into ``out``."""
+    shape = _layer_rows(X, Scale, B, axis)
+    if shape is None:
+        return layer_normalization(xp, X, Scale, B, axis=axis, epsilon=epsilon,
+                                   stash_type=stash_type, _outputs=_outputs)
+    stash = to_numpy_dtype(stash_type)
+    x2 = xp.ascontiguousarray(X).reshape(shape)
+    mean, inv_std = _layer_moments(xp, x2, stash, epsilon)
+    y = out if out is not None and out.flags.c_contiguous else xp.empty(X.shape, X.dtype)
+    scale = xp.ascontiguousarray(Scale).reshape(1, shape[1])
+    if B is None:
+        _run(xp, _LN_SCALE, "mixrt_ln_scale", x2, mean, inv_std, scale, y.reshape(shape))
+    else:
+        _run(xp, _LN_AFFINE, "mixrt_ln_affine", x2, mean, inv_std, scale,
+             xp.ascontiguousarray(B).reshape(1, shape[1]), y.reshape(shape))
+    if _outputs == 1:
+        return y
+    start = axis % X.ndim
+    stats_shape = tuple(X.shape[:start]) + (1,) * (X.ndim - start)
+    return (y, mean.reshape(stats_shape), inv_std.reshape(stats_shape))[:_outputs]
+
+
+@layer_norm_grad.fast("gpu")
+def layer_norm_grad_gpu(xp, dY, X, Scale, B=None, dMean=None, dInvStdDev=None, *, axis=-1,
+                        epsilon=1e-5, stash_type=None, _outputs=2):
+    """dX, dScale (and dB) fused (above); the statistics outputs' gradients (dMean,
+    dInvStdDev) and a missing dY go to the generic kernel."""
+    shape = _layer_rows(X, Scale, B, axis)
+    if shape is None or dY is None or dMean is not None or dInvStdDev is not None \
+            or dY.dtype != X.dtype:
+        return layer_norm_grad(xp, dY, X, Scale, B, dMean, dInvStdDev, axis=axis,
+                               epsilon=epsilon, stash_type=stash_type, _outputs=_outputs)
+    dtype = _statistics_dtype(X, stash_type)
+    x2 = xp.ascontiguousarray(X).reshape(shape)
+    dy2 = xp.ascontiguousarray(dY).reshape(shape)
+    scale = xp.ascontiguousarray(Scale).reshape(1, shape[1])
+    mean, inv_std = _layer_moments(xp, x2, dtype, epsilon)
+    sum_g = _reduction(xp.ReductionKernel, _LN_SCALED, "mixrt_ln_scaled")(
+        dy2, scale, mean, axis=1).reshape(-1, 1)
+    sum_gx = _reduction(xp.ReductionKernel, _LN_SCALED_CENTERED, "mixrt_ln_scaled_centered")(
+        dy2, scale, x2, mean, axis=1).reshape(-1, 1)
+    dx = xp.empty(X.shape, dtype=X.dtype)
+    _run(xp, _LN_INPUT_GRADIENT, "mixrt_ln_input_gradient", dy2, scale, x2, mean, inv_std,
+         sum_g, sum_gx, float(shape[1]), dx.reshape(shape))
+    d_scale = _reduction(xp.ReductionKernel, _LN_NORMALIZED_DY, "mixrt_ln_normalized_dy")(
+        dy2, x2, mean, inv_std, axis=0)
+    grads = (dx, d_scale.astype(Scale.dtype, copy=False).reshape(Scale.shape))
+    if B is not None:
+        grads += (dy2.sum(axis=0, dtype=dtype).astype(B.dtype, copy=False).reshape(B.shape),)
     return grads[:_outputs]
