@@ -140,6 +140,54 @@ class Optimizer:
         self.states[key] = state
         self.update(key, weight, grad, state)
 
+    def step_many(self, items) -> None:
+        """``step`` for each ``(key, weight, grad)``, in order. On a GPU, sgd, adam and adamw
+        update every weight of one device and float dtype in one launch
+        (``runtime/optimizer_kernels.py``), each with the lr, wd and update count ``step``
+        would give it; the other kinds, and arrays those kernels do not take, step one by
+        one."""
+        items = list(items)
+        entries = self._many_entries(items) if len(items) > 1 else None
+        if entries is None or not self._apply_many(*entries):
+            for key, weight, grad in items:
+                self.step(key, weight, grad)
+
+    def _apply_many(self, xp, weights, grads, states, lrs, wds, counts) -> bool:
+        """The multi-tensor update of :meth:`step_many` (the kinds that have one)."""
+        return False
+
+    def _many_entries(self, items):
+        """(xp, weights, grads, states, lrs, wds, update counts) of ``items`` with their
+        counts advanced as ``update`` advances them, or None, nothing changed, where the
+        multi-tensor kernels cannot take them (not one GPU, not one float dtype)."""
+        weights, grads = [w for _, w, _ in items], [g for _, _, g in items]
+        xp = array_module(weights[0])
+        devices = {getattr(getattr(w, "device", None), "id", None) for w in weights + grads}
+        if type(self)._apply_many is Optimizer._apply_many or len(devices) != 1 \
+                or any(array_module(a) is not xp for a in weights + grads) \
+                or not optimizer_kernels.many_on_gpu(xp, weights[0].dtype, weights + grads):
+            return None
+        keys = [_key(key) for key, _, _ in items]
+        states = []
+        for key, weight, grad in zip(keys, weights, grads):
+            state = self.states.get(key)
+            state = self.create_state(key, weight) if state is None else \
+                _state_like(key, state, weight)
+            self.states[key] = state
+            self._check(key, weight, grad, state)
+            states.append(state)
+        if not optimizer_kernels.many_on_gpu(xp, weights[0].dtype,
+                                             [a for s in states for a in s.values()]):
+            return None
+        lrs, wds, counts = [], [], []
+        for key in keys:
+            t = self.counts[key] = self.counts.get(key, 0) + 1
+            self.num_update = max(self.num_update, t)
+            lrs.append(self.learning_rate * self.lr_mult.get(key, 1.0))
+            wds.append(self.wd * self.wd_mult.get(key, 1.0))
+            counts.append(t)
+        return xp, weights, grads, states, lrs, wds, counts
+
     def _rescaled_clipped(self, grad):
         if self.rescale_grad != 1.0:
             grad = grad * self.rescale_grad
@@ -248,6 +296,13 @@ class SGD(Optimizer):
     def state_slots(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
+    def _apply_many(self, xp, weights, grads, states, lrs, wds, counts) -> bool:
+        buffers = [state["momentum"] for state in states] if self.momentum else None
+        optimizer_kernels.sgd_many(xp, weights, grads, buffers, lrs, wds,
+                                   momentum=self.momentum, nesterov=self.nesterov,
+                                   rescale=self.rescale_grad, clip=self.clip_gradient)
+        return True
+
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
         if optimizer_kernels.sgd(xp, weight, grad, state.get("momentum"), lr, wd,
                                  self.momentum, self.nesterov):
@@ -301,6 +356,18 @@ class _AdamMoments(Optimizer):
         """(the step size lr / (1 - beta1^t), the denominator's sqrt(1 - beta2^t))."""
         return lr / (1 - self.beta1 ** t), (1 - self.beta2 ** t) ** 0.5
 
+    def _adam_many(self, xp, weights, grads, states, lrs, wds, counts, *,
+                   decoupled: bool) -> bool:
+        """Adam's (``wds`` its L2 terms) or AdamW's (``wds`` their decays) multi-tensor
+        update, with each weight's bias corrections."""
+        corrections = [self._bias_corrections(lr, t) for lr, t in zip(lrs, counts)]
+        optimizer_kernels.adam_many(
+            xp, weights, grads, [s["mean"] for s in states], [s["var"] for s in states],
+            [c[0] for c in corrections], [c[1] for c in corrections], wds,
+            decoupled=decoupled, beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+            rescale=self.rescale_grad, clip=self.clip_gradient)
+        return True
+
     def _fused_adam_step(self, xp, weight, grad, state, lr, t, *, wd=0.0,
                          decay=None) -> bool:
         """:meth:`_adam_step` (after Adam's L2 term or AdamW's shrink) as one launch on a
@@ -319,6 +386,9 @@ class Adam(_AdamMoments):
 
     name = "adam"
 
+    def _apply_many(self, xp, weights, grads, states, lrs, wds, counts) -> bool:
+        return self._adam_many(xp, weights, grads, states, lrs, wds, counts, decoupled=False)
+
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
         if not self._fused_adam_step(xp, weight, grad, state, lr, t, wd=wd):
             self._adam_step(xp, weight, _with_l2(grad, weight, wd), state, lr, t)
@@ -331,6 +401,11 @@ class AdamW(_AdamMoments):
 
     name = "adamw"
     default_wd = 0.01
+
+    def _apply_many(self, xp, weights, grads, states, lrs, wds, counts) -> bool:
+        decays = [1 - lr * wd if wd else 0.0 for lr, wd in zip(lrs, wds)]
+        return self._adam_many(xp, weights, grads, states, lrs, decays, counts,
+                               decoupled=True)
 
     def _apply(self, xp, weight, grad, state, lr, wd, t) -> None:
         if self._fused_adam_step(xp, weight, grad, state, lr, t,

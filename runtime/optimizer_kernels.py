@@ -7,7 +7,8 @@ its nodes on an H200. Here the same arithmetic, in the same order with the same 
 scalars, is one ``ElementwiseKernel`` per parameter that reads and writes the weight and its
 state in place. (The GPU's compiler may contract a product and a sum into one fused
 multiply-add, so the GPU's bits may differ from the CPU's in the last place.) LAMB, RMSProp
-and AdaGrad keep their array expressions.
+and AdaGrad keep their array expressions. Below them, the multi-tensor kernels that update
+every weight of a step in one launch (``Optimizer.step_many``).
 
 Each function returns False, doing nothing, where the arrays are not CuPy's.
 """
@@ -77,3 +78,175 @@ def _compiled(xp, inputs: str, outputs: str, body: str, name: str):
     """One kernel per body (a handful: each optimizer's flags pick one), compiled by CuPy
     on its first launch and kept."""
     return xp.ElementwiseKernel(inputs, outputs, body, name)
+
+
+# -- every weight in one launch ------------------------------------------------------------
+# Even at one launch a weight, a step launches once per parameter from Python (62 for
+# ResNet-18, 161 for ResNet-50; ~10 us each). The kernels below update every weight of a
+# device and dtype in one launch, as PyTorch's foreach optimizers do: the weights, gradients
+# and state arrays stay where they are, and the kernel gets tables of their addresses and of
+# where each tensor's elements start in the concatenation of all of them. Each thread finds
+# its tensor by binary search over those starts (log2 of the tensor count, 6-8 steps). The
+# per-tensor scalars (lr and wd, after lr_mult and wd_mult; Adam's bias corrections) are
+# tables too; the flags (momentum, Nesterov, L2 or decoupled decay, clipping) are compiled
+# in. The tables are device arrays made once for each set of addresses or values and kept.
+
+MANY_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+THREADS = 256
+MAX_BLOCKS = 4096  # a grid-stride loop past that
+
+_LOCATE = """
+    int lo = 0, hi = tensors - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (starts[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    const long long j = i - starts[lo];
+    T* w = (T*)weights[lo];
+    T g = ((const T*)grads[lo])[j] * rescale;
+#if CLIP
+    g = g < -clip ? -clip : (g > clip ? clip : g);
+#endif
+"""
+
+SGD_SOURCE = """
+extern "C" __global__ void mixrt_sgd_many(
+        const long long* weights, const long long* grads, const long long* buffers,
+        const long long* starts, const T* lrs, const T* wds, const int tensors,
+        const long long total, const T momentum, const T rescale, const T clip) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+%(locate)s
+        const T wd = wds[lo];
+        const T d = wd != 0 ? g + wd * w[j] : g;
+#if MOMENTUM
+        T* buf = (T*)buffers[lo];
+        const T b = momentum * buf[j] + d;
+        buf[j] = b;
+#if NESTEROV
+        w[j] = w[j] - lrs[lo] * (d + momentum * b);
+#else
+        w[j] = w[j] - lrs[lo] * b;
+#endif
+#else
+        w[j] = w[j] - lrs[lo] * d;
+#endif
+    }
+}
+"""
+
+ADAM_SOURCE = """
+extern "C" __global__ void mixrt_adam_many(
+        const long long* weights, const long long* grads, const long long* means,
+        const long long* vars, const long long* starts, const T* step_sizes,
+        const T* corrections, const T* wds, const int tensors, const long long total,
+        const T beta1, const T keep1, const T beta2, const T keep2, const T epsilon,
+        const T rescale, const T clip) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+%(locate)s
+        const T wd = wds[lo];
+#if DECOUPLED
+        T weight = wd != 0 ? w[j] * wd : w[j];
+        const T d = g;
+#else
+        T weight = w[j];
+        const T d = wd != 0 ? g + wd * weight : g;
+#endif
+        T* mean = (T*)means[lo];
+        T* var = (T*)vars[lo];
+        const T m = beta1 * mean[j] + keep1 * d;
+        const T v = beta2 * var[j] + keep2 * (d * d);
+        mean[j] = m;
+        var[j] = v;
+        const T denom = sqrt(v) / corrections[lo] + epsilon;
+        w[j] = weight - step_sizes[lo] * (m / denom);
+    }
+}
+"""
+
+
+def source(kernel: str, dtype, **flags) -> str:
+    """The CUDA source of ``kernel`` ("sgd" or "adam") for ``dtype``, ``flags`` compiled in
+    (MOMENTUM, NESTEROV, CLIP; DECOUPLED for AdamW, CLIP)."""
+    body = {"sgd": SGD_SOURCE, "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
+    defines = [f"#define T {MANY_DTYPES[np.dtype(dtype)]}"]
+    defines += [f"#define {name} {int(bool(value))}" for name, value in sorted(flags.items())]
+    return "\n".join(defines) + "\n" + body
+
+
+def many_on_gpu(xp, dtype, arrays) -> bool:
+    """Whether the multi-tensor kernels take these arrays: CuPy's, C-contiguous, ``dtype``
+    float32 or float64."""
+    return (_on_gpu(xp) and hasattr(xp, "RawKernel") and np.dtype(dtype) in MANY_DTYPES
+            and all(a.dtype == dtype and a.flags.c_contiguous for a in arrays))
+
+
+def sgd_many(xp, weights, grads, buffers, lrs, wds, *, momentum: float, nesterov: bool,
+             rescale: float, clip: float | None) -> None:
+    """``sgd`` for every weight at once (``buffers`` None without momentum), each with its
+    own lr and wd, after the gradient's rescale and clip."""
+    dtype = weights[0].dtype
+    flags = dict(MOMENTUM=momentum != 0, NESTEROV=nesterov, CLIP=clip is not None)
+    kernel = _raw(xp, source("sgd", dtype, **flags), "mixrt_sgd_many")
+    tables = [_addresses(xp, weights), _addresses(xp, grads),
+              _addresses(xp, buffers if buffers is not None else weights)]
+    starts, total = _starts(xp, weights)
+    scalar = dtype.type
+    kernel(_grid(total), (THREADS,), (
+        *tables, starts, _values(xp, lrs, dtype), _values(xp, wds, dtype),
+        np.int32(len(weights)), np.int64(total), scalar(momentum), scalar(rescale),
+        scalar(clip or 0)))
+
+
+def adam_many(xp, weights, grads, means, variances, step_sizes, corrections, wds, *,
+              decoupled: bool, beta1: float, beta2: float, epsilon: float, rescale: float,
+              clip: float | None) -> None:
+    """``adam`` for every weight at once; ``wds`` are Adam's L2 coefficients or, with
+    ``decoupled`` (AdamW), each weight's shrink factor 1 - lr * wd (0: none). 1 - beta1
+    and 1 - beta2 are worked out here, in double, as the one-weight kernel's are."""
+    dtype = weights[0].dtype
+    flags = dict(DECOUPLED=decoupled, CLIP=clip is not None)
+    kernel = _raw(xp, source("adam", dtype, **flags), "mixrt_adam_many")
+    starts, total = _starts(xp, weights)
+    scalar = dtype.type
+    kernel(_grid(total), (THREADS,), (
+        _addresses(xp, weights), _addresses(xp, grads), _addresses(xp, means),
+        _addresses(xp, variances), starts, _values(xp, step_sizes, dtype),
+        _values(xp, corrections, dtype), _values(xp, wds, dtype), np.int32(len(weights)),
+        np.int64(total), scalar(beta1), scalar(1 - beta1), scalar(beta2), scalar(1 - beta2),
+        scalar(epsilon), scalar(rescale), scalar(clip or 0)))
+
+
+def _grid(total: int) -> tuple:
+    return (max(1, min(MAX_BLOCKS, -(-total // THREADS))),)
+
+
+@functools.lru_cache(maxsize=16)
+def _raw(xp, code: str, name: str):
+    return xp.RawKernel(code, name)
+
+
+def _addresses(xp, arrays):
+    return _table(xp, tuple(a.data.ptr for a in arrays), np.int64)
+
+
+def _starts(xp, weights) -> tuple:
+    sizes = [w.size for w in weights]
+    starts = np.concatenate([[0], np.cumsum(sizes[:-1])]) if sizes else np.zeros(0)
+    return _table(xp, tuple(int(s) for s in starts), np.int64), int(sum(sizes))
+
+
+def _values(xp, values, dtype):
+    return _table(xp, tuple(float(v) for v in values), dtype)
+
+
+def _table(xp, values: tuple, dtype):
+    """``values`` as a device array, made once while the same values come back (the
+    addresses of a training step's arrays, a constant learning rate)."""
+    return _tables(xp, values, np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _tables(xp, values: tuple, dtype):
+    return xp.asarray(np.array(values, dtype=dtype))

@@ -523,3 +523,106 @@ def test_a_gpu_update_is_one_launch_per_parameter(name, params, monkeypatch):
     assert len(launches) == 2 * len(weights)
     for mine, reference in zip(result, expected):
         np.testing.assert_allclose(cupy.asnumpy(mine), reference, rtol=2e-6, atol=1e-7)
+
+
+MANY_CASES = [
+    ("sgd", dict(learning_rate=0.1)),
+    ("sgd", dict(learning_rate=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5)),
+    ("sgd", dict(learning_rate=0.1, momentum=0.9, nesterov=True, clip_gradient=0.8)),
+    ("adam", dict(learning_rate=0.01, wd=0.1, clip_gradient=1.5)),
+    ("adamw", dict(learning_rate=0.01, wd=0.1, rescale_grad=2.0))]
+
+
+def run_many(opt, weights, grads):
+    """``run`` with each step's weights updated together (``step_many``)."""
+    weights = [w.copy() for w in weights]
+    for step_grads in grads:
+        opt.step_many([(key, w, g) for key, (w, g) in enumerate(zip(weights, step_grads))])
+    return weights
+
+
+def _multiplied(opt):
+    """Key 0 learns at twice the rate, key 2 without weight decay (lr_mult, wd_mult)."""
+    opt.lr_mult, opt.wd_mult = {"0": 2.0}, {"2": 0.0}
+    return opt
+
+
+@pytest.mark.parametrize("name,params", MANY_CASES, ids=[c[0] for c in MANY_CASES])
+def test_stepping_many_weights_on_the_cpu_is_stepping_each(name, params):
+    weights, grads = random_problem(seed=8, steps=3)
+    expected = run(_multiplied(optimizer.create(name, **params)), weights, grads)
+    result = run_many(_multiplied(optimizer.create(name, **params)), weights, grads)
+    for mine, reference in zip(result, expected):
+        np.testing.assert_array_equal(mine, reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name,params", MANY_CASES, ids=[c[0] for c in MANY_CASES])
+def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypatch):
+    """step_many on a GPU: one multi-tensor launch a step for all the weights, each with its
+    own lr_mult and wd_mult, the gradients rescaled and clipped, as stepping each weight on
+    the CPU gives."""
+    cupy = pytest.importorskip("cupy")
+    from mixrt.ops.device import gpu_available
+    from mixrt.runtime import optimizer_kernels
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    launches = []
+    made = optimizer_kernels._raw
+
+    def counted(xp, code, kernel_name):
+        kernel = made(xp, code, kernel_name)
+        return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
+    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    weights, grads = random_problem(seed=9, steps=3, dtype=dtype)
+    expected = run(_multiplied(optimizer.create(name, **params)), weights, grads)
+    result = run_many(_multiplied(optimizer.create(name, **params)),
+                      [cupy.asarray(w) for w in weights],
+                      [[cupy.asarray(g) for g in step] for step in grads])
+    assert len(launches) == 3
+    tolerance = 2e-6 if dtype == np.float32 else 1e-12
+    for mine, reference in zip(result, expected):
+        np.testing.assert_allclose(cupy.asnumpy(mine), reference, rtol=tolerance,
+                                   atol=tolerance)
+
+
+def _nvrtc():
+    """NVRTC (CUDA's runtime compiler, a pip wheel beside PyTorch or CuPy), or None."""
+    import ctypes
+    import glob
+    import os
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.[0-9]*"))):
+            return ctypes.CDLL(path)
+    return None
+
+
+@pytest.mark.skipif(_nvrtc() is None, reason="NVRTC is not installed")
+@pytest.mark.parametrize("kernel,flags", [
+    ("sgd", dict(MOMENTUM=0, NESTEROV=0, CLIP=0)), ("sgd", dict(MOMENTUM=1, NESTEROV=1, CLIP=1)),
+    ("sgd", dict(MOMENTUM=1, NESTEROV=0, CLIP=0)), ("adam", dict(DECOUPLED=0, CLIP=1)),
+    ("adam", dict(DECOUPLED=1, CLIP=0))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
+    """The CUDA C of the multi-tensor updates, compiled by NVRTC for Hopper (no GPU needed
+    to compile; a GPU run checks what they compute)."""
+    import ctypes
+    from mixrt.runtime import optimizer_kernels
+    nvrtc = _nvrtc()
+    code = optimizer_kernels.source(kernel, dtype, **flags).encode()
+    program = ctypes.c_void_p()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, b"many.cu", 0, None,
+                                    None) == 0
+    options = (ctypes.c_char_p * 1)(b"--gpu-architecture=compute_90")
+    status = nvrtc.nvrtcCompileProgram(program, 1, options)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(program, log)
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    assert status == 0, log.value.decode()

@@ -289,8 +289,18 @@ class Trainer:
     def _update_all(self, params, batch_size: int) -> None:
         workers = self._sync_workers if self.kvstore is not None else 1
         self.optimizer.rescale_grad = self._scale / (workers * batch_size)
+        if self._updaters:
+            for param in params:
+                self._update(param)
+            return
+        # the engine's optimizer takes each device's parameters together (on a GPU, one
+        # launch for all of them: Optimizer.step_many)
+        by_device: dict = {}
         for param in params:
-            self._update(param)
+            by_device.setdefault(param.data().ctx, []).append(param)
+        for ctx, group in by_device.items():
+            with ctx.device.active():
+                self.optimizer.step_many([(p.name, p.raw(), p.raw_grad()) for p in group])
 
     # -- communication on the engine ------------------------------------------------------
 

@@ -6,7 +6,8 @@ and device meet, the CUDA stream and device bookkeeping) runs before a GPU does.
 It is put first on ``sys.path`` by ``tests/test_gpu_paths_on_fake_cupy.py`` only. Arrays
 follow CuPy's rules (``_core.py``); kernels are NumPy's. What it cannot stand in for is
 refused loudly: CUDA C beyond the subset mixrt generates for ``ElementwiseKernel``
-and reductions beyond sums (``_kernels.py``), CUDA graph capture and NCCL.
+and reductions beyond sums (``_kernels.py``), RawKernels but mixrt's multi-tensor optimizer
+updates (``_raw.py``), CUDA graph capture and NCCL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from cupy import cuda, random  # noqa: F401
 from cupy._core import check_devices, current_device, ndarray, on_device, result_of, \
     unwrap, wrap
 from cupy._kernels import ElementwiseKernel, ReductionKernel  # noqa: F401
+from cupy._raw import RawKernel  # noqa: F401
 
 __all__ = ["ElementwiseKernel", "ReductionKernel", "cuda", "ndarray", "random"]
 __version__ = "0.0-fake"
@@ -78,12 +80,9 @@ def get_default_pinned_memory_pool():
     return cuda.MemoryPool._default
 
 
-class RawKernel:
+class RawModule:
     def __init__(self, *args, **kwargs):
         raise NotImplementedError("fake CuPy cannot compile CUDA C")
-
-
-RawModule = RawKernel
 
 
 def fuse(*args, **kwargs):
