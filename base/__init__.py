@@ -1,4 +1,5 @@
-"""The ground floor every layer may import: mixrt's error types (``errors.py``).
+"""The ground floor every layer may import: mixrt's error types (``errors.py``) and the
+finding of NVIDIA's libraries called through ctypes (``cuda_libraries.py``).
 
 It imports nothing of mixrt's and loads nothing heavy, so ``runtime/blas_policy.py`` can use
 it before NumPy loads, and the kvstore, the runtime and the operators share one set of

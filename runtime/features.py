@@ -9,8 +9,9 @@ switches, so each of MXNet's feature names (the same list, in MXNet 1.9.1's orde
 whether this process offers what the switch gave MXNet: a GPU through CuPy for ``CUDA`` and
 ``CUDA_RTC`` (CuPy compiles kernels at run time), NCCL through CuPy, the CPU's instruction
 sets as NumPy detects them, NumPy's BLAS and LAPACK, the profiler, the distributed KVStore and
-64-bit tensor sizes (NumPy indexes with int64). What mixrt does not use (cuDNN, TensorRT,
-OpenMP, jemalloc, MKL-DNN, OpenCV, Caffe, TVM) is off. The answers are taken once, on the
+64-bit tensor sizes (NumPy indexes with int64), cuDNN where it loads and starts beside a GPU
+(the convolutions call it). What mixrt does not use (TensorRT, OpenMP, jemalloc, MKL-DNN,
+OpenCV, Caffe, TVM) is off. The answers are taken once, on the
 first ``Features()``, which is shared as MXNet's is.
 
 This module imports nothing at load time beyond the standard library: ``import mixrt``
@@ -21,13 +22,15 @@ from __future__ import annotations
 
 import collections
 
+from mixrt.base import cuda_libraries
+
 # MXNet 1.9.1's CPU feature names and NumPy's names for the same instruction sets
 _CPU_FLAGS = {"CPU_SSE": "SSE", "CPU_SSE2": "SSE2", "CPU_SSE3": "SSE3",
               "CPU_SSE4_1": "SSE41", "CPU_SSE4_2": "SSE42", "CPU_SSE4A": "SSE4A",
               "CPU_AVX": "AVX", "CPU_AVX2": "AVX2", "SSE": "SSE", "F16C": "F16C"}
 
 # what mixrt does not build on: always off
-_ABSENT = ("CUDNN", "TENSORRT", "OPENMP", "JEMALLOC", "MKLDNN", "OPENCV", "CAFFE", "CXX14",
+_ABSENT = ("TENSORRT", "OPENMP", "JEMALLOC", "MKLDNN", "OPENCV", "CAFFE", "CXX14",
            "SIGNAL_HANDLER", "DEBUG", "TVM_OP")
 
 # every name MXNet 1.9.1 lists, in its order
@@ -84,7 +87,7 @@ class Features(collections.OrderedDict):
 def _offered() -> dict[str, bool]:
     offered = {name: False for name in _ABSENT}
     gpus, nccl = _gpu_support()
-    offered.update(CUDA=gpus, CUDA_RTC=gpus, NCCL=nccl)
+    offered.update(CUDA=gpus, CUDA_RTC=gpus, NCCL=nccl, CUDNN=gpus and cuda_libraries.cudnn()[0] is not None)
     cpu = _cpu_flags()
     offered.update({name: cpu.get(flag, False) for name, flag in _CPU_FLAGS.items()})
     blas = _blas_name()

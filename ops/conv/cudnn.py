@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
 import os
 import threading
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from mixrt.base import cuda_libraries
 
 
 # cudnnDataType_t of each operand dtype, by name (bfloat16 is not a NumPy dtype)
@@ -85,6 +86,15 @@ _load_lock = threading.Lock()
 _said_absent: list = []
 
 
+def loads() -> bool:
+    """Whether cuDNN loads and starts here (quietly: a feature query asks this)."""
+    try:
+        library()
+    except CudnnError:
+        return False
+    return True
+
+
 def available() -> bool:
     """Whether convolutions go through cuDNN; the first time it cannot, a RuntimeWarning
     says why (once a process)."""
@@ -127,51 +137,18 @@ def restore_library(previous: list) -> None:
 
 
 def _load():
-    if os.environ.get("MIXRT_CUDNN") == "0":
-        return CudnnError("MIXRT_CUDNN=0 turns cuDNN off")
-    names = _candidate_paths()
-    for name in names:
-        try:
-            found = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        _declare(found)
-        return _started(found, name)
-    return CudnnError(f"cannot load cuDNN 9 (tried {', '.join(names)}); install the gpu "
-                      f"extra's nvidia-cudnn wheel for your CUDA version")
-
-
-def _started(found, name: str):
-    """``found`` once a handle can be made with it on the current device (a machine may carry
-    the library without a GPU it can start on); else the CudnnError that says why."""
-    handle = ctypes.c_void_p()
-    status = found.cudnnCreate(ctypes.byref(handle))
-    if status != _SUCCESS:
-        return CudnnError(f"{name} loads but cannot start (cudnnCreate returned status "
-                          f"{status}: {found.cudnnGetErrorString(status).decode()})")
-    found.cudnnDestroy(handle)
+    found, why = cuda_libraries.cudnn()
+    if found is None:
+        return CudnnError(why)
+    _declare(found)
     return found
-
-
-def _candidate_paths() -> list[str]:
-    """libcudnn.so.9 on the loader's path, then inside NVIDIA's pip wheels (nvidia-cudnn-cu12
-    and -cu13 put it in ``nvidia/cudnn/lib``, beside PyTorch's own)."""
-    names = ["libcudnn.so.9"]
-    try:
-        import nvidia  # noqa: PLC0415  (a namespace package of CUDA's pip wheels)
-    except ImportError:
-        return names + ["libcudnn.so"]
-    for root in nvidia.__path__:
-        names += sorted(glob.glob(os.path.join(root, "cudnn", "lib", "libcudnn.so.9")))
-        names += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libcudnn.so.9")))
-    return names + ["libcudnn.so"]
 
 
 def _declare(found) -> None:
     p, i, size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
     ints, perf = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_Perf)
     signatures = {
-        "cudnnCreate": [ctypes.POINTER(p)], "cudnnDestroy": [p], "cudnnSetStream": [p, p],
+        "cudnnCreate": [ctypes.POINTER(p)], "cudnnSetStream": [p, p],
         "cudnnCreateTensorDescriptor": [ctypes.POINTER(p)],
         "cudnnSetTensorNdDescriptor": [p, i, i, ints, ints],
         "cudnnDestroyTensorDescriptor": [p],
@@ -191,8 +168,6 @@ def _declare(found) -> None:
     }
     for name, argtypes in signatures.items():
         getattr(found, name).argtypes = argtypes
-    found.cudnnGetErrorString.argtypes = [i]
-    found.cudnnGetErrorString.restype = ctypes.c_char_p
 
 
 def _check(status: int, what: str) -> None:
