@@ -8,6 +8,10 @@
 #                                                   suite's _cuda cases, with the real CuPy
 #                bash tools/gpu_session.sh bench    run_all --gpu-only (its block of
 #                                                   BENCHMARKS.md) and train_bench on the GPU
+#                bash tools/gpu_session.sh train    train_bench on the GPU alone: the MLP,
+#                                                   ResNet-18 and ResNet-50, float32 and
+#                                                   float16, mixrt's steps replayed as CUDA
+#                                                   graphs (args go to train_bench.py)
 #                bash tools/gpu_session.sh profile  benchmarks/profile_gpu.py: GPU time per op
 #
 # A command there is then, for example:
@@ -74,6 +78,13 @@ case "$step" in
             --out "$out/train_gpu.md"
         echo "train_bench --device gpu: exit $?"
         ;;
+    train)
+        setup
+        timeout 540 python3 benchmarks/train_bench.py --device gpu \
+            --models mlp resnet18 resnet50 --precision float32 float16 \
+            --out "$out/train_gpu.md" "$@"
+        echo "train_bench --device gpu: exit $?"
+        ;;
     profile)
         # where the GPU time goes per op type (benchmarks/profile_gpu.py; args go to it)
         setup
@@ -81,7 +92,7 @@ case "$step" in
         echo "profile_gpu: exit $?"
         ;;
     *)
-        echo "usage: bash tools/gpu_session.sh tests|bench|profile [args]" >&2
+        echo "usage: bash tools/gpu_session.sh tests|bench|train|profile [args]" >&2
         exit 2
         ;;
 esac
