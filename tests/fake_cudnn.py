@@ -150,33 +150,38 @@ class FakeCudnn:
                               self.objects[handle].get("stream")))
         return 0
 
+    def _convolved(self, direction, call, compute, target) -> int:
+        """A launch's bookkeeping, then ``compute(settings, target shape)`` blended into the
+        ``target`` (descriptor, pointer) with ``call``'s alpha and beta."""
+        handle, alpha, algo, workspace, workspace_bytes, conv, beta = call
+        status = self._launch(direction, handle, algo, workspace, workspace_bytes, conv)
+        if status == 0:
+            into = self._array(*target)
+            _blend(into, compute(self.objects[conv], into.shape), alpha, beta)
+        return status
+
     def cudnnConvolutionForward(self, handle, alpha, x_desc, x, w_desc, w, conv, algo,
                                 workspace, workspace_bytes, beta, y_desc, y):
-        status = self._launch("forward", handle, algo, workspace, workspace_bytes, conv)
-        if status == 0:
-            result = forward(self._array(x_desc, x), self._array(w_desc, w), self.objects[conv])
-            _blend(self._array(y_desc, y), result, alpha, beta)
-        return status
+        return self._convolved(
+            "forward", (handle, alpha, algo, workspace, workspace_bytes, conv, beta),
+            lambda settings, _: forward(self._array(x_desc, x), self._array(w_desc, w),
+                                        settings), (y_desc, y))
 
     def cudnnConvolutionBackwardData(self, handle, alpha, w_desc, w, dy_desc, dy, conv, algo,
                                      workspace, workspace_bytes, beta, dx_desc, dx):
-        status = self._launch("data", handle, algo, workspace, workspace_bytes, conv)
-        if status == 0:
-            target = self._array(dx_desc, dx)
-            result = data_gradient(self._array(dy_desc, dy), self._array(w_desc, w),
-                                   self.objects[conv], target.shape)
-            _blend(target, result, alpha, beta)
-        return status
+        return self._convolved(
+            "data", (handle, alpha, algo, workspace, workspace_bytes, conv, beta),
+            lambda settings, shape: data_gradient(self._array(dy_desc, dy),
+                                                  self._array(w_desc, w), settings, shape),
+            (dx_desc, dx))
 
     def cudnnConvolutionBackwardFilter(self, handle, alpha, x_desc, x, dy_desc, dy, conv,
                                        algo, workspace, workspace_bytes, beta, dw_desc, dw):
-        status = self._launch("filter", handle, algo, workspace, workspace_bytes, conv)
-        if status == 0:
-            target = self._array(dw_desc, dw)
-            result = filter_gradient(self._array(x_desc, x), self._array(dy_desc, dy),
-                                     self.objects[conv], target.shape)
-            _blend(target, result, alpha, beta)
-        return status
+        return self._convolved(
+            "filter", (handle, alpha, algo, workspace, workspace_bytes, conv, beta),
+            lambda settings, shape: filter_gradient(self._array(x_desc, x),
+                                                    self._array(dy_desc, dy), settings, shape),
+            (dw_desc, dw))
 
 
 def _blend(target, result, alpha, beta) -> None:

@@ -59,6 +59,14 @@ def library():  # noqa: PT004
         yield None
 
 
+@pytest.fixture
+def fake_library(library):
+    """The fake cuDNN, for the tests that read its records of the calls."""
+    if library is None:
+        pytest.skip("reads the fake cuDNN's records of the calls: fake CuPy only")
+    return library
+
+
 def _operands(case, dtype):
     x_shape, w_shape, attributes = CASES[case]
     x = RNG.standard_normal(x_shape).astype(dtype)
@@ -125,9 +133,7 @@ def test_a_shape_is_planned_and_its_algorithms_chosen_once(library):
 
 @needs_gpu
 @pytest.mark.parametrize("tf32", [False, True])
-def test_float32_keeps_exact_products_unless_tf32_is_allowed(library, tf32):
-    if library is None:
-        pytest.skip("reads the fake's record of the math mode: fake CuPy only")
+def test_float32_keeps_exact_products_unless_tf32_is_allowed(fake_library, tf32):
     import cupy  # noqa: PLC0415
     x, w, attributes = _operands("plain 3x3", "float32")
     previous = cudnn.allow_tf32(tf32)
@@ -137,9 +143,9 @@ def test_float32_keeps_exact_products_unless_tf32_is_allowed(library, tf32):
         cudnn.allow_tf32(previous)
     # the requested math, and the algorithm run with it: the fake ranks a tensor-core
     # algorithm third, which exact float32 must pass over and TF32 may take
-    assert library.queries[-1] == ("forward",
+    assert fake_library.queries[-1] == ("forward",
                                    cudnn._DEFAULT_MATH if tf32 else cudnn._FMA_MATH)
-    direction, algorithm, math, workspace, _ = library.launches[-1]
+    direction, algorithm, math, workspace, _ = fake_library.launches[-1]
     assert direction == "forward"
     if tf32:
         assert (algorithm, math, workspace) == (2, cudnn._TENSOR_OP_MATH, 0)
@@ -148,40 +154,34 @@ def test_float32_keeps_exact_products_unless_tf32_is_allowed(library, tf32):
 
 
 @needs_gpu
-def test_half_precision_asks_for_tensor_cores_with_float32_sums(library):
-    if library is None:
-        pytest.skip("reads the fake's record of the descriptors: fake CuPy only")
+def test_half_precision_asks_for_tensor_cores_with_float32_sums(fake_library):
     import cupy  # noqa: PLC0415
     x, w, attributes = _operands("plain 3x3", "float16")
     conv_gpu(cupy, cupy.asarray(x), cupy.asarray(w), **attributes)
-    convolutions = [o for o in library.objects.values() if o["kind"] == "convolution"]
+    convolutions = [o for o in fake_library.objects.values() if o["kind"] == "convolution"]
     assert convolutions and all(o["compute"] == 0 for o in convolutions)  # float32 sums
-    assert library.queries[-1][1] == cudnn._TENSOR_OP_MATH
+    assert fake_library.queries[-1][1] == cudnn._TENSOR_OP_MATH
 
 
 @needs_gpu
-def test_the_workspace_and_stream_are_the_callers(library):
-    if library is None:
-        pytest.skip("reads the fake's record of the launches: fake CuPy only")
+def test_the_workspace_and_stream_are_the_callers(fake_library):
     import cupy  # noqa: PLC0415
     x, w, attributes = _operands("dilated", "float32")
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         conv_gpu(cupy, cupy.asarray(x), cupy.asarray(w), **attributes)
-    _, algorithm, _, workspace, launched_on = library.launches[-1]
+    _, algorithm, _, workspace, launched_on = fake_library.launches[-1]
     assert algorithm == 7 and workspace == 4096 and launched_on == stream.ptr
 
 
 @needs_gpu
-def test_plans_give_their_descriptors_back(library):
-    if library is None:
-        pytest.skip("counts the fake's descriptors: fake CuPy only")
+def test_plans_give_their_descriptors_back(fake_library):
     import cupy  # noqa: PLC0415
     x, w, attributes = _operands("1-D", "float32")
     conv_gpu(cupy, cupy.asarray(x), cupy.asarray(w), **attributes)
-    assert library.live_descriptors() == 4  # x, w, y and the convolution
+    assert fake_library.live_descriptors() == 4  # x, w, y and the convolution
     cudnn._plan_for.cache_clear()
-    assert library.live_descriptors() == 0
+    assert fake_library.live_descriptors() == 0
 
 
 @needs_gpu
@@ -206,11 +206,9 @@ def test_without_cudnn_the_im2col_path_runs_and_says_so_once():
 
 
 @needs_gpu
-def test_an_algorithm_error_names_the_call(library):
-    if library is None:
-        pytest.skip("makes the fake refuse a launch: fake CuPy only")
+def test_an_algorithm_error_names_the_call(fake_library):
     import cupy  # noqa: PLC0415
-    library.cudnnConvolutionForward = lambda *args: 2000
+    fake_library.cudnnConvolutionForward = lambda *args: 2000
     x, w, attributes = _operands("plain 3x3", "float32")
     with pytest.raises(cudnn.CudnnError, match=r"cudnnConvolutionForward returned status "
                                                r"2000 \(fake status 2000\)"):
