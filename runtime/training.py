@@ -158,12 +158,18 @@ class TrainingProgram:
     graph on its second step and replays it from then on (``runtime/cuda_graph.py``). The
     graph reads the parameters where they are (the optimizer updates them in place), and
     the gradients it hands back are its own buffers, valid until the next step: the caller
-    runs the optimizer before stepping again, from one thread."""
+    runs the optimizer before stepping again, from one thread.
+
+    ``state`` names (the feeds, the outputs) of what a step updates besides the weights
+    (BatchNormalization's running statistics): the outputs come back as arrays of the
+    session's device, for the caller to write into the fed arrays in place before the next
+    step."""
 
     def __init__(self, graph: Graph, loss: Loss, trainable: list[str], *,
                  device: str = "cpu", opt_level: int = 1, strategy: str = "greedy",
                  mirror: frozenset | None = None, precision: str = "float32",
-                 loss_scaler: LossScaler | bool | None = None, cuda_graph: bool = False):
+                 loss_scaler: LossScaler | bool | None = None, cuda_graph: bool = False,
+                 state: tuple = ((), ())):
         self.loss_spec = loss
         self.trainable = list(trainable)
         self.precision = precision
@@ -178,7 +184,10 @@ class TrainingProgram:
                                     keep_outputs=True, mirror=mirror)
         self.session = Session(self.joint.graph, device=device, opt_level=opt_level,
                                strategy=strategy, cuda_graph=cuda_graph)
-        self.session.read_in_place(self.trainable)
+        # ``state``: (the feeds, the outputs) of what a step updates besides the weights
+        # (running statistics): read in place, and handed back on the device
+        state_feeds, self._state_outputs = (frozenset(names) for names in state)
+        self.session.read_in_place([*self.trainable, *state_feeds])
         self._lent = cuda_graph  # the gradients without a copy each (see above)
         self.outputs = graph.output_names
         self._grad_names = [self.joint.grads[name] for name in self.trainable]
@@ -199,7 +208,8 @@ class TrainingProgram:
         values = self.session.run_on_device([self.loss, *self.outputs, *self._grad_names],
                                             feeds, lent=self._lent)
         loss, rest = to_host(values[0]), values[1:]
-        outputs = [to_host(value) for value in rest[:len(self.outputs)]]
+        outputs = [value if name in self._state_outputs else to_host(value)
+                   for name, value in zip(self.outputs, rest)]
         grads = dict(zip(self.trainable, rest[len(self.outputs):]))
         if self.scaler is not None:
             finite = self.scaler.unscale(grads)

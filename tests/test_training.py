@@ -284,3 +284,52 @@ def test_mirror_recomputes_activations_for_less_memory():
     plain = kept.memory_report(graph.initializers, feeds)["arena_bytes"]
     recomputed = mirrored.memory_report(graph.initializers, feeds)["arena_bytes"]
     assert recomputed < 0.85 * plain
+
+
+def _conv_bn_model(tmp_path):
+    """A training-mode export's shape: 1x1 Conv, BatchNormalization with training_mode=1
+    (its running mean and variance outputs unnamed graph-wise), ReLU, pooling, Gemm."""
+    import onnx
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(3)
+    tensors = {"w": rng.standard_normal((4, 2, 1, 1)), "scale": np.ones(4),
+               "bias": np.zeros(4), "mean": rng.standard_normal(4), "var": np.full(4, 2.0),
+               "fc_w": rng.standard_normal((3, 4)), "fc_b": np.zeros(3)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"],
+                              ["bn", "bn_mean", "bn_var"], training_mode=1, momentum=0.9),
+             helper.make_node("Relu", ["bn"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                         ["n", 2, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor(k, TensorProto.FLOAT, v.shape, v.astype(np.float32).ravel())
+         for k, v in tensors.items()])
+    path = tmp_path / "conv_bn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, tensors
+
+
+def test_an_imported_models_running_statistics_are_state_not_parameters(tmp_path):
+    """BatchNormalization's running mean and variance in an ONNX model are not trained (the
+    optimizer never sees them) and each training step stores their new values, as
+    PyTorch updates its buffers: momentum * old + (1 - momentum) * the batch's."""
+    path, tensors = _conv_bn_model(tmp_path)
+    model = Module.from_onnx(path)
+    assert {p.name for p in model.params.trainable()} == {"w", "scale", "bias", "fc_w", "fc_b"}
+    trainer = Trainer(model.params.trainable(), "sgd", {"learning_rate": 0.1, "wd": 0.1})
+    x = np.random.default_rng(4).standard_normal((6, 2, 5, 5)).astype(np.float32)
+    conv = np.einsum("nchw,mc->nmhw", x, tensors["w"][:, :, 0, 0].astype(np.float32))
+    loss, outputs = model.train_step(x, np.array([0, 1, 2, 0, 1, 2]), trainer)
+    assert np.isfinite(loss) and [o.shape for o in outputs] == [(6, 3)]
+    np.testing.assert_allclose(model.params["mean"].data().asnumpy(),
+                               0.9 * tensors["mean"] + 0.1 * conv.mean(axis=(0, 2, 3)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.params["var"].data().asnumpy(),
+                               0.9 * 2.0 + 0.1 * conv.var(axis=(0, 2, 3)), rtol=1e-5)
+    exported = model.to_graph()  # inference and export read the new statistics
+    np.testing.assert_array_equal(exported.initializers["mean"],
+                                  model.params["mean"].data().asnumpy())

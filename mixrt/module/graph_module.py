@@ -79,6 +79,12 @@ class Module(Checkpoints):
             (name, self._parameter(name, array))
             for name, array in self.graph.initializers.items()
             if np.asarray(array).dtype.kind == "f")
+        # BatchNormalization's running statistics are state that training steps update
+        # (MXNet's auxiliary states, PyTorch's buffers), never trained by the optimizer
+        self._statistics = running_statistics(self.graph) & set(self.params)
+        for name in self._statistics:
+            self.params[name].grad_req = "null"
+        self._state_updates: dict[str, str] = {}  # state -> the output with its new value
         self.data_names = [v.name for v in self.graph.feed_inputs()]
         self._programs: dict[tuple, TrainingProgram] = {}
         self._predictor: tuple[int, Session] | None = None
@@ -260,14 +266,26 @@ class Module(Checkpoints):
         return self.loss_scaler
 
     def _state_feeds(self) -> dict:
-        """Arrays a training step reads besides the batch and the trainable parameters
-        (none here; a SymbolModule's running statistics)."""
-        return {}
+        """Arrays a training step reads besides the batch and the trainable parameters: the
+        running statistics its BatchNormalizations update."""
+        return {name: self.params[name].raw() for name in self._state_updates}
+
+    def _state_outputs(self) -> list[str]:
+        """The training graph's outputs that hold the state's new values (after the
+        model's own outputs)."""
+        return list(self._state_updates.values())
 
     def _store_state(self, outputs: list) -> list:
-        """The model's outputs of a training step, once the state it updated is stored
-        (nothing here)."""
-        return outputs
+        """The model's outputs of a training step, once the state it updated is written
+        into its parameters (in place: on a GPU the values never leave the device)."""
+        updated = list(self._state_updates)
+        if not updated:
+            return outputs
+        head = len(outputs) - len(updated)
+        for name, value in zip(updated, outputs[head:]):
+            self.params[name].raw()[...] = value
+        self._changed()
+        return outputs[:head]
 
     def _loss(self, loss) -> Loss:
         if isinstance(loss, Loss):
@@ -287,7 +305,8 @@ class Module(Checkpoints):
         if key not in self._programs:
             self._programs[key] = TrainingProgram(
                 self._training_graph(), loss, list(trainable), device=self.device,
-                precision=precision, loss_scaler=scaler or False, cuda_graph=cuda_graph)
+                precision=precision, loss_scaler=scaler or False, cuda_graph=cuda_graph,
+                state=(list(self._state_feeds()), self._state_outputs()))
         program = self._programs[key]
         program.scaler = scaler  # the same kind of graph; this object's scale
         return program
@@ -339,8 +358,12 @@ class Module(Checkpoints):
         return self._graph_with_params()
 
     def _training_graph(self) -> Graph:
-        """The graph a training program differentiates."""
-        return self._graph_with_params()
+        """The graph a training program differentiates. A BatchNormalization in training
+        mode reads its running statistics as fed inputs and outputs their new values, which
+        each step stores (:meth:`_store_state`)."""
+        graph = self._graph_with_params()
+        self._state_updates = statistics_updates(graph, self._statistics)
+        return graph
 
     def _graph_with_params(self) -> Graph:
         graph = copy_graph(self.graph)
@@ -561,9 +584,12 @@ class SymbolModule(Module):
     def _state_feeds(self) -> dict:
         return {name: self.params[name].raw() for name in self.aux_names}
 
+    def _state_outputs(self) -> list[str]:
+        return list(self._aux_outputs)
+
     def _store_state(self, outputs: list) -> list:
         for name, value in zip(self._aux_outputs, outputs[1:]):
-            self.params[name].set_data(value)
+            self.params[name].raw()[...] = value
         if self._aux_outputs:
             self._changed()
         return outputs[:1]
@@ -593,3 +619,34 @@ class SymbolModule(Module):
         self._bind_like_iter(eval_data)
         return super().score(eval_data, metric)
 
+
+def running_statistics(graph: Graph) -> set[str]:
+    """The initializers that BatchNormalizations read as running mean and variance."""
+    return {node.inputs[index] for node in graph.nodes
+            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            for index in (3, 4) if len(node.inputs) > index
+            and node.inputs[index] in graph.initializers}
+
+
+def statistics_updates(graph: Graph, statistics: set) -> dict[str, str]:
+    """In ``graph``, each running statistic of ``statistics`` that a BatchNormalization in
+    training mode updates becomes a fed input, and the node's output with its new value a
+    graph output; returns {statistic: that output}."""
+    updates: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") \
+                or not node.attributes.get("training_mode", 0):
+            continue
+        while len(node.outputs) < 3:
+            node.outputs.append("")
+        for position, index in ((1, 3), (2, 4)):
+            state = node.inputs[index] if len(node.inputs) > index else ""
+            if state in statistics and state not in updates:
+                if not node.outputs[position]:
+                    node.outputs[position] = f"{node.name or 'batchnorm'}_{state}_update"
+                updates[state] = node.outputs[position]
+    for state, output in updates.items():
+        array = graph.initializers.pop(state)
+        graph.inputs.append(Value(state, TensorType(array.dtype, tuple(array.shape))))
+        graph.outputs.append(Value(output))
+    return updates
