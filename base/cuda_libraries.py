@@ -21,9 +21,9 @@ def _wheel_paths(package: str, soname: str) -> list[str]:
         return []
     found = []
     for root in nvidia.__path__:
-        for folder in (package, "cu*"):
+        for folder in (package, "cu*"):  # "cu*" matches "cudnn" too: each path once
             found += sorted(glob.glob(os.path.join(root, folder, "lib", soname)))
-    return found
+    return list(dict.fromkeys(found))
 
 
 @functools.lru_cache(maxsize=1)

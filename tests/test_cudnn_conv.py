@@ -308,3 +308,17 @@ def test_a_gpu_training_step_runs_its_convolutions_through_cudnn(library):
         # the first convolution's input needs no gradient: its data gradient is never run
         assert directions.count("forward") == 6 and directions.count("filter") == 6
         assert directions.count("data") == 3
+
+
+def _installed_cudnn() -> list:
+    from mixrt.base import cuda_libraries
+    return cuda_libraries._wheel_paths("cudnn", "libcudnn.so.9")
+
+
+@pytest.mark.skipif(not _installed_cudnn(), reason="no cuDNN 9 wheel is installed")
+def test_every_declared_call_is_in_the_installed_cudnn():
+    """Each cuDNN function mixrt calls exists under that name in the cuDNN 9 wheel beside
+    PyTorch (loading needs no GPU; starting it does)."""
+    library = ctypes.CDLL(_installed_cudnn()[0], mode=ctypes.RTLD_GLOBAL)
+    cudnn._declare(library)
+    assert library.cudnnGetVersion() >= 90000
