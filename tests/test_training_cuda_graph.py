@@ -107,3 +107,25 @@ def test_a_bad_class_in_a_gpu_step_is_named_after_the_run():
     with pytest.raises(ExecutionError, match=r"node 'loss'.*(every target class in \[0, 10\)"
                                              r"|index 10 is out of bounds)"):
         model.train_step(x, np.array([1, 2, 10, 3]), trainer)
+
+
+@needs_gpu
+def test_fit_replays_its_steps():
+    """Module.fit(cuda_graph=True): the epochs' steps replay (the fake CuPy falls back,
+    saying so once), and the model learns as plain fitting does."""
+    from mixrt.io import NDArrayIter  # noqa: PLC0415
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 1, 8, 8)).astype(np.float32)
+    y = (x.reshape(64, -1).mean(axis=1) > 0).astype(np.int64)
+    histories = {}
+    for replayed in (False, True):
+        mixrt_random.seed(5)
+        model = Module.from_symbol(_small_convnet(), device="gpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            histories[replayed] = model.fit(
+                NDArrayIter(x, y, 16), optimizer="sgd", epochs=2, progress=False,
+                optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+                cuda_graph=replayed)
+    for plain, replayed in zip(histories[False], histories[True]):
+        np.testing.assert_allclose(replayed["loss"], plain["loss"], rtol=1e-4)

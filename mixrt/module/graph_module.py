@@ -158,9 +158,12 @@ class Module(Checkpoints):
             loss=None, optimizer="sgd", optimizer_params=None,
             epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
             trainer: Trainer | None = None, on_epoch=None, precision: str = "float32",
-            loss_scaler: LossScaler | bool | None = None, kvstore=None) -> list[dict]:
+            loss_scaler: LossScaler | bool | None = None, kvstore=None,
+            cuda_graph: bool = False) -> list[dict]:
         """Train for ``epochs`` (counting epochs already done when resuming); returns one
         record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
+        ``cuda_graph=True`` (GPU): each batch shape's steps replay as a CUDA graph (see
+        :meth:`train_step`).
 
         ``precision``: "float32" (default), "float16" or "bfloat16" (CPU only; see
         :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
@@ -190,7 +193,7 @@ class Module(Checkpoints):
         for epoch in range(first, epochs):
             record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
                                        progress, precision=precision,
-                                       loss_scaler=loss_scaler)
+                                       loss_scaler=loss_scaler, cuda_graph=cuda_graph)
             if eval_data is not None:
                 name, value = self.score(eval_data, metric)
                 record[f"eval_{name}"] = value
