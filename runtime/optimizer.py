@@ -162,10 +162,11 @@ class Optimizer:
         multi-tensor kernels cannot take them (not one GPU, not one float dtype)."""
         weights, grads = [w for _, w, _ in items], [g for _, _, g in items]
         xp = array_module(weights[0])
-        devices = {getattr(getattr(w, "device", None), "id", None) for w in weights + grads}
-        if type(self)._apply_many is Optimizer._apply_many or len(devices) != 1 \
-                or any(array_module(a) is not xp for a in weights + grads) \
+        if type(self)._apply_many is Optimizer._apply_many \
                 or not optimizer_kernels.many_on_gpu(xp, weights[0].dtype, weights + grads):
+            return None  # the cheap refusals first: a CPU step comes here every time
+        devices = {getattr(getattr(w, "device", None), "id", None) for w in weights + grads}
+        if len(devices) != 1 or any(array_module(a) is not xp for a in weights + grads):
             return None
         keys = [_key(key) for key, _, _ in items]
         states = []
