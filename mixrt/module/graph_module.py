@@ -242,7 +242,8 @@ class Module(Checkpoints):
         feeds = {self.data_names[0]: feed_array(data), program.loss_spec.label: label,
                  **self._state_feeds()}
         loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
-        outputs = self._store_state(outputs)
+        with program.session.device.active():  # the state is written on its own GPU
+            outputs = self._store_state(outputs)
         if grads is not None:
             for name, grad in grads.items():
                 self.params[name].set_grad(grad)
