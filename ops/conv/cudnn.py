@@ -19,8 +19,9 @@ compute type) on tensor cores; float32 keeps full float32 products unless TF32 i
 (``allow_tf32(True)`` or ``MIXRT_ALLOW_TF32=1``, as ``CUPY_TF32=1`` allows it in CuPy's
 products); float64 runs in float64.
 
-Where cuDNN cannot be loaded, or ``MIXRT_CUDNN=0`` turns it off, the convolutions keep their
-im2col + cuBLAS path and a RuntimeWarning says so, once a process.
+Where cuDNN cannot be loaded or started (``base/cuda_libraries.py`` finds it), or
+``MIXRT_CUDNN=0`` turns it off, the convolutions keep their im2col + cuBLAS path and a
+RuntimeWarning says so, once a process.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ _SUCCESS = 0
 # few hundred MB at most, and an algorithm over the limit yields to the next one ranked
 WORKSPACE_LIMIT = 1 << 30
 PLANS_KEPT = 512                 # a workload of ever-changing shapes keeps this many
-_DIRECTIONS = ("forward", "data", "filter")
 _ALGORITHMS_ASKED = 16           # more than any direction has (8, 6 and 7 in cuDNN 9)
 
 
