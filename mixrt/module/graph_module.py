@@ -442,7 +442,7 @@ class SymbolModule(Module):
         self.output = self.prediction.list_outputs()[0]
         self.loss_scaler = None
         self._programs, self._predictor, self._version = {}, None, 0
-        self._aux_outputs: list[str] = []
+        self._state_updates: dict[str, str] = {}  # aux state -> its new value's output
 
     def _chosen_label(self, labels: list[str]) -> str:
         head_label = None if self.head is None else self.head.label
@@ -581,22 +581,11 @@ class SymbolModule(Module):
         for name in self.aux_names:
             array = graph.initializers.pop(name)
             graph.inputs.append(Value(name, TensorType(array.dtype, tuple(array.shape))))
-        train, updates = training_graph(graph, self.aux_names)
-        self._aux_outputs = list(updates)
+        train, self._state_updates = training_graph(graph, self.aux_names)
         return train
 
     def _state_feeds(self) -> dict:
         return {name: self.params[name].raw() for name in self.aux_names}
-
-    def _state_outputs(self) -> list[str]:
-        return list(self._aux_outputs)
-
-    def _store_state(self, outputs: list) -> list:
-        for name, value in zip(self._aux_outputs, outputs[1:]):
-            self.params[name].raw()[...] = value
-        if self._aux_outputs:
-            self._changed()
-        return outputs[:1]
 
     def _graph_with_params(self) -> Graph:
         self._bound("to_graph")
