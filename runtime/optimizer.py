@@ -121,24 +121,30 @@ class Optimizer:
         """One update of ``weight`` (and ``state``) in place from ``grad``."""
         key = _key(key)
         self._check(key, weight, grad, state)
-        t = self.counts[key] = self.counts.get(key, 0) + 1
-        self.num_update = max(self.num_update, t)
-        lr = self.learning_rate * self.lr_mult.get(key, 1.0)
-        wd = self.wd * self.wd_mult.get(key, 1.0)
+        lr, wd, t = self._advance(key)
         self._apply(array_module(weight), weight, self._rescaled_clipped(grad), state, lr, wd,
                     t)
+
+    def _advance(self, key: str) -> tuple:
+        """Count an update of ``key``: (its lr and wd, after lr_mult and wd_mult; its
+        update count)."""
+        t = self.counts[key] = self.counts.get(key, 0) + 1
+        self.num_update = max(self.num_update, t)
+        return (self.learning_rate * self.lr_mult.get(key, 1.0),
+                self.wd * self.wd_mult.get(key, 1.0), t)
 
     def step(self, key, weight, grad) -> None:
         """``update`` with the state this optimizer keeps for ``key`` (made on first use;
         after ``load_state_dict`` moved to the weight's device on first use)."""
         key = _key(key)
+        self.update(key, weight, grad, self._kept_state(key, weight))
+
+    def _kept_state(self, key: str, weight) -> dict:
         state = self.states.get(key)
-        if state is None:
-            state = self.create_state(key, weight)
-        else:
-            state = _state_like(key, state, weight)
+        state = self.create_state(key, weight) if state is None else \
+            _state_like(key, state, weight)
         self.states[key] = state
-        self.update(key, weight, grad, state)
+        return state
 
     def step_many(self, items) -> None:
         """``step`` for each ``(key, weight, grad)``, in order. On a GPU, sgd, adam and adamw
@@ -169,25 +175,14 @@ class Optimizer:
         if len(devices) != 1 or any(array_module(a) is not xp for a in weights + grads):
             return None
         keys = [_key(key) for key, _, _ in items]
-        states = []
-        for key, weight, grad in zip(keys, weights, grads):
-            state = self.states.get(key)
-            state = self.create_state(key, weight) if state is None else \
-                _state_like(key, state, weight)
-            self.states[key] = state
+        states = [self._kept_state(key, weight) for key, weight in zip(keys, weights)]
+        for key, weight, grad, state in zip(keys, weights, grads, states):
             self._check(key, weight, grad, state)
-            states.append(state)
         if not optimizer_kernels.many_on_gpu(xp, weights[0].dtype,
                                              [a for s in states for a in s.values()]):
             return None
-        lrs, wds, counts = [], [], []
-        for key in keys:
-            t = self.counts[key] = self.counts.get(key, 0) + 1
-            self.num_update = max(self.num_update, t)
-            lrs.append(self.learning_rate * self.lr_mult.get(key, 1.0))
-            wds.append(self.wd * self.wd_mult.get(key, 1.0))
-            counts.append(t)
-        return xp, weights, grads, states, lrs, wds, counts
+        lrs, wds, counts = zip(*(self._advance(key) for key in keys))
+        return xp, weights, grads, states, list(lrs), list(wds), list(counts)
 
     def _rescaled_clipped(self, grad):
         if self.rescale_grad != 1.0:

@@ -229,6 +229,12 @@ class _Plan:
     convolutions: dict = field(default_factory=dict)  # math type -> its descriptor
     chosen: dict = field(default_factory=dict)        # direction -> (algo, bytes, descriptor)
 
+    def operands(self, direction: str) -> tuple:
+        """The descriptors of the two operands and the result, in the order the calls of
+        ``direction`` take them."""
+        return {"forward": (self.x, self.w, self.y), "data": (self.w, self.y, self.x),
+                "filter": (self.x, self.y, self.w)}[direction]
+
     def __del__(self):  # an evicted plan gives its descriptors back
         try:
             _call("cudnnDestroyTensorDescriptor", self.x)
@@ -315,8 +321,7 @@ def _chosen(handle: int, plan: _Plan, direction: str) -> tuple:
     found = plan.chosen.get(direction)
     if found is not None:
         return found
-    operands = {"forward": (plan.x, plan.w, plan.y), "data": (plan.w, plan.y, plan.x),
-                "filter": (plan.x, plan.y, plan.w)}[direction]
+    operands = plan.operands(direction)
     requested = _convolution(plan, plan.math)
     results, count = (_Perf * _ALGORITHMS_ASKED)(), ctypes.c_int()
     _call(_QUERIES[direction], handle, operands[0], operands[1], requested, operands[2],
@@ -372,8 +377,7 @@ def _run(xp, direction: str, geometry: Geometry, dtype, operands: tuple, result)
     workspace = xp.empty(workspace_bytes, dtype=np.uint8) if workspace_bytes else None
     scalar = ctypes.c_double if plan.data_type == _DATA_TYPES["float64"] else ctypes.c_float
     alpha, beta = scalar(1.0), scalar(0.0)
-    descriptors = {"forward": (plan.x, plan.w, plan.y), "data": (plan.w, plan.y, plan.x),
-                   "filter": (plan.x, plan.y, plan.w)}[direction]
+    descriptors = plan.operands(direction)
     _call(_LAUNCHES[direction], handle, ctypes.byref(alpha),
           descriptors[0], first.data.ptr, descriptors[1], second.data.ptr, descriptor,
           algorithm, workspace.data.ptr if workspace is not None else None, workspace_bytes,
