@@ -94,3 +94,35 @@ def until_the_worker_joins(block, joined_index, job, seconds: float = 10.0):
         if block[joined_index] > joined:
             return
         assert time.monotonic() < deadline, "the worker never took part in a job"
+
+
+def nvrtc():
+    """NVRTC, CUDA's runtime compiler (a library from a pip wheel: no GPU needed), or None."""
+    import ctypes
+    import glob
+    import os
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.[0-9]*"))):
+            return ctypes.CDLL(path)
+    return None
+
+
+def nvrtc_compile(source: str) -> tuple[int, str]:
+    """(NVRTC's status, its log) compiling ``source`` for Hopper (compute_90)."""
+    import ctypes
+    library = nvrtc()
+    program = ctypes.c_void_p()
+    assert library.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mixrt.cu", 0,
+                                      None, None) == 0
+    options = (ctypes.c_char_p * 1)(b"--gpu-architecture=compute_90")
+    status = library.nvrtcCompileProgram(program, 1, options)
+    size = ctypes.c_size_t()
+    library.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    library.nvrtcGetProgramLog(program, log)
+    library.nvrtcDestroyProgram(ctypes.byref(program))
+    return status, log.value.decode()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import nvrtc, nvrtc_compile
 
 from mixrt.ops.device import gpu_available
 from mixrt.ops.nn.norm import batch_normalization
@@ -122,3 +123,35 @@ def test_layer_normalization_and_its_gradient_match_the_generic_kernels(shape, a
     for actual, wanted in zip(got, expected, strict=True):
         assert actual.shape == wanted.shape and actual.dtype == wanted.dtype
         _close(actual, wanted, dtype)
+
+
+def _kernel_specs():
+    from mixrt.ops.nn import norm_gpu  # noqa: PLC0415
+    return {name: spec for name, spec in vars(norm_gpu).items()
+            if name.startswith("_") and name.isupper() and isinstance(spec, tuple)
+            and len(spec) == 3 and all(isinstance(part, str) for part in spec)}
+
+
+def _as_cuda(spec, value_type: str) -> str:
+    """A kernel body (ElementwiseKernel) or a mapped expression (ReductionKernel) as CuPy
+    wraps it: each parameter a variable of its type (T and F both ``value_type``)."""
+    inputs, outputs, code = spec
+    declared = [p.split() for p in f"{inputs}, {outputs}".split(",")]
+    names = " ".join(f"{kind} {name} = 0;" for kind, name in declared)
+    body = code if ";" in code else f"{declared[-1][1]} = {code};"  # a reduction's map
+    return (f"typedef {value_type} T; typedef {value_type} F;\n"
+            f'extern "C" __global__ void kernel(F* sink) {{ {names}\n{body}\n'
+            f"sink[0] = (F){declared[-1][1]}; }}")
+
+
+@pytest.mark.skipif(nvrtc() is None, reason="NVRTC is not installed")
+@pytest.mark.parametrize("value_type", ["float", "double"])
+def test_the_fused_kernels_cuda_compiles(value_type):
+    """Every body and mapped expression of the fused normalizations, compiled by NVRTC as
+    CuPy wraps them (the fake CuPy only interprets them; a GPU run checks what they
+    compute)."""
+    specs = _kernel_specs()
+    assert len(specs) >= 14
+    for name, spec in specs.items():
+        status, log = nvrtc_compile(_as_cuda(spec, value_type))
+        assert status == 0, f"{name}: {log}"

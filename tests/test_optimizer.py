@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import nvrtc, nvrtc_compile
 
 from mixrt import lr_scheduler
 # the engine's optimizers (PyTorch's rules); mixrt.optimizer is MXNet's (test_mxnet_optimizer)
@@ -587,22 +588,7 @@ def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypat
                                    atol=tolerance)
 
 
-def _nvrtc():
-    """NVRTC (CUDA's runtime compiler, a pip wheel beside PyTorch or CuPy), or None."""
-    import ctypes
-    import glob
-    import os
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.[0-9]*"))):
-            return ctypes.CDLL(path)
-    return None
-
-
-@pytest.mark.skipif(_nvrtc() is None, reason="NVRTC is not installed")
+@pytest.mark.skipif(nvrtc() is None, reason="NVRTC is not installed")
 @pytest.mark.parametrize("kernel,flags", [
     ("sgd", dict(MOMENTUM=0, NESTEROV=0, CLIP=0)), ("sgd", dict(MOMENTUM=1, NESTEROV=1, CLIP=1)),
     ("sgd", dict(MOMENTUM=1, NESTEROV=0, CLIP=0)), ("adam", dict(DECOUPLED=0, CLIP=1)),
@@ -611,18 +597,6 @@ def _nvrtc():
 def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
     """The CUDA C of the multi-tensor updates, compiled by NVRTC for Hopper (no GPU needed
     to compile; a GPU run checks what they compute)."""
-    import ctypes
     from mixrt.runtime import optimizer_kernels
-    nvrtc = _nvrtc()
-    code = optimizer_kernels.source(kernel, dtype, **flags).encode()
-    program = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, b"many.cu", 0, None,
-                                    None) == 0
-    options = (ctypes.c_char_p * 1)(b"--gpu-architecture=compute_90")
-    status = nvrtc.nvrtcCompileProgram(program, 1, options)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(program, log)
-    nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
-    assert status == 0, log.value.decode()
+    status, log = nvrtc_compile(optimizer_kernels.source(kernel, dtype, **flags))
+    assert status == 0, log
