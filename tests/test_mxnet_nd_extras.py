@@ -61,8 +61,8 @@ def test_runtime_features_are_mxnets_list():
     assert list(features)[:3] == ["CUDA", "CUDNN", "NCCL"] and len(features) == 32
     assert features.is_enabled("int64_tensor_size") is True
     # cuDNN where it loads and starts beside a GPU (the convolutions call it)
-    from mixrt.ops.conv import cudnn
-    with_cudnn = features.is_enabled("CUDA") and cudnn.loads()
+    from mixrt.base import cuda_libraries
+    with_cudnn = features.is_enabled("CUDA") and cuda_libraries.cudnn()[0] is not None
     assert features.is_enabled("CUDNN") is with_cudnn
     assert repr(features["CUDNN"]) == ("✔ CUDNN" if with_cudnn else "✖ CUDNN")
     with pytest.raises(RuntimeError, match="unknown"):

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from mixrt.ops.conv import cudnn
-from mixrt.ops.conv.conv import conv, conv_geometry, crop_spatial, pad_spatial
-from mixrt.ops.conv.conv_grad import conv_grad
+from mixrt.ops.conv.conv import conv, conv_geometry, crop_spatial, pad_spatial, work_dtype
+from mixrt.ops.conv.conv_grad import _bias_grad, conv_grad
 
 MAX_SPATIAL_AXES = 3  # cuDNN's convolutions take 4-D and 5-D tensors
 
@@ -113,12 +111,5 @@ def conv_grad_gpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
         dw = cudnn.filter_gradient(xp, dy, _as_cudnn_input(xp, X, layout), geometry)
         grads.append(dw.reshape(W.shape))
     if bias_grad:
-        grads.append(_bias_gradient(xp, dY))
+        grads.append(_bias_grad(dY, work_dtype(dY.dtype)))
     return grads[0] if len(grads) == 1 else tuple(grads)
-
-
-def _bias_gradient(xp, dY):
-    """dY summed over all but its channel axis, in float32 for a half-precision dY."""
-    axes = (0,) + tuple(range(2, dY.ndim))
-    dtype = np.float32 if np.dtype(dY.dtype).itemsize < 4 else dY.dtype
-    return dY.sum(axis=axes, dtype=dtype).astype(dY.dtype, copy=False)

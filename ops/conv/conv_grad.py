@@ -104,8 +104,11 @@ def _input_grad(xp, dy, W, x_shape, taps: _Taps, begin, end):
     return dx
 
 
-def _bias_grad(dY):
-    return dY.sum(axis=(0,) + tuple(range(2, dY.ndim)))
+def _bias_grad(dY, dtype):
+    """dY summed over all but its channel axis, accumulated in ``dtype`` (float32 for a
+    half-precision dY) and given back in dY's dtype."""
+    axes = (0,) + tuple(range(2, dY.ndim))
+    return dY.sum(axis=axes, dtype=dtype).astype(dY.dtype, copy=False)
 
 
 # -- Conv ---------------------------------------------------------------------------------
@@ -129,7 +132,7 @@ def conv_grad(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kerne
         dw = _weight_grad(xp, dy, image, taps).reshape(W.shape)
         grads.append(dw.astype(W.dtype, copy=False))
     if bias_grad:
-        grads.append(_bias_grad(dY.astype(dtype, copy=False)).astype(dY.dtype, copy=False))
+        grads.append(_bias_grad(dY, dtype))
     return _selected(grads)
 
 
@@ -240,7 +243,7 @@ def conv_transpose_grad(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, grou
         dw = _weight_grad(xp, as_output_grad, full_grad, taps).reshape(W.shape)
         grads.append(dw.astype(W.dtype, copy=False))
     if bias_grad:
-        grads.append(_bias_grad(dY.astype(dtype, copy=False)).astype(dY.dtype, copy=False))
+        grads.append(_bias_grad(dY, dtype))
     return _selected(grads)
 
 

@@ -86,15 +86,6 @@ _load_lock = threading.Lock()
 _said_absent: list = []
 
 
-def loads() -> bool:
-    """Whether cuDNN loads and starts here (quietly: a feature query asks this)."""
-    try:
-        library()
-    except CudnnError:
-        return False
-    return True
-
-
 def available() -> bool:
     """Whether convolutions go through cuDNN; the first time it cannot, a RuntimeWarning
     says why (once a process)."""
