@@ -395,8 +395,11 @@ def _check(got, expected, ctx):
     for array, (shape, dtype, values) in zip(got, expected):
         assert isinstance(array, nd.NDArray) and array.ctx == ctx
         assert array.shape == shape and str(array.dtype) == dtype
-        np.testing.assert_allclose(array.asnumpy(), np.array(values, dtype=dtype).reshape(shape),
-                                   rtol=1e-5, atol=1e-6)
+        want = np.array(values, dtype=dtype).reshape(shape)
+        # float32 sums with cancellation (BatchNorm's gradient) err in proportion to the
+        # largest term, not to each element: the absolute tolerance scales with the array
+        scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+        np.testing.assert_allclose(array.asnumpy(), want, rtol=1e-5, atol=1e-6 * scale)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
