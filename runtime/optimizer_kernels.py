@@ -135,6 +135,31 @@ extern "C" __global__ void mixrt_sgd_many(
 }
 """
 
+# MXNet's SGD (mixrt.optimizers.SGD, what ``Trainer(params, "sgd", ...)`` makes) keeps -lr
+# inside its momentum buffer, so its state cannot go through the kernel above: the same
+# arithmetic as optimizer_ops._sgd_step, in the same order.
+MXNET_SGD_SOURCE = """
+extern "C" __global__ void mixrt_mxnet_sgd_many(
+        const long long* weights, const long long* grads, const long long* buffers,
+        const long long* starts, const T* lrs, const T* wds, const int tensors,
+        const long long total, const T momentum, const T rescale, const T clip) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+%(locate)s
+        const T lr = lrs[lo];
+        const T wd = wds[lo];
+#if MOMENTUM
+        T* mom = (T*)buffers[lo];
+        const T m = momentum * mom[j] - (lr * wd * w[j] + lr * g);
+        mom[j] = m;
+        w[j] = w[j] + m;
+#else
+        w[j] = (1 - lr * wd) * w[j] - lr * g;
+#endif
+    }
+}
+"""
+
 ADAM_SOURCE = """
 extern "C" __global__ void mixrt_adam_many(
         const long long* weights, const long long* grads, const long long* means,
@@ -167,9 +192,10 @@ extern "C" __global__ void mixrt_adam_many(
 
 
 def source(kernel: str, dtype, **flags) -> str:
-    """The CUDA source of ``kernel`` ("sgd" or "adam") for ``dtype``, ``flags`` compiled in
-    (MOMENTUM, NESTEROV, CLIP; DECOUPLED for AdamW, CLIP)."""
-    body = {"sgd": SGD_SOURCE, "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
+    """The CUDA source of ``kernel`` ("sgd", "mxnet_sgd" or "adam") for ``dtype``, ``flags``
+    compiled in (MOMENTUM, NESTEROV, CLIP; MOMENTUM, CLIP; DECOUPLED for AdamW, CLIP)."""
+    body = {"sgd": SGD_SOURCE, "mxnet_sgd": MXNET_SGD_SOURCE,
+            "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
     defines = [f"#define T {MANY_DTYPES[np.dtype(dtype)]}"]
     defines += [f"#define {name} {int(bool(value))}" for name, value in sorted(flags.items())]
     return "\n".join(defines) + "\n" + body
@@ -197,6 +223,25 @@ def sgd_many(xp, weights, grads, buffers, lrs, wds, *, momentum: float, nesterov
         *tables, starts, _values(xp, lrs, dtype), _values(xp, wds, dtype),
         np.int32(len(weights)), np.int64(total), scalar(momentum), scalar(rescale),
         scalar(clip or 0)))
+
+
+def mxnet_sgd_many(xp, weights, grads, moms, lrs, wds, *, momentum: float, rescale: float,
+                   clip: float | None) -> None:
+    """MXNet's ``sgd_mom_update`` (``moms`` given) or ``sgd_update`` (``moms`` None) for
+    every weight at once, each with its own lr and wd, after the gradient's rescale and
+    clip. The hyper-parameters are rounded to float32 first, as MXNet's operators take
+    them."""
+    dtype = weights[0].dtype
+    kernel = _raw(xp, source("mxnet_sgd", dtype, MOMENTUM=moms is not None,
+                             CLIP=clip is not None), "mixrt_mxnet_sgd_many")
+    starts, total = _starts(xp, weights)
+    scalar, f32 = dtype.type, (lambda v: float(np.float32(v)))
+    kernel(_grid(total), (THREADS,), (
+        _addresses(xp, weights), _addresses(xp, grads),
+        _addresses(xp, moms if moms is not None else weights), starts,
+        _values(xp, [f32(v) for v in lrs], dtype), _values(xp, [f32(v) for v in wds], dtype),
+        np.int32(len(weights)), np.int64(total), scalar(f32(momentum)), scalar(f32(rescale)),
+        scalar(f32(clip or 0))))
 
 
 def adam_many(xp, weights, grads, means, variances, step_sizes, corrections, wds, *,

@@ -147,3 +147,53 @@ def test_bad_arguments_are_refused_with_mxnets_error_types():
         gluon.Trainer("x", "sgd")
     with pytest.raises(ValueError, match="optimizer_params must be None"):
         gluon.Trainer([_zeros()], mixrt.optimizer.SGD(), {"learning_rate": 0.1})
+
+
+def _sgd_trained(ctx, steps=3, **options):
+    """Three weights (one with lr_mult and wd_mult) trained by MXNet's SGD through the
+    Trainer on ``ctx``, with gradients of a fixed pattern: the weights after each step."""
+    rng = np.random.default_rng(5)
+    params = []
+    for name, shape in (("a_weight", (3, 4)), ("b_bias", (4,)), ("c_weight", (2, 2, 3))):
+        param = gluon.Parameter(name, shape=shape)
+        param.initialize(init="zeros", ctx=ctx)
+        param.set_data(nd.array(rng.standard_normal(shape), ctx=ctx))
+        params.append(param)
+    params[1].lr_mult, params[1].wd_mult = 0.5, 0.0
+    trainer = gluon.Trainer(params, "sgd", options)
+    history = []
+    for step in range(steps):
+        with autograd.record():
+            for k, param in enumerate(params):
+                w = param.data()
+                ((w * w).sum() * (k + 1) + (w * (step + 1)).sum()).backward()
+        trainer.step(4)
+        history.append([p.data().asnumpy() for p in params])
+    return history
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [
+    {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01, "clip_gradient": 0.4},
+    {"learning_rate": 0.05, "wd": 0.1}], ids=["momentum_clip", "plain"])
+def test_mxnets_sgd_on_a_gpu_updates_every_weight_in_one_launch(options, monkeypatch):
+    """Trainer(params, "sgd") on a GPU: each step's updates are one multi-tensor launch
+    (runtime/optimizer_kernels.py's MXNet rule) and give the CPU's weights."""
+    from mixrt.ops.device import gpu_available
+    from mixrt.runtime import optimizer_kernels
+    if not gpu_available():
+        pytest.skip("no CUDA GPU (or no CuPy)")
+    launches = []
+    made = optimizer_kernels._raw
+
+    def counted(xp, code, kernel_name):
+        kernel = made(xp, code, kernel_name)
+        return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
+    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    expected = _sgd_trained(mixrt.cpu(), **options)
+    assert not launches
+    got = _sgd_trained(mixrt.gpu(0), **options)
+    assert launches == ["mixrt_mxnet_sgd_many"] * 3
+    for step_got, step_expected in zip(got, expected):
+        for mine, reference in zip(step_got, step_expected):
+            np.testing.assert_allclose(mine, reference, rtol=2e-6, atol=2e-7)

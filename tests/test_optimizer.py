@@ -592,7 +592,8 @@ def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypat
 @pytest.mark.parametrize("kernel,flags", [
     ("sgd", dict(MOMENTUM=0, NESTEROV=0, CLIP=0)), ("sgd", dict(MOMENTUM=1, NESTEROV=1, CLIP=1)),
     ("sgd", dict(MOMENTUM=1, NESTEROV=0, CLIP=0)), ("adam", dict(DECOUPLED=0, CLIP=1)),
-    ("adam", dict(DECOUPLED=1, CLIP=0))])
+    ("adam", dict(DECOUPLED=1, CLIP=0)), ("mxnet_sgd", dict(MOMENTUM=1, CLIP=1)),
+    ("mxnet_sgd", dict(MOMENTUM=0, CLIP=0))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
     """The CUDA C of the multi-tensor updates, compiled by NVRTC for Hopper (no GPU needed

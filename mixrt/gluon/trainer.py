@@ -232,6 +232,21 @@ class Trainer:
             with weight.ctx.device.active():
                 updater(index, grad, weight)
 
+    def _update_together(self, params) -> None:
+        """Each context's updater called once with every parameter's index, gradient and
+        weight there, as MXNet's Trainer does: its optimizer may update them together (on a
+        GPU, SGD in one launch)."""
+        entries: list[list] = [[] for _ in self._updaters]
+        for param in params:
+            index = self._param2idx[param.name]
+            for found, weight, grad in zip(entries, param.list_data(), param.list_grad()):
+                found.append((index, grad, weight))
+        for updater, found in zip(self._updaters, entries):
+            if found:
+                indices, grads, weights = (list(column) for column in zip(*found))
+                with weights[0].ctx.device.active():
+                    updater(indices, grads, weights)
+
     def step(self, batch_size: int = 1, ignore_stale_grad: bool = False) -> None:
         """One update of every trainable parameter from its gradient / ``batch_size``.
 
@@ -290,8 +305,7 @@ class Trainer:
         workers = self._sync_workers if self.kvstore is not None else 1
         self.optimizer.rescale_grad = self._scale / (workers * batch_size)
         if self._updaters:
-            for param in params:
-                self._update(param)
+            self._update_together(params)
             return
         # the engine's optimizer takes each device's parameters together (on a GPU, one
         # launch for all of them: Optimizer.step_many)

@@ -35,6 +35,9 @@ class Optimizer(engine.Optimizer):
     """MXNet's base optimizer (``mx.optimizer.Optimizer``), same arguments and defaults."""
 
     opt_registry: dict = {}
+    # whether the aggregated update (a list of indices) takes any number of weights at once,
+    # rather than MXNet's ``aggregate_num`` at a time (the Updater asks)
+    updates_any_number = False
 
     def __init__(self, rescale_grad=1.0, param_idx2name=None, wd=0.0, clip_gradient=None,
                  learning_rate=None, lr_scheduler=None, sym=None, begin_num_update=0,

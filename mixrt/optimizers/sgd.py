@@ -14,7 +14,9 @@ import numpy as np
 
 from mixrt import nd, optimizer_ops as ops, random as mixrt_random
 from mixrt.base.errors import OptimizerError
+from mixrt.ops.device import array_module
 from mixrt.optimizers.base import Optimizer, register, warn_float16
+from mixrt.runtime import optimizer_kernels as kernels
 
 
 def listed(index, weight, grad, state):
@@ -92,6 +94,7 @@ class SGD(_MomentumSGD):
 
     _operators = (ops.sgd_update, ops.sgd_mom_update, ops.mp_sgd_update,
                   ops.mp_sgd_mom_update)
+    updates_any_number = True  # on a GPU, a whole step in one launch (_step_many)
 
     def __init__(self, momentum=0.0, lazy_update=True, **kwargs):
         super().__init__(**kwargs)
@@ -102,9 +105,33 @@ class SGD(_MomentumSGD):
     def _update_impl(self, indices, weights, grads, states, multi_precision=False):
         indices, weights, grads, states = listed(indices, weights, grads, states)
         self._update_count(indices)
-        for weight, grad, state, lr, wd in zip(weights, grads, states,
-                                               self._get_lrs(indices), self._get_wds(indices)):
+        lrs, wds = self._get_lrs(indices), self._get_wds(indices)
+        if not multi_precision and self._step_many(weights, grads, states, lrs, wds):
+            return
+        for weight, grad, state, lr, wd in zip(weights, grads, states, lrs, wds):
             self._step(weight, grad, state, lr, wd, multi_precision, self._options())
+
+    def _step_many(self, weights, grads, states, lrs, wds) -> bool:
+        """Every weight in one launch where they are dense float32/float64 arrays of one GPU
+        (runtime/optimizer_kernels.py); False, nothing done, elsewhere. A step of a
+        ResNet-18 is otherwise 62 updates from Python, ~20 ms on an H100 against the
+        forward and backward's 22 ms."""
+        if len(weights) < 2 or any(a.stype != "default" for a in (*weights, *grads)):
+            return False
+        moms = None if self.momentum == 0.0 else list(states)
+        raw = [w._data for w in weights] + [g._data for g in grads] + [m._data for m in moms or ()]
+        xp = array_module(raw[0])
+        dtype = raw[0].dtype
+        if not kernels.many_on_gpu(xp, dtype, raw) or any(array_module(a) is not xp for a in raw) \
+                or len({a.device.id for a in raw}) != 1:
+            return False
+        options = self._options()
+        kernels.mxnet_sgd_many(
+            xp, [w._write() for w in weights], [g._read() for g in grads],
+            None if moms is None else [m._write() for m in moms], lrs, wds,
+            momentum=options["momentum"], rescale=options["rescale_grad"],
+            clip=None if options["clip_gradient"] < 0 else options["clip_gradient"])
+        return True
 
     def _options(self, momentum=None) -> dict:
         return dict(super()._options(momentum), lazy_update=self.lazy_update)

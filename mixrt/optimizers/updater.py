@@ -55,12 +55,15 @@ class Updater:
 
     def _update_in_groups(self, indices, grads, weights) -> None:
         """Weights of one dtype, ``aggregate_num`` at a time (MXNet's multi-tensor path;
-        the arithmetic is the same weight by weight)."""
+        the arithmetic is the same weight by weight), or all of them at once where the
+        optimizer's aggregated update takes any number (``updates_any_number``: SGD, one
+        GPU launch for a whole step)."""
         by_dtype: dict = {}
         for entry in zip(indices, weights, grads):
             by_dtype.setdefault(entry[1].dtype, []).append(entry)
-        size = self.optimizer.aggregate_num
         for entries in by_dtype.values():
+            size = len(entries) if self.optimizer.updates_any_number \
+                else self.optimizer.aggregate_num
             for start in range(0, len(entries), size):
                 idx, weight_, grad_ = (list(column) for column in zip(*entries[start:start + size]))
                 self.optimizer.update_multi_precision(idx, weight_, grad_,

@@ -1,6 +1,6 @@
 """RawKernel on the fake: CUDA C it cannot compile is refused, except mixrt's multi-tensor
 optimizer kernels (runtime/optimizer_kernels.py), which the fake runs as NumPy written here
-from the update rules (torch.optim's SGD and Adam/AdamW), reading the weights, gradients and
+from the update rules (torch.optim's SGD and Adam/AdamW, MXNet's SGD), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
 the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled only by
 NVRTC in tests/test_optimizer.py, and run only on a GPU."""
@@ -70,6 +70,23 @@ def _sgd(flags, weights, grads, buffers, starts, lrs, wds, tensors, total, momen
         w[...] = w - lrs[k] * (d + momentum * buf if flags["NESTEROV"] else buf)
 
 
+def _mxnet_sgd(flags, weights, grads, moms, starts, lrs, wds, tensors, total, momentum,
+               rescale, clip):
+    """MXNet's rule (mixrt.optimizer_ops._sgd_step): ``mom = momentum * mom - (lr * wd * w
+    + lr * g)``, ``w += mom``; without momentum ``w = (1 - lr * wd) * w - lr * g``."""
+    dtype = lrs.dtype
+    for k, count in enumerate(_tensors(starts[:tensors], total)):
+        w = _at(weights[k], count, dtype)
+        g = _gradient(flags, grads[k], count, dtype, rescale, clip)
+        lr, wd = lrs[k], wds[k]
+        if not flags["MOMENTUM"]:
+            w[...] = (1 - lr * wd) * w - lr * g
+            continue
+        mom = _at(moms[k], count, dtype)
+        mom[...] = momentum * mom - (lr * wd * w + lr * g)
+        w[...] = w + mom
+
+
 def _adam(flags, weights, grads, means, variances, starts, step_sizes, corrections, wds,
           tensors, total, beta1, keep1, beta2, keep2, epsilon, rescale, clip):
     dtype = step_sizes.dtype
@@ -88,4 +105,5 @@ def _adam(flags, weights, grads, means, variances, starts, step_sizes, correctio
         w[...] = w - step_sizes[k] * (mean / (_np.sqrt(var) / corrections[k] + epsilon))
 
 
-_EMULATIONS = {"mixrt_sgd_many": _sgd, "mixrt_adam_many": _adam}
+_EMULATIONS = {"mixrt_sgd_many": _sgd, "mixrt_mxnet_sgd_many": _mxnet_sgd,
+               "mixrt_adam_many": _adam}
