@@ -10,7 +10,9 @@ memory plan (forward + backward planned together) against naive allocation.
 ``--device gpu`` runs both on the first CUDA GPU (mixrt ``device="gpu"``: its sessions,
 parameters, gradients and optimizer state are there; PyTorch on ``cuda``) and exits with a
 message when there is none. ``--precision`` adds mixed-precision rows: mixrt's
-``precision=`` against ``torch.autocast`` + ``GradScaler`` (float16) at the same dtype.
+``precision=`` against ``torch.autocast`` + ``GradScaler`` (float16) at the same dtype. On a GPU, ``float32`` is exact
+float32 in both (PyTorch's cuDNN TF32 off, mixrt's default), and ``tf32`` lets both
+convolve in TF32 (PyTorch's default).
 
 Both runtimes train the same model from the same weights: the PyTorch module is exported to
 ONNX (the TorchScript exporter, training mode so BatchNormalization uses batch statistics)
@@ -285,11 +287,29 @@ def training_case(name: str):
 
 def bench(name: str, steps: int, warmup: int, device: str = "cpu",
           precision: str = "float32", cuda_graph: bool = False) -> dict:
+    """One row. ``precision`` "tf32": float32 with TF32 convolutions in both runtimes
+    (PyTorch's default for cuDNN); "float32" on a GPU is exact float32 in both, PyTorch's
+    convolutions' TF32 turned off, so that a row compares the same arithmetic."""
+    import torch  # noqa: PLC0415
+    from mixrt.ops.conv import cudnn  # noqa: PLC0415
+    tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    previous = cudnn.allow_tf32(tf32)
+    try:
+        return _bench_row(name, steps, warmup, device, precision, cuda_graph)
+    finally:
+        cudnn.allow_tf32(previous)
+        torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+
+
+def _bench_row(name: str, steps: int, warmup: int, device: str, precision: str,
+               cuda_graph: bool) -> dict:
     import torch  # noqa: PLC0415
     from mixrt.errors import MixrtError  # noqa: PLC0415
     torch.set_num_threads(2)
     module, path, x, y = training_case(name)
     row = {"model": name, "batch": len(x), "precision": precision}
+    precision = "float32" if precision == "tf32" else precision
     theirs = torch_stepper(module, x, y, device, precision)
     try:  # a precision mixrt refuses (bfloat16) says so here, before any timing
         ours, model = mixrt_stepper(path, x, y, device, precision, cuda_graph)
@@ -361,7 +381,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--precision", nargs="+", default=["float32"],
-                        choices=("float32", "float16", "bfloat16"))
+                        choices=("float32", "tf32", "float16", "bfloat16"),
+                        help="tf32: float32 with TF32 convolutions in both runtimes (GPU)")
     # on a GPU mixrt replays each step's forward and backward as a CUDA graph, as a user
     # fine-tuning there would ask it to (train_step(..., cuda_graph=True))
     parser.add_argument("--no-cuda-graph", action="store_true",
@@ -381,7 +402,7 @@ def main(argv=None) -> int:
             bench(m, args.steps, args.warmup, args.device, p, graphs)
             for m in args.models for p in args.precision]
         memory = [training_memory(args.memory_batch, device=args.device, precision=p)
-                  for p in args.precision if p != "bfloat16"]
+                  for p in args.precision if p not in ("bfloat16", "tf32")]
         text = render_mixed(rows, memory, args.device)
     print(text)
     if args.out:

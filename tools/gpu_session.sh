@@ -9,10 +9,12 @@
 #                bash tools/gpu_session.sh bench    run_all --gpu-only (its block of
 #                                                   BENCHMARKS.md) and train_bench on the GPU
 #                bash tools/gpu_session.sh train    train_bench on the GPU alone: the MLP,
-#                                                   ResNet-18 and ResNet-50, float32 and
-#                                                   float16, mixrt's steps replayed as CUDA
-#                                                   graphs (args go to train_bench.py)
+#                                                   ResNet-18 and ResNet-50, float32 (exact
+#                                                   in both), tf32 and float16, mixrt's steps
+#                                                   replayed as CUDA graphs (args go to
+#                                                   train_bench.py)
 #                bash tools/gpu_session.sh profile  benchmarks/profile_gpu.py: GPU time per op
+#                                                   (--kernels: per kernel; --host: cProfile)
 #
 # A command there is then, for example:
 #   bash tools/gpu_session.sh tests 2>&1 | tee $OUT/tests.log
@@ -74,14 +76,14 @@ case "$step" in
         timeout 330 python3 benchmarks/run_all.py --gpu-only --out "$out/BENCHMARKS.md" "$@"
         echo "run_all --gpu-only: exit $?"
         timeout 200 python3 benchmarks/train_bench.py --device gpu --models mlp resnet18 \
-            --precision float32 float16 \
+            resnet50 --precision float32 tf32 float16 \
             --out "$out/train_gpu.md"
         echo "train_bench --device gpu: exit $?"
         ;;
     train)
         setup
         timeout 540 python3 benchmarks/train_bench.py --device gpu \
-            --models mlp resnet18 resnet50 --precision float32 float16 \
+            --models mlp resnet18 resnet50 --precision float32 tf32 float16 \
             --out "$out/train_gpu.md" "$@"
         echo "train_bench --device gpu: exit $?"
         ;;
