@@ -169,9 +169,12 @@ def test_expansion_matches_the_forward(case):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16])
-def test_expansion_takes_the_softmax_at_softmax_precision(dtype):
+def test_expansion_takes_the_softmax_at_softmax_precision(dtype, monkeypatch):
     """float64 inputs with a float32 softmax: the forward rounds the probabilities to float32,
-    and so must the expansion (at 1e-13 a float64 softmax would not match)."""
+    and so must the expansion (at 1e-13 a float64 softmax would not match). Both through
+    NumPy's exp: the compiled small-softmax kernel's float32 exp may differ from NumPy's in
+    the last bit, which at this tolerance is a mismatch."""
+    monkeypatch.setenv("MIXRT_JIT", "0")
     inputs = [x.astype(dtype) for x in qkv(q_len=4, kv_len=5, size=3)]
     attributes = {"softmax_precision": onnx.TensorProto.FLOAT, "qk_matmul_output_mode": 3}
     expected = attention.attention_23(np, *inputs, **attributes, _outputs=4)
