@@ -4,6 +4,8 @@ See runtime/passes/autodiff.py for the calling convention."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.ops.elementwise import activation as act
@@ -55,6 +57,33 @@ def relu_grad_cpu(xp, dY, Y, *, out=None):
             np.bitwise_and(grads[begin:end], chunk, out=outputs[begin:end])
     parallel_rows(-(-values.size // _CHUNK), _CHUNK, part)
     return out
+
+
+# On a GPU, one kernel: ``where(Y > 0, dY, 0)`` launched two there (the comparison's mask,
+# then ``where``), 34 of a ResNet-18 training step's kernels and 0.8 ms on an H100. A select,
+# not a product with the mask, so an inf or NaN in dY still gives 0 where Y <= 0.
+SELECT_PREAMBLE = "template <typename T> __device__ T mx_select(bool c, T a, T b) { return c ? a : b; }"
+RELU_GRAD_GPU = ("T dy, T y", "T dx", "dx = mx_select(y > (T)0, dy, (T)0);")
+
+
+@relu_grad.fast("gpu")
+def relu_grad_gpu(xp, dY, Y, *, out=None):
+    """``relu_grad`` as one ElementwiseKernel, into ``out`` when given; other dtypes or
+    shapes than one of both as the generic kernel computes them."""
+    if dY.dtype != Y.dtype or dY.shape != Y.shape or (out is not None and out.shape != dY.shape):
+        result = relu_grad(xp, dY, Y)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+    kernel = _relu_grad_kernel(xp.ElementwiseKernel)
+    return kernel(dY, Y) if out is None else kernel(dY, Y, out)
+
+
+@functools.lru_cache(maxsize=None)
+def _relu_grad_kernel(make):
+    inputs, outputs, body = RELU_GRAD_GPU
+    return make(inputs, outputs, body, "mixrt_relu_grad", preamble=SELECT_PREAMBLE)
 
 
 def _bitwise_suits(dY, Y, out) -> bool:

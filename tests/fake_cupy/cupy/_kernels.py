@@ -26,6 +26,7 @@ def _nan_min(a, b):
 FUNCTIONS = {"mx_max": _nan_max, "mx_min": _nan_min, "fabs": _np.abs, "exp": _np.exp,
              "log": _np.log, "sqrt": _np.sqrt, "floor": _np.floor, "ceil": _np.ceil,
              "tanh": _np.tanh, "pow": _np.power, "where": _np.where,
+             "mx_select": _np.where,
              "sin": _np.sin, "cos": _np.cos, "tan": _np.tan, "asin": _np.arcsin,
              "acos": _np.arccos, "atan": _np.arctan, "sinh": _np.sinh, "cosh": _np.cosh,
              "asinh": _np.arcsinh, "acosh": _np.arccosh, "atanh": _np.arctanh,
