@@ -324,3 +324,31 @@ def test_every_declared_call_is_in_the_installed_cudnn():
     library = ctypes.CDLL(_installed_cudnn()[0], mode=ctypes.RTLD_GLOBAL)
     cudnn._declare(library)
     assert library.cudnnGetVersion() >= 90000
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", ["plain 3x3", "asymmetric pads", "1-D"])
+@pytest.mark.parametrize("input_grad", [1, 0])
+def test_the_first_gradient_is_written_into_out(library, case, input_grad):
+    """ConvGrad's first output (dX, or dW without it) goes into the arena's view given as
+    ``out`` where cuDNN can write there (not where pads were put into the input: that dX is
+    cropped, and handed back for the run loop to place), with the values it returns
+    without ``out``."""
+    import cupy  # noqa: PLC0415
+    x, w, attributes = _operands(case, "float32")
+    x, w = cupy.asarray(x), cupy.asarray(w)
+    dy = cupy.asarray(RNG.standard_normal(conv_gpu(cupy, x, w, **attributes).shape)
+                      .astype(np.float32))
+    flags = dict(input_grad=input_grad, weight_grad=1)
+    plain = conv_grad_gpu(cupy, dy, x, w, **attributes, **flags)
+    first = (x if input_grad else w)
+    out = cupy.full(first.shape, 7, dtype=np.float32)
+    got = conv_grad_gpu(cupy, dy, x, w, **attributes, **flags, out=out)
+    got, plain = (got if isinstance(got, tuple) else (got,)), \
+        (plain if isinstance(plain, tuple) else (plain,))
+    uneven = case in ("asymmetric pads", "1-D")  # both pad one side more than the other
+    assert (got[0] is out) == (not uneven or not input_grad)
+    for mine, reference in zip(got, plain, strict=True):
+        assert mine.shape == reference.shape
+        np.testing.assert_allclose(cupy.asnumpy(mine), cupy.asnumpy(reference), rtol=1e-6,
+                                   atol=1e-6)

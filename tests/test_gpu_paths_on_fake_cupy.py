@@ -195,13 +195,18 @@ def test_a_gpu_session_runs_the_kernel_registered_for_the_gpu(monkeypatch):
 
 @needs_gpu
 def test_an_imperative_op_on_the_gpu_runs_the_kernel_registered_for_the_gpu(monkeypatch):
-    """Relu has no GPU kernel of its own: a function registered for the GPU takes its place."""
-    relu = REGISTRY.versions("", "Relu")
-    calls = _spied(monkeypatch, relu)
+    """Relu's GPU kernel (ops/elementwise/elementwise_gpu.py) runs for an NDArray on the GPU;
+    Tanh has none of its own: the function registered for the GPU is the generic one."""
+    relu, tanh = REGISTRY.versions("", "Relu"), REGISTRY.versions("", "Tanh")
+    calls = _spied(monkeypatch, relu + tanh)
     x = RNG.standard_normal((4, 5)).astype(np.float32)
     got = nd.array(x, ctx=mixrt.gpu(0)).relu()
-    assert calls and set(calls) == {relu[-1].fn.__name__}
+    assert calls and set(calls) == {"relu_gpu"}
     np.testing.assert_array_equal(got.asnumpy(), np.maximum(x, 0))
+    calls.clear()
+    got = nd.array(x, ctx=mixrt.gpu(0)).tanh()
+    assert calls and set(calls) == {tanh[-1].fn.__name__}
+    np.testing.assert_allclose(got.asnumpy(), np.tanh(x), rtol=1e-6)
 
 
 FUSED_PROGRAMS = {

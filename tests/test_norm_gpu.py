@@ -155,3 +155,24 @@ def test_the_fused_kernels_cuda_compiles(value_type):
     for name, spec in specs.items():
         status, log = nvrtc_compile(_as_cuda(spec, value_type))
         assert status == 0, f"{name}: {log}"
+
+
+@needs_gpu
+def test_the_batch_norm_gradient_writes_dx_into_out():
+    import cupy  # noqa: PLC0415
+    rng = np.random.default_rng(4)
+    x, dy = (rng.standard_normal((3, 4, 5, 5)).astype(np.float32) for _ in range(2))
+    scale = rng.standard_normal(4).astype(np.float32)
+    operands = [cupy.asarray(a) for a in (dy, x, scale)]
+    plain = batch_norm_grad_gpu(cupy, *operands, training_mode=1)
+    out = cupy.full(x.shape, 7, dtype=np.float32)
+    got = batch_norm_grad_gpu(cupy, *operands, training_mode=1, out=out)
+    assert got[0] is out
+    for mine, reference in zip(got, plain, strict=True):
+        np.testing.assert_array_equal(cupy.asnumpy(mine), cupy.asnumpy(reference))
+    # inference mode takes the generic kernel, and still fills out
+    mean, var = cupy.zeros(4, np.float32), cupy.ones(4, np.float32)
+    got = batch_norm_grad_gpu(cupy, *operands, mean, var, out=out)
+    assert got[0] is out
+    np.testing.assert_allclose(cupy.asnumpy(out), batch_norm_grad(
+        np, dy, x, scale, np.zeros(4, np.float32), np.ones(4, np.float32))[0], rtol=1e-5)

@@ -14,6 +14,7 @@ ONNX says more than cuDNN takes, so a convolution is brought to cuDNN's form fir
 from __future__ import annotations
 
 import functools
+import math
 
 from mixrt.ops.conv import cudnn
 from mixrt.ops.conv.conv import conv, conv_geometry, crop_spatial, pad_spatial, work_dtype
@@ -86,12 +87,22 @@ def conv_gpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     return y
 
 
+def _writable(out, like, shape: tuple):
+    """``out`` as cuDNN's operand of ``shape`` where it can write there (a contiguous array
+    of ``like``'s shape and dtype, ``shape`` being that one with no pads added), else None."""
+    if out is None or out.shape != like.shape or out.dtype != like.dtype \
+            or not out.flags.c_contiguous or math.prod(shape) != out.size:
+        return None
+    return out.reshape(shape)
+
+
 @conv_grad.fast("gpu")
 def conv_grad_gpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
                   kernel_shape=None, pads=None, strides=None, input_grad=1, weight_grad=1,
-                  bias_grad=0):
+                  bias_grad=0, out=None):
     """Those of dX (cuDNN's data gradient), dW (its filter gradient) and dB whose flag is
-    set, in that order."""
+    set, in that order; the first written by cuDNN into ``out`` (the arena's view of it)
+    when given, rather than copied there by the run loop."""
     attributes = _attributes(auto_pad, dilations, group, kernel_shape, pads, strides)
     layout = _cudnn_layout(X, W, None, attributes) if dY.dtype == X.dtype else None
     if layout is None:
@@ -101,15 +112,21 @@ def conv_grad_gpu(xp, dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1,
     dy = xp.ascontiguousarray(dY).reshape(geometry.y_shape)
     grads = []
     if input_grad:
+        into = _writable(out, X, geometry.x_shape)
         dx = cudnn.data_gradient(xp, dy, xp.ascontiguousarray(W).reshape(geometry.w_shape),
-                                 geometry)
+                                 geometry, out=into)
+        if into is not None:
+            grads.append(out)
+            out = None
         dx = dx.reshape(geometry.x_shape[:X.ndim])
         if any(d != x for d, x in zip(dx.shape, X.shape)):  # the pads put into the input
             dx = xp.ascontiguousarray(crop_spatial(xp, dx, extra_begin, X.shape[2:]))
-        grads.append(dx)
+        if not grads:
+            grads.append(dx)
     if weight_grad:
-        dw = cudnn.filter_gradient(xp, dy, _as_cudnn_input(xp, X, layout), geometry)
-        grads.append(dw.reshape(W.shape))
+        into = _writable(out, W, geometry.w_shape) if not grads else None
+        dw = cudnn.filter_gradient(xp, dy, _as_cudnn_input(xp, X, layout), geometry, out=into)
+        grads.append(out if into is not None else dw.reshape(W.shape))
     if bias_grad:
         grads.append(_bias_grad(dY, work_dtype(dY.dtype)))
     return grads[0] if len(grads) == 1 else tuple(grads)

@@ -140,13 +140,14 @@ def batch_normalization_gpu(xp, X, scale, B, input_mean, input_var, *, epsilon=1
 
 @batch_norm_grad.fast("gpu")
 def batch_norm_grad_gpu(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, spatial=1,
-                        training_mode=0, _outputs=3):
-    """dX, dscale, dB of training mode fused (see the module docstring); inference mode and
-    spatial=0 as the generic kernel."""
+                        training_mode=0, _outputs=3, out=None):
+    """dX, dscale, dB of training mode fused (see the module docstring), dX written into
+    ``out`` when given; inference mode and spatial=0 as the generic kernel."""
     if not training_mode or not _usable(X) or dY.dtype != X.dtype:
-        return batch_norm_grad(
+        grads = batch_norm_grad(
             xp, dY, X, scale, mean, var, epsilon=epsilon, spatial=spatial,
             training_mode=training_mode, _outputs=_outputs)
+        return _first_into(out, grads)
     dtype = _work_dtype(X.dtype)
     n, c = X.shape[:2]
     x3 = xp.ascontiguousarray(X).reshape(n, c, -1)
@@ -160,13 +161,23 @@ def batch_norm_grad_gpu(xp, dY, X, scale, mean=None, var=None, *, epsilon=1e-5, 
     count = float(n * math.prod(X.shape[2:]))
     _run(xp, _GRADIENT_TERMS, "mixrt_bn_gradient_terms", sum_dy, sum_dyx, inv_std, gamma,
          count, d_scale, c1, c2, c3)
-    dx = xp.empty(X.shape, dtype=X.dtype)
+    dx = out if out is not None and out.flags.c_contiguous and out.shape == X.shape \
+        and out.dtype == X.dtype else xp.empty(X.shape, dtype=X.dtype)
     per_channel = [v.reshape(1, c, 1) for v in (batch_mean, c1, c2, c3)]
     _run(xp, _INPUT_GRADIENT, "mixrt_bn_input_gradient", dy3, x3, *per_channel,
          dx.reshape(n, c, -1))
     grads = (dx, d_scale.astype(scale.dtype, copy=False).reshape(scale.shape),
              sum_dy.astype(scale.dtype, copy=False).reshape(scale.shape))
-    return grads[:_outputs]
+    return _first_into(out, grads[:_outputs])
+
+
+def _first_into(out, grads):
+    """``grads`` (one array or a tuple) with the first in ``out`` when given."""
+    first = grads[0] if isinstance(grads, tuple) else grads
+    if out is None or first is out:
+        return grads
+    out[...] = first
+    return (out, *grads[1:]) if isinstance(grads, tuple) else out
 
 
 # -- LayerNormalization ----------------------------------------------------------------------

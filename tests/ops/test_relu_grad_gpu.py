@@ -69,3 +69,25 @@ def test_its_cuda_compiles(value_type):
               f"dxs[threadIdx.x] = dx; }}")
     status, log = nvrtc_compile(source)
     assert status == 0, log
+
+
+@needs_gpu
+def test_relu_and_sum_write_into_out():
+    """Relu and Sum on a GPU fill the arena's view given as ``out`` (ops/elementwise/
+    elementwise_gpu.py); float16 Sum, which accumulates wider, is filled from the generic
+    kernel's value."""
+    import cupy  # noqa: PLC0415
+    from mixrt.ops.elementwise.activation import relu
+    from mixrt.ops.elementwise.elementwise import sum_
+    from mixrt.ops.elementwise.elementwise_gpu import relu_gpu, sum_gpu
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    x[0, 0] = np.nan
+    out = cupy.empty_like(cupy.asarray(x))
+    assert relu_gpu(cupy, cupy.asarray(x), out=out) is out
+    np.testing.assert_array_equal(cupy.asnumpy(out), relu(np, x))
+    for dtype in (np.float32, np.float16):
+        parts = [rng.standard_normal((3, 6)).astype(dtype) for _ in range(3)]
+        out = cupy.empty((3, 6), dtype=dtype)
+        assert sum_gpu(cupy, *(cupy.asarray(p) for p in parts), out=out) is out
+        np.testing.assert_array_equal(cupy.asnumpy(out), sum_(np, *parts))
