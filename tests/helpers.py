@@ -126,3 +126,17 @@ def nvrtc_compile(source: str) -> tuple[int, str]:
     library.nvrtcGetProgramLog(program, log)
     library.nvrtcDestroyProgram(ctypes.byref(program))
     return status, log.value.decode()
+
+
+def counted_optimizer_launches(monkeypatch) -> list:
+    """The names of the multi-tensor optimizer kernels (runtime/optimizer_kernels.py)
+    launched from now on, in order, in the list returned."""
+    from mixrt.runtime import optimizer_kernels
+    launches: list = []
+    made = optimizer_kernels._raw
+
+    def counted(xp, code, kernel_name):
+        kernel = made(xp, code, kernel_name)
+        return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
+    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    return launches

@@ -5,6 +5,7 @@ against it with one context)."""
 import mixrt  # noqa: F401,I001
 import numpy as np
 import pytest
+from helpers import counted_optimizer_launches
 from mixrt import autograd, gluon, kv, lr_scheduler, nd
 from mixrt.gluon.trainer import TrainerConfigError
 
@@ -180,16 +181,9 @@ def test_mxnets_sgd_on_a_gpu_updates_every_weight_in_one_launch(options, monkeyp
     """Trainer(params, "sgd") on a GPU: each step's updates are one multi-tensor launch
     (runtime/optimizer_kernels.py's MXNet rule) and give the CPU's weights."""
     from mixrt.ops.device import gpu_available
-    from mixrt.runtime import optimizer_kernels
     if not gpu_available():
         pytest.skip("no CUDA GPU (or no CuPy)")
-    launches = []
-    made = optimizer_kernels._raw
-
-    def counted(xp, code, kernel_name):
-        kernel = made(xp, code, kernel_name)
-        return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
-    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    launches = counted_optimizer_launches(monkeypatch)
     expected = _sgd_trained(mixrt.cpu(), **options)
     assert not launches
     got = _sgd_trained(mixrt.gpu(0), **options)

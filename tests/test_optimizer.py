@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import nvrtc, nvrtc_compile
+from helpers import counted_optimizer_launches, nvrtc, nvrtc_compile
 
 from mixrt import lr_scheduler
 # the engine's optimizers (PyTorch's rules); mixrt.optimizer is MXNet's (test_mxnet_optimizer)
@@ -566,16 +566,9 @@ def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypat
     the CPU gives."""
     cupy = pytest.importorskip("cupy")
     from mixrt.ops.device import gpu_available
-    from mixrt.runtime import optimizer_kernels
     if not gpu_available():
         pytest.skip("no CUDA GPU")
-    launches = []
-    made = optimizer_kernels._raw
-
-    def counted(xp, code, kernel_name):
-        kernel = made(xp, code, kernel_name)
-        return lambda *args: (launches.append(kernel_name), kernel(*args))[1]
-    monkeypatch.setattr(optimizer_kernels, "_raw", counted)
+    launches = counted_optimizer_launches(monkeypatch)
     weights, grads = random_problem(seed=9, steps=3, dtype=dtype)
     expected = run(_multiplied(optimizer.create(name, **params)), weights, grads)
     result = run_many(_multiplied(optimizer.create(name, **params)),
