@@ -10,6 +10,12 @@ reaches 2**24, K is cut into chunks short enough to keep each chunk's sums below
 chunks' exact sums are added in float64. A constant B is centered and converted to float32
 once per session (its ``_prepacked`` dict). On a GPU the product is float64 throughout, where
 every sum of fewer than 2**20 such products is exact.
+
+The exact sum is then requantized as onnxruntime's MlasRequantizeOutput does, which decides
+the codes its QLinearConv and QLinearMatMul give: the sum converted to float32 once, times the
+float32 multiplier ``x_scale * w_scale / y_scale`` (formed in that order, each step rounded to
+float32), rounded half to even, shifted by the zero point and saturated. The same steps in
+float64 land on the other side of .5 for a few outputs per layer (requantize_sum).
 """
 
 from __future__ import annotations
@@ -100,6 +106,23 @@ def saturate_to(xp, values, dtype, *, saturate=1):
         return cast_array(xp, values, dtype, saturate=saturate)
     low, high = integer_range(dtype)
     return xp.clip(xp.rint(values), low, high).astype(dtype)
+
+
+def output_multiplier(x_scale, w_scale, y_scale):
+    """x_scale * w_scale / y_scale in float32, multiplied first and each step rounded, as
+    onnxruntime forms the requantization scale (``w_scale`` may be one per output channel,
+    shaped by the caller)."""
+    return (_as_float(x_scale, np.float32) * _as_float(w_scale, np.float32)) \
+        / _as_float(y_scale, np.float32)
+
+
+def requantize_sum(xp, total, multiplier, zero_point):
+    """The codes of an exact integer sum (floats or int32, the bias included) as
+    onnxruntime's MlasRequantizeOutput computes them: float32(total) * multiplier, rounded
+    half to even, plus the zero point, saturated to the zero point's type."""
+    values = total.astype(np.float32) * multiplier
+    return saturate_to(xp, xp.rint(values) + _as_float(zero_point, np.float32),
+                       zero_point.dtype)
 
 
 def _quantized_dtype(zero_point, output_dtype) -> np.dtype:
@@ -418,9 +441,14 @@ def _(A, B, a_zero_point=None, b_zero_point=None, **__):
 @op("QLinearMatMul", since=10, dtypes=INT8S)
 def qlinear_matmul(xp, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                    y_zero_point):
-    """Quantized matmul: the exact integer product rescaled by a_scale * b_scale / y_scale."""
+    """Quantized matmul: the exact integer product rescaled by a_scale * b_scale / y_scale
+    (in float32 for 8-bit outputs, as onnxruntime does; float8 outputs in float64)."""
     accumulated = xp.matmul(_centered(a, a_zero_point, per_row=True),
                             _centered(b, b_zero_point))
+    if _is_integer(y_zero_point.dtype):
+        return requantize_sum(xp, accumulated,
+                              output_multiplier(_per_row(a_scale, a.ndim), b_scale, y_scale),
+                              y_zero_point)
     real = accumulated * _per_row(a_scale, a.ndim) * _as_float(b_scale)
     return saturate_to(xp, real / _as_float(y_scale) + _as_float(y_zero_point),
                        y_zero_point.dtype)
@@ -488,19 +516,23 @@ def qlinear_conv(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale
                  B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                  pads=None, strides=None):
     """Quantized conv: the exact integer conv plus the int32 bias B (scale x_scale * w_scale),
-    rescaled by x_scale * w_scale / y_scale per output channel."""
+    requantized by x_scale * w_scale / y_scale per output channel in float32."""
     attrs = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                  kernel_shape=kernel_shape, pads=pads, strides=strides)
     accumulated = _integer_conv(xp, x, w, x_zero_point, w_zero_point, attrs)
     channel_shape = (1, -1) + (1,) * (accumulated.ndim - 2)
     if B is not None:
         accumulated = accumulated + _as_float(B).reshape(channel_shape)
-    w_scale = _as_float(w_scale)
-    if w_scale.size > 1:
-        w_scale = w_scale.reshape(channel_shape)
-    real = accumulated * (_as_float(x_scale).reshape(()) * w_scale)
-    return saturate_to(xp, real / _as_float(y_scale).reshape(()) + _as_float(y_zero_point),
-                       y_zero_point.dtype)
+    return requantize_sum(xp, accumulated, conv_multiplier(x_scale, w_scale, y_scale,
+                                                           accumulated.ndim),
+                          y_zero_point.reshape(()))
+
+
+def conv_multiplier(x_scale, w_scale, y_scale, ndim):
+    """QLinearConv's float32 requantization scale, one per output channel shaped
+    (1, M, 1, ...) for a rank-``ndim`` output when w_scale has one per channel."""
+    w_scale = w_scale.reshape((1, -1) + (1,) * (ndim - 2) if w_scale.size > 1 else ())
+    return output_multiplier(x_scale.reshape(()), w_scale, y_scale.reshape(()))
 
 
 def _conv_shape(x, w, attrs):

@@ -30,7 +30,7 @@ from mixrt.ops.quant.contrib_quant_matmul import (PRODUCT_TO_FLOAT, _centered as
                                                   product_operands)
 from mixrt.ops.conv.conv_cpu import conv_cpu as _float_conv
 from mixrt.ops.quant.quantize import (_centered, _constant_dict, centered_weight,
-                                      dequantize_linear, dequantize_linear_10,
+                                      conv_multiplier, dequantize_linear, dequantize_linear_10,
                                       dequantize_linear_13, dequantize_linear_21,
                                       dequantize_linear_23, dynamic_quantize_linear,
                                       exact_integer_product, integer_range, matmul_integer,
@@ -156,7 +156,8 @@ dynamic_quantize_linear.fast("cpu")(dynamic_quantize_cpu)
 # NumPy's im2col (a batched matmul of 1x9 rows for a depthwise layer): a QOperator MobileNetV3
 # spent 74 of its ~70-ms run there. Here the centred weights are made once per node and the
 # convolution is the CPU fast path's (ops/conv/conv_cpu.py) in float64, where every sum of 8-bit
-# products is an exact integer in any order, so the result is the generic kernel's exactly.
+# products is an exact integer in any order; the requantization is the generic kernel's float32
+# one, so the result is the generic kernel's exactly.
 
 def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
                      y_zero_point, B=None, *, out=None, _node=None, **attributes):
@@ -171,17 +172,14 @@ def qlinear_conv_cpu(xp, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_s
     channels = (1, -1) + (1,) * (accumulated.ndim - 2)
     if B is not None:
         accumulated += B.astype(np.float64).reshape(channels)
-    scale = w_scale.astype(np.float64)
-    if scale.size > 1:
-        scale = scale.reshape(channels)
-    # the generic kernel's float64 steps in its order, in place
-    accumulated *= x_scale.astype(np.float64).reshape(()) * scale
-    accumulated /= y_scale.astype(np.float64).reshape(())
-    accumulated += y_zero_point.astype(np.float64)
+    # the generic kernel's float32 requantization (quantize.requantize_sum), in place
+    values = accumulated.astype(np.float32)
+    values *= conv_multiplier(x_scale, w_scale, y_scale, values.ndim)
+    np.rint(values, out=values)
+    values += np.float32(_zero(y_zero_point))
     low, high = integer_range(y_zero_point.dtype)
-    np.rint(accumulated, out=accumulated)
-    np.clip(accumulated, low, high, out=accumulated)
-    return _into(out, accumulated.astype(y_zero_point.dtype))
+    np.clip(values, low, high, out=values)
+    return _into(out, values.astype(y_zero_point.dtype))
 
 
 def _conv_state(xp, node, w, w_zero_point, x_scale, x_zero_point, y_scale):
