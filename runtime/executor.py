@@ -113,6 +113,9 @@ class Arena:
         self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
         self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
         self.calls: list | None = None
+        # (tier, thread, native pool, scratch generation) -> the calls with bound steps
+        # (runtime/run_loop.bind_calls)
+        self.bound: dict = {}
 
 
 def host_copies(plan: ExecutionPlan, constants: dict) -> dict:

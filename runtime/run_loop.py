@@ -7,6 +7,8 @@ does little more than call the kernels in order (``runtime/executor.py`` makes t
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections import ChainMap
 from operator import itemgetter
 
@@ -14,6 +16,8 @@ import numpy as np
 
 from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
+from mixrt.ops.compiled import jit_cpu, jit_tier
+from mixrt.ops.ir.bound_calls import binder_for
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
@@ -70,12 +74,74 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
 
 
 def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
-    """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's)."""
+    """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's):
+    the arena's bound calls (``ops/ir/bound_calls.py``) for this tier and thread where an
+    earlier run made them, else the kernels' calls, binding them after the run."""
     calls = _calls(arena, plan)
     if plan.host_args:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
-    else:
+        return
+    if not BIND:
         _run_host_calls(calls, env, arena.buffer)
+        return
+    key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool(),
+           jit_cpu.scratch_generation())
+    bound = arena.bound.get(key)
+    if bound is not None:
+        _run_host_calls(bound, env, arena.buffer)
+        return
+    _run_host_calls(calls, env, arena.buffer)
+    if len(arena.bound) >= MAX_BINDINGS:  # threads come and go: keep the latest few
+        arena.bound.pop(next(iter(arena.bound)))
+    arena.bound[key] = bind_calls(calls, env, arena, plan)
+
+
+# bound calls on (MIXRT_BIND=0: every run calls the kernels, to compare or to bisect)
+BIND = os.environ.get("MIXRT_BIND", "1") != "0"
+MAX_BINDINGS = 4  # bound call lists an arena keeps (per tier, thread, pool and scratch)
+
+
+def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan) -> list:
+    """The arena's calls with each bindable step's kernel replaced by its binder's closure,
+    made from ``env`` as the run that just ended left it. A step is bindable when it writes
+    into its static view and every input is stable: a constant (an initializer or a frozen
+    value, the same object each run), or a value the plan keeps in a static view (a step's
+    output that the run left as that view, written there by its kernel or copied there,
+    or a known-shape reshape of one). Feeds are not: a caller may pass arrays of any
+    layout."""
+    feeds = {name for name, _ in plan.signature}
+    made = {name for step in plan.steps for name in step.node.outputs}
+    stable: set = set()
+
+    def steady(name):
+        return name in stable or (name not in made and name not in feeds and name in env)
+
+    bound = []
+    for call in calls:
+        step, inputs, attributes, placed, form = call
+        if form is not None and form[0] < 0:  # a reshape of known shape
+            if steady(form[1]):
+                stable.add(form[2])
+        elif form is not None and form[2] is not None and form[3] is not None \
+                and env.get(form[2]) is form[3]:  # the value is its view, as every run
+            out = attributes.get("out")
+            if out is form[3] and all(map(steady, inputs)):
+                call = _bound(call, out, env)
+            stable.add(form[2])
+        bound.append(call)
+    return bound
+
+
+def _bound(call, out, env):
+    step, inputs, attributes, placed, form = call
+    binder = binder_for(step.fn)
+    if binder is None:
+        return call
+    try:
+        fn = binder([env[name] for name in inputs], out, attributes)
+    except Exception:  # noqa: BLE001  (a binder that fails leaves the kernel's call)
+        fn = None
+    return call if fn is None else (step, inputs, attributes, placed, form[:5] + (None, fn))
 
 
 def _calls(arena: Arena, plan: ExecutionPlan) -> list:
@@ -103,20 +169,21 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
 
 
 def _host_form(step, outputs):
-    """(arity, the input names or their getter, output name, view, detached, node state) of
-    a step the host loop runs on its own: every input present, no subgraph, and one named
-    output, or several (a classifier's label and scores), which the form names by None
-    with the outputs' (name, view, detached) where one output has its view."""
+    """(arity, the input names or their getter, output name, view, detached, node state,
+    bound call) of a step the host loop runs on its own: every input present, no subgraph,
+    and one named output, or several (a classifier's label and scores), which the form
+    names by None with the outputs' (name, view, detached) where one output has its view.
+    The bound call is None until :func:`bind_calls` makes the arena's bound forms."""
     names = tuple(step.inputs)
     if step.subgraphs or not outputs or not all(names):
         return None
     fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
     if len(outputs) > 1:
-        return len(names), fetch, None, outputs, False, node_state(step.attributes)
+        return len(names), fetch, None, outputs, False, node_state(step.attributes), None
     name, view, detach = outputs[0]
     if not name:
         return None
-    return len(names), fetch, name, view, detach, node_state(step.attributes)
+    return len(names), fetch, name, view, detach, node_state(step.attributes), None
 
 
 def _reshape_form(step, plan):
@@ -125,7 +192,7 @@ def _reshape_form(step, plan):
     output views input 0 (an arena tensor, or a value the arena does not hold) and is no
     graph output (make_plan): it has no slot and is never detached."""
     name = step.node.outputs[0]
-    return -1, step.inputs[0], name, plan.reshapes[name], False, None
+    return -1, step.inputs[0], name, plan.reshapes[name], False, None, None
 
 
 def node_state(attributes) -> dict | None:
@@ -148,7 +215,7 @@ def _run_host_calls(calls, env, buffer) -> None:
             _run_calls((call,), env, np, buffer, {}, None)
             continue
         step, _, attributes, _, _ = call
-        arity, fetch, name, view, detach, state = form
+        arity, fetch, name, view, detach, state, bound = form
         if arity < 0:  # a reshape of known shape (_reshape_form): view is that shape
             source = env.get(fetch)
             if source is not None and source.size == math.prod(view):
@@ -161,9 +228,12 @@ def _run_host_calls(calls, env, buffer) -> None:
         except KeyError as exc:
             raise _unread(step, exc) from None
         try:
-            prepared = state.get("call") if state is not None else None
-            result = step.fn(np, *args, **attributes) if prepared is None \
-                else prepared(np, *args)
+            if bound is not None:  # the arena's bound call: the kernel's route, settled
+                result = bound(*args)
+            else:
+                prepared = state.get("call") if state is not None else None
+                result = step.fn(np, *args, **attributes) if prepared is None \
+                    else prepared(np, *args)
         except MixrtError:
             raise
         except Exception as exc:

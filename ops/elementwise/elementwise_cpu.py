@@ -12,6 +12,7 @@ import numpy as np
 
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.out_arrays import into, native
+from mixrt.ops.ir.bound_calls import binds, binds_replay
 from mixrt.ops.elementwise import elementwise
 from mixrt.ops.elementwise.activation import relu, sigmoid, tanh
 from mixrt.ops.elementwise.elementwise import add, div, mul, quiet, sub, sum_
@@ -25,6 +26,10 @@ def _binary(generic, ufunc):
             return into(out, generic(xp, A, B))
         return ufunc(A, B, out=out)
     fast.__name__ = f"{generic.__name__}_cpu"
+
+    @binds(fast)  # its planned call, bound once per arena (ops/ir/bound_calls.py)
+    def bind(args, out, attributes):
+        return (lambda A, B: ufunc(A, B, out=out)) if native(*args, out) else None
     return fast
 
 
@@ -43,6 +48,10 @@ def _unary(generic, ufunc):
         with quiet(np):
             return ufunc(X, out)
     fast.__name__ = f"{generic.__name__}_cpu"
+
+    @binds(fast)  # bound calls run inside a run, whose NumPy error state is quiet already
+    def bind(args, out, attributes):
+        return (lambda X: ufunc(X, out)) if native(*args, out) else None
     return fast
 
 
@@ -107,3 +116,7 @@ def fused_elementwise_cpu(xp, *inputs, ops=(), operands=(), params=(), out=None,
     compiled = node_program(_node, ops, operands, params, len(inputs))
     with quiet(np):
         return compiled.run_cpu(inputs, out, _node if out is not None else None)
+
+
+# its planned call, bound once per arena (ops/ir/bound_calls.py): the recorded replay
+binds_replay(fused_elementwise_cpu, lambda args, out: tuple(args) + (out,))

@@ -12,10 +12,11 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.ir.bound_calls import binds, binds_replay, padded
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
-from mixrt.ops.compiled.parallel import parallel_rows
+from mixrt.ops.compiled.parallel import parallel_rows, row_parts
 from mixrt.ops.elementwise.row_blocks import same_view
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.norm import batch_normalization, batch_normalization_9, layer_normalization
@@ -225,3 +226,34 @@ def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stas
     if B is not None:
         out += B
     return out
+
+
+# their planned calls, bound once per arena (ops/ir/bound_calls.py): the recorded replays
+binds_replay(mat_mul_cpu, lambda args, out: (args[0], args[1], out), "_prepacked")
+binds_replay(gemm_cpu, lambda args, out: padded(args, 3) + (out,), "_prepacked")
+binds_replay(layer_normalization_cpu, lambda args, out: padded(args, 3) + (out,))
+
+
+@binds(softmax_cpu)
+def bind_softmax(args, out, attributes):
+    """Softmax over the last axis (or one before trailing ones) in one part of rows: the
+    compiled row kernels on the rows as ``softmax_cpu`` calls them, without its checks."""
+    (input,), axis = args, attributes.get("axis", -1)
+    if input.ndim == 2 and input.size <= SMALL_SOFTMAX and axis in (-1, 1) \
+            and _small_rows_suit(input, out):
+        return lambda input: _small_softmax(input, out)
+    if input.ndim == 0 or math.prod(input.shape[axis % input.ndim + 1:]) != 1 \
+            or not native(input, out) or input.size == 0 or not out.flags.c_contiguous \
+            or (np.may_share_memory(out, input) and not same_view(out, input)):
+        return None
+    width = input.shape[axis]
+    shape = (input.size // width, width)
+    target = out.reshape(shape)
+    if not row_kernels.softmax_suits(input.reshape(shape), target) \
+            or len(row_parts(*shape)) != 1:
+        return None
+
+    def call(input):
+        row_kernels.softmax_rows(input.reshape(shape), target, 0, shape[0])
+        return out
+    return call

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from mixrt.ops.ir.bound_calls import binds_replay
 from mixrt.ops.compiled import replay
 from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
@@ -441,3 +442,8 @@ def _window_counts(in_dims, geometry, include_pad, dtype):
     counts = counts.astype(dtype)
     counts.flags.writeable = False  # shared by every call with this geometry
     return counts
+
+
+# their planned calls, bound once per arena (ops/ir/bound_calls.py): the recorded replays
+binds_replay(max_pool_cpu, lambda args, out: (args[0], out))
+binds_replay(average_pool_cpu, lambda args, out: (args[0], out))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled.out_arrays import into
+from mixrt.ops.ir.bound_calls import binds
 from mixrt.ops.ir.types import normalize_axis
 from mixrt.ops.shape.index import gather, scatter_elements
 from mixrt.ops.shape.shape import concat, expand, host_ints, transpose
@@ -99,3 +100,30 @@ def transpose_cpu(xp, data, *, perm=None, out=None):
         return transpose(xp, data, perm=perm)
     np.copyto(out, np.transpose(data, perm))
     return out
+
+
+# their planned calls, bound once per arena (ops/ir/bound_calls.py)
+
+@binds(transpose_cpu)
+def bind_transpose(args, out, attributes):
+    perm = attributes.get("perm")
+
+    def call(data):
+        np.copyto(out, np.transpose(data, perm))
+        return out
+    return call
+
+
+@binds(gather_cpu)
+def bind_gather(args, out, attributes):
+    """``np.take`` into ``out`` where ``gather_cpu`` takes it (indices are checked by it on
+    every call, as ONNX asks)."""
+    data, indices = args
+    if not (isinstance(data, np.ndarray) and isinstance(indices, np.ndarray)
+            and indices.dtype.kind in "iu" and indices.size <= TAKE_INDICES):
+        return None
+    axis = normalize_axis(attributes.get("axis", 0), data.ndim)
+    if out.shape != data.shape[:axis] + indices.shape + data.shape[axis + 1:] \
+            or out.dtype != data.dtype or np.may_share_memory(out, data):
+        return None
+    return lambda data, indices: np.take(data, indices, axis=axis, out=out)

@@ -1,0 +1,87 @@
+"""Bound calls: a node's CPU kernel call settled once for an arena, then made as one call.
+
+In a planned CPU run every node gets the same arrays each time (its output and most inputs
+are views the arena made once, its weights the session's constants) and the same shapes, so
+the route its kernel picks among its forms (the BLAS, the packed panels, a compiled loop,
+NumPy's ufuncs) is the same on every run. Yet each call checked the dtypes, contiguity and
+aliasing again and walked the routes to it: 5-15 us of Python a node, which at small shapes
+is most of a run (a 2-layer BERT with hidden 64 over 16 tokens: ~6 us a node, the products
+themselves ~2). onnxruntime makes that choice once, when it creates its kernels.
+
+After an arena's first run in a tier, on a thread (``runtime/run_loop.bind_calls``), each
+step whose kernel has a *binder* here, whose output has its static view and whose inputs are
+stable (constants, or values the plan makes in views of a known layout), gets its binder's
+closure: ``call(*inputs) -> out``, the route the kernel took, with nothing left to decide.
+A binder sees the arrays of that first run (layouts only: values other than constants change
+from run to run) and returns None where it cannot promise the kernel's own arithmetic; the
+step then keeps the kernel. Closures are kept per arena and per (tier, thread, native pool,
+scratch generation), so one may hold the thread's scratch buffers and pool as a replay does
+(``ops/compiled/replay.py``).
+
+Two kinds of binder:
+
+* :func:`binds_replay`: kernels that record their call as the node's replay. Their bound call
+  is that recorded action, without the replay's per-call check of every array.
+* :func:`binds`: a function of its own that returns the closure (the small products of
+  ``ops/nn/bound_products.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from mixrt.ops.compiled import jit_cpu, replay
+
+_BINDERS: dict[Callable, Callable] = {}  # a kernel's binder of its own
+_REPLAYS: dict[Callable, Callable] = {}  # a kernel's binder through its replay
+
+
+def binds(*kernels: Callable) -> Callable:
+    """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels."""
+    def register(binder: Callable) -> Callable:
+        for kernel in kernels:
+            _BINDERS[kernel] = binder
+        return binder
+    return register
+
+
+def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> None:
+    """``kernel`` keeps its call as a replay in its ``state`` attribute (``_node`` or
+    ``_prepacked``), on the arrays ``arrange(args, out)``: its bound call is that action."""
+    def binder(args, out, attributes):
+        found = (attributes.get(state) or {}).get(replay.KEY)
+        if found is None or found.thread != threading.get_ident() \
+                or found.pool is not jit_cpu.native_pool() \
+                or found.scratch != jit_cpu.scratch_generation():
+            return None
+        arrays = arrange(args, out)
+        if len(arrays) != len(found.refs) or found.refs[-1]() is not out:
+            return None  # recorded for another arena's output (or another route)
+        action = found.action
+
+        def call(*args):
+            action(*arrange(args, out))
+            return out
+        return call
+    _REPLAYS[kernel] = binder
+
+
+def replay_binder(kernel: Callable) -> Callable:
+    """The binder through ``kernel``'s replay (a binder of its own hands the routes that
+    record one to it); one that binds nothing where the kernel keeps no replay."""
+    return _REPLAYS.get(kernel, _nothing)
+
+
+def _nothing(args, out, attributes):
+    return None
+
+
+def binder_for(kernel: Callable) -> Callable | None:
+    """The kernel's binder of its own, else the one through its replay, else None."""
+    return _BINDERS.get(kernel) or _REPLAYS.get(kernel)
+
+
+def padded(args, count: int) -> tuple:
+    """``args`` with the absent trailing optional inputs as None, ``count`` in all."""
+    return tuple(args) + (None,) * (count - len(args))

@@ -1,0 +1,148 @@
+"""The dense products' bound calls (``ops/ir/bound_calls.py``) where their kernels take the
+BLAS: MatMul, FusedMatMul, Gemm and FusedGemm.
+
+Below the packed panels' reach (``matmul_cpu.PANEL_MIN_WORK`` multiply-adds) a product is
+NumPy's ``matmul`` into the arena's view plus NumPy's bias add, and the kernels spent
+longer choosing that route than running it: a 2-layer BERT's 16 x 64 @ 64 x 64 layers took
+8-14 us a call of which the product was ~2. Each binder asks the kernel's own questions, in
+its order, once, and binds only where the answer is such a route (a panel product is bound
+through its replay instead, ``bound_calls.binds_replay``); the bound call then makes the same
+NumPy calls on the same operands, so it computes the very same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled.out_arrays import native
+from mixrt.ops.ir.bound_calls import binds, padded, replay_binder
+from mixrt.ops.nn import matmul_cpu as products
+from mixrt.ops.nn.fused import _aliases, add_and_activate_cpu, gemm_terms
+from mixrt.ops.nn.fused_cpu import (_TINY_ACTIVATIONS, TINY_WORK, _one_row_layer, _tiny_layer,
+                                    fused_gemm_cpu, fused_mat_mul_cpu)
+from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
+
+
+def _blas_product(A, B, out):
+    """The call ``dense_product`` comes to for these arrays when it is NumPy's product
+    (``product(A, B)``), else None: the panels, the stacked panels and the transposed
+    few-rows form are routes of their own."""
+    if B.ndim == 2 and B.size < products.MIN_WEIGHT \
+            and A.size * B.shape[1] < products.PANEL_MIN_WORK:
+        return _stacked(A, B, out)
+    if products.panels_suit(A, B, out, None) or products.stacks_suit(A, B, out) \
+            or products.suits(A, B):
+        return None
+    return _stacked(A, B, out)
+
+
+def _stacked(A, B, out):
+    """``stacked_product`` as a call: one product over A's merged rows where it merges."""
+    if A.ndim > 2 and B.ndim == 2 and A.flags.c_contiguous and out.flags.c_contiguous \
+            and out.shape == A.shape[:-1] + B.shape[1:]:
+        rows = (-1, A.shape[-1])
+        target = out.reshape(-1, B.shape[1])
+        return lambda A, B: np.matmul(A.reshape(rows), B, out=target)
+    return lambda A, B: np.matmul(A, B, out=out)
+
+
+@binds(mat_mul_cpu)
+def bind_mat_mul(args, out, attributes):
+    A, B = args
+    if not native(A, B, out):
+        return None
+    if products.one_row_blas(A, B, out):
+        return lambda A, B: np.matmul(A, B, out=out)
+    prepacked = attributes.get("_prepacked")
+    if prepacked is not None and products.panels_suit(A, B, out, prepacked):
+        return replay_binder(mat_mul_cpu)(args, out, attributes)
+    product = _blas_product(A, B, out)
+    if product is None:
+        return None
+
+    def call(A, B):
+        product(A, B)
+        return out
+    return call
+
+
+@binds(fused_mat_mul_cpu)
+def bind_fused_mat_mul(args, out, attributes):
+    A, B, bias, Z = padded(args, 4)
+    activation = attributes.get("activation", "")
+    params = attributes.get("activation_params")
+    if not activation and products.one_row_blas(A, B, out):
+        return lambda *args: _one_row_layer(*padded(args, 4), out)
+    if Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
+            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
+        return lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out)
+    if _aliases(np, out, A, B, bias, Z) or not out.dtype == A.dtype == B.dtype:
+        return None
+    prepacked = attributes.get("_prepacked")
+    if prepacked is not None and products.panels_suit(A, B, out, prepacked):
+        return replay_binder(fused_mat_mul_cpu)(args, out, attributes)
+    product = _blas_product(A, B, out)
+    if product is None:
+        return None
+    if activation:
+        def call(A, B, bias=None, Z=None):
+            product(A, B)
+            return add_and_activate_cpu(out, bias, Z, activation, params)
+        return call
+
+    def call(A, B, bias=None, Z=None):
+        product(A, B)
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if Z is not None:
+            np.add(out, Z, out=out)
+        return out
+    return call
+
+
+def _gemm_terms(alpha: float, beta: float):
+    """Gemm's ``out = alpha * out + beta * C`` after the product, as ``gemm_cpu`` applies
+    them (in place, in that order)."""
+    def finish(out, C):
+        if alpha != 1.0:
+            out *= out.dtype.type(alpha)
+        if C is not None and beta != 0.0:
+            out += C if beta == 1.0 else C * C.dtype.type(beta)
+        return out
+    return finish
+
+
+@binds(gemm_cpu)
+def bind_gemm(args, out, attributes):
+    A, B, C = padded(args, 3)
+    transA, transB = attributes.get("transA", 0), attributes.get("transB", 0)
+    if not native(A, B, C, out) or (C is not None and np.may_share_memory(out, C)) \
+            or not products.small_one_row(A, B, transA, transB, out):
+        return replay_binder(gemm_cpu)(args, out, attributes)
+    finish = _gemm_terms(attributes.get("alpha", 1.0), attributes.get("beta", 1.0))
+
+    def call(A, B, C=None):  # a decoder step's or a classifier's one row: the BLAS's gemv
+        np.matmul(A, B.T if transB else B, out=out)
+        return finish(out, C)
+    return call
+
+
+@binds(fused_gemm_cpu)
+def bind_fused_gemm(args, out, attributes):
+    A, B, C = padded(args, 3)
+    transA, transB = attributes.get("transA", 0), attributes.get("transB", 0)
+    alpha, beta = attributes.get("alpha", 1.0), attributes.get("beta", 1.0)
+    activation = attributes.get("activation", "")
+    params = attributes.get("activation_params")
+    if _aliases(np, out, A, B, C) or not A.dtype == B.dtype == out.dtype \
+            or (alpha == 1.0 and beta == 1.0 and C is not None and not transA
+                and products.panels_suit(A, B.T if transB else B, out,
+                                         attributes.get("_prepacked"))):
+        return replay_binder(fused_gemm_cpu)(args, out, attributes)
+    if not products.small_one_row(A, B, transA, transB, out):
+        return None
+
+    def call(A, B, C=None):  # as fused_gemm_cpu's gemm_product comes to for one row
+        y, C = gemm_terms(np.matmul(A, B.T if transB else B, out=out), C, alpha, beta)
+        return add_and_activate_cpu(y, C, None, activation, params)
+    return call

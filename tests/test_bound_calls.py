@@ -1,0 +1,112 @@
+"""A planned CPU run's bound calls (ops/ir/bound_calls.py, runtime/run_loop.bind_calls): after
+an arena's first run its steps call the route their kernel settled on, and give the very
+bits the kernels give; feeds, whose layout a caller chooses, never decide a bound route."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.runtime import run_loop
+
+
+def _attention_block(hidden=64, tokens=16):
+    """One small self-attention layer as exporters write it (dense layers with biases,
+    reshapes and transposes per head, scaled scores and their Softmax, which mixrt fuses
+    into one attention node), LayerNormalization, a feed-forward with Relu, a Softmax over
+    its output and a Gather of the first token (a pooler's)."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32),
+                                       name)
+    heads, size = 2, hidden // 2
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q0"]),
+             helper.make_node("Add", ["q0", "bq"], ["q"]),
+             helper.make_node("MatMul", ["x", "wk"], ["k0"]),
+             helper.make_node("Add", ["k0", "bk"], ["k"]),
+             helper.make_node("Reshape", ["q", "heads"], ["qh"]),
+             helper.make_node("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["k", "heads"], ["kh"]),
+             helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["qt", "kt"], ["scores"]),
+             helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
+             helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "qt"], ["ctx"]),
+             helper.make_node("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ctxt", "flat"], ["c"]),
+             helper.make_node("Add", ["c", "x"], ["res"]),
+             helper.make_node("LayerNormalization", ["res", "gamma", "beta"], ["ln"],
+                              axis=-1),
+             helper.make_node("MatMul", ["ln", "w1"], ["h0"]),
+             helper.make_node("Add", ["h0", "b1"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h"]),
+             helper.make_node("MatMul", ["h", "w2"], ["y0"]),
+             helper.make_node("Softmax", ["y0"], ["s"], axis=-1),
+             helper.make_node("Add", ["s", "ln"], ["y"]),
+             helper.make_node("Gather", ["s", "first"], ["pooled"], axis=1),
+             helper.make_node("Tanh", ["pooled"], ["pooled_tanh"])]
+    initializers = [
+        weight("wq", hidden, hidden), weight("bq", hidden), weight("wk", hidden, hidden),
+        weight("bk", hidden), weight("w1", hidden, 4 * hidden), weight("b1", 4 * hidden),
+        weight("w2", 4 * hidden, hidden), weight("gamma", hidden), weight("beta", hidden),
+        numpy_helper.from_array(np.array([1, tokens, heads, size], np.int64), "heads"),
+        numpy_helper.from_array(np.array([1, tokens, hidden], np.int64), "flat"),
+        numpy_helper.from_array(np.array(size ** -0.5, np.float32), "scale"),
+        numpy_helper.from_array(np.array(0, np.int64), "first")]
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, hidden]),
+         helper.make_tensor_value_info("pooled_tanh", TensorProto.FLOAT, [1, hidden])],
+        initializers)
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(seed):
+    return {"x": np.random.default_rng(seed).standard_normal((1, 16, 64)).astype(np.float32)}
+
+
+def _bound_ops(session) -> set:
+    """The op types whose steps run bound in the arenas of the session's last plan."""
+    plan = session._last_plan[1]
+    return {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
+            for step, _, _, _, form in calls if form is not None and form[6] is not None}
+
+
+@pytest.fixture
+def unbound(monkeypatch):
+    """Runs with the kernels called every time (MIXRT_BIND=0)."""
+    def run(session, feeds):
+        monkeypatch.setattr(run_loop, "BIND", False)
+        try:
+            return session.run(None, feeds)
+        finally:
+            monkeypatch.setattr(run_loop, "BIND", True)
+    return run
+
+
+def test_bound_runs_give_the_kernels_bits(unbound):
+    session = mixrt.Session(_attention_block())
+    for seed in range(4):  # the first run binds, the later ones run bound
+        expected = unbound(session, _feeds(seed))
+        got = session.run(None, _feeds(seed))
+        for mine, theirs in zip(got, expected):
+            np.testing.assert_array_equal(mine, theirs)
+    bound = _bound_ops(session)
+    # the products, their bias adds, the softmax, the transposes and the pooler's gather
+    # are the kernels' settled routes, no longer their checks
+    assert {"FusedMatMul", "MatMul", "Softmax", "Transpose", "Gather"} <= bound, bound
+
+
+def test_feeds_of_another_layout_still_answer_rightly():
+    """A feed is never a bound input: the step that reads it calls its kernel, which
+    looks at the layout it is given (here a transposed view, then a contiguous copy)."""
+    session = mixrt.Session(_attention_block())
+    x = _feeds(1)["x"]
+    first = session.run(None, {"x": x})
+    session.run(None, {"x": x})
+    strided = np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1)
+    assert not strided.flags.c_contiguous
+    for mine, theirs in zip(session.run(None, {"x": strided}), first):
+        np.testing.assert_array_equal(mine, theirs)
