@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.ir.bound_calls import binder_for
+from mixrt.ops.compiled.bound_calls import binder_for
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
@@ -75,7 +75,7 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
 
 def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's):
-    the arena's bound calls (``ops/ir/bound_calls.py``) for this tier and thread where an
+    the arena's bound calls (``ops/compiled/bound_calls.py``) for this tier and thread where an
     earlier run made them, else the kernels' calls, binding them after the run."""
     calls = _calls(arena, plan)
     if plan.host_args:

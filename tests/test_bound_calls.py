@@ -1,4 +1,4 @@
-"""A planned CPU run's bound calls (ops/ir/bound_calls.py, runtime/run_loop.bind_calls): after
+"""A planned CPU run's bound calls (ops/compiled/bound_calls.py, run_loop.bind_calls): after
 an arena's first run its steps call the route their kernel settled on, and give the very
 bits the kernels give; feeds, whose layout a caller chooses, never decide a bound route."""
 

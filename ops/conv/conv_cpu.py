@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.ir.bound_calls import binds_replay, padded
+from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.workspace import (named_buffer, packed, scratch_arrays, workspace,
                                           workspace_state)
@@ -590,5 +590,5 @@ def _windows(x, kernel, strides, dilations, out_dims):
     return np.lib.stride_tricks.as_strided(x, shape=shape, strides=strides_, writeable=False)
 
 
-# its planned call, bound once per arena (ops/ir/bound_calls.py): the recorded replay
+# its planned call, bound once per arena (ops/compiled/bound_calls.py): the recorded replay
 binds_replay(conv_cpu, lambda args, out: padded(args, 3) + (None, out), "_prepacked")

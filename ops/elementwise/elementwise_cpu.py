@@ -12,7 +12,7 @@ import numpy as np
 
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.out_arrays import into, native
-from mixrt.ops.ir.bound_calls import binds, binds_replay
+from mixrt.ops.compiled.bound_calls import binds, binds_replay
 from mixrt.ops.elementwise import elementwise
 from mixrt.ops.elementwise.activation import relu, sigmoid, tanh
 from mixrt.ops.elementwise.elementwise import add, div, mul, quiet, sub, sum_
@@ -27,7 +27,7 @@ def _binary(generic, ufunc):
         return ufunc(A, B, out=out)
     fast.__name__ = f"{generic.__name__}_cpu"
 
-    @binds(fast)  # its planned call, bound once per arena (ops/ir/bound_calls.py)
+    @binds(fast)  # its planned call, bound once per arena (ops/compiled/bound_calls.py)
     def bind(args, out, attributes):
         return (lambda A, B: ufunc(A, B, out=out)) if native(*args, out) else None
     return fast
@@ -118,5 +118,5 @@ def fused_elementwise_cpu(xp, *inputs, ops=(), operands=(), params=(), out=None,
         return compiled.run_cpu(inputs, out, _node if out is not None else None)
 
 
-# its planned call, bound once per arena (ops/ir/bound_calls.py): the recorded replay
+# its planned call, bound once per arena (ops/compiled/bound_calls.py): the recorded replay
 binds_replay(fused_elementwise_cpu, lambda args, out: tuple(args) + (out,))

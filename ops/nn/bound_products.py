@@ -1,4 +1,4 @@
-"""The dense products' bound calls (``ops/ir/bound_calls.py``) where their kernels take the
+"""The dense products' bound calls (``ops/compiled/bound_calls.py``) where their kernels take the
 BLAS: MatMul, FusedMatMul, Gemm and FusedGemm.
 
 Below the packed panels' reach (``matmul_cpu.PANEL_MIN_WORK`` multiply-adds) a product is
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled.out_arrays import native
-from mixrt.ops.ir.bound_calls import binds, padded, replay_binder
+from mixrt.ops.compiled.bound_calls import binds, padded, replay_binder
 from mixrt.ops.nn import matmul_cpu as products
 from mixrt.ops.nn.fused import _aliases, add_and_activate_cpu, gemm_terms
 from mixrt.ops.nn.fused_cpu import (_TINY_ACTIVATIONS, TINY_WORK, _one_row_layer, _tiny_layer,

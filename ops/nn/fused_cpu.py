@@ -19,7 +19,7 @@ import numpy as np
 from mixrt.ops.compiled import replay
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
-from mixrt.ops.ir.bound_calls import binds_replay, padded
+from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.nn_cpu import constant_bias
 from mixrt.ops.nn.fused import (_aliases, _into, activate, add_and_activate_cpu,
@@ -182,7 +182,7 @@ def _tiny_layer(A, B, bias, activation, out):
     return out
 
 
-# their planned calls, bound once per arena (ops/ir/bound_calls.py): the recorded replays
+# their planned calls, bound once per arena (ops/compiled/bound_calls.py): the recorded replays
 binds_replay(fused_conv_cpu, lambda args, out: padded(args, 4) + (out,), "_prepacked")
 binds_replay(fused_gemm_cpu, lambda args, out: padded(args, 3) + (out,), "_prepacked")
 binds_replay(fused_mat_mul_cpu, lambda args, out: padded(args, 4) + (out,), "_prepacked")

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.ir.bound_calls import binds, binds_replay, padded
+from mixrt.ops.compiled.bound_calls import binds, binds_replay, padded
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
@@ -228,7 +228,7 @@ def layer_normalization_cpu(xp, X, Scale, B=None, *, axis=-1, epsilon=1e-5, stas
     return out
 
 
-# their planned calls, bound once per arena (ops/ir/bound_calls.py): the recorded replays
+# their planned calls, bound once per arena (ops/compiled/bound_calls.py): the recorded replays
 binds_replay(mat_mul_cpu, lambda args, out: (args[0], args[1], out), "_prepacked")
 binds_replay(gemm_cpu, lambda args, out: padded(args, 3) + (out,), "_prepacked")
 binds_replay(layer_normalization_cpu, lambda args, out: padded(args, 3) + (out,))

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.ir.bound_calls import binds_replay
+from mixrt.ops.compiled.bound_calls import binds_replay
 from mixrt.ops.compiled import replay
 from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
@@ -444,6 +444,6 @@ def _window_counts(in_dims, geometry, include_pad, dtype):
     return counts
 
 
-# their planned calls, bound once per arena (ops/ir/bound_calls.py): the recorded replays
+# their planned calls, bound once per arena (ops/compiled/bound_calls.py): the recorded replays
 binds_replay(max_pool_cpu, lambda args, out: (args[0], out))
 binds_replay(average_pool_cpu, lambda args, out: (args[0], out))

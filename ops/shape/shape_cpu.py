@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled.out_arrays import into
-from mixrt.ops.ir.bound_calls import binds
+from mixrt.ops.compiled.bound_calls import binds
 from mixrt.ops.ir.types import normalize_axis
 from mixrt.ops.shape.index import gather, scatter_elements
 from mixrt.ops.shape.shape import concat, expand, host_ints, transpose
@@ -102,7 +102,7 @@ def transpose_cpu(xp, data, *, perm=None, out=None):
     return out
 
 
-# their planned calls, bound once per arena (ops/ir/bound_calls.py)
+# their planned calls, bound once per arena (ops/compiled/bound_calls.py)
 
 @binds(transpose_cpu)
 def bind_transpose(args, out, attributes):
