@@ -44,6 +44,7 @@ import json  # noqa: E402
 import queue  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -66,6 +67,8 @@ MODES = ("interleaved", "mixrt", "onnxruntime")
 # -- in a child: one model, its points, one mode -----------------------------------------------
 
 def _emit(event: str, label: str, **fields) -> None:
+    if event == "done":  # other processes' load, which the timings cannot separate out
+        fields.setdefault("load", os.getloadavg()[0])
     print(json.dumps({"event": event, "point": label, **fields}), flush=True)
 
 
@@ -256,7 +259,9 @@ def _run_child(mode: str, name: str, labels: list[str], args, on_done) -> tuple[
         errors.seek(0)
         tail = " | ".join(errors.read().strip().splitlines()[-3:])
         at = current or next(label for label in labels if label not in done)
-        return done, (at, f"{mode}: exit {process.returncode}: {tail}"[:400])
+        code = process.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        return done, (at, f"{mode}: {how}: {tail}"[:400])
 
 
 def measure_mode(mode: str, name: str, labels: list[str], args, on_done) -> dict:
@@ -287,6 +292,8 @@ def measure_model(model, points, args, progress) -> list[dict]:
                "axes": dict(point.axes), **together[point.label]}
         for runtime, key in (("mixrt", "mixrt_alone_ms"), ("onnxruntime", "ort_alone_ms")):
             result = alone[runtime].get(point.label, {})
+            if "load" in result:
+                row[f"{runtime}_alone_load"] = result["load"]
             if "ms" in result:
                 row[key] = result["ms"]
             if "failure" in result:
@@ -429,6 +436,11 @@ def render(rows: list[dict], meta: dict) -> str:
         by_family[row["family"]].append(row)
         by_model[row["model"]].append(row)
     problems = _problems(rows)
+    loads = [row[key] for row in rows for key in ("load", "mixrt_alone_load",
+                                                   "onnxruntime_alone_load") if key in row]
+    busy = sum(
+        any(row.get(key, 0) > (os.cpu_count() or 1)
+            for key in ("load", "mixrt_alone_load", "onnxruntime_alone_load")) for row in rows)
     model_lines = []
     for name, group in by_model.items():
         together = [r for r in (ratios(row)[0] for row in group) if r is not None]
@@ -461,6 +473,11 @@ def render(rows: list[dict], meta: dict) -> str:
         "|---|---|---|---|---|---|---|",
         *(_group_line(family, group) for family, group in sorted(by_family.items())),
         _group_line("**all**", rows), "",
+        f"1-minute load average at the end of each point: median "
+        f"{_fmt(statistics.median(loads) if loads else None, 1)}, highest "
+        f"{_fmt(max(loads, default=None), 1)}; {busy} of {len(rows)} points were measured "
+        f"while it exceeded the {os.cpu_count()} cores (other processes' work; NOTES.md §1b "
+        "says what that does to multi-threaded BLAS).", "",
         "The ten worst points (by the larger of the two ratios):", "",
         "| model | shape | interleaved | alone | mixrt ms | onnxruntime ms | mixrt alone ms "
         "| onnxruntime alone ms |",
@@ -512,7 +529,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--no-out", action="store_true", help="print the block only")
     parser.add_argument("--json", type=Path, default=STATE / "results.json")
-    parser.add_argument("--from-json", type=Path, help="render an earlier run's JSON")
+    parser.add_argument("--from-json", type=Path, nargs="+",
+                        help="render earlier runs' JSON (several: their rows together)")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--points", nargs="*", help=argparse.SUPPRESS)
     return parser
@@ -532,11 +550,12 @@ def main(argv=None) -> int:
         return 0
     args.command = " ".join(["python benchmarks/real_exports_sweep.py",
                              *(argv if argv is not None else sys.argv[1:])])
-    if args.from_json:
-        saved = json.loads(args.from_json.read_text())
-        meta = {"command": saved["command"], "caches": saved["caches"], "elapsed": 0,
-                **saved.get("meta", {})}
-        return _publish(saved["rows"], meta, args)
+    if args.from_json:  # several: one table over the runs' rows, the first run's header
+        runs = [json.loads(path.read_text()) for path in args.from_json]
+        meta = {"command": runs[0]["command"], "caches": runs[0]["caches"], "elapsed": 0,
+                **runs[0].get("meta", {})}
+        meta["elapsed"] = sum(run.get("meta", {}).get("elapsed", 0) for run in runs)
+        return _publish([row for run in runs for row in run["rows"]], meta, args)
     selection = sweeps.select(args.families or sweeps.FAMILIES, args.models, args.quick)
     args.caches = Path(tempfile.mkdtemp(prefix="mixrt-sweep-")) if args.cold else args.caches
     args.environment = _environment(args.caches)

@@ -382,7 +382,8 @@ MODELS = _models()
 FAMILIES = ("vision", "hf", "kv", "classical", "quantized")
 
 
-def select(families=FAMILIES, names=None, quick: bool = False) -> list[tuple[SweepModel, list[Point]]]:
+def select(families=FAMILIES, names=None, quick: bool = False
+           ) -> list[tuple[SweepModel, list[Point]]]:
     """The models of ``families`` (or exactly ``names``) with the points a run measures."""
     chosen = []
     for model in MODELS.values():
