@@ -17,6 +17,7 @@ from mixrt.ops.attention.fused_rotary import fused_rotary, fused_rotary_cpu
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct
+from mixrt.runtime import run_loop
 from mixrt.runtime.blas_threads import GATE
 from mixrt.runtime.session import Session
 
@@ -43,7 +44,10 @@ def _weights(*shape):
 
 
 def _spy_on_replays(monkeypatch) -> list:
-    """From now on, (id of the node's dict, whether it replayed) for every replay check."""
+    """From now on, (id of the node's dict, whether it replayed) for every replay check.
+    Planned runs call their kernels each time (no bound calls): a bound call is the
+    recorded action without the kernel's replay check (tests/test_bound_calls.py)."""
+    monkeypatch.setattr(run_loop, "BIND", False)
     fired: list = []
     original = replay.replayed
     monkeypatch.setattr(replay, "replayed", lambda state, arrays: fired.append(
