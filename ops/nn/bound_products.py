@@ -36,6 +36,17 @@ def _blas_product(A, B, out):
     return _stacked(A, B, out)
 
 
+def _product(kernel, args, out, attributes) -> tuple:
+    """What ``dense_product`` comes to for ``kernel``'s A and B: (the bound call through
+    the kernel's replay, None) for the packed panels against a constant weight, else
+    (None, NumPy's product as a call, or None where it takes another route)."""
+    A, B = args[0], args[1]
+    prepacked = attributes.get("_prepacked")
+    if prepacked is not None and products.panels_suit(A, B, out, prepacked):
+        return replay_binder(kernel)(args, out, attributes), None
+    return None, _blas_product(A, B, out)
+
+
 def _stacked(A, B, out):
     """``stacked_product`` as a call: one product over A's merged rows where it merges."""
     if A.ndim > 2 and B.ndim == 2 and A.flags.c_contiguous and out.flags.c_contiguous \
@@ -53,12 +64,9 @@ def bind_mat_mul(args, out, attributes):
         return None
     if products.one_row_blas(A, B, out):
         return lambda A, B: np.matmul(A, B, out=out)
-    prepacked = attributes.get("_prepacked")
-    if prepacked is not None and products.panels_suit(A, B, out, prepacked):
-        return replay_binder(mat_mul_cpu)(args, out, attributes)
-    product = _blas_product(A, B, out)
+    replayed, product = _product(mat_mul_cpu, args, out, attributes)
     if product is None:
-        return None
+        return replayed
 
     def call(A, B):
         product(A, B)
@@ -78,12 +86,9 @@ def bind_fused_mat_mul(args, out, attributes):
         return lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out)
     if _aliases(np, out, A, B, bias, Z) or not out.dtype == A.dtype == B.dtype:
         return None
-    prepacked = attributes.get("_prepacked")
-    if prepacked is not None and products.panels_suit(A, B, out, prepacked):
-        return replay_binder(fused_mat_mul_cpu)(args, out, attributes)
-    product = _blas_product(A, B, out)
+    replayed, product = _product(fused_mat_mul_cpu, args, out, attributes)
     if product is None:
-        return None
+        return replayed
     if activation:
         def call(A, B, bias=None, Z=None):
             product(A, B)
