@@ -4,8 +4,14 @@ markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tier
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: numba's unlocked saves, as before
+    fcntl = None
 
 
 def cache_root() -> Path:
@@ -58,8 +64,15 @@ def guard_damaged_entries() -> None:
         except Exception:  # noqa: BLE001  (an entry that unpickled but cannot be rebuilt)
             return None
 
+    def _load_overload_checked(self, sig, target_context):
+        loaded = _load_overload(self, sig, target_context)
+        if loaded is None or _same_arguments(loaded, sig):
+            return loaded
+        return None  # another signature's machine code under this key: compile instead
+
     index_file._load_index, index_file._load_data = _load_index, _load_data
-    cache.load_overload = _load_overload
+    cache.load_overload = _load_overload_checked
+    _lock_index_updates(index_file)
     _stamp_kernel_files(caching._SourceFileBackedLocatorMixin)
     _guarded.append(True)
 
@@ -82,6 +95,53 @@ def _stamp_kernel_files(locator) -> None:
             return stamp, kernel_files_stamp()
         return stamp
     locator.get_source_stamp = get_source_stamp
+
+
+def _same_arguments(loaded, sig) -> bool:
+    from numba.core import sigutils  # noqa: PLC0415
+    wanted, _ = sigutils.normalize_signature(sig)
+    return tuple(loaded.signature.args) == tuple(wanted)
+
+
+# -- concurrent writers --------------------------------------------------------------------------
+#
+# numba saves an entry by reading the index, naming the data file after the first free
+# number, and writing the index and then the data, all without a lock. Two processes that
+# compile new signatures of one kernel at once (the test suite's workers, a service's workers
+# started together on an empty cache) both pick the same number: the index names one
+# signature, the data file holds the other's code, and every later process that loads it gets
+# a kernel typed for the wrong arguments (a TypingError naming known signatures that lack the
+# one asked for). Index updates take an exclusive flock on a lock file beside the index,
+# loads a shared one, so an index and the data it names always agree.
+
+def _lock_index_updates(index_file) -> None:
+    if fcntl is None:
+        return
+    save, load = index_file.save, index_file.load
+
+    def locked_save(self, key, data):
+        with _index_lock(self, fcntl.LOCK_EX):
+            save(self, key, data)
+
+    def locked_load(self, key):
+        with _index_lock(self, fcntl.LOCK_SH):
+            return load(self, key)
+
+    index_file.save, index_file.load = locked_save, locked_load
+
+
+@contextlib.contextmanager
+def _index_lock(index_file, mode: int):
+    try:
+        handle = os.open(index_file._index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only cache (an image's): nothing writes it, nothing to order
+        yield
+        return
+    try:
+        fcntl.flock(handle, mode)
+        yield
+    finally:
+        os.close(handle)  # closing releases the lock
 
 
 def kernel_files_stamp() -> tuple:
