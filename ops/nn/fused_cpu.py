@@ -96,6 +96,8 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
                    activation="", activation_params=None, out=None, _prepacked=None):
     """FusedGemm with the product written straight into ``out`` by the few-rows or panel
     kernels where they take it (replayed as Gemm's, ``nn_cpu.gemm_cpu``)."""
+    if out is None and A.ndim == B.ndim == 2:
+        out = few_rows.graph_output(A, B, transA, transB)
     arrays = (A, B, C, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
@@ -128,6 +130,8 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     """FusedMatMul with the product written into ``out`` by the few-rows or panel kernels
     (a bias folded into the panels' pass). A panel product with a constant bias and nothing
     after it is kept as the node's replay (``ops/compiled/replay.py``)."""
+    if out is None:
+        out = _product_sized(few_rows.graph_output(A, B), bias, Z)
     arrays = (A, B, bias, Z, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
@@ -154,6 +158,15 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
 
 
 _TINY_ACTIVATIONS = ("", "Relu")
+
+
+def _product_sized(out, *addends):
+    """``out`` where the fused additions broadcast into the product's shape, else None (an
+    addend that widens the result: the generic kernel sizes it)."""
+    if out is None:
+        return None
+    shapes = [a.shape for a in addends if a is not None]
+    return out if np.broadcast_shapes(out.shape, *shapes) == out.shape else None
 
 
 def _one_row_layer(A, B, bias, Z, out):

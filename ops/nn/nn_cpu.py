@@ -27,6 +27,8 @@ from mixrt.ops.nn.nn import gemm, mat_mul, softmax, softmax_coerced
 def mat_mul_cpu(xp, A, B, *, out=None, _prepacked=None):
     """A product against a constant weight through the panels is kept as the node's
     replay (``ops/compiled/replay.py``)."""
+    if out is None:
+        out = few_rows.graph_output(A, B)
     arrays = (A, B, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
@@ -42,13 +44,11 @@ def gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, out=N
              _prepacked=None):
     """A product with a constant bias through the panels is kept as the node's replay
     (``ops/compiled/replay.py``)."""
+    if out is None and native(A, B, C) and A.ndim == B.ndim == 2:
+        out = few_rows.graph_output(A, B, transA, transB)
     arrays = (A, B, C, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
-    if out is None and native(A, B, C) and A.ndim == B.ndim == 2:
-        # a graph output (the executor passes no out= for those, a classifier's logits)
-        # takes the same product forms into a new array
-        out = np.empty((A.shape[1 if transA else 0], B.shape[0 if transB else 1]), A.dtype)
     if out is None or not native(A, B, C, out) or (C is not None
                                                     and np.may_share_memory(out, C)):
         return into(out, gemm(xp, A, B, C, alpha=alpha, beta=beta, transA=transA,

@@ -416,3 +416,52 @@ def test_gemm_with_a_bias_row_adds_it_in_the_panels(transB):
         out = np.full((64, 300), np.nan, np.float32)
         assert kernel(np, A, B, C, transB=transB, out=out, _prepacked={}) is out
         np.testing.assert_array_equal(out, expected)
+
+
+# -- graph outputs: the executor passes no out= -------------------------------------------------
+
+def _stacked_only(monkeypatch):
+    """Counts the BLAS calls NumPy's matmul makes a product: one per stacked row of A when
+    the leading axes are not merged."""
+    calls = []
+    real = np.matmul
+
+    def counting(a, b, *args, **kwargs):
+        calls.append(np.shape(a))
+        return real(a, b, *args, **kwargs)
+    monkeypatch.setattr(matmul_cpu.np, "matmul", counting)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_graph_output_product_merges_leading_axes_like_a_planned_one(dtype, monkeypatch):
+    A, B = _rand(2, 16, 64, dtype=dtype), _rand(64, 1000, dtype=dtype)
+    prepacked: dict = {}
+    for _ in range(3):  # the replay, if one is kept, writes into each call's new array
+        got = mat_mul_cpu(np, A, B, _prepacked=prepacked)
+        assert got.shape == (2, 16, 1000) and got.dtype == dtype
+        np.testing.assert_allclose(got, A @ B, rtol=1e-4, atol=1e-3)
+    previous = mat_mul_cpu(np, A, B, _prepacked=prepacked)
+    assert mat_mul_cpu(np, A, B, _prepacked=prepacked) is not previous  # never handed twice
+    calls = _stacked_only(monkeypatch)
+    mat_mul_cpu(np, A, B, _prepacked={})
+    assert all(len(shape) == 2 for shape in calls)  # one product over 32 rows, not two of 16
+
+
+def test_graph_output_fused_products_match():
+    A, B = _rand(2, 16, 64), _rand(64, 100)
+    bias = _rand(100)
+    np.testing.assert_allclose(fused_mat_mul(np, A, B, bias, None, activation="Relu"),
+                               np.maximum(A @ B + bias, 0), rtol=1e-4, atol=1e-3)
+    A2, B2, C = _rand(100, 32), _rand(64, 100), _rand(64)
+    np.testing.assert_allclose(fused_gemm(np, A2, B2, C, transA=1, transB=1),
+                               A2.T @ B2.T + C, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(gemm_cpu(np, A2, B2, C, transA=1, transB=1, alpha=0.5),
+                               0.5 * A2.T @ B2.T + C, rtol=1e-4, atol=1e-3)
+
+
+def test_graph_output_mixed_or_mismatched_operands_take_the_generic_product():
+    A, B = _rand(4, 8), _rand(8, 3, dtype=np.float64)
+    np.testing.assert_allclose(mat_mul_cpu(np, A, B), A @ B, rtol=1e-5)
+    with pytest.raises(ValueError):
+        mat_mul_cpu(np, _rand(4, 8), _rand(7, 3))
