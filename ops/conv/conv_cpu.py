@@ -19,7 +19,7 @@ from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.workspace import (named_buffer, packed, scratch_arrays, workspace,
                                           workspace_state)
-from mixrt.ops.conv import phase_planes
+from mixrt.ops.conv import one_pixel, phase_planes
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
                              winograd_cpu)
 from mixrt.ops.conv.conv import conv, conv_geometry
@@ -63,6 +63,9 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if one_pixel.suits(X, W, group, pads, auto_pad, out) \
+            and (out is None or not np.may_share_memory(out, X)):
+        return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
     done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked,
                   node=_node)
     if done is not None:
@@ -70,6 +73,11 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     return conv_bands(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides, out=out,
                       prepacked=_prepacked)
+
+
+def _bias_only(y, bias, residual):
+    if bias is not None:
+        np.add(y, bias, out=y)
 
 
 def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

@@ -47,6 +47,25 @@ def _product(kernel, args, out, attributes) -> tuple:
     return None, _blas_product(A, B, out)
 
 
+def _panel_layer(A, B, bias, out, attributes):
+    """A fused layer's panel product, the bias folded into its tiles where it is one
+    contiguous value per column, then the residual and the activation, as the fused kernels
+    make them; for a layer with an activation, which keeps no replay (its epilogue is not
+    the product's). None where the panels do not take the product."""
+    prepacked = attributes.get("_prepacked")
+    if prepacked is None or not products.panels_suit(A, B, out, prepacked):
+        return None
+    activation, params = attributes.get("activation", ""), attributes.get("activation_params")
+    folded = bias is not None and bias.ndim == 1 and bias.dtype == A.dtype \
+        and bias.flags.c_contiguous and bias.shape[0] == B.shape[1]
+    product = products.panel_call(A, B, prepacked, bias if folded else None)
+
+    def call(A, B, bias=None, Z=None):  # FusedGemm's C comes as the bias; its B is packed
+        product(A, out)
+        return add_and_activate_cpu(out, None if folded else bias, Z, activation, params)
+    return call
+
+
 def _stacked(A, B, out):
     """``stacked_product`` as a call: one product over A's merged rows where it merges."""
     if A.ndim > 2 and B.ndim == 2 and A.flags.c_contiguous and out.flags.c_contiguous \
@@ -88,7 +107,7 @@ def bind_fused_mat_mul(args, out, attributes):
         return None
     replayed, product = _product(fused_mat_mul_cpu, args, out, attributes)
     if product is None:
-        return replayed
+        return replayed or _panel_layer(A, B, bias, out, attributes)
     if activation:
         def call(A, B, bias=None, Z=None):
             product(A, B)
@@ -143,7 +162,8 @@ def bind_fused_gemm(args, out, attributes):
             or (alpha == 1.0 and beta == 1.0 and C is not None and not transA
                 and products.panels_suit(A, B.T if transB else B, out,
                                          attributes.get("_prepacked"))):
-        return replay_binder(fused_gemm_cpu)(args, out, attributes)
+        return replay_binder(fused_gemm_cpu)(args, out, attributes) \
+            or _panel_layer(A, B.T if transB else B, C, out, attributes)
     if not products.small_one_row(A, B, transA, transB, out):
         return None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import replay
+from mixrt.ops.conv import one_pixel
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
@@ -38,12 +39,23 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if one_pixel.suits(X, W, group, pads, auto_pad, out) and not _aliases(np, out, X, W, B, Z):
+        done = one_pixel.conv(X, W, B, Z, out, _pixel_epilogue(activation, activation_params),
+                              _prepacked)
+        if done is not None:
+            return done
     if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(np, fused_conv_cpu(np, X, W, B, Z, activation=activation,
                                         activation_params=activation_params,
                                         _prepacked=_prepacked, _node=_node, **attributes), out)
     return _banded(X, W, B, Z, attributes, (activation, activation_params), out, _prepacked,
                    _node)
+
+
+def _pixel_epilogue(activation, params):
+    def epilogue(y, bias, residual):
+        add_and_activate_cpu(y, bias, residual, activation, params)
+    return epilogue
 
 
 def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):

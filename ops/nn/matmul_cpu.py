@@ -118,7 +118,7 @@ def graph_output(A, B, transA=0, transB=0):
     columns = B.shape[-2] if transB else B.shape[-1]
     if (A.shape[-2] if transA else A.shape[-1]) != (B.shape[-1] if transB else B.shape[-2]):
         return None  # the generic product raises its own error
-    batch = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    batch = A.shape[:-2] if B.ndim == 2 else np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     return np.empty(batch + (rows, columns), A.dtype)
 
 
@@ -156,7 +156,16 @@ def gemm_product(A, B, transA, transB, out, prepacked=None):
 # 1024 x 768 @ 768 x 3072 10.7 against 11.2.
 
 PANEL_MIN_ROWS = 2
-PANEL_MIN_WORK = 1 << 20  # multiply-adds below which the product stays with the BLAS
+# multiply-adds below which the product stays with the BLAS. From 2^18 (OpenBLAS's own
+# threshold, 65536 x GEMM_MULTITHREAD_THRESHOLD 4) OpenBLAS splits an sgemm over its threads,
+# and a thread asleep since the last BLAS call takes ~20-40 us to wake: measured on the
+# 2-core EPYC, each product 100 us of Python after the last, one-thread panels against the
+# BLAS: 32 x 64 @ 64 x 256 7.3 against 10.0 us, 16 x 256 @ 256 x 256 12.1 against 55.7,
+# 32 x 64 @ 64 x 1000 23.9 against 60.8 (back to back 6.2/8.0, 12.0/22.0, 24.6/26.0).
+# Below 2^18 the two are even (16 x 64 @ 64 x 64: 1.9 against 1.9 us).
+PANEL_MIN_WORK = 1 << 18
+# the same for the stacked products of attention (stacks_suit), which were measured from 2^20
+STACK_MIN_WORK = 1 << 20
 # multiply-adds from which the panels are split over the intra-op threads: handing a part to
 # a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10. Inside a run
 # that woke the workers the hand-off is cheaper: 1 << 22 (a 64-token 256 x 256 layer split)
@@ -170,10 +179,12 @@ NATIVE_PARTS_PER_THREAD = 4
 # gemv took the MLP's 784 x 2048 and 2048 x 2048 layers at 1.6-1.9x onnxruntime's whole run,
 # the split panels at 1.1-1.15x (one thread streams the weight at about half the speed). A
 # gemv alone, back to back on one weight, is as fast (50 against 58 us, 144 against 137).
-ONE_ROW_WORK = PANEL_MIN_WORK
+# From 2^19 rather than 2^20: a MobileNetV3-small's classifier, 1 x 576 @ 576 x 1024 and
+# 1 x 1024 @ 1024 x 1000, took 35 and 61 us through the gemv, 13 and 34 split (back to back).
+ONE_ROW_WORK = 1 << 19
 
 
-def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
+def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
     PANEL_MIN_ROWS rows (or one row of ONE_ROW_WORK multiply-adds, with the native pool
@@ -187,7 +198,7 @@ def panels_suit(A, B, out, prepacked, min_work: int = PANEL_MIN_WORK) -> bool:
     if rows < PANEL_MIN_ROWS and not (rows == 1 and work >= ONE_ROW_WORK
                                       and jit_cpu.native_pool() is not None):
         return False
-    return work >= min_work \
+    return work >= (PANEL_MIN_WORK if min_work is None else min_work) \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) \
         and jit_cpu.panel_kernels() is not None
@@ -284,7 +295,7 @@ def stacks_suit(A, B, out) -> bool:
             or A.shape[-1] != B.shape[-2] or not A.dtype == B.dtype == out.dtype \
             or A.dtype not in jit_cpu.NATIVE or out.shape != A.shape[:-1] + B.shape[-1:]:
         return False
-    return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= PANEL_MIN_WORK \
+    return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= STACK_MIN_WORK \
         and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous \
         and not np.may_share_memory(out, A) and not np.may_share_memory(out, B) \
         and jit_cpu.panel_kernels() is not None

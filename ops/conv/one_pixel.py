@@ -1,0 +1,58 @@
+"""Convolutions of one pixel into one pixel: a 1x1 kernel over a 1x1 plane, as a
+squeeze-excite block's two layers are (MobileNetV3, EfficientNet, RegNet-Y).
+
+Such a convolution is one product of the batch's channel vectors with the weight,
+``(N, C) @ (C, M)``, and needs none of the columns, bands or tiles the other forms set up
+for a plane: through ``conv_cpu.conv_bands`` a MobileNetV3's 1 x 96 x 1 x 1 squeeze took
+~17 us, of which the product is ~2. The call is kept as the node's replay
+(``ops/compiled/replay.py``) where the weight is a constant and the output the caller's, so a
+bound call (``ops/compiled/bound_calls.py``) makes just the product and its epilogue.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import replay
+
+
+def suits(X, W, group, pads, auto_pad, out) -> bool:
+    """Whether Conv(X, W) is one pixel from one pixel with no padding, in one native float
+    dtype, into a C-contiguous ``out`` (or a new array)."""
+    return X.ndim == 4 and W.ndim == 4 and X.shape[2:] == (1, 1) and W.shape[2:] == (1, 1) \
+        and int(group) == 1 and W.shape[1] == X.shape[1] \
+        and X.dtype == W.dtype and X.dtype in (np.float32, np.float64) \
+        and X.flags.c_contiguous and not any(pads or ()) \
+        and auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER") \
+        and (out is None or out.flags.c_contiguous and out.shape == _shape(X, W)
+             and out.dtype == X.dtype)
+
+
+def conv(X, W, B, Z, out, epilogue, prepacked):
+    """``out`` = epilogue(X W' + B, Z): ``epilogue(y, bias, residual)`` adds the (M,) bias
+    and the residual to the (N, M) product ``y`` and applies the activation, in place.
+    ``prepacked``: the node's dict where W is a constant, else None."""
+    if Z is not None and Z.shape != _shape(X, W):
+        return None  # a broadcast residual: the planar forms add it
+    kept = out is not None and prepacked is not None
+    if out is None:
+        out = np.empty(_shape(X, W), X.dtype)
+    action = _action(epilogue)
+    action(X, W, B, Z, out)
+    if kept:
+        replay.record(prepacked, (X, W, B, Z, out), action)
+    return out
+
+
+def _action(epilogue):
+    def run(X, W, B, Z, out):
+        n, m = out.shape[:2]
+        y = out.reshape(n, m)
+        np.matmul(X.reshape(n, -1), W.reshape(m, -1).T, out=y)
+        epilogue(y, B, None if Z is None else Z.reshape(n, m))
+        return out
+    return run
+
+
+def _shape(X, W) -> tuple:
+    return (X.shape[0], W.shape[0], 1, 1)
