@@ -476,8 +476,9 @@ def render(rows: list[dict], meta: dict) -> str:
         f"1-minute load average at the end of each point: median "
         f"{_fmt(statistics.median(loads) if loads else None, 1)}, highest "
         f"{_fmt(max(loads, default=None), 1)}; {busy} of {len(rows)} points were measured "
-        f"while it exceeded the {os.cpu_count()} cores (other processes' work; NOTES.md §1b "
-        "says what that does to multi-threaded BLAS).", "",
+        f"while it exceeded the {os.cpu_count()} cores (other processes' work, under which a "
+        "product split over threads waits out a 4 ms scheduler tick whenever one of them is not "
+        "running; docs/cpu-kernels.md, the dense products).", "",
         "The ten worst points (by the larger of the two ratios):", "",
         "| model | shape | interleaved | alone | mixrt ms | onnxruntime ms | mixrt alone ms "
         "| onnxruntime alone ms |",
