@@ -162,8 +162,9 @@ PANEL_MIN_ROWS = 2
 # 2-core EPYC, each product 100 us of Python after the last, one-thread panels against the
 # BLAS: 32 x 64 @ 64 x 256 7.3 against 10.0 us, 16 x 256 @ 256 x 256 12.1 against 55.7,
 # 32 x 64 @ 64 x 1000 23.9 against 60.8 (back to back 6.2/8.0, 12.0/22.0, 24.6/26.0).
-# Below 2^18 the two are even (16 x 64 @ 64 x 64: 1.9 against 1.9 us).
-PANEL_MIN_WORK = 1 << 18
+# Up to 2^18 OpenBLAS stays on one thread and is as fast or faster (16 x 64 @ 64 x 64: 1.9
+# against 1.9 us; a scikit-learn MLP's 64 x 64 @ 64 x 64 layers: its run 50 against 59 us).
+PANEL_MIN_WORK = (1 << 18) + 1
 # the same for the stacked products of attention (stacks_suit), which were measured from 2^20
 STACK_MIN_WORK = 1 << 20
 # multiply-adds from which the panels are split over the intra-op threads: handing a part to
