@@ -19,7 +19,7 @@ from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.workspace import (named_buffer, packed, scratch_arrays, workspace,
                                           workspace_state)
-from mixrt.ops.conv import one_pixel, phase_planes
+from mixrt.ops.conv import one_pixel, phase_planes, pointwise_rows
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
                              winograd_cpu)
 from mixrt.ops.conv.conv import conv, conv_geometry
@@ -66,6 +66,10 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     if one_pixel.suits(X, W, group, pads, auto_pad, out) \
             and (out is None or not np.may_share_memory(out, X)):
         return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
+    if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked):
+        done = pointwise_rows.conv(X, W, B, None, out, _nothing_after, _prepacked)
+        if done is not None:
+            return done
     done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked,
                   node=_node)
     if done is not None:
@@ -78,6 +82,10 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
 def _bias_only(y, bias, residual):
     if bias is not None:
         np.add(y, bias, out=y)
+
+
+def _nothing_after(y, residual):
+    pass
 
 
 def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import replay
-from mixrt.ops.conv import one_pixel
+from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
@@ -44,6 +44,12 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
                               _prepacked)
         if done is not None:
             return done
+    if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked) \
+            and not _aliases(np, out, X, W, B, Z):
+        done = pointwise_rows.conv(X, W, B, Z, out,
+                                   _rows_epilogue(activation, activation_params), _prepacked)
+        if done is not None:
+            return done
     if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(np, fused_conv_cpu(np, X, W, B, Z, activation=activation,
                                         activation_params=activation_params,
@@ -55,6 +61,12 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
 def _pixel_epilogue(activation, params):
     def epilogue(y, bias, residual):
         add_and_activate_cpu(y, bias, residual, activation, params)
+    return epilogue
+
+
+def _rows_epilogue(activation, params):
+    def epilogue(y, residual):
+        add_and_activate_cpu(y, None, residual, activation, params)
     return epilogue
 
 

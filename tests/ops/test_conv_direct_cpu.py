@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.conv import conv_direct_cpu
+from mixrt.ops.conv import conv_direct_cpu, pointwise_rows
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
 from mixrt.ops.nn import fused
@@ -51,7 +51,9 @@ def _direct(X, W, B=None, Z=None, limits=conv_direct_cpu.NO_ACTIVATION, **attrib
 
 @pytest.fixture
 def every_shape(monkeypatch):
-    """The direct path for every 2-D convolution of one group, 1x1 ones whatever their size."""
+    """The direct path for every 2-D convolution of one group, 1x1 ones whatever their size
+    (none as pixel rows, ops/conv/pointwise_rows.py)."""
+    monkeypatch.setattr(pointwise_rows, "MAX_PIXELS", 0)
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "STRIDED_POINTWISE_POSITIONS", 0)
     monkeypatch.setattr(conv_direct_cpu, "POINTWISE_PANEL_BYTES", 1 << 40)

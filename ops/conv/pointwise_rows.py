@@ -1,0 +1,90 @@
+"""1x1 convolutions over small planes (fewer than ``conv_direct_cpu.POINTWISE_POSITIONS``
+pixels, the mobile networks' last stages at 7x7 and below) as a product of pixel rows with
+the packed weight.
+
+There the weight is large and the plane small: EfficientNet-B0's 192 -> 1152 expansion at
+3x3 is a 1152 x 192 weight against 9 pixels. Weight on the left (``out = W @ X`` per image,
+what ``conv_cpu.conv_bands`` does) hands OpenBLAS a 9-column product it packs the whole
+weight for and splits over its threads; as rows, ``out^T = X^T @ W^T``, the batch's pixels
+are the rows of one product against the weight packed once into panels
+(``ops/nn/matmul_cpu.py``), the bias added in its tiles. The pixels are transposed in and
+out (a few thousand values). One process, one thread, the call alone (us, banded / rows):
+192 -> 1152 at 3x3 60 / 41, 1152 -> 192 56 / 34, 576 -> 96 28 / 12, two images of the first
+116 / 73. The call is kept as the node's replay (``ops/compiled/replay.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.nn import matmul_cpu
+
+# planes from this many pixels take the direct form's weight on the left
+# (conv_direct_cpu.POINTWISE_POSITIONS); a single pixel is ops/conv/one_pixel.py's
+MAX_PIXELS = 7 * 7 - 1
+MIN_PIXELS = 2
+# the product's multiply-adds from which rows beat the banded form (576 -> 96 at 3x3 is 0.5M;
+# 16 -> 16 at 24 x 24, 0.15M, went 9 -> 18 us as rows)
+MIN_WORK = 1 << 18
+
+
+def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
+    """Whether Conv(X, W) is a 1x1, stride-1, unpadded, one-group convolution over a plane of
+    MIN_PIXELS..MAX_PIXELS pixels with a constant weight (``prepacked``), native floats, a
+    C-contiguous X and ``out`` apart from it, on a machine with the panel kernels."""
+    if prepacked is None or X.ndim != 4 or W.ndim != 4 or W.shape[2:] != (1, 1) \
+            or int(group) != 1 or W.shape[1] != X.shape[1] or any(pads or ()) \
+            or any(int(s) != 1 for s in (strides or ())) or auto_pad not in ("NOTSET", "VALID") \
+            or X.dtype != W.dtype or X.dtype not in jit_cpu.NATIVE or not X.flags.c_contiguous:
+        return False
+    pixels = X.shape[2] * X.shape[3]
+    if not MIN_PIXELS <= pixels <= MAX_PIXELS \
+            or X.shape[0] * pixels * X.shape[1] * W.shape[0] < MIN_WORK:
+        return False
+    if out is not None and (out.shape != _shape(X, W) or out.dtype != X.dtype
+                            or not out.flags.c_contiguous or np.may_share_memory(out, X)):
+        return False
+    return jit_cpu.panel_kernels() is not None
+
+
+def conv(X, W, B, Z, out, epilogue, prepacked):
+    """``out`` = epilogue(Conv(X, W, B), Z) with ``epilogue(y, residual)`` applying the
+    residual and activation in place on the (N, M, pixels) output; None (nothing done) where
+    the bias or residual does not fit (a broadcast residual: the planar forms add it)."""
+    shape = _shape(X, W)
+    if Z is not None and Z.shape != shape or B is not None and (
+            B.shape != (W.shape[0],) or B.dtype != X.dtype or not B.flags.c_contiguous):
+        return None
+    kept = out is not None
+    if out is None:
+        out = np.empty(shape, X.dtype)
+    action = _action(X, W, B, prepacked, epilogue)
+    action(X, W, B, Z, out)
+    if kept:
+        replay.record(prepacked, (X, W, B, Z, out), action)
+    return out
+
+
+def _action(X, W, B, prepacked, epilogue):
+    n, c, m = X.shape[0], X.shape[1], W.shape[0]
+    pixels = X.shape[2] * X.shape[3]
+    rows = np.empty((n * pixels, c), X.dtype)  # the pixels as rows, and the rows' products
+    products = np.empty((n * pixels, m), X.dtype)
+    # the panels of W^T under their own key: the conv forms keep other layouts in this dict
+    own = prepacked.setdefault("_pointwise_rows", {})
+    product = matmul_cpu.panel_call(rows, W.reshape(m, c).T, own, B)
+    into_rows, from_rows = rows.reshape(n, pixels, c), products.reshape(n, pixels, m)
+
+    def run(X, W, B, Z, out):
+        np.copyto(into_rows, X.reshape(n, c, pixels).transpose(0, 2, 1))
+        product(rows, products)
+        y = out.reshape(n, m, pixels)
+        np.copyto(y, from_rows.transpose(0, 2, 1))
+        epilogue(y, None if Z is None else Z.reshape(n, m, pixels))
+        return out
+    return run
+
+
+def _shape(X, W) -> tuple:
+    return (X.shape[0], W.shape[0]) + tuple(X.shape[2:])

@@ -1,0 +1,66 @@
+"""1x1 convolutions over small planes as pixel rows against the packed weight
+(ops/conv/pointwise_rows.py): Conv and FusedConv against the generic convolution, replayed."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv import pointwise_rows
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.conv.conv_cpu import conv_cpu
+from mixrt.ops.nn import fused
+from mixrt.ops.nn.fused import activate
+
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
+RNG = np.random.default_rng(12)
+ATTRIBUTES = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                  strides=None)
+needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
+                                  reason="the panel kernels need AVX-512 and numba")
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@needs_panels
+@pytest.mark.parametrize("batch, channels, outputs, side", [(1, 192, 1152, 3), (3, 80, 480, 6),
+                                                           (2, 1152, 192, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation, params, residual", [("", None, False),
+                                                          ("Relu", None, True),
+                                                          ("HardSigmoid", [0.2, 0.5], False)])
+def test_fused_rows_match_the_generic_convolution_and_replay(batch, channels, outputs, side,
+                                                            dtype, activation, params,
+                                                            residual):
+    X = _rand(batch, channels, side, side, dtype=dtype)
+    W, B = _rand(outputs, channels, 1, 1, dtype=dtype), _rand(outputs, dtype=dtype)
+    Z = _rand(batch, outputs, side, side, dtype=dtype) if residual else None
+    prepacked: dict = {}
+    assert pointwise_rows.suits(X, W, 1, None, None, "NOTSET", None, prepacked)
+    out = np.full((batch, outputs, side, side), np.nan, dtype)
+    for scale in (1, 3):  # the second call is the replay, on new values in the same arrays
+        X *= dtype(scale)
+        expected = conv(np, X, W, B, **ATTRIBUTES) + (0 if Z is None else Z)
+        expected = activate(np, expected, activation, params)
+        got = fused_conv(np, X, W, B, Z, activation=activation, activation_params=params,
+                         out=out, _prepacked=prepacked, **ATTRIBUTES)
+        assert got is out and replay.KEY in prepacked
+        tolerance = 1e-4 if dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance * channels)
+
+
+@needs_panels
+def test_plain_rows_into_a_new_array_and_what_they_leave_to_the_other_forms():
+    X, W, B = _rand(2, 64, 4, 4), _rand(96, 64, 1, 1), _rand(96)
+    np.testing.assert_allclose(conv_cpu(np, X, W, B, _prepacked={}, **ATTRIBUTES),
+                               conv(np, X, W, B, **ATTRIBUTES), rtol=1e-4, atol=1e-3)
+    some = {}
+    assert not pointwise_rows.suits(X, W, 1, None, None, "NOTSET", None, None)  # W varies
+    assert not pointwise_rows.suits(_rand(1, 64, 7, 7), W, 1, None, None, "NOTSET", None, some)
+    assert not pointwise_rows.suits(_rand(1, 64, 1, 1), W, 1, None, None, "NOTSET", None, some)
+    assert not pointwise_rows.suits(X, W, 1, [1, 1, 1, 1], None, "NOTSET", None, some)
+    assert not pointwise_rows.suits(X, W, 1, None, [2, 2], "NOTSET", None, some)
+    assert not pointwise_rows.suits(X, _rand(96, 64, 3, 3), 1, None, None, "NOTSET", None, some)
+    assert not pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(8, 8, 1, 1), 1, None, None,
+                                    "NOTSET", None, some)  # too little work to gain
