@@ -171,7 +171,12 @@ STACK_MIN_WORK = 1 << 20
 # a sleeping thread costs ~20 us, a one-thread 100 x 100 @ 100 x 100 takes 10. Inside a run
 # that woke the workers the hand-off is cheaper: 1 << 22 (a 64-token 256 x 256 layer split)
 # took small BERT, DistilBERT and T5 exports 7-10% faster than 1 << 23; 1 << 20 was slower
-PANEL_SPLIT_WORK = 1 << 22
+# then. Since the native workers spin through a run, 1 << 20 is faster (2026-11-25, one
+# process per setting, alternating): EfficientNet-B0 at 96 x 96 5.9 -> 5.0 ms (a 192 x 1152
+# weight is 0.9 MB, streamed at twice the rate by two threads), a 2-layer BERT with hidden
+# 256 at 2 x 16 tokens 1.24 -> 1.07, GPT-2 hidden 256 at 16 tokens 0.90 -> 0.75, RegNet-Y
+# at 224 ~3%; BERT-base at 128 tokens and hidden 64 even
+PANEL_SPLIT_WORK = 1 << 20
 # parts of a product per thread through the native pool: claimed one at a time, so a worker
 # that wakes late takes fewer
 NATIVE_PARTS_PER_THREAD = 4
