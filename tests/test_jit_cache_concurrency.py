@@ -20,7 +20,8 @@ _SAVER = textwrap.dedent("""
     from mixrt.ops.compiled.jit_cache import guard_damaged_entries
     guard_damaged_entries()
     from numba.core.caching import IndexDataCacheFile
-    folder, writer, count, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    folder, writer, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    start = float(sys.argv[4])
     entries = IndexDataCacheFile(folder, "kernel", ("stamp", 1))
     while time.time() < start:
         pass

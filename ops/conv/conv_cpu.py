@@ -67,7 +67,7 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
             and (out is None or not np.may_share_memory(out, X)):
         return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked):
-        done = pointwise_rows.conv(X, W, B, None, out, _nothing_after, _prepacked)
+        done = pointwise_rows.conv(X, W, B, None, out, _bias_only, _prepacked)
         if done is not None:
             return done
     done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked,
@@ -80,12 +80,9 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
 
 
 def _bias_only(y, bias, residual):
+    """A plain Conv's epilogue in the one-pixel and pixel-row forms (no residual there)."""
     if bias is not None:
         np.add(y, bias, out=y)
-
-
-def _nothing_after(y, residual):
-    pass
 
 
 def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

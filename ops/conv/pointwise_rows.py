@@ -49,9 +49,10 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
 
 
 def conv(X, W, B, Z, out, epilogue, prepacked):
-    """``out`` = epilogue(Conv(X, W, B), Z) with ``epilogue(y, residual)`` applying the
-    residual and activation in place on the (N, M, pixels) output; None (nothing done) where
-    the bias or residual does not fit (a broadcast residual: the planar forms add it)."""
+    """``out`` = epilogue(Conv(X, W, B), Z), ``epilogue(y, bias, residual)`` as
+    ``one_pixel.conv`` takes it, called on the (N, M, pixels) output with no bias (the
+    panels added it); None (nothing done) where the bias or residual does not fit (a
+    broadcast residual: the planar forms add it)."""
     shape = _shape(X, W)
     if Z is not None and Z.shape != shape or B is not None and (
             B.shape != (W.shape[0],) or B.dtype != X.dtype or not B.flags.c_contiguous):
@@ -81,7 +82,7 @@ def _action(X, W, B, prepacked, epilogue):
         product(rows, products)
         y = out.reshape(n, m, pixels)
         np.copyto(y, from_rows.transpose(0, 2, 1))
-        epilogue(y, None if Z is None else Z.reshape(n, m, pixels))
+        epilogue(y, None, None if Z is None else Z.reshape(n, m, pixels))
         return out
     return run
 

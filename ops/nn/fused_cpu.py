@@ -40,14 +40,14 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
     if one_pixel.suits(X, W, group, pads, auto_pad, out) and not _aliases(np, out, X, W, B, Z):
-        done = one_pixel.conv(X, W, B, Z, out, _pixel_epilogue(activation, activation_params),
+        done = one_pixel.conv(X, W, B, Z, out, _conv_epilogue(activation, activation_params),
                               _prepacked)
         if done is not None:
             return done
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked) \
             and not _aliases(np, out, X, W, B, Z):
         done = pointwise_rows.conv(X, W, B, Z, out,
-                                   _rows_epilogue(activation, activation_params), _prepacked)
+                                   _conv_epilogue(activation, activation_params), _prepacked)
         if done is not None:
             return done
     if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
@@ -58,15 +58,10 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
                    _node)
 
 
-def _pixel_epilogue(activation, params):
+def _conv_epilogue(activation, params):
+    """The one-pixel and pixel-row forms' epilogue: bias, residual, activation, in place."""
     def epilogue(y, bias, residual):
         add_and_activate_cpu(y, bias, residual, activation, params)
-    return epilogue
-
-
-def _rows_epilogue(activation, params):
-    def epilogue(y, residual):
-        add_and_activate_cpu(y, None, residual, activation, params)
     return epilogue
 
 
