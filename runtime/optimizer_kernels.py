@@ -109,14 +109,23 @@ _LOCATE = """
 #endif
 """
 
-SGD_SOURCE = """
-extern "C" __global__ void mixrt_sgd_many(
+# the two SGD rules' signature and grid-stride loop; each rule's step follows %(locate)s
+_SGD_HEAD = """
+extern "C" __global__ void NAME(
         const long long* weights, const long long* grads, const long long* buffers,
         const long long* starts, const T* lrs, const T* wds, const int tensors,
         const long long total, const T momentum, const T rescale, const T clip) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {
 %(locate)s
+"""
+
+
+def _sgd_source(name: str, step: str) -> str:
+    return _SGD_HEAD.replace("NAME", name) + step + "    }\n}\n"
+
+
+SGD_SOURCE = _sgd_source("mixrt_sgd_many", """\
         const T wd = wds[lo];
         const T d = wd != 0 ? g + wd * w[j] : g;
 #if MOMENTUM
@@ -131,21 +140,12 @@ extern "C" __global__ void mixrt_sgd_many(
 #else
         w[j] = w[j] - lrs[lo] * d;
 #endif
-    }
-}
-"""
+""")
 
 # MXNet's SGD (mixrt.optimizers.SGD, what ``Trainer(params, "sgd", ...)`` makes) keeps -lr
 # inside its momentum buffer, so its state cannot go through the kernel above: the same
 # arithmetic as optimizer_ops._sgd_step, in the same order.
-MXNET_SGD_SOURCE = """
-extern "C" __global__ void mixrt_mxnet_sgd_many(
-        const long long* weights, const long long* grads, const long long* buffers,
-        const long long* starts, const T* lrs, const T* wds, const int tensors,
-        const long long total, const T momentum, const T rescale, const T clip) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-%(locate)s
+MXNET_SGD_SOURCE = _sgd_source("mixrt_mxnet_sgd_many", """\
         const T lr = lrs[lo];
         const T wd = wds[lo];
 #if MOMENTUM
@@ -156,9 +156,7 @@ extern "C" __global__ void mixrt_mxnet_sgd_many(
 #else
         w[j] = (1 - lr * wd) * w[j] - lr * g;
 #endif
-    }
-}
-"""
+""")
 
 ADAM_SOURCE = """
 extern "C" __global__ void mixrt_adam_many(
