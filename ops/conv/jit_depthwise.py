@@ -163,6 +163,7 @@ def suits(X, W, out, kernel) -> bool:
 
 def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None,
                    activation=("", None)):
+    from mixrt.ops.conv import depthwise_channels_last  # noqa: PLC0415  (it imports this module)
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
     then ``activation`` (FusedConv's (name, params), one of ACTIVATIONS), into ``out`` (N,
     C*k, oh, ow); see :func:`suits`. W (M, g, kh, kw) with g > 1 makes it a grouped
@@ -175,6 +176,9 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
         return out
+    if depthwise_channels_last.suits(X, W, out, kernel, dilations, out_dims):
+        return depthwise_channels_last.conv(X, W, B, out, kernel, strides, dilations, begin,
+                                            replays, activation)
     weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
     bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
     name = activation[0] or ""
@@ -200,13 +204,15 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if parts is not None:
         go = prepared(native, module, (x, weights, bias, y, constants),
                       (multiplier, m, begin[0], left, hp, wp), parts, keep=(bias, constants))
-        if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
-            replay.record(replays, (X, W, B, None, out), go)
-        go()
     elif out.size < SPLIT_ELEMENTS:
-        part(0, n * m)
+        def go(*_):  # one part here: a small plane's call, kept as the replay too
+            part(0, n * m)
     else:
         parallel_for(thread_parts(n * m, out.size), part)
+        return out
+    if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
+        replay.record(replays, (X, W, B, None, out), go)
+    go()
     return out
 
 

@@ -11,6 +11,12 @@ are the rows of one product against the weight packed once into panels
 out (a few thousand values). One process, one thread, the call alone (us, banded / rows):
 192 -> 1152 at 3x3 60 / 41, 1152 -> 192 56 / 34, 576 -> 96 28 / 12, two images of the first
 116 / 73. The call is kept as the node's replay (``ops/compiled/replay.py``).
+
+Small products take it too: the banded form's Python (its route among the conv forms, a
+matmul and an epilogue per band, none of it replayed) was most of their time. In a
+session, a 1x1 convolution with HardSigmoid after it, 2026-11-25: 40 -> 120 at 6x6 (0.17M
+multiply-adds) 52 -> 31 us a run, 64 -> 64 at 4x4 48 -> 26, 16 -> 16 at 6x6 46 -> 25
+(onnxruntime 16, 10, 7).
 """
 
 from __future__ import annotations
@@ -24,9 +30,6 @@ from mixrt.ops.nn import matmul_cpu
 # (conv_direct_cpu.POINTWISE_POSITIONS); a single pixel is ops/conv/one_pixel.py's
 MAX_PIXELS = 7 * 7 - 1
 MIN_PIXELS = 2
-# the product's multiply-adds from which rows beat the banded form (576 -> 96 at 3x3 is 0.5M;
-# 16 -> 16 at 24 x 24, 0.15M, went 9 -> 18 us as rows)
-MIN_WORK = 1 << 18
 
 
 def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
@@ -39,8 +42,7 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
             or X.dtype != W.dtype or X.dtype not in jit_cpu.NATIVE or not X.flags.c_contiguous:
         return False
     pixels = X.shape[2] * X.shape[3]
-    if not MIN_PIXELS <= pixels <= MAX_PIXELS \
-            or X.shape[0] * pixels * X.shape[1] * W.shape[0] < MIN_WORK:
+    if not MIN_PIXELS <= pixels <= MAX_PIXELS:
         return False
     if out is not None and (out.shape != _shape(X, W) or out.dtype != X.dtype
                             or not out.flags.c_contiguous or np.may_share_memory(out, X)):

@@ -1,0 +1,109 @@
+"""Depthwise convolutions over small planes with the channels side by side
+(ops/conv/depthwise_channels_last.py): the same bits as the flat form of
+ops/conv/jit_depthwise.py, against the generic convolution, split and replayed."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv import depthwise_channels_last, jit_depthwise
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.nn import fused
+from mixrt.ops.nn.fused import activate
+
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
+RNG = np.random.default_rng(31)
+needs_jit = pytest.mark.skipif(not jit_cpu.enabled(), reason="the compiled tier is off")
+
+
+def _rand(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _flat_form(monkeypatch, call):
+    """``call()`` with this form turned off (the flat or row form takes the convolution)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(depthwise_channels_last, "MAX_OUTPUT_PIXELS", -1)
+        return call()
+
+
+@needs_jit
+@pytest.mark.parametrize("batch, channels, side, kernel, stride, dilation", [
+    (1, 1152, 3, 5, 1, 1),  # EfficientNet-B0's last stage at 96 x 96
+    (2, 70, 6, 3, 2, 1),    # a last block of 6 channels, two images
+    (1, 130, 5, 3, 1, 2),   # dilated: taps reach over the padding on both sides
+    (3, 64, 4, 7, 1, 1),    # a kernel wider than the plane
+    (1, 24, 6, 2, 2, 1),    # an even kernel, asymmetric padding (below)
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation, params", [("", None), ("Relu", None),
+                                                ("HardSwish", None),
+                                                ("Clip", [-0.5, 0.75])])
+def test_same_bits_as_the_flat_form_and_the_reference(monkeypatch, batch, channels, side,
+                                                      kernel, stride, dilation, dtype,
+                                                      activation, params):
+    X = _rand(batch, channels, side, side, dtype=dtype)
+    W, B = _rand(channels, 1, kernel, kernel, dtype=dtype), _rand(channels, dtype=dtype)
+    reach = (kernel - 1) * dilation
+    pads = [reach // 2, reach // 2, reach - reach // 2, reach - reach // 2]
+    attributes = dict(auto_pad="NOTSET", dilations=[dilation] * 2, group=channels,
+                      kernel_shape=[kernel] * 2, pads=pads, strides=[stride] * 2)
+    expected = activate(np, conv(np, X, W, B, **attributes), activation, params)
+    assert expected.shape[2] * expected.shape[3] <= depthwise_channels_last.MAX_OUTPUT_PIXELS
+
+    def run(prepacked):
+        out = np.full(expected.shape, np.nan, dtype)
+        got = fused_conv(np, X, W, B, activation=activation, activation_params=params,
+                         out=out, _prepacked=prepacked, **attributes)
+        assert got is out
+        return out
+    prepacked: dict = {}
+    here = run(prepacked)
+    assert any(key[0] == "depthwise_channels_last" for key in prepacked if type(key) is tuple)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(here, expected, rtol=tolerance, atol=tolerance * kernel ** 2)
+    np.testing.assert_array_equal(here, _flat_form(monkeypatch, lambda: run({})))
+
+
+@needs_jit
+def test_the_call_replays_on_new_values_and_split_over_the_workers():
+    X, W, B = _rand(8, 1152, 3, 3), _rand(1152, 1, 5, 5), _rand(1152)
+    attributes = dict(auto_pad="NOTSET", dilations=None, group=1152, kernel_shape=[5, 5],
+                      pads=[2, 2, 2, 2], strides=None)
+    prepacked: dict = {}
+    out = np.empty((8, 1152, 3, 3), np.float32)
+    for scale in (1.0, -2.0):  # the second call is the replay, on new values in X
+        X *= np.float32(scale)
+        fused_conv(np, X, W, B, activation="Relu", out=out, _prepacked=prepacked,
+                   **attributes)
+        assert replay.KEY in prepacked
+        expected = activate(np, conv(np, X, W, B, **attributes), "Relu", None)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+@needs_jit
+def test_a_nan_weight_over_the_padding_gives_nan_as_the_padded_reference_does():
+    X, W = _rand(1, 16, 3, 3), _rand(16, 1, 3, 3)
+    W[5, 0, 0, 0] = np.inf  # top-left tap: over the padding for the first row and column
+    attributes = dict(auto_pad="NOTSET", dilations=None, group=16, kernel_shape=[3, 3],
+                      pads=[1, 1, 1, 1], strides=None)
+    out = np.empty((1, 16, 3, 3), np.float32)
+    fused_conv(np, X, W, None, out=out, _prepacked={}, **attributes)
+    with np.errstate(invalid="ignore"):
+        expected = conv(np, X, W, None, **attributes)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    assert np.isnan(out[0, 5, 0, 0])
+
+
+def test_what_it_leaves_to_the_other_forms():
+    X, W = _rand(1, 32, 8, 8), _rand(32, 1, 3, 3)
+    out = np.empty((1, 32, 8, 8), np.float32)
+    suits = depthwise_channels_last.suits
+    assert not suits(X, W, out, (3, 3), (1, 1), (8, 8))  # 64 outputs: the flat form's
+    assert not suits(X, _rand(64, 1, 3, 3), np.empty((1, 64, 4, 4), np.float32), (3, 3),
+                     (1, 1), (4, 4))  # two outputs per channel
+    assert not suits(X.astype(np.float16), W.astype(np.float16),
+                     np.empty((1, 32, 4, 4), np.float16), (3, 3), (1, 1), (4, 4))
+    assert not suits(X, _rand(32, 1, 9, 9), np.empty((1, 32, 4, 4), np.float32), (9, 9),
+                     (1, 1), (4, 4))  # past jit_depthwise.MAX_TAPS
+    assert jit_depthwise.MAX_TAPS < 9
