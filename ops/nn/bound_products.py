@@ -28,7 +28,7 @@ def _blas_product(A, B, out):
     (``product(A, B)``), else None: the panels, the stacked panels and the transposed
     few-rows form are routes of their own."""
     if B.ndim == 2 and B.size < products.MIN_WEIGHT \
-            and A.size * B.shape[1] < products.PANEL_MIN_WORK:
+            and A.size * B.shape[1] < products.PANEL_MIN_WORK and not products.streamed(B):
         return _stacked(A, B, out)
     if products.panels_suit(A, B, out, None) or products.stacks_suit(A, B, out) \
             or products.suits(A, B):

@@ -85,7 +85,8 @@ def dense_product(A, B, out, prepacked=None, replays=None, recorded=()):
     packed panels for a constant weight, the transposed form for a few rows, else one
     product per C-contiguous stack. ``replays``, ``recorded``: as for
     :func:`panel_product`, which alone records."""
-    if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK:
+    if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK \
+            and not streamed(B):
         return stacked_product(A, B, out)  # what the checks below come to (~1 us of them)
     if panels_suit(A, B, out, prepacked):
         return panel_product(A, B, out, prepacked, None, replays, recorded)
@@ -124,11 +125,12 @@ def graph_output(A, B, transA=0, transB=0):
 
 def one_row_blas(A, B, out) -> bool:
     """Whether ``A @ B`` into ``out`` is one row (any leading ones) of native floats under
-    ONE_ROW_WORK multiply-adds: neither the panels nor the few-rows form take it, the BLAS
-    does (a decoder step's dense layers)."""
+    ONE_ROW_WORK multiply-adds and a weight the native workers would not stream
+    (:func:`streamed`): neither the panels nor the few-rows form take it, the BLAS does."""
     return B.ndim == 2 and A.shape[-1] == B.shape[0] and A.size == A.shape[-1] \
         and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE \
-        and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK
+        and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK \
+        and not streamed(B)
 
 
 def small_one_row(A, B, transA, transB, out) -> bool:
@@ -188,6 +190,22 @@ NATIVE_PARTS_PER_THREAD = 4
 # From 2^19 rather than 2^20: a MobileNetV3-small's classifier, 1 x 576 @ 576 x 1024 and
 # 1 x 1024 @ 1024 x 1000, took 35 and 61 us through the gemv, 13 and 34 split (back to back).
 ONE_ROW_WORK = 1 << 19
+# Bytes of a constant weight from which a product is split over the native workers (and taken
+# by the panels) whatever its work. With a few rows a product streams its weight, which in a
+# model's run comes from L3: one thread reads it at ~28 GB/s on this machine, two at ~55, as
+# onnxruntime does (~50 GB/s through any chain of one-row layers). Back to back over a chain
+# of distinct weights, us a product, split / one thread / the BLAS: one row 256 x 256 4.8 /
+# 9.6 / 9.4, 512 x 512 19.0 / 37.4 / 36.8, 128 x 256 3.5 / 5.2 / 5.1, eight rows 128 x 256
+# 5.0 / 5.6 / 7.7; 128 x 128 2.6 / 3.1 / 2.8 and 64 x 64 1.7 / 0.9 / 0.8 (the hand-off
+# costs more than it saves).
+SPLIT_WEIGHT_BYTES = 1 << 17
+
+
+def streamed(B) -> bool:
+    """Whether a product against the 2-D weight ``B`` is worth splitting for its weight's
+    sake alone (SPLIT_WEIGHT_BYTES), where the native workers are there to take a part."""
+    return B.ndim == 2 and B.size * B.itemsize >= SPLIT_WEIGHT_BYTES \
+        and jit_cpu.native_pool() is not None
 
 
 def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
@@ -195,16 +213,17 @@ def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
     PANEL_MIN_ROWS rows (or one row of ONE_ROW_WORK multiply-adds, with the native pool
     to split it), all one native float dtype, ``out`` C-contiguous and apart from A, and at
-    least ``min_work`` multiply-adds."""
+    least ``min_work`` multiply-adds or a weight the workers stream (:func:`streamed`)."""
     if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
             or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
         return False
     rows = A.size // max(A.shape[-1], 1)
     work = A.size * B.shape[1]
-    if rows < PANEL_MIN_ROWS and not (rows == 1 and work >= ONE_ROW_WORK
+    large = streamed(B)
+    if rows < PANEL_MIN_ROWS and not (rows == 1 and (work >= ONE_ROW_WORK or large)
                                       and jit_cpu.native_pool() is not None):
         return False
-    return work >= (PANEL_MIN_WORK if min_work is None else min_work) \
+    return (large or work >= (PANEL_MIN_WORK if min_work is None else min_work)) \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) \
         and jit_cpu.panel_kernels() is not None
@@ -252,7 +271,8 @@ def panel_call(A, B, prepacked, bias=None):
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
-    if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK):
+    if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK) \
+            and k * n * B.itemsize < SPLIT_WEIGHT_BYTES:
         one = kernels.panel_product
         return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
                                   spill, bias)

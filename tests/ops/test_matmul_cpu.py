@@ -78,8 +78,10 @@ def test_gemm_every_transposition(transA, transB, no_panels):
 def test_a_small_one_row_gemm_gives_the_general_paths_bits(transB, alpha, beta, monkeypatch):
     """A decoder step's one-row Gemm goes straight to the BLAS; the result is what the
     general path (the panels and few-rows checks, which do not take it) computes."""
-    A, B, C = _rand(1, 256), _rand(768, 256) if transB else _rand(256, 768), _rand(768)
-    fast, general = np.empty((1, 768), np.float32), np.empty((1, 768), np.float32)
+    # a weight under SPLIT_WEIGHT_BYTES: a larger one takes the split panels
+    A, B, C = _rand(1, 64), _rand(384, 64) if transB else _rand(64, 384), _rand(384)
+    assert B.nbytes < matmul_cpu.SPLIT_WEIGHT_BYTES
+    fast, general = np.empty((1, 384), np.float32), np.empty((1, 384), np.float32)
     assert matmul_cpu.small_one_row(A, B, 0, transB, fast)
     gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transB=transB, out=fast, _prepacked={})
     monkeypatch.setattr(matmul_cpu, "small_one_row", lambda *args: False)
@@ -301,7 +303,9 @@ def test_panels_need_a_constant_weight_and_plain_layouts():
     assert not matmul_cpu.panels_suit(A, B, np.empty((64, 600), np.float32)[:, ::2], {})
     assert not matmul_cpu.panels_suit(A.astype(np.float16), B.astype(np.float16),
                                       np.zeros((64, 300), np.float16), {})
-    assert not matmul_cpu.panels_suit(_rand(1, 400), B, out[:1], {})  # one small row: a gemv
+    small = _rand(100, 300)  # under SPLIT_WEIGHT_BYTES
+    assert not matmul_cpu.panels_suit(_rand(1, 100), small, out[:1], {})  # one row: a gemv
+    assert not matmul_cpu.panels_suit(_rand(8, 100), small, out[:8], {})  # too little work
     assert not matmul_cpu.panels_suit(_rand(4, 8), _rand(8, 8), out[:4, :8], {})  # tiny
 
 
@@ -322,6 +326,30 @@ def test_one_row_through_a_large_layer_takes_the_split_panels(monkeypatch):
     assert taken == [1]
     monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")  # no native pool to split it: a gemv
     assert not matmul_cpu.panels_suit(x, W.T, out, {})
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_weight_the_workers_stream_takes_the_split_panels_whatever_the_work(rows,
+                                                                             monkeypatch):
+    """A few rows through a 256 x 256 layer: far less work than the panels' thresholds, but a
+    weight that two threads stream from memory at twice one's rate."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    A, W = _rand(rows, 256), _rand(256, 256)
+    out = np.full((rows, 256), np.nan, np.float32)
+    assert rows * W.size < min(matmul_cpu.ONE_ROW_WORK, matmul_cpu.PANEL_MIN_WORK)
+    assert matmul_cpu.streamed(W) and not matmul_cpu.one_row_blas(A, W, out)
+    assert matmul_cpu.panels_suit(A, W, out, {})
+    split = []
+    kernels = jit_cpu.panel_kernels()
+    real = kernels.native_product
+    monkeypatch.setattr(kernels, "native_product", lambda *a: split.append(1) or real(*a))
+    assert mat_mul_cpu(np, A, W, out=out, _prepacked={}) is out
+    np.testing.assert_allclose(out, A @ W, rtol=1e-4, atol=1e-4)
+    assert split == [1]
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")  # nobody to share the stream with
+    assert not matmul_cpu.streamed(W) and not matmul_cpu.panels_suit(A, W, out, {})
 
 
 @needs_panels
