@@ -21,6 +21,9 @@ bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where t
 is a large share), and the taps as one flat run over the whole padded plane (3x slower than
 row by row, timed inside numba).
 
+Outputs of up to CHANNELS_MAX_PIXELS pixels take a third form, the channels side by side
+(the last section).
+
 The module is generated per (kernel, strides, dilations) from fixed templates and integer
 literals, then compiled and cached on disk by ``jit_elementwise.kernel`` like the pools'.
 
@@ -163,7 +166,6 @@ def suits(X, W, out, kernel) -> bool:
 
 def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None,
                    activation=("", None)):
-    from mixrt.ops.conv import depthwise_channels_last  # noqa: PLC0415  (it imports this module)
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
     then ``activation`` (FusedConv's (name, params), one of ACTIVATIONS), into ``out`` (N,
     C*k, oh, ow); see :func:`suits`. W (M, g, kh, kw) with g > 1 makes it a grouped
@@ -176,9 +178,9 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
         return out
-    if depthwise_channels_last.suits(X, W, out, kernel, dilations, out_dims):
-        return depthwise_channels_last.conv(X, W, B, out, kernel, strides, dilations, begin,
-                                            replays, activation)
+    if channels_suit(X, W, out, kernel, dilations, out_dims):
+        return channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays,
+                             activation)
     weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
     bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
     name = activation[0] or ""
@@ -408,3 +410,169 @@ def _split_copy() -> list[str]:
         "                if cols % 2:",
         "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
     ]
+
+
+# -- the channels form: small planes with the channels side by side ----------------------------
+#
+# The row and flat forms above vectorize along a plane's pixels: a row of outputs, or the
+# whole padded plane as one flat row. Once a plane is a few pixels across
+# (the mobile networks' last stages: 3x3, 6x6 and 7x7 at 96-224 pixel inputs) a vector has
+# little to hold: EfficientNet-B0's 1152 x 3x3 5x5 layer computes a padded 7-wide flat row
+# rounded up to 32 cells for each of its 9 outputs, 3.6x the arithmetic, and ran at ~2
+# GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
+#
+# Here (up to CHANNELS_MAX_PIXELS outputs) a block of up to CHANNEL_BLOCK channels of one
+# image is copied into a zero-bordered (row, column, channel) scratch, and each output pixel sums its taps across the block's channels at once, one
+# vector per 16 channels; the sums are then activated and transposed back. A tap that falls
+# on the padding multiplies its weight by a real zero, as the zero-padded reference does
+# (a NaN or infinite weight gives NaN there), and the taps are added in the same order
+# (bias first, then row by row) without fused multiply-adds: the results are the bits of the
+# other two forms. The weight is transposed once per node into (taps, channels).
+#
+# The (image, channel block) units are split over the native workers
+# (``ops/panels/native_parts.py``) and the call is kept as the node's replay.
+
+# channels per unit: four 64-byte vectors of floats, so that a block's (pixels, channels)
+# scratch of a 7x7 plane stays in L1
+CHANNEL_BLOCK = 64
+# output pixels up to which this form takes a depthwise convolution (measured against the
+# flat form, one thread: see docs/cpu-kernels.md)
+CHANNELS_MAX_PIXELS = 36
+_FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
+
+
+def channels_suit(X, W, out, kernel, dilations, out_dims) -> bool:
+    """Whether ``out`` = depthwise Conv(X, W) takes this form: one output channel per input
+    channel, at most CHANNELS_MAX_PIXELS output pixels, a 2-D kernel of at most
+    ``MAX_TAPS`` per axis, native floats, C-contiguous arrays."""
+    return X.ndim == 4 and W.shape[0] == X.shape[1] and W.shape[1] == 1 \
+        and out_dims[0] * out_dims[1] <= CHANNELS_MAX_PIXELS and len(kernel) == 2 \
+        and X.dtype in jit_cpu.NATIVE and W.dtype == X.dtype \
+        and suits(X, W, out, kernel)
+
+
+def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
+                  activation=("", None)):
+    """``out`` = activation(depthwise Conv(X, W) + B) (see :func:`suits`); ``replays``: the
+    node's prepacked dict where ``out`` is the caller's and W a constant (the transposed
+    weight is kept there and the call recorded), else None."""
+    n, channels = X.shape[:2]
+    name = activation[0] or ""
+    constants = activation_constants(name, activation[1], X.dtype)
+    taps = _channel_taps(W, replays)
+    bias = np.zeros(channels, X.dtype) if B is None \
+        else np.ascontiguousarray(B, X.dtype).reshape(channels)
+    module = _compiled_channels(tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
+                       tuple(int(d) for d in dilations), name)
+    pads = (int(begin[0]), int(begin[1]))
+    blocks = -(-channels // CHANNEL_BLOCK)
+    units = n * blocks
+    native = jit_cpu.native_pool()
+    parts = split(units, out.size, native)
+    if parts is not None:
+        go = prepared(native, module, (X, taps, bias, out, constants), (blocks, *pads),
+                      parts, keep=(bias, constants, taps))
+    else:
+        zero = X.dtype.type(0)
+
+        def go(*_):
+            module.run(X, taps, bias, out, constants, blocks, *pads, 0, units, zero)
+    go()
+    if replays is not None and (B is None or np.may_share_memory(bias, B)):
+        replay.record(replays, (X, W, B, None, out), go)
+    return out
+
+
+def _channel_taps(W, prepacked):
+    """W (C, 1, kh, kw) as (kh * kw, C), contiguous: kept in ``prepacked`` when given."""
+    def transposed():
+        return np.ascontiguousarray(W.reshape(W.shape[0], -1).T)
+    if prepacked is None:
+        return transposed()
+    key = ("depthwise_channels_last", W.shape)
+    found = prepacked.get(key)
+    if found is None:
+        found = prepacked[key] = transposed()
+    return found
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_channels(kernel: tuple, strides: tuple, dilations: tuple, activation: str):
+    return compiled(channels_source(kernel, strides, dilations, activation),
+                    prefix="mixrt_depthwise_channels")
+
+
+def channels_source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "") -> str:
+    """The channels form's module for one geometry and activation: ``run(x, taps, bias, y, act, blocks,
+    top, left, start, stop, zero)`` computes the units start..stop (image ``u // blocks``,
+    channels from ``u % blocks * CHANNEL_BLOCK``) of y (N, C, oh, ow) from x (N, C, H, W). The
+    block's padded plane is a (hp, wp, BLOCK) scratch whose border is zeroed once per
+    call (every unit writes the same interior), so each tap of an output pixel is a fixed
+    offset from the pixel's corner, unrolled with the tap's weights."""
+    for value in (*kernel, *strides, *dilations):
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    taps = [(a, b) for a in range(kh) for b in range(kw)]
+    total = " + ".join(f"ws[uint64(w{a}_{b} + c)] * rows[uint64(corner + d{a}_{b} + c)]"
+                       for a, b in taps)
+    statements = ACTIVATIONS[activation][1]
+    return "\n".join([
+        *_module_head(activation),
+        f"BLOCK = {CHANNEL_BLOCK}",
+        "",
+        f"@njit({_FLAGS})",
+        "def unit(xs, ws, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
+        "         top, left, rows, sums):",
+        "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
+        "    image, first = u // blocks, u % blocks * BLOCK",
+        "    count = min(BLOCK, channels - first)",
+        "    plane = height * width",
+        "    # the block's input planes into the padded scratch, the channels side by side",
+        "    # (pixel by pixel, the channels' reads strided: ~1.6x faster than channel by",
+        "    # channel with the writes strided)",
+        "    source = (image * channels + first) * plane",
+        "    for r in range(height):",
+        "        for s in range(width):",
+        "            target = ((r + top) * wp + left + s) * BLOCK",
+        "            q = source + r * width + s",
+        "            for c in range(count):",
+        "                rows[uint64(target + c)] = xs[uint64(q + c * plane)]",
+        *[f"    w{a}_{b} = {a * kw + b} * channels + first" for a, b in taps],
+        *[f"    d{a}_{b} = ({a * dh} * wp + {b * dw}) * BLOCK" for a, b in taps],
+        "    for i in range(oh):",
+        "        for j in range(ow):",
+        f"            corner = (i * {sh} * wp + j * {sw}) * BLOCK",
+        "            o = (i * ow + j) * BLOCK",
+        "            for c in range(count):",
+        f"                v = bias[uint64(first + c)] + {total}",
+        *[f"                {line}" for line in statements],
+        "                sums[uint64(o + c)] = v",
+        "    pixels = oh * ow",
+        "    target = (image * channels + first) * pixels",
+        "    for q in range(pixels):",
+        "        for c in range(count):",
+        "            ys[uint64(target + c * pixels + q)] = sums[uint64(q * BLOCK + c)]",
+        "",
+        f"@njit({_FLAGS})",
+        "def run(x, ws, bias, y, act, blocks, top, left, start, stop, zero):",
+        "    channels, height, width = x.shape[1], x.shape[2], x.shape[3]",
+        "    oh, ow = y.shape[2], y.shape[3]",
+        f"    hp = (oh - 1) * {sh} + {(kh - 1) * dh} + 1",
+        f"    wp = (ow - 1) * {sw} + {(kw - 1) * dw} + 1",
+        "    # the far pads past the last window are never read",
+        "    hp, wp = max(hp, top + height), max(wp, left + width)",
+        "    rows = np.empty(hp * wp * BLOCK, x.dtype)",
+        "    for t in range(hp * wp * BLOCK):",
+        "        rows[t] = zero",
+        "    sums = np.empty(oh * ow * BLOCK, x.dtype)",
+        "    xs, wf, ys = x.reshape(-1), ws.reshape(-1), y.reshape(-1)",
+        "    for u in range(start, stop):",
+        "        unit(xs, wf, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
+        "             top, left, rows, sums)",
+        "",
+        *part_source([("x", 4, True), ("ws", 2, True), ("bias", 1, True), ("y", 4, True),
+                      ("act", 1, True)], ["blocks", "top", "left"],
+                     lambda dtype: ["run(x, ws, bias, y, act, blocks, top, left, start, stop,"
+                                    f" {dtype}(0))"]),
+    ])

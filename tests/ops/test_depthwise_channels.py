@@ -1,12 +1,12 @@
-"""Depthwise convolutions over small planes with the channels side by side
-(ops/conv/depthwise_channels_last.py): the same bits as the flat form of
-ops/conv/jit_depthwise.py, against the generic convolution, split and replayed."""
+"""Depthwise convolutions over small planes with the channels side by side (the channels
+form of ops/conv/jit_depthwise.py): the same bits as its flat form, against the generic
+convolution, split and replayed."""
 
 import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.conv import depthwise_channels_last, jit_depthwise
+from mixrt.ops.conv import jit_depthwise
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.nn import fused
 from mixrt.ops.nn.fused import activate
@@ -23,7 +23,7 @@ def _rand(*shape, dtype=np.float32):
 def _flat_form(monkeypatch, call):
     """``call()`` with this form turned off (the flat or row form takes the convolution)."""
     with monkeypatch.context() as patched:
-        patched.setattr(depthwise_channels_last, "MAX_OUTPUT_PIXELS", -1)
+        patched.setattr(jit_depthwise, "CHANNELS_MAX_PIXELS", -1)
         return call()
 
 
@@ -49,7 +49,7 @@ def test_same_bits_as_the_flat_form_and_the_reference(monkeypatch, batch, channe
     attributes = dict(auto_pad="NOTSET", dilations=[dilation] * 2, group=channels,
                       kernel_shape=[kernel] * 2, pads=pads, strides=[stride] * 2)
     expected = activate(np, conv(np, X, W, B, **attributes), activation, params)
-    assert expected.shape[2] * expected.shape[3] <= depthwise_channels_last.MAX_OUTPUT_PIXELS
+    assert expected.shape[2] * expected.shape[3] <= jit_depthwise.CHANNELS_MAX_PIXELS
 
     def run(prepacked):
         out = np.full(expected.shape, np.nan, dtype)
@@ -98,7 +98,7 @@ def test_a_nan_weight_over_the_padding_gives_nan_as_the_padded_reference_does():
 def test_what_it_leaves_to_the_other_forms():
     X, W = _rand(1, 32, 8, 8), _rand(32, 1, 3, 3)
     out = np.empty((1, 32, 8, 8), np.float32)
-    suits = depthwise_channels_last.suits
+    suits = jit_depthwise.channels_suit
     assert not suits(X, W, out, (3, 3), (1, 1), (8, 8))  # 64 outputs: the flat form's
     assert not suits(X, _rand(64, 1, 3, 3), np.empty((1, 64, 4, 4), np.float32), (3, 3),
                      (1, 1), (4, 4))  # two outputs per channel
