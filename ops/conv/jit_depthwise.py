@@ -56,6 +56,7 @@ import functools
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.elementwise.jit_elementwise import kernel_module as compiled
 from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
@@ -463,7 +464,7 @@ def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
     bias = np.zeros(channels, X.dtype) if B is None \
         else np.ascontiguousarray(B, X.dtype).reshape(channels)
     module = _compiled_channels(tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
-                       tuple(int(d) for d in dilations), name)
+                                tuple(int(d) for d in dilations), name)
     pads = (int(begin[0]), int(begin[1]))
     blocks = -(-channels // CHANNEL_BLOCK)
     units = n * blocks
@@ -485,15 +486,8 @@ def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
 
 def _channel_taps(W, prepacked):
     """W (C, 1, kh, kw) as (kh * kw, C), contiguous: kept in ``prepacked`` when given."""
-    def transposed():
-        return np.ascontiguousarray(W.reshape(W.shape[0], -1).T)
-    if prepacked is None:
-        return transposed()
-    key = ("depthwise_channels_last", W.shape)
-    found = prepacked.get(key)
-    if found is None:
-        found = prepacked[key] = transposed()
-    return found
+    return packed(prepacked, ("depthwise_channels_last", W.shape),
+                  lambda: np.ascontiguousarray(W.reshape(W.shape[0], -1).T))
 
 
 @functools.lru_cache(maxsize=64)
