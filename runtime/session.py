@@ -267,7 +267,12 @@ class Session:
             plan = self._cached_plan(signature)
             # the native workers up by the first kernel, and spinning until the run ends
             with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers)):
-                return self._planned_run(plan, signature, feeds, wanted, process, delivery)
+                outputs = self._planned_run(plan, signature, feeds, wanted, process, delivery)
+            if on_cpu and jit_cpu.native_job_noted():  # a plan learns to wake them first
+                plan = self._cached_plan(signature)
+                if plan is not None:
+                    plan.wakes_workers = True
+            return outputs
 
     def _planned_run(self, plan, signature, feeds: dict, wanted, process,
                      delivery: tuple) -> list:

@@ -56,6 +56,8 @@ class SteadyRun:
                 for name in self._texts:  # as Session._checked_feed converts them
                     env[name] = feeds[name].astype(object)
                 run_host_calls(arena, plan, env)
+                if not plan.wakes_workers and jit_cpu.native_job_noted():
+                    plan.wakes_workers = True  # the next run wakes them as it begins
                 return self._take_outputs(env)
             finally:
                 release(plan, arena)

@@ -31,6 +31,7 @@ import weakref
 
 import numpy as np
 
+from mixrt.base.settings import setting
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.compiled.parallel import pinned_values
@@ -72,7 +73,7 @@ def enabled() -> bool:
 
 
 def _jit_setting_on() -> bool:
-    return os.environ.get("MIXRT_JIT", "1") != "0"
+    return setting("MIXRT_JIT", "1") != "0"
 
 
 def load(name: str):
@@ -130,6 +131,22 @@ def native_pool():
     return found
 
 
+def note_native_job() -> None:
+    """A kernel handed parts to the native workers in this run (a ``parallel.pinned``
+    block). A plan whose runs did not wake them as they began (``ExecutionPlan
+    .wakes_workers``, from the bytes its values hold) learns to: a forest's walk is much
+    work over few bytes, and a worker woken by the job itself joins 10-15 us late."""
+    values = pinned_values()
+    if values is not None:
+        values["native_job"] = True
+
+
+def native_job_noted() -> bool:
+    """Did a kernel of this run (:func:`note_native_job`) hand the workers parts?"""
+    values = pinned_values()
+    return values is not None and "native_job" in values
+
+
 def native_run_begins():
     """A session's run that uses the native workers starts: they wake if they sleep (once
     this process has loaded them), and spin between its jobs until the run calls the pool's
@@ -158,7 +175,7 @@ def native_run(uses_workers: bool):
 
 
 def _native_pool():
-    if os.environ.get("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
+    if setting("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
         return None
     kernels = panel_kernels()
     return None if kernels is None else kernels.native_pool()

@@ -21,6 +21,7 @@ import queue
 import threading
 from typing import Callable
 
+from mixrt.base.settings import process_id, setting
 from mixrt.ops.compiled import jit_tier
 
 # below this many elements of work, the hand-off to another thread costs more than it saves
@@ -56,7 +57,7 @@ def intra_op_threads() -> int:
 
 
 def _configured_threads() -> int:
-    configured = os.environ.get("MIXRT_INTRA_OP_THREADS", "").strip()
+    configured = setting("MIXRT_INTRA_OP_THREADS").strip()
     if configured:
         try:
             return max(1, int(configured))
@@ -223,7 +224,7 @@ def _pool() -> _Pool | None:
     workers = intra_op_threads() - 1
     if workers < 1:
         return None
-    key = (os.getpid(), workers)
+    key = (process_id(), workers)
     pool = _state.get(key)
     if pool is None:
         with _state_lock:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, row_parts
+from mixrt.ops.panels import native_parts
+from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ir.node_state import cached as _cached
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
@@ -24,8 +25,12 @@ _MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BR
           "BRANCH_MEMBER", "LEAF")
 _MEMBER, _LEAF = 6, 7
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
-# a rough count of node visits per tree and row, for splitting a batch over threads
+# a rough count of node visits per tree and row, where the stepped walk's counts are not made
 _STEPS_PER_TREE = 16
+# steps of a walk (rows x a row's steps; ~2 ns each) from which it is split between threads:
+# the native worker takes a part in ~5 us (ops/ml/_jit_tree_parts.py), a Python thread in 20-40
+NATIVE_SPLIT_STEPS = 1 << 13
+THREAD_SPLIT_STEPS = 1 << 17
 
 
 class _Forest:
@@ -46,6 +51,7 @@ class _Forest:
         self._feature_range = None  # (lowest, highest) feature an interior node reads
         self._packed = None  # the node records (_records)
         self._tables = {}  # precision -> every table the compiled walk reads, in its order
+        self._row_steps = None  # a row's steps through the forest (_steps_per_row)
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -125,7 +131,7 @@ class _Forest:
         tables = self._tables.get(precision)
         if tables is None:
             tables = self._tables[precision] = (self.roots, *self._records(), self.members,
-                                                self._uniform_mode(),
+                                                self._uniform_mode(), *self._stepped(),
                                                 *self._leaf_table(precision))
         return tables
 
@@ -136,9 +142,19 @@ class _Forest:
         return high + 1 if low >= 0 else None
 
     def alone_rows(self) -> int:
-        """The most rows whose walk is one call on the calling thread (:meth:`walks_alone`
-        without the thread count, which it reads only for larger batches)."""
-        return max(1, (MIN_ELEMENTS - 1) // max(1, len(self.roots) * _STEPS_PER_TREE))
+        """The most rows whose walk is one call on the calling thread whatever the pool
+        (:meth:`walks_alone` without the thread count, which it reads only for larger
+        batches)."""
+        return max(1, (NATIVE_SPLIT_STEPS - 1) // self._steps_per_row())
+
+    def _steps_per_row(self) -> int:
+        """A row's steps through the whole forest: the stepped walk's counts, else a rough
+        count per tree."""
+        if self._row_steps is None:
+            steps = self._stepped()[0]
+            self._row_steps = max(1, int(np.abs(steps).sum()) if steps.size
+                                  else len(self.roots) * _STEPS_PER_TREE)
+        return self._row_steps
 
     def _uniform_mode(self) -> int:
         """BRANCH_LEQ (0) or BRANCH_LT (1) when every branch has that mode (the compiled
@@ -148,18 +164,40 @@ class _Forest:
 
     def walks_alone(self, rows: int) -> bool:
         """Is a walk of ``rows`` rows one call on the calling thread (not split)?"""
-        return rows == 1 or len(row_parts(rows, len(self.roots) * _STEPS_PER_TREE)) == 1
+        return self._split(rows, True)[1] is None
+
+    def _split(self, rows: int, sums: bool) -> tuple:
+        """(the native pool or None, the parts' (start, stop) rows or None: one call here).
+        The native workers take a part of a walk of sums from NATIVE_SPLIT_STEPS, Python
+        threads any walk's from THREAD_SPLIT_STEPS; one part per thread, contiguous, so each
+        keeps whole blocks of rows side by side."""
+        work = rows * self._steps_per_row()
+        if rows < 2 or work < NATIVE_SPLIT_STEPS:
+            return None, None  # before the pool's lookup: a request's rows
+        native = jit_cpu.native_pool() if sums else None
+        if native is not None:
+            threads = native.workers + 1
+        elif work >= THREAD_SPLIT_STEPS:
+            threads = intra_op_threads()
+        else:
+            return None, None
+        count = min(rows, threads)
+        if count < 2:
+            return None, None
+        bounds = [rows * p // count for p in range(count + 1)]
+        return native, [(bounds[p], bounds[p + 1]) for p in range(count)]
 
     def _walk(self, kernel, X, precision, *outputs):
-        """kernel(rows, start, stop, tables..., outputs...) over row ranges, in parallel
-        for large batches."""
+        """kernel(rows, start, stop, tables..., outputs...) over row ranges, split between
+        threads for large batches (:meth:`_split`)."""
         data, tables = self.walk_inputs(X, precision)
         rows = X.shape[0]
-        parts = ((0, rows),) if rows == 1 else row_parts(rows, len(self.roots) * _STEPS_PER_TREE)
-        if len(parts) == 1:  # a request's few rows: the call itself, no hand-out (~2 us)
+        native, parts = self._split(rows, getattr(kernel, "__name__", "") == "forest_sums")
+        if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
             kernel(data, 0, rows, *tables, *outputs)
-            return
-        parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables, *outputs))
+        elif native is None or not _native_walk(native, parts, data, tables, *outputs):
+            parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
+                                                           *outputs))
 
     def _records(self):
         """The nodes as 24-byte records, two flat views of one buffer: float64 (the split
@@ -174,6 +212,55 @@ class _Forest:
             links[:, 4], links[:, 5] = self.true_next, self.false_next
             self._packed = (splits.reshape(-1), links.reshape(-1))
         return self._packed
+
+    def _stepped(self):
+        """The stepped walk's tables (ops/ml/_jit_trees._stepped_sums), or three empty ones
+        where the branches mix modes or the table is not a set of trees: each tree's step
+        count (its depth; negated where its deepest leaf lies more than twice as deep as its
+        leaves do on average, so the walk stops once no row moves), int32 records (feature,
+        true child, false child, tracks missing values as true) in which a leaf reads
+        feature 0 and leads to itself, and the split of every node."""
+        leaves = self.modes == _LEAF
+        steps = self._step_counts(leaves) if self._uniform_mode() >= 0 else None
+        if steps is None:
+            return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
+        itself = np.arange(len(self.modes))
+        records = np.empty((len(self.modes), 4), np.int32)
+        records[:, 0] = np.where(leaves, 0, self.features)
+        records[:, 1] = np.where(leaves, itself, self.true_next)
+        records[:, 2] = np.where(leaves, itself, self.false_next)
+        records[:, 3] = self.tracks_true & ~leaves
+        return steps, records, np.where(leaves, 0.0, self.splits)
+
+    def _step_counts(self, leaves) -> np.ndarray | None:
+        """Each tree's depth, negated where its deepest leaf is over twice its leaves'
+        mean depth (see :meth:`_stepped`); None unless every node the roots reach is
+        reached once (a root, or one interior node's child): a shared node or a cycle is
+        walked as the NumPy tier walks it, by the walk that stops at leaves."""
+        interior = ~leaves
+        parents = np.bincount(np.concatenate([self.roots, self.true_next[interior],
+                                              self.false_next[interior]]),
+                              minlength=len(self.modes))
+        if parents.max(initial=0) > 1:
+            return None
+        tree_of = np.zeros(len(self.modes), np.int64)
+        depth_of = np.zeros(len(self.modes), np.int64)
+        visited = np.zeros(len(self.modes), bool)
+        level, depth = self.roots, 0
+        tree_of[level] = np.arange(len(self.roots))
+        while level.size:  # in-degree <= 1 from the roots: no cycle, at most every node
+            depth_of[level], visited[level] = depth, True
+            inner = level[interior[level]]
+            children = np.concatenate([self.true_next[inner], self.false_next[inner]])
+            tree_of[children] = np.tile(tree_of[inner], 2)
+            level, depth = children, depth + 1
+        reached_leaves = np.flatnonzero(leaves & visited)
+        trees = tree_of[reached_leaves]
+        deepest = np.zeros(len(self.roots), np.int64)
+        np.maximum.at(deepest, trees, depth_of[reached_leaves])
+        count = np.bincount(trees, minlength=len(self.roots))
+        mean = np.bincount(trees, depth_of[reached_leaves], len(self.roots)) / np.maximum(count, 1)
+        return np.where(deepest > 2 * mean, -deepest, deepest)
 
     def _leaf_table(self, precision):
         """The leaves' weights, sparse: node i's entries are [start[i], start[i + 1]) of
@@ -224,6 +311,30 @@ class _Forest:
         for t in range(leaves.shape[1]):
             best = xp.where(hit[leaves[:, t]], pick(best, weights[leaves[:, t]]), best)
         return xp.where(xp.isinf(best), 0.0, best)  # a target no leaf reached scores 0
+
+
+def _native_walk(native, parts, data, tables, total, reached) -> bool:
+    """forest_sums over ``parts`` on this thread and the native worker
+    (ops/ml/_jit_tree_parts.py); False, with nothing done, where no entry takes these
+    dtypes."""
+    module = jit_cpu.load("mixrt.ops.ml._jit_tree_parts")
+    entry = None if module is None else \
+        module.ENTRIES.get((data.dtype.char, total.dtype.char))
+    if entry is None:
+        return False
+    (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
+     leaf_targets, leaf_values) = tables
+    arrays = (data, roots, splits, links, members, steps, records, thresholds, leaf_start,
+              leaf_targets, leaf_values, total, reached)
+    bounds = [start for start, _ in parts] + [parts[-1][1]]
+    words = np.array([0, *(extent for array in arrays for extent in array.shape), uniform,
+                      *bounds], np.int64)
+    words[0] = words.size
+    addresses = np.empty(len(arrays) + 1, np.uint64)
+    native_parts.fill_addresses(addresses, (words,) + arrays)
+    jit_cpu.note_native_job()
+    jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(parts))
+    return True
 
 
 def _aggregate_name(function) -> str:

@@ -82,7 +82,7 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     words = np.array([0, *shapes, *scalars, *bounds], np.int64)
     words[0] = words.size
     addresses = np.empty(len(arrays) + 1, np.uint64)
-    _addresses(addresses, (words,) + tuple(arrays))
+    fill_addresses(addresses, (words,) + tuple(arrays))
     entry = module.part_f if arrays[0].dtype == np.float32 else module.part_d
     run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
         entry.address, len(parts)
@@ -108,7 +108,9 @@ def _make_addresses():
 _compiled_addresses = None
 
 
-def _addresses(out, arrays) -> None:
+def fill_addresses(out, arrays) -> None:
+    """``out[i]`` = the data address of ``arrays[i]`` (a tuple of arrays), in one compiled
+    call."""
     global _compiled_addresses
     if _compiled_addresses is None:
         _compiled_addresses = _make_addresses()

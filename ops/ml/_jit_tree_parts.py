@@ -1,0 +1,71 @@
+"""A forest's walk split between this thread and the native worker (``ops/panels/_jit_native_pool.py``,
+CALL_JOB): the ``cfunc`` part entries ``ops/ml/forest._Forest`` hands the pool.
+
+``parallel_for`` hands a part to a Python thread: 20-40 us to wake it and take the GIL, more
+than 64 rows of an XGBoost forest take on one thread (~50 us), so split that way the walk got
+slower (LightGBM's 100 trees, 64 rows: 149 us on one thread, 204 split). The native worker
+takes its part without the GIL in ~5 us.
+
+Each entry reads its arguments as the pool's parts do: ``args[0]`` is an int64 array of words
+(its own length, every array's shape in :data:`ARRAYS` order, ``uniform``, then the parts'
+row bounds), ``args[1:]`` the arrays' data. One entry per pair of dtypes a walk meets: the
+rows' (float32 or float64) and the sums' (float32 for a float32 classifier, float64 else).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+
+from mixrt.ops.ml._jit_trees import forest_sums
+
+PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
+# the arrays in the order of the words and addresses, with their dimensions
+ARRAYS = (("data", 2), ("roots", 1), ("splits", 1), ("links", 1), ("members", 2),
+          ("steps", 1), ("records", 2), ("thresholds", 1), ("leaf_start", 1),
+          ("leaf_targets", 1), ("leaf_values", 1), ("total", 2), ("reached", 2))
+WORDS = 1 + sum(ndim for _, ndim in ARRAYS) + 1  # the length, the shapes, ``uniform``
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _part(args, index, data_type, value_type):
+    """forest_sums over the rows of part ``index`` (see the module's docstring)."""
+    words = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)
+    data = carray(args[1], (words[1], words[2]), data_type)
+    roots = carray(args[2], (words[3],), np.int64)
+    splits = carray(args[3], (words[4],), np.float64)
+    links = carray(args[4], (words[5],), np.int32)
+    members = carray(args[5], (words[6], words[7]), np.float64)
+    steps = carray(args[6], (words[8],), np.int64)
+    records = carray(args[7], (words[9], words[10]), np.int32)
+    thresholds = carray(args[8], (words[11],), np.float64)
+    leaf_start = carray(args[9], (words[12],), np.int64)
+    leaf_targets = carray(args[10], (words[13],), np.int64)
+    leaf_values = carray(args[11], (words[14],), value_type)
+    total = carray(args[12], (words[15], words[16]), value_type)
+    reached = carray(args[13], (words[17], words[18]), np.bool_)
+    uniform = words[19]
+    forest_sums(data, words[WORDS + index], words[WORDS + index + 1], roots, splits, links,
+                members, uniform, steps, records, thresholds, leaf_start, leaf_targets,
+                leaf_values, total, reached)
+
+
+_FLAGS = {"nopython": True, "cache": True, "error_model": "numpy"}
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def part_ff(args, index):
+    _part(args, index, np.float32, np.float32)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def part_fd(args, index):
+    _part(args, index, np.float32, np.float64)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def part_dd(args, index):
+    _part(args, index, np.float64, np.float64)
+
+
+ENTRIES = {("f", "f"): part_ff, ("f", "d"): part_fd, ("d", "d"): part_dd}
