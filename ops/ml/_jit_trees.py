@@ -76,7 +76,7 @@ def forest_sums(data, start, stop, roots, splits, links, members, uniform, steps
     target, tree by tree (the NumPy tier's order), and ``reached`` marks the targets a
     reached leaf weighs. ``steps``, ``records`` and ``thresholds``: the stepped walk's tables
     (``ops/ml/forest._Forest._stepped``), empty where the forest mixes branch modes."""
-    if uniform >= 0 and stop - start > 1 and steps.shape[0]:
+    if uniform >= 0 and stop - start >= STEPPED_FROM_ROWS and steps.shape[0]:
         _stepped_sums(data, start, stop, roots, steps, records, thresholds, uniform == 1,
                       leaf_start, leaf_targets, leaf_values, total, reached)
         return
@@ -102,10 +102,15 @@ def forest_sums(data, start, stop, roots, splits, links, members, uniform, steps
 # one comparison and a select, and the block's rows are independent chains the core
 # overlaps. Rows that reach a shallow leaf early step in place (a tree as deep as it is wide
 # costs ~2x the steps a walk would take, still ~2x faster at 2-64 rows: 64 rows of that
-# forest 345 -> 160 us, scikit-learn's 100-tree forest 632 -> 325). A tree whose deepest
+# forest 345 -> 160 us, scikit-learn's 100-tree forest 632 -> 325; 4 rows 21 -> 14 us and
+# 44 -> 31). A tree whose deepest
 # leaf is far below its others (``steps`` negative) stops as soon as no row of the block
-# moved. One row keeps the walk above: alone, it has no chains to overlap.
+# moved. Fewer rows keep the walk that stops at leaves: alone, a row has no chains to overlap
+# (one changing row of that forest: 8.2 us walked, 9.6 stepped), two or three about break even
+# when their values change, and a caller that sends the same rows again (a benchmark) has
+# its branches predicted (two rows of it: 5.6 us walked, 11.4 stepped).
 
+STEPPED_FROM_ROWS = 4  # rows of a call from which the walk is stepped
 STEPPED_BLOCK = 64  # rows stepped side by side
 # a stepped record's int32 slots (ops/ml/forest._Forest._stepped)
 STEP_FEATURE, STEP_TRUE, STEP_FALSE, STEP_TRACKS = 0, 1, 2, 3

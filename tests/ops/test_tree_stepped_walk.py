@@ -1,7 +1,7 @@
-"""The stepped walk of ops/ml/_jit_trees.py (forests whose branches share one mode, two rows or
-more: leaves lead to themselves, every row takes its tree's depth in steps) and its split
-between threads (ops/ml/_jit_tree_parts.py on the native worker, or Python threads) give the
-NumPy tier's sums bit for bit: missing values on both sides of a split, unbalanced trees that
+"""The stepped walk of ops/ml/_jit_trees.py (forests whose branches share one mode, from
+STEPPED_FROM_ROWS rows: leaves lead to themselves, every row takes its tree's depth in
+steps) and its split between threads (ops/ml/_jit_tree_parts.py on the native worker, or
+Python threads) give the NumPy tier's sums bit for bit: missing values on both sides of a split, unbalanced trees that
 stop early, row counts around the block, and tables that are not trees."""
 
 import numpy as np
@@ -81,7 +81,7 @@ def _equal(got, expected):
 
 
 @pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT"])
-@pytest.mark.parametrize("rows", [2, 3, 63, 64, 65, 200])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 63, 64, 65, 200])
 def test_regressor_sums_match_the_numpy_tier(mode, rows):
     rng = np.random.default_rng(rows)
     attrs = _forest(rng, 12, 3, mode, "target_")
