@@ -84,7 +84,7 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     if not BIND:
         _run_host_calls(calls, env, arena.buffer)
         return
-    key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool(),
+    key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
            jit_cpu.scratch_generation())
     bound = arena.bound.get(key)
     if bound is not None:

@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from mixrt.base.settings import setting
+from mixrt.base.settings import process_id, setting
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.compiled.parallel import pinned_values
@@ -172,6 +172,14 @@ def native_run(uses_workers: bool):
     finally:
         if pool is not None:
             pool.run_ends()
+
+
+def native_pool_key() -> tuple:
+    """What :func:`native_pool` answers from on this thread (with the tier, which decides
+    whether the panel kernels are there): the switches and the process. Equal keys mean the
+    same pool (each is kept for the process's life), so a run's bound calls are looked up by
+    it: ~0.3 us against the pool's own lookup's ~0.75, every run."""
+    return setting("MIXRT_NATIVE_POOL", "1"), setting("MIXRT_INTRA_OP_THREADS"), process_id()
 
 
 def _native_pool():
