@@ -1,0 +1,57 @@
+"""Normalizer's bound call (ops/ml/ml.bind_normalizer): after a session's first planned run the
+node calls the compiled rows' kernel into its output's view without the kernel's checks, and
+gives what the kernel gives, run after run, for every norm, a zero row and new values."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import mixrt
+
+
+def _session(tmp_path, norm, width):
+    """X -> Mul by 2 -> Normalizer -> Mul by 3: Normalizer reads a value in the arena (not
+    a feed) and writes one (not a graph output), as in a TF-IDF pipeline."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"]),
+         helper.make_node("Normalizer", ["doubled"], ["normalized"], domain="ai.onnx.ml",
+                          norm=norm),
+         helper.make_node("Mul", ["normalized", "three"], ["y"])],
+        "normalize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    path = tmp_path / f"{norm}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return mixrt.Session(str(path))
+
+
+def _expected(x, norm):
+    rows = 2 * x
+    if norm == "MAX":
+        scale = rows.max(axis=1, keepdims=True)
+    elif norm == "L1":
+        scale = np.abs(rows).sum(axis=1, keepdims=True)
+    else:
+        scale = np.sqrt((rows * rows).sum(axis=1, keepdims=True))
+    return rows / np.where(scale == 0, np.float32(1), scale) * np.float32(3)
+
+
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+def test_bound_normalizer_gives_the_kernels_values_run_after_run(tmp_path, norm):
+    session = _session(tmp_path, norm, 31)
+    session.wait_compiled()
+    rng = np.random.default_rng(3)
+    for run in range(6):
+        x = rng.random((3, 31), dtype=np.float32) + np.float32(0.1)
+        x[1] = 0  # a zero row stays zeros
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(y, _expected(x, norm), rtol=2e-6, atol=0)
+    steady = session._steady
+    assert steady is not None
+    bound = [call for arena in steady.plan.pool for calls in arena.bound.values()
+             for call in calls if call[0].node.op_type == "Normalizer"]
+    if mixrt.ops.compiled.jit_cpu.enabled():  # the compiled kernel: the node is bound
+        assert bound and all(call[4][-1] is not None for call in bound)
