@@ -1,5 +1,6 @@
-"""A forest's walk split between this thread and the native worker (``ops/panels/_jit_native_pool.py``,
-CALL_JOB): the ``cfunc`` part entries ``ops/ml/forest._Forest`` hands the pool.
+"""A forest's walk split between this thread and the native worker
+(``ops/panels/_jit_native_pool.py``, CALL_JOB): the ``cfunc`` part entries
+``ops/ml/forest._Forest`` hands the pool.
 
 ``parallel_for`` hands a part to a Python thread: 20-40 us to wake it and take the GIL, more
 than 64 rows of an XGBoost forest take on one thread (~50 us), so split that way the walk got

@@ -13,6 +13,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.compiled.bound_calls import binds
+from mixrt.ops.compiled.out_arrays import into
 from mixrt.ops.ir.dtypes import FLOATS
 from mixrt.ops.ir.node_state import cached as _cached
 from mixrt.ops.ir.node_state import prepared
@@ -254,8 +255,10 @@ def bind_normalizer(args, out, attributes):
 
 
 @op("Scaler", since=1, domain=ML, dtypes=_NUMBERS)
-def scaler(xp, X, *, offset=None, scale=None, _node=None):
-    return prepared(_node, lambda: _Scaler(offset, scale)).run(xp, X)
+def scaler(xp, X, *, offset=None, scale=None, _node=None, out=None):
+    """(X - offset) * scale; into ``out`` (the arena's view of the output, where the run has
+    one), so that its planned call can be bound (:func:`bind_scaler`)."""
+    return prepared(_node, lambda: _Scaler(offset, scale)).run(xp, X, out)
 
 
 class _Scaler:
@@ -263,17 +266,45 @@ class _Scaler:
         self.offset = np.asarray(offset if offset is not None else [0.0], dtype=np.float32)
         self.scale = np.asarray(scale if scale is not None else [1.0], dtype=np.float32)
 
-    def run(self, xp, X):
+    def fits(self, width: int) -> bool:
+        """Does the compiled kernel take rows of ``width`` (offset and scale one value or
+        one per column)?"""
+        return len(self.offset) in (width, 1) and len(self.scale) in (width, 1)
+
+    def run(self, xp, X, out=None):
         rows = _rows(X).astype(np.float32, copy=False)
-        width = rows.shape[1]
         kernels = _ml_kernels(xp, rows)
-        if kernels is not None and (len(self.offset) == width or len(self.offset) == 1) \
-                and (len(self.scale) == width or len(self.scale) == 1):
-            out = np.empty(rows.shape, np.float32)
-            kernels.scale_columns(rows, self.offset, self.scale, out)
-            return out.reshape(X.shape)
-        return (X.astype(np.float32, copy=False) - xp.asarray(self.offset)) \
+        if kernels is not None and self.fits(rows.shape[1]):
+            target = out if _float32_rows_view(out, rows) else np.empty(X.shape, np.float32)
+            kernels.scale_columns(rows, self.offset, self.scale, target.reshape(rows.shape))
+            return target
+        result = (X.astype(np.float32, copy=False) - xp.asarray(self.offset)) \
             * xp.asarray(self.scale)
+        return result if out is None else into(out, result)
+
+
+def _float32_rows_view(out, rows) -> bool:
+    """Is ``out`` a contiguous float32 array of ``rows``'s size (the kernel's target)?"""
+    return out is not None and out.dtype == np.float32 and out.size == rows.size \
+        and out.flags.c_contiguous
+
+
+@binds(scaler.fn)  # its planned call, bound once per arena (ops/compiled/bound_calls.py)
+def bind_scaler(args, out, attributes):
+    """The compiled kernel into ``out`` where the node's model takes these arrays, without
+    its checks (a scikit-learn pipeline's StandardScaler at one row: ~3 us a run)."""
+    (X,), model = args, (attributes.get("_node") or {}).get("model")
+    if model is None or X.ndim > 2 or X.dtype != np.float32 \
+            or not model.fits(_rows(X).shape[1]) or not _float32_rows_view(out, _rows(X)) \
+            or _ml_kernels(np, _rows(X)) is None:
+        return None
+    kernel, offset, scale = _ml_kernels(np, _rows(X)).scale_columns, model.offset, model.scale
+    target = out.reshape(_rows(X).shape)
+
+    def call(X):
+        kernel(_rows(X), offset, scale, target)
+        return out
+    return call
 
 
 scaler.infer(_float32_like_input)

@@ -1,4 +1,4 @@
-"""Normalizer's bound call (ops/ml/ml.bind_normalizer): after a session's first planned run the
+"""Normalizer's and Scaler's bound calls (ops/ml/ml.py): after a session's first planned run the
 node calls the compiled rows' kernel into its output's view without the kernel's checks, and
 gives what the kernel gives, run after run, for every norm, a zero row and new values."""
 
@@ -54,4 +54,39 @@ def test_bound_normalizer_gives_the_kernels_values_run_after_run(tmp_path, norm)
     bound = [call for arena in steady.plan.pool for calls in arena.bound.values()
              for call in calls if call[0].node.op_type == "Normalizer"]
     if mixrt.ops.compiled.jit_cpu.enabled():  # the compiled kernel: the node is bound
+        assert bound and all(call[4][-1] is not None for call in bound)
+
+
+def _scaler_session(tmp_path, offset, scale):
+    """X -> Mul by 2 -> Scaler -> Mul by 3, as in a scikit-learn pipeline."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"]),
+         helper.make_node("Scaler", ["doubled"], ["scaled"], domain="ai.onnx.ml",
+                          offset=offset, scale=scale),
+         helper.make_node("Mul", ["scaled", "three"], ["y"])],
+        "scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    path = tmp_path / "scaler.onnx"
+    path.write_bytes(model.SerializeToString())
+    return mixrt.Session(str(path))
+
+
+@pytest.mark.parametrize("offset, scale", [([0.5, -1.0, 2.0, 0.0], [2.0, 0.5, -1.0, 3.0]),
+                                           ([0.25], [4.0])])
+def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, scale):
+    session = _scaler_session(tmp_path, offset, scale)
+    session.wait_compiled()
+    rng = np.random.default_rng(5)
+    for rows in (1, 1, 3, 3, 3):
+        x = rng.normal(size=(rows, 4)).astype(np.float32)
+        (y,) = session.run(None, {"x": x})
+        expected = (2 * x - np.float32(offset)) * np.float32(scale) * np.float32(3)
+        np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+    bound = [call for arena in session._steady.plan.pool for calls in arena.bound.values()
+             for call in calls if call[0].node.op_type == "Scaler"]
+    if mixrt.ops.compiled.jit_cpu.enabled():
         assert bound and all(call[4][-1] is not None for call in bound)
