@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.compiled.bound_calls import binder_for
+from mixrt.ops.compiled.bound_calls import binder_for, takes_feeds
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
@@ -84,8 +84,9 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     if not BIND:
         _run_host_calls(calls, env, arena.buffer)
         return
+    fed = _feeds_in_order(plan, env)
     key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
-           jit_cpu.scratch_generation())
+           jit_cpu.scratch_generation(), fed)
     bound = arena.bound.get(key)
     if bound is not None:
         _run_host_calls(bound, env, arena.buffer)
@@ -93,7 +94,17 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     _run_host_calls(calls, env, arena.buffer)
     if len(arena.bound) >= MAX_BINDINGS:  # threads come and go: keep the latest few
         arena.bound.pop(next(iter(arena.bound)))
-    arena.bound[key] = bind_calls(calls, env, arena, plan)
+    arena.bound[key] = bind_calls(calls, env, arena, plan, fed)
+
+
+def _feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:
+    """Is every feed of the run a C-contiguous, aligned array (what a bound call that
+    reads feeds was bound on, ``bound_calls.binds(feeds=True)``)?"""
+    for name, _ in plan.signature:
+        flags = getattr(env.get(name), "flags", None)
+        if flags is None or not (flags.c_contiguous and flags.aligned):
+            return False
+    return True
 
 
 # bound calls on (MIXRT_BIND=0: every run calls the kernels, to compare or to bisect)
@@ -101,14 +112,17 @@ BIND = os.environ.get("MIXRT_BIND", "1") != "0"
 MAX_BINDINGS = 4  # bound call lists an arena keeps (per tier, thread, pool and scratch)
 
 
-def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan) -> list:
+def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
+               fed: bool = False) -> list:
     """The arena's calls with each bindable step's kernel replaced by its binder's closure,
     made from ``env`` as the run that just ended left it. A step is bindable when it writes
     into its static view and every input is stable: a constant (an initializer or a frozen
     value, the same object each run), or a value the plan keeps in a static view (a step's
     output that the run left as that view, written there by its kernel or copied there,
-    or a known-shape reshape of one). Feeds are not: a caller may pass arrays of any
-    layout."""
+    or a known-shape reshape of one). Feeds are not, as a caller may pass arrays of any
+    layout, except to a binder that reads its inputs as given (``binds(feeds=True)``) when
+    ``fed``: this run's feeds were all C-contiguous and aligned, and the list is kept for
+    runs whose feeds are too."""
     feeds = {name for name, _ in plan.signature}
     made = {name for step in plan.steps for name in step.node.outputs}
     stable: set = set()
@@ -125,7 +139,9 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan) -> lis
         elif form is not None and form[2] is not None and form[3] is not None \
                 and env.get(form[2]) is form[3]:  # the value is its view, as every run
             out = attributes.get("out")
-            if out is form[3] and all(map(steady, inputs)):
+            reads_feeds = fed and takes_feeds(step.fn)
+            if out is form[3] and all(steady(name) or (reads_feeds and name in feeds)
+                                      for name in inputs):
                 call = _bound(call, out, env)
             stable.add(form[2])
         bound.append(call)

@@ -27,7 +27,7 @@ def _binary(generic, ufunc):
         return ufunc(A, B, out=out)
     fast.__name__ = f"{generic.__name__}_cpu"
 
-    @binds(fast)  # its planned call, bound once per arena (ops/compiled/bound_calls.py)
+    @binds(fast, feeds=True)  # its planned call, bound once per arena (bound_calls.py)
     def bind(args, out, attributes):
         return (lambda A, B: ufunc(A, B, out=out)) if native(*args, out) else None
     return fast
@@ -49,7 +49,7 @@ def _unary(generic, ufunc):
             return ufunc(X, out)
     fast.__name__ = f"{generic.__name__}_cpu"
 
-    @binds(fast)  # bound calls run inside a run, whose NumPy error state is quiet already
+    @binds(fast, feeds=True)  # inside a run, whose NumPy error state is quiet already
     def bind(args, out, attributes):
         return (lambda X: ufunc(X, out)) if native(*args, out) else None
     return fast

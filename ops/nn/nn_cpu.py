@@ -234,7 +234,7 @@ binds_replay(gemm_cpu, lambda args, out: padded(args, 3) + (out,), "_prepacked")
 binds_replay(layer_normalization_cpu, lambda args, out: padded(args, 3) + (out,))
 
 
-@binds(softmax_cpu)
+@binds(softmax_cpu, feeds=True)
 def bind_softmax(args, out, attributes):
     """Softmax over the last axis (or one before trailing ones) in one part of rows: the
     compiled row kernels on the rows as ``softmax_cpu`` calls them, without its checks."""

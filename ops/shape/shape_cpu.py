@@ -104,7 +104,7 @@ def transpose_cpu(xp, data, *, perm=None, out=None):
 
 # their planned calls, bound once per arena (ops/compiled/bound_calls.py)
 
-@binds(transpose_cpu)
+@binds(transpose_cpu, feeds=True)
 def bind_transpose(args, out, attributes):
     perm = attributes.get("perm")
 
@@ -114,7 +114,7 @@ def bind_transpose(args, out, attributes):
     return call
 
 
-@binds(gather_cpu)
+@binds(gather_cpu, feeds=True)
 def bind_gather(args, out, attributes):
     """``np.take`` into ``out`` where ``gather_cpu`` takes it (indices are checked by it on
     every call, as ONNX asks)."""

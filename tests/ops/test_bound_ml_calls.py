@@ -90,3 +90,37 @@ def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, s
              for call in calls if call[0].node.op_type == "Scaler"]
     if mixrt.ops.compiled.jit_cpu.enabled():
         assert bound and all(call[4][-1] is not None for call in bound)
+
+
+def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path):
+    """Scaler as a pipeline's first node reads the feed: bound while the feeds are
+    C-contiguous and aligned (run_loop._feeds_in_order), the kernel's route for a strided
+    feed of the same shape, and both give the same values."""
+    graph = helper.make_graph(
+        [helper.make_node("Scaler", ["x"], ["scaled"], domain="ai.onnx.ml",
+                          offset=[0.5, -1.0, 2.0, 0.0], scale=[2.0, 0.5, -1.0, 3.0]),
+         helper.make_node("Mul", ["scaled", "three"], ["y"])],
+        "scale", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    path = tmp_path / "first_scaler.onnx"
+    path.write_bytes(model.SerializeToString())
+    session = mixrt.Session(str(path))
+    session.wait_compiled()
+    rng = np.random.default_rng(7)
+    offset, scale = np.float32([0.5, -1.0, 2.0, 0.0]), np.float32([2.0, 0.5, -1.0, 3.0])
+    for run in range(8):
+        wide = rng.normal(size=(3, 8)).astype(np.float32)
+        x = wide[:, ::2] if run % 3 == 2 else np.ascontiguousarray(wide[:, :4])
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(y, (x - offset) * scale * np.float32(3), rtol=1e-6,
+                                   atol=1e-6)
+    lists = {key[-1]: calls for arena in session._steady.plan.pool
+             for key, calls in arena.bound.items()}
+    scaler = {fed: [c for c in calls if c[0].node.op_type == "Scaler"][0]
+              for fed, calls in lists.items()}
+    assert scaler[False][4][-1] is None  # a strided feed: the kernel's own call
+    if mixrt.ops.compiled.jit_cpu.enabled():
+        assert scaler[True][4][-1] is not None
