@@ -53,6 +53,7 @@ class _Forest:
         self._packed = None  # the node records (_records)
         self._tables = {}  # precision -> every table the compiled walk reads, in its order
         self._row_steps = None  # a row's steps through the forest (_steps_per_row)
+        self._stepped_tables = None  # the stepped walk's tables (_stepped), made once
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -91,7 +92,7 @@ class _Forest:
         may walk X)."""
         total = np.zeros((X.shape[0], self.weights.shape[1]), dtype=precision)
         reached = np.zeros(total.shape, dtype=bool)
-        self._walk(kernels.forest_sums, X, precision, total, reached)
+        self._walk(kernels.forest_sums, X, precision, total, reached, sums=True)
         return total, reached
 
     def aggregate_rows(self, xp, X, function):
@@ -104,7 +105,7 @@ class _Forest:
         if function in ("SUM", "AVERAGE"):
             total = np.zeros((X.shape[0], self.weights.shape[1]))
             reached = np.zeros(total.shape, dtype=bool)
-            self._walk(kernels.forest_sums, X, np.float64, total, reached)
+            self._walk(kernels.forest_sums, X, np.float64, total, reached, sums=True)
             return total / len(self.roots) if function == "AVERAGE" else total
         start = np.inf if function == "MIN" else -np.inf
         best = np.full((X.shape[0], self.weights.shape[1]), start)
@@ -190,12 +191,13 @@ class _Forest:
         bounds = [rows * p // count for p in range(count + 1)]
         return native, [(bounds[p], bounds[p + 1]) for p in range(count)]
 
-    def _walk(self, kernel, X, precision, *outputs):
+    def _walk(self, kernel, X, precision, *outputs, sums: bool = False):
         """kernel(rows, start, stop, tables..., outputs...) over row ranges, split between
-        threads for large batches (:meth:`_split`)."""
+        threads for large batches (:meth:`_split`); ``sums``: the kernel is forest_sums,
+        whose parts the native worker can take."""
         data, tables = self.walk_inputs(X, precision)
         rows = X.shape[0]
-        native, parts = self._split(rows, getattr(kernel, "__name__", "") == "forest_sums")
+        native, parts = self._split(rows, sums)
         if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
             kernel(data, 0, rows, *tables, *outputs)
         elif native is None or not _native_walk(native, parts, data, tables, *outputs):
@@ -223,17 +225,22 @@ class _Forest:
         leaves do on average, so the walk stops once no row moves), int32 records (feature,
         true child, false child, tracks missing values as true) in which a leaf reads
         feature 0 and leads to itself, and the split of every node."""
+        if self._stepped_tables is not None:
+            return self._stepped_tables
         leaves = self.modes == _LEAF
         steps = self._step_counts(leaves) if self._uniform_mode() >= 0 else None
         if steps is None:
-            return np.zeros(0, np.int64), np.zeros((0, 4), np.int32), np.zeros(0)
+            self._stepped_tables = (np.zeros(0, np.int64), np.zeros((0, 4), np.int32),
+                                    np.zeros(0))
+            return self._stepped_tables
         itself = np.arange(len(self.modes))
         records = np.empty((len(self.modes), 4), np.int32)
         records[:, 0] = np.where(leaves, 0, self.features)
         records[:, 1] = np.where(leaves, itself, self.true_next)
         records[:, 2] = np.where(leaves, itself, self.false_next)
         records[:, 3] = self.tracks_true & ~leaves
-        return steps, records, np.where(leaves, 0.0, self.splits)
+        self._stepped_tables = steps, records, np.where(leaves, 0.0, self.splits)
+        return self._stepped_tables
 
     def _step_counts(self, leaves) -> np.ndarray | None:
         """Each tree's depth, negated where its deepest leaf is over twice its leaves'
