@@ -422,13 +422,14 @@ def _split_copy() -> list[str]:
 # rounded up to 32 cells for each of its 9 outputs, 3.6x the arithmetic, and ran at ~2
 # GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
 #
-# Here (up to CHANNELS_MAX_PIXELS outputs) a block of up to CHANNEL_BLOCK channels of one
-# image is copied into a zero-bordered (row, column, channel) scratch, and each output pixel sums its taps across the block's channels at once, one
-# vector per 16 channels; the sums are then activated and transposed back. A tap that falls
-# on the padding multiplies its weight by a real zero, as the zero-padded reference does
-# (a NaN or infinite weight gives NaN there), and the taps are added in the same order
-# (bias first, then row by row) without fused multiply-adds: the results are the bits of the
-# other two forms. The weight is transposed once per node into (taps, channels).
+# Here (up to CHANNELS_MAX_PIXELS outputs) a block of up to CHANNEL_BLOCK channels of one image
+# is copied into a zero-bordered (row, column, channel) scratch, and each output pixel sums its
+# taps across the block's channels at once, one vector per 16 channels; the sums are then
+# activated and transposed back. A tap that falls on the padding multiplies its weight by a real
+# zero, as the zero-padded reference does (a NaN or infinite weight gives NaN there), and the
+# taps are added in the same order (bias first, then row by row) without fused multiply-adds:
+# the results are the bits of the other two forms. The weight is transposed once per node into
+# (taps, channels).
 #
 # The (image, channel block) units are split over the native workers
 # (``ops/panels/native_parts.py``) and the call is kept as the node's replay.
@@ -496,13 +497,15 @@ def _compiled_channels(kernel: tuple, strides: tuple, dilations: tuple, activati
                     prefix="mixrt_depthwise_channels")
 
 
-def channels_source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "") -> str:
-    """The channels form's module for one geometry and activation: ``run(x, taps, bias, y, act, blocks,
-    top, left, start, stop, zero)`` computes the units start..stop (image ``u // blocks``,
-    channels from ``u % blocks * CHANNEL_BLOCK``) of y (N, C, oh, ow) from x (N, C, H, W). The
-    block's padded plane is a (hp, wp, BLOCK) scratch whose border is zeroed once per
-    call (every unit writes the same interior), so each tap of an output pixel is a fixed
-    offset from the pixel's corner, unrolled with the tap's weights."""
+def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
+                    activation: str = "") -> str:
+    """The channels form's module for one geometry and activation: ``run(x, ws, bias, y, act,
+    blocks, top, left, start, stop, zero)`` computes the units start..stop (image ``u //
+    blocks``, channels from ``u % blocks * CHANNEL_BLOCK``) of y (N, C, oh, ow) from x (N, C, H,
+    W), ``ws`` the weight as (taps, channels). The block's padded plane is a (hp, wp, BLOCK)
+    scratch whose border is zeroed once per call (every unit writes the same interior), so each
+    tap of an output pixel is a fixed offset from the pixel's corner, unrolled with the tap's
+    weights."""
     for value in (*kernel, *strides, *dilations):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")

@@ -97,18 +97,17 @@ def forest_sums(data, start, stop, roots, splits, links, members, uniform, steps
 #
 # A walk that stops at its leaf branches on every step of every row (is it a leaf? which
 # child?), and with inputs that change from call to call those branches are a coin toss: a
-# LightGBM forest of depth 14 took ~5 ns a step. Here a leaf leads to itself, so every row
-# of a block can take the tree's depth in steps with nothing to decide: each step is loads,
-# one comparison and a select, and the block's rows are independent chains the core
-# overlaps. Rows that reach a shallow leaf early step in place (a tree as deep as it is wide
-# costs ~2x the steps a walk would take, still ~2x faster at 2-64 rows: 64 rows of that
-# forest 345 -> 160 us, scikit-learn's 100-tree forest 632 -> 325; 4 rows 21 -> 14 us and
-# 44 -> 31). A tree whose deepest
-# leaf is far below its others (``steps`` negative) stops as soon as no row of the block
+# LightGBM forest of depth 14 took ~5 ns a step. Here a leaf leads to itself, so every row of a
+# block can take the tree's depth in steps with nothing to decide: each step is loads, one
+# comparison and a select, and the block's rows are independent chains the core overlaps. Rows
+# that reach a shallow leaf early step in place (a tree as deep as it is wide costs ~2x the
+# steps a walk would take, still ~2x faster: 64 rows of that forest 345 -> 160 us,
+# scikit-learn's 100-tree forest 632 -> 325; 4 rows 21 -> 14 us and 44 -> 31). A tree whose
+# deepest leaf is far below its others (``steps`` negative) stops as soon as no row of the block
 # moved. Fewer rows keep the walk that stops at leaves: alone, a row has no chains to overlap
 # (one changing row of that forest: 8.2 us walked, 9.6 stepped), two or three about break even
-# when their values change, and a caller that sends the same rows again (a benchmark) has
-# its branches predicted (two rows of it: 5.6 us walked, 11.4 stepped).
+# when their values change, and a caller that sends the same rows again (a benchmark) has its
+# branches predicted (two rows of it: 5.6 us walked, 11.4 stepped).
 
 STEPPED_FROM_ROWS = 4  # rows of a call from which the walk is stepped
 STEPPED_BLOCK = 64  # rows stepped side by side

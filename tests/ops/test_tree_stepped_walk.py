@@ -1,8 +1,9 @@
 """The stepped walk of ops/ml/_jit_trees.py (forests whose branches share one mode, from
 STEPPED_FROM_ROWS rows: leaves lead to themselves, every row takes its tree's depth in
 steps) and its split between threads (ops/ml/_jit_tree_parts.py on the native worker, or
-Python threads) give the NumPy tier's sums bit for bit: missing values on both sides of a split, unbalanced trees that
-stop early, row counts around the block, and tables that are not trees."""
+Python threads) give the NumPy tier's sums bit for bit: missing values on both sides of a
+split, unbalanced trees that stop early, row counts around the block, and tables that are
+not trees."""
 
 import numpy as np
 import pytest
