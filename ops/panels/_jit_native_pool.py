@@ -11,8 +11,10 @@ threads (below).
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
+import time
 
 import numpy as np
 from llvmlite import binding, ir
@@ -39,18 +41,24 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 # worker's by spinning; the worker is a thread started with ``pthread_create`` on a numba ``cfunc``
 # that spins on the same block, so two 7 us parts take 7.4 us instead of 21-31.
 #
-# A worker spins for SPIN_ROUNDS pauses after its last job (~45 us: a worker spinning without
-# end took a core from OpenBLAS and the Python threads between jobs, ResNet-50 22 -> 31-39
-# ms), then sleeps on a futex until a caller wakes it; ``conv_direct_cpu.conv`` wakes it
-# before its setup, which covers the ~10-15 us a sleeping thread takes to run again. While a
-# session's run is in progress (``RUNS``, :func:`run_begins`) it spins RUN_SPIN_ROUNDS: a
-# transformer's attention runs ~50-100 us of small steps between two split products, and a
-# worker asleep by then left the next product's parts to the caller (a 64-token 256 x 256
-# layer 25 -> 48 us); in one A/B set, TorchScript BERT 1.57 -> 1.48x onnxruntime, T5 1.43
-# -> 1.36, EfficientNet-B0 2.22 -> 2.15, the KV-cache Llama 2.21 -> 2.09, ResNet-18 and
-# Swin-T unchanged. It takes a core a thread of OpenBLAS may want: the 4-bit Llama, while its
-# products went through NumPy's matmul, ran 20% slower. Waiting with sched_yield instead kept
-# that but cost the KV-cache GPT-2 10%. Between runs an idle worker sleeps after ~45 us.
+# A worker spins for SPIN_SECONDS after its last job or the end of the last run (a worker
+# spinning without end took a core from OpenBLAS and the Python threads between jobs,
+# ResNet-50 22 -> 31-39 ms), then sleeps on a futex until a caller wakes it;
+# ``conv_direct_cpu.conv`` wakes it before its setup, which covers the ~10-15 us a sleeping
+# thread takes to run again. While a session's run is in progress (``RUNS``,
+# :func:`run_begins`) it spins RUN_SPIN_SECONDS: a transformer's attention runs ~50-100 us of
+# small steps between two split products, and a worker asleep by then left the next product's
+# parts to the caller (a 64-token 256 x 256 layer 25 -> 48 us); in one A/B set, TorchScript
+# BERT 1.57 -> 1.48x onnxruntime, T5 1.43 -> 1.36, EfficientNet-B0 2.22 -> 2.15, the KV-cache
+# Llama 2.21 -> 2.09, ResNet-18 and Swin-T unchanged. It takes a core a thread of OpenBLAS
+# may want: the 4-bit Llama, while its products went through NumPy's matmul, ran 20% slower.
+# Waiting with sched_yield instead kept that but cost the KV-cache GPT-2 10%.
+# The spins are counted in pauses, as many as the pool measured to fill those times when it
+# started (``SPINS``): a pause took ~22 ns on an EPYC and 8.4 ns on a Xeon, where counts
+# fixed on the first left ~17 us and ~170 us. Waking a sleeper costs more than its own
+# 10-15 us: in a virtual machine the futex call that wakes it held the caller 12-16 us
+# (the kernel's interrupt to an idle virtual CPU), at the start of every run that found the
+# worker asleep (2026-11-25).
 # A caller never waits for a worker to arrive: parts are claimed one at a time from a
 # counter, so a sleeping or busy worker only means the caller takes more of them; it waits
 # only for parts a worker has already claimed.
@@ -63,6 +71,8 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 #   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
 #   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
 #   ``RUNS``: sessions' runs in progress that use the pool;
+# * ``SPINS``: the pauses a worker spins idle, and while a run is in progress (set when the
+#   pool starts; the workers read them as they spin);
 # * ``ARGS`` on: the job's arguments, written by the driver before it publishes the job.
 #
 # A pool is made per process on first use and again in a forked child (whose threads did not
@@ -70,12 +80,13 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 
 LINE = 8  # int64 words per 64-byte line
 STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED, RUNS = (LINE * i for i in range(7))
-ARGS = 7 * LINE
+SPINS = 7 * LINE  # and SPINS + 1
+ARGS = 8 * LINE
 BLOCK_WORDS = ARGS + 128
 CLOSED = 1 << 15
 COUNT_MASK = CLOSED - 1
-SPIN_ROUNDS = 2000  # pauses (~22 ns each on this EPYC) before a worker sleeps
-RUN_SPIN_ROUNDS = 20000  # the same while a run is in progress (~450 us)
+SPIN_SECONDS = 50e-6  # a worker's spin before it sleeps
+RUN_SPIN_SECONDS = 500e-6  # the same while a run is in progress
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 
 
@@ -214,6 +225,9 @@ class Pool:
 
     def __init__(self, worker, workers: int):
         self.block = np.zeros(BLOCK_WORDS, np.int64)
+        per_second = pauses_per_second()
+        self.block[SPINS] = max(1, round(SPIN_SECONDS * per_second))
+        self.block[SPINS + 1] = max(1, round(RUN_SPIN_SECONDS * per_second))
         self.workers = 0
         for _ in range(workers):
             thread = ctypes.c_ulong()
@@ -231,6 +245,25 @@ class Pool:
 
     def run_ends(self):
         run_ends(self.block)
+
+
+@_jit
+def _pauses(count):
+    for _ in range(count):
+        pause()
+
+
+def pauses_per_second() -> float:
+    """How many pauses this CPU runs in a second, from the fastest of three rounds of 4,096
+    (35-90 us; a preemption only slows a round)."""
+    count = 1 << 12
+    _pauses(1)
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        _pauses(count)
+        best = min(best, time.perf_counter() - start)
+    return count / max(best, 1e-9)
 
 
 _pools: dict = {}

@@ -16,7 +16,7 @@ from mixrt.ops.panels._jit_conv_direct import _worker_parts
 from mixrt.ops.panels._jit_dense import _worker_product
 from mixrt.ops.panels._jit_native_pool import (
     ATTENTION_JOB, BLOCK_WORDS, CALL_JOB, CLOSED, FUTEX_WAIT_PRIVATE, ITEMSIZE, JOB, JOINED,
-    PRODUCT_JOB, RUN_SPIN_ROUNDS, RUNS, SLEEPERS, SPIN_ROUNDS, STATE, WAKE, WORKER_SIGNATURE,
+    PRODUCT_JOB, RUNS, SLEEPERS, SPINS, STATE, WAKE, WORKER_SIGNATURE,
     _as_block, _futex, _worker_calls, pool)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -28,7 +28,7 @@ def serve(raw):
     (it claims parts until none are left); never returns."""
     block = carray(_as_block(raw), (BLOCK_WORDS,))
     wake = block[WAKE:WAKE + 1].view(np.int32)
-    done, idle = 0, 0
+    done, idle, in_run = 0, 0, False
     while True:
         state = load(block, STATE)
         sequence = state >> 16
@@ -40,7 +40,11 @@ def serve(raw):
                 fetch_add(block, STATE, -1)
             continue
         idle += 1
-        if idle < SPIN_ROUNDS or idle < RUN_SPIN_ROUNDS and load(block, RUNS) > 0:
+        running = load(block, RUNS) > 0
+        if in_run and not running:
+            idle = 0  # a run just ended: the next may follow at once
+        in_run = running
+        if idle < block[SPINS] or idle < block[SPINS + 1] and running:
             pause()
             continue
         # sleep: count in, then check the job once more, so that a caller who published

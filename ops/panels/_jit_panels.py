@@ -44,7 +44,7 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
                                                PRODUCT_SPILL, PW, RESIDUAL, ROWS_AT, ROW_BLOCK,
                                                SCALARS, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SLEEPERS,
-                                               SPILL, SPIN_ROUNDS, STATE, STRIPS, SX, SY, TAPS,
+                                               SPILL, SPINS, STATE, STRIPS, SX, SY, TAPS,
                                                TOP, WAKE, WEIGHTS, WORKER_EDGE, WORKER_PLANES,
                                                WORKER_SIGNATURE, WORKER_SPILL, X, Y, Pool, begin,
                                                claim, finish, get1, get2, get3, native_for,

@@ -117,6 +117,46 @@ def test_a_run_wakes_the_sleeping_worker_and_is_counted_until_it_ends(pool):
         time.sleep(0.001)
 
 
+def test_the_spins_are_counted_in_this_cpus_pauses(pool):
+    from mixrt.ops.panels import _jit_native_pool as native  # noqa: PLC0415  (numba)
+    rate = native.pauses_per_second()
+    idle, in_run = pool.block[native.SPINS], pool.block[native.SPINS + 1]
+    # the pool measured its own rate: within 3x of this one, whatever a pause costs here
+    assert native.SPIN_SECONDS * rate / 3 < idle < native.SPIN_SECONDS * rate * 3
+    assert in_run == pytest.approx(idle * native.RUN_SPIN_SECONDS / native.SPIN_SECONDS,
+                                   rel=0.01)
+
+
+def test_a_worker_spins_on_after_a_run_ends_rather_than_sleeping_at_once(pool):
+    """A run ends long after the worker's last job (past the idle spin, within the run's):
+    the worker counts its idle spin again from the run's end, for the next run to find it
+    awake. The spins are stretched to 0.3 s idle and 30 s in a run (the worker reads them
+    from the block as it spins), so that a loaded machine cannot blur the windows."""
+    from mixrt.ops.panels import _jit_native_pool as native  # noqa: PLC0415  (numba)
+    rate, kept = native.pauses_per_second(), pool.block[native.SPINS:native.SPINS + 2].copy()
+    deadline = time.monotonic() + 20
+    try:
+        pool.block[native.SPINS:native.SPINS + 2] = int(0.3 * rate), int(30 * rate)
+        while pool.block[native.SLEEPERS] == 0:
+            assert time.monotonic() < deadline, "the idle worker never went to sleep"
+            time.sleep(0.001)
+        pool.run_begins()  # wakes it: it spins on with no job
+        try:
+            while pool.block[native.SLEEPERS] != 0:
+                assert time.monotonic() < deadline, "the sleeping worker was never woken"
+                time.sleep(0.001)
+            time.sleep(0.6)  # past the idle spin: without a run it would be asleep by now
+        finally:
+            pool.run_ends()
+        time.sleep(0.05)
+        assert pool.block[native.SLEEPERS] == 0, "the worker slept as the run ended"
+        while pool.block[native.SLEEPERS] == 0:  # and sleeps once the idle spin is over
+            assert time.monotonic() < deadline, "the worker never slept after the run"
+            time.sleep(0.001)
+    finally:
+        pool.block[native.SPINS:native.SPINS + 2] = kept
+
+
 def test_a_caller_finding_the_pool_taken_runs_every_part_itself(pool):
     image, kernel, strides, pads = CASES[4]
     X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float64)
