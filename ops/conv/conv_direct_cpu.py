@@ -55,6 +55,11 @@ POINTWISE_POSITIONS = 7 * 7
 # strips pass over it; ResNet's projections to 14x14 and 7x7 ran 1.09x and 1.16x the
 # packed strips (:func:`_strided_pointwise`)
 STRIDED_POINTWISE_POSITIONS = 28 * 28
+# a stride-1 one over a small plane takes the strips when it expands the channels
+# (:func:`small_expansion`)
+SMALL_STRIPS_MIN_PIXELS = 16
+SMALL_STRIPS_GROWTH = 2
+SMALL_STRIPS_SPARE = 1 / 6  # lanes left empty in the last strip, per pixel
 POINTWISE_PANEL_BYTES = 1 << 15
 PANEL_WIDTH_BYTES = 128  # two 64-byte vectors of outputs
 # weight bytes per block of output channels (1x1 form): a block stays in L2 (1 MiB here)
@@ -103,7 +108,7 @@ def suits(X, W, group, geometry, out, prepacked) -> bool:
         return False
     kernel, strides, out_dims = geometry[0], geometry[1], geometry[6]
     return math.prod(kernel) > 1 or _weight_on_the_left(X.shape[1], strides, out_dims) \
-        or _strided_pointwise(kernel, strides, X.shape[1], out_dims)
+        or _strided_pointwise(kernel, strides, X.shape[1], out_dims, W.shape[0])
 
 
 def _weight_on_the_left(channels, strides, out_dims) -> bool:
@@ -128,15 +133,35 @@ def _left_taps(k_len, channels) -> bool:
     return k_len <= LEFT_TAPS_MAX_K and channels % STRIP == 0
 
 
-def _strided_pointwise(kernel, strides, channels, out_dims) -> bool:
-    """Whether a 1x1 convolution of stride > 1 that the weight-on-the-left form does not take
-    (ResNet's projections to 14x14 and 7x7) runs the tap tile on its input packed into strips
-    of outputs (``_jit_panels.pack_strips``): 2048 x 1024 to 7x7 680-785 us against 815-913
-    through im2col and OpenBLAS, 1024 x 512 to 14x14 600-731 against 680-815 (2 threads, in
-    one process). Packing costs as much as a stride-1 layer's whole gain: those stay with
-    OpenBLAS (1024 x 256 at 14x14 346 against 513 packed)."""
-    return math.prod(kernel) == 1 and any(int(s) > 1 for s in strides) \
-        and not _weight_on_the_left(channels, strides, out_dims)
+def _strided_pointwise(kernel, strides, channels, out_dims, out_channels) -> bool:
+    """Whether a 1x1 convolution runs the tap tile on its input packed into strips of outputs
+    (``_jit_panels.pack_strips``): one of stride > 1 that the weight-on-the-left form does
+    not take (ResNet's projections to 14x14 and 7x7: 2048 x 1024 to 7x7 680-785 us against
+    815-913 through im2col and OpenBLAS, 1024 x 512 to 14x14 600-731 against 680-815, 2
+    threads, in one process), or a small plane's expansion (:func:`small_expansion`).
+    Packing costs as much as a larger stride-1 layer's whole gain: those stay with OpenBLAS
+    (1024 x 256 at 14x14 346 against 513 packed)."""
+    if math.prod(kernel) != 1 or _weight_on_the_left(channels, strides, out_dims):
+        return False
+    return any(int(s) > 1 for s in strides) or small_expansion(channels, out_dims, out_channels)
+
+
+def small_expansion(channels, out_dims, out_channels) -> bool:
+    """A stride-1 1x1 convolution over a plane of SMALL_STRIPS_MIN_PIXELS up to
+    POINTWISE_POSITIONS pixels that at least doubles the channels (a mobile block's
+    expansion), its pixels filling whole strips but for SMALL_STRIPS_SPARE of them: the tile
+    stores its outputs transposed with the bias and activation, where the pixel-row product
+    (``ops/conv/pointwise_rows.py``) transposes them back and runs its epilogue as passes
+    over the large output. One process, 2 threads, FusedConv alone (us, rows / strips),
+    2026-11-25: 96 -> 576 at 6x6 + Clip 58.5 / 31.6, at 8 x 6x6 335 / 231; 40 -> 240 at 4x4
+    + HardSwish 18.8 / 10.5; 24 -> 72 at 7x6 12.5 / 9.4. The rows keep the rest: 576 -> 96
+    at 6x6 42.4 / 49.0, anything at 3x3 (9 pixels fill two strips: 960 -> 160 26.9 / 41.4),
+    112 -> 672 over 8 x 5x5 232 / 258."""
+    pixels = math.prod(out_dims)
+    padded = -(-pixels // STRIP) * STRIP
+    return SMALL_STRIPS_MIN_PIXELS <= pixels < POINTWISE_POSITIONS \
+        and out_channels >= SMALL_STRIPS_GROWTH * channels \
+        and padded - pixels <= pixels * SMALL_STRIPS_SPARE
 
 
 class _Layout:
@@ -152,7 +177,7 @@ class _Layout:
         self.width = kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // X.itemsize
         # a strided 1x1 kernel on a small image, or with many channels, reads its input
         # packed into strips (:func:`_strided_pointwise`), with one tap per channel
-        self.strips = _strided_pointwise(kernel, strides, c, out_dims)
+        self.strips = _strided_pointwise(kernel, strides, c, out_dims, m)
         self.taps = math.prod(kernel) > 1 or self.strips
         ph = -(-(height + begin[0] + end[0]) // sy)
         pw = -(-(width + begin[1] + end[1]) // sx)

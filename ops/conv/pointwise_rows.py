@@ -17,6 +17,10 @@ matmul and an epilogue per band, none of it replayed) was most of their time. In
 session, a 1x1 convolution with HardSigmoid after it, 2026-11-25: 40 -> 120 at 6x6 (0.17M
 multiply-adds) 52 -> 31 us a run, 64 -> 64 at 4x4 48 -> 26, 16 -> 16 at 6x6 46 -> 25
 (onnxruntime 16, 10, 7).
+
+Expansions of 16 pixels and more (``conv_direct_cpu.small_expansion``) go to the direct
+form's packed strips instead, whose tile stores the large output transposed with its
+epilogue.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.nn import matmul_cpu
 
 # planes from this many pixels take the direct form's weight on the left
@@ -42,7 +47,8 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
             or X.dtype != W.dtype or X.dtype not in jit_cpu.NATIVE or not X.flags.c_contiguous:
         return False
     pixels = X.shape[2] * X.shape[3]
-    if not MIN_PIXELS <= pixels <= MAX_PIXELS:
+    if not MIN_PIXELS <= pixels <= MAX_PIXELS \
+            or conv_direct_cpu.small_expansion(X.shape[1], X.shape[2:], W.shape[0]):
         return False
     if out is not None and (out.shape != _shape(X, W) or out.dtype != X.dtype
                             or not out.flags.c_contiguous or np.may_share_memory(out, X)):

@@ -307,10 +307,11 @@ def min_elements(steps) -> int:
     return JIT_MIN_ELEMENTS
 
 
-def suits(steps, inputs, out, kernels: dict | None = None) -> bool:
+def suits(steps, inputs, out, kernels: dict | None = None, any_size: bool = False) -> bool:
     """Whether the program should run compiled here; ``kernels`` (as for :func:`run`) also
-    keeps the answer of :func:`compilable` per dtype."""
-    if not (0 < out.size and out.size >= min_elements(steps) and jit_cpu.enabled()
+    keeps the answer of :func:`compilable` per dtype. ``any_size``: below
+    :func:`min_elements` too (a call that a replay makes again, without this dispatch)."""
+    if not (0 < out.size and (any_size or out.size >= min_elements(steps)) and jit_cpu.enabled()
             and all(isinstance(x, np.ndarray) and x.dtype == out.dtype for x in inputs)):
         return False
     if kernels is None:

@@ -207,8 +207,9 @@ def compiled_activation(y, activation: str, params):
     replay to make (ops/compiled/replay.py), or None, nothing done, where the activation
     has no compiled pass over y."""
     program = _epilogue(False, False, activation, params)
+    # at any size: the pass is replayed, so NumPy's smaller dispatch does not pay here
     if not activation or program is None or not y.flags.c_contiguous \
-            or not jit_elementwise.suits(program.steps, (), y, program.jit_kernels):
+            or not jit_elementwise.suits(program.steps, (), y, program.jit_kernels, True):
         return None
     recorded: dict = {}
     if not jit_elementwise.run(program.steps, (y,), y, 0, program.jit_kernels, recorded):

@@ -101,9 +101,9 @@ def _activated(out, activation: tuple, prepacked):
     replays with that pass after it."""
     conv = None if prepacked is None else prepacked.get(replay.KEY)
     again = compiled_activation(out, *activation)
-    if again is None:
-        replay.forget(prepacked)  # it would leave out the activation applied here
-        return add_and_activate_cpu(out, None, None, *activation)
+    if again is None:  # NumPy's, after the convolution's replay too
+        add_and_activate_cpu(out, None, None, *activation)
+        again = lambda array: add_and_activate_cpu(array, None, None, *activation)  # noqa: E731
     if conv is not None:
         action = conv.action
         conv.action = lambda *arrays: (action(*arrays), again(arrays[-1]))

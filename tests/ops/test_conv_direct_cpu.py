@@ -14,11 +14,12 @@ import weakref
 import numpy as np
 import pytest
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import conv_direct_cpu, pointwise_rows
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
 from mixrt.ops.nn import fused
+from mixrt.ops.nn.fused import activate
 
 # the CPU's fast paths, as a CPU session binds them
 fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
@@ -323,7 +324,8 @@ def test_which_convolutions_take_it():
         assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, prepacked)
         kernel, strides, out_dims = found_1x1[0], found_1x1[1], found_1x1[6]
         assert conv_direct_cpu._weight_on_the_left(channels, strides, out_dims) == left
-        assert conv_direct_cpu._strided_pointwise(kernel, strides, channels, out_dims) != left
+        assert conv_direct_cpu._strided_pointwise(kernel, strides, channels, out_dims,
+                                                  64) != left
     # a strided 1x1 the weight-on-the-left form leaves: packed into strips
     x, w = _rand(1, 1024, 14, 14), _rand(2048, 1024, 1, 1)
     found_1x1 = geometry({}, x, w, "NOTSET", None, 1, None, None, [2, 2])
@@ -376,6 +378,47 @@ def test_strided_pointwise_reads_its_input_packed_into_strips(image, m, strides,
     want = np.maximum(_expected(X, W, B, Z, strides=list(strides), pads=list(pads)), 0)
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
+SMALL_EXPANSIONS = [  # (N, C, H, W), M: stride-1 1x1 expansions of small planes
+    ((1, 16, 6, 6), 96),  # 36 pixels: four strips and one of half its lanes
+    ((3, 24, 4, 4), 72),  # two whole strips an image, three images
+    ((2, 40, 7, 6), 120),  # 42 pixels; a partial panel of 32 outputs
+]
+
+
+@pytest.mark.parametrize("shape, m", SMALL_EXPANSIONS)
+@pytest.mark.parametrize("activation, params, with_residual", [
+    ("Clip", [0.0, 6.0], False), ("HardSwish", None, False), ("Relu", None, True),
+    ("", None, False)])
+def test_small_plane_expansions_take_the_strips_and_replay(shape, m, activation, params,
+                                                           with_residual):
+    """Their outputs stored transposed with the epilogue in the tile; an activation the tile
+    does not apply (HardSwish) runs after it, in the replay too, at outputs under the
+    elementwise programs' compiled size (3 x 72 x 16)."""
+    X, W, B = _rand(*shape), _rand(m, shape[1], 1, 1), _rand(m)
+    assert conv_direct_cpu.small_expansion(shape[1], shape[2:], m)
+    Z = _rand(shape[0], m, *shape[2:]) if with_residual else None
+    prepacked: dict = {}
+    out = np.full((shape[0], m) + shape[2:], np.nan, np.float32)
+    for scale in (1, 3):  # the second call is the replay, on new values in the same arrays
+        X *= np.float32(scale)
+        got = fused_conv(np, X, W, B, Z, activation=activation, activation_params=params,
+                         out=out, _prepacked=prepacked)
+        want = activate(np, _expected(X, W, B, Z), activation, params)
+        assert got is out and replay.KEY in prepacked
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    assert plan.strips and plan.taps
+
+
+def test_what_small_planes_leave_to_the_pixel_rows():
+    expands = conv_direct_cpu.small_expansion
+    assert expands(96, (6, 6), 576) and expands(40, (4, 4), 80)
+    assert not expands(576, (6, 6), 96)  # a projection
+    assert not expands(160, (3, 3), 960)  # 9 pixels: two strips for one and a lane
+    assert not expands(112, (5, 5), 672)  # 25 pixels: 7 lanes of 32 empty
+    assert not expands(64, (7, 7), 384)  # 49: the weight on the left
 
 
 def test_strips_hold_each_output_pixel_per_channel_and_zeros_past_the_last():

@@ -24,8 +24,9 @@ def _rand(*shape, dtype=np.float32):
 
 
 @needs_panels
-@pytest.mark.parametrize("batch, channels, outputs, side", [(1, 192, 1152, 3), (3, 80, 480, 6),
-                                                           (2, 1152, 192, 2)])
+@pytest.mark.parametrize("batch, channels, outputs, side", [(1, 192, 1152, 3), (3, 480, 80, 6),
+                                                           (2, 1152, 192, 2),
+                                                           (2, 80, 480, 5)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("activation, params, residual", [("", None, False),
                                                           ("Relu", None, True),
@@ -65,3 +66,6 @@ def test_plain_rows_into_a_new_array_and_what_they_leave_to_the_other_forms():
     # small products too: the banded form's Python was most of their time
     assert pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(8, 8, 1, 1), 1, None, None,
                                 "NOTSET", None, some)
+    # expansions of whole strips of pixels go to the direct form's strips
+    assert not pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(16, 8, 1, 1), 1, None, None,
+                                    "NOTSET", None, some)
