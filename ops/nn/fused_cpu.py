@@ -46,16 +46,23 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
             return done
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked) \
             and not _aliases(np, out, X, W, B, Z):
-        done = pointwise_rows.conv(X, W, B, Z, out,
+        alone = Z is None and activation  # the activation alone: a compiled pass after
+        done = pointwise_rows.conv(X, W, B, Z, out, _no_epilogue if alone else
                                    _conv_epilogue(activation, activation_params), _prepacked)
         if done is not None:
-            return done
+            return _activated(done, (activation, activation_params), _prepacked) if alone \
+                else done
     if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(np, fused_conv_cpu(np, X, W, B, Z, activation=activation,
                                         activation_params=activation_params,
                                         _prepacked=_prepacked, _node=_node, **attributes), out)
     return _banded(X, W, B, Z, attributes, (activation, activation_params), out, _prepacked,
                    _node)
+
+
+def _no_epilogue(y, bias, residual):
+    """The pixel rows' epilogue where the activation runs after them (the bias is added in
+    their tiles)."""
 
 
 def _conv_epilogue(activation, params):
