@@ -300,11 +300,14 @@ def _written(path: Path, text: str) -> Path | None:
 
 # -- running -------------------------------------------------------------------------------------
 
+def costly(steps) -> bool:
+    """Whether ``steps`` hold a rational or a power (COSTLY): tens of NumPy calls a step."""
+    return any(step.op in COSTLY for step in steps)
+
+
 def min_elements(steps) -> int:
     """The output size from which ``steps`` run compiled."""
-    if any(step.op in COSTLY for step in steps):
-        return JIT_MIN_ELEMENTS // COSTLY_DIVISOR
-    return JIT_MIN_ELEMENTS
+    return JIT_MIN_ELEMENTS // COSTLY_DIVISOR if costly(steps) else JIT_MIN_ELEMENTS
 
 
 def suits(steps, inputs, out, kernels: dict | None = None, any_size: bool = False) -> bool:

@@ -24,7 +24,8 @@ def _rand(*shape, dtype=np.float32):
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("activation, params", [("", None), ("Relu", None),
-                                                ("HardSigmoid", [1 / 6, 0.5])])
+                                                ("HardSigmoid", [1 / 6, 0.5]),
+                                                ("Swish", None), ("Sigmoid", None)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_fused_one_pixel_conv_matches_the_generic_one_and_replays(batch, dtype, activation,
                                                                    params, residual):
@@ -38,9 +39,9 @@ def test_fused_one_pixel_conv_matches_the_generic_one_and_replays(batch, dtype, 
     expected = activate(np, expected, activation, params)
     prepacked: dict = {}
     out = np.full((batch, 24, 1, 1), np.nan, dtype)
-    for scale in (1, 2):  # the second call replays on new values in the same arrays
+    for scale in (1, 2, -1):  # later calls replay on new values in the same arrays
         X *= dtype(scale)
-        if scale == 2:
+        if scale != 1:
             expected = conv(np, X, W, B, **ATTRIBUTES) + (0 if Z is None else Z)
             expected = activate(np, expected, activation, params)
         got = fused_conv(np, X, W, B, Z, activation=activation,
