@@ -105,8 +105,29 @@ def test_inplace_and_views_are_planned():
     assert ("s", "r2") in plan.inplace  # Relu writes over the Add it consumes
     names = {life.name for life in plan.lifetimes}
     assert "f" not in names  # Flatten is a view of relu2's output, not a tensor of its own
-    assert "y" not in names and "r1" not in names  # graph outputs belong to the caller
+    # small graph outputs get slots living to the run's end, copied as the run returns them
+    lives = {life.name: life for life in plan.lifetimes}
+    assert lives["y"].last == lives["r1"].last == max(life.last for life in plan.lifetimes)
     assert plan.arena_bytes <= plan.naive_bytes
+
+
+def test_graph_outputs_in_the_arena_belong_to_the_caller(monkeypatch):
+    """An output given a slot (small: ARENA_OUTPUT_BYTES) is copied as the run returns it:
+    later runs leave it alone, and it views no arena. A larger one has no slot."""
+    from mixrt.runtime import executor
+    session = mixrt.Session(conv_net(), strategy="greedy")
+    first = session.run(None, batch(2, seed=1))
+    kept = [value.copy() for value in first]
+    for seed in (2, 3):  # planned runs into the same arena
+        again = session.run(None, batch(2, seed))
+        assert not np.allclose(again[0], kept[0])
+    for value, copy in zip(first, kept):
+        np.testing.assert_array_equal(value, copy)
+        assert value.flags.owndata  # a copy, not a view of the arena
+    monkeypatch.setattr(executor, "ARENA_OUTPUT_BYTES", 0)
+    plan = mixrt.Session(conv_net(), strategy="greedy").memory_plan(batch(2))
+    names = {life.name for life in plan.lifetimes}
+    assert "y" not in names and "r1" not in names  # made by their kernels, not planned
 
 
 def test_a_gradient_sum_to_its_own_shape_is_a_view():
