@@ -110,3 +110,33 @@ def test_feeds_of_another_layout_still_answer_rightly():
     assert not strided.flags.c_contiguous
     for mine, theirs in zip(session.run(None, {"x": strided}), first):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def _small_gemms():
+    """Two Gemm layers of a few rows under the panels' reach (GPT-2's Conv1D at hidden 64
+    over 8 tokens), the second transposed and scaled, between Relus (so their inputs are
+    the arena's, not the feed)."""
+    rng = np.random.default_rng(3)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32),
+                                       name)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Gemm", ["r", "w1", "b1"], ["g1"]),
+             helper.make_node("Relu", ["g1"], ["h"]),
+             helper.make_node("Gemm", ["h", "w2", "b2"], ["g2"], transB=1, alpha=0.5,
+                              beta=2.0),
+             helper.make_node("Relu", ["g2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "gemms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
+        [weight("w1", 64, 192), weight("b1", 192), weight("w2", 64, 192), weight("b2", 64)])
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_small_gemms_are_bound_to_the_blas_product_with_the_kernels_bits(unbound):
+    session = mixrt.Session(_small_gemms(), opt_level=0)  # Gemm as Gemm, not fused
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((8, 64)).astype(np.float32)}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
+    assert "Gemm" in _bound_ops(session)
