@@ -31,3 +31,67 @@ def dequantize(x, scale, zero, y):
     """y = float32(x - zero) * scale over flat integer x, float32 y."""
     for i in range(x.shape[0]):
         y[i] = np.float32(np.int64(x[i]) - zero) * scale
+
+
+# -- DynamicQuantizeLinear ---------------------------------------------------------------------
+#
+# ``ops/quant/quantize_cpu.dynamic_quantize_cpu`` made the range with NumPy's min and max and
+# the codes with ``quantize`` above, three calls and the scalar steps in Python between them:
+# ~11 us for BERT's 16 x 768 activations, 17 times a run of a dynamically quantized 4-layer
+# encoder. Here it is one call of two passes that vectorize. The range is taken on the
+# values' bits as ordered integers (a negative float's magnitude bits flipped: integer
+# minima and maxima vectorize where float ones, NaN-aware, stayed scalar at ~0.55 ns a value),
+# with the largest exponent field, which says whether any value is NaN or infinite; the
+# codes then have no NaN to test for.
+
+EXPONENT = np.int32(0x7F800000)  # a float32's exponent bits: all set for NaN and infinity
+MAGNITUDE = np.int32(0x7FFFFFFF)
+
+
+@_jit
+def _ordered_range(bits):
+    """(the least and the greatest ordered key, the largest exponent field) of the float32
+    values whose bits are ``bits`` (int32, flat, not empty); a key is the bits with a
+    negative value's magnitude flipped, so keys order as the values do."""
+    low, high, exponents = MAGNITUDE, -MAGNITUDE - np.int32(1), np.int32(0)
+    for i in range(bits.shape[0]):
+        b = bits[i]
+        key = b ^ ((b >> np.int32(31)) & MAGNITUDE)
+        low = key if key < low else low
+        high = key if key > high else high
+        exponent = b & EXPONENT
+        exponents = exponent if exponent > exponents else exponents
+    return low, high, exponents
+
+
+@_jit
+def _key_value(key, scratch):
+    """The float32 whose ordered key is ``key`` (through ``scratch``, one int32)."""
+    scratch[0] = key ^ ((key >> np.int32(31)) & MAGNITUDE)
+    return scratch.view(np.float32)[0]
+
+
+@_jit
+def dynamic_quantize(x, y):
+    """DynamicQuantizeLinear of flat float32 x into uint8 y: (whether it was done, scale,
+    zero point). The NumPy form's arithmetic, in float32: the range widened to hold 0,
+    scale = (high - low) / 255 (1 where it is 0), zero = clamp(rint(-low / scale), 0, 255),
+    codes clamp(rint(x / scale) + zero, 0, 255), each a whole number under 2**24 and so
+    exact in float32. Not done (False) where a value is NaN or infinite."""
+    low_key, high_key, exponents = _ordered_range(x.view(np.int32))
+    if exponents == EXPONENT:
+        return False, np.float32(0), 0
+    scratch = np.empty(1, np.int32)
+    lowest, highest = _key_value(low_key, scratch), _key_value(high_key, scratch)
+    zero32 = np.float32(0)
+    low = lowest if lowest < zero32 else zero32
+    high = highest if highest > zero32 else zero32
+    scale = np.float32((high - low) / np.float32(255))
+    safe = np.float32(1) if scale == 0 else scale
+    point = np.rint(np.float32(-low / safe))
+    point = np.float32(0) if point < 0 else (np.float32(255) if point > 255 else point)
+    for i in range(x.shape[0]):
+        code = np.rint(x[i] / safe) + point
+        code = np.float32(0) if code < 0 else (np.float32(255) if code > 255 else code)
+        y[i] = np.uint8(code)
+    return True, scale, int(point)

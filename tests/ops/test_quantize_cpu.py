@@ -107,16 +107,31 @@ def test_qlinear_conv_on_the_cpu_gives_the_generic_codes(x_shape, w_shape, attri
     assert "qlinear_conv" in node
 
 
+def _with(values, index, value):
+    values = values.copy()
+    values.flat[index] = value
+    return values
+
+
 @pytest.mark.parametrize("case", ["spread", "positive", "negative", "zeros", "nan", "inf",
-                                  "tiny"])
+                                  "tiny", "late_nan", "late_minus_inf", "signed_zeros",
+                                  "one", "huge", "subnormal"])
 def test_dynamic_quantize_on_the_cpu_gives_the_numpy_forms_outputs(case):
+    """The compiled call (the range on the values' bits as ordered integers, then the codes)
+    against the NumPy form, bit for bit, NaN and infinities (which the NumPy form takes)
+    anywhere in a long tensor included."""
     from mixrt.ops.quant.quantize import dynamic_quantize_linear
+    long = RNG.standard_normal((16, 771))
     x = {"spread": RNG.standard_normal((64, 256)) * 3,
          "positive": RNG.random((3, 5)) + 2, "negative": -RNG.random((7,)) * 1e3,
          "zeros": np.zeros((4, 4)), "nan": np.array([1.0, np.nan, -2.0]),
          "inf": np.array([1.0, np.inf, -2.0]), "tiny": RNG.standard_normal(9) * 1e-30,
+         "late_nan": _with(long, -1, np.nan), "late_minus_inf": _with(long, -5, -np.inf),
+         "signed_zeros": np.array([-0.0, 0.0, -0.0, 2.5]), "one": np.array([-3.25]),
+         "huge": RNG.standard_normal(100) * 1e38,
+         "subnormal": RNG.standard_normal(40) * 1e-40,
          }[case].astype(np.float32)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # the NumPy form's range of "huge"
         expected = dynamic_quantize_linear(np, x)
         got = quantize_cpu.dynamic_quantize_cpu(np, x)
     for e, g in zip(expected, got):
