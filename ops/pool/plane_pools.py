@@ -43,14 +43,25 @@ def whole_plane_pool(X, out, maximum: bool, count=None) -> bool:
     (N, C, 1, ...): GlobalAveragePool / GlobalMaxPool, and Average/MaxPool windows that
     cover the input (an average divides by ``count``, the plane's size by default). False
     (nothing written) when the compiled loop does not apply."""
+    call = whole_plane_call(X, out, maximum, count)
+    if call is None:
+        return False
+    call(X)
+    return True
+
+
+def whole_plane_call(X, out, maximum: bool, count=None):
+    """:func:`whole_plane_pool` of arrays shaped as X and ``out`` as a call of X (into
+    ``out``), or None where the compiled loop does not apply: what a global pool's bound
+    call makes (``inplace_cpu.bind_global_average_pool``)."""
     if not (X.dtype in NATIVE and out.dtype == X.dtype and X.ndim >= 3 and X.size > 0
             and X.flags.c_contiguous and out.flags.c_contiguous
             and out.size == X.shape[0] * X.shape[1] and jit_cpu.enabled()):
-        return False
+        return None
     rows = X.shape[0] * X.shape[1]
     n = X.size // rows
+    flat, kernels = out.reshape(-1), jit_cpu.load(ROW_KERNELS)
     if maximum:
-        jit_cpu.load(ROW_KERNELS).row_maxima(X.reshape(-1), out.reshape(-1), rows, n)
-    else:
-        jit_cpu.load(ROW_KERNELS).row_means(X.reshape(-1), out.reshape(-1), rows, n, count or n)
-    return True
+        return lambda X: kernels.row_maxima(X.reshape(-1), flat, rows, n)
+    divisor = count or n
+    return lambda X: kernels.row_means(X.reshape(-1), flat, rows, n, divisor)
