@@ -13,6 +13,7 @@ from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ir.node_state import cached as _cached
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
+from mixrt.ops.ml import walk_choice
 from mixrt.ops.ml.ml import ML, _rows, post_transform_scores
 
 # -- tree ensembles ---------------------------------------------------------------------
@@ -32,6 +33,9 @@ _STEPS_PER_TREE = 16
 NATIVE_SPLIT_STEPS = 1 << 13
 THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
+STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
+_STEPS_AT = 5  # the stepped walk's step counts in walk_tables (roots, splits, links, members,
+#                uniform mode, steps, ...)
 
 
 class _Forest:
@@ -54,6 +58,8 @@ class _Forest:
         self._tables = {}  # precision -> every table the compiled walk reads, in its order
         self._row_steps = None  # a row's steps through the forest (_steps_per_row)
         self._stepped_tables = None  # the stepped walk's tables (_stepped), made once
+        self._unstepped = {}  # precision -> the walk's tables without the stepped walk's
+        self._choices = walk_choice.WalkChoices()  # which walk a batch takes (walk_choice.py)
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -194,15 +200,45 @@ class _Forest:
     def _walk(self, kernel, X, precision, *outputs, sums: bool = False):
         """kernel(rows, start, stop, tables..., outputs...) over row ranges, split between
         threads for large batches (:meth:`_split`); ``sums``: the kernel is forest_sums,
-        whose parts the native worker can take."""
+        whose parts the native worker can take. Where the forest has both walks, the batch
+        takes the one its size's choice keeps (``ops/ml/walk_choice.py``)."""
         data, tables = self.walk_inputs(X, precision)
         rows = X.shape[0]
+        choices = self.walk_choices() if sums and rows >= STEPPED_FROM_ROWS else None
+        choice = None if choices is None else choices.for_rows(rows)
+        if choice is None:
+            self._walk_parts(kernel, data, tables, rows, outputs, sums)
+            return
+        stepped, timing = choice.next()
+        if not stepped:
+            tables = self._walk_tables_unstepped(precision, tables)
+        started = walk_choice.clock() if timing else 0
+        self._walk_parts(kernel, data, tables, rows, outputs, sums)
+        if timing:
+            choice.timed(stepped, walk_choice.clock() - started)
+
+    def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
         native, parts = self._split(rows, sums)
         if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
             kernel(data, 0, rows, *tables, *outputs)
         elif native is None or not _native_walk(native, parts, data, tables, *outputs):
             parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
                                                            *outputs))
+
+    def walk_choices(self):
+        """The forest's choices of walk by batch size, or None where it has one walk only
+        (its branches mix modes, or its table is not a set of trees)."""
+        return self._choices if self._stepped()[0].size else None
+
+    def _walk_tables_unstepped(self, precision, tables):
+        """``tables`` with the stepped walk's step counts empty: the kernels then walk to
+        each leaf (``_jit_trees.forest_sums``)."""
+        unstepped = self._unstepped.get(precision)
+        if unstepped is None:
+            at = _STEPS_AT
+            unstepped = self._unstepped[precision] = \
+                tables[:at] + (np.zeros(0, np.int64),) + tables[at + 1:]
+        return unstepped
 
     def _records(self):
         """The nodes as 24-byte records, two flat views of one buffer: float64 (the split

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled.jit_tier import compiled_allowed
+from mixrt.ops.ml import walk_choice
+from mixrt.ops.ml.forest import STEPPED_FROM_ROWS
 
 _FLOAT32 = np.dtype(np.float32)
 _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
@@ -24,14 +26,37 @@ _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative 
 class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
-    __slots__ = ("kernels", "tables", "width", "most_rows")
+    __slots__ = ("kernels", "tables", "walked_tables", "choices", "width", "most_rows")
 
     def __init__(self, kernels, forest, precision):
         self.kernels = kernels
         self.tables = forest.walk_tables(precision)
+        # where the forest has both walks, a batch takes the one its size's choice keeps
+        # (ops/ml/walk_choice.py): the tables without the stepped walk's step counts
+        self.choices = forest.walk_choices()
+        self.walked_tables = None if self.choices is None else \
+            forest._walk_tables_unstepped(precision, self.tables)
         width = forest.widest_row_read()
         self.width = width if width is not None else _NO_ROW_FITS
         self.most_rows = forest.alone_rows()
+
+    def _walk(self, kernel, X, stepped_arguments, walked_arguments, *outputs):
+        """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
+        while it is being chosen)."""
+        rows = X.shape[0]
+        choice = None if self.choices is None or rows < STEPPED_FROM_ROWS \
+            else self.choices.for_rows(rows)
+        if choice is None:
+            kernel(X, *stepped_arguments, *outputs)
+            return
+        stepped, timing = choice.next()
+        arguments = stepped_arguments if stepped else walked_arguments
+        if not timing:
+            kernel(X, *arguments, *outputs)
+            return
+        started = walk_choice.clock()
+        kernel(X, *arguments, *outputs)
+        choice.timed(stepped, walk_choice.clock() - started)
 
     def takes(self, X) -> bool:
         """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?
@@ -46,7 +71,7 @@ class ClassifierRequest(_Request):
     """``_Classifier.run`` for a request: the walk, scores and labels of ``classify_many``
     or ``classify_two`` (ops/ml/_jit_trees.py), as ``_Classifier._one_call`` calls them."""
 
-    __slots__ = ("classify", "arguments", "columns", "labels")
+    __slots__ = ("classify", "arguments", "walked_arguments", "columns", "labels")
 
     def __init__(self, kernels, classifier):
         super().__init__(kernels, classifier.forest, np.float32)
@@ -54,12 +79,14 @@ class ClassifierRequest(_Request):
         self.columns = max(2, len(labels))
         if len(labels) > 2:
             self.classify = kernels.classify_many
-            self.arguments = (*self.tables, base, classifier.transform)
+            rest = (base, classifier.transform)
         else:
             self.classify = kernels.classify_two
-            self.arguments = (*self.tables, classifier.forest.weights.shape[1], base,
-                              classifier.binary_case, classifier.all_positive,
-                              classifier.transform)
+            rest = (classifier.forest.weights.shape[1], base, classifier.binary_case,
+                    classifier.all_positive, classifier.transform)
+        self.arguments = (*self.tables, *rest)
+        self.walked_arguments = None if self.walked_tables is None \
+            else (*self.walked_tables, *rest)
         # the labels to look the chosen indices up in; None: the indices are the labels
         # (labels 0..n-1, or two classes without the binary case, which answer the index)
         looked_up = len(labels) > 2 or classifier.binary_case or labels.dtype == object
@@ -72,7 +99,7 @@ class ClassifierRequest(_Request):
         rows = X.shape[0]
         scores = np.empty((rows, self.columns), np.float32)
         chosen = np.empty(rows, np.int64)
-        self.classify(X, *self.arguments, chosen, scores)
+        self._walk(self.classify, X, self.arguments, self.walked_arguments, chosen, scores)
         return (chosen if self.labels is None else self.labels[chosen]), scores
 
 
@@ -80,7 +107,7 @@ class RegressorRequest(_Request):
     """``_Regressor.run`` for a request with SUM or AVERAGE and no post-transform: the walk,
     the division, the base values and the rounding in ``regress`` (ops/ml/_jit_trees.py)."""
 
-    __slots__ = ("average", "base", "targets")
+    __slots__ = ("average", "base", "targets", "arguments", "walked_arguments")
 
     def __init__(self, kernels, regressor):
         super().__init__(kernels, regressor.forest, np.float64)
@@ -88,12 +115,15 @@ class RegressorRequest(_Request):
         self.base = np.empty(0) if regressor.base is None \
             else np.ascontiguousarray(regressor.base.reshape(-1))
         self.targets = regressor.forest.weights.shape[1]
+        self.arguments = (*self.tables, self.average, self.base)
+        self.walked_arguments = None if self.walked_tables is None \
+            else (*self.walked_tables, self.average, self.base)
 
     def __call__(self, X):
         if not self.takes(X):
             return None
         values = np.empty((X.shape[0], self.targets), np.float32)
-        self.kernels.regress(X, *self.tables, self.average, self.base, values)
+        self._walk(self.kernels.regress, X, self.arguments, self.walked_arguments, values)
         return values
 
 
