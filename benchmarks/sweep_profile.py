@@ -121,7 +121,8 @@ def report(name: str, label: str, ours: tuple, theirs: tuple, top: int) -> str:
     lines = [f"{name} {label}: mixrt {run * 1e3:.3f} ms a run, {in_steps / 1e3:.3f} in its "
              f"{len(steps)} steps ({in_steps / (run * 1e6):.0%}); onnxruntime "
              f"{ort_run * 1e3:.3f} ms; ratio {run / ort_run:.2f}", "",
-             "| op | mixrt us | steps | bound | onnxruntime us (profiled) |", "|---|---|---|---|---|"]
+             "| op | mixrt us | steps | bound | onnxruntime us (profiled) |",
+             "|---|---|---|---|---|"]
     per_op: dict = defaultdict(lambda: [0.0, 0, 0])
     for (_, op, bound), (us, _) in steps.items():
         per_op[op][0] += us
