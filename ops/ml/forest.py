@@ -209,13 +209,9 @@ class _Forest:
         if choice is None:
             self._walk_parts(kernel, data, tables, rows, outputs, sums)
             return
-        stepped, timing = choice.next()
-        if not stepped:
-            tables = self._walk_tables_unstepped(precision, tables)
-        started = walk_choice.clock() if timing else 0
-        self._walk_parts(kernel, data, tables, rows, outputs, sums)
-        if timing:
-            choice.timed(stepped, walk_choice.clock() - started)
+        walked = self._walk_tables_unstepped(precision, tables)
+        walk_choice.walk(choice, lambda stepped: self._walk_parts(
+            kernel, data, tables if stepped else walked, rows, outputs, sums))
 
     def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
         native, parts = self._split(rows, sums)

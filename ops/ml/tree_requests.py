@@ -49,14 +49,8 @@ class _Request:
         if choice is None:
             kernel(X, *stepped_arguments, *outputs)
             return
-        stepped, timing = choice.next()
-        arguments = stepped_arguments if stepped else walked_arguments
-        if not timing:
-            kernel(X, *arguments, *outputs)
-            return
-        started = walk_choice.clock()
-        kernel(X, *arguments, *outputs)
-        choice.timed(stepped, walk_choice.clock() - started)
+        walk_choice.walk(choice, lambda stepped: kernel(
+            X, *(stepped_arguments if stepped else walked_arguments), *outputs))
 
     def takes(self, X) -> bool:
         """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?

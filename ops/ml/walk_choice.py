@@ -73,4 +73,15 @@ class WalkChoices:
         return choice
 
 
+def walk(choice: WalkChoice, run) -> None:
+    """``run(stepped)`` with the walk ``choice`` keeps, timed while it is being chosen."""
+    stepped, timing = choice.next()
+    if not timing:
+        run(stepped)
+        return
+    started = clock()
+    run(stepped)
+    choice.timed(stepped, clock() - started)
+
+
 clock = time.perf_counter_ns
