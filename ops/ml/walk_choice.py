@@ -22,6 +22,8 @@ SAMPLES = 3  # timed calls of each walk before the faster one is kept
 RETUNE_CALLS = 4096  # calls of one batch size between two rounds of timing
 MOST_SIZES = 64  # batch sizes a forest keeps a choice for (others take the stepped walk)
 
+clock = time.perf_counter_ns  # what a walk is timed by
+
 
 class WalkChoice:
     """The choice for one batch size: :meth:`next` says which walk the next call takes
@@ -83,5 +85,3 @@ def walk(choice: WalkChoice, run) -> None:
     run(stepped)
     choice.timed(stepped, clock() - started)
 
-
-clock = time.perf_counter_ns

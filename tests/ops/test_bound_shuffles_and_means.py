@@ -14,6 +14,7 @@ import mixrt
 from mixrt.ops.reduce.reduce_cpu import reduce_mean_axes_input_cpu, reduce_mean_cpu
 from mixrt.ops.shape.shape_cpu import bind_slice
 from mixrt.runtime import run_loop
+from test_bound_calls import _bound_ops
 
 RNG = np.random.default_rng(7)
 
@@ -60,12 +61,6 @@ def _reference(feeds):
     joined = np.concatenate([1 / (1 + np.exp(-r[:, 4:])), r[:, :4]], axis=1)
     pooled = joined.mean(axis=(2, 3), keepdims=True) + joined.max(axis=(2, 3), keepdims=True)
     return pooled, joined.mean(axis=(2, 3))
-
-
-def _bound_ops(session) -> set:
-    plan = session._last_plan[1]
-    return {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
-            for step, _, _, _, form in calls if form is not None and form[6] is not None}
 
 
 @pytest.mark.parametrize("opset", [17, 18])
