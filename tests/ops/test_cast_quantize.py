@@ -242,18 +242,53 @@ def test_conv_integer_matches_onnxruntime():
     np.testing.assert_array_equal(got, expected)
 
 
-def test_qlinear_conv_per_channel_with_bias_matches_onnxruntime():
-    inputs = arrays(
+def _qlinear_conv_inputs(weight_low: int, weight_high: int) -> dict:
+    return arrays(
         x=rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8), x_scale=np.float32(0.01),
-        x_zero_point=np.uint8(100), w=rng.integers(-128, 128, (4, 2, 3, 3)).astype(np.int8),
+        x_zero_point=np.uint8(100),
+        w=rng.integers(weight_low, weight_high, (4, 2, 3, 3)).astype(np.int8),
         w_scale=f32(0.01, 0.02, 0.03, 0.04), w_zero_point=np.zeros(4, np.int8),
         y_scale=np.float32(0.2), y_zero_point=np.uint8(120),
         B=rng.integers(-500, 500, 4).astype(np.int32))
+
+
+def _exact_grouped_qlinear_conv(inputs: dict) -> np.ndarray:
+    """QLinearConv of _qlinear_conv_inputs (2 groups, 3x3, SAME_UPPER) in int64 and float64:
+    the arithmetic the operator defines, with no kernel's shortcuts."""
+    x = np.pad(inputs["x"].astype(np.int64) - int(inputs["x_zero_point"]),
+               ((0, 0), (0, 0), (1, 1), (1, 1)))
+    w = inputs["w"].astype(np.int64)
+    acc = np.zeros((1, 4, 6, 6), np.int64)
+    for o in range(4):
+        group = o // 2
+        for i, kh, kw in np.ndindex(2, 3, 3):
+            acc[0, o] += w[o, i, kh, kw] * x[0, group * 2 + i, kh:kh + 6, kw:kw + 6]
+    acc += inputs["B"].astype(np.int64)[None, :, None, None]
+    scale = (float(inputs["x_scale"]) * inputs["w_scale"].astype(np.float64)
+             / float(inputs["y_scale"]))
+    y = np.rint(acc * scale[None, :, None, None]) + int(inputs["y_zero_point"])
+    return np.clip(y, 0, 255).astype(np.uint8)
+
+
+def test_qlinear_conv_per_channel_with_bias_matches_onnxruntime():
+    # onnxruntime's AVX2 kernels (no VNNI) add u8 x s8 products in pairs into int16 with
+    # saturation (vpmaddubsw): weights of |w| <= 64 keep every pair exact, so onnxruntime is a
+    # reference on any x86 CPU; the full range is checked against the exact arithmetic below
+    inputs = _qlinear_conv_inputs(-64, 65)
     attrs = dict(group=2, auto_pad="SAME_UPPER")
     expected = run_ort("QLinearConv", inputs, 10, np.uint8, **attrs)
     got = qlinear_conv(np, *inputs.values(), **attrs)
     assert got.dtype == np.uint8 and got.shape == expected.shape
     assert np.abs(got.astype(int) - expected.astype(int)).max() == 0
+    np.testing.assert_array_equal(_exact_grouped_qlinear_conv(inputs), expected)
     infer = REGISTRY.find("", "QLinearConv", 10).infer_fn
     types = [TensorType(a.dtype, a.shape) for a in inputs.values()]
     assert infer(*types, **attrs) == [TensorType(np.dtype(np.uint8), expected.shape)]
+
+
+def test_qlinear_conv_full_range_weights_are_exact():
+    inputs = _qlinear_conv_inputs(-128, 128)
+    got = qlinear_conv(np, *inputs.values(), group=2, auto_pad="SAME_UPPER")
+    np.testing.assert_array_equal(got, _exact_grouped_qlinear_conv(inputs))
+
+
