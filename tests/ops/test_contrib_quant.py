@@ -81,6 +81,22 @@ def codes(dtype, shape):
     return rng.integers(info.min, info.max + 1, shape).astype(dtype)
 
 
+# onnxruntime's x86 kernels without VNNI (AVX2: an AMD EPYC Zen 3, older Xeons) multiply u8 x s8
+# codes with vpmaddubsw, which adds each pair of products into int16 with saturation: 255 x
+# -128 twice is -65280, clamped to -32768, and its reference is then off by whole codes. Signed
+# weights of |w| <= 64 keep every pair within int16 (255 x 64 x 2 = 32640), so onnxruntime is a
+# reference on any x86 CPU; test_full_range_u8s8_products_are_exact checks the full range
+# against the exact arithmetic instead.
+PAIR_SAFE_INT8 = 64
+
+
+def weight_codes(dtype, shape):
+    """codes() for the second operand of a product whose first is uint8 (see PAIR_SAFE_INT8)."""
+    if np.dtype(dtype) == np.int8:
+        return rng.integers(-PAIR_SAFE_INT8, PAIR_SAFE_INT8 + 1, shape).astype(np.int8)
+    return codes(dtype, shape)
+
+
 def scalar(value, dtype=f32):
     return np.array(value, dtype=dtype)
 
@@ -379,7 +395,8 @@ def test_qgemm_matches_onnxruntime(a_dtype, b_dtype, per_column, output, with_c)
         c_shape = [(n,), (m, n), (m, 1)][trial]
         inputs = [("A", codes(a_dtype, (k, m) if trans_a else (m, k))), ("a_scale", a_scale()),
                   ("a_zero_point", a_zero_point(a_dtype)),
-                  ("B", codes(b_dtype, (n, k) if trans_b else (k, n))), ("b_scale", b_scale),
+                  ("B", weight_codes(b_dtype, (n, k) if trans_b else (k, n))),
+                  ("b_scale", b_scale),
                   ("b_zero_point", b_zero),
                   ("C", rng.integers(-3000, 3000, c_shape).astype(np.int32) if with_c else None),
                   ("y_scale", a_scale(0.05, 0.5) if output != "float" else None),
@@ -399,12 +416,34 @@ def test_matmul_integer_to_float_matches_onnxruntime(b_dtype, per_column, a_shap
     columns = b_shape[-1]
     b_scale, b_zero = b_params(b_dtype, columns, per_column)
     for bias in (None, rng.standard_normal(columns).astype(f32)):
-        inputs = [("A", codes(np.uint8, a_shape)), ("B", codes(b_dtype, b_shape)),
+        inputs = [("A", codes(np.uint8, a_shape)), ("B", weight_codes(b_dtype, b_shape)),
                   ("a_scale", a_scale()), ("b_scale", b_scale),
                   ("a_zero_point", a_zero_point(np.uint8)), ("b_zero_point", b_zero),
                   ("bias", bias)]
         check_node("MatMulIntegerToFloat", inputs, [f32])
         check_node("MatMulIntegerToFloat", inputs, [f32], constants=("B", "b_scale"))
+
+
+@pytest.mark.parametrize("op_type", ["MatMulInteger", "MatMulIntegerToFloat"])
+def test_full_range_u8s8_products_are_exact(op_type):
+    """The codes onnxruntime's reference avoids on CPUs without VNNI (PAIR_SAFE_INT8): uint8
+    at 255 against int8 at -128, every pair's sum beyond int16, against int64 arithmetic."""
+    a = np.full((4, 64), 255, np.uint8)
+    a[1::2] = codes(np.uint8, (2, 64))
+    b = np.full((64, 6), -128, np.int8)
+    b[:, 3:] = codes(np.int8, (64, 3))
+    a_zero, b_zero = scalar(3, np.uint8), scalar(-2, np.int8)
+    exact = (a.astype(np.int64) - 3) @ (b.astype(np.int64) + 2)
+    if op_type == "MatMulInteger":
+        inputs = [("A", a), ("B", b), ("a_zero_point", a_zero), ("b_zero_point", b_zero)]
+        (got,) = mixrt.Session(node_model(op_type, inputs, [np.int32], domain="")).run(
+            None, feeds_of(inputs))
+        np.testing.assert_array_equal(got, exact)
+        return
+    inputs = [("A", a), ("B", b), ("a_scale", scalar(0.5)), ("b_scale", scalar(0.25)),
+              ("a_zero_point", a_zero), ("b_zero_point", b_zero)]
+    (got,) = mixrt.Session(node_model(op_type, inputs, [f32])).run(None, feeds_of(inputs))
+    np.testing.assert_array_equal(got, (exact * 0.125).astype(f32))  # exact in float32
 
 
 @pytest.mark.parametrize("b_dtype", [np.int8, np.uint8])
@@ -414,7 +453,7 @@ def test_dynamic_quantize_matmul_matches_onnxruntime(b_dtype, per_column):
         b_scale, b_zero = b_params(b_dtype, b_shape[-1], per_column)
         for x in (rng.standard_normal(a_shape).astype(f32) * 3,
                   np.abs(rng.standard_normal(a_shape)).astype(f32), np.zeros(a_shape, f32)):
-            inputs = [("A", x), ("B", codes(b_dtype, b_shape)), ("b_scale", b_scale),
+            inputs = [("A", x), ("B", weight_codes(b_dtype, b_shape)), ("b_scale", b_scale),
                       ("b_zero_point", b_zero),
                       ("bias", rng.standard_normal(b_shape[-1]).astype(f32))]
             check_node("DynamicQuantizeMatMul", inputs, [f32], constants=("B",))
@@ -571,9 +610,12 @@ def test_quantize_static_cnn_runs_as_in_onnxruntime(tmp_path, weight_type, per_c
     onnxruntime fuses the float ops back into its QLinear kernels)."""
     source, target = tmp_path / "cnn.onnx", tmp_path / "cnn.quant.onnx"
     source.write_bytes(small_cnn().SerializeToString())
+    # weights in 7 bits (reduce_range), as onnxruntime advises where its kernels lack VNNI:
+    # its u8 x s8 pair sums stay exact there (PAIR_SAFE_INT8); per-channel convolution
+    # weights are int8 whichever weight_type is asked for
     quantize_static(str(source), str(target), Calibration(), quant_format=quant_format,
                     activation_type=QuantType.QUInt8, weight_type=weight_type,
-                    per_channel=per_channel)
+                    per_channel=per_channel, reduce_range=True)
     if quant_format == QuantFormat.QOperator:
         assert {(MS, "QLinearAdd"), (MS, "QLinearMul"), (MS, "QLinearSigmoid"),
                 (MS, "QLinearGlobalAveragePool"), (MS, "QGemm")} <= op_types(target)
@@ -609,7 +651,8 @@ def test_quantize_dynamic_then_optimized_runs_as_in_onnxruntime(tmp_path, weight
     source, target = tmp_path / "mlp.onnx", tmp_path / "mlp.quant.onnx"
     optimized = tmp_path / "mlp.quant.optimized.onnx"
     source.write_bytes(two_projections().SerializeToString())
-    quantize_dynamic(str(source), str(target), weight_type=weight_type, per_channel=per_channel)
+    quantize_dynamic(str(source), str(target), weight_type=weight_type, per_channel=per_channel,
+                     reduce_range=True)  # as in the quantize_static test
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(optimized)
@@ -681,7 +724,7 @@ def shape_cases():
          {"channels_last": 1, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4},
          (u8, ("N", 4, 4, 3))),
         ("QGemm", [("A", codes(u8, (3, 16))), *u8_params("a_scale", "a_zero_point"),
-                   ("B", codes(np.int8, (16, 8))), ("b_scale", a_scale()),
+                   ("B", weight_codes(np.int8, (16, 8))), ("b_scale", a_scale()),
                    ("b_zero_point", scalar(0, np.int8)), ("C", None),
                    *u8_params("y_scale", "y_zero_point")],
          {"A": ["M", 16]}, {}, (u8, ("M", 8))),
@@ -786,7 +829,7 @@ def qattention_inputs(weight_dtype, mask_kind, past_length, per_column):
     weight_scale = rng.uniform(0.01, 0.03, 3 * hidden).astype(f32) if per_column \
         else scalar(0.02)
     return [("input", codes(np.uint8, (batch, seq, features))),
-            ("weight", codes(weight_dtype, (features, 3 * hidden))),
+            ("weight", weight_codes(weight_dtype, (features, 3 * hidden))),
             ("bias", rng.standard_normal(3 * hidden).astype(f32)),
             ("input_scale", scalar(0.02)), ("weight_scale", weight_scale),
             ("mask_index", masks[mask_kind]), ("input_zero_point", a_zero_point(np.uint8)),
