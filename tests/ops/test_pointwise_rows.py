@@ -15,15 +15,14 @@ fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
 RNG = np.random.default_rng(12)
 ATTRIBUTES = dict(auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
                   strides=None)
-needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
-                                  reason="the panel kernels need AVX-512 and numba")
+# the panel tile (AVX-512) or, without it, the BLAS's product (pointwise_rows._blas_action)
+TILE = jit_cpu.panel_kernels() is not None
 
 
 def _rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
 
 
-@needs_panels
 @pytest.mark.parametrize("batch, channels, outputs, side", [(1, 192, 1152, 3), (3, 480, 80, 6),
                                                            (2, 1152, 192, 2),
                                                            (2, 80, 480, 5)])
@@ -51,14 +50,15 @@ def test_fused_rows_match_the_generic_convolution_and_replay(batch, channels, ou
         np.testing.assert_allclose(out, expected, rtol=tolerance, atol=tolerance * channels)
 
 
-@needs_panels
 def test_plain_rows_into_a_new_array_and_what_they_leave_to_the_other_forms():
     X, W, B = _rand(2, 64, 4, 4), _rand(96, 64, 1, 1), _rand(96)
     np.testing.assert_allclose(conv_cpu(np, X, W, B, _prepacked={}, **ATTRIBUTES),
                                conv(np, X, W, B, **ATTRIBUTES), rtol=1e-4, atol=1e-3)
     some = {}
     assert not pointwise_rows.suits(X, W, 1, None, None, "NOTSET", None, None)  # W varies
-    assert not pointwise_rows.suits(_rand(1, 64, 7, 7), W, 1, None, None, "NOTSET", None, some)
+    # 7x7 and larger: the direct form's on the tile, the BLAS's planes without it
+    assert pointwise_rows.suits(_rand(1, 64, 7, 7), W, 1, None, None, "NOTSET", None,
+                                some) is not TILE
     assert not pointwise_rows.suits(_rand(1, 64, 1, 1), W, 1, None, None, "NOTSET", None, some)
     assert not pointwise_rows.suits(X, W, 1, [1, 1, 1, 1], None, "NOTSET", None, some)
     assert not pointwise_rows.suits(X, W, 1, None, [2, 2], "NOTSET", None, some)
@@ -66,6 +66,43 @@ def test_plain_rows_into_a_new_array_and_what_they_leave_to_the_other_forms():
     # small products too: the banded form's Python was most of their time
     assert pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(8, 8, 1, 1), 1, None, None,
                                 "NOTSET", None, some)
-    # expansions of whole strips of pixels go to the direct form's strips
-    assert not pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(16, 8, 1, 1), 1, None, None,
-                                    "NOTSET", None, some)
+    # expansions of whole strips of pixels go to the direct form's strips, where it exists
+    assert pointwise_rows.suits(_rand(1, 8, 4, 4), _rand(16, 8, 1, 1), 1, None, None,
+                                "NOTSET", None, some) is not TILE
+
+
+@pytest.mark.parametrize("batch, channels, outputs, side", [(1, 16, 72, 24), (2, 24, 40, 12),
+                                                           (1, 96, 576, 3), (3, 40, 8, 5)])
+@pytest.mark.parametrize("activation, params, residual", [("", None, False),
+                                                          ("Relu", None, True),
+                                                          ("HardSwish", None, False)])
+def test_without_the_tile_the_blas_forms_match_and_replay(monkeypatch, batch, channels,
+                                                          outputs, side, activation, params,
+                                                          residual):
+    """The BLAS's rows (up to MAX_PIXELS) and planes (beyond) where the tile is missing, on
+    any CPU: the generic convolution's values, on the first call and the replay."""
+    monkeypatch.setattr(jit_cpu, "panel_kernels", lambda: None)
+    X, W, B = _rand(batch, channels, side, side), _rand(outputs, channels, 1, 1), _rand(outputs)
+    Z = _rand(batch, outputs, side, side) if residual else None
+    prepacked: dict = {}
+    assert pointwise_rows.suits(X, W, 1, None, None, "NOTSET", None, prepacked)
+    out = np.full((batch, outputs, side, side), np.nan, np.float32)
+    for scale in (1, 3):
+        X *= np.float32(scale)
+        expected = conv(np, X, W, B, **ATTRIBUTES) + (0 if Z is None else Z)
+        expected = activate(np, expected, activation, params)
+        got = fused_conv(np, X, W, B, Z, activation=activation, activation_params=params,
+                         out=out, _prepacked=prepacked, **ATTRIBUTES)
+        assert got is out and replay.KEY in prepacked
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * channels)
+    plain = conv_cpu(np, X, W, B, _prepacked={}, **ATTRIBUTES)
+    np.testing.assert_allclose(plain, conv(np, X, W, B, **ATTRIBUTES), rtol=1e-4,
+                               atol=1e-4 * channels)
+
+
+def test_without_the_tile_large_planes_keep_the_banded_form(monkeypatch):
+    monkeypatch.setattr(jit_cpu, "panel_kernels", lambda: None)
+    W = _rand(64, 32, 1, 1)
+    assert pointwise_rows.suits(_rand(1, 32, 64, 64), W, 1, None, None, "NOTSET", None, {})
+    # 2 x 64 x 96 x 96 float32 outputs: 4.7 MB, past PLANES_MAX_BYTES
+    assert not pointwise_rows.suits(_rand(2, 32, 96, 96), W, 1, None, None, "NOTSET", None, {})
