@@ -42,10 +42,11 @@ PLANES_MAX_BYTES = 1 << 20
 
 
 def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
-    """Whether Conv(X, W) is a 1x1, stride-1, unpadded, one-group convolution over a plane of
-    MIN_PIXELS..MAX_PIXELS pixels with a constant weight (``prepacked``), native floats, a
-    C-contiguous X and ``out`` apart from it: on the panel tile, or the BLAS where the tile
-    is missing (:func:`_blas_action`), whose small expansions have no direct form to go to."""
+    """Whether Conv(X, W) is a 1x1, stride-1, unpadded, one-group convolution with a constant
+    weight (``prepacked``), native floats, a C-contiguous X and ``out`` apart from it, over a
+    plane of MIN_PIXELS..MAX_PIXELS pixels on the panel tile; where the tile is missing, the
+    BLAS's forms take small expansions too (there is no direct form to go to) and planes of
+    more pixels up to PLANES_MAX_BYTES of output (:func:`_blas_planes_action`)."""
     if prepacked is None or X.ndim != 4 or W.ndim != 4 or W.shape[2:] != (1, 1) \
             or int(group) != 1 or W.shape[1] != X.shape[1] or any(pads or ()) \
             or any(int(s) != 1 for s in (strides or ())) or auto_pad not in ("NOTSET", "VALID") \
@@ -96,23 +97,14 @@ def _action(X, W, B, prepacked, epilogue):
     own = prepacked.setdefault("_pointwise_rows", {})
     product = matmul_cpu.panel_call(rows, W.reshape(m, c).T, own, B)
     into_rows, from_rows = rows.reshape(n, pixels, c), products.reshape(n, pixels, m)
-
-    bound = None  # the epilogue as a compiled pass over the first call's arrays, or False
+    finish = _BoundEpilogue(epilogue)
 
     def run(X, W, B, Z, out):
-        nonlocal bound
         np.copyto(into_rows, X.reshape(n, c, pixels).transpose(0, 2, 1))
         product(rows, products)
         y = out.reshape(n, m, pixels)
         np.copyto(y, from_rows.transpose(0, 2, 1))
-        if bound:  # a replay: the very arrays the pass was bound to
-            bound()
-            return out
-        residual = None if Z is None else Z.reshape(n, m, pixels)
-        if bound is None and hasattr(epilogue, "bind"):
-            bound = epilogue.bind(y, None, residual) or False  # False: it is not one pass
-        else:
-            epilogue(y, None, residual)
+        finish(y, Z)
         return out
     return run
 
@@ -145,9 +137,9 @@ def _blas_action(X, W, B, epilogue):
 
 
 class _BoundEpilogue:
-    """The BLAS forms' epilogue of their (N, M, pixels) output, the bias already added: on
-    the first call bound to its arrays as one compiled pass where it is one (a replay then
-    calls just that), else run as the epilogue each call."""
+    """The epilogue of a form's (N, M, pixels) output, the bias already added (by the panels'
+    tiles or the BLAS forms): on the first call bound to its arrays as one compiled pass
+    where it is one (a replay then calls just that), else run as the epilogue each call."""
 
     def __init__(self, epilogue):
         self.epilogue, self.bound = epilogue, None  # bound: the pass, or False
