@@ -31,8 +31,9 @@ _CONFORMANCE = Path(__file__).parent / "conformance"  # its ``_cuda`` cases have
 # The KVStore tests pick free ports by binding port 0 and closing it before their processes
 # bind it again; two such tests on two xdist workers could be handed the same port in between.
 # They form one group, which ``--dist loadgroup`` (pyproject's addopts) runs on one worker.
-# That group (~200 s) and the fake-CuPy runs (three child pytests, ~70 s each) are handed out
-# first: collected last, they would run on one worker while the other sat idle.
+# That group (~10 min of a 2-core machine's ~20) and the fake-CuPy runs (two child pytests,
+# ~3 and ~1.5 min) are handed out first: collected last, they would run on one worker while
+# the other sat idle.
 _SOCKETS = Path(__file__).parent / "kvstore"
 _FIRST = (_SOCKETS, Path(__file__).parent / "test_gpu_paths_on_fake_cupy.py")
 
