@@ -20,8 +20,12 @@ HEARTBEAT_TIMEOUT = 2.0  # Cluster's MIXRT_KV_HEARTBEAT_TIMEOUT
 def cluster_factory(tmp_path):
     made = []
 
-    def make(**options):
-        cluster = Cluster(tmp_path, **options)
+    def make(folder: str | None = None, **options):
+        """A cluster in the test's folder, or in a folder of that name inside it (for
+        clusters that run side by side: each writes its scripts and logs by name)."""
+        where = tmp_path if folder is None else tmp_path / folder
+        where.mkdir(exist_ok=True)
+        cluster = Cluster(where, **options)
         made.append(cluster)
         return cluster
 
@@ -574,23 +578,16 @@ kv.close()
 COMPRESSION_THRESHOLD = 0.25  # 0.1: -0.56 points, 0.5 (MXNet's default): -0.84 (measured)
 
 
-def test_two_bit_compression_trains_the_digits_model_within_a_point(tmp_path):
+def test_two_bit_compression_trains_the_digits_model_within_a_point(cluster_factory):
     """The uncompressed and the compressed job side by side (each in its own folder, on its
     own ports): one after the other they held the suite's socket worker for ~90 s."""
-    clusters = {}
-    try:
-        for threshold in (0.0, COMPRESSION_THRESHOLD):
-            folder = tmp_path / f"threshold_{threshold}"
-            folder.mkdir()
-            clusters[threshold] = Cluster(folder, workers=2, servers=1).start(
-                COMPRESSION_SCRIPT, threshold)
-        accuracy = {}
-        for threshold, cluster in clusters.items():
-            assert set(_finished(cluster, timeout=300).values()) == {0}, cluster.all_output()
-            accuracy[threshold] = _result(cluster, 0)["accuracy"]
-    finally:
-        for cluster in clusters.values():
-            cluster.stop()
+    clusters = {threshold: cluster_factory(f"threshold_{threshold}", workers=2, servers=1)
+                .start(COMPRESSION_SCRIPT, threshold)
+                for threshold in (0.0, COMPRESSION_THRESHOLD)}
+    accuracy = {}
+    for threshold, cluster in clusters.items():
+        assert set(_finished(cluster, timeout=300).values()) == {0}, cluster.all_output()
+        accuracy[threshold] = _result(cluster, 0)["accuracy"]
     print("digits test accuracy by 2-bit threshold (0: uncompressed):", accuracy)
     assert accuracy[0.0] >= 0.95
     assert accuracy[COMPRESSION_THRESHOLD] >= accuracy[0.0] - 0.01, accuracy

@@ -22,6 +22,7 @@ from cluster import Cluster, free_port
 from mixrt.kvstore.dist import protocol as p
 
 STEPS, MAX_STEPS, SIZE = 60, 3000, 1000
+ATTACK_OVER = "attack-over"  # the file the test writes in the job's folder
 
 # The job runs at least STEPS steps and then goes on until the test writes ATTACK_OVER, so
 # the attack always lands on a running job however slow the machine is. Rank 0 reads the
@@ -40,7 +41,7 @@ while True:
     expected = (step + 1) * sum(r + 1 for r in range(kv.num_workers))
     assert (w == expected).all(), (step, w[:3], expected)
     step += 1
-    done = step >= {STEPS} and kv.rank == 0 and os.path.exists("{{ATTACK_OVER}}")
+    done = step >= {STEPS} and kv.rank == 0 and os.path.exists("{ATTACK_OVER}")
     kv.push("over", np.full(1, float(done), np.float32))
     kv.pull("over", out=over)
     if over[0] > 0 or step >= {MAX_STEPS}:
@@ -49,7 +50,7 @@ while True:
 print("SUMS OK", step, flush=True)
 kv.close()
 """
-ATTACK_OVER = "attack-over"
+
 
 class LaunchedJob:
     """`mixrt launch -n 2 -s 1` on the job above, with its output in files."""
@@ -57,7 +58,7 @@ class LaunchedJob:
     def __init__(self, tmp_path: Path, env: dict):
         self.tmp_path, self.port = tmp_path, free_port()
         script = tmp_path / "job.py"
-        script.write_text(JOB.replace("{ATTACK_OVER}", ATTACK_OVER))
+        script.write_text(JOB)
         self.out = tmp_path / "launch.out"
         with open(self.out, "wb") as log:
             self.process = subprocess.Popen(
