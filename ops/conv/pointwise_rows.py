@@ -89,24 +89,13 @@ def conv(X, W, B, Z, out, epilogue, prepacked):
 
 
 def _action(X, W, B, prepacked, epilogue):
-    n, c, m = X.shape[0], X.shape[1], W.shape[0]
-    pixels = X.shape[2] * X.shape[3]
-    rows = np.empty((n * pixels, c), X.dtype)  # the pixels as rows, and the rows' products
-    products = np.empty((n * pixels, m), X.dtype)
+    """The pixel rows' product on the panel tile, the bias added in its tiles."""
+    m, c = W.shape[0], W.shape[1]
+    rows = _pixel_rows(X)
     # the panels of W^T under their own key: the conv forms keep other layouts in this dict
     own = prepacked.setdefault("_pointwise_rows", {})
     product = matmul_cpu.panel_call(rows, W.reshape(m, c).T, own, B)
-    into_rows, from_rows = rows.reshape(n, pixels, c), products.reshape(n, pixels, m)
-    finish = _BoundEpilogue(epilogue)
-
-    def run(X, W, B, Z, out):
-        np.copyto(into_rows, X.reshape(n, c, pixels).transpose(0, 2, 1))
-        product(rows, products)
-        y = out.reshape(n, m, pixels)
-        np.copyto(y, from_rows.transpose(0, 2, 1))
-        finish(y, Z)
-        return out
-    return run
+    return _rows_form(X, m, rows, lambda B, products: product(rows, products), epilogue)
 
 
 def _blas_action(X, W, B, epilogue):
@@ -116,19 +105,35 @@ def _blas_action(X, W, B, epilogue):
     noisy 2-core guest, FusedConv alone, medians) the banded form's route and per-band
     epilogue were most of a small plane's call: 96 -> 576 at 3x3 + HardSwish 137 -> 87 us,
     40 -> 240 at 6x6 106 -> 58, 8 images of the first 527 -> 210."""
-    n, c, m = X.shape[0], X.shape[1], W.shape[0]
-    pixels = X.shape[2] * X.shape[3]
-    rows = np.empty((n * pixels, c), X.dtype)
-    products = np.empty((n * pixels, m), X.dtype)
+    m, c = W.shape[0], W.shape[1]
+    rows = _pixel_rows(X)
     weight = W.reshape(m, c).T  # the constant's view: the replay is on this very W
+
+    def multiply(B, products):
+        np.matmul(rows, weight, out=products)
+        if B is not None:
+            np.add(products, B, out=products)
+    return _rows_form(X, m, rows, multiply, epilogue)
+
+
+def _pixel_rows(X) -> np.ndarray:
+    """A buffer for X's pixels as rows (N * pixels, C), kept by the form's call."""
+    return np.empty((X.shape[0] * X.shape[2] * X.shape[3], X.shape[1]), X.dtype)
+
+
+def _rows_form(X, m, rows, multiply, epilogue):
+    """The call both row forms make: X's pixels copied into ``rows``, ``multiply(B,
+    products)`` into the (N * pixels, M) products, those copied back as the (N, M, pixels)
+    output, then the epilogue (bound once, :class:`_BoundEpilogue`)."""
+    n, c = X.shape[0], X.shape[1]
+    pixels = X.shape[2] * X.shape[3]
+    products = np.empty((n * pixels, m), X.dtype)
     into_rows, from_rows = rows.reshape(n, pixels, c), products.reshape(n, pixels, m)
     finish = _BoundEpilogue(epilogue)
 
     def run(X, W, B, Z, out):
         np.copyto(into_rows, X.reshape(n, c, pixels).transpose(0, 2, 1))
-        np.matmul(rows, weight, out=products)
-        if B is not None:
-            np.add(products, B, out=products)
+        multiply(B, products)
         y = out.reshape(n, m, pixels)
         np.copyto(y, from_rows.transpose(0, 2, 1))
         finish(y, Z)
