@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from mixrt.ops.panels._jit_native_pool import (
     ATT_BATCH, ATT_BOUNDS, ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEY_COUNT, ATT_KEYS, ATT_MASK,
     ATT_MASK_STRIDES, ATT_OUT, ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES, ATT_SIZE, ATT_SPILL,
-    ATT_V, ATT_VALUE_SIZE, ATT_VALUES, ATTENTION_JOB, ITEMSIZE, JOB, PARTS, begin, claim,
-    finish, get1, get2, get3, publish, put)
+    ATT_V, ATT_VALUE_SIZE, ATT_VALUES, ATTENTION_JOB, BLOCK_WORDS, ITEMSIZE, JOB,
+    JOB_SIGNATURE, PARTS, begin, claim, finish, get1, get2, get3, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, VECTOR_BYTES, _tile
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -335,3 +335,17 @@ def _worker_attention(block, zero):
                   bounds[part, 1], bounds[part, 2], bounds[part, 3], keys_, values_, scores_,
                   spill_)
         part = claim(block, parts)
+
+
+# the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _attention_job_f(raw, unused):
+    _worker_attention(carray(raw, (BLOCK_WORDS,)), np.float32(0))
+
+
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _attention_job_d(raw, unused):
+    _worker_attention(carray(raw, (BLOCK_WORDS,)), np.float64(0))
+
+
+register_job(ATTENTION_JOB, _attention_job_f, _attention_job_d)

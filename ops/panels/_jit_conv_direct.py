@@ -8,14 +8,14 @@ per image splits its parts with the native worker (the driver at the end).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from mixrt.ops.panels._jit_native_pool import (
-    ARGS, BIAS, BOUNDS, BY_ROWS, CHUNK, CONV_JOB, EDGE, HALO, HAS_RESIDUAL, IN_PLACE, JOB,
+    ARGS, BIAS, BLOCK_WORDS, BOUNDS, BY_ROWS, CHUNK, CONV_JOB, EDGE, HALO, HAS_RESIDUAL, IN_PLACE, JOB,
     LEFT, LIMITS, NO_BIAS, OH, OW, PANELS, PARTS, PH, PLACES, PLANES, PW, RESIDUAL, ROW_BLOCK,
     ROWS_AT, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS,
-    WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y, begin, claim, finish, get1, get2, get3,
-    publish, put)
+    WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y, JOB_SIGNATURE, begin, claim, finish,
+    get1, get2, get3, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import (STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run,
                                         _tile8)
 
@@ -277,7 +277,7 @@ def _limited(v, low, high, slope):
 # ``parallel_for``: it builds the shared phase planes when the threads split the output
 # channels, publishes the job in the pool's control block (its argument slots are laid out in
 # ops/panels/_jit_native_pool.py), claims parts until none are left and waits for the worker's. The
-# worker (ops/panels/_jit_native_worker.py's :func:`_dispatch`) rebuilds the arguments from the
+# worker (its registered entry, through _jit_native_pool.worker_job) rebuilds the arguments from the
 # block and claims parts the same way. A part is a band of output rows (each thread builds
 # that band's phase planes in its own buffer, or reads a 1x1's image in place) or a run of
 # output channels over the shared planes, as before: panels of the tap form, strips of the
@@ -409,3 +409,17 @@ def _worker_parts(block, zero):
         _part(part, job, x, own, planes, shape, geometry, rows_at, places, bounds, panels,
               weights, y, bias, residual, limits, spill, edge, no_bias)
         part = claim(block, parts)
+
+
+# the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _conv_job_f(raw, unused):
+    _worker_parts(carray(raw, (BLOCK_WORDS,)), np.float32(0))
+
+
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _conv_job_d(raw, unused):
+    _worker_parts(carray(raw, (BLOCK_WORDS,)), np.float64(0))
+
+
+register_job(CONV_JOB, _conv_job_f, _conv_job_d)

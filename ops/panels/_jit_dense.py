@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, cfunc, njit, types
 
-from mixrt.ops.panels._jit_native_pool import (ITEMSIZE, JOB, PARTS, PRODUCT_A, PRODUCT_BOUNDS,
-                                               PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS,
-                                               PRODUCT_SPILL, PRODUCT_BIAS, begin, claim, finish,
-                                               get1, get2, get3, pointer_like, publish, put)
+from mixrt.ops.panels._jit_native_pool import (
+    BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
+    PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim, finish, get1, get2,
+    get3, pointer_like, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
@@ -145,6 +145,20 @@ def _worker_product(block, zero):
     while part >= 0:
         panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
         part = claim(block, parts)
+
+
+# the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _product_job_f(raw, unused):
+    _worker_product(carray(raw, (BLOCK_WORDS,)), np.float32(0))
+
+
+@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def _product_job_d(raw, unused):
+    _worker_product(carray(raw, (BLOCK_WORDS,)), np.float64(0))
+
+
+register_job(PRODUCT_JOB, _product_job_f, _product_job_d)
 
 
 # -- the tile, for compiled kernels in other files -------------------------------------------

@@ -81,6 +81,7 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 LINE = 8  # int64 words per 64-byte line
 STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED, RUNS = (LINE * i for i in range(7))
 SPINS = 7 * LINE  # and SPINS + 1
+TABLE = SPINS + 2  # the job table's address (below); written once, as SPINS is
 ARGS = 8 * LINE
 BLOCK_WORDS = ARGS + 128
 CLOSED = 1 << 15
@@ -228,6 +229,7 @@ class Pool:
         per_second = pauses_per_second()
         self.block[SPINS] = max(1, round(SPIN_SECONDS * per_second))
         self.block[SPINS + 1] = max(1, round(RUN_SPIN_SECONDS * per_second))
+        self.block[TABLE] = JOB_TABLE.ctypes.data
         self.workers = 0
         for _ in range(workers):
             thread = ctypes.c_ulong()
@@ -327,6 +329,28 @@ CONV_JOB, PRODUCT_JOB, ATTENTION_JOB, CALL_JOB = 0, 1, 2, 3
 assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_BIAS + 3 < ITEMSIZE
 
 
+# -- the drivers' own jobs, through the job table -------------------------------------------
+#
+# The worker sides of the panel products, the direct convolutions and the attention heads are
+# ``cfunc`` entries of JOB_SIGNATURE, ``entry(block, 0)``, that each family's file registers
+# when it is imported (:func:`register_job`); the worker calls the one for the block's JOB and
+# dtype through this table, whose address every pool's block holds. The worker's compiled code
+# holds none of them: compiled with all three inside, as it was, the worker took ~110 s on an
+# AMD EPYC Zen 3 (2026-11-25) before any job could run, also for a model of pools and
+# layer norms, which only hand their parts over as CALL_JOB. A family's file is imported
+# before a job of its kind can be published (its driver publishes it), so its entry is in.
+
+JOB_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
+JOB_TABLE = np.zeros(2 * CALL_JOB, np.int64)  # [2 * job + (dtype is float64)]
+
+
+def register_job(job: int, float32_entry, float64_entry) -> None:
+    """The worker sides of a family's jobs (``cfunc`` objects of JOB_SIGNATURE, kept alive
+    by their module)."""
+    JOB_TABLE[2 * job] = float32_entry.address
+    JOB_TABLE[2 * job + 1] = float64_entry.address
+
+
 # -- any kernel's parts, through a function pointer ----------------------------------------
 #
 # A kernel in another file hands its parts to the pool as a ``cfunc`` of PART_SIGNATURE,
@@ -373,6 +397,18 @@ def native_for(block, fn, args, parts):
         _call_part(fn, where, part)
         part = claim(block, parts)
     finish(block)
+
+
+@_jit
+def worker_job(block):
+    """The worker's side of the job in the block: a CALL_JOB's parts, or the registered
+    entry of a driver's job (in the job's dtype)."""
+    if block[JOB] == CALL_JOB:
+        _worker_calls(block)
+        return
+    table = carray(pointer_like(block[TABLE], block), (2 * CALL_JOB,))
+    entry = table[2 * block[JOB] + (1 if block[ITEMSIZE] == 8 else 0)]
+    _call_part(entry, address(block), 0)
 
 
 @_jit

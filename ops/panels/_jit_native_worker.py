@@ -1,8 +1,8 @@
 """The native pool's worker thread: its loop over the jobs in the control block
-(``ops/panels/_jit_native_pool.py``), the dispatch on the job's word to the drivers' worker sides
-(``ops/panels/_jit_conv_direct.py``, ``ops/panels/_jit_dense.py``,
-``ops/panels/_jit_attention.py``, and any kernel's parts through a function pointer), and the
-``cfunc`` each thread is started on. Compiled: the worker never takes the GIL.
+(``ops/panels/_jit_native_pool.py``, whose ``worker_job`` runs each job's parts through a
+function pointer: the drivers' registered worker sides, or any kernel's parts), and the
+``cfunc`` each thread is started on. Compiled: the worker never takes the GIL. It holds none
+of the kernels' code, so it compiles in seconds and no kernel family waits for another.
 """
 
 from __future__ import annotations
@@ -11,20 +11,16 @@ import numpy as np
 from numba import carray, cfunc, njit
 
 from mixrt.ops.panels._jit_atomics import compare_swap, fetch_add, load, pause
-from mixrt.ops.panels._jit_attention import _worker_attention
-from mixrt.ops.panels._jit_conv_direct import _worker_parts
-from mixrt.ops.panels._jit_dense import _worker_product
 from mixrt.ops.panels._jit_native_pool import (
-    ATTENTION_JOB, BLOCK_WORDS, CALL_JOB, CLOSED, FUTEX_WAIT_PRIVATE, ITEMSIZE, JOB, JOINED,
-    PRODUCT_JOB, RUNS, SLEEPERS, SPINS, STATE, WAKE, WORKER_SIGNATURE,
-    _as_block, _futex, _worker_calls, pool)
+    BLOCK_WORDS, CLOSED, FUTEX_WAIT_PRIVATE, JOINED, RUNS, SLEEPERS, SPINS, STATE, WAKE,
+    WORKER_SIGNATURE, _as_block, _futex, pool, worker_job)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
 @_jit
 def serve(raw):
-    """The worker loop over the jobs in the block at ``raw``, each run by :func:`_dispatch`
+    """The worker loop over the jobs in the block at ``raw``, each run by ``worker_job``
     (it claims parts until none are left); never returns."""
     block = carray(_as_block(raw), (BLOCK_WORDS,))
     wake = block[WAKE:WAKE + 1].view(np.int32)
@@ -36,7 +32,7 @@ def serve(raw):
             if compare_swap(block, STATE, state, state + 1):
                 done, idle = sequence, 0
                 fetch_add(block, JOINED, 1)
-                _dispatch(block)
+                worker_job(block)
                 fetch_add(block, STATE, -1)
             continue
         idle += 1
@@ -57,29 +53,6 @@ def serve(raw):
         idle = 0
 
 
-@_jit
-def _run_job(block, zero):
-    """The worker's side of the job in the block, in the dtype of ``zero``."""
-    job = block[JOB]
-    if job == PRODUCT_JOB:
-        _worker_product(block, zero)
-    elif job == ATTENTION_JOB:
-        _worker_attention(block, zero)
-    else:
-        _worker_parts(block, zero)
-
-
-@_jit
-def _dispatch(block):
-    """The job in the block, by its dtype (each dtype its own compiled code)."""
-    if block[JOB] == CALL_JOB:
-        _worker_calls(block)
-    elif block[ITEMSIZE] == 4:
-        _run_job(block, np.float32(0))
-    else:
-        _run_job(block, np.float64(0))
-
-
 @cfunc(WORKER_SIGNATURE, nopython=True, error_model="numpy", cache=True)
 def _worker(raw):
     serve(raw)
@@ -87,6 +60,6 @@ def _worker(raw):
 
 
 def native_pool():
-    """The worker pool of the native drivers (convolutions, panel products, attention), or
-    None (one thread)."""
+    """The worker pool of the native drivers (convolutions, panel products, attention, and
+    every kernel that hands parts over as CALL_JOB), or None (one thread)."""
     return pool("panels", _worker)

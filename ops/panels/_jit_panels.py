@@ -1,6 +1,7 @@
 """The packed-panel kernels as one namespace: ``ops/compiled/jit_cpu.panel_kernels()`` imports this
-module (where the CPU has AVX-512) and its callers read ``kernels.<name>``. The kernels live
-in modules of their own, by what they compute:
+module (where the CPU has AVX-512) and its callers read ``kernels.<name>``. The
+kernels live in modules of their own, by what they compute, each imported (and compiled) when
+its first name is read (``__getattr__`` below):
 
 * ``ops/panels/_jit_tile.py``: the tile (up to 8 rows by a panel of two 64-byte vectors), in LLVM
   IR;
@@ -12,7 +13,8 @@ in modules of their own, by what they compute:
 * ``ops/panels/_jit_attention.py``: fused attention heads, the vector softmax, their driver;
 * ``ops/panels/_jit_native_pool.py``: the native worker pool (control block, futex, threads, each
   job's argument slots, any kernel's parts through a function pointer);
-* ``ops/panels/_jit_native_worker.py``: the worker's loop and its dispatch on the job's word.
+* ``ops/panels/_jit_native_worker.py``: the worker's loop (each job through a function pointer:
+  ``_jit_native_pool.worker_job``).
 
 They call each other's compiled functions, and numba's disk cache keeps, in a cached caller, the
 code of what it called from another file: ``ops/compiled/jit_cache.py`` stamps their entries with
@@ -23,12 +25,8 @@ control block's slot (``_jit_native_pool``), as callers have always read it;
 
 from __future__ import annotations
 
-from mixrt.ops.panels._jit_attention import attention, native_attention, softmax_rows  # noqa: F401
-from mixrt.ops.panels._jit_conv_direct import (  # noqa: F401
-    left_tap_conv, native_conv, pack_strips, phase_planes, pointwise_conv, strip_rows, tap_conv)
-from mixrt.ops.panels._jit_conv_weight_grad import pack_gradient, weight_grad  # noqa: F401
-from mixrt.ops.panels._jit_dense import (  # noqa: F401
-    TILE_SIGNATURE, batched_product, native_product, panel_product, product, tile_d, tile_f)
+import importlib
+
 from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, ATT_BOUNDS,
                                                ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEYS,
                                                ATT_KEY_COUNT, ATT_MASK, ATT_MASK_STRIDES, ATT_OUT,
@@ -50,5 +48,26 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                claim, finish, get1, get2, get3, native_for,
                                                pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
-# noqa: F401
 from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES)
+
+# Each family is imported, and its worker side compiled (or loaded from the cache), when a
+# caller first reads one of its names: a model without attention never compiles attention.
+_FAMILIES = {
+    "mixrt.ops.panels._jit_attention": ("attention", "native_attention", "softmax_rows"),
+    "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv", "pack_strips",
+                                          "phase_planes", "pointwise_conv", "strip_rows",
+                                          "tap_conv"),
+    "mixrt.ops.panels._jit_conv_weight_grad": ("pack_gradient", "weight_grad"),
+    "mixrt.ops.panels._jit_dense": ("TILE_SIGNATURE", "batched_product", "native_product",
+                                    "panel_product", "product", "tile_d", "tile_f"),
+}
+_HOME = {name: module for module, names in _FAMILIES.items() for name in names}
+
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # read once through here
+    return value
