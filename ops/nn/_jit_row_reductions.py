@@ -1,5 +1,5 @@
-"""Kernels over rows held in L1: LayerNormalization and its RMS form, softmax's shift by the
-row max and scale by the row sum (``ops/nn/nn_cpu.py``), and pools whose one window is a whole
+"""Kernels over rows held in L1: LayerNormalization and its RMS form, the softmax of a few short
+rows (``ops/nn/nn_cpu.py``), and pools whose one window is a whole
 plane (``ops/pool/inplace_cpu.py``). NumPy's reductions over such short rows spend their time in
 per-row overhead. Arrays are flat and indexed with unsigned offsets (see
 ``ops/compiled/jit_cpu.py``); only the sums are reassociated, so NaNs pass through.
@@ -54,20 +54,7 @@ def rms_norm(x, scale, y, rows, n, epsilon):
             y[uint64(start + i)] = x[uint64(start + i)] * inverse * scale[i]
 
 
-# -- softmax rows (ops/nn/nn_cpu.py) --------------------------------------------------------------
-
-@_jit
-def softmax_shift(x, y, rows, n):
-    """``y[r] = x[r] - max(x[r])`` for each row of ``n`` (flat x, y; y may be x: a row's
-    max is taken before it is written). NumPy's ``max(axis=1)`` over 128-element rows took
-    3x this whole loop. A NaN that the max skips still reaches the row through its own
-    ``x - max`` (the caller's sum then makes the whole row NaN, as the max would)."""
-    for r in range(rows):
-        s = r * n
-        m, _ = _row_max(x, s, n)
-        for i in range(n):
-            y[uint64(s + i)] = x[uint64(s + i)] - m
-
+# -- small softmax rows (ops/nn/nn_cpu.py) --------------------------------------------------------
 
 @njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
 def _row_max(x, s, n):
@@ -102,24 +89,12 @@ def _larger(v, m):
 
 
 @njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
-def softmax_scale(y, rows, n):
-    """Each row of ``n`` divided by its sum, in place (``reassoc`` vectorizes the sum, as in
-    layer_norm); one multiply by the reciprocal per element."""
-    for r in range(rows):
-        s = r * n
-        total = y.dtype.type(0)
-        for i in range(n):
-            total += y[uint64(s + i)]
-        inverse = y.dtype.type(1) / total
-        for i in range(n):
-            y[uint64(s + i)] *= inverse
-
-
-@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})
 def softmax_small(x, y, rows, n):
     """The whole softmax of a few short rows of ``n`` (flat x, y; y may be x) in one call:
-    the shift of :func:`softmax_shift`, each exp from libm (a classifier's ten scores do not
-    fill a vector), the scale of :func:`softmax_scale`. A NaN in a row makes the row NaN."""
+    each row shifted by its max (:func:`_row_max`, which skips NaN; a NaN still reaches the
+    sum through its own exp and makes the row NaN), each exp from libm (a classifier's ten
+    scores do not fill a vector), then times 1 / the row's sum. Longer rows take the vector
+    IR of ops/nn/_jit_vector_softmax.py."""
     for r in range(rows):
         s = r * n
         m, _ = _row_max(x, s, n)

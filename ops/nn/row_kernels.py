@@ -15,6 +15,7 @@ from mixrt.ops.compiled.jit_cpu import NATIVE
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
 ROW_KERNELS = "mixrt.ops.nn._jit_row_reductions"
+VECTOR_SOFTMAX = "mixrt.ops.nn._jit_vector_softmax"
 FEW_ROWS_KERNELS = "mixrt.ops.nn._jit_few_rows"
 
 
@@ -74,15 +75,15 @@ def softmax_suits(rows, target) -> bool:
 
 
 def softmax_rows(rows, target, start: int, stop: int) -> None:
-    """Softmax of rows start..stop of ``rows`` (R, n) into ``target``: shift by the row max
-    (compiled), NumPy's vectorized exp in place, then divide by the row sum (compiled)."""
+    """Softmax of rows start..stop of ``rows`` (R, n) into ``target`` (the same memory or
+    apart: :func:`softmax_suits`), each row in one pass of vector IR in the CPU's width
+    (ops/nn/_jit_vector_softmax.py), over a copy when apart. NumPy's float32 exp had run
+    2.3 ns an element on an AMD EPYC Zen 3 between a compiled shift and scale."""
     n = rows.shape[1]
-    x = rows[start:stop].reshape(-1)
-    y = target[start:stop].reshape(-1)
-    kernels = jit_cpu.load(ROW_KERNELS)
-    kernels.softmax_shift(x, y, stop - start, n)
-    np.exp(y, out=y)
-    kernels.softmax_scale(y, stop - start, n)
+    out = target.reshape(-1)
+    if not np.may_share_memory(rows, target):  # NumPy's copy: the compiled one went by element
+        np.copyto(target[start:stop], rows[start:stop])
+    jit_cpu.load(VECTOR_SOFTMAX).softmax_rows(out[start * n:stop * n], stop - start, n)
 
 
 EIGHT_ROWS = 8  # rows the compiled product computes at once (fewer are padded with zeros)
