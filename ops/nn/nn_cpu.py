@@ -16,7 +16,7 @@ from mixrt.ops.compiled.bound_calls import binds, binds_replay, padded
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.out_arrays import into, native
-from mixrt.ops.compiled.parallel import parallel_rows, row_parts
+from mixrt.ops.compiled.parallel import parallel_rows
 from mixrt.ops.elementwise.row_blocks import same_view
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.norm import batch_normalization, batch_normalization_9, layer_normalization
@@ -161,14 +161,19 @@ def softmax_coerced_cpu(xp, input, *, axis=1, out=None):
                          lambda: softmax_coerced(xp, input, axis=axis))
 
 
+# elements from which the vector softmax rows are split over the intra-op threads: on the AMD
+# EPYC Zen 3 (2 threads) the split through Python threads took (2, 4, 128, 128) 153 -> 412 us
+# and (2, 12, 128, 128) 447 -> 1064, and drew even only at (8, 12, 128, 128), 1.6M elements
+# (2026-11-25)
+SOFTMAX_SPLIT = 1 << 21
+
+
 def _softmax_rows(xp, input, width, out, generic):
-    """Softmax of the rows of ``width`` of ``input`` into ``out`` (made here when None), rows
-    split over the intra-op threads: exp is heavy enough per element that two threads run it in
-    about half the time (ops/compiled/parallel.py). The row max and the division are compiled
-    loops (ops/compiled/jit_cpu.py; NumPy's ``max(axis=1)`` on the encoder's 128-wide rows cost
-    twice its exp): BERT's (12, 128, 128) scores 250 -> 125 us on one thread. One compiled call
-    also beats NumPy's reductions over several axes on small inputs: SqueezeNet's final (1,
-    1000, 1, 1) took ~75 us inside a run (caches cold after the last convolution), 11 alone.
+    """Softmax of the rows of ``width`` of ``input`` into ``out`` (made here when None): the
+    vector rows of ``row_kernels.softmax_rows``, split over the intra-op threads only from
+    SOFTMAX_SPLIT elements; else NumPy's passes over parts of rows. One compiled call also
+    beats NumPy's reductions over several axes on small inputs: SqueezeNet's final (1, 1000,
+    1, 1) took ~75 us inside a run (caches cold after the last convolution), 11 alone.
     Computing in place over ``input`` is safe: each row's max is taken before the row is
     overwritten."""
     if out is None and native(input):
@@ -180,8 +185,11 @@ def _softmax_rows(xp, input, width, out, generic):
     rows = input.reshape(-1, width)
     target = out.reshape(rows.shape)
     if row_kernels.softmax_suits(rows, target):
-        parallel_rows(rows.shape[0], rows.shape[1],
-                      lambda start, stop: row_kernels.softmax_rows(rows, target, start, stop))
+        if rows.size < SOFTMAX_SPLIT:
+            row_kernels.softmax_rows(rows, target, 0, rows.shape[0])
+        else:
+            parallel_rows(rows.shape[0], rows.shape[1],
+                          lambda start, stop: row_kernels.softmax_rows(rows, target, start, stop))
         return out
 
     def part(start, stop):
@@ -249,8 +257,7 @@ def bind_softmax(args, out, attributes):
     width = input.shape[axis]
     shape = (input.size // width, width)
     target = out.reshape(shape)
-    if not row_kernels.softmax_suits(input.reshape(shape), target) \
-            or len(row_parts(*shape)) != 1:
+    if not row_kernels.softmax_suits(input.reshape(shape), target) or input.size >= SOFTMAX_SPLIT:
         return None
 
     def call(input):
