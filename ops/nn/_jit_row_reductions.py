@@ -94,7 +94,7 @@ def softmax_small(x, y, rows, n):
     each row shifted by its max (:func:`_row_max`, which skips NaN; a NaN still reaches the
     sum through its own exp and makes the row NaN), each exp from libm (a classifier's ten
     scores do not fill a vector), then times 1 / the row's sum. Longer rows take the vector
-    IR of ops/nn/_jit_vector_softmax.py."""
+    IR of ops/panels/_jit_vector_softmax.py."""
     for r in range(rows):
         s = r * n
         m, _ = _row_max(x, s, n)

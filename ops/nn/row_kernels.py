@@ -15,7 +15,7 @@ from mixrt.ops.compiled.jit_cpu import NATIVE
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
 ROW_KERNELS = "mixrt.ops.nn._jit_row_reductions"
-VECTOR_SOFTMAX = "mixrt.ops.nn._jit_vector_softmax"
+VECTOR_SOFTMAX = "mixrt.ops.panels._jit_vector_softmax"
 FEW_ROWS_KERNELS = "mixrt.ops.nn._jit_few_rows"
 
 
@@ -77,7 +77,7 @@ def softmax_suits(rows, target) -> bool:
 def softmax_rows(rows, target, start: int, stop: int) -> None:
     """Softmax of rows start..stop of ``rows`` (R, n) into ``target`` (the same memory or
     apart: :func:`softmax_suits`), each row in one pass of vector IR in the CPU's width
-    (ops/nn/_jit_vector_softmax.py), over a copy when apart. NumPy's float32 exp had run
+    (ops/panels/_jit_vector_softmax.py), over a copy when apart. NumPy's float32 exp had run
     2.3 ns an element on an AMD EPYC Zen 3 between a compiled shift and scale."""
     n = rows.shape[1]
     out = target.reshape(-1)

@@ -1,5 +1,5 @@
 """Fused attention heads (``ops/attention/fused_attention.py``) on the packed-panel tile, with the
-softmax as vector IR (``ops/nn/_jit_vector_softmax.py``), and their split over the native worker
+softmax as vector IR (``ops/panels/_jit_vector_softmax.py``), and their split over the native worker
 pool. Compiled so that a head's scores stay in L1 between the two products and no transposed copy
 of Q, K or V is made.
 """
@@ -14,7 +14,7 @@ from mixrt.ops.panels._jit_native_pool import (
     ATT_MASK_STRIDES, ATT_OUT, ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES, ATT_SIZE, ATT_SPILL,
     ATT_V, ATT_VALUE_SIZE, ATT_VALUES, ATTENTION_JOB, BLOCK_WORDS, ITEMSIZE, JOB,
     JOB_SIGNATURE, PARTS, begin, claim, finish, get1, get2, get3, publish, put, register_job)
-from mixrt.ops.nn._jit_vector_softmax import _softmax_row, softmax_rows  # noqa: F401
+from mixrt.ops.panels._jit_vector_softmax import _softmax_row, softmax_rows  # noqa: F401
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
@@ -29,7 +29,7 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 # columns (keys x 32); then each strip of up to eight queries gets its scores from the tile into an
 # (8, keys) scratch that stays in L1, turns them into probabilities in place (scaled, masked,
 # softmax), and multiplies them by V's panels straight into the output. The softmax is the
-# vector IR of ops/nn/_jit_vector_softmax.py.
+# vector IR of ops/panels/_jit_vector_softmax.py.
 
 
 @_jit

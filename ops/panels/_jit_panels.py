@@ -10,7 +10,8 @@ its first name is read (``__getattr__`` below):
 * ``ops/panels/_jit_conv_direct.py``: direct convolutions over stride-phase planes and their
   driver;
 * ``ops/panels/_jit_conv_weight_grad.py``: a convolution's weight gradient on the tile;
-* ``ops/panels/_jit_attention.py``: fused attention heads, the vector softmax, their driver;
+* ``ops/panels/_jit_attention.py``: fused attention heads and their driver, with the vector
+  softmax of ``ops/panels/_jit_vector_softmax.py`` (which Softmax's rows use too);
 * ``ops/panels/_jit_native_pool.py``: the native worker pool (control block, futex, threads, each
   job's argument slots, any kernel's parts through a function pointer);
 * ``ops/panels/_jit_native_worker.py``: the worker's loop (each job through a function pointer:

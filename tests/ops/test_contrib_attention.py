@@ -8,6 +8,7 @@ shape rules on symbolic models and bad operands, refused naming the node."""
 from __future__ import annotations
 
 import sys
+import zlib
 
 import numpy as np
 import onnxruntime as ort
@@ -21,6 +22,17 @@ from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 
 rng = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Each test's inputs from its own seed (its name's), whatever ran before it in this
+    process: drawn from one stream, a raw mask came out all zeros for the second batch too
+    about once in 128 calls, and such a row of scores near -10000 keeps only ~1e-3 of its
+    float32 precision, past this file's 1e-5 tolerance; which test met it depended on how
+    pytest-xdist had shared the tests out."""
+    global rng
+    rng = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 NODE = "fused_attention_node"
 
 
