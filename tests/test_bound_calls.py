@@ -99,6 +99,21 @@ def test_bound_runs_give_the_kernels_bits(unbound):
     assert {"FusedMatMul", "MatMul", "Softmax", "Transpose", "Gather"} <= bound, bound
 
 
+@pytest.mark.parametrize("tokens", [8, 16])
+def test_few_rows_products_are_bound_with_the_kernels_bits(unbound, tokens):
+    """A few tokens against 256-wide weights: the products take the compiled few-rows loop
+    (eight rows: ``row_kernels.few_rows_call``) or the transposed product (more), which a
+    bound step calls straight."""
+    session = mixrt.Session(_attention_block(hidden=256, tokens=tokens))
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, tokens, 256))
+                 .astype(np.float32)}
+        expected = unbound(session, feeds)
+        for mine, theirs in zip(session.run(None, feeds), expected):
+            np.testing.assert_array_equal(mine, theirs)
+    assert "FusedMatMul" in _bound_ops(session)
+
+
 def test_feeds_of_another_layout_still_answer_rightly():
     """A feed is never a bound input: the step that reads it calls its kernel, which
     looks at the layout it is given (here a transposed view, then a contiguous copy)."""

@@ -103,19 +103,30 @@ def few_rows_suits(a, bt, out) -> bool:
 def few_rows_product(a, bt, out) -> None:
     """``out = a @ bt.T`` for a few rows (:func:`few_rows_suits`): the rows padded to eight in
     a scratch, the columns split over the intra-op threads for a large weight."""
-    rows, n = a.shape[0], bt.shape[0]
-    padded = jit_cpu.scratch_array("few_rows_a", a.dtype, (EIGHT_ROWS, a.shape[1]))
-    padded[:rows] = a
-    padded[rows:] = 0
-    target = out if rows == EIGHT_ROWS else jit_cpu.scratch_array("few_rows_out", a.dtype,
-                                                          (EIGHT_ROWS, n))
+    few_rows_call(a.shape, bt, out)(a)
+
+
+def few_rows_call(a_shape, bt, out):
+    """:func:`few_rows_product` for a of ``a_shape`` into ``out`` against ``bt``, as a call
+    of ``a`` alone with this thread's scratch, the kernel and the split looked up once (a
+    bound call keeps it for its arena and thread: ``ops/nn/bound_products.py``)."""
+    rows, n = a_shape[0], bt.shape[0]
+    padded = jit_cpu.scratch_array("few_rows_a", bt.dtype, (EIGHT_ROWS, a_shape[1]))
+    target = out if rows == EIGHT_ROWS else jit_cpu.scratch_array("few_rows_out", bt.dtype,
+                                                                  (EIGHT_ROWS, n))
     kernel = jit_cpu.load(FEW_ROWS_KERNELS).eight_rows
 
     def part(start, stop):
         kernel(padded, bt, target, start, stop)
-    if bt.size < SPLIT_WEIGHT:
-        part(0, n)
-    else:
-        parallel_for(thread_parts(n, bt.size), part)
-    if target is not out:
-        np.copyto(out, target[:rows])
+    parts = None if bt.size < SPLIT_WEIGHT else thread_parts(n, bt.size)
+
+    def call(a):
+        padded[:rows] = a
+        padded[rows:] = 0
+        if parts is None:
+            part(0, n)
+        else:
+            parallel_for(parts, part)
+        if target is not out:
+            np.copyto(out, target[:rows])
+    return call
