@@ -127,7 +127,7 @@ def test_feeds_of_another_layout_still_answer_rightly():
         np.testing.assert_array_equal(mine, theirs)
 
 
-def _small_gemms():
+def _small_gemms(hidden=64, rows=8):
     """Two Gemm layers of a few rows under the panels' reach (GPT-2's Conv1D at hidden 64
     over 8 tokens), the second transposed and scaled, between Relus (so their inputs are
     the arena's, not the feed)."""
@@ -142,16 +142,23 @@ def _small_gemms():
              helper.make_node("Gemm", ["h", "w2", "b2"], ["g2"], transB=1, alpha=0.5,
                               beta=2.0),
              helper.make_node("Relu", ["g2"], ["y"])]
+    wide = 3 * hidden
     graph = helper.make_graph(
-        nodes, "gemms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])],
-        [weight("w1", 64, 192), weight("b1", 192), weight("w2", 64, 192), weight("b2", 64)])
+        nodes, "gemms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, hidden])],
+        [weight("w1", hidden, wide), weight("b1", wide), weight("w2", hidden, wide),
+         weight("b2", hidden)])
     return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_small_gemms_are_bound_to_the_blas_product_with_the_kernels_bits(unbound):
-    session = mixrt.Session(_small_gemms(), opt_level=0)  # Gemm as Gemm, not fused
+@pytest.mark.parametrize("hidden, rows", [(64, 8), (256, 8), (256, 16)])
+def test_small_gemms_are_bound_to_the_blas_product_with_the_kernels_bits(unbound, hidden, rows):
+    """At 64 wide the BLAS's product; at 256 the few-rows forms (the compiled loop for 8
+    rows, the transposed product for 16), B packed (transB 0) or read as rows (transB 1)."""
+    session = mixrt.Session(_small_gemms(hidden, rows), opt_level=0)  # Gemm as Gemm
     for seed in range(4):
-        feeds = {"x": np.random.default_rng(seed).standard_normal((8, 64)).astype(np.float32)}
+        feeds = {"x": np.random.default_rng(seed).standard_normal((rows, hidden))
+                 .astype(np.float32)}
         np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
     assert "Gemm" in _bound_ops(session)

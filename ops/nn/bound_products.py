@@ -49,17 +49,19 @@ def _product(kernel, args, out, attributes) -> tuple:
     return None, _blas_product(A, B, out) or _few_rows(A, B, out, prepacked)
 
 
-def _few_rows(A, B, out, prepacked):
+def _few_rows(A, B, out, prepacked, B_rows=None):
     """``product_into`` against a constant weight as a call (its compiled loop for up to
     eight rows, its transposed product for more) where ``dense_product`` takes it for these
     arrays; else None. Unbound, a BERT layer's 8 x 256 @ 256 x 256 took ~140 us a run in a
     session on an AMD EPYC Zen 3 (the loop ~35 of it), where onnxruntime's took ~40."""
-    if prepacked is None or not out.flags.c_contiguous or products.stacks_suit(A, B, out) \
-            or not products.suits(A, B) or np.may_share_memory(out, A):
+    if prepacked is None and B_rows is None or not out.flags.c_contiguous \
+            or products.stacks_suit(A, B, out) or not products.suits(A, B) \
+            or np.may_share_memory(out, A):
         return None
     rows = (-1, A.shape[-1])
     a = A.reshape(rows)
-    B_rows = packed(prepacked, "rows_of_transpose", lambda: np.ascontiguousarray(B.T))
+    if B_rows is None:
+        B_rows = packed(prepacked, "rows_of_transpose", lambda: np.ascontiguousarray(B.T))
     target = out.reshape(a.shape[0], B_rows.shape[0])
     if not row_kernels.few_rows_suits(a, B_rows, target):
         return _transposed(a, B_rows, target)
@@ -189,11 +191,23 @@ def bind_gemm(args, out, attributes):
 def _blas_gemm(A, B, transA, transB, out, attributes, finish):
     """Gemm's call where ``gemm_product`` comes to NumPy's product (a few rows of a small
     layer, below the panels and the few-rows form: GPT-2 h64's eight 8 x 64 @ 64 x 192
-    layers a token step, ~2 us of route each), else None."""
+    layers a token step, ~2 us of route each) or to its few-rows form (GPT-2 h256's
+    Conv1D layers over 8 tokens, 300-400 us a layer unbound on an AMD EPYC Zen 3), else
+    None."""
     left, right = A.T if transA else A, B.T if transB else B
-    if products.panels_suit(left, right, out, attributes.get("_prepacked")) \
-            or products.suits(left, right):
+    prepacked = attributes.get("_prepacked")
+    if products.panels_suit(left, right, out, prepacked):
         return None
+    if products.suits(left, right):  # gemm_product's few-rows form, B's rows where it has them
+        product = _few_rows(left, right, out, prepacked,
+                            B if transB and B.flags.c_contiguous else None)
+        if product is None:
+            return None
+
+        def few(A, B, C=None):
+            product(A.T if transA else A, None)
+            return finish(out, C)
+        return few
 
     def call(A, B, C=None):
         np.matmul(A.T if transA else A, B.T if transB else B, out=out)
