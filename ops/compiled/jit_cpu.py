@@ -21,6 +21,7 @@ multiply-adds); slicing a view per run avoids the wrap but costs ~20-30 ns a vie
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import os
@@ -111,6 +112,18 @@ def panel_kernels():
             if not _panels:
                 _panels.append(_load_panel_kernels())
     return _panels[0]
+
+
+@functools.lru_cache(maxsize=1)
+def vector_bytes() -> int:
+    """The widest float vector the CPU has, from llvmlite's host features (numba's target):
+    64 bytes with AVX-512 (32 vector registers), 32 with AVX2 (16), else 16. Loops whose
+    partial sums fill the registers pick their form by it."""
+    from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
+    features = binding.get_host_cpu_features()
+    if features.get("avx512f", False):
+        return 64
+    return 32 if features.get("avx2", False) else 16
 
 
 # the native pool's futex call is Linux x86-64's system call (the panel tile is x86 already)

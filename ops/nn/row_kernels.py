@@ -100,6 +100,13 @@ def few_rows_suits(a, bt, out) -> bool:
             and jit_cpu.enabled())
 
 
+def few_rows_kernel():
+    """The compiled few-rows loop for this CPU: two weight rows at a time (sixteen sums)
+    where AVX-512's 32 vector registers hold them, one at a time (eight) on AVX2's 16."""
+    kernels = jit_cpu.load(FEW_ROWS_KERNELS)
+    return kernels.eight_rows if jit_cpu.vector_bytes() >= 64 else kernels.eight_rows_by_one
+
+
 def few_rows_product(a, bt, out) -> None:
     """``out = a @ bt.T`` for a few rows (:func:`few_rows_suits`): the rows padded to eight in
     a scratch, the columns split over the intra-op threads for a large weight."""
@@ -114,7 +121,7 @@ def few_rows_call(a_shape, bt, out):
     padded = jit_cpu.scratch_array("few_rows_a", bt.dtype, (EIGHT_ROWS, a_shape[1]))
     target = out if rows == EIGHT_ROWS else jit_cpu.scratch_array("few_rows_out", bt.dtype,
                                                                   (EIGHT_ROWS, n))
-    kernel = jit_cpu.load(FEW_ROWS_KERNELS).eight_rows
+    kernel = few_rows_kernel()
 
     def part(start, stop):
         kernel(padded, bt, target, start, stop)

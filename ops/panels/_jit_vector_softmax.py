@@ -14,23 +14,17 @@ NaN stays NaN.
 
 from __future__ import annotations
 
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from mixrt.ops.compiled import jit_cpu
+
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
-def _host_vector_bytes() -> int:
-    """The widest float vector the CPU has: 64 bytes with AVX-512, 32 with AVX2, else 16."""
-    features = binding.get_host_cpu_features()
-    if features.get("avx512f", False):
-        return 64
-    return 32 if features.get("avx2", False) else 16
-
-
-VECTOR_BYTES = _host_vector_bytes()
+VECTOR_BYTES = jit_cpu.vector_bytes()  # the CPU's widest float vector
 
 _EXP = {
     4: dict(bits=32, mantissa=23, bias=127, low=-87.33654, high=88.0,

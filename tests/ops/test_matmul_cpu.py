@@ -494,3 +494,23 @@ def test_graph_output_mixed_or_mismatched_operands_take_the_generic_product():
     np.testing.assert_allclose(mat_mul_cpu(np, A, B), A @ B, rtol=1e-5)
     with pytest.raises(ValueError):
         mat_mul_cpu(np, _rand(4, 8), _rand(7, 3))
+
+
+@pytest.mark.parametrize("form", ["eight_rows", "eight_rows_by_one"])
+@pytest.mark.parametrize("k_len, n, n0, n1", [(256, 256, 0, 256), (64, 7, 0, 7), (33, 50, 3, 41)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_few_rows_loops_give_the_product_over_their_columns(form, k_len, n, n0, n1, dtype):
+    """Each CPU runs one of the two forms (row_kernels.few_rows_kernel: the pair of weight
+    rows where AVX-512 holds its sixteen sums, one row on AVX2): both checked here, against
+    float64, columns n0..n1 written and the others left."""
+    kernels = jit_cpu.load(row_kernels.FEW_ROWS_KERNELS)
+    rng = np.random.default_rng(k_len + n)
+    a = rng.standard_normal((8, k_len)).astype(dtype)
+    bt = rng.standard_normal((n, k_len)).astype(dtype)
+    out = np.full((8, n), -7.0, dtype)
+    getattr(kernels, form)(a, bt, out, n0, n1)
+    reference = a.astype(np.float64) @ bt.T.astype(np.float64)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out[:, n0:n1], reference[:, n0:n1], rtol=tolerance,
+                               atol=tolerance * np.sqrt(k_len))
+    assert np.all(out[:, :n0] == -7.0) and np.all(out[:, n1:] == -7.0)
