@@ -63,23 +63,11 @@ def _few_rows(A, B, out, prepacked, B_rows=None):
     if B_rows is None:
         B_rows = packed(prepacked, "rows_of_transpose", lambda: np.ascontiguousarray(B.T))
     target = out.reshape(a.shape[0], B_rows.shape[0])
-    if not row_kernels.few_rows_suits(a, B_rows, target):
-        return _transposed(a, B_rows, target)
-    call = row_kernels.few_rows_call(a.shape, B_rows, target)
+    if row_kernels.few_rows_suits(a, B_rows, target):
+        call = row_kernels.few_rows_call(a.shape, B_rows, target)
+    else:
+        call = products.transposed_call(a.shape, B_rows, target)
     return lambda A, B: call(A.reshape(rows))
-
-
-def _transposed(a, B_rows, target):
-    """``product_into``'s form for 9 to 64 rows as a call: B^T a^T into a scratch, then
-    copied over transposed (the scratch looked up once, for this arena and thread)."""
-    shape = a.shape
-    scratch = products.named_buffer("few_rows", target.size * a.itemsize).view(a.dtype) \
-        .reshape(B_rows.shape[0], shape[0])
-
-    def call(A, B):
-        np.matmul(B_rows, A.reshape(shape).T, out=scratch)
-        np.copyto(target, scratch.T)
-    return call
 
 
 def _panel_layer(A, B, bias, out, attributes):

@@ -61,10 +61,22 @@ def product_into(A, B, out, prepacked=None, B_rows=None):
     if row_kernels.few_rows_suits(a, B_rows, target):
         row_kernels.few_rows_product(a, B_rows, target)  # up to eight rows: a compiled loop
         return out
-    scratch = named_buffer("few_rows", n * rows * a.itemsize).view(a.dtype).reshape(n, rows)
-    np.matmul(B_rows, a.T, out=scratch)
-    np.copyto(target, scratch.T)
+    transposed_call(a.shape, B_rows, target)(a)
     return out
+
+
+def transposed_call(a_shape, B_rows, target):
+    """``target = a @ B_rows.T`` for a of ``a_shape`` as a call of ``a``: B^T a^T into this
+    thread's scratch, then copied over transposed (the scratch looked up once: a bound call
+    keeps it for its arena and thread, ``ops/nn/bound_products.py``)."""
+    n, rows = B_rows.shape[0], a_shape[0]
+    scratch = named_buffer("few_rows", n * rows * B_rows.itemsize).view(B_rows.dtype) \
+        .reshape(n, rows)
+
+    def call(a):
+        np.matmul(B_rows, a.T, out=scratch)
+        np.copyto(target, scratch.T)
+    return call
 
 
 def stacked_product(A, B, out):
