@@ -206,8 +206,7 @@ def _load_panel_kernels():
     if os.environ.get("MIXRT_JIT", "1") == "0":
         return None
     try:
-        from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
-        if not binding.get_host_cpu_features().get("avx512f", False):
+        if vector_bytes() < 64:  # the tile's 8 x 32 lanes need AVX-512's registers
             return None
         guard_damaged_entries()
         return importlib.import_module("mixrt.ops.panels._jit_panels")
