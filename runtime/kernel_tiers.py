@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 import mixrt.ops as ops_package
-from mixrt.ops.compiled import jit_tier
+from mixrt.ops.compiled import jit_tier, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
@@ -67,6 +67,8 @@ from mixrt.runtime.profiler import symbolic_profiler
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
 PENDING, LOADING, COMPILED, FAILED = "pending", "loading", "compiled", "failed"
+# SessionTiers.compiled's answer for the first run of a signature on prebuilt kernels
+PREBUILT_FIRST = "prebuilt first run"
 # integer initializers up to this many elements enter a graph's fingerprint with their values
 # (shapes, axes, pads: values that choose kernels); others by dtype and shape only, so a
 # model whose weights changed (a training run's evaluation copy each epoch) keeps its key
@@ -90,14 +92,47 @@ class SessionTiers:
         self._changed = threading.Condition()
         self._fingerprint: str | None = None
 
-    def compiled(self, signature: tuple, feeds: dict) -> bool:
-        """The tier of a run of ``signature`` starting now (True: compiled)."""
+    def compiled(self, signature: tuple, feeds: dict):
+        """The tier of a run of ``signature`` starting now: True (compiled), False (NumPy),
+        or :data:`PREBUILT_FIRST` (its first run, for :meth:`first_run`)."""
         state = self._state.get(signature)
         if state is COMPILED:
             return True
         if state is None:
             state = self._first_run(signature, feeds)
+            if state is PREBUILT_FIRST:
+                return state
         return state is COMPILED or (state is LOADING and _LOADING.get() is self)
+
+    def first_run(self, signature: tuple, feeds: dict, run):
+        """The first run of ``signature`` where the CPU has prebuilt kernels
+        (``ops/compiled/prebuilt.py``): ``run()`` on the compiled tier with compiling
+        forbidden. When every kernel loads, from the prebuilt ones or the user's cache, the
+        signature is compiled from this run on, and no child starts. When one is in no cache
+        (a model's own generated kernel, an argument type the build did not see), this
+        request is answered on the NumPy tier and the child compiles the missing ones."""
+        token = _LOADING.set(self)
+        misses: list = []
+        outputs = None
+        try:
+            with jit_tier.loading_only() as misses:
+                outputs = run()
+        except Exception:
+            if not misses:  # the model's own error, not a missing kernel: as any run's
+                self._forget(signature)
+                raise
+        finally:
+            _LOADING.reset(token)
+        if not misses:
+            self._set(signature, COMPILED)
+            _mark(self._session(), "kernel tier: compiled")
+            return outputs
+        self._set(signature, PENDING)
+        compiler().submit(CompileJob(self, signature, _copied(feeds), self._marker(signature)))
+        if outputs is None:  # (a kernel that caught the miss answered on its NumPy path)
+            with jit_tier.using(False):
+                outputs = run()
+        return outputs
 
     def is_compiled(self, signature: tuple) -> bool:
         """Does ``signature`` run the compiled tier already (nothing is started)?"""
@@ -131,6 +166,9 @@ class SessionTiers:
                 # kernels' compile in this process; either way, compile on demand
                 self._state[signature] = COMPILED
                 return COMPILED
+            if prebuilt.chosen() is not None:  # first_run tries the compiled tier at once
+                self._state[signature] = LOADING
+                return PREBUILT_FIRST
             # with a warm marker too the first run serves NumPy: the compiler skips the
             # child and makes its loading run at once (importing numba and loading the
             # kernels from the cache cost every model of the real-exports set 0.4-0.8 s of
@@ -141,6 +179,11 @@ class SessionTiers:
         job = CompileJob(self, signature, _copied(feeds), marker)
         compiler().submit(job)
         return PENDING
+
+    def _forget(self, signature: tuple) -> None:
+        with self._changed:
+            self._state.pop(signature, None)
+            self._changed.notify_all()
 
     def _set(self, signature: tuple, state: str) -> None:
         with self._changed:
@@ -297,6 +340,7 @@ class BackgroundCompiler:
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._child: subprocess.Popen | None = None
+        self.children = 0  # compile processes started (the prebuilt kernels' tests count)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="mixrt-compiler",
                                         daemon=True)
@@ -348,6 +392,7 @@ class BackgroundCompiler:
             del session
             log = folder / "child.log"
             with open(log, "wb") as out:
+                self.children += 1
                 self._child = subprocess.Popen(
                     [sys.executable, "-m", WORKER_MODULE,
                      str(folder / "job.json")],

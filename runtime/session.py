@@ -255,10 +255,14 @@ class Session:
     def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py);
         ``delivery`` is (to the host, lent) as :meth:`_collect` takes them."""
-        if self._tiers is not None and jit_tier.compiled_allowed() \
-                and not self._tiers.compiled(signature, feeds):
-            with jit_tier.using(False):  # the NumPy tier until the compiled one is in
-                return self._gated_run(signature, feeds, wanted, process, delivery)
+        if self._tiers is not None and jit_tier.compiled_allowed():
+            tier = self._tiers.compiled(signature, feeds)
+            if tier is kernel_tiers.PREBUILT_FIRST:  # compiled at once, if nothing compiles
+                return self._tiers.first_run(signature, feeds, lambda: self._gated_run(
+                    signature, feeds, wanted, process, delivery))
+            if not tier:
+                with jit_tier.using(False):  # the NumPy tier until the compiled one is in
+                    return self._gated_run(signature, feeds, wanted, process, delivery)
         # IEEE results (inf, nan) are what ONNX specifies; NumPy's warnings about them are
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.

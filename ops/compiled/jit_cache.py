@@ -5,8 +5,13 @@ markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tier
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 from pathlib import Path
+
+from mixrt.ops.compiled import jit_tier, prebuilt
+from mixrt.ops.compiled.recorded_kernels import record as _record
 
 try:
     import fcntl
@@ -66,12 +71,26 @@ def guard_damaged_entries() -> None:
 
     def _load_overload_checked(self, sig, target_context):
         loaded = _load_overload(self, sig, target_context)
-        if loaded is None or _same_arguments(loaded, sig):
-            return loaded
-        return None  # another signature's machine code under this key: compile instead
+        if loaded is not None and not _same_arguments(loaded, sig):
+            loaded = None  # another signature's machine code under this key: compile instead
+        if loaded is None:
+            loaded = _prebuilt_overload(self, sig, target_context)
+        _record(self, sig)
+        if loaded is None:
+            _forbid_compile(self, sig)
+        return loaded
 
+    def _save_overload(self, sig, data):
+        save_overload(self, sig, data)
+        prebuilt.save(self, sig, data)
+
+    def _null_load(self, sig, target_context):
+        _forbid_compile(self, sig)  # a kernel numba would compile without caching it
+
+    save_overload, null_cache = cache.save_overload, caching.NullCache
     index_file._load_index, index_file._load_data = _load_index, _load_data
-    cache.load_overload = _load_overload_checked
+    cache.load_overload, cache.save_overload = _load_overload_checked, _save_overload
+    null_cache.load_overload = _null_load
     _lock_index_updates(index_file)
     _stamp_kernel_files(caching._SourceFileBackedLocatorMixin)
     _guarded.append(True)
@@ -95,6 +114,24 @@ def _stamp_kernel_files(locator) -> None:
             return stamp, kernel_files_stamp()
         return stamp
     locator.get_source_stamp = get_source_stamp
+
+
+def _prebuilt_overload(cache, sig, target_context):
+    try:
+        loaded = prebuilt.load(cache, sig, target_context)
+    except Exception:  # noqa: BLE001  (a damaged prebuilt entry: compile, as for a miss)
+        return None
+    return loaded if loaded is None or _same_arguments(loaded, sig) else None
+
+
+def _forbid_compile(cache, sig) -> None:
+    """Under ``jit_tier.loading_only``: name the kernel and refuse to compile it."""
+    misses = jit_tier.compile_misses()
+    if misses is None:
+        return
+    name = getattr(cache, "_name", None) or repr(cache)
+    misses.append(f"{name} {sig}")
+    raise jit_tier.CompileForbidden(f"{name} for {sig} is in no cache")
 
 
 def _same_arguments(loaded, sig) -> bool:
@@ -145,9 +182,20 @@ def _index_lock(index_file, mode: int):
 
 
 def kernel_files_stamp() -> tuple:
-    """(family/name, mtime, size) of every compiled-kernel source file (ops/*/_jit*.py)."""
-    return tuple((f"{p.parent.name}/{p.name}", p.stat().st_mtime_ns, p.stat().st_size)
+    """(family/name, SHA-256 of the contents) of every compiled-kernel source file
+    (ops/*/_jit*.py): contents, not mtimes, so that an installed copy of the package matches
+    the entries its wheel was built with (``ops/compiled/prebuilt.py``)."""
+    return tuple((f"{p.parent.name}/{p.name}", _content_hash(p, p.stat()))
                  for p in sorted(_OPS_FOLDER.glob("*/_jit*.py")))
+
+
+def _content_hash(path: Path, stat) -> str:
+    return _hashed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _hashed(path: str, mtime_ns: int, size: int) -> str:  # a changed file is read again
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _remove(path: str) -> None:

@@ -36,6 +36,7 @@ from mixrt.base.settings import process_id, setting
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.compiled.parallel import pinned_values
+from mixrt.ops.compiled.prebuilt import LEVEL_VECTOR_BYTES
 from mixrt.ops.device import aligned_empty
 
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -116,9 +117,13 @@ def panel_kernels():
 
 @functools.lru_cache(maxsize=1)
 def vector_bytes() -> int:
-    """The widest float vector the CPU has, from llvmlite's host features (numba's target):
+    """The widest float vector the CPU has, from llvmlite's host features (numba's target;
+    where numba is told an x86-64 level instead, ``ops/compiled/_prebuild.py``, that level's):
     64 bytes with AVX-512 (32 vector registers), 32 with AVX2 (16), else 16. Loops whose
     partial sums fill the registers pick their form by it."""
+    target = os.environ.get("NUMBA_CPU_NAME")  # numba told another CPU: a prebuild's level
+    if target in LEVEL_VECTOR_BYTES:
+        return LEVEL_VECTOR_BYTES[target]
     from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
     features = binding.get_host_cpu_features()
     if features.get("avx512f", False):

@@ -25,9 +25,17 @@ class _Tier(threading.local):
     AttributeError), one that is found ~0.04 us, and every compiled kernel asks."""
 
     compiled = True
+    # None: numba may compile here; a list: it may not (a prebuilt loading run, below), and
+    # each kernel that would have compiled is appended to it
+    misses = None
 
 
 _local = _Tier()
+
+
+class CompileForbidden(RuntimeError):
+    """A kernel that is in no cache was called where nothing may be compiled
+    (:func:`loading_only`); the session keeps its NumPy tier and compiles in a child."""
 
 
 def compiled_allowed() -> bool:
@@ -36,14 +44,30 @@ def compiled_allowed() -> bool:
 
 
 @contextlib.contextmanager
-def using(compiled: bool):
-    """Run the block with the compiled tier allowed (True) or off (False) on this thread."""
-    before = _local.compiled
-    _local.compiled = compiled
+def using(compiled: bool, misses: list | None = None):
+    """Run the block with the compiled tier allowed (True) or off (False) on this thread;
+    ``misses``: a caller's :func:`loading_only` list, which the block shares."""
+    before = _local.compiled, _local.misses
+    _local.compiled, _local.misses = compiled, misses
     try:
         yield
     finally:
-        _local.compiled = before
+        _local.compiled, _local.misses = before
+
+
+@contextlib.contextmanager
+def loading_only():
+    """Run the block on the compiled tier with compiling forbidden on this thread: kernels
+    load from the user's cache or the prebuilt ones (``ops/compiled/prebuilt.py``); one that
+    would compile raises :class:`CompileForbidden` and is named in the list yielded."""
+    misses: list = []
+    with using(True, misses):
+        yield misses
+
+
+def compile_misses() -> list | None:
+    """The list a forbidden compile is noted in, or None where compiling is allowed."""
+    return _local.misses
 
 
 def background_compiles() -> bool:

@@ -190,6 +190,7 @@ class _Job:
     def __init__(self, fn, parts):
         self.fn, self.parts = fn, parts
         self.compiled = jit_tier.compiled_allowed()  # the caller's tier, for every part
+        self.misses = jit_tier.compile_misses()
         self.next = 0
         self.pending = len(parts)
         self.lock = threading.Lock()
@@ -204,7 +205,7 @@ class _Job:
             return self.parts[self.next - 1]
 
     def work(self) -> None:
-        with jit_tier.using(self.compiled):
+        with jit_tier.using(self.compiled, self.misses):
             self._work()
 
     def _work(self) -> None:

@@ -25,7 +25,7 @@ Outputs of up to CHANNELS_MAX_PIXELS pixels take a third form, the channels side
 (the last section).
 
 The module is generated per (kernel, strides, dilations) from fixed templates and integer
-literals, then compiled and cached on disk by ``jit_elementwise.kernel`` like the pools'.
+literals, then compiled and cached on disk by ``ops/compiled/generated.py`` like the pools'.
 
 Rows narrower than a vector defeat that loop: on 7x7 and 14x14 planes every row is the
 scalar remainder of its vectorized loop (MobileNetV3's 960x7x7 5x5 layer ran at ~9 GMAC/s,
@@ -58,7 +58,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
-from mixrt.ops.elementwise.jit_elementwise import kernel_module as compiled
+from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 

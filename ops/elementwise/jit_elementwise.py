@@ -17,12 +17,9 @@ row, so LLVM vectorizes the inner loop; an input that the output overwrites in p
 through the output itself, or LLVM's overlap check would send the loop to its scalar version.
 Strided outputs work too: FusedConv's epilogue runs on bands of its output.
 
-Each generated module is written once to the cache directory (``MIXRT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/mixrt`` or ``~/.cache/mixrt``) under the hash of its source, and numba
-caches its machine code beside it, so later processes load a kernel in milliseconds instead of
-compiling it (0.2-0.5 s). A file whose contents differ from the source it should hold is
-rewritten before it is imported. Where no cache directory is writable the source is compiled
-in memory.
+Each generated module is written to the cache directory under the hash of its source and
+compiled there once (``ops/compiled/generated.py``), or found among the wheel's prebuilt
+kernels.
 
 Only ops that LLVM turns into vector instructions are compiled: arithmetic, max/min, abs, sqrt,
 floor/ceil, the ReLU family, clip, x^2, x^3 and x^4 as multiplications, and erf and tanh in float32
@@ -33,21 +30,13 @@ numba's calls into libm.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib.util
 import math
-import os
-import sys
-import threading
-import types
-from pathlib import Path
 
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.elementwise import odd_rational
-from mixrt.ops.compiled.jit_cache import cache_root, guard_damaged_entries
+from mixrt.ops.compiled.generated import kernel, kernel_module  # noqa: F401  (tests clear its cache)
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
@@ -64,7 +53,6 @@ COSTLY_DIVISOR = 16
 HEAVY = frozenset({"Div", "Reciprocal", "Sqrt", "Erf", "Tanh", "Sigmoid"})
 AXES = 3  # the loop nest's depth; programs over layouts that merge to more stay in NumPy
 
-_lock = threading.Lock()
 
 
 # -- which programs compile --------------------------------------------------------------------
@@ -249,53 +237,6 @@ def source(steps, inputs: int, dtype, inner: tuple, alias: int | None) -> str:
         values.append(register)
     lines.append(f"            out[uint64(o + k)] = {values[-1]}")
     return "\n".join(lines) + "\n"
-
-
-# -- compiling and caching -------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    return cache_root() / "jit"
-
-
-def kernel(text: str, prefix: str = "mixrt_fused"):
-    """The compiled ``run`` of a generated source (:func:`kernel_module`)."""
-    return kernel_module(text, prefix).run
-
-
-@functools.lru_cache(maxsize=256)
-def kernel_module(text: str, prefix: str = "mixrt_fused"):
-    """The module of a generated source (from the cache directory when possible), named
-    ``prefix`` and the source's hash: its ``run`` and whatever else the source defines."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    name = f"{prefix}_{digest}"
-    guard_damaged_entries()
-    with _lock:
-        path = _written(cache_dir() / f"{name}.py", text)
-        if path is None:
-            module = types.ModuleType(name)
-            exec(compile(text.replace("cache=True", "cache=False"), name, "exec"),
-                 module.__dict__)
-            return module
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # numba's cache locates functions through their module
-        spec.loader.exec_module(module)
-        return module
-
-
-def _written(path: Path, text: str) -> Path | None:
-    """``path`` holding exactly ``text`` (written atomically when missing or different), or
-    None when it cannot be written."""
-    try:
-        if path.is_file() and path.read_text() == text:
-            return path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        temporary.write_text(text)
-        os.replace(temporary, path)
-        return path
-    except OSError:
-        return None
 
 
 # -- running -------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import functools
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.elementwise.jit_elementwise import kernel_module as compiled
+from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 

@@ -1,0 +1,107 @@
+"""Record which kernels a corpus of models calls, with which argument types, into
+``ops/compiled/kernels.json``: the list the wheel build compiles ahead of time
+(``ops/compiled/_prebuild.py``).
+
+Each model runs in a process of its own with ``MIXRT_RECORD_KERNELS`` set and compiling in
+the foreground, so every kernel it loads or compiles is noted (``ops/compiled/
+recorded_kernels.py``). The corpus: the onnx package's light zoo at its shapes and at batch
+2 where the batch axis is free; every real export cached under ``benchmarks/.cache/
+real_exports`` (the real-exports set with its feeds, the shape sweep at all its points); and
+``mixrt demo`` (training: gradients, the optimizer's updates). Run it after a change that adds
+a kernel or a call of one with new types; a kernel missing from the list still works, it is
+compiled on the machine that runs it.
+
+    python benchmarks/record_kernels.py [--only NAME ...] [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+OUT = ROOT / "ops" / "compiled" / "kernels.json"
+EXPORTS = ROOT / "benchmarks" / ".cache" / "real_exports"
+
+
+def jobs() -> list[tuple[str, list[str]]]:
+    """(name, the command that runs it) for each corpus member."""
+    here = [sys.executable, __file__, "--child"]
+    from mixrt.models.zoo import LIGHT_MODELS  # noqa: PLC0415
+    every = [(f"zoo:{name}", here + [f"zoo:{name}"]) for name in LIGHT_MODELS]
+    every += [(f"export:{path.stem}", here + [f"export:{path.stem}"])
+              for path in sorted(EXPORTS.glob("*.onnx"))]
+    every.append(("demo", [sys.executable, "-m", "mixrt", "demo"]))
+    return every
+
+
+def child(name: str) -> None:
+    """Run one corpus member in this process (the recording is on)."""
+    import mixrt  # noqa: PLC0415
+    kind, model = name.split(":", 1)
+    for path, feeds in _cases(kind, model):
+        session = mixrt.Session(str(path))
+        for _ in range(2):
+            session.run(None, feeds)
+
+
+def _cases(kind: str, model: str):
+    import numpy as np  # noqa: PLC0415
+    if kind == "zoo":
+        from mixrt.models.zoo import light_model  # noqa: PLC0415
+        zoo = light_model(model)
+        yield zoo.path, zoo.inputs
+        return
+    path = EXPORTS / f"{model}.onnx"
+    from real_exports.sweeps import MODELS  # noqa: PLC0415  (torch-free: the cached files)
+    sweep = MODELS.get(model)
+    if sweep is None:
+        with np.load(path.with_suffix(".npz"), allow_pickle=False) as stored:
+            yield path, {key: stored[key] for key in stored.files}
+        return
+    for point in sweep.points:
+        yield path, sweep.feeds(point)
+
+
+def merge(lines: Path, out: Path) -> int:
+    from mixrt.ops.compiled.recorded_kernels import read_lines  # noqa: PLC0415
+    entries = read_lines(lines)
+    out.write_text(json.dumps({"kernels": entries}, indent=0, sort_keys=True) + "\n")
+    return len(entries)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="*", help="corpus members by name (zoo:resnet50, ...)")
+    parser.add_argument("--cache", type=Path, help="numba and mixrt caches to keep between runs")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        caches = args.cache or Path(folder)
+        lines = Path(folder) / "kernels.jsonl"
+        env = dict(os.environ, MIXRT_COMPILE="foreground", MIXRT_PREBUILT="0",
+                   MIXRT_RECORD_KERNELS=str(lines), NUMBA_CACHE_DIR=str(caches / "numba"),
+                   MIXRT_CACHE_DIR=str(caches / "mixrt"))
+        for name, command in jobs():
+            if args.only and name not in args.only:
+                continue
+            done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
+            status = "ok" if done.returncode == 0 else f"failed ({done.stderr.strip()[-300:]})"
+            print(f"{name}: {status}", file=sys.stderr, flush=True)
+        count = merge(lines, args.out)
+    print(f"{count} kernels into {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

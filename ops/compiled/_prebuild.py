@@ -1,0 +1,149 @@
+"""Compile the recorded kernels ahead of time, one x86-64 level at a time
+(``ops/compiled/prebuilt.py`` says how they are found again).
+
+    python -m mixrt.ops.compiled._prebuild --into DIR [--levels x86-64-v3,x86-64-v4]
+
+The wheel build runs it (``setup.py``) into the wheel's ``mixrt/ops/compiled/prebuilt/``.
+Each level builds in processes of its own, started with numba told that level's CPU
+(``NUMBA_CPU_NAME``, no extra features), so the machine code runs on every CPU of the level
+whatever CPU builds it: an AVX2 machine builds the AVX-512 level too. The kernels' Python
+also asks the level, not the building CPU, which forms to generate (``jit_cpu.vector_bytes``).
+Every process compiles its share of ``kernels.json`` (:mod:`recorded_kernels`) with caching
+on, and ``jit_cache.py`` writes each entry into the level's folder beside the process's own
+(throw-away) cache; the index files are locked, so the processes of one level share them.
+A kernel that fails to compile is reported and left to compile at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from mixrt.ops.compiled import prebuilt, recorded_kernels
+from mixrt.ops.compiled.generated import kernel_module
+from mixrt.ops.compiled.jit_cache import guard_damaged_entries
+
+KERNELS = Path(__file__).resolve().parent / "kernels.json"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--into", type=Path, required=True, help="the prebuilt folder")
+    parser.add_argument("--levels", default=",".join(prebuilt.LEVELS),
+                        help="comma-separated x86-64 levels (default: all)")
+    parser.add_argument("--kernels", type=Path, default=KERNELS, help="the recorded list")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes at once (default: one per core)")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # "i/n": one process's share
+    args = parser.parse_args(argv)
+    if args.part:
+        return build_part(args.kernels, args.part)
+    levels = [level for level in args.levels.split(",") if level]
+    unknown = set(levels) - set(prebuilt.LEVELS)
+    if unknown:
+        parser.error(f"unknown levels {sorted(unknown)}; known: {', '.join(prebuilt.LEVELS)}")
+    return build(args.into, levels, args.kernels, max(1, args.jobs))
+
+
+def build(into: Path, levels: list[str], kernels: Path, jobs: int) -> int:
+    """Every level's entries into ``into/<level>/``, ``jobs`` processes at a time."""
+    started = time.perf_counter()
+    parts_per_level = max(1, jobs // max(1, len(levels)))
+    with tempfile.TemporaryDirectory(prefix="mixrt-prebuild-") as scratch:
+        runs = [(level, f"{i}/{parts_per_level}") for level in levels
+                for i in range(parts_per_level)]
+        children = [_start(into, level, part, kernels, Path(scratch) / f"{level}-{n}")
+                    for n, (level, part) in enumerate(runs)]
+        failed = [f"{level} {part}" for (level, part), child in zip(runs, children)
+                  if child.wait() != 0]
+    if failed:
+        print(f"prebuild: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    for level in levels:
+        for lock in (into / level).rglob("*.nbi.lock"):  # the build's, not the package's
+            lock.unlink()
+        _write_manifest(into / level, level)
+    print(f"prebuild: {', '.join(levels)} in {time.perf_counter() - started:.0f} s "
+          f"into {into}", file=sys.stderr)
+    return 0
+
+
+def _start(into: Path, level: str, part: str, kernels: Path, scratch: Path):
+    env = dict(os.environ, NUMBA_CPU_NAME=level, NUMBA_CPU_FEATURES="",
+               NUMBA_CACHE_DIR=str(scratch / "numba"), MIXRT_CACHE_DIR=str(scratch / "mixrt"),
+               MIXRT_COMPILE="foreground", MIXRT_PREBUILT="0",
+               **{prebuilt.BUILD_LEVEL: level, prebuilt.BUILD_INTO: str(into)})
+    env.pop(recorded_kernels.RECORD, None)
+    return subprocess.Popen([sys.executable, "-m", "mixrt.ops.compiled._prebuild",
+                             "--into", str(into), "--kernels", str(kernels), "--part", part],
+                            env=env)
+
+
+def build_part(kernels: Path, part: str) -> int:
+    """In a level's process: compile every ``n``-th kernel of the list from the ``i``-th."""
+    index, count = (int(x) for x in part.split("/"))
+    guard_damaged_entries()  # numba's cache with the prebuilt level's saves (jit_cache.py)
+    entries = json.loads(kernels.read_text())["kernels"][index::count]
+    failures = 0
+    for entry in entries:
+        try:
+            compile_entry(entry)
+        except Exception as exc:  # noqa: BLE001  (reported; that kernel compiles at run time)
+            failures += 1
+            print(f"prebuild: {entry['module']}.{entry['qualname']}: "
+                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  file=sys.stderr)
+    level = os.environ[prebuilt.BUILD_LEVEL]
+    print(f"prebuild: {level} part {part}: {len(entries) - failures} of {len(entries)} "
+          f"kernels", file=sys.stderr)
+    return 0
+
+
+def compile_entry(entry: dict) -> None:
+    """Compile one recorded kernel for its recorded argument types (a cfunc compiles as its
+    module is imported)."""
+    module = _module(entry)
+    function = module
+    for name in entry["qualname"].split("."):
+        function = getattr(function, name)
+    if entry.get("cfunc"):
+        return
+    function.compile(tuple(recorded_kernels.decode(t) for t in entry["args"]))
+
+
+def _module(entry: dict):
+    name = entry["module"]
+    if "source" not in entry:
+        return importlib.import_module(name)
+    prefix = name.rsplit("_", 1)[0]
+    module = kernel_module(entry["source"], prefix)
+    if module.__name__ != name:
+        raise ValueError(f"the recorded source of {name} hashes to {module.__name__}")
+    return module
+
+
+def _write_manifest(folder: Path, level: str) -> None:
+    # numba's target tuple as a process told that level's CPU has it (the key of every entry)
+    target = subprocess.run(
+        [sys.executable, "-c", "from numba.core.registry import cpu_target; import json; "
+         "print(json.dumps(cpu_target.target_context.codegen().magic_tuple()))"],
+        env=dict(os.environ, NUMBA_CPU_NAME=level, NUMBA_CPU_FEATURES=""),
+        capture_output=True, text=True, check=True).stdout
+    count = sum(1 for _ in folder.rglob("*.nbc"))
+    manifest = {"level": level, "target": json.loads(target),
+                "numba": prebuilt._numba_version(), "python": prebuilt._python_tag(),
+                "entries": count, "built": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / prebuilt.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

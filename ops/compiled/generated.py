@@ -1,0 +1,71 @@
+"""Generated kernel modules: Python source that a family writes for one case (a pool's
+window, a depthwise convolution's taps, a fused elementwise program), compiled by numba.
+
+Each generated module is written once to the cache directory's ``jit/`` folder
+(``MIXRT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixrt`` or ``~/.cache/mixrt``) under a name that
+holds the hash of its source, and numba caches its machine code beside it, so later processes
+load a kernel in milliseconds instead of compiling it (0.2-0.5 s). The same name finds the
+module's prebuilt entries, where the wheel build compiled it (``ops/compiled/prebuilt.py``).
+A file whose contents differ from the source it should hold is rewritten before it is
+imported. Where no cache directory is writable the source is compiled in memory, uncached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+
+from mixrt.ops.compiled.jit_cache import cache_root, guard_damaged_entries
+
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    return cache_root() / "jit"
+
+
+def kernel(text: str, prefix: str = "mixrt_fused"):
+    """The compiled ``run`` of a generated source (:func:`kernel_module`)."""
+    return kernel_module(text, prefix).run
+
+
+@functools.lru_cache(maxsize=256)
+def kernel_module(text: str, prefix: str = "mixrt_fused"):
+    """The module of a generated source (from the cache directory when possible), named
+    ``prefix`` and the source's hash: its ``run`` and whatever else the source defines."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    name = f"{prefix}_{digest}"
+    guard_damaged_entries()
+    with _lock:
+        path = _written(cache_dir() / f"{name}.py", text)
+        if path is None:
+            module = types.ModuleType(name)
+            exec(compile(text.replace("cache=True", "cache=False"), name, "exec"),
+                 module.__dict__)
+            return module
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # numba's cache locates functions through their module
+        spec.loader.exec_module(module)
+        return module
+
+
+def _written(path: Path, text: str) -> Path | None:
+    """``path`` holding exactly ``text`` (written atomically when missing or different), or
+    None when it cannot be written."""
+    try:
+        if path.is_file() and path.read_text() == text:
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary.write_text(text)
+        os.replace(temporary, path)
+        return path
+    except OSError:
+        return None

@@ -1,0 +1,64 @@
+"""The one build step pyproject.toml cannot state: a wheel carries the standard kernels
+compiled ahead of time, so a user's machine has nothing to compile for them
+(``ops/compiled/prebuilt.py``; the build: ``ops/compiled/_prebuild.py``).
+
+``python -m build`` (or ``pip wheel .``) compiles them after copying the package, for the
+x86-64 levels in ``MIXRT_PREBUILT_LEVELS`` (comma-separated; default ``x86-64-v3,x86-64-v4``
+on x86-64 Linux, none elsewhere; ``none`` skips them), into the build's copy of
+``mixrt/ops/compiled/prebuilt/``. Such a wheel holds machine code, so it is tagged for this
+Python and platform. ``MIXRT_PREBUILT_KERNELS`` names another list than the recorded
+``ops/compiled/kernels.json`` (the tests build a small one). An editable install (the
+README's) and the sdist carry none: their kernels compile where they run, as before.
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+DEFAULT_LEVELS = "x86-64-v3,x86-64-v4"
+
+
+def prebuilt_levels() -> list[str]:
+    configured = os.environ.get("MIXRT_PREBUILT_LEVELS")
+    if configured is None:
+        on_x86 = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+        configured = DEFAULT_LEVELS if on_x86 else "none"
+    return [] if configured.strip() in ("", "none") else configured.split(",")
+
+
+class BuildWithKernels(build_py):
+    """build_py, then the prebuilt kernels compiled against the copied package."""
+
+    def run(self):
+        super().run()
+        into = Path(self.build_lib).resolve() / "mixrt" / "ops" / "compiled" / "prebuilt"
+        shutil.rmtree(into, ignore_errors=True)  # an earlier build's, in a reused build/
+        levels = prebuilt_levels()
+        if self.editable_mode or not levels:
+            return
+        command = [sys.executable, "-m", "mixrt.ops.compiled._prebuild", "--into", str(into),
+                   "--levels", ",".join(levels)]
+        kernels = os.environ.get("MIXRT_PREBUILT_KERNELS")
+        if kernels:
+            command += ["--kernels", str(Path(kernels).resolve())]
+        # the copy in build/ is what the wheel holds: its files' hashes stamp the entries
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(self.build_lib))
+        subprocess.run(command, env=env, check=True, cwd=self.build_lib)
+
+
+class KernelsDistribution(Distribution):
+    """A wheel with prebuilt kernels holds machine code: it is installed where compiled
+    modules go and tagged for this Python and platform (numba's cache files are per Python
+    version, the code per architecture), as a wheel with C extensions is."""
+
+    def has_ext_modules(self):
+        return bool(prebuilt_levels())
+
+
+setup(cmdclass={"build_py": BuildWithKernels}, distclass=KernelsDistribution)
