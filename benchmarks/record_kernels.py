@@ -41,39 +41,59 @@ def jobs() -> list[tuple[str, list[str]]]:
     return every
 
 
+# generated modules specialised to one plane geometry (the depthwise convolution's flat form,
+# ops/conv/jit_depthwise.py): a model at another image size needs others, so only the
+# reference shapes' are kept (every point of the sweep made 101 of them, 71 MB of code)
+SHAPED = ("mixrt_depthwise_flat_",)
+
+
 def child(name: str) -> None:
-    """Run one corpus member in this process (the recording is on)."""
+    """Run one corpus member in this process, each case recorded into a file of its own:
+    ``<RECORD>.<case>.ref`` at a reference shape, ``.other`` elsewhere."""
     import mixrt  # noqa: PLC0415
+    from mixrt.ops.compiled import recorded_kernels  # noqa: PLC0415
+    base = os.environ[recorded_kernels.RECORD]
     kind, model = name.split(":", 1)
-    for path, feeds in _cases(kind, model):
+    for label, reference, path, feeds in _cases(kind, model):
+        recorded_kernels.record_into(f"{base}.{model}.{label}.{'ref' if reference else 'other'}")
         session = mixrt.Session(str(path))
         for _ in range(2):
             session.run(None, feeds)
 
 
 def _cases(kind: str, model: str):
+    """(label, whether a reference shape, model path, feeds) for each case of a member."""
     import numpy as np  # noqa: PLC0415
     if kind == "zoo":
         from mixrt.models.zoo import light_model  # noqa: PLC0415
         zoo = light_model(model)
-        yield zoo.path, zoo.inputs
+        yield "zoo", True, zoo.path, zoo.inputs
         return
     path = EXPORTS / f"{model}.onnx"
     from real_exports.sweeps import MODELS  # noqa: PLC0415  (torch-free: the cached files)
     sweep = MODELS.get(model)
     if sweep is None:
         with np.load(path.with_suffix(".npz"), allow_pickle=False) as stored:
-            yield path, {key: stored[key] for key in stored.files}
+            yield "own", True, path, {key: stored[key] for key in stored.files}
         return
     for point in sweep.points:
-        yield path, sweep.feeds(point)
+        image = dict(point.axes).get("image")
+        yield point.label, image in (None, 224), path, sweep.feeds(point)
 
 
-def merge(lines: Path, out: Path) -> int:
+def merge(folder: Path, out: Path) -> int:
+    """The recordings in ``folder`` as one sorted list, shape-specialised modules from
+    reference shapes only."""
     from mixrt.ops.compiled.recorded_kernels import read_lines  # noqa: PLC0415
-    entries = read_lines(lines)
-    out.write_text(json.dumps({"kernels": entries}, indent=0, sort_keys=True) + "\n")
-    return len(entries)
+    entries = {}
+    for lines in sorted(folder.glob("kernels.jsonl*")):
+        reference = not lines.name.endswith(".other")
+        for entry in read_lines(lines):
+            if reference or not entry["module"].startswith(SHAPED):
+                entries[json.dumps(entry, sort_keys=True)] = entry
+    kept = [entries[key] for key in sorted(entries)]
+    out.write_text(json.dumps({"kernels": kept}, indent=0, sort_keys=True) + "\n")
+    return len(kept)
 
 
 def main() -> int:
@@ -98,7 +118,7 @@ def main() -> int:
             done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
             status = "ok" if done.returncode == 0 else f"failed ({done.stderr.strip()[-300:]})"
             print(f"{name}: {status}", file=sys.stderr, flush=True)
-        count = merge(lines, args.out)
+        count = merge(Path(folder), args.out)
     print(f"{count} kernels into {args.out}", file=sys.stderr)
     return 0
 

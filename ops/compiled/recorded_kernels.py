@@ -43,6 +43,13 @@ def record(cache, sig) -> None:
             out.write(line + "\n")
 
 
+def record_into(path: str) -> None:
+    """Record from now on into ``path`` (a corpus run's next case), each kernel again."""
+    with _lock:
+        os.environ[RECORD] = path
+        _seen.clear()
+
+
 def _entry(py_func, sig) -> dict:
     from numba.core.typing.templates import Signature  # noqa: PLC0415
     module = py_func.__module__
