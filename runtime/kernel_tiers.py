@@ -4,7 +4,12 @@ numba compiles a kernel on its first call, and on a machine with empty caches a 
 first run waited 76-100 s for it (ResNet-50 12-17 s). A CI job or a new service container
 starts with empty caches every time. So a session's first run of an input signature goes:
 
-* The run, and every run of that signature until the compiled tier is in, runs with the
+* **Prebuilt kernels for this CPU** (a platform wheel's, ``ops/compiled/prebuilt.py``): the
+  first run goes to the compiled tier at once with compiling forbidden
+  (:meth:`SessionTiers.first_run`). When every kernel loads from a cache the signature stays
+  compiled and no child starts; when one would have to compile, the request is answered on
+  the NumPy tier and the signature goes on as below, the child compiling only what is missing.
+* Otherwise the run, and every run of that signature until the compiled tier is in, runs with the
   compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path, which
   ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
 * **Warm marker found** (``<cache>/warm/<key>.json``, written once that model's kernels for
