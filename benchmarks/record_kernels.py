@@ -47,6 +47,22 @@ def jobs() -> list[tuple[str, list[str]]]:
 SHAPED = ("mixrt_depthwise_flat_",)
 
 
+# the packed-panel families load only where the CPU has AVX-512 (jit_cpu.panel_kernels), so
+# a corpus run on another CPU calls none of them: their modules are listed for the AVX-512
+# level regardless, and importing one compiles its C entries (the worker, the jobs, the
+# tile's entries) with everything they call
+PANEL_FAMILIES = (("mixrt.ops.panels._jit_native_worker", "serve"),
+                  ("mixrt.ops.panels._jit_dense", "tile_f"),
+                  ("mixrt.ops.panels._jit_conv_direct", "_conv_job_f"),
+                  ("mixrt.ops.panels._jit_conv_weight_grad", "weight_grad"),
+                  ("mixrt.ops.panels._jit_attention", "_attention_job_f"))
+
+
+def panel_entries() -> list[dict]:
+    return [{"module": module, "qualname": name, "cfunc": True, "args": [],
+             "levels": ["x86-64-v4"]} for module, name in PANEL_FAMILIES]
+
+
 def child(name: str) -> None:
     """Run one corpus member in this process, each case recorded into a file of its own:
     ``<RECORD>.<case>.ref`` at a reference shape, ``.other`` elsewhere."""
@@ -91,6 +107,9 @@ def merge(folder: Path, out: Path) -> int:
         for entry in read_lines(lines):
             if reference or not entry["module"].startswith(SHAPED):
                 entries[json.dumps(entry, sort_keys=True)] = entry
+    for entry in panel_entries():
+        if not any(e["module"] == entry["module"] for e in entries.values()):
+            entries[json.dumps(entry, sort_keys=True)] = entry
     kept = [entries[key] for key in sorted(entries)]
     out.write_text(json.dumps({"kernels": kept}, indent=0, sort_keys=True) + "\n")
     return len(kept)

@@ -91,7 +91,9 @@ def build_part(kernels: Path, part: str) -> int:
     """In a level's process: compile every ``n``-th kernel of the list from the ``i``-th."""
     index, count = (int(x) for x in part.split("/"))
     guard_damaged_entries()  # numba's cache with the prebuilt level's saves (jit_cache.py)
-    entries = json.loads(kernels.read_text())["kernels"][index::count]
+    level = os.environ[prebuilt.BUILD_LEVEL]
+    entries = [entry for entry in json.loads(kernels.read_text())["kernels"]
+               if level in entry.get("levels", (level,))][index::count]
     failures = 0
     for entry in entries:
         try:
@@ -101,7 +103,6 @@ def build_part(kernels: Path, part: str) -> int:
             print(f"prebuild: {entry['module']}.{entry['qualname']}: "
                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   file=sys.stderr)
-    level = os.environ[prebuilt.BUILD_LEVEL]
     print(f"prebuild: {level} part {part}: {len(entries) - failures} of {len(entries)} "
           f"kernels", file=sys.stderr)
     return 0

@@ -8,7 +8,8 @@ to ``FILE``: its module, its name and its argument types, and for a generated mo
 pool, a depthwise convolution, a fused program, named by its source's hash) that source.
 ``benchmarks/record_kernels.py`` runs a corpus of models that way and merges the lines into
 ``kernels.json`` beside this file, which the build reads. Types are written as plain JSON
-(``encode``/``decode``), never pickled.
+(``encode``/``decode``), never pickled. An entry with ``levels`` is built for those x86-64
+levels only (the packed-panel families, which load only on AVX-512 CPUs).
 """
 
 from __future__ import annotations
