@@ -116,8 +116,10 @@ def test_a_fresh_process_runs_the_prebuilt_kernels_at_its_first_run(built, tmp_p
     on_prebuilt = run_model(sys.executable, built["model"], tmp_path / "prebuilt.npy",
                             _env(tmp_path / "a", MIXRT_PREBUILT_DIR=str(built["prebuilt"])))
     assert on_prebuilt["first"] and on_prebuilt["children"] == 0, on_prebuilt
-    # nothing was compiled into the user's cache: no numba entry was written
+    # nothing was compiled into the user's cache: no numba entry was written; nor did the
+    # run leave anything in the prebuilt folder (an installed package's)
     assert not list((tmp_path / "a" / "numba").rglob("*.nbc"))
+    assert not list(built["prebuilt"].rglob("*.lock"))
     numpy_tier = run_model(sys.executable, built["model"], tmp_path / "numpy.npy",
                            _env(tmp_path / "b", MIXRT_JIT="0"))
     assert numpy_tier["states"] == ["one tier"]

@@ -156,8 +156,12 @@ def load(cache, sig, target_context):
     if entries is None:
         return None
     key = cache._index_key(sig, target_context.codegen())
-    data = entries.load((key[0], target, key[2]))
-    return None if data is None else cache._impl.rebuild(target_context, data)
+    # read without the index lock of jit_cache.py: nothing writes these files after the
+    # build, and a lock file would be created inside the installed package
+    name = entries._load_index().get((key[0], target, key[2]))
+    if name is None:
+        return None
+    return cache._impl.rebuild(target_context, entries._load_data(name))
 
 
 def save(cache, sig, data) -> None:
