@@ -63,6 +63,15 @@ def panel_entries() -> list[dict]:
              "levels": ["x86-64-v4"]} for module, name in PANEL_FAMILIES]
 
 
+def _level_entries(out: Path) -> list[dict]:
+    """The entries of the list being replaced that name their levels: recorded on another
+    CPU (the panel drivers' argument types, from a run where the tile loads), which this
+    machine's corpus run cannot call, so they are kept."""
+    if not out.exists():
+        return []
+    return [entry for entry in json.loads(out.read_text())["kernels"] if "levels" in entry]
+
+
 def child(name: str) -> None:
     """Run one corpus member in this process, each case recorded into a file of its own:
     ``<RECORD>.<case>.ref`` at a reference shape, ``.other`` elsewhere."""
@@ -107,8 +116,9 @@ def merge(folder: Path, out: Path) -> int:
         for entry in read_lines(lines):
             if reference or not entry["module"].startswith(SHAPED):
                 entries[json.dumps(entry, sort_keys=True)] = entry
-    for entry in panel_entries():
-        if not any(e["module"] == entry["module"] for e in entries.values()):
+    for entry in panel_entries() + _level_entries(out):
+        if not any(e["module"] == entry["module"] and e["qualname"] == entry["qualname"]
+                   and e["args"] == entry["args"] for e in entries.values()):
             entries[json.dumps(entry, sort_keys=True)] = entry
     kept = [entries[key] for key in sorted(entries)]
     out.write_text(json.dumps({"kernels": kept}, indent=0, sort_keys=True) + "\n")

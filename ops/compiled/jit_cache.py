@@ -1,6 +1,13 @@
 """Where mixrt keeps what it compiles: ``MIXRT_CACHE_DIR``, else ``$XDG_CACHE_HOME/mixrt``
 or ``~/.cache/mixrt``. The generated kernels' sources live in its ``jit/`` folder, the
-markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tiers.py``)."""
+markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tiers.py``).
+
+numba's own cache is patched once per process (:func:`guard_damaged_entries`): a damaged
+entry counts as missing, index updates are locked, the kernel files' entries are stamped with
+every kernel file's hash; a miss looks in the wheel's prebuilt level (``prebuilt.py``); under
+``jit_tier.loading_only`` a kernel in no cache raises instead of compiling; a prebuild saves
+each entry into its level too; ``MIXRT_RECORD_KERNELS`` notes every load
+(``recorded_kernels.py``)."""
 
 from __future__ import annotations
 
