@@ -247,3 +247,15 @@ def test_the_built_wheel_runs_its_kernels_in_a_fresh_environment(built, tmp_path
     assert result["module"].startswith(str(venv)), result
     assert result["first"] and result["children"] == 0, result
     assert not list((tmp_path / "fresh" / "numba").rglob("*.nbc"))
+
+
+def test_without_prebuilt_levels_the_numpy_first_run_loads_no_llvm(tmp_path):
+    """A checkout or an sdist install ships no level: choosing none must not import llvmlite
+    (the NumPy tier's first run never loads numba)."""
+    code = ("import sys, mixrt\nfrom mixrt.ops.compiled import prebuilt\n"
+            "assert prebuilt.chosen() is None\nprint('llvmlite' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(tmp_path, MIXRT_PREBUILT_DIR=str(tmp_path / "none")),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-1000:]
+    assert done.stdout.strip() == "False"

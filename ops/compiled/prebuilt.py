@@ -63,6 +63,8 @@ def chosen() -> tuple[Path, tuple] | None:
     built by another numba or Python, ``MIXRT_PREBUILT=0``, or while building one."""
     if os.environ.get("MIXRT_PREBUILT", "1") == "0" or os.environ.get(BUILD_LEVEL):
         return None
+    if not any((root() / level / MANIFEST).is_file() for level in LEVELS):
+        return None  # none shipped (a checkout, the sdist): no llvmlite for a NumPy first run
     level = host_level()
     manifest = None if level is None else _manifest(root() / level)
     if manifest is None or manifest.get("numba") != _numba_version() or \
