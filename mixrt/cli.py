@@ -37,6 +37,7 @@ import mixrt  # registers the model loaders
 from mixrt import __version__  # the package's one statement of it
 from mixrt.base.errors import InputError, MixrtError, ModelLoadError
 from mixrt.demo import run_demo
+from mixrt.ops.compiled import prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.device import device_named, parse_device
 from mixrt.ops.ir.types import MapType, SequenceType, TensorType
@@ -437,8 +438,10 @@ def cmd_warmup(args) -> int:
     if marker is None:
         print(f"nothing to compile: {args.model} runs no compiled kernel here (MIXRT_JIT=0)")
         return 0
+    level = prebuilt.level_name()
     print(f"compiled the kernels of {args.model} for {shapes} in "
-          f"{time.perf_counter() - started:.1f} s; cache: {cache_root()}")
+          f"{time.perf_counter() - started:.1f} s; cache: {cache_root()}; prebuilt kernels: "
+          f"{level or 'none for this CPU'}")
     return 0
 
 

@@ -86,7 +86,7 @@ def host_level() -> str | None:
 
 
 def level_name() -> str | None:
-    """The level this process loads prebuilt kernels of (``mixrt check``, the docs' tables)."""
+    """The level this process loads prebuilt kernels of, or None (``mixrt warmup`` says it)."""
     found = chosen()
     return None if found is None else found[0].name
 
