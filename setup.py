@@ -6,13 +6,16 @@ compiled ahead of time, so a user's machine has nothing to compile for them
 x86-64 levels in ``MIXRT_PREBUILT_LEVELS`` (comma-separated; default ``x86-64-v3,x86-64-v4``
 on x86-64 Linux, none elsewhere; ``none`` skips them), into the build's copy of
 ``mixrt/ops/compiled/prebuilt/``. Such a wheel holds machine code, so it is tagged for this
-Python and platform. ``MIXRT_PREBUILT_KERNELS`` names another list than the recorded
-``ops/compiled/kernels.json`` (the tests build a small one). An editable install (the
-README's) and the sdist carry none: their kernels compile where they run, as before.
+Python and platform, and requires the numba that compiled it. ``MIXRT_PREBUILT_KERNELS``
+names another list than the recorded ``ops/compiled/kernels.json`` (the tests build a small
+one). An editable install (the README's) and the sdist carry none: their kernels compile
+where they run, as before (an editable install's metadata, which pip asks for as it asks a
+wheel's, pins the build environment's numba too).
 """
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -55,10 +58,29 @@ class BuildWithKernels(build_py):
 class KernelsDistribution(Distribution):
     """A wheel with prebuilt kernels holds machine code: it is installed where compiled
     modules go and tagged for this Python and platform (numba's cache files are per Python
-    version, the code per architecture), as a wheel with C extensions is."""
+    version, the code per architecture), as a wheel with C extensions is. And it requires
+    the numba it was compiled with: numba's cache format and the kernels' machine code are
+    that release's, and a process with another numba ignores them (``prebuilt.chosen``,
+    the level's ``manifest.json``) and compiles as if none were shipped."""
 
     def has_ext_modules(self):
         return bool(prebuilt_levels())
+
+    def run_commands(self):
+        # the wheel's metadata (bdist_wheel, or dist_info where a frontend asks for it
+        # first); the sdist keeps the range, since a wheel built from it compiles anew
+        if prebuilt_levels() and {"bdist_wheel", "dist_info"} & set(self.commands):
+            pinned = numba_pinned(self.install_requires)
+            self.install_requires = self.metadata.install_requires = pinned
+        super().run_commands()
+
+
+def numba_pinned(requirements) -> list[str]:
+    """``requirements`` with numba's range narrowed to the release this build runs."""
+    from importlib.metadata import version
+    pinned = f"numba=={version('numba')}"
+    return [pinned if re.match(r"numba\s*([<>=!~;\[]|$)", str(r).strip(), re.IGNORECASE)
+            else str(r) for r in requirements]
 
 
 setup(cmdclass={"build_py": BuildWithKernels}, distclass=KernelsDistribution)

@@ -11,7 +11,11 @@ real_exports`` (the real-exports set with its feeds, the shape sweep at all its 
 a kernel or a call of one with new types; a kernel missing from the list still works, it is
 compiled on the machine that runs it.
 
-    python benchmarks/record_kernels.py [--only NAME ...] [--cache DIR]
+    python benchmarks/record_kernels.py [--only NAME ...] [--cache DIR] [--add]
+
+The kernels' Python picks its forms by the CPU's vector width, so each x86-64 level needs the
+corpus run on a CPU of that level: ``--add`` keeps the list's entries and adds this
+machine's, marked for its level (an AVX-512 machine's run beside an AVX2 machine's).
 """
 
 from __future__ import annotations
@@ -106,9 +110,23 @@ def _cases(kind: str, model: str):
         yield point.label, image in (None, 224), path, sweep.feeds(point)
 
 
-def merge(folder: Path, out: Path) -> int:
+def merge(folder: Path, out: Path, add: bool = False) -> int:
     """The recordings in ``folder`` as one sorted list, shape-specialised modules from
-    reference shapes only."""
+    reference shapes only; with ``add``, added to the list in ``out`` (below)."""
+    entries = _recorded(folder)
+    if add:
+        entries = _added(entries, out)
+    else:
+        for entry in panel_entries() + _level_entries(out):
+            if not any(e["module"] == entry["module"] and e["qualname"] == entry["qualname"]
+                       and e["args"] == entry["args"] for e in entries.values()):
+                entries[json.dumps(entry, sort_keys=True)] = entry
+    kept = [entries[key] for key in sorted(entries)]
+    out.write_text(json.dumps({"kernels": kept}, indent=0, sort_keys=True) + "\n")
+    return len(kept)
+
+
+def _recorded(folder: Path) -> dict:
     from mixrt.ops.compiled.recorded_kernels import read_lines  # noqa: PLC0415
     entries = {}
     for lines in sorted(folder.glob("kernels.jsonl*")):
@@ -116,13 +134,32 @@ def merge(folder: Path, out: Path) -> int:
         for entry in read_lines(lines):
             if reference or not entry["module"].startswith(SHAPED):
                 entries[json.dumps(entry, sort_keys=True)] = entry
-    for entry in panel_entries() + _level_entries(out):
-        if not any(e["module"] == entry["module"] and e["qualname"] == entry["qualname"]
-                   and e["args"] == entry["args"] for e in entries.values()):
-            entries[json.dumps(entry, sort_keys=True)] = entry
-    kept = [entries[key] for key in sorted(entries)]
-    out.write_text(json.dumps({"kernels": kept}, indent=0, sort_keys=True) + "\n")
-    return len(kept)
+    return entries
+
+
+def _added(recorded: dict, out: Path) -> dict:
+    """Every entry of the list in ``out``, and this machine's recordings for this CPU's
+    level: the kernels' Python picks its forms by the CPU's vector width, so a corpus run
+    on an AVX-512 machine calls other forms (and other generated modules) than on an AVX2
+    one, and one machine's run must not drop what the other level needs. An entry listed
+    already keeps its levels (none: every level), gaining this one where it lacked it."""
+    from mixrt.ops.compiled import prebuilt  # noqa: PLC0415
+    level = prebuilt.host_level()
+    if level is None:
+        raise SystemExit("this CPU has no prebuilt level (below x86-64-v3): nothing to add")
+    listed = json.loads(out.read_text())["kernels"] if out.exists() else []
+    entries = {_identity(entry): entry for entry in listed}
+    for entry in recorded.values():
+        known = entries.get(_identity(entry))
+        if known is None:
+            entries[_identity(entry)] = dict(entry, levels=[level])
+        elif "levels" in known and level not in known["levels"]:
+            known["levels"] = sorted([*known["levels"], level])
+    return {json.dumps(entry, sort_keys=True): entry for entry in entries.values()}
+
+
+def _identity(entry: dict) -> str:
+    return json.dumps({k: v for k, v in entry.items() if k != "levels"}, sort_keys=True)
 
 
 def main() -> int:
@@ -131,6 +168,11 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="corpus members by name (zoo:resnet50, ...)")
     parser.add_argument("--cache", type=Path, help="numba and mixrt caches to keep between runs")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--add", action="store_true",
+                        help="keep the list's entries and add this machine's, for its level")
+    parser.add_argument("--prebuilt", type=Path,
+                        help="load kernels from this prebuilt folder while recording (a "
+                             "machine with a level built: only the missing ones compile)")
     args = parser.parse_args()
     if args.child:
         child(args.child)
@@ -141,13 +183,15 @@ def main() -> int:
         env = dict(os.environ, MIXRT_COMPILE="foreground", MIXRT_PREBUILT="0",
                    MIXRT_RECORD_KERNELS=str(lines), NUMBA_CACHE_DIR=str(caches / "numba"),
                    MIXRT_CACHE_DIR=str(caches / "mixrt"))
+        if args.prebuilt:  # a load is recorded as a compile is
+            env.update(MIXRT_PREBUILT="1", MIXRT_PREBUILT_DIR=str(args.prebuilt.resolve()))
         for name, command in jobs():
             if args.only and name not in args.only:
                 continue
             done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True)
             status = "ok" if done.returncode == 0 else f"failed ({done.stderr.strip()[-300:]})"
             print(f"{name}: {status}", file=sys.stderr, flush=True)
-        count = merge(Path(folder), args.out)
+        count = merge(Path(folder), args.out, args.add)
     print(f"{count} kernels into {args.out}", file=sys.stderr)
     return 0
 

@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 import mixrt.ops as ops_package
-from mixrt.ops.compiled import jit_tier, prebuilt
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
@@ -402,7 +402,8 @@ class BackgroundCompiler:
                     [sys.executable, "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=dict(os.environ, MIXRT_COMPILE="foreground"))
+                    env=child_environment())
+                confine(self._child.pid)
                 code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():
@@ -411,6 +412,56 @@ class BackgroundCompiler:
             return f"the compiler process exited with {code}: " + " | ".join(tail)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- what the child may take from the machine ----------------------------------------------------
+#
+# The child compiles while the process it compiles for keeps serving. Its compiles are one
+# thread, but its two runs of the model split products and convolutions over threads and
+# over OpenBLAS's: on a 2-core machine those took the second core from serving for the
+# whole compile (nice 10 orders the cores' queues, it does not bound the child). So the
+# child is confined to ``MIXRT_COMPILE_CORES`` cores (default 1; 0 lifts the limit), the
+# highest-numbered ones the parent may use; it is told the parent's thread count, so that it
+# calls the same kernel forms (the native pool's, chosen by thread count) the parent will
+# load, its threads sharing its cores.
+
+def compile_cores() -> int:
+    """Cores the compile child may use (``MIXRT_COMPILE_CORES``; 0: as many as the parent)."""
+    configured = os.environ.get("MIXRT_COMPILE_CORES", "1").strip()
+    try:
+        return max(0, int(configured))
+    except ValueError:
+        return 1  # a malformed setting keeps the default rather than failing a compile
+
+
+def child_cores() -> set[int] | None:
+    """The cores the child is confined to, or None where it is not confined."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    limit = compile_cores()
+    if limit == 0 or limit >= len(allowed):
+        return None
+    return set(allowed[-limit:])
+
+
+def child_environment() -> dict:
+    environment = dict(os.environ, MIXRT_COMPILE="foreground")
+    if child_cores() is not None:
+        environment.setdefault("MIXRT_INTRA_OP_THREADS", str(parallel.intra_op_threads()))
+    return environment
+
+
+def confine(pid: int) -> None:
+    """Confine the child to :func:`child_cores` (at once: its Python has not started yet
+    reading how many cores it has)."""
+    cores = child_cores()
+    if cores is None:
+        return
+    try:
+        os.sched_setaffinity(pid, cores)
+    except OSError:
+        pass  # it exited already, or the system refuses: it compiles unconfined
 
 
 def _job_spec(session, job: CompileJob, folder: Path) -> dict:
@@ -454,6 +505,60 @@ def warm_up(session, model, opt_level: int, feeds: dict) -> Path | None:
     marker = tiers._marker(signature)
     write_marker(marker, str(model))
     return marker
+
+
+# -- numba made ready while the model loads -------------------------------------------------------
+#
+# Where the CPU's prebuilt level is installed, a session's first run is a compiled run, and
+# before its first kernel it imported numba and set up numba's CPU target (its typing and
+# lowering registries, LLVM's target machine, and a BLAS check that imports SciPy where it is
+# installed): 0.6-0.9 s of a first run that took 1.0-1.6 s from the process start. A thread
+# started with the first CPU session does that while the session parses and plans its model.
+# Much of it runs without the GIL (loading llvmlite's library, LLVM's own set-up, reading
+# files), so most of it comes off the first run. A process without a prebuilt level does
+# nothing here: its first runs are NumPy's and never import numba. A fork waits for the
+# thread (a server that loads its model and then forks its workers): a child forked while it
+# imported would inherit half-imported modules and a held compiler lock.
+
+_prepared: list = []  # (pid, thread) of this process's thread
+
+
+def prepare_compiled_tier() -> None:
+    """Start making numba ready for a prebuilt first run, once per process (a session of
+    a CPU device calls it as it starts loading its model)."""
+    if os.environ.get("MIXRT_JIT", "1") == "0" or not jit_tier.background_compiles():
+        return
+    with _compiler_lock:
+        if _prepared and _prepared[0][0] == os.getpid():
+            return
+        thread = threading.Thread(target=_prepare, name="mixrt-prepare", daemon=True)
+        _prepared[:] = [(os.getpid(), thread)]
+    thread.start()
+
+
+def _before_fork() -> None:
+    if _prepared and _prepared[0][0] == os.getpid():
+        thread = _prepared[0][1]
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(60)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
+
+
+def _prepare() -> None:
+    try:
+        if prebuilt.chosen() is None:
+            return
+        if jit_cpu.load("numba") is None:
+            return
+        from numba.core.compiler_lock import global_compiler_lock  # noqa: PLC0415
+        from numba.core.registry import cpu_target  # noqa: PLC0415
+        with global_compiler_lock:  # as numba's own loads take it: one set-up, not two
+            cpu_target.target_context.refresh()
+    except Exception:  # noqa: BLE001  (a head start only: the first run does it otherwise)
+        pass
 
 
 _compiler: list = []

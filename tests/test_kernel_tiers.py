@@ -273,3 +273,55 @@ def test_large_feeds_compile_on_demand_without_a_child(background, monkeypatch):
     monkeypatch.setenv("MIXRT_JIT", "0")
     expected = mixrt.Session(pool_norm_model()).run(None, feeds())[0]
     np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-6)
+
+
+# -- the child's share of the machine ------------------------------------------------------------
+
+needs_two_cores = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="confining the child needs two cores or more")
+
+
+@needs_two_cores
+def test_the_child_is_confined_to_one_core_and_told_the_parents_threads(
+        background, monkeypatch, tmp_path):
+    # a worker that reports what it was given and fails, so its report reaches the warning
+    (tmp_path / "report_worker.py").write_text(
+        "import os, sys, time\n"
+        "time.sleep(0.2)\n"
+        "print('cores', sorted(os.sched_getaffinity(0)), 'threads',"
+        " os.environ.get('MIXRT_INTRA_OP_THREADS'))\n"
+        "sys.exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setattr(kernel_tiers, "WORKER_MODULE", "report_worker")
+    monkeypatch.delenv("MIXRT_COMPILE_CORES", raising=False)
+    monkeypatch.delenv("MIXRT_INTRA_OP_THREADS", raising=False)
+    session = mixrt.Session(pool_norm_model())
+    session.run(None, feeds())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not session.wait_compiled(timeout=WAIT)
+    last_core = max(os.sched_getaffinity(0))
+    threads = kernel_tiers.parallel.intra_op_threads()
+    reports = [str(w.message) for w in caught
+               if issubclass(w.category, kernel_tiers.CompileWarning)]
+    assert any("exited with 3" in r and f"cores [{last_core}] threads {threads}" in r
+               for r in reports), reports
+
+
+@needs_two_cores
+def test_compile_cores_setting(monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv("MIXRT_COMPILE_CORES", "0")
+    assert kernel_tiers.child_cores() is None
+    monkeypatch.setenv("MIXRT_COMPILE_CORES", str(len(allowed)))
+    assert kernel_tiers.child_cores() is None
+    assert "MIXRT_INTRA_OP_THREADS" not in kernel_tiers.child_environment() or \
+        os.environ.get("MIXRT_INTRA_OP_THREADS")
+    monkeypatch.setenv("MIXRT_COMPILE_CORES", "1")
+    assert kernel_tiers.child_cores() == {allowed[-1]}
+    monkeypatch.setenv("MIXRT_COMPILE_CORES", "not a number")  # the default, not a failure
+    assert kernel_tiers.child_cores() == {allowed[-1]}
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "7")  # the user's own setting stands
+    assert kernel_tiers.child_environment()["MIXRT_INTRA_OP_THREADS"] == "7"

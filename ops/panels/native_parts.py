@@ -93,25 +93,13 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     return go
 
 
-def _make_addresses():
-    from numba import literal_unroll, njit  # noqa: PLC0415  (numba loads on first use)
-
-    @njit(cache=True, nogil=True)
-    def addresses(out, arrays):
-        i = 0
-        for array in literal_unroll(arrays):
-            out[i] = array.ctypes.data
-            i += 1
-    return addresses
-
-
-_compiled_addresses = None
+_addresses = None  # the compiled fill_addresses, once loaded
 
 
 def fill_addresses(out, arrays) -> None:
     """``out[i]`` = the data address of ``arrays[i]`` (a tuple of arrays), in one compiled
-    call."""
-    global _compiled_addresses
-    if _compiled_addresses is None:
-        _compiled_addresses = _make_addresses()
-    _compiled_addresses(out, arrays)
+    call (``_jit_addresses.py``, imported on first use: it loads numba)."""
+    global _addresses
+    if _addresses is None:
+        _addresses = jit_cpu.load("mixrt.ops.panels._jit_addresses").fill_addresses
+    _addresses(out, arrays)
