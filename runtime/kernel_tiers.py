@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 import mixrt.ops as ops_package
-from mixrt.ops.compiled import jit_cpu, jit_tier, parallel, prebuilt
+from mixrt.ops.compiled import jit_tier, parallel, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
@@ -505,60 +505,6 @@ def warm_up(session, model, opt_level: int, feeds: dict) -> Path | None:
     marker = tiers._marker(signature)
     write_marker(marker, str(model))
     return marker
-
-
-# -- numba made ready while the model loads -------------------------------------------------------
-#
-# Where the CPU's prebuilt level is installed, a session's first run is a compiled run, and
-# before its first kernel it imported numba and set up numba's CPU target (its typing and
-# lowering registries, LLVM's target machine, and a BLAS check that imports SciPy where it is
-# installed): 0.6-0.9 s of a first run that took 1.0-1.6 s from the process start. A thread
-# started with the first CPU session does that while the session parses and plans its model.
-# Much of it runs without the GIL (loading llvmlite's library, LLVM's own set-up, reading
-# files), so most of it comes off the first run. A process without a prebuilt level does
-# nothing here: its first runs are NumPy's and never import numba. A fork waits for the
-# thread (a server that loads its model and then forks its workers): a child forked while it
-# imported would inherit half-imported modules and a held compiler lock.
-
-_prepared: list = []  # (pid, thread) of this process's thread
-
-
-def prepare_compiled_tier() -> None:
-    """Start making numba ready for a prebuilt first run, once per process (a session of
-    a CPU device calls it as it starts loading its model)."""
-    if os.environ.get("MIXRT_JIT", "1") == "0" or not jit_tier.background_compiles():
-        return
-    with _compiler_lock:
-        if _prepared and _prepared[0][0] == os.getpid():
-            return
-        thread = threading.Thread(target=_prepare, name="mixrt-prepare", daemon=True)
-        _prepared[:] = [(os.getpid(), thread)]
-    thread.start()
-
-
-def _before_fork() -> None:
-    if _prepared and _prepared[0][0] == os.getpid():
-        thread = _prepared[0][1]
-        if thread.is_alive() and thread is not threading.current_thread():
-            thread.join(60)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork)
-
-
-def _prepare() -> None:
-    try:
-        if prebuilt.chosen() is None:
-            return
-        if jit_cpu.load("numba") is None:
-            return
-        from numba.core.compiler_lock import global_compiler_lock  # noqa: PLC0415
-        from numba.core.registry import cpu_target  # noqa: PLC0415
-        with global_compiler_lock:  # as numba's own loads take it: one set-up, not two
-            cpu_target.target_context.refresh()
-    except Exception:  # noqa: BLE001  (a head start only: the first run does it otherwise)
-        pass
 
 
 _compiler: list = []

@@ -168,8 +168,6 @@ class Session:
         _check_option("opt_level", opt_level, (0, 1, 2))
         _check_option("strategy", strategy, STRATEGIES)
         self.device = parse_device(device)
-        if self.device.kind == "cpu":  # numba's set-up meanwhile, where kernels are prebuilt
-            kernel_tiers.prepare_compiled_tier()
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
             check_gpu_dtypes(self.graph, self.device)

@@ -127,34 +127,6 @@ def test_a_fresh_process_runs_the_prebuilt_kernels_at_its_first_run(built, tmp_p
                                np.load(tmp_path / "numpy.npy"), rtol=1e-5, atol=1e-5)
 
 
-FORK = textwrap.dedent("""
-    import json, os, sys
-    import numpy as np
-    import mixrt
-    session = mixrt.Session(sys.argv[1])  # starts numba's set-up in a thread
-    pid = os.fork()  # at once, while that thread imports: the fork waits for it
-    if pid == 0:
-        first = session.run(None, {"x": np.ones((1, 16, 16, 32), np.float32)})
-        os._exit(0 if "numba" in sys.modules and first[0].shape == (1, 16, 16, 32) else 3)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps({"child": os.waitstatus_to_exitcode(status),
-                      "numba": "numba" in sys.modules}))
-""")
-
-
-@needs_level
-def test_numba_is_made_ready_while_the_model_loads_and_a_fork_waits_for_it(built, tmp_path):
-    """A session where the CPU's level is installed imports numba and sets its target up in
-    a thread while it loads the model; a process that forks meanwhile (a server forking its
-    workers after loading) waits for that thread, so the child neither deadlocks on a lock
-    the thread held nor gets half-imported modules."""
-    done = subprocess.run([sys.executable, "-c", FORK, str(built["model"])], cwd=tmp_path,
-                          env=_env(tmp_path, MIXRT_PREBUILT_DIR=str(built["prebuilt"])),
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"child": 0, "numba": True}
-
-
 @needs_level
 def test_a_kernel_missing_from_the_list_is_compiled_by_the_child(built, tmp_path):
     """A list without the layer norm: the first run answers on NumPy, the child compiles
