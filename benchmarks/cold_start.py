@@ -88,13 +88,9 @@ def small_cnn() -> bytes:
 
 def model_and_feeds(name: str, folder: Path) -> tuple[str, dict]:
     if name == "bert_h64":  # the shape sweep's 2-layer BERT, hidden 64, over 16 tokens
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from real_exports.sweeps import MODELS  # noqa: PLC0415  (the cached export)
-        sweep = MODELS["sweep_bert_h64"]
-        path = ROOT / "benchmarks" / ".cache" / "real_exports" / "sweep_bert_h64.onnx"
-        if not path.exists():
-            raise SystemExit(f"{path} is missing: benchmarks/real_exports_sweep.py builds it")
-        return str(path), sweep.feeds(sweep.point("b1_s16"))
+        return sweep_model_and_feeds("sweep_bert_h64", "b1_s16")
+    if "@" in name:  # any cached export of the shape sweep at one of its points
+        return sweep_model_and_feeds(*name.split("@", 1))
     if name == "small_cnn":
         path = folder / "small_cnn.onnx"
         path.write_bytes(small_cnn())
@@ -102,6 +98,23 @@ def model_and_feeds(name: str, folder: Path) -> tuple[str, dict]:
     from mixrt.models.zoo import light_model  # noqa: PLC0415
     zoo = light_model(name)
     return str(zoo.path), zoo.inputs
+
+
+def sweep_model_and_feeds(model: str, point: str) -> tuple[str, dict]:
+    """A shape-sweep export (``benchmarks/real_exports/sweeps.py``, built and cached by
+    ``benchmarks/real_exports_sweep.py``) and its feeds at ``point``: one of its points
+    (``b1_s16``, ``b2_96``), or axes of its own (``batch=3,sequence=40``: a shape no
+    recorded corpus ran, whose kernels may be missing from the prebuilt ones)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_exports.sweeps import MODELS  # noqa: PLC0415  (the cached export)
+    sweep = MODELS[model]
+    path = ROOT / "benchmarks" / ".cache" / "real_exports" / f"{model}.onnx"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: benchmarks/real_exports_sweep.py builds it")
+    if "=" in point:
+        axes = dict(axis.split("=") for axis in point.split(","))
+        return str(path), sweep.make_feeds({k: int(v) for k, v in axes.items()})
+    return str(path), sweep.feeds(sweep.point(point))
 
 
 # -- one fresh process -------------------------------------------------------------------------
@@ -353,7 +366,10 @@ def write(block: str, path: Path, begin: str = BEGIN, end: str = END) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["small_cnn", "resnet50"])
+    parser.add_argument("--models", nargs="+", default=["small_cnn", "resnet50"],
+                        help="light zoo names, small_cnn, bert_h64, or MODEL@POINT of a cached "
+                             "shape-sweep export (sweep_gpt2_h256@b1_s16, or axes of its "
+                             "own: sweep_gpt2_h256@batch=3,sequence=40)")
     parser.add_argument("--no-foreground", action="store_true",
                         help="skip the old behaviour's cases (minutes of compiling)")
     parser.add_argument("--wait", type=float, default=600,
