@@ -2,6 +2,7 @@
 a service's workers started together on an empty cache): every entry must hold the code of
 the signature its index names (``ops/compiled/jit_cache.py``, "concurrent writers")."""
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,72 @@ def test_signatures_compiled_by_processes_at_once_load_as_themselves(tmp_path):
                              capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stderr
     assert int(checked.stdout.split()[-1]) >= 1  # the cache was read, not only rebuilt
+
+
+# -- one compile of a kernel at a time -------------------------------------------------------------
+
+_SLOW_COMPILER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from mixrt.ops.compiled.jit_cache import guard_damaged_entries
+    guard_damaged_entries()
+    import numpy as np
+    import kernel_under_test as k
+    compile_once = k.scaled._compiler.compile
+
+    def slow_compile(*args, **kwargs):  # the turn is held from here until the entry is saved
+        Path(sys.argv[2]).write_text("compiling")
+        time.sleep(float(sys.argv[3]))
+        return compile_once(*args, **kwargs)
+    k.scaled._compiler.compile = slow_compile
+    values = np.arange(3, dtype=np.float32)
+    assert (k.scaled(values, 2) == values * 2).all()
+    stats = k.scaled.stats
+    print(json.dumps({"misses": sum(stats.cache_misses.values()),
+                      "hits": sum(stats.cache_hits.values())}))
+""")
+
+
+def test_a_process_waits_for_anothers_compile_of_a_kernel_and_loads_it(tmp_path):
+    """The second process meets the kernel while the first compiles it: it waits for the
+    first one's turn, then loads what the first saved, compiling nothing."""
+    (tmp_path / "kernel_under_test.py").write_text(_KERNEL)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    signal = tmp_path / "first is compiling"
+    first = subprocess.Popen([sys.executable, "-c", _SLOW_COMPILER, str(tmp_path), str(signal),
+                              "6"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 60
+    while not signal.exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "-c", _SLOW_COMPILER, str(tmp_path),
+                             str(tmp_path / "second is compiling"), "0"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, (err, second.stderr)
+    assert json.loads(out.splitlines()[-1]) == {"misses": 1, "hits": 0}
+    assert json.loads(second.stdout.splitlines()[-1]) == {"misses": 0, "hits": 1}
+    assert not (tmp_path / "second is compiling").exists()
+
+
+def test_a_turn_held_past_the_wait_is_not_waited_for(tmp_path, monkeypatch):
+    """A process whose compile raised keeps its turn until it ends: another one waits at
+    most COMPILE_WAIT seconds and then compiles itself."""
+    import fcntl
+
+    from mixrt.ops.compiled import jit_cache
+    index = str(tmp_path / "kernel.nbi")
+    holder = os.open(index + ".compiling", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another descriptor: flock sees another holder
+    monkeypatch.setattr(jit_cache, "COMPILE_WAIT", 0.3)
+    turns = jit_cache._CompileTurns()
+    started = time.monotonic()
+    turns.take(index)
+    assert 0.3 <= time.monotonic() - started < 5 and index not in turns._held
+    os.close(holder)
+    turns.take(index)  # free now: taken at once, and given back
+    assert index in turns._held
+    turns.give_back(index)
+    assert index not in turns._held

@@ -5,8 +5,9 @@ markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tier
 numba's own cache is patched once per process (:func:`guard_damaged_entries`): a damaged
 entry counts as missing, index updates are locked, the kernel files' entries are stamped with
 every kernel file's hash; a miss looks in the wheel's prebuilt level (``prebuilt.py``); under
-``jit_tier.loading_only`` a kernel in no cache raises instead of compiling; a prebuild saves
-each entry into its level too; ``MIXRT_RECORD_KERNELS`` notes every load
+``jit_tier.loading_only`` a kernel in no cache raises instead of compiling; a kernel another
+process is compiling is waited for and loaded, not compiled twice; a prebuild saves each
+entry into its level too; ``MIXRT_RECORD_KERNELS`` notes every load
 (``recorded_kernels.py``)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from mixrt.ops.compiled import jit_tier, prebuilt
@@ -76,20 +78,34 @@ def guard_damaged_entries() -> None:
         except Exception:  # noqa: BLE001  (an entry that unpickled but cannot be rebuilt)
             return None
 
-    def _load_overload_checked(self, sig, target_context):
+    def _cached_overload(self, sig, target_context):
         loaded = _load_overload(self, sig, target_context)
         if loaded is not None and not _same_arguments(loaded, sig):
             loaded = None  # another signature's machine code under this key: compile instead
         if loaded is None:
             loaded = _prebuilt_overload(self, sig, target_context)
+        return loaded
+
+    def _load_overload_checked(self, sig, target_context):
+        loaded = _cached_overload(self, sig, target_context)
         _record(self, sig)
         if loaded is None:
             _forbid_compile(self, sig)
+            # this process's turn to compile it, once another one compiling it is done;
+            # what that one saved meanwhile is loaded instead
+            index = self._cache_file._index_path
+            _turns.take(index)
+            loaded = _cached_overload(self, sig, target_context)
+            if loaded is not None:
+                _turns.give_back(index)
         return loaded
 
     def _save_overload(self, sig, data):
-        save_overload(self, sig, data)
-        prebuilt.save(self, sig, data)
+        try:
+            save_overload(self, sig, data)
+            prebuilt.save(self, sig, data)
+        finally:
+            _turns.give_back(self._cache_file._index_path)
 
     def _null_load(self, sig, target_context):
         _forbid_compile(self, sig)  # a kernel numba would compile without caching it
@@ -186,6 +202,59 @@ def _index_lock(index_file, mode: int):
         yield
     finally:
         os.close(handle)  # closing releases the lock
+
+
+# -- one compile of a kernel at a time, across processes ------------------------------------------
+#
+# Processes that start together on an empty cache (a service's workers, a distributed job's,
+# the test suite's) met each kernel at about the same time and each compiled it: on 2 cores,
+# 3-5 processes compiling the same panel family took 2-3 times as long each as one did alone.
+# A process that misses a kernel now takes that kernel's turn, an exclusive flock on a file
+# beside its index, before it compiles, and gives it back once the entry is saved; one that
+# finds the turn taken waits, then finds the entry saved and loads it. The flock goes with
+# its process, so a compile killed midway frees the turn; a compile that raised keeps it
+# until its process ends, so a waiter gives up after COMPILE_WAIT seconds and compiles
+# itself. A cache it cannot write to (an image's, read-only) has no turns.
+
+COMPILE_WAIT = 300.0  # seconds a process waits for another one's compile of a kernel
+_POLL = 0.02
+
+
+class _CompileTurns:
+    def __init__(self):
+        self._held: dict = {}  # index path -> the descriptor holding its turn
+
+    def take(self, index_path: str) -> None:
+        """Wait for ``index_path``'s kernel's turn and hold it (numba's compiler lock keeps
+        one thread of a process compiling at a time, so a process holds each turn once)."""
+        if fcntl is None or index_path in self._held:
+            return
+        try:
+            handle = os.open(index_path + ".compiling", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return
+        deadline = time.monotonic() + COMPILE_WAIT
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(handle)
+                    return
+                time.sleep(_POLL)
+            except OSError:
+                os.close(handle)
+                return
+        self._held[index_path] = handle
+
+    def give_back(self, index_path: str) -> None:
+        handle = self._held.pop(index_path, None)
+        if handle is not None:
+            os.close(handle)  # closing releases the flock
+
+
+_turns = _CompileTurns()
 
 
 def kernel_files_stamp() -> tuple:
