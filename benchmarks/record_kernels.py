@@ -137,6 +137,13 @@ def _recorded(folder: Path) -> dict:
     return entries
 
 
+# modules that load only where the CPU has more than a level promises: the 8-bit products are
+# LLVM IR around AVX-512 VNNI's vpdpbusd (ops/quant/int8_cpu.py), which x86-64-v4 lacks, and
+# LLVM aborts the build's process on an intrinsic its target cannot select. They compile
+# where they run, until a level with VNNI is built.
+BEYOND_LEVELS = ("mixrt.ops.quant._jit_int8",)
+
+
 def _added(recorded: dict, out: Path) -> dict:
     """Every entry of the list in ``out``, and this machine's recordings for this CPU's
     level: the kernels' Python picks its forms by the CPU's vector width, so a corpus run
@@ -150,6 +157,8 @@ def _added(recorded: dict, out: Path) -> dict:
     listed = json.loads(out.read_text())["kernels"] if out.exists() else []
     entries = {_identity(entry): entry for entry in listed}
     for entry in recorded.values():
+        if entry["module"] in BEYOND_LEVELS:
+            continue
         known = entries.get(_identity(entry))
         if known is None:
             entries[_identity(entry)] = dict(entry, levels=[level])
