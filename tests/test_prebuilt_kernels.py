@@ -128,6 +128,31 @@ def test_a_fresh_process_runs_the_prebuilt_kernels_at_its_first_run(built, tmp_p
 
 
 @needs_level
+def test_an_entry_that_kills_its_build_process_is_skipped_and_the_rest_built(built, tmp_path):
+    """LLVM aborts its process on code the level cannot hold (AVX-512 VNNI's intrinsic for
+    x86-64-v4), where Python cannot catch it: the part starts again past that entry, which
+    is reported, and the level holds the others."""
+    (tmp_path / "crashing_kernel.py").write_text(
+        "import os\n\nclass _Dies:\n    def compile(self, types):\n        os.abort()\n\n"
+        "dies = _Dies()\n")
+    entries = json.loads(built["kernels"].read_text())["kernels"]
+    dies = {"module": "crashing_kernel", "qualname": "dies", "args": []}
+    kernels = tmp_path / "kernels.json"
+    kernels.write_text(json.dumps({"kernels": [dies, *entries, dies]}))
+    env = _env(tmp_path / "build", PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    done = subprocess.run([sys.executable, "-m", "mixrt.ops.compiled._prebuild", "--into",
+                           str(tmp_path / "prebuilt"), "--levels", LEVEL, "--kernels",
+                           str(kernels), "--jobs", "1"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("crashing_kernel.dies: its process died compiling it") == 2
+    manifest = json.loads((tmp_path / "prebuilt" / LEVEL / prebuilt.MANIFEST).read_text())
+    assert manifest["entries"] == json.loads((built["prebuilt"] / LEVEL /
+                                              prebuilt.MANIFEST).read_text())["entries"]
+
+
+@needs_level
 def test_a_kernel_missing_from_the_list_is_compiled_by_the_child(built, tmp_path):
     """A list without the layer norm: the first run answers on NumPy, the child compiles
     the layer norm alone, and the compiled tier comes in."""

@@ -11,7 +11,9 @@ also asks the level, not the building CPU, which forms to generate (``jit_cpu.ve
 Every process compiles its share of ``kernels.json`` (:mod:`recorded_kernels`) with caching
 on, and ``jit_cache.py`` writes each entry into the level's folder beside the process's own
 (throw-away) cache; the index files are locked, so the processes of one level share them.
-A kernel that fails to compile is reported and left to compile at run time.
+A kernel that fails to compile is reported and left to compile at run time, also one whose
+compile kills its process (LLVM aborts on an intrinsic the level lacks): the process starts
+again past it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,14 +46,21 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes at once (default: one per core)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # "i/n": one process's share
+    parser.add_argument("--progress", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--skip", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.part:
-        return build_part(args.kernels, args.part)
+        skipped = frozenset(int(i) for i in args.skip.split(",") if i)
+        return build_part(args.kernels, args.part, args.progress, skipped)
     levels = [level for level in args.levels.split(",") if level]
     unknown = set(levels) - set(prebuilt.LEVELS)
     if unknown:
         parser.error(f"unknown levels {sorted(unknown)}; known: {', '.join(prebuilt.LEVELS)}")
     return build(args.into, levels, args.kernels, max(1, args.jobs))
+
+
+# entries one part may lose to crashes (below) before the build counts the part as failed
+CRASHES_SKIPPED = 20
 
 
 def build(into: Path, levels: list[str], kernels: Path, jobs: int) -> int:
@@ -60,10 +70,11 @@ def build(into: Path, levels: list[str], kernels: Path, jobs: int) -> int:
     with tempfile.TemporaryDirectory(prefix="mixrt-prebuild-") as scratch:
         runs = [(level, f"{i}/{parts_per_level}") for level in levels
                 for i in range(parts_per_level)]
-        children = [_start(into, level, part, kernels, Path(scratch) / f"{level}-{n}")
-                    for n, (level, part) in enumerate(runs)]
-        failed = [f"{level} {part}" for (level, part), child in zip(runs, children)
-                  if child.wait() != 0]
+        with ThreadPoolExecutor(len(runs)) as pool:
+            done = list(pool.map(lambda n: _run_part(into, *runs[n], kernels,
+                                                     Path(scratch) / f"{runs[n][0]}-{n}"),
+                                 range(len(runs))))
+        failed = [f"{level} {part}" for (level, part), ok in zip(runs, done) if not ok]
     if failed:
         print(f"prebuild: failed: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -76,26 +87,68 @@ def build(into: Path, levels: list[str], kernels: Path, jobs: int) -> int:
     return 0
 
 
-def _start(into: Path, level: str, part: str, kernels: Path, scratch: Path):
+def _run_part(into: Path, level: str, part: str, kernels: Path, scratch: Path) -> bool:
+    """One part's process, started again past an entry that killed it. LLVM aborts its
+    process, where Python cannot catch it, on code its target cannot compile (an intrinsic
+    the level lacks: AVX-512 VNNI's for ``x86-64-v4``); that entry is reported and left to
+    compile at run time, as one that raised is. The entries compiled before it are in the
+    part's cache and load again at once."""
+    progress, skipped = scratch / "progress", []
+    while True:
+        child = _start(into, level, part, kernels, scratch, progress, skipped)
+        code = child.wait()
+        if code == 0:
+            return True
+        last = _last_started(progress)
+        if last is None or last[0] in skipped or len(skipped) >= CRASHES_SKIPPED:
+            return False
+        skipped.append(last[0])
+        print(f"prebuild: {last[1]}: its process died compiling it (exit {code}); "
+              f"it compiles at run time", file=sys.stderr)
+
+
+def _last_started(progress: Path) -> tuple[int, str] | None:
+    try:
+        lines = progress.read_text().splitlines()
+    except OSError:
+        return None
+    if not lines:
+        return None
+    position, name = lines[-1].split(" ", 1)
+    return int(position), name
+
+
+def _start(into: Path, level: str, part: str, kernels: Path, scratch: Path, progress: Path,
+           skipped: list[int]):
     env = dict(os.environ, NUMBA_CPU_NAME=level, NUMBA_CPU_FEATURES="",
                NUMBA_CACHE_DIR=str(scratch / "numba"), MIXRT_CACHE_DIR=str(scratch / "mixrt"),
                MIXRT_COMPILE="foreground", MIXRT_PREBUILT="0",
                **{prebuilt.BUILD_LEVEL: level, prebuilt.BUILD_INTO: str(into)})
     env.pop(recorded_kernels.RECORD, None)
+    progress.parent.mkdir(parents=True, exist_ok=True)
+    progress.write_text("")
     return subprocess.Popen([sys.executable, "-m", "mixrt.ops.compiled._prebuild",
-                             "--into", str(into), "--kernels", str(kernels), "--part", part],
-                            env=env)
+                             "--into", str(into), "--kernels", str(kernels), "--part", part,
+                             "--progress", str(progress),
+                             "--skip", ",".join(str(i) for i in skipped)], env=env)
 
 
-def build_part(kernels: Path, part: str) -> int:
-    """In a level's process: compile every ``n``-th kernel of the list from the ``i``-th."""
+def build_part(kernels: Path, part: str, progress: Path | None = None,
+               skipped: frozenset = frozenset()) -> int:
+    """In a level's process: compile every ``n``-th kernel of the list from the ``i``-th,
+    but those at the positions ``skipped``, noting each one in ``progress`` as it starts."""
     index, count = (int(x) for x in part.split("/"))
     guard_damaged_entries()  # numba's cache with the prebuilt level's saves (jit_cache.py)
     level = os.environ[prebuilt.BUILD_LEVEL]
     entries = [entry for entry in json.loads(kernels.read_text())["kernels"]
                if level in entry.get("levels", (level,))][index::count]
-    failures = 0
-    for entry in entries:
+    failures = len(skipped)
+    for position, entry in enumerate(entries):
+        if position in skipped:
+            continue
+        if progress is not None:
+            with open(progress, "a", encoding="utf-8") as out:  # written before a crash
+                out.write(f"{position} {entry['module']}.{entry['qualname']}\n")
         try:
             compile_entry(entry)
         except Exception as exc:  # noqa: BLE001  (reported; that kernel compiles at run time)
