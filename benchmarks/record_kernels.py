@@ -15,7 +15,11 @@ compiled on the machine that runs it.
 
 The kernels' Python picks its forms by the CPU's vector width, so each x86-64 level needs the
 corpus run on a CPU of that level: ``--add`` keeps the list's entries and adds this
-machine's, marked for its level (an AVX-512 machine's run beside an AVX2 machine's).
+machine's, marked for its level (an AVX-512 machine's run beside an AVX2 machine's); a
+generated module's entries are every level's (its source is the model's, not the CPU's).
+Where the native pool runs a pool's or a depthwise convolution's parts (AVX-512), Python
+calls their modules' ``run`` for small planes only, so an AVX-512 machine records what an
+AVX2 one calls with a second run under ``MIXRT_NATIVE_POOL=0``.
 """
 
 from __future__ import annotations
@@ -160,11 +164,22 @@ def _added(recorded: dict, out: Path) -> dict:
         if entry["module"] in BEYOND_LEVELS:
             continue
         known = entries.get(_identity(entry))
-        if known is None:
+        if known is None and _every_level(entry):
+            entries[_identity(entry)] = entry
+        elif known is None:
             entries[_identity(entry)] = dict(entry, levels=[level])
         elif "levels" in known and level not in known["levels"]:
             known["levels"] = sorted([*known["levels"], level])
     return {json.dumps(entry, sort_keys=True): entry for entry in entries.values()}
+
+
+def _every_level(entry: dict) -> bool:
+    """A generated module (a pool, a depthwise convolution, a fused program) is made from
+    the model alone, never from the CPU's vector width: whichever machine recorded it, every
+    level runs it. Not so the native pool's part entries (``_part_f_``, ``_part_d_``), which
+    only a CPU with the pool (AVX-512) compiles."""
+    module = entry["module"]
+    return module.startswith("mixrt_") and "_part_" not in module
 
 
 def _identity(entry: dict) -> str:

@@ -46,11 +46,13 @@ def kernel_module(text: str, prefix: str = "mixrt_fused"):
         path = _written(cache_dir() / f"{name}.py", text)
         if path is None:
             module = types.ModuleType(name)
+            module.SOURCE = text
             exec(compile(text.replace("cache=True", "cache=False"), name, "exec"),
                  module.__dict__)
             return module
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        module.SOURCE = text  # what a module generated from this one starts with
         sys.modules[name] = module  # numba's cache locates functions through their module
         spec.loader.exec_module(module)
         return module

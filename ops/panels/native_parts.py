@@ -5,20 +5,29 @@ for the GIL: 20-40 us a hand-off, so kernels split only from 256K elements. The 
 worker takes a part without the GIL, spinning between back-to-back jobs, in ~5 us, so the
 pools and depthwise convolutions split from SPLIT_ELEMENTS.
 
-A generated module (``ops/pool/jit_pool.py``, ``ops/conv/jit_depthwise.py``) adds to its ``run``
-two ``cfunc`` entry points from :func:`part_source`, ``part_f`` (float32) and ``part_d`` (float64).
-Each reads its arguments from an array of addresses: ``args[0]`` is an int64 array of words (its
-own length, the shape of every array in order, the integer scalars, then the parts' bounds),
-``args[1:]`` the arrays' data. :func:`run_parts` writes those and calls the pool's driver, which
-runs ``part(args, p)`` for every part on this thread and the worker. Only numba's own ``carray``
-reads them, so nothing of the pool is compiled into the module.
+A generated module (``ops/pool/jit_pool.py``, ``ops/conv/jit_depthwise.py``) carries, beside
+its ``run``, the source of two ``cfunc`` entry points from :func:`part_source`, ``part_f``
+(float32) and ``part_d`` (float64), as text. Each reads its arguments from an array of
+addresses: ``args[0]`` is an int64 array of words (its own length, the shape of every array in
+order, the integer scalars, then the parts' bounds), ``args[1:]`` the arrays' data.
+:func:`run_parts` writes those and calls the pool's driver, which runs ``part(args, p)`` for
+every part on this thread and the worker. Only numba's own ``carray`` reads them, so nothing of
+the pool is compiled into the module.
+
+An entry is compiled only where the native pool runs a part of its dtype (:func:`part_entry`:
+the module's source and that one entry, as a generated module of its own). Compiled with the
+module, as they were until 2026-11-25, the two entries took most of a depthwise module's
+1.6-2.1 s, though a float32 model calls one and a CPU without the native pool (AVX2) none.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.generated import kernel_module
 
 # work (elements written) from which a kernel's parts go to the native workers: their hand-off
 # costs ~5 us, a Python thread's 20-40 (ops/compiled/parallel.py's MIN_ELEMENTS is set for those).
@@ -30,15 +39,16 @@ IMPORTS = ["from numba import carray, cfunc, types"]
 
 
 def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -> list[str]:
-    """The source of ``part_f`` and ``part_d``: ``arrays`` as (name, ndim, floating) in
-    :func:`run_parts`'s order (floating ones in the part's dtype, the others int64),
-    ``scalars`` the integer names after them, and ``body(dtype)`` the statements of one part
-    over ``start``..``stop`` (lines without indentation; ``dtype`` is ``"np.float32"`` or
-    ``"np.float64"``)."""
-    lines = []
+    """The line that gives a module ``PART_SOURCES``, the source of ``part_f`` and ``part_d``
+    by dtype (:func:`part_entry` compiles one where it is called): ``arrays`` as (name,
+    ndim, floating) in :func:`run_parts`'s order (floating ones in the part's dtype, the
+    others int64), ``scalars`` the integer names after them, and ``body(dtype)`` the
+    statements of one part over ``start``..``stop`` (lines without indentation; ``dtype`` is
+    ``"np.float32"`` or ``"np.float64"``)."""
+    sources = {}
     for suffix, dtype in (("f", "np.float32"), ("d", "np.float64")):
-        lines += [f"@cfunc({_SIGNATURE}, {_FLAGS})", f"def part_{suffix}(args, index):",
-                  "    words_ = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)"]
+        lines = [f"@cfunc({_SIGNATURE}, {_FLAGS})", f"def part_{suffix}(args, index):",
+                 "    words_ = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)"]
         at = 1
         for position, (name, ndim, floating) in enumerate(arrays, 1):
             shape = "".join(f"words_[{at + axis}], " for axis in range(ndim))
@@ -50,8 +60,22 @@ def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -
             at += 1
         lines.append(f"    start, stop = words_[{at} + index], words_[{at} + index + 1]")
         lines += [f"    {line}" for line in body(dtype)]
-        lines.append("")
-    return lines
+        sources[suffix] = "\n".join(lines) + "\n"
+    return [f"PART_SOURCES = {sources!r}", ""]
+
+
+@functools.lru_cache(maxsize=256)
+def part_entry(module, suffix: str):
+    """``module``'s ``part_f`` (``suffix`` "f") or ``part_d`` ("d"), compiled: a generated
+    module of the module's own source and that entry's (named by its hash like every
+    generated module, so it is cached and prebuilt as they are); a kernel file's own entries
+    (``ops/conv/_grouped_parts.py``) as they are."""
+    written = getattr(module, f"part_{suffix}", None)
+    if written is not None:
+        return written
+    source = f"{module.SOURCE}\n{module.PART_SOURCES[suffix]}"
+    prefix = f"{module.__name__.rsplit('_', 1)[0]}_part_{suffix}"
+    return getattr(kernel_module(source, prefix), f"part_{suffix}")
 
 
 def split(rows: int, work: int, native) -> list[tuple[int, int]] | None:
@@ -83,7 +107,7 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     words[0] = words.size
     addresses = np.empty(len(arrays) + 1, np.uint64)
     fill_addresses(addresses, (words,) + tuple(arrays))
-    entry = module.part_f if arrays[0].dtype == np.float32 else module.part_d
+    entry = part_entry(module, "f" if arrays[0].dtype == np.float32 else "d")
     run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
         entry.address, len(parts)
 
