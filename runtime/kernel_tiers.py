@@ -396,14 +396,15 @@ class BackgroundCompiler:
             _job_spec(session, job, folder)  # writes job.json beside the log
             del session
             log = folder / "child.log"
+            cores = child_cores()  # one reading for its environment and its confinement
             with open(log, "wb") as out:
                 self.children += 1
                 self._child = subprocess.Popen(
                     [sys.executable, "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=child_environment())
-                confine(self._child.pid)
+                    env=child_environment(cores))
+                confine(self._child.pid, cores)
                 code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():
@@ -445,17 +446,17 @@ def child_cores() -> set[int] | None:
     return set(allowed[-limit:])
 
 
-def child_environment() -> dict:
+def child_environment(cores: set[int] | None) -> dict:
+    """The child's environment; confined to ``cores``, it is told the parent's threads."""
     environment = dict(os.environ, MIXRT_COMPILE="foreground")
-    if child_cores() is not None:
+    if cores is not None:
         environment.setdefault("MIXRT_INTRA_OP_THREADS", str(parallel.intra_op_threads()))
     return environment
 
 
-def confine(pid: int) -> None:
-    """Confine the child to :func:`child_cores` (at once: its Python has not started yet
-    reading how many cores it has)."""
-    cores = child_cores()
+def confine(pid: int, cores: set[int] | None) -> None:
+    """Confine the child to ``cores`` (:func:`child_cores`), at once: its Python has not
+    started yet reading how many cores it has."""
     if cores is None:
         return
     try:

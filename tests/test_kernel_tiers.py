@@ -313,15 +313,17 @@ def test_the_child_is_confined_to_one_core_and_told_the_parents_threads(
 @needs_two_cores
 def test_compile_cores_setting(monkeypatch):
     allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("MIXRT_INTRA_OP_THREADS", raising=False)
     monkeypatch.setenv("MIXRT_COMPILE_CORES", "0")
     assert kernel_tiers.child_cores() is None
     monkeypatch.setenv("MIXRT_COMPILE_CORES", str(len(allowed)))
     assert kernel_tiers.child_cores() is None
-    assert "MIXRT_INTRA_OP_THREADS" not in kernel_tiers.child_environment() or \
-        os.environ.get("MIXRT_INTRA_OP_THREADS")
+    assert "MIXRT_INTRA_OP_THREADS" not in kernel_tiers.child_environment(None)
     monkeypatch.setenv("MIXRT_COMPILE_CORES", "1")
     assert kernel_tiers.child_cores() == {allowed[-1]}
+    told = kernel_tiers.child_environment({allowed[-1]})["MIXRT_INTRA_OP_THREADS"]
+    assert told == str(kernel_tiers.parallel.intra_op_threads())
     monkeypatch.setenv("MIXRT_COMPILE_CORES", "not a number")  # the default, not a failure
     assert kernel_tiers.child_cores() == {allowed[-1]}
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "7")  # the user's own setting stands
-    assert kernel_tiers.child_environment()["MIXRT_INTRA_OP_THREADS"] == "7"
+    assert kernel_tiers.child_environment({allowed[-1]})["MIXRT_INTRA_OP_THREADS"] == "7"
