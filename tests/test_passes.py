@@ -304,6 +304,12 @@ def test_conv_batchnorm_folds_into_the_weights(group, with_bias):
                  [("x", [2, 8, 5, 5])], [("y", [2, 8, 5, 5])], params)
     optimized = checked(g, {"x": rand(2, 8, 5, 5)}, 2)
     assert ops(optimized) == {"Conv": 1}
+    # each folded filter value is the float64 product rounded once to float32
+    (conv,) = optimized.nodes
+    scale = params["scale"].astype(np.float64) / np.sqrt(params["var"].astype(np.float64)
+                                                         + np.float64(np.float32(1e-3)))
+    expected = (params["W"].astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+    np.testing.assert_array_equal(optimized.initializers[conv.inputs[1]], expected)
 
 
 def test_conv_then_per_channel_mul_and_add_fold():

@@ -64,7 +64,10 @@ RUN = textwrap.dedent("""
     np.save(sys.argv[2], y)
     print(json.dumps({"first": compiled_at_first, "states": states,
                       "children": kernel_tiers.compiler().children if tiers else None,
-                      "module": mixrt.__file__}))
+                      "module": mixrt.__file__,
+                      # what numba loads to compile, not to load (ops/compiled/numba_start.py)
+                      "registries": "numba.np.npyimpl" in sys.modules,
+                      "scipy_linalg": "scipy.linalg" in sys.modules}))
 """)
 
 
@@ -116,6 +119,7 @@ def test_a_fresh_process_runs_the_prebuilt_kernels_at_its_first_run(built, tmp_p
     on_prebuilt = run_model(sys.executable, built["model"], tmp_path / "prebuilt.npy",
                             _env(tmp_path / "a", MIXRT_PREBUILT_DIR=str(built["prebuilt"])))
     assert on_prebuilt["first"] and on_prebuilt["children"] == 0, on_prebuilt
+    assert not on_prebuilt["registries"] and not on_prebuilt["scipy_linalg"], on_prebuilt
     # nothing was compiled into the user's cache: no numba entry was written; nor did the
     # run leave anything in the prebuilt folder (an installed package's)
     assert not list((tmp_path / "a" / "numba").rglob("*.nbc"))

@@ -4,7 +4,8 @@ markers of models whose kernels are compiled in ``warm/`` (``runtime/kernel_tier
 
 numba's own cache is patched once per process (:func:`guard_damaged_entries`): a damaged
 entry counts as missing, index updates are locked, the kernel files' entries are stamped with
-every kernel file's hash; a miss looks in the wheel's prebuilt level (``prebuilt.py``); under
+every kernel file's hash; an entry is read before numba's registries are loaded
+(``numba_start.py``); a miss looks in the wheel's prebuilt level (``prebuilt.py``); under
 ``jit_tier.loading_only`` a kernel in no cache raises instead of compiling; a kernel another
 process is compiling is waited for and loaded, not compiled twice; a prebuild saves each
 entry into its level too; ``MIXRT_RECORD_KERNELS`` notes every load
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from mixrt.ops.compiled import jit_tier, prebuilt
+from mixrt.ops.compiled.numba_start import load_before_registries
 from mixrt.ops.compiled.recorded_kernels import record as _record
 
 try:
@@ -53,8 +55,7 @@ def guard_damaged_entries() -> None:
         return
     from numba.core import caching  # noqa: PLC0415  (numba loads on first use)
     index_file, cache = caching.IndexDataCacheFile, caching.Cache
-    load_index, load_data, load_overload = (index_file._load_index, index_file._load_data,
-                                            cache.load_overload)
+    load_index, load_data = index_file._load_index, index_file._load_data
 
     def _load_index(self):
         try:
@@ -74,7 +75,7 @@ def guard_damaged_entries() -> None:
 
     def _load_overload(self, sig, target_context):
         try:
-            return load_overload(self, sig, target_context)
+            return load_before_registries(self, sig, target_context)
         except Exception:  # noqa: BLE001  (an entry that unpickled but cannot be rebuilt)
             return None
 

@@ -168,7 +168,8 @@ class _Layout:
     """What a node's geometry fixes: the stride phases' shape, each tap's offset into them,
     the packed weight. Made once per session node and input shape."""
 
-    def __init__(self, X, W, kernel, strides, dilations, begin, end, out_dims):
+    def __init__(self, X, W, kernel, strides, dilations, begin, end, out_dims,
+                 constant=False):
         kernels = jit_cpu.panel_kernels()
         (c, height, width), m = X.shape[1:], W.shape[0]
         (sy, sx), (dh, dw) = strides, dilations
@@ -208,8 +209,7 @@ class _Layout:
             # a copy of its own: repack() writes into it
             self.weights, self.row_block = weight.copy(), 0
         elif not self.taps:
-            self.weights = np.zeros((-(-m // STRIP) * STRIP, c), X.dtype)  # whole strips
-            self.weights[:m] = weight
+            self.weights = _strip_weights(weight, X.dtype, borrow=constant)
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
         self._native = None
 
@@ -302,6 +302,20 @@ def _tap_offsets(c, plane_stride, pw, kernel, strides, dilations, phases_x):
     return offsets.reshape(-1)
 
 
+def _strip_weights(weight, dtype, borrow: bool):
+    """A 1x1 convolution's weight (M, C) over whole strips of output channels, zero past M.
+    A constant weight that already is whole strips, of the input's dtype and contiguous, is
+    used where it lies (``borrow``): ResNet-50's 1x1 filters copied were 50 MB written at its
+    first run. A weight that is not the node's constant is always copied, as repack() writes
+    the next one into it."""
+    m, c = weight.shape
+    if borrow and m % STRIP == 0 and weight.dtype == dtype and weight.flags.c_contiguous:
+        return weight
+    whole = np.zeros((-(-m // STRIP) * STRIP, c), dtype)
+    whole[:m] = weight
+    return whole
+
+
 def _column_panels(weight, width):
     """The transpose of ``weight`` (M, K) as (P, K, width) panels of output channels, the
     last one zero-padded."""
@@ -340,15 +354,17 @@ def varying_layouts(node: dict | None, X, geometry_of) -> dict | None:
     return layouts if X.shape[0] * math.prod(out_dims) >= VARYING_MIN_POSITIONS else None
 
 
-def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims) -> _Layout:
+def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
+           constant=False) -> _Layout:
     """The node's :class:`_Layout` for this input shape and dtype, made on first use (a
     node's weight may change dtype between calls where it is not a constant: an imperative
-    op's dict serves every call with its attributes)."""
+    op's dict serves every call with its attributes). ``constant``: W is the node's constant
+    and stays as it is, so the layout may read it in place."""
     key = ("direct", X.shape[1:], W.shape, X.dtype.str)
     plan = prepacked.get(key)
     if plan is None:
         plan = prepacked.setdefault(key, _Layout(X, W, kernel, strides, dilations, begin, end,
-                                                 out_dims))
+                                                 out_dims, constant))
     return plan
 
 
@@ -359,7 +375,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     ``repack``: W is not the node's constant (``prepacked`` is then a thread's
     :func:`varying_layouts`): pack it again first."""
     kernel, strides, dilations, _, begin, end, out_dims = geometry
-    plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims)
+    plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
+                  constant=not repack)
     if repack:
         plan.repack(W)
     native, split = _native_pool(), plan.native_parts().count > 1

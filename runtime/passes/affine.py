@@ -145,20 +145,28 @@ def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
 def _absorb(g, conv, follower, weights, affine, constants, names) -> None:
     W, B = weights
     scale, shift = affine
-    w = W.astype(np.float64)
+    w = W if scale is None else _scaled_filters(W, scale)
     b = np.zeros(W.shape[0]) if B is None else B.astype(np.float64).reshape(-1)
     if scale is not None:
-        w = w * scale.reshape((-1,) + (1,) * (W.ndim - 1))
         b = b * scale
     if shift is not None:
         b = b + shift
     out = follower.outputs[0]
     w_name, b_name = names(f"{out}_folded_W"), names(f"{out}_folded_B")
-    g.initializers[w_name] = constants[w_name] = w.astype(W.dtype)
+    g.initializers[w_name] = constants[w_name] = w
     g.initializers[b_name] = constants[b_name] = b.astype(W.dtype)
     conv.inputs = [conv.inputs[0], w_name, b_name]
     conv.outputs = [out]
     remove_nodes(g, [follower])
+
+
+def _scaled_filters(W: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``W * scale`` per output channel, each product taken in float64 and rounded once to
+    ``W``'s dtype. One ufunc call that casts in its own small buffers: the whole filter bank
+    in float64 and back (ResNet-50: 100 MB of float32 made 200 MB twice) took 3x as long."""
+    out = np.empty_like(W)
+    np.multiply(W, scale.reshape((-1,) + (1,) * (W.ndim - 1)), out=out, casting="unsafe")
+    return out
 
 
 # -- BatchNormalization as Mul and Add ------------------------------------------------------------

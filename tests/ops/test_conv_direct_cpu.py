@@ -208,6 +208,19 @@ def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
     assert len([k for k in prepacked if k[0] == "direct"]) == 2
 
 
+def test_a_constant_pointwise_weight_of_whole_strips_is_read_where_it_lies(every_shape):
+    """A 1x1 node's constant weight of whole strips is not copied (ResNet-50's were 50 MB
+    written at the first run); one with a partial last strip is copied with zeros past M."""
+    X = _rand(1, 16, 12, 12)
+    for m, borrowed in ((24, True), (20, False)):
+        W = _rand(m, 16, 1, 1)
+        out, prepacked = _direct(X, W)
+        (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+        assert not plan.taps and np.shares_memory(plan.weights, W) == borrowed
+        assert plan.weights.shape == (24, 16)
+        np.testing.assert_allclose(out, _expected(X, W), rtol=1e-4, atol=1e-4)
+
+
 def test_channels_not_a_multiple_of_a_strip_leave_nothing_past_them(every_shape):
     X, W, B, Z = _rand(1, 3, 17, 17), _rand(5, 3, 3, 3), _rand(5), _rand(1, 5, 17, 17)
     size = 5 * 17 * 17
@@ -562,6 +575,7 @@ def test_phase_planes_of_stride_two_hold_every_padded_pixel_once(width, left, dt
     (16, (3, 3), (1, 1), 40),   # tap tile, a partial last panel
     (2, (7, 7), (2, 2), 8),     # a stem: K = 98, the weight on the left
     (16, (1, 1), (1, 1), 20),   # 1x1 read in place: whole strips
+    (16, (1, 1), (1, 1), 24),   # a weight of whole strips, copied all the same (repacked)
 ])
 def test_a_weight_that_varies_is_packed_again_on_every_call(c, kernel, strides, m,
                                                             monkeypatch):
