@@ -141,33 +141,36 @@ def child(name: str, wait: float) -> dict:
     return result
 
 
-def serving_child(name: str, seconds: float, started: float) -> dict:
-    """In the fresh process: serve ``name`` in a loop from the start, as a service does, until
-    the compiled tier has been in for SERVED_AFTER runs or ``seconds`` have passed. Times are
-    seconds since ``started``, the parent's clock just before it started this process."""
+def serving_child(path: str, feeds_file: str, seconds: float, started: float) -> dict:
+    """In the fresh process: serve the model at ``path`` in a loop from the start, as a
+    service does, on the feeds in ``feeds_file`` (an .npz), until the compiled tier has been
+    in for SERVED_AFTER runs or ``seconds`` have passed. Times are seconds since ``started``,
+    the parent's clock just before it started this process."""
     import mixrt  # noqa: PLC0415
     from mixrt.runtime import kernel_tiers  # noqa: PLC0415
-    with tempfile.TemporaryDirectory() as folder:
-        path, feeds = model_and_feeds(name, Path(folder))
-        session = mixrt.Session(path)
-        runs, first_end, full_speed_at = [], None, None  # runs: (seconds, compiled after it)
-        while time.time() - started < seconds:
-            begin = time.perf_counter()
-            session.run(None, feeds)
-            runs.append((time.perf_counter() - begin, _tier(session) == "compiled"))
-            first_end = first_end or time.time() - started
-            if full_speed_at is None and runs[-1][1]:
-                full_speed_at = time.time() - started
-            if sum(1 for _, compiled in runs if compiled) > SERVED_AFTER:
-                break
-        children = kernel_tiers.compiler().children if session._tiers else 0
+    with np.load(feeds_file) as stored:
+        feeds = dict(stored)
+    session = mixrt.Session(path)
+    runs, first_end, full_speed_at = [], None, None  # runs: (seconds, compiled after it)
+    while time.time() - started < seconds:
+        begin = time.perf_counter()
+        session.run(None, feeds)
+        runs.append((time.perf_counter() - begin, _tier(session) == "compiled"))
+        first_end = first_end or time.time() - started
+        if full_speed_at is None and runs[-1][1]:
+            full_speed_at = time.time() - started
+        if sum(1 for _, compiled in runs if compiled) > SERVED_AFTER:
+            break
+    children = kernel_tiers.compiler().children if session._tiers else 0
+    from mixrt.ops.compiled import prebuilt  # noqa: PLC0415
+    level = prebuilt.level_name()  # after serving: it loads numba where nothing else did
     before = [taken for taken, compiled in runs[1:] if not compiled]
     after = [taken for taken, compiled in runs[1:] if compiled]
     after = after[len(after) // 2:]
     return {"first_end_s": first_end, "full_speed_s": full_speed_at, "runs": len(runs),
             "before_ms": statistics.median(before) * 1e3 if before else None,
             "after_ms": statistics.median(after) * 1e3 if after else None,
-            "children": children}
+            "children": children, "level": level}
 
 
 def _steady(session, feeds) -> float:
@@ -208,38 +211,51 @@ def demo_seconds(mode: str, caches: Path) -> float:
     return time.perf_counter() - started
 
 
-def serving_process(name: str, caches: Path, seconds: float, prebuilt: Path | None) -> dict:
+def serving_process(name: str, caches: Path, seconds: float, prebuilt: Path | None,
+                    told: str | None = None) -> dict:
+    """One serving process; ``told``: numba told that x86-64 level's CPU (the process takes
+    the level's kernel forms and prebuilt entries, as a CPU of that level would)."""
     env = _env("background", caches)
+    if told:
+        env["NUMBA_CPU_NAME"] = told
     if prebuilt is None:
         env["MIXRT_PREBUILT"] = "0"  # kernels compiled here, even from a wheel that has them
     else:
         env["MIXRT_PREBUILT_DIR"] = str(prebuilt)
+    # the request is made here, as a service's arrives from outside: making a sweep point's
+    # feeds imports its exporters' libraries (scikit-learn's: 0.8 s), no part of serving
+    request = caches / "request"
+    request.mkdir(exist_ok=True)
+    path, feeds = model_and_feeds(name, request)
+    np.savez(request / "feeds.npz", **feeds)
     started = time.time()
-    out = subprocess.run([sys.executable, __file__, "--serve-child", name, "--seconds",
-                          str(seconds), "--started", repr(started)],
+    out = subprocess.run([sys.executable, __file__, "--serve-child", str(path), "--feeds",
+                          str(request / "feeds.npz"), "--seconds", str(seconds),
+                          "--started", repr(started)],
                          env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_serving(models, prebuilt: Path | None, seconds: float) -> list[dict]:
+def measure_serving(models, prebuilt: Path | None, seconds: float,
+                    told_levels=()) -> list[dict]:
     """Each model served from a fresh process with empty caches, then from a second one on
-    the caches the first left; with kernels compiled here, and prebuilt where given."""
+    the caches the first left; with kernels compiled here, prebuilt where given, and
+    prebuilt with numba told each of ``told_levels`` (a lower level's view on this CPU)."""
     rows = []
+    cases = [(None, None)] + ([(prebuilt, None)] + [(prebuilt, t) for t in told_levels]
+                              if prebuilt else [])
     for name in models:
-        for kernels in [None] + ([prebuilt] if prebuilt else []):
+        for kernels, told in cases:
             with tempfile.TemporaryDirectory() as folder:
                 for caches in ("cold", "warm"):
-                    result = serving_process(name, Path(folder), seconds, kernels)
+                    result = serving_process(name, Path(folder), seconds, kernels, told)
                     row = {"model": name, "caches": caches, **result,
                            "kernels": "compiled here" if kernels is None else
-                           f"prebuilt ({_level(kernels)})"}
+                           f"prebuilt ({result['level'] or 'none fits'}"
+                           f"{', numba told it' if told else ''})"}
                     rows.append(row)
                     _say(_row_text(row))
     return rows
-
-
-def _level(folder: Path) -> str:
-    return ", ".join(sorted(p.parent.name for p in folder.glob("*/manifest.json"))) or "none"
 
 
 def serving_table(rows: list[dict]) -> str:
@@ -266,7 +282,11 @@ def serving_section(rows: list[dict], seconds: float) -> str:
         "process on the caches the first left. *compiled here*: the kernels compile on this "
         "machine (a child process, one core at nice 10); *prebuilt*: the wheel's kernels "
         "for this CPU's level (`ops/compiled/prebuilt.py`), the first run on the compiled "
-        "tier where every kernel loads. ms columns: medians after the first run.", "",
+        "tier where every kernel loads; *numba told it*: the process told a lower level's "
+        "CPU (`NUMBA_CPU_NAME`), so it takes that level's kernel forms and entries, as a CPU "
+        "of that level would (its latencies are this CPU's). The feeds are made by the "
+        "parent and read from an .npz, as a service's requests arrive from outside. "
+        "ms columns: medians after the first run.", "",
         serving_table(rows), SERVE_END])
 
 
@@ -380,21 +400,27 @@ def main() -> int:
     parser.add_argument("--prebuilt", type=Path,
                         help="with --serve: also with these prebuilt kernels (a folder "
                              "python -m mixrt.ops.compiled._prebuild --into wrote)")
+    parser.add_argument("--as-level", nargs="*", default=[], metavar="LEVEL",
+                        help="with --serve --prebuilt: also with numba told each of these "
+                             "x86-64 levels' CPU (x86-64-v3 on an AVX-512 machine: the AVX2 "
+                             "forms and level)")
     parser.add_argument("--seconds", type=float, default=300,
                         help="with --serve: how long a process serves at most")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--serve-child", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--feeds", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.wait)))
         return 0
     if args.serve_child:
-        print(json.dumps(serving_child(args.serve_child, args.seconds, args.started)))
+        print(json.dumps(serving_child(args.serve_child, args.feeds, args.seconds,
+                                       args.started)))
         return 0
     if args.serve:
         models = args.models if "--models" in sys.argv else ["resnet50", "bert_h64"]
-        rows = measure_serving(models, args.prebuilt, args.seconds)
+        rows = measure_serving(models, args.prebuilt, args.seconds, args.as_level)
         print(serving_table(rows))
         write(serving_section(rows, args.seconds), args.out, SERVE_BEGIN, SERVE_END)
         return 0

@@ -208,6 +208,13 @@ def test_the_level_is_the_cpus_best_and_only_that(monkeypatch):
     assert prebuilt.host_level() is None
     monkeypatch.setattr(prebuilt, "_host_features", lambda: {"sse4.2": True})
     assert prebuilt.host_level() is None
+    # numba told a level's CPU: that level, where this CPU runs it (the forms follow too)
+    monkeypatch.setenv("NUMBA_CPU_NAME", "x86-64-v3")
+    monkeypatch.setattr(prebuilt, "_host_features", lambda: avx512)
+    assert prebuilt.host_level() == "x86-64-v3"
+    monkeypatch.setenv("NUMBA_CPU_NAME", "x86-64-v4")
+    monkeypatch.setattr(prebuilt, "_host_features", lambda: avx2)
+    assert prebuilt.host_level() is None
 
 
 def test_loading_only_refuses_to_compile_and_names_the_kernel(tmp_path, monkeypatch):

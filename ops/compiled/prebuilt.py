@@ -76,8 +76,13 @@ def chosen() -> tuple[Path, tuple] | None:
 def host_level() -> str | None:
     """The best level this CPU runs, and only that one: the kernels' Python picks its forms
     by the CPU's vector width (``jit_cpu.vector_bytes``), so an AVX-512 machine must not
-    load the AVX2 level's code, built for the other forms."""
+    load the AVX2 level's code, built for the other forms. Where numba is told a level's
+    CPU (``NUMBA_CPU_NAME=x86-64-v3``, as for caches shared by a mixed cluster), that
+    level, if this CPU runs it: the kernels' forms follow the same setting."""
     features = _host_features()
+    told = os.environ.get("NUMBA_CPU_NAME")
+    if told in LEVELS:
+        return told if all(features.get(name, False) for name in LEVELS[told]) else None
     widest = 64 if features.get("avx512f") else 32 if features.get("avx2") else 16
     for level, needs in LEVELS.items():
         if all(features.get(name, False) for name in needs):
