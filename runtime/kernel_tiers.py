@@ -4,20 +4,20 @@ numba compiles a kernel on its first call, and on a machine with empty caches a 
 first run waited 76-100 s for it (ResNet-50 12-17 s). A CI job or a new service container
 starts with empty caches every time. So a session's first run of an input signature goes:
 
-* **Prebuilt kernels for this CPU** (a platform wheel's, ``ops/compiled/prebuilt.py``): the
-  first run goes to the compiled tier at once with compiling forbidden
-  (:meth:`SessionTiers.first_run`). When every kernel loads from a cache the signature stays
-  compiled and no child starts; when one would have to compile, the request is answered on
-  the NumPy tier and the signature goes on as below, the child compiling only what is missing.
+* **Prebuilt kernels for this CPU** (a platform wheel's, ``ops/compiled/prebuilt.py``), or a
+  **warm marker** (``<cache>/warm/<key>.json``, written once that model's kernels for that
+  signature were compiled into the user's cache): the first run goes to the compiled tier at
+  once with compiling forbidden (:meth:`SessionTiers.first_run`). When every kernel loads
+  from a cache the signature stays compiled and no child starts; when one would have to
+  compile, the request is answered on the NumPy tier (a stale marker is removed) and the
+  signature goes on as below, the child compiling only what is missing. Until 2026-11-26 a
+  warm marker's first run served NumPy and the compiler loaded the kernels after it: loading
+  then cost 0.4-0.8 s (numba's registries, SciPy), ``ops/compiled/numba_start.py`` took most
+  of that away, and the two runs reached full speed later than one (ResNet-50 1.09 s).
 * Otherwise the run, and every run of that signature until the compiled tier is in, runs with the
   compiled tier off (``ops/compiled/jit_tier.py``: every op takes its NumPy/BLAS path, which
-  ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler.
-* **Warm marker found** (``<cache>/warm/<key>.json``, written once that model's kernels for
-  that signature were compiled into the cache): the compiler starts no child; it makes the
-  loading run below at once, numba loading the machine code from its disk cache. That used
-  to happen inside the first run, which then took 0.4-0.8 s more than the NumPy tier's on
-  every model of the real-exports set (numba's import alone is ~0.4 s).
-* **Otherwise** the child compiles first.
+  ``MIXRT_JIT=0`` always takes), and the signature is handed to the background compiler,
+  whose child compiles first.
 
 The background compiler is one thread per process that works through its queue with a child
 process (``python -m mixrt.runtime.compile_worker``, at a lower priority): the child loads
@@ -72,8 +72,9 @@ from mixrt.runtime.profiler import symbolic_profiler
 # the child's module (a test points it elsewhere to see a failed compile handled)
 WORKER_MODULE = "mixrt.runtime.compile_worker"
 PENDING, LOADING, COMPILED, FAILED = "pending", "loading", "compiled", "failed"
-# SessionTiers.compiled's answer for the first run of a signature on prebuilt kernels
-PREBUILT_FIRST = "prebuilt first run"
+# SessionTiers.compiled's answer for the first run of a signature whose kernels should all
+# load (prebuilt ones, or a warm marker's)
+LOADING_FIRST = "loading first run"
 # integer initializers up to this many elements enter a graph's fingerprint with their values
 # (shapes, axes, pads: values that choose kernels); others by dtype and shape only, so a
 # model whose weights changed (a training run's evaluation copy each epoch) keeps its key
@@ -99,23 +100,24 @@ class SessionTiers:
 
     def compiled(self, signature: tuple, feeds: dict):
         """The tier of a run of ``signature`` starting now: True (compiled), False (NumPy),
-        or :data:`PREBUILT_FIRST` (its first run, for :meth:`first_run`)."""
+        or :data:`LOADING_FIRST` (its first run, for :meth:`first_run`)."""
         state = self._state.get(signature)
         if state is COMPILED:
             return True
         if state is None:
             state = self._first_run(signature, feeds)
-            if state is PREBUILT_FIRST:
+            if state is LOADING_FIRST:
                 return state
         return state is COMPILED or (state is LOADING and _LOADING.get() is self)
 
     def first_run(self, signature: tuple, feeds: dict, run):
         """The first run of ``signature`` where the CPU has prebuilt kernels
-        (``ops/compiled/prebuilt.py``): ``run()`` on the compiled tier with compiling
-        forbidden. When every kernel loads, from the prebuilt ones or the user's cache, the
-        signature is compiled from this run on, and no child starts. When one is in no cache
-        (a model's own generated kernel, an argument type the build did not see), this
-        request is answered on the NumPy tier and the child compiles the missing ones."""
+        (``ops/compiled/prebuilt.py``) or the signature a warm marker: ``run()`` on the
+        compiled tier with compiling forbidden. When every kernel loads, from the prebuilt
+        ones or the user's cache, the signature is compiled from this run on, and no child
+        starts. When one is in no cache (a model's own generated kernel, an argument type the
+        build did not see, a cache emptied under its marker), this request is answered on
+        the NumPy tier and the child compiles the missing ones."""
         token = _LOADING.set(self)
         misses: list = []
         outputs = None
@@ -133,7 +135,9 @@ class SessionTiers:
             _mark(self._session(), "kernel tier: compiled")
             return outputs
         self._set(signature, PENDING)
-        compiler().submit(CompileJob(self, signature, _copied(feeds), self._marker(signature)))
+        marker = self._marker(signature)
+        marker.unlink(missing_ok=True)  # stale: the child compiles what it no longer holds
+        compiler().submit(CompileJob(self, signature, _copied(feeds), marker))
         if outputs is None:  # (a kernel that caught the miss answered on its NumPy path)
             with jit_tier.using(False):
                 outputs = run()
@@ -171,15 +175,10 @@ class SessionTiers:
                 # kernels' compile in this process; either way, compile on demand
                 self._state[signature] = COMPILED
                 return COMPILED
-            if prebuilt.chosen() is not None:  # first_run tries the compiled tier at once
+            marker = None if prebuilt.chosen() is not None else self._marker(signature)
+            if marker is None or marker.is_file():  # first_run: the compiled tier at once
                 self._state[signature] = LOADING
-                return PREBUILT_FIRST
-            # with a warm marker too the first run serves NumPy: the compiler skips the
-            # child and makes its loading run at once (importing numba and loading the
-            # kernels from the cache cost every model of the real-exports set 0.4-0.8 s of
-            # its first run: Faster R-CNN 1.27 s against 0.48 on NumPy, a decision tree
-            # 0.39 s against 2 ms)
-            marker = self._marker(signature)
+                return LOADING_FIRST
             self._state[signature] = PENDING
         job = CompileJob(self, signature, _copied(feeds), marker)
         compiler().submit(job)

@@ -257,7 +257,7 @@ class Session:
         ``delivery`` is (to the host, lent) as :meth:`_collect` takes them."""
         if self._tiers is not None and jit_tier.compiled_allowed():
             tier = self._tiers.compiled(signature, feeds)
-            if tier is kernel_tiers.PREBUILT_FIRST:  # compiled at once, if nothing compiles
+            if tier is kernel_tiers.LOADING_FIRST:  # compiled at once, if nothing compiles
                 return self._tiers.first_run(signature, feeds, lambda: self._gated_run(
                     signature, feeds, wanted, process, delivery))
             if not tier:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -105,8 +106,8 @@ def test_a_warm_marker_loads_the_next_process_without_a_child(background):
     first = mixrt.Session(pool_norm_model())
     first.run(None, feeds())
     assert first.wait_compiled(timeout=WAIT)
-    # another process, same caches: its first run serves NumPy (numba's import and the
-    # kernels' load are the loading run's), no child is started, and it is compiled soon
+    # another process, same caches: its first run is compiled already (every kernel loads
+    # from the cache) and no child is started
     script = ("import subprocess, numpy as np, mixrt\n"
               "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
               "started, real = [], subprocess.Popen\n"
@@ -118,7 +119,28 @@ def test_a_warm_marker_loads_the_next_process_without_a_child(background):
               "np.testing.assert_allclose(s.run(None, feeds())[0], y, rtol=1e-5, atol=1e-6)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, check=True, env=dict(os.environ))
-    assert out.stdout.strip() in ("['pending'] True 0", "['loading'] True 0"), out.stderr
+    assert out.stdout.strip() == "['compiled'] True 0", out.stderr
+
+
+def test_a_warm_marker_over_an_emptied_cache_is_dropped_and_the_child_compiles(background):
+    first = mixrt.Session(pool_norm_model())
+    first.run(None, feeds())
+    assert first.wait_compiled(timeout=WAIT)
+    (marker,) = (background / "mixrt" / "warm").glob("*.json")
+    shutil.rmtree(os.environ["NUMBA_CACHE_DIR"])  # numba's entries gone, the marker kept
+    # another process: its first run misses a kernel, so it is answered on the NumPy tier,
+    # the stale marker goes, and the child compiles again (and writes the marker again)
+    script = ("import numpy as np, mixrt\n"
+              "from mixrt.runtime import kernel_tiers\n"
+              "from tests.test_kernel_tiers import pool_norm_model, feeds\n"
+              "s = mixrt.Session(pool_norm_model(seed=5))\n"
+              "y = s.run(None, feeds())[0]\n"
+              "first = list(s._tiers.states().values())\n"
+              f"print(first, s.wait_compiled(timeout={WAIT}), kernel_tiers.compiler().children)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, check=True, env=dict(os.environ))
+    assert out.stdout.strip() == "['pending'] True 1", out.stderr
+    assert marker.is_file()
 
 
 def test_the_switch_is_thread_safe(background):
