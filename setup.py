@@ -4,7 +4,8 @@ compiled ahead of time, so a user's machine has nothing to compile for them
 
 ``python -m build`` (or ``pip wheel .``) compiles them after copying the package, for the
 x86-64 levels in ``MIXRT_PREBUILT_LEVELS`` (comma-separated; default ``x86-64-v3,x86-64-v4``
-on x86-64 Linux, none elsewhere; ``none`` skips them), into the build's copy of
+and the latter's VNNI addition, ``x86-64-v4-vnni``, on x86-64 Linux, none elsewhere;
+``none`` skips them), into the build's copy of
 ``mixrt/ops/compiled/prebuilt/``. Such a wheel holds machine code, so it is tagged for this
 Python and platform, and requires the numba that compiled it. ``MIXRT_PREBUILT_KERNELS``
 names another list than the recorded ``ops/compiled/kernels.json`` (the tests build a small
@@ -24,7 +25,7 @@ from pathlib import Path
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
-DEFAULT_LEVELS = "x86-64-v3,x86-64-v4"
+DEFAULT_LEVELS = "x86-64-v3,x86-64-v4,x86-64-v4-vnni"
 
 
 def prebuilt_levels() -> list[str]:

@@ -136,16 +136,18 @@ def _recorded(folder: Path) -> dict:
     for lines in sorted(folder.glob("kernels.jsonl*")):
         reference = not lines.name.endswith(".other")
         for entry in read_lines(lines):
+            if entry["module"] in BEYOND_LEVELS:
+                entry = dict(entry, levels=[BEYOND_LEVELS[entry["module"]]])
             if reference or not entry["module"].startswith(SHAPED):
                 entries[json.dumps(entry, sort_keys=True)] = entry
     return entries
 
 
-# modules that load only where the CPU has more than a level promises: the 8-bit products are
-# LLVM IR around AVX-512 VNNI's vpdpbusd (ops/quant/int8_cpu.py), which x86-64-v4 lacks, and
-# LLVM aborts the build's process on an intrinsic its target cannot select. They compile
-# where they run, until a level with VNNI is built.
-BEYOND_LEVELS = ("mixrt.ops.quant._jit_int8",)
+# modules that load only where the CPU has more than a level promises, listed for the level's
+# addition (ops/compiled/prebuilt.py, ADDITIONS): the 8-bit products are LLVM IR around
+# AVX-512 VNNI's vpdpbusd (ops/quant/int8_cpu.py), which x86-64-v4 lacks (LLVM aborts the
+# build's process on an intrinsic its target cannot select)
+BEYOND_LEVELS = {"mixrt.ops.quant._jit_int8": "x86-64-v4-vnni"}
 
 
 def _added(recorded: dict, out: Path) -> dict:
@@ -161,7 +163,8 @@ def _added(recorded: dict, out: Path) -> dict:
     listed = json.loads(out.read_text())["kernels"] if out.exists() else []
     entries = {_identity(entry): entry for entry in listed}
     for entry in recorded.values():
-        if entry["module"] in BEYOND_LEVELS:
+        if entry["module"] in BEYOND_LEVELS:  # an addition's, labelled as recorded
+            entries[_identity(entry)] = entry
             continue
         known = entries.get(_identity(entry))
         if known is None and _every_level(entry):

@@ -217,6 +217,71 @@ def test_the_level_is_the_cpus_best_and_only_that(monkeypatch):
     assert prebuilt.host_level() is None
 
 
+def test_an_addition_is_loaded_after_its_level_where_the_cpu_has_its_features(tmp_path,
+                                                                              monkeypatch):
+    """The VNNI addition: only beside x86-64-v4, only on a CPU with VNNI, not where numba is
+    told a CPU without it, not when built by another numba; and only entries marked for it
+    are built into it."""
+    def manifest(level, numba=None):
+        folder = tmp_path / level
+        folder.mkdir(exist_ok=True)
+        target = ["x86_64-unknown-linux-gnu", *prebuilt.build_target(level)]
+        (folder / prebuilt.MANIFEST).write_text(json.dumps(
+            {"level": level, "target": target, "numba": numba or prebuilt._numba_version(),
+             "python": prebuilt._python_tag()}))
+    for level in ("x86-64-v4", "x86-64-v3", "x86-64-v4-vnni"):
+        manifest(level)
+    v4 = dict.fromkeys(prebuilt.LEVELS["x86-64-v4"] + prebuilt.LEVELS["x86-64-v3"], True)
+    monkeypatch.setenv("MIXRT_PREBUILT_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    monkeypatch.delenv("MIXRT_PREBUILT", raising=False)
+
+    def seen(features, **env):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(prebuilt, "_host_features", lambda: features)
+        prebuilt.chosen.cache_clear()
+        prebuilt.additions.cache_clear()
+        try:
+            return prebuilt.level_name()
+        finally:
+            for name in env:
+                monkeypatch.delenv(name)
+    try:
+        assert seen(dict(v4, avx512vnni=True)) == "x86-64-v4 + x86-64-v4-vnni"
+        assert seen(v4) == "x86-64-v4"
+        assert seen(dict.fromkeys(prebuilt.LEVELS["x86-64-v3"], True)) == "x86-64-v3"
+        assert seen(dict(v4, avx512vnni=True), NUMBA_CPU_NAME="x86-64-v4",
+                    NUMBA_CPU_FEATURES="") == "x86-64-v4"
+        assert seen(dict(v4, avx512vnni=True), NUMBA_CPU_NAME="x86-64-v4",
+                    NUMBA_CPU_FEATURES="+avx512vnni") == "x86-64-v4 + x86-64-v4-vnni"
+        manifest("x86-64-v4-vnni", numba="0.0.1")
+        assert seen(dict(v4, avx512vnni=True)) == "x86-64-v4"
+    finally:
+        prebuilt.chosen.cache_clear()
+        prebuilt.additions.cache_clear()
+    assert prebuilt.build_target("x86-64-v4-vnni") == ("x86-64-v4", "+avx512vnni")
+    int8 = {"module": "mixrt.ops.quant._jit_int8", "levels": ["x86-64-v4-vnni"]}
+    plain, v4_only = {"module": "m"}, {"module": "m", "levels": ["x86-64-v4"]}
+    assert [prebuilt.builds_entry("x86-64-v4-vnni", e) for e in (int8, plain, v4_only)] == \
+        [True, False, False]
+    assert [prebuilt.builds_entry("x86-64-v4", e) for e in (int8, plain, v4_only)] == \
+        [False, True, True]
+
+
+def test_the_8_bit_products_wait_for_a_told_cpu_that_has_vnni(monkeypatch):
+    from mixrt.ops.quant import int8_cpu  # noqa: PLC0415
+    for told, features, expected in ((None, None, True), ("x86-64-v3", "", False),
+                                     ("x86-64-v4", "+avx512vnni", True),
+                                     ("x86-64-v4", None, True)):
+        for name, value in (("NUMBA_CPU_NAME", told), ("NUMBA_CPU_FEATURES", features)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        assert int8_cpu._told_vnni() is expected, (told, features)
+
+
 def test_loading_only_refuses_to_compile_and_names_the_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
     from mixrt.ops.compiled.generated import kernel  # noqa: PLC0415

@@ -40,8 +40,8 @@ KERNELS = Path(__file__).resolve().parent / "kernels.json"
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--into", type=Path, required=True, help="the prebuilt folder")
-    parser.add_argument("--levels", default=",".join(prebuilt.LEVELS),
-                        help="comma-separated x86-64 levels (default: all)")
+    parser.add_argument("--levels", default=",".join([*prebuilt.LEVELS, *prebuilt.ADDITIONS]),
+                        help="comma-separated x86-64 levels and additions (default: all)")
     parser.add_argument("--kernels", type=Path, default=KERNELS, help="the recorded list")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes at once (default: one per core)")
@@ -53,9 +53,10 @@ def main(argv=None) -> int:
         skipped = frozenset(int(i) for i in args.skip.split(",") if i)
         return build_part(args.kernels, args.part, args.progress, skipped)
     levels = [level for level in args.levels.split(",") if level]
-    unknown = set(levels) - set(prebuilt.LEVELS)
+    known = [*prebuilt.LEVELS, *prebuilt.ADDITIONS]
+    unknown = set(levels) - set(known)
     if unknown:
-        parser.error(f"unknown levels {sorted(unknown)}; known: {', '.join(prebuilt.LEVELS)}")
+        parser.error(f"unknown levels {sorted(unknown)}; known: {', '.join(known)}")
     return build(args.into, levels, args.kernels, max(1, args.jobs))
 
 
@@ -120,7 +121,8 @@ def _last_started(progress: Path) -> tuple[int, str] | None:
 
 def _start(into: Path, level: str, part: str, kernels: Path, scratch: Path, progress: Path,
            skipped: list[int]):
-    env = dict(os.environ, NUMBA_CPU_NAME=level, NUMBA_CPU_FEATURES="",
+    cpu, features = prebuilt.build_target(level)
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features,
                NUMBA_CACHE_DIR=str(scratch / "numba"), MIXRT_CACHE_DIR=str(scratch / "mixrt"),
                MIXRT_COMPILE="foreground", MIXRT_PREBUILT="0",
                **{prebuilt.BUILD_LEVEL: level, prebuilt.BUILD_INTO: str(into)})
@@ -141,7 +143,7 @@ def build_part(kernels: Path, part: str, progress: Path | None = None,
     guard_damaged_entries()  # numba's cache with the prebuilt level's saves (jit_cache.py)
     level = os.environ[prebuilt.BUILD_LEVEL]
     entries = [entry for entry in json.loads(kernels.read_text())["kernels"]
-               if level in entry.get("levels", (level,))][index::count]
+               if prebuilt.builds_entry(level, entry)][index::count]
     failures = len(skipped)
     for position, entry in enumerate(entries):
         if position in skipped:
@@ -189,7 +191,8 @@ def _write_manifest(folder: Path, level: str) -> None:
     target = subprocess.run(
         [sys.executable, "-c", "from numba.core.registry import cpu_target; import json; "
          "print(json.dumps(cpu_target.target_context.codegen().magic_tuple()))"],
-        env=dict(os.environ, NUMBA_CPU_NAME=level, NUMBA_CPU_FEATURES=""),
+        env=dict(os.environ, **dict(zip(("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"),
+                                        prebuilt.build_target(level)))),
         capture_output=True, text=True, check=True).stdout
     count = sum(1 for _ in folder.rglob("*.nbc"))
     manifest = {"level": level, "target": json.loads(target),

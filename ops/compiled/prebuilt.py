@@ -10,7 +10,9 @@ empty, so a session spent its first seconds to minutes compiling in a child proc
 generated pools and convolutions among them) once per x86-64 micro-architecture level:
 
 * ``x86-64-v3``: AVX2 and FMA (Intel since Haswell, AMD since Excavator and every Zen);
-* ``x86-64-v4``: AVX-512 F/BW/CD/DQ/VL (Intel Skylake-SP and later servers, AMD Zen 4).
+* ``x86-64-v4``: AVX-512 F/BW/CD/DQ/VL (Intel Skylake-SP and later servers, AMD Zen 4);
+  its addition ``x86-64-v4-vnni`` holds the 8-bit products, which need AVX-512 VNNI (Intel
+  Cascade Lake and later, AMD Zen 4).
 
 Each level's entries live in ``prebuilt/<level>/`` in numba's own cache format, named by the
 kernel's file relative to the package (or ``generated/`` for a generated module, whose name
@@ -42,6 +44,11 @@ LEVELS = {
 }
 # the widest float vector of each level (jit_cpu.vector_bytes when building for it)
 LEVEL_VECTOR_BYTES = {"x86-64-v4": 64, "x86-64-v3": 32}
+# a level's additions: kernels that need features beyond it, in a folder of their own, built
+# for the level's CPU with those features and loaded after the level's own entries where the
+# CPU has them too. The 8-bit products are LLVM IR around AVX-512 VNNI's vpdpbusd
+# (ops/quant/_jit_int8.py), which x86-64-v4 lacks: LLVM aborts on it for that target.
+ADDITIONS = {"x86-64-v4-vnni": ("x86-64-v4", ("avx512vnni",))}
 MANIFEST = "manifest.json"
 # the environment of a build (ops/compiled/_prebuild.py): the level and where its entries go
 BUILD_LEVEL, BUILD_INTO = "MIXRT_PREBUILD_LEVEL", "MIXRT_PREBUILD_INTO"
@@ -56,6 +63,50 @@ def root() -> Path:
     return Path(configured) if configured else Path(__file__).resolve().parent / "prebuilt"
 
 
+def build_target(level: str) -> tuple[str, str]:
+    """What numba is told while building ``level``: the CPU name and the features beyond it
+    (``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``)."""
+    if level in ADDITIONS:
+        base, features = ADDITIONS[level]
+        return base, ",".join(f"+{name}" for name in features)
+    return level, ""
+
+
+def builds_entry(level: str, entry: dict) -> bool:
+    """Is a recorded entry compiled into ``level``? A level's own take every entry not
+    marked for others; an addition only those marked for it."""
+    levels = entry.get("levels")
+    if level in ADDITIONS:
+        return levels is not None and level in levels
+    return levels is None or level in levels
+
+
+@functools.lru_cache(maxsize=1)
+def additions() -> tuple[tuple[Path, tuple], ...]:
+    """The chosen level's additions this CPU runs, as (folder, numba's target tuple), in the
+    order they are looked in after the level itself."""
+    found = chosen()
+    if found is None:
+        return ()
+    features, told = _host_features(), os.environ.get("NUMBA_CPU_NAME")
+    kept = []
+    for name, (base, needs) in ADDITIONS.items():
+        if base != found[0].name or not all(features.get(n, False) for n in needs):
+            continue
+        if told and not all(f"+{n}" in os.environ.get("NUMBA_CPU_FEATURES", "")
+                            for n in needs):
+            continue  # numba told a CPU without them: it could not compile them either
+        manifest = _manifest(root() / name)
+        if manifest is not None and _same_build(manifest):
+            kept.append((root() / name, tuple(manifest["target"])))
+    return tuple(kept)
+
+
+def _same_build(manifest: dict) -> bool:
+    return manifest.get("numba") == _numba_version() and \
+        manifest.get("python") == _python_tag()
+
+
 @functools.lru_cache(maxsize=1)
 def chosen() -> tuple[Path, tuple] | None:
     """The prebuilt level this process uses, as (its folder, numba's target tuple its
@@ -67,8 +118,7 @@ def chosen() -> tuple[Path, tuple] | None:
         return None  # none shipped (a checkout, the sdist): no llvmlite for a NumPy first run
     level = host_level()
     manifest = None if level is None else _manifest(root() / level)
-    if manifest is None or manifest.get("numba") != _numba_version() or \
-            manifest.get("python") != _python_tag():
+    if manifest is None or not _same_build(manifest):
         return None
     return root() / level, tuple(manifest["target"])
 
@@ -91,9 +141,12 @@ def host_level() -> str | None:
 
 
 def level_name() -> str | None:
-    """The level this process loads prebuilt kernels of, or None (``mixrt warmup`` says it)."""
+    """The level this process loads prebuilt kernels of, with its additions, or None
+    (``mixrt warmup`` says it)."""
     found = chosen()
-    return None if found is None else found[0].name
+    if found is None:
+        return None
+    return " + ".join(folder.name for folder, _ in (found, *additions()))
 
 
 def _manifest(folder: Path) -> dict | None:
@@ -154,21 +207,22 @@ def index_file(cache, level_folder: Path):
 
 
 def load(cache, sig, target_context):
-    """``cache``'s entry for ``sig`` from the chosen level, rebuilt, or None."""
+    """``cache``'s entry for ``sig`` from the chosen level or one of its additions, rebuilt,
+    or None."""
     found = chosen()
     if found is None:
         return None
-    folder, target = found
-    entries = index_file(cache, folder)
-    if entries is None:
-        return None
     key = cache._index_key(sig, target_context.codegen())
-    # read without the index lock of jit_cache.py: nothing writes these files after the
-    # build, and a lock file would be created inside the installed package
-    name = entries._load_index().get((key[0], target, key[2]))
-    if name is None:
-        return None
-    return cache._impl.rebuild(target_context, entries._load_data(name))
+    for folder, target in (found, *additions()):
+        entries = index_file(cache, folder)
+        if entries is None:
+            return None
+        # read without the index lock of jit_cache.py: nothing writes these files after
+        # the build, and a lock file would be created inside the installed package
+        name = entries._load_index().get((key[0], target, key[2]))
+        if name is not None:
+            return cache._impl.rebuild(target_context, entries._load_data(name))
+    return None
 
 
 def save(cache, sig, data) -> None:

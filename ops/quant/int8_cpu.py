@@ -17,6 +17,8 @@ the exact sums, as onnxruntime's are.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
@@ -36,16 +38,26 @@ PARTS_PER_THREAD = 4
 
 
 def available() -> bool:
-    """The compiled tier is on and this CPU has AVX-512 VNNI."""
+    """The compiled tier is on and this CPU has AVX-512 VNNI, and so does the CPU numba
+    compiles for where it is told one (``NUMBA_CPU_NAME``: its features are then those of
+    ``NUMBA_CPU_FEATURES``; LLVM aborts the process on vpdpbusd for a target without it)."""
     if not _VNNI:
         try:
             from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
             features = binding.get_host_cpu_features()
             _VNNI.append(bool(features.get("avx512vnni", False)
-                              and features.get("avx512bw", False)))
+                              and features.get("avx512bw", False)) and _told_vnni())
         except ImportError:
             _VNNI.append(False)
     return _VNNI[0] and jit_cpu.enabled()
+
+
+def _told_vnni() -> bool:
+    """False where numba is told a CPU and features that do not state VNNI (a level's
+    build or view: ``NUMBA_CPU_NAME=x86-64-v3``, ``NUMBA_CPU_FEATURES=``). Told a CPU
+    without features, numba takes the host's (``numba.core.config``)."""
+    told = os.environ.get("NUMBA_CPU_FEATURES")
+    return not os.environ.get("NUMBA_CPU_NAME") or told is None or "+avx512vnni" in told
 
 
 def integer_product(A, a_zero, B, b_zero, prepacked):
