@@ -191,6 +191,13 @@ STACK_MIN_WORK = 1 << 20
 # 256 at 2 x 16 tokens 1.24 -> 1.07, GPT-2 hidden 256 at 16 tokens 0.90 -> 0.75, RegNet-Y
 # at 224 ~3%; BERT-base at 128 tokens and hidden 64 even
 PANEL_SPLIT_WORK = 1 << 20
+# multiply-adds from which a stack of products (attention's) is split over the threads. Its
+# parts go to Python threads (parallel_for), whose hand-off with the GIL costs far more than
+# the native pool's: on the 2-core Zen 4 (2026-11-26), us split / one thread, 2 x (128 x 64
+# @ 64 x 128) 143 / 44, 8 x the same 190 / 167, 24 x 361 / 496, 2 x (512 x 64 @ 64 x 512)
+# 461 / 668; inside a 2-layer BERT with hidden 64 at 2 x 128 tokens each score product took
+# ~630 us split, where 2^20 had it split
+STACK_SPLIT_WORK = 1 << 23
 # parts of a product per thread through the native pool: claimed one at a time, so a worker
 # that wakes late takes fewer
 NATIVE_PARTS_PER_THREAD = 4
@@ -353,7 +360,7 @@ def stacked_panel_product(A, B, out):
         spill = jit_cpu.scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
         kernels.batched_product(a, b, c, n0, n1, edge, spill)
     work = A.size * n
-    if work < PANEL_SPLIT_WORK:
+    if work < STACK_SPLIT_WORK:
         part(0, a.shape[0])
     else:
         parallel_for(thread_parts(a.shape[0], work), part)
