@@ -196,8 +196,10 @@ PANEL_SPLIT_WORK = 1 << 20
 # the native pool's: on the 2-core Zen 4 (2026-11-26), us split / one thread, 2 x (128 x 64
 # @ 64 x 128) 143 / 44, 8 x the same 190 / 167, 24 x 361 / 496, 2 x (512 x 64 @ 64 x 512)
 # 461 / 668; inside a 2-layer BERT with hidden 64 at 2 x 128 tokens each score product took
-# ~630 us split, where 2^20 had it split
-STACK_SPLIT_WORK = 1 << 23
+# ~630 us split, where 2^20 had it split. Inside models the split lost even at 2^23-2^25 (one
+# process, settings alternated, ms a run, 2^23 / 2^26): BERT h256 2 x 128 9.16 / 8.96, BERT
+# h768 1 x 128 25.9 / 24.5, GPT-2 h768 2 x 128 49.6 / 49.2, GPT-2 h256 2 x 128 10.9 / 10.3
+STACK_SPLIT_WORK = 1 << 26
 # parts of a product per thread through the native pool: claimed one at a time, so a worker
 # that wakes late takes fewer
 NATIVE_PARTS_PER_THREAD = 4

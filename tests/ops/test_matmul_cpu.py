@@ -362,8 +362,11 @@ def test_panels_are_off_with_mixrt_jit_0(monkeypatch):
 @pytest.mark.parametrize("shape", [(12, 128, 64, 128), (12, 128, 128, 64), (3, 21, 700, 45),
                                    (2, 30, 1000, 20)])  # (stack, m, K, N): N under a panel
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_stacks_of_products_take_the_panels_in_place(shape, dtype, monkeypatch):
-    """Attention's per-head products: B is read in place, no packing, no BLAS."""
+@pytest.mark.parametrize("split", [False, True])
+def test_stacks_of_products_take_the_panels_in_place(shape, dtype, split, monkeypatch):
+    """Attention's per-head products: B is read in place, no packing, no BLAS; on one
+    thread or split over the threads."""
+    monkeypatch.setattr(matmul_cpu, "STACK_SPLIT_WORK", 1 if split else 1 << 40)
     stack, m, k, n = shape
     A, B = _rand(1, stack, m, k, dtype=dtype), _rand(1, stack, k, n, dtype=dtype)
     out = np.full((1, stack, m, n), np.nan, dtype)
