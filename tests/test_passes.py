@@ -871,3 +871,44 @@ def test_a_pass_that_fails_names_itself_in_a_graph_error(monkeypatch, tmp_path):
     with pytest.raises(GraphError, match="drop_dead_conv_taps pass failed.*IndexError"):
         optimize(graph, 2)
     assert optimize(graph, 1).nodes  # the lower level does not run it
+
+
+# -- a product's transposed operand, read in place -------------------------------------------
+
+def _scaled_keys_graph(scale_shape=(), second_reader=False):
+    """``(q * s) @ (k^T * s)`` as PyTorch exports scaled_dot_product_attention."""
+    s = np.full(scale_shape, 0.35, np.float32)
+    nodes = [node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             node("Mul", ["kt", "s"], ["ks"]), node("Mul", ["q", "s"], ["qs"]),
+             node("MatMul", ["qs", "ks"], ["y"])]
+    outputs = [("y", [2, 3, 5, 7])]
+    if second_reader:
+        nodes.append(node("Relu", ["ks"], ["z"]))
+        outputs.append(("z", [2, 3, 4, 7]))
+    return graph_of(nodes, [("q", [2, 3, 5, 4]), ("k", [2, 3, 7, 4])], outputs, {"s": s})
+
+
+def test_a_scale_of_the_transposed_keys_moves_before_their_transpose():
+    feeds = {"q": rand(2, 3, 5, 4), "k": rand(2, 3, 7, 4)}
+    optimized = checked(_scaled_keys_graph(), feeds, 2)
+    (transpose,) = [n for n in optimized.nodes if n.op_type == "Transpose"]
+    (product,) = [n for n in optimized.nodes if n.op_type == "MatMul"]
+    assert product.inputs[1] == transpose.outputs[0]  # the Transpose feeds the product
+    # the same values: each product computed as before, on untransposed keys
+    want = (feeds["q"] * np.float32(0.35)) @ np.swapaxes(feeds["k"] * np.float32(0.35), -1, -2)
+    np.testing.assert_array_equal(run(optimized, feeds)[0], want)
+    # and the planned run reads the keys transposed in place: the Transpose has no slot
+    session = Session(optimized)
+    session.run(None, feeds)
+    plan = next(iter(session._plans.values()))
+    assert transpose.outputs[0] not in plan.slots
+    np.testing.assert_array_equal(session.run(None, feeds)[0], want)
+
+
+@pytest.mark.parametrize("scale_shape, second_reader", [((1, 1, 4, 1), False), ((), True)])
+def test_a_scale_per_position_or_read_elsewhere_stays_after_the_transpose(scale_shape,
+                                                                           second_reader):
+    g = _scaled_keys_graph(scale_shape, second_reader)
+    stats: dict = {}
+    optimize(g, 2, stats)
+    assert stats["scale_before_transpose"] == 0

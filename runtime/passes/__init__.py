@@ -44,6 +44,7 @@ from mixrt.runtime.passes.fuse_rotary import fuse_rotary
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
 from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.tfidf_weights import fold_tfidf_weights
+from mixrt.runtime.passes.transposed_operands import scale_before_transpose
 from mixrt.runtime.passes.infer import after_pass, types_between_passes
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
@@ -100,6 +101,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("fuse_scan_distances", fuse_scan_distances),
                           ("fuse_attention", fuse_attention),
                           ("unflatten_dense_layers", unflatten_dense_layers),
+                          ("scale_before_transpose", scale_before_transpose),
                           ("fuse_products", fuse_products),
                           ("fuse_conv_pools", fuse_conv_pools),
                           ("fuse_elementwise", fuse_elementwise)):
