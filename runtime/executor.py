@@ -34,6 +34,7 @@ import numpy as np
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import aligned_empty, to_host
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
+from mixrt.runtime.passes.transposed_operands import swaps_last_two, takes_transposed
 
 # ops whose output (for a contiguous input) is a view of input 0
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BlockGrad"})
@@ -43,9 +44,6 @@ RESHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 # ops whose every output is a slice of input 0 (their kernels return views)
 SLICING_OPS = frozenset({"Split"})
-# products that take a transposed second operand as a strided view (the BLAS reads it
-# transposed): a Transpose of the last two axes read by these alone is planned as a view
-TRANSPOSED_OPERAND_READERS = frozenset({"MatMul"})
 
 # ops whose kernels compute the output elementwise from same-shaped inputs through ufuncs with
 # ``out=``, so the output may share its buffer with an input that dies here
@@ -172,23 +170,12 @@ def _transposed_operands(steps, outputs: set) -> frozenset:
     swapped = {node.outputs[0] for node in (step.node for step in steps)
                if node.op_type == "Transpose" and node.domain in ("", "ai.onnx")
                and node.outputs and node.outputs[0] not in outputs
-               and _swaps_last_two(node.attributes.get("perm"))}
+               and swaps_last_two(node.attributes.get("perm"))}
     for step in steps:
-        node = step.node
         for name in swapped & set(step.reads):
-            operand = node.op_type in TRANSPOSED_OPERAND_READERS \
-                and node.domain in ("", "ai.onnx") and list(node.inputs).count(name) == 1 \
-                and len(node.inputs) > 1 and node.inputs[1] == name
-            if not operand:
+            if not takes_transposed(step.node, name):
                 swapped.discard(name)
     return frozenset(swapped)
-
-
-def _swaps_last_two(perm) -> bool:
-    if perm is None or len(perm) < 2:
-        return False
-    rank = len(perm)
-    return list(perm) == [*range(rank - 2), rank - 1, rank - 2]
 
 
 def _views_part(node) -> bool:

@@ -51,22 +51,30 @@ def _scaled_transpose(mul, producers: dict, constants: dict, counts, outputs: se
                 or counts[source] != 1 or source in outputs:
             continue
         perm = transpose.attributes.get("perm")
-        if perm is not None and _swaps_last_two(perm) and np.ndim(value) <= len(perm):
+        if swaps_last_two(perm) and np.ndim(value) <= len(perm):
             return transpose, scale
     return None, None
 
 
-def _swaps_last_two(perm) -> bool:
+def swaps_last_two(perm) -> bool:
+    """Is ``perm`` a Transpose's swap of the last two axes (the others in place)?"""
+    if perm is None:
+        return False
     rank = len(perm)
     return rank >= 2 and list(perm) == [*range(rank - 2), rank - 1, rank - 2]
 
 
+def takes_transposed(node, name: str) -> bool:
+    """Does ``node`` read ``name`` only as a MatMul's second operand, which the BLAS takes
+    transposed as a strided view?"""
+    return node.op_type == "MatMul" and node.domain in ("", "ai.onnx") \
+        and len(node.inputs) > 1 and list(node.inputs).count(name) == 1 \
+        and node.inputs[1] == name
+
+
 def _read_as_operand(name: str, readers: dict) -> bool:
-    """Every reader of ``name`` is a MatMul that takes it as its second operand only."""
     found = readers.get(name, [])
-    return bool(found) and all(
-        node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
-        and list(node.inputs).count(name) == 1 and node.inputs[1] == name for node in found)
+    return bool(found) and all(takes_transposed(node, name) for node in found)
 
 
 def _swap(g: Graph, transpose, mul, scale: str, names: NameMaker) -> None:
