@@ -255,6 +255,9 @@ def test_an_addition_is_loaded_after_its_level_where_the_cpu_has_its_features(tm
                     NUMBA_CPU_FEATURES="") == "x86-64-v4"
         assert seen(dict(v4, avx512vnni=True), NUMBA_CPU_NAME="x86-64-v4",
                     NUMBA_CPU_FEATURES="+avx512vnni") == "x86-64-v4 + x86-64-v4-vnni"
+        # told a CPU without features, numba compiles with the host's: VNNI included
+        assert seen(dict(v4, avx512vnni=True),
+                    NUMBA_CPU_NAME="x86-64-v4") == "x86-64-v4 + x86-64-v4-vnni"
         manifest("x86-64-v4-vnni", numba="0.0.1")
         assert seen(dict(v4, avx512vnni=True)) == "x86-64-v4"
     finally:
@@ -269,17 +272,18 @@ def test_an_addition_is_loaded_after_its_level_where_the_cpu_has_its_features(tm
         [False, True, True]
 
 
-def test_the_8_bit_products_wait_for_a_told_cpu_that_has_vnni(monkeypatch):
-    from mixrt.ops.quant import int8_cpu  # noqa: PLC0415
+def test_code_needing_a_feature_waits_for_a_told_cpu_that_states_it(monkeypatch):
+    """The VNNI products (ops/quant/int8_cpu.available) and the VNNI addition ask this."""
     for told, features, expected in ((None, None, True), ("x86-64-v3", "", False),
                                      ("x86-64-v4", "+avx512vnni", True),
+                                     ("x86-64-v4", "+avx512vnnix", False),
                                      ("x86-64-v4", None, True)):
         for name, value in (("NUMBA_CPU_NAME", told), ("NUMBA_CPU_FEATURES", features)):
             if value is None:
                 monkeypatch.delenv(name, raising=False)
             else:
                 monkeypatch.setenv(name, value)
-        assert int8_cpu._told_vnni() is expected, (told, features)
+        assert prebuilt.told_features_have(("avx512vnni",)) is expected, (told, features)
 
 
 def test_loading_only_refuses_to_compile_and_names_the_kernel(tmp_path, monkeypatch):

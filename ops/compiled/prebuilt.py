@@ -88,18 +88,28 @@ def additions() -> tuple[tuple[Path, tuple], ...]:
     found = chosen()
     if found is None:
         return ()
-    features, told = _host_features(), os.environ.get("NUMBA_CPU_NAME")
+    features = _host_features()
     kept = []
     for name, (base, needs) in ADDITIONS.items():
-        if base != found[0].name or not all(features.get(n, False) for n in needs):
+        if base != found[0].name or not all(features.get(n, False) for n in needs) \
+                or not told_features_have(needs):
             continue
-        if told and not all(f"+{n}" in os.environ.get("NUMBA_CPU_FEATURES", "")
-                            for n in needs):
-            continue  # numba told a CPU without them: it could not compile them either
         manifest = _manifest(root() / name)
         if manifest is not None and _same_build(manifest):
             kept.append((root() / name, tuple(manifest["target"])))
     return tuple(kept)
+
+
+def told_features_have(names) -> bool:
+    """Does the CPU numba compiles for have these features (llvmlite's names), as far as
+    the settings say? Told a CPU with stated features (``NUMBA_CPU_NAME``,
+    ``NUMBA_CPU_FEATURES``: a level's build or view), only those count; told none, or a CPU
+    without features, numba takes the host's (``numba.core.config``): True. Code that needs
+    them (the VNNI products) must not be compiled for a target without them: LLVM aborts."""
+    told = os.environ.get("NUMBA_CPU_FEATURES")
+    if not os.environ.get("NUMBA_CPU_NAME") or told is None:
+        return True
+    return all(f"+{name}" in told.split(",") for name in names)
 
 
 def _same_build(manifest: dict) -> bool:

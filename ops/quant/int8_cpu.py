@@ -17,11 +17,9 @@ the exact sums, as onnxruntime's are.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, prebuilt
 from mixrt.ops.compiled.parallel import intra_op_threads
 
 _VNNI: list = []  # whether this CPU has AVX-512 VNNI (asked once)
@@ -46,18 +44,11 @@ def available() -> bool:
             from llvmlite import binding  # noqa: PLC0415  (with numba, on first use)
             features = binding.get_host_cpu_features()
             _VNNI.append(bool(features.get("avx512vnni", False)
-                              and features.get("avx512bw", False)) and _told_vnni())
+                              and features.get("avx512bw", False))
+                         and prebuilt.told_features_have(("avx512vnni",)))
         except ImportError:
             _VNNI.append(False)
     return _VNNI[0] and jit_cpu.enabled()
-
-
-def _told_vnni() -> bool:
-    """False where numba is told a CPU and features that do not state VNNI (a level's
-    build or view: ``NUMBA_CPU_NAME=x86-64-v3``, ``NUMBA_CPU_FEATURES=``). Told a CPU
-    without features, numba takes the host's (``numba.core.config``)."""
-    told = os.environ.get("NUMBA_CPU_FEATURES")
-    return not os.environ.get("NUMBA_CPU_NAME") or told is None or "+avx512vnni" in told
 
 
 def integer_product(A, a_zero, B, b_zero, prepacked):
