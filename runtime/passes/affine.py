@@ -145,7 +145,7 @@ def _per_channel(c: np.ndarray, rank: int, channels: int) -> np.ndarray | None:
 def _absorb(g, conv, follower, weights, affine, constants, names) -> None:
     W, B = weights
     scale, shift = affine
-    w = W if scale is None else _scaled_filters(W, scale)
+    w = W.copy() if scale is None else _scaled_filters(W, scale)  # an array of its own
     b = np.zeros(W.shape[0]) if B is None else B.astype(np.float64).reshape(-1)
     if scale is not None:
         b = b * scale
