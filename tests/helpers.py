@@ -107,6 +107,11 @@ def nvrtc():
         return None
     for root in nvidia.__path__:
         for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so.[0-9]*"))):
+            # NVRTC opens its builtins by name when it compiles, and a wheel's folder is on no
+            # loader path: loaded first from beside it, that name is found already loaded
+            folder = os.path.dirname(path)
+            for builtins in glob.glob(os.path.join(folder, "libnvrtc-builtins.so.[0-9]*")):
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
             return ctypes.CDLL(path)
     return None
 

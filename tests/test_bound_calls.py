@@ -162,3 +162,84 @@ def test_small_gemms_are_bound_to_the_blas_product_with_the_kernels_bits(unbound
                  .astype(np.float32)}
         np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
     assert "Gemm" in _bound_ops(session)
+
+
+def _masked_scores(tokens=8, vocab=11, hidden=16):
+    """The attention mask's steps as transformers' exports write them (an int64 mask cast,
+    inverted, unsqueezed and expanded to the scores' shape, chosen between two constants by
+    Where; the Softmax's NaN rows zeroed by IsNaN and Where), with comparisons and logic on
+    the scores and an embeddings sum of three gathered rows (a fused chain of adds)."""
+    rng = np.random.default_rng(3)
+    const = numpy_helper.from_array
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mask_bool"], to=TensorProto.BOOL),
+        helper.make_node("Not", ["mask_bool"], ["hidden_pos"]),
+        helper.make_node("Unsqueeze", ["hidden_pos", "axes"], ["hidden4"]),
+        helper.make_node("Expand", ["hidden4", "square"], ["hidden_sq"]),
+        helper.make_node("Where", ["hidden_sq", "minus_big", "zero"], ["bias"]),
+        helper.make_node("Add", ["scores", "bias"], ["biased"]),
+        helper.make_node("Softmax", ["biased"], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["probs"]),
+        helper.make_node("Less", ["scores", "zero"], ["negative"]),
+        helper.make_node("IsInf", ["scores"], ["infinite"]),
+        helper.make_node("Or", ["negative", "infinite"], ["odd"]),
+        helper.make_node("Equal", ["scores", "scores"], ["same"]),
+        helper.make_node("Xor", ["odd", "same"], ["flags"]),
+        helper.make_node("Cast", ["flags"], ["flags_f"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["probs", "flags_f"], ["out"]),
+        helper.make_node("Gather", ["table", "ids"], ["e1"], axis=0),
+        helper.make_node("Gather", ["types", "kinds"], ["e2"], axis=0),
+        helper.make_node("Add", ["e1", "e2"], ["e12"]),
+        helper.make_node("Add", ["e12", "positions"], ["embedded"])]
+    initializers = [
+        const(np.array([1, 2], np.int64), "axes"),
+        const(np.array([1, 1, tokens, tokens], np.int64), "square"),
+        const(np.array(-1e4, np.float32), "minus_big"),
+        const(np.array(0.0, np.float32), "zero"),
+        const(rng.standard_normal((vocab, hidden)).astype(np.float32), "table"),
+        const(rng.standard_normal((2, hidden)).astype(np.float32), "types"),
+        const(rng.standard_normal((1, tokens, hidden)).astype(np.float32), "positions")]
+    graph = helper.make_graph(
+        nodes, "masked",
+        [helper.make_tensor_value_info("mask", TensorProto.INT64, [1, tokens]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, tokens, tokens]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, [1, tokens]),
+         helper.make_tensor_value_info("kinds", TensorProto.INT64, [1, tokens])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 1, tokens, tokens]),
+         helper.make_tensor_value_info("embedded", TensorProto.FLOAT, [1, tokens, hidden])],
+        initializers)
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _masked_feeds(seed, tokens=8):
+    rng = np.random.default_rng(seed)
+    scores = rng.standard_normal((1, 1, tokens, tokens)).astype(np.float32)
+    scores[0, 0, 1, 2] = np.inf
+    scores[0, 0, 3, :] = np.nan  # a row the Softmax makes NaN, zeroed by the Where
+    return {"mask": (rng.random((1, tokens)) < 0.7).astype(np.int64), "scores": scores,
+            "ids": rng.integers(0, 11, (1, tokens)), "kinds": rng.integers(0, 2, (1, tokens))}
+
+
+def test_the_attention_masks_steps_are_bound_with_the_kernels_bits(unbound):
+    session = mixrt.Session(_masked_scores())
+    for seed in range(4):
+        expected = unbound(session, _masked_feeds(seed))
+        got = session.run(None, _masked_feeds(seed))
+        for mine, theirs in zip(got, expected):
+            np.testing.assert_array_equal(mine, theirs)
+    bound = _bound_ops(session)
+    assert {"Cast", "Not", "Expand", "Where", "IsNaN", "IsInf", "Less", "Or", "Equal", "Xor",
+            "FusedElementwise"} <= bound, bound
+
+
+def test_the_mask_steps_match_onnxruntime():
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = _masked_scores()
+    session = mixrt.Session(model)
+    reference = onnxruntime.InferenceSession(model.SerializeToString(),
+                                             providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        feeds = _masked_feeds(seed)
+        for mine, theirs in zip(session.run(None, feeds), reference.run(None, feeds)):
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-6)

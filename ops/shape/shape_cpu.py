@@ -29,6 +29,23 @@ def expand_cpu(xp, input, shape, *, out=None):
     return out
 
 
+@binds(expand_cpu)
+def _bind_expand(args, out, attributes):
+    """One broadcasting copy into ``out``. A static output means the plan knew the target
+    shape, so the shape input holds the same numbers on every run of the arena."""
+    input, shape = args
+    if out is None or not isinstance(input, np.ndarray) or out.dtype != input.dtype \
+            or np.may_share_memory(out, input) \
+            or out.shape != np.broadcast_shapes(input.shape, tuple(host_ints(shape))):
+        return None
+    copyto = np.copyto
+
+    def call(input, shape):
+        copyto(out, input)
+        return out
+    return call
+
+
 @scatter_elements.fast("cpu")
 def scatter_elements_cpu(xp, data, indices, updates, *, axis=0, reduction="none", out=None):
     """Plain ScatterElements (no reduction) as one flat assignment at linear offsets: the
