@@ -243,3 +243,80 @@ def test_the_mask_steps_match_onnxruntime():
         feeds = _masked_feeds(seed)
         for mine, theirs in zip(session.run(None, feeds), reference.run(None, feeds)):
             np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-6)
+
+
+def _split_heads(tokens=8, hidden=16, heads=2):
+    """GPT-2's attention as its export writes it: one product makes q, k and v side by side,
+    Split cuts them apart (views of the product), each is reshaped into heads and
+    transposed, and the keys are transposed once more to be the scores' second operand (a
+    view the product reads in place); a causal mask chooses the scores; the token ids are reshaped (a view of the feed) before
+    their embedding Gather."""
+    rng = np.random.default_rng(5)
+    size = hidden // heads
+    const = numpy_helper.from_array
+    nodes = [helper.make_node("Reshape", ["ids", "flat_ids"], ["ids_flat"]),
+             helper.make_node("Gather", ["table", "ids_flat"], ["x"], axis=0),
+             helper.make_node("MatMul", ["x", "w"], ["qkv"]),
+             helper.make_node("Split", ["qkv", "thirds"], ["q", "k", "v"], axis=-1)]
+    for part in "qkv":
+        nodes += [helper.make_node("Reshape", [part, "per_head"], [f"{part}h"]),
+                  helper.make_node("Transpose", [f"{part}h"], [f"{part}t"], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["kt"], ["kT"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qt", "kT"], ["scores"]),
+              helper.make_node("Where", ["causal", "scores", "minus_big"], ["masked"]),
+              helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vt"], ["ctx"]),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", "joined"], ["y"])]
+    initializers = [
+        const(np.array([1, tokens], np.int64), "flat_ids"),
+        const(rng.standard_normal((13, hidden)).astype(np.float32), "table"),
+        const((rng.standard_normal((hidden, 3 * hidden)) * 0.3).astype(np.float32), "w"),
+        const(np.array([hidden] * 3, np.int64), "thirds"),
+        const(np.array([1, tokens, heads, size], np.int64), "per_head"),
+        const(np.array([1, tokens, hidden], np.int64), "joined"),
+        const(np.tril(np.ones((tokens, tokens), bool)), "causal"),
+        const(np.array(-1e4, np.float32), "minus_big")]
+    graph = helper.make_graph(
+        nodes, "split_heads",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [tokens])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, hidden])],
+        initializers)
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ids(seed, tokens=8):
+    return {"ids": np.random.default_rng(seed).integers(0, 13, tokens)}
+
+
+def test_steps_behind_a_split_are_bound_with_the_kernels_bits(unbound):
+    """Split's parts and the transposed keys are views of the same memory every run: bound,
+    they let the reshapes, transposes and products behind them be bound too."""
+    session = mixrt.Session(_split_heads())
+    for seed in range(4):
+        expected = unbound(session, _ids(seed))
+        got = session.run(None, _ids(seed))
+        np.testing.assert_array_equal(got[0], expected[0])
+    bound = _bound_ops(session)
+    assert {"Split", "Transpose", "MatMul", "Gather"} <= bound, bound
+
+
+def test_a_feeds_reshape_views_it_and_strided_feeds_still_answer_rightly():
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = _split_heads()
+    reference = onnxruntime.InferenceSession(model.SerializeToString(),
+                                             providers=["CPUExecutionProvider"])
+    session = mixrt.Session(model)
+    for seed in range(3):
+        feeds = _ids(seed)
+        kept = feeds["ids"].copy()
+        np.testing.assert_allclose(session.run(None, feeds)[0], reference.run(None, feeds)[0],
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(feeds["ids"], kept)  # the feed is only read
+    wide = np.zeros(16, np.int64)
+    wide[::2] = _ids(7)["ids"]  # every other element: a strided feed
+    strided = {"ids": wide[::2]}
+    assert not strided["ids"].flags.c_contiguous
+    np.testing.assert_allclose(session.run(None, strided)[0],
+                               reference.run(None, {"ids": wide[::2].copy()})[0],
+                               rtol=1e-5, atol=1e-6)
