@@ -161,7 +161,8 @@ def _makes_views(placed, plan: ExecutionPlan) -> bool:
     """Is every output of the step a view of an arena tensor without a slot of its own
     (``ExecutionPlan.views``: Split's parts, a transposed MatMul operand, reshapes whose
     shape the plan does not know)?"""
-    return all(name in plan.views for name, _, _ in placed if name)
+    names = [name for name, _, _ in placed if name]
+    return bool(names) and all(name in plan.views for name in names)
 
 
 def _bound_views(call, env):

@@ -154,9 +154,9 @@ def _cast_form(generic):
 
 
 def _cast_plain(input, out, attributes) -> bool:
-    return isinstance(input, np.ndarray) and isinstance(out, np.ndarray) \
-        and input.dtype in PLAIN and out.dtype in PLAIN \
-        and out.dtype == target_dtype(attributes.get("to")) \
+    to = attributes.get("to")
+    return to is not None and isinstance(input, np.ndarray) and isinstance(out, np.ndarray) \
+        and input.dtype in PLAIN and out.dtype in PLAIN and out.dtype == target_dtype(to) \
         and not np.may_share_memory(out, input)
 
 
