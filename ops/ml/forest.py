@@ -34,6 +34,7 @@ NATIVE_SPLIT_STEPS = 1 << 13
 THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
+BRANCHING_ROWS, BRANCHING_TREES = 4, 8  # _jit_trees's: added to ``uniform``, they pick its walk
 _STEPS_AT = 5  # the stepped walk's step counts in walk_tables (roots, splits, links, members,
 #                uniform mode, steps, ...)
 
@@ -59,7 +60,9 @@ class _Forest:
         self._row_steps = None  # a row's steps through the forest (_steps_per_row)
         self._stepped_tables = None  # the stepped walk's tables (_stepped), made once
         self._unstepped = {}  # precision -> the walk's tables without the stepped walk's
-        self._choices = walk_choice.WalkChoices()  # which walk a batch takes (walk_choice.py)
+        self._depth_first_nodes = None  # the nodes in depth-first order (_depth_first)
+        self._candidates = {}  # precision -> the walks' tables a batch chooses among
+        self._choices = None  # which walk a batch takes (walk_choice.py), made when asked
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the
@@ -209,9 +212,9 @@ class _Forest:
         if choice is None:
             self._walk_parts(kernel, data, tables, rows, outputs, sums)
             return
-        walked = self._walk_tables_unstepped(precision, tables)
-        walk_choice.walk(choice, lambda stepped: self._walk_parts(
-            kernel, data, tables if stepped else walked, rows, outputs, sums))
+        candidates = self.walk_candidates(precision)
+        walk_choice.walk(choice, lambda index: self._walk_parts(
+            kernel, data, candidates[index], rows, outputs, sums))
 
     def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
         native, parts = self._split(rows, sums)
@@ -224,7 +227,83 @@ class _Forest:
     def walk_choices(self):
         """The forest's choices of walk by batch size, or None where it has one walk only
         (its branches mix modes, or its table is not a set of trees)."""
-        return self._choices if self._stepped()[0].size else None
+        if not self._stepped()[0].size:
+            return None
+        if self._choices is None:
+            walks = 2 if self._depth_first() is None else 4
+            self._choices = walk_choice.WalkChoices(walks)
+        return self._choices
+
+    def walk_candidates(self, precision) -> tuple:
+        """The tables of each walk a batch may take, in ``walk_choice.WALKS`` order: the
+        stepped walk, the walk in step over a block of rows, and the branching walks row by
+        row and tree by tree (``_jit_trees._branching_sums``) over the depth-first tables."""
+        candidates = self._candidates.get(precision)
+        if candidates is None:
+            tables = self.walk_tables(precision)
+            ordered = self._depth_first()
+            branching = () if ordered is None else self._depth_first_tables(precision, ordered)
+            uniform = tables[_STEPS_AT - 1]
+            candidates = self._candidates[precision] = (
+                tables, self._walk_tables_unstepped(precision, tables),
+                *(branching[:_STEPS_AT - 1] + (uniform + code,) + branching[_STEPS_AT - 1:]
+                  for code in (BRANCHING_ROWS, BRANCHING_TREES)
+                  if branching))
+        return candidates
+
+    def _depth_first(self):
+        """The reached nodes in depth-first order, each tree's false child right after its
+        node (``_jit_trees._branching_sums``), or None where the forest has no stepped walk
+        (mixed modes, a shared node or a cycle) or the order breaks that rule."""
+        if self._depth_first_nodes is None:
+            self._depth_first_nodes = self._order_depth_first() if self._stepped()[0].size \
+                else np.zeros(0, np.int64)
+        return self._depth_first_nodes if self._depth_first_nodes.size else None
+
+    def _order_depth_first(self) -> np.ndarray:
+        interior = (self.modes != _LEAF).tolist()
+        true_next, false_next = self.true_next.tolist(), self.false_next.tolist()
+        order = []
+        for root in self.roots.tolist():
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                order.append(node)
+                if interior[node]:  # the false child is popped next: the following record
+                    stack.append(true_next[node])
+                    stack.append(false_next[node])
+        order = np.array(order, np.int64)
+        renumbered = np.full(len(self.modes), -1, np.int64)
+        renumbered[order] = np.arange(order.size)
+        inner = order[self.modes[order] != _LEAF]
+        at = renumbered[inner]
+        if np.unique(order).size != order.size or (renumbered[self.true_next[inner]] <= at).any() \
+                or (renumbered[self.false_next[inner]] != at + 1).any():
+            return np.zeros(0, np.int64)
+        return order
+
+    def _depth_first_tables(self, precision, order) -> tuple:
+        """walk_tables over the nodes renumbered in ``order``: the roots, records, members and
+        leaf table; the stepped walk's tables empty."""
+        renumbered = np.full(len(self.modes), -1, np.int64)
+        renumbered[order] = np.arange(order.size)
+        leaves = self.modes[order] == _LEAF
+        splits = np.zeros((order.size, 3))
+        links = splits.view(np.int32)
+        splits[:, 0] = self.splits[order]
+        links[:, 2] = self.features[order]
+        links[:, 3] = self.modes[order] | (self.tracks_true[order].astype(np.int64) << 8)
+        links[:, 4] = np.where(leaves, 0, renumbered[self.true_next[order]])
+        links[:, 5] = np.where(leaves, 0, renumbered[self.false_next[order]])
+        start, targets, values = self._leaf_table(precision)
+        counts = np.diff(start)[order]
+        moved = np.zeros(order.size + 1, np.int64)
+        np.cumsum(counts, out=moved[1:])
+        entries = np.repeat(start[order] - moved[:-1], counts) + np.arange(moved[-1])
+        empty_steps = np.zeros(0, np.int64)
+        return (renumbered[self.roots], splits.reshape(-1), links.reshape(-1),
+                self.members[order], empty_steps, np.zeros((0, 4), np.int32), np.zeros(0),
+                moved, targets[entries], values[entries])
 
     def _walk_tables_unstepped(self, precision, tables):
         """``tables`` with the stepped walk's step counts empty: the kernels then walk to

@@ -26,31 +26,31 @@ _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative 
 class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
-    __slots__ = ("kernels", "tables", "walked_tables", "choices", "width", "most_rows")
+    __slots__ = ("kernels", "tables", "candidates", "choices", "width", "most_rows")
 
     def __init__(self, kernels, forest, precision):
         self.kernels = kernels
         self.tables = forest.walk_tables(precision)
-        # where the forest has both walks, a batch takes the one its size's choice keeps
-        # (ops/ml/walk_choice.py): the tables without the stepped walk's step counts
+        # where the forest has several walks, a batch takes the one its size's choice keeps
+        # (ops/ml/walk_choice.py): each walk's tables
         self.choices = forest.walk_choices()
-        self.walked_tables = None if self.choices is None else \
-            forest._walk_tables_unstepped(precision, self.tables)
+        self.candidates = None if self.choices is None else forest.walk_candidates(precision)
         width = forest.widest_row_read()
         self.width = width if width is not None else _NO_ROW_FITS
         self.most_rows = forest.alone_rows()
 
-    def _walk(self, kernel, X, stepped_arguments, walked_arguments, *outputs):
+    def _walk(self, kernel, X, arguments, rest, *outputs):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
-        while it is being chosen)."""
+        while it is being chosen): ``arguments`` the walk's tables and ``rest``, or, where
+        the batch chooses, each walk's tables and then ``rest``."""
         rows = X.shape[0]
         choice = None if self.choices is None or rows < STEPPED_FROM_ROWS \
             else self.choices.for_rows(rows)
         if choice is None:
-            kernel(X, *stepped_arguments, *outputs)
+            kernel(X, *arguments, *outputs)
             return
-        walk_choice.walk(choice, lambda stepped: kernel(
-            X, *(stepped_arguments if stepped else walked_arguments), *outputs))
+        candidates = self.candidates
+        walk_choice.walk(choice, lambda index: kernel(X, *candidates[index], *rest, *outputs))
 
     def takes(self, X) -> bool:
         """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?
@@ -65,7 +65,7 @@ class ClassifierRequest(_Request):
     """``_Classifier.run`` for a request: the walk, scores and labels of ``classify_many``
     or ``classify_two`` (ops/ml/_jit_trees.py), as ``_Classifier._one_call`` calls them."""
 
-    __slots__ = ("classify", "arguments", "walked_arguments", "columns", "labels")
+    __slots__ = ("classify", "arguments", "rest", "columns", "labels")
 
     def __init__(self, kernels, classifier):
         super().__init__(kernels, classifier.forest, np.float32)
@@ -78,9 +78,8 @@ class ClassifierRequest(_Request):
             self.classify = kernels.classify_two
             rest = (classifier.forest.weights.shape[1], base, classifier.binary_case,
                     classifier.all_positive, classifier.transform)
+        self.rest = rest
         self.arguments = (*self.tables, *rest)
-        self.walked_arguments = None if self.walked_tables is None \
-            else (*self.walked_tables, *rest)
         # the labels to look the chosen indices up in; None: the indices are the labels
         # (labels 0..n-1, or two classes without the binary case, which answer the index)
         looked_up = len(labels) > 2 or classifier.binary_case or labels.dtype == object
@@ -93,7 +92,7 @@ class ClassifierRequest(_Request):
         rows = X.shape[0]
         scores = np.empty((rows, self.columns), np.float32)
         chosen = np.empty(rows, np.int64)
-        self._walk(self.classify, X, self.arguments, self.walked_arguments, chosen, scores)
+        self._walk(self.classify, X, self.arguments, self.rest, chosen, scores)
         return (chosen if self.labels is None else self.labels[chosen]), scores
 
 
@@ -101,7 +100,7 @@ class RegressorRequest(_Request):
     """``_Regressor.run`` for a request with SUM or AVERAGE and no post-transform: the walk,
     the division, the base values and the rounding in ``regress`` (ops/ml/_jit_trees.py)."""
 
-    __slots__ = ("average", "base", "targets", "arguments", "walked_arguments")
+    __slots__ = ("average", "base", "targets", "arguments", "rest")
 
     def __init__(self, kernels, regressor):
         super().__init__(kernels, regressor.forest, np.float64)
@@ -109,15 +108,14 @@ class RegressorRequest(_Request):
         self.base = np.empty(0) if regressor.base is None \
             else np.ascontiguousarray(regressor.base.reshape(-1))
         self.targets = regressor.forest.weights.shape[1]
-        self.arguments = (*self.tables, self.average, self.base)
-        self.walked_arguments = None if self.walked_tables is None \
-            else (*self.walked_tables, self.average, self.base)
+        self.rest = (self.average, self.base)
+        self.arguments = (*self.tables, *self.rest)
 
     def __call__(self, X):
         if not self.takes(X):
             return None
         values = np.empty((X.shape[0], self.targets), np.float32)
-        self._walk(self.kernels.regress, X, self.arguments, self.walked_arguments, values)
+        self._walk(self.kernels.regress, X, self.arguments, self.rest, values)
         return values
 
 

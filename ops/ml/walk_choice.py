@@ -1,24 +1,25 @@
-"""Which of the two compiled walks a forest's batch takes, chosen by the clock.
+"""Which of the compiled walks a forest's batch takes, chosen by the clock.
 
-A forest whose branches share one mode has two walks (``ops/ml/_jit_trees.py``) that reach
-the same leaves and add them in the same order, so either gives the same bits: the walk
-that stops at each leaf, which branches at every step, and the stepped walk, which takes
-every row of a block through a tree's depth with nothing to branch on. Which is faster
+A forest whose branches share one mode has four walks (``ops/ml/_jit_trees.py``) that reach
+the same leaves and add them in the same order, so each gives the same bits: the stepped
+walk, which takes every row of a block through a tree's depth with nothing to branch on; the
+walk that stops at each leaf, a block of rows in step; and the branching walks over the
+depth-first tables, one row's path at a time, row by row or tree by tree. Which is faster
 depends on the forest, the rows and the core: where a caller sends rows whose branches the
-predictor has learnt, or a core predicts deep histories well, the branching walk wins; on
-a 2026 Xeon with rows that change it lost by 2x. On a Zen 4 core, with the rows the sweep
-repeats, 64 rows of LightGBM's regressor took 191 us stepped and 145 walked on one thread,
-while scikit-learn's random forest took 230 stepped and 385 walked (2026-11-25). No rule
-of thumb holds for both, so a forest times its first calls of each batch size both ways
-(``SAMPLES`` each, alternating) and keeps the faster; every ``RETUNE_CALLS`` calls it times
-them again, as traffic changes.
+predictor has learnt, the branching walks win; with rows that change, the stepped walk or
+the branching walk row by row. On a Zen 4 core, 64 rows on one thread (us, the sweep's
+repeated rows / rows that change): LightGBM's regressor stepped 184 / 187, in step 128 /
+392, branching by row 105 / 109, by tree 75 / 233; scikit-learn's random forest 322 / 328,
+365 / 732, 405 / 415, 254 / 501 (2026-11-26). No rule of thumb holds for all, so a forest
+times its first calls of each batch size every way (``SAMPLES`` each, one walk after the
+other) and keeps the fastest of each walk's calls; every ``RETUNE_CALLS`` calls it times them again, as traffic changes.
 """
 
 from __future__ import annotations
 
 import time
 
-SAMPLES = 3  # timed calls of each walk before the faster one is kept
+SAMPLES = 4  # timed calls of each walk before the fastest one is kept
 RETUNE_CALLS = 4096  # calls of one batch size between two rounds of timing
 MOST_SIZES = 64  # batch sizes a forest keeps a choice for (others take the stepped walk)
 
@@ -26,62 +27,68 @@ clock = time.perf_counter_ns  # what a walk is timed by
 
 
 class WalkChoice:
-    """The choice for one batch size: :meth:`next` says which walk the next call takes
+    """The choice among ``count`` walks (indices in the order ``forest.walk_candidates``
+    gives their tables) for one batch size: :meth:`next` says which walk the next call takes
     and whether to time it, :meth:`timed` takes the time it took."""
 
-    __slots__ = ("_samples", "_stepped", "_calls")
+    __slots__ = ("_samples", "_kept", "_calls")
 
-    def __init__(self):
-        self._samples: dict[bool, list[int]] = {True: [], False: []}
-        self._stepped: bool | None = None  # the kept walk, None while timing
+    def __init__(self, count: int = 4):
+        self._samples: list[list[int]] = [[] for _ in range(count)]
+        self._kept: int | None = None  # the kept walk, None while timing
         self._calls = 0
 
-    def next(self) -> tuple[bool, bool]:
-        """(take the stepped walk, time this call)."""
+    def next(self) -> tuple[int, bool]:
+        """(the walk this call takes, time this call)."""
         self._calls += 1
-        if self._stepped is not None:
+        if self._kept is not None:
             if self._calls % RETUNE_CALLS:
-                return self._stepped, False
-            self._stepped = None
-            self._samples = {True: [], False: []}
-        stepped = len(self._samples[True]) <= len(self._samples[False])
-        return stepped, True
+                return self._kept, False
+            self._kept = None
+            self._samples = [[] for _ in self._samples]
+        # each walk's samples one after another: a branching walk is fast only once the
+        # core has learnt its branches, which timing the walks in turn kept it from
+        # (LightGBM's 64 repeated rows: 133 us a call in turn, 62 after a few calls of its own)
+        index = next(i for i, times in enumerate(self._samples) if len(times) < SAMPLES)
+        return index, True
 
-    def timed(self, stepped: bool, nanoseconds: int) -> None:
+    def timed(self, index: int, nanoseconds: int) -> None:
         samples = self._samples
-        samples[stepped].append(nanoseconds)
-        if len(samples[True]) >= SAMPLES and len(samples[False]) >= SAMPLES:
+        samples[index].append(nanoseconds)
+        if all(len(times) >= SAMPLES for times in samples):
             # the fastest of each: a call another process interrupted says nothing
-            self._stepped = min(samples[True]) <= min(samples[False])
+            fastest = [min(times) for times in samples]
+            self._kept = fastest.index(min(fastest))
 
     @property
-    def kept(self) -> bool | None:
-        """The walk kept (True: stepped), or None while timing."""
-        return self._stepped
+    def kept(self) -> int | None:
+        """The walk kept, or None while timing."""
+        return self._kept
 
 
 class WalkChoices:
-    """A forest's choices by batch size."""
+    """A forest's choices by batch size, among ``count`` walks."""
 
-    __slots__ = ("_by_rows",)
+    __slots__ = ("_by_rows", "_count")
 
-    def __init__(self):
+    def __init__(self, count: int = 4):
         self._by_rows: dict[int, WalkChoice] = {}
+        self._count = count
 
     def for_rows(self, rows: int) -> WalkChoice | None:
         choice = self._by_rows.get(rows)
         if choice is None and len(self._by_rows) < MOST_SIZES:
-            choice = self._by_rows.setdefault(rows, WalkChoice())
+            choice = self._by_rows.setdefault(rows, WalkChoice(self._count))
         return choice
 
 
 def walk(choice: WalkChoice, run) -> None:
-    """``run(stepped)`` with the walk ``choice`` keeps, timed while it is being chosen."""
-    stepped, timing = choice.next()
+    """``run(index)`` with the walk ``choice`` keeps, timed while it is being chosen."""
+    index, timing = choice.next()
     if not timing:
-        run(stepped)
+        run(index)
         return
     started = clock()
-    run(stepped)
-    choice.timed(stepped, clock() - started)
+    run(index)
+    choice.timed(index, clock() - started)
 

@@ -1,6 +1,6 @@
-"""The walk a forest's batch takes, chosen by the clock (ops/ml/walk_choice.py): the faster
-of the two after SAMPLES timed calls of each, timed again every RETUNE_CALLS calls; and
-either walk, kept or being timed, gives the NumPy tier's sums bit for bit."""
+"""The walk a forest's batch takes, chosen by the clock (ops/ml/walk_choice.py): the fastest
+of the four after SAMPLES timed calls of each, timed again every RETUNE_CALLS calls; and
+every walk, kept or being timed, gives the NumPy tier's sums bit for bit."""
 
 import numpy as np
 import pytest
@@ -10,51 +10,53 @@ from mixrt.ops.ml import ml_trees, walk_choice
 from test_tree_stepped_walk import _forest, _rows
 
 
-def _timed_round(choice, stepped_ns, walked_ns):
-    """Calls until the choice keeps a walk, each taking the given time; the walks tried."""
+def _timed_round(choice, times):
+    """Calls until the choice keeps a walk, walk i taking ``times[i]``; the walks tried."""
     tried = []
     while choice.kept is None:
-        stepped, timing = choice.next()
+        index, timing = choice.next()
         assert timing
-        tried.append(stepped)
-        choice.timed(stepped, stepped_ns if stepped else walked_ns)
+        tried.append(index)
+        choice.timed(index, times[index])
     return tried
 
 
-@pytest.mark.parametrize("stepped_ns, walked_ns, kept", [(100, 300, True), (300, 100, False),
-                                                         (200, 200, True)])
-def test_the_faster_walk_is_kept_after_both_are_timed(stepped_ns, walked_ns, kept):
-    choice = walk_choice.WalkChoice()
-    tried = _timed_round(choice, stepped_ns, walked_ns)
-    assert tried.count(True) == tried.count(False) == walk_choice.SAMPLES
-    assert tried[:2] == [True, False]  # they alternate, so a burst of load hits both
-    assert choice.kept is kept
+@pytest.mark.parametrize("times, kept", [((100, 300, 200, 400), 0), ((300, 100, 200, 400), 1),
+                                         ((300, 200, 100, 400), 2), ((300, 200, 400, 100), 3),
+                                         ((200, 200, 200, 200), 0)])
+def test_the_fastest_walk_is_kept_after_each_is_timed(times, kept):
+    choice = walk_choice.WalkChoice(4)
+    tried = _timed_round(choice, times)
+    assert all(tried.count(i) == walk_choice.SAMPLES for i in range(4))
+    # one walk's calls after another, so a branching walk's later ones have its branches learnt
+    assert tried == sorted(tried)
+    assert choice.kept == kept
     assert choice.next() == (kept, False)  # kept: no more timing
 
 
 def test_one_slow_sample_does_not_decide():
     """The fastest call of each walk counts: another process's interruption of one call
     says nothing about the walk."""
-    choice = walk_choice.WalkChoice()
-    times = {True: [100, 5000, 100], False: [150, 150, 150]}
+    choice = walk_choice.WalkChoice(2)
+    times = {0: [100, 5000, 100, 100], 1: [150, 150, 150, 150]}
     while choice.kept is None:
-        stepped, _ = choice.next()
-        choice.timed(stepped, times[stepped].pop(0))
-    assert choice.kept is True
+        index, _ = choice.next()
+        choice.timed(index, times[index].pop(0))
+    assert choice.kept == 0
 
 
 def test_the_walks_are_timed_again_as_traffic_changes():
-    choice = walk_choice.WalkChoice()
-    _timed_round(choice, 100, 300)
+    choice = walk_choice.WalkChoice(2)
+    _timed_round(choice, (100, 300))
     calls = walk_choice.SAMPLES * 2
     while (calls + 1) % walk_choice.RETUNE_CALLS:
-        assert choice.next() == (True, False)
+        assert choice.next() == (0, False)
         calls += 1
-    stepped, timing = choice.next()  # the next round begins
+    index, timing = choice.next()  # the next round begins
     assert timing and choice.kept is None
-    choice.timed(stepped, 300)
-    _timed_round(choice, 300, 100)
-    assert choice.kept is False
+    choice.timed(index, 300)
+    _timed_round(choice, (300, 100))
+    assert choice.kept == 1
 
 
 def test_a_forest_keeps_choices_for_a_bounded_number_of_batch_sizes():
@@ -76,23 +78,39 @@ def test_every_call_while_timing_and_after_gives_the_numpy_tiers_sums(mode, rows
         expected = ml_trees.tree_ensemble_regressor(np, x, **attrs, _node={})
     state: dict = {}
     with jit_tier.using(True), parallel.pinned():
-        for _ in range(2 * walk_choice.SAMPLES + 3):
+        for _ in range(4 * walk_choice.SAMPLES + 3):
             got = ml_trees.tree_ensemble_regressor(np, x, **attrs, _node=state)
             np.testing.assert_array_equal(got, expected)
     forest = next(v.forest for v in state.values() if hasattr(v, "forest"))
     assert forest._choices.for_rows(rows).kept is not None
 
 
-@pytest.mark.parametrize("stepped", [True, False])
-def test_either_kept_walk_gives_the_numpy_tiers_scores(monkeypatch, stepped):
-    monkeypatch.setattr(walk_choice.WalkChoice, "next", lambda self: (stepped, False))
-    rng = np.random.default_rng(3)
-    attrs = _forest(rng, 20, 4, "BRANCH_LEQ", "class_")
+@pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+@pytest.mark.parametrize("rows", [4, 64, 130])
+def test_every_kept_walk_gives_the_numpy_tiers_scores(monkeypatch, mode, index, rows):
+    """Each walk (the stepped one, the one in step, the branching ones over depth-first
+    tables row by row and tree by tree), split over threads or not, with missing values on
+    both sides of a split."""
+    monkeypatch.setattr(walk_choice.WalkChoice, "next", lambda self: (index, False))
+    rng = np.random.default_rng(3 + rows)
+    attrs = _forest(rng, 20, 4, mode, "class_")
     attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
-    x = _rows(rng, 130)
+    x = _rows(rng, rows)
     with jit_tier.using(False):
         expected = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
     with jit_tier.using(True), parallel.pinned():
         got = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_forest_whose_trees_share_a_node_has_no_depth_first_tables():
+    """A node two parents lead to cannot sit right after both: such a forest keeps the walks
+    over its own tables (the stepped walk needs trees too, so it has one walk)."""
+    from mixrt.ops.ml.forest import _Forest  # noqa: PLC0415
+    shared = _Forest(roots=[0], features=[0, 0, 0], splits=[0.0, 0.5, 0.0],
+                     modes=[0, 0, 7], true_next=[1, 2, 0], false_next=[2, 2, 0],
+                     tracks_true=[False] * 3, members=np.zeros((3, 0)),
+                     weights=np.ones((3, 1)), hit=np.ones((3, 1), bool))
+    assert shared._depth_first() is None and shared.walk_choices() is None
