@@ -34,6 +34,7 @@ NATIVE_SPLIT_STEPS = 1 << 13
 THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
+CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
 BRANCHING_ROWS, BRANCHING_TREES = 4, 8  # _jit_trees's: added to ``uniform``, they pick its walk
 _STEPS_AT = 5  # the stepped walk's step counts in walk_tables (roots, splits, links, members,
 #                uniform mode, steps, ...)
@@ -207,7 +208,7 @@ class _Forest:
         takes the one its size's choice keeps (``ops/ml/walk_choice.py``)."""
         data, tables = self.walk_inputs(X, precision)
         rows = X.shape[0]
-        choices = self.walk_choices() if sums and rows >= STEPPED_FROM_ROWS else None
+        choices = self.walk_choices() if sums and rows >= CHOSEN_FROM_ROWS else None
         choice = None if choices is None else choices.for_rows(rows)
         if choice is None:
             self._walk_parts(kernel, data, tables, rows, outputs, sums)

@@ -17,7 +17,7 @@ import numpy as np
 
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.ml import walk_choice
-from mixrt.ops.ml.forest import STEPPED_FROM_ROWS
+from mixrt.ops.ml.forest import CHOSEN_FROM_ROWS
 
 _FLOAT32 = np.dtype(np.float32)
 _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
@@ -44,7 +44,7 @@ class _Request:
         while it is being chosen): ``arguments`` the walk's tables and ``rest``, or, where
         the batch chooses, each walk's tables and then ``rest``."""
         rows = X.shape[0]
-        choice = None if self.choices is None or rows < STEPPED_FROM_ROWS \
+        choice = None if self.choices is None or rows < CHOSEN_FROM_ROWS \
             else self.choices.for_rows(rows)
         if choice is None:
             kernel(X, *arguments, *outputs)

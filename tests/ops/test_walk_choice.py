@@ -87,7 +87,7 @@ def test_every_call_while_timing_and_after_gives_the_numpy_tiers_sums(mode, rows
 
 @pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT"])
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
-@pytest.mark.parametrize("rows", [4, 64, 130])
+@pytest.mark.parametrize("rows", [1, 2, 4, 64, 130])
 def test_every_kept_walk_gives_the_numpy_tiers_scores(monkeypatch, mode, index, rows):
     """Each walk (the stepped one, the one in step, the branching ones over depth-first
     tables row by row and tree by tree), split over threads or not, with missing values on
