@@ -7,6 +7,7 @@ kernels work on the host with NumPy whatever ``xp`` is; a numeric result is hand
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -197,6 +198,9 @@ class _TfIdf:
         data = to_host(X)
         rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
         rows = rows.tolist()  # python ints/strs hash like the pool's entries
+        if self.unigrams is not None and len(rows) >= ARRAY_ROWS:
+            out = self._unigram_rows(data.reshape(len(rows), -1))
+            return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
         out = np.zeros((len(rows), self.width), dtype=np.float32)
         if self.unigrams is not None:
             for r, row in enumerate(rows):
@@ -239,9 +243,34 @@ class _TfIdf:
         out[self.index[entries]] = counts + np.float32(0)
 
 
+    def _unigram_rows(self, rows):
+        """:meth:`_unigram_row` of many rows at once: every item looked up in one pass of
+        C (``map`` of the table's ``get``), the counts one ``bincount`` over (row, entry),
+        then weighted and written as whole columns. The same float32 products: a count
+        times a float32 weight, plus zero. 64 documents of 11 tokens: 257 -> ~60 us."""
+        count, entries = rows.shape[0], len(self.index)
+        items = rows.ravel().tolist()
+        found = np.fromiter(map(self.unigrams.get, items, itertools.repeat(-1, len(items))),
+                            np.int64, len(items))
+        owner = np.repeat(np.arange(count, dtype=np.int64), rows.shape[1])
+        hits = found >= 0
+        counts = np.bincount(owner[hits] * entries + found[hits],
+                             minlength=count * entries).reshape(count, entries)
+        counts = counts.astype(np.float32)
+        if self.mode == "IDF":
+            counts = np.minimum(counts, 1) * self.scale
+        elif self.mode == "TFIDF":
+            counts = counts * self.scale
+        out = np.zeros((count, self.width), dtype=np.float32)
+        out[:, self.index] = counts + np.float32(0)
+        return out
+
+
 # a row finding at most this many pool entries writes them one by one (~70 ns each)
 # instead of through five array operations (~2 us whatever the count)
 SCALAR_WRITES = 24
+# documents from which single items are counted for all rows at once (_unigram_rows)
+ARRAY_ROWS = 4
 
 
 @tfidf_vectorizer.infer

@@ -190,6 +190,34 @@ def test_tfidf_rows_finding_few_and_many_items_weigh_alike(mode):
              weights=weights.tolist())
 
 
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+@pytest.mark.parametrize("pool", ["strings", "int64s"])
+def test_tfidf_many_documents_counted_at_once_give_each_rows_bits(monkeypatch, mode, pool):
+    """From ARRAY_ROWS documents the single items of every row are counted in one pass: the
+    bits of counting row by row (a negative weight's -0.0 included) and onnxruntime's."""
+    from mixrt.ops.text import string
+    rng = np.random.default_rng(7)
+    vocabulary = [f"w{i}" for i in range(12)]
+    words = rng.choice(vocabulary + ["zz", "#"], size=(string.ARRAY_ROWS + 5, 9))
+    weights = rng.uniform(-2.0, 7.0, len(vocabulary)).astype(np.float32)
+    if pool == "strings":
+        x = words.astype(object)
+        table = dict(pool_strings=vocabulary)
+    else:
+        codes = {w: i + 10 for i, w in enumerate(vocabulary + ["zz", "#"])}
+        x = np.vectorize(codes.get)(words).astype(np.int64)
+        table = dict(pool_int64s=[codes[w] for w in vocabulary])
+    attributes = dict(mode=mode, min_gram_length=1, max_gram_length=1, max_skip_count=0,
+                      ngram_counts=[0], ngram_indexes=list(range(len(vocabulary)))[::-1],
+                      weights=weights.tolist(), **table)
+    at_once = string.tfidf_vectorizer(np, x, **attributes, _node={})
+    monkeypatch.setattr(string, "ARRAY_ROWS", 10 ** 9)
+    by_row = string.tfidf_vectorizer(np, x, **attributes, _node={})
+    np.testing.assert_array_equal(at_once, by_row)
+    assert not (np.signbit(at_once) & (at_once == 0)).any()  # no -0.0: zeros read 0.0
+    run_both("TfIdfVectorizer", [("x", x)], opset=9, **attributes)
+
+
 # -- ai.onnx.ml -------------------------------------------------------------------------
 
 def test_label_encoder_float_keys_nan_and_repeats():
