@@ -145,11 +145,14 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
                 and steady(inputs[0]) and all(constant(name) for name in inputs[1:]):
             call = _bound_views(call, env)
             stable.update(name for name, _, _ in placed if name)
+        elif form is not None and form[2] is None:  # several outputs, each placed in its view
+            stable.update(name for name, view, _ in form[3]
+                          if view is not None and env.get(name) is view)
         elif form is not None and form[2] is not None and form[3] is not None \
                 and env.get(form[2]) is form[3]:  # the value is its view, as every run
             out = attributes.get("out")
             reads_feeds = fed and takes_feeds(step.fn)
-            if out is form[3] and all(steady(name) or (reads_feeds and name in feeds)
+            if out is form[3] and all(not name or steady(name) or (reads_feeds and name in feeds)
                                       for name in inputs):
                 call = _bound(call, out, env)
             stable.add(form[2])
@@ -185,7 +188,7 @@ def _bound(call, out, env):
     if binder is None:
         return call
     try:
-        fn = binder([env[name] for name in inputs], out, attributes)
+        fn = binder([env[name] if name else None for name in inputs], out, attributes)
     except Exception:  # noqa: BLE001  (a binder that fails leaves the kernel's call)
         fn = None
     return call if fn is None else (step, inputs, attributes, placed, form[:5] + (None, fn))
@@ -217,20 +220,31 @@ def _calls(arena: Arena, plan: ExecutionPlan) -> list:
 
 def _host_form(step, outputs):
     """(arity, the input names or their getter, output name, view, detached, node state,
-    bound call) of a step the host loop runs on its own: every input present, no subgraph,
+    bound call) of a step the host loop runs on its own: its first input present (an absent
+    optional one after it reads None), no subgraph,
     and one named output, or several (a classifier's label and scores), which the form
     names by None with the outputs' (name, view, detached) where one output has its view.
     The bound call is None until :func:`bind_calls` makes the arena's bound forms."""
     names = tuple(step.inputs)
-    if step.subgraphs or not outputs or not all(names):
+    if step.subgraphs or not outputs or (names and not names[0]):
         return None
-    fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
+    if all(names):
+        fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
+    else:  # an absent optional input between present ones reads None, as in _run_calls
+        fetch = _with_absent(names)
     if len(outputs) > 1:
         return len(names), fetch, None, outputs, False, node_state(step.attributes), None
     name, view, detach = outputs[0]
     if not name:
         return None
     return len(names), fetch, name, view, detach, node_state(step.attributes), None
+
+
+def _with_absent(names):
+    """``env -> args`` for inputs some of which are absent (empty names): None for those."""
+    def fetch(env):
+        return tuple(env[name] if name else None for name in names)
+    return fetch
 
 
 def _reshape_form(step, plan):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled.bound_calls import binds, padded
 from mixrt.ops.compiled.out_arrays import into, native
 from mixrt.ops.nn import matmul_cpu
 from mixrt.ops.quant import int8_cpu
@@ -241,9 +242,34 @@ PRODUCT_TO_FLOAT["cpu"] = integer_product_to_float_cpu
 
 @matmul_integer_to_float.fast("cpu")
 def matmul_integer_to_float_cpu(xp, A, B, a_scale, b_scale, a_zero_point=None,
-                                b_zero_point=None, bias=None, *, _prepacked=None):
-    return integer_product_to_float_cpu(np, "MatMulIntegerToFloat", A, B, a_scale, b_scale,
-                                        a_zero_point, b_zero_point, bias, _prepacked, 5)
+                                b_zero_point=None, bias=None, *, _prepacked=None, out=None):
+    return into(out, integer_product_to_float_cpu(
+        np, "MatMulIntegerToFloat", A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias,
+        _prepacked, 5))
+
+
+@binds(matmul_integer_to_float_cpu)
+def _bind_integer_to_float(args, out, attributes):
+    """The VNNI route with its output stage, where the kernel takes it for these operands
+    (``int8_cpu.bound_product_to_float``): the same checks, asked once."""
+    A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias = padded(args, 7)
+    prepacked = attributes.get("_prepacked")
+    a_zero, _, _, constant, multiplier = product_operands(
+        np, "MatMulIntegerToFloat", A, B, a_scale, b_scale, a_zero_point, b_zero_point,
+        prepacked, 5)
+    if constant is None or a_scale.dtype != FLOAT32 or multiplier.size not in (1, B.shape[-1]) \
+            or (a_zero_point is not None and a_zero_point.size != 1) or a_scale.size != 1 \
+            or b_scale.size not in (1, B.shape[-1]):
+        return None
+    product = int8_cpu.bound_product_to_float(
+        A, B, b_zero_point, as_f32(b_scale), None if bias is None else as_f32(bias), constant,
+        out)
+    if product is None:
+        return None
+
+    def call(A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
+        return product(A, a_scale, None if a_zero_point is None else a_zero_point.reshape(()))
+    return call
 
 
 @dynamic_quantize_matmul.fast("cpu")

@@ -115,3 +115,54 @@ def test_a_constant_weight_takes_the_integer_product_in_a_session(op_type, monke
                                   providers=["CPUExecutionProvider"]).run(None, {"A": A})[0]
     assert calls and ours.dtype == theirs.dtype
     np.testing.assert_array_equal(ours, theirs)
+
+
+def _dynamic_layer(b_scale_per_column: bool, bias: bool):
+    """A dynamically quantized dense layer as onnxruntime's quantizer writes it: the float
+    rows quantized per call (DynamicQuantizeLinear), then MatMulIntegerToFloat against an
+    8-bit initializer, its scale one value or one a column."""
+    rng = np.random.default_rng(5)
+    n = 40
+    b_scale = (rng.uniform(0.005, 0.02, n) if b_scale_per_column else np.array(0.01)) \
+        .astype(np.float32)
+    inits = [numpy_helper.from_array(_codes(rng, np.int8, (70, n)), "B"),
+             numpy_helper.from_array(b_scale, "b_scale"),
+             numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias")]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["X"], ["A", "a_scale", "a_zero"]),
+             helper.make_node("MatMulIntegerToFloat",
+                              ["A", "B", "a_scale", "b_scale", "a_zero", "",
+                               "bias" if bias else ""], ["Y"], domain="com.microsoft")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "X", TensorProto.FLOAT, [3, 6, 70])], [helper.make_tensor_value_info(
+            "Y", TensorProto.FLOAT, [3, 6, n])], inits)
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_dynamically_quantized_layer_runs_bound_with_the_kernels_bits(monkeypatch,
+                                                                       per_column, bias):
+    """The product's bound call (int8_cpu.bound_product_to_float) behind DynamicQuantizeLinear,
+    whose three outputs sit in the arena: each run's scale and zero point (other rows, other
+    ones) give the kernel's bits and onnxruntime's."""
+    from mixrt.runtime import run_loop
+    ort = pytest.importorskip("onnxruntime")
+    model = _dynamic_layer(per_column, bias)
+    session = mixrt.Session(model)
+    reference = ort.InferenceSession(model.SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    for seed in range(4):
+        X = (np.random.default_rng(seed).standard_normal((3, 6, 70)) * (seed + 1)) \
+            .astype(np.float32)
+        monkeypatch.setattr(run_loop, "BIND", False)
+        unbound = session.run(None, {"X": X})[0]
+        monkeypatch.setattr(run_loop, "BIND", True)
+        got = session.run(None, {"X": X})[0]
+        np.testing.assert_array_equal(got, unbound)
+        np.testing.assert_allclose(got, reference.run(None, {"X": X})[0], rtol=1e-5, atol=1e-5)
+    plan = session._last_plan[1]
+    bound = {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
+             for step, _, _, _, form in calls if form is not None and form[6] is not None}
+    assert "MatMulIntegerToFloat" in bound
