@@ -146,6 +146,14 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
             call = _bound_views(call, env)
             stable.update(name for name, _, _ in placed if name)
         elif form is not None and form[2] is None:  # several outputs, each placed in its view
+            placed_all = all(name and view is not None and env.get(name) is view
+                             for name, view, _ in form[3])
+            reads_feeds = fed and takes_feeds(step.fn)
+            if placed_all and all(not name or steady(name) or (reads_feeds and name in feeds)
+                                  for name in inputs):
+                # the binder gets the outputs' views as its ``out`` (DynamicQuantizeLinear's
+                # codes, scale and zero point)
+                call = _bound(call, tuple(view for _, view, _ in form[3]), env)
             stable.update(name for name, view, _ in form[3]
                           if view is not None and env.get(name) is view)
         elif form is not None and form[2] is not None and form[3] is not None \

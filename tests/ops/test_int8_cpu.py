@@ -144,9 +144,9 @@ def _dynamic_layer(b_scale_per_column: bool, bias: bool):
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_dynamically_quantized_layer_runs_bound_with_the_kernels_bits(monkeypatch,
                                                                        per_column, bias):
-    """The product's bound call (int8_cpu.bound_product_to_float) behind DynamicQuantizeLinear,
+    """The product's bound call (int8_cpu.bound_product_to_float) behind DynamicQuantizeLinear's,
     whose three outputs sit in the arena: each run's scale and zero point (other rows, other
-    ones) give the kernel's bits and onnxruntime's."""
+    ones) give the kernels' bits and onnxruntime's; an infinite value takes the NumPy form."""
     from mixrt.runtime import run_loop
     ort = pytest.importorskip("onnxruntime")
     model = _dynamic_layer(per_column, bias)
@@ -165,4 +165,9 @@ def test_a_dynamically_quantized_layer_runs_bound_with_the_kernels_bits(monkeypa
     plan = session._last_plan[1]
     bound = {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
              for step, _, _, _, form in calls if form is not None and form[6] is not None}
-    assert "MatMulIntegerToFloat" in bound
+    assert {"MatMulIntegerToFloat", "DynamicQuantizeLinear"} <= bound
+    X[0, 0, 0] = np.inf  # the quantization's NumPy form, bound as unbound
+    monkeypatch.setattr(run_loop, "BIND", False)
+    unbound = session.run(None, {"X": X})[0]
+    monkeypatch.setattr(run_loop, "BIND", True)
+    np.testing.assert_array_equal(session.run(None, {"X": X})[0], unbound)
