@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.compiled.bound_calls import binder_for, takes_feeds
+from mixrt.ops.compiled.bound_calls import binder_for, binds_several, takes_feeds
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
@@ -149,8 +149,9 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
             placed_all = all(name and view is not None and env.get(name) is view
                              for name, view, _ in form[3])
             reads_feeds = fed and takes_feeds(step.fn)
-            if placed_all and all(not name or steady(name) or (reads_feeds and name in feeds)
-                                  for name in inputs):
+            if placed_all and binds_several(step.fn) \
+                    and all(not name or steady(name) or (reads_feeds and name in feeds)
+                            for name in inputs):
                 # the binder gets the outputs' views as its ``out`` (DynamicQuantizeLinear's
                 # codes, scale and zero point)
                 call = _bound(call, tuple(view for _, view, _ in form[3]), env)

@@ -36,23 +36,35 @@ from mixrt.ops.compiled import jit_cpu, replay
 _BINDERS: dict[Callable, Callable] = {}  # a kernel's binder of its own
 _REPLAYS: dict[Callable, Callable] = {}  # a kernel's binder through its replay
 _TAKES_FEEDS: set = set()  # kernels whose bound call may read a feed (binds(feeds=True))
+_SEVERAL: set = set()  # kernels whose binder takes several outputs' views (binds(several=True))
 
 
-def binds(*kernels: Callable, feeds: bool = False) -> Callable:
+def binds(*kernels: Callable, feeds: bool = False, several: bool = False) -> Callable:
     """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels.
 
     ``feeds``: the closure reads its inputs as it is given them on each call (it keeps no
     input's address, no layout of it beyond C order), so a step whose input is a feed may
     be bound too: a run takes such bound calls only while every feed is C-contiguous and
     aligned, as when they were bound (``runtime/run_loop.run_host_calls``). A model's first
-    node reads the feeds: a scikit-learn pipeline's Scaler, an encoder's embedding Gather."""
+    node reads the feeds: a scikit-learn pipeline's Scaler, an encoder's embedding Gather.
+
+    ``several``: the kernel's step has several outputs, and its binder takes the tuple of
+    their views as ``out`` (DynamicQuantizeLinear); other binders are asked only for steps
+    of one output."""
     def register(binder: Callable) -> Callable:
         for kernel in kernels:
             _BINDERS[kernel] = binder
             if feeds:
                 _TAKES_FEEDS.add(kernel)
+            if several:
+                _SEVERAL.add(kernel)
         return binder
     return register
+
+
+def binds_several(kernel: Callable) -> bool:
+    """Does ``kernel``'s binder take several outputs' views (:func:`binds` ``several``)?"""
+    return kernel in _SEVERAL
 
 
 def takes_feeds(kernel: Callable) -> bool:

@@ -141,7 +141,7 @@ def dynamic_quantize_cpu(xp, x):
 dynamic_quantize_linear.fast("cpu")(dynamic_quantize_cpu)
 
 
-@binds(dynamic_quantize_cpu, feeds=True)  # it reads its input as given
+@binds(dynamic_quantize_cpu, feeds=True, several=True)  # it reads its input as given
 def _bind_dynamic_quantize(args, out, attributes):
     """The compiled call into the step's three views (``out``: the codes', the scale's and the
     zero point's), the NumPy form where a value is NaN or infinite, as the kernel does:
