@@ -289,21 +289,16 @@ class _Forest:
         renumbered = np.full(len(self.modes), -1, np.int64)
         renumbered[order] = np.arange(order.size)
         leaves = self.modes[order] == _LEAF
-        splits = np.zeros((order.size, 3))
-        links = splits.view(np.int32)
-        splits[:, 0] = self.splits[order]
-        links[:, 2] = self.features[order]
-        links[:, 3] = self.modes[order] | (self.tracks_true[order].astype(np.int64) << 8)
-        links[:, 4] = np.where(leaves, 0, renumbered[self.true_next[order]])
-        links[:, 5] = np.where(leaves, 0, renumbered[self.false_next[order]])
+        splits, links = self._pack_records(
+            order, np.where(leaves, 0, renumbered[self.true_next[order]]),
+            np.where(leaves, 0, renumbered[self.false_next[order]]))
         start, targets, values = self._leaf_table(precision)
         counts = np.diff(start)[order]
         moved = np.zeros(order.size + 1, np.int64)
         np.cumsum(counts, out=moved[1:])
         entries = np.repeat(start[order] - moved[:-1], counts) + np.arange(moved[-1])
         empty_steps = np.zeros(0, np.int64)
-        return (renumbered[self.roots], splits.reshape(-1), links.reshape(-1),
-                self.members[order], empty_steps, np.zeros((0, 4), np.int32), np.zeros(0),
+        return (renumbered[self.roots], splits, links, self.members[order], empty_steps, np.zeros((0, 4), np.int32), np.zeros(0),
                 moved, targets[entries], values[entries])
 
     def _walk_tables_unstepped(self, precision, tables):
@@ -321,14 +316,19 @@ class _Forest:
         at 3 i) and int32 (feature, mode | missing-tracks-true << 8, true and false child at
         6 i + 2..5)."""
         if self._packed is None:
-            splits = np.zeros((len(self.modes), 3))
-            links = splits.view(np.int32)
-            splits[:, 0] = self.splits
-            links[:, 2] = self.features
-            links[:, 3] = self.modes | (self.tracks_true.astype(np.int64) << 8)
-            links[:, 4], links[:, 5] = self.true_next, self.false_next
-            self._packed = (splits.reshape(-1), links.reshape(-1))
+            self._packed = self._pack_records(slice(None), self.true_next, self.false_next)
         return self._packed
+
+    def _pack_records(self, nodes, true_next, false_next) -> tuple:
+        """The records of ``nodes`` (an index or a slice of the node table) in that order,
+        with these children (:meth:`_records`' layout)."""
+        splits = np.zeros((len(self.modes[nodes]), 3))
+        links = splits.view(np.int32)
+        splits[:, 0] = self.splits[nodes]
+        links[:, 2] = self.features[nodes]
+        links[:, 3] = self.modes[nodes] | (self.tracks_true[nodes].astype(np.int64) << 8)
+        links[:, 4], links[:, 5] = true_next, false_next
+        return splits.reshape(-1), links.reshape(-1)
 
     def _stepped(self):
         """The stepped walk's tables (ops/ml/_jit_trees._stepped_sums), or three empty ones
