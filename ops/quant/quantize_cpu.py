@@ -283,7 +283,7 @@ def _bind_integer_to_float(args, out, attributes):
     (``int8_cpu.bound_product_to_float``): the same checks, asked once."""
     A, B, a_scale, b_scale, a_zero_point, b_zero_point, bias = padded(args, 7)
     prepacked = attributes.get("_prepacked")
-    a_zero, _, _, constant, multiplier = product_operands(
+    _, _, _, constant, multiplier = product_operands(
         np, "MatMulIntegerToFloat", A, B, a_scale, b_scale, a_zero_point, b_zero_point,
         prepacked, 5)
     if constant is None or a_scale.dtype != FLOAT32 or multiplier.size not in (1, B.shape[-1]) \
