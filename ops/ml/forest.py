@@ -236,9 +236,10 @@ class _Forest:
         return self._choices
 
     def walk_candidates(self, precision) -> tuple:
-        """The tables of each walk a batch may take, in ``walk_choice.WALKS`` order: the
-        stepped walk, the walk in step over a block of rows, and the branching walks row by
-        row and tree by tree (``_jit_trees._branching_sums``) over the depth-first tables."""
+        """The tables of each walk a batch may take, in the order of a ``WalkChoice``'s
+        indices: the stepped walk, the walk in step over a block of rows, and the branching
+        walks row by row and tree by tree (``_jit_trees._branching_sums``) over the
+        depth-first tables."""
         candidates = self._candidates.get(precision)
         if candidates is None:
             tables = self.walk_tables(precision)

@@ -197,10 +197,10 @@ class _TfIdf:
     def run(self, xp, X):
         data = to_host(X)
         rows = data.reshape(1, -1) if data.ndim <= 1 else data.reshape(data.shape[0], -1)
-        rows = rows.tolist()  # python ints/strs hash like the pool's entries
         if self.unigrams is not None and len(rows) >= ARRAY_ROWS:
-            out = self._unigram_rows(data.reshape(len(rows), -1))
+            out = self._unigram_rows(rows)
             return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
+        rows = rows.tolist()  # python ints/strs hash like the pool's entries
         out = np.zeros((len(rows), self.width), dtype=np.float32)
         if self.unigrams is not None:
             for r, row in enumerate(rows):
@@ -241,7 +241,6 @@ class _TfIdf:
         elif self.mode == "TFIDF":
             counts = counts * self.scale[entries]
         out[self.index[entries]] = counts + np.float32(0)
-
 
     def _unigram_rows(self, rows):
         """:meth:`_unigram_row` of many rows at once: every item looked up in one pass of
