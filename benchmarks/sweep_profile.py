@@ -55,7 +55,7 @@ def _mixrt(path: str, feeds: dict, runs: int) -> tuple[float, dict]:
 
     def timed(calls, env, buffer):
         clock = time.perf_counter_ns
-        for call in calls:
+        for call in run_loop.each_call(calls):  # a segment's steps one by one
             started = clock()
             original((call,), env, buffer)
             elapsed = clock() - started

@@ -2,6 +2,8 @@
 an arena's first run its steps call the route their kernel settled on, and give the very
 bits the kernels give; feeds, whose layout a caller chooses, never decide a bound route."""
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -71,7 +73,8 @@ def _bound_ops(session) -> set:
     """The op types whose steps run bound in the arenas of the session's last plan."""
     plan = session._last_plan[1]
     return {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
-            for step, _, _, _, form in calls if form is not None and form[6] is not None}
+            for step, _, _, _, form in run_loop.each_call(calls)
+            if form is not None and form[6] is not None}
 
 
 @pytest.fixture
@@ -320,3 +323,27 @@ def test_a_feeds_reshape_views_it_and_strided_feeds_still_answer_rightly():
     np.testing.assert_allclose(session.run(None, strided)[0],
                                reference.run(None, {"ids": wide[::2].copy()})[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_steps_run_as_segments_and_a_failure_names_its_node(unbound):
+    """Consecutive bound steps over stable inputs run as one segment call
+    (run_loop._Segment): the same bits as the kernels, and a step that fails inside one is
+    named as the loop names it."""
+    session = mixrt.Session(_attention_block())
+    for seed in range(3):
+        expected = unbound(session, _feeds(seed))
+        for mine, theirs in zip(session.run(None, _feeds(seed)), expected):
+            np.testing.assert_array_equal(mine, theirs)
+    plan = session._last_plan[1]
+    segments = [call[4][1] for arena in plan.pool for calls in arena.bound.values()
+                for call in calls if call[4] is not None and call[4][0] == run_loop.SEGMENT]
+    assert segments and max(len(segment.calls) for segment in segments) >= 5
+    segment = max(segments, key=lambda segment: len(segment.program))
+    fn, args, made, name = segment.program[1]
+
+    def broken(*args):
+        raise ValueError("a kernel's own complaint")
+    segment.program = segment.program[:1] + ((broken, args, made, name),) + segment.program[2:]
+    step = next(call[0] for call in segment.calls if call[4][2] == name)
+    with pytest.raises(mixrt.errors.ExecutionError, match=re.escape(step.label)):
+        session.run(None, _feeds(0))

@@ -37,9 +37,11 @@ _BINDERS: dict[Callable, Callable] = {}  # a kernel's binder of its own
 _REPLAYS: dict[Callable, Callable] = {}  # a kernel's binder through its replay
 _TAKES_FEEDS: set = set()  # kernels whose bound call may read a feed (binds(feeds=True))
 _SEVERAL: set = set()  # kernels whose binder takes several outputs' views (binds(several=True))
+_FRESH: set = set()  # kernels whose bound call makes its outputs (binds(fresh=True))
 
 
-def binds(*kernels: Callable, feeds: bool = False, several: bool = False) -> Callable:
+def binds(*kernels: Callable, feeds: bool = False, several: bool = False,
+          fresh: bool = False) -> Callable:
     """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels.
 
     ``feeds``: the closure reads its inputs as it is given them on each call (it keeps no
@@ -50,7 +52,13 @@ def binds(*kernels: Callable, feeds: bool = False, several: bool = False) -> Cal
 
     ``several``: the kernel's step has several outputs, and its binder takes the tuple of
     their views as ``out`` (DynamicQuantizeLinear); other binders are asked only for steps
-    of one output."""
+    of one output.
+
+    ``fresh``: the binder is asked for steps whose outputs have no view in the arena (a
+    graph output the kernel makes, as a classifier's label and scores), with ``out`` None;
+    its closure makes new arrays on every call, as the kernel does, and returns them (a
+    tuple for several outputs). What it settles once is the route: a scikit-learn
+    classifier's one-row call spent ~1.3 us of its ~2.7 in the kernel's checks and lookups."""
     def register(binder: Callable) -> Callable:
         for kernel in kernels:
             _BINDERS[kernel] = binder
@@ -58,8 +66,16 @@ def binds(*kernels: Callable, feeds: bool = False, several: bool = False) -> Cal
                 _TAKES_FEEDS.add(kernel)
             if several:
                 _SEVERAL.add(kernel)
+            if fresh:
+                _FRESH.add(kernel)
         return binder
     return register
+
+
+def binds_fresh(kernel: Callable) -> bool:
+    """Does ``kernel``'s binder bind steps whose outputs have no view (:func:`binds`
+    ``fresh``)?"""
+    return kernel in _FRESH
 
 
 def binds_several(kernel: Callable) -> bool:

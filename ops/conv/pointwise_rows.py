@@ -95,7 +95,8 @@ def _action(X, W, B, prepacked, epilogue):
     # the panels of W^T under their own key: the conv forms keep other layouts in this dict
     own = prepacked.setdefault("_pointwise_rows", {})
     product = matmul_cpu.panel_call(rows, W.reshape(m, c).T, own, B)
-    return _rows_form(X, m, rows, lambda B, products: product(rows, products), epilogue)
+    return _rows_form(X, m, rows, lambda B, products: product(rows, products), epilogue,
+                      jit_cpu.panel_kernels().swap_last_axes)
 
 
 def _blas_action(X, W, B, epilogue):
@@ -121,21 +122,26 @@ def _pixel_rows(X) -> np.ndarray:
     return np.empty((X.shape[0] * X.shape[2] * X.shape[3], X.shape[1]), X.dtype)
 
 
-def _rows_form(X, m, rows, multiply, epilogue):
+def _rows_form(X, m, rows, multiply, epilogue, swap=None):
     """The call both row forms make: X's pixels copied into ``rows``, ``multiply(B,
     products)`` into the (N * pixels, M) products, those copied back as the (N, M, pixels)
-    output, then the epilogue (bound once, :class:`_BoundEpilogue`)."""
+    output, then the epilogue (bound once, :class:`_BoundEpilogue`). ``swap(source,
+    target)`` writes a batch of matrices transposed (the panel kernels'
+    ``swap_last_axes``); without it NumPy copies the transposed views."""
     n, c = X.shape[0], X.shape[1]
     pixels = X.shape[2] * X.shape[3]
     products = np.empty((n * pixels, m), X.dtype)
     into_rows, from_rows = rows.reshape(n, pixels, c), products.reshape(n, pixels, m)
     finish = _BoundEpilogue(epilogue)
+    if swap is None:
+        def swap(source, target):
+            np.copyto(target, source.transpose(0, 2, 1))
 
     def run(X, W, B, Z, out):
-        np.copyto(into_rows, X.reshape(n, c, pixels).transpose(0, 2, 1))
+        swap(X.reshape(n, c, pixels), into_rows)
         multiply(B, products)
         y = out.reshape(n, m, pixels)
-        np.copyto(y, from_rows.transpose(0, 2, 1))
+        swap(from_rows, y)
         finish(y, Z)
         return out
     return run

@@ -467,6 +467,32 @@ class _LinearClassifier:
         return xp.asarray(self.labels)[chosen]
 
 
+@binds(linear_classifier.fn, feeds=True, fresh=True)  # bound once per arena (bound_calls)
+def bind_linear_classifier(args, out, attributes):
+    """The compiled scores and label of float32 rows as ``_LinearClassifier.run`` computes
+    them, its tables, kernel and labels settled once: a new label and score array each call
+    (they are the graph's outputs). A logistic regression's one-row call: ~2.7 -> ~1.4 us."""
+    (X,), model = args, (attributes.get("_node") or {}).get("model")
+    if not isinstance(model, _LinearClassifier) or model.transform is None \
+            or X.dtype != np.float32 or X.ndim > 2 or not X.flags.c_contiguous:
+        return None
+    rows = _rows(X)
+    kernels = _ml_kernels(np, rows)
+    tables = None if kernels is None else model._tables(rows.shape[1])
+    if tables is None:
+        return None
+    kernel, transform, labels = kernels.linear_classify, model.transform, model.labels
+    (weights, intercepts, binary), shape = tables, rows.shape
+    columns = 2 if binary else len(weights)
+
+    def call(X):
+        chosen = np.empty(shape[0], np.int64)
+        scores = np.empty((shape[0], columns), np.float32)
+        kernel(X.reshape(shape), weights, intercepts, transform, binary, chosen, scores)
+        return labels[chosen], scores
+    return call
+
+
 # the LinearClassifier post-transforms ops/ml/_jit_ml.py computes
 _LINEAR_TRANSFORMS = {"NONE": 0, "LOGISTIC": 1, "SOFTMAX": 2}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.bound_calls import binds
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ml.forest import _aggregate_name, _either, _forest_from_node_ids
 from mixrt.ops.ml.tree_requests import ClassifierRequest, regressor_request
@@ -372,6 +373,19 @@ class _Regressor:
         if self.base is not None:
             scores = scores + xp.asarray(self.base)
         return post_transform_scores(xp, scores, self.post_transform).astype(np.float32)
+
+
+@binds(tree_ensemble_classifier.fn, tree_ensemble_regressor.fn, feeds=True, fresh=True)
+def bind_tree_request(args, out, attributes):
+    """The node's request path (ops/ml/tree_requests.py) where it takes these rows: what it
+    checks of them is fixed for the bound call (the dtype, shape and layout of a bound run's
+    inputs; the tier, by the bound list's key), so the call is its answer alone, without the
+    node's dispatch to the model and the request's checks."""
+    (X,), model = args, (attributes.get("_node") or {}).get("model")
+    request = getattr(model, "request", None)
+    if not request or X.__class__ is not np.ndarray or not request.takes(X):
+        return None
+    return request.answer
 
 
 @tree_ensemble_regressor.infer

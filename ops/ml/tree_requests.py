@@ -87,8 +87,10 @@ class ClassifierRequest(_Request):
         self.labels = labels if looked_up and not indices else None
 
     def __call__(self, X):
-        if not self.takes(X):
-            return None
+        return self.answer(X) if self.takes(X) else None
+
+    def answer(self, X):
+        """The label and scores of rows this path :meth:`takes`."""
         rows = X.shape[0]
         scores = np.empty((rows, self.columns), np.float32)
         chosen = np.empty(rows, np.int64)
@@ -112,8 +114,10 @@ class RegressorRequest(_Request):
         self.arguments = (*self.tables, *self.rest)
 
     def __call__(self, X):
-        if not self.takes(X):
-            return None
+        return self.answer(X) if self.takes(X) else None
+
+    def answer(self, X):
+        """The scores of rows this path :meth:`takes`."""
         values = np.empty((X.shape[0], self.targets), np.float32)
         self._walk(self.kernels.regress, X, self.arguments, self.rest, values)
         return values

@@ -189,8 +189,12 @@ STACK_MIN_WORK = 1 << 20
 # process per setting, alternating): EfficientNet-B0 at 96 x 96 5.9 -> 5.0 ms (a 192 x 1152
 # weight is 0.9 MB, streamed at twice the rate by two threads), a 2-layer BERT with hidden
 # 256 at 2 x 16 tokens 1.24 -> 1.07, GPT-2 hidden 256 at 16 tokens 0.90 -> 0.75, RegNet-Y
-# at 224 ~3%; BERT-base at 128 tokens and hidden 64 even
-PANEL_SPLIT_WORK = 1 << 20
+# at 224 ~3%; BERT-base at 128 tokens and hidden 64 even. Since a product of few panels is
+# split over bands of rows too (native_parts), 1 << 18 (2026-11-26, two sessions in one
+# process alternating, two runs): ShuffleNetV2 at 1 x 96 0.91-0.92, MobileNetV2 0.96-0.97,
+# RegNet-Y 0.96-0.98, BERT h256 at 2 x 16 0.95, BERT h64 at 2 x 16 0.94-0.99, GPT-2 h256
+# at 1 x 8 0.96-1.00; 1 << 17 lost on the transformers (1.06-1.11)
+PANEL_SPLIT_WORK = 1 << 18
 # multiply-adds from which a stack of products (attention's) is split over the threads. Its
 # parts go to Python threads (parallel_for), whose hand-off with the GIL costs far more than
 # the native pool's: on the 2-core Zen 4 (2026-11-26), us split / one thread, 2 x (128 x 64
@@ -299,8 +303,8 @@ def panel_call(A, B, prepacked, bias=None):
                                   spill, bias)
     native = jit_cpu.native_pool()
     if native is not None:
-        parts = min(count, NATIVE_PARTS_PER_THREAD * intra_op_threads())
-        bounds = np.array([count * p // parts for p in range(parts + 1)], np.int64)
+        bounds = native_parts(count, rows, kernels.STRIP_ROWS)
+        parts = len(bounds) // 4
         worker_spill = jit_cpu.scratch_array("panel_spill_worker", A.dtype, spill_shape)
         run, block = kernels.native_product, native.block
         return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
@@ -315,6 +319,25 @@ def panel_call(A, B, prepacked, bias=None):
                                   bias)
         parallel_for(thread_parts(count, rows * k * n), part)
     return threads
+
+
+def native_parts(count: int, rows: int, strip: int) -> np.ndarray:
+    """The parts of a product of ``rows`` rows against ``count`` panels that the native pool
+    hands out, flat (first panel, end panel, first row, end row) each: NATIVE_PARTS_PER_THREAD
+    runs of panels a thread, or where there are fewer panels than that (a 1x1 convolution
+    to 96 channels has 3), each panel over bands of whole strips of rows, so that two
+    threads share the work evenly (3 panels as 3 parts gave one thread 2 of them: 576 -> 96
+    at 6 x 6 took 32 us split, 40 on one thread)."""
+    wanted = NATIVE_PARTS_PER_THREAD * intra_op_threads()
+    strips = -(-rows // strip)
+    if count >= wanted or strips < 2:
+        parts = min(count, wanted)
+        table = [(count * p // parts, count * (p + 1) // parts, 0, rows) for p in range(parts)]
+    else:
+        bands = min(strips, -(-wanted // count))
+        edges = [strips * q // bands * strip for q in range(bands)] + [rows]
+        table = [(p, p + 1, edges[q], edges[q + 1]) for q in range(bands) for p in range(count)]
+    return np.array(table, np.int64).reshape(-1)
 
 
 # the panel kernels' "no bias" (an empty vector of the product's dtype)

@@ -111,12 +111,13 @@ def batched_product(a, b, c, n0, n1, edge, spill):
 
 @_jit
 def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias):
-    """``c = a @ w (+ bias)`` (:func:`panel_product`) over the panel runs bounds[p]..bounds[p
-    + 1], taken by this thread and the pool's worker (with another caller using the pool,
-    all here)."""
+    """``c = a @ w (+ bias)`` (:func:`panel_product`) over ``parts`` parts, part p the panels
+    ``bounds[4p]..bounds[4p + 1]`` of rows ``bounds[4p + 2]..bounds[4p + 3]``, taken by this
+    thread and the pool's worker (with another caller using the pool, all here)."""
     sequence = begin(block) if parts > 1 else -1
     if sequence < 0:
-        panel_product(a, panels, c, bounds[0], bounds[parts], spill, bias)
+        for part in range(parts):
+            _product_part(a, panels, c, bounds, part, spill, bias)
         return
     block[JOB] = PRODUCT_JOB
     put(block, PRODUCT_A, a)
@@ -129,9 +130,17 @@ def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias
     publish(block, sequence)
     part = claim(block, parts)
     while part >= 0:
-        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
+        _product_part(a, panels, c, bounds, part, spill, bias)
         part = claim(block, parts)
     finish(block)
+
+
+@_jit
+def _product_part(a, panels, c, bounds, part, spill, bias):
+    """Part ``part`` of :func:`native_product`: its panels over its rows."""
+    at = 4 * part
+    r0, r1 = bounds[at + 2], bounds[at + 3]
+    panel_product(a[r0:r1], panels, c[r0:r1], bounds[at], bounds[at + 1], spill, bias)
 
 
 @_jit
@@ -143,7 +152,7 @@ def _worker_product(block, zero):
     parts = block[PARTS]
     part = claim(block, parts)
     while part >= 0:
-        panel_product(a, panels, c, bounds[part], bounds[part + 1], spill, bias)
+        _product_part(a, panels, c, bounds, part, spill, bias)
         part = claim(block, parts)
 
 

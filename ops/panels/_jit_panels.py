@@ -57,7 +57,7 @@ _FAMILIES = {
     "mixrt.ops.panels._jit_attention": ("attention", "native_attention", "softmax_rows"),
     "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv", "pack_strips",
                                           "phase_planes", "pointwise_conv", "strip_rows",
-                                          "tap_conv"),
+                                          "swap_last_axes", "tap_conv"),
     "mixrt.ops.panels._jit_conv_weight_grad": ("pack_gradient", "weight_grad"),
     "mixrt.ops.panels._jit_dense": ("TILE_SIGNATURE", "batched_product", "native_product",
                                     "panel_product", "product", "tile_d", "tile_f"),

@@ -1,4 +1,4 @@
-"""Normalizer's and Scaler's bound calls (ops/ml/ml.py): after a session's first planned run the
+"""Normalizer's, Scaler's and the classifiers' bound calls (ops/ml/ml.py, ml_trees.py): after a session's first planned run the
 node calls the compiled rows' kernel into its output's view without the kernel's checks, and
 gives what the kernel gives, run after run, for every norm, a zero row and new values."""
 
@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
+from mixrt.runtime import run_loop
 
 
 def _session(tmp_path, norm, width):
@@ -52,7 +53,7 @@ def test_bound_normalizer_gives_the_kernels_values_run_after_run(tmp_path, norm)
     steady = session._steady
     assert steady is not None
     bound = [call for arena in steady.plan.pool for calls in arena.bound.values()
-             for call in calls if call[0].node.op_type == "Normalizer"]
+             for call in run_loop.each_call(calls) if call[0].node.op_type == "Normalizer"]
     if mixrt.ops.compiled.jit_cpu.enabled():  # the compiled kernel: the node is bound
         assert bound and all(call[4][-1] is not None for call in bound)
 
@@ -87,7 +88,7 @@ def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, s
         expected = (2 * x - np.float32(offset)) * np.float32(scale) * np.float32(3)
         np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
     bound = [call for arena in session._steady.plan.pool for calls in arena.bound.values()
-             for call in calls if call[0].node.op_type == "Scaler"]
+             for call in run_loop.each_call(calls) if call[0].node.op_type == "Scaler"]
     if mixrt.ops.compiled.jit_cpu.enabled():
         assert bound and all(call[4][-1] is not None for call in bound)
 
@@ -119,8 +120,77 @@ def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path
                                    atol=1e-6)
     lists = {key[-1]: calls for arena in session._steady.plan.pool
              for key, calls in arena.bound.items()}
-    scaler = {fed: [c for c in calls if c[0].node.op_type == "Scaler"][0]
+    scaler = {fed: [c for c in run_loop.each_call(calls) if c[0].node.op_type == "Scaler"][0]
               for fed, calls in lists.items()}
     assert scaler[False][4][-1] is None  # a strided feed: the kernel's own call
     if mixrt.ops.compiled.jit_cpu.enabled():
         assert scaler[True][4][-1] is not None
+
+
+def _ml_model(tmp_path, node, width, outputs):
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"]), node], "ml",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    path = tmp_path / f"{node.op_type}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def _bound_op(session, op_type) -> bool:
+    return any(call[4] is not None and call[4][-1] is not None
+               for arena in session._steady.plan.pool for calls in arena.bound.values()
+               for call in run_loop.each_call(calls) if call[0].node.op_type == op_type)
+
+
+def _classifiers():
+    """LinearClassifier (binary with string labels, three classes with int labels) and a
+    TreeEnsembleClassifier of two stumps: the label and scores are graph outputs, made
+    anew on every run (``binds(fresh=True)``)."""
+    linear_binary = helper.make_node(
+        "LinearClassifier", ["doubled"], ["label", "scores"], domain="ai.onnx.ml",
+        classlabels_strings=["no", "yes"], coefficients=[0.5, -1.0, 2.0], intercepts=[0.1],
+        post_transform="LOGISTIC")
+    linear_three = helper.make_node(
+        "LinearClassifier", ["doubled"], ["label", "scores"], domain="ai.onnx.ml",
+        classlabels_ints=[4, 7, 9], coefficients=[0.5, -1.0, 2.0, 1.0, 0.0, -0.5, -1.0, 1.0,
+                                                  0.25], intercepts=[0.0, 0.1, -0.1],
+        post_transform="SOFTMAX")
+    trees = helper.make_node(
+        "TreeEnsembleClassifier", ["doubled"], ["label", "scores"], domain="ai.onnx.ml",
+        classlabels_int64s=[0, 1], nodes_treeids=[0, 0, 0, 1, 1, 1],
+        nodes_nodeids=[0, 1, 2, 0, 1, 2], nodes_featureids=[0, 0, 0, 2, 0, 0],
+        nodes_values=[0.0, 0.0, 0.0, 0.5, 0.0, 0.0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+        nodes_truenodeids=[1, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+        class_treeids=[0, 0, 1, 1], class_nodeids=[1, 2, 1, 2], class_ids=[1, 1, 1, 1],
+        class_weights=[0.1, 0.7, 0.2, 0.4], post_transform="LOGISTIC")
+    return [linear_binary, linear_three, trees]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_bound_classifiers_make_new_outputs_with_the_kernels_values(tmp_path, index, monkeypatch):
+    node = _classifiers()[index]
+    path = _ml_model(tmp_path, node, 3, ["label", "scores"])
+    session, unbound = mixrt.Session(path), mixrt.Session(path)
+    session.wait_compiled()
+    unbound.wait_compiled()
+    rng = np.random.default_rng(11)
+    kept = []
+    for rows in (1, 1, 1, 4, 4):
+        x = rng.normal(size=(rows, 3)).astype(np.float32)
+        label, scores = session.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", False)
+        want_label, want_scores = unbound.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", True)
+        np.testing.assert_array_equal(label, want_label)
+        np.testing.assert_array_equal(scores, want_scores)
+        kept.append((x, label.copy(), scores.copy(), label, scores))
+    for x, label_then, scores_then, label, scores in kept:  # no later run wrote into them
+        np.testing.assert_array_equal(label, label_then)
+        np.testing.assert_array_equal(scores, scores_then)
+    if mixrt.ops.compiled.jit_cpu.enabled():
+        assert _bound_op(session, node.op_type)

@@ -164,7 +164,8 @@ def test_a_dynamically_quantized_layer_runs_bound_with_the_kernels_bits(monkeypa
         np.testing.assert_allclose(got, reference.run(None, {"X": X})[0], rtol=1e-5, atol=1e-5)
     plan = session._last_plan[1]
     bound = {step.node.op_type for arena in plan.pool for calls in arena.bound.values()
-             for step, _, _, _, form in calls if form is not None and form[6] is not None}
+             for step, _, _, _, form in run_loop.each_call(calls)
+            if form is not None and form[6] is not None}
     assert {"MatMulIntegerToFloat", "DynamicQuantizeLinear"} <= bound
     X[0, 0, 0] = np.inf  # the quantization's NumPy form, bound as unbound
     monkeypatch.setattr(run_loop, "BIND", False)

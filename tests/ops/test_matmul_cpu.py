@@ -267,6 +267,46 @@ def test_through_the_native_pool_the_worker_takes_panels_and_the_bits_stay(monke
     until_the_worker_joins(native.block, kernels.JOINED, product_matches)
 
 
+@pytest.mark.parametrize("count, rows", [(3, 36), (2, 36), (5, 9), (30, 9), (1, 1), (3, 7),
+                                         (2, 300), (8, 64)])
+def test_native_parts_cover_every_panel_and_row_once(count, rows, monkeypatch):
+    """Few panels are split over bands of whole strips of rows too, so that the threads get
+    even shares (3 panels for 2 threads were 2 and 1); every (panel, row) is in one part."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    table = matmul_cpu.native_parts(count, rows, 8).reshape(-1, 4)
+    covered = np.zeros((count, rows), int)
+    for p0, p1, r0, r1 in table:
+        assert 0 <= p0 < p1 <= count and 0 <= r0 < r1 <= rows
+        assert r0 % 8 == 0 and (r1 % 8 == 0 or r1 == rows)
+        covered[p0:p1, r0:r1] += 1
+    assert (covered == 1).all()
+    wanted = matmul_cpu.NATIVE_PARTS_PER_THREAD * 2
+    assert len(table) >= min(wanted, count * -(-rows // 8)) or len(table) == count
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+def test_few_panels_split_over_rows_give_the_one_thread_bits(monkeypatch):
+    """A 1x1 convolution's 36 pixel rows against 96 output channels (3 panels): split in
+    bands of rows between the threads, each cell is the same sum as on one thread."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    A, B = _rand(36, 576), _rand(576, 96)
+    kernels = jit_cpu.panel_kernels()
+    panels = matmul_cpu.pack_panels(B)
+    expected = np.empty((36, 96), np.float32)
+    kernels.panel_product(A, panels, expected, 0, panels.shape[0],
+                          np.empty((8, 32), np.float32), np.zeros(0, np.float32))
+    call = matmul_cpu.panel_call(A, B, {})
+    native = jit_cpu.native_pool()
+
+    def product_matches():
+        out = np.full((36, 96), np.nan, np.float32)
+        call(A, out)
+        np.testing.assert_array_equal(out, expected)
+
+    until_the_worker_joins(native.block, kernels.JOINED, product_matches)
+
+
 @needs_panels
 def test_panels_pass_nans_and_infinities_to_their_cells_only(monkeypatch):
     taken = []
