@@ -64,11 +64,14 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
                            and out.flags.c_contiguous and not np.may_share_memory(out, X))
 
 
-def conv(X, W, B, Z, out, epilogue, prepacked):
+def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
     """``out`` = epilogue(Conv(X, W, B), Z), ``epilogue(y, bias, residual)`` as
     ``one_pixel.conv`` takes it, called on the (N, M, pixels) output with no bias (the
     panels added it); None (nothing done) where the bias or residual does not fit (a
-    broadcast residual: the planar forms add it)."""
+    broadcast residual: the planar forms add it). With ``limits`` (the direct forms'
+    (slope, low, high): Relu, Clip, LeakyRelu, or none) instead of an epilogue: the whole
+    call compiled in one (:func:`_compiled_action`), or None, nothing done, where it is not
+    there (no native pool)."""
     shape = _shape(X, W)
     if Z is not None and Z.shape != shape or B is not None and (
             B.shape != (W.shape[0],) or B.dtype != X.dtype or not B.flags.c_contiguous):
@@ -76,7 +79,11 @@ def conv(X, W, B, Z, out, epilogue, prepacked):
     kept = out is not None
     if out is None:
         out = np.empty(shape, X.dtype)
-    if jit_cpu.panel_kernels() is not None:
+    if limits is not None:
+        action = _compiled_action(X, W, B, Z, prepacked, limits)
+        if action is None:
+            return None
+    elif jit_cpu.panel_kernels() is not None:
         action = _action(X, W, B, prepacked, epilogue)
     elif X.shape[2] * X.shape[3] <= MAX_PIXELS:
         action = _blas_action(X, W, B, epilogue)
@@ -86,6 +93,35 @@ def conv(X, W, B, Z, out, epilogue, prepacked):
     if kept:
         replay.record(prepacked, (X, W, B, Z, out), action)
     return out
+
+
+def _compiled_action(X, W, B, Z, prepacked, limits):
+    """The pixel rows, their product (split as the panel products split) and the epilogue
+    ``limits`` in one compiled call (``_jit_dense.pixel_rows_conv``), where the panel tile and
+    the native pool are there; else None. A chain of 64 -> 64 layers at 6 x 6 with Relu, us
+    a layer: ~20 through the separate calls."""
+    if jit_cpu.panel_kernels() is None:
+        return None
+    n, c, m = X.shape[0], X.shape[1], W.shape[0]
+    pixels = X.shape[2] * X.shape[3]
+    # the panels of W^T under their own key: the conv forms keep other layouts in this dict
+    own = prepacked.setdefault("_pointwise_rows", {})
+    arguments = matmul_cpu.native_call_arguments(n * pixels, W.reshape(m, c).T, own, X.dtype, B)
+    if arguments is None:
+        return None
+    block, parts, panels, bounds, spill, worker_spill, bias = arguments
+    rows = np.empty((n * pixels, c), X.dtype)
+    products = np.empty((n * pixels, m), X.dtype)
+    slope, low, high = (X.dtype.type(v) for v in limits)  # compared in X's dtype
+    kernel = jit_cpu.panel_kernels().pixel_rows_conv
+
+    def run(X, W, B, Z, out):
+        y = out.reshape(n, m, pixels)
+        kernel(block, parts, X.reshape(n, c, pixels), rows, panels, products, y, bounds, spill,
+               worker_spill, bias, y if Z is None else Z.reshape(n, m, pixels), Z is not None,
+               low, high, slope)
+        return out
+    return run
 
 
 def _action(X, W, B, prepacked, epilogue):

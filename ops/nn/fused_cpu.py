@@ -46,18 +46,32 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
             return done
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked) \
             and not _aliases(np, out, X, W, B, Z):
-        alone = Z is None and activation  # the activation alone: a compiled pass after
-        done = pointwise_rows.conv(X, W, B, Z, out, _no_epilogue if alone else
-                                   _conv_epilogue(activation, activation_params), _prepacked)
+        done = _pixel_rows(X, W, B, Z, out, activation, activation_params, _prepacked)
         if done is not None:
-            return _activated(done, (activation, activation_params), _prepacked) if alone \
-                else done
+            return done
     if _aliases(np, out, X, W, B, Z):  # out is an input's buffer: read it before writing
         return _into(np, fused_conv_cpu(np, X, W, B, Z, activation=activation,
                                         activation_params=activation_params,
                                         _prepacked=_prepacked, _node=_node, **attributes), out)
     return _banded(X, W, B, Z, attributes, (activation, activation_params), out, _prepacked,
                    _node)
+
+
+def _pixel_rows(X, W, B, Z, out, activation, params, prepacked):
+    """``pointwise_rows.conv``: its one compiled call where the activation is a clamp the
+    call finishes its outputs with (Relu, Clip, LeakyRelu, none), else its calls with the
+    activation after them or as their epilogue."""
+    limits = activation_limits(activation, params)
+    if limits is not None:
+        done = pointwise_rows.conv(X, W, B, Z, out, None, prepacked, limits)
+        if done is not None:
+            return done
+    alone = Z is None and activation  # the activation alone: a compiled pass after
+    done = pointwise_rows.conv(X, W, B, Z, out, _no_epilogue if alone else
+                               _conv_epilogue(activation, params), prepacked)
+    if done is not None and alone:
+        return _activated(done, (activation, params), prepacked)
+    return done
 
 
 def _no_epilogue(y, bias, residual):

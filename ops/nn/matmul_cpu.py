@@ -285,6 +285,35 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=()):
     return out
 
 
+def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | None:
+    """``(block, parts, panels, bounds, spill, worker_spill, bias)``: the arguments of
+    ``native_product`` (and of the kernels that call it) for ``rows`` rows against the
+    weight ``B`` (K, N), split where :func:`panel_call` splits (else one part, on the calling
+    thread); None without the native pool. The scratch is this thread's."""
+    native = jit_cpu.native_pool()
+    if native is None:
+        return None
+    kernels = jit_cpu.panel_kernels()
+    panels = packed(prepacked, "panels", lambda: pack_panels(B))
+    k, n = B.shape
+    count = panels.shape[0]
+    spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
+    if _split(rows, k, n, B.itemsize):
+        bounds = native_parts(count, rows, kernels.STRIP_ROWS)
+    else:
+        bounds = np.array([0, count, 0, rows], np.int64)
+    return (native.block, len(bounds) // 4, panels, bounds,
+            jit_cpu.scratch_array("panel_spill", dtype, spill_shape),
+            jit_cpu.scratch_array("panel_spill_worker", dtype, spill_shape),
+            _NO_BIAS[np.dtype(dtype).char] if bias is None else bias)
+
+
+def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
+    """Is a product of ``rows`` rows against a (k, n) weight split over the threads?"""
+    return rows * k * n >= (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK) \
+        or k * n * itemsize >= SPLIT_WEIGHT_BYTES
+
+
 def panel_call(A, B, prepacked, bias=None):
     """:func:`panel_product` for A's shape as a call to make, ``call(A, out)``, on arrays of
     the shapes and dtype of these (its scratch is this thread's)."""
@@ -296,17 +325,14 @@ def panel_call(A, B, prepacked, bias=None):
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
-    if rows * k * n < (PANEL_SPLIT_WORK if rows > 1 else ONE_ROW_WORK) \
-            and k * n * B.itemsize < SPLIT_WEIGHT_BYTES:
+    if not _split(rows, k, n, B.itemsize):
         one = kernels.panel_product
         return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
                                   spill, bias)
-    native = jit_cpu.native_pool()
-    if native is not None:
-        bounds = native_parts(count, rows, kernels.STRIP_ROWS)
-        parts = len(bounds) // 4
-        worker_spill = jit_cpu.scratch_array("panel_spill_worker", A.dtype, spill_shape)
-        run, block = kernels.native_product, native.block
+    arguments = native_call_arguments(rows, B, prepacked, A.dtype, bias)
+    if arguments is not None:
+        block, parts, _, bounds, _, worker_spill, _ = arguments
+        run = kernels.native_product
         return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
                                   out.reshape(rows, n), bounds, spill, worker_spill, bias)
 

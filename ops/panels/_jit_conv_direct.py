@@ -104,19 +104,6 @@ def pack_strips(x, packed, first, rows, ow, sy, sx, top, left):
 
 
 @_jit
-def swap_last_axes(source, target):
-    """``target[b, j, i] = source[b, i, j]``: a batch of (A, B) matrices written as (B, A),
-    each row of the source read in order (the pixel rows of a 1x1 convolution over a small
-    plane, ``ops/conv/pointwise_rows.py``, and its output back to channels). NumPy's copy of
-    a transposed view walked the source a column at a time: 576 channels of 6 x 6 pixels
-    took 13-15 us, this 8."""
-    for b in range(source.shape[0]):
-        for i in range(source.shape[1]):
-            for j in range(source.shape[2]):
-                target[b, j, i] = source[b, i, j]
-
-
-@_jit
 def _zero(target, start, count):
     for t in range(count):
         target[start + t] = 0

@@ -57,10 +57,11 @@ _FAMILIES = {
     "mixrt.ops.panels._jit_attention": ("attention", "native_attention", "softmax_rows"),
     "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv", "pack_strips",
                                           "phase_planes", "pointwise_conv", "strip_rows",
-                                          "swap_last_axes", "tap_conv"),
+                                          "tap_conv"),
     "mixrt.ops.panels._jit_conv_weight_grad": ("pack_gradient", "weight_grad"),
     "mixrt.ops.panels._jit_dense": ("TILE_SIGNATURE", "batched_product", "native_product",
-                                    "panel_product", "product", "tile_d", "tile_f"),
+                                    "panel_product", "pixel_rows_conv", "product",
+                                    "swap_last_axes", "tile_d", "tile_f"),
 }
 _HOME = {name: module for module, names in _FAMILIES.items() for name in names}
 

@@ -106,3 +106,36 @@ def test_without_the_tile_large_planes_keep_the_banded_form(monkeypatch):
     assert pointwise_rows.suits(_rand(1, 32, 64, 64), W, 1, None, None, "NOTSET", None, {})
     # 2 x 64 x 96 x 96 float32 outputs: 4.7 MB, past PLANES_MAX_BYTES
     assert not pointwise_rows.suits(_rand(2, 32, 96, 96), W, 1, None, None, "NOTSET", None, {})
+
+
+@pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
+                    reason="the one compiled call runs on the panel tile with the native pool")
+@pytest.mark.parametrize("activation, params", [("", None), ("Relu", None),
+                                                ("Clip", [0.0, 6.0]), ("LeakyRelu", [0.1])])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("batch, channels, outputs, side", [(1, 576, 96, 6), (2, 64, 64, 3)])
+def test_the_one_compiled_call_gives_the_separate_calls_bits(monkeypatch, activation, params,
+                                                             residual, batch, channels,
+                                                             outputs, side):
+    """Relu, Clip, LeakyRelu or no activation: the pixel rows, their product and the
+    epilogue in one compiled call (pointwise_rows._compiled_action), the same bits as the
+    transposes, product and epilogue pass it replaced, NaN and infinities included."""
+    X = _rand(batch, channels, side, side)
+    X[0, 0, 0, 0], X[-1, 1, -1, -1] = np.nan, np.inf
+    W, B = _rand(outputs, channels, 1, 1), _rand(outputs)
+    Z = _rand(batch, outputs, side, side) if residual else None
+    made = []
+    real = pointwise_rows._compiled_action
+    monkeypatch.setattr(pointwise_rows, "_compiled_action",
+                        lambda *args: made.append(1) or real(*args))
+
+    def run(prepacked):
+        out = np.full((batch, outputs, side, side), -7.0, np.float32)
+        return fused_conv(np, X, W, B, Z, activation=activation, activation_params=params,
+                          out=out, _prepacked=prepacked, **ATTRIBUTES)
+    compiled = run({})
+    assert made
+    monkeypatch.setattr(pointwise_rows, "_compiled_action", lambda *args: None)
+    separate = run({})
+    np.testing.assert_array_equal(compiled, separate)
+    assert np.isnan(compiled).any()
