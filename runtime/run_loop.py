@@ -17,7 +17,7 @@ import numpy as np
 from mixrt.base.errors import ExecutionError, MixrtError
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, takes_feeds
+from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.executor import Arena, ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
@@ -133,6 +133,13 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
     def steady(name):
         return name in stable or constant(name)
 
+    def ready(step, inputs):
+        """Is each input steady, or a feed its binder reads as given (this run's feeds
+        being C-contiguous and aligned)?"""
+        return all(not name or steady(name)
+                   or (fed and name in feeds and reads_feed_at(step.fn, position))
+                   for position, name in enumerate(inputs))
+
     bound = []
     for call in calls:
         step, inputs, attributes, placed, form = call
@@ -149,17 +156,12 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
                 and all(view is None for _, view, _ in placed):
             # outputs the kernel makes anew each run (a classifier's label and scores, graph
             # outputs without a view): the binder's closure makes them the same way
-            reads_feeds = fed and takes_feeds(step.fn)
-            if all(not name or steady(name) or (reads_feeds and name in feeds)
-                   for name in inputs):
+            if ready(step, inputs):
                 call = _bound(call, None, env)
         elif form is not None and form[2] is None:  # several outputs, each placed in its view
             placed_all = all(name and view is not None and env.get(name) is view
                              for name, view, _ in form[3])
-            reads_feeds = fed and takes_feeds(step.fn)
-            if placed_all and binds_several(step.fn) \
-                    and all(not name or steady(name) or (reads_feeds and name in feeds)
-                            for name in inputs):
+            if placed_all and binds_several(step.fn) and ready(step, inputs):
                 # the binder gets the outputs' views as its ``out`` (DynamicQuantizeLinear's
                 # codes, scale and zero point)
                 call = _bound(call, tuple(view for _, view, _ in form[3]), env)
@@ -168,9 +170,7 @@ def bind_calls(calls: list, env: dict, arena: Arena, plan: ExecutionPlan,
         elif form is not None and form[2] is not None and form[3] is not None \
                 and env.get(form[2]) is form[3]:  # the value is its view, as every run
             out = attributes.get("out")
-            reads_feeds = fed and takes_feeds(step.fn)
-            if out is form[3] and all(not name or steady(name) or (reads_feeds and name in feeds)
-                                      for name in inputs):
+            if out is form[3] and ready(step, inputs):
                 call = _bound(call, out, env)
             stable.add(form[2])
         bound.append(call)

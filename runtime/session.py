@@ -562,7 +562,10 @@ def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
     case, for :class:`SteadyRun`, whose plan produced every one before)."""
     if not shared:
         values = [env[name] for name in wanted]
-        if all(value.__class__ is np.ndarray for value in values):
+        for value in values:  # a loop, not all() over a generator: ~0.2 us a run
+            if value.__class__ is not np.ndarray:
+                break
+        else:
             return values
     return [_host_value(_copy(env[name]) if name in shared else env[name]) for name in wanted]
 

@@ -347,3 +347,35 @@ def test_fixed_steps_run_as_segments_and_a_failure_names_its_node(unbound):
     step = next(call[0] for call in segment.calls if call[4][2] == name)
     with pytest.raises(mixrt.errors.ExecutionError, match=re.escape(step.label)):
         session.run(None, _feeds(0))
+
+
+def test_a_product_binds_on_a_feed_as_its_activation_only(unbound):
+    """MatMul's binder reads its first input as given (``binds(feeds=(0,))``): a layer
+    over the feed is bound, a product whose second input is a feed keeps its kernel, and
+    both give the kernels' bits run after run, a strided feed included."""
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array(rng.standard_normal((32, 48)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="over_the_feed"),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "v"], ["y"], name="feed_as_weight")],
+        "products",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32]),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [48, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [weight])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+    session = mixrt.Session(model)
+    for seed in range(4):
+        feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32),
+                 "v": rng.standard_normal((48, 16)).astype(np.float32)}
+        if seed == 3:  # a strided feed: the other bound list, the kernel's route
+            wide = rng.standard_normal((4, 64)).astype(np.float32)
+            feeds["x"] = wide[:, ::2]
+        expected = unbound(session, feeds)
+        np.testing.assert_array_equal(session.run(None, feeds)[0], expected[0])
+    plan = session._last_plan[1]
+    lists = {key[-1]: {call[0].label: call[4] is not None and call[4][6] is not None
+                       for call in run_loop.each_call(calls)}
+             for arena in plan.pool for key, calls in arena.bound.items()}
+    assert lists[True]["over_the_feed"] and not lists[True]["feed_as_weight"]
+    assert not lists[False]["over_the_feed"]

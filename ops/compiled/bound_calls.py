@@ -35,12 +35,15 @@ from mixrt.ops.compiled import jit_cpu, replay
 
 _BINDERS: dict[Callable, Callable] = {}  # a kernel's binder of its own
 _REPLAYS: dict[Callable, Callable] = {}  # a kernel's binder through its replay
-_TAKES_FEEDS: set = set()  # kernels whose bound call may read a feed (binds(feeds=True))
+# kernels whose bound call may read a feed (binds(feeds=...)): the input positions it reads
+# as given, or ALL_INPUTS
+_TAKES_FEEDS: dict = {}
+ALL_INPUTS = None
 _SEVERAL: set = set()  # kernels whose binder takes several outputs' views (binds(several=True))
 _FRESH: set = set()  # kernels whose bound call makes its outputs (binds(fresh=True))
 
 
-def binds(*kernels: Callable, feeds: bool = False, several: bool = False,
+def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False,
           fresh: bool = False) -> Callable:
     """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels.
 
@@ -49,6 +52,8 @@ def binds(*kernels: Callable, feeds: bool = False, several: bool = False,
     be bound too: a run takes such bound calls only while every feed is C-contiguous and
     aligned, as when they were bound (``runtime/run_loop.run_host_calls``). A model's first
     node reads the feeds: a scikit-learn pipeline's Scaler, an encoder's embedding Gather.
+    A tuple of input positions says which inputs the closure reads as given (a product's
+    activation, not its weight, which a binder may pack once).
 
     ``several``: the kernel's step has several outputs, and its binder takes the tuple of
     their views as ``out`` (DynamicQuantizeLinear); other binders are asked only for steps
@@ -63,7 +68,7 @@ def binds(*kernels: Callable, feeds: bool = False, several: bool = False,
         for kernel in kernels:
             _BINDERS[kernel] = binder
             if feeds:
-                _TAKES_FEEDS.add(kernel)
+                _TAKES_FEEDS[kernel] = ALL_INPUTS if feeds is True else frozenset(feeds)
             if several:
                 _SEVERAL.add(kernel)
             if fresh:
@@ -83,9 +88,10 @@ def binds_several(kernel: Callable) -> bool:
     return kernel in _SEVERAL
 
 
-def takes_feeds(kernel: Callable) -> bool:
-    """May ``kernel``'s bound call read a feed (:func:`binds` with ``feeds=True``)?"""
-    return kernel in _TAKES_FEEDS
+def reads_feed_at(kernel: Callable, position: int) -> bool:
+    """May ``kernel``'s bound call read a feed as its input ``position``?"""
+    positions = _TAKES_FEEDS.get(kernel, ())
+    return positions is ALL_INPUTS or position in positions
 
 
 def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> None:

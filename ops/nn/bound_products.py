@@ -99,7 +99,9 @@ def _stacked(A, B, out):
     return lambda A, B: np.matmul(A, B, out=out)
 
 
-@binds(mat_mul_cpu)
+# A, the activation, read as given by every route below (a model's first layer reads the
+# feed: a scikit-learn MLP at 4 rows spent 9 of its 24 us in that layer's unbound route)
+@binds(mat_mul_cpu, feeds=(0,))
 def bind_mat_mul(args, out, attributes):
     A, B = args
     if not native(A, B, out):
@@ -116,7 +118,7 @@ def bind_mat_mul(args, out, attributes):
     return call
 
 
-@binds(fused_mat_mul_cpu)
+@binds(fused_mat_mul_cpu, feeds=(0,))
 def bind_fused_mat_mul(args, out, attributes):
     A, B, bias, Z = padded(args, 4)
     activation = attributes.get("activation", "")
