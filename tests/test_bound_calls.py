@@ -379,3 +379,28 @@ def test_a_product_binds_on_a_feed_as_its_activation_only(unbound):
              for arena in plan.pool for key, calls in arena.bound.items()}
     assert lists[True]["over_the_feed"] and not lists[True]["feed_as_weight"]
     assert not lists[False]["over_the_feed"]
+
+
+def test_a_segment_places_a_result_that_is_not_its_view(unbound):
+    """A bound call inside a segment that hands back another array than its step's view
+    (as a kernel may) has it copied into the view, as the loop places it: the run's values
+    stay the kernels'."""
+    session = mixrt.Session(_attention_block())
+    expected = unbound(session, _feeds(2))
+    session.run(None, _feeds(2))
+    plan = session._last_plan[1]
+    segment = max((call[4][1] for arena in plan.pool for calls in arena.bound.values()
+                   for call in calls if call[4] is not None and call[4][0] == run_loop.SEGMENT),
+                  key=lambda segment: len(segment.program))
+    position = next(i for i, (_, _, made, _) in enumerate(segment.program)
+                    if isinstance(made, np.ndarray) and made.base is not None)
+    fn, args, made, name = segment.program[position]
+
+    def elsewhere(*args):
+        value = np.array(fn(*args), copy=True)  # the values in an array of its own,
+        made[...] = np.nan  # the view left unwritten
+        return value
+    segment.program = segment.program[:position] + ((elsewhere, args, made, name),) \
+        + segment.program[position + 1:]
+    for mine, theirs in zip(session.run(None, _feeds(2)), expected):
+        np.testing.assert_array_equal(mine, theirs)
