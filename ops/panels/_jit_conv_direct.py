@@ -17,7 +17,7 @@ from mixrt.ops.panels._jit_native_pool import (
     TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y, begin, claim, finish, get1,
     get2, get3, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import (STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run,
-                                        _tile8)
+                                        _tile8, limited)
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
@@ -248,25 +248,13 @@ def _finish_run(sums, at, y, out, count, shift, residual, has_residual, low, hig
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _finish(sums, at, y, out, count, shift, low, high, slope):
     for t in range(count):
-        y[out + t] = _limited(sums[at + t] + shift, low, high, slope)
+        y[out + t] = limited(sums[at + t] + shift, low, high, slope)
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
 def _finish_residual(sums, at, y, out, count, shift, residual, low, high, slope):
     for t in range(count):
-        y[out + t] = _limited(sums[at + t] + shift + residual[out + t], low, high, slope)
-
-
-@njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _limited(v, low, high, slope):
-    """v times ``slope`` when negative, then clamped to [low, high]."""
-    if v < 0:
-        v *= slope
-    if v < low:
-        v = low
-    if v > high:
-        v = high
-    return v
+        y[out + t] = limited(sums[at + t] + shift + residual[out + t], low, high, slope)
 
 
 # -- the direct convolutions, split between threads in native code ----------------------------

@@ -21,7 +21,7 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim, finish, get1, get2,
     get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile
+from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile, limited
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
 # code shared one file with the convolution's argument slots, whose ROW_BLOCK (word 115 of
@@ -189,13 +189,7 @@ def pixel_rows_conv(block, parts, x, rows, panels, products, y, bounds, spill, w
                 value = products[b * p + i, j]
                 if has_residual:
                     value += residual[b, j, i]
-                if value < 0:
-                    value *= slope
-                if value < low:
-                    value = low
-                if value > high:
-                    value = high
-                y[b, j, i] = value
+                y[b, j, i] = limited(value, low, high, slope)
 
 
 # the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)

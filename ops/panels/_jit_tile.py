@@ -331,6 +331,20 @@ def _epilogue(builder, value, residual, offset, limits, spread, load_vector):
     return builder.select(builder.fcmp_ordered(">", value, high), high, value)
 
 
+@njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def limited(v, low, high, slope):
+    """v times ``slope`` when negative, then clamped to [low, high] by comparisons (NaN
+    passes): the epilogue's arithmetic (:func:`_epilogue`) on one value, for the compiled
+    loops that finish outputs outside the tile."""
+    if v < 0:
+        v *= slope
+    if v < low:
+        v = low
+    if v > high:
+        v = high
+    return v
+
+
 @intrinsic
 def _prefetch(typingctx, array, offset):
     """Asks for the cache line holding ``array.flat[offset]`` (a hint: never faults, so an
