@@ -269,7 +269,7 @@ class _Segment:
         env.update(self.outputs)
 
     def _misplaced(self, position: int, result) -> None:
-        fn, args, made, name = self.program[position]
+        _, _, made, name = self.program[position]
         if _placed(result, made) is not made:
             raise ExecutionError(f"value {name!r} came out as {getattr(result, 'shape', '?')} "
                                  f"where the plan's static view holds {made.shape}")

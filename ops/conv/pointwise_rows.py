@@ -98,8 +98,8 @@ def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
 def _compiled_action(X, W, B, Z, prepacked, limits):
     """The pixel rows, their product (split as the panel products split) and the epilogue
     ``limits`` in one compiled call (``_jit_dense.pixel_rows_conv``), where the panel tile and
-    the native pool are there; else None. A chain of 64 -> 64 layers at 6 x 6 with Relu, us
-    a layer: ~20 through the separate calls."""
+    the native pool are there; else None. A chain of 64 -> 64 layers at 6 x 6 with Relu:
+    9.5 us a layer, 10.9 through the separate calls."""
     if jit_cpu.panel_kernels() is None:
         return None
     n, c, m = X.shape[0], X.shape[1], W.shape[0]
