@@ -67,10 +67,8 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
             and (out is None or not np.may_share_memory(out, X)):
         return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked):
-        done = pointwise_rows.conv(X, W, B, None, out, None, _prepacked,
+        done = pointwise_rows.conv(X, W, B, None, out, _bias_only, _prepacked,
                                    conv_direct_cpu.NO_ACTIVATION)
-        if done is None:
-            done = pointwise_rows.conv(X, W, B, None, out, _bias_only, _prepacked)
         if done is not None:
             return done
     done = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, _prepacked,

@@ -69,9 +69,9 @@ def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
     ``one_pixel.conv`` takes it, called on the (N, M, pixels) output with no bias (the
     panels added it); None (nothing done) where the bias or residual does not fit (a
     broadcast residual: the planar forms add it). With ``limits`` (the direct forms'
-    (slope, low, high): Relu, Clip, LeakyRelu, or none) instead of an epilogue: the whole
-    call compiled in one (:func:`_compiled_action`), or None, nothing done, where it is not
-    there (no native pool)."""
+    (slope, low, high): Relu, Clip, LeakyRelu, or none, the same as ``epilogue``): the whole
+    call compiled in one (:func:`_compiled_action`) where it is there (the native pool),
+    else the forms with ``epilogue``, or None, nothing done, when that is None."""
     shape = _shape(X, W)
     if Z is not None and Z.shape != shape or B is not None and (
             B.shape != (W.shape[0],) or B.dtype != X.dtype or not B.flags.c_contiguous):
@@ -79,20 +79,25 @@ def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
     kept = out is not None
     if out is None:
         out = np.empty(shape, X.dtype)
-    if limits is not None:
-        action = _compiled_action(X, W, B, Z, prepacked, limits)
-        if action is None:
+    action = None if limits is None else _compiled_action(X, W, B, Z, prepacked, limits)
+    if action is None:
+        if epilogue is None:
             return None
-    elif jit_cpu.panel_kernels() is not None:
-        action = _action(X, W, B, prepacked, epilogue)
-    elif X.shape[2] * X.shape[3] <= MAX_PIXELS:
-        action = _blas_action(X, W, B, epilogue)
-    else:
-        action = _blas_planes_action(X, W, B, epilogue)
+        action = _epilogue_action(X, W, B, prepacked, epilogue)
     action(X, W, B, Z, out)
     if kept:
         replay.record(prepacked, (X, W, B, Z, out), action)
     return out
+
+
+def _epilogue_action(X, W, B, prepacked, epilogue):
+    """The call of the form these arrays take, its output finished by ``epilogue``: the
+    panel tile's pixel rows, else the BLAS's rows or planes."""
+    if jit_cpu.panel_kernels() is not None:
+        return _action(X, W, B, prepacked, epilogue)
+    if X.shape[2] * X.shape[3] <= MAX_PIXELS:
+        return _blas_action(X, W, B, epilogue)
+    return _blas_planes_action(X, W, B, epilogue)
 
 
 def _compiled_action(X, W, B, Z, prepacked, limits):

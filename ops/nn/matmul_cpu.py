@@ -331,8 +331,8 @@ def panel_call(A, B, prepacked, bias=None):
                                   spill, bias)
     arguments = native_call_arguments(rows, B, prepacked, A.dtype, bias)
     if arguments is not None:
-        block, parts, _, bounds, _, worker_spill, _ = arguments
         run = kernels.native_product
+        block, parts, panels, bounds, spill, worker_spill, bias = arguments
         return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
                                   out.reshape(rows, n), bounds, spill, worker_spill, bias)
 
