@@ -21,7 +21,7 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim, finish, get1, get2,
     get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, _tile, limited
+from mixrt.ops.panels._jit_tile import STRIP_ROWS, _half_tile, _tile, limited
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
 # code shared one file with the convolution's argument slots, whose ROW_BLOCK (word 115 of
@@ -61,7 +61,12 @@ def panel_product(a, panels, c, p0, p1, spill, bias):
                             for j in range(width):
                                 c[s + i, column + j] += bias[column + j]
                 else:
-                    _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width, k_len)
+                    if columns - column <= width // 2:  # padding past one vector: skip it
+                        _half_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
+                                   width, k_len)
+                    else:
+                        _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width,
+                              k_len)
                     for i in range(count):
                         for j in range(columns - column):
                             c[s + i, column + j] = spill[i, j] + bias[column + j] if biased \

@@ -31,12 +31,13 @@ K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
-def _make_tile(rows: int, finished: bool = False):
+def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
-    for i < rows and the panel's columns j. Arguments: flat ``a`` and its offset and row
-    stride, flat ``panels`` and the panel's offset and row stride (the panel's width when it
-    is packed, a row of the matrix when the panel is read in place), flat ``c`` and its
-    offset and row stride, and K.
+    for i < rows and the panel's first ``vectors`` vectors of columns j (one: the half
+    tile of a last panel with at most ``lanes`` columns, :func:`_half_tile`). Arguments:
+    flat ``a`` and its offset and row stride, flat ``panels`` and the panel's offset and row
+    stride (the panel's width when it is packed, a row of the matrix when the panel is read
+    in place), flat ``c`` and its offset and row stride, and K.
 
     ``finished``: the convolution's epilogue on the way out, from seven more arguments
     (``bias, bias_offset, residual, has_residual, low, high, slope``): the sums start at
@@ -53,7 +54,7 @@ def _make_tile(rows: int, finished: bool = False):
                  k_len):
             sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
                              types.intp, types.intp, types.intp)
-            return sig, _tile_codegen(rows, finished=False, taps=False)
+            return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors)
         return tile
 
     @intrinsic
@@ -95,7 +96,12 @@ def _make_tap_tile(rows: int):
     return tile
 
 
-def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False):
+def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
+                  vectors: int = PANEL_VECTORS):
+    # ``vectors``: of the panel's PANEL_VECTORS, how many the tile computes (plain tiles only;
+    # the packed panels' rows stay PANEL_VECTORS wide)
+    assert vectors == PANEL_VECTORS or not (finished or taps)
+
     def codegen(context, builder, signature, args):
         (a_arg, a_offset, lda, panels_arg, panel_offset, ldw, c_arg, c_offset, ldc,
          k_len) = args[:10]
@@ -164,7 +170,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False)
             f"llvm.masked.store.{kind}.p0")
         # the sums live in allocas that LLVM promotes to registers (mem2reg)
         if not finished:
-            starts = [[ir.Constant(vector, [0.0] * lanes)] * PANEL_VECTORS] * rows
+            starts = [[ir.Constant(vector, [0.0] * lanes)] * vectors] * rows
         elif taps:  # a bias per column: one vector load per panel vector
             bias = at(data(10, args[10]), args[11])
             starts = [[load_vector(bias, v * lanes) for v in range(PANEL_VECTORS)]] * rows
@@ -182,7 +188,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False)
         def step(k, sums):
             """One k: the panel's row, each row's a[i, k] spread, the multiply-adds."""
             w_row = at(W, builder.load(at(w_rows_at, k)) if gathered else builder.mul(k, ldw))
-            w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(PANEL_VECTORS)]
+            w = [load_vector(w_row, v * lanes, mask=masked(v)) for v in range(vectors)]
             if taps:  # a later panel's row k, while k < ahead_rows
                 with cgutils.if_unlikely(builder, builder.icmp_signed("<", k, ahead_rows)):
                     later = at(w_row, ahead)
@@ -201,7 +207,7 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False)
             for i in range(rows):
                 place = row_places[i] if taps else builder.mul(ir.Constant(index, i), lda)
                 value = spread(builder.load(at(a_column, place)))
-                for v in range(PANEL_VECTORS):
+                for v in range(vectors):
                     total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
                     builder.store(total, sums[i][v])
 
@@ -211,9 +217,9 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False)
             # to the totals, so that a long K is not one chain of roundings (a 64 x 576 layer
             # of SqueezeNet: 2.3e-6 of the largest output in one chain, 1.7e-6 via OpenBLAS)
             totals = [[cgutils.alloca_once_value(builder, starts[i][v])
-                       for v in range(PANEL_VECTORS)] for i in range(rows)]
+                       for v in range(vectors)] for i in range(rows)]
             zeros = ir.Constant(vector, [0.0] * lanes)
-            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL_VECTORS)]
+            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(vectors)]
                     for _ in range(rows)]
             block = ir.Constant(index, K_BLOCK)
             blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
@@ -397,3 +403,30 @@ def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k
         _tile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     else:
         _tile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+
+
+_half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8 = \
+    (_make_tile(rows, vectors=1) for rows in range(1, STRIP_ROWS + 1))
+
+
+@_jit
+def _half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
+    """:func:`_tile` over the first vector of a panel's columns only: a last panel that
+    holds at most ``lanes`` of the weight's columns (a layer to 40 outputs is one panel and
+    8 columns: its second panel's multiply-adds were three quarters padding)."""
+    if rows == 8:
+        _half8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 7:
+        _half7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 6:
+        _half6(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 5:
+        _half5(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 4:
+        _half4(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 3:
+        _half3(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows == 2:
+        _half2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    else:
+        _half1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)

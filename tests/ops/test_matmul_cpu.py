@@ -202,7 +202,9 @@ needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
 
 @needs_panels
 @pytest.mark.parametrize("rows", [2, 7, 8, 9, 63, 128, 301])  # strips of 8 and their tails
-@pytest.mark.parametrize("n", [5, 32, 100, 768])  # under a panel, one, a padded last one
+# under a panel, one, a padded last one: one vector's lanes or fewer of it (the half tile),
+# exactly one vector, more than one
+@pytest.mark.parametrize("n", [5, 32, 40, 48, 56, 100, 768])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_panel_product_matches_float64(rows, n, dtype):
     k = max(1, (1 << 21) // (rows * n))  # enough work to take the panels

@@ -59,3 +59,28 @@ def test_plain_one_pixel_conv_into_a_new_array_and_not_other_planes():
     assert not one_pixel.suits(X, _rand(5, 8, 3, 3), 1, None, "NOTSET", None)
     assert not one_pixel.suits(X, W, 1, [1, 1, 1, 1], "NOTSET", None)
     assert not one_pixel.suits(_rand(1, 8, 1, 1), _rand(8, 1, 1, 1), 8, None, "NOTSET", None)
+
+
+@pytest.mark.parametrize("batch, channels, outputs", [(8, 144, 576), (8, 240, 40), (2, 16, 8)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_one_pixel_conv_of_a_constant_weight_takes_the_panels(batch, channels, outputs,
+                                                             residual):
+    """A batch of channel vectors against a constant weight is one panel product (bias in
+    its tiles, a last panel of 8 columns on its half tile), then the epilogue."""
+    from mixrt.ops.compiled import jit_cpu
+    if jit_cpu.panel_kernels() is None:
+        pytest.skip("no panel kernels on this CPU")
+    X, W, B = _rand(batch, channels, 1, 1), _rand(outputs, channels, 1, 1), _rand(outputs)
+    Z = _rand(batch, outputs, 1, 1) if residual else None
+    exact = np.einsum("nc,mc->nm", X[:, :, 0, 0].astype(np.float64),
+                      W[:, :, 0, 0].astype(np.float64)) + B
+    if Z is not None:
+        exact = exact + Z[:, :, 0, 0]
+    expected = np.maximum(exact, 0).reshape(batch, outputs, 1, 1)
+    prepacked: dict = {}
+    out = np.full((batch, outputs, 1, 1), np.nan, np.float32)
+    for _ in range(2):  # the call, then its replay
+        fused_conv(np, X, W, B, Z, activation="Relu", activation_params=None, out=out,
+                   _prepacked=prepacked, **ATTRIBUTES)
+        assert "panels" in prepacked["_one_pixel"]
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
