@@ -404,3 +404,40 @@ def test_a_segment_places_a_result_that_is_not_its_view(unbound):
         + segment.program[position + 1:]
     for mine, theirs in zip(session.run(None, _feeds(2)), expected):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def _mlp_layer(rows=64, width=64):
+    """A scikit-learn MLP's first layer as skl2onnx writes it: MatMul, Add of a (1, width)
+    intercept, Relu."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["h"]),
+             helper.make_node("Mul", ["h", "h"], ["y"])]
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((1, width)).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])], initializers)
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_bound_layer_binds_its_bias_and_activation_as_one_pass(unbound, monkeypatch):
+    """A fused layer's bound call makes its epilogue as the compiled pass its first call
+    bound, not through ``add_and_activate_cpu``'s dispatch, with the kernel's bits."""
+    from mixrt.ops.nn import bound_products
+    session = mixrt.Session(_mlp_layer())
+    feeds = [{"x": np.random.default_rng(seed).standard_normal((64, 64)).astype(np.float32)}
+             for seed in range(4)]
+    expected = [unbound(session, f)[0] for f in feeds]
+    for f, theirs in zip(feeds, expected):  # the first of these binds the steps
+        np.testing.assert_array_equal(session.run(None, f)[0], theirs)
+    assert "FusedMatMul" in _bound_ops(session)
+    dispatched = []
+    real = bound_products.add_and_activate_cpu
+    monkeypatch.setattr(bound_products, "add_and_activate_cpu",
+                        lambda *a, **k: dispatched.append(1) or real(*a, **k))
+    for f, theirs in zip(feeds, expected):
+        np.testing.assert_array_equal(session.run(None, f)[0], theirs)
+    assert not dispatched
