@@ -28,8 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.nn import matmul_cpu
+from mixrt.ops.panels import native_parts
 
 # planes from this many pixels take the direct form's weight on the left
 # (conv_direct_cpu.POINTWISE_POSITIONS); a single pixel is ops/conv/one_pixel.py's
@@ -39,6 +41,14 @@ MIN_PIXELS = 2
 # (:func:`_blas_planes_action`) up to this many bytes of output, the epilogue a pass after it;
 # beyond, the banded form's epilogue on each band while it is in cache
 PLANES_MAX_BYTES = 1 << 20
+# a split product of at least this many strips of pixel rows a thread goes in bands of rows
+# (:func:`_banded_action`), BANDS_PER_THREAD bands a thread, claimed one at a time
+BAND_STRIPS = 8
+BANDS_PER_THREAD = 1
+# bytes of weight up to which the bands take a product: each band reads all of it, which a
+# weight in the core's L2 costs little and a larger one (EfficientNet-B0's 1152 -> 192, 0.9 MB)
+# more than the copies it saves (2 x 96 x 96: 7.1 against 7.0 ms a run split by panels)
+BAND_WEIGHT_BYTES = 1 << 18
 
 
 def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
@@ -64,14 +74,16 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
                            and out.flags.c_contiguous and not np.may_share_memory(out, X))
 
 
-def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
+def conv(X, W, B, Z, out, epilogue, prepacked, limits=None, gate=None):
     """``out`` = epilogue(Conv(X, W, B), Z), ``epilogue(y, bias, residual)`` as
     ``one_pixel.conv`` takes it, called on the (N, M, pixels) output with no bias (the
     panels added it); None (nothing done) where the bias or residual does not fit (a
     broadcast residual: the planar forms add it). With ``limits`` (the direct forms'
     (slope, low, high): Relu, Clip, LeakyRelu, or none, the same as ``epilogue``): the whole
     call compiled in one (:func:`_compiled_action`) where it is there (the native pool),
-    else the forms with ``epilogue``, or None, nothing done, when that is None."""
+    else the forms with ``epilogue``, or None, nothing done, when that is None. ``gate``:
+    (name, alpha, beta) of a HardSigmoid or HardSwish after the clamp, which only the bands
+    (:func:`_banded_action`) make; elsewhere ``epilogue`` (which then includes it) does."""
     shape = _shape(X, W)
     if Z is not None and Z.shape != shape or B is not None and (
             B.shape != (W.shape[0],) or B.dtype != X.dtype or not B.flags.c_contiguous):
@@ -79,7 +91,11 @@ def conv(X, W, B, Z, out, epilogue, prepacked, limits=None):
     kept = out is not None
     if out is None:
         out = np.empty(shape, X.dtype)
-    action = None if limits is None else _compiled_action(X, W, B, Z, prepacked, limits)
+    action = None
+    if limits is not None:
+        action = _banded_action(X, W, B, Z, prepacked, limits, gate)
+        if action is None and gate is None:
+            action = _compiled_action(X, W, B, Z, prepacked, limits)
     if action is None:
         if epilogue is None:
             return None
@@ -125,6 +141,61 @@ def _compiled_action(X, W, B, Z, prepacked, limits):
         kernel(block, parts, X.reshape(n, c, pixels), rows, panels, products, y, bounds, spill,
                worker_spill, bias, y if Z is None else Z.reshape(n, m, pixels), Z is not None,
                low, high, slope)
+        return out
+    return run
+
+
+def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
+    """The call of ``ops/conv/_pixel_rows_parts.py``: bands of whole strips of pixel rows,
+    each copied in, multiplied by the whole weight and written out with the epilogue
+    ``limits`` by the thread that took it, where the product would be split over the native
+    workers, there are at least BAND_STRIPS strips a thread and the weight is at most
+    BAND_WEIGHT_BYTES; else None."""
+    native = jit_cpu.native_pool()
+    n, c, m = X.shape[0], X.shape[1], W.shape[0]
+    pixels = X.shape[2] * X.shape[3]
+    total = n * pixels
+    kernels = jit_cpu.panel_kernels()
+    if native is None or kernels is None or c * m * X.itemsize > BAND_WEIGHT_BYTES \
+            or not matmul_cpu._split(total, c, m, X.itemsize):
+        return None
+    threads = native.workers + 1
+    strips = -(-total // kernels.STRIP_ROWS)
+    if strips < BAND_STRIPS * threads:
+        return None
+    own = prepacked.setdefault("_pointwise_rows", {})
+    weight = W.reshape(m, c).T
+    panels = packed(own, "panels", lambda: matmul_cpu.pack_panels(weight))
+    bands = min(strips, BANDS_PER_THREAD * threads)
+    edges = [strips * q // bands * kernels.STRIP_ROWS for q in range(bands)] + [total]
+    parts = list(zip(edges[:-1], edges[1:]))
+    dtype = X.dtype
+    from mixrt.ops.conv import _pixel_rows_parts as module  # noqa: PLC0415 (loads numba)
+    kind, alpha, beta = module.CLAMP, 0.0, 0.0
+    if gate is not None:
+        name, alpha, beta = gate
+        kind = {"HardSigmoid": module.HARD_SIGMOID, "HardSwish": module.HARD_SWISH}[name]
+    scratch = (np.empty(total * c, dtype), np.empty(total * m, dtype),
+               np.empty(bands * kernels.STRIP_ROWS * panels.shape[2], dtype),
+               np.array([*limits, alpha, beta, 1.0], dtype))
+    bias = np.zeros(0, dtype) if B is None else B
+    prepared_for = {}  # the go of the last arrays: (X, B, Z, out) -> go
+
+    def prepare(X, B, Z, out):
+        rows, products, spill, bounds = scratch
+        arrays = (X.reshape(-1), rows, panels.reshape(-1), products, out.reshape(-1),
+                  bias if B is None else B, np.zeros(0, dtype) if Z is None else Z.reshape(-1),
+                  spill, bounds)
+        go = native_parts.prepared(native, module, arrays,
+                                   (n, c, pixels, m, c, panels.shape[2], kind), parts,
+                                   keep=arrays)
+        prepared_for.clear()
+        prepared_for[(id(X), id(B), id(Z), id(out))] = go
+        return go
+
+    def run(X, W, B, Z, out):
+        go = prepared_for.get((id(X), id(B), id(Z), id(out))) or prepare(X, B, Z, out)
+        go()
         return out
     return run
 

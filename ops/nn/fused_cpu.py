@@ -66,12 +66,27 @@ def _pixel_rows(X, W, B, Z, out, activation, params, prepacked):
         done = pointwise_rows.conv(X, W, B, Z, out, None, prepacked, limits)
         if done is not None:
             return done
+    gate = _hard_gate(activation, params)
+    if gate is not None:  # the bands finish with it; elsewhere the forms below do
+        done = pointwise_rows.conv(X, W, B, Z, out, None, prepacked, NO_ACTIVATION, gate)
+        if done is not None:
+            return done
     alone = Z is None and activation  # the activation alone: a compiled pass after
     done = pointwise_rows.conv(X, W, B, Z, out, _no_epilogue if alone else
                                _conv_epilogue(activation, params), prepacked)
     if done is not None and alone:
         return _activated(done, (activation, params), prepacked)
     return done
+
+
+def _hard_gate(activation, params):
+    """HardSigmoid or HardSwish as ``pointwise_rows.conv``'s gate (name, alpha, beta)
+    (MobileNetV3's expansions end in HardSwish), else None."""
+    if activation == "HardSwish":
+        return activation, 1 / 6, 0.5
+    if activation == "HardSigmoid" and len(params or ()) == 2:
+        return activation, float(params[0]), float(params[1])
+    return None
 
 
 def _no_epilogue(y, bias, residual):

@@ -128,6 +128,7 @@ def test_the_one_compiled_call_gives_the_separate_calls_bits(monkeypatch, activa
     real = pointwise_rows._compiled_action
     monkeypatch.setattr(pointwise_rows, "_compiled_action",
                         lambda *args: made.append(1) or real(*args))
+    monkeypatch.setattr(pointwise_rows, "_banded_action", lambda *args: None)
 
     def run(prepacked):
         out = np.full((batch, outputs, side, side), -7.0, np.float32)
@@ -139,3 +140,59 @@ def test_the_one_compiled_call_gives_the_separate_calls_bits(monkeypatch, activa
     separate = run({})
     np.testing.assert_array_equal(compiled, separate)
     assert np.isnan(compiled).any()
+
+
+@pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
+                    reason="the bands run on the panel tile with the native pool")
+@pytest.mark.parametrize("activation, params", [("", None), ("Relu", None),
+                                                ("Clip", [0.0, 6.0]), ("LeakyRelu", [0.1]),
+                                                ("HardSigmoid", [0.2, 0.5]),
+                                                ("HardSwish", None)])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("batch, channels, outputs, side, dtype", [
+    (4, 576, 96, 6, np.float32), (8, 240, 40, 6, np.float32), (6, 64, 64, 5, np.float32),
+    (4, 120, 72, 6, np.float64)])
+def test_bands_of_pixel_rows_give_the_separate_calls_bits(monkeypatch, activation, params,
+                                                         residual, batch, channels, outputs,
+                                                         side, dtype):
+    """A split product's pixel rows in bands (pointwise_rows._banded_action), each band
+    copied in, multiplied and finished (a clamp, HardSigmoid, HardSwish) by the thread that
+    took it: the same bits as the transposes, product and epilogue pass, NaN and infinities
+    included, on the first call and its replay."""
+    X = _rand(batch, channels, side, side, dtype=dtype)
+    X[0, 0, 0, 0], X[-1, 1, -1, -1] = np.nan, np.inf
+    W, B = _rand(outputs, channels, 1, 1, dtype=dtype), _rand(outputs, dtype=dtype)
+    Z = _rand(batch, outputs, side, side, dtype=dtype) if residual else None
+    made = []
+    real = pointwise_rows._banded_action
+    monkeypatch.setattr(pointwise_rows, "_banded_action",
+                        lambda *args: made.append(real(*args)) or made[-1])
+
+    def run(prepacked, out):
+        return fused_conv(np, X, W, B, Z, activation=activation, activation_params=params,
+                          out=out, _prepacked=prepacked, **ATTRIBUTES).copy()
+    prepacked, out = {}, np.full((batch, outputs, side, side), -7.0, dtype)
+    banded = run(prepacked, out)
+    assert made and made[0] is not None
+    first = X.copy()
+    X[0, 2] *= 3  # the replay, on new values in the same arrays
+    replayed = run(prepacked, out)
+    monkeypatch.setattr(pointwise_rows, "_banded_action", lambda *args: None)
+    monkeypatch.setattr(pointwise_rows, "_compiled_action", lambda *args: None)
+    np.testing.assert_array_equal(replayed, run({}, np.empty_like(out)))
+    X[...] = first
+    np.testing.assert_array_equal(banded, run({}, np.empty_like(out)))
+    assert np.isnan(banded).any()
+
+
+@pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
+                    reason="the bands run on the panel tile with the native pool")
+@pytest.mark.parametrize("batch, channels, outputs, side", [
+    (1, 576, 96, 6),  # 36 pixel rows: the panels' parts balance better
+    (8, 1152, 192, 3),  # a weight past the core's L2, which every band would read
+    (8, 16, 16, 6)])  # a product not split at all
+def test_few_rows_and_large_weights_keep_the_split_by_panels(batch, channels, outputs, side):
+    X = _rand(batch, channels, side, side)
+    W, B = _rand(outputs, channels, 1, 1), _rand(outputs)
+    limits = (1.0, 0.0, np.inf)
+    assert pointwise_rows._banded_action(X, W, B, None, {}, limits) is None
