@@ -21,7 +21,7 @@ from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu as products
 from mixrt.ops.nn.fused import _aliases, add_and_activate_cpu, compiled_epilogue, gemm_terms
 from mixrt.ops.nn.fused_cpu import (_TINY_ACTIVATIONS, TINY_WORK, _one_row_layer, _tiny_layer,
-                                    fused_gemm_cpu, fused_mat_mul_cpu)
+                                    fused_gemm_cpu, fused_mat_mul_cpu, tiny_layer_call)
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
 
 
@@ -145,11 +145,12 @@ def bind_fused_mat_mul(args, out, attributes):
     A, B, bias, Z = padded(args, 4)
     activation = attributes.get("activation", "")
     params = attributes.get("activation_params")
-    if not activation and products.one_row_blas(A, B, out):
-        return lambda *args: _one_row_layer(*padded(args, 4), out)
     if Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
             and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
-        return lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out)
+        return tiny_layer_call(A, B, bias, activation, out) \
+            or (lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out))
+    if not activation and products.one_row_blas(A, B, out):
+        return lambda *args: _one_row_layer(*padded(args, 4), out)
     if _aliases(np, out, A, B, bias, Z) or not out.dtype == A.dtype == B.dtype:
         return None
     replayed, product = _product(fused_mat_mul_cpu, args, out, attributes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.compiled import replay
+from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
@@ -207,11 +207,11 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     arrays = (A, B, bias, Z, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
-    if out is not None and not activation and few_rows.one_row_blas(A, B, out):
-        return _one_row_layer(A, B, bias, Z, out)
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
             and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
         return _tiny_layer(A, B, bias, activation, out)
+    if out is not None and not activation and few_rows.one_row_blas(A, B, out):
+        return _one_row_layer(A, B, bias, Z, out)
     if _aliases(np, out, A, B, bias, Z):
         return _into(np, fused_mat_mul_cpu(np, A, B, bias, Z, activation=activation,
                                            activation_params=activation_params,
@@ -256,15 +256,43 @@ def _one_row_layer(A, B, bias, Z, out):
 
 
 def _tiny_layer(A, B, bias, activation, out):
-    """``out = activation(A @ B + bias)`` in three NumPy calls. ``out`` may be A's memory
-    (an in-place plan): NumPy's product copies an overlapping operand first, and the bias
-    add and the Relu are elementwise in place."""
+    """``out = activation(A @ B + bias)``: the compiled layer where it applies
+    (:func:`tiny_layer_call`), else three NumPy calls. ``out`` may be A's memory (an
+    in-place plan): NumPy's product copies an overlapping operand first, and the bias add
+    and the Relu are elementwise in place."""
+    call = tiny_layer_call(A, B, bias, activation, out)
+    if call is not None:
+        return call(A, B, bias)
     np.matmul(A, B, out=out)
     if bias is not None:
         np.add(out, bias, out=out)
     if activation:
         np.maximum(out, out.dtype.type(0), out=out)
     return out
+
+
+def tiny_layer_call(A, B, bias, activation, out):
+    """:func:`_tiny_layer` as one compiled call (``ops/nn/_jit_tiny_layer.py``),
+    ``call(A, B, bias) -> out`` on arrays like these, where A, B and ``out`` are 2-D,
+    C-contiguous, of one native float dtype, ``out`` apart from A and the bias one value a
+    column (any leading ones); else None. The bias is flattened once: a bound call is given
+    the same constant every time."""
+    if not (A.ndim == B.ndim == out.ndim == 2 and A.dtype in jit_cpu.NATIVE
+            and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous
+            and (bias is None or bias.size == B.shape[1] and bias.dtype == A.dtype
+                 and bias.flags.c_contiguous)
+            and not np.may_share_memory(out, A) and jit_cpu.enabled()):
+        return None
+    kernel = jit_cpu.load(TINY_LAYER).tiny_layer
+    relu, flat = activation == "Relu", np.zeros(0, A.dtype) if bias is None else bias.reshape(-1)
+
+    def call(A, B, bias=None):
+        kernel(A, B, flat, out, relu)
+        return out
+    return call
+
+
+TINY_LAYER = "mixrt.ops.nn._jit_tiny_layer"
 
 
 # their planned calls, bound once per arena (ops/compiled/bound_calls.py): the recorded replays
