@@ -38,6 +38,7 @@ from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.elementwise import odd_rational
 from mixrt.ops.compiled.generated import kernel, kernel_module  # noqa: F401  (tests clear its cache)
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
+from mixrt.ops.panels import native_parts
 
 # below this many output elements the NumPy path is as fast, and tiny tensors (the
 # conformance cases) should not pay a compile each
@@ -47,7 +48,8 @@ JIT_MIN_ELEMENTS = 1 << 12
 # 34 us as ufunc calls, 10 us compiled
 COSTLY = frozenset({"Erf", "Tanh", "Pow", "Sigmoid"})
 COSTLY_DIVISOR = 16
-# programs with one of these steps are split over the intra-op threads when big; the rest
+# programs with one of these steps are split over the intra-op threads when big (from
+# native_parts.SPLIT_ELEMENTS on the native pool, 2 * MIN_ELEMENTS on Python threads); the rest
 # are bound by memory, and the hand-off cost more than a second core saved: bias + ReLU over
 # 256x3136 took 45 us on one thread, 62 us on two; BERT's bias + GELU 216 us on one, 148 on two
 HEAVY = frozenset({"Div", "Reciprocal", "Sqrt", "Erf", "Tanh", "Sigmoid"})
@@ -286,7 +288,9 @@ def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = Non
         run_kernel = kernel(source(steps, len(inputs), out.dtype, inner, alias))
         if kernels is not None:
             kernels[variant] = run_kernel
-    heavy = out.size >= 2 * MIN_ELEMENTS and any(step.op in HEAVY for step in steps)
+    heavy = out.size >= native_parts.SPLIT_ELEMENTS and any(step.op in HEAVY for step in steps)
+    native = jit_cpu.native_pool() if heavy else None
+    heavy = heavy and (native is not None or out.size >= 2 * MIN_ELEMENTS)
     if heavy and dims[0] * dims[1] == 1:
         dims, strides = _as_rows(dims, strides)
     flat = [_flat(array, dims, s) for array, s in zip(list(inputs) + [out], strides)]
@@ -299,9 +303,47 @@ def run(steps, inputs, out, alias: int | None = None, kernels: dict | None = Non
             replay.record(replays, tuple(inputs) + (out,), lambda *arrays: run_kernel(
                 *(array.reshape(-1) for array in arrays), *scalars))
         return True
+    if native is not None:  # the native workers take a part in ~5 us, without the GIL
+        go = _native_call(native, steps, inputs, out, alias, inner, kernels, flat,
+                          (dims[1], dims[2], *outer), rows)
+        go()
+        if all(array.flags.c_contiguous for array in inputs) and out.flags.c_contiguous:
+            replay.record(replays, tuple(inputs) + (out,), lambda *arrays: go())
+        return True
     parallel_for(thread_parts(rows, out.size),
                  lambda start, stop: run_kernel(*flat, dims[1], dims[2], *outer, start, stop))
     return True
+
+
+def _native_call(native, steps, inputs, out, alias, inner, kernels, flat, scalars, rows):
+    """The program's rows split over the native pool (``ops/panels/native_parts.py``), as a
+    call ``go()`` on these very arrays. Through Python threads a heavy pass gained nothing
+    inside a run, where the native worker spins on the other core: EfficientNet-B0's SiLU
+    and ConvNeXt's GELU over (1, 160, 40, 40) took ~260-330 us on one thread. The module's
+    part entries are given to it here (``module.PART_SOURCES``), so its own source, and the
+    cached and prebuilt code of its ``run``, stay as they are."""
+    key = ("native", out.dtype.char, inner, alias)
+    module = None if kernels is None else kernels.get(key)
+    if module is None:
+        module = kernel_module(source(steps, len(inputs), out.dtype, inner, alias))
+        if not hasattr(module, "PART_SOURCES"):
+            names = [f"x{i}" for i in range(len(inputs))]
+            strides = [f"{name}_{d}" for name in names + ["out"] for d in (0, 1)]
+            call = f"run({', '.join(names)}, out, n1, n2, {', '.join(strides)}, start, stop)"
+            sources = native_parts.part_sources(
+                [(name, 1, True) for name in names + ["out"]], ["n1", "n2", *strides],
+                lambda dtype: [call])
+            module.PART_SOURCES = {suffix: "\n".join(native_parts.IMPORTS) + "\n" + text
+                                   for suffix, text in sources.items()}
+        if kernels is not None:
+            kernels[key] = module
+    count = min(rows, NATIVE_PARTS_PER_THREAD * (native.workers + 1))
+    parts = [(rows * p // count, rows * (p + 1) // count) for p in range(count)]
+    return native_parts.prepared(native, module, tuple(flat), scalars, parts)
+
+
+# parts of a heavy pass per thread of the native pool, claimed one at a time
+NATIVE_PARTS_PER_THREAD = 2
 
 
 # rows a loop nest of one long row is cut into, so that the threads can share it

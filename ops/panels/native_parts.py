@@ -45,6 +45,12 @@ def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -
     others int64), ``scalars`` the integer names after them, and ``body(dtype)`` the
     statements of one part over ``start``..``stop`` (lines without indentation; ``dtype`` is
     ``"np.float32"`` or ``"np.float64"``)."""
+    return [f"PART_SOURCES = {part_sources(arrays, scalars, body)!r}", ""]
+
+
+def part_sources(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -> dict:
+    """:func:`part_source`'s sources by dtype suffix, for a module given them afterwards
+    (``module.PART_SOURCES``: a generated module whose own source stays as it was)."""
     sources = {}
     for suffix, dtype in (("f", "np.float32"), ("d", "np.float64")):
         lines = [f"@cfunc({_SIGNATURE}, {_FLAGS})", f"def part_{suffix}(args, index):",
@@ -61,7 +67,7 @@ def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -
         lines.append(f"    start, stop = words_[{at} + index], words_[{at} + index + 1]")
         lines += [f"    {line}" for line in body(dtype)]
         sources[suffix] = "\n".join(lines) + "\n"
-    return [f"PART_SOURCES = {sources!r}", ""]
+    return sources
 
 
 @functools.lru_cache(maxsize=256)

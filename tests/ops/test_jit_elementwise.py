@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.elementwise import fused_elementwise as fe
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.elementwise import jit_elementwise as je
 from mixrt.ops.compiled import parallel
 
@@ -133,6 +133,7 @@ def test_output_over_its_own_input_and_strided_inputs(monkeypatch):
 
 
 def test_threads_split_rows_without_changing_a_bit(monkeypatch):
+    monkeypatch.setattr(je.jit_cpu, "native_pool", lambda: None)  # Python threads
     x, scale, shift = rand(1, 64, 56, 56), rand(64, 1, 1), rand(64, 1, 1)
     program = fe.program(("Div", "Add", "Relu"), (0, 1, 3, 2, 4), (), 3)  # Div: heavy
     parts = []
@@ -151,6 +152,7 @@ def test_threads_split_rows_without_changing_a_bit(monkeypatch):
 def test_one_long_row_is_cut_into_rows_the_threads_share(monkeypatch):
     """Contiguous arrays merge into a single row; a heavy program cuts it into ROWS_OF_ONE
     rows for the threads (EfficientNet's SiLU), with the one-thread bits."""
+    monkeypatch.setattr(je.jit_cpu, "native_pool", lambda: None)  # Python threads
     x = rand(1, 32, 112, 112) * 4
     program = fe.program(("Sigmoid", "Mul"), (0, 0, 1), (), 1)
     parts = []
@@ -280,3 +282,24 @@ def test_sigmoid_stays_within_the_tanh_rationals_rounding_of_the_exact_logistic(
     np.testing.assert_allclose(got[finite], exact[finite], rtol=0, atol=3e-7)
     tail = got[-len(WITH_NAN):]  # NaN, -inf, inf, ...
     assert np.isnan(tail[0]) and tail[1] == 0 and tail[2] == 1
+
+
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM or jit_cpu.native_pool() is None,
+                    reason="the native worker pool runs on Linux x86-64 with AVX-512")
+@pytest.mark.parametrize("shape", [(1, 32, 24, 24), (2, 64, 56, 56)])
+def test_heavy_programs_split_on_the_native_pool_without_changing_a_bit(monkeypatch, shape):
+    """A heavy program from native_parts.SPLIT_ELEMENTS (below the Python threads' reach)
+    runs its rows as parts of the native pool, with the one-thread bits, and keeps the call
+    as its replay."""
+    x = rand(*shape) * 4
+    program = fe.program(("Sigmoid", "Mul"), (0, 0, 1), (), 1)
+    made = []
+    real = je.native_parts.prepared
+    monkeypatch.setattr(je.native_parts, "prepared",
+                        lambda *args, **kw: made.append(len(args[4])) or real(*args, **kw))
+    out, replays = np.empty_like(x), {}
+    assert je.run(program.steps, (x,), out, None, {}, replays)
+    assert made and made[0] >= 2 and replay.KEY in replays
+    monkeypatch.setattr(je.jit_cpu, "native_pool", lambda: None)
+    monkeypatch.setattr(parallel, "intra_op_threads", lambda: 1)
+    np.testing.assert_array_equal(out, program.run_cpu([x]))
