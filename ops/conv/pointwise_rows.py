@@ -49,6 +49,7 @@ BANDS_PER_THREAD = 1
 # weight in the core's L2 costs little and a larger one (EfficientNet-B0's 1152 -> 192, 0.9 MB)
 # more than the copies it saves (2 x 96 x 96: 7.1 against 7.0 ms a run split by panels)
 BAND_WEIGHT_BYTES = 1 << 18
+BAND_PARTS = "mixrt.ops.conv._pixel_rows_parts"  # the bands' compiled parts
 
 
 def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
@@ -170,7 +171,7 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     edges = [strips * q // bands * kernels.STRIP_ROWS for q in range(bands)] + [total]
     parts = list(zip(edges[:-1], edges[1:]))
     dtype = X.dtype
-    from mixrt.ops.conv import _pixel_rows_parts as module  # noqa: PLC0415 (loads numba)
+    module = jit_cpu.load(BAND_PARTS)  # loads numba: only where the bands run
     kind, alpha, beta = module.CLAMP, 0.0, 0.0
     if gate is not None:
         name, alpha, beta = gate
