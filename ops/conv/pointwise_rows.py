@@ -179,26 +179,35 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     scratch = (np.empty(total * c, dtype), np.empty(total * m, dtype),
                np.empty(bands * kernels.STRIP_ROWS * panels.shape[2], dtype),
                np.array([*limits, alpha, beta, 1.0], dtype))
-    bias = np.zeros(0, dtype) if B is None else B
-    prepared_for = {}  # the go of the last arrays: (X, B, Z, out) -> go
+    no_bias = np.zeros(0, dtype)
+    last = None  # (the arrays X, B, Z, out of the last call, their layouts, its prepared call)
 
-    def prepare(X, B, Z, out):
-        rows, products, spill, bounds = scratch
-        arrays = (X.reshape(-1), rows, panels.reshape(-1), products, out.reshape(-1),
-                  bias if B is None else B, np.zeros(0, dtype) if Z is None else Z.reshape(-1),
-                  spill, bounds)
-        go = native_parts.prepared(native, module, arrays,
-                                   (n, c, pixels, m, c, panels.shape[2], kind), parts,
-                                   keep=arrays)
-        prepared_for.clear()
-        prepared_for[(id(X), id(B), id(Z), id(out))] = go
-        return go
+    def prepare(arrays):
+        X, B, Z, out = arrays
+        rows, products, spill, limits_array = scratch
+        flat = (X.reshape(-1), rows, panels.reshape(-1), products, out.reshape(-1),
+                no_bias if B is None else B, no_bias if Z is None else Z.reshape(-1), spill,
+                limits_array)
+        return native_parts.prepared(native, module, flat,
+                                     (n, c, pixels, m, c, panels.shape[2], kind), parts,
+                                     keep=flat)
 
     def run(X, W, B, Z, out):
-        go = prepared_for.get((id(X), id(B), id(Z), id(out))) or prepare(X, B, Z, out)
-        go()
+        # the prepared call holds the arrays' addresses: the same objects take it at once,
+        # new ones over the same memory (a reshape's view each run) once their layouts match
+        nonlocal last
+        arrays = (X, B, Z, out)
+        if last is None or any(a is not b for a, b in zip(arrays, last[0])):
+            layouts = tuple(None if a is None else _layout(a) for a in arrays)
+            go = prepare(arrays) if last is None or layouts != last[1] else last[2]
+            last = (arrays, layouts, go)
+        last[2]()
         return out
     return run
+
+
+def _layout(array) -> tuple:
+    return array.__array_interface__["data"][0], array.shape, array.strides, array.dtype.str
 
 
 def _action(X, W, B, prepacked, epilogue):
