@@ -1,0 +1,275 @@
+"""onnxruntime's DynamicQuantizeLSTM (``com.microsoft``): the LSTM that
+``onnxruntime.quantization.quantize_dynamic`` writes for every LSTM node.
+
+Its weights are 8-bit codes stored transposed against the ONNX LSTM's: W is
+(directions, input_size, 4 x hidden) and R (directions, hidden, 4 x hidden), gates i, o, f, c
+along the last axis. Their scales and zero points are one per direction, or one per direction
+and gate column. Everything else (B, sequence_lens, the initial states, the peepholes P, the
+attributes) is the LSTM's.
+
+What onnxruntime's CPU kernel computes, and so what this one does:
+
+* The input projection of every step is one integer product. X's first ``max(sequence_lens)``
+  steps are quantized together to uint8, with a scale and zero point over their whole range
+  (the range widened to hold 0; scale ``(max - min) / 255``, 1 when the range is empty; zero
+  point ``round(-min / scale)``; codes ``round(x / scale) + zero point``, all in float32,
+  rounding half to even).
+* Each step quantizes the previous hidden state of the whole batch the same way, and adds
+  its integer product with R to the step's projection.
+* An integer sum becomes float32 once and is multiplied by ``x_scale * w_scale`` (float32,
+  per gate column when the weight's scale is), then added to what is there: two roundings,
+  no fused multiply-add (MLAS's output stage).
+* A weight's zero point is read once per direction (its first value): onnxruntime refuses
+  per-column zero points that differ (int8 weights: that are not 0).
+* The gates follow onnxruntime's order of float32 operations: the peephole term is added
+  to the product first, then the bias (Wb + Rb summed once in float32), then the clip
+  (``clip`` or the largest float32), then the activation; the cell is ``c * f + i * g`` and
+  the output gate's peephole reads the new cell.
+* A sequence that has ended contributes zeros to the next step's hidden state, so it does
+  not widen the range the batch's hidden state is quantized over.
+
+Where the bits can differ from onnxruntime's:
+
+* onnxruntime's sigmoid and tanh are MLAS's float32 rational approximations; these are
+  NumPy's (``ops/rnn/recurrence.py``), a few units in the last place apart. A hidden state
+  within such a distance of a rounding boundary can land on the neighbouring code, which
+  moves the next step's gates by one code's product: ``tests/ops/test_dynamic_quantize_lstm.py``
+  measures that bound.
+* onnxruntime with several intra-op threads and a batch of more than 4 (or 2 or more with
+  hidden_size up to 256) splits the batch between its threads, and each part quantizes its
+  own hidden state: the codes then depend on the thread count. This kernel quantizes the
+  whole batch, as onnxruntime does on one thread.
+* A node whose Y output is absent lets onnxruntime keep an ended sequence's last hidden
+  state in the range; this kernel always uses zeros there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.types import TensorType, fits, shape_text
+from mixrt.ops.quant.contrib_quant import COM_MICROSOFT
+from mixrt.ops.rnn.recurrence import (_shape, activation_functions, check_operands,
+                                      reversal_index, step_counts)
+
+NAME = "DynamicQuantizeLSTM"
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+LARGEST_F32 = np.float32(np.finfo(np.float32).max)
+WEIGHT_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+# -- the operands --------------------------------------------------------------------------
+
+def check_shapes(X, W, R, B, initial_h, initial_c, P, scales, *, direction, hidden_size):
+    """Raises a ValueError naming the first operand whose shape does not fit: W (D, I, 4H), R
+    (D, H, 4H), each scale and zero point (D,) or (D, 4H), and B, the initial states and P as
+    for the LSTM. Shapes are tuples (an absent input None); unknown dims fit anything."""
+    directions = 2 if direction == "bidirectional" else 1
+    hidden = hidden_size if hidden_size is not None else (
+        R[1] if R is not None and len(R) == 3 else None)
+    wide = 4 * hidden if isinstance(hidden, int) else None
+    size = X[2] if X is not None and len(X) == 3 else None
+    _require(W, (directions, size, wide), "W", "num_directions, input_size, 4 x hidden_size",
+             X, direction, hidden)
+    _require(R, (directions, hidden, wide), "R", "num_directions, hidden_size, "
+             "4 x hidden_size", X, direction, hidden)
+    for name, shape in scales.items():
+        if shape is not None and not (fits(shape, (directions,))
+                                      or fits(shape, (directions, wide))):
+            raise ValueError(f"{NAME}: {name} has shape {shape_text(shape)}; expected "
+                             f"({directions},) per direction or ({directions}, {wide}) per "
+                             f"direction and gate column")
+    try:
+        check_operands("LSTM", X, None, None, B, initial_h=initial_h, initial_c=initial_c,
+                       P=P, direction=direction, hidden_size=hidden)
+    except ValueError as error:
+        raise ValueError(str(error).replace("LSTM:", f"{NAME}:", 1)) from None
+
+
+def _require(shape, want, name, axes, X, direction, hidden):
+    if shape is not None and not fits(shape, want):
+        raise ValueError(f"{NAME}: {name} has shape {shape_text(shape)}; expected "
+                         f"{shape_text(want)} ({axes}) for X {shape_text(X)}, direction "
+                         f"{direction!r} and hidden_size {hidden} (stored transposed against "
+                         f"the LSTM's)")
+
+
+def direction_zero_point(zero_point, weight_dtype, d: int) -> int:
+    """The one zero point onnxruntime uses for direction d's weight: per-column zero points
+    must be 0 for int8 weights and all alike for uint8 ones (onnxruntime refuses others)."""
+    if np.dtype(zero_point.dtype) != weight_dtype:
+        raise ValueError(f"{NAME}: a zero point is {np.dtype(zero_point.dtype).name}; "
+                         f"expected {weight_dtype.name}, the weight's type")
+    values = zero_point.reshape(zero_point.shape[0], -1)
+    if zero_point.ndim == 2:
+        alike = not values.any() if weight_dtype == np.int8 else (values == values.flat[0]).all()
+        if not alike:
+            raise ValueError(f"{NAME}: per-column zero points must be "
+                             f"{'0' if weight_dtype == np.int8 else 'one value'} for "
+                             f"{weight_dtype.name} weights")
+    return int(values[d, 0])
+
+
+# -- dynamic quantization and the integer products ------------------------------------------
+
+def dynamic_codes(xp, values):
+    """(uint8 codes, float32 scale) of ``values`` over their whole range, as onnxruntime's
+    GetQuantizationParameter and MlasQuantizeLinear compute them, and the zero point as a
+    float. An empty range gets scale 1 (all codes then equal the zero point, 0)."""
+    low = np.float32(min(float(values.min()), 0.0)) if values.size else np.float32(0)
+    high = np.float32(max(float(values.max()), 0.0)) if values.size else np.float32(0)
+    scale = np.float32(1) if high == low else np.float32(high - low) / np.float32(255)
+    zero = np.float32(np.rint(np.clip(np.float32(0) - low / scale, 0, 255)))
+    scaled = xp.rint(values.astype(F32, copy=False) / scale)
+    codes = xp.clip(scaled + zero, 0, 255)
+    return codes - zero, scale
+
+
+def scaled_product(xp, centered, weight, multiplier):
+    """float32(the exact integer product) * multiplier: the integer sums are exact in
+    float64 and round to float32 once, as MLAS converts its int32 sums."""
+    total = xp.matmul(centered.astype(F64, copy=False), weight)
+    return total.astype(F32) * multiplier
+
+
+class DirectionWeights:
+    """Direction d's centered weights (float64, exact) and its scales."""
+
+    def __init__(self, xp, weight, scale, zero_point, d: int):
+        zero = direction_zero_point(zero_point, np.dtype(weight.dtype), d)
+        self.codes = weight[d].astype(F64) - zero
+        self.scale = scale.reshape(scale.shape[0], -1)[d].astype(F32)
+
+    def product(self, xp, values):
+        """values @ weight through dynamic uint8 codes, as onnxruntime's quantized GEMM."""
+        centered, value_scale = dynamic_codes(xp, values)
+        return scaled_product(xp, centered, self.codes, value_scale * self.scale)
+
+
+# -- the cell ----------------------------------------------------------------------------------
+
+class Gates:
+    """One direction's gate arithmetic in onnxruntime's float32 order."""
+
+    def __init__(self, xp, B, P, d: int, hidden: int, acts, clip):
+        self.xp, self.hidden, (self.f, self.g, self.h) = xp, hidden, acts
+        self.bias = None if B is None else \
+            B[d, :4 * hidden].astype(F32) + B[d, 4 * hidden:].astype(F32)
+        self.peepholes = None if P is None else P[d].astype(F32).reshape(3, hidden)
+        self.clip = LARGEST_F32 if clip is None else np.float32(clip)
+
+    def _part(self, pre, index: int, c=None, peephole: int | None = None):
+        """Gate ``index`` (i, o, f, c) before its activation: the peephole term, the bias,
+        the clip, in that order."""
+        x = pre[:, index * self.hidden:(index + 1) * self.hidden]
+        if self.peepholes is not None and peephole is not None:
+            x = x + c * self.peepholes[peephole]
+        if self.bias is not None:
+            x = x + self.bias[index * self.hidden:(index + 1) * self.hidden]
+        return self.xp.clip(x, -self.clip, self.clip)
+
+    def step(self, pre, c, input_forget):
+        """(h, c) after one step from the gates' pre-activations ``pre`` and the cell c."""
+        i = self.f(self._part(pre, 0, c, 0))
+        forget = np.float32(1) - i if input_forget else self.f(self._part(pre, 2, c, 2))
+        cell = c * forget + i * self.g(self._part(pre, 3))
+        o = self.f(self._part(pre, 1, cell, 1))
+        return self.h(cell) * o, cell
+
+
+# -- one direction -------------------------------------------------------------------------
+
+def run_direction(xp, projected, lengths, start, weights: DirectionWeights, gates: Gates,
+                  input_forget):
+    """Steps over ``projected`` (steps, batch, 4H), in the order the direction runs:
+    (outputs (steps, batch, H), final h, final c)."""
+    h, c = start
+    steps, batch = projected.shape[:2]
+    outputs = xp.zeros((steps, batch, gates.hidden), dtype=F32)
+    final_h = xp.where((lengths > 0)[:, None], h, np.float32(0))
+    for t in range(steps):
+        running = (t < lengths)[:, None]
+        pre = projected[t] + weights.product(xp, h)
+        new_h, new_c = gates.step(pre, c, input_forget)
+        outputs[t] = xp.where(running, new_h, np.float32(0))
+        final_h = xp.where(running, new_h, final_h)
+        c = xp.where(running, new_c, c)
+        h = outputs[t]  # an ended sequence gives zeros, as onnxruntime's output row
+    final_c = xp.where((lengths > 0)[:, None], c, np.float32(0))
+    return outputs, final_h, final_c
+
+
+def start_states(xp, initial_h, initial_c, d: int, batch: int, hidden: int):
+    return tuple(xp.zeros((batch, hidden), dtype=F32) if s is None else s[d].astype(F32)
+                 for s in (initial_h, initial_c))
+
+
+# -- the operator ----------------------------------------------------------------------------
+
+@op(NAME, since=1, domain=COM_MICROSOFT, dtypes=frozenset({"float32"}))
+def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=None,
+                          initial_c=None, P=None, W_scale=None, W_zero_point=None,
+                          R_scale=None, R_zero_point=None, *, activation_alpha=None,
+                          activation_beta=None, activations=None, clip=None,
+                          direction="forward", hidden_size=None, input_forget=0):
+    """(Y, Y_h, Y_c) of an LSTM whose products run on dynamically quantized 8-bit codes, as
+    onnxruntime's CPU kernel computes them (see the module's docstring)."""
+    params = {"W_scale": W_scale, "W_zero_point": W_zero_point, "R_scale": R_scale,
+              "R_zero_point": R_zero_point}
+    _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size)
+    seq_len, batch, _ = X.shape
+    hidden, directions = R.shape[1], W.shape[0]
+    lengths = step_counts(xp, sequence_lens, batch, seq_len)
+    evaluated = int(lengths.max()) if batch else 0
+    acts = activation_functions(xp, activations, activation_alpha, activation_beta,
+                                ["Sigmoid", "Tanh", "Tanh"], directions)
+    Y = xp.zeros((seq_len, directions, batch, hidden), dtype=F32)
+    finals = []
+    for d in range(directions):
+        projected = DirectionWeights(xp, W, W_scale, W_zero_point, d).product(
+            xp, X[:evaluated].astype(F32, copy=False))
+        backwards = direction == "reverse" or d == 1
+        order = (reversal_index(xp, lengths, evaluated), xp.arange(batch))
+        outputs, final_h, final_c = run_direction(
+            xp, projected[order] if backwards else projected, lengths,
+            start_states(xp, initial_h, initial_c, d, batch, hidden),
+            DirectionWeights(xp, R, R_scale, R_zero_point, d),
+            Gates(xp, B, P, d, hidden, acts[d], clip), input_forget)
+        Y[:evaluated, d] = outputs[order] if backwards else outputs
+        finals.append((final_h, final_c))
+    return Y, xp.stack([f[0] for f in finals]), xp.stack([f[1] for f in finals])
+
+
+def _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size):
+    """The operands as the kernel is called with them: shapes, weight and scale types."""
+    if any(value is None for value in params.values()):
+        missing = [name for name, value in params.items() if value is None]
+        raise ValueError(f"{NAME}: {', '.join(missing)} missing (required inputs)")
+    check_shapes(_shape(X), _shape(W), _shape(R), _shape(B), _shape(initial_h),
+                 _shape(initial_c), _shape(P), {n: _shape(v) for n, v in params.items()},
+                 direction=direction, hidden_size=hidden_size)
+    for name, weight in (("W", W), ("R", R)):
+        if np.dtype(weight.dtype) not in WEIGHT_TYPES:
+            raise ValueError(f"{NAME}: {name} is {np.dtype(weight.dtype).name}; expected "
+                             f"int8 or uint8 codes")
+
+
+@dynamic_quantize_lstm.infer
+def _(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
+      W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None, *,
+      direction="forward", hidden_size=None, **_):
+    shape = lambda t: None if t is None else t.shape  # noqa: E731
+    check_shapes(shape(X), shape(W), shape(R), shape(B), shape(initial_h), shape(initial_c),
+                 shape(P), {"W_scale": shape(W_scale), "W_zero_point": shape(W_zero_point),
+                            "R_scale": shape(R_scale), "R_zero_point": shape(R_zero_point)},
+                 direction=direction, hidden_size=hidden_size)
+    if X.shape is None:
+        return [TensorType(F32, None) for _ in range(3)]
+    directions = 2 if direction == "bidirectional" else 1
+    hidden = hidden_size or (R.shape[1] if R.shape is not None else None)
+    seq, batch = X.shape[0], X.shape[1]
+    state = (directions, batch, hidden)
+    return [TensorType(F32, (seq, directions, batch, hidden)), TensorType(F32, state),
+            TensorType(F32, state)]
