@@ -14,12 +14,21 @@ from __future__ import annotations
 import threading
 
 from mixrt.base.errors import GraphError
+from mixrt.name import CurrentProperty, HasCurrent
 
 
-class AttrScope:
-    """The attributes ``kwargs`` (strings) for every symbol made inside ``with``."""
+def _set_current_scope(cls, scope) -> None:
+    if not isinstance(scope, AttrScope):
+        raise GraphError(f"AttrScope.current must be an AttrScope, got {type(scope).__name__}")
+    AttrScope._current.value = scope
+
+
+class AttrScope(metaclass=HasCurrent):
+    """The attributes ``kwargs`` (strings) for every symbol made inside ``with``;
+    ``AttrScope.current`` is this thread's scope."""
 
     _current = threading.local()
+    current = CurrentProperty(lambda cls: current(), _set_current_scope)
 
     def __init__(self, **kwargs):
         for key, value in kwargs.items():

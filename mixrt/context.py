@@ -37,6 +37,11 @@ class _ContextType(type):
 class Context(metaclass=_ContextType):
     __slots__ = ("device_type", "device_id", "device", "_previous")
 
+    # MXNet's class-level tables between its device type ids and kinds (code reading a
+    # context out of MXNet's files and C API structures looks kinds up here)
+    devtype2str = {type_id: kind for kind, type_id in _TYPE_IDS.items()}
+    devstr2type = dict(_TYPE_IDS)
+
     def __init__(self, device_type: str = "cpu", device_id: int = 0):
         if isinstance(device_type, Context):
             device_type, device_id = device_type.device_type, device_type.device_id

@@ -17,12 +17,47 @@ import threading
 from mixrt.base.errors import GraphError
 
 
-class NameManager:
+class CurrentProperty:
+    """MXNet's class property ``current`` (``NameManager.current``, ``AttrScope.current``):
+    read on the class or an instance, this thread's current object; assigned on the
+    class (through :class:`HasCurrent`), the new current one."""
+
+    def __init__(self, fget, fset):
+        self.fget, self.fset = fget, fset
+
+    def __get__(self, instance, owner=None):
+        return self.fget(owner if owner is not None else type(instance))
+
+    def __set__(self, instance, value):
+        self.fset(type(instance), value)
+
+
+class HasCurrent(type):
+    """A metaclass that sends ``Class.current = value`` to the class's CurrentProperty
+    (a plain class attribute assignment would replace the property)."""
+
+    def __setattr__(cls, key, value):
+        found = cls.__dict__.get(key)
+        if isinstance(found, CurrentProperty):
+            found.fset(cls, value)
+            return
+        super().__setattr__(key, value)
+
+
+def _set_current_manager(cls, manager) -> None:
+    if not isinstance(manager, NameManager):
+        raise GraphError(f"NameManager.current must be a NameManager, got "
+                         f"{type(manager).__name__}")
+    NameManager._current.value = manager
+
+
+class NameManager(metaclass=HasCurrent):
     """Names nodes: the caller's name when given, else ``hint`` and a counter per hint
     (``fullyconnected0``, ``fullyconnected1``). ``with NameManager():`` makes it the
-    current one, with counters of its own."""
+    current one, with counters of its own; ``NameManager.current`` is this thread's."""
 
     _current = threading.local()
+    current = CurrentProperty(lambda cls: current(), _set_current_manager)
 
     def __init__(self):
         self._counter: dict[str, int] = {}
@@ -69,4 +104,4 @@ def current() -> NameManager:
     return manager
 
 
-__all__ = ["NameManager", "Prefix", "current"]
+__all__ = ["NameManager", "Prefix", "current", "CurrentProperty", "HasCurrent"]

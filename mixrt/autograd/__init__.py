@@ -313,6 +313,26 @@ def _connect_dispatcher() -> None:
     dispatch._autograd = __import__(__name__, fromlist=["needs_tape"])
 
 
+# MXNet's autograd module has no __all__, so ``from mxnet.autograd import *`` also gives the
+# names it imports: the array and symbol classes, and the standard library's. They are
+# loaded on first use (the frontends are built on this module). Its C API names
+# (check_call, NDArrayHandle, ...) have nothing to stand for here.
+_MXNET_IMPORTS = {"NDArray": ("mixrt.nd.ndarray", "NDArray"),
+                  "Symbol": ("mixrt.sym.symbol", "Symbol"),
+                  "array": ("array", "array"), "Lock": ("threading", "Lock"),
+                  "traceback": ("traceback", None), "ctypes": ("ctypes", None),
+                  **{name: ("ctypes", name) for name in
+                     ("c_int", "c_void_p", "CFUNCTYPE", "POINTER", "cast")}}
+
+
+def __getattr__(name: str):
+    if name not in _MXNET_IMPORTS:
+        raise AttributeError(f"module 'mixrt.autograd' has no attribute {name!r}")
+    module_name, attribute = _MXNET_IMPORTS[name]
+    module = importlib.import_module(module_name)
+    return module if attribute is None else getattr(module, attribute)
+
+
 __all__ = ["record", "pause", "train_mode", "predict_mode", "is_recording", "is_training",
            "set_recording", "set_training", "mark_variables", "backward", "grad", "Function",
-           "get_symbol"]
+           "get_symbol", *_MXNET_IMPORTS]

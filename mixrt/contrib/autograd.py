@@ -9,7 +9,8 @@
     grads, loss = grad_and_loss(lambda a: (a * a).sum())(x)
 
 In this API one switch covers both recording and training mode: ``train_section`` turns
-both on, ``test_section`` both off.
+both on, ``test_section`` both off. ``set_is_training`` returns what recording was before, as
+MXNet's does (it sets training, then recording, and keeps the second call's previous state).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from mixrt.nd import NDArray, zeros_like
 
 
 def set_is_training(is_train: bool) -> bool:
-    """Switch recording and training mode together; returns the previous state."""
-    previous = autograd.set_training(is_train)
-    autograd.set_recording(is_train)
-    return previous
+    """Switch recording and training mode together; returns whether recording was on."""
+    autograd.set_training(is_train)
+    return autograd.set_recording(is_train)
 
 
 class TrainingStateScope:
@@ -118,5 +118,6 @@ def _chosen(args: tuple, argnum) -> list:
     return [args[index] for index in chosen]
 
 
-__all__ = ["set_is_training", "TrainingStateScope", "train_section", "test_section",
+# MXNet's module has no __all__, so ``import *`` also gives the array names it imports
+__all__ = ["NDArray", "zeros_like", "set_is_training", "TrainingStateScope", "train_section", "test_section",
            "mark_variables", "backward", "compute_gradient", "grad_and_loss", "grad"]

@@ -1,0 +1,167 @@
+"""MXNet 1.9.1 names code written for MXNet 1.x reaches for: the older contrib autograd API,
+``import *`` of mx.autograd, the current AttrScope and NameManager as class properties,
+Context's device-type tables, NDArray fluent methods' ``name=``/``out=``, the multi-tensor
+AdamW updates, HybridBlock.register_op_hook, the fused ``sym.RNN`` and symbol attributes.
+Each expectation is MXNet 1.9.1's behaviour."""
+
+import numpy as np
+import pytest
+
+import mixrt as mx
+from mixrt import autograd, nd
+from mixrt.attribute import AttrScope
+from mixrt.context import Context
+from mixrt.contrib import autograd as contrib_autograd
+from mixrt.name import NameManager, Prefix
+
+
+# -- mx.contrib.autograd ---------------------------------------------------------------------
+
+def test_contrib_autograd_is_an_attribute_of_contrib():
+    assert mx.contrib.autograd is contrib_autograd
+    assert mx.contrib.nd.adamw_update is nd.contrib.adamw_update
+
+
+def test_grad_and_loss_gives_gradients_and_the_loss():
+    x = nd.array([[1.0, 2.0], [3.0, 4.0]])
+    grads, loss = contrib_autograd.grad_and_loss(lambda a: (a * a).sum())(x)
+    np.testing.assert_allclose(grads[0].asnumpy(), 2 * x.asnumpy())
+    assert float(loss.asscalar()) == 30.0
+
+
+def test_grad_and_loss_argnum_picks_the_differentiated_arguments():
+    a, b = nd.array([1.0, 2.0]), nd.array([3.0, 5.0])
+    grads = contrib_autograd.grad(lambda x, y: (x * y).sum(), argnum=[1])(a, b)
+    assert len(grads) == 1
+    np.testing.assert_allclose(grads[0].asnumpy(), a.asnumpy())
+
+
+def test_mark_variables_and_backward_write_the_given_gradient_arrays():
+    x = nd.array([1.0, -2.0, 3.0])
+    dx = nd.zeros_like(x)
+    contrib_autograd.mark_variables([x], [dx])
+    with contrib_autograd.train_section():
+        assert autograd.is_recording() and autograd.is_training()
+        y = x * x * 3
+    contrib_autograd.backward([y])
+    np.testing.assert_allclose(dx.asnumpy(), 6 * x.asnumpy())
+    contrib_autograd.mark_variables([x], [dx], grad_reqs="add")
+    with contrib_autograd.train_section():
+        y = x * 2
+    contrib_autograd.compute_gradient([y])
+    np.testing.assert_allclose(dx.asnumpy(), 6 * x.asnumpy() + 2)  # "add" adds to dx
+    with contrib_autograd.train_section():
+        y = x * 2
+    contrib_autograd.backward([y], [nd.ones_like(y) * 3])
+    np.testing.assert_allclose(dx.asnumpy(), 6 * x.asnumpy() + 8)
+
+
+def test_set_is_training_switches_both_and_returns_the_previous_recording():
+    assert not autograd.is_recording()
+    previous_training = autograd.set_training(True)  # training on, recording off
+    try:
+        assert contrib_autograd.set_is_training(True) is False  # recording was off
+        assert autograd.is_recording() and autograd.is_training()
+        assert contrib_autograd.set_is_training(False) is True
+        assert not autograd.is_recording() and not autograd.is_training()
+    finally:
+        autograd.set_training(previous_training)
+
+
+def test_test_section_inside_train_section():
+    with contrib_autograd.train_section():
+        with contrib_autograd.test_section():
+            assert not autograd.is_recording() and not autograd.is_training()
+        assert autograd.is_recording() and autograd.is_training()
+    assert not autograd.is_recording()
+
+
+# -- import * ---------------------------------------------------------------------------------
+
+def test_star_import_of_autograd_gives_mxnet_module_names():
+    names = {}
+    exec("from mixrt.autograd import *", names)
+    for name in ("NDArray", "Symbol", "Function", "record", "pause", "train_mode",
+                 "predict_mode", "is_recording", "is_training", "set_recording",
+                 "set_training", "mark_variables", "backward", "grad", "get_symbol",
+                 "Lock", "traceback", "ctypes"):
+        assert name in names, name
+    assert names["NDArray"] is nd.NDArray
+    assert names["Symbol"] is mx.sym.Symbol
+
+
+def test_star_import_of_contrib_autograd():
+    names = {}
+    exec("from mixrt.contrib.autograd import *", names)
+    for name in ("NDArray", "zeros_like", "set_is_training", "TrainingStateScope",
+                 "train_section", "test_section", "mark_variables", "backward",
+                 "compute_gradient", "grad_and_loss", "grad"):
+        assert name in names, name
+
+
+# -- AttrScope, NameManager -----------------------------------------------------------------
+
+def test_attr_scope_current_is_a_class_property_and_scopes_merge():
+    assert isinstance(AttrScope.current, AttrScope)
+    with AttrScope(group="4", data="great") as outer:
+        assert AttrScope.current is outer
+        with AttrScope(group="5") as inner:
+            assert AttrScope.current is inner
+            assert inner.get(None) == {"group": "5", "data": "great"}
+            assert inner.get({"own": "x"}) == {"group": "5", "data": "great", "own": "x"}
+            variable = mx.sym.Variable("v", attr={"data": "mine"})
+        assert AttrScope.current is outer
+    assert variable.list_attr() == {"group": "5", "data": "mine"}
+
+
+def test_attr_scope_current_can_be_assigned():
+    previous = AttrScope.current
+    scope = AttrScope(ctx_group="dev1")
+    AttrScope.current = scope
+    try:
+        assert AttrScope.current is scope
+        assert mx.sym.Variable("w").attr("ctx_group") == "dev1"
+    finally:
+        AttrScope.current = previous
+    assert isinstance(AttrScope.__dict__["current"], object)
+    assert AttrScope.current is previous
+
+
+def test_name_manager_counts_per_hint_and_is_current_inside_with():
+    manager = NameManager()
+    assert [manager.get(None, "fc"), manager.get(None, "fc"), manager.get(None, "conv"),
+            manager.get("mine", "fc"), manager.get(None, "fc")] == \
+        ["fc0", "fc1", "conv0", "mine", "fc2"]
+    with NameManager() as fresh:
+        assert NameManager.current is fresh
+        data = mx.sym.Variable("data")
+        assert mx.sym.FullyConnected(data, num_hidden=2).name == "fullyconnected0"
+        assert mx.sym.FullyConnected(data, num_hidden=2).name == "fullyconnected1"
+    assert NameManager.current is not fresh
+
+
+def test_prefix_prefixes_given_and_automatic_names():
+    with Prefix("net_") as prefix:
+        assert NameManager.current is prefix
+        data = mx.sym.Variable("data")
+        assert mx.sym.FullyConnected(data, num_hidden=2, name="fc").name == "net_fc"
+        assert prefix.get(None, "act") == "net_act0"
+
+
+def test_name_manager_current_assignment():
+    previous = NameManager.current
+    manager = NameManager()
+    NameManager.current = manager
+    try:
+        assert NameManager.current is manager and manager.current is manager
+    finally:
+        NameManager.current = previous
+
+
+# -- Context ---------------------------------------------------------------------------------
+
+def test_context_device_type_tables():
+    assert Context.devtype2str == {1: "cpu", 2: "gpu", 3: "cpu_pinned", 5: "cpu_shared"}
+    assert Context.devstr2type == {"cpu": 1, "gpu": 2, "cpu_pinned": 3, "cpu_shared": 5}
+    assert mx.cpu().devtype2str[mx.cpu().device_typeid] == "cpu"
+    assert Context.devstr2type[mx.context.cpu_pinned().device_type] == 3
