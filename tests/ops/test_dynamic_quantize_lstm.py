@@ -1,0 +1,262 @@
+"""DynamicQuantizeLSTM (ops/quant/contrib_quant_lstm.py) against onnxruntime, on the models
+onnxruntime's own ``quantize_dynamic`` writes from float LSTMs (forward, reverse,
+bidirectional; with and without B, initial states, sequence_lens, peepholes, clip,
+input_forget; per-tensor and per-channel weights), on uint8 weights written by hand, and on a
+PyTorch LSTM exported and quantized.
+
+onnxruntime runs on one intra-op thread here: with several, and a batch of 2 or more, it
+splits the batch between its threads and quantizes each part's hidden state on its own,
+so its codes depend on its thread count (the module's docstring). On one thread the codes
+are the same; the outputs then differ only by onnxruntime's sigmoid and tanh, MLAS's float32
+approximations, against NumPy's: over 160 random models (hidden 1-8, batch 1-3, seq 1-5)
+the largest difference measured was 7.2e-7, and no hidden state landed on another code.
+``TOLERANCE`` leaves room for such a landing: one code of a hidden state moves the next
+step's gates by about ``h_scale * r_scale * 127``, a few 1e-4 for these sizes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+import mixrt
+from mixrt.errors import MixrtError
+
+f32 = np.float32
+TOLERANCE = 2e-6
+MEASURED = 7.2e-7  # the largest difference seen over 160 random models (docstring)
+
+logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice on preprocessing
+
+
+# -- models ------------------------------------------------------------------------------------
+
+def float_lstm(rng, *, input_size, hidden, direction, bias=True, states=False, lengths=False,
+               peepholes=False, clip=None, input_forget=0):
+    """A float LSTM node with its weights as initializers; X, sequence_lens and the initial
+    states are fed."""
+    directions = 2 if direction == "bidirectional" else 1
+    weights = {"W": (directions, 4 * hidden, input_size), "R": (directions, 4 * hidden, hidden)}
+    if bias:
+        weights["B"] = (directions, 8 * hidden)
+    if peepholes:
+        weights["P"] = (directions, 3 * hidden)
+    names = ["X", "W", "R", "B" if bias else "", "lengths" if lengths else "",
+             "h0" if states else "", "c0" if states else "", "P" if peepholes else ""]
+    while not names[-1]:
+        names.pop()
+    attributes = {"hidden_size": hidden, "direction": direction}
+    if clip is not None:
+        attributes["clip"] = clip
+    if input_forget:
+        attributes["input_forget"] = 1
+    fed = [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["S", "N", input_size])]
+    if lengths:
+        fed.append(helper.make_tensor_value_info("lengths", TensorProto.INT32, ["N"]))
+    if states:
+        fed += [helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                              [directions, "N", hidden])
+                for name in ("h0", "c0")]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", names, ["Y", "Y_h", "Y_c"], name="lstm", **attributes)],
+        "g", fed,
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+         for name in ("Y", "Y_h", "Y_c")],
+        initializer=[numpy_helper.from_array(rng.standard_normal(shape).astype(f32), name)
+                     for name, shape in weights.items()])
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def quantized(model, tmp_path, *, per_channel, weight_type=QuantType.QInt8):
+    """The model as ``quantize_dynamic`` writes it (its LSTMs become DynamicQuantizeLSTM)."""
+    source, target = tmp_path / "float.onnx", tmp_path / "quantized.onnx"
+    onnx.save(model, source)
+    quantize_dynamic(source, target, per_channel=per_channel, weight_type=weight_type)
+    result = onnx.load(target)
+    assert [n.op_type for n in result.graph.node if n.op_type.endswith("LSTM")] == \
+        ["DynamicQuantizeLSTM"]
+    return result
+
+
+def feeds_for(rng, model, *, seq, batch):
+    """Random feeds for the graph's inputs: X, lengths in [0, seq], initial states."""
+    feeds = {}
+    for value in model.graph.input:
+        dims = [d.dim_value or {"S": seq, "N": batch}[d.dim_param]
+                for d in value.type.tensor_type.shape.dim]
+        if value.name == "lengths":
+            feeds[value.name] = rng.integers(0, seq + 1, dims).astype(np.int32)
+        else:
+            feeds[value.name] = rng.standard_normal(dims).astype(f32)
+    return feeds
+
+
+def run_both(model, feeds, *, threads=1):
+    data = model.SerializeToString()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    theirs = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(
+        None, feeds)
+    return mixrt.Session(data).run(None, feeds), theirs
+
+
+def largest_difference(ours, theirs) -> float:
+    assert [(a.dtype, a.shape) for a in ours] == [(b.dtype, b.shape) for b in theirs]
+    return max((float(np.abs(a - b).max()) for a, b in zip(ours, theirs) if a.size),
+               default=0.0)
+
+
+# -- quantize_dynamic's models -----------------------------------------------------------------
+
+# (direction, input_size, hidden, seq, batch, options)
+CASES = [
+    ("forward", 3, 4, 5, 1, {}),
+    ("forward", 5, 6, 4, 3, {"states": True, "lengths": True}),
+    ("forward", 2, 3, 3, 2, {"peepholes": True, "clip": 0.7}),
+    ("forward", 4, 5, 2, 2, {"bias": False, "input_forget": 1}),
+    ("reverse", 3, 4, 5, 2, {}),
+    ("reverse", 2, 3, 4, 3, {"lengths": True, "peepholes": True}),
+    ("reverse", 4, 2, 1, 1, {"states": True, "clip": 1.5, "input_forget": 1}),
+    ("bidirectional", 3, 4, 3, 2, {}),
+    ("bidirectional", 2, 5, 5, 3, {"states": True, "lengths": True, "peepholes": True}),
+    ("bidirectional", 5, 3, 2, 1, {"bias": False, "clip": 0.5, "input_forget": 1}),
+    ("bidirectional", 1, 8, 4, 3, {"lengths": True, "states": True, "clip": 2.0}),
+]
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+@pytest.mark.parametrize("weight_type", [QuantType.QInt8, QuantType.QUInt8],
+                         ids=["QInt8", "QUInt8"])
+@pytest.mark.parametrize("case", CASES, ids=lambda case: "-".join(
+    [case[0]] + [k if v is True else f"{k}={v}" for k, v in case[5].items()]))
+def test_quantize_dynamic_models_match_onnxruntime(case, weight_type, per_channel, tmp_path):
+    direction, input_size, hidden, seq, batch, options = case
+    rng = np.random.default_rng([input_size, hidden, seq, batch, len(options)])
+    model = quantized(float_lstm(rng, input_size=input_size, hidden=hidden,
+                                 direction=direction, **options),
+                      tmp_path, per_channel=per_channel, weight_type=weight_type)
+    ours, theirs = run_both(model, feeds_for(rng, model, seq=seq, batch=batch))
+    assert largest_difference(ours, theirs) <= TOLERANCE
+
+
+def test_the_outputs_are_the_quantized_ones_not_the_float_lstms(tmp_path):
+    """The float LSTM is far from both: the comparisons above see the quantization."""
+    rng = np.random.default_rng(1)
+    source = float_lstm(rng, input_size=4, hidden=6, direction="bidirectional")
+    model = quantized(source, tmp_path, per_channel=False)
+    feeds = feeds_for(rng, model, seq=5, batch=2)
+    ours, theirs = run_both(model, feeds)
+    exact = ort.InferenceSession(source.SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert largest_difference(ours, theirs) <= TOLERANCE
+    assert largest_difference(ours, exact) > 100 * TOLERANCE
+
+
+def test_one_sequence_matches_onnxruntime_on_any_thread_count(tmp_path):
+    """A batch of one is never split between onnxruntime's threads."""
+    rng = np.random.default_rng(2)
+    model = quantized(float_lstm(rng, input_size=3, hidden=8, direction="bidirectional",
+                                 states=True), tmp_path, per_channel=True)
+    ours, theirs = run_both(model, feeds_for(rng, model, seq=5, batch=1), threads=2)
+    assert largest_difference(ours, theirs) <= TOLERANCE
+
+
+# -- uint8 weights (quantize_dynamic writes int8 ones for an LSTM) ----------------------------
+
+def as_uint8_weights(model, *, per_channel_zero_point):
+    """The same weights as uint8 codes shifted by 128 with zero point 128: the dequantized
+    weights are unchanged, the integer products are not."""
+    replaced = []
+    for tensor in model.graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        if tensor.name.endswith("_quantized"):
+            array = (array.astype(np.int16) + 128).astype(np.uint8)
+        elif tensor.name.endswith("_zero_point"):
+            array = np.full(array.shape if per_channel_zero_point else array.shape[:1], 128,
+                            np.uint8)
+        replaced.append(numpy_helper.from_array(array, tensor.name))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(replaced)
+    return model
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_tensor", "per_channel"])
+def test_uint8_weights_match_onnxruntime(per_channel, tmp_path):
+    rng = np.random.default_rng(3)
+    model = quantized(float_lstm(rng, input_size=4, hidden=5, direction="bidirectional",
+                                 lengths=True, peepholes=True), tmp_path,
+                      per_channel=per_channel)
+    model = as_uint8_weights(model, per_channel_zero_point=per_channel)
+    ours, theirs = run_both(model, feeds_for(rng, model, seq=4, batch=3))
+    assert largest_difference(ours, theirs) <= TOLERANCE
+
+
+# -- PyTorch's LSTM ----------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore")  # the exporter's notes on tracing and its deprecation
+def test_a_pytorch_lstm_exported_and_quantized_matches_onnxruntime(tmp_path):
+    torch.manual_seed(0)
+    layer = torch.nn.LSTM(6, 8, num_layers=2, bidirectional=True).eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(layer, (torch.randn(5, 1, 6),), buffer, input_names=["X"],
+                      output_names=["Y", "h", "c"], opset_version=14, dynamo=False)
+    source = tmp_path / "torch.onnx"
+    source.write_bytes(buffer.getvalue())
+    quantize_dynamic(source, tmp_path / "q.onnx", weight_type=QuantType.QInt8)
+    model = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in model.graph.node].count("DynamicQuantizeLSTM") == 2
+    x = np.random.default_rng(4).standard_normal((5, 1, 6)).astype(f32)
+    ours, theirs = run_both(model, {"X": x})
+    assert largest_difference(ours, theirs) <= TOLERANCE
+
+
+# -- bad operands --------------------------------------------------------------------------
+
+def bad_node(tmp_path, replace):
+    """A quantize_dynamic model whose node is named ``bad_node`` and whose initializers
+    ``replace`` maps to new arrays."""
+    rng = np.random.default_rng(5)
+    model = quantized(float_lstm(rng, input_size=3, hidden=4, direction="forward"), tmp_path,
+                      per_channel=False)
+    model.graph.node[0].name = "bad_node"
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    arrays.update(replace(arrays))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in arrays.items())
+    return model, {"X": rng.standard_normal((2, 1, 3)).astype(f32)}
+
+
+@pytest.mark.parametrize("replace, words", [
+    (lambda a: {"W_quantized": a["W_quantized"].transpose(0, 2, 1).copy()},
+     r"W has shape \(1, 16, 3\); expected \(1, 3, 16\)"),
+    (lambda a: {"R_quantized": a["R_quantized"][:, :, :8].copy()},
+     r"R has shape \(1, 4, 8\)"),
+    (lambda a: {"W_scale": np.full((1, 3), 0.01, f32)}, r"W_scale has shape \(1, 3\)"),
+    (lambda a: {"R_zero_point": np.zeros(2, np.int8)}, r"R_zero_point has shape \(2,\)"),
+    (lambda a: {"B": a["B"][:, :10].copy()}, r"B has shape \(1, 10\)"),
+], ids=["W-untransposed", "R-columns", "W_scale", "R_zero_point", "B"])
+def test_bad_operands_are_refused_naming_the_node(replace, words, tmp_path):
+    model, feeds = bad_node(tmp_path, replace)
+    with pytest.raises(MixrtError, match=words) as caught:
+        mixrt.Session(model.SerializeToString()).run(None, feeds)
+    assert "bad_node" in str(caught.value) and "DynamicQuantizeLSTM" in str(caught.value)
+
+
+def test_per_column_int8_zero_points_must_be_zero(tmp_path):
+    """onnxruntime refuses them too: its integer product takes one zero point."""
+    model, feeds = bad_node(tmp_path, lambda a: {
+        "W_scale": np.full((1, 16), 0.01, f32),
+        "W_zero_point": np.arange(16, dtype=np.int8).reshape(1, 16)})
+    with pytest.raises(MixrtError, match="zero points must be 0") as caught:
+        mixrt.Session(model.SerializeToString()).run(None, feeds)
+    assert "bad_node" in str(caught.value)
+    with pytest.raises(Exception, match="zero point must be zero"):
+        run_both(model, feeds)
