@@ -165,3 +165,84 @@ def test_context_device_type_tables():
     assert Context.devstr2type == {"cpu": 1, "gpu": 2, "cpu_pinned": 3, "cpu_shared": 5}
     assert mx.cpu().devtype2str[mx.cpu().device_typeid] == "cpu"
     assert Context.devstr2type[mx.context.cpu_pinned().device_type] == 3
+
+
+# -- NDArray fluent methods: name= and out= --------------------------------------------------
+
+# the arguments each method needs beside the array (the others need none)
+FLUENT_ARGUMENTS = {
+    "reshape_like": ([nd.zeros((3, 2))], {}), "broadcast_axes": ([], {"axis": 0, "size": 2}),
+    "repeat": ([], {"repeats": 2}), "pad": None, "swapaxes": ([], {"dim1": 0, "dim2": 1}),
+    "split": ([], {"num_outputs": 3, "axis": 1}), "slice": ([(0, 0), (1, 2)], {}),
+    "slice_axis": ([], {"axis": 1, "begin": 0, "end": 2}),
+    "slice_like": ([nd.zeros((1, 2))], {}), "take": ([nd.array([0, 1])], {}),
+    "one_hot": None, "pick": ([nd.array([0, 2])], {}), "topk": ([], {"k": 2}),
+    "clip": ([0.0, 2.0], {}), "tile": ([], {"reps": (2, 1)}), "flip": ([], {"axis": 1}),
+    "depth_to_space": None, "space_to_depth": None, "softmin": ([], {}),
+    "sum": ([], {"axis": 1}), "norm": ([], {}),
+}
+FLUENT_POSITIVE = {"log", "log10", "log2", "log1p", "sqrt", "rsqrt", "rcbrt", "arccosh"}
+FLUENT_UNIT = {"arcsin", "arccos", "arctanh"}
+
+
+def _fluent_cases():
+    from mixrt.nd.fluent import FORWARDING
+    return [m for m in FORWARDING if FLUENT_ARGUMENTS.get(m, ()) is not None]
+
+
+def _fluent_data(method):
+    values = np.array([[0.5, -0.25, 0.75], [0.125, 0.5, -0.5]], np.float32)
+    if method in FLUENT_POSITIVE:
+        values = np.abs(values) + 1.5
+    elif method in FLUENT_UNIT:
+        values = values * 0.5
+    elif method == "broadcast_axes":
+        values = values[:1]  # an axis of length 1 to broadcast
+    return nd.array(values)
+
+
+@pytest.mark.parametrize("method", _fluent_cases())
+def test_fluent_method_takes_name_and_out(method):
+    x = _fluent_data(method)
+    args, kwargs = FLUENT_ARGUMENTS.get(method, ([], {}))
+    expected = getattr(x, method)(*args, **kwargs)
+    named = getattr(x, method)(*args, name=f"{method}0", **kwargs)
+    results = expected if isinstance(expected, list) else [expected]
+    named = named if isinstance(named, list) else [named]
+    outs = [nd.zeros(r.shape, dtype=r.dtype) for r in results]
+    written = getattr(x, method)(*args, out=outs if len(outs) > 1 else outs[0],
+                                 name="ignored", **kwargs)
+    if len(outs) == 1:
+        assert written is outs[0]
+    for want, got, out in zip(results, named, outs):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6)
+        np.testing.assert_allclose(out.asnumpy(), want.asnumpy(), rtol=1e-6)
+
+
+def test_fluent_methods_of_their_own_take_name():
+    x = nd.ones((2, 1, 3))
+    assert x.flatten(name="f").shape == (2, 3)
+    assert x.expand_dims(axis=0, name="e").shape == (1, 2, 1, 3)
+    assert x.squeeze(name="s").shape == (2, 3)
+    assert x.flatten(inplace=True, name="f").shape == (2, 3)
+
+
+def test_flatten_with_name_in_a_hybridized_block_that_exports(tmp_path):
+    class Net(mx.gluon.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.conv = mx.gluon.nn.Conv2D(2, 3)
+                self.dense = mx.gluon.nn.Dense(3)
+
+        def hybrid_forward(self, F, x):
+            return self.dense(self.conv(x).flatten(name="f").relu(name="r"))
+
+    net = Net()
+    net.initialize()
+    x = nd.ones((1, 1, 5, 5))
+    imperative = net(x).asnumpy()
+    net.hybridize()
+    np.testing.assert_allclose(net(x).asnumpy(), imperative, rtol=1e-5, atol=1e-6)
+    paths = net.export(str(tmp_path / "cnn"))
+    assert (tmp_path / "cnn-symbol.json").exists() and paths["params"]

@@ -173,3 +173,8 @@ for _name in (*_mx.FUNCTIONS, *_layers.FUNCTIONS, "concat", "stack", "exp", "exp
     globals()[_name] = _accepting_out(globals()[_name])
 
 from mixrt.operator import imperative_custom as Custom  # noqa: E402  (MXNet's nd.Custom)
+
+# NDArray's fluent methods take MXNet's out= and name=, once every module above has attached
+# its methods (mixrt/nd/fluent.py)
+from mixrt.nd import fluent as _fluent  # noqa: E402
+_fluent.attach()
