@@ -1,0 +1,499 @@
+"""onnxruntime's generation operators (com.microsoft BeamSearch and GreedySearch) over a tiny
+GPT-2 style decoder built here, against onnxruntime itself: the sequences bit for bit, the
+scores to float32 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.errors import ExecutionError, GraphError, UnsupportedOperatorError
+from mixrt.importers.onnx import import_model
+from mixrt.ops.device import CPU
+from mixrt.runtime.support import support_table
+
+MS = "com.microsoft"
+VOCAB, HIDDEN, HEADS, LAYERS = 50, 16, 2, 2
+HEAD_SIZE = HIDDEN // HEADS
+EOS = 7
+# the decoder's logits differ between the two runtimes by up to 8e-6 (float32 products
+# summed in another order), and a beam's score sums up to a dozen steps' log-probabilities
+SCORE_TOLERANCE = dict(rtol=1e-5, atol=2e-4)
+# a decoder both runtimes compute exactly (lookups and additions) leaves the search's own
+# arithmetic: the log-softmax's exponentials and the sums
+EXACT_DECODER_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+# -- the decoder: embeddings, attention layers over past keys and values, the LM head ----------
+
+def _weights(seed: int, eos_bias: float) -> dict:
+    rng = np.random.default_rng(seed)
+    weights = {"wte": rng.normal(0, 1.0, (VOCAB, HIDDEN)), "wpe": rng.normal(0, 0.5, (64, HIDDEN)),
+               "lm_head": rng.normal(0, 0.05, (HIDDEN, VOCAB)),
+               "lm_bias": rng.normal(0, 0.5, (VOCAB,))}
+    weights["lm_bias"][EOS] += eos_bias  # how soon the end token wins
+    for layer in range(LAYERS):
+        for name in ("q", "k", "v", "o"):
+            weights[f"w{name}_{layer}"] = rng.normal(0, 0.4, (HIDDEN, HIDDEN))
+    return {name: value.astype(np.float32) for name, value in weights.items()}
+
+
+def _constants() -> list:
+    ints = {"one": [1], "shape_heads": [0, 0, HEADS, HEAD_SIZE],
+            "shape_hidden": [0, 0, HIDDEN], "axes_12": [1, 2], "axes_0": [0]}
+    made = [numpy_helper.from_array(np.array(v, dtype=np.int64), n) for n, v in ints.items()]
+    floats = {"f_one": 1.0, "f_big": -10000.0, "f_scale": 1 / np.sqrt(HEAD_SIZE)}
+    made += [numpy_helper.from_array(np.array(v, dtype=np.float32), n) for n, v in floats.items()]
+    return made
+
+
+def _mask_nodes() -> list:
+    """bias (batch, 1, new, total): -10000 where the attention mask is 0 or the key comes
+    after the query (the past counts as before every new token)."""
+    node = helper.make_node
+    return [
+        node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        node("Sub", ["f_one", "mask_f"], ["mask_off"]),
+        node("Mul", ["mask_off", "f_big"], ["mask_add2"]),
+        node("Unsqueeze", ["mask_add2", "axes_12"], ["mask_add"]),
+        node("Shape", ["input_ids"], ["ids_shape"]),
+        node("Shape", ["attention_mask"], ["mask_shape"]),
+        node("Slice", ["ids_shape", "one", "shape_2"], ["new_len"]),
+        node("Slice", ["mask_shape", "one", "shape_2"], ["total_len"]),
+        node("Concat", ["new_len", "total_len"], ["causal_shape"], axis=0),
+        node("ConstantOfShape", ["causal_shape"], ["ones"],
+             value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+        node("Sub", ["total_len", "new_len"], ["offset1"]),
+        node("Squeeze", ["offset1", "axes_0"], ["offset"]),
+        node("Trilu", ["ones", "offset"], ["causal"], upper=0),
+        node("Sub", ["f_one", "causal"], ["causal_off"]),
+        node("Mul", ["causal_off", "f_big"], ["causal_add"]),
+        node("Add", ["mask_add", "causal_add"], ["bias"]),
+    ]
+
+
+def _heads(name: str, source: str, weight: str) -> list:
+    """(batch, heads, length, head size) of source @ weight."""
+    return [helper.make_node("MatMul", [source, weight], [f"{name}_flat"]),
+            helper.make_node("Reshape", [f"{name}_flat", "shape_heads"], [f"{name}_split"]),
+            helper.make_node("Transpose", [f"{name}_split"], [name], perm=[0, 2, 1, 3])]
+
+
+def _layer_nodes(layer: int, hidden: str) -> tuple[list, str]:
+    node, l = helper.make_node, layer
+    nodes = _heads(f"q{l}", hidden, f"wq_{l}") + _heads(f"k{l}", hidden, f"wk_{l}") + \
+        _heads(f"v{l}", hidden, f"wv_{l}")
+    nodes += [
+        node("Gather", [f"past_{l}", "zero_s"], [f"past_k{l}"], axis=0),
+        node("Gather", [f"past_{l}", "one_s"], [f"past_v{l}"], axis=0),
+        node("Concat", [f"past_k{l}", f"k{l}"], [f"key{l}"], axis=2),
+        node("Concat", [f"past_v{l}", f"v{l}"], [f"value{l}"], axis=2),
+        node("Unsqueeze", [f"key{l}", "axes_0"], [f"key{l}_1"]),
+        node("Unsqueeze", [f"value{l}", "axes_0"], [f"value{l}_1"]),
+        node("Concat", [f"key{l}_1", f"value{l}_1"], [f"present_{l}"], axis=0),
+        node("Transpose", [f"key{l}"], [f"key{l}_t"], perm=[0, 1, 3, 2]),
+        node("MatMul", [f"q{l}", f"key{l}_t"], [f"raw{l}"]),
+        node("Mul", [f"raw{l}", "f_scale"], [f"scaled{l}"]),
+        node("Add", [f"scaled{l}", "bias"], [f"masked{l}"]),
+        node("Softmax", [f"masked{l}"], [f"probs{l}"], axis=-1),
+        node("MatMul", [f"probs{l}", f"value{l}"], [f"mixed{l}"]),
+        node("Transpose", [f"mixed{l}"], [f"mixed{l}_t"], perm=[0, 2, 1, 3]),
+        node("Reshape", [f"mixed{l}_t", "shape_hidden"], [f"joined{l}"]),
+        node("MatMul", [f"joined{l}", f"wo_{l}"], [f"attended{l}"]),
+        node("Add", [hidden, f"attended{l}"], [f"hidden{l + 1}"]),
+    ]
+    return nodes, f"hidden{l + 1}"
+
+
+def decoder_graph(weights: dict, *, layers=LAYERS, presents=None, inside=True,
+                  past_declared=True) -> onnx.GraphProto:
+    """The decoder with convert_generation's interface; ``inside`` keeps the weights in the
+    graph, otherwise the main graph holds them (as convert_generation moves them)."""
+    node = helper.make_node
+    nodes = [node("Gather", ["wte", "input_ids"], ["tokens"]),
+             node("Gather", ["wpe", "position_ids"], ["places"]),
+             node("Add", ["tokens", "places"], ["hidden0"])] + _mask_nodes()
+    hidden = "hidden0"
+    for layer in range(layers):
+        made, hidden = _layer_nodes(layer, hidden)
+        nodes += made
+    nodes += [node("MatMul", [hidden, "lm_head"], ["lm"]),
+              node("Add", ["lm", "lm_bias"], ["logits"])]
+    past_shape = [2, "batch", HEADS, "past", HEAD_SIZE] if past_declared else None
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", length])
+              for name, length in (("input_ids", "seq"), ("position_ids", "seq"),
+                                   ("attention_mask", "total"))]
+    inputs += [helper.make_tensor_value_info(f"past_{i}", TensorProto.FLOAT, past_shape)
+               for i in range(layers)]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", VOCAB])]
+    outputs += [helper.make_tensor_value_info(f"present_{i}", TensorProto.FLOAT,
+                                              [2, "batch", HEADS, "total", HEAD_SIZE])
+                for i in range(layers if presents is None else presents)]
+    if presents is not None and presents > layers:  # a present the layers do not make
+        nodes += [node("Identity", [f"present_{layers - 1}"], [f"present_{i}"])
+                  for i in range(layers, presents)]
+    constants = _constants() + [
+        numpy_helper.from_array(np.array(0, dtype=np.int64), "zero_s"),
+        numpy_helper.from_array(np.array(1, dtype=np.int64), "one_s"),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "shape_2")]
+    if inside:
+        constants += [numpy_helper.from_array(v, n) for n, v in weights.items()]
+    return helper.make_graph(nodes, "gpt2 decoder", inputs, outputs, initializer=constants)
+
+
+def lookup_decoder_graph(seed: int) -> onnx.GraphProto:
+    """A decoder both runtimes compute exactly: logits are a bigram table's row for the
+    token plus one per position plus the sum of every earlier token's entry in a third
+    table (read back from the past, so a beam's past must follow it). All entries are
+    multiples of 1/8, so every sum is exact."""
+    rng = np.random.default_rng(seed)
+    heads, head_size = 2, VOCAB // 2
+    tables = {"bigram": rng.integers(-24, 24, (VOCAB, VOCAB)) / 8,
+              "by_place": rng.integers(-8, 8, (64, VOCAB)) / 8,
+              "memory": rng.integers(-4, 4, (VOCAB, 2 * VOCAB)) / 8}
+    node = helper.make_node
+    nodes = [
+        node("Gather", ["memory", "input_ids"], ["remembered"]),
+        node("Reshape", ["remembered", "kv_shape"], ["kv_split"]),
+        node("Transpose", ["kv_split"], ["kv"], perm=[2, 0, 3, 1, 4]),
+        node("Concat", ["past_0", "kv"], ["present_0"], axis=3),
+        node("ReduceSum", ["present_0", "length_axis"], ["summed"], keepdims=0),
+        node("Gather", ["summed", "zero_s"], ["keys"], axis=0),
+        node("Reshape", ["keys", "context_shape"], ["context"]),
+        node("Gather", ["bigram", "input_ids"], ["next"]),
+        node("Gather", ["by_place", "position_ids"], ["placed"]),
+        node("Add", ["next", "placed"], ["local"]),
+        node("Add", ["local", "context"], ["logits"]),
+    ]
+    constants = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in tables.items()]
+    constants += [numpy_helper.from_array(np.array(v, dtype=np.int64), n) for n, v in {
+        "kv_shape": [0, 0, 2, heads, head_size], "length_axis": [3], "zero_s": 0,
+        "context_shape": [-1, 1, VOCAB]}.items()]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", "seq"])
+              for name in ("input_ids", "position_ids", "attention_mask")]
+    inputs.append(helper.make_tensor_value_info("past_0", TensorProto.FLOAT,
+                                                [2, "batch", heads, "past", head_size]))
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                             ["batch", "seq", VOCAB]),
+               helper.make_tensor_value_info("present_0", TensorProto.FLOAT,
+                                             [2, "batch", heads, "total", head_size])]
+    return helper.make_graph(nodes, "lookup decoder", inputs, outputs, initializer=constants)
+
+
+# -- the search node ----------------------------------------------------------------------------
+
+BEAM_INPUTS = ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
+               "length_penalty", "repetition_penalty", "vocab_mask", "prefix_vocab_mask",
+               "attention_mask"]
+GREEDY_INPUTS = ["input_ids", "max_length", "min_length", "repetition_penalty", "vocab_mask",
+                 "prefix_vocab_mask", "attention_mask"]
+NODE = "BeamSearch_gpt2"
+
+
+def search_model(op_type: str, feeds: dict, outputs, *, weights_inside=True, seed=0,
+                 eos_bias=0.0, decoder=None, **attributes) -> onnx.ModelProto:
+    """One search node over the decoder; inputs absent from ``feeds`` are left out."""
+    weights = _weights(seed, eos_bias)
+    names = BEAM_INPUTS if op_type == "BeamSearch" else GREEDY_INPUTS
+    used = [name if name in feeds else "" for name in names]
+    while used and not used[-1]:
+        used.pop()
+    graph_decoder = decoder if decoder is not None else \
+        decoder_graph(weights, inside=weights_inside)
+    node = helper.make_node(op_type, used, list(outputs), domain=MS,
+                            name=NODE if op_type == "BeamSearch" else "GreedySearch_gpt2",
+                            decoder=graph_decoder, **attributes)
+    inputs = [helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(feeds[name].dtype),
+        ["batch", "sequence"] if name in ("input_ids", "attention_mask") else
+        list(feeds[name].shape))
+        for name in used if name]
+    graph = helper.make_graph(
+        [node], "generation", inputs, [onnx.ValueInfoProto(name=o) for o in outputs if o],
+        initializer=[] if weights_inside else
+        [numpy_helper.from_array(v, n) for n, v in weights.items()])
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+
+
+def beam_feeds(input_ids, *, max_length=12, min_length=0, num_beams=3, num_return_sequences=1,
+               length_penalty=1.0, repetition_penalty=1.0, **extra) -> dict:
+    feeds = {"input_ids": np.asarray(input_ids, dtype=np.int32),
+             "max_length": np.array([max_length], dtype=np.int32),
+             "min_length": np.array([min_length], dtype=np.int32),
+             "num_beams": np.array([num_beams], dtype=np.int32),
+             "num_return_sequences": np.array([num_return_sequences], dtype=np.int32),
+             "length_penalty": np.array([length_penalty], dtype=np.float32),
+             "repetition_penalty": np.array([repetition_penalty], dtype=np.float32)}
+    feeds.update({name: np.asarray(value, dtype=np.int32) for name, value in extra.items()})
+    return feeds
+
+
+def run_both(model: onnx.ModelProto, feeds: dict):
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = mixrt.Session(data).run(None, feeds)
+    return expected, got
+
+
+def compare_beams(model, feeds, tolerance=SCORE_TOLERANCE) -> float:
+    """Sequences equal, scores close; the largest score difference."""
+    expected, got = run_both(model, feeds)
+    np.testing.assert_array_equal(got[0], expected[0])
+    assert got[0].dtype == np.int32 and got[0].shape == expected[0].shape
+    worst = 0.0
+    for index, (want, have) in enumerate(zip(expected[1:], got[1:]), start=1):
+        assert have.dtype == np.float32 and have.shape == want.shape, (index, have.shape)
+        if index == 2:  # onnxruntime leaves the steps after every entry finished unset
+            taken = _steps_taken(have)
+            want, have = want[:taken], have[:taken]
+        finite = want > -1e30  # banned tokens (float32's lowest, times penalties) aside
+        np.testing.assert_array_equal(finite, have > -1e30)
+        np.testing.assert_allclose(have[finite], want[finite], **tolerance)
+        if finite.any():
+            worst = max(worst, float(np.abs(have[finite] - want[finite]).max()))
+    DIFFERENCES.append(worst)
+    return worst
+
+
+# the largest score difference of each comparison (printed with -s at the end)
+DIFFERENCES: list[float] = []
+
+
+def _steps_taken(scores) -> int:
+    """The steps a search ran: mixrt writes zeros for those it did not."""
+    ran = [bool(block.any()) for block in scores]
+    taken = ran.index(False) if False in ran else len(ran)
+    assert not any(ran[taken:]), "a step after the search ended has scores"
+    return taken
+
+
+def compare_greedy(model, feeds) -> None:
+    """Sequences equal up to where the search stopped; mixrt pads the rest (onnxruntime
+    leaves it unset)."""
+    expected, got = run_both(model, feeds)
+    assert got[0].dtype == np.int32 and got[0].shape == expected[0].shape
+    pad = _pad_of(model)
+    stop = _greedy_stop(got[0], feeds, pad)
+    np.testing.assert_array_equal(got[0][:, :stop], expected[0][:, :stop])
+    assert (got[0][:, stop:] == pad).all()
+
+
+def _greedy_stop(sequences, feeds, pad: int) -> int:
+    """The length a greedy search stopped at: one past the step where the last row to end
+    wrote its end token (as pad_token_id), max_length where a row never ended."""
+    prompt = feeds["input_ids"].shape[1]
+    ends = []
+    for row in sequences[:, prompt:]:
+        kept = np.flatnonzero(row != pad)
+        ends.append(0 if not len(kept) else kept[-1] + 1)  # where the trailing pads start
+    if any(end == sequences.shape[1] - prompt for end in ends):
+        return sequences.shape[1]
+    return prompt + max(ends) + 1
+
+
+def _pad_of(model) -> int:
+    (attribute,) = [a for a in model.graph.node[0].attribute if a.name == "pad_token_id"]
+    return attribute.i
+
+
+PROMPT = [[3, 14, 15, 9]]
+LEFT_PADDED = [[EOS, EOS, 21, 4, 30, 2], [11, 12, 13, 5, 6, 40]]
+LEFT_PADDED_MASK = [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+OUTPUTS = ("sequences", "sequences_scores", "scores")
+GPT2 = dict(eos_token_id=EOS, pad_token_id=EOS, model_type=0)
+# the end token's logit bias: some hypotheses end, many do, most end within a few steps
+EOS_BIASES = [0.0, 1.0, 2.0]
+EOS_CASES = ["eos rare", "eos plausible", "eos likely"]
+PAD = 1  # a pad token that is not the end token
+PADDED_WITH_PAD = [[PAD if token == EOS else token for token in row] for row in LEFT_PADDED]
+
+BEAM_CASES = {
+    "one beam": (dict(num_beams=1), {}),
+    "three beams": (dict(num_beams=3), {}),
+    "four beams two returned": (dict(num_beams=4, num_return_sequences=2), {}),
+    "four beams all returned": (dict(num_beams=4, num_return_sequences=4), {}),
+    "length penalty": (dict(num_beams=3, num_return_sequences=3, length_penalty=0.6), {}),
+    "long length penalty": (dict(num_beams=4, num_return_sequences=2, length_penalty=1.8), {}),
+    "repetition penalty": (dict(num_beams=3, repetition_penalty=1.6), {}),
+    "no repeat 2-grams": (dict(num_beams=3), dict(no_repeat_ngram_size=2)),
+    "min length": (dict(num_beams=3, min_length=10), {}),
+    "early stopping": (dict(num_beams=3, num_return_sequences=2), dict(early_stopping=1)),
+}
+
+
+@pytest.mark.parametrize("eos_bias", EOS_BIASES, ids=EOS_CASES)
+@pytest.mark.parametrize("case", list(BEAM_CASES))
+def test_beam_search_matches_onnxruntime(case, eos_bias):
+    settings, attributes = BEAM_CASES[case]
+    feeds = beam_feeds(PROMPT, **settings)
+    model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=eos_bias,
+                         **GPT2, **attributes)
+    compare_beams(model, feeds)
+
+
+@pytest.mark.parametrize("eos_bias", EOS_BIASES, ids=EOS_CASES)
+@pytest.mark.parametrize("num_beams", [1, 3, 4])
+def test_beam_search_over_a_left_padded_batch(num_beams, eos_bias):
+    feeds = beam_feeds(LEFT_PADDED, num_beams=num_beams, max_length=14,
+                       num_return_sequences=min(2, num_beams), length_penalty=1.3,
+                       attention_mask=LEFT_PADDED_MASK)
+    model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=eos_bias, weights_inside=False,
+                         **GPT2)
+    compare_beams(model, feeds)
+
+
+@pytest.mark.parametrize("with_mask", [True, False], ids=["mask", "no mask"])
+def test_beam_search_with_a_pad_token_of_its_own(with_mask):
+    extra = dict(attention_mask=LEFT_PADDED_MASK) if with_mask else {}
+    feeds = beam_feeds(PADDED_WITH_PAD, num_beams=3, num_return_sequences=2, max_length=16,
+                       **extra)
+    model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=1.5, eos_token_id=EOS,
+                         pad_token_id=PAD)
+    compare_beams(model, feeds)
+
+
+def test_beam_search_derives_the_mask_from_pad_tokens():
+    feeds = beam_feeds(LEFT_PADDED, num_beams=3, num_return_sequences=2)
+    compare_beams(search_model("BeamSearch", feeds, OUTPUTS, **GPT2), feeds)
+
+
+def test_beam_search_with_vocab_masks_and_every_processor():
+    rng = np.random.default_rng(3)
+    vocab_mask = (rng.random(VOCAB) > 0.2).astype(np.int32)
+    vocab_mask[EOS] = 1
+    prefix = (rng.random((2, VOCAB)) > 0.5).astype(np.int32)
+    feeds = beam_feeds(LEFT_PADDED, num_beams=4, num_return_sequences=3, min_length=9,
+                       repetition_penalty=1.3, length_penalty=0.8, vocab_mask=vocab_mask,
+                       prefix_vocab_mask=prefix, attention_mask=LEFT_PADDED_MASK)
+    model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=2.0, no_repeat_ngram_size=2,
+                         **GPT2)
+    compare_beams(model, feeds)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_search_over_other_weights(seed):
+    feeds = beam_feeds(LEFT_PADDED, num_beams=3, num_return_sequences=2, max_length=16,
+                       attention_mask=LEFT_PADDED_MASK)
+    model = search_model("BeamSearch", feeds, OUTPUTS, seed=seed, eos_bias=1.5, **GPT2)
+    compare_beams(model, feeds)
+
+
+def test_beam_search_with_sequences_only():
+    feeds = beam_feeds(PROMPT, num_beams=2)
+    model = search_model("BeamSearch", feeds, ["sequences"], **GPT2)
+    expected, got = run_both(model, feeds)
+    assert len(got) == 1
+    np.testing.assert_array_equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("settings,attributes", [
+    (dict(num_beams=4, num_return_sequences=2), {}),
+    (dict(num_beams=3, num_return_sequences=3, length_penalty=0.7, repetition_penalty=1.2),
+     dict(no_repeat_ngram_size=3)),
+    (dict(num_beams=4, num_return_sequences=1, min_length=9), dict(early_stopping=1)),
+], ids=["four beams", "penalties", "min length early stopping"])
+def test_beam_scores_over_an_exact_decoder(seed, settings, attributes):
+    feeds = beam_feeds(PADDED_WITH_PAD, max_length=15, attention_mask=LEFT_PADDED_MASK,
+                       **settings)
+    model = search_model("BeamSearch", feeds, OUTPUTS, decoder=lookup_decoder_graph(seed),
+                         eos_token_id=seed + 3, pad_token_id=PAD, **attributes)
+    compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
+
+
+# -- GreedySearch -------------------------------------------------------------------------------
+
+def greedy_feeds(input_ids, *, max_length=12, min_length=0, repetition_penalty=1.0,
+                 **extra) -> dict:
+    feeds = {"input_ids": np.asarray(input_ids, dtype=np.int32),
+             "max_length": np.array([max_length], dtype=np.int32),
+             "min_length": np.array([min_length], dtype=np.int32),
+             "repetition_penalty": np.array([repetition_penalty], dtype=np.float32)}
+    feeds.update({name: np.asarray(value, dtype=np.int32) for name, value in extra.items()})
+    return feeds
+
+
+GREEDY_CASES = {
+    "plain": (dict(), {}),
+    "repetition penalty": (dict(repetition_penalty=1.5), {}),
+    "no repeat 2-grams": (dict(), dict(no_repeat_ngram_size=2)),
+    "min length": (dict(min_length=9), {}),
+}
+
+
+@pytest.mark.parametrize("eos_bias", EOS_BIASES, ids=EOS_CASES)
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_search_matches_onnxruntime(case, eos_bias):
+    settings, attributes = GREEDY_CASES[case]
+    feeds = greedy_feeds(LEFT_PADDED, attention_mask=LEFT_PADDED_MASK, **settings)
+    model = search_model("GreedySearch", feeds, ["sequences"], eos_bias=eos_bias,
+                         **GPT2, **attributes)
+    compare_greedy(model, feeds)
+
+
+@pytest.mark.parametrize("with_mask", [True, False], ids=["mask", "no mask"])
+def test_greedy_search_writes_the_end_token_as_pad(with_mask):
+    extra = dict(attention_mask=LEFT_PADDED_MASK) if with_mask else {}
+    feeds = greedy_feeds(PADDED_WITH_PAD, max_length=16, **extra)
+    model = search_model("GreedySearch", feeds, ["sequences"], eos_bias=1.5,
+                         eos_token_id=EOS, pad_token_id=PAD)
+    compare_greedy(model, feeds)
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+def _refused(model, feeds, error, match):
+    with pytest.raises(error, match=match):
+        mixrt.Session(model.SerializeToString()).run(None, feeds)
+
+
+def test_a_search_without_a_decoder_is_refused_naming_the_node():
+    feeds = beam_feeds(PROMPT)
+    node = helper.make_node("BeamSearch", BEAM_INPUTS[:7], ["sequences"], domain=MS,
+                            name=NODE, **GPT2)
+    model = search_model("BeamSearch", feeds, ["sequences"], **GPT2)
+    model.graph.ClearField("node")
+    model.graph.node.append(node)
+    _refused(model, feeds, (ExecutionError, GraphError), rf"{NODE}.*decoder attribute")
+
+
+def test_more_returned_sequences_than_beams_is_refused_naming_the_node():
+    feeds = beam_feeds(PROMPT, num_beams=2, num_return_sequences=3)
+    model = search_model("BeamSearch", feeds, ["sequences"], **GPT2)
+    _refused(model, feeds, ExecutionError, rf"{NODE}.*num_return_sequences \(3\)")
+
+
+def test_a_decoder_with_a_past_per_present_missing_is_refused_naming_the_node():
+    feeds = beam_feeds(PROMPT)
+    decoder = decoder_graph(_weights(0, 0.0), presents=LAYERS + 1)
+    model = search_model("BeamSearch", feeds, ["sequences"], decoder=decoder, **GPT2)
+    _refused(model, feeds, (ExecutionError, GraphError), rf"{NODE}.*one past per present")
+
+
+def test_a_decoder_without_declared_heads_is_refused_naming_the_node():
+    feeds = beam_feeds(PROMPT)
+    decoder = decoder_graph(_weights(0, 0.0), past_declared=False)
+    model = search_model("BeamSearch", feeds, ["sequences"], decoder=decoder, **GPT2)
+    _refused(model, feeds, (ExecutionError, GraphError), rf"{NODE}.*past_0 must be declared")
+
+
+def test_an_encoder_decoder_search_is_refused_when_bound():
+    feeds = beam_feeds(PROMPT)
+    model = search_model("BeamSearch", feeds, ["sequences"], **GPT2)
+    encoder = decoder_graph(_weights(0, 0.0))
+    model.graph.node[0].attribute.append(helper.make_attribute("encoder", encoder))
+    _refused(model, feeds, UnsupportedOperatorError, "encoder")
+
+
+def test_mixrt_check_accepts_a_search_model():
+    feeds = beam_feeds(PROMPT)
+    model = search_model("BeamSearch", feeds, OUTPUTS, **GPT2)
+    rows = support_table(import_model(model.SerializeToString()), CPU)
+    search = [row for row in rows if row.op_type == "BeamSearch"]
+    assert search and search[0].supported, search
+    assert all(row.supported for row in rows), [row for row in rows if not row.supported]
