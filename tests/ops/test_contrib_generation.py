@@ -14,6 +14,8 @@ import mixrt
 from mixrt.errors import ExecutionError, GraphError, UnsupportedOperatorError
 from mixrt.importers.onnx import import_model
 from mixrt.ops.device import CPU
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import load_graph
 from mixrt.runtime.support import support_table
 
 MS = "com.microsoft"
@@ -497,3 +499,26 @@ def test_mixrt_check_accepts_a_search_model():
     search = [row for row in rows if row.op_type == "BeamSearch"]
     assert search and search[0].supported, search
     assert all(row.supported for row in rows), [row for row in rows if not row.supported]
+
+
+def test_an_init_decoder_serves_the_first_step():
+    feeds = beam_feeds(LEFT_PADDED, num_beams=3, num_return_sequences=2,
+                       attention_mask=LEFT_PADDED_MASK)
+    first = decoder_graph(_weights(5, 1.0))
+    first.name = "gpt2 init decoder"
+    model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=1.0, **GPT2)
+    model.graph.node[0].attribute.append(helper.make_attribute("init_decoder", first))
+    compare_beams(model, feeds)
+
+
+def test_the_inferred_types_are_those_a_run_makes():
+    feeds = beam_feeds(LEFT_PADDED, num_beams=3, num_return_sequences=2, max_length=11)
+    data = search_model("BeamSearch", feeds, OUTPUTS, **GPT2).SerializeToString()
+    types = infer_types(load_graph(data))
+    outputs = mixrt.Session(data).run(None, feeds)
+    for name, value in zip(OUTPUTS, outputs):
+        inferred = types[name]
+        assert inferred.dtype == value.dtype and len(inferred.shape) == value.ndim, name
+        for dim, size in zip(inferred.shape, value.shape):
+            assert not isinstance(dim, int) or dim == size, (name, inferred, value.shape)
+    assert types["scores"].shape[2:] == (None, VOCAB)  # num_beams is fed, the vocab declared
