@@ -246,3 +246,119 @@ def test_flatten_with_name_in_a_hybridized_block_that_exports(tmp_path):
     np.testing.assert_allclose(net(x).asnumpy(), imperative, rtol=1e-5, atol=1e-6)
     paths = net.export(str(tmp_path / "cnn"))
     assert (tmp_path / "cnn-symbol.json").exists() and paths["params"]
+
+
+# -- multi-tensor AdamW and LAMB (nd.contrib, nd._internal) -----------------------------------
+
+def _adamw_reference(w, g, m, v, lr, wd, eta, rescale=1.0, beta1=0.9, beta2=0.999, eps=1e-8,
+                     clip=-1.0):
+    g = g * rescale
+    if clip >= 0:
+        g = np.clip(g, -clip, clip)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return w - eta * (lr * m / (np.sqrt(v) + eps) + wd * w), m, v
+
+
+def _adamw_state(seed):
+    rng = np.random.default_rng(seed)
+    shapes = [(3,), (2, 4)]
+    return [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(4)]
+
+
+def test_multi_adamw_update_updates_each_weight_with_its_own_rates():
+    weights, grads, means, variances = _adamw_state(0)
+    variances = [np.abs(v) for v in variances]
+    lrs, wds, etas = [0.1, 0.05], [0.01, 0.0], [1.0, 0.5]
+    w_nd, m_nd, v_nd = ([nd.array(a) for a in arrays] for arrays in
+                        (weights, means, variances))
+    result = nd.contrib.multi_adamw_update(w_nd, [nd.array(g) for g in grads], m_nd, v_nd,
+                                           rescale_grad=0.5, lrs=lrs, wds=wds, etas=etas,
+                                           out=w_nd, clip_gradient=0.3, beta1=0.8)
+    assert result is w_nd
+    for i in range(2):
+        want_w, want_m, want_v = _adamw_reference(weights[i], grads[i], means[i],
+                                                  variances[i], lrs[i], wds[i], etas[i],
+                                                  rescale=0.5, clip=0.3, beta1=0.8)
+        np.testing.assert_allclose(w_nd[i].asnumpy(), want_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m_nd[i].asnumpy(), want_m, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(v_nd[i].asnumpy(), want_v, rtol=1e-5, atol=1e-6)
+
+
+def test_multi_adamw_operator_takes_flat_arrays_with_rescale_grad_last():
+    weights, grads, means, variances = _adamw_state(1)
+    variances = [np.abs(v) for v in variances]
+    data = [nd.array(a) for group in zip(weights, grads, means, variances) for a in group]
+    new = nd._internal._multi_adamw_update(*data, nd.array([1.0]), lrs=(0.1, 0.2),
+                                           wds=(0.0, 0.1), etas=(1.0, 1.0), num_weights=2)
+    assert isinstance(new, list) and len(new) == 2
+    want, _, _ = _adamw_reference(weights[1], grads[1], means[1], variances[1], 0.2, 0.1, 1.0)
+    np.testing.assert_allclose(new[1].asnumpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(data[4].asnumpy(), weights[1])  # the weight stays
+
+
+def test_multi_adamw_update_skips_the_step_for_a_rescale_of_zero_or_nan():
+    weights, grads, means, variances = _adamw_state(2)
+    w_nd, m_nd = [nd.array(w) for w in weights], [nd.array(m) for m in means]
+    for rescale in (0.0, float("nan")):
+        nd.contrib.multi_adamw_update(w_nd, [nd.array(g) for g in grads], m_nd,
+                                      [nd.array(np.abs(v)) for v in variances], rescale,
+                                      lrs=[0.1, 0.1], wds=[0, 0], etas=[1, 1], out=w_nd)
+        for i in range(2):
+            np.testing.assert_array_equal(w_nd[i].asnumpy(), weights[i])
+            np.testing.assert_array_equal(m_nd[i].asnumpy(), means[i])
+
+
+def test_multi_mp_adamw_update_steps_the_master_copies():
+    weights, grads, means, variances = _adamw_state(3)
+    variances = [np.abs(v) for v in variances]
+    w16 = [nd.array(w, dtype="float16") for w in weights]
+    w32 = [nd.array(w) for w in weights]
+    nd.contrib.multi_mp_adamw_update(w16, [nd.array(g, dtype="float16") for g in grads],
+                                     [nd.array(m) for m in means],
+                                     [nd.array(v) for v in variances], w32, 1.0,
+                                     lrs=[0.1, 0.1], wds=[0.0, 0.0], etas=[1.0, 1.0],
+                                     out=w16)
+    for i in range(2):
+        g16 = grads[i].astype(np.float16).astype(np.float32)
+        want, _, _ = _adamw_reference(weights[i], g16, means[i], variances[i], 0.1, 0.0, 1.0)
+        np.testing.assert_allclose(w32[i].asnumpy(), want, rtol=1e-5, atol=1e-6)
+        assert w16[i].dtype == np.float16
+        np.testing.assert_allclose(w16[i].asnumpy(), want.astype(np.float16), rtol=1e-3)
+
+
+def test_multi_adamw_update_checks_its_lists():
+    w = [nd.ones((2,))]
+    with pytest.raises(mx.errors.InputError, match="lrs"):
+        nd.contrib.multi_adamw_update(w, [nd.ones((2,))], [nd.zeros((2,))],
+                                      [nd.zeros((2,))], 1.0, lrs=[0.1, 0.2], wds=[0],
+                                      etas=[1])
+    with pytest.raises(mx.errors.ShapeError, match="grad"):
+        nd.contrib.multi_adamw_update(w, [nd.ones((3,))], [nd.zeros((2,))],
+                                      [nd.zeros((2,))], 1.0, lrs=[0.1], wds=[0], etas=[1])
+
+
+def _lamb_reference(w, g, m, v, t, lr, wd, beta1=0.9, beta2=0.999, eps=1e-6):
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    direction = (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps) + wd * w
+    r1, r2 = np.linalg.norm(w), np.linalg.norm(direction)
+    ratio = 1.0 if r1 == 0 or r2 == 0 else r1 / r2
+    return w - lr * ratio * direction, m, v
+
+
+def test_multi_lamb_update_matches_lamb_per_weight():
+    weights, grads, means, variances = _adamw_state(4)
+    variances = [np.abs(v) for v in variances]
+    m_nd, v_nd = [nd.array(m) for m in means], [nd.array(v) for v in variances]
+    new = nd.contrib.multi_lamb_update([nd.array(w) for w in weights],
+                                       [nd.array(g) for g in grads], m_nd, v_nd,
+                                       step_count=[1, 3], lrs=[0.1, 0.01], wds=[0.0, 0.1])
+    for i, (t, lr, wd) in enumerate([(1, 0.1, 0.0), (3, 0.01, 0.1)]):
+        want_w, want_m, want_v = _lamb_reference(weights[i], grads[i], means[i],
+                                                 variances[i], t, lr, wd)
+        np.testing.assert_allclose(new[i].asnumpy(), want_w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m_nd[i].asnumpy(), want_m, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(v_nd[i].asnumpy(), want_v, rtol=1e-5, atol=1e-6)
+    assert nd.contrib.multi_mp_lamb_update is not None
+    assert nd._internal._multi_lamb_update is not None

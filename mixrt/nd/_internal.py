@@ -1,6 +1,9 @@
 """The few of MXNet's ``nd._internal`` operators that its users and tests call directly:
-the region assignments behind ``x[begin:end] = value``, and the unique Zipfian candidate
-sampler ``nd.contrib.rand_zipfian``'s kin."""
+the region assignments behind ``x[begin:end] = value``, the unique Zipfian candidate
+sampler ``nd.contrib.rand_zipfian``'s kin, and the AdamW operators under ``nd.contrib``'s
+wrappers (``_adamw_update``, ``_mp_adamw_update``, ``_multi_adamw_update``,
+``_multi_mp_adamw_update``) and multi-tensor LAMB (``_multi_lamb_update``,
+``_multi_mp_lamb_update``)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,10 @@ import numbers
 from mixrt import dispatch
 from mixrt.base.errors import InputError
 from mixrt.context import as_context
+from mixrt.nd.contrib import (_multi_adamw_update, _multi_mp_adamw_update,  # noqa: F401
+                              _multi_lamb_update, _multi_mp_lamb_update,
+                              adamw_update as _adamw_update,
+                              mp_adamw_update as _mp_adamw_update)
 from mixrt.nd.ndarray import NDArray
 from mixrt.ops.ir.registry import MIXRT
 

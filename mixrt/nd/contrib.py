@@ -7,7 +7,13 @@ The tests of values give 0/1 in the data's dtype, as MXNet's. The AdamW updates 
 operators (no bias correction: the optimizer folds it into ``lr``): ``mean`` and ``var``
 change in place, the new weight goes to ``out`` (MXNet's optimizer passes the weight) or into
 a new array, and a ``rescale_grad`` of NaN, Inf or 0 skips the step. Their hyper-parameters are
-rounded to float32 first, as MXNet's C floats are.
+rounded to float32 first, as MXNet's C floats are. ``multi_adamw_update`` and
+``multi_mp_adamw_update`` update several weights in one call, each with its own ``lrs``,
+``wds`` and ``etas`` entry (MXNet's multi-tensor kernel, whose moment updates are written
+``beta1 (m - g) + g``); ``nd._internal._multi_adamw_update`` is the operator under them, its
+arrays flat (weight, grad, mean, var[, weight32] per weight) with ``rescale_grad`` last.
+``multi_lamb_update`` and ``multi_mp_lamb_update`` are MXNet's multi-tensor LAMB: both phases
+per weight, the trust ratio from the weight's norm and its direction's.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ def _adamw_step(fn, master, grad, mean, var, scale, lr, eta, beta1, beta2, epsil
     xp = master.ctx.xp
     weight = master._read()
     g = grad._read().astype(weight.dtype, copy=False) * weight.dtype.type(_f32(scale))
-    if clip_gradient > 0:
+    if clip_gradient >= 0:  # MXNet's kernels clip from 0 on (0 zeroes the gradient)
         g = xp.clip(g, -_f32(clip_gradient), _f32(clip_gradient))
     m, v = mean._write(), var._write()
     m[...] = _f32(beta1) * m + _f32(1 - _f32(beta1)) * g
@@ -120,6 +126,228 @@ def _written(fn: str, weight: NDArray, out, raw) -> NDArray:
         raise InputError(f"{fn}: out must be an NDArray of the weight's shape")
     out._write()[...] = raw
     return out
+
+
+# -- AdamW on several weights in one call -------------------------------------------------------
+
+def _multi_adamw_step(weight, grad, mean, var, master, scale, lr, wd, eta, beta1, beta2,
+                      epsilon, clip_gradient):
+    """The new weight (raw, in the master copy's dtype: float32 for the mixed-precision
+    form, else the weight's); ``mean``, ``var`` and ``master`` updated in place."""
+    xp = weight.ctx.xp
+    w = (weight if master is None else master)._read()
+    kind = w.dtype.type
+    g = grad._read().astype(w.dtype, copy=False) * kind(_f32(scale))
+    if clip_gradient >= 0:
+        g = xp.clip(g, -kind(_f32(clip_gradient)), kind(_f32(clip_gradient)))
+    m, v = mean._write(), var._write()
+    m[...] = kind(_f32(beta1)) * (m - g) + g
+    square = g * g
+    v[...] = kind(_f32(beta2)) * (v - square) + square
+    step = kind(_f32(lr)) * m / (xp.sqrt(v) + kind(_f32(epsilon))) + kind(_f32(wd)) * w
+    new = (w - kind(_f32(eta)) * step).astype(w.dtype, copy=False)
+    if master is not None:
+        master._write()[...] = new
+    return new
+
+
+def _per_weight(fn: str, arg: str, values, count: int) -> list:
+    values = [values] if isinstance(values, (int, float)) else list(values)
+    if len(values) != count:
+        raise InputError(f"{fn}: {arg} needs one value per weight ({count}), got "
+                         f"{len(values)}")
+    return values
+
+
+def _weight_groups(fn: str, arrays: tuple, per_weight: int, count_arg: str, count,
+                   after: str = "") -> list:
+    """``arrays`` in groups of ``per_weight``: a weight, then its grad, mean, var (and
+    float32 master copy), each of the weight's shape."""
+    count = _int(fn, count_arg, count, minimum=1)
+    if len(arrays) != per_weight * count:
+        raise InputError(f"{fn}: {count} weights need {per_weight * count} arrays "
+                         f"({per_weight} per weight{after}), got {len(arrays)}")
+    groups = []
+    for start in range(0, len(arrays), per_weight):
+        weight = _array(fn, "weight", arrays[start])
+        names = ("grad", "mean", "var", "weight32")[:per_weight - 1]
+        groups.append([weight, *(_state(fn, name, value, weight) for name, value in
+                                 zip(names, arrays[start + 1:start + per_weight]))])
+    return groups
+
+
+def _multi_adamw(fn: str, data: tuple, per_weight: int, lrs, wds, etas, beta1, beta2,
+                 epsilon, clip_gradient, num_weights, out):
+    if not data:
+        raise InputError(f"{fn}: no arrays given (weights, then rescale_grad)")
+    groups = _weight_groups(fn, data[:-1], per_weight, "num_weights", num_weights,
+                            ", then rescale_grad")
+    lrs, wds, etas = (_per_weight(fn, arg, values, len(groups))
+                      for arg, values in (("lrs", lrs), ("wds", wds), ("etas", etas)))
+    outs = [out] if isinstance(out, NDArray) else out
+    if outs is not None and len(outs) != len(groups):
+        raise InputError(f"{fn}: out needs one array per weight ({len(groups)}), got "
+                         f"{len(outs)}")
+    scale = _rescale(fn, data[-1])
+    results = []
+    for index, arrays in enumerate(groups):
+        weight, grad, mean, var = arrays[:4]
+        master = arrays[4] if per_weight == 5 else None
+        target = None if outs is None else outs[index]
+        if not np.isfinite(scale) or scale == 0:  # MXNet skips the whole step
+            results.append(weight.copy() if target is None else target)
+            continue
+        with autograd.pause(), weight.ctx.device.active():
+            new = _multi_adamw_step(weight, grad, mean, var, master, scale, lrs[index],
+                                    wds[index], etas[index], beta1, beta2, epsilon,
+                                    clip_gradient)
+            results.append(_written(fn, weight, target, new.astype(weight.dtype)))
+    if out is not None:
+        return out
+    return results[0] if len(results) == 1 else results
+
+
+def _multi_adamw_update(*data, lrs, wds, etas, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                        clip_gradient=-1.0, num_weights=1, out=None, name=None):
+    """MXNet's ``_multi_adamw_update`` operator: ``data`` is weight, grad, mean, var for
+    each of ``num_weights`` weights, then ``rescale_grad`` (an NDArray of one value)."""
+    return _multi_adamw("_multi_adamw_update", data, 4, lrs, wds, etas, beta1, beta2,
+                        epsilon, clip_gradient, num_weights, out)
+
+
+def _multi_mp_adamw_update(*data, lrs, wds, etas, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                           clip_gradient=-1.0, num_weights=1, out=None, name=None):
+    """MXNet's ``_multi_mp_adamw_update``: as ``_multi_adamw_update`` with each weight's
+    float32 master copy after its var (updated in place; the weights get it cast)."""
+    return _multi_adamw("_multi_mp_adamw_update", data, 5, lrs, wds, etas, beta1, beta2,
+                        epsilon, clip_gradient, num_weights, out)
+
+
+def multi_adamw_update(weights, grads, mean, var, rescale_grad, lrs, wds, etas, out=None,
+                       name=None, size=0, **kwargs):
+    """MXNet's ``contrib.multi_adamw_update``: AdamW on each weight of ``weights`` with its
+    grad, mean and var (lists), ``lrs``, ``wds`` and ``etas`` one per weight; ``kwargs``
+    are ``beta1``, ``beta2``, ``epsilon``, ``clip_gradient``. ``size``: how many weights
+    (default all)."""
+    size = size or len(weights)
+    data = [a for group in zip(weights, grads, mean, var) for a in group]
+    # MXNet's wrapper makes a number an array for its operator; ours takes either
+    return _multi_adamw_update(*data, rescale_grad, lrs=lrs, wds=wds, etas=etas,
+                               num_weights=size, out=out, **kwargs)
+
+
+def multi_mp_adamw_update(weights, grads, mean, var, weights32, rescale_grad, lrs, wds, etas,
+                          out=None, name=None, size=0, **kwargs):
+    """MXNet's ``contrib.multi_mp_adamw_update``: ``multi_adamw_update`` on the float32
+    master copies ``weights32``, the weights getting them cast to their dtype."""
+    size = size or len(weights)
+    data = [a for group in zip(weights, grads, mean, var, weights32) for a in group]
+    return _multi_mp_adamw_update(*data, rescale_grad, lrs=lrs, wds=wds, etas=etas,
+                                  num_weights=size, out=out, **kwargs)
+
+
+# -- LAMB on several weights in one call --------------------------------------------------------
+
+def _lamb_direction(weight, grad, mean, var, master, step, wd, beta1, beta2, epsilon,
+                    rescale_grad, clip_gradient, bias_correction):
+    """LAMB's first phase for one weight: ``mean``/``var`` updated in place, and the float32
+    direction ``m_hat / (sqrt(v_hat) + epsilon) + wd w`` (hats: bias-corrected at
+    ``step``, when ``bias_correction``)."""
+    xp = weight.ctx.xp
+    w = (weight if master is None else master)._read()
+    kind = w.dtype.type
+    g = grad._read().astype(w.dtype, copy=False) * kind(_f32(rescale_grad))
+    if clip_gradient >= 0:
+        g = xp.clip(g, -kind(_f32(clip_gradient)), kind(_f32(clip_gradient)))
+    m, v = mean._write(), var._write()
+    b1, b2 = kind(_f32(beta1)), kind(_f32(beta2))
+    m[...] = b1 * m + (kind(1) - b1) * g
+    v[...] = b2 * v + (kind(1) - b2) * g * g
+    m_hat, v_hat = m, v
+    if bias_correction:
+        m_hat = m / (kind(1) - b1 ** kind(step))
+        v_hat = v / (kind(1) - b2 ** kind(step))
+    direction = m_hat / (xp.sqrt(v_hat) + kind(_f32(epsilon))) + kind(_f32(wd)) * w
+    return direction.astype(np.float32, copy=False)
+
+
+def _trust_ratio(weight, direction, lower_bound, upper_bound) -> float:
+    """LAMB's ``||w|| / ||direction||`` (``||w||`` held to the bounds that are >= 0), 1 where
+    either norm is 0."""
+    xp = weight.ctx.xp
+    r1 = float(xp.sqrt(xp.sum(xp.square(weight._read().astype(np.float32)))))
+    r2 = float(xp.sqrt(xp.sum(xp.square(direction))))
+    if lower_bound >= 0:
+        r1 = max(r1, _f32(lower_bound))
+    if upper_bound >= 0:
+        r1 = min(r1, _f32(upper_bound))
+    return 1.0 if r1 == 0 or r2 == 0 else r1 / r2
+
+
+def _multi_lamb(fn: str, data: tuple, per_weight: int, learning_rates, wds, step_count,
+                num_tensors, out, beta1=0.9, beta2=0.999, epsilon=1e-6, rescale_grad=1.0,
+                lower_bound=-1.0, upper_bound=-1.0, clip_gradient=-1.0, bias_correction=True):
+    groups = _weight_groups(fn, data, per_weight, "num_tensors", num_tensors)
+    rates, decays, steps = (_per_weight(fn, arg, values, len(groups)) for arg, values in (
+        ("learning_rates", learning_rates), ("wds", wds), ("step_count", step_count)))
+    outs = [out] if isinstance(out, NDArray) else out
+    if outs is not None and len(outs) != len(groups):
+        raise InputError(f"{fn}: out needs one array per weight ({len(groups)}), got "
+                         f"{len(outs)}")
+    results = []
+    for index, arrays in enumerate(groups):
+        weight, grad, mean, var = arrays[:4]
+        master = arrays[4] if per_weight == 5 else None
+        with autograd.pause(), weight.ctx.device.active():
+            direction = _lamb_direction(weight, grad, mean, var, master, steps[index],
+                                        decays[index], beta1, beta2, epsilon, rescale_grad,
+                                        clip_gradient, bias_correction)
+            ratio = _trust_ratio(weight, direction, lower_bound, upper_bound)
+            w = (weight if master is None else master)._read()
+            step = w.dtype.type(_f32(rates[index])) * w.dtype.type(ratio)
+            new = (w - step * direction).astype(w.dtype, copy=False)
+            if master is not None:
+                master._write()[...] = new
+            target = None if outs is None else outs[index]
+            results.append(_written(fn, weight, target, new.astype(weight.dtype)))
+    if out is not None:
+        return out
+    return results[0] if len(results) == 1 else results
+
+
+def _multi_lamb_update(*data, learning_rates, wds, step_count, num_tensors=1, out=None,
+                       name=None, **options):
+    """MXNet's ``_multi_lamb_update`` operator: weight, grad, mean, var per tensor; the
+    options are ``beta1``, ``beta2``, ``epsilon``, ``rescale_grad``, ``lower_bound``,
+    ``upper_bound``, ``clip_gradient``, ``bias_correction``."""
+    return _multi_lamb("_multi_lamb_update", data, 4, learning_rates, wds, step_count,
+                       num_tensors, out, **options)
+
+
+def _multi_mp_lamb_update(*data, learning_rates, wds, step_count, num_tensors=1, out=None,
+                          name=None, **options):
+    """MXNet's ``_multi_mp_lamb_update``: ``_multi_lamb_update`` on each weight's float32
+    master copy (after its var; updated in place)."""
+    return _multi_lamb("_multi_mp_lamb_update", data, 5, learning_rates, wds, step_count,
+                       num_tensors, out, **options)
+
+
+def multi_lamb_update(weights, grads, mean, var, step_count, lrs, wds, out=None,
+                      num_tensors=0, **kwargs):
+    """MXNet's ``contrib.multi_lamb_update``: LAMB on each weight of ``weights`` with its
+    grad, mean, var, step count, learning rate and weight decay (lists)."""
+    data = [a for group in zip(weights, grads, mean, var) for a in group]
+    return _multi_lamb_update(*data, learning_rates=lrs, wds=wds, step_count=step_count,
+                              num_tensors=num_tensors or len(weights), out=out, **kwargs)
+
+
+def multi_mp_lamb_update(weights, grads, mean, var, weights32, step_count, lrs, wds,
+                         out=None, num_tensors=0, **kwargs):
+    """MXNet's ``contrib.multi_mp_lamb_update``: ``multi_lamb_update`` on the float32
+    master copies ``weights32``."""
+    data = [a for group in zip(weights, grads, mean, var, weights32) for a in group]
+    return _multi_mp_lamb_update(*data, learning_rates=lrs, wds=wds, step_count=step_count,
+                                 num_tensors=num_tensors or len(weights), out=out, **kwargs)
 
 
 # -- indexing ----------------------------------------------------------------------------------
@@ -245,6 +473,8 @@ def _expected_count(classes: NDArray, log_range: float, num_sampled: int) -> NDA
     return ((classes + 2.0) / (classes + 1.0)).log() / log_range * num_sampled
 
 
-FUNCTIONS = ["isnan", "isinf", "isfinite", "adamw_update", "mp_adamw_update", "boolean_mask",
+FUNCTIONS = ["isnan", "isinf", "isfinite", "adamw_update", "mp_adamw_update",
+             "multi_adamw_update", "multi_mp_adamw_update", "multi_lamb_update",
+             "multi_mp_lamb_update", "boolean_mask",
              "arange_like", "index_copy", "index_array", "allclose", "div_sqrt_dim",
              "quadratic", "gradientmultiplier", "rand_zipfian"]
