@@ -22,6 +22,7 @@ import numpy as np
 from mixrt.autograd.arrays import new_array
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.ops.device import array_module
+from mixrt.runtime import update_rules as rules
 
 
 # -- reading and writing NDArrays ----------------------------------------------------------
@@ -74,16 +75,21 @@ def _rescaled(xp, grad, rescale_grad, clip_gradient, dtype=None):
 
 # -- SGD and its momentum forms ------------------------------------------------------------
 
+def _clipped(clip_gradient) -> bool:
+    return clip_gradient is not None and clip_gradient >= 0
+
+
 def _sgd_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient):
     """The new weight; ``mom`` (when given) updated in place: MXNet keeps ``-lr`` inside
-    the momentum buffer (``mom = momentum * mom - lr * (wd * w + g)``; ``w += mom``)."""
-    g = _rescaled(xp, grad, rescale_grad, clip_gradient, weight.dtype)
-    lr, wd = _f32(lr), _f32(wd)
+    the momentum buffer (``mom = momentum * mom - lr * wd * w - lr * g``; ``w += mom``),
+    by the rules of runtime/update_rules.py, which the engine's ``mxnet_sgd`` (a parameter
+    server's) and the GPU's multi-tensor kernel follow too."""
+    clipped = _clipped(clip_gradient)
+    hyper = dict(lr=lr, wd=wd, rescale_grad=rescale_grad, clip_gradient=clip_gradient)
     if mom is None:
-        return (1 - lr * wd) * weight - lr * g
-    mom *= _f32(momentum)
-    mom -= lr * wd * weight + lr * g
-    return weight + mom
+        return rules.mxnet_step(rules.sgd(clipped), xp, weight, grad, {}, **hyper)
+    return rules.mxnet_step(rules.sgd_mom(clipped), xp, weight, grad, {"mom": mom},
+                            momentum=momentum, **hyper)
 
 
 def sgd_update(weight, grad, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
@@ -128,21 +134,15 @@ def mp_sgd_mom_update(weight, grad, mom, weight32, lr, momentum=0.0, wd=0.0,
 
 def _nag_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient,
               in_place: bool):
-    """Nesterov momentum as MXNet's NAG keeps it (``-lr`` inside the buffer):
-    ``g' = clip(g) + wd * w``, ``w += momentum * (momentum * mom - lr * g') - lr * g'``,
-    ``mom = momentum * mom - lr * (clip(g) + wd * w)``. MXNet's kernel writes the weight
-    before the momentum, so when the weight is updated in place (``out`` is the weight,
-    or the float32 copy of the mixed-precision form) the momentum's decay term reads the
-    new weight; this does the same, as MXNet's NAG optimizer's numbers depend on it."""
-    g = _rescaled(xp, grad, rescale_grad, clip_gradient, weight.dtype)
-    momentum, lr, wd = _f32(momentum), _f32(lr), _f32(wd)
-    step = lr * (g + wd * weight)
-    new_weight = weight + momentum * (momentum * mom - step) - step
-    if in_place:
-        step = lr * (g + wd * new_weight)
-    mom *= momentum
-    mom -= step
-    return new_weight
+    """Nesterov momentum as MXNet's NAG keeps it (``-lr`` inside the buffer; the rule
+    ``update_rules.nag_mom``). MXNet's kernel writes the weight before the momentum, so
+    when the weight is updated in place (``out`` is the weight, or the float32 copy of the
+    mixed-precision form) the momentum's decay term reads the new weight; this does the
+    same, as MXNet's NAG optimizer's numbers depend on it."""
+    rule = rules.nag_mom(_clipped(clip_gradient), in_place)
+    return rules.mxnet_step(rule, xp, weight, grad, {"mom": mom}, lr=lr, wd=wd,
+                            momentum=momentum, rescale_grad=rescale_grad,
+                            clip_gradient=clip_gradient)
 
 
 def nag_mom_update(weight, grad, mom, lr, momentum=0.0, wd=0.0, rescale_grad=1.0,
@@ -204,17 +204,10 @@ def adam_update(weight, grad, mean, var, lr, beta1=0.9, beta2=0.999, epsilon=1e-
     w = _data(weight, "weight", "adam_update")
     m = _state(mean, "mean", "adam_update", weight)
     v = _state(var, "var", "adam_update", weight)
-    xp = array_module(w)
-    g = _data(grad, "grad", "adam_update").astype(w.dtype, copy=False) * _f32(rescale_grad)
-    g = g + _f32(wd) * w
-    if clip_gradient is not None and clip_gradient >= 0:
-        g = xp.clip(g, -_f32(clip_gradient), _f32(clip_gradient))
-    beta1, beta2 = _f32(beta1), _f32(beta2)
-    m *= beta1
-    m += (1 - beta1) * g
-    v *= beta2
-    v += (1 - beta2) * (g * g)
-    value = w - _f32(lr) * m / (xp.sqrt(v) + _f32(epsilon))
+    value = rules.mxnet_step(
+        rules.adam(_clipped(clip_gradient)), array_module(w), w,
+        _data(grad, "grad", "adam_update"), {"mean": m, "var": v}, lr=lr, wd=wd, beta1=beta1,
+        beta2=beta2, epsilon=epsilon, rescale_grad=rescale_grad, clip_gradient=clip_gradient)
     return _result(value, weight, out, "adam_update")
 
 
