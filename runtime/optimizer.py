@@ -31,7 +31,7 @@ import numpy as np
 
 from mixrt.base.errors import DeviceMismatchError, OptimizerError, ShapeError
 from mixrt.runtime import lr_scheduler as schedulers
-from mixrt.runtime import optimizer_kernels
+from mixrt.runtime import optimizer_kernels, update_rules
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.lr_scheduler import LRScheduler, real_param, reject_unknown
 
@@ -553,9 +553,96 @@ class LAMB(_AdamMoments):
         return xp.where(usable, weight_norm / xp.where(usable, direction_norm, one), one)
 
 
+class _MXNetRule(Optimizer):
+    """A kind that runs one of MXNet's update operators (``runtime/update_rules.py``), so a
+    parameter server takes the very steps ``mixrt.optimizer``'s optimizer of that name takes
+    in the worker's process: the gradient's rescale and clip happen inside the rule, in
+    MXNet's order, and every hyper-parameter is rounded to a C float as MXNet's operators
+    take it (a float64 weight computes in double with those values)."""
+
+    def update(self, key, weight, grad, state: dict) -> None:
+        key = _key(key)
+        self._check(key, weight, grad, state)
+        lr, wd, t = self._advance(key)
+        weight[...] = self._mxnet_step(array_module(weight), weight, grad, state, lr, wd, t)
+
+    def _hyper(self, lr, wd) -> dict:
+        return {"lr": lr, "wd": wd, "rescale_grad": self.rescale_grad,
+                "clip_gradient": self.clip_gradient}
+
+    @property
+    def _clipped(self) -> bool:
+        return self.clip_gradient is not None
+
+
+class MXNetSGD(_MXNetRule):
+    """MXNet's SGD (``mixrt.optimizer``'s ``sgd``, or its ``nag`` with ``nesterov``): ``-lr``
+    lives in the momentum buffer (``mom = momentum * mom - lr * wd * w - lr * g``,
+    ``w += mom``), which follows a changing rate differently from ``sgd``'s buffer."""
+
+    name = "mxnet_sgd"
+
+    def __init__(self, *, momentum=0.0, nesterov=False, **common):
+        self.momentum = real_param(self._owner, "momentum", momentum, low=0.0)
+        self.nesterov = _flag(self._owner, "nesterov", nesterov)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"momentum": self.momentum, "nesterov": self.nesterov}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("mom",) if self.momentum else ()
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        hyper = self._hyper(lr, wd)
+        if not self.momentum:
+            return update_rules.mxnet_step(update_rules.sgd(self._clipped), xp, weight, grad,
+                                           {}, **hyper)
+        rule = update_rules.nag_mom(self._clipped, True) if self.nesterov else \
+            update_rules.sgd_mom(self._clipped)
+        return update_rules.mxnet_step(rule, xp, weight, grad, state,
+                                       momentum=self.momentum, **hyper)
+
+    def _apply_many(self, xp, weights, grads, states, lrs, wds, counts) -> bool:
+        if self.nesterov:
+            return False  # MXNet's NAG has no multi-tensor form
+        optimizer_kernels.mxnet_sgd_many(
+            xp, weights, grads, [s["mom"] for s in states] if self.momentum else None, lrs,
+            wds, momentum=self.momentum, rescale=self.rescale_grad, clip=self.clip_gradient)
+        return True
+
+
+class MXNetAdam(_MXNetRule):
+    """MXNet's Adam (``mixrt.optimizer``'s ``adam``): the bias corrections folded into the
+    rate in Python floats, weight decay added to the gradient before clipping, epsilon
+    after the square root of the uncorrected second moment."""
+
+    name = "mxnet_adam"
+    default_learning_rate = 0.001
+
+    def __init__(self, *, beta1=0.9, beta2=0.999, epsilon=1e-8, **common):
+        self.beta1 = real_param(self._owner, "beta1", beta1, low=0.0, high=1.0, high_open=True)
+        self.beta2 = real_param(self._owner, "beta2", beta2, low=0.0, high=1.0, high_open=True)
+        self.epsilon = real_param(self._owner, "epsilon", epsilon, low=0.0)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("mean", "var")
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        rate = update_rules.mxnet_adam_rate(lr, self.beta1, self.beta2, t)
+        return update_rules.mxnet_step(
+            update_rules.adam(self._clipped), xp, weight, grad, state,
+            beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon, **self._hyper(rate, wd))
+
+
 # -- building optimizers --------------------------------------------------------------------
 
-OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB)}
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB, MXNetSGD,
+                                         MXNetAdam)}
 
 
 def create(name: str, **params) -> Optimizer:
@@ -687,5 +774,6 @@ def _state_like(key: str, state: dict, weight) -> dict:
                 for slot, v in state.items()}
 
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "AdaGrad", "LAMB", "OPTIMIZERS",
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "AdaGrad", "LAMB", "MXNetSGD",
+           "MXNetAdam", "OPTIMIZERS",
            "create", "from_spec", "from_state_dict", "read_meta", "clip_global_norm"]

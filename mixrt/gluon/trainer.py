@@ -38,6 +38,7 @@ ValueError, as MXNet's does. With no store named, as with one device and MXNet's
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -122,7 +123,18 @@ class Trainer:
         rebuild the engine's from its spec, without pickle); else the optimizer's own."""
         if isinstance(self.optimizer, MXNetOptimizer) and self._requested is not None:
             name, options = self._requested
-            return optim.create(name, **self._engine_options(options)).spec()
+            engine_options = self._engine_options(options)
+            try:  # MXNet's own rule, where the engine has it: the same steps, bit for bit
+                spec = create_mxnet(name, **options).spec()
+            except OptimizerError:
+                warnings.warn(f"the parameter server runs the engine's {name!r} "
+                              f"(mixrt.runtime.optimizer), whose rule is not MXNet's: its "
+                              f"steps differ from this process's", RuntimeWarning,
+                              stacklevel=3)
+                return optim.create(name, **engine_options).spec()
+            spec["params"].update(lr_mult=engine_options["lr_mult"],
+                                  wd_mult=engine_options["wd_mult"])
+            return spec
         return self.optimizer.spec()
 
     def _choose_update_on_kvstore(self, asked: bool | None):

@@ -14,6 +14,7 @@ from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import Optimizer, register
 from mixrt.optimizers.sgd import clipping, zeros_like
+from mixrt.runtime import update_rules
 
 
 def _rescaled_raw(optimizer, grad, xp, dtype):
@@ -43,12 +44,17 @@ class Adam(Optimizer):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
         t = self._index_update_count[index]
-        lr *= (1.0 - self.beta2 ** t) ** 0.5 / (1.0 - self.beta1 ** t)
+        lr = update_rules.mxnet_adam_rate(lr, self.beta1, self.beta2, t)
         mean, var = state
         ops.adam_update(weight, grad, mean, var, out=weight, lr=lr, wd=wd, beta1=self.beta1,
                         beta2=self.beta2, epsilon=self.epsilon,
                         rescale_grad=self.rescale_grad, clip_gradient=clipping(self),
                         lazy_update=self.lazy_update)
+
+    def spec(self) -> dict:
+        """The engine's ``mxnet_adam``: the same rule and rate (runtime/update_rules.py)."""
+        return self._twin_spec("mxnet_adam", beta1=self.beta1, beta2=self.beta2,
+                               epsilon=self.epsilon)
 
 
 @register

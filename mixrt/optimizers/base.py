@@ -239,12 +239,30 @@ class Optimizer(engine.Optimizer):
         return self._updater().states
 
     def spec(self) -> dict:
-        """The engine optimizer that runs these same steps, as a spec a parameter server
-        rebuilds (``sgd`` and ``nag``: MXNet's momentum buffer holds ``-lr`` times the
-        engine's, so the two agree while the rate is constant)."""
+        """The engine optimizer that runs these same steps bit for bit, as a spec a
+        parameter server rebuilds (``sgd``, ``nag`` and ``adam`` have such twins there:
+        the engine's ``mxnet_sgd`` and ``mxnet_adam``, which run runtime/update_rules.py's
+        MXNet rules, as this process's operators do)."""
         raise OptimizerError(f"MXNet's {type(self).__name__} runs in this process only; a "
                              f"parameter server runs mixrt.runtime.optimizer's kinds (the "
-                             f"'sgd' and 'nag' optimizers have twins there)")
+                             f"'sgd', 'nag' and 'adam' optimizers have twins there)")
+
+    def _twin_spec(self, name: str, **hyper) -> dict:
+        """The spec of the engine's kind ``name`` with this optimizer's common settings and
+        ``hyper``; refused where the twin could not take the same steps."""
+        if self.multi_precision or self.param_dict or self.idx2name or \
+                (self.clip_gradient is not None and self.clip_gradient <= 0):
+            raise OptimizerError(f"{type(self).__name__} with multi_precision, param_dict, "
+                                 f"param_idx2name or clip_gradient <= 0 has no engine twin "
+                                 f"for a parameter server")
+        scheduler = self.lr_scheduler
+        params = {"learning_rate": self.lr if scheduler is None else None,
+                  "wd": self.wd, "rescale_grad": self.rescale_grad,
+                  "clip_gradient": self.clip_gradient,
+                  "lr_scheduler": None if scheduler is None else scheduler.spec(),
+                  "lr_mult": {str(k): v for k, v in self.lr_mult.items()},
+                  "wd_mult": {str(k): v for k, v in self.wd_mult.items()}, **hyper}
+        return {"name": name, "params": params}
 
     def state_dict(self) -> dict:
         """The kept states and update counts as host arrays plus a JSON ``meta`` entry

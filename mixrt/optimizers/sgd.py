@@ -262,21 +262,10 @@ class Test(Optimizer):
 
 
 def _engine_sgd_spec(optimizer, nesterov: bool) -> dict:
-    """The engine's ``sgd`` that takes these steps while the rate is constant."""
-    if optimizer.multi_precision or optimizer.param_dict or optimizer.idx2name or \
-            (optimizer.clip_gradient is not None and optimizer.clip_gradient <= 0):
-        raise OptimizerError(f"{type(optimizer).__name__} with multi_precision, param_dict, "
-                             f"param_idx2name or clip_gradient <= 0 has no engine twin for a "
-                             f"parameter server")
-    scheduler = optimizer.lr_scheduler
-    params = {"learning_rate": optimizer.lr if scheduler is None else None,
-              "wd": optimizer.wd, "rescale_grad": optimizer.rescale_grad,
-              "clip_gradient": optimizer.clip_gradient,
-              "lr_scheduler": None if scheduler is None else scheduler.spec(),
-              "lr_mult": {str(k): v for k, v in optimizer.lr_mult.items()},
-              "wd_mult": {str(k): v for k, v in optimizer.wd_mult.items()},
-              "momentum": max(optimizer.momentum, 0.0), "nesterov": nesterov}
-    return {"name": "sgd", "params": params}
+    """The engine's ``mxnet_sgd``: the same update rule (runtime/update_rules.py), so a
+    parameter server takes the steps this process would, bit for bit."""
+    return optimizer._twin_spec("mxnet_sgd", momentum=max(optimizer.momentum, 0.0),
+                                nesterov=nesterov)
 
 
 __all__ = ["SGD", "ccSGD", "NAG", "Signum", "SGLD", "DCASGD", "Test"]

@@ -121,24 +121,71 @@ def test_optimizer_runs_on_the_servers_and_its_state_saves(cluster_factory, tmp_
     states = tmp_path / "states.npz"
     cluster = cluster_factory(workers=2, servers=2).start(SGD_SCRIPT, "dist_sync", states)
     assert set(_finished(cluster).values()) == {0}, cluster.all_output()
-    weight, momentum = np.ones(1, np.float32), np.zeros(1, np.float32)
-    for _ in range(4):  # SGD with momentum (PyTorch's form) on the summed gradient 1 + 2
-        momentum = 0.9 * momentum + np.float32(3.0)
-        weight = weight - 0.1 * momentum
+    weight, mom = np.ones(1, np.float32), np.zeros(1, np.float32)
+    for _ in range(4):  # MXNet's SGD with momentum on the summed gradient 1 + 2
+        mom = np.float32(0.9) * mom - np.float32(0.1) * np.float32(0) * weight \
+            - np.float32(0.1) * np.float32(1) * np.float32(3.0)
+        weight = weight + mom
     for worker in range(2):
-        np.testing.assert_allclose(_result(cluster, worker)["w"], [weight[0]] * 2, rtol=1e-6)
+        np.testing.assert_array_equal(_result(cluster, worker)["w"], [weight[0]] * 2)
     from mixrt.runtime.optimizer import from_state_dict
     with np.load(states, allow_pickle=False) as arrays:
         restored = from_state_dict({k: arrays[k] for k in arrays.files})
-    assert restored.name == "sgd" and restored.counts == {"w": 4}
+    assert restored.name == "mxnet_sgd" and restored.counts == {"w": 4}
     slots = restored.states["w"]
-    assert list(slots) == ["momentum"] and slots["momentum"].shape == (2_000_000,)
-    np.testing.assert_allclose(slots["momentum"][[0, -1]], [momentum[0]] * 2, rtol=1e-6)
+    assert list(slots) == ["mom"] and slots["mom"].shape == (2_000_000,)
+    np.testing.assert_array_equal(slots["mom"][[0, -1]], [mom[0]] * 2)
     with np.load(str(states) + ".again.npz", allow_pickle=False) as again, \
             np.load(states, allow_pickle=False) as first:
         assert sorted(again.files) == sorted(first.files)
         for name in first.files:
             np.testing.assert_array_equal(again[name], first[name])
+
+
+PARITY_SCRIPT = """
+import json, sys
+import mixrt
+import numpy as np
+kv = mixrt.kv.create("dist_sync")
+for dtype in ("float32", "float64"):
+    kv.init(dtype, np.zeros(3, dtype))
+kv.set_optimizer(mixrt.optimizer.create("sgd", **json.loads(sys.argv[1])))
+result = {}
+for dtype in ("float32", "float64"):
+    w = np.empty(3, dtype)
+    for gradient in json.loads(sys.argv[2]):
+        kv.push(dtype, np.full(3, gradient, dtype))
+        kv.pull(dtype, out=w)
+    result[dtype] = w.tolist()
+print("RESULT " + json.dumps(result), flush=True)
+kv.close()
+"""
+
+
+@pytest.mark.parametrize("options, gradients", [
+    (dict(learning_rate=0.5, momentum=0.9), [3, 7]),  # the issue's case
+    (dict(learning_rate=0.5, momentum=0.9, wd=0.01, clip_gradient=1.5, rescale_grad=0.25),
+     [3, 7, -11, 0.5])])
+def test_the_servers_take_mxnets_steps_bit_for_bit(cluster_factory, options, gradients):
+    """float32 and float64 weights on a server end where mixrt.optimizer's Updater ends in
+    this process (MXNet 1.9.1's arithmetic: tests/test_optimizer_parity.py)."""
+    import mixrt
+    from mixrt import nd
+    cluster = cluster_factory(workers=1, servers=1).start(
+        PARITY_SCRIPT, json.dumps(options), json.dumps(gradients))
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    result = _result(cluster, 0)
+    for dtype in (np.float32, np.float64):
+        updater = mixrt.optimizer.get_updater(mixrt.optimizer.create("sgd", **options))
+        local = nd.zeros((3,), dtype=dtype)
+        for gradient in gradients:
+            updater(0, nd.full((3,), gradient, dtype=dtype), local)
+        served = np.array(result[np.dtype(dtype).name], dtype)
+        assert np.array_equal(served.view(f"i{served.itemsize}"),
+                              local.asnumpy().view(f"i{served.itemsize}")), (served, local)
+    if gradients == [3, 7]:  # MXNet's float64 result: momentum is the C float 0.9
+        assert result["float64"] == [-6.349999964237213] * 3
+        assert result["float32"] == [float(np.float32(-6.35))] * 3
 
 
 ASYNC_SCRIPT = """
