@@ -5,8 +5,9 @@ NumPy passes over memory the cache holds, and on a GPU a launch each: SGD with m
 weight decay six per parameter, Adam about a dozen, most of a ResNet-18 step's 11.7 ms outside
 its nodes on an H200. Here the same arithmetic, in the same order with the same float32
 scalars, is one ``ElementwiseKernel`` per parameter that reads and writes the weight and its
-state in place. (The GPU's compiler may contract a product and a sum into one fused
-multiply-add, so the GPU's bits may differ from the CPU's in the last place.) LAMB, RMSProp
+state in place. Every kernel is compiled with ``--fmad=false``: the GPU's compiler would
+otherwise contract a product and a sum into one fused multiply-add, which rounds once, and
+the GPU's bits would differ from the CPU's in the last place. LAMB, RMSProp
 and AdaGrad keep their array expressions. Below them, the multi-tensor kernels that update
 every weight of a step in one launch (``Optimizer.step_many``).
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from mixrt.runtime import update_rules
 
 
 def sgd(xp, weight, grad, momentum_buffer, lr: float, wd: float, momentum: float,
@@ -76,8 +79,9 @@ def _kernel(xp, inputs: str, outputs: str, lines: list[str], name: str):
 @functools.lru_cache(maxsize=64)
 def _compiled(xp, inputs: str, outputs: str, body: str, name: str):
     """One kernel per body (a handful: each optimizer's flags pick one), compiled by CuPy
-    on its first launch and kept."""
-    return xp.ElementwiseKernel(inputs, outputs, body, name)
+    on its first launch and kept, without fused multiply-adds (``update_rules.FMAD``): each
+    product and sum rounds as NumPy's do, so the GPU's bits are the CPU's."""
+    return xp.ElementwiseKernel(inputs, outputs, body, name, options=(update_rules.FMAD,))
 
 
 # -- every weight in one launch ------------------------------------------------------------
@@ -95,13 +99,16 @@ MANY_DTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 THREADS = 256
 MAX_BLOCKS = 4096  # a grid-stride loop past that
 
-_LOCATE = """
+_FIND_TENSOR = """
     int lo = 0, hi = tensors - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
         if (starts[mid] <= i) lo = mid; else hi = mid - 1;
     }
     const long long j = i - starts[lo];
+"""
+
+_LOCATE = _FIND_TENSOR + """\
     T* w = (T*)weights[lo];
     T g = ((const T*)grads[lo])[j] * rescale;
 #if CLIP
@@ -142,21 +149,20 @@ SGD_SOURCE = _sgd_source("mixrt_sgd_many", """\
 #endif
 """)
 
-# MXNet's SGD (mixrt.optimizers.SGD, what ``Trainer(params, "sgd", ...)`` makes) keeps -lr
-# inside its momentum buffer, so its state cannot go through the kernel above: the same
-# arithmetic as optimizer_ops._sgd_step, in the same order.
-MXNET_SGD_SOURCE = _sgd_source("mixrt_mxnet_sgd_many", """\
-        const T lr = lrs[lo];
-        const T wd = wds[lo];
-#if MOMENTUM
-        T* mom = (T*)buffers[lo];
-        const T m = momentum * mom[j] - (lr * wd * w[j] + lr * g);
-        mom[j] = m;
-        w[j] = w[j] + m;
-#else
-        w[j] = (1 - lr * wd) * w[j] - lr * g;
-#endif
-""")
+# MXNet's SGD (mixrt.optimizers.SGD, what ``Trainer(params, "sgd", ...)`` makes, and the
+# engine's mxnet_sgd) keeps -lr inside its momentum buffer, so its state cannot go through
+# the kernel above. Its step is update_rules' sgd / sgd_mom written as C, which rescales and
+# clips the gradient itself, in MXNet's order: the same text NumPy runs.
+def _mxnet_sgd_source(momentum: bool, clipped: bool) -> str:
+    rule = update_rules.sgd_mom(clipped) if momentum else update_rules.sgd(clipped)
+    pointers = {"weight": "((T*)weights[lo])[j]", "mom": "((T*)buffers[lo])[j]",
+                "grad": "((const T*)grads[lo])[j]"}
+    step = "        const T lr = lrs[lo];\n        const T wd = wds[lo];\n" + \
+        update_rules.cuda_statements(rule, pointers.get, pointers.get)
+    head = _SGD_HEAD.replace("NAME", "mixrt_mxnet_sgd_many").replace(
+        "const T rescale, const T clip", "const T rescale_grad, const T clip_gradient")
+    return update_rules.CUDA_HELPERS + head % {"locate": _FIND_TENSOR} + step + "    }\n}\n"
+
 
 ADAM_SOURCE = """
 extern "C" __global__ void mixrt_adam_many(
@@ -192,8 +198,10 @@ extern "C" __global__ void mixrt_adam_many(
 def source(kernel: str, dtype, **flags) -> str:
     """The CUDA source of ``kernel`` ("sgd", "mxnet_sgd" or "adam") for ``dtype``, ``flags``
     compiled in (MOMENTUM, NESTEROV, CLIP; MOMENTUM, CLIP; DECOUPLED for AdamW, CLIP)."""
-    body = {"sgd": SGD_SOURCE, "mxnet_sgd": MXNET_SGD_SOURCE,
-            "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
+    if kernel == "mxnet_sgd":
+        body = _mxnet_sgd_source(bool(flags.get("MOMENTUM")), bool(flags.get("CLIP")))
+    else:
+        body = {"sgd": SGD_SOURCE, "adam": ADAM_SOURCE}[kernel] % {"locate": _LOCATE}
     defines = [f"#define T {MANY_DTYPES[np.dtype(dtype)]}"]
     defines += [f"#define {name} {int(bool(value))}" for name, value in sorted(flags.items())]
     return "\n".join(defines) + "\n" + body
@@ -233,7 +241,7 @@ def mxnet_sgd_many(xp, weights, grads, moms, lrs, wds, *, momentum: float, resca
     kernel = _raw(xp, source("mxnet_sgd", dtype, MOMENTUM=moms is not None,
                              CLIP=clip is not None), "mixrt_mxnet_sgd_many")
     starts, total = _starts(xp, weights)
-    scalar, f32 = dtype.type, (lambda v: float(np.float32(v)))
+    scalar, f32 = dtype.type, update_rules.as_mxnet_scalar
     kernel(_grid(total), (THREADS,), (
         _addresses(xp, weights), _addresses(xp, grads),
         _addresses(xp, moms if moms is not None else weights), starts,
@@ -267,7 +275,7 @@ def _grid(total: int) -> tuple:
 
 @functools.lru_cache(maxsize=16)
 def _raw(xp, code: str, name: str):
-    return xp.RawKernel(code, name)
+    return xp.RawKernel(code, name, options=(update_rules.FMAD,))
 
 
 def _addresses(xp, arrays):

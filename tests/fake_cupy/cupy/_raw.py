@@ -1,6 +1,7 @@
 """RawKernel on the fake: CUDA C it cannot compile is refused, except mixrt's multi-tensor
 optimizer kernels (runtime/optimizer_kernels.py), which the fake runs as NumPy written here
-from the update rules (torch.optim's SGD and Adam/AdamW, MXNet's SGD), reading the weights, gradients and
+from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
+runtime/update_rules.py itself), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
 the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled only by
 NVRTC in tests/test_optimizer.py, and run only on a GPU."""
@@ -13,6 +14,7 @@ import re
 import numpy as _np
 
 from cupy._core import ndarray, unwrap
+from mixrt.runtime import update_rules
 
 launches: dict = {}  # kernel name -> launches so far (tests count them)
 
@@ -72,19 +74,18 @@ def _sgd(flags, weights, grads, buffers, starts, lrs, wds, tensors, total, momen
 
 def _mxnet_sgd(flags, weights, grads, moms, starts, lrs, wds, tensors, total, momentum,
                rescale, clip):
-    """MXNet's rule (mixrt.optimizer_ops._sgd_step): ``mom = momentum * mom - (lr * wd * w
-    + lr * g)``, ``w += mom``; without momentum ``w = (1 - lr * wd) * w - lr * g``."""
+    """MXNet's rule, as the kernel's source is written from it: runtime/update_rules.py's
+    ``sgd_mom`` (``sgd`` without momentum), which rescales and clips the gradient itself."""
     dtype = lrs.dtype
+    clipped = bool(flags["CLIP"])
+    rule = update_rules.sgd_mom(clipped) if flags["MOMENTUM"] else update_rules.sgd(clipped)
     for k, count in enumerate(_tensors(starts[:tensors], total)):
-        w = _at(weights[k], count, dtype)
-        g = _gradient(flags, grads[k], count, dtype, rescale, clip)
-        lr, wd = lrs[k], wds[k]
-        if not flags["MOMENTUM"]:
-            w[...] = (1 - lr * wd) * w - lr * g
-            continue
-        mom = _at(moms[k], count, dtype)
-        mom[...] = momentum * mom - (lr * wd * w + lr * g)
-        w[...] = w + mom
+        arrays = {"weight": _at(weights[k], count, dtype)}
+        if flags["MOMENTUM"]:
+            arrays["mom"] = _at(moms[k], count, dtype)
+        update_rules.run(rule, _np, dtype, arrays, {"grad": _at(grads[k], count, dtype)},
+                         dict(lr=lrs[k], wd=wds[k], momentum=momentum, rescale_grad=rescale,
+                              clip_gradient=clip))
 
 
 def _adam(flags, weights, grads, means, variances, starts, step_sizes, corrections, wds,
