@@ -25,22 +25,23 @@ What onnxruntime's CPU kernel computes, and so what this one does:
   to the product first, then the bias (Wb + Rb summed once in float32), then the clip
   (``clip`` or the largest float32), then the activation; the cell is ``c * f + i * g`` and
   the output gate's peephole reads the new cell.
+* Sigmoid and tanh are MLAS's float32 rational approximations as its x86-64 AVX2 kernels
+  compute them (fused multiply-adds, emulated exactly in float64); an activation's missing
+  alpha and beta take onnxruntime's defaults (Affine's are 0 and 0, not the LSTM's 1 and 0).
 * A sequence that has ended contributes zeros to the next step's hidden state, so it does
   not widen the range the batch's hidden state is quantized over.
 
-Where the bits can differ from onnxruntime's:
+So the outputs are onnxruntime's bits (``tests/ops/test_dynamic_quantize_lstm.py``), except:
 
-* onnxruntime's sigmoid and tanh are MLAS's float32 rational approximations; these are
-  NumPy's (``ops/rnn/recurrence.py``), a few units in the last place apart. A hidden state
-  within such a distance of a rounding boundary can land on the neighbouring code, which
-  moves the next step's gates by one code's product: ``tests/ops/test_dynamic_quantize_lstm.py``
-  measures that bound.
+* Elu and Softplus use NumPy's exp and log, a unit in the last place from the C library's,
+  and a hidden state that close to a rounding boundary can land on the neighbouring code.
 * onnxruntime with several intra-op threads and a batch of more than 4 (or 2 or more with
   hidden_size up to 256) splits the batch between its threads, and each part quantizes its
-  own hidden state: the codes then depend on the thread count. This kernel quantizes the
-  whole batch, as onnxruntime does on one thread.
+  own hidden state: its codes then depend on its thread count (a few 1e-3 apart at batch 3,
+  2 threads). This kernel quantizes the whole batch, as onnxruntime does on one thread.
 * A node whose Y output is absent lets onnxruntime keep an ended sequence's last hidden
   state in the range; this kernel always uses zeros there.
+* On a CPU without AVX2, onnxruntime's sigmoid and tanh round without fused multiply-adds.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ import numpy as np
 
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, fits, shape_text
-from mixrt.ops.quant.contrib_quant import COM_MICROSOFT
-from mixrt.ops.rnn.recurrence import (_shape, activation_functions, check_operands,
+from mixrt.ops.quant.contrib_quant import COM_MICROSOFT, fma_f32
+from mixrt.ops.rnn.recurrence import (ACTIVATIONS, _shape, activation_specs, check_operands,
                                       reversal_index, step_counts)
 
 NAME = "DynamicQuantizeLSTM"
@@ -115,9 +116,9 @@ def direction_zero_point(zero_point, weight_dtype, d: int) -> int:
 # -- dynamic quantization and the integer products ------------------------------------------
 
 def dynamic_codes(xp, values):
-    """(uint8 codes, float32 scale) of ``values`` over their whole range, as onnxruntime's
-    GetQuantizationParameter and MlasQuantizeLinear compute them, and the zero point as a
-    float. An empty range gets scale 1 (all codes then equal the zero point, 0)."""
+    """(uint8 codes less their zero point, as float32; the float32 scale) of ``values``
+    over their whole range, as onnxruntime's GetQuantizationParameter and
+    MlasQuantizeLinear compute them. An empty range gets scale 1 (every code is then 0)."""
     low = np.float32(min(float(values.min()), 0.0)) if values.size else np.float32(0)
     high = np.float32(max(float(values.max()), 0.0)) if values.size else np.float32(0)
     scale = np.float32(1) if high == low else np.float32(high - low) / np.float32(255)
@@ -146,6 +147,81 @@ class DirectionWeights:
         """values @ weight through dynamic uint8 codes, as onnxruntime's quantized GEMM."""
         centered, value_scale = dynamic_codes(xp, values)
         return scaled_product(xp, centered, self.codes, value_scale * self.scale)
+
+
+# -- onnxruntime's sigmoid and tanh ---------------------------------------------------------
+# MLAS's rational approximations (Eigen's coefficients) as its x86-64 AVX2 kernels compute
+# them: the input clamped, numerator and denominator in x^2 by fused multiply-adds, one
+# division. They match onnxruntime 1.31's Sigmoid and Tanh bit for bit (800,000 inputs).
+
+LOGISTIC_RANGE = np.float32(18)
+LOGISTIC_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+              8.51377133304701e-03, 2.48287947061529e-01)
+LOGISTIC_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+              1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)
+TANH_RANGE = np.float32(9)
+TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+          5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+          4.89352455891786e-03)
+TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+          4.89352518554385e-03)
+
+
+def _polynomial(x2, coefficients):
+    """Horner's rule in x2 from the highest coefficient, one rounding per step (FMA)."""
+    value = fma_f32(x2, np.float32(coefficients[0]), np.float32(coefficients[1]))
+    for coefficient in coefficients[2:]:
+        value = fma_f32(value, x2, np.float32(coefficient))
+    return value
+
+
+def _rational(xp, x, bound, numerator, denominator):
+    x = xp.minimum(xp.maximum(x, -bound), bound)
+    x2 = x * x
+    return (x * _polynomial(x2, numerator)) / _polynomial(x2, denominator)
+
+
+def mlas_logistic(xp, x, alpha=None, beta=None):
+    return xp.maximum(_rational(xp, x, LOGISTIC_RANGE, LOGISTIC_P, LOGISTIC_Q)
+                      + np.float32(0.5), np.float32(0))
+
+
+def mlas_tanh(xp, x, alpha=None, beta=None):
+    return _rational(xp, x, TANH_RANGE, TANH_P, TANH_Q)
+
+
+MLAS_ACTIVATIONS = {"sigmoid": mlas_logistic, "tanh": mlas_tanh}
+# onnxruntime's defaults for an activation's missing alpha and beta; the others' are 0 (the
+# LSTM's own defaults, from the ONNX ops of the same names, give Affine 1 and 0)
+ONNXRUNTIME_DEFAULTS = {"leakyrelu": (0.01, 0.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
+
+
+def onnxruntime_specs(names, alphas, betas, directions):
+    """Per direction, (key, alpha, beta) of the f, g and h activations: alphas and betas
+    taken in order by the activations that use them, the rest onnxruntime's defaults."""
+    keys = [[key for key, _, _ in direction] for direction in activation_specs(
+        names, None, None, ["Sigmoid", "Tanh", "Tanh"], directions)]
+    alphas, betas = list(alphas or ()), list(betas or ())
+    specs = []
+    for direction in keys:
+        specs.append([])
+        for key in direction:
+            _, uses_alpha, uses_beta = ACTIVATIONS[key]
+            alpha, beta = ONNXRUNTIME_DEFAULTS.get(key, (0.0, 0.0))
+            if uses_alpha is not None and alphas:
+                alpha = alphas.pop(0)
+            if uses_beta is not None and betas:
+                beta = betas.pop(0)
+            specs[-1].append((key, alpha, beta))
+    return specs
+
+
+def gate_activations(xp, names, alphas, betas, directions):
+    """Per direction, the f, g and h activations as onnxruntime computes them: MLAS's
+    sigmoid and tanh, the others by their formulas in float32."""
+    return [[lambda x, fn=MLAS_ACTIVATIONS.get(key, ACTIVATIONS[key][0]), a=alpha, b=beta:
+             fn(xp, x, np.float32(a), np.float32(b)) for key, alpha, beta in direction]
+            for direction in onnxruntime_specs(names, alphas, betas, directions)]
 
 
 # -- the cell ----------------------------------------------------------------------------------
@@ -223,8 +299,7 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
     hidden, directions = R.shape[1], W.shape[0]
     lengths = step_counts(xp, sequence_lens, batch, seq_len)
     evaluated = int(lengths.max()) if batch else 0
-    acts = activation_functions(xp, activations, activation_alpha, activation_beta,
-                                ["Sigmoid", "Tanh", "Tanh"], directions)
+    acts = gate_activations(xp, activations, activation_alpha, activation_beta, directions)
     Y = xp.zeros((seq_len, directions, batch, hidden), dtype=F32)
     finals = []
     for d in range(directions):
