@@ -3,8 +3,9 @@ optimizer kernels (runtime/optimizer_kernels.py), which the fake runs as NumPy w
 from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
 runtime/update_rules.py itself), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
-the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled only by
-NVRTC in tests/test_optimizer.py, and run only on a GPU."""
+the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled by
+NVRTC in tests/test_optimizer.py, run for the host by tests/test_optimizer_parity.py
+(built as C++), and run as CUDA only on a GPU."""
 
 from __future__ import annotations
 
