@@ -362,3 +362,54 @@ def test_multi_lamb_update_matches_lamb_per_weight():
         np.testing.assert_allclose(v_nd[i].asnumpy(), want_v, rtol=1e-5, atol=1e-6)
     assert nd.contrib.multi_mp_lamb_update is not None
     assert nd._internal._multi_lamb_update is not None
+
+
+# -- HybridBlock.register_op_hook ---------------------------------------------------------------
+
+def _hooked(block, x, monitor_all=False):
+    seen = []
+
+    def callback(node_name, op_name, array):
+        seen.append((mx.base.py_str(node_name), mx.base.py_str(op_name), array))
+    block.register_op_hook(callback, monitor_all)
+    block(x)
+    return seen
+
+
+def test_op_hook_reports_each_operator_output_of_a_hybridized_block():
+    model = mx.gluon.nn.HybridSequential(prefix="dense_")
+    with model.name_scope():
+        model.add(mx.gluon.nn.Dense(2))
+        model.add(mx.gluon.nn.Activation("relu"))
+    model.initialize()
+    model.hybridize()
+    x = nd.ones((2, 3, 4))
+    seen = _hooked(model, x)
+    assert [(name, op) for name, op, _ in seen] == [
+        ("dense_dense0_fwd_output", "FullyConnected"), ("dense_relu0_fwd_output", "Relu")]
+    np.testing.assert_allclose(seen[-1][2].asnumpy(), model(x).asnumpy(), rtol=1e-6)
+    assert isinstance(seen[0][2], nd.NDArray)
+
+
+def test_op_hook_with_monitor_all_reports_inputs_first():
+    model = mx.gluon.nn.HybridSequential("pool_")
+    with model.name_scope():
+        model.add(mx.gluon.nn.AvgPool1D())
+    model.initialize()
+    model.hybridize()
+    seen = _hooked(model, nd.ones((2, 3, 4)), monitor_all=True)
+    assert [(name, op) for name, op, _ in seen] == [("pool_pool0_fwd_data", "Pooling"),
+                                                    ("pool_pool0_fwd_output", "Pooling")]
+    assert seen[1][2].shape == (2, 3, 2)
+
+
+def test_op_hook_names_a_layers_parameters_and_is_silent_imperatively():
+    model = mx.gluon.nn.HybridSequential(prefix="net_")
+    with model.name_scope():
+        model.add(mx.gluon.nn.Dense(3, in_units=4))
+    model.initialize()
+    assert _hooked(model, nd.ones((2, 4)), monitor_all=True) == []  # not hybridized
+    model.hybridize()
+    names = [name for name, _, _ in _hooked(model, nd.ones((2, 4)), monitor_all=True)]
+    assert names == ["net_dense0_fwd_data", "net_dense0_fwd_weight", "net_dense0_fwd_bias",
+                     "net_dense0_fwd_output"]

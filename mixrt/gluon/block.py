@@ -280,6 +280,12 @@ class Block:
         """``hook(block, inputs)`` before every call."""
         return HookHandle(self._forward_pre_hooks, hook)
 
+    def register_op_hook(self, callback, monitor_all: bool = False) -> None:
+        """MXNet's op hook, installed on every child (a plain Block runs no graph of its
+        own; see ``HybridBlock.register_op_hook``)."""
+        for child in self._children.values():
+            child.register_op_hook(callback, monitor_all)
+
     def __call__(self, *args):
         for hook in list(self._forward_pre_hooks.values()):
             hook(self, args)

@@ -27,20 +27,41 @@ from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph
 from mixrt.runtime.training import LOSS_OPSET
-from mixrt.sym.symbol import Symbol, _layer_inputs
+from mixrt.sym.symbol import MXNET_OP, Symbol, _layer_inputs
 
 ZEROS = "{}_monitor_zeros"
 PERTURBED = "{}_monitor_read"
+# MXNet's names of its layers' inputs (their FListInputNames), which an op hook watching
+# inputs reports them by (``<node>_weight``); other operators' inputs are ``input<i>``
+INPUT_NAMES = {
+    "FullyConnected": ("data", "weight", "bias"), "Convolution": ("data", "weight", "bias"),
+    "Deconvolution": ("data", "weight", "bias"), "Pooling": ("data",),
+    "BatchNorm": ("data", "gamma", "beta", "moving_mean", "moving_var"),
+    "LayerNorm": ("data", "gamma", "beta"), "InstanceNorm": ("data", "gamma", "beta"),
+    "GroupNorm": ("data", "gamma", "beta"), "Embedding": ("data", "weight"),
+    "Dropout": ("data",), "Flatten": ("data",), "SoftmaxOutput": ("data", "label"),
+    "LinearRegressionOutput": ("data", "label"), "LogisticRegressionOutput": ("data", "label"),
+    "MAERegressionOutput": ("data", "label"), "RNN": ("data", "parameters", "state",
+                                                      "state_cell", "sequence_length"),
+}
 
 
 class Layer:
-    """One node of ``get_internals()`` that is an operator: its name, its output values
-    and the values of its inputs, in MXNet's order."""
+    """One node of ``get_internals()`` that is an operator: its name, MXNet's operator (or
+    its own op where it was made for none), its output values and the values of its inputs,
+    in MXNet's order."""
 
     def __init__(self, node):
         self.name = node.name
+        self.op = node.info.get(MXNET_OP) or node.op
         self.outputs = [node.output_name(i) for i in range(node.num_outputs)]
         self.inputs = [entry[0].output_name(entry[1]) for entry in _layer_inputs(node)]
+
+    def input_labels(self) -> list[str]:
+        """The inputs as MXNet's op hook names them: ``<layer>_<input name>``."""
+        names = INPUT_NAMES.get(self.op, ())
+        return [f"{self.name}_{names[i] if i < len(names) else f'input{i}'}"
+                for i in range(len(self.inputs))]
 
     def gradient_names(self) -> list[str]:
         """MXNet's names of the gradients this layer passes back, one per input."""

@@ -20,7 +20,7 @@ from mixrt.array_methods import ArrayMethods
 from mixrt.base.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
 from mixrt.sym.ops import call_op, layer_name
-from mixrt.sym.symbol import constant, LAYER, prefixed, Symbol
+from mixrt.sym.symbol import constant, LAYER, MXNET_OP, prefixed, Symbol
 from mixrt.sym.tracing import static_shape
 
 
@@ -112,6 +112,7 @@ class Traced(ArrayMethods):
                       num_outputs=num_outputs, exact_name=scope is not None)
         if scope is not None:
             out._outputs[0][0].info[LAYER] = scope.head
+            out._outputs[0][0].info[MXNET_OP] = scope.function
         if num_outputs is not None and num_outputs > 1 or len(out) > 1:
             return [Traced(out[i]) for i in range(len(out))]
         return Traced(out)
@@ -169,6 +170,7 @@ class _Call:
     so names and counters are MXNet's whatever the body builds it from."""
 
     def __init__(self, function: str, name: str | None):
+        self.function = function
         self.name = layer_name(function, name)
         self.head = prefixed(self.name)
         self._counts: dict[str, int] = {}

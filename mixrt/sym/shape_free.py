@@ -20,7 +20,8 @@ from mixrt.base.errors import GraphError, HybridizeError
 from mixrt.sym import mxnet_ops as traced_ops
 from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
 from mixrt.sym.partial_shapes import SAME_SHAPE
-from mixrt.sym.symbol import constant, LAYER, LOSS_HEAD, OUTPUT_SUFFIX, prefixed, Symbol
+from mixrt.sym.symbol import (constant, LAYER, LOSS_HEAD, MXNET_OP, OUTPUT_SUFFIX, prefixed,
+                               Symbol)
 from mixrt.sym.tracing import static_shape
 
 
@@ -44,6 +45,7 @@ class _Function:
         name = self.name if role is None else f"{self.name}_{role}"
         made = call_op(domain, op_type, inputs, attributes, name=name, exact_name=True)
         made._outputs[0][0].info[LAYER] = self.head
+        made._outputs[0][0].info[MXNET_OP] = self.function
         return made
 
 

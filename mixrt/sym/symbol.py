@@ -100,6 +100,9 @@ LOSS_HEAD = "loss_head"
 # inputs in, where it is not the node's own (an Embedding's Gather reads the weight first;
 # MXNet lists data, then weight)
 INPUT_ORDER = "input_order"
+# an operator node's info key: the MXNet operator it was made for (``FullyConnected``,
+# ``Pooling``), which MXNet's op hook reports; a node without it reports its own op
+MXNET_OP = "mxnet_op"
 
 
 @dataclass(eq=False)

@@ -45,7 +45,8 @@ from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
 from mixrt.sym.ops import call_op, layer_name, shape_from, split_symbol_attributes, SHAPE_FROM
-from mixrt.sym.symbol import ATTRIBUTES, INPUT_ORDER, LAYER, constant, prefixed, variable_named, Symbol
+from mixrt.sym.symbol import (ATTRIBUTES, INPUT_ORDER, LAYER, MXNET_OP, constant, prefixed,
+                               variable_named, Symbol)
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
@@ -80,6 +81,7 @@ class SymbolCall(LayerCall):
         made = call_op("", op_type, list(inputs), attributes, name=base, exact_name=True)
         node = made._outputs[0][0]
         node.info[LAYER] = self.name
+        node.info[MXNET_OP] = self.kind
         if self.attributes:
             node.info[ATTRIBUTES] = dict(self.attributes)
         self._data_first(node)
