@@ -128,25 +128,32 @@ def dynamic_codes(xp, values):
     return codes - zero, scale
 
 
-def scaled_product(xp, centered, weight, multiplier):
-    """float32(the exact integer product) * multiplier: the integer sums are exact in
-    float64 and round to float32 once, as MLAS converts its int32 sums."""
-    total = xp.matmul(centered.astype(F64, copy=False), weight)
-    return total.astype(F32) * multiplier
+def exact_dtype(weight_codes, depth: int):
+    """float32 where every partial sum of a product of depth ``depth`` with centered uint8
+    codes (at most 255 from 0) stays below 2**24, so that float32 holds each exactly in any
+    summation order; float64 (exact to 2**53) otherwise."""
+    reach = float(abs(weight_codes).max()) if weight_codes.size else 0.0
+    return F32 if 255 * reach * depth < 2 ** 24 else F64
 
 
 class DirectionWeights:
-    """Direction d's centered weights (float64, exact) and its scales."""
+    """Direction d's centered weight codes, in a float type that sums them exactly, and its
+    scales."""
 
     def __init__(self, xp, weight, scale, zero_point, d: int):
         zero = direction_zero_point(zero_point, np.dtype(weight.dtype), d)
-        self.codes = weight[d].astype(F64) - zero
+        codes = weight[d].astype(np.int32) - zero
+        self.dtype = exact_dtype(codes, codes.shape[0])
+        self.codes = codes.astype(self.dtype)
         self.scale = scale.reshape(scale.shape[0], -1)[d].astype(F32)
 
     def product(self, xp, values):
-        """values @ weight through dynamic uint8 codes, as onnxruntime's quantized GEMM."""
+        """values @ weight through dynamic uint8 codes, as onnxruntime's quantized GEMM: the
+        exact integer sums round to float32 once (as MLAS converts its int32 sums), times
+        the float32 ``value_scale * weight_scale``."""
         centered, value_scale = dynamic_codes(xp, values)
-        return scaled_product(xp, centered, self.codes, value_scale * self.scale)
+        total = xp.matmul(centered.astype(self.dtype, copy=False), self.codes)
+        return total.astype(F32, copy=False) * (value_scale * self.scale)
 
 
 # -- onnxruntime's sigmoid and tanh ---------------------------------------------------------
