@@ -1,15 +1,16 @@
-"""onnxruntime's text generation operators (``com.microsoft``): BeamSearch and GreedySearch
-over a GPT-2 style decoder, the nodes ``onnxruntime.transformers.convert_generation`` writes
-(model_type 0).
+"""onnxruntime's text generation operators (``com.microsoft``): BeamSearch over a GPT-2 style
+decoder (model_type 0) or a T5 style encoder and decoder (model_type 1), and GreedySearch over
+a GPT-2 style decoder, the nodes ``onnxruntime.transformers.convert_generation`` writes.
 
-The node holds the decoder as its ``decoder`` GRAPH attribute, with the interface that
+A GPT-2 node holds the decoder as its ``decoder`` GRAPH attribute, with the interface that
 converter checks: inputs ``input_ids``, ``position_ids``, ``attention_mask`` (int32) and
 ``past_0`` .. ``past_{n-1}``, outputs ``logits`` and ``present_0`` .. ``present_{n-1}``. A past
 or present is the layer's keys and values stacked, shaped (2, batch * beams, heads,
 length, head size); the first call gets empty ones, so the declared past_0 must name
 heads and head size, and the declared logits the vocabulary, as onnxruntime requires. The
-first call sees the whole prompt, each later call one new token per beam with the
-presents of the beams it continues.
+first call sees the whole prompt, each later call one new token per beam with the presents
+of the beams it continues. A T5 node adds the ``encoder`` (``_t5_interface`` says which two
+forms it takes); its sequences start with decoder_start_token_id.
 
 The results are onnxruntime's CPU kernel's, bit for bit in the sequences, which meant
 following it where a textbook beam search differs (the module's functions say where):
@@ -27,10 +28,9 @@ following it where a textbook beam search differs (the module's functions say wh
   repetition penalty and the ``scores`` output see what onnxruntime's see;
 * GreedySearch writes the end token itself as pad_token_id.
 
-Encoder-decoder models (model_type 1, the ``encoder`` attribute), Whisper, the decoders
-that share past and present buffers (a ``past_sequence_length`` input) and Sampling are
-not implemented: an ``encoder`` attribute is refused when the model is bound, the others
-with an error naming the node.
+Whisper (model_type 2), the decoders that share past and present buffers (a
+``past_sequence_length`` input), GreedySearch over T5 and Sampling are not implemented:
+each is refused with an error naming the node (Sampling, an op of its own, has no kernel).
 """
 
 from __future__ import annotations
@@ -94,14 +94,15 @@ def _scalar(value, name: str, default, kind=int):
 def _settings(input_ids, max_length, min_length, num_beams, num_return_sequences,
               length_penalty, repetition_penalty, vocab_mask, prefix_vocab_mask, *,
               eos_token_id, pad_token_id, no_repeat_ngram_size, early_stopping,
-              vocab_size) -> _Settings:
+              vocab_size, prompt_length=None) -> _Settings:
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be (batch, sequence); got shape {input_ids.shape}")
     if eos_token_id < 0 or pad_token_id < 0:
         raise ValueError(f"eos_token_id ({eos_token_id}) and pad_token_id ({pad_token_id}) "
                          f"must be token ids (0 or more)")
     settings = _Settings(
-        batch=input_ids.shape[0], prompt_length=input_ids.shape[1],
+        batch=input_ids.shape[0],
+        prompt_length=input_ids.shape[1] if prompt_length is None else prompt_length,
         max_length=_scalar(max_length, "max_length", MAX_LENGTH),
         min_length=_scalar(min_length, "min_length", 0),
         num_beams=_scalar(num_beams, "num_beams", 1),
@@ -189,12 +190,13 @@ def _positive(dim) -> bool:
     return isinstance(dim, int) and dim > 0
 
 
-class _GptFeeds:
-    """The decoder's inputs from one step to the next (onnxruntime's CreateGptInputs and
-    UpdateGptFeeds)."""
+class _GptDecoding:
+    """A GPT-2 decoder's calls from one step to the next (onnxruntime's CreateGptInputs
+    and UpdateGptFeeds): the prompt first, then one token per beam."""
 
-    def __init__(self, interface: _GptInterface, input_ids, attention_mask, s: _Settings):
-        self.num_beams = s.num_beams
+    def __init__(self, decoder, init_decoder, interface: _GptInterface, input_ids,
+                 attention_mask, s: _Settings):
+        self.decoder, self.init_decoder, self.s = decoder, init_decoder, s
         ids = np.asarray(input_ids, dtype=np.int32)
         real = ids != s.pad_token_id
         # a pad token sits at position 0, the others count up over the real tokens only
@@ -208,28 +210,44 @@ class _GptFeeds:
         self.next_positions = np.repeat(real.sum(axis=1, dtype=np.int32), s.num_beams)[:, None]
         empty = (2, s.rows, interface.heads, 0, interface.head_size)
         self.past = [np.zeros(empty, dtype=interface.past_dtype)] * interface.layers
+        self.presents: list = []
 
-    def values(self) -> list:
-        return [self.input_ids, self.position_ids, self.attention_mask, *self.past]
+    def first_sequences(self):
+        """Each beam's sequence before the first step: its prompt."""
+        return self.input_ids.copy()
 
-    def advance(self, presents: list, tokens, beam_indices, step: int) -> None:
-        """The feeds for the token chosen at ``step`` (1 for the prompt's call)."""
+    def logits(self, step: int):
+        """The step's logits, one float32 row per beam (``init_decoder`` serves step 1)."""
+        decoder = self.init_decoder if step == 1 and self.init_decoder else self.decoder
+        logits, *self.presents = decoder(self.input_ids, self.position_ids,
+                                         self.attention_mask, *self.past)
+        return _last_logits(logits, self.s)
+
+    def may_stop(self, step: int) -> bool:
+        """Whether the search stops once every entry is done after ``step``."""
+        return True
+
+    def advance(self, tokens, beam_indices, step: int, sequences) -> None:
+        """The feeds for the tokens chosen at ``step``, continuing rows ``beam_indices``."""
         self.input_ids = tokens.astype(np.int32)[:, None]
         if step > 1:  # the prompt's call leaves the next positions as they start
             self.next_positions = self.next_positions + 1
         self.position_ids = self.next_positions
         ones = np.ones((self.attention_mask.shape[0], 1), dtype=np.int32)
         self.attention_mask = np.concatenate([self.attention_mask, ones], axis=1)
-        # onnxruntime hands one beam's presents straight on, and picks the continued
-        # beams' keys and values otherwise
-        self.past = list(presents) if self.num_beams == 1 else \
-            [np.asarray(p)[:, beam_indices] for p in presents]
+        self.past = _continued(self.presents, beam_indices, self.s, axis=1)
 
 
-def _run_decoder(decoder, feeds: _GptFeeds, s: _Settings):
-    """One decoder call: the last position's logits, one float32 row per beam, and the
-    presents."""
-    logits, *presents = decoder(*feeds.values())
+def _continued(presents: list, beam_indices, s: _Settings, axis: int) -> list:
+    """The presents of the beams that continue (``axis`` is the beam axis). onnxruntime
+    hands one beam's presents straight on."""
+    if s.num_beams == 1:
+        return list(presents)
+    return [np.take(np.asarray(p), beam_indices, axis=axis) for p in presents]
+
+
+def _last_logits(logits, s: _Settings):
+    """The last position's logits, one float32 row per beam."""
     logits = np.asarray(logits)
     if logits.ndim != 3 or logits.shape[2] < s.vocab_size or \
             logits.shape[0] not in (s.rows, s.batch):
@@ -238,7 +256,144 @@ def _run_decoder(decoder, feeds: _GptFeeds, s: _Settings):
     last = logits[:, -1, :s.vocab_size].astype(np.float32)
     if last.shape[0] != s.rows:  # one row per batch entry serves each of its beams
         last = np.repeat(last, s.num_beams, axis=0)
-    return last, presents
+    return last
+
+
+# -- encoder-decoder models (T5) ------------------------------------------------------------------
+
+@dataclass
+class _T5Interface:
+    """An encoder and decoder pair as convert_generation writes them for T5, checked as
+    onnxruntime checks them. The encoder comes in two forms: the old one also runs the
+    decoder's first step (inputs encoder_input_ids, encoder_attention_mask,
+    decoder_input_ids; outputs logits, encoder_hidden_states, the self presents, the cross
+    presents), the new one only makes the cross attention's keys and values."""
+
+    layers: int
+    heads: int
+    head_size: int
+    vocab_size: int
+    past_dtype: np.dtype
+    encoder_decodes: bool  # the old form: the encoder's logits give the first token
+    hidden_states: bool  # the decoder reads encoder_hidden_states
+    whole_sequence: bool  # the decoder's input_ids are the whole sequence, not one token
+
+
+ENCODER_INPUTS = ("encoder_input_ids", "encoder_attention_mask", "decoder_input_ids")
+
+
+def _t5_interface(encoder, decoder) -> _T5Interface:
+    if encoder is None or decoder is None:
+        raise ValueError("model_type 1 needs the encoder and decoder attributes")
+    decoder_inputs, decoder_outputs = list(decoder.graph.input_names), \
+        list(decoder.graph.output_names)
+    hidden = len(decoder_inputs) > 2 and decoder_inputs[2] == "encoder_hidden_states"
+    first_past = 3 if hidden else 2
+    layers = (len(decoder_outputs) - 1) // 2
+    if decoder_inputs[:2] != ["input_ids", "encoder_attention_mask"] or \
+            decoder_outputs[:1] != ["logits"] or layers < 1 or \
+            len(decoder_outputs) != 1 + 2 * layers or \
+            len(decoder_inputs) != first_past + 4 * layers:
+        raise ValueError(f"the decoder must take input_ids, encoder_attention_mask, "
+                         f"[encoder_hidden_states,] then a self and a cross key and value per "
+                         f"layer, and give logits and a self key and value per layer; it takes "
+                         f"{decoder_inputs} and gives {decoder_outputs}")
+    encoder_decodes = _check_t5_encoder(encoder, layers)
+    if hidden and not encoder_decodes:
+        raise ValueError("the decoder reads encoder_hidden_states, which only an encoder "
+                         "that outputs logits and encoder_hidden_states makes")
+    present, logits = decoder.graph.outputs[1].type, decoder.graph.outputs[0].type
+    present_shape, logits_shape = getattr(present, "shape", None), getattr(logits, "shape", None)
+    if present_shape is None or len(present_shape) != 4 or not _positive(present_shape[1]) \
+            or not _positive(present_shape[3]):
+        raise ValueError(f"the decoder's first present must be declared (batch, heads, "
+                         f"length, head size) with heads and head size as numbers; got {present}")
+    if logits_shape is None or len(logits_shape) != 3 or not _positive(logits_shape[2]):
+        raise ValueError(f"the decoder's logits must be declared (batch, length, vocab) with "
+                         f"the vocab as a number; got {logits}")
+    ids_shape = getattr(decoder.graph.inputs[0].type, "shape", None)
+    whole_sequence = not (ids_shape is not None and len(ids_shape) == 2 and ids_shape[1] == 1)
+    return _T5Interface(layers, present_shape[1], present_shape[3], logits_shape[2],
+                        np.dtype(present.dtype or np.float32), encoder_decodes, hidden,
+                        whole_sequence)
+
+
+def _check_t5_encoder(encoder, layers: int) -> bool:
+    """The encoder's form: True for the old one (logits first), False for the new."""
+    inputs, outputs = list(encoder.graph.input_names), list(encoder.graph.output_names)
+    encoder_decodes = bool(outputs) and outputs[0] == "logits"
+    if encoder_decodes:
+        expected = ["logits", "encoder_hidden_states"]
+        fits = inputs == list(ENCODER_INPUTS) and len(outputs) == 2 + 4 * layers
+    else:
+        expected = ["present_key_cross_0", "present_value_cross_0"]
+        fits = inputs == list(ENCODER_INPUTS[:2]) and len(outputs) == 2 * layers
+    if not fits or outputs[:2] != expected:
+        raise ValueError(f"the encoder must take {list(ENCODER_INPUTS)} and give logits, "
+                         f"encoder_hidden_states and a self and a cross key and value per "
+                         f"decoder layer, or take {list(ENCODER_INPUTS[:2])} and give a cross key "
+                         f"and value per layer; it takes {inputs} and gives {outputs}")
+    return encoder_decodes
+
+
+class _T5Decoding:
+    """An encoder-decoder's calls (onnxruntime's BeamSearchT5): the encoder once over the
+    unexpanded batch, then the decoder one token per beam, its cross keys and values the
+    encoder's throughout. Every sequence starts with decoder_start_token_id."""
+
+    def __init__(self, encoder, decoder, interface: _T5Interface, input_ids, attention_mask,
+                 start_token: int, s: _Settings):
+        self.decoder, self.interface, self.s = decoder, interface, s
+        ids = np.asarray(input_ids, dtype=np.int32)
+        mask = _leading_pads_masked(ids, s.pad_token_id) if attention_mask is None else \
+            np.asarray(attention_mask, dtype=np.int32)
+        starts = np.full((s.batch, 1), start_token, dtype=np.int32)
+        self.sequences = np.repeat(starts, s.num_beams, axis=0)
+        self.encoder_mask = np.repeat(mask, s.num_beams, axis=0)
+        if interface.encoder_decodes:
+            logits, hidden, *presents = encoder(ids, mask, starts)
+            self.encoder_logits = logits
+            self.hidden = np.repeat(np.asarray(hidden), s.num_beams, axis=0)
+            expanded = [np.repeat(np.asarray(p), s.num_beams, axis=0) for p in presents]
+            self.self_past = expanded[:2 * interface.layers]
+            self.cross_past = expanded[2 * interface.layers:]
+        else:
+            self.cross_past = [np.repeat(np.asarray(p), s.num_beams, axis=0)
+                               for p in encoder(ids, mask)]
+            empty = (s.rows, interface.heads, 0, interface.head_size)
+            self.self_past = [np.zeros(empty, dtype=interface.past_dtype)] * \
+                (2 * interface.layers)
+        self.input_ids = self.sequences
+        self.presents: list = []
+
+    def first_sequences(self):
+        return self.sequences.copy()
+
+    def logits(self, step: int):
+        if step == 1 and self.interface.encoder_decodes:
+            return _last_logits(self.encoder_logits, self.s)
+        hidden = [self.hidden] if self.interface.hidden_states else []
+        logits, *self.presents = self.decoder(self.input_ids, self.encoder_mask, *hidden,
+                                              *self.self_past, *self.cross_past)
+        return _last_logits(logits, self.s)
+
+    def may_stop(self, step: int) -> bool:
+        # onnxruntime runs the decoder after the encoder's token whatever the scorer says
+        return step > 1 or not self.interface.encoder_decodes
+
+    def advance(self, tokens, beam_indices, step: int, sequences) -> None:
+        self.input_ids = sequences.astype(np.int32) if self.interface.whole_sequence else \
+            tokens.astype(np.int32)[:, None]
+        if step == 1 and self.interface.encoder_decodes:
+            return  # the encoder's self keys and values, one copy per beam, come first
+        self.self_past = _continued(self.presents, beam_indices, self.s, axis=0)
+
+
+def _leading_pads_masked(ids, pad_token_id: int):
+    """The encoder's attention mask where none is given: 0 on the pad tokens before a row's
+    first real token, 1 elsewhere (a pad token inside or after the text is attended)."""
+    started = np.cumsum(ids != pad_token_id, axis=1) > 0
+    return started.astype(np.int32)
 
 
 # -- the logits processors ------------------------------------------------------------------------
@@ -408,35 +563,54 @@ def beam_search(xp, input_ids, max_length=None, min_length=None, num_beams=None,
                 num_return_sequences=None, length_penalty=None, repetition_penalty=None,
                 vocab_mask=None, prefix_vocab_mask=None, attention_mask=None,
                 decoder_input_ids=None, logits_processor=None, *, decoder=None,
-                init_decoder=None, eos_token_id=-1, pad_token_id=-1, no_repeat_ngram_size=0,
-                early_stopping=0, model_type=0, decoder_start_token_id=-1, vocab_size=-1,
-                _outputs=1):
-    """Beam search over a GPT-2 decoder. Outputs: sequences (batch, num_return_sequences,
-    max_length) int32, padded with pad_token_id; sequences_scores (batch,
-    num_return_sequences), each finished sequence's summed log-probability over its
-    length ** length_penalty; scores (max_length - prompt length, batch, num_beams, vocab),
-    each step's processed log-probabilities plus the beams' running scores (zeros for
-    steps after every entry finished). ``init_decoder``, where given, serves the first
-    step."""
-    _require_gpt(model_type)
-    interface = _gpt_interface(decoder)
+                encoder=None, init_decoder=None, eos_token_id=-1, pad_token_id=-1,
+                no_repeat_ngram_size=0, early_stopping=0, model_type=0,
+                decoder_start_token_id=-1, vocab_size=-1, _outputs=1):
+    """Beam search over a GPT-2 decoder (model_type 0) or a T5 encoder and decoder
+    (model_type 1). Outputs: sequences (batch, num_return_sequences, max_length) int32,
+    padded with pad_token_id (a T5 sequence starts with decoder_start_token_id);
+    sequences_scores (batch, num_return_sequences), each finished sequence's summed
+    log-probability over its length ** length_penalty; scores (max_length - prompt length,
+    batch, num_beams, vocab), each step's processed log-probabilities plus the beams'
+    running scores (zeros for steps after every entry finished; T5's prompt is its start
+    token). ``init_decoder``, where given, serves a GPT-2 search's first step.
+    logits_processor selects Whisper's processor, which only model_type 2 reads."""
+    _require_model_type(model_type, decoder_input_ids)
+    interface = _interface(model_type, encoder, decoder)
     s = _settings(np.asarray(input_ids), max_length, min_length, num_beams,
                   num_return_sequences, length_penalty, repetition_penalty, vocab_mask,
                   prefix_vocab_mask, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                   no_repeat_ngram_size=no_repeat_ngram_size, early_stopping=early_stopping,
-                  vocab_size=vocab_size if vocab_size > 0 else interface.vocab_size)
+                  vocab_size=vocab_size if vocab_size > 0 else interface.vocab_size,
+                  prompt_length=1 if model_type == 1 else None)
     _check_attention_mask(attention_mask, input_ids)
-    sequences, scorer, beam_scores, steps = _search_beams(
-        decoder, init_decoder, interface, input_ids, attention_mask, s)
+    if model_type == 1:
+        if decoder_start_token_id < 0:
+            raise ValueError("model_type 1 needs decoder_start_token_id (0 or more)")
+        decoding = _T5Decoding(encoder, decoder, interface, input_ids, attention_mask,
+                               decoder_start_token_id, s)
+    else:
+        decoding = _GptDecoding(decoder, init_decoder, interface, input_ids, attention_mask, s)
+    sequences, scorer, beam_scores, steps = _search_beams(decoding, s)
     out, out_scores = scorer.finish(sequences, beam_scores)
     results = (out, out_scores, _stacked_steps(steps, s))
     return results[0] if _outputs == 1 else results[:_outputs]
 
 
-def _require_gpt(model_type: int) -> None:
-    if model_type != 0:
-        raise ValueError(f"model_type {model_type} is not implemented; only GPT-2 style "
-                         f"decoders (model_type 0) are")
+def _require_model_type(model_type: int, decoder_input_ids=None) -> None:
+    if model_type not in (0, 1):
+        raise ValueError(f"model_type {model_type} is not implemented; GPT-2 style decoders "
+                         f"(0) and T5 style encoder-decoders (1) are")
+    if decoder_input_ids is not None:
+        raise ValueError("decoder_input_ids (Whisper's) is not implemented")
+
+
+def _interface(model_type: int, encoder, decoder):
+    if model_type == 1:
+        return _t5_interface(encoder, decoder)
+    if encoder is not None:
+        raise ValueError("an encoder attribute needs model_type 1")
+    return _gpt_interface(decoder)
 
 
 def _check_attention_mask(attention_mask, input_ids) -> None:
@@ -445,20 +619,17 @@ def _check_attention_mask(attention_mask, input_ids) -> None:
                          f"got {np.shape(attention_mask)}")
 
 
-def _search_beams(decoder, init_decoder, interface, input_ids, attention_mask, s: _Settings):
-    """Run the decoder step by step until max_length or every entry is done; the beams'
+def _search_beams(decoding, s: _Settings):
+    """Run the decoding step by step until max_length or every entry is done; the beams'
     sequences and running scores, the scorer and each step's scores."""
-    feeds = _GptFeeds(interface, input_ids, attention_mask, s)
-    sequences = feeds.input_ids.copy()
+    sequences = decoding.first_sequences()
     scorer = _BeamScorer(s)
     beam_scores = np.zeros(s.rows, dtype=np.float32)
     beam_scores.reshape(s.batch, s.num_beams)[:, 1:] = BEHIND
     steps, step = [], 0
     while sequences.shape[1] < s.max_length:
         step += 1
-        logits, presents = _run_decoder(init_decoder if step == 1 and init_decoder else
-                                        decoder, feeds, s)
-        scores = _log_softmax(logits)
+        scores = _log_softmax(decoding.logits(step))
         _process_scores(scores, sequences, s, step)
         scores += beam_scores[:, None]
         steps.append(scores)
@@ -466,11 +637,17 @@ def _search_beams(decoder, init_decoder, interface, input_ids, attention_mask, s
         beam_scores, tokens, rows = scorer.step(sequences, top_scores, top % s.vocab_size,
                                                 top // s.vocab_size)
         sequences = np.concatenate([sequences[rows], tokens[:, None]], axis=1)
-        if scorer.all_done:
+        if scorer.all_done and decoding.may_stop(step):
             break
         if sequences.shape[1] < s.max_length:
-            feeds.advance(presents, tokens, rows, step)
+            decoding.advance(tokens, rows, step, sequences)
     return sequences, scorer, beam_scores, steps
+
+
+def _require_gpt(model_type: int) -> None:
+    if model_type != 0:
+        raise ValueError(f"model_type {model_type} is not implemented for GreedySearch; only "
+                         f"GPT-2 style decoders (model_type 0) are")
 
 
 def _stacked_steps(steps: list, s: _Settings):
@@ -485,10 +662,11 @@ def _stacked_steps(steps: list, s: _Settings):
 
 @beam_search.infer
 def _(input_ids, max_length=None, min_length=None, num_beams=None, num_return_sequences=None,
-      *_inputs, decoder=None, model_type=0, vocab_size=-1, **_):
-    _require_gpt(model_type)
-    interface = _gpt_interface(decoder)
+      *_inputs, decoder=None, encoder=None, model_type=0, vocab_size=-1, **_):
+    _require_model_type(model_type)
+    interface = _interface(model_type, encoder, decoder)
     batch, prompt = _dims(input_ids, 2)
+    prompt = 1 if model_type == 1 else prompt
     longest = _known_scalar(max_length, MAX_LENGTH)
     beams = _known_scalar(num_beams, 1)
     returned = _known_scalar(num_return_sequences, 1)
@@ -535,22 +713,20 @@ def greedy_search(xp, input_ids, max_length=None, min_length=None, repetition_pe
                   no_repeat_ngram_size=no_repeat_ngram_size, early_stopping=0,
                   vocab_size=vocab_size if vocab_size > 0 else interface.vocab_size)
     _check_attention_mask(attention_mask, input_ids)
-    sequences = _search_greedily(decoder, init_decoder, interface, input_ids,
-                                 attention_mask, s)
+    decoding = _GptDecoding(decoder, init_decoder, interface, input_ids, attention_mask, s)
+    sequences = _search_greedily(decoding, s)
     out = np.full((s.batch, s.max_length), s.pad_token_id, dtype=np.int32)
     out[:, :sequences.shape[1]] = sequences
     return out
 
 
-def _search_greedily(decoder, init_decoder, interface, input_ids, attention_mask, s):
-    feeds = _GptFeeds(interface, input_ids, attention_mask, s)
-    sequences = feeds.input_ids.copy()
+def _search_greedily(decoding, s: _Settings):
+    sequences = decoding.first_sequences()
     ended = np.zeros(s.batch, dtype=bool)
     step = 0
     while sequences.shape[1] < s.max_length:
         step += 1
-        scores, presents = _run_decoder(init_decoder if step == 1 and init_decoder else
-                                        decoder, feeds, s)
+        scores = decoding.logits(step)
         _process_scores(scores, sequences, s, step)
         tokens = scores.argmax(axis=1).astype(np.int32)
         ended |= tokens == s.eos_token_id
@@ -559,7 +735,7 @@ def _search_greedily(decoder, init_decoder, interface, input_ids, attention_mask
         if ended.all():
             break
         if sequences.shape[1] < s.max_length:
-            feeds.advance(presents, tokens, None, step)
+            decoding.advance(tokens, None, step, sequences)
     return sequences
 
 

@@ -1,6 +1,6 @@
-"""onnxruntime's generation operators (com.microsoft BeamSearch and GreedySearch) over a tiny
-GPT-2 style decoder built here, against onnxruntime itself: the sequences bit for bit, the
-scores to float32 rounding."""
+"""onnxruntime's generation operators (com.microsoft BeamSearch and GreedySearch) over tiny
+GPT-2 style decoders and T5 style encoder-decoders built here, against onnxruntime itself:
+the sequences bit for bit, the scores to float32 rounding."""
 
 from __future__ import annotations
 
@@ -408,6 +408,209 @@ def test_beam_scores_over_an_exact_decoder(seed, settings, attributes):
     compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
 
 
+# -- T5: an encoder and a decoder -----------------------------------------------------------------
+
+T5_HEADS, T5_HEAD_SIZE = 2, 4
+T5_HIDDEN = T5_HEADS * T5_HEAD_SIZE
+START = 2
+
+
+def _t5_tables(seed: int, eos: int, eos_bias: float) -> list:
+    rng = np.random.default_rng(seed)
+    tables = {"t5_embed": rng.integers(-4, 4, (VOCAB, T5_HIDDEN)) / 8,
+              "t5_start_embed": rng.integers(-4, 4, (VOCAB, T5_HIDDEN)) / 8,
+              "t5_bigram": rng.integers(-16, 16, (VOCAB, VOCAB)) / 8,
+              "t5_proj": rng.integers(-4, 4, (T5_HIDDEN, VOCAB)) / 8,
+              # the old encoder's first logits differ from what the decoder would make
+              "t5_first_bias": rng.integers(-8, 8, (VOCAB,)) / 8}
+    tables["t5_bigram"][:, eos] += eos_bias
+    made = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in tables.items()]
+    made += [numpy_helper.from_array(np.array(v, dtype=np.int64), n) for n, v in {
+        "t5_split": [0, 0, T5_HEADS, T5_HEAD_SIZE], "t5_join": [-1, 1, T5_HIDDEN],
+        "t5_axis_1": [1], "t5_axis_2": [2], "t5_axes_13": [1, 3]}.items()]
+    made.append(numpy_helper.from_array(np.array(0.5, dtype=np.float32), "t5_half"))
+    return made
+
+
+def _t5_heads(source: str, name: str) -> list:
+    """(batch, heads, length, head size) of a (batch, length, hidden) value."""
+    return [helper.make_node("Reshape", [source, "t5_split"], [f"{name}_split"]),
+            helper.make_node("Transpose", [f"{name}_split"], [name], perm=[0, 2, 1, 3])]
+
+
+def _t5_values(prefix: str, layers: int, length: str) -> list:
+    return [helper.make_tensor_value_info(f"{prefix}_{kind}_{i}", TensorProto.FLOAT,
+                                          ["batch", T5_HEADS, length, T5_HEAD_SIZE])
+            for i in range(layers) for kind in ("key", "value")]
+
+
+def _t5_value_names(kind: str, layers: int) -> list:
+    return [f"{part}_{kind}_{i}" for i in range(layers) for part in ("key", "value")]
+
+
+def t5_encoder_graph(seed: int, *, decodes: bool, layers: int = 1, eos: int = 3,
+                     eos_bias: float = 0.0) -> onnx.GraphProto:
+    """The encoder: hidden states are the masked token embeddings, each layer's cross key
+    those split into heads and its value their negation. The old form (``decodes``) also
+    takes the decoder's first step from decoder_input_ids."""
+    node = helper.make_node
+    nodes = [node("Gather", ["t5_embed", "encoder_input_ids"], ["embedded"]),
+             node("Cast", ["encoder_attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+             node("Unsqueeze", ["mask_f", "t5_axis_2"], ["mask_3"]),
+             node("Mul", ["embedded", "mask_3"], ["encoder_hidden_states"])]
+    nodes += _t5_heads("encoder_hidden_states", "cross_key")
+    nodes.append(node("Neg", ["cross_key"], ["cross_value"]))
+    cross = [f"present_{n}" for n in _t5_value_names("cross", layers)]
+    nodes += [node("Identity", ["cross_key" if "key" in n else "cross_value"], [n])
+              for n in cross]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", "length"])
+              for n in ENCODER_INPUTS[:2]]
+    outputs = _t5_values("present", 0, "length")
+    if decodes:
+        nodes += [node("Gather", ["t5_start_embed", "decoder_input_ids"], ["start"])]
+        nodes += _t5_heads("start", "self_key")
+        nodes += [node("Neg", ["self_key"], ["self_value"]),
+                  node("ReduceSum", ["encoder_hidden_states", "t5_axis_1"], ["pooled"],
+                       keepdims=1),
+                  node("Add", ["pooled", "start"], ["context"]),
+                  node("MatMul", ["context", "t5_proj"], ["mixed"]),
+                  node("Gather", ["t5_bigram", "decoder_input_ids"], ["next"]),
+                  node("Add", ["next", "mixed"], ["unbiased"]),
+                  node("Add", ["unbiased", "t5_first_bias"], ["logits"])]
+        nodes += [node("Identity", ["self_key" if "key" in n else "self_value"],
+                       [f"present_{n}"]) for n in _t5_value_names("self", layers)]
+        inputs.append(helper.make_tensor_value_info("decoder_input_ids", TensorProto.INT32,
+                                                    ["batch", 1]))
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                 ["batch", 1, VOCAB]),
+                   helper.make_tensor_value_info("encoder_hidden_states", TensorProto.FLOAT,
+                                                 ["batch", "length", T5_HIDDEN])]
+        outputs += _t5_self_outputs(layers, 1)
+    outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT,
+                                              ["batch", T5_HEADS, "length", T5_HEAD_SIZE])
+                for n in cross]
+    return helper.make_graph(nodes, "t5 encoder", inputs, outputs,
+                             initializer=_t5_tables(seed, eos, eos_bias))
+
+
+def _t5_self_outputs(layers: int, length) -> list:
+    return [helper.make_tensor_value_info(f"present_{n}", TensorProto.FLOAT,
+                                          ["batch", T5_HEADS, length, T5_HEAD_SIZE])
+            for n in _t5_value_names("self", layers)]
+
+
+ENCODER_INPUTS = ("encoder_input_ids", "encoder_attention_mask", "decoder_input_ids")
+
+
+def t5_decoder_graph(seed: int, *, hidden: bool, layers: int = 1, eos: int = 3,
+                     eos_bias: float = 0.0) -> onnx.GraphProto:
+    """The decoder: logits are the token's bigram row plus (its self keys so far, its cross
+    keys where the encoder's mask is 1, and half the pooled hidden states where it reads
+    them) through one projection. All values are multiples of 1/64, every sum exact."""
+    node = helper.make_node
+    nodes = [node("Gather", ["t5_start_embed", "input_ids"], ["token"])]
+    nodes += _t5_heads("token", "new_key")
+    nodes.append(node("Neg", ["new_key"], ["new_value"]))
+    for i in range(layers):
+        nodes += [node("Concat", [f"past_key_self_{i}", "new_key"], [f"present_key_self_{i}"],
+                       axis=2),
+                  node("Concat", [f"past_value_self_{i}", "new_value"],
+                       [f"present_value_self_{i}"], axis=2)]
+    nodes += [node("ReduceSum", ["present_key_self_0", "t5_axis_2"], ["self_sum"], keepdims=0),
+              node("Reshape", ["self_sum", "t5_join"], ["self_context"]),
+              node("Cast", ["encoder_attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+              node("Unsqueeze", ["mask_f", "t5_axes_13"], ["mask_4"]),
+              node("Mul", ["past_key_cross_0", "mask_4"], ["cross_masked"]),
+              node("ReduceSum", ["cross_masked", "t5_axis_2"], ["cross_sum"], keepdims=0),
+              node("Reshape", ["cross_sum", "t5_join"], ["cross_context"]),
+              node("Add", ["self_context", "cross_context"], ["context"])]
+    if hidden:
+        nodes += [node("ReduceSum", ["encoder_hidden_states", "t5_axis_1"], ["pooled"],
+                       keepdims=1),
+                  node("Mul", ["pooled", "t5_half"], ["halved"]),
+                  node("Add", ["context", "halved"], ["context_all"])]
+    nodes += [node("MatMul", ["context_all" if hidden else "context", "t5_proj"], ["mixed"]),
+              node("Gather", ["t5_bigram", "input_ids"], ["next"]),
+              node("Add", ["next", "mixed"], ["logits"])]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", 1]),
+              helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT32,
+                                            ["batch", "length"])]
+    if hidden:
+        inputs.append(helper.make_tensor_value_info("encoder_hidden_states", TensorProto.FLOAT,
+                                                    ["batch", "length", T5_HIDDEN]))
+    inputs += [helper.make_tensor_value_info(f"past_{n}", TensorProto.FLOAT,
+                                             ["batch", T5_HEADS, "past", T5_HEAD_SIZE])
+               for n in _t5_value_names("self", layers)]
+    inputs += [helper.make_tensor_value_info(f"past_{n}", TensorProto.FLOAT,
+                                             ["batch", T5_HEADS, "length", T5_HEAD_SIZE])
+               for n in _t5_value_names("cross", layers)]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 1, VOCAB])]
+    outputs += _t5_self_outputs(layers, "total")
+    return helper.make_graph(nodes, "t5 decoder", inputs, outputs,
+                             initializer=_t5_tables(seed, eos, eos_bias))
+
+
+def t5_model(feeds: dict, *, seed=0, decodes=True, hidden=True, layers=1, eos_bias=0.0,
+             eos_token_id=3, **attributes):
+    names = [name if name in feeds else "" for name in BEAM_INPUTS]
+    while not names[-1]:
+        names.pop()
+    ends = dict(eos=eos_token_id, eos_bias=eos_bias)
+    node = helper.make_node("BeamSearch", names, list(OUTPUTS), domain=MS, name="BeamSearch_t5",
+                            encoder=t5_encoder_graph(seed, decodes=decodes, layers=layers, **ends),
+                            decoder=t5_decoder_graph(seed, hidden=hidden, layers=layers, **ends),
+                            model_type=1, decoder_start_token_id=START,
+                            eos_token_id=eos_token_id, **attributes)
+    inputs = [helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(feeds[name].dtype),
+        ["batch", "sequence"] if name in ("input_ids", "attention_mask") else
+        list(feeds[name].shape)) for name in names if name]
+    graph = helper.make_graph([node], "t5 generation", inputs,
+                              [onnx.ValueInfoProto(name=o) for o in OUTPUTS])
+    return helper.make_model(graph, ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+
+
+T5_PROMPTS = [[PAD, PAD, 21, 4, 30, PAD], [11, 12, 13, 5, 6, 40]]
+T5_MASK = [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("eos_bias", [0.0, 1.5], ids=["eos rare", "eos likely"])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("decodes,hidden", [(True, True), (True, False), (False, False)],
+                         ids=["encoder decodes, hidden states", "encoder decodes",
+                              "encoder makes cross keys"])
+@pytest.mark.parametrize("settings", [
+    dict(num_beams=1),
+    dict(num_beams=4, num_return_sequences=2, length_penalty=0.8),
+    dict(num_beams=3, num_return_sequences=3, repetition_penalty=1.4, min_length=5),
+], ids=["one beam", "four beams", "penalties"])
+def test_t5_beam_search_matches_onnxruntime(seed, decodes, hidden, settings, eos_bias):
+    feeds = beam_feeds(T5_PROMPTS, max_length=10, **settings)
+    model = t5_model(feeds, seed=seed, decodes=decodes, hidden=hidden, eos_token_id=seed + 3,
+                     eos_bias=eos_bias, pad_token_id=PAD)
+    compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
+
+
+@pytest.mark.parametrize("decodes", [True, False], ids=["old encoder", "new encoder"])
+def test_t5_beam_search_with_a_mask_and_two_layers(decodes):
+    feeds = beam_feeds(T5_PROMPTS, max_length=12, num_beams=3, num_return_sequences=2,
+                       attention_mask=T5_MASK)
+    model = t5_model(feeds, decodes=decodes, hidden=False, layers=2, eos_token_id=4,
+                     eos_bias=1.0, pad_token_id=PAD, no_repeat_ngram_size=2)
+    compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
+
+
+def test_t5_old_encoder_runs_the_decoder_once_after_its_token():
+    # both entries end on the encoder's token; onnxruntime still runs the decoder once
+    feeds = beam_feeds(T5_PROMPTS, max_length=8, num_beams=1)
+    model = t5_model(feeds, eos_token_id=4, eos_bias=8.0, pad_token_id=PAD)
+    compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
+    expected, got = run_both(model, feeds)
+    assert (got[0][:, :, 1:] == PAD).all() and _steps_taken(got[2]) == 2  # ended at once
+    np.testing.assert_allclose(got[2][1], expected[2][1], **EXACT_DECODER_TOLERANCE)
+
+
 # -- GreedySearch -------------------------------------------------------------------------------
 
 def greedy_feeds(input_ids, *, max_length=12, min_length=0, repetition_penalty=1.0,
@@ -484,12 +687,19 @@ def test_a_decoder_without_declared_heads_is_refused_naming_the_node():
     _refused(model, feeds, (ExecutionError, GraphError), rf"{NODE}.*past_0 must be declared")
 
 
-def test_an_encoder_decoder_search_is_refused_when_bound():
+def test_an_encoder_without_model_type_1_is_refused_naming_the_node():
     feeds = beam_feeds(PROMPT)
     model = search_model("BeamSearch", feeds, ["sequences"], **GPT2)
-    encoder = decoder_graph(_weights(0, 0.0))
+    encoder = t5_encoder_graph(0, decodes=False)
     model.graph.node[0].attribute.append(helper.make_attribute("encoder", encoder))
-    _refused(model, feeds, UnsupportedOperatorError, "encoder")
+    _refused(model, feeds, ExecutionError, rf"{NODE}.*encoder attribute needs model_type 1")
+
+
+def test_whisper_is_refused_naming_the_node():
+    feeds = beam_feeds(PROMPT)
+    model = search_model("BeamSearch", feeds, ["sequences"], eos_token_id=EOS,
+                         pad_token_id=EOS, model_type=2)
+    _refused(model, feeds, (ExecutionError, GraphError), rf"{NODE}.*model_type 2")
 
 
 def test_mixrt_check_accepts_a_search_model():
