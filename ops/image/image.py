@@ -24,7 +24,7 @@ from mixrt.ops.ir.types import TensorType, normalize_axis, same_as_input, shape_
 from mixrt.ops.device import to_host
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                "asymmetric", "tf_crop_and_resize")
+                "asymmetric", "tf_crop_and_resize", "tf_half_pixel_for_nn")
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
@@ -63,6 +63,12 @@ def _source_coords(out_len, in_len, scale, coord_mode, roi_start=0.0, roi_end=1.
         return i * (in_len - 1) / (resized - 1) if resized > 1 else np.zeros(out_len)
     if coord_mode == "asymmetric":
         return i / scale
+    if coord_mode == "tf_half_pixel_for_nn":
+        # Resize-11's, dropped from the spec at 13; onnxruntime computes it at any opset, in
+        # float32, whose rounding decides the nearest pixel where a coordinate is near an
+        # integer (8.5 / 1.7f is 5.0, 4.9999995 in float64), so here too
+        half, scale32 = np.float32(0.5), np.float32(scale)
+        return ((i.astype(np.float32) + half) / scale32).astype(np.float64)
     if coord_mode == "tf_crop_and_resize":
         if resized > 1:
             step = (roi_end - roi_start) * (in_len - 1) / (resized - 1)
@@ -82,6 +88,20 @@ def _nearest_index(x, nearest_mode):
     if nearest_mode == "ceil":
         return np.ceil(x)
     raise ValueError(f"nearest_mode {nearest_mode!r} is not one of {', '.join(_NEAREST_MODES)}")
+
+
+# onnxruntime takes a tf_half_pixel_for_nn coordinate within this of a half as a tie: measured
+# on onnxruntime 1.31 over about a thousand lengths, scales and nearest modes, 4.5 / 0.6f =
+# 7.4999995 goes up under round_prefer_ceil and 19.5 / 2.6f = 7.5000005 down under
+# round_prefer_floor, while 27.499998 is no tie; floor and ceil take the coordinate as it is
+_ONNXRUNTIME_TIE = 1e-6
+
+
+def _nearest_index_as_onnxruntime(x, nearest_mode):
+    if nearest_mode in ("round_prefer_floor", "round_prefer_ceil"):
+        half = np.floor(x) + 0.5
+        x = np.where(np.abs(x - half) <= _ONNXRUNTIME_TIE, half, x)
+    return _nearest_index(x, nearest_mode)
 
 
 def _linear_kernel(d, _a):
@@ -307,7 +327,9 @@ def resize_taps(shape, roi, scales, sizes, axes=None, *, mode="nearest",
         coords = _source_coords(out_len, in_len, scale, coordinate_transformation_mode,
                                 roi[k], roi[k + len(axes)])
         if mode == "nearest":
-            idx = np.clip(_nearest_index(coords, nearest_mode), 0, in_len - 1)
+            rounding = _nearest_index_as_onnxruntime \
+                if coordinate_transformation_mode == "tf_half_pixel_for_nn" else _nearest_index
+            idx = np.clip(rounding(coords, nearest_mode), 0, in_len - 1)
             idx, weights = idx.astype(np.int64)[:, None], None
         else:
             idx, weights = _filter_taps(coords, in_len, mode, scale=scale, cubic_a=cubic_coeff_a,
