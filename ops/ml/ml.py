@@ -419,6 +419,7 @@ class _LinearClassifier:
 
     def run(self, xp, X):
         rows = _rows(X).astype(np.float32, copy=False)
+        self._require_width(rows.shape[1])
         kernels = _ml_kernels(xp, rows) if self.transform is not None else None
         tables = self._tables(rows.shape[1]) if kernels is not None else None
         if tables is None:
@@ -429,6 +430,21 @@ class _LinearClassifier:
         kernels.linear_classify(rows, weights, intercepts, self.transform, binary, chosen,
                                 scores)
         return self._label(np, chosen), scores
+
+    def _require_width(self, features: int) -> None:
+        """Rows must have as many features as each class has coefficients. onnxruntime
+        counts the classes by the intercepts and reads the first classes * features
+        coefficients as the weights of shorter rows: weights of other features and classes,
+        a silent wrong answer, so such rows are refused here."""
+        classes = len(self.intercepts) if self.intercepts is not None else None
+        if not classes or self.weights.size == classes * features:
+            return
+        if self.weights.size % classes:
+            raise ValueError(f"LinearClassifier has {self.weights.size} coefficients, which "
+                             f"do not split into its {classes} classes (one intercept each)")
+        raise ValueError(f"LinearClassifier takes rows of {self.weights.size // classes} "
+                         f"features ({self.weights.size} coefficients for {classes} classes); "
+                         f"the input's rows have {features}")
 
     def _tables(self, features: int):
         """The compiled kernel's weights for rows of ``features`` columns, or None where
