@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,10 @@ from mixrt.importers import proto
 from mixrt.importers.external_data import read_external_tensor
 from mixrt.importers.functions import (subgraphs_of, expand_schema_functions,
                                       inline_model_functions)
+# UndeclaredDomainWarning is imported from here by callers that catch it
+from mixrt.importers.onnxruntime_leniency import (  # noqa: F401
+    UndeclaredDomainWarning, check_repeated_initializer, declare_undeclared_domains,
+    drop_repeated_constants, lenient_node)
 from mixrt.ops.ir.dtypes import is_known_onnx_type, to_numpy_dtype, to_onnx_type
 from mixrt.ops.ir.registry import REGISTRY, canonical_domain
 from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
@@ -30,20 +33,12 @@ from mixrt.runtime.graph import Graph, Node, Value
 # Opsets of the default domain this importer understands.
 MIN_OPSET, MAX_OPSET = 1, 28
 MAX_MODEL_BYTES = 2**31 - 1  # protobuf's own limit
-# onnxruntime runs nodes of its own contrib domain that the model's opset_import leaves out
-# (converters such as skl2onnx write them so), taking them at this version
-CONTRIB_DOMAIN, CONTRIB_DEFAULT_VERSION = "com.microsoft", 1
 
 
 # AttributeProto.AttributeType's and TensorProto.DataLocation's values (onnx-ml.proto)
 (FLOAT, INT, STRING, TENSOR, GRAPH, FLOATS, INTS, STRINGS, TENSORS, GRAPHS, SPARSE_TENSOR,
  SPARSE_TENSORS, TYPE_PROTO, TYPE_PROTOS) = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 EXTERNAL = 1
-
-
-class UndeclaredDomainWarning(UserWarning):
-    """Not an error: a model uses the com.microsoft domain without declaring it in its
-    opset_import; mixrt reads it at version 1, as onnxruntime does."""
 
 
 def load_model_proto(source) -> tuple[object, Path | None]:
@@ -100,7 +95,7 @@ def import_model(source) -> Graph:
     try:
         _check_names(model.graph)
         graph_proto = inline_model_functions(model, owned=not proto.is_model_proto(source))
-        _declare_contrib_domain(graph_proto, opsets)
+        declare_undeclared_domains(graph_proto, opsets, _first_node_of)
         expand_schema_functions(graph_proto, opsets, _has_kernel,
                                 lambda node, types: _infer_proto_types(node, types, opsets))
         graph = _convert_graph(graph_proto, opsets, base_dir)
@@ -157,21 +152,6 @@ def _opsets(model) -> dict[str, int]:
     return opsets
 
 
-def _declare_contrib_domain(graph, opsets: dict[str, int]) -> None:
-    """Take an undeclared com.microsoft domain at version 1, with a warning naming the first
-    node that uses it; any other undeclared domain stays an error (``_convert_node``)."""
-    if CONTRIB_DOMAIN in opsets:
-        return
-    node = _first_node_of(graph, CONTRIB_DOMAIN)
-    if node is None:
-        return
-    warnings.warn(f"node {node.name or node.op_type!r} uses domain {CONTRIB_DOMAIN!r}, which "
-                  f"the model's opset_import does not declare; reading it at version "
-                  f"{CONTRIB_DEFAULT_VERSION}, as onnxruntime does",
-                  UndeclaredDomainWarning, stacklevel=3)
-    opsets[CONTRIB_DOMAIN] = CONTRIB_DEFAULT_VERSION
-
-
 def _first_node_of(graph, domain: str):
     for node in graph.node:
         if canonical_domain(node.domain) == domain:
@@ -187,16 +167,22 @@ def _convert_graph(proto, opsets: dict[str, int], base_dir: Path | None,
                    ) -> Graph:
     graph = Graph(name=proto.name or "main", opsets=opsets)
     for tensor in proto.initializer:
-        graph.initializers[tensor.name] = tensor_to_array(tensor, base_dir)
+        _add_initializer(graph, tensor.name, tensor_to_array(tensor, base_dir))
     for sparse in proto.sparse_initializer:
-        name = sparse.values.name
-        graph.initializers[name] = _sparse_to_dense(sparse, base_dir)
+        _add_initializer(graph, sparse.values.name, _sparse_to_dense(sparse, base_dir))
     graph.inputs = [Value(v.name, value_type(v.type, v.name)) for v in proto.input]
     graph.outputs = [Value(v.name, value_type(v.type, v.name)) for v in proto.output]
     for info in proto.value_info:
         graph.value_types[info.name] = value_type(info.type, info.name)
-    graph.nodes = [_convert_node(n, opsets, base_dir) for n in proto.node]
+    graph.nodes = [lenient_node(_convert_node(n, opsets, base_dir)) for n in proto.node]
+    drop_repeated_constants(graph)
     return graph
+
+
+def _add_initializer(graph: Graph, name: str, value: np.ndarray) -> None:
+    if name in graph.initializers:  # onnxruntime keeps one of equal values (a warning)
+        check_repeated_initializer(graph.name, name, graph.initializers[name], value)
+    graph.initializers[name] = value
 
 
 def _convert_node(proto, opsets: dict[str, int], base_dir: Path | None,
