@@ -18,7 +18,9 @@ MXNet's operators take their hyper-parameters as C floats, so in float64 momentu
 
 import ctypes
 import hashlib
+import itertools
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import nvrtc
 
 import mixrt
 from mixrt import autograd, gluon, lr_scheduler, nd
@@ -358,3 +361,74 @@ def test_every_kernel_is_built_without_fused_multiply_adds(monkeypatch):
     optimizer_kernels._raw.__wrapped__(HOST, "code", "name")
     optimizer_kernels._compiled.__wrapped__(HOST, "T g", "T w", "w = g;", "name")
     assert made == [(update_rules.FMAD,)] * 2
+
+
+# -- what NVRTC makes of them: no fused multiply-add, every operation rounded alone ---------
+
+def _ptx(source: str, *options: bytes) -> str:
+    library, program = nvrtc(), ctypes.c_void_p()
+    assert library.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mixrt.cu", 0,
+                                      None, None) == 0
+    given = (b"--gpu-architecture=compute_90",) + options
+    assert library.nvrtcCompileProgram(program, len(given),
+                                       (ctypes.c_char_p * len(given))(*given)) == 0
+    size = ctypes.c_size_t()
+    library.nvrtcGetPTXSize(program, ctypes.byref(size))
+    text = ctypes.create_string_buffer(size.value)
+    library.nvrtcGetPTX(program, text)
+    library.nvrtcDestroyProgram(ctypes.byref(program))
+    return text.value.decode()
+
+
+def _multi_tensor_sources():
+    flags = {"sgd": ("MOMENTUM", "NESTEROV", "CLIP"), "mxnet_sgd": ("MOMENTUM", "CLIP"),
+             "adam": ("DECOUPLED", "CLIP")}
+    for kernel, names in flags.items():
+        for values in itertools.product((0, 1), repeat=len(names)):
+            for dtype in DTYPES:
+                yield optimizer_kernels.source(kernel, dtype, **dict(zip(names, values)))
+
+
+def _one_weight_sources():
+    """The one-weight kernels' bodies (each flag's), in a __global__ function over CuPy's
+    element references, as CuPy wraps them."""
+    bodies = []
+    record = staticmethod(lambda i, o, body, name, options=(): bodies.append((i, o, body))
+                          or (lambda *args: None))
+    recorder = type("Recorder", (), {"ElementwiseKernel": record})()
+    w = np.zeros(1)
+    for momentum, nesterov, wd in itertools.product((0.0, 0.9), (False, True), (0.0, 0.1)):
+        if nesterov and not momentum:
+            continue
+        optimizer_kernels.sgd(recorder, w, w, w if momentum else None, 0.1, wd, momentum,
+                              nesterov)
+    for wd, decay in ((0.0, None), (0.1, None), (0.0, 0.99)):
+        optimizer_kernels.adam(recorder, w, w, w, w, step_size=0.1, correction=0.9,
+                               beta1=0.9, beta2=0.99, epsilon=1e-8, wd=wd, decay=decay)
+    for (inputs, outputs, body), dtype in itertools.product(bodies, DTYPES):
+        names = [p.split()[-1] for p in f"{inputs}, {outputs}".split(",")]
+        yield (f"#define T {optimizer_kernels.MANY_DTYPES[np.dtype(dtype)]}\n"
+               f"extern \"C\" __global__ void run(long long n, "
+               + ", ".join(f"T* {n}_" for n in names) + ") {\n"
+               "const long long i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return;\n"
+               + " ".join(f"T& {n} = {n}_[i];" for n in names) + f"\n{body}\n}}\n")
+
+
+def _float_operations(ptx: str) -> list[str]:
+    return re.findall(r"\t((?:fma|mul|add|sub)(?:\.\w+)*\.f(?:32|64))\s", ptx)
+
+
+@pytest.mark.skipif(nvrtc() is None, reason="NVRTC is not installed")
+def test_nvrtc_rounds_every_product_and_sum_of_the_kernels_alone():
+    """With ``--fmad=false`` NVRTC writes each operation as ``.rn`` (rounded to nearest,
+    which ptxas may not fuse either) and no ``fma``; without it, Adam's kernel has fused
+    ones. So a GPU computes the statements as the host and NumPy do."""
+    sources = list(_multi_tensor_sources()) + list(_one_weight_sources())
+    assert len(sources) == 2 * (8 + 4 + 4) + 2 * 9
+    for source in sources:
+        operations = _float_operations(_ptx(source, update_rules.FMAD.encode()))
+        assert operations, source
+        assert all(".rn." in op and not op.startswith("fma") for op in operations), (
+            sorted(set(operations)), source)
+    adam = optimizer_kernels.source("adam", np.float32, DECOUPLED=0, CLIP=0)
+    assert any(op.startswith("fma") for op in _float_operations(_ptx(adam)))
