@@ -50,7 +50,8 @@ import numpy as np
 
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, fits, shape_text
-from mixrt.ops.quant.contrib_quant import COM_MICROSOFT, fma_f32
+from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, fma_f32, require_dtype,
+                                           require_float_scales)
 from mixrt.ops.rnn.recurrence import (ACTIVATIONS, _shape, activation_specs, check_operands,
                                       reversal_index, step_counts)
 
@@ -325,7 +326,7 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
 
 
 def _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size):
-    """The operands as the kernel is called with them: shapes, weight and scale types."""
+    """The operands as the kernel is called with them: present, shapes, weight types."""
     if any(value is None for value in params.values()):
         missing = [name for name, value in params.items() if value is None]
         raise ValueError(f"{NAME}: {', '.join(missing)} missing (required inputs)")
@@ -347,6 +348,7 @@ def _(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=Non
                  shape(P), {"W_scale": shape(W_scale), "W_zero_point": shape(W_zero_point),
                             "R_scale": shape(R_scale), "R_zero_point": shape(R_zero_point)},
                  direction=direction, hidden_size=hidden_size)
+    _check_types(W, R, W_scale, W_zero_point, R_scale, R_zero_point)
     if X.shape is None:
         return [TensorType(F32, None) for _ in range(3)]
     directions = 2 if direction == "bidirectional" else 1
@@ -355,3 +357,14 @@ def _(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=Non
     state = (directions, batch, hidden)
     return [TensorType(F32, (seq, directions, batch, hidden)), TensorType(F32, state),
             TensorType(F32, state)]
+
+
+def _check_types(W, R, W_scale, W_zero_point, R_scale, R_zero_point):
+    """Where types are known: 8-bit weights, their zero points of the same type, float32
+    scales."""
+    for name, weight, zero_point in (("W", W, W_zero_point), ("R", R, R_zero_point)):
+        if weight.dtype is not None and np.dtype(weight.dtype) not in WEIGHT_TYPES:
+            raise ValueError(f"{NAME}: {name} is {np.dtype(weight.dtype).name}; expected "
+                             f"int8 or uint8 codes")
+        require_dtype(NAME, weight.dtype, **{f"{name}_zero_point": zero_point})
+    require_float_scales(NAME, W_scale=W_scale, R_scale=R_scale)

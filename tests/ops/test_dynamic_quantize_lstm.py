@@ -33,6 +33,8 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 import mixrt
 from mixrt.errors import MixrtError
 from mixrt.ops.quant.contrib_quant_lstm import mlas_logistic, mlas_tanh
+from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.session import load_graph
 
 f32 = np.float32
 TOLERANCE = 1e-6  # for Elu's exp only (docstring)
@@ -216,6 +218,17 @@ def test_one_sequence_matches_onnxruntime_on_any_thread_count(tmp_path):
     assert_same_bits(*run_both(model, feeds_for(rng, model, seq=5, batch=1), threads=2))
 
 
+def test_the_outputs_types_follow_from_symbolic_inputs(tmp_path):
+    rng = np.random.default_rng(8)
+    model = quantized(float_lstm(rng, input_size=3, hidden=5, direction="bidirectional",
+                                 states=True, lengths=True), tmp_path, per_channel=True)
+    graph = load_graph(model)
+    types = infer_types(graph)
+    assert [(types[v.name].dtype, types[v.name].shape) for v in graph.outputs] == [
+        (np.dtype(f32), ("S", 2, "N", 5)), (np.dtype(f32), (2, "N", 5)),
+        (np.dtype(f32), (2, "N", 5))]
+
+
 # -- uint8 weights (quantize_dynamic writes int8 ones for an LSTM) ----------------------------
 
 def as_uint8_weights(model, *, per_channel_zero_point):
@@ -305,3 +318,10 @@ def test_per_column_int8_zero_points_must_be_zero(tmp_path):
     assert "bad_node" in str(caught.value)
     with pytest.raises(Exception, match="zero point must be zero"):
         run_both(model, feeds)
+
+
+def test_a_zero_point_of_another_type_than_its_weight_is_refused(tmp_path):
+    model, feeds = bad_node(tmp_path, lambda a: {"R_zero_point": np.zeros(1, np.uint8)})
+    with pytest.raises(MixrtError, match="R_zero_point is uint8; expected int8") as caught:
+        mixrt.Session(model.SerializeToString()).run(None, feeds)
+    assert "bad_node" in str(caught.value)
