@@ -37,8 +37,8 @@ So the outputs are onnxruntime's bits (``tests/ops/test_dynamic_quantize_lstm.py
   and a hidden state that close to a rounding boundary can land on the neighbouring code.
 * onnxruntime with several intra-op threads and a batch of more than 4 (or 2 or more with
   hidden_size up to 256) splits the batch between its threads, and each part quantizes its
-  own hidden state: its codes then depend on its thread count (a few 1e-3 apart at batch 3,
-  2 threads). This kernel quantizes the whole batch, as onnxruntime does on one thread.
+  own hidden state: its codes then depend on its thread count (outputs up to 1.5e-2 apart
+  at batch 2-3 on 2 threads). This kernel quantizes the whole batch, as onnxruntime does on one thread.
 * A node whose Y output is absent lets onnxruntime keep an ended sequence's last hidden
   state in the range; this kernel always uses zeros there.
 * On a CPU without AVX2, onnxruntime's sigmoid and tanh round without fused multiply-adds.
