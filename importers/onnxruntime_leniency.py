@@ -125,9 +125,9 @@ def drop_repeated_constants(graph: Graph) -> None:
     kept, warned = [], set()
     for node in graph.nodes:
         value = _constant_value(node)
-        name = node.outputs[0] if value is not None and node.outputs else None
-        if name is None or name not in defined:
-            if name is not None:
+        name = node.outputs[0] if value is not None and node.outputs else ""
+        if not name or name not in defined:  # "": not a Constant, or one nobody reads
+            if name:
                 defined[name] = (f"Constant node {node.label!r}", value)
             kept.append(node)
             continue
