@@ -413,3 +413,57 @@ def test_op_hook_names_a_layers_parameters_and_is_silent_imperatively():
     names = [name for name, _, _ in _hooked(model, nd.ones((2, 4)), monitor_all=True)]
     assert names == ["net_dense0_fwd_data", "net_dense0_fwd_weight", "net_dense0_fwd_bias",
                      "net_dense0_fwd_output"]
+
+
+# -- the fused sym.RNN -----------------------------------------------------------------------
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def test_sym_rnn_lstm_takes_mxnet_arguments_and_computes_mxnets_lstm():
+    T, N, C, H = 4, 2, 3, 5
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((T, N, C)).astype(np.float32)
+    w = (rng.standard_normal((4 * H, C)) * 0.4).astype(np.float32)  # gates i, f, c, o
+    r = (rng.standard_normal((4 * H, H)) * 0.4).astype(np.float32)
+    bw, br = rng.standard_normal(4 * H).astype(np.float32), rng.standard_normal(4 * H).astype(
+        np.float32)
+    h0, c0 = (rng.standard_normal((1, N, H)).astype(np.float32) for _ in range(2))
+    data = mx.sym.Variable("data")
+    net = mx.sym.RNN(data=data, state_size=H, num_layers=1, mode="lstm", state_outputs=True,
+                     name="lstm")
+    assert net.list_arguments() == ["data", "lstm_parameters", "lstm_state", "lstm_state_cell"]
+    assert net.list_outputs() == ["lstm_output", "lstm_state_output", "lstm_statecell_output"]
+    params = np.concatenate([w.ravel(), r.ravel(), bw, br])
+    exe = net.bind(mx.cpu(), {"data": nd.array(x), "lstm_parameters": nd.array(params),
+                              "lstm_state": nd.array(h0), "lstm_state_cell": nd.array(c0)})
+    out, h_n, c_n = (o.asnumpy() for o in exe.forward())
+    h, c, ys = h0[0], c0[0], []
+    for t in range(T):
+        gates = x[t] @ w.T + bw + h @ r.T + br
+        i, f, g, o = (gates[:, k * H:(k + 1) * H] for k in range(4))
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(c)
+        ys.append(h)
+    np.testing.assert_allclose(out, np.stack(ys), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(h_n[0], h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c_n[0], c, rtol=1e-5, atol=1e-5)
+
+
+def test_sym_rnn_makes_mxnets_variables_and_infers_the_states():
+    data = mx.sym.Variable("data")
+    with NameManager():
+        net = mx.sym.RNN(data, state_size=4, num_layers=2, mode="gru", bidirectional=True)
+    assert net.name == "rnn0"
+    assert net.list_arguments() == ["data", "rnn0_parameters", "rnn0_state"]
+    shapes, outputs, _ = net.infer_shape(data=(3, 2, 5), rnn0_parameters=(1,))
+    assert shapes[2] == (4, 2, 4) and outputs == [(3, 2, 8)]
+
+
+def test_sym_rnn_refuses_unknown_arguments_and_keeps_onnx_rnn():
+    with pytest.raises(mx.errors.GraphError, match="hidden"):
+        mx.sym.RNN(mx.sym.Variable("data"), state_size=2, mode="lstm", hidden=3)
+    x, w, r = (mx.sym.Variable(n) for n in ("X", "W", "R"))
+    onnx_rnn = mx.sym.RNN(x, w, r, hidden_size=3)  # ONNX's operator, by its own arguments
+    assert len(onnx_rnn.list_outputs()) >= 1

@@ -1,0 +1,104 @@
+"""MXNet's fused recurrent operator as a symbol: ``sym.RNN(data, parameters, state,
+state_cell, state_size=..., num_layers=..., mode=...)``.
+
+    data = mx.sym.Variable("data")                       # (T, N, C)
+    net = mx.sym.RNN(data, state_size=16, num_layers=2, mode="lstm", name="lstm")
+    # arguments: data, lstm_parameters, lstm_state, lstm_state_cell
+
+It is built as MXNet's symbol files are read (``mixrt.sym.mxnet_json``): one ONNX RNN, GRU
+or LSTM node per layer over slices of the one flat ``parameters`` vector, in MXNet's (cuDNN's)
+layout: per layer and direction the input and recurrent weights, then all the biases. The
+inputs left out become Variables named MXNet's way (``<name>_parameters``, ``<name>_state``,
+``<name>_state_cell``). The states' shapes follow from the data's, (layers x directions,
+batch, state_size); ``parameters`` has no shape rule (its size is an affine function of the
+data's width, which a variable's shape rule cannot say), so bind it with its array or
+declare its shape. With ``state_outputs`` the outputs
+are MXNet's: ``<name>_output``, ``<name>_state_output`` and, for an LSTM,
+``<name>_statecell_output``.
+
+``sym.RNN`` called without MXNet's keywords (``state_size``, ``mode``, ...) is still ONNX's
+RNN operator, whose name it shares.
+"""
+
+from __future__ import annotations
+
+from mixrt.base.errors import GraphError
+from mixrt.sym.mxnet_json import _rnn
+from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
+from mixrt.sym.symbol import Group, MXNET_OP, prefixed, variable_named, Symbol
+
+# the inputs of MXNet's RNN, in its order (state_cell only for an LSTM, sequence_length only
+# with use_sequence_length)
+INPUTS = ("data", "parameters", "state", "state_cell", "sequence_length")
+# MXNet's RNN parameters; any of them given means MXNet's operator rather than ONNX's
+PARAMETERS = ("state_size", "num_layers", "bidirectional", "mode", "p", "state_outputs",
+              "projection_size", "lstm_state_clip_min", "lstm_state_clip_max",
+              "lstm_state_clip_nan", "use_sequence_length", "cudnn_off")
+
+
+def is_mxnet_call(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``sym.RNN`` call is MXNet's (it names one of MXNet's parameters or inputs
+    that ONNX's RNN does not have)."""
+    return any(key in kwargs for key in (*PARAMETERS, "data", "parameters", "state",
+                                         "state_cell"))
+
+
+def fused_rnn(*args, name=None, **kwargs) -> Symbol:
+    """MXNet's ``sym.RNN``: inputs positionally or by name (``data``, ``parameters``,
+    ``state``, ``state_cell``, ``sequence_length``), MXNet's parameters by keyword."""
+    given = dict(zip(INPUTS, args))
+    if len(args) > len(INPUTS):
+        raise GraphError(f"RNN takes at most {len(INPUTS)} inputs, got {len(args)}")
+    for key in INPUTS:
+        if key in kwargs:
+            if key in given:
+                raise GraphError(f"RNN: {key} given both positionally and by name")
+            given[key] = kwargs.pop(key)
+    unknown = sorted(set(kwargs) - set(PARAMETERS))
+    if unknown:
+        raise GraphError(f"RNN: unknown arguments {unknown}; MXNet's RNN takes "
+                         f"{list(INPUTS)} and {list(PARAMETERS)}")
+    base = layer_name("RNN", name)
+    full = prefixed(base)
+    inputs = [_input(full, key, given.get(key)) for key in _input_names(kwargs)]
+    for key, value in zip(_input_names(kwargs), inputs):
+        if key in ("state", "state_cell") and given.get(key) is None:
+            _state_shape_follows_data(value, base, kwargs)
+    built = _rnn(base, inputs, dict(kwargs))
+    outputs = list(built) if len(built) > 1 else [built]
+    head = outputs[0]._outputs[0][0]
+    head.name = full  # the layer's name, whatever the name manager makes of it a second time
+    head.info[MXNET_OP] = "RNN"
+    states = [call_op("", "Identity", [state], {}, name=f"{full}_{label}", exact_name=True)
+              for state, label in zip(outputs[1:], ("state", "statecell"))]
+    return Group([outputs[0], *states]) if states else outputs[0]
+
+
+def _input_names(params: dict) -> list[str]:
+    names = ["data", "parameters", "state"]
+    if params.get("mode") == "lstm":
+        names.append("state_cell")
+    if params.get("use_sequence_length"):
+        names.append("sequence_length")
+    return names
+
+
+def _state_shape_follows_data(state: Symbol, base: str, params: dict) -> None:
+    """A state Variable made here is (layers x directions, batch, state_size), the batch
+    being the data's axis 1 (the first layer's node reads the data as its input 0)."""
+    directions = 2 if params.get("bidirectional") else 1
+    count = params.get("num_layers", 1) * directions
+    size = params.get("state_size")
+    if isinstance(count, int) and isinstance(size, int):
+        state._outputs[0][0].info[SHAPE_FROM] = shape_from(f"{base}_layer0", 0,
+                                                            [count, ["axis", 1], size])
+
+
+def _input(layer: str, key: str, value) -> Symbol:
+    """The given input, or MXNet's Variable for it (``<layer>_<key>``)."""
+    if value is None:
+        return variable_named(f"{layer}_{key}")
+    if not isinstance(value, Symbol) or len(value) != 1:
+        raise GraphError(f"RNN {layer!r}: {key} must be a single-output Symbol, got "
+                         f"{value!r}")
+    return value
