@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt
 from mixrt.errors import ExecutionError, GraphError, UnsupportedOperatorError
 from mixrt.importers.onnx import import_model
+from mixrt.ops.control import contrib_generation
 from mixrt.ops.device import CPU
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
@@ -409,6 +410,21 @@ def test_beam_scores_over_an_exact_decoder(seed, settings, attributes):
     compare_beams(model, feeds, EXACT_DECODER_TOLERANCE)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_candidates_come_in_onnxruntime_topk_order(seed):
+    # ties (many equal scores, banned tokens at float32's lowest) in index order
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(-3, 3, (3, 40)).astype(np.float32)
+    rows[:, ::4] = np.finfo(np.float32).min
+    if seed % 2:
+        rows = rng.standard_normal((3, 40)).astype(np.float32)
+    for k in (1, 2, 6, 8, 40):
+        order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+        values, indices = contrib_generation._top_k(rows, k)
+        np.testing.assert_array_equal(indices, order)
+        np.testing.assert_array_equal(values, np.take_along_axis(rows, order, axis=1))
+
+
 # -- T5: an encoder and a decoder -----------------------------------------------------------------
 
 T5_HEADS, T5_HEAD_SIZE = 2, 4
@@ -624,11 +640,17 @@ def greedy_feeds(input_ids, *, max_length=12, min_length=0, repetition_penalty=1
     return feeds
 
 
+_MASKS = np.random.default_rng(4)
+VOCAB_MASK = (_MASKS.random(VOCAB) > 0.3).astype(np.int32)
+VOCAB_MASK[EOS] = 1
+PREFIX_MASK = (_MASKS.random((2, VOCAB)) > 0.5).astype(np.int32)
+
 GREEDY_CASES = {
     "plain": (dict(), {}),
     "repetition penalty": (dict(repetition_penalty=1.5), {}),
     "no repeat 2-grams": (dict(), dict(no_repeat_ngram_size=2)),
     "min length": (dict(min_length=9), {}),
+    "vocab masks": (dict(vocab_mask=VOCAB_MASK, prefix_vocab_mask=PREFIX_MASK), {}),
 }
 
 
