@@ -227,17 +227,17 @@ def _clip_weights(xp, value, clip_weights):
 
 def rmsprop_update(weight, grad, n, lr, gamma1=0.95, epsilon=1e-8, wd=0.0, rescale_grad=1.0,
                    clip_gradient=-1.0, clip_weights=-1.0, out=None, name=None):
-    """``n = (1 - gamma1) g^2 + gamma1 n``; ``w -= lr * g / sqrt(n + epsilon)`` (Tieleman
-    and Hinton; epsilon inside the square root, as MXNet has it)."""
+    """``n = (1 - gamma1) g^2 + gamma1 n``; ``w -= lr * (g / sqrt(n + epsilon))`` (Tieleman
+    and Hinton; epsilon inside the square root, as MXNet has it; the rule
+    ``update_rules.rmsprop``)."""
     w = _data(weight, "weight", "rmsprop_update")
     state = _state(n, "n", "rmsprop_update", weight)
-    xp = array_module(w)
-    g = _with_decay(xp, w, _data(grad, "grad", "rmsprop_update"), wd, rescale_grad,
-                    clip_gradient)
-    gamma1 = _f32(gamma1)
-    state[...] = (1 - gamma1) * (g * g) + gamma1 * state
-    value = w - _f32(lr) * g / xp.sqrt(state + _f32(epsilon))
-    return _result(_clip_weights(xp, value, clip_weights), weight, out, "rmsprop_update")
+    rule = rules.rmsprop(_clipped(clip_gradient), _clipped(clip_weights))
+    value = rules.mxnet_step(rule, array_module(w), w, _data(grad, "grad", "rmsprop_update"),
+                             {"n": state}, lr=lr, wd=wd, gamma1=gamma1, epsilon=epsilon,
+                             rescale_grad=rescale_grad, clip_gradient=clip_gradient,
+                             clip_weights=clip_weights)
+    return _result(value, weight, out, "rmsprop_update")
 
 
 def rmspropalex_update(weight, grad, n, g, delta, lr, gamma1=0.95, gamma2=0.9, epsilon=1e-8,

@@ -639,10 +639,39 @@ class MXNetAdam(_MXNetRule):
             beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon, **self._hyper(rate, wd))
 
 
+class MXNetRMSProp(_MXNetRule):
+    """MXNet's RMSProp (``mixrt.optimizer``'s ``rmsprop``, not centered): weight decay and
+    clipping on the gradient, epsilon inside the square root, ``clip_weights`` on the new
+    weight."""
+
+    name = "mxnet_rmsprop"
+    default_learning_rate = 0.001
+
+    def __init__(self, *, gamma1=0.9, epsilon=1e-8, clip_weights=None, **common):
+        self.gamma1 = real_param(self._owner, "gamma1", gamma1, low=0.0, high=1.0)
+        self.epsilon = real_param(self._owner, "epsilon", epsilon, low=0.0)
+        self.clip_weights = None if clip_weights is None else real_param(
+            self._owner, "clip_weights", clip_weights, low=0.0, low_open=True)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"gamma1": self.gamma1, "epsilon": self.epsilon,
+                "clip_weights": self.clip_weights}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("n",)
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        rule = update_rules.rmsprop(self._clipped, self.clip_weights is not None)
+        return update_rules.mxnet_step(
+            rule, xp, weight, grad, state, gamma1=self.gamma1, epsilon=self.epsilon,
+            clip_weights=self.clip_weights, **self._hyper(lr, wd))
+
+
 # -- building optimizers --------------------------------------------------------------------
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB, MXNetSGD,
-                                         MXNetAdam)}
+                                         MXNetAdam, MXNetRMSProp)}
 
 
 def create(name: str, **params) -> Optimizer:
@@ -775,5 +804,5 @@ def _state_like(key: str, state: dict, weight) -> dict:
 
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSProp", "AdaGrad", "LAMB", "MXNetSGD",
-           "MXNetAdam", "OPTIMIZERS",
+           "MXNetAdam", "MXNetRMSProp", "OPTIMIZERS",
            "create", "from_spec", "from_state_dict", "read_meta", "clip_global_norm"]

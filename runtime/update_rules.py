@@ -1,6 +1,6 @@
 """MXNet's update rules written once, in text that is both Python and C, so that every path
-that runs one (``mixrt.optimizer_ops`` on NumPy or CuPy arrays, the engine's ``mxnet_sgd``
-and ``mxnet_adam`` on a parameter server, the multi-tensor CUDA kernels of
+that runs one (``mixrt.optimizer_ops`` on NumPy or CuPy arrays, the engine's ``mxnet_sgd``,
+``mxnet_adam`` and ``mxnet_rmsprop`` on a parameter server, the multi-tensor CUDA kernels of
 ``runtime/optimizer_kernels.py``) computes the same operations in the same order.
 
 A rule is a list of statements ``name = expression``. The expressions use ``+ - * /``,
@@ -185,10 +185,24 @@ def adam(clipped: bool) -> Rule:
                     "weight = weight - lr * mean / (sqrt(var) + epsilon)"))
 
 
+@functools.lru_cache(maxsize=None)
+def rmsprop(clipped: bool, clipped_weights: bool) -> Rule:
+    """MXNet's ``rmsprop_update`` (RMSPropUpdateKernel, Tieleman and Hinton): epsilon inside
+    the square root; ``clip_weights`` clips the new weight."""
+    return Rule("rmsprop", ("weight", "n"), ("grad",),
+                _scalars(clipped, "lr", "wd", "gamma1", "epsilon")
+                + (("clip_weights",) if clipped_weights else ()), (
+                    "g = rescale_grad * grad + wd * weight",
+                    *(("g = clip(g, clip_gradient)",) if clipped else ()),
+                    "n = (1 - gamma1) * (g * g) + gamma1 * n",
+                    "weight = weight - lr * (g / sqrt(n + epsilon))",
+                    *(("weight = clip(weight, clip_weights)",) if clipped_weights else ())))
+
+
 def mxnet_adam_rate(lr: float, beta1: float, beta2: float, t: int) -> float:
     """MXNet's Adam optimizer folds the bias corrections into the rate, in Python floats."""
     return lr * ((1.0 - beta2 ** t) ** 0.5 / (1.0 - beta1 ** t))
 
 
 __all__ = ["Rule", "run", "mxnet_step", "cuda_statements", "CUDA_HELPERS", "FMAD", "as_mxnet_scalar",
-           "sgd", "sgd_mom", "nag_mom", "adam", "mxnet_adam_rate"]
+           "sgd", "sgd_mom", "nag_mom", "adam", "rmsprop", "mxnet_adam_rate"]

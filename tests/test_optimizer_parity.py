@@ -53,6 +53,9 @@ MXNET_CASES = [
     ("nag", dict(learning_rate=0.1, momentum=0.8, wd=0.03, rescale_grad=0.5)),
     ("adam", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25)),
     ("adam", dict(learning_rate=0.02, beta1=0.8, beta2=0.99, epsilon=1e-6, wd=0.05)),
+    ("rmsprop", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25,
+                     clip_weights=1.2)),
+    ("rmsprop", dict(learning_rate=0.02, gamma1=0.95, epsilon=1e-6, wd=0.05)),
 ]
 CASE_IDS = [f"{name}-{i}" for i, (name, _) in enumerate(MXNET_CASES)]
 

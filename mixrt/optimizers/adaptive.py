@@ -132,6 +132,15 @@ class RMSProp(Optimizer):
         else:
             ops.rmsprop_update(weight, grad, state[0], out=weight, **options)
 
+    def spec(self) -> dict:
+        """The engine's ``mxnet_rmsprop`` (not centered: Graves' form has no twin)."""
+        if self.centered:
+            return super().spec()
+        clip_weights = self.clip_weights if self.clip_weights and self.clip_weights > 0 \
+            else None  # MXNet clips the weights only from a positive bound
+        return self._twin_spec("mxnet_rmsprop", gamma1=self.gamma1, epsilon=self.epsilon,
+                               clip_weights=clip_weights)
+
 
 @register
 class AdaDelta(Optimizer):
