@@ -10,7 +10,9 @@ length, head size); the first call gets empty ones, so the declared past_0 must 
 heads and head size, and the declared logits the vocabulary, as onnxruntime requires. The
 first call sees the whole prompt, each later call one new token per beam with the presents
 of the beams it continues. A T5 node adds the ``encoder`` (``_t5_interface`` says which two
-forms it takes); its sequences start with decoder_start_token_id.
+forms it takes); its sequences start with decoder_start_token_id. The search itself (scores,
+processors, beams) runs on the host, as onnxruntime's CPU kernel's does; in a GPU session the
+decoder runs on the device, keeps its pasts there, and each step reads its logits back.
 
 The results are onnxruntime's CPU kernel's, bit for bit in the sequences, which meant
 following it where a textbook beam search differs (the module's functions say where):
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.ops.attention.contrib_transformer import MICROSOFT
+from mixrt.ops.device import to_host
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
 
@@ -85,7 +88,7 @@ def _scalar(value, name: str, default, kind=int):
     """A scalar input's value (a one-element tensor); ``default`` where it is absent."""
     if value is None:
         return default
-    array = np.asarray(value)
+    array = to_host(value)
     if array.size != 1:
         raise ValueError(f"input {name} must hold one value; got shape {array.shape}")
     return kind(array.reshape(-1)[0])
@@ -112,8 +115,7 @@ def _settings(input_ids, max_length, min_length, num_beams, num_return_sequences
             _scalar(repetition_penalty, "repetition_penalty", 1.0, float)),
         vocab_size=vocab_size, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
         no_repeat_ngram_size=no_repeat_ngram_size, early_stopping=bool(early_stopping),
-        vocab_mask=None if vocab_mask is None else np.asarray(vocab_mask),
-        prefix_vocab_mask=None if prefix_vocab_mask is None else np.asarray(prefix_vocab_mask))
+        vocab_mask=to_host(vocab_mask), prefix_vocab_mask=to_host(prefix_vocab_mask))
     _check_settings(settings)
     return settings
 
@@ -194,22 +196,22 @@ class _GptDecoding:
     """A GPT-2 decoder's calls from one step to the next (onnxruntime's CreateGptInputs
     and UpdateGptFeeds): the prompt first, then one token per beam."""
 
-    def __init__(self, decoder, init_decoder, interface: _GptInterface, input_ids,
+    def __init__(self, xp, decoder, init_decoder, interface: _GptInterface, input_ids,
                  attention_mask, s: _Settings):
-        self.decoder, self.init_decoder, self.s = decoder, init_decoder, s
-        ids = np.asarray(input_ids, dtype=np.int32)
+        self.xp, self.decoder, self.init_decoder, self.s = xp, decoder, init_decoder, s
+        ids = to_host(input_ids).astype(np.int32)
         real = ids != s.pad_token_id
         # a pad token sits at position 0, the others count up over the real tokens only
         positions = np.where(real, np.cumsum(real, axis=1) - 1, 0).astype(np.int32)
         mask = real.astype(np.int32) if attention_mask is None else \
-            np.asarray(attention_mask, dtype=np.int32)
+            to_host(attention_mask).astype(np.int32)
         self.input_ids = np.repeat(ids, s.num_beams, axis=0)
         self.position_ids = np.repeat(positions, s.num_beams, axis=0)
         self.attention_mask = np.repeat(mask, s.num_beams, axis=0)
         # the position of each row's next token: its count of real tokens
         self.next_positions = np.repeat(real.sum(axis=1, dtype=np.int32), s.num_beams)[:, None]
         empty = (2, s.rows, interface.heads, 0, interface.head_size)
-        self.past = [np.zeros(empty, dtype=interface.past_dtype)] * interface.layers
+        self.past = [xp.zeros(empty, dtype=interface.past_dtype)] * interface.layers
         self.presents: list = []
 
     def first_sequences(self):
@@ -219,8 +221,10 @@ class _GptDecoding:
     def logits(self, step: int):
         """The step's logits, one float32 row per beam (``init_decoder`` serves step 1)."""
         decoder = self.init_decoder if step == 1 and self.init_decoder else self.decoder
-        logits, *self.presents = decoder(self.input_ids, self.position_ids,
-                                         self.attention_mask, *self.past)
+        # the feeds are made on the host; the pasts stay where the decoder made them
+        feeds = [self.xp.asarray(f) for f in (self.input_ids, self.position_ids,
+                                              self.attention_mask)]
+        logits, *self.presents = decoder(*feeds, *self.past)
         return _last_logits(logits, self.s)
 
     def may_stop(self, step: int) -> bool:
@@ -235,20 +239,21 @@ class _GptDecoding:
         self.position_ids = self.next_positions
         ones = np.ones((self.attention_mask.shape[0], 1), dtype=np.int32)
         self.attention_mask = np.concatenate([self.attention_mask, ones], axis=1)
-        self.past = _continued(self.presents, beam_indices, self.s, axis=1)
+        self.past = _continued(self.xp, self.presents, beam_indices, self.s, axis=1)
 
 
-def _continued(presents: list, beam_indices, s: _Settings, axis: int) -> list:
+def _continued(xp, presents: list, beam_indices, s: _Settings, axis: int) -> list:
     """The presents of the beams that continue (``axis`` is the beam axis). onnxruntime
     hands one beam's presents straight on."""
     if s.num_beams == 1:
         return list(presents)
-    return [np.take(np.asarray(p), beam_indices, axis=axis) for p in presents]
+    rows = xp.asarray(beam_indices)
+    return [xp.take(p, rows, axis=axis) for p in presents]
 
 
 def _last_logits(logits, s: _Settings):
-    """The last position's logits, one float32 row per beam."""
-    logits = np.asarray(logits)
+    """The last position's logits, one float32 row per beam, on the host."""
+    logits = to_host(logits)
     if logits.ndim != 3 or logits.shape[2] < s.vocab_size or \
             logits.shape[0] not in (s.rows, s.batch):
         raise ValueError(f"the decoder's logits must be ({s.rows} or {s.batch}, length, "
@@ -341,27 +346,27 @@ class _T5Decoding:
     unexpanded batch, then the decoder one token per beam, its cross keys and values the
     encoder's throughout. Every sequence starts with decoder_start_token_id."""
 
-    def __init__(self, encoder, decoder, interface: _T5Interface, input_ids, attention_mask,
-                 start_token: int, s: _Settings):
-        self.decoder, self.interface, self.s = decoder, interface, s
-        ids = np.asarray(input_ids, dtype=np.int32)
+    def __init__(self, xp, encoder, decoder, interface: _T5Interface, input_ids,
+                 attention_mask, start_token: int, s: _Settings):
+        self.xp, self.decoder, self.interface, self.s = xp, decoder, interface, s
+        ids = to_host(input_ids).astype(np.int32)
         mask = _leading_pads_masked(ids, s.pad_token_id) if attention_mask is None else \
-            np.asarray(attention_mask, dtype=np.int32)
+            to_host(attention_mask).astype(np.int32)
         starts = np.full((s.batch, 1), start_token, dtype=np.int32)
         self.sequences = np.repeat(starts, s.num_beams, axis=0)
-        self.encoder_mask = np.repeat(mask, s.num_beams, axis=0)
+        self.encoder_mask = xp.asarray(np.repeat(mask, s.num_beams, axis=0))
+        ids, mask, starts = xp.asarray(ids), xp.asarray(mask), xp.asarray(starts)
         if interface.encoder_decodes:
             logits, hidden, *presents = encoder(ids, mask, starts)
             self.encoder_logits = logits
-            self.hidden = np.repeat(np.asarray(hidden), s.num_beams, axis=0)
-            expanded = [np.repeat(np.asarray(p), s.num_beams, axis=0) for p in presents]
+            self.hidden = xp.repeat(hidden, s.num_beams, axis=0)
+            expanded = [xp.repeat(p, s.num_beams, axis=0) for p in presents]
             self.self_past = expanded[:2 * interface.layers]
             self.cross_past = expanded[2 * interface.layers:]
         else:
-            self.cross_past = [np.repeat(np.asarray(p), s.num_beams, axis=0)
-                               for p in encoder(ids, mask)]
+            self.cross_past = [xp.repeat(p, s.num_beams, axis=0) for p in encoder(ids, mask)]
             empty = (s.rows, interface.heads, 0, interface.head_size)
-            self.self_past = [np.zeros(empty, dtype=interface.past_dtype)] * \
+            self.self_past = [xp.zeros(empty, dtype=interface.past_dtype)] * \
                 (2 * interface.layers)
         self.input_ids = self.sequences
         self.presents: list = []
@@ -373,8 +378,9 @@ class _T5Decoding:
         if step == 1 and self.interface.encoder_decodes:
             return _last_logits(self.encoder_logits, self.s)
         hidden = [self.hidden] if self.interface.hidden_states else []
-        logits, *self.presents = self.decoder(self.input_ids, self.encoder_mask, *hidden,
-                                              *self.self_past, *self.cross_past)
+        logits, *self.presents = self.decoder(self.xp.asarray(self.input_ids),
+                                              self.encoder_mask, *hidden, *self.self_past,
+                                              *self.cross_past)
         return _last_logits(logits, self.s)
 
     def may_stop(self, step: int) -> bool:
@@ -386,7 +392,7 @@ class _T5Decoding:
             tokens.astype(np.int32)[:, None]
         if step == 1 and self.interface.encoder_decodes:
             return  # the encoder's self keys and values, one copy per beam, come first
-        self.self_past = _continued(self.presents, beam_indices, self.s, axis=0)
+        self.self_past = _continued(self.xp, self.presents, beam_indices, self.s, axis=0)
 
 
 def _leading_pads_masked(ids, pad_token_id: int):
@@ -589,7 +595,7 @@ def beam_search(xp, input_ids, max_length=None, min_length=None, num_beams=None,
     logits_processor selects Whisper's processor, which only model_type 2 reads."""
     _require_model_type(model_type, decoder_input_ids)
     interface = _interface(model_type, encoder, decoder)
-    s = _settings(np.asarray(input_ids), max_length, min_length, num_beams,
+    s = _settings(to_host(input_ids), max_length, min_length, num_beams,
                   num_return_sequences, length_penalty, repetition_penalty, vocab_mask,
                   prefix_vocab_mask, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                   no_repeat_ngram_size=no_repeat_ngram_size, early_stopping=early_stopping,
@@ -599,13 +605,15 @@ def beam_search(xp, input_ids, max_length=None, min_length=None, num_beams=None,
     if model_type == 1:
         if decoder_start_token_id < 0:
             raise ValueError("model_type 1 needs decoder_start_token_id (0 or more)")
-        decoding = _T5Decoding(encoder, decoder, interface, input_ids, attention_mask,
+        decoding = _T5Decoding(xp, encoder, decoder, interface, input_ids, attention_mask,
                                decoder_start_token_id, s)
     else:
-        decoding = _GptDecoding(decoder, init_decoder, interface, input_ids, attention_mask, s)
+        decoding = _GptDecoding(xp, decoder, init_decoder, interface, input_ids,
+                                attention_mask, s)
     sequences, scorer, beam_scores, steps = _search_beams(decoding, s)
     out, out_scores = scorer.finish(sequences, beam_scores)
-    results = (out, out_scores, _stacked_steps(steps, s))
+    # the search runs on the host; the outputs go where the session keeps its values
+    results = tuple(xp.asarray(r) for r in (out, out_scores, _stacked_steps(steps, s)))
     return results[0] if _outputs == 1 else results[:_outputs]
 
 
@@ -719,17 +727,17 @@ def greedy_search(xp, input_ids, max_length=None, min_length=None, repetition_pe
     max_length) int32, pad_token_id after the last step."""
     _require_gpt(model_type)
     interface = _gpt_interface(decoder)
-    s = _settings(np.asarray(input_ids), max_length, min_length, None, None, None,
+    s = _settings(to_host(input_ids), max_length, min_length, None, None, None,
                   repetition_penalty, vocab_mask, prefix_vocab_mask,
                   eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                   no_repeat_ngram_size=no_repeat_ngram_size, early_stopping=0,
                   vocab_size=vocab_size if vocab_size > 0 else interface.vocab_size)
     _check_attention_mask(attention_mask, input_ids)
-    decoding = _GptDecoding(decoder, init_decoder, interface, input_ids, attention_mask, s)
+    decoding = _GptDecoding(xp, decoder, init_decoder, interface, input_ids, attention_mask, s)
     sequences = _search_greedily(decoding, s)
     out = np.full((s.batch, s.max_length), s.pad_token_id, dtype=np.int32)
     out[:, :sequences.shape[1]] = sequences
-    return out
+    return xp.asarray(out)
 
 
 def _search_greedily(decoding, s: _Settings):

@@ -14,12 +14,13 @@ import mixrt
 from mixrt.errors import ExecutionError, GraphError, UnsupportedOperatorError
 from mixrt.importers.onnx import import_model
 from mixrt.ops.control import contrib_generation
-from mixrt.ops.device import CPU
+from mixrt.ops.device import CPU, gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 from mixrt.runtime.support import support_table
 
 MS = "com.microsoft"
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA GPU")
 VOCAB, HIDDEN, HEADS, LAYERS = 50, 16, 2, 2
 HEAD_SIZE = HIDDEN // HEADS
 EOS = 7
@@ -755,3 +756,25 @@ def test_the_inferred_types_are_those_a_run_makes():
         for dim, size in zip(inferred.shape, value.shape):
             assert not isinstance(dim, int) or dim == size, (name, inferred, value.shape)
     assert types["scores"].shape[2:] == (None, VOCAB)  # num_beams is fed, the vocab declared
+
+
+@needs_gpu
+@pytest.mark.parametrize("build", ["gpt2 beams", "gpt2 greedy", "t5 beams"])
+def test_a_gpu_session_searches_as_the_cpu_does(build):
+    # the search runs on the host; the decoder's calls and its pasts stay on the device
+    if build == "gpt2 greedy":
+        feeds = greedy_feeds(LEFT_PADDED, attention_mask=LEFT_PADDED_MASK)
+        model = search_model("GreedySearch", feeds, ["sequences"], eos_bias=1.0, **GPT2)
+    elif build == "gpt2 beams":
+        feeds = beam_feeds(LEFT_PADDED, num_beams=3, num_return_sequences=2,
+                           attention_mask=LEFT_PADDED_MASK)
+        model = search_model("BeamSearch", feeds, OUTPUTS, eos_bias=1.0, **GPT2)
+    else:
+        feeds = beam_feeds(T5_PROMPTS, max_length=10, num_beams=3, num_return_sequences=2)
+        model = t5_model(feeds, eos_bias=1.0, pad_token_id=PAD)
+    data = model.SerializeToString()
+    want = mixrt.Session(data).run(None, feeds)
+    got = mixrt.Session(data, device="gpu").run(None, feeds)
+    np.testing.assert_array_equal(got[0], want[0])
+    for have, expected in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(have, expected, rtol=1e-5, atol=5e-5)
