@@ -467,3 +467,54 @@ def test_sym_rnn_refuses_unknown_arguments_and_keeps_onnx_rnn():
     x, w, r = (mx.sym.Variable(n) for n in ("X", "W", "R"))
     onnx_rnn = mx.sym.RNN(x, w, r, hidden_size=3)  # ONNX's operator, by its own arguments
     assert len(onnx_rnn.list_outputs()) >= 1
+
+
+# -- symbol attributes ---------------------------------------------------------------------------
+
+def test_variable_lr_mult_is_stored_as_mxnet_does():
+    weight = mx.sym.Variable("w", lr_mult=2.0, wd_mult=0.5, attr={"mood": "angry"})
+    assert weight.attr("__lr_mult__") == "2.0"
+    assert weight.attr("lr_mult") == "2.0"  # MXNet looks a hidden key up as __key__ too
+    assert weight.list_attr() == {"__lr_mult__": "2.0", "lr_mult": "2.0",
+                                  "__wd_mult__": "0.5", "wd_mult": "0.5", "mood": "angry"}
+    assert weight.attr("missing") is None
+    assert weight.attr("name") == "w"
+
+
+def test_set_attr_stores_hidden_keys_under_underscores_and_renames():
+    data = mx.sym.Variable("data")
+    data._set_attr(lr_mult="3", ctx_group="dev1", mood="calm")
+    assert data.list_attr() == {"__lr_mult__": "3", "lr_mult": "3", "__ctx_group__": "dev1",
+                                "ctx_group": "dev1", "mood": "calm"}
+    data._set_attr(name="renamed")
+    assert data.name == "renamed"
+    with pytest.raises(ValueError):
+        data._set_attr(mood=1)
+    with pytest.raises(mx.errors.GraphError, match="fc_lr_mult"):
+        data._set_attr(fc_lr_mult="2")
+
+
+def test_layer_attributes_are_its_mxnet_parameters_copied_to_its_variables():
+    data = mx.sym.Variable("data")
+    fc = mx.sym.FullyConnected(data, num_hidden=10, name="fc", lr_mult=2)
+    assert fc.list_attr() == {"num_hidden": "10", "__lr_mult__": "2", "lr_mult": "2"}
+    assert fc.attr("num_hidden") == "10"
+    attrs = fc.attr_dict()
+    assert set(attrs) == {"fc_weight", "fc_bias", "fc"}  # data has none; the layer is one node
+    assert attrs["fc_weight"]["num_hidden"] == "10"
+    assert attrs["fc_weight"]["__lr_mult__"] == "2"
+    conv = mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, name="conv")
+    assert conv.attr("kernel") == "(3, 3)" and conv.attr("num_filter") == "4"
+
+
+def test_attr_dict_maps_each_node_to_its_attributes_and_groups_answer_none():
+    a = mx.sym.Variable("a", attr={"a1": "a2"})
+    b = mx.sym.Variable("b", attr={"b1": "b2"})
+    c = a + b
+    assert c.attr_dict() == {"a": {"a1": "a2"}, "b": {"b1": "b2"}}
+    group = mx.sym.Group([a, b])
+    assert group.attr("a1") is None  # outputs of two nodes: no single node to ask
+    assert group.list_attr() == {"a1": "a2"}  # the first output's node, as MXNet's
+    with AttrScope(group="4"):
+        d = mx.sym.Variable("d")
+    assert d.attr_dict() == {"d": {"group": "4"}}

@@ -103,6 +103,13 @@ INPUT_ORDER = "input_order"
 # an operator node's info key: the MXNet operator it was made for (``FullyConnected``,
 # ``Pooling``), which MXNet's op hook reports; a node without it reports its own op
 MXNET_OP = "mxnet_op"
+# an operator node's info key: the parameters an MXNet layer was given (strings, as MXNet
+# keeps them: ``{"num_hidden": "10"}``), which list_attr shows in place of the node's ONNX
+# attributes; MXNet copies them onto the Variables a layer makes for its inputs, so those
+# carry them too
+MXNET_PARAMS = "mxnet_params"
+# MXNet's attributes that it stores as ``__<key>__`` and lists under both names
+HIDDEN_KEYS = ("ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage")
 
 
 @dataclass(eq=False)
@@ -175,33 +182,51 @@ class Symbol(ArrayMethods):
         return [n.name for n in self._variables()]
 
     def list_attr(self, recursive: bool = False) -> dict:
-        """The single output node's attributes as strings (MXNet's): those it was given
+        """The first output node's attributes as strings (MXNet's): those it was given
         (``attr=``, ``lr_mult=``, an AttrScope's), a variable's ``__shape__`` and
-        multipliers, an operator's own attributes. ``recursive``: every node's, keyed
-        ``<node>_<key>``."""
+        multipliers, an MXNet layer's parameters (another operator's own attributes); the
+        ones MXNet stores as ``__<key>__`` (``__lr_mult__``) also under their plain key.
+        ``recursive``: every node's, keyed ``<node>_<key>``."""
         if recursive:
             return {f"{node}_{key}": value for node, found in self.attr_dict().items()
                     for key, value in found.items()}
-        return _attributes(self._single_node("list_attr"))
+        if not self._outputs:
+            raise GraphError("list_attr needs a symbol with an output")
+        return _attributes(self._outputs[0][0])
 
     def attr(self, key: str):
-        """The attribute ``key`` of the single output node (a string), or None."""
+        """The attribute ``key`` of the output node (a string; ``"name"``: the node's
+        name), or None, as for a group of several nodes."""
+        nodes = {id(node) for node, _ in self._outputs}
+        if len(nodes) != 1:
+            return None
+        if key == "name":
+            return self._outputs[0][0].name
         return self.list_attr().get(key)
 
     def attr_dict(self) -> dict:
-        """{node name: its attributes} for every node that has some."""
+        """{node name: its attributes} for every node that has some (a layer is one node,
+        as in MXNet)."""
         found = {}
         for node in self._topological():
-            attributes = _attributes(node)
+            attributes = _attributes(node) if _listed(node) else None
             if attributes:
                 found[node.name] = attributes
         return found
 
     def _set_attr(self, **attributes) -> None:
-        """Set attributes (strings) of the single output node, in place."""
+        """Set attributes (strings) of the single output node, in place, as MXNet does:
+        ``name`` renames the node, and MXNet's hidden keys (``lr_mult``) are stored as
+        ``__lr_mult__``."""
         node = self._single_node("_set_attr")
-        node.info.setdefault(ATTRIBUTES, {}).update(
-            {key: str(value) for key, value in attributes.items()})
+        for key, value in attributes.items():
+            if not isinstance(value, str):
+                raise AttributeValueError(f"_set_attr: attribute {key!r} must be a string, "
+                                          f"got {type(value).__name__} {value!r}")
+            if key == "name":
+                node.name = value
+            else:
+                node.info.setdefault(ATTRIBUTES, {})[_stored_key(key, value)] = value
 
     def get_internals(self) -> "Symbol":
         """Every output of every node, in topological order: pick one by name
@@ -741,13 +766,34 @@ def _attributes(node: SymNode) -> dict:
         for key in ("lr_mult", "wd_mult"):
             if key in node.info:
                 found[f"__{key}__"] = str(node.info[key])
+        found.update(node.info.get(MXNET_PARAMS, {}))
+    elif MXNET_PARAMS in node.info:
+        found.update(node.info[MXNET_PARAMS])
     elif not node.is_constant:
         found.update({key: _attribute_text(value) for key, value in node.attrs.items()})
     found.update(node.info.get(ATTRIBUTES, {}))
-    for key in ("lr_mult", "wd_mult", "ctx_group"):
+    for key in HIDDEN_KEYS:
         if f"__{key}__" in found:
             found[key] = found[f"__{key}__"]
     return found
+
+
+def _stored_key(key: str, value: str) -> str:
+    """The key MXNet stores an attribute under: a hidden key (``lr_mult``) as
+    ``__lr_mult__``; one ending in a hidden key (``fc_lr_mult``) is refused, as MXNet
+    refuses it (set it on the Variable instead)."""
+    for hidden in HIDDEN_KEYS:
+        if key == hidden:
+            return f"__{key}__"
+        if key.endswith(hidden):
+            raise GraphError(f"setting variable attributes with {key} is no longer "
+                             f"supported (as in MXNet); use w = Variable(name, {hidden}="
+                             f"{value}) and pass w as the layer's input")
+    return key
+
+
+class AttributeValueError(GraphError, ValueError):
+    """An attribute value that is not a string (MXNet raises ValueError)."""
 
 
 def _attribute_text(value) -> str:

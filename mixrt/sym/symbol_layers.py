@@ -37,6 +37,8 @@ use are defined here. Bad arguments raise GraphError naming the layer and the ar
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,8 +47,8 @@ from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
 from mixrt.sym.ops import call_op, layer_name, shape_from, split_symbol_attributes, SHAPE_FROM
-from mixrt.sym.symbol import (ATTRIBUTES, INPUT_ORDER, LAYER, MXNET_OP, constant, prefixed,
-                               variable_named, Symbol)
+from mixrt.sym.symbol import (ATTRIBUTES, INPUT_ORDER, LAYER, MXNET_OP, MXNET_PARAMS, constant,
+                               prefixed, variable_named, Symbol)
 
 # node.info key of an *Output layer's head: what Module.from_symbol trains it with
 OUTPUT_INFO = "mxnet_output"
@@ -305,3 +307,41 @@ def output_layer(symbol: Symbol) -> OutputLayer | None:
 LAYERS = ("FullyConnected", "Convolution", "Deconvolution", "Pooling", "BatchNorm",
           "Activation", "LeakyReLU", "Embedding", "SoftmaxOutput", "LinearRegressionOutput",
           "LogisticRegressionOutput", "MAERegressionOutput")
+
+
+# -- the parameters a layer was given, as MXNet keeps them ---------------------------------------
+
+# the layers' inputs (Symbols), which are not parameters
+_INPUTS = ("data", "weight", "bias", "gamma", "beta", "moving_mean", "moving_var", "label")
+
+
+def _recording_parameters(function):
+    """``function`` (a layer) recording the parameters it was given, as strings, on the
+    layer's output node and on the Variables it made for the inputs left out: MXNet keeps
+    them in the node's attributes (``list_attr()`` is ``{"num_hidden": "10"}``) and copies
+    them onto the variables it creates (``fc_weight``'s attributes hold them too)."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def layer(*args, **kwargs):
+        result = function(*args, **kwargs)
+        given = signature.bind_partial(*args, **kwargs).arguments
+        parameters = {key: str(value) for key, value in given.items()
+                      if key not in (*_INPUTS, "name", "unknown") and value is not None
+                      and signature.parameters[key].kind is not inspect.Parameter.VAR_KEYWORD}
+        if parameters:
+            _record_on(result, parameters, [v for v in given.values() if isinstance(v, Symbol)])
+        return result
+    return layer
+
+
+def _record_on(result: Symbol, parameters: dict, inputs: list) -> None:
+    given = {id(node) for symbol in inputs for node in symbol._topological()}
+    head = result._outputs[0][0]
+    for node in result._topological():
+        if node is head or (node.is_variable and id(node) not in given):
+            node.info[MXNET_PARAMS] = dict(parameters)
+
+
+for _name in LAYERS:
+    globals()[_name] = _recording_parameters(globals()[_name])
