@@ -79,15 +79,18 @@ def _clipped(clip_gradient) -> bool:
     return clip_gradient is not None and clip_gradient >= 0
 
 
-def _sgd_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient):
+def _sgd_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradient,
+              multi: bool = False):
     """The new weight; ``mom`` (when given) updated in place: MXNet keeps ``-lr`` inside
     the momentum buffer (``mom = momentum * mom - lr * wd * w - lr * g``; ``w += mom``),
     by the rules of runtime/update_rules.py, which the engine's ``mxnet_sgd`` (a parameter
-    server's) and the GPU's multi-tensor kernel follow too."""
+    server's) and the GPU's multi-tensor kernel follow too. ``multi``: without momentum,
+    the multi-tensor operator's rounding (``update_rules.multi_sgd``)."""
     clipped = _clipped(clip_gradient)
     hyper = dict(lr=lr, wd=wd, rescale_grad=rescale_grad, clip_gradient=clip_gradient)
     if mom is None:
-        return rules.mxnet_step(rules.sgd(clipped), xp, weight, grad, {}, **hyper)
+        rule = rules.multi_sgd(clipped) if multi else rules.sgd(clipped)
+        return rules.mxnet_step(rule, xp, weight, grad, {}, **hyper)
     return rules.mxnet_step(rules.sgd_mom(clipped), xp, weight, grad, {"mom": mom},
                             momentum=momentum, **hyper)
 
@@ -414,9 +417,32 @@ def _multi(step, per_weight: int, op: str, with_momentum: bool):
     return run
 
 
-multi_sgd_update = _multi(sgd_update, 2, "multi_sgd_update", False)
+def one_multi_sgd_update(weight, grad, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
+                         lazy_update=True, out=None, name=None):
+    """One weight of MXNet's ``multi_sgd_update`` (not MXNet's name: its operator takes
+    lists), whose kernel rounds otherwise than ``sgd_update``'s. MXNet's SGD optimizer
+    runs it on every dense weight it updates without momentum."""
+    w = _data(weight, "weight", "multi_sgd_update")
+    g = _data(grad, "grad", "multi_sgd_update")
+    value = _sgd_step(array_module(w), w, g, None, lr, 0.0, wd, rescale_grad, clip_gradient,
+                      multi=True)
+    return _result(value, weight, out, "multi_sgd_update")
+
+
+def one_multi_mp_sgd_update(weight, grad, weight32, lr, wd=0.0, rescale_grad=1.0,
+                            clip_gradient=-1.0, lazy_update=True, out=None, name=None):
+    """``one_multi_sgd_update`` on the float32 master copy ``weight32`` (updated in
+    place), the weight getting it cast to its own dtype."""
+    w32 = _state(weight32, "weight32", "multi_mp_sgd_update", weight)
+    g = _data(grad, "grad", "multi_mp_sgd_update")
+    w32[...] = _sgd_step(array_module(w32), w32, g, None, lr, 0.0, wd, rescale_grad,
+                         clip_gradient, multi=True)
+    return _result(w32, weight, out, "multi_mp_sgd_update")
+
+
+multi_sgd_update = _multi(one_multi_sgd_update, 2, "multi_sgd_update", False)
 multi_sgd_mom_update = _multi(sgd_mom_update, 3, "multi_sgd_mom_update", True)
-multi_mp_sgd_update = _multi(mp_sgd_update, 3, "multi_mp_sgd_update", False)
+multi_mp_sgd_update = _multi(one_multi_mp_sgd_update, 3, "multi_mp_sgd_update", False)
 multi_mp_sgd_mom_update = _multi(mp_sgd_mom_update, 4, "multi_mp_sgd_mom_update", True)
 
 
@@ -534,7 +560,7 @@ for _name, _states in _LAZY.items():
     globals()[_name] = _lazy_for_row_sparse(globals()[_name], _states)
 ftrl_update = _lazy_for_row_sparse(ftrl_update, 2, flag=False)  # noqa: F821
 
-for _name in FUNCTIONS:
+for _name in (*FUNCTIONS, "one_multi_sgd_update", "one_multi_mp_sgd_update"):
     globals()[_name] = _on_the_arrays_device(globals()[_name])
 
 __all__ = list(FUNCTIONS)

@@ -578,7 +578,9 @@ class _MXNetRule(Optimizer):
 class MXNetSGD(_MXNetRule):
     """MXNet's SGD (``mixrt.optimizer``'s ``sgd``, or its ``nag`` with ``nesterov``): ``-lr``
     lives in the momentum buffer (``mom = momentum * mom - lr * wd * w - lr * g``,
-    ``w += mom``), which follows a changing rate differently from ``sgd``'s buffer."""
+    ``w += mom``), which follows a changing rate differently from ``sgd``'s buffer.
+    Without momentum, MXNet's SGD steps as its multi-tensor operator does and its NAG as
+    ``sgd_update`` does, which round differently."""
 
     name = "mxnet_sgd"
 
@@ -595,9 +597,10 @@ class MXNetSGD(_MXNetRule):
 
     def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
         hyper = self._hyper(lr, wd)
-        if not self.momentum:
-            return update_rules.mxnet_step(update_rules.sgd(self._clipped), xp, weight, grad,
-                                           {}, **hyper)
+        if not self.momentum:  # MXNet's SGD: its multi-tensor operator; NAG: sgd_update
+            rule = update_rules.sgd(self._clipped) if self.nesterov else \
+                update_rules.multi_sgd(self._clipped)
+            return update_rules.mxnet_step(rule, xp, weight, grad, {}, **hyper)
         rule = update_rules.nag_mom(self._clipped, True) if self.nesterov else \
             update_rules.sgd_mom(self._clipped)
         return update_rules.mxnet_step(rule, xp, weight, grad, state,

@@ -154,7 +154,7 @@ SGD_SOURCE = _sgd_source("mixrt_sgd_many", """\
 # the kernel above. Its step is update_rules' sgd / sgd_mom written as C, which rescales and
 # clips the gradient itself, in MXNet's order: the same text NumPy runs.
 def _mxnet_sgd_source(momentum: bool, clipped: bool) -> str:
-    rule = update_rules.sgd_mom(clipped) if momentum else update_rules.sgd(clipped)
+    rule = update_rules.sgd_mom(clipped) if momentum else update_rules.multi_sgd(clipped)
     pointers = {"weight": "((T*)weights[lo])[j]", "mom": "((T*)buffers[lo])[j]",
                 "grad": "((const T*)grads[lo])[j]"}
     step = "        const T lr = lrs[lo];\n        const T wd = wds[lo];\n" + \
@@ -233,7 +233,7 @@ def sgd_many(xp, weights, grads, buffers, lrs, wds, *, momentum: float, nesterov
 
 def mxnet_sgd_many(xp, weights, grads, moms, lrs, wds, *, momentum: float, rescale: float,
                    clip: float | None) -> None:
-    """MXNet's ``sgd_mom_update`` (``moms`` given) or ``sgd_update`` (``moms`` None) for
+    """MXNet's ``sgd_mom_update`` (``moms`` given) or ``multi_sgd_update`` (``moms`` None) for
     every weight at once, each with its own lr and wd, after the gradient's rescale and
     clip. The hyper-parameters are rounded to float32 first, as MXNet's operators take
     them."""

@@ -149,6 +149,17 @@ def sgd(clipped: bool) -> Rule:
 
 
 @functools.lru_cache(maxsize=None)
+def multi_sgd(clipped: bool) -> Rule:
+    """MXNet's ``multi_sgd_update`` (MultiSGDKernel without momentum), which MXNet's SGD
+    optimizer runs on every dense weight, even one alone: the momentum form with a zero
+    buffer and momentum, ``w + (0 * 0 - lr * wd * w - lr * g)``, which rounds otherwise
+    than ``sgd_update``'s ``(1 - lr * wd) * w - lr * g``."""
+    return Rule("multi_sgd", ("weight",), ("grad",), _scalars(clipped, "lr", "wd"), (
+        f"mom = 0 * 0 - lr * wd * weight - {_gradient(clipped, 'lr')}",
+        "weight = weight + mom"))
+
+
+@functools.lru_cache(maxsize=None)
 def sgd_mom(clipped: bool) -> Rule:
     """MXNet's ``sgd_mom_update`` (SGDMomKernel; multi_sgd_mom_update's is the same):
     ``-lr`` lives inside the momentum buffer."""
@@ -205,4 +216,4 @@ def mxnet_adam_rate(lr: float, beta1: float, beta2: float, t: int) -> float:
 
 
 __all__ = ["Rule", "run", "mxnet_step", "cuda_statements", "CUDA_HELPERS", "FMAD", "as_mxnet_scalar",
-           "sgd", "sgd_mom", "nag_mom", "adam", "rmsprop", "mxnet_adam_rate"]
+           "sgd", "multi_sgd", "sgd_mom", "nag_mom", "adam", "rmsprop", "mxnet_adam_rate"]

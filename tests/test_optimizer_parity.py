@@ -51,6 +51,7 @@ MXNET_CASES = [
     ("nag", dict(learning_rate=0.1, momentum=0.9, wd=0.01, clip_gradient=0.75,
                  rescale_grad=0.25)),
     ("nag", dict(learning_rate=0.1, momentum=0.8, wd=0.03, rescale_grad=0.5)),
+    ("nag", dict(learning_rate=0.1, wd=0.03, clip_gradient=0.75)),  # sgd_update's rounding
     ("adam", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25)),
     ("adam", dict(learning_rate=0.02, beta1=0.8, beta2=0.99, epsilon=1e-6, wd=0.05)),
     ("rmsprop", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25,
@@ -176,6 +177,22 @@ def test_a_kind_without_a_twin_warns_that_the_server_runs_another_rule():
     trainer = gluon.Trainer([gluon.Parameter("a_weight", shape=(2,))], "adagrad")
     with pytest.warns(RuntimeWarning, match="not MXNet's"):
         assert trainer._engine_spec()["name"] == "adagrad"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxnets_sgd_without_momentum_rounds_as_its_multi_tensor_operator(dtype):
+    """MXNet's SGD updates dense weights with multi_sgd_update, even one alone, whose kernel
+    computes w + (0 * 0 - lr * wd * w - lr * g), not sgd_update's (1 - lr * wd) * w - lr * g:
+    the two differ in the last bit for some weights."""
+    options = dict(learning_rate=0.1, wd=0.03, rescale_grad=0.25)
+    weights, grads = problem(dtype, seed=4)
+    local = through_the_updater("sgd", options, weights, grads[:1])
+    multi, single = (nd.array(w, dtype=w.dtype) for w in (weights[0], weights[0]))
+    grad = nd.array(grads[0][0], dtype=dtype)
+    nd.multi_sgd_update(multi, grad, out=multi, lrs=[0.1], wds=[0.03], rescale_grad=0.25)
+    nd.sgd_update(single, grad, out=single, lr=0.1, wd=0.03, rescale_grad=0.25)
+    assert_same_bits([local[0]], [multi.asnumpy()])
+    assert not np.array_equal(bits(multi.asnumpy()), bits(single.asnumpy()))
 
 
 # -- the rules' text runs as written ----------------------------------------------------

@@ -70,8 +70,9 @@ class _MomentumSGD(Optimizer):
         return {"rescale_grad": self.rescale_grad, "clip_gradient": clipping(self),
                 "momentum": momentum if momentum > 0 else 0.0}
 
-    def _step(self, weight, grad, state, lr, wd, multi_precision, options) -> None:
-        plain, with_momentum, mp_plain, mp_momentum = self._operators
+    def _step(self, weight, grad, state, lr, wd, multi_precision, options,
+              operators=None) -> None:
+        plain, with_momentum, mp_plain, mp_momentum = operators or self._operators
         momentum = options.pop("momentum")
         if not multi_precision:
             if state is None:
@@ -94,6 +95,10 @@ class SGD(_MomentumSGD):
 
     _operators = (ops.sgd_update, ops.sgd_mom_update, ops.mp_sgd_update,
                   ops.mp_sgd_mom_update)
+    # MXNet's SGD updates dense weights (all of a call's, even one alone) with its
+    # multi-tensor operators, whose kernel rounds a step without momentum otherwise
+    _dense_operators = (ops.one_multi_sgd_update, ops.sgd_mom_update,
+                        ops.one_multi_mp_sgd_update, ops.mp_sgd_mom_update)
     updates_any_number = True  # on a GPU, a whole step in one launch (_step_many)
 
     def __init__(self, momentum=0.0, lazy_update=True, **kwargs):
@@ -108,8 +113,11 @@ class SGD(_MomentumSGD):
         lrs, wds = self._get_lrs(indices), self._get_wds(indices)
         if not multi_precision and self._step_many(weights, grads, states, lrs, wds):
             return
+        dense = all(a.stype == "default" for a in (*weights, *grads))
+        operators = self._dense_operators if dense else self._operators
         for weight, grad, state, lr, wd in zip(weights, grads, states, lrs, wds):
-            self._step(weight, grad, state, lr, wd, multi_precision, self._options())
+            self._step(weight, grad, state, lr, wd, multi_precision, self._options(),
+                       operators)
 
     def _step_many(self, weights, grads, states, lrs, wds) -> bool:
         """Every weight in one launch where they are dense float32/float64 arrays of one GPU
@@ -171,7 +179,7 @@ class NAG(_MomentumSGD):
         self._step(weight, grad, state, lr, wd, multi_precision, self._options())
 
     def spec(self) -> dict:
-        return _engine_sgd_spec(self, nesterov=self.momentum > 0)
+        return _engine_sgd_spec(self, nesterov=True)  # momentum 0: NAG's sgd_update
 
 
 @register

@@ -76,10 +76,12 @@ def _sgd(flags, weights, grads, buffers, starts, lrs, wds, tensors, total, momen
 def _mxnet_sgd(flags, weights, grads, moms, starts, lrs, wds, tensors, total, momentum,
                rescale, clip):
     """MXNet's rule, as the kernel's source is written from it: runtime/update_rules.py's
-    ``sgd_mom`` (``sgd`` without momentum), which rescales and clips the gradient itself."""
+    ``sgd_mom`` (``multi_sgd`` without momentum), which rescales and clips the gradient
+    itself."""
     dtype = lrs.dtype
     clipped = bool(flags["CLIP"])
-    rule = update_rules.sgd_mom(clipped) if flags["MOMENTUM"] else update_rules.sgd(clipped)
+    rule = update_rules.sgd_mom(clipped) if flags["MOMENTUM"] else \
+        update_rules.multi_sgd(clipped)
     for k, count in enumerate(_tensors(starts[:tensors], total)):
         arrays = {"weight": _at(weights[k], count, dtype)}
         if flags["MOMENTUM"]:
