@@ -99,6 +99,15 @@ def test_star_import_of_contrib_autograd():
         assert name in names, name
 
 
+def test_star_import_of_ndarray_gives_its_operators_and_subpackages():
+    names = {}
+    exec("from mixrt.nd import *", names)
+    for name in ("NDArray", "array", "zeros", "concat", "relu", "exp", "reshape", "maximum",
+                 "random_normal", "sample_uniform", "shuffle", "Custom", "cast_storage",
+                 "contrib", "linalg", "random", "sparse", "waitall", "save", "load"):
+        assert name in names, name
+
+
 # -- AttrScope, NameManager -----------------------------------------------------------------
 
 def test_attr_scope_current_is_a_class_property_and_scopes_merge():

@@ -178,3 +178,10 @@ from mixrt.operator import imperative_custom as Custom  # noqa: E402  (MXNet's n
 # its methods (mixrt/nd/fluent.py)
 from mixrt.nd import fluent as _fluent  # noqa: E402
 _fluent.attach()
+
+# ``from mxnet.ndarray import *`` gives MXNet's operators and subpackages: those above that
+# were imported rather than generated, the samplers' flat names (random_normal, ...)
+__all__ += ["Custom", "cast_storage", "exp", "expand_dims", "flatten", "log", "maximum",
+            "minimum", "relu", "reshape", "sigmoid", "sqrt", "square", "squeeze", "tanh",
+            "transpose", "random", "sparse",
+            *(_name for _name in random.FLAT if _name not in __all__)]
