@@ -527,3 +527,27 @@ def test_attr_dict_maps_each_node_to_its_attributes_and_groups_answer_none():
     with AttrScope(group="4"):
         d = mx.sym.Variable("d")
     assert d.attr_dict() == {"d": {"group": "4"}}
+
+
+def test_nd_rnn_computes_the_symbols_values_and_records_for_autograd():
+    T, N, C, H = 3, 2, 4, 3
+    rng = np.random.default_rng(11)
+    x = nd.array(rng.standard_normal((T, N, C)))
+    params = nd.array(rng.standard_normal(3 * H * C + 3 * H * H + 6 * H) * 0.3)
+    h0 = nd.array(rng.standard_normal((1, N, H)))
+    net = mx.sym.RNN(mx.sym.Variable("data"), state_size=H, num_layers=1, mode="gru",
+                     name="gru")
+    want = net.bind(mx.cpu(), {"data": x, "gru_parameters": params,
+                               "gru_state": h0}).forward()[0].asnumpy()
+    got = nd.RNN(x, params, h0, state_size=H, num_layers=1, mode="gru")
+    np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+    out, h_n = nd.RNN(data=x, parameters=params, state=h0, state_size=H, num_layers=1,
+                      mode="gru", state_outputs=True)
+    np.testing.assert_allclose(h_n.asnumpy()[0], want[-1], rtol=1e-5, atol=1e-6)
+    params.attach_grad()
+    with autograd.record():
+        loss = nd.RNN(x, params, h0, state_size=H, num_layers=1, mode="gru").sum()
+    loss.backward()
+    assert float(params.grad.abs().sum().asscalar()) > 0
+    with pytest.raises(mx.errors.InputError, match="state"):
+        nd.RNN(x, params, state_size=H, num_layers=1, mode="gru")

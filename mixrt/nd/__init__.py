@@ -179,6 +179,21 @@ from mixrt.operator import imperative_custom as Custom  # noqa: E402  (MXNet's n
 from mixrt.nd import fluent as _fluent  # noqa: E402
 _fluent.attach()
 
+# MXNet's fused RNN under ONNX's operator's name (mixrt/nd/fused_rnn.py)
+from mixrt.nd import fused_rnn as _fused_rnn  # noqa: E402
+_onnx_rnn = RNN  # noqa: F821  (installed from the registry above)
+
+
+def RNN(*args, **kwargs):  # noqa: F811
+    """MXNet's fused RNN when called with its arguments (``state_size``, ``mode``,
+    ``parameters``, ...: ``mixrt.nd.fused_rnn``); else ONNX's RNN operator."""
+    if _fused_rnn.is_mxnet_call(kwargs):
+        return _fused_rnn.fused_rnn(*args, **kwargs)
+    return _onnx_rnn(*args, **kwargs)
+
+
+RNN.__doc__ += "\n\n" + (_onnx_rnn.__doc__ or "")  # ONNX's operator, documented as generated
+
 # ``from mxnet.ndarray import *`` gives MXNet's operators and subpackages: those above that
 # were imported rather than generated, the samplers' flat names (random_normal, ...)
 __all__ += ["Custom", "cast_storage", "exp", "expand_dims", "flatten", "log", "maximum",

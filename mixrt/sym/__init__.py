@@ -63,7 +63,7 @@ _onnx_rnn = RNN  # noqa: F821  (installed from the registry above)
 def RNN(*args, **kwargs):  # noqa: F811
     """MXNet's fused RNN when called with its arguments (``state_size``, ``mode``,
     ``parameters``, ...: ``mixrt.sym.fused_rnn``); else ONNX's RNN operator."""
-    if _fused_rnn.is_mxnet_call(args, kwargs):
+    if _fused_rnn.is_mxnet_call(kwargs):
         return _fused_rnn.fused_rnn(*args, **kwargs)
     return _onnx_rnn(*args, **kwargs)
 

@@ -23,25 +23,10 @@ RNN operator, whose name it shares.
 from __future__ import annotations
 
 from mixrt.base.errors import GraphError
+from mixrt.nd.fused_rnn import INPUTS, PARAMETERS, is_mxnet_call  # noqa: F401  (shared)
 from mixrt.sym.mxnet_json import _rnn
 from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
 from mixrt.sym.symbol import Group, MXNET_OP, prefixed, variable_named, Symbol
-
-# the inputs of MXNet's RNN, in its order (state_cell only for an LSTM, sequence_length only
-# with use_sequence_length)
-INPUTS = ("data", "parameters", "state", "state_cell", "sequence_length")
-# MXNet's RNN parameters; any of them given means MXNet's operator rather than ONNX's
-PARAMETERS = ("state_size", "num_layers", "bidirectional", "mode", "p", "state_outputs",
-              "projection_size", "lstm_state_clip_min", "lstm_state_clip_max",
-              "lstm_state_clip_nan", "use_sequence_length", "cudnn_off")
-
-
-def is_mxnet_call(args: tuple, kwargs: dict) -> bool:
-    """Whether a ``sym.RNN`` call is MXNet's (it names one of MXNet's parameters or inputs
-    that ONNX's RNN does not have)."""
-    return any(key in kwargs for key in (*PARAMETERS, "data", "parameters", "state",
-                                         "state_cell"))
-
 
 def fused_rnn(*args, name=None, **kwargs) -> Symbol:
     """MXNet's ``sym.RNN``: inputs positionally or by name (``data``, ``parameters``,
