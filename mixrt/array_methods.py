@@ -158,8 +158,11 @@ class ArrayMethods:
     def clip(self, a_min, a_max, name=None):
         return self._named_op("clip", "Clip", [self, a_min, a_max], {}, name)
 
-    def astype(self, dtype, copy: bool = True):
-        return self._op("Cast", [self], {"to": to_onnx_type(np.dtype(dtype))})
+    def astype(self, dtype, copy: bool = True, name=None):
+        attributes = {"to": to_onnx_type(np.dtype(dtype))}
+        if name is None:
+            return self._op("Cast", [self], attributes)
+        return self._named_op("cast", "Cast", [self], attributes, name)  # MXNet's sym.cast
 
     def dot(self, other):
         return self._op("MatMul", [self, other], {})

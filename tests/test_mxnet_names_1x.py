@@ -551,3 +551,8 @@ def test_nd_rnn_computes_the_symbols_values_and_records_for_autograd():
     assert float(params.grad.abs().sum().asscalar()) > 0
     with pytest.raises(mx.errors.InputError, match="state"):
         nd.RNN(x, params, state_size=H, num_layers=1, mode="gru")
+
+
+def test_symbol_astype_takes_name_as_mxnets_fluent_method_does():
+    cast = mx.sym.Variable("x").astype("float16", name="half")
+    assert cast.name == "half" and cast.list_outputs() == ["half_output"]
