@@ -17,6 +17,10 @@ from mixrt.base.errors import GraphError
 from mixrt.name import CurrentProperty, HasCurrent
 
 
+class AttributeValueError(GraphError, ValueError):
+    """An attribute value that is not a string (MXNet raises ValueError)."""
+
+
 def _set_current_scope(cls, scope) -> None:
     if not isinstance(scope, AttrScope):
         raise GraphError(f"AttrScope.current must be an AttrScope, got {type(scope).__name__}")
@@ -33,8 +37,8 @@ class AttrScope(metaclass=HasCurrent):
     def __init__(self, **kwargs):
         for key, value in kwargs.items():
             if not isinstance(value, str):
-                raise GraphError(f"AttrScope: attribute {key!r} must be a string, got "
-                                 f"{type(value).__name__} {value!r}")
+                raise AttributeValueError(f"AttrScope: attribute {key!r} must be a string, "
+                                          f"got {type(value).__name__} {value!r}")
         self._attr = dict(kwargs)
         self._old_scope: AttrScope | None = None
 
@@ -65,4 +69,4 @@ def current() -> AttrScope:
     return scope
 
 
-__all__ = ["AttrScope", "current"]
+__all__ = ["AttrScope", "AttributeValueError", "current"]

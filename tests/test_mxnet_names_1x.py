@@ -556,3 +556,8 @@ def test_nd_rnn_computes_the_symbols_values_and_records_for_autograd():
 def test_symbol_astype_takes_name_as_mxnets_fluent_method_does():
     cast = mx.sym.Variable("x").astype("float16", name="half")
     assert cast.name == "half" and cast.list_outputs() == ["half_output"]
+
+
+def test_attr_scope_refuses_values_that_are_not_strings_with_a_value_error():
+    with pytest.raises(ValueError, match="must be a string"):
+        AttrScope(group=4)

@@ -221,7 +221,7 @@ class Symbol(ArrayMethods):
         node = self._single_node("_set_attr")
         for key, value in attributes.items():
             if not isinstance(value, str):
-                raise AttributeValueError(f"_set_attr: attribute {key!r} must be a string, "
+                raise attribute.AttributeValueError(f"_set_attr: attribute {key!r} must be a string, "
                                           f"got {type(value).__name__} {value!r}")
             if key == "name":
                 node.name = value
@@ -790,10 +790,6 @@ def _stored_key(key: str, value: str) -> str:
                              f"supported (as in MXNet); use w = Variable(name, {hidden}="
                              f"{value}) and pass w as the layer's input")
     return key
-
-
-class AttributeValueError(GraphError, ValueError):
-    """An attribute value that is not a string (MXNet raises ValueError)."""
 
 
 def _attribute_text(value) -> str:
