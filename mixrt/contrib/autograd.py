@@ -119,5 +119,6 @@ def _chosen(args: tuple, argnum) -> list:
 
 
 # MXNet's module has no __all__, so ``import *`` also gives the array names it imports
-__all__ = ["NDArray", "zeros_like", "set_is_training", "TrainingStateScope", "train_section", "test_section",
-           "mark_variables", "backward", "compute_gradient", "grad_and_loss", "grad"]
+__all__ = ["NDArray", "zeros_like", "set_is_training", "TrainingStateScope", "train_section",
+           "test_section", "mark_variables", "backward", "compute_gradient", "grad_and_loss",
+           "grad"]

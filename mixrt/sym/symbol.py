@@ -221,8 +221,9 @@ class Symbol(ArrayMethods):
         node = self._single_node("_set_attr")
         for key, value in attributes.items():
             if not isinstance(value, str):
-                raise attribute.AttributeValueError(f"_set_attr: attribute {key!r} must be a string, "
-                                          f"got {type(value).__name__} {value!r}")
+                raise attribute.AttributeValueError(
+                    f"_set_attr: attribute {key!r} must be a string, got "
+                    f"{type(value).__name__} {value!r}")
             if key == "name":
                 node.name = value
             else:
