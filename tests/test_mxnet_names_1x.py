@@ -561,3 +561,11 @@ def test_symbol_astype_takes_name_as_mxnets_fluent_method_does():
 def test_attr_scope_refuses_values_that_are_not_strings_with_a_value_error():
     with pytest.raises(ValueError, match="must be a string"):
         AttrScope(group=4)
+
+
+def test_op_hook_warns_with_static_alloc_as_mxnet_does():
+    model = mx.gluon.nn.Dense(2, in_units=3)
+    model.initialize()
+    model.hybridize(static_alloc=True)
+    with pytest.warns(UserWarning, match="experimental"):
+        assert len(_hooked(model, nd.ones((1, 3)))) == 1

@@ -401,6 +401,9 @@ class CachedGraph:
         """Call the block's op hook with every operator's values (its inputs first, with
         ``monitor_all``), each operator in the graph's order."""
         callback, monitor_all = self.block._op_hook
+        if self.block._flags.get("static_alloc") or self.block._flags.get("static_shape"):
+            warnings.warn("register_op_hook is experimental when static_alloc=True / "
+                          "static_shape=True and may not work correctly", stacklevel=3)
         feeds = {name: a._read() for name, a in zip(self.input_names, arrays)}
         feeds.update({name: p.data(ctx)._read() for name, p in self.params.items()})
         layers = monitoring.layers_of(self.symbol)
