@@ -23,6 +23,7 @@ round once instead of twice: the kernels are compiled with ``--fmad=false`` (``F
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -211,8 +212,10 @@ def rmsprop(clipped: bool, clipped_weights: bool) -> Rule:
 
 
 def mxnet_adam_rate(lr: float, beta1: float, beta2: float, t: int) -> float:
-    """MXNet's Adam optimizer folds the bias corrections into the rate, in Python floats."""
-    return lr * ((1.0 - beta2 ** t) ** 0.5 / (1.0 - beta1 ** t))
+    """MXNet's Adam optimizer folds the bias corrections into the rate, in Python floats
+    (``lr *= math.sqrt(coef2) / coef1``: math.sqrt is correctly rounded, ``** 0.5`` need
+    not be)."""
+    return lr * (math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t))
 
 
 __all__ = ["Rule", "run", "mxnet_step", "cuda_statements", "CUDA_HELPERS", "FMAD", "as_mxnet_scalar",
