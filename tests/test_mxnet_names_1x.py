@@ -569,3 +569,10 @@ def test_op_hook_warns_with_static_alloc_as_mxnet_does():
     model.hybridize(static_alloc=True)
     with pytest.warns(UserWarning, match="experimental"):
         assert len(_hooked(model, nd.ones((1, 3)))) == 1
+
+
+def test_mxnet_functions_on_symbols_keep_their_parameters_as_attributes():
+    x = mx.sym.Variable("x", shape=(2, 3))
+    sliced = mx.sym.slice_axis(x, axis=1, begin=0, end=2, name="s")
+    assert sliced.list_attr() == {"axis": "1", "begin": "0", "end": "2"}
+    assert x.topk(k=2, axis=1).attr("k") == "2"

@@ -14,13 +14,15 @@ The names that are NDArray methods in MXNet are Symbol methods too (``x.topk(k=2
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from mixrt.array_methods import ArrayMethods
 from mixrt.base.errors import HybridizeError
 from mixrt.nd import mxnet_ops as imperative
 from mixrt.sym.ops import call_op, layer_name
-from mixrt.sym.symbol import constant, LAYER, MXNET_OP, prefixed, Symbol
+from mixrt.sym.symbol import constant, LAYER, MXNET_OP, MXNET_PARAMS, prefixed, Symbol
 from mixrt.sym.tracing import static_shape
 
 
@@ -198,19 +200,50 @@ _calls: list[_Call] = []  # the MXNet functions being traced, innermost last
 
 def _on_symbols(name: str):
     function = getattr(imperative, name)
+    signature = inspect.signature(function)
 
     def on_symbols(*args, name=None, **kwargs):
         _calls.append(_Call(on_symbols.__name__, name))
         try:
             result = function(*[_traced(a) for a in args],
                               **{k: _traced(v) for k, v in kwargs.items()})
-            return _calls[-1].named(_symbols(result))
+            result = _calls[-1].named(_symbols(result))
+            _record_parameters(result, _calls[-1].head, signature, args, kwargs)
+            return result
         finally:
             _calls.pop()
 
     on_symbols.__name__ = on_symbols.__qualname__ = name
     on_symbols.__doc__ = function.__doc__
     return on_symbols
+
+
+def _record_parameters(result, head: str, signature, args: tuple, kwargs: dict) -> None:
+    """The parameters the call was given, as MXNet keeps them (strings; ``{"axis": "1"}``),
+    on its output node, which list_attr shows (the Symbols given are inputs, not
+    parameters)."""
+    if not isinstance(result, Symbol):
+        return
+    try:
+        given = signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return  # the function has refused the call already, or takes it another way
+    parameters = {key: str(value) for key, value in given.items()
+                  if value is not None and not _holds_symbol(value)
+                  and signature.parameters[key].kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                                             inspect.Parameter.VAR_KEYWORD)
+                  and key != "out"}
+    nodes = {id(node): node for node, _ in result._outputs}
+    if parameters and len(nodes) == 1:
+        node = next(iter(nodes.values()))
+        if node.name == head:
+            node.info[MXNET_PARAMS] = parameters
+
+
+def _holds_symbol(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_symbol(v) for v in value)
+    return isinstance(value, Symbol)
 
 
 # (MXNet's layers are mixrt.layers', bound for symbols in mixrt.sym.symbol_layers: they make
