@@ -355,3 +355,42 @@ def test_a_loop_that_runs_no_iteration_keeps_its_states_initial_types(tmp_path, 
     assert types["s"].shape == (2,) and types["seen_all"].shape == (0, 3)
     _, seen_all = Session(str(path)).run(None, {"s0": np.zeros(2, np.float32)})
     assert seen_all.shape == (0, 3)
+
+
+# -- sibling bodies that reuse a name ---------------------------------------------------------
+
+def _branch(name: str, x: str, residual: str) -> onnx.GraphProto:
+    """``mixed = x @ w`` then ``out = mixed + residual``: the Add may be fused into the
+    product only where the residual does not broadcast the product larger."""
+    return h.make_graph([h.make_node("MatMul", [x, "w"], ["mixed"]),
+                         h.make_node("Add", ["mixed", residual], ["out"])], name, [],
+                        [h.make_tensor_value_info("out", T.FLOAT, None)])
+
+
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_if_branches_reusing_a_name_with_other_shapes_run_at_every_opt_level(opt_level):
+    """Both branches name their product ``mixed``: (2, 2, 3) in one, (2, 1, 3) in the other.
+    Types merged by name gave the one branch the other's shape, and the in-place residual
+    Add fused on that shape failed when it ran."""
+    rng = np.random.default_rng(0)
+    graph = h.make_graph(
+        [h.make_node("If", ["pick"], ["y"], then_branch=_branch("then", "wide", "residual"),
+                     else_branch=_branch("else", "narrow", "residual"))], "g",
+        [h.make_tensor_value_info("pick", T.BOOL, []),
+         h.make_tensor_value_info("narrow", T.FLOAT, [2, 1, 4]),
+         h.make_tensor_value_info("wide", T.FLOAT, [2, 2, 4]),
+         h.make_tensor_value_info("residual", T.FLOAT, [2, 2, 3])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        initializer=[numpy_helper.from_array(
+            rng.standard_normal((4, 3)).astype(np.float32), "w")])
+    model = h.make_model(graph, ir_version=8,
+                         opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+    reference = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    session = Session(model, opt_level=opt_level)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32)
+             for name, shape in (("narrow", (2, 1, 4)), ("wide", (2, 2, 4)),
+                                 ("residual", (2, 2, 3)))}
+    for pick in (True, False):
+        feeds["pick"] = np.array(pick)
+        np.testing.assert_allclose(session.run(None, feeds)[0],
+                                   reference.run(None, feeds)[0], rtol=1e-6, atol=1e-6)

@@ -214,8 +214,32 @@ def _infer_with_bodies(node: Node, types: dict) -> tuple[list, dict]:
                 body.types = None
     inner: dict = {}
     for body in bodies.values():
-        inner.update(body.types if body.types is not None else infer_types(body.graph, types))
+        _merge_body(inner, body.types if body.types is not None
+                    else infer_types(body.graph, types))
     return outputs, inner
+
+
+def _merge_body(inner: dict, body_types: dict) -> None:
+    """Add one body's values to its siblings'. Sibling bodies may reuse a name (a
+    BeamSearch's encoder and decoder both have their ``logits``, an If's branches their
+    temporaries); where the two disagree the name is left untyped, so no pass plans for one
+    body's shape in the other (a residual Add fused in place over a (batch, 1, vocab)
+    product that was (batch, 2, vocab) in the other body failed when it ran)."""
+    for name, value_type in body_types.items():
+        if name in inner and not _same_type(inner[name], value_type):
+            inner[name] = None
+        else:
+            inner[name] = value_type
+
+
+def _same_type(a, b) -> bool:
+    """Two inferred types say the same of a value (dtype and shape; known data aside)."""
+    if isinstance(a, TensorType) and isinstance(b, TensorType):
+        return a.dtype == b.dtype and a.shape == b.shape
+    for kind in (SequenceType, OptionalType):
+        if isinstance(a, kind) and isinstance(b, kind):
+            return _same_type(a.element, b.element)
+    return a is b
 
 
 def infer_attributes(kernel, node: Node, bodies: dict | None = None) -> dict:
