@@ -395,7 +395,7 @@ def test_op_hook_reports_each_operator_output_of_a_hybridized_block():
     x = nd.ones((2, 3, 4))
     seen = _hooked(model, x)
     assert [(name, op) for name, op, _ in seen] == [
-        ("dense_dense0_fwd_output", "FullyConnected"), ("dense_relu0_fwd_output", "Relu")]
+        ("dense_dense0_fwd_output", "FullyConnected"), ("dense_relu0_fwd_output", "Activation")]
     np.testing.assert_allclose(seen[-1][2].asnumpy(), model(x).asnumpy(), rtol=1e-6)
     assert isinstance(seen[0][2], nd.NDArray)
 
@@ -576,3 +576,9 @@ def test_mxnet_functions_on_symbols_keep_their_parameters_as_attributes():
     sliced = mx.sym.slice_axis(x, axis=1, begin=0, end=2, name="s")
     assert sliced.list_attr() == {"axis": "1", "begin": "0", "end": "2"}
     assert x.topk(k=2, axis=1).attr("k") == "2"
+
+
+def test_gluon_activation_traces_as_mxnets_activation_node():
+    block = mx.gluon.nn.Activation("tanh")
+    traced = block(mx.sym.Variable("data"))
+    assert traced.list_attr() == {"act_type": "tanh"}

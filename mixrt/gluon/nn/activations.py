@@ -7,6 +7,7 @@ from __future__ import annotations
 from mixrt.base.errors import InputError
 from mixrt.gluon.hybrid import static_shape, HybridBlock
 from mixrt.initializer import Constant
+from mixrt.sym.symbol import MXNET_OP, MXNET_PARAMS, Symbol
 
 # MXNet's activation names -> the ONNX op computing it
 ACTIVATIONS = {"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "softrelu": "Softplus",
@@ -21,8 +22,17 @@ def check_activation(name: str, where: str = "Activation") -> str:
 
 
 def apply_activation(F, x, name: str | None, node_name: str | None = None):
-    """``x`` through the named activation (``None``: unchanged)."""
-    return x if name is None else getattr(F, ACTIVATIONS[name])(x, name=node_name)
+    """``x`` through the named activation (``None``: unchanged). In a traced graph the node
+    is MXNet's ``Activation`` with its ``act_type``, as MXNet's block makes it (what
+    list_attr and an op hook report)."""
+    if name is None:
+        return x
+    result = getattr(F, ACTIVATIONS[name])(x, name=node_name)
+    if isinstance(result, Symbol):
+        node = result._outputs[0][0]
+        node.info[MXNET_OP] = "Activation"
+        node.info[MXNET_PARAMS] = {"act_type": name}
+    return result
 
 
 def activation_child(block, name: str | None):
