@@ -12,6 +12,7 @@ own in MXNet (``inplace=``, no ``out=``); here they also accept ``name=``, so th
 from __future__ import annotations
 
 import functools
+import inspect
 
 from mixrt.nd.mxnet_math import accepting_out
 from mixrt.nd.ndarray import NDArray
@@ -33,7 +34,10 @@ OWN_SIGNATURE = ["flatten", "expand_dims", "squeeze"]
 
 
 def _forwarding(method):
-    """``method`` taking ``out=`` (written into, then returned) and ignoring ``name=``."""
+    """``method`` taking ``out=`` (written into, then returned) and ignoring ``name=``
+    (as it is where it takes both already)."""
+    if {"out", "name"} <= set(inspect.signature(method).parameters):
+        return method
     with_out = accepting_out(method)
 
     @functools.wraps(method)
