@@ -582,3 +582,11 @@ def test_gluon_activation_traces_as_mxnets_activation_node():
     block = mx.gluon.nn.Activation("tanh")
     traced = block(mx.sym.Variable("data"))
     assert traced.list_attr() == {"act_type": "tanh"}
+
+
+def test_variable_declarations_are_attributes_as_mxnet_writes_them():
+    weight = mx.sym.Variable("w", shape=(2, 3), dtype="float16", init=mx.init.Zero(),
+                             lr_mult=2)
+    assert weight.list_attr() == {"__shape__": "(2, 3)", "__dtype__": "2",
+                                  "__init__": '["zero", {}]', "__lr_mult__": "2",
+                                  "lr_mult": "2"}

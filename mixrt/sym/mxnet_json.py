@@ -24,15 +24,15 @@ from mixrt import array_methods
 from mixrt.base.errors import GraphError, MixrtError, ModelLoadError
 from mixrt.sym import mxnet_ops, shape_free, symbol_layers
 from mixrt.sym.ops import call_op, shape_from, SHAPE_FROM
-from mixrt.sym.symbol import constant, scalar_like, variable_named, Group, Symbol
+from mixrt.sym.symbol import (constant, scalar_like, variable_named, Group, MXNET_DTYPE_CODES,
+                               Symbol)
 
 MAX_PARAMETER_TEXT = 4096  # MXNet writes short strings; a megabyte one is not a parameter
 INT64_MAX = np.iinfo(np.int64).max  # "to the end" for ONNX Slice
 # each RNN layer is a handful of nodes made now: a file asking for 10**11 would exhaust memory
 MAX_RNN_LAYERS = 1024
 # MXNet's dtype codes (mshadow's TypeFlag) in a variable's "__dtype__"
-DTYPE_CODES = {0: "float32", 1: "float64", 2: "float16", 3: "uint8", 4: "int32", 5: "int8",
-               6: "int64", 7: "bool", 8: "int16", 9: "uint16", 10: "uint32", 11: "uint64"}
+DTYPE_CODES = {code: name for name, code in MXNET_DTYPE_CODES.items()}
 # a variable's attributes that are declarations rather than the user's own
 DECLARATION_KEYS = ("__shape__", "__dtype__", "__init__", "__lr_mult__", "__wd_mult__")
 # inputs of these ops that are auxiliary states (updated by the op, not learned)

@@ -108,6 +108,10 @@ MXNET_OP = "mxnet_op"
 # attributes; MXNet copies them onto the Variables a layer makes for its inputs, so those
 # carry them too
 MXNET_PARAMS = "mxnet_params"
+# MXNet's dtype codes (mshadow's TypeFlag), which a variable's ``__dtype__`` holds
+MXNET_DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "uint8": 3, "int32": 4,
+                     "int8": 5, "int64": 6, "bool": 7, "int16": 8, "uint16": 9, "uint32": 10,
+                     "uint64": 11}
 # MXNet's attributes that it stores as ``__<key>__`` and lists under both names
 HIDDEN_KEYS = ("ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage")
 
@@ -640,6 +644,9 @@ def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
                              f"attributes must be named __<key>__ (as __layout__)")
     if attributes:
         attr = {**(attr or {}), **{key: str(value) for key, value in attributes.items()}}
+    declared = _declared_attributes(lr_mult, wd_mult, dtype, init)
+    if declared:
+        attr = {**(attr or {}), **declared}
     if stype is not None:
         if stype not in ("default", "row_sparse", "csr"):
             raise GraphError(f"Variable {name!r}: stype must be 'default', 'row_sparse' or "
@@ -647,6 +654,23 @@ def Variable(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
         attr = dict(attr or {}, __storage_type__=str(STORAGE_TYPE_IDS[stype]))
     return variable_named(prefixed(name), shape, dtype, init, aux=aux, lr_mult=lr_mult,
                           wd_mult=wd_mult, attr=attr)
+
+
+def _declared_attributes(lr_mult, wd_mult, dtype, init) -> dict:
+    """The attributes MXNet's Variable stores for what it is given, as it writes them:
+    ``__lr_mult__``/``__wd_mult__`` as given (``"2"``), ``__dtype__`` as MXNet's dtype code,
+    ``__init__`` as the initializer's name or ``dumps()``."""
+    found = {}
+    for key, value in (("__lr_mult__", lr_mult), ("__wd_mult__", wd_mult)):
+        if value is not None:
+            found[key] = str(value)
+    if dtype is not None and np.dtype(dtype).name in MXNET_DTYPE_CODES:
+        found["__dtype__"] = str(MXNET_DTYPE_CODES[np.dtype(dtype).name])
+    if isinstance(init, str):
+        found["__init__"] = init
+    elif init is not None and callable(getattr(init, "dumps", None)):
+        found["__init__"] = init.dumps()
+    return found
 
 
 def variable_named(name: str, shape=None, dtype=None, init=None, *, aux: bool = False,
