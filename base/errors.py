@@ -116,13 +116,19 @@ class BlasPolicyWarning(UserWarning):
     ``runtime/blas_policy.py``)."""
 
 
+class LenientLoadWarning(UserWarning):
+    """Not an error: the model breaks the spec in a way onnxruntime tolerates; mixrt loads
+    it as onnxruntime does, and the message names the node and what was assumed
+    (``importers/onnxruntime_leniency.py`` has the cases; ``mixrt check --json`` lists them)."""
+
+
 # MXNet's one error type (``mxnet.base.MXNetError``): code written against MXNet catches it
 # around any call, and every error mixrt raises on purpose is one
 MXNetError = MixrtError
 
 
 __all__ = [
-    "BlasPolicyWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
+    "BlasPolicyWarning", "LenientLoadWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError", "EngineError", "HybridizeError",

@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from mixrt.base.errors import GraphError
+from mixrt.base.errors import GraphError, LenientLoadWarning
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph, Node
 
@@ -41,11 +41,6 @@ CONSTANT_VALUE_ATTRIBUTES = {
     "value": None, "sparse_value": None, "value_float": np.float32,
     "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64,
     "value_string": object, "value_strings": object}
-
-
-class LenientLoadWarning(UserWarning):
-    """Not an error: the model breaks the spec in a way onnxruntime tolerates; mixrt loads
-    it as onnxruntime does, and the message names the node and what was assumed."""
 
 
 class UndeclaredDomainWarning(LenientLoadWarning):

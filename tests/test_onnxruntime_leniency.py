@@ -19,6 +19,7 @@ here the way the exporter wrote it, against what onnxruntime does with the same 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -320,6 +321,12 @@ def test_mixrt_check_passes_a_misspelt_layer_normalization_attribute_with_a_warn
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "IgnoredAttributeWarning" in done.stderr and "'epsion'" in done.stderr
+    as_json = subprocess.run([sys.executable, "-m", "mixrt", "check", str(path), "--json"],
+                             capture_output=True, text=True, timeout=300)
+    report = json.loads(as_json.stdout)
+    assert as_json.returncode == 0 and report["supported"]
+    (warning,) = report["warnings"]
+    assert warning["kind"] == "IgnoredAttributeWarning" and "'epsion'" in warning["message"]
 
 
 # -- 5. LinearClassifier ------------------------------------------------------------------
