@@ -91,6 +91,70 @@ def _optimized(source: str, model_type: str):
     return build
 
 
+def _eager_bert(path: Path) -> dict[str, np.ndarray]:
+    """BERT exported with transformers' eager attention (explicit MatMul, Softmax): the graph
+    onnxruntime's optimizer fuses into Attention and EmbedLayerNormalization, which it does
+    not recognize in the scaled-dot-product form transformers exports by default."""
+    def make(transformers):
+        model, outputs = hf._bert(transformers)
+        model.set_attn_implementation("eager")
+        return model, outputs
+    return hf._encoder_recipe(make, lambda: hf._text_feeds(token_types=True), False)(path)
+
+
+def _fused_bert(path: Path, **fusion) -> dict[str, np.ndarray]:
+    """The eager BERT through optimize_model, with FusionOptions set from ``fusion``."""
+    from onnxruntime.transformers.fusion_options import FusionOptions  # noqa: PLC0415
+    from onnxruntime.transformers.optimizer import optimize_model  # noqa: PLC0415
+    _quiet()
+    options = FusionOptions("bert")
+    for name, value in fusion.items():
+        setattr(options, name, value)
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "bert_eager.onnx"
+        feeds = _eager_bert(source)
+        model = optimize_model(str(source), model_type="bert", num_heads=hf.HEADS,
+                               hidden_size=hf.HIDDEN, optimization_options=options,
+                               opt_level=0)
+        model.save_model_to_file(str(path))
+    return feeds
+
+
+def _fused_bert_recipe(**fusion):
+    return lambda path: _fused_bert(path, **fusion)
+
+
+def _fused_bert_dynamic(path: Path) -> dict[str, np.ndarray]:
+    """The fused BERT through quantize_dynamic: QAttention and QEmbedLayerNormalization."""
+    import onnx  # noqa: PLC0415
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as scratch:
+        fused = Path(scratch) / "bert_fused.onnx"
+        feeds = _fused_bert(fused)
+        # the fused ops' outputs have no inferred type, so the quantizer is told float32
+        quantize_dynamic(str(fused), str(path), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return feeds
+
+
+def _four_bit_with_gather(source: str):
+    """4-bit weights for the products and the token embedding (GatherBlockQuantized)."""
+    def build(path: Path) -> dict[str, np.ndarray]:
+        import onnx  # noqa: PLC0415
+        from onnxruntime.quantization.matmul_nbits_quantizer import (  # noqa: PLC0415
+            DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer)
+        _quiet()
+        built = _source(source)
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=32, is_symmetric=False, op_types_to_quantize=("MatMul", "Gather"),
+            quant_axes=(("MatMul", 0), ("Gather", 1)))
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(built.model)), algo_config=config)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(path), use_external_data_format=False)
+        return built.load_feeds()
+    return build
+
+
 def _float16(source: str):
     def build(path: Path) -> dict[str, np.ndarray]:
         import onnx  # noqa: PLC0415
@@ -118,6 +182,14 @@ def _recipes() -> dict[str, Recipe]:
         "q_llama_4bit": Recipe("quantized", quantizer, _four_bit("hf_llama_ts")),
         "ortopt_bert": Recipe("fused", optimizer, _optimized("hf_bert_ts", "bert")),
         "ortopt_gpt2": Recipe("fused", optimizer, _optimized("hf_gpt2_ts", "gpt2")),
+        "ortopt_t5": Recipe("fused", optimizer, _optimized("hf_t5_ts", "t5")),
+        "ortopt_vit": Recipe("fused", optimizer, _optimized("hf_vit_ts", "vit")),
+        "ortopt_bert_attention": Recipe("fused", optimizer, _fused_bert_recipe()),
+        "ortopt_bert_mha": Recipe("fused", optimizer, _fused_bert_recipe(
+            use_multi_head_attention=True)),
+        "q_bert_fused_dynamic": Recipe("quantized", quantizer, _fused_bert_dynamic),
+        "q_gpt2_4bit_gather": Recipe("quantized", quantizer,
+                                     _four_bit_with_gather("hf_gpt2_ts")),
         "fp16_efficientnet_b0": Recipe("float16", converter, _float16("tv_efficientnet_b0")),
     }
 

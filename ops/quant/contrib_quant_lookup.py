@@ -272,12 +272,17 @@ def _require_ids(input_ids):
 
 def _normalized(xp, x, epsilon):
     """onnxruntime's float32 steps: the mean, the deviations, their mean square, and each
-    deviation divided by sqrt(mean square + epsilon)."""
+    deviation divided by sqrt(mean square + epsilon). Its sums run left to right, one
+    rounding per term; a cumulative sum's last entry is that order (NumPy's pairwise sum
+    is not, and an output one ulp off moves a DynamicQuantizeLinear code after it)."""
     hidden = F32.type(x.shape[-1])
-    deviation = x - xp.sum(x, axis=-1, keepdims=True, dtype=F32) / hidden
-    spread = xp.sqrt(xp.sum(deviation * deviation, axis=-1, keepdims=True, dtype=F32) / hidden
-                     + epsilon)
+    deviation = x - _sequential_sum(xp, x) / hidden
+    spread = xp.sqrt(_sequential_sum(xp, deviation * deviation) / hidden + epsilon)
     return deviation / spread
+
+
+def _sequential_sum(xp, x):
+    return xp.cumsum(x, axis=-1, dtype=F32)[..., -1:]
 
 
 @qembed_layer_normalization.infer
