@@ -740,7 +740,14 @@ def greedy_search(xp, input_ids, max_length=None, min_length=None, repetition_pe
     return xp.asarray(out)
 
 
-def _search_greedily(decoding, s: _Settings):
+def _best_tokens(scores):
+    """Each row's best processed score, the first of equal ones."""
+    return scores.argmax(axis=1).astype(np.int32)
+
+
+def _search_greedily(decoding, s: _Settings, choose=_best_tokens):
+    """One token per row a step until max_length or every row has ended; ``choose`` picks
+    the tokens from the processed scores (Sampling draws them)."""
     sequences = decoding.first_sequences()
     ended = np.zeros(s.batch, dtype=bool)
     step = 0
@@ -748,7 +755,7 @@ def _search_greedily(decoding, s: _Settings):
         step += 1
         scores = decoding.logits(step)
         _process_scores(scores, sequences, s, step)
-        tokens = scores.argmax(axis=1).astype(np.int32)
+        tokens = choose(scores)
         ended |= tokens == s.eos_token_id
         tokens[ended] = s.pad_token_id
         sequences = np.concatenate([sequences, tokens[:, None]], axis=1)
