@@ -31,8 +31,9 @@ following it where a textbook beam search differs (the module's functions say wh
 * GreedySearch writes the end token itself as pad_token_id.
 
 Whisper (model_type 2), the decoders that share past and present buffers (a
-``past_sequence_length`` input), GreedySearch over T5 and Sampling are not implemented:
-each is refused with an error naming the node (Sampling, an op of its own, has no kernel).
+``past_sequence_length`` input) and GreedySearch over T5 are not implemented: each is refused
+with an error naming the node. Sampling, GreedySearch with each token drawn at random, is in
+``contrib_sampling.py``.
 """
 
 from __future__ import annotations
