@@ -22,6 +22,11 @@ from mixrt.ops.ir.registry import REGISTRY, op
 from mixrt.ops.ir.types import TensorType
 
 
+# QAttention's inputs: input, weight, bias, input_scale, weight_scale, mask_index,
+# input_zero_point, weight_zero_point, past
+WEIGHT_ZERO_POINT_INDEX = 7
+
+
 def _refuse_unsupported(do_rotary, past_present_share_buffer) -> None:
     if do_rotary:
         raise ValueError("QAttention: do_rotary=1 is not implemented (onnxruntime's CPU "
@@ -36,17 +41,20 @@ def _refuse_unsupported(do_rotary, past_present_share_buffer) -> None:
 def qattention(xp, input, weight, bias, input_scale, weight_scale, mask_index=None,
                input_zero_point=None, weight_zero_point=None, past=None, *, num_heads=None,
                unidirectional=0, scale=0.0, mask_filter_value=MASK_FILTER_VALUE,
-               do_rotary=0, past_present_share_buffer=0, _outputs=1):
+               do_rotary=0, past_present_share_buffer=0, _outputs=1, _prepacked=None):
     """Self-attention of the quantized ``input`` (batch, seq, input_hidden) through the
     quantized (input_hidden, 3 * hidden) weight; ``present`` stacks the past and this
-    call's keys and values."""
+    call's keys and values. ``_prepacked``: the session's dict for a constant weight (and
+    weight_zero_point, input 7), which the CPU's product keeps packed for VNNI or centred
+    once, as MatMulIntegerToFloat's does, instead of centring the weight every call."""
     _refuse_unsupported(do_rotary, past_present_share_buffer)
     if not num_heads:
         raise ValueError("QAttention: the num_heads attribute is required")
     dtype = np.dtype(bias.dtype)
     projected = device_product_to_float(xp, "QAttention", input, weight, input_scale,
                                         weight_scale, input_zero_point, weight_zero_point,
-                                        bias).astype(compute_dtype(dtype), copy=False)
+                                        bias, _prepacked, WEIGHT_ZERO_POINT_INDEX
+                                        ).astype(compute_dtype(dtype), copy=False)
     hidden = weight.shape[1] // 3
     q, k, v = (split_heads(projected[..., i * hidden:(i + 1) * hidden], num_heads)
                for i in range(3))
