@@ -132,13 +132,14 @@ def _fma32(a, b, c):
     product of two float32 values is exact, and the float64 sum, rounded to odd where it is
     inexact, rounds to float32 as the exact sum would."""
     product = np.multiply(a, b, dtype=np.float64)
-    addend = np.asarray(c, dtype=np.float64)
-    total = np.atleast_1d(product + addend)
+    total = np.atleast_1d(product + c)
     virtual = total - product
-    error = (product - (total - virtual)) + (addend - virtual)
-    even = (total.view(np.int64) & 1) == 0
-    toward = np.where(error > 0, np.inf, -np.inf)
-    return np.where((error != 0) & even, np.nextafter(total, toward), total).astype(np.float32)
+    error = product - (total - virtual)  # the sum's rounding error (Knuth's TwoSum)
+    error += np.subtract(c, virtual, out=virtual)
+    nudged = (error != 0) & ((total.view(np.int64) & 1) == 0)
+    if nudged.any():  # round to odd: an inexact sum moves to its odd neighbour
+        total[nudged] = np.nextafter(total[nudged], np.copysign(np.inf, error[nudged]))
+    return total.astype(np.float32)
 
 
 @functools.lru_cache(maxsize=1)
@@ -209,7 +210,8 @@ def _dropped_positions(sorted_scores, top_p: np.float32, min_tokens_to_keep: int
 def _filter_top_p(row, top_p: np.float32, min_tokens_to_keep: int, custom: bool,
                   filter_value: np.float32) -> None:
     """Sets filter_value over the tokens top-p drops from one row of scores, in place."""
-    order = np.argsort(-row if custom else row, kind="stable")
+    # any order of equal scores will do unless they straddle the cut (below)
+    order = np.argsort(-row if custom else row)
     dropped = _dropped_positions(row[order], top_p, min_tokens_to_keep, custom)
     cut = dropped.stop if dropped.start == 0 else dropped.start
     if 0 < cut < len(row) and row[order[cut - 1]] == row[order[cut]]:
