@@ -590,3 +590,13 @@ def test_variable_declarations_are_attributes_as_mxnet_writes_them():
     assert weight.list_attr() == {"__shape__": "(2, 3)", "__dtype__": "2",
                                   "__init__": '["zero", {}]', "__lr_mult__": "2",
                                   "lr_mult": "2"}
+
+
+def test_hidden_keys_given_as_attributes_are_listed_under_both_names():
+    with AttrScope(group="4", data="great"):
+        data = mx.sym.Variable("data", attr={"dtype": "data", "group": "1",
+                                             "force_mirroring": "True"}, lr_mult=1)
+    assert data.attr("group") == "1"
+    assert data.attr("lr_mult") == "1" and data.attr("__lr_mult__") == "1"
+    assert data.attr("force_mirroring") == "True"
+    assert data.attr("__force_mirroring__") == "True"

@@ -796,7 +796,8 @@ def _attributes(node: SymNode) -> dict:
         found.update(node.info[MXNET_PARAMS])
     elif not node.is_constant:
         found.update({key: _attribute_text(value) for key, value in node.attrs.items()})
-    found.update(node.info.get(ATTRIBUTES, {}))
+    for key, value in node.info.get(ATTRIBUTES, {}).items():  # MXNet stores lr_mult so too
+        found[f"__{key}__" if key in HIDDEN_KEYS else key] = value
     for key in HIDDEN_KEYS:
         if f"__{key}__" in found:
             found[key] = found[f"__{key}__"]
