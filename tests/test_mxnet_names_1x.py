@@ -466,8 +466,20 @@ def test_sym_rnn_makes_mxnets_variables_and_infers_the_states():
         net = mx.sym.RNN(data, state_size=4, num_layers=2, mode="gru", bidirectional=True)
     assert net.name == "rnn0"
     assert net.list_arguments() == ["data", "rnn0_parameters", "rnn0_state"]
-    shapes, outputs, _ = net.infer_shape(data=(3, 2, 5), rnn0_parameters=(1,))
-    assert shapes[2] == (4, 2, 4) and outputs == [(3, 2, 8)]
+    shapes, outputs, _ = net.infer_shape(data=(3, 2, 5))
+    # per layer and direction the input and recurrent weights (3 gates of 4), then biases
+    weights = 2 * (12 * 5 + 12 * 4) + 2 * (12 * 8 + 12 * 4)
+    assert shapes[1:] == [(weights + 4 * 2 * 12,), (4, 2, 4)] and outputs == [(3, 2, 8)]
+
+
+def test_sym_rnn_given_bare_variables_learn_their_shapes_for_simple_bind():
+    x, params, h, c = (mx.sym.Variable(n) for n in ("x", "params", "h", "c"))
+    net = mx.sym.RNN(data=x, parameters=params, state=h, state_cell=c, state_size=6,
+                     num_layers=1, mode="lstm")
+    exe = net.simple_bind(mx.cpu(), x=(7, 3, 5))
+    assert exe.arg_dict["params"].shape == (4 * 6 * 5 + 4 * 6 * 6 + 2 * 4 * 6,)
+    assert exe.arg_dict["c"].shape == (1, 3, 6)
+    assert exe.forward()[0].shape == (7, 3, 6)
 
 
 def test_sym_rnn_refuses_unknown_arguments_and_keeps_onnx_rnn():

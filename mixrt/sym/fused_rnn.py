@@ -9,10 +9,9 @@ It is built as MXNet's symbol files are read (``mixrt.sym.mxnet_json``): one ONN
 or LSTM node per layer over slices of the one flat ``parameters`` vector, in MXNet's (cuDNN's)
 layout: per layer and direction the input and recurrent weights, then all the biases. The
 inputs left out become Variables named MXNet's way (``<name>_parameters``, ``<name>_state``,
-``<name>_state_cell``). The states' shapes follow from the data's, (layers x directions,
-batch, state_size); ``parameters`` has no shape rule (its size is an affine function of the
-data's width, which a variable's shape rule cannot say), so bind it with its array or
-declare its shape. With ``state_outputs`` the outputs
+``<name>_state_cell``). Variables without a shape of their own (these, or bare ones given)
+learn it from the data's, as MXNet infers it: the states (layers x directions, batch,
+state_size), the flat parameters' length from the data's width. With ``state_outputs`` the outputs
 are MXNet's: ``<name>_output``, ``<name>_state_output`` and, for an LSTM,
 ``<name>_statecell_output``.
 
@@ -47,8 +46,9 @@ def fused_rnn(*args, name=None, **kwargs) -> Symbol:
     full = prefixed(base)
     inputs = [_input(full, key, given.get(key)) for key in _input_names(kwargs)]
     for key, value in zip(_input_names(kwargs), inputs):
-        if key in ("state", "state_cell") and given.get(key) is None:
-            _state_shape_follows_data(value, base, kwargs)
+        rule = _shape_rule(key, base, kwargs)
+        if rule is not None and _shapeless_variable(value):
+            value._outputs[0][0].info[SHAPE_FROM] = rule
     built = _rnn(base, inputs, dict(kwargs))
     outputs = list(built) if len(built) > 1 else [built]
     head = outputs[0]._outputs[0][0]
@@ -68,15 +68,36 @@ def _input_names(params: dict) -> list[str]:
     return names
 
 
-def _state_shape_follows_data(state: Symbol, base: str, params: dict) -> None:
-    """A state Variable made here is (layers x directions, batch, state_size), the batch
-    being the data's axis 1 (the first layer's node reads the data as its input 0)."""
+# gates per mode (rnn_relu and rnn_tanh: 1)
+_GATES = {"lstm": 4, "gru": 3}
+
+
+def _shape_rule(key: str, base: str, params: dict) -> dict | None:
+    """Where the shape of input ``key`` comes from, as MXNet infers it from the data's
+    (T, N, C): the states (layers x directions, N, state_size); the flat parameters
+    C * gates * state_size * directions plus the rest of the weights and the biases. The
+    first layer's node reads the data as its input 0."""
+    layers, size = params.get("num_layers", 1), params.get("state_size")
+    if not (isinstance(layers, int) and isinstance(size, int)):
+        return None  # the operator refuses them when it is built
     directions = 2 if params.get("bidirectional") else 1
-    count = params.get("num_layers", 1) * directions
-    size = params.get("state_size")
-    if isinstance(count, int) and isinstance(size, int):
-        state._outputs[0][0].info[SHAPE_FROM] = shape_from(f"{base}_layer0", 0,
-                                                            [count, ["axis", 1], size])
+    if key in ("state", "state_cell"):
+        dims = [layers * directions, ["axis", 1], size]
+    elif key == "parameters":
+        rows = _GATES.get(params.get("mode"), 1) * size
+        later_inputs = rows * directions * size * directions * (layers - 1)
+        recurrent = rows * size * directions * layers
+        biases = 2 * rows * directions * layers
+        dims = [["linear", 2, rows * directions, later_inputs + recurrent + biases]]
+    else:
+        return None
+    return shape_from(f"{base}_layer0", 0, dims)
+
+
+def _shapeless_variable(symbol: Symbol) -> bool:
+    """A Variable with no shape of its own and no rule for one (a bare ``Variable('x')``)."""
+    node = symbol._outputs[0][0]
+    return node.is_variable and node.info.get("shape") is None and SHAPE_FROM not in node.info
 
 
 def _input(layer: str, key: str, value) -> Symbol:

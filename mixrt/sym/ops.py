@@ -310,8 +310,10 @@ _SHAPE_RULES = {"BatchNormalization": _channels, "InstanceNormalization": _chann
 # a shape-only node reads). ``info[SHAPE_FROM]``, kept in the symbol's JSON:
 #   {"node": name, "input": i, "dims": [...]}: the shape is built from input i of node
 #   ``name``: each entry of "dims" is a whole number (that dimension as it is), ["axis", a]
-#   or ["axis", a, d] (dimension a of that input, divided by d), or ["axes", start, stop]
-#   (its dimensions start:stop, as a Python slice; stop null for the end).
+#   or ["axis", a, d] (dimension a of that input, divided by d), ["linear", a, k, c]
+#   (dimension a times k, plus c: a fused RNN's flat parameter vector), or
+#   ["axes", start, stop] (its dimensions start:stop, as a Python slice; stop null for the
+#   end).
 # Dimensions the variable declares (Variable(shape=(128, None))) must agree with the rule's.
 # Unless given, its dtype is that input's float dtype, float32 at least where the rule holds
 # "min_float_bits": 32.
@@ -392,12 +394,17 @@ def _shape_by_rule(variable: str, dims: list, source: tuple, partial: bool = Fal
         elif isinstance(item, list) and item[:1] == ["axis"] and len(item) in (2, 3) \
                 and _whole(item[1], signed=True) and all(_whole(d) and d for d in item[2:]):
             shape.append(_source_dim(variable, item, source))
+        elif isinstance(item, list) and item[:1] == ["linear"] and len(item) == 4 \
+                and _whole(item[1], signed=True) and _whole(item[2]) and _whole(item[3]):
+            dim = _source_dim(variable, ["axis", item[1]], source)
+            shape.append(dim if not isinstance(dim, int) else dim * item[2] + item[3])
         elif isinstance(item, list) and item[:1] == ["axes"] and len(item) == 3 \
                 and all(d is None or _whole(d, signed=True) for d in item[1:]):
             shape.extend(source[slice(*item[1:])])
         else:
             raise GraphError(f"variable {variable!r}: bad {SHAPE_FROM!r} dimension {item!r}; "
-                             f"expected a whole number, ['axis', a(, divisor)] or "
+                             f"expected a whole number, ['axis', a(, divisor)], "
+                             f"['linear', a, k, c] or "
                              f"['axes', start, stop]")
     if partial:
         return tuple(d if isinstance(d, int) else None for d in shape)
