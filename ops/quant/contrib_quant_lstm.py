@@ -42,14 +42,23 @@ So the outputs are onnxruntime's bits (``tests/ops/test_dynamic_quantize_lstm.py
 * A node whose Y output is absent lets onnxruntime keep an ended sequence's last hidden
   state in the range; this kernel always uses zeros there.
 * On a CPU without AVX2, onnxruntime's sigmoid and tanh round without fused multiply-adds.
+
+On the CPU's compiled tier each direction's recurrence is one call
+(``ops/quant/_jit_quant_lstm.py``) that computes the same float32 operations in the same
+order as the NumPy form here, which stays as the first tier and the fallback: for Elu,
+Softplus and ScaledTanh (NumPy's exp, log and tanh, which numba's need not match), for a
+hidden state that is not finite (it has no codes), and for weights whose integer sums could
+pass 2**31. The two forms give the same bits (the tests run both).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.ir.registry import op
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.ir.registry import CONSTANT_INPUTS, op
 from mixrt.ops.ir.types import TensorType, fits, shape_text
+from mixrt.ops.quant import int8_cpu
 from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, fma_f32, require_dtype,
                                            require_float_scales)
 from mixrt.ops.rnn.recurrence import (ACTIVATIONS, _shape, activation_specs, check_operands,
@@ -60,6 +69,14 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 LARGEST_F32 = np.float32(np.finfo(np.float32).max)
 WEIGHT_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+COMPILED = "mixrt.ops.quant._jit_quant_lstm"
+COMPILED_VNNI = "mixrt.ops.quant._jit_quant_lstm_vnni"
+# the activations the compiled recurrence computes as the NumPy form does, by the codes of
+# _jit_quant_lstm.py; Elu, Softplus and ScaledTanh call NumPy's exp, log and tanh
+COMPILED_ACTIVATIONS = {"sigmoid": 0, "tanh": 1, "relu": 2, "affine": 3, "leakyrelu": 4,
+                        "thresholdedrelu": 5, "hardsigmoid": 6, "softsign": 7}
+# the inputs each direction's prepared weights come from (positions in the node)
+W_INPUTS, R_INPUTS = frozenset({1, 8, 9}), frozenset({2, 10, 11})
 
 
 # -- the operands --------------------------------------------------------------------------
@@ -290,6 +307,158 @@ def start_states(xp, initial_h, initial_c, d: int, batch: int, hidden: int):
                  for s in (initial_h, initial_c))
 
 
+# -- one direction, compiled ------------------------------------------------------------------
+
+class RecurrentCodes:
+    """Direction d's R as the compiled recurrence reads it without VNNI: its codes less the
+    zero point (int16), transposed (a gate column a row), their column sums (int32) and the
+    scale of each gate column (float32)."""
+
+    def __init__(self, R, scale, zero_point, d: int):
+        zero = direction_zero_point(zero_point, np.dtype(R.dtype), d)
+        codes = R[d].astype(np.int16) - np.int16(zero)
+        self.codes = np.ascontiguousarray(codes.T)
+        self.column_sums = codes.sum(axis=0, dtype=np.int64).astype(np.int32)
+        self.scale = column_scales(scale, d, codes.shape[1])
+        self.exact = sums_fit(codes)
+
+
+class VnniCodes:
+    """Direction d's W or R as the VNNI tile reads it (ops/quant/_jit_int8.py): signed 8-bit
+    codes in panels (an unsigned weight shifted by 128, its zero point with it), their
+    column sums, the zero point and the scale of each gate column."""
+
+    def __init__(self, weight, scale, zero_point, d: int):
+        zero = direction_zero_point(zero_point, np.dtype(weight.dtype), d)
+        shift = 128 if np.dtype(weight.dtype) == np.uint8 else 0
+        signed = (weight[d].astype(np.int16) - shift).astype(np.int8)
+        depth, wide = signed.shape
+        self.k_groups, panels = -(-depth // 4), -(-wide // 32)
+        padded = np.zeros((self.k_groups * 4, panels * 32), np.int8)
+        padded[:depth, :wide] = signed
+        # panel p, group g: columns 32p..32p+31, each as its four codes of k = 4g..4g+3
+        self.panels = np.ascontiguousarray(
+            padded.reshape(self.k_groups, 4, panels, 32).transpose(2, 0, 3, 1)).reshape(-1)
+        self.column_sums = signed.sum(axis=0, dtype=np.int32)
+        self.zero = zero - shift
+        self.scale = column_scales(scale, d, wide)
+        self.exact = sums_fit(weight[d].astype(np.int16) - np.int16(zero))
+
+
+def column_scales(scale, d: int, wide: int):
+    """Direction d's weight scale, one float32 per gate column."""
+    return np.ascontiguousarray(np.broadcast_to(
+        scale.reshape(scale.shape[0], -1)[d].astype(F32), (wide,)))
+
+
+def sums_fit(centered) -> bool:
+    """Whether every sum of codes at most 255 from their zero point times these centered
+    weight codes stays an int32."""
+    reach = int(np.abs(centered).max()) if centered.size else 0
+    return 255 * reach * centered.shape[0] < 2 ** 31
+
+
+class CompiledGates:
+    """Gates' operands as the compiled recurrence reads them: the summed bias, the
+    peepholes, the clip and the activations' codes, alphas and betas."""
+
+    def __init__(self, B, P, d: int, hidden: int, specs, clip):
+        wide = 4 * hidden
+        self.has_bias = B is not None
+        self.bias = (B[d, :wide].astype(F32) + B[d, wide:].astype(F32)) if self.has_bias \
+            else np.zeros(wide, F32)
+        self.has_peepholes = P is not None
+        self.peepholes = np.ascontiguousarray(P[d].astype(F32).reshape(3, hidden)) \
+            if self.has_peepholes else np.zeros((3, hidden), F32)
+        self.clip = LARGEST_F32 if clip is None else np.float32(clip)
+        self.kinds = np.array([COMPILED_ACTIVATIONS[key] for key, _, _ in specs], np.int64)
+        self.alphas = np.array([alpha for _, alpha, _ in specs], F32)
+        self.betas = np.array([beta for _, _, beta in specs], F32)
+
+    def operands(self, input_forget) -> tuple:
+        return (self.bias, self.has_bias, self.peepholes, self.has_peepholes, self.clip,
+                self.kinds, self.alphas, self.betas, bool(input_forget))
+
+
+def compiled_kernels(xp, specs):
+    """(the compiled module, whether it is the VNNI one) where the compiled tier runs here
+    and every activation has its compiled form; else (None, False): the NumPy form."""
+    if xp is not np or not jit_cpu.enabled() or not all(
+            key in COMPILED_ACTIVATIONS for direction in specs for key, _, _ in direction):
+        return None, False
+    if int8_cpu.available():
+        return jit_cpu.load(COMPILED_VNNI), True
+    return jit_cpu.load(COMPILED), False
+
+
+def vnni_projection(kernels, X, weights: VnniCodes):
+    """X's input projection (steps, batch, 4H) through the VNNI tile, as
+    DirectionWeights.product computes it; None where X is not finite."""
+    rows, width = X.shape[0] * X.shape[1], X.shape[2]
+    out = np.empty((rows, weights.scale.size), F32)
+    if not kernels.project_vnni(np.ascontiguousarray(X, dtype=F32).reshape(-1), width,
+                                weights.panels, weights.k_groups, weights.column_sums,
+                                weights.zero, weights.scale, out):
+        return None
+    return out.reshape(X.shape[0], X.shape[1], weights.scale.size)
+
+
+def compiled_direction(kernels, projected, lengths, start, weights, gates: CompiledGates,
+                       input_forget):
+    """run_direction in one compiled call, R's product through the VNNI tile where
+    ``weights`` are VnniCodes: (outputs, final h, final c), or None where the NumPy form
+    must run it (a hidden state that is not finite)."""
+    steps, batch = projected.shape[:2]
+    hidden = projected.shape[2] // 4
+    h, c = (np.array(s, dtype=F32, order="C", copy=True) for s in start)
+    outputs = np.zeros((steps, batch, hidden), F32)
+    final_h = np.empty((batch, hidden), F32)
+    states = (np.ascontiguousarray(lengths, dtype=np.int64), h, c, outputs, final_h)
+    projected = np.ascontiguousarray(projected, dtype=F32)
+    if isinstance(weights, VnniCodes):
+        done = kernels.direction_vnni(projected, weights.panels, weights.k_groups,
+                                      weights.column_sums, weights.zero, weights.scale,
+                                      *gates.operands(input_forget), *states)
+    else:
+        done = kernels.direction(projected, weights.codes, weights.column_sums, weights.scale,
+                                 *gates.operands(input_forget), *states)
+    return (outputs, final_h, c) if done else None
+
+
+def compiled_run(kernels, vnni, X, lengths, order, start, d: int, *, weights, recurrent,
+                 gates: CompiledGates, input_forget, prepacked):
+    """Direction d on the compiled tier: X's projection (through the VNNI tile, or as the
+    NumPy form makes it), then the recurrence (:func:`compiled_direction`), run in reverse
+    through ``order`` where given. ``weights`` and ``recurrent``: W's and R's codes, scale and
+    zero point. None where the NumPy form must run it."""
+    codes = VnniCodes if vnni else RecurrentCodes
+    w_codes, r_codes = (kept(prepacked, positions, (name, codes.__name__, d),
+                             lambda operands=operands: codes(*operands, d))
+                        for name, positions, operands in (("W", W_INPUTS, weights),
+                                                          ("R", R_INPUTS, recurrent)))
+    if not (w_codes.exact and r_codes.exact):
+        return None
+    if vnni:
+        projected = vnni_projection(kernels, X, w_codes)
+        if projected is None:
+            return None
+    else:
+        projected = input_projection(np, X, *weights, d, len(X), prepacked)
+    return compiled_direction(kernels, projected if order is None else projected[order],
+                              lengths, start, r_codes, gates, input_forget)
+
+
+def kept(prepacked, positions, key, make):
+    """make(), kept in the node's ``_prepacked`` dict when the node's inputs at
+    ``positions`` are all session constants (made once per session), else made anew."""
+    if prepacked is None or not positions <= prepacked.get(CONSTANT_INPUTS, frozenset()):
+        return make()
+    value = prepacked.get(key)
+    if value is None:
+        value = prepacked.setdefault(key, make())
+    return value
+
+
 # -- the operator ----------------------------------------------------------------------------
 
 @op(NAME, since=1, domain=COM_MICROSOFT, dtypes=frozenset({"float32"}))
@@ -297,9 +466,11 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
                           initial_c=None, P=None, W_scale=None, W_zero_point=None,
                           R_scale=None, R_zero_point=None, *, activation_alpha=None,
                           activation_beta=None, activations=None, clip=None,
-                          direction="forward", hidden_size=None, input_forget=0):
+                          direction="forward", hidden_size=None, input_forget=0,
+                          _prepacked=None):
     """(Y, Y_h, Y_c) of an LSTM whose products run on dynamically quantized 8-bit codes, as
-    onnxruntime's CPU kernel computes them (see the module's docstring)."""
+    onnxruntime's CPU kernel computes them (see the module's docstring). ``_prepacked``: the
+    node's dict where W or R are session constants, which keeps their prepared forms."""
     params = {"W_scale": W_scale, "W_zero_point": W_zero_point, "R_scale": R_scale,
               "R_zero_point": R_zero_point}
     _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size)
@@ -307,22 +478,40 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
     hidden, directions = R.shape[1], W.shape[0]
     lengths = step_counts(xp, sequence_lens, batch, seq_len)
     evaluated = int(lengths.max()) if batch else 0
+    specs = onnxruntime_specs(activations, activation_alpha, activation_beta, directions)
+    kernels, vnni = compiled_kernels(xp, specs)
     acts = gate_activations(xp, activations, activation_alpha, activation_beta, directions)
+    prepacked = _prepacked if xp is np else None
     Y = xp.zeros((seq_len, directions, batch, hidden), dtype=F32)
     finals = []
     for d in range(directions):
-        projected = DirectionWeights(xp, W, W_scale, W_zero_point, d).product(
-            xp, X[:evaluated].astype(F32, copy=False))
         backwards = direction == "reverse" or d == 1
         order = (reversal_index(xp, lengths, evaluated), xp.arange(batch))
-        outputs, final_h, final_c = run_direction(
-            xp, projected[order] if backwards else projected, lengths,
-            start_states(xp, initial_h, initial_c, d, batch, hidden),
-            DirectionWeights(xp, R, R_scale, R_zero_point, d),
-            Gates(xp, B, P, d, hidden, acts[d], clip), input_forget)
+        start = start_states(xp, initial_h, initial_c, d, batch, hidden)
+        result = None if kernels is None else compiled_run(
+            kernels, vnni, X[:evaluated], lengths, order if backwards else None, start, d,
+            weights=(W, W_scale, W_zero_point), recurrent=(R, R_scale, R_zero_point),
+            gates=CompiledGates(B, P, d, hidden, specs[d], clip), input_forget=input_forget,
+            prepacked=prepacked)
+        if result is None:
+            projected = input_projection(xp, X, W, W_scale, W_zero_point, d, evaluated,
+                                         prepacked)
+            result = run_direction(
+                xp, projected[order] if backwards else projected, lengths, start,
+                kept(prepacked, R_INPUTS, ("R", d),
+                     lambda: DirectionWeights(xp, R, R_scale, R_zero_point, d)),
+                Gates(xp, B, P, d, hidden, acts[d], clip), input_forget)
+        outputs, final_h, final_c = result
         Y[:evaluated, d] = outputs[order] if backwards else outputs
         finals.append((final_h, final_c))
     return Y, xp.stack([f[0] for f in finals]), xp.stack([f[1] for f in finals])
+
+
+def input_projection(xp, X, W, W_scale, W_zero_point, d: int, evaluated: int, prepacked):
+    """X's first ``evaluated`` steps through direction d's W, as onnxruntime computes it."""
+    weights = kept(prepacked, W_INPUTS, ("W", d),
+                   lambda: DirectionWeights(xp, W, W_scale, W_zero_point, d))
+    return weights.product(xp, X[:evaluated].astype(F32, copy=False))
 
 
 def _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size):

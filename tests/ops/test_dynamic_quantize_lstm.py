@@ -15,6 +15,10 @@ onnxruntime runs on one intra-op thread here: with several, and a batch of 2 or 
 splits the batch between its threads and quantizes each part's hidden state on its own, so
 its codes depend on its thread count (the module's docstring); a batch of one is compared on
 two threads.
+
+Every test runs on both tiers: the compiled recurrence (``ops/quant/_jit_quant_lstm.py``) and
+the NumPy form (``MIXRT_JIT=0``), and random models compare the two forms' bits directly,
+with R's product through the VNNI tile and through the 16-bit dot products.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 import mixrt
 from mixrt.errors import MixrtError
-from mixrt.ops.quant.contrib_quant_lstm import mlas_logistic, mlas_tanh
+from mixrt.ops.compiled import jit_cpu, jit_tier
+from mixrt.ops.quant import contrib_quant_lstm, int8_cpu
+from mixrt.ops.quant.contrib_quant_lstm import (COMPILED, dynamic_quantize_lstm, mlas_logistic,
+                                                mlas_tanh)
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
 
@@ -40,6 +47,14 @@ f32 = np.float32
 TOLERANCE = 1e-6  # for Elu's exp only (docstring)
 
 logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice on preprocessing
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def tier(request, monkeypatch):
+    """Each test on the compiled tier (the suite compiles in the foreground) and on the NumPy
+    form, which serves a session's first runs and every run without numba."""
+    monkeypatch.setenv("MIXRT_JIT", "1" if request.param == "compiled" else "0")
+    return request.param
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -325,3 +340,117 @@ def test_a_zero_point_of_another_type_than_its_weight_is_refused(tmp_path):
     with pytest.raises(MixrtError, match="R_zero_point is uint8; expected int8") as caught:
         mixrt.Session(model.SerializeToString()).run(None, feeds)
     assert "bad_node" in str(caught.value)
+
+
+# -- the compiled recurrence against the NumPy form --------------------------------------------
+
+needs_numba = pytest.mark.skipif(jit_cpu.load(COMPILED) is None, reason="needs numba")
+
+
+def random_operands(rng, *, direction, weight_type, per_channel, input_size, hidden, seq,
+                    batch, peepholes, clip, input_forget, lengths, activations):
+    """DynamicQuantizeLSTM's inputs and attributes with random codes, scales and zero
+    points."""
+    directions = 2 if direction == "bidirectional" else 1
+    low, high = (-128, 128) if weight_type == np.int8 else (0, 256)
+
+    def weight(rows):
+        return rng.integers(low, high, (directions, rows, 4 * hidden)).astype(weight_type)
+
+    def scale_and_zero():
+        shape = (directions, 4 * hidden) if per_channel else (directions,)
+        zero = np.zeros(shape, weight_type) if weight_type == np.int8 else \
+            np.full(shape, rng.integers(100, 156), weight_type)
+        return (rng.uniform(0.002, 0.02, shape).astype(f32), zero)
+
+    inputs = {"X": rng.standard_normal((seq, batch, input_size)).astype(f32),
+              "W": weight(input_size), "R": weight(hidden),
+              "B": (rng.standard_normal((directions, 8 * hidden)) * 0.3).astype(f32),
+              "sequence_lens": rng.integers(0, seq + 1, batch).astype(np.int32)
+              if lengths else None,
+              "initial_h": rng.standard_normal((directions, batch, hidden)).astype(f32),
+              "initial_c": rng.standard_normal((directions, batch, hidden)).astype(f32),
+              "P": (rng.standard_normal((directions, 3 * hidden)) * 0.5).astype(f32)
+              if peepholes else None}
+    (inputs["W_scale"], inputs["W_zero_point"]), (inputs["R_scale"], inputs["R_zero_point"]) \
+        = scale_and_zero(), scale_and_zero()
+    attributes = {"direction": direction, "hidden_size": hidden, "clip": clip,
+                  "input_forget": input_forget,
+                  "activations": activations * directions if activations else None,
+                  "activation_alpha": [0.3, 0.6, 0.9] * directions,
+                  "activation_beta": [0.1, 0.2, 0.4] * directions}
+    return inputs, attributes
+
+
+RANDOM_MODELS = [
+    dict(direction="forward", weight_type=np.int8, per_channel=False, input_size=7, hidden=16,
+         seq=6, batch=1, peepholes=False, clip=None, input_forget=0, lengths=False,
+         activations=None),
+    dict(direction="reverse", weight_type=np.uint8, per_channel=True, input_size=5, hidden=21,
+         seq=5, batch=3, peepholes=True, clip=1.0, input_forget=0, lengths=True,
+         activations=None),
+    dict(direction="bidirectional", weight_type=np.int8, per_channel=True, input_size=9,
+         hidden=33, seq=4, batch=5, peepholes=True, clip=None, input_forget=1, lengths=True,
+         activations=["HardSigmoid", "Relu", "Softsign"]),
+    dict(direction="bidirectional", weight_type=np.uint8, per_channel=False, input_size=3,
+         hidden=12, seq=7, batch=9, peepholes=False, clip=2.5, input_forget=0, lengths=True,
+         activations=["Sigmoid", "Affine", "LeakyRelu"]),
+    dict(direction="forward", weight_type=np.int8, per_channel=True, input_size=4, hidden=64,
+         seq=3, batch=2, peepholes=True, clip=0.8, input_forget=0, lengths=False,
+         activations=["Sigmoid", "ThresholdedRelu", "Tanh"]),
+]
+
+
+def outputs_of(inputs, attributes, *, compiled):
+    with jit_tier.using(compiled):
+        return dynamic_quantize_lstm(np, **inputs, **attributes)
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@needs_numba
+@pytest.mark.parametrize("vnni", [True, False], ids=["vnni", "dot_products"])
+@pytest.mark.parametrize("case", range(len(RANDOM_MODELS)))
+def test_the_compiled_recurrence_gives_the_numpy_forms_bits(case, vnni, tier, monkeypatch):
+    if tier == "numpy" or (vnni and not int8_cpu.available()):
+        pytest.skip("compares the two forms itself" if tier == "numpy" else "needs VNNI")
+    if not vnni:
+        monkeypatch.setattr(int8_cpu, "available", lambda: False)
+    calls = []
+    direction = contrib_quant_lstm.compiled_direction
+    monkeypatch.setattr(contrib_quant_lstm, "compiled_direction",
+                        lambda *args: calls.append(direction(*args)) or calls[-1])
+    rng = np.random.default_rng(case)
+    inputs, attributes = random_operands(rng, **RANDOM_MODELS[case])
+    theirs = outputs_of(inputs, attributes, compiled=False)
+    assert not calls
+    ours = outputs_of(inputs, attributes, compiled=True)
+    assert calls and all(result is not None for result in calls)
+    assert all(same_bits(a, b) for a, b in zip(ours, theirs))
+
+
+@needs_numba
+def test_a_hidden_state_that_is_not_finite_is_left_to_the_numpy_form(tier):
+    """It has no codes: the NumPy form's NaNs, not the compiled form's."""
+    rng = np.random.default_rng(11)
+    inputs, attributes = random_operands(rng, **RANDOM_MODELS[0])
+    inputs["initial_h"][0, 0, 3] = np.nan
+    theirs = outputs_of(inputs, attributes, compiled=False)
+    ours = outputs_of(inputs, attributes, compiled=True)
+    assert np.isnan(theirs[0]).all()
+    assert all(same_bits(a, b) for a, b in zip(ours, theirs))
+
+
+@needs_numba
+def test_a_session_runs_the_tier_it_is_on(tier, tmp_path, monkeypatch):
+    calls = []
+    direction = contrib_quant_lstm.compiled_direction
+    monkeypatch.setattr(contrib_quant_lstm, "compiled_direction",
+                        lambda *args: calls.append(direction(*args)) or calls[-1])
+    rng = np.random.default_rng(12)
+    model = quantized(float_lstm(rng, input_size=3, hidden=6, direction="bidirectional"),
+                      tmp_path, per_channel=False)
+    assert_same_bits(*run_both(model, feeds_for(rng, model, seq=4, batch=2)))
+    assert bool(calls) == (tier == "compiled") and None not in calls
