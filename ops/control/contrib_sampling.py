@@ -57,10 +57,11 @@ import functools
 import numpy as np
 
 from mixrt.ops.attention.contrib_transformer import MICROSOFT
-from mixrt.ops.control.contrib_generation import (FLOAT32, INT32, MAX_LENGTH, _GptDecoding,
-                                                  _check_attention_mask, _dims, _gpt_interface,
-                                                  _known_scalar, _scalar, _search_greedily,
-                                                  _settings)
+from mixrt.ops.control._generation_decoders import (MAX_LENGTH, _GptDecoding,
+                                                    _check_attention_mask, _gpt_interface,
+                                                    _scalar, _settings)
+from mixrt.ops.control.contrib_generation import (FLOAT32, INT32, _dims, _known_scalar,
+                                                  _search_greedily)
 from mixrt.ops.device import to_host
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType

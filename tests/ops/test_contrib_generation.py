@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixrt
 from mixrt.errors import ExecutionError, GraphError, UnsupportedOperatorError
 from mixrt.importers.onnx import import_model
-from mixrt.ops.control import contrib_generation
+from mixrt.ops.control._generation_scores import _top_k
 from mixrt.ops.device import CPU, gpu_available
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.session import load_graph
@@ -422,7 +422,7 @@ def test_the_candidates_come_in_onnxruntime_topk_order(seed):
         rows = rng.standard_normal((3, 40)).astype(np.float32)
     for k in (1, 2, 6, 8, 40):
         order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-        values, indices = contrib_generation._top_k(rows, k)
+        values, indices = _top_k(rows, k)
         np.testing.assert_array_equal(indices, order)
         np.testing.assert_array_equal(values, np.take_along_axis(rows, order, axis=1))
 
