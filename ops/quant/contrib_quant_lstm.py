@@ -77,6 +77,7 @@ COMPILED_ACTIVATIONS = {"sigmoid": 0, "tanh": 1, "relu": 2, "affine": 3, "leakyr
                         "thresholdedrelu": 5, "hardsigmoid": 6, "softsign": 7}
 # the inputs each direction's prepared weights come from (positions in the node)
 W_INPUTS, R_INPUTS = frozenset({1, 8, 9}), frozenset({2, 10, 11})
+POSITIONS = {"B": 3, "P": 7}
 
 
 # -- the operands --------------------------------------------------------------------------
@@ -448,6 +449,11 @@ def compiled_run(kernels, vnni, X, lengths, order, start, d: int, *, weights, re
                               lengths, start, r_codes, gates, input_forget)
 
 
+def present(**inputs) -> frozenset:
+    """The node's input positions of those of ``inputs`` (B, P) that are given."""
+    return frozenset(POSITIONS[name] for name, value in inputs.items() if value is not None)
+
+
 def kept(prepacked, positions, key, make):
     """make(), kept in the node's ``_prepacked`` dict when the node's inputs at
     ``positions`` are all session constants (made once per session), else made anew."""
@@ -480,29 +486,32 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
     evaluated = int(lengths.max()) if batch else 0
     specs = onnxruntime_specs(activations, activation_alpha, activation_beta, directions)
     kernels, vnni = compiled_kernels(xp, specs)
-    acts = gate_activations(xp, activations, activation_alpha, activation_beta, directions)
     prepacked = _prepacked if xp is np else None
     Y = xp.zeros((seq_len, directions, batch, hidden), dtype=F32)
     finals = []
     for d in range(directions):
         backwards = direction == "reverse" or d == 1
-        order = (reversal_index(xp, lengths, evaluated), xp.arange(batch))
+        order = (reversal_index(xp, lengths, evaluated), xp.arange(batch)) if backwards \
+            else None
         start = start_states(xp, initial_h, initial_c, d, batch, hidden)
         result = None if kernels is None else compiled_run(
-            kernels, vnni, X[:evaluated], lengths, order if backwards else None, start, d,
+            kernels, vnni, X[:evaluated], lengths, order, start, d,
             weights=(W, W_scale, W_zero_point), recurrent=(R, R_scale, R_zero_point),
-            gates=CompiledGates(B, P, d, hidden, specs[d], clip), input_forget=input_forget,
-            prepacked=prepacked)
+            gates=kept(prepacked, present(B=B, P=P), ("gates", d),
+                       lambda: CompiledGates(B, P, d, hidden, specs[d], clip)),
+            input_forget=input_forget, prepacked=prepacked)
         if result is None:
             projected = input_projection(xp, X, W, W_scale, W_zero_point, d, evaluated,
                                          prepacked)
             result = run_direction(
-                xp, projected[order] if backwards else projected, lengths, start,
+                xp, projected if order is None else projected[order], lengths, start,
                 kept(prepacked, R_INPUTS, ("R", d),
                      lambda: DirectionWeights(xp, R, R_scale, R_zero_point, d)),
-                Gates(xp, B, P, d, hidden, acts[d], clip), input_forget)
+                Gates(xp, B, P, d, hidden, gate_activations(
+                    xp, activations, activation_alpha, activation_beta, directions)[d], clip),
+                input_forget)
         outputs, final_h, final_c = result
-        Y[:evaluated, d] = outputs[order] if backwards else outputs
+        Y[:evaluated, d] = outputs if order is None else outputs[order]
         finals.append((final_h, final_c))
     return Y, xp.stack([f[0] for f in finals]), xp.stack([f[1] for f in finals])
 
