@@ -27,7 +27,9 @@ module compiles its native-pool entry, which LLVM cannot build for a CPU without
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from mixrt.ops.quant.contrib_quant_lstm import (LOGISTIC_P, LOGISTIC_Q, LOGISTIC_RANGE,
                                                 TANH_P, TANH_Q, TANH_RANGE)
@@ -50,11 +52,23 @@ ZERO, HALF, ONE, LEVELS = f32(0), f32(0.5), f32(1), f32(255)
 
 # -- MLAS's sigmoid and tanh -----------------------------------------------------------------
 
+@intrinsic
+def _fma64(typingctx, a, b, c):
+    """llvm.fma.f64: a * b + c rounded once."""
+    def codegen(context, builder, signature, args):
+        double = ir.DoubleType()
+        fma = builder.module.declare_intrinsic(
+            "llvm.fma", [double], ir.FunctionType(double, [double] * 3))
+        return builder.call(fma, args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
 @_inline
 def _fma(a, b, c):
-    """contrib_quant.fma_f32: the product exact in float64, one float64 sum, one rounding
-    to float32."""
-    return f32(np.float64(a) * np.float64(b) + np.float64(c))
+    """contrib_quant.fma_f32: the product of two float32 is exact in float64, so its float64
+    sum rounds once, as one float64 fused multiply-add (a step less than a product and a
+    sum); then one rounding to float32."""
+    return f32(_fma64(np.float64(a), np.float64(b), np.float64(c)))
 
 
 @_inline

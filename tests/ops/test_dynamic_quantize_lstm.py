@@ -454,3 +454,27 @@ def test_a_session_runs_the_tier_it_is_on(tier, tmp_path, monkeypatch):
                       tmp_path, per_channel=False)
     assert_same_bits(*run_both(model, feeds_for(rng, model, seq=4, batch=2)))
     assert bool(calls) == (tier == "compiled") and None not in calls
+
+
+@needs_numba
+@pytest.mark.parametrize("name", sorted(contrib_quant_lstm.COMPILED_ACTIVATIONS))
+def test_the_compiled_activations_give_the_numpy_forms_bits(name, tier):
+    """MLAS's sigmoid and tanh (each fused multiply-add emulated in float64) and the other
+    activations the compiled gates know, on a million values and the edges."""
+    if tier == "numpy":
+        pytest.skip("compares the two forms itself")
+    rng = np.random.default_rng(13)
+    x = np.concatenate([rng.standard_normal(250_000) * s for s in (0.1, 1, 4, 30)]
+                       + [np.array([0, -0.0, 9, -9, 18, -18, 1e30, -1e30, np.inf, -np.inf,
+                                    np.nan, 1e-40, -1e-40])]).astype(f32)
+    alpha, beta = f32(0.3), f32(0.4)
+    (numpy_form, *_), = contrib_quant_lstm.gate_activations(
+        np, [name, "tanh", "tanh"], [alpha], [beta], 1)
+    compiled = x.copy()
+    jit_cpu.load(COMPILED).activate(contrib_quant_lstm.COMPILED_ACTIVATIONS[name], compiled,
+                                    alpha, beta)
+    with np.errstate(all="ignore"):  # Softsign's inf / inf
+        expected = numpy_form(x)
+    np.testing.assert_array_equal(compiled, expected)
+    finite = np.isfinite(expected)
+    assert same_bits(compiled[finite], expected[finite])
