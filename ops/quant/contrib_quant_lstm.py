@@ -347,9 +347,10 @@ class VnniCodes:
 
 
 def column_scales(scale, d: int, wide: int):
-    """Direction d's weight scale, one float32 per gate column."""
-    return np.ascontiguousarray(np.broadcast_to(
-        scale.reshape(scale.shape[0], -1)[d].astype(F32), (wide,)))
+    """Direction d's weight scale, one float32 per gate column (a writable copy: the
+    compiled calls are listed for writable arrays, ops/compiled/kernels.json)."""
+    return np.array(np.broadcast_to(scale.reshape(scale.shape[0], -1)[d], (wide,)),
+                    dtype=F32, order="C")
 
 
 def sums_fit(centered) -> bool:
@@ -397,7 +398,10 @@ def vnni_projection(kernels, X, weights: VnniCodes):
     DirectionWeights.product computes it; None where X is not finite."""
     rows, width = X.shape[0] * X.shape[1], X.shape[2]
     out = np.empty((rows, weights.scale.size), F32)
-    if not kernels.project_vnni(np.ascontiguousarray(X, dtype=F32).reshape(-1), width,
+    x = np.ascontiguousarray(X, dtype=F32)
+    if not x.flags.writeable:  # a read-only feed: the listed kernel takes writable arrays
+        x = x.copy()
+    if not kernels.project_vnni(x.reshape(-1), width,
                                 weights.panels, weights.k_groups, weights.column_sums,
                                 weights.zero, weights.scale, out):
         return None
