@@ -43,6 +43,8 @@ f32 = np.float32
 SIGMOID, TANH, RELU, AFFINE, LEAKY_RELU, THRESHOLDED_RELU, HARD_SIGMOID, SOFTSIGN = range(8)
 
 # MLAS's coefficients, each rounded to float32 as contrib_quant_lstm._polynomial rounds them
+# (compiled in as constants: numba's cache entries follow this file, not that one, but
+# they are onnxruntime's and do not change)
 LP0, LP1, LP2, LP3, LP4 = (f32(c) for c in LOGISTIC_P)
 LQ0, LQ1, LQ2, LQ3, LQ4, LQ5 = (f32(c) for c in LOGISTIC_Q)
 TP0, TP1, TP2, TP3, TP4, TP5, TP6 = (f32(c) for c in TANH_P)
