@@ -78,6 +78,7 @@ COMPILED_ACTIVATIONS = {"sigmoid": 0, "tanh": 1, "relu": 2, "affine": 3, "leakyr
 # the inputs each direction's prepared weights come from (positions in the node)
 W_INPUTS, R_INPUTS = frozenset({1, 8, 9}), frozenset({2, 10, 11})
 POSITIONS = {"B": 3, "P": 7}
+CHECKED = "checked layouts"  # a node's dict: the operands' shapes and types it has checked
 
 
 # -- the operands --------------------------------------------------------------------------
@@ -483,16 +484,23 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
     node's dict where W or R are session constants, which keeps their prepared forms."""
     params = {"W_scale": W_scale, "W_zero_point": W_zero_point, "R_scale": R_scale,
               "R_zero_point": R_zero_point}
-    _check_run(X, W, R, B, initial_h, initial_c, P, params, direction, hidden_size)
+    prepacked = _prepacked if xp is np else None
+    operands = (X, W, R, B, initial_h, initial_c, P)
+    checked = prepacked.setdefault(CHECKED, set()) if prepacked is not None else set()
+    layout = tuple(None if v is None else (v.shape, v.dtype)
+                   for v in operands + tuple(params.values()))
+    if layout not in checked:  # a node's later calls with the same operands' shapes pass
+        _check_run(*operands, params, direction, hidden_size)
+        checked.add(layout)
     seq_len, batch, _ = X.shape
     hidden, directions = R.shape[1], W.shape[0]
     lengths = step_counts(xp, sequence_lens, batch, seq_len)
     evaluated = int(lengths.max()) if batch else 0
-    specs = onnxruntime_specs(activations, activation_alpha, activation_beta, directions)
+    specs = kept(prepacked, frozenset(), "specs", lambda: onnxruntime_specs(
+        activations, activation_alpha, activation_beta, directions))
     kernels, vnni = compiled_kernels(xp, specs)
-    prepacked = _prepacked if xp is np else None
     Y = xp.zeros((seq_len, directions, batch, hidden), dtype=F32)
-    finals = []
+    Y_h, Y_c = (xp.empty((directions, batch, hidden), dtype=F32) for _ in range(2))
     for d in range(directions):
         backwards = direction == "reverse" or d == 1
         order = (reversal_index(xp, lengths, evaluated), xp.arange(batch)) if backwards \
@@ -514,10 +522,9 @@ def dynamic_quantize_lstm(xp, X, W, R, B=None, sequence_lens=None, initial_h=Non
                 Gates(xp, B, P, d, hidden, gate_activations(
                     xp, activations, activation_alpha, activation_beta, directions)[d], clip),
                 input_forget)
-        outputs, final_h, final_c = result
+        outputs, Y_h[d], Y_c[d] = result
         Y[:evaluated, d] = outputs if order is None else outputs[order]
-        finals.append((final_h, final_c))
-    return Y, xp.stack([f[0] for f in finals]), xp.stack([f[1] for f in finals])
+    return Y, Y_h, Y_c
 
 
 def input_projection(xp, X, W, W_scale, W_zero_point, d: int, evaluated: int, prepacked):
