@@ -14,7 +14,6 @@ traced; it raises :class:`HybridizeError` naming the block, the line and the fix
 
 from __future__ import annotations
 
-import threading
 import traceback
 import warnings
 
@@ -23,10 +22,11 @@ import numpy as np
 from mixrt import autograd, sym
 from mixrt.autograd import tape
 from mixrt.base.errors import DeviceMismatchError, HybridizeError, InputError
+from mixrt.gluon import op_hooks
 from mixrt.gluon.block import Block, ChildChain
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.passes.typecheck import promote_mixed_floats
-from mixrt.sym import monitoring, symbol as symbol_module
+from mixrt.sym import symbol as symbol_module
 from mixrt.sym.symbol import variable_named, Group, Symbol
 from mixrt.sym.tracing import static_shape  # noqa: F401  (gluon's name for it)
 from mixrt import nd
@@ -35,7 +35,7 @@ from mixrt.gluon.parameter import Parameter
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.session import Session
-from mixrt.sym.executor import HEAD_GRAD, TrainingPair, training_graph
+from mixrt.sym.executor import HEAD_GRAD, TrainingPair
 from mixrt.sym.tracing import tracing as _tracing
 
 # input signatures whose traced graphs (and their Sessions) a hybridized block keeps
@@ -111,9 +111,7 @@ class HybridBlock(Block):
         block called imperatively calls no hook. MXNet hands over an array handle; here
         the array is an NDArray. The values come from a second run of the graph that
         keeps every operator's outputs (in training mode it draws its own Dropout masks)."""
-        self._op_hook = (callback, bool(monitor_all))
-        for child in self._children.values():
-            child._op_hook = self._op_hook
+        op_hooks.install(self, callback, monitor_all)
 
     def infer_shape(self, *args) -> None:
         """Set the unknown dimensions of this block's parameters from its inputs' shapes
@@ -173,14 +171,12 @@ class HybridBlock(Block):
         """The Symbol of this block for inputs like ``args`` (run once imperatively first
         when a parameter's shape is still unknown, so every shape is settled)."""
         if any(not p.is_initialized() for p in self.collect_params().values()):
-            with autograd.pause(train_mode=False):
+            with autograd.pause(train_mode=False), op_hooks.settling_shapes():
                 was_active, self._active = self._active, False
-                _settling.depth = getattr(_settling, "depth", 0) + 1
                 try:  # the flat call: a subclass's forward may group its arguments
                     HybridBlock.forward(self, *args)
                 finally:
                     self._active = was_active
-                    _settling.depth -= 1
         flat, form = _flatten(args)
         names = _input_names(flat)
         variables = [None if a is None else variable_named(n, dtype=a.dtype)
@@ -366,11 +362,6 @@ def _parameter_symbol(param) -> Symbol:
 
 # -- running the traced graph ---------------------------------------------------------------
 
-# the imperative run trace() makes to settle deferred parameter shapes runs hybridized
-# children, which call no op hook then: MXNet settles shapes without running anything
-_settling = threading.local()
-
-
 class CachedGraph:
     """A traced block's Symbol and its compiled Sessions, one set per input signature."""
 
@@ -392,34 +383,11 @@ class CachedGraph:
     def __call__(self, *args):
         arrays = self._check_inputs(args)
         with arrays[0].ctx.device.active():  # the runs, state writes and outputs go there
-            outputs = self._call_on(arrays, arrays[0].ctx)
-            if self.block._op_hook is not None and not getattr(_settling, "depth", 0):
-                self._report_ops(arrays, arrays[0].ctx)
+            ctx = arrays[0].ctx
+            outputs = self._call_on(arrays, ctx)
+            if op_hooks.wanted(self.block):
+                op_hooks.report(self, self._compiled_for(arrays, ctx), arrays, ctx)
             return outputs
-
-    def _report_ops(self, arrays: list, ctx) -> None:
-        """Call the block's op hook with every operator's values (its inputs first, with
-        ``monitor_all``), each operator in the graph's order."""
-        callback, monitor_all = self.block._op_hook
-        if self.block._flags.get("static_alloc") or self.block._flags.get("static_shape"):
-            warnings.warn("register_op_hook is experimental when static_alloc=True / "
-                          "static_shape=True and may not work correctly", stacklevel=3)
-        feeds = {name: a._read() for name, a in zip(self.input_names, arrays)}
-        feeds.update({name: p.data(ctx)._read() for name, p in self.params.items()})
-        layers = monitoring.layers_of(self.symbol)
-        session = self._compiled_for(arrays, ctx).monitored(ctx, layers,
-                                                            autograd.is_training())
-        values = dict(feeds)
-        values.update(zip(session.graph.output_names,
-                          session.run_on_device(None, _only(feeds, session))))
-        for layer in layers:
-            op_name = layer.op.encode()
-            if monitor_all:
-                for label, value in zip(layer.input_labels(), layer.inputs):
-                    if value in values:  # constants the graph folds have none
-                        callback(label.encode(), op_name, NDArray(values[value], ctx))
-            for value in layer.outputs:
-                callback(value.encode(), op_name, NDArray(values[value], ctx))
 
     def _call_on(self, arrays: list, ctx):
         params = list(self.params.values())
@@ -521,15 +489,7 @@ class _Compiled:
         self.graph, self.aux = graph, aux
         self._inference = None
         self._training: dict = {}
-        self._monitored: dict = {}  # is_train -> the op hook's Session
-
-    def monitored(self, ctx, layers: list, train: bool):
-        """The graph (its training form with ``train``) keeping every layer's outputs."""
-        if train not in self._monitored:
-            graph = training_graph(self.graph, self.aux)[0] if train else self.graph
-            kept = monitoring.with_layer_outputs(graph, layers)
-            self._monitored[train] = Session(kept, device=str(ctx.device))
-        return self._monitored[train]
+        self.op_hook_sessions: dict = {}  # is_train -> the op hook's Session (op_hooks)
 
     def inference(self, ctx):
         if self._inference is None:
