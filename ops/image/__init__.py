@@ -1,3 +1,3 @@
-"""Image operators: Resize, GridSample, AffineGrid, NonMaxSuppression, ImageDecoder, with
-their gradients and compiled kernels.
+"""Image operators: Resize, GridSample, AffineGrid, NonMaxSuppression, ImageScaler,
+ImageDecoder, with their gradients and compiled kernels.
 """

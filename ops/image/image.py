@@ -20,7 +20,7 @@ import numpy as np
 from mixrt.ops.image import nms_cpu
 from mixrt.ops.ir.dtypes import FLOATS, NUMERIC, accumulation_dtype
 from mixrt.ops.ir.registry import op
-from mixrt.ops.ir.types import TensorType, normalize_axis, same_as_input, shape_text
+from mixrt.ops.ir.types import TensorType, normalize_axis, shape_text
 from mixrt.ops.device import to_host
 
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -516,27 +516,6 @@ def _grid_taps(xp, coord, size, mode, padding_mode, align_corners):
         inside = (idx >= 0) & (idx <= size - 1)
         result.append((xp.clip(idx, 0, size - 1).astype(np.int64), xp.where(inside, weight, 0)))
     return result
-
-
-@op("ImageScaler", since=1, dtypes=FLOATS)
-def image_scaler(xp, input, *, bias=None, scale=1.0):
-    """ImageScaler, an experimental operator of ai.onnx opsets 1-9 that the spec has since
-    dropped and onnxruntime still runs (WinML's style-transfer and SqueezeNet exports put it
-    before their first convolution): ``input * scale + bias[c]`` over NCHW images, one bias
-    value per channel, in the input's dtype."""
-    if input.ndim != 4:
-        raise ValueError(f"ImageScaler takes NCHW images (4 dimensions), not shape "
-                         f"{tuple(input.shape)}")
-    channels = input.shape[1]
-    bias = list(bias or ())
-    if len(bias) != channels:
-        raise ValueError(f"ImageScaler has {len(bias)} bias values for {channels} channels "
-                         f"(one per channel expected)")
-    shift = xp.asarray(np.asarray(bias, input.dtype).reshape(1, channels, 1, 1))
-    return input * input.dtype.type(scale) + shift
-
-
-image_scaler.infer(same_as_input)
 
 
 @op("GridSample", since=22, dtypes=FLOATS)
