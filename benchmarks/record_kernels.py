@@ -147,7 +147,9 @@ def _recorded(folder: Path) -> dict:
 # addition (ops/compiled/prebuilt.py, ADDITIONS): the 8-bit products are LLVM IR around
 # AVX-512 VNNI's vpdpbusd (ops/quant/int8_cpu.py), which x86-64-v4 lacks (LLVM aborts the
 # build's process on an intrinsic its target cannot select)
-BEYOND_LEVELS = {"mixrt.ops.quant._jit_int8": "x86-64-v4-vnni"}
+BEYOND_LEVELS = {"mixrt.ops.quant._jit_int8": "x86-64-v4-vnni",
+                 # the quantized LSTM's VNNI tiles are _jit_int8's, in a module of their own
+                 "mixrt.ops.quant._jit_quant_lstm_vnni": "x86-64-v4-vnni"}
 
 
 def _added(recorded: dict, out: Path) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from . import hf, vision
-from .common import Recipe, ensure, rng, version
+from .common import Recipe, ensure, rng, torch_seeded, version
 
 
 def _source(name: str):
@@ -155,6 +155,23 @@ def _four_bit_with_gather(source: str):
     return build
 
 
+def _lstm_dynamic(path: Path) -> dict[str, np.ndarray]:
+    """A two-layer bidirectional PyTorch LSTM (a sequence tagger's encoder: 64 features, 128
+    hidden, 32 steps, batch 2) through quantize_dynamic, which writes DynamicQuantizeLSTM for
+    each LSTM node."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
+    _quiet()
+    torch = torch_seeded()
+    lstm = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True).eval()
+    feeds = {"x": rng(30).standard_normal((32, 2, 64)).astype(np.float32)}
+    with tempfile.TemporaryDirectory() as scratch, torch.no_grad():
+        source = Path(scratch) / "lstm.onnx"
+        torch.onnx.export(lstm, (torch.from_numpy(feeds["x"]),), str(source), dynamo=False,
+                          opset_version=17, input_names=["x"], output_names=["y", "h", "c"])
+        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
+    return feeds
+
+
 def _float16(source: str):
     def build(path: Path) -> dict[str, np.ndarray]:
         import onnx  # noqa: PLC0415
@@ -190,6 +207,7 @@ def _recipes() -> dict[str, Recipe]:
         "q_bert_fused_dynamic": Recipe("quantized", quantizer, _fused_bert_dynamic),
         "q_gpt2_4bit_gather": Recipe("quantized", quantizer,
                                      _four_bit_with_gather("hf_gpt2_ts")),
+        "q_lstm_dynamic": Recipe("quantized", quantizer, _lstm_dynamic),
         "fp16_efficientnet_b0": Recipe("float16", converter, _float16("tv_efficientnet_b0")),
     }
 
