@@ -172,28 +172,24 @@ def mp_nag_mom_update(weight, grad, mom, weight32, lr, momentum=0.0, wd=0.0,
 
 def signsgd_update(weight, grad, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0,
                    out=None, name=None):
-    """``w = (1 - lr * wd) * w - lr * sign(g)`` (rescaling and clipping keep the sign)."""
+    """``w = (1 - lr * wd) * w - lr * sign(g)`` (rescaling and clipping keep the sign; the
+    rule ``update_rules.signsgd``)."""
     w = _data(weight, "weight", "signsgd_update")
-    g = _data(grad, "grad", "signsgd_update")
-    xp = array_module(w)
-    lr = _f32(lr)
-    value = (1 - lr * _f32(wd)) * w - lr * xp.sign(g).astype(w.dtype)
+    value = rules.mxnet_step(rules.signsgd(), array_module(w), w,
+                             _data(grad, "grad", "signsgd_update"), {}, lr=lr, wd=wd)
     return _result(value, weight, out, "signsgd_update")
 
 
 def signum_update(weight, grad, mom, lr, momentum=0.0, wd=0.0, rescale_grad=1.0,
                   clip_gradient=-1.0, wd_lh=0.0, out=None, name=None):
-    """``mom = momentum * mom - (1 - momentum) * (wd * w + g)``;
-    ``w = (1 - lr * wd_lh) * w + lr * sign(mom)``."""
+    """``mom = momentum * mom - (1 - momentum) * wd * w - (1 - momentum) * g``;
+    ``w = (1 - lr * wd_lh) * w + lr * sign(mom)`` (the rule ``update_rules.signum``)."""
     w = _data(weight, "weight", "signum_update")
     m = _state(mom, "mom", "signum_update", weight)
-    xp = array_module(w)
-    g = _rescaled(xp, _data(grad, "grad", "signum_update"), rescale_grad, clip_gradient,
-                  w.dtype)
-    momentum, lr = _f32(momentum), _f32(lr)
-    m *= momentum
-    m -= (1 - momentum) * (_f32(wd) * w + g)
-    value = (1 - lr * _f32(wd_lh)) * w + lr * xp.sign(m)
+    value = rules.mxnet_step(rules.signum(_clipped(clip_gradient)), array_module(w), w,
+                             _data(grad, "grad", "signum_update"), {"mom": m}, lr=lr, wd=wd,
+                             momentum=momentum, wd_lh=wd_lh, rescale_grad=rescale_grad,
+                             clip_gradient=clip_gradient)
     return _result(value, weight, out, "signum_update")
 
 
@@ -215,17 +211,11 @@ def adam_update(weight, grad, mean, var, lr, beta1=0.9, beta2=0.999, epsilon=1e-
 
 
 def _with_decay(xp, weight, grad, wd, rescale_grad, clip_gradient):
-    """``rescale_grad * g + wd * w``, then clipped (RMSProp's and FTML's order)."""
+    """``rescale_grad * g + wd * w``, then clipped (FTML's order)."""
     g = grad.astype(weight.dtype, copy=False) * _f32(rescale_grad) + _f32(wd) * weight
     if clip_gradient is not None and clip_gradient >= 0:
         g = xp.clip(g, -_f32(clip_gradient), _f32(clip_gradient))
     return g
-
-
-def _clip_weights(xp, value, clip_weights):
-    if clip_weights is not None and clip_weights >= 0:
-        return xp.clip(value, -_f32(clip_weights), _f32(clip_weights))
-    return value
 
 
 def rmsprop_update(weight, grad, n, lr, gamma1=0.95, epsilon=1e-8, wd=0.0, rescale_grad=1.0,
@@ -247,37 +237,32 @@ def rmspropalex_update(weight, grad, n, g, delta, lr, gamma1=0.95, gamma2=0.9, e
                        wd=0.0, rescale_grad=1.0, clip_gradient=-1.0, clip_weights=-1.0,
                        out=None, name=None):
     """Centered RMSProp (Graves, 2013): running means of ``g^2`` (``n``) and ``g``
-    (``g``), ``delta = gamma2 delta - lr g / sqrt(n - g_mean^2 + epsilon)``, ``w += delta``."""
+    (``g``), ``delta = gamma2 delta - lr g / sqrt(n - g_mean^2 + epsilon)``, ``w += delta``
+    (the rule ``update_rules.rmsprop_centered``)."""
     w = _data(weight, "weight", "rmspropalex_update")
-    n_state = _state(n, "n", "rmspropalex_update", weight)
-    g_state = _state(g, "g", "rmspropalex_update", weight)
-    d_state = _state(delta, "delta", "rmspropalex_update", weight)
-    xp = array_module(w)
-    grad_ = _with_decay(xp, w, _data(grad, "grad", "rmspropalex_update"), wd, rescale_grad,
-                        clip_gradient)
-    gamma1 = _f32(gamma1)
-    n_state[...] = (1 - gamma1) * (grad_ * grad_) + gamma1 * n_state
-    g_state[...] = (1 - gamma1) * grad_ + gamma1 * g_state
-    d_state[...] = _f32(gamma2) * d_state - _f32(lr) * grad_ / xp.sqrt(
-        n_state - g_state * g_state + _f32(epsilon))
-    value = _clip_weights(xp, w + d_state, clip_weights)
+    states = {"n": _state(n, "n", "rmspropalex_update", weight),
+              "g": _state(g, "g", "rmspropalex_update", weight),
+              "delta": _state(delta, "delta", "rmspropalex_update", weight)}
+    rule = rules.rmsprop_centered(_clipped(clip_gradient), _clipped(clip_weights))
+    value = rules.mxnet_step(rule, array_module(w), w,
+                             _data(grad, "grad", "rmspropalex_update"), states, lr=lr, wd=wd,
+                             gamma1=gamma1, gamma2=gamma2, epsilon=epsilon,
+                             rescale_grad=rescale_grad, clip_gradient=clip_gradient,
+                             clip_weights=clip_weights)
     return _result(value, weight, out, "rmspropalex_update")
 
 
 def ftrl_update(weight, grad, z, n, lr, lamda1=0.01, beta=1.0, wd=0.0, rescale_grad=1.0,
                 clip_gradient=-1.0, out=None, name=None):
-    """FTRL-Proximal (McMahan et al., 2013) with MXNet's parameter names."""
+    """FTRL-Proximal (McMahan et al., 2013) with MXNet's parameter names (the rule
+    ``update_rules.ftrl``)."""
     w = _data(weight, "weight", "ftrl_update")
-    z_state = _state(z, "z", "ftrl_update", weight)
-    n_state = _state(n, "n", "ftrl_update", weight)
-    xp = array_module(w)
-    g = _rescaled(xp, _data(grad, "grad", "ftrl_update"), rescale_grad, clip_gradient,
-                  w.dtype)
-    lr, lamda1 = _f32(lr), _f32(lamda1)
-    z_state += g - (xp.sqrt(n_state + g * g) - xp.sqrt(n_state)) * w / lr
-    n_state += g * g
-    value = (xp.sign(z_state) * lamda1 - z_state) / (
-        (_f32(beta) + xp.sqrt(n_state)) / lr + _f32(wd)) * (xp.abs(z_state) > lamda1)
+    states = {"z": _state(z, "z", "ftrl_update", weight),
+              "n": _state(n, "n", "ftrl_update", weight)}
+    value = rules.mxnet_step(rules.ftrl(_clipped(clip_gradient)), array_module(w), w,
+                             _data(grad, "grad", "ftrl_update"), states, lr=lr, wd=wd,
+                             lamda1=lamda1, beta=beta, rescale_grad=rescale_grad,
+                             clip_gradient=clip_gradient)
     return _result(value, weight, out, "ftrl_update")
 
 
@@ -311,18 +296,15 @@ def lamb_update_phase1(weight, grad, mean, var, t, wd, beta1=0.9, beta2=0.999, e
 
 def _lamb_direction(weight, w, grad, mean, var, t, wd, beta1, beta2, epsilon,
                     bias_correction, rescale_grad, clip_gradient, out, op):
-    m = _state(mean, "mean", op, weight)
-    v = _state(var, "var", op, weight)
-    xp = array_module(w)
-    g = _rescaled(xp, _data(grad, "grad", op), rescale_grad, clip_gradient, w.dtype)
-    beta1, beta2 = _f32(beta1), _f32(beta2)
-    m[...] = beta1 * m + (1 - beta1) * g
-    v[...] = beta2 * v + (1 - beta2) * (g * g)
-    m_hat, v_hat = m, v
-    if bias_correction:
-        m_hat = m / (1 - beta1 ** int(t))
-        v_hat = v / (1 - beta2 ** int(t))
-    value = m_hat / (xp.sqrt(v_hat) + _f32(epsilon)) + _f32(wd) * w
+    """The rule ``update_rules.lamb_direction`` on ``w`` (the weight's data or its float32
+    copy), ``mean`` and ``var`` updated in place."""
+    states = {"mean": _state(mean, "mean", op, weight), "var": _state(var, "var", op, weight)}
+    powers = {"beta1_t": rules.lamb_power(beta1, t, w.dtype),
+              "beta2_t": rules.lamb_power(beta2, t, w.dtype)}
+    value = rules.mxnet_values(
+        rules.lamb_direction(_clipped(clip_gradient), bool(bias_correction)), array_module(w),
+        w, _data(grad, "grad", op), states, exact=powers, wd=wd, beta1=beta1, beta2=beta2,
+        epsilon=epsilon, rescale_grad=rescale_grad, clip_gradient=clip_gradient)["direction"]
     if out is None:
         return new_array(value, weight.ctx)
     return _result(value, weight, out, op)
@@ -330,22 +312,21 @@ def _lamb_direction(weight, w, grad, mean, var, t, wd, beta1, beta2, epsilon,
 
 def lamb_update_phase2(weight, g, r1, r2, lr, lower_bound=-1.0, upper_bound=-1.0, out=None,
                        name=None):
-    """``w -= lr * ratio * g`` with ``ratio = r1 / r2`` (``r1``, the weight's norm, held
-    to ``[lower_bound, upper_bound]`` where those are > 0); 1 when either norm is 0."""
+    """``w -= lr * r1 / r2 * g`` in the weight's dtype (``r1``, the weight's norm, held to
+    ``[lower_bound, upper_bound]`` where those are > 0; ``lr`` alone when either norm is
+    0: ``update_rules.lamb_trust_step``)."""
     w = _data(weight, "weight", "lamb_update_phase2")
-    value = w - _f32(lr) * _trust_ratio(r1, r2, lower_bound, upper_bound) * _data(
-        g, "g", "lamb_update_phase2")
+    value = w.copy()
+    _trust_step(value, _data(g, "g", "lamb_update_phase2"), r1, r2, lr, lower_bound,
+                upper_bound)
     return _result(value, weight, out, "lamb_update_phase2")
 
 
-def _trust_ratio(r1, r2, lower_bound, upper_bound) -> float:
+def _trust_step(w, direction, r1, r2, lr, lower_bound, upper_bound) -> None:
     first = float(_data(r1, "r1", "lamb_update_phase2").reshape(-1)[0])
     second = float(_data(r2, "r2", "lamb_update_phase2").reshape(-1)[0])
-    if lower_bound is not None and lower_bound > 0:
-        first = max(first, float(lower_bound))
-    if upper_bound is not None and upper_bound > 0:
-        first = min(first, float(upper_bound))
-    return 1.0 if first == 0 or second == 0 else first / second
+    rules.lamb_trust_step(array_module(w), w, direction.astype(w.dtype, copy=False), lr,
+                          first, second, lower_bound, upper_bound)
 
 
 def mp_lamb_update_phase1(weight, grad, mean, var, weight32, t, wd, beta1=0.9, beta2=0.999,
@@ -360,8 +341,8 @@ def mp_lamb_update_phase1(weight, grad, mean, var, weight32, t, wd, beta1=0.9, b
 def mp_lamb_update_phase2(weight, g, r1, r2, weight32, lr, lower_bound=-1.0,
                           upper_bound=-1.0, out=None, name=None):
     w32 = _state(weight32, "weight32", "mp_lamb_update_phase2", weight)
-    w32 -= _f32(lr) * _trust_ratio(r1, r2, lower_bound, upper_bound) * _data(
-        g, "g", "mp_lamb_update_phase2")
+    _trust_step(w32, _data(g, "g", "mp_lamb_update_phase2"), r1, r2, lr, lower_bound,
+                upper_bound)
     return _result(w32, weight, out, "mp_lamb_update_phase2")
 
 

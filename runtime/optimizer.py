@@ -32,7 +32,9 @@ from mixrt.runtime import optimizer_kernels
 from mixrt.ops.device import array_module
 from mixrt.runtime.lr_scheduler import real_param
 from mixrt.runtime.optimizer_base import Optimizer, _flag, read_meta
-from mixrt.runtime.optimizer_mxnet_rules import MXNetAdam, MXNetRMSProp, MXNetSGD
+from mixrt.runtime.optimizer_mxnet_rules import (MXNetAdaGrad, MXNetAdam, MXNetFtrl,
+                                                 MXNetLAMB, MXNetRMSProp, MXNetSGD,
+                                                 MXNetSignum)
 
 
 # -- the kinds ------------------------------------------------------------------------------
@@ -328,7 +330,8 @@ class LAMB(_AdamMoments):
 # -- building optimizers --------------------------------------------------------------------
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Adam, AdamW, RMSProp, AdaGrad, LAMB, MXNetSGD,
-                                         MXNetAdam, MXNetRMSProp)}
+                                         MXNetAdam, MXNetRMSProp, MXNetAdaGrad, MXNetFtrl,
+                                         MXNetSignum, MXNetLAMB)}
 
 
 def create(name: str, **params) -> Optimizer:

@@ -1,7 +1,9 @@
-"""The engine's kinds that run MXNet's own update operators (``runtime/update_rules.py``):
-``mxnet_sgd``, ``mxnet_adam`` and ``mxnet_rmsprop``, which ``mixrt.optimizer``'s sgd, nag,
-adam and rmsprop name in their ``spec()``, so that a parameter server steps as the worker's
-process does. They are built by name as the other kinds are (``runtime/optimizer.py``).
+"""The engine's kinds that run MXNet's own update rules (``runtime/update_rules.py``):
+``mxnet_sgd``, ``mxnet_adam``, ``mxnet_rmsprop``, ``mxnet_adagrad``, ``mxnet_ftrl``,
+``mxnet_signum`` and ``mxnet_lamb``, which ``mixrt.optimizer``'s sgd, nag, adam, rmsprop
+(centered or not), adagrad, ftrl, signum and lamb name in their ``spec()``, so that a
+parameter server steps as the worker's process does. They are built by name as the other
+kinds are (``runtime/optimizer.py``).
 """
 
 from __future__ import annotations
@@ -102,32 +104,166 @@ class MXNetAdam(_MXNetRule):
 
 
 class MXNetRMSProp(_MXNetRule):
-    """MXNet's RMSProp (``mixrt.optimizer``'s ``rmsprop``, not centered): weight decay and
-    clipping on the gradient, epsilon inside the square root, ``clip_weights`` on the new
-    weight."""
+    """MXNet's RMSProp (``mixrt.optimizer``'s ``rmsprop``): weight decay and clipping on
+    the gradient, epsilon inside the square root, ``clip_weights`` on the new weight;
+    with ``centered``, Graves' form (``rmspropalex_update``), whose step keeps a momentum
+    ``gamma2``."""
 
     name = "mxnet_rmsprop"
     default_learning_rate = 0.001
 
-    def __init__(self, *, gamma1=0.9, epsilon=1e-8, clip_weights=None, **common):
+    def __init__(self, *, gamma1=0.9, gamma2=0.9, epsilon=1e-8, centered=False,
+                 clip_weights=None, **common):
         self.gamma1 = real_param(self._owner, "gamma1", gamma1, low=0.0, high=1.0)
+        self.gamma2 = real_param(self._owner, "gamma2", gamma2, low=0.0, high=1.0)
         self.epsilon = real_param(self._owner, "epsilon", epsilon, low=0.0)
+        self.centered = _flag(self._owner, "centered", centered)
         self.clip_weights = None if clip_weights is None else real_param(
             self._owner, "clip_weights", clip_weights, low=0.0, low_open=True)
         super().__init__(**common)
 
     def hyper_params(self) -> dict:
-        return {"gamma1": self.gamma1, "epsilon": self.epsilon,
-                "clip_weights": self.clip_weights}
+        return {"gamma1": self.gamma1, "gamma2": self.gamma2, "epsilon": self.epsilon,
+                "centered": self.centered, "clip_weights": self.clip_weights}
 
     def state_slots(self) -> tuple[str, ...]:
-        return ("n",)
+        return ("n", "g", "delta") if self.centered else ("n",)
 
     def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
-        rule = update_rules.rmsprop(self._clipped, self.clip_weights is not None)
+        clipped_weights = self.clip_weights is not None
+        hyper = dict(gamma1=self.gamma1, epsilon=self.epsilon, clip_weights=self.clip_weights,
+                     **self._hyper(lr, wd))
+        if self.centered:
+            rule = update_rules.rmsprop_centered(self._clipped, clipped_weights)
+            return update_rules.mxnet_step(rule, xp, weight, grad, state, gamma2=self.gamma2,
+                                           **hyper)
+        rule = update_rules.rmsprop(self._clipped, clipped_weights)
+        return update_rules.mxnet_step(rule, xp, weight, grad, state, **hyper)
+
+
+class MXNetAdaGrad(_MXNetRule):
+    """MXNet's AdaGrad (``mixrt.optimizer``'s ``adagrad``), which MXNet writes as NDArray
+    operations: its scalars are the doubles of its Python cast to the weight's dtype, not
+    C floats (the clip bound excepted: ``clip`` takes a C float)."""
+
+    name = "mxnet_adagrad"
+
+    def __init__(self, *, epsilon=1e-7, **common):
+        self.epsilon = real_param(self._owner, "epsilon", epsilon, low=0.0)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"epsilon": self.epsilon}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("history",)
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
         return update_rules.mxnet_step(
-            rule, xp, weight, grad, state, gamma1=self.gamma1, epsilon=self.epsilon,
-            clip_weights=self.clip_weights, **self._hyper(lr, wd))
+            update_rules.adagrad(self._clipped), xp, weight, grad, state,
+            exact={"lr": lr, "wd": wd, "epsilon": self.epsilon,
+                   "rescale_grad": self.rescale_grad}, clip_gradient=self.clip_gradient)
 
 
-__all__ = ["MXNetSGD", "MXNetAdam", "MXNetRMSProp"]
+class MXNetFtrl(_MXNetRule):
+    """MXNet's FTRL-Proximal (``mixrt.optimizer``'s ``ftrl``): ``z`` and ``n`` accumulate
+    and the weight is solved afresh from them each step."""
+
+    name = "mxnet_ftrl"
+    default_learning_rate = 0.1
+
+    def __init__(self, *, lamda1=0.01, beta=1.0, **common):
+        self.lamda1 = real_param(self._owner, "lamda1", lamda1, low=0.0)
+        self.beta = real_param(self._owner, "beta", beta, low=0.0)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"lamda1": self.lamda1, "beta": self.beta}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("z", "n")
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        return update_rules.mxnet_step(update_rules.ftrl(self._clipped), xp, weight, grad,
+                                       state, lamda1=self.lamda1, beta=self.beta,
+                                       **self._hyper(lr, wd))
+
+
+class MXNetSignum(_MXNetRule):
+    """MXNet's Signum (``mixrt.optimizer``'s ``signum``): steps by the sign of a momentum;
+    with ``momentum`` 0, signSGD, by the sign of the gradient (no state)."""
+
+    name = "mxnet_signum"
+
+    def __init__(self, *, momentum=0.9, wd_lh=0.0, **common):
+        self.momentum = real_param(self._owner, "momentum", momentum, low=0.0)
+        self.wd_lh = real_param(self._owner, "wd_lh", wd_lh, low=0.0)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"momentum": self.momentum, "wd_lh": self.wd_lh}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("mom",) if self.momentum else ()
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        if not self.momentum:
+            return update_rules.mxnet_step(update_rules.signsgd(), xp, weight, grad, {},
+                                           lr=lr, wd=wd)
+        return update_rules.mxnet_step(update_rules.signum(self._clipped), xp, weight, grad,
+                                       state, momentum=self.momentum, wd_lh=self.wd_lh,
+                                       **self._hyper(lr, wd))
+
+
+class MXNetLAMB(_MXNetRule):
+    """MXNet's LAMB (``mixrt.optimizer``'s ``lamb``): Adam's direction with decoupled
+    weight decay (``lamb_update_phase1``), then a step scaled by the trust ratio of the
+    weight's norm to the direction's (``lamb_update_phase2``). The norms are
+    ``update_rules.lamb_norm``'s, as in the worker's process: a server holding a key whole
+    takes the worker's steps bit for bit."""
+
+    name = "mxnet_lamb"
+    default_learning_rate = 0.001
+
+    def __init__(self, *, beta1=0.9, beta2=0.999, epsilon=1e-6, lower_bound=None,
+                 upper_bound=None, bias_correction=True, **common):
+        self.beta1 = real_param(self._owner, "beta1", beta1, low=0.0, high=1.0, high_open=True)
+        self.beta2 = real_param(self._owner, "beta2", beta2, low=0.0, high=1.0, high_open=True)
+        self.epsilon = real_param(self._owner, "epsilon", epsilon, low=0.0)
+        self.lower_bound = _bound(self._owner, "lower_bound", lower_bound)
+        self.upper_bound = _bound(self._owner, "upper_bound", upper_bound)
+        self.bias_correction = _flag(self._owner, "bias_correction", bias_correction)
+        super().__init__(**common)
+
+    def hyper_params(self) -> dict:
+        return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
+                "lower_bound": self.lower_bound, "upper_bound": self.upper_bound,
+                "bias_correction": self.bias_correction}
+
+    def state_slots(self) -> tuple[str, ...]:
+        return ("mean", "var")
+
+    def _mxnet_step(self, xp, weight, grad, state, lr, wd, t):
+        direction = update_rules.mxnet_values(
+            update_rules.lamb_direction(self._clipped, self.bias_correction), xp, weight,
+            grad, state, exact=self._powers(weight.dtype, t), wd=wd, beta1=self.beta1,
+            beta2=self.beta2, epsilon=self.epsilon, rescale_grad=self.rescale_grad,
+            clip_gradient=self.clip_gradient)["direction"]
+        new_weight = weight.copy()
+        update_rules.lamb_trust_step(
+            xp, new_weight, direction, lr, update_rules.lamb_norm(xp, weight),
+            update_rules.lamb_norm(xp, direction), self.lower_bound, self.upper_bound)
+        return new_weight
+
+    def _powers(self, dtype, t) -> dict:
+        return {"beta1_t": update_rules.lamb_power(self.beta1, t, dtype),
+                "beta2_t": update_rules.lamb_power(self.beta2, t, dtype)}
+
+
+def _bound(owner: str, name: str, value):
+    """LAMB's bound on the weight's norm: None (MXNet's Python passes none for 0 too)."""
+    return None if not value else real_param(owner, name, value, low=0.0, low_open=True)
+
+
+__all__ = ["MXNetSGD", "MXNetAdam", "MXNetRMSProp", "MXNetAdaGrad", "MXNetFtrl",
+           "MXNetSignum", "MXNetLAMB"]

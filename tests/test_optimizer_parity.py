@@ -32,6 +32,7 @@ from helpers import nvrtc
 
 import mixrt
 from mixrt import autograd, gluon, lr_scheduler, nd
+from mixrt.base.errors import OptimizerError
 from mixrt.runtime import optimizer as engine
 from mixrt.runtime import optimizer_kernels, update_rules
 
@@ -57,6 +58,23 @@ MXNET_CASES = [
     ("rmsprop", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25,
                      clip_weights=1.2)),
     ("rmsprop", dict(learning_rate=0.02, gamma1=0.95, epsilon=1e-6, wd=0.05)),
+    ("rmsprop", dict(learning_rate=0.01, centered=True, wd=0.01, clip_gradient=0.75,
+                     rescale_grad=0.25, clip_weights=1.2)),
+    ("rmsprop", dict(learning_rate=0.02, centered=True, gamma1=0.95, gamma2=0.8,
+                     epsilon=1e-6, wd=0.05)),
+    ("adagrad", dict(learning_rate=0.1, wd=0.01, clip_gradient=0.75, rescale_grad=0.25)),
+    ("adagrad", dict(learning_rate=0.05, eps=1e-6, wd=0.02, rescale_grad=0.5)),
+    ("ftrl", dict(learning_rate=0.1, lamda1=0.01, beta=1.0, wd=0.01, clip_gradient=0.75,
+                  rescale_grad=0.25)),
+    ("ftrl", dict(learning_rate=0.2, lamda1=0.3, beta=0.5, wd=0.02, rescale_grad=0.5)),
+    ("signum", dict(learning_rate=0.01, momentum=0.9, wd=0.01, wd_lh=0.02, clip_gradient=0.75,
+                    rescale_grad=0.25)),
+    ("signum", dict(learning_rate=0.03, momentum=0.8, wd=0.03, rescale_grad=0.5)),
+    ("signum", dict(learning_rate=0.1, momentum=0.0, wd=0.03)),  # signSGD
+    ("lamb", dict(learning_rate=0.01, wd=0.01, clip_gradient=0.75, rescale_grad=0.25)),
+    ("lamb", dict(learning_rate=0.02, beta1=0.8, beta2=0.99, epsilon=1e-5, wd=0.05,
+                  lower_bound=0.5, upper_bound=2.0)),
+    ("lamb", dict(learning_rate=0.02, wd=0.02, bias_correction=False, rescale_grad=0.5)),
 ]
 CASE_IDS = [f"{name}-{i}" for i, (name, _) in enumerate(MXNET_CASES)]
 
@@ -173,10 +191,21 @@ def test_a_dist_trainer_sends_mxnets_rule_with_the_parameters_multipliers(name, 
     assert spec["params"]["wd_mult"] == {"b_weight": 0.0}
 
 
-def test_a_kind_without_a_twin_warns_that_the_server_runs_another_rule():
-    trainer = gluon.Trainer([gluon.Parameter("a_weight", shape=(2,))], "adagrad")
-    with pytest.warns(RuntimeWarning, match="not MXNet's"):
-        assert trainer._engine_spec()["name"] == "adagrad"
+@pytest.mark.parametrize("name, options, twin", [
+    ("adagrad", {}, "mxnet_adagrad"), ("ftrl", {}, "mxnet_ftrl"),
+    ("signum", {}, "mxnet_signum"), ("signum", {"momentum": 0.0}, "mxnet_signum"),
+    ("lamb", {}, "mxnet_lamb"), ("rmsprop", {"centered": True}, "mxnet_rmsprop")])
+def test_a_dist_trainer_sends_their_twins_without_a_warning(name, options, twin, recwarn):
+    trainer = gluon.Trainer([gluon.Parameter("a_weight", shape=(2,))], name, options)
+    assert trainer._engine_spec()["name"] == twin
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_optimizer_whose_steps_a_server_cannot_take_has_no_twin():
+    """A dist Trainer then warns and sends the engine's kind of the name (its own rule)."""
+    optimizer = mixrt.optimizer.create("lamb", param_idx2name={0: "a_weight"})
+    with pytest.raises(OptimizerError, match="no engine twin"):
+        optimizer.spec()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -381,6 +410,56 @@ def test_every_kernel_is_built_without_fused_multiply_adds(monkeypatch):
     optimizer_kernels._raw.__wrapped__(HOST, "code", "name")
     optimizer_kernels._compiled.__wrapped__(HOST, "T g", "T w", "w = g;", "name")
     assert made == [(update_rules.FMAD,)] * 2
+
+
+# MXNet's rules that no kernel runs yet, each compiled as written into a host loop: the C
+# reading of the text (the CUDA helpers included) takes the same steps as its Python one
+RULES_AS_C = [
+    update_rules.adagrad(True), update_rules.adagrad(False), update_rules.ftrl(True),
+    update_rules.ftrl(False), update_rules.signsgd(), update_rules.signum(True),
+    update_rules.signum(False), update_rules.rmsprop_centered(True, True),
+    update_rules.rmsprop_centered(False, False), update_rules.lamb_direction(True, True),
+    update_rules.lamb_direction(False, False), update_rules.LAMB_STEP]
+
+
+def _rule_as_host_loop(rule, dtype, outputs):
+    """``rule``'s C statements in a loop over host arrays, ``outputs`` (locals) stored too."""
+    arrays = rule.arrays + rule.inputs + tuple(outputs)
+    body = update_rules.cuda_statements(rule, lambda n: f"{n}_[i]", lambda n: f"{n}_[i]")
+    body += "".join(f"        {n}_[i] = {n};\n" for n in outputs)
+    parameters = ", ".join([f"T* {n}_" for n in arrays] + [f"T {n}" for n in rule.scalars])
+    code = (f"#define T {optimizer_kernels.MANY_DTYPES[np.dtype(dtype)]}\n{HOST_PRELUDE}"
+            f"{update_rules.CUDA_HELPERS}"
+            f'extern "C" void run(long long n, {parameters}) {{\n'
+            f"    for (long long i = 0; i < n; ++i) {{\n{body}    }}\n}}\n")
+    return _host_library(code).run
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule", RULES_AS_C,
+                         ids=[f"{rule.name}-{i}" for i, rule in enumerate(RULES_AS_C)])
+def test_mxnets_rules_read_as_c_take_the_same_steps(rule, dtype):
+    rng = np.random.default_rng(7)
+    values = {n: rng.standard_normal(64).astype(dtype) for n in rule.arrays + rule.inputs}
+    values["grad" if "grad" in values else "direction"][:8] = 0  # sign and greater at zero
+    for name in ("var", "n", "history"):  # what a square root reads stays positive (the
+        if name in values:                   # centered one's n - g * g too, as n >= g * g)
+            values[name] = np.abs(values[name]) + 4
+    if "delta" in values:
+        values["g"] *= dtype(0.1)
+    scalars = {n: float(dtype(v)) for n, v in zip(rule.scalars, rng.uniform(0.05, 0.9, 16))}
+    outputs = tuple(t for t, _, _ in rule.statements if t == "direction")  # LAMB's phase 1
+    arrays = {n: values[n].copy() for n in rule.arrays}
+    got = {n: values[n].copy() for n in rule.arrays + rule.inputs}
+    got.update({n: np.zeros(64, dtype) for n in outputs})
+    names = update_rules.run(rule, np, dtype, arrays,
+                             {n: values[n] for n in rule.inputs}, scalars)
+    _rule_as_host_loop(rule, dtype, outputs)(
+        ctypes.c_longlong(64), *(_c_argument(got[n]) for n in rule.arrays + rule.inputs
+                                 + outputs), *(_c_argument(dtype(v)) for v in scalars.values()))
+    assert_same_bits([got[n] for n in rule.arrays + outputs],
+                     [arrays[n] for n in rule.arrays] + [names[n] for n in outputs])
 
 
 # -- what NVRTC makes of them: no fused multiply-add, every operation rounded alone ---------

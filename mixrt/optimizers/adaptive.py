@@ -3,8 +3,10 @@ RMSProp, Ftrl and FTML, with MXNet's update rules, defaults and state layouts.
 
 The kinds MXNet runs through an update operator call ``mixrt.optimizer_ops``; the kinds it
 writes in Python (AdaGrad, AdaDelta, Adamax, Nadam, GroupAdaGrad) take the same steps here
-on the arrays' own data, in the weight's dtype. States have the weight's dtype (MXNet makes
-some float32 whatever the weight, which it then cannot add to a float64 gradient).
+on the arrays' own data, in the weight's dtype (AdaGrad's as the rule
+``update_rules.adagrad``, which a parameter server runs too). States have the weight's
+dtype (MXNet makes some float32 whatever the weight, which it then cannot add to a float64
+gradient).
 """
 
 from __future__ import annotations
@@ -72,12 +74,17 @@ class AdaGrad(Optimizer):
     def update(self, index, weight, grad, state):
         self._update_count(index)
         lr, wd = self._get_lr(index), self._get_wd(index)
-        w, history = weight._write(), state._write()
-        xp = array_module(w)
-        g = _rescaled_raw(self, grad, xp, w.dtype)
-        history += g * g
-        div = g / xp.sqrt(history + self.float_stable_eps)
-        w += (div + w * wd) * -lr
+        w = weight._write()
+        clipped = self.clip_gradient is not None  # MXNet's Python clips on "is not None"
+        w[...] = update_rules.mxnet_step(
+            update_rules.adagrad(clipped), array_module(w), w, grad._read(),
+            {"history": state._write()}, clip_gradient=self.clip_gradient,
+            exact={"lr": lr, "wd": wd, "epsilon": self.float_stable_eps,
+                   "rescale_grad": self.rescale_grad})
+
+    def spec(self) -> dict:
+        """The engine's ``mxnet_adagrad``: the same rule (runtime/update_rules.py)."""
+        return self._twin_spec("mxnet_adagrad", epsilon=self.float_stable_eps)
 
 
 @register
@@ -133,12 +140,11 @@ class RMSProp(Optimizer):
             ops.rmsprop_update(weight, grad, state[0], out=weight, **options)
 
     def spec(self) -> dict:
-        """The engine's ``mxnet_rmsprop`` (not centered: Graves' form has no twin)."""
-        if self.centered:
-            return super().spec()
+        """The engine's ``mxnet_rmsprop``, centered (Graves' form) or not."""
         clip_weights = self.clip_weights if self.clip_weights and self.clip_weights > 0 \
             else None  # MXNet clips the weights only from a positive bound
-        return self._twin_spec("mxnet_rmsprop", gamma1=self.gamma1, epsilon=self.epsilon,
+        return self._twin_spec("mxnet_rmsprop", gamma1=self.gamma1, gamma2=self.gamma2,
+                               epsilon=self.epsilon, centered=bool(self.centered),
                                clip_weights=clip_weights)
 
 
@@ -188,6 +194,10 @@ class Ftrl(Optimizer):
         ops.ftrl_update(weight, grad, z, n, out=weight, lr=lr, wd=wd, lamda1=self.lamda1,
                         beta=self.beta, rescale_grad=self.rescale_grad,
                         clip_gradient=clipping(self))
+
+    def spec(self) -> dict:
+        """The engine's ``mxnet_ftrl``: the same rule (runtime/update_rules.py)."""
+        return self._twin_spec("mxnet_ftrl", lamda1=self.lamda1, beta=self.beta)
 
 
 @register

@@ -240,12 +240,13 @@ class Optimizer(engine.Optimizer):
 
     def spec(self) -> dict:
         """The engine optimizer that runs these same steps bit for bit, as a spec a
-        parameter server rebuilds (``sgd``, ``nag``, ``adam`` and ``rmsprop`` have such
-        twins there: the engine's ``mxnet_sgd``, ``mxnet_adam`` and ``mxnet_rmsprop``, which
-        run runtime/update_rules.py's MXNet rules, as this process's operators do)."""
+        parameter server rebuilds (``sgd``, ``nag``, ``adam``, ``rmsprop``, ``adagrad``,
+        ``ftrl``, ``signum`` and ``lamb`` have such twins there: the engine's ``mxnet_*``
+        kinds, which run runtime/update_rules.py's MXNet rules, as this process does)."""
         raise OptimizerError(f"MXNet's {type(self).__name__} runs in this process only; a "
                              f"parameter server runs mixrt.runtime.optimizer's kinds (the "
-                             f"'sgd', 'nag', 'adam' and 'rmsprop' optimizers have twins there)")
+                             f"'sgd', 'nag', 'adam', 'rmsprop', 'adagrad', 'ftrl', 'signum' "
+                             f"and 'lamb' optimizers have twins there)")
 
     def _twin_spec(self, name: str, **hyper) -> dict:
         """The spec of the engine's kind ``name`` with this optimizer's common settings and

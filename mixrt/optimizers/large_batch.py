@@ -1,7 +1,7 @@
 """MXNet's large-batch optimizers: LARS, LAMB and LBSGD, with MXNet's rules and defaults.
 
 LARS and LAMB scale each layer's rate by a trust ratio of norms; MXNet computes the norms in
-float32 and so do these.
+float32 and so do these (LAMB's by ``update_rules.lamb_norm``, as a parameter server does).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import os
 import numpy as np
 
 from mixrt import nd, optimizer_ops as ops
+from mixrt.ops.device import array_module
 from mixrt.optimizers.base import Optimizer, register
 from mixrt.optimizers.sgd import SGD, listed, zeros_like
+from mixrt.runtime import update_rules
 
 _NO_TRUST_RATIO = ("gamma", "beta", "bias")  # LARS leaves these layers' rates alone
 
@@ -129,9 +131,23 @@ class LAMB(Optimizer):
             ops.lamb_update_phase2(weight, g, _norm_array(weight), _norm_array(g), lr=lr,
                                    out=weight, **bounds)
 
+    def spec(self) -> dict:
+        """The engine's ``mxnet_lamb``: the same rules and norms (runtime/update_rules.py)."""
+        return self._twin_spec("mxnet_lamb", beta1=self.beta1, beta2=self.beta2,
+                               epsilon=self.epsilon, lower_bound=_acting(self.lower_bound),
+                               upper_bound=_acting(self.upper_bound),
+                               bias_correction=bool(self.bias_correction))
+
+
+def _acting(bound):
+    """A bound of LAMB's that MXNet's phase 2 applies (set and > 0), else None."""
+    return bound if bound and bound > 0 else None
+
 
 def _norm_array(array):
-    return nd.array([_norm(array)], ctx=array.ctx)
+    """LAMB's norm (``update_rules.lamb_norm``, which a parameter server computes too)."""
+    data = array._read()
+    return nd.array([update_rules.lamb_norm(array_module(data), data)], ctx=array.ctx)
 
 
 @register

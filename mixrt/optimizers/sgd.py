@@ -206,6 +206,12 @@ class Signum(Optimizer):
                               momentum=self.momentum if self.momentum > 0 else 0.0,
                               wd_lh=self.wd_lh or 0.0, **options)
 
+    def spec(self) -> dict:
+        """The engine's ``mxnet_signum`` (signSGD with ``momentum`` 0): the same rules
+        (runtime/update_rules.py)."""
+        return self._twin_spec("mxnet_signum", momentum=self.momentum,
+                               wd_lh=self.wd_lh or 0.0)
+
 
 @register
 class SGLD(Optimizer):

@@ -149,7 +149,7 @@ import numpy as np
 kv = mixrt.kv.create("dist_sync")
 for dtype in ("float32", "float64"):
     kv.init(dtype, np.zeros(3, dtype))
-kv.set_optimizer(mixrt.optimizer.create("sgd", **json.loads(sys.argv[1])))
+kv.set_optimizer(mixrt.optimizer.create(sys.argv[3], **json.loads(sys.argv[1])))
 result = {}
 for dtype in ("float32", "float64"):
     w = np.empty(3, dtype)
@@ -162,21 +162,25 @@ kv.close()
 """
 
 
-@pytest.mark.parametrize("options, gradients", [
-    (dict(learning_rate=0.5, momentum=0.9), [3, 7]),  # the issue's case
-    (dict(learning_rate=0.5, momentum=0.9, wd=0.01, clip_gradient=1.5, rescale_grad=0.25),
-     [3, 7, -11, 0.5])])
-def test_the_servers_take_mxnets_steps_bit_for_bit(cluster_factory, options, gradients):
+@pytest.mark.parametrize("name, options, gradients", [
+    ("sgd", dict(learning_rate=0.5, momentum=0.9), [3, 7]),  # the issue's case
+    ("sgd", dict(learning_rate=0.5, momentum=0.9, wd=0.01, clip_gradient=1.5,
+                 rescale_grad=0.25), [3, 7, -11, 0.5]),
+    ("lamb", dict(learning_rate=0.1, wd=0.01, clip_gradient=1.5, rescale_grad=0.25),
+     [3, 7, -11, 0.5]),  # the norms of the trust ratio reduced as in this process
+    ("adagrad", dict(learning_rate=0.1, wd=0.01, clip_gradient=1.5, rescale_grad=0.3),
+     [3, 7, -11, 0.5])])  # NDArray arithmetic: its scalars doubles, not C floats
+def test_the_servers_take_mxnets_steps_bit_for_bit(cluster_factory, name, options, gradients):
     """float32 and float64 weights on a server end where mixrt.optimizer's Updater ends in
     this process (MXNet 1.9.1's arithmetic: tests/test_optimizer_parity.py)."""
     import mixrt
     from mixrt import nd
     cluster = cluster_factory(workers=1, servers=1).start(
-        PARITY_SCRIPT, json.dumps(options), json.dumps(gradients))
+        PARITY_SCRIPT, json.dumps(options), json.dumps(gradients), name)
     assert set(_finished(cluster).values()) == {0}, cluster.all_output()
     result = _result(cluster, 0)
     for dtype in (np.float32, np.float64):
-        updater = mixrt.optimizer.get_updater(mixrt.optimizer.create("sgd", **options))
+        updater = mixrt.optimizer.get_updater(mixrt.optimizer.create(name, **options))
         local = nd.zeros((3,), dtype=dtype)
         for gradient in gradients:
             updater(0, nd.full((3,), gradient, dtype=dtype), local)
