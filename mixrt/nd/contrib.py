@@ -128,6 +128,16 @@ def _written(fn: str, weight: NDArray, out, raw) -> NDArray:
     return out
 
 
+def _rescaled_gradient(xp, grad, kind, rescale, clip_gradient):
+    """The gradient in the weight's dtype ``kind`` times ``rescale``, clipped to
+    +-clip_gradient from 0 on, the scalars float32-rounded as MXNet's multi-tensor kernels
+    take them."""
+    g = grad._read().astype(kind, copy=False) * kind(_f32(rescale))
+    if clip_gradient >= 0:
+        g = xp.clip(g, -kind(_f32(clip_gradient)), kind(_f32(clip_gradient)))
+    return g
+
+
 # -- AdamW on several weights in one call -------------------------------------------------------
 
 def _multi_adamw_step(weight, grad, mean, var, master, scale, lr, wd, eta, beta1, beta2,
@@ -137,9 +147,7 @@ def _multi_adamw_step(weight, grad, mean, var, master, scale, lr, wd, eta, beta1
     xp = weight.ctx.xp
     w = (weight if master is None else master)._read()
     kind = w.dtype.type
-    g = grad._read().astype(w.dtype, copy=False) * kind(_f32(scale))
-    if clip_gradient >= 0:
-        g = xp.clip(g, -kind(_f32(clip_gradient)), kind(_f32(clip_gradient)))
+    g = _rescaled_gradient(xp, grad, kind, scale, clip_gradient)
     m, v = mean._write(), var._write()
     m[...] = kind(_f32(beta1)) * (m - g) + g
     square = g * g
@@ -256,9 +264,7 @@ def _lamb_direction(weight, grad, mean, var, master, step, wd, beta1, beta2, eps
     xp = weight.ctx.xp
     w = (weight if master is None else master)._read()
     kind = w.dtype.type
-    g = grad._read().astype(w.dtype, copy=False) * kind(_f32(rescale_grad))
-    if clip_gradient >= 0:
-        g = xp.clip(g, -kind(_f32(clip_gradient)), kind(_f32(clip_gradient)))
+    g = _rescaled_gradient(xp, grad, kind, rescale_grad, clip_gradient)
     m, v = mean._write(), var._write()
     b1, b2 = kind(_f32(beta1)), kind(_f32(beta2))
     m[...] = b1 * m + (kind(1) - b1) * g
