@@ -31,6 +31,14 @@ def py_str(raw: bytes) -> str:
     return raw.decode("utf-8")
 
 
+def _as_list(obj):
+    """MXNet's ``mxnet.base._as_list``: a list or tuple as it is, anything else as a
+    one-element list (MXNet's own tests import it from here)."""
+    if isinstance(obj, (list, tuple)):
+        return obj
+    return [obj]
+
+
 def __getattr__(name: str):
     """MXNet's ``mxnet.base`` type tuples and ``mx_real_t``, made on first use: NumPy is
     loaded only then, as this package must not load it (``runtime/blas_policy.py`` imports

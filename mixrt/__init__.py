@@ -67,7 +67,8 @@ _MXNET_SYNONYMS = {"ndarray": "nd", "symbol": "sym", "mod": "module", "rnd": "ra
 
 
 # MXNet's top-level switches of NumPy semantics, which live in mixrt.util
-_UTIL_NAMES = frozenset({"np_shape", "is_np_shape", "is_np_array", "use_np"})
+_UTIL_NAMES = frozenset({"np_shape", "is_np_shape", "is_np_array", "use_np", "np_array",
+                         "set_np_shape", "use_np_shape", "use_np_array"})
 
 
 def __getattr__(name: str):

@@ -39,21 +39,46 @@ def np_shape(active: bool = True):
     yield
 
 
-def use_np(func_or_class):
-    """MXNet's decorator running a function (or a class's methods) with NumPy semantics;
-    here the decorated function, or the class's constructor, raises when called, so merely
-    defining it (at import time) still works."""
-    name = getattr(func_or_class, "__qualname__", repr(func_or_class))
-    if inspect.isclass(func_or_class):
-        def refused_init(self, *args, **kwargs):
-            _refuse_numpy_semantics(f"use_np on {name}")
-        func_or_class.__init__ = refused_init
-        return func_or_class
-
-    @functools.wraps(func_or_class)
-    def refused(*args, **kwargs):
-        _refuse_numpy_semantics(f"use_np on {name}")
-    return refused
+@contextlib.contextmanager
+def np_array(active: bool = True):
+    """A scope with NumPy's array semantics when ``active``; refused as ``np_shape`` is."""
+    if active:
+        _refuse_numpy_semantics("np_array(True)")
+    yield
 
 
-__all__ = ["is_np_shape", "is_np_array", "np_shape", "use_np"]
+def set_np_shape(active) -> bool:
+    """MXNet's global switch; turning NumPy's shape semantics off is a no-op (they are never
+    on) and returns the previous state, False; turning them on is refused."""
+    if active:
+        _refuse_numpy_semantics("set_np_shape(True)")
+    return False
+
+
+def _refusing_decorator(kind: str):
+    """MXNet's decorator ``kind`` running a function (or a class's methods) with NumPy
+    semantics: here the decorated function, or the class's constructor, raises when called,
+    so merely defining it (at import time, as MXNet's test modules do) still works."""
+    def decorate(func_or_class):
+        name = getattr(func_or_class, "__qualname__", repr(func_or_class))
+        if inspect.isclass(func_or_class):
+            def refused_init(self, *args, **kwargs):
+                _refuse_numpy_semantics(f"{kind} on {name}")
+            func_or_class.__init__ = refused_init
+            return func_or_class
+
+        @functools.wraps(func_or_class)
+        def refused(*args, **kwargs):
+            _refuse_numpy_semantics(f"{kind} on {name}")
+        return refused
+    decorate.__name__ = kind
+    return decorate
+
+
+use_np = _refusing_decorator("use_np")
+use_np_shape = _refusing_decorator("use_np_shape")
+use_np_array = _refusing_decorator("use_np_array")
+
+
+__all__ = ["is_np_shape", "is_np_array", "np_shape", "np_array", "set_np_shape", "use_np",
+           "use_np_shape", "use_np_array"]

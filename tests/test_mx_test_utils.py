@@ -147,6 +147,33 @@ def test_use_np_refuses_when_the_decorated_code_runs():
             pass
 
 
+@pytest.mark.parametrize("decorator", ["use_np", "use_np_shape", "use_np_array"])
+def test_numpy_semantics_decorators_define_and_refuse_when_run(decorator):
+    """MXNet's test modules decorate tests and classes with these at import time; defining
+    works, running refuses naming the decorator."""
+    @getattr(mx, decorator)
+    def numpy_semantics_test():
+        return 1
+
+    @getattr(mx.util, decorator)
+    class NumpySemantics:
+        pass
+    for call in (numpy_semantics_test, NumpySemantics):
+        with pytest.raises(MixrtError, match=f"{decorator} on .*NumPy"):
+            call()
+
+
+def test_the_global_numpy_switches_stay_off():
+    assert mx.set_np_shape(False) is False and not mx.is_np_shape()
+    with pytest.raises(MixrtError, match=r"set_np_shape\(True\)"):
+        mx.set_np_shape(True)
+    with mx.np_array(False):
+        pass
+    with pytest.raises(MixrtError, match=r"np_array\(True\)"):
+        with mx.np_array(True):
+            pass
+
+
 def _product_with_sine():
     a, b = mx.sym.Variable("a"), mx.sym.Variable("b")
     return a * b + mx.sym.sin(a)

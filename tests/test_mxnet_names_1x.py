@@ -612,3 +612,10 @@ def test_hidden_keys_given_as_attributes_are_listed_under_both_names():
     assert data.attr("lr_mult") == "1" and data.attr("__lr_mult__") == "1"
     assert data.attr("force_mirroring") == "True"
     assert data.attr("__force_mirroring__") == "True"
+
+
+def test_base_as_list_is_mxnets():
+    """``mxnet.base._as_list``, which MXNet's own test_operator.py imports."""
+    pair, single = (1, 2), [3]
+    assert mx.base._as_list(pair) is pair and mx.base._as_list(single) is single
+    assert mx.base._as_list(4) == [4] and mx.base._as_list(None) == [None]
