@@ -48,6 +48,13 @@ def _encoded(name: str):
     return key if isinstance(key, bytes) else None
 
 
+def batch_invariant() -> bool:
+    """``MIXRT_BATCH_INVARIANT=1``: the dense products take one form whatever the number of
+    rows, so that a row's result does not depend on the rows beside it (``mixrt serve``
+    joins requests into batches and sets it; ``ops/nn/matmul_cpu.py`` says what changes)."""
+    return setting("MIXRT_BATCH_INVARIANT") == "1"
+
+
 def process_id() -> int:
     """This process's id (``os.getpid()``, kept current across forks)."""
     return _pid[0]

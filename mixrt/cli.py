@@ -174,7 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     zoo.add_argument("--device", default="cpu")
     zoo.set_defaults(handler=cmd_zoo)
     _add_launch_command(commands)
-    for sub in (info, run, compile_, export, plan, check, demo, zoo):
+    serve = _add_serve_command(commands)
+    for sub in (info, run, compile_, export, plan, check, demo, zoo, serve):
         # SUPPRESS keeps "mixrt --debug info" working: the subcommand must not reset it
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks")
@@ -206,6 +207,48 @@ def _add_launch_command(commands) -> None:
     launch.add_argument("worker_command", nargs=argparse.REMAINDER, metavar="-- CMD",
                         help="the workers' command")
     launch.set_defaults(handler=cmd_launch)
+
+
+def _add_serve_command(commands):
+    serve = commands.add_parser(
+        "serve", help="serve a model file or a repository (NAME/VERSION/model.mxr) over the "
+        "Open Inference Protocol, REST and gRPC (needs mixrt[serve])",
+        description="Serve models over KServe's v2 Open Inference Protocol on MLServer: REST "
+        "(JSON and binary tensors) on --http-port, gRPC on --grpc-port, Prometheus metrics "
+        "on --metrics-port. Details: mixrt/serve/server.py.")
+    serve.add_argument("source", help="a .mxr or .onnx file, or a repository folder")
+    serve.add_argument("--name", help="a model file's name (default: the file's stem)")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--http-port", type=int, default=8080)
+    serve.add_argument("--grpc-port", type=int, default=8081)
+    serve.add_argument("--metrics-port", type=int, default=8082)
+    serve.add_argument("--workers", type=int, default=1, help="worker processes, forked "
+                       "after the models are prepared so that they share their weights")
+    serve.add_argument("--max-batch-size", type=int, default=0, metavar="ROWS",
+                       help="join concurrent requests into batches of up to ROWS rows "
+                       "(default 0: each request runs alone)")
+    serve.add_argument("--max-delay-ms", type=float, default=2.0, metavar="MS",
+                       help="how long a request waits to be joined (default 2)")
+    serve.add_argument("--device", default="cpu", help="cpu or gpu:N")
+    serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
+                       help="requests with larger bodies are refused (default 64)")
+    serve.add_argument("--log-level", default="info",
+                       choices=("debug", "info", "warning", "error"))
+    serve.set_defaults(handler=cmd_serve)
+    return serve
+
+
+def cmd_serve(args) -> int:
+    try:
+        from mixrt.serve.server import ServeOptions, serve  # noqa: PLC0415 (mlserver)
+    except ImportError as exc:
+        raise InputError(f"mixrt serve needs MLServer: pip install 'mixrt[serve]' "
+                         f"({exc})") from None
+    return serve(ServeOptions(
+        args.source, name=args.name, host=args.host, http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, workers=args.workers,
+        max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms,
+        device=args.device, max_body_mb=args.max_body_mb, log_level=args.log_level))
 
 
 def _add_compile_options(parser) -> None:

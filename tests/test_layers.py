@@ -36,6 +36,9 @@ DEFERRED = {
     ("mixrt.cli", "mixrt.exporters.coverage"): "onnx",  # and onnxruntime, when it validates
     ("mixrt.cli", "mixrt.exporters.onnx"): "onnx",
     ("mixrt.cli", "mixrt.kvstore.launch"): "zmq",  # pyzmq
+    ("mixrt.cli", "mixrt.serve.server"): "mlserver",
+    # MLServer's runtime class under its short name, mixrt.serve.MixrtRuntime
+    ("mixrt.serve", "mixrt.serve.runtime"): "mlserver",
     ("mixrt.demo", "mixrt.models.zoo"): "onnx",
     # the parameter server's ZeroMQ side, only for a dist_* store
     ("mixrt.kvstore", "mixrt.kvstore.dist"): "zmq",

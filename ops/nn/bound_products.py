@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled.out_arrays import native
 from mixrt.ops.compiled.bound_calls import binds, padded, replay_binder
 from mixrt.ops.compiled.workspace import packed
@@ -146,7 +147,8 @@ def bind_fused_mat_mul(args, out, attributes):
     activation = attributes.get("activation", "")
     params = attributes.get("activation_params")
     if Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
-            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
+            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
+            and not batch_invariant():
         return tiny_layer_call(A, B, bias, activation, out) \
             or (lambda A, B, bias=None: _tiny_layer(A, B, bias, activation, out))
     if not activation and products.one_row_blas(A, B, out):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
@@ -210,7 +211,8 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
-            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype:
+            and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
+            and not batch_invariant():
         return _tiny_layer(A, B, bias, activation, out)
     if out is not None and not activation and few_rows.one_row_blas(A, B, out):
         return _one_row_layer(A, B, bias, Z, out)

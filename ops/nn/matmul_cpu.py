@@ -17,6 +17,14 @@ Up to eight rows, a compiled loop (``row_kernels.few_rows_product``) beats that 
 products per pass over K, each weight value loaded once for eight rows. 8 x 784 @ 784 x
 2048: 95 against 167 us; 8 x 2048 @ 2048 x 2048: 345 against 574; two rows 0.55-0.71x. From
 16 rows on it re-reads the weight per group of eight and loses (0.78-1.59x).
+
+**Batch invariance** (``MIXRT_BATCH_INVARIANT=1``, which ``mixrt serve`` sets where it joins
+requests). The forms above are chosen by the number of rows, and each sums a row's K
+products in its own order: a request's row through OpenBLAS's gemv alone and through its
+sgemm or the panels beside other rows differs in the last bits. With the switch on, every
+product against a constant weight (and attention's stacks) takes the panels, whose sums for
+a row do not depend on the other rows (their thread split only divides rows and panels),
+and the one-row BLAS, the tiny layers and the small-weight shortcut are off.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import math
 
 import numpy as np
 
+from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.workspace import named_buffer, packed
@@ -98,7 +107,7 @@ def dense_product(A, B, out, prepacked=None, replays=None, recorded=()):
     product per C-contiguous stack. ``replays``, ``recorded``: as for
     :func:`panel_product`, which alone records."""
     if B.ndim == 2 and B.size < MIN_WEIGHT and A.size * B.shape[1] < PANEL_MIN_WORK \
-            and not streamed(B):
+            and not streamed(B) and not batch_invariant():
         return stacked_product(A, B, out)  # what the checks below come to (~1 us of them)
     if panels_suit(A, B, out, prepacked):
         return panel_product(A, B, out, prepacked, None, replays, recorded)
@@ -142,7 +151,7 @@ def one_row_blas(A, B, out) -> bool:
     return B.ndim == 2 and A.shape[-1] == B.shape[0] and A.size == A.shape[-1] \
         and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE \
         and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK \
-        and not streamed(B)
+        and not streamed(B) and not batch_invariant()
 
 
 def small_one_row(A, B, transA, transB, out) -> bool:
@@ -244,8 +253,8 @@ def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
         return False
     rows = A.size // max(A.shape[-1], 1)
     work = A.size * B.shape[1]
-    large = streamed(B)
-    if rows < PANEL_MIN_ROWS and not (rows == 1 and (work >= ONE_ROW_WORK or large)
+    large = streamed(B) or batch_invariant() and rows > 0
+    if rows < PANEL_MIN_ROWS and not batch_invariant() and not (rows == 1 and (work >= ONE_ROW_WORK or large)
                                       and jit_cpu.native_pool() is not None):
         return False
     return (large or work >= (PANEL_MIN_WORK if min_work is None else min_work)) \
@@ -391,7 +400,8 @@ def stacks_suit(A, B, out) -> bool:
             or A.shape[-1] != B.shape[-2] or not A.dtype == B.dtype == out.dtype \
             or A.dtype not in jit_cpu.NATIVE or out.shape != A.shape[:-1] + B.shape[-1:]:
         return False
-    return A.shape[-2] >= PANEL_MIN_ROWS and A.size * B.shape[-1] >= STACK_MIN_WORK \
+    return A.shape[-2] >= PANEL_MIN_ROWS \
+        and (A.size * B.shape[-1] >= STACK_MIN_WORK or batch_invariant()) \
         and A.flags.c_contiguous and B.flags.c_contiguous and out.flags.c_contiguous \
         and not np.may_share_memory(out, A) and not np.may_share_memory(out, B) \
         and jit_cpu.panel_kernels() is not None

@@ -1,0 +1,155 @@
+"""Dynamic batching: concurrent requests to one model joined along their first axis.
+
+A request waits at most ``max_delay`` for company. Requests join only where every input has
+the same dtype and the same shape past the first axis, and the same outputs were asked for;
+a batch holds at most ``max_rows`` rows, and a request of that many rows or more runs alone.
+One batch runs at a time (the session spreads a run over the cores already), and while it
+runs the next requests gather, so under load batches fill without waiting out the delay.
+
+Each request was checked before it came here (``tensors.decode``), so one bad request
+cannot fail its neighbours; should a joined run raise all the same, each of its requests is
+run again alone, and only the one that fails alone gets the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Pending:
+    feeds: dict
+    outputs: tuple
+    rows: int
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """``await batcher.submit(feeds, outputs)``: the outputs of ``run(feeds, outputs)`` for
+    this request's rows. ``run`` is called on ``executor`` (a thread), one batch at a time;
+    ``observe(rows, requests)`` is told each batch's size, ``queued(depth)`` the number of
+    requests waiting."""
+
+    def __init__(self, run, executor, *, max_rows: int, max_delay: float,
+                 observe=lambda rows, requests: None, queued=lambda depth: None):
+        self._run = run
+        self._executor = executor
+        self.max_rows = max_rows
+        self.max_delay = max_delay
+        self._observe = observe
+        self._queued = queued
+        self._waiting: dict[tuple, deque] = {}
+        self._arrived = asyncio.Event()
+        self._consumer: asyncio.Task | None = None
+        self._closed = False
+
+    async def submit(self, feeds: dict, outputs: tuple) -> list:
+        rows = next(iter(feeds.values())).shape[0]
+        if rows >= self.max_rows or self.max_rows <= 1:
+            return await self._execute([Pending(feeds, outputs, rows, None)], alone=True)
+        if self._consumer is None or self._consumer.done():
+            self._consumer = asyncio.get_running_loop().create_task(self._consume())
+        pending = Pending(feeds, outputs, rows, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault(_join_key(feeds, outputs), deque()).append(pending)
+        self._queued(self.depth)
+        self._arrived.set()
+        return await pending.future
+
+    @property
+    def depth(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    async def close(self) -> None:
+        """Finish what is queued, then stop the consumer (graceful shutdown)."""
+        self._closed = True
+        self._arrived.set()
+        if self._consumer is not None:
+            await self._consumer
+
+    async def _consume(self) -> None:
+        while self._waiting or not self._closed:
+            if not self._waiting:
+                self._arrived.clear()
+                if self._closed:
+                    return
+                await self._arrived.wait()
+                continue
+            key = min(self._waiting, key=lambda k: self._waiting[k][0].arrived)
+            await self._gather(key)
+            batch = self._take(key)
+            self._queued(self.depth)
+            results = await self._execute(batch, alone=False)
+            for pending, result in zip(batch, results):
+                if not pending.future.done():
+                    if isinstance(result, BaseException):
+                        pending.future.set_exception(result)
+                    else:
+                        pending.future.set_result(result)
+
+    async def _gather(self, key: tuple) -> None:
+        """Wait until ``key``'s requests fill a batch or its oldest has waited max_delay."""
+        queue = self._waiting[key]
+        deadline = queue[0].arrived + self.max_delay
+        while sum(p.rows for p in queue) < self.max_rows and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
+
+    def _take(self, key: tuple) -> list:
+        queue = self._waiting[key]
+        batch, rows = [queue.popleft()], 0
+        rows = batch[0].rows
+        while queue and rows + queue[0].rows <= self.max_rows:
+            rows += queue[0].rows
+            batch.append(queue.popleft())
+        if not queue:
+            del self._waiting[key]
+        return batch
+
+    async def _execute(self, batch: list, alone: bool) -> list:
+        """Each request's outputs (or its exception, when not ``alone``) for one run of the
+        joined batch."""
+        loop = asyncio.get_running_loop()
+        self._observe(sum(p.rows for p in batch), len(batch))
+        if len(batch) == 1:
+            call = loop.run_in_executor(self._executor, self._run, batch[0].feeds,
+                                        batch[0].outputs)
+            if alone:
+                return await call
+            try:
+                return [await call]
+            except Exception as exc:  # noqa: BLE001 - handed to the request that caused it
+                return [exc]
+        joined = {name: np.concatenate([p.feeds[name] for p in batch])
+                  for name in batch[0].feeds}
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._run, joined,
+                                                 batch[0].outputs)
+        except Exception:  # noqa: BLE001 - rerun alone, so that only the culprit fails
+            return [(await self._execute([p], alone=False))[0] for p in batch]
+        return _split(outputs, [p.rows for p in batch])
+
+
+def _join_key(feeds: dict, outputs: tuple) -> tuple:
+    return (tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(feeds.items())),
+            outputs)
+
+
+def _split(outputs: list, rows: list) -> list:
+    """The joined outputs cut back into each request's rows."""
+    results, start = [], 0
+    for count in rows:
+        results.append([out[start:start + count] for out in outputs])
+        start += count
+    return results

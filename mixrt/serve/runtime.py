@@ -1,0 +1,250 @@
+"""mixrt as an MLServer runtime: ``"implementation": "mixrt.serve.MixrtRuntime"``.
+
+A model-settings.json (MLServer's, or the one KServe's MLServer runtime mounts) names the
+model file in ``parameters.uri`` (a ``.mxr`` or ``.onnx``) and mixrt's own settings in
+``parameters.extra``: ``max_batch_size`` (rows a joined batch holds; 0 or 1: no batching),
+``max_delay_ms`` (how long a request waits for company) and ``device`` ("cpu", "gpu:0").
+
+Loading prepares the model once per process (:func:`prepare`): the session, a warm-up run
+at one row and at a full batch so that its kernels are compiled before the model reports
+ready, and the batching check. Batching is only switched on where the check finds each row
+of a joined batch bit-identical to the same row run alone, so that joining requests can
+never change an answer; a model that fails it (a kernel whose sums depend on the batch, an
+output that is not per row) is served one request at a time, and says so in its log and
+in the ``mixrt_batching`` metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from mlserver import MLModel
+from mlserver.errors import InferenceError, MLServerError
+from mlserver.types import (InferenceRequest, InferenceResponse, MetadataTensor, Parameters,
+                            ResponseOutput)
+from mlserver.utils import get_model_uri
+
+import mixrt
+from mixrt.base.errors import InputError, MixrtError
+from mixrt.serve import tensors
+from mixrt.serve.batcher import Batcher
+from mixrt.serve.metrics import metrics
+
+logger = logging.getLogger("mixrt.serve")
+
+DEFAULT_MAX_DELAY_MS = 2.0
+# size of an open dimension other than the batch in the warm-up feeds (a sequence length)
+WARMUP_OPEN_DIM = 8
+# rows the batching check runs alone, each compared with its row of joined runs of 2, 3 and
+# max_batch_size rows
+CHECK_ROWS = 8
+
+# prepared models of this process, by (path, device, max rows): the supervisor of several
+# worker processes prepares each before it forks them, so that they share its pages
+_PREPARED: dict[tuple, "Prepared"] = {}
+
+
+@dataclass
+class Prepared:
+    session: object
+    inputs: list
+    outputs: list
+    batching: bool
+    reason: str  # why batching is off, or "" where it is on
+
+
+def prepare(path: str, device: str = "cpu", max_rows: int = 0) -> Prepared:
+    """The session for ``path``, warmed up and checked for batching (once per process)."""
+    key = (os.path.realpath(path), device, max_rows)
+    if key not in _PREPARED:
+        _PREPARED[key] = _prepare(path, device, max_rows)
+    return _PREPARED[key]
+
+
+def _prepare(path: str, device: str, max_rows: int) -> Prepared:
+    serving_environment(max_rows)
+    session = mixrt.load(path, device=device)
+    inputs = [tensors.TensorSpec.of(a) for a in session.get_inputs()]
+    outputs = [tensors.TensorSpec.of(a) for a in session.get_outputs()]
+    rows = [1] + ([max_rows] if max_rows > 1 else [])
+    for count in rows:  # compile the kernels of both signatures before serving
+        session.run(None, _warmup_feeds(inputs, count))
+    session.wait_compiled()
+    if max_rows <= 1:
+        return Prepared(session, inputs, outputs, False, "max_batch_size is below 2")
+    reason = _batching_refused(session, inputs, outputs, max_rows)
+    return Prepared(session, inputs, outputs, not reason, reason)
+
+
+def serving_environment(max_rows: int) -> None:
+    """The process-wide switches a server runs with, unless the environment set them:
+    compiled kernels from a session's first run (``MIXRT_COMPILE=foreground``; a run on the
+    NumPy tier would answer in other bits than the same request later), and, where requests
+    are joined, the dense products' batch-invariant forms (``MIXRT_BATCH_INVARIANT``)."""
+    os.environ.setdefault("MIXRT_COMPILE", "foreground")
+    if max_rows > 1:
+        os.environ.setdefault("MIXRT_BATCH_INVARIANT", "1")
+
+
+def _warmup_feeds(inputs: list, rows: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        shape = [rows if i == 0 and d == -1 else (WARMUP_OPEN_DIM if d == -1 else d)
+                 for i, d in enumerate(spec.shape)]
+        dtype = tensors.DATATYPES[spec.datatype]
+        if dtype.kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == object:
+            feeds[spec.name] = np.full(shape, "", dtype=object)
+        else:  # 0 and 1: valid token ids, masks and segment ids, different row to row
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(dtype)
+    return feeds
+
+
+def _batching_refused(session, inputs: list, outputs: list, max_rows: int) -> str:
+    """Why requests to this model cannot be joined, or "" where they can: every input must
+    have an open first axis, every output as many rows as were joined, and each row of a
+    joined run must equal, bit for bit, the same row run alone."""
+    fixed = [s.name for s in inputs if not s.batched]  # outputs: their runs tell below
+    if fixed:
+        return f"{', '.join(fixed)} {'has' if len(fixed) == 1 else 'have'} no open first axis"
+    feeds = _warmup_feeds(inputs, max_rows, seed=1)
+    checked = min(max_rows, CHECK_ROWS)
+    alone = [session.run(None, {n: a[i:i + 1] for n, a in feeds.items()})
+             for i in range(checked)]
+    for count in sorted({2, 3, max_rows}):
+        joined = session.run(None, {n: a[:count] for n, a in feeds.items()})
+        for spec, out in zip(outputs, joined):
+            if np.ndim(out) == 0 or out.shape[0] != count:
+                return (f"output '{spec.name}' has shape {list(np.shape(out))} for {count} "
+                        f"rows joined: its first axis is not the batch")
+        for i in range(min(count, checked)):
+            for spec, out, single in zip(outputs, joined, alone[i]):
+                if out[i:i + 1].tobytes() != np.ascontiguousarray(single).tobytes():
+                    return (f"output '{spec.name}' of row {i} differs when {count} rows run "
+                            f"joined: a row's answer depends on the rows beside it (a sum "
+                            f"over the batch, or a statistic of the whole input such as "
+                            f"dynamic quantization's scale)")
+    return ""
+
+
+class MixrtRuntime(MLModel):
+    """An MLServer model served by a mixrt session."""
+
+    async def load(self) -> bool:
+        extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
+        uri = await get_model_uri(self.settings)
+        max_rows = int(extra.get("max_batch_size", 0))
+        device = str(extra.get("device", "cpu"))
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"mixrt-{self.name}")
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(self._executor, prepare, uri, device,
+                                                  max_rows)
+        except MixrtError as exc:
+            raise MLServerError(f"model {self.name}: {exc}", 422) from exc
+        self._prepared = prepared
+        self._labels = (self.name, self.version or "")
+        self._by_name = {spec.name: spec for spec in prepared.inputs}
+        self._output_names = [spec.name for spec in prepared.outputs]
+        self.inputs = [MetadataTensor(**spec.metadata()) for spec in prepared.inputs]
+        self.outputs = [MetadataTensor(**spec.metadata()) for spec in prepared.outputs]
+        board = metrics()
+        board.batching.labels(*self._labels).set(1 if prepared.batching else 0)
+        board.compiled.labels(*self._labels).set(
+            1 if prepared.session.wait_compiled(0) else 0)
+        self._batcher = Batcher(
+            self._run, self._executor,
+            max_rows=max_rows if prepared.batching else 1,
+            max_delay=float(extra.get("max_delay_ms", DEFAULT_MAX_DELAY_MS)) / 1000,
+            observe=self._observe_batch,
+            queued=lambda depth: board.queue_depth.labels(*self._labels).set(depth))
+        logger.info("model %s version %s ready from %s: batching %s", self.name,
+                    self.version, uri, "on, up to %d rows" % max_rows if prepared.batching
+                    else f"off ({prepared.reason})")
+        return True
+
+    async def unload(self) -> bool:
+        await self._batcher.close()
+        self._executor.shutdown(wait=True)
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        started = time.perf_counter()
+        board = metrics()
+        try:
+            feeds = self._feeds(payload)
+            wanted = self._wanted(payload)
+        except InputError as exc:
+            board.requests.labels(*self._labels, "bad_request").inc()
+            logger.warning("request %s to %s: refused: %s", payload.id, self.name, exc)
+            raise InferenceError(str(exc)) from None
+        try:
+            outputs = await self._batcher.submit(feeds, wanted)
+        except MixrtError as exc:
+            board.requests.labels(*self._labels, "error").inc()
+            logger.error("request %s to %s: failed: %s", payload.id, self.name, exc)
+            raise MLServerError(f"model {self.name}: {exc}", 500) from None
+        board.requests.labels(*self._labels, "ok").inc()
+        board.latency.labels(*self._labels).observe(time.perf_counter() - started)
+        logger.debug("request %s to %s: answered in %.2f ms", payload.id, self.name,
+                     (time.perf_counter() - started) * 1e3)
+        return InferenceResponse(
+            id=payload.id, model_name=self.name, model_version=self.version,
+            outputs=[_response_output(name, array) for name, array in zip(wanted, outputs)])
+
+    def _feeds(self, payload: InferenceRequest) -> dict:
+        feeds = {}
+        for item in payload.inputs:
+            spec = self._by_name.get(item.name)
+            if spec is None:
+                raise InputError(f"model {self.name} has no input '{item.name}'; its inputs "
+                                 f"are {', '.join(self._by_name)}")
+            if item.name in feeds:
+                raise InputError(f"input '{item.name}' is given twice")
+            data = getattr(item.data, "root", item.data)
+            feeds[item.name] = tensors.decode(spec, item.datatype, item.shape, data)
+        missing = [name for name in self._by_name if name not in feeds]
+        if missing:
+            raise InputError(f"model {self.name} needs input {', '.join(missing)}, which the "
+                             f"request lacks")
+        rows = {a.shape[0] for a in feeds.values() if a.ndim}
+        if self._prepared.batching and len(rows) > 1:
+            raise InputError(f"the inputs' first axes differ ({sorted(rows)}): each is the "
+                             f"batch")
+        return feeds
+
+    def _wanted(self, payload: InferenceRequest) -> tuple:
+        if not payload.outputs:
+            return tuple(self._output_names)
+        wanted = tuple(item.name for item in payload.outputs)
+        unknown = [name for name in wanted if name not in self._output_names]
+        if unknown:
+            raise InputError(f"model {self.name} has no output {', '.join(unknown)}; its "
+                             f"outputs are {', '.join(self._output_names)}")
+        return wanted
+
+    def _run(self, feeds: dict, wanted: tuple) -> list:
+        return self._prepared.session.run(list(wanted), feeds)
+
+    def _observe_batch(self, rows: int, requests: int) -> None:
+        board = metrics()
+        board.batch_rows.labels(*self._labels).observe(rows)
+        board.batch_requests.labels(*self._labels).observe(requests)
+        board.compiled.labels(*self._labels).set(
+            1 if self._prepared.session.wait_compiled(0) else 0)
+
+
+def _response_output(name: str, array) -> ResponseOutput:
+    """An output as the protocol's flat list of values; the front ends send it as JSON or,
+    where the request asked, as binary (gRPC's raw contents, ``binary_rest.py``)."""
+    datatype, shape, data = tensors.encode(np.asarray(array))
+    return ResponseOutput(name=name, datatype=datatype, shape=shape, data=data,
+                          parameters=Parameters())

@@ -1,0 +1,223 @@
+"""``mixrt serve``: a supervisor and its worker processes, each an MLServer.
+
+The supervisor prepares every model (``runtime.prepare``: the session over the memory-mapped
+``.mxr``, the warm-up that compiles its kernels, the batching check), binds the HTTP
+socket, and only then forks ``--workers`` processes. Each worker starts MLServer on the
+inherited socket (gRPC's port is shared with SO_REUSEPORT, which gRPC sets) and finds its
+models prepared: their weights, packed panels and compiled kernels are the supervisor's
+pages, shared copy-on-write rather than loaded once per worker.
+
+The supervisor serves ``/metrics``, the sum of its workers' (``metrics.py``), restarts a
+worker that dies, and on SIGTERM or SIGINT passes the signal on and waits for the workers
+to finish the requests they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from mlserver import MLServer
+from mlserver.settings import Settings
+from prometheus_client import start_http_server
+
+from mixrt.base.errors import InputError
+from mixrt.serve import metrics, repository, runtime
+from mixrt.serve.binary_rest import BinaryTensors
+
+logger = logging.getLogger("mixrt.serve")
+
+# how long the supervisor waits for its workers to finish their requests after SIGTERM
+# (Kubernetes' default grace period is 30 s)
+SHUTDOWN_GRACE_S = 25.0
+RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement
+
+
+@dataclass
+class ServeOptions:
+    source: str  # a model file or a repository folder
+    name: str | None = None  # a model file's name (default: the file's stem)
+    host: str = "0.0.0.0"
+    http_port: int = 8080
+    grpc_port: int = 8081
+    metrics_port: int = 8082
+    workers: int = 1
+    max_batch_size: int = 0
+    max_delay_ms: float = runtime.DEFAULT_MAX_DELAY_MS
+    device: str = "cpu"
+    max_body_mb: float = 64.0
+    log_level: str = "info"
+    extra: dict = field(init=False, default_factory=dict)
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise InputError(f"--workers {self.workers}: at least one worker serves")
+        if self.max_batch_size < 0 or self.max_delay_ms < 0:
+            raise InputError("--max-batch-size and --max-delay-ms are counts, not negative")
+        self.extra = {"max_batch_size": self.max_batch_size,
+                      "max_delay_ms": self.max_delay_ms, "device": self.device}
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * (1 << 20))
+
+
+def serve(options: ServeOptions) -> int:
+    """Run the server until SIGTERM or SIGINT; the exit status."""
+    _configure_logging(options.log_level)
+    metrics.use_folder(tempfile.mkdtemp(prefix="mixrt-metrics-"))
+    repo_args = _repository_args(options)
+    models = asyncio.run(repository.MixrtModelRepository(**repo_args).list())
+    for settings in models:  # before the fork: the workers share what this prepares
+        extra = settings.parameters.extra
+        runtime.prepare(settings.parameters.uri, extra.get("device", "cpu"),
+                        int(extra.get("max_batch_size", 0)))
+    http = _listening_socket(options.host, options.http_port)
+    # a port given as 0 is picked here, once, so that every worker takes the same one
+    options.http_port = http.getsockname()[1]
+    grpc_hold = _reserved_port(options.host, options.grpc_port)
+    options.grpc_port = grpc_hold.getsockname()[1]
+    return Supervisor(options, repo_args, http).run()
+
+
+def _repository_args(options: ServeOptions) -> dict:
+    if os.path.isfile(options.source):
+        name = options.name or os.path.splitext(os.path.basename(options.source))[0]
+        return {"root": os.path.dirname(os.path.abspath(options.source)),
+                "extra": options.extra, "single": {"name": name, "path": options.source}}
+    repository.check_repository(options.source)
+    return {"root": options.source, "extra": options.extra}
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _reserved_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``port`` with SO_REUSEPORT and never listening: it keeps the port
+    (a free one for 0) for the workers' gRPC servers, which bind it beside it (gRPC sets
+    SO_REUSEPORT on Linux), while connections go only to listening sockets."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise InputError(f"cannot use port {port} on {host} for gRPC: {exc.strerror}") \
+            from None
+    return sock
+
+
+class Supervisor:
+    def __init__(self, options: ServeOptions, repo_args: dict, http: socket.socket):
+        self.options = options
+        self.repo_args = repo_args
+        self.http = http
+        self.workers: dict[int, int] = {}  # pid -> worker index
+        self.stopping = False
+
+    def run(self) -> int:
+        for index in range(self.options.workers):
+            self._start(index)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        scrape, _ = start_http_server(self.options.metrics_port, self.options.host,
+                                      registry=metrics.aggregate_registry())
+        self.options.metrics_port = scrape.server_port
+        logger.info("serving on http %s:%d, grpc %d, metrics %d with %d worker(s)",
+                    self.options.host, self.options.http_port, self.options.grpc_port,
+                    self.options.metrics_port, self.options.workers)
+        return self._watch()
+
+    def _start(self, index: int) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            code = 1
+            try:
+                code = asyncio.run(_worker(self.options, self.repo_args, self.http))
+            finally:
+                os._exit(code)
+        self.workers[pid] = index
+
+    def _watch(self) -> int:
+        deadline = None
+        while self.workers:
+            if self.stopping and deadline is None:
+                deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                for pid in self.workers:
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.2)
+                continue
+            index = self.workers.pop(pid, None)
+            metrics.process_ended(pid)
+            if index is not None and not self.stopping:
+                logger.error("worker %d (pid %d) ended with status %d; starting another",
+                             index, pid, os.waitstatus_to_exitcode(status))
+                time.sleep(RESTART_PAUSE_S)
+                self._start(index)
+        return 0
+
+    def _stop(self, signum, frame) -> None:
+        del frame
+        if self.stopping:
+            return
+        self.stopping = True
+        logger.info("signal %d: finishing the requests in flight", signum)
+        for pid in self.workers:
+            os.kill(pid, signal.SIGTERM)
+
+
+async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket) -> int:
+    settings = Settings(
+        debug=False, host=options.host, http_port=options.http_port,
+        grpc_port=options.grpc_port, metrics_endpoint=None, parallel_workers=0,
+        load_models_at_startup=True,
+        model_repository_implementation="mixrt.serve.repository.MixrtModelRepository",
+        model_repository_implementation_args={k: v for k, v in repo_args.items()
+                                              if k != "root"},
+        model_repository_root=repo_args["root"], server_name="mixrt",
+        grpc_max_message_length=options.max_body_bytes)
+    settings._custom_rest_server_settings = {"fd": http.fileno()}
+    server = MLServer(settings)
+    rest = server._rest_server
+    rest._app = BinaryTensors(rest._app, server._data_plane, options.max_body_bytes)
+    models = await server._model_repository.list()
+    await server.start(models)
+    return 0
+
+
+def _configure_logging(level: str) -> None:
+    """mixrt's own lines (each request's id where it is refused or fails; at debug, every
+    request's) to stderr, as MLServer and uvicorn write theirs; not through the root
+    logger, which would print MLServer's twice."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s [mixrt] pid %(process)d %(levelname)s - %(message)s"))
+    mixrt_logger = logging.getLogger("mixrt")
+    mixrt_logger.handlers[:] = [handler]
+    mixrt_logger.propagate = False
+    mixrt_logger.setLevel(getattr(logging, level.upper(), logging.INFO))

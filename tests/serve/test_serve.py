@@ -1,0 +1,193 @@
+"""``mixrt serve`` as a service runs it: a real server process (two workers, batching on)
+over a model repository, asked with tritonclient over HTTP (JSON and binary tensors) and
+gRPC, and with raw bodies no client would send; answers compared with onnxruntime."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+tritonclient_http = pytest.importorskip("tritonclient.http")
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+# the server's process needs MLServer; this one must not load it beside tritonclient.grpc
+# (both register the protocol's protobuf messages)
+if importlib.util.find_spec("mlserver") is None:
+    pytest.skip("mixrt serve needs MLServer (mixrt[serve])", allow_module_level=True)
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from serving import get, mlp_model, post, raw_exchange, start_server, write_repository  # noqa: E402
+
+FEATURES = 12
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    repo = write_repository(root / "repo")
+    running = start_server(repo, root / "server.log", "--workers", "2", "--max-batch-size",
+                           "8", "--max-delay-ms", "20", "--max-body-mb", "1")
+    yield running
+    assert running.stop() == 0, running.text()[-3000:]
+
+
+def reference(seed: int, x: np.ndarray) -> list:
+    session = ort.InferenceSession(mlp_model(seed).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+def rows(count: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((count, FEATURES)).astype(np.float32)
+
+
+def http_infer(client, x, model="mlp", version="", binary=True):
+    item = tritonclient_http.InferInput("x", list(x.shape), "FP32")
+    item.set_data_from_numpy(x, binary_data=binary)
+    wanted = [tritonclient_http.InferRequestedOutput(n, binary_data=binary)
+              for n in ("scores", "label")]
+    return client.infer(model, [item], model_version=version, outputs=wanted)
+
+
+def grpc_infer(client, x, model="mlp", version=""):
+    item = tritonclient_grpc.InferInput("x", list(x.shape), "FP32")
+    item.set_data_from_numpy(x)
+    return client.infer(model, [item], model_version=version)
+
+
+def test_health_and_metadata_over_http_and_grpc(server):
+    http = tritonclient_http.InferenceServerClient(server.url)
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    for client in (http, grpc):
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("mlp", "1") and client.is_model_ready("mlp", "2")
+    assert not http.is_model_ready("nothing")
+    with pytest.raises(InferenceServerException, match="Model nothing .*not found"):
+        grpc.is_model_ready("nothing")  # MLServer's gRPC answers an unknown model so
+    metadata = http.get_model_metadata("mlp", "2")
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, FEATURES]}]
+    assert metadata["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, 5]},
+                                   {"name": "label", "datatype": "INT64", "shape": [-1]}]
+    over_grpc = grpc.get_model_metadata("mlp", "1", as_json=True)
+    assert [(t["name"], t["datatype"]) for t in over_grpc["outputs"]] == [
+        ("scores", "FP32"), ("label", "INT64")]
+
+
+@pytest.mark.parametrize("version, seed", [("1", 1), ("2", 2)])
+def test_json_binary_and_grpc_answers_agree_with_onnxruntime(server, version, seed):
+    x = rows(3, seed=10 + seed)
+    scores, label = reference(seed, x)
+    http = tritonclient_http.InferenceServerClient(server.url)
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    answers = [http_infer(http, x, version=version, binary=True),
+               http_infer(http, x, version=version, binary=False),
+               grpc_infer(grpc, x, version=version)]
+    for answer in answers:
+        np.testing.assert_allclose(answer.as_numpy("scores"), scores, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(answer.as_numpy("label"), label)
+    first = answers[0].as_numpy("scores")
+    for answer in answers[1:]:  # one model, one answer, whichever the protocol
+        assert answer.as_numpy("scores").tobytes() == first.tobytes()
+
+
+def test_concurrent_requests_are_joined_and_each_answer_is_the_one_it_gets_alone(server):
+    requests = [rows(1 + i % 3, seed=100 + i) for i in range(32)]
+    joined = [None] * len(requests)
+
+    def ask(i):
+        client = tritonclient_http.InferenceServerClient(server.url)
+        joined[i] = http_infer(client, requests[i]).as_numpy("scores")
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    client = tritonclient_http.InferenceServerClient(server.url)
+    for x, answer in zip(requests, joined):
+        alone = http_infer(client, x).as_numpy("scores")  # sequential: nothing to join
+        assert answer is not None and answer.tobytes() == alone.tobytes()
+    assert _total(server, "mixrt_batch_requests_sum") \
+        > _total(server, "mixrt_batch_requests_count"), "no run joined two requests"
+
+
+def test_bad_requests_are_refused_naming_what_was_wrong_and_the_server_goes_on(server):
+    good = {"inputs": [{"name": "x", "shape": [1, FEATURES], "datatype": "FP32",
+                        "data": rows(1).ravel().tolist()}]}
+    cases = {
+        "input 'y'": ({"inputs": [{**good["inputs"][0], "name": "y"}]}, "mlp", 400),
+        "takes shape [-1, 12]": ({"inputs": [{**good["inputs"][0], "shape": [1, 11],
+                                              "data": [0.0] * 11}]}, "mlp", 400),
+        "is FP32, the request sent INT32": (
+            {"inputs": [{**good["inputs"][0], "datatype": "INT32",
+                         "data": [1] * FEATURES}]}, "mlp", 400),
+        "12 values for shape [2, 12]": (
+            {"inputs": [{**good["inputs"][0], "shape": [2, FEATURES]}]}, "mlp", 400),
+        "needs input x": ({"inputs": []}, "mlp", 400),
+        "nothing not found": (good, "nothing", 404),
+        "version 7 not found": (good, "mlp/versions/7", 404),
+    }
+    for needle, (body, model, status) in cases.items():
+        code, answer = post(server.http, f"/v2/models/{model}/infer", json.dumps(body).encode())
+        assert code == status and needle in answer.decode(), (needle, code, answer)
+    code, answer = post(server.http, "/v2/models/mlp/infer", b'{"inputs": [')
+    assert 400 <= code < 500, (code, answer)
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, FEATURES], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4 * FEATURES}}]})
+    short = header.encode() + b"\0" * 8  # 8 of the 48 bytes announced
+    code, answer = post(server.http, "/v2/models/mlp/infer", short,
+                        {"Inference-Header-Content-Length": str(len(header))})
+    assert code == 400 and b"binary_data_size 48 runs past the body's end" in answer
+    announced = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 2097152\r\n\r\n")
+    code, answer = raw_exchange(server.http, announced)  # refused before the body comes
+    assert code == 413 and b"2097152 bytes over the cap of 1048576 bytes" in answer
+    chunk = b"0" * (1 << 16)
+    streamed = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                + (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 17)  # 1.06 MiB, no end
+    code, answer = raw_exchange(server.http, streamed)
+    assert code == 413 and b"the body over the cap" in answer
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    with pytest.raises(InferenceServerException, match=r"takes shape \[-1, 12\]"):
+        grpc_infer(grpc, np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException, match="INVALID_ARGUMENT|400|takes shape"):
+        grpc_infer(grpc, np.zeros((2, 4, 3), np.float32))
+    http = tritonclient_http.InferenceServerClient(server.url)
+    x = rows(2, seed=5)
+    np.testing.assert_allclose(http_infer(http, x).as_numpy("scores"),
+                               reference(2, x)[0], rtol=1e-5, atol=1e-5)
+    assert _total(server, "mixrt_requests_total", model="mlp", outcome="bad_request") >= 5
+
+
+def test_metrics_sum_the_workers(server):
+    status, text = get(server.metrics, "/metrics")
+    assert status == 200
+    names = {family.name for family in text_string_to_metric_families(text.decode())}
+    assert {"mixrt_requests", "mixrt_request_seconds", "mixrt_batch_rows",
+            "mixrt_queue_depth", "mixrt_compiled_kernels", "mixrt_batching"} <= names
+    # each of the 3 models passes the batching check (a live gauge: its least over the workers)
+    assert _total(server, "mixrt_batching") == 3
+
+
+def test_the_log_names_each_refused_request_by_its_id(server):
+    body = {"id": "request-7f3a", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32",
+                                              "data": [0.0, 1.0]}]}
+    post(server.http, "/v2/models/mlp/infer", json.dumps(body).encode())
+    assert re.search(r"request request-7f3a to mlp: refused: input 'x' takes shape",
+                     server.text())
+
+
+def _total(server, sample: str, **labels) -> float:
+    """A metric's samples named ``sample`` whose labels include ``labels``, summed (over
+    the workers, the versions...), as the supervisor's /metrics reports them."""
+    status, text = get(server.metrics, "/metrics")
+    assert status == 200
+    return sum(s.value for family in text_string_to_metric_families(text.decode())
+               for s in family.samples
+               if s.name == sample and labels.items() <= s.labels.items())
