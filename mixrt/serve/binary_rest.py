@@ -49,6 +49,8 @@ class BinaryTensors:
         match = INFER_PATH.match(scope["path"])
         if match and HEADER_LENGTH in headers:
             return await self._binary_infer(send, match, headers[HEADER_LENGTH], body)
+        if scope["path"] == "/v2/repository/index" and not body.strip():
+            body = b"{}"  # the protocol's body is optional (Triton's clients send none)
         return await self.app(scope, _replay(body), send)
 
     def _too_large(self, size) -> str:

@@ -61,8 +61,11 @@ class Prepared:
 
 def prepare(path: str, device: str = "cpu", max_rows: int = 0) -> Prepared:
     """The session for ``path``, warmed up and checked for batching (once per process)."""
-    key = (os.path.realpath(path), device, max_rows)
+    status = os.stat(path)  # a file replaced in place is prepared again (a reload)
+    key = (os.path.realpath(path), status.st_mtime_ns, status.st_size, device, max_rows)
     if key not in _PREPARED:
+        for stale in [k for k in _PREPARED if k[0] == key[0]]:  # the file's older contents
+            del _PREPARED[stale]
         _PREPARED[key] = _prepare(path, device, max_rows)
     return _PREPARED[key]
 

@@ -25,12 +25,14 @@ import time
 from dataclasses import dataclass, field
 
 from mlserver import MLServer
+from mlserver.errors import MLServerError
 from mlserver.settings import Settings
 from prometheus_client import start_http_server
 
 from mixrt.base.errors import InputError
 from mixrt.serve import metrics, repository, runtime
 from mixrt.serve.binary_rest import BinaryTensors
+from mixrt.serve.control import SupervisorChannels, WorkerChannel
 
 logger = logging.getLogger("mixrt.serve")
 
@@ -131,10 +133,12 @@ class Supervisor:
         self.http = http
         self.workers: dict[int, int] = {}  # pid -> worker index
         self.stopping = False
+        self.channels = SupervisorChannels()
 
     def run(self) -> int:
         for index in range(self.options.workers):
             self._start(index)
+        self.channels.serve_forever()
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         scrape, _ = start_http_server(self.options.metrics_port, self.options.host,
@@ -146,15 +150,18 @@ class Supervisor:
         return self._watch()
 
     def _start(self, index: int) -> None:
+        channel = self.channels.pair(index)
         pid = os.fork()
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            self.channels.close_in_worker()
             code = 1
             try:
-                code = asyncio.run(_worker(self.options, self.repo_args, self.http))
+                code = asyncio.run(_worker(self.options, self.repo_args, self.http, channel))
             finally:
                 os._exit(code)
+        channel.close()
         self.workers[pid] = index
 
     def _watch(self) -> int:
@@ -174,11 +181,14 @@ class Supervisor:
                 continue
             index = self.workers.pop(pid, None)
             metrics.process_ended(pid)
+            if index is not None:
+                self.channels.worker_gone(index)
             if index is not None and not self.stopping:
                 logger.error("worker %d (pid %d) ended with status %d; starting another",
                              index, pid, os.waitstatus_to_exitcode(status))
                 time.sleep(RESTART_PAUSE_S)
                 self._start(index)
+                self.channels.replay(index)
         return 0
 
     def _stop(self, signum, frame) -> None:
@@ -191,7 +201,8 @@ class Supervisor:
             os.kill(pid, signal.SIGTERM)
 
 
-async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket) -> int:
+async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
+                  channel: socket.socket) -> int:
     settings = Settings(
         debug=False, host=options.host, http_port=options.http_port,
         grpc_port=options.grpc_port, metrics_endpoint=None, parallel_workers=0,
@@ -205,9 +216,33 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket) -
     server = MLServer(settings)
     rest = server._rest_server
     rest._app = BinaryTensors(rest._app, server._data_plane, options.max_body_bytes)
+    await _share_repository(server._model_repository_handlers, channel)
     models = await server._model_repository.list()
     await server.start(models)
     return 0
+
+
+async def _share_repository(handlers, sock: socket.socket) -> None:
+    """The repository API's load and unload, done here and then in every other worker
+    (``control.py``) before they are answered."""
+    local = {"load": handlers.load, "unload": handlers.unload}
+
+    async def apply(op: str, name: str) -> None:
+        await local[op](name)
+
+    channel = WorkerChannel(sock, apply)
+    await channel.start()
+
+    def shared(op: str):
+        async def call(name: str) -> bool:
+            done = await local[op](name)
+            try:
+                await channel.share(op, name)
+            except RuntimeError as exc:
+                raise MLServerError(str(exc), 500) from None
+            return done
+        return call
+    handlers.load, handlers.unload = shared("load"), shared("unload")
 
 
 def _configure_logging(level: str) -> None:

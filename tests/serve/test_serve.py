@@ -183,6 +183,27 @@ def test_the_log_names_each_refused_request_by_its_id(server):
                      server.text())
 
 
+def test_the_repository_api_unloads_and_loads_in_every_worker(server):
+    index = tritonclient_http.InferenceServerClient(server.url).get_model_repository_index()
+    assert sorted((m["name"], m["version"], m["state"]) for m in index) == [
+        ("mlp", "1", "READY"), ("mlp", "2", "READY"), ("other", "1", "READY")]
+    tritonclient_http.InferenceServerClient(server.url).unload_model("other")
+    # each check on a new connection, which either worker may accept: a worker that had
+    # not unloaded it would answer ready about every other time
+    for _ in range(12):
+        assert not tritonclient_http.InferenceServerClient(server.url).is_model_ready("other")
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    grpc.load_model("other")
+    x = rows(2, seed=9)
+    for _ in range(12):
+        client = tritonclient_http.InferenceServerClient(server.url)
+        assert client.is_model_ready("other")
+        np.testing.assert_allclose(http_infer(client, x, model="other").as_numpy("scores"),
+                                   reference(3, x)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(InferenceServerException, match="nothing"):
+        tritonclient_http.InferenceServerClient(server.url).load_model("nothing")
+
+
 def _total(server, sample: str, **labels) -> float:
     """A metric's samples named ``sample`` whose labels include ``labels``, summed (over
     the workers, the versions...), as the supervisor's /metrics reports them."""
