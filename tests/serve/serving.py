@@ -74,8 +74,9 @@ class Server:
         return self.process.wait(timeout)
 
 
-def start_server(source: Path, log: Path, *args: str, command=None) -> Server:
-    """``mixrt serve SOURCE ARGS`` on free ports; returns once it answers ready."""
+def start_server(source: Path, log: Path, *args: str, command=None, ports=None) -> Server:
+    """``mixrt serve SOURCE ARGS`` on free ports; returns once it answers ready. Another
+    ``command`` (MLServer's own) listens on the given ``ports`` (http, grpc, metrics)."""
     command = command or [sys.executable, "-m", "mixrt", "serve", str(source),
                           "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
                           "--metrics-port", "0", *args]
@@ -83,7 +84,7 @@ def start_server(source: Path, log: Path, *args: str, command=None) -> Server:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
     deadline = time.monotonic() + READY_TIMEOUT_S
-    ports = None
+    ports = [None, *ports] if ports else None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"the server exited with {process.returncode}:\n"

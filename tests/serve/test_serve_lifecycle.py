@@ -1,0 +1,142 @@
+"""A server's life: SIGTERM finishes the requests in flight, a worker that dies is
+replaced while the others serve, and MLServer itself runs mixrt's runtime class from a
+model-settings.json (as KServe's MLServer runtime does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+tritonclient_http = pytest.importorskip("tritonclient.http")
+tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
+if importlib.util.find_spec("mlserver") is None:
+    pytest.skip("mixrt serve needs MLServer (mixrt[serve])", allow_module_level=True)
+
+import onnxruntime as ort  # noqa: E402
+
+from serving import mlp_model, start_server  # noqa: E402
+
+
+def scores_of(seed: int, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(mlp_model(seed).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(["scores"], {"x": x})[0]
+
+
+def ask(url: str, x: np.ndarray, answers: list, index: int) -> None:
+    client = tritonclient_http.InferenceServerClient(url, network_timeout=60)
+    item = tritonclient_http.InferInput("x", list(x.shape), "FP32")
+    item.set_data_from_numpy(x)
+    try:
+        answers[index] = client.infer("mlp", [item]).as_numpy("scores")
+    except Exception as exc:  # noqa: BLE001 - the test reports it
+        answers[index] = exc
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(1), path)
+    return path
+
+
+def test_sigterm_finishes_the_requests_in_flight(model_file, tmp_path):
+    # requests wait 1.5 s to be joined: SIGTERM comes while they are queued
+    server = start_server(model_file, tmp_path / "log", "--max-batch-size", "64",
+                          "--max-delay-ms", "1500")
+    requests = [np.random.default_rng(i).standard_normal((1, 12)).astype(np.float32)
+                for i in range(3)]
+    answers = [None] * len(requests)
+    threads = [threading.Thread(target=ask, args=(server.url, x, answers, i))
+               for i, x in enumerate(requests)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert server.stop(timeout=60) == 0, server.text()[-3000:]
+    for thread in threads:
+        thread.join(30)
+    for x, answer in zip(requests, answers):
+        assert isinstance(answer, np.ndarray), (answer, server.text()[-3000:])
+        np.testing.assert_allclose(answer, scores_of(1, x), rtol=1e-5, atol=1e-5)
+    assert time.monotonic() - started < 20
+
+
+def test_a_worker_that_dies_is_replaced_and_the_others_serve(model_file, tmp_path):
+    server = start_server(model_file, tmp_path / "log", "--workers", "2")
+    try:
+        workers = children_of(server.process.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        x = np.ones((2, 12), np.float32)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = children_of(server.process.pid)
+            if len(now) == 2 and workers[0] not in now:
+                break
+            time.sleep(0.2)
+        assert len(children_of(server.process.pid)) == 2, server.text()[-3000:]
+        for _ in range(6):  # answered, whichever worker takes the connection
+            answers = [None]
+            ask(server.url, x, answers, 0)
+            np.testing.assert_allclose(answers[0], scores_of(1, x), rtol=1e-5, atol=1e-5)
+        assert f"pid {workers[0]}) ended with status -9; starting another" in server.text()
+    finally:
+        assert server.stop() == 0
+
+
+def test_mlserver_runs_the_runtime_class_a_model_settings_file_names(model_file, tmp_path):
+    folder = tmp_path / "models" / "mlp"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(model_file.read_bytes())
+    (folder / "model-settings.json").write_text(json.dumps({
+        "name": "mlp", "implementation": "mixrt.serve.MixrtRuntime",
+        "parameters": {"uri": "./model.onnx", "extra": {"max_batch_size": 4}}}))
+    ports = [_free_port() for _ in range(3)]
+    (tmp_path / "models" / "settings.json").write_text(json.dumps({
+        "http_port": ports[0], "grpc_port": ports[1], "metrics_port": ports[2],
+        "host": "127.0.0.1", "parallel_workers": 0}))
+    mlserver = Path(sys.executable).with_name("mlserver")
+    command = [str(mlserver), "start", str(tmp_path / "models")]
+    server = start_server(None, tmp_path / "log", command=command, ports=ports)
+    try:
+        x = np.random.default_rng(4).standard_normal((3, 12)).astype(np.float32)
+        client = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{ports[1]}")
+        item = tritonclient_grpc.InferInput("x", [3, 12], "FP32")
+        item.set_data_from_numpy(x)
+        answer = client.infer("mlp", [item]).as_numpy("scores")
+        np.testing.assert_allclose(answer, scores_of(1, x), rtol=1e-5, atol=1e-5)
+        metadata = client.get_model_metadata("mlp", as_json=True)
+        assert metadata["inputs"][0]["shape"] == ["-1", "12"]
+    finally:
+        assert server.stop() == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
