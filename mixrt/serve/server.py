@@ -79,8 +79,10 @@ def serve(options: ServeOptions) -> int:
     models = asyncio.run(repository.MixrtModelRepository(**repo_args).list())
     for settings in models:  # before the fork: the workers share what this prepares
         extra = settings.parameters.extra
-        runtime.prepare(settings.parameters.uri, extra.get("device", "cpu"),
-                        int(extra.get("max_batch_size", 0)))
+        device = str(extra.get("device", "cpu"))
+        if device.startswith("gpu"):
+            continue  # CUDA does not survive a fork: each worker prepares its own
+        runtime.prepare(settings.parameters.uri, device, int(extra.get("max_batch_size", 0)))
     http = _listening_socket(options.host, options.http_port)
     # a port given as 0 is picked here, once, so that every worker takes the same one
     options.http_port = http.getsockname()[1]
