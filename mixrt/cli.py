@@ -234,6 +234,10 @@ def _add_serve_command(commands):
                        help="requests with larger bodies are refused (default 64)")
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--prepare-only", action="store_true", help="prepare the models as "
+                       "the server would (compile their kernels into the cache at one row "
+                       "and a full batch, check batching) and exit: a container image's "
+                       "build step")
     serve.set_defaults(handler=cmd_serve)
     return serve
 
@@ -248,7 +252,8 @@ def cmd_serve(args) -> int:
         args.source, name=args.name, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, workers=args.workers,
         max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms,
-        device=args.device, max_body_mb=args.max_body_mb, log_level=args.log_level))
+        device=args.device, max_body_mb=args.max_body_mb, log_level=args.log_level,
+        prepare_only=args.prepare_only))
 
 
 def _add_compile_options(parser) -> None:

@@ -50,8 +50,10 @@ class Batcher:
         self._closed = False
 
     async def submit(self, feeds: dict, outputs: tuple) -> list:
-        rows = next(iter(feeds.values())).shape[0]
-        if rows >= self.max_rows or self.max_rows <= 1:
+        if self.max_rows <= 1:
+            return await self._execute([Pending(feeds, outputs, 1, None)], alone=True)
+        rows = next(iter(feeds.values())).shape[0]  # batching: every input has a first axis
+        if rows >= self.max_rows:
             return await self._execute([Pending(feeds, outputs, rows, None)], alone=True)
         if self._consumer is None or self._consumer.done():
             self._consumer = asyncio.get_running_loop().create_task(self._consume())
@@ -83,8 +85,11 @@ class Batcher:
             key = min(self._waiting, key=lambda k: self._waiting[k][0].arrived)
             await self._gather(key)
             batch = self._take(key)
-            self._queued(self.depth)
-            results = await self._execute(batch, alone=False)
+            try:
+                self._queued(self.depth)
+                results = await self._execute(batch, alone=False)
+            except Exception as exc:  # noqa: BLE001 - answered, so no request waits forever
+                results = [exc] * len(batch)
             for pending, result in zip(batch, results):
                 if not pending.future.done():
                     if isinstance(result, BaseException):
@@ -108,7 +113,7 @@ class Batcher:
 
     def _take(self, key: tuple) -> list:
         queue = self._waiting[key]
-        batch, rows = [queue.popleft()], 0
+        batch = [queue.popleft()]
         rows = batch[0].rows
         while queue and rows + queue[0].rows <= self.max_rows:
             rows += queue[0].rows
@@ -131,9 +136,9 @@ class Batcher:
                 return [await call]
             except Exception as exc:  # noqa: BLE001 - handed to the request that caused it
                 return [exc]
-        joined = {name: np.concatenate([p.feeds[name] for p in batch])
-                  for name in batch[0].feeds}
         try:
+            joined = {name: np.concatenate([p.feeds[name] for p in batch])
+                      for name in batch[0].feeds}
             outputs = await loop.run_in_executor(self._executor, self._run, joined,
                                                  batch[0].outputs)
         except Exception:  # noqa: BLE001 - rerun alone, so that only the culprit fails

@@ -35,6 +35,7 @@ from mixrt.base.errors import InputError, MixrtError
 from mixrt.serve import tensors
 from mixrt.serve.batcher import Batcher
 from mixrt.serve.metrics import metrics
+from mixrt.serve.repository import MODEL_FILES
 
 logger = logging.getLogger("mixrt.serve")
 
@@ -115,6 +116,8 @@ def _batching_refused(session, inputs: list, outputs: list, max_rows: int) -> st
     """Why requests to this model cannot be joined, or "" where they can: every input must
     have an open first axis, every output as many rows as were joined, and each row of a
     joined run must equal, bit for bit, the same row run alone."""
+    if not inputs:
+        return "the model takes no input"
     fixed = [s.name for s in inputs if not s.batched]  # outputs: their runs tell below
     if fixed:
         return f"{', '.join(fixed)} {'has' if len(fixed) == 1 else 'have'} no open first axis"
@@ -143,7 +146,9 @@ class MixrtRuntime(MLModel):
 
     async def load(self) -> bool:
         extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
-        uri = await get_model_uri(self.settings)
+        # a folder (MLServer's default: the model-settings.json's own; KServe's /mnt/models)
+        # holds the model as model.mxr or model.onnx
+        uri = await get_model_uri(self.settings, wellknown_filenames=list(MODEL_FILES))
         max_rows = int(extra.get("max_batch_size", 0))
         device = str(extra.get("device", "cpu"))
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"mixrt-{self.name}")

@@ -56,13 +56,17 @@ class ServeOptions:
     device: str = "cpu"
     max_body_mb: float = 64.0
     log_level: str = "info"
+    # prepare the models (compile their kernels into the cache, run the batching check) and
+    # exit: a container image's build step
+    prepare_only: bool = False
     extra: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         if self.workers < 1:
             raise InputError(f"--workers {self.workers}: at least one worker serves")
         if self.max_batch_size < 0 or self.max_delay_ms < 0:
-            raise InputError("--max-batch-size and --max-delay-ms are counts, not negative")
+            raise InputError(f"--max-batch-size {self.max_batch_size} and --max-delay-ms "
+                             f"{self.max_delay_ms}: neither may be negative")
         self.extra = {"max_batch_size": self.max_batch_size,
                       "max_delay_ms": self.max_delay_ms, "device": self.device}
 
@@ -77,12 +81,22 @@ def serve(options: ServeOptions) -> int:
     metrics.use_folder(tempfile.mkdtemp(prefix="mixrt-metrics-"))
     repo_args = _repository_args(options)
     models = asyncio.run(repository.MixrtModelRepository(**repo_args).list())
+    # process-wide switches, so set once for the largest batch of any model, before any
+    # model is prepared
+    runtime.serving_environment(max((int(m.parameters.extra.get("max_batch_size", 0))
+                                     for m in models), default=0))
     for settings in models:  # before the fork: the workers share what this prepares
         extra = settings.parameters.extra
         device = str(extra.get("device", "cpu"))
-        if device.startswith("gpu"):
+        if device.startswith("gpu") and not options.prepare_only:
             continue  # CUDA does not survive a fork: each worker prepares its own
-        runtime.prepare(settings.parameters.uri, device, int(extra.get("max_batch_size", 0)))
+        prepared = runtime.prepare(settings.parameters.uri, device,
+                                   int(extra.get("max_batch_size", 0)))
+        logger.info("prepared %s version %s: batching %s", settings.name,
+                    settings.parameters.version, "on" if prepared.batching
+                    else f"off ({prepared.reason})")
+    if options.prepare_only:
+        return 0
     http = _listening_socket(options.host, options.http_port)
     # a port given as 0 is picked here, once, so that every worker takes the same one
     options.http_port = http.getsockname()[1]
@@ -167,11 +181,14 @@ class Supervisor:
         self.workers[pid] = index
 
     def _watch(self) -> int:
-        deadline = None
+        deadline, status = None, 0
         while self.workers:
             if self.stopping and deadline is None:
                 deadline = time.monotonic() + SHUTDOWN_GRACE_S
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline and status == 0:
+                logger.error("workers still busy %.0f s after the signal: killed",
+                             SHUTDOWN_GRACE_S)
+                status = 1
                 for pid in self.workers:
                     os.kill(pid, signal.SIGKILL)
             try:
@@ -191,7 +208,7 @@ class Supervisor:
                 time.sleep(RESTART_PAUSE_S)
                 self._start(index)
                 self.channels.replay(index)
-        return 0
+        return status
 
     def _stop(self, signum, frame) -> None:
         del frame
@@ -199,6 +216,8 @@ class Supervisor:
             return
         self.stopping = True
         logger.info("signal %d: finishing the requests in flight", signum)
+        self.http.close()  # new connections are refused, not left waiting, once the
+        # workers have closed their copies
         for pid in self.workers:
             os.kill(pid, signal.SIGTERM)
 

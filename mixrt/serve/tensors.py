@@ -80,10 +80,33 @@ def decode(spec: TensorSpec, datatype: str, shape, data) -> np.ndarray:
         raise InputError(f"input '{spec.name}': {len(values)} values for shape "
                          f"{list(shape)}, which holds {count}")
     try:
-        array = np.asarray(values, dtype=dtype)
+        # read as JSON wrote them first, so that 1.5 for INT32, null for FP32 or "x" for
+        # BOOL is refused rather than truncated, read as NaN or as true
+        written = np.asarray(values) if values else np.zeros(0, dtype)
+        if dtype.kind in "iu" and written.dtype.kind not in "iu" \
+                and all(type(v) is int for v in values):  # past int64: NumPy made floats
+            written = np.array(values, dtype=dtype)
+        if written.dtype.kind not in _JSON_KINDS[dtype.kind]:
+            raise TypeError(f"{written.dtype.kind!r} values")
+        array = written.astype(dtype)
+        if dtype.kind in "iu" and not np.array_equal(array, written):
+            raise OverflowError(f"a value outside {datatype}'s range")
     except (TypeError, ValueError, OverflowError) as exc:
-        raise InputError(f"input '{spec.name}': its data is not {datatype} ({exc})") from None
+        raise InputError(f"input '{spec.name}': its data is not {datatype} "
+                         f"({_described(exc)})") from None
     return array.reshape(shape)
+
+
+# the kinds of array NumPy makes of JSON values that each kind of datatype accepts: integers
+# take integers only, floats integers or floats, booleans booleans
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _described(exc: Exception) -> str:
+    text = str(exc)
+    return {"'O' values": "null, strings or mixed nesting",
+            "'U' values": "strings", "'f' values": "fractions",
+            "'b' values": "booleans"}.get(text, text)
 
 
 def _checked_shape(spec: TensorSpec, datatype: str, shape) -> tuple:
@@ -93,7 +116,7 @@ def _checked_shape(spec: TensorSpec, datatype: str, shape) -> tuple:
     if datatype != spec.datatype:
         raise InputError(f"input '{spec.name}' is {spec.datatype}, the request sent "
                          f"{datatype}")
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InputError(f"input '{spec.name}': shape {list(shape)} has a dimension that is "
                          f"not a count")
     shape = tuple(shape)
@@ -125,12 +148,24 @@ def _decode_strings(spec: TensorSpec, shape: tuple, count: int, data) -> np.ndar
     if isinstance(data, (bytes, bytearray, memoryview)):
         items = _unpack_length_prefixed(spec, bytes(data))
     else:
-        items = [item.decode("utf-8", "replace") if isinstance(item, bytes) else item
+        items = [_text(spec, item) if isinstance(item, bytes) else item
                  for item in _flat(data)]
-    if len(items) != count or not all(isinstance(item, (str, bytes)) for item in items):
+    if not all(isinstance(item, str) for item in items):
+        raise InputError(f"input '{spec.name}' is BYTES: its data must be strings")
+    if len(items) != count:
         raise InputError(f"input '{spec.name}': {len(items)} strings for shape "
                          f"{list(shape)}, which holds {count}")
     return np.array(items, dtype=object).reshape(shape)
+
+
+def _text(spec: TensorSpec, raw: bytes) -> str:
+    """A BYTES element as the model's string tensor holds it: UTF-8 text (bytes that are
+    not are refused, not altered)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"input '{spec.name}': an element is not UTF-8 text ({exc.reason} "
+                         f"at byte {exc.start})") from None
 
 
 def _unpack_length_prefixed(spec: TensorSpec, raw: bytes) -> list:
@@ -145,7 +180,7 @@ def _unpack_length_prefixed(spec: TensorSpec, raw: bytes) -> list:
         if offset + size > len(raw):
             raise InputError(f"input '{spec.name}': an element of {size} bytes runs past the "
                              f"end of its binary data")
-        items.append(raw[offset:offset + size].decode("utf-8", "replace"))
+        items.append(_text(spec, raw[offset:offset + size]))
         offset += size
     return items
 
@@ -154,8 +189,10 @@ def encode(array: np.ndarray) -> tuple[str, list, object]:
     """An output as ``(datatype, shape, data)``, data a flat list (JSON's form)."""
     array = np.asarray(array)
     if array.dtype == object or array.dtype.kind in "US":
-        return "BYTES", list(array.shape), [str(v) for v in array.reshape(-1)]
-    datatype = datatype_of(array.dtype)
+        return "BYTES", list(array.shape), [
+            v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else str(v)
+            for v in array.reshape(-1)]
+    datatype = datatype_of(array.dtype.newbyteorder("="))
     return datatype, list(array.shape), array.reshape(-1).tolist()
 
 
@@ -169,7 +206,7 @@ def encode_binary(array: np.ndarray) -> tuple[str, list, bytes]:
             encoded = value if isinstance(value, bytes) else str(value).encode("utf-8")
             parts += [len(encoded).to_bytes(4, "little"), encoded]
         return "BYTES", list(array.shape), b"".join(parts)
-    datatype = datatype_of(array.dtype)
+    datatype = datatype_of(array.dtype.newbyteorder("="))
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return datatype, list(array.shape), np.ascontiguousarray(little).tobytes()
 

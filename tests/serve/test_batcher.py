@@ -361,3 +361,25 @@ def test_queued_depth_is_reported():
 
     drive(body)
     assert depths[:3] == [1, 2, 3] and depths[-1] == 0
+
+
+def test_a_failure_outside_the_run_answers_every_request_of_the_batch():
+    """A hook that raises (here the batch-size observer) must not leave requests waiting:
+    each gets the error, and the batcher serves the next batch."""
+    run = Recorder()
+    calls = []
+
+    def observe(rows, requests):
+        calls.append(rows)
+        if len(calls) == 1:
+            raise RuntimeError("observer broke")
+
+    async def body(executor):
+        batcher = Batcher(run, executor, max_rows=8, max_delay=0.05, observe=observe)
+        tasks = await submit_spaced(batcher, [request(1), request(2)])
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) for r in results), results
+        check_own(await batcher.submit(request(3), BOTH), request(3))
+        await batcher.close()
+
+    drive(body)

@@ -272,7 +272,23 @@ def test_encode_refuses_a_dtype_without_a_datatype():
         datatype_of(np.dtype("datetime64[s]"))
 
 
-@pytest.mark.xfail(strict=True, reason="encode() writes a bytes element as str(b'...') "
-                                       "(\"b'ab'\"); encode_binary() writes its bytes")
 def test_encode_bytes_elements_as_their_text():
     assert encode(np.array([b"ab", "c"], dtype=object)) == ("BYTES", [2], ["ab", "c"])
+
+
+@pytest.mark.parametrize("datatype, data, told", [
+    ("INT32", [1.5, 2.7], "fractions"), ("FP32", [None, 1.0], "null"),
+    ("BOOL", ["x", ""], "strings"), ("UINT8", [300, 1], "outside UINT8's range"),
+    ("INT64", [True, False], "booleans")])
+def test_json_values_of_another_kind_are_refused_not_converted(datatype, data, told):
+    refused(TensorSpec("v", datatype, (-1,)), datatype, [2], data, f"not {datatype}", told)
+
+
+def test_a_boolean_is_not_a_dimension():
+    refused(TensorSpec("v", "FP32", (-1,)), "FP32", [True], [1.0], "not a count")
+
+
+def test_bytes_that_are_not_utf8_are_refused_not_altered():
+    refused(TensorSpec("s", "BYTES", (-1,)), "BYTES", [1], [b"\xff\xfe"], "not UTF-8")
+    refused(TensorSpec("s", "BYTES", (-1,)), "BYTES", [1],
+            struct.pack("<I", 2) + b"\xff\xfe", "not UTF-8")
