@@ -1,0 +1,456 @@
+"""Serving throughput and latency: ``mixrt serve`` against onnxruntime behind the same server
+framework (MLServer 1.7), over gRPC with binary tensors.
+
+For each model (ResNet-50, a small BERT encoder: ``_serve_models.py``), each runtime and each
+batching setting, one server is started alone on this machine, and clients at each
+concurrency (threads, each with its own ``tritonclient.grpc`` client and connection) send
+requests of one row back to back: first a warm-up, then a timed phase of a fixed duration.
+Measured: requests per second (requests completed in the timed phase over its length) and
+the median and 99th percentile of their latencies.
+
+* mixrt: ``mixrt serve MODEL.mxr --workers 1`` with ``--max-batch-size B --max-delay-ms D``
+  (batching on) or ``--max-batch-size 0`` (off);
+* onnxruntime: ``mlserver start FOLDER`` (one process: ``parallel_workers`` 0) with the
+  runtime of ``_ort_mlserver_runtime.py`` over the ``.onnx``, MLServer's adaptive batching
+  at ``max_batch_size`` B and ``max_batch_time`` D (on) or both 0 (off).
+
+The clients run in this process, on the same cores as the server: on a small machine they
+take their share of the CPU, alike for both runtimes.
+
+    python benchmarks/serve_bench.py                      # 10 s per setting, concurrency 1, 8, 32
+    python benchmarks/serve_bench.py --quick              # ~3 s per setting, concurrency 1 and 8
+    python benchmarks/serve_bench.py --models resnet50 --concurrency 1,8 --out serve.json
+
+The table (markdown) goes to stdout; ``--out`` writes every figure, each server's start and
+end time and the runtimes' versions as JSON. Exported models are cached under
+``benchmarks/.cache/serve/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _serve_models  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+READY_TIMEOUT_S = 600  # a cold kernel cache compiles the model's kernels before it is ready
+PORTS_LINE = re.compile(r"serving on http [^:]+:(\d+), grpc (\d+), metrics (\d+)")
+MIXRT_BATCHING_LINE = re.compile(r"ready from .*: batching (.*)")
+RUNTIMES = ("mixrt", "onnxruntime")
+ATTEMPTS = 2  # starts of one server before its settings are given up
+
+
+@dataclass
+class Setting:
+    model: str
+    runtime: str
+    batching: str  # "on" or "off"
+    concurrency: int
+
+
+@dataclass
+class Result:
+    model: str
+    runtime: str
+    batching: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    started: str
+    ended: str
+
+
+@dataclass
+class ServerRun:
+    model: str
+    runtime: str
+    batching: str
+    command: list
+    started: str
+    ready: str = ""
+    ended: str = ""
+    note: str = ""  # the server's own word on batching (mixrt's load-time check)
+    results: list = field(default_factory=list)
+
+
+def package_version(*names: str) -> str:
+    """The installed version of the first of ``names`` found (onnxruntime may be installed
+    as onnxruntime-gpu)."""
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+VERSIONS = {"mixrt": ("mixrt",), "mlserver": ("mlserver",),
+            "onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "tritonclient": ("tritonclient",)}
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+class Server:
+    def __init__(self, command: list, log: Path, env: dict, cwd: str | None = None):
+        self.command = command
+        self.log = log
+        with open(log, "wb") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
+                                            env=env, cwd=cwd, start_new_session=True)
+        self.http = self.grpc = 0
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.command[:4]} exited with {self.process.returncode}:\n"
+                               f"{self.text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def _http_ok(port: int, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def _wait_ready(server: Server, model: str, ports_from_log: bool) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        server.check_alive()
+        if ports_from_log and not server.http:
+            found = PORTS_LINE.search(server.text())
+            if found:
+                server.http, server.grpc = int(found[1]), int(found[2])
+        if server.http and _http_ok(server.http, "/v2/health/ready") \
+                and _http_ok(server.http, f"/v2/models/{model}/ready"):
+            return
+        time.sleep(0.25)
+    server.stop()
+    raise RuntimeError(f"not ready after {READY_TIMEOUT_S} s:\n{server.text()[-4000:]}")
+
+
+def _free_ports(count: int) -> list:
+    holds = [socket.socket() for _ in range(count)]
+    for hold in holds:
+        hold.bind(("127.0.0.1", 0))
+    ports = [hold.getsockname()[1] for hold in holds]
+    for hold in holds:
+        hold.close()
+    return ports
+
+
+def start_mixrt(model: _serve_models.ServeModel, batching: bool, args, workdir: Path) -> Server:
+    command = [sys.executable, "-m", "mixrt", "serve", str(model.mxr), "--name", model.name,
+               "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+               "--metrics-port", "0", "--workers", "1",
+               "--max-batch-size", str(args.max_batch_size if batching else 0),
+               "--max-delay-ms", str(args.max_delay_ms if batching else 0)]
+    server = Server(command, workdir / f"mixrt_{model.name}_{'on' if batching else 'off'}.log",
+                    dict(os.environ, PYTHONUNBUFFERED="1"))
+    _wait_ready(server, model.name, ports_from_log=True)
+    return server
+
+
+def start_onnxruntime(model: _serve_models.ServeModel, batching: bool, args,
+                      workdir: Path) -> Server:
+    folder = workdir / f"mlserver_{model.name}_{'on' if batching else 'off'}"
+    (folder / model.name).mkdir(parents=True)
+    http, grpc, metrics = _free_ports(3)
+    (folder / "settings.json").write_text(json.dumps({
+        "debug": False, "host": "127.0.0.1", "http_port": http, "grpc_port": grpc,
+        "metrics_port": metrics, "metrics_endpoint": None, "parallel_workers": 0,
+        "load_models_at_startup": True}))
+    (folder / model.name / "model-settings.json").write_text(json.dumps({
+        "name": model.name, "implementation": "_ort_mlserver_runtime.OrtRuntime",
+        "max_batch_size": args.max_batch_size if batching else 0,
+        "max_batch_time": args.max_delay_ms / 1000 if batching else 0.0,
+        "parameters": {"uri": str(model.onnx)}}))
+    mlserver = Path(sys.executable).with_name("mlserver")
+    command = ([str(mlserver)] if mlserver.exists()
+               else [sys.executable, "-m", "mlserver.cli.main"]) + ["start", str(folder)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE),
+                                                        os.environ.get("PYTHONPATH")])))
+    server = Server(command, folder.with_suffix(".log"), env, cwd=str(folder))
+    server.http, server.grpc = http, grpc
+    _wait_ready(server, model.name, ports_from_log=False)
+    return server
+
+
+# -- clients ---------------------------------------------------------------------------------
+
+def grpc_client(port: int):
+    """A ``tritonclient.grpc`` client on a connection of its own: gRPC's channels to one
+    address otherwise share their connection (the process-wide subchannel pool), and every
+    client would send over one TCP connection to one server process."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    size = grpcclient.MAX_GRPC_MESSAGE_SIZE
+    return grpcclient.InferenceServerClient(
+        f"127.0.0.1:{port}", channel_args=[("grpc.max_send_message_length", size),
+                                           ("grpc.max_receive_message_length", size),
+                                           ("grpc.use_local_subchannel_pool", 1)])
+
+
+def _inputs(grpcclient, feeds: dict, model: _serve_models.ServeModel) -> list:
+    items = []
+    for name, array in feeds.items():
+        item = grpcclient.InferInput(name, list(array.shape), model.inputs[name][2])
+        item.set_data_from_numpy(array)
+        items.append(item)
+    return items
+
+
+def measure(model: _serve_models.ServeModel, grpc_port: int, concurrency: int,
+            warmup_s: float, duration_s: float, progress=None) -> dict:
+    """Warm up, then time ``duration_s`` of ``concurrency`` clients sending back to back."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    feeds = [_serve_models.request_feeds(model, 1, seed) for seed in range(8)]
+    clients = [grpc_client(grpc_port) for _ in range(concurrency)]
+    first = clients[0].infer(model.name, _inputs(grpcclient, feeds[0], model))
+    if first.as_numpy(first.get_response().outputs[0].name).shape[0] != 1:
+        raise RuntimeError("the server answered a one-row request with another row count")
+    barrier = threading.Barrier(concurrency + 1)
+    clock = {}
+    records = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    failures = []
+
+    def client(index: int) -> None:
+        requests = [_inputs(grpcclient, f, model) for f in feeds]
+        barrier.wait()
+        count = 0
+        while True:
+            started = time.perf_counter()
+            if started >= clock["end"]:
+                break
+            try:
+                clients[index].infer(model.name, requests[(index + count) % len(requests)])
+            except Exception as exc:  # noqa: BLE001 - counted, the first kept for the report
+                errors[index] += 1
+                if not failures:
+                    failures.append(repr(exc))
+                continue
+            finally:
+                count += 1
+            records[index].append((started, time.perf_counter()))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True)
+               for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    clock["begin"] = time.perf_counter() + warmup_s
+    clock["end"] = clock["begin"] + duration_s
+    barrier.wait()
+    while any(thread.is_alive() for thread in threads):
+        if progress is not None:
+            progress.set_postfix_str(f"c={concurrency} "
+                                     f"{'warm-up' if time.perf_counter() < clock['begin'] else 'timing'}")
+        time.sleep(0.25)
+    for each in clients:
+        each.close()
+    # the timed phase's requests: those that completed in it (a request that began in the
+    # warm-up and ended in it counts, as one still running at its end does not)
+    timed = [end - start for record in records for start, end in record
+             if clock["begin"] <= end <= clock["end"]]
+    if not timed:
+        print(f"warning: no request completed in {duration_s:g} s (errors: {sum(errors)}, "
+              f"the first: {failures[:1]})", file=sys.stderr)
+        timed = [float("nan")]
+    latencies = np.array(timed) * 1e3
+    done = int(np.isfinite(latencies).sum())
+    return {"requests": done, "errors": sum(errors), "seconds": duration_s,
+            "req_per_s": done / duration_s,
+            "p50_ms": float(np.percentile(latencies, 50)),
+            "p99_ms": float(np.percentile(latencies, 99)),
+            "mean_ms": float(statistics.fmean(latencies)), "first_error": failures[:1]}
+
+
+# -- the table -------------------------------------------------------------------------------
+
+def table(results: list) -> str:
+    by_key = {(r.model, r.runtime, r.batching, r.concurrency): r for r in results}
+    lines = ["| model | runtime | batching | concurrency | req/s | p50 ms | p99 ms "
+             "| mixrt / onnxruntime req/s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        ratio = ""
+        if r.runtime == "mixrt":
+            other = by_key.get((r.model, "onnxruntime", r.batching, r.concurrency))
+            if other is not None and other.req_per_s > 0:
+                ratio = f"{r.req_per_s / other.req_per_s:.2f}x"
+        lines.append(f"| {r.model} | {r.runtime} | {r.batching} | {r.concurrency} "
+                     f"| {r.req_per_s:.1f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _order(results: list) -> list:
+    models = list(dict.fromkeys(r.model for r in results))
+    return sorted(results, key=lambda r: (models.index(r.model), r.batching != "off",
+                                          r.concurrency, RUNTIMES.index(r.runtime)))
+
+
+def serve_settings(run: ServerRun, model, start, args, workdir: Path, progress) -> list:
+    """Start one server, measure it at every concurrency, stop it; the results."""
+    progress.set_postfix_str("starting")
+    server = start(model, run.batching == "on", args, workdir)
+    run.command, run.ready = server.command, now()
+    if run.runtime == "mixrt":
+        said = MIXRT_BATCHING_LINE.search(server.text())
+        run.note = f"mixrt's batching: {said[1]}" if said else ""
+    results = []
+    try:
+        for concurrency in args.concurrency:
+            started = now()
+            figures = measure(model, server.grpc, concurrency, args.warmup, args.duration,
+                              progress if not progress.disable else None)
+            server.check_alive()
+            result = Result(model.name, run.runtime, run.batching, concurrency,
+                            figures["requests"], figures["errors"], figures["seconds"],
+                            figures["req_per_s"], figures["p50_ms"], figures["p99_ms"],
+                            started, now())
+            results.append(result)
+            run.results.append({**asdict(result), "mean_ms": figures["mean_ms"],
+                                "first_error": figures["first_error"]})
+            if figures["errors"]:
+                print(f"warning: {model.name} {run.runtime} batching {run.batching} "
+                      f"c={concurrency}: {figures['errors']} failed requests, the first: "
+                      f"{figures['first_error'][0]}", file=sys.stderr)
+    finally:
+        server.stop()
+        run.ended = now()
+    return results
+
+
+def _csv(text: str, kind=str) -> list:
+    return [kind(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=_csv, default=list(_serve_models.MODELS),
+                        help="comma-separated: resnet50,bert")
+    parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES))
+    parser.add_argument("--batching", type=_csv, default=["off", "on"], help="off,on")
+    parser.add_argument("--concurrency", type=lambda s: _csv(s, int), default=None,
+                        help="comma-separated client counts (default 1,8,32; --quick 1,8)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="timed seconds per setting (default 10; --quick 3)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="warm-up seconds before each timed phase (default 3; --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="a smoke check: short phases")
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--max-delay-ms", type=float, default=2.0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs in this folder")
+    args = parser.parse_args(argv)
+    args.concurrency = args.concurrency or ([1, 8] if args.quick else [1, 8, 32])
+    args.duration = args.duration or (3.0 if args.quick else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
+    unknown = [m for m in args.models if m not in _serve_models.MODELS] + \
+        [r for r in args.runtimes if r not in RUNTIMES] + \
+        [b for b in args.batching if b not in ("on", "off")]
+    if unknown:
+        parser.error(f"unknown: {', '.join(unknown)}")
+
+    from tqdm import tqdm  # noqa: PLC0415
+    models = {name: _serve_models.MODELS[name]() for name in args.models}
+    servers = [(m, rt, b) for m in args.models for b in args.batching for rt in args.runtimes]
+    progress = tqdm(total=len(servers) * len(args.concurrency), unit="setting",
+                    disable=not sys.stderr.isatty(), file=sys.stderr)
+    workdir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    runs, results = [], []
+    starters = {"mixrt": start_mixrt, "onnxruntime": start_onnxruntime}
+    try:
+        for name, runtime, batching in servers:
+            progress.set_description(f"{name} {runtime} batching {batching}")
+            for attempt in range(1, ATTEMPTS + 1):
+                # a server that dies under the benchmark (or that someone else's cleanup
+                # ends) is started again once, and its settings measured again
+                run = ServerRun(name, runtime, batching, [], now())
+                runs.append(run)
+                folder = workdir / f"attempt{attempt}"
+                folder.mkdir(exist_ok=True)
+                try:
+                    measured = serve_settings(run, models[name], starters[runtime], args,
+                                              folder, progress)
+                except RuntimeError as exc:
+                    run.ended, run.note = now(), f"failed: {str(exc).splitlines()[0]}"
+                    print(f"warning: {name} {runtime} batching {batching}, attempt "
+                          f"{attempt}: {str(exc)[-2000:]}", file=sys.stderr)
+                    continue
+                results.extend(measured)
+                progress.update(len(measured))
+                break
+    finally:
+        progress.close()
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in workdir.rglob("*.log"):
+                (args.logs / f"{log.parent.name}_{log.name}").write_bytes(log.read_bytes())
+
+    print(f"Serving over gRPC (tritonclient, binary tensors), one row per request; "
+          f"{args.warmup:g} s warm-up and {args.duration:g} s timed per setting; batching on: "
+          f"max batch {args.max_batch_size} rows, max delay {args.max_delay_ms:g} ms; "
+          f"{os.cpu_count()} CPUs; mixrt serve --workers 1, MLServer {package_version('mlserver')} "
+          f"with onnxruntime {package_version(*VERSIONS['onnxruntime'])} (parallel_workers 0).\n")
+    print(table(_order(results)))
+    print()
+    for run in runs:
+        note = f"; {run.note}" if run.note else ""
+        print(f"- {run.model} {run.runtime} batching {run.batching}: started {run.started}, "
+              f"ready {run.ready}, ended {run.ended}{note}")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "when": now(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                       "load_average_at_end": os.getloadavg()},
+            "versions": {p: package_version(*names) for p, names in VERSIONS.items()},
+            "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
+                         "max_batch_size": args.max_batch_size,
+                         "max_delay_ms": args.max_delay_ms, "rows_per_request": 1,
+                         "bert": _serve_models.BERT},
+            "servers": [asdict(run) for run in runs]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
