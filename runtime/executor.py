@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mixrt.base.settings import batch_invariant
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import aligned_empty, to_host
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
@@ -371,8 +372,12 @@ def _arena_output(step, value, inferred) -> bool:
     copy, would only be copied into the slot and out again: scikit-learn's and LightGBM's
     classifiers at one row ran 5-15% slower)."""
     node = step.node
+    # with MIXRT_BATCH_INVARIANT, whatever its size: a kernel called without ``out=`` may
+    # take another path (LayerNormalization's NumPy passes), so a batch's output past the
+    # size would have other bits than one request's under it
     return isinstance(value, np.ndarray) and value.dtype != object and 0 < value.nbytes \
-        <= ARENA_OUTPUT_BYTES and _predicted(inferred, value) \
+        and (value.nbytes <= ARENA_OUTPUT_BYTES or batch_invariant()) \
+        and _predicted(inferred, value) \
         and getattr(step, "writes_into", False) and node.op_type not in VIEW_OPS \
         and sum(1 for name in node.outputs if name) == 1
 

@@ -98,11 +98,15 @@ def softmax_small(x, y, rows, n):
     for r in range(rows):
         s = r * n
         m, _ = _row_max(x, s, n)
+        for i in range(n):
+            y[uint64(s + i)] = np.exp(x[uint64(s + i)] - m)
+        # summed in a loop of its own, which only reads: in the loop above the sum had
+        # LLVM check at run time whether x and y overlap and take its vector or its scalar
+        # loop by the answer, whose reassociated sums differ, so a row's bits depended on
+        # where the arrays lay (a classifier's row alone and in a batch: 1.5e-8 apart)
         total = y.dtype.type(0)
         for i in range(n):
-            e = np.exp(x[uint64(s + i)] - m)
-            y[uint64(s + i)] = e
-            total += e
+            total += y[uint64(s + i)]
         inverse = y.dtype.type(1) / total
         for i in range(n):
             y[uint64(s + i)] *= inverse
