@@ -40,8 +40,10 @@ from mixrt.serve.repository import MODEL_FILES
 logger = logging.getLogger("mixrt.serve")
 
 DEFAULT_MAX_DELAY_MS = 2.0
-# size of an open dimension other than the batch in the warm-up feeds (a sequence length)
+# size of an open dimension other than the batch in the warm-up feeds: a sequence's length,
+# and an image's height and width (a float input of rank 4)
 WARMUP_OPEN_DIM = 8
+WARMUP_IMAGE_SIDE = 224
 # rows the batching check runs alone, each compared with its row of joined runs of 2, 3 and
 # max_batch_size rows
 CHECK_ROWS = 8
@@ -77,8 +79,16 @@ def _prepare(path: str, device: str, max_rows: int) -> Prepared:
     inputs = [tensors.TensorSpec.of(a) for a in session.get_inputs()]
     outputs = [tensors.TensorSpec.of(a) for a in session.get_outputs()]
     rows = [1] + ([max_rows] if max_rows > 1 else [])
-    for count in rows:  # compile the kernels of both signatures before serving
-        session.run(None, _warmup_feeds(inputs, count))
+    try:
+        for count in rows:  # compile the kernels of both signatures before serving
+            session.run(None, _warmup_feeds(inputs, count))
+    except MixrtError as exc:
+        # made-up feeds may not suit the model (an image too small for its strides, ids
+        # past a vocabulary): it still serves, compiling on its first requests, unbatched
+        logger.warning("%s: the warm-up run on made-up feeds failed (%s); serving without "
+                       "it, one request at a time", path, exc)
+        return Prepared(session, inputs, outputs, False,
+                        f"the warm-up run on made-up feeds failed: {exc}")
     session.wait_compiled()
     if max_rows <= 1:
         return Prepared(session, inputs, outputs, False, "max_batch_size is below 2")
@@ -100,9 +110,11 @@ def _warmup_feeds(inputs: list, rows: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in inputs:
-        shape = [rows if i == 0 and d == -1 else (WARMUP_OPEN_DIM if d == -1 else d)
-                 for i, d in enumerate(spec.shape)]
         dtype = tensors.DATATYPES[spec.datatype]
+        image = len(spec.shape) == 4 and dtype.kind == "f"
+        shape = [rows if i == 0 and d == -1 else d if d != -1
+                 else WARMUP_IMAGE_SIDE if image else WARMUP_OPEN_DIM
+                 for i, d in enumerate(spec.shape)]
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == object:
