@@ -184,6 +184,7 @@ class MixrtRuntime(MLModel):
             self._run, self._executor,
             max_rows=max_rows if prepared.batching else 1,
             max_delay=float(extra.get("max_delay_ms", DEFAULT_MAX_DELAY_MS)) / 1000,
+            adaptive=True,
             observe=self._observe_batch,
             queued=lambda depth: board.queue_depth.labels(*self._labels).set(depth))
         logger.info("model %s version %s ready from %s: batching %s", self.name,

@@ -383,3 +383,24 @@ def test_a_failure_outside_the_run_answers_every_request_of_the_batch():
         await batcher.close()
 
     drive(body)
+
+
+def test_adaptive_a_lone_request_runs_at_once_and_a_crowd_still_gathers():
+    """With ``adaptive`` (the server's), one client at a time is never made to wait out the
+    delay; requests that queue up while a batch runs are joined as before."""
+    run = Recorder(seconds=0.05)
+
+    async def body(executor):
+        batcher = Batcher(run, executor, max_rows=8, max_delay=1.0, adaptive=True)
+        started = time.monotonic()
+        for tag in range(3):  # one at a time: each runs at once, not after 1 s
+            check_own(await batcher.submit(request(tag), BOTH), request(tag))
+        assert time.monotonic() - started < 0.9
+        tasks = await submit_spaced(batcher, [request(10 + i) for i in range(6)], gap=0.001)
+        for i, task in enumerate(tasks):
+            check_own(await task, request(10 + i))
+        await batcher.close()
+
+    drive(body)
+    assert run.rows()[:3] == [1, 1, 1]
+    assert max(run.rows()[3:]) > 1, run.rows()  # the later ones queued behind a run, joined
