@@ -234,6 +234,9 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
         model_repository_root=repo_args["root"], server_name="mixrt",
         grpc_max_message_length=options.max_body_bytes)
     settings._custom_rest_server_settings = {"fd": http.fileno()}
+    # MLServer warns of any custom REST setting; the inherited socket is the one used here
+    logging.getLogger("mlserver.rest").addFilter(
+        lambda record: "custom configuration" not in record.getMessage())
     server = MLServer(settings)
     rest = server._rest_server
     rest._app = BinaryTensors(rest._app, server._data_plane, options.max_body_bytes)
