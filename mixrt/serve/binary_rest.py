@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import numpy as np
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, Parameters, RequestInput, RequestOutput
 
 from mixrt.serve import tensors
+from mixrt.serve.fast_paths import mixrt_model
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(/versions/(?P<version>[^/]+))?/infer$")
 HEADER_LENGTH = b"inference-header-content-length"
@@ -76,6 +78,14 @@ class BinaryTensors:
     async def _binary_infer(self, send, match, header_length: bytes, body: bytes):
         try:
             request, binary_out = _parse(header_length, body)
+            model = await mixrt_model(self.data_plane, match["name"], match["version"])
+            if model is not None:  # the bytes straight to the model (fast_paths.py)
+                items = [(i.name, i.datatype, i.shape, i.data) for i in request.inputs]
+                asked = [o.name for o in request.outputs] if request.outputs else None
+                request_id = request.id or str(uuid.uuid4())
+                wanted, arrays = await model.infer_arrays(items, asked, request_id)
+                return await _respond_arrays(send, model, request_id, wanted, arrays,
+                                             binary_out)
             response = await self.data_plane.infer(request, match["name"], match["version"])
         except MLServerError as exc:
             return await _error(send, exc.status_code, str(exc))
@@ -136,13 +146,34 @@ async def _respond(send, response, binary_out):
         else:
             entry["data"] = data
         outputs.append(entry)
-    header = json.dumps({"id": response.id, "model_name": response.model_name,
-                         "model_version": response.model_version,
-                         "outputs": outputs}).encode()
-    extra = [(b"inference-header-content-length", str(len(header)).encode())] if buffers \
+    await _send_answer(send, {"id": response.id, "model_name": response.model_name,
+                              "model_version": response.model_version, "outputs": outputs},
+                       buffers)
+
+
+async def _send_answer(send, header: dict, buffers: list) -> None:
+    """The JSON header, then the binary outputs' bytes in order (announced by
+    ``Inference-Header-Content-Length``), or JSON alone where none is binary."""
+    encoded = json.dumps(header).encode()
+    extra = [(b"inference-header-content-length", str(len(encoded)).encode())] if buffers \
         else []
     content_type = b"application/octet-stream" if buffers else b"application/json"
-    await _send(send, 200, header + b"".join(buffers), content_type, extra)
+    await _send(send, 200, encoded + b"".join(buffers), content_type, extra)
+
+
+async def _respond_arrays(send, model, request_id, wanted, arrays, binary_out):
+    outputs, buffers = [], []
+    for name, array in zip(wanted, arrays):
+        if binary_out is None or name in binary_out:
+            datatype, shape, raw = tensors.encode_binary(array)
+            outputs.append({"name": name, "datatype": datatype, "shape": shape,
+                            "parameters": {"binary_data_size": len(raw)}})
+            buffers.append(raw)
+        else:
+            datatype, shape, data = tensors.encode(array)
+            outputs.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
+    await _send_answer(send, {"id": request_id, "model_name": model.name,
+                              "model_version": model.version, "outputs": outputs}, buffers)
 
 
 def _raw(datatype: str, shape, data) -> bytes:

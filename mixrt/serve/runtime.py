@@ -198,40 +198,52 @@ class MixrtRuntime(MLModel):
         return True
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        """MLServer's entry (JSON over REST, and what the fast paths hand back)."""
+        items = [(item.name, item.datatype, item.shape, getattr(item.data, "root", item.data))
+                 for item in payload.inputs]
+        asked = [item.name for item in payload.outputs] if payload.outputs else None
+        wanted, outputs = await self.infer_arrays(items, asked, payload.id)
+        return InferenceResponse(
+            id=payload.id, model_name=self.name, model_version=self.version,
+            outputs=[_response_output(name, array) for name, array in zip(wanted, outputs)])
+
+    async def infer_arrays(self, items: list, asked, request_id) -> tuple[tuple, list]:
+        """``(output names, arrays)`` for the inputs ``items`` (name, datatype, shape, data:
+        a list or raw bytes) and the outputs ``asked`` (None: all); a bad request raises
+        MLServer's InferenceError (400) naming what was wrong, a failed run its 500. The
+        binary front ends (``fast_paths.py``) call this with raw bytes and encode the
+        arrays themselves, skipping MLServer's conversions to lists."""
         started = time.perf_counter()
         board = metrics()
         try:
-            feeds = self._feeds(payload)
-            wanted = self._wanted(payload)
+            feeds = self._feeds(items)
+            wanted = self._wanted(asked)
         except InputError as exc:
             board.requests.labels(*self._labels, "bad_request").inc()
-            logger.warning("request %s to %s: refused: %s", payload.id, self.name, exc)
+            logger.warning("request %s to %s: refused: %s", request_id, self.name, exc)
             raise InferenceError(str(exc)) from None
         try:
             outputs = await self._batcher.submit(feeds, wanted)
         except MixrtError as exc:
             board.requests.labels(*self._labels, "error").inc()
-            logger.error("request %s to %s: failed: %s", payload.id, self.name, exc)
+            logger.error("request %s to %s: failed: %s", request_id, self.name, exc)
             raise MLServerError(f"model {self.name}: {exc}", 500) from None
         board.requests.labels(*self._labels, "ok").inc()
         board.latency.labels(*self._labels).observe(time.perf_counter() - started)
-        logger.debug("request %s to %s: answered in %.2f ms", payload.id, self.name,
+        logger.debug("request %s to %s: answered in %.2f ms", request_id, self.name,
                      (time.perf_counter() - started) * 1e3)
-        return InferenceResponse(
-            id=payload.id, model_name=self.name, model_version=self.version,
-            outputs=[_response_output(name, array) for name, array in zip(wanted, outputs)])
+        return wanted, outputs
 
-    def _feeds(self, payload: InferenceRequest) -> dict:
+    def _feeds(self, items: list) -> dict:
         feeds = {}
-        for item in payload.inputs:
-            spec = self._by_name.get(item.name)
+        for name, datatype, shape, data in items:
+            spec = self._by_name.get(name)
             if spec is None:
-                raise InputError(f"model {self.name} has no input '{item.name}'; its inputs "
+                raise InputError(f"model {self.name} has no input '{name}'; its inputs "
                                  f"are {', '.join(self._by_name)}")
-            if item.name in feeds:
-                raise InputError(f"input '{item.name}' is given twice")
-            data = getattr(item.data, "root", item.data)
-            feeds[item.name] = tensors.decode(spec, item.datatype, item.shape, data)
+            if name in feeds:
+                raise InputError(f"input '{name}' is given twice")
+            feeds[name] = tensors.decode(spec, datatype, shape, data)
         missing = [name for name in self._by_name if name not in feeds]
         if missing:
             raise InputError(f"model {self.name} needs input {', '.join(missing)}, which the "
@@ -242,10 +254,10 @@ class MixrtRuntime(MLModel):
                              f"batch")
         return feeds
 
-    def _wanted(self, payload: InferenceRequest) -> tuple:
-        if not payload.outputs:
+    def _wanted(self, asked) -> tuple:
+        if not asked:
             return tuple(self._output_names)
-        wanted = tuple(item.name for item in payload.outputs)
+        wanted = tuple(asked)
         unknown = [name for name in wanted if name not in self._output_names]
         if unknown:
             raise InputError(f"model {self.name} has no output {', '.join(unknown)}; its "

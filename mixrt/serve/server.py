@@ -33,6 +33,7 @@ from mixrt.base.errors import InputError
 from mixrt.serve import metrics, repository, runtime
 from mixrt.serve.binary_rest import BinaryTensors
 from mixrt.serve.control import SupervisorChannels, WorkerChannel
+from mixrt.serve.fast_paths import install_grpc
 
 logger = logging.getLogger("mixrt.serve")
 
@@ -240,6 +241,7 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
     server = MLServer(settings)
     rest = server._rest_server
     rest._app = BinaryTensors(rest._app, server._data_plane, options.max_body_bytes)
+    install_grpc(server._data_plane)
     await _share_repository(server._model_repository_handlers, channel)
     models = await server._model_repository.list()
     await server.start(models)
