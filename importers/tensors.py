@@ -21,6 +21,11 @@ _PLAIN_RAW = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 
 # element type -> the typed field that holds it, where the field's values convert directly
 _TYPED_FIELD = {1: "float_data", 11: "double_data", 6: "int32_data", 7: "int64_data",
                 2: "int32_data", 3: "int32_data", 12: "uint64_data", 13: "uint64_data"}
+# each typed field's own element type, read as that before the cast to the tensor's: NumPy
+# guessed float64 for protobuf 6's uint64 container past 2^63 (a UINT64 tensor's large
+# values came out 0), where protobuf 7's container told it uint64
+_FIELD_DTYPE = {"float_data": np.float32, "double_data": np.float64, "int32_data": np.int32,
+                "int64_data": np.int64, "uint64_data": np.uint64}
 # element types stored as bit patterns in int32_data: the width of each pattern
 _BITS_IN_INT32 = {4: np.uint16, 5: np.uint16, 10: np.uint16, 16: np.uint16, 9: np.uint8}
 
@@ -40,7 +45,9 @@ def to_array(tensor) -> np.ndarray:
         return np.frombuffer(tensor.raw_data, dtype=dtype).reshape(dims)
     if not tensor.HasField("raw_data") and little_endian:
         if code in _TYPED_FIELD:
-            return np.asarray(getattr(tensor, _TYPED_FIELD[code])).astype(dtype).reshape(dims)
+            field = _TYPED_FIELD[code]
+            values = np.fromiter(getattr(tensor, field), dtype=_FIELD_DTYPE[field])
+            return values.astype(dtype).reshape(dims)
         if code in _BITS_IN_INT32:
             bits = np.asarray(tensor.int32_data, dtype=np.int32).view(np.uint32)
             return bits.astype(_BITS_IN_INT32[code]).view(dtype).reshape(dims)
