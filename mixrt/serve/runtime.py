@@ -48,8 +48,9 @@ WARMUP_IMAGE_SIDE = 224
 # max_batch_size rows
 CHECK_ROWS = 8
 
-# prepared models of this process, by (path, device, max rows): the supervisor of several
-# worker processes prepares each before it forks them, so that they share its pages
+# prepared models of this process, by (path, its modification time and size, device, max
+# rows): the supervisor prepares each before it forks its workers, so that they share its
+# pages
 _PREPARED: dict[tuple, "Prepared"] = {}
 
 
@@ -117,8 +118,8 @@ def _warmup_feeds(inputs: list, rows: int, seed: int = 0) -> dict:
                  for i, d in enumerate(spec.shape)]
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == object:
-            feeds[spec.name] = np.full(shape, "", dtype=object)
+        elif dtype == object:  # words, different row to row
+            feeds[spec.name] = rng.choice(np.array(["a", "b c", "d e f"], dtype=object), shape)
         else:  # 0 and 1: valid token ids, masks and segment ids, different row to row
             feeds[spec.name] = rng.integers(0, 2, shape).astype(dtype)
     return feeds
@@ -137,7 +138,7 @@ def _batching_refused(session, inputs: list, outputs: list, max_rows: int) -> st
     checked = min(max_rows, CHECK_ROWS)
     alone = [session.run(None, {n: a[i:i + 1] for n, a in feeds.items()})
              for i in range(checked)]
-    for count in sorted({2, 3, max_rows}):
+    for count in sorted({c for c in (2, 3, max_rows) if c <= max_rows}):
         joined = session.run(None, {n: a[:count] for n, a in feeds.items()})
         for spec, out in zip(outputs, joined):
             if np.ndim(out) == 0 or out.shape[0] != count:

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -140,3 +141,14 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("rows", [2, 5])
+def test_prepare_only_checks_batching_at_any_batch_size_and_exits(model_file, rows):
+    """``--prepare-only`` (an image's build step) prepares as a start would, says whether
+    batching is on, and exits; at a batch of 2 the check joins no more rows than that."""
+    done = subprocess.run([sys.executable, "-m", "mixrt", "serve", str(model_file),
+                           "--max-batch-size", str(rows), "--prepare-only"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "prepared mlp version None: batching on" in done.stderr, done.stderr[-3000:]
