@@ -5,6 +5,8 @@ quantizer (quantize_static in QOperator and QDQ formats, quantize_dynamic)."""
 
 from __future__ import annotations
 
+import zlib
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -23,6 +25,15 @@ from mixrt.runtime.session import load_graph
 MS = "com.microsoft"
 rng = np.random.default_rng(0)
 f32 = np.float32
+
+
+@pytest.fixture(autouse=True)
+def _seeded_by_the_test(request):
+    """Each test draws from a generator seeded by its own id. With one generator for the
+    module, a test's data depended on which tests its pytest-xdist worker had run first,
+    and a marginal draw failed one run in many (MatMulNBits' fed path, 2026-11-26)."""
+    global rng
+    rng = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 # -- one node in both runtimes ---------------------------------------------------------------
@@ -506,8 +517,11 @@ def test_matmul_nbits_matches_onnxruntime(bits, block_size, k, n, zero_points):
         # fed weights take the path that dequantizes at each run
         fed = node_model("MatMulNBits", inputs, [f32], K=k, N=n, bits=bits,
                          block_size=block_size)
+        # it sums each product in another order than onnxruntime's blockwise kernel: an
+        # output near zero cancels terms of the outputs' size, so the bound scales with them
         np.testing.assert_allclose(mixrt.Session(fed).run(None, feeds_of(inputs))[0],
-                                   theirs[0], rtol=1e-5, atol=2e-5)
+                                   theirs[0], rtol=1e-5,
+                                   atol=2e-5 + 1e-6 * np.abs(theirs[0]).max())
 
 
 @pytest.mark.parametrize("rows", [1, 64])
