@@ -37,8 +37,8 @@ from mixrt.serve.fast_paths import install_grpc
 
 logger = logging.getLogger("mixrt.serve")
 
-# how long the supervisor waits for its workers to finish their requests after SIGTERM
-# (Kubernetes' default grace period is 30 s)
+# how long the supervisor waits for its workers to finish their requests after SIGTERM, by
+# default (Kubernetes' default grace period is 30 s)
 SHUTDOWN_GRACE_S = 25.0
 RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement
 
@@ -57,6 +57,7 @@ class ServeOptions:
     device: str = "cpu"
     max_body_mb: float = 64.0
     log_level: str = "info"
+    grace_s: float = SHUTDOWN_GRACE_S  # after SIGTERM, then the workers left are killed
     # prepare the models (compile their kernels into the cache, run the batching check) and
     # exit: a container image's build step
     prepare_only: bool = False
@@ -116,13 +117,7 @@ def _repository_args(options: ServeOptions) -> dict:
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                         socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = _bound_socket(host, port, socket.SO_REUSEADDR, "listen on")
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
@@ -132,14 +127,18 @@ def _reserved_port(host: str, port: int) -> socket.socket:
     """A socket bound to ``port`` with SO_REUSEPORT and never listening: it keeps the port
     (a free one for 0) for the workers' gRPC servers, which bind it beside it (gRPC sets
     SO_REUSEPORT on Linux), while connections go only to listening sockets."""
+    return _bound_socket(host, port, socket.SO_REUSEPORT, "keep for gRPC")
+
+
+def _bound_socket(host: str, port: int, option: int, purpose: str) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
                          socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.SOL_SOCKET, option, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
-        raise InputError(f"cannot use port {port} on {host} for gRPC: {exc.strerror}") \
-            from None
+        sock.close()
+        raise InputError(f"cannot {purpose} {host}:{port}: {exc.strerror}") from None
     return sock
 
 
@@ -182,14 +181,16 @@ class Supervisor:
         self.workers[pid] = index
 
     def _watch(self) -> int:
-        deadline, status = None, 0
+        """Wait on the workers, replacing any that dies, until all have ended after a
+        signal; 1 where some had to be killed at the grace period's end, else 0."""
+        deadline, killed = None, False
         while self.workers:
             if self.stopping and deadline is None:
-                deadline = time.monotonic() + SHUTDOWN_GRACE_S
-            if deadline is not None and time.monotonic() > deadline and status == 0:
-                logger.error("workers still busy %.0f s after the signal: killed",
-                             SHUTDOWN_GRACE_S)
-                status = 1
+                deadline = time.monotonic() + self.options.grace_s
+            if deadline is not None and time.monotonic() > deadline and not killed:
+                logger.error("workers still busy %.1f s after the signal: killed",
+                             self.options.grace_s)
+                killed = True
                 for pid in self.workers:
                     os.kill(pid, signal.SIGKILL)
             try:
@@ -209,7 +210,7 @@ class Supervisor:
                 time.sleep(RESTART_PAUSE_S)
                 self._start(index)
                 self.channels.replay(index)
-        return status
+        return 1 if killed else 0
 
     def _stop(self, signum, frame) -> None:
         del frame

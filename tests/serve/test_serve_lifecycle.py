@@ -152,3 +152,22 @@ def test_prepare_only_checks_batching_at_any_batch_size_and_exits(model_file, ro
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "prepared mlp version None: batching on" in done.stderr, done.stderr[-3000:]
+
+
+def test_workers_still_busy_after_the_grace_period_are_killed_and_the_exit_says_so(
+        model_file, tmp_path):
+    # two requests queue for a 10 s batch behind a first one; SIGTERM allows 1 s
+    server = start_server(model_file, tmp_path / "log", "--max-batch-size", "64",
+                          "--max-delay-ms", "10000", "--grace-s", "1")
+    answers = [None] * 3
+    threads = [threading.Thread(target=ask, args=(server.url, np.ones((1, 12), np.float32),
+                                                  answers, i)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert server.stop(timeout=30) == 1, server.text()[-3000:]
+    assert time.monotonic() - started < 8
+    assert "workers still busy 1.0 s after the signal: killed" in server.text()
+    for thread in threads:
+        thread.join(30)
