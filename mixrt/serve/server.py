@@ -30,6 +30,7 @@ from mlserver.settings import Settings
 from prometheus_client import start_http_server
 
 from mixrt.base.errors import InputError
+from mixrt.ops.device import device_named
 from mixrt.serve import metrics, repository, runtime
 from mixrt.serve.binary_rest import BinaryTensors
 from mixrt.serve.control import SupervisorChannels, WorkerChannel
@@ -41,6 +42,10 @@ logger = logging.getLogger("mixrt.serve")
 # default (Kubernetes' default grace period is 30 s)
 SHUTDOWN_GRACE_S = 25.0
 RESTART_PAUSE_S = 1.0  # between a worker's death and its replacement
+# a worker that dies this soon after its start, this many times in a row, is not started
+# again: the server stops (a model each worker loads itself, a GPU model, that cannot load)
+EARLY_DEATH_S = 10.0
+EARLY_DEATHS = 3
 
 
 @dataclass
@@ -69,6 +74,7 @@ class ServeOptions:
         if self.max_batch_size < 0 or self.max_delay_ms < 0:
             raise InputError(f"--max-batch-size {self.max_batch_size} and --max-delay-ms "
                              f"{self.max_delay_ms}: neither may be negative")
+        device_named(self.device)  # its spelling, without starting CUDA before the fork
         self.extra = {"max_batch_size": self.max_batch_size,
                       "max_delay_ms": self.max_delay_ms, "device": self.device}
 
@@ -148,6 +154,8 @@ class Supervisor:
         self.repo_args = repo_args
         self.http = http
         self.workers: dict[int, int] = {}  # pid -> worker index
+        self.started: dict[int, float] = {}  # worker index -> when it last started
+        self.early_deaths: dict[int, int] = {}  # worker index -> early deaths in a row
         self.stopping = False
         self.channels = SupervisorChannels()
 
@@ -179,11 +187,13 @@ class Supervisor:
                 os._exit(code)
         channel.close()
         self.workers[pid] = index
+        self.started[index] = time.monotonic()
 
     def _watch(self) -> int:
         """Wait on the workers, replacing any that dies, until all have ended after a
-        signal; 1 where some had to be killed at the grace period's end, else 0."""
-        deadline, killed = None, False
+        signal; 1 where some had to be killed at the grace period's end or kept failing at
+        their start, else 0."""
+        deadline, killed, failed = None, False, False
         while self.workers:
             if self.stopping and deadline is None:
                 deadline = time.monotonic() + self.options.grace_s
@@ -205,12 +215,26 @@ class Supervisor:
             if index is not None:
                 self.channels.worker_gone(index)
             if index is not None and not self.stopping:
+                code = os.waitstatus_to_exitcode(status)
+                if self._failing_at_start(index):
+                    logger.error("worker %d (pid %d) ended with status %d within %.0f s of "
+                                 "its start, %d times in a row: stopping (its error is "
+                                 "above)", index, pid, code, EARLY_DEATH_S, EARLY_DEATHS)
+                    self._stop(signal.SIGTERM, None)
+                    failed = True
+                    continue
                 logger.error("worker %d (pid %d) ended with status %d; starting another",
-                             index, pid, os.waitstatus_to_exitcode(status))
+                             index, pid, code)
                 time.sleep(RESTART_PAUSE_S)
                 self._start(index)
                 self.channels.replay(index)
-        return 1 if killed else 0
+        return 1 if killed or failed else 0
+
+    def _failing_at_start(self, index: int) -> bool:
+        """Count an early death of worker ``index``; True once they are too many in a row."""
+        early = time.monotonic() - self.started.get(index, 0.0) < EARLY_DEATH_S
+        self.early_deaths[index] = self.early_deaths.get(index, 0) + 1 if early else 0
+        return self.early_deaths[index] >= EARLY_DEATHS
 
     def _stop(self, signum, frame) -> None:
         del frame

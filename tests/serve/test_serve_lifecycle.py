@@ -26,6 +26,8 @@ if importlib.util.find_spec("mlserver") is None:
 
 import onnxruntime as ort  # noqa: E402
 
+from mixrt.ops.device import gpu_available  # noqa: E402
+
 from serving import mlp_model, start_server  # noqa: E402
 
 
@@ -171,3 +173,26 @@ def test_workers_still_busy_after_the_grace_period_are_killed_and_the_exit_says_
     assert "workers still busy 1.0 s after the signal: killed" in server.text()
     for thread in threads:
         thread.join(30)
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is here: the model would load on it")
+def test_a_model_no_worker_can_load_stops_the_server_instead_of_restarting_forever(
+        model_file, tmp_path):
+    """A GPU model is loaded by each worker (CUDA does not survive the fork), so without a
+    GPU every worker fails at its start; after three such deaths in a row the supervisor
+    stops with status 1 rather than starting workers forever."""
+    log = tmp_path / "log"
+    with open(log, "wb") as sink:
+        done = subprocess.run([sys.executable, "-m", "mixrt", "serve", str(model_file),
+                               "--device", "gpu:0", "--http-port", "0", "--grpc-port", "0",
+                               "--metrics-port", "0", "--host", "127.0.0.1"],
+                              stdout=sink, stderr=subprocess.STDOUT, timeout=120)
+    text = log.read_text(errors="replace")
+    assert done.returncode == 1, text[-3000:]
+    assert "3 times in a row: stopping" in text and "no CUDA GPU is usable here" in text
+
+
+def test_a_misspelled_device_is_refused_before_anything_starts(model_file):
+    done = subprocess.run([sys.executable, "-m", "mixrt", "serve", str(model_file),
+                           "--device", "gpu-0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "device 'gpu-0' is not understood" in done.stderr
