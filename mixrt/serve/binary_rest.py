@@ -5,8 +5,9 @@ tensors as binary by default: the body starts with a JSON header of
 ``Inference-Header-Content-Length`` bytes, and each input whose ``parameters`` carry a
 ``binary_data_size`` has that many raw bytes after it, in input order. The answer is
 binary where the request asked (``binary_data_output``, or an output's ``binary_data``).
-Such a request is decoded here and handed to MLServer's data plane, the path its gRPC front
-end takes with raw contents, so that metrics, readiness and errors are the same.
+Such a request is decoded here; for a mixrt model its bytes go straight to the model and
+the outputs' bytes back (``fast_paths.py``), for another runtime the request goes to
+MLServer's data plane, the path its gRPC front end takes with raw contents.
 
 Every request body is read here first and refused past ``max_body_bytes`` (413), before any
 of it is parsed.
