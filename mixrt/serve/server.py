@@ -15,6 +15,7 @@ to finish the requests they hold.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -179,6 +180,7 @@ class Supervisor:
         if pid == 0:  # the worker
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+            _end_with_the_supervisor()
             self.channels.close_in_worker()
             code = 1
             try:
@@ -246,6 +248,22 @@ class Supervisor:
         # workers have closed their copies
         for pid in self.workers:
             os.kill(pid, signal.SIGTERM)
+
+
+# prctl's option that sends the calling process a signal when its parent exits (Linux)
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_the_supervisor() -> None:
+    """Have the kernel send this worker SIGTERM when the supervisor exits, however it ends
+    (a SIGKILL gives it no chance to pass a signal on): a worker left behind would keep
+    serving on the port with no one to restart or stop it. Linux only; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor ended before the call took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,

@@ -196,3 +196,25 @@ def test_a_misspelled_device_is_refused_before_anything_starts(model_file):
     done = subprocess.run([sys.executable, "-m", "mixrt", "serve", str(model_file),
                            "--device", "gpu-0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "device 'gpu-0' is not understood" in done.stderr
+
+
+def test_workers_end_when_the_supervisor_is_killed(model_file, tmp_path):
+    """SIGKILL gives the supervisor no chance to stop its workers: the kernel's parent-death
+    signal does, rather than leave them serving on the port with no one to restart them."""
+    server = start_server(model_file, tmp_path / "log", "--workers", "2")
+    workers = children_of(server.process.pid)
+    assert len(workers) == 2
+    server.process.kill()
+    server.process.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists()
+                                              and not _zombie(pid) for pid in workers):
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in workers)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
