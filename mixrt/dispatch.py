@@ -28,9 +28,10 @@ from mixrt.runtime import profiler as _profiler
 from mixrt.runtime.engine import get_engine
 from mixrt.runtime.lru import frozen, LruCache
 
-# filled in by mixrt.nd.ndarray / mixrt.autograd (they import this module)
+# handed in by mixrt.nd.ndarray (the array class) and mixrt.tape.recording (the tape), which
+# stand above this module
 NDArray = None
-_autograd = None
+_tape = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,10 +65,10 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
     raw = [_raw_input(spec, i, value, ctx, inputs, failure is None)
            for i, value in enumerate(inputs)]
     count = _output_count(spec, attributes, num_outputs, raw)
-    recording = _autograd is not None and _autograd.needs_tape(inputs)
+    recording = _tape is not None and _tape.needs_tape(inputs)
     produced = count
     if recording:
-        produced = _autograd.forward_outputs(spec, attributes, raw, inputs, count, ctx)
+        produced = _tape.forward_outputs(spec, attributes, raw, inputs, count, ctx)
     prof = _profiler.current()
     started = time.perf_counter() if prof is not None else 0.0
     results = run_kernel(spec, raw, attributes, produced, ctx)
@@ -82,7 +83,7 @@ def _invoke_on(spec, inputs: list, attributes: dict, ctx, num_outputs):
         get_engine().inherit(failure, [output.engine_var() for output in outputs])
     results[:count] = [output._data for output in outputs]  # the tape keeps the owned copies
     if recording:
-        _autograd.record_op(spec, attributes, inputs, raw, results, outputs)
+        _tape.record_op(spec, attributes, inputs, raw, results, outputs)
     return outputs[0] if count == 1 else tuple(outputs)
 
 

@@ -37,9 +37,9 @@ import time
 
 import numpy as np
 
-from mixrt import autograd
-from mixrt.autograd import tape
-from mixrt.autograd.arrays import new_array
+from mixrt import tape
+from mixrt.tape import nodes
+from mixrt.tape.arrays import new_array
 from mixrt.base.errors import InputError
 from mixrt.context import cpu, gpu
 from mixrt.ops.control import custom as _graph_op
@@ -199,7 +199,7 @@ class _Call:
         outputs = [self._zeros(shape, dtype)
                    for shape, dtype in zip(self.out_shapes, self.out_types)]
         with _profiled(f"{self.op_type}::pure_python", self.op_type), \
-                autograd.pause(train_mode=is_train):
+                tape.pause(train_mode=is_train):
             self.operator.forward(is_train=is_train, req=["write"] * len(outputs),
                                   in_data=self.args, out_data=outputs, aux=self.aux)
         return outputs
@@ -207,7 +207,7 @@ class _Call:
     def backward(self, out_grads: list, outputs: list) -> list:
         in_grads = [self._zeros(x.shape, x.dtype) for x in self.args]
         with _profiled(f"_backward_{self.op_type}::pure_python", self.op_type), \
-                autograd.pause():
+                tape.pause():
             self.operator.backward(req=["write"] * len(in_grads), out_grad=out_grads,
                                    in_data=self.args, out_data=outputs, in_grad=in_grads,
                                    aux=self.aux)
@@ -261,10 +261,10 @@ def imperative_custom(*inputs, op_type=None, name=None, out=None, **kwargs):
     inputs = _ordered_inputs(prop, op_type, list(inputs), named)
     ctx = inputs[0].ctx
     call = _Call(prop, op_type, inputs, ctx)
-    outputs = call.forward(autograd.is_training())
-    if autograd.needs_tape(call.args):
+    outputs = call.forward(tape.is_training())
+    if tape.needs_tape(call.args):
         meta = [(o.shape, o.dtype) for o in outputs]
-        node = tape.FunctionNode(_TapeEntry(call, outputs), call.args, ctx, meta)
+        node = nodes.FunctionNode(_TapeEntry(call, outputs), call.args, ctx, meta)
         node.name = op_type
         for index, output in enumerate(outputs):
             output._entry = (node, index)
@@ -313,7 +313,7 @@ class _GraphRunner:
         if len(call.out_shapes) != count:
             raise InputError(f"Custom {op_type!r}: the node has {count} outputs, the op "
                              f"{call.prop.list_outputs()}")
-        return [o._read() for o in call.forward(autograd.is_training())]
+        return [o._read() for o in call.forward(tape.is_training())]
 
     def backward(self, xp, op_type, params, node_key, out_grads, in_data, out_data):
         ctx = _context_of(xp, in_data)

@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from mixrt.autograd.arrays import new_array
+from mixrt.tape.arrays import new_array
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.ops.device import array_module
 from mixrt.runtime import update_rules as rules

@@ -1,4 +1,4 @@
-"""Gradients of gradients: ``autograd.grad(..., create_graph=True)`` (mixrt/autograd/replay.py).
+"""Gradients of gradients: ``autograd.grad(..., create_graph=True)`` (mixrt/tape/replay.py).
 
 Before, create_graph=True was a GradientError, so a gradient penalty (WGAN-GP), a
 Hessian-vector product or a double-backward test could not be written. Each check below is

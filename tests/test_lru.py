@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from mixrt import autograd, nd
-from mixrt.autograd import opgrad
+from mixrt.tape import opgrad
 from mixrt.gluon import hybrid, nn
 from mixrt.runtime.lru import LruCache
 

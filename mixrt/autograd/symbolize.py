@@ -11,12 +11,13 @@ operator has no op to put in a graph, so a recording through one is refused.
 from __future__ import annotations
 
 from mixrt import sym
-from mixrt.autograd import tape
 from mixrt.base.errors import GradientError
 from mixrt.sym.ops import call_op
+from mixrt.tape import nodes
 
 
-def symbol_of(array) -> "sym.Symbol":
+def get_symbol(array) -> "sym.Symbol":
+    """The recorded computation of ``array`` as a Symbol."""
     if getattr(array, "_entry", None) is None:
         if getattr(array, "_grad", None) is not None:
             return sym.Variable("var0")
@@ -24,14 +25,14 @@ def symbol_of(array) -> "sym.Symbol":
                             "autograd.record() from an array with a gradient attached")
     built: dict = {}
     variables: dict = {}
-    for node in sorted(tape._nodes_behind([array]), key=lambda n: n.seq):
+    for node in sorted(nodes._nodes_behind([array]), key=lambda n: n.seq):
         built[id(node)] = _node_symbol(node, built, variables, len(built))
     node, index = array._entry
     return built[id(node)][index]
 
 
 def _node_symbol(node, built: dict, variables: dict, position: int):
-    if not isinstance(node, tape.OpNode):
+    if not isinstance(node, nodes.OpNode):
         raise GradientError(f"get_symbol: the recording passes through {node.name}, Python "
                             f"code with no operator to put in a symbol")
     if node.freed:

@@ -19,8 +19,8 @@ import warnings
 
 import numpy as np
 
-from mixrt import autograd, sym
-from mixrt.autograd import tape
+from mixrt import autograd, sym, tape
+from mixrt.tape import nodes as tape_nodes
 from mixrt.base.errors import DeviceMismatchError, HybridizeError, InputError
 from mixrt.gluon import op_hooks
 from mixrt.gluon.block import Block, ChildChain
@@ -400,13 +400,13 @@ class CachedGraph:
         feeds = {name: a._read() for name, a in zip(self.input_names, arrays)}
         feeds.update({p.name: v._read() for p, v in zip(params, values)})
         self.last_shapes = {n: tuple(a.shape) for n, a in zip(self.input_names, arrays)}
-        recording = autograd.needs_tape([*arrays, *values])
+        recording = tape.needs_tape([*arrays, *values])
         training = autograd.is_training()
         if not recording and not (training and self._has_training_form()):
             session = self._compiled_for(arrays, ctx).inference(ctx)
             outputs = session.run_on_device(None, _only(feeds, session))
             return self._wrap(outputs, ctx)
-        wants = tuple(tape._parent_of(x) is not None and x.dtype.kind == "f"
+        wants = tuple(tape_nodes._parent_of(x) is not None and x.dtype.kind == "f"
                       for x in [*arrays, *values])
         pair = self._compiled_for(arrays, ctx).training(
             ctx, training, wants, [*self.input_names, *self.params])
@@ -506,7 +506,7 @@ class _Compiled:
         return self._training[key]
 
 
-class _CachedOpNode(tape.Node):
+class _CachedOpNode(tape_nodes.Node):
     """A hybridized block on the tape: backward runs the compiled backward graph."""
 
     __slots__ = ("pair", "saved", "names")

@@ -19,13 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 import mixrt.ops  # noqa: F401  (registers every kernel)
-from mixrt import autograd as _autograd, dispatch
+from mixrt import dispatch, tape
 from mixrt.context import as_context
 from mixrt.base.errors import InputError
 from mixrt.nd.ndarray import NDArray
 from mixrt.op_specs import generate, install
 
-_autograd._connect_dispatcher()
+tape.connect_dispatcher()
 
 OPERATORS = install(globals(), generate(dispatch.make_function))
 

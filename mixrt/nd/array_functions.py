@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt import autograd, dispatch
+from mixrt import dispatch, tape
 from mixrt.ops.device import add_at
 
 
@@ -17,7 +17,7 @@ def _is_array(value) -> bool:
     return hasattr(value, "_read") and hasattr(value, "ctx")
 
 
-class Index(autograd.Function):
+class Index(tape.Function):
     """``x[key]``: NumPy indexing forward (``view``, when given, is the result already cut
     from ``x``'s memory: MXNet's basic indexing shares it); backward adds the gradient into
     zeros at ``key`` (``add.at``, so an index that repeats gets every contribution)."""
@@ -41,7 +41,7 @@ class Index(autograd.Function):
         return IndexAdd(self.key, shape, dtype)(dy)  # a Function, so create_graph sees it
 
 
-class IndexAdd(autograd.Function):
+class IndexAdd(tape.Function):
     """Index's backward: ``dy`` added into zeros at ``key``. Its own backward reads
     ``key`` again, so gradients of gradients through indexing flow (autograd's
     create_graph records this Function like any other)."""
@@ -60,7 +60,7 @@ class IndexAdd(autograd.Function):
         return Index(self.key)(ddx)
 
 
-class CopyToDevice(autograd.Function):
+class CopyToDevice(tape.Function):
     """The one way across devices; the gradient comes back to the source device."""
 
     def __init__(self, ctx):
@@ -82,7 +82,7 @@ def copied_to(x, ctx):
         return type(x)(ctx.device.put(x._read()).copy(), ctx)
 
 
-class FloorMod(autograd.Function):
+class FloorMod(tape.Function):
     """``a % b`` of float arrays as MXNet (and Python) compute it: the result takes the sign
     of ``b`` (``-1 % 2 == 1``; ``x % 0 == 0``, as MXNet). ONNX's ``Mod`` on floats is C's
     ``fmod`` (the sign of ``a``) and has no gradient; this one has MXNet's: ``1`` for ``a``,

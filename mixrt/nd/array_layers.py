@@ -29,7 +29,7 @@ import functools
 
 import numpy as np
 
-from mixrt import autograd, dispatch, layers
+from mixrt import dispatch, layers, tape
 from mixrt.base.errors import InputError
 from mixrt.layers.call import LayerCall, ShapeRule
 from mixrt.nd.mxnet_args import (_array, _axis, _choice, _int, _invoke, _made_on, _op,
@@ -88,14 +88,14 @@ class ArrayCall(LayerCall):
         return value.dtype
 
     def in_training(self) -> bool:
-        return autograd.is_training()
+        return tape.is_training()
 
     def batch_normalization(self, x, scale, beta, mean, var, eps, momentum, output_mean_var,
                             role):
         """In training, the batch's statistics, and ``mean`` and ``var`` updated in place
         (as ``gluon.nn.BatchNorm`` does); else the running ones."""
         options = {"epsilon": eps, "momentum": momentum}
-        training = autograd.is_training()
+        training = tape.is_training()
         # the op reads detached statistics: the in-place update below then changes nothing
         # the tape recorded (the training-mode gradient never reads them)
         stats = [mean.detach(), var.detach()]
@@ -108,7 +108,7 @@ class ArrayCall(LayerCall):
         extra = list(_batch_norm_statistics(x, stats, training, eps)) if output_mean_var \
             else []
         if training:
-            with autograd.pause(train_mode=True):
+            with tape.pause(train_mode=True):
                 mean[:] = new_mean
                 var[:] = new_var
         return y, extra
@@ -159,7 +159,7 @@ def _moved_back(data: NDArray, undo: list) -> NDArray:
 def _batch_norm_statistics(x, stats, training, eps) -> tuple[NDArray, NDArray]:
     """(mean, 1 / sqrt(var + eps)) per channel (axis 1 of ``x``): the batch's in training,
     else the moving ones."""
-    with autograd.pause(train_mode=autograd.is_training()):
+    with tape.pause(train_mode=tape.is_training()):
         if training:
             axes = [0] + list(range(2, x.ndim))
             mean = x.mean(axis=axes)
@@ -190,7 +190,7 @@ def LayerNorm(data, gamma, beta, axis=-1, eps=1e-5, output_mean_var=False, name=
     out = _moved_back(y, undo)
     if not output_mean_var:
         return out
-    with autograd.pause(train_mode=autograd.is_training()):
+    with tape.pause(train_mode=tape.is_training()):
         mean = data.mean(axis=axis, keepdims=True)
         centred = data - mean
         std = _op("Sqrt", [(centred * centred).mean(axis=axis, keepdims=True) + eps])
@@ -251,7 +251,7 @@ def _mxnet_dropout(data, p, mode, axes) -> NDArray:
         raise InputError(f"{fn}: p must be in [0, 1), got {p}")
     _choice(fn, "mode", mode, ("training", "always"))
     shared = {_axis(fn, a, data.ndim, "axes") for a in _tuple(fn, "axes", axes)}
-    if p == 0.0 or (mode == "training" and not autograd.is_training()):
+    if p == 0.0 or (mode == "training" and not tape.is_training()):
         return _op("Identity", [data])
     ratio = _scalar(p, data)
     if not shared:
@@ -402,7 +402,7 @@ def _softmax_output(layer: ArrayCall, data, label, options):
     classes = data.shape[axis]
     if options.smooth_alpha and classes < 2:
         raise layer.error(f"smooth_alpha needs at least 2 classes, got {classes}")
-    with autograd.pause(train_mode=autograd.is_training()):
+    with tape.pause(train_mode=tape.is_training()):
         index = label.reshape(label_shape).astype(np.int64)
         ignored = _ints([int(options.ignore_label)], index.ctx).reshape(())
         counted = _op("Not", [_op("Equal", [index, ignored])])
@@ -437,7 +437,7 @@ class _SoftmaxOutputSettings:
         self.smooth_alpha, self.out_grad, self.counted = smooth_alpha, out_grad, counted
 
 
-class _SoftmaxOutputFunction(autograd.Function):
+class _SoftmaxOutputFunction(tape.Function):
     """The softmax forward, with MXNet's backward (see ``SoftmaxOutput``)."""
 
     def __init__(self, settings: _SoftmaxOutputSettings, index: NDArray):

@@ -15,8 +15,8 @@ imports nothing from ``mixrt.sym``, which itself builds on ``mixrt.nd``.
 
 from __future__ import annotations
 
-from mixrt import autograd
-from mixrt.autograd.replay import replay
+from mixrt import tape
+from mixrt.tape.replay import replay
 from mixrt.base.errors import DeviceMismatchError, InputError, ShapeError
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime.lru import LruCache
@@ -50,7 +50,7 @@ class CachedOp:
 
     def _run(self, inputs: list, ctx) -> list:
         compiled = self._compiled_for(inputs, ctx)
-        if autograd.needs_tape(inputs):  # op by op, so the tape sees each one
+        if tape.needs_tape(inputs):  # op by op, so the tape sees each one
             return replay(compiled.graph, dict(zip(self.input_names, inputs)), ctx)
         feeds = {name: array._read() for name, array in zip(self.input_names, inputs)}
         return [NDArray(value, ctx) for value in compiled.session().run_on_device(None, feeds)]

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import tape
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import as_context, current_context
 from mixrt.nd.mxnet_args import (_array, _axis, _index_array, _int, _into, _made_on, _op,
@@ -95,7 +95,7 @@ def adamw_update(weight, grad, mean, var, rescale_grad, lr, eta, beta1=0.9, beta
     scale = _rescale(fn, rescale_grad)
     if not np.isfinite(scale) or scale == 0:
         return _into(fn, out, weight.copy())
-    with autograd.pause(), weight.ctx.device.active():  # CuPy computes on the current GPU
+    with tape.pause(), weight.ctx.device.active():  # CuPy computes on the current GPU
         new = _adamw_step(fn, weight, grad, mean, var, scale, lr, eta, beta1, beta2,
                           epsilon, wd, clip_gradient)
         return _written(fn, weight, out, new)
@@ -112,7 +112,7 @@ def mp_adamw_update(weight, grad, mean, var, weight32, rescale_grad, lr, eta, be
     scale = _rescale(fn, rescale_grad)
     if not np.isfinite(scale) or scale == 0:
         return _into(fn, out, weight.copy())
-    with autograd.pause(), weight.ctx.device.active():
+    with tape.pause(), weight.ctx.device.active():
         new = _adamw_step(fn, weight32, grad, mean, var, scale, lr, eta, beta1, beta2,
                           epsilon, wd, clip_gradient)
         weight32._write()[...] = new
@@ -205,7 +205,7 @@ def _multi_adamw(fn: str, data: tuple, per_weight: int, lrs, wds, etas, beta1, b
         if not np.isfinite(scale) or scale == 0:  # MXNet skips the whole step
             results.append(weight.copy() if target is None else target)
             continue
-        with autograd.pause(), weight.ctx.device.active():
+        with tape.pause(), weight.ctx.device.active():
             new = _multi_adamw_step(weight, grad, mean, var, master, scale, lrs[index],
                                     wds[index], etas[index], beta1, beta2, epsilon,
                                     clip_gradient)
@@ -304,7 +304,7 @@ def _multi_lamb(fn: str, data: tuple, per_weight: int, learning_rates, wds, step
     for index, arrays in enumerate(groups):
         weight, grad, mean, var = arrays[:4]
         master = arrays[4] if per_weight == 5 else None
-        with autograd.pause(), weight.ctx.device.active():
+        with tape.pause(), weight.ctx.device.active():
             direction = _lamb_direction(weight, grad, mean, var, master, steps[index],
                                         decays[index], beta1, beta2, epsilon, rescale_grad,
                                         clip_gradient, bias_correction)
@@ -432,7 +432,7 @@ def quadratic(data, a=0.0, b=0.0, c=0.0, out=None, name=None):
     return _into("quadratic", out, data * data * float(a) + data * float(b) + float(c))
 
 
-class _GradientMultiplier(autograd.Function):
+class _GradientMultiplier(tape.Function):
     def __init__(self, scalar: float):
         super().__init__()
         self.scalar = scalar

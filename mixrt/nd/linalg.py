@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import tape
 from mixrt.base.errors import InputError
 from mixrt.nd.mxnet_args import _array, _axis, _int, _ints, _invoke, _made_on, _op
 from mixrt.nd.mxnet_shape import moveaxis, pad
@@ -219,7 +219,7 @@ def _lower_to_upper(xp, m):
     return lower + _mT(xp.tril(m, -1))
 
 
-class _Cholesky(autograd.Function):
+class _Cholesky(tape.Function):
     def forward(self, a):
         xp, raw = _host_like(a)
         self.factor = xp.linalg.cholesky(raw)
@@ -240,7 +240,7 @@ def potrf(A, name=None):
     return _Cholesky()(_matrices("potrf", "A", A, square=True))
 
 
-class _LQ(autograd.Function):
+class _LQ(tape.Function):
     def forward(self, a):
         xp, raw = _host_like(a)
         q_t, r = xp.linalg.qr(_mT(raw))  # A.T = Q' R, so A = R.T Q'.T
@@ -268,7 +268,7 @@ def gelqf(A, name=None):
     return list(_LQ()(a))
 
 
-class _SymmetricEigen(autograd.Function):
+class _SymmetricEigen(tape.Function):
     def forward(self, a):
         xp, raw = _host_like(a)
         values, vectors = xp.linalg.eigh(raw)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mixrt import autograd
+from mixrt import tape
 from mixrt.base.errors import InputError
 from mixrt.nd.mxnet_args import (_INT64_MAX, _array, _axis, _choice, _clip_or_wrap, _dtype,
                                  _index_array, _int, _ints, _invoke, _made_on, _op, _tuple)
@@ -224,7 +224,7 @@ def argsort(data, axis=-1, is_ascend=True, dtype="float32", name=None):
 
 
 def _paused():
-    return autograd.pause(train_mode=autograd.is_training())
+    return tape.pause(train_mode=tape.is_training())
 
 
 def argmax(data, axis=None, keepdims=False, name=None):

@@ -40,9 +40,9 @@ import functools
 
 import numpy as np
 
-from mixrt import autograd, dispatch
+from mixrt import dispatch, tape
 from mixrt.array_methods import ArrayMethods
-from mixrt.autograd.arrays import use_array_type
+from mixrt.tape.arrays import use_array_type
 from mixrt.context import as_context, Context
 from mixrt.base import STORAGE_TYPE_IDS
 from mixrt.base.errors import DeviceMismatchError, GradientError, InputError
@@ -112,7 +112,7 @@ class NDArray(ArrayMethods):
 
     def _write(self):
         """The data, for an in-place write that follows (bumps the version)."""
-        if autograd.is_recording() and (self._entry is not None or self._grad is not None):
+        if tape.is_recording() and (self._entry is not None or self._grad is not None):
             raise GradientError(
                 "in-place write to an array autograd is recording (it was computed under "
                 "record() or has a gradient attached); write `y = x + v` instead of "
@@ -359,8 +359,8 @@ class NDArray(ArrayMethods):
 
     def backward(self, out_grad=None, retain_graph: bool = False,
                  train_mode: bool = True) -> None:
-        autograd.backward([self], None if out_grad is None else [out_grad],
-                          retain_graph=retain_graph, train_mode=train_mode)
+        tape.backward([self], None if out_grad is None else [out_grad],
+                      retain_graph=retain_graph, train_mode=train_mode)
 
     # -- operators ---------------------------------------------------------------------
 
@@ -538,7 +538,7 @@ class NDArray(ArrayMethods):
 def _refuse_recorded_value(value: NDArray, what: str) -> None:
     """MXNet's rule: while recording, an in-place write of a value autograd follows would
     lose its gradient (the target is no node of the tape)."""
-    if autograd.is_recording() and (value._entry is not None or value._grad is not None):
+    if tape.is_recording() and (value._entry is not None or value._grad is not None):
         raise GradientError(f"{what}: Inplace operations (+=, -=, x[:]=, etc) are not "
                             f"supported when recording with autograd: the value is on the "
                             f"tape and its gradient would be lost; compute a new array "

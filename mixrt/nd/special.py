@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from mixrt import autograd
+from mixrt import tape
 from mixrt.nd.mxnet_args import _array
 from mixrt.ops.elementwise.elementwise import erf_values
 
@@ -85,7 +85,7 @@ def _erfinv(xp, y):
     return xp.where(xp.abs(y) == 1, xp.copysign(xp.inf, y), x)
 
 
-class _Special(autograd.Function):
+class _Special(tape.Function):
     """y = value(x), dy/dx = slope(x, y), in float64, returned in x's dtype."""
 
     def __init__(self, value, slope):

@@ -12,7 +12,7 @@ GradientError naming it.
 
 from __future__ import annotations
 
-from mixrt.autograd.arrays import new_array
+from mixrt.tape.arrays import new_array
 from mixrt import dispatch
 
 

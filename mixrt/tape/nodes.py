@@ -13,9 +13,9 @@ import itertools
 import traceback
 import weakref
 
-from mixrt.autograd import opgrad
-from mixrt.autograd.arrays import new_array
-from mixrt.autograd.replay import replay
+from mixrt.tape import opgrad
+from mixrt.tape.arrays import new_array
+from mixrt.tape.replay import replay
 from mixrt.base.errors import GradientError
 
 
