@@ -11,7 +11,7 @@ scatters W^T dY back with strided adds over the same cold columns. Here:
   stride phases, dY packed into panels of output channels, every (8 channels, tap) strip
   multiplied into them along the output positions, no columns at all;
 * other dW take the batch a few images at a time, their columns written side by side into
-  the per-thread workspace (conv_cpu.py's), small enough to stay in cache for the matmul,
+  the per-thread workspace (im2col_cpu.py's), small enough to stay in cache for the matmul,
   whose result goes straight into the output (later parts add a small partial product);
 * dX of a stride-1 convolution is itself a convolution: of dY with W's kernel flipped and its
   channel axes swapped, padded by the kernel's reach less the forward's pads. That runs
@@ -161,7 +161,7 @@ def _parts(n: int, bytes_per_image: int, length: int):
 # -- dW -----------------------------------------------------------------------------------
 
 def row_weight_grad_into(dY, X, dw, window: _Window):
-    """dW of a stride-1 convolution by kernel rows (conv_cpu._KernelRows read backwards):
+    """dW of a stride-1 convolution by kernel rows (shifted_cpu._KernelRows read backwards):
     with ``shifted[b, c, r, j] = padded[c, r, j + b*dw]``, dW[:, :, a, :] is dY times the
     column range of ``shifted`` that starts a*dh rows down. A part's images sit one after
     another in the columns, dY laid on the same grid (zeros in the rows past each image's

@@ -10,6 +10,8 @@ import pytest
 
 import mixrt.ops.conv.conv_cpu as conv_cpu
 import mixrt.ops.conv.conv_grad_cpu as conv_grad_cpu
+import mixrt.ops.conv.im2col_cpu as im2col_cpu
+import mixrt.ops.conv.shifted_cpu as shifted_cpu
 from mixrt.ops.elementwise.activation_grad import relu_grad, relu_grad_cpu
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.conv.conv_grad import conv_grad, max_pool_grad
@@ -239,10 +241,10 @@ def test_conv_grad_keeps_float64():
 @pytest.mark.parametrize("x_shape, w_shape, attributes", CONV_CASES[:6])
 def test_conv_batched_and_per_image_match_generic(monkeypatch, batch_pixels, x_shape,
                                                   w_shape, attributes):
-    monkeypatch.setattr(conv_cpu, "BATCH_PIXELS", batch_pixels)
-    monkeypatch.setattr(conv_cpu, "BAND_BYTES", 4096)  # several parts, a short last one
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_RATIO", 10 ** 9)
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_PIXELS", 10 ** 9)
+    monkeypatch.setattr(im2col_cpu, "BATCH_PIXELS", batch_pixels)
+    monkeypatch.setattr(im2col_cpu, "BAND_BYTES", 4096)  # several parts, a short last one
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_RATIO", 10 ** 9)
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_PIXELS", 10 ** 9)
     x, w, b = randn(5, *x_shape[1:]), randn(*w_shape), randn(w_shape[0])
     want = conv(np, x, w, b, **attributes)
     out = np.full(want.shape, np.nan, np.float32)
@@ -259,8 +261,8 @@ def test_shift_add_forward_and_input_grad_match_generic(monkeypatch, x_shape, w_
                                                         attributes):
     """Shift-and-add (its runs summed per block of output channels), for the forward and for
     the flipped convolution that gives dX."""
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_RATIO", 0)
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_PIXELS", 0)
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_RATIO", 0)
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_PIXELS", 0)
     dy, x, w = _conv_case(x_shape, w_shape, attributes)
     np.testing.assert_allclose(conv_cpu.conv_cpu(np, x, w, **attributes),
                                conv(np, x, w, **attributes), rtol=1e-5, atol=1e-4)
@@ -276,7 +278,7 @@ STRIDE_ONE = [case for case in CONV_CASES if case[2].get("strides", [1])[0] == 1
 def test_kernel_rows_match_generic(monkeypatch, x_shape, w_shape, attributes):
     """One matmul per kernel row over row-shifted copies: forward, fused epilogue, and the
     flipped convolution that gives dX."""
-    monkeypatch.setattr(conv_cpu, "KERNEL_ROWS_PIXELS", 0)
+    monkeypatch.setattr(shifted_cpu, "KERNEL_ROWS_PIXELS", 0)
     dy, x, w = _conv_case(x_shape, w_shape, attributes)
     b = randn(w_shape[0])
     want = conv(np, x, w, b, **attributes)
@@ -294,7 +296,7 @@ def test_kernel_rows_match_generic(monkeypatch, x_shape, w_shape, attributes):
 def test_kernel_row_weight_grad_matches_generic(monkeypatch, x_shape, w_shape, attributes):
     """dW by kernel rows, two images to a part over a batch of five (a shorter last part,
     whose left-over rows must add nothing)."""
-    monkeypatch.setattr(conv_cpu, "KERNEL_ROWS_PIXELS", 0)
+    monkeypatch.setattr(shifted_cpu, "KERNEL_ROWS_PIXELS", 0)
     monkeypatch.setattr(conv_grad_cpu, "_parts", lambda n, size, length: (
         [(start, min(start + 2, n)) for start in range(0, n, 2)], 2))
     dy, x, w = _conv_case((5,) + x_shape[1:], w_shape, attributes)
@@ -324,8 +326,8 @@ STRIDED = [case for case in CONV_CASES if case[2].get("strides", [1])[0] > 1] + 
 def test_phase_plane_columns_match_generic(monkeypatch, x_shape, w_shape, attributes):
     """Strided columns taken from the image's stride phases (the stem's path), forward and
     weight gradient."""
-    monkeypatch.setattr(conv_cpu, "PHASE_TAPS", 0)
-    monkeypatch.setattr(conv_cpu, "BATCH_PIXELS", 0)
+    monkeypatch.setattr(im2col_cpu, "PHASE_TAPS", 0)
+    monkeypatch.setattr(im2col_cpu, "BATCH_PIXELS", 0)
     dy, x, w = _conv_case(x_shape, w_shape, attributes)
     np.testing.assert_allclose(conv_cpu.conv_cpu(np, x, w, **attributes),
                                conv(np, x, w, **attributes), rtol=1e-5, atol=1e-4)

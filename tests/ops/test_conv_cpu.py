@@ -1,10 +1,13 @@
-"""The CPU fast paths of Conv (ops/conv/conv_cpu.py) against the generic kernel: im2col bands and
-shift-and-add, with padding, dilation, batches and the fused epilogue."""
+"""The CPU fast paths of Conv (ops/conv/conv_cpu.py, im2col_cpu.py, shifted_cpu.py) against the
+generic kernel: im2col bands and shift-and-add, with padding, dilation, batches and the fused
+epilogue."""
 
 import numpy as np
 import pytest
 
 import mixrt.ops.conv.conv_cpu as conv_cpu
+import mixrt.ops.conv.padding_cpu as padding_cpu
+import mixrt.ops.conv.shifted_cpu as shifted_cpu
 from mixrt.ops.compiled import workspace
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.nn import fused
@@ -30,8 +33,8 @@ def method(request, monkeypatch):
     """Force one of the two stride-1 algorithms, whatever the channel counts."""
     never, always = 10 ** 9, 0
     chosen = always if request.param == "shift_add" else never
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_RATIO", chosen)
-    monkeypatch.setattr(conv_cpu, "SHIFT_ADD_PIXELS", chosen)
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_RATIO", chosen)
+    monkeypatch.setattr(shifted_cpu, "SHIFT_ADD_PIXELS", chosen)
     return request.param
 
 
@@ -143,12 +146,12 @@ def test_sessions_prepack_constant_conv_weights_only():
         np.testing.assert_allclose(got, expected * scale, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kept_bytes", [conv_cpu.PADDING_BYTES_KEPT, 1])
+@pytest.mark.parametrize("kept_bytes", [padding_cpu.PADDING_BYTES_KEPT, 1])
 def test_kept_paddings_stay_zero_across_shapes_pads_and_evictions(kept_bytes, monkeypatch):
     """Convs of one input shape with different pads, im2col, kernel rows and shift-and-add
     (whose padded planes carry a zero spill) interleaved, with every padding kept or each
     one evicted by the next: all equal the generic kernel, call after call."""
-    monkeypatch.setattr(conv_cpu, "PADDING_BYTES_KEPT", kept_bytes)
+    monkeypatch.setattr(padding_cpu, "PADDING_BYTES_KEPT", kept_bytes)
     monkeypatch.setitem(workspace.workspace_state(), "paddings", {})
     rng = np.random.default_rng(6)
     cases = [((1, 8, 12, 12), (16, 8, 3, 3), dict(pads=[1, 1, 1, 1])),  # kernel rows
