@@ -17,7 +17,7 @@ from mixrt import autograd
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime.session import Session
 from mixrt.sym import monitoring
-from mixrt.sym.executor import _only, training_graph
+from mixrt.sym.training_graphs import feeds_for, training_graph
 
 # the imperative run trace() makes to settle deferred parameter shapes runs hybridized
 # children, which call no op hook then: MXNet settles shapes without running anything
@@ -61,7 +61,7 @@ def report(cached, compiled, arrays: list, ctx) -> None:
     session = _monitored(compiled, ctx, layers, autograd.is_training())
     values = dict(feeds)
     values.update(zip(session.graph.output_names,
-                      session.run_on_device(None, _only(feeds, session))))
+                      session.run_on_device(None, feeds_for(feeds, session))))
     for layer in layers:
         op_name = layer.op.encode()
         if monitor_all:

@@ -8,7 +8,7 @@ call, when the parameter is also initialized.
 Dropout and BatchNorm behave differently in training (``autograd.record()`` or
 ``autograd.train_mode()``). Imperatively they read ``autograd.is_training()``; traced, they
 are written in inference form and the hybridized executor switches them to training and
-writes BatchNorm's running statistics back (``mixrt.sym.executor.training_graph``), so both
+writes BatchNorm's running statistics back (``mixrt.sym.training_graphs.training_graph``), so both
 modes compute the same thing.
 """
 
