@@ -1,4 +1,4 @@
-"""1x1 convolutions over small planes (fewer than ``conv_direct_cpu.POINTWISE_POSITIONS``
+"""1x1 convolutions over small planes (fewer than ``direct_forms.POINTWISE_POSITIONS``
 pixels, the mobile networks' last stages at 7x7 and below) as a product of pixel rows with
 the packed weight.
 
@@ -18,7 +18,7 @@ session, a 1x1 convolution with HardSigmoid after it, 2026-11-25: 40 -> 120 at 6
 multiply-adds) 52 -> 31 us a run, 64 -> 64 at 4x4 48 -> 26, 16 -> 16 at 6x6 46 -> 25
 (onnxruntime 16, 10, 7).
 
-Expansions of 16 pixels and more (``conv_direct_cpu.small_expansion``) go to the direct
+Expansions of 16 pixels and more (``direct_forms.small_expansion``) go to the direct
 form's packed strips instead, whose tile stores the large output transposed with its
 epilogue.
 """
@@ -34,7 +34,7 @@ from mixrt.ops.nn import matmul_cpu
 from mixrt.ops.panels import native_parts
 
 # planes from this many pixels take the direct form's weight on the left
-# (conv_direct_cpu.POINTWISE_POSITIONS); a single pixel is ops/conv/one_pixel.py's
+# (direct_forms.POINTWISE_POSITIONS); a single pixel is ops/conv/one_pixel.py's
 MAX_PIXELS = 7 * 7 - 1
 MIN_PIXELS = 2
 # without the panel tile, larger planes take the BLAS's product with the weight on the left

@@ -10,6 +10,7 @@ import pytest
 
 import mixrt.ops.conv.conv_cpu as conv_cpu
 import mixrt.ops.conv.conv_grad_cpu as conv_grad_cpu
+import mixrt.ops.conv.direct_forms as direct_forms
 import mixrt.ops.conv.im2col_cpu as im2col_cpu
 import mixrt.ops.conv.shifted_cpu as shifted_cpu
 from mixrt.ops.elementwise.activation_grad import relu_grad, relu_grad_cpu
@@ -93,7 +94,7 @@ def test_conv_grad_input_grad_through_the_direct_convolution(monkeypatch, x_shap
     from mixrt.ops.compiled import jit_cpu
     from mixrt.ops.conv import conv_direct_cpu
     monkeypatch.setattr(conv_direct_cpu, "VARYING_MIN_POSITIONS", 0)
-    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(direct_forms, "POINTWISE_POSITIONS", 0)
     taken = []
     real = conv_direct_cpu.conv
     monkeypatch.setattr(conv_direct_cpu, "conv", lambda *a, **k: taken.append(1) or real(*a, **k))

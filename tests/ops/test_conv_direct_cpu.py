@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.conv import conv_direct_cpu, pointwise_rows
+from mixrt.ops.conv import conv_direct_cpu, direct_forms, direct_layout, pointwise_rows
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
 from mixrt.ops.nn import fused
@@ -55,9 +55,9 @@ def every_shape(monkeypatch):
     """The direct path for every 2-D convolution of one group, 1x1 ones whatever their size
     (none as pixel rows, ops/conv/pointwise_rows.py)."""
     monkeypatch.setattr(pointwise_rows, "MAX_PIXELS", 0)
-    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
-    monkeypatch.setattr(conv_direct_cpu, "STRIDED_POINTWISE_POSITIONS", 0)
-    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_PANEL_BYTES", 1 << 40)
+    monkeypatch.setattr(direct_forms, "POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(direct_forms, "STRIDED_POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(direct_forms, "POINTWISE_PANEL_BYTES", 1 << 40)
 
 
 GEOMETRIES = [  # (C, H, W), (M, kh, kw), strides, pads, dilations
@@ -79,7 +79,7 @@ GEOMETRIES = [  # (C, H, W), (M, kh, kw), strides, pads, dilations
 def tap_form(request, monkeypatch):
     """Kernels of several taps through the tap tile, or with the weight on the left
     wherever their output channels come in whole strips (whatever their taps)."""
-    monkeypatch.setattr(conv_direct_cpu, "LEFT_TAPS_MAX_K",
+    monkeypatch.setattr(direct_forms, "LEFT_TAPS_MAX_K",
                         0 if request.param == "tap tile" else 1 << 30)
     return request.param
 
@@ -136,7 +136,7 @@ def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeyp
     X, W = _rand(1, 8, 40, 40), _rand(24, 8, 3, 3)
     want = _expected(X, W, pads=[1, 1, 1, 1])
     for rows_split_min in (1, 1000):  # rows (each thread its own planes), then channels
-        monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", rows_split_min)
+        monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", rows_split_min)
         got, prepacked = _direct(X, W, pads=[1, 1, 1, 1])
         (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
         assert plan.by_rows == (rows_split_min == 1)
@@ -336,8 +336,8 @@ def test_which_convolutions_take_it():
         prepacked: dict = {}
         assert conv_direct_cpu.suits(x, w, 1, found_1x1, None, prepacked)
         kernel, strides, out_dims = found_1x1[0], found_1x1[1], found_1x1[6]
-        assert conv_direct_cpu._weight_on_the_left(channels, strides, out_dims) == left
-        assert conv_direct_cpu._strided_pointwise(kernel, strides, channels, out_dims,
+        assert direct_forms._weight_on_the_left(channels, strides, out_dims) == left
+        assert direct_forms._strided_pointwise(kernel, strides, channels, out_dims,
                                                   64) != left
     # a strided 1x1 the weight-on-the-left form leaves: packed into strips
     x, w = _rand(1, 1024, 14, 14), _rand(2048, 1024, 1, 1)
@@ -356,7 +356,7 @@ def test_tiles_of_seven_outputs_where_outputs_come_in_sevens():
 def test_seven_output_tiles_match_the_reference(image, split_rows, monkeypatch):
     """7x7 planes (7 tiles of 7), 14x14 ones (28 of 7) and 20 outputs (two of 7, then 6
     through the spill), with the bias, a residual and a Relu in the tile's store."""
-    monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", 1 if split_rows else 1000)
+    monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 1 if split_rows else 1000)
     X, W, B = _rand(1, *image), _rand(37, image[0], 3, 3), _rand(37)
     Z = _rand(1, 37, *image[1:])
     got = fused_conv(np, X, W, B, Z, pads=[1] * 4, activation="Relu", _prepacked={})
@@ -377,7 +377,7 @@ STRIDED_POINTWISE = [  # (C, H, W), M, strides, pads: packed into strips of outp
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_strided_pointwise_reads_its_input_packed_into_strips(image, m, strides, pads, dtype,
                                                                with_residual, monkeypatch):
-    monkeypatch.setattr(conv_direct_cpu, "ROWS_SPLIT_MIN", 4)
+    monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 4)
     X, W, B = _rand(2, *image, dtype=dtype), _rand(m, image[0], 1, 1, dtype=dtype), \
         _rand(m, dtype=dtype)
     out_dims = [(d + pads[i] + pads[i + 2] - 1) // s + 1
@@ -583,7 +583,7 @@ def test_a_weight_that_varies_is_packed_again_on_every_call(c, kernel, strides, 
     path and packs its weight on each call: a weight changed in place, under the same
     address, gives the new result (no replay, no stale panels), and the caller's first
     weight is never written."""
-    monkeypatch.setattr(conv_direct_cpu, "POINTWISE_POSITIONS", 0)
+    monkeypatch.setattr(direct_forms, "POINTWISE_POSITIONS", 0)
     pads = [k // 2 for k in kernel] * 2
     X, W = _rand(2, c, 48, 48), _rand(m, c, *kernel)
     first = W.copy()

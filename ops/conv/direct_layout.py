@@ -1,0 +1,224 @@
+"""What a direct convolution's node geometry fixes, made once per session node and input
+shape (:func:`layout`): the stride phases' shape, each tap's offset into them, the packed
+weight (:class:`_Layout`), and how the native driver splits an image between threads
+(:class:`_NativeParts`). ``conv_direct_cpu.py`` runs calls over them; ``direct_forms.py``
+chose the form they are laid out for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.parallel import intra_op_threads, thread_parts
+from mixrt.ops.conv.direct_forms import STRIP, _left_taps, _strided_pointwise
+
+# output rows per thread from which the threads split the image's rows (each building its
+# own phase planes: an image written by one core and read by the other cost ~20%) rather
+# than the output channels
+ROWS_SPLIT_MIN = 8
+# weight bytes per block of output channels (1x1 form): a block stays in L2 (1 MiB here)
+# while the outputs pass over it
+WEIGHT_BLOCK_BYTES = 1 << 18
+
+
+def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
+           constant=False) -> _Layout:
+    """The node's :class:`_Layout` for this input shape and dtype, made on first use (a
+    node's weight may change dtype between calls where it is not a constant: an imperative
+    op's dict serves every call with its attributes). ``constant``: W is the node's constant
+    and stays as it is, so the layout may read it in place."""
+    key = ("direct", X.shape[1:], W.shape, X.dtype.str)
+    plan = prepacked.get(key)
+    if plan is None:
+        plan = prepacked.setdefault(key, _Layout(X, W, kernel, strides, dilations, begin, end,
+                                                 out_dims, constant))
+    return plan
+
+
+class _Layout:
+    """What a node's geometry fixes: the stride phases' shape, each tap's offset into them,
+    the packed weight. Made once per session node and input shape."""
+
+    def __init__(self, X, W, kernel, strides, dilations, begin, end, out_dims,
+                 constant=False):
+        kernels = jit_cpu.panel_kernels()
+        (c, height, width), m = X.shape[1:], W.shape[0]
+        (sy, sx), (dh, dw) = strides, dilations
+        self.strides, self.begin = (int(sy), int(sx)), (int(begin[0]), int(begin[1]))
+        self.out_dims = tuple(out_dims)
+        self.width = kernels.PANEL_VECTORS * kernels.VECTOR_BYTES // X.itemsize
+        # a strided 1x1 kernel on a small image, or with many channels, reads its input
+        # packed into strips (:func:`_strided_pointwise`), with one tap per channel
+        self.strips = _strided_pointwise(kernel, strides, c, out_dims, m)
+        self.taps = math.prod(kernel) > 1 or self.strips
+        ph = -(-(height + begin[0] + end[0]) // sy)
+        pw = -(-(width + begin[1] + end[1]) // sx)
+        self.plane_dims, self.pw = (ph, pw), pw
+        # a 1x1 convolution of stride 1 reads the image where it lies
+        self.in_place = not self.taps and (sy, sx) == (1, 1) and not any(begin) \
+            and not any(end)
+        # the phases the taps read (a 1x1 kernel reads phase (0, 0) alone); each plane
+        # starts on a 64-byte boundary
+        phases = (1 if kernel[0] == 1 else sy, 1 if kernel[1] == 1 else sx)
+        lanes = kernels.VECTOR_BYTES // X.itemsize
+        self.planes_shape = phases + (c, -(-ph * pw // lanes) * lanes)
+        if self.strips:  # each strip of outputs: (C, STRIP)
+            self.planes_shape = (-(-math.prod(out_dims) // STRIP), c, STRIP)
+        self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
+        self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
+        weight = W.reshape(m, -1)
+        # a kernel of few taps (a stem's) puts the weight on the left (:func:`_left_taps`)
+        self.left = self.taps and not self.strips and _left_taps(weight.shape[1], m)
+        if self.taps:
+            self.rows_at = np.arange(c, dtype=np.int64) * STRIP if self.strips else \
+                _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx), (dh, dw),
+                             phases[1])
+            self.panels = np.zeros((0, 0, 0), X.dtype) if self.left \
+                else _column_panels(weight, self.width)
+            self._places: dict = {}
+        if self.left:
+            # a copy of its own: repack() writes into it
+            self.weights, self.row_block = weight.copy(), 0
+        elif not self.taps:
+            self.weights = _strip_weights(weight, X.dtype, borrow=constant)
+            self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
+        self._native = None
+
+    def repack(self, W) -> None:
+        """Pack a new weight of the node's shape into the arrays made for the first one, in
+        place: the kits point at them."""
+        weight = W.reshape(W.shape[0], -1)
+        if self.left:
+            np.copyto(self.weights, weight)
+        elif self.taps:
+            _fill_column_panels(self.panels, weight)
+        else:
+            self.weights[:weight.shape[0]] = weight  # past M the strip stays zero
+
+    def native_parts(self) -> _NativeParts:
+        if self._native is None:
+            self._native = _NativeParts(self)
+        return self._native
+
+    def places(self, r0, r1):
+        """Where outputs r0 * ow.. r1 * ow sit in phase planes that start at plane row r0,
+        padded with place 0 past a whole strip of either size and one more (made once per
+        band)."""
+        found = self._places.get((r0, r1))
+        if found is None:
+            ow, count = self.out_dims[1], (r1 - r0) * self.out_dims[1]
+            outputs = np.arange(count)
+            found = np.zeros(count + 2 * STRIP, np.int64)
+            if self.strips:  # output q is lane q % STRIP of strip q // STRIP
+                found[:count] = outputs // STRIP * (self.rows_at.size * STRIP) + outputs % STRIP
+            else:
+                found[:count] = outputs // ow * self.pw + outputs % ow
+            found = self._places.setdefault((r0, r1), found)
+        return found
+
+
+class _NativeParts:
+    """How the native driver splits a node's image: ``count`` bands of rows between
+    ``bounds`` (each with its row of ``places``), or ``count`` runs of ``chunk`` output
+    panels (tap form) or strips (1x1) over shared planes; one part a thread, as
+    ``parallel_for`` had them."""
+
+    def __init__(self, plan):
+        oh, ow = plan.out_dims
+        self.row_block = 0 if plan.taps else plan.row_block
+        self.bounds = np.array([0, oh], np.int64)
+        bands = [(0, oh)]
+        if plan.by_rows:
+            bands = _row_parts(oh)
+            self.count, self.chunk = len(bands), 0
+            self.bounds = np.array([b[0] for b in bands] + [oh], np.int64)
+        elif plan.left:
+            self.count = len(_strip_parts(plan.weights.shape[0]))
+            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
+        elif plan.taps:
+            panels = plan.panels.shape[0]
+            self.count = len(thread_parts(panels, plan.panels.size * oh * ow))
+            self.chunk = -(-panels // self.count)
+        else:
+            self.count = len(_strip_parts(plan.weights.shape[0]))
+            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
+        rows = [plan.places(r0, r1) for r0, r1 in bands] if plan.taps else [np.zeros(1, np.int64)]
+        self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
+        for i, row in enumerate(rows):
+            self.places[i, :row.size] = row
+        self.rows_at = plan.rows_at if plan.taps else np.zeros(1, np.int64)
+        self.shape = (0, 0, 0, 0) if plan.strips else tuple(int(v) for v in plan.planes_shape)
+        self.geometry = (*plan.plane_dims, *plan.strides, *plan.begin, plan.halo, oh, ow)
+        self._empty: dict = {}
+
+    def empty(self, dtype) -> dict:
+        """Empty arrays of 2 and 3 dimensions, for the form's unused operand."""
+        found = self._empty.get(dtype)
+        if found is None:
+            found = self._empty.setdefault(dtype, {2: np.zeros((0, 0), dtype),
+                                                   3: np.zeros((0, 0, 0), dtype)})
+        return found
+
+
+def _tap_offsets(c, plane_stride, pw, kernel, strides, dilations, phases_x):
+    """Offset of tap (channel, a, b), in the weight's order, from an output's place."""
+    (kh, kw), (sy, sx), (dh, dw) = kernel, strides, dilations
+    offsets = np.empty((c, kh, kw), np.int64)
+    for a in range(kh):
+        qy, ry = divmod(a * dh, sy)
+        for b in range(kw):
+            qx, rx = divmod(b * dw, sx)
+            plane = (ry * phases_x + rx) * c
+            offsets[:, a, b] = (plane + np.arange(c)) * plane_stride + qy * pw + qx
+    return offsets.reshape(-1)
+
+
+def _strip_weights(weight, dtype, borrow: bool):
+    """A 1x1 convolution's weight (M, C) over whole strips of output channels, zero past M.
+    A constant weight that already is whole strips, of the input's dtype and contiguous, is
+    used where it lies (``borrow``): ResNet-50's 1x1 filters copied were 50 MB written at its
+    first run. A weight that is not the node's constant is always copied, as repack() writes
+    the next one into it."""
+    m, c = weight.shape
+    if borrow and m % STRIP == 0 and weight.dtype == dtype and weight.flags.c_contiguous:
+        return weight
+    whole = np.zeros((-(-m // STRIP) * STRIP, c), dtype)
+    whole[:m] = weight
+    return whole
+
+
+def _column_panels(weight, width):
+    """The transpose of ``weight`` (M, K) as (P, K, width) panels of output channels, the
+    last one zero-padded."""
+    m, k = weight.shape
+    panels = np.zeros((-(-m // width), k, width), weight.dtype)
+    _fill_column_panels(panels, weight)
+    return panels
+
+
+def _fill_column_panels(panels, weight):
+    """Write ``weight``'s transpose into ``panels`` (:func:`_column_panels`), leaving the last
+    panel's columns past M as they are (zero)."""
+    m, k = weight.shape
+    width = panels.shape[2]
+    whole = m // width
+    np.copyto(panels[:whole], weight[:whole * width].reshape(whole, width, k).transpose(0, 2, 1))
+    if whole < panels.shape[0]:
+        panels[whole, :, :m - whole * width] = weight[whole * width:].T
+
+
+def _row_parts(rows: int) -> list[tuple[int, int]]:
+    """Output rows split evenly over the threads."""
+    count = max(1, min(intra_op_threads(), rows))
+    return [(rows * t // count, rows * (t + 1) // count) for t in range(count)]
+
+
+def _strip_parts(rows: int) -> list[tuple[int, int]]:
+    """Output channels split over the threads in whole strips."""
+    strips = rows // STRIP
+    count = max(1, min(intra_op_threads(), strips))
+    step = -(-strips // count)
+    return [(s * STRIP, min(strips, s + step) * STRIP) for s in range(0, strips, step)]
