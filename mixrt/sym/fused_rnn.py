@@ -5,7 +5,7 @@ state_cell, state_size=..., num_layers=..., mode=...)``.
     net = mx.sym.RNN(data, state_size=16, num_layers=2, mode="lstm", name="lstm")
     # arguments: data, lstm_parameters, lstm_state, lstm_state_cell
 
-It is built as MXNet's symbol files are read (``mixrt.sym.mxnet_json``): one ONNX RNN, GRU
+It is built as MXNet's symbol files are read (``mixrt.sym.mxnet_json_rnn``): one ONNX RNN, GRU
 or LSTM node per layer over slices of the one flat ``parameters`` vector, in MXNet's (cuDNN's)
 layout: per layer and direction the input and recurrent weights, then all the biases. The
 inputs left out become Variables named MXNet's way (``<name>_parameters``, ``<name>_state``,
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from mixrt.base.errors import GraphError
 from mixrt.nd.fused_rnn import INPUTS, PARAMETERS, is_mxnet_call  # noqa: F401  (shared)
-from mixrt.sym.mxnet_json import _rnn
+from mixrt.sym.mxnet_json_rnn import mxnet_rnn
 from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
 from mixrt.sym.symbol import Group, MXNET_OP, prefixed, variable_named, Symbol
 
@@ -49,7 +49,7 @@ def fused_rnn(*args, name=None, **kwargs) -> Symbol:
         rule = _shape_rule(key, base, kwargs)
         if rule is not None and _shapeless_variable(value):
             value._outputs[0][0].info[SHAPE_FROM] = rule
-    built = _rnn(base, inputs, dict(kwargs))
+    built = mxnet_rnn(base, inputs, dict(kwargs))
     outputs = list(built) if len(built) > 1 else [built]
     head = outputs[0]._outputs[0][0]
     head.name = full  # the layer's name, whatever the name manager makes of it a second time
