@@ -9,6 +9,13 @@ import numpy as np
 from mixrt.ops.ir.dtypes import to_onnx_type
 
 
+def beyond_onnx_reshape(codes: list[int], reverse: bool) -> bool:
+    """Whether MXNet's reshape ``codes`` need more than ONNX's Reshape, which takes sizes, 0
+    and one -1: a -2, -3 or -4, a second -1, or matching from the right (``reverse``);
+    ``_reshaped`` and a Symbol's ``_named_reshape`` send those to ``_mxnet_reshape``."""
+    return reverse or any(d < -1 for d in codes) or codes.count(-1) > 1
+
+
 class ArrayMethods:
     __slots__ = ()
 
@@ -73,7 +80,7 @@ class ArrayMethods:
 
     def _reshaped(self, codes: list[int], reverse: bool):
         """Sizes, 0 and one -1 are ONNX's Reshape; other codes ``_mxnet_reshape``'s."""
-        if reverse or any(d < -1 for d in codes) or codes.count(-1) > 1:
+        if beyond_onnx_reshape(codes, reverse):
             return self._mxnet_reshape(codes, reverse)
         return self._op("Reshape", [self, self._int_tensor(codes)], {})
 
