@@ -24,6 +24,11 @@ class NotImplementedForSymbol(MXNetError):
 # MXNet's storage types and their ids (``mxnet.ndarray.ndarray._STORAGE_TYPE_STR_TO_ID``):
 # the ground's, so that a symbol's ``__storage_type__`` and an NDArray's stype share them
 STORAGE_TYPE_IDS = {"undefined": -1, "default": 0, "row_sparse": 1, "csr": 2}
+# MXNet's dtype codes (mshadow's TypeFlag): the ground's, so that an NDArray file's dtype field
+# (``mixrt/nd/serialization.py``) and a symbol variable's ``__dtype__`` share them
+MXNET_DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "uint8": 3, "int32": 4,
+                     "int8": 5, "int64": 6, "bool": 7, "int16": 8, "uint16": 9, "uint32": 10,
+                     "uint64": 11}
 
 
 def py_str(raw: bytes) -> str:

@@ -37,14 +37,14 @@ import struct
 
 import numpy as np
 
+from mixrt.base import MXNET_DTYPE_CODES
 from mixrt.base.errors import InputError, ModelLoadError
 from mixrt.context import Context, num_gpus
 from mixrt.nd.ndarray import NDArray
 
 LIST_MAGIC = 0x112
 V1_MAGIC, V2_MAGIC, V3_MAGIC = 0xF993FAC8, 0xF993FAC9, 0xF993FACA
-DTYPES = {0: "float32", 1: "float64", 2: "float16", 3: "uint8", 4: "int32", 5: "int8",
-          6: "int64", 7: "bool", 8: "int16", 9: "uint16", 10: "uint32", 11: "uint64"}
+DTYPES = {code: name for name, code in MXNET_DTYPE_CODES.items()}  # mshadow's TypeFlag
 CODES = {np.dtype(name): code for code, name in DTYPES.items()}
 STORAGE_TYPES = {0: "default", 1: "row_sparse", 2: "csr"}
 AUX_ARRAYS = {"default": 0, "row_sparse": 1, "csr": 2}
