@@ -32,6 +32,12 @@ Where it still differs, on purpose:
   ``sqrt(2) == 1``; NumPy would promote to float64). ``where`` still takes a numeric
   condition, as in MXNet (non-zero is true);
 * ``float(x)`` and ``int(x)`` of a one-element array work (MXNet 1.9 raises TypeError).
+
+This module holds the class itself (its state, moving and copying, autograd, operators,
+indexing) and the functions it shares with the rest of ``mixrt.nd``. The class is composed
+of parts that live beside it, each one concern: the engine synchronisation of its reads and
+writes (``ndarray_sync.py``), its values leaving mixrt (``ndarray_host.py``) and MXNet's
+meanings of the methods it shares with Symbol (``ndarray_methods.py``).
 """
 
 from __future__ import annotations
@@ -48,9 +54,9 @@ from mixrt.base import STORAGE_TYPE_IDS
 from mixrt.base.errors import DeviceMismatchError, GradientError, InputError
 from mixrt.nd import views
 from mixrt.nd.array_functions import CopyToDevice, FloorMod, Index
-from mixrt.ops.device import to_host
-from mixrt.ops.shape import shape_mxnet
-from mixrt.runtime.engine import get_engine
+from mixrt.nd.ndarray_host import HostValues
+from mixrt.nd.ndarray_methods import NDArrayMethods
+from mixrt.nd.ndarray_sync import _engine, EngineSync
 
 _GRAD_REQS = ("write", "add", "null")
 py_slice = slice  # MXNet's name for Python's slice (its module shadows it with nd.slice)
@@ -71,7 +77,7 @@ def _on_its_device(method):
     return run
 
 
-class NDArray(ArrayMethods):
+class NDArray(EngineSync, HostValues, NDArrayMethods):
     __slots__ = ("_data", "ctx", "_var", "_entry", "_versions", "_base", "_grad",
                  "_grad_req", "_on_grad", "_grad_seen", "__weakref__")
     __array_priority__ = 1000.0  # numpy scalars and arrays defer to our operators
@@ -92,62 +98,6 @@ class NDArray(ArrayMethods):
         self._grad_req = "null"
         self._on_grad = None  # called with this array once backward stored its gradient
         self._grad_seen = 0  # the gradient's version when _fresh_grad was last cleared
-
-    # -- engine synchronisation ----------------------------------------------------------
-
-    def _read(self):
-        var = self._var if self._base is None else self._base._var
-        if var is not None:
-            _engine().wait_to_read(var)
-        return self._data
-
-    def _read_carrying(self):
-        """The data once pending writes are done, and the error they left that no wait has
-        raised yet (None when there is none): for a copy or a view, which carries the
-        error on instead of raising it, as MXNet's asynchronous copies do (an op does the
-        same in ``dispatch._carried_failure``)."""
-        var = self._var if self._base is None else self._base._var
-        failure = None if var is None else _engine().failure_of(var)
-        return (self._data if failure is not None else self._read()), failure
-
-    def _write(self):
-        """The data, for an in-place write that follows (bumps the version)."""
-        if tape.is_recording() and (self._entry is not None or self._grad is not None):
-            raise GradientError(
-                "in-place write to an array autograd is recording (it was computed under "
-                "record() or has a gradient attached); write `y = x + v` instead of "
-                "`x += v`, or do the update under autograd.pause()")
-        var = self._var if self._base is None else self._base._var
-        if var is not None:
-            _engine().wait_to_write(var)
-        self._versions[0] += 1
-        return self._data
-
-    @property
-    def _version(self) -> int:
-        """In-place writes to this array's memory so far (through it or a view)."""
-        return self._versions[0]
-
-    def _share_memory_of(self, source: "NDArray") -> "NDArray":
-        """Mark this array as a view of ``source``'s memory: one version counter and one
-        engine tag for both."""
-        root = source if source._base is None else source._base
-        self._base = root
-        self._versions = root._versions
-        return self
-
-    def engine_var(self):
-        """This array's engine tag, for work pushed to ``mixrt.runtime.engine`` (a view's
-        is its base's)."""
-        if self._base is not None:
-            return self._base.engine_var()
-        if self._var is None:
-            self._var = _engine().new_var(f"ndarray{id(self):x}")
-        return self._var
-
-    def wait_to_read(self) -> "NDArray":
-        self._read()
-        return self
 
     # -- what it is --------------------------------------------------------------------
 
@@ -194,82 +144,12 @@ class NDArray(ArrayMethods):
 
     __hash__ = object.__hash__  # == builds an array, so identity is the hash
 
-    # -- leaving mixrt -----------------------------------------------------------------
-
-    def asnumpy(self) -> np.ndarray:
-        return np.array(to_host(self._read()), copy=True)
-
-    def __array__(self, dtype=None, copy=None):
-        data = self._read()
-        host = to_host(data) if dtype is None else to_host(data).astype(dtype, copy=False)
-        return host.copy() if copy and host is data else host  # np.array(x) must not alias x
-
-    def asscalar(self):
-        """The one element as a NumPy scalar of the array's dtype (MXNet's)."""
-        if self.size != 1:
-            raise NotScalarError(f"asscalar needs an array of one element, this one is "
-                                 f"{self.shape}")
-        return self.asnumpy().reshape(())[()]
-
-    def item(self):
-        """The one element as a Python number."""
-        return self.asscalar().item()
-
-    def __float__(self) -> float:
-        return float(self.asscalar())
-
-    def __int__(self) -> int:
-        return int(self.asscalar())
-
-    def __index__(self) -> int:
-        if self.dtype.kind not in "iu":
-            raise TypeError(f"only integer arrays can be an index, not {self.dtype}")
-        return int(self.asscalar())
-
-    def __bool__(self) -> bool:
-        """MXNet's rule: an empty array is false, one element is its truth, more are
-        ambiguous (``ValueError``)."""
-        if self.size == 0:
-            return False
-        if self.size > 1:
-            raise AmbiguousTruthError("The truth value of an NDArray with multiple elements "
-                                      "is ambiguous.")
-        return bool(self.asscalar())
-
-    def tolist(self) -> list:
-        return self.asnumpy().tolist()
-
-    def __dlpack__(self, stream=None, **kwargs):
-        data = self._read()
-        if stream is not None:
-            kwargs["stream"] = stream
-        try:  # max_version matters: NumPy marks what a legacy capsule gives it read-only
-            return data.__dlpack__(**kwargs)
-        except TypeError:  # a producer that knows only `stream` (CuPy < 14)
-            return data.__dlpack__() if stream is None else data.__dlpack__(stream=stream)
-
-    def __dlpack_device__(self):
-        return self._read().__dlpack_device__()
-
-    def to_dlpack_for_read(self):
-        """A DLPack capsule of this array's memory (MXNet's; ``nd.from_dlpack`` takes it)."""
-        return self.__dlpack__()
-
-    to_dlpack_for_write = to_dlpack_for_read
+    # -- moving and copying ------------------------------------------------------------
 
     def tostype(self, stype: str) -> "NDArray":
         """A copy in storage ``stype``: ``'default'``, ``'row_sparse'`` or ``'csr'``
         (``mixrt/nd/sparse.py``)."""
         return sparse_module().cast_storage(self, stype)
-
-    def as_nd_ndarray(self) -> "NDArray":
-        return self
-
-    def as_np_ndarray(self):
-        raise InputError("as_np_ndarray: mixrt has no mx.np arrays; use asnumpy() for a "
-                         "NumPy copy")
-
-    # -- moving and copying ------------------------------------------------------------
 
     def as_in_context(self, ctx) -> "NDArray":
         """This array on ``ctx``: itself when already there, else a copy (the one explicit
@@ -460,60 +340,6 @@ class NDArray(ArrayMethods):
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
-    # -- MXNet's meanings where the shared methods (mixrt/array_methods.py) differ ---------
-
-    def _reshaped(self, codes: list[int], reverse: bool) -> "NDArray":
-        # every code is resolved here against the known shape (a bad one is an InputError
-        # naming it), so the op run is ONNX Reshape with sizes only
-        target = mxnet_shape(self.shape, codes, reverse)
-        return self._op("Reshape", [self, self._int_tensor(target)], {})
-
-    def argmax(self, axis=None, keepdims: bool = False, out=None) -> "NDArray":
-        """Indices of the largest values along ``axis`` (``None``, MXNet's default: over the
-        flattened array, shape ``(1,)``), as floats of this array's dtype (MXNet's); so
-        ``np.argmax(x, axis=1)`` is an NDArray too, as with MXNet."""
-        return self._arg_index(ArrayMethods.argmax, axis, keepdims, out)
-
-    def argmin(self, axis=None, keepdims: bool = False, out=None) -> "NDArray":
-        """Indices of the smallest values along ``axis``, as ``argmax``."""
-        return self._arg_index(ArrayMethods.argmin, axis, keepdims, out)
-
-    def _arg_index(self, method, axis, keepdims: bool, out) -> "NDArray":
-        if axis is None:
-            flat = method(self.reshape(-1), 0, False)
-            index = flat.reshape((1,) * self.ndim if keepdims else (1,))
-        else:
-            index = method(self, axis, keepdims)
-        index = index.astype(self.dtype)
-        if out is not None:
-            out[:] = index
-            return out
-        return index
-
-    def flatten(self, inplace: bool = False) -> "NDArray":
-        """``(n, rest)``: a copy, or with ``inplace`` a view (MXNet's)."""
-        if inplace:
-            return self.reshape((self.shape[0] if self.ndim else 1, -1))
-        return ArrayMethods.flatten(self)
-
-    def expand_dims(self, axis: int, inplace: bool = False) -> "NDArray":
-        """A new length-1 axis at ``axis``: a copy, or with ``inplace`` a view."""
-        if inplace:
-            axis = axis + self.ndim + 1 if axis < 0 else axis
-            return self.reshape(self.shape[:axis] + (1,) + self.shape[axis:])
-        return ArrayMethods.expand_dims(self, axis)
-
-    def squeeze(self, axis=None, inplace: bool = False) -> "NDArray":
-        """Without the length-1 axes (``axis``: those named); all of them squeezed gives
-        shape ``(1,)``, as MXNet has no 0-d arrays there. ``inplace``: a view."""
-        if not inplace:
-            squeezed = ArrayMethods.squeeze(self, axis)
-            return squeezed.reshape((1,)) if squeezed.ndim == 0 else squeezed
-        named = range(self.ndim) if axis is None else \
-            {a % self.ndim for a in np.atleast_1d(axis)}
-        kept = tuple(d for a, d in enumerate(self.shape) if a not in named or d != 1)
-        return self.reshape(kept or (1,))
-
     # the test MXNet's basic indexing makes to give a view (a key of slices, one shape)
     _basic_indexing_slice_is_contiguous = staticmethod(views.slice_is_contiguous)
 
@@ -534,7 +360,6 @@ class NDArray(ArrayMethods):
         return NDArray(self.ctx.xp.ones_like(self._read()), self.ctx)
 
 
-
 def _refuse_recorded_value(value: NDArray, what: str) -> None:
     """MXNet's rule: while recording, an in-place write of a value autograd follows would
     lose its gradient (the target is no node of the tape)."""
@@ -544,19 +369,6 @@ def _refuse_recorded_value(value: NDArray, what: str) -> None:
                             f"tape and its gradient would be lost; compute a new array "
                             f"instead (e.g. nd.where, nd.concat), or write under "
                             f"autograd.pause()")
-
-
-class ReshapeError(InputError, ValueError):
-    """A reshape whose target does not fit; a ``ValueError`` too, as in MXNet."""
-
-
-class AmbiguousTruthError(InputError, ValueError):
-    """``bool()`` of an array of several elements; a ``ValueError`` too, as in MXNet."""
-
-
-class NotScalarError(InputError, ValueError):
-    """``asscalar()`` of an array that is not one element; a ``ValueError`` too, as in
-    MXNet."""
 
 
 class UnsizedArrayError(InputError, TypeError):
@@ -569,16 +381,6 @@ def _mod(a, b):
     if all(v.dtype.kind == "f" for v in arrays):
         return FloorMod()(a, b)
     return dispatch.invoke("", "Mod", [a, b], {"fmod": 0})  # integers: Python's rule too
-
-
-def mxnet_shape(source: tuple, codes, reverse: bool = False) -> tuple:
-    """The shape MXNet's reshape makes of ``source`` from ``codes`` (its 0/-1/-2/-3/-4, see
-    ``NDArray.reshape``), -1 resolved; the rules are mixrt::MXReshape's (ops/shape/shape_mxnet.py),
-    which a hybridized block runs instead."""
-    try:
-        return shape_mxnet.mxnet_shape(source, codes, reverse)
-    except ValueError as exc:
-        raise ReshapeError(f"reshape: {exc}") from None
 
 
 # mixrt/nd/sparse.py builds on NDArray, so it cannot be imported here: it hands itself in as
@@ -605,10 +407,6 @@ def _zeros_of(array: NDArray, stype: str) -> NDArray:
 def _ints(values, ctx: Context):
     with ctx.device.active():
         return ctx.xp.asarray([int(v) for v in values], dtype=np.int64)
-
-
-def _engine():
-    return get_engine()
 
 
 dispatch.NDArray = NDArray
