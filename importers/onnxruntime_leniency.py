@@ -176,7 +176,7 @@ def _same_value(a, b) -> bool:
 
 def warn_dropped_modes(node: Node) -> None:
     """Resize's tf_half_pixel_for_nn after opset 12: computed as at opset 11
-    (ops/image/image.py), as onnxruntime does, with one warning."""
+    (ops/image/resample.py), as onnxruntime does, with one warning."""
     if node.op_type != "Resize" or node.domain != "" or node.opset <= LAST_OPSET_LISTING_IT:
         return
     if node.attributes.get("coordinate_transformation_mode") == TF_HALF_PIXEL_FOR_NN:

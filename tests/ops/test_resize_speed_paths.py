@@ -1,4 +1,4 @@
-"""Resize's forward on both of its paths (ops/image/image.py): the banded matrix product (NumPy,
+"""Resize's forward on both of its paths (ops/image/resample.py): the banded matrix product (NumPy,
 finite input) and the tap-by-tap loop (CuPy, non-finite input, wide windows); and nearest's
 gathers, run in the cheapest axis order and as repeats at integer scales.
 
@@ -14,18 +14,18 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from mixrt.ops.image import image
+from mixrt.ops.image import image, resample
 from mixrt.ops.ir.dtypes import accumulation_dtype
 
 
 @pytest.fixture(params=["band", "band_small_blocks", "taps"])
 def path(request, monkeypatch):
     if request.param == "taps":
-        monkeypatch.setattr(image, "_BAND_INPUTS_PER_TAP", 0)  # every window too wide
+        monkeypatch.setattr(resample, "_BAND_INPUTS_PER_TAP", 0)  # every window too wide
     else:
-        monkeypatch.setattr(image, "_BAND_INPUTS_PER_TAP", 10 ** 9)
+        monkeypatch.setattr(resample, "_BAND_INPUTS_PER_TAP", 10 ** 9)
         if request.param == "band_small_blocks":  # several blocks, a partial last one
-            monkeypatch.setattr(image, "_BAND_OUTPUTS", 3)
+            monkeypatch.setattr(resample, "_BAND_OUTPUTS", 3)
     return request.param
 
 
@@ -211,7 +211,7 @@ def test_nearest_in_any_axis_order_is_the_same_gather(shape, scales, nearest_mod
 def test_nearest_gathers_columns_last_when_shrinking_and_first_when_growing():
     def order(shape, scales):
         tables = image.resize_taps(shape, None, _f32(*scales), None, mode="nearest")
-        return [taps.axis for taps in image._cheapest_gather_order(tables, shape)]
+        return [taps.axis for taps in resample._cheapest_gather_order(tables, shape)]
 
     assert order((1, 3, 224, 224), (1, 1, 2, 2)) == [3, 2]
     assert order((1, 3, 224, 224), (1, 1, 0.5, 0.5)) == [2, 3]
@@ -220,11 +220,11 @@ def test_nearest_gathers_columns_last_when_shrinking_and_first_when_growing():
 
 
 def test_an_integer_upscale_is_a_repeat_and_others_are_not():
-    assert image._repeat_factor(np.arange(12) // 3, 4) == 3
-    assert image._repeat_factor(np.arange(5), 5) == 1
-    assert image._repeat_factor(np.array([0, 0, 1, 1, 1, 2]), 3) is None
-    assert image._repeat_factor(np.arange(6) // 2, 4) is None
-    assert image._repeat_factor(np.zeros(0, np.int64), 0) is None
+    assert resample._repeat_factor(np.arange(12) // 3, 4) == 3
+    assert resample._repeat_factor(np.arange(5), 5) == 1
+    assert resample._repeat_factor(np.array([0, 0, 1, 1, 1, 2]), 3) is None
+    assert resample._repeat_factor(np.arange(6) // 2, 4) is None
+    assert resample._repeat_factor(np.zeros(0, np.int64), 0) is None
 
 
 @pytest.mark.gpu
