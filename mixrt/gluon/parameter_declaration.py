@@ -9,8 +9,8 @@ variable that stands for the parameter when a block is traced (``var``). Where t
 lives once it exists is :class:`~mixrt.gluon.parameter_storage.ParameterStorage`'s concern
 (the per-context copies and gradients), and what it reads through its Trainer is
 :class:`~mixrt.gluon.parameter_trainer.TrainerLink`'s; the class combines the three.
-``grad_req`` and the storage types are checked against the tuples ``mixrt.sym`` and
-``mixrt.nd`` check theirs against (``GRAD_REQS``, ``STYPES``).
+``grad_req`` and the storage types are checked against the tuples ``mixrt.nd`` (and
+``mixrt.sym``'s Executor) check theirs against (``GRAD_REQS``, ``STYPES``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from mixrt.base.errors import InputError, ShapeError
 from mixrt.gluon.parameter_storage import context_list, ParameterStorage
 from mixrt.gluon.parameter_trainer import TrainerLink
 from mixrt.initializer import Constant as ConstantInit, create, Uniform
-from mixrt.nd.ndarray import NDArray, _STORAGE_TYPE_STR_TO_ID
+from mixrt.nd.ndarray import GRAD_REQS, NDArray, _STORAGE_TYPE_STR_TO_ID
 from mixrt.nd.sparse import STYPES
-from mixrt.sym.executor import GRAD_REQS
 from mixrt.sym.symbol import variable_named
 
 

@@ -58,7 +58,7 @@ from mixrt.nd.ndarray_host import HostValues
 from mixrt.nd.ndarray_methods import NDArrayMethods
 from mixrt.nd.ndarray_sync import _engine, EngineSync
 
-_GRAD_REQS = ("write", "add", "null")
+GRAD_REQS = ("write", "add", "null")  # sym's Executor and gluon's Parameter check these too
 py_slice = slice  # MXNet's name for Python's slice (its module shadows it with nd.slice)
 # MXNet's storage type codes (its NDArray files use them too: nd/serialization.py)
 _STORAGE_TYPE_STR_TO_ID = STORAGE_TYPE_IDS
@@ -211,8 +211,8 @@ class NDArray(EngineSync, HostValues, NDArrayMethods):
         """Give this array a gradient buffer that ``backward`` fills (``"write"``) or adds
         to (``"add"``); ``"null"`` detaches it. ``stype`` is the gradient's storage type
         (by default this array's own)."""
-        if grad_req not in _GRAD_REQS:
-            raise InputError(f"grad_req must be one of {_GRAD_REQS}, got {grad_req!r}")
+        if grad_req not in GRAD_REQS:
+            raise InputError(f"grad_req must be one of {GRAD_REQS}, got {grad_req!r}")
         self._grad_req = grad_req
         self._grad = None if grad_req == "null" else \
             _zeros_of(self, self.stype if stype is None else stype)

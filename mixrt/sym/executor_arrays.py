@@ -21,9 +21,8 @@ from mixrt.base.errors import InputError, MixrtError, ShapeError
 from mixrt.initializer import create, Xavier
 from mixrt.ops.device import on_own_device
 from mixrt.nd import NDArray
+from mixrt.nd.ndarray import GRAD_REQS
 from mixrt.sym.symbol import DEFAULT_DTYPE, Symbol
-
-GRAD_REQS = ("write", "add", "null")
 
 
 def grad_reqs(grad_req, names: list[str]) -> dict[str, str]:
