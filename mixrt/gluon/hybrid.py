@@ -35,7 +35,7 @@ from mixrt.gluon.parameter import Parameter
 from mixrt.nd.ndarray import NDArray
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.session import Session
-from mixrt.sym.executor import HEAD_GRAD, TrainingPair
+from mixrt.sym.training_graphs import feeds_for, HEAD_GRAD, TrainingPair
 from mixrt.sym.tracing import tracing as _tracing
 
 # input signatures whose traced graphs (and their Sessions) a hybridized block keeps
@@ -404,14 +404,14 @@ class CachedGraph:
         training = autograd.is_training()
         if not recording and not (training and self._has_training_form()):
             session = self._compiled_for(arrays, ctx).inference(ctx)
-            outputs = session.run_on_device(None, _only(feeds, session))
+            outputs = session.run_on_device(None, feeds_for(feeds, session))
             return self._wrap(outputs, ctx)
         wants = tuple(tape_nodes._parent_of(x) is not None and x.dtype.kind == "f"
                       for x in [*arrays, *values])
         pair = self._compiled_for(arrays, ctx).training(
             ctx, training, wants, [*self.input_names, *self.params])
         named = dict(zip(pair.forward.graph.output_names,
-                         pair.forward.run_on_device(None, _only(feeds, pair.forward))))
+                         pair.forward.run_on_device(None, feeds_for(feeds, pair.forward))))
         for aux, output in pair.aux_updates.items():
             self.params[aux].raw()[...] = named[output]
         outputs = self._wrap([named[n] for n in pair.model_outputs], ctx)
@@ -526,14 +526,9 @@ class _CachedOpNode(tape_nodes.Node):
             heads[HEAD_GRAD.format(name)] = dy if dy is not None else \
                 self.ctx.xp.zeros(*self.out_meta[index])
         feeds = {**self.saved, **heads}
-        grads = pair.backward.run_on_device(None, _only(feeds, pair.backward))
+        grads = pair.backward.run_on_device(None, feeds_for(feeds, pair.backward))
         by_name = dict(zip(pair.wrt, grads))
         return [by_name.get(name) for name in self.names]
-
-
-def _only(feeds: dict, session) -> dict:
-    wanted = {v.name for v in session.get_inputs()}
-    return {k: v for k, v in feeds.items() if k in wanted}
 
 
 # -- the error for values a trace cannot have ---------------------------------------------------
