@@ -45,7 +45,7 @@ class CachedOp:
         with ctx.device.active():
             outputs = self._run(inputs, ctx)
         if out is not None:
-            return _write_into(out, outputs)
+            return write_into(out, outputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _run(self, inputs: list, ctx) -> list:
@@ -93,16 +93,16 @@ class _Signature:
         return self._session
 
 
-def _write_into(out, outputs: list):
+def write_into(out, outputs: list, owner: str = "CachedOp"):
     """Copy the outputs into ``out`` (an NDArray, or a list of as many as there are
-    outputs) and give ``out`` back, as MXNet does."""
+    outputs) and give ``out`` back, as MXNet does; errors name ``owner``."""
     targets = [out] if isinstance(out, NDArray) else list(out)
     if len(targets) != len(outputs):
-        raise InputError(f"CachedOp: out= has {len(targets)} array(s), the symbol "
+        raise InputError(f"{owner}: out= has {len(targets)} array(s), the {owner} has "
                          f"{len(outputs)} output(s)")
     for index, (target, value) in enumerate(zip(targets, outputs)):
         if tuple(target.shape) != tuple(value.shape):
-            raise ShapeError(f"CachedOp: out[{index}] has shape {tuple(target.shape)}, "
+            raise ShapeError(f"{owner}: out[{index}] has shape {tuple(target.shape)}, "
                              f"output {index} has {tuple(value.shape)}")
         target[:] = value
     return out

@@ -1,73 +1,77 @@
 """MXNet's fused recurrent operator on arrays: ``nd.RNN(data, parameters, state, state_cell,
-state_size=..., num_layers=..., mode=...)``, the arrays and parameters of ``sym.RNN``
-(``mixrt.sym.fused_rnn``).
+state_size=..., num_layers=..., mode=...)``, the arrays and parameters of ``sym.RNN``.
 
-The symbol ``sym.RNN`` builds for the given parameters runs as one ``nd.CachedOp`` (so it
-records for autograd as any CachedOp does); one symbol is kept per parameter set. The symbol
-frontend is built on ``mixrt.nd``, so it is loaded on first use.
+The operator is written once for arrays and symbols (``mixrt/layers/fused_rnn.py``); here
+its ops run at once through the imperative dispatcher (:class:`ArrayWriter`), so under
+``autograd.record()`` each lands on the tape and the gradient reaches the data, the flat
+parameters and the states, as through any op.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from mixrt import dispatch
 from mixrt.base.errors import InputError
-from mixrt.nd.cached_op import CachedOp
-from mixrt.runtime.lru import LruCache
-
-# the inputs of MXNet's RNN, in its order (state_cell only for an LSTM, sequence_length only
-# with use_sequence_length)
-INPUTS = ("data", "parameters", "state", "state_cell", "sequence_length")
-# MXNet's RNN parameters; any of them given means MXNet's operator rather than ONNX's
-PARAMETERS = ("state_size", "num_layers", "bidirectional", "mode", "p", "state_outputs",
-              "projection_size", "lstm_state_clip_min", "lstm_state_clip_max",
-              "lstm_state_clip_nan", "use_sequence_length", "cudnn_off")
-# parameter sets whose CachedOp is kept
-MAX_KEPT = 16
-_kept = LruCache(MAX_KEPT)
+from mixrt.layers import fused_rnn as layer
+from mixrt.layers.fused_rnn import INPUTS, PARAMETERS, input_names, is_mxnet_call  # noqa: F401
+from mixrt.nd.cached_op import write_into
+from mixrt.nd.ndarray import NDArray
 
 
-def is_mxnet_call(kwargs: dict) -> bool:
-    """Whether an ``RNN`` call is MXNet's: it names one of MXNet's parameters, or an input
-    ONNX's RNN does not have."""
-    return any(key in kwargs for key in (*PARAMETERS, "data", "parameters", "state",
-                                         "state_cell"))
+class ArrayWriter:
+    """The fused RNN's ops run now, on the data's device; names mean nothing here."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    @staticmethod
+    def call(op_type, inputs, attributes, name, exact_name=False, num_outputs=None):
+        del name, exact_name
+        return dispatch.invoke("", op_type, list(inputs), dict(attributes),
+                               num_outputs=num_outputs)
+
+    def constant(self, array, name):
+        del name
+        with self.ctx.device.active():
+            return NDArray(self.ctx.xp.asarray(array), self.ctx)
+
+    @staticmethod
+    def group(outputs):
+        return list(outputs)
+
+    @staticmethod
+    def pieces(parameters, count):
+        return None  # an array keeps no record of what it was concatenated from
 
 
 def fused_rnn(*args, out=None, name=None, **kwargs):
     """MXNet's ``nd.RNN``: its outputs (the sequence; with ``state_outputs`` also the final
     states), into ``out`` when given."""
+    arrays = _arrays(args, kwargs)
+    unknown = sorted(set(kwargs) - set(PARAMETERS))
+    if unknown:
+        raise InputError(f"RNN: unknown arguments {unknown}; MXNet's RNN takes "
+                         f"{list(INPUTS)} and {list(PARAMETERS)}")
+    wanted = input_names(kwargs)
+    missing = [key for key in wanted if arrays.get(key) is None]
+    if missing:
+        raise InputError(f"RNN: the arrays {missing} are needed (mode "
+                         f"{kwargs.get('mode')!r}); got {sorted(arrays)}")
+    inputs = [arrays[key] for key in wanted]
+    outputs = layer.fused_rnn(ArrayWriter(inputs[0].ctx), name or "rnn", inputs, dict(kwargs))
+    if out is not None:
+        return write_into(out, outputs if isinstance(outputs, list) else [outputs], "RNN")
+    return outputs
+
+
+def _arrays(args, kwargs: dict) -> dict:
+    """The input arrays by MXNet's names, given positionally or by name (taken out of
+    ``kwargs``)."""
+    if len(args) > len(INPUTS):
+        raise InputError(f"RNN takes at most {len(INPUTS)} inputs, got {len(args)}")
     arrays = dict(zip(INPUTS, args))
     for key in INPUTS:
         if key in kwargs:
             if key in arrays:
                 raise InputError(f"RNN: {key} given both positionally and by name")
             arrays[key] = kwargs.pop(key)
-    op = _cached_op(kwargs)
-    missing = [key for key in op.input_names if arrays.get(key) is None]
-    if missing:
-        raise InputError(f"RNN: the arrays {missing} are needed (mode "
-                         f"{kwargs.get('mode')!r}); got {sorted(arrays)}")
-    return op(*[arrays[key] for key in op.input_names], out=out)
-
-
-def _cached_op(params: dict) -> CachedOp:
-    key = tuple(sorted((k, repr(v)) for k, v in params.items()))
-    op = _kept.get(key)
-    if op is None:
-        sym = importlib.import_module("mixrt.sym")
-        symbols = {key: sym.var(key) for key in INPUTS}
-        op = _kept.put(key, CachedOp(sym.RNN(**symbols_for(params, symbols), name="rnn",
-                                             **params)))
-    return op
-
-
-def symbols_for(params: dict, symbols: dict) -> dict:
-    """The input symbols the mode reads (state_cell for an LSTM, sequence_length with
-    use_sequence_length)."""
-    wanted = ["data", "parameters", "state"]
-    if params.get("mode") == "lstm":
-        wanted.append("state_cell")
-    if params.get("use_sequence_length"):
-        wanted.append("sequence_length")
-    return {key: symbols[key] for key in wanted}
+    return arrays

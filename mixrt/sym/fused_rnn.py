@@ -1,19 +1,22 @@
 """MXNet's fused recurrent operator as a symbol: ``sym.RNN(data, parameters, state,
-state_cell, state_size=..., num_layers=..., mode=...)``.
+state_cell, state_size=..., num_layers=..., mode=...)``, and the ``RNN`` node of MXNet's
+symbol files.
 
     data = mx.sym.Variable("data")                       # (T, N, C)
     net = mx.sym.RNN(data, state_size=16, num_layers=2, mode="lstm", name="lstm")
     # arguments: data, lstm_parameters, lstm_state, lstm_state_cell
 
-It is built as MXNet's symbol files are read (``mixrt.sym.mxnet_json_rnn``): one ONNX RNN, GRU
-or LSTM node per layer over slices of the one flat ``parameters`` vector, in MXNet's (cuDNN's)
-layout: per layer and direction the input and recurrent weights, then all the biases. The
-inputs left out become Variables named MXNet's way (``<name>_parameters``, ``<name>_state``,
-``<name>_state_cell``). Variables without a shape of their own (these, or bare ones given)
-learn it from the data's, as MXNet infers it: the states (layers x directions, batch,
-state_size), the flat parameters' length from the data's width. With ``state_outputs`` the outputs
-are MXNet's: ``<name>_output``, ``<name>_state_output`` and, for an LSTM,
-``<name>_statecell_output``.
+The operator is written once for arrays and symbols (``mixrt/layers/fused_rnn.py``): one
+ONNX RNN, GRU or LSTM node per layer over slices of the one flat ``parameters`` vector, in
+MXNet's (cuDNN's) layout. Here it is written into a Symbol's graph (:class:`SymbolWriter`).
+The inputs left out become Variables named MXNet's way (``<name>_parameters``,
+``<name>_state``, ``<name>_state_cell``). Variables without a shape of their own (these, or
+bare ones given) learn it from the data's, as MXNet infers it: the states (layers x
+directions, batch, state_size), the flat parameters' length from the data's width. With
+``state_outputs`` the outputs are MXNet's: ``<name>_output``, ``<name>_state_output`` and,
+for an LSTM, ``<name>_statecell_output``. A symbol file's ``RNN`` node (``mxnet_rnn``, in
+``OPERATORS`` for ``mixrt.sym.mxnet_json``) takes Gluon's exported ``_rnn_param_concat`` of
+the separate weights as well.
 
 ``sym.RNN`` called without MXNet's keywords (``state_size``, ``mode``, ...) is still ONNX's
 RNN operator, whose name it shares.
@@ -22,10 +25,45 @@ RNN operator, whose name it shares.
 from __future__ import annotations
 
 from mixrt.base.errors import GraphError
-from mixrt.nd.fused_rnn import INPUTS, PARAMETERS, is_mxnet_call  # noqa: F401  (shared)
-from mixrt.sym.mxnet_json_rnn import mxnet_rnn
+from mixrt.layers import fused_rnn as layer
+from mixrt.layers.fused_rnn import (GATES, INPUTS, PARAMETERS, input_names,  # noqa: F401
+                                    is_mxnet_call)
 from mixrt.sym.ops import call_op, layer_name, shape_from, SHAPE_FROM
-from mixrt.sym.symbol import Group, MXNET_OP, prefixed, variable_named, Symbol
+from mixrt.sym.symbol import constant, Group, MXNET_OP, prefixed, variable_named, Symbol
+
+
+class SymbolWriter:
+    """The fused RNN's ops as nodes of a Symbol's graph, named as the layer says."""
+
+    @staticmethod
+    def call(op_type, inputs, attributes, name, exact_name=False, num_outputs=None):
+        return call_op("", op_type, list(inputs), dict(attributes), name=name,
+                       exact_name=exact_name, num_outputs=num_outputs)
+
+    @staticmethod
+    def constant(array, name):
+        return constant(array, name=name)
+
+    @staticmethod
+    def group(outputs):
+        return Group(outputs)
+
+    @staticmethod
+    def pieces(parameters: Symbol, count: int):
+        """The inputs of the ``_rnn_param_concat`` (a Concat) Gluon exports, if it is one."""
+        node = parameters._outputs[0][0]
+        if node.op == "Concat" and len(node.inputs) == count:
+            return [Symbol([entry]) for entry in node.inputs]
+        return None
+
+
+def mxnet_rnn(name, inputs, params):
+    """A symbol file's ``RNN`` node: its inputs in MXNet's order, its parameters."""
+    return layer.fused_rnn(SymbolWriter, name, inputs, params)
+
+
+OPERATORS = {"RNN": mxnet_rnn}
+
 
 def fused_rnn(*args, name=None, **kwargs) -> Symbol:
     """MXNet's ``sym.RNN``: inputs positionally or by name (``data``, ``parameters``,
@@ -44,8 +82,8 @@ def fused_rnn(*args, name=None, **kwargs) -> Symbol:
                          f"{list(INPUTS)} and {list(PARAMETERS)}")
     base = layer_name("RNN", name)
     full = prefixed(base)
-    inputs = [_input(full, key, given.get(key)) for key in _input_names(kwargs)]
-    for key, value in zip(_input_names(kwargs), inputs):
+    inputs = [_input(full, key, given.get(key)) for key in input_names(kwargs)]
+    for key, value in zip(input_names(kwargs), inputs):
         rule = _shape_rule(key, base, kwargs)
         if rule is not None and _shapeless_variable(value):
             value._outputs[0][0].info[SHAPE_FROM] = rule
@@ -57,19 +95,6 @@ def fused_rnn(*args, name=None, **kwargs) -> Symbol:
     states = [call_op("", "Identity", [state], {}, name=f"{full}_{label}", exact_name=True)
               for state, label in zip(outputs[1:], ("state", "statecell"))]
     return Group([outputs[0], *states]) if states else outputs[0]
-
-
-def _input_names(params: dict) -> list[str]:
-    names = ["data", "parameters", "state"]
-    if params.get("mode") == "lstm":
-        names.append("state_cell")
-    if params.get("use_sequence_length"):
-        names.append("sequence_length")
-    return names
-
-
-# gates per mode (rnn_relu and rnn_tanh: 1)
-_GATES = {"lstm": 4, "gru": 3}
 
 
 def _shape_rule(key: str, base: str, params: dict) -> dict | None:
@@ -84,7 +109,7 @@ def _shape_rule(key: str, base: str, params: dict) -> dict | None:
     if key in ("state", "state_cell"):
         dims = [layers * directions, ["axis", 1], size]
     elif key == "parameters":
-        rows = _GATES.get(params.get("mode"), 1) * size
+        rows = GATES.get(params.get("mode"), 1) * size
         later_inputs = rows * directions * size * directions * (layers - 1)
         recurrent = rows * size * directions * layers
         biases = 2 * rows * directions * layers

@@ -17,7 +17,7 @@ file, or an op this reader does not know, raises ModelLoadError naming the node.
 
 The reading lives here (the document's layout, its nodes and references, the variables'
 declarations, MXNet's parameter strings); what each operator becomes is
-``mxnet_json_ops.py`` (and ``mxnet_json_rnn.py`` for the fused RNN), whose tables make
+``mxnet_json_ops.py`` (and ``fused_rnn.py`` for the fused RNN), whose tables make
 :data:`OPERATORS`. mixrt writes its own symbol JSON, not MXNet's (``serialize.py``).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from mixrt.base.errors import MixrtError, ModelLoadError
 from mixrt.nd.serialization import DTYPES
-from mixrt.sym import mxnet_json_ops, mxnet_json_rnn
+from mixrt.sym import fused_rnn, mxnet_json_ops
 from mixrt.sym.mxnet_json_ops import is_integer
 from mixrt.sym.symbol import variable_named, Group, Symbol
 
@@ -38,7 +38,7 @@ DECLARATION_KEYS = ("__shape__", "__dtype__", "__init__", "__lr_mult__", "__wd_m
 # inputs of these ops that are auxiliary states (updated by the op, not learned)
 AUXILIARY_INPUTS = {"BatchNorm": (3, 4), "_contrib_SyncBatchNorm": (3, 4)}
 # MXNet's operator name -> its translation (node name, inputs, parsed params) -> Symbol
-OPERATORS = {**mxnet_json_ops.OPERATORS, **mxnet_json_rnn.OPERATORS}
+OPERATORS = {**mxnet_json_ops.OPERATORS, **fused_rnn.OPERATORS}
 
 
 def is_mxnet_document(document) -> bool:

@@ -9,10 +9,12 @@ layer functions (``sym.Convolution``), an op that is one ONNX operator to that o
 the rest to a few ONNX nodes each (``slice``, ``softmax`` with a temperature, ``SwapAxis``,
 ``GroupNorm``). A translation takes only the parameters it knows (``no_params`` refuses the
 rest) and raises GraphError, which the reader turns into a ModelLoadError naming the node.
+The checks each translation makes of its node are ``mixrt/layers/op_params.py``'s, which the
+fused RNN shares.
 
 The per-op knowledge lives here, apart from the reading of the file (``mxnet_json.py``);
-the fused ``RNN`` op, which needs much more of it, has its own module
-(``mxnet_json_rnn.py``) built on the checks below.
+the fused ``RNN`` op, which array and symbol frontends share, is ``mixrt/layers/fused_rnn.py``
+(``fused_rnn.py`` reads it from a file).
 """
 
 from __future__ import annotations
@@ -21,35 +23,11 @@ import numpy as np
 
 from mixrt import array_methods
 from mixrt.base.errors import GraphError
+from mixrt.layers.op_params import (check_arity, INT64_MAX, is_integer,  # noqa: F401
+                                    no_params, required_param)
 from mixrt.sym import mxnet_ops, shape_free, symbol_layers
 from mixrt.sym.ops import call_op, shape_from, SHAPE_FROM
 from mixrt.sym.symbol import constant, scalar_like
-
-INT64_MAX = np.iinfo(np.int64).max  # "to the end" for ONNX Slice
-
-
-# -- the checks each translation makes of its node ----------------------------------------------
-
-def is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_arity(inputs: list, low: int, high: int | None = None) -> None:
-    high = low if high is None else high
-    if not low <= len(inputs) <= high:
-        expected = low if low == high else f"{low} to {high}"
-        raise GraphError(f"takes {expected} input(s), the file gives {len(inputs)}")
-
-
-def required_param(params: dict, key: str):
-    if key not in params:
-        raise GraphError(f"the parameter {key!r} is missing")
-    return params.pop(key)
-
-
-def no_params(params: dict) -> None:
-    if params:
-        raise GraphError(f"unknown parameter(s) {sorted(params)}")
 
 
 # -- the translations --------------------------------------------------------------------------
