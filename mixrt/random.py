@@ -9,10 +9,9 @@ initializers, data shuffling), the stream random ops without a ``seed`` attribut
 on the CPU (Dropout's masks, RandomNormal, the samplers below) and CuPy's generator of each
 GPU (``mixrt/random_streams.py``). The samplers (``uniform``, ``normal``, ``randn``,
 ``randint``, ``poisson``, ``exponential``, ``gamma``, ``negative_binomial``,
-``generalized_negative_binomial``, ``multinomial``, ``shuffle``) are ``mixrt.nd.random``'s,
-loaded on first use as ``mixrt``'s own submodules are: the initializers, data iterators and
-samplers that take their generator from here are below ``mixrt.nd`` (its layers use the
-initializers), so this module must not load it when it loads.
+``generalized_negative_binomial``, ``multinomial``, ``shuffle``) are ``mixrt.nd.random``'s:
+this module stands on the array frontend's floor, and loads them on first use (PEP 562) so
+that seeding alone does not load the array frontend.
 """
 
 from __future__ import annotations
