@@ -1,8 +1,8 @@
 """The tree ensembles of ``ai.onnx.ml``: TreeEnsembleClassifier and TreeEnsembleRegressor
 (opsets 1 and 3: scikit-learn's trees, forests and gradient boosting, LightGBM, XGBoost);
-TreeEnsemble (opset 5) lives beside the forest in ``ops/ml/forest.py``.
+TreeEnsemble (opset 5) lives in ``ops/ml/forest.py``, with its encoding into the forest.
 
-A node's forest (``ops/ml/forest._Forest``: flat node arrays and leaf weights) is built from its
+A node's forest (``forest_walks._Forest``: flat node arrays and leaf weights) is built from its
 attributes once, on its first call, and kept in the node's ``_node`` dict with the checks of
 its attributes done; a call without one (a kernel called directly) builds it each time.
 The compiled tier walks each row down each tree (``ops/ml/_jit_trees.py``); the NumPy tier walks

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
-from mixrt.ops.ml import forest, ml_trees
+from mixrt.ops.ml import forest, forest_walks, ml_trees
 
 FEATURES = 6
 
@@ -141,11 +141,11 @@ def test_a_table_that_is_not_a_set_of_trees_keeps_the_walk_that_stops_at_leaves(
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_a_split_walk_gives_the_one_thread_bits(native, monkeypatch):
-    """Rows enough to split (ops/ml/forest.NATIVE_SPLIT_STEPS), on the native worker or,
+    """Rows enough to split (ops/ml/forest_walks.NATIVE_SPLIT_STEPS), on the native worker or,
     without it, Python threads (forced by lowering THREAD_SPLIT_STEPS)."""
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
     monkeypatch.setenv("MIXRT_NATIVE_POOL", native)
-    monkeypatch.setattr(forest, "THREAD_SPLIT_STEPS", forest.NATIVE_SPLIT_STEPS)
+    monkeypatch.setattr(forest_walks, "THREAD_SPLIT_STEPS", forest_walks.NATIVE_SPLIT_STEPS)
     rng = np.random.default_rng(13)
     attrs = _forest(rng, 40, 2, "BRANCH_LEQ", "target_", depth=8)
     attrs.update(n_targets=2, aggregate_function="SUM")

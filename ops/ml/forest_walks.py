@@ -1,0 +1,242 @@
+"""A tree ensemble's walks over its forest (:class:`_Forest`, its tables laid out by
+``forest_tables.py``): the compiled walks of ``_jit_trees.py`` where they may run, split
+between threads for large batches (Python threads, or the native worker through
+``_jit_tree_parts.py``), the walk a batch's size chose by the clock (``walk_choice.py``), and
+the NumPy tier's walk to the leaves with the ensembles' aggregates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.panels import native_parts
+from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
+from mixrt.ops.ml import walk_choice
+from mixrt.ops.ml.forest_tables import _LEAF, _MEMBER, _ForestTables
+
+_AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+# a rough count of node visits per tree and row, where the stepped walk's counts are not made
+_STEPS_PER_TREE = 16
+# steps of a walk (rows x a row's steps; ~2 ns each) from which it is split between threads:
+# the native worker takes a part in ~5 us (ops/ml/_jit_tree_parts.py), a Python thread in 20-40
+NATIVE_SPLIT_STEPS = 1 << 13
+THREAD_SPLIT_STEPS = 1 << 17
+SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
+STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
+CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
+
+
+class _Forest(_ForestTables):
+    """A tree ensemble's forest (its tables: :class:`forest_tables._ForestTables`) and its
+    walks: the compiled ones, split between threads for large batches, and the NumPy tier's
+    walk to the leaves with their aggregates."""
+
+    def sums(self, xp, X, precision):
+        """Each target's summed leaf weights [N, targets] in ``precision``, added tree by
+        tree (onnxruntime's order), and whether any reached leaf weighs that target."""
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return _leaf_sums(xp, self, self.leaves(xp, X), precision)
+        return self.compiled_sums(kernels, X, precision)
+
+    def compiled_sums(self, kernels, X, precision):
+        """:meth:`sums` through ``kernels`` (ops/ml/_jit_trees.py; :meth:`_kernels` said they
+        may walk X)."""
+        total = np.zeros((X.shape[0], self.weights.shape[1]), dtype=precision)
+        reached = np.zeros(total.shape, dtype=bool)
+        self._walk(kernels.forest_sums, X, precision, total, reached, sums=True)
+        return total, reached
+
+    def aggregate_rows(self, xp, X, function):
+        """``aggregate`` of the leaves X's rows reach, walked by the compiled kernels where
+        they can run."""
+        function = _aggregate_name(function)
+        kernels = self._kernels(xp, X)
+        if kernels is None:
+            return self.aggregate(xp, self.leaves(xp, X), function)
+        if function in ("SUM", "AVERAGE"):
+            total = np.zeros((X.shape[0], self.weights.shape[1]))
+            reached = np.zeros(total.shape, dtype=bool)
+            self._walk(kernels.forest_sums, X, np.float64, total, reached, sums=True)
+            return total / len(self.roots) if function == "AVERAGE" else total
+        start = np.inf if function == "MIN" else -np.inf
+        best = np.full((X.shape[0], self.weights.shape[1]), start)
+        self._walk(kernels.forest_extremes, X, np.float64, best, function == "MAX")
+        return np.where(np.isinf(best), 0.0, best)
+
+    def _kernels(self, xp, X):
+        """ops/ml/_jit_trees.py where it may run on X (host arrays, the compiled tier on, a
+        table it can walk safely), else None."""
+        # the trees' compiled walk on host arrays, not an op's kernel: the ensembles share it
+        if xp is not np or not self._compilable or not len(self.roots) \
+                or not self._fits(X.shape[1]) or not jit_cpu.enabled():
+            return None
+        return jit_cpu.load("mixrt.ops.ml._jit_trees")
+
+    def alone_rows(self) -> int:
+        """The most rows whose walk is one call on the calling thread whatever the pool
+        (:meth:`walks_alone` without the thread count, which it reads only for larger
+        batches)."""
+        return max(2 * SPLIT_ROWS - 1, (NATIVE_SPLIT_STEPS - 1) // self._steps_per_row())
+
+    def _steps_per_row(self) -> int:
+        """A row's steps through the whole forest: the stepped walk's counts, else a rough
+        count per tree."""
+        if self._row_steps is None:
+            steps = self._stepped()[0]
+            self._row_steps = max(1, int(np.abs(steps).sum()) if steps.size
+                                  else len(self.roots) * _STEPS_PER_TREE)
+        return self._row_steps
+
+    def walks_alone(self, rows: int) -> bool:
+        """Is a walk of ``rows`` rows one call on the calling thread (not split)?"""
+        return self._split(rows, True)[1] is None
+
+    def _split(self, rows: int, sums: bool) -> tuple:
+        """(the native pool or None, the parts' (start, stop) rows or None: one call here).
+        The native workers take a part of a walk of sums from NATIVE_SPLIT_STEPS, Python
+        threads any walk's from THREAD_SPLIT_STEPS; one part per thread, contiguous, so each
+        keeps whole blocks of rows side by side, and each of SPLIT_ROWS rows at least (two
+        rows of a 500-tree forest, a row a thread: 29 -> 35 us, the hand-off and the
+        compiled call's setup against half a walk of ~14 us)."""
+        work = rows * self._steps_per_row()
+        if rows < 2 * SPLIT_ROWS or work < NATIVE_SPLIT_STEPS:
+            return None, None  # before the pool's lookup: a request's rows
+        native = jit_cpu.native_pool() if sums else None
+        if native is not None:
+            threads = native.workers + 1
+        elif work >= THREAD_SPLIT_STEPS:
+            threads = intra_op_threads()
+        else:
+            return None, None
+        count = min(rows // SPLIT_ROWS, threads)
+        if count < 2:
+            return None, None
+        bounds = [rows * p // count for p in range(count + 1)]
+        return native, [(bounds[p], bounds[p + 1]) for p in range(count)]
+
+    def _walk(self, kernel, X, precision, *outputs, sums: bool = False):
+        """kernel(rows, start, stop, tables..., outputs...) over row ranges, split between
+        threads for large batches (:meth:`_split`); ``sums``: the kernel is forest_sums,
+        whose parts the native worker can take. Where the forest has both walks, the batch
+        takes the one its size's choice keeps (``ops/ml/walk_choice.py``)."""
+        data, tables = self.walk_inputs(X, precision)
+        rows = X.shape[0]
+        choices = self.walk_choices() if sums and rows >= CHOSEN_FROM_ROWS else None
+        choice = None if choices is None else choices.for_rows(rows)
+        if choice is None:
+            self._walk_parts(kernel, data, tables, rows, outputs, sums)
+            return
+        candidates = self.walk_candidates(precision)
+        walk_choice.walk(choice, lambda index: self._walk_parts(
+            kernel, data, candidates[index], rows, outputs, sums))
+
+    def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
+        native, parts = self._split(rows, sums)
+        if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
+            kernel(data, 0, rows, *tables, *outputs)
+        elif native is None or not _native_walk(native, parts, data, tables, *outputs):
+            parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
+                                                           *outputs))
+
+    def walk_choices(self):
+        """The forest's choices of walk by batch size, or None where it has one walk only
+        (its branches mix modes, or its table is not a set of trees)."""
+        if not self._stepped()[0].size:
+            return None
+        if self._choices is None:
+            walks = 2 if self._depth_first() is None else 4
+            self._choices = walk_choice.WalkChoices(walks)
+        return self._choices
+
+    def leaves(self, xp, X):
+        """The leaf each sample reaches in each tree: [N, trees]."""
+        table = {name: xp.asarray(getattr(self, name)) for name in (
+            "features", "splits", "modes", "true_next", "false_next", "tracks_true", "members")}
+        data = X.astype(np.float64)
+        node = xp.broadcast_to(xp.asarray(self.roots), (X.shape[0], len(self.roots))).copy()
+        for _ in range(len(self.modes)):  # a path never visits a node twice
+            mode = table["modes"][node]
+            interior = mode != _LEAF
+            if not bool(interior.any()):
+                break
+            x = xp.take_along_axis(data, table["features"][node], axis=1)
+            go_true = _compare(xp, x, table["splits"][node], mode)
+            is_member = (x[..., None] == table["members"][node]).any(axis=-1)
+            go_true = xp.where(mode == _MEMBER, is_member, go_true)
+            # a NaN takes the true branch when its node tracks missing values there, else
+            # whatever the comparison says (false, but true for BRANCH_NEQ): onnxruntime and
+            # onnx's TreeEnsemble-5 reference do so; the opset-1/3 text would send it false
+            go_true = go_true | (xp.isnan(x) & table["tracks_true"][node])
+            following = xp.where(go_true, table["true_next"][node], table["false_next"][node])
+            node = xp.where(interior, following, node)
+        return node
+
+    def aggregate(self, xp, leaves, function: str):
+        function = _aggregate_name(function)
+        weights, hit = xp.asarray(self.weights), xp.asarray(self.hit)
+        if function in ("SUM", "AVERAGE"):
+            total = weights[leaves[:, 0]].copy()
+            for t in range(1, leaves.shape[1]):
+                total += weights[leaves[:, t]]
+            return total / leaves.shape[1] if function == "AVERAGE" else total
+        pick = xp.minimum if function == "MIN" else xp.maximum
+        start = np.inf if function == "MIN" else -np.inf
+        best = xp.full((leaves.shape[0], weights.shape[1]), start)
+        for t in range(leaves.shape[1]):
+            best = xp.where(hit[leaves[:, t]], pick(best, weights[leaves[:, t]]), best)
+        return xp.where(xp.isinf(best), 0.0, best)  # a target no leaf reached scores 0
+
+
+def _native_walk(native, parts, data, tables, total, reached) -> bool:
+    """forest_sums over ``parts`` on this thread and the native worker
+    (ops/ml/_jit_tree_parts.py); False, with nothing done, where no entry takes these
+    dtypes."""
+    module = jit_cpu.load("mixrt.ops.ml._jit_tree_parts")
+    entry = None if module is None else \
+        module.ENTRIES.get((data.dtype.char, total.dtype.char))
+    if entry is None:
+        return False
+    (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
+     leaf_targets, leaf_values) = tables
+    arrays = (data, roots, splits, links, members, steps, records, thresholds, leaf_start,
+              leaf_targets, leaf_values, total, reached)
+    bounds = [start for start, _ in parts] + [parts[-1][1]]
+    words = np.array([0, *(extent for array in arrays for extent in array.shape), uniform,
+                      *bounds], np.int64)
+    words[0] = words.size
+    addresses = np.empty(len(arrays) + 1, np.uint64)
+    native_parts.fill_addresses(addresses, (words,) + arrays)
+    jit_cpu.note_native_job()
+    jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(parts))
+    return True
+
+
+def _aggregate_name(function) -> str:
+    function = function.decode() if isinstance(function, bytes) else function
+    if function not in _AGGREGATES:
+        raise ValueError(f"aggregate_function must be one of {', '.join(_AGGREGATES)}, "
+                         f"got {function!r}")
+    return function
+
+
+def _leaf_sums(xp, forest, leaves, precision):
+    """The NumPy tier of ``_Forest.sums``: dense weight rows gathered and added tree by
+    tree."""
+    weights = xp.asarray(forest.weights.astype(precision))
+    hit = xp.asarray(forest.hit)
+    total = xp.zeros((leaves.shape[0], weights.shape[1]), dtype=precision)
+    reached = xp.zeros(total.shape, dtype=bool)
+    for tree in range(leaves.shape[1]):
+        total += weights[leaves[:, tree]]
+        reached |= hit[leaves[:, tree]]
+    return total, reached
+
+
+def _compare(xp, x, split, mode):
+    tests = [x <= split, x < split, x >= split, x > split, x == split, x != split]
+    result = xp.zeros(x.shape, dtype=bool)
+    for code, test in enumerate(tests):
+        result = xp.where(mode == code, test, result)
+    return result
