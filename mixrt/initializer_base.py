@@ -29,6 +29,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.ops.device import array_module, to_host
+from mixrt.registry import Registry
 
 
 class InitializerError(InputError, ValueError):
@@ -256,23 +257,10 @@ def bilinear_kernel(shape: tuple) -> np.ndarray:
 
 # -- the registry ---------------------------------------------------------------------------
 
-_REGISTRY: dict[str, type] = {}
-
-
-def register(klass):
-    """Register an initializer class under its lower-cased name."""
-    if not isinstance(klass, type) or not issubclass(klass, Initializer):
-        raise InitializerError(f"register takes an Initializer subclass, got {klass!r}")
-    _REGISTRY[klass.__name__.lower()] = klass
-    return klass
-
-
-def alias(*aliases):
-    def add(klass):
-        for name in aliases:
-            _REGISTRY[name.lower()] = klass
-        return klass
-    return add
+_REGISTRY = Registry(Initializer, lambda name, known: InitializerError(
+    f"unknown initializer {name!r}; registered: {known}"), error_type=InitializerError)
+register = _REGISTRY.register  # an initializer class under its lower-cased name
+alias = _REGISTRY.alias  # ... and under more names
 
 
 def create(init, /, **kwargs) -> Initializer:
@@ -286,10 +274,7 @@ def create(init, /, **kwargs) -> Initializer:
     if isinstance(init, dict) and isinstance(init.get("type"), str):
         options = {k: v for k, v in init.items() if k != "type"}
         return create(init["type"], **options, **kwargs)
-    if not isinstance(init, str) or init.lower() not in _REGISTRY:
-        raise InitializerError(f"unknown initializer {init!r}; registered: "
-                               f"{sorted(_REGISTRY)}")
-    return _REGISTRY[init.lower()](**kwargs)
+    return _REGISTRY.find(init)(**kwargs)
 
 
 __all__ = ["InitDesc", "Initializer", "InitializerError", "register", "alias", "create",

@@ -11,6 +11,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.ops.device import to_host
+from mixrt.registry import Registry
 
 
 class MetricShapeError(ShapeError, ValueError):
@@ -125,22 +126,10 @@ def _pairs(name, value) -> list:
 
 # -- the registry ---------------------------------------------------------------------------
 
-_REGISTRY: dict[str, type] = {}
-
-
-def register(klass):
-    """Register a metric class under its lower-cased name."""
-    _REGISTRY[klass.__name__.lower()] = klass
-    return klass
-
-
-def alias(*aliases):
-    """Register a metric class under more names."""
-    def add(klass):
-        for name in aliases:
-            _REGISTRY[name.lower()] = klass
-        return klass
-    return add
+_REGISTRY = Registry(None, lambda name, known: InputError(
+    f"unknown metric {name!r}; registered: {known}"))
+register = _REGISTRY.register  # a metric class under its lower-cased name
+alias = _REGISTRY.alias  # ... and under more names
 
 
 def create(metric, *args, **kwargs) -> EvalMetric:
@@ -160,9 +149,7 @@ def create(metric, *args, **kwargs) -> EvalMetric:
     if isinstance(metric, dict):
         config = dict(metric)
         return create(config.pop("metric"), *args, **{**config, **kwargs})
-    if not isinstance(metric, str) or metric.lower() not in _REGISTRY:
-        raise InputError(f"unknown metric {metric!r}; registered: {sorted(_REGISTRY)}")
-    return _REGISTRY[metric.lower()](*args, **kwargs)
+    return _REGISTRY.find(metric)(*args, **kwargs)
 
 
 @register

@@ -39,7 +39,7 @@ FRONTEND_FLOORS = [
         "mixrt.initializer_base", "mixrt.initializer", "mixrt.metric_base",
         "mixrt.metric_values", "mixrt.metric", "mixrt.io_base", "mixrt.kv_base",
         "mixrt.profiler_objects", "mixrt.profiler", "mixrt.progress", "mixrt.engine",
-        "mixrt.backend", "mixrt.numpy", "mixrt.lr_scheduler"}),
+        "mixrt.backend", "mixrt.numpy", "mixrt.lr_scheduler", "mixrt.registry"}),
     # one imperative op call: check, run the kernel, wrap the outputs
     ("dispatch", {"mixrt.dispatch"}),
     # the recording the dispatcher feeds, and the backward walk over it

@@ -24,6 +24,7 @@ from mixrt.context import cpu, gpu
 from mixrt.nd.ndarray import NDArray
 from mixrt.ops.device import array_module
 from mixrt.optimizers.updater import Updater
+from mixrt.registry import Registry
 from mixrt.runtime import optimizer as engine
 
 
@@ -34,7 +35,7 @@ class UnknownOptimizerError(OptimizerError, ValueError):
 class Optimizer(engine.Optimizer):
     """MXNet's base optimizer (``mx.optimizer.Optimizer``), same arguments and defaults."""
 
-    opt_registry: dict = {}
+    opt_registry: Registry  # the optimizers by name (MXNet's dict), made below
     # whether the aggregated update (a list of indices) takes any number of weights at once,
     # rather than MXNet's ``aggregate_num`` at a time (the Updater asks)
     updates_any_number = False
@@ -87,24 +88,12 @@ class Optimizer(engine.Optimizer):
     @staticmethod
     def register(klass):
         """Register ``klass`` under its lower-cased class name (what ``create`` looks up)."""
-        if not isinstance(klass, type) or not issubclass(klass, Optimizer):
-            raise OptimizerError(f"register takes an Optimizer subclass, got {klass!r}")
-        name = klass.__name__.lower()
-        if name in Optimizer.opt_registry:
-            old = Optimizer.opt_registry[name]
-            warnings.warn(f"WARNING: New optimizer {klass.__module__}.{klass.__name__} is "
-                          f"overriding existing optimizer {old.__module__}.{old.__name__}",
-                          stacklevel=2)
-        Optimizer.opt_registry[name] = klass
-        return klass
+        return Optimizer.opt_registry.register(klass)
 
     @staticmethod
     def create_optimizer(name, **kwargs):
         """The optimizer registered as ``name`` (case-insensitive), made with ``kwargs``."""
-        if not isinstance(name, str) or name.lower() not in Optimizer.opt_registry:
-            raise UnknownOptimizerError(f"Cannot find optimizer {name!r}; registered: "
-                                        f"{sorted(Optimizer.opt_registry)}")
-        return Optimizer.opt_registry[name.lower()](**kwargs)
+        return Optimizer.opt_registry.find(name)(**kwargs)
 
     @property
     def name(self) -> str:
@@ -277,6 +266,10 @@ class Optimizer(engine.Optimizer):
         return f"{type(self).__name__}(learning_rate={self.learning_rate!r}, wd={self.wd!r})"
 
 
+Optimizer.opt_registry = Registry(
+    Optimizer, lambda name, known: UnknownOptimizerError(
+        f"Cannot find optimizer {name!r}; registered: {known}"),
+    error_type=OptimizerError, warn_on_override=True)
 register = Optimizer.register
 create = Optimizer.create_optimizer
 
