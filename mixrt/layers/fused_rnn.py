@@ -57,6 +57,20 @@ def is_mxnet_call(kwargs: dict) -> bool:
                                          "state_cell"))
 
 
+def with_onnx_rnn(onnx_rnn, fused_rnn, frontend: str):
+    """``RNN`` as a front end offers it: MXNet's fused RNN (``fused_rnn``) when called with
+    its arguments, else ONNX's RNN operator (``onnx_rnn``), whose name it shares."""
+    def RNN(*args, **kwargs):
+        if is_mxnet_call(kwargs):
+            return fused_rnn(*args, **kwargs)
+        return onnx_rnn(*args, **kwargs)
+
+    RNN.__doc__ = (f"MXNet's fused RNN when called with its arguments (``state_size``, "
+                   f"``mode``, ``parameters``, ...: ``{frontend}``); else ONNX's RNN "
+                   f"operator.\n\n" + (onnx_rnn.__doc__ or ""))
+    return RNN
+
+
 def input_names(params: dict) -> list[str]:
     """The inputs the mode reads, in MXNet's order (state_cell for an LSTM,
     sequence_length with use_sequence_length)."""

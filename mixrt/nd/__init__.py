@@ -181,18 +181,7 @@ _fluent.attach()
 
 # MXNet's fused RNN under ONNX's operator's name (mixrt/nd/fused_rnn.py)
 from mixrt.nd import fused_rnn as _fused_rnn  # noqa: E402
-_onnx_rnn = RNN  # noqa: F821  (installed from the registry above)
-
-
-def RNN(*args, **kwargs):  # noqa: F811
-    """MXNet's fused RNN when called with its arguments (``state_size``, ``mode``,
-    ``parameters``, ...: ``mixrt.nd.fused_rnn``); else ONNX's RNN operator."""
-    if _fused_rnn.is_mxnet_call(kwargs):
-        return _fused_rnn.fused_rnn(*args, **kwargs)
-    return _onnx_rnn(*args, **kwargs)
-
-
-RNN.__doc__ += "\n\n" + (_onnx_rnn.__doc__ or "")  # ONNX's operator, documented as generated
+RNN = _fused_rnn.with_onnx_rnn(RNN, _fused_rnn.fused_rnn, "mixrt.nd.fused_rnn")  # noqa: F821
 
 # ``from mxnet.ndarray import *`` gives MXNet's operators and subpackages: those above that
 # were imported rather than generated, the samplers' flat names (random_normal, ...)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from mixrt import dispatch
 from mixrt.base.errors import InputError
 from mixrt.layers import fused_rnn as layer
-from mixrt.layers.fused_rnn import INPUTS, PARAMETERS, input_names, is_mxnet_call  # noqa: F401
+from mixrt.layers.fused_rnn import (INPUTS, PARAMETERS, input_names,  # noqa: F401
+                                    is_mxnet_call, with_onnx_rnn)
 from mixrt.nd.cached_op import write_into
 from mixrt.nd.ndarray import NDArray
 

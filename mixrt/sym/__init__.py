@@ -57,18 +57,7 @@ from mixrt.sym import sparse  # noqa: E402  (MXNet's mx.sym.sparse: the dense op
 sparse.__dict__.update({_name: globals()[_name] for _name in sparse.SAME_AS_DENSE})
 
 from mixrt.sym import fused_rnn as _fused_rnn  # noqa: E402  (MXNet's fused sym.RNN)
-_onnx_rnn = RNN  # noqa: F821  (installed from the registry above)
-
-
-def RNN(*args, **kwargs):  # noqa: F811
-    """MXNet's fused RNN when called with its arguments (``state_size``, ``mode``,
-    ``parameters``, ...: ``mixrt.sym.fused_rnn``); else ONNX's RNN operator."""
-    if _fused_rnn.is_mxnet_call(kwargs):
-        return _fused_rnn.fused_rnn(*args, **kwargs)
-    return _onnx_rnn(*args, **kwargs)
-
-
-RNN.__doc__ += "\n\n" + (_onnx_rnn.__doc__ or "")  # ONNX's operator, documented as generated
+RNN = _fused_rnn.with_onnx_rnn(RNN, _fused_rnn.fused_rnn, "mixrt.sym.fused_rnn")  # noqa: F821
 
 
 def __getattr__(name: str):
