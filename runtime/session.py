@@ -1,12 +1,16 @@
 """Session: load a model, bind every node to a kernel, run it.
 
 The call shapes mirror ``onnxruntime.InferenceSession`` (``run(output_names, feeds)``,
-``get_inputs()``, ``get_outputs()``) so a service can switch by changing one line.
+``get_inputs()``, ``get_outputs()``) so a service can switch by changing one line; the
+options it accepts from there and the ``NodeArg`` it describes inputs with are in
+``runtime/onnxruntime_surface.py``.
 
-Binding happens once, at construction: each node's kernel is looked up for its domain, op,
-opset and device, and its attributes are checked against the kernel's signature, so an
-unsupported model fails when it is loaded, naming the node, not halfway through a request.
-``run`` then walks the precomputed schedule.
+Binding happens once, at construction (``runtime/binding.py``): an unsupported model fails
+when it is loaded, naming the node, not halfway through a request. ``run`` checks the feeds
+(:class:`~mixrt.runtime.session_feeds.FeedChecks`, this class's base), then walks the
+precomputed schedule. What is here is the run machinery: the first run of an input
+signature that discovers its memory plan, the planned runs after it (on an arena, in a CUDA
+graph, or on the steady lane of a repeated request), and the outputs' delivery.
 
 ``runtime/`` never imports ``importers/``: model formats register a loader here
 (:func:`register_loader`), and ``mixrt/__init__.py`` registers the ONNX importer.
@@ -15,9 +19,8 @@ unsupported model fails when it is loaded, naming the node, not halfway through 
 from __future__ import annotations
 
 import contextlib
-import difflib
 from collections import ChainMap
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any, Callable
 
@@ -26,23 +29,25 @@ import numpy as np
 from mixrt.base.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.elementwise.elementwise import quiet_numpy
-from mixrt.ops.ir.registry import CONSTANT_INPUTS, lookup_kernel
-from mixrt.ops.ir.types import MapType, OptionalType, SequenceType, TensorType
+from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE
 from mixrt.runtime.blas_threads import UNGATED
 from mixrt.ops import device_checks
 from mixrt.runtime import kernel_tiers
+from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
 from mixrt.runtime.run_loop import execute
 from mixrt.runtime.steady_run import SteadyRun
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_copies, make_plan,
                                     plannable_on_gpu, release)
-from mixrt.runtime.feeds import (as_text, check_tensor, feed_signature, map_feed, python_feed,
-                                 type_name, unicode_text)
-from mixrt.runtime.graph import Graph, Node, Value, outer_scope_reads
+from mixrt.runtime.feeds import feed_signature
+from mixrt.runtime.graph import Graph, Value
+from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
+                                               node_arg)
 from mixrt.runtime.passes.autodiff import expand_gradient_ops
 from mixrt.runtime.passes.typecheck import check_operand_types
+from mixrt.runtime.session_feeds import FeedChecks, feed_key
 from mixrt.runtime.support import check_gpu_dtypes
 from mixrt.runtime.lru import LruCache
 from mixrt.runtime.memory import STRATEGIES, MemoryPlan
@@ -75,78 +80,9 @@ def load_graph(source) -> Graph:
                          f"expected a path, bytes or an onnx.ModelProto")
 
 
-# -- binding ---------------------------------------------------------------------------------
-
-@dataclass
-class BoundNode:
-    node: Node
-    fn: Callable
-    attributes: dict[str, Any]
-    subgraphs: dict[str, Any]  # attribute name -> BoundGraph or list[BoundGraph]
-    inputs: list[str]  # trailing missing optional inputs dropped
-    writes_into: bool = False  # the kernel takes ``out=``
-    reads: list[str] = field(default_factory=list)  # inputs + subgraphs' outer-scope reads
-    host_inputs: frozenset = frozenset()  # input indices the kernel only reads on the host
-
-    @property
-    def label(self) -> str:
-        return self.node.label
-
-
-@dataclass
-class BoundGraph:
-    graph: Graph
-    nodes: list[BoundNode] = field(default_factory=list)
-    constants: dict[str, Any] = field(default_factory=dict)  # initializers on the device
-
-
-def bind_graph(graph: Graph, device: Device) -> BoundGraph:
-    """Look up and check a kernel for every node (subgraphs included)."""
-    bound = BoundGraph(graph, constants={k: device.put(v, f"initializer {k!r}") for k, v in
-                                         graph.initializers.items()})
-    for node in graph.nodes:
-        kernel = lookup_kernel(node, device)
-        attributes, subgraphs = {}, {}
-        for key, value in node.attributes.items():
-            if isinstance(value, Graph):
-                subgraphs[key] = bind_graph(value, device)
-            elif isinstance(value, list) and value and all(isinstance(v, Graph) for v in value):
-                subgraphs[key] = [bind_graph(v, device) for v in value]
-            else:
-                attributes[key] = value
-        if kernel.wants_output_count:
-            attributes["_outputs"] = len(node.outputs)
-        if kernel.wants_prepacked(device.kind) and len(node.inputs) > 1 \
-                and node.inputs[1] in graph.initializers:
-            # the weight is a constant of this session: its kernel may keep a repacked copy
-            attributes["_prepacked"] = {CONSTANT_INPUTS: frozenset(
-                i for i, name in enumerate(node.inputs) if name in graph.initializers)}
-        if kernel.wants_node_state(device.kind):
-            attributes["_node"] = {}
-        inputs = list(node.inputs)
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        reads = [n for n in inputs if n]
-        for sub in node.subgraphs():
-            reads.extend(outer_scope_reads(sub))
-        bound.nodes.append(BoundNode(node, kernel.for_device(device.kind), attributes,
-                                     subgraphs, inputs, kernel.writes_into(device.kind),
-                                     list(dict.fromkeys(reads)), kernel.host_inputs))
-    return bound
-
-
 # -- the public session ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class NodeArg:
-    """An input or output as ``get_inputs``/``get_outputs`` describe it (onnxruntime's shape)."""
-
-    name: str
-    type: str  # "tensor(float)", "seq(tensor(int64))", ...
-    shape: list | None  # ints, symbolic names (str) or None for unknown dims
-
-
-class Session:
+class Session(FeedChecks):
     """Run a model: ``Session(path | bytes | ModelProto | Graph, device="cpu" | "gpu:0")``.
 
     ``opt_level`` (0..2) chooses the graph passes (see ``runtime/passes``); ``strategy`` the
@@ -164,9 +100,9 @@ class Session:
         # onnxruntime's other arguments are accepted so that its calls run unchanged; the
         # device picks the kernels. Any other name is a typo that would otherwise be ignored.
         del providers
-        _check_option_names(onnxruntime_options)
-        _check_option("opt_level", opt_level, (0, 1, 2))
-        _check_option("strategy", strategy, STRATEGIES)
+        check_option_names(onnxruntime_options)
+        check_option("opt_level", opt_level, (0, 1, 2))
+        check_option("strategy", strategy, STRATEGIES)
         self.device = parse_device(device)
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
@@ -178,7 +114,7 @@ class Session:
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
         self._plans = LruCache(MAX_CACHED_PLANS)  # input-shape signature -> ExecutionPlan
         self._last_plan: tuple | None = None  # (signature, plan) of the last plan found
-        # (_feed_key, signature, the feeds given as NumPy text to turn into str objects) of
+        # (feed_key, signature, the feeds given as NumPy text to turn into str objects) of
         # checked feeds
         self._known_feeds: tuple | None = None
         self._steady: SteadyRun | None = None  # the last feeds' run, once it cannot change
@@ -195,10 +131,10 @@ class Session:
     # -- onnxruntime-compatible surface ----------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
-        return [_node_arg(v.name, v.type) for v in self._feed_inputs]
+        return [node_arg(v.name, v.type) for v in self._feed_inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [_node_arg(v.name, v.type) for v in self.graph.outputs]
+        return [node_arg(v.name, v.type) for v in self.graph.outputs]
 
     def get_providers(self) -> list[str]:
         return ["CUDAExecutionProvider" if self.device.kind == "gpu" else "CPUExecutionProvider"]
@@ -207,7 +143,7 @@ class Session:
         del run_options
         steady = self._steady
         if steady is not None and output_names is None and feeds.__class__ is dict \
-                and _feed_key(feeds) == steady.key and symbolic_profiler() is None \
+                and feed_key(feeds) == steady.key and symbolic_profiler() is None \
                 and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
             return self._gate.run(steady.run, feeds)
         return self._run(output_names, feeds, host=True)
@@ -404,17 +340,6 @@ class Session:
         self._plans.put(signature, plan)
         return env
 
-    def _static_feeds(self) -> dict:
-        feeds = {}
-        for value in self._required:
-            value_type = value.type
-            if not (isinstance(value_type, TensorType) and value_type.shape is not None
-                    and all(isinstance(d, int) for d in value_type.shape)):
-                raise InputError(f"input {value.name!r} has no static shape "
-                                 f"({value_type}); pass feeds to plan for")
-            feeds[value.name] = np.zeros(value_type.shape, dtype=value_type.dtype)
-        return feeds
-
     def _collect(self, env, wanted: list[str], shared: frozenset, host: bool) -> list:
         missing = [n for n in wanted if n not in env]
         if missing:
@@ -443,77 +368,6 @@ class Session:
                              f"its outputs are {self.graph.output_names}")
         return list(output_names)
 
-    def _feeds_and_signature(self, feeds) -> tuple[dict, tuple]:
-        """The checked feeds and their signature. CPU feeds that are NumPy arrays with the
-        names, order, shapes and dtypes of the last ones checked as they were (no copy or
-        conversion) pass as they are, with that signature (the same object, so the plan
-        is found by identity): the full check and signature cost ~4 us a run."""
-        known = self._known_feeds
-        if known is not None and feeds.__class__ is dict:
-            key = _feed_key(feeds)
-            if key is not None and key == known[0]:
-                if known[2]:  # as _checked_feed converts them (np.vectorize: ~10 us a run)
-                    feeds = dict(feeds)
-                    for name in known[2]:
-                        feeds[name] = feeds[name].astype(object)
-                return feeds, known[1]
-        checked = self._checked_feeds(feeds)
-        signature = feed_signature(checked)
-        if self._xp is np:
-            texts = tuple(name for name, value in feeds.items()
-                          if checked[name] is not value and unicode_text(value))
-            if all(checked[name] is value or name in texts for name, value in feeds.items()):
-                key = _feed_key(feeds)
-                if key is not None:
-                    self._known_feeds = (key, signature, texts)
-        return checked, signature
-
-    def _checked_feeds(self, feeds: dict) -> dict:
-        if not isinstance(feeds, dict):
-            raise InputError(f"feeds must be a dict of input name -> array, got "
-                             f"{type(feeds).__name__}")
-        by_name = {v.name: v for v in self._feed_inputs}
-        unknown = [n for n in feeds if n not in by_name]
-        if unknown:
-            raise InputError(f"feed(s) {unknown} are not inputs of this model; its inputs are "
-                             f"{[v.name for v in self._feed_inputs]}")
-        missing = [v.name for v in self._required if v.name not in feeds]
-        if missing:
-            raise InputError(f"missing feed(s) for input(s) {missing}")
-        symbols: dict[str, tuple[str, int]] = {}
-        return {name: self._checked_feed(by_name[name], value, symbols)
-                for name, value in feeds.items()}
-
-    def _checked_feed(self, declared, value, symbols):
-        expected = declared.type
-        if isinstance(expected, MapType):
-            return map_feed(declared.name, value, expected)
-        if isinstance(expected, SequenceType):
-            if not isinstance(value, (list, tuple)):
-                raise InputError(f"input {declared.name!r} is a sequence; feed a list of "
-                                 f"arrays, got {type(value).__name__}")
-            if isinstance(expected.element, MapType):
-                return [map_feed(declared.name, v, expected.element) for v in value]
-            return [self.device.put(np.asarray(v) if isinstance(v, (list, tuple)) else v)
-                    for v in value]
-        if isinstance(expected, OptionalType):
-            if value is None:
-                return None
-            expected = expected.element
-            if isinstance(expected, SequenceType):
-                return [self.device.put(v) for v in value]
-        if value is None:
-            raise InputError(f"input {declared.name!r} is a tensor; got None")
-        array = value if hasattr(value, "__array__") \
-            or hasattr(value, "__cuda_array_interface__") \
-            else python_feed(declared.name, value, expected)
-        if isinstance(expected, TensorType):
-            check_tensor(declared.name, array, expected, symbols)
-            if expected.dtype == np.dtype(object) and np.dtype(array.dtype).kind in "US":
-                # kernels see ONNX strings one way: object arrays of str
-                array = np.vectorize(as_text, otypes=[object])(array)
-        return self.device.put(array, f"input {declared.name!r}")
-
 
 def _host_value(value):
     """to_host for a run's output; maps (dicts) live on the host already and pass as they
@@ -534,27 +388,6 @@ def _held_value(device: Device, value):
     return device.put(value)
 
 
-def _node_arg(name: str, value_type) -> NodeArg:
-    return NodeArg(name, _type_string(value_type),
-                   list(value_type.shape) if isinstance(value_type, TensorType)
-                   and value_type.shape is not None else None)
-
-
-def _type_string(value_type) -> str:
-    if isinstance(value_type, TensorType):
-        if value_type.dtype is None:
-            return "tensor(?)"
-        return f"tensor({type_name(value_type.dtype)})"
-    if isinstance(value_type, SequenceType):
-        return f"seq({_type_string(value_type.element)})"
-    if isinstance(value_type, MapType):
-        key = "?" if value_type.key is None else type_name(value_type.key)
-        return f"map({key},{_type_string(value_type.value)})"
-    if isinstance(value_type, OptionalType):
-        return f"optional({_type_string(value_type.element)})"
-    return "?"
-
-
 # -- planning helpers ------------------------------------------------------------------------
 
 def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
@@ -572,26 +405,6 @@ def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
 
 def _copy(value):
     return [_copy(v) for v in value] if isinstance(value, list) else value.copy()
-
-
-# InferenceSession's keyword arguments a Session takes and has no use for
-ONNXRUNTIME_OPTIONS = ("sess_options", "provider_options", "disabled_optimizers")
-SESSION_OPTIONS = ("device", "opt_level", "strategy", "profile", "cuda_graph", "providers",
-                   *ONNXRUNTIME_OPTIONS)
-
-
-def _check_option_names(options: dict) -> None:
-    for name in options:
-        if name not in ONNXRUNTIME_OPTIONS:
-            close = difflib.get_close_matches(name, SESSION_OPTIONS, 1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"Session() takes no option {name!r}{hint} Its options are "
-                             f"{', '.join(SESSION_OPTIONS)}")
-
-
-def _check_option(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise InputError(f"Session option {name}={value!r} is not one of {list(allowed)}")
 
 
 def _optimized(graph: Graph, opt_level: int) -> Graph:
@@ -622,16 +435,6 @@ def _sizable(*groups) -> bool:
             if total >= WAKE_BYTES:
                 return True
     return False
-
-
-def _feed_key(feeds: dict) -> tuple | None:
-    """(name, shape, dtype) of each feed in order, when every one is a NumPy array."""
-    key = []
-    for name, value in feeds.items():
-        if value.__class__ is not np.ndarray:
-            return None
-        key.append((name, value.shape, value.dtype))
-    return tuple(key)
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:

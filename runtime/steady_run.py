@@ -24,7 +24,7 @@ from mixrt.runtime.run_loop import run_host_calls
 
 
 class SteadyRun:
-    """A planned CPU run of feeds whose :func:`~mixrt.runtime.session._feed_key` is ``key``.
+    """A planned CPU run of feeds whose :func:`~mixrt.runtime.session_feeds.feed_key` is ``key``.
 
     ``start``: the environment every run starts from (initializers and ``plan.frozen``);
     ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them; ``texts``: the

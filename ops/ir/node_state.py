@@ -1,6 +1,6 @@
 """Work a kernel does once per node rather than once per run.
 
-A session gives each node whose kernel takes ``_node`` a dict of its own (runtime/session.py).
+A session gives each node whose kernel takes ``_node`` a dict of its own (runtime/binding.py).
 A kernel keeps there what it makes of its attributes (a tree ensemble's packed forest, an
 n-gram table), and with :func:`prepared` also a call that computes the node from its inputs
 alone, which the executor then makes instead of calling the kernel with every attribute again

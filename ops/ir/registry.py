@@ -35,7 +35,7 @@ MIXRT = "mixrt"
 DEFAULT_DOMAIN = ""
 _DOMAIN_ALIASES = {"ai.onnx": ""}
 DEVICES = ("cpu", "gpu")
-# in a node's ``_prepacked`` dict (runtime/session.bind_graph): the positions of its inputs
+# in a node's ``_prepacked`` dict (runtime/binding.bind_graph): the positions of its inputs
 # that are constants of the session (input 1, the weight, always is; a kernel that derives
 # layouts from others, such as an LSTM's R and B, checks them here)
 CONSTANT_INPUTS = ("constant inputs",)
@@ -86,7 +86,7 @@ class Kernel:
     def wants_prepacked(self, device: str) -> bool:
         """Whether the device's function keeps derived layouts of a constant weight between
         runs: it takes ``_prepacked``, a dict the session gives each such node (see
-        ``runtime/session.bind_graph``)."""
+        ``runtime/binding.bind_graph``)."""
         return "_prepacked" in _signature_info(self.for_device(device)).attributes
 
     def wants_node_state(self, device: str) -> bool:

@@ -72,7 +72,7 @@ def halved(matrix, rows: int, dtype):
 
 
 def constant_weights(prepacked: dict | None, B) -> dict | None:
-    """The node's dict (runtime/session.bind_graph) when W, R and B, if given, are all
+    """The node's dict (runtime/binding.bind_graph) when W, R and B, if given, are all
     constants of the session, so their halved and packed forms can be kept; else None."""
     if prepacked is None:
         return None
