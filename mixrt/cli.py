@@ -12,6 +12,12 @@
                                            compile and serve the built-in digits CNN
     mixrt zoo                              the 9 zoo models end to end, checked
 
+This module holds the parser and the dispatch, and the subcommands that hand over to
+another module (``demo``, ``zoo``, ``launch``, ``serve``: each imports its heavy dependency
+only when it runs); ``info``, ``check`` and ``export`` are in ``cli_graph.py``, ``run``,
+``plan``, ``compile`` and ``warmup`` in ``cli_session.py``, the reading of ``--input`` and
+``--dim`` in ``cli_inputs.py``.
+
 Errors print one line (``mixrt: error: ...``) and exit 2; ``--debug`` shows the traceback.
 A reader that closes the pipe early (``mixrt info M | head -1``) ends the command quietly
 with status 141, as a SIGPIPE ends other Unix tools. Arrays are read with
@@ -21,34 +27,18 @@ with status 141, as a SIGPIPE ends other Unix tools. Arrays are read with
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import os
-import re
 import signal
 import sys
-import time
 import traceback
-import warnings
 from pathlib import Path
 
-import numpy as np
-
-import mixrt  # registers the model loaders
 from mixrt import __version__  # the package's one statement of it
-from mixrt.base.errors import InputError, LenientLoadWarning, MixrtError, ModelLoadError
+from mixrt.base.errors import InputError, MixrtError
+from mixrt.cli_graph import cmd_check, cmd_export, cmd_info
+from mixrt.cli_session import cmd_compile, cmd_plan, cmd_run, cmd_warmup
 from mixrt.demo import run_demo
-from mixrt.ops.compiled import prebuilt
-from mixrt.ops.compiled.jit_cache import cache_root
-from mixrt.ops.device import device_named, parse_device
-from mixrt.ops.ir.types import MapType, SequenceType, TensorType
-from mixrt.runtime.format import save_mxr
-from mixrt.runtime.kernel_tiers import warm_up
-from mixrt.runtime.memory import STRATEGIES, format_report, plan_report
-from mixrt.runtime.support import check_dim_names, support_table
-from mixrt.runtime.npz import read_npy  # checks before it reads
-from mixrt.runtime.plan_plot import draw_plan  # loads matplotlib only when it draws
-from mixrt.runtime.session import load_graph
+from mixrt.runtime.memory import STRATEGIES
 
 
 # the status a shell gives a command a SIGPIPE ended (128 + the signal's number)
@@ -273,12 +263,6 @@ def _add_shape_options(parser) -> None:
                         help="value of a symbolic dimension (e.g. --dim batch=8)")
 
 
-def _load_graph(model: str):
-    graph = load_graph(model)
-    graph.validate()
-    return graph
-
-
 # -- demo ------------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
@@ -305,325 +289,3 @@ def cmd_launch(args) -> int:
     num_servers = args.num_workers if args.num_servers is None else args.num_servers
     return launch(command, args.num_workers, num_servers, launcher=args.launcher,
                   hostfile=args.hostfile, port=args.port, host_uri=args.host_uri)
-
-
-# -- info ------------------------------------------------------------------------------------
-
-def cmd_info(args) -> int:
-    graph = _load_graph(args.model)
-    print(f"model: {args.model}")
-    for line in _provenance(graph.metadata):
-        print(line)
-    print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in sorted(graph.opsets.items())))
-    print("inputs:")
-    for value in graph.feed_inputs():
-        print(f"  {value.name}: {value.type or '?'}")
-    print("outputs:")
-    for value in graph.outputs:
-        print(f"  {value.name}: {value.type or '?'}")
-    weights = sum(a.nbytes for a in graph.initializers.values())
-    print(f"initializers: {len(graph.initializers)} ({weights / 2**20:.1f} MiB)")
-    histogram = collections.Counter(
-        f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in graph.all_nodes())
-    print(f"operators ({sum(histogram.values())} nodes):")
-    for name, count in histogram.most_common():
-        print(f"  {count:6}  {name}")
-    return 0
-
-
-def _provenance(metadata: dict) -> list[str]:
-    """Who wrote the model and, for a compiled .mxr, which model file it was compiled from."""
-    lines = []
-    if metadata.get("producer"):
-        lines.append(f"producer: {metadata['producer']} "
-                     f"{metadata.get('producer_version', '')}".rstrip())
-    if "opt_level" not in metadata or "format_version" not in metadata:
-        return lines  # not a .mxr
-    if "source_name" in metadata:
-        size = metadata.get("source_bytes")
-        facts = [f"sha256 {metadata['source_sha256']}"] if "source_sha256" in metadata else []
-        facts += [f"{size:,} bytes"] if isinstance(size, int) else []
-        facts += [f"written by {metadata['source_producer']}"] \
-            if metadata.get("source_producer") else []
-        lines.append(f"compiled from: {metadata['source_name']}"
-                     + (f" ({', '.join(facts)})" if facts else ""))
-    else:
-        lines.append("compiled from: a model given as bytes or a graph (no file recorded)")
-    lines.append(f"compiled at opt level {metadata['opt_level']}, .mxr format "
-                 f"{metadata['format_version']}")
-    return lines
-
-
-# -- run -------------------------------------------------------------------------------------
-
-def cmd_run(args) -> int:
-    session = mixrt.Session(args.model, device=args.device, opt_level=args.opt_level,
-                            strategy=args.strategy,
-                            profile=str(args.profile) if args.profile else False)
-    feeds = dict(_read_input(spec) for spec in args.input)
-    names = [o.name for o in session.get_outputs()]
-    outputs = session.run(None, feeds)
-    if args.profile:
-        session.run(None, feeds)  # the first run of a shape discovers it; profile a planned one
-        print(f"profile: {session.end_profiling()}")
-    if args.output_dir:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-    for name, value in zip(names, outputs):
-        array = np.asarray(value) if not isinstance(value, list) else value
-        print(f"{name}: {_describe(array)}")
-        if args.output_dir is not None and isinstance(array, np.ndarray):
-            np.save(args.output_dir / f"{_file_safe(name)}.npy", array, allow_pickle=False)
-    return 0
-
-
-def _read_input(spec: str) -> tuple[str, np.ndarray]:
-    name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise InputError(f"--input {spec!r}: expected NAME=FILE.npy")
-    try:
-        return name, read_npy(path, "input file")
-    except ModelLoadError as exc:
-        raise InputError(f"--input {name}: not a plain .npy array: {exc}") from exc
-
-
-def _describe(value) -> str:
-    if isinstance(value, list):
-        return f"sequence of {len(value)}"
-    preview = np.array2string(value.reshape(-1)[:6], precision=4, separator=", ")
-    return f"{value.dtype} {list(value.shape)} {preview}{' ...' if value.size > 6 else ''}"
-
-
-def _file_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "output"
-
-
-# -- compile and plan ------------------------------------------------------------------------
-
-def _planned_session(args, opt_level: int | None = None):
-    session = _session(args, opt_level)
-    return session, session.memory_plan(_plan_feeds(session, args))
-
-
-def _session(args, opt_level: int | None = None):
-    level = args.opt_level if opt_level is None else opt_level
-    return mixrt.Session(args.model, opt_level=level, strategy=args.strategy)
-
-
-def _plan_feeds(session, args) -> dict:
-    """Feeds to plan for: --input files, else zeros of the declared shapes (--dim values
-    for their symbolic dimensions)."""
-    feeds = dict(_read_input(spec) for spec in args.input)
-    symbols = _dim_sizes(session, args)
-    for value in session._required:
-        if value.name not in feeds:
-            feeds[value.name] = _zeros_for(value, symbols)
-    return feeds
-
-
-def _open_dims(session, args) -> list[str]:
-    """The symbolic input dimensions neither --dim nor --input gives a size."""
-    given = {spec.partition("=")[0] for spec in args.input}
-    symbols = _dim_sizes(session, args)
-    shapes = [(v.name, getattr(v.type, "shape", None)) for v in session._required
-              if v.name not in given]
-    return [f"{name}[{axis}] {dim!r}" if dim is not None else f"{name}[{axis}] (unnamed)"
-            for name, shape in shapes for axis, dim in enumerate(shape or ())
-            if dim is None or isinstance(dim, str) and dim not in symbols]
-
-
-def _map_inputs(session) -> list[str]:
-    """Inputs that are maps (or sequences of them): their sizes are part of the plan
-    signature, and --input reads only arrays, so no stored plan can be made for them."""
-    return [f"{v.name} ({v.type})" for v in session._required
-            if isinstance(v.type, MapType) or (isinstance(v.type, SequenceType)
-                                              and isinstance(v.type.element, MapType))]
-
-
-def _dim_sizes(session, args) -> dict[str, int]:
-    """--dim's sizes, each for a symbolic dimension the model's inputs declare."""
-    sizes = dict(_read_dim(spec) for spec in args.dim)
-    check_dim_names(session.graph.feed_inputs(), sizes)
-    return sizes
-
-
-def _read_dim(spec: str) -> tuple[str, int]:
-    name, sep, text = spec.partition("=")
-    if not sep or not name or not text.isdigit():
-        raise InputError(f"--dim {spec!r}: expected SYMBOL=N with N a whole number")
-    return name, int(text)
-
-
-def _zeros_for(value, symbols: dict) -> np.ndarray:
-    """A zero feed of the input's declared shape, symbolic dims taken from --dim."""
-    value_type = value.type
-    element = value_type.element if isinstance(value_type, SequenceType) else value_type
-    if isinstance(element, MapType):
-        kind = "a sequence of maps" if element is not value_type else "a map"
-        raise InputError(f"input {value.name!r} is {kind}, which --input (.npy arrays) "
-                         f"cannot give and a memory plan needs; plan it from Python: "
-                         f"Session(model).memory_plan(feeds)")
-    if not isinstance(value_type, TensorType) or value_type.shape is None \
-            or value_type.dtype is None:
-        raise InputError(f"input {value.name!r} has no declared tensor shape; give it with "
-                         f"--input {value.name}=FILE.npy")
-    dims = []
-    for axis, dim in enumerate(value_type.shape):
-        if isinstance(dim, int):
-            dims.append(dim)
-        elif isinstance(dim, str) and dim in symbols:
-            dims.append(symbols[dim])
-        elif dim is None:  # no name to give --dim
-            raise InputError(f"input {value.name!r} dimension {axis} has no size and no "
-                             f"name; give the input with --input {value.name}=FILE.npy")
-        else:
-            raise InputError(f"input {value.name!r} dimension {axis} is {dim!r}; give it "
-                             f"with --dim {dim}=N or --input {value.name}=FILE.npy")
-    return np.zeros(dims, dtype=value_type.dtype)
-
-
-def cmd_warmup(args) -> int:
-    started = time.perf_counter()
-    session = mixrt.Session(args.model, opt_level=args.opt_level, strategy=args.strategy)
-    feeds = _plan_feeds(session, args)
-    marker = warm_up(session, args.model, args.opt_level, feeds)
-    shapes = ", ".join(f"{name} {list(np.shape(value))}" for name, value in feeds.items())
-    if marker is None:
-        print(f"nothing to compile: {args.model} runs no compiled kernel here (MIXRT_JIT=0)")
-        return 0
-    level = prebuilt.level_name()
-    print(f"compiled the kernels of {args.model} for {shapes} in "
-          f"{time.perf_counter() - started:.1f} s; cache: {cache_root()}; prebuilt kernels: "
-          f"{level or 'none for this CPU'}")
-    return 0
-
-
-def cmd_compile(args) -> int:
-    session = _session(args)
-    open_dims, maps = _open_dims(session, args), _map_inputs(session)
-    # a model with dynamic axes or map inputs compiles without a stored plan: Session plans
-    # each input shape at its first run, as it does for an .onnx model
-    plan = None if open_dims or maps else session.memory_plan(_plan_feeds(session, args))
-    graph = session.graph
-    graph.plans = [] if plan is None else [plan]
-    save_mxr(graph, args.output, opt_level=args.opt_level)
-    size = args.output.stat().st_size
-    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, opt level {args.opt_level}, "
-          f"{len(graph.nodes)} nodes)")
-    if plan is None and maps:
-        print(f"no memory plan stored: map input(s) {', '.join(maps)} are sized when fed "
-              f"(each input shape is planned at its first run)")
-    elif plan is None:
-        print(f"no memory plan stored: {', '.join(open_dims)} stay open (each input "
-              f"shape is planned at its first run; --dim NAME=N or --input NAME=FILE.npy "
-              f"stores a plan for one)")
-    else:
-        print(format_report(plan))
-    return 0
-
-
-def cmd_plan(args) -> int:
-    session, plan = _planned_session(args)
-    # naive allocation of the model as imported: the MXNet paper's baseline (a .mxr is
-    # already optimized, so it has none)
-    imported = None
-    if args.opt_level:
-        as_imported, naive_plan = _planned_session(args, opt_level=0)
-        if as_imported.graph.metadata.get("opt_level") == 0:
-            imported = naive_plan.naive_bytes
-    if args.json:
-        print(json.dumps(plan_report(plan, imported), indent=2))
-    else:
-        print(format_report(plan, imported))
-    if args.png:
-        draw_plan(plan, args.png, title=f"{Path(args.model).name}: {plan.strategy}")
-        if not args.json:
-            print(f"plot: {args.png}")
-    return 0
-
-
-# -- export ----------------------------------------------------------------------------------
-
-def cmd_export(args) -> int:
-    from mixrt.exporters.onnx import save_model  # noqa: PLC0415 (onnx)
-
-    model = save_model(_load_graph(args.model), args.output, opset=args.opset)
-    opset = next((o.version for o in model.opset_import if not o.domain), None)
-    size = args.output.stat().st_size
-    print(f"wrote {args.output} ({size / 2**20:.1f} MiB, "
-          f"{'opset ' + str(opset) if opset else 'no default-domain nodes'}, "
-          f"{len(model.graph.node)} nodes)")
-    return 0
-
-
-# -- check -----------------------------------------------------------------------------------
-
-def cmd_check(args) -> int:
-
-    if args.validate:
-        if args.registry_only:
-            raise InputError("--validate runs the model, so it needs the device itself; "
-                             "--registry-only answers without running anything")
-        return _check_validate(args)
-    if args.dim or args.input:
-        raise InputError(f"--{'dim' if args.dim else 'input'} gives values to run the model "
-                         f"with, which only --validate does")
-    graph, lenient = _load_graph_noting_leniency(args.model)
-    # a device that is not here fails the check (a GPU job would fail the same way), unless
-    # the caller asks only what the operator registry supports for it
-    device = device_named(args.device) if args.registry_only else parse_device(args.device)
-    rows = support_table(graph, device)
-    unsupported = [r for r in rows if not r.supported]
-    if args.json:
-        print(json.dumps({"model": args.model, "device": str(device),
-                          "supported": not unsupported, "nodes": [r.as_dict() for r in rows],
-                          "warnings": lenient}, indent=2))
-    else:
-        _print_table(rows, device)
-    return 1 if unsupported else 0
-
-
-def _load_graph_noting_leniency(model: str):
-    """The graph, and the messages of the LenientLoadWarnings its load gave: what mixrt
-    assumed where the model breaks the spec as onnxruntime tolerates. A CI gate reading
-    ``--json`` sees them there; each is also shown on stderr, as any warning is."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", LenientLoadWarning)
-        graph = _load_graph(model)
-    lenient = []
-    for record in caught:
-        if issubclass(record.category, LenientLoadWarning):
-            lenient.append({"kind": record.category.__name__, "message": str(record.message)})
-        warnings.warn_explicit(record.message, record.category, record.filename,
-                               record.lineno)
-    return graph, lenient
-
-
-def _check_validate(args) -> int:
-    """Support table plus a numeric comparison with onnxruntime: the CI gate."""
-    from mixrt.exporters import coverage  # noqa: PLC0415 (onnx)
-    feeds = dict(_read_input(item) for item in args.input) or None
-    dims = dict(_read_dim(item) for item in args.dim)
-    report = coverage.validate(args.model, feeds, device=args.device, rtol=args.rtol,
-                               atol=args.atol, dims=dims)
-    if args.json:
-        print(json.dumps({"model": args.model, **report.as_dict()}, indent=2))
-    else:
-        print(coverage.format_report(report))
-    return 0 if report.ok else 1
-
-
-def _print_table(rows, device) -> None:
-    header = ("node", "op", "opset", "dtype", "kernel / reason")
-    table = [(r.node, f"{'' if r.domain == 'ai.onnx' else r.domain + '::'}{r.op_type}",
-              str(r.opset), r.dtype or "?", r.kernel if r.supported else "UNSUPPORTED: "
-              + r.reason) for r in rows]
-    widths = [min(40, max([len(h)] + [len(t[i]) for t in table])) for i, h in
-              enumerate(header[:-1])]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  " + header[-1]
-    print(line)
-    print("-" * len(line))
-    for entry in table:
-        print("  ".join(c[:w].ljust(w) for c, w in zip(entry, widths)) + "  " + entry[-1])
-    bad = sum(not r.supported for r in rows)
-    print(f"\n{len(rows) - bad} of {len(rows)} nodes supported on {device}"
-          + (f"; {bad} unsupported" if bad else ""))
