@@ -1,5 +1,5 @@
-"""Checks and small helpers of :mod:`mixrt.module.graph_module` (kept apart to keep that
-module short)."""
+"""Checks and small helpers of the graph Module, :mod:`mixrt.module.graph_module` and its
+training mixin (``graph_training.py``), kept apart to keep those modules short."""
 
 from __future__ import annotations
 

@@ -21,29 +21,37 @@ run exactly as if it had not stopped.
 parameters, their gradients and the optimizer state stay float32, the forward and backward
 graph computes in float16 and a dynamic :class:`~mixrt.runtime.mixed_precision.LossScaler`
 (``model.loss_scaler``, saved in checkpoints) skips the steps whose gradients overflow.
+
+This module holds the model: a graph and its parameters, what trains (``freeze``,
+``replace_head``), the graph with the current values (``to_graph``, export); and
+:class:`SymbolModule`, the Module over a Symbol that :meth:`Module.from_symbol` makes (so
+it is defined here, beside the class that makes it). What the Module does with the graph
+comes from mixins, one module each: training (``graph_training.py``), inference
+(``graph_inference.py``) and the running statistics a training step carries
+(``graph_state.py``).
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from mixrt import metric as metrics, random as mixrt_random
+from mixrt import random as mixrt_random
 from mixrt.checkpoints import Checkpoints
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
 from mixrt.initializer import create as create_initializer, role_of, Uniform
-from mixrt.io import DataIter, NDArrayIter, read_ahead
+from mixrt.io import DataIter
 from mixrt.module import module as mxnet_module
-from mixrt.module.checks import check_sharding, feed_array, static_type, symbol_names
+from mixrt.module.checks import static_type, symbol_names
+from mixrt.module.graph_inference import GraphInference
+from mixrt.module.graph_state import running_statistics, RunningState, statistics_updates
+from mixrt.module.graph_training import GraphTraining
 from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
-from mixrt.progress import epoch_bar, epoch_line
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.mixed_precision import parse_precision, LossScaler
+from mixrt.runtime.mixed_precision import LossScaler
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import load_graph, Session
@@ -53,8 +61,7 @@ from mixrt.sym.symbol_layers import output_layer
 from mixrt.sym.symbol import Symbol
 
 
-
-class Module(Checkpoints):
+class Module(Checkpoints, GraphTraining, GraphInference, RunningState):
     """``device`` ("cpu", "gpu", "gpu:1" or a Context) is where the training and inference
     sessions run and where the parameters, their gradients and the optimizer's state live:
     a GPU step moves only the batch in and the loss and outputs out.
@@ -152,209 +159,6 @@ class Module(Checkpoints):
             self.params[key] = self._parameter(key, graph.initializers[key])
         self._changed(structure=True)
 
-    # -- training --------------------------------------------------------------------------
-
-    def fit(self, train_data: NDArrayIter, *, eval_data: NDArrayIter | None = None,
-            loss=None, optimizer="sgd", optimizer_params=None,
-            epochs: int = 1, metric="acc", checkpoint=None, resume=None, progress: bool = True,
-            trainer: Trainer | None = None, on_epoch=None, precision: str = "float32",
-            loss_scaler: LossScaler | bool | None = None, kvstore=None,
-            cuda_graph: bool = False) -> list[dict]:
-        """Train for ``epochs`` (counting epochs already done when resuming); returns one
-        record per epoch run ({epoch, loss, train_<metric>, eval_<metric>, seconds}).
-        ``cuda_graph=True`` (GPU): each batch shape's steps replay as a CUDA graph (see
-        :meth:`train_step`).
-
-        ``precision``: "float32" (default), "float16" or "bfloat16" (CPU only; see
-        :class:`~mixrt.runtime.training.TrainingProgram`); ``loss_scaler``: a
-        :class:`LossScaler` to use (it becomes ``self.loss_scaler``), False for none, None for
-        the default (a dynamic one for float16).
-
-        ``loss``: a name from ``runtime.training.LOSSES`` or a Loss; None: the model's own
-        (softmax cross-entropy here; a symbol's output layer's for :meth:`from_symbol`).
-
-        ``progress``: a bar per epoch on a terminal; in a pipe or a log, one line per epoch
-        on stderr instead; False: neither.
-
-        ``kvstore``: a store or kind name (``"dist_sync"``, ...) the gradients go through
-        (see :class:`~mixrt.gluon.Trainer`); shard ``train_data`` over the workers
-        (``NDArrayIter(..., num_parts=kv.num_workers, part_index=kv.rank)``). Every epoch
-        ends at a barrier, where workers that ran different numbers of batches get a
-        KVStoreError instead of a hang."""
-        trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params,
-                                     kvstore=kvstore)
-        check_sharding(train_data, trainer.kvstore)
-        loss_spec = self._loss(loss)
-        parse_precision(precision, self.device)  # a bad name fails before any work
-        self._scaler_for(precision, loss_scaler)  # before resume loads its state into it
-        history, first = [], 0
-        if resume is not None:
-            first, history = self.load_checkpoint(resume, trainer, train_data)
-        for epoch in range(first, epochs):
-            record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
-                                       progress, precision=precision,
-                                       loss_scaler=loss_scaler, cuda_graph=cuda_graph)
-            if eval_data is not None:
-                name, value = self.score(eval_data, metric)
-                record[f"eval_{name}"] = value
-            if trainer.kvstore is not None:
-                trainer.kvstore.barrier()
-            history.append(record)
-            epoch_line(record, epochs, progress)
-            if on_epoch is not None:
-                on_epoch(record)
-            if checkpoint is not None:
-                self.save_checkpoint(checkpoint, trainer, epoch + 1, train_data, history)
-        return history
-
-    def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress,
-                     **step_options) -> dict:
-        started = time.perf_counter()
-        train_metric = metrics.create(metric)
-        total, batches = 0.0, 0
-        data.reset()
-        bar = epoch_bar(len(data), f"epoch {epoch + 1}/{epochs}", progress)
-        for batch in read_ahead(data):
-            inputs, labels, real = self._batch_arrays(batch)
-            loss_value, outputs = self.train_step(inputs, labels, trainer, loss_spec,
-                                                  **step_options)
-            train_metric.update(labels[:real], outputs[0][:real])
-            total, batches = total + loss_value, batches + 1
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{total / batches:.4f}")
-        if bar is not None:
-            bar.close()
-        name, value = train_metric.get()
-        return {"epoch": epoch + 1, "loss": total / max(batches, 1), f"train_{name}": value,
-                "seconds": time.perf_counter() - started}
-
-    def train_step(self, data, label, trainer: Trainer, loss=None, *,
-                   precision: str = "float32", loss_scaler: LossScaler | bool | None = None,
-                   cuda_graph: bool = False):
-        """Forward, backward and one optimizer update on one batch: (loss, outputs). In
-        float16 a step whose scaled gradients overflow updates nothing (the loss scaler
-        backs off instead). ``data`` and ``label`` may be host arrays or arrays already on
-        the module's device. ``cuda_graph=True`` (GPU) replays each batch shape's forward
-        and backward as one CUDA graph from its second step (see TrainingProgram)."""
-        scaler = self._scaler_for(precision, loss_scaler)
-        program = self._program(self._loss(loss), precision, scaler, cuda_graph)
-        feeds = {self.data_names[0]: feed_array(data), program.loss_spec.label: label,
-                 **self._state_feeds()}
-        loss_value, outputs, grads = program.step(self.params.arrays(), feeds)
-        with program.session.device.active():  # the state is written on its own GPU
-            outputs = self._store_state(outputs)
-        if grads is not None:
-            for name, grad in grads.items():
-                self.params[name].set_grad(grad)
-            trainer.step(1)  # the loss is already a mean over the batch
-            self._changed()
-        return loss_value, outputs
-
-    def _scaler_for(self, precision: str, loss_scaler) -> LossScaler | None:
-        """The scaler a step uses. None: float16 gets the module's (made once, so its scale
-        carries over steps, programs and checkpoints), other precisions none; a LossScaler
-        becomes the module's; False: none."""
-        if loss_scaler is False:
-            return None
-        if isinstance(loss_scaler, LossScaler):
-            self.loss_scaler = loss_scaler
-            return loss_scaler
-        if loss_scaler is not None:
-            raise InputError(f"loss_scaler must be a LossScaler, False or None, got "
-                             f"{loss_scaler!r}")
-        if precision != "float16":
-            return None
-        if self.loss_scaler is None:
-            self.loss_scaler = LossScaler()
-        return self.loss_scaler
-
-    def _state_feeds(self) -> dict:
-        """Arrays a training step reads besides the batch and the trainable parameters: the
-        running statistics its BatchNormalizations update."""
-        return {name: self.params[name].raw() for name in self._state_updates}
-
-    def _state_outputs(self) -> list[str]:
-        """The training graph's outputs that hold the state's new values (after the
-        model's own outputs)."""
-        return list(self._state_updates.values())
-
-    def _store_state(self, outputs: list) -> list:
-        """The model's outputs of a training step, once the state it updated is written
-        into its parameters (in place: on a GPU the values never leave the device)."""
-        updated = list(self._state_updates)
-        if not updated:
-            return outputs
-        head = len(outputs) - len(updated)
-        for name, value in zip(updated, outputs[head:]):
-            self.params[name].raw()[...] = value
-        self._changed()
-        return outputs[:head]
-
-    def _loss(self, loss) -> Loss:
-        if isinstance(loss, Loss):
-            return loss
-        loss = "softmax_cross_entropy" if loss is None else loss
-        if loss not in LOSSES:
-            raise InputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}")
-        return LOSSES[loss](self.output, "label")
-
-    def _program(self, loss: Loss, precision: str = "float32",
-                 scaler: LossScaler | None = None, cuda_graph: bool = False) -> TrainingProgram:
-        trainable = tuple(p.name for p in self.params.trainable())
-        if not trainable:
-            raise InputError("every parameter is frozen; unfreeze some before training")
-        key = (loss.kind, trainable, self._structure, precision, scaler is not None,
-               cuda_graph)
-        if key not in self._programs:
-            self._programs[key] = TrainingProgram(
-                self._training_graph(), loss, list(trainable), device=self.device,
-                precision=precision, loss_scaler=scaler or False, cuda_graph=cuda_graph,
-                state=(list(self._state_feeds()), self._state_outputs()))
-        program = self._programs[key]
-        program.scaler = scaler  # the same kind of graph; this object's scale
-        return program
-
-    # -- inference -------------------------------------------------------------------------
-
-    def predict(self, data, batch_size: int = 256) -> np.ndarray:
-        session = self._session()
-        data = np.asarray(data)
-        parts = [session.run([self.output], {self.data_names[0]: data[i:i + batch_size]})[0]
-                 for i in range(0, len(data), batch_size)]
-        return np.concatenate(parts)
-
-    def score(self, eval_data: DataIter, metric="acc") -> tuple[str, float]:
-        chosen = metrics.create(metric)
-        eval_data.reset()
-        session = self._session()
-        for batch in eval_data:
-            inputs, labels, real = self._batch_arrays(batch)
-            out = session.run([self.output], {self.data_names[0]: inputs})[0]
-            chosen.update(labels[:real], out[:real])
-        return chosen.get()
-
-    def _batch_arrays(self, batch) -> tuple:
-        """A DataBatch's first data and label arrays on the host, the data in the model's
-        input dtype (MXNet's iterators serve float32), and how many rows are real."""
-        inputs = batch.data[0].asnumpy()
-        wanted = self._input_dtype()
-        if wanted is not None and inputs.dtype != wanted:
-            inputs = inputs.astype(wanted)
-        labels = batch.label[0].asnumpy() if batch.label else None
-        return inputs, labels, len(inputs) - (batch.pad or 0)
-
-    def _input_dtype(self):
-        found = self.graph.type_of(self.data_names[0]) if self.graph is not None else None
-        dtype = getattr(found, "dtype", None)
-        return None if dtype is None or np.dtype(dtype).kind != "f" else np.dtype(dtype)
-
-    def _session(self) -> Session:
-        if self._predictor is None or self._predictor[0] != self._version:
-            self._predictor = (self._version, Session(self.to_graph(), device=self.device,
-                                                      opt_level=2))
-        return self._predictor[1]
-
     # -- the graph with the current parameters ----------------------------------------------
 
     def to_graph(self) -> Graph:
@@ -387,6 +191,7 @@ class Module(Checkpoints):
     @property
     def _structure(self) -> int:
         return id(self.graph)
+
 
 class SymbolModule(Module):
     """A Module over a Symbol, MXNet's ``mx.mod.Module(symbol, data_names, label_names)``
@@ -613,33 +418,3 @@ class SymbolModule(Module):
         return super().score(eval_data, metric)
 
 
-def running_statistics(graph: Graph) -> set[str]:
-    """The initializers that BatchNormalizations read as running mean and variance."""
-    return {node.inputs[index] for node in graph.nodes
-            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
-            for index in (3, 4) if len(node.inputs) > index
-            and node.inputs[index] in graph.initializers}
-
-
-def statistics_updates(graph: Graph, statistics: set) -> dict[str, str]:
-    """In ``graph``, each running statistic of ``statistics`` that a BatchNormalization in
-    training mode updates becomes a fed input, and the node's output with its new value a
-    graph output; returns {statistic: that output}."""
-    updates: dict[str, str] = {}
-    for node in graph.nodes:
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx") \
-                or not node.attributes.get("training_mode", 0):
-            continue
-        while len(node.outputs) < 3:
-            node.outputs.append("")
-        for position, index in ((1, 3), (2, 4)):
-            state = node.inputs[index] if len(node.inputs) > index else ""
-            if state in statistics and state not in updates:
-                if not node.outputs[position]:
-                    node.outputs[position] = f"{node.name or 'batchnorm'}_{state}_update"
-                updates[state] = node.outputs[position]
-    for state, output in updates.items():
-        array = graph.initializers.pop(state)
-        graph.inputs.append(Value(state, TensorType(array.dtype, tuple(array.shape))))
-        graph.outputs.append(Value(output))
-    return updates
