@@ -38,6 +38,15 @@ def create(name: str = "local", **options) -> KVStore:
     return custom if custom is not None else _create(name, **options)
 
 
+def summed_workers(store) -> int:
+    """How many workers' gradients ``store`` sums into one update, so the optimizer scales
+    by 1 / (batch x workers): a synchronous dist store's workers; 1 for no store, a local or
+    device store (its devices' rows are in the batch already) and dist_async (each worker's
+    gradient is applied alone)."""
+    kind = getattr(store, "type", "")
+    return store.num_workers if kind.startswith("dist") and "async" not in kind else 1
+
+
 def _open(value, write: bool):
     if not isinstance(value, NDArray):
         return None

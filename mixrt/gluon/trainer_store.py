@@ -29,7 +29,8 @@ from __future__ import annotations
 import functools
 
 from mixrt.base.errors import InputError, KVStoreError
-from mixrt.kv import create as create_store  # the stores take NDArrays: row_sparse_data's
+# mixrt.kv's stores take NDArrays (row_sparse_data's)
+from mixrt.kv import create as create_store, summed_workers
 from mixrt.kv_base import KVStoreBase
 from mixrt.kvstore.base import KVStore
 from mixrt.optimizers import Optimizer as MXNetOptimizer
@@ -73,8 +74,7 @@ class StoreWiring:
     @property
     def _sync_workers(self) -> int:
         """How many gradients the store sums per update."""
-        sync = self._is_dist and self.kvstore.type != "dist_async"
-        return self.kvstore.num_workers if sync else 1
+        return summed_workers(self.kvstore)
 
     def _reset_kvstore(self) -> None:
         """MXNet's: values were set into the parameters after the store took them, so its

@@ -32,7 +32,7 @@ from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import cpu
 from mixrt.initializer import create as create_initializer, InitDesc, role_of, \
     Uniform
-from mixrt.kv import create as create_store
+from mixrt.kv import create as create_store, summed_workers
 from mixrt.module.base_module import BaseModule, descs
 from mixrt.module.executor_group import DataParallelExecutorGroup
 from mixrt.nd.ndarray import _STORAGE_TYPE_ID_TO_STR
@@ -266,9 +266,7 @@ class Module(BaseModule):
         if self._params_dirty:
             self._sync_params_from_devices()
         store = _store(kvstore, len(self._context))
-        workers = store.num_workers if store is not None and "dist" in store.type and \
-            "async" not in store.type else 1
-        rescale = 1.0 / (self._exec_group.batch_size * workers)
+        rescale = 1.0 / (self._exec_group.batch_size * summed_workers(store))
         idx2name = dict(enumerate(self._exec_group.param_names_in_order()))
         if isinstance(optimizer, str):
             params = dict(optimizer_params)
