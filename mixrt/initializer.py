@@ -29,7 +29,7 @@ from mixrt.random_streams import generator as random_generator
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.initializer_base import (InitDesc, Initializer, InitializerError,  # noqa: F401
                                     _fill, _host, _shape_of, alias, bilinear_kernel, create,
-                                    register, role_of)
+                                    register, role_of, starting_value)
 
 
 @register

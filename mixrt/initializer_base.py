@@ -277,5 +277,17 @@ def create(init, /, **kwargs) -> Initializer:
     return _REGISTRY.find(init)(**kwargs)
 
 
+
+def starting_value(name: str, declared, auxiliary: bool):
+    """MXNet's ``Module.init_params`` rule for one parameter, before the module's own
+    initializer: the Initializer its Variable declares (``init=``: it fills the parameter
+    whole, whatever its name), else for an auxiliary state the number it starts at (running
+    means 0, variances 1), else None (the module's initializer fills it by name)."""
+    if declared is not None:
+        return create(declared)
+    if auxiliary:
+        return 1.0 if role_of(name) == "one" else 0.0
+    return None
+
 __all__ = ["InitDesc", "Initializer", "InitializerError", "register", "alias", "create",
-           "role_of", "bilinear_kernel"]
+           "role_of", "bilinear_kernel", "starting_value"]

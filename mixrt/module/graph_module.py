@@ -40,7 +40,7 @@ from mixrt.checkpoints import Checkpoints
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.exporters.onnx import save_model
 from mixrt.gluon import Parameter, ParameterDict, Trainer
-from mixrt.initializer import create as create_initializer, role_of, Uniform
+from mixrt.initializer import create as create_initializer, starting_value, Uniform
 from mixrt.io import DataIter
 from mixrt.module import module as mxnet_module
 from mixrt.module.checks import static_type, symbol_names
@@ -301,11 +301,11 @@ class SymbolModule(Module):
             if name in self.data_names:
                 continue
             value = np.zeros(param_shape, declared[name].get("dtype", dtype))
-            init = declared[name].get("init")
-            if init is not None:
-                create_initializer(init)._init_weight(name, value)
-            elif name in self.aux_names:
-                value[...] = 1.0 if role_of(name) == "one" else 0.0
+            start = starting_value(name, declared[name].get("init"), name in self.aux_names)
+            if isinstance(start, float):
+                value[...] = start
+            elif start is not None:
+                start._init_weight(name, value)
             elif hasattr(self.initializer, "fill_by_name"):
                 self.initializer.fill_by_name(name, value)
             else:  # Load, Mixed: MXNet calls them with the name

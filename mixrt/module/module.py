@@ -30,8 +30,7 @@ import numpy as np
 from mixrt import model, nd, optimizer as optimizers
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.context import cpu
-from mixrt.initializer import create as create_initializer, InitDesc, role_of, \
-    Uniform
+from mixrt.initializer import InitDesc, starting_value, Uniform
 from mixrt.kv import create as create_store, summed_workers
 from mixrt.module.base_module import BaseModule, descs
 from mixrt.module.executor_group import DataParallelExecutorGroup
@@ -164,12 +163,12 @@ class Module(BaseModule):
         module's initializer."""
         if initializer is None:
             return None
-        if declared is not None:
-            own = create_initializer(declared)
-            fill = getattr(own, "_init_weight", None)  # Load and Mixed are plain callables
-            return own if fill is None else (lambda desc, array: fill(desc, array))
-        if name in self._aux_names:
-            return _filler(1.0 if role_of(name) == "one" else 0.0)
+        start = starting_value(name, declared, name in self._aux_names)
+        if isinstance(start, float):
+            return _filler(start)
+        if start is not None:
+            fill = getattr(start, "_init_weight", None)  # Load and Mixed are plain callables
+            return start if fill is None else (lambda desc, array: fill(desc, array))
         return initializer
 
     @staticmethod
