@@ -266,6 +266,20 @@ class Optimizer(engine.Optimizer):
         return f"{type(self).__name__}(learning_rate={self.learning_rate!r}, wd={self.wd!r})"
 
 
+class ImplUpdates:
+    """For an optimizer whose one ``_update_impl(index, weight, grad, state,
+    multi_precision)`` takes a single index or a list: MXNet's ``update`` and
+    ``update_multi_precision`` (float32 master weights for float16 ones) over it."""
+
+    def update(self, index, weight, grad, state):
+        self._update_impl(index, weight, grad, state, multi_precision=False)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        first = weight[0] if isinstance(index, (list, tuple)) else weight
+        self._update_impl(index, weight, grad, state,
+                          multi_precision=self.multi_precision and first.dtype == np.float16)
+
+
 Optimizer.opt_registry = Registry(
     Optimizer, lambda name, known: UnknownOptimizerError(
         f"Cannot find optimizer {name!r}; registered: {known}"),

@@ -14,7 +14,7 @@ import numpy as np
 
 from mixrt import nd, optimizer_ops as ops
 from mixrt.ops.device import array_module
-from mixrt.optimizers.base import Optimizer, register
+from mixrt.optimizers.base import ImplUpdates, Optimizer, register
 from mixrt.optimizers.sgd import SGD, listed, zeros_like
 from mixrt.runtime import update_rules
 
@@ -82,7 +82,7 @@ class LARS(SGD):
 
 
 @register
-class LAMB(Optimizer):
+class LAMB(ImplUpdates, Optimizer):
     """LAMB (You et al., 2019): Adam's direction plus decoupled weight decay, scaled per
     layer by ``|w| / |direction|`` (``|w|`` held to ``[lower_bound, upper_bound]``)."""
 
@@ -97,14 +97,6 @@ class LAMB(Optimizer):
 
     def create_state(self, index, weight):
         return (zeros_like(weight), zeros_like(weight))
-
-    def update(self, index, weight, grad, state):
-        self._update_impl(index, weight, grad, state, multi_precision=False)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        first = weight[0] if isinstance(index, (list, tuple)) else weight
-        self._update_impl(index, weight, grad, state,
-                          multi_precision=self.multi_precision and first.dtype == np.float16)
 
     def _update_impl(self, index, weight, grad, state, multi_precision=False):
         for idx, weight_, grad_, state_ in zip(*listed(index, weight, grad, state)):

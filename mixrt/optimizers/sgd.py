@@ -15,7 +15,7 @@ import numpy as np
 from mixrt import nd, optimizer_ops as ops, random as mixrt_random
 from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
-from mixrt.optimizers.base import Optimizer, register, warn_float16
+from mixrt.optimizers.base import ImplUpdates, Optimizer, register, warn_float16
 from mixrt.runtime import optimizer_kernels as kernels
 
 
@@ -43,7 +43,7 @@ def rescaled(optimizer, grad):
     return grad
 
 
-class _MomentumSGD(Optimizer):
+class _MomentumSGD(ImplUpdates, Optimizer):
     """What SGD, NAG and LARS share: an optional momentum buffer and, with
     ``multi_precision``, the state ``(momentum, float32 weight)``."""
 
@@ -56,14 +56,6 @@ class _MomentumSGD(Optimizer):
             return (self.create_state(index, master), master)
         warn_float16(weight, self.multi_precision, type(self).__name__)
         return self.create_state(index, weight)
-
-    def update(self, index, weight, grad, state):
-        self._update_impl(index, weight, grad, state, multi_precision=False)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        first = weight[0] if isinstance(index, (list, tuple)) else weight
-        self._update_impl(index, weight, grad, state,
-                          multi_precision=self.multi_precision and first.dtype == np.float16)
 
     def _options(self, momentum=None) -> dict:
         momentum = self.momentum if momentum is None else momentum
