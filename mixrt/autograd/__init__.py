@@ -8,9 +8,10 @@
 MXNet's ``autograd`` module, standing above both array and symbol frontends as MXNet's
 does: the recording itself is the tape's (``mixrt/tape/``, the floor ``mixrt.nd`` records
 on), whose API this module hands on; ``get_symbol`` turns a recording into a Symbol
-(``symbolize.py``, loaded on first use). The gradients are the registry's (``@op.grad``), compiled per call
-signature (``mixrt/tape/opgrad.py``). ``Function`` lets Python code define its own forward
-and backward. Recording and training mode are per thread.
+(``symbolize.py``, loaded on first use). The gradients are the registry's
+(``@op.grad``), compiled per call signature (``mixrt/tape/opgrad.py``). ``Function`` lets
+Python code define its own forward and backward. Recording and training mode are per
+thread.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from mixrt.array_methods import ArrayMethods, beyond_onnx_reshape
 from mixrt.base import MXNET_DTYPE_CODES, STORAGE_TYPE_IDS, NotImplementedForSymbol
 from mixrt.base.errors import GraphError
 from mixrt.initializer import create
-from mixrt.sym.handed_in import _HANDED_IN, _handed_in, hand_in  # noqa: F401  (symbol_module.hand_in)
+# symbol_module.hand_in, as the modules that hand things in call it
+from mixrt.sym.handed_in import _HANDED_IN, _handed_in, hand_in  # noqa: F401
 from mixrt.sym.partial_shapes import SAME_SHAPE
 from mixrt.sym.symbol_inference import _unknown_as_none, SymbolInference
 from mixrt.sym.symbol_lowering import SymbolLowering
