@@ -79,11 +79,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixrt.base.errors import KVStoreError
+from mixrt.kvstore import slurm
 from mixrt.kvstore.dist.config import is_loopback
 from mixrt.kvstore.supervisor import (KILL_GRACE_S, SERVER_GRACE_S, Planned, Supervisor,
                                       _set_parent_death_signal)
 
-LAUNCHERS = ("local", "ssh", "mpi")
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 DIST_MODULE = "mixrt.kvstore.dist"
 REMOTE_PYTHON = "python3"   # the remote machine's Python; sys.executable is a local path
 SECRET_VARIABLES = ("MIXRT_KV_SECRET",)  # the CURVE keys are derived from it (security.py)
@@ -125,6 +126,9 @@ def plan_job(command, num_workers: int, num_servers: int, *, launcher: str = "lo
     environ = os.environ if environ is None else environ
     command = _check_job(command, num_workers, num_servers, launcher, hostfile)
     local_role, remote_role = _role_commands(role_command, remote_role_command, environ)
+    if launcher == "slurm":
+        return [_slurm_step(command, num_workers, num_servers, port, host_uri, local_role,
+                            environ)]
     uri = host_uri or ("127.0.0.1" if launcher == "local" else reachable_address())
     require_authentication(uri, environ)
     environ = with_job_token(environ)
@@ -155,8 +159,9 @@ def _check_job(command, num_workers, num_servers, launcher, hostfile) -> list[st
                            f"{', '.join(LAUNCHERS)}")
     if launcher == "ssh" and not hostfile:
         raise KVStoreError("the ssh launcher needs a host file (-H HOSTFILE)")
-    if launcher == "local" and hostfile:
-        raise KVStoreError("a host file (-H) is for the ssh and mpi launchers, not local")
+    if launcher in ("local", "slurm") and hostfile:
+        raise KVStoreError(f"a host file (-H) is for the ssh and mpi launchers, not "
+                           f"{launcher}: Slurm's allocation says where the tasks run")
     return list(command)
 
 
@@ -225,14 +230,14 @@ def with_job_token(environ) -> dict:
     return {**environ, "MIXRT_KV_TOKEN": secrets.token_urlsafe(32)}
 
 
-def _root_port(port, uri, environ) -> int:
+def _root_port(port, uri, environ, default=None) -> int:
     if port is None and environ.get("DMLC_PS_ROOT_PORT"):
         text = environ["DMLC_PS_ROOT_PORT"]
         if not text.strip().isdigit():
             raise KVStoreError(f"DMLC_PS_ROOT_PORT must be a port number, got {text!r}")
         port = int(text)
     if port is None:
-        return pick_free_port(uri)
+        return pick_free_port(uri) if default is None else default
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise KVStoreError(f"the scheduler's port must be 1..65535, got {port!r}")
     return port
@@ -381,6 +386,59 @@ def _strip_dashes(argv: list[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["--"] else argv
 
 
+# -- slurm ----------------------------------------------------------------------------------
+
+def _slurm_step(command, num_workers, num_servers, port, host_uri, role_command,
+                environ) -> Planned:
+    """The job as one srun step in the current allocation (kvstore/slurm.py)."""
+    slurm.require_allocation(environ)
+    srun = find_program("MIXRT_LAUNCH_SRUN", "srun", environ)
+    uri = host_uri or slurm.node_address(slurm.first_node(environ))
+    require_authentication(uri, environ)
+    environ = with_job_token(environ)
+    rendezvous = Rendezvous(uri, _root_port(port, uri, environ, slurm.job_port(environ)),
+                            num_servers, num_workers)
+    token = {name: environ[name] for name in ("MIXRT_KV_TOKEN",) if environ.get(name)}
+    shared = {**rendezvous.shared_environment(), **token, **_unbuffered(environ)}
+    return slurm.srun_process(srun, shared, command, role_command, num_servers, num_workers)
+
+
+def task_child(argv: list[str]) -> None:
+    """Run in every task of a Slurm step: become the scheduler, a server or a worker by
+    ``SLURM_PROCID`` and exec its command."""
+    parser = argparse.ArgumentParser(prog="python -m mixrt.kvstore.launch --task-child")
+    parser.add_argument("--role-command", required=True,
+                        help="the scheduler's and servers' argv, as JSON")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    role_command, command = _json_argv(args.role_command), _strip_dashes(args.command)
+    rank = _environment_int(slurm.RANK_VARIABLE)
+    role, index = slurm.role_of_rank(rank, _environment_int("DMLC_NUM_SERVER"))
+    target = command if role == "worker" else role_command
+    if not target:
+        raise KVStoreError(f"no command for {role} {index}: give it after --")
+    env = {**os.environ, "DMLC_ROLE": role, "MIXRT_KV_ROLE_INDEX": str(index)}
+    try:
+        os.execvpe(target[0], target, env)
+    except OSError as exc:
+        raise KVStoreError(f"cannot start {role} {index} ({target[0]}): {exc}") from exc
+
+
+def submit_batch(command, num_workers: int, num_servers: int, script, *, sbatch_args=(),
+                 wait: bool = False, port: int | None = None,
+                 host_uri: str | None = None, environ=None) -> int:
+    """Write a batch script that runs this job under the slurm launcher, and submit it."""
+    environ = os.environ if environ is None else environ
+    command = _check_job(command, num_workers, num_servers, "slurm", None)
+    sbatch = find_program("MIXRT_LAUNCH_SBATCH", "sbatch", environ)
+    own = [sys.executable, "-m", "mixrt", "launch", "--launcher", "slurm",
+           "-n", str(num_workers), "-s", str(num_servers),
+           *(["--port", str(port)] if port is not None else []),
+           *(["--host-uri", host_uri] if host_uri else []), "--", *command]
+    text = slurm.batch_script(own, num_workers, num_servers, list(sbatch_args))
+    return slurm.submit(Path(script), text, sbatch, wait)
+
+
 # -- running the plan ------------------------------------------------------------------------
 
 def launch(command, num_workers: int, num_servers: int, *, launcher: str = "local",
@@ -405,9 +463,16 @@ def launch(command, num_workers: int, num_servers: int, *, launcher: str = "loca
 def main(argv=None) -> int:
     """``python -m mixrt.kvstore.launch --mpi-child ...``: the MPI side of ``mixrt launch``."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--task-child"]:
+        try:
+            task_child(argv[1:])
+        except KVStoreError as exc:
+            print(f"mixrt launch --task-child: error: {exc}", file=sys.stderr)
+        return 2
     if argv[:1] != ["--mpi-child"]:
-        print("this module runs under mpirun as --mpi-child; start jobs with: mixrt launch "
-              "-n W -s S [--launcher local|ssh|mpi] -- CMD...", file=sys.stderr)
+        print("this module runs under mpirun as --mpi-child or under srun as --task-child; "
+              "start jobs with: mixrt launch -n W -s S [--launcher local|ssh|mpi|slurm] -- "
+              "CMD...", file=sys.stderr)
         return 2
     try:
         mpi_child(argv[1:])

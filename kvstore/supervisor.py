@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from mixrt.base.errors import KVStoreError
 
@@ -35,11 +36,14 @@ class Planned:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)   # on top of the launcher's own
     host: str = ""              # the remote host of an ssh process
+    # a process that starts others and relays their lines (srun): line -> (name, line), the
+    # name of the process that printed it (None: this one's own)
+    speaker: Callable[[bytes], tuple[str | None, bytes]] | None = None
 
     @property
     def finishes_job(self) -> bool:
-        # the job is done when these exit 0; mpirun exits when its servers and workers have
-        return self.role in ("worker", "mpirun")
+        # the job is done when these exit 0; mpirun and srun exit when their tasks have
+        return self.role in ("worker", "mpirun", "srun")
 
 
 def exit_status(returncode: int) -> int:
@@ -161,7 +165,7 @@ class Supervisor:
         return _Child(planned, popen)
 
     def _start_readers(self, child: _Child) -> None:
-        prefix = f"[{child.planned.name}] ".encode()
+        prefix = _prefixer(child.planned)
         for pipe, sink in ((child.popen.stdout, self._out), (child.popen.stderr, self._err)):
             reader = threading.Thread(target=_relay, args=(pipe, prefix, sink), daemon=True,
                                       name=f"mixrt-launch {child.planned.name}")
@@ -261,10 +265,22 @@ def _pid_exists(pid: int) -> bool:
     return True
 
 
-def _relay(pipe, prefix: bytes, sink: _LineSink) -> None:
+def _prefixer(planned: Planned):
+    """line -> (prefix, line): the name of the process that printed it, in brackets."""
+    own = f"[{planned.name}] ".encode()
+    if planned.speaker is None:
+        return lambda line: (own, line)
+
+    def prefix(line: bytes) -> tuple[bytes, bytes]:
+        name, text = planned.speaker(line)
+        return (own if name is None else f"[{name}] ".encode()), text
+    return prefix
+
+
+def _relay(pipe, prefix, sink: _LineSink) -> None:
     with pipe:
         for line in iter(functools.partial(pipe.readline, MAX_LINE), b""):
-            sink.write(prefix, line)
+            sink.write(*prefix(line))
 
 
 # -- dying with the launcher -----------------------------------------------------------------

@@ -183,14 +183,23 @@ def _add_launch_command(commands) -> None:
     launch.add_argument("-n", "--num-workers", type=int, required=True, metavar="W")
     launch.add_argument("-s", "--num-servers", type=int, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher)")
-    launch.add_argument("--launcher", choices=("local", "ssh", "mpi"), default="local",
-                        help="where the servers and workers run (default local)")
+    launch.add_argument("--launcher", choices=("local", "ssh", "mpi", "slurm"),
+                        default="local", help="where the servers and workers run (default "
+                        "local; slurm: as the tasks of one srun step, inside an allocation)")
     launch.add_argument("-H", "--hostfile", type=Path, metavar="HOSTFILE",
                         help="ssh: host, user@host or host:slots per line; mpi: mpirun's own")
     launch.add_argument("--port", type=int, metavar="P", help="the scheduler's port (default: "
                         "DMLC_PS_ROOT_PORT if set, else a free port)")
     launch.add_argument("--host-uri", metavar="ADDR", help="the scheduler's address as the "
-                        "other hosts reach it (ssh, mpi; default: this machine's name's)")
+                        "other hosts reach it (ssh, mpi: default this machine's name's; "
+                        "slurm: the allocation's first node's)")
+    launch.add_argument("--sbatch", type=Path, metavar="SCRIPT", help="write a Slurm batch "
+                        "script that runs this job under the slurm launcher, and submit it")
+    launch.add_argument("--sbatch-arg", action="append", default=[], metavar="OPTION",
+                        help="an #SBATCH line of the script (--partition=gpu, --time=1:00:00, "
+                        "--gpus-per-task=1, ...); repeat for more")
+    launch.add_argument("--wait", action="store_true", help="with --sbatch: wait for the "
+                        "job to end and exit with its status")
     launch.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks")
     # not "command": that is where the subcommand's name goes
@@ -282,10 +291,14 @@ def cmd_zoo(args) -> int:
 # -- launch ----------------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from mixrt.kvstore.launch import launch  # noqa: PLC0415 (pyzmq)
+    from mixrt.kvstore.launch import launch, submit_batch  # noqa: PLC0415 (pyzmq)
     # REMAINDER keeps the "--" that separates CMD from the launcher's own options
     command = args.worker_command
     command = command[1:] if command[:1] == ["--"] else command
     num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    if args.sbatch is not None:
+        return submit_batch(command, args.num_workers, num_servers, args.sbatch,
+                            sbatch_args=args.sbatch_arg, wait=args.wait, port=args.port,
+                            host_uri=args.host_uri)
     return launch(command, args.num_workers, num_servers, launcher=args.launcher,
                   hostfile=args.hostfile, port=args.port, host_uri=args.host_uri)
