@@ -79,12 +79,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixrt.base.errors import KVStoreError
-from mixrt.kvstore import slurm
+from mixrt.kvstore import kubernetes, slurm
 from mixrt.kvstore.dist.config import is_loopback
 from mixrt.kvstore.supervisor import (KILL_GRACE_S, SERVER_GRACE_S, Planned, Supervisor,
                                       _set_parent_death_signal)
 
-LAUNCHERS = ("local", "ssh", "mpi", "slurm")
+LAUNCHERS = ("local", "ssh", "mpi", "slurm", "kubernetes")
 DIST_MODULE = "mixrt.kvstore.dist"
 REMOTE_PYTHON = "python3"   # the remote machine's Python; sys.executable is a local path
 SECRET_VARIABLES = ("MIXRT_KV_SECRET",)  # the CURVE keys are derived from it (security.py)
@@ -159,9 +159,10 @@ def _check_job(command, num_workers, num_servers, launcher, hostfile) -> list[st
                            f"{', '.join(LAUNCHERS)}")
     if launcher == "ssh" and not hostfile:
         raise KVStoreError("the ssh launcher needs a host file (-H HOSTFILE)")
-    if launcher in ("local", "slurm") and hostfile:
+    if launcher in ("local", "slurm", "kubernetes") and hostfile:
         raise KVStoreError(f"a host file (-H) is for the ssh and mpi launchers, not "
-                           f"{launcher}: Slurm's allocation says where the tasks run")
+                           f"{launcher}: the machine, the allocation or the cluster says "
+                           f"where the processes run")
     return list(command)
 
 
@@ -437,6 +438,29 @@ def submit_batch(command, num_workers: int, num_servers: int, script, *, sbatch_
            *(["--host-uri", host_uri] if host_uri else []), "--", *command]
     text = slurm.batch_script(own, num_workers, num_servers, list(sbatch_args))
     return slurm.submit(Path(script), text, sbatch, wait)
+
+
+# -- kubernetes -----------------------------------------------------------------------------
+
+def kubernetes_job(command, num_workers: int, num_servers: int, *, image: str,
+                   name: str | None = None, namespace: str = "default",
+                   port: int | None = None, gpus_per_worker: int = 0, node_selector=(),
+                   apply: bool = False, stdout=None, environ=None) -> int:
+    """The job's manifests (kvstore/kubernetes.py): printed, or applied with kubectl."""
+    environ = os.environ if environ is None else environ
+    command = _check_job(command, num_workers, num_servers, "kubernetes", None)
+    if port is not None and not 1 <= port <= 65535:
+        raise KVStoreError(f"the scheduler's port must be 1..65535, got {port!r}")
+    documents = kubernetes.manifests(
+        command, num_workers, num_servers, image=image, name=name, namespace=namespace,
+        port=port, gpus_per_worker=gpus_per_worker,
+        node_selector=kubernetes.parse_node_selector(list(node_selector)),
+        secret=environ.get("MIXRT_KV_SECRET") or None)
+    if apply:
+        return kubernetes.apply(documents, find_program("MIXRT_LAUNCH_KUBECTL", "kubectl",
+                                                        environ))
+    (stdout or sys.stdout).write(kubernetes.as_yaml(documents))
+    return 0
 
 
 # -- running the plan ------------------------------------------------------------------------

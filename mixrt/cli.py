@@ -183,9 +183,10 @@ def _add_launch_command(commands) -> None:
     launch.add_argument("-n", "--num-workers", type=int, required=True, metavar="W")
     launch.add_argument("-s", "--num-servers", type=int, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher)")
-    launch.add_argument("--launcher", choices=("local", "ssh", "mpi", "slurm"),
+    launch.add_argument("--launcher", choices=("local", "ssh", "mpi", "slurm", "kubernetes"),
                         default="local", help="where the servers and workers run (default "
-                        "local; slurm: as the tasks of one srun step, inside an allocation)")
+                        "local; slurm: as the tasks of one srun step, inside an allocation; "
+                        "kubernetes: writes the job's manifests)")
     launch.add_argument("-H", "--hostfile", type=Path, metavar="HOSTFILE",
                         help="ssh: host, user@host or host:slots per line; mpi: mpirun's own")
     launch.add_argument("--port", type=int, metavar="P", help="the scheduler's port (default: "
@@ -200,6 +201,17 @@ def _add_launch_command(commands) -> None:
                         "--gpus-per-task=1, ...); repeat for more")
     launch.add_argument("--wait", action="store_true", help="with --sbatch: wait for the "
                         "job to end and exit with its status")
+    kube = launch.add_argument_group("kubernetes")
+    kube.add_argument("--image", help="the image every pod runs (with mixrt and CMD in it)")
+    kube.add_argument("--job-name", metavar="NAME", help="the objects' name prefix "
+                      "(default mixrt-XXXXXX)")
+    kube.add_argument("--namespace", default="default")
+    kube.add_argument("--gpus-per-worker", type=int, default=0, metavar="N",
+                      help="nvidia.com/gpu each worker pod asks for")
+    kube.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
+                      help="a node label every pod needs; repeat for more")
+    kube.add_argument("--apply", action="store_true", help="apply the manifests with kubectl "
+                      "instead of printing them")
     launch.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks")
     # not "command": that is where the subcommand's name goes
@@ -291,11 +303,17 @@ def cmd_zoo(args) -> int:
 # -- launch ----------------------------------------------------------------------------------
 
 def cmd_launch(args) -> int:
-    from mixrt.kvstore.launch import launch, submit_batch  # noqa: PLC0415 (pyzmq)
+    from mixrt.kvstore.launch import (kubernetes_job, launch,  # noqa: PLC0415 (pyzmq)
+                                      submit_batch)
     # REMAINDER keeps the "--" that separates CMD from the launcher's own options
     command = args.worker_command
     command = command[1:] if command[:1] == ["--"] else command
     num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    if args.launcher == "kubernetes":
+        return kubernetes_job(command, args.num_workers, num_servers, image=args.image,
+                              name=args.job_name, namespace=args.namespace, port=args.port,
+                              gpus_per_worker=args.gpus_per_worker,
+                              node_selector=args.node_selector, apply=args.apply)
     if args.sbatch is not None:
         return submit_batch(command, args.num_workers, num_servers, args.sbatch,
                             sbatch_args=args.sbatch_arg, wait=args.wait, port=args.port,
