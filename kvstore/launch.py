@@ -3,6 +3,9 @@
     mixrt launch -n 2 -s 1 -- python train.py                        # all on this machine
     mixrt launch -n 4 -s 2 --launcher ssh -H hosts -- python train.py
     mixrt launch -n 4 -s 2 --launcher mpi -H mpi_hosts -- python train.py
+    salloc -n 7 mixrt launch -n 4 -s 2 --launcher slurm -- python train.py
+    mixrt launch -n 4 -s 2 --sbatch job.sh -- python train.py        # writes and submits
+    mixrt launch -n 4 -s 2 --launcher kubernetes --image IMG -- python train.py   # manifests
 
     from mixrt.kvstore.launch import launch
     status = launch(["python", "train.py"], num_workers=2, num_servers=1)
@@ -33,6 +36,11 @@ Launchers:
   mixrt.kvstore.launch --mpi-child --role-command JSON -- COMMAND`` everywhere. Each copy reads
   its rank (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK`` or ``PMIX_RANK``), becomes a server (ranks
   < S) or a worker (index rank - S) and execs its command. ``-H`` is mpirun's own host file.
+* ``slurm``: inside an allocation, the whole job (the scheduler too) is the tasks of one
+  ``srun`` step; ``--sbatch`` writes and submits a batch script that runs it
+  (``kvstore/slurm.py``).
+* ``kubernetes``: nothing runs here; the job's manifests are printed or applied with kubectl
+  (``kvstore/kubernetes.py``).
 
 Output: each line a process prints comes out of the launcher prefixed with its name
 (``[scheduler] ``, ``[server 0] ``, ``[worker 1] ``, under mpi ``[mpirun] ``), stdout on
