@@ -190,7 +190,8 @@ def _add_launch_command(commands) -> None:
     launch.add_argument("-H", "--hostfile", type=Path, metavar="HOSTFILE",
                         help="ssh: host, user@host or host:slots per line; mpi: mpirun's own")
     launch.add_argument("--port", type=int, metavar="P", help="the scheduler's port (default: "
-                        "DMLC_PS_ROOT_PORT if set, else a free port)")
+                        "DMLC_PS_ROOT_PORT if set, else a free port; slurm: one from the "
+                        "job's id; kubernetes: 9091)")
     launch.add_argument("--host-uri", metavar="ADDR", help="the scheduler's address as the "
                         "other hosts reach it (ssh, mpi: default this machine's name's; "
                         "slurm: the allocation's first node's)")
@@ -309,6 +310,7 @@ def cmd_launch(args) -> int:
     command = args.worker_command
     command = command[1:] if command[:1] == ["--"] else command
     num_servers = args.num_workers if args.num_servers is None else args.num_servers
+    _check_launcher_options(args)
     if args.launcher == "kubernetes":
         return kubernetes_job(command, args.num_workers, num_servers, image=args.image,
                               name=args.job_name, namespace=args.namespace, port=args.port,
@@ -320,3 +322,27 @@ def cmd_launch(args) -> int:
                             host_uri=args.host_uri)
     return launch(command, args.num_workers, num_servers, launcher=args.launcher,
                   hostfile=args.hostfile, port=args.port, host_uri=args.host_uri)
+
+
+# the options each launcher alone reads, and how they are spelled
+_OWN_OPTIONS = {
+    "kubernetes": {"image": "--image", "job_name": "--job-name", "gpus_per_worker":
+                   "--gpus-per-worker", "node_selector": "--node-selector", "apply": "--apply"},
+    "sbatch": {"sbatch_arg": "--sbatch-arg", "wait": "--wait"},
+}
+
+
+def _check_launcher_options(args) -> None:
+    """An option another launcher reads is refused rather than ignored."""
+    used = "kubernetes" if args.launcher == "kubernetes" else \
+        "sbatch" if args.sbatch is not None else None
+    if args.sbatch is not None and args.launcher not in ("local", "slurm"):
+        raise InputError(f"--sbatch runs the job under the slurm launcher, not "
+                         f"{args.launcher}")
+    for owner, options in _OWN_OPTIONS.items():
+        given = [flag for name, flag in options.items() if getattr(args, name) not in
+                 (None, False, [], 0)]
+        if owner != used and given:
+            what = "--launcher kubernetes" if owner == "kubernetes" else "--sbatch"
+            raise InputError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
+                             f"{what}")

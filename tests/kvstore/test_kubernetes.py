@@ -175,3 +175,15 @@ def test_the_cli_refuses_a_job_without_an_image(tmp_path):
                            "-n", "1", "-s", "1", "--", "python", "t.py"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode != 0 and "--image" in done.stderr
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--image", "i:1"], "--image is for --launcher kubernetes"),
+    (["--launcher", "ssh", "--sbatch", "job.sh"], "not ssh"),
+    (["--launcher", "kubernetes", "--image", "i:1", "--wait"], "--wait is for --sbatch"),
+])
+def test_an_option_of_another_launcher_is_refused(tmp_path, options, message):
+    done = subprocess.run([sys.executable, "-m", "mixrt", "launch", "-n", "1", "-s", "1",
+                           *options, "--", "python", "t.py"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -82,7 +82,7 @@ def test_a_reachable_scheduler_needs_a_secret(tmp_path):
 def test_a_host_file_is_refused(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("a\n")
-    with pytest.raises(KVStoreError, match="allocation says where"):
+    with pytest.raises(KVStoreError, match="the allocation or the cluster says where"):
         plan_job(["w"], 1, 1, launcher="slurm", hostfile=hosts, environ=_allocation(tmp_path))
 
 
