@@ -38,6 +38,8 @@ PORT_BASE, PORT_SPAN = 20000, 20000   # a job's port: PORT_BASE + job id mod POR
 # srun's own lines that name a task ("srun: error: node1: task 2: Exited with exit code 3")
 _TASK_MENTION = re.compile(rb"\btask (\d+)\b")
 _LABELLED = re.compile(rb"^\s*(\d+): ")
+# srun's report of one task's end, the first of which ended the step
+_TASK_ENDED = re.compile(rb"\btask (\d+): ([^\n]+)")
 
 
 def in_allocation(environ) -> bool:
@@ -112,21 +114,35 @@ def srun_process(srun: list[str], shared_env: dict[str, str], command: list[str]
              "--role-command", json.dumps(role_command), "--", *command]
     argv = [*srun, "--ntasks", str(tasks), "--kill-on-bad-exit=1", "--export=ALL",
             "--label", *child]
-    return Planned("srun", "srun", argv, shared_env,
-                   speaker=lambda line: _speaker(line, num_servers))
+    lines = SrunLines(num_servers)
+    return Planned("srun", "srun", argv, shared_env, speaker=lines, culprit=lines.culprit)
 
 
-def _speaker(line: bytes, num_servers: int) -> tuple[str | None, bytes]:
-    """A task's line (srun --label: "2: text") under the task's name; srun's own lines with
-    each task they mention named by its role."""
-    labelled = _LABELLED.match(line)
-    if labelled:
-        return task_name(int(labelled.group(1)), num_servers), line[labelled.end():]
+class SrunLines:
+    """srun's output as the job's: a task's line (``--label``: "2: text") under the task's
+    role, srun's own lines with each task they mention named by its role, and the first task
+    srun reports ended (Slurm then ends the others) kept as the step's culprit."""
 
-    def named(match: re.Match) -> bytes:
-        rank = int(match.group(1))
-        return match.group(0) + f" ({task_name(rank, num_servers)})".encode()
-    return None, _TASK_MENTION.sub(named, line)
+    def __init__(self, num_servers: int):
+        self.num_servers = num_servers
+        self.first_ended: str | None = None
+
+    def __call__(self, line: bytes) -> tuple[str | None, bytes]:
+        labelled = _LABELLED.match(line)
+        if labelled:
+            return task_name(int(labelled.group(1)), self.num_servers), line[labelled.end():]
+        ended = _TASK_ENDED.search(line)
+        if ended and self.first_ended is None:
+            rank = int(ended.group(1))
+            how = ended.group(2).decode("utf-8", "replace").strip()
+            self.first_ended = f"{task_name(rank, self.num_servers)}, task {rank}: {how}"
+        return None, _TASK_MENTION.sub(self._named, line)
+
+    def _named(self, match: re.Match) -> bytes:
+        return match.group(0) + f" ({task_name(int(match.group(1)), self.num_servers)})".encode()
+
+    def culprit(self) -> str | None:
+        return self.first_ended
 
 
 # -- a batch script --------------------------------------------------------------------------

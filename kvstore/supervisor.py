@@ -39,6 +39,8 @@ class Planned:
     # a process that starts others and relays their lines (srun): line -> (name, line), the
     # name of the process that printed it (None: this one's own)
     speaker: Callable[[bytes], tuple[str | None, bytes]] | None = None
+    # such a process's word on which of its processes failed first, once it has failed
+    culprit: Callable[[], str | None] | None = None
 
     @property
     def finishes_job(self) -> bool:
@@ -200,7 +202,9 @@ class Supervisor:
 
     def _stop_for_failure(self, child: _Child) -> int:
         child.join_readers(1.0)     # its last words come before the verdict
-        self._say(f"{child.label} {describe_exit(child.returncode)}; stopping the job")
+        culprit = child.planned.culprit() if child.planned.culprit is not None else None
+        who = f"{child.label} ({culprit})" if culprit else child.label
+        self._say(f"{who} {describe_exit(child.returncode)}; stopping the job")
         return exit_status(child.returncode)
 
     def _stop_for_signal(self, signum: int) -> int:

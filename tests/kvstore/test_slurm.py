@@ -87,11 +87,14 @@ def test_a_host_file_is_refused(tmp_path):
 
 
 def test_task_lines_come_under_their_role_and_srun_names_the_task():
-    speak = lambda line: slurm._speaker(line, num_servers=1)  # noqa: E731
+    speak = slurm.SrunLines(num_servers=1)
     assert speak(b"3: DONE epoch 1\n") == ("worker 1", b"DONE epoch 1\n")
     assert speak(b" 0: listening\n") == ("scheduler", b"listening\n")
+    assert speak.culprit() is None
     assert speak(b"srun: error: vm: task 3: Killed\n") == \
         (None, b"srun: error: vm: task 3 (worker 1): Killed\n")
+    speak(b"srun: error: vm: task 0: Terminated\n")  # Slurm ending the others
+    assert speak.culprit() == "worker 1, task 3: Killed"
 
 
 def test_a_task_becomes_its_role_and_runs_its_command(tmp_path):
@@ -182,6 +185,7 @@ def test_a_killed_task_ends_the_step_and_is_named(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert "(worker 1)" in output and "Killed" in output, output
+    assert "srun (worker 1, task 3: Killed) exited with status" in output, output
     assert time.monotonic() - started < 60, output  # not the sleeping tasks' 120 s
 
 
