@@ -348,17 +348,26 @@ def _mpirun_process(rendezvous, command, hostfile, remote_role, environ) -> Plan
 
 def mpi_child(argv: list[str]) -> None:
     """Run in every MPI process: become server or worker by rank and exec its command."""
-    parser = argparse.ArgumentParser(prog="python -m mixrt.kvstore.launch --mpi-child")
-    parser.add_argument("--role-command", required=True, help="the servers' argv, as JSON")
+    role_command, command = _child_arguments(argv, "--mpi-child", "the servers' argv")
+    rank, num_servers = _mpi_rank(os.environ), _environment_int("DMLC_NUM_SERVER")
+    role, index = ("server", rank) if rank < num_servers else ("worker", rank - num_servers)
+    _set_parent_death_signal()      # die with mpirun (or its daemon) like a local child would
+    _become(role, index, command if role == "worker" else role_command)
+
+
+def _child_arguments(argv: list[str], flag: str, role_help: str) -> tuple[list, list]:
+    """(the scheduler's and servers' argv, the workers' command) a child was given."""
+    parser = argparse.ArgumentParser(prog=f"python -m mixrt.kvstore.launch {flag}")
+    parser.add_argument("--role-command", required=True, help=f"{role_help}, as JSON")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    role_command, command = _json_argv(args.role_command), _strip_dashes(args.command)
-    rank, num_servers = _mpi_rank(os.environ), _environment_int("DMLC_NUM_SERVER")
-    role, index, target = (("server", rank, role_command) if rank < num_servers else
-                           ("worker", rank - num_servers, command))
+    return _json_argv(args.role_command), _strip_dashes(args.command)
+
+
+def _become(role: str, index: int, target: list[str]) -> None:
+    """Exec ``target`` as ``role`` ``index`` of the job."""
     if not target:
         raise KVStoreError(f"no command for {role} {index}: give it after --")
-    _set_parent_death_signal()      # die with mpirun (or its daemon) like a local child would
     env = {**os.environ, "DMLC_ROLE": role, "MIXRT_KV_ROLE_INDEX": str(index)}
     try:
         os.execvpe(target[0], target, env)
@@ -415,22 +424,11 @@ def _slurm_step(command, num_workers, num_servers, port, host_uri, role_command,
 def task_child(argv: list[str]) -> None:
     """Run in every task of a Slurm step: become the scheduler, a server or a worker by
     ``SLURM_PROCID`` and exec its command."""
-    parser = argparse.ArgumentParser(prog="python -m mixrt.kvstore.launch --task-child")
-    parser.add_argument("--role-command", required=True,
-                        help="the scheduler's and servers' argv, as JSON")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    role_command, command = _json_argv(args.role_command), _strip_dashes(args.command)
+    role_command, command = _child_arguments(argv, "--task-child",
+                                             "the scheduler's and servers' argv")
     rank = _environment_int(slurm.RANK_VARIABLE)
     role, index = slurm.role_of_rank(rank, _environment_int("DMLC_NUM_SERVER"))
-    target = command if role == "worker" else role_command
-    if not target:
-        raise KVStoreError(f"no command for {role} {index}: give it after --")
-    env = {**os.environ, "DMLC_ROLE": role, "MIXRT_KV_ROLE_INDEX": str(index)}
-    try:
-        os.execvpe(target[0], target, env)
-    except OSError as exc:
-        raise KVStoreError(f"cannot start {role} {index} ({target[0]}): {exc}") from exc
+    _become(role, index, command if role == "worker" else role_command)
 
 
 def submit_batch(command, num_workers: int, num_servers: int, script, *, sbatch_args=(),
