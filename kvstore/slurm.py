@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -125,7 +126,7 @@ class SrunLines:
 
     def __init__(self, num_servers: int):
         self.num_servers = num_servers
-        self.first_ended: str | None = None
+        self.first_ended: tuple[str, int] | None = None
 
     def __call__(self, line: bytes) -> tuple[str | None, bytes]:
         labelled = _LABELLED.match(line)
@@ -133,16 +134,29 @@ class SrunLines:
             return task_name(int(labelled.group(1)), self.num_servers), line[labelled.end():]
         ended = _TASK_ENDED.search(line)
         if ended and self.first_ended is None:
-            rank = int(ended.group(1))
-            how = ended.group(2).decode("utf-8", "replace").strip()
-            self.first_ended = f"{task_name(rank, self.num_servers)}, task {rank}: {how}"
+            self.first_ended = self._ended(int(ended.group(1)), ended.group(2))
         return None, _TASK_MENTION.sub(self._named, line)
 
     def _named(self, match: re.Match) -> bytes:
         return match.group(0) + f" ({task_name(int(match.group(1)), self.num_servers)})".encode()
 
-    def culprit(self) -> str | None:
+    def _ended(self, rank: int, how: bytes) -> tuple[str, int] | None:
+        """(the task's name, its return code) from srun's words for its end: "Exited with
+        exit code 3" is 3, "Killed" (strsignal's SIGKILL) is -9."""
+        text = how.decode("utf-8", "replace").strip()
+        code = re.fullmatch(r"Exited with exit code (\d+)", text)
+        returncode = int(code.group(1)) if code else _SIGNAL_BY_WORDS.get(text)
+        if returncode is None:
+            return None
+        return f"{task_name(rank, self.num_servers)} (Slurm task {rank})", returncode
+
+    def culprit(self) -> tuple[str, int] | None:
         return self.first_ended
+
+
+# srun names a task's killing signal as strsignal does ("Killed", "Segmentation fault")
+_SIGNAL_BY_WORDS = {signal.strsignal(number): -number for number in signal.valid_signals()
+                    if 0 < number < signal.SIGRTMIN and signal.strsignal(number)}
 
 
 # -- a batch script --------------------------------------------------------------------------

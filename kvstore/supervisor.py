@@ -39,8 +39,9 @@ class Planned:
     # a process that starts others and relays their lines (srun): line -> (name, line), the
     # name of the process that printed it (None: this one's own)
     speaker: Callable[[bytes], tuple[str | None, bytes]] | None = None
-    # such a process's word on which of its processes failed first, once it has failed
-    culprit: Callable[[], str | None] | None = None
+    # such a process's word on which of its processes failed first, once it has failed:
+    # (its name, its return code as Popen gives one: -N for signal N), or None
+    culprit: Callable[[], tuple[str, int] | None] | None = None
 
     @property
     def finishes_job(self) -> bool:
@@ -202,10 +203,12 @@ class Supervisor:
 
     def _stop_for_failure(self, child: _Child) -> int:
         child.join_readers(1.0)     # its last words come before the verdict
+        # a process that started others (srun) names the one that failed, as if it were ours
         culprit = child.planned.culprit() if child.planned.culprit is not None else None
-        who = f"{child.label} ({culprit})" if culprit else child.label
-        self._say(f"{who} {describe_exit(child.returncode)}; stopping the job")
-        return exit_status(child.returncode)
+        label, returncode = culprit if culprit is not None else (child.label,
+                                                                  child.returncode)
+        self._say(f"{label} {describe_exit(returncode)}; stopping the job")
+        return exit_status(returncode)
 
     def _stop_for_signal(self, signum: int) -> int:
         self._say(f"received {signal.Signals(signum).name}; stopping the job")

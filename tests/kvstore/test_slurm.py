@@ -94,7 +94,10 @@ def test_task_lines_come_under_their_role_and_srun_names_the_task():
     assert speak(b"srun: error: vm: task 3: Killed\n") == \
         (None, b"srun: error: vm: task 3 (worker 1): Killed\n")
     speak(b"srun: error: vm: task 0: Terminated\n")  # Slurm ending the others
-    assert speak.culprit() == "worker 1, task 3: Killed"
+    assert speak.culprit() == ("worker 1 (Slurm task 3)", -9)
+    exited = slurm.SrunLines(num_servers=1)
+    exited(b"srun: error: vm: task 2: Exited with exit code 3\n")
+    assert exited.culprit() == ("worker 0 (Slurm task 2)", 3)
 
 
 def test_a_task_becomes_its_role_and_runs_its_command(tmp_path):
@@ -183,9 +186,11 @@ def test_a_killed_task_ends_the_step_and_is_named(tmp_path):
             "--launcher", "slurm", "-n", "2", "-s", "1", "--", sys.executable, "-c", body)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     output = done.stdout + done.stderr
-    assert done.returncode != 0, output
-    assert "(worker 1)" in output and "Killed" in output, output
-    assert "srun (worker 1, task 3: Killed) exited with status" in output, output
+    # the launcher's verdict and status are the killed task's, as the local launcher's are
+    assert done.returncode == 137, output
+    assert "task 3 (worker 1): Killed" in output, output
+    assert "worker 1 (Slurm task 3) was killed by SIGKILL (status 137); stopping the job" \
+        in output, output
     assert time.monotonic() - started < 60, output  # not the sleeping tasks' 120 s
 
 
