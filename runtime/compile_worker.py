@@ -2,8 +2,10 @@
 
 It loads the model a session runs, runs it on the feeds of the session's first run with
 compiling in the foreground, so numba compiles exactly the kernels and signatures that
-session calls into the disk cache, and then writes the warm marker that tells every later
-session of that model and signature to use them at once (``runtime/kernel_tiers.py``).
+session calls into the disk cache, then on the same feeds at other sizes of their free axes
+(the kernels other sequence lengths and batches of the form choose), and then writes the
+warm marker that tells every later session of that model and signature to use them at once
+(``runtime/kernel_tiers.py``).
 It runs at a lower priority than the process it compiles for, which keeps serving meanwhile.
 """
 
@@ -12,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 from mixrt.runtime.kernel_tiers import write_marker
 from mixrt.runtime.npz import read_npz, restored
@@ -36,10 +41,79 @@ def main(argv: list[str]) -> int:
 
 def compile_model(model: str, opt_level: int, feeds: dict) -> None:
     """Run ``model`` twice on ``feeds`` (the discovery and planned runs of the first call,
-    then a planned run that may replay its calls), compiling every kernel they call."""
+    then a planned run that may replay its calls), compiling every kernel they call; then
+    once on each of :func:`other_sizes`, so that the kernels the form's other sizes choose
+    are compiled too (a failing size is skipped: it may be one the model refuses)."""
+    started = time.monotonic()
     session = Session(model, opt_level=opt_level)
     session.run(None, feeds)
     session.run(None, feeds)
+    # the extra sizes may take as long as the job's own compile (at least EXTRA_SECONDS): a
+    # vision model's pools and depthwise convolutions are generated per plane geometry,
+    # and every image size of the ladder would be a module of each
+    deadline = time.monotonic() + max(EXTRA_SECONDS, time.monotonic() - started)
+    for resized in other_sizes(session.graph, feeds):
+        if time.monotonic() > deadline:
+            break
+        try:
+            session.run(None, resized)
+        except Exception:  # noqa: BLE001,S112  (a size the model refuses: nothing to compile)
+            continue
+
+
+# sizes each free axis of the feeds takes in the child's extra runs: the kernels choose their
+# forms by rows and work (one row, a few, a tile's worth, more than the caches hold), so a
+# new sequence length or batch met a kernel compiled for none of the sizes seen before (a
+# 6-layer BERT compiled at 32 tokens missed its batched product and two elementwise loops
+# at other lengths, each a request served partly on NumPy and another child). A ladder,
+# not the sizes a benchmark uses: the forms change at powers of two and at the caches'
+# sizes, and the ladder spans both
+LADDER = (1, 2, 3, 8, 17, 64, 130, 512)
+# an extra run's feeds may be this many times the job's feeds (at least EXTRA_FLOOR bytes):
+# a batch of 512 images would take the child minutes and compile nothing new
+EXTRA_GROWTH, EXTRA_FLOOR = 16, 1 << 20
+EXTRA_SECONDS = 20
+
+
+def other_sizes(graph, feeds: dict) -> list[dict]:
+    """The job's feeds at other sizes of their free axes (the inputs' symbolic or unknown
+    dims), each group of axes that share a name (or, unnamed, a size) moved together along
+    :data:`LADDER`; the data tiled or cut to the new size, so token ids stay in the
+    vocabulary and masks stay masks."""
+    groups = _free_axes(graph, feeds)
+    budget = max(EXTRA_GROWTH * sum(v.nbytes for v in feeds.values()), EXTRA_FLOOR)
+    sized = []
+    for axes in groups.values():
+        for size in LADDER:
+            resized = {name: _resized(value, [a for n, a in axes if n == name], size)
+                       for name, value in feeds.items()}
+            if sum(v.nbytes for v in resized.values()) <= budget and \
+                    any(resized[n].shape != feeds[n].shape for n, _ in axes):
+                sized.append(resized)
+    return sized
+
+
+def _free_axes(graph, feeds: dict) -> dict:
+    """Group key -> [(feed, axis)] of the feeds' axes an input leaves free."""
+    groups: dict = {}
+    for value in graph.feed_inputs():
+        fed = feeds.get(value.name)
+        shape = getattr(value.type, "shape", None)
+        if not isinstance(fed, np.ndarray) or shape is None or len(shape) != fed.ndim:
+            continue
+        for axis, dim in enumerate(shape):
+            if not isinstance(dim, int):
+                key = dim if isinstance(dim, str) and dim else ("size", fed.shape[axis])
+                groups.setdefault(key, []).append((value.name, axis))
+    return groups
+
+
+def _resized(value: np.ndarray, axes: list[int], size: int) -> np.ndarray:
+    for axis in axes:
+        repeats = -(-size // max(value.shape[axis], 1))
+        tiled = np.concatenate([value] * repeats, axis=axis) if value.shape[axis] else value
+        value = np.take(tiled, range(min(size, tiled.shape[axis])), axis=axis)
+    return np.ascontiguousarray(value)
 
 
 def _feeds(spec: dict) -> dict:

@@ -27,6 +27,7 @@ one session each get their own and a single-threaded service allocates exactly o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,6 +72,22 @@ NONDETERMINISTIC_OPS = frozenset({
 })
 
 
+class Shaped:
+    """What a plan reads of a value (shape, dtype, size, bytes) where it is made without the
+    value itself: a plan from shape inference (``runtime/inferred_plans.py``)."""
+
+    __slots__ = ("shape", "dtype", "size", "nbytes")
+
+    def __init__(self, shape: tuple, dtype: np.dtype):
+        self.shape, self.dtype = shape, dtype
+        self.size = math.prod(shape)
+        self.nbytes = self.size * dtype.itemsize
+
+
+def _is_array(value) -> bool:
+    return value.__class__ is np.ndarray or value.__class__ is Shaped
+
+
 @dataclass
 class Slot:
     offset: int
@@ -80,7 +97,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass
@@ -108,6 +125,11 @@ class ExecutionPlan:
     # values that view an arena tensor without a slot of their own (the VIEW_OPS outputs,
     # transposed MatMul operands, Split's parts): made again each run, over the same memory
     views: frozenset = frozenset()
+    # planned from shape inference, without a discovery run, and not yet run once
+    # (runtime/inferred_plans.py): its first run falls back to a discovery run if it fails
+    unproven: bool = False
+    # the in-place pairs the placement kept (_smallest_plan): all, same size, none
+    pairing: str | None = None
 
     @property
     def arena_bytes(self) -> int:
@@ -128,6 +150,7 @@ class Arena:
         # (tier, thread, native pool, scratch generation) -> the calls with bound steps
         # (runtime/run_loop.bind_calls)
         self.bound: dict = {}
+        self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
 
 
 def host_copies(plan: ExecutionPlan, constants: dict) -> dict:
@@ -204,7 +227,7 @@ def release(plan: ExecutionPlan, arena: Arena) -> None:
 
 def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
               inferred: dict, frozen: dict, strategy: str, stored=(),
-              plannable=None) -> ExecutionPlan:
+              plannable=None, pairing: str | None = None) -> ExecutionPlan:
     """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
     reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
     discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
@@ -212,7 +235,8 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
 
     ``frozen`` (name -> value, from :class:`FrozenValues` run as inference's settle hook) are
     the values the signature alone fixes: their discovery results are kept and planned runs
-    skip the nodes that make them."""
+    skip the nodes that make them. ``pairing``: the in-place pairing to place with
+    (:func:`_smallest_plan`; by default the one that gives the smallest arena)."""
     plannable = plannable or _plannable_on_cpu
     steps = [step for step in steps if not all(n in frozen for n in step.node.outputs if n)]
     outputs = set(graph_outputs)
@@ -286,14 +310,15 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
             last[target] = end
     lifetimes = [TensorLife(name, slot.nbytes, first[name], last[name])
                  for name, slot in slots.items()]
-    memory = _stored_plan(stored, signature, lifetimes) or _smallest_plan(lifetimes, strategy,
-                                                                          inplace)
+    memory = _stored_plan(stored, signature, lifetimes)
+    if memory is None:
+        memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing)
     memory.signature = signature
     for name, slot in slots.items():
         slot.offset = memory.offsets[name]
     shared = frozenset(n for n in graph_outputs if referenced(n) or n in frozen)
     return ExecutionPlan(signature, memory, slots, steps, frozen, shared, frozenset(detached),
-                         reshapes=reshapes, views=frozenset(root))
+                         reshapes=reshapes, views=frozenset(root), pairing=pairing)
 
 
 class FrozenValues:
@@ -345,18 +370,26 @@ def _on_host(value):
     return None
 
 
-def _smallest_plan(lifetimes, strategy: str, inplace) -> MemoryPlan:
+def _smallest_plan(lifetimes, strategy: str, inplace, pairing: str | None = None) \
+        -> tuple[MemoryPlan, str]:
     """The planner places an in-place pair as one block of the input's size for both lives,
     so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with all
-    pairs, with same-size pairs only and with none, and keep the smallest arena."""
+    pairs, with same-size pairs only and with none, and keep the smallest arena; returns it
+    and which pairing it took. ``pairing`` plans with that one alone: a new shape of a form
+    planned from inference takes the pairing its discovered plan chose (the three placements
+    were half of a 6-layer BERT's plan, ~3.5 ms a new length)."""
     sizes = {life.name: life.size for life in lifetimes}
-    same_size = [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)]
-    plans = [plan_memory(lifetimes, strategy, inplace)]
-    if len(same_size) < len(inplace):
-        plans.append(plan_memory(lifetimes, strategy, same_size))
+    pairings = {"all": inplace,
+                "same size": [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)],
+                "none": []}
+    if pairing in pairings:
+        return plan_memory(lifetimes, strategy, pairings[pairing]), pairing
+    plans = [(plan_memory(lifetimes, strategy, inplace), "all")]
+    if len(pairings["same size"]) < len(inplace):
+        plans.append((plan_memory(lifetimes, strategy, pairings["same size"]), "same size"))
     if inplace:  # greedy by size can also place better without any pairs (DenseNet)
-        plans.append(plan_memory(lifetimes, strategy, []))
-    return min(plans, key=lambda plan: plan.arena_bytes)
+        plans.append((plan_memory(lifetimes, strategy, []), "none"))
+    return min(plans, key=lambda made: made[0].arena_bytes)
 
 
 def _stored_plan(stored, signature: tuple, lifetimes: list[TensorLife]) -> MemoryPlan | None:
@@ -375,7 +408,7 @@ def _arena_output(step, value, inferred) -> bool:
     # with MIXRT_BATCH_INVARIANT, whatever its size: a kernel called without ``out=`` may
     # take another path (LayerNormalization's NumPy passes), so a batch's output past the
     # size would have other bits than one request's under it
-    return isinstance(value, np.ndarray) and value.dtype != object and 0 < value.nbytes \
+    return _is_array(value) and value.dtype != object and 0 < value.nbytes \
         and (value.nbytes <= ARENA_OUTPUT_BYTES or batch_invariant()) \
         and _predicted(inferred, value) \
         and getattr(step, "writes_into", False) and node.op_type not in VIEW_OPS \
@@ -383,7 +416,7 @@ def _arena_output(step, value, inferred) -> bool:
 
 
 def _plannable_on_cpu(value) -> bool:
-    return (isinstance(value, np.ndarray) and value.dtype != object and value.size > 0)
+    return _is_array(value) and value.dtype != object and value.size > 0
 
 
 def plannable_on_gpu(value) -> bool:

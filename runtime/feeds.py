@@ -127,6 +127,21 @@ def feed_signature(feeds: dict) -> tuple:
     return tuple((name, _value_signature(value)) for name, value in sorted(feeds.items()))
 
 
+def signature_form(signature: tuple) -> tuple:
+    """A feed signature without its sizes: each feed's rank and dtype (a map's key count and
+    a sequence's length stay, as what is made from them may be planned by them)."""
+    return tuple((name, _value_form(part)) for name, part in signature)
+
+
+def _value_form(part):
+    if part is None or part[0] == "map":
+        return part
+    if part[0] == "seq":
+        return ("seq",) + tuple(_value_form(p) for p in part[1:])
+    shape, dtype = part
+    return (len(shape), dtype)
+
+
 def _value_signature(value):
     if value is None:
         return None

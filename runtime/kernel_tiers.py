@@ -64,7 +64,7 @@ from mixrt.ops.compiled import jit_tier, parallel, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
-from mixrt.runtime.feeds import feed_signature
+from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.npz import storable, write_npz
 from mixrt.runtime.profiler import symbolic_profiler
@@ -97,6 +97,9 @@ class SessionTiers:
         self._state: dict = {}
         self._changed = threading.Condition()
         self._fingerprint: str | None = None
+        self._compiling: set = set()  # forms a child is compiling for (one job a form)
+        self._compiled_forms: set = set()  # forms with a signature on the compiled tier
+        self._failed_forms: set = set()  # forms whose child failed: not started again
 
     def compiled(self, signature: tuple, feeds: dict):
         """The tier of a run of ``signature`` starting now: True (compiled), False (NumPy),
@@ -134,14 +137,30 @@ class SessionTiers:
             self._set(signature, COMPILED)
             _mark(self._session(), "kernel tier: compiled")
             return outputs
-        self._set(signature, PENDING)
-        marker = self._marker(signature)
-        marker.unlink(missing_ok=True)  # stale: the child compiles what it no longer holds
-        compiler().submit(CompileJob(self, signature, _copied(feeds), marker))
-        if outputs is None:  # (a kernel that caught the miss answered on its NumPy path)
+        self._missed(signature, feeds)
+        if outputs is None:  # (where a step could not take its NumPy path alone)
             with jit_tier.using(False):
                 outputs = run()
         return outputs
+
+    def _missed(self, signature: tuple, feeds: dict) -> None:
+        """A first run of ``signature`` met kernels in no cache (their steps answered on
+        their NumPy paths, ``run_loop._on_numpy_path``). One child at a time compiles for
+        the signature's form: the signature is forgotten, so that its next run tries the
+        caches again (and finds what the child compiled) instead of waiting on the NumPy
+        tier; a service sending a new length per request started a child per length, each
+        taking a core for seconds, and served NumPy kernels all the while."""
+        form = signature_form(signature)
+        marker = self._marker(signature)
+        marker.unlink(missing_ok=True)  # stale: the child compiles what it no longer holds
+        with self._changed:
+            if form in self._compiling or form in self._failed_forms:
+                self._state.pop(signature, None)
+                self._changed.notify_all()
+                return
+            self._compiling.add(form)
+            self._state[signature] = PENDING
+        compiler().submit(CompileJob(self, signature, _copied(feeds), marker))
 
     def is_compiled(self, signature: tuple) -> bool:
         """Does ``signature`` run the compiled tier already (nothing is started)?"""
@@ -175,14 +194,32 @@ class SessionTiers:
                 # kernels' compile in this process; either way, compile on demand
                 self._state[signature] = COMPILED
                 return COMPILED
-            marker = None if prebuilt.chosen() is not None else self._marker(signature)
-            if marker is None or marker.is_file():  # first_run: the compiled tier at once
-                self._state[signature] = LOADING
+            marker = None if prebuilt.chosen() is not None or self._form_loaded(signature) \
+                else self._marker(signature)
+            if marker is None or marker.is_file():
+                self._state[signature] = LOADING  # first_run: the compiled tier at once
                 return LOADING_FIRST
+            form = signature_form(signature)
+            if form in self._compiling or form in self._failed_forms:
+                return PENDING  # NumPy, unrecorded: its next run asks again
+            self._compiling.add(form)
             self._state[signature] = PENDING
         job = CompileJob(self, signature, _copied(feeds), marker)
         compiler().submit(job)
         return PENDING
+
+    def _form_loaded(self, signature: tuple) -> bool:
+        """Whether the kernels of ``signature``'s *form* (its feeds' ranks and dtypes, not
+        their sizes) were compiled before: by this session for another signature of that
+        form, or by any process (the form's marker). numba compiles a kernel per argument
+        type (dtype, rank, layout), not per size, so a new sequence length or batch finds
+        nearly every kernel it calls loaded already; the few made per size (a depthwise
+        convolution's plane geometry) are misses that :meth:`first_run` hands the child.
+        Until 2026-11-26 every new size started a child and served NumPy kernels until it
+        was done: a service sending a new length per request ran NumPy all the time, and
+        the child took one of a 2-core machine's cores from it."""
+        form = signature_form(signature)
+        return form in self._compiled_forms or self._marker(form, shapes=False).is_file()
 
     def _forget(self, signature: tuple) -> None:
         with self._changed:
@@ -192,6 +229,8 @@ class SessionTiers:
     def _set(self, signature: tuple, state: str) -> None:
         with self._changed:
             self._state[signature] = state
+            if state is COMPILED:
+                self._compiled_forms.add(signature_form(signature))
             self._changed.notify_all()
 
     def _compiled(self, job: "CompileJob") -> None:
@@ -208,10 +247,18 @@ class SessionTiers:
             return
         finally:
             _LOADING.reset(token)
+        # the form's marker first: a waiter woken by the switch finds it written
+        write_marker(self._marker(signature_form(job.signature), shapes=False),
+                     str(self._source or "(in memory)"))
+        with self._changed:
+            self._compiling.discard(signature_form(job.signature))
         self._set(job.signature, COMPILED)
         _mark(session, "kernel tier: compiled")
 
     def _failed(self, job: "CompileJob", why: str) -> None:
+        with self._changed:
+            self._compiling.discard(signature_form(job.signature))
+            self._failed_forms.add(signature_form(job.signature))
         self._set(job.signature, FAILED)
         warnings.warn(f"the background compile of this session's kernels for inputs "
                       f"{_signature_text(job.signature)} failed, so it keeps running NumPy "
@@ -219,12 +266,14 @@ class SessionTiers:
 
     # -- where a model's kernels are recorded as compiled ------------------------------------
 
-    def _marker(self, signature: tuple) -> Path:
+    def _marker(self, signature: tuple, shapes: bool = True) -> Path:
+        """The warm marker of ``signature``; with ``shapes=False``, of a signature's form
+        (:func:`signature_form`), written once any signature of that form compiled."""
         if self._fingerprint is None:
             self._fingerprint = graph_fingerprint(self._session().graph)
         key = hashlib.sha256(repr((self._fingerprint, signature, self._opt_level,
                                    environment_stamp())).encode()).hexdigest()[:32]
-        return cache_root() / "warm" / f"{key}.json"
+        return cache_root() / "warm" / f"{key if shapes else 'form-' + key}.json"
 
 
 # feeds of more bytes than this are not handed to the background compiler (_first_run):
@@ -504,6 +553,7 @@ def warm_up(session, model, opt_level: int, feeds: dict) -> Path | None:
     tiers._set(signature, COMPILED)
     marker = tiers._marker(signature)
     write_marker(marker, str(model))
+    write_marker(tiers._marker(signature_form(signature), shapes=False), str(model))
     return marker
 
 

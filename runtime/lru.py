@@ -40,6 +40,11 @@ class LruCache:
                 self._items.popitem(last=False)
             return kept
 
+    def drop(self, key: Hashable) -> None:
+        """Forget ``key`` (nothing happens where it is not kept)."""
+        with self._lock:
+            self._items.pop(key, None)
+
     def values(self) -> list:
         with self._lock:
             return list(self._items.values())

@@ -76,7 +76,9 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
 def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's):
     the arena's bound calls (``ops/compiled/bound_calls.py``) for this tier and thread where an
-    earlier run made them, else the kernels' calls, binding them after the run."""
+    earlier run made them, else the kernels' calls, binding them after the run (from the
+    key's second run: binding a 6-layer BERT took ~1.8 ms, paid for nothing by a sequence
+    length a service sends once)."""
     calls = _calls(arena, plan)
     if plan.host_args:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
@@ -92,6 +94,9 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
         _run_host_calls(bound, env, arena.buffer)
         return
     _run_host_calls(calls, env, arena.buffer)
+    if key not in arena.ran:  # bound from its second run: a shape met once never pays it
+        arena.ran.add(key)
+        return
     if len(arena.bound) >= MAX_BINDINGS:  # threads come and go: keep the latest few
         arena.bound.pop(next(iter(arena.bound)))
     arena.bound[key] = bind_calls(calls, env, arena, plan, fed)
@@ -415,6 +420,8 @@ def _run_host_calls(calls, env, buffer) -> None:
                     else prepared(np, *args)
         except MixrtError:
             raise
+        except jit_tier.CompileForbidden as exc:
+            result = _on_numpy_path(step, np, args, attributes, exc)
         except Exception as exc:
             raise _failed(step, exc, args) from exc
         if name is None:  # several outputs: view holds each one's (name, view, detached)
@@ -473,6 +480,12 @@ def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
             profiler.kernel(step, started, args, values)
 
 
+def call_step(step, args):
+    """One host call of ``step``'s kernel on ``args`` outside a run (the inferred plans'
+    shape arithmetic, ``runtime/inferred_plans.py``), failing as a run's step fails."""
+    return _call(step, np, args, step.attributes)
+
+
 def _call(step, xp, args, attributes):
     if xp is not np:
         device_checks.at_node(step.label)
@@ -482,6 +495,33 @@ def _call(step, xp, args, attributes):
         if prepared is not None:
             return prepared(xp, *args)
         return step.fn(xp, *args, **attributes)
+    except MixrtError:
+        raise
+    except jit_tier.CompileForbidden as exc:
+        return _on_numpy_path(step, xp, args, attributes, exc)
+    except Exception as exc:
+        raise _failed(step, exc, args) from exc
+
+
+def _on_numpy_path(step, xp, args, attributes, forbidden):
+    """The step again on its NumPy path, where its compiled kernel is in no cache and a
+    run may not compile (``jit_tier.loading_only``: a session's first run of a new shape,
+    whose kernels load from the caches): the rest of the run stays compiled, and the miss,
+    noted already, goes to the background compiler. Until 2026-11-26 such a miss took the
+    whole request to the NumPy tier, again for every new shape that met it (a 6-layer BERT
+    whose products change form with the length). A step whose output shares memory with
+    an input (an in-place pair) may have written part of it before the miss: that one
+    cannot be done again, and the run fails as before (the caller answers on NumPy)."""
+    out = attributes.get("out")
+    if out is not None and any(isinstance(arg, np.ndarray) and np.may_share_memory(out, arg)
+                               for arg in args):
+        raise forbidden
+    state = node_state(attributes)
+    prepared = state.get("call") if state is not None else None
+    try:
+        with jit_tier.using(False, jit_tier.compile_misses()):
+            return prepared(xp, *args) if prepared is not None \
+                else step.fn(xp, *args, **attributes)
     except MixrtError:
         raise
     except Exception as exc:

@@ -41,7 +41,9 @@ from mixrt.runtime.run_loop import execute
 from mixrt.runtime.steady_run import SteadyRun
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_copies, make_plan,
                                     plannable_on_gpu, release)
-from mixrt.runtime.feeds import feed_signature
+from mixrt.runtime.feeds import feed_signature, signature_form
+from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, frozen_nodes,
+                                          inference_was_exact, plan_from_inference)
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                node_arg)
@@ -113,6 +115,13 @@ class Session(FeedChecks):
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
         self._plans = LruCache(MAX_CACHED_PLANS)  # input-shape signature -> ExecutionPlan
+        # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
+        # each with the in-place pairing its discovered plan placed with and the ids of the
+        # nodes it froze
+        self._trusted_forms: dict = {}
+        self._distrusted_forms: set = set()  # ... and those whose inferred plan failed
+        self._shape_program: ShapeProgram | None = None  # their shape inference, made ready
+        self._frozen_memo: dict = {}  # and the shape arithmetic it did (ComputedFrozenValues)
         self._last_plan: tuple | None = None  # (signature, plan) of the last plan found
         # (feed_key, signature, the feeds given as NumPy text to turn into str objects) of
         # checked feeds
@@ -220,6 +229,8 @@ class Session(FeedChecks):
         discovery run) over ``feeds``."""
         on_cpu = self._xp is np
         host, lent = delivery
+        if plan is None and on_cpu and process is None:
+            plan = self._inferred_plan(signature, feeds)  # a known form: no discovery run
         if plan is None:
             with self._device_checks() as checks:
                 env = self._discover(signature, feeds, process)
@@ -252,6 +263,9 @@ class Session(FeedChecks):
             env.update(plan.frozen)
             env.update(feeds)
             if on_cpu and profiler is None:
+                if plan.unproven:  # planned from inference, never run yet
+                    return self._first_inferred_run(plan, signature, feeds, env, arena,
+                                                    (wanted, process, delivery))
                 execute(plan.steps, env, np, arena, plan)
                 outputs = self._collect(env, wanted, plan.shared_outputs, host)
                 self._remember_steady(signature, plan, host)
@@ -267,6 +281,52 @@ class Session(FeedChecks):
                                  host)
         finally:
             release(plan, arena)
+
+    def _first_inferred_run(self, plan, signature, feeds: dict, env: dict, arena,
+                            request: tuple) -> list:
+        """The first run of a plan made from inference (``runtime/inferred_plans.py``).
+        Where it fails, inference is not trusted for this form again, and the request is
+        answered the way it was before: a discovery run, its plan, a planned run (whose
+        error, if the model's own, is the one raised)."""
+        wanted, process, (host, _) = request
+        try:
+            execute(plan.steps, env, np, arena, plan)
+        except Exception:  # noqa: BLE001  (answered again, the discovery way)
+            self._trusted_forms.pop(signature_form(signature), None)
+            self._distrusted_forms.add(signature_form(signature))
+            self._plans.drop(signature)
+            self._last_plan = None
+            plan.pool.clear()
+            return self._planned_run(None, signature, feeds, wanted, process, request[2])
+        plan.unproven = False
+        outputs = self._collect(env, wanted, plan.shared_outputs, host)
+        self._remember_steady(signature, plan, host)
+        return outputs
+
+    def _inferred_plan(self, signature: tuple, feeds: dict) -> ExecutionPlan | None:
+        """A plan for ``signature`` from shape inference, where a discovery run of its form
+        showed inference exact (``runtime/inferred_plans.py``); None otherwise."""
+        trusted = self._trusted_forms.get(signature_form(signature))
+        if trusted is None:
+            return None
+        pairing, frozen = trusted
+        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, frozen,
+                                      self._frozen_memo)
+        if self._shape_program is None:
+            self._shape_program = ShapeProgram(self.graph)
+        try:
+            inferred = self._shape_program.infer(feeds, settle)
+        except Exception:  # noqa: BLE001  (the discovery run says what is wrong)
+            return None
+        plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
+                                   inferred, settle.values, self.strategy,
+                                   stored=self.graph.plans, pairing=pairing)
+        if plan is None:
+            return None
+        plan.unproven = True
+        plan.wakes_workers = _sizable(feeds.values(), self._bound.constants.values(),
+                                      (p for p in _planned_values(plan)))
+        return self._plans.put(signature, plan)
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
         """After a planned CPU run: keep what the next run of the same feeds needs, when
@@ -337,6 +397,11 @@ class Session(FeedChecks):
             plan.host_args = host_copies(plan, self._bound.constants)
         else:
             plan.wakes_workers = _sizable(env.maps[0].values(), self._bound.constants.values())
+            form = signature_form(signature)
+            if form not in self._distrusted_forms and inference_was_exact(
+                    self._bound.nodes, env.maps[0], inferred, settle.values):
+                self._trusted_forms[form] = (plan.pairing or "all",
+                                             frozen_nodes(self._bound.nodes, settle.values))
         self._plans.put(signature, plan)
         return env
 
@@ -435,6 +500,19 @@ def _sizable(*groups) -> bool:
             if total >= WAKE_BYTES:
                 return True
     return False
+
+
+def _planned_values(plan: ExecutionPlan):
+    """Stand-ins of a plan's slots for :func:`_sizable` (their bytes, no memory)."""
+    for slot in plan.slots.values():
+        yield _Bytes(slot.nbytes)
+
+
+class _Bytes:
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:

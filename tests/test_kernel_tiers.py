@@ -53,6 +53,12 @@ def feeds(batch: int = 2, seed: int = 1) -> dict:
     return {"x": x}
 
 
+def shape_markers(folder: Path) -> list[Path]:
+    """The warm markers of input signatures (not of their forms) under a test's caches."""
+    return [path for path in (folder / "mixrt" / "warm").glob("*.json")
+            if not path.name.startswith("form-")]
+
+
 @pytest.fixture
 def background(tmp_path, monkeypatch):
     """Background compiles into caches of this test's own (MIXRT_CACHE_DIR, NUMBA_CACHE_DIR)."""
@@ -98,8 +104,10 @@ def test_first_run_serves_numpy_then_switches_to_compiled(background):
     assert list(session._tiers.states().values()) == ["compiled"]
     np.testing.assert_allclose(session.run(None, feeds())[0], first, rtol=1e-5, atol=1e-6)
     assert session._steady is not None
-    markers = list((background / "mixrt" / "warm").glob("*.json"))
+    markers = shape_markers(background)
     assert len(markers) == 1 and json.loads(markers[0].read_text())["compiled"]
+    # and one for the signature's form (its ranks and dtypes): a new size of it loads
+    assert len(list((background / "mixrt" / "warm").glob("form-*.json"))) == 1
 
 
 def test_a_warm_marker_loads_the_next_process_without_a_child(background):
@@ -126,7 +134,7 @@ def test_a_warm_marker_over_an_emptied_cache_is_dropped_and_the_child_compiles(b
     first = mixrt.Session(pool_norm_model())
     first.run(None, feeds())
     assert first.wait_compiled(timeout=WAIT)
-    (marker,) = (background / "mixrt" / "warm").glob("*.json")
+    (marker,) = shape_markers(background)
     shutil.rmtree(os.environ["NUMBA_CACHE_DIR"])  # numba's entries gone, the marker kept
     # another process: its first run misses a kernel, so it is answered on the NumPy tier,
     # the stale marker goes, and the child compiles again (and writes the marker again)

@@ -1,0 +1,261 @@
+"""Plans from shape inference: a new input shape planned without a discovery run.
+
+A discovery run (``Session._discover``) executes the whole graph the plain way to see every
+value's shape before the arena is planned; a service that sends a new sequence length or
+batch with nearly every request paid it on nearly every request: a 6-layer BERT encoder
+(hidden 384) ran a new length in ~2.3x the time of a length it had seen (2026-11-26).
+
+Shape inference predicts those shapes without running a kernel, given the feeds' shapes
+and the values fixed by them (Shape, Size and the arithmetic over them, which
+:class:`ComputedFrozenValues` computes as inference reaches it). Inference is trusted for
+an input signature's *form* (its feeds' ranks and dtypes: :func:`signature_form`) once a
+discovery run of that form showed it predicted every value (:func:`inference_was_exact`):
+from then on a new signature of that form is planned from inference alone, and its first
+run is already a planned run. A model whose values inference cannot predict (data-dependent
+shapes such as NonZero's, strings, sequences, control flow) keeps its discovery runs; so
+does a form whose inference-planned run fails, which is then run and planned again the
+discovery way (the error, where there is one, named as any run's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.ir.registry import REGISTRY
+from mixrt.ops.ir.types import UNKNOWN, TensorType
+from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
+from mixrt.runtime.feeds import signature_form  # noqa: F401  (the forms trusted)
+from mixrt.runtime.passes.infer import infer_attributes, refined
+from mixrt.runtime.run_loop import call_step
+
+
+# -- trusting inference for a form ---------------------------------------------------------
+
+def inference_was_exact(steps, observed: dict, inferred: dict, frozen: dict) -> bool:
+    """Whether a discovery run saw only what inference predicted: every value a step made
+    is a NumPy array of a native dtype whose shape and dtype inference gave (or a frozen
+    value, which the planner computes itself), and no step runs a subgraph."""
+    for step in steps:
+        node = step.node
+        if node.subgraphs():
+            return False
+        for name in node.outputs:
+            if not name or name in frozen:
+                continue
+            value = observed.get(name)
+            if value.__class__ is not np.ndarray or value.dtype == object \
+                    or not _exact(inferred.get(name), value):
+                return False
+    return True
+
+
+def _exact(value_type, value) -> bool:
+    return isinstance(value_type, TensorType) and value_type.shape is not None \
+        and tuple(value_type.shape) == value.shape and value_type.dtype is not None \
+        and np.dtype(value_type.dtype) == value.dtype
+
+
+# -- planning from inference ---------------------------------------------------------------
+
+class ComputedFrozenValues:
+    """:class:`~mixrt.runtime.executor.FrozenValues` without a discovery run: an
+    ``infer_types`` settle hook that computes the values one input signature fixes (Shape
+    and Size of a tensor whose shape inference knows, and every node over such values and
+    constants only) by calling their kernels as inference reaches them, so inference sees
+    through a transformer's Shape -> Gather -> Concat -> Reshape chains as it does after a
+    discovery run.
+
+    ``nodes``: the ids of the nodes the form's discovered plan froze, the only ones looked
+    at (which nodes are frozen follows from the graph, not the sizes); ``memo``: results by
+    node and arguments, kept across signatures, since much of that arithmetic reads only
+    what a new length leaves as it was (a PyTorch-exported 6-layer BERT freezes ~200 nodes,
+    ~3 ms of kernel calls a new length)."""
+
+    def __init__(self, steps, constants: dict, nodes: frozenset | None = None,
+                 memo: dict | None = None):
+        self.steps = {id(step.node): step for step in steps}
+        self.constants = constants
+        self.nodes = nodes
+        self.memo = memo
+        self.values: dict = {}
+
+    def __call__(self, node, types: dict) -> dict:
+        if self.nodes is not None and id(node) not in self.nodes:
+            return {}
+        step = self.steps.get(id(node))
+        outputs = [n for n in node.outputs if n]
+        if step is None or not outputs or node.op_type in NONDETERMINISTIC_OPS \
+                or node.subgraphs():
+            return {}
+        args = self._arguments(step, types)
+        if args is None:
+            return {}
+        found = self._computed(step, args)
+        if found is None:
+            return {}
+        self.values.update(found)
+        return found
+
+    def _arguments(self, step, types: dict) -> list | None:
+        node = step.node
+        if node.op_type in ("Shape", "Size") and not node.domain:
+            known = self._known(node.inputs[0])
+            if known is not None:
+                return [known]
+            shaped = _shaped(types.get(node.inputs[0]))
+            return None if shaped is None else [shaped]
+        if all(self._known(name) is not None for name in step.reads):
+            return [self._known(name) if name else None for name in step.inputs]
+        return None
+
+    def _computed(self, step, args: list) -> dict | None:
+        key = self._memo_key(step, args) if self.memo is not None else None
+        held = self.memo.get(id(step.node)) if key is not None else None
+        if held is not None and key in held:
+            return held[key]
+        args = [placeholder_of(arg) if arg.__class__ is Shaped else arg for arg in args]
+        result = call_step(step, args)
+        values = result if isinstance(result, tuple) else (result,)
+        found = {name: value for name, value in zip(step.node.outputs, values) if name}
+        if not all(isinstance(v, np.ndarray) for v in found.values()):
+            found = None
+        if key is not None:
+            held = self.memo.setdefault(id(step.node), {})
+            if len(held) >= MEMO_PER_NODE:
+                held.clear()
+            held[key] = found
+        return found
+
+    def _memo_key(self, step, args: list):
+        """What a frozen node's result follows from: a Shape's or Size's argument by its
+        shape alone, constants by name (the same object every signature), other small
+        arrays by value; None (not kept) where an argument is none of those."""
+        node = step.node
+        if node.op_type in ("Shape", "Size") and not node.domain:
+            return (args[0].shape,)
+        key = []
+        for name, arg in zip(step.inputs, args):
+            if arg is None:
+                key.append(None)
+            elif self.constants.get(name) is arg:
+                key.append(name)
+            elif isinstance(arg, np.ndarray) and arg.size <= _MEMO_ELEMENTS \
+                    and arg.dtype != object:
+                key.append((arg.shape, arg.dtype.str, arg.tobytes()))
+            else:
+                return None
+        return tuple(key)
+
+    def _known(self, name: str):
+        value = self.values.get(name)
+        return self.constants.get(name) if value is None else value
+
+
+MEMO_PER_NODE = 64  # argument sets a node's memo keeps (a service's recent sizes)
+_MEMO_ELEMENTS = 64  # arguments up to this size enter a memo key by value
+
+
+def frozen_nodes(steps, frozen: dict) -> frozenset:
+    """The ids of the nodes whose every output is a frozen value."""
+    return frozenset(id(step.node) for step in steps
+                     if any(step.node.outputs)
+                     and all(name in frozen for name in step.node.outputs if name))
+
+
+class ShapeProgram:
+    """Shape inference of one graph, made ready once per session for the new shapes of its
+    trusted forms: each node's infer function, the arguments it takes (its attributes,
+    which inputs are optional) and its outputs, looked up once instead of per node and per
+    signature (``passes/infer.py`` finds the kernel, builds the keyword arguments and types
+    the bodies at every node: ~11 us a node, 4.4 ms of a 6-layer BERT's new length). It
+    gives the types :func:`~mixrt.runtime.passes.infer.infer_types` gives for a graph
+    without subgraphs whose inputs are typed by the feeds (``Session._with_input_shapes``);
+    the plans made from them are checked by their first run as any inferred plan."""
+
+    def __init__(self, graph):
+        self.start: dict = {name: TensorType(array.dtype, tuple(array.shape), value=array)
+                            for name, array in graph.initializers.items()}
+        self.inputs = [value for value in graph.inputs if value.name not in graph.initializers]
+        self.outputs = [(value.name, value.type) for value in graph.outputs
+                        if value.type is not None]
+        self.nodes = [_node_entry(node) for node in graph.nodes]
+
+    def infer(self, feeds: dict, settle) -> dict:
+        """Name -> type for the graph over ``feeds``' shapes; ``settle`` as infer_types's."""
+        types = dict(self.start)
+        for value in self.inputs:
+            fed = feeds.get(value.name)
+            types[value.name] = TensorType(np.dtype(fed.dtype), tuple(fed.shape)) \
+                if hasattr(fed, "shape") else value.type
+        for node, infer, inputs, attributes, outputs in self.nodes:
+            arguments = [_argument(types, name, optional) for name, optional in inputs]
+            try:
+                inferred = infer(*arguments, **attributes) if infer is not None else ()
+            except Exception:  # noqa: BLE001  (an infer function that cannot say says nothing)
+                inferred = ()
+            for name, value_type in zip(outputs, inferred):
+                if name:
+                    types[name] = value_type
+            for name, array in (settle(node, types) or {}).items():
+                types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
+        for name, declared in self.outputs:
+            types[name] = refined(declared, types.get(name))
+        return types
+
+
+def _argument(types: dict, name: str, optional: bool):
+    """As ``passes/infer._input_type``: None for an absent input, UNKNOWN for an optional
+    one inference has no type for."""
+    if not name:
+        return None
+    found = types.get(name)
+    return UNKNOWN if found is None and optional else found
+
+
+def _node_entry(node) -> tuple:
+    kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
+    if kernel is None or kernel.infer_fn is None:
+        return node, None, [], {}, node.outputs
+    inputs = [(name, kernel.infers_optional_input(index)) for index, name in
+              enumerate(node.inputs)]
+    return node, kernel.infer_fn, inputs, infer_attributes(kernel, node), node.outputs
+
+
+def _shaped(value_type) -> Shaped | None:
+    """What the planner reads of a value inference typed (its shape and dtype), or None
+    where inference left either open or the dtype is one an arena cannot hold."""
+    if value_type.__class__ is not TensorType or value_type.shape is None \
+            or value_type.dtype is None:
+        return None
+    shape = value_type.shape
+    for dim in shape:
+        if dim.__class__ is not int and not isinstance(dim, np.integer) or dim < 0:
+            return None
+    dtype = np.dtype(value_type.dtype)
+    return None if dtype == object else Shaped(tuple(int(d) for d in shape), dtype)
+
+
+def placeholder_of(shaped: Shaped) -> np.ndarray:
+    """An array of ``shaped``'s shape and dtype with no memory of its own (every element
+    the same one), for the kernels of Shape and Size, which read nothing else."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, shaped.dtype), shaped.shape,
+                                           (0,) * len(shaped.shape), writeable=False)
+
+
+def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], inferred: dict,
+                        frozen: dict, strategy: str, stored=(), pairing: str | None = None):
+    """The plan :func:`~mixrt.runtime.executor.make_plan` makes after a discovery run, from
+    ``inferred`` types (and the ``frozen`` values :class:`ComputedFrozenValues` computed)
+    instead of a run's values; None where inference left a value open."""
+    seen: dict = dict(frozen)
+    for step in steps:
+        if step.node.subgraphs():
+            return None
+        for name in step.node.outputs:
+            if name and name not in seen:
+                value = _shaped(inferred.get(name))
+                if value is None:
+                    return None
+                seen[name] = value
+    return make_plan(signature, steps, graph_outputs, seen, inferred, frozen, strategy,
+                     stored=stored, pairing=pairing)

@@ -1,0 +1,232 @@
+"""A new input shape planned from shape inference, without a discovery run
+(runtime/inferred_plans.py), and a new shape of a compiled form run compiled at once
+(runtime/kernel_tiers.py): what a service sending a new sequence length per request meets."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.base.errors import ExecutionError
+from mixrt.runtime import kernel_tiers
+from mixrt.runtime import session as session_module
+from mixrt.runtime.feeds import feed_signature, signature_form
+
+HIDDEN, HEADS = 16, 4
+
+
+def attention_model(seed: int = 0) -> bytes:
+    """One self-attention block as PyTorch exports it: the heads' shapes computed from the
+    input's Shape (Shape -> Gather -> Unsqueeze -> Concat -> Reshape), a padding mask,
+    the products, softmax and a residual LayerNormalization; batch and sequence symbolic."""
+    rng = np.random.default_rng(seed)
+    weights = {name: rng.standard_normal(shape).astype(np.float32) * 0.3 for name, shape in
+               (("wq", (HIDDEN, HIDDEN)), ("wk", (HIDDEN, HIDDEN)), ("wv", (HIDDEN, HIDDEN)),
+                ("scale", (HIDDEN,)), ("bias", (HIDDEN,)))}
+    ints = {"zero": [0], "one": [1], "heads": [HEADS], "head_dim": [HIDDEN // HEADS],
+            "hidden": [HIDDEN]}
+    initializers = [numpy_helper.from_array(v, k) for k, v in weights.items()]
+    initializers += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Gather", ["x_shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Gather", ["x_shape", "one"], ["sequence"], axis=0),
+        helper.make_node("Concat", ["batch", "sequence", "heads", "head_dim"], ["split_shape"],
+                         axis=0),
+        helper.make_node("Concat", ["batch", "sequence", "hidden"], ["merged_shape"], axis=0),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [helper.make_node("MatMul", ["x", f"w{name}"], [f"{name}_flat"]),
+                  helper.make_node("Reshape", [f"{name}_flat", "split_shape"], [f"{name}_4d"]),
+                  helper.make_node("Transpose", [f"{name}_4d"], [f"{name}_heads"],
+                                   perm=[0, 2, 1, 3])]
+    nodes += [
+        helper.make_node("Transpose", ["k_heads"], ["k_t"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q_heads", "k_t"], ["scores"]),
+        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "one"], ["mask_3d"]),
+        helper.make_node("Unsqueeze", ["mask_3d", "one"], ["mask_4d"]),
+        helper.make_node("Sub", ["one_f", "mask_4d"], ["masked"]),
+        helper.make_node("Mul", ["masked", "minus_big"], ["penalty"]),
+        helper.make_node("Add", ["scores", "penalty"], ["scored"]),
+        helper.make_node("Softmax", ["scored"], ["weights"], axis=-1),
+        helper.make_node("MatMul", ["weights", "v_heads"], ["context"]),
+        helper.make_node("Transpose", ["context"], ["context_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["context_t", "merged_shape"], ["merged"]),
+        helper.make_node("Add", ["merged", "x"], ["residual"]),
+        helper.make_node("LayerNormalization", ["residual", "scale", "bias"], ["y"], axis=-1),
+    ]
+    initializers += [numpy_helper.from_array(np.array(1.0, np.float32), "one_f"),
+                     numpy_helper.from_array(np.array(-1e4, np.float32), "minus_big")]
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def attention_feeds(batch: int, sequence: int, seed: int = 1) -> dict:
+    rng = np.random.default_rng(seed + 100 * batch + sequence)
+    mask = np.ones((batch, sequence), np.int64)
+    mask[:, sequence - sequence // 3:] = 0  # padding at the end of each row
+    return {"x": rng.standard_normal((batch, sequence, HIDDEN)).astype(np.float32),
+            "mask": mask}
+
+
+@pytest.fixture
+def discoveries(monkeypatch):
+    """How many discovery runs sessions make (Session._discover calls)."""
+    calls = []
+    original = session_module.Session._discover
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[0])
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(session_module.Session, "_discover", counted)
+    return calls
+
+
+SHAPES = [(1, 7), (1, 30), (3, 5), (2, 64), (1, 1), (4, 17)]
+
+
+def test_new_shapes_of_a_known_form_are_planned_without_a_discovery_run(discoveries):
+    model = attention_model()
+    session = mixrt.Session(model)
+    reference = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for batch, sequence in SHAPES:
+        feeds = attention_feeds(batch, sequence)
+        (ours,) = session.run(None, feeds)
+        (theirs,) = reference.run(None, feeds)
+        assert ours.shape == (batch, sequence, HIDDEN)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    assert len(discoveries) == 1, "only the form's first signature runs the discovery way"
+    form = signature_form(feed_signature(attention_feeds(*SHAPES[0])))
+    assert form in session._trusted_forms
+
+
+def test_an_inferred_plan_gives_the_bits_of_a_discovered_one(discoveries):
+    """The first answer of a shape planned from inference equals, bit for bit, the answer
+    of a session that discovered that shape (both are planned runs)."""
+    model = attention_model()
+    warm = mixrt.Session(model)
+    warm.run(None, attention_feeds(2, 9))
+    for batch, sequence in SHAPES:
+        feeds = attention_feeds(batch, sequence)
+        (inferred,) = warm.run(None, feeds)
+        (discovered,) = mixrt.Session(model).run(None, feeds)
+        np.testing.assert_array_equal(inferred, discovered)
+        (again,) = warm.run(None, feeds)  # the plan's later (bound) runs, the same bits
+        np.testing.assert_array_equal(again, inferred)
+
+
+def test_the_inferred_plans_frozen_values_are_the_shapes_of_the_new_signature():
+    model = attention_model()
+    session = mixrt.Session(model)
+    session.run(None, attention_feeds(1, 8))
+    session.run(None, attention_feeds(3, 21))
+    plan = session._cached_plan(feed_signature(attention_feeds(3, 21)))
+    assert plan is not None and not plan.unproven
+    assert list(plan.frozen["split_shape"]) == [3, 21, HEADS, HIDDEN // HEADS]
+    assert list(plan.frozen["merged_shape"]) == [3, 21, HIDDEN]
+    assert plan.slots["penalty"].shape == (3, 1, 1, 21)  # the mask, broadcast over heads
+    assert plan.slots["context_t"].shape == (3, 21, HEADS, HIDDEN // HEADS)
+    assert all(slot.static for slot in plan.slots.values())
+
+
+def nonzero_model() -> bytes:
+    """A value whose shape depends on the data (NonZero): inference cannot predict it."""
+    nodes = [helper.make_node("NonZero", ["x"], ["where"]),
+             helper.make_node("Cast", ["where"], ["where_f"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["where_f"], ["y"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9) \
+        .SerializeToString()
+
+
+def test_a_form_whose_shapes_depend_on_the_data_keeps_its_discovery_runs(discoveries):
+    session = mixrt.Session(nonzero_model())
+    rng = np.random.default_rng(0)
+    for size in (5, 9, 14):
+        x = (rng.random(size) > 0.5).astype(np.float32)
+        (y,) = session.run(None, {"x": x})
+        assert float(y) == float(np.nonzero(x)[0].sum())
+    assert len(discoveries) == 3
+    assert not session._trusted_forms
+
+
+def test_a_failing_inferred_plan_is_answered_the_discovery_way(monkeypatch, discoveries):
+    """Where a run of a plan made from inference fails (inference got a shape wrong), the
+    request is answered as before inference planned it, and the form is not trusted again."""
+    model = attention_model()
+    session = mixrt.Session(model)
+    session.run(None, attention_feeds(1, 8))
+    original = session_module.execute
+
+    def failing_when_inferred(steps, env, xp, arena=None, plan=None, **options):
+        if plan is not None and plan.unproven:
+            raise ExecutionError("node 'made up' failed: a shape inference got wrong")
+        return original(steps, env, xp, arena, plan, **options)
+    monkeypatch.setattr(session_module, "execute", failing_when_inferred)
+    feeds = attention_feeds(2, 11)
+    (ours,) = session.run(None, feeds)
+    (theirs,) = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]) \
+        .run(None, feeds)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    assert len(discoveries) == 2  # the form's first signature, then the fallback
+    assert not session._trusted_forms
+    session.run(None, attention_feeds(3, 4))
+    assert len(discoveries) == 3
+
+
+def test_a_models_own_error_is_still_named_on_an_inferred_plan():
+    """A feed that breaks the model (a sequence longer than a constant it is added to)
+    raises the error a discovery run raises, naming the node, not a planning error."""
+    rng = np.random.default_rng(0)
+    positions = numpy_helper.from_array(rng.standard_normal((1, 8, 4)).astype(np.float32),
+                                        "positions")
+    nodes = [helper.make_node("Add", ["x", "positions"], ["y"], name="add_positions")]
+    graph = helper.make_graph(
+        nodes, "positions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])], [positions])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    session = mixrt.Session(model.SerializeToString())
+    session.run(None, {"x": np.zeros((1, 8, 4), np.float32)})
+    with pytest.raises(mixrt.errors.MixrtError, match="add_positions"):
+        session.run(None, {"x": np.zeros((1, 5, 4), np.float32)})
+
+
+# -- the kernel tiers: a new size of a compiled form --------------------------------------
+
+needs_numba = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                 reason="needs numba")
+
+
+@needs_numba
+def test_a_new_shape_of_a_compiled_form_runs_compiled_without_a_child(tmp_path, monkeypatch):
+    from test_kernel_tiers import WAIT, feeds, pool_norm_model  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path / "mixrt"))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    kernel_tiers._stamp.clear()
+    session = mixrt.Session(pool_norm_model())
+    session.run(None, feeds(batch=2))
+    assert session.wait_compiled(timeout=WAIT)
+    children = kernel_tiers.compiler().children
+    for batch in (3, 7, 5):  # new sizes, one form: the kernels are loaded already
+        y = session.run(None, feeds(batch=batch))[0]
+        assert y.shape == (batch, 8)
+    assert set(session._tiers.states().values()) == {"compiled"}
+    assert kernel_tiers.compiler().children == children
+    # and the next process finds the form's marker: its first new size runs compiled too
+    assert list((tmp_path / "mixrt" / "warm").glob("form-*.json"))
