@@ -1,5 +1,6 @@
 """The ground floor every layer may import: mixrt's error types (``errors.py``) and the
-finding of NVIDIA's libraries called through ctypes (``cuda_libraries.py``).
+finding of NVIDIA's libraries called through ctypes (``cuda_libraries.py``), the switches a
+run reads (``settings.py``) and where worker threads may run (``placement.py``).
 
 It imports nothing of mixrt's and loads nothing heavy, so ``runtime/blas_policy.py`` can use
 it before NumPy loads, and the kvstore, the runtime and the operators share one set of

@@ -39,7 +39,7 @@ import sys
 import threading
 import warnings
 
-from mixrt.base import errors
+from mixrt.base import errors, placement
 
 AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}  # OpenBLAS's AVX-512 kernels
 CORETYPE = "SkylakeX"
@@ -89,7 +89,9 @@ def before_numpy() -> None:
     """NumPy (and so its OpenBLAS) is not loaded yet: load it while the settings are in the
     environment."""
     if active() and "numpy" not in sys.modules:
-        with _settings_in_environment():
+        # OpenBLAS starts its threads as it loads: mixrt keeps them off the CPU of the
+        # thread that calls a run, as its own (base/placement.py)
+        with _settings_in_environment(), placement.new_threads():
             import numpy  # noqa: F401,PLC0415  (its OpenBLAS reads the settings as it loads)
 
 
@@ -127,7 +129,7 @@ def _obstacle(library) -> str | None:
 def retune(library, wanted_core: bool) -> None:
     """Restart the loaded ``library`` on the settings: stop its threads, re-read the
     environment, re-select the kernels (DYNAMIC_ARCH builds), start the threads again."""
-    with _settings_in_environment():
+    with _settings_in_environment(), placement.new_threads():
         library.blas_thread_shutdown_()
         library.openblas_read_env()
         if wanted_core and all(hasattr(library, name) for name in _RESELECT):

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from mixrt.base import placement
 from mixrt.base.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.elementwise.elementwise import quiet_numpy
@@ -212,6 +213,8 @@ class Session(FeedChecks):
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
         on_cpu = self._xp is np
+        if on_cpu:
+            placement.keep_off_caller()  # the workers, woken, find a CPU of their own
         with quiet_numpy(), _NOTHING if on_cpu else self.device.active(), parallel.pinned():
             plan = self._cached_plan(signature)
             # the native workers up by the first kernel, and spinning until the run ends

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from mixrt.base import placement
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
 from mixrt.runtime.executor import ExecutionPlan, acquire, release
@@ -43,6 +44,7 @@ class SteadyRun:
         results without NumPy's warnings, settings read once; entered as calls rather
         than ``with`` blocks, ~0.5 us of a one-node model's ~4."""
         plan = self.plan
+        placement.keep_off_caller()  # as Session._gated_run
         quiet = quiet_enter()
         parallel.pin()
         workers = None

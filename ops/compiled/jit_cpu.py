@@ -32,6 +32,7 @@ import weakref
 
 import numpy as np
 
+from mixrt.base import placement
 from mixrt.base.settings import process_id, setting
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 from mixrt.ops.compiled.jit_tier import compiled_allowed
@@ -204,7 +205,18 @@ def _native_pool():
     if setting("MIXRT_NATIVE_POOL", "1") == "0" or not NATIVE_POOL_PLATFORM:
         return None
     kernels = panel_kernels()
-    return None if kernels is None else kernels.native_pool()
+    if kernels is None:
+        return None
+    key = native_pool_key()
+    if key in _pools_adopted:
+        return kernels.native_pool()
+    with placement.new_threads():  # its workers are kept off their callers' CPU
+        found = kernels.native_pool()
+    _pools_adopted.add(key)
+    return found
+
+
+_pools_adopted: set = set()  # native_pool_key()s whose pool's threads were adopted
 
 
 def _load_panel_kernels():

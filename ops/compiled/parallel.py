@@ -22,6 +22,7 @@ import threading
 from typing import Callable
 
 from mixrt.base.settings import process_id, setting
+from mixrt.base import placement
 from mixrt.ops.compiled import jit_tier
 
 # below this many elements of work, the hand-off to another thread costs more than it saves
@@ -224,9 +225,11 @@ class _Pool:
     def __init__(self, workers: int):
         self.workers = workers
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        for index in range(workers):
-            threading.Thread(target=self._serve, name=f"mixrt-intra-op-{index}",
-                             daemon=True).start()
+        threads = [threading.Thread(target=self._serve, name=f"mixrt-intra-op-{index}",
+                                    daemon=True) for index in range(workers)]
+        for thread in threads:
+            thread.start()
+        placement.adopt(thread.native_id for thread in threads)  # off their callers' CPU
 
     def _serve(self) -> None:
         _local.in_worker = True

@@ -1,0 +1,139 @@
+"""Worker threads kept off the CPU of the thread that calls a run (base/placement.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mixrt.base import placement
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not placement.supported() or len(os.sched_getaffinity(0)) < 2,
+                                reason="needs Linux's sched_setaffinity and two CPUs")
+
+
+def test_adopted_threads_are_kept_off_the_callers_cpu(monkeypatch):
+    """A thread adopted as a worker may run anywhere the process may but where the caller
+    is, and is placed again when the caller moves."""
+    started, stop = threading.Event(), threading.Event()
+    ids = []
+
+    def idle():
+        ids.append(threading.get_native_id())
+        started.set()
+        stop.wait()
+    worker = threading.Thread(target=idle, daemon=True)
+    worker.start()
+    started.wait()
+    try:
+        placement.adopt(ids)
+        cpus = sorted(os.sched_getaffinity(0))
+        for cpu in cpus[:2]:
+            monkeypatch.setattr(placement, "_getcpu", lambda cpu=cpu: cpu)
+            placement.keep_off_caller()
+            assert os.sched_getaffinity(ids[0]) == set(cpus) - {cpu}
+    finally:
+        stop.set()
+        worker.join()
+        placement._workers.discard(ids[0])
+
+
+def test_an_ended_worker_is_forgotten(monkeypatch):
+    worker = threading.Thread(target=lambda: None)
+    worker.start()
+    worker.join()
+    placement.adopt([worker.native_id])
+    monkeypatch.setattr(placement, "_getcpu", lambda: sorted(os.sched_getaffinity(0))[0])
+    placement._state["cpu"] = None
+    placement.keep_off_caller()
+    assert worker.native_id not in placement.workers()
+
+
+def test_a_process_places_openblas_and_the_native_workers():
+    """In a fresh process: OpenBLAS's threads (mixrt loads NumPy) and, once a run has used
+    them, the native pool's and the intra-op pool's are workers; after a run none of them
+    may use the caller's CPU, and the caller itself is not pinned."""
+    script = """
+import os, threading
+import mixrt
+import numpy as np
+from mixrt.base import placement
+from mixrt.ops.compiled import jit_cpu, parallel
+allowed = set(os.sched_getaffinity(0))
+before = set(placement.workers())
+pool = jit_cpu.native_pool()
+parallel.parallel_for([(0,), (1,)], lambda i: None)
+x = np.ones((2, 4), np.float32)
+from onnx import helper, TensorProto
+graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+mixrt.Session(model.SerializeToString()).run(None, {"x": x})
+cpu = placement._getcpu()
+workers = placement.workers()
+python_workers = {t.native_id for t in threading.enumerate() if t.name.startswith("mixrt-intra")}
+print(len(before) >= 1, pool is None or len(workers - before - python_workers) >= 1,
+      python_workers <= workers,
+      all(cpu not in os.sched_getaffinity(t) for t in workers),
+      os.sched_getaffinity(0) == allowed)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, MIXRT_BLAS="auto"), check=True)
+    assert out.stdout.split() == ["True"] * 5, out.stdout + out.stderr
+
+
+def test_placing_can_be_turned_off(monkeypatch):
+    started, stop = threading.Event(), threading.Event()
+    ids = []
+
+    def idle():
+        ids.append(threading.get_native_id())
+        started.set()
+        stop.wait()
+    worker = threading.Thread(target=idle, daemon=True)
+    worker.start()
+    started.wait()
+    try:
+        before = os.sched_getaffinity(ids[0])
+        placement.adopt(ids)
+        monkeypatch.setenv("MIXRT_PLACE_WORKERS", "0")
+        placement.keep_off_caller()
+        assert os.sched_getaffinity(ids[0]) == before
+    finally:
+        stop.set()
+        worker.join()
+        placement._workers.discard(ids[0])
+
+
+def test_runs_answer_the_same_with_workers_placed(tmp_path):
+    """Placement moves threads, never results: a product split over the workers gives the
+    same bits with the workers placed and not."""
+    script = """
+import os, numpy as np, mixrt
+from onnx import helper, numpy_helper, TensorProto
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])], [w])
+model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+s = mixrt.Session(model.SerializeToString())
+x = rng.standard_normal((64, 256)).astype(np.float32)
+ys = [s.run(None, {"x": x})[0] for _ in range(3)]
+np.save(os.environ["OUT"], ys[-1])
+"""
+    results = []
+    for switch in ("1", "0"):
+        out = tmp_path / f"placed-{switch}.npy"
+        subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True,
+                       env=dict(os.environ, MIXRT_PLACE_WORKERS=switch, OUT=str(out)))
+        results.append(np.load(out))
+    np.testing.assert_array_equal(results[0], results[1])
