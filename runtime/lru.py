@@ -16,10 +16,13 @@ import numpy as np
 
 
 class LruCache:
-    """At most ``capacity`` entries; the least recently used one goes first."""
+    """At most ``capacity`` entries, and with ``weight`` (value -> a number) at most
+    ``budget`` of their weights together (the last one kept whatever it weighs); the least
+    recently used one goes first."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, weight=None, budget: float = float("inf")):
         self.capacity = capacity
+        self._weight, self._budget, self._held = weight, budget, 0
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -36,14 +39,23 @@ class LruCache:
         with self._lock:
             kept = self._items.setdefault(key, value)
             self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            if kept is value and self._weight is not None:
+                self._held += self._weight(value)
+            while len(self._items) > self.capacity or \
+                    self._held > self._budget and len(self._items) > 1:
+                self._forget(self._items.popitem(last=False)[1])
             return kept
+
+    def _forget(self, value) -> None:
+        if self._weight is not None:
+            self._held -= self._weight(value)
 
     def drop(self, key: Hashable) -> None:
         """Forget ``key`` (nothing happens where it is not kept)."""
         with self._lock:
-            self._items.pop(key, None)
+            dropped = self._items.pop(key, None)
+            if dropped is not None:
+                self._forget(dropped)
 
     def values(self) -> list:
         with self._lock:
@@ -52,6 +64,7 @@ class LruCache:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._held = 0
 
     def __len__(self) -> int:
         return len(self._items)

@@ -58,8 +58,13 @@ from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
-# input-shape signatures whose plans (and arenas) a session keeps; older ones are dropped
-MAX_CACHED_PLANS = 16
+# input-shape signatures whose plans (and arenas) a session keeps, and the bytes their arenas
+# may hold together; older ones are dropped. A service sends a new batch or length with
+# nearly every request: with 16 plans at most, batches 1..32 of a small model were each a
+# new plan (~0.5 ms) again and again, where their arenas together hold a few MB. By bytes,
+# a large model keeps about as many plans as before (a 6-layer BERT's at 512 tokens, ~30 MB)
+MAX_CACHED_PLANS = 256
+MAX_PLAN_BYTES = 256 << 20
 _NOTHING = contextlib.nullcontext()  # reentrant, so one serves every run
 
 # -- model formats ---------------------------------------------------------------------------
@@ -115,7 +120,8 @@ class Session(FeedChecks):
         self._xp = self.device.xp
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
-        self._plans = LruCache(MAX_CACHED_PLANS)  # input-shape signature -> ExecutionPlan
+        # input-shape signature -> ExecutionPlan
+        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES)
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
         # each with the in-place pairing its discovered plan placed with and the ids of the
         # nodes it froze
@@ -503,6 +509,11 @@ def _sizable(*groups) -> bool:
             if total >= WAKE_BYTES:
                 return True
     return False
+
+
+def _plan_bytes(plan: ExecutionPlan) -> int:
+    """What a kept plan holds: its arena (one per concurrent run; most runs take one)."""
+    return max(plan.arena_bytes, 1)
 
 
 def _planned_values(plan: ExecutionPlan):

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.errors import InputError
-from mixrt.runtime.session import MAX_CACHED_PLANS
+from mixrt.runtime import session as session_module
+from mixrt.runtime.feeds import feed_signature
 
 
 def conv_net(batch="N", expose_view=False):
@@ -166,16 +167,29 @@ def test_a_gradient_sum_to_its_own_shape_is_a_view():
     np.testing.assert_allclose(session.run(wanted, feeds)[0], 2 * t, rtol=1e-6)
 
 
-def test_plans_are_cached_per_shape_signature_and_bounded():
+def test_plans_are_cached_per_shape_signature_and_bounded(monkeypatch):
+    monkeypatch.setattr(session_module, "MAX_CACHED_PLANS", 16)
     session = mixrt.Session(conv_net())
     reference = mixrt.Session(conv_net(), opt_level=0)
     for n in (1, 3, 1, 3):
         np.testing.assert_allclose(session.run(["y"], batch(n, n))[0],
                                    reference.run(["y"], batch(n, n))[0], rtol=1e-5)
     assert len(session._plans) == 2
-    for n in range(1, MAX_CACHED_PLANS + 4):
+    for n in range(1, 16 + 4):
         session.run(["y"], batch(n))
-    assert len(session._plans) == MAX_CACHED_PLANS
+    assert len(session._plans) == 16
+
+
+def test_kept_plans_are_bounded_by_their_arenas_bytes(monkeypatch):
+    """Small plans are kept by the hundred, large ones by the bytes their arenas hold."""
+    monkeypatch.setattr(session_module, "MAX_PLAN_BYTES", 1 << 20)
+    session = mixrt.Session(conv_net())
+    for n in range(1, 40):
+        session.run(["y"], batch(n))
+    plans = session._plans.values()
+    assert 1 < len(plans) < 39
+    assert sum(plan.arena_bytes for plan in plans) - plans[-1].arena_bytes <= 1 << 20
+    assert plans[-1].signature == feed_signature(batch(39))
 
 
 def test_many_threads_get_what_serial_calls_get():
