@@ -6,7 +6,11 @@ once with torch's TorchScript exporter (opset 17, the batch axis symbolic), comp
   (batch, 3, 224, 224) float32, output ``y`` (batch, 1000);
 * ``bert``: a transformers ``BertModel`` from a small config (hidden 256, 4 layers, 4 heads,
   intermediate 1024, 64 tokens), inputs ``input_ids`` and ``attention_mask`` (batch, 64)
-  int64, outputs ``last_hidden_state`` (batch, 64, 256) and ``pooler_output`` (batch, 256).
+  int64, outputs ``last_hidden_state`` (batch, 64, 256) and ``pooler_output`` (batch, 256);
+* ``bert_dynseq`` (:data:`SEQUENCE_VARIANTS`): the same weights with the sequence axis
+  symbolic too (``sequence``: 1 to the 512 positions), for requests of any length; a
+  variant beside ``bert``, so that ``bert``'s graph, and the figures taken on it, stay as they
+  were.
 
 Each request the benchmarks send carries one row (:func:`request_feeds`).
 """
@@ -35,6 +39,7 @@ class ServeModel:
     onnx: Path
     mxr: Path
     inputs: dict  # name -> (shape past the batch axis, numpy dtype, triton datatype)
+    max_length: int = 0  # where the sequence axis (None in inputs) is symbolic: its longest
 
 
 def _seeded_torch():
@@ -43,11 +48,14 @@ def _seeded_torch():
     return torch
 
 
-def _export(module, args: tuple, path: Path, inputs: list, outputs: list) -> None:
+def _export(module, args: tuple, path: Path, inputs: list, outputs: list,
+            sequence_of: tuple = ()) -> None:
+    """Export with the batch axis symbolic, and axis 1 of the names in ``sequence_of``."""
     torch = _seeded_torch()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    axes = {name: {0: "batch"} for name in inputs + outputs}
+    axes = {name: {0: "batch", **({1: "sequence"} if name in sequence_of else {})}
+            for name in inputs + outputs}
     with torch.inference_mode(), warnings.catch_warnings():
         # the TorchScript exporter is deprecated, but gives plain opset-17 graphs
         warnings.simplefilter("ignore")
@@ -85,8 +93,18 @@ def resnet50() -> ServeModel:
 
 
 def bert() -> ServeModel:
+    return _bert(symbolic_sequence=False)
+
+
+def bert_dynseq() -> ServeModel:
+    return _bert(symbolic_sequence=True)
+
+
+def _bert(symbolic_sequence: bool) -> ServeModel:
     b = BERT
-    stem = f"bert_h{b['hidden']}_l{b['layers']}_a{b['heads']}_s{b['seq']}_op{OPSET}"
+    positions = max(512, b["seq"])
+    length = "dynseq" if symbolic_sequence else f"s{b['seq']}"
+    stem = f"bert_h{b['hidden']}_l{b['layers']}_a{b['heads']}_{length}_op{OPSET}"
     onnx_path = CACHE / f"{stem}.onnx"
     if not onnx_path.exists():
         torch = _seeded_torch()
@@ -94,7 +112,7 @@ def bert() -> ServeModel:
         config = transformers.BertConfig(
             vocab_size=b["vocab"], hidden_size=b["hidden"], num_hidden_layers=b["layers"],
             num_attention_heads=b["heads"], intermediate_size=b["intermediate"],
-            max_position_embeddings=max(512, b["seq"]), attn_implementation="eager")
+            max_position_embeddings=positions, attn_implementation="eager")
         bert_module = transformers.BertModel(config).eval()
 
         class Encoder(torch.nn.Module):  # plain tuple out, no ModelOutput
@@ -110,29 +128,37 @@ def bert() -> ServeModel:
         ids = torch.randint(0, b["vocab"], (1, b["seq"]), dtype=torch.int64)
         mask = torch.ones((1, b["seq"]), dtype=torch.int64)
         _export(Encoder(), (ids, mask), onnx_path, ["input_ids", "attention_mask"],
-                ["last_hidden_state", "pooler_output"])
-    model = ServeModel("bert", onnx_path, onnx_path.with_suffix(".mxr"),
-                       {"input_ids": ((b["seq"],), np.int64, "INT64"),
-                        "attention_mask": ((b["seq"],), np.int64, "INT64")})
+                ["last_hidden_state", "pooler_output"],
+                sequence_of=("input_ids", "attention_mask", "last_hidden_state")
+                if symbolic_sequence else ())
+    sequence = None if symbolic_sequence else b["seq"]
+    model = ServeModel("bert_dynseq" if symbolic_sequence else "bert", onnx_path,
+                       onnx_path.with_suffix(".mxr"),
+                       {"input_ids": ((sequence,), np.int64, "INT64"),
+                        "attention_mask": ((sequence,), np.int64, "INT64")},
+                       max_length=positions if symbolic_sequence else 0)
     _compile(model.onnx, model.mxr)
     return model
 
 
 MODELS = {"resnet50": resnet50, "bert": bert}
+SEQUENCE_VARIANTS = {"bert": bert_dynseq}  # a model of MODELS with its sequence axis symbolic
 
 
-def request_feeds(model: ServeModel, rows: int = 1, seed: int = 0) -> dict:
+def request_feeds(model: ServeModel, rows: int = 1, seed: int = 0,
+                  length: int = BERT["seq"]) -> dict:
     """One request's inputs: ``rows`` rows of seeded data (token ids below the vocabulary
-    size, an attention mask with the last quarter of each row padded)."""
+    size, an attention mask with the last quarter of each row padded), ``length`` long on a
+    symbolic sequence axis."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, (shape, dtype, _) in model.inputs.items():
-        full = (rows, *shape)
+        full = (rows, *(length if size is None else size for size in shape))
         if name == "input_ids":
             feeds[name] = rng.integers(0, BERT["vocab"], full).astype(dtype)
         elif name == "attention_mask":
             mask = np.ones(full, dtype)
-            mask[:, shape[0] * 3 // 4:] = 0
+            mask[:, full[1] * 3 // 4:] = 0
             feeds[name] = mask
         else:
             feeds[name] = rng.standard_normal(full).astype(dtype)

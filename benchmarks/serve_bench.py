@@ -17,9 +17,19 @@ the median and 99th percentile of their latencies.
 The clients run in this process, on the same cores as the server: on a small machine they
 take their share of the CPU, alike for both runtimes.
 
+``--paced MS`` measures the service rhythm instead: batching off, ONE client sends a request
+every MS milliseconds (start to start, sleeping between; one that takes longer is followed at
+once), ``--requests`` of them timed (default 300) after 20 untimed and a pause of ``--settle``
+seconds (a runtime that compiles in the background has finished by then). BERT is served as
+``bert_dynseq`` (its sequence axis symbolic), each request ``--lengths fixed`` (64 tokens)
+or ``new`` (``--new-lengths``): a length drawn at random from 8..128 per request, warm-up
+included, under the printed ``--seed``, the same lengths for both runtimes. Measured: p50 and
+p99 of the client's latencies, send to response.
+
     python benchmarks/serve_bench.py                      # 10 s per setting, concurrency 1, 8, 32
     python benchmarks/serve_bench.py --quick              # ~3 s per setting, concurrency 1 and 8
     python benchmarks/serve_bench.py --models resnet50 --concurrency 1,8 --out serve.json
+    python benchmarks/serve_bench.py --paced 10 --lengths fixed,new --out paced.json
 
 The table (markdown) goes to stdout; ``--out`` writes every figure, each server's start and
 end time and the runtimes' versions as JSON. Exported models are cached under
@@ -51,6 +61,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _serve_models  # noqa: E402
+from _serve_paced import (LONGEST, SHORTEST, PacedResult, draw_lengths,  # noqa: E402
+                          first_seen, paced, paced_table)
 
 HERE = Path(__file__).resolve().parent
 READY_TIMEOUT_S = 600  # a cold kernel cache compiles the model's kernels before it is ready
@@ -58,6 +70,7 @@ PORTS_LINE = re.compile(r"serving on http [^:]+:(\d+), grpc (\d+), metrics (\d+)
 MIXRT_BATCHING_LINE = re.compile(r"ready from .*: batching (.*)")
 RUNTIMES = ("mixrt", "onnxruntime")
 ATTEMPTS = 2  # starts of one server before its settings are given up
+PACED_WARMUP = 20  # untimed requests before a paced run, their lengths drawn as the timed ones
 
 
 @dataclass
@@ -95,6 +108,7 @@ class ServerRun:
     ended: str = ""
     note: str = ""  # the server's own word on batching (mixrt's load-time check)
     results: list = field(default_factory=list)
+    lengths: str = ""  # paced runs: "fixed" or "new"
 
 
 def package_version(*names: str) -> str:
@@ -305,6 +319,77 @@ def measure(model: _serve_models.ServeModel, grpc_port: int, concurrency: int,
             "mean_ms": float(statistics.fmean(latencies)), "first_error": failures[:1]}
 
 
+# -- paced: one client, a request every MS milliseconds -------------------------------------
+
+def paced_mode(args, lengths: str) -> str:
+    return f"paced {args.paced:g} ms, " + \
+        ("new lengths" if lengths == "new" else f"fixed {_serve_models.BERT['seq']}")
+
+
+def serve_paced(run: ServerRun, model, start, args, workdir: Path, progress) -> list:
+    """Start one server (batching off), warm it up, let it settle, time one paced client,
+    stop it; the result."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    count = PACED_WARMUP + args.requests
+    lengths = draw_lengths(count, args.seed, model.max_length) if run.lengths == "new" \
+        else [_serve_models.BERT["seq"]] * count
+    requests = [_inputs(grpcclient, _serve_models.request_feeds(model, 1, i % 8, length), model)
+                for i, length in enumerate(lengths)]
+    progress.set_postfix_str("starting")
+    server = start(model, False, args, workdir)
+    run.command, run.ready = server.command, now()
+    said = MIXRT_BATCHING_LINE.search(server.text()) if run.runtime == "mixrt" else None
+    run.note = f"mixrt's batching: {said[1]}" if said else ""
+    client, failures = grpc_client(server.grpc), []
+
+    def send(index: int) -> float:
+        began = time.perf_counter()
+        try:
+            client.infer(model.name, requests[index])
+        except Exception as exc:  # noqa: BLE001 - counted, the first kept for the report
+            failures.append(repr(exc))
+            return float("nan")
+        return (time.perf_counter() - began) * 1e3
+
+    try:
+        first = client.infer(model.name, requests[0])
+        if first.as_numpy(first.get_response().outputs[0].name).shape[0] != 1:
+            raise RuntimeError("the server answered a one-row request with another row count")
+        progress.set_postfix_str("warm-up")
+        for index in range(1, PACED_WARMUP):
+            send(index)
+        time.sleep(args.settle)
+        progress.set_postfix_str("timing")
+        started = now()
+        latencies = np.array(paced(lambda i: send(PACED_WARMUP + i), args.requests,
+                                   args.paced / 1000))
+        ended = now()
+        server.check_alive()
+    finally:
+        client.close()
+        server.stop()
+        run.ended = now()
+    done = latencies[np.isfinite(latencies)]
+    if not done.size:
+        print(f"warning: no request answered (the first error: {failures[:1]})",
+              file=sys.stderr)
+        done = np.array([float("nan")])
+    result = PacedResult(model.name, run.runtime, paced_mode(args, run.lengths),
+                         int(np.isfinite(latencies).sum()), int(np.isnan(latencies).sum()),
+                         float(np.percentile(done, 50)), float(np.percentile(done, 99)),
+                         started, ended)
+    run.results.append({
+        **asdict(result), "mean_ms": float(np.mean(done)), "first_error": failures[:1],
+        "over_interval": int((done > args.paced).sum()),
+        "first_seen_lengths": first_seen(lengths[PACED_WARMUP:], lengths[:PACED_WARMUP]),
+        "warmup_lengths": lengths[:PACED_WARMUP], "lengths": lengths[PACED_WARMUP:],
+        "latencies_ms": [round(float(x), 3) for x in latencies]})
+    if failures:
+        print(f"warning: {model.name} {run.runtime} {result.mode}: {len(failures)} failed "
+              f"requests (warm-up included), the first: {failures[0]}", file=sys.stderr)
+    return [result]
+
+
 # -- the table -------------------------------------------------------------------------------
 
 def table(results: list) -> str:
@@ -367,10 +452,11 @@ def _csv(text: str, kind=str) -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=_csv, default=list(_serve_models.MODELS),
-                        help="comma-separated: resnet50,bert")
+    parser.add_argument("--models", type=_csv, default=None,
+                        help="comma-separated: resnet50,bert (default both; --paced: bert)")
     parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES))
-    parser.add_argument("--batching", type=_csv, default=["off", "on"], help="off,on")
+    parser.add_argument("--batching", type=_csv, default=None,
+                        help="off,on (default both; --paced: off only)")
     parser.add_argument("--concurrency", type=lambda s: _csv(s, int), default=None,
                         help="comma-separated client counts (default 1,8,32; --quick 1,8)")
     parser.add_argument("--duration", type=float, default=None,
@@ -382,7 +468,73 @@ def main(argv=None) -> int:
     parser.add_argument("--max-delay-ms", type=float, default=2.0)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--logs", type=Path, help="keep the servers' logs in this folder")
+    paced_group = parser.add_argument_group("service rhythm (one paced client, batching off)")
+    paced_group.add_argument("--paced", type=float, metavar="MS",
+                             help="one client, a request every MS ms (start to start)")
+    paced_group.add_argument("--lengths", type=_csv, default=None,
+                             help="fixed (64 tokens), new (drawn per request) or fixed,new")
+    paced_group.add_argument("--new-lengths", action="store_true", help="as --lengths new")
+    paced_group.add_argument("--requests", type=int, default=300, help="timed, per server")
+    paced_group.add_argument("--seed", type=int, default=0, help="of the drawn lengths")
+    paced_group.add_argument("--settle", type=float, default=2.5,
+                             help="seconds of quiet between the warm-up and the timed requests")
     args = parser.parse_args(argv)
+    return serve_bench(parser, args) if args.paced is None else paced_bench(parser, args)
+
+
+def paced_bench(parser, args) -> int:
+    """The service rhythm: every model, runtime and kind of lengths, one paced client."""
+    if args.paced <= 0 or args.requests < 1:
+        parser.error("--paced MS and --requests N take positive numbers")
+    if args.batching not in (None, ["off"]):
+        parser.error("--paced runs with batching off: one client has no requests to join")
+    if args.new_lengths and args.lengths:
+        parser.error("--new-lengths is --lengths new: give one of them")
+    args.models = args.models or ["bert"]
+    args.batching, args.lengths = ["off"], args.lengths or (["new"] if args.new_lengths
+                                                            else ["fixed"])
+    unknown = [m for m in args.models if m not in _serve_models.MODELS] + \
+        [r for r in args.runtimes if r not in RUNTIMES] + \
+        [n for n in args.lengths if n not in ("fixed", "new")]
+    fixed_only = [m for m in args.models if m not in _serve_models.SEQUENCE_VARIANTS]
+    if unknown:
+        parser.error(f"unknown: {', '.join(unknown)}")
+    if "new" in args.lengths and fixed_only:
+        parser.error(f"{', '.join(fixed_only)}: no sequence axis, no new lengths")
+    models = {name: _serve_models.SEQUENCE_VARIANTS.get(name, _serve_models.MODELS[name])()
+              for name in args.models}
+    servers = [(m, rt, "off", n) for m in args.models for n in args.lengths
+               for rt in args.runtimes]
+    runs, results = run_servers(servers, models, serve_paced, args)
+    print(f"Service rhythm over gRPC (tritonclient, binary tensors), one row per request: "
+          f"batching off, ONE client sending a request every {args.paced:g} ms (start to "
+          f"start), {PACED_WARMUP} untimed requests and {args.settle:g} s of quiet, then "
+          f"{args.requests} timed; new lengths: {SHORTEST}..{LONGEST} tokens, seed "
+          f"{args.seed}; {os.cpu_count()} CPUs; mixrt serve --workers 1, MLServer "
+          f"{package_version('mlserver')} with onnxruntime "
+          f"{package_version(*VERSIONS['onnxruntime'])} (parallel_workers 0).\n")
+    print(paced_table(results))
+    print()
+    for run in runs:
+        said = run.results[0] if run.results else {}
+        fresh = (f", {said['first_seen_lengths']} of the timed lengths first seen"
+                 if run.lengths == "new" and said else "")
+        over = f"; {said['over_interval']} took longer than {args.paced:g} ms" if said else ""
+        print(f"- {run.model} {run.runtime} {paced_mode(args, run.lengths)}: started "
+              f"{run.started}, ready {run.ready}, ended {run.ended}{fresh}{over}"
+              f"{'; ' + run.note if run.note else ''}")
+    if args.out:
+        write_json(args, runs, {"paced_ms": args.paced, "requests": args.requests,
+                                "warmup_requests": PACED_WARMUP, "settle_s": args.settle,
+                                "lengths": args.lengths, "seed": args.seed,
+                                "new_lengths_range": [SHORTEST, LONGEST], "batching": "off"})
+    return 0
+
+
+def serve_bench(parser, args) -> int:
+    """The throughput benchmark: every model, runtime, batching setting and concurrency."""
+    args.models = args.models or list(_serve_models.MODELS)
+    args.batching = args.batching or ["off", "on"]
     args.concurrency = args.concurrency or ([1, 8] if args.quick else [1, 8, 32])
     args.duration = args.duration or (3.0 if args.quick else 10.0)
     args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
@@ -392,41 +544,10 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown: {', '.join(unknown)}")
 
-    from tqdm import tqdm  # noqa: PLC0415
     models = {name: _serve_models.MODELS[name]() for name in args.models}
-    servers = [(m, rt, b) for m in args.models for b in args.batching for rt in args.runtimes]
-    progress = tqdm(total=len(servers) * len(args.concurrency), unit="setting",
-                    disable=not sys.stderr.isatty(), file=sys.stderr)
-    workdir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    runs, results = [], []
-    starters = {"mixrt": start_mixrt, "onnxruntime": start_onnxruntime}
-    try:
-        for name, runtime, batching in servers:
-            progress.set_description(f"{name} {runtime} batching {batching}")
-            for attempt in range(1, ATTEMPTS + 1):
-                # a server that dies under the benchmark (or that someone else's cleanup
-                # ends) is started again once, and its settings measured again
-                run = ServerRun(name, runtime, batching, [], now())
-                runs.append(run)
-                folder = workdir / f"attempt{attempt}"
-                folder.mkdir(exist_ok=True)
-                try:
-                    measured = serve_settings(run, models[name], starters[runtime], args,
-                                              folder, progress)
-                except RuntimeError as exc:
-                    run.ended, run.note = now(), f"failed: {str(exc).splitlines()[0]}"
-                    print(f"warning: {name} {runtime} batching {batching}, attempt "
-                          f"{attempt}: {str(exc)[-2000:]}", file=sys.stderr)
-                    continue
-                results.extend(measured)
-                progress.update(len(measured))
-                break
-    finally:
-        progress.close()
-        if args.logs:
-            args.logs.mkdir(parents=True, exist_ok=True)
-            for log in workdir.rglob("*.log"):
-                (args.logs / f"{log.parent.name}_{log.name}").write_bytes(log.read_bytes())
+    servers = [(m, rt, b, "") for m in args.models for b in args.batching
+               for rt in args.runtimes]
+    runs, results = run_servers(servers, models, serve_settings, args)
 
     print(f"Serving over gRPC (tritonclient, binary tensors), one row per request; "
           f"{args.warmup:g} s warm-up and {args.duration:g} s timed per setting; batching on: "
@@ -440,16 +561,62 @@ def main(argv=None) -> int:
         print(f"- {run.model} {run.runtime} batching {run.batching}: started {run.started}, "
               f"ready {run.ready}, ended {run.ended}{note}")
     if args.out:
-        args.out.write_text(json.dumps({
-            "when": now(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                       "load_average_at_end": os.getloadavg()},
-            "versions": {p: package_version(*names) for p, names in VERSIONS.items()},
-            "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
-                         "max_batch_size": args.max_batch_size,
-                         "max_delay_ms": args.max_delay_ms, "rows_per_request": 1,
-                         "bert": _serve_models.BERT},
-            "servers": [asdict(run) for run in runs]}, indent=1))
+        write_json(args, runs, {"duration_s": args.duration, "warmup_s": args.warmup,
+                                "max_batch_size": args.max_batch_size,
+                                "max_delay_ms": args.max_delay_ms})
     return 0
+
+
+def run_servers(servers: list, models: dict, serve, args) -> tuple:
+    """Each (model, runtime, batching, lengths) of ``servers`` measured by ``serve`` on a
+    server of its own: the server runs and the results."""
+    from tqdm import tqdm  # noqa: PLC0415
+    per_server = 1 if serve is serve_paced else len(args.concurrency)
+    progress = tqdm(total=len(servers) * per_server, unit="setting",
+                    disable=not sys.stderr.isatty(), file=sys.stderr)
+    workdir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    runs, results = [], []
+    starters = {"mixrt": start_mixrt, "onnxruntime": start_onnxruntime}
+    try:
+        for name, runtime, batching, lengths in servers:
+            label = f"{name} {runtime} batching {batching}" + (f", {lengths} lengths"
+                                                                 if lengths else "")
+            progress.set_description(label)
+            for attempt in range(1, ATTEMPTS + 1):
+                # a server that dies under the benchmark (or that someone else's cleanup
+                # ends) is started again once, and its settings measured again
+                run = ServerRun(models[name].name, runtime, batching, [], now(),
+                                lengths=lengths)
+                runs.append(run)
+                folder = workdir / f"{lengths + '_' if lengths else ''}attempt{attempt}"
+                folder.mkdir(exist_ok=True)
+                try:
+                    measured = serve(run, models[name], starters[runtime], args, folder,
+                                     progress)
+                except RuntimeError as exc:
+                    run.ended, run.note = now(), f"failed: {str(exc).splitlines()[0]}"
+                    print(f"warning: {label}, attempt {attempt}: {str(exc)[-2000:]}",
+                          file=sys.stderr)
+                    continue
+                results.extend(measured)
+                progress.update(len(measured))
+                break
+    finally:
+        progress.close()
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in workdir.rglob("*.log"):
+                (args.logs / f"{log.parent.name}_{log.name}").write_bytes(log.read_bytes())
+    return runs, results
+
+
+def write_json(args, runs: list, settings: dict) -> None:
+    args.out.write_text(json.dumps({
+        "when": now(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                   "load_average_at_end": os.getloadavg()},
+        "versions": {p: package_version(*names) for p, names in VERSIONS.items()},
+        "settings": {**settings, "rows_per_request": 1, "bert": _serve_models.BERT},
+        "servers": [asdict(run) for run in runs]}, indent=1))
 
 
 if __name__ == "__main__":

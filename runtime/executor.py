@@ -227,7 +227,8 @@ def release(plan: ExecutionPlan, arena: Arena) -> None:
 
 def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
               inferred: dict, frozen: dict, strategy: str, stored=(),
-              plannable=None, pairing: str | None = None) -> ExecutionPlan:
+              plannable=None, pairing: str | None = None,
+              order: int | None = None) -> ExecutionPlan:
     """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
     reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
     discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
@@ -235,8 +236,9 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
 
     ``frozen`` (name -> value, from :class:`FrozenValues` run as inference's settle hook) are
     the values the signature alone fixes: their discovery results are kept and planned runs
-    skip the nodes that make them. ``pairing``: the in-place pairing to place with
-    (:func:`_smallest_plan`; by default the one that gives the smallest arena)."""
+    skip the nodes that make them. ``pairing``, ``order``: the in-place pairing and the
+    greedy order to place with (:func:`_smallest_plan`; by default those that give the
+    smallest arena)."""
     plannable = plannable or _plannable_on_cpu
     steps = [step for step in steps if not all(n in frozen for n in step.node.outputs if n)]
     outputs = set(graph_outputs)
@@ -312,7 +314,7 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
                  for name, slot in slots.items()]
     memory = _stored_plan(stored, signature, lifetimes)
     if memory is None:
-        memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing)
+        memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
     memory.signature = signature
     for name, slot in slots.items():
         slot.offset = memory.offsets[name]
@@ -370,20 +372,21 @@ def _on_host(value):
     return None
 
 
-def _smallest_plan(lifetimes, strategy: str, inplace, pairing: str | None = None) \
-        -> tuple[MemoryPlan, str]:
+def _smallest_plan(lifetimes, strategy: str, inplace, pairing: str | None = None,
+                   order: int | None = None) -> tuple[MemoryPlan, str]:
     """The planner places an in-place pair as one block of the input's size for both lives,
     so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with all
     pairs, with same-size pairs only and with none, and keep the smallest arena; returns it
     and which pairing it took. ``pairing`` plans with that one alone: a new shape of a form
     planned from inference takes the pairing its discovered plan chose (the three placements
-    were half of a 6-layer BERT's plan, ~3.5 ms a new length)."""
+    were half of a 6-layer BERT's plan, ~3.5 ms a new length), placed by ``order`` (the
+    greedy order that placed it: ``memory.plan_memory``)."""
     sizes = {life.name: life.size for life in lifetimes}
     pairings = {"all": inplace,
                 "same size": [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)],
                 "none": []}
     if pairing in pairings:
-        return plan_memory(lifetimes, strategy, pairings[pairing]), pairing
+        return plan_memory(lifetimes, strategy, pairings[pairing], order=order), pairing
     plans = [(plan_memory(lifetimes, strategy, inplace), "all")]
     if len(pairings["same size"]) < len(inplace):
         plans.append((plan_memory(lifetimes, strategy, pairings["same size"]), "same size"))

@@ -19,12 +19,13 @@ discovery way (the error, where there is one, named as any run's).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import UNKNOWN, TensorType
 from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
-from mixrt.runtime.feeds import signature_form  # noqa: F401  (the forms trusted)
 from mixrt.runtime.passes.infer import infer_attributes, refined
 from mixrt.runtime.run_loop import call_step
 
@@ -155,11 +156,21 @@ MEMO_PER_NODE = 64  # argument sets a node's memo keeps (a service's recent size
 _MEMO_ELEMENTS = 64  # arguments up to this size enter a memo key by value
 
 
-def frozen_nodes(steps, frozen: dict) -> frozenset:
-    """The ids of the nodes whose every output is a frozen value."""
-    return frozenset(id(step.node) for step in steps
-                     if any(step.node.outputs)
-                     and all(name in frozen for name in step.node.outputs if name))
+@dataclass(frozen=True)
+class TrustedForm:
+    """What a form's discovered plan settled that its inferred plans take as they are: the
+    in-place pairing and greedy order its placement chose (``executor._smallest_plan``,
+    ``memory.plan_memory``), and the ids of the nodes it froze (the shape arithmetic)."""
+
+    pairing: str
+    order: int | None
+    frozen: frozenset
+
+    @classmethod
+    def of(cls, plan, steps, frozen: dict) -> "TrustedForm":
+        nodes = frozenset(id(step.node) for step in steps if any(step.node.outputs)
+                          and all(name in frozen for name in step.node.outputs if name))
+        return cls(plan.pairing or "all", plan.memory.order, nodes)
 
 
 class ShapeProgram:
@@ -180,14 +191,23 @@ class ShapeProgram:
                         if value.type is not None]
         self.nodes = [_node_entry(node) for node in graph.nodes]
 
-    def infer(self, feeds: dict, settle) -> dict:
-        """Name -> type for the graph over ``feeds``' shapes; ``settle`` as infer_types's."""
+    def infer(self, feeds: dict, settle, frozen: frozenset = frozenset()) -> dict:
+        """Name -> type for the graph over ``feeds``' shapes; ``settle`` as infer_types's,
+        called for the nodes in ``frozen`` (ids) alone, whose infer functions are not asked:
+        their values type them (half of a PyTorch-exported BERT's nodes, some of whose
+        infer functions raise over the unknowns they were meant for)."""
         types = dict(self.start)
         for value in self.inputs:
             fed = feeds.get(value.name)
             types[value.name] = TensorType(np.dtype(fed.dtype), tuple(fed.shape)) \
                 if hasattr(fed, "shape") else value.type
         for node, infer, inputs, attributes, outputs in self.nodes:
+            if id(node) in frozen:
+                settled = settle(node, types)
+                if settled:
+                    for name, array in settled.items():
+                        types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
+                    continue
             arguments = [_argument(types, name, optional) for name, optional in inputs]
             try:
                 inferred = infer(*arguments, **attributes) if infer is not None else ()
@@ -196,8 +216,9 @@ class ShapeProgram:
             for name, value_type in zip(outputs, inferred):
                 if name:
                     types[name] = value_type
-            for name, array in (settle(node, types) or {}).items():
-                types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
+            if not frozen:
+                for name, array in (settle(node, types) or {}).items():
+                    types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
         for name, declared in self.outputs:
             types[name] = refined(declared, types.get(name))
         return types
@@ -243,7 +264,7 @@ def placeholder_of(shaped: Shaped) -> np.ndarray:
 
 
 def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], inferred: dict,
-                        frozen: dict, strategy: str, stored=(), pairing: str | None = None):
+                        frozen: dict, strategy: str, stored=(), form: "TrustedForm" = None):
     """The plan :func:`~mixrt.runtime.executor.make_plan` makes after a discovery run, from
     ``inferred`` types (and the ``frozen`` values :class:`ComputedFrozenValues` computed)
     instead of a run's values; None where inference left a value open."""
@@ -258,4 +279,5 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
                     return None
                 seen[name] = value
     return make_plan(signature, steps, graph_outputs, seen, inferred, frozen, strategy,
-                     stored=stored, pairing=pairing)
+                     stored=stored, pairing=form.pairing if form else None,
+                     order=form.order if form else None)

@@ -58,6 +58,9 @@ class MemoryPlan:
     inplace: list[tuple[str, str]] = field(default_factory=list)  # honoured (input, output)
     signature: tuple = ()  # the input-shape signature the plan was made for (set by caller)
     alignment: int = ALIGNMENT  # every offset is a multiple of it; sizes were rounded up to it
+    # greedy: the index in _GREEDY_ORDERS of the order that placed it (None: another strategy,
+    # or read from a file); how it was found, not what it is: equal plans may differ in it
+    order: int | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -75,7 +78,7 @@ class _Group:
 
 def plan_memory(lifetimes: list[TensorLife], strategy: str = "greedy",
                 inplace_candidates: list[tuple[str, str]] = (),
-                alignment: int = ALIGNMENT) -> MemoryPlan:
+                alignment: int = ALIGNMENT, order: int | None = None) -> MemoryPlan:
     """Place every tensor of ``lifetimes`` in one arena with ``strategy``.
 
     ``inplace_candidates`` are (input, output) pairs an op allows to share memory. They are
@@ -92,16 +95,20 @@ def plan_memory(lifetimes: list[TensorLife], strategy: str = "greedy",
     sizes = [align(life.size, alignment) for life in lives]
     pairs = [] if strategy == "naive" else honour_inplace(lives, inplace_candidates)
     groups = _groups(lives, sizes, pairs)
-    place = {"naive": _place_in_order, "inplace": _place_in_order,
-             "sharing": _place_sharing, "greedy": _place_greedy}[strategy]
-    group_offsets = place(groups)
+    chosen = None
+    if strategy == "greedy":
+        group_offsets, chosen = _place_greedy(groups, order)
+    else:
+        place = {"naive": _place_in_order, "inplace": _place_in_order,
+                 "sharing": _place_sharing}[strategy]
+        group_offsets = place(groups)
     offsets: dict[str, int] = {}
     for group, offset in zip(groups, group_offsets):
         for index in group.members:
             offsets[lives[index].name] = offset
     arena = max((o + g.size for g, o in zip(groups, group_offsets)), default=0)
     return MemoryPlan(strategy, arena, sum(sizes), lower_bound(lives, alignment), offsets,
-                      lives, pairs, alignment=alignment)
+                      lives, pairs, alignment=alignment, order=chosen)
 
 
 def align(size: int, alignment: int = ALIGNMENT) -> int:
@@ -249,22 +256,26 @@ _GREEDY_ORDERS = (
 )
 
 
-def _place_greedy(groups: list[_Group]) -> list[int]:
+def _place_greedy(groups: list[_Group], only: int | None = None) -> tuple[list[int], int]:
     """Greedy by size (and by the other orders above): each group at the offset of the
     smallest gap that fits among the placed groups whose lifetimes overlap its own (the
     lowest such gap on a tie), else just above them; the order giving the smallest arena
-    wins."""
-    best, best_arena = None, None
-    floor = _groups_lower_bound(groups)
-    for key in _GREEDY_ORDERS:
+    wins. Returns the offsets and the winning order's index; ``only``: place by that order
+    alone (a new shape of a form whose first plan that order won, planned from inference:
+    the four orders were ~1 ms of a small BERT's new length)."""
+    best, best_arena, chosen = None, None, 0
+    floor = _groups_lower_bound(groups) if only is None else 0
+    for index, key in enumerate(_GREEDY_ORDERS):
+        if only is not None and index != only:
+            continue
         order = sorted(range(len(groups)), key=lambda i: key(groups[i], i))
         offsets = _place_greedy_in(groups, order)
         arena = max((o + g.size for g, o in zip(groups, offsets)), default=0)
         if best_arena is None or arena < best_arena:
-            best, best_arena = offsets, arena
+            best, best_arena, chosen = offsets, arena, index
         if best_arena <= floor:  # no order can place these groups in less
             break
-    return best
+    return best, chosen
 
 
 def _groups_lower_bound(groups: list[_Group]) -> int:

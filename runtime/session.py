@@ -43,7 +43,7 @@ from mixrt.runtime.steady_run import SteadyRun
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_copies, make_plan,
                                     plannable_on_gpu, release)
 from mixrt.runtime.feeds import feed_signature, signature_form
-from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, frozen_nodes,
+from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, TrustedForm,
                                           inference_was_exact, plan_from_inference)
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
@@ -123,8 +123,7 @@ class Session(FeedChecks):
         # input-shape signature -> ExecutionPlan
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES)
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
-        # each with the in-place pairing its discovered plan placed with and the ids of the
-        # nodes it froze
+        # each with what its discovered plan settled (inferred_plans.TrustedForm)
         self._trusted_forms: dict = {}
         self._distrusted_forms: set = set()  # ... and those whose inferred plan failed
         self._shape_program: ShapeProgram | None = None  # their shape inference, made ready
@@ -315,21 +314,20 @@ class Session(FeedChecks):
     def _inferred_plan(self, signature: tuple, feeds: dict) -> ExecutionPlan | None:
         """A plan for ``signature`` from shape inference, where a discovery run of its form
         showed inference exact (``runtime/inferred_plans.py``); None otherwise."""
-        trusted = self._trusted_forms.get(signature_form(signature))
-        if trusted is None:
+        form = self._trusted_forms.get(signature_form(signature))
+        if form is None:
             return None
-        pairing, frozen = trusted
-        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, frozen,
+        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, form.frozen,
                                       self._frozen_memo)
         if self._shape_program is None:
             self._shape_program = ShapeProgram(self.graph)
         try:
-            inferred = self._shape_program.infer(feeds, settle)
+            inferred = self._shape_program.infer(feeds, settle, form.frozen)
         except Exception:  # noqa: BLE001  (the discovery run says what is wrong)
             return None
         plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
                                    inferred, settle.values, self.strategy,
-                                   stored=self.graph.plans, pairing=pairing)
+                                   stored=self.graph.plans, form=form)
         if plan is None:
             return None
         plan.unproven = True
@@ -409,8 +407,8 @@ class Session(FeedChecks):
             form = signature_form(signature)
             if form not in self._distrusted_forms and inference_was_exact(
                     self._bound.nodes, env.maps[0], inferred, settle.values):
-                self._trusted_forms[form] = (plan.pairing or "all",
-                                             frozen_nodes(self._bound.nodes, settle.values))
+                self._trusted_forms[form] = TrustedForm.of(plan, self._bound.nodes,
+                                                           settle.values)
         self._plans.put(signature, plan)
         return env
 
