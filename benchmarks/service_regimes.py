@@ -70,10 +70,11 @@ def _child_env(caches: Path | None) -> dict:
     return env
 
 
-def run_child(name: str, arguments: list[str], env: dict, logs: Path, label: str) -> dict:
+def run_child(name: str, arguments: list[str], env: dict, logs: Path, label: str,
+              python: str = sys.executable) -> dict:
     """One child to its end: its regime lines as progress, its last line as the result; a
     crash, a hang or a missing result is a ``failure`` the tables show."""
-    child = Child(name, [sys.executable, str(CHILD), *arguments], env, logs)
+    child = Child(name, [python, str(CHILD), *arguments], env, logs)
     try:
         while True:
             line = child.readline(time.monotonic() + LINE_TIMEOUT_S)
@@ -92,9 +93,11 @@ def run_child(name: str, arguments: list[str], env: dict, logs: Path, label: str
         child.stop()
 
 
-def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path) -> dict:
+def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path,
+            mixrt_python: str = sys.executable) -> dict:
     """onnxruntime alone, then mixrt alone on empty caches with the same requests per
-    regime, then the agreement check; each a fresh process."""
+    regime, then the agreement check; each a fresh process (mixrt's under
+    ``mixrt_python``: another build's environment, to compare builds on one draw)."""
     common = ["--spec", str(spec_path), "--regimes", *regimes] + (["--quick"] if quick else [])
     found = {"label": drawn.label, "slot": drawn.slot, "kind": drawn.kind,
              "sizes": drawn.sizes(), "config": drawn.config, "hot": drawn.hot}
@@ -107,10 +110,10 @@ def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path) -> dict:
         same = ["--requests", json.dumps(counts)] if counts else []
         found["mixrt"] = run_child(f"{drawn.slot}:mixrt", ["time", "--runtime", "mixrt",
                                                           *common, *same],
-                                   _child_env(caches), logs, drawn.label)
+                                   _child_env(caches), logs, drawn.label, mixrt_python)
         found["agreement"] = run_child(f"{drawn.slot}:compare",
                                        ["compare", "--spec", str(spec_path)],
-                                       _child_env(caches), logs, drawn.label)
+                                       _child_env(caches), logs, drawn.label, mixrt_python)
     agreement = found["agreement"]
     verdict = {True: "yes", False: "NO"}.get(agreement.get("agrees"), "not checked")
     _say(f"{drawn.label:28s} agrees with onnxruntime: {verdict} "
@@ -190,6 +193,10 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md",
                         help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the raw results (every request's time), JSON")
+    parser.add_argument("--mixrt-python", default=sys.executable, metavar="PYTHON",
+                        help="the interpreter mixrt's children run under (another build's "
+                             "environment, e.g. a clone of an older commit installed in a "
+                             "venv of its own; it needs onnxruntime too)")
     return parser.parse_args(argv)
 
 
@@ -205,7 +212,7 @@ def main(argv=None) -> int:
     prepared = prepare(slots, seed, args.quick)
     logs = models.CACHE / str(seed) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    rows = [measure(drawn, spec_path, regimes, args.quick, logs)
+    rows = [measure(drawn, spec_path, regimes, args.quick, logs, args.mixrt_python)
             for drawn, spec_path in prepared]
     if "--seed" not in argv:
         argv += ["--seed", str(seed)]

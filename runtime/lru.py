@@ -17,12 +17,13 @@ import numpy as np
 
 class LruCache:
     """At most ``capacity`` entries, and with ``weight`` (value -> a number) at most
-    ``budget`` of their weights together (the last one kept whatever it weighs); the least
-    recently used one goes first."""
+    ``budget`` of their weights together (the last ``keep`` kept whatever they weigh); the
+    least recently used one goes first."""
 
-    def __init__(self, capacity: int, weight=None, budget: float = float("inf")):
+    def __init__(self, capacity: int, weight=None, budget: float = float("inf"),
+                 keep: int = 1):
         self.capacity = capacity
-        self._weight, self._budget, self._held = weight, budget, 0
+        self._weight, self._budget, self._held, self._keep = weight, budget, 0, keep
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -42,7 +43,7 @@ class LruCache:
             if kept is value and self._weight is not None:
                 self._held += self._weight(value)
             while len(self._items) > self.capacity or \
-                    self._held > self._budget and len(self._items) > 1:
+                    self._held > self._budget and len(self._items) > self._keep:
                 self._forget(self._items.popitem(last=False)[1])
             return kept
 

@@ -65,6 +65,9 @@ from mixrt.runtime.profiler import Profiler, symbolic_profiler
 # a large model keeps about as many plans as before (a 6-layer BERT's at 512 tokens, ~30 MB)
 MAX_CACHED_PLANS = 256
 MAX_PLAN_BYTES = 256 << 20
+# ... but the last few whatever their arenas hold: a training loop's step and evaluation, or
+# its last smaller batch, each with arenas of hundreds of MB, must not plan again each turn
+MIN_KEPT_PLANS = 4
 _NOTHING = contextlib.nullcontext()  # reentrant, so one serves every run
 
 # -- model formats ---------------------------------------------------------------------------
@@ -121,7 +124,7 @@ class Session(FeedChecks):
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
         # input-shape signature -> ExecutionPlan
-        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES)
+        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS)
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
         # each with what its discovered plan settled (inferred_plans.TrustedForm)
         self._trusted_forms: dict = {}

@@ -187,8 +187,10 @@ def test_kept_plans_are_bounded_by_their_arenas_bytes(monkeypatch):
     for n in range(1, 40):
         session.run(["y"], batch(n))
     plans = session._plans.values()
-    assert 1 < len(plans) < 39
-    assert sum(plan.arena_bytes for plan in plans) - plans[-1].arena_bytes <= 1 << 20
+    assert session_module.MIN_KEPT_PLANS <= len(plans) < 39
+    # within the budget, or down to the few kept whatever they hold
+    assert sum(plan.arena_bytes for plan in plans) <= 1 << 20 or \
+        len(plans) == session_module.MIN_KEPT_PLANS
     assert plans[-1].signature == feed_signature(batch(39))
 
 

@@ -55,7 +55,7 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.compiled.generated import kernel_module as compiled
@@ -174,7 +174,7 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     form computes. A call split over the native workers is kept as the node's replay in
     ``replays`` (its prepacked dict; ``ops/compiled/replay.py``) when it passes W and B
     where they lie."""
-    (n, channels, height, width), (m, group_width) = X.shape, W.shape[:2]
+    (_, channels, height, width), (m, group_width) = X.shape, W.shape[:2]
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
@@ -189,13 +189,34 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # the padded plane as far as the last window reaches (not past the image's far pads)
     hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
-    if ow <= FLAT_MAX_WIDTH or group_width > 1:
-        image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
-        module, wp = _compiled_flat(tuple(kernel), tuple(strides), tuple(dilations), image,
-                                    name, int(group_width))
-        hp = 1
-    else:
-        module = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name)
+    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name) \
+        if group_width == 1 else None
+    call = (X, W, B, out, weights, bias, constants, multiplier, begin, replays)
+    if ow > FLAT_MAX_WIDTH and group_width == 1:
+        return _planes(rows, hp, wp, *call)
+    image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
+    flat, flat_width = _compiled_flat(tuple(kernel), tuple(strides), tuple(dilations), image,
+                                      name, int(group_width))
+    try:
+        return _planes(flat, 1, flat_width, *call)
+    except jit_tier.CompileForbidden:
+        # the flat form is generated per plane geometry, and a new image size's is in no
+        # cache yet (a session's first run of that size may not compile: the background
+        # compiler does): the row form, one per kernel, strides and dilations, adds the
+        # taps in the same order, so it gives the same bits meanwhile. Until 2026-11-26
+        # the step went to NumPy: EfficientNet-B0 at a new image size per request took
+        # 208 ms against onnxruntime's 15
+        if rows is None:
+            raise
+        return _planes(rows, hp, wp, *call)
+
+
+def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
+            replays):
+    """:func:`depthwise_conv`'s loop over its planes by ``module`` (a row or a flat form)
+    with a scratch of (hp, wp)."""
+    (n, channels, height, width), m = X.shape, W.shape[0]
+    (oh, ow), left = out.shape[2:], begin[1]
     x = X.reshape(n * channels, height, width)
     y = out.reshape(n * m, oh, ow)
 
@@ -213,9 +234,9 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     else:
         parallel_for(thread_parts(n * m, out.size), part)
         return out
+    go()  # before it is kept as the replay: a form in no cache raises here, kept nowhere
     if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
         replay.record(replays, (X, W, B, None, out), go)
-    go()
     return out
 
 

@@ -107,3 +107,28 @@ def test_what_it_leaves_to_the_other_forms():
     assert not suits(X, _rand(32, 1, 9, 9), np.empty((1, 32, 4, 4), np.float32), (9, 9),
                      (1, 1), (4, 4))  # past jit_depthwise.MAX_TAPS
     assert jit_depthwise.MAX_TAPS < 9
+
+
+@needs_jit
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_flat_form_in_no_cache_is_answered_by_the_row_form_with_its_bits(monkeypatch, stride):
+    """A new image size's flat form (generated per plane geometry) may not compile in a
+    session's first run of that size: the row form, one per kernel, stands in with the
+    flat form's very bits, and the miss is left for the background compiler."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    X, W, B = _rand(2, 40, 13, 11), _rand(40, 1, 3, 3), _rand(40)
+    attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride])
+    flat = _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=40, **attributes))
+
+    class InNoCache:
+        @staticmethod
+        def run(*_):
+            raise jit_tier.CompileForbidden("the flat form of this geometry is in no cache")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(jit_depthwise, "_compiled_flat",
+                        lambda *args, **kwargs: (InNoCache, 1))
+        rows = _flat_form(patched, lambda: fused_conv(np, X, W, B, group=40, **attributes))
+    np.testing.assert_array_equal(rows, flat)
+    reference = conv(np, X, W, B, group=40, **attributes)
+    np.testing.assert_allclose(rows, reference, rtol=1e-5, atol=1e-5)
