@@ -357,7 +357,7 @@ def environment_stamp() -> tuple:
                        _cpu_name()))
     settings = tuple(sorted((k, v) for k, v in os.environ.items()
                             if k.startswith(("MIXRT_", "OPENBLAS_", "NUMBA_", "OMP_"))
-                            and k not in ("MIXRT_COMPILE", "MIXRT_PROFILE")))
+                            and k not in ("MIXRT_COMPILE", "MIXRT_PROFILE", "MIXRT_COMPILE_PARENT")))
     return _stamp[0] + (settings, os.cpu_count())
 
 
@@ -496,7 +496,8 @@ def child_cores() -> set[int] | None:
 
 def child_environment(cores: set[int] | None) -> dict:
     """The child's environment; confined to ``cores``, it is told the parent's threads."""
-    environment = dict(os.environ, MIXRT_COMPILE="foreground")
+    environment = dict(os.environ, MIXRT_COMPILE="foreground",
+                       MIXRT_COMPILE_PARENT=str(os.getpid()))  # it ends with this process
     if cores is not None:
         environment.setdefault("MIXRT_INTRA_OP_THREADS", str(parallel.intra_op_threads()))
     return environment

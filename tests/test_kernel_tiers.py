@@ -357,3 +357,37 @@ def test_compile_cores_setting(monkeypatch):
     assert kernel_tiers.child_cores() == {allowed[-1]}
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "7")  # the user's own setting stands
     assert kernel_tiers.child_environment({allowed[-1]})["MIXRT_INTRA_OP_THREADS"] == "7"
+
+
+def test_the_compile_child_ends_when_its_process_is_killed():
+    """A service killed by a signal runs no exit handler: its compile child must not go on
+    compiling beside whatever runs next on the machine (compile_worker._die_with_parent)."""
+    child_code = ("import os, time\n"
+                  "from mixrt.runtime.compile_worker import _die_with_parent\n"
+                  "_die_with_parent()\n"
+                  "print('ready', flush=True)\n"
+                  "time.sleep(60)\n")
+    service_code = ("import os, subprocess, sys\n"
+                    f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}],\n"
+                    "    stdout=subprocess.PIPE, text=True,\n"
+                    "    env=dict(os.environ, MIXRT_COMPILE_PARENT=str(os.getpid())))\n"
+                    "child.stdout.readline()\n"
+                    "print(child.pid, flush=True)\n"
+                    "import time; time.sleep(60)\n")
+    service = subprocess.Popen([sys.executable, "-c", service_code], stdout=subprocess.PIPE,
+                               text=True, cwd=Path(__file__).parent.parent)
+    try:
+        child = int(service.stdout.readline())
+    finally:
+        service.kill()
+        service.wait()
+    for _ in range(40):
+        try:
+            with open(f"/proc/{child}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":  # ended, not yet reaped
+                    return
+        except FileNotFoundError:
+            return
+        threading.Event().wait(0.05)
+    os.kill(child, 9)
+    pytest.fail(f"the compile child {child} outlived its killed process by 2 s")
