@@ -221,10 +221,12 @@ class Session(FeedChecks):
         # noise. A GPU session's arena, kernels and streams go to its own GPU, whichever one
         # the calling thread had current.
         on_cpu = self._xp is np
-        if on_cpu:
-            placement.keep_off_caller()  # the workers, woken, find a CPU of their own
         with quiet_numpy(), _NOTHING if on_cpu else self.device.active(), parallel.pinned():
             plan = self._cached_plan(signature)
+            if on_cpu and (plan is None or plan.wakes_workers):
+                # the workers, woken, find a CPU of their own (a run too small to wake
+                # them does not pay the system calls where its caller moved)
+                placement.keep_off_caller()
             # the native workers up by the first kernel, and spinning until the run ends
             with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers)):
                 outputs = self._planned_run(plan, signature, feeds, wanted, process, delivery)

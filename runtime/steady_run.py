@@ -44,7 +44,8 @@ class SteadyRun:
         results without NumPy's warnings, settings read once; entered as calls rather
         than ``with`` blocks, ~0.5 us of a one-node model's ~4."""
         plan = self.plan
-        placement.keep_off_caller()  # as Session._gated_run
+        if plan.wakes_workers:
+            placement.keep_off_caller()  # as Session._gated_run
         quiet = quiet_enter()
         parallel.pin()
         workers = None
