@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(not placement.supported() or len(os.sched_getaff
                                 reason="needs Linux's sched_setaffinity and two CPUs")
 
 
-def test_adopted_threads_are_kept_off_the_callers_cpu(monkeypatch):
-    """A thread adopted as a worker may run anywhere the process may but where the caller
-    is, and is placed again when the caller moves."""
+@pytest.fixture
+def idle_worker():
+    """A thread that waits until the test ends, adopted as a worker: its id."""
     started, stop = threading.Event(), threading.Event()
     ids = []
 
@@ -32,17 +32,21 @@ def test_adopted_threads_are_kept_off_the_callers_cpu(monkeypatch):
     worker = threading.Thread(target=idle, daemon=True)
     worker.start()
     started.wait()
-    try:
-        placement.adopt(ids)
-        cpus = sorted(os.sched_getaffinity(0))
-        for cpu in cpus[:2]:
-            monkeypatch.setattr(placement, "_getcpu", lambda cpu=cpu: cpu)
-            placement.keep_off_caller()
-            assert os.sched_getaffinity(ids[0]) == set(cpus) - {cpu}
-    finally:
-        stop.set()
-        worker.join()
-        placement._workers.discard(ids[0])
+    placement.adopt(ids)
+    yield ids[0]
+    stop.set()
+    worker.join()
+    placement._workers.discard(ids[0])
+
+
+def test_adopted_threads_are_kept_off_the_callers_cpu(monkeypatch, idle_worker):
+    """A thread adopted as a worker may run anywhere the process may but where the caller
+    is, and is placed again when the caller moves."""
+    cpus = sorted(os.sched_getaffinity(0))
+    for cpu in cpus[:2]:
+        monkeypatch.setattr(placement, "_getcpu", lambda cpu=cpu: cpu)
+        placement.keep_off_caller()
+        assert os.sched_getaffinity(idle_worker) == set(cpus) - {cpu}
 
 
 def test_an_ended_worker_is_forgotten(monkeypatch):
@@ -77,7 +81,7 @@ graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
 model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
 mixrt.Session(model.SerializeToString()).run(None, {"x": x})
-cpu = placement._getcpu()
+cpu = placement._state["cpu"]  # where the caller was when the run placed them
 workers = placement.workers()
 python_workers = {t.native_id for t in threading.enumerate() if t.name.startswith("mixrt-intra")}
 print(len(before) >= 1, pool is None or len(workers - before - python_workers) >= 1,
@@ -90,27 +94,13 @@ print(len(before) >= 1, pool is None or len(workers - before - python_workers) >
     assert out.stdout.split() == ["True"] * 5, out.stdout + out.stderr
 
 
-def test_placing_can_be_turned_off(monkeypatch):
-    started, stop = threading.Event(), threading.Event()
-    ids = []
-
-    def idle():
-        ids.append(threading.get_native_id())
-        started.set()
-        stop.wait()
-    worker = threading.Thread(target=idle, daemon=True)
-    worker.start()
-    started.wait()
-    try:
-        before = os.sched_getaffinity(ids[0])
-        placement.adopt(ids)
-        monkeypatch.setenv("MIXRT_PLACE_WORKERS", "0")
-        placement.keep_off_caller()
-        assert os.sched_getaffinity(ids[0]) == before
-    finally:
-        stop.set()
-        worker.join()
-        placement._workers.discard(ids[0])
+def test_placing_can_be_turned_off(monkeypatch, idle_worker):
+    monkeypatch.setenv("MIXRT_PLACE_WORKERS", "0")
+    monkeypatch.setattr(placement, "_getcpu", lambda: sorted(os.sched_getaffinity(0))[0])
+    before = os.sched_getaffinity(idle_worker)
+    placement._state["cpu"] = None
+    placement.keep_off_caller()
+    assert os.sched_getaffinity(idle_worker) == before
 
 
 def test_runs_answer_the_same_with_workers_placed(tmp_path):
