@@ -216,8 +216,7 @@ class SessionTiers:
         nearly every kernel it calls loaded already; the few made per size (a depthwise
         convolution's plane geometry) are misses that :meth:`first_run` hands the child.
         Until 2026-11-26 every new size started a child and served NumPy kernels until it
-        was done: a service sending a new length per request ran NumPy all the time, and
-        the child took one of a 2-core machine's cores from it."""
+        was done, the child taking one of a 2-core machine's cores."""
         form = signature_form(signature)
         return form in self._compiled_forms or self._marker(form, shapes=False).is_file()
 
