@@ -328,11 +328,11 @@ class Session(FeedChecks):
             self._shape_program = ShapeProgram(self.graph)
         try:
             inferred = self._shape_program.infer(feeds, settle, form.frozen)
+            plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
+                                       inferred, settle.values, self.strategy,
+                                       stored=self.graph.plans, form=form)
         except Exception:  # noqa: BLE001  (the discovery run says what is wrong)
             return None
-        plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
-                                   inferred, settle.values, self.strategy,
-                                   stored=self.graph.plans, form=form)
         if plan is None:
             return None
         plan.unproven = True
