@@ -305,12 +305,21 @@ class Session(FeedChecks):
         try:
             execute(plan.steps, env, np, arena, plan)
         except Exception:  # noqa: BLE001  (answered again, the discovery way)
-            self._trusted_forms.pop(signature_form(signature), None)
-            self._distrusted_forms.add(signature_form(signature))
+            form = signature_form(signature)
+            trusted = self._trusted_forms.pop(form, None)
+            self._distrusted_forms.add(form)
             self._plans.drop(signature)
             self._last_plan = None
             plan.pool.clear()
-            return self._planned_run(None, signature, feeds, wanted, process, request[2])
+            try:
+                return self._planned_run(None, signature, feeds, wanted, process, request[2])
+            except Exception:
+                # the discovery run fails too: the request's own error (a sequence longer
+                # than the model's positions), not inference's, which stays trusted
+                self._distrusted_forms.discard(form)
+                if trusted is not None:
+                    self._trusted_forms[form] = trusted
+                raise
         plan.unproven = False
         outputs = self._collect(env, wanted, plan.shared_outputs, host)
         self._remember_steady(signature, plan, host)

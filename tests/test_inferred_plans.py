@@ -204,6 +204,8 @@ def test_a_models_own_error_is_still_named_on_an_inferred_plan():
     session.run(None, {"x": np.zeros((1, 8, 4), np.float32)})
     with pytest.raises(mixrt.errors.MixrtError, match="add_positions"):
         session.run(None, {"x": np.zeros((1, 5, 4), np.float32)})
+    # one bad request does not take the form's inferred plans away from the good ones
+    assert session._trusted_forms and not session._distrusted_forms
 
 
 # -- the kernel tiers: a new size of a compiled form --------------------------------------
