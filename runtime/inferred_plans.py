@@ -66,14 +66,14 @@ class ComputedFrozenValues:
     through a transformer's Shape -> Gather -> Concat -> Reshape chains as it does after a
     discovery run.
 
-    ``nodes``: the ids of the nodes the form's discovered plan froze, the only ones looked
-    at (which nodes are frozen follows from the graph, not the sizes); ``memo``: results by
+    ``nodes``: the ids of the nodes the form's discovered plan froze, the only ones
+    :class:`ShapeProgram` asks it for (which nodes are frozen follows from the graph, not
+    the sizes); ``memo``: results by
     node and arguments, kept across signatures, since much of that arithmetic reads only
     what a new length leaves as it was (a PyTorch-exported 6-layer BERT freezes ~200 nodes,
     ~3 ms of kernel calls a new length)."""
 
-    def __init__(self, steps, constants: dict, nodes: frozenset | None = None,
-                 memo: dict | None = None):
+    def __init__(self, steps, constants: dict, nodes: frozenset, memo: dict):
         self.steps = {id(step.node): step for step in steps}
         self.constants = constants
         self.nodes = nodes
@@ -81,8 +81,6 @@ class ComputedFrozenValues:
         self.values: dict = {}
 
     def __call__(self, node, types: dict) -> dict:
-        if self.nodes is not None and id(node) not in self.nodes:
-            return {}
         step = self.steps.get(id(node))
         outputs = [n for n in node.outputs if n]
         if step is None or not outputs or node.op_type in NONDETERMINISTIC_OPS \
@@ -110,7 +108,7 @@ class ComputedFrozenValues:
         return None
 
     def _computed(self, step, args: list) -> dict | None:
-        key = self._memo_key(step, args) if self.memo is not None else None
+        key = self._memo_key(step, args)
         held = self.memo.get(id(step.node)) if key is not None else None
         if held is not None and key in held:
             return held[key]
@@ -191,18 +189,18 @@ class ShapeProgram:
                         if value.type is not None]
         self.nodes = [_node_entry(node) for node in graph.nodes]
 
-    def infer(self, feeds: dict, settle, frozen: frozenset = frozenset()) -> dict:
-        """Name -> type for the graph over ``feeds``' shapes; ``settle`` as infer_types's,
-        called for the nodes in ``frozen`` (ids) alone, whose infer functions are not asked:
-        their values type them (half of a PyTorch-exported BERT's nodes, some of whose
-        infer functions raise over the unknowns they were meant for)."""
+    def infer(self, feeds: dict, settle: ComputedFrozenValues) -> dict:
+        """Name -> type for the graph over ``feeds``' shapes. ``settle`` computes the values
+        of its frozen nodes (``settle.nodes``), whose infer functions are not asked: their
+        values type them (half of a PyTorch-exported BERT's nodes, some of whose infer
+        functions raise over the unknowns they were meant for)."""
         types = dict(self.start)
         for value in self.inputs:
             fed = feeds.get(value.name)
             types[value.name] = TensorType(np.dtype(fed.dtype), tuple(fed.shape)) \
                 if hasattr(fed, "shape") else value.type
         for node, infer, inputs, attributes, outputs in self.nodes:
-            if id(node) in frozen:
+            if id(node) in settle.nodes:
                 settled = settle(node, types)
                 if settled:
                     for name, array in settled.items():
@@ -216,9 +214,6 @@ class ShapeProgram:
             for name, value_type in zip(outputs, inferred):
                 if name:
                     types[name] = value_type
-            if not frozen:
-                for name, array in (settle(node, types) or {}).items():
-                    types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
         for name, declared in self.outputs:
             types[name] = refined(declared, types.get(name))
         return types

@@ -336,7 +336,7 @@ class Session(FeedChecks):
         if self._shape_program is None:
             self._shape_program = ShapeProgram(self.graph)
         try:
-            inferred = self._shape_program.infer(feeds, settle, form.frozen)
+            inferred = self._shape_program.infer(feeds, settle)
             plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
                                        inferred, settle.values, self.strategy,
                                        stored=self.graph.plans, form=form)
