@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -207,6 +208,25 @@ def test_a_models_own_error_is_still_named_on_an_inferred_plan():
     # one bad request does not take the form's inferred plans away from the good ones
     assert session._trusted_forms and not session._distrusted_forms
 
+
+
+@pytest.mark.parametrize("export", ["scaled_logreg_cancer.nozipmap.onnx",  # binary
+                                    "onehot_logreg_iris.nozipmap.onnx"])  # three classes
+def test_a_linear_classifiers_new_batches_are_planned_from_inference(export, discoveries):
+    """Inference knows a LinearClassifier's score columns from its attributes, so a new
+    batch of a scikit-learn logistic regression needs no discovery run."""
+    path = str(Path(__file__).parent / "data" / "sklearn_exports" / export)
+    session = mixrt.Session(path)
+    reference = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (spec,) = [i for i in reference.get_inputs()]
+    rng = np.random.default_rng(0)
+    for batch in (3, 1, 8, 5):
+        shape = [batch if not isinstance(d, int) else d for d in spec.shape]
+        x = (rng.standard_normal(shape) * 3).astype(np.float32)
+        ours, theirs = session.run(None, {spec.name: x}), reference.run(None, {spec.name: x})
+        np.testing.assert_array_equal(ours[0], theirs[0])
+        np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-6)
+    assert len(discoveries) == 1 and session._trusted_forms
 
 # -- the kernel tiers: a new size of a compiled form --------------------------------------
 

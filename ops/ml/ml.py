@@ -521,10 +521,29 @@ def _linear_constants(coefficients, intercepts):
 
 
 @linear_classifier.infer
-def _(X, *, classlabels_ints=None, classlabels_strings=None, **_):
+def _(X, *, classlabels_ints=None, classlabels_strings=None, coefficients=None,
+      intercepts=None, **_):
     batch = X.shape[0] if X.shape is not None and len(X.shape) > 1 else 1
     label = object if classlabels_strings is not None else np.int64
-    return [tensor(label, (batch,)), tensor(np.float32, (batch, None))]
+    labels = classlabels_strings if classlabels_strings is not None else classlabels_ints
+    return [tensor(label, (batch,)),
+            tensor(np.float32, (batch, _score_columns(X, labels, coefficients, intercepts)))]
+
+
+def _score_columns(X, labels, coefficients, intercepts) -> int | None:
+    """The scores' width as ``_LinearClassifier.run`` makes it: one column a class (the
+    intercepts count them, or the coefficients over the rows' width), two for a binary
+    model of one coefficient row; None where the attributes leave it open. Known, a new
+    batch of the model is planned from inference (runtime/inferred_plans.py)."""
+    features = X.shape[-1] if X.shape is not None and len(X.shape) > 1 else None
+    if intercepts is not None and len(intercepts):
+        classes = len(intercepts)
+    elif coefficients is not None and isinstance(features, int) and features > 0 \
+            and len(coefficients) % features == 0:
+        classes = len(coefficients) // features
+    else:
+        return None
+    return 2 if classes == 1 and labels is not None and len(labels) == 2 else classes
 
 # -- score post-transforms --------------------------------------------------------------
 
