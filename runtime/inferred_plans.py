@@ -26,6 +26,7 @@ import numpy as np
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import UNKNOWN, TensorType
 from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
+from mixrt.runtime.lru import frozen
 from mixrt.runtime.passes.infer import infer_attributes, refined
 from mixrt.runtime.run_loop import call_step
 
@@ -68,16 +69,19 @@ class ComputedFrozenValues:
 
     ``nodes``: the ids of the nodes the form's discovered plan froze, the only ones
     :class:`ShapeProgram` asks it for (which nodes are frozen follows from the graph, not
-    the sizes); ``memo``: results by
-    node and arguments, kept across signatures, since much of that arithmetic reads only
-    what a new length leaves as it was (a PyTorch-exported 6-layer BERT freezes ~200 nodes,
-    ~3 ms of kernel calls a new length)."""
+    the sizes); ``program``: the :class:`ShapeProgram` whose memo keeps the results by what
+    they follow from (the op, its attributes and its arguments: :meth:`ShapeProgram.key`),
+    across signatures and across nodes. Much of that arithmetic reads only what a new
+    length leaves as it was, and every layer of a transformer repeats its neighbour's
+    (each takes the Shape of hidden states of one shape): a PyTorch-exported RoBERTa of 5
+    layers froze 174 nodes and called 127 of their kernels a new length, one layer's worth
+    with the memo shared by op."""
 
-    def __init__(self, steps, constants: dict, nodes: frozenset, memo: dict):
+    def __init__(self, steps, constants: dict, nodes: frozenset, program: "ShapeProgram"):
         self.steps = {id(step.node): step for step in steps}
         self.constants = constants
         self.nodes = nodes
-        self.memo = memo
+        self.program = program
         self.values: dict = {}
 
     def __call__(self, node, types: dict) -> dict:
@@ -108,39 +112,44 @@ class ComputedFrozenValues:
         return None
 
     def _computed(self, step, args: list) -> dict | None:
+        node = step.node
         key = self._memo_key(step, args)
-        held = self.memo.get(id(step.node)) if key is not None else None
-        if held is not None and key in held:
-            return held[key]
-        args = [placeholder_of(arg) if arg.__class__ is Shaped else arg for arg in args]
-        result = call_step(step, args)
-        values = result if isinstance(result, tuple) else (result,)
-        found = {name: value for name, value in zip(step.node.outputs, values) if name}
-        if not all(isinstance(v, np.ndarray) for v in found.values()):
-            found = None
-        if key is not None:
-            held = self.memo.setdefault(id(step.node), {})
-            if len(held) >= MEMO_PER_NODE:
-                held.clear()
-            held[key] = found
-        return found
+        memo = self.program.frozen_memo
+        made = memo.get(key, _MISSING) if key is not None else _MISSING
+        if made is _MISSING:
+            args = [placeholder_of(arg) if arg.__class__ is Shaped else arg for arg in args]
+            result = call_step(step, args)
+            made = result if isinstance(result, tuple) else (result,)
+            if not all(isinstance(v, np.ndarray) for v, name in zip(made, node.outputs)
+                       if name):
+                made = None
+            if key is not None:
+                _remember(memo, key, made)
+        if made is None:
+            return None
+        return {name: value for name, value in zip(node.outputs, made) if name}
 
     def _memo_key(self, step, args: list):
-        """What a frozen node's result follows from: a Shape's or Size's argument by its
-        shape alone, constants by name (the same object every signature), other small
-        arrays by value; None (not kept) where an argument is none of those."""
+        """What a frozen node's result follows from: the op and its attributes
+        (:meth:`ShapeProgram.key`), then a Shape's or Size's argument by its shape alone,
+        small arrays by value (each layer's own Gather index is another initializer of the
+        same value), larger constants by name (the same object every signature); None (not
+        kept) where the op has no key or an argument is none of those."""
         node = step.node
+        op = self.program.key(node)
+        if op is None:
+            return None
         if node.op_type in ("Shape", "Size") and not node.domain:
-            return (args[0].shape,)
-        key = []
+            return op, args[0].shape
+        key = [op]
         for name, arg in zip(step.inputs, args):
             if arg is None:
                 key.append(None)
-            elif self.constants.get(name) is arg:
-                key.append(name)
             elif isinstance(arg, np.ndarray) and arg.size <= _MEMO_ELEMENTS \
                     and arg.dtype != object:
                 key.append((arg.shape, arg.dtype.str, arg.tobytes()))
+            elif self.constants.get(name) is arg:
+                key.append(name)
             else:
                 return None
         return tuple(key)
@@ -150,8 +159,20 @@ class ComputedFrozenValues:
         return self.constants.get(name) if value is None else value
 
 
-MEMO_PER_NODE = 64  # argument sets a node's memo keeps (a service's recent sizes)
+_MISSING = object()
+
+
+def _remember(memo: dict, key, value) -> None:
+    """Keep ``value`` under ``key``, starting the memo over once it holds MEMO_ENTRIES (a
+    service's recent sizes are what it holds then)."""
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
+
+
+MEMO_ENTRIES = 8192  # results a ShapeProgram's memos keep, each (a few hundred shapes' worth)
 _MEMO_ELEMENTS = 64  # arguments up to this size enter a memo key by value
+_KEYED_ATTRIBUTE_ELEMENTS = 256  # ops with longer list attributes (tree ensembles) get no key
 
 
 @dataclass(frozen=True)
@@ -179,15 +200,48 @@ class ShapeProgram:
     the bodies at every node: ~11 us a node, 4.4 ms of a 6-layer BERT's new length). It
     gives the types :func:`~mixrt.runtime.passes.infer.infer_types` gives for a graph
     without subgraphs whose inputs are typed by the feeds (``Session._with_input_shapes``);
-    the plans made from them are checked by their first run as any inferred plan."""
+    the plans made from them are checked by their first run as any inferred plan.
+
+    Inference is a function of the op, its attributes and its arguments' types: results are
+    kept by those (``infer_memo``; the frozen values' kernels in ``frozen_memo``), so the
+    layers of a transformer, each of which types hidden states of one shape the way the
+    last did, are typed once a signature, and a size seen before is not typed again."""
 
     def __init__(self, graph):
         self.start: dict = {name: TensorType(array.dtype, tuple(array.shape), value=array)
                             for name, array in graph.initializers.items()}
+        # the arrays that live as long as the program: their ids may stand for them in keys
+        self.lasting = {id(array) for array in graph.initializers.values()}
         self.inputs = [value for value in graph.inputs if value.name not in graph.initializers]
         self.outputs = [(value.name, value.type) for value in graph.outputs
                         if value.type is not None]
-        self.nodes = [_node_entry(node) for node in graph.nodes]
+        self.keys: dict = {}  # id(node) -> the op's key (key)
+        self._ops: dict = {}  # op and attributes -> a small int standing for them
+        self.nodes = [_node_entry(node) + (self.key(node),) for node in graph.nodes]
+        self.infer_memo: dict = {}
+        self.frozen_memo: dict = {}
+
+    def key(self, node):
+        """A small int for what the node computes apart from its arguments: its domain, op,
+        opset and attributes; equal for two nodes that compute the same function. None for
+        ops whose attributes are large (a tree ensemble's) or cannot be hashed."""
+        found = self.keys.get(id(node), _MISSING)
+        if found is _MISSING:
+            found = self.keys[id(node)] = self._op_key(node)
+        return found
+
+    def _op_key(self, node):
+        attributes = node.attributes
+        for value in attributes.values():
+            if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) \
+                    and len(value) > _KEYED_ATTRIBUTE_ELEMENTS:
+                return None
+        try:
+            op = (node.domain, node.op_type, node.opset, len(node.outputs),
+                  frozen(attributes))
+            return self._ops.setdefault(op, len(self._ops))
+        except TypeError:  # an attribute that cannot be hashed: the node is typed alone
+            return None
 
     def infer(self, feeds: dict, settle: ComputedFrozenValues) -> dict:
         """Name -> type for the graph over ``feeds``' shapes. ``settle`` computes the values
@@ -199,7 +253,8 @@ class ShapeProgram:
             fed = feeds.get(value.name)
             types[value.name] = TensorType(np.dtype(fed.dtype), tuple(fed.shape)) \
                 if hasattr(fed, "shape") else value.type
-        for node, infer, inputs, attributes, outputs in self.nodes:
+        memo = self.infer_memo
+        for node, infer, inputs, attributes, outputs, op in self.nodes:
             if id(node) in settle.nodes:
                 settled = settle(node, types)
                 if settled:
@@ -207,16 +262,55 @@ class ShapeProgram:
                         types[name] = TensorType(array.dtype, tuple(array.shape), value=array)
                     continue
             arguments = [_argument(types, name, optional) for name, optional in inputs]
-            try:
-                inferred = infer(*arguments, **attributes) if infer is not None else ()
-            except Exception:  # noqa: BLE001  (an infer function that cannot say says nothing)
-                inferred = ()
+            key = self._infer_key(op, arguments) if infer is not None else None
+            inferred = memo.get(key) if key is not None else None
+            if inferred is None:
+                inferred = _inferred(infer, arguments, attributes)
+                if key is not None:
+                    _remember(memo, key, inferred)
             for name, value_type in zip(outputs, inferred):
                 if name:
                     types[name] = value_type
         for name, declared in self.outputs:
             types[name] = refined(declared, types.get(name))
         return types
+
+    def _infer_key(self, op, arguments: list):
+        """What an infer function's answer follows from: the op's key and each argument's
+        dtype, shape and value (a small one by its bytes, an initializer by its id); None
+        where an argument is none of those (not kept)."""
+        if op is None:
+            return None
+        key = [op]
+        for argument in arguments:
+            if argument.__class__ is not TensorType:
+                if argument is not None and argument is not UNKNOWN:
+                    return None
+                key.append(argument)
+                continue
+            value = argument.value
+            if value is None:
+                key.append((argument.dtype, argument.shape))
+            elif isinstance(value, np.ndarray) and value.size <= _MEMO_ELEMENTS \
+                    and value.dtype != object:
+                key.append((argument.dtype, argument.shape, value.tobytes()))
+            elif id(value) in self.lasting:
+                key.append((argument.dtype, argument.shape, id(value)))
+            else:
+                return None
+        key = tuple(key)
+        try:
+            hash(key)
+        except TypeError:  # a shape of unhashable dims
+            return None
+        return key
+
+
+def _inferred(infer, arguments: list, attributes: dict) -> tuple:
+    try:
+        return tuple(infer(*arguments, **attributes)) if infer is not None else ()
+    except Exception:  # noqa: BLE001  (an infer function that cannot say says nothing)
+        return ()
 
 
 def _argument(types: dict, name: str, optional: bool):

@@ -130,7 +130,6 @@ class Session(FeedChecks):
         self._trusted_forms: dict = {}
         self._distrusted_forms: set = set()  # ... and those whose inferred plan failed
         self._shape_program: ShapeProgram | None = None  # their shape inference, made ready
-        self._frozen_memo: dict = {}  # and the shape arithmetic it did (ComputedFrozenValues)
         self._last_plan: tuple | None = None  # (signature, plan) of the last plan found
         # (feed_key, signature, the feeds given as NumPy text to turn into str objects) of
         # checked feeds
@@ -331,10 +330,10 @@ class Session(FeedChecks):
         form = self._trusted_forms.get(signature_form(signature))
         if form is None:
             return None
-        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, form.frozen,
-                                      self._frozen_memo)
         if self._shape_program is None:
             self._shape_program = ShapeProgram(self.graph)
+        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, form.frozen,
+                                      self._shape_program)
         try:
             inferred = self._shape_program.infer(feeds, settle)
             plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
