@@ -467,11 +467,28 @@ def _generated(program: "Program", dtype, shapes, over: bool):
          "        out = empty(full, dtype)"]
         + [f"    {t} = empty(s{k}, dtype)" for k, t in enumerate(made)]
         + [f"    {line}" for line in lines] + ["    return out"])
-    exec(compile(source, f"<FusedElementwise {len(program.steps)} steps>", "exec"), space)
+    exec(_compiled_source(source, len(program.steps)), space)
     routine = space["routine"]
     routine.shape, routine.size = full, size
     routine.compilable = jit_elementwise.compilable(program.steps, dtype)
     return routine
+
+
+# The generated source names shapes, buffers and functions through its namespace, so two
+# layouts of one program that choose the same buffers have the same text: compiled once,
+# each new layout only executes the definition in a namespace of its own (a new sequence
+# length compiled two functions a BERT layer, ~0.15 ms each, on every new length).
+_CODES: dict = {}
+MAX_CODES = 1024
+
+
+def _compiled_source(source: str, steps: int):
+    code = _CODES.get(source)
+    if code is None:
+        if len(_CODES) >= MAX_CODES:
+            _CODES.clear()
+        code = _CODES[source] = compile(source, f"<FusedElementwise {steps} steps>", "exec")
+    return code
 
 
 def _call_source(step: Step, index: int, args: list[str], target: str, shape, dtype,

@@ -303,3 +303,23 @@ def test_heavy_programs_split_on_the_native_pool_without_changing_a_bit(monkeypa
     monkeypatch.setattr(je.jit_cpu, "native_pool", lambda: None)
     monkeypatch.setattr(parallel, "intra_op_threads", lambda: 1)
     np.testing.assert_array_equal(out, program.run_cpu([x]))
+
+
+def test_new_layouts_of_a_small_output_reuse_the_generated_code(monkeypatch):
+    """A service's new sequence lengths give a program new operand shapes; the generated
+    function's text names them through its namespace, so it is compiled once and each new
+    layout gives the NumPy chain's bits."""
+    program = fe.program(("Mul", "Add", "Relu"), (0, 1, 2, 1, 3), (), 2)
+    fe._CODES.clear()
+    compiled = []
+    real_compile = compile
+    monkeypatch.setattr(fe, "compile", lambda *a: compiled.append(a) or real_compile(*a),
+                        raising=False)
+    rng = np.random.default_rng(0)
+    for rows in (3, 7, 12):
+        x = rng.standard_normal((rows, 16)).astype(np.float32)
+        b = rng.standard_normal(16).astype(np.float32)
+        routine = fe._generated(program, np.float32, (x.shape, b.shape), False)
+        assert routine.shape == (rows, 16)
+        np.testing.assert_array_equal(routine(x, b, None), np.maximum(x * b + b, 0))
+    assert len(compiled) == 1
