@@ -287,12 +287,12 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
                         and _predicted(inferred.get(name), value):
                     reshapes[name] = tuple(value.shape)
                 continue
-            if name in outputs and plannable(value) and not node.subgraphs() \
+            if name in outputs and plannable(value) and not step.subgraphs \
                     and not _arena_output(step, value, inferred.get(name)):
                 detached.add(name)  # copied out when made if it views the arena
                 continue
             if name in outputs and not _arena_output(step, value, inferred.get(name)) \
-                    or not plannable(value) or node.subgraphs():
+                    or not plannable(value) or step.subgraphs:
                 holds[name] = reads_slots
                 if position == 0 and name not in outputs and node.op_type in RESHAPE_OPS \
                         and node.domain in ("", "ai.onnx") and _views_input(node, observed) \

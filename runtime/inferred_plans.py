@@ -88,7 +88,7 @@ class ComputedFrozenValues:
         step = self.steps.get(id(node))
         outputs = [n for n in node.outputs if n]
         if step is None or not outputs or node.op_type in NONDETERMINISTIC_OPS \
-                or node.subgraphs():
+                or step.subgraphs:
             return {}
         args = self._arguments(step, types)
         if args is None:
@@ -359,7 +359,7 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
     instead of a run's values; None where inference left a value open."""
     seen: dict = dict(frozen)
     for step in steps:
-        if step.node.subgraphs():
+        if step.subgraphs:
             return None
         for name in step.node.outputs:
             if name and name not in seen:
