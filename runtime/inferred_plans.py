@@ -19,7 +19,7 @@ discovery way (the error, where there is one, named as any run's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -184,6 +184,9 @@ class TrustedForm:
     pairing: str
     order: int | None
     frozen: frozenset
+    # the plans' structures (executor.PlanStructure), made once and kept for the next
+    # signatures whose sizes answer their questions alike
+    structures: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def of(cls, plan, steps, frozen: dict) -> "TrustedForm":
@@ -369,4 +372,5 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
                 seen[name] = value
     return make_plan(signature, steps, graph_outputs, seen, inferred, frozen, strategy,
                      stored=stored, pairing=form.pairing if form else None,
-                     order=form.order if form else None)
+                     order=form.order if form else None,
+                     structures=form.structures if form else None)

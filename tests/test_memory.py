@@ -391,3 +391,19 @@ def test_the_scanned_gap_search_places_as_the_vectorized_one(seed, monkeypatch):
     vectorized = plan_memory(lives, "greedy")
     assert scanned.offsets == vectorized.offsets
     assert scanned.arena_bytes == vectorized.arena_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 30), st.integers(0, 12)),
+                min_size=1, max_size=90),
+       st.randoms(use_true_random=False))
+def test_greedy_placement_by_neighbours_equals_the_queried_one(spans, rng):
+    """The placement that scans each group's overlapping neighbours gives the offsets of the
+    one that queries every placed group with NumPy, for any order (size 0 included)."""
+    from mixrt.runtime import memory  # noqa: PLC0415
+    groups = [memory._Group([i], first, first + length, memory.align(size))
+              for i, (size, first, length) in enumerate(spans)]
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    assert memory._place_greedy_in(groups, order) == \
+        memory._place_greedy_queried(groups, order)
