@@ -18,12 +18,14 @@ import numpy as np
 class LruCache:
     """At most ``capacity`` entries, and with ``weight`` (value -> a number) at most
     ``budget`` of their weights together (the last ``keep`` kept whatever they weigh); the
-    least recently used one goes first."""
+    least recently used one goes first, and ``forgotten`` (where given) hears of each value
+    that leaves, so whatever else refers to it can let it go."""
 
     def __init__(self, capacity: int, weight=None, budget: float = float("inf"),
-                 keep: int = 1):
+                 keep: int = 1, forgotten=None):
         self.capacity = capacity
         self._weight, self._budget, self._held, self._keep = weight, budget, 0, keep
+        self._forgotten = forgotten  # called with each value that leaves (evicted, dropped)
         self._items: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -50,6 +52,8 @@ class LruCache:
     def _forget(self, value) -> None:
         if self._weight is not None:
             self._held -= self._weight(value)
+        if self._forgotten is not None:
+            self._forgotten(value)
 
     def drop(self, key: Hashable) -> None:
         """Forget ``key`` (nothing happens where it is not kept)."""

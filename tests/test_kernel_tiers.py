@@ -99,11 +99,11 @@ def test_first_run_serves_numpy_then_switches_to_compiled(background):
     states = list(session._tiers.states().values())
     assert states in (["pending"], ["loading"], ["compiled"])
     if states != ["compiled"]:  # the steady lane (runtime/steady_run.py) waits for it
-        assert session._steady is None
+        assert not session._steady_runs
     assert session.wait_compiled(timeout=WAIT), session._tiers.states()
     assert list(session._tiers.states().values()) == ["compiled"]
     np.testing.assert_allclose(session.run(None, feeds())[0], first, rtol=1e-5, atol=1e-6)
-    assert session._steady is not None
+    assert session._steady_runs
     markers = shape_markers(background)
     assert len(markers) == 1 and json.loads(markers[0].read_text())["compiled"]
     # and one for the signature's form (its ranks and dtypes): a new size of it loads

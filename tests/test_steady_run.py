@@ -83,6 +83,34 @@ def test_new_shapes_and_chosen_outputs_take_the_full_path(lane_runs):
     np.testing.assert_array_equal(z, _expected(feeds["x"])[1])
 
 
+
+def test_a_service_cycling_through_batch_sizes_keeps_a_lane_for_each(lane_runs):
+    """Batch sizes that come back each find their own lane, with their own answers."""
+    session = mixrt.Session(_model().SerializeToString())
+    sizes = (1, 3, 8, 5)
+    for size in sizes:  # each size's first run takes the full path, which makes its lane
+        session.run(None, _feeds(size, 0))
+    assert not lane_runs
+    for turn in range(3):
+        for size in sizes:
+            feeds = _feeds(size, turn + 1)
+            for got, want in zip(session.run(None, feeds), _expected(feeds["x"])):
+                np.testing.assert_array_equal(got, want)
+    assert len(lane_runs) == 3 * len(sizes)
+    assert {run.key[0][1] for run in lane_runs} == {(size, 4) for size in sizes}
+
+
+def test_a_plan_the_cache_lets_go_takes_its_lane_along(monkeypatch):
+    from mixrt.runtime import session as session_module  # noqa: PLC0415
+    monkeypatch.setattr(session_module, "MAX_CACHED_PLANS", 2)
+    session = mixrt.Session(_model().SerializeToString())
+    for size in (1, 2, 3, 4):
+        session.run(None, _feeds(size, 0))
+        session.run(None, _feeds(size, 1))  # the lane's first run
+    kept = [id(steady.plan) for steady in session._steady_runs.values()]
+    assert sorted(kept) == sorted(id(plan) for plan in session._plans.values())
+    assert len(kept) == 2
+
 def test_a_running_profiler_sees_the_runs_the_lane_would_take(lane_runs, tmp_path):
     session = mixrt.Session(_model().SerializeToString())
     for seed in range(2):

@@ -50,8 +50,7 @@ def test_bound_normalizer_gives_the_kernels_values_run_after_run(tmp_path, norm)
         x[1] = 0  # a zero row stays zeros
         (y,) = session.run(None, {"x": x})
         np.testing.assert_allclose(y, _expected(x, norm), rtol=2e-6, atol=0)
-    steady = session._steady
-    assert steady is not None
+    (steady,) = session._steady_runs.values()
     bound = [call for arena in steady.plan.pool for calls in arena.bound.values()
              for call in run_loop.each_call(calls) if call[0].node.op_type == "Normalizer"]
     if mixrt.ops.compiled.jit_cpu.enabled():  # the compiled kernel: the node is bound
@@ -87,7 +86,7 @@ def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, s
         (y,) = session.run(None, {"x": x})
         expected = (2 * x - np.float32(offset)) * np.float32(scale) * np.float32(3)
         np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
-    bound = [call for arena in session._steady.plan.pool for calls in arena.bound.values()
+    bound = [call for arena in next(iter(session._steady_runs.values())).plan.pool for calls in arena.bound.values()
              for call in run_loop.each_call(calls) if call[0].node.op_type == "Scaler"]
     if mixrt.ops.compiled.jit_cpu.enabled():
         assert bound and all(call[4][-1] is not None for call in bound)
@@ -118,7 +117,7 @@ def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path
         (y,) = session.run(None, {"x": x})
         np.testing.assert_allclose(y, (x - offset) * scale * np.float32(3), rtol=1e-6,
                                    atol=1e-6)
-    lists = {key[-1]: calls for arena in session._steady.plan.pool
+    lists = {key[-1]: calls for arena in next(iter(session._steady_runs.values())).plan.pool
              for key, calls in arena.bound.items()}
     scaler = {fed: [c for c in run_loop.each_call(calls) if c[0].node.op_type == "Scaler"][0]
               for fed, calls in lists.items()}
@@ -142,7 +141,7 @@ def _ml_model(tmp_path, node, width, outputs):
 
 def _bound_op(session, op_type) -> bool:
     return any(call[4] is not None and call[4][-1] is not None
-               for arena in session._steady.plan.pool for calls in arena.bound.values()
+               for arena in next(iter(session._steady_runs.values())).plan.pool for calls in arena.bound.values()
                for call in run_loop.each_call(calls) if call[0].node.op_type == op_type)
 
 
