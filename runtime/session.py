@@ -128,8 +128,12 @@ class Session(FeedChecks):
         self._feed_inputs = self.graph.feed_inputs()
         self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
         # input-shape signature -> ExecutionPlan
+        # feed_key -> SteadyRun: the lanes of the feeds' shapes run lately, once they cannot
+        # change (a service's few batch sizes each keep theirs); a plan the cache lets go
+        # takes its lanes along (they would hold its arenas past the cache's budget)
+        self._steady_runs: dict = {}
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
-                               forgotten=self._forget_steady)
+                               forgotten=partial(_drop_lanes, self._steady_runs))
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
         # each with what its discovered plan settled (inferred_plans.TrustedForm)
         self._trusted_forms: dict = {}
@@ -139,9 +143,6 @@ class Session(FeedChecks):
         # (feed_key, signature, the feeds given as NumPy text to turn into str objects) of
         # checked feeds
         self._known_feeds: tuple | None = None
-        # feed_key -> SteadyRun: the lanes of the feeds' shapes run lately, once they cannot
-        # change (a service's few batch sizes each keep theirs)
-        self._steady_runs: dict = {}
         self.profiler = Profiler.from_options(profile)
         if cuda_graph and self.device.kind != "gpu":
             raise InputError(f"cuda_graph=True replays CUDA graphs and needs a GPU device; "
@@ -373,12 +374,6 @@ class Session(FeedChecks):
             self._steady_runs[known[0]] = SteadyRun(known[0], plan, start, partial(
                 _host_outputs, self.graph.output_names, plan.shared_outputs), known[2])
 
-    def _forget_steady(self, plan) -> None:
-        """A plan the cache lets go takes its steady lanes along (they would hold its
-        arenas past the cache's budget)."""
-        for key, steady in list(self._steady_runs.items()):
-            if steady.plan is plan:
-                self._steady_runs.pop(key, None)
 
     def _device_checks(self):
         """On a GPU, the run's deferred checks (ops/device_checks.py)."""
@@ -490,6 +485,15 @@ def _held_value(device: Device, value):
 
 
 # -- planning helpers ------------------------------------------------------------------------
+
+def _drop_lanes(lanes: dict, plan) -> None:
+    """The steady lanes of ``plan``, gone with it (the lanes' dict only: a bound method
+    of the session would tie it into a cycle, freed by the collector instead of as soon as
+    its caller lets it go)."""
+    for key, steady in list(lanes.items()):
+        if steady.plan is plan:
+            lanes.pop(key, None)
+
 
 def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
     """A planned CPU run's outputs as Session.run returns them (Session._collect's host

@@ -179,3 +179,22 @@ def test_text_feeds_take_the_lane_as_object_strings(lane_runs):
         got = session.run(None, {"x": np.array(words)})[0]  # dtype '<U4'
         assert got.dtype == object and got.tolist() == [w.lower() for w in words]
     assert len(lane_runs) == 2
+
+
+def test_a_session_is_freed_as_soon_as_its_caller_lets_it_go():
+    """No reference cycle runs through a session that ran (its lanes, its plan cache): its
+    arenas go back when the caller drops it, not at the collector's next full pass."""
+    import gc  # noqa: PLC0415
+    import weakref  # noqa: PLC0415
+    session = mixrt.Session(_model().SerializeToString())
+    for size in (3, 3, 5, 5):
+        session.run(None, _feeds(size, 0))
+    gone = weakref.ref(session)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del session
+        assert gone() is None
+    finally:
+        if was_enabled:
+            gc.enable()
