@@ -170,7 +170,7 @@ def _remember(memo: dict, key, value) -> None:
     memo[key] = value
 
 
-MEMO_ENTRIES = 8192  # results a ShapeProgram's memos keep, each (a few hundred shapes' worth)
+MEMO_ENTRIES = 8192  # frozen results a ShapeProgram keeps (a few hundred shapes' worth)
 _MEMO_ELEMENTS = 64  # arguments up to this size enter a memo key by value
 _KEYED_ATTRIBUTE_ELEMENTS = 256  # ops with longer list attributes (tree ensembles) get no key
 
@@ -205,10 +205,14 @@ class ShapeProgram:
     without subgraphs whose inputs are typed by the feeds (``Session._with_input_shapes``);
     the plans made from them are checked by their first run as any inferred plan.
 
-    Inference is a function of the op, its attributes and its arguments' types: results are
-    kept by those (``infer_memo``; the frozen values' kernels in ``frozen_memo``), so the
-    layers of a transformer, each of which types hidden states of one shape the way the
-    last did, are typed once a signature, and a size seen before is not typed again."""
+    Inference is a function of the op, its attributes and its arguments' types: within one
+    signature its results are kept by those, so the layers of a transformer, each of which
+    types hidden states of one shape the way the last did, are typed once. They are not
+    kept across signatures, where nearly every type has the new length in it: what they
+    would have saved there (nothing measurable) was less than what ~80 more objects a new
+    length for the cycle collector to walk would cost. The frozen values' kernels are kept
+    across signatures (``frozen_memo``): a batch's arithmetic outlives a length, and their
+    results are arrays and bytes, which the collector does not track."""
 
     def __init__(self, graph):
         self.start: dict = {name: TensorType(array.dtype, tuple(array.shape), value=array)
@@ -221,7 +225,6 @@ class ShapeProgram:
         self.keys: dict = {}  # id(node) -> the op's key (key)
         self._ops: dict = {}  # op and attributes -> a small int standing for them
         self.nodes = [_node_entry(node) + (self.key(node),) for node in graph.nodes]
-        self.infer_memo: dict = {}
         self.frozen_memo: dict = {}
 
     def key(self, node):
@@ -256,7 +259,7 @@ class ShapeProgram:
             fed = feeds.get(value.name)
             types[value.name] = TensorType(np.dtype(fed.dtype), tuple(fed.shape)) \
                 if hasattr(fed, "shape") else value.type
-        memo = self.infer_memo
+        memo: dict = {}
         for node, infer, inputs, attributes, outputs, op in self.nodes:
             if id(node) in settle.nodes:
                 settled = settle(node, types)
@@ -270,7 +273,7 @@ class ShapeProgram:
             if inferred is None:
                 inferred = _inferred(infer, arguments, attributes)
                 if key is not None:
-                    _remember(memo, key, inferred)
+                    memo[key] = inferred
             for name, value_type in zip(outputs, inferred):
                 if name:
                     types[name] = value_type

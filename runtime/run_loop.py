@@ -349,7 +349,7 @@ def _host_form(step, outputs):
     if step.subgraphs or not outputs or (names and not names[0]):
         return None
     if all(names):
-        fetch = itemgetter(*names) if len(names) > 1 else (names[0] if names else None)
+        fetch = _fetch(names) if len(names) > 1 else (names[0] if names else None)
     else:  # an absent optional input between present ones reads None, as in _run_calls
         fetch = _with_absent(names)
     if len(outputs) > 1:
@@ -358,6 +358,22 @@ def _host_form(step, outputs):
     if not name:
         return None
     return len(names), fetch, name, view, detach, node_state(step.attributes), None
+
+
+def _fetch(names: tuple):
+    """``itemgetter(*names)``, one per tuple of names for every arena and session: each
+    arena of a service's new shapes made its own, ~40 objects a 2-layer BERT's plan that
+    the cycle collector walked as long as the plan was kept."""
+    found = _FETCHES.get(names)
+    if found is None:
+        if len(_FETCHES) >= MAX_FETCHES:
+            _FETCHES.clear()
+        found = _FETCHES[names] = itemgetter(*names)
+    return found
+
+
+_FETCHES: dict = {}
+MAX_FETCHES = 1 << 14
 
 
 def _with_absent(names):

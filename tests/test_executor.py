@@ -353,7 +353,8 @@ def test_reshapes_of_known_shape_are_made_by_the_run_loop():
         expected = np.maximum(-np.maximum(x, 0).reshape(1, -1), 0)
         for _ in range(3):
             np.testing.assert_array_equal(session.run(None, {"x": x})[0], expected)
-    plan = session._cached_plan(session._known_feeds[1])  # the last run's: 4 rows
+    from mixrt.runtime.feeds import feed_signature  # noqa: PLC0415
+    plan = session._cached_plan(feed_signature({"x": x}))  # the last run's: 4 rows
     assert plan.reshapes == {"a": (4, 6), "b": (1, 4, 6), "c": (4, 6), "d": (1, 24)}
 
 
