@@ -167,6 +167,19 @@ def test_small_gemms_are_bound_to_the_blas_product_with_the_kernels_bits(unbound
     assert "Gemm" in _bound_ops(session)
 
 
+
+@pytest.mark.parametrize("hidden, rows", [(64, 3), (256, 3), (256, 12)])
+def test_small_fused_gemms_are_bound_with_the_kernels_bits(unbound, hidden, rows):
+    """Gemm + Relu fused (FusedGemm) at a few rows under the panels' reach: bound to the
+    product the kernel comes to (the BLAS's at 64 wide, the few-rows forms at 256), then
+    the terms and the activation."""
+    session = mixrt.Session(_small_gemms(hidden, rows))
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((rows, hidden))
+                 .astype(np.float32)}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
+    assert "FusedGemm" in _bound_ops(session)
+
 def _masked_scores(tokens=8, vocab=11, hidden=16):
     """The attention mask's steps as transformers' exports write them (an int64 mask cast,
     inverted, unsqueezed and expanded to the scores' shape, chosen between two constants by

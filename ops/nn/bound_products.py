@@ -232,6 +232,15 @@ def _blas_gemm(A, B, transA, transB, out, attributes, finish):
     return call
 
 
+def _fused_gemm_terms(alpha, beta, activation, params):
+    """FusedGemm's ``alpha``/``beta`` terms and its activation after the product, as
+    ``fused_gemm_cpu`` applies them (``gemm_terms``, then ``add_and_activate_cpu``)."""
+    def finish(out, C):
+        y, C = gemm_terms(out, C, alpha, beta)
+        return add_and_activate_cpu(y, C, None, activation, params)
+    return finish
+
+
 @binds(fused_gemm_cpu)
 def bind_fused_gemm(args, out, attributes):
     A, B, C = padded(args, 3)
@@ -246,7 +255,11 @@ def bind_fused_gemm(args, out, attributes):
         return replay_binder(fused_gemm_cpu)(args, out, attributes) \
             or _panel_layer(A, B.T if transB else B, C, out, attributes)
     if not products.small_one_row(A, B, transA, transB, out):
-        return None
+        # a few rows under the panels' reach (a classifier's MLP at a small batch): the
+        # product gemm_product comes to, then the terms and the activation as the kernel
+        # applies them; unbound, each of an MLP's 3-row layers took its route every run
+        return _blas_gemm(A, B, transA, transB, out, attributes,
+                          _fused_gemm_terms(alpha, beta, activation, params))
 
     def call(A, B, C=None):  # as fused_gemm_cpu's gemm_product comes to for one row
         y, C = gemm_terms(np.matmul(A, B.T if transB else B, out=out), C, alpha, beta)
