@@ -361,9 +361,8 @@ def _host_form(step, outputs):
 
 
 def _fetch(names: tuple):
-    """``itemgetter(*names)``, one per tuple of names for every arena and session: each
-    arena of a service's new shapes made its own, ~40 objects a 2-layer BERT's plan that
-    the cycle collector walked as long as the plan was kept."""
+    """``itemgetter(*names)``, one per tuple of names for every arena and session (each
+    arena of a new shape made its own: ~40 objects a small BERT's plan for the collector)."""
     found = _FETCHES.get(names)
     if found is None:
         if len(_FETCHES) >= MAX_FETCHES:
@@ -372,8 +371,7 @@ def _fetch(names: tuple):
     return found
 
 
-_FETCHES: dict = {}
-MAX_FETCHES = 1 << 14
+_FETCHES, MAX_FETCHES = {}, 1 << 14  # (the getters, how many before starting over)
 
 
 def _with_absent(names):
