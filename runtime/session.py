@@ -68,10 +68,12 @@ MAX_PLAN_BYTES = 256 << 20
 # ... but the last few whatever their arenas hold: a training loop's step and evaluation, or
 # its last smaller batch, each with arenas of hundreds of MB, must not plan again each turn
 MIN_KEPT_PLANS = 4
-# steady lanes a session keeps (SteadyRun), the most recently made: a service that cycles
-# through batch sizes took the full path for every size but the last one, ~80 us more a
-# request paced 10 ms apart on a decision tree's 0.2 ms (2026-11-27)
-MAX_STEADY_RUNS = 16
+# steady lanes a session keeps (SteadyRun), the most recently made, as many as its plans
+# (each dies with its plan): a service that cycles through batch sizes took the full path
+# for every size but the last one, and a request paced 10 ms apart runs its Python cold:
+# a decision tree at 62 batch sizes, 0.28 ms a request in a lane, 0.48 on the full path
+# (its feed checks alone ~0.1 ms), 2026-11-27
+MAX_STEADY_RUNS = MAX_CACHED_PLANS
 _NOTHING = contextlib.nullcontext()  # reentrant, so one serves every run
 
 # -- model formats ---------------------------------------------------------------------------
@@ -219,8 +221,12 @@ class Session(FeedChecks):
         if self._tiers is not None and jit_tier.compiled_allowed():
             tier = self._tiers.compiled(signature, feeds)
             if tier is kernel_tiers.LOADING_FIRST:  # compiled at once, if nothing compiles
-                return self._tiers.first_run(signature, feeds, lambda: self._gated_run(
+                outputs = self._tiers.first_run(signature, feeds, lambda: self._gated_run(
                     signature, feeds, wanted, process, delivery))
+                plan = self._cached_plan(signature)  # its kernels all loaded: a lane now
+                if plan is not None and not plan.unproven:
+                    self._remember_steady(signature, plan, delivery[0])
+                return outputs
             if not tier:
                 with jit_tier.using(False):  # the NumPy tier until the compiled one is in
                     return self._gated_run(signature, feeds, wanted, process, delivery)
@@ -367,8 +373,10 @@ class Session(FeedChecks):
             return
         steady = self._steady_runs.get(known[0])
         if steady is None or steady.plan is not plan:
-            start = dict(self._bound.constants)
-            start.update(plan.frozen)
+            start = self._bound.constants  # copied by each run, never written
+            if plan.frozen:
+                start = dict(start)
+                start.update(plan.frozen)
             if len(self._steady_runs) >= MAX_STEADY_RUNS:  # the longest-kept goes
                 self._steady_runs.pop(next(iter(self._steady_runs)), None)
             self._steady_runs[known[0]] = SteadyRun(known[0], plan, start, partial(
