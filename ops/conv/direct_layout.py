@@ -34,8 +34,22 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
     plan = prepacked.get(key)
     if plan is None:
         plan = prepacked.setdefault(key, _Layout(X, W, kernel, strides, dilations, begin, end,
-                                                 out_dims, constant))
+                                                 out_dims, constant,
+                                                 prepacked if constant else None))
     return plan
+
+
+def _packed_once(shared: dict | None, key: tuple, make):
+    """``make()``, kept in the node's dict (``shared``) for the layouts of every input shape
+    where the weight is the node's constant: its packed forms follow from the weight and
+    the input's dtype alone, and each new image size packed them again (a CNN's weights,
+    copied whole at every new size a service sent, 2026-11-27)."""
+    if shared is None:
+        return make()
+    found = shared.get(key)
+    if found is None:
+        found = shared.setdefault(key, make())
+    return found
 
 
 class _Layout:
@@ -43,7 +57,7 @@ class _Layout:
     the packed weight. Made once per session node and input shape."""
 
     def __init__(self, X, W, kernel, strides, dilations, begin, end, out_dims,
-                 constant=False):
+                 constant=False, shared=None):
         kernels = jit_cpu.panel_kernels()
         (c, height, width), m = X.shape[1:], W.shape[0]
         (sy, sx), (dh, dw) = strides, dilations
@@ -77,13 +91,17 @@ class _Layout:
                 _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx), (dh, dw),
                              phases[1])
             self.panels = np.zeros((0, 0, 0), X.dtype) if self.left \
-                else _column_panels(weight, self.width)
+                else _packed_once(shared, ("direct panels", W.shape, W.dtype.str, self.width),
+                                  lambda: _column_panels(weight, self.width))
             self._places: dict = {}
         if self.left:
-            # a copy of its own: repack() writes into it
-            self.weights, self.row_block = weight.copy(), 0
+            # a copy of its own (where the weight may change: repack() writes into it)
+            self.weights, self.row_block = _packed_once(
+                shared, ("direct left", W.shape, W.dtype.str), weight.copy), 0
         elif not self.taps:
-            self.weights = _strip_weights(weight, X.dtype, borrow=constant)
+            self.weights = _packed_once(
+                shared, ("direct strips", W.shape, W.dtype.str, X.dtype.str),
+                lambda: _strip_weights(weight, X.dtype, borrow=constant))
             self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
         self._native = None
 

@@ -641,3 +641,27 @@ def test_a_node_whose_weight_changes_dtype_keeps_a_layout_per_dtype():
         got = conv_cpu(np, x, w, pads=[1] * 4, _node=node)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, _expected(x, w, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[6], GEOMETRIES[9]],
+                         ids=["taps", "pointwise", "stem"])
+def test_new_image_sizes_share_the_nodes_packed_weight(every_shape, geometry):
+    """A constant weight's packed forms follow from the weight alone: the layouts of a
+    node's new image sizes share them (a service's every new size packed them again), and
+    each size still computes its own convolution."""
+    (c, h, w), (m, kh, kw), strides, pads, dilations = geometry
+    W, B = _rand(m, c, kh, kw), _rand(m)
+    prepacked: dict = {}
+    attributes = {"auto_pad": "NOTSET", "dilations": dilations, "group": 1,
+                  "kernel_shape": None, "pads": pads, "strides": strides}
+    for grow in (0, 5, 2):
+        X = _rand(2, c, h + grow, w + 2 * grow)
+        out = direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, None,
+                     prepacked)
+        np.testing.assert_allclose(out, _expected(X, W, B, strides=strides, pads=pads,
+                                                  dilations=dilations),
+                                   rtol=1e-4, atol=1e-4)
+    layouts = [v for k, v in prepacked.items() if isinstance(k, tuple) and k[0] == "direct"]
+    assert len(layouts) == 3
+    packed = [(id(p.panels) if p.taps and not p.left else id(p.weights)) for p in layouts]
+    assert len(set(packed)) == 1
