@@ -128,6 +128,26 @@ def test_an_inferred_plan_gives_the_bits_of_a_discovered_one(discoveries):
         np.testing.assert_array_equal(again, inferred)
 
 
+
+def test_a_forms_plan_structure_is_reused_until_a_size_answers_otherwise(monkeypatch):
+    """New signatures of a form reuse its plan structure; one whose output crosses the
+    arena's output size (a size-dependent decision) gets a structure of its own, and
+    every plan still gives the bits of a discovered one."""
+    from mixrt.runtime import executor  # noqa: PLC0415
+    monkeypatch.setattr(executor, "ARENA_OUTPUT_BYTES", 4 * HIDDEN * 6)  # under 7 tokens
+    model = attention_model()
+    session = mixrt.Session(model)
+    session.run(None, attention_feeds(1, 3))  # the form's discovery run
+    (form,) = session._trusted_forms.values()
+    for batch, sequence in [(1, 4), (1, 5), (2, 9), (1, 2), (3, 11)]:
+        feeds = attention_feeds(batch, sequence)
+        (inferred,) = session.run(None, feeds)
+        (discovered,) = mixrt.Session(model).run(None, feeds)
+        np.testing.assert_array_equal(inferred, discovered)
+    (structures,) = form.structures.values()
+    assert len(structures) == 2  # the small outputs' and the large ones'
+
+
 def test_the_inferred_plans_frozen_values_are_the_shapes_of_the_new_signature():
     model = attention_model()
     session = mixrt.Session(model)
