@@ -292,9 +292,9 @@ def _place_greedy_in(groups: list[_Group], order: list[int]) -> list[int]:
     only its own neighbours in Python: a transformer's tensors live a few steps each, and
     the NumPy query per group (~10 us) was most of a new sequence length's placement."""
     count = len(groups)
-    if count > NEIGHBOUR_MATRIX_GROUPS:
+    neighbours = _overlapping(groups) if count <= NEIGHBOUR_MATRIX_GROUPS else None
+    if neighbours is None:
         return _place_greedy_queried(groups, order)
-    neighbours = _overlapping(groups)
     offsets = [0] * count
     placed = [False] * count
     for i in order:
@@ -311,15 +311,21 @@ def _place_greedy_in(groups: list[_Group], order: list[int]) -> list[int]:
 # groups up to which their overlaps are one boolean matrix (count squared bytes: 4 MB);
 # larger graphs (a training step's thousands of tensors) query each group with NumPy
 NEIGHBOUR_MATRIX_GROUPS = 2048
+# overlapping pairs per group above which the lists of neighbours would cost more than the
+# queries (a training step keeps most activations alive together): queried instead
+NEIGHBOURS_PER_GROUP = 64
 
 
-def _overlapping(groups: list[_Group]) -> list[list[int]]:
-    """For each group, the other groups alive at one of its steps."""
+def _overlapping(groups: list[_Group]) -> list[list[int]] | None:
+    """For each group, the other groups alive at one of its steps; None where they are
+    too many to list (NEIGHBOURS_PER_GROUP)."""
     count = len(groups)
     firsts = np.fromiter((g.first for g in groups), np.int64, count)
     lasts = np.fromiter((g.last for g in groups), np.int64, count)
-    rows, columns = np.nonzero((firsts[:, None] <= lasts[None, :])
-                               & (lasts[:, None] >= firsts[None, :]))
+    overlap = (firsts[:, None] <= lasts[None, :]) & (lasts[:, None] >= firsts[None, :])
+    if np.count_nonzero(overlap) > NEIGHBOURS_PER_GROUP * count:
+        return None
+    rows, columns = np.nonzero(overlap)
     bounds = np.searchsorted(rows, np.arange(count + 1)).tolist()
     columns = columns.tolist()
     return [columns[bounds[i]:bounds[i + 1]] for i in range(count)]

@@ -405,5 +405,11 @@ def test_greedy_placement_by_neighbours_equals_the_queried_one(spans, rng):
               for i, (size, first, length) in enumerate(spans)]
     order = list(range(len(groups)))
     rng.shuffle(order)
-    assert memory._place_greedy_in(groups, order) == \
-        memory._place_greedy_queried(groups, order)
+    queried = memory._place_greedy_queried(groups, order)
+    assert memory._place_greedy_in(groups, order) == queried  # as placement chooses
+    listed = memory.NEIGHBOURS_PER_GROUP
+    try:  # and by neighbours however densely they overlap
+        memory.NEIGHBOURS_PER_GROUP = len(groups)
+        assert memory._place_greedy_in(groups, order) == queried
+    finally:
+        memory.NEIGHBOURS_PER_GROUP = listed
