@@ -100,6 +100,8 @@ class SessionTiers:
         self._compiling: set = set()  # forms a child is compiling for (one job a form)
         self._compiled_forms: set = set()  # forms with a signature on the compiled tier
         self._failed_forms: set = set()  # forms whose child failed: not started again
+        # signatures whose runs missed only optional kernels: compiled when met again
+        self._optional_seen = _Recent(OPTIONAL_SIGNATURES)
 
     def compiled(self, signature: tuple, feeds: dict):
         """The tier of a run of ``signature`` starting now: True (compiled), False (NumPy),
@@ -137,20 +139,31 @@ class SessionTiers:
             self._set(signature, COMPILED)
             _mark(self._session(), "kernel tier: compiled")
             return outputs
-        self._missed(signature, feeds)
+        self._missed(signature, feeds, misses)
         if outputs is None:  # (where a step could not take its NumPy path alone)
             with jit_tier.using(False):
                 outputs = run()
         return outputs
 
-    def _missed(self, signature: tuple, feeds: dict) -> None:
+    def _missed(self, signature: tuple, feeds: dict, misses: list) -> None:
         """A first run of ``signature`` met kernels in no cache (their steps answered on
         their NumPy paths, ``run_loop._on_numpy_path``). One child at a time compiles for
         the signature's form: the signature is forgotten, so that its next run tries the
         caches again (and finds what the child compiled) instead of waiting on the NumPy
         tier; a service sending a new length per request started a child per length, each
-        taking a core for seconds, and served NumPy kernels all the while."""
+        taking a core for seconds, and served NumPy kernels all the while.
+
+        Where every miss was optional (``jit_tier.optional``: a form specialised on the
+        size, whose caller ran its compiled fallback), the run lost little, and the child
+        starts only when the signature comes back: a service sending a new image size per
+        request kept a child compiling depthwise forms of sizes it never saw again. While
+        that child compiles, the signature's runs go on loading what they can (and taking
+        the fallbacks), not on the NumPy tier."""
         form = signature_form(signature)
+        optional_only = all(jit_tier.is_optional(miss) for miss in misses)
+        if optional_only and not self._optional_seen.put(signature):
+            self._forget(signature)
+            return
         marker = self._marker(signature)
         marker.unlink(missing_ok=True)  # stale: the child compiles what it no longer holds
         with self._changed:
@@ -159,7 +172,10 @@ class SessionTiers:
                 self._changed.notify_all()
                 return
             self._compiling.add(form)
-            self._state[signature] = PENDING
+            if optional_only:
+                self._state.pop(signature, None)
+            else:
+                self._state[signature] = PENDING
         compiler().submit(CompileJob(self, signature, _copied(feeds), marker))
 
     def is_compiled(self, signature: tuple) -> bool:
@@ -274,6 +290,27 @@ class SessionTiers:
                                    environment_stamp())).encode()).hexdigest()[:32]
         return cache_root() / "warm" / f"{key if shapes else 'form-' + key}.json"
 
+
+class _Recent:
+    """The last ``capacity`` keys put, in order; ``put`` says whether a key was there."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._keys: dict = {}
+        self._lock = threading.Lock()
+
+    def put(self, key) -> bool:
+        with self._lock:
+            if key in self._keys:
+                return True
+            if len(self._keys) >= self.capacity:
+                self._keys.pop(next(iter(self._keys)))
+            self._keys[key] = None
+            return False
+
+
+# signatures with only optional misses a session remembers, to compile for when they return
+OPTIONAL_SIGNATURES = 1024
 
 # feeds of more bytes than this are not handed to the background compiler (_first_run):
 # each new signature would copy them, write them to a file and run them in the child, a

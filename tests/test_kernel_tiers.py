@@ -391,3 +391,36 @@ def test_the_compile_child_ends_when_its_process_is_killed():
         threading.Event().wait(0.05)
     os.kill(child, 9)
     pytest.fail(f"the compile child {child} outlived its killed process by 2 s")
+
+
+def test_a_signature_that_missed_only_optional_kernels_compiles_when_it_comes_back(
+        tmp_path, monkeypatch):
+    """A run whose every miss had a compiled fallback (``jit_tier.optional``: a depthwise
+    form for one image size) starts no child the first time its signature is met, and one
+    when it comes back; meanwhile its runs keep loading (never the NumPy tier's PENDING).
+    A miss without a fallback starts the child at once, as before."""
+    from types import SimpleNamespace  # noqa: PLC0415
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    submitted = []
+    monkeypatch.setattr(kernel_tiers, "compiler", lambda: SimpleNamespace(
+        submit=submitted.append))
+    class Owner:  # the session, weakly referred to
+        pass
+
+    owner = Owner()
+    tiers = kernel_tiers.SessionTiers(owner, None, 1)
+    monkeypatch.setattr(tiers, "_marker", lambda *_, **__: tmp_path / "marker.json")
+    one, two = ((("x", ((1, 8, 40, 40), "float32")),),
+                (("x", ((1, 8, 44, 44), "float32")),))
+    fed = {"x": np.zeros((1, 8, 40, 40), np.float32)}
+    optional = [jit_tier.OPTIONAL + "mixrt_depthwise_flat for (40, 40)"]
+    tiers._missed(one, fed, optional)
+    assert submitted == [] and one not in tiers.states()
+    tiers._missed(one, fed, optional)  # it came back: compiled in the background
+    assert [job.signature for job in submitted] == [one] and one not in tiers.states()
+    tiers._missed(two, fed, optional + ["generated kernel (float32,)"])
+    assert len(submitted) == 1 and two not in tiers.states()  # the form's child is busy
+    tiers._compiling.clear()
+    tiers._missed(two, fed, ["generated kernel (float32,)"])
+    assert [job.signature for job in submitted] == [one, two]
+    assert tiers.states()[two] == kernel_tiers.PENDING

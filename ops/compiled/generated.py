@@ -21,6 +21,7 @@ import threading
 import types
 from pathlib import Path
 
+from mixrt.ops.compiled import prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root, guard_damaged_entries
 
 _lock = threading.Lock()
@@ -28,6 +29,54 @@ _lock = threading.Lock()
 
 def cache_dir() -> Path:
     return cache_root() / "jit"
+
+
+def module_name(text: str, prefix: str = "mixrt_fused") -> str:
+    """The name :func:`kernel_module` gives the module of ``text``."""
+    return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+
+# -- which generated modules have machine code to load ------------------------------------
+#
+# A kernel specialised on a size (a depthwise convolution's form for one plane geometry)
+# is worth trying in a run that may not compile only where it was compiled before: trying
+# one that was not wrote and imported its module and looked its entries up, ~2-3 ms a node
+# (EfficientNet-B0 at a new image size: ~40 ms of a first run), only to fall back. A module
+# whose kernels ran where compiling was allowed is marked so (a file beside its source).
+
+_marked: set = set()
+
+
+def mark_compiled(module) -> None:
+    """Note that ``module``'s kernels ran where compiling was allowed (so their machine
+    code is in the cache) for :func:`compiled_before`."""
+    name = module.__name__
+    if name in _marked:
+        return
+    try:
+        (cache_dir() / f"{name}.compiled").touch()
+    except OSError:
+        return
+    _marked.add(name)
+
+
+def compiled_before(name: str) -> bool:
+    """Whether a module named ``name`` has machine code to load: marked by
+    :func:`mark_compiled` (here or in an earlier process), or among the prebuilt ones."""
+    if name in _marked or _prebuilt(name):
+        return True
+    if (cache_dir() / f"{name}.compiled").is_file():
+        _marked.add(name)
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _prebuilt(name: str) -> bool:
+    found = prebuilt.chosen()
+    return found is not None and any(
+        any((folder / prebuilt.GENERATED).glob(f"{name}.*"))
+        for folder, _ in (found, *prebuilt.additions()))
 
 
 def kernel(text: str, prefix: str = "mixrt_fused"):
@@ -39,8 +88,7 @@ def kernel(text: str, prefix: str = "mixrt_fused"):
 def kernel_module(text: str, prefix: str = "mixrt_fused"):
     """The module of a generated source (from the cache directory when possible), named
     ``prefix`` and the source's hash: its ``run`` and whatever else the source defines."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
-    name = f"{prefix}_{digest}"
+    name = module_name(text, prefix)
     guard_damaged_entries()
     with _lock:
         path = _written(cache_dir() / f"{name}.py", text)

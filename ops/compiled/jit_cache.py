@@ -154,7 +154,7 @@ def _forbid_compile(cache, sig) -> None:
     if misses is None:
         return
     name = getattr(cache, "_name", None) or repr(cache)
-    misses.append(f"{name} {sig}")
+    misses.append(jit_tier.noted_miss(f"{name} {sig}"))
     raise jit_tier.CompileForbidden(f"{name} for {sig} is in no cache")
 
 

@@ -28,9 +28,14 @@ class _Tier(threading.local):
     # None: numba may compile here; a list: it may not (a prebuilt loading run, below), and
     # each kernel that would have compiled is appended to it
     misses = None
+    # inside optional(): a kernel that would compile has a compiled fallback its caller takes
+    optional = False
 
 
 _local = _Tier()
+
+# how a miss inside optional() starts in a loading run's list
+OPTIONAL = "optional: "
 
 
 class CompileForbidden(RuntimeError):
@@ -63,6 +68,37 @@ def loading_only():
     misses: list = []
     with using(True, misses):
         yield misses
+
+
+@contextlib.contextmanager
+def optional():
+    """A kernel's specialised form tried where its caller has a compiled fallback (a
+    depthwise convolution's form for one plane geometry, whose row form serves any size):
+    a forbidden compile inside is still raised, and noted with :data:`OPTIONAL` before it,
+    so that the session knows the run took no NumPy path for it
+    (``runtime/kernel_tiers.py`` compiles those only for a signature that comes back)."""
+    before = _local.optional
+    _local.optional = True
+    try:
+        yield
+    finally:
+        _local.optional = before
+
+
+def is_optional(miss: str) -> bool:
+    return miss.startswith(OPTIONAL)
+
+
+def noted_miss(text: str) -> str:
+    """How a forbidden compile of ``text`` is noted in the loading run's list here."""
+    return OPTIONAL + text if _local.optional else text
+
+
+def note_optional_miss(text: str) -> None:
+    """Note an optional kernel not tried (known to be in no cache) in the loading run's
+    list, as a forbidden compile inside :func:`optional` would be."""
+    if _local.misses is not None:
+        _local.misses.append(OPTIONAL + text)
 
 
 def compile_misses() -> list | None:

@@ -58,8 +58,9 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
+from mixrt.ops.compiled.generated import compiled_before, mark_compiled, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
-from mixrt.ops.panels.native_parts import IMPORTS, part_source, prepared, split
+from mixrt.ops.panels.native_parts import IMPORTS, part_entry, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
@@ -179,9 +180,6 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
         return out
-    if channels_suit(X, W, out, kernel, dilations, out_dims):
-        return channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays,
-                             activation)
     weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
     bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
     name = activation[0] or ""
@@ -192,23 +190,71 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name) \
         if group_width == 1 else None
     call = (X, W, B, out, weights, bias, constants, multiplier, begin, replays)
+    if rows is not None and jit_tier.compile_misses() is None:
+        _warm_rows(rows, hp, wp, *call)
+    if channels_suit(X, W, out, kernel, dilations, out_dims):
+        try:
+            with jit_tier.optional():
+                return channels_conv(X, W, B, out, kernel, strides, dilations, begin,
+                                     replays, activation)
+        except jit_tier.CompileForbidden:  # a form first met at this size: the rows meanwhile
+            return _planes(rows, hp, wp, *call)
     if ow > FLAT_MAX_WIDTH and group_width == 1:
         return _planes(rows, hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
-    flat, flat_width = _compiled_flat(tuple(kernel), tuple(strides), tuple(dilations), image,
-                                      name, int(group_width))
-    try:
-        return _planes(flat, 1, flat_width, *call)
-    except jit_tier.CompileForbidden:
-        # the flat form is generated per plane geometry, and a new image size's is in no
-        # cache yet (a session's first run of that size may not compile: the background
-        # compiler does): the row form, one per kernel, strides and dilations, adds the
-        # taps in the same order, so it gives the same bits meanwhile. Until 2026-11-26
-        # the step went to NumPy: EfficientNet-B0 at a new image size per request took
-        # 13.7x onnxruntime's time, 8.0x with this
-        if rows is None:
-            raise
+    text, flat_width = _flat_text(tuple(kernel), tuple(strides), tuple(dilations), image,
+                                  name, int(group_width))
+    if rows is None:
+        return _flat_planes(text, flat_width, call)
+    # the flat form is generated per plane geometry, and a new image size's is in no cache
+    # yet (a session's first run of that size may not compile: the background compiler
+    # does, if the size comes back): the row form, one per kernel, strides and dilations,
+    # adds the taps in the same order, so it gives the same bits meanwhile
+    if jit_tier.compile_misses() is not None \
+            and not compiled_before(module_name(text, FLAT_PREFIX)):
+        jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
         return _planes(rows, hp, wp, *call)
+    try:
+        with jit_tier.optional():
+            return _flat_planes(text, flat_width, call)
+    except jit_tier.CompileForbidden:
+        return _planes(rows, hp, wp, *call)
+
+
+def _flat_planes(text: str, flat_width: int, call: tuple):
+    """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran."""
+    module = compiled(text, prefix=FLAT_PREFIX)
+    done = _planes(module, 1, flat_width, *call)
+    mark_compiled(module)
+    return done
+
+
+def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
+               replays) -> None:
+    """Where compiling is allowed (the background compiler's run, a foreground session):
+    the row form of this node compiled whichever form its size takes, as the fallback of
+    every size whose flat or channels form is in no cache. A service's new image size met
+    flat forms in no cache, and where the node's first sizes had not taken the row form,
+    that was in none either: the step ran NumPy's convolution, EfficientNet-B0 at a new
+    size per request 7x onnxruntime's time (2026-11-27). The row form's entries are typed
+    by the real arrays (a read-only weight compiles apart), on the first plane only, which
+    the node's call then writes again."""
+    key = (rows, X.dtype.str, weights.flags.writeable, bias.flags.writeable,
+           constants is None or constants.flags.writeable)
+    if key in _WARM:
+        return
+    native = jit_cpu.native_pool()
+    if native is not None:
+        part_entry(rows, "f" if X.dtype == np.float32 else "d")
+    (n, channels, height, width), m = X.shape, W.shape[0]
+    x = X.reshape(n * channels, height, width)
+    y = out.reshape(n * m, *out.shape[2:])
+    rows.run(x, weights, bias, y, constants, multiplier, m, begin[0], begin[1], 0, 1,
+             np.empty((hp, wp), X.dtype))
+    _WARM.add(key)
+
+
+_WARM: set = set()  # (row module, dtype, flags) whose entries this process compiled or loaded
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -352,9 +398,20 @@ class FlatPlane:
 def _compiled_flat(kernel: tuple, strides: tuple, dilations: tuple, image: tuple,
                    activation: str = "", width: int = 1) -> tuple:
     """(the flat form's module, its scratch's cells) for one geometry and group width."""
+    text, cells = _flat_text(kernel, strides, dilations, image, activation, width)
+    return compiled(text, prefix=FLAT_PREFIX), cells
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_text(kernel: tuple, strides: tuple, dilations: tuple, image: tuple,
+               activation: str = "", width: int = 1) -> tuple:
+    """(the flat form's source, its scratch's cells) for one geometry and group width."""
     plane = FlatPlane(kernel, strides, dilations, image)
-    return compiled(flat_source(plane, activation, width), prefix="mixrt_depthwise_flat"), \
-        width * plane.phases * plane.plane + plane.length
+    return flat_source(plane, activation, width), width * plane.phases * plane.plane \
+        + plane.length
+
+
+FLAT_PREFIX = "mixrt_depthwise_flat"
 
 
 def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:

@@ -120,15 +120,50 @@ def test_a_flat_form_in_no_cache_is_answered_by_the_row_form_with_its_bits(monke
     attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride])
     flat = _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=40, **attributes))
 
-    class InNoCache:
-        @staticmethod
-        def run(*_):
-            raise jit_tier.CompileForbidden("the flat form of this geometry is in no cache")
+    def in_no_cache(*_):
+        raise jit_tier.CompileForbidden("the flat form of this geometry is in no cache")
 
     with monkeypatch.context() as patched:
-        patched.setattr(jit_depthwise, "_compiled_flat",
-                        lambda *args, **kwargs: (InNoCache, 1))
+        patched.setattr(jit_depthwise, "_flat_planes", in_no_cache)
         rows = _flat_form(patched, lambda: fused_conv(np, X, W, B, group=40, **attributes))
     np.testing.assert_array_equal(rows, flat)
     reference = conv(np, X, W, B, group=40, **attributes)
     np.testing.assert_allclose(rows, reference, rtol=1e-5, atol=1e-5)
+
+
+@needs_jit
+def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_path,
+                                                                          monkeypatch):
+    """Where compiling is allowed (the background compiler's run), a node that takes its
+    flat form compiles its row form too, so that a run that may not compile serves every
+    other size from it: a size whose flat form was never compiled is not even tried (its
+    module is not written), its miss noted as optional, and its sum has the same bits."""
+    from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit_depthwise, "_WARM", set())
+    monkeypatch.setattr(generated, "_marked", set())
+    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text):
+        cached.cache_clear()
+    W, B = _rand(8, 1, 3, 3), _rand(8)
+    # a geometry no other test compiles: dilation 2 across, 1 down
+    attributes = dict(kernel_shape=[3, 3], pads=[1, 2, 1, 2], dilations=[1, 2])
+
+    def depthwise(side, batch=1, X=None):
+        X = _rand(batch, 8, side, side) if X is None else X
+        return _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=8,
+                                                          **attributes)), X
+
+    depthwise(12)  # the flat form, compiled here; and the row form with it
+    for side, batch in ((40, 1), (40, 3)):  # wider than the flat form: the rows, one or all threads
+        with jit_tier.loading_only() as misses:
+            got, X = depthwise(side, batch)
+        assert misses == []
+        np.testing.assert_allclose(got, conv(np, X, W, B, group=8, **attributes),
+                                   rtol=1e-5, atol=1e-5)
+    with jit_tier.loading_only() as misses:  # a new flat geometry: the rows stand in
+        got, X = depthwise(14)
+    assert misses and all(jit_tier.is_optional(miss) for miss in misses)
+    flat, _ = depthwise(14, X=X)  # compiling allowed: the flat form itself
+    np.testing.assert_array_equal(got, flat)
+    modules = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_*.py")}
+    assert len(modules) == 2  # 12 and 14, the second written only once it could compile
