@@ -22,12 +22,18 @@ Graph outputs never live in the arena (the caller keeps them; the next run would
 them), and an output that is a view of arena memory is copied before it is returned.
 
 Arenas are pooled per plan: a run takes one, and returns it when done, so concurrent runs of
-one session each get their own and a single-threaded service allocates exactly one.
+one session each get their own. On the host, a session's arenas of every plan lie on one
+buffer, its :class:`ArenaMemory`, taken by one run at a time; a run that finds it taken (a
+second thread) gets an arena of its own. A service that sends a new shape per request
+touched fresh pages with every new plan (the kernel zeroes each on its first write: ~0.5 ms
+of a small BERT's new length, more of a CNN's tens of MB) and kept one arena per plan it
+held; now the memory is warm and held once.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,15 +142,50 @@ class ExecutionPlan:
         return self.memory.arena_bytes
 
 
+class ArenaMemory:
+    """A session's host memory for the arenas of all its plans (one run at a time on it):
+    one buffer, made larger when a plan needs more (the arenas on the smaller one keep it,
+    and its lock, until their plans go)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.current: SharedBuffer | None = None
+
+    def buffer_for(self, nbytes: int) -> "SharedBuffer":
+        with self._lock:
+            current = self.current
+            if current is None or current.buffer.size < nbytes:
+                # a quarter to spare: a service's lengths grow a few at a time at first
+                size = nbytes if current is None else max(nbytes, current.buffer.size * 5 // 4)
+                current = self.current = SharedBuffer(aligned_empty(size))
+            return current
+
+
+class SharedBuffer:
+    """A buffer arenas of several plans lie on, and the lock a run holds while on it."""
+
+    __slots__ = ("buffer", "lock")
+
+    def __init__(self, buffer: np.ndarray):
+        self.buffer = buffer
+        self.lock = threading.Lock()
+
+
 class Arena:
     """One buffer and, for every slot, a ready-made view into it; and the plan's steps as
-    :func:`execute` calls them with this arena (made on its first run)."""
+    :func:`execute` calls them with this arena (made on its first run). ``shared``: the
+    :class:`SharedBuffer` its buffer is the start of (held while a run uses it), or None
+    for a buffer of its own."""
 
-    def __init__(self, plan: ExecutionPlan, xp):
+    def __init__(self, plan: ExecutionPlan, xp, shared: SharedBuffer | None = None):
         size = max(plan.arena_bytes, 1)
+        self.shared = shared
         # the planner aligns offsets within the arena; on the host the arena itself must
         # start aligned for them to be (CuPy's allocations already are)
-        self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
+        if shared is not None:
+            self.buffer = shared.buffer[:size]
+        else:
+            self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
         self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
         self.calls: list | None = None
         # (tier, thread, native pool, scratch generation) -> the calls with bound steps
@@ -211,15 +252,47 @@ def _views_part(node) -> bool:
     return node.op_type in SLICING_OPS and node.domain in ("", "ai.onnx") and bool(node.inputs)
 
 
-def acquire(plan: ExecutionPlan, xp) -> Arena:
+def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena:
+    """An idle arena of ``plan`` for one run (:func:`release` gives it back). With
+    ``memory`` (a CPU session's), one on its shared buffer where that is free, else one
+    with a buffer of its own; without, only one of its own (a run whose outputs stay
+    arena memory the caller holds on to, ``Session.run_on_device(lent=True)``)."""
     # list.pop and list.append are atomic: two runs never take one arena
     try:
-        return plan.pool.pop()
+        arena = plan.pool.pop()
     except IndexError:
+        arena = None
+    if arena is not None:
+        shared = arena.shared
+        if shared is None or memory is not None and shared.lock.acquire(blocking=False):
+            return arena
+        plan.pool.append(arena)  # on a buffer that another run holds now (or may not)
+        return _own_arena(plan, xp)
+    if memory is None:
         return Arena(plan, xp)
+    shared = memory.buffer_for(max(plan.arena_bytes, 1))
+    if shared.lock.acquire(blocking=False):
+        return Arena(plan, xp, shared)
+    return Arena(plan, xp)
+
+
+def _own_arena(plan: ExecutionPlan, xp) -> Arena:
+    """An idle arena of ``plan`` with a buffer of its own, or a new one."""
+    for arena in list(plan.pool):
+        if arena.shared is None:
+            try:
+                plan.pool.remove(arena)
+            except ValueError:  # another run took it meanwhile
+                continue
+            return arena
+    return Arena(plan, xp)
 
 
 def release(plan: ExecutionPlan, arena: Arena) -> None:
+    if arena.shared is None:  # taken last: a run on the shared buffer comes first
+        plan.pool.insert(0, arena)
+        return
+    arena.shared.lock.release()
     plan.pool.append(arena)
 
 

@@ -40,8 +40,8 @@ from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
 from mixrt.runtime.run_loop import execute
 from mixrt.runtime.steady_run import SteadyRun
-from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, acquire, host_copies, make_plan,
-                                    plannable_on_gpu, release)
+from mixrt.runtime.executor import (ArenaMemory, ExecutionPlan, FrozenValues, acquire,
+                                    host_copies, make_plan, plannable_on_gpu, release)
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, TrustedForm,
                                           inference_was_exact, plan_from_inference)
@@ -134,6 +134,8 @@ class Session(FeedChecks):
         # change (a service's few batch sizes each keep theirs); a plan the cache lets go
         # takes its lanes along (they would hold its arenas past the cache's budget)
         self._steady_runs: dict = {}
+        # the host memory the arenas of all its CPU plans lie on (executor.ArenaMemory)
+        self._arena_memory = ArenaMemory() if self._xp is np else None
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
                                forgotten=partial(_drop_lanes, self._steady_runs))
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
@@ -283,7 +285,8 @@ class Session(FeedChecks):
                         return self._collect(values, wanted, frozenset(), host)
                     return captured.kept(lambda: self._collect(values, wanted,
                                                                frozenset(wanted), host))
-        arena = acquire(plan, self._xp)
+        # outputs lent out stay arena memory until the caller is done: an arena of its own
+        arena = acquire(plan, self._xp, None if lent else self._arena_memory)
         try:
             env = dict(self._bound.constants)
             env.update(plan.frozen)
@@ -380,7 +383,8 @@ class Session(FeedChecks):
             if len(self._steady_runs) >= MAX_STEADY_RUNS:  # the longest-kept goes
                 self._steady_runs.pop(next(iter(self._steady_runs)), None)
             self._steady_runs[known[0]] = SteadyRun(known[0], plan, start, partial(
-                _host_outputs, self.graph.output_names, plan.shared_outputs), known[2])
+                _host_outputs, self.graph.output_names, plan.shared_outputs), known[2],
+                self._arena_memory)
 
 
     def _device_checks(self):

@@ -20,7 +20,7 @@ import numpy as np
 from mixrt.base import placement
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
-from mixrt.runtime.executor import ExecutionPlan, acquire, release
+from mixrt.runtime.executor import ArenaMemory, ExecutionPlan, acquire, release
 from mixrt.runtime.run_loop import run_host_calls
 
 
@@ -31,13 +31,15 @@ class SteadyRun:
     ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them; ``texts``: the
     feeds given as NumPy unicode text, which the run takes as object strings."""
 
-    __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts")
+    __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts", "_memory")
 
     def __init__(self, key: tuple, plan: ExecutionPlan, start: dict,
-                 take_outputs: Callable[[dict], list], texts: tuple = ()):
+                 take_outputs: Callable[[dict], list], texts: tuple = (),
+                 memory: ArenaMemory | None = None):
         self.key, self.plan = key, plan
         self._start, self._take_outputs = start, take_outputs
         self._texts = texts  # feeds of NumPy unicode text, run as object strings
+        self._memory = memory  # the session's (executor.ArenaMemory)
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE
@@ -52,7 +54,7 @@ class SteadyRun:
         try:
             if plan.wakes_workers:  # up by the first kernel, spinning until the run ends
                 workers = jit_cpu.native_run_begins()
-            arena = acquire(plan, np)
+            arena = acquire(plan, np, self._memory)
             try:
                 env = self._start.copy()
                 env.update(feeds)

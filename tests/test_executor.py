@@ -194,6 +194,36 @@ def test_kept_plans_are_bounded_by_their_arenas_bytes(monkeypatch):
     assert plans[-1].signature == feed_signature(batch(39))
 
 
+def test_a_sessions_plans_lie_on_one_warm_buffer():
+    """Every CPU plan of a session has its arena on the session's one buffer, made larger
+    when a plan needs more: a new shape's arena is memory that earlier runs touched, held
+    once. A run that finds the buffer taken (another thread's run) gets an arena of its
+    own, and so does a run whose outputs are lent out as arena memory."""
+    session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
+
+    def arena_of(n: int, lent: bool = False, own: bool = False):
+        """The arena a run of batch ``n`` took (``own``: the plan's arena of its own)."""
+        feeds = batch(n, seed=n)
+        got = session.run_on_device(None, feeds, lent=True) if lent \
+            else session.run(None, feeds)
+        for mine, theirs in zip(got, reference.run(None, feeds)):
+            np.testing.assert_array_equal(mine, theirs)
+        pool = session._cached_plan(feed_signature(session._checked_feeds(feeds))).pool
+        return next(arena for arena in pool if arena.shared is None) if own else pool[-1]
+
+    largest = arena_of(4)
+    smaller = [arena_of(n) for n in (1, 2, 3)]
+    assert largest.shared is not None
+    assert all(arena.shared is largest.shared for arena in smaller)
+    assert all(np.shares_memory(arena.buffer, largest.buffer) for arena in smaller)
+    with largest.shared.lock:  # taken, as by a run on another thread
+        taken = arena_of(2, own=True)
+    lent = arena_of(3, lent=True, own=True)
+    for arena in (taken, lent):
+        assert not np.shares_memory(arena.buffer, largest.buffer)
+    assert arena_of(2).shared is largest.shared  # free again: back on the shared buffer
+
+
 def test_many_threads_get_what_serial_calls_get():
     session = mixrt.Session(conv_net())
     inputs = [batch(1 + i % 3, seed=i) for i in range(200)]
