@@ -190,15 +190,16 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name) \
         if group_width == 1 else None
     call = (X, W, B, out, weights, bias, constants, multiplier, begin, replays)
+    channels_too = channels_able(X, W, out, kernel)
     if rows is not None and jit_tier.compile_misses() is None:
         _warm_rows(rows, hp, wp, *call)
-    if channels_suit(X, W, out, kernel, dilations, out_dims):
-        try:
-            with jit_tier.optional():
-                return channels_conv(X, W, B, out, kernel, strides, dilations, begin,
-                                     replays, activation)
-        except jit_tier.CompileForbidden:  # a form first met at this size: the rows meanwhile
-            return _planes(rows, hp, wp, *call)
+        if channels_too:
+            _warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
+                           activation)
+    size_free = (X, W, B, out, kernel, strides, dilations, begin, replays, activation,
+                 channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS, rows, hp, wp, call)
+    if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
+        return _size_free(*size_free[:10], True, rows, hp, wp, call)
     if ow > FLAT_MAX_WIDTH and group_width == 1:
         return _planes(rows, hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
@@ -213,12 +214,29 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if jit_tier.compile_misses() is not None \
             and not compiled_before(module_name(text, FLAT_PREFIX)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _planes(rows, hp, wp, *call)
+        return _size_free(*size_free)
     try:
         with jit_tier.optional():
             return _flat_planes(text, flat_width, call)
     except jit_tier.CompileForbidden:
-        return _planes(rows, hp, wp, *call)
+        return _size_free(*size_free)
+
+
+def _size_free(X, W, B, out, kernel, strides, dilations, begin, replays, activation,
+               channels: bool, rows, hp, wp, call):
+    """The forms generated per kernel, strides, dilations and activation, not per size,
+    which every size of the node can take once one was compiled (:func:`_warm_rows`,
+    :func:`_warm_channels`): the channels form where ``channels`` (a plane small enough
+    for it to be the faster), else the row form. Both add the taps in the flat form's
+    order: the same bits."""
+    if channels:
+        try:
+            with jit_tier.optional():
+                return channels_conv(X, W, B, out, kernel, strides, dilations, begin,
+                                     replays, activation)
+        except jit_tier.CompileForbidden:  # (compiled with no size of this node yet)
+            pass
+    return _planes(rows, hp, wp, *call)
 
 
 def _flat_planes(text: str, flat_width: int, call: tuple):
@@ -255,6 +273,30 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
 
 
 _WARM: set = set()  # (row module, dtype, flags) whose entries this process compiled or loaded
+
+
+def _warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays, activation):
+    """As :func:`_warm_rows`, the channels form: the narrow planes' fallback (the row form
+    runs a 10 x 10 plane's rows as the scalar remainders of its vector loop). Its entries
+    run on the first image's first block of channels, which the node's call writes
+    again."""
+    module = _compiled_channels(tuple(int(k) for k in kernel),
+                                tuple(int(s) for s in strides),
+                                tuple(int(d) for d in dilations), activation[0] or "")
+    taps = _channel_taps(W, replays)
+    bias = np.zeros(X.shape[1], X.dtype) if B is None \
+        else np.ascontiguousarray(B, X.dtype).reshape(X.shape[1])
+    constants = activation_constants(activation[0] or "", activation[1], X.dtype)
+    key = (module, X.dtype.str, X.flags.writeable, taps.flags.writeable,
+           bias.flags.writeable, constants is None or constants.flags.writeable)
+    if key in _WARM:
+        return
+    if jit_cpu.native_pool() is not None:
+        part_entry(module, "f" if X.dtype == np.float32 else "d")
+    blocks = -(-X.shape[1] // CHANNEL_BLOCK)
+    module.run(X[:1], taps, bias, out[:1], constants, blocks, int(begin[0]), int(begin[1]),
+               0, 1, X.dtype.type(0))
+    _WARM.add(key)
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -515,6 +557,10 @@ def _split_copy() -> list[str]:
 # channels per unit: four 64-byte vectors of floats, so that a block's (pixels, channels)
 # scratch of a 7x7 plane stays in L1
 CHANNEL_BLOCK = 64
+# output pixels up to which this form, rather than the row form, stands in for a flat form in
+# no cache (one thread, 2026-11-27: 1152 x 7 x 7 5x5 319 -> 138 us, 1152 x 10 x 10 336 -> 238;
+# at 14 x 14 a 3x3 kernel's rows were ahead, 106 against 135; the flat form 81, 137, 65)
+CHANNELS_FALLBACK_PIXELS = 100
 # output pixels up to which this form takes a depthwise convolution (measured against the
 # flat form, one thread: see docs/cpu-kernels.md)
 CHANNELS_MAX_PIXELS = 36
@@ -525,9 +571,14 @@ def channels_suit(X, W, out, kernel, dilations, out_dims) -> bool:
     """Whether ``out`` = depthwise Conv(X, W) takes this form: one output channel per input
     channel, at most CHANNELS_MAX_PIXELS output pixels, a 2-D kernel of at most
     ``MAX_TAPS`` per axis, native floats, C-contiguous arrays."""
+    return out_dims[0] * out_dims[1] <= CHANNELS_MAX_PIXELS \
+        and channels_able(X, W, out, kernel)
+
+
+def channels_able(X, W, out, kernel) -> bool:
+    """:func:`channels_suit` whatever the number of output pixels."""
     return X.ndim == 4 and W.shape[0] == X.shape[1] and W.shape[1] == 1 \
-        and out_dims[0] * out_dims[1] <= CHANNELS_MAX_PIXELS and len(kernel) == 2 \
-        and X.dtype in jit_cpu.NATIVE and W.dtype == X.dtype \
+        and len(kernel) == 2 and X.dtype in jit_cpu.NATIVE and W.dtype == X.dtype \
         and suits(X, W, out, kernel)
 
 

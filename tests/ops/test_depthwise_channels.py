@@ -135,9 +135,10 @@ def test_a_flat_form_in_no_cache_is_answered_by_the_row_form_with_its_bits(monke
 def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_path,
                                                                           monkeypatch):
     """Where compiling is allowed (the background compiler's run), a node that takes its
-    flat form compiles its row form too, so that a run that may not compile serves every
-    other size from it: a size whose flat form was never compiled is not even tried (its
-    module is not written), its miss noted as optional, and its sum has the same bits."""
+    flat form compiles its row and channels forms too, so that a run that may not compile
+    serves every other size from them: a size whose flat form was never compiled is not
+    even tried (its module is not written), its miss noted as optional, and its sum has
+    the same bits."""
     from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(jit_depthwise, "_WARM", set())
@@ -165,5 +166,14 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     assert misses and all(jit_tier.is_optional(miss) for miss in misses)
     flat, _ = depthwise(14, X=X)  # compiling allowed: the flat form itself
     np.testing.assert_array_equal(got, flat)
+
+    def rows_refused(*_):
+        raise AssertionError("a plane this small takes the channels form, not the rows")
+
+    with monkeypatch.context() as patched, jit_tier.loading_only() as misses:
+        patched.setattr(jit_depthwise, "_planes", rows_refused)
+        got, X = depthwise(8)  # 8 x 8 outputs: the channels form, compiled with the node too
+    assert misses and all(jit_tier.is_optional(miss) for miss in misses)
+    np.testing.assert_array_equal(got, depthwise(8, X=X)[0])
     modules = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_*.py")}
-    assert len(modules) == 2  # 12 and 14, the second written only once it could compile
+    assert len(modules) == 3  # 12, 14 and 8, each written only once it could compile
