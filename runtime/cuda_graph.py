@@ -46,7 +46,7 @@ import numpy as np
 from mixrt.ops import device_checks
 from mixrt.runtime.cublas_capture import WORKSPACE_BYTES, CapturingModule
 from mixrt.runtime.run_loop import execute
-from mixrt.runtime.executor import Arena
+from mixrt.runtime.arenas import Arena
 
 
 @dataclass

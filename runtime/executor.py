@@ -21,26 +21,20 @@ For each input-shape signature the session makes an :class:`ExecutionPlan` once:
 Graph outputs never live in the arena (the caller keeps them; the next run would overwrite
 them), and an output that is a view of arena memory is copied before it is returned.
 
-Arenas are pooled per plan: a run takes one, and returns it when done, so concurrent runs of
-one session each get their own. On the host, a session's arenas of every plan lie on one
-buffer, its :class:`ArenaMemory`, taken by one run at a time; a run that finds it taken (a
-second thread) gets an arena of its own. A service that sends a new shape per request
-touched fresh pages with every new plan (the kernel zeroes each on its first write: ~0.5 ms
-of a small BERT's new length, more of a CNN's tens of MB) and kept one arena per plan it
-held; now the memory is warm and held once.
+The arenas themselves, their pools and the memory they lie on are ``runtime/arenas.py``'s.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.ir.types import TensorType
-from mixrt.ops.device import aligned_empty, to_host
+from mixrt.ops.device import to_host
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 from mixrt.runtime.passes.transposed_operands import swaps_last_two, takes_transposed
 
@@ -94,8 +88,12 @@ def _is_array(value) -> bool:
     return value.__class__ is np.ndarray or value.__class__ is Shaped
 
 
-@dataclass
-class Slot:
+class Slot(NamedTuple):
+    """Where a planned value lives in the arena. A tuple of plain values, which the cycle
+    collector stops tracking: a plan holds one a value (a 5-layer RoBERTa's ~140), and a
+    service's hundreds of kept plans made every full collection walk them (with
+    ``TensorLife``, 40% of the objects a new shape left, 2026-11-27)."""
+
     offset: int
     shape: tuple
     dtype: np.dtype
@@ -136,62 +134,12 @@ class ExecutionPlan:
     unproven: bool = False
     # the in-place pairs the placement kept (_smallest_plan): all, same size, none
     pairing: str | None = None
+    # when a run last took one of its arenas (acquire): which plans trim_idle_calls spares
+    used: int = 0
 
     @property
     def arena_bytes(self) -> int:
         return self.memory.arena_bytes
-
-
-class ArenaMemory:
-    """A session's host memory for the arenas of all its plans (one run at a time on it):
-    one buffer, made larger when a plan needs more (the arenas on the smaller one keep it,
-    and its lock, until their plans go)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.current: SharedBuffer | None = None
-
-    def buffer_for(self, nbytes: int) -> "SharedBuffer":
-        with self._lock:
-            current = self.current
-            if current is None or current.buffer.size < nbytes:
-                # a quarter to spare: a service's lengths grow a few at a time at first
-                size = nbytes if current is None else max(nbytes, current.buffer.size * 5 // 4)
-                current = self.current = SharedBuffer(aligned_empty(size))
-            return current
-
-
-class SharedBuffer:
-    """A buffer arenas of several plans lie on, and the lock a run holds while on it."""
-
-    __slots__ = ("buffer", "lock")
-
-    def __init__(self, buffer: np.ndarray):
-        self.buffer = buffer
-        self.lock = threading.Lock()
-
-
-class Arena:
-    """One buffer and, for every slot, a ready-made view into it; and the plan's steps as
-    :func:`execute` calls them with this arena (made on its first run). ``shared``: the
-    :class:`SharedBuffer` its buffer is the start of (held while a run uses it), or None
-    for a buffer of its own."""
-
-    def __init__(self, plan: ExecutionPlan, xp, shared: SharedBuffer | None = None):
-        size = max(plan.arena_bytes, 1)
-        self.shared = shared
-        # the planner aligns offsets within the arena; on the host the arena itself must
-        # start aligned for them to be (CuPy's allocations already are)
-        if shared is not None:
-            self.buffer = shared.buffer[:size]
-        else:
-            self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
-        self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
-        self.calls: list | None = None
-        # (tier, thread, native pool, scratch generation) -> the calls with bound steps
-        # (runtime/run_loop.bind_calls)
-        self.bound: dict = {}
-        self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
 
 
 def host_copies(plan: ExecutionPlan, constants: dict) -> dict:
@@ -207,10 +155,6 @@ def host_copies(plan: ExecutionPlan, constants: dict) -> dict:
             if hasattr(value, "shape"):
                 copies.setdefault(id(step), {})[index] = to_host(value)
     return copies
-
-
-def _view(buffer, slot: Slot):
-    return buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
 
 
 def _views_input(node, observed: dict) -> bool:
@@ -250,50 +194,6 @@ def _views_part(node) -> bool:
     """Whether every output of the node is a view of a part of its first input: Split's
     slices (a slot of their own cost a copy each; GPT-2's fused q, k, v: three a layer)."""
     return node.op_type in SLICING_OPS and node.domain in ("", "ai.onnx") and bool(node.inputs)
-
-
-def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena:
-    """An idle arena of ``plan`` for one run (:func:`release` gives it back). With
-    ``memory`` (a CPU session's), one on its shared buffer where that is free, else one
-    with a buffer of its own; without, only one of its own (a run whose outputs stay
-    arena memory the caller holds on to, ``Session.run_on_device(lent=True)``)."""
-    # list.pop and list.append are atomic: two runs never take one arena
-    try:
-        arena = plan.pool.pop()
-    except IndexError:
-        arena = None
-    if arena is not None:
-        shared = arena.shared
-        if shared is None or memory is not None and shared.lock.acquire(blocking=False):
-            return arena
-        plan.pool.append(arena)  # on a buffer that another run holds now (or may not)
-        return _own_arena(plan, xp)
-    if memory is None:
-        return Arena(plan, xp)
-    shared = memory.buffer_for(max(plan.arena_bytes, 1))
-    if shared.lock.acquire(blocking=False):
-        return Arena(plan, xp, shared)
-    return Arena(plan, xp)
-
-
-def _own_arena(plan: ExecutionPlan, xp) -> Arena:
-    """An idle arena of ``plan`` with a buffer of its own, or a new one."""
-    for arena in list(plan.pool):
-        if arena.shared is None:
-            try:
-                plan.pool.remove(arena)
-            except ValueError:  # another run took it meanwhile
-                continue
-            return arena
-    return Arena(plan, xp)
-
-
-def release(plan: ExecutionPlan, arena: Arena) -> None:
-    if arena.shared is None:  # taken last: a run on the shared buffer comes first
-        plan.pool.insert(0, arena)
-        return
-    arena.shared.lock.release()
-    plan.pool.append(arena)
 
 
 # -- making a plan ---------------------------------------------------------------------------
@@ -370,8 +270,8 @@ class PlanStructure:
         if memory is None:
             memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
         memory.signature = signature
-        for name, slot in slots.items():
-            slot.offset = memory.offsets[name]
+        offsets = memory.offsets
+        slots = {name: slot._replace(offset=offsets[name]) for name, slot in slots.items()}
         reshapes = {name: tuple(observed[name].shape) for name in self.reshapes}
         return ExecutionPlan(signature, memory, slots, self.steps, frozen, self.shared,
                              self.detached, reshapes=reshapes, views=self.views,

@@ -25,6 +25,7 @@ import bisect
 import heapq
 import operator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,11 +36,11 @@ ALIGNMENT = 64
 _MIB = 1 << 20
 
 
-@dataclass(frozen=True)
-class TensorLife:
+class TensorLife(NamedTuple):
     """A tensor the planner places: ``size`` bytes, written at step ``first`` (the index of
     its producing node in the schedule; -1 for values that exist before the first node) and
-    last read at step ``last`` (>= first)."""
+    last read at step ``last`` (>= first). A tuple of plain values, untracked by the cycle
+    collector (as ``executor.Slot``)."""
 
     name: str
     size: int

@@ -1,8 +1,7 @@
 """The run loop: a planned run's kernel calls over its arena, and the plain execution a
 discovery run (and any run without a plan) takes. Each step's call is prepared once per
-plan (its arguments' arena views, its ``out=`` view, the attributes it binds), so a run
-does little more than call the kernels in order (``runtime/executor.py`` makes the plans).
-"""
+arena (its arguments' views, its ``out=`` view, the attributes it binds), so a run does
+little more than call the kernels in order (``runtime/executor.py`` makes the plans)."""
 
 from __future__ import annotations
 
@@ -19,7 +18,8 @@ from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
 from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
 from mixrt.ops.ir.types import TensorType, type_of_value
-from mixrt.runtime.executor import Arena, ExecutionPlan
+from mixrt.runtime.arenas import Arena
+from mixrt.runtime.executor import ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.typecheck import operand_shape_problem

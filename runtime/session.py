@@ -40,8 +40,9 @@ from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
 from mixrt.runtime.run_loop import execute
 from mixrt.runtime.steady_run import SteadyRun
-from mixrt.runtime.executor import (ArenaMemory, ExecutionPlan, FrozenValues, acquire,
-                                    host_copies, make_plan, plannable_on_gpu, release)
+from mixrt.runtime.arenas import ArenaMemory, acquire, release, trim_idle_calls
+from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, make_plan,
+                                    plannable_on_gpu)
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, TrustedForm,
                                           inference_was_exact, plan_from_inference)
@@ -74,6 +75,10 @@ MIN_KEPT_PLANS = 4
 # a decision tree at 62 batch sizes, 0.28 ms a request in a lane, 0.48 on the full path
 # (its feed checks alone ~0.1 ms), 2026-11-27
 MAX_STEADY_RUNS = MAX_CACHED_PLANS
+# plans whose arenas keep their prepared and bound calls: the most recently run (the others'
+# are let go every TRIM_EVERY new plans, arenas.trim_idle_calls)
+KEEP_CALLS = 16
+TRIM_EVERY = 8
 _NOTHING = contextlib.nullcontext()  # reentrant, so one serves every run
 
 # -- model formats ---------------------------------------------------------------------------
@@ -134,7 +139,8 @@ class Session(FeedChecks):
         # change (a service's few batch sizes each keep theirs); a plan the cache lets go
         # takes its lanes along (they would hold its arenas past the cache's budget)
         self._steady_runs: dict = {}
-        # the host memory the arenas of all its CPU plans lie on (executor.ArenaMemory)
+        self._plans_made = 0  # plans this session made (every TRIM_EVERY, trim_idle_calls)
+        # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
                                forgotten=partial(_drop_lanes, self._steady_runs))
@@ -363,7 +369,16 @@ class Session(FeedChecks):
         plan.unproven = True
         plan.wakes_workers = _sizable(feeds.values(), self._bound.constants.values(),
                                       (p for p in _planned_values(plan)))
-        return self._plans.put(signature, plan)
+        return self._kept(signature, plan)
+
+    def _kept(self, signature: tuple, plan: ExecutionPlan) -> ExecutionPlan:
+        """``plan`` kept; every few, the calls of plans not run lately let go (arenas.py)."""
+        kept = self._plans.put(signature, plan)
+        self._plans_made += 1
+        if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
+                and len(self._plans) > KEEP_CALLS:
+            trim_idle_calls(self._plans.values(), KEEP_CALLS)
+        return kept
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
         """After a planned CPU run: keep what the next run of the same feeds needs, when
@@ -445,7 +460,7 @@ class Session(FeedChecks):
                     self._bound.nodes, env.maps[0], inferred, settle.values):
                 self._trusted_forms[form] = TrustedForm.of(plan, self._bound.nodes,
                                                            settle.values)
-        self._plans.put(signature, plan)
+        self._kept(signature, plan)
         return env
 
     def _collect(self, env, wanted: list[str], shared: frozenset, host: bool) -> list:

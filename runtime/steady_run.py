@@ -20,7 +20,8 @@ import numpy as np
 from mixrt.base import placement
 from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
-from mixrt.runtime.executor import ArenaMemory, ExecutionPlan, acquire, release
+from mixrt.runtime.arenas import ArenaMemory, acquire, release
+from mixrt.runtime.executor import ExecutionPlan
 from mixrt.runtime.run_loop import run_host_calls
 
 
@@ -39,7 +40,7 @@ class SteadyRun:
         self.key, self.plan = key, plan
         self._start, self._take_outputs = start, take_outputs
         self._texts = texts  # feeds of NumPy unicode text, run as object strings
-        self._memory = memory  # the session's (executor.ArenaMemory)
+        self._memory = memory  # the session's (arenas.ArenaMemory)
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE

@@ -224,6 +224,34 @@ def test_a_sessions_plans_lie_on_one_warm_buffer():
     assert arena_of(2).shared is largest.shared  # free again: back on the shared buffer
 
 
+def test_plans_not_run_lately_let_their_prepared_calls_go(monkeypatch):
+    """A session keeps hundreds of plans; the prepared and bound calls of all but the most
+    recently run are let go (they were most of what a plan held for the cycle collector),
+    and a plan run again prepares them again, with the same results."""
+    monkeypatch.setattr(session_module, "KEEP_CALLS", 3)
+    monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
+    session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
+    hot = batch(2, seed=99)
+    for n in range(1, 12):
+        for _ in range(3):  # a lane of its own, its calls bound
+            session.run(None, hot)
+        session.run(None, batch(n, seed=n))
+
+    def arena(n):
+        feeds = batch(n, seed=n)
+        return session._cached_plan(feed_signature(session._checked_feeds(feeds))).pool[-1]
+
+    assert arena(2).calls is not None and arena(2).bound  # run all along: kept
+    assert arena(11).calls is not None  # the newest
+    trimmed = [n for n in range(3, 10) if arena(n).calls is None]
+    assert len(trimmed) >= 5 and all(not arena(n).bound for n in trimmed)
+    for n in trimmed:
+        for mine, theirs in zip(session.run(None, batch(n, seed=n)),
+                                reference.run(None, batch(n, seed=n))):
+            np.testing.assert_array_equal(mine, theirs)
+        assert arena(n).calls is not None
+
+
 def test_many_threads_get_what_serial_calls_get():
     session = mixrt.Session(conv_net())
     inputs = [batch(1 + i % 3, seed=i) for i in range(200)]

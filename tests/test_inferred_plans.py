@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.base.errors import ExecutionError
-from mixrt.runtime import kernel_tiers
+from mixrt.runtime import fingerprints, kernel_tiers
 from mixrt.runtime import session as session_module
 from mixrt.runtime.feeds import feed_signature, signature_form
 
@@ -260,7 +260,7 @@ def test_a_new_shape_of_a_compiled_form_runs_compiled_without_a_child(tmp_path, 
     monkeypatch.setenv("MIXRT_COMPILE", "background")
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path / "mixrt"))
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
-    kernel_tiers._stamp.clear()
+    fingerprints._stamp.clear()
     session = mixrt.Session(pool_norm_model())
     session.run(None, feeds(batch=2))
     assert session.wait_compiled(timeout=WAIT)

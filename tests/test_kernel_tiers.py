@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt.ops.compiled import jit_tier
-from mixrt.runtime import kernel_tiers
+from mixrt.runtime import fingerprints, kernel_tiers
 
 # (not jit_cpu.enabled(): that imports numba, which one test checks a NumPy run never does)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
@@ -65,7 +65,7 @@ def background(tmp_path, monkeypatch):
     monkeypatch.setenv("MIXRT_COMPILE", "background")
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path / "mixrt"))
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
-    kernel_tiers._stamp.clear()
+    fingerprints._stamp.clear()
     return tmp_path
 
 
@@ -196,7 +196,7 @@ def test_a_failed_compile_keeps_numpy_and_warns(background, monkeypatch):
 
 def test_fingerprint_ignores_weights_but_not_shapes():
     def fingerprint(model):
-        return kernel_tiers.graph_fingerprint(mixrt.Session(model).graph)
+        return fingerprints.graph_fingerprint(mixrt.Session(model).graph)
     assert fingerprint(pool_norm_model(seed=0)) == fingerprint(pool_norm_model(seed=3))
     assert fingerprint(pool_norm_model(channels=8)) != fingerprint(pool_norm_model(channels=4))
 

@@ -22,7 +22,7 @@ import numpy as np
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled import replay
 from mixrt.ops.compiled.workspace import packed
-from mixrt.ops.conv import one_pixel, phase_planes, pointwise_rows
+from mixrt.ops.conv import depthwise_common, one_pixel, phase_planes, pointwise_rows
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
                              winograd_cpu)
 from mixrt.ops.conv.conv import conv, conv_geometry
@@ -184,7 +184,7 @@ def _narrow_groups(X, W, group, out) -> bool:
     ``ops/conv/jit_depthwise.py`` takes (its flat form), into ``out`` or a new array; not a
     1x1 one (ShuffleNet's), which ``grouped_cpu`` computes as one product per group."""
     return jit_depthwise.narrow_groups(X, W, group) and X.flags.c_contiguous \
-        and 1 < W.shape[2] * W.shape[3] and max(W.shape[2:]) <= jit_depthwise.MAX_TAPS \
+        and 1 < W.shape[2] * W.shape[3] and max(W.shape[2:]) <= depthwise_common.MAX_TAPS \
         and (out is None or (out.dtype == X.dtype and out.flags.c_contiguous
                              and not np.may_share_memory(X, out)))
 
@@ -197,14 +197,14 @@ def depthwise_activated(X, W, B, attributes: dict, activation: tuple, out, prepa
     a pass of its own)."""
     if not (phase_planes.depthwise_suits(X, W, attributes["group"])
             or _narrow_groups(X, W, attributes["group"], out)) \
-            or jit_depthwise.activation_constants(*activation, X.dtype) is None:
+            or depthwise_common.activation_constants(*activation, X.dtype) is None:
         return None
     kernel, strides, dilations, _, begin, _, out_dims = geometry(prepacked, X, W, **attributes)
     shape = (X.shape[0], W.shape[0]) + tuple(out_dims)
     replays = prepacked if out is not None else None  # only a call into the caller's out
     if out is None:
         out = np.empty(shape, X.dtype)
-    if out.shape != shape or not jit_depthwise.suits(X, W, out, kernel):
+    if out.shape != shape or not depthwise_common.suits(X, W, out, kernel):
         return None
     return jit_depthwise.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin,
                                         out_dims, replays, activation)
@@ -221,7 +221,7 @@ def _depthwise(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides,
     replays = prepacked if epilogue is None and out is not None else None
     if out is None:
         out = np.empty((X.shape[0], W.shape[0]) + tuple(out_dims), dtype=X.dtype)
-    if jit_depthwise.suits(X, W, out, kernel):
+    if depthwise_common.suits(X, W, out, kernel):
         jit_depthwise.depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims,
                                      replays)
     else:

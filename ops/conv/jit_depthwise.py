@@ -56,61 +56,22 @@ import functools
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, jit_tier, replay
-from mixrt.ops.compiled.workspace import packed
-from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.compiled.generated import compiled_before, mark_compiled, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
-from mixrt.ops.panels.native_parts import IMPORTS, part_entry, part_source, prepared, split
+from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
+from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, WARM, _module_head,
+                                             activation_constants)
+from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS,
+                                                   CHANNELS_MAX_PIXELS, channels_able,
+                                                   channels_conv, warm_channels)
 
-MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
 FLAT_MAX_WIDTH = 32  # output widths up to which the flat form (flat_source) is faster
 FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors of floats
 # without the native workers (ops/panels/native_parts.py), outputs from this many elements are
 # split over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
-
-
-# FusedConv's activations the kernels apply to each sum as they store it: name -> (its
-# constants from its params, passed in the input's dtype as the ``act`` array the kernel
-# reads as c0, c1, ...; the statements that turn the sum ``v`` into the stored value). Each
-# is the template ops/elementwise/jit_elementwise.py compiles for the unfused node (NaN
-# passes Relu's and Clip's comparisons, as through NumPy's maximum and minimum), so the
-# stored bits are those of the Conv and its activation run apart.
-# (``|`` rather than ``or``: no short-circuit branch inside the vectorized loops)
-def _nan_max(target: str, a: str, b: str) -> str:
-    return f"{target} = {a} if (({a} > {b}) | ({a} != {a})) else {b}"
-
-
-def _nan_min(target: str, a: str, b: str) -> str:
-    return f"{target} = {a} if (({a} < {b}) | ({a} != {a})) else {b}"
-
-
-ACTIVATIONS = {
-    "": (lambda params: [], []),
-    "Relu": (lambda params: [0.0], [_nan_max("v", "v", "c0")]),
-    "LeakyRelu": (lambda params: [0.0, params[0]], ["v = v if v >= c0 else v * c1"]),
-    "Clip": (lambda params: list(params), [_nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
-    "HardSigmoid": (lambda params: [0.0, 1.0, *params],
-                    ["v = v * c2 + c3", _nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
-    "HardSwish": (lambda params: [0.0, 1.0, 1 / 6, 0.5],
-                  ["g = v * c2 + c3", _nan_max("g", "g", "c0"), _nan_min("g", "g", "c1"),
-                   "v = v * g"]),
-    # float32 only: its sigmoid is the compiled programs' tanh rational (tanh32)
-    "Swish": (lambda params: [0.0, 1.0, 0.5], ["v = v * ((tanh32(v * c2) + c1) * c2)"]),
-}
-_FLOAT32_ONLY = ("Swish",)
-_MOST_CONSTANTS = 4
-_PARAMS = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}  # how many params each takes
-
-
 _FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
-
-
-def _module_head(activation: str) -> list[str]:
-    """The imports both forms' modules start with, and what the activation calls."""
-    return ["import numpy as np", "from numba import njit, uint64", *IMPORTS,
-            *_helpers(activation), ""]
 
 
 def _part_entries() -> list[str]:
@@ -121,26 +82,6 @@ def _part_entries() -> list[str]:
                        ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
                            "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
                            f" np.empty((hp, wp), {dtype}))"])
-
-
-def _helpers(activation: str) -> list[str]:
-    """Source lines an activation's statements call: Swish's tanh rational."""
-    if activation not in _FLOAT32_ONLY:
-        return []
-    return ["T = np.float32", "",
-            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.literal_source)]
-
-
-def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
-    """The ``act`` array of FusedConv's ``activation`` with ``params`` (None where the
-    kernels do not apply it)."""
-    found = ACTIVATIONS.get(activation or "")
-    params = list(params or ())
-    if found is None or len(params) != _PARAMS.get(activation or "", 0) \
-            or (activation in _FLOAT32_ONLY and np.dtype(dtype) != np.float32):
-        return None
-    values = found[0](params)
-    return np.array(values + [0.0] * (_MOST_CONSTANTS - len(values)), dtype)
 
 
 # input channels per group up to which a grouped convolution takes the flat form (RegNet's
@@ -157,13 +98,6 @@ def narrow_groups(X, W, group) -> bool:
             and W.dtype == X.dtype and W.ndim == 4 and group > 1
             and 1 < W.shape[1] <= MAX_GROUP_WIDTH and W.shape[1] * group == X.shape[1]
             and W.shape[0] % group == 0 and jit_cpu.enabled())
-
-
-def suits(X, W, out, kernel) -> bool:
-    """C-contiguous float arrays, ``out`` apart from the input, a kernel it unrolls."""
-    return (X.flags.c_contiguous and out.flags.c_contiguous and out.dtype == X.dtype
-            and len(kernel) == 2 and max(kernel) <= MAX_TAPS
-            and not np.may_share_memory(X, out))
 
 
 def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, replays=None,
@@ -194,8 +128,8 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if rows is not None and jit_tier.compile_misses() is None:
         _warm_rows(rows, hp, wp, *call)
         if channels_too:
-            _warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
-                           activation)
+            warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
+                          activation)
     size_free = (X, W, B, out, kernel, strides, dilations, begin, replays, activation,
                  channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS, rows, hp, wp, call)
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
@@ -259,7 +193,7 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
     the node's call then writes again."""
     key = (rows, X.dtype.str, weights.flags.writeable, bias.flags.writeable,
            constants is None or constants.flags.writeable)
-    if key in _WARM:
+    if key in WARM:
         return
     native = jit_cpu.native_pool()
     if native is not None:
@@ -269,34 +203,9 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
     y = out.reshape(n * m, *out.shape[2:])
     rows.run(x, weights, bias, y, constants, multiplier, m, begin[0], begin[1], 0, 1,
              np.empty((hp, wp), X.dtype))
-    _WARM.add(key)
+    WARM.add(key)
 
 
-_WARM: set = set()  # (row module, dtype, flags) whose entries this process compiled or loaded
-
-
-def _warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays, activation):
-    """As :func:`_warm_rows`, the channels form: the narrow planes' fallback (the row form
-    runs a 10 x 10 plane's rows as the scalar remainders of its vector loop). Its entries
-    run on the first image's first block of channels, which the node's call writes
-    again."""
-    module = _compiled_channels(tuple(int(k) for k in kernel),
-                                tuple(int(s) for s in strides),
-                                tuple(int(d) for d in dilations), activation[0] or "")
-    taps = _channel_taps(W, replays)
-    bias = np.zeros(X.shape[1], X.dtype) if B is None \
-        else np.ascontiguousarray(B, X.dtype).reshape(X.shape[1])
-    constants = activation_constants(activation[0] or "", activation[1], X.dtype)
-    key = (module, X.dtype.str, X.flags.writeable, taps.flags.writeable,
-           bias.flags.writeable, constants is None or constants.flags.writeable)
-    if key in _WARM:
-        return
-    if jit_cpu.native_pool() is not None:
-        part_entry(module, "f" if X.dtype == np.float32 else "d")
-    blocks = -(-X.shape[1] // CHANNEL_BLOCK)
-    module.run(X[:1], taps, bias, out[:1], constants, blocks, int(begin[0]), int(begin[1]),
-               0, 1, X.dtype.type(0))
-    _WARM.add(key)
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -532,173 +441,3 @@ def _split_copy() -> list[str]:
         "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
     ]
 
-
-# -- the channels form: small planes with the channels side by side ----------------------------
-#
-# The row and flat forms above vectorize along a plane's pixels: a row of outputs, or the
-# whole padded plane as one flat row. Once a plane is a few pixels across
-# (the mobile networks' last stages: 3x3, 6x6 and 7x7 at 96-224 pixel inputs) a vector has
-# little to hold: EfficientNet-B0's 1152 x 3x3 5x5 layer computes a padded 7-wide flat row
-# rounded up to 32 cells for each of its 9 outputs, 3.6x the arithmetic, and ran at ~2
-# GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
-#
-# Here (up to CHANNELS_MAX_PIXELS outputs) a block of up to CHANNEL_BLOCK channels of one image
-# is copied into a zero-bordered (row, column, channel) scratch, and each output pixel sums its
-# taps across the block's channels at once, one vector per 16 channels; the sums are then
-# activated and transposed back. A tap that falls on the padding multiplies its weight by a real
-# zero, as the zero-padded reference does (a NaN or infinite weight gives NaN there), and the
-# taps are added in the same order (bias first, then row by row) without fused multiply-adds:
-# the results are the bits of the other two forms. The weight is transposed once per node into
-# (taps, channels).
-#
-# The (image, channel block) units are split over the native workers
-# (``ops/panels/native_parts.py``) and the call is kept as the node's replay.
-
-# channels per unit: four 64-byte vectors of floats, so that a block's (pixels, channels)
-# scratch of a 7x7 plane stays in L1
-CHANNEL_BLOCK = 64
-# output pixels up to which this form, rather than the row form, stands in for a flat form in
-# no cache (one thread, 2026-11-27: 1152 x 7 x 7 5x5 319 -> 138 us, 1152 x 10 x 10 336 -> 238;
-# at 14 x 14 a 3x3 kernel's rows were ahead, 106 against 135; the flat form 81, 137, 65)
-CHANNELS_FALLBACK_PIXELS = 100
-# output pixels up to which this form takes a depthwise convolution (measured against the
-# flat form, one thread: see docs/cpu-kernels.md)
-CHANNELS_MAX_PIXELS = 36
-_FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
-
-
-def channels_suit(X, W, out, kernel, dilations, out_dims) -> bool:
-    """Whether ``out`` = depthwise Conv(X, W) takes this form: one output channel per input
-    channel, at most CHANNELS_MAX_PIXELS output pixels, a 2-D kernel of at most
-    ``MAX_TAPS`` per axis, native floats, C-contiguous arrays."""
-    return out_dims[0] * out_dims[1] <= CHANNELS_MAX_PIXELS \
-        and channels_able(X, W, out, kernel)
-
-
-def channels_able(X, W, out, kernel) -> bool:
-    """:func:`channels_suit` whatever the number of output pixels."""
-    return X.ndim == 4 and W.shape[0] == X.shape[1] and W.shape[1] == 1 \
-        and len(kernel) == 2 and X.dtype in jit_cpu.NATIVE and W.dtype == X.dtype \
-        and suits(X, W, out, kernel)
-
-
-def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
-                  activation=("", None)):
-    """``out`` = activation(depthwise Conv(X, W) + B) (see :func:`suits`); ``replays``: the
-    node's prepacked dict where ``out`` is the caller's and W a constant (the transposed
-    weight is kept there and the call recorded), else None."""
-    n, channels = X.shape[:2]
-    name = activation[0] or ""
-    constants = activation_constants(name, activation[1], X.dtype)
-    taps = _channel_taps(W, replays)
-    bias = np.zeros(channels, X.dtype) if B is None \
-        else np.ascontiguousarray(B, X.dtype).reshape(channels)
-    module = _compiled_channels(tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
-                                tuple(int(d) for d in dilations), name)
-    pads = (int(begin[0]), int(begin[1]))
-    blocks = -(-channels // CHANNEL_BLOCK)
-    units = n * blocks
-    native = jit_cpu.native_pool()
-    parts = split(units, out.size, native)
-    if parts is not None:
-        go = prepared(native, module, (X, taps, bias, out, constants), (blocks, *pads),
-                      parts, keep=(bias, constants, taps))
-    else:
-        zero = X.dtype.type(0)
-
-        def go(*_):
-            module.run(X, taps, bias, out, constants, blocks, *pads, 0, units, zero)
-    go()
-    if replays is not None and (B is None or np.may_share_memory(bias, B)):
-        replay.record(replays, (X, W, B, None, out), go)
-    return out
-
-
-def _channel_taps(W, prepacked):
-    """W (C, 1, kh, kw) as (kh * kw, C), contiguous: kept in ``prepacked`` when given."""
-    return packed(prepacked, ("depthwise_channels_last", W.shape),
-                  lambda: np.ascontiguousarray(W.reshape(W.shape[0], -1).T))
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_channels(kernel: tuple, strides: tuple, dilations: tuple, activation: str):
-    return compiled(channels_source(kernel, strides, dilations, activation),
-                    prefix="mixrt_depthwise_channels")
-
-
-def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
-                    activation: str = "") -> str:
-    """The channels form's module for one geometry and activation: ``run(x, ws, bias, y, act,
-    blocks, top, left, start, stop, zero)`` computes the units start..stop (image ``u //
-    blocks``, channels from ``u % blocks * CHANNEL_BLOCK``) of y (N, C, oh, ow) from x (N, C, H,
-    W), ``ws`` the weight as (taps, channels). The block's padded plane is a (hp, wp, BLOCK)
-    scratch whose border is zeroed once per call (every unit writes the same interior), so each
-    tap of an output pixel is a fixed offset from the pixel's corner, unrolled with the tap's
-    weights."""
-    for value in (*kernel, *strides, *dilations):
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
-    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
-    taps = [(a, b) for a in range(kh) for b in range(kw)]
-    total = " + ".join(f"ws[uint64(w{a}_{b} + c)] * rows[uint64(corner + d{a}_{b} + c)]"
-                       for a, b in taps)
-    statements = ACTIVATIONS[activation][1]
-    return "\n".join([
-        *_module_head(activation),
-        f"BLOCK = {CHANNEL_BLOCK}",
-        "",
-        f"@njit({_FLAGS})",
-        "def unit(xs, ws, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
-        "         top, left, rows, sums):",
-        "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
-        "    image, first = u // blocks, u % blocks * BLOCK",
-        "    count = min(BLOCK, channels - first)",
-        "    plane = height * width",
-        "    # the block's input planes into the padded scratch, the channels side by side",
-        "    # (pixel by pixel, the channels' reads strided: ~1.6x faster than channel by",
-        "    # channel with the writes strided)",
-        "    source = (image * channels + first) * plane",
-        "    for r in range(height):",
-        "        for s in range(width):",
-        "            target = ((r + top) * wp + left + s) * BLOCK",
-        "            q = source + r * width + s",
-        "            for c in range(count):",
-        "                rows[uint64(target + c)] = xs[uint64(q + c * plane)]",
-        *[f"    w{a}_{b} = {a * kw + b} * channels + first" for a, b in taps],
-        *[f"    d{a}_{b} = ({a * dh} * wp + {b * dw}) * BLOCK" for a, b in taps],
-        "    for i in range(oh):",
-        "        for j in range(ow):",
-        f"            corner = (i * {sh} * wp + j * {sw}) * BLOCK",
-        "            o = (i * ow + j) * BLOCK",
-        "            for c in range(count):",
-        f"                v = bias[uint64(first + c)] + {total}",
-        *[f"                {line}" for line in statements],
-        "                sums[uint64(o + c)] = v",
-        "    pixels = oh * ow",
-        "    target = (image * channels + first) * pixels",
-        "    for q in range(pixels):",
-        "        for c in range(count):",
-        "            ys[uint64(target + c * pixels + q)] = sums[uint64(q * BLOCK + c)]",
-        "",
-        f"@njit({_FLAGS})",
-        "def run(x, ws, bias, y, act, blocks, top, left, start, stop, zero):",
-        "    channels, height, width = x.shape[1], x.shape[2], x.shape[3]",
-        "    oh, ow = y.shape[2], y.shape[3]",
-        f"    hp = (oh - 1) * {sh} + {(kh - 1) * dh} + 1",
-        f"    wp = (ow - 1) * {sw} + {(kw - 1) * dw} + 1",
-        "    # the far pads past the last window are never read",
-        "    hp, wp = max(hp, top + height), max(wp, left + width)",
-        "    rows = np.empty(hp * wp * BLOCK, x.dtype)",
-        "    for t in range(hp * wp * BLOCK):",
-        "        rows[t] = zero",
-        "    sums = np.empty(oh * ow * BLOCK, x.dtype)",
-        "    xs, wf, ys = x.reshape(-1), ws.reshape(-1), y.reshape(-1)",
-        "    for u in range(start, stop):",
-        "        unit(xs, wf, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
-        "             top, left, rows, sums)",
-        "",
-        *part_source([("x", 4, True), ("ws", 2, True), ("bias", 1, True), ("y", 4, True),
-                      ("act", 1, True)], ["blocks", "top", "left"],
-                     lambda dtype: ["run(x, ws, bias, y, act, blocks, top, left, start, stop,"
-                                    f" {dtype}(0))"]),
-    ])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.conv import jit_depthwise
+from mixrt.ops.conv import depthwise_common, jit_depthwise, jit_depthwise_channels
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.nn import fused
 from mixrt.ops.nn.fused import activate
@@ -49,7 +49,7 @@ def test_same_bits_as_the_flat_form_and_the_reference(monkeypatch, batch, channe
     attributes = dict(auto_pad="NOTSET", dilations=[dilation] * 2, group=channels,
                       kernel_shape=[kernel] * 2, pads=pads, strides=[stride] * 2)
     expected = activate(np, conv(np, X, W, B, **attributes), activation, params)
-    assert expected.shape[2] * expected.shape[3] <= jit_depthwise.CHANNELS_MAX_PIXELS
+    assert expected.shape[2] * expected.shape[3] <= jit_depthwise_channels.CHANNELS_MAX_PIXELS
 
     def run(prepacked):
         out = np.full(expected.shape, np.nan, dtype)
@@ -98,15 +98,15 @@ def test_a_nan_weight_over_the_padding_gives_nan_as_the_padded_reference_does():
 def test_what_it_leaves_to_the_other_forms():
     X, W = _rand(1, 32, 8, 8), _rand(32, 1, 3, 3)
     out = np.empty((1, 32, 8, 8), np.float32)
-    suits = jit_depthwise.channels_suit
+    suits = jit_depthwise_channels.channels_suit
     assert not suits(X, W, out, (3, 3), (1, 1), (8, 8))  # 64 outputs: the flat form's
     assert not suits(X, _rand(64, 1, 3, 3), np.empty((1, 64, 4, 4), np.float32), (3, 3),
                      (1, 1), (4, 4))  # two outputs per channel
     assert not suits(X.astype(np.float16), W.astype(np.float16),
                      np.empty((1, 32, 4, 4), np.float16), (3, 3), (1, 1), (4, 4))
     assert not suits(X, _rand(32, 1, 9, 9), np.empty((1, 32, 4, 4), np.float32), (9, 9),
-                     (1, 1), (4, 4))  # past jit_depthwise.MAX_TAPS
-    assert jit_depthwise.MAX_TAPS < 9
+                     (1, 1), (4, 4))  # past depthwise_common.MAX_TAPS
+    assert depthwise_common.MAX_TAPS < 9
 
 
 @needs_jit
@@ -141,7 +141,7 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     the same bits."""
     from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(jit_depthwise, "_WARM", set())
+    depthwise_common.WARM.clear()  # whatever other tests compiled: warmed again here
     monkeypatch.setattr(generated, "_marked", set())
     for cached in (jit_depthwise._compiled, jit_depthwise._flat_text):
         cached.cache_clear()

@@ -1,0 +1,84 @@
+"""What the depthwise convolution's generated forms share (``ops/conv/jit_depthwise.py``'s
+row and flat forms, ``ops/conv/jit_depthwise_channels.py``'s channels form): FusedConv's
+activations as their loops apply them, the head of their modules, and the arrays they take.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.ops.elementwise import jit_elementwise, odd_rational
+from mixrt.ops.panels.native_parts import IMPORTS
+
+MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
+
+
+# FusedConv's activations the kernels apply to each sum as they store it: name -> (its
+# constants from its params, passed in the input's dtype as the ``act`` array the kernel
+# reads as c0, c1, ...; the statements that turn the sum ``v`` into the stored value). Each
+# is the template ops/elementwise/jit_elementwise.py compiles for the unfused node (NaN
+# passes Relu's and Clip's comparisons, as through NumPy's maximum and minimum), so the
+# stored bits are those of the Conv and its activation run apart.
+# (``|`` rather than ``or``: no short-circuit branch inside the vectorized loops)
+def _nan_max(target: str, a: str, b: str) -> str:
+    return f"{target} = {a} if (({a} > {b}) | ({a} != {a})) else {b}"
+
+
+def _nan_min(target: str, a: str, b: str) -> str:
+    return f"{target} = {a} if (({a} < {b}) | ({a} != {a})) else {b}"
+
+
+ACTIVATIONS = {
+    "": (lambda params: [], []),
+    "Relu": (lambda params: [0.0], [_nan_max("v", "v", "c0")]),
+    "LeakyRelu": (lambda params: [0.0, params[0]], ["v = v if v >= c0 else v * c1"]),
+    "Clip": (lambda params: list(params), [_nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
+    "HardSigmoid": (lambda params: [0.0, 1.0, *params],
+                    ["v = v * c2 + c3", _nan_max("v", "v", "c0"), _nan_min("v", "v", "c1")]),
+    "HardSwish": (lambda params: [0.0, 1.0, 1 / 6, 0.5],
+                  ["g = v * c2 + c3", _nan_max("g", "g", "c0"), _nan_min("g", "g", "c1"),
+                   "v = v * g"]),
+    # float32 only: its sigmoid is the compiled programs' tanh rational (tanh32)
+    "Swish": (lambda params: [0.0, 1.0, 0.5], ["v = v * ((tanh32(v * c2) + c1) * c2)"]),
+}
+_FLOAT32_ONLY = ("Swish",)
+_MOST_CONSTANTS = 4
+_PARAMS = {"LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}  # how many params each takes
+
+
+def _module_head(activation: str) -> list[str]:
+    """The imports both forms' modules start with, and what the activation calls."""
+    return ["import numpy as np", "from numba import njit, uint64", *IMPORTS,
+            *_helpers(activation), ""]
+
+
+def _helpers(activation: str) -> list[str]:
+    """Source lines an activation's statements call: Swish's tanh rational."""
+    if activation not in _FLOAT32_ONLY:
+        return []
+    return ["T = np.float32", "",
+            *odd_rational.numba_source("Tanh", "tanh32", jit_elementwise.literal_source)]
+
+
+def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
+    """The ``act`` array of FusedConv's ``activation`` with ``params`` (None where the
+    kernels do not apply it)."""
+    found = ACTIVATIONS.get(activation or "")
+    params = list(params or ())
+    if found is None or len(params) != _PARAMS.get(activation or "", 0) \
+            or (activation in _FLOAT32_ONLY and np.dtype(dtype) != np.float32):
+        return None
+    values = found[0](params)
+    return np.array(values + [0.0] * (_MOST_CONSTANTS - len(values)), dtype)
+
+
+def suits(X, W, out, kernel) -> bool:
+    """C-contiguous float arrays, ``out`` apart from the input, a kernel it unrolls."""
+    return (X.flags.c_contiguous and out.flags.c_contiguous and out.dtype == X.dtype
+            and len(kernel) == 2 and max(kernel) <= MAX_TAPS
+            and not np.may_share_memory(X, out))
+
+
+# (module, dtype, flags) whose entries this process compiled or loaded, each form's fallback
+# for the sizes whose own form is in no cache (jit_depthwise._warm_rows, warm_channels)
+WARM: set = set()

@@ -1,0 +1,142 @@
+"""The arenas a plan's runs take (``runtime/executor.py`` makes the plans): one buffer per
+arena with a ready-made view for every slot, pooled per plan.
+
+Arenas are pooled per plan: a run takes one, and returns it when done, so concurrent runs of
+one session each get their own. On the host, a session's arenas of every plan lie on one
+buffer, its :class:`ArenaMemory`, taken by one run at a time; a run that finds it taken (a
+second thread) gets an arena of its own. A service that sends a new shape per request
+touched fresh pages with every new plan (the kernel zeroes each on its first write: ~0.5 ms
+of a small BERT's new length, more of a CNN's tens of MB) and kept one arena per plan it
+held; now the memory is warm and held once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from mixrt.ops.device import aligned_empty
+from mixrt.runtime.executor import ExecutionPlan, Slot
+
+
+class ArenaMemory:
+    """A session's host memory for the arenas of all its plans (one run at a time on it):
+    one buffer, made larger when a plan needs more (the arenas on the smaller one keep it,
+    and its lock, until their plans go)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.current: SharedBuffer | None = None
+
+    def buffer_for(self, nbytes: int) -> "SharedBuffer":
+        with self._lock:
+            current = self.current
+            if current is None or current.buffer.size < nbytes:
+                # a quarter to spare: a service's lengths grow a few at a time at first
+                size = nbytes if current is None else max(nbytes, current.buffer.size * 5 // 4)
+                current = self.current = SharedBuffer(aligned_empty(size))
+            return current
+
+
+class SharedBuffer:
+    """A buffer arenas of several plans lie on, and the lock a run holds while on it."""
+
+    __slots__ = ("buffer", "lock")
+
+    def __init__(self, buffer: np.ndarray):
+        self.buffer = buffer
+        self.lock = threading.Lock()
+
+
+class Arena:
+    """One buffer and, for every slot, a ready-made view into it; and the plan's steps as
+    :func:`execute` calls them with this arena (made on its first run). ``shared``: the
+    :class:`SharedBuffer` its buffer is the start of (held while a run uses it), or None
+    for a buffer of its own."""
+
+    def __init__(self, plan: ExecutionPlan, xp, shared: SharedBuffer | None = None):
+        size = max(plan.arena_bytes, 1)
+        self.shared = shared
+        # the planner aligns offsets within the arena; on the host the arena itself must
+        # start aligned for them to be (CuPy's allocations already are)
+        if shared is not None:
+            self.buffer = shared.buffer[:size]
+        else:
+            self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
+        self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
+        self.calls: list | None = None
+        # (tier, thread, native pool, scratch generation) -> the calls with bound steps
+        # (runtime/run_loop.bind_calls)
+        self.bound: dict = {}
+        self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
+
+
+def _view(buffer, slot: Slot):
+    return buffer[slot.offset:slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
+
+
+def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena:
+    """An idle arena of ``plan`` for one run (:func:`release` gives it back). With
+    ``memory`` (a CPU session's), one on its shared buffer where that is free, else one
+    with a buffer of its own; without, only one of its own (a run whose outputs stay
+    arena memory the caller holds on to, ``Session.run_on_device(lent=True)``)."""
+    plan.used = next(_USES)
+    # list.pop and list.append are atomic: two runs never take one arena
+    try:
+        arena = plan.pool.pop()
+    except IndexError:
+        arena = None
+    if arena is not None:
+        shared = arena.shared
+        if shared is None or memory is not None and shared.lock.acquire(blocking=False):
+            return arena
+        plan.pool.append(arena)  # on a buffer that another run holds now (or may not)
+        return _own_arena(plan, xp)
+    if memory is None:
+        return Arena(plan, xp)
+    shared = memory.buffer_for(max(plan.arena_bytes, 1))
+    if shared.lock.acquire(blocking=False):
+        return Arena(plan, xp, shared)
+    return Arena(plan, xp)
+
+
+_USES = itertools.count(1)
+
+
+def trim_idle_calls(plans, keep: int) -> None:
+    """Drop the prepared and bound calls (``Arena.calls``, ``Arena.bound``) of the idle
+    arenas of all but the ``keep`` most recently run of ``plans``; a run made again of
+    one prepares them again (~0.1 ms a small BERT) and binds from its second run. They
+    are most of what a kept plan holds for the cycle collector (a 5-layer RoBERTa's ~680
+    tracked objects a plan, ~400 of them its calls), and a service sending a new shape per
+    request keeps hundreds of plans: every full collection walked them all (45-75 ms a
+    pass, the new-shape stream's p99, 2026-11-27)."""
+    ranked = sorted(plans, key=lambda plan: plan.used, reverse=True)
+    for plan in ranked[keep:]:
+        for arena in list(plan.pool):
+            if arena.calls is not None:
+                arena.calls = None
+                arena.bound.clear()
+                arena.ran.clear()
+
+
+def _own_arena(plan: ExecutionPlan, xp) -> Arena:
+    """An idle arena of ``plan`` with a buffer of its own, or a new one."""
+    for arena in list(plan.pool):
+        if arena.shared is None:
+            try:
+                plan.pool.remove(arena)
+            except ValueError:  # another run took it meanwhile
+                continue
+            return arena
+    return Arena(plan, xp)
+
+
+def release(plan: ExecutionPlan, arena: Arena) -> None:
+    if arena.shared is None:  # taken last: a run on the shared buffer comes first
+        plan.pool.insert(0, arena)
+        return
+    arena.shared.lock.release()
+    plan.pool.append(arena)
