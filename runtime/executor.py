@@ -27,6 +27,7 @@ The arenas themselves, their pools and the memory they lie on are ``runtime/aren
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -89,10 +90,7 @@ def _is_array(value) -> bool:
 
 
 class Slot(NamedTuple):
-    """Where a planned value lives in the arena. A tuple of plain values, which the cycle
-    collector stops tracking: a plan holds one a value (a 5-layer RoBERTa's ~140), and a
-    service's hundreds of kept plans made every full collection walk them (with
-    ``TensorLife``, 40% of the objects a new shape left, 2026-11-27)."""
+    """Where a planned value lives in the arena (a plan keeps them as :class:`Slots`)."""
 
     offset: int
     shape: tuple
@@ -102,6 +100,59 @@ class Slot(NamedTuple):
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+class Lifetimes(Sequence):
+    """A kept plan's lifetimes (``MemoryPlan.lifetimes``) as tuples of plain values, which
+    the cycle collector stops tracking, read back as :class:`TensorLife`: a service keeps
+    hundreds of plans, each with a lifetime a planned value (a 5-layer RoBERTa's ~140),
+    and every full collection walked them (NamedTuples stay tracked; plain tuples do not)."""
+
+    __slots__ = ("_lives",)
+
+    def __init__(self, lives):
+        self._lives = tuple(tuple(life) for life in lives)
+
+    def __len__(self) -> int:
+        return len(self._lives)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [TensorLife._make(life) for life in self._lives[index]]
+        return TensorLife._make(self._lives[index])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Lifetimes({list(self)!r})"
+
+
+class Slots(Mapping):
+    """A plan's slots by value name, kept as tuples of plain values, which the cycle
+    collector stops tracking, and read back as :class:`Slot`: a service keeps hundreds of
+    plans, each with a slot a planned value (a 5-layer RoBERTa's ~140), and every full
+    collection walked them (with the lifetimes, :class:`Lifetimes`, 274 of the 440
+    tracked objects a plan held, 2026-11-27; NamedTuples stay tracked)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, slots: dict):
+        self._raw = {name: tuple(slot) for name, slot in slots.items()}
+
+    def __getitem__(self, name: str) -> Slot:
+        return Slot._make(self._raw[name])
+
+    def __contains__(self, name) -> bool:
+        return name in self._raw
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 @dataclass
@@ -271,7 +322,9 @@ class PlanStructure:
             memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
         memory.signature = signature
         offsets = memory.offsets
-        slots = {name: slot._replace(offset=offsets[name]) for name, slot in slots.items()}
+        slots = Slots({name: slot._replace(offset=offsets[name])
+                       for name, slot in slots.items()})
+        memory.lifetimes = Lifetimes(memory.lifetimes)
         reshapes = {name: tuple(observed[name].shape) for name in self.reshapes}
         return ExecutionPlan(signature, memory, slots, self.steps, frozen, self.shared,
                              self.detached, reshapes=reshapes, views=self.views,
