@@ -14,7 +14,7 @@ from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.pool import plane_pools
 from mixrt.ops import REGISTRY
 from mixrt.ops.nn import fused_cpu, row_kernels
-from mixrt.ops.conv import conv_cpu, jit_depthwise, phase_planes
+from mixrt.ops.conv import conv_cpu, depthwise_common, jit_depthwise, phase_planes
 from mixrt.ops.pool import inplace_cpu, jit_pool
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.pool.pool import average_pool, max_pool
@@ -83,7 +83,7 @@ def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
     """Route every depthwise convolution to the direct loop (ops/conv/jit_depthwise.py) or to the
     phase planes (ops/compiled/jit_cpu.py), and record the calls."""
     if not direct:
-        monkeypatch.setattr(jit_depthwise, "suits", lambda *a: False)
+        monkeypatch.setattr(depthwise_common, "suits", lambda *a: False)
     module = jit_depthwise if direct else phase_planes
     return _recorded_calls(monkeypatch, module, "depthwise_conv")
 
