@@ -257,7 +257,12 @@ def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
     if rows < PANEL_MIN_ROWS and not batch_invariant() and not (rows == 1 and (work >= ONE_ROW_WORK or large)
                                       and jit_cpu.native_pool() is not None):
         return False
-    return (large or work >= (PANEL_MIN_WORK if min_work is None else min_work)) \
+    # a transposed weight (Gemm's transB: a PyTorch Linear's) takes the panels below
+    # PANEL_MIN_WORK too: the few-rows and BLAS forms over it were slower at every size
+    # tried (2026-11-27, one thread's call with its route: 3 x 307 @ (65 x 307)^T 4.7 ->
+    # 2.4 us, 3 x 24 @ (307 x 24)^T 6.2 -> 1.6; a 5-layer MLP at 3 rows 82 -> 70 us a run)
+    transposed = min_work is None and B.flags.f_contiguous and not B.flags.c_contiguous
+    return (large or transposed or work >= (PANEL_MIN_WORK if min_work is None else min_work)) \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) \
         and jit_cpu.panel_kernels() is not None

@@ -559,3 +559,17 @@ def test_both_few_rows_loops_give_the_product_over_their_columns(form, k_len, n,
     np.testing.assert_allclose(out[:, n0:n1], reference[:, n0:n1], rtol=tolerance,
                                atol=tolerance * np.sqrt(k_len))
     assert np.all(out[:, :n0] == -7.0) and np.all(out[:, n1:] == -7.0)
+
+
+@needs_panels
+def test_a_transposed_weight_takes_the_panels_below_their_work_threshold():
+    """Gemm's transposed weight (a PyTorch Linear's): the few-rows and BLAS forms over it
+    took 2-5x the panels' time below PANEL_MIN_WORK, so a few rows take the panels whatever
+    the work; an untransposed weight keeps the threshold."""
+    A, W = _rand(8, 100), _rand(300, 100)  # under SPLIT_WEIGHT_BYTES, as the test above
+    out = np.full((8, 300), np.nan, np.float32)
+    assert A.size * W.shape[0] < matmul_cpu.PANEL_MIN_WORK
+    assert matmul_cpu.panels_suit(A, W.T, out, {})
+    assert not matmul_cpu.panels_suit(A, np.ascontiguousarray(W.T), out, {})
+    assert matmul_cpu.gemm_product(A, W, 0, 1, out, {}) is out
+    np.testing.assert_allclose(out, A.astype(np.float64) @ W.T, rtol=1e-5, atol=1e-5)
