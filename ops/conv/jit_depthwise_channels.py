@@ -190,17 +190,21 @@ def warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays, acti
     runs a 10 x 10 plane's rows as the scalar remainders of its vector loop). Its entries
     run on the first image's first block of channels, which the node's call writes
     again."""
-    module = _compiled_channels(tuple(int(k) for k in kernel),
-                                tuple(int(s) for s in strides),
-                                tuple(int(d) for d in dilations), activation[0] or "")
+    geometry = (tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
+                tuple(int(d) for d in dilations), activation[0] or "")
+    # what the entries' types follow from, read before anything is made (this is asked at
+    # every call where compiling is allowed): the taps and constants are copies, the bias
+    # is B itself where B is contiguous in X's dtype (read-only, it compiles apart)
+    given = B is not None and B.dtype == X.dtype and B.flags.c_contiguous
+    key = ("channels", *geometry, X.dtype.str, X.flags.writeable,
+           not given or B.flags.writeable)
+    if key in WARM:
+        return
+    module = _compiled_channels(*geometry)
     taps = _channel_taps(W, replays)
     bias = np.zeros(X.shape[1], X.dtype) if B is None \
         else np.ascontiguousarray(B, X.dtype).reshape(X.shape[1])
     constants = activation_constants(activation[0] or "", activation[1], X.dtype)
-    key = (module, X.dtype.str, X.flags.writeable, taps.flags.writeable,
-           bias.flags.writeable, constants is None or constants.flags.writeable)
-    if key in WARM:
-        return
     if jit_cpu.native_pool() is not None:
         part_entry(module, "f" if X.dtype == np.float32 else "d")
     blocks = -(-X.shape[1] // CHANNEL_BLOCK)
