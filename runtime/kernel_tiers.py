@@ -64,6 +64,7 @@ from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.fingerprints import environment_stamp, graph_fingerprint
+from mixrt.runtime.lru import LruCache
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.npz import storable, write_npz
 from mixrt.runtime.profiler import symbolic_profiler
@@ -96,7 +97,7 @@ class SessionTiers:
         self._compiled_forms: set = set()  # forms with a signature on the compiled tier
         self._failed_forms: set = set()  # forms whose child failed: not started again
         # signatures whose runs missed only optional kernels: compiled when met again
-        self._optional_seen = _Recent(OPTIONAL_SIGNATURES)
+        self._optional_seen = LruCache(OPTIONAL_SIGNATURES)
 
     def compiled(self, signature: tuple, feeds: dict):
         """The tier of a run of ``signature`` starting now: True (compiled), False (NumPy),
@@ -156,7 +157,8 @@ class SessionTiers:
         the fallbacks), not on the NumPy tier."""
         form = signature_form(signature)
         optional_only = all(jit_tier.is_optional(miss) for miss in misses)
-        if optional_only and not self._optional_seen.put(signature):
+        if optional_only and self._optional_seen.get(signature) is None:
+            self._optional_seen.put(signature, True)
             self._forget(signature)
             return
         marker = self._marker(signature)
@@ -284,24 +286,6 @@ class SessionTiers:
         key = hashlib.sha256(repr((self._fingerprint, signature, self._opt_level,
                                    environment_stamp())).encode()).hexdigest()[:32]
         return cache_root() / "warm" / f"{key if shapes else 'form-' + key}.json"
-
-
-class _Recent:
-    """The last ``capacity`` keys put, in order; ``put`` says whether a key was there."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._keys: dict = {}
-        self._lock = threading.Lock()
-
-    def put(self, key) -> bool:
-        with self._lock:
-            if key in self._keys:
-                return True
-            if len(self._keys) >= self.capacity:
-                self._keys.pop(next(iter(self._keys)))
-            self._keys[key] = None
-            return False
 
 
 # signatures with only optional misses a session remembers, to compile for when they return
