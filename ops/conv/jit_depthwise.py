@@ -130,10 +130,10 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
-    size_free = (X, W, B, out, kernel, strides, dilations, begin, replays, activation,
-                 channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS, rows, hp, wp, call)
+    conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
-        return _size_free(*size_free[:10], True, rows, hp, wp, call)
+        return _size_free(conv, True, rows, hp, wp, call)
+    small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
     if ow > FLAT_MAX_WIDTH and group_width == 1:
         return _planes(rows, hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
@@ -145,29 +145,26 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # yet (a session's first run of that size may not compile: the background compiler
     # does, if the size comes back): the row form, one per kernel, strides and dilations,
     # adds the taps in the same order, so it gives the same bits meanwhile
-    if jit_tier.compile_misses() is not None \
-            and not compiled_before(module_name(text, FLAT_PREFIX)):
+    if jit_tier.compile_misses() is not None and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(*size_free)
+        return _size_free(conv, small, rows, hp, wp, call)
     try:
         with jit_tier.optional():
             return _flat_planes(text, flat_width, call)
     except jit_tier.CompileForbidden:
-        return _size_free(*size_free)
+        return _size_free(conv, small, rows, hp, wp, call)
 
 
-def _size_free(X, W, B, out, kernel, strides, dilations, begin, replays, activation,
-               channels: bool, rows, hp, wp, call):
+def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
     """The forms generated per kernel, strides, dilations and activation, not per size,
     which every size of the node can take once one was compiled (:func:`_warm_rows`,
-    :func:`_warm_channels`): the channels form where ``channels`` (a plane small enough
-    for it to be the faster), else the row form. Both add the taps in the flat form's
-    order: the same bits."""
+    ``jit_depthwise_channels.warm_channels``): the channels form of ``conv`` (its
+    arguments) where ``channels`` (a plane small enough for it to be the faster), else the
+    row form. Both add the taps in the flat form's order: the same bits."""
     if channels:
         try:
             with jit_tier.optional():
-                return channels_conv(X, W, B, out, kernel, strides, dilations, begin,
-                                     replays, activation)
+                return channels_conv(*conv)
         except jit_tier.CompileForbidden:  # (compiled with no size of this node yet)
             pass
     return _planes(rows, hp, wp, *call)
@@ -175,7 +172,7 @@ def _size_free(X, W, B, out, kernel, strides, dilations, begin, replays, activat
 
 def _flat_planes(text: str, flat_width: int, call: tuple):
     """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran."""
-    module = compiled(text, prefix=FLAT_PREFIX)
+    module = _flat_module(text)
     done = _planes(module, 1, flat_width, *call)
     mark_compiled(module)
     return done
@@ -204,8 +201,6 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
     rows.run(x, weights, bias, y, constants, multiplier, m, begin[0], begin[1], 0, 1,
              np.empty((hp, wp), X.dtype))
     WARM.add(key)
-
-
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -346,11 +341,15 @@ class FlatPlane:
 
 
 @functools.lru_cache(maxsize=128)
-def _compiled_flat(kernel: tuple, strides: tuple, dilations: tuple, image: tuple,
-                   activation: str = "", width: int = 1) -> tuple:
-    """(the flat form's module, its scratch's cells) for one geometry and group width."""
-    text, cells = _flat_text(kernel, strides, dilations, image, activation, width)
-    return compiled(text, prefix=FLAT_PREFIX), cells
+def _flat_module(text: str):
+    """The flat form's module of ``text`` (:func:`_flat_text`), imported once: a call
+    through ``kernel_module`` reads and compares its file."""
+    return compiled(text, prefix=FLAT_PREFIX)
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_name(text: str) -> str:
+    return module_name(text, FLAT_PREFIX)
 
 
 @functools.lru_cache(maxsize=256)

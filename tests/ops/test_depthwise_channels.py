@@ -143,7 +143,8 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
     depthwise_common.WARM.clear()  # whatever other tests compiled: warmed again here
     monkeypatch.setattr(generated, "_marked", set())
-    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text):
+    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
+                   jit_depthwise._flat_module):
         cached.cache_clear()
     W, B = _rand(8, 1, 3, 3), _rand(8)
     # a geometry no other test compiles: dilation 2 across, 1 down
