@@ -31,10 +31,9 @@ from mixrt.base.errors import ExecutionError, InputError, ModelLoadError
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.blas_threads import GATE as BLAS_GATE
-from mixrt.runtime.blas_threads import UNGATED
+from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
 from mixrt.ops import device_checks
-from mixrt.runtime import kernel_tiers
+from mixrt.runtime import collector, kernel_tiers
 from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import Device, parse_device, to_host
@@ -357,11 +356,12 @@ class Session(FeedChecks):
             self._shape_program = ShapeProgram(self.graph)
         settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, form.frozen,
                                       self._shape_program)
-        try:
-            inferred = self._shape_program.infer(feeds, settle)
-            plan = plan_from_inference(signature, self._bound.nodes, self.graph.output_names,
-                                       inferred, settle.values, self.strategy,
-                                       stored=self.graph.plans, form=form)
+        try:  # the burst of objects planning makes dies before a collection (collector.py)
+            with collector.held_off():
+                inferred = self._shape_program.infer(feeds, settle)
+                plan = plan_from_inference(signature, self._bound.nodes,
+                                           self.graph.output_names, inferred, settle.values,
+                                           self.strategy, stored=self.graph.plans, form=form)
         except Exception:  # noqa: BLE001  (the discovery run says what is wrong)
             return None
         if plan is None:

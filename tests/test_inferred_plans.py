@@ -272,3 +272,67 @@ def test_a_new_shape_of_a_compiled_form_runs_compiled_without_a_child(tmp_path, 
     assert kernel_tiers.compiler().children == children
     # and the next process finds the form's marker: its first new size runs compiled too
     assert list((tmp_path / "mixrt" / "warm").glob("form-*.json"))
+
+
+# -- the cycle collector while a new shape is planned (runtime/collector.py) ----------------
+
+def test_the_collector_is_held_off_while_a_new_shape_is_planned_and_on_after(monkeypatch):
+    """Inference and the plan of a new shape run with the collector off (their burst of
+    short-lived objects dies before a pass promotes it); the run, and the caller after it,
+    have it on again, and a new shape still makes no collection of its own."""
+    import gc
+    from mixrt.runtime import inferred_plans
+    seen = []
+    original = inferred_plans.ShapeProgram.infer
+
+    def watched(self, *args):
+        seen.append(gc.isenabled())
+        return original(self, *args)
+    monkeypatch.setattr(inferred_plans.ShapeProgram, "infer", watched)
+    session = mixrt.Session(attention_model())
+    session.run(None, attention_feeds(1, 7))  # the form's discovery run
+    assert gc.isenabled()
+    for batch, sequence in SHAPES[1:]:
+        session.run(None, attention_feeds(batch, sequence))
+        assert gc.isenabled()
+    assert seen == [False] * (len(SHAPES) - 1)
+
+
+def test_a_collector_turned_off_by_the_process_stays_off():
+    import gc
+    from mixrt.runtime import collector
+    gc.disable()
+    try:
+        with collector.held_off():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+        session = mixrt.Session(attention_model())
+        for batch, sequence in SHAPES[:3]:
+            session.run(None, attention_feeds(batch, sequence))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_holds_from_several_threads_turn_the_collector_on_once_the_last_ends():
+    import gc
+    import threading
+    from mixrt.runtime import collector
+    entered, release = threading.Barrier(3), threading.Event()
+
+    def hold():
+        with collector.held_off():
+            entered.wait()
+            release.wait()
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    entered.wait()
+    assert not gc.isenabled()
+    with collector.held_off():  # a third hold that ends first
+        pass
+    assert not gc.isenabled()
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert gc.isenabled()
