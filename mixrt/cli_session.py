@@ -19,7 +19,7 @@ from mixrt.ops.compiled import prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.runtime.format import save_mxr
 from mixrt.runtime.kernel_tiers import warm_up
-from mixrt.runtime.memory import format_report, plan_report
+from mixrt.runtime.memory_report import format_report, plan_report
 from mixrt.runtime.plan_plot import draw_plan  # loads matplotlib only when it draws
 
 

@@ -16,7 +16,8 @@ Four strategies, each a step further than the last:
 * ``greedy``  - TFLite's "greedy by size" (Pisarchyk & Lee 2020): biggest first, each into
   the smallest gap among the already placed tensors whose lifetimes overlap its own.
 
-``check_plan`` validates a plan that came from a file before the executor trusts it.
+``check_plan`` validates a plan that came from a file before the executor trusts it; a plan's
+figures in words are ``memory_report.py``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from mixrt.base.errors import GraphError
 
 STRATEGIES = ("naive", "inplace", "sharing", "greedy")
 ALIGNMENT = 64
-_MIB = 1 << 20
 
 
 class TensorLife(NamedTuple):
@@ -293,7 +293,7 @@ def _place_greedy_in(groups: list[_Group], order: list[int]) -> list[int]:
     only its own neighbours in Python: a transformer's tensors live a few steps each, and
     the NumPy query per group (~10 us) was most of a new sequence length's placement."""
     count = len(groups)
-    neighbours = _overlapping(groups) if count <= NEIGHBOUR_MATRIX_GROUPS else None
+    neighbours = _neighbours(groups) if count <= NEIGHBOUR_MATRIX_GROUPS else None
     if neighbours is None:
         return _place_greedy_queried(groups, order)
     offsets = [0] * count
@@ -315,6 +315,26 @@ NEIGHBOUR_MATRIX_GROUPS = 2048
 # overlapping pairs per group above which the lists of neighbours would cost more than the
 # queries (a training step keeps most activations alive together): queried instead
 NEIGHBOURS_PER_GROUP = 64
+
+
+def _neighbours(groups: list[_Group]) -> list[list[int]] | None:
+    """:func:`_overlapping`, kept by the groups' lifetimes: a form's new shapes have the
+    lifetimes of its first (its plan's structure, ``executor.PlanStructure``) and only other
+    sizes, and the vector query cost ~30 us of a small model's new batch (a scaler and a
+    linear classifier: ~0.25 ms all told). The lists are shared: read, never changed."""
+    key = tuple(g.first for g in groups) + tuple(g.last for g in groups)
+    found = _NEIGHBOURS.get(key, _NOT_KEPT)
+    if found is _NOT_KEPT:
+        found = _overlapping(groups)
+        if len(_NEIGHBOURS) >= MAX_NEIGHBOUR_LISTS:
+            _NEIGHBOURS.clear()
+        _NEIGHBOURS[key] = found
+    return found
+
+
+_NEIGHBOURS: dict = {}
+_NOT_KEPT = object()
+MAX_NEIGHBOUR_LISTS = 64  # sets of lifetimes kept (a few per form a session plans)
 
 
 def _overlapping(groups: list[_Group]) -> list[list[int]] | None:
@@ -543,49 +563,3 @@ def _overlap_message(a: TensorLife, a_offset: int, b: TensorLife, b_offset: int)
             f"{a_offset}..{a_offset + a.size}) and {b.name!r} (steps {b.first}..{b.last}, "
             f"bytes {b_offset}..{b_offset + b.size}) are alive at the same step and share "
             "arena bytes")
-
-
-# -- reporting -----------------------------------------------------------------------------
-
-def plan_report(plan: MemoryPlan, imported_naive: int | None = None) -> dict:
-    """The plan's figures as JSON-ready values (what ``mixrt plan --json`` prints).
-    ``imported_naive``: naive bytes of the model as imported (opt_level 0), the MXNet
-    paper's baseline, when the caller planned that graph too."""
-    arena, lower = plan.arena_bytes, plan.lower_bound_bytes
-    extra = {} if imported_naive is None else {
-        "naive_as_imported_bytes": imported_naive,
-        "naive_as_imported_over_arena": round(imported_naive / arena, 4) if arena else 1.0}
-    return extra | {
-        "strategy": plan.strategy,
-        "arena_bytes": arena,
-        "naive_bytes": plan.naive_bytes,
-        "lower_bound_bytes": lower,
-        "tensors": len(plan.lifetimes),
-        "inplace": len(plan.inplace),
-        # in-place writes can beat the lower bound, so this may be below 1
-        "ratio_to_lower_bound": round(arena / lower, 4) if lower else 1.0,
-        "naive_over_arena": round(plan.naive_bytes / arena, 4) if arena else 1.0,
-    }
-
-
-def format_report(plan: MemoryPlan, imported_naive: int | None = None) -> str:
-    """The plan's figures for a person (what ``mixrt plan`` prints)."""
-    report = plan_report(plan, imported_naive)
-    lines = [
-        f"memory plan: {report['strategy']}, {plan.alignment}-byte alignment",
-        f"  tensors      {report['tensors']:>10}   ({report['inplace']} written in place)",
-        f"  arena        {_mib(report['arena_bytes'])}",
-        f"  lower bound  {_mib(report['lower_bound_bytes'])}",
-        f"  naive        {_mib(report['naive_bytes'])}",
-        f"  arena / lower bound {report['ratio_to_lower_bound']:.3f}   "
-        f"naive / arena {report['naive_over_arena']:.2f}",
-    ]
-    if imported_naive is not None:
-        lines.append(f"  naive, model as imported {imported_naive / _MIB:.2f} MiB "
-                     f"({imported_naive} bytes)   naive as imported / arena "
-                     f"{report['naive_as_imported_over_arena']:.2f}")
-    return "\n".join(lines)
-
-
-def _mib(size: int) -> str:
-    return f"{size / _MIB:>10.2f} MiB  ({size} bytes)"

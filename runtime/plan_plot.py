@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mixrt.runtime.memory import MemoryPlan, live_bytes_per_step, plan_report
+from mixrt.runtime.memory import MemoryPlan, live_bytes_per_step
+from mixrt.runtime.memory_report import plan_report
 
 _MIB = 1 << 20
 _COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7",

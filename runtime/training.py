@@ -26,7 +26,7 @@ from mixrt.base.errors import GradientError, InputError
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.memory import plan_report
+from mixrt.runtime.memory_report import plan_report
 from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,
                                            parse_precision, scale_loss)
 from mixrt.runtime.passes.autodiff import gradient_graph

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from mixrt.errors import GraphError
 from mixrt.runtime.memory import (
-    STRATEGIES, MemoryPlan, TensorLife, align, check_plan, format_report, lower_bound,
-    plan_memory, plan_report,
+    STRATEGIES, MemoryPlan, TensorLife, align, check_plan, lower_bound, plan_memory,
 )
+from mixrt.runtime.memory_report import format_report, plan_report
 from mixrt.runtime.plan_plot import draw_plan
 
 T = TensorLife
@@ -410,6 +410,28 @@ def test_greedy_placement_by_neighbours_equals_the_queried_one(spans, rng):
     listed = memory.NEIGHBOURS_PER_GROUP
     try:  # and by neighbours however densely they overlap
         memory.NEIGHBOURS_PER_GROUP = len(groups)
+        memory._NEIGHBOURS.clear()  # the lists are kept by lifetimes: made again here
         assert memory._place_greedy_in(groups, order) == queried
     finally:
         memory.NEIGHBOURS_PER_GROUP = listed
+
+
+def test_new_sizes_over_the_same_lifetimes_reuse_the_neighbour_lists(monkeypatch):
+    """A form's new shapes keep its lifetimes and change only sizes: the overlapping
+    neighbours are worked out once, and each placement is the one worked out afresh."""
+    from mixrt.runtime import memory  # noqa: PLC0415
+    made = []
+    real = memory._overlapping
+    monkeypatch.setattr(memory, "_overlapping", lambda groups: made.append(1) or real(groups))
+    spans = [(0, 2), (1, 3), (2, 5), (4, 6), (5, 7), (0, 7)]
+
+    def lives(scale):
+        return [T(f"t{i}", (i % 3 + 1) * scale * KIB, first, last)
+                for i, (first, last) in enumerate(spans)]
+    memory._NEIGHBOURS.clear()
+    kept = [plan_memory(lives(scale), "greedy") for scale in (1, 3, 7)]
+    assert len(made) == 1
+    for scale, plan in zip((1, 3, 7), kept):
+        check_plan(plan)
+        memory._NEIGHBOURS.clear()
+        assert plan_memory(lives(scale), "greedy").offsets == plan.offsets
