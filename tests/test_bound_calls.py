@@ -395,6 +395,46 @@ def test_a_product_binds_on_a_feed_as_its_activation_only(unbound):
     assert not lists[False]["over_the_feed"]
 
 
+@pytest.mark.parametrize("inputs, outputs, rows, trans_a", [
+    (24, 307, 3, 0),    # the panels (a transposed weight, PyTorch's Linear)
+    (256, 256, 8, 0),   # the few-rows compiled loop
+    (64, 64, 3, 0),     # the BLAS's product
+    (48, 40, 1, 0),     # one row
+    (32, 48, 5, 1)])    # A transposed
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_gemm_over_the_feed_is_bound_with_the_kernels_bits(unbound, inputs, outputs, rows,
+                                                             trans_a, fused):
+    """Gemm's and FusedGemm's binders read A as given (``binds(feeds=(0,))``): a model's
+    first Linear, over the feed, is bound in the list kept for contiguous feeds, takes
+    the kernel for a strided feed, and gives the kernel's bits either way."""
+    rng = np.random.default_rng(inputs + rows)
+    w = numpy_helper.from_array((rng.standard_normal((outputs, inputs)) * 0.1)
+                                .astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(outputs).astype(np.float32), "b")
+    shape = [inputs, rows] if trans_a else [rows, inputs]
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["g"], transA=trans_a, transB=1,
+                              name="first_layer")]
+    nodes += [helper.make_node("Relu", ["g"], ["y"])] if fused else \
+        [helper.make_node("Neg", ["g"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "first_layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, outputs])], [w, b])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+    session = mixrt.Session(model)
+    for seed in range(6):
+        x = rng.standard_normal(shape).astype(np.float32)
+        if seed >= 4:  # strided: the other list, the kernel's route
+            x = np.repeat(x, 2, axis=1)[:, ::2]
+        feeds = {"x": x}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
+    plan = session._last_plan[1]
+    lists = {key[-1]: {call[0].node.op_type: call[4] is not None and call[4][6] is not None
+                       for call in run_loop.each_call(calls)}
+             for arena in plan.pool for key, calls in arena.bound.items()}
+    layer = "FusedGemm" if fused else "Gemm"
+    assert lists[True][layer] and not lists.get(False, {}).get(layer)
+
+
 def test_a_segment_places_a_result_that_is_not_its_view(unbound):
     """A bound call inside a segment that hands back another array than its step's view
     (as a kernel may) has it copied into the view, as the loop places it: the run's values
