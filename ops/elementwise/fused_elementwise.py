@@ -328,13 +328,27 @@ class Program:
         ``f(*inputs, out)`` (``out`` None: made there), with the buffers :meth:`_run_block`
         would choose chosen once; None where that path does not apply (operands of
         several dtypes or not NumPy arrays, a strided ``out`` or one partly over an input,
-        an output that runs in blocks or through a compiled loop)."""
+        an output that runs in blocks or through a compiled loop). The layout's size is
+        asked first: a new sequence length's chains, which the compiled loop runs, were
+        asked about aliasing and generated a routine they never called."""
         dtype = inputs[0].dtype
         key = [dtype]
         for x in inputs:
             if x.__class__ is not np.ndarray or x.dtype != dtype:
                 return None
             key.append(x.shape)
+        key = tuple(key)
+        routines = self.routines
+        found = routines.get(key)
+        if found is None:
+            found = _Layout(self, dtype, key[1:])
+            if len(routines) >= MAX_ROUTINES:  # shapes from a service with dynamic axes
+                routines.clear()
+            routines[key] = found
+        if (out is not None and out.shape != found.shape) or found.size >= 2 * BLOCK \
+                or (found.compilable and found.size >= jit_elementwise.min_elements(
+                    self.steps)):
+            return None  # blocks, or a compiled loop may take it
         over = False
         if out is not None:
             if out.__class__ is not np.ndarray or out.dtype != dtype \
@@ -345,22 +359,10 @@ class Program:
                     if not same_view(out, x):
                         return None
                     over = True
-        key.append(over)
-        key = tuple(key)
-        routines = self.routines
-        found = routines.get(key)
-        if found is None:
-            found = _Layout(self, dtype, key[1:-1])
-            if len(routines) >= MAX_ROUTINES:  # shapes from a service with dynamic axes
-                routines.clear()
-            routines[key] = found
-        if (out is not None and out.shape != found.shape) or found.size >= 2 * BLOCK \
-                or (found.compilable and found.size >= jit_elementwise.min_elements(
-                    self.steps)):
-            return None  # blocks, or a compiled loop may take it
-        if found.routine is None:
-            found.routine = _generated(self, dtype, key[1:-1], over)
-        return found.routine
+        made = found.routines[over]
+        if made is None:
+            made = found.routines[over] = _generated(self, dtype, key[1:], over)
+        return made
 
     def _run_block(self, inputs, out, spare: list):
         """The program over one block, the last step into ``out``; other steps reuse the
@@ -418,19 +420,24 @@ MAX_ROUTINES = 64  # layouts per program
 
 class _Layout:
     """What :meth:`Program.routine` knows of one operand layout: the output's ``shape`` and
-    ``size`` and whether a compiled loop can run it (``compilable``; whether one does is
-    asked at each call, as its threshold is a setting), and the generated ``routine``, made
-    only when a call first takes it. A new sequence length gave a BERT layer's chains
-    layouts that the compiled loop runs, and each generated its routine anyway (~0.15 ms
-    a chain, never called)."""
+    ``size``, whether a compiled loop can run it (``compilable``, kept per dtype with the
+    program's compiled kernels; whether one does is asked at each call, as its threshold
+    is a setting), and the generated routines, for ``out`` apart from the inputs and for
+    ``out`` one of them, each made only when a call first takes it. A new sequence length
+    gave a BERT layer's chains layouts that the compiled loop runs, and each generated its
+    routine anyway (~0.15 ms a chain, never called)."""
 
-    __slots__ = ("shape", "size", "compilable", "routine")
+    __slots__ = ("shape", "size", "compilable", "routines")
 
     def __init__(self, program: "Program", dtype, shapes):
         self.shape = np.broadcast_shapes(*shapes)
         self.size = math.prod(self.shape)
-        self.compilable = jit_elementwise.compilable(program.steps, dtype)
-        self.routine = None
+        kernels = program.jit_kernels  # as jit_elementwise.suits keeps the answer
+        self.compilable = kernels.get(dtype.char)
+        if self.compilable is None:
+            self.compilable = kernels[dtype.char] = jit_elementwise.compilable(
+                program.steps, dtype)
+        self.routines = [None, None]  # out apart from the inputs, out one of them
 
 
 def _generated(program: "Program", dtype, shapes, over: bool):
