@@ -30,6 +30,7 @@ and the one-row BLAS, the tiny layers and the small-weight shortcut are off.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -368,7 +369,15 @@ def native_parts(count: int, rows: int, strip: int) -> np.ndarray:
     to 96 channels has 3), each panel over bands of whole strips of rows, so that two
     threads share the work evenly (3 panels as 3 parts gave one thread 2 of them: 576 -> 96
     at 6 x 6 took 32 us split, 40 on one thread)."""
-    wanted = NATIVE_PARTS_PER_THREAD * intra_op_threads()
+    return _parts_table(count, rows, strip, NATIVE_PARTS_PER_THREAD * intra_op_threads())
+
+
+@lru_cache(maxsize=1024)
+def _parts_table(count: int, rows: int, strip: int, wanted: int) -> np.ndarray:
+    """:func:`native_parts`' table, made once per product shape and thread count and shared
+    (read only: the kernels read their parts from it). A model's products share their
+    rows: a 2-layer BERT's twelve at a new length built twelve tables from Python lists,
+    ~7 us each, of which a few differ."""
     strips = -(-rows // strip)
     if count >= wanted or strips < 2:
         parts = min(count, wanted)
