@@ -324,15 +324,17 @@ def test_holds_from_several_threads_turn_the_collector_on_once_the_last_ends():
         with collector.held_off():
             entered.wait()
             release.wait()
-    threads = [threading.Thread(target=hold) for _ in range(2)]
+    threads = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
     for thread in threads:
         thread.start()
-    entered.wait()
-    assert not gc.isenabled()
-    with collector.held_off():  # a third hold that ends first
-        pass
-    assert not gc.isenabled()
-    release.set()
-    for thread in threads:
-        thread.join()
+    try:
+        entered.wait(timeout=30)
+        assert not gc.isenabled()
+        with collector.held_off():  # a third hold that ends first
+            pass
+        assert not gc.isenabled()
+    finally:  # a failed check must not leave the threads waiting
+        release.set()
+        for thread in threads:
+            thread.join(timeout=30)
     assert gc.isenabled()
