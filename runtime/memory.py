@@ -26,6 +26,7 @@ import bisect
 import heapq
 import operator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -318,32 +319,21 @@ NEIGHBOURS_PER_GROUP = 64
 
 
 def _neighbours(groups: list[_Group]) -> list[list[int]] | None:
-    """:func:`_overlapping`, kept by the groups' lifetimes: a form's new shapes have the
-    lifetimes of its first (its plan's structure, ``executor.PlanStructure``) and only other
-    sizes, and the vector query cost ~30 us of a small model's new batch (a scaler and a
-    linear classifier: ~0.25 ms all told). The lists are shared: read, never changed."""
-    key = tuple(g.first for g in groups) + tuple(g.last for g in groups)
-    found = _NEIGHBOURS.get(key, _NOT_KEPT)
-    if found is _NOT_KEPT:
-        found = _overlapping(groups)
-        if len(_NEIGHBOURS) >= MAX_NEIGHBOUR_LISTS:
-            _NEIGHBOURS.clear()
-        _NEIGHBOURS[key] = found
-    return found
-
-
-_NEIGHBOURS: dict = {}
-_NOT_KEPT = object()
-MAX_NEIGHBOUR_LISTS = 64  # sets of lifetimes kept (a few per form a session plans)
-
-
-def _overlapping(groups: list[_Group]) -> list[list[int]] | None:
     """For each group, the other groups alive at one of its steps; None where they are
     too many to list (NEIGHBOURS_PER_GROUP)."""
-    count = len(groups)
-    firsts = np.fromiter((g.first for g in groups), np.int64, count)
-    lasts = np.fromiter((g.last for g in groups), np.int64, count)
-    overlap = (firsts[:, None] <= lasts[None, :]) & (lasts[:, None] >= firsts[None, :])
+    return _overlapping(tuple(g.first for g in groups), tuple(g.last for g in groups))
+
+
+@lru_cache(maxsize=64)
+def _overlapping(firsts: tuple, lasts: tuple) -> list[list[int]] | None:
+    """:func:`_neighbours` by the groups' lifetimes, kept for them: a form's new shapes have
+    the lifetimes of its first (its plan's structure, ``executor.PlanStructure``) and only
+    other sizes, and the vector query cost ~30 us of a small model's new batch (a scaler
+    and a linear classifier: ~0.25 ms all told). The lists are shared: read, never
+    changed."""
+    count = len(firsts)
+    starts, ends = np.array(firsts, np.int64), np.array(lasts, np.int64)
+    overlap = (starts[:, None] <= ends[None, :]) & (ends[:, None] >= starts[None, :])
     if np.count_nonzero(overlap) > NEIGHBOURS_PER_GROUP * count:
         return None
     rows, columns = np.nonzero(overlap)

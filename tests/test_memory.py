@@ -410,28 +410,25 @@ def test_greedy_placement_by_neighbours_equals_the_queried_one(spans, rng):
     listed = memory.NEIGHBOURS_PER_GROUP
     try:  # and by neighbours however densely they overlap
         memory.NEIGHBOURS_PER_GROUP = len(groups)
-        memory._NEIGHBOURS.clear()  # the lists are kept by lifetimes: made again here
+        memory._overlapping.cache_clear()  # the lists are kept by lifetimes: made again
         assert memory._place_greedy_in(groups, order) == queried
     finally:
         memory.NEIGHBOURS_PER_GROUP = listed
 
 
-def test_new_sizes_over_the_same_lifetimes_reuse_the_neighbour_lists(monkeypatch):
+def test_new_sizes_over_the_same_lifetimes_reuse_the_neighbour_lists():
     """A form's new shapes keep its lifetimes and change only sizes: the overlapping
     neighbours are worked out once, and each placement is the one worked out afresh."""
     from mixrt.runtime import memory  # noqa: PLC0415
-    made = []
-    real = memory._overlapping
-    monkeypatch.setattr(memory, "_overlapping", lambda groups: made.append(1) or real(groups))
     spans = [(0, 2), (1, 3), (2, 5), (4, 6), (5, 7), (0, 7)]
 
     def lives(scale):
         return [T(f"t{i}", (i % 3 + 1) * scale * KIB, first, last)
                 for i, (first, last) in enumerate(spans)]
-    memory._NEIGHBOURS.clear()
+    memory._overlapping.cache_clear()
     kept = [plan_memory(lives(scale), "greedy") for scale in (1, 3, 7)]
-    assert len(made) == 1
+    assert memory._overlapping.cache_info().misses == 1
     for scale, plan in zip((1, 3, 7), kept):
         check_plan(plan)
-        memory._NEIGHBOURS.clear()
+        memory._overlapping.cache_clear()
         assert plan_memory(lives(scale), "greedy").offsets == plan.offsets
