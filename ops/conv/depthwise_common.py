@@ -11,6 +11,8 @@ from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.panels.native_parts import IMPORTS
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
+# every form's njit flags, as their generated modules write them
+FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
 
 
 # FusedConv's activations the kernels apply to each sum as they store it: name -> (its

@@ -60,7 +60,7 @@ from mixrt.ops.compiled.generated import compiled_before, mark_compiled, module_
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
-from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, WARM, _module_head,
+from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS,
                                                    CHANNELS_MAX_PIXELS, channels_able,
@@ -71,7 +71,6 @@ FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors 
 # without the native workers (ops/panels/native_parts.py), outputs from this many elements are
 # split over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
-_FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
 
 
 def _part_entries() -> list[str]:
@@ -256,7 +255,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
     return "\n".join([
         *_module_head(activation),
-        f"@njit({_FLAGS})",
+        f"@njit({FLAGS})",
         "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
         *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
         "    for i in range(oh):",
@@ -267,7 +266,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         *[f"            {line}" for line in ACTIVATIONS[activation][1]],
         "            y[uint64(o + k)] = v",
         "",
-        f"@njit({_FLAGS})",
+        f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    hp, wp = pad.shape",
@@ -379,7 +378,7 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
                        for c, a, b in taps)
     return "\n".join([
         *_module_head(activation),
-        f"@njit({_FLAGS})",
+        f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",

@@ -10,7 +10,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.compiled.workspace import packed
-from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, WARM, _module_head,
+from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, suits)
 from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
 
@@ -45,7 +45,6 @@ CHANNELS_FALLBACK_PIXELS = 100
 # output pixels up to which this form takes a depthwise convolution (measured against the
 # flat form, one thread: see docs/cpu-kernels.md)
 CHANNELS_MAX_PIXELS = 36
-_FLAGS = "nogil=True, cache=True, boundscheck=False, error_model='numpy'"
 
 
 def channels_suit(X, W, out, kernel, dilations, out_dims) -> bool:
@@ -128,7 +127,7 @@ def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
         *_module_head(activation),
         f"BLOCK = {CHANNEL_BLOCK}",
         "",
-        f"@njit({_FLAGS})",
+        f"@njit({FLAGS})",
         "def unit(xs, ws, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
         "         top, left, rows, sums):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
@@ -161,7 +160,7 @@ def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
         "        for c in range(count):",
         "            ys[uint64(target + c * pixels + q)] = sums[uint64(q * BLOCK + c)]",
         "",
-        f"@njit({_FLAGS})",
+        f"@njit({FLAGS})",
         "def run(x, ws, bias, y, act, blocks, top, left, start, stop, zero):",
         "    channels, height, width = x.shape[1], x.shape[2], x.shape[3]",
         "    oh, ow = y.shape[2], y.shape[3]",
