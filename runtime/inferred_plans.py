@@ -111,8 +111,8 @@ class ComputedFrozenValues:
             for name, constant in inputs:
                 if not name:
                     value = token = None
-                elif constant:
-                    value, token = self.constants.get(name), name
+                elif constant is not None:
+                    value, token = self.constants.get(name), constant
                 else:
                     value = self.values.get(name)
                     if value is None:
@@ -245,8 +245,8 @@ class ShapeProgram:
         return found
 
     def frozen_table(self, steps, nodes: frozenset, constants: dict) -> dict:
-        """id(node) -> (step, the name a Shape or Size reads or None, ((input, whether a
-        constant), ...), output names, op key) for each of ``nodes`` whose values
+        """id(node) -> (step, the name a Shape or Size reads or None, ((input, its key
+        where it is a constant, else None), ...), output names, op key) for each of ``nodes`` whose values
         :class:`ComputedFrozenValues` computes: made once per form, where each new signature
         looked its steps up again."""
         found = self._tables.get(nodes)
@@ -350,9 +350,19 @@ def _frozen_entries(steps, nodes: frozenset, constants: dict, program: ShapeProg
             continue
         shape_of = node.op_type in ("Shape", "Size") and not node.domain
         source = node.inputs[0] if shape_of else None
-        inputs = () if shape_of else tuple((name, name in constants) for name in step.inputs)
+        # a constant enters keys as its token where small (each layer's own Gather index
+        # is another initializer of the same value), else by name
+        inputs = () if shape_of else tuple(
+            (name, _constant_key(name, constants, program) if name in constants else None)
+            for name in step.inputs)
         entries[id(node)] = (step, source, inputs, outputs, program.key(node))
     return entries
+
+
+def _constant_key(name: str, constants: dict, program: ShapeProgram):
+    value = constants[name]
+    token = program.token(value) if isinstance(value, np.ndarray) else None
+    return ("constant", name) if token is None else token
 
 
 def _inferred(infer, arguments: list, attributes: dict) -> tuple:
