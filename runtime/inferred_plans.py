@@ -133,10 +133,10 @@ class ComputedFrozenValues:
                 _remember(program.frozen_memo, key, made)
         if made is None:
             return None
-        arrays, tokens, typed = made
+        arrays, tokens, typed = made  # (kept by what they follow from, not by node)
         self.values.update(zip(outputs, arrays))
         self.tokens.update(zip(outputs, tokens))
-        return typed
+        return tuple(zip(outputs, typed))
 
     def _known(self, name: str):
         value = self.values.get(name)
@@ -144,7 +144,7 @@ class ComputedFrozenValues:
 
 
 def _frozen_result(step, args: list, outputs: tuple, program: "ShapeProgram"):
-    """(arrays, tokens, typed outputs) of one frozen node's kernel over ``args``, or None
+    """(arrays, tokens, types) of one frozen node's kernel over ``args``, or None
     where a result is not a NumPy array. ``outputs``: its output names, in order (an
     unnamed output is dropped)."""
     args = [placeholder_of(arg) if arg.__class__ is Shaped else arg for arg in args]
@@ -154,8 +154,7 @@ def _frozen_result(step, args: list, outputs: tuple, program: "ShapeProgram"):
     if len(named) != len(outputs) or not all(isinstance(v, np.ndarray) for v in named):
         return None
     tokens = tuple(program.token(value) for value in named)
-    typed = tuple((name, TensorType(value.dtype, tuple(value.shape), value=value))
-                  for name, value in zip(outputs, named))
+    typed = tuple(TensorType(value.dtype, tuple(value.shape), value=value) for value in named)
     return tuple(named), tokens, typed
 
 

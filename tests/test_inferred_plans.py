@@ -129,6 +129,53 @@ def test_an_inferred_plan_gives_the_bits_of_a_discovered_one(discoveries):
 
 
 
+def repeated_shape_arithmetic_model() -> bytes:
+    """Two layers' shape arithmetic as an exporter repeats it: each layer takes the Shape of
+    the same hidden states and Gathers with an index initializer of its own (equal values),
+    so their frozen nodes compute the same thing under other names."""
+    nodes, initializers = [], []
+    source = "x"
+    for layer in range(2):
+        prefix = f"layer{layer}_"
+        initializers += [numpy_helper.from_array(np.array([0], np.int64), prefix + "zero"),
+                         numpy_helper.from_array(np.array([1], np.int64), prefix + "one"),
+                         numpy_helper.from_array(np.array([HIDDEN], np.int64), prefix + "width")]
+        nodes += [
+            helper.make_node("Shape", [source], [prefix + "shape"]),
+            helper.make_node("Gather", [prefix + "shape", prefix + "zero"], [prefix + "b"],
+                             axis=0),
+            helper.make_node("Gather", [prefix + "shape", prefix + "one"], [prefix + "s"],
+                             axis=0),
+            helper.make_node("Concat", [prefix + "b", prefix + "s", prefix + "width"],
+                             [prefix + "target"], axis=0),
+            helper.make_node("Relu", [source], [prefix + "act"]),
+            helper.make_node("Reshape", [prefix + "act", prefix + "target"], [prefix + "out"]),
+        ]
+        source = prefix + "out"
+    graph = helper.make_graph(
+        nodes, "repeated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", HIDDEN])],
+        [helper.make_tensor_value_info(source, TensorProto.FLOAT,
+                                       ["batch", "sequence", HIDDEN])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def test_frozen_nodes_that_compute_alike_each_get_their_own_values(discoveries):
+    """The memo of the frozen values is shared by nodes that compute the same thing (a
+    layer's Shape of the hidden states, its Gather with an index of its own): each still
+    gets its values under its own names, so the new shapes plan from inference."""
+    model = repeated_shape_arithmetic_model()
+    session = mixrt.Session(model)
+    for batch, sequence in SHAPES:
+        x = np.random.default_rng(batch * 100 + sequence).standard_normal(
+            (batch, sequence, HIDDEN)).astype(np.float32)
+        (ours,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(ours, np.maximum(x, 0))
+    assert len(discoveries) == 1, "every later signature is planned from inference"
+
+
 def test_a_forms_plan_structure_is_reused_until_a_size_answers_otherwise(monkeypatch):
     """New signatures of a form reuse its plan structure; one whose output crosses the
     arena's output size (a size-dependent decision) gets a structure of its own, and
