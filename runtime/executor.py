@@ -252,7 +252,8 @@ def _views_part(node) -> bool:
 def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed: dict,
               inferred: dict, frozen: dict, strategy: str, stored=(),
               plannable=None, pairing: str | None = None,
-              order: int | None = None, structures: dict | None = None) -> ExecutionPlan:
+              order: int | None = None, structures: dict | None = None,
+              from_inference: bool = False) -> ExecutionPlan:
     """``steps``: the bound nodes in order (each with ``.node`` and ``.reads``, the names it
     reads, outer-scope reads of its subgraphs included); ``observed``: name -> array from the
     discovery run; ``inferred``: name -> type from shape inference; ``stored``: plans a
@@ -263,10 +264,14 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     skip the nodes that make them. ``pairing``, ``order``: the in-place pairing and the
     greedy order to place with (:func:`_smallest_plan`; by default those that give the
     smallest arena). ``structures``: where a form's new signatures keep the plan's
-    :class:`PlanStructure`, reused while its size-dependent answers hold."""
+    :class:`PlanStructure`, reused while its size-dependent answers hold.
+    ``from_inference``: ``observed`` holds inference's own shapes (Shaped, none of them
+    empty), so the answers that only ask whether a value was predicted and is plannable
+    hold wherever they held (:meth:`PlanStructure.holds_for`)."""
     plannable = plannable or _plannable_on_cpu
     kept = None if structures is None else structures.setdefault(frozenset(frozen), [])
-    structure = next((made for made in kept if made.holds_for(observed, inferred, plannable)),
+    structure = next((made for made in kept
+                      if made.holds_for(observed, inferred, plannable, from_inference)),
                      None) if kept else None
     if structure is None:
         structure = plan_structure(signature, steps, graph_outputs, observed, inferred,
@@ -300,9 +305,29 @@ class PlanStructure:
     detached: frozenset
     shared: frozenset
     probes: list  # (kind, step, name, answer)
+    _sized: list | None = field(default=None, repr=False, compare=False)
 
-    def holds_for(self, observed: dict, inferred: dict, plannable) -> bool:
-        for kind, step, name, answer in self.probes:
+    def holds_for(self, observed: dict, inferred: dict, plannable,
+                  from_inference: bool = False) -> bool:
+        """Do this structure's answers hold for these values? ``from_inference`` (see
+        :func:`make_plan`): the answers that a size may change are asked, the sizes of
+        graph outputs first (a form's structures differ there, and asking all ~310 of a
+        5-layer RoBERTa's answers of the wrong one first cost ~0.3 ms of a new length's
+        plan; 2026-11-27); a yes to whether inference predicted a value, or to whether a
+        value inference shaped (not empty) is plannable on the CPU, holds as it is."""
+        if not from_inference:
+            return all(_probe(kind, step, name, observed, inferred, plannable) == answer
+                       for kind, step, name, answer in self.probes)
+        probes = self._sized
+        if probes is None:
+            probes = self._sized = sorted(self.probes,
+                                          key=lambda probe: probe[0] != "arena output")
+        on_cpu = plannable is _plannable_on_cpu
+        for kind, step, name, answer in probes:
+            if answer and (kind == "predicted" or kind == "plannable" and on_cpu):
+                value = observed.get(name)
+                if value.__class__ is Shaped and value.size > 0:
+                    continue
             if _probe(kind, step, name, observed, inferred, plannable) != answer:
                 return False
         return True

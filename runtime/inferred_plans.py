@@ -428,4 +428,4 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
     return make_plan(signature, steps, graph_outputs, seen, inferred, frozen, strategy,
                      stored=stored, pairing=form.pairing if form else None,
                      order=form.order if form else None,
-                     structures=form.structures if form else None)
+                     structures=form.structures if form else None, from_inference=True)
