@@ -430,7 +430,9 @@ class _Layout:
     __slots__ = ("shape", "size", "compilable", "routines")
 
     def __init__(self, program: "Program", dtype, shapes):
-        self.shape = np.broadcast_shapes(*shapes)
+        first = shapes[0]  # operands of one shape need no broadcasting (~4 us a new shape)
+        self.shape = tuple(first) if all(s == first for s in shapes) \
+            else np.broadcast_shapes(*shapes)
         self.size = math.prod(self.shape)
         kernels = program.jit_kernels  # as jit_elementwise.suits keeps the answer
         self.compilable = kernels.get(dtype.char)
