@@ -107,6 +107,21 @@ def test_layout_merges_axes_that_every_array_steps_through_alike():
     assert je.layout(np.empty((4, 6)), [np.empty((6, 4)).T]) is None  # no vector loads
 
 
+def test_operands_of_the_outputs_shape_take_the_layout_the_general_merge_gives():
+    """Contiguous operands of the output's own shape skip the layout key and merge (a new
+    sequence length's GELU): the same loop nest as the general path, for every rank."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        shape = tuple(int(v) for v in rng.integers(1, 6, size=rng.integers(1, 5)))
+        out = np.empty(shape, np.float32)
+        inputs = [np.empty(shape, np.float32) for _ in range(rng.integers(1, 4))]
+        if out.size > 1:
+            assert je.layout(out, inputs) == je._layout(out, inputs), shape
+    shifted = np.empty((4, 9), np.float32)[:, 1:]  # not contiguous: the general path
+    assert je.layout(shifted, [np.empty((4, 8), np.float32)]) == \
+        je._layout(shifted, [np.empty((4, 8), np.float32)])
+
+
 def test_strided_output_bands(monkeypatch):
     y = rand(16, 100)
     bias, residual = rand(16, 1), rand(16, 100)
