@@ -265,9 +265,9 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     greedy order to place with (:func:`_smallest_plan`; by default those that give the
     smallest arena). ``structures``: where a form's new signatures keep the plan's
     :class:`PlanStructure`, reused while its size-dependent answers hold.
-    ``from_inference``: ``observed`` holds inference's own shapes (Shaped, none of them
-    empty), so the answers that only ask whether a value was predicted and is plannable
-    hold wherever they held (:meth:`PlanStructure.holds_for`)."""
+    ``from_inference``: ``observed`` holds inference's own shapes (:class:`Shaped`), so a
+    yes to whether such a value was predicted, or to whether it is plannable where it has
+    elements, holds as it held (:meth:`PlanStructure.holds_for`)."""
     plannable = plannable or _plannable_on_cpu
     kept = None if structures is None else structures.setdefault(frozenset(frozen), [])
     structure = next((made for made in kept
@@ -305,23 +305,24 @@ class PlanStructure:
     detached: frozenset
     shared: frozenset
     probes: list  # (kind, step, name, answer)
-    _sized: list | None = field(default=None, repr=False, compare=False)
+    # the probes, graph outputs' sizes first (holds_for's order for plans from inference)
+    _outputs_first: list | None = field(default=None, repr=False, compare=False)
 
     def holds_for(self, observed: dict, inferred: dict, plannable,
                   from_inference: bool = False) -> bool:
         """Do this structure's answers hold for these values? ``from_inference`` (see
-        :func:`make_plan`): the answers that a size may change are asked, the sizes of
-        graph outputs first (a form's structures differ there, and asking all ~310 of a
-        5-layer RoBERTa's answers of the wrong one first cost ~0.3 ms of a new length's
-        plan; 2026-11-27); a yes to whether inference predicted a value, or to whether a
-        value inference shaped (not empty) is plannable on the CPU, holds as it is."""
+        :func:`make_plan`): the sizes of graph outputs are asked first (a form's
+        structures differ there, and asking all ~310 of a 5-layer RoBERTa's answers of
+        the wrong one first cost ~0.3 ms of a new length's plan; 2026-11-27), and a yes to
+        whether inference predicted a value it shaped, or to whether such a value with
+        elements is plannable on the CPU, holds without being asked."""
         if not from_inference:
             return all(_probe(kind, step, name, observed, inferred, plannable) == answer
                        for kind, step, name, answer in self.probes)
-        probes = self._sized
+        probes = self._outputs_first
         if probes is None:
-            probes = self._sized = sorted(self.probes,
-                                          key=lambda probe: probe[0] != "arena output")
+            probes = self._outputs_first = sorted(
+                self.probes, key=lambda probe: probe[0] != "arena output")
         on_cpu = plannable is _plannable_on_cpu
         for kind, step, name, answer in probes:
             if answer and (kind == "predicted" or kind == "plannable" and on_cpu):

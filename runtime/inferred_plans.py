@@ -245,9 +245,9 @@ class ShapeProgram:
 
     def frozen_table(self, steps, nodes: frozenset, constants: dict) -> dict:
         """id(node) -> (step, the name a Shape or Size reads or None, ((input, its key
-        where it is a constant, else None), ...), output names, op key) for each of ``nodes`` whose values
-        :class:`ComputedFrozenValues` computes: made once per form, where each new signature
-        looked its steps up again."""
+        where it is a constant, else None), ...), output names, op key) for each of
+        ``nodes`` whose values :class:`ComputedFrozenValues` computes: made once per form,
+        where each new signature looked its steps up again."""
         found = self._tables.get(nodes)
         if found is None:
             found = self._tables[nodes] = _frozen_entries(steps, nodes, constants, self)
