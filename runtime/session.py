@@ -354,9 +354,9 @@ class Session(FeedChecks):
             return None
         if self._shape_program is None:
             self._shape_program = ShapeProgram(self.graph)
-        settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants, form.frozen,
-                                      self._shape_program)
         try:  # the burst of objects planning makes dies before a collection (collector.py)
+            settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants,
+                                          form.frozen, self._shape_program)
             with collector.held_off():
                 inferred = self._shape_program.infer(feeds, settle)
                 plan = plan_from_inference(signature, self._bound.nodes,
