@@ -475,3 +475,37 @@ def test_reshapes_of_strings_are_made_by_the_run_loop_too():
         np.testing.assert_array_equal(got, np.array([text.upper()], dtype=object))
     plan = next(iter(session._plans.values()))
     assert plan.reshapes == {"flat": (1,)}
+
+
+def test_a_structure_asks_a_plan_from_inference_only_what_its_sizes_may_change(monkeypatch):
+    """PlanStructure.holds_for(from_inference=True): a yes to "predicted" or "plannable"
+    for a value inference shaped with elements holds unasked; an empty one, a no, and a
+    graph output's size are asked, the output's first."""
+    from mixrt.runtime import executor  # noqa: PLC0415
+
+    asked = []
+
+    def probe(kind, step, name, observed, inferred, plannable):
+        asked.append((kind, name))
+        return executor._plannable_on_cpu(observed[name]) if kind == "plannable" \
+            else kind != "predicted" or name != "mispredicted"
+    monkeypatch.setattr(executor, "_probe", probe)
+    structure = executor.PlanStructure(
+        steps=[], slots=[], candidates=[], reshapes=(), views=frozenset(),
+        detached=frozenset(), shared=frozenset(),
+        probes=[("predicted", None, "a", True), ("plannable", None, "a", True),
+                ("plannable", None, "empty", True), ("predicted", None, "mispredicted", False),
+                ("arena output", None, "out", True)])
+    f32 = np.dtype(np.float32)
+    values = {"a": executor.Shaped((2, 3), f32), "empty": executor.Shaped((0, 3), f32),
+              "mispredicted": executor.Shaped((1,), f32), "out": executor.Shaped((4,), f32)}
+    cpu = executor._plannable_on_cpu
+    assert not structure.holds_for(values, {}, cpu, from_inference=True)  # "empty" says no
+    assert asked == [("arena output", "out"), ("plannable", "empty")]
+    asked.clear()
+    values["empty"] = executor.Shaped((1, 3), f32)
+    assert structure.holds_for(values, {}, cpu, from_inference=True)
+    assert asked == [("arena output", "out"), ("predicted", "mispredicted")]
+    asked.clear()
+    assert structure.holds_for(values, {}, cpu)  # a discovered plan's values: all asked
+    assert len(asked) == 5
