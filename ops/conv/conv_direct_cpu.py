@@ -114,6 +114,9 @@ class _Kit:
         pointwise = not plan.taps
         edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
         slope, low, high = limits
+        length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
+            else plan.weights.shape[0]
+        self._zeros, self._padded = np.zeros(length, dtype), np.zeros(length, dtype)
         arrays = {
             kernels.PLANES: flat,
             kernels.WORKER_PLANES: scratch("direct_planes_worker", dtype, flat.shape),
@@ -129,22 +132,23 @@ class _Kit:
             kernels.WORKER_EDGE: scratch("direct_edge_worker", dtype, edge_shape)
             if pointwise else empty[2],
         }
-        self.words = np.zeros(kernels.BLOCK_WORDS, np.int64)
+        # filled as a list and made an array once: ~12 slots written one by one into the
+        # int64 array, each address through ``ndarray.ctypes``, cost ~50 us a kit, and a
+        # CNN makes a kit per convolution at each new image size (2026-11-27)
+        words = [0] * kernels.BLOCK_WORDS
         for slot, array in arrays.items():
-            self.words[slot] = array.ctypes.data
-            self.words[slot + 1:slot + 1 + array.ndim] = array.shape
+            words[slot] = array.__array_interface__["data"][0]
+            words[slot + 1:slot + 1 + array.ndim] = array.shape
         scalars = {kernels.ITEMSIZE: dtype.itemsize, kernels.TAPS: _form(plan),
                    kernels.BY_ROWS: plan.by_rows, kernels.STRIPS: plan.strips,
                    kernels.IN_PLACE: plan.in_place, kernels.PARTS: parts.count,
                    kernels.CHUNK: parts.chunk, kernels.ROW_BLOCK: parts.row_block}
         for slot, value in scalars.items():
-            self.words[slot] = int(value)
-        self.words[kernels.SHAPE0:kernels.SHAPE0 + 4] = parts.shape
-        self.words[kernels.PH:kernels.PH + 9] = parts.geometry
+            words[slot] = int(value)
+        words[kernels.SHAPE0:kernels.SHAPE0 + 4] = parts.shape
+        words[kernels.PH:kernels.PH + 9] = parts.geometry
+        self.words = np.array(words, np.int64)
         self._arrays = arrays  # the words point into these
-        length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
-            else plan.weights.shape[0]
-        self._zeros, self._padded = np.zeros(length, dtype), np.zeros(length, dtype)
 
     def bias(self, B, m) -> np.ndarray:
         """B as the tile reads it: one per output channel, zeros past M to a whole panel."""
@@ -182,6 +186,7 @@ def _conv_threads(plan, X, B, Z, limits, out):
 
 def _native_pool():
     return jit_cpu.native_pool()
+
 
 
 def _form(plan) -> int:
