@@ -8,6 +8,12 @@ load a kernel in milliseconds instead of compiling it (0.2-0.5 s). The same name
 module's prebuilt entries, where the wheel build compiled it (``ops/compiled/prebuilt.py``).
 A file whose contents differ from the source it should hold is rewritten before it is
 imported. Where no cache directory is writable the source is compiled in memory, uncached.
+
+Python's bytecode of each module is kept beside it too (``jit/__pycache__``), also where
+the process may not write bytecode (``PYTHONDONTWRITEBYTECODE``, which container images
+often set): Python still reads it there, and without it every import compiled the source
+again (~1 ms a module; EfficientNet-B0 imports a few at each new image size, 2026-11-27).
+Its name carries the source's hash, so the bytecode of one file can only be its own.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import py_compile
 import sys
 import threading
 import types
@@ -98,12 +105,34 @@ def kernel_module(text: str, prefix: str = "mixrt_fused"):
             exec(compile(text.replace("cache=True", "cache=False"), name, "exec"),
                  module.__dict__)
             return module
+        if sys.dont_write_bytecode:  # Python reads the bytecode there, but writes none
+            _keep_bytecode(path)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         module.SOURCE = text  # what a module generated from this one starts with
         sys.modules[name] = module  # numba's cache locates functions through their module
         spec.loader.exec_module(module)
         return module
+
+
+def _keep_bytecode(path: Path) -> None:
+    """Write ``path``'s bytecode where its import looks for it, where it is missing (the
+    write is atomic; a folder that cannot be written leaves the import to compile)."""
+    cached = importlib.util.cache_from_source(str(path))
+    if os.path.exists(cached):
+        return
+    try:
+        py_compile.compile(str(path), cfile=cached, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    except (OSError, py_compile.PyCompileError):
+        pass
+
+
+def _drop_bytecode(path: Path) -> None:
+    try:
+        os.unlink(importlib.util.cache_from_source(str(path)))
+    except OSError:
+        pass
 
 
 def _written(path: Path, text: str) -> Path | None:
@@ -116,6 +145,7 @@ def _written(path: Path, text: str) -> Path | None:
         temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_text(text)
         os.replace(temporary, path)
+        _drop_bytecode(path)  # of the contents it replaced
         return path
     except OSError:
         return None
