@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _kv_processes import _die_with_parent  # noqa: E402
-from _service_report import REGIMES  # noqa: E402
+from _service_report import DIAGNOSTIC, REGIMES  # noqa: E402
 
 CHEAP_MS = 20.0  # a model slower than this a request gets fewer requests per regime
 REQUESTS, FEWEST, PACED_100MS = 200, 60, 40
@@ -173,10 +173,23 @@ def new_shape(call, feeds, new_feeds, n):
     return _at_intervals(call, new_feeds, n, 0.010)
 
 
+def sizes_again(call, feeds, new_feeds, n):
+    """The new-shape regime's shapes, each run twice (untimed, 10 ms apart) before its
+    timed request 10 ms later: the runtime's speed at those shapes once it has met them."""
+    times = []
+    for index in range(n):
+        shaped = new_feeds(index)
+        for _ in range(3):  # the last one timed
+            time.sleep(0.010)
+            took = call(shaped)
+        times.append(took)
+    return times
+
+
 RUN = {"hot": hot, "paced-1ms": paced(0.001), "paced-10ms": paced(0.010),
        "paced-100ms": paced(0.100), "interleaved": interleaved,
-       "busy-neighbour": busy_neighbour, "new-shape": new_shape}
-assert set(RUN) == set(REGIMES)
+       "busy-neighbour": busy_neighbour, "new-shape": new_shape, "sizes-again": sizes_again}
+assert set(RUN) == set(REGIMES + DIAGNOSTIC)
 
 
 def request_counts(probe_ms: float, regimes, quick: bool) -> dict:
@@ -280,7 +293,8 @@ def main(argv=None) -> int:
     parser.add_argument("mode", choices=("time", "compare"))
     parser.add_argument("--spec", type=Path, required=True)
     parser.add_argument("--runtime", choices=("mixrt", "onnxruntime"))
-    parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=REGIMES)
+    parser.add_argument("--regimes", nargs="+", default=list(REGIMES + DIAGNOSTIC),
+                        choices=REGIMES + DIAGNOSTIC)
     parser.add_argument("--requests", type=json.loads, help="JSON: requests per regime")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)

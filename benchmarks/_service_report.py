@@ -12,6 +12,10 @@ import math
 
 REGIMES = ("hot", "paced-1ms", "paced-10ms", "paced-100ms", "interleaved", "busy-neighbour",
            "new-shape")
+# measured beside the regimes, outside the targets: the new-shape regime's shapes again,
+# each run twice before the timed request, so that new-shape / sizes-again is what a shape's
+# first sight costs, and sizes-again's ratio the kernels' speed at those shapes
+DIAGNOSTIC = ("sizes-again",)
 RUNTIMES = ("mixrt", "onnxruntime")
 # the issue's targets, mixrt / onnxruntime per regime: the geometric mean of the models'
 # p50 ratios, of their p99 ratios, and the largest single model's p50 ratio (its p99, over
@@ -150,12 +154,42 @@ def failures(models: list[dict]) -> list[str]:
 
 def tables(results: dict) -> str:
     models, regimes = results["models"], results["regimes"]
-    verdicts = [verdict(models, regime) for regime in regimes]
+    verdicts = [verdict(models, regime) for regime in regimes if regime in REGIMES]
     parts = [summary_table(verdicts), "", start_table(models)]
     parts += ["", *failures(models)] if failures(models) else []
     for regime in regimes:
         parts += ["", regime_table(models, regime)]
+    if "new-shape" in regimes and "sizes-again" in regimes:
+        parts += ["", first_sight_table(models)]
     return "\n".join(parts)
+
+
+def first_sight_table(models: list[dict]) -> str:
+    """The new-shape regime taken apart: what each runtime's first sight of a shape costs
+    over the same shape met before (p50 over p50), and mixrt / onnxruntime at those shapes
+    met before, the kernels' own speed there. The new-shape ratio is about their product."""
+    lines = ["**new-shape, taken apart** (sizes-again: the same shapes, each run twice "
+             "before its timed request)", "",
+             "| model | mixrt first sight / sizes again | onnxruntime first sight / sizes again "
+             "| ratio sizes-again p50 | ratio new-shape p50 |", "|---|---:|---:|---:|---:|"]
+    factors, kernels = [], []
+    for model in models:
+        found = [_first_sight(model.get(runtime)) for runtime in RUNTIMES]
+        again, new = ratios(model, "sizes-again"), ratios(model, "new-shape")
+        factors.append(found[0])
+        kernels.append(again and again[0])
+        lines.append(f"| {model['label']} | {_x(found[0])} | {_x(found[1])} | "
+                     f"{_x(again and again[0])} | {_x(new and new[0])} |")
+    lines.append(f"| geomean | {_x(geomean(factors))} | | {_x(geomean(kernels))} | |")
+    return "\n".join(lines)
+
+
+def _first_sight(result: dict | None) -> float | None:
+    try:
+        regimes = result["regimes"]
+        return regimes["new-shape"]["p50_ms"] / regimes["sizes-again"]["p50_ms"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def _counts(results: dict) -> str:
@@ -185,7 +219,9 @@ def section(results: dict) -> str:
         "shape; *paced-N* one request every N ms (start to start); *interleaved* ~0.3 ms of "
         "NumPy sorting and Python between calls; *busy-neighbour* requests every 10 ms while "
         "another process spins on one core; *new-shape* a new random shape on every request, "
-        "every 10 ms, the same shapes in the same order for both runtimes. N: requests per "
+        "every 10 ms, the same shapes in the same order for both runtimes; *sizes-again* "
+        "(outside the targets) the same shapes again, each run twice 10 ms apart before its "
+        "timed request 10 ms later. N: requests per "
         f"regime, {_counts(results)}. "
         "Ratios are mixrt / onnxruntime (lower is better). *agrees*: one comparison per "
         "model after the timing, at one drawn shape (allclose rtol 1e-3, atol 1e-4; "

@@ -1,7 +1,7 @@
 """Latency as a service meets it: mixrt against onnxruntime, each runtime alone in its own
 fresh process, on models drawn at random for every run.
 
-    python benchmarks/service_regimes.py                   # 9 models, 7 regimes: ~20 min
+    python benchmarks/service_regimes.py                   # 9 models, 7 regimes and sizes-again: ~20 min
     python benchmarks/service_regimes.py --quick           # 3 small models: ~1.5 min
     python benchmarks/service_regimes.py --seed 1234 --models bert cnn1 --regimes hot new-shape
     python benchmarks/service_regimes.py --write --out /tmp/service.json
@@ -11,7 +11,10 @@ other work, next to other processes, and nearly each with a new shape. Regimes (
 of the call's time over N requests): ``hot`` (back to back, one shape), ``paced-1ms``,
 ``paced-10ms``, ``paced-100ms`` (a request every 1, 10, 100 ms), ``interleaved`` (~0.3 ms
 of NumPy and Python between calls), ``busy-neighbour`` (every 10 ms, another process
-spinning on one core), ``new-shape`` (every 10 ms, a new random shape each).
+spinning on one core), ``new-shape`` (every 10 ms, a new random shape each). Beside them,
+outside the targets, ``sizes-again``: the new-shape regime's shapes, each run twice before
+its timed request, which takes the new-shape ratio apart into what a shape's first sight
+costs each runtime and the kernels' speed at those shapes.
 
 The models (``_service_models.py``): a BERT encoder, a GPT-2 decoder, DistilBERT or RoBERTa,
 two torchvision CNNs, an MLP, a random forest or decision tree, XGBoost or LightGBM, and a
@@ -183,8 +186,9 @@ def parse(argv) -> argparse.Namespace:
                                                  "(default: from the clock; printed first)")
     parser.add_argument("--models", nargs="+", choices=models.SLOTS, metavar="MODEL",
                         help=f"a subset of {', '.join(models.SLOTS)}")
-    parser.add_argument("--regimes", nargs="+", choices=report.REGIMES, default=report.REGIMES,
-                        metavar="REGIME", help=f"a subset of {', '.join(report.REGIMES)}")
+    every = report.REGIMES + report.DIAGNOSTIC
+    parser.add_argument("--regimes", nargs="+", choices=every, default=every,
+                        metavar="REGIME", help=f"a subset of {', '.join(every)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"{', '.join(models.QUICK_SLOTS)} at small sizes, 20 requests a "
                              "regime (10 at 100 ms apart): a smoke run of a minute or two")
@@ -208,7 +212,7 @@ def main(argv=None) -> int:
           "run's models, shapes and requests)", flush=True)
     started, load_before = time.perf_counter(), load_average()
     slots = args.models or (models.QUICK_SLOTS if args.quick else models.SLOTS)
-    regimes = [r for r in report.REGIMES if r in args.regimes]
+    regimes = [r for r in report.REGIMES + report.DIAGNOSTIC if r in args.regimes]
     prepared = prepare(slots, seed, args.quick)
     logs = models.CACHE / str(seed) / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -52,15 +52,15 @@ def test_child_times_each_regime(runtime, tiny_spec, tmp_path):
                NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "_service_children.py"), "time", "--runtime", runtime,
-         "--spec", str(tiny_spec), "--regimes", "hot", "new-shape",
-         "--requests", json.dumps({"hot": 3, "new-shape": 3})],
+         "--spec", str(tiny_spec), "--regimes", "hot", "new-shape", "sizes-again",
+         "--requests", json.dumps({"hot": 3, "new-shape": 3, "sizes-again": 3})],
         capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [line["regime"] for line in lines[:-1]] == ["hot", "new-shape"]
+    assert [line["regime"] for line in lines[:-1]] == ["hot", "new-shape", "sizes-again"]
     result = lines[-1]["result"]
     assert result["runtime"] == runtime and runtime in result["versions"]
-    for regime in ("hot", "new-shape"):
+    for regime in ("hot", "new-shape", "sizes-again"):
         found = result["regimes"][regime]
         assert found["n"] == 3 and len(found["times_ms"]) == 3
         assert found["p50_ms"] > 0 and found["p99_ms"] >= found["p50_ms"]
@@ -113,3 +113,16 @@ def test_tables_show_ratios_and_verdicts():
     text = report.tables({"models": models, "regimes": ["hot"]})
     assert "| a | made up | 60 | 3.00 | 6.00 | 1.00 | 2.00 | 3.00 | 3.00 | yes (ok) |" in text
     assert "| hot | 3.00 | 3.00 | a: 3.00x | FAIL | FAIL | FAIL | FAIL |" in text
+
+
+def test_new_shape_is_taken_apart_into_first_sight_and_kernels_outside_the_verdicts():
+    def measured(new, again):
+        return {"regimes": {"new-shape": {"n": 60, "p50_ms": new, "p99_ms": new},
+                            "sizes-again": {"n": 60, "p50_ms": again, "p99_ms": again}}}
+    models = [{"label": "a", "sizes": "made up", "mixrt": measured(6.0, 2.0),
+               "onnxruntime": measured(1.5, 1.0), "agreement": {"agrees": True}}]
+    text = report.tables({"models": models, "regimes": ["new-shape", "sizes-again"]})
+    # mixrt's first sight 3x its sizes met before, onnxruntime's 1.5x; 2x at those sizes
+    assert "| a | 3.00 | 1.50 | 2.00 | 4.00 |" in text
+    summary = text.split("\n\n")[0]
+    assert "| new-shape |" in summary and "sizes-again" not in summary
