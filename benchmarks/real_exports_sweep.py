@@ -1,16 +1,20 @@
-"""mixrt against onnxruntime on real exports across shapes, not only the one they were tuned on.
+"""mixrt against onnxruntime on real exports across shapes drawn at random for each run.
 
-    python benchmarks/real_exports_sweep.py [--families vision hf kv classical quantized]
-        [--models NAME ...] [--quick] [--budget 1.0 | --repeat N] [--cold]
-        [--out BENCHMARKS.md] [--json FILE] [--from-json FILE]
+    python benchmarks/real_exports_sweep.py [--seed S | --grid] [--families vision hf kv
+        classical quantized] [--models NAME ...] [--quick] [--budget 1.0 | --repeat N]
+        [--cold] [--out BENCHMARKS.md] [--json FILE] [--from-json FILE]
 
-The models and their points are ``benchmarks/real_exports/sweeps.py``: vision classifiers at
-batch {1, 2, 8} x image {96, 160, 224}, BERT and GPT-2 per hidden size {64, 256, 768} at
-batch {1, 2} x sequence {8, 16, 128}, GPT-2 decode steps at past {16, 128, 512}, the
-classical models at batch {1, 2, 64}, quantized and float16 models at two shapes each, every
-model exported once with symbolic axes and built into ``benchmarks/.cache/real_exports``.
-``--quick`` keeps the extremes (the smallest and the largest point of each model, and only
-the smallest and largest hidden size).
+The models and their points are drawn for each run (``benchmarks/real_exports/drawn.py``)
+under a seed printed first (``--seed`` repeats a run): vision classifiers at batch 1-32 and
+images of 64-512 px a side, BERT and GPT-2 at three hidden sizes of 32-1024 each, at batch
+1-32 and sequence 1-512, GPT-2 decode steps at past 1-512, the classical models at 1-10,000
+rows and their tree ensembles with 10-1,000 trees, quantized and float16 models at two
+shapes each; so there is no grid to tune kernels to. ``--grid`` measures the fixed grid
+instead (``benchmarks/real_exports/sweeps.py``: batch {1, 2, 8} x image {96, 160, 224},
+hidden {64, 256, 768} x sequence {8, 16, 128}, ...), the shapes the kernels were tuned on.
+Every model is exported once with symbolic axes and built into
+``benchmarks/.cache/real_exports``. ``--quick`` keeps the extremes (the smallest and the
+largest point of each model, and only the smallest and largest hidden size).
 
 Each model is measured by three child processes in turn, so a crash or a hang is a row that
 says so, and the next point goes on in a new child:
@@ -227,6 +231,7 @@ def _run_child(mode: str, name: str, labels: list[str], args, on_done) -> tuple[
     and, where it died or hung, (the point it was at, why)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--models", name,
                "--points", *labels, "--budget", str(args.budget)]
+    command += ["--grid"] if args.seed is None else ["--seed", str(args.seed)]
     if args.repeat:
         command += ["--repeat", str(args.repeat)]
     done, current = {}, None
@@ -459,8 +464,8 @@ def render(rows: list[dict], meta: dict) -> str:
         f"{_elsewhere()}; load average "
         f"before {report._load(meta.get('load_before'))}, after "
         f"{report._load(meta.get('load_after'))}. mixrt's kernel caches: {meta['caches']}.", "",
-        "Each model is exported once with symbolic axes (`benchmarks/real_exports/sweeps.py`) "
-        "and timed at every point of its grid, in three child processes: both runtimes "
+        f"{_points_line(meta)} Each model is exported once with symbolic axes and timed "
+        "at every point, in three child processes: both runtimes "
         "in one (outputs compared at the first run, served by mixrt's NumPy tier, and again "
         "after `Session.wait_compiled()`; then medians of interleaved runs, onnxruntime on "
         "2 intra-op threads), then each runtime alone "
@@ -493,6 +498,17 @@ def render(rows: list[dict], meta: dict) -> str:
         *model_lines, "", END, ""])
 
 
+def _points_line(meta: dict) -> str:
+    seed = meta.get("seed")
+    if seed is None:
+        return ("The points: the fixed grid (`--grid`, `benchmarks/real_exports/sweeps.py`), "
+                "the shapes the kernels were tuned on.")
+    return (f"The points, hidden sizes and tree counts were drawn under seed **{seed}** "
+            "(`benchmarks/real_exports/drawn.py`; `--seed` draws them again): batch 1-32, "
+            "images 64-512 px a side, hidden 32-1024, sequence 1-512, past 1-512, rows "
+            "1-10,000, trees 10-1,000.")
+
+
 def write(path: Path, text: str) -> None:
     """Replace this script's block (or a hand-made section under the same heading, up to the
     next heading of its level); else append."""
@@ -511,6 +527,11 @@ def write(path: Path, text: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int,
+                        help="draws the models' points, hidden sizes and tree counts "
+                             "(default: from the clock; printed first)")
+    parser.add_argument("--grid", action="store_true",
+                        help="the fixed grid of shapes the kernels were tuned on instead")
     parser.add_argument("--families", nargs="*", default=None,
                         help="vision hf kv classical quantized (default: all)")
     parser.add_argument("--models", nargs="*", help="these sweep models only")
@@ -542,22 +563,32 @@ def main(argv=None) -> int:
     if args.child in ("interleaved", "mixrt"):
         import mixrt  # noqa: PLC0415,F401  (before NumPy: mixrt picks NumPy's BLAS kernels)
     from real_exports import sweeps  # noqa: PLC0415
+    if args.grid:
+        args.seed = None
+    elif args.seed is None:
+        args.seed = int(time.time() * 1000) % 2 ** 31
     if args.child:
-        model = sweeps.MODELS[args.models[0]]
+        model = sweeps.select(names=args.models, seed=args.seed)[0][0]
         if args.child == "interleaved":
             child_interleaved(model, args.points, args)
         else:
             child_alone(args.child, model, args.points, args)
         return 0
-    args.command = " ".join(["python benchmarks/real_exports_sweep.py",
-                             *(argv if argv is not None else sys.argv[1:])])
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.seed is not None and "--seed" not in given:
+        given += ["--seed", str(args.seed)]
+    args.command = " ".join(["python benchmarks/real_exports_sweep.py", *given])
     if args.from_json:  # several: one table over the runs' rows, the first run's header
         runs = [json.loads(path.read_text()) for path in args.from_json]
         meta = {"command": runs[0]["command"], "caches": runs[0]["caches"], "elapsed": 0,
                 **runs[0].get("meta", {})}
         meta["elapsed"] = sum(run.get("meta", {}).get("elapsed", 0) for run in runs)
         return _publish([row for run in runs for row in run["rows"]], meta, args)
-    selection = sweeps.select(args.families or sweeps.FAMILIES, args.models, args.quick)
+    if args.seed is not None:
+        print(f"seed {args.seed} (--seed {args.seed} draws this run's models and points "
+              "again)", file=sys.stderr, flush=True)
+    selection = sweeps.select(args.families or sweeps.FAMILIES, args.models, args.quick,
+                              args.seed)
     args.caches = Path(tempfile.mkdtemp(prefix="mixrt-sweep-")) if args.cold else args.caches
     args.environment = _environment(args.caches)
     args.exporters = {}
@@ -567,7 +598,7 @@ def main(argv=None) -> int:
     finally:
         if args.cold:
             shutil.rmtree(args.caches, ignore_errors=True)
-    meta = {"command": args.command, "elapsed": time.time() - started,
+    meta = {"command": args.command, "elapsed": time.time() - started, "seed": args.seed,
             "caches": "empty at the start (--cold)" if args.cold else f"`{args.caches}`",
             "load_before": load_before, "load_after": os.getloadavg()}
     args.json.write_text(json.dumps({"command": args.command, "caches": meta["caches"],

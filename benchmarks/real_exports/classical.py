@@ -166,3 +166,20 @@ def _recipes() -> dict[str, Recipe]:
 
 
 BUILDERS = _Lazy()
+
+
+def dataset_of(name: str) -> np.ndarray:
+    """The rows the estimator ``name`` was fitted on."""
+    known = {**{k: v[1] for k, v in _estimators().items()},
+             **{k: v[1] for k, v in _boosters().items()}}
+    return _data(known[name])[0]
+
+
+def build_with_trees(name: str, trees: int, path: Path) -> dict[str, np.ndarray]:
+    """The tree ensemble ``name`` (of _estimators or _boosters) with ``trees`` estimators,
+    built as its recipe builds it (the sweep draws the count per run)."""
+    if name in _estimators():
+        make, data = _estimators()[name]
+        return _sklearn(lambda: make().set_params(n_estimators=trees), data)(path)
+    make, data, library = _boosters()[name]
+    return _onnxmltools(lambda: make().set_params(n_estimators=trees), data, library)(path)

@@ -93,8 +93,9 @@ IMAGES = (96, 160, 224)
 
 
 def _images(axes: dict[str, int]) -> Feeds:
-    size = axes["image"]
-    return {"image": rng(5).random((axes["batch"], 3, size, size), dtype=np.float32)}
+    """Square images of side ``image`` (the grid's), or ``height`` x ``width`` (drawn.py's)."""
+    height, width = axes.get("height", axes.get("image")), axes.get("width", axes.get("image"))
+    return {"image": rng(5).random((axes["batch"], 3, height, width), dtype=np.float32)}
 
 
 def _image_points() -> tuple[Point, ...]:
@@ -173,7 +174,8 @@ POSITIONS = 1024  # the decode steps' 512 past tokens and one more
 def _text(axes: dict[str, int], token_types: bool) -> Feeds:
     batch, seq = axes["batch"], axes["sequence"]
     mask = np.ones((batch, seq), np.int64)
-    mask[-1, seq - max(1, seq // 8):] = 0  # a padded tail in the last row
+    if seq > 1:
+        mask[-1, seq - max(1, seq // 8):] = 0  # a padded tail in the last row
     feeds = {"input_ids": rng(1).integers(3, VOCAB, size=(batch, seq), dtype=np.int64),
              "attention_mask": mask}
     if token_types:
@@ -182,17 +184,27 @@ def _text(axes: dict[str, int], token_types: bool) -> Feeds:
     return feeds
 
 
+def _heads(hidden: int) -> int:
+    """Heads of HEAD_DIM, or of 32 where ``hidden`` is an odd multiple of 32 (drawn.py)."""
+    return hidden // HEAD_DIM if hidden % HEAD_DIM == 0 else hidden // 32
+
+
+def text_exporter() -> str:
+    return (f"torch.onnx TorchScript (torch {version('torch')}, "
+            f"transformers {version('transformers')})")
+
+
 def _bert(transformers, hidden: int):
     config = transformers.BertConfig(
         vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=LAYERS,
-        num_attention_heads=hidden // HEAD_DIM, intermediate_size=4 * hidden,
+        num_attention_heads=_heads(hidden), intermediate_size=4 * hidden,
         max_position_embeddings=POSITIONS)
     return transformers.BertModel(config), ("last_hidden_state", "pooler_output")
 
 
 def _gpt2_config(transformers, hidden: int):
     return transformers.GPT2Config(vocab_size=VOCAB, n_embd=hidden, n_layer=LAYERS,
-                                   n_head=hidden // HEAD_DIM, n_positions=POSITIONS)
+                                   n_head=_heads(hidden), n_positions=POSITIONS)
 
 
 def _gpt2(transformers, hidden: int):
@@ -382,11 +394,14 @@ MODELS = _models()
 FAMILIES = ("vision", "hf", "kv", "classical", "quantized")
 
 
-def select(families=FAMILIES, names=None, quick: bool = False
+def select(families=FAMILIES, names=None, quick: bool = False, seed: int | None = None
            ) -> list[tuple[SweepModel, list[Point]]]:
-    """The models of ``families`` (or exactly ``names``) with the points a run measures."""
+    """The models of ``families`` (or exactly ``names``) with the points a run measures:
+    the grid's (``seed`` None) or those ``drawn.models(seed)`` draws."""
+    from . import drawn  # noqa: PLC0415
+    every = MODELS if seed is None else drawn.models(seed)
     chosen = []
-    for model in MODELS.values():
+    for model in every.values():
         if names:
             if model.name not in names:
                 continue
@@ -394,8 +409,8 @@ def select(families=FAMILIES, names=None, quick: bool = False
             continue
         points = [p for p in model.points if p.quick or not quick]
         chosen.append((model, points))
-    unknown = set(names or ()) - set(MODELS)
+    unknown = set(names or ()) - set(every)
     if unknown:
         raise SystemExit(f"unknown models {sorted(unknown)}; the sweep's models: "
-                         + ", ".join(MODELS))
+                         + ", ".join(every))
     return chosen
