@@ -381,13 +381,17 @@ def many_class_scores(raw, has, base, transform, chosen, scores):
     (a class they reach counts as scored), ``chosen`` the best scored class (the first on
     ties, the first NaN if any), ``scores`` the float32 scores post-transformed, an unscored
     class reading 0."""
-    classes = raw.shape[1]
+    classes, based = raw.shape[1], base.shape[0]
     for row in range(raw.shape[0]):
         best, best_value = 0, -np.inf
         for j in range(classes):
-            value, scored = raw[row, j], has[row, j]
-            if j < base.shape[0]:
-                value, scored = value + base[j], True
+            # widened once, after the float32 sum: a float32 value that meets the float64
+            # -inf below cost float32 rows twice float64's time (a decision tree's 2,308
+            # rows of 10 classes: 116 -> 57 us, 2026-11-27)
+            if j < based:
+                value, scored = np.float64(raw[row, j] + base[j]), True
+            else:
+                value, scored = np.float64(raw[row, j]), has[row, j]
             scores[row, j] = np.float32(value) if scored else np.float32(0.0)
             candidate = value if scored else -np.inf
             if best_value == best_value and (candidate > best_value or candidate != candidate):
