@@ -116,3 +116,20 @@ def test_the_fused_node_exports_as_standard_ops(opset, root):
     for mine, reference in zip(onnxruntime_outputs(exported, inputs),
                                onnxruntime_outputs(model, inputs)):
         np.testing.assert_allclose(mine, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_compiled_distances_agree_with_the_numpy_form(dtype, monkeypatch):
+    """ops/ml/_jit_distances.py (one loop per distance, the threads splitting R's rows)
+    against the blocks of differences: the dtype's rounding apart, and 0 exactly 0."""
+    from mixrt.ops.ml import distances
+    generator = np.random.default_rng(3)
+    x = generator.standard_normal((301, 37)).astype(dtype)
+    r = np.concatenate([generator.standard_normal((150, 37)).astype(dtype), x[[4, 200]]])
+    compiled = distances.pairwise_squared_distances(np, x, r)
+    assert distances._compiled(np, x, r) is not None
+    monkeypatch.setattr(distances, "_compiled", lambda *args: None)
+    plain = distances.pairwise_squared_distances(np, x, r)
+    assert compiled.dtype == plain.dtype == dtype and compiled.shape == (152, 301)
+    np.testing.assert_allclose(compiled, plain, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert compiled[150, 4] == 0 and compiled[151, 200] == 0

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
 
@@ -29,6 +31,12 @@ def pairwise_squared_distances(xp, X, R, *, root=0):
     if X.ndim != 2 or R.ndim != 2 or X.shape[1] != R.shape[1]:
         raise ValueError(f"X {tuple(X.shape)} and R {tuple(R.shape)} must be matrices with "
                          f"the same number of columns")
+    kernels = _compiled(xp, X, R)
+    if kernels is not None:  # one loop per distance, R's rows split between the threads
+        out, transposed = np.empty((R.shape[0], X.shape[0]), X.dtype), X.T.copy()
+        parallel_for(thread_parts(R.shape[0], out.size * X.shape[1]), lambda start, stop:
+                     kernels.squared_distances(transposed, R, out, start, stop))
+        return np.sqrt(out) if root else out
     step = max(1, _BLOCK_ELEMENTS // max(1, X.shape[0] * X.shape[1]))
     blocks = []
     for start in range(0, R.shape[0], step):
@@ -37,6 +45,18 @@ def pairwise_squared_distances(xp, X, R, *, root=0):
     out = (xp.concatenate(blocks, axis=0) if blocks
            else xp.zeros((0, X.shape[0]), X.dtype)).astype(X.dtype, copy=False)
     return xp.sqrt(out) if root else out
+
+
+def _compiled(xp, X, R):
+    """ops/ml/_jit_distances.py for host float32 or float64 matrices of one dtype, both
+    contiguous, with the compiled tier on; else None (the NumPy form)."""
+    if xp is not np or X.dtype != R.dtype or X.dtype not in _COMPILED \
+            or not (X.flags.c_contiguous and R.flags.c_contiguous) or not jit_cpu.enabled():
+        return None
+    return jit_cpu.load("mixrt.ops.ml._jit_distances")
+
+
+_COMPILED = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 
 
 @pairwise_squared_distances.infer

@@ -16,6 +16,7 @@ from mixrt.ops.ir.registry import op
 from mixrt.ops.shape.shape import const_ints, host_ints, host_scalar, typed, unknown_dims
 from mixrt.ops.ir.types import normalize_axis, reduced_shape, same_as_input
 from mixrt.ops import device_checks
+from mixrt.ops.shape import top_k_select
 
 INT64 = np.dtype(np.int64)
 
@@ -366,6 +367,19 @@ def _top_k(xp, X, k, axis, largest):
     by the smaller index first."""
     axis = normalize_axis(axis, X.ndim)
     _checked_k(k, X.shape[axis], axis)
+    if xp is np:
+        rows = np.moveaxis(X, axis, -1)
+        if top_k_select.suits(rows, k):  # k of a long axis: selected, not sorted
+            found = top_k_select.top_k_indices(
+                rows, k, bool(largest), lambda part: _sorted_top_k(np, part, k, 1, largest))
+            indices = np.moveaxis(found, -1, axis)
+            return np.take_along_axis(X, indices, axis=axis), indices
+    indices = _sorted_top_k(xp, X, k, axis, largest)
+    return xp.take_along_axis(X, indices, axis=axis), indices
+
+
+def _sorted_top_k(xp, X, k, axis, largest):
+    """The indices of TopK by a stable sort of the whole axis."""
     keys = sortable(xp, X)
     if largest:
         # Stable-sort the reversed axis ascending, then read it backwards: values descend
@@ -376,8 +390,7 @@ def _top_k(xp, X, k, axis, largest):
         order = (n - 1) - xp.flip(order, axis)
     else:
         order = xp.argsort(keys, axis=axis, kind="stable")
-    indices = xp.take(order, xp.arange(k), axis=axis).astype(np.int64)
-    return xp.take_along_axis(X, indices, axis=axis), indices
+    return xp.take(order, xp.arange(k), axis=axis).astype(np.int64)
 
 
 @op("TopK", since=1, dtypes=NUMERIC)
