@@ -14,6 +14,15 @@ repeated rows / rows that change): LightGBM's regressor stepped 184 / 187, in st
 times its first calls of each batch size every way (``SAMPLES`` each, one walk after the
 other) and keeps the fastest of each walk's calls (from one row: a single row of LightGBM's 3-class forest
 took 31 us in step, 22.5 branching); every ``RETUNE_CALLS`` calls it times them again, as traffic changes.
+
+The choice is kept per *class* of batch sizes, a power of two apart (1, 2-3, 4-7, ...,
+8192-16383 rows), not per size: a service whose batches each have their own size timed
+every way again at nearly every call, and at thousands of rows the slow walks are slow (a
+536-tree random forest at 2,490 rows: 56, 119, 146 and 40 ms; the sweep's median there,
+the timing rounds included, 119 ms against onnxruntime's 61, 2026-11-27). Within a class
+the order of the walks held where it was measured. A walk whose call took LONG_CALL_NS or
+more is timed once: the clock's noise is small against it, and each more sample of a
+slow walk costs the request that takes it.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import time
 
 SAMPLES = 4  # timed calls of each walk before the fastest one is kept
 RETUNE_CALLS = 4096  # calls of one batch size between two rounds of timing
-MOST_SIZES = 64  # batch sizes a forest keeps a choice for (others take the stepped walk)
+MOST_SIZES = 64  # classes of batch sizes a forest keeps a choice for (others: the stepped walk)
+LONG_CALL_NS = 2_000_000  # a call this long is timed once
 
 clock = time.perf_counter_ns  # what a walk is timed by
 
@@ -50,13 +60,13 @@ class WalkChoice:
         # each walk's samples one after another: a branching walk is fast only once the
         # core has learnt its branches, which timing the walks in turn kept it from
         # (LightGBM's 64 repeated rows: 133 us a call in turn, 62 after a few calls of its own)
-        index = next(i for i, times in enumerate(self._samples) if len(times) < SAMPLES)
+        index = next(i for i, times in enumerate(self._samples) if not _enough(times))
         return index, True
 
     def timed(self, index: int, nanoseconds: int) -> None:
         samples = self._samples
         samples[index].append(nanoseconds)
-        if all(len(times) >= SAMPLES for times in samples):
+        if all(_enough(times) for times in samples):
             # the fastest of each: a call another process interrupted says nothing
             fastest = [min(times) for times in samples]
             self._kept = fastest.index(min(fastest))
@@ -67,8 +77,14 @@ class WalkChoice:
         return self._kept
 
 
+def _enough(times: list[int]) -> bool:
+    """Whether a walk's calls so far time it: SAMPLES of them, or one long one."""
+    return len(times) >= SAMPLES or (len(times) > 0 and times[0] >= LONG_CALL_NS)
+
+
 class WalkChoices:
-    """A forest's choices by batch size, among ``count`` walks."""
+    """A forest's choices by class of batch size (a power of two apart), among ``count``
+    walks."""
 
     __slots__ = ("_by_rows", "_count")
 
@@ -77,9 +93,10 @@ class WalkChoices:
         self._count = count
 
     def for_rows(self, rows: int) -> WalkChoice | None:
-        choice = self._by_rows.get(rows)
+        size_class = rows.bit_length()
+        choice = self._by_rows.get(size_class)
         if choice is None and len(self._by_rows) < MOST_SIZES:
-            choice = self._by_rows.setdefault(rows, WalkChoice(self._count))
+            choice = self._by_rows.setdefault(size_class, WalkChoice(self._count))
         return choice
 
 

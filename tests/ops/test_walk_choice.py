@@ -59,12 +59,24 @@ def test_the_walks_are_timed_again_as_traffic_changes():
     assert choice.kept == 1
 
 
-def test_a_forest_keeps_choices_for_a_bounded_number_of_batch_sizes():
+def test_batch_sizes_of_one_power_of_two_share_a_choice(monkeypatch):
     choices = walk_choice.WalkChoices()
-    for rows in range(walk_choice.MOST_SIZES):
-        assert choices.for_rows(rows + 4) is not None
-    assert choices.for_rows(10_000) is None
-    assert choices.for_rows(4) is choices.for_rows(4)
+    assert choices.for_rows(4) is choices.for_rows(7) is not choices.for_rows(8)
+    assert choices.for_rows(2490) is choices.for_rows(4095) is choices.for_rows(2048)
+    assert choices.for_rows(1) is not choices.for_rows(2)
+    monkeypatch.setattr(walk_choice, "MOST_SIZES", 3)  # a bounded number of classes
+    bounded = walk_choice.WalkChoices()
+    assert all(bounded.for_rows(rows) is not None for rows in (4, 8, 2048))
+    assert bounded.for_rows(1) is None and bounded.for_rows(5) is bounded.for_rows(4)
+
+
+def test_a_long_call_times_its_walk_once():
+    """Each more sample of a slow walk costs the request that takes it; a call of
+    LONG_CALL_NS or more is long against the clock's noise."""
+    choice = walk_choice.WalkChoice(3)
+    long = walk_choice.LONG_CALL_NS
+    tried = _timed_round(choice, (long * 3, long * 2, 100))
+    assert tried == [0, 1] + [2] * walk_choice.SAMPLES and choice.kept == 2
 
 
 @pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT"])
