@@ -133,3 +133,10 @@ def test_the_compiled_distances_agree_with_the_numpy_form(dtype, monkeypatch):
     assert compiled.dtype == plain.dtype == dtype and compiled.shape == (152, 301)
     np.testing.assert_allclose(compiled, plain, rtol=1e-5 if dtype == np.float32 else 1e-12)
     assert compiled[150, 4] == 0 and compiled[151, 200] == 0
+
+
+def test_empty_sides_give_empty_distances():
+    from mixrt.ops.ml import distances
+    x, r = np.ones((3, 4), np.float32), np.ones((0, 4), np.float32)
+    assert distances.pairwise_squared_distances(np, x, r).shape == (0, 3)
+    assert distances.pairwise_squared_distances(np, r, x).shape == (3, 0)

@@ -49,8 +49,8 @@ def pairwise_squared_distances(xp, X, R, *, root=0):
 
 def _compiled(xp, X, R):
     """ops/ml/_jit_distances.py for host float32 or float64 matrices of one dtype, both
-    contiguous, with the compiled tier on; else None (the NumPy form)."""
-    if xp is not np or X.dtype != R.dtype or X.dtype not in _COMPILED \
+    contiguous, R not empty, with the compiled tier on; else None (the NumPy form)."""
+    if xp is not np or X.dtype != R.dtype or X.dtype not in _COMPILED or not R.shape[0] \
             or not (X.flags.c_contiguous and R.flags.c_contiguous) or not jit_cpu.enabled():
         return None
     return jit_cpu.load("mixrt.ops.ml._jit_distances")
