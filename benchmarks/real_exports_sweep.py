@@ -456,7 +456,7 @@ def render(rows: list[dict], meta: dict) -> str:
             f"{_fmt(report.geomean(together))} | {_fmt(report.geomean(alone))} | "
             f"{_fmt(min(together)) + '–' + _fmt(max(together)) if together else '–'} | "
             f"{_shape(worst) if together else '–'} |")
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = meta.get("when") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join([
         BEGIN, "", HEADING, "",
         f"Measured {when} by `{meta['command']}`, {meta['elapsed'] / 60:.0f} min; "
@@ -599,6 +599,7 @@ def main(argv=None) -> int:
         if args.cold:
             shutil.rmtree(args.caches, ignore_errors=True)
     meta = {"command": args.command, "elapsed": time.time() - started, "seed": args.seed,
+            "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "caches": "empty at the start (--cold)" if args.cold else f"`{args.caches}`",
             "load_before": load_before, "load_after": os.getloadavg()}
     args.json.write_text(json.dumps({"command": args.command, "caches": meta["caches"],
