@@ -383,7 +383,7 @@ def many_class_scores(raw, has, base, transform, chosen, scores):
     class reading 0."""
     classes, based = raw.shape[1], base.shape[0]
     for row in range(raw.shape[0]):
-        best, best_value = 0, -np.inf
+        best, best_value, first_nan = 0, -np.inf, -1
         for j in range(classes):
             # widened once, after the float32 sum: a float32 value that meets the float64
             # -inf below cost float32 rows twice float64's time (a decision tree's 2,308
@@ -394,9 +394,14 @@ def many_class_scores(raw, has, base, transform, chosen, scores):
                 value, scored = np.float64(raw[row, j]), has[row, j]
             scores[row, j] = np.float32(value) if scored else np.float32(0.0)
             candidate = value if scored else -np.inf
-            if best_value == best_value and (candidate > best_value or candidate != candidate):
-                best, best_value = j, candidate
-        chosen[row] = best
+            # the best as selects, not a branch on the data (a random class wins each row:
+            # 58 -> 27 us for those rows), the first NaN apart
+            better = candidate > best_value
+            best = j if better else best
+            best_value = candidate if better else best_value
+            if candidate != candidate and first_nan < 0:
+                first_nan = j
+        chosen[row] = first_nan if first_nan >= 0 else best
         transform_row(scores, row, classes, transform)
 
 

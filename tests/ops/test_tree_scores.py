@@ -77,3 +77,24 @@ def test_many_classes_compiled_as_the_numpy_form(precision, transform, bases):
                                 chosen, scores)
     np.testing.assert_array_equal(chosen, expected_chosen)
     np.testing.assert_allclose(scores, expected, rtol=2e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("precision", [np.float32, np.float64])
+def test_many_classes_with_nan_choose_the_first_nan_as_the_numpy_form(precision):
+    """A scored NaN is chosen wherever it lies (the first of two), an unscored one never:
+    the selects that keep the best agree with NumPy's argmax."""
+    raw, has = sums(40, 6, precision)
+    has[:] = True
+    raw[3, 4] = np.nan                      # after the row's best, or before it
+    raw[5, [1, 4]] = np.nan                 # two: the first
+    raw[7, 0] = np.nan                      # the first column
+    raw[9, 2], has[9, 2] = np.nan, False    # unscored: not a candidate
+    base = np.zeros(0, precision)
+    expected_chosen, expected = ml_trees._multiclass(np, raw, has, base, "NONE")
+    chosen = np.empty(40, np.int64)
+    scores = np.empty((40, 6), np.float32)
+    kernels().many_class_scores(raw, has, base, ml_trees.COMPILED_TRANSFORMS["NONE"],
+                                chosen, scores)
+    np.testing.assert_array_equal(chosen, expected_chosen)
+    assert chosen[3] == 4 and chosen[5] == 1 and chosen[7] == 0 and chosen[9] != 2
+    np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected))
