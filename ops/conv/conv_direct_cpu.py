@@ -188,7 +188,6 @@ def _native_pool():
     return jit_cpu.native_pool()
 
 
-
 def _form(plan) -> int:
     """The native driver's form: 0 a 1x1 kernel, 1 the tap tile, 2 taps, weight on the left."""
     return 2 if plan.left else int(plan.taps)
