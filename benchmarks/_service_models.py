@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import sys
 import warnings
@@ -24,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from real_exports import classical, sweeps  # noqa: E402
-from real_exports.common import torch_seeded  # noqa: E402
+from real_exports.common import drawn_rng, log_uniform, torch_seeded  # noqa: E402
 
 CACHE = HERE / ".cache" / "service_regimes"
 SLOTS = ("bert", "gpt2", "encoder2", "cnn1", "cnn2", "mlp", "trees", "boosted", "logreg")
@@ -73,14 +72,8 @@ def shape(axes: dict) -> str:
 
 # -- drawing -----------------------------------------------------------------------------------
 
-def _log_uniform(rng: random.Random, low: int, high: int) -> int:
-    """Even on a log scale (as many sequences of 8 to 64 tokens as of 64 to 512): a
-    service's mix of short requests and long ones."""
-    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
-
-
 def _text_axes(rng: random.Random, longest: int, tokens: int) -> dict:
-    sequence = _log_uniform(rng, 8, longest)
+    sequence = log_uniform(rng, 8, longest)
     return {"batch": rng.randint(1, max(1, min(4, tokens // sequence))), "sequence": sequence}
 
 
@@ -122,8 +115,8 @@ def _rows(slot: str, kind: str, config: dict, rng: random.Random, rows: int) -> 
 
 def _mlp(slot: str, rng: random.Random, quick: bool) -> Drawn:
     widest = 512 if quick else 2048
-    config = {"inputs": _log_uniform(rng, 16, 1024),
-              "widths": [_log_uniform(rng, 32, widest) for _ in range(rng.randint(1, 4))],
+    config = {"inputs": log_uniform(rng, 16, 1024),
+              "widths": [log_uniform(rng, 32, widest) for _ in range(rng.randint(1, 4))],
               "outputs": rng.randint(2, 1000), "activation": rng.choice(("relu", "gelu"))}
     return _rows(slot, "mlp", config, rng, 16)
 
@@ -149,13 +142,13 @@ def _logreg(slot: str, rng: random.Random) -> Drawn:
 
 
 def draw(slot: str, seed: int, quick: bool = False) -> Drawn:
-    rng = random.Random(f"{seed}:{slot}")
+    rng = drawn_rng(seed, slot)
     if slot in ("bert", "gpt2"):
         return _text(slot, slot, rng, quick)
     if slot == "encoder2":
         return _text(slot, rng.choice(("distilbert", "roberta")), rng, quick)
     if slot in ("cnn1", "cnn2"):  # two different architectures, from one shared draw
-        pair = random.Random(f"{seed}:cnn").sample(VISION, 2)
+        pair = drawn_rng(seed, "cnn").sample(VISION, 2)
         return _image(slot, pair[int(slot[-1]) - 1], rng)
     if slot == "mlp":
         return _mlp(slot, rng, quick)

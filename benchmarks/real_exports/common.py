@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -81,3 +83,15 @@ def version(package: str) -> str:
 
 def describe(built: Built) -> dict:
     return {key: str(value) for key, value in asdict(built).items()}
+
+
+def drawn_rng(seed: int, name: str):
+    """A generator of its own for what ``name`` draws under a run's ``seed``: the same draws
+    whichever others the run makes (a string seed hashes alike in every process)."""
+    return random.Random(f"{seed}:{name}")
+
+
+def log_uniform(rng, low: int, high: int) -> int:
+    """An integer of low..high even on a log scale (as many of 8 to 64 as of 64 to 512): a
+    service's mix of short requests and long ones, of small batches and large."""
+    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))

@@ -25,14 +25,13 @@ smallest and largest hidden size of each text architecture.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import replace
 
 import numpy as np
 
 from . import classical, sweeps
-from .common import Recipe, ensure
+from .common import Recipe, drawn_rng, ensure, log_uniform
 from .sweeps import Point, SweepModel
 
 IMAGE_PIXELS = 8 * 224 * 224  # the most pixels (batch x height x width) a point feeds
@@ -40,14 +39,6 @@ TOKENS = 4096  # the most tokens (batch x sequence) a point feeds
 TREE_ESTIMATORS = ("sk_random_forest", "sk_gradient_boosting", "sk_extra_trees_regressor",
                    "lgbm_classifier", "lgbm_multiclass", "lgbm_regressor", "xgb_classifier",
                    "xgb_regressor")
-
-
-def _rng(seed: int, name: str) -> random.Random:
-    return random.Random(f"{seed}:{name}")  # a string seed is hashed the same in every process
-
-
-def _log_uniform(rng: random.Random, low: int, high: int) -> int:
-    return int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
 
 
 def _marked(points: list[Point], size) -> tuple[Point, ...]:
@@ -65,7 +56,7 @@ def image_points(rng: random.Random, count: int) -> tuple[Point, ...]:
     points = []
     for _ in range(count):
         height, width = rng.randrange(64, 513, 8), rng.randrange(64, 513, 8)
-        batch = max(1, min(_log_uniform(rng, 1, 32), IMAGE_PIXELS // (height * width)))
+        batch = max(1, min(log_uniform(rng, 1, 32), IMAGE_PIXELS // (height * width)))
         points.append(Point(f"b{batch}_{height}x{width}",
                             (("batch", batch), ("height", height), ("width", width))))
     return _marked(points, lambda a: a["batch"] * a["height"] * a["width"])
@@ -74,33 +65,33 @@ def image_points(rng: random.Random, count: int) -> tuple[Point, ...]:
 def text_points(rng: random.Random, count: int, longest: int = 512) -> tuple[Point, ...]:
     points = []
     for _ in range(count):
-        sequence = _log_uniform(rng, 1, longest)
-        batch = max(1, min(_log_uniform(rng, 1, 32), TOKENS // sequence))
+        sequence = log_uniform(rng, 1, longest)
+        batch = max(1, min(log_uniform(rng, 1, 32), TOKENS // sequence))
         points.append(Point(f"b{batch}_s{sequence}", (("batch", batch), ("sequence", sequence))))
     return _marked(points, lambda a: a["batch"] * a["sequence"])
 
 
 def past_points(rng: random.Random, count: int) -> tuple[Point, ...]:
     return _marked([Point(f"past{p}", (("past", p),))
-                    for p in (_log_uniform(rng, 1, 512) for _ in range(count))],
+                    for p in (log_uniform(rng, 1, 512) for _ in range(count))],
                    lambda a: a["past"])
 
 
 def row_points(rng: random.Random, count: int) -> tuple[Point, ...]:
     return _marked([Point(f"b{b}", (("batch", b),))
-                    for b in (_log_uniform(rng, 1, 10_000) for _ in range(count))],
+                    for b in (log_uniform(rng, 1, 10_000) for _ in range(count))],
                    lambda a: a["batch"])
 
 
 # -- models ------------------------------------------------------------------------------------
 
 def _vision(seed: int, grid: dict) -> list[SweepModel]:
-    return [replace(model, points=image_points(_rng(seed, model.name), 4))
+    return [replace(model, points=image_points(drawn_rng(seed, model.name), 4))
             for model in grid.values() if model.family == "vision"]
 
 
 def _hidden_sizes(rng: random.Random, count: int, step: int) -> list[int]:
-    drawn = {max(step, round(_log_uniform(rng, step, 1024) / step) * step)
+    drawn = {max(step, round(log_uniform(rng, step, 1024) / step) * step)
              for _ in range(count)}
     return sorted(drawn)
 
@@ -109,12 +100,12 @@ def _text(seed: int) -> list[SweepModel]:
     exporter = sweeps.text_exporter()
     models = []
     for kind, make, token_types in (("bert", sweeps._bert, True), ("gpt2", sweeps._gpt2, False)):
-        sizes = _hidden_sizes(_rng(seed, f"{kind} hidden"), 3, 32)
+        sizes = _hidden_sizes(drawn_rng(seed, f"{kind} hidden"), 3, 32)
         for hidden in sizes:
             name = f"sweep_{kind}_h{hidden}"
             models.append(SweepModel(
                 name, "hf", Recipe("hf", exporter, sweeps._text_recipe(make, hidden, token_types)),
-                text_points(_rng(seed, name), 4),
+                text_points(drawn_rng(seed, name), 4),
                 lambda axes, t=token_types: sweeps._text(axes, t),
                 quick=hidden in (sizes[0], sizes[-1])))
     return models
@@ -124,17 +115,17 @@ def _steps(seed: int) -> list[SweepModel]:
     exporter = sweeps.text_exporter()
     return [SweepModel(f"sweep_gpt2_kv_h{hidden}", "kv",
                        Recipe("hf", exporter, sweeps._step_recipe(hidden)),
-                       past_points(_rng(seed, f"kv {hidden}"), 3),
+                       past_points(drawn_rng(seed, f"kv {hidden}"), 3),
                        lambda axes, h=hidden: sweeps._past(axes, h))
-            for hidden in _hidden_sizes(_rng(seed, "kv hidden"), 2, 64)]
+            for hidden in _hidden_sizes(drawn_rng(seed, "kv hidden"), 2, 64)]
 
 
 def _classical(seed: int, grid: dict) -> list[SweepModel]:
     models = []
     for name in classical._Lazy.NAMES:
-        source, rng = grid[name], _rng(seed, name)
+        source, rng = grid[name], drawn_rng(seed, name)
         if name in TREE_ESTIMATORS:
-            trees = _log_uniform(rng, 10, 1000)
+            trees = log_uniform(rng, 10, 1000)
             models.append(replace(source, name=f"{name}_t{trees}",
                                   recipe=_trees_recipe(name, trees),
                                   points=row_points(rng, 3),
@@ -171,7 +162,7 @@ def _quantized(seed: int, grid: dict) -> list[SweepModel]:
     for model in grid.values():
         if model.family != "quantized":
             continue
-        rng = _rng(seed, model.name)
+        rng = drawn_rng(seed, model.name)
         # the quantized BERT is hf.py's, whose positions end at 128
         drawn = text_points(rng, 2, longest=128) if "sequence" in dict(model.points[0].axes) \
             else image_points(rng, 2)
