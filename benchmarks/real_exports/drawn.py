@@ -28,10 +28,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import numpy as np
 
 from . import classical, sweeps
-from .common import Recipe, drawn_rng, ensure, log_uniform
+from .common import Recipe, drawn_rng, log_uniform
 from .sweeps import Point, SweepModel
 
 IMAGE_PIXELS = 8 * 224 * 224  # the most pixels (batch x height x width) a point feeds
@@ -126,13 +125,12 @@ def _classical(seed: int, grid: dict) -> list[SweepModel]:
         source, rng = grid[name], drawn_rng(seed, name)
         if name in TREE_ESTIMATORS:
             trees = log_uniform(rng, 10, 1000)
-            models.append(replace(source, name=f"{name}_t{trees}",
-                                  recipe=_trees_recipe(name, trees),
+            recipe = _trees_recipe(name, trees)
+            models.append(replace(source, name=f"{name}_t{trees}", recipe=recipe,
                                   points=row_points(rng, 3),
-                                  make_feeds=_repeated_rows(name, f"{name}_t{trees}", trees)))
+                                  make_feeds=sweeps._rows(name, f"{name}_t{trees}", recipe)))
         else:
-            models.append(replace(source, points=row_points(rng, 3),
-                                  make_feeds=_repeated_rows(name, name)))
+            models.append(replace(source, points=row_points(rng, 3)))  # sweeps._rows feeds
     return models
 
 
@@ -141,20 +139,6 @@ def _trees_recipe(name: str, trees: int) -> Recipe:
     base = sweeps._classical_recipe(name)
     return Recipe(base.family, base.exporter, lambda path: classical.build_with_trees(
         name, trees, path))
-
-
-def _repeated_rows(name: str, built_as: str, trees: int | None = None):
-    """Feeds of ``batch`` rows: the estimator's dataset repeated (the text pipeline: as
-    many sentences), under the input name of the built model's cached feeds."""
-    def make(axes: dict[str, int]) -> dict[str, np.ndarray]:
-        batch = axes["batch"]
-        recipe = _trees_recipe(name, trees) if trees else sweeps._classical_recipe(name)
-        input_name = next(iter(ensure(built_as, recipe).load_feeds()))
-        if name == "sk_tfidf_logreg":
-            return {input_name: classical._sentences(batch, 31).reshape(batch, 1)}
-        x = classical.dataset_of(name)
-        return {input_name: np.resize(x, (batch, x.shape[1]))}
-    return make
 
 
 def _quantized(seed: int, grid: dict) -> list[SweepModel]:

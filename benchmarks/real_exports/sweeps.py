@@ -225,8 +225,7 @@ def _text_recipe(make, hidden: int, token_types: bool):
 
 
 def _text_models() -> list[SweepModel]:
-    exporter = (f"torch.onnx TorchScript (torch {version('torch')}, "
-                f"transformers {version('transformers')})")
+    exporter = text_exporter()
     points = _grid(("batch", TEXT_BATCHES), ("sequence", SEQUENCES), lambda b, s: f"b{b}_s{s}")
     models = []
     for hidden in HIDDEN:
@@ -279,8 +278,7 @@ def _step_recipe(hidden: int):
 
 
 def _step_models() -> list[SweepModel]:
-    exporter = (f"torch.onnx TorchScript (torch {version('torch')}, "
-                f"transformers {version('transformers')})")
+    exporter = text_exporter()
     points = _axis("past", PASTS, lambda p: f"past{p}")
     return [SweepModel(f"sweep_gpt2_kv_h{hidden}", "kv",
                        Recipe("hf", exporter, _step_recipe(hidden)), points,
@@ -292,17 +290,18 @@ def _step_models() -> list[SweepModel]:
 CLASSICAL_BATCHES = (1, 2, 64)
 
 
-def _rows(name: str):
-    """Feeds of ``batch`` rows of the model's own dataset (its converter gave the input a
-    symbolic batch axis), under the input name of the model's cached feeds."""
+def _rows(name: str, built_as: str | None = None, recipe: Recipe | None = None):
+    """Feeds of ``batch`` rows of the model's own dataset, repeated past its end (its
+    converter gave the input a symbolic batch axis), under the input name of the cached
+    feeds of the model built as ``built_as`` by ``recipe`` (by default ``name``'s own)."""
     def make(axes: dict[str, int]) -> Feeds:
         batch = axes["batch"]
-        input_name = next(iter(ensure(name, _classical_recipe(name)).load_feeds()))
+        built = ensure(built_as or name, recipe or _classical_recipe(name))
+        input_name = next(iter(built.load_feeds()))
         if name == "sk_tfidf_logreg":
             return {input_name: classical._sentences(batch, 31).reshape(batch, 1)}
-        known = {**classical._estimators(), **classical._boosters()}
-        x, _ = classical._data(known[name][1])
-        return {input_name: x[:batch]}
+        x = classical.dataset_of(name)
+        return {input_name: np.resize(x, (batch, x.shape[1]))}
     return make
 
 
