@@ -39,10 +39,10 @@ def top_k_indices(X: np.ndarray, k: int, largest: bool, sort_rows) -> np.ndarray
     rows = X.reshape(-1, X.shape[-1])
     if rows.dtype.kind == "b":
         rows = rows.view(np.uint8)
-    indices = np.empty((rows.shape[0], k), np.int64)
     with_nan = np.flatnonzero(np.isnan(rows).any(axis=1)) if rows.dtype.kind == "f" \
         else np.empty(0, np.intp)
     if with_nan.size:
+        indices = np.empty((rows.shape[0], k), np.int64)
         indices[with_nan] = sort_rows(rows[with_nan])
         plain = np.ones(rows.shape[0], bool)
         plain[with_nan] = False
