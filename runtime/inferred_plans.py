@@ -30,6 +30,7 @@ from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
 from mixrt.runtime.lru import frozen
 from mixrt.runtime.passes.infer import infer_attributes, refined
 from mixrt.runtime.run_loop import call_step
+from mixrt.runtime.shape_programs import ExactTypes, agrees, planned_names, trace
 
 
 # -- trusting inference for a form ---------------------------------------------------------
@@ -174,6 +175,9 @@ _MEMO_ELEMENTS = 64  # arguments up to this size enter a memo key by value
 _KEYED_ATTRIBUTE_ELEMENTS = 256  # ops with longer list attributes (tree ensembles) get no key
 
 
+MAX_PROGRAMS = 4  # shape programs a form keeps (a sequence of one, of more: two sets of guards)
+
+
 @dataclass(frozen=True)
 class TrustedForm:
     """What a form's discovered plan settled that its inferred plans take as they are: the
@@ -186,6 +190,10 @@ class TrustedForm:
     # the plans' structures (executor.PlanStructure), made once and kept for the next
     # signatures whose sizes answer their questions alike
     structures: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # the form's shape programs (runtime/shape_programs.py), one per set of guards
+    programs: list = field(default_factory=list, compare=False, hash=False, repr=False)
+    traces_left: list = field(default_factory=lambda: [MAX_PROGRAMS + 1], compare=False,
+                              hash=False, repr=False)
 
     @classmethod
     def of(cls, plan, steps, frozen: dict) -> "TrustedForm":
@@ -429,3 +437,60 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
                      stored=stored, pairing=form.pairing if form else None,
                      order=form.order if form else None,
                      structures=form.structures if form else None, from_inference=True)
+
+
+def plan_from_program(signature: tuple, steps, graph_outputs: list[str], observed: dict,
+                      frozen: dict, strategy: str, stored=(), form: "TrustedForm" = None):
+    """:func:`plan_from_inference` from a shape program's answer (``observed``: name ->
+    Shaped for every planned value; ``frozen``: name -> array), which types every value
+    exactly as inference would (``runtime/shape_programs.py``)."""
+    seen = dict(frozen)
+    seen.update(observed)
+    return make_plan(signature, steps, graph_outputs, seen, ExactTypes(seen), frozen, strategy,
+                     stored=stored, pairing=form.pairing, order=form.order,
+                     structures=form.structures, from_inference=True)
+
+
+def plan_for_form(form: TrustedForm, signature: tuple, feeds: dict, program: ShapeProgram,
+                  bound, graph_outputs: list[str], strategy: str, stored=()):
+    """The plan of a new signature of a trusted form: from the first of the form's shape
+    programs whose guards hold (``runtime/shape_programs.py``), else from concrete
+    inference (``program``), after which the form's programs learn from what it gave: a
+    program is traced at the first such signature, and trusted once it agreed with
+    inference at another."""
+    candidate = answer = None
+    for index, made in enumerate(form.programs):
+        answer = made.evaluate(signature)
+        if answer is not None:
+            candidate = made
+            if index:  # the program of the sizes a service sends most is asked first
+                form.programs.insert(0, form.programs.pop(index))
+            break
+    if candidate is not None and candidate.confirmed:
+        return plan_from_program(signature, bound.nodes, graph_outputs, *answer, strategy,
+                                 stored, form)
+    settle = ComputedFrozenValues(bound.nodes, bound.constants, form.frozen, program)
+    inferred = program.infer(feeds, settle)
+    plan = plan_from_inference(signature, bound.nodes, graph_outputs, inferred,
+                               settle.values, strategy, stored=stored, form=form)
+    if plan is not None:
+        _learn(form, candidate, answer, bound, signature, inferred, settle.values)
+    return plan
+
+
+def _learn(form: TrustedForm, candidate, answer, bound, signature: tuple, inferred: dict,
+           frozen: dict) -> None:
+    if candidate is not None:  # its guards held: confirmed, or dropped with the form's tries
+        if agrees(answer, inferred, frozen):
+            candidate.confirmed = True
+        else:
+            form.programs.remove(candidate)
+            form.traces_left[0] = 0
+        return
+    if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS:
+        return
+    form.traces_left[0] -= 1
+    made = trace(bound.nodes, bound.constants, signature, inferred, frozen,
+                 planned_names(bound.nodes, frozen))
+    if made is not None:
+        form.programs.append(made)

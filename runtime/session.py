@@ -43,8 +43,8 @@ from mixrt.runtime.arenas import ArenaMemory, acquire, release, trim_idle_calls
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, make_plan,
                                     plannable_on_gpu)
 from mixrt.runtime.feeds import feed_signature, signature_form
-from mixrt.runtime.inferred_plans import (ComputedFrozenValues, ShapeProgram, TrustedForm,
-                                          inference_was_exact, plan_from_inference)
+from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
+                                          plan_for_form)
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                node_arg)
@@ -355,13 +355,9 @@ class Session(FeedChecks):
         if self._shape_program is None:
             self._shape_program = ShapeProgram(self.graph)
         try:  # the burst of objects planning makes dies before a collection (collector.py)
-            settle = ComputedFrozenValues(self._bound.nodes, self._bound.constants,
-                                          form.frozen, self._shape_program)
             with collector.held_off():
-                inferred = self._shape_program.infer(feeds, settle)
-                plan = plan_from_inference(signature, self._bound.nodes,
-                                           self.graph.output_names, inferred, settle.values,
-                                           self.strategy, stored=self.graph.plans, form=form)
+                plan = plan_for_form(form, signature, feeds, self._shape_program, self._bound,
+                                     self.graph.output_names, self.strategy, self.graph.plans)
         except Exception:  # noqa: BLE001  (the discovery run says what is wrong)
             return None
         if plan is None:

@@ -328,14 +328,13 @@ def test_the_collector_is_held_off_while_a_new_shape_is_planned_and_on_after(mon
     short-lived objects dies before a pass promotes it); the run, and the caller after it,
     have it on again, and a new shape still makes no collection of its own."""
     import gc
-    from mixrt.runtime import inferred_plans
     seen = []
-    original = inferred_plans.ShapeProgram.infer
+    original = session_module.plan_for_form
 
-    def watched(self, *args):
+    def watched(*args):
         seen.append(gc.isenabled())
-        return original(self, *args)
-    monkeypatch.setattr(inferred_plans.ShapeProgram, "infer", watched)
+        return original(*args)
+    monkeypatch.setattr(session_module, "plan_for_form", watched)
     session = mixrt.Session(attention_model())
     session.run(None, attention_feeds(1, 7))  # the form's discovery run
     assert gc.isenabled()

@@ -1,0 +1,245 @@
+"""A form's shape program (runtime/shape_programs.py): a new signature's shapes and shape
+arithmetic computed by one function of its sizes, guarded, checked against inference."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixrt
+from mixrt.runtime import inferred_plans, shape_programs, shape_rules
+from mixrt.runtime.feeds import feed_signature, signature_form
+from mixrt.runtime.inferred_plans import ComputedFrozenValues
+from mixrt.runtime.shape_programs import agrees, planned_names, trace
+from mixrt.runtime.symbolic_dims import NotSymbolic, Trace
+from test_inferred_plans import attention_feeds, attention_model
+
+HIDDEN = 16
+
+
+def test_dims_write_each_expression_once_and_guard_each_comparison():
+    dims = Trace()
+    length = dims.variable("d0", 7)
+    doubled, again = length * 2, 2 * length
+    assert doubled.code == again.code and doubled.value == 14
+    assert (length + 0) is length and length * 1 is length
+    assert not length == 1 and length > 3
+    assert "if not (d0 != 1): return None" in dims.lines
+    assert "if not (d0 > 3): return None" in dims.lines
+    with pytest.raises(NotSymbolic):
+        int(length)  # a dim read as a number would fix the program at 7 with no guard
+    with pytest.raises(NotSymbolic):
+        np.array([length], np.int64)
+
+
+def positions_model() -> bytes:
+    """Position embeddings as transformers export them: Range over the input's length, a
+    Gather from the table, a mask broadcast from (batch, length), and a Reshape whose
+    target is computed from the input's Shape."""
+    rng = np.random.default_rng(3)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((64, HIDDEN)).astype(np.float32), "table"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+        numpy_helper.from_array(np.array([-1, 4], np.int64), "tail"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["length"], axis=0),
+        helper.make_node("Range", ["zero", "length", "one"], ["positions"]),
+        helper.make_node("Gather", ["table", "positions"], ["embedded"], axis=0),
+        helper.make_node("Add", ["x", "embedded"], ["placed"]),
+        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "axis1"], ["mask_3d"]),
+        helper.make_node("Transpose", ["mask_3d"], ["mask_t"], perm=[0, 2, 1]),
+        helper.make_node("Mul", ["placed", "mask_t"], ["masked"]),
+        helper.make_node("Reshape", ["masked", "tail"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "positions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", HIDDEN]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "length"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def positions_feeds(batch: int, length: int) -> dict:
+    rng = np.random.default_rng(batch * 100 + length)
+    return {"x": rng.standard_normal((batch, length, HIDDEN)).astype(np.float32),
+            "mask": (rng.random((batch, length)) > 0.3).astype(np.int64)}
+
+
+@pytest.fixture
+def concrete_inferences(monkeypatch):
+    """How many times a new signature was typed by concrete inference (not by a program)."""
+    calls = []
+    original = inferred_plans.ShapeProgram.infer
+
+    def counted(self, feeds, settle):
+        calls.append(feed_signature(feeds))
+        return original(self, feeds, settle)
+
+    monkeypatch.setattr(inferred_plans.ShapeProgram, "infer", counted)
+    return calls
+
+
+@pytest.mark.parametrize("model, feeds", [(attention_model, attention_feeds),
+                                          (positions_model, positions_feeds)])
+def test_new_lengths_are_planned_by_the_forms_program(model, feeds, concrete_inferences):
+    data = model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for length in (6, 9, 13, 17, 22, 30, 41):
+        fed = feeds(2, length)
+        got = session.run(None, fed)[0]
+        np.testing.assert_allclose(got, reference.run(None, fed)[0], rtol=1e-4, atol=1e-5)
+    form = session._trusted_forms[signature_form(feed_signature(feeds(2, 6)))]
+    assert form.programs and form.programs[0].confirmed
+    # 6 discovered, 9 traced, 13 confirmed it: the later lengths ran no concrete inference
+    assert len(concrete_inferences) == 2
+
+
+def _concrete(session, fed: dict):
+    """What concrete inference gives for ``fed`` in ``session``'s trusted form."""
+    signature = feed_signature(fed)
+    form = session._trusted_forms[signature_form(signature)]
+    program = inferred_plans.ShapeProgram(session.graph)
+    settle = ComputedFrozenValues(session._bound.nodes, session._bound.constants, form.frozen,
+                                  program)
+    return signature, program.infer(fed, settle), settle.values
+
+
+@pytest.mark.parametrize("model, feeds", [(attention_model, attention_feeds),
+                                          (positions_model, positions_feeds)])
+def test_a_program_gives_what_inference_gives_at_signatures_it_was_not_traced_at(model, feeds):
+    session = mixrt.Session(model())
+    session.run(None, feeds(3, 11))
+    signature, inferred, frozen = _concrete(session, feeds(3, 12))
+    program = trace(session._bound.nodes, session._bound.constants, signature, inferred,
+                    frozen, planned_names(session._bound.nodes, frozen))
+    assert program is not None
+    rng = np.random.default_rng(7)
+    answered = 0
+    for _ in range(40):
+        fed = feeds(int(rng.integers(1, 6)), int(rng.integers(1, 60)))
+        signature, inferred, frozen = _concrete(session, fed)
+        answer = program.evaluate(signature)
+        if answer is not None:  # where its guards hold, it is right
+            answered += 1
+            assert agrees(answer, inferred, frozen), signature
+    assert answered >= 25
+
+
+def test_a_size_its_guards_exclude_takes_the_concrete_way(concrete_inferences):
+    """A batch of 1 broadcasts where a batch of 2 did not: the program traced at batch 2
+    returns None there, and the plan comes from concrete inference (and a program of its
+    own)."""
+    data = attention_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch, length in ((2, 5), (2, 8), (2, 11), (1, 9), (1, 12), (1, 15), (2, 19)):
+        fed = attention_feeds(batch, length)
+        np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
+                                   rtol=1e-4, atol=1e-5)
+    form = session._trusted_forms[signature_form(feed_signature(attention_feeds(2, 5)))]
+    assert len(form.programs) == 2 and all(made.confirmed for made in form.programs)
+    assert len(concrete_inferences) == 4  # two to trace and confirm each program
+
+
+def vision_model() -> bytes:
+    """Conv (padded, strided), MaxPool with ceil_mode, a global pool and a classifier,
+    over images of any size."""
+    rng = np.random.default_rng(5)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "fc"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "w"], ["conv"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("MaxPool", ["relu"], ["pool"], kernel_shape=[3, 3], strides=[2, 2],
+                         ceil_mode=1),
+        helper.make_node("GlobalAveragePool", ["pool"], ["global"]),
+        helper.make_node("Flatten", ["global"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "vision",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def test_new_image_sizes_are_planned_by_the_forms_program(concrete_inferences):
+    data = vision_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        image = rng.standard_normal((int(rng.integers(1, 4)), 3, int(rng.integers(9, 70)),
+                                     int(rng.integers(9, 70)))).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"image": image})[0],
+                                   reference.run(None, {"image": image})[0],
+                                   rtol=1e-4, atol=1e-4)
+    form = next(iter(session._trusted_forms.values()))
+    assert form.programs and form.programs[0].confirmed
+    assert len(concrete_inferences) < 11
+
+
+def _run_attention(lengths) -> mixrt.Session:
+    data = attention_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for length in lengths:
+        fed = attention_feeds(2, length)
+        np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
+                                   rtol=1e-4, atol=1e-5)
+    return session
+
+
+def test_an_op_without_a_rule_is_typed_by_its_infer_function_over_named_dims(monkeypatch):
+    monkeypatch.delitem(shape_rules._RULES, "LayerNormalization")
+    asked = []
+    original = shape_programs._Tracer._named_inference
+
+    def named(self, node, kernel, inputs):
+        asked.append(node.op_type)
+        return original(self, node, kernel, inputs)
+
+    monkeypatch.setattr(shape_programs._Tracer, "_named_inference", named)
+    form = next(iter(_run_attention((5, 8, 11, 14))._trusted_forms.values()))
+    assert "LayerNormalization" in asked and form.programs[0].confirmed
+
+
+def test_an_op_neither_a_rule_nor_its_infer_function_follows_keeps_concrete_inference(
+        monkeypatch, concrete_inferences):
+    monkeypatch.delitem(shape_rules._RULES, "LayerNormalization")
+
+    def unknown(self, node, kernel, inputs):
+        raise NotSymbolic("a dim its infer function computes")
+
+    monkeypatch.setattr(shape_programs._Tracer, "_named_inference", unknown)
+    form = next(iter(_run_attention((5, 8, 11, 14))._trusted_forms.values()))
+    assert form.programs == [] and len(concrete_inferences) == 3
+
+
+def test_a_program_that_holds_only_where_it_was_traced_is_dropped(monkeypatch,
+                                                                   concrete_inferences):
+    """A rule that fixes a dim at its traced number without a guard (the fault a guard
+    exists to prevent) gives a program that agrees where it was traced and nowhere else:
+    the confirmation at the next signature drops it, and the form stops tracing."""
+    original = shape_rules._RULES["MatMul"]
+
+    def fixed(node, inputs):
+        return [tuple(getattr(dim, "value", dim) for dim in shape)
+                for shape in original(node, inputs)]
+
+    monkeypatch.setitem(shape_rules._RULES, "MatMul", fixed)
+    form = next(iter(_run_attention((5, 8, 11, 14, 17))._trusted_forms.values()))
+    assert form.programs == [] and form.traces_left[0] == 0
+    assert len(concrete_inferences) == 4
