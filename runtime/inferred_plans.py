@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mixrt.base.settings import setting
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import UNKNOWN, TensorType
 from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
@@ -457,9 +458,11 @@ def plan_for_form(form: TrustedForm, signature: tuple, feeds: dict, program: Sha
     programs whose guards hold (``runtime/shape_programs.py``), else from concrete
     inference (``program``), after which the form's programs learn from what it gave: a
     program is traced at the first such signature, and trusted once it agreed with
-    inference at another."""
+    inference at another. ``MIXRT_SHAPE_PROGRAMS=0`` leaves every signature to concrete
+    inference (to tell the programs' part in a run, or to rule them out)."""
     candidate = answer = None
-    for index, made in enumerate(form.programs):
+    programs = form.programs if setting("MIXRT_SHAPE_PROGRAMS", "1") != "0" else ()
+    for index, made in enumerate(programs):
         answer = made.evaluate(signature)
         if answer is not None:
             candidate = made
@@ -487,7 +490,8 @@ def _learn(form: TrustedForm, candidate, answer, bound, signature: tuple, inferr
             form.programs.remove(candidate)
             form.traces_left[0] = 0
         return
-    if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS:
+    if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS \
+            or setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
         return
     form.traces_left[0] -= 1
     made = trace(bound.nodes, bound.constants, signature, inferred, frozen,
