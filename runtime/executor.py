@@ -335,21 +335,23 @@ class PlanStructure:
 
     def plan(self, signature: tuple, observed: dict, frozen: dict, strategy: str, stored,
              pairing: str | None, order: int | None) -> ExecutionPlan:
-        slots = {}
-        for name, _, _, static in self.slots:
-            value = observed[name]
-            slots[name] = Slot(0, tuple(value.shape), np.dtype(value.dtype), static)
+        # each slot made once, at its offset (they were made, then remade at it: ~0.1 ms
+        # of a 2-layer BERT's new length)
         inplace = [(source, name) for source, name, same in self.candidates
-                   if (_same_layout if same else _fits_inside)(slots[source], slots[name])]
-        lifetimes = [TensorLife(name, slots[name].nbytes, first, last)
+                   if (_same_layout if same else _fits_inside)(observed[source],
+                                                                observed[name])]
+        lifetimes = [TensorLife(name, observed[name].nbytes, first, last)
                      for name, first, last, _ in self.slots]
         memory = _stored_plan(stored, signature, lifetimes)
         if memory is None:
             memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
         memory.signature = signature
         offsets = memory.offsets
-        slots = Slots({name: slot._replace(offset=offsets[name])
-                       for name, slot in slots.items()})
+        slots = {}
+        for name, _, _, static in self.slots:
+            value = observed[name]
+            slots[name] = Slot(offsets[name], tuple(value.shape), value.dtype, static)
+        slots = Slots(slots)
         memory.lifetimes = Lifetimes(memory.lifetimes)
         reshapes = {name: tuple(observed[name].shape) for name in self.reshapes}
         return ExecutionPlan(signature, memory, slots, self.steps, frozen, self.shared,
@@ -571,9 +573,10 @@ def _predicted(value_type, value) -> bool:
             and value_type.dtype is not None and np.dtype(value_type.dtype) == value.dtype)
 
 
-def _same_layout(a: Slot, b: Slot) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype
+def _same_layout(a, b) -> bool:
+    """Whether two values (arrays, Shaped, or Slots) have one shape and dtype."""
+    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
 
 
-def _fits_inside(source: Slot, output: Slot) -> bool:
+def _fits_inside(source, output) -> bool:
     return source.dtype == output.dtype and output.nbytes <= source.nbytes
