@@ -467,7 +467,7 @@ def plan_for_form(form: TrustedForm, signature: tuple, feeds: dict, program: Sha
         if answer is not None:
             candidate = made
             if index:  # the program of the sizes a service sends most is asked first
-                form.programs.insert(0, form.programs.pop(index))
+                _move_first(form.programs, made)
             break
     if candidate is not None and candidate.confirmed:
         return plan_from_program(signature, bound.nodes, graph_outputs, *answer, strategy,
@@ -487,8 +487,8 @@ def _learn(form: TrustedForm, candidate, answer, bound, signature: tuple, inferr
         if agrees(answer, inferred, frozen):
             candidate.confirmed = True
         else:
-            form.programs.remove(candidate)
             form.traces_left[0] = 0
+            _move_first(form.programs, candidate, keep=False)
         return
     if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS \
             or setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
@@ -498,3 +498,14 @@ def _learn(form: TrustedForm, candidate, answer, bound, signature: tuple, inferr
                  planned_names(bound.nodes, frozen))
     if made is not None:
         form.programs.append(made)
+
+
+def _move_first(programs: list, program, keep: bool = True) -> None:
+    """``program`` moved to the front of ``programs`` (or dropped), as another thread
+    planning a signature of the same form may have moved or dropped it already."""
+    try:
+        programs.remove(program)
+    except ValueError:
+        return
+    if keep:
+        programs.insert(0, program)

@@ -243,3 +243,30 @@ def test_a_program_that_holds_only_where_it_was_traced_is_dropped(monkeypatch,
     form = next(iter(_run_attention((5, 8, 11, 14, 17))._trusted_forms.values()))
     assert form.programs == [] and form.traces_left[0] == 0
     assert len(concrete_inferences) == 4
+
+
+def test_threads_planning_new_lengths_of_one_form_at_once_get_their_own_answers():
+    """Sessions serve several threads: each new length is right whichever thread traced,
+    confirmed or reordered the form's programs meanwhile."""
+    import threading
+    data = attention_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    failures = []
+
+    def serve(seed: int):
+        rng = np.random.default_rng(seed)
+        for _ in range(12):
+            fed = attention_feeds(int(rng.integers(1, 4)), int(rng.integers(2, 40)), seed)
+            try:
+                np.testing.assert_allclose(session.run(None, fed)[0],
+                                           reference.run(None, fed)[0], rtol=1e-4, atol=1e-5)
+            except AssertionError as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=serve, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
