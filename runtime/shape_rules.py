@@ -166,6 +166,10 @@ def _reshape(node, inputs):
     allow_zero = _attribute(node, "allowzero", 0)
     out = []
     for axis, dim in enumerate(target):
+        if dim.__class__ is Dim and not dim > 0:
+            # a target computed from the sizes means "copy" at 0 and "the rest" at -1:
+            # that it is a size at every signature the program serves is a guard
+            raise NotSymbolic("a Reshape target of dims that is not a size")
         if dim.__class__ is int and dim == 0 and not allow_zero:
             dim = shape[axis]
         out.append(dim)
@@ -314,7 +318,10 @@ def _expand(node, inputs):
 
 
 def _constant_of_shape(node, inputs):
-    return [tuple(_ints(inputs[0], "ConstantOfShape's shape"))]
+    shape = tuple(_ints(inputs[0], "ConstantOfShape's shape"))
+    if any(dim.__class__ is Dim and not dim >= 0 for dim in shape):
+        raise NotSymbolic("ConstantOfShape of a negative size")
+    return [shape]
 
 
 def _range(node, inputs):
