@@ -28,8 +28,7 @@ from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped
 from mixrt.runtime.run_loop import call_step
 from mixrt.runtime.passes.infer import infer_attributes
 from mixrt.runtime.shape_rules import Known, NoRule, output_shapes, output_values
-from mixrt.runtime.symbolic_dims import (Dim, NotSymbolic, Trace, code_of, concrete,
-                                         concrete_shape)
+from mixrt.runtime.symbolic_dims import Dim, NotSymbolic, Trace, code_of
 
 _VIEWS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
 _FAILURES = (NotSymbolic, TypeError, ValueError, IndexError, KeyError, ZeroDivisionError)
@@ -306,5 +305,4 @@ def planned_names(steps, frozen: dict) -> list[str]:
             if name and name not in frozen]
 
 
-__all__ = ["ExactTypes", "FormProgram", "agrees", "concrete", "concrete_shape", "planned_names",
-           "trace"]
+__all__ = ["ExactTypes", "FormProgram", "agrees", "planned_names", "trace"]

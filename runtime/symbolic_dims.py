@@ -227,11 +227,3 @@ def product(dims):
     for dim in dims:
         result = result * number(dim)
     return result
-
-
-def is_symbolic(shape) -> bool:
-    return any(dim.__class__ is Dim for dim in shape)
-
-
-def concrete_shape(shape) -> tuple:
-    return tuple(concrete(dim) for dim in shape)
