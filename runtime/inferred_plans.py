@@ -152,7 +152,11 @@ def _frozen_result(step, args: list, outputs: tuple, program: "ShapeProgram"):
     args = [placeholder_of(arg) if arg.__class__ is Shaped else arg for arg in args]
     result = call_step(step, args)
     made = result if isinstance(result, tuple) else (result,)
-    named = [value for value, name in zip(made, step.node.outputs) if name]
+    # a kernel over 0-d operands may answer a NumPy scalar (integer Div does): its array
+    # (ShuffleNet's channel shuffle divides the channels so, and its new sizes took a
+    # discovery run each for want of it)
+    named = [np.asarray(value) if isinstance(value, np.generic) else value
+             for value, name in zip(made, step.node.outputs) if name]
     if len(named) != len(outputs) or not all(isinstance(v, np.ndarray) for v in named):
         return None
     tokens = tuple(program.token(value) for value in named)

@@ -270,3 +270,58 @@ def test_threads_planning_new_lengths_of_one_form_at_once_get_their_own_answers(
     for thread in threads:
         thread.join()
     assert not failures
+
+
+def channel_shuffle_model() -> bytes:
+    """ShuffleNet's channel shuffle as torchvision exports it: the channels per group from
+    an integer Div of 0-d shape values (whose kernel answers a NumPy scalar)."""
+    constants = {"zero": 0, "one": 1, "two": 2, "three": 3}
+    initializers = [numpy_helper.from_array(np.array(v, np.int64), k)
+                    for k, v in constants.items()]
+    initializers += [numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+                     numpy_helper.from_array(np.array([2], np.int64), "groups")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Shape", ["r"], ["s"])]
+    for index, name in enumerate(("n", "c", "h", "w")):
+        nodes.append(helper.make_node("Gather", ["s", ("zero", "one", "two", "three")[index]],
+                                      [name], axis=0))
+    nodes += [
+        helper.make_node("Div", ["c", "two"], ["per_group"]),
+        *[helper.make_node("Unsqueeze", [name, "axis0"], [f"{name}_1"])
+          for name in ("n", "per_group", "h", "w")],
+        helper.make_node("Concat", ["n_1", "groups", "per_group_1", "h_1", "w_1"], ["split"],
+                         axis=0),
+        helper.make_node("Reshape", ["r", "split"], ["grouped"]),
+        helper.make_node("Transpose", ["grouped"], ["shuffled"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["shuffled", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "shuffle",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, "h", "w"])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def test_a_channel_shuffles_new_sizes_are_planned_from_inference(concrete_inferences,
+                                                                 monkeypatch):
+    from mixrt.runtime import session as session_module
+    discovered = []
+    original = session_module.Session._discover
+
+    def counted(self, signature, *args, **kwargs):
+        discovered.append(signature)
+        return original(self, signature, *args, **kwargs)
+
+    monkeypatch.setattr(session_module.Session, "_discover", counted)
+    data = channel_shuffle_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for batch, size in ((1, 6), (3, 9), (2, 5), (4, 11), (1, 7)):
+        image = rng.standard_normal((batch, 8, size, size + 1)).astype(np.float32)
+        np.testing.assert_array_equal(session.run(None, {"x": image})[0],
+                                      reference.run(None, {"x": image})[0])
+    assert len(discovered) == 1  # the form's first signature only
+    form = next(iter(session._trusted_forms.values()))
+    assert form.programs and form.programs[0].confirmed
