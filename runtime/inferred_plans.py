@@ -195,7 +195,8 @@ class TrustedForm:
     # the plans' structures (executor.PlanStructure), made once and kept for the next
     # signatures whose sizes answer their questions alike
     structures: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
-    # the form's shape programs (runtime/shape_programs.py), one per set of guards
+    # the form's shape programs (runtime/shape_programs.py), one per set of guards, and
+    # the traces it may still make (one counter in a list: the dataclass is frozen)
     programs: list = field(default_factory=list, compare=False, hash=False, repr=False)
     traces_left: list = field(default_factory=lambda: [MAX_PROGRAMS + 1], compare=False,
                               hash=False, repr=False)
@@ -445,7 +446,7 @@ def plan_from_inference(signature: tuple, steps, graph_outputs: list[str], infer
 
 
 def plan_from_program(signature: tuple, steps, graph_outputs: list[str], observed: dict,
-                      frozen: dict, strategy: str, stored=(), form: "TrustedForm" = None):
+                      frozen: dict, strategy: str, stored, form: TrustedForm):
     """:func:`plan_from_inference` from a shape program's answer (``observed``: name ->
     Shaped for every planned value; ``frozen``: name -> array), which types every value
     exactly as inference would (``runtime/shape_programs.py``)."""
@@ -465,8 +466,8 @@ def plan_for_form(form: TrustedForm, signature: tuple, feeds: dict, program: Sha
     inference at another. ``MIXRT_SHAPE_PROGRAMS=0`` leaves every signature to concrete
     inference (to tell the programs' part in a run, or to rule them out)."""
     candidate = answer = None
-    programs = form.programs if setting("MIXRT_SHAPE_PROGRAMS", "1") != "0" else ()
-    for index, made in enumerate(programs):
+    enabled = setting("MIXRT_SHAPE_PROGRAMS", "1") != "0"
+    for index, made in enumerate(form.programs if enabled else ()):
         answer = made.evaluate(signature)
         if answer is not None:
             candidate = made
@@ -480,7 +481,7 @@ def plan_for_form(form: TrustedForm, signature: tuple, feeds: dict, program: Sha
     inferred = program.infer(feeds, settle)
     plan = plan_from_inference(signature, bound.nodes, graph_outputs, inferred,
                                settle.values, strategy, stored=stored, form=form)
-    if plan is not None:
+    if plan is not None and enabled:
         _learn(form, candidate, answer, bound, signature, inferred, settle.values)
     return plan
 
@@ -494,8 +495,7 @@ def _learn(form: TrustedForm, candidate, answer, bound, signature: tuple, inferr
             form.traces_left[0] = 0
             _move_first(form.programs, candidate, keep=False)
         return
-    if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS \
-            or setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
+    if form.traces_left[0] <= 0 or len(form.programs) >= MAX_PROGRAMS:
         return
     form.traces_left[0] -= 1
     made = trace(bound.nodes, bound.constants, signature, inferred, frozen,
