@@ -280,8 +280,7 @@ def _sliced_length(size, start, end, step: int):
         return len(range(*slice(start, end, step).indices(size)))
     start = _clamped(start, size)
     end = _clamped(end, size)
-    return _trace_of(size, start, end).maximum(end - start, 0) \
-        if any(v.__class__ is Dim for v in (size, start, end)) else max(end - start, 0)
+    return _maximum(end - start, 0)
 
 
 def _clamped(bound, size):
