@@ -43,7 +43,8 @@ _SAME_SHAPE = frozenset({
     "LeakyRelu", "Log", "LogSoftmax", "LpNormalization", "Mish", "Neg", "Not", "Reciprocal",
     "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Softmax", "Softplus",
     "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu", "Shrink", "Normalizer", "Scaler",
-    "Binarizer", "Imputer", "QuickGelu", "FastGelu", "BiasGelu",
+    "Binarizer", "Imputer", "QuickGelu", "FastGelu", "BiasGelu", "QuantizeLinear",
+    "DequantizeLinear",
 })
 _BROADCAST = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "And", "Or",
@@ -372,12 +373,13 @@ def _arg_extreme(node, inputs):
                   if keep or index != axis)]
 
 
-def _windowed(node, inputs, channels):
-    """Conv's and the pools' output: batch, ``channels``, the windows' counts."""
+def _windowed(node, inputs, channels, weight: int = 1):
+    """Conv's and the pools' output: batch, ``channels``, the windows' counts (the kernel's
+    shape from its attribute, else from input ``weight``'s trailing dims)."""
     shape = inputs[0].shape
     spatial = shape[2:]
     kernel = _attribute(node, "kernel_shape") or (
-        inputs[1].shape[2:] if node.op_type not in _POOLS else None)
+        inputs[weight].shape[2:] if node.op_type not in _POOLS else None)
     if kernel is None or any(dim.__class__ is Dim for dim in kernel):
         raise NotSymbolic(f"{node.op_type} without a fixed kernel shape")
     kernel, strides, dilations = spatial_attrs(len(spatial), [int(k) for k in kernel],
@@ -394,6 +396,37 @@ _POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 
 def _conv(node, inputs):
     return _windowed(node, inputs, inputs[1].shape[0])[:1]
+
+
+def _quantized_conv(node, inputs):
+    """QLinearConv: x, its scale and zero point, then w (input 3)."""
+    return _windowed(node, inputs, inputs[3].shape[0], weight=3)[:1]
+
+
+def _quantized_binary(node, inputs):
+    """com.microsoft's QLinearAdd/QLinearMul: A and B at inputs 0 and 3."""
+    return [broadcast(inputs[0].shape, inputs[3].shape)]
+
+
+def _quantized_matmul(node, inputs):
+    """QLinearMatMul: A at input 0, B at input 3."""
+    return [matmul_shape(inputs[0].shape, inputs[3].shape)]
+
+
+def _quantized_gemm(node, inputs):
+    """com.microsoft's QGemm: A at input 0, B at input 3, Gemm's transposes."""
+    return _gemm(node, [inputs[0], inputs[3]])
+
+
+def _dynamic_quantize(node, inputs):
+    return [tuple(inputs[0].shape), (), ()][:len(node.outputs)]
+
+
+def _quantized_global_pool(node, inputs):
+    shape = inputs[0].shape
+    if _attribute(node, "channels_last", 0):
+        return [(shape[0],) + (1,) * (len(shape) - 2) + (shape[-1],)]
+    return _global_pool(node, inputs)
 
 
 def _pool(node, inputs):
@@ -442,6 +475,11 @@ _RULES = {
     "Split": _split, "ArgMax": _arg_extreme, "ArgMin": _arg_extreme,
     "GatherElements": lambda node, inputs: [inputs[1].shape],
     "FusedAttention": _fused_attention,
+    "QLinearConv": _quantized_conv, "QLinearAdd": _quantized_binary,
+    "QLinearMul": _quantized_binary, "QLinearMatMul": _quantized_matmul,
+    "MatMulInteger": _matmul, "MatMulIntegerToFloat": _matmul, "ConvInteger": _conv,
+    "QGemm": _quantized_gemm, "DynamicQuantizeLinear": _dynamic_quantize,
+    "QLinearGlobalAveragePool": _quantized_global_pool,
     "Conv": _conv, "FusedConv": _conv, "MaxPool": _pool, "AveragePool": _pool,
     "LpPool": _pool, "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool,
     **{op: _reduce for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",

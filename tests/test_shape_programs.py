@@ -325,3 +325,47 @@ def test_a_channel_shuffles_new_sizes_are_planned_from_inference(concrete_infere
     assert len(discovered) == 1  # the form's first signature only
     form = next(iter(session._trusted_forms.values()))
     assert form.programs and form.programs[0].confirmed
+
+
+def quantized_model() -> bytes:
+    """QOperator convolution between QuantizeLinear and DequantizeLinear, then a dynamic
+    quantization and an integer product, over images of any size."""
+    rng = np.random.default_rng(9)
+    scalars = {"x_scale": np.float32(0.05), "w_scale": np.float32(0.02),
+               "y_scale": np.float32(0.1), "zero": np.uint8(128), "w_zero": np.int8(0)}
+    initializers = [numpy_helper.from_array(np.array(v), k) for k, v in scalars.items()]
+    initializers += [
+        numpy_helper.from_array(rng.integers(-20, 20, (4, 3, 3, 3)).astype(np.int8), "w"),
+        numpy_helper.from_array(rng.integers(0, 9, (3, 5)).astype(np.uint8), "m"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "zero"], ["xq"]),
+        helper.make_node("QLinearConv", ["xq", "x_scale", "zero", "w", "w_scale", "w_zero",
+                                         "y_scale", "zero"], ["yq"], pads=[1, 1, 1, 1],
+                         strides=[2, 2]),
+        helper.make_node("DequantizeLinear", ["yq", "y_scale", "zero"], ["y"]),
+        helper.make_node("DynamicQuantizeLinear", ["y"], ["dq", "dq_scale", "dq_zero"]),
+        helper.make_node("MatMulInteger", ["dq", "m"], ["z"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "quantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("z", TensorProto.INT32, None)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def test_quantized_operators_new_sizes_are_planned_by_the_forms_program(concrete_inferences):
+    data = quantized_model()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    for batch, height in ((1, 8), (2, 11), (3, 7), (2, 14), (3, 9), (4, 12)):
+        image = rng.standard_normal((batch, 3, height, 6)).astype(np.float32)
+        for got, expected in zip(session.run(None, {"x": image}),
+                                 reference.run(None, {"x": image})):
+            np.testing.assert_array_equal(got, expected)
+    form = next(iter(session._trusted_forms.values()))
+    assert form.programs and form.programs[0].confirmed
+    assert len(concrete_inferences) == 2
