@@ -19,6 +19,17 @@ from test_inferred_plans import attention_feeds, attention_model
 HIDDEN = 16
 
 
+def _serialized(graph) -> bytes:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return model.SerializeToString()
+
+
+def _both(data: bytes):
+    """A mixrt session and an onnxruntime one of the same model."""
+    return mixrt.Session(data), onnxruntime.InferenceSession(
+        data, providers=["CPUExecutionProvider"])
+
+
 def test_dims_write_each_expression_once_and_guard_each_comparison():
     dims = Trace()
     length = dims.variable("d0", 7)
@@ -63,8 +74,7 @@ def positions_model() -> bytes:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", HIDDEN]),
          helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "length"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def positions_feeds(batch: int, length: int) -> dict:
@@ -91,8 +101,7 @@ def concrete_inferences(monkeypatch):
                                           (positions_model, positions_feeds)])
 def test_new_lengths_are_planned_by_the_forms_program(model, feeds, concrete_inferences):
     data = model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     for length in (6, 9, 13, 17, 22, 30, 41):
         fed = feeds(2, length)
         got = session.run(None, fed)[0]
@@ -139,8 +148,7 @@ def test_a_size_its_guards_exclude_takes_the_concrete_way(concrete_inferences):
     returns None there, and the plan comes from concrete inference (and a program of its
     own)."""
     data = attention_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     for batch, length in ((2, 5), (2, 8), (2, 11), (1, 9), (1, 12), (1, 15), (2, 19)):
         fed = attention_feeds(batch, length)
         np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
@@ -171,14 +179,12 @@ def vision_model() -> bytes:
         nodes, "vision",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def test_new_image_sizes_are_planned_by_the_forms_program(concrete_inferences):
     data = vision_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     rng = np.random.default_rng(11)
     for _ in range(12):
         image = rng.standard_normal((int(rng.integers(1, 4)), 3, int(rng.integers(9, 70)),
@@ -193,8 +199,7 @@ def test_new_image_sizes_are_planned_by_the_forms_program(concrete_inferences):
 
 def _run_attention(lengths) -> mixrt.Session:
     data = attention_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     for length in lengths:
         fed = attention_feeds(2, length)
         np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
@@ -250,8 +255,7 @@ def test_threads_planning_new_lengths_of_one_form_at_once_get_their_own_answers(
     confirmed or reordered the form's programs meanwhile."""
     import threading
     data = attention_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     failures = []
 
     def serve(seed: int):
@@ -299,8 +303,7 @@ def channel_shuffle_model() -> bytes:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, "h", "w"])],
         initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def test_a_channel_shuffles_new_sizes_are_planned_from_inference(concrete_inferences,
@@ -315,8 +318,7 @@ def test_a_channel_shuffles_new_sizes_are_planned_from_inference(concrete_infere
 
     monkeypatch.setattr(session_module.Session, "_discover", counted)
     data = channel_shuffle_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     rng = np.random.default_rng(2)
     for batch, size in ((1, 6), (3, 9), (2, 5), (4, 11), (1, 7)):
         image = rng.standard_normal((batch, 8, size, size + 1)).astype(np.float32)
@@ -352,14 +354,12 @@ def quantized_model() -> bytes:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("z", TensorProto.INT32, None)], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    return model.SerializeToString()
+    return _serialized(graph)
 
 
 def test_quantized_operators_new_sizes_are_planned_by_the_forms_program(concrete_inferences):
     data = quantized_model()
-    session = mixrt.Session(data)
-    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session, reference = _both(data)
     rng = np.random.default_rng(4)
     for batch, height in ((1, 8), (2, 11), (3, 7), (2, 14), (3, 9), (4, 12)):
         image = rng.standard_normal((batch, 3, height, 6)).astype(np.float32)
