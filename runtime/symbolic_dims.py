@@ -112,9 +112,7 @@ def number(value):
     """A plain int for NumPy's integers (and bools), the dim itself for a :class:`Dim`."""
     if value.__class__ is Dim or value.__class__ is int:
         return value
-    if isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer, np.bool_)):  # bool is an int
         return int(value)
     raise NotSymbolic(f"{type(value).__name__} {value!r} where a dim was expected")
 
