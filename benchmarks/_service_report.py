@@ -61,9 +61,10 @@ def verdict(models: list[dict], regime: str) -> dict:
         f"no model above {WORST_MODEL:g}x (p50)":
             worst_p50 is not None and worst_p50 <= WORST_MODEL and not missing,
     }
+    far = sum(cores(m, regime).startswith("far") for m in models)
     return {"regime": regime, "geomean_p50": p50, "geomean_p99": p99, "worst": worst,
             "worst_p50": worst_p50, "missing": missing, "checks": checks,
-            "passed": all(checks.values())}
+            "passed": all(checks.values()), "far": far}
 
 
 # -- the tables --------------------------------------------------------------------------------
@@ -100,17 +101,31 @@ def _requests(model: dict, regime: str) -> str:
     return "/".join(str(n) for n in sorted(counts)) or "–"
 
 
+def cores(model: dict, regime: str) -> str:
+    """Where the two cores were while each runtime ran ``regime`` (``_placement.py``):
+    "near", or which runtime was timed on far cores; "–" for results without the probe."""
+    far = []
+    for runtime in RUNTIMES:
+        found = (model.get(runtime) or {}).get("regimes", {}).get(regime) or {}
+        if "placement" not in found:
+            return "–"
+        if found["placement"] == "far":
+            far.append(runtime)
+    return "near" if not far else "far: " + ", ".join(far)
+
+
 def regime_table(models: list[dict], regime: str) -> str:
     lines = [f"**{regime}**", "",
              "| model | drawn sizes | N | mixrt p50 ms | mixrt p99 ms | onnxruntime p50 ms | "
-             "onnxruntime p99 ms | ratio p50 | ratio p99 | agrees |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "onnxruntime p99 ms | ratio p50 | ratio p99 | agrees | cores |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for model in models:
         ours, theirs = _pair(model.get("mixrt"), regime), _pair(model.get("onnxruntime"), regime)
         found = ratios(model, regime)
         lines.append(f"| {model['label']} | {model['sizes']} | {_requests(model, regime)} | "
                      f"{ours[0]} | {ours[1]} | {theirs[0]} | {theirs[1]} | "
-                     f"{_x(found and found[0])} | {_x(found and found[1])} | {_agrees(model)} |")
+                     f"{_x(found and found[0])} | {_x(found and found[1])} | {_agrees(model)} | "
+                     f"{cores(model, regime)} |")
     return "\n".join(lines)
 
 
@@ -118,7 +133,8 @@ def summary_table(verdicts: list[dict]) -> str:
     names = list(verdicts[0]["checks"]) if verdicts else []
     lines = ["| regime | geomean ratio p50 | geomean ratio p99 | worst model (p50 ratio) | "
              + " | ".join(names) + " | verdict |",
-             "|---|---:|---:|---|" + "---|" * len(names) + "---|"]
+             "|---|---:|---:|---|" + "---|" * len(names) + "---|---:|"]
+    lines[0] += " models timed on far cores |"
     for found in verdicts:
         worst = f"{found['worst']}: {_x(found['worst_p50'])}x" if found["worst"] else "–"
         if found["missing"]:
@@ -126,7 +142,7 @@ def summary_table(verdicts: list[dict]) -> str:
         marks = " | ".join("PASS" if ok else "FAIL" for ok in found["checks"].values())
         lines.append(f"| {found['regime']} | {_x(found['geomean_p50'])} | "
                      f"{_x(found['geomean_p99'])} | {worst} | {marks} | "
-                     f"{'PASS' if found['passed'] else 'FAIL'} |")
+                     f"{'PASS' if found['passed'] else 'FAIL'} | {found.get('far', 0)} |")
     return "\n".join(lines)
 
 
@@ -225,5 +241,11 @@ def section(results: dict) -> str:
         f"regime, {_counts(results)}. "
         "Ratios are mixrt / onnxruntime (lower is better). *agrees*: one comparison per "
         "model after the timing, at one drawn shape (allclose rtol 1e-3, atol 1e-4; "
-        "integer outputs equal).", "",
+        "integer outputs equal). *cores*: the virtual machine's two cores as the runtime "
+        "found them around each regime, one cache line handed between two threads "
+        "(`benchmarks/_placement.py`): *near* (~40 ns, a shared cache) or *far* (~180 ns; "
+        "the host moves them now and then for seconds to a minute, and a model split over "
+        "both threads runs up to ~2x slower there, onnxruntime as well as mixrt); a regime "
+        "timed on far cores is timed again, up to 3 times 2 s apart, except new-shape and "
+        "sizes-again, whose shapes would then be met already.", "",
         tables(results), "", END])

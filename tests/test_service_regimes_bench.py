@@ -64,6 +64,8 @@ def test_child_times_each_regime(runtime, tiny_spec, tmp_path):
         found = result["regimes"][regime]
         assert found["n"] == 3 and len(found["times_ms"]) == 3
         assert found["p50_ms"] > 0 and found["p99_ms"] >= found["p50_ms"]
+        assert found["placement"] in ("near", "far") and len(found["hand_off_ns"]) == 2
+        assert found["attempts"] == 1 or regime == "hot"
 
 
 # -- the verdicts ------------------------------------------------------------------------------
@@ -111,8 +113,45 @@ def test_a_model_without_results_fails_the_regime():
 def test_tables_show_ratios_and_verdicts():
     models = [_model("a", (3.0, 6.0), (1.0, 2.0))]
     text = report.tables({"models": models, "regimes": ["hot"]})
-    assert "| a | made up | 60 | 3.00 | 6.00 | 1.00 | 2.00 | 3.00 | 3.00 | yes (ok) |" in text
-    assert "| hot | 3.00 | 3.00 | a: 3.00x | FAIL | FAIL | FAIL | FAIL |" in text
+    assert "| a | made up | 60 | 3.00 | 6.00 | 1.00 | 2.00 | 3.00 | 3.00 | yes (ok) | – |" in text
+    assert "| hot | 3.00 | 3.00 | a: 3.00x | FAIL | FAIL | FAIL | FAIL | 0 |" in text
+
+
+def test_the_cores_column_names_the_runtime_timed_on_far_cores():
+    models = [_model("a", (3.0, 6.0), (1.0, 2.0)), _model("b", (1.0, 1.0), (1.0, 1.0))]
+    for model, ours in zip(models, ("far", "near")):
+        model["mixrt"]["regimes"]["hot"]["placement"] = ours
+        model["onnxruntime"]["regimes"]["hot"]["placement"] = "near"
+    assert report.cores(models[0], "hot") == "far: mixrt"
+    assert report.cores(models[1], "hot") == "near"
+    assert report.verdict(models, "hot")["far"] == 1
+    text = report.tables({"models": models, "regimes": ["hot"]})
+    assert "| yes (ok) | far: mixrt |" in text and "| yes (ok) | near |" in text
+
+
+def test_a_regime_timed_on_far_cores_is_timed_again_until_near(monkeypatch):
+    import _service_children as children
+    probes = iter([250.0, 40.0, 45.0, 42.0])  # before/after each try: far, then near twice
+    monkeypatch.setattr(children, "hand_off_ns", lambda: next(probes))
+    monkeypatch.setattr(children, "FAR_WAIT_S", 0.0)
+    monkeypatch.setattr(children, "SETTLE_S", 0.0)
+    runs = []
+    found = children.timed_in_near_placement(
+        "hot", lambda: runs.append(1) or [0.001, 0.002], lambda: 0.0)
+    assert len(runs) == 2 and found["attempts"] == 2
+    assert found["placement"] == "near" and found["hand_off_ns"] == [45, 42]
+    # a regime whose shapes stay met is timed once, its placement recorded
+    probes = iter([250.0, 260.0])
+    found = children.timed_in_near_placement("new-shape", lambda: [0.001], lambda: 0.0)
+    assert found["attempts"] == 1 and found["placement"] == "far"
+
+
+def test_the_placement_probe_measures_a_hand_off():
+    import _placement
+    ns = _placement.hand_off_ns(rounds=200, tries=1)
+    assert 0 < ns < 1e6
+    assert _placement.placement(ns) in ("near", "far")
+    assert _placement.placement(_placement.FAR_NS + 1) == "far"
 
 
 def test_new_shape_is_taken_apart_into_first_sight_and_kernels_outside_the_verdicts():
