@@ -51,14 +51,20 @@ def _store(typingctx, words, index, value):
 
 
 @njit(nogil=True, cache=True)
-def _relay(words, parity, rounds):
-    """Waits for each value of ``parity`` in turn and answers with the next: the two threads
-    hand one line back and forth ``rounds`` times each."""
-    for step in range(rounds):
+def _relay(words, parity, first, rounds):
+    """Waits for each value of ``parity`` in turn (steps ``first`` on) and answers with the
+    next: the two threads hand one line back and forth ``rounds`` times each."""
+    for step in range(first, first + rounds):
         mine = 2 * step + parity
         while _load(words, 0) != mine:
             pass
         _store(words, 0, mine + 1)
+
+
+@njit(nogil=True, cache=True)
+def _await(words, value):
+    while _load(words, 0) != value:
+        pass
 
 
 def hand_off_ns(rounds: int = ROUNDS, tries: int = 3) -> float:
@@ -67,7 +73,8 @@ def hand_off_ns(rounds: int = ROUNDS, tries: int = 3) -> float:
     often queued on its starter's CPU for milliseconds (``mixrt/base/placement.py``): the
     hand-offs would then time the two sharing one CPU (~2-3 us), not the distance."""
     words = np.zeros(16, np.int64)
-    _relay(words, 0, 1)  # compiled (or loaded) before timing
+    _relay(words, 0, 0, 1)  # compiled (or loaded) before timing
+    _await(words, 1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     mine, theirs = (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
     saved = os.sched_getaffinity(0) if mine is not None else None
@@ -77,10 +84,12 @@ def hand_off_ns(rounds: int = ROUNDS, tries: int = 3) -> float:
             os.sched_setaffinity(0, {mine})  # this thread only (Linux)
         for _ in range(tries):
             words[0] = 0
-            other = threading.Thread(target=_relay_on, args=(theirs, words, rounds))
+            other = threading.Thread(target=_relay_on, args=(theirs, words, rounds + 1))
             other.start()
+            _relay(words, 0, 0, 1)
+            _await(words, 2)  # the other thread runs: its start is not timed
             started = time.perf_counter()
-            _relay(words, 0, rounds)
+            _relay(words, 0, 1, rounds)
             other.join()
             best = min(best, (time.perf_counter() - started) / (2 * rounds) * 1e9)
     finally:
@@ -92,7 +101,7 @@ def hand_off_ns(rounds: int = ROUNDS, tries: int = 3) -> float:
 def _relay_on(cpu, words, rounds) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    _relay(words, 1, rounds)
+    _relay(words, 1, 0, rounds)
 
 
 def placement(ns: float) -> str:
