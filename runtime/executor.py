@@ -36,6 +36,8 @@ import numpy as np
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import to_host
+from mixrt.runtime.concat_in_place import (composite_lives, concat_composites,
+                                           concat_in_place, lay_out)
 from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
 from mixrt.runtime.passes.transposed_operands import swaps_last_two, takes_transposed
 
@@ -305,6 +307,8 @@ class PlanStructure:
     detached: frozenset
     shared: frozenset
     probes: list  # (kind, step, name, answer)
+    # Concats whose inputs the plan lays inside their output: (output, its inputs in order)
+    composites: tuple = ()
     # the probes, graph outputs' sizes first (holds_for's order for plans from inference)
     _outputs_first: list | None = field(default=None, repr=False, compare=False)
 
@@ -340,13 +344,17 @@ class PlanStructure:
         inplace = [(source, name) for source, name, same in self.candidates
                    if (_same_layout if same else _fits_inside)(observed[source],
                                                                 observed[name])]
-        lifetimes = [TensorLife(name, observed[name].nbytes, first, last)
-                     for name, first, last, _ in self.slots]
+        inside, starts = composite_lives(self.composites, self.slots)
+        lifetimes = [TensorLife(name, observed[name].nbytes, starts.get(name, first), last)
+                     for name, first, last, _ in self.slots if name not in inside]
         memory = _stored_plan(stored, signature, lifetimes)
         if memory is None:
             memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
         memory.signature = signature
         offsets = memory.offsets
+        if inside:  # each input its slice of its output
+            offsets = dict(offsets)
+            lay_out(self.composites, offsets, observed)
         slots = {}
         for name, _, _, static in self.slots:
             value = observed[name]
@@ -368,6 +376,8 @@ def _probe(kind: str, step, name: str, observed: dict, inferred: dict, plannable
         return _predicted(inferred.get(name), value)
     if kind == "plannable":
         return plannable(value)
+    if kind == "concat in place":
+        return concat_in_place(step.node, observed)
     return _arena_output(step, value, inferred.get(name))  # "arena output"
 
 
@@ -454,10 +464,13 @@ def plan_structure(signature: tuple, steps: list, graph_outputs: list[str], obse
         for target in referenced(name):
             last[target] = end
     shared = frozenset(n for n in graph_outputs if referenced(n) or n in frozen)
+    composites = concat_composites(steps, slots, first, last, outputs, ask)
+    inside = {name for _, inputs in composites for name in inputs}
+    candidates = [pair for pair in candidates if not inside & {pair[0], pair[1]}]
     return PlanStructure(steps, [(name, first[name], last[name], static)
                                  for name, static in slots.items()],
                          candidates, tuple(reshapes), frozenset(root), frozenset(detached),
-                         shared, probes)
+                         shared, probes, tuple(composites))
 
 
 class FrozenValues:
