@@ -120,15 +120,15 @@ def in_place(inputs, out: np.ndarray, axis: int) -> bool:
     """Whether the inputs already are their parts of ``out``: every dim of ``out`` before
     ``axis`` 1, and the inputs C-contiguous, one after another from its first byte to its
     last, which is then their concatenation (the plan lays a Concat's inputs so where it
-    can: ``runtime/executor._concat_composites``)."""
+    can: ``runtime/concat_in_place.concat_composites``)."""
     if not out.flags.c_contiguous or math.prod(out.shape[:axis]) != 1:
         return False
-    at = out.__array_interface__["data"][0]
+    start = at = out.__array_interface__["data"][0]
     for x in inputs:
         if not x.flags.c_contiguous or x.__array_interface__["data"][0] != at:
             return False
         at += x.nbytes
-    return at == out.__array_interface__["data"][0] + out.nbytes
+    return at == start + out.nbytes
 
 
 @slice_.fast("cpu")
