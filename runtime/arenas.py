@@ -18,7 +18,7 @@ import threading
 import numpy as np
 
 from mixrt.ops.device import aligned_empty
-from mixrt.runtime.executor import ExecutionPlan, Slot
+from mixrt.runtime.executor import ExecutionPlan, Slot, Slots
 
 
 class ArenaMemory:
@@ -65,12 +65,23 @@ class Arena:
             self.buffer = shared.buffer[:size]
         else:
             self.buffer = aligned_empty(size) if xp is np else xp.empty(size, dtype=np.uint8)
-        self.views = {name: _view(self.buffer, slot) for name, slot in plan.slots.items()}
+        self.views = _views(self.buffer, plan.slots)
         self.calls: list | None = None
         # (tier, thread, native pool, scratch generation) -> the calls with bound steps
         # (runtime/run_loop.bind_calls)
         self.bound: dict = {}
         self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
+
+
+def _views(buffer, slots) -> dict:
+    """Every slot's array on ``buffer``. On the host, each made in one call from the slot's
+    kept tuple (slicing, viewing and reshaping a Slot took ~1.3 us a slot, over twice as
+    long: ~0.1 ms of a small BERT's new length, 0.2 of a 5-layer RoBERTa's)."""
+    if buffer.__class__ is np.ndarray and isinstance(slots, Slots):
+        make = np.ndarray
+        return {name: make(shape, dtype, buffer, offset)
+                for name, (offset, shape, dtype, _) in slots.tuples()}
+    return {name: _view(buffer, slot) for name, slot in slots.items()}
 
 
 def _view(buffer, slot: Slot):

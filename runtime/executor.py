@@ -38,7 +38,8 @@ from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import to_host
 from mixrt.runtime.concat_in_place import (composite_lives, concat_composites,
                                            concat_in_place, lay_out)
-from mixrt.runtime.memory import MemoryPlan, TensorLife, plan_memory
+from mixrt.runtime.memory import MemoryPlan, TensorLife
+from mixrt.runtime.placements import smallest_plan, stored_plan
 from mixrt.runtime.passes.transposed_operands import swaps_last_two, takes_transposed
 
 # ops whose output (for a contiguous input) is a view of input 0
@@ -144,6 +145,17 @@ class Slots(Mapping):
     def __init__(self, slots: dict):
         self._raw = {name: tuple(slot) for name, slot in slots.items()}
 
+    @classmethod
+    def of_tuples(cls, raw: dict) -> "Slots":
+        """From name -> (offset, shape, dtype, static) as they are kept."""
+        made = cls.__new__(cls)
+        made._raw = raw
+        return made
+
+    def tuples(self):
+        """(name, (offset, shape, dtype, static)) for every slot, without making Slots."""
+        return self._raw.items()
+
     def __getitem__(self, name: str) -> Slot:
         return Slot._make(self._raw[name])
 
@@ -185,10 +197,13 @@ class ExecutionPlan:
     # planned from shape inference, without a discovery run, and not yet run once
     # (runtime/inferred_plans.py): its first run falls back to a discovery run if it fails
     unproven: bool = False
-    # the in-place pairs the placement kept (_smallest_plan): all, same size, none
+    # the in-place pairs the placement kept (placements.smallest_plan): all, same size, none
     pairing: str | None = None
     # when a run last took one of its arenas (acquire): which plans trim_idle_calls spares
     used: int = 0
+    # [its steps' call templates, or None until a first arena needs them]: shared by the
+    # plans of one PlanStructure (runtime/call_forms.py)
+    call_templates: list = field(default_factory=lambda: [None])
 
     @property
     def arena_bytes(self) -> int:
@@ -264,7 +279,7 @@ def make_plan(signature: tuple, steps: list, graph_outputs: list[str], observed:
     ``frozen`` (name -> value, from :class:`FrozenValues` run as inference's settle hook) are
     the values the signature alone fixes: their discovery results are kept and planned runs
     skip the nodes that make them. ``pairing``, ``order``: the in-place pairing and the
-    greedy order to place with (:func:`_smallest_plan`; by default those that give the
+    greedy order to place with (:func:`~mixrt.runtime.placements.smallest_plan`; by default those that give the
     smallest arena). ``structures``: where a form's new signatures keep the plan's
     :class:`PlanStructure`, reused while its size-dependent answers hold.
     ``from_inference``: ``observed`` holds inference's own shapes (:class:`Shaped`), so a
@@ -311,6 +326,10 @@ class PlanStructure:
     composites: tuple = ()
     # the probes, graph outputs' sizes first (holds_for's order for plans from inference)
     _outputs_first: list | None = field(default=None, repr=False, compare=False)
+    # pairing -> its kept placement, the offsets of new sizes (runtime/placements.py)
+    stackings: dict = field(default_factory=dict, repr=False, compare=False)
+    # its plans' call templates (ExecutionPlan.call_templates), made by the first to run
+    call_templates: list = field(default_factory=lambda: [None], repr=False, compare=False)
 
     def holds_for(self, observed: dict, inferred: dict, plannable,
                   from_inference: bool = False) -> bool:
@@ -347,9 +366,10 @@ class PlanStructure:
         inside, starts = composite_lives(self.composites, self.slots)
         lifetimes = [TensorLife(name, observed[name].nbytes, starts.get(name, first), last)
                      for name, first, last, _ in self.slots if name not in inside]
-        memory = _stored_plan(stored, signature, lifetimes)
+        memory = stored_plan(stored, signature, lifetimes)
         if memory is None:
-            memory, pairing = _smallest_plan(lifetimes, strategy, inplace, pairing, order)
+            memory, pairing = smallest_plan(lifetimes, strategy, inplace, pairing, order,
+                                            self.stackings)
         memory.signature = signature
         offsets = memory.offsets
         if inside:  # each input its slice of its output
@@ -358,13 +378,13 @@ class PlanStructure:
         slots = {}
         for name, _, _, static in self.slots:
             value = observed[name]
-            slots[name] = Slot(offsets[name], tuple(value.shape), value.dtype, static)
-        slots = Slots(slots)
+            slots[name] = (offsets[name], tuple(value.shape), value.dtype, static)
+        slots = Slots.of_tuples(slots)
         memory.lifetimes = Lifetimes(memory.lifetimes)
         reshapes = {name: tuple(observed[name].shape) for name in self.reshapes}
         return ExecutionPlan(signature, memory, slots, self.steps, frozen, self.shared,
                              self.detached, reshapes=reshapes, views=self.views,
-                             pairing=pairing)
+                             pairing=pairing, call_templates=self.call_templates)
 
 
 def _probe(kind: str, step, name: str, observed: dict, inferred: dict, plannable) -> bool:
@@ -519,38 +539,6 @@ def _on_host(value):
         return value
     if hasattr(value, "__cuda_array_interface__") and value.size <= _SETTLE_HOST_LIMIT:
         return to_host(value)
-    return None
-
-
-def _smallest_plan(lifetimes, strategy: str, inplace, pairing: str | None = None,
-                   order: int | None = None) -> tuple[MemoryPlan, str]:
-    """The planner places an in-place pair as one block of the input's size for both lives,
-    so a shrinking pair (MaxPool over its input) can cost more than it saves: plan with all
-    pairs, with same-size pairs only and with none, and keep the smallest arena; returns it
-    and which pairing it took. ``pairing`` plans with that one alone: a new shape of a form
-    planned from inference takes the pairing its discovered plan chose (the three placements
-    were half of a 6-layer BERT's plan, ~3.5 ms a new length), placed by ``order`` (the
-    greedy order that placed it: ``memory.plan_memory``)."""
-    sizes = {life.name: life.size for life in lifetimes}
-    pairings = {"all": inplace,
-                "same size": [(a, b) for a, b in inplace if sizes.get(a) == sizes.get(b)],
-                "none": []}
-    if pairing in pairings:
-        return plan_memory(lifetimes, strategy, pairings[pairing], order=order,
-                           checked=True), pairing
-    plans = [(plan_memory(lifetimes, strategy, inplace, checked=True), "all")]
-    if len(pairings["same size"]) < len(inplace):
-        plans.append((plan_memory(lifetimes, strategy, pairings["same size"], checked=True),
-                      "same size"))
-    if inplace:  # greedy by size can also place better without any pairs (DenseNet)
-        plans.append((plan_memory(lifetimes, strategy, [], checked=True), "none"))
-    return min(plans, key=lambda made: made[0].arena_bytes)
-
-
-def _stored_plan(stored, signature: tuple, lifetimes: list[TensorLife]) -> MemoryPlan | None:
-    for memory in stored:
-        if tuple(memory.signature) == signature and list(memory.lifetimes) == lifetimes:
-            return memory
     return None
 
 

@@ -186,7 +186,7 @@ MAX_PROGRAMS = 4  # shape programs a form keeps (a sequence of one, of more: two
 @dataclass(frozen=True)
 class TrustedForm:
     """What a form's discovered plan settled that its inferred plans take as they are: the
-    in-place pairing and greedy order its placement chose (``executor._smallest_plan``,
+    in-place pairing and greedy order its placement chose (``placements.smallest_plan``,
     ``memory.plan_memory``), and the ids of the nodes it froze (the shape arithmetic)."""
 
     pairing: str

@@ -9,7 +9,6 @@ import math
 import os
 import threading
 from collections import ChainMap
-from operator import itemgetter
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from mixrt.ops.compiled import jit_cpu, jit_tier
 from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.arenas import Arena
+from mixrt.runtime.call_forms import arena_calls as _calls, node_state
 from mixrt.runtime.executor import ExecutionPlan
 from mixrt.runtime.graph import outer_scope_reads
 from mixrt.runtime.passes.infer import infer_types
@@ -312,92 +312,6 @@ def _bound(call, out, env):
     except Exception:  # noqa: BLE001  (a binder that fails leaves the kernel's call)
         fn = None
     return call if fn is None else (step, inputs, attributes, placed, form[:5] + (None, fn))
-
-
-def _calls(arena: Arena, plan: ExecutionPlan) -> list:
-    """The plan's steps as this arena runs them: (step, the names it reads, its
-    attributes with ``out=`` its output's view when it has a static one, each output as
-    (name, view or None, detached), and the step's form for :func:`_run_host_calls` (None
-    where it needs the general loop's care: subgraphs, several outputs, absent inputs)).
-    Working these out per node and run was ~1.5 us of the ~3.5 the run loop spent around
-    each kernel."""
-    if arena.calls is None:
-        views, slots = arena.views, plan.slots
-        calls = []
-        for step in plan.steps:
-            outputs = step.node.outputs
-            first = outputs[0] if outputs else ""
-            attributes = step.attributes
-            if first in views and step.writes_into and slots[first].static:
-                attributes = dict(attributes, out=views[first])
-            placed = tuple((name, views.get(name), name in plan.detached) for name in outputs)
-            form = _reshape_form(step, plan) if first in plan.reshapes \
-                else _host_form(step, placed)
-            calls.append((step, tuple(step.inputs), attributes, placed, form))
-        arena.calls = calls
-    return arena.calls
-
-
-def _host_form(step, outputs):
-    """(arity, the input names or their getter, output name, view, detached, node state,
-    bound call) of a step the host loop runs on its own: its first input present (an absent
-    optional one after it reads None), no subgraph,
-    and one named output, or several (a classifier's label and scores), which the form
-    names by None with the outputs' (name, view, detached) where one output has its view.
-    The bound call is None until :func:`bind_calls` makes the arena's bound forms."""
-    names = tuple(step.inputs)
-    if step.subgraphs or not outputs or (names and not names[0]):
-        return None
-    if all(names):
-        fetch = _fetch(names) if len(names) > 1 else (names[0] if names else None)
-    else:  # an absent optional input between present ones reads None, as in _run_calls
-        fetch = _with_absent(names)
-    if len(outputs) > 1:
-        return len(names), fetch, None, outputs, False, node_state(step.attributes), None
-    name, view, detach = outputs[0]
-    if not name:
-        return None
-    return len(names), fetch, name, view, detach, node_state(step.attributes), None
-
-
-def _fetch(names: tuple):
-    """``itemgetter(*names)``, one per tuple of names for every arena and session (each
-    arena of a new shape made its own: ~40 objects a small BERT's plan for the collector)."""
-    found = _FETCHES.get(names)
-    if found is None:
-        if len(_FETCHES) >= MAX_FETCHES:
-            _FETCHES.clear()
-        found = _FETCHES[names] = itemgetter(*names)
-    return found
-
-
-_FETCHES, MAX_FETCHES = {}, 1 << 14  # (the getters, how many before starting over)
-
-
-def _with_absent(names):
-    """``env -> args`` for inputs some of which are absent (empty names): None for those."""
-    def fetch(env):
-        return tuple(env[name] if name else None for name in names)
-    return fetch
-
-
-def _reshape_form(step, plan):
-    """The host loop's form of a reshape whose output shape the plan knows (arity -1: the
-    input's name, the output's, and the shape where a plain form has its view). Such an
-    output views input 0 (an arena tensor, or a value the arena does not hold) and is no
-    graph output (make_plan): it has no slot and is never detached."""
-    name = step.node.outputs[0]
-    return -1, step.inputs[0], name, plan.reshapes[name], False, None, None
-
-
-def node_state(attributes) -> dict | None:
-    """The node's state dict (``_node``) when its kernel may leave a prepared call there:
-    ``state["call"](xp, *inputs)``, set by the kernel's first call once it has turned its
-    attributes into a model (ops/ir/node_state.py), runs the node from then on without
-    passing the attributes again (a tree ensemble's twenty keyword arguments cost ~3 us a
-    call to bind). Kernels that write into ``out=`` keep none."""
-    state = attributes.get("_node")
-    return state if state is not None and "out" not in attributes else None
 
 
 def _run_host_calls(calls, env, buffer) -> None:

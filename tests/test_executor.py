@@ -419,7 +419,7 @@ def test_reshapes_of_known_shape_are_made_by_the_run_loop():
 def test_a_reshape_the_plan_did_not_see_goes_to_its_kernel():
     """Should a run's tensor not have the size its plan saw, the kernel runs and its error
     names the node, as without the shortcut."""
-    from mixrt.runtime import run_loop
+    from mixrt.runtime import call_forms
     session = mixrt.Session(_reshape_chain(), opt_level=0)
     x = np.ones((4, 6), np.float32)
     session.run(None, {"x": x})
@@ -427,7 +427,7 @@ def test_a_reshape_the_plan_did_not_see_goes_to_its_kernel():
     plan.reshapes["a"] = (5, 7)  # what a wrong plan would hold
     for arena in plan.pool:
         arena.calls = None
-    calls = run_loop._calls(plan.pool[0], plan)
+    calls = call_forms.arena_calls(plan.pool[0], plan)
     form = next(call[4] for call in calls if call[0].node.outputs[0] == "a")
     assert form[0] == -1 and form[3] == (5, 7)
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.zeros((1, 24)))
