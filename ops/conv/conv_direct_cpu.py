@@ -108,37 +108,46 @@ class _Kit:
 
     def __init__(self, plan, dtype, limits):
         kernels, parts = _kernels(), plan.native_parts()
-        scratch = jit_cpu.scratch_array
+        scratch = jit_cpu.scratch_address
         empty = parts.empty(dtype)
-        flat, _ = _planes(plan, dtype)
+        flat_size = (math.prod(plan.planes_shape),)
         pointwise = not plan.taps
         edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
         slope, low, high = limits
         length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
             else plan.weights.shape[0]
         self._zeros, self._padded = np.zeros(length, dtype), np.zeros(length, dtype)
+        # this thread's scratch arrays come with their addresses (jit_cpu keeps both)
+        placed = {
+            kernels.PLANES: scratch("direct_planes", dtype, flat_size),
+            kernels.WORKER_PLANES: scratch("direct_planes_worker", dtype, flat_size),
+            kernels.SPILL: scratch("direct_spill", dtype, (plan.width, STRIP)),
+            kernels.WORKER_SPILL: scratch("direct_spill_worker", dtype, (plan.width, STRIP)),
+        }
+        if pointwise:
+            placed[kernels.EDGE] = scratch("direct_edge", dtype, edge_shape)
+            placed[kernels.WORKER_EDGE] = scratch("direct_edge_worker", dtype, edge_shape)
         arrays = {
-            kernels.PLANES: flat,
-            kernels.WORKER_PLANES: scratch("direct_planes_worker", dtype, flat.shape),
             kernels.ROWS_AT: parts.rows_at, kernels.PLACES: parts.places,
             kernels.BOUNDS: parts.bounds,
             kernels.PANELS: plan.panels if plan.taps and not plan.left else empty[3],
             kernels.WEIGHTS: plan.weights if plan.left or pointwise else empty[2],
             kernels.LIMITS: np.array((low, high, slope), dtype),
             kernels.NO_BIAS: np.zeros(plan.width, dtype),
-            kernels.SPILL: scratch("direct_spill", dtype, (plan.width, STRIP)),
-            kernels.WORKER_SPILL: scratch("direct_spill_worker", dtype, (plan.width, STRIP)),
-            kernels.EDGE: scratch("direct_edge", dtype, edge_shape) if pointwise else empty[2],
-            kernels.WORKER_EDGE: scratch("direct_edge_worker", dtype, edge_shape)
-            if pointwise else empty[2],
         }
+        if not pointwise:
+            arrays[kernels.EDGE] = arrays[kernels.WORKER_EDGE] = empty[2]
         # filled as a list and made an array once: ~12 slots written one by one into the
         # int64 array, each address through ``ndarray.ctypes``, cost ~50 us a kit, and a
         # CNN makes a kit per convolution at each new image size (2026-11-27)
         words = [0] * kernels.BLOCK_WORDS
+        for slot, (array, address) in placed.items():
+            words[slot] = address
+            words[slot + 1:slot + 1 + array.ndim] = array.shape
         for slot, array in arrays.items():
             words[slot] = array.__array_interface__["data"][0]
             words[slot + 1:slot + 1 + array.ndim] = array.shape
+        arrays.update((slot, array) for slot, (array, _) in placed.items())
         scalars = {kernels.ITEMSIZE: dtype.itemsize, kernels.TAPS: _form(plan),
                    kernels.BY_ROWS: plan.by_rows, kernels.STRIPS: plan.strips,
                    kernels.IN_PLACE: plan.in_place, kernels.PARTS: parts.count,

@@ -311,9 +311,15 @@ def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | 
     kernels = jit_cpu.panel_kernels()
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
+    return _native_arguments(native, kernels, panels, rows, _split(rows, k, n, B.itemsize),
+                             dtype, bias)
+
+
+def _native_arguments(native, kernels, panels, rows: int, split: bool, dtype, bias) -> tuple:
+    """:func:`native_call_arguments` once the pool, the kernels and the panels are known."""
     count = panels.shape[0]
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
-    if _split(rows, k, n, B.itemsize):
+    if split:
         bounds = native_parts(count, rows, kernels.STRIP_ROWS)
     else:
         bounds = np.array([0, count, 0, rows], np.int64)
@@ -338,16 +344,17 @@ def panel_call(A, B, prepacked, bias=None):
     bias = _NO_BIAS[A.dtype.char] if bias is None else bias
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
-    spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
     count = panels.shape[0]
     if not _split(rows, k, n, B.itemsize):
         one = kernels.panel_product
+        spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
         return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
                                   spill, bias)
-    arguments = native_call_arguments(rows, B, prepacked, A.dtype, bias)
-    if arguments is not None:
+    native = jit_cpu.native_pool()
+    if native is not None:
         run = kernels.native_product
-        block, parts, panels, bounds, spill, worker_spill, bias = arguments
+        block, parts, panels, bounds, spill, worker_spill, bias = _native_arguments(
+            native, kernels, panels, rows, True, A.dtype, bias)
         return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
                                   out.reshape(rows, n), bounds, spill, worker_spill, bias)
 
