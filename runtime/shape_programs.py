@@ -114,6 +114,8 @@ class _Tracer:
         self.namespace = {"_np_array": np.array, "_call": call_step, "_Shaped": Shaped,
                           "_empty": np.empty}
         self.runtime: dict = {}  # a frozen value a kernel of the program makes -> its local
+        self.made: dict = {}  # an expression the program computes -> the local holding it
+        self.dtypes: dict = {}  # a dtype's string -> the constant naming it
         self.header = self._feeds(signature)
         for name, value in constants.items():
             if isinstance(value, np.ndarray):
@@ -272,13 +274,32 @@ class _Tracer:
             raise NotSymbolic(f"value {name!r}: neither its elements nor its kernel are known")
         if elements.dtype != object:
             return self._constant(elements)
-        dtype = self._constant(self.frozen[name].dtype)
+        dtype = self._dtype_constant(self.frozen[name].dtype)
         codes = "".join(f"{code_of(element)}, " for element in elements.reshape(-1))
-        return f"_np_array(({codes}), {dtype}).reshape({tuple(elements.shape)!r})"
+        return self._computed(f"_np_array(({codes}), {dtype}).reshape({tuple(elements.shape)!r})")
+
+    def _computed(self, expression: str) -> str:
+        """A local holding ``expression``'s value, computed once where first needed: a
+        transformer's layers reshape to the same shapes (a 5-layer RoBERTa's program made
+        149 frozen arrays and 168 Shaped, most of them alike; one each now, shared by the
+        values that are the same, read only as every frozen value is)."""
+        local = self.made.get(expression)
+        if local is None:
+            local = self.made[expression] = self.trace.local("f")
+            self.trace.lines.append(f"{local} = {expression}")
+        return local
 
     def _constant(self, value) -> str:
         local = self.trace.local("_k")
         self.namespace[local] = value
+        return local
+
+    def _dtype_constant(self, dtype) -> str:
+        """The one constant naming ``dtype`` (so that expressions over it read alike)."""
+        dtype = np.dtype(dtype)
+        local = self.dtypes.get(dtype.str)
+        if local is None:
+            local = self.dtypes[dtype.str] = self._constant(dtype)
         return local
 
     def _program(self, planned: list[str]) -> FormProgram:
@@ -287,9 +308,9 @@ class _Tracer:
             known = self.known.get(name)
             if known is None or name in self.frozen:
                 raise NotSymbolic(f"planned value {name!r} not traced")
-            dtype = self._constant(np.dtype(self.inferred[name].dtype))
+            dtype = self._dtype_constant(self.inferred[name].dtype)
             codes = "".join(f"{code_of(dim)}, " for dim in known.shape)
-            shapes.append(f"_Shaped(({codes}), {dtype})")
+            shapes.append(self._computed(f"_Shaped(({codes}), {dtype})"))
         frozen_names = tuple(self.frozen)
         values = [self._materialized(name, self._input(name)) for name in frozen_names]
         body = self.header + self.trace.lines + [

@@ -369,3 +369,50 @@ def test_quantized_operators_new_sizes_are_planned_by_the_forms_program(concrete
     form = next(iter(session._trusted_forms.values()))
     assert form.programs and form.programs[0].confirmed
     assert len(concrete_inferences) == 2
+
+
+def _layers_of_reshapes(layers: int) -> bytes:
+    """``layers`` blocks that each reshape the hidden states to heads and back by targets
+    computed from the input's Shape, as each layer of an exported transformer does."""
+    heads = numpy_helper.from_array(np.array([4, HIDDEN // 4], np.int64), "heads")
+    flat = numpy_helper.from_array(np.array([HIDDEN], np.int64), "flat")
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "zero", "two"], ["lead"])]
+    value = "x"
+    for layer in range(layers):
+        nodes += [
+            helper.make_node("Concat", ["lead", "heads"], [f"split{layer}"], axis=0),
+            helper.make_node("Reshape", [value, f"split{layer}"], [f"h{layer}"]),
+            helper.make_node("Relu", [f"h{layer}"], [f"r{layer}"]),
+            helper.make_node("Concat", ["lead", "flat"], [f"join{layer}"], axis=0),
+            helper.make_node("Reshape", [f"r{layer}", f"join{layer}"], [f"y{layer}"])]
+        value = f"y{layer}"
+    initializers = [heads, flat, numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                    numpy_helper.from_array(np.array([2], np.int64), "two")]
+    graph = helper.make_graph(
+        nodes, "layers",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", HIDDEN])],
+        [helper.make_tensor_value_info(value, TensorProto.FLOAT, None)], initializers)
+    return _serialized(graph)
+
+
+def test_a_program_computes_each_alike_value_once():
+    """Four layers reshape to the same targets: the program makes each target array and
+    each shape once, and the values that are alike share them (read only)."""
+    data = _layers_of_reshapes(4)
+    session, reference = _both(data)
+    for length in (5, 8, 13, 21):
+        fed = {"x": np.random.default_rng(length).standard_normal(
+            (2, length, HIDDEN)).astype(np.float32)}
+        np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
+                                   rtol=1e-6)
+    (form,) = session._trusted_forms.values()
+    program = form.programs[0]
+    made = [line.split(" = ", 1)[1] for line in program.source.splitlines()
+            if line.strip().startswith("f")]
+    assert made and len(made) == len(set(made))  # each expression computed once
+    # the shape, its lead and the two targets: four arrays, not two more a layer
+    assert program.source.count("_np_array(") == 4
+    observed, frozen = program.evaluate(feed_signature(fed))
+    assert frozen["split0"] is frozen["split3"] and frozen["join1"] is frozen["join2"]
+    assert observed["h0"] is observed["h3"]
