@@ -298,15 +298,24 @@ class Program:
         routine = self.routine(inputs, out)
         if routine is not None:
             return routine(*inputs, out)
-        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        if out is not None and all(x.shape == out.shape for x in inputs):
+            shape = out.shape  # (no broadcasting to work out: GELU over hidden states)
+        else:
+            shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        alias = None  # the input that ``out`` is (an in-place plan), asked once
         if out is None:
             out = np.empty(shape, inputs[0].dtype)
-        elif not out.flags.c_contiguous or any(
-                overlaps(out, [x]) and not same_view(out, x) for x in inputs):
-            np.copyto(out, self.run_cpu(inputs))  # a partial overlap: compute aside
+        elif not out.flags.c_contiguous:
+            np.copyto(out, self.run_cpu(inputs))  # compute aside
             return out
+        else:
+            for index, x in enumerate(inputs):
+                if isinstance(x, np.ndarray) and np.may_share_memory(out, x):
+                    if not same_view(out, x):  # a partial overlap: compute aside
+                        np.copyto(out, self.run_cpu(inputs))
+                        return out
+                    alias = index if alias is None else alias
         if jit_elementwise.suits(self.steps, inputs, out, self.jit_kernels):
-            alias = next((i for i, x in enumerate(inputs) if overlaps(out, [x])), None)
             if jit_elementwise.run(self.steps, inputs, out, alias, self.jit_kernels,
                                    replays):
                 return out
@@ -338,6 +347,8 @@ class Program:
                 return None
             key.append(x.shape)
         key = tuple(key)
+        if out is not None and out.size >= self._no_routine_size(dtype):
+            return None  # blocks or a compiled loop, whatever the layout (asked no more)
         routines = self.routines
         found = routines.get(key)
         if found is None:
@@ -363,6 +374,19 @@ class Program:
         if made is None:
             made = found.routines[over] = _generated(self, dtype, key[1:], over)
         return made
+
+    def _no_routine_size(self, dtype) -> float:
+        """The output size from which :meth:`routine` never gives a routine: blocks
+        (2 x BLOCK), or a compiled loop where the program compiles for ``dtype`` (what a
+        :class:`_Layout` asks, without making one for each new shape: ~10 us)."""
+        compilable = self.jit_kernels.get(dtype.char)
+        if compilable is None:
+            compilable = self.jit_kernels[dtype.char] = jit_elementwise.compilable(
+                self.steps, dtype)
+        limit = 2 * BLOCK
+        if compilable:
+            limit = min(limit, jit_elementwise.min_elements(self.steps))
+        return limit
 
     def _run_block(self, inputs, out, spare: list):
         """The program over one block, the last step into ``out``; other steps reuse the

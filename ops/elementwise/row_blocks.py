@@ -41,8 +41,17 @@ def row_blocks(shape, inputs, out):
 
 def same_view(a, b) -> bool:
     """``a`` and ``b`` address the same elements the same way (an in-place plan)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape and a.strides == b.strides)
+    if a is b:
+        return True
+    if a.shape != b.shape or a.strides != b.strides:
+        return False
+    if a.size and a.itemsize == b.itemsize == a.dtype.alignment and a.flags.c_contiguous \
+            and b.flags.c_contiguous and a.flags.aligned and b.flags.aligned:
+        # aligned elements of one size start whole elements apart, so the first elements
+        # overlap only where the arrays start alike: ~0.8 us against ~2.3 through the two
+        # addresses (a FusedElementwise written over its input, at each new length)
+        return np.may_share_memory(a.reshape(-1)[:1], b.reshape(-1)[:1])
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 def overlaps(out, inputs) -> bool:
