@@ -191,12 +191,7 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
     return add_and_activate_cpu(y, C, None, activation, activation_params)
 
 
-# multiply-adds under which a dense layer is one compiled call (its product, bias and Relu) and
-# nothing else is asked (a scikit-learn MLP's 1 x 64 @ 64 x 64: ~2 us of ~5 were the checks
-# that choose among the product forms and the compiled epilogue). 2^16 rather than 2^14
-# (2026-11-26, one process, two sessions alternating): the MLP at 4 and 8 rows 0.89, at 16
-# 1.02, small transformers (hidden 64, 8-16 tokens; GPT-2 h256's decode step) 0.98-1.00
-TINY_WORK = 1 << 16
+TINY_WORK = few_rows.TINY_WORK  # (the few-rows module's: its rows route keeps above it)
 
 
 @fused_mat_mul.fast("cpu")
@@ -210,6 +205,9 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     arrays = (A, B, bias, Z, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
+    if out is not None and Z is None and not activation \
+            and few_rows.rows_route(_prepacked, A, B, bias, out, arrays):
+        return out  # the node's panel product at a new number of rows
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
             and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
             and not batch_invariant():

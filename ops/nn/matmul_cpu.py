@@ -30,6 +30,7 @@ and the one-row BLAS, the tiny layers and the small-weight shortcut are off.
 from __future__ import annotations
 
 import math
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -297,7 +298,75 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=()):
     call(A, out)
     if replays is not None:
         replay.record(replays, recorded, lambda *arrays: call(arrays[0], arrays[-1]))
+        replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype)
     return out
+
+
+# -- a node's next shapes: the route of its panel product by rows --------------------------
+#
+# A service's new sequence length makes every product of a transformer a new shape, and each
+# took the full route again: the product forms' checks, the panels' arguments, a new replay
+# (~20-30 us a product, cold, against its ~15 us replay; 36-72 products a 6-12 layer
+# encoder's new length). Yet a node whose weight and bias are constants takes the same
+# route at every number of rows past the thresholds that choose it: only the rows, their
+# split and the reshapes differ. So its panel product also keeps a RowsRoute, and a call
+# with arrays the replay does not know goes straight to the panels when the checks that
+# keep it there hold for the new rows.
+
+# multiply-adds under which a dense layer is one compiled call (its product, bias and Relu) and
+# nothing else is asked (a scikit-learn MLP's 1 x 64 @ 64 x 64: ~2 us of ~5 were the checks
+# that choose among the product forms and the compiled epilogue). 2^16 rather than 2^14
+# (2026-11-26, one process, two sessions alternating): the MLP at 4 and 8 rows 0.89, at 16
+# 1.02, small transformers (hidden 64, 8-16 tokens; GPT-2 h256's decode step) 0.98-1.00
+TINY_WORK = 1 << 16
+
+ROWS_ROUTE = ("panel rows route",)  # its place in the node's prepacked dict
+
+
+class RowsRoute:
+    """What a node's panel product at any rows needs from its last full route: the
+    constant weight and bias it was settled for (compared by identity), their dtype, and
+    the thread, native pool and scratch it ran on (as a replay is tied to them)."""
+
+    __slots__ = ("B", "bias", "dtype", "thread", "pool", "scratch", "streamed")
+
+    def __init__(self, B, bias, dtype):
+        self.B, self.bias, self.dtype = B, bias, np.dtype(dtype)
+        self.thread = threading.get_ident()
+        self.pool = jit_cpu.native_pool()
+        self.scratch = jit_cpu.scratch_generation()
+        self.streamed = streamed(B)
+
+
+def rows_route(prepacked, A, B, bias, out, recorded) -> bool:
+    """``out = A @ B (+ bias)`` through the node's panels at A's rows, recorded as its
+    replay under ``recorded`` (the node's arrays, A first and ``out`` last), where its
+    RowsRoute holds for these arrays: the same weight, bias, dtype, thread, pool and
+    scratch; A and ``out`` C-contiguous and apart; at least two rows (one goes to the
+    BLAS); and past what sends a product to the few-rows and tiny forms (PANEL_MIN_WORK
+    unless the weight is streamed, TINY_WORK in any case). False, nothing written,
+    otherwise: the caller takes the full route."""
+    route = None if prepacked is None else prepacked.get(ROWS_ROUTE)
+    if route is None or route.B is not B or route.bias is not bias \
+            or A.__class__ is not np.ndarray or out.__class__ is not np.ndarray \
+            or A.dtype != route.dtype or out.dtype != route.dtype:
+        return False
+    k, n = B.shape
+    if A.ndim < 2 or A.shape[-1] != k or not A.flags.c_contiguous \
+            or not out.flags.c_contiguous:
+        return False
+    rows = A.size // k
+    work = A.size * n
+    if rows < 2 or out.size != rows * n or work < TINY_WORK \
+            or (work < PANEL_MIN_WORK and not route.streamed) \
+            or route.thread != threading.get_ident() or route.pool is not jit_cpu.native_pool() \
+            or route.scratch != jit_cpu.scratch_generation() or batch_invariant() \
+            or jit_cpu.panel_kernels() is None or np.may_share_memory(out, A):
+        return False
+    call = rows_call(B, prepacked, bias, route.dtype, rows)
+    call(A, out)
+    replay.record(prepacked, recorded, lambda *arrays: call(arrays[0], arrays[-1]))
+    return True
 
 
 def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | None:
@@ -338,23 +407,29 @@ def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
 def panel_call(A, B, prepacked, bias=None):
     """:func:`panel_product` for A's shape as a call to make, ``call(A, out)``, on arrays of
     the shapes and dtype of these (its scratch is this thread's)."""
+    return rows_call(B, prepacked, bias, A.dtype, A.size // B.shape[0])
+
+
+def rows_call(B, prepacked, bias, dtype, rows: int):
+    """:func:`panel_call` for ``rows`` rows of ``dtype`` (the rows route of a node's next
+    shapes, ``panel_routes.py``, makes it from these without an A)."""
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
-    rows = A.size // k
-    bias = _NO_BIAS[A.dtype.char] if bias is None else bias
+    dtype = np.dtype(dtype)
+    bias = _NO_BIAS[dtype.char] if bias is None else bias
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     count = panels.shape[0]
     if not _split(rows, k, n, B.itemsize):
         one = kernels.panel_product
-        spill = jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape)
+        spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
         return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
                                   spill, bias)
     native = jit_cpu.native_pool()
     if native is not None:
         run = kernels.native_product
         block, parts, panels, bounds, spill, worker_spill, bias = _native_arguments(
-            native, kernels, panels, rows, True, A.dtype, bias)
+            native, kernels, panels, rows, True, dtype, bias)
         return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
                                   out.reshape(rows, n), bounds, spill, worker_spill, bias)
 
@@ -363,7 +438,7 @@ def panel_call(A, B, prepacked, bias=None):
 
         def part(p0, p1):
             kernels.panel_product(a, panels, c, p0, p1,
-                                  jit_cpu.scratch_array("panel_spill", A.dtype, spill_shape),
+                                  jit_cpu.scratch_array("panel_spill", dtype, spill_shape),
                                   bias)
         parallel_for(thread_parts(count, rows * k * n), part)
     return threads

@@ -1,0 +1,144 @@
+"""A product node's rows route (ops/nn/matmul_cpu.py, RowsRoute): at a new number of rows, a
+FusedMatMul or MatMul against a constant weight goes straight to its panels, with the bits
+of the full route, and only where the full route would have gone there too."""
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.ir.registry import CONSTANT_INPUTS
+from mixrt.ops.nn import fused_cpu, matmul_cpu
+from mixrt.ops.nn.matmul_cpu import ROWS_ROUTE
+from mixrt.runtime.session import Session
+
+pytestmark = pytest.mark.skipif(jit_cpu.native_pool() is None or jit_cpu.panel_kernels()
+                                is None, reason="the panels and the native pool (AVX-512)")
+RNG = np.random.default_rng(11)
+
+
+def _node() -> dict:
+    """A node's prepacked dict, its weight and bias inputs constants (runtime/binding.py)."""
+    return {CONSTANT_INPUTS: frozenset({1, 2})}
+
+
+def _operands(rows: int, k: int = 128, n: int = 256, lead: int = 1):
+    A = RNG.standard_normal((lead, rows, k)).astype(np.float32)
+    return A, np.empty((lead, rows, n), np.float32)
+
+
+def _fused(node, A, B, bias, out):
+    with jit_cpu.native_run(True):
+        return fused_cpu.fused_mat_mul_cpu(np, A, B, bias, out=out, _prepacked=node)
+
+
+@pytest.fixture
+def full_routes(monkeypatch):
+    """One entry per call the rows route left to the full route (it declined or had none)."""
+    calls = []
+    original = matmul_cpu.rows_route
+
+    def spied(*args):
+        taken = original(*args)
+        if not taken:
+            calls.append(1)
+        return taken
+    monkeypatch.setattr(matmul_cpu, "rows_route", spied)
+    return calls
+
+
+def test_new_rows_take_the_route_with_the_full_routes_bits(full_routes):
+    B = (RNG.standard_normal((128, 256)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(256).astype(np.float32)
+    node = _node()
+    A, out = _operands(40)
+    _fused(node, A, B, bias, out)
+    assert ROWS_ROUTE in node and len(full_routes) == 1
+    for rows in (17, 64, 9, 300, 33):
+        A, out = _operands(rows)
+        _fused(node, A, B, bias, out)
+        fresh = np.empty_like(out)  # the full route, on a node of its own
+        _fused(_node(), A, B, bias, fresh)
+        np.testing.assert_array_equal(out, fresh)
+        np.testing.assert_allclose(out, A @ B + bias, rtol=1e-5, atol=1e-4)
+    # each new number of rows: one full route for the fresh node only
+    assert len(full_routes) == 1 + 5
+
+
+def test_the_route_keeps_out_of_what_the_full_route_sends_elsewhere(full_routes):
+    # a weight under SPLIT_WEIGHT_BYTES (not streamed): few rows go to the few-rows form
+    B = (RNG.standard_normal((128, 192)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(192).astype(np.float32)
+    node = _node()
+    A, out = _operands(40, n=192)
+    _fused(node, A, B, bias, out)
+    declined = len(full_routes)
+    cases = [_operands(3, n=192),  # 3 x 128 x 192: under PANEL_MIN_WORK
+             _operands(1, n=192)]  # one row: the BLAS's
+    wide = RNG.standard_normal((1, 50, 256)).astype(np.float32)
+    cases.append((wide[:, :, :128], np.empty((1, 50, 192), np.float32)))  # A not contiguous
+    for A, out in cases:
+        _fused(node, A, B, bias, out)
+        np.testing.assert_allclose(out, A @ B + bias, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == declined + len(cases)
+    A, out = _operands(64, n=192)  # past the thresholds again: the route
+    _fused(node, A, B, bias, out)
+    np.testing.assert_allclose(out, A @ B + bias, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == declined + len(cases)
+
+
+def test_an_output_over_its_input_takes_the_full_route(full_routes):
+    B = (RNG.standard_normal((128, 128)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(128).astype(np.float32)
+    node = _node()
+    A, out = _operands(40, n=128)
+    _fused(node, A, B, bias, out)
+    declined = len(full_routes)
+    A = RNG.standard_normal((1, 60, 128)).astype(np.float32)
+    want = A @ B + bias
+    _fused(node, A, B, bias, A)  # an in-place plan's output over its input
+    np.testing.assert_allclose(A, want, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == declined + 1
+
+
+def test_another_thread_takes_the_full_route(full_routes):
+    B = (RNG.standard_normal((128, 256)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(256).astype(np.float32)
+    node = _node()
+    A, out = _operands(40)
+    _fused(node, A, B, bias, out)
+    A, out = _operands(70)
+    worker = threading.Thread(target=_fused, args=(node, A, B, bias, out))
+    worker.start()
+    worker.join()
+    np.testing.assert_allclose(out, A @ B + bias, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == 2
+
+
+def test_a_sessions_new_lengths_take_their_products_rows_routes(full_routes):
+    """A two-layer dense stack with a dynamic length: after its first lengths, a new length's
+    products take their rows routes, and every answer matches NumPy's."""
+    w1 = (RNG.standard_normal((64, 192)) * 0.1).astype(np.float32)
+    b1 = RNG.standard_normal(192).astype(np.float32)
+    w2 = (RNG.standard_normal((192, 64)) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m"]),
+             helper.make_node("Neg", ["m"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, name) for name, w in (("w1", w1), ("b1", b1), ("w2", w2))])
+    session = Session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                        ir_version=9).SerializeToString())
+    for length in (40, 64, 90):
+        session.run(None, {"x": RNG.standard_normal((1, length, 64)).astype(np.float32)})
+    before = len(full_routes)
+    for length in (41, 77, 128, 55, 200):
+        x = RNG.standard_normal((1, length, 64)).astype(np.float32)
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(y, -(np.maximum(x @ w1 + b1, 0) @ w2), rtol=1e-4, atol=1e-4)
+    assert len(full_routes) == before  # every product of every new length: its rows route
