@@ -57,7 +57,12 @@ _marked: set = set()
 def mark_compiled(module) -> None:
     """Note that ``module``'s kernels ran where compiling was allowed (so their machine
     code is in the cache) for :func:`compiled_before`."""
-    name = module.__name__
+    mark_name(module.__name__)
+
+
+def mark_name(name: str) -> None:
+    """:func:`mark_compiled` under ``name``: a module's, or another name a caller gives
+    what it compiled (a depthwise flat form's geometry, asked before its source is made)."""
     if name in _marked:
         return
     try:

@@ -52,11 +52,12 @@ one process.
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, jit_tier, replay
-from mixrt.ops.compiled.generated import compiled_before, mark_compiled, module_name
+from mixrt.ops.compiled import jit_cpu, jit_tier, prebuilt, replay
+from mixrt.ops.compiled.generated import compiled_before, mark_compiled, mark_name, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
@@ -136,20 +137,28 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if ow > FLAT_MAX_WIDTH and group_width == 1:
         return _planes(rows, hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
-    text, flat_width = _flat_text(tuple(kernel), tuple(strides), tuple(dilations), image,
-                                  name, int(group_width))
-    if rows is None:
-        return _flat_planes(text, flat_width, call)
+    geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name,
+                int(group_width))
     # the flat form is generated per plane geometry, and a new image size's is in no cache
     # yet (a session's first run of that size may not compile: the background compiler
     # does, if the size comes back): the row form, one per kernel, strides and dilations,
-    # adds the taps in the same order, so it gives the same bits meanwhile
-    if jit_tier.compile_misses() is not None and not compiled_before(_flat_name(text)):
+    # adds the taps in the same order, so it gives the same bits meanwhile. Whether the
+    # geometry's flat form was compiled is asked by the geometry's name before its source
+    # is made: making the source, naming it and looking it up was ~60 us a node, sixteen
+    # a new EfficientNet-B0 size (2026-11-27)
+    loading = rows is not None and jit_tier.compile_misses() is not None
+    if loading and prebuilt.chosen() is None and not compiled_before(_geometry_name(geometry)):
+        jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
+        return _size_free(conv, small, rows, hp, wp, call)
+    text, flat_width = _flat_text(*geometry)
+    if rows is None:
+        return _flat_planes(text, flat_width, call, geometry)
+    if loading and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
         return _size_free(conv, small, rows, hp, wp, call)
     try:
         with jit_tier.optional():
-            return _flat_planes(text, flat_width, call)
+            return _flat_planes(text, flat_width, call, geometry)
     except jit_tier.CompileForbidden:
         return _size_free(conv, small, rows, hp, wp, call)
 
@@ -169,12 +178,20 @@ def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
     return _planes(rows, hp, wp, *call)
 
 
-def _flat_planes(text: str, flat_width: int, call: tuple):
-    """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran."""
+def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
+    """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran (under
+    its module's name and its ``geometry``'s)."""
     module = _flat_module(text)
     done = _planes(module, 1, flat_width, *call)
     mark_compiled(module)
+    mark_name(_geometry_name(geometry))
     return done
+
+
+def _geometry_name(geometry: tuple) -> str:
+    """The name a flat form is also marked compiled under: its geometry's (the arguments of
+    :func:`_flat_text`), which a size's first run asks without making the source."""
+    return f"{FLAT_PREFIX}_at_{hashlib.sha256(repr(geometry).encode()).hexdigest()[:20]}"
 
 
 def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,

@@ -178,3 +178,44 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     np.testing.assert_array_equal(got, depthwise(8, X=X)[0])
     modules = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_*.py")}
     assert len(modules) == 3  # 12, 14 and 8, each written only once it could compile
+
+
+@needs_jit
+def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
+        tmp_path, monkeypatch):
+    """A loading run of a new size asks whether the geometry's flat form was compiled by
+    the geometry's own marker: a geometry never compiled is answered by the row form
+    without its source being made; once compiled (marked under both names), a loading run
+    of that size takes the flat form, with the bits it gives where compiling is allowed."""
+    from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
+    depthwise_common.WARM.clear()
+    monkeypatch.setattr(generated, "_marked", set())
+    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
+                   jit_depthwise._flat_module):
+        cached.cache_clear()
+    W, B = _rand(8, 1, 3, 3), _rand(8)
+    attributes = dict(kernel_shape=[3, 3], pads=[2, 1, 2, 1], dilations=[2, 1])
+    made = []
+    real_text = jit_depthwise._flat_text
+    monkeypatch.setattr(jit_depthwise, "_flat_text",
+                        lambda *geometry: made.append(geometry) or real_text(*geometry))
+
+    def depthwise(side, X=None):
+        X = _rand(1, 8, side, side) if X is None else X
+        return _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=8,
+                                                          **attributes)), X
+
+    depthwise(13)  # compiling allowed: the flat form of 13, and the row form with it
+    assert len(made) == 1
+    markers = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_at_*")}
+    assert len(markers) == 1
+    with jit_tier.loading_only() as misses:  # 17: never compiled, its source never made
+        got, X = depthwise(17)
+    assert len(made) == 1 and misses and all(jit_tier.is_optional(m) for m in misses)
+    np.testing.assert_allclose(got, conv(np, X, W, B, group=8, **attributes),
+                               rtol=1e-5, atol=1e-5)
+    with jit_tier.loading_only() as misses:  # 13 again: the flat form, loaded
+        again, X = depthwise(13)
+    assert misses == [] and len(made) == 2
+    np.testing.assert_array_equal(again, depthwise(13, X=X)[0])
