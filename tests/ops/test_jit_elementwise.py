@@ -12,6 +12,7 @@ import pytest
 from mixrt.ops.elementwise import fused_elementwise as fe
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.elementwise import jit_elementwise as je
+from mixrt.ops.elementwise import small_routines
 from mixrt.ops.compiled import parallel
 
 pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="numba is not available")
@@ -325,16 +326,17 @@ def test_new_layouts_of_a_small_output_reuse_the_generated_code(monkeypatch):
     function's text names them through its namespace, so it is compiled once and each new
     layout gives the NumPy chain's bits."""
     program = fe.program(("Mul", "Add", "Relu"), (0, 1, 2, 1, 3), (), 2)
-    fe._CODES.clear()
+    small_routines._CODES.clear()
     compiled = []
     real_compile = compile
-    monkeypatch.setattr(fe, "compile", lambda *a: compiled.append(a) or real_compile(*a),
-                        raising=False)
+    monkeypatch.setattr(small_routines, "compile",
+                        lambda *a: compiled.append(a) or real_compile(*a), raising=False)
     rng = np.random.default_rng(0)
     for rows in (3, 7, 12):
         x = rng.standard_normal((rows, 16)).astype(np.float32)
         b = rng.standard_normal(16).astype(np.float32)
-        routine = fe._generated(program, np.float32, (x.shape, b.shape), False)
+        routine = small_routines.generated(program, np.float32, (x.shape, b.shape), False,
+                                           fe.OPS)
         np.testing.assert_array_equal(routine(x, b, None), np.maximum(x * b + b, 0))
     assert len(compiled) == 1
 
@@ -347,8 +349,8 @@ def test_a_layout_the_compiled_loop_takes_generates_no_routine(monkeypatch):
     program.routines.clear()  # programs are shared: another test may have met these layouts
     monkeypatch.setattr(je, "JIT_MIN_ELEMENTS", 1 << 12)  # the module runs everything compiled
     generated = []
-    real = fe._generated
-    monkeypatch.setattr(fe, "_generated", lambda *a: generated.append(a[2]) or real(*a))
+    real = fe.generated
+    monkeypatch.setattr(fe, "generated", lambda *a: generated.append(a[2]) or real(*a))
     rng = np.random.default_rng(1)
     b = rng.standard_normal(16).astype(np.float32)
     large = rng.standard_normal(((1 << 12) // 16 + 1, 16)).astype(np.float32)
