@@ -200,12 +200,18 @@ class TrustedForm:
     programs: list = field(default_factory=list, compare=False, hash=False, repr=False)
     traces_left: list = field(default_factory=lambda: [MAX_PROGRAMS + 1], compare=False,
                               hash=False, repr=False)
+    # the discovered signature, and whether its programs were prepared before any new size
+    # (runtime/prepared_forms.py)
+    signature: tuple = field(default=(), compare=False, hash=False, repr=False)
+    prepared: list = field(default_factory=lambda: [False], compare=False, hash=False,
+                           repr=False)
 
     @classmethod
     def of(cls, plan, steps, frozen: dict) -> "TrustedForm":
         nodes = frozenset(id(step.node) for step in steps if any(step.node.outputs)
                           and all(name in frozen for name in step.node.outputs if name))
-        return cls(plan.pairing or "all", plan.memory.order, nodes)
+        return cls(plan.pairing or "all", plan.memory.order, nodes,
+                   signature=tuple(plan.signature))
 
 
 class ShapeProgram:

@@ -45,6 +45,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, ma
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
+from mixrt.runtime.prepared_forms import prepare_forms
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                node_arg)
@@ -216,10 +217,13 @@ class Session(FeedChecks):
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the compiled kernels of every input signature this session has run
-        are in use (they are built in the background: runtime/kernel_tiers.py); True when
-        they are, False on a timeout or where the background compile failed. A session
-        without two tiers (GPU, ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``) returns at
-        once."""
+        are in use (built in the background: runtime/kernel_tiers.py), each form's shape
+        programs made meanwhile (prepared_forms.py); True when they are, False on a timeout
+        or where the background compile failed. A session without two tiers (GPU,
+        ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``) does not wait."""
+        if self._xp is np and self._trusted_forms:
+            self._shape_program = prepare_forms(self._trusted_forms.values(), self._shape_program,
+                                                self._bound, self.graph, self.strategy)
         return True if self._tiers is None else self._tiers.wait(timeout)
 
     def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:

@@ -1,0 +1,130 @@
+"""A form's shape programs made before its first new size: traced and confirmed at sizes
+near the one the session ran, while ``Session.wait_compiled`` waits anyway.
+
+A form's new sizes are planned by its shape program (``runtime/shape_programs.py``) once
+the program is traced at one new size and confirmed at another; until then each new size
+takes concrete inference over every node, and the first two also the trace and the check
+(a 2-layer BERT's: 15-20 ms each, against ~3 ms once the program holds; a 5-layer
+RoBERTa's more). A service sending a new length per request paid that on its first
+requests, and on the first of each set of guards (a batch of one, where the program was
+traced at two), which made the stream's p99 (2026-11-27). The sizes asked here are the
+ran one's free axes (an input's symbolic or unknown dims, moved together where they share
+a name) one and two larger, then smaller where larger does not suit the model (a length
+past its positions); and, for each free axis the session ran at a size other than one,
+the same with that axis at one, for a program whose guards take it. Nothing runs:
+inference needs the feeds' shapes and dtypes alone, and the plans made are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mixrt.base.settings import setting
+from mixrt.runtime import collector
+from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
+
+
+def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
+                  strategy: str) -> ShapeProgram | None:
+    """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`);
+    returns the session's ShapeProgram (made here where it had none and a form needs it)."""
+    if setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
+        return program
+    for form in list(forms):
+        if form.prepared[0] or not form.signature:
+            continue
+        form.prepared[0] = True
+        program = program if program is not None else ShapeProgram(graph)
+        prepare_form(form, program, bound, graph, strategy)
+    return program
+
+
+def prepare_form(form: TrustedForm, program: ShapeProgram, bound, graph,
+                 strategy: str) -> None:
+    """The form's programs traced and confirmed at sizes near its discovered signature
+    (the module's words); a variant whose sizes the model refuses is skipped."""
+    groups = _free_groups(graph, form.signature)
+    if not groups:
+        return
+    sizes = {key: _size(form.signature, axes[0]) for key, axes in groups.items()}
+    for variant in _variants(sizes):
+        for changed in variant:
+            signature = _resized(form.signature, groups, changed)
+            if signature is None or not _planned(form, signature, program, bound, graph,
+                                                 strategy):
+                break
+
+
+def _variants(sizes: dict) -> list:
+    """Pairs of sizes (group -> size) to trace at, then confirm at: every group one and
+    two larger, or smaller where that cannot be (the second pair is tried only where the
+    first failed, :func:`prepare_form` stops a variant at its first failure); then each
+    group not at one, at one, the others one and two larger."""
+    larger = [{key: size + step for key, size in sizes.items()} for step in (1, 2)]
+    smaller = [{key: size - step for key, size in sizes.items()} for step in (1, 2)]
+    variants = [larger]
+    if all(size > 3 for size in sizes.values()):
+        variants.append(smaller)
+    for key, size in sizes.items():
+        if size != 1 and len(sizes) > 1:
+            variants.append([dict(changed, **{key: 1}) for changed in larger])
+    return variants
+
+
+def _planned(form, signature, program, bound, graph, strategy: str) -> bool:
+    feeds = {name: _placeholder(part) for name, part in signature}
+    try:  # the burst of objects planning makes dies before a collection (collector.py)
+        with collector.held_off():
+            return plan_for_form(form, signature, feeds, program, bound, graph.output_names,
+                                 strategy, graph.plans) is not None
+    except Exception:  # noqa: BLE001  (sizes the model refuses: the variant is skipped)
+        return False
+
+
+def _free_groups(graph, signature: tuple) -> dict:
+    """Group key -> [(feed, axis)] of the signature's tensor feeds' free axes: an input's
+    dims that are not a number, grouped by their name (unnamed ones by their size)."""
+    parts = dict(signature)
+    groups: dict = {}
+    for value in graph.feed_inputs():
+        part = parts.get(value.name)
+        declared = getattr(value.type, "shape", None)
+        if not _is_tensor(part) or declared is None or len(declared) != len(part[0]):
+            continue
+        for axis, dim in enumerate(declared):
+            if not isinstance(dim, int):
+                key = dim if isinstance(dim, str) and dim else ("size", part[0][axis])
+                groups.setdefault(key, []).append((value.name, axis))
+    return groups
+
+
+def _size(signature: tuple, feed_axis: tuple) -> int:
+    name, axis = feed_axis
+    return dict(signature)[name][0][axis]
+
+
+def _resized(signature: tuple, groups: dict, sizes: dict) -> tuple | None:
+    """``signature`` with each group's axes at its size in ``sizes``; None where a size is
+    under one."""
+    if any(size < 1 for size in sizes.values()):
+        return None
+    shapes = {name: list(part[0]) for name, part in signature if _is_tensor(part)}
+    for key, axes in groups.items():
+        for name, axis in axes:
+            shapes[name][axis] = sizes[key]
+    return tuple((name, (tuple(shapes[name]), part[1]) if name in shapes else part)
+                 for name, part in signature)
+
+
+def _is_tensor(part) -> bool:
+    return part is not None and isinstance(part[0], tuple)
+
+
+def _placeholder(part) -> np.ndarray | None:
+    """An array of the part's shape and dtype with no memory of its own (inference reads
+    the shape and dtype alone)."""
+    if not _is_tensor(part):
+        return None
+    shape, dtype = part
+    return np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype(dtype)), shape,
+                                           (0,) * len(shape), writeable=False)
