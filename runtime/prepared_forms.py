@@ -11,11 +11,17 @@ traced at two), which made the stream's p99 (2026-11-27). The sizes asked here a
 ran one's free axes (an input's symbolic or unknown dims, moved together where they share
 a name) one and two larger, then smaller where larger does not suit the model (a length
 past its positions); and, for each free axis the session ran at a size other than one,
-the same with that axis at one, for a program whose guards take it. Nothing runs:
-inference needs the feeds' shapes and dtypes alone, and the plans made are dropped.
+the same with that axis at one, for a program whose guards take it. The programs are
+made from shapes alone (inference needs the feeds' shapes and dtypes, and the plans made
+are dropped); then the session runs once at the first sizes of each set of guards, on
+feeds of zeros, so that the kernels of the argument layouts those sizes meet are loaded
+(or compiled by the child) before a request needs them. The full collection all this
+brings due is taken last, while the caller still waits.
 """
 
 from __future__ import annotations
+
+import gc
 
 import numpy as np
 
@@ -24,35 +30,58 @@ from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
 
 
-def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
-                  strategy: str) -> ShapeProgram | None:
-    """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`);
-    returns the session's ShapeProgram (made here where it had none and a form needs it)."""
+def prepare_forms(forms, program: ShapeProgram | None, bound, graph, strategy: str,
+                  run=None) -> ShapeProgram | None:
+    """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`),
+    then, where ``run`` is given (``run(feeds)``: a session's run), run once at the first
+    sizes of each set of guards a program was made for, on feeds of zeros: the kernels of
+    the argument layouts those sizes meet (a batch of one's broadcasts, a chain split over
+    the threads) are loaded from the cache the compile child fills, or compiled by it,
+    rather than at a service's first requests (a 5-layer RoBERTa's first new length
+    loaded seven, ~50 ms). Returns the session's ShapeProgram (made here where it had none
+    and a form needs it)."""
     if setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
         return program
+    prepared, sizes = False, []
     for form in list(forms):
         if form.prepared[0] or not form.signature:
             continue
-        form.prepared[0] = True
+        form.prepared[0] = prepared = True
         program = program if program is not None else ShapeProgram(graph)
-        prepare_form(form, program, bound, graph, strategy)
+        sizes += prepare_form(form, program, bound, graph, strategy)
+    for signature in sizes if run is not None else ():
+        try:
+            run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
+        except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
+            continue
+    if prepared and gc.isenabled():
+        # the full pass that what the session made until now (its kernels, numba's
+        # registries, these programs) has brought due, taken here, where the caller waits
+        # anyway, rather than in one of the first requests: 45-65 ms a pass with a small
+        # BERT's session in the process, the new-shape stream's slowest request
+        gc.collect()
     return program
 
 
 def prepare_form(form: TrustedForm, program: ShapeProgram, bound, graph,
-                 strategy: str) -> None:
+                 strategy: str) -> list[tuple]:
     """The form's programs traced and confirmed at sizes near its discovered signature
-    (the module's words); a variant whose sizes the model refuses is skipped."""
+    (the module's words); a variant whose sizes the model refuses is skipped. Returns the
+    first signature of each variant that planned, where every feed is a tensor."""
     groups = _free_groups(graph, form.signature)
     if not groups:
-        return
+        return []
     sizes = {key: _size(form.signature, axes[0]) for key, axes in groups.items()}
+    planned = []
     for variant in _variants(sizes):
-        for changed in variant:
+        for index, changed in enumerate(variant):
             signature = _resized(form.signature, groups, changed)
             if signature is None or not _planned(form, signature, program, bound, graph,
                                                  strategy):
                 break
+            if index == 0 and all(_is_tensor(part) for _, part in signature):
+                planned.append(signature)
+    return planned
 
 
 def _variants(sizes: dict) -> list:

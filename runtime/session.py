@@ -216,14 +216,14 @@ class Session(FeedChecks):
                               (host, lent), aside=aside)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
-        """Wait until the compiled kernels of every input signature this session has run
-        are in use (built in the background: runtime/kernel_tiers.py), each form's shape
-        programs made meanwhile (prepared_forms.py); True when they are, False on a timeout
-        or where the background compile failed. A session without two tiers (GPU,
-        ``MIXRT_JIT=0``, ``MIXRT_COMPILE=foreground``) does not wait."""
+        """Wait until the compiled kernels of every input signature this session has run are
+        in use (built in the background: kernel_tiers.py), each form's shape programs made
+        meanwhile (prepared_forms.py); True when they are, False on a timeout or where the
+        compile failed. Without two tiers (GPU, MIXRT_JIT=0, foreground) it does not wait."""
         if self._xp is np and self._trusted_forms:
             self._shape_program = prepare_forms(self._trusted_forms.values(), self._shape_program,
-                                                self._bound, self.graph, self.strategy)
+                                                self._bound, self.graph, self.strategy,
+                                                lambda feeds: self.run(None, feeds))
         return True if self._tiers is None else self._tiers.wait(timeout)
 
     def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:

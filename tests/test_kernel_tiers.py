@@ -221,7 +221,8 @@ def test_two_processes_filling_one_cache_both_succeed(background):
     session = mixrt.Session(str(background / "model.onnx"))
     session.run(None, feeds())
     assert session.wait_compiled(timeout=WAIT)
-    assert list(session._tiers.states().values()) == ["compiled"]
+    # (with the sizes wait_compiled ran to load a form's kernels: prepared_forms.py)
+    assert set(session._tiers.states().values()) == {"compiled"}
 
 
 def test_a_damaged_cache_entry_is_rebuilt(background):
