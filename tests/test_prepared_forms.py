@@ -10,23 +10,11 @@ import onnxruntime
 import pytest
 
 import mixrt
-from mixrt.runtime import inferred_plans, prepared_forms, session as session_module
+from mixrt.runtime import prepared_forms
 from mixrt.runtime.feeds import feed_signature, signature_form
 from test_inferred_plans import attention_feeds, attention_model
-from test_shape_programs import positions_feeds, positions_model
-
-
-@pytest.fixture
-def concrete_inferences(monkeypatch):
-    """The signatures typed by concrete inference (not by a form's program)."""
-    calls = []
-    original = inferred_plans.ShapeProgram.infer
-
-    def counted(self, feeds, settle):
-        calls.append(feed_signature(feeds))
-        return original(self, feeds, settle)
-    monkeypatch.setattr(inferred_plans.ShapeProgram, "infer", counted)
-    return calls
+from test_shape_programs import (concrete_inferences,  # noqa: F401  (a fixture)
+                                 positions_feeds, positions_model)
 
 
 @pytest.mark.parametrize("model, feeds", [(attention_model, attention_feeds),

@@ -131,6 +131,18 @@ def test_a_flat_form_in_no_cache_is_answered_by_the_row_form_with_its_bits(monke
     np.testing.assert_allclose(rows, reference, rtol=1e-5, atol=1e-5)
 
 
+def _fresh_compile_caches(tmp_path, monkeypatch) -> None:
+    """A cache of this test's own, and nothing this process compiled or marked before:
+    whatever other tests compiled is warmed and marked again here."""
+    from mixrt.ops.compiled import generated  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
+    depthwise_common.WARM.clear()
+    monkeypatch.setattr(generated, "_marked", set())
+    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
+                   jit_depthwise._flat_module):
+        cached.cache_clear()
+
+
 @needs_jit
 def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_path,
                                                                           monkeypatch):
@@ -139,13 +151,8 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     serves every other size from them: a size whose flat form was never compiled is not
     even tried (its module is not written), its miss noted as optional, and its sum has
     the same bits."""
-    from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
-    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
-    depthwise_common.WARM.clear()  # whatever other tests compiled: warmed again here
-    monkeypatch.setattr(generated, "_marked", set())
-    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
-                   jit_depthwise._flat_module):
-        cached.cache_clear()
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    _fresh_compile_caches(tmp_path, monkeypatch)
     W, B = _rand(8, 1, 3, 3), _rand(8)
     # a geometry no other test compiles: dilation 2 across, 1 down
     attributes = dict(kernel_shape=[3, 3], pads=[1, 2, 1, 2], dilations=[1, 2])
@@ -187,13 +194,8 @@ def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
     the geometry's own marker: a geometry never compiled is answered by the row form
     without its source being made; once compiled (marked under both names), a loading run
     of that size takes the flat form, with the bits it gives where compiling is allowed."""
-    from mixrt.ops.compiled import generated, jit_tier  # noqa: PLC0415
-    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
-    depthwise_common.WARM.clear()
-    monkeypatch.setattr(generated, "_marked", set())
-    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
-                   jit_depthwise._flat_module):
-        cached.cache_clear()
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    _fresh_compile_caches(tmp_path, monkeypatch)
     W, B = _rand(8, 1, 3, 3), _rand(8)
     attributes = dict(kernel_shape=[3, 3], pads=[2, 1, 2, 1], dilations=[2, 1])
     made = []
