@@ -34,6 +34,17 @@ def _fused(node, A, B, bias, out):
         return fused_cpu.fused_mat_mul_cpu(np, A, B, bias, out=out, _prepacked=node)
 
 
+def _settled(n: int):
+    """A weight (128 x n), its bias and a node whose first call, at 40 rows, took the full
+    route (and kept its rows route)."""
+    B = (RNG.standard_normal((128, n)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    node = _node()
+    A, out = _operands(40, n=n)
+    _fused(node, A, B, bias, out)
+    return B, bias, node
+
+
 @pytest.fixture
 def full_routes(monkeypatch):
     """One entry per call the rows route left to the full route (it declined or had none)."""
@@ -50,11 +61,7 @@ def full_routes(monkeypatch):
 
 
 def test_new_rows_take_the_route_with_the_full_routes_bits(full_routes):
-    B = (RNG.standard_normal((128, 256)) * 0.1).astype(np.float32)
-    bias = RNG.standard_normal(256).astype(np.float32)
-    node = _node()
-    A, out = _operands(40)
-    _fused(node, A, B, bias, out)
+    B, bias, node = _settled(256)
     assert ROWS_ROUTE in node and len(full_routes) == 1
     for rows in (17, 64, 9, 300, 33):
         A, out = _operands(rows)
@@ -69,11 +76,7 @@ def test_new_rows_take_the_route_with_the_full_routes_bits(full_routes):
 
 def test_the_route_keeps_out_of_what_the_full_route_sends_elsewhere(full_routes):
     # a weight under SPLIT_WEIGHT_BYTES (not streamed): few rows go to the few-rows form
-    B = (RNG.standard_normal((128, 192)) * 0.1).astype(np.float32)
-    bias = RNG.standard_normal(192).astype(np.float32)
-    node = _node()
-    A, out = _operands(40, n=192)
-    _fused(node, A, B, bias, out)
+    B, bias, node = _settled(192)
     declined = len(full_routes)
     cases = [_operands(3, n=192),  # 3 x 128 x 192: under PANEL_MIN_WORK
              _operands(1, n=192)]  # one row: the BLAS's
@@ -90,11 +93,7 @@ def test_the_route_keeps_out_of_what_the_full_route_sends_elsewhere(full_routes)
 
 
 def test_an_output_over_its_input_takes_the_full_route(full_routes):
-    B = (RNG.standard_normal((128, 128)) * 0.1).astype(np.float32)
-    bias = RNG.standard_normal(128).astype(np.float32)
-    node = _node()
-    A, out = _operands(40, n=128)
-    _fused(node, A, B, bias, out)
+    B, bias, node = _settled(128)
     declined = len(full_routes)
     A = RNG.standard_normal((1, 60, 128)).astype(np.float32)
     want = A @ B + bias
@@ -104,11 +103,7 @@ def test_an_output_over_its_input_takes_the_full_route(full_routes):
 
 
 def test_another_thread_takes_the_full_route(full_routes):
-    B = (RNG.standard_normal((128, 256)) * 0.1).astype(np.float32)
-    bias = RNG.standard_normal(256).astype(np.float32)
-    node = _node()
-    A, out = _operands(40)
-    _fused(node, A, B, bias, out)
+    B, bias, node = _settled(256)
     A, out = _operands(70)
     worker = threading.Thread(target=_fused, args=(node, A, B, bias, out))
     worker.start()
