@@ -39,6 +39,7 @@ fails, the signature stays on NumPy with a :class:`CompileWarning` that quotes i
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -383,15 +384,14 @@ class BackgroundCompiler:
             del session
             log = folder / "child.log"
             cores = child_cores()  # one reading for its environment and its confinement
-            with open(log, "wb") as out:
+            with open(log, "wb") as out, spawning_confined(cores):
                 self.children += 1
                 self._child = subprocess.Popen(
                     [sys.executable, "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     env=child_environment(cores))
-                confine(self._child.pid, cores)
-                code = self._child.wait()
+            code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():
                 return None
@@ -441,15 +441,26 @@ def child_environment(cores: set[int] | None) -> dict:
     return environment
 
 
-def confine(pid: int, cores: set[int] | None) -> None:
-    """Confine the child to ``cores`` (:func:`child_cores`), at once: its Python has not
-    started yet reading how many cores it has."""
+@contextlib.contextmanager
+def spawning_confined(cores: set[int] | None):
+    """Confine this thread to ``cores`` (:func:`child_cores`) while it starts the child.
+
+    A child inherits the affinity of the thread that forks it, so it is confined from its
+    first instruction. Confining it by pid after it started raced with the GIL: while the
+    serving thread held it (a compile in LLVM holds it for long), the child read its cores
+    unconfined. Affinity is per thread on Linux, so the serving threads are untouched."""
     if cores is None:
+        yield
         return
+    before = os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(pid, cores)
+        os.sched_setaffinity(0, cores)
     except OSError:
-        pass  # it exited already, or the system refuses: it compiles unconfined
+        pass  # the system refuses: the child compiles unconfined
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _job_spec(session, job: CompileJob, folder: Path) -> dict:
