@@ -16,12 +16,10 @@ made from shapes alone (inference needs the feeds' shapes and dtypes, and the pl
 are dropped); then the session runs once at the first sizes of each set of guards, on
 feeds of zeros, so that the kernels of the argument layouts those sizes meet are loaded
 (or compiled by the child) before a request needs them. The full collection all this
-brings due is taken last, while the caller still waits.
+brings due is taken after, while the caller still waits (``collector.settle``).
 """
 
 from __future__ import annotations
-
-import gc
 
 import numpy as np
 
@@ -42,24 +40,19 @@ def prepare_forms(forms, program: ShapeProgram | None, bound, graph, strategy: s
     and a form needs it)."""
     if setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
         return program
-    prepared, sizes = False, []
+    sizes = []
     for form in list(forms):
         if form.prepared[0] or not form.signature:
             continue
-        form.prepared[0] = prepared = True
+        form.prepared[0] = True
         program = program if program is not None else ShapeProgram(graph)
         sizes += prepare_form(form, program, bound, graph, strategy)
+        sizes += spread_sizes(form.signature, graph)
     for signature in sizes if run is not None else ():
         try:
             run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
         except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
             continue
-    if prepared and gc.isenabled():
-        # the full pass that what the session made until now (its kernels, numba's
-        # registries, these programs) has brought due, taken here, where the caller waits
-        # anyway, rather than in one of the first requests: 45-65 ms a pass with a small
-        # BERT's session in the process, the new-shape stream's slowest request
-        gc.collect()
     return program
 
 
@@ -84,6 +77,28 @@ def prepare_form(form: TrustedForm, program: ShapeProgram, bound, graph,
     return planned
 
 
+def spread_sizes(signature: tuple, graph) -> list[tuple]:
+    """Sizes away from the one the session ran, to run once on zeros: every free axis at a
+    half and a quarter of its size, then each at twice its own (the others as they were, so
+    that no run holds more than twice the ran one's elements). A kernel's route depends on
+    its sizes (a 1x1 convolution over a plane of fewer than 49 pixels takes the pixel rows'
+    compiled parts, a product under a few thousand multiply-adds its tiny form), and the
+    first request that took a route not met before loaded its kernels from the cache then:
+    a SqueezeNet's first batch of ten 64 x 160 images 90 ms against ~15, eight of its
+    kernels loaded; a RoBERTa's stacked products at a new layout 11 ms (2026-11-27)."""
+    groups = _free_groups(graph, signature)
+    sizes = {key: _size(signature, axes[0]) for key, axes in groups.items()}
+    spread = [{key: max(1, size // part) for key, size in sizes.items()} for part in (2, 4)]
+    spread += [{**sizes, key: 2 * size} for key, size in sizes.items()]
+    found = []
+    for changed in spread:
+        resized = _resized(signature, groups, changed) if changed != sizes else None
+        if resized is not None and resized not in found \
+                and all(_is_tensor(part) for _, part in resized):
+            found.append(resized)
+    return found
+
+
 def _variants(sizes: dict) -> list:
     """Pairs of sizes (group -> size) to trace at, then confirm at: every group one and
     two larger, or smaller where that cannot be (the second pair is tried only where the
@@ -96,7 +111,7 @@ def _variants(sizes: dict) -> list:
         variants.append(smaller)
     for key, size in sizes.items():
         if size != 1 and len(sizes) > 1:
-            variants.append([dict(changed, **{key: 1}) for changed in larger])
+            variants.append([{**changed, key: 1} for changed in larger])
     return variants
 
 

@@ -140,6 +140,7 @@ class Session(FeedChecks):
         # takes its lanes along (they would hold its arenas past the cache's budget)
         self._steady_runs: dict = {}
         self._plans_made = 0  # plans this session made (every TRIM_EVERY, trim_idle_calls)
+        self._settled = False  # wait_compiled's collector.settle taken
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
@@ -224,7 +225,11 @@ class Session(FeedChecks):
             self._shape_program = prepare_forms(self._trusted_forms.values(), self._shape_program,
                                                 self._bound, self.graph, self.strategy,
                                                 lambda feeds: self.run(None, feeds))
-        return True if self._tiers is None else self._tiers.wait(timeout)
+        ready = True if self._tiers is None else self._tiers.wait(timeout)
+        if ready and not self._settled:  # what being ready made, out of the collector's way
+            self._settled = True
+            collector.settle(self)
+        return ready
 
     def _gated_run(self, signature, feeds: dict, wanted, process, delivery: tuple) -> list:
         """Session.run's work, admitted by the BLAS gate (runtime/blas_threads.py);
@@ -368,7 +373,7 @@ class Session(FeedChecks):
             return None
         plan.unproven = True
         plan.wakes_workers = _sizable(feeds.values(), self._bound.constants.values(),
-                                      (p for p in _planned_values(plan)))
+                                      plan.slots.values())  # a Slot has its nbytes
         return self._kept(signature, plan)
 
     def _kept(self, signature: tuple, plan: ExecutionPlan) -> ExecutionPlan:
@@ -400,7 +405,6 @@ class Session(FeedChecks):
             self._steady_runs[known[0]] = SteadyRun(known[0], plan, start, partial(
                 _host_outputs, self.graph.output_names, plan.shared_outputs), known[2],
                 self._arena_memory)
-
 
     def _device_checks(self):
         """On a GPU, the run's deferred checks (ops/device_checks.py)."""
@@ -572,19 +576,6 @@ def _sizable(*groups) -> bool:
 def _plan_bytes(plan: ExecutionPlan) -> int:
     """What a kept plan holds: its arena (one per concurrent run; most runs take one)."""
     return max(plan.arena_bytes, 1)
-
-
-def _planned_values(plan: ExecutionPlan):
-    """Stand-ins of a plan's slots for :func:`_sizable` (their bytes, no memory)."""
-    for slot in plan.slots.values():
-        yield _Bytes(slot.nbytes)
-
-
-class _Bytes:
-    __slots__ = ("nbytes",)
-
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:
