@@ -79,3 +79,32 @@ def workspace_state() -> dict:
     """This thread's workspace attributes, for a kernel that keeps its own buffers there
     (the convolutions' zero-bordered paddings)."""
     return _workspace.__dict__
+
+
+# What a node works out for one input shape (its window geometry, its direct convolution's
+# layout, its pooled bands) is kept in its dict too, but a service sending a new image size
+# per request added one of each per size, for as long as it ran: a SqueezeNet's 1x1
+# convolutions held 160-170 entries each after 100 sizes, all of them objects every full
+# collection walks (2026-11-27). So they are kept apart, the last MAX_SHAPES_KEPT shapes'.
+MAX_SHAPES_KEPT = 32
+SHAPES_KEY = ("kept per input shape",)
+
+
+def per_shape(prepacked: dict | None, key, make):
+    """``make()`` for ``key`` (which names the input shape), kept in the node's dict among
+    the last MAX_SHAPES_KEPT keys made (the oldest made goes first); made on every call
+    without a dict."""
+    if prepacked is None:
+        return make()
+    kept = prepacked.get(SHAPES_KEY)
+    if kept is None:
+        kept = prepacked.setdefault(SHAPES_KEY, {})
+    value = kept.get(key)
+    if value is None:
+        if len(kept) >= MAX_SHAPES_KEPT:
+            try:
+                del kept[next(iter(kept))]
+            except (KeyError, RuntimeError, StopIteration):
+                pass  # another thread let one go at once
+        value = kept.setdefault(key, make())
+    return value

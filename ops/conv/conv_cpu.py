@@ -21,7 +21,7 @@ import numpy as np
 
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled import replay
-from mixrt.ops.compiled.workspace import packed
+from mixrt.ops.compiled.workspace import packed, per_shape
 from mixrt.ops.conv import depthwise_common, one_pixel, phase_planes, pointwise_rows
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
                              winograd_cpu)
@@ -175,7 +175,7 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     FusedConvPool's bands (ops/conv/fused_conv_pool.py) call one node's kernel with pads of
     their own."""
     key = ("geometry", X.shape, W.shape, None if pads is None else tuple(pads))
-    return packed(prepacked, key, lambda: conv_geometry(
+    return per_shape(prepacked, key, lambda: conv_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.compiled.parallel import intra_op_threads, thread_parts
+from mixrt.ops.compiled.workspace import per_shape
 from mixrt.ops.conv.direct_forms import STRIP, _left_taps, _strided_pointwise
 
 # output rows per thread from which the threads split the image's rows (each building its
@@ -31,12 +32,9 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
     op's dict serves every call with its attributes). ``constant``: W is the node's constant
     and stays as it is, so the layout may read it in place."""
     key = ("direct", X.shape[1:], W.shape, X.dtype.str)
-    plan = prepacked.get(key)
-    if plan is None:
-        plan = prepacked.setdefault(key, _Layout(X, W, kernel, strides, dilations, begin, end,
-                                                 out_dims, constant,
-                                                 prepacked if constant else None))
-    return plan
+    return per_shape(prepacked, key, lambda: _Layout(
+        X, W, kernel, strides, dilations, begin, end, out_dims, constant,
+        prepacked if constant else None))
 
 
 def _packed_once(shared: dict | None, key: tuple, make):

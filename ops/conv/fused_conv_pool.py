@@ -27,6 +27,7 @@ import numpy as np
 
 from mixrt.ops.pool import inplace_cpu
 from mixrt.ops.conv.conv import CONV_ATTRIBUTES, conv, spatial_attrs, window_geometry
+from mixrt.ops.compiled.workspace import per_shape
 from mixrt.ops.conv.conv_cpu import geometry as conv_geometry
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
 from mixrt.ops.device import device_kind
@@ -132,13 +133,8 @@ class _Bands:
 
 
 def _bands(X, W, stage: _Stages, prepacked) -> _Bands:
-    key = ("bands", X.shape, W.shape)
-    found = None if prepacked is None else prepacked.get(key)
-    if found is None:
-        found = _make_bands(X, W, stage, prepacked)
-        if prepacked is not None:
-            found = prepacked.setdefault(key, found)
-    return found
+    return per_shape(prepacked, ("bands", X.shape, W.shape),
+                     lambda: _make_bands(X, W, stage, prepacked))
 
 
 def _make_bands(X, W, stage: _Stages, prepacked) -> _Bands:

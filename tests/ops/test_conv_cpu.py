@@ -97,7 +97,8 @@ def test_prepacked_weights_give_the_same_result_and_are_kept(method, x_shape, w_
     expected = conv(np, X, W, **attrs)
     prepacked: dict = {}
     first = conv_cpu.conv_cpu(np, X, W, _prepacked=prepacked, **attrs)
-    # weight layouts (named by strings) and the geometry per input shape (tuple keys)
+    # weight layouts (named by strings), and under tuple keys the replay and what the node
+    # works out per input shape (workspace.SHAPES_KEY: its geometry)
     kept = {key: value.copy() if isinstance(key, str) else value
             for key, value in prepacked.items()}
     second = conv_cpu.conv_cpu(np, X * 2, W, _prepacked=prepacked, **attrs)
@@ -106,7 +107,8 @@ def test_prepacked_weights_give_the_same_result_and_are_kept(method, x_shape, w_
     assert prepacked.keys() == kept.keys()  # made once, reused, not rewritten
     assert all(np.array_equal(prepacked[k], kept[k]) for k in kept if isinstance(k, str))
     assert all(prepacked[k] is kept[k] for k in kept if not isinstance(k, str))
-    assert any(key[0] == "geometry" for key in kept if not isinstance(key, str))
+    shapes = prepacked[workspace.SHAPES_KEY]  # what it works out per input shape
+    assert any(key[0] == "geometry" for key in shapes)
 
 
 def test_sessions_prepack_constant_conv_weights_only():

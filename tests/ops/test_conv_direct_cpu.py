@@ -14,7 +14,7 @@ import weakref
 import numpy as np
 import pytest
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import jit_cpu, replay, workspace
 from mixrt.ops.conv import conv_direct_cpu, direct_forms, direct_layout, pointwise_rows
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
@@ -28,6 +28,11 @@ RNG = np.random.default_rng(11)
 needs_panels = pytest.mark.skipif(jit_cpu.panel_kernels() is None,
                                   reason="the panel tile needs AVX-512 and numba")
 pytestmark = needs_panels
+
+
+def _kept(prepacked: dict) -> dict:
+    """What a node's dict keeps per input shape (its geometry, its layouts)."""
+    return prepacked.get(workspace.SHAPES_KEY, {})
 
 
 def _rand(*shape, dtype=np.float32):
@@ -122,7 +127,7 @@ def test_pointwise_with_the_weight_on_the_left(image, m, strides, pads, dtype, a
     got = fused_conv(np, X, W, B, Z, strides=list(strides), pads=list(pads),
                      activation=activation, activation_params=list(params),
                      _prepacked=prepacked)
-    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert not plan.taps and plan.in_place == (strides == (1, 1) and not any(pads))
     want = _expected(X, W, B, Z, strides=list(strides), pads=list(pads))
     want = np.maximum(want, 0) if activation == "Relu" else \
@@ -138,7 +143,7 @@ def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeyp
     for rows_split_min in (1, 1000):  # rows (each thread its own planes), then channels
         monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", rows_split_min)
         got, prepacked = _direct(X, W, pads=[1, 1, 1, 1])
-        (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+        (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
         assert plan.by_rows == (rows_split_min == 1)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -197,15 +202,15 @@ def test_the_layout_is_made_once_per_node_and_input_shape(every_shape):
     prepacked: dict = {}
     attributes = dict(pads=[1] * 4)
     conv_cpu(np, X, W, _prepacked=prepacked, **attributes)
-    layouts = [v for k, v in prepacked.items() if k[0] == "direct"]
+    layouts = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     conv_cpu(np, X * 2, W, _prepacked=prepacked, **attributes)
-    assert [v for k, v in prepacked.items() if k[0] == "direct"] == layouts
+    assert [v for k, v in _kept(prepacked).items() if k[0] == "direct"] == layouts
     (plan,) = layouts
     assert plan.taps and not plan.left and plan.panels.shape == (1, 32 * 9, 32)  # W's transpose
     np.testing.assert_array_equal(plan.panels[0, :, :16], W.reshape(16, -1).T)
     assert not plan.panels[0, :, 16:].any()
     conv_cpu(np, _rand(1, 32, 20, 20), W, _prepacked=prepacked, **attributes)
-    assert len([k for k in prepacked if k[0] == "direct"]) == 2
+    assert len([k for k in _kept(prepacked) if k[0] == "direct"]) == 2
 
 
 def test_a_constant_pointwise_weight_of_whole_strips_is_read_where_it_lies(every_shape):
@@ -215,7 +220,7 @@ def test_a_constant_pointwise_weight_of_whole_strips_is_read_where_it_lies(every
     for m, borrowed in ((24, True), (20, False)):
         W = _rand(m, 16, 1, 1)
         out, prepacked = _direct(X, W)
-        (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+        (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
         assert not plan.taps and np.shares_memory(plan.weights, W) == borrowed
         assert plan.weights.shape == (24, 16)
         np.testing.assert_allclose(out, _expected(X, W), rtol=1e-4, atol=1e-4)
@@ -263,7 +268,7 @@ def test_a_partial_panel_read_in_place_touches_nothing_past_the_image(image, m, 
     out = _before_a_guard_page(np.zeros((1, m, *image[1:]), dtype))
     prepacked: dict = {}
     got = fused_conv(np, X, W, B, Z, activation="Relu", _prepacked=prepacked, out=out)
-    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert not plan.taps and plan.in_place
     want = np.maximum(_expected(X, W, B, Z), 0)
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
@@ -288,7 +293,7 @@ def test_taps_with_the_weight_on_the_left_touch_nothing_past_the_output(image, m
     prepacked: dict = {}
     got = fused_conv(np, X, W, B, Z, pads=pads, strides=[stride] * 2, activation="Relu",
                      _prepacked=prepacked, out=out)
-    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert plan.taps and plan.left
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(got, np.maximum(want + Z, 0), rtol=tolerance, atol=tolerance)
@@ -386,7 +391,7 @@ def test_strided_pointwise_reads_its_input_packed_into_strips(image, m, strides,
     prepacked: dict = {}
     got = fused_conv(np, X, W, B, Z, strides=list(strides), pads=list(pads),
                      activation="Relu", _prepacked=prepacked)
-    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert plan.strips and plan.taps
     want = np.maximum(_expected(X, W, B, Z, strides=list(strides), pads=list(pads)), 0)
     tolerance = 1e-4 if dtype == np.float32 else 1e-10
@@ -421,7 +426,7 @@ def test_small_plane_expansions_take_the_strips_and_replay(shape, m, activation,
         want = activate(np, _expected(X, W, B, Z), activation, params)
         assert got is out and replay.KEY in prepacked
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-    (plan,) = [v for k, v in prepacked.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert plan.strips and plan.taps
 
 
@@ -481,7 +486,7 @@ def test_a_kit_is_rebuilt_when_the_planes_it_points_to_are_reallocated(every_sha
     small, large = _rand(1, 8, 12, 12), _rand(1, 8, 90, 90)
     W = _rand(16, 8, 3, 3)
     first, plan_small = _direct(small, W, pads=[1] * 4)
-    (plan,) = [v for k, v in plan_small.items() if k[0] == "direct"]
+    (plan,) = [v for k, v in _kept(plan_small).items() if k[0] == "direct"]
     kit = _kit_of(plan)
     assert kit is not None
     # a larger image grows this thread's phase-plane buffer: every kit pointing at the old
@@ -661,7 +666,28 @@ def test_new_image_sizes_share_the_nodes_packed_weight(every_shape, geometry):
         np.testing.assert_allclose(out, _expected(X, W, B, strides=strides, pads=pads,
                                                   dilations=dilations),
                                    rtol=1e-4, atol=1e-4)
-    layouts = [v for k, v in prepacked.items() if isinstance(k, tuple) and k[0] == "direct"]
+    layouts = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert len(layouts) == 3
     packed = [(id(p.panels) if p.taps and not p.left else id(p.weights)) for p in layouts]
     assert len(set(packed)) == 1
+
+
+def test_a_node_keeps_what_it_worked_out_for_its_latest_input_shapes_only(every_shape):
+    """A service's new image sizes each add a geometry and a layout to the node: the oldest
+    go past MAX_SHAPES_KEPT shapes, and a shape met again works them out again."""
+    W = _rand(4, 3, 3, 3)
+    prepacked: dict = {}
+    sides = range(6, 6 + workspace.MAX_SHAPES_KEPT + 5)
+    for side in sides:
+        X = _rand(1, 3, side, side)
+        got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked)
+        np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+    for kind in ("geometry", "direct"):
+        shapes = [key[1] for key in _kept(prepacked) if key[0] == kind]
+        assert len(shapes) <= workspace.MAX_SHAPES_KEPT
+        assert ((1, 3, sides[-1], sides[-1]) if kind == "geometry" else (3, sides[-1], sides[-1])) \
+            in shapes
+        assert ((1, 3, 6, 6) if kind == "geometry" else (3, 6, 6)) not in shapes
+    X = _rand(1, 3, 6, 6)
+    np.testing.assert_allclose(conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked),
+                               _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
