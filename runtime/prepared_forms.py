@@ -80,7 +80,8 @@ def prepare_form(form: TrustedForm, program: ShapeProgram, bound, graph,
 def spread_sizes(signature: tuple, graph) -> list[tuple]:
     """Sizes away from the one the session ran, to run once on zeros: every free axis at a
     half and a quarter of its size, then each at twice its own (the others as they were, so
-    that no run holds more than twice the ran one's elements). A kernel's route depends on
+    that no run holds more than twice the ran one's elements), then at four and eight times
+    where the feeds stay small (SPREAD_MAX_BYTES: token ids, not images). A kernel's route depends on
     its sizes (a 1x1 convolution over a plane of fewer than 49 pixels takes the pixel rows'
     compiled parts, a product under a few thousand multiply-adds its tiny form), and the
     first request that took a route not met before loaded its kernels from the cache then:
@@ -90,13 +91,29 @@ def spread_sizes(signature: tuple, graph) -> list[tuple]:
     sizes = {key: _size(signature, axes[0]) for key, axes in groups.items()}
     spread = [{key: max(1, size // part) for key, size in sizes.items()} for part in (2, 4)]
     spread += [{**sizes, key: 2 * size} for key, size in sizes.items()]
+    larger = [{**sizes, key: factor * size} for factor in (4, 8) for key, size in sizes.items()]
     found = []
-    for changed in spread:
+    for changed in spread + larger:
         resized = _resized(signature, groups, changed) if changed != sizes else None
-        if resized is not None and resized not in found \
-                and all(_is_tensor(part) for _, part in resized):
-            found.append(resized)
+        if resized is None or resized in found \
+                or not all(_is_tensor(part) for _, part in resized):
+            continue
+        if changed in larger and _feed_bytes(resized) > SPREAD_MAX_BYTES:
+            continue
+        found.append(resized)
     return found
+
+
+# feeds' bytes up to which an axis is also run at four and eight times its size (a
+# sequence's lengths: attention's stacked products take their batched panel kernel past
+# STACK_MIN_WORK multiply-adds, which a RoBERTa warmed up at 13 tokens first met at 70,
+# loading it then, 11 ms); larger feeds (images) stay within twice the ran one's elements
+SPREAD_MAX_BYTES = 1 << 20
+
+
+def _feed_bytes(signature: tuple) -> int:
+    return sum(int(np.prod(part[0], dtype=np.int64)) * np.dtype(part[1]).itemsize
+               for _, part in signature)
 
 
 def _variants(sizes: dict) -> list:

@@ -33,11 +33,12 @@ def test_after_wait_compiled_new_sizes_run_no_concrete_inference(model, feeds, m
         session.wait_compiled(600)
     # once at the first sizes of each set of guards (both axes one larger; a batch of
     # one; a length of one), then at sizes spread from the ran one (both axes halved and
-    # quartered, each doubled), on zeros
+    # quartered, each doubled, each four and eight times: these feeds are small), on zeros
     ran = {fed["x"].shape[:2] for fed in runs}
+    spread = {(1, 4), (1, 2), (4, 9), (2, 18), (8, 9), (2, 36), (16, 9), (2, 72)}
     assert all(not value.any() for fed in runs for value in fed.values())
-    assert {(1, 4), (1, 2), (4, 9), (2, 18)} <= ran
-    assert ran - {(1, 4), (1, 2), (4, 9), (2, 18)} <= {(3, 10), (1, 10), (3, 1)}
+    assert spread <= ran
+    assert ran - spread <= {(3, 10), (1, 10), (3, 1)}
     (form,) = session._trusted_forms.values()
     assert form.prepared[0] and form.programs and all(p.confirmed for p in form.programs)
     prepared = len(concrete_inferences)
@@ -75,16 +76,24 @@ def test_sizes_past_what_the_model_takes_are_tried_smaller(monkeypatch):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_spread_sizes_halve_and_quarter_every_free_axis_then_double_each():
+def test_spread_sizes_halve_and_quarter_every_free_axis_then_double_each(monkeypatch):
     session = mixrt.Session(attention_model())
     session.run(None, attention_feeds(8, 12))
     (form,) = session._trusted_forms.values()
+    spread = prepared_forms.spread_sizes(form.signature, session.graph)
+    assert [dict(signature)["x"][0][:2] for signature in spread] == [
+        (4, 6), (2, 3), (16, 12), (8, 24), (32, 12), (8, 48), (64, 12), (8, 96)]
+    monkeypatch.setattr(prepared_forms, "SPREAD_MAX_BYTES", 0)  # larger feeds: twice at most
     spread = prepared_forms.spread_sizes(form.signature, session.graph)
     assert [dict(signature)["x"][0][:2] for signature in spread] == [
         (4, 6), (2, 3), (16, 12), (8, 24)]
     # one stays one, and no size repeats
     at_one = prepared_forms.spread_sizes(feed_signature(attention_feeds(1, 1)), session.graph)
     assert [dict(signature)["x"][0][:2] for signature in at_one] == [(2, 1), (1, 2)]
+    monkeypatch.undo()
+    at_one = prepared_forms.spread_sizes(feed_signature(attention_feeds(1, 1)), session.graph)
+    assert [dict(signature)["x"][0][:2] for signature in at_one] == [
+        (2, 1), (1, 2), (4, 1), (1, 4), (8, 1), (1, 8)]
 
 
 def test_variants_move_every_free_axis_then_each_to_one():
