@@ -157,12 +157,15 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     pixels = X.shape[2] * X.shape[3]
     total = n * pixels
     kernels = jit_cpu.panel_kernels()
-    if native is None or kernels is None or c * m * X.itemsize > BAND_WEIGHT_BYTES \
-            or not matmul_cpu._split(total, c, m, X.itemsize):
+    if native is None or kernels is None or c * m * X.itemsize > BAND_WEIGHT_BYTES:
         return None
+    # a node whose weight the bands take takes them at a batch large enough: their compiled
+    # parts are loaded at its first call (a session's warm-up), not at the first request
+    # with that batch (a SqueezeNet's first batch of ten 64 x 160 images: ~60 of its 90 ms)
+    module = jit_cpu.load(BAND_PARTS)
     threads = native.workers + 1
     strips = -(-total // kernels.STRIP_ROWS)
-    if strips < BAND_STRIPS * threads:
+    if not matmul_cpu._split(total, c, m, X.itemsize) or strips < BAND_STRIPS * threads:
         return None
     own = prepacked.setdefault("_pointwise_rows", {})
     weight = W.reshape(m, c).T
@@ -171,7 +174,6 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     edges = [strips * q // bands * kernels.STRIP_ROWS for q in range(bands)] + [total]
     parts = list(zip(edges[:-1], edges[1:]))
     dtype = X.dtype
-    module = jit_cpu.load(BAND_PARTS)  # loads numba: only where the bands run
     kind, alpha, beta = module.CLAMP, 0.0, 0.0
     if gate is not None:
         name, alpha, beta = gate
