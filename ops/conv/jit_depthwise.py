@@ -146,9 +146,18 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # geometry's flat form was compiled is asked by the geometry's name before its source
     # is made: making the source, naming it and looking it up was ~60 us a node, sixteen
     # a new EfficientNet-B0 size (2026-11-27)
+    #
+    # A first run takes the flat form only where this process has it loaded already: one
+    # in the cache costs ~6 ms a node to load (an import and numba's load), against the
+    # row form's few hundred microseconds more, and a service restarted over a warm cache
+    # paid that for every depthwise node at each size's first request (a ShuffleNet's
+    # first sight ~86 ms of conv against ~2). The size's next run, which is not a loading
+    # run, loads it: a size met once never pays it.
     loading = rows is not None and jit_tier.compile_misses() is not None
-    if loading and prebuilt.chosen() is None and not compiled_before(_geometry_name(geometry)):
-        jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
+    named = _geometry_name(geometry) if loading else None
+    if loading and named not in _FLAT_LOADED:
+        if prebuilt.chosen() is None and not compiled_before(named):
+            jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
         return _size_free(conv, small, rows, hp, wp, call)
     text, flat_width = _flat_text(*geometry)
     if rows is None:
@@ -185,7 +194,11 @@ def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
     done = _planes(module, 1, flat_width, *call)
     mark_compiled(module)
     mark_name(_geometry_name(geometry))
+    _FLAT_LOADED.add(_geometry_name(geometry))
     return done
+
+
+_FLAT_LOADED: set = set()  # the geometries' names whose flat form this process has loaded
 
 
 def _geometry_name(geometry: tuple) -> str:

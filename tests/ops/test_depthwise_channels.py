@@ -138,6 +138,7 @@ def _fresh_compile_caches(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
     depthwise_common.WARM.clear()
     monkeypatch.setattr(generated, "_marked", set())
+    monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
     for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
                    jit_depthwise._flat_module):
         cached.cache_clear()
@@ -221,3 +222,35 @@ def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
         again, X = depthwise(13)
     assert misses == [] and len(made) == 2
     np.testing.assert_array_equal(again, depthwise(13, X=X)[0])
+
+
+@needs_jit
+def test_a_first_run_leaves_a_flat_form_in_the_cache_to_the_sizes_next_run(
+        tmp_path, monkeypatch):
+    """A process over a warm cache (a flat form compiled and marked, not loaded here): a
+    size's loading run takes the row form, with no miss and without making the source
+    (loading it was ~6 ms a node at every new size's first request); the size's next run
+    loads the flat form, with the same bits."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    _fresh_compile_caches(tmp_path, monkeypatch)
+    W, B = _rand(8, 1, 3, 3), _rand(8)
+    attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], dilations=[2, 2])
+    made = []
+    real_text = jit_depthwise._flat_text
+    monkeypatch.setattr(jit_depthwise, "_flat_text",
+                        lambda *geometry: made.append(geometry) or real_text(*geometry))
+
+    def depthwise(side, X=None):
+        X = _rand(1, 8, side, side) if X is None else X
+        return _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=8,
+                                                          **attributes)), X
+
+    depthwise(15)  # compiled and marked, as an earlier process would have left it
+    assert len(made) == 1
+    jit_depthwise._FLAT_LOADED.clear()  # this process: nothing loaded
+    with jit_tier.loading_only() as misses:
+        first, X = depthwise(15)
+    assert misses == [] and len(made) == 1  # the rows: no source made, nothing missed
+    again, _ = depthwise(15, X=X)  # the next run: the flat form, loaded
+    assert len(made) == 2 and jit_depthwise._FLAT_LOADED
+    np.testing.assert_array_equal(first, again)
