@@ -188,17 +188,11 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
     assert len(modules) == 3  # 12, 14 and 8, each written only once it could compile
 
 
-@needs_jit
-def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
-        tmp_path, monkeypatch):
-    """A loading run of a new size asks whether the geometry's flat form was compiled by
-    the geometry's own marker: a geometry never compiled is answered by the row form
-    without its source being made; once compiled (marked under both names), a loading run
-    of that size takes the flat form, with the bits it gives where compiling is allowed."""
-    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
-    _fresh_compile_caches(tmp_path, monkeypatch)
+def _counted_flat_sources(monkeypatch, attributes: dict):
+    """``(made, depthwise, W, B)``: the geometries whose flat source ``_flat_text`` made,
+    and ``depthwise(side, X=None) -> (out, X)``, an 8-channel depthwise FusedConv of
+    ``attributes`` over a side x side image (X when given) through its flat form."""
     W, B = _rand(8, 1, 3, 3), _rand(8)
-    attributes = dict(kernel_shape=[3, 3], pads=[2, 1, 2, 1], dilations=[2, 1])
     made = []
     real_text = jit_depthwise._flat_text
     monkeypatch.setattr(jit_depthwise, "_flat_text",
@@ -208,6 +202,20 @@ def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
         X = _rand(1, 8, side, side) if X is None else X
         return _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=8,
                                                           **attributes)), X
+    return made, depthwise, W, B
+
+
+@needs_jit
+def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
+        tmp_path, monkeypatch):
+    """A loading run of a new size asks whether the geometry's flat form was compiled by
+    the geometry's own marker: a geometry never compiled is answered by the row form
+    without its source being made; once compiled (marked under both names), a loading run
+    of that size takes the flat form, with the bits it gives where compiling is allowed."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    _fresh_compile_caches(tmp_path, monkeypatch)
+    attributes = dict(kernel_shape=[3, 3], pads=[2, 1, 2, 1], dilations=[2, 1])
+    made, depthwise, W, B = _counted_flat_sources(monkeypatch, attributes)
 
     depthwise(13)  # compiling allowed: the flat form of 13, and the row form with it
     assert len(made) == 1
@@ -233,17 +241,8 @@ def test_a_first_run_leaves_a_flat_form_in_the_cache_to_the_sizes_next_run(
     loads the flat form, with the same bits."""
     from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
     _fresh_compile_caches(tmp_path, monkeypatch)
-    W, B = _rand(8, 1, 3, 3), _rand(8)
     attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], dilations=[2, 2])
-    made = []
-    real_text = jit_depthwise._flat_text
-    monkeypatch.setattr(jit_depthwise, "_flat_text",
-                        lambda *geometry: made.append(geometry) or real_text(*geometry))
-
-    def depthwise(side, X=None):
-        X = _rand(1, 8, side, side) if X is None else X
-        return _flat_form(monkeypatch, lambda: fused_conv(np, X, W, B, group=8,
-                                                          **attributes)), X
+    made, depthwise = _counted_flat_sources(monkeypatch, attributes)[:2]
 
     depthwise(15)  # compiled and marked, as an earlier process would have left it
     assert len(made) == 1
