@@ -193,8 +193,9 @@ def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
     module = _flat_module(text)
     done = _planes(module, 1, flat_width, *call)
     mark_compiled(module)
-    mark_name(_geometry_name(geometry))
-    _FLAT_LOADED.add(_geometry_name(geometry))
+    named = _geometry_name(geometry)
+    mark_name(named)
+    _FLAT_LOADED.add(named)
     return done
 
 
