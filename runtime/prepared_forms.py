@@ -81,12 +81,13 @@ def spread_sizes(signature: tuple, graph) -> list[tuple]:
     """Sizes away from the one the session ran, to run once on zeros: every free axis at a
     half and a quarter of its size, then each at twice its own (the others as they were, so
     that no run holds more than twice the ran one's elements), then at four and eight times
-    where the feeds stay small (SPREAD_MAX_BYTES: token ids, not images). A kernel's route depends on
-    its sizes (a 1x1 convolution over a plane of fewer than 49 pixels takes the pixel rows'
-    compiled parts, a product under a few thousand multiply-adds its tiny form), and the
-    first request that took a route not met before loaded its kernels from the cache then:
-    a SqueezeNet's first batch of ten 64 x 160 images 90 ms against ~15, eight of its
-    kernels loaded; a RoBERTa's stacked products at a new layout 11 ms (2026-11-27)."""
+    where the feeds stay small (SPREAD_MAX_BYTES: token ids, not images). A kernel's route
+    depends on its sizes (a 1x1 convolution over a plane of fewer than 49 pixels takes the
+    pixel rows' compiled parts, a product under a few thousand multiply-adds its tiny
+    form), and the first request that took a route not met before loaded its kernels from
+    the cache then: a SqueezeNet's first batch of ten 64 x 160 images 90 ms against ~15,
+    eight of its kernels loaded; a RoBERTa's stacked products at a new layout 11 ms
+    (2026-11-27)."""
     groups = _free_groups(graph, signature)
     sizes = {key: _size(signature, axes[0]) for key, axes in groups.items()}
     spread = [{key: max(1, size // part) for key, size in sizes.items()} for part in (2, 4)]

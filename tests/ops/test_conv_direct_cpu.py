@@ -682,12 +682,11 @@ def test_a_node_keeps_what_it_worked_out_for_its_latest_input_shapes_only(every_
         X = _rand(1, 3, side, side)
         got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked)
         np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
-    for kind in ("geometry", "direct"):
+    for kind, image in (("geometry", (1, 3)), ("direct", (3,))):  # keyed by X's shape or C, H, W
         shapes = [key[1] for key in _kept(prepacked) if key[0] == kind]
         assert len(shapes) <= workspace.MAX_SHAPES_KEPT
-        assert ((1, 3, sides[-1], sides[-1]) if kind == "geometry" else (3, sides[-1], sides[-1])) \
-            in shapes
-        assert ((1, 3, 6, 6) if kind == "geometry" else (3, 6, 6)) not in shapes
+        assert image + (sides[-1], sides[-1]) in shapes  # the newest kept
+        assert image + (6, 6) not in shapes  # the oldest gone
     X = _rand(1, 3, 6, 6)
     np.testing.assert_allclose(conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked),
                                _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
