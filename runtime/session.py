@@ -536,7 +536,14 @@ def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
                 break
         else:
             return values
-    return [_host_value(_copy(env[name]) if name in shared else env[name]) for name in wanted]
+    values = []
+    for name in wanted:  # NumPy outputs without the generic conversions: ~0.3 us a run
+        value = env[name]
+        if value.__class__ is np.ndarray:
+            values.append(value.copy() if name in shared else value)
+        else:
+            values.append(_host_value(_copy(value) if name in shared else value))
+    return values
 
 
 def _copy(value):

@@ -193,3 +193,47 @@ def test_bound_classifiers_make_new_outputs_with_the_kernels_values(tmp_path, in
         np.testing.assert_array_equal(scores, scores_then)
     if mixrt.ops.compiled.jit_cpu.enabled():
         assert _bound_op(session, node.op_type)
+
+
+def _classifier_into_normalizer(tmp_path, node):
+    """``node``'s scores read by a Normalizer: an arena slot of their own, beside a label
+    made anew (a scikit-learn pipeline's LinearClassifier + Normalizer)."""
+    norm = helper.make_node("Normalizer", ["scores"], ["normalized"], domain="ai.onnx.ml",
+                            norm="L1")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["doubled"]), node, norm], "ml",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
+         for name in ("label", "normalized")],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    path = tmp_path / f"{node.op_type}_normalized.onnx"
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_a_bound_classifier_whose_scores_have_a_slot_keeps_the_kernels_values(
+        tmp_path, index, monkeypatch):
+    node = _classifiers()[index]
+    path = _classifier_into_normalizer(tmp_path, node)
+    session, unbound = mixrt.Session(path), mixrt.Session(path)
+    session.wait_compiled()
+    unbound.wait_compiled()
+    rng = np.random.default_rng(12)
+    kept = []
+    for rows in (2, 2, 2, 2, 5, 5, 5):
+        x = rng.normal(size=(rows, 3)).astype(np.float32)
+        label, normalized = session.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", False)
+        want_label, want_normalized = unbound.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", True)
+        np.testing.assert_array_equal(label, want_label)
+        np.testing.assert_array_equal(normalized, want_normalized)
+        kept.append((label.copy(), normalized.copy(), label, normalized))
+    for label_then, normalized_then, label, normalized in kept:  # no later run wrote there
+        np.testing.assert_array_equal(label, label_then)
+        np.testing.assert_array_equal(normalized, normalized_then)
+    if mixrt.ops.compiled.jit_cpu.enabled():
+        assert _bound_op(session, node.op_type)
