@@ -58,6 +58,9 @@ class Kernel:
     dtypes: frozenset | None = None
     until: int | None = None  # last opset this version serves; None = open-ended
     infer_fn: Callable | None = None
+    # the node's attributes checked when a model is loaded, whatever its shapes (see
+    # OpHandle.check); None where the kernel's signature is all there is to check
+    check_fn: Callable | None = None
     grad_fn: Callable | None = None
     # the forward in ops that have gradients of their own, for gradients of gradients when
     # grad_fn's backward kernel has none (see runtime/passes/autodiff.py)
@@ -164,6 +167,15 @@ class OpHandle:
             kernel.infer_fn = infer_fn
         self._infer_fn = infer_fn
         return infer_fn
+
+    def check(self, check_fn: Callable) -> Callable:
+        """``check_fn(**attributes)`` raises ValueError, saying what is wrong, for attributes
+        no input could make right (a regular expression RE2 refuses): the model is refused
+        when it is loaded, naming the node (``runtime/passes/typecheck.py``), rather than at
+        its first run, or never where inference had no shapes to show its infer function."""
+        for kernel in self.kernels:
+            kernel.check_fn = check_fn
+        return check_fn
 
     def grad(self, grad_fn: Callable) -> Callable:
         for kernel in self.kernels:

@@ -3,7 +3,7 @@
 skl2onnx writes ``TfidfVectorizer`` and ``CountVectorizer`` as StringNormalizer, then this
 Tokenizer, then the standard TfIdfVectorizer. Its results follow onnxruntime's kernel
 (``contrib_ops/cpu/tokenizer.cc``) to the character, quirks included; its patterns are RE2's,
-run with Python's ``re`` through ``ops/text/_re2.py`` (which lists what differs).
+run on RE2 itself for leftmost-longest matches (``ops/text/re2_patterns.py``).
 
 Strings live on the host whatever the device (no GPU array library holds them), as in
 ``ops/text/string.py``.
@@ -15,7 +15,7 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.text._re2 import compiled
+from mixrt.ops.text.re2_patterns import Subject, compiled
 from mixrt.ops.text.string import object_strings
 from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.node_state import prepared
@@ -38,13 +38,11 @@ def _matches(text: str, pattern, mincharnum: int) -> list[str]:
     """The tokens ``tokenexp`` matches, scanning left to right. A match shorter than
     ``mincharnum`` is skipped one character on from where it starts (not from its end), so
     a match inside it may still count: onnxruntime's scan."""
-    if mincharnum == 1 and not pattern.matches_empty and pattern.first_is_longest:
-        if not pattern.regex.groups:  # findall gives whole matches then (~2x finditer's pace)
-            return pattern.regex.findall(text)
-        return [m.group() for m in pattern.regex.finditer(text)]
-    tokens, start = [], 0
+    if mincharnum == 1 and not pattern.matches_empty:  # RE2's longest matches in turn
+        return pattern.tokens(text)
+    subject, tokens, start = Subject(text), [], 0
     while start <= len(text):
-        found = pattern.search(text, start)
+        found = pattern.search(subject, start)
         if found is None:
             break
         begin, end = found
@@ -60,14 +58,13 @@ def _split(text: str, pattern, mincharnum: int) -> list[str]:
     """The pieces between matches of one separator, those shorter than ``mincharnum``
     dropped. An empty match skips the character it stands before; one at the very end
     leaves no trailing piece (onnxruntime reads past the text there; it ends up with none)."""
-    if not pattern.matches_empty and pattern.first_is_longest:
-        spans = [m.span() for m in pattern.regex.finditer(text)]
-        edges = [0, *(e for span in spans for e in span), len(text)]
+    if not pattern.matches_empty:
+        edges = [0, *(e for span in pattern.spans(text) for e in span), len(text)]
         pieces = (text[a:b] for a, b in zip(edges[::2], edges[1::2]))
         return [piece for piece in pieces if len(piece) >= mincharnum]
-    pieces, start = [], 0
+    subject, pieces, start = Subject(text), [], 0
     while start <= len(text):
-        found = pattern.search(text, start)
+        found = pattern.search(subject, start)
         if found is None:
             pieces.append(text[start:])
             break
@@ -83,7 +80,7 @@ def _split_by_all(text: str, patterns: tuple, mincharnum: int) -> list[str]:
     whole text is found in none of its pieces."""
     pieces = _split(text, patterns[0], mincharnum)
     for pattern in patterns[1:]:
-        search = pattern.regex.search
+        search = pattern.search
         if pattern.context_free and search(text) is None:
             continue
         pieces = [token for piece in pieces for token in
@@ -194,6 +191,13 @@ def _empty_output_shape(shape: tuple) -> tuple:
     """An empty input gives [0] for [0], and [N, 0] for [N, C] with no strings (not
     [N, C, 0]): onnxruntime's rule."""
     return (0,) if len(shape) == 1 else (shape[0], 0)
+
+
+@tokenizer.check
+def _(*, mark=None, mincharnum=None, pad_value=None, separators=None, tokenexp=None,
+      tokenexpsplit=0, **_):
+    """Attributes that no input makes right (a pattern RE2 refuses), refused at load."""
+    _cutter_for(mark, mincharnum, pad_value, separators, tokenexp, tokenexpsplit)
 
 
 @tokenizer.infer

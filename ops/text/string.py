@@ -8,7 +8,6 @@ kernels work on the host with NumPy whatever ``xp`` is; a numeric result is hand
 from __future__ import annotations
 
 import itertools
-import re
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType, broadcast_shapes, tensor
 from mixrt.ops.device import to_host
+from mixrt.ops.text.re2_patterns import compiled as compiled_pattern
 
 
 def object_strings(values, shape) -> np.ndarray:
@@ -103,14 +103,19 @@ def _(X, Y, **_):
 
 @op("RegexFullMatch", since=20, dtypes=STRING)
 def regex_full_match(xp, X, *, pattern=None):
-    """Python's ``re`` stands in for RE2: they agree on the common syntax (classes,
-    quantifiers, groups, alternation); RE2-only syntax raises re.error here."""
+    """Whether each string matches ``pattern`` whole, on RE2 as the spec says (linear in the
+    string whatever the pattern: ``ops/text/re2_patterns.py``)."""
+    compiled = _full_match_pattern(pattern)
+    strings = to_host(X)
+    matched = [compiled.fullmatch(s) for s in strings.reshape(-1)]
+    return xp.asarray(np.array(matched, dtype=np.bool_).reshape(strings.shape))
+
+
+@regex_full_match.check
+def _full_match_pattern(pattern=None, **_):
     if pattern is None:
         raise ValueError("RegexFullMatch needs the pattern attribute")
-    compiled = re.compile(pattern)
-    strings = to_host(X)
-    matched = [compiled.fullmatch(s) is not None for s in strings.reshape(-1)]
-    return xp.asarray(np.array(matched, dtype=np.bool_).reshape(strings.shape))
+    return compiled_pattern(pattern)
 
 
 @regex_full_match.infer

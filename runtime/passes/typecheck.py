@@ -6,11 +6,13 @@ would return values of a type nobody declared. onnxruntime refuses such a model 
 loads it, naming the node; so does mixrt, with a ``GraphError`` that names the node, the
 input, its type and what the schema allows.
 
-Two rules, both from the schema in force at the node's opset:
+Two rules, both from the schema in force at the node's opset, and a third of the op's own:
 
 * an input's type is one the input's type constraint allows;
 * inputs bound to one type parameter (``T`` of Add's ``A`` and ``B``, every input of a
-  homogeneous variadic such as Concat's) have one type.
+  homogeneous variadic such as Concat's) have one type;
+* attributes the op refuses whatever its inputs (``OpHandle.check``: a regular expression
+  RE2 does not accept) are the model's error, at load.
 
 Only types that are known are checked (declared inputs, initializers, value_info, and what
 inference derives from them); nodes of domains ONNX has no schema for (``mixrt``, custom
@@ -59,8 +61,21 @@ def check_operand_types(graph: Graph, types: dict | None = None) -> None:
 def operand_problem(node: Node, types: dict, *, shapes: bool) -> str | None:
     """What is wrong with the node's operand types, and with their shapes when ``shapes``
     (top-level nodes: a body's values are typed from what its op guessed), or None."""
-    problem = operand_type_problem(node, types)
+    problem = attribute_problem(node) or operand_type_problem(node, types)
     return problem if problem or not shapes else operand_shape_problem(node, types)
+
+
+def attribute_problem(node: Node) -> str | None:
+    """What the node's kernel refuses in its attributes whatever its operands (a pattern
+    RE2 does not accept: ``OpHandle.check``), or None."""
+    kernel = REGISTRY.find(node.domain, node.op_type, node.opset)
+    if kernel is None or kernel.check_fn is None:
+        return None
+    try:
+        kernel.check_fn(**infer_attributes(kernel, node))
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def operand_shape_problem(node: Node, types: dict) -> str | None:

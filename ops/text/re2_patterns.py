@@ -1,0 +1,172 @@
+"""RE2 patterns, run on RE2 itself (google-re2), as the ONNX spec and onnxruntime run them.
+
+RegexFullMatch's spec names RE2, and onnxruntime's Tokenizer compiles its separators and
+``tokenexp`` with RE2 and asks for leftmost-longest matches. RE2 matches in time linear in
+the text whatever the pattern: a model's ``(a+)+$`` cannot hold a worker, where Python's
+backtracking ``re`` took 20 s over 29 characters and 17 times longer for every 4 more
+(mixrt ran the patterns on ``re`` through a translation of RE2's syntax until 2026-11-27).
+What RE2 refuses (lookarounds, backreferences, possessive quantifiers, a program past its
+memory budget) is refused here with RE2's reason, when the model is loaded
+(``ops/ir/registry.OpHandle.check``), as onnxruntime refuses such a model.
+
+Python's ``re`` still runs the plainest patterns: a literal text, or one bracket class of
+ASCII characters with or without ``+`` (skl2onnx's ``[a-zA-Z0-9_]+`` and its one-character
+separators). There both engines give the same matches (a class of single characters has one
+longest match), and ``re`` finds them in linear time, without google-re2's per-match cost in
+Python (~1-5 us a match against ~0.15: a 1 MB text of 500,000 tokens took 2.7 s).
+
+Python's parser of ``re`` is asked one thing besides, as a hint for the tokenizer's fast
+paths: whether a pattern can match the empty text, and whether it looks at where it stands
+(an anchor or a boundary). Where Python cannot parse a pattern (RE2-only syntax such as
+``\\pL`` or ``\\Q...\\E``), the answer is the cautious one, and the tokenizer takes its
+general scan, which is right for any pattern.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from re import _parser as sre_parse  # re's own parse tree: what a pattern can match
+
+import numpy as np
+import re2
+
+
+class Re2Pattern:
+    """One pattern compiled by RE2 for leftmost-longest matching (``regex``: RE2's
+    compiled form, with ``re``'s methods), and what the tokenizer's fast paths ask of it."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        try:
+            self.regex = _plain(pattern) or re2.compile(pattern, _OPTIONS)
+        except re2.error as error:
+            reason = error.args[0] if error.args else error
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", "replace")
+            raise ValueError(f"pattern {pattern!r} is not one RE2 accepts: {reason}") \
+                from None
+        tree = _python_tree(pattern)
+        # can it match the empty text somewhere? (a cautious yes where re cannot tell)
+        self.matches_empty = tree is None or tree.getwidth()[0] == 0
+        # matches the same text wherever that text stands (no anchor, no boundary)
+        self.context_free = tree is not None and not _has_assertion(tree)
+
+    def search(self, text, start: int = 0) -> tuple[int, int] | None:
+        """(start, end) of the leftmost-longest match at or after character ``start`` of
+        ``text`` (a str, or the :class:`Subject` a scan made of it once), or None."""
+        subject = text if text.__class__ is Subject else Subject(text)
+        if self.regex.__class__ is re.Pattern:
+            found = self.regex.search(subject.text, start)
+            return None if found is None else found.span()
+        found = self.regex.search(subject.data, subject.byte(start))
+        return None if found is None else subject.span(found.span())
+
+    def spans(self, text) -> list[tuple[int, int]]:
+        """The (start, end) of each leftmost-longest match, each search going on where the
+        last match ended (``finditer``'s)."""
+        subject = text if text.__class__ is Subject else Subject(text)
+        if self.regex.__class__ is re.Pattern:
+            return [found.span() for found in self.regex.finditer(subject.text)]
+        return [subject.span(found.span()) for found in self.regex.finditer(subject.data)]
+
+    def tokens(self, text: str) -> list[str]:
+        """The text of each match :meth:`spans` finds."""
+        if self.regex.__class__ is re.Pattern and not self.regex.groups:
+            return self.regex.findall(text)  # (~2x finditer's pace)
+        return [text[begin:end] for begin, end in self.spans(text)]
+
+    def fullmatch(self, text: str) -> bool:
+        return self.regex.fullmatch(text) is not None
+
+
+class Subject:
+    """A text as RE2 searches it: its UTF-8 bytes, made once, and the way between character
+    and byte offsets where it is not ASCII. google-re2's ``search`` of a str encodes the
+    whole text and counts its characters up to the start at every call, which makes a scan
+    of many searches (the tokenizer's general loop) quadratic in the text."""
+
+    __slots__ = ("text", "data", "_bytes_at", "_chars_before")
+
+    def __init__(self, text: str):
+        self.text = text
+        if text.isascii():
+            self.data, self._bytes_at, self._chars_before = text.encode("ascii"), None, None
+            return
+        self.data = text.encode("utf-8", "surrogatepass")
+        codes = np.frombuffer(self.data, np.uint8)
+        starts = (codes & 0xC0) != 0x80  # the first byte of each character
+        self._bytes_at = np.append(np.flatnonzero(starts), len(self.data))
+        self._chars_before = np.concatenate(([0], np.cumsum(starts)))
+
+    def byte(self, char: int) -> int:
+        """The byte offset of character offset ``char``."""
+        if self._bytes_at is None:
+            return char
+        return int(self._bytes_at[min(char, len(self._bytes_at) - 1)])
+
+    def span(self, span: tuple[int, int]) -> tuple[int, int]:
+        """A byte span as character offsets."""
+        if self._chars_before is None:
+            return span
+        return int(self._chars_before[span[0]]), int(self._chars_before[span[1]])
+
+
+def _options() -> "re2.Options":
+    options = re2.Options()
+    options.longest_match = True  # onnxruntime's Tokenizer asks RE2 for the longest match
+    options.log_errors = False  # a refused pattern is the model's typed error, not a log line
+    return options
+
+
+_OPTIONS = _options()
+
+# what re and RE2 read alike and re matches in linear time: a literal text (characters that
+# are not syntax, or escaped punctuation), or one bracket class of ASCII characters, ranges
+# and escaped punctuation (no \w, \d or \s, which RE2 reads as ASCII and re as Unicode)
+# under an optional + (nothing in the class is itself a class: no [[:alpha:]])
+_PLAIN = re.compile(r"(?:[^\\\[\](){}.*+?|^$]|\\[^\w\s])+"
+                    r"|\[\^?(?:[\x20-\x5a\x5e-\x7e]|\\[^\w\s])+\]\+?", re.ASCII)
+
+
+def _plain(pattern: str):
+    """``re``'s compiled pattern where the pattern is plain (``_PLAIN``) and ``re`` takes it;
+    None otherwise (RE2 then compiles it, or says why not: ``[z-a]``)."""
+    if not _PLAIN.fullmatch(pattern):
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error:
+        return None
+
+
+def _python_tree(pattern: str):
+    """``re``'s parse of the pattern, or None where ``re`` reads it otherwise or not at all."""
+    try:
+        with warnings.catch_warnings():  # ("possible nested set": RE2's [[:alpha:]])
+            warnings.simplefilter("ignore")
+            return sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return None
+
+
+def _has_assertion(tree) -> bool:
+    """Whether anything in ``tree`` looks around where it stands (an anchor, a boundary, a
+    lookaround): a cut-off piece of text could answer it differently."""
+    for code, value in tree:
+        if code in (sre_parse.AT, sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+            return True
+        for part in value if isinstance(value, (tuple, list)) else ():
+            subtrees = part if isinstance(part, list) else [part]
+            if any(isinstance(s, sre_parse.SubPattern) and _has_assertion(s)
+                   for s in subtrees):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=256)
+def compiled(pattern: str) -> Re2Pattern:
+    """The pattern compiled once per process; a ValueError with RE2's reason where RE2
+    refuses it."""
+    return Re2Pattern(pattern)
