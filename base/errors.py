@@ -51,6 +51,12 @@ class ExecutionError(MixrtError):
     """A kernel failed while running; the message names the node and its op."""
 
 
+class RunTerminated(ExecutionError):
+    """A run ended before its last node because its ``RunOptions`` said so: its timeout
+    passed, or another thread set ``terminate``. The message names the node it stopped in;
+    the session stays usable."""
+
+
 class DeviceMismatchError(MixrtError):
     """Arrays on different devices met in one operation."""
 
@@ -129,7 +135,8 @@ MXNetError = MixrtError
 
 __all__ = [
     "BlasPolicyWarning", "LenientLoadWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
-    "InputError", "ExecutionError", "DeviceMismatchError", "DeviceUnavailableError",
+    "InputError", "ExecutionError", "RunTerminated", "DeviceMismatchError",
+    "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError", "EngineError", "HybridizeError",
 ]

@@ -26,6 +26,7 @@ if _NUMPY_FIRST:
 from mixrt.base.errors import MXNetError  # noqa: E402,F401  (MXNet's top-level name)
 from mixrt.context import Context, cpu, current_context, gpu  # noqa: E402
 from mixrt.runtime.format import is_mxr, load_mxr  # noqa: E402
+from mixrt.base.run_options import RunOptions  # noqa: E402
 from mixrt.runtime.session import NodeArg, Session, register_loader  # noqa: E402
 
 __version__ = "0.1.0"
@@ -85,5 +86,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mixrt' has no attribute {name!r}")
 
 
-__all__ = ["Session", "NodeArg", "load", "errors", "cpu", "gpu", "Context", "current_context",
+__all__ = ["Session", "NodeArg", "RunOptions", "load", "errors", "cpu", "gpu", "Context", "current_context",
            "MXNetError", "__version__"]

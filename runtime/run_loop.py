@@ -12,7 +12,8 @@ from collections import ChainMap
 
 import numpy as np
 
-from mixrt.base.errors import ExecutionError, MixrtError
+from mixrt.base import run_options
+from mixrt.base.errors import ExecutionError, MixrtError, RunTerminated
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
 from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
@@ -84,16 +85,18 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
         return
     if not BIND:
-        _run_host_calls(calls, env, arena.buffer)
+        (_run_host_calls if run_options.current() is None
+         else _run_host_calls_limited)(calls, env, arena.buffer)
         return
     fed = _feeds_in_order(plan, env)
     key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
            jit_cpu.scratch_generation(), fed)
     bound = arena.bound.get(key)
+    run = _run_host_calls if run_options.current() is None else _run_host_calls_limited
     if bound is not None:
-        _run_host_calls(bound, env, arena.buffer)
+        run(bound, env, arena.buffer)
         return
-    _run_host_calls(calls, env, arena.buffer)
+    run(calls, env, arena.buffer)
     if key not in arena.ran:  # bound from its second run: a shape met once never pays it
         arena.ran.add(key)
         return
@@ -351,6 +354,8 @@ def _run_host_calls(calls, env, buffer) -> None:
                 prepared = state.get("call") if state is not None else None
                 result = step.fn(np, *args, **attributes) if prepared is None \
                     else prepared(np, *args)
+        except RunTerminated as error:  # in a subgraph's node: this node holds it
+            raise _inside(step, error) from None
         except MixrtError:
             raise
         except jit_tier.CompileForbidden as exc:
@@ -373,6 +378,33 @@ def _run_host_calls(calls, env, buffer) -> None:
             env[name] = _placed(result, view)
 
 
+def _run_host_calls_limited(calls, env, buffer) -> None:
+    """:func:`_run_host_calls` for a run with limits (``runtime/run_options.py``): checked
+    before each step (a segment of bound steps counts as its first)."""
+    limits = run_options.current()
+    for call in calls:
+        try:
+            limits.check()
+        except run_options.Expired as expired:
+            raise terminated(call[0], expired) from None
+        _run_host_calls((call,), env, buffer)
+
+
+def terminated(step, expired) -> RunTerminated:
+    """The error of a run that reached its limit at (or inside) ``step``."""
+    node = step.node
+    return RunTerminated(f"the run stopped at node {step.label!r} ({node.domain or 'ai.onnx'}"
+                         f"::{node.op_type}): {expired}")
+
+
+def _inside(step, error: RunTerminated) -> RunTerminated:
+    """``error``, raised in a node of ``step``'s subgraph (a Loop's body), naming ``step``
+    too."""
+    node = step.node
+    return RunTerminated(f"{error} (inside node {step.label!r} ({node.domain or 'ai.onnx'}"
+                         f"::{node.op_type}))")
+
+
 def _store_outputs(outputs, values, env, buffer, xp) -> None:
     """A step's results into ``env``: each output's (name, view, detached) with its value
     (an output the node leaves unnamed is dropped)."""
@@ -391,7 +423,13 @@ def _unread(step, exc: KeyError) -> ExecutionError:
 
 def _run_calls(calls, env, xp, buffer, host_args, profiler) -> None:
     """:func:`execute` over its calls (an arena's, or made for a run without one)."""
+    limits = run_options.current()
     for step, inputs, attributes, outputs, _ in calls:
+        if limits is not None:
+            try:
+                limits.check()
+            except run_options.Expired as expired:
+                raise terminated(step, expired) from None
         try:
             args = [env[name] if name else None for name in inputs]
         except KeyError as exc:
@@ -428,6 +466,8 @@ def _call(step, xp, args, attributes):
         if prepared is not None:
             return prepared(xp, *args)
         return step.fn(xp, *args, **attributes)
+    except RunTerminated as error:  # in a subgraph's node: this node holds it
+        raise _inside(step, error) from None
     except MixrtError:
         raise
     except jit_tier.CompileForbidden as exc:
@@ -466,10 +506,12 @@ def _on_numpy_path(step, xp, args, attributes, forbidden):
 VALUES_SHOWN = 4096
 
 
-def _failed(step, exc, args=()) -> ExecutionError:
+def _failed(step, exc, args=()) -> ExecutionError:  # (RunTerminated is one)
     """The error for a kernel that raised ``exc``: the op's own shape rule on the operands
     it was given, where that rule refuses them ("W has shape (2, 16, 5); expected ..."),
     then what the kernel raised (NumPy's "operands could not be broadcast ...")."""
+    if isinstance(exc, run_options.Expired):  # a kernel's long loop asked (its iterations)
+        return terminated(step, exc)
     node = step.node
     where = f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type}, opset {node.opset})"
     raised = f"{type(exc).__name__}: {exc}"

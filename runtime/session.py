@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.base import placement
-from mixrt.base.errors import ExecutionError, InputError, ModelLoadError
+from mixrt.base import placement, run_options
+from mixrt.base.errors import ExecutionError, InputError, ModelLoadError, RunTerminated
+from mixrt.base.run_options import RunOptions
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.types import TensorType
@@ -36,8 +37,9 @@ from mixrt.ops import device_checks
 from mixrt.runtime import collector, kernel_tiers
 from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
-from mixrt.ops.device import Device, parse_device, to_host
+from mixrt.ops.device import parse_device
 from mixrt.runtime.run_loop import execute
+from mixrt.runtime.run_outputs import copied, held_value, host_outputs, host_value
 from mixrt.runtime.steady_run import SteadyRun
 from mixrt.runtime.arenas import ArenaMemory, acquire, release, trim_idle_calls
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, make_plan,
@@ -175,14 +177,25 @@ class Session(FeedChecks):
     def get_providers(self) -> list[str]:
         return ["CUDAExecutionProvider" if self.device.kind == "gpu" else "CPUExecutionProvider"]
 
-    def run(self, output_names, feeds: dict, run_options=None) -> list:
-        del run_options
+    def run(self, output_names, feeds: dict, run_options: RunOptions | None = None) -> list:
+        if run_options is not None:  # a time limit, or a terminate flag to watch
+            return self._limited_run(output_names, feeds, run_options)
         if output_names is None and feeds.__class__ is dict and self._steady_runs:
             steady = self._steady_runs.get(feed_key(feeds))
             if steady is not None and symbolic_profiler() is None \
                     and kernel_tiers._LOADING.get() is None:  # a loading run takes its turn aside
                 return self._gate.run(steady.run, feeds)
         return self._run(output_names, feeds, host=True)
+
+    def _limited_run(self, output_names, feeds: dict, options: RunOptions) -> list:
+        """:meth:`run` under ``options``' limits (``base/run_options.py``): the run loop and
+        the long kernels check them, and a run that reaches one raises RunTerminated naming
+        the node; its arena goes back as after any error."""
+        try:
+            with run_options.limited(options):
+                return self.run(output_names, feeds)
+        except run_options.Expired as expired:  # before its first node
+            raise RunTerminated(f"the run ended before its first node: {expired}") from None
 
     def run_on_device(self, output_names, feeds: dict, *, lent: bool = False) -> list:
         """As :meth:`run`, but the outputs stay on this session's device (CuPy arrays on a
@@ -334,6 +347,8 @@ class Session(FeedChecks):
         wanted, process, (host, _) = request
         try:
             execute(plan.steps, env, np, arena, plan)
+        except RunTerminated:  # the run's limit, not inference's error
+            raise
         except Exception:  # noqa: BLE001  (answered again, the discovery way)
             form = signature_form(signature)
             trusted = self._trusted_forms.pop(form, None)
@@ -403,7 +418,7 @@ class Session(FeedChecks):
             if len(self._steady_runs) >= MAX_STEADY_RUNS:  # the longest-kept goes
                 self._steady_runs.pop(next(iter(self._steady_runs)), None)
             self._steady_runs[known[0]] = SteadyRun(known[0], plan, start, partial(
-                _host_outputs, self.graph.output_names, plan.shared_outputs), known[2],
+                host_outputs, self.graph.output_names, plan.shared_outputs), known[2],
                 self._arena_memory)
 
     def _device_checks(self):
@@ -478,9 +493,9 @@ class Session(FeedChecks):
             if all(value.__class__ is np.ndarray for value in values):
                 return values
         if host:
-            return [_host_value(_copy(env[name]) if name in shared else env[name])
+            return [host_value(copied(env[name]) if name in shared else env[name])
                     for name in wanted]
-        return [_held_value(self.device, _copy(env[name]) if name in shared else env[name])
+        return [held_value(self.device, copied(env[name]) if name in shared else env[name])
                 for name in wanted]
 
     # -- checks ------------------------------------------------------------------------------
@@ -496,23 +511,8 @@ class Session(FeedChecks):
         return list(output_names)
 
 
-def _host_value(value):
-    """to_host for a run's output; maps (dicts) live on the host already and pass as they
-    are (to_host would take a dict's ``get`` for CuPy's)."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, list):
-        return [_host_value(v) for v in value]
-    return to_host(value)
 
 
-def _held_value(device: Device, value):
-    """device.put for a run's output kept on the device; maps stay host dicts."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
-        return [_held_value(device, v) for v in value]
-    return device.put(value)
 
 
 # -- planning helpers ------------------------------------------------------------------------
@@ -526,28 +526,8 @@ def _drop_lanes(lanes: dict, plan) -> None:
             lanes.pop(key, None)
 
 
-def _host_outputs(wanted: list[str], shared: frozenset, env: dict) -> list:
-    """A planned CPU run's outputs as Session.run returns them (Session._collect's host
-    case, for :class:`SteadyRun`, whose plan produced every one before)."""
-    if not shared:
-        values = [env[name] for name in wanted]
-        for value in values:  # a loop, not all() over a generator: ~0.2 us a run
-            if value.__class__ is not np.ndarray:
-                break
-        else:
-            return values
-    values = []
-    for name in wanted:  # NumPy outputs without the generic conversions: ~0.3 us a run
-        value = env[name]
-        if value.__class__ is np.ndarray:
-            values.append(value.copy() if name in shared else value)
-        else:
-            values.append(_host_value(_copy(value) if name in shared else value))
-    return values
 
 
-def _copy(value):
-    return [_copy(v) for v in value] if isinstance(value, list) else value.copy()
 
 
 def _optimized(graph: Graph, opt_level: int) -> Graph:

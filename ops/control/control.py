@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base import run_options
 from mixrt.ops.ir.registry import op
 from mixrt.ops.shape.shape import constant
 from mixrt.ops.ir.types import (UNKNOWN, SequenceType, TensorType, merge_types, normalize_axis,
@@ -144,6 +145,7 @@ def loop(xp, M=None, cond=None, *v_initial, body=None):
                          "make cond false")
     i = 0
     while keep_going and (trip_count is None or i < trip_count):
+        run_options.check()  # a trip count from the input may be huge: the run's limits
         outputs = body(xp.asarray(i, dtype=np.int64).reshape(iteration_type.shape), cond_value,
                        *carried)
         cond_value = outputs[0]
@@ -258,6 +260,7 @@ def _scan_once(xp, body, states, scan_inputs, input_axes, input_reversed, length
     n_out = len(body.output_names) - len(states)
     collected = [[] for _ in range(n_out)]
     for t in range(length):
+        run_options.check()
         elements = [xp.take(x, length - 1 - t if rev else t, axis=axis)
                     for x, axis, rev in zip(scan_inputs, input_axes, input_reversed)]
         outputs = body(*states, *elements)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base import run_options
 from mixrt.ops.compiled import jit_cpu
 
 _PAIR_BLOCK = 1 << 21  # candidate pairs measured at once (bounds the sweep's memory)
@@ -119,6 +120,7 @@ def _overlapping_pairs(ranked, ranked_areas, iou_threshold):
     spans = np.maximum(ends - np.arange(len(by_left)) - 1, 0)
     firsts, seconds = [], []
     for start, stop in _blocks(spans):
+        run_options.check()  # a block of pairs at a time: a huge input's run has limits
         a, b = _sweep_pairs(spans, start, stop)
         a, b = _pairs_over(columns, box_areas, a, b, iou_threshold)
         a, b = by_left[a], by_left[b]
@@ -186,6 +188,7 @@ def _greedy_by_kept_box(ranked, ranked_areas, limit, iou_threshold):
     alive = np.arange(len(ranked))
     kept = []
     while len(alive) and len(kept) < limit:
+        run_options.check()
         best, alive = alive[0], alive[1:]
         kept.append(best)
         iou = _iou_rows(ranked, ranked_areas, np.full(len(alive), best), alive)

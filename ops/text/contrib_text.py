@@ -15,6 +15,7 @@ import functools
 
 import numpy as np
 
+from mixrt.base import run_options
 from mixrt.ops.text.re2_patterns import Subject, compiled
 from mixrt.ops.text.string import object_strings
 from mixrt.ops.ir.dtypes import STRING
@@ -163,7 +164,10 @@ class _Tokenizer:
         _check_rank(strings.shape)
         if strings.size == 0:
             return np.empty(_empty_output_shape(strings.shape), dtype=object)
-        rows = [self.cut(text) for text in strings.reshape(-1).tolist()]
+        rows = []
+        for text in strings.reshape(-1).tolist():
+            run_options.check()  # a text at a time: a request of many long texts has limits
+            rows.append(self.cut(text))
         return _padded(rows, strings.shape, self.mark, self.pad_value)
 
 
