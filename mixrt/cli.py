@@ -247,6 +247,9 @@ def _add_serve_command(commands):
     serve.add_argument("--grace-s", type=float, default=25.0, metavar="S",
                        help="after SIGTERM, how long the workers may finish their requests "
                        "before they are killed (default 25: inside Kubernetes' 30)")
+    serve.add_argument("--request-timeout-s", type=float, default=60.0, metavar="S",
+                       help="a request unanswered after S seconds gets a 504 naming it, "
+                       "and its run is ended (default 60; 0: no limit)")
     serve.add_argument("--log-level", default="info",
                        choices=("debug", "info", "warning", "error"))
     serve.add_argument("--prepare-only", action="store_true", help="prepare the models as "
@@ -268,7 +271,8 @@ def cmd_serve(args) -> int:
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, workers=args.workers,
         max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms,
         device=args.device, max_body_mb=args.max_body_mb, log_level=args.log_level,
-        prepare_only=args.prepare_only, grace_s=args.grace_s))
+        prepare_only=args.prepare_only, grace_s=args.grace_s,
+        request_timeout_s=args.request_timeout_s))
 
 
 def _add_compile_options(parser) -> None:

@@ -10,7 +10,9 @@ runs the next requests gather, so under load batches fill without waiting out th
 
 Each request was checked before it came here (``tensors.decode``), so one bad request
 cannot fail its neighbours; should a joined run raise all the same, each of its requests is
-run again alone, and only the one that fails alone gets the error.
+run again alone, and only the one that fails alone gets the error (but a run ended by its
+time limit fails them all: each alone would take as long). A request whose caller gave up
+waiting (the server's deadline cancels it) is dropped from the queue unrun.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from mixrt.base.errors import RunTerminated
 
 
 @dataclass
@@ -90,6 +94,8 @@ class Batcher:
             key = min(self._waiting, key=lambda k: self._waiting[k][0].arrived)
             await self._gather(key)
             batch = self._take(key)
+            if not batch:  # each request gave up waiting (its deadline passed)
+                continue
             self._last_requests = len(batch)
             try:
                 self._queued(self.depth)
@@ -123,12 +129,17 @@ class Batcher:
                 return
 
     def _take(self, key: tuple) -> list:
+        """The oldest of ``key``'s requests that fit a batch, past those whose callers gave
+        up (a request's deadline cancels its future): no run for an answer nobody waits for."""
         queue = self._waiting[key]
-        batch = [queue.popleft()]
-        rows = batch[0].rows
-        while queue and rows + queue[0].rows <= self.max_rows:
-            rows += queue[0].rows
-            batch.append(queue.popleft())
+        while queue and queue[0].future.done():
+            queue.popleft()
+        batch, rows = [], 0
+        while queue and (not batch or rows + queue[0].rows <= self.max_rows):
+            pending = queue.popleft()
+            if not pending.future.done():
+                rows += pending.rows
+                batch.append(pending)
         if not queue:
             del self._waiting[key]
         return batch
@@ -152,6 +163,8 @@ class Batcher:
                       for name in batch[0].feeds}
             outputs = await loop.run_in_executor(self._executor, self._run, joined,
                                                  batch[0].outputs)
+        except RunTerminated:  # the run's time limit: each alone would take as long
+            raise
         except Exception:  # noqa: BLE001 - rerun alone, so that only the culprit fails
             return [(await self._execute([p], alone=False))[0] for p in batch]
         return _split(outputs, [p.rows for p in batch])

@@ -51,7 +51,8 @@ class Metrics:
     def __init__(self):
         self.requests = Counter("mixrt_requests", "inference requests answered, by outcome "
                                 "(ok, bad_request: refused with a 4xx, error: failed in the "
-                                "model)", LABELS + ("outcome",))
+                                "model, timeout: a 504 past --request-timeout-s)",
+                                LABELS + ("outcome",))
         self.latency = Histogram("mixrt_request_seconds", "time from a request's arrival at "
                                  "the model to its answer", LABELS, buckets=LATENCY_BUCKETS)
         self.batch_rows = Histogram("mixrt_batch_rows", "rows of each run of the model (a "

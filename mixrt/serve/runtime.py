@@ -3,7 +3,10 @@
 A model-settings.json (MLServer's, or the one KServe's MLServer runtime mounts) names the
 model file in ``parameters.uri`` (a ``.mxr`` or ``.onnx``) and mixrt's own settings in
 ``parameters.extra``: ``max_batch_size`` (rows a joined batch holds; 0 or 1: no batching),
-``max_delay_ms`` (how long a request waits for company) and ``device`` ("cpu", "gpu:0").
+``max_delay_ms`` (how long a request waits for company), ``device`` ("cpu", "gpu:0") and
+``request_timeout_s`` (a request unanswered by then gets a 504 naming it, and its run is
+ended: a request whose run would take hours, a Loop's trip count in its input, holds a
+worker no longer than that; 0: no limit).
 
 Loading prepares the model once per process (:func:`prepare`): the session, a warm-up run
 at one row and at a full batch so that its kernels are compiled before the model reports
@@ -31,7 +34,7 @@ from mlserver.types import (InferenceRequest, InferenceResponse, MetadataTensor,
 from mlserver.utils import get_model_uri
 
 import mixrt
-from mixrt.base.errors import InputError, MixrtError
+from mixrt.base.errors import InputError, MixrtError, RunTerminated
 from mixrt.serve import tensors
 from mixrt.serve.batcher import Batcher
 from mixrt.serve.metrics import metrics
@@ -40,6 +43,7 @@ from mixrt.serve.repository import MODEL_FILES
 logger = logging.getLogger("mixrt.serve")
 
 DEFAULT_MAX_DELAY_MS = 2.0
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
 # size of an open dimension other than the batch in the warm-up feeds: a sequence's length,
 # and an image's height and width (a float input of rank 4)
 WARMUP_OPEN_DIM = 8
@@ -164,6 +168,8 @@ class MixrtRuntime(MLModel):
         uri = await get_model_uri(self.settings, wellknown_filenames=list(MODEL_FILES))
         max_rows = int(extra.get("max_batch_size", 0))
         device = str(extra.get("device", "cpu"))
+        timeout = float(extra.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S))
+        self._timeout = timeout if timeout > 0 else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"mixrt-{self.name}")
         loop = asyncio.get_running_loop()
         try:
@@ -224,7 +230,15 @@ class MixrtRuntime(MLModel):
             logger.warning("request %s to %s: refused: %s", request_id, self.name, exc)
             raise InferenceError(str(exc)) from None
         try:
-            outputs = await self._batcher.submit(feeds, wanted)
+            outputs = await asyncio.wait_for(self._batcher.submit(feeds, wanted),
+                                             self._timeout)
+        except (asyncio.TimeoutError, RunTerminated) as exc:
+            board.requests.labels(*self._labels, "timeout").inc()
+            why = f"no answer within {self._timeout:g} s (--request-timeout-s)"
+            logger.error("request %s to %s: %s: %s", request_id, self.name, why,
+                         exc or "still queued or running")
+            raise MLServerError(f"request {request_id or '(no id)'} to model {self.name}: "
+                                f"{why}", 504) from None
         except MixrtError as exc:
             board.requests.labels(*self._labels, "error").inc()
             logger.error("request %s to %s: failed: %s", request_id, self.name, exc)
@@ -266,7 +280,8 @@ class MixrtRuntime(MLModel):
         return wanted
 
     def _run(self, feeds: dict, wanted: tuple) -> list:
-        return self._prepared.session.run(list(wanted), feeds)
+        limits = None if self._timeout is None else mixrt.RunOptions(timeout=self._timeout)
+        return self._prepared.session.run(list(wanted), feeds, limits)
 
     def _observe_batch(self, rows: int, requests: int) -> None:
         board = metrics()

@@ -64,6 +64,8 @@ class ServeOptions:
     max_body_mb: float = 64.0
     log_level: str = "info"
     grace_s: float = SHUTDOWN_GRACE_S  # after SIGTERM, then the workers left are killed
+    # a request unanswered by then gets a 504 naming it, and its run ends (0: no limit)
+    request_timeout_s: float = runtime.DEFAULT_REQUEST_TIMEOUT_S
     # prepare the models (compile their kernels into the cache, run the batching check) and
     # exit: a container image's build step
     prepare_only: bool = False
@@ -75,9 +77,13 @@ class ServeOptions:
         if self.max_batch_size < 0 or self.max_delay_ms < 0:
             raise InputError(f"--max-batch-size {self.max_batch_size} and --max-delay-ms "
                              f"{self.max_delay_ms}: neither may be negative")
+        if self.request_timeout_s < 0:
+            raise InputError(f"--request-timeout-s {self.request_timeout_s}: 0 (no limit) "
+                             f"or more")
         device_named(self.device)  # its spelling, without starting CUDA before the fork
         self.extra = {"max_batch_size": self.max_batch_size,
-                      "max_delay_ms": self.max_delay_ms, "device": self.device}
+                      "max_delay_ms": self.max_delay_ms, "device": self.device,
+                      "request_timeout_s": self.request_timeout_s}
 
     @property
     def max_body_bytes(self) -> int:

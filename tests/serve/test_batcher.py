@@ -404,3 +404,51 @@ def test_adaptive_a_lone_request_runs_at_once_and_a_crowd_still_gathers():
     drive(body)
     assert run.rows()[:3] == [1, 1, 1]
     assert max(run.rows()[3:]) > 1, run.rows()  # the later ones queued behind a run, joined
+
+
+def test_a_queued_request_whose_caller_gave_up_is_not_run():
+    """A request past its deadline (the server cancels its wait) leaves the queue unrun."""
+    run = Recorder()
+    run.hold = threading.Event()
+
+    async def body(executor):
+        batcher = Batcher(run, executor, max_rows=4, max_delay=0.001)
+        first = asyncio.create_task(batcher.submit(request(1), BOTH))  # its run held
+        while not run.started.is_set():
+            await asyncio.sleep(0.001)
+        given_up = asyncio.create_task(batcher.submit(request(2), BOTH))
+        kept = asyncio.create_task(batcher.submit(request(3), BOTH))
+        await asyncio.sleep(0.01)
+        given_up.cancel()
+        run.hold.set()
+        results = await asyncio.gather(first, kept)
+        await batcher.close()
+        return results
+
+    first, kept = drive(body)
+    check_own(first, request(1))
+    check_own(kept, request(3))
+    assert run.rows() == [1, 1]  # request 2 never ran
+
+
+def test_a_joined_run_ended_by_its_time_limit_fails_every_request_once():
+    """Each request of a batch whose run reached its time limit gets that error; none is
+    run again alone (each would take as long)."""
+    from mixrt.errors import RunTerminated
+
+    calls = []
+
+    def run(feeds, outputs):
+        calls.append(len(feeds["x"]))
+        raise RunTerminated("the run stopped at node 'n': its RunOptions.timeout passed")
+
+    async def body(executor):
+        batcher = Batcher(run, executor, max_rows=8, max_delay=0.05)
+        tasks = await submit_spaced(batcher, [request(1), request(2), request(3)])
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await batcher.close()
+        return results
+
+    results = drive(body)
+    assert all(isinstance(result, RunTerminated) for result in results)
+    assert calls == [3]

@@ -28,7 +28,7 @@ import onnxruntime as ort  # noqa: E402
 
 from mixrt.ops.device import gpu_available  # noqa: E402
 
-from serving import mlp_model, start_server  # noqa: E402
+from serving import loop_model, mlp_model, start_server  # noqa: E402
 
 
 def scores_of(seed: int, x: np.ndarray) -> np.ndarray:
@@ -218,3 +218,34 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     except OSError:
         return False
+
+
+def test_a_request_past_its_deadline_gets_a_504_and_frees_the_worker(tmp_path):
+    """A request whose run would take hours (a Loop's trip count in its input) is answered
+    504 at --request-timeout-s, naming it; its run ends there, so the one worker serves the
+    next request at once."""
+    path = tmp_path / "loop.onnx"
+    onnx.save(loop_model(), path)
+    server = start_server(path, tmp_path / "server.log", "--request-timeout-s", "1")
+    try:
+        client = tritonclient_http.InferenceServerClient(server.url, network_timeout=60)
+
+        def infer(trips: int, request_id: str):
+            feeds = [tritonclient_http.InferInput("trips", [1], "INT64"),
+                     tritonclient_http.InferInput("x", [4], "FP32")]
+            feeds[0].set_data_from_numpy(np.array([trips], np.int64))
+            feeds[1].set_data_from_numpy(np.zeros(4, np.float32))
+            return client.infer("loop", feeds, request_id=request_id).as_numpy("y")
+
+        np.testing.assert_array_equal(infer(3, "warm"), [3, 3, 3, 3])
+        started = time.perf_counter()
+        with pytest.raises(Exception, match="(?s)504|no answer within 1 s") as refused:
+            infer(10**9, "hours")
+        assert time.perf_counter() - started < 10
+        assert "hours" in str(refused.value) and "loop" in str(refused.value)
+        started = time.perf_counter()
+        np.testing.assert_array_equal(infer(5, "after"), [5, 5, 5, 5])
+        assert time.perf_counter() - started < 2  # the worker is free again
+    finally:
+        assert server.stop() == 0, server.text()[-3000:]
+    assert "request hours to loop: no answer within 1 s" in server.text()
