@@ -67,6 +67,19 @@ def check() -> None:
         limits.check()
 
 
+def each(values):
+    """``values``, with the run's limits checked before each one where the run has limits
+    (a kernel's loop over its texts or rows); ``values`` as they are otherwise."""
+    limits = _CURRENT.get()
+    return values if limits is None else _checking(values, limits)
+
+
+def _checking(values, limits):
+    for value in values:
+        limits.check()
+        yield value
+
+
 # the limits of the run in progress, or None: the run loop's test per run (the context
 # variable's own method, without a Python call's frame)
 current = _CURRENT.get

@@ -133,3 +133,52 @@ def test_run_terminated_is_an_execution_error_and_bad_options_are_refused():
     session = mixrt.Session(_loop_model())
     with pytest.raises(TypeError, match="RunOptions"):
         session.run(None, _loop_feeds(1), {"timeout": 1})
+
+
+def _forest_model(trees: int = 120, depth: int = 8, features: int = 8) -> bytes:
+    """A regressor of ``trees`` full trees of ``depth`` (every branch on feature 0..7)."""
+    ids, nodes, features_of, values, modes, true_ids, false_ids = [], [], [], [], [], [], []
+    targets = {"ids": [], "nodes": [], "weights": []}
+    inner = 2 ** depth - 1
+    for tree in range(trees):
+        for node in range(2 * inner + 1):
+            ids.append(tree)
+            nodes.append(node)
+            leaf = node >= inner
+            modes.append("LEAF" if leaf else "BRANCH_LEQ")
+            features_of.append(0 if leaf else (node + tree) % features)
+            values.append(0.0 if leaf else float((node * 7 + tree) % 5) / 5 - 0.4)
+            true_ids.append(0 if leaf else 2 * node + 1)
+            false_ids.append(0 if leaf else 2 * node + 2)
+            if leaf:
+                targets["ids"].append(tree)
+                targets["nodes"].append(node)
+                targets["weights"].append(float(node % 3))
+    node = helper.make_node(
+        "TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml", name="forest",
+        n_targets=1, nodes_treeids=ids, nodes_nodeids=nodes, nodes_featureids=features_of,
+        nodes_values=values, nodes_modes=modes, nodes_truenodeids=true_ids,
+        nodes_falsenodeids=false_ids, target_treeids=targets["ids"],
+        target_nodeids=targets["nodes"], target_ids=[0] * len(targets["ids"]),
+        target_weights=targets["weights"], aggregate_function="SUM")
+    graph = helper.make_graph(
+        [node], "forest", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])])
+    return helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]).SerializeToString()
+
+
+def test_a_forest_walk_over_a_huge_batch_stops_between_blocks_of_rows():
+    session = mixrt.Session(_forest_model())
+    rng = np.random.default_rng(0)
+    few = rng.standard_normal((64, 8)).astype(np.float32)
+    session.wait_compiled()
+    expected = session.run(None, {"x": few})[0]
+    np.testing.assert_array_equal(
+        session.run(None, {"x": few}, mixrt.RunOptions(timeout=30))[0], expected)
+    many = rng.standard_normal((1_000_000, 8)).astype(np.float32)
+    started = time.perf_counter()
+    with pytest.raises(RunTerminated, match="node 'forest'"):
+        session.run(None, {"x": many}, mixrt.RunOptions(timeout=0.05))
+    assert time.perf_counter() - started < 1.5
+    np.testing.assert_array_equal(session.run(None, {"x": few})[0], expected)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base import run_options
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.panels import native_parts
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
@@ -25,6 +26,9 @@ THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
+# a run with limits (base/run_options.py) walks a large batch in blocks of about this many
+# steps (~20 ms), checking its limits between them
+LIMITED_BLOCK_STEPS = 1 << 23
 
 
 class _Forest(_ForestTables):
@@ -133,10 +137,21 @@ class _Forest(_ForestTables):
             kernel, data, candidates[index], rows, outputs, sums))
 
     def _walk_parts(self, kernel, data, tables, rows, outputs, sums):
-        native, parts = self._split(rows, sums)
+        block = rows if run_options.current() is None \
+            else max(1, LIMITED_BLOCK_STEPS // self._steps_per_row())
+        for first in range(0, rows, block):  # blocks of rows where the run has limits
+            if block < rows:
+                run_options.check()
+            self._walk_rows(kernel, data, tables, first, min(rows, first + block), outputs,
+                            sums)
+
+    def _walk_rows(self, kernel, data, tables, first, end, outputs, sums):
+        native, parts = self._split(end - first, sums)
         if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
-            kernel(data, 0, rows, *tables, *outputs)
-        elif native is None or not _native_walk(native, parts, data, tables, *outputs):
+            kernel(data, first, end, *tables, *outputs)
+            return
+        parts = [(first + start, first + stop) for start, stop in parts]
+        if native is None or not _native_walk(native, parts, data, tables, *outputs):
             parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
                                                            *outputs))
 
@@ -157,6 +172,7 @@ class _Forest(_ForestTables):
         data = X.astype(np.float64)
         node = xp.broadcast_to(xp.asarray(self.roots), (X.shape[0], len(self.roots))).copy()
         for _ in range(len(self.modes)):  # a path never visits a node twice
+            run_options.check()  # a level of every tree at a time: a huge batch has limits
             mode = table["modes"][node]
             interior = mode != _LEAF
             if not bool(interior.any()):

@@ -164,10 +164,8 @@ class _Tokenizer:
         _check_rank(strings.shape)
         if strings.size == 0:
             return np.empty(_empty_output_shape(strings.shape), dtype=object)
-        rows = []
-        for text in strings.reshape(-1).tolist():
-            run_options.check()  # a text at a time: a request of many long texts has limits
-            rows.append(self.cut(text))
+        # the run's limits checked text by text: a request of many long texts
+        rows = [self.cut(text) for text in run_options.each(strings.reshape(-1).tolist())]
         return _padded(rows, strings.shape, self.mark, self.pad_value)
 
 

@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 
+from mixrt.base import run_options
 from mixrt.ops.ir.dtypes import STRING
 from mixrt.ops.ir.node_state import prepared
 from mixrt.ops.ir.registry import op
@@ -107,7 +108,7 @@ def regex_full_match(xp, X, *, pattern=None):
     string whatever the pattern: ``ops/text/re2_patterns.py``)."""
     compiled = _full_match_pattern(pattern)
     strings = to_host(X)
-    matched = [compiled.fullmatch(s) for s in strings.reshape(-1)]
+    matched = [compiled.fullmatch(s) for s in run_options.each(strings.reshape(-1))]
     return xp.asarray(np.array(matched, dtype=np.bool_).reshape(strings.shape))
 
 
@@ -211,7 +212,7 @@ class _TfIdf:
             for r, row in enumerate(rows):
                 self._unigram_row(row, out[r])
             return xp.asarray(out.reshape(self.width) if data.ndim <= 1 else out)
-        for r, row in enumerate(rows):
+        for r, row in enumerate(run_options.each(rows)):  # (n-grams of skips: a long walk)
             counts = np.zeros(len(self.index), dtype=np.float32)
             _count_ngrams(row, self.table, counts, min_n=self.min_n, max_n=self.max_n,
                           max_skip=self.max_skip)
