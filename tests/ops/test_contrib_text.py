@@ -6,6 +6,7 @@ here by hand (scikit-learn is not needed)."""
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -331,3 +332,26 @@ def test_vectorizer_runs_one_document_and_many():
     model = _vectorizer_model(WORDS, (1, 2), SKL2ONNX_WORD, np.ones(len(WORDS)))
     _assert_vectorizer_like_onnxruntime(model, CORPUS[:1])
     _assert_vectorizer_like_onnxruntime(model, _strings([[s] for s in CORPUS[:, 0]] * 20))
+
+
+def test_the_plain_patterns_re_runs_match_as_re2_does():
+    """A fixed run of single characters with a greedy last one runs on re (re.ASCII), which
+    must find RE2's leftmost-longest matches: random such patterns over random texts."""
+    import re2  # noqa: PLC0415
+
+    rng = random.Random(5)
+    items = ["a", "b", "é", "-", " ", "\\.", "\\-", "\\w", "\\W", "\\d", "\\D", "[a-c]",
+             "[^ ]", "[\\w.]", "[^\\d]", "[ -/]", "x"]
+    options = re2.Options()
+    options.longest_match = True
+    for _ in range(300):
+        pattern = "".join(rng.choice(items) for _ in range(rng.randint(1, 3)))
+        pattern += rng.choice(["", "+"])
+        compiled = Re2Pattern(pattern)
+        assert compiled.regex.__class__ is re.Pattern, pattern  # the plain path
+        reference = re2.compile(pattern, options)
+        for _ in range(5):
+            text = "".join(rng.choice("abx-. é1_\n\vZ") for _ in range(rng.randint(0, 30)))
+            assert compiled.spans(text) == [m.span() for m in reference.finditer(text)], \
+                (pattern, text)
+            assert compiled.fullmatch(text) == (reference.fullmatch(text) is not None)
