@@ -132,7 +132,9 @@ _OPTIONS = _options()
 _PUNCTUATION = r"\\[\x21-\x2f\x3a-\x40\x5b-\x60\x7b-\x7e]"  # escaped: itself in both
 _CHAR = rf"(?:[^\\\[\](){{}}.*+?|^$]|{_PUNCTUATION}|\\[wWdD])"
 _CLASS = rf"\[\^?(?:[\x20-\x5a\x5e-\x7e]|{_PUNCTUATION}|\\[wWdD])+\]"
-_PLAIN = re.compile(f"(?:{_CHAR}|{_CLASS})+\\+?", re.ASCII)
+# and \b before the first, or after a last \w+ (a greedy run of word characters ends where a
+# boundary is, so re never backtracks there): sklearn's \b\w\w+\b
+_PLAIN = re.compile(f"(?:\\\\b)?(?:{_CHAR}|{_CLASS})+(?:\\+|(?<=\\\\w)\\+\\\\b)?", re.ASCII)
 
 
 def _plain(pattern: str):

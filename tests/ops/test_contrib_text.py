@@ -335,23 +335,25 @@ def test_vectorizer_runs_one_document_and_many():
 
 
 def test_the_plain_patterns_re_runs_match_as_re2_does():
-    """A fixed run of single characters with a greedy last one runs on re (re.ASCII), which
-    must find RE2's leftmost-longest matches: random such patterns over random texts."""
+    """A fixed run of single characters with a greedy last one (\\b before it, or after a last
+    \\w+) runs on re (re.ASCII), which must find RE2's leftmost-longest matches: random such
+    patterns over random texts."""
     import re2  # noqa: PLC0415
 
     rng = random.Random(5)
     items = ["a", "b", "é", "-", " ", "\\.", "\\-", "\\w", "\\W", "\\d", "\\D", "[a-c]",
-             "[^ ]", "[\\w.]", "[^\\d]", "[ -/]", "x"]
+             "[^ ]", "[\\w.]", "[^\\d]", "[ -/]", "x", "\\\\", "w"]
     options = re2.Options()
     options.longest_match = True
     for _ in range(300):
-        pattern = "".join(rng.choice(items) for _ in range(rng.randint(1, 3)))
-        pattern += rng.choice(["", "+"])
+        pattern = rng.choice(["", "", "\\b"])
+        pattern += "".join(rng.choice(items) for _ in range(rng.randint(1, 3)))
+        pattern += rng.choice(["", "+", "\\w+\\b"])
         compiled = Re2Pattern(pattern)
         assert compiled.regex.__class__ is re.Pattern, pattern  # the plain path
         reference = re2.compile(pattern, options)
         for _ in range(5):
-            text = "".join(rng.choice("abx-. é1_\n\vZ") for _ in range(rng.randint(0, 30)))
+            text = "".join(rng.choice("abx-. é1_\n\vZ\\w") for _ in range(rng.randint(0, 30)))
             assert compiled.spans(text) == [m.span() for m in reference.finditer(text)], \
                 (pattern, text)
             assert compiled.fullmatch(text) == (reference.fullmatch(text) is not None)
