@@ -130,11 +130,15 @@ _OPTIONS = _options()
 # A fixed run of characters then one greedy run to its end: re never backtracks into it, and
 # its match is RE2's longest (skl2onnx's [a-zA-Z0-9_]+, \w+, \d\d-\d+, separators ",", "[.]")
 _PUNCTUATION = r"\\[\x21-\x2f\x3a-\x40\x5b-\x60\x7b-\x7e]"  # escaped: itself in both
-_CHAR = rf"(?:[^\\\[\](){{}}.*+?|^$]|{_PUNCTUATION}|\\[wWdD])"
-_CLASS = rf"\[\^?(?:[\x20-\x5a\x5e-\x7e]|{_PUNCTUATION}|\\[wWdD])+\]"
+_CHAR = rf"(?:[^\\\[\](){{}}.*+?|^$]|{_PUNCTUATION}|\\[wWdDsS])"
+_CLASS = rf"\[\^?(?:[\x20-\x5a\x5e-\x7e]|{_PUNCTUATION}|\\[wWdDs])+\]"
 # and \b before the first, or after a last \w+ (a greedy run of word characters ends where a
 # boundary is, so re never backtracks there): sklearn's \b\w\w+\b
 _PLAIN = re.compile(f"(?:\\\\b)?(?:{_CHAR}|{_CLASS})+(?:\\+|(?<=\\\\w)\\+\\\\b)?", re.ASCII)
+# RE2's \s is [\t\n\f\r ]; re's (ASCII) has \v too: \s and \S are written out for re
+_SPACE = "\\t\\n\\f\\r "
+_SPACES = {"s": f"[{_SPACE}]", "S": f"[^{_SPACE}]"}
+_ESCAPE_OR_CLASS = re.compile(r"\\.|\[\^?(?:\\.|[^\]])+\]")
 
 
 def _plain(pattern: str):
@@ -143,9 +147,18 @@ def _plain(pattern: str):
     if not _PLAIN.fullmatch(pattern):
         return None
     try:
-        return re.compile(pattern, re.ASCII)
+        return re.compile(_ESCAPE_OR_CLASS.sub(_spaces_for_re, pattern), re.ASCII)
     except re.error:
         return None
+
+
+def _spaces_for_re(found) -> str:
+    """An escape or a bracket class of a plain pattern, its \\s and \\S as RE2 reads them."""
+    text = found.group()
+    if text[0] == "\\":
+        return _SPACES.get(text[1], text)
+    return re.sub(r"\\.", lambda escape: _SPACE if escape.group() == "\\s"
+                  else escape.group(), text)
 
 
 def _python_tree(pattern: str):

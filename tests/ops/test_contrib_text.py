@@ -342,7 +342,8 @@ def test_the_plain_patterns_re_runs_match_as_re2_does():
 
     rng = random.Random(5)
     items = ["a", "b", "é", "-", " ", "\\.", "\\-", "\\w", "\\W", "\\d", "\\D", "[a-c]",
-             "[^ ]", "[\\w.]", "[^\\d]", "[ -/]", "x", "\\\\", "w"]
+             "[^ ]", "[\\w.]", "[^\\d]", "[ -/]", "x", "\\\\", "w", "\\s", "\\S",
+             "[^\\s,.]", "[a\\s]"]
     options = re2.Options()
     options.longest_match = True
     for _ in range(300):
@@ -353,7 +354,7 @@ def test_the_plain_patterns_re_runs_match_as_re2_does():
         assert compiled.regex.__class__ is re.Pattern, pattern  # the plain path
         reference = re2.compile(pattern, options)
         for _ in range(5):
-            text = "".join(rng.choice("abx-. é1_\n\vZ\\w") for _ in range(rng.randint(0, 30)))
+            text = "".join(rng.choice("abx-. é1_\n\v\t\fZ\\w") for _ in range(rng.randint(0, 30)))
             assert compiled.spans(text) == [m.span() for m in reference.finditer(text)], \
                 (pattern, text)
             assert compiled.fullmatch(text) == (reference.fullmatch(text) is not None)
