@@ -72,6 +72,11 @@ def timed(model: bytes, feeds: dict, runs: int) -> tuple[float, float, bool]:
             median_call_ms(lambda: theirs.run(None, feeds), runs, warm=2), same)
 
 
+def _cell(pattern: str) -> str:
+    """A pattern inside a Markdown table cell (its | would end the cell)."""
+    return pattern.replace("|", "\\|")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=9)
@@ -82,7 +87,7 @@ def main() -> None:
     for pattern in HOSTILE:
         for name, make in (("RegexFullMatch", full_match), ("Tokenizer", tokenizer)):
             ours, theirs, same = timed(make(pattern), {"x": hostile}, args.runs)
-            print(f"| `{pattern}` | {name} | {ours:.2f} | {theirs:.2f} | "
+            print(f"| `{_cell(pattern)}` | {name} | {ours:.2f} | {theirs:.2f} | "
                   f"{'yes' if same else 'NO'} |")
     docs = documents(64, 225)
     print()
@@ -91,7 +96,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---|")
     for pattern in TOKENS:
         ours, theirs, same = timed(tokenizer(pattern), {"x": docs}, args.runs)
-        print(f"| `{pattern}` | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | "
+        print(f"| `{_cell(pattern)}` | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f} | "
               f"{'yes' if same else 'NO'} |")
 
 
