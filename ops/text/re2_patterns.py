@@ -57,19 +57,20 @@ class Re2Pattern:
     def search(self, text, start: int = 0) -> tuple[int, int] | None:
         """(start, end) of the leftmost-longest match at or after character ``start`` of
         ``text`` (a str, or the :class:`Subject` a scan made of it once), or None."""
-        subject = text if text.__class__ is Subject else Subject(text)
-        if self.regex.__class__ is re.Pattern:
-            found = self.regex.search(subject.text, start)
+        if self.regex.__class__ is re.Pattern:  # (the text as it is)
+            found = self.regex.search(text.text if text.__class__ is Subject else text, start)
             return None if found is None else found.span()
+        subject = text if text.__class__ is Subject else Subject(text)
         found = self.regex.search(subject.data, subject.byte(start))
         return None if found is None else subject.span(found.span())
 
     def spans(self, text) -> list[tuple[int, int]]:
         """The (start, end) of each leftmost-longest match, each search going on where the
         last match ended (``finditer``'s)."""
-        subject = text if text.__class__ is Subject else Subject(text)
         if self.regex.__class__ is re.Pattern:
-            return [found.span() for found in self.regex.finditer(subject.text)]
+            text = text.text if text.__class__ is Subject else text
+            return [found.span() for found in self.regex.finditer(text)]
+        subject = text if text.__class__ is Subject else Subject(text)
         return [subject.span(found.span()) for found in self.regex.finditer(subject.data)]
 
     def tokens(self, text: str) -> list[str]:
