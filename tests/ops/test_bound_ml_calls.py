@@ -170,29 +170,36 @@ def _classifiers():
     return [linear_binary, linear_three, trees]
 
 
+def _assert_bound_like_unbound(path: str, op_type: str, rows_per_run, seed: int,
+                               monkeypatch) -> None:
+    """Each run of ``path`` equals the same run with bound calls off, and no later run
+    writes into the outputs an earlier one handed out; ``op_type``'s step is bound."""
+    session, unbound = mixrt.Session(path), mixrt.Session(path)
+    session.wait_compiled()
+    unbound.wait_compiled()
+    rng = np.random.default_rng(seed)
+    kept = []
+    for rows in rows_per_run:
+        x = rng.normal(size=(rows, 3)).astype(np.float32)
+        outputs = session.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", False)
+        wanted = unbound.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", True)
+        for found, want in zip(outputs, wanted):
+            np.testing.assert_array_equal(found, want)
+        kept.append([(output, output.copy()) for output in outputs])
+    for outputs in kept:  # no later run wrote into them
+        for output, then in outputs:
+            np.testing.assert_array_equal(output, then)
+    if mixrt.ops.compiled.jit_cpu.enabled():
+        assert _bound_op(session, op_type)
+
+
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_bound_classifiers_make_new_outputs_with_the_kernels_values(tmp_path, index, monkeypatch):
     node = _classifiers()[index]
     path = _ml_model(tmp_path, node, 3, ["label", "scores"])
-    session, unbound = mixrt.Session(path), mixrt.Session(path)
-    session.wait_compiled()
-    unbound.wait_compiled()
-    rng = np.random.default_rng(11)
-    kept = []
-    for rows in (1, 1, 1, 4, 4):
-        x = rng.normal(size=(rows, 3)).astype(np.float32)
-        label, scores = session.run(None, {"x": x})
-        monkeypatch.setattr(run_loop, "BIND", False)
-        want_label, want_scores = unbound.run(None, {"x": x})
-        monkeypatch.setattr(run_loop, "BIND", True)
-        np.testing.assert_array_equal(label, want_label)
-        np.testing.assert_array_equal(scores, want_scores)
-        kept.append((x, label.copy(), scores.copy(), label, scores))
-    for x, label_then, scores_then, label, scores in kept:  # no later run wrote into them
-        np.testing.assert_array_equal(label, label_then)
-        np.testing.assert_array_equal(scores, scores_then)
-    if mixrt.ops.compiled.jit_cpu.enabled():
-        assert _bound_op(session, node.op_type)
+    _assert_bound_like_unbound(path, node.op_type, (1, 1, 1, 4, 4), 11, monkeypatch)
 
 
 def _classifier_into_normalizer(tmp_path, node):
@@ -218,22 +225,4 @@ def test_a_bound_classifier_whose_scores_have_a_slot_keeps_the_kernels_values(
         tmp_path, index, monkeypatch):
     node = _classifiers()[index]
     path = _classifier_into_normalizer(tmp_path, node)
-    session, unbound = mixrt.Session(path), mixrt.Session(path)
-    session.wait_compiled()
-    unbound.wait_compiled()
-    rng = np.random.default_rng(12)
-    kept = []
-    for rows in (2, 2, 2, 2, 5, 5, 5):
-        x = rng.normal(size=(rows, 3)).astype(np.float32)
-        label, normalized = session.run(None, {"x": x})
-        monkeypatch.setattr(run_loop, "BIND", False)
-        want_label, want_normalized = unbound.run(None, {"x": x})
-        monkeypatch.setattr(run_loop, "BIND", True)
-        np.testing.assert_array_equal(label, want_label)
-        np.testing.assert_array_equal(normalized, want_normalized)
-        kept.append((label.copy(), normalized.copy(), label, normalized))
-    for label_then, normalized_then, label, normalized in kept:  # no later run wrote there
-        np.testing.assert_array_equal(label, label_then)
-        np.testing.assert_array_equal(normalized, normalized_then)
-    if mixrt.ops.compiled.jit_cpu.enabled():
-        assert _bound_op(session, node.op_type)
+    _assert_bound_like_unbound(path, node.op_type, (2, 2, 2, 2, 5, 5, 5), 12, monkeypatch)
