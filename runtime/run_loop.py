@@ -84,15 +84,14 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     if plan.host_args:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
         return
+    run = _run_host_calls if run_options.current() is None else _run_host_calls_limited
     if not BIND:
-        (_run_host_calls if run_options.current() is None
-         else _run_host_calls_limited)(calls, env, arena.buffer)
+        run(calls, env, arena.buffer)
         return
     fed = _feeds_in_order(plan, env)
     key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
            jit_cpu.scratch_generation(), fed)
     bound = arena.bound.get(key)
-    run = _run_host_calls if run_options.current() is None else _run_host_calls_limited
     if bound is not None:
         run(bound, env, arena.buffer)
         return
@@ -379,7 +378,7 @@ def _run_host_calls(calls, env, buffer) -> None:
 
 
 def _run_host_calls_limited(calls, env, buffer) -> None:
-    """:func:`_run_host_calls` for a run with limits (``runtime/run_options.py``): checked
+    """:func:`_run_host_calls` for a run with limits (``base/run_options.py``): checked
     before each step (a segment of bound steps counts as its first)."""
     limits = run_options.current()
     for call in calls:
@@ -392,17 +391,18 @@ def _run_host_calls_limited(calls, env, buffer) -> None:
 
 def terminated(step, expired) -> RunTerminated:
     """The error of a run that reached its limit at (or inside) ``step``."""
-    node = step.node
-    return RunTerminated(f"the run stopped at node {step.label!r} ({node.domain or 'ai.onnx'}"
-                         f"::{node.op_type}): {expired}")
+    return RunTerminated(f"the run stopped at {_named(step)}: {expired}")
 
 
 def _inside(step, error: RunTerminated) -> RunTerminated:
     """``error``, raised in a node of ``step``'s subgraph (a Loop's body), naming ``step``
     too."""
+    return RunTerminated(f"{error} (inside {_named(step)})")
+
+
+def _named(step) -> str:
     node = step.node
-    return RunTerminated(f"{error} (inside node {step.label!r} ({node.domain or 'ai.onnx'}"
-                         f"::{node.op_type}))")
+    return f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type})"
 
 
 def _store_outputs(outputs, values, env, buffer, xp) -> None:
@@ -506,12 +506,12 @@ def _on_numpy_path(step, xp, args, attributes, forbidden):
 VALUES_SHOWN = 4096
 
 
-def _failed(step, exc, args=()) -> ExecutionError:  # (RunTerminated is one)
+def _failed(step, exc, args=()) -> ExecutionError:
     """The error for a kernel that raised ``exc``: the op's own shape rule on the operands
     it was given, where that rule refuses them ("W has shape (2, 16, 5); expected ..."),
     then what the kernel raised (NumPy's "operands could not be broadcast ...")."""
-    if isinstance(exc, run_options.Expired):  # a kernel's long loop asked (its iterations)
-        return terminated(step, exc)
+    if isinstance(exc, run_options.Expired):  # a kernel's long loop reached the run's limit
+        return terminated(step, exc)  # (a RunTerminated, an ExecutionError)
     node = step.node
     where = f"node {step.label!r} ({node.domain or 'ai.onnx'}::{node.op_type}, opset {node.opset})"
     raised = f"{type(exc).__name__}: {exc}"
