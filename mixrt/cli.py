@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="cpu")
     run.add_argument("--profile", type=Path, metavar="FILE",
                      help="write a Chrome trace (chrome://tracing, Perfetto) of the run")
+    run.add_argument("--timeout-s", type=float, metavar="S",
+                     help="end a run that takes longer than S seconds, naming the node it "
+                     "stopped in (mixrt.RunOptions(timeout=S))")
     _add_compile_options(run)
     run.set_defaults(handler=cmd_run)
 

@@ -31,9 +31,10 @@ def cmd_run(args) -> int:
                             profile=str(args.profile) if args.profile else False)
     feeds = dict(read_input(spec) for spec in args.input)
     names = [o.name for o in session.get_outputs()]
-    outputs = session.run(None, feeds)
-    if args.profile:
-        session.run(None, feeds)  # the first run of a shape discovers it; profile a planned one
+    limits = None if args.timeout_s is None else mixrt.RunOptions(timeout=args.timeout_s)
+    outputs = session.run(None, feeds, limits)
+    if args.profile:  # the first run of a shape discovers it; profile a planned one
+        session.run(None, feeds, limits)
         print(f"profile: {session.end_profiling()}")
     if args.output_dir:
         args.output_dir.mkdir(parents=True, exist_ok=True)

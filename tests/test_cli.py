@@ -152,3 +152,32 @@ def test_demo_runs_the_main_job(tmp_path):
     result = mixrt("demo", "--workdir", str(tmp_path), "--no-progress")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[6/6]" in result.stdout and (tmp_path / "digits_task_b.mxr").exists()
+
+
+def test_run_ends_a_run_past_its_timeout_naming_the_node(tmp_path):
+    """``mixrt run --timeout-s`` ends a Loop whose trip count is an input: exit 2, a message
+    naming the node, no traceback."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "acc_in"], ["acc_out"], name="double")],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="repeat", body=body)], "g",
+        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                tmp_path / "loop.onnx")
+    np.save(tmp_path / "x.npy", np.zeros(2, np.float32))
+    for trips, expected in ((3, 0), (10**9, 2)):
+        np.save(tmp_path / "trips.npy", np.array(trips, np.int64))
+        result = mixrt("run", path, "--input", f"trips={tmp_path / 'trips.npy'}", "--input",
+                       f"x={tmp_path / 'x.npy'}", "--timeout-s", "0.5")
+        assert result.returncode == expected, result.stderr
+    assert "timeout of 0.5 s" in result.stderr and "node 'repeat'" in result.stderr
+    assert "Traceback" not in result.stderr
