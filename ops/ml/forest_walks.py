@@ -26,6 +26,8 @@ THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
+# rows the NumPy tier walks at a time (_by_blocks)
+NUMPY_BLOCK_ROWS = 2048
 # a run with limits (base/run_options.py) walks a large batch in blocks of about this many
 # steps (~20 ms), checking its limits between them
 LIMITED_BLOCK_STEPS = 1 << 23
@@ -41,7 +43,8 @@ class _Forest(_ForestTables):
         tree (onnxruntime's order), and whether any reached leaf weighs that target."""
         kernels = self._kernels(xp, X)
         if kernels is None:
-            return _leaf_sums(xp, self, self.leaves(xp, X), precision)
+            return _by_blocks(xp, X, lambda rows: _leaf_sums(xp, self, self.leaves(xp, rows),
+                                                             precision))
         return self.compiled_sums(kernels, X, precision)
 
     def compiled_sums(self, kernels, X, precision):
@@ -58,7 +61,8 @@ class _Forest(_ForestTables):
         function = _aggregate_name(function)
         kernels = self._kernels(xp, X)
         if kernels is None:
-            return self.aggregate(xp, self.leaves(xp, X), function)
+            return _by_blocks(xp, X, lambda rows: self.aggregate(xp, self.leaves(xp, rows),
+                                                                 function))
         if function in ("SUM", "AVERAGE"):
             total = np.zeros((X.shape[0], self.weights.shape[1]))
             reached = np.zeros(total.shape, dtype=bool)
@@ -227,6 +231,21 @@ def _native_walk(native, parts, data, tables, total, reached) -> bool:
     jit_cpu.note_native_job()
     jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(parts))
     return True
+
+
+def _by_blocks(xp, X, walk):
+    """``walk(X)`` (an array, or a tuple of arrays, a row each) on the host in blocks of
+    NUMPY_BLOCK_ROWS rows, joined: the NumPy tier's walk keeps a [rows, trees] table of nodes
+    and its temporaries, which past a few thousand rows leave the caches (a 120-tree forest:
+    20 us a row at 1,000 rows, 53 at 100,000, ~210 at a million). Each row's values are its
+    own, so the blocks give the same bits."""
+    rows = X.shape[0]
+    if xp is not np or rows <= NUMPY_BLOCK_ROWS:
+        return walk(X)
+    parts = [walk(X[start:start + NUMPY_BLOCK_ROWS]) for start in range(0, rows, NUMPY_BLOCK_ROWS)]
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(values) for values in zip(*parts))
+    return np.concatenate(parts)
 
 
 def _aggregate_name(function) -> str:

@@ -169,3 +169,30 @@ def test_a_split_walk_is_noted_so_the_plan_wakes_the_workers():
             pytest.skip("one thread: nothing to split")
         ml_trees.tree_ensemble_regressor(np, _rows(rng, 256), **attrs, _node={})
         assert jit_cpu.native_job_noted()
+
+
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_the_numpy_tier_walks_a_large_batch_in_blocks_with_the_same_bits(aggregate,
+                                                                          monkeypatch):
+    """The NumPy tier's walk of a batch past NUMPY_BLOCK_ROWS, block by block, against the
+    same walk in one piece and against the compiled tier."""
+    rng = np.random.default_rng(17)
+    attrs = _forest(rng, 12, 3, "BRANCH_LEQ", "target_")
+    attrs.update(n_targets=3, aggregate_function=aggregate, base_values=[0.5, -1.0, 2.0])
+    x = _rows(rng, 700)
+    monkeypatch.setattr(forest_walks, "NUMPY_BLOCK_ROWS", 64)
+    blocked, compiled = _tiers(ml_trees.tree_ensemble_regressor, x, attrs)
+    monkeypatch.setattr(forest_walks, "NUMPY_BLOCK_ROWS", 10**9)
+    with jit_tier.using(False):
+        whole = ml_trees.tree_ensemble_regressor(np, x, **attrs, _node={})
+    _equal(blocked, whole)
+    _equal(compiled, whole)
+    classes = _forest(rng, 20, 4, "BRANCH_LEQ", "class_")
+    classes.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    monkeypatch.setattr(forest_walks, "NUMPY_BLOCK_ROWS", 64)
+    with jit_tier.using(False):
+        labels_blocked = ml_trees.tree_ensemble_classifier(np, x, **classes, _node={})
+    monkeypatch.setattr(forest_walks, "NUMPY_BLOCK_ROWS", 10**9)
+    with jit_tier.using(False):
+        labels_whole = ml_trees.tree_ensemble_classifier(np, x, **classes, _node={})
+    _equal(labels_blocked, labels_whole)
