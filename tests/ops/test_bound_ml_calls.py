@@ -126,15 +126,16 @@ def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path
         assert scaler[True][4][-1] is not None
 
 
-def _ml_model(tmp_path, node, width, outputs):
+def _ml_model(tmp_path, node, width, outputs, after=(), name=None):
+    """x doubled, then ``node`` (and the nodes ``after`` it), to ``outputs``."""
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["doubled"]), node], "ml",
+        [helper.make_node("Mul", ["x", "two"], ["doubled"]), node, *after], "ml",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, width])],
         [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs],
         [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
     model = helper.make_model(graph, ir_version=10, opset_imports=[
         helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
-    path = tmp_path / f"{node.op_type}.onnx"
+    path = tmp_path / f"{name or node.op_type}.onnx"
     path.write_bytes(model.SerializeToString())
     return str(path)
 
@@ -207,17 +208,8 @@ def _classifier_into_normalizer(tmp_path, node):
     made anew (a scikit-learn pipeline's LinearClassifier + Normalizer)."""
     norm = helper.make_node("Normalizer", ["scores"], ["normalized"], domain="ai.onnx.ml",
                             norm="L1")
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["doubled"]), node, norm], "ml",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
-        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)
-         for name in ("label", "normalized")],
-        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
-    model = helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
-    path = tmp_path / f"{node.op_type}_normalized.onnx"
-    path.write_bytes(model.SerializeToString())
-    return str(path)
+    return _ml_model(tmp_path, node, 3, ["label", "normalized"], after=(norm,),
+                     name=f"{node.op_type}_normalized")
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
