@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from helpers import add_model, save
+from helpers import add_model, loop_model, save
 
 
 def mixrt(*args):
@@ -157,22 +157,7 @@ def test_demo_runs_the_main_job(tmp_path):
 def test_run_ends_a_run_past_its_timeout_naming_the_node(tmp_path):
     """``mixrt run --timeout-s`` ends a Loop whose trip count is an input: exit 2, a message
     naming the node, no traceback."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "acc_in"], ["acc_out"], name="double")],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2])])
-    graph = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="repeat", body=body)], "g",
-        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
-         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-                tmp_path / "loop.onnx")
+    path = save(loop_model(size=2), tmp_path / "loop.onnx")
     np.save(tmp_path / "x.npy", np.zeros(2, np.float32))
     for trips, expected in ((3, 0), (10**9, 2)):
         np.save(tmp_path / "trips.npy", np.array(trips, np.int64))

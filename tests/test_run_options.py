@@ -12,30 +12,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
+from helpers import loop_model
 from mixrt.errors import ExecutionError, RunTerminated
 
 
 def _loop_model() -> bytes:
-    """``y = x + 1`` as many times as the input ``trips`` says: a request decides how long
-    the run takes (10**9 trips: hours)."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "one"], ["acc_out"], name="step")],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [4])],
-        [numpy_helper.from_array(np.ones(4, np.float32), "one")])
-    graph = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="repeat", body=body)],
-        "loop",
-        [helper.make_tensor_value_info("trips", TensorProto.INT64, []),
-         helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]
-                             ).SerializeToString()
+    return loop_model().SerializeToString()
 
 
 def _chain_model(count: int = 60, size: int = 384) -> bytes:

@@ -149,24 +149,3 @@ def _complete(answer: bytes) -> bool:
             return len(body) >= int(line.split(b":")[1])
     return False
 
-
-def loop_model(size: int = 4):
-    """``y = x + 1`` as many times as the request's ``trips`` says: a request decides how
-    long its run takes (10**9 trips: hours)."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "one"], ["acc_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [size])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [size])],
-        [numpy_helper.from_array(np.ones(size, np.float32), "one")])
-    graph = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "", "x"], ["y"], name="repeat", body=body)],
-        "loop",
-        [helper.make_tensor_value_info("trips", TensorProto.INT64, [1]),
-         helper.make_tensor_value_info("x", TensorProto.FLOAT, [size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -28,7 +28,8 @@ import onnxruntime as ort  # noqa: E402
 
 from mixrt.ops.device import gpu_available  # noqa: E402
 
-from serving import loop_model, mlp_model, start_server  # noqa: E402
+from helpers import loop_model  # noqa: E402
+from serving import mlp_model, start_server  # noqa: E402
 
 
 def scores_of(seed: int, x: np.ndarray) -> np.ndarray:
@@ -225,7 +226,7 @@ def test_a_request_past_its_deadline_gets_a_504_and_frees_the_worker(tmp_path):
     504 at --request-timeout-s, naming it; its run ends there, so the one worker serves the
     next request at once."""
     path = tmp_path / "loop.onnx"
-    onnx.save(loop_model(), path)
+    onnx.save(loop_model(trips_shape=[1]), path)
     server = start_server(path, tmp_path / "server.log", "--request-timeout-s", "1")
     try:
         client = tritonclient_http.InferenceServerClient(server.url, network_timeout=60)
