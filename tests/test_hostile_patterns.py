@@ -21,7 +21,14 @@ from mixrt.errors import GraphError
 # patterns that backtrack exponentially (or polynomially, to a high power) in re
 CATASTROPHIC = ["(a+)+$", "(a|aa)+$", "(a|a?)+$", "(.*a){12}$", "(a*)*b", "(a+)*b",
                 "(x+x+)+y", "(\\w+\\s?)+$", "^(a+)+$", "(a|b|ab)*c", "((a+)+)+$",
-                "(a|a)*$", "(\\d+)*x", "([a-z]+)*=", "(a?){25}a{25}"]
+                "(a|a)*$", "(\\d+)*x", "([a-z]+)*=", "(a?){25}a{25}",
+                # nested counted repetitions: RE2 takes them, and its NFA, which finds the
+                # spans of capturing groups, is ~3 ns x ~10,000 instructions a character
+                "(.*){1,1000}[bc]", "((a*)*b){1,300}", "(a|aa){1,500}$"]
+# RE2's own worst case: a pattern whose automaton has more states than its memory budget
+# holds (a position ~1,000 characters back decides), so RE2 runs its NFA over every character
+# of the text, in time linear in it but ~5 us a character (1 MB: 5-7 s, onnxruntime alike)
+RE2_WORST = ["[ab]*a[ab]{999}c", ".*a.{1000}c"]
 # what RE2 refuses, with the words of its reason
 REFUSED = {"(a)\\1": "invalid escape", "a(?=b)": "invalid perl operator",
            "(?<=a)b": "invalid perl operator", "(?<!a)b": "invalid perl operator",
@@ -84,6 +91,20 @@ def test_a_pattern_that_backtracks_runs_in_linear_time(pattern):
             took = time.perf_counter() - started
             most = SECONDS + SECONDS_A_MATCH * size * len(texts)
             assert took < most, f"{pattern!r} over {size} characters took {took:.2f} s"
+
+
+@pytest.mark.parametrize("pattern", RE2_WORST)
+def test_re2s_worst_case_costs_what_it_costs_onnxruntime(pattern):
+    texts = _texts("".join(random.Random(1).choice("ab") for _ in range(16 << 10)) + "!")
+    for model in (_full_match(pattern), _tokenizer(pattern)):
+        took = []
+        for session in (mixrt.Session(model), ort.InferenceSession(model)):
+            session.run(None, {"x": texts[:0]})  # (both compile their automata lazily)
+            started = time.perf_counter()
+            session.run(None, {"x": texts})
+            took.append(time.perf_counter() - started)
+        assert took[0] < 2 * took[1] + 0.1, f"{pattern!r}: {took[0]:.2f} s, onnxruntime's " \
+            f"{took[1]:.2f} s"
 
 
 def test_what_the_runs_answer_over_hostile_text_is_what_they_should():

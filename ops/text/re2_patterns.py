@@ -9,6 +9,12 @@ What RE2 refuses (lookarounds, backreferences, possessive quantifiers, a program
 memory budget) is refused here with RE2's reason, when the model is loaded
 (``ops/ir/registry.OpHandle.check``), as onnxruntime refuses such a model.
 
+RE2's promise is time linear in the text, times the pattern's size at worst: where a
+pattern's automaton has more states than RE2's memory holds (``.*a.{1000}c``, where a
+character 1,000 back decides), RE2 steps its NFA over every character, ~5 us a character
+(a 1 MB text: 5-7 s, onnxruntime's the same). Groups never capture here (only a whole
+match's span is asked for), which keeps RE2 off that NFA everywhere else.
+
 Python's ``re`` still runs the plainest patterns: a fixed run of single characters (literals,
 ``\\w``, ``\\d``, a bracket class of such) whose last one may take ``+`` (skl2onnx's
 ``[a-zA-Z0-9_]+`` and its one-character separators, ``\\w+``). There both engines give the
@@ -119,6 +125,10 @@ def _options() -> "re2.Options":
     options = re2.Options()
     options.longest_match = True  # onnxruntime's Tokenizer asks RE2 for the longest match
     options.log_errors = False  # a refused pattern is the model's typed error, not a log line
+    # only a whole match's span is ever asked for; with groups that capture, RE2 must find
+    # their spans with its NFA (~3 ns x program size a character: 35 s for (.*){1,1000}[bc]
+    # over 1 MB), where without them its DFAs find the span from both ends (11 ms)
+    options.never_capture = True
     return options
 
 
