@@ -11,6 +11,11 @@ Each entry reads its arguments as the pool's parts do: ``args[0]`` is an int64 a
 (its own length, every array's shape in :data:`ARRAYS` order, ``uniform``, then the parts'
 row bounds), ``args[1:]`` the arrays' data. One entry per pair of dtypes a walk meets: the
 rows' (float32 or float64) and the sums' (float32 for a float32 classifier, float64 else).
+
+A few rows are split by their trees instead (``TREE_ENTRIES``, the same words with the
+parts' tree bounds and one more array, ``leaves``): the first part adds its trees' leaves
+into the sums as forest_sums does, the others only find theirs (``forest_leaves``), which
+the caller then adds in tree order (``add_leaves``): the bits of one thread's walk.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, cfunc, njit, types
 
+from mixrt.ops.ml._jit_tree_leaves import forest_leaves
 from mixrt.ops.ml._jit_trees import forest_sums
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
@@ -29,22 +35,26 @@ WORDS = 1 + sum(ndim for _, ndim in ARRAYS) + 1  # the length, the shapes, ``uni
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _walk_arrays(args, data_type, value_type):
+    """The words and the ARRAYS of a part's arguments (see the module's docstring)."""
+    words = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)
+    return (words, carray(args[1], (words[1], words[2]), data_type),
+            carray(args[2], (words[3],), np.int64), carray(args[3], (words[4],), np.float64),
+            carray(args[4], (words[5],), np.int32),
+            carray(args[5], (words[6], words[7]), np.float64),
+            carray(args[6], (words[8],), np.int64),
+            carray(args[7], (words[9], words[10]), np.int32),
+            carray(args[8], (words[11],), np.float64), carray(args[9], (words[12],), np.int64),
+            carray(args[10], (words[13],), np.int64), carray(args[11], (words[14],), value_type),
+            carray(args[12], (words[15], words[16]), value_type),
+            carray(args[13], (words[17], words[18]), np.bool_))
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _part(args, index, data_type, value_type):
     """forest_sums over the rows of part ``index`` (see the module's docstring)."""
-    words = carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)
-    data = carray(args[1], (words[1], words[2]), data_type)
-    roots = carray(args[2], (words[3],), np.int64)
-    splits = carray(args[3], (words[4],), np.float64)
-    links = carray(args[4], (words[5],), np.int32)
-    members = carray(args[5], (words[6], words[7]), np.float64)
-    steps = carray(args[6], (words[8],), np.int64)
-    records = carray(args[7], (words[9], words[10]), np.int32)
-    thresholds = carray(args[8], (words[11],), np.float64)
-    leaf_start = carray(args[9], (words[12],), np.int64)
-    leaf_targets = carray(args[10], (words[13],), np.int64)
-    leaf_values = carray(args[11], (words[14],), value_type)
-    total = carray(args[12], (words[15], words[16]), value_type)
-    reached = carray(args[13], (words[17], words[18]), np.bool_)
+    (words, data, roots, splits, links, members, steps, records, thresholds, leaf_start,
+     leaf_targets, leaf_values, total, reached) = _walk_arrays(args, data_type, value_type)
     uniform = words[19]
     start, stop = words[WORDS + index], words[WORDS + index + 1]
     # the part's rows summed into buffers of its own, written back once: two threads adding
@@ -78,3 +88,43 @@ def part_dd(args, index):
 
 
 ENTRIES = {("f", "f"): part_ff, ("f", "d"): part_fd, ("d", "d"): part_dd}
+
+
+TREE_ARRAYS = ARRAYS + (("leaves", 2),)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _tree_part(args, index, data_type, value_type):
+    """Part ``index`` of a walk split by trees (see the module's docstring)."""
+    (words, data, roots, splits, links, members, steps, records, thresholds, leaf_start,
+     leaf_targets, leaf_values, total, reached) = _walk_arrays(args, data_type, value_type)
+    leaves = carray(args[14], (words[19], words[20]), np.int64)
+    uniform = words[21]
+    first, last = words[WORDS + 2 + index], words[WORDS + 2 + index + 1]
+    rows = data.shape[0]
+    if index == 0:  # the first trees, added as they are reached (no other part adds)
+        forest_sums(data, 0, rows, roots[first:last], splits, links, members, uniform,
+                    steps[first:last] if steps.shape[0] else steps, records, thresholds,
+                    leaf_start, leaf_targets, leaf_values, total, reached)
+    else:
+        forest_leaves(data, 0, rows, first, last, roots, splits, links, members, uniform,
+                      steps, records, thresholds, leaves)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def tree_part_ff(args, index):
+    _tree_part(args, index, np.float32, np.float32)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def tree_part_fd(args, index):
+    _tree_part(args, index, np.float32, np.float64)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def tree_part_dd(args, index):
+    _tree_part(args, index, np.float64, np.float64)
+
+
+TREE_ENTRIES = {("f", "f"): tree_part_ff, ("f", "d"): tree_part_fd,
+                ("d", "d"): tree_part_dd}

@@ -470,7 +470,13 @@ def regress(data, roots, splits, links, members, uniform, steps, records, thresh
     reached = np.zeros((rows, targets), np.bool_)
     forest_sums(data, 0, rows, roots, splits, links, members, uniform, steps, records,
                 thresholds, leaf_start, leaf_targets, leaf_values, total, reached)
-    trees = roots.shape[0]
+    regressed(total, roots.shape[0], average, base, values)
+
+
+@_jit
+def regressed(total, trees, average, base, values):
+    """regress's scores from a forest's float64 sums ``total`` over ``trees`` trees."""
+    rows, targets = values.shape
     for row in range(rows):
         for target in range(targets):
             value = total[row, target]

@@ -53,6 +53,7 @@ class _ForestTables:
         self._depth_first_nodes = None  # the nodes in depth-first order (_depth_first)
         self._candidates = {}  # precision -> the walks' tables a batch chooses among
         self._choices = None  # which walk a batch takes (walk_choice.py), made when asked
+        self._tree_bounds = {}  # parts -> the trees' bounds of a walk split by trees
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the

@@ -24,6 +24,15 @@ _STEPS_PER_TREE = 16
 NATIVE_SPLIT_STEPS = 1 << 13
 THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
+# A walk of fewer rows than two parts take has its trees split between this thread and the
+# native worker instead (_jit_tree_parts.py, TREE_ENTRIES) where half its time is more than
+# what splitting costs: the hand-off, the leaves' table, their addition and two more calls,
+# ~15 us (2026-11-28); a step of a row whose values change ~5 ns (3-9 measured over
+# LightGBM's, XGBoost's and scikit-learn's forests). A request's one row through 1,200
+# LightGBM trees, ~12,700 steps: 111 -> 82 us; through 400, ~4,300 steps: not split.
+SPLIT_COST_NS = 15_000
+STEP_NS = 5
+TREE_SPLIT_STEPS = 2 * SPLIT_COST_NS // STEP_NS
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
 # rows the NumPy tier walks at a time (_by_blocks)
@@ -151,6 +160,9 @@ class _Forest(_ForestTables):
 
     def _walk_rows(self, kernel, data, tables, first, end, outputs, sums):
         native, parts = self._split(end - first, sums)
+        if parts is None and sums and self.sums_by_trees(
+                data[first:end], *(out[first:end] for out in outputs), tables):
+            return  # a request's few rows through many trees: split by trees
         if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
             kernel(data, first, end, *tables, *outputs)
             return
@@ -158,6 +170,60 @@ class _Forest(_ForestTables):
         if native is None or not _native_walk(native, parts, data, tables, *outputs):
             parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
                                                            *outputs))
+
+    def tree_parts(self, rows: int) -> tuple:
+        """(the native pool, the parts' tree bounds) where a walk of ``rows`` rows, too few
+        to split by rows (:meth:`_split`), holds TREE_SPLIT_STEPS steps and is split by
+        its trees between this thread and the native worker; (None, None) otherwise."""
+        if rows >= 2 * SPLIT_ROWS or rows * self._steps_per_row() < TREE_SPLIT_STEPS:
+            return None, None
+        native = jit_cpu.native_pool()
+        count = 0 if native is None else min(native.workers + 1, len(self.roots))
+        if count < 2:
+            return None, None
+        bounds = self._tree_bounds.get(count)
+        if bounds is None:
+            bounds = self._tree_bounds[count] = self._trees_in_parts(count)
+        return native, bounds
+
+    def _trees_in_parts(self, count: int) -> np.ndarray:
+        """Tree bounds of ``count`` parts of about the same steps (the stepped walk's
+        counts, else as many trees each)."""
+        steps = np.abs(self._stepped()[0])
+        if steps.size != len(self.roots):
+            steps = np.ones(len(self.roots), np.int64)
+        reached = np.cumsum(steps)
+        cuts = np.searchsorted(reached, reached[-1] * np.arange(1, count) / count) + 1
+        return np.unique(np.concatenate(([0], np.minimum(cuts, len(self.roots)),
+                                         [len(self.roots)]))).astype(np.int64)
+
+    def sums_by_trees(self, data, total, reached, tables) -> bool:
+        """forest_sums of every row of ``data`` over ``tables`` into ``total`` and
+        ``reached``, split by trees where :meth:`tree_parts` says so (the same bits as one
+        thread's walk); False, with nothing done, otherwise."""
+        native, bounds = self.tree_parts(data.shape[0])
+        return bounds is not None \
+            and self.walk_by_trees(native, bounds, data, total, reached, tables)
+
+    def walk_by_trees(self, native, bounds, data, total, reached, tables) -> bool:
+        """forest_sums of every row of ``data`` into ``total`` and ``reached`` over
+        ``tables``, the trees split at ``bounds`` between this thread and the native
+        worker: the first part's trees summed as reached, the others' leaves found, then
+        added in tree order here. False, with nothing done, where no part entry takes
+        these dtypes."""
+        entry = _part_entry("TREE_ENTRIES", data, total)
+        if entry is None:
+            return False
+        (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
+         leaf_targets, leaf_values) = tables
+        leaves = np.empty((data.shape[0], len(roots)), np.int64)
+        _run_parts(native, entry, (data, roots, splits, links, members, steps, records,
+                                   thresholds, leaf_start, leaf_targets, leaf_values, total,
+                                   reached, leaves), uniform, bounds.tolist())
+        leaves_module = jit_cpu.load("mixrt.ops.ml._jit_tree_leaves")
+        leaves_module.add_leaves(leaves, 0, data.shape[0], bounds[1], len(roots), leaf_start,
+                                 leaf_targets, leaf_values, total, reached)
+        return True
 
     def walk_choices(self):
         """The forest's choices of walk by batch size, or None where it has one walk only
@@ -213,24 +279,36 @@ def _native_walk(native, parts, data, tables, total, reached) -> bool:
     """forest_sums over ``parts`` on this thread and the native worker
     (ops/ml/_jit_tree_parts.py); False, with nothing done, where no entry takes these
     dtypes."""
-    module = jit_cpu.load("mixrt.ops.ml._jit_tree_parts")
-    entry = None if module is None else \
-        module.ENTRIES.get((data.dtype.char, total.dtype.char))
+    entry = _part_entry("ENTRIES", data, total)
     if entry is None:
         return False
     (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
      leaf_targets, leaf_values) = tables
     arrays = (data, roots, splits, links, members, steps, records, thresholds, leaf_start,
               leaf_targets, leaf_values, total, reached)
-    bounds = [start for start, _ in parts] + [parts[-1][1]]
+    _run_parts(native, entry, arrays, uniform, [start for start, _ in parts] + [parts[-1][1]])
+    return True
+
+
+def _part_entry(family: str, data, total):
+    """The cfunc of ops/ml/_jit_tree_parts.py's ``family`` (ENTRIES: rows, TREE_ENTRIES:
+    trees) for these rows' and sums' dtypes, or None."""
+    module = jit_cpu.load("mixrt.ops.ml._jit_tree_parts")
+    return None if module is None else \
+        getattr(module, family).get((data.dtype.char, total.dtype.char))
+
+
+def _run_parts(native, entry, arrays: tuple, uniform: int, bounds: list) -> None:
+    """The parts [bounds[p], bounds[p + 1]) of a walk on this thread and the native worker,
+    through ``entry`` (a cfunc of ops/ml/_jit_tree_parts.py), whose words are every array's
+    shape, ``uniform`` and the bounds."""
     words = np.array([0, *(extent for array in arrays for extent in array.shape), uniform,
                       *bounds], np.int64)
     words[0] = words.size
     addresses = np.empty(len(arrays) + 1, np.uint64)
     native_parts.fill_addresses(addresses, (words,) + arrays)
     jit_cpu.note_native_job()
-    jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(parts))
-    return True
+    jit_cpu.panel_kernels().native_for(native.block, entry.address, addresses, len(bounds) - 1)
 
 
 def _by_blocks(xp, X, walk):

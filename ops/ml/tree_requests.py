@@ -26,10 +26,11 @@ _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative 
 class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
-    __slots__ = ("kernels", "tables", "candidates", "choices", "width", "most_rows")
+    __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
+                 "most_rows")
 
     def __init__(self, kernels, forest, precision):
-        self.kernels = kernels
+        self.kernels, self.forest, self.precision = kernels, forest, precision
         self.tables = forest.walk_tables(precision)
         # where the forest has several walks, a batch takes the one its size's choice keeps
         # (ops/ml/walk_choice.py): each walk's tables
@@ -39,18 +40,35 @@ class _Request:
         self.width = width if width is not None else _NO_ROW_FITS
         self.most_rows = forest.alone_rows()
 
-    def _walk(self, kernel, X, arguments, rest, *outputs):
+    def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
         while it is being chosen): ``arguments`` the walk's tables and ``rest``, or, where
-        the batch chooses, each walk's tables and then ``rest``."""
+        the batch chooses, each walk's tables and then ``rest``. Where the forest splits
+        the rows' walk by trees (``forest.tree_parts``: few rows, many trees),
+        ``by_trees(tables)`` answers instead, over the same walk's tables."""
         rows = X.shape[0]
+        split = self.forest.tree_parts(rows)[1] is not None
         choice = None if self.choices is None or rows < CHOSEN_FROM_ROWS \
             else self.choices.for_rows(rows)
         if choice is None:
-            kernel(X, *arguments, *outputs)
+            if not (split and by_trees(self.tables)):
+                kernel(X, *arguments, *outputs)
             return
         candidates = self.candidates
-        walk_choice.walk(choice, lambda index: kernel(X, *candidates[index], *rest, *outputs))
+
+        def run(index):
+            if not (split and by_trees(candidates[index])):
+                kernel(X, *candidates[index], *rest, *outputs)
+        walk_choice.walk(choice, run)
+
+    def _sums_by_trees(self, tables, X, targets: int):
+        """(the sums, whether a leaf reached each target) of X's rows over ``tables`` split
+        by trees (``forest.sums_by_trees``), else None: the same bits as the one call's."""
+        total = np.zeros((X.shape[0], targets), self.precision)
+        reached = np.zeros(total.shape, np.bool_)
+        if not self.forest.sums_by_trees(X, total, reached, tables):
+            return None
+        return total, reached
 
     def takes(self, X) -> bool:
         """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?
@@ -94,8 +112,21 @@ class ClassifierRequest(_Request):
         rows = X.shape[0]
         scores = np.empty((rows, self.columns), np.float32)
         chosen = np.empty(rows, np.int64)
-        self._walk(self.classify, X, self.arguments, self.rest, chosen, scores)
+        self._walk(self.classify, X, self.arguments, self.rest, chosen, scores,
+                   by_trees=lambda tables: self._by_trees(tables, X, chosen, scores))
         return (chosen if self.labels is None else self.labels[chosen]), scores
+
+    def _by_trees(self, tables, X, chosen, scores) -> bool:
+        """classify_many's or classify_two's answer with the walk split by trees."""
+        many = self.classify is self.kernels.classify_many
+        sums = self._sums_by_trees(tables, X, self.columns if many else self.rest[0])
+        if sums is None:
+            return False
+        if many:
+            self.kernels.many_class_scores(*sums, *self.rest, chosen, scores)
+        else:
+            self.kernels.two_class_scores(*sums, *self.rest[1:], chosen, scores)
+        return True
 
 
 class RegressorRequest(_Request):
@@ -119,8 +150,17 @@ class RegressorRequest(_Request):
     def answer(self, X):
         """The scores of rows this path :meth:`takes`."""
         values = np.empty((X.shape[0], self.targets), np.float32)
-        self._walk(self.kernels.regress, X, self.arguments, self.rest, values)
+        self._walk(self.kernels.regress, X, self.arguments, self.rest, values,
+                   by_trees=lambda tables: self._by_trees(tables, X, values))
         return values
+
+    def _by_trees(self, tables, X, values) -> bool:
+        """regress's answer with the walk split by trees."""
+        sums = self._sums_by_trees(tables, X, self.targets)
+        if sums is None:
+            return False
+        self.kernels.regressed(sums[0], len(self.forest.roots), *self.rest, values)
+        return True
 
 
 def regressor_request(kernels, regressor):

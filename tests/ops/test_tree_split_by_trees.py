@@ -1,0 +1,135 @@
+"""A few rows' walk of a large forest split by its trees between this thread and the native
+worker (ops/ml/forest_walks.tree_parts, ops/ml/_jit_tree_leaves.py): every walk a batch may
+take, on the request path and the general one, gives the NumPy tier's bits and the bits of
+the same walk on one thread."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
+from mixrt.ops.ml import forest_walks, ml_trees, walk_choice
+
+from tests.ops.test_tree_stepped_walk import _forest, _rows
+
+
+@pytest.fixture
+def split_counts(monkeypatch):
+    """Splits every walk of fewer than two parts' rows (TREE_SPLIT_STEPS lowered), counting
+    the walks split by trees; skips where there is no native worker to split with."""
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.panel_kernels() is None or jit_cpu.native_pool() is None:
+            pytest.skip("no native worker pool on this machine (one thread, or no AVX-512)")
+    monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", 1)
+    counts = []
+    walk = forest_walks._Forest.walk_by_trees
+
+    def counted(self, *args):
+        done = walk(self, *args)
+        counts.append(done)
+        return done
+    monkeypatch.setattr(forest_walks._Forest, "walk_by_trees", counted)
+    return counts
+
+
+def _three_ways(monkeypatch, kernel, x, attrs):
+    """(NumPy tier, compiled and split by trees, compiled on one thread); the compiled
+    calls made twice on one node state, so the second takes the node's request path."""
+    with jit_tier.using(False):
+        expected = kernel(np, x, **attrs, _node={})
+    answers = []
+    for steps in (1, 1 << 60):
+        monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", steps)
+        state = {}
+        with jit_tier.using(True), parallel.pinned():
+            first = kernel(np, x, **attrs, _node=state)
+            again = kernel(np, x, **attrs, _node=state)
+        _equal(again, first)
+        answers.append(first)
+    return expected, answers[0], answers[1]
+
+
+def _equal(got, expected):
+    for a, b in zip(got if isinstance(got, tuple) else (got,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7])
+def test_each_walk_split_by_trees_gives_the_one_thread_bits(split_counts, monkeypatch, mode,
+                                                            index, rows):
+    """The stepped walk, the one in step, and the branching ones over depth-first tables
+    (row by row, tree by tree), with missing values on both sides of a split."""
+    monkeypatch.setattr(walk_choice.WalkChoice, "next", lambda self: (index, False))
+    rng = np.random.default_rng(rows * 10 + index)
+    attrs = _forest(rng, 30, 4, mode, "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    expected, split, alone = _three_ways(monkeypatch, ml_trees.tree_ensemble_classifier,
+                                         _rows(rng, rows), attrs)
+    _equal(split, expected)
+    _equal(alone, split)
+    assert any(split_counts)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 6])
+@pytest.mark.parametrize("aggregate", ["SUM", "AVERAGE"])
+def test_a_regressors_request_split_by_trees_gives_the_one_thread_bits(split_counts,
+                                                                       monkeypatch, rows,
+                                                                       aggregate):
+    rng = np.random.default_rng(rows)
+    attrs = _forest(rng, 40, 3, "BRANCH_LT", "target_", depth=8)
+    attrs.update(n_targets=3, aggregate_function=aggregate, base_values=[0.5, -1.0, 2.0])
+    expected, split, alone = _three_ways(monkeypatch, ml_trees.tree_ensemble_regressor,
+                                         _rows(rng, rows), attrs)
+    _equal(split, expected)
+    _equal(alone, split)
+    assert any(split_counts)
+
+
+def test_two_classes_and_float64_rows_split_by_trees(split_counts, monkeypatch):
+    rng = np.random.default_rng(23)
+    attrs = _forest(rng, 25, 1, "BRANCH_LEQ", "class_", depth=6)
+    for transform in ("NONE", "LOGISTIC"):
+        attrs.update(classlabels_int64s=[0, 1], post_transform=transform)
+        for dtype in (np.float32, np.float64):
+            expected, split, alone = _three_ways(
+                monkeypatch, ml_trees.tree_ensemble_classifier, _rows(rng, 3, dtype), attrs)
+            if transform == "NONE":  # (the tiers' logistic functions differ in the last bit)
+                _equal(split, expected)
+            _equal(alone, split)
+    assert any(split_counts)
+
+
+def test_a_forest_of_mixed_modes_splits_its_general_walk(split_counts, monkeypatch):
+    """Branches of several modes: no stepped or depth-first tables, the walk that stops at
+    each leaf in both parts."""
+    rng = np.random.default_rng(29)
+    attrs = _forest(rng, 30, 2, "BRANCH_LEQ", "target_", depth=6)
+    attrs["nodes_modes"] = [mode if mode == "LEAF" else rng.choice(["BRANCH_LEQ", "BRANCH_GT"])
+                            for mode in attrs["nodes_modes"]]
+    attrs.update(n_targets=2, aggregate_function="SUM")
+    expected, split, alone = _three_ways(monkeypatch, ml_trees.tree_ensemble_regressor,
+                                         _rows(rng, 2), attrs)
+    _equal(split, expected)
+    _equal(alone, split)
+    assert any(split_counts)
+
+
+def test_a_walk_splits_by_trees_only_where_rows_are_few_and_the_forest_large(monkeypatch):
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.native_pool() is None:
+            pytest.skip("one thread: nothing to split")
+        rng = np.random.default_rng(31)
+        attrs = _forest(rng, 60, 1, "BRANCH_LEQ", "target_", depth=8)
+        attrs.update(n_targets=1, aggregate_function="SUM")
+        state = {}
+        ml_trees.tree_ensemble_regressor(np, _rows(rng, 2), **attrs, _node=state)
+        built = next(v.forest for v in state.values() if hasattr(v, "forest"))
+        steps = built._steps_per_row()
+        monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", steps * 3)
+        assert built.tree_parts(2)[1] is None  # 2 rows: too little work
+        native, bounds = built.tree_parts(3)
+        assert native is not None and bounds[0] == 0 and bounds[-1] == 60
+        assert len(bounds) == native.workers + 2  # a part per thread, trees in order
+        assert built.tree_parts(2 * forest_walks.SPLIT_ROWS)[1] is None  # split by rows
