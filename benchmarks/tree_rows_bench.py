@@ -124,7 +124,7 @@ def section(measured: dict, args, elapsed: float) -> str:
     lines = [BEGIN, SECTION, "",
              f"Measured {time.strftime('%Y-%m-%d')} at commit {_git_revision()} by `python "
              f"benchmarks/tree_rows_bench.py --rows {' '.join(map(str, args.rows))} --calls "
-             f"{args.calls}` ({elapsed / 60:.0f} min); {_cpu_model()}; {_versions()}.", "",
+             f"{args.calls}` ({elapsed:.0f} s); {_cpu_model()}; {_versions()}.", "",
              "Each row count: *changing* cycles through 64 batches of random rows, *again* "
              "sends one batch again; the median of a call (the first quarter untimed). mixrt "
              "*split*: its walk split by trees between the caller and the native worker "

@@ -117,6 +117,25 @@ def panel_kernels():
 
 
 @functools.lru_cache(maxsize=1)
+def core_cache_bytes() -> int:
+    """The cache a core has to itself (its L2, from Linux's sysfs; 1 MiB where it cannot be
+    read): a table that fits it is walked at the core's pace, a larger one at its misses'."""
+    folder = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(folder)):
+            with open(f"{folder}/{index}/level") as level:
+                if level.read().strip() != "2":
+                    continue
+            with open(f"{folder}/{index}/size") as size:
+                text = size.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return 1 << 20
+
+
+@functools.lru_cache(maxsize=1)
 def vector_bytes() -> int:
     """The widest float vector the CPU has, from llvmlite's host features (numba's target;
     where numba is told an x86-64 level instead, ``ops/compiled/_prebuild.py``, that level's):

@@ -26,13 +26,15 @@ THREAD_SPLIT_STEPS = 1 << 17
 SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEPPED_FROM_ROWS)
 # A walk of fewer rows than two parts take has its trees split between this thread and the
 # native worker instead (_jit_tree_parts.py, TREE_ENTRIES) where half its time is more than
-# what splitting costs: the hand-off, the leaves' table, their addition and two more calls,
-# ~15 us (2026-11-28); a step of a row whose values change ~5 ns (3-9 measured over
-# LightGBM's, XGBoost's and scikit-learn's forests). A request's one row through 1,200
-# LightGBM trees, ~12,700 steps: 111 -> 82 us; through 400, ~4,300 steps: not split.
+# what splitting costs by a quarter of it (at the bare break-even the clock's noise decides):
+# the hand-off, the leaves' table, their addition and two more calls, ~15 us (2026-11-28). A step of a row whose values change costs ~5 ns where the forest's
+# nodes fit the core's own cache (LightGBM's 400 trees, 0.6 MB: ~7 ns with the call's
+# overhead) and ~15 where they do not (scikit-learn's 200 extra trees, ~10 MB: 14 ns; its
+# deep random forest, 5 MB: ~22). A request's one row through 1,200 LightGBM trees, ~12,700
+# steps: 139 -> 112 us; through 400, ~4,300 steps: not split.
 SPLIT_COST_NS = 15_000
-STEP_NS = 5
-TREE_SPLIT_STEPS = 2 * SPLIT_COST_NS // STEP_NS
+STEP_NS, STEP_NS_PAST_CACHE = 5, 15
+TREE_SPLIT_STEPS = 5 * SPLIT_COST_NS // (2 * STEP_NS)  # (nodes that fit the core's cache)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
 # rows the NumPy tier walks at a time (_by_blocks)
@@ -175,7 +177,7 @@ class _Forest(_ForestTables):
         """(the native pool, the parts' tree bounds) where a walk of ``rows`` rows, too few
         to split by rows (:meth:`_split`), holds TREE_SPLIT_STEPS steps and is split by
         its trees between this thread and the native worker; (None, None) otherwise."""
-        if rows >= 2 * SPLIT_ROWS or rows * self._steps_per_row() < TREE_SPLIT_STEPS:
+        if rows >= 2 * SPLIT_ROWS or rows * self._steps_per_row() < self._split_from_steps():
             return None, None
         native = jit_cpu.native_pool()
         count = 0 if native is None else min(native.workers + 1, len(self.roots))
@@ -185,6 +187,14 @@ class _Forest(_ForestTables):
         if bounds is None:
             bounds = self._tree_bounds[count] = self._trees_in_parts(count)
         return native, bounds
+
+    def _split_from_steps(self) -> int:
+        """TREE_SPLIT_STEPS, scaled down where the forest's nodes do not fit the core's own
+        cache (each step then waits on a miss)."""
+        splits, links = self._records()
+        if splits.nbytes + links.nbytes <= jit_cpu.core_cache_bytes():
+            return TREE_SPLIT_STEPS
+        return TREE_SPLIT_STEPS * STEP_NS // STEP_NS_PAST_CACHE
 
     def _trees_in_parts(self, count: int) -> np.ndarray:
         """Tree bounds of ``count`` parts of about the same steps (the stepped walk's
