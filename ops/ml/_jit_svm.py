@@ -75,14 +75,14 @@ LINEAR, POLY, RBF, SIGMOID = 0, 1, 2, 3  # ops/ml/ml_svm._KERNELS' order
 
 
 @njit(nogil=True, cache=True, boundscheck=False)
-def one_vs_one(rows, vectors, kernel, gamma, coef0, degree, starts, counts, dual, rho,
+def one_vs_one(rows, by_feature, kernel, gamma, coef0, degree, starts, counts, dual, rho,
                kernel_row, decisions, votes):
-    """Rows [N, F] against vectors [V, F] (float32): ``decisions`` [N, pairs] each class
+    """Rows [N, F] against vectors given as their features' rows [F, V] (float32): ``decisions`` [N, pairs] each class
     pair's decision value (libsvm's pair order), ``votes`` [N, classes] the pairs each class
     won (i wins when its value is > 0). ``kernel_row`` [V] is scratch."""
     classes = counts.shape[0]
     for row in range(rows.shape[0]):
-        _kernel_values(rows, row, vectors, kernel, gamma, coef0, degree, kernel_row)
+        _kernel_values(rows, row, by_feature, kernel, gamma, coef0, degree, kernel_row)
         for c in range(classes):
             votes[row, c] = 0
         pair = 0
@@ -100,23 +100,34 @@ def one_vs_one(rows, vectors, kernel, gamma, coef0, degree, starts, counts, dual
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _kernel_values(rows, row, vectors, kernel, gamma, coef0, degree, out):
-    for v in range(vectors.shape[0]):
-        total = float32(0.0)
-        if kernel == RBF:
-            for f in range(rows.shape[1]):
-                difference = rows[row, f] - vectors[v, f]
-                total += difference * difference
-            out[v] = np.exp(-gamma * total)
-            continue
+def _kernel_values(rows, row, by_feature, kernel, gamma, coef0, degree, out):
+    """``out[v]``: the kernel of the row and vector v, from ``by_feature`` [F, V] (the
+    vectors transposed): each vector's sum over the features runs left to right in its own
+    lane, the vectors side by side, in the order and with the bits of one vector's sum at a
+    time, which was a chain of dependent additions (a 3-class SVC of 1,120 vectors over 20
+    features, 100 rows: the node 1.69 -> 0.59 ms; onnxruntime's 1.5 ms, 2026-11-28)."""
+    vectors = by_feature.shape[1]
+    for v in range(vectors):
+        out[v] = float32(0.0)
+    if kernel == RBF:
         for f in range(rows.shape[1]):
-            total += rows[row, f] * vectors[v, f]
+            x = rows[row, f]
+            for v in range(vectors):
+                difference = x - by_feature[f, v]
+                out[v] += difference * difference
+        for v in range(vectors):
+            out[v] = np.exp(-gamma * out[v])
+        return
+    for f in range(rows.shape[1]):
+        x = rows[row, f]
+        for v in range(vectors):
+            out[v] += x * by_feature[f, v]
+    for v in range(vectors):
+        total = out[v]
         if kernel == POLY:
             out[v] = (gamma * total + coef0) ** degree
         elif kernel == SIGMOID:
             out[v] = np.tanh(gamma * total + coef0)
-        else:
-            out[v] = total
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")

@@ -95,6 +95,8 @@ class _Classifier:
             raise ValueError(f"support_vectors has {len(values)} values, not a whole number "
                              f"of {int(counts.sum())} vectors")
         self.vectors = values.reshape(int(counts.sum()), -1)
+        # ops/ml/_jit_svm.one_vs_one reads the vectors a feature at a time: [F, V]
+        self.by_feature = np.ascontiguousarray(self.vectors.T)
         self.pair_weights, self.first_of_pair, self.second_of_pair = _pair_weights(
             counts, self.coefficients, classes)
         # what ops/ml/_jit_svm.one_vs_one reads: each class's first vector and count, and the
@@ -109,7 +111,7 @@ class _Classifier:
         name, gamma, coef0, degree = self.kernel
         decisions = np.empty((rows.shape[0], self.pairs), np.float32)
         votes = np.empty((rows.shape[0], len(self.labels)), np.int64)
-        kernels.one_vs_one(rows, self.vectors, _KERNELS.index(name), gamma, coef0, degree,
+        kernels.one_vs_one(rows, self.by_feature, _KERNELS.index(name), gamma, coef0, degree,
                            self.starts, self.counts, self.dual, self.rho,
                            np.empty(len(self.vectors), np.float32), decisions, votes)
         return decisions, votes
