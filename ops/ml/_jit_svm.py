@@ -77,9 +77,10 @@ LINEAR, POLY, RBF, SIGMOID = 0, 1, 2, 3  # ops/ml/ml_svm._KERNELS' order
 @njit(nogil=True, cache=True, boundscheck=False)
 def one_vs_one(rows, by_feature, kernel, gamma, coef0, degree, starts, counts, dual, rho,
                kernel_row, decisions, votes):
-    """Rows [N, F] against vectors given as their features' rows [F, V] (float32): ``decisions`` [N, pairs] each class
-    pair's decision value (libsvm's pair order), ``votes`` [N, classes] the pairs each class
-    won (i wins when its value is > 0). ``kernel_row`` [V] is scratch."""
+    """Rows [N, F] against the vectors given a feature to a row, [F, V] (float32):
+    ``decisions`` [N, pairs] each class pair's decision value (libsvm's pair order), ``votes``
+    [N, classes] the pairs each class won (i wins when its value is > 0). ``kernel_row`` [V]
+    is scratch."""
     classes = counts.shape[0]
     for row in range(rows.shape[0]):
         _kernel_values(rows, row, by_feature, kernel, gamma, coef0, degree, kernel_row)
