@@ -54,6 +54,7 @@ class _ForestTables:
         self._candidates = {}  # precision -> the walks' tables a batch chooses among
         self._choices = None  # which walk a batch takes (walk_choice.py), made when asked
         self._tree_bounds = {}  # parts -> the trees' bounds of a walk split by trees
+        self._fits_core_cache = None  # do the records fit a core's own cache? (asked once)
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the

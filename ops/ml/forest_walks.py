@@ -27,11 +27,12 @@ SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEP
 # A walk of fewer rows than two parts take has its trees split between this thread and the
 # native worker instead (_jit_tree_parts.py, TREE_ENTRIES) where half its time is more than
 # what splitting costs by a quarter of it (at the bare break-even the clock's noise decides):
-# the hand-off, the leaves' table, their addition and two more calls, ~15 us (2026-11-28). A step of a row whose values change costs ~5 ns where the forest's
-# nodes fit the core's own cache (LightGBM's 400 trees, 0.6 MB: ~7 ns with the call's
-# overhead) and ~15 where they do not (scikit-learn's 200 extra trees, ~10 MB: 14 ns; its
-# deep random forest, 5 MB: ~22). A request's one row through 1,200 LightGBM trees, ~12,700
-# steps: 139 -> 112 us; through 400, ~4,300 steps: not split.
+# the hand-off, the leaves' table, their addition and two more calls, ~15 us (2026-11-28).
+# A step of a row whose values change costs ~5 ns where the forest's nodes fit the core's
+# own cache (LightGBM's 400 trees, 0.6 MB: ~7 ns with the call's overhead) and ~15 where they
+# do not (scikit-learn's 200 extra trees, ~10 MB: 14 ns; its deep random forest, 5 MB: ~22).
+# A request's one row through 1,200 LightGBM trees, ~12,700 steps: 118 -> 83 us; through
+# 400, ~4,300 steps: not split.
 SPLIT_COST_NS = 15_000
 STEP_NS, STEP_NS_PAST_CACHE = 5, 15
 TREE_SPLIT_STEPS = 5 * SPLIT_COST_NS // (2 * STEP_NS)  # (nodes that fit the core's cache)
@@ -191,10 +192,11 @@ class _Forest(_ForestTables):
     def _split_from_steps(self) -> int:
         """TREE_SPLIT_STEPS, scaled down where the forest's nodes do not fit the core's own
         cache (each step then waits on a miss)."""
-        splits, links = self._records()
-        if splits.nbytes + links.nbytes <= jit_cpu.core_cache_bytes():
-            return TREE_SPLIT_STEPS
-        return TREE_SPLIT_STEPS * STEP_NS // STEP_NS_PAST_CACHE
+        if self._fits_core_cache is None:  # (asked once: the records stay)
+            splits, links = self._records()
+            self._fits_core_cache = splits.nbytes + links.nbytes <= jit_cpu.core_cache_bytes()
+        return TREE_SPLIT_STEPS if self._fits_core_cache \
+            else TREE_SPLIT_STEPS * STEP_NS // STEP_NS_PAST_CACHE
 
     def _trees_in_parts(self, count: int) -> np.ndarray:
         """Tree bounds of ``count`` parts of about the same steps (the stepped walk's
