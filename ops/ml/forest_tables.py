@@ -55,6 +55,7 @@ class _ForestTables:
         self._choices = None  # which walk a batch takes (walk_choice.py), made when asked
         self._tree_bounds = {}  # parts -> the trees' bounds of a walk split by trees
         self._fits_core_cache = None  # do the records fit a core's own cache? (asked once)
+        self._split_calls = {}  # (thread, tables, batch shape, dtypes) -> tree_split_calls
 
     def _tables_in_range(self) -> bool:
         """Can the compiled walk (which does not check bounds) follow this table? Else the

@@ -7,6 +7,8 @@ the NumPy tier's walk to the leaves with the ensembles' aggregates.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from mixrt.base import run_options
@@ -15,6 +17,7 @@ from mixrt.ops.panels import native_parts
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ml import walk_choice
 from mixrt.ops.ml.forest_tables import _LEAF, _MEMBER, _ForestTables
+from mixrt.ops.ml.tree_split_calls import SplitCall
 
 _AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
 # a rough count of node visits per tree and row, where the stepped walk's counts are not made
@@ -27,17 +30,19 @@ SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEP
 # A walk of fewer rows than two parts take has its trees split between this thread and the
 # native worker instead (_jit_tree_parts.py, TREE_ENTRIES) where half its time is more than
 # what splitting costs by a quarter of it (at the bare break-even the clock's noise decides):
-# the hand-off, the leaves' table, their addition and two more calls, ~15 us (2026-11-28).
+# the hand-off, the leaves' addition and the call prepared per thread and batch shape
+# (tree_split_calls.py), ~8 us (2026-11-28; the general path's, made at every call, ~15).
 # A step of a row whose values change costs ~5 ns where the forest's nodes fit the core's
 # own cache (LightGBM's 400 trees, 0.6 MB: ~7 ns with the call's overhead) and ~15 where they
 # do not (scikit-learn's 200 extra trees, ~10 MB: 14 ns; its deep random forest, 5 MB: ~22).
 # A request's one row through 1,200 LightGBM trees, ~12,700 steps: 118 -> 83 us; through
 # 400, ~4,300 steps: not split.
-SPLIT_COST_NS = 15_000
+SPLIT_COST_NS = 8_000
 STEP_NS, STEP_NS_PAST_CACHE = 5, 15
 TREE_SPLIT_STEPS = 5 * SPLIT_COST_NS // (2 * STEP_NS)  # (nodes that fit the core's cache)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
+MOST_SPLIT_CALLS = 64  # prepared split calls a forest keeps (threads x batch shapes x walks)
 # rows the NumPy tier walks at a time (_by_blocks)
 NUMPY_BLOCK_ROWS = 2048
 # a run with limits (base/run_options.py) walks a large batch in blocks of about this many
@@ -217,13 +222,33 @@ class _Forest(_ForestTables):
         return bounds is not None \
             and self.walk_by_trees(native, bounds, data, total, reached, tables)
 
+    def split_sums(self, data, tables, precision, targets: int):
+        """(sums, hits) of ``data``'s rows over ``tables`` where :meth:`tree_parts` splits
+        their walk by trees, else None: this thread's prepared call (``tree_split_calls``),
+        whose arrays its next call fills again (the request path reads them at once)."""
+        native, bounds = self.tree_parts(data.shape[0])
+        if bounds is None:
+            return None
+        key = (threading.get_ident(), id(tables), data.shape, data.dtype.char,
+               np.dtype(precision).char, targets)
+        call = self._split_calls.get(key)
+        if call is None or call.native is not native or call.tables is not tables:
+            entry = _part_entry("TREE_ENTRIES", data, np.dtype(precision))
+            if entry is None:
+                return None
+            if len(self._split_calls) >= MOST_SPLIT_CALLS:  # threads come and go
+                self._split_calls.clear()
+            call = self._split_calls[key] = SplitCall(native, entry, bounds, data, tables,
+                                                      precision, targets)
+        return call(data)
+
     def walk_by_trees(self, native, bounds, data, total, reached, tables) -> bool:
         """forest_sums of every row of ``data`` into ``total`` and ``reached`` over
         ``tables``, the trees split at ``bounds`` between this thread and the native
         worker: the first part's trees summed as reached, the others' leaves found, then
         added in tree order here. False, with nothing done, where no part entry takes
         these dtypes."""
-        entry = _part_entry("TREE_ENTRIES", data, total)
+        entry = _part_entry("TREE_ENTRIES", data, total.dtype)
         if entry is None:
             return False
         (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
@@ -291,7 +316,7 @@ def _native_walk(native, parts, data, tables, total, reached) -> bool:
     """forest_sums over ``parts`` on this thread and the native worker
     (ops/ml/_jit_tree_parts.py); False, with nothing done, where no entry takes these
     dtypes."""
-    entry = _part_entry("ENTRIES", data, total)
+    entry = _part_entry("ENTRIES", data, total.dtype)
     if entry is None:
         return False
     (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
@@ -302,12 +327,12 @@ def _native_walk(native, parts, data, tables, total, reached) -> bool:
     return True
 
 
-def _part_entry(family: str, data, total):
+def _part_entry(family: str, data, sums_dtype):
     """The cfunc of ops/ml/_jit_tree_parts.py's ``family`` (ENTRIES: rows, TREE_ENTRIES:
     trees) for these rows' and sums' dtypes, or None."""
     module = jit_cpu.load("mixrt.ops.ml._jit_tree_parts")
     return None if module is None else \
-        getattr(module, family).get((data.dtype.char, total.dtype.char))
+        getattr(module, family).get((data.dtype.char, sums_dtype.char))
 
 
 def _run_parts(native, entry, arrays: tuple, uniform: int, bounds: list) -> None:

@@ -63,12 +63,9 @@ class _Request:
 
     def _sums_by_trees(self, tables, X, targets: int):
         """(the sums, whether a leaf reached each target) of X's rows over ``tables`` split
-        by trees (``forest.sums_by_trees``), else None: the same bits as the one call's."""
-        total = np.zeros((X.shape[0], targets), self.precision)
-        reached = np.zeros(total.shape, np.bool_)
-        if not self.forest.sums_by_trees(X, total, reached, tables):
-            return None
-        return total, reached
+        by trees (``forest.split_sums``: arrays its next call fills again), else None: the
+        same bits as the one call's."""
+        return self.forest.split_sums(X, tables, self.precision, targets)
 
     def takes(self, X) -> bool:
         """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?

@@ -21,13 +21,19 @@ def split_counts(monkeypatch):
             pytest.skip("no native worker pool on this machine (one thread, or no AVX-512)")
     monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", 1)
     counts = []
-    walk = forest_walks._Forest.walk_by_trees
+    walk, prepared = forest_walks._Forest.walk_by_trees, forest_walks._Forest.split_sums
 
-    def counted(self, *args):
+    def counted_walk(self, *args):  # the general path's
         done = walk(self, *args)
         counts.append(done)
         return done
-    monkeypatch.setattr(forest_walks._Forest, "walk_by_trees", counted)
+
+    def counted_call(self, *args):  # the request path's prepared call
+        sums = prepared(self, *args)
+        counts.append(sums is not None)
+        return sums
+    monkeypatch.setattr(forest_walks._Forest, "walk_by_trees", counted_walk)
+    monkeypatch.setattr(forest_walks._Forest, "split_sums", counted_call)
     return counts
 
 
@@ -133,3 +139,40 @@ def test_a_walk_splits_by_trees_only_where_rows_are_few_and_the_forest_large(mon
         assert native is not None and bounds[0] == 0 and bounds[-1] == 60
         assert len(bounds) == native.workers + 2  # a part per thread, trees in order
         assert built.tree_parts(2 * forest_walks.SPLIT_ROWS)[1] is None  # split by rows
+
+
+def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_counts,
+                                                                      monkeypatch):
+    """The request path's split call is prepared once per thread and batch shape
+    (ops/ml/tree_split_calls.py): later batches of that shape, and two threads calling one
+    node at once, each get their own rows' answers."""
+    import threading  # noqa: PLC0415
+    rng = np.random.default_rng(37)
+    attrs = _forest(rng, 30, 4, "BRANCH_LEQ", "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    batches = [_rows(rng, 3) for _ in range(12)]
+    with jit_tier.using(False):
+        expected = [ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+                    for x in batches]
+    state, found, errors = {}, {}, []
+
+    def calls(order):
+        try:
+            with jit_tier.using(True), parallel.pinned():
+                for index in order:
+                    found[(threading.get_ident(), index)] = \
+                        ml_trees.tree_ensemble_classifier(np, batches[index], **attrs,
+                                                          _node=state)
+        except Exception as error:  # noqa: BLE001  (raised below, in the test's thread)
+            errors.append(error)
+    calls(range(12))  # one thread, batch after batch
+    threads = [threading.Thread(target=calls, args=(order,))
+               for order in (range(12), reversed(range(12)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # (the node's first call makes its request path, and takes the general one's walk)
+    assert not errors and len(found) == 36 and sum(split_counts) >= 35
+    for (_, index), got in found.items():
+        _equal(got, expected[index])
