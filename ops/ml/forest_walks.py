@@ -168,9 +168,12 @@ class _Forest(_ForestTables):
 
     def _walk_rows(self, kernel, data, tables, first, end, outputs, sums):
         native, parts = self._split(end - first, sums)
-        if parts is None and sums and self.sums_by_trees(
-                data[first:end], *(out[first:end] for out in outputs), tables):
-            return  # a request's few rows through many trees: split by trees
+        if parts is None and sums:  # a request's few rows through many trees: by trees
+            total, reached = outputs
+            found = self.split_sums(data[first:end], tables, total.dtype, total.shape[1])
+            if found is not None:  # (sums from zeros, as the callers' own start)
+                total[first:end], reached[first:end] = found
+                return
         if parts is None:  # a request's few rows: the call itself, no hand-out (~2 us)
             kernel(data, first, end, *tables, *outputs)
             return
@@ -214,14 +217,6 @@ class _Forest(_ForestTables):
         return np.unique(np.concatenate(([0], np.minimum(cuts, len(self.roots)),
                                          [len(self.roots)]))).astype(np.int64)
 
-    def sums_by_trees(self, data, total, reached, tables) -> bool:
-        """forest_sums of every row of ``data`` over ``tables`` into ``total`` and
-        ``reached``, split by trees where :meth:`tree_parts` says so (the same bits as one
-        thread's walk); False, with nothing done, otherwise."""
-        native, bounds = self.tree_parts(data.shape[0])
-        return bounds is not None \
-            and self.walk_by_trees(native, bounds, data, total, reached, tables)
-
     def split_sums(self, data, tables, precision, targets: int):
         """(sums, hits) of ``data``'s rows over ``tables`` where :meth:`tree_parts` splits
         their walk by trees, else None: this thread's prepared call (``tree_split_calls``),
@@ -241,26 +236,6 @@ class _Forest(_ForestTables):
             call = self._split_calls[key] = SplitCall(native, entry, bounds, data, tables,
                                                       precision, targets)
         return call(data)
-
-    def walk_by_trees(self, native, bounds, data, total, reached, tables) -> bool:
-        """forest_sums of every row of ``data`` into ``total`` and ``reached`` over
-        ``tables``, the trees split at ``bounds`` between this thread and the native
-        worker: the first part's trees summed as reached, the others' leaves found, then
-        added in tree order here. False, with nothing done, where no part entry takes
-        these dtypes."""
-        entry = _part_entry("TREE_ENTRIES", data, total.dtype)
-        if entry is None:
-            return False
-        (roots, splits, links, members, uniform, steps, records, thresholds, leaf_start,
-         leaf_targets, leaf_values) = tables
-        leaves = np.empty((data.shape[0], len(roots)), np.int64)
-        _run_parts(native, entry, (data, roots, splits, links, members, steps, records,
-                                   thresholds, leaf_start, leaf_targets, leaf_values, total,
-                                   reached, leaves), uniform, bounds.tolist())
-        leaves_module = jit_cpu.load("mixrt.ops.ml._jit_tree_leaves")
-        leaves_module.add_leaves(leaves, 0, data.shape[0], bounds[1], len(roots), leaf_start,
-                                 leaf_targets, leaf_values, total, reached)
-        return True
 
     def walk_choices(self):
         """The forest's choices of walk by batch size, or None where it has one walk only

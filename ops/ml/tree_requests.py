@@ -47,17 +47,16 @@ class _Request:
         the rows' walk by trees (``forest.tree_parts``: few rows, many trees),
         ``by_trees(tables)`` answers instead, over the same walk's tables."""
         rows = X.shape[0]
-        split = self.forest.tree_parts(rows)[1] is not None
         choice = None if self.choices is None or rows < CHOSEN_FROM_ROWS \
             else self.choices.for_rows(rows)
         if choice is None:
-            if not (split and by_trees(self.tables)):
+            if not by_trees(self.tables):
                 kernel(X, *arguments, *outputs)
             return
         candidates = self.candidates
 
         def run(index):
-            if not (split and by_trees(candidates[index])):
+            if not by_trees(candidates[index]):
                 kernel(X, *candidates[index], *rest, *outputs)
         walk_choice.walk(choice, run)
 

@@ -21,19 +21,13 @@ def split_counts(monkeypatch):
             pytest.skip("no native worker pool on this machine (one thread, or no AVX-512)")
     monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", 1)
     counts = []
-    walk, prepared = forest_walks._Forest.walk_by_trees, forest_walks._Forest.split_sums
+    prepared = forest_walks._Forest.split_sums
 
-    def counted_walk(self, *args):  # the general path's
-        done = walk(self, *args)
-        counts.append(done)
-        return done
-
-    def counted_call(self, *args):  # the request path's prepared call
+    def counted(self, *args):  # the request path's and the general path's
         sums = prepared(self, *args)
         counts.append(sums is not None)
         return sums
-    monkeypatch.setattr(forest_walks._Forest, "walk_by_trees", counted_walk)
-    monkeypatch.setattr(forest_walks._Forest, "split_sums", counted_call)
+    monkeypatch.setattr(forest_walks._Forest, "split_sums", counted)
     return counts
 
 
