@@ -173,8 +173,9 @@ class _ForestTables:
         np.cumsum(counts, out=moved[1:])
         entries = np.repeat(start[order] - moved[:-1], counts) + np.arange(moved[-1])
         empty_steps = np.zeros(0, np.int64)
-        return (renumbered[self.roots], splits, links, self.members[order], empty_steps, np.zeros((0, 4), np.int32), np.zeros(0),
-                moved, targets[entries], values[entries])
+        return (renumbered[self.roots], splits, links, self.members[order], empty_steps,
+                np.zeros((0, 4), np.int32), np.zeros(0), moved, targets[entries],
+                values[entries])
 
     def _walk_tables_unstepped(self, precision, tables):
         """``tables`` with the stepped walk's step counts empty: the kernels then walk to
