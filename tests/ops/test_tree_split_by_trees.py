@@ -9,7 +9,7 @@ import pytest
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.ml import forest_walks, ml_trees, walk_choice
 
-from tests.ops.test_tree_stepped_walk import _forest, _rows
+from test_tree_stepped_walk import _forest, _rows
 
 
 @pytest.fixture
