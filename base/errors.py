@@ -128,13 +128,20 @@ class LenientLoadWarning(UserWarning):
     (``importers/onnxruntime_leniency.py`` has the cases; ``mixrt check --json`` lists them)."""
 
 
+class OnnxruntimeOptionWarning(UserWarning):
+    """Not an error: an onnxruntime option or provider a session was given that mixrt
+    cannot honour as asked (a provider this machine lacks, a provider option with no mixrt
+    counterpart); the message names it and says what mixrt does instead
+    (``runtime/providers.py``, ``mixrt/onnxruntime/settings.py``)."""
+
+
 # MXNet's one error type (``mxnet.base.MXNetError``): code written against MXNet catches it
 # around any call, and every error mixrt raises on purpose is one
 MXNetError = MixrtError
 
 
 __all__ = [
-    "BlasPolicyWarning", "LenientLoadWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
+    "BlasPolicyWarning", "LenientLoadWarning", "OnnxruntimeOptionWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
     "InputError", "ExecutionError", "RunTerminated", "DeviceMismatchError",
     "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",

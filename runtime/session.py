@@ -50,7 +50,7 @@ from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_w
 from mixrt.runtime.prepared_forms import prepare_forms
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
-                                               node_arg)
+                                               device_choice, node_arg)
 from mixrt.runtime.passes.autodiff import expand_gradient_ops
 from mixrt.runtime.passes.typecheck import check_operand_types
 from mixrt.runtime.session_feeds import FeedChecks, feed_key
@@ -118,16 +118,18 @@ class Session(FeedChecks):
     concurrent run takes its own arena.
     """
 
-    def __init__(self, model, device: str = "cpu", *, opt_level: int = 2,
+    def __init__(self, model, device: str | None = None, *, opt_level: int = 2,
                  strategy: str = "greedy", profile: bool = False, cuda_graph: bool = False,
                  providers=None, **onnxruntime_options):
-        # onnxruntime's other arguments are accepted so that its calls run unchanged; the
-        # device picks the kernels. Any other name is a typo that would otherwise be ignored.
-        del providers
+        # onnxruntime's ``providers`` choose the device (runtime/providers.py) where
+        # ``device`` is not given; its other arguments are checked by onnxruntime_surface
+        # (mixrt.onnxruntime maps SessionOptions). Any other name is a typo.
         check_option_names(onnxruntime_options)
         check_option("opt_level", opt_level, (0, 1, 2))
         check_option("strategy", strategy, STRATEGIES)
-        self.device = parse_device(device)
+        self.providers = device_choice(device, providers,
+                                       onnxruntime_options.get("provider_options"))
+        self.device = parse_device(self.providers.device)
         self.graph = _optimized(load_graph(model), opt_level)
         if self.device.kind == "gpu":
             check_gpu_dtypes(self.graph, self.device)
@@ -175,7 +177,10 @@ class Session(FeedChecks):
         return [node_arg(v.name, v.type) for v in self.graph.outputs]
 
     def get_providers(self) -> list[str]:
-        return ["CUDAExecutionProvider" if self.device.kind == "gpu" else "CPUExecutionProvider"]
+        return list(self.providers.providers)
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {name: dict(options) for name, options in self.providers.options.items()}
 
     def run(self, output_names, feeds: dict, run_options: RunOptions | None = None) -> list:
         if run_options is not None:  # a time limit, or a terminate flag to watch

@@ -1,0 +1,1 @@
+"""``onnxruntime.capi``: the modules onnxruntime's Python code imports its classes from."""
