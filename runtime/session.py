@@ -52,6 +52,7 @@ from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
 from mixrt.runtime.passes.autodiff import expand_gradient_ops
+from mixrt.runtime.passes.rewrite import overridable_initializers
 from mixrt.runtime.passes.typecheck import check_operand_types
 from mixrt.runtime.session_feeds import FeedChecks, feed_key
 from mixrt.runtime.support import check_gpu_dtypes
@@ -136,8 +137,12 @@ class Session(FeedChecks):
         self.strategy = strategy
         self._bound = bind_graph(self.graph, self.device)
         self._xp = self.device.xp
-        self._feed_inputs = self.graph.feed_inputs()
-        self._required = [v for v in self._feed_inputs if v.name not in self.graph.initializers]
+        # the inputs a caller must feed, then the initializers it may replace by a feed
+        # (listed as inputs too, from IR 4 on: onnxruntime's overridable initializers)
+        self._required = self.graph.feed_inputs()
+        overridable = overridable_initializers(self.graph, self.graph.metadata.get("ir_version"))
+        self._feed_inputs = self._required + [v for v in self.graph.inputs
+                                              if v.name in overridable]
         # input-shape signature -> ExecutionPlan
         # feed_key -> SteadyRun: the lanes of the feeds' shapes run lately, once they cannot
         # change (a service's few batch sizes each keep theirs); a plan the cache lets go
@@ -171,7 +176,7 @@ class Session(FeedChecks):
     # -- onnxruntime-compatible surface ----------------------------------------------------
 
     def get_inputs(self) -> list[NodeArg]:
-        return [node_arg(v.name, v.type) for v in self._feed_inputs]
+        return [node_arg(v.name, v.type) for v in self._required]
 
     def get_outputs(self) -> list[NodeArg]:
         return [node_arg(v.name, v.type) for v in self.graph.outputs]
@@ -293,7 +298,7 @@ class Session(FeedChecks):
             plan = self._inferred_plan(signature, feeds)  # a known form: no discovery run
         if plan is None:
             with self._device_checks() as checks:
-                env = self._discover(signature, feeds, process)
+                env = self._discover(signature, feeds, self.profiler or process)
             self._raise_failed(checks)
             plan = self._cached_plan(signature)
             if plan is None or self.device.kind != "cpu":
@@ -301,9 +306,9 @@ class Session(FeedChecks):
             # on the CPU the answer comes from a planned run too: the discovery run's
             # kernels, called without out= buffers, may take other paths (BERT's
             # LayerNormalization, its products: 2.6e-6 apart), and a session's first
-            # answer should have the same bits as every later one. Profilers saw the
-            # discovery run (the process's) or see the planned runs from the next call
-            # on (the session's own), as before.
+            # answer should have the same bits as every later one. Profilers (the
+            # session's own, else the process's) saw the discovery run: each node once
+            # for the first call, as they see the planned runs from the next call on.
             profiler = None
         else:
             profiler = self.profiler if self.profiler is not None else process

@@ -28,6 +28,8 @@ from mixrt.onnxruntime.options import RunOptions, SessionOptions
 from mixrt.onnxruntime.settings import session_settings, warn
 from mixrt.onnxruntime.values import OrtMemoryInfo, OrtValue, OrtValueVector
 from mixrt.ops.ir.types import SequenceType, TensorType
+from mixrt.runtime.onnxruntime_surface import node_arg
+from mixrt.runtime.passes.rewrite import overridable_initializers
 from mixrt.runtime.providers import CPU_PROVIDER, UnknownProviderError, choose, normalized
 from mixrt.runtime.session import Session
 
@@ -148,19 +150,18 @@ class InferenceSession:
         return self._options if self._options is not None else SessionOptions()
 
     def get_inputs(self):
-        overridable = self._overridable_names()
-        return [arg for arg in self._session.get_inputs() if arg.name not in overridable]
+        return self._session.get_inputs()
 
     def get_outputs(self):
         return self._session.get_outputs()
 
     def get_overridable_initializers(self):
-        overridable = self._overridable_names()
-        return [arg for arg in self._session.get_inputs() if arg.name in overridable]
-
-    def _overridable_names(self) -> set[str]:
+        """The initializers the model also lists as inputs (from IR 4 on): a feed may
+        replace them, as in onnxruntime."""
         graph = self._session.graph
-        return {value.name for value in graph.feed_inputs() if value.name in graph.initializers}
+        overridable = overridable_initializers(graph, graph.metadata.get("ir_version"))
+        return [node_arg(value.name, value.type) for value in graph.inputs
+                if value.name in overridable]
 
     def get_modelmeta(self) -> ModelMetadata:
         with as_onnxruntime_errors():
