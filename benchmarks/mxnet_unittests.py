@@ -82,9 +82,16 @@ def run_file(python: str, runtime: str, unittest: Path, test_file: str, timeout:
     command = [python, "-m", "pytest", test_file, "-v", "-p", "no:cacheprovider",
                "-c", "pytest.ini", "--rootdir", ".", f"--junitxml={junit}",
                f"--timeout={timeout:g}"]
+    return run_pytest(command, unittest, environment(runtime), junit, log, stem, file_timeout)
+
+
+def run_pytest(command: list[str], cwd: Path, env: dict, junit: Path, log: Path, stem: str,
+               file_timeout: float) -> FileRun:
+    """One pytest process over one test file (its log in ``log``, its report in ``junit``),
+    killed whole past ``file_timeout``; the outcomes it left, even then."""
     with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=unittest, env=environment(runtime),
-                                   stdout=out, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT,
                                    start_new_session=True)  # its own group: killed whole
         try:
             process.wait(timeout=file_timeout)

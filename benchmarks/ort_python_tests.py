@@ -25,7 +25,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,8 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the junit parsing and failure sorting are the MXNet run's; only the runtimes differ
 from mxnet_unittests import (ARGUMENT, MISSING_TYPES, FileRun, Outcome, commit,  # noqa: E402
-                             first_exception, from_junit, from_verbose_log, last_error_line,
-                             load_runs, missing_name, progress_bar, refused_argument)
+                             first_exception, load_runs, missing_name, progress_bar,
+                             refused_argument, run_pytest)
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = ROOT / "compat" / "onnxruntime"
@@ -113,23 +112,7 @@ def run_file(runtime: str, python_dir: Path, test_file: str, timeout: float,
     command = [sys.executable, "-m", "pytest", test_file, "-v", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-c", "pytest.ini", "--rootdir", ".",
                f"--junitxml={junit}", f"--timeout={timeout:g}"]
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=python_dir, env=environment(runtime),
-                                   stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # its own group: killed whole
-        try:
-            process.wait(timeout=file_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            run = from_verbose_log(log.read_text(errors="replace"), stem)
-            run.file_error = f"Timeout: the file's run passed {file_timeout:g} s"
-            return run
-    if junit.exists():
-        return from_junit(junit, stem)
-    run = from_verbose_log(log.read_text(errors="replace"), stem)
-    run.file_error = last_error_line(log.read_text(errors="replace")) or "pytest wrote no report"
-    return run
+    return run_pytest(command, python_dir, environment(runtime), junit, log, stem, file_timeout)
 
 
 PROBE = ("import json, onnxruntime\ntry:\n    import mixrt; mixrt_version = mixrt.__version__\n"
