@@ -8,10 +8,12 @@ classes (``errors.py``), each still the mixrt error it was.
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
+import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -222,7 +224,7 @@ class InferenceSession:
                 callback(None, user_data, f"{type(error).__name__}: {error}")
                 return
             callback(outputs, user_data, "")
-        threading.Thread(target=work, name="mixrt-run-async", daemon=True).start()
+        _async_runner().submit(work)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values,
                             run_options: RunOptions | None = None) -> OrtValueVector:
@@ -299,6 +301,14 @@ class _SessionCore:
 
     def run(self, output_names, feeds: dict, run_options=None):
         return self._owner.run(output_names, feeds, run_options)
+
+
+@functools.cache
+def _async_runner() -> ThreadPoolExecutor:
+    """The threads ``run_async`` runs on, one per core at the most (as onnxruntime runs
+    them on its pool, not a thread per call)."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                              thread_name_prefix="mixrt-run-async")
 
 
 def _all_arrays(feeds) -> bool:

@@ -11,6 +11,7 @@ Without any of these the path or bytes go to ``mixrt.Session`` as they are.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class ModelSource:
         except (ValueError, AttributeError) as error:
             raise InvalidArgument(f"the model's ort_config metadata is not the JSON object "
                                   f"onnxruntime reads: {error}") from error
-        merged = options if options is not None else SessionOptions()
+        # the caller's options stay as they were; the session reads a copy
+        merged = copy.copy(options) if options is not None else SessionOptions()
         for name, value in values.items():
             if not hasattr(merged, name):
                 raise InvalidArgument(f"the model's ort_config sets {name!r}, which "

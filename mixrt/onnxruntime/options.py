@@ -13,7 +13,7 @@ import enum
 import numpy as np
 
 from mixrt.base.run_options import RunOptions as _MixrtRunOptions
-from mixrt.onnxruntime.errors import Fail, InvalidArgument, NotImplemented
+from mixrt.onnxruntime.errors import InvalidArgument, NotImplemented as NotSupported
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -109,7 +109,7 @@ class SessionOptions:
         return bool(self.providers)
 
     def register_custom_ops_library(self, library_path: str) -> None:
-        raise NotImplemented(f"register_custom_ops_library({library_path!r}): mixrt runs no "
+        raise NotSupported(f"register_custom_ops_library({library_path!r}): mixrt runs no "
                              f"compiled onnxruntime custom-op library; its operators are "
                              f"written in Python (docs/onnxruntime-api.md)")
 
@@ -155,9 +155,9 @@ class RunOptions(_MixrtRunOptions):
         return self.config_entries[key]
 
     def add_active_adapter(self, adapter) -> None:
-        raise NotImplemented("RunOptions.add_active_adapter: mixrt does not apply LoRA "
+        raise NotSupported("RunOptions.add_active_adapter: mixrt does not apply LoRA "
                              "adapters at run time")
 
 
 __all__ = ["GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "SessionOptions",
-           "RunOptions", "Fail"]
+           "RunOptions"]

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from mixrt.base.errors import OnnxruntimeOptionWarning
-from mixrt.onnxruntime.errors import InvalidArgument, NotImplemented
+from mixrt.onnxruntime.errors import InvalidArgument, NotImplemented as NotSupported
 from mixrt.onnxruntime.options import (ExecutionMode, ExecutionOrder, GraphOptimizationLevel,
                                        SessionOptions)
 from mixrt.ops.compiled import parallel
@@ -86,7 +86,7 @@ def _opt_level(level) -> int:
 def _read_entries(entries: dict[str, str], settings: SessionSettings) -> None:
     for key in MODEL_FORMATS:
         if entries.get(key, "ONNX").upper() != "ONNX":
-            raise NotImplemented(f"session config entry {key}={entries[key]!r}: mixrt reads "
+            raise NotSupported(f"session config entry {key}={entries[key]!r}: mixrt reads "
                                  f"and writes ONNX models only (not onnxruntime's ORT format)")
     settings.external_file = entries.get(EXTERNAL_FILE, "")
     if EXTERNAL_MIN_BYTES in entries:

@@ -12,7 +12,7 @@ import enum
 import numpy as np
 from onnx import helper as onnx_helper
 
-from mixrt.onnxruntime.errors import InvalidArgument
+from mixrt.onnxruntime.errors import InvalidArgument, as_onnxruntime_errors
 from mixrt.ops.device import parse_device
 from mixrt.runtime.feeds import type_name
 
@@ -155,7 +155,8 @@ class OrtValue:
         array = numpy_obj if isinstance(numpy_obj, np.ndarray) else np.asarray(numpy_obj)
         if _device_type(device_type) == 0:
             return cls(array)
-        return cls(parse_device(f"gpu:{int(device_id)}").put(array, "an OrtValue"))
+        with as_onnxruntime_errors():  # no such GPU: EPFail
+            return cls(parse_device(f"gpu:{int(device_id)}").put(array, "an OrtValue"))
 
     @classmethod
     def ortvalue_from_numpy_with_onnx_type(cls, data, onnx_element_type: int) -> OrtValue:
@@ -173,7 +174,8 @@ class OrtValue:
         dtype = numpy_dtype(element_type)
         if _device_type(device_type) == 0:
             return cls(np.empty(tuple(shape), dtype))
-        device = parse_device(f"gpu:{int(device_id)}")
+        with as_onnxruntime_errors():  # no such GPU: EPFail
+            device = parse_device(f"gpu:{int(device_id)}")
         with device.active():
             return cls(device.xp.empty(tuple(shape), dtype))
 

@@ -2,5 +2,5 @@
 (``mixrt.onnxruntime.backend``)."""
 
 from mixrt.onnxruntime.backend import *  # noqa: F401,F403
-from mixrt.onnxruntime.backend import (OnnxRuntimeBackendRep, is_compatible, prepare, run,  # noqa: F401
-                                       run_model, supports_device)
+from mixrt.onnxruntime.backend import (  # noqa: F401
+    OnnxRuntimeBackendRep, is_compatible, prepare, run, run_model, supports_device)
