@@ -83,3 +83,7 @@ def _options(kwargs: dict) -> tuple[SessionOptions, RunOptions | None]:
             raise InvalidArgument(f"prepare(..., {name}=...): neither SessionOptions nor "
                                   f"RunOptions has a field {name!r}")
     return options, run_options
+
+
+__all__ = ["OnnxRuntimeBackendRep", "prepare", "run", "run_model", "supports_device",
+           "is_compatible"]
