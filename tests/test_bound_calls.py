@@ -435,6 +435,37 @@ def test_a_gemm_over_the_feed_is_bound_with_the_kernels_bits(unbound, inputs, ou
     assert lists[True][layer] and not lists.get(False, {}).get(layer)
 
 
+@pytest.mark.parametrize("activation, attrs", [
+    ("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {}), ("Sigmoid", {}),
+    ("Tanh", {}), ("HardSwish", {})])
+@pytest.mark.parametrize("inputs, outputs, rows", [
+    (24, 307, 1),    # one row: the BLAS's gemv, an output over 256 values
+    (307, 65, 3),    # a few rows, an output under 256 values (NumPy's epilogue)
+    (65, 112, 3)])   # a few rows, over 256 values (the compiled pass)
+def test_a_fused_layer_s_bound_epilogue_gives_the_kernels_bits(unbound, activation, attrs,
+                                                               inputs, outputs, rows):
+    """FusedGemm's bias and activation under the panels' reach are bound once (NumPy's
+    calls under 256 values, as the kernel makes them there; one compiled pass over more):
+    every activation's bits are the unbound kernel's at each size."""
+    rng = np.random.default_rng(inputs * outputs + rows)
+    w = numpy_helper.from_array((rng.standard_normal((inputs, outputs)) * 0.3)
+                                .astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(outputs).astype(np.float32), "b")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),  # the layer reads the arena
+             helper.make_node("Gemm", ["r", "w", "b"], ["g"], name="layer"),
+             helper.make_node(activation, ["g"], ["y"], **attrs)]
+    graph = helper.make_graph(
+        nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, inputs])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, outputs])], [w, b])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+    session = mixrt.Session(model)
+    for seed in range(4):
+        feeds = {"x": (rng.standard_normal((rows, inputs)) * 2).astype(np.float32)}
+        np.testing.assert_array_equal(session.run(None, feeds)[0], unbound(session, feeds)[0])
+    if "FusedGemm" in {node.op_type for node in session.graph.nodes}:
+        assert "FusedGemm" in _bound_ops(session)
+
+
 def test_a_segment_places_a_result_that_is_not_its_view(unbound):
     """A bound call inside a segment that hands back another array than its step's view
     (as a kernel may) has it copied into the view, as the loop places it: the run's values
