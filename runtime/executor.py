@@ -34,6 +34,8 @@ from typing import NamedTuple
 import numpy as np
 
 from mixrt.base.settings import batch_invariant
+from mixrt.ops.ir.registry import (IN_PLACE, REGISTRY, RESHAPE, SHRINKING_IN_PLACE, SLICES,
+                                   VIEWS)
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import to_host
 from mixrt.runtime.concat_in_place import (composite_lives, concat_composites,
@@ -42,27 +44,6 @@ from mixrt.runtime.memory import MemoryPlan, TensorLife
 from mixrt.runtime.placements import smallest_plan, stored_plan
 from mixrt.runtime.passes.transposed_operands import swaps_last_two, takes_transposed
 
-# ops whose output (for a contiguous input) is a view of input 0
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BlockGrad"})
-# view ops whose output is input 0 reshaped: a planned run that knows the output's shape
-# makes the view itself (``ExecutionPlan.reshapes``)
-RESHAPE_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-
-# ops whose every output is a slice of input 0 (their kernels return views)
-SLICING_OPS = frozenset({"Split"})
-
-# ops whose kernels compute the output elementwise from same-shaped inputs through ufuncs with
-# ``out=``, so the output may share its buffer with an input that dies here
-INPLACE_OPS = frozenset({
-    "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs",
-    "Sqrt", "Clip", "Erf", "BatchNormalization", "FusedElementwise", "LRN",
-})
-
-# ops whose smaller output may start at the input's offset: their kernels finish reading each
-# plane of the input before they write the part of the output that overlaps it
-SHRINKING_INPLACE_OPS = frozenset({"MaxPool", "AveragePool"})
-
-# ops whose outputs are not a function of their inputs alone: never frozen per signature
 # a graph output of up to this many bytes whose shape inference predicted gets a slot like
 # any tensor (its node then writes into the arena: the bound, replayed call) and is copied
 # out as the run returns it; a larger one is made by its kernel, copying it would cost more.
@@ -70,10 +51,20 @@ SHRINKING_INPLACE_OPS = frozenset({"MaxPool", "AveragePool"})
 # LayerNorm and pooler 28 and 19 us of a 210 us run, their bound calls ~3 each
 ARENA_OUTPUT_BYTES = 1 << 16
 
-NONDETERMINISTIC_OPS = frozenset({
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-    "Multinomial", "Dropout",
-})
+
+# -- what an op may do with memory ---------------------------------------------------------
+# declared where its kernel is registered (``@op(..., memory=IN_PLACE)``, ops/ir/registry.py),
+# read here for each node of a plan
+
+
+def memory_of(node) -> str | None:
+    return REGISTRY.memory_of(node.domain, node.op_type)
+
+
+def is_random(node) -> bool:
+    """Whether the node's outputs are not a function of its inputs alone (random draws):
+    never frozen per signature."""
+    return REGISTRY.is_random(node.domain, node.op_type)
 
 
 class Shaped:
@@ -185,14 +176,15 @@ class ExecutionPlan:
     # CPU plans: whether a run wakes the native worker threads as it starts (its kernels
     # may split their work over them)
     wakes_workers: bool = True
-    # view value -> its shape, for RESHAPE_OPS outputs (of arena tensors, or of values the
+    # view value -> its shape, for RESHAPE outputs (of arena tensors, or of values the
     # arena does not hold, such as strings) whose shape inference predicted (so
     # every run of the signature has it): the host loop reshapes input 0 itself, ~0.4 us
     # against ~2-4 us through the kernel (which reads and checks the shape tensor each
     # run); a one-token GPT-2 step has 48 such Reshapes
     reshapes: dict = field(default_factory=dict)
-    # values that view an arena tensor without a slot of their own (the VIEW_OPS outputs,
-    # transposed MatMul operands, Split's parts): made again each run, over the same memory
+    # values that view an arena tensor without a slot of their own (the outputs of VIEW and
+    # RESHAPE ops, transposed MatMul operands, Split's parts): made again each run, over the
+    # same memory
     views: frozenset = frozenset()
     # planned from shape inference, without a discovery run, and not yet run once
     # (runtime/inferred_plans.py): its first run falls back to a discovery run if it fails
@@ -231,7 +223,7 @@ def _views_input(node, observed: dict) -> bool:
     one wherever it could not prove the shapes equal, as with a symbolic batch axis; its
     kernel then returns its input, and a slot of its own would only cost a copy: 17 of
     them, 12.5 ms of ResNet-18's training step at batch 32)."""
-    if node.op_type in VIEW_OPS:
+    if memory_of(node) in VIEWS:
         return bool(node.inputs)
     if node.op_type != "SumToShapeOf" or node.domain != "mixrt" or len(node.inputs) < 2:
         return False
@@ -261,7 +253,7 @@ def _transposed_operands(steps, outputs: set) -> frozenset:
 def _views_part(node) -> bool:
     """Whether every output of the node is a view of a part of its first input: Split's
     slices (a slot of their own cost a copy each; GPT-2's fused q, k, v: three a layer)."""
-    return node.op_type in SLICING_OPS and node.domain in ("", "ai.onnx") and bool(node.inputs)
+    return memory_of(node) == SLICES and bool(node.inputs)
 
 
 # -- making a plan ---------------------------------------------------------------------------
@@ -444,7 +436,7 @@ def plan_structure(signature: tuple, steps: list, graph_outputs: list[str], obse
                 last[target] = max(last[target], index)
         reads_slots = frozenset().union(*(referenced(n) for n in step.reads)) \
             if step.reads else frozenset()
-        reshaping = node.op_type in RESHAPE_OPS and node.domain in ("", "ai.onnx")
+        reshaping = memory_of(node) == RESHAPE
         for position, name in enumerate(node.outputs):
             if not name:
                 continue
@@ -475,8 +467,9 @@ def plan_structure(signature: tuple, steps: list, graph_outputs: list[str], obse
                 continue
             slots[name] = ask("predicted", step, name)
             first[name] = last[name] = index
-            if node.op_type in INPLACE_OPS | SHRINKING_INPLACE_OPS:
-                same = node.op_type in INPLACE_OPS
+            kind = memory_of(node)
+            if kind in (IN_PLACE, SHRINKING_IN_PLACE):
+                same = kind == IN_PLACE
                 candidates.extend((source, name, same) for source in node.inputs
                                   if source in slots)
     end = len(steps)
@@ -507,7 +500,7 @@ class FrozenValues:
         self.values: dict = {}
 
     def __call__(self, node, types: dict) -> dict:
-        if node.op_type in NONDETERMINISTIC_OPS or node.subgraphs():
+        if is_random(node) or node.subgraphs():
             return {}
         if node.op_type in ("Shape", "Size") and not node.domain:
             source = node.inputs[0]
@@ -554,7 +547,7 @@ def _arena_output(step, value, inferred) -> bool:
     return _is_array(value) and value.dtype != object and 0 < value.nbytes \
         and (value.nbytes <= ARENA_OUTPUT_BYTES or batch_invariant()) \
         and _predicted(inferred, value) \
-        and getattr(step, "writes_into", False) and node.op_type not in VIEW_OPS \
+        and getattr(step, "writes_into", False) and memory_of(node) not in VIEWS \
         and sum(1 for name in node.outputs if name) == 1
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from mixrt.base.settings import setting
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import UNKNOWN, TensorType
-from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped, make_plan
+from mixrt.runtime.executor import Shaped, is_random, make_plan
 from mixrt.runtime.lru import frozen
 from mixrt.runtime.passes.infer import infer_attributes, refined
 from mixrt.runtime.run_loop import call_step
@@ -364,7 +364,7 @@ def _frozen_entries(steps, nodes: frozenset, constants: dict, program: ShapeProg
     for step in steps:
         node = step.node
         outputs = tuple(name for name in node.outputs if name)
-        if id(node) not in nodes or not outputs or node.op_type in NONDETERMINISTIC_OPS \
+        if id(node) not in nodes or not outputs or is_random(node) \
                 or step.subgraphs:
             continue
         shape_of = node.op_type in ("Shape", "Size") and not node.domain

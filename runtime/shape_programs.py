@@ -24,7 +24,7 @@ import numpy as np
 
 from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import TensorType
-from mixrt.runtime.executor import NONDETERMINISTIC_OPS, Shaped
+from mixrt.runtime.executor import Shaped, is_random
 from mixrt.runtime.run_loop import call_step
 from mixrt.runtime.passes.infer import infer_attributes
 from mixrt.runtime.shape_rules import Known, NoRule, output_shapes, output_values
@@ -148,7 +148,7 @@ class _Tracer:
 
     def _step(self, step) -> None:
         node = step.node
-        if step.subgraphs or node.op_type in NONDETERMINISTIC_OPS:
+        if step.subgraphs or is_random(node):
             raise NotSymbolic(f"node {node.label} runs a subgraph or draws random numbers")
         outputs = [name for name in node.outputs if name]
         inputs = [self._input(name) for name in node.inputs]

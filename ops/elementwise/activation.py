@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 
 from mixrt.ops.ir.dtypes import FLOATS, INTS, NUMERIC, SIGNED_INTS
+from mixrt.ops.ir.registry import IN_PLACE
 from mixrt.ops.elementwise.elementwise import erf_values, in_compute_dtype, quiet, registered
 from mixrt.ops.ir.types import broadcast_like_first, same_as_input
 
 
-def activation(op_type, *versions, dtypes=FLOATS):
-    return registered(op_type, *versions, dtypes=dtypes, infer=same_as_input)
+def activation(op_type, *versions, dtypes=FLOATS, memory=None):
+    return registered(op_type, *versions, dtypes=dtypes, infer=same_as_input, memory=memory)
 
 
 def _sigmoid(xp, x):
@@ -33,12 +34,12 @@ def _scalar(x, value):
     return x.dtype.type(value)
 
 
-@activation("Relu", 6, 13, 14, dtypes=FLOATS | SIGNED_INTS)
+@activation("Relu", 6, 13, 14, dtypes=FLOATS | SIGNED_INTS, memory=IN_PLACE)
 def relu(xp, X):
     return in_compute_dtype(xp, X, lambda x: xp.maximum(x, _scalar(x, 0)))
 
 
-@activation("LeakyRelu", 6, 16)
+@activation("LeakyRelu", 6, 16, memory=IN_PLACE)
 def leaky_relu(xp, X, *, alpha=0.01):
     return in_compute_dtype(xp, X, lambda x: xp.where(x >= 0, x, x * _scalar(x, alpha)))
 
@@ -96,12 +97,12 @@ def hard_swish(xp, X):
         xp, X, lambda x: x * xp.clip(x * _scalar(x, 1 / 6) + _scalar(x, 0.5), 0, 1))
 
 
-@activation("Sigmoid", 6, 13)
+@activation("Sigmoid", 6, 13, memory=IN_PLACE)
 def sigmoid(xp, X):
     return in_compute_dtype(xp, X, lambda x: _sigmoid(xp, x))
 
 
-@activation("Tanh", 6, 13)
+@activation("Tanh", 6, 13, memory=IN_PLACE)
 def tanh(xp, X):
     return in_compute_dtype(xp, X, xp.tanh)
 

@@ -20,19 +20,20 @@ import numpy as np
 
 from mixrt.ops.ir.dtypes import (compute_dtype, BOOL, FLOAT8, FLOATS, INTS, NUMERIC, SIGNED_INTS,
                                  STRING, is_float)
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.registry import IN_PLACE, op
 from mixrt.ops.ir.types import (TensorType, broadcast_like_first, broadcast_shapes,
                              broadcast_to_bool, same_as_input)
 
 FLOAT_LIKE = FLOATS | FLOAT8
 
 
-def registered(op_type: str, *versions: int, dtypes=None, infer=None):
+def registered(op_type: str, *versions: int, dtypes=None, infer=None, memory=None):
     """Register one kernel for several opset versions of ``op_type`` (the versions that only
-    widened the type constraints keep the semantics) and attach its infer function."""
+    widened the type constraints keep the semantics) and attach its infer function;
+    ``memory`` as ``op`` takes it."""
     def register(fn):
         for since in versions:
-            fn = op(op_type, since, dtypes=dtypes)(fn)
+            fn = op(op_type, since, dtypes=dtypes, memory=memory)(fn)
         if infer is not None:
             fn.infer(infer)
         return fn
@@ -198,17 +199,17 @@ def erf_values(xp, x):
 
 # -- unary math -----------------------------------------------------------------------------
 
-def _float_unary(op_type, *versions, dtypes=FLOATS):
+def _float_unary(op_type, *versions, dtypes=FLOATS, memory=None):
     """Register a float function computed through in_compute_dtype."""
-    return registered(op_type, *versions, dtypes=dtypes, infer=same_as_input)
+    return registered(op_type, *versions, dtypes=dtypes, infer=same_as_input, memory=memory)
 
 
-@registered("Abs", 6, 13, dtypes=NUMERIC, infer=same_as_input)
+@registered("Abs", 6, 13, dtypes=NUMERIC, infer=same_as_input, memory=IN_PLACE)
 def abs_(xp, X):
     return in_compute_dtype(xp, X, xp.abs)
 
 
-@registered("Neg", 6, 13, dtypes=FLOATS | SIGNED_INTS, infer=same_as_input)
+@registered("Neg", 6, 13, dtypes=FLOATS | SIGNED_INTS, infer=same_as_input, memory=IN_PLACE)
 def neg(xp, X):
     return in_compute_dtype(xp, X, xp.negative)
 
@@ -218,7 +219,7 @@ def sign(xp, X):
     return in_compute_dtype(xp, X, xp.sign)
 
 
-@_float_unary("Exp", 6, 13)
+@_float_unary("Exp", 6, 13, memory=IN_PLACE)
 def exp(xp, X):
     with quiet(xp):
         return in_compute_dtype(xp, X, xp.exp)
@@ -230,7 +231,7 @@ def log(xp, X):
         return in_compute_dtype(xp, X, xp.log)
 
 
-@_float_unary("Sqrt", 6, 13)
+@_float_unary("Sqrt", 6, 13, memory=IN_PLACE)
 def sqrt(xp, X):
     with quiet(xp):
         return in_compute_dtype(xp, X, xp.sqrt)
@@ -281,7 +282,7 @@ acosh = _trig("Acosh", 9, "arccosh")
 atanh = _trig("Atanh", 9, "arctanh")
 
 
-@_float_unary("Erf", 9, 13)
+@_float_unary("Erf", 9, 13, memory=IN_PLACE)
 def erf(xp, X):
     return in_compute_dtype(xp, X, lambda x: erf_values(xp, x))
 
@@ -328,17 +329,17 @@ def _legacy_broadcast(B, A_rank: int, broadcast: int, axis):
     return B.reshape((1,) * axis + B.shape + (1,) * (A_rank - axis - B.ndim))
 
 
-@registered("Add", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first)
+@registered("Add", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first, memory=IN_PLACE)
 def add(xp, A, B):
     return xp.add(A, B)
 
 
-@registered("Sub", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first)
+@registered("Sub", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first, memory=IN_PLACE)
 def sub(xp, A, B):
     return xp.subtract(A, B)  # unsigned results wrap around, as in C
 
 
-@registered("Mul", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first)
+@registered("Mul", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first, memory=IN_PLACE)
 def mul(xp, A, B):
     return xp.multiply(A, B)
 
@@ -352,7 +353,7 @@ def _truncating_divide(xp, A, B):
     return quotient
 
 
-@registered("Div", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first)
+@registered("Div", 7, 13, 14, dtypes=NUMERIC, infer=broadcast_like_first, memory=IN_PLACE)
 def div(xp, A, B):
     with quiet(xp):
         if A.dtype.kind in "iu":
@@ -481,7 +482,9 @@ def xor(xp, A, B):
 # -- opset < 7 versions of the binary ops: same math, legacy broadcasting ----------------------
 
 def _legacy(op_type, since, modern, dtypes, output_dtype=None):
-    @registered(op_type, since, dtypes=dtypes, infer=_shape_of_first(output_dtype))
+    memory = modern.kernels[0].memory  # what the modern version may do with memory
+    @registered(op_type, since, dtypes=dtypes, infer=_shape_of_first(output_dtype),
+                memory=memory)
     def kernel(xp, A, B, *, broadcast=0, axis=None):
         return modern(xp, A, _legacy_broadcast(B, A.ndim, broadcast, axis))
     kernel.fn.__name__ = kernel.__name__ = f"{modern.__name__.rstrip('_')}_{since}"
@@ -565,12 +568,12 @@ def _bound_in(dtype, value: float):
     return np.dtype(dtype).type(min(max(value, -limit), limit))
 
 
-@registered("Clip", 6, dtypes=FLOATS, infer=same_as_input)
+@registered("Clip", 6, dtypes=FLOATS, infer=same_as_input, memory=IN_PLACE)
 def clip_6(xp, input, *, min=-_FLOAT32_MAX, max=_FLOAT32_MAX):
     return _clamp(xp, input, _bound_in(input.dtype, min), _bound_in(input.dtype, max))
 
 
-@registered("Clip", 11, 12, 13, dtypes=NUMERIC, infer=same_as_input)
+@registered("Clip", 11, 12, 13, dtypes=NUMERIC, infer=same_as_input, memory=IN_PLACE)
 def clip(xp, input, min=None, max=None):
     if min is None and max is None:
         return input.copy()

@@ -40,7 +40,7 @@ from mixrt.ops.elementwise.row_blocks import BLOCK, overlaps, pick, row_blocks, 
 from mixrt.ops.elementwise.simd_cpu import clip_, filled, relu_
 from mixrt.ops.elementwise.small_routines import MAX_ROUTINES, Layout, generated
 from mixrt.ops.ir.dtypes import FUSED_DTYPES
-from mixrt.ops.ir.registry import MIXRT, op
+from mixrt.ops.ir.registry import IN_PLACE, MIXRT, op
 from mixrt.ops.ir.types import broadcast_like_first
 
 
@@ -465,7 +465,7 @@ def program(ops: tuple, operands: tuple, params: tuple, inputs: int) -> Program:
 
 # -- the kernel -------------------------------------------------------------------------------
 
-@op("FusedElementwise", since=1, domain=MIXRT, dtypes=FUSED_DTYPES)
+@op("FusedElementwise", since=1, domain=MIXRT, dtypes=FUSED_DTYPES, memory=IN_PLACE)
 def fused_elementwise(xp, *inputs, ops=(), operands=(), params=(), out=None, _node=None):
     """The program over ``inputs``, one array-module call per step; the CPU's and the GPU's
     one-pass forms are registered beside it (``elementwise_cpu.py``, ``elementwise_gpu.py``)."""

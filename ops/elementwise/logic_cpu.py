@@ -98,7 +98,7 @@ def _bind_isinf(args, out, attributes):
 def _where_writes(condition, X, Y, out) -> bool:
     """Two copies into ``out`` give ``where``'s values where neither the condition nor X
     shares ``out``'s memory (Y may: it is copied first). Where is not written in place
-    (runtime/executor.INPLACE_OPS), so this holds in planned runs."""
+    (its registration declares no IN_PLACE memory), so this holds in planned runs."""
     return isinstance(out, np.ndarray) and isinstance(condition, np.ndarray) \
         and condition.dtype == BOOL and _plain(X, Y) and out.dtype == X.dtype \
         and not np.may_share_memory(out, X) and not np.may_share_memory(out, condition)

@@ -35,6 +35,23 @@ MIXRT = "mixrt"
 DEFAULT_DOMAIN = ""
 _DOMAIN_ALIASES = {"ai.onnx": ""}
 DEVICES = ("cpu", "gpu")
+# what an op may do with memory, declared where its kernel is registered (``@op(...,
+# memory=IN_PLACE)``, as onnxruntime's kernels declare Alias and MayInplace) and read by the
+# planner
+# (runtime/executor.py): its output views input 0 (for a contiguous input) ...
+VIEW = "view"
+# ... as input 0 reshaped (a planned run that knows the output's shape makes the view itself)
+RESHAPE = "reshape"
+# ... every output is a slice of input 0 (the kernel returns views)
+SLICES = "slices"
+# ... its output, computed elementwise from same-shaped inputs through ufuncs with ``out=``,
+# may share its buffer with an input that dies at the node
+IN_PLACE = "in place"
+# ... its smaller output may start at input 0's offset: the kernel finishes reading each plane
+# of the input before it writes the part of the output over it
+SHRINKING_IN_PLACE = "shrinking in place"
+VIEWS = frozenset({VIEW, RESHAPE})
+MEMORY_KINDS = frozenset({VIEW, RESHAPE, SLICES, IN_PLACE, SHRINKING_IN_PLACE})
 # in a node's ``_prepacked`` dict (runtime/binding.bind_graph): the positions of its inputs
 # that are constants of the session (input 1, the weight, always is; a kernel that derives
 # layouts from others, such as an LSTM's R and B, checks them here)
@@ -68,6 +85,8 @@ class Kernel:
     fast: dict = field(default_factory=dict)  # device -> fn with the same signature
     # inputs the kernel only reads on the host (see OpHandle.reads_on_host)
     host_inputs: frozenset = frozenset()
+    memory: str | None = None  # one of MEMORY_KINDS (see ``op``), None for none
+    random: bool = False  # its outputs are not a function of its inputs alone
 
     @property
     def name(self) -> str:
@@ -216,6 +235,29 @@ class Registry:
 
     def __init__(self):
         self._ops: dict[tuple[str, str], list[Kernel]] = {}
+        # (domain as a node spells it, op_type) -> (memory kind, random): what the planner
+        # asks of every node of every plan, answered once
+        self._properties: dict[tuple[str, str], tuple[str | None, bool]] = {}
+
+    def forget_properties(self) -> None:
+        self._properties = {}
+
+    def properties(self, domain: str, op_type: str) -> tuple[str | None, bool]:
+        """(memory kind, random) of ``op_type``'s newest version; (None, False) for an op
+        with none registered."""
+        key = (domain, op_type)
+        found = self._properties.get(key)
+        if found is None:
+            versions = self._ops.get((canonical_domain(domain), op_type))
+            found = (versions[-1].memory, versions[-1].random) if versions else (None, False)
+            self._properties[key] = found
+        return found
+
+    def memory_of(self, domain: str, op_type: str) -> str | None:
+        return self.properties(domain, op_type)[0]
+
+    def is_random(self, domain: str, op_type: str) -> bool:
+        return self.properties(domain, op_type)[1]
 
     def add(self, kernel: Kernel) -> None:
         versions = self._ops.setdefault((kernel.domain, kernel.op_type), [])
@@ -227,6 +269,7 @@ class Registry:
         for current, following in zip(versions, versions[1:]):
             current.until = following.since - 1
         versions[-1].until = None
+        self.forget_properties()
 
     def versions(self, domain: str, op_type: str) -> list[Kernel]:
         return list(self._ops.get((canonical_domain(domain), op_type), ()))
@@ -277,13 +320,20 @@ REGISTRY = Registry()
 
 
 def op(op_type: str, since: int = 1, *, domain: str = DEFAULT_DOMAIN,
-       dtypes: frozenset | None = None) -> Callable[[Callable], OpHandle]:
-    """Register a kernel for ``op_type`` from opset ``since`` on (see the module docstring)."""
+       dtypes: frozenset | None = None, memory: str | None = None,
+       random: bool = False) -> Callable[[Callable], OpHandle]:
+    """Register a kernel for ``op_type`` from opset ``since`` on (see the module docstring).
+    ``memory``: what the kernel may do with memory (VIEW, RESHAPE, SLICES, IN_PLACE,
+    SHRINKING_IN_PLACE), which every device's function of it honours and the planner reads;
+    ``random``: its outputs are not a function of its inputs alone."""
+    if memory is not None and memory not in MEMORY_KINDS:
+        raise ValueError(f"{op_type}: memory kind {memory!r} is not one of "
+                         f"{sorted(MEMORY_KINDS)}")
 
     def register(target) -> OpHandle:
         handle = target if isinstance(target, OpHandle) else OpHandle(target)
         kernel = Kernel(op_type=op_type, domain=canonical_domain(domain), since=since,
-                        fn=handle.fn, dtypes=dtypes)
+                        fn=handle.fn, dtypes=dtypes, memory=memory, random=random)
         if getattr(handle, "_infer_fn", None) is not None:
             kernel.infer_fn = handle._infer_fn
         REGISTRY.add(kernel)

@@ -269,27 +269,27 @@ def _dropout(xp, data, ratio: float, training: bool, seed, outputs: int, mask_dt
     return (output, mask) if outputs > 1 else output
 
 
-@op("Dropout", since=6, dtypes=FLOATS)
+@op("Dropout", since=6, dtypes=FLOATS, random=True)
 def dropout_6(xp, data, *, ratio=0.5, is_test=0, _outputs=1):
     # Exported models of this era carry is_test=0 even for inference; like opset 7..11
     # Dropout, which has no switch at all, it runs in inference mode.
     return _dropout(xp, data, ratio, False, None, _outputs, data.dtype)
 
 
-@op("Dropout", since=7, dtypes=FLOATS)
+@op("Dropout", since=7, dtypes=FLOATS, random=True)
 def dropout_7(xp, data, *, ratio=0.5, _outputs=1):
     # Opset 6..9's mask is typed like the data; 10 made it bool.
     return _dropout(xp, data, ratio, False, None, _outputs, data.dtype)
 
 
-@op("Dropout", since=10, dtypes=FLOATS)
+@op("Dropout", since=10, dtypes=FLOATS, random=True)
 def dropout_10(xp, data, *, ratio=0.5, _outputs=1):
     return _dropout(xp, data, ratio, False, None, _outputs, bool)
 
 
-@op("Dropout", since=22, dtypes=FLOATS | FLOAT8)
-@op("Dropout", since=13, dtypes=FLOATS)
-@op("Dropout", since=12, dtypes=FLOATS)
+@op("Dropout", since=22, dtypes=FLOATS | FLOAT8, random=True)
+@op("Dropout", since=13, dtypes=FLOATS, random=True)
+@op("Dropout", since=12, dtypes=FLOATS, random=True)
 def dropout(xp, data, ratio=None, training_mode=None, *, seed=None, _outputs=1):
     ratio = 0.5 if ratio is None else float(ratio)
     training = training_mode is not None and bool(training_mode)

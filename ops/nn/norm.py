@@ -14,7 +14,7 @@ from math import prod
 import numpy as np
 
 from mixrt.ops.ir.dtypes import FLOATS, to_numpy_dtype
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.registry import IN_PLACE, op
 from mixrt.ops.ir.types import (TensorType, broadcast_shapes, normalize_axis, require_shape,
                                 same_as_input, without_value)
 from mixrt.ops.nn.nn import _trailing_axes, widen
@@ -98,7 +98,7 @@ def _batch_norm_training(xp, X, scale, B, mean, var, epsilon, momentum):
             batch_mean.astype(mean.dtype), batch_var.astype(var.dtype))
 
 
-@op("BatchNormalization", since=7, dtypes=FLOATS)
+@op("BatchNormalization", since=7, dtypes=FLOATS, memory=IN_PLACE)
 def batch_normalization_7(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9,
                           spatial=1, _outputs=1):
     # Before opset 14 training mode is signalled by asking for more than Y.
@@ -109,7 +109,7 @@ def batch_normalization_7(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=
     return _batch_norm(xp, X, scale, B, mean, var, epsilon, shape)
 
 
-@op("BatchNormalization", since=6, dtypes=FLOATS)
+@op("BatchNormalization", since=6, dtypes=FLOATS, memory=IN_PLACE)
 def batch_normalization_6(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9,
                           spatial=1, is_test=0, _outputs=1):
     # is_test only forbade the training outputs; asking for them is what selects training.
@@ -117,15 +117,15 @@ def batch_normalization_6(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=
                                  momentum=momentum, spatial=spatial, _outputs=_outputs)
 
 
-@op("BatchNormalization", since=9, dtypes=FLOATS)
+@op("BatchNormalization", since=9, dtypes=FLOATS, memory=IN_PLACE)
 def batch_normalization_9(xp, X, scale, B, mean, var, *, epsilon=1e-5, momentum=0.9,
                           _outputs=1):
     return batch_normalization_7(xp, X, scale, B, mean, var, epsilon=epsilon,
                                  momentum=momentum, _outputs=_outputs)
 
 
-@op("BatchNormalization", since=15, dtypes=FLOATS)
-@op("BatchNormalization", since=14, dtypes=FLOATS)
+@op("BatchNormalization", since=15, dtypes=FLOATS, memory=IN_PLACE)
+@op("BatchNormalization", since=14, dtypes=FLOATS, memory=IN_PLACE)
 def batch_normalization(xp, X, scale, B, input_mean, input_var, *, epsilon=1e-5,
                         momentum=0.9, training_mode=0, _outputs=1):
     if training_mode:
@@ -273,8 +273,8 @@ def _(X: TensorType, scale: TensorType, **_):
 
 # -- LRN, LpNormalization, MeanVarianceNormalization -------------------------------------------
 
-@op("LRN", since=13, dtypes=FLOATS)
-@op("LRN", since=1, dtypes=FLOATS)
+@op("LRN", since=13, dtypes=FLOATS, memory=IN_PLACE)
+@op("LRN", since=1, dtypes=FLOATS, memory=IN_PLACE)
 def lrn(xp, X, *, size=None, alpha=1e-4, beta=0.75, bias=1.0):
     """Each element divided by a power of the sum of squares over ``size`` nearby channels."""
     if size is None:

@@ -19,7 +19,7 @@ from mixrt.ops.conv.conv import (inferred_out_dims, pad_spatial, sliding_windows
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.ir.dtypes import FLOATS
 from mixrt.ops.compiled.parallel import parallel_rows
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.registry import SHRINKING_IN_PLACE, op
 from mixrt.ops.ir.types import TensorType, fits, shape_text
 from mixrt.ops.device import to_host
 
@@ -95,12 +95,12 @@ def _pool_infer(X, *, kernel_shape=None, strides=None, dilations=None, pads=None
 
 # -- MaxPool --------------------------------------------------------------------------------
 
-@op("MaxPool", since=22, dtypes=MAXPOOL_TYPES)
-@op("MaxPool", since=12, dtypes=MAXPOOL_TYPES)
-@op("MaxPool", since=11, dtypes=FLOATS)
-@op("MaxPool", since=10, dtypes=FLOATS)
-@op("MaxPool", since=8, dtypes=FLOATS)
-@op("MaxPool", since=1, dtypes=FLOATS)
+@op("MaxPool", since=22, dtypes=MAXPOOL_TYPES, memory=SHRINKING_IN_PLACE)
+@op("MaxPool", since=12, dtypes=MAXPOOL_TYPES, memory=SHRINKING_IN_PLACE)
+@op("MaxPool", since=11, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("MaxPool", since=10, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("MaxPool", since=8, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("MaxPool", since=1, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
 def max_pool(xp, X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None,
              pads=None, storage_order=0, strides=None, _outputs=1):
     """Max over each window (pads never win); Indices (opset 8+) only when asked for."""
@@ -149,12 +149,12 @@ def _(X, **attrs):
 
 # -- AveragePool and LpPool -----------------------------------------------------------------
 
-@op("AveragePool", since=22, dtypes=FLOATS)
-@op("AveragePool", since=19, dtypes=FLOATS)
-@op("AveragePool", since=11, dtypes=FLOATS)
-@op("AveragePool", since=10, dtypes=FLOATS)
-@op("AveragePool", since=7, dtypes=FLOATS)
-@op("AveragePool", since=1, dtypes=FLOATS)
+@op("AveragePool", since=22, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("AveragePool", since=19, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("AveragePool", since=11, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("AveragePool", since=10, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("AveragePool", since=7, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
+@op("AveragePool", since=1, dtypes=FLOATS, memory=SHRINKING_IN_PLACE)
 def average_pool(xp, X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
                  dilations=None, kernel_shape=None, pads=None, strides=None):
     w = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)

@@ -50,8 +50,8 @@ def _finish(xp, values, dtype):
     return xp.asarray(values.astype(dtype))
 
 
-@op("RandomNormal", since=22)
-@op("RandomNormal", since=1)
+@op("RandomNormal", since=22, random=True)
+@op("RandomNormal", since=1, random=True)
 def random_normal(xp, *, dtype=1, mean=0.0, scale=1.0, seed=None, shape=None):
     if shape is None:
         raise ValueError("RandomNormal requires the 'shape' attribute")
@@ -59,8 +59,8 @@ def random_normal(xp, *, dtype=1, mean=0.0, scale=1.0, seed=None, shape=None):
     return _finish(xp, values, _output_dtype(dtype))
 
 
-@op("RandomUniform", since=22)
-@op("RandomUniform", since=1)
+@op("RandomUniform", since=22, random=True)
+@op("RandomUniform", since=1, random=True)
 def random_uniform(xp, *, dtype=1, high=1.0, low=0.0, seed=None, shape=None):
     if shape is None:
         raise ValueError("RandomUniform requires the 'shape' attribute")
@@ -68,30 +68,30 @@ def random_uniform(xp, *, dtype=1, high=1.0, low=0.0, seed=None, shape=None):
     return _finish(xp, values, _output_dtype(dtype))
 
 
-@op("RandomNormalLike", since=22)
-@op("RandomNormalLike", since=1)
+@op("RandomNormalLike", since=22, random=True)
+@op("RandomNormalLike", since=1, random=True)
 def random_normal_like(xp, input, *, dtype=None, mean=0.0, scale=1.0, seed=None):
     values = _generator(seed).normal(mean, scale, size=input.shape)
     return _finish(xp, values, _output_dtype(dtype, input.dtype))
 
 
-@op("RandomUniformLike", since=22)
-@op("RandomUniformLike", since=1)
+@op("RandomUniformLike", since=22, random=True)
+@op("RandomUniformLike", since=1, random=True)
 def random_uniform_like(xp, input, *, dtype=None, high=1.0, low=0.0, seed=None):
     values = _generator(seed).uniform(low, high, size=input.shape)
     return _finish(xp, values, _output_dtype(dtype, input.dtype))
 
 
-@op("Bernoulli", since=22, dtypes=FLOATS)
-@op("Bernoulli", since=15, dtypes=FLOATS)
+@op("Bernoulli", since=22, dtypes=FLOATS, random=True)
+@op("Bernoulli", since=15, dtypes=FLOATS, random=True)
 def bernoulli(xp, input, *, dtype=None, seed=None):
     """1 with probability p (the input), else 0: a uniform draw below p."""
     draws = xp.asarray(_generator(seed).random(size=input.shape))
     return (draws < input.astype(np.float64)).astype(_output_dtype(dtype, input.dtype))
 
 
-@op("Multinomial", since=22, dtypes=FLOATS)
-@op("Multinomial", since=7, dtypes=FLOATS)
+@op("Multinomial", since=22, dtypes=FLOATS, random=True)
+@op("Multinomial", since=7, dtypes=FLOATS, random=True)
 def multinomial(xp, input, *, dtype=6, sample_size=1, seed=None):
     """Class indices drawn per batch row from softmax(input) (the input holds log-odds)."""
     logits = input.astype(np.float64)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from mixrt.ops.ir.dtypes import FLOATS, SIGNED_INTS, to_numpy_dtype
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.registry import RESHAPE, SLICES, VIEW, op
 from mixrt.ops.ir.types import TensorType, broadcast_shapes, conflicting, normalize_axis, \
     shape_text
 
@@ -106,7 +106,7 @@ def _(**attrs):
     return [typed(value.dtype, value.shape, value)]
 
 
-@op("Identity", since=1)
+@op("Identity", since=1, memory=VIEW)
 def identity(xp, input):
     # Tensors, sequences and optionals alike pass through untouched.
     return input
@@ -164,13 +164,13 @@ def _reshape(X, target, allowzero):
                            for i, d in enumerate(target)))
 
 
-@op("Reshape", since=1)
+@op("Reshape", since=1, memory=RESHAPE)
 def reshape_1(xp, data, *, shape=None, consumed_inputs=None):
     return _reshape(data, shape, 0)
 
 
-@op("Reshape", since=14)
-@op("Reshape", since=5)
+@op("Reshape", since=14, memory=RESHAPE)
+@op("Reshape", since=5, memory=RESHAPE)
 def reshape(xp, data, shape, *, allowzero=0):
     return _reshape(data, host_ints(shape), allowzero)
 
@@ -199,7 +199,7 @@ def _flatten_axis(axis: int, rank: int) -> int:
     return rank if axis == rank else normalize_axis(axis, rank)
 
 
-@op("Flatten", since=1)
+@op("Flatten", since=1, memory=RESHAPE)
 def flatten(xp, input, *, axis=1):
     axis = _flatten_axis(axis, input.ndim)
     return input.reshape(math.prod(input.shape[:axis]), math.prod(input.shape[axis:]))
@@ -239,24 +239,24 @@ def _unsqueeze(X, axes):
     return X.reshape(tuple(shape))
 
 
-@op("Squeeze", since=1)
+@op("Squeeze", since=1, memory=RESHAPE)
 def squeeze_1(xp, data, *, axes=None):
     return _squeeze(data, axes)
 
 
-@op("Squeeze", since=13)
+@op("Squeeze", since=13, memory=RESHAPE)
 def squeeze(xp, data, axes=None):
     return _squeeze(data, None if axes is None else host_ints(axes))
 
 
-@op("Unsqueeze", since=1)
+@op("Unsqueeze", since=1, memory=RESHAPE)
 def unsqueeze_1(xp, data, *, axes=None):
     if axes is None:
         raise ValueError("Unsqueeze-1 requires the 'axes' attribute")
     return _unsqueeze(data, axes)
 
 
-@op("Unsqueeze", since=13)
+@op("Unsqueeze", since=13, memory=RESHAPE)
 def unsqueeze(xp, data, axes):
     return _unsqueeze(data, host_ints(axes))
 
@@ -381,20 +381,20 @@ def _split(X, axis, sizes):
     return tuple(parts)
 
 
-@op("Split", since=1)
+@op("Split", since=1, memory=SLICES)
 def split_1(xp, input, split_input=None, *, axis=0, split=None, _outputs=1):
     # Split-1 took the sizes from an input or an attribute, both named 'split'.
     sizes = split if split_input is None else host_ints(split_input)
     return _split(input, axis, _split_sizes(input.shape[axis], sizes, _outputs))
 
 
-@op("Split", since=2)
+@op("Split", since=2, memory=SLICES)
 def split_2(xp, input, *, axis=0, split=None, _outputs=1):
     return _split(input, axis, _split_sizes(input.shape[axis], split, _outputs))
 
 
-@op("Split", since=18)
-@op("Split", since=13)
+@op("Split", since=18, memory=SLICES)
+@op("Split", since=13, memory=SLICES)
 def split(xp, input, split=None, *, axis=0, num_outputs=None, _outputs=1):
     sizes = None if split is None else host_ints(split)
     return _split(input, axis, _split_sizes(input.shape[axis], sizes, _outputs, num_outputs))

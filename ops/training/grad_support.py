@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from mixrt.ops.ir.dtypes import compute_dtype
-from mixrt.ops.ir.registry import op
+from mixrt.ops.ir.registry import VIEW, op
 from mixrt.ops.ir.types import TensorType
 
 MIXRT = "mixrt"
@@ -49,7 +49,7 @@ def _(b, node, dy):
     return [b.emit("Expand", dy[0], b.emit("Shape", node.inputs[0])), None]
 
 
-@op("BlockGrad", since=1, domain=MIXRT)
+@op("BlockGrad", since=1, domain=MIXRT, memory=VIEW)
 def block_grad(xp, input):
     """Its input, unchanged; no gradient flows back through it (MXNet's BlockGrad, a
     framework's stop_gradient): how a symbol exposes a value, such as the logits beside a
