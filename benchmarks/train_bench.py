@@ -332,7 +332,8 @@ def training_memory(batch: int, mirror=None, device: str = "cpu",
     ``mirror``, those ops' outputs are recomputed in backward. Also the median step time."""
     from mixrt.models.zoo import light_model  # noqa: PLC0415
     from mixrt.module import Module  # noqa: PLC0415
-    from mixrt.runtime.training import softmax_cross_entropy, TrainingProgram  # noqa: PLC0415
+    from mixrt.runtime.training.program import (  # noqa: PLC0415
+        TrainingProgram, softmax_cross_entropy)
     from mixrt.runtime.passes import optimize  # noqa: PLC0415
     from mixrt.runtime.session import load_graph  # noqa: PLC0415
     # the zoo's "light" file computes its weights with ConstantOfShape nodes; folding them

@@ -19,7 +19,8 @@ import numpy as np
 from mixrt.base.errors import KVStoreError, OptimizerError, ShapeError
 from mixrt.kvstore.compression import check_params
 from mixrt.ops.device import array_module, to_host
-from mixrt.runtime import engine, optimizer as optim
+from mixrt.runtime import engine
+from mixrt.runtime.training import optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 
 Updater = Callable[[str, object, object], None]

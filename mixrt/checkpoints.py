@@ -16,7 +16,7 @@ from mixrt.base.errors import InputError, ModelLoadError, OptimizerError
 from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter
 from mixrt.ops.device import to_host
-from mixrt.runtime.mixed_precision import LossScaler
+from mixrt.runtime.training.mixed_precision import LossScaler
 from mixrt.runtime.npz import read_npz, write_npz
 
 CHECKPOINT_FORMAT = "mixrt.checkpoint/1"

@@ -8,8 +8,8 @@ update rules (``mixrt/optimizers/``).
 
 Every optimizer here is also an engine optimizer (``step``, ``state_dict``), so a KVStore
 or a Trainer takes it. The engine's own optimizers (PyTorch's rules, specs a parameter
-server rebuilds) are ``mixrt.runtime.optimizer``. ``Updater.get_states`` writes an ``.npz``,
-never a pickle.
+server rebuilds) are ``mixrt.runtime.training.optimizer``. ``Updater.get_states`` writes
+an ``.npz``, never a pickle.
 """
 
 from mixrt.optimizers import *  # noqa: F401,F403

@@ -22,7 +22,7 @@ import numpy as np
 from mixrt.tape.arrays import new_array
 from mixrt.base.errors import InputError, ShapeError
 from mixrt.ops.device import array_module
-from mixrt.runtime import update_rules as rules
+from mixrt.runtime.training import update_rules as rules
 
 
 # -- reading and writing NDArrays ----------------------------------------------------------
@@ -83,7 +83,7 @@ def _sgd_step(xp, weight, grad, mom, lr, momentum, wd, rescale_grad, clip_gradie
               multi: bool = False):
     """The new weight; ``mom`` (when given) updated in place: MXNet keeps ``-lr`` inside
     the momentum buffer (``mom = momentum * mom - lr * wd * w - lr * g``; ``w += mom``),
-    by the rules of runtime/update_rules.py, which the engine's ``mxnet_sgd`` (a parameter
+    by the rules of runtime/training/update_rules.py, which the engine's ``mxnet_sgd`` (a parameter
     server's) and the GPU's multi-tensor kernel follow too. ``multi``: without momentum,
     the multi-tensor operator's rounding (``update_rules.multi_sgd``)."""
     clipped = _clipped(clip_gradient)

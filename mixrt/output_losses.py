@@ -10,7 +10,7 @@ import numpy as np
 
 from mixrt.base.errors import InputError
 from mixrt.runtime.graph import Graph, Node
-from mixrt.runtime.training import LOSS_OPSET, Loss, bce_with_logits, l1, mse
+from mixrt.runtime.training.program import LOSS_OPSET, Loss, bce_with_logits, l1, mse
 
 
 def output_layer_loss(kind: str, options: dict, logits: str, label: str) -> Loss:

@@ -156,9 +156,9 @@ def nvrtc_compile(source: str) -> tuple[int, str]:
 
 
 def counted_optimizer_launches(monkeypatch) -> list:
-    """The names of the multi-tensor optimizer kernels (runtime/optimizer_kernels.py)
+    """The names of the multi-tensor optimizer kernels (runtime/training/optimizer_kernels.py)
     launched from now on, in order, in the list returned."""
-    from mixrt.runtime import optimizer_kernels
+    from mixrt.runtime.training import optimizer_kernels
     launches: list = []
     made = optimizer_kernels._raw
 

@@ -22,8 +22,8 @@ from mixrt.importers.onnx import import_model
 from mixrt.io import NDArrayIter
 from mixrt.module import Module
 from mixrt.runtime import npz
-from mixrt.runtime import optimizer as optim
-from mixrt.runtime.mixed_precision import LossScaler
+from mixrt.runtime.training import optimizer as optim
+from mixrt.runtime.training.mixed_precision import LossScaler
 
 WEIGHT = np.arange(6, dtype=np.float32).reshape(2, 3)
 

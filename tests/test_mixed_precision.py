@@ -14,10 +14,10 @@ from mixrt.module import Module
 from mixrt.ops.device import gpu_available
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.mixed_precision import (FLOAT32_OPS, LossScaler, lower_precision,
-                                           parse_precision)
+from mixrt.runtime.training.mixed_precision import (FLOAT32_OPS, LossScaler, lower_precision,
+                                                    parse_precision)
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.training import TrainingProgram, softmax_cross_entropy
+from mixrt.runtime.training.program import TrainingProgram, softmax_cross_entropy
 
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
@@ -184,7 +184,7 @@ def test_scaler_unscales_in_place_and_flags_non_finite():
 
 
 def test_all_finite_reads_each_device_once():
-    from mixrt.runtime.mixed_precision import all_finite  # noqa: PLC0415
+    from mixrt.runtime.training.mixed_precision import all_finite  # noqa: PLC0415
     assert all_finite([np.ones(3, F32), np.zeros((2, 2), np.float16)])
     assert not all_finite([np.ones(3, F32), np.array([1.0, np.nan], F32)])
     assert not all_finite([np.array([-np.inf], np.float16), np.ones(2, F32)])

@@ -9,7 +9,7 @@ from helpers import counted_optimizer_launches, nvrtc, nvrtc_compile
 
 from mixrt import lr_scheduler
 # the engine's optimizers (PyTorch's rules); mixrt.optimizer is MXNet's (test_mxnet_optimizer)
-from mixrt.runtime import optimizer
+from mixrt.runtime.training import optimizer
 from mixrt.errors import DeviceMismatchError, OptimizerError, ShapeError
 
 SHAPES = [(5, 3), (7,)]
@@ -504,10 +504,10 @@ def test_cupy_matches_numpy_and_checkpoints_move_between_devices(name, params):
     ("adam", dict(learning_rate=0.01, wd=0.1)), ("adamw", dict(learning_rate=0.01, wd=0.1))])
 def test_a_gpu_update_is_one_launch_per_parameter(name, params, monkeypatch):
     """SGD, Adam and AdamW update each weight and its state in one kernel on a GPU
-    (runtime/optimizer_kernels.py), where their array expressions launched 6-12."""
+    (runtime/training/optimizer_kernels.py), where their array expressions launched 6-12."""
     cupy = pytest.importorskip("cupy")
     from mixrt.ops.device import gpu_available
-    from mixrt.runtime import optimizer_kernels
+    from mixrt.runtime.training import optimizer_kernels
     if not gpu_available():
         pytest.skip("no CUDA GPU")
     launches = []
@@ -589,6 +589,6 @@ def test_a_gpu_step_of_every_weight_is_one_launch(name, params, dtype, monkeypat
 def test_the_multi_tensor_kernels_compile(kernel, flags, dtype):
     """The CUDA C of the multi-tensor updates, compiled by NVRTC for Hopper (no GPU needed
     to compile; a GPU run checks what they compute)."""
-    from mixrt.runtime import optimizer_kernels
+    from mixrt.runtime.training import optimizer_kernels
     status, log = nvrtc_compile(optimizer_kernels.source(kernel, dtype, **flags))
     assert status == 0, log

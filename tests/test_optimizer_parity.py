@@ -5,7 +5,7 @@
 * on a parameter server: what ``kvstore/dist/server.py`` runs, the engine optimizer rebuilt
   from the spec the worker sends (``mxnet_sgd`` and ``mxnet_adam`` for MXNet's kinds);
   tests/kvstore/test_dist.py runs one with real processes;
-* on a GPU: the kernels' CUDA C (``runtime/optimizer_kernels.py``: the multi-tensor
+* on a GPU: the kernels' CUDA C (``runtime/training/optimizer_kernels.py``: the multi-tensor
   RawKernels and the one-weight ElementwiseKernels' bodies), compiled here for the host by
   the C++ compiler with every product and sum rounded alone (as NVRTC's ``--fmad=false``
   has them) and run on host memory, against the CPU's steps. The engine's own kinds
@@ -33,8 +33,8 @@ from helpers import nvrtc
 import mixrt
 from mixrt import autograd, gluon, lr_scheduler, nd
 from mixrt.base.errors import OptimizerError
-from mixrt.runtime import optimizer as engine
-from mixrt.runtime import optimizer_kernels, update_rules
+from mixrt.runtime.training import optimizer as engine
+from mixrt.runtime.training import optimizer_kernels, update_rules
 
 DTYPES = [np.float32, np.float64]
 STEPS = 6

@@ -142,7 +142,7 @@ def test_every_export_differentiates_in_low_precision(stem, precision):
 
     from mixrt.importers.onnx import import_model
     from mixrt.runtime.graph import Node, Value
-    from mixrt.runtime.mixed_precision import lower_precision
+    from mixrt.runtime.training.mixed_precision import lower_precision
     from mixrt.runtime.passes.autodiff import gradient_graph
     model, feeds, _ = _case(stem)
     graph = import_model(model)

@@ -13,7 +13,7 @@ from mixrt.module import Module
 from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.training import LOSSES, TrainingProgram
+from mixrt.runtime.training.program import LOSSES, TrainingProgram
 
 
 def mlp(inputs=64, hidden=32, outputs=10, seed=0, dtype=np.float32) -> Graph:

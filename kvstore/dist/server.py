@@ -40,7 +40,7 @@ from mixrt.kvstore.dist import protocol as p
 from mixrt.kvstore.dist.config import Config
 from mixrt.kvstore.dist.liveness import SchedulerLink
 from mixrt.kvstore.dist.security import check_bind, secure_server
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 
 log = logging.getLogger("mixrt.kvstore.server")
 MAX_PENDING_INITS = 65_536  # per worker: inits that wait for worker 0's value

@@ -35,7 +35,7 @@ from mixrt.kvstore.dist.config import Config, from_env
 from mixrt.kvstore.dist.liveness import SchedulerLink, interrupt_main_on_error
 from mixrt.kvstore.dist.security import secure_client
 from mixrt.ops.device import array_module, to_host
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 from mixrt.runtime.engine import drain_if_running
 
 log = logging.getLogger("mixrt.kvstore.worker")

@@ -38,7 +38,7 @@ from mixrt.gluon.trainer_states import OptimizerStates
 from mixrt.gluon.trainer_store import make_store, StoreWiring, TrainerConfigError
 from mixrt.kvstore.base import KVStore
 from mixrt.optimizers import Optimizer as MXNetOptimizer, create as create_mxnet, get_updater
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 
 
 class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
@@ -111,8 +111,8 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
                 spec = create_mxnet(name, **options).spec()
             except OptimizerError:
                 warnings.warn(f"the parameter server runs the engine's {name!r} "
-                              f"(mixrt.runtime.optimizer), whose rule is not MXNet's: its "
-                              f"steps differ from this process's", RuntimeWarning,
+                              f"(mixrt.runtime.training.optimizer), whose rule is not "
+                              f"MXNet's: its steps differ from this process's", RuntimeWarning,
                               stacklevel=3)
                 return optim.create(name, **engine_options).spec()
             spec["params"].update(lr_mult=engine_options["lr_mult"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.base.errors import OptimizerError
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 from mixrt.runtime.npz import read_npz, write_npz
 
 

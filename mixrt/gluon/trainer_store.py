@@ -34,7 +34,7 @@ from mixrt.kv import create as create_store, summed_workers
 from mixrt.kv_base import KVStoreBase
 from mixrt.kvstore.base import KVStore
 from mixrt.optimizers import Optimizer as MXNetOptimizer
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 
 
 class TrainerConfigError(InputError, ValueError):

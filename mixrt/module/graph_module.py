@@ -19,7 +19,7 @@ run exactly as if it had not stopped.
 
 ``fit(..., precision="float16")`` trains in mixed precision (PyTorch AMP / MXNet AMP): the
 parameters, their gradients and the optimizer state stay float32, the forward and backward
-graph computes in float16 and a dynamic :class:`~mixrt.runtime.mixed_precision.LossScaler`
+graph computes in float16 and a dynamic :class:`~mixrt.runtime.training.mixed_precision.LossScaler`
 (``model.loss_scaler``, saved in checkpoints) skips the steps whose gradients overflow.
 
 This module holds the model: a graph and its parameters, what trains (``freeze``,
@@ -51,11 +51,11 @@ from mixrt.ops.device import array_module, parse_device, to_host
 from mixrt.ops.ir.types import TensorType
 from mixrt.output_losses import output_layer_loss
 from mixrt.runtime.graph import Graph, Node, Value
-from mixrt.runtime.mixed_precision import LossScaler
+from mixrt.runtime.training.mixed_precision import LossScaler
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph, eliminate_dead_nodes
 from mixrt.runtime.session import load_graph, Session
-from mixrt.runtime.training import Loss, LOSSES, TrainingProgram
+from mixrt.runtime.training.program import Loss, LOSSES, TrainingProgram
 from mixrt.sym.executor import training_graph
 from mixrt.sym.symbol_layers import output_layer
 from mixrt.sym.symbol import Symbol

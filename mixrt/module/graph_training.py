@@ -23,8 +23,8 @@ from mixrt.gluon import Trainer
 from mixrt.io import NDArrayIter, read_ahead
 from mixrt.module.checks import check_sharding, feed_array
 from mixrt.progress import epoch_bar, epoch_line
-from mixrt.runtime.mixed_precision import parse_precision, LossScaler
-from mixrt.runtime.training import Loss, LOSSES, TrainingProgram
+from mixrt.runtime.training.mixed_precision import parse_precision, LossScaler
+from mixrt.runtime.training.program import Loss, LOSSES, TrainingProgram
 
 
 class GraphTraining:

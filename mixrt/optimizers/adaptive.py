@@ -16,7 +16,7 @@ from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import Optimizer, register
 from mixrt.optimizers.sgd import clipping, zeros_like
-from mixrt.runtime import update_rules
+from mixrt.runtime.training import update_rules
 
 
 def _rescaled_raw(optimizer, grad, xp, dtype):
@@ -54,7 +54,8 @@ class Adam(Optimizer):
                         lazy_update=self.lazy_update)
 
     def spec(self) -> dict:
-        """The engine's ``mxnet_adam``: the same rule and rate (runtime/update_rules.py)."""
+        """The engine's ``mxnet_adam``: the same rule and rate
+        (runtime/training/update_rules.py)."""
         return self._twin_spec("mxnet_adam", beta1=self.beta1, beta2=self.beta2,
                                epsilon=self.epsilon)
 
@@ -83,7 +84,7 @@ class AdaGrad(Optimizer):
                    "rescale_grad": self.rescale_grad})
 
     def spec(self) -> dict:
-        """The engine's ``mxnet_adagrad``: the same rule (runtime/update_rules.py)."""
+        """The engine's ``mxnet_adagrad``: the same rule (runtime/training/update_rules.py)."""
         return self._twin_spec("mxnet_adagrad", epsilon=self.float_stable_eps)
 
 
@@ -196,7 +197,7 @@ class Ftrl(Optimizer):
                         clip_gradient=clipping(self))
 
     def spec(self) -> dict:
-        """The engine's ``mxnet_ftrl``: the same rule (runtime/update_rules.py)."""
+        """The engine's ``mxnet_ftrl``: the same rule (runtime/training/update_rules.py)."""
         return self._twin_spec("mxnet_ftrl", lamda1=self.lamda1, beta=self.beta)
 
 

@@ -7,8 +7,8 @@ state)`` (or ``update_multi_precision``) with NDArrays, usually through ``get_up
 mixrt's engine way (a KVStore's ``set_optimizer``, a Trainer): ``step(key, weight, grad)``
 with NDArrays or bare NumPy/CuPy arrays, the optimizer keeping the states itself, and
 ``state_dict()``/``load_state_dict()`` for checkpoints. That is why the class derives from
-the engine's optimizer type (``mixrt.runtime.optimizer.Optimizer``): it is accepted wherever
-one is, though every rule and every number here is MXNet's.
+the engine's optimizer type (``mixrt.runtime.training.optimizer.Optimizer``): it is accepted
+wherever one is, though every rule and every number here is MXNet's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from mixrt.nd.ndarray import NDArray
 from mixrt.ops.device import array_module
 from mixrt.optimizers.updater import Updater
 from mixrt.registry import Registry
-from mixrt.runtime import optimizer as engine
+from mixrt.runtime.training import optimizer as engine
 
 
 class UnknownOptimizerError(OptimizerError, ValueError):
@@ -231,11 +231,11 @@ class Optimizer(engine.Optimizer):
         """The engine optimizer that runs these same steps bit for bit, as a spec a
         parameter server rebuilds (``sgd``, ``nag``, ``adam``, ``rmsprop``, ``adagrad``,
         ``ftrl``, ``signum`` and ``lamb`` have such twins there: the engine's ``mxnet_*``
-        kinds, which run runtime/update_rules.py's MXNet rules, as this process does)."""
+        kinds, which run runtime/training/update_rules.py's MXNet rules, as this process does)."""
         raise OptimizerError(f"MXNet's {type(self).__name__} runs in this process only; a "
-                             f"parameter server runs mixrt.runtime.optimizer's kinds (the "
-                             f"'sgd', 'nag', 'adam', 'rmsprop', 'adagrad', 'ftrl', 'signum' "
-                             f"and 'lamb' optimizers have twins there)")
+                             f"parameter server runs mixrt.runtime.training.optimizer's kinds "
+                             f"(the 'sgd', 'nag', 'adam', 'rmsprop', 'adagrad', 'ftrl', "
+                             f"'signum' and 'lamb' optimizers have twins there)")
 
     def _twin_spec(self, name: str, **hyper) -> dict:
         """The spec of the engine's kind ``name`` with this optimizer's common settings and

@@ -16,7 +16,7 @@ from mixrt import nd, optimizer_ops as ops
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import ImplUpdates, Optimizer, register
 from mixrt.optimizers.sgd import SGD, listed, zeros_like
-from mixrt.runtime import update_rules
+from mixrt.runtime.training import update_rules
 
 _NO_TRUST_RATIO = ("gamma", "beta", "bias")  # LARS leaves these layers' rates alone
 
@@ -124,7 +124,8 @@ class LAMB(ImplUpdates, Optimizer):
                                    out=weight, **bounds)
 
     def spec(self) -> dict:
-        """The engine's ``mxnet_lamb``: the same rules and norms (runtime/update_rules.py)."""
+        """The engine's ``mxnet_lamb``: the same rules and norms
+        (runtime/training/update_rules.py)."""
         return self._twin_spec("mxnet_lamb", beta1=self.beta1, beta2=self.beta2,
                                epsilon=self.epsilon, lower_bound=_acting(self.lower_bound),
                                upper_bound=_acting(self.upper_bound),

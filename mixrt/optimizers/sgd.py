@@ -16,7 +16,7 @@ from mixrt import nd, optimizer_ops as ops, random as mixrt_random
 from mixrt.base.errors import OptimizerError
 from mixrt.ops.device import array_module
 from mixrt.optimizers.base import ImplUpdates, Optimizer, register, warn_float16
-from mixrt.runtime import optimizer_kernels as kernels
+from mixrt.runtime.training import optimizer_kernels as kernels
 
 
 def listed(index, weight, grad, state):
@@ -113,7 +113,7 @@ class SGD(_MomentumSGD):
 
     def _step_many(self, weights, grads, states, lrs, wds) -> bool:
         """Every weight in one launch where they are dense float32/float64 arrays of one GPU
-        (runtime/optimizer_kernels.py); False, nothing done, elsewhere. A step of a
+        (runtime/training/optimizer_kernels.py); False, nothing done, elsewhere. A step of a
         ResNet-18 is otherwise 62 updates from Python, ~20 ms on an H100 against the
         forward and backward's 22 ms."""
         if len(weights) < 2 or any(a.stype != "default" for a in (*weights, *grads)):
@@ -200,7 +200,7 @@ class Signum(Optimizer):
 
     def spec(self) -> dict:
         """The engine's ``mxnet_signum`` (signSGD with ``momentum`` 0): the same rules
-        (runtime/update_rules.py)."""
+        (runtime/training/update_rules.py)."""
         return self._twin_spec("mxnet_signum", momentum=self.momentum,
                                wd_lh=self.wd_lh or 0.0)
 
@@ -268,7 +268,7 @@ class Test(Optimizer):
 
 
 def _engine_sgd_spec(optimizer, nesterov: bool) -> dict:
-    """The engine's ``mxnet_sgd``: the same update rule (runtime/update_rules.py), so a
+    """The engine's ``mxnet_sgd``: the same update rule (runtime/training/update_rules.py), so a
     parameter server takes the steps this process would, bit for bit."""
     return optimizer._twin_spec("mxnet_sgd", momentum=max(optimizer.momentum, 0.0),
                                 nesterov=nesterov)

@@ -5,10 +5,11 @@ and the states' save format.
 lists of gradients and weights). ``get_states``/``set_states`` exchange bytes, as MXNet's do,
 but the bytes are an ``.npz`` (``numpy.load(..., allow_pickle=False)`` reads it), never a
 pickle: MXNet pickles its states, and unpickling a file runs whatever code it names. The
-layout is the engine's checkpoint layout (``mixrt.runtime.optimizer.Optimizer.state_dict``):
-``state{i}.{slot}`` arrays and a JSON ``meta`` entry, here with each state's nesting (MXNet's
-states are None, an NDArray or tuples of them) and, with ``dump_optimizer=True``, the
-optimizer's constructor arguments and plain attributes in place of MXNet's pickled object.
+layout is the engine's checkpoint layout
+(``mixrt.runtime.training.optimizer.Optimizer.state_dict``): ``state{i}.{slot}`` arrays and a
+JSON ``meta`` entry, here with each state's nesting (MXNet's states are None, an NDArray or
+tuples of them) and, with ``dump_optimizer=True``, the optimizer's constructor arguments and
+plain attributes in place of MXNet's pickled object.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from mixrt.base.errors import ModelLoadError, OptimizerError
 from mixrt.context import cpu
 from mixrt.nd.ndarray import NDArray
-from mixrt.runtime import lr_scheduler as schedulers
+from mixrt.runtime.training import lr_scheduler as schedulers
 from mixrt.runtime.npz import read_npz
 
 FORMAT = 1  # the engine's STATE_FORMAT: its read_meta accepts these files

@@ -26,7 +26,7 @@ from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph
-from mixrt.runtime.training import LOSS_OPSET
+from mixrt.runtime.training.program import LOSS_OPSET
 from mixrt.sym.symbol import MXNET_OP, Symbol, _layer_inputs
 
 ZEROS = "{}_monitor_zeros"

@@ -27,7 +27,7 @@ from mixrt.runtime.passes.autodiff import gradient_graph, split_forward_backward
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import copy_graph
 from mixrt.runtime.session import Session
-from mixrt.runtime.training import LOSS_OPSET, NameMaker
+from mixrt.runtime.training.program import LOSS_OPSET, NameMaker
 from mixrt.output_losses import output_layer_loss
 from mixrt.sym.symbol import LOSS_HEAD, Symbol
 from mixrt.sym.symbol_layers import output_layer

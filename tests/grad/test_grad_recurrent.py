@@ -21,7 +21,7 @@ from mixrt.ops.device import gpu_available, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.passes.autodiff import gradient_graph
-from mixrt.runtime.training import TrainingProgram, mse, softmax_cross_entropy
+from mixrt.runtime.training.program import TrainingProgram, mse, softmax_cross_entropy
 
 
 def _nd(value, **kwargs):

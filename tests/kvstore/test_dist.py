@@ -128,7 +128,7 @@ def test_optimizer_runs_on_the_servers_and_its_state_saves(cluster_factory, tmp_
         weight = weight + mom
     for worker in range(2):
         np.testing.assert_array_equal(_result(cluster, worker)["w"], [weight[0]] * 2)
-    from mixrt.runtime.optimizer import from_state_dict
+    from mixrt.runtime.training.optimizer import from_state_dict
     with np.load(states, allow_pickle=False) as arrays:
         restored = from_state_dict({k: arrays[k] for k in arrays.files})
     assert restored.name == "mxnet_sgd" and restored.counts == {"w": 4}

@@ -16,7 +16,7 @@ from mixrt.errors import DeviceUnavailableError, KVStoreError, ShapeError
 from mixrt.kvstore import nccl as nccl_store
 from mixrt.kvstore.local import LocalStore
 from mixrt.kvstore.nccl import NCCLStore
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 from mixrt.ops.device import gpu_count
 
 GPUS = gpu_count()

@@ -9,7 +9,7 @@ import pytest
 import mixrt
 from mixrt.errors import KVStoreError, ShapeError
 from mixrt.gluon import Parameter, Trainer
-from mixrt.runtime import optimizer as optim
+from mixrt.runtime.training import optimizer as optim
 
 
 def test_create_knows_every_kind_and_refuses_others():

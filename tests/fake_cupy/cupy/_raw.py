@@ -1,7 +1,7 @@
 """RawKernel on the fake: CUDA C it cannot compile is refused, except mixrt's multi-tensor
-optimizer kernels (runtime/optimizer_kernels.py), which the fake runs as NumPy written here
-from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
-runtime/update_rules.py itself), reading the weights, gradients and
+optimizer kernels (runtime/training/optimizer_kernels.py), which the fake runs as NumPy
+written here from the update rules (torch.optim's SGD and Adam/AdamW; MXNet's SGD from
+runtime/training/update_rules.py itself), reading the weights, gradients and
 states at the addresses in the kernel's tables (host memory, on the fake). So the tables,
 the per-tensor scalars and the arguments' order are checked; the CUDA C is compiled by
 NVRTC in tests/test_optimizer.py, run for the host by tests/test_optimizer_parity.py
@@ -15,7 +15,7 @@ import re
 import numpy as _np
 
 from cupy._core import ndarray, unwrap
-from mixrt.runtime import update_rules
+from mixrt.runtime.training import update_rules
 
 launches: dict = {}  # kernel name -> launches so far (tests count them)
 
@@ -75,7 +75,7 @@ def _sgd(flags, weights, grads, buffers, starts, lrs, wds, tensors, total, momen
 
 def _mxnet_sgd(flags, weights, grads, moms, starts, lrs, wds, tensors, total, momentum,
                rescale, clip):
-    """MXNet's rule, as the kernel's source is written from it: runtime/update_rules.py's
+    """MXNet's rule, as the kernel's source is written from it: runtime/training/update_rules.py's
     ``sgd_mom`` (``multi_sgd`` without momentum), which rescales and clips the gradient
     itself."""
     dtype = lrs.dtype

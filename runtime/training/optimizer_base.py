@@ -1,8 +1,8 @@
-"""The base of the engine's optimizers (``runtime/optimizer.py``): the hyper-parameters every
-kind shares, the per-key update counts and learning rate, ``spec()``, and the checkpoints
-``state_dict()`` writes and ``read_meta`` checks. The kinds and the functions that build one
-by name are in ``runtime/optimizer.py``; MXNet's own rules in
-``runtime/optimizer_mxnet_rules.py``.
+"""The base of the engine's optimizers (``runtime/training/optimizer.py``): the
+hyper-parameters every kind shares, the per-key update counts and learning rate, ``spec()``,
+and the checkpoints ``state_dict()`` writes and ``read_meta`` checks. The kinds and the
+functions that build one by name are in ``runtime/training/optimizer.py``; MXNet's own rules
+in ``runtime/training/optimizer_mxnet_rules.py``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from mixrt.base.errors import DeviceMismatchError, OptimizerError, ShapeError
-from mixrt.runtime import lr_scheduler as schedulers
-from mixrt.runtime import optimizer_kernels
+from mixrt.runtime.training import lr_scheduler as schedulers
+from mixrt.runtime.training import optimizer_kernels
 from mixrt.ops.device import array_module, to_host
-from mixrt.runtime.lr_scheduler import LRScheduler, real_param, reject_unknown
+from mixrt.runtime.training.lr_scheduler import LRScheduler, real_param, reject_unknown
 
 STATE_FORMAT = 1  # bumped when the layout of state_dict() changes
 
@@ -133,7 +133,7 @@ class Optimizer:
     def step_many(self, items) -> None:
         """``step`` for each ``(key, weight, grad)``, in order. On a GPU, sgd, adam and adamw
         update every weight of one device and float dtype in one launch
-        (``runtime/optimizer_kernels.py``), each with the lr, wd and update count ``step``
+        (``runtime/training/optimizer_kernels.py``), each with the lr, wd and update count ``step``
         would give it; the other kinds, and arrays those kernels do not take, step one by
         one."""
         items = list(items)

@@ -1,25 +1,25 @@
-"""The engine's kinds that run MXNet's own update rules (``runtime/update_rules.py``):
+"""The engine's kinds that run MXNet's own update rules (``runtime/training/update_rules.py``):
 ``mxnet_sgd``, ``mxnet_adam``, ``mxnet_rmsprop``, ``mxnet_adagrad``, ``mxnet_ftrl``,
 ``mxnet_signum`` and ``mxnet_lamb``, which ``mixrt.optimizer``'s sgd, nag, adam, rmsprop
 (centered or not), adagrad, ftrl, signum and lamb name in their ``spec()``, so that a
 parameter server steps as the worker's process does. They are built by name as the other
-kinds are (``runtime/optimizer.py``).
+kinds are (``runtime/training/optimizer.py``).
 """
 
 from __future__ import annotations
 
-from mixrt.runtime import optimizer_kernels, update_rules
+from mixrt.runtime.training import optimizer_kernels, update_rules
 from mixrt.ops.device import array_module
-from mixrt.runtime.lr_scheduler import real_param
-from mixrt.runtime.optimizer_base import Optimizer, _flag, _key
+from mixrt.runtime.training.lr_scheduler import real_param
+from mixrt.runtime.training.optimizer_base import Optimizer, _flag, _key
 
 
 class _MXNetRule(Optimizer):
-    """A kind that runs one of MXNet's update operators (``runtime/update_rules.py``), so a
-    parameter server takes the very steps ``mixrt.optimizer``'s optimizer of that name takes
-    in the worker's process: the gradient's rescale and clip happen inside the rule, in
-    MXNet's order, and every hyper-parameter is rounded to a C float as MXNet's operators
-    take it (a float64 weight computes in double with those values)."""
+    """A kind that runs one of MXNet's update operators (``runtime/training/update_rules.py``),
+    so a parameter server takes the very steps ``mixrt.optimizer``'s optimizer of that name
+    takes in the worker's process: the gradient's rescale and clip happen inside the rule, in
+    MXNet's order, and every hyper-parameter is rounded to a C float as MXNet's operators take
+    it (a float64 weight computes in double with those values)."""
 
     def update(self, key, weight, grad, state: dict) -> None:
         key = _key(key)

@@ -27,8 +27,8 @@ from mixrt.ops.ir.types import TensorType
 from mixrt.ops.device import array_module, to_host
 from mixrt.runtime.graph import Graph, Node, Value
 from mixrt.runtime.memory_report import plan_report
-from mixrt.runtime.mixed_precision import (FLOAT32, LossScaler, lower_precision,
-                                           parse_precision, scale_loss)
+from mixrt.runtime.training.mixed_precision import (FLOAT32, LossScaler, lower_precision,
+                                                    parse_precision, scale_loss)
 from mixrt.runtime.passes.autodiff import gradient_graph
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph
 from mixrt.runtime.session import Session
@@ -149,7 +149,7 @@ class TrainingProgram:
 
     ``precision`` ("float32", "float16", or "bfloat16" on the CPU only: CuPy has no such
     type) is what the forward and backward graph computes in; parameters, gradients
-    and outputs stay float32 (see :mod:`mixrt.runtime.mixed_precision`). float16 scales
+    and outputs stay float32 (see :mod:`mixrt.runtime.training.mixed_precision`). float16 scales
     the loss with ``loss_scaler`` (default: a dynamic :class:`LossScaler`; ``False``:
     none); ``program.scaler`` may be swapped for another LossScaler between steps, not for
     None.

@@ -1,7 +1,7 @@
 """MXNet's update rules written once, in text that is both Python and C, so that every path
 that runs one (``mixrt.optimizer_ops`` and ``mixrt.optimizer`` on NumPy or CuPy arrays, the
 engine's ``mxnet_*`` kinds on a parameter server, the multi-tensor CUDA kernels of
-``runtime/optimizer_kernels.py``) computes the same operations in the same order.
+``runtime/training/optimizer_kernels.py``) computes the same operations in the same order.
 
 A rule is a list of statements ``name = expression``. The expressions use ``+ - * /``,
 parentheses, ``clip(x, bound)`` (MXNet's ``mshadow_op::clip``), ``sqrt``, ``sign``,

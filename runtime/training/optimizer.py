@@ -18,8 +18,8 @@ and the checkpoint JSON-able. Each key counts its updates; ``num_update`` is the
 count (MXNet), the learning-rate schedule is evaluated at it and each key's bias corrections
 use its own count. The rules match torch.optim where PyTorch has the optimizer, including how
 weight decay enters (L2 on the gradient, or decoupled): see each class. The base class is in
-``runtime/optimizer_base.py``, the kinds that run MXNet's own update operators in
-``runtime/optimizer_mxnet_rules.py``.
+``runtime/training/optimizer_base.py``, the kinds that run MXNet's own update operators in
+``runtime/training/optimizer_mxnet_rules.py``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import math
 from collections.abc import Mapping
 
 from mixrt.base.errors import DeviceMismatchError, OptimizerError
-from mixrt.runtime import optimizer_kernels
+from mixrt.runtime.training import optimizer_kernels
 from mixrt.ops.device import array_module
-from mixrt.runtime.lr_scheduler import real_param
-from mixrt.runtime.optimizer_base import Optimizer, _flag, read_meta
-from mixrt.runtime.optimizer_mxnet_rules import (MXNetAdaGrad, MXNetAdam, MXNetFtrl,
-                                                 MXNetLAMB, MXNetRMSProp, MXNetSGD,
-                                                 MXNetSignum)
+from mixrt.runtime.training.lr_scheduler import real_param
+from mixrt.runtime.training.optimizer_base import Optimizer, _flag, read_meta
+from mixrt.runtime.training.optimizer_mxnet_rules import (MXNetAdaGrad, MXNetAdam, MXNetFtrl,
+                                                          MXNetLAMB, MXNetRMSProp, MXNetSGD,
+                                                          MXNetSignum)
 
 
 # -- the kinds ------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class _AdamMoments(Optimizer):
     def _fused_adam_step(self, xp, weight, grad, state, lr, t, *, wd=0.0,
                          decay=None) -> bool:
         """:meth:`_adam_step` (after Adam's L2 term or AdamW's shrink) as one launch on a
-        GPU (``runtime/optimizer_kernels.py``); False, nothing done, elsewhere."""
+        GPU (``runtime/training/optimizer_kernels.py``); False, nothing done, elsewhere."""
         step_size, correction = self._bias_corrections(lr, t)
         return optimizer_kernels.adam(
             xp, weight, grad, state["mean"], state["var"], step_size=step_size,

@@ -27,7 +27,7 @@ from mixrt.base.errors import OptimizerError
 _WARMUP_MODES = ("linear", "constant")
 
 
-# -- parameter checks, shared with runtime/optimizer.py ------------------------------------
+# -- parameter checks, shared with runtime/training/optimizer.py -----------------------------
 
 def real_param(owner: str, name: str, value, *, low=None, high=None, low_open=False,
                high_open=False) -> float:

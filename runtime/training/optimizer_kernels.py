@@ -1,15 +1,15 @@
 """The optimizers' updates on a GPU as one CuPy launch per parameter.
 
-``runtime/optimizer.py`` writes each update as array expressions, which on the CPU are a few
-NumPy passes over memory the cache holds, and on a GPU a launch each: SGD with momentum and
-weight decay six per parameter, Adam about a dozen, most of a ResNet-18 step's 11.7 ms outside
-its nodes on an H200. Here the same arithmetic, in the same order with the same float32
+``runtime/training/optimizer.py`` writes each update as array expressions, which on the CPU are
+a few NumPy passes over memory the cache holds, and on a GPU a launch each: SGD with momentum
+and weight decay six per parameter, Adam about a dozen, most of a ResNet-18 step's 11.7 ms
+outside its nodes on an H200. Here the same arithmetic, in the same order with the same float32
 scalars, is one ``ElementwiseKernel`` per parameter that reads and writes the weight and its
 state in place. Every kernel is compiled with ``--fmad=false``: the GPU's compiler would
-otherwise contract a product and a sum into one fused multiply-add, which rounds once, and
-the GPU's bits would differ from the CPU's in the last place. LAMB, RMSProp
-and AdaGrad keep their array expressions. Below them, the multi-tensor kernels that update
-every weight of a step in one launch (``Optimizer.step_many``).
+otherwise contract a product and a sum into one fused multiply-add, which rounds once, and the
+GPU's bits would differ from the CPU's in the last place. LAMB, RMSProp and AdaGrad keep their
+array expressions. Below them, the multi-tensor kernels that update every weight of a step in
+one launch (``Optimizer.step_many``).
 
 Each function returns False, doing nothing, where the arrays are not CuPy's.
 """
@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from mixrt.runtime import update_rules
+from mixrt.runtime.training import update_rules
 
 
 def sgd(xp, weight, grad, momentum_buffer, lr: float, wd: float, momentum: float,
