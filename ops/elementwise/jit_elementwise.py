@@ -65,6 +65,7 @@ AXES = 3  # the loop nest's depth; programs over layouts that merge to more stay
 # would keep the arena's memory alive through the views)
 FIXED = "fixed call"
 
+
 def _nan_max(a, b):
     # NumPy's maximum: NaN in either operand gives NaN
     return f"({a} if ({a} > {b} or {a} != {a}) else {b})"

@@ -37,8 +37,7 @@ _DOMAIN_ALIASES = {"ai.onnx": ""}
 DEVICES = ("cpu", "gpu")
 # what an op may do with memory, declared where its kernel is registered (``@op(...,
 # memory=IN_PLACE)``, as onnxruntime's kernels declare Alias and MayInplace) and read by the
-# planner
-# (runtime/executor.py): its output views input 0 (for a contiguous input) ...
+# planner (runtime/executor.py): its output views input 0 (for a contiguous input) ...
 VIEW = "view"
 # ... as input 0 reshaped (a planned run that knows the output's shape makes the view itself)
 RESHAPE = "reshape"

@@ -252,8 +252,9 @@ def _fused_gemm_terms(alpha, beta, activation, params, out):
     """FusedGemm's ``alpha``/``beta`` terms and its activation after the product, as
     ``fused_gemm_cpu`` applies them (``gemm_terms``, then ``add_and_activate_cpu``); with
     alpha and beta 1 (a Linear layer), its bias and activation as one compiled pass over
-    ``out``, bound on the first call (a 24 -> 307 layer with Relu at 3 rows: 12.9 -> 8 us a
-    run, ~5 us of add_and_activate_cpu's dispatch, 2026-11-28)."""
+    ``out``, bound on the first call (a 24 -> 307 layer with Relu at 3 rows: 12.9 -> 8.8 us a
+    run, ~4 us of add_and_activate_cpu's dispatch and a replay's reshapes, 2026-11-28); under
+    256 values, NumPy's calls as the kernel makes them there."""
     if alpha == 1.0 and beta == 1.0:
         if out.size < jit_elementwise.JIT_MIN_ELEMENTS // jit_elementwise.COSTLY_DIVISOR:
             # NumPy's calls, as add_and_activate_cpu makes them at this size (the same
