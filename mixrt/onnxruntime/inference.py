@@ -92,6 +92,13 @@ class InferenceSession:
     # -- making and remaking the mixrt session ---------------------------------------------
 
     def _make(self, providers, provider_options) -> None:
+        added = self._options.providers if self._options is not None else []
+        if providers is None and provider_options is None and added:
+            providers = list(added)  # SessionOptions.add_provider's, as onnxruntime takes them
+        elif providers is not None and added:
+            warn(self._settings, "providers given to InferenceSession() and added to its "
+                                 "SessionOptions: the InferenceSession()'s are used, as in "
+                                 "onnxruntime")
         with as_onnxruntime_errors():
             choice = self._choice(providers, provider_options)
             model = self._source.loadable(self._options or SessionOptions())

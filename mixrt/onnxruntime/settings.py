@@ -121,9 +121,6 @@ def _unhonoured(options: SessionOptions):
     if not options.use_per_session_threads:
         yield ("use_per_session_threads=False: mixrt's kernel threads are one pool per "
                "process already")
-    if options.providers:
-        yield ("SessionOptions.add_provider: pass providers to InferenceSession(); "
-               "the providers added to the options are not read")
 
 
 def _apply_threads(threads: int, settings: SessionSettings) -> None:

@@ -175,6 +175,16 @@ def test_provider_options_mixrt_cannot_apply_are_named(mlp_path):
         "CPUExecutionProvider": {"arena_extend_strategy": "1"}}
 
 
+def test_providers_added_to_the_options_choose_the_device(mlp_path):
+    options = ort.SessionOptions()
+    options.add_provider("CPUExecutionProvider", {"use_arena": "0"})
+    with pytest.warns(OnnxruntimeOptionWarning, match="use_arena"):
+        session = ort.InferenceSession(mlp_path, options)
+    assert session.get_provider_options() == {"CPUExecutionProvider": {"use_arena": "0"}}
+    with pytest.warns(OnnxruntimeOptionWarning, match="InferenceSession\\(\\)'s are used"):
+        ort.InferenceSession(mlp_path, options, providers=["CPUExecutionProvider"])
+
+
 @pytest.mark.gpu
 def test_cuda_provider_runs_on_its_device_id(mlp_path):
     if "CUDAExecutionProvider" not in ort.get_available_providers():
