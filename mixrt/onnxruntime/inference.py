@@ -84,7 +84,6 @@ class InferenceSession:
         self._profiling_start_ns = time.time_ns()
         self._session: Session | None = None
         self._make(providers, provider_options)
-        self._sess = _SessionCore(self)
         if self._settings.optimized_model_path:
             with as_onnxruntime_errors():
                 write_optimized_model(self._session.graph, self._settings, warn)
@@ -146,7 +145,12 @@ class InferenceSession:
 
     def set_providers(self, providers=None, provider_options=None) -> None:
         self._make(providers, provider_options)
-        self._sess = _SessionCore(self)
+
+    @property
+    def _sess(self) -> _SessionCore:
+        # made on each use: held as an attribute it would tie a reference cycle through
+        # the session, which then waits for the cycle collector to free its weights
+        return _SessionCore(self)
 
     def disable_fallback(self) -> None:
         self._fallback = False

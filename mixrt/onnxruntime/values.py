@@ -144,7 +144,10 @@ class OrtValue:
     def __init__(self, value, element_type: int | None = None):
         self._value = value
         self._element_type = element_type
-        self._ortvalue = self
+
+    @property
+    def _ortvalue(self) -> OrtValue:
+        return self  # a property, not an attribute: no reference cycle holds the array
 
     # -- making one ------------------------------------------------------------------------
 
@@ -160,11 +163,13 @@ class OrtValue:
 
     @classmethod
     def ortvalue_from_numpy_with_onnx_type(cls, data, onnx_element_type: int) -> OrtValue:
-        array = np.asarray(data)
-        if array.dtype != numpy_dtype(onnx_element_type):
-            array = array.view(numpy_dtype(onnx_element_type)) if array.dtype.itemsize == \
-                numpy_dtype(onnx_element_type).itemsize else array.astype(
-                    numpy_dtype(onnx_element_type))
+        """The array's bytes as ``onnx_element_type`` (its ONNX number), as onnxruntime
+        takes them: reinterpreted where the item sizes agree (float16 bits held as uint16),
+        converted where they do not."""
+        array, dtype = np.asarray(data), numpy_dtype(onnx_element_type)
+        if array.dtype != dtype:
+            array = array.view(dtype) if array.dtype.itemsize == dtype.itemsize \
+                else array.astype(dtype)
         return cls(array, int(onnx_element_type))
 
     @classmethod

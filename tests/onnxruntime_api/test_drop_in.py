@@ -423,3 +423,24 @@ def test_the_onnxruntime_alias_serves_mixrt(mlp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(2, 3)"
+
+
+def test_a_dropped_session_is_freed_without_the_cycle_collector(mlp_path):
+    """No reference cycle runs through an InferenceSession (nor an OrtValue): dropped, its
+    mixrt session and weights go at once, as mixrt.Session's do."""
+    import gc
+    import weakref
+    session = ort.InferenceSession(mlp_path)
+    session.run(None, {"x": _x()})
+    session._sess.run(None, {"x": _x()})
+    inner = weakref.ref(session._session)
+    value = ort.OrtValue.ortvalue_from_numpy(_x())
+    held = weakref.ref(value)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del session, value
+        assert inner() is None and held() is None
+    finally:
+        if enabled:
+            gc.enable()
