@@ -150,18 +150,20 @@ def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_coun
                     for x in batches]
     state, found, errors = {}, {}, []
 
-    def calls(order):
+    def calls(caller, order):
+        # keyed by the caller's label, not its thread's ident: a thread that has ended may
+        # hand its ident to the next one started
         try:
             with jit_tier.using(True), parallel.pinned():
                 for index in order:
-                    found[(threading.get_ident(), index)] = \
-                        ml_trees.tree_ensemble_classifier(np, batches[index], **attrs,
-                                                          _node=state)
+                    found[(caller, index)] = ml_trees.tree_ensemble_classifier(
+                        np, batches[index], **attrs, _node=state)
         except Exception as error:  # noqa: BLE001  (raised below, in the test's thread)
             errors.append(error)
-    calls(range(12))  # one thread, batch after batch
-    threads = [threading.Thread(target=calls, args=(order,))
-               for order in (range(12), reversed(range(12)))]
+    calls("alone", range(12))  # one thread, batch after batch
+    threads = [threading.Thread(target=calls, args=(caller, order))
+               for caller, order in (("forward", range(12)),
+                                     ("backward", reversed(range(12))))]
     for thread in threads:
         thread.start()
     for thread in threads:
