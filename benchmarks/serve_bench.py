@@ -1,18 +1,20 @@
 """Serving throughput and latency: ``mixrt serve`` against onnxruntime behind the same server
-framework (MLServer 1.7), over gRPC with binary tensors.
+framework (KServe's Python model server), over gRPC with binary tensors.
 
 For each model (ResNet-50, a small BERT encoder: ``_serve_models.py``), each runtime and each
-batching setting, one server is started alone on this machine, and clients at each
-concurrency (threads, each with its own ``tritonclient.grpc`` client and connection) send
-requests of one row back to back: first a warm-up, then a timed phase of a fixed duration.
-Measured: requests per second (requests completed in the timed phase over its length) and
-the median and 99th percentile of their latencies.
+batching setting, one server is started alone on this machine (``_serve_servers.py``), and
+clients at each concurrency (threads, each with its own ``tritonclient.grpc`` client and
+connection) send requests of one row back to back: first a warm-up, then a timed phase of a
+fixed duration. Measured: requests per second (requests completed in the timed phase over its
+length) and the median and 99th percentile of their latencies.
 
 * mixrt: ``mixrt serve MODEL.mxr --workers 1`` with ``--max-batch-size B --max-delay-ms D``
   (batching on) or ``--max-batch-size 0`` (off);
-* onnxruntime: ``mlserver start FOLDER`` (one process: ``parallel_workers`` 0) with the
-  runtime of ``_ort_mlserver_runtime.py`` over the ``.onnx``, MLServer's adaptive batching
-  at ``max_batch_size`` B and ``max_batch_time`` D (on) or both 0 (off).
+* onnxruntime: ``_ort_kserve_model.py`` (one process), a ``kserve.Model`` over the ``.onnx``
+  in KServe's ``ModelServer``, batching off only: KServe's Python server has no adaptive
+  batching (KServe's batcher is an agent in a container beside the server), so onnxruntime
+  has no batching-on rows, and mixrt's batching-on rows are compared with onnxruntime
+  unbatched at the same concurrency.
 
 The clients run in this process, on the same cores as the server: on a small machine they
 take their share of the CPU, alike for both runtimes.
@@ -43,15 +45,11 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -63,10 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _serve_models  # noqa: E402
 from _serve_paced import (LONGEST, SHORTEST, PacedResult, draw_lengths,  # noqa: E402
                           first_seen, paced, paced_table)
+from _serve_servers import start_mixrt, start_onnxruntime  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-READY_TIMEOUT_S = 600  # a cold kernel cache compiles the model's kernels before it is ready
-PORTS_LINE = re.compile(r"serving on http [^:]+:(\d+), grpc (\d+), metrics (\d+)")
 MIXRT_BATCHING_LINE = re.compile(r"ready from .*: batching (.*)")
 RUNTIMES = ("mixrt", "onnxruntime")
 ATTEMPTS = 2  # starts of one server before its settings are given up
@@ -122,113 +118,18 @@ def package_version(*names: str) -> str:
     return "?"
 
 
-VERSIONS = {"mixrt": ("mixrt",), "mlserver": ("mlserver",),
+VERSIONS = {"mixrt": ("mixrt",), "kserve": ("kserve",),
             "onnxruntime": ("onnxruntime", "onnxruntime-gpu"), "tritonclient": ("tritonclient",)}
+
+
+def baseline() -> str:
+    return (f"onnxruntime {package_version(*VERSIONS['onnxruntime'])} behind KServe "
+            f"{package_version('kserve')}'s Python model server (one process, its log lines "
+            f"per request off)")
 
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# -- servers ---------------------------------------------------------------------------------
-
-class Server:
-    def __init__(self, command: list, log: Path, env: dict, cwd: str | None = None):
-        self.command = command
-        self.log = log
-        with open(log, "wb") as sink:
-            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
-                                            env=env, cwd=cwd, start_new_session=True)
-        self.http = self.grpc = 0
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"{self.command[:4]} exited with {self.process.returncode}:\n"
-                               f"{self.text()[-4000:]}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-
-def _http_ok(port: int, path: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
-def _wait_ready(server: Server, model: str, ports_from_log: bool) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        server.check_alive()
-        if ports_from_log and not server.http:
-            found = PORTS_LINE.search(server.text())
-            if found:
-                server.http, server.grpc = int(found[1]), int(found[2])
-        if server.http and _http_ok(server.http, "/v2/health/ready") \
-                and _http_ok(server.http, f"/v2/models/{model}/ready"):
-            return
-        time.sleep(0.25)
-    server.stop()
-    raise RuntimeError(f"not ready after {READY_TIMEOUT_S} s:\n{server.text()[-4000:]}")
-
-
-def _free_ports(count: int) -> list:
-    holds = [socket.socket() for _ in range(count)]
-    for hold in holds:
-        hold.bind(("127.0.0.1", 0))
-    ports = [hold.getsockname()[1] for hold in holds]
-    for hold in holds:
-        hold.close()
-    return ports
-
-
-def start_mixrt(model: _serve_models.ServeModel, batching: bool, args, workdir: Path) -> Server:
-    command = [sys.executable, "-m", "mixrt", "serve", str(model.mxr), "--name", model.name,
-               "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-               "--metrics-port", "0", "--workers", "1",
-               "--max-batch-size", str(args.max_batch_size if batching else 0),
-               "--max-delay-ms", str(args.max_delay_ms if batching else 0)]
-    server = Server(command, workdir / f"mixrt_{model.name}_{'on' if batching else 'off'}.log",
-                    dict(os.environ, PYTHONUNBUFFERED="1"))
-    _wait_ready(server, model.name, ports_from_log=True)
-    return server
-
-
-def start_onnxruntime(model: _serve_models.ServeModel, batching: bool, args,
-                      workdir: Path) -> Server:
-    folder = workdir / f"mlserver_{model.name}_{'on' if batching else 'off'}"
-    (folder / model.name).mkdir(parents=True)
-    http, grpc, metrics = _free_ports(3)
-    (folder / "settings.json").write_text(json.dumps({
-        "debug": False, "host": "127.0.0.1", "http_port": http, "grpc_port": grpc,
-        "metrics_port": metrics, "metrics_endpoint": None, "parallel_workers": 0,
-        "load_models_at_startup": True}))
-    (folder / model.name / "model-settings.json").write_text(json.dumps({
-        "name": model.name, "implementation": "_ort_mlserver_runtime.OrtRuntime",
-        "max_batch_size": args.max_batch_size if batching else 0,
-        "max_batch_time": args.max_delay_ms / 1000 if batching else 0.0,
-        "parameters": {"uri": str(model.onnx)}}))
-    mlserver = Path(sys.executable).with_name("mlserver")
-    command = ([str(mlserver)] if mlserver.exists()
-               else [sys.executable, "-m", "mlserver.cli.main"]) + ["start", str(folder)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE),
-                                                        os.environ.get("PYTHONPATH")])))
-    server = Server(command, folder.with_suffix(".log"), env, cwd=str(folder))
-    server.http, server.grpc = http, grpc
-    _wait_ready(server, model.name, ports_from_log=False)
-    return server
 
 
 # -- clients ---------------------------------------------------------------------------------
@@ -297,8 +198,8 @@ def measure(model: _serve_models.ServeModel, grpc_port: int, concurrency: int,
     barrier.wait()
     while any(thread.is_alive() for thread in threads):
         if progress is not None:
-            progress.set_postfix_str(f"c={concurrency} "
-                                     f"{'warm-up' if time.perf_counter() < clock['begin'] else 'timing'}")
+            phase = "warm-up" if time.perf_counter() < clock["begin"] else "timing"
+            progress.set_postfix_str(f"c={concurrency} {phase}")
         time.sleep(0.25)
     for each in clients:
         each.close()
@@ -393,14 +294,16 @@ def serve_paced(run: ServerRun, model, start, args, workdir: Path, progress) -> 
 # -- the table -------------------------------------------------------------------------------
 
 def table(results: list) -> str:
+    """The rows, and mixrt's requests a second over onnxruntime's at the same concurrency:
+    onnxruntime's batching off, its only setting, for mixrt's rows of either setting."""
     by_key = {(r.model, r.runtime, r.batching, r.concurrency): r for r in results}
     lines = ["| model | runtime | batching | concurrency | req/s | p50 ms | p99 ms "
-             "| mixrt / onnxruntime req/s |",
+             "| mixrt / onnxruntime (batching off) req/s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         ratio = ""
         if r.runtime == "mixrt":
-            other = by_key.get((r.model, "onnxruntime", r.batching, r.concurrency))
+            other = by_key.get((r.model, "onnxruntime", "off", r.concurrency))
             if other is not None and other.req_per_s > 0:
                 ratio = f"{r.req_per_s / other.req_per_s:.2f}x"
         lines.append(f"| {r.model} | {r.runtime} | {r.batching} | {r.concurrency} "
@@ -456,7 +359,8 @@ def main(argv=None) -> int:
                         help="comma-separated: resnet50,bert (default both; --paced: bert)")
     parser.add_argument("--runtimes", type=_csv, default=list(RUNTIMES))
     parser.add_argument("--batching", type=_csv, default=None,
-                        help="off,on (default both; --paced: off only)")
+                        help="off,on: mixrt's (default both; --paced: off only); "
+                             "onnxruntime's is off only")
     parser.add_argument("--concurrency", type=lambda s: _csv(s, int), default=None,
                         help="comma-separated client counts (default 1,8,32; --quick 1,8)")
     parser.add_argument("--duration", type=float, default=None,
@@ -510,9 +414,7 @@ def paced_bench(parser, args) -> int:
           f"batching off, ONE client sending a request every {args.paced:g} ms (start to "
           f"start), {PACED_WARMUP} untimed requests and {args.settle:g} s of quiet, then "
           f"{args.requests} timed; new lengths: {SHORTEST}..{LONGEST} tokens, seed "
-          f"{args.seed}; {os.cpu_count()} CPUs; mixrt serve --workers 1, MLServer "
-          f"{package_version('mlserver')} with onnxruntime "
-          f"{package_version(*VERSIONS['onnxruntime'])} (parallel_workers 0).\n")
+          f"{args.seed}; {os.cpu_count()} CPUs; mixrt serve --workers 1, {baseline()}.\n")
     print(paced_table(results))
     print()
     for run in runs:
@@ -545,15 +447,19 @@ def serve_bench(parser, args) -> int:
         parser.error(f"unknown: {', '.join(unknown)}")
 
     models = {name: _serve_models.MODELS[name]() for name in args.models}
-    servers = [(m, rt, b, "") for m in args.models for b in args.batching
-               for rt in args.runtimes]
-    runs, results = run_servers(servers, models, serve_settings, args)
+    runs, results = run_servers(server_settings(args), models, serve_settings, args)
 
     print(f"Serving over gRPC (tritonclient, binary tensors), one row per request; "
-          f"{args.warmup:g} s warm-up and {args.duration:g} s timed per setting; batching on: "
-          f"max batch {args.max_batch_size} rows, max delay {args.max_delay_ms:g} ms; "
-          f"{os.cpu_count()} CPUs; mixrt serve --workers 1, MLServer {package_version('mlserver')} "
-          f"with onnxruntime {package_version(*VERSIONS['onnxruntime'])} (parallel_workers 0).\n")
+          f"{args.warmup:g} s warm-up and {args.duration:g} s timed per setting; mixrt's "
+          f"batching on: max batch {args.max_batch_size} rows, max delay "
+          f"{args.max_delay_ms:g} ms; {os.cpu_count()} CPUs; mixrt serve --workers 1, "
+          f"{baseline()}.")
+    if "onnxruntime" in args.runtimes:
+        print("onnxruntime has no batching-on rows: KServe's Python model server has no "
+              "adaptive batching (KServe's batcher is an agent in a container beside the "
+              "server), so onnxruntime is served unbatched only, and mixrt's rows of either "
+              "setting are compared with that.")
+    print()
     print(table(_order(results)))
     print()
     for run in runs:
@@ -563,8 +469,19 @@ def serve_bench(parser, args) -> int:
     if args.out:
         write_json(args, runs, {"duration_s": args.duration, "warmup_s": args.warmup,
                                 "max_batch_size": args.max_batch_size,
-                                "max_delay_ms": args.max_delay_ms})
+                                "max_delay_ms": args.max_delay_ms,
+                                "onnxruntime_batching": "off only: KServe's Python model "
+                                                        "server has no batching"})
     return 0
+
+
+def server_settings(args) -> list:
+    """The servers of the throughput benchmark, (model, runtime, batching, ""): mixrt at each
+    of ``--batching``, onnxruntime with batching off only, whatever ``--batching`` says (its
+    server has no batching, and mixrt's rows compare with it)."""
+    return [(model, runtime, batching, "") for model in args.models
+            for batching in ("off", "on") for runtime in args.runtimes
+            if (batching in args.batching if runtime == "mixrt" else batching == "off")]
 
 
 def run_servers(servers: list, models: dict, serve, args) -> tuple:

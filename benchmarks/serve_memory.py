@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _serve_models  # noqa: E402
+import _serve_servers  # noqa: E402
 import serve_bench  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -139,15 +140,15 @@ def measure_mixrt(model, workers: int, args, workdir: Path) -> Measured:
     command = [sys.executable, "-m", "mixrt", "serve", str(model.mxr), "--name", model.name,
                "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
                "--metrics-port", "0", "--workers", str(workers)]
-    server = serve_bench.Server(command, workdir / f"mixrt_w{workers}.log",
-                                dict(os.environ, PYTHONUNBUFFERED="1"))
+    server = _serve_servers.Server(command, workdir / f"mixrt_w{workers}.log",
+                                   dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        serve_bench._wait_ready(server, model.name, ports_from_log=True)
+        _serve_servers.wait_ready(server, model.name, ports_from_log=True)
         supervisor = server.process.pid
         deadline = time.monotonic() + 120  # the workers load their models after the port
         while True:  # opens; wait until each has said so
             worker_pids = [p for p in process_tree(supervisor) if p != supervisor]
-            loaded = server.text().count(f"Loaded model '{model.name}' successfully")
+            loaded = server.text().count(f"model {model.name} ready from ")
             if len(worker_pids) >= workers and loaded >= workers:
                 break
             if time.monotonic() > deadline:

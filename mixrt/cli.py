@@ -27,6 +27,7 @@ with status 141, as a SIGPIPE ends other Unix tools. Arrays are read with
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -228,11 +229,14 @@ def _add_serve_command(commands):
     serve = commands.add_parser(
         "serve", help="serve a model file or a repository (NAME/VERSION/model.mxr) over the "
         "Open Inference Protocol, REST and gRPC (needs mixrt[serve])",
-        description="Serve models over KServe's v2 Open Inference Protocol on MLServer: REST "
-        "(JSON and binary tensors) on --http-port, gRPC on --grpc-port, Prometheus metrics "
-        "on --metrics-port. Details: mixrt/serve/server.py.")
-    serve.add_argument("source", help="a .mxr or .onnx file, or a repository folder")
-    serve.add_argument("--name", help="a model file's name (default: the file's stem)")
+        description="Serve models over KServe's v2 Open Inference Protocol on KServe's model "
+        "server: REST (JSON and binary tensors) on --http-port, gRPC on --grpc-port, "
+        "Prometheus metrics on --metrics-port. Details: docs/serving.md.")
+    serve.add_argument("source", help="a .mxr or .onnx file, a folder holding model.mxr "
+                       "or model.onnx (KServe's /mnt/models), or a repository folder "
+                       "(NAME/VERSION/model.mxr)")
+    serve.add_argument("--name", help="a lone model's name (default: the file's stem, or "
+                       "the folder's name)")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--http-port", type=int, default=8080)
     serve.add_argument("--grpc-port", type=int, default=8081)
@@ -244,6 +248,11 @@ def _add_serve_command(commands):
                        "(default 0: each request runs alone)")
     serve.add_argument("--max-delay-ms", type=float, default=2.0, metavar="MS",
                        help="how long a request waits to be joined (default 2)")
+    serve.add_argument("--max-queue", type=int, default=None, metavar="N",
+                       help="requests each model holds waiting beyond those running; past "
+                       "it a request is refused at once with 503 and Retry-After (gRPC "
+                       "UNAVAILABLE) (default: two batches, at least 16; 0: refused "
+                       "whenever the model is busy)")
     serve.add_argument("--device", default="cpu", help="cpu or gpu:N")
     serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",
                        help="requests with larger bodies are refused (default 64)")
@@ -265,15 +274,18 @@ def _add_serve_command(commands):
 
 def cmd_serve(args) -> int:
     try:
-        from mixrt.serve.server import ServeOptions, serve  # noqa: PLC0415 (mlserver)
+        from mixrt.serve.server import ServeOptions, serve  # noqa: PLC0415 (uvicorn)
     except ImportError as exc:
-        raise InputError(f"mixrt serve needs MLServer: pip install 'mixrt[serve]' "
+        raise InputError(f"mixrt serve needs KServe: pip install 'mixrt[serve]' "
                          f"({exc})") from None
+    if importlib.util.find_spec("kserve") is None:  # imported by the workers, after the fork
+        raise InputError("mixrt serve needs KServe: pip install 'mixrt[serve]'")
     return serve(ServeOptions(
         args.source, name=args.name, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, workers=args.workers,
         max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms,
-        device=args.device, max_body_mb=args.max_body_mb, log_level=args.log_level,
+        max_queue=args.max_queue, device=args.device, max_body_mb=args.max_body_mb,
+        log_level=args.log_level,
         prepare_only=args.prepare_only, grace_s=args.grace_s,
         request_timeout_s=args.request_timeout_s))
 

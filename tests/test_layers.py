@@ -80,9 +80,13 @@ DEFERRED = {
     ("mixrt.cli_graph", "mixrt.exporters.coverage"): "onnx",  # and onnxruntime, when it validates
     ("mixrt.cli_graph", "mixrt.exporters.onnx"): "onnx",
     ("mixrt.cli", "mixrt.kvstore.launch"): "zmq",  # pyzmq
-    ("mixrt.cli", "mixrt.serve.server"): "mlserver",
-    # MLServer's runtime class under its short name, mixrt.serve.MixrtRuntime
-    ("mixrt.serve", "mixrt.serve.runtime"): "mlserver",
+    ("mixrt.cli", "mixrt.serve.server"): "uvicorn",
+    # KServe, imported by each worker after the fork (and after the metrics' folder is set)
+    ("mixrt.serve.server", "mixrt.serve.grpc_service"): "kserve",
+    ("mixrt.serve.server", "mixrt.serve.model"): "kserve",
+    ("mixrt.serve.server", "mixrt.serve.rest"): "kserve",
+    # KServe's model class under its short name, mixrt.serve.MixrtModel
+    ("mixrt.serve", "mixrt.serve.model"): "kserve",
     ("mixrt.demo", "mixrt.models.zoo"): "onnx",
     # the parameter server's ZeroMQ side, only for a dist_* store
     ("mixrt.kvstore", "mixrt.kvstore.dist"): "zmq",
@@ -316,7 +320,7 @@ def test_no_module_reaches_itself_through_imports():
 def test_imports_inside_functions_are_the_listed_ones():
     """Every import inside a function is listed; a lazy attribute (a module's
     ``__getattr__``) needs listing only where it defers a heavy dependency, as
-    ``mixrt.serve.MixrtRuntime`` defers MLServer."""
+    ``mixrt.serve.MixrtModel`` defers KServe."""
     found, lazy = defaultdict(list), set()
     for module, target, line, where, named in EDGES:
         if where == "function" and named:

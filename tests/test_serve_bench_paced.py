@@ -1,11 +1,13 @@
-"""serve_bench.py's paced mode, its pure parts: the drawn lengths, the rhythm, the table (no
-server, no torch)."""
+"""serve_bench.py's pure parts (no server, no torch): the paced mode's drawn lengths, rhythm
+and table, and which servers the throughput benchmark starts and what its table compares."""
 
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import _serve_paced as serve_bench  # noqa: E402
+import serve_bench as throughput  # noqa: E402
 
 
 def test_drawn_lengths_repeat_under_one_seed_and_stay_in_range():
@@ -58,3 +60,28 @@ def test_paced_table_gives_mixrt_over_onnxruntime_per_mode():
     assert lines[2] == ("| bert_dynseq | mixrt | paced 10 ms, fixed 64 | 300 | 3.0 | 9.0 "
                         "| 1.50x | 3.00x |")
     assert lines[4].endswith("| 4.0 | 8.0 |  |  |")  # no onnxruntime row to compare with
+
+
+def test_onnxruntime_is_started_with_batching_off_only():
+    # KServe's Python model server has no batching: a "batching on" onnxruntime server would
+    # be the same unbatched one under another label
+    args = Namespace(models=["bert"], runtimes=["mixrt", "onnxruntime"], batching=["on"])
+    assert throughput.server_settings(args) == [("bert", "onnxruntime", "off", ""),
+                                                ("bert", "mixrt", "on", "")]
+    args.batching = ["off", "on"]
+    assert [s[1:3] for s in throughput.server_settings(args)] == [
+        ("mixrt", "off"), ("onnxruntime", "off"), ("mixrt", "on")]
+
+
+def test_the_table_compares_mixrt_of_either_setting_with_onnxruntime_unbatched():
+    def row(runtime, batching, req_per_s):
+        return throughput.Result("bert", runtime, batching, 8, 100, 0, 10.0, req_per_s, 1.0,
+                                 2.0, "", "")
+    text = throughput.table(throughput._order([row("mixrt", "on", 300.0),
+                                               row("onnxruntime", "off", 200.0),
+                                               row("mixrt", "off", 250.0)]))
+    lines = text.splitlines()
+    assert lines[0].endswith("| mixrt / onnxruntime (batching off) req/s |")
+    assert [line.split(" | ")[1:3] for line in lines[2:]] == [
+        ["mixrt", "off"], ["onnxruntime", "off"], ["mixrt", "on"]]
+    assert lines[2].endswith("| 1.25x |") and lines[4].endswith("| 1.50x |")

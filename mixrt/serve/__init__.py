@@ -1,18 +1,19 @@
-"""Serving models over the Open Inference Protocol (KServe's v2), on MLServer.
+"""Serving models over the Open Inference Protocol (KServe's v2), on KServe's Python model
+server.
 
-``MixrtRuntime`` is the MLServer runtime class a model-settings.json names
-(``"implementation": "mixrt.serve.MixrtRuntime"``); ``mixrt serve`` (``server.py``) runs it
-over a model file or a repository, with dynamic batching and worker processes that share
-one copy of the weights. Needs ``pip install mixrt[serve]``.
+``mixrt serve`` (``server.py``) serves a model file, a folder holding one, or a repository,
+over REST and gRPC, with dynamic batching, a bounded queue per model, per-request
+deadlines, Triton's statistics and worker processes that share one copy of the weights.
+Needs ``pip install mixrt[serve]``.
 
-The runtime is loaded on first use: importing ``mixrt.serve.tensors`` or ``.batcher`` does
-not load MLServer, whose generated protobuf classes cannot share a process with
-tritonclient's gRPC ones (both define ``inference.*``).
+``MixrtModel`` (``model.py``) is the ``kserve.Model`` a name's versions are served by; it
+loads KServe, which this package's other modules (``tensors``, ``batcher``) do not, so
+that a client process can use them beside tritonclient's gRPC classes.
 """
 
 
 def __getattr__(name: str):
-    if name == "MixrtRuntime":
-        from mixrt.serve.runtime import MixrtRuntime  # noqa: PLC0415 (mlserver)
-        return MixrtRuntime
+    if name == "MixrtModel":
+        from mixrt.serve.model import MixrtModel  # noqa: PLC0415 (kserve)
+        return MixrtModel
     raise AttributeError(f"module 'mixrt.serve' has no attribute {name!r}")

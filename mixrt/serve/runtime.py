@@ -1,20 +1,24 @@
-"""mixrt as an MLServer runtime: ``"implementation": "mixrt.serve.MixrtRuntime"``.
+"""One version of a model as ``mixrt serve`` serves it: prepared once per process, its
+requests checked, queued (joined into batches where that cannot change an answer), run and
+counted. Nothing here knows the transport: ``model.py`` puts the versions of a name behind
+KServe's model class, ``rest.py`` and ``grpc_service.py`` carry the protocol.
 
-A model-settings.json (MLServer's, or the one KServe's MLServer runtime mounts) names the
-model file in ``parameters.uri`` (a ``.mxr`` or ``.onnx``) and mixrt's own settings in
-``parameters.extra``: ``max_batch_size`` (rows a joined batch holds; 0 or 1: no batching),
-``max_delay_ms`` (how long a request waits for company), ``device`` ("cpu", "gpu:0") and
-``request_timeout_s`` (a request unanswered by then gets a 504 naming it, and its run is
-ended: a request whose run would take hours, a Loop's trip count in its input, holds a
-worker no longer than that; 0: no limit).
+A version's settings (the command line's, or ``parameters.extra`` of a model-settings.json
+beside its file): ``max_batch_size`` (rows a joined batch holds; 0 or 1: no batching),
+``max_delay_ms`` (how long a request waits for company), ``max_queue`` (requests waiting
+beyond those running; past it a request is refused at once with 503 and Retry-After),
+``device`` ("cpu", "gpu:0") and ``request_timeout_s`` (a request unanswered by then gets a
+504 naming it, and its run is ended: a request whose run would take hours, a Loop's trip
+count in its input, holds a worker no longer than that; 0: no limit; a client's own
+deadline, where shorter, wins).
 
-Loading prepares the model once per process (:func:`prepare`): the session, a warm-up run
-at one row and at a full batch so that its kernels are compiled before the model reports
-ready, and the batching check. Batching is only switched on where the check finds each row
-of a joined batch bit-identical to the same row run alone, so that joining requests can
-never change an answer; a model that fails it (a kernel whose sums depend on the batch, an
-output that is not per row) is served one request at a time, and says so in its log and
-in the ``mixrt_batching`` metric.
+Preparing (:func:`prepare`) makes the session, runs it once at one row and at a full batch
+so that its kernels are compiled before the model reports ready, and checks batching.
+Batching is only switched on where the check finds each row of a joined batch
+bit-identical to the same row run alone, so that joining requests can never change an
+answer; a model that fails it (a kernel whose sums depend on the batch, an output that is
+not per row) is served one request at a time, and says so in its log and in the
+``mixrt_batching`` metric.
 """
 
 from __future__ import annotations
@@ -27,23 +31,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from mlserver import MLModel
-from mlserver.errors import InferenceError, MLServerError
-from mlserver.types import (InferenceRequest, InferenceResponse, MetadataTensor, Parameters,
-                            ResponseOutput)
-from mlserver.utils import get_model_uri
-
 import mixrt
 from mixrt.base.errors import InputError, MixrtError, RunTerminated
 from mixrt.serve import tensors
-from mixrt.serve.batcher import Batcher
+from mixrt.serve.batcher import Batcher, Timing
 from mixrt.serve.metrics import metrics
-from mixrt.serve.repository import MODEL_FILES
+from mixrt.serve.outcomes import BadRequest, NotFound, RunFailed, ServeError, TimedOut
+from mixrt.serve.statistics import Recorder
 
 logger = logging.getLogger("mixrt.serve")
 
 DEFAULT_MAX_DELAY_MS = 2.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
+
+
+def default_max_queue(max_batch_size: int) -> int:
+    """Requests a model holds waiting by default: two full batches, and at least 16, so that
+    a burst of concurrent clients is absorbed, while a standing overload is refused after
+    a wait of a few runs rather than queued for seconds. A service that wants its
+    accepted requests to keep an unloaded server's latency under overload sets a smaller
+    bound (0: none waits)."""
+    return 2 * max(8, max_batch_size)
+
 # size of an open dimension other than the batch in the warm-up feeds: a sequence's length,
 # and an image's height and width (a float input of rank 4)
 WARMUP_OPEN_DIM = 8
@@ -158,142 +167,164 @@ def _batching_refused(session, inputs: list, outputs: list, max_rows: int) -> st
     return ""
 
 
-class MixrtRuntime(MLModel):
-    """An MLServer model served by a mixrt session."""
+class ServedVersion:
+    """One version of a model: ``await load()``, then ``await infer_arrays(...)``."""
 
-    async def load(self) -> bool:
-        extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
-        # a folder (MLServer's default: the model-settings.json's own; KServe's /mnt/models)
-        # holds the model as model.mxr or model.onnx
-        uri = await get_model_uri(self.settings, wellknown_filenames=list(MODEL_FILES))
+    def __init__(self, name: str, version: str | None, path: str, extra: dict):
+        self.name = name
+        self.version = version
+        self.path = path
+        self.extra = extra
+        self.ready = False
+        self.labels = (name, version or "")
+        self.statistics = Recorder(*self.labels)
+
+    @property
+    def described(self) -> str:
+        return self.name if self.version is None else f"{self.name} version {self.version}"
+
+    async def load(self) -> None:
+        extra = self.extra
         max_rows = int(extra.get("max_batch_size", 0))
         device = str(extra.get("device", "cpu"))
         timeout = float(extra.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S))
-        self._timeout = timeout if timeout > 0 else None
+        self.timeout = timeout if timeout > 0 else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"mixrt-{self.name}")
         loop = asyncio.get_running_loop()
         try:
-            prepared = await loop.run_in_executor(self._executor, prepare, uri, device,
+            prepared = await loop.run_in_executor(self._executor, prepare, self.path, device,
                                                   max_rows)
         except MixrtError as exc:
-            raise MLServerError(f"model {self.name}: {exc}", 422) from exc
-        self._prepared = prepared
-        self._labels = (self.name, self.version or "")
-        self._by_name = {spec.name: spec for spec in prepared.inputs}
-        self._output_names = [spec.name for spec in prepared.outputs]
-        self.inputs = [MetadataTensor(**spec.metadata()) for spec in prepared.inputs]
-        self.outputs = [MetadataTensor(**spec.metadata()) for spec in prepared.outputs]
+            self._executor.shutdown(wait=False)
+            raise RunFailed(f"model {self.described}: {exc}") from exc
+        self.prepared = prepared
+        self.by_name = {spec.name: spec for spec in prepared.inputs}
+        self.output_names = [spec.name for spec in prepared.outputs]
         board = metrics()
-        board.batching.labels(*self._labels).set(1 if prepared.batching else 0)
-        board.compiled.labels(*self._labels).set(
+        board.batching.labels(*self.labels).set(1 if prepared.batching else 0)
+        board.compiled.labels(*self.labels).set(
             1 if prepared.session.wait_compiled(0) else 0)
-        self._batcher = Batcher(
+        max_queue = int(extra.get("max_queue", default_max_queue(max_rows)))
+        self.batcher = Batcher(
             self._run, self._executor,
             max_rows=max_rows if prepared.batching else 1,
             max_delay=float(extra.get("max_delay_ms", DEFAULT_MAX_DELAY_MS)) / 1000,
-            adaptive=True,
-            observe=self._observe_batch,
-            queued=lambda depth: board.queue_depth.labels(*self._labels).set(depth))
-        logger.info("model %s version %s ready from %s: batching %s", self.name,
-                    self.version, uri, "on, up to %d rows" % max_rows if prepared.batching
-                    else f"off ({prepared.reason})")
-        return True
+            adaptive=True, max_queue=max_queue,
+            name=f"model {self.described}", observe=self._observe_batch,
+            executed=self.statistics.execution,
+            queued=lambda depth: board.queue_depth.labels(*self.labels).set(depth))
+        self.ready = True
+        logger.info("model %s ready from %s: batching %s, queue up to %s", self.described,
+                    self.path, "on, up to %d rows" % max_rows if prepared.batching
+                    else f"off ({prepared.reason})", max_queue)
 
-    async def unload(self) -> bool:
-        await self._batcher.close()
+    async def unload(self) -> None:
+        self.ready = False
+        await self.batcher.close()
         self._executor.shutdown(wait=True)
-        return True
 
-    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
-        """MLServer's entry (JSON over REST, and what the fast paths hand back)."""
-        items = [(item.name, item.datatype, item.shape, getattr(item.data, "root", item.data))
-                 for item in payload.inputs]
-        asked = [item.name for item in payload.outputs] if payload.outputs else None
-        wanted, outputs = await self.infer_arrays(items, asked, payload.id)
-        return InferenceResponse(
-            id=payload.id, model_name=self.name, model_version=self.version,
-            outputs=[_response_output(name, array) for name, array in zip(wanted, outputs)])
+    def metadata(self) -> dict:
+        return {"name": self.name, "versions": [self.version] if self.version else [],
+                "platform": "mixrt",
+                "inputs": [spec.metadata() for spec in self.prepared.inputs],
+                "outputs": [spec.metadata() for spec in self.prepared.outputs]}
 
-    async def infer_arrays(self, items: list, asked, request_id) -> tuple[tuple, list]:
-        """``(output names, arrays)`` for the inputs ``items`` (name, datatype, shape, data:
-        a list or raw bytes) and the outputs ``asked`` (None: all); a bad request raises
-        MLServer's InferenceError (400) naming what was wrong, a failed run its 500. The
-        binary front ends (``fast_paths.py``) call this with raw bytes and encode the
-        arrays themselves, skipping MLServer's conversions to lists."""
+    async def infer_arrays(self, items: list, asked, request_id,
+                           deadline: float | None = None, encode=None):
+        """``encode(output names, arrays)`` (default: the pair itself) for the inputs
+        ``items`` (name, datatype, shape, data: a list or raw bytes) and the outputs
+        ``asked`` (None: all). ``deadline``: the client's own, in seconds from now, where it
+        sent one. Raises a ``ServeError``: a bad request's ``BadRequest`` naming what was
+        wrong, ``Overloaded`` where the queue is full, ``TimedOut`` past the deadline,
+        ``RunFailed`` for a failed run."""
         started = time.perf_counter()
         board = metrics()
+        timing = Timing()
         try:
-            feeds = self._feeds(items)
-            wanted = self._wanted(asked)
-        except InputError as exc:
-            board.requests.labels(*self._labels, "bad_request").inc()
-            logger.warning("request %s to %s: refused: %s", request_id, self.name, exc)
-            raise InferenceError(str(exc)) from None
+            try:
+                feeds = self._feeds(items)
+                wanted = self._wanted(asked)
+            except InputError as exc:
+                raise BadRequest(str(exc)) from None
+            decoded = time.perf_counter()
+            outputs = await self._answer(feeds, wanted, request_id, deadline, timing)
+        except ServeError as exc:
+            board.requests.labels(*self.labels, exc.outcome).inc()
+            self.statistics.request(False, time.perf_counter() - started)
+            log = logger.warning if exc.status < 500 else logger.error
+            log("request %s to %s: %s: %s", request_id, self.described,
+                "refused" if exc.status < 500 else "failed", exc)
+            raise
+        ran = time.perf_counter()
+        answer = (wanted, outputs) if encode is None else encode(wanted, outputs)
+        board.requests.labels(*self.labels, "ok").inc()
+        took = time.perf_counter() - started
+        board.latency.labels(*self.labels).observe(took)
+        self.statistics.request(True, took, decoded - started, timing.queued, timing.ran,
+                                time.perf_counter() - ran, timing.rows)
+        logger.debug("request %s to %s: answered in %.2f ms", request_id, self.described,
+                     took * 1e3)
+        return answer
+
+    async def _answer(self, feeds: dict, wanted: tuple, request_id, deadline,
+                      timing: Timing) -> list:
+        limit = self.timeout if deadline is None else (
+            deadline if self.timeout is None else min(deadline, self.timeout))
         try:
-            outputs = await asyncio.wait_for(self._batcher.submit(feeds, wanted),
-                                             self._timeout)
+            return await asyncio.wait_for(self.batcher.submit(feeds, wanted, timing), limit)
         except (asyncio.TimeoutError, RunTerminated) as exc:
-            board.requests.labels(*self._labels, "timeout").inc()
-            why = f"no answer within {self._timeout:g} s (--request-timeout-s)"
-            logger.error("request %s to %s: %s: %s", request_id, self.name, why,
-                         exc or "still queued or running")
-            raise MLServerError(f"request {request_id or '(no id)'} to model {self.name}: "
-                                f"{why}", 504) from None
+            why = (f"no answer within {limit:g} s ("
+                   f"{'--request-timeout-s' if limit == self.timeout else 'its deadline'})")
+            logger.debug("request %s: %s", request_id, exc or "still queued or running")
+            raise TimedOut(f"request {request_id or '(no id)'} to model {self.described}: "
+                           f"{why}") from None
+        except ServeError:
+            raise
         except MixrtError as exc:
-            board.requests.labels(*self._labels, "error").inc()
-            logger.error("request %s to %s: failed: %s", request_id, self.name, exc)
-            raise MLServerError(f"model {self.name}: {exc}", 500) from None
-        board.requests.labels(*self._labels, "ok").inc()
-        board.latency.labels(*self._labels).observe(time.perf_counter() - started)
-        logger.debug("request %s to %s: answered in %.2f ms", request_id, self.name,
-                     (time.perf_counter() - started) * 1e3)
-        return wanted, outputs
+            raise RunFailed(f"model {self.described}: {exc}") from None
 
     def _feeds(self, items: list) -> dict:
         feeds = {}
         for name, datatype, shape, data in items:
-            spec = self._by_name.get(name)
+            spec = self.by_name.get(name)
             if spec is None:
                 raise InputError(f"model {self.name} has no input '{name}'; its inputs "
-                                 f"are {', '.join(self._by_name)}")
+                                 f"are {', '.join(self.by_name)}")
             if name in feeds:
                 raise InputError(f"input '{name}' is given twice")
             feeds[name] = tensors.decode(spec, datatype, shape, data)
-        missing = [name for name in self._by_name if name not in feeds]
+        missing = [name for name in self.by_name if name not in feeds]
         if missing:
             raise InputError(f"model {self.name} needs input {', '.join(missing)}, which the "
                              f"request lacks")
         rows = {a.shape[0] for a in feeds.values() if a.ndim}
-        if self._prepared.batching and len(rows) > 1:
+        if self.prepared.batching and len(rows) > 1:
             raise InputError(f"the inputs' first axes differ ({sorted(rows)}): each is the "
                              f"batch")
         return feeds
 
     def _wanted(self, asked) -> tuple:
         if not asked:
-            return tuple(self._output_names)
+            return tuple(self.output_names)
         wanted = tuple(asked)
-        unknown = [name for name in wanted if name not in self._output_names]
+        unknown = [name for name in wanted if name not in self.output_names]
         if unknown:
             raise InputError(f"model {self.name} has no output {', '.join(unknown)}; its "
-                             f"outputs are {', '.join(self._output_names)}")
+                             f"outputs are {', '.join(self.output_names)}")
         return wanted
 
     def _run(self, feeds: dict, wanted: tuple) -> list:
-        limits = None if self._timeout is None else mixrt.RunOptions(timeout=self._timeout)
-        return self._prepared.session.run(list(wanted), feeds, limits)
+        limits = None if self.timeout is None else mixrt.RunOptions(timeout=self.timeout)
+        return self.prepared.session.run(list(wanted), feeds, limits)
 
     def _observe_batch(self, rows: int, requests: int) -> None:
         board = metrics()
-        board.batch_rows.labels(*self._labels).observe(rows)
-        board.batch_requests.labels(*self._labels).observe(requests)
-        board.compiled.labels(*self._labels).set(
-            1 if self._prepared.session.wait_compiled(0) else 0)
+        board.batch_rows.labels(*self.labels).observe(rows)
+        board.batch_requests.labels(*self.labels).observe(requests)
+        board.compiled.labels(*self.labels).set(
+            1 if self.prepared.session.wait_compiled(0) else 0)
 
 
-def _response_output(name: str, array) -> ResponseOutput:
-    """An output as the protocol's flat list of values; the front ends send it as JSON or,
-    where the request asked, as binary (gRPC's raw contents, ``binary_rest.py``)."""
-    datatype, shape, data = tensors.encode(np.asarray(array))
-    return ResponseOutput(name=name, datatype=datatype, shape=shape, data=data,
-                          parameters=Parameters())
+def no_such_version(name: str, version: str, known: list) -> NotFound:
+    return NotFound(f"model {name} version {version} not found; its versions are "
+                    f"{', '.join(known) or 'none'}")

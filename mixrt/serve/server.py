@@ -1,11 +1,18 @@
-"""``mixrt serve``: a supervisor and its worker processes, each an MLServer.
+"""``mixrt serve``: a supervisor and its worker processes, each a KServe model server.
 
 The supervisor prepares every model (``runtime.prepare``: the session over the memory-mapped
 ``.mxr``, the warm-up that compiles its kernels, the batching check), binds the HTTP
-socket, and only then forks ``--workers`` processes. Each worker starts MLServer on the
-inherited socket (gRPC's port is shared with SO_REUSEPORT, which gRPC sets) and finds its
-models prepared: their weights, packed panels and compiled kernels are the supervisor's
-pages, shared copy-on-write rather than loaded once per worker.
+socket, and only then forks ``--workers`` processes. Each worker serves KServe's REST app
+(``rest.py``) with uvicorn on the inherited socket and KServe's gRPC servicer
+(``grpc_service.py``) on the gRPC port (shared with SO_REUSEPORT, which gRPC sets), and
+finds its models prepared: their weights, packed panels and compiled kernels are the
+supervisor's pages, shared copy-on-write rather than loaded once per worker.
+
+KServe's own ``ModelServer`` is not the entry point: it binds its ports itself and, with
+several workers, has each process load the models on its own, so neither the shared
+weights nor a port picked once for all workers would survive. The worker assembles the
+server from KServe's public parts instead: its data plane, v2 REST endpoints, gRPC
+servicer, model and model repository classes.
 
 The supervisor serves ``/metrics``, the sum of its workers' (``metrics.py``), restarts a
 worker that dies, and on SIGTERM or SIGINT passes the signal on and waits for the workers
@@ -24,18 +31,16 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from mlserver import MLServer
-from mlserver.errors import MLServerError
-from mlserver.settings import Settings
+import uvicorn
 from prometheus_client import start_http_server
 
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, MixrtError
 from mixrt.ops.device import device_named
 from mixrt.serve import metrics, repository, runtime
-from mixrt.serve.binary_rest import BinaryTensors
 from mixrt.serve.control import SupervisorChannels, WorkerChannel
-from mixrt.serve.fast_paths import install_grpc
+from mixrt.serve.outcomes import NotFound, RunFailed
 
 logger = logging.getLogger("mixrt.serve")
 
@@ -60,6 +65,9 @@ class ServeOptions:
     workers: int = 1
     max_batch_size: int = 0
     max_delay_ms: float = runtime.DEFAULT_MAX_DELAY_MS
+    # requests waiting per model beyond those running; past it a 503 with Retry-After
+    # (None: runtime.default_max_queue of the batch size; 0: none waits)
+    max_queue: int | None = None
     device: str = "cpu"
     max_body_mb: float = 64.0
     log_level: str = "info"
@@ -77,6 +85,8 @@ class ServeOptions:
         if self.max_batch_size < 0 or self.max_delay_ms < 0:
             raise InputError(f"--max-batch-size {self.max_batch_size} and --max-delay-ms "
                              f"{self.max_delay_ms}: neither may be negative")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise InputError(f"--max-queue {self.max_queue}: 0 (none waits) or more")
         if self.request_timeout_s < 0:
             raise InputError(f"--request-timeout-s {self.request_timeout_s}: 0 (no limit) "
                              f"or more")
@@ -84,6 +94,8 @@ class ServeOptions:
         self.extra = {"max_batch_size": self.max_batch_size,
                       "max_delay_ms": self.max_delay_ms, "device": self.device,
                       "request_timeout_s": self.request_timeout_s}
+        if self.max_queue is not None:
+            self.extra["max_queue"] = self.max_queue
 
     @property
     def max_body_bytes(self) -> int:
@@ -95,21 +107,19 @@ def serve(options: ServeOptions) -> int:
     _configure_logging(options.log_level)
     metrics.use_folder(tempfile.mkdtemp(prefix="mixrt-metrics-"))
     repo_args = _repository_args(options)
-    models = asyncio.run(repository.MixrtModelRepository(**repo_args).list())
+    models = repository.entries(**repo_args)
     # process-wide switches, so set once for the largest batch of any model, before any
     # model is prepared
-    runtime.serving_environment(max((int(m.parameters.extra.get("max_batch_size", 0))
+    runtime.serving_environment(max((int(m.extra.get("max_batch_size", 0))
                                      for m in models), default=0))
-    for settings in models:  # before the fork: the workers share what this prepares
-        extra = settings.parameters.extra
-        device = str(extra.get("device", "cpu"))
+    for entry in models:  # before the fork: the workers share what this prepares
+        device = str(entry.extra.get("device", "cpu"))
         if device.startswith("gpu") and not options.prepare_only:
             continue  # CUDA does not survive a fork: each worker prepares its own
-        prepared = runtime.prepare(settings.parameters.uri, device,
-                                   int(extra.get("max_batch_size", 0)))
-        logger.info("prepared %s version %s: batching %s", settings.name,
-                    settings.parameters.version, "on" if prepared.batching
-                    else f"off ({prepared.reason})")
+        prepared = runtime.prepare(entry.path, device,
+                                   int(entry.extra.get("max_batch_size", 0)))
+        logger.info("prepared %s version %s: batching %s", entry.name, entry.version,
+                    "on" if prepared.batching else f"off ({prepared.reason})")
     if options.prepare_only:
         return 0
     http = _listening_socket(options.host, options.http_port)
@@ -121,12 +131,20 @@ def serve(options: ServeOptions) -> int:
 
 
 def _repository_args(options: ServeOptions) -> dict:
-    if os.path.isfile(options.source):
-        name = options.name or os.path.splitext(os.path.basename(options.source))[0]
-        return {"root": os.path.dirname(os.path.abspath(options.source)),
-                "extra": options.extra, "single": {"name": name, "path": options.source}}
-    repository.check_repository(options.source)
-    return {"root": options.source, "extra": options.extra}
+    """A model file; a folder that holds one (KServe's /mnt/models), served under --name or
+    the folder's; or a repository."""
+    source = options.source
+    if os.path.isdir(source) and repository.model_file(Path(source)) is not None:
+        name = options.name or Path(os.path.abspath(source)).name
+        source = str(repository.model_file(Path(source)))
+        return {"root": os.path.dirname(os.path.abspath(source)), "extra": options.extra,
+                "single": {"name": name, "path": source}}
+    if os.path.isfile(source):
+        name = options.name or os.path.splitext(os.path.basename(source))[0]
+        return {"root": os.path.dirname(os.path.abspath(source)),
+                "extra": options.extra, "single": {"name": name, "path": source}}
+    repository.check_repository(source)
+    return {"root": source, "extra": options.extra}
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -191,6 +209,10 @@ class Supervisor:
             code = 1
             try:
                 code = asyncio.run(_worker(self.options, self.repo_args, self.http, channel))
+            except MixrtError as exc:  # a model that cannot load here: said, not a trace
+                logger.error("worker %d could not start: %s", index, exc)
+            except BaseException:  # noqa: BLE001 - told before the worker exits
+                logger.exception("worker %d failed", index)
             finally:
                 os._exit(code)
         channel.close()
@@ -274,56 +296,98 @@ def _end_with_the_supervisor() -> None:
 
 async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
                   channel: socket.socket) -> int:
-    settings = Settings(
-        debug=False, host=options.host, http_port=options.http_port,
-        grpc_port=options.grpc_port, metrics_endpoint=None, parallel_workers=0,
-        load_models_at_startup=True,
-        model_repository_implementation="mixrt.serve.repository.MixrtModelRepository",
-        model_repository_implementation_args={k: v for k, v in repo_args.items()
-                                              if k != "root"},
-        model_repository_root=repo_args["root"], server_name="mixrt",
-        grpc_max_message_length=options.max_body_bytes)
-    settings._custom_rest_server_settings = {"fd": http.fileno()}
-    # MLServer warns of any custom REST setting; the inherited socket is the one used here
-    logging.getLogger("mlserver.rest").addFilter(
-        lambda record: "custom configuration" not in record.getMessage())
-    server = MLServer(settings)
-    rest = server._rest_server
-    rest._app = BinaryTensors(rest._app, server._data_plane, options.max_body_bytes)
-    install_grpc(server._data_plane)
-    await _share_repository(server._model_repository_handlers, channel)
-    models = await server._model_repository.list()
-    await server.start(models)
+    """One worker: the models loaded (prepared already, by the supervisor), then REST and
+    gRPC served until SIGTERM; the requests in flight are answered before it returns."""
+    grpc_service, model, rest, data_plane = _front_ends()
+    repo = model.MixrtRepository(**repo_args)
+    operations = SharedOperations(repo, channel)
+    await operations.start()
+    await repo.load_all()
+    web = uvicorn.Server(uvicorn.Config(
+        rest.application(repo, operations, options.max_body_bytes), log_config=None,
+        log_level=options.log_level, access_log=False, lifespan="off",
+        timeout_graceful_shutdown=options.grace_s, timeout_keep_alive=65))
+    grpc_server = grpc_service.server(
+        repo, data_plane(model_registry=repo), operations,
+        f"{_grpc_host(options.host)}:{options.grpc_port}", options.max_body_bytes)
+    await grpc_server.start()
+    # uvicorn takes SIGTERM while it serves and raises it again when it has finished: by
+    # then this handler, which lets the worker wind down, is the one it finds
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    stopping = asyncio.get_running_loop().create_task(_stop_grpc_with(web, grpc_server,
+                                                                       options.grace_s))
+    await web.serve(sockets=[http])
+    await stopping
+    for served in repo.get_models().values():  # what the batchers still hold
+        for version in served.versions.values():
+            await version.unload()
     return 0
 
 
-async def _share_repository(handlers, sock: socket.socket) -> None:
-    """The repository API's load and unload, done here and then in every other worker
+def _front_ends():
+    """The modules built on KServe, imported in the worker (after the metrics' folder is
+    set, so that KServe's own metrics are summed over the workers too). KServe reads the
+    command line when it is imported; it is given none, since this one is mixrt's."""
+    command_line, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        from kserve.protocol.dataplane import DataPlane  # noqa: PLC0415
+
+        from mixrt.serve import grpc_service, model, rest  # noqa: PLC0415
+    finally:
+        sys.argv = command_line
+    return grpc_service, model, rest, DataPlane
+
+
+async def _stop_grpc_with(web, grpc_server, grace_s: float) -> None:
+    """Stop gRPC, letting its calls finish within ``grace_s``, once uvicorn is told to
+    stop."""
+    while not web.should_exit:
+        await asyncio.sleep(0.1)
+    await grpc_server.stop(grace_s)
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class SharedOperations:
+    """The repository API's load and unload, done in this worker and then in every other
     (``control.py``) before they are answered."""
-    local = {"load": handlers.load, "unload": handlers.unload}
 
-    async def apply(op: str, name: str) -> None:
-        await local[op](name)
+    def __init__(self, repo, sock: socket.socket):
+        self.repo = repo
+        self.channel = WorkerChannel(sock, self._apply)
 
-    channel = WorkerChannel(sock, apply)
-    await channel.start()
+    async def start(self) -> None:
+        await self.channel.start()
 
-    def shared(op: str):
-        async def call(name: str) -> bool:
-            done = await local[op](name)
-            try:
-                await channel.share(op, name)
-            except RuntimeError as exc:
-                raise MLServerError(str(exc), 500) from None
-            return done
-        return call
-    handlers.load, handlers.unload = shared("load"), shared("unload")
+    async def load(self, name: str) -> None:
+        await self._apply("load", name)
+        await self._share("load", name)
+
+    async def unload(self, name: str) -> None:
+        await self._apply("unload", name)
+        await self._share("unload", name)
+
+    async def _apply(self, op: str, name: str) -> None:
+        if op == "load":
+            await self.repo.load(name)
+        elif self.repo.get_model(name) is None:
+            raise NotFound(f"model {name} is not loaded")
+        else:
+            self.repo.unload(name)
+
+    async def _share(self, op: str, name: str) -> None:
+        try:
+            await self.channel.share(op, name)
+        except RuntimeError as exc:
+            raise RunFailed(str(exc)) from None
 
 
 def _configure_logging(level: str) -> None:
     """mixrt's own lines (each request's id where it is refused or fails; at debug, every
-    request's) to stderr, as MLServer and uvicorn write theirs; not through the root
-    logger, which would print MLServer's twice."""
+    request's) to stderr, as uvicorn and KServe write theirs; not through the root
+    logger, which would print theirs twice."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
         "%(asctime)s [mixrt] pid %(process)d %(levelname)s - %(message)s"))

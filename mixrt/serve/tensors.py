@@ -66,6 +66,12 @@ def decode(spec: TensorSpec, datatype: str, shape, data) -> np.ndarray:
     """The request input ``(datatype, shape, data)`` given for ``spec``, as an array."""
     shape = _checked_shape(spec, datatype, shape)
     count = math.prod(shape)
+    if isinstance(data, np.ndarray):  # decoded already (KServe's InferInput.as_numpy)
+        if data.size != count:
+            raise InputError(f"input '{spec.name}': {data.size} values for shape "
+                             f"{list(shape)}, which holds {count}")
+        data = data.reshape(-1).tolist() if datatype == "BYTES" \
+            else np.ascontiguousarray(data).tobytes()
     if datatype == "BYTES":
         return _decode_strings(spec, shape, count, data)
     dtype = DATATYPES[datatype]
