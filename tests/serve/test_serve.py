@@ -213,3 +213,42 @@ def _total(server, sample: str, **labels) -> float:
     return sum(s.value for family in text_string_to_metric_families(text.decode())
                for s in family.samples
                if s.name == sample and labels.items() <= s.labels.items())
+
+
+def test_statistics_as_triton_reports_them_over_http_and_grpc(server):
+    """The model statistics perf_analyzer reads (Triton's shape): counts and cumulative
+    times of each stage, summed over both workers, per version and batch size."""
+    http = tritonclient_http.InferenceServerClient(server.url)
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    before = http.get_inference_statistics("mlp", "1")["model_stats"][0]
+    for i in range(6):  # new connections: either worker may answer
+        client = tritonclient_http.InferenceServerClient(server.url)
+        http_infer(client, rows(2, seed=40 + i), version="1")
+    grpc_infer(grpc, rows(3, seed=50), version="1")
+    over_http = http.get_inference_statistics("mlp", "1")["model_stats"]
+    over_grpc = grpc.get_inference_statistics("mlp", "1", as_json=True)["model_stats"]
+    assert [(m["name"], m["version"]) for m in over_http] == [("mlp", "1")]
+    after = over_http[0]
+    stages = after["inference_stats"]
+    assert stages["success"]["count"] - before["inference_stats"]["success"]["count"] == 7
+    for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert stages[stage]["count"] == stages["success"]["count"]
+        assert 0 < stages[stage]["ns"] <= stages["success"]["ns"]
+    assert after["inference_count"] - before["inference_count"] == 6 * 2 + 3  # rows
+    assert after["execution_count"] >= 1 and after["last_inference"] > 0
+    assert {b["batch_size"] for b in after["batch_stats"]} >= {2, 3}
+    grpc_stats = over_grpc[0]  # the same counts (JSON of protobuf: uint64 as strings)
+    assert grpc_stats["name"] == "mlp" and grpc_stats["version"] == "1"
+    assert int(grpc_stats["inference_stats"]["success"]["count"]) == stages["success"]["count"]
+    every = http.get_inference_statistics()["model_stats"]
+    assert {(m["name"], m["version"]) for m in every} >= {("mlp", "1"), ("mlp", "2")}
+    with pytest.raises(InferenceServerException, match="version 9 not found"):
+        http.get_inference_statistics("mlp", "9")
+
+
+def test_json_without_a_content_type_as_tritons_http_client_sends_it(server):
+    x = rows(2, seed=60)
+    client = tritonclient_http.InferenceServerClient(server.url)
+    answer = http_infer(client, x, binary=False)  # no version: the latest, 2
+    np.testing.assert_allclose(answer.as_numpy("scores"), reference(2, x)[0], rtol=1e-5,
+                               atol=1e-5)
