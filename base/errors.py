@@ -57,6 +57,24 @@ class RunTerminated(ExecutionError):
     the session stays usable."""
 
 
+class MissingDependencyError(MixrtError, ImportError):
+    """A feature's library is not installed: one that only it uses, which pyproject.toml
+    lists in an extra rather than among mixrt's dependencies. The message names the feature,
+    the library and the ``pip install 'mixrt[EXTRA]'`` that brings it; ``extra`` is that
+    extra's name. An ``ImportError`` too, as the failed import it stands for."""
+
+    def __init__(self, message: str, *, extra: str = ""):
+        super().__init__(message)
+        self.extra = extra
+
+
+def missing_dependency(feature: str, library: str, extra: str) -> MissingDependencyError:
+    """The error for ``feature`` run without ``library``, which ``extra`` installs; raise
+    it ``from`` the ImportError so that the traceback keeps why the import failed."""
+    return MissingDependencyError(f"{feature} needs {library}: pip install 'mixrt[{extra}]'",
+                                  extra=extra)
+
+
 class DeviceMismatchError(MixrtError):
     """Arrays on different devices met in one operation."""
 
@@ -142,7 +160,8 @@ MXNetError = MixrtError
 
 __all__ = [
     "BlasPolicyWarning", "LenientLoadWarning", "OnnxruntimeOptionWarning", "MixrtError", "MXNetError", "ModelLoadError", "GraphError", "UnsupportedOperatorError", "ShapeError",
-    "InputError", "ExecutionError", "RunTerminated", "DeviceMismatchError",
+    "InputError", "ExecutionError", "RunTerminated", "MissingDependencyError",
+    "DeviceMismatchError",
     "DeviceUnavailableError",
     "ExportError", "KVStoreError", "PeerLostError", "KVTimeoutError", "GradientError",
     "OptimizerError", "EngineError", "HybridizeError",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 
-from mixrt.base.errors import KVStoreError
+from mixrt.base.errors import KVStoreError, missing_dependency
 
 DIST_COMMAND = ["python3", "-m", "mixrt.kvstore.dist"]
 DEFAULT_PORT = 9091
@@ -144,7 +144,11 @@ def _field(path: str) -> dict:
 
 
 def as_yaml(documents: list[dict]) -> str:
-    import yaml  # noqa: PLC0415  (PyYAML: only when manifests are written)
+    try:
+        import yaml  # noqa: PLC0415  (PyYAML, an extra: only when manifests are written)
+    except ImportError as exc:
+        raise missing_dependency("mixrt launch --launcher kubernetes", "PyYAML",
+                                 "kubernetes") from exc
     return yaml.safe_dump_all(documents, sort_keys=False)
 
 

@@ -12,6 +12,10 @@ family; variables are input nodes. Parameters — variables with an initializer,
 states, and names ending as MXNet's parameters do (``_weight``, ``_bias``, ``_gamma``,
 ``_moving_mean``, ...) — and constants are hidden unless ``hide_weights=False``. Given
 input shapes, edges carry the shapes inference finds.
+
+The drawing is a graphviz package object, and that package is an extra (``mixrt[plot]``):
+it is imported when a drawing is made, and its absence is an error naming the extra then,
+so that ``print_summary`` and ``from mixrt import viz`` work without it.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import graphviz
-
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, missing_dependency
 from mixrt.sym.symbol import LAYER, Symbol, SymNode
+
+if TYPE_CHECKING:
+    import graphviz
 
 PARAMETER_SUFFIXES = ("_weight", "_bias", "_gamma", "_beta", "_moving_mean", "_moving_var",
                       "_running_mean", "_running_var")
@@ -77,6 +83,7 @@ def plot_network(symbol: Symbol, title: str = "plot", save_format: str = "pdf",
     them; ``node_attrs`` override the default node attributes; ``save_format`` is the
     Digraph's format for its own ``.render``."""
     _check_symbol(symbol, "plot_network")
+    graphviz = _graphviz("plot_network")
     if save_format not in graphviz.FORMATS:
         raise InputError(f"plot_network: save_format {save_format!r} is not a Graphviz "
                          f"format; common ones are ['pdf', 'png', 'svg'] (all: "
@@ -98,7 +105,7 @@ def plot_network(symbol: Symbol, title: str = "plot", save_format: str = "pdf",
         # ids are ours, never names: a name may hold quotes, spaces or dot's port colons
         ids[id(node)] = node_id = f"node{len(ids)}"
         family = "input" if node.op in (None, "") else _FAMILY_OF.get(node.op, "other")
-        dot.node(node_id, label=graphviz.nohtml(_label(node, shown.get(id(node)))),
+        dot.node(node_id, label=graphviz.nohtml(_label(graphviz, node, shown.get(id(node)))),
                  fillcolor=COLORS[family],
                  **({"shape": "oval"} if node.op is None else {}))
         for entry in node.inputs:
@@ -115,6 +122,7 @@ def plot_network(symbol: Symbol, title: str = "plot", save_format: str = "pdf",
 def render(digraph: graphviz.Digraph, path, format: str | None = None) -> str:
     """Draw ``digraph`` into the file ``path`` (format: ``format``, else the path's suffix,
     else the digraph's); returns the path. Needs Graphviz's ``dot`` program."""
+    graphviz = _graphviz("render")
     path = Path(path)
     format = format or path.suffix.lstrip(".") or digraph.format
     if format not in graphviz.FORMATS:
@@ -195,6 +203,14 @@ def is_parameter(node: SymNode) -> bool:
 
 # -- helpers -----------------------------------------------------------------------------------
 
+def _graphviz(what: str):
+    try:
+        import graphviz  # noqa: PLC0415  (the plot extra: only when a drawing is made)
+    except ImportError as exc:
+        raise missing_dependency(f"mixrt.viz.{what}", "graphviz", "plot") from exc
+    return graphviz
+
+
 def _check_symbol(symbol, what: str) -> None:
     if not isinstance(symbol, Symbol):
         raise InputError(f"{what} takes a mixrt.sym.Symbol, got {type(symbol).__name__}")
@@ -216,7 +232,7 @@ def _warn_repeated_names(symbol: Symbol) -> None:
                       f"{','.join(repeated)}", RuntimeWarning, stacklevel=3)
 
 
-def _label(node: SymNode, name: str | None = None) -> str:
+def _label(graphviz, node: SymNode, name: str | None = None) -> str:
     name = name or node.name
     if node.op is None:
         return graphviz.escape(name)

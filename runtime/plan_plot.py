@@ -5,13 +5,15 @@ traces the bytes alive at each step, so the gap between that line and the top of
 rectangles is what the strategy wastes over the lower bound. Seeing the picture makes a bad
 plan (a tall tower of long-lived tensors, a hole nobody fills) obvious at a glance.
 
-matplotlib is imported inside ``draw_plan`` only: planning and running never need it.
+matplotlib is imported inside ``draw_plan`` only: planning and running never need it, and it
+is an extra (``mixrt[plot]``), which the drawing asks for where it is missing.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from mixrt.base.errors import missing_dependency
 from mixrt.runtime.memory import MemoryPlan, live_bytes_per_step
 from mixrt.runtime.memory_report import plan_report
 
@@ -23,7 +25,10 @@ _INPLACE_EDGE = "#d62728"
 
 def draw_plan(plan: MemoryPlan, path, title: str | None = None) -> Path:
     """Write a PNG of ``plan`` to ``path`` and return the path."""
-    import matplotlib  # noqa: PLC0415  (heavy, and only the plotting command wants it)
+    try:
+        import matplotlib  # noqa: PLC0415  (heavy, and only the plotting command wants it)
+    except ImportError as exc:
+        raise missing_dependency("mixrt plan --png", "matplotlib", "plot") from exc
     matplotlib.use("Agg", force=True)  # files only: never open a window, work without a display
     from matplotlib import pyplot  # noqa: PLC0415
     from matplotlib.collections import PatchCollection  # noqa: PLC0415

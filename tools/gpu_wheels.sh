@@ -5,7 +5,7 @@
 # hypothesis, under Python 3.12. What it lacks:
 #
 #   pyzmq      the KVStore's transport (a mixrt dependency)
-#   graphviz   mixrt.viz's drawing (a mixrt dependency, pure Python)
+#   graphviz   mixrt.viz's drawing (the plot extra, which the tests run; pure Python)
 #   onnx2torch the zoo models' PyTorch twins, the GPU benchmark's peer where onnxruntime has
 #              no CUDA provider (benchmarks only, pure Python)
 #

@@ -185,8 +185,8 @@ def _float16(source: str):
 
 
 def _recipes() -> dict[str, Recipe]:
-    quantizer = f"onnxruntime.quantization {version('onnxruntime-gpu')}"
-    optimizer = f"onnxruntime.transformers.optimizer {version('onnxruntime-gpu')}"
+    quantizer = f"onnxruntime.quantization {version('onnxruntime')}"
+    optimizer = f"onnxruntime.transformers.optimizer {version('onnxruntime')}"
     converter = f"onnxconverter-common {version('onnxconverter-common')} float16"
     return {
         "q_bert_dynamic": Recipe("quantized", quantizer, _dynamic("hf_bert_ts")),
