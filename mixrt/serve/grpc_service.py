@@ -9,7 +9,8 @@ servicer, with what mixrt adds.
   through ``InferRequest``; typed contents take KServe's path (``model.MixrtModel.predict``).
 * A client's deadline: the call's own, where it set one, limits the request (with
   ``--request-timeout-s``).
-* Triton's RepositoryIndex and ModelStatistics, which KServe's protocol lacks, and its
+* Triton's RepositoryIndex, ModelStatistics and ModelConfig, which KServe's protocol
+  lacks, and its
   RepositoryModelLoad and Unload, whose requests KServe's protocol numbers differently;
   their messages are built from Triton's field numbers in a descriptor pool of their own,
   so that they never meet KServe's generated ``inference.*`` classes in the default pool.
@@ -132,6 +133,7 @@ def _triton_messages() -> dict:
     one, many = scalar.LABEL_OPTIONAL, scalar.LABEL_REPEATED
     text, u64, flag, msg = scalar.TYPE_STRING, scalar.TYPE_UINT64, scalar.TYPE_BOOL, \
         scalar.TYPE_MESSAGE
+    i32, i64 = scalar.TYPE_INT32, scalar.TYPE_INT64  # an enum's value is an int32 on the wire
     duration = ".inference.StatisticDuration"
     proto.message_type.extend([
         message("StatisticDuration", [("count", u64, one, None), ("ns", u64, one, None)]),
@@ -154,6 +156,19 @@ def _triton_messages() -> dict:
                                            ("ready", flag, one, None)]),
         message("RepositoryModelRequest", [("repository_name", text, one, None),
                                            ("model_name", text, one, None)]),
+        message("ModelConfigRequest", [("name", text, one, None),
+                                       ("version", text, one, None)]),
+        _numbered("ModelInput", [("name", 1, text, one, None), ("data_type", 2, i32, one, None),
+                                 ("dims", 4, i64, many, None)]),
+        _numbered("ModelOutput", [("name", 1, text, one, None),
+                                  ("data_type", 2, i32, one, None),
+                                  ("dims", 3, i64, many, None)]),
+        _numbered("ModelConfig", [("name", 1, text, one, None), ("platform", 2, text, one, None),
+                                  ("max_batch_size", 4, i32, one, None),
+                                  ("input", 5, msg, many, ".inference.ModelInput"),
+                                  ("output", 6, msg, many, ".inference.ModelOutput"),
+                                  ("backend", 17, text, one, None)]),
+        message("ModelConfigResponse", [("config", msg, one, ".inference.ModelConfig")]),
         message("RepositoryIndexResponse", [
             ("models", msg, many, ".inference.RepositoryIndexResponse.ModelIndex")],
             [message("ModelIndex", [(f, text, one, None)
@@ -165,7 +180,18 @@ def _triton_messages() -> dict:
         pool.FindMessageTypeByName(f"inference.{name}"))
         for name in ("ModelStatisticsRequest", "ModelStatisticsResponse",
                      "RepositoryIndexRequest", "RepositoryIndexResponse",
-                     "RepositoryModelRequest")}
+                     "RepositoryModelRequest", "ModelConfigRequest", "ModelConfigResponse")}
+
+
+def _numbered(name: str, fields: list) -> descriptor_pb2.DescriptorProto:
+    """A message whose fields are not numbered 1, 2, 3...: (name, number, type, label,
+    message type name or None)."""
+    kind = descriptor_pb2.DescriptorProto(name=name)
+    for field, number, type_, label, type_name in fields:
+        added = kind.field.add(name=field, number=number, type=type_, label=label)
+        if type_name:
+            added.type_name = type_name
+    return kind
 
 
 def extension_handlers(repository, operations) -> dict:
@@ -195,6 +221,17 @@ def extension_handlers(repository, operations) -> dict:
             del entry["memory_usage"]  # not a field of this message (Triton's MemoryUsage)
         return messages["ModelStatisticsResponse"](model_stats=stats)
 
+    async def model_config(request, context):
+        try:
+            config = repository.served(request.name, request.version).config()
+        except ServeError as exc:
+            await context.abort(exc.code, str(exc))
+        config.pop("dynamic_batching", None)  # not among this message's fields
+        for tensor in config["input"] + config["output"]:
+            tensor["data_type"] = tensors.CONFIG_TYPES[
+                "BYTES" if tensor["data_type"] == "TYPE_STRING" else tensor["data_type"][5:]]
+        return messages["ModelConfigResponse"](config=config)
+
     async def repository_index(request, context):
         listed = repository.index()
         if request.ready:
@@ -216,6 +253,7 @@ def extension_handlers(repository, operations) -> dict:
                                  "ModelStatisticsResponse"),
         "RepositoryIndex": unary(repository_index, "RepositoryIndexRequest",
                                  "RepositoryIndexResponse"),
+        "ModelConfig": unary(model_config, "ModelConfigRequest", "ModelConfigResponse"),
         "RepositoryModelLoad": unary(loaded, "RepositoryModelRequest",
                                      pb.RepositoryModelLoadResponse),
         "RepositoryModelUnload": unary(unloaded, "RepositoryModelRequest",

@@ -5,8 +5,9 @@ registered before them, so that these routes are matched first:
 * the versions of a model: ``/v2/models/NAME/versions/V`` (metadata) and ``.../ready``;
 * Triton's repository API as its clients call it: ``POST /v2/repository/index`` (each
   version and its state) and load/unload that reach every worker before they answer;
-* the statistics perf tools read: ``GET /v2/models/stats``, ``/v2/models/NAME/stats``,
-  ``/v2/models/NAME/versions/V/stats`` (``statistics.py``);
+* what Triton's perf tools read: the statistics, ``GET /v2/models/stats``,
+  ``/v2/models/NAME/stats``, ``/v2/models/NAME/versions/V/stats`` (``statistics.py``), and
+  the model configuration, ``GET /v2/models/NAME[/versions/V]/config``;
 * the outcomes of ``outcomes.py`` as their statuses, with ``Retry-After`` on a 503.
 
 In front of it all, ``binary_rest.BinaryTensors`` caps bodies and answers binary and
@@ -73,12 +74,17 @@ def _add_mixrt_routes(app: FastAPI, repository, operations) -> None:
         await operations.unload(name)
         return JSONResponse({"name": name, "unload": True})
 
+    async def config(name: str, version: str | None = None) -> dict:
+        return repository.served(name, version).config()
+
     async def stats(name: str | None = None, version: str | None = None) -> dict:
         return {"model_stats": statistics.model_stats(repository.pairs(name, version))}
 
     routes = [("/v2/models/stats", stats, "GET"),
               ("/v2/models/{name}/stats", stats, "GET"),
               ("/v2/models/{name}/versions/{version}/stats", stats, "GET"),
+              ("/v2/models/{name}/config", config, "GET"),
+              ("/v2/models/{name}/versions/{version}/config", config, "GET"),
               ("/v2/models/{name}/versions/{version}", version_metadata, "GET"),
               ("/v2/models/{name}/versions/{version}/ready", version_ready, "GET"),
               ("/v2/repository/index", index, "POST"),

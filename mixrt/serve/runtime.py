@@ -229,6 +229,25 @@ class ServedVersion:
                 "inputs": [spec.metadata() for spec in self.prepared.inputs],
                 "outputs": [spec.metadata() for spec in self.prepared.outputs]}
 
+    def config(self) -> dict:
+        """Triton's model configuration, the part its tools read (perf_analyzer asks it
+        before it profiles): where requests are joined, ``max_batch_size`` and each
+        tensor's dims past the batch axis, else 0 and the whole shape (-1: open)."""
+        batch = int(self.extra.get("max_batch_size", 0)) if self.prepared.batching else 0
+
+        def tensors_of(specs, dims_field):
+            return [{"name": spec.name, "data_type": f"TYPE_{_config_type(spec.datatype)}",
+                     dims_field: list(spec.shape[1:] if batch else spec.shape)}
+                    for spec in specs]
+        config = {"name": self.name, "platform": "mixrt", "backend": "mixrt",
+                  "max_batch_size": batch,
+                  "input": tensors_of(self.prepared.inputs, "dims"),
+                  "output": tensors_of(self.prepared.outputs, "dims")}
+        if batch:
+            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(
+                float(self.extra.get("max_delay_ms", DEFAULT_MAX_DELAY_MS)) * 1000)}
+        return config
+
     async def infer_arrays(self, items: list, asked, request_id,
                            deadline: float | None = None, encode=None):
         """``encode(output names, arrays)`` (default: the pair itself) for the inputs
@@ -323,6 +342,10 @@ class ServedVersion:
         board.batch_requests.labels(*self.labels).observe(requests)
         board.compiled.labels(*self.labels).set(
             1 if self.prepared.session.wait_compiled(0) else 0)
+
+
+def _config_type(datatype: str) -> str:
+    return "STRING" if datatype == "BYTES" else datatype
 
 
 def no_such_version(name: str, version: str, known: list) -> NotFound:

@@ -24,6 +24,10 @@ DATATYPES = {
     "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
+# Triton's model configuration names the datatypes by its DataType enum (TYPE_FP32 = 11)
+CONFIG_TYPES = {"BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6,
+                "INT16": 7, "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12,
+                "BYTES": 13}
 # ONNX's element type names (a NodeArg's "tensor(float)") and the protocol's
 ONNX_TO_DATATYPE = {
     "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32",
