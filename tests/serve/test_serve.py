@@ -252,3 +252,17 @@ def test_json_without_a_content_type_as_tritons_http_client_sends_it(server):
     answer = http_infer(client, x, binary=False)  # no version: the latest, 2
     np.testing.assert_allclose(answer.as_numpy("scores"), reference(2, x)[0], rtol=1e-5,
                                atol=1e-5)
+
+
+def test_the_model_configuration_perf_analyzer_reads(server):
+    http = tritonclient_http.InferenceServerClient(server.url)
+    grpc = tritonclient_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
+    config = http.get_model_config("mlp", "1")
+    assert config["max_batch_size"] == 8  # batching on: dims past the batch axis
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [FEATURES]}]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [
+        ("scores", "TYPE_FP32", [5]), ("label", "TYPE_INT64", [])]
+    over_grpc = grpc.get_model_config("mlp", "1", as_json=True)["config"]
+    assert over_grpc["max_batch_size"] == 8
+    assert over_grpc["input"][0]["data_type"] == "TYPE_FP32"
+    assert over_grpc["input"][0]["dims"] == [str(FEATURES)]  # JSON of protobuf's int64
