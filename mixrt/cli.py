@@ -251,7 +251,7 @@ def _add_serve_command(commands):
     serve.add_argument("--max-queue", type=int, default=None, metavar="N",
                        help="requests each model holds waiting beyond those running; past "
                        "it a request is refused at once with 503 and Retry-After (gRPC "
-                       "UNAVAILABLE) (default: two batches, at least 16; 0: refused "
+                       "UNAVAILABLE) (default: 64, or four batches where more; 0: refused "
                        "whenever the model is busy)")
     serve.add_argument("--device", default="cpu", help="cpu or gpu:N")
     serve.add_argument("--max-body-mb", type=float, default=64.0, metavar="MB",

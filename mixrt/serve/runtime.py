@@ -46,25 +46,12 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 
 
 def default_max_queue(max_batch_size: int) -> int:
-    """Requests a model holds waiting by default: two full batches, and at least 16, so that
-    a burst of concurrent clients is absorbed, while a standing overload is refused after
-    a wait of a few runs rather than queued for seconds. A service that wants its
-    accepted requests to keep an unloaded server's latency under overload sets a smaller
-    bound (0: none waits)."""
-    return 2 * max(8, max_batch_size)
-
-# size of an open dimension other than the batch in the warm-up feeds: a sequence's length,
-# and an image's height and width (a float input of rank 4)
-WARMUP_OPEN_DIM = 8
-WARMUP_IMAGE_SIDE = 224
-# rows the batching check runs alone, each compared with its row of joined runs of 2, 3 and
-# max_batch_size rows
-CHECK_ROWS = 8
-
-# prepared models of this process, by (path, its modification time and size, device, max
-# rows): the supervisor prepares each before it forks its workers, so that they share its
-# pages
-_PREPARED: dict[tuple, "Prepared"] = {}
+    """Requests a model holds waiting by default: 64, or four full batches where that is
+    more. Enough that a burst, a benchmark's 32 clients or a profiler's sweep of
+    concurrency is queued rather than refused, and a bound all the same (Triton's default
+    has none). A service that wants its requests refused rather than kept waiting sets it
+    to the wait it accepts divided by a run's time; 0 keeps an unloaded server's latency."""
+    return max(64, 4 * max_batch_size)
 
 
 @dataclass
