@@ -2,8 +2,9 @@
 
 A request waits at most ``max_delay`` for company; with ``adaptive`` (the server's), not at
 all when it is alone and the last batch was a single request too: a lone client is not made
-to wait for others, and under load requests still gather while a batch runs. Requests join only where every input has
-the same dtype and the same shape past the first axis, and the same outputs were asked for;
+to wait for others, and under load requests still gather while a batch runs. Requests join
+only where every input has the same dtype and the same shape past the first axis, and the
+same outputs were asked for;
 a batch holds at most ``max_rows`` rows, and a request of that many rows or more runs alone.
 One batch runs at a time (the session spreads a run over the cores already), and while it
 runs the next requests gather, so under load batches fill without waiting out the delay.
@@ -15,10 +16,10 @@ time limit fails them all: each alone would take as long). A request whose calle
 waiting (the server's deadline cancels it) is dropped from the queue unrun.
 
 The queue is bounded: with ``max_queue`` requests already waiting (admitted, not yet
-running; with 0, as soon as the model is busy), the next is refused at once with :class:`Overloaded`, which says when to retry
-(the queue's wait, from the runs' recent times), rather than queued for seconds behind work
-it cannot overtake. Under overload the requests accepted keep the latency of a short queue,
-and the rest learn so in microseconds.
+running; with 0, as soon as the model is busy), the next is refused at once with
+:class:`Overloaded`, which says when to retry (the queue's wait, from the runs' recent
+times), rather than queued for seconds behind work it cannot overtake. Under overload the
+requests accepted keep the latency of a short queue, and the rest learn so at once.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class Batcher:
     this request's rows. ``run`` is called on ``executor`` (a thread), one batch at a time;
     with ``adaptive``, a request alone in the queue after a batch of one runs at once;
     ``observe(rows, requests)`` is told each batch's size before its run, ``executed(rows,
-    seconds)`` its time after, ``queued(depth)`` the number of requests waiting; past ``max_queue`` waiting (None: no bound), ``submit`` raises
-    :class:`Overloaded`."""
+    seconds)`` its time after, ``queued(depth)`` the number of requests waiting; past
+    ``max_queue`` waiting (None: no bound), ``submit`` raises :class:`Overloaded`."""
 
     def __init__(self, run, executor, *, max_rows: int, max_delay: float, adaptive=False,
                  max_queue: int | None = None, name: str = "the model",

@@ -104,8 +104,9 @@ def _parse(header_length: bytes | None, body: bytes) -> tuple[SimpleNamespace, s
     if header_length is None:
         header_length = str(len(body)).encode()
     if not header_length.isdigit() or int(header_length) > len(body):
-        raise ValueError(f"Inference-Header-Content-Length {header_length.decode(errors='replace')!r} "
-                         f"is not a length within the body's {len(body)} bytes")
+        told = header_length.decode(errors="replace")
+        raise ValueError(f"Inference-Header-Content-Length {told!r} is not a length within "
+                         f"the body's {len(body)} bytes")
     split = int(header_length)
     try:
         header = json.loads(body[:split])

@@ -22,7 +22,8 @@ if importlib.util.find_spec("kserve") is None:
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from serving import get, mlp_model, post, raw_exchange, start_server, write_repository  # noqa: E402
+from serving import (get, mlp_model, post, raw_exchange, start_server,  # noqa: E402
+                     write_repository)
 
 FEATURES = 12
 
