@@ -54,6 +54,20 @@ def default_max_queue(max_batch_size: int) -> int:
     return max(64, 4 * max_batch_size)
 
 
+# size of an open dimension other than the batch in the warm-up feeds: a sequence's length,
+# and an image's height and width (a float input of rank 4)
+WARMUP_OPEN_DIM = 8
+WARMUP_IMAGE_SIDE = 224
+# rows the batching check runs alone, each compared with its row of joined runs of 2, 3 and
+# max_batch_size rows
+CHECK_ROWS = 8
+
+# prepared models of this process, by (path, its modification time and size, device, max
+# rows): the supervisor prepares each before it forks its workers, so that they share its
+# pages
+_PREPARED: dict[tuple, "Prepared"] = {}
+
+
 @dataclass
 class Prepared:
     session: object

@@ -1,5 +1,5 @@
 """mixrt.serve.batcher: concurrent requests joined along their first axis, with a fake run
-function on a thread that records each batch it gets (no session, no MLServer).
+function on a thread that records each batch it gets (no session, no server).
 
 pytest-asyncio is not a dependency: each test drives its own loop with ``asyncio.run``.
 """
@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from mixrt.serve.batcher import Batcher
+from mixrt.serve.batcher import Batcher, Timing
+from mixrt.serve.outcomes import Overloaded
 
 BOTH = ("double", "negated")
 
@@ -452,3 +453,61 @@ def test_a_joined_run_ended_by_its_time_limit_fails_every_request_once():
     results = drive(body)
     assert all(isinstance(result, RunTerminated) for result in results)
     assert calls == [3]
+
+
+@pytest.mark.parametrize("max_rows", [1, 8])
+def test_past_max_queue_waiting_a_request_is_refused_at_once_with_a_retry(max_rows):
+    async def body(executor):
+        recorder = Recorder()
+        recorder.hold = threading.Event()
+        batcher = Batcher(recorder, executor, max_rows=max_rows, max_delay=0.0,
+                          adaptive=True, max_queue=2, name="model m")
+        first = asyncio.ensure_future(batcher.submit(request(0), BOTH))
+        await asyncio.sleep(0.05)  # running, held: the queue is empty
+        waiting = [asyncio.ensure_future(batcher.submit(request(i), BOTH)) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        assert batcher.depth == 2
+        started = time.perf_counter()
+        with pytest.raises(Overloaded, match="model m is busy: 2 requests already queued") \
+                as refused:
+            await batcher.submit(request(3), BOTH)
+        assert time.perf_counter() - started < 0.01
+        assert refused.value.retry_after > 0 and refused.value.headers()["Retry-After"] == "1"
+        recorder.hold.set()
+        for task, tag in zip([first, *waiting], range(3)):
+            check_own(await task, request(tag))
+        check_own(await batcher.submit(request(4), BOTH), request(4))  # room again
+        await batcher.close()
+    drive(body)
+
+
+def test_max_queue_zero_admits_only_while_the_model_is_idle():
+    async def body(executor):
+        recorder = Recorder()
+        recorder.hold = threading.Event()
+        batcher = Batcher(recorder, executor, max_rows=1, max_delay=0.0, max_queue=0)
+        running = asyncio.ensure_future(batcher.submit(request(0), BOTH))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded):
+            await batcher.submit(request(1), BOTH)
+        recorder.hold.set()
+        check_own(await running, request(0))
+        check_own(await batcher.submit(request(2), BOTH), request(2))  # idle again
+    drive(body)
+
+
+def test_a_request_is_told_where_its_time_went_and_each_run_is_reported():
+    runs = []
+
+    async def body(executor):
+        batcher = Batcher(Recorder(seconds=0.02), executor, max_rows=8, max_delay=0.05,
+                          executed=lambda rows, seconds: runs.append((rows, seconds)))
+        timings = [Timing(), Timing()]
+        await asyncio.gather(*(batcher.submit(request(i, rows=2), BOTH, timings[i])
+                               for i in range(2)))
+        await batcher.close()
+        return timings
+    timings = drive(body)
+    assert runs and runs[0][0] == 4 and runs[0][1] >= 0.02  # one joined run of 4 rows
+    for timing in timings:
+        assert timing.rows == 4 and timing.ran >= 0.02 and timing.queued >= 0
