@@ -25,6 +25,7 @@ requests accepted keep the latency of a short queue, and the rest learn so at on
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -86,6 +87,7 @@ class Batcher:
         self._closed = False
         self._last_requests = 0  # requests in the last batch run
         self._alone_waiting = 0  # requests run alone, handed to the executor, not started
+        self._count_lock = threading.Lock()
         self._running = 0  # runs handed to the executor and not yet answered
         self._run_seconds = 0.0  # a run's time, a running mean
 
@@ -228,23 +230,29 @@ class Batcher:
 
     async def _alone(self, loop, pending: Pending) -> list:
         """One request on the executor, counted as waiting until its run starts (or it is
-        given up first); the count changes on the event loop's thread only."""
-        self._alone_waiting += 1
-        waiting = [True]
+        given up first). The executor's thread takes it off the count under a lock, not
+        through the event loop: a wake-up of the loop at every run's start took the GIL
+        from the run."""
+        state = ["waiting"]
+        with self._count_lock:
+            self._alone_waiting += 1
 
-        def no_longer_waiting():
-            if waiting[0]:
-                waiting[0] = False
+        def leave(now: str) -> bool:
+            with self._count_lock:
+                if state[0] != "waiting":
+                    return False
+                state[0] = now
                 self._alone_waiting -= 1
-                self._queued(self.depth)
+                return True
 
         def run():
-            loop.call_soon_threadsafe(no_longer_waiting)
+            if not leave("started"):
+                return None  # given up before it started: nobody waits for its answer
             return self._timed([pending], pending.feeds, pending.outputs)
         try:
             return await loop.run_in_executor(self._executor, run)
         finally:
-            no_longer_waiting()
+            leave("dropped")
 
     def _timed(self, batch: list, feeds: dict, outputs: tuple) -> list:
         """``run`` on the executor's thread, its time told to each request of ``batch``."""

@@ -46,33 +46,42 @@ def _board() -> dict:
 
 class Recorder:
     """One model version's statistics: ``request(...)`` per answered request,
-    ``execution(rows, seconds)`` per run."""
+    ``execution(rows, seconds)`` per run. Its counters are looked up once (a labelled
+    counter's lookup cost as much as its increment)."""
 
     def __init__(self, model: str, version: str):
         self.labels = (model, version)
+        self._children: dict = {}
+
+    def _child(self, name: str, *labels):
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _board()[name].labels(*self.labels, *labels)
+        return child
 
     def request(self, ok: bool, total: float, decode: float = 0.0, queued: float = 0.0,
                 ran: float = 0.0, encode: float = 0.0, rows: int = 0) -> None:
-        board = _board()
         stages = {"success" if ok else "fail": total}
         if ok:
             stages.update(queue=queued, compute_input=decode, compute_infer=ran,
                           compute_output=encode)
         for stage, seconds in stages.items():
-            board["count"].labels(*self.labels, stage).inc()
-            board["seconds"].labels(*self.labels, stage).inc(seconds)
+            self._child("count", stage).inc()
+            self._child("seconds", stage).inc(seconds)
         if ok and rows:
-            for stage, seconds in (("compute_input", decode), ("compute_output", encode)):
-                board["batch_seconds"].labels(*self.labels, str(rows), stage).inc(seconds)
-        board["last"].labels(*self.labels).set(time.time() * 1e3)
+            size = str(rows)
+            self._child("batch_seconds", size, "compute_input").inc(decode)
+            self._child("batch_seconds", size, "compute_output").inc(encode)
+        self._child("last").set(time.time() * 1e3)
 
     def execution(self, rows: int, seconds: float) -> None:
-        board = _board()
-        board["inferences"].labels(*self.labels).inc(rows)
-        board["executions"].labels(*self.labels).inc()
+        self._child("inferences").inc(rows)
+        self._child("executions").inc()
+        size = str(rows)
         for stage in BATCH_STAGES:
-            board["batch_count"].labels(*self.labels, str(rows), stage).inc()
-        board["batch_seconds"].labels(*self.labels, str(rows), "compute_infer").inc(seconds)
+            self._child("batch_count", size, stage).inc()
+        self._child("batch_seconds", size, "compute_infer").inc(seconds)
 
 
 def model_stats(served: list[tuple[str, str]]) -> list[dict]:
