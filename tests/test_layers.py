@@ -81,7 +81,7 @@ DEFERRED = {
     ("mixrt.cli_graph", "mixrt.exporters.onnx"): "onnx",
     ("mixrt.cli", "mixrt.kvstore.launch"): "zmq",  # pyzmq
     ("mixrt.cli", "mixrt.serve.server"): "uvicorn",
-    # KServe, imported by each worker after the fork (and after the metrics' folder is set)
+    # KServe, imported by the supervisor once the metrics' folder is set, before the fork
     ("mixrt.serve.server", "mixrt.serve.grpc_service"): "kserve",
     ("mixrt.serve.server", "mixrt.serve.model"): "kserve",
     ("mixrt.serve.server", "mixrt.serve.rest"): "kserve",

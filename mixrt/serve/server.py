@@ -122,6 +122,10 @@ def serve(options: ServeOptions) -> int:
                     "on" if prepared.batching else f"off ({prepared.reason})")
     if options.prepare_only:
         return 0
+    # KServe and what it brings (FastAPI, pydantic, grpc, the kubernetes client) imported
+    # here, before the fork, are pages the workers share; imported by each worker they had
+    # added ~80 MB to each
+    _front_ends()
     http = _listening_socket(options.host, options.http_port)
     # a port given as 0 is picked here, once, so that every worker takes the same one
     options.http_port = http.getsockname()[1]
@@ -300,8 +304,9 @@ def _end_with_the_supervisor() -> None:
 
 async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
                   channel: socket.socket) -> int:
-    """One worker: the models loaded (prepared already, by the supervisor), then REST and
-    gRPC served until SIGTERM; the requests in flight are answered before it returns."""
+    """One worker: the models loaded (prepared already, by the supervisor, which imported
+    the front ends too), then REST and gRPC served until SIGTERM; the requests in flight
+    are answered before it returns."""
     grpc_service, model, rest, data_plane = _front_ends()
     repo = model.MixrtRepository(**repo_args)
     operations = SharedOperations(repo, channel)
@@ -329,9 +334,9 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
 
 
 def _front_ends():
-    """The modules built on KServe, imported in the worker (after the metrics' folder is
-    set, so that KServe's own metrics are summed over the workers too). KServe reads the
-    command line when it is imported; it is given none, since this one is mixrt's."""
+    """The modules built on KServe (imported once the metrics' folder is set, so that
+    KServe's own metrics are summed over the workers too). KServe reads the command line
+    when it is imported; it is given none, since this one is mixrt's."""
     command_line, sys.argv = sys.argv, sys.argv[:1]
     try:
         from kserve.protocol.dataplane import DataPlane  # noqa: PLC0415
