@@ -77,9 +77,19 @@ def settle(session) -> None:
     waiting anyway); then, unless MIXRT_GC_FREEZE=0, what survived it moved out of the
     collector's later passes until ``session`` is dropped. Nothing where the process has the
     collector off."""
-    if not gc.isenabled():
-        return
-    gc.collect()
-    if setting("MIXRT_GC_FREEZE", "1") != "0":
-        gc.freeze()
+    if freeze_what_lives():
         weakref.finalize(session, gc.unfreeze).atexit = False
+
+
+def freeze_what_lives() -> bool:
+    """A full pass, then (unless MIXRT_GC_FREEZE=0) what survived it moved out of the
+    collector's later passes; whether it froze. Nothing where the collector is off. Also
+    for a process that loads long-lived modules after its sessions are ready (a server's
+    front ends): they would otherwise be walked by every full pass."""
+    if not gc.isenabled():
+        return False
+    gc.collect()
+    if setting("MIXRT_GC_FREEZE", "1") == "0":
+        return False
+    gc.freeze()
+    return True
