@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from mixrt.base.errors import InputError, MixrtError
+from mixrt.base.errors import InputError, MixrtError, missing_dependency
 from mixrt.ops.ir.types import MapType, TensorType
 from mixrt.ops.device import parse_device
 from mixrt.runtime.graph import Graph
@@ -143,8 +143,8 @@ def _onnxruntime_outputs(model, graph: Graph, feeds: dict) -> list:
     try:
         import onnxruntime  # noqa: PLC0415
     except ImportError as exc:
-        raise InputError("validation compares with onnxruntime, which is not installed; "
-                         "pip install 'mixrt[validate]'") from exc
+        raise missing_dependency("validation (check --validate)", "onnxruntime",
+                                 "validate") from exc
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
     wanted = [v.name for v in graph.outputs]

@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 
 from mixrt import __version__  # the package's one statement of it
-from mixrt.base.errors import InputError, MixrtError
+from mixrt.base.errors import InputError, MixrtError, missing_dependency
 from mixrt.cli_graph import cmd_check, cmd_export, cmd_info
 from mixrt.cli_session import cmd_compile, cmd_plan, cmd_run, cmd_warmup
 from mixrt.demo import run_demo
@@ -276,10 +276,9 @@ def cmd_serve(args) -> int:
     try:
         from mixrt.serve.server import ServeOptions, serve  # noqa: PLC0415 (uvicorn)
     except ImportError as exc:
-        raise InputError(f"mixrt serve needs KServe: pip install 'mixrt[serve]' "
-                         f"({exc})") from None
-    if importlib.util.find_spec("kserve") is None:  # imported by the workers, after the fork
-        raise InputError("mixrt serve needs KServe: pip install 'mixrt[serve]'")
+        raise missing_dependency("mixrt serve", "KServe", "serve") from exc
+    if importlib.util.find_spec("kserve") is None:  # imported once the models are prepared
+        raise missing_dependency("mixrt serve", "KServe", "serve")
     return serve(ServeOptions(
         args.source, name=args.name, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, workers=args.workers,

@@ -24,7 +24,7 @@ import random as _random
 import numpy as np
 
 from mixrt import dispatch
-from mixrt.base.errors import InputError
+from mixrt.base.errors import InputError, missing_dependency
 from mixrt.nd.creation import array
 from mixrt.nd.mxnet_args import _into
 from mixrt.nd.ndarray import NDArray
@@ -84,7 +84,7 @@ def _pillow_image(data: bytes, fn: str):
     try:
         from PIL import Image, UnidentifiedImageError  # noqa: PLC0415  (the image extra)
     except ImportError as exc:
-        raise InputError(f"{fn} decodes with Pillow: pip install 'mixrt[image]'") from exc
+        raise missing_dependency(f"{fn} (decoding)", "Pillow", "image") from exc
     try:
         image = Image.open(io.BytesIO(data))
         image.load()

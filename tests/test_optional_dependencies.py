@@ -1,5 +1,5 @@
-"""The features whose library is an extra rather than a dependency (pyproject.toml's `plot`
-and `kubernetes`), run without it: each raises a MissingDependencyError that names the
+"""The features whose library is an extra rather than a dependency (pyproject.toml's `plot`,
+`kubernetes`, `image`, `validate` and `serve`), run without it: each raises a MissingDependencyError that names the
 extra to install, and the command prints it as one line. The library is made missing by
 ``sys.modules[name] = None``, which makes its import fail as an absent package's does."""
 
@@ -72,3 +72,24 @@ def test_kubernetes_manifests_need_pyyaml_to_be_written(monkeypatch):
         with pytest.raises(MissingDependencyError, match=message):
             kubernetes_job(["python", "t.py"], 1, 1, image="i:1", name="j", apply=apply,
                            environ={"PATH": "", "MIXRT_LAUNCH_KUBECTL": sys.executable})
+
+
+def test_image_decoding_validation_and_serving_name_their_extras(monkeypatch, tmp_path):
+    from mixrt import image  # noqa: PLC0415
+    from mixrt.exporters import coverage  # noqa: PLC0415
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(MissingDependencyError, match=r"needs Pillow: pip install "
+                                                     r"'mixrt\[image\]'$") as caught:
+        image._pillow_image(b"\x89PNG", "mx.image.imdecode")
+    assert caught.value.extra == "image"
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(MissingDependencyError, match=r"needs onnxruntime: pip install "
+                                                     r"'mixrt\[validate\]'$"):
+        coverage._onnxruntime_outputs(None, None, {})
+    path = save(add_model(), tmp_path / "m.onnx")
+    code = ("import sys; sys.modules['uvicorn'] = None; from mixrt.cli import main; "
+            "raise SystemExit(main())")
+    result = subprocess.run([sys.executable, "-c", code, "serve", path], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "mixrt serve needs KServe: pip install 'mixrt[serve]'" in result.stderr
