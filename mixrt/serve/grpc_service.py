@@ -31,7 +31,7 @@ from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
 from mixrt.serve import statistics, tensors
 from mixrt.serve.model import client_deadline
-from mixrt.serve.outcomes import NotFound, ServeError
+from mixrt.serve.outcomes import NotFound, Overloaded, ServeError
 
 SERVICE = "inference.GRPCInferenceService"
 # the methods whose messages KServe's protocol shares with Triton's, served by KServe's
@@ -62,7 +62,7 @@ class MixrtServicer(InferenceServicer):
         try:
             metadata = self.repository.served(request.name, request.version).metadata()
         except ServeError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         return pb.ModelMetadataResponse(
             name=metadata["name"], versions=metadata["versions"],
             platform=metadata["platform"],
@@ -77,7 +77,7 @@ class MixrtServicer(InferenceServicer):
             self.repository.served(request.model_name, request.model_version)
             return await super().ModelInfer(request, context)
         except ServeError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         except ValueError as exc:  # KServe's InvalidInput: a malformed request
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
@@ -99,6 +99,17 @@ class MixrtServicer(InferenceServicer):
             return response
         return await served.infer_arrays(items, asked, request_id,
                                          _deadline(request, context), encode)
+
+
+async def abort(context, exc: ServeError) -> None:
+    """End the call with ``exc``'s status code and message; an overload also says when to
+    retry, as ``retry-after`` (seconds, as REST's header) and gRPC's own
+    ``grpc-retry-pushback-ms``, which a client's retry policy obeys."""
+    trailers = ()
+    if isinstance(exc, Overloaded):
+        trailers = (("retry-after", exc.headers()["Retry-After"]),
+                    ("grpc-retry-pushback-ms", str(max(1, round(exc.retry_after * 1e3)))))
+    await context.abort(exc.code, str(exc), trailing_metadata=trailers)
 
 
 def _tensor_metadata(tensor: dict):
@@ -207,7 +218,7 @@ def extension_handlers(repository, operations) -> dict:
             try:
                 await getattr(operations, op)(name)
             except ServeError as exc:
-                await context.abort(exc.code, str(exc))
+                await abort(context, exc)
             return answer(name)
         return call
 
@@ -216,7 +227,7 @@ def extension_handlers(repository, operations) -> dict:
             stats = statistics.model_stats(repository.pairs(request.name or None,
                                                              request.version or None))
         except ServeError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         for entry in stats:
             del entry["memory_usage"]  # not a field of this message (Triton's MemoryUsage)
         return messages["ModelStatisticsResponse"](model_stats=stats)
@@ -225,7 +236,7 @@ def extension_handlers(repository, operations) -> dict:
         try:
             config = repository.served(request.name, request.version).config()
         except ServeError as exc:
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         config.pop("dynamic_batching", None)  # not among this message's fields
         for tensor in config["input"] + config["output"]:
             tensor["data_type"] = tensors.CONFIG_TYPES[

@@ -188,8 +188,11 @@ def test_grpc_says_unavailable_while_the_model_is_busy(server):
     time.sleep(0.05)
     small = tritonclient_grpc.InferInput("x", [1, FEATURES], "FP32")
     small.set_data_from_numpy(x[:1])
-    with pytest.raises(InferenceServerException, match="UNAVAILABLE.*busy"):
+    with pytest.raises(InferenceServerException, match="UNAVAILABLE.*busy") as refused:
         client.infer("heavy", [small])
+    # the grpc.RpcError that tritonclient's exception was raised from
+    trailers = dict(refused.value.__context__.trailing_metadata())
+    assert int(trailers["retry-after"]) >= 1 and int(trailers["grpc-retry-pushback-ms"]) >= 1
     deadline = time.monotonic() + 30
     while not answers and time.monotonic() < deadline:
         time.sleep(0.05)
