@@ -72,8 +72,12 @@ class MixrtModel(Model):
         """KServe's unload hook: each version stops taking requests and finishes those it
         holds (in the background: KServe calls this synchronously)."""
         self.ready = False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs (a process on its way out): nothing to finish
+            return
         for served in self.versions.values():
-            asyncio.get_running_loop().create_task(served.unload())
+            loop.create_task(served.unload())
 
     def version(self, version: str | None) -> ServedVersion:
         """The version a request names ("" or None: the latest)."""

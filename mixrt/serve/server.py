@@ -315,10 +315,13 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
     operations = SharedOperations(repo, channel)
     await operations.start()
     await repo.load_all()
-    web = uvicorn.Server(uvicorn.Config(
+    told_to_stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    web = _HttpServer(uvicorn.Config(
         rest.application(repo, operations, options.max_body_bytes), log_config=None,
         log_level=options.log_level, access_log=False, lifespan="off",
-        timeout_graceful_shutdown=options.grace_s, timeout_keep_alive=65))
+        timeout_graceful_shutdown=options.grace_s, timeout_keep_alive=65),
+        lambda: loop.call_soon_threadsafe(told_to_stop.set))
     grpc_server = grpc_service.server(
         repo, data_plane(model_registry=repo), operations,
         f"{_grpc_host(options.host)}:{options.grpc_port}", options.max_body_bytes)
@@ -326,8 +329,7 @@ async def _worker(options: ServeOptions, repo_args: dict, http: socket.socket,
     # uvicorn takes SIGTERM while it serves and raises it again when it has finished: by
     # then this handler, which lets the worker wind down, is the one it finds
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    stopping = asyncio.get_running_loop().create_task(_stop_grpc_with(web, grpc_server,
-                                                                       options.grace_s))
+    stopping = loop.create_task(_stop_grpc_when(told_to_stop, grpc_server, options.grace_s))
     await web.serve(sockets=[http])
     await stopping
     for served in repo.get_models().values():  # what the batchers still hold
@@ -350,11 +352,23 @@ def _front_ends():
     return grpc_service, model, rest, DataPlane
 
 
-async def _stop_grpc_with(web, grpc_server, grace_s: float) -> None:
+class _HttpServer(uvicorn.Server):
+    """uvicorn's server, which also tells ``on_exit`` when a signal tells it to stop, so
+    that gRPC stops with it."""
+
+    def __init__(self, config: uvicorn.Config, on_exit):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        self._on_exit()
+
+
+async def _stop_grpc_when(told: asyncio.Event, grpc_server, grace_s: float) -> None:
     """Stop gRPC, letting its calls finish within ``grace_s``, once uvicorn is told to
     stop."""
-    while not web.should_exit:
-        await asyncio.sleep(0.1)
+    await told.wait()
     await grpc_server.stop(grace_s)
 
 
