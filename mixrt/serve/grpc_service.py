@@ -12,8 +12,7 @@ servicer, with what mixrt adds.
 * Triton's RepositoryIndex, ModelStatistics and ModelConfig, which KServe's protocol
   lacks, and its
   RepositoryModelLoad and Unload, whose requests KServe's protocol numbers differently;
-  their messages are built from Triton's field numbers in a descriptor pool of their own,
-  so that they never meet KServe's generated ``inference.*`` classes in the default pool.
+  their messages are built from Triton's field numbers (``triton_messages.py``).
   Load and unload reach every worker before they answer.
 * Each outcome of ``outcomes.py`` as its status code (503's ``UNAVAILABLE`` for an
   overload, ``DEADLINE_EXCEEDED`` for a timeout, ...).
@@ -24,12 +23,11 @@ from __future__ import annotations
 import uuid
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 
-from mixrt.serve import statistics, tensors
+from mixrt.serve import statistics, tensors, triton_messages
 from mixrt.serve.model import client_deadline
 from mixrt.serve.outcomes import NotFound, Overloaded, ServeError
 
@@ -124,93 +122,14 @@ def _deadline(request, context) -> float | None:
     return min(found) if found else None
 
 
-# -- Triton's extensions: RepositoryIndex and ModelStatistics ---------------------------------
-
-def _triton_messages() -> dict:
-    """Triton's statistics and repository-index messages (``grpc_service.proto``'s field
-    numbers), built in a pool of their own."""
-    proto = descriptor_pb2.FileDescriptorProto(name="mixrt_triton_extensions.proto",
-                                               package="inference", syntax="proto3")
-    scalar = descriptor_pb2.FieldDescriptorProto
-
-    def message(name: str, fields: list, nested=()):
-        kind = descriptor_pb2.DescriptorProto(name=name)
-        for number, (field, type_, label, type_name) in enumerate(fields, 1):
-            added = kind.field.add(name=field, number=number, type=type_, label=label)
-            if type_name:
-                added.type_name = type_name
-        kind.nested_type.extend(nested)
-        return kind
-    one, many = scalar.LABEL_OPTIONAL, scalar.LABEL_REPEATED
-    text, u64, flag, msg = scalar.TYPE_STRING, scalar.TYPE_UINT64, scalar.TYPE_BOOL, \
-        scalar.TYPE_MESSAGE
-    i32, i64 = scalar.TYPE_INT32, scalar.TYPE_INT64  # an enum's value is an int32 on the wire
-    duration = ".inference.StatisticDuration"
-    proto.message_type.extend([
-        message("StatisticDuration", [("count", u64, one, None), ("ns", u64, one, None)]),
-        message("InferStatistics", [(stage, msg, one, duration) for stage in (
-            "success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-            "cache_hit", "cache_miss")]),
-        message("InferBatchStatistics", [("batch_size", u64, one, None)] + [
-            (stage, msg, one, duration) for stage in statistics.BATCH_STAGES]),
-        message("ModelStatistics", [
-            ("name", text, one, None), ("version", text, one, None),
-            ("last_inference", u64, one, None), ("inference_count", u64, one, None),
-            ("execution_count", u64, one, None),
-            ("inference_stats", msg, one, ".inference.InferStatistics"),
-            ("batch_stats", msg, many, ".inference.InferBatchStatistics")]),
-        message("ModelStatisticsRequest", [("name", text, one, None),
-                                           ("version", text, one, None)]),
-        message("ModelStatisticsResponse", [
-            ("model_stats", msg, many, ".inference.ModelStatistics")]),
-        message("RepositoryIndexRequest", [("repository_name", text, one, None),
-                                           ("ready", flag, one, None)]),
-        message("RepositoryModelRequest", [("repository_name", text, one, None),
-                                           ("model_name", text, one, None)]),
-        message("ModelConfigRequest", [("name", text, one, None),
-                                       ("version", text, one, None)]),
-        _numbered("ModelInput", [("name", 1, text, one, None), ("data_type", 2, i32, one, None),
-                                 ("dims", 4, i64, many, None)]),
-        _numbered("ModelOutput", [("name", 1, text, one, None),
-                                  ("data_type", 2, i32, one, None),
-                                  ("dims", 3, i64, many, None)]),
-        _numbered("ModelConfig", [("name", 1, text, one, None), ("platform", 2, text, one, None),
-                                  ("max_batch_size", 4, i32, one, None),
-                                  ("input", 5, msg, many, ".inference.ModelInput"),
-                                  ("output", 6, msg, many, ".inference.ModelOutput"),
-                                  ("backend", 17, text, one, None)]),
-        message("ModelConfigResponse", [("config", msg, one, ".inference.ModelConfig")]),
-        message("RepositoryIndexResponse", [
-            ("models", msg, many, ".inference.RepositoryIndexResponse.ModelIndex")],
-            [message("ModelIndex", [(f, text, one, None)
-                                    for f in ("name", "version", "state", "reason")])]),
-    ])
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(
-        pool.FindMessageTypeByName(f"inference.{name}"))
-        for name in ("ModelStatisticsRequest", "ModelStatisticsResponse",
-                     "RepositoryIndexRequest", "RepositoryIndexResponse",
-                     "RepositoryModelRequest", "ModelConfigRequest", "ModelConfigResponse")}
-
-
-def _numbered(name: str, fields: list) -> descriptor_pb2.DescriptorProto:
-    """A message whose fields are not numbered 1, 2, 3...: (name, number, type, label,
-    message type name or None)."""
-    kind = descriptor_pb2.DescriptorProto(name=name)
-    for field, number, type_, label, type_name in fields:
-        added = kind.field.add(name=field, number=number, type=type_, label=label)
-        if type_name:
-            added.type_name = type_name
-    return kind
-
+# -- Triton's extensions ------------------------------------------------------------------------
 
 def extension_handlers(repository, operations) -> dict:
     """Triton's RepositoryIndex, ModelStatistics, RepositoryModelLoad and Unload. KServe's
     own load and unload messages put the model's name in field 1, where Triton's put the
     repository's (the name is field 2): read with Triton's layout, a request from either
     client finds its name; the answer is KServe's, whose fields Triton's client skips."""
-    messages = _triton_messages()
+    messages = triton_messages.classes()
 
     def load_or_unload(op: str, answer):
         async def call(request, context):

@@ -19,7 +19,9 @@ import os
 import time
 from functools import lru_cache
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, multiprocess
+from prometheus_client import REGISTRY, Counter, Gauge
+
+from mixrt.serve.metrics import aggregate_registry
 
 STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 BATCH_STAGES = ("compute_input", "compute_infer", "compute_output")
@@ -93,11 +95,8 @@ def model_stats(served: list[tuple[str, str]]) -> list[dict]:
 
 def _read() -> dict:
     """{(sample name, labels as a sorted tuple): value} over every process."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    else:
-        registry = REGISTRY
+    registry = aggregate_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") \
+        else REGISTRY
     _board()
     sums: dict = {}
     for family in registry.collect():
