@@ -379,18 +379,26 @@ def load_runs(path: str, runtime: str) -> dict[str, FileRun]:
                           run["file_error"]) for stem, run in saved.items()}
 
 
+def add_run_options(parser, *, timeout: float, file_timeout: float) -> None:
+    """The options of a run of another project's pytest suite (here and in
+    ``ort_python_tests.py``): its limits, where its logs and outcomes go, or only the
+    rendering of an earlier run."""
+    parser.add_argument("--from-json", metavar="JSON", help="only render an earlier run")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per test")
+    parser.add_argument("--file-timeout", type=float, default=file_timeout,
+                        help="seconds per file")
+    parser.add_argument("--logs", help="keep pytest's logs and XML reports here")
+    parser.add_argument("--out", help="write the section into this BENCHMARKS.md")
+    parser.add_argument("--json", help="write every test's outcome here")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tests", help="MXNet's tests/python copy (with unittest/)")
     parser.add_argument("--mxnet-python", help="a Python with MXNet 1.9.1 installed")
     parser.add_argument("--reuse-mxnet", metavar="JSON", help="MXNet's outcomes from --json")
-    parser.add_argument("--from-json", metavar="JSON", help="only render an earlier run")
     parser.add_argument("--files", nargs="*", help="test files by name (test_ndarray ...)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test")
-    parser.add_argument("--file-timeout", type=float, default=3600.0, help="seconds per file")
-    parser.add_argument("--logs", help="keep pytest's logs and XML reports here")
-    parser.add_argument("--out", help="write the section into this BENCHMARKS.md")
-    parser.add_argument("--json", help="write every test's outcome here")
+    add_run_options(parser, timeout=300.0, file_timeout=3600.0)
     args = parser.parse_args(argv)
 
     if args.from_json:

@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the junit parsing and failure sorting are the MXNet run's; only the runtimes differ
-from mxnet_unittests import (ARGUMENT, MISSING_TYPES, FileRun, Outcome, commit,  # noqa: E402
-                             first_exception, load_runs, missing_name, progress_bar,
-                             refused_argument, run_pytest)
+from mxnet_unittests import (ARGUMENT, MISSING_TYPES, FileRun, Outcome,  # noqa: E402
+                             add_run_options, commit, first_exception, load_runs,
+                             missing_name, progress_bar, refused_argument, run_pytest)
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = ROOT / "compat" / "onnxruntime"
@@ -435,12 +435,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", help="onnxruntime's onnxruntime/test copy (python/, testdata/)")
     parser.add_argument("--files", nargs="*", help="test files under python/ "
                         "(default: onnxruntime_test_python.py)")
-    parser.add_argument("--from-json", metavar="JSON", help="only render an earlier run")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test")
-    parser.add_argument("--file-timeout", type=float, default=1800.0, help="seconds per file")
-    parser.add_argument("--logs", help="keep pytest's logs and XML reports here")
-    parser.add_argument("--out", help="write the section into this BENCHMARKS.md")
-    parser.add_argument("--json", help="write every test's outcome here")
+    add_run_options(parser, timeout=120.0, file_timeout=1800.0)
     args = parser.parse_args(argv)
 
     if args.from_json:
