@@ -22,7 +22,9 @@ way depending on the order of float32 operations.
   onnxruntime's sigmoid is a float32 rational approximation; the table here uses the exact
   sigmoid, and no code came out different over the tables the tests compare.
 * QLinearSoftmax follows onnxruntime's table of scaled exponentials and its float32
-  running sum, and divides by ``floor(1 / y_scale)`` as it does.
+  running sum, and scales by ``floor(1 / y_scale)`` as it does; the quotient itself is
+  taken in float64, which is where onnxruntime 1.32's rounding lands (1.31 took it in
+  float32: ties at .5, as two equal codes in a row of two make, then fell a code apart).
 
 Rounding is always half to even and saturation clamps to the integer type's range.
 """
@@ -309,7 +311,8 @@ def qlinear_softmax(xp, X, X_scale, x_zero_point=None, y_scale=None, y_zero_poin
     total = xp.cumsum(exps, axis=-1, dtype=F32)[..., -1:]  # a running float32 sum
     multiplier = xp.floor(np.float32(1.0) / as_f32(one_value(name, "y_scale", y_scale)))
     zero = zero_point_or_zero(xp, name, "y_zero_point", y_zero_point, X.dtype)
-    quantized = requantize(xp, (exps * multiplier) / total, zero, X.dtype)
+    shares = exps.astype(F64) * multiplier.astype(F64) / total.astype(F64)
+    quantized = requantize(xp, shares, zero, X.dtype)
     if opset < 13:
         return quantized.reshape(X.shape)
     return quantized.swapaxes(axis, -1)
