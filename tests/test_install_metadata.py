@@ -8,6 +8,7 @@ And the extras fit together: the test extra holds what the suite runs, and the t
 onnxruntime never meet in one install."""
 
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -43,9 +45,27 @@ def _requirements() -> list[str]:
 
 
 def test_the_test_extra_holds_every_extra_the_suite_runs():
-    missing = {extra: sorted(set(EXTRAS[extra]) - set(EXTRAS["test"]))
+    tested = {_name(r) for r in EXTRAS["test"]}
+    missing = {extra: sorted(r for r in EXTRAS[extra] if _name(r) not in tested)
                for extra in EXTRAS.keys() - NOT_IN_TEST}
     assert not any(missing.values()), f"not in the test extra: {missing}"
+
+
+def test_the_suite_runs_versions_the_extras_allow():
+    """The test extra may pin a release (onnxruntime's, which the suite holds to exact
+    answers); the release installed must still be one every extra naming it accepts."""
+    for requirement in map(Requirement, _suite_requirements()):
+        try:
+            installed = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # the GPU's and the benchmarks' extras are not installed for the suite
+        assert requirement.specifier.contains(installed, prereleases=True), \
+            f"{requirement.name} {installed} is installed; pyproject.toml asks {requirement}"
+
+
+def _suite_requirements() -> list[str]:
+    extras = EXTRAS.keys() - NOT_IN_TEST | {"test"}
+    return [*PROJECT["dependencies"], *(r for extra in extras for r in EXTRAS[extra])]
 
 
 def test_onnxruntime_and_its_gpu_build_never_share_an_install():
