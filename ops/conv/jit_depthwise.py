@@ -46,7 +46,14 @@ form too: the group's input planes are copied in turn, each as its phases, and e
 sums its taps over them (``width`` planes of ``kh * kw`` taps, unrolled). The generic path
 computed one im2col product per group: RegNet-Y-400MF's 440x7x7 3x3 layer (55 groups)
 took 240 us, its 48x112x112 stride-2 one 1.17 ms (247 us now); the model 10.4 -> 5.5 ms in
-one process.
+one process. Since 2026-11-28 the row form takes groups too (``source``'s ``width``: the
+group's planes padded one after the other, each output summing its taps over them in the
+flat form's order, so the same bits), as the form of every image size whose flat form is in
+no cache: before, such a size ran NumPy's convolution (55 im2col products for that layer)
+until a compile child built its flat form, and a service sending a new image size per
+request met that at nearly every request. RegNet-Y-400MF at 12 of the service benchmark's
+new sizes (seed 48213), its grouped convolutions at a size's first run 39.4 -> 15.2 ms, the
+whole run 59.9 -> 36.0 ms.
 """
 
 from __future__ import annotations
@@ -121,21 +128,21 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # the padded plane as far as the last window reaches (not past the image's far pads)
     hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
-    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name) \
-        if group_width == 1 else None
+    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name, int(group_width))
+    rows_hp = hp * group_width  # the row form's scratch: a group's padded planes
     call = (X, W, B, out, weights, bias, constants, multiplier, begin, replays)
     channels_too = channels_able(X, W, out, kernel)
-    if rows is not None and jit_tier.compile_misses() is None:
-        _warm_rows(rows, hp, wp, *call)
+    if jit_tier.compile_misses() is None:
+        _warm_rows(rows, rows_hp, wp, *call)
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
-        return _size_free(conv, True, rows, hp, wp, call)
+        return _size_free(conv, True, rows, rows_hp, wp, call)
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
     if ow > FLAT_MAX_WIDTH and group_width == 1:
-        return _planes(rows, hp, wp, *call)
+        return _planes(rows, rows_hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
     geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name,
                 int(group_width))
@@ -153,23 +160,21 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # paid that for every depthwise node at each size's first request (a ShuffleNet's
     # first sight ~86 ms of conv against ~2). The size's next run, which is not a loading
     # run, loads it: a size met once never pays it.
-    loading = rows is not None and jit_tier.compile_misses() is not None
+    loading = jit_tier.compile_misses() is not None
     named = _geometry_name(geometry) if loading else None
     if loading and named not in _FLAT_LOADED:
         if prebuilt.chosen() is None and not compiled_before(named):
             jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, rows, rows_hp, wp, call)
     text, flat_width = _flat_text(*geometry)
-    if rows is None:
-        return _flat_planes(text, flat_width, call, geometry)
     if loading and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, rows, rows_hp, wp, call)
     try:
         with jit_tier.optional():
             return _flat_planes(text, flat_width, call, geometry)
     except jit_tier.CompileForbidden:
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, rows, rows_hp, wp, call)
 
 
 def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
@@ -263,16 +268,22 @@ def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, 
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""):
+def _compiled(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "",
+              width: int = 1):
     # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
-    return compiled(source(kernel, strides, dilations, activation), prefix="mixrt_depthwise")
+    return compiled(source(kernel, strides, dilations, activation, width),
+                    prefix="mixrt_depthwise")
 
 
-def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "") -> str:
+def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "",
+           width: int = 1) -> str:
     """The module for one geometry: ``run(x, w, bias, y, multiplier, m, top, left, start, stop,
     pad)`` computes output planes start..stop of y (N*M, oh, ow) from x (N*C, H, W), the
-    weights w (M, kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp)."""
-    for value in (*kernel, *strides, *dilations):
+    weights w (M, width*kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp);
+    with groups ``width`` channels wide (:func:`narrow_groups`), a group's planes one after
+    the other into ``pad`` (width*hp, wp), each output summing its taps over them in turn,
+    as the flat form does."""
+    for value in (*kernel, *strides, *dilations, width):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
@@ -283,12 +294,21 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
     column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
         (lambda b: f"k * {sw} + {b * dw}")
-    total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
+    if width == 1:
+        weights = [f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps]
+        total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
+    else:  # plane g of the group starts at g * cells
+        weights = [f"    w{g}_{a}_{b} = w[uint64(c + {(g * kh + a) * kw + b})]"
+                   for g in range(width) for a, b in taps]
+        total = " + ".join(f"w{g}_{a}_{b} * pad[uint64(r{a} + {column(b)}"
+                           + (f" + {g} * cells" if g else "") + ")]"
+                           for g in range(width) for a, b in taps)
     return "\n".join([
         *_module_head(activation),
         f"@njit({FLAGS})",
-        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
-        *[f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps],
+        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3"
+        + ("):" if width == 1 else ", cells):"),
+        *weights,
         "    for i in range(oh):",
         *[f"        r{a} = (i * {sh} + {a * dh}) * wp" for a in range(kh)],
         "        o = base + i * ow",
@@ -300,7 +320,8 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
-        "    hp, wp = pad.shape",
+        "    hp, wp = pad.shape" if width == 1 else
+        f"    hp, wp = pad.shape[0] // {width}, pad.shape[1]",
         "    height, width = x.shape[1], x.shape[2]",
         "    rows, cols = min(height, hp - top), min(width, wp - left)",
         "    oh, ow = y.shape[1], y.shape[2]",
@@ -309,25 +330,42 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "    half = (wp + 1) // 2  # where a split row's odd cells start",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
         "    # the border stays zero: every plane overwrites the same interior",
-        "    for t in range(hp * wp):",
+        "    for t in range(hp * wp" + (")" if width == 1 else f" * {width})") + ":",
         "        ps[t] = 0",
         "    padded = -1",
         "    for q in range(start, stop):",
         "        image, channel = q // m, q % m",
         "        p = image * channels + channel // multiplier",
         "        if p != padded:",
-        *(_split_copy() if split else [
-            "            for r in range(rows):",
-            "                source = (p * height + r) * width",
-            "                target = (top + r) * wp + left",
-            "                for c in range(cols):",
-            "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]),
+        *(_plane_copy(split) if width == 1 else _group_copy(split, width)),
         "            padded = p",
         "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
-        " ow, c0, c1, c2, c3)",
+        + (" ow, c0, c1, c2, c3)" if width == 1 else " ow, c0, c1, c2, c3, hp * wp)"),
         "",
         *_part_entries(),
     ])
+
+
+def _plane_copy(split: bool) -> list[str]:
+    """The copy of input plane p into the padded scratch (a depthwise convolution's)."""
+    return _split_copy() if split else [
+        "            for r in range(rows):",
+        "                source = (p * height + r) * width",
+        "                target = (top + r) * wp + left",
+        "                for c in range(cols):",
+        "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]
+
+
+def _group_copy(split: bool, width: int) -> list[str]:
+    """The copy of group p's ``width`` input planes into the scratch, plane g at g * hp *
+    wp: :func:`_plane_copy` for each, its rows from input plane p * width + g."""
+    lines = [f"            for g in range({width}):"]
+    for line in _plane_copy(split):
+        line = line.replace("source = (p * height + r) * width",
+                            f"source = ((p * {width} + g) * height + r) * width")
+        line = line.replace("target = (top + r) * wp", "target = g * hp * wp + (top + r) * wp")
+        lines.append("    " + line)
+    return lines
 
 
 class FlatPlane:

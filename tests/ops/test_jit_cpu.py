@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import mixrt
-from mixrt.ops.compiled import jit_cpu, parallel
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
 from mixrt.ops.pool import plane_pools
 from mixrt.ops import REGISTRY
 from mixrt.ops.nn import fused_cpu, row_kernels
@@ -235,6 +235,50 @@ def test_narrow_groups_take_the_flat_loop_and_match_generic_conv(case, dtype, mo
         got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
         np.testing.assert_allclose(got, conv(np, X, W, bias, **attrs), rtol=1e-5, atol=1e-5)
     assert len(calls) == 2
+
+
+def _flat_form_uncompiled(monkeypatch):
+    """Every flat form as one a serving path finds in no cache: the step takes the row
+    form, generated per kernel, strides and dilations rather than per image size."""
+    def refused(*_):
+        raise jit_tier.CompileForbidden("the flat form of this size is in no cache")
+    monkeypatch.setattr(jit_depthwise, "_flat_planes", refused)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
+def test_narrow_groups_row_form_gives_the_flat_forms_bits(case, dtype, monkeypatch):
+    """A grouped convolution at an image size whose flat form is in no cache (a service's
+    new size) takes the row form, which sums each output's taps over the group's planes in
+    the flat form's order: the generic kernel's answer, in the flat form's bits."""
+    groups, width, outputs, image, kernel, strides, dilations, pads = case
+    X = RNG.standard_normal((2, groups * width) + image).astype(dtype)
+    W = RNG.standard_normal((groups * outputs, width) + kernel).astype(dtype)
+    B = RNG.standard_normal(groups * outputs).astype(dtype)
+    attrs = dict(group=groups, kernel_shape=list(kernel), strides=list(strides),
+                 dilations=list(dilations), pads=list(pads))
+    flat = conv_cpu.conv_cpu(np, X, W, B, **attrs)
+    _flat_form_uncompiled(monkeypatch)
+    planes = _recorded_calls(monkeypatch, jit_depthwise, "_planes")
+    rows = conv_cpu.conv_cpu(np, X, W, B, **attrs)
+    assert len(planes) == 1  # the row form's loop, not NumPy's convolution
+    np.testing.assert_allclose(rows, conv(np, X, W, B, **attrs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(rows, flat)
+
+
+def test_narrow_groups_row_form_applies_fused_activation(monkeypatch):
+    """FusedConv's bias and Relu stored by the grouped row form as by the flat one."""
+    X = RNG.standard_normal((1, 16, 9, 40)).astype(np.float32)
+    W = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    B = RNG.standard_normal(16).astype(np.float32)
+    attributes = dict(group=2, pads=[1, 1, 1, 1], strides=[2, 2], dilations=[1, 1],
+                      kernel_shape=[3, 3], auto_pad="NOTSET")
+    flat = conv_cpu.depthwise_activated(X, W, B, attributes, ("Relu", []), None, {})
+    _flat_form_uncompiled(monkeypatch)
+    rows = conv_cpu.depthwise_activated(X, W, B, attributes, ("Relu", []), None, {})
+    np.testing.assert_array_equal(rows, flat)
+    expected = np.maximum(conv(np, X, W, B, group=2, pads=[1, 1, 1, 1], strides=[2, 2]), 0)
+    np.testing.assert_allclose(rows, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_wide_groups_keep_the_generic_path(monkeypatch):
