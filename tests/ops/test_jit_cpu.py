@@ -221,16 +221,21 @@ NARROW_GROUPS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
-def test_narrow_groups_take_the_flat_loop_and_match_generic_conv(case, dtype, monkeypatch):
-    calls = _count_compiled_depthwise(monkeypatch, True)
+def _narrow_group_case(case, dtype) -> tuple:
+    """(X, W, B, the Conv attributes) of a NARROW_GROUPS case, two images."""
     groups, width, outputs, image, kernel, strides, dilations, pads = case
     X = RNG.standard_normal((2, groups * width) + image).astype(dtype)
     W = RNG.standard_normal((groups * outputs, width) + kernel).astype(dtype)
     B = RNG.standard_normal(groups * outputs).astype(dtype)
-    attrs = dict(group=groups, kernel_shape=list(kernel), strides=list(strides),
-                 dilations=list(dilations), pads=list(pads))
+    return X, W, B, dict(group=groups, kernel_shape=list(kernel), strides=list(strides),
+                         dilations=list(dilations), pads=list(pads))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
+def test_narrow_groups_take_the_flat_loop_and_match_generic_conv(case, dtype, monkeypatch):
+    calls = _count_compiled_depthwise(monkeypatch, True)
+    X, W, B, attrs = _narrow_group_case(case, dtype)
     for bias in (B, None):
         got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
         np.testing.assert_allclose(got, conv(np, X, W, bias, **attrs), rtol=1e-5, atol=1e-5)
@@ -251,12 +256,7 @@ def test_narrow_groups_row_form_gives_the_flat_forms_bits(case, dtype, monkeypat
     """A grouped convolution at an image size whose flat form is in no cache (a service's
     new size) takes the row form, which sums each output's taps over the group's planes in
     the flat form's order: the generic kernel's answer, in the flat form's bits."""
-    groups, width, outputs, image, kernel, strides, dilations, pads = case
-    X = RNG.standard_normal((2, groups * width) + image).astype(dtype)
-    W = RNG.standard_normal((groups * outputs, width) + kernel).astype(dtype)
-    B = RNG.standard_normal(groups * outputs).astype(dtype)
-    attrs = dict(group=groups, kernel_shape=list(kernel), strides=list(strides),
-                 dilations=list(dilations), pads=list(pads))
+    X, W, B, attrs = _narrow_group_case(case, dtype)
     flat = conv_cpu.conv_cpu(np, X, W, B, **attrs)
     _flat_form_uncompiled(monkeypatch)
     planes = _recorded_calls(monkeypatch, jit_depthwise, "_planes")
