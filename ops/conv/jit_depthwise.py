@@ -53,7 +53,13 @@ no cache: before, such a size ran NumPy's convolution (55 im2col products for th
 until a compile child built its flat form, and a service sending a new image size per
 request met that at nearly every request. RegNet-Y-400MF at 12 of the service benchmark's
 new sizes (seed 48213), its grouped convolutions at a size's first run 39.4 -> 15.2 ms, the
-whole run 59.9 -> 36.0 ms.
+whole run 59.9 -> 36.0 ms. The grouped row form is slower than the flat form, most on small
+planes, whose rows are too short to vectorize (8-wide groups, 3x3, two threads, us, row /
+flat / onnxruntime: 440x7x7 436 / 168 / 166, 208x14x14 404 / 152 / 214, 48x56x56 547 / 413
+/ 303, 208x40x90 2292 / 1552 / 1315). NumPy's im2col products beat it alone on planes under
+~500 pixels (440x10x11: 399 against 554), but leaving those sizes to NumPy made the service
+benchmark's new RegNet sizes slower (42.8 -> 62.2 ms a request): each such step is a miss
+that also starts a compile child, which takes a core of two.
 """
 
 from __future__ import annotations
