@@ -352,26 +352,22 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     ])
 
 
-def _plane_copy(split: bool) -> list[str]:
-    """The copy of input plane p into the padded scratch (a depthwise convolution's)."""
-    return _split_copy() if split else [
+def _plane_copy(split: bool, plane: str = "p", base: str = "") -> list[str]:
+    """The copy of input plane ``plane`` (an expression) into the padded scratch from cell
+    ``base`` on (a depthwise convolution's: plane p, from the scratch's first cell)."""
+    return _split_copy(plane, base) if split else [
         "            for r in range(rows):",
-        "                source = (p * height + r) * width",
-        "                target = (top + r) * wp + left",
+        f"                source = ({plane} * height + r) * width",
+        f"                target = {base}(top + r) * wp + left",
         "                for c in range(cols):",
         "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]
 
 
 def _group_copy(split: bool, width: int) -> list[str]:
-    """The copy of group p's ``width`` input planes into the scratch, plane g at g * hp *
-    wp: :func:`_plane_copy` for each, its rows from input plane p * width + g."""
-    lines = [f"            for g in range({width}):"]
-    for line in _plane_copy(split):
-        line = line.replace("source = (p * height + r) * width",
-                            f"source = ((p * {width} + g) * height + r) * width")
-        line = line.replace("target = (top + r) * wp", "target = g * hp * wp + (top + r) * wp")
-        lines.append("    " + line)
-    return lines
+    """The copy of group p's ``width`` input planes into the scratch: input plane p * width
+    + g from cell g * hp * wp on."""
+    copy = _plane_copy(split, f"(p * {width} + g)", "g * hp * wp + ")
+    return [f"            for g in range({width}):", *("    " + line for line in copy)]
 
 
 class FlatPlane:
@@ -490,8 +486,9 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
     ])
 
 
-def _split_copy() -> list[str]:
-    """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
+def _split_copy(plane: str = "p", base: str = "") -> list[str]:
+    """The copy of plane ``plane`` into the padded scratch (from cell ``base`` on: see
+    :func:`_plane_copy`) for stride 2 (dilation 1): padded column
     j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
     row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
     per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
@@ -505,8 +502,8 @@ def _split_copy() -> list[str]:
         f"            first, second = {place('left')}, {place('left + 1')}",
         f"            last = {place('left + cols - 1')}",
         "            for r in range(rows):",
-        "                source = (p * height + r) * width",
-        "                target = (top + r) * wp",
+        f"                source = ({plane} * height + r) * width",
+        f"                target = {base}(top + r) * wp",
         "                for u in range(cols // 2):",
         "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
         "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",
