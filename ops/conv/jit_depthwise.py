@@ -300,6 +300,8 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
     column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
         (lambda b: f"k * {sw} + {b * dw}")
+    # a depthwise convolution's text stays as it was (its cached modules are found by it);
+    # a group's names each tap by its plane too
     if width == 1:
         weights = [f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps]
         total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
