@@ -597,6 +597,37 @@ def test_linear_classifier_agrees_in_both_tiers_and_with_onnxruntime(
     _assert_scores(ours[1], theirs[1], atol=1e-4 if post_transform == "PROBIT" else 1e-6)
 
 
+@pytest.mark.parametrize("post_transform", ["NONE", "LOGISTIC", "SOFTMAX"])
+@pytest.mark.parametrize("rows_of_weights", [1, 5])
+def test_linear_classifier_of_many_rows_takes_the_blas_and_agrees(post_transform,
+                                                                  rows_of_weights, monkeypatch):
+    """From ops/ml/ml.BLAS_ROWS rows the compiled LinearClassifier takes its products through
+    the BLAS: the same labels and scores (to float32 rounding) as the NumPy tier and
+    onnxruntime; under MIXRT_BATCH_INVARIANT each row's scores are the bits of that row
+    run alone."""
+    from mixrt.ops.ml import ml as ml_ops
+    rng = np.random.default_rng(_seed((post_transform, rows_of_weights, "many")))
+    x = rng.standard_normal((3 * ml_ops.BLAS_ROWS + 5, 23)).astype(np.float32)
+    classes = 2 if rows_of_weights == 1 else rows_of_weights
+    attrs = dict(coefficients=[float(v) for v in rng.standard_normal(rows_of_weights * 23)],
+                 intercepts=[float(v) for v in rng.standard_normal(rows_of_weights)],
+                 classlabels_ints=list(range(classes)), post_transform=post_transform)
+    model = _model("LinearClassifier", x, 2, **attrs)
+    assert ml_ops._by_blas(x)
+    compiled, plain = _in_both_tiers(model, {"x": x}, monkeypatch)
+    assert compiled[0].tolist() == plain[0].tolist()
+    np.testing.assert_allclose(compiled[1], plain[1], rtol=1e-5, atol=1e-5)
+    ours, theirs = _both(model, {"x": x})
+    assert ours[0].tolist() == theirs[0].tolist()
+    _assert_scores(ours[1], theirs[1], atol=1e-5)
+    monkeypatch.setenv("MIXRT_BATCH_INVARIANT", "1")
+    assert not ml_ops._by_blas(x)
+    joined = mixrt.Session(model).run(None, {"x": x})[1]
+    one_row = mixrt.Session(_model("LinearClassifier", x[:1], 2, **attrs))
+    alone = np.concatenate([one_row.run(None, {"x": x[i:i + 1]})[1] for i in range(len(x))])
+    assert joined.tobytes() == alone.tobytes()
+
+
 @pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
 def test_normalizer_agrees_in_both_tiers_and_with_onnxruntime(norm, monkeypatch):
     rng = np.random.default_rng(_seed(norm))

@@ -21,7 +21,7 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim, finish, get1, get2,
     get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, _half_tile, _tile, limited
+from mixrt.ops.panels._jit_tile import STRIP_ROWS, _biased_tile, _half_tile, _tile, limited
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
 # code shared one file with the convolution's argument slots, whose ROW_BLOCK (word 115 of
@@ -38,8 +38,8 @@ def panel_product(a, panels, c, p0, p1, spill, bias):
     """``c = a @ w (+ bias)`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c``
     (rows, N) with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded
     to P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past
-    N, ``bias`` one value per column added to each finished sum while its tile is in cache
-    (as ``c += bias`` afterwards would add it), or empty. Rows go in blocks of ROW_BLOCK so
+    N, ``bias`` one value per column added to each finished sum in its register as the tile
+    is stored (as ``c += bias`` afterwards would add it), or empty. Rows go in blocks of ROW_BLOCK so
     that a block of ``a`` stays in L2 while the thread's panels pass over it."""
     rows, columns = c.shape
     k_len, width = panels.shape[1], panels.shape[2]
@@ -53,13 +53,12 @@ def panel_product(a, panels, c, p0, p1, spill, bias):
             inside = column + width <= columns
             for s in range(r0, r1, STRIP_ROWS):
                 count = min(STRIP_ROWS, r1 - s)
-                if inside:
+                if inside and biased:  # the bias added in the tile's registers
+                    _biased_tile(count, a, s * lda, lda, panels, offset, width, c,
+                                 s * ldc + column, ldc, k_len, bias, column)
+                elif inside:
                     _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
                           ldc, k_len)
-                    if biased:
-                        for i in range(count):
-                            for j in range(width):
-                                c[s + i, column + j] += bias[column + j]
                 else:
                     if columns - column <= width // 2:  # padding past one vector: skip it
                         _half_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,

@@ -31,7 +31,8 @@ K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
-def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS):
+def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
+               biased: bool = False):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
     for i < rows and the panel's first ``vectors`` vectors of columns j (one: the half
     tile of a last panel with at most ``lanes`` columns, :func:`_half_tile`). Arguments:
@@ -46,7 +47,23 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS):
     result is clamped to [low, high] by comparisons (NaN passes through). Its last argument,
     ``columns``, is how many of the panel's columns exist: fewer than a panel's width (a
     last panel of outputs read in place) and the panel's rows, the residual and c are read
-    and written under a mask, so nothing past them is touched."""
+    and written under a mask, so nothing past them is touched.
+
+    ``biased`` (a plain tile): two more arguments, ``bias, bias_offset``, a bias per column;
+    each finished sum gets ``bias[bias_offset + j]`` added in its register as the tile is
+    stored, the same one addition per output as a pass of ``c += bias`` after the tile,
+    which cost a dense layer with a short K as much as a third of its product (a 1536 x 64
+    @ 64 x 896 layer 4.4 ms against 2.7 unbiased)."""
+
+    if biased:
+        @intrinsic
+        def biased_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
+                        ldc, k_len, bias, bias_offset):
+            sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
+                             types.intp, types.intp, types.intp, bias, types.intp)
+            return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors,
+                                      biased=True)
+        return biased_tile
 
     if not finished:
         @intrinsic
@@ -97,7 +114,7 @@ def _make_tap_tile(rows: int):
 
 
 def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
-                  vectors: int = PANEL_VECTORS):
+                  vectors: int = PANEL_VECTORS, biased: bool = False):
     # ``vectors``: of the panel's PANEL_VECTORS, how many the tile computes (plain tiles only;
     # the packed panels' rows stay PANEL_VECTORS wide)
     assert vectors == PANEL_VECTORS or not (finished or taps)
@@ -246,10 +263,14 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
         def put(value, pointer, offset, v=None):
             store_vector(value, pointer, offset, mask=masked(v))
 
+        column_bias = []  # a biased tile's bias vectors, loaded as the tile is stored
+
         def finish(value, adding, offset, v=None):
             if finished:
                 value = _epilogue(builder, value, adding, offset, args[14:17], spread,
                                   lambda p, o, w: load_vector(p, o, w, mask=masked(v)))
+            elif biased:
+                value = builder.fadd(value, column_bias[v])
             return value
 
         if taps:
@@ -259,6 +280,9 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
             store = _row_store
 
         def store_tile(sums):
+            if biased:
+                bias = at(data(10, args[10]), args[11])
+                column_bias.extend(load_vector(bias, v * lanes) for v in range(vectors))
             if not finished:
                 store(builder, sums, C, None, ldc, finish, put)
                 return
@@ -403,6 +427,41 @@ def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k
         _tile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     else:
         _tile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+
+
+_btile1, _btile2, _btile3, _btile4, _btile5, _btile6, _btile7, _btile8 = \
+    (_make_tile(rows, biased=True) for rows in range(1, STRIP_ROWS + 1))
+
+
+@_jit
+def _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
+                 bias, bias_offset):
+    """:func:`_tile` with ``bias[bias_offset + j]`` added to column j's sums as they are
+    stored (a whole panel's columns of bias must exist)."""
+    if rows == 8:
+        _btile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 7:
+        _btile7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 6:
+        _btile6(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 5:
+        _btile5(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 4:
+        _btile4(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 3:
+        _btile3(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    elif rows == 2:
+        _btile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
+    else:
+        _btile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+                bias_offset)
 
 
 _half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8 = \

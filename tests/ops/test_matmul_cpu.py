@@ -217,6 +217,27 @@ def test_panel_product_matches_float64(rows, n, dtype):
 
 
 @needs_panels
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 130])  # whole strips and tails, row blocks
+@pytest.mark.parametrize("k", [1, 42, 129, 300])  # one K block, two, a short last one
+@pytest.mark.parametrize("n", [7, 32, 40, 96, 101])  # whole panels, padded last ones
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_bias_added_in_the_tile_gives_the_bits_of_adding_it_after(rows, k, n, dtype):
+    """The biased tile adds each column's bias to the finished sum in its register: the
+    one addition ``c += bias`` after the product makes, so the same bits."""
+    kernels = jit_cpu.panel_kernels()
+    A, B, bias = _rand(rows, k, dtype=dtype), _rand(k, n, dtype=dtype), _rand(n, dtype=dtype)
+    bias[::3] *= 1e6  # large against the sums: an addition made inside the sums would show
+    panels = matmul_cpu.pack_panels(B)
+    spill = np.zeros((kernels.STRIP_ROWS, panels.shape[2]), dtype)
+    after = np.full((rows, n), np.nan, dtype)
+    kernels.panel_product(A, panels, after, 0, len(panels), spill, np.zeros(0, dtype))
+    after += bias
+    inside = np.full((rows, n), np.nan, dtype)
+    kernels.panel_product(A, panels, inside, 0, len(panels), spill, bias)
+    assert inside.tobytes() == after.tobytes()
+
+
+@needs_panels
 def test_panels_are_packed_once_per_weight(monkeypatch):
     A, B = _rand(128, 300), _rand(300, 100)
     prepacked: dict = {}
