@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.base import made_up_feeds
 from mixrt.base.settings import setting
 from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
@@ -48,11 +49,12 @@ def prepare_forms(forms, program: ShapeProgram | None, bound, graph, strategy: s
         program = program if program is not None else ShapeProgram(graph)
         sizes += prepare_form(form, program, bound, graph, strategy)
         sizes += spread_sizes(form.signature, graph)
-    for signature in sizes if run is not None else ():
-        try:
-            run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
-        except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
-            continue
+    with made_up_feeds.made_up():  # nothing learns from zeros (base/made_up_feeds.py)
+        for signature in sizes if run is not None else ():
+            try:
+                run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
+            except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
+                continue
     return program
 
 

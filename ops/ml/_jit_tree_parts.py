@@ -16,6 +16,12 @@ A few rows are split by their trees instead (``TREE_ENTRIES``, the same words wi
 parts' tree bounds and one more array, ``leaves``): the first part adds its trees' leaves
 into the sums as forest_sums does, the others only find theirs (``forest_leaves``), which
 the caller then adds in tree order (``add_leaves``): the bits of one thread's walk.
+
+A classifier's rows are split with their scores (``CLASSIFY_ENTRIES``: the ARRAYS, the
+sums' two empty, then the base values, the chosen labels' indices and the scores; the words
+with the classifier's settings after ``uniform``): each part sums its rows' leaves and
+finishes those rows' labels and scores on its own thread, as one thread's
+``classify_many``/``classify_two`` would.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 
 from mixrt.ops.ml._jit_tree_leaves import forest_leaves
-from mixrt.ops.ml._jit_trees import forest_sums
+from mixrt.ops.ml._jit_trees import forest_sums, many_class_scores, two_class_scores
 
 PART_SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 # the arrays in the order of the words and addresses, with their dimensions
@@ -128,3 +134,50 @@ def tree_part_dd(args, index):
 
 TREE_ENTRIES = {("f", "f"): tree_part_ff, ("f", "d"): tree_part_fd,
                 ("d", "d"): tree_part_dd}
+
+
+# -- a classifier's rows, walked and scored by parts -------------------------------------------
+#
+# Split as forest_sums alone, a classifier's scores were a pass of their own on the calling
+# thread after the walk, over sums half of which the other core had written: a depth-14
+# decision tree's 1,000 rows took 80 us on two threads against 85 on one (onnxruntime 44).
+
+CLASSIFY_ARRAYS = ARRAYS + (("base", 1), ("chosen", 1), ("scores", 2))
+# the length, the shapes; uniform, targets, many classes, transform, binary case, all positive
+CLASSIFY_WORDS = 1 + sum(ndim for _, ndim in CLASSIFY_ARRAYS) + 6
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _classify_part(args, index, data_type, value_type):
+    """Rows of part ``index``: their sums from zeros, then their labels and scores (see the
+    module's docstring)."""
+    (words, data, roots, splits, links, members, steps, records, thresholds, leaf_start,
+     leaf_targets, leaf_values, _, _) = _walk_arrays(args, data_type, value_type)
+    base = carray(args[14], (words[19],), value_type)
+    chosen = carray(args[15], (words[20],), np.int64)
+    scores = carray(args[16], (words[21], words[22]), np.float32)
+    uniform, targets, many, transform = words[23], words[24], words[25], words[26]
+    binary_case, all_positive = words[27] != 0, words[28] != 0
+    start, stop = words[CLASSIFY_WORDS + index], words[CLASSIFY_WORDS + index + 1]
+    sums = np.zeros((stop - start, targets), value_type)
+    hits = np.zeros((stop - start, targets), np.bool_)
+    forest_sums(data[start:stop], 0, stop - start, roots, splits, links, members, uniform,
+                steps, records, thresholds, leaf_start, leaf_targets, leaf_values, sums, hits)
+    if many:
+        many_class_scores(sums, hits, base, transform, chosen[start:stop], scores[start:stop])
+    else:
+        two_class_scores(sums, hits, base, binary_case, all_positive, transform,
+                         chosen[start:stop], scores[start:stop])
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def classify_part_ff(args, index):
+    _classify_part(args, index, np.float32, np.float32)
+
+
+@cfunc(PART_SIGNATURE, **_FLAGS)
+def classify_part_dd(args, index):
+    _classify_part(args, index, np.float64, np.float64)
+
+
+CLASSIFY_ENTRIES = {("f", "f"): classify_part_ff, ("d", "d"): classify_part_dd}

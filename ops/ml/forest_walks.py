@@ -182,6 +182,38 @@ class _Forest(_ForestTables):
             parallel_for(parts, lambda start, stop: kernel(data, start, stop, *tables,
                                                            *outputs))
 
+    def classify_parts(self, X, precision, finish: tuple, base, chosen, scores) -> bool:
+        """A classifier's walk of X's rows and their labels and scores, split by rows
+        between this thread and the native worker, each part finishing its own rows
+        (``_jit_tree_parts.CLASSIFY_ENTRIES``), with the walk the batch's choice keeps;
+        False, nothing done, where :meth:`_split` keeps the rows on one thread, the run has
+        limits (the blocked walk checks them) or no entry takes these dtypes. ``finish``:
+        (targets of the sums, many classes, transform, binary case, all positive)."""
+        rows = X.shape[0]
+        native, parts = self._split(rows, True)
+        if native is None or run_options.current() is not None:
+            return False
+        data, tables = self.walk_inputs(X, precision)
+        entry = _part_entry("CLASSIFY_ENTRIES", data, np.dtype(precision))
+        if entry is None:
+            return False
+        bounds = [start for start, _ in parts] + [parts[-1][1]]
+        empty = np.zeros((0, finish[0]), precision)
+        outputs = (empty, empty.astype(bool), base, chosen, scores)
+
+        def run(walk_tables):
+            arrays = (data, *walk_tables[:4], *walk_tables[5:], *outputs)
+            settings = (walk_tables[4], *(int(value) for value in finish))
+            _run_parts(native, entry, arrays, settings, bounds)
+        choices = self.walk_choices() if rows >= CHOSEN_FROM_ROWS else None
+        choice = None if choices is None else choices.for_rows(rows)
+        if choice is None:
+            run(tables)
+        else:
+            candidates = self.walk_candidates(precision)
+            walk_choice.walk(choice, lambda index: run(candidates[index]))
+        return True
+
     def tree_parts(self, rows: int) -> tuple:
         """(the native pool, the parts' tree bounds) where a walk of ``rows`` rows, too few
         to split by rows (:meth:`_split`), holds TREE_SPLIT_STEPS steps and is split by
@@ -298,7 +330,7 @@ def _native_walk(native, parts, data, tables, total, reached) -> bool:
      leaf_targets, leaf_values) = tables
     arrays = (data, roots, splits, links, members, steps, records, thresholds, leaf_start,
               leaf_targets, leaf_values, total, reached)
-    _run_parts(native, entry, arrays, uniform, [start for start, _ in parts] + [parts[-1][1]])
+    _run_parts(native, entry, arrays, (uniform,), [start for start, _ in parts] + [parts[-1][1]])
     return True
 
 
@@ -310,11 +342,12 @@ def _part_entry(family: str, data, sums_dtype):
         getattr(module, family).get((data.dtype.char, sums_dtype.char))
 
 
-def _run_parts(native, entry, arrays: tuple, uniform: int, bounds: list) -> None:
+def _run_parts(native, entry, arrays: tuple, settings: tuple, bounds: list) -> None:
     """The parts [bounds[p], bounds[p + 1]) of a walk on this thread and the native worker,
     through ``entry`` (a cfunc of ops/ml/_jit_tree_parts.py), whose words are every array's
-    shape, ``uniform`` and the bounds."""
-    words = np.array([0, *(extent for array in arrays for extent in array.shape), uniform,
+    shape, the walk's ``settings`` (``uniform``, then what its entry reads after it) and the
+    bounds."""
+    words = np.array([0, *(extent for array in arrays for extent in array.shape), *settings,
                       *bounds], np.int64)
     words[0] = words.size
     addresses = np.empty(len(arrays) + 1, np.uint64)

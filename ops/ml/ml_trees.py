@@ -108,6 +108,9 @@ class _Classifier:
                 self.request = ClassifierRequest(kernels, self)
             if self.forest.walks_alone(rows.shape[0]):
                 return self._one_call(kernels, rows, precision)
+            answer = self._by_parts(rows, precision)
+            if answer is not None:
+                return answer
             raw, has = self.forest.compiled_sums(kernels, rows, precision)
             return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
         raw, has = self.forest.sums(xp, rows, precision)
@@ -140,6 +143,22 @@ class _Classifier:
         if self.binary_case or labels.dtype == object:
             return label_values(np, labels, positive), scores
         return positive, scores
+
+    def _by_parts(self, X, precision):
+        """_one_call's answer with the rows split between threads, each part walking and
+        scoring its own rows (``forest.classify_parts``); None where they are not split."""
+        rows, labels = X.shape[0], self.labels
+        many = len(labels) > 2
+        scores = np.empty((rows, max(2, len(labels))), np.float32)
+        chosen = np.empty(rows, np.int64)
+        targets = scores.shape[1] if many else self.forest.weights.shape[1]
+        finish = (targets, many, self.transform, self.binary_case, self.all_positive)
+        if not self.forest.classify_parts(X, precision, finish, self.base[np.dtype(precision)],
+                                          chosen, scores):
+            return None
+        if many or self.binary_case or labels.dtype == object:
+            return label_values(np, labels, chosen), scores
+        return chosen, scores
 
     def _compiled(self, kernels, raw, has, base):
         """run's scores and labels through ops/ml/_jit_trees.py (the same arithmetic)."""

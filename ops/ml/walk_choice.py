@@ -12,8 +12,10 @@ repeated rows / rows that change): LightGBM's regressor stepped 184 / 187, in st
 392, branching by row 105 / 109, by tree 75 / 233; scikit-learn's random forest 322 / 328,
 365 / 732, 405 / 415, 254 / 501 (2026-11-26). No rule of thumb holds for all, so a forest
 times its first calls of each batch size every way (``SAMPLES`` each, one walk after the
-other) and keeps the fastest of each walk's calls (from one row: a single row of LightGBM's 3-class forest
-took 31 us in step, 22.5 branching); every ``RETUNE_CALLS`` calls it times them again, as traffic changes.
+other) and keeps the fastest of each walk's calls (from one row: a single row of LightGBM's
+3-class forest took 31 us in step, 22.5 branching); every ``RETUNE_CALLS`` calls it times them
+again, as traffic changes. Runs a session makes on feeds of its own (its warm-up on zeros,
+``base/made_up_feeds.py``) teach it nothing: rows of zeros all take one path.
 
 The choice is kept per *class* of batch sizes, a power of two apart (1, 2-3, 4-7, ...,
 8192-16383 rows), not per size: a service whose batches each have their own size timed
@@ -28,6 +30,8 @@ slow walk costs the request that takes it.
 from __future__ import annotations
 
 import time
+
+from mixrt.base import made_up_feeds
 
 SAMPLES = 4  # timed calls of each walk before the fastest one is kept
 RETUNE_CALLS = 4096  # calls of one batch size between two rounds of timing
@@ -101,7 +105,12 @@ class WalkChoices:
 
 
 def walk(choice: WalkChoice, run) -> None:
-    """``run(index)`` with the walk ``choice`` keeps, timed while it is being chosen."""
+    """``run(index)`` with the walk ``choice`` keeps, timed while it is being chosen; on
+    feeds a session made up (``base/made_up_feeds.py``) the kept walk, else the first,
+    untimed."""
+    if made_up_feeds.in_progress():
+        run(choice.kept or 0)
+        return
     index, timing = choice.next()
     if not timing:
         run(index)

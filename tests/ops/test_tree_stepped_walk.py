@@ -196,3 +196,38 @@ def test_the_numpy_tier_walks_a_large_batch_in_blocks_with_the_same_bits(aggrega
     with jit_tier.using(False):
         labels_whole = ml_trees.tree_ensemble_classifier(np, x, **classes, _node={})
     _equal(labels_blocked, labels_whole)
+
+
+@pytest.mark.parametrize("classes, base", [(4, None), (4, [0.1, -0.2, 0.3, 0.0]), (2, None),
+                                           (2, [0.25, -0.25])])
+@pytest.mark.parametrize("post_transform", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_a_classifier_split_by_rows_scores_each_part_with_one_threads_bits(
+        classes, base, post_transform, monkeypatch):
+    """Rows enough to split take forest.classify_parts (each part walks and scores its own
+    rows): one thread's labels and scores bit for bit, and the NumPy tier's (its exp and
+    logistic round apart from the compiled ones by an ulp)."""
+    if jit_cpu.panel_kernels() is None:
+        pytest.skip("no native worker pool on this machine (it needs AVX-512)")
+    rng = np.random.default_rng(classes * 7 + len(post_transform))
+    attrs = _forest(rng, 40, classes, "BRANCH_LEQ", "class_", depth=8)
+    attrs.update(classlabels_int64s=list(range(classes)), post_transform=post_transform)
+    if base is not None:
+        attrs["base_values"] = base
+    x = _rows(rng, 300)
+    taken = []
+    split = forest._Forest.classify_parts
+    monkeypatch.setattr(forest._Forest, "classify_parts",
+                        lambda *a, **k: taken.append(split(*a, **k)) or taken[-1])
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.native_pool() is None:
+            pytest.skip("one thread: nothing to split")
+    expected, got = _tiers(ml_trees.tree_ensemble_classifier, x, attrs)
+    assert taken == [True]
+    np.testing.assert_array_equal(got[0], expected[0])
+    if post_transform == "NONE":
+        _equal(got, expected)
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-7)
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "1")
+    with jit_tier.using(True), parallel.pinned():
+        alone = ml_trees.tree_ensemble_classifier(np, x, **attrs, _node={})
+    _equal(alone, got)

@@ -7,7 +7,7 @@ import pytest
 
 from mixrt.ops.compiled import jit_tier, parallel
 from mixrt.ops.ml import ml_trees, walk_choice
-from test_tree_stepped_walk import _forest, _rows
+from test_tree_stepped_walk import FEATURES, _forest, _rows
 
 
 def _timed_round(choice, times):
@@ -126,3 +126,55 @@ def test_a_forest_whose_trees_share_a_node_has_no_depth_first_tables():
                      tracks_true=[False] * 3, members=np.zeros((3, 0)),
                      weights=np.ones((3, 1)), hit=np.ones((3, 1), bool))
     assert shared._depth_first() is None and shared.walk_choices() is None
+
+
+def test_runs_on_made_up_feeds_take_the_kept_walk_untimed():
+    """base/made_up_feeds.py: a session's warm-up on zeros teaches no choice."""
+    from mixrt.base import made_up_feeds  # noqa: PLC0415
+    choice, ran = walk_choice.WalkChoice(4), []
+    with made_up_feeds.made_up():
+        for _ in range(4 * walk_choice.SAMPLES + 1):
+            walk_choice.walk(choice, ran.append)
+    assert ran == [0] * (4 * walk_choice.SAMPLES + 1) and choice.kept is None
+    _timed_round(choice, (300, 100, 200, 400))
+    with made_up_feeds.made_up():
+        walk_choice.walk(choice, ran.append)
+    assert ran[-1] == 1
+
+
+def test_a_sessions_warm_up_on_zeros_leaves_its_forests_choices_to_real_rows(tmp_path):
+    """Session.wait_compiled runs other batch sizes on zeros (runtime/prepared_forms.py):
+    none of their size classes has a walk kept or timed from those rows."""
+    import onnx  # noqa: PLC0415
+    from onnx import TensorProto, helper  # noqa: PLC0415
+    import mixrt  # noqa: PLC0415
+    from mixrt.ops.ml.forest import _Forest  # noqa: PLC0415
+    rng = np.random.default_rng(5)
+    attrs = _forest(rng, 20, 3, "BRANCH_LEQ", "class_")
+    attrs.update(classlabels_int64s=[0, 1, 2], post_transform="NONE")
+    node = helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"],
+                            domain="ai.onnx.ml", **attrs)
+    graph = helper.make_graph(
+        [node], "forest", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", FEATURES])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["n"]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    session = mixrt.Session(model.SerializeToString())
+    rows = _rows(rng, 40)
+    session.run(None, {"x": rows})
+    session.wait_compiled(600)
+    forests = [v.forest for v in _node_states(session) if isinstance(
+        getattr(v, "forest", None), _Forest)]
+    assert forests
+    for found in forests:
+        choices = found._choices
+        for size_class, choice in ({} if choices is None else choices._by_rows).items():
+            if size_class != rows.shape[0].bit_length():  # the one real batch's class
+                assert choice.kept is None and not any(choice._samples), size_class
+
+
+def _node_states(session):
+    """The prepared objects the session's nodes keep (ops/ir/node_state.py)."""
+    for bound in session._bound.nodes:
+        yield from bound.attributes.get("_node", {}).values()
