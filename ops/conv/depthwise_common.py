@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
-from mixrt.ops.panels.native_parts import IMPORTS
+from mixrt.ops.panels.native_parts import IMPORTS, part_source
 
 MAX_TAPS = 7  # per axis; larger kernels keep the phase-plane kernel
 # every form's njit flags, as their generated modules write them
@@ -52,6 +52,16 @@ def _module_head(activation: str) -> list[str]:
     """The imports both forms' modules start with, and what the activation calls."""
     return ["import numpy as np", "from numba import njit, uint64", *IMPORTS,
             *_helpers(activation), ""]
+
+
+def part_entries() -> list[str]:
+    """The row, flat and block forms' native part entries: ``run`` over planes start..stop
+    with a scratch of (hp, wp) cells of its own."""
+    return part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
+                        ("act", 1, True)],
+                       ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
+                           "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
+                           f" np.empty((hp, wp), {dtype}))"])
 
 
 def _helpers(activation: str) -> list[str]:

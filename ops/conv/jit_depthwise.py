@@ -41,25 +41,14 @@ form: 960x7x7 5x5 160 -> 46 us, 672x14x14 5x5 stride 2 151 -> 44, 480x14x14 3x3 
 stays ahead (64 channels, stride 2: 163 against 174 us). Both forms add the taps in the
 same order, without fused multiply-adds, so their results are the same bits.
 
-A grouped convolution whose groups are a few channels wide (RegNet's are 8) takes the flat
-form too: the group's input planes are copied in turn, each as its phases, and each output
-sums its taps over them (``width`` planes of ``kh * kw`` taps, unrolled). The generic path
-computed one im2col product per group: RegNet-Y-400MF's 440x7x7 3x3 layer (55 groups)
-took 240 us, its 48x112x112 stride-2 one 1.17 ms (247 us now); the model 10.4 -> 5.5 ms in
-one process. Since 2026-11-28 the row form takes groups too (``source``'s ``width``: the
-group's planes padded one after the other, each output summing its taps over them in the
-flat form's order, so the same bits), as the form of every image size whose flat form is in
-no cache: before, such a size ran NumPy's convolution (55 im2col products for that layer)
-until a compile child built its flat form, and a service sending a new image size per
-request met that at nearly every request. RegNet-Y-400MF at 12 of the service benchmark's
-new sizes (seed 48213), its grouped convolutions at a size's first run 39.4 -> 15.2 ms, the
-whole run 59.9 -> 36.0 ms. The grouped row form is slower than the flat form, most on small
-planes, whose rows are too short to vectorize (8-wide groups, 3x3, two threads, us, row /
-flat / onnxruntime: 440x7x7 436 / 168 / 166, 208x14x14 404 / 152 / 214, 48x56x56 547 / 413
-/ 303, 208x40x90 2292 / 1552 / 1315). NumPy's im2col products beat it alone on planes under
-~500 pixels (440x10x11: 399 against 554), but leaving those sizes to NumPy made the service
-benchmark's new RegNet sizes slower (42.8 -> 62.2 ms a request): each such step is a miss
-that also starts a compile child, which takes a core of two.
+Grouped convolutions whose groups are a few channels wide (RegNet's are 8) took the flat
+form too, each output summing its taps over the group's planes (``flat_source``'s
+``width``), and since 2026-11-28 the row form as well, at sizes whose flat form was in no
+cache. They now take the block form (``ops/conv/jit_grouped_blocks.py``): the flat form's
+layout and order of additions, worked out at the call rather than written into the source,
+so one module serves every image size and a new size compiles nothing; it was also faster
+than the flat form at every size measured. The flat form keeps its group width as the
+reference the block form's bits are tested against.
 """
 
 from __future__ import annotations
@@ -72,10 +61,11 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, jit_tier, prebuilt, replay
 from mixrt.ops.compiled.generated import compiled_before, mark_compiled, mark_name, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
-from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
+from mixrt.ops.panels.native_parts import part_entry, prepared, split
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
+from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
-                                             activation_constants)
+                                             activation_constants, part_entries)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS,
                                                    CHANNELS_MAX_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
@@ -87,17 +77,7 @@ FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors 
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
 
 
-def _part_entries() -> list[str]:
-    """Both forms' native part entries: ``run`` over planes start..stop with a scratch of
-    (hp, wp) cells of its own."""
-    return part_source([("x", 3, True), ("w", 2, True), ("bias", 1, True), ("y", 3, True),
-                        ("act", 1, True)],
-                       ["multiplier", "m", "top", "left", "hp", "wp"], lambda dtype: [
-                           "run(x, w, bias, y, act, multiplier, m, top, left, start, stop,"
-                           f" np.empty((hp, wp), {dtype}))"])
-
-
-# input channels per group up to which a grouped convolution takes the flat form (RegNet's
+# input channels per group up to which a grouped convolution takes the block form (RegNet's
 # are 8 wide: its 440x7x7 3x3 layer took 240 us as 55 im2col products)
 MAX_GROUP_WIDTH = 16
 
@@ -118,10 +98,10 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     """Depthwise Conv of X (N, C, H, W) with W (C*k, 1, kh, kw), plus the bias B (or None),
     then ``activation`` (FusedConv's (name, params), one of ACTIVATIONS), into ``out`` (N,
     C*k, oh, ow); see :func:`suits`. W (M, g, kh, kw) with g > 1 makes it a grouped
-    convolution of C / g groups g channels wide (:func:`narrow_groups`), which the flat
-    form computes. A call split over the native workers is kept as the node's replay in
-    ``replays`` (its prepacked dict; ``ops/compiled/replay.py``) when it passes W and B
-    where they lie."""
+    convolution of C / g groups g channels wide (:func:`narrow_groups`), which the block
+    form computes (``ops/conv/jit_grouped_blocks.py``). A call split over the native
+    workers is kept as the node's replay in ``replays`` (its prepacked dict;
+    ``ops/compiled/replay.py``) when it passes W and B where they lie."""
     (_, channels, height, width), (m, group_width) = X.shape, W.shape[:2]
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     multiplier = m // (channels // group_width)  # output channels per group
@@ -134,9 +114,17 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # the padded plane as far as the last window reaches (not past the image's far pads)
     hp = (oh - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1
     wp = (ow - 1) * sw + (kernel[1] - 1) * dilations[1] + 1
-    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name, int(group_width))
-    rows_hp = hp * group_width  # the row form's scratch: a group's padded planes
     call = (X, W, B, out, weights, bias, constants, multiplier, begin, replays)
+    if group_width > 1:  # narrow groups: the block form, one module for every image size
+        blocks = grouped_blocks.module(tuple(kernel), tuple(strides), tuple(dilations), name,
+                                       int(group_width))
+        cells = grouped_blocks.cells(tuple(kernel), tuple(strides), tuple(dilations),
+                                     int(group_width), (oh, ow), X.itemsize)
+        if jit_tier.compile_misses() is None:
+            _warm_rows(blocks, 1, cells, *call)
+        return _planes(blocks, 1, cells, *call)
+    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name)
+    rows_hp = hp
     channels_too = channels_able(X, W, out, kernel)
     if jit_tier.compile_misses() is None:
         _warm_rows(rows, rows_hp, wp, *call)
@@ -147,11 +135,11 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
         return _size_free(conv, True, rows, rows_hp, wp, call)
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
-    if ow > FLAT_MAX_WIDTH and group_width == 1:
+    if ow > FLAT_MAX_WIDTH:
         return _planes(rows, rows_hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
-    geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name,
-                int(group_width))
+    # (a depthwise convolution's geometry: one input plane a group, as its markers name it)
+    geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name, 1)
     # the flat form is generated per plane geometry, and a new image size's is in no cache
     # yet (a session's first run of that size may not compile: the background compiler
     # does, if the size comes back): the row form, one per kernel, strides and dilations,
@@ -274,22 +262,16 @@ def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, 
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "",
-              width: int = 1):
+def _compiled(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""):
     # generating the source costs ~10 µs a call; the cache makes a call a dict lookup
-    return compiled(source(kernel, strides, dilations, activation, width),
-                    prefix="mixrt_depthwise")
+    return compiled(source(kernel, strides, dilations, activation), prefix="mixrt_depthwise")
 
 
-def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "",
-           width: int = 1) -> str:
+def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = "") -> str:
     """The module for one geometry: ``run(x, w, bias, y, multiplier, m, top, left, start, stop,
     pad)`` computes output planes start..stop of y (N*M, oh, ow) from x (N*C, H, W), the
-    weights w (M, width*kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp);
-    with groups ``width`` channels wide (:func:`narrow_groups`), a group's planes one after
-    the other into ``pad`` (width*hp, wp), each output summing its taps over them in turn,
-    as the flat form does."""
-    for value in (*kernel, *strides, *dilations, width):
+    weights w (M, kh*kw) and bias (M,), padding each input plane into ``pad`` (hp, wp)."""
+    for value in (*kernel, *strides, *dilations):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
     (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
@@ -300,22 +282,12 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     # planes (ShuffleNet's 544x7x7 layer 45 -> 32 us)
     column = (lambda b: f"k + {b // 2}" + (" + half" if b % 2 else "")) if split else \
         (lambda b: f"k * {sw} + {b * dw}")
-    # a depthwise convolution's text stays as it was (its cached modules are found by it);
-    # a group's names each tap by its plane too
-    if width == 1:
-        weights = [f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps]
-        total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
-    else:  # plane g of the group starts at g * cells
-        weights = [f"    w{g}_{a}_{b} = w[uint64(c + {(g * kh + a) * kw + b})]"
-                   for g in range(width) for a, b in taps]
-        total = " + ".join(f"w{g}_{a}_{b} * pad[uint64(r{a} + {column(b)}"
-                           + (f" + {g} * cells" if g else "") + ")]"
-                           for g in range(width) for a, b in taps)
+    weights = [f"    w{a}_{b} = w[uint64(c + {a * kw + b})]" for a, b in taps]
+    total = " + ".join(f"w{a}_{b} * pad[uint64(r{a} + {column(b)})]" for a, b in taps)
     return "\n".join([
         *_module_head(activation),
         f"@njit({FLAGS})",
-        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3"
-        + ("):" if width == 1 else ", cells):"),
+        "def plane(pad, wp, half, w, c, bias, y, base, oh, ow, c0, c1, c2, c3):",
         *weights,
         "    for i in range(oh):",
         *[f"        r{a} = (i * {sh} + {a * dh}) * wp" for a in range(kh)],
@@ -328,8 +300,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
-        "    hp, wp = pad.shape" if width == 1 else
-        f"    hp, wp = pad.shape[0] // {width}, pad.shape[1]",
+        "    hp, wp = pad.shape",
         "    height, width = x.shape[1], x.shape[2]",
         "    rows, cols = min(height, hp - top), min(width, wp - left)",
         "    oh, ow = y.shape[1], y.shape[2]",
@@ -338,38 +309,30 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "    half = (wp + 1) // 2  # where a split row's odd cells start",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
         "    # the border stays zero: every plane overwrites the same interior",
-        "    for t in range(hp * wp" + (")" if width == 1 else f" * {width})") + ":",
+        "    for t in range(hp * wp):",
         "        ps[t] = 0",
         "    padded = -1",
         "    for q in range(start, stop):",
         "        image, channel = q // m, q % m",
         "        p = image * channels + channel // multiplier",
         "        if p != padded:",
-        *(_plane_copy(split) if width == 1 else _group_copy(split, width)),
+        *_plane_copy(split),
         "            padded = p",
         "        plane(ps, wp, half, ws, channel * taps, bias[channel], ys, q * oh * ow, oh,"
-        + (" ow, c0, c1, c2, c3)" if width == 1 else " ow, c0, c1, c2, c3, hp * wp)"),
+        " ow, c0, c1, c2, c3)",
         "",
-        *_part_entries(),
+        *part_entries(),
     ])
 
 
-def _plane_copy(split: bool, plane: str = "p", base: str = "") -> list[str]:
-    """The copy of input plane ``plane`` (an expression) into the padded scratch from cell
-    ``base`` on (a depthwise convolution's: plane p, from the scratch's first cell)."""
-    return _split_copy(plane, base) if split else [
+def _plane_copy(split: bool) -> list[str]:
+    """The copy of input plane p into the padded scratch."""
+    return _split_copy() if split else [
         "            for r in range(rows):",
-        f"                source = ({plane} * height + r) * width",
-        f"                target = {base}(top + r) * wp + left",
+        "                source = (p * height + r) * width",
+        "                target = (top + r) * wp + left",
         "                for c in range(cols):",
         "                    ps[uint64(target + c)] = xs[uint64(source + c)]"]
-
-
-def _group_copy(split: bool, width: int) -> list[str]:
-    """The copy of group p's ``width`` input planes into the scratch: input plane p * width
-    + g from cell g * hp * wp on."""
-    copy = _plane_copy(split, f"(p * {width} + g)", "g * hp * wp + ")
-    return [f"            for g in range({width}):", *("    " + line for line in copy)]
 
 
 class FlatPlane:
@@ -484,13 +447,12 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         f"                ys[uint64(base + i * {ow} + j)] = ps[uint64({output} + i *"
         f" {plane.phase_width} + j)]",
         "",
-        *_part_entries(),
+        *part_entries(),
     ])
 
 
-def _split_copy(plane: str = "p", base: str = "") -> list[str]:
-    """The copy of plane ``plane`` into the padded scratch (from cell ``base`` on: see
-    :func:`_plane_copy`) for stride 2 (dilation 1): padded column
+def _split_copy() -> list[str]:
+    """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
     j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
     row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
     per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
@@ -504,8 +466,8 @@ def _split_copy(plane: str = "p", base: str = "") -> list[str]:
         f"            first, second = {place('left')}, {place('left + 1')}",
         f"            last = {place('left + cols - 1')}",
         "            for r in range(rows):",
-        f"                source = ({plane} * height + r) * width",
-        f"                target = {base}(top + r) * wp",
+        "                source = (p * height + r) * width",
+        "                target = (top + r) * wp",
         "                for u in range(cols // 2):",
         "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
         "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",

@@ -15,6 +15,7 @@ from mixrt.ops.pool import plane_pools
 from mixrt.ops import REGISTRY
 from mixrt.ops.nn import fused_cpu, row_kernels
 from mixrt.ops.conv import conv_cpu, depthwise_common, jit_depthwise, phase_planes
+from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.pool import inplace_cpu, jit_pool
 from mixrt.ops.conv.conv import conv
 from mixrt.ops.pool.pool import average_pool, max_pool
@@ -233,52 +234,84 @@ def _narrow_group_case(case, dtype) -> tuple:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
-def test_narrow_groups_take_the_flat_loop_and_match_generic_conv(case, dtype, monkeypatch):
+def test_narrow_groups_take_the_block_form_and_match_generic_conv(case, dtype, monkeypatch):
     calls = _count_compiled_depthwise(monkeypatch, True)
+    blocks = _recorded_calls(monkeypatch, grouped_blocks, "module")
     X, W, B, attrs = _narrow_group_case(case, dtype)
     for bias in (B, None):
         got = conv_cpu.conv_cpu(np, X, W, bias, **attrs)
         np.testing.assert_allclose(got, conv(np, X, W, bias, **attrs), rtol=1e-5, atol=1e-5)
-    assert len(calls) == 2
+    assert len(calls) == 2 and len(blocks) == 2
 
 
-def _flat_form_uncompiled(monkeypatch):
-    """Every flat form as one a serving path finds in no cache: the step takes the row
-    form, generated per kernel, strides and dilations rather than per image size."""
-    def refused(*_):
-        raise jit_tier.CompileForbidden("the flat form of this size is in no cache")
-    monkeypatch.setattr(jit_depthwise, "_flat_planes", refused)
+def _flat_form(X, W, B, attrs, activation=("", [])):
+    """The flat form of a grouped convolution's geometry (``jit_depthwise.flat_source`` with
+    the group's width, generated per image size: the form groups took before the block
+    form), as the reference of the block form's bits."""
+    kernel, strides, dilations, _, begin, _, (oh, ow) = conv_cpu.conv_geometry(
+        X, W, "NOTSET", attrs["dilations"], attrs["group"], attrs["kernel_shape"],
+        attrs["pads"], attrs["strides"])
+    (n, channels, height, width), (m, group_width) = X.shape, W.shape[:2]
+    image = (height, width, begin[0], begin[1], oh, ow)
+    text, cells = jit_depthwise._flat_text(tuple(kernel), tuple(strides), tuple(dilations),
+                                           image, activation[0], group_width)
+    out = np.empty((n * m, oh, ow), X.dtype)
+    constants = depthwise_common.activation_constants(*activation, X.dtype)
+    jit_depthwise._flat_module(text).run(
+        X.reshape(n * channels, height, width), W.reshape(m, -1), B, out, constants,
+        m // (channels // group_width), m, begin[0], begin[1], 0, n * m,
+        np.empty((1, cells), X.dtype))
+    return out.reshape(n, m, oh, ow)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", NARROW_GROUPS, ids=lambda c: f"g{c[0]}x{c[1]}-k{c[4]}-s{c[5]}")
-def test_narrow_groups_row_form_gives_the_flat_forms_bits(case, dtype, monkeypatch):
-    """A grouped convolution at an image size whose flat form is in no cache (a service's
-    new size) takes the row form, which sums each output's taps over the group's planes in
-    the flat form's order: the generic kernel's answer, in the flat form's bits."""
+def test_narrow_groups_block_form_gives_the_flat_forms_bits(case, dtype):
+    """The block form sums each output's taps over the group's planes in the flat form's
+    order, product by product: the same bits, at every image size from one module."""
     X, W, B, attrs = _narrow_group_case(case, dtype)
-    flat = conv_cpu.conv_cpu(np, X, W, B, **attrs)
-    _flat_form_uncompiled(monkeypatch)
-    planes = _recorded_calls(monkeypatch, jit_depthwise, "_planes")
-    rows = conv_cpu.conv_cpu(np, X, W, B, **attrs)
-    assert len(planes) == 1  # the row form's loop, not NumPy's convolution
-    np.testing.assert_allclose(rows, conv(np, X, W, B, **attrs), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(rows, flat)
+    np.testing.assert_array_equal(conv_cpu.conv_cpu(np, X, W, B, **attrs),
+                                  _flat_form(X, W, B, attrs))
 
 
-def test_narrow_groups_row_form_applies_fused_activation(monkeypatch):
-    """FusedConv's bias and Relu stored by the grouped row form as by the flat one."""
+@pytest.mark.parametrize("name, params", [("Relu", []), ("Clip", [-0.5, 0.75]),
+                                          ("HardSwish", []), ("Swish", [])])
+def test_narrow_groups_block_form_applies_fused_activation(name, params):
+    """FusedConv's bias and activation stored by the grouped block form as by the flat one
+    (stride 2, an output wider than a block's row)."""
     X = RNG.standard_normal((1, 16, 9, 40)).astype(np.float32)
     W = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
     B = RNG.standard_normal(16).astype(np.float32)
     attributes = dict(group=2, pads=[1, 1, 1, 1], strides=[2, 2], dilations=[1, 1],
                       kernel_shape=[3, 3], auto_pad="NOTSET")
-    flat = conv_cpu.depthwise_activated(X, W, B, attributes, ("Relu", []), None, {})
-    _flat_form_uncompiled(monkeypatch)
-    rows = conv_cpu.depthwise_activated(X, W, B, attributes, ("Relu", []), None, {})
-    np.testing.assert_array_equal(rows, flat)
-    expected = np.maximum(conv(np, X, W, B, group=2, pads=[1, 1, 1, 1], strides=[2, 2]), 0)
-    np.testing.assert_allclose(rows, expected, rtol=1e-5, atol=1e-5)
+    blocks = conv_cpu.depthwise_activated(X, W, B, attributes, (name, params), None, {})
+    np.testing.assert_array_equal(blocks, _flat_form(X, W, B, attributes, (name, params)))
+    if name == "Relu":
+        expected = np.maximum(conv(np, X, W, B, group=2, pads=[1, 1, 1, 1], strides=[2, 2]), 0)
+        np.testing.assert_allclose(blocks, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_one_block_module_serves_every_image_size(monkeypatch):
+    """A service's new image size compiles nothing: the block form is one module per kernel,
+    strides, dilations, activation and group width, its layout worked out at the call."""
+    W = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    attrs = dict(group=2, kernel_shape=[3, 3], strides=[1, 1], dilations=[1, 1],
+                 pads=[1, 1, 1, 1])
+    made, real = [], grouped_blocks.compiled
+    monkeypatch.setattr(grouped_blocks, "compiled",
+                        lambda text, prefix: made.append(text) or real(text, prefix=prefix))
+    grouped_blocks.module.cache_clear()
+    for size in [(7, 7), (13, 29), (40, 9), (7, 7)]:
+        X = RNG.standard_normal((1, 16) + size).astype(np.float32)
+        np.testing.assert_allclose(conv_cpu.conv_cpu(np, X, W, None, **attrs),
+                                   conv(np, X, W, None, **attrs), rtol=1e-5, atol=1e-5)
+    assert len(made) == 1
+    text = grouped_blocks.source((3, 3), (2, 1), (1, 1), "Relu", 8)
+    assert "offsets[71]" in text and "tap_block(ps, k, offsets, ws, channel * 72, 72" in text
+    with pytest.raises(ValueError):
+        grouped_blocks.source((3, 3), (1, "1; import os"), (1, 1), "", 8)
+    with pytest.raises(ValueError):
+        grouped_blocks.source((3, 3), (1, 1), (1, 1), "import os", 8)
 
 
 def test_wide_groups_keep_the_generic_path(monkeypatch):
