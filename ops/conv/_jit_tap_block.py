@@ -2,14 +2,14 @@
 the inner kernel of ``ops/conv/jit_grouped_blocks.py``'s modules, emitted as LLVM IR.
 
 ``tap_block(ps, k0, offsets, ws, wbase, taps, bias, dst)`` computes, for the BLOCK_VECTORS
-vectors of cells from ``k0`` on, ``bias + ws[wbase] * ps[offsets[0] + k] + ws[wbase + 1] *
-ps[offsets[1] + k] + ...`` over ``taps`` taps and stores it at ``ps[dst + k]``. Each sum is
-the flat form's (``jit_depthwise.flat_source``): the taps in order, each product rounded
-and then added, no fused multiply-add, so the same bits. Its four sums stay in registers
-across the taps, whose offsets and weights are read from arrays: one module serves every
-image size. Written as numba loops, the taps outside and the cells inside, each tap's pass
-stored and loaded its partial sums again (RegNet's 440x7x7 layer, one thread, 345 us against
-the flat form's 122; here 93).
+vectors of cells from ``k0`` on (``tap_vector``: for one vector), ``bias + ws[wbase] *
+ps[offsets[0] + k] + ws[wbase + 1] * ps[offsets[1] + k] + ...`` over ``taps`` taps and
+stores it at ``ps[dst + k]``. Each sum is the flat form's (``jit_depthwise.flat_source``):
+the taps in order, each product rounded and then added, no fused multiply-add, so the same
+bits. Its sums stay in registers across the taps, whose offsets and weights are read from
+arrays: one module serves every image size. Written as numba loops, the taps outside and
+the cells inside, each tap's pass stored and loaded its partial sums again (RegNet's
+440x7x7 layer, one thread, 345 us against the flat form's 122; here 93).
 """
 
 from __future__ import annotations
@@ -24,14 +24,23 @@ BLOCK_VECTORS = 4  # independent sums, so that each addition's latency overlaps 
 
 
 def block_cells(itemsize: int) -> int:
-    """The cells a call computes: the flat output row is rounded up to whole blocks."""
+    """The cells :func:`tap_block` computes; :func:`tap_vector` computes one vector's."""
     return BLOCK_VECTORS * VECTOR_BYTES // itemsize
 
 
-@intrinsic
-def tap_block(typingctx, ps, k0, offsets, ws, wbase, taps, bias, dst):
-    sig = types.void(ps, types.intp, offsets, ws, types.intp, types.intp, bias, types.intp)
+def _make(vectors: int):
+    """The kernel over ``vectors`` vectors of cells (see the module's docstring)."""
 
+    @intrinsic
+    def tap_cells(typingctx, ps, k0, offsets, ws, wbase, taps, bias, dst):
+        sig = types.void(ps, types.intp, offsets, ws, types.intp, types.intp, bias,
+                         types.intp)
+        return sig, _codegen(vectors)
+
+    return tap_cells
+
+
+def _codegen(vectors: int):
     def codegen(context, builder, signature, args):
         ps_arg, k0, offsets_arg, ws_arg, wbase, taps, bias, dst = args
         scalar = context.get_value_type(signature.args[0].dtype)
@@ -49,13 +58,13 @@ def tap_block(typingctx, ps, k0, offsets, ws, wbase, taps, bias, dst):
             return builder.shuffle_vector(first, undefined, ir.Constant(
                 ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
-        def cells(at, v):  # the v-th vector of the block from cell ``at``
+        def cells(at, v):  # the v-th vector of cells from cell ``at``
             cell = builder.gep(cells_base, [builder.add(at, ir.Constant(index, v * lanes))])
             return builder.bitcast(cell, vector.as_pointer())
 
         cells_base, offsets, weights = data(0, ps_arg), data(2, offsets_arg), data(3, ws_arg)
         # the sums live in allocas that LLVM promotes to registers (mem2reg)
-        sums = [cgutils.alloca_once_value(builder, spread(bias)) for _ in range(BLOCK_VECTORS)]
+        sums = [cgutils.alloca_once_value(builder, spread(bias)) for _ in range(vectors)]
         with cgutils.for_range(builder, taps) as loop:
             tap = loop.index
             weight = spread(builder.load(builder.gep(weights, [builder.add(wbase, tap)])))
@@ -68,4 +77,10 @@ def tap_block(typingctx, ps, k0, offsets, ws, wbase, taps, bias, dst):
             builder.store(builder.load(total), cells(builder.add(dst, k0), v), align=itemsize)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+# a block of BLOCK_VECTORS vectors, its four sums overlapping their additions' latency; and
+# one vector, for the row's last cells (a 6 x 2 output's flat row is 24 cells, which blocks
+# of 64 would have computed almost three times over)
+tap_block, tap_vector = _make(BLOCK_VECTORS), _make(1)

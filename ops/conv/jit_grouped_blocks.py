@@ -29,7 +29,9 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.conv.depthwise_common import ACTIVATIONS, FLAGS, _module_head, part_entries
 
 PREFIX = "mixrt_grouped_blocks"
-BLOCK_BYTES = 256  # _jit_tap_block's block: BLOCK_VECTORS x VECTOR_BYTES (kept apart: numba)
+# _jit_tap_block's block (BLOCK_VECTORS x VECTOR_BYTES) and vector, as bytes (kept apart from
+# it: that module loads numba)
+BLOCK_BYTES, VECTOR_BYTES = 256, 64
 
 
 @functools.lru_cache(maxsize=64)
@@ -45,8 +47,8 @@ def cells(kernel: tuple, strides: tuple, dilations: tuple, width: int, out_dims:
     phases, then the flat output row (as ``run`` lays them out)."""
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilations, out_dims
     hp, wp = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
-    phase_width, block = -(-wp // sw), BLOCK_BYTES // itemsize
-    length = -(-oh * phase_width // block) * block
+    phase_width, lanes = -(-wp // sw), VECTOR_BYTES // itemsize
+    length = -(-oh * phase_width // lanes) * lanes
     reach = (kh - 1) * dh // sh * phase_width + (kw - 1) * dw // sw
     plane = max(-(-hp // sh) * phase_width, length + reach)
     return width * sh * sw * plane + length
@@ -70,7 +72,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
                f" + {a * dh // sh} * wph + {b * dw // sw}" for t, (c, a, b) in enumerate(taps)]
     return "\n".join([
         *_module_head(activation),
-        f"from mixrt.ops.conv._jit_tap_block import tap_block  # {_tap_block_stamp()}",
+        f"from mixrt.ops.conv._jit_tap_block import tap_block, tap_vector  # {_tap_block_stamp()}",
         "",
         f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
@@ -81,8 +83,9 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         f"    wp = (ow - 1) * {sw} + {(kw - 1) * dw + 1}",
         "    rows, cols = min(height, hp - top), min(width, wp - left)",
         f"    wph = -(-wp // {sw})",
-        f"    block = {BLOCK_BYTES} // pad.itemsize",
-        "    length = -(-oh * wph // block) * block",
+        f"    block, lanes = {BLOCK_BYTES} // pad.itemsize, {VECTOR_BYTES} // pad.itemsize",
+        "    length = -(-oh * wph // lanes) * lanes",
+        "    blocks = length - length % block  # the rest a vector at a time",
         f"    reach = {(kh - 1) * dh // sh} * wph + {(kw - 1) * dw // sw}",
         f"    plane = max(-(-hp // {sh}) * wph, length + reach)",
         f"    held = {sh * sw} * plane  # one input plane's phases",
@@ -108,8 +111,11 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         f"                        ps[uint64(target + (c + left) % {sw} * plane + (c + left)"
         f" // {sw})] = xs[uint64(source + c)]",
         "            padded = p",
-        "        for k in range(0, length, block):",
+        "        for k in range(0, blocks, block):",
         f"            tap_block(ps, k, offsets, ws, channel * {len(taps)}, {len(taps)},"
+        " bias[channel], output)",
+        "        for k in range(blocks, length, lanes):",
+        f"            tap_vector(ps, k, offsets, ws, channel * {len(taps)}, {len(taps)},"
         " bias[channel], output)",
         "        base = q * oh * ow",
         "        for i in range(oh):",
