@@ -106,11 +106,11 @@ class _Classifier:
         if kernels is not None and self.transform is not None:  # a request's usual path
             if self.request is None:
                 self.request = ClassifierRequest(kernels, self)
-            if self.forest.walks_alone(rows.shape[0]):
-                return self._one_call(kernels, rows, precision)
-            answer = self._by_parts(rows, precision)
+            answer = self._by_parts(rows, precision)  # rows split: each part scores its own
             if answer is not None:
                 return answer
+            if self.forest.walks_alone(rows.shape[0]):
+                return self._one_call(kernels, rows, precision)
             raw, has = self.forest.compiled_sums(kernels, rows, precision)
             return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
         raw, has = self.forest.sums(xp, rows, precision)
