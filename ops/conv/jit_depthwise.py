@@ -124,19 +124,18 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
             _warm_rows(blocks, 1, cells, *call)
         return _planes(blocks, 1, cells, *call)
     rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name)
-    rows_hp = hp
     channels_too = channels_able(X, W, out, kernel)
     if jit_tier.compile_misses() is None:
-        _warm_rows(rows, rows_hp, wp, *call)
+        _warm_rows(rows, hp, wp, *call)
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
-        return _size_free(conv, True, rows, rows_hp, wp, call)
+        return _size_free(conv, True, rows, hp, wp, call)
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
     if ow > FLAT_MAX_WIDTH:
-        return _planes(rows, rows_hp, wp, *call)
+        return _planes(rows, hp, wp, *call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
     # (a depthwise convolution's geometry: one input plane a group, as its markers name it)
     geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name, 1)
@@ -159,16 +158,16 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if loading and named not in _FLAT_LOADED:
         if prebuilt.chosen() is None and not compiled_before(named):
             jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, rows_hp, wp, call)
+        return _size_free(conv, small, rows, hp, wp, call)
     text, flat_width = _flat_text(*geometry)
     if loading and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, rows_hp, wp, call)
+        return _size_free(conv, small, rows, hp, wp, call)
     try:
         with jit_tier.optional():
             return _flat_planes(text, flat_width, call, geometry)
     except jit_tier.CompileForbidden:
-        return _size_free(conv, small, rows, rows_hp, wp, call)
+        return _size_free(conv, small, rows, hp, wp, call)
 
 
 def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
