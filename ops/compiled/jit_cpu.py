@@ -185,6 +185,14 @@ def native_job_noted() -> bool:
     return values is not None and "native_job" in values
 
 
+def forget_native_job() -> None:
+    """Takes back this run's :func:`note_native_job`: the job was a kernel's own warm-up,
+    not one the plan's later runs will hand out."""
+    values = pinned_values()
+    if values is not None:
+        values.pop("native_job", None)
+
+
 def native_run_begins():
     """A session's run that uses the native workers starts: they wake if they sleep (once
     this process has loaded them), and spin between its jobs until the run calls the pool's

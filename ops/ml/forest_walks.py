@@ -35,11 +35,20 @@ SPLIT_ROWS = 4  # the fewest rows of a part (the stepped walk's, _jit_trees.STEP
 # A step of a row whose values change costs ~5 ns where the forest's nodes fit the core's
 # own cache (LightGBM's 400 trees, 0.6 MB: ~7 ns with the call's overhead) and ~15 where they
 # do not (scikit-learn's 200 extra trees, ~10 MB: 14 ns; its deep random forest, 5 MB: ~22).
-# A request's one row through 1,200 LightGBM trees, ~12,700 steps: 118 -> 83 us; through
-# 400, ~4,300 steps: not split.
-SPLIT_COST_NS = 8_000
+# A request's one row through 1,200 LightGBM trees, ~12,700 steps: 118 -> 83 us.
+# The split also pays for the worker's wake: a service's requests come paced, and by the
+# next one the worker sleeps (it spins 50 us after a run, _jit_native_pool.py), so the
+# futex call that wakes it holds the caller 12-16 us (a virtual CPU's interrupt), and a
+# plan that split once wakes it at the start of every run after. Counting the hand-off
+# alone (split from ~4,000 steps), a LightGBM's two rows through 852 trees (~5,100 steps)
+# were split: 30-39 us back to back against 27 on one thread, 72-94 against 50 with 1 ms
+# between requests (2026-11-28). Walks of 5,400-16,200 steps, split or not, A/B in one
+# process, 1 ms apart: losses of up to 25 us below ~10,000 steps, gains of 12-15 from
+# ~10,800; back to back the split gains up to 13 us from ~5,000, which a service's rhythm
+# does not keep.
+SPLIT_COST_NS, WAKE_COST_NS = 8_000, 14_000
 STEP_NS, STEP_NS_PAST_CACHE = 5, 15
-TREE_SPLIT_STEPS = 5 * SPLIT_COST_NS // (2 * STEP_NS)  # (nodes that fit the core's cache)
+TREE_SPLIT_STEPS = 5 * (SPLIT_COST_NS + WAKE_COST_NS) // (2 * STEP_NS)  # (nodes in cache)
 STEPPED_FROM_ROWS = 4  # _jit_trees.STEPPED_FROM_ROWS (that module loads numba)
 CHOSEN_FROM_ROWS = 1  # rows from which a batch times its walks (walk_choice.py)
 MOST_SPLIT_CALLS = 64  # prepared split calls a forest keeps (threads x batch shapes x walks)
@@ -228,6 +237,12 @@ class _Forest(_ForestTables):
         if bounds is None:
             bounds = self._tree_bounds[count] = self._trees_in_parts(count)
         return native, bounds
+
+    def tree_split_rows(self) -> int | None:
+        """The fewest rows whose walk :meth:`tree_parts` splits by trees, or None where no
+        request's walk is."""
+        rows = -(-self._split_from_steps() // self._steps_per_row())
+        return rows if self.tree_parts(max(1, rows))[1] is not None else None
 
     def _split_from_steps(self) -> int:
         """TREE_SPLIT_STEPS, scaled down where the forest's nodes do not fit the core's own

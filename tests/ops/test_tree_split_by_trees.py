@@ -172,3 +172,39 @@ def test_a_prepared_split_call_answers_each_new_batch_and_each_thread(split_coun
     assert not errors and len(found) == 36 and sum(split_counts) >= 35
     for (_, index), got in found.items():
         _equal(got, expected[index])
+
+
+def test_a_request_path_readies_its_split_at_its_first_run_without_teaching_the_plan(
+        monkeypatch):
+    """A node whose requests of a few rows are split by trees walks one such request, on
+    zeros, as its first compiled run makes its request path, so the split's kernels load
+    then rather than at a service's first such request; and that made-up split is not
+    noted as the run's native job (a plan of rows that are not split would learn from it
+    to wake the workers at the start of every run)."""
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.panel_kernels() is None or jit_cpu.native_pool() is None:
+            pytest.skip("no native worker pool on this machine (one thread, or no AVX-512)")
+    rng = np.random.default_rng(41)
+    attrs = _forest(rng, 40, 4, "BRANCH_LEQ", "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2, 3], post_transform="NONE")
+    state = {}
+    with jit_tier.using(False):  # the node and its forest, without the compiled path
+        ml_trees.tree_ensemble_classifier(np, _rows(rng, 1), **attrs, _node=state)
+    built = next(v.forest for v in state.values() if hasattr(v, "forest"))
+    monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", 2 * built._steps_per_row() + 1)
+    assert built.tree_split_rows() == 3
+    split = []
+    prepared = forest_walks._Forest.split_sums
+
+    def counted(self, data, *args):
+        sums = prepared(self, data, *args)
+        split.append((data.shape[0], sums is not None))
+        return sums
+    monkeypatch.setattr(forest_walks._Forest, "split_sums", counted)
+    one = _rows(rng, 1)
+    with jit_tier.using(True), parallel.pinned():
+        got = ml_trees.tree_ensemble_classifier(np, one, **attrs, _node=state)
+        assert not jit_cpu.native_job_noted()
+    assert split == [(3, True)]  # the made-up request; the row itself is walked alone
+    with jit_tier.using(False):
+        _equal(got, ml_trees.tree_ensemble_classifier(np, one, **attrs, _node={}))
