@@ -386,8 +386,11 @@ class BackgroundCompiler:
             cores = child_cores()  # one reading for its environment and its confinement
             with open(log, "wb") as out, spawning_confined(cores):
                 self.children += 1
+                # -P: not the working directory first on the child's path, where a
+                # folder named mixrt (a cache, a checkout's data) hid the package's modules
+                # and the child failed to load the job's model
                 self._child = subprocess.Popen(
-                    [sys.executable, "-m", WORKER_MODULE,
+                    [sys.executable, "-P", "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     env=child_environment(cores))

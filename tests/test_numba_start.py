@@ -75,3 +75,46 @@ def test_a_cached_kernel_loads_before_the_registries_and_compiling_still_has_the
     assert loaded["dot"] == [[15.0, 18.0, 21.0], [42.0, 54.0, 66.0], [69.0, 90.0, 111.0]]
     assert loaded["have_blas"] == _scipy_blas_imports()
 
+
+
+LINEAR_CLASSIFIER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from onnx import TensorProto, helper
+    import mixrt
+
+    rows = np.random.default_rng(0).standard_normal((20, 5)).astype(np.float32)
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"],
+                            domain="ai.onnx.ml", coefficients=[0.5] * 15,
+                            intercepts=[0.1, 0.2, 0.3], classlabels_ints=[0, 1, 2],
+                            post_transform="SOFTMAX")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 5])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    session = mixrt.Session(model.SerializeToString())
+    session.run(None, {"x": rows})
+    ready = session.wait_compiled(timeout=240)
+    session.run(None, {"x": rows})  # its products through the BLAS (ml_linear.BLAS_ROWS)
+    print(json.dumps({"ready": ready, "scipy_linalg": "scipy.linalg" in sys.modules}))
+""")
+
+
+def test_a_linear_classifier_of_many_rows_takes_numpys_blas_and_imports_no_scipy(tmp_path):
+    """The compiled LinearClassifier's product of 16 rows or more is NumPy's: numba's np.dot
+    in the kernel imported SciPy for its BLAS at the first such call of a process, ~190 ms
+    of a service's first request of that many rows (ops/ml/_jit_ml.linear_classify). The
+    compile child, started in a folder that holds the cache folder ``mixrt``, still finds
+    the package (it did not put its working directory first on its path: ``python -P``)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               MIXRT_CACHE_DIR=str(tmp_path / "mixrt"))
+    env.pop("MIXRT_COMPILE", None)  # as a service runs: a compile in-process imports SciPy
+    script = tmp_path / "linear.py"
+    script.write_text(LINEAR_CLASSIFIER)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"ready": True, "scipy_linalg": False}

@@ -601,11 +601,11 @@ def test_linear_classifier_agrees_in_both_tiers_and_with_onnxruntime(
 @pytest.mark.parametrize("rows_of_weights", [1, 5])
 def test_linear_classifier_of_many_rows_takes_the_blas_and_agrees(post_transform,
                                                                   rows_of_weights, monkeypatch):
-    """From ops/ml/ml.BLAS_ROWS rows the compiled LinearClassifier takes its products through
+    """From ops/ml/ml_linear.BLAS_ROWS rows the compiled LinearClassifier takes its products through
     the BLAS: the same labels and scores (to float32 rounding) as the NumPy tier and
     onnxruntime; under MIXRT_BATCH_INVARIANT each row's scores are the bits of that row
     run alone."""
-    from mixrt.ops.ml import ml as ml_ops
+    from mixrt.ops.ml import ml_linear as ml_ops
     rng = np.random.default_rng(_seed((post_transform, rows_of_weights, "many")))
     x = rng.standard_normal((3 * ml_ops.BLAS_ROWS + 5, 23)).astype(np.float32)
     classes = 2 if rows_of_weights == 1 else rows_of_weights

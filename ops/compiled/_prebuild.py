@@ -129,7 +129,7 @@ def _start(into: Path, level: str, part: str, kernels: Path, scratch: Path, prog
     env.pop(recorded_kernels.RECORD, None)
     progress.parent.mkdir(parents=True, exist_ok=True)
     progress.write_text("")
-    return subprocess.Popen([sys.executable, "-m", "mixrt.ops.compiled._prebuild",
+    return subprocess.Popen([sys.executable, "-P", "-m", "mixrt.ops.compiled._prebuild",
                              "--into", str(into), "--kernels", str(kernels), "--part", part,
                              "--progress", str(progress),
                              "--skip", ",".join(str(i) for i in skipped)], env=env)

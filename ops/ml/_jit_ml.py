@@ -24,7 +24,7 @@ _ONE = float32(1.0)
 
 
 @_jit
-def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores, by_blas):
+def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores, products):
     """LinearClassifier over rows [N, F] float32 with weights [F, C] (the model's [C, F]
     transposed) and intercepts [C] (zeros when the model has none): ``chosen`` [N] the
     label index, ``scores`` [N, width] float32. ``binary``: one weight column for two
@@ -32,16 +32,15 @@ def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores
     (p = logistic(s) under LOGISTIC). Otherwise the best score's index (the first on ties,
     the first NaN if any), then the transform of the row.
 
-    ``by_blas`` (C-contiguous rows): the products as one BLAS product, as the NumPy tier
-    takes them, for many rows. Summed a row and a class at a time, each addition waits on
-    the one before: 1,500 rows of 79 features into 6 classes took ~400 us, onnxruntime's
-    whole LinearClassifier 75, the BLAS's product 26. A row's sums through the BLAS may
-    depend on the rows beside it, so a caller that needs them not to
-    (``MIXRT_BATCH_INVARIANT``) passes False."""
+    ``products`` [N, C]: rows @ weights, made by the caller through NumPy's BLAS for many
+    rows (as the NumPy tier takes them), or no rows ([0, C]): the products summed here.
+    Summed a row and a class at a time, each addition waits on the one before: 1,500 rows
+    of 79 features into 6 classes took ~400 us, onnxruntime's whole LinearClassifier 75,
+    the BLAS's product 26. NumPy's product rather than numba's ``np.dot``, whose first
+    call in a process imports SciPy for its BLAS (~190 ms: a service's first request of
+    16 rows or more, 2026-11-28)."""
     classes = weights.shape[1]
-    products = np.empty((rows.shape[0] if by_blas else 0, classes), np.float32)
-    if by_blas:
-        np.dot(rows, weights, products)
+    by_blas = products.shape[0] > 0
     for row in range(rows.shape[0]):
         if binary:
             s = (products[row, 0] if by_blas else _dot(rows, row, weights, 0)) + intercepts[0]

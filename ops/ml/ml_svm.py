@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.ml.ml import _NUMBERS, ML, _cached, _probit, _rows, post_transform_scores
+from mixrt.ops.ir.node_state import cached as _cached
+from mixrt.ops.ml.ml import _NUMBERS, ML, _probit, _rows, post_transform_scores
 from mixrt.ops.ml.ml_trees import _check_post_transform, _name, class_labels, label_values
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import tensor
