@@ -238,6 +238,11 @@ class Pool:
                 break  # fewer threads than asked: the callers take the parts left
             _libc.pthread_detach(thread)
             self.workers += 1
+        # a run's begin and end, once now: their compiled code loads with the pool (~7 ms
+        # each from the cache) rather than at the first run that wakes the workers, which
+        # was a service's first request of a size whose plan splits (2026-11-28)
+        run_begins(self.block)
+        run_ends(self.block)
 
     def wake(self):
         wake(self.block)
