@@ -168,6 +168,10 @@ def test_bad_requests_are_refused_naming_what_was_wrong_and_the_server_goes_on(s
 
 
 def test_metrics_sum_the_workers(server):
+    # a request of its own: the request families appear once a worker has served one, and
+    # the test must not rest on the module's earlier tests (run alone with -k, or spread
+    # over xdist workers, it found none)
+    http_infer(tritonclient_http.InferenceServerClient(server.url), rows(2, seed=7))
     status, text = get(server.metrics, "/metrics")
     assert status == 200
     names = {family.name for family in text_string_to_metric_families(text.decode())}
