@@ -242,7 +242,7 @@ class _Forest(_ForestTables):
         """The fewest rows whose walk :meth:`tree_parts` splits by trees, or None where no
         request's walk is."""
         rows = -(-self._split_from_steps() // self._steps_per_row())
-        return rows if self.tree_parts(max(1, rows))[1] is not None else None
+        return rows if self.tree_parts(rows)[1] is not None else None
 
     def _split_from_steps(self) -> int:
         """TREE_SPLIT_STEPS, scaled down where the forest's nodes do not fit the core's own
