@@ -29,18 +29,14 @@ from mixrt.runtime import collector
 from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_form
 
 
-def prepare_forms(forms, program: ShapeProgram | None, bound, graph, strategy: str,
-                  run=None) -> ShapeProgram | None:
-    """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`),
-    then, where ``run`` is given (``run(feeds)``: a session's run), run once at the first
-    sizes of each set of guards a program was made for, on feeds of zeros: the kernels of
-    the argument layouts those sizes meet (a batch of one's broadcasts, a chain split over
-    the threads) are loaded from the cache the compile child fills, or compiled by it,
-    rather than at a service's first requests (a 5-layer RoBERTa's first new length
-    loaded seven, ~50 ms). Returns the session's ShapeProgram (made here where it had none
-    and a form needs it)."""
+def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
+                  strategy: str) -> tuple[ShapeProgram | None, list[tuple]]:
+    """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`).
+    Returns the session's ShapeProgram (made here where it had none and a form needs it)
+    and the sizes to run once on zeros (:func:`run_made_up`): the first sizes of each set
+    of guards a program was made for, and the spread of :func:`spread_sizes`."""
     if setting("MIXRT_SHAPE_PROGRAMS", "1") == "0":
-        return program
+        return program, []
     sizes = []
     for form in list(forms):
         if form.prepared[0] or not form.signature:
@@ -49,13 +45,23 @@ def prepare_forms(forms, program: ShapeProgram | None, bound, graph, strategy: s
         program = program if program is not None else ShapeProgram(graph)
         sizes += prepare_form(form, program, bound, graph, strategy)
         sizes += spread_sizes(form.signature, graph)
+    return program, sizes
+
+
+def run_made_up(sizes: list[tuple], run) -> None:
+    """``run(feeds)`` (a session's run) once at each of ``sizes``, on feeds of zeros: the
+    kernels of the argument layouts those sizes meet (a batch of one's broadcasts, a chain
+    split over the threads) are loaded from the cache the compile child fills, or compiled
+    by it, rather than at a service's first requests (a 5-layer RoBERTa's first new length
+    loaded seven, ~50 ms). The caller runs them on the compiled tier, once the session's
+    first kernels are in: run while the child still compiled those, they took the NumPy
+    tier and loaded nothing."""
     with made_up_feeds.made_up():  # nothing learns from zeros (base/made_up_feeds.py)
-        for signature in sizes if run is not None else ():
+        for signature in sizes:
             try:
                 run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
             except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
                 continue
-    return program
 
 
 def prepare_form(form: TrustedForm, program: ShapeProgram, bound, graph,

@@ -19,6 +19,7 @@ graph, or on the steady lane of a repeated request), and the outputs' delivery.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import ChainMap
 from dataclasses import replace
 from functools import partial
@@ -47,7 +48,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, ma
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
-from mixrt.runtime.prepared_forms import prepare_forms
+from mixrt.runtime.prepared_forms import prepare_forms, run_made_up
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
@@ -244,11 +245,18 @@ class Session(FeedChecks):
         in use (built in the background: kernel_tiers.py), each form's shape programs made
         meanwhile (prepared_forms.py); True when they are, False on a timeout or where the
         compile failed. Without two tiers (GPU, MIXRT_JIT=0, foreground) it does not wait."""
-        if self._xp is np and self._trusted_forms:
-            self._shape_program = prepare_forms(self._trusted_forms.values(), self._shape_program,
-                                                self._bound, self.graph, self.strategy,
-                                                lambda feeds: self.run(None, feeds))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sizes = []
+        if self._xp is np and self._trusted_forms:  # traced while the child compiles
+            self._shape_program, sizes = prepare_forms(
+                self._trusted_forms.values(), self._shape_program, self._bound, self.graph,
+                self.strategy)
         ready = True if self._tiers is None else self._tiers.wait(timeout)
+        if sizes:  # on the compiled tier, its kernels in (a service's empty caches: not yet)
+            run_made_up(sizes, lambda feeds: self.run(None, feeds))
+            if self._tiers is not None:
+                ready = self._tiers.wait(None if deadline is None
+                                         else max(0.0, deadline - time.monotonic()))
         if ready and not self._settled:  # what being ready made, out of the collector's way
             self._settled = True
             collector.settle(self)

@@ -101,7 +101,10 @@ def test_first_run_serves_numpy_then_switches_to_compiled(background):
     if states != ["compiled"]:  # the steady lane (runtime/steady_run.py) waits for it
         assert not session._steady_runs
     assert session.wait_compiled(timeout=WAIT), session._tiers.states()
-    assert list(session._tiers.states().values()) == ["compiled"]
+    # the sizes wait_compiled runs on zeros ran once the first kernels were in, so on the
+    # compiled tier (prepared_forms.run_made_up), each with its state
+    states = session._tiers.states()
+    assert set(states.values()) == {"compiled"} and len(states) > 1, states
     np.testing.assert_allclose(session.run(None, feeds())[0], first, rtol=1e-5, atol=1e-6)
     assert session._steady_runs
     markers = shape_markers(background)
@@ -244,7 +247,7 @@ def test_a_damaged_cache_entry_is_rebuilt(background):
               "y = s.run(None, feeds())[0]\n"
               "with jit_tier.using(False):\n"
               "    z = s.run(None, feeds())[0]\n"
-              "print(list(s._tiers.states().values()), np.allclose(y, z, 1e-5, 1e-6))\n")
+              "print(sorted(set(s._tiers.states().values())), np.allclose(y, z, 1e-5, 1e-6))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, env=dict(os.environ))
     assert out.returncode == 0, out.stderr[-2000:]
