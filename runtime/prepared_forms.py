@@ -13,9 +13,10 @@ a name) one and two larger, then smaller where larger does not suit the model (a
 past its positions); and, for each free axis the session ran at a size other than one,
 the same with that axis at one, for a program whose guards take it. The programs are
 made from shapes alone (inference needs the feeds' shapes and dtypes, and the plans made
-are dropped); then the session runs once at the first sizes of each set of guards, on
-feeds of zeros, so that the kernels of the argument layouts those sizes meet are loaded
-(or compiled by the child) before a request needs them. The full collection all this
+are dropped); then, once its first kernels are in, the session runs once at the first
+sizes of each set of guards, on feeds of zeros, so that the kernels of the argument
+layouts those sizes meet are loaded (or compiled by the child) before a request needs
+them. The full collection all this
 brings due is taken after, while the caller still waits (``collector.settle``).
 """
 
