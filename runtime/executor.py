@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mixrt.base.settings import batch_invariant
+from mixrt.ops.compiled.worker_wakes import WakeChoice
 from mixrt.ops.ir.registry import (IN_PLACE, REGISTRY, RESHAPE, SHRINKING_IN_PLACE, SLICES,
                                    VIEWS)
 from mixrt.ops.ir.types import TensorType
@@ -174,8 +175,10 @@ class ExecutionPlan:
     # on the host (host_copies)
     host_args: dict = field(default_factory=dict)
     # CPU plans: whether a run wakes the native worker threads as it starts (its kernels
-    # may split their work over them)
+    # may split their work over them), and, where it finds them asleep, what its runs
+    # learned of waking them (ops/compiled/worker_wakes.py)
     wakes_workers: bool = True
+    wake_choice: WakeChoice = field(default_factory=WakeChoice)
     # view value -> its shape, for RESHAPE outputs (of arena tensors, or of values the
     # arena does not hold, such as strings) whose shape inference predicted (so
     # every run of the signature has it): the host loop reshapes input 0 itself, ~0.4 us

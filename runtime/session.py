@@ -288,7 +288,8 @@ class Session(FeedChecks):
                 # them does not pay the system calls where its caller moved)
                 placement.keep_off_caller()
             # the native workers up by the first kernel, and spinning until the run ends
-            with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers)):
+            with jit_cpu.native_run(on_cpu and (plan is None or plan.wakes_workers),
+                                    None if plan is None else plan.wake_choice):
                 outputs = self._planned_run(plan, signature, feeds, wanted, process, delivery)
             if on_cpu and jit_cpu.native_job_noted():  # a plan learns to wake them first
                 plan = self._cached_plan(signature)

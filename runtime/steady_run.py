@@ -53,8 +53,8 @@ class SteadyRun:
         parallel.pin()
         workers = None
         try:
-            if plan.wakes_workers:  # up by the first kernel, spinning until the run ends
-                workers = jit_cpu.native_run_begins()
+            if plan.wakes_workers:  # up by the first kernel, spinning until the run ends,
+                workers = plan.wake_choice.begins()  # unless asleep and faster left so
             arena = acquire(plan, np, self._memory)
             try:
                 env = self._start.copy()
@@ -69,6 +69,6 @@ class SteadyRun:
                 release(plan, arena)
         finally:
             if workers is not None:
-                workers.run_ends()
+                plan.wake_choice.ends(workers)
             parallel.unpin()
             quiet_exit(quiet)

@@ -4,10 +4,11 @@ something the lane settled has changed (the feeds' shapes, the outputs asked for
 profiler, the kernel tier)."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
 from mixrt import profiler
@@ -198,3 +199,43 @@ def test_a_session_is_freed_as_soon_as_its_caller_lets_it_go():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _product_model(inner=384):
+    """y = x @ w: a product the native workers split, its rows free."""
+    w = np.random.default_rng(3).normal(size=(inner, inner)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", inner])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", inner])],
+        [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monkeypatch):
+    """Requests paced past the workers' spin find them asleep: the plan's runs time waking
+    them and running alone (ops/compiled/worker_wakes.py), and give the same bits either way."""
+    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
+    from mixrt.ops.compiled.worker_wakes import LEARN, TRY_ALONE_BELOW_S  # noqa: PLC0415
+    from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    if jit_cpu.native_pool() is None:
+        pytest.skip("no native worker pool here (one thread, or no panel kernels)")
+    model, w = _product_model()
+    session = mixrt.Session(model.SerializeToString())
+    x = np.random.default_rng(4).normal(size=(48, w.shape[0])).astype(np.float32)
+    session.run(None, {"x": x})
+    assert session.wait_compiled(timeout=600)
+    first = session.run(None, {"x": x})[0]
+    np.testing.assert_allclose(first, x @ w, rtol=1e-4, atol=1e-3)
+    lane = session._steady_runs[feed_key({"x": x})]
+    if not lane.plan.wakes_workers:
+        pytest.skip("this machine's product of that size did not split")
+    choice, deadline = lane.plan.wake_choice, time.monotonic() + 30
+    while choice.state()["asleep_runs"] < 2 * LEARN + 2 and time.monotonic() < deadline:
+        time.sleep(0.005)  # past the workers' 50 us spin
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], first)
+    state = choice.state()
+    assert len(state["woken"]) >= LEARN, state
+    woken = sorted(state["woken"])[len(state["woken"]) // 2]
+    assert (len(state["alone"]) >= LEARN) == (woken < TRY_ALONE_BELOW_S), state

@@ -193,26 +193,45 @@ def forget_native_job() -> None:
         values.pop("native_job", None)
 
 
+def loaded_native_pool():
+    """:func:`native_pool` once this process has loaded the panel kernels, else None
+    (without loading them: a run of no split kernel has no use for them)."""
+    if "mixrt.ops.panels._jit_panels" not in sys.modules:
+        return None
+    return native_pool()
+
+
 def native_run_begins():
     """A session's run that uses the native workers starts: they wake if they sleep (once
     this process has loaded them), and spin between its jobs until the run calls the pool's
     ``run_ends()``; returns that pool, or None. A worker asleep since the last run takes
     10-15 us (far more on a busy host) to run again, and meanwhile the first kernel's caller
     takes the parts: with 2 ms between requests, SqueezeNet's first conv went 736 -> 668 us.
-    (``ops/panels/_jit_native_pool.py`` says why the spin lasts the run.)"""
-    if "mixrt.ops.panels._jit_panels" not in sys.modules:
-        return None
-    pool = native_pool()
+    (``ops/panels/_jit_native_pool.py`` says why the spin lasts the run; a planned run
+    asks ``ops/compiled/worker_wakes.py`` instead, which may leave them asleep.)"""
+    pool = loaded_native_pool()
     if pool is not None:
         pool.run_begins()
     return pool
 
 
 @contextlib.contextmanager
-def native_run(uses_workers: bool):
-    """The block of a run that uses the native workers (:func:`native_run_begins`), or of
-    one that does not (``uses_workers`` False: nothing is done)."""
-    pool = native_run_begins() if uses_workers else None
+def native_run(uses_workers: bool, choice=None):
+    """The block of a run that uses the native workers (:func:`native_run_begins`, or
+    ``choice``'s, a plan's ``worker_wakes.WakeChoice``), or of one that does not
+    (``uses_workers`` False: nothing is done)."""
+    if not uses_workers:
+        yield
+        return
+    if choice is not None:
+        token = choice.begins()
+        try:
+            yield
+        finally:
+            if token is not None:
+                choice.ends(token)
+        return
+    pool = native_run_begins()
     try:
         yield
     finally:

@@ -58,7 +58,8 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 # fixed on the first left ~17 us and ~170 us. Waking a sleeper costs more than its own
 # 10-15 us: in a virtual machine the futex call that wakes it held the caller 12-16 us
 # (the kernel's interrupt to an idle virtual CPU), at the start of every run that found the
-# worker asleep (2026-11-25).
+# worker asleep (2026-11-25); a plan whose runs gain less than that from their split runs
+# alone instead (``ALONE``: the workers stay asleep, ``ops/compiled/worker_wakes.py``).
 # A caller never waits for a worker to arrive: parts are claimed one at a time from a
 # counter, so a sleeping or busy worker only means the caller takes more of them; it waits
 # only for parts a worker has already claimed.
@@ -70,7 +71,8 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 # * ``NEXT``: the next part to claim; ``BUSY``: a caller owns the pool (another caller runs
 #   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
 #   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
-#   ``RUNS``: sessions' runs in progress that use the pool;
+#   ``RUNS``: sessions' runs in progress that use the pool; ``ALONE`` (in RUNS's line):
+#   runs in progress that found the workers asleep and leave them so (below);
 # * ``SPINS``: the pauses a worker spins idle, and while a run is in progress (set when the
 #   pool starts; the workers read them as they spin);
 # * ``ARGS`` on: the job's arguments, written by the driver before it publishes the job.
@@ -80,6 +82,7 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 
 LINE = 8  # int64 words per 64-byte line
 STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED, RUNS = (LINE * i for i in range(7))
+ALONE = RUNS + 1  # runs in progress that leave the sleeping workers asleep (callers write it)
 SPINS = 7 * LINE  # and SPINS + 1
 TABLE = SPINS + 2  # the job table's address (below); written once, as SPINS is
 ARGS = 8 * LINE
@@ -166,8 +169,15 @@ def begin(block) -> int:
 
 @_jit
 def wake(block):
-    """Wakes the sleeping workers. A driver calls it before its own setup (its phase planes),
-    which covers the ~10-15 us a sleeping thread takes to run again."""
+    """Wakes the sleeping workers, unless a run in progress leaves them asleep (``ALONE``:
+    its kernels' parts are all its caller's). A driver calls it before its own setup (its
+    phase planes), which covers the ~10-15 us a sleeping thread takes to run again."""
+    if load(block, ALONE) == 0:
+        _wake_sleepers(block)
+
+
+@_jit
+def _wake_sleepers(block):
     if fetch_add(block, SLEEPERS, 0) > 0:
         word = block[WAKE:WAKE + 1].view(np.int32)
         fetch_add(word, 0, np.int32(1))
@@ -179,12 +189,25 @@ def run_begins(block):
     """A session's run that uses the pool starts: the workers spin longer until it ends
     (:func:`run_ends`), and any asleep wake now (they take 10-15 us to run again)."""
     fetch_add(block, RUNS, 1)
-    wake(block)
+    _wake_sleepers(block)
 
 
 @_jit
 def run_ends(block):
     fetch_add(block, RUNS, -1)
+
+
+@_jit
+def alone_begins(block):
+    """A session's run that found the workers asleep starts without waking them: its
+    kernels publish their jobs as ever, and take every part themselves
+    (``ops/compiled/worker_wakes.py`` says when a run does this)."""
+    fetch_add(block, ALONE, 1)
+
+
+@_jit
+def alone_ends(block):
+    fetch_add(block, ALONE, -1)
 
 
 @_jit
@@ -243,15 +266,27 @@ class Pool:
         # was a service's first request of a size whose plan splits (2026-11-28)
         run_begins(self.block)
         run_ends(self.block)
+        alone_begins(self.block)
+        alone_ends(self.block)
 
     def wake(self):
         wake(self.block)
+
+    def asleep(self) -> bool:
+        """Is every worker asleep (so that a run that wants them pays their wake)?"""
+        return self.block[SLEEPERS] >= self.workers
 
     def run_begins(self):
         run_begins(self.block)
 
     def run_ends(self):
         run_ends(self.block)
+
+    def alone_begins(self):
+        alone_begins(self.block)
+
+    def alone_ends(self):
+        alone_ends(self.block)
 
 
 @_jit

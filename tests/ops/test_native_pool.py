@@ -279,3 +279,28 @@ def test_a_call_job_finding_the_pool_taken_runs_here(pool):
         assert pool.block[native.JOINED] == joined
     finally:
         pool.block[native.BUSY] = 0
+
+
+def test_a_run_alone_leaves_the_sleeping_worker_asleep_and_takes_every_part(pool):
+    """A run that found the worker asleep and runs alone (ops/compiled/worker_wakes.py): its
+    jobs' parts are all its caller's, the worker neither woken nor joining, the result
+    whole; once the run ends, a job wakes the worker again."""
+    from mixrt.ops.panels import _jit_native_pool as native  # noqa: PLC0415  (numba)
+    part, expected = _marking_part(), np.repeat(np.arange(1.0, 7.0), 7)
+    deadline = time.monotonic() + 10
+    while not pool.asleep():
+        assert time.monotonic() < deadline, "the idle worker never went to sleep"
+        time.sleep(0.001)
+    joined = pool.block[native.JOINED]
+    wakes = pool.block[native.WAKE:native.WAKE + 1].view(np.int32)[0]
+    pool.alone_begins()
+    try:
+        for _ in range(20):
+            np.testing.assert_array_equal(_call_parts(pool, part), expected)
+        assert pool.block[native.JOINED] == joined
+        assert pool.block[native.WAKE:native.WAKE + 1].view(np.int32)[0] == wakes
+    finally:
+        pool.alone_ends()
+    assert pool.block[native.ALONE] == 0
+    until_the_worker_joins(pool.block, native.JOINED, lambda: np.testing.assert_array_equal(
+        _call_parts(pool, part), expected))

@@ -1,0 +1,95 @@
+"""A plan's choice, for runs that find the native workers asleep, between waking them and
+running alone (ops/compiled/worker_wakes.py), on a pool and a clock of the test's own: each
+way timed on the runs that took it, the faster kept, the other tried now and then, long
+runs always waking, and runs that find the workers awake using them untimed."""
+
+import pytest
+
+from mixrt.ops.compiled import worker_wakes
+from mixrt.ops.compiled.worker_wakes import LEARN, RETRY_EVERY, TRY_ALONE_BELOW_S, WakeChoice
+
+
+class FakePool:
+    def __init__(self):
+        self.sleeping, self.calls = True, []
+
+    def asleep(self):
+        return self.sleeping
+
+    def run_begins(self):
+        self.calls.append("run_begins")
+
+    def run_ends(self):
+        self.calls.append("run_ends")
+
+    def alone_begins(self):
+        self.calls.append("alone_begins")
+
+    def alone_ends(self):
+        self.calls.append("alone_ends")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """The pool every run finds, and a clock each run advances by its way's cost."""
+    pool, clock = FakePool(), [0.0]
+    monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: pool)
+    monkeypatch.setattr(worker_wakes.time, "perf_counter", lambda: clock[0])
+    return pool, clock
+
+
+def _runs(choice, machine, count, woken_s, alone_s):
+    """``count`` runs, each costing ``woken_s`` or ``alone_s`` by the way it took: the ways."""
+    pool, clock = machine
+    ways = []
+    for _ in range(count):
+        token = choice.begins()
+        woken = token[1]
+        clock[0] += woken_s if woken or woken is None else alone_s
+        choice.ends(token)
+        ways.append(woken)
+    return ways
+
+
+def test_short_runs_that_gain_less_than_the_wake_run_alone(machine):
+    choice = WakeChoice()
+    ways = _runs(choice, machine, 3 * RETRY_EVERY, woken_s=100e-6, alone_s=70e-6)
+    assert ways[:LEARN] == [True] * LEARN  # woken first, as before
+    assert ways[LEARN:2 * LEARN] == [False] * LEARN  # then tried alone
+    assert ways[2 * LEARN:].count(True) == 3  # then only the retries wake them
+    assert machine[0].calls.count("alone_begins") == machine[0].calls.count("alone_ends")
+    assert machine[0].calls.count("run_begins") == machine[0].calls.count("run_ends")
+
+
+def test_runs_that_gain_more_than_the_wake_keep_waking(machine):
+    ways = _runs(WakeChoice(), machine, 3 * RETRY_EVERY, woken_s=60e-6, alone_s=90e-6)
+    assert ways[LEARN:2 * LEARN] == [False] * LEARN
+    assert ways[2 * LEARN:].count(False) == 3  # only the retries run alone
+
+
+def test_long_runs_never_try_running_alone(machine):
+    ways = _runs(WakeChoice(), machine, 40, woken_s=2 * TRY_ALONE_BELOW_S, alone_s=1e-6)
+    assert ways == [True] * 40
+    assert "alone_begins" not in machine[0].calls
+
+
+def test_a_change_of_load_is_noticed_by_the_retries(machine):
+    choice = WakeChoice()
+    _runs(choice, machine, 40, woken_s=100e-6, alone_s=70e-6)  # alone is faster ...
+    ways = _runs(choice, machine, 2 * RETRY_EVERY, woken_s=100e-6, alone_s=300e-6)  # ... not now
+    assert ways[:4] == [False] * 4  # its median moves once half its kept times are new
+    assert ways[4:].count(False) == 2  # then only the retries run alone
+
+
+def test_runs_that_find_the_workers_awake_use_them_and_are_not_timed(machine):
+    pool, _ = machine
+    pool.sleeping = False
+    choice = WakeChoice()
+    ways = _runs(choice, machine, 10, woken_s=100e-6, alone_s=1e-6)
+    assert ways == [None] * 10 and pool.calls == ["run_begins", "run_ends"] * 10
+    assert choice.state() == {"woken": [], "alone": [], "asleep_runs": 0}
+
+
+def test_no_pool_loaded_means_no_token(monkeypatch):
+    monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
+    assert WakeChoice().begins() is None
