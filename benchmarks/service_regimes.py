@@ -5,6 +5,7 @@ fresh process, on models drawn at random for every run.
     python benchmarks/service_regimes.py --quick           # 3 small models: ~1.5 min
     python benchmarks/service_regimes.py --seed 1234 --models bert cnn1 --regimes hot new-shape
     python benchmarks/service_regimes.py --write --out /tmp/service.json
+    python benchmarks/service_regimes.py --rounds 2       # each model's children twice, in turn: ~40 min
 
 A service does not call its model in a hot loop at one shape: requests come paced, between
 other work, next to other processes, and nearly each with a new shape. Regimes (p50 and p99
@@ -23,7 +24,10 @@ scaled logistic regression, their sizes and shapes drawn from wide ranges under 
 parent runs three children (``_service_children.py``), one after another: onnxruntime alone,
 then mixrt alone on empty caches (fresh ``MIXRT_CACHE_DIR`` and ``NUMBA_CACHE_DIR``, the
 same N per regime as onnxruntime's), then the agreement check of both outputs at one drawn
-shape. The parent builds and orchestrates; it never imports mixrt or onnxruntime.
+shape. With ``--rounds N`` the first two run N times in turn and each regime's requests are
+pooled over the rounds, so that a drift of this host between two children (small models'
+ratios moved up to 2x between runs of one build) lands on both runtimes, not their ratio.
+The parent builds and orchestrates; it never imports mixrt or onnxruntime.
 
 Output: a table per regime, the geometric means and worst model, and the issue's targets
 (geomean p50 <= 1.2x, p99 <= 1.5x, no model above 2x) per regime; ``--write`` puts them in
@@ -97,26 +101,31 @@ def run_child(name: str, arguments: list[str], env: dict, logs: Path, label: str
 
 
 def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path,
-            mixrt_python: str = sys.executable) -> dict:
+            mixrt_python: str = sys.executable, rounds: int = 1) -> dict:
     """onnxruntime alone, then mixrt alone on empty caches with the same requests per
-    regime, then the agreement check; each a fresh process (mixrt's under
-    ``mixrt_python``: another build's environment, to compare builds on one draw)."""
+    regime (``rounds`` times in turn, pooled: ``report.merged_rounds``), then the agreement
+    check; each a fresh process (mixrt's under ``mixrt_python``: another build's
+    environment, to compare builds on one draw)."""
     common = ["--spec", str(spec_path), "--regimes", *regimes] + (["--quick"] if quick else [])
     found = {"label": drawn.label, "slot": drawn.slot, "kind": drawn.kind,
              "sizes": drawn.sizes(), "config": drawn.config, "hot": drawn.hot}
-    with tempfile.TemporaryDirectory(prefix="service-regimes-caches-") as folder:
-        caches = Path(folder)
-        found["onnxruntime"] = run_child(f"{drawn.slot}:onnxruntime",
-                                         ["time", "--runtime", "onnxruntime", *common],
-                                         _child_env(None), logs, drawn.label)
-        counts = found["onnxruntime"].get("requests")
-        same = ["--requests", json.dumps(counts)] if counts else []
-        found["mixrt"] = run_child(f"{drawn.slot}:mixrt", ["time", "--runtime", "mixrt",
-                                                          *common, *same],
-                                   _child_env(caches), logs, drawn.label, mixrt_python)
-        found["agreement"] = run_child(f"{drawn.slot}:compare",
-                                       ["compare", "--spec", str(spec_path)],
-                                       _child_env(caches), logs, drawn.label, mixrt_python)
+    timed: dict = {"onnxruntime": [], "mixrt": []}
+    for round_ in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="service-regimes-caches-") as folder:
+            caches = Path(folder)
+            timed["onnxruntime"].append(run_child(
+                f"{drawn.slot}:onnxruntime", ["time", "--runtime", "onnxruntime", *common],
+                _child_env(None), logs, drawn.label))
+            counts = timed["onnxruntime"][-1].get("requests")
+            same = ["--requests", json.dumps(counts)] if counts else []
+            timed["mixrt"].append(run_child(
+                f"{drawn.slot}:mixrt", ["time", "--runtime", "mixrt", *common, *same],
+                _child_env(caches), logs, drawn.label, mixrt_python))
+            if round_ == rounds - 1:  # once, on the last mixrt child's caches
+                found["agreement"] = run_child(
+                    f"{drawn.slot}:compare", ["compare", "--spec", str(spec_path)],
+                    _child_env(caches), logs, drawn.label, mixrt_python)
+    found.update((runtime, report.merged_rounds(results)) for runtime, results in timed.items())
     agreement = found["agreement"]
     verdict = {True: "yes", False: "NO"}.get(agreement.get("agrees"), "not checked")
     _say(f"{drawn.label:28s} agrees with onnxruntime: {verdict} "
@@ -197,6 +206,10 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md",
                         help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="the raw results (every request's time), JSON")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="each model's onnxruntime and mixrt children N times in turn, "
+                             "their requests pooled per regime: a drift of the host between "
+                             "two children then lands on both runtimes (N times as long)")
     parser.add_argument("--mixrt-python", default=sys.executable, metavar="PYTHON",
                         help="the interpreter mixrt's children run under (another build's "
                              "environment, e.g. a clone of an older commit installed in a "
@@ -216,11 +229,12 @@ def main(argv=None) -> int:
     prepared = prepare(slots, seed, args.quick)
     logs = models.CACHE / str(seed) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    rows = [measure(drawn, spec_path, regimes, args.quick, logs, args.mixrt_python)
-            for drawn, spec_path in prepared]
+    rows = [measure(drawn, spec_path, regimes, args.quick, logs, args.mixrt_python,
+                    max(1, args.rounds)) for drawn, spec_path in prepared]
     if "--seed" not in argv:
         argv += ["--seed", str(seed)]
     results = {"seed": seed, "quick": args.quick, "regimes": regimes, "models": rows,
+               "rounds": max(1, args.rounds),
                "meta": meta(argv, (time.perf_counter() - started) / 60, rows,
                             (load_before, load_average()))}
     print(report.tables(results))

@@ -165,3 +165,31 @@ def test_new_shape_is_taken_apart_into_first_sight_and_kernels_outside_the_verdi
     assert "| a | 3.00 | 1.50 | 2.00 | 4.00 |" in text
     summary = text.split("\n\n")[0]
     assert "| new-shape |" in summary and "sizes-again" not in summary
+
+
+def _round(p50s_times: list, placement: str = "near") -> dict:
+    return {"runtime": "mixrt", "versions": {"mixrt": "0"},
+            "regimes": {"hot": {"n": len(p50s_times), "times_ms": p50s_times,
+                                "p50_ms": report.percentile(p50s_times, 50),
+                                "p99_ms": report.percentile(p50s_times, 99),
+                                "placement": placement, "attempts": 1}}}
+
+
+def test_rounds_pool_their_requests_per_regime():
+    """--rounds: each runtime's rounds merged into one result whose p50 and p99 are over
+    every round's requests (NumPy's linear percentile), far if any round was, each round's
+    p50 kept beside."""
+    first, second = [1.0, 2.0, 3.0], [10.0, 20.0, 30.0, 40.0]
+    merged = report.merged_rounds([_round(first), _round(second, "far")])
+    hot = merged["regimes"]["hot"]
+    assert hot["n"] == 7 and hot["times_ms"] == first + second
+    assert hot["p50_ms"] == pytest.approx(float(np.percentile(first + second, 50)))
+    assert hot["p99_ms"] == pytest.approx(float(np.percentile(first + second, 99)))
+    assert hot["placement"] == "far" and hot["attempts"] == 2
+    assert hot["rounds_p50_ms"] == [2.0, 25.0] and merged["rounds"] == 2
+    assert report.merged_rounds([_round(first)]) == _round(first)
+
+
+def test_a_failed_round_fails_the_merged_result():
+    failure = {"failure": "the child crashed"}
+    assert report.merged_rounds([_round([1.0]), failure]) == failure
