@@ -252,7 +252,9 @@ class Session(FeedChecks):
                 self._trusted_forms.values(), self._shape_program, self._bound, self.graph,
                 self.strategy)
         ready = True if self._tiers is None else self._tiers.wait(timeout)
-        if sizes:  # on the compiled tier, its kernels in (a service's empty caches: not yet)
+        # on the compiled tier, once its kernels are in (a service's empty caches: not at
+        # first); after a timeout or a failed compile they would only take the NumPy tier
+        if sizes and ready:
             run_made_up(sizes, lambda feeds: self.run(None, feeds))
             if self._tiers is not None:
                 ready = self._tiers.wait(None if deadline is None

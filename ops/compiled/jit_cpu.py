@@ -223,20 +223,14 @@ def native_run(uses_workers: bool, choice=None):
     if not uses_workers:
         yield
         return
-    if choice is not None:
-        token = choice.begins()
-        try:
-            yield
-        finally:
-            if token is not None:
-                choice.ends(token)
-        return
-    pool = native_run_begins()
+    token = native_run_begins() if choice is None else choice.begins()
     try:
         yield
     finally:
-        if pool is not None:
-            pool.run_ends()
+        if token is not None and choice is None:
+            token.run_ends()  # the pool native_run_begins woke
+        elif token is not None:
+            choice.ends(token)
 
 
 def native_pool_key() -> tuple:
