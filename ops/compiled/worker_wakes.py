@@ -19,8 +19,8 @@ and goes), so each plan times both, on the runs that found the workers asleep:
   take every part of their jobs on the calling thread;
 * then each such run takes whichever kept the lower median of its last ``RECENT`` times,
   and every ``RETRY_EVERY``-th the other one, so a change of load is noticed (seldom
-  enough not to be a p99: at one in 16, a 64-row MLP's p99 paced 0.3 ms apart went 218 ->
-  247 us, its runs alone the slower way).
+  enough not to be a p99: at one in 16, a 64-row MLP's p99 with 0.3 ms of other work
+  between requests went 218 -> 247 us, its runs alone the slower way).
 
 Runs that find the workers awake use them, as before, and are not timed. A 42-101-911-13
 MLP at 16 rows (2 cores, 2026-11-28): back to back 51-63 us with the workers, 65 on one
