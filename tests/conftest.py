@@ -38,14 +38,26 @@ _SOCKETS = Path(__file__).parent / "kvstore"
 _FIRST = (_SOCKETS, Path(__file__).parent / "test_gpu_paths_on_fake_cupy.py")
 
 
+_GPU_TEST_FILES: set = set()  # the files of the GPU tests this process collected
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(_WANTS_A_GPU.search(str(mark.kwargs.get("reason", "")))
                for mark in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("gpu") is not None:
+            _GPU_TEST_FILES.add(item.path)
         if _SOCKETS in item.path.parents:
             item.add_marker(pytest.mark.xdist_group("sockets"))
     items.sort(key=lambda item: not _runs_first(item.path))  # stable
+
+
+@pytest.fixture
+def collected_gpu_test_files() -> set:
+    """The files holding a test marked ``gpu`` among those this run collected (the fake-CuPy
+    run checks that it takes each of them)."""
+    return set(_GPU_TEST_FILES)
 
 
 def _runs_first(path: Path) -> bool:

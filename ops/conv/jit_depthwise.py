@@ -61,7 +61,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, jit_tier, prebuilt, replay
 from mixrt.ops.compiled.generated import compiled_before, mark_compiled, mark_name, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
-from mixrt.ops.panels.native_parts import part_entry, prepared, split
+from mixrt.ops.panels.native_parts import part_entry, prepared, split, warm_prepared
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
@@ -221,11 +221,12 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
     if key in WARM:
         return
     native = jit_cpu.native_pool()
-    if native is not None:
-        part_entry(rows, "f" if X.dtype == np.float32 else "d")
     (n, channels, height, width), m = X.shape, W.shape[0]
     x = X.reshape(n * channels, height, width)
     y = out.reshape(n * m, *out.shape[2:])
+    if native is not None:
+        part_entry(rows, "f" if X.dtype == np.float32 else "d")
+        warm_prepared((x, weights, bias, y, constants))
     rows.run(x, weights, bias, y, constants, multiplier, m, begin[0], begin[1], 0, 1,
              np.empty((hp, wp), X.dtype))
     WARM.add(key)

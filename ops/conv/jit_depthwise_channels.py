@@ -12,7 +12,8 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, suits)
-from mixrt.ops.panels.native_parts import part_entry, part_source, prepared, split
+from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, split,
+                                           warm_prepared)
 
 # -- the channels form: small planes with the channels side by side ----------------------------
 #
@@ -206,6 +207,7 @@ def warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays, acti
     constants = activation_constants(activation[0] or "", activation[1], X.dtype)
     if jit_cpu.native_pool() is not None:
         part_entry(module, "f" if X.dtype == np.float32 else "d")
+        warm_prepared((X, taps, bias, out, constants))
     blocks = -(-X.shape[1] // CHANNEL_BLOCK)
     module.run(X[:1], taps, bias, out[:1], constants, blocks, int(begin[0]), int(begin[1]),
                0, 1, X.dtype.type(0))

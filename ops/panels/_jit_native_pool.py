@@ -263,11 +263,14 @@ class Pool:
             self.workers += 1
         # a run's begin and end, once now: their compiled code loads with the pool (~7 ms
         # each from the cache) rather than at the first run that wakes the workers, which
-        # was a service's first request of a size whose plan splits (2026-11-28)
+        # was a service's first request of a size whose plan splits (2026-11-28); and the
+        # driver of every CALL_JOB, on no parts (a depthwise row form's first split met it
+        # in a run that may not compile)
         run_begins(self.block)
         run_ends(self.block)
         alone_begins(self.block)
         alone_ends(self.block)
+        native_for(self.block, 0, np.zeros(1, np.uint64), 0)
 
     def wake(self):
         wake(self.block)

@@ -123,6 +123,16 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     return go
 
 
+def warm_prepared(arrays: tuple) -> None:
+    """Compile (or load) what :func:`prepared` calls for ``arrays``, beside its part entry:
+    the address fill, typed by the tuple's arrays. A warmer that compiled a node's fallback
+    form and its part entry but not this left a run that may not compile (a service's new
+    size) to miss it as the node's split began (a depthwise row form over three images,
+    2026-11-28). Nothing where one is None (no such call is prepared)."""
+    if all(array is not None for array in arrays):
+        fill_addresses(np.empty(len(arrays) + 1, np.uint64), (np.zeros(1, np.int64),) + arrays)
+
+
 _addresses = None  # the compiled fill_addresses, once loaded
 
 
