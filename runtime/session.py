@@ -48,7 +48,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, ma
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
-from mixrt.runtime.prepared_forms import prepare_forms, run_made_up
+from mixrt.runtime.prepared_forms import prepare_forms, run_ladder, run_made_up
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
@@ -150,6 +150,7 @@ class Session(FeedChecks):
         # takes its lanes along (they would hold its arenas past the cache's budget)
         self._steady_runs: dict = {}
         self._plans_made = 0  # plans this session made (every TRIM_EVERY, trim_idle_calls)
+        self._made_up_runs = False  # wait_compiled's runs on zeros in progress: no trimming
         self._settled = False  # wait_compiled's collector.settle taken
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
@@ -246,16 +247,24 @@ class Session(FeedChecks):
         meanwhile (prepared_forms.py); True when they are, False on a timeout or where the
         compile failed. Without two tiers (GPU, MIXRT_JIT=0, foreground) it does not wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        sizes = []
+        sizes, ladder = [], []
         if self._xp is np and self._trusted_forms:  # traced while the child compiles
-            self._shape_program, sizes = prepare_forms(
+            self._shape_program, sizes, ladder = prepare_forms(
                 self._trusted_forms.values(), self._shape_program, self._bound, self.graph,
                 self.strategy)
         ready = True if self._tiers is None else self._tiers.wait(timeout)
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
-        if sizes and ready:
-            run_made_up(sizes, lambda feeds: self.run(None, feeds))
+        if (sizes or ladder) and ready:
+            # the plans these make keep their calls: trimmed at once (most are not among
+            # the last KEEP_CALLS run), a ladder's sizes bound here were bound again by their
+            # first requests; the settling below takes them out of the collector's way
+            self._made_up_runs = True
+            try:
+                run_made_up(sizes, lambda feeds: self.run(None, feeds))
+                run_ladder(ladder, lambda feeds: self.run(None, feeds))
+            finally:
+                self._made_up_runs = False
             if self._tiers is not None:
                 ready = self._tiers.wait(None if deadline is None
                                          else max(0.0, deadline - time.monotonic()))
@@ -417,7 +426,7 @@ class Session(FeedChecks):
         kept = self._plans.put(signature, plan)
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
-                and len(self._plans) > KEEP_CALLS:
+                and len(self._plans) > KEEP_CALLS and not self._made_up_runs:
             trim_idle_calls(self._plans.values(), KEEP_CALLS)
         return kept
 

@@ -170,3 +170,70 @@ def test_a_ready_session_moves_what_outlives_a_full_pass_out_of_later_ones(
         assert int(after) > 10_000 and int(probed) == int(after)
     else:
         assert int(after) == 0 and int(probed) == 0
+
+
+def _batch_mlp() -> bytes:
+    """A two-layer MLP over a batch of 8 features: one free axis."""
+    from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415
+    rng = np.random.default_rng(5)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("w1", (8, 24)), ("b1", (24,)), ("w2", (24, 3)))]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]),
+         helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]) \
+        .SerializeToString()
+
+
+def test_a_batch_form_runs_every_batch_size_so_each_first_request_takes_its_lane():
+    """After wait_compiled, a batch size the caller never sent has its plan and bound calls
+    (two runs on zeros): its first request takes the steady lane, with onnxruntime's
+    answer."""
+    from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
+    data = _batch_mlp()
+    session = mixrt.Session(data)
+    reference = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    session.run(None, {"x": rng.standard_normal((16, 8)).astype(np.float32)})
+    session.wait_compiled(600)
+    for batch in (1, 5, 13, 16, prepared_forms.LADDER_TOP):
+        fed = {"x": rng.standard_normal((batch, 8)).astype(np.float32)}
+        steady = session._steady_runs[feed_key(fed)]
+        assert any(arena.bound for arena in steady.plan.pool)  # bound: not trimmed either
+        np.testing.assert_allclose(session.run(None, fed)[0], reference.run(None, fed)[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_ladder_sizes_take_one_free_group_of_small_feeds(monkeypatch):
+    data = _batch_mlp()
+    session = mixrt.Session(data)
+    session.run(None, {"x": np.zeros((4, 8), np.float32)})
+    (form,) = session._trusted_forms.values()
+    ladder = prepared_forms.ladder_sizes(form.signature, session.graph)
+    batches = [dict(signature)["x"][0][0] for signature in ladder]
+    assert batches == list(range(1, prepared_forms.LADDER_TOP + 1))
+    monkeypatch.setattr(prepared_forms, "SPREAD_MAX_BYTES", 6 * 8 * 4)  # six rows at most
+    ladder = prepared_forms.ladder_sizes(form.signature, session.graph)
+    assert [dict(signature)["x"][0][0] for signature in ladder] == [1, 2, 3, 4, 5, 6]
+    # a batch and a length: too many sizes to run
+    attention = mixrt.Session(attention_model())
+    attention.run(None, attention_feeds(2, 9))
+    (form,) = attention._trusted_forms.values()
+    assert prepared_forms.ladder_sizes(form.signature, attention.graph) == []
+
+
+def test_the_ladder_stops_at_its_budget():
+    import time  # noqa: PLC0415
+    runs = []
+
+    def run(feeds):
+        runs.append(feeds)
+        time.sleep(0.02)
+    sizes = [(("x", ((batch, 8), "float32")),) for batch in range(1, 11)]
+    ran = prepared_forms.run_ladder(sizes, run, budget_s=0.05)
+    assert 1 <= ran <= 3 and len(runs) == 2 * ran
+    assert [feeds["x"].shape for feeds in runs[::2]] == [(b, 8) for b in range(1, ran + 1)]
+    assert prepared_forms.run_ladder(sizes, run, budget_s=-1.0) == 0
