@@ -20,7 +20,7 @@ them. The full collection all this
 brings due is taken after, while the caller still waits (``collector.settle``).
 
 A form whose one free axis group is a batch of small feeds (a tabular model, a small MLP)
-is also run at every size from one to ``LADDER_TOP`` (:func:`ladder_sizes`), twice each
+is also run at every size from one to ``LADDER_TOP`` (64, :func:`ladder_sizes`), twice each
 on zeros: its plan made, then its calls bound, so that a request of any of those sizes
 takes its steady lane from the first. A service's batches come in a few dozen sizes, and
 each size's first request cost three of its later ones (the inference and plan of a new
@@ -118,9 +118,10 @@ def ladder_sizes(signature: tuple, graph) -> list[tuple]:
     return found
 
 
-# the batch sizes a one-group form of small feeds is run at (ladder_sizes), and the time
-# a wait spends on them (~2 ms a size for a small MLP, two runs on cold code)
-LADDER_TOP = 32
+# the batch sizes a one-group form of small feeds is run at (ladder_sizes): a dynamic
+# batcher's usual largest batches are 32-64; and the time a wait spends on them (~1-2 ms a
+# size for a small MLP, two runs on cold code)
+LADDER_TOP = 64
 LADDER_BUDGET_S = 0.25
 
 

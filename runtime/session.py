@@ -256,9 +256,10 @@ class Session(FeedChecks):
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
         if (sizes or ladder) and ready:
-            # the plans these make keep their calls: trimmed at once (most are not among
-            # the last KEEP_CALLS run), a ladder's sizes bound here were bound again by their
-            # first requests; the settling below takes them out of the collector's way
+            # the plans these make keep their calls (ExecutionPlan.prepared): trimmed at
+            # once (most are not among the last KEEP_CALLS run), a ladder's sizes bound here
+            # were bound again by their first requests; the settling below takes them out
+            # of the collector's way
             self._made_up_runs = True
             try:
                 run_made_up(sizes, lambda feeds: self.run(None, feeds))
@@ -424,6 +425,7 @@ class Session(FeedChecks):
     def _kept(self, signature: tuple, plan: ExecutionPlan) -> ExecutionPlan:
         """``plan`` kept; every few, the calls of plans not run lately let go (arenas.py)."""
         kept = self._plans.put(signature, plan)
+        kept.prepared = kept.prepared or self._made_up_runs
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
                 and len(self._plans) > KEEP_CALLS and not self._made_up_runs:
