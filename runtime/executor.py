@@ -197,7 +197,7 @@ class ExecutionPlan:
     # when a run last took one of its arenas (acquire): which plans trim_idle_calls spares
     used: int = 0
     # made by Session.wait_compiled's runs on zeros (a ladder's batch sizes): its calls are
-    # kept whenever it last ran (trim_idle_calls)
+    # kept whenever it last ran (trim_idle_calls), and its making trims no other plan's
     prepared: bool = False
     # [its steps' call templates, or None until a first arena needs them]: shared by the
     # plans of one PlanStructure (runtime/call_forms.py)

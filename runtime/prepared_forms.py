@@ -42,7 +42,7 @@ from mixrt.runtime.inferred_plans import ShapeProgram, TrustedForm, plan_for_for
 
 
 def prepare_forms(forms, program: ShapeProgram | None, bound, graph,
-                  strategy: str) -> tuple[ShapeProgram | None, list[tuple]]:
+                  strategy: str) -> tuple[ShapeProgram | None, list[tuple], list[tuple]]:
     """Each of ``forms`` (a session's trusted forms) prepared once (:func:`prepare_form`).
     Returns the session's ShapeProgram (made here where it had none and a form needs it),
     the sizes to run once on zeros (:func:`run_made_up`): the first sizes of each set of
@@ -76,6 +76,15 @@ def run_made_up(sizes: list[tuple], run) -> None:
                 run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
             except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
                 continue
+
+
+def run_prepared(sizes: list[tuple], ladder: list[tuple], run) -> None:
+    """:func:`run_made_up` at ``sizes``, then :func:`run_ladder` at ``ladder``: the plans
+    they make are ``prepared`` (``Session._kept``), and no plan's calls are trimmed
+    meanwhile (they were as they were made, most not among the last run: a ladder's
+    sizes were bound again by their first requests)."""
+    run_made_up(sizes, run)
+    run_ladder(ladder, run)
 
 
 def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:

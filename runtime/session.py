@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mixrt.base import placement, run_options
+from mixrt.base import made_up_feeds, placement, run_options
 from mixrt.base.errors import ExecutionError, InputError, ModelLoadError, RunTerminated
 from mixrt.base.run_options import RunOptions
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
@@ -48,7 +48,7 @@ from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, ma
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
-from mixrt.runtime.prepared_forms import prepare_forms, run_ladder, run_made_up
+from mixrt.runtime.prepared_forms import prepare_forms, run_prepared
 from mixrt.runtime.graph import Graph, Value
 from mixrt.runtime.onnxruntime_surface import (NodeArg, check_option, check_option_names,
                                                device_choice, node_arg)
@@ -150,7 +150,6 @@ class Session(FeedChecks):
         # takes its lanes along (they would hold its arenas past the cache's budget)
         self._steady_runs: dict = {}
         self._plans_made = 0  # plans this session made (every TRIM_EVERY, trim_idle_calls)
-        self._made_up_runs = False  # wait_compiled's runs on zeros in progress: no trimming
         self._settled = False  # wait_compiled's collector.settle taken
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
@@ -255,17 +254,8 @@ class Session(FeedChecks):
         ready = True if self._tiers is None else self._tiers.wait(timeout)
         # on the compiled tier, once its kernels are in (a service's empty caches: not at
         # first); after a timeout or a failed compile they would only take the NumPy tier
-        if (sizes or ladder) and ready:
-            # the plans these make keep their calls (ExecutionPlan.prepared): trimmed at
-            # once (most are not among the last KEEP_CALLS run), a ladder's sizes bound here
-            # were bound again by their first requests; the settling below takes them out
-            # of the collector's way
-            self._made_up_runs = True
-            try:
-                run_made_up(sizes, lambda feeds: self.run(None, feeds))
-                run_ladder(ladder, lambda feeds: self.run(None, feeds))
-            finally:
-                self._made_up_runs = False
+        if (sizes or ladder) and ready:  # their plans keep their calls (_kept)
+            run_prepared(sizes, ladder, lambda feeds: self.run(None, feeds))
             if self._tiers is not None:
                 ready = self._tiers.wait(None if deadline is None
                                          else max(0.0, deadline - time.monotonic()))
@@ -425,10 +415,10 @@ class Session(FeedChecks):
     def _kept(self, signature: tuple, plan: ExecutionPlan) -> ExecutionPlan:
         """``plan`` kept; every few, the calls of plans not run lately let go (arenas.py)."""
         kept = self._plans.put(signature, plan)
-        kept.prepared = kept.prepared or self._made_up_runs
+        kept.prepared = kept.prepared or made_up_feeds.in_progress()  # by wait_compiled
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
-                and len(self._plans) > KEEP_CALLS and not self._made_up_runs:
+                and len(self._plans) > KEEP_CALLS and not kept.prepared:
             trim_idle_calls(self._plans.values(), KEEP_CALLS)
         return kept
 
