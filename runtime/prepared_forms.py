@@ -73,9 +73,14 @@ def run_made_up(sizes: list[tuple], run) -> None:
     with made_up_feeds.made_up():  # nothing learns from zeros (base/made_up_feeds.py)
         for signature in sizes:
             try:
-                run({name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature})
+                run(_zeros(signature))
             except Exception:  # noqa: BLE001  (zeros this model refuses: its first request loads)
                 continue
+
+
+def _zeros(signature: tuple) -> dict:
+    """Feeds of zeros of ``signature``'s shapes and dtypes."""
+    return {name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature}
 
 
 def run_prepared(sizes: list[tuple], ladder: list[tuple], run) -> None:
@@ -97,7 +102,7 @@ def run_ladder(sizes: list[tuple], run, budget_s: float | None = None) -> int:
         for signature in sizes:
             if time.monotonic() > deadline:
                 break
-            feeds = {name: np.zeros(part[0], np.dtype(part[1])) for name, part in signature}
+            feeds = _zeros(signature)
             try:
                 run(feeds)
                 run(feeds)
