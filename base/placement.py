@@ -96,6 +96,17 @@ def keep_off_caller() -> None:
                 pass  # refused (a container's policy): it stays where Linux puts it
 
 
+def placed_off() -> int:
+    """What a compiled check of the caller's CPU compares with (``_jit_native_pool
+    .run_starts``, a planned run's start): the CPU the workers were last kept off, -2 where
+    they are not placed yet, -1 where there is nothing to place. A different one there
+    means :func:`keep_off_caller` has work to do."""
+    if not _workers or _getcpu is None:
+        return -1
+    cpu = _state["cpu"]
+    return -2 if cpu is None else cpu
+
+
 def workers() -> frozenset:
     """The thread ids placed (for the tests)."""
     return frozenset(_workers)

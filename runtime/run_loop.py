@@ -74,12 +74,13 @@ def execute(steps, env, xp, arena: Arena | None = None, plan: ExecutionPlan | No
     _run_calls(calls, env, xp, None, {}, profiler)
 
 
-def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
+def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | None = None) -> None:
     """:func:`execute` of a CPU arena's plan without a profiler (the steady run lane's):
     the arena's bound calls (``ops/compiled/bound_calls.py``) for this tier and thread where an
     earlier run made them, else the kernels' calls, binding them after the run (from the
     key's second run: binding a 6-layer BERT took ~1.8 ms, paid for nothing by a sequence
-    length a service sends once)."""
+    length a service sends once). ``key``: :func:`bound_key` of this run, where the caller
+    made it already."""
     calls = _calls(arena, plan)
     if plan.host_args:
         _run_calls(calls, env, np, arena.buffer, plan.host_args, None)
@@ -88,9 +89,8 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
     if not BIND:
         run(calls, env, arena.buffer)
         return
-    fed = _feeds_in_order(plan, env)
-    key = (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
-           jit_cpu.scratch_generation(), fed)
+    if key is None:
+        key = bound_key(plan, env)
     bound = arena.bound.get(key)
     if bound is not None:
         run(bound, env, arena.buffer)
@@ -101,7 +101,15 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> None:
         return
     if len(arena.bound) >= MAX_BINDINGS:  # threads come and go: keep the latest few
         arena.bound.pop(next(iter(arena.bound)))
-    arena.bound[key] = bind_calls(calls, env, arena, plan, fed)
+    arena.bound[key] = bind_calls(calls, env, arena, plan, key[-1])
+
+
+def bound_key(plan: ExecutionPlan, env: dict) -> tuple:
+    """What an arena's bound calls are kept by (the tier, the thread, the native pool's
+    settings and process, the thread's scratch buffers, whether the feeds are in order);
+    its first and third items are what the native pool is found by."""
+    return (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
+            jit_cpu.scratch_generation(), _feeds_in_order(plan, env))
 
 
 def _feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:

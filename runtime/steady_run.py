@@ -22,7 +22,7 @@ from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
 from mixrt.runtime.arenas import ArenaMemory, acquire, release
 from mixrt.runtime.executor import ExecutionPlan
-from mixrt.runtime.run_loop import run_host_calls
+from mixrt.runtime.run_loop import bound_key, run_host_calls
 
 
 class SteadyRun:
@@ -32,7 +32,7 @@ class SteadyRun:
     ``take_outputs(env)``: the run's outputs as ``Session.run`` returns them; ``texts``: the
     feeds given as NumPy unicode text, which the run takes as object strings."""
 
-    __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts", "_memory")
+    __slots__ = ("key", "plan", "_start", "_take_outputs", "_texts", "_memory", "_pools")
 
     def __init__(self, key: tuple, plan: ExecutionPlan, start: dict,
                  take_outputs: Callable[[dict], list], texts: tuple = (),
@@ -41,34 +41,51 @@ class SteadyRun:
         self._start, self._take_outputs = start, take_outputs
         self._texts = texts  # feeds of NumPy unicode text, run as object strings
         self._memory = memory  # the session's (arenas.ArenaMemory)
+        self._pools: dict = {}  # (tier, native pool settings) -> the loaded native pool
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE
         results without NumPy's warnings, settings read once; entered as calls rather
         than ``with`` blocks, ~0.5 us of a one-node model's ~4."""
         plan = self.plan
-        if plan.wakes_workers:
-            placement.keep_off_caller()  # as Session._gated_run
         quiet = quiet_enter()
         parallel.pin()
-        workers = None
         try:
-            if plan.wakes_workers:  # up by the first kernel, spinning until the run ends,
-                workers = plan.wake_choice.begins()  # unless asleep and faster left so
             arena = acquire(plan, np, self._memory)
             try:
                 env = self._start.copy()
                 env.update(feeds)
                 for name in self._texts:  # as Session._checked_feed converts them
                     env[name] = feeds[name].astype(object)
-                run_host_calls(arena, plan, env)
+                key = bound_key(plan, env)
+                # up by the first kernel, spinning until the run ends, unless asleep and
+                # faster left so
+                workers = self._workers_begin(key) if plan.wakes_workers else None
+                try:
+                    run_host_calls(arena, plan, env, key)
+                finally:
+                    if workers is not None:
+                        plan.wake_choice.ends(workers)
                 if not plan.wakes_workers and jit_cpu.native_job_noted():
                     plan.wakes_workers = True  # the next run wakes them as it begins
                 return self._take_outputs(env)
             finally:
                 release(plan, arena)
         finally:
-            if workers is not None:
-                plan.wake_choice.ends(workers)
             parallel.unpin()
             quiet_exit(quiet)
+
+    def _workers_begin(self, key: tuple):
+        """The workers' side of the run's start (``plan.wake_choice``), the pool this
+        lane keeps for the run's tier and settings (looked up, it was ~50 us of a request
+        10 ms after the last); the caller's CPU is checked in the same compiled call, and
+        the workers kept off it where it moved (``base/placement.py``)."""
+        found = (key[0], key[2])
+        pool = self._pools.get(found)
+        if pool is None:
+            pool = jit_cpu.loaded_native_pool()
+            if pool is None:  # no native pool (yet): OpenBLAS's threads may want placing
+                placement.keep_off_caller()
+                return None
+            self._pools[found] = pool
+        return self.plan.wake_choice.begins(pool, placement.placed_off())

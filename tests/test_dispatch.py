@@ -269,7 +269,8 @@ def test_only_runs_of_sizable_models_wake_the_native_workers(monkeypatch):
     from mixrt.ops.compiled.worker_wakes import WakeChoice  # noqa: PLC0415
     woken = []  # a run with no plan yet wakes them directly, a planned one by its choice
     monkeypatch.setattr(jit_cpu, "native_run_begins", lambda: woken.append(1))
-    monkeypatch.setattr(WakeChoice, "begins", lambda self: woken.append(1))
+    monkeypatch.setattr(WakeChoice, "begins", lambda self, *pool: woken.append(1))
+    monkeypatch.setattr(jit_cpu, "loaded_native_pool", lambda: "a pool")  # the lane's, kept
     small = Session(chain(["Relu", "Neg"], (1, 16)))
     x = np.ones((1, 16), np.float32)
     for _ in range(3):

@@ -127,3 +127,36 @@ np.save(os.environ["OUT"], ys[-1])
                        env=dict(os.environ, MIXRT_PLACE_WORKERS=switch, OUT=str(out)))
         results.append(np.load(out))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_the_steady_lane_places_the_workers_again_where_its_caller_moved():
+    """A repeated request's lane checks its caller's CPU in the compiled call that starts
+    the run (``_jit_native_pool.run_starts``): a caller moved to another CPU has the
+    workers placed off that one before they are woken."""
+    script = """
+import os, numpy as np, mixrt
+from onnx import helper, numpy_helper, TensorProto
+from mixrt.base import placement
+from mixrt.ops.compiled import jit_cpu
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])], [w])
+model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+s = mixrt.Session(model.SerializeToString())
+x = rng.standard_normal((64, 256)).astype(np.float32)
+first, second = sorted(os.sched_getaffinity(0))[:2]
+answers = [s.run(None, {"x": x})[0]]  # unpinned: the process's CPUs as placement finds them
+for cpu in (first, second, first):
+    os.sched_setaffinity(0, {cpu})
+    for _ in range(4):
+        answers.append(s.run(None, {"x": x})[0])
+    lane = bool(s._steady_runs) and any(v.plan.wakes_workers for v in s._steady_runs.values())
+    print(lane or jit_cpu.loaded_native_pool() is None, placement._state["cpu"] == cpu,
+          all(cpu not in os.sched_getaffinity(t) for t in placement.workers()))
+print(all((a == answers[0]).all() for a in answers))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, check=True, env=dict(os.environ, MIXRT_INTRA_OP_THREADS="2"))
+    assert out.stdout.split() == ["True"] * 10, out.stdout + out.stderr

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 
+from mixrt.base import placement
 from mixrt.ops.compiled import jit_cpu
 
 TRY_ALONE_BELOW_S = 1e-3  # woken runs slower than this never try running alone
@@ -39,34 +40,46 @@ RECENT = 8  # times kept of each way
 RETRY_EVERY = 128  # asleep-found runs between tries of the way not taken (under 1%: a p99)
 
 AWAKE = None  # a run that found the workers awake (or some of them): not timed
+# what the pool's run_starts answers (ops/panels/_jit_native_pool.py, not imported here: it
+# loads numba)
+FOUND_AWAKE, WOKEN, LEFT_ASLEEP, CALLER_MOVED = 0, 1, 2, 3
+NO_CPU_CHECK = -1
 
 
 class WakeChoice:
     """One plan's times of its runs that found the workers asleep, woken or not."""
 
-    __slots__ = ("_woken", "_alone", "_asleep_runs")
+    __slots__ = ("_woken", "_alone", "_asleep_runs", "_choice", "_retries")
 
     def __init__(self):
         self._woken: list[float] = []
         self._alone: list[float] = []
         self._asleep_runs = 0
+        # what the next asleep-found run does, settled as each time comes in (two sorts a
+        # run were ~5 us of a paced request's start), and whether every RETRY_EVERY-th
+        # takes the other way
+        self._choice, self._retries = True, False
 
-    def begins(self):
+    def begins(self, pool=None, placed_off: int = NO_CPU_CHECK):
         """The workers' side of a run that may split its kernels: a token for :meth:`ends`,
-        or None when no native pool is loaded."""
-        pool = jit_cpu.loaded_native_pool()
+        or None when no native pool is loaded. ``pool``: the loaded pool where the caller
+        knows it (the steady lane keeps it), else looked up. ``placed_off``: the CPU the
+        workers were kept off (``placement.placed_off``), for the start to check the
+        caller's against, placing them again where it moved; by default not checked
+        (the caller placed them)."""
         if pool is None:
-            return None
-        if not pool.asleep():
-            pool.run_begins()
-            return pool, AWAKE, 0.0
+            pool = jit_cpu.loaded_native_pool()
+            if pool is None:
+                return None
         started = time.perf_counter()  # the wake's own cost counts
-        woken = self._wakes()
-        if woken:
-            pool.run_begins()
-        else:
-            pool.alone_begins()
-        return pool, woken, started
+        how = pool.run_starts(self._wakes_if_asleep(), placed_off)
+        if how == CALLER_MOVED:
+            placement.keep_off_caller()
+            how = pool.run_starts(self._wakes_if_asleep(), NO_CPU_CHECK)
+        if how == FOUND_AWAKE:
+            return pool, AWAKE, 0.0
+        self._asleep_runs += 1
+        return pool, how == WOKEN, started
 
     def ends(self, token) -> None:
         pool, woken, started = token
@@ -77,21 +90,23 @@ class WakeChoice:
         if woken is not AWAKE:
             self._record(self._woken if woken else self._alone, time.perf_counter() - started)
 
-    def _wakes(self) -> bool:
-        self._asleep_runs += 1
-        woken, alone = self._woken, self._alone
-        if len(woken) < LEARN:
-            return True
-        if len(alone) < LEARN:
-            return _median(woken) >= TRY_ALONE_BELOW_S
-        better = _median(woken) <= _median(alone)
-        return not better if self._asleep_runs % RETRY_EVERY == 0 else better
+    def _wakes_if_asleep(self) -> bool:
+        """Does the next run that finds the workers asleep wake them?"""
+        if self._retries and (self._asleep_runs + 1) % RETRY_EVERY == 0:
+            return not self._choice
+        return self._choice
 
-    @staticmethod
-    def _record(times: list, seconds: float) -> None:
+    def _record(self, times: list, seconds: float) -> None:
         times.append(seconds)
         if len(times) > RECENT:
             del times[0]
+        woken, alone = self._woken, self._alone
+        if len(woken) < LEARN:  # woken first
+            self._choice, self._retries = True, False
+        elif len(alone) < LEARN:  # then alone, where a wake may matter
+            self._choice, self._retries = _median(woken) >= TRY_ALONE_BELOW_S, False
+        else:  # then the lower median, the other way now and then
+            self._choice, self._retries = _median(woken) <= _median(alone), True
 
     def state(self) -> dict:
         """What the plan learned (for tests and benchmarks): the kept times of each way."""

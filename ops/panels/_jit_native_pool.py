@@ -19,6 +19,7 @@ import time
 import numpy as np
 from llvmlite import binding, ir
 from numba import carray, njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from mixrt.ops.panels._jit_atomics import address, compare_swap, fetch_add, load, pause, store
@@ -92,6 +93,12 @@ COUNT_MASK = CLOSED - 1
 SPIN_SECONDS = 50e-6  # a worker's spin before it sleeps
 RUN_SPIN_SECONDS = 500e-6  # the same while a run is in progress
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
+GETCPU_SYSCALL = 309
+# what :func:`run_starts` did: the run uses workers it found awake, woke them, left them
+# asleep (its caller takes every part), or nothing yet: its caller is on another CPU than
+# the workers were kept off (the caller places them, then starts again)
+FOUND_AWAKE, WOKEN, LEFT_ASLEEP, CALLER_MOVED = 0, 1, 2, 3
+NO_CPU_CHECK = -1  # run_starts' ``placed_off``: no placement to keep (none, or turned off)
 
 
 # -- atomics: ops/panels/_jit_atomics.py ---------------------------------------------------------
@@ -155,6 +162,24 @@ def _futex(typingctx, word, operation, value):
     return types.int64(word, types.int64, types.int32), codegen
 
 
+@intrinsic
+def _current_cpu(typingctx):
+    """The CPU the calling thread is on (the getcpu system call, inline as the futex's), or
+    -1 where the call fails."""
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        slot = cgutils.alloca_once_value(builder, ir.Constant(i32, -1))
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 4), "syscall",
+                            "={rax},{rax},{rdi},{rsi},{rdx},~{rcx},~{r11},~{memory}",
+                            side_effect=True)
+        zero = ir.Constant(i64, 0)
+        result = builder.call(call, [ir.Constant(i64, GETCPU_SYSCALL),
+                                     builder.ptrtoint(slot, i64), zero, zero])
+        cpu = builder.sext(builder.load(slot), i64)
+        return builder.select(builder.icmp_signed("<", result, zero), ir.Constant(i64, -1), cpu)
+    return types.int64(), codegen
+
+
 # -- the caller's side, called from a kernel's compiled driver ---------------------------------
 
 @_jit
@@ -195,6 +220,29 @@ def run_begins(block):
 @_jit
 def run_ends(block):
     fetch_add(block, RUNS, -1)
+
+
+@_jit
+def run_starts(block, workers, wake_if_asleep, placed_off):
+    """A planned run's start as one call (a service's request 10 ms after the last paid
+    ~100 us for the same steps as Python calls, each cold: the caller's CPU through ctypes,
+    the pool's lookup, the sleepers' count, the begin): CALLER_MOVED where the caller is
+    on another CPU than ``placed_off`` (the one the workers were last kept off, or -2 for
+    none yet; NO_CPU_CHECK: not asked), and nothing is started; else :func:`run_begins`
+    where a worker is awake (FOUND_AWAKE) or ``wake_if_asleep`` (WOKEN), and
+    :func:`alone_begins` otherwise (LEFT_ASLEEP)."""
+    if placed_off != NO_CPU_CHECK:
+        cpu = _current_cpu()
+        if cpu >= 0 and cpu != placed_off:
+            return CALLER_MOVED
+    if fetch_add(block, SLEEPERS, 0) < workers:
+        run_begins(block)
+        return FOUND_AWAKE
+    if wake_if_asleep:
+        run_begins(block)
+        return WOKEN
+    alone_begins(block)
+    return LEFT_ASLEEP
 
 
 @_jit
@@ -270,6 +318,8 @@ class Pool:
         run_ends(self.block)
         alone_begins(self.block)
         alone_ends(self.block)
+        run_starts(self.block, self.workers, True, NO_CPU_CHECK)  # a planned run's start
+        run_ends(self.block)
         native_for(self.block, 0, np.zeros(1, np.uint64), 0)
 
     def wake(self):
@@ -281,6 +331,11 @@ class Pool:
 
     def run_begins(self):
         run_begins(self.block)
+
+    def run_starts(self, wake_if_asleep: bool, placed_off: int = NO_CPU_CHECK) -> int:
+        """:func:`run_starts` on this pool: what it did (FOUND_AWAKE, WOKEN, LEFT_ASLEEP,
+        CALLER_MOVED)."""
+        return run_starts(self.block, self.workers, wake_if_asleep, placed_off)
 
     def run_ends(self):
         run_ends(self.block)

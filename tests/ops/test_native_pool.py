@@ -304,3 +304,39 @@ def test_a_run_alone_leaves_the_sleeping_worker_asleep_and_takes_every_part(pool
     assert pool.block[native.ALONE] == 0
     until_the_worker_joins(pool.block, native.JOINED, lambda: np.testing.assert_array_equal(
         _call_parts(pool, part), expected))
+
+
+def test_a_planned_runs_start_is_one_call_that_says_what_it_did(pool):
+    """``run_starts`` (a steady run's start, ops/compiled/worker_wakes.py): the caller's CPU
+    checked against the one the workers were kept off, nothing started where it differs;
+    else the run counted as run_begins or alone_begins counts it, by what it found."""
+    from mixrt.ops.panels import _jit_native_pool as native  # noqa: PLC0415  (numba)
+    here = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(here)})  # the caller stays on one CPU for the checks
+    try:
+        cpu = min(here)
+        runs, alone = pool.block[native.RUNS], pool.block[native.ALONE]
+        assert pool.run_starts(True, cpu + 1) == native.CALLER_MOVED
+        assert pool.run_starts(True, -2) == native.CALLER_MOVED  # never placed
+        assert (pool.block[native.RUNS], pool.block[native.ALONE]) == (runs, alone)
+        deadline = time.monotonic() + 10
+        while not pool.asleep():
+            assert time.monotonic() < deadline, "the idle worker never went to sleep"
+            time.sleep(0.001)
+        assert pool.run_starts(False, cpu) == native.LEFT_ASLEEP
+        assert pool.block[native.ALONE] == alone + 1 and pool.asleep()
+        pool.alone_ends()
+        wakes = pool.block[native.WAKE:native.WAKE + 1].view(np.int32)[0]
+        assert pool.run_starts(True, native.NO_CPU_CHECK) == native.WOKEN
+        assert pool.block[native.RUNS] == runs + 1
+        assert pool.block[native.WAKE:native.WAKE + 1].view(np.int32)[0] == wakes + 1
+        pool.run_ends()
+        # a worker awake (one more worker than sleep): the run uses it, whatever it would
+        # have done with them all asleep
+        assert native.run_starts(pool.block, pool.block[native.SLEEPERS] + 1, False,
+                                 cpu) == native.FOUND_AWAKE
+        assert pool.block[native.RUNS] == runs + 1
+        pool.run_ends()
+        assert pool.block[native.RUNS] == runs
+    finally:
+        os.sched_setaffinity(0, here)

@@ -10,14 +10,21 @@ from mixrt.ops.compiled.worker_wakes import LEARN, RETRY_EVERY, TRY_ALONE_BELOW_
 
 
 class FakePool:
+    """The pool's side as ``_jit_native_pool.run_starts`` answers it, the caller's CPU
+    ``cpu``."""
+
     def __init__(self):
-        self.sleeping, self.calls = True, []
+        self.sleeping, self.calls, self.cpu = True, [], 0
 
-    def asleep(self):
-        return self.sleeping
-
-    def run_begins(self):
-        self.calls.append("run_begins")
+    def run_starts(self, wake_if_asleep, placed_off=worker_wakes.NO_CPU_CHECK):
+        if placed_off != worker_wakes.NO_CPU_CHECK and self.cpu != placed_off:
+            self.calls.append("caller moved")
+            return worker_wakes.CALLER_MOVED
+        if not self.sleeping or wake_if_asleep:
+            self.calls.append("run_begins")
+            return worker_wakes.WOKEN if self.sleeping else worker_wakes.FOUND_AWAKE
+        self.calls.append("alone_begins")
+        return worker_wakes.LEFT_ASLEEP
 
     def run_ends(self):
         self.calls.append("run_ends")
@@ -93,3 +100,30 @@ def test_runs_that_find_the_workers_awake_use_them_and_are_not_timed(machine):
 def test_no_pool_loaded_means_no_token(monkeypatch):
     monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
     assert WakeChoice().begins() is None
+
+
+def test_a_pool_the_caller_keeps_is_not_looked_up(monkeypatch):
+    pool = FakePool()
+    monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
+    token = WakeChoice().begins(pool)
+    assert token[0] is pool and token[1] is True and pool.calls == ["run_begins"]
+
+
+def test_a_caller_on_another_cpu_places_the_workers_before_they_start(machine, monkeypatch):
+    pool, _ = machine
+    placed = []
+    monkeypatch.setattr(worker_wakes.placement, "keep_off_caller", lambda: placed.append(1))
+    pool.cpu = 1
+    token = WakeChoice().begins(pool, placed_off=0)
+    assert placed == [1] and pool.calls == ["caller moved", "run_begins"] and token[1] is True
+    token = WakeChoice().begins(pool, placed_off=1)  # where it was: nothing to place
+    assert placed == [1] and pool.calls[-1] == "run_begins"
+
+
+def test_the_answers_are_the_native_pools():
+    pytest.importorskip("numba")
+    from mixrt.ops.panels import _jit_native_pool as native
+    assert (worker_wakes.FOUND_AWAKE, worker_wakes.WOKEN, worker_wakes.LEFT_ASLEEP,
+            worker_wakes.CALLER_MOVED, worker_wakes.NO_CPU_CHECK) == (
+        native.FOUND_AWAKE, native.WOKEN, native.LEFT_ASLEEP, native.CALLER_MOVED,
+        native.NO_CPU_CHECK)
