@@ -106,8 +106,10 @@ def panel_kernels():
     """ops/panels/_jit_panels.py (the packed-panel tile: ops/nn/matmul_cpu.py's products,
     ops/conv/conv_direct_cpu.py's convolutions), or None where it does not pay: without AVX-512
     (its 64-byte vectors would be split in two), with MIXRT_JIT=0, without numba, or on a
-    thread running the NumPy tier."""
-    if not compiled_allowed():
+    thread running the NumPy tier. ``MIXRT_JIT`` is read as every switch is, when asked
+    (within a run, once: :func:`enabled`): loaded once, the tile was kept for a process
+    that set MIXRT_JIT=0 later, whose runs went on splitting over the native pool."""
+    if not enabled():
         return None
     if not _panels:
         with _lock:
@@ -260,8 +262,6 @@ _pools_adopted: set = set()  # native_pool_key()s whose pool's threads were adop
 
 
 def _load_panel_kernels():
-    if os.environ.get("MIXRT_JIT", "1") == "0":
-        return None
     try:
         if vector_bytes() < 64:  # the tile's 8 x 32 lanes need AVX-512's registers
             return None

@@ -871,3 +871,19 @@ def test_pools_with_more_windows_keep_their_loops(attributes, monkeypatch):
     np.testing.assert_array_equal(got, max_pool(np, x, **attributes))
     assert got.shape[2:] != (1, 1) or attributes.get("dilations")
     assert calls == []
+
+
+def test_the_panel_tile_and_its_pool_follow_mixrt_jit_as_it_is_set(monkeypatch):
+    """MIXRT_JIT is read when asked, as every switch: a process that loaded the tile and
+    sets MIXRT_JIT=0 later gets neither the tile nor the native pool, and has them back
+    when it sets it again."""
+    monkeypatch.delenv("MIXRT_JIT", raising=False)
+    loaded = jit_cpu.panel_kernels()
+    if loaded is None:
+        pytest.skip("no panel tile here (AVX-512 and numba)")
+    monkeypatch.setenv("MIXRT_JIT", "0")
+    assert jit_cpu.panel_kernels() is None and jit_cpu.native_pool() is None
+    with parallel.pinned():  # within a run, read once: the same answers
+        assert jit_cpu.panel_kernels() is None and jit_cpu.loaded_native_pool() is None
+    monkeypatch.setenv("MIXRT_JIT", "1")
+    assert jit_cpu.panel_kernels() is loaded

@@ -418,7 +418,7 @@ def test_a_weight_the_workers_stream_takes_the_split_panels_whatever_the_work(ro
 @needs_panels
 def test_panels_are_off_with_mixrt_jit_0(monkeypatch):
     monkeypatch.setenv("MIXRT_JIT", "0")
-    assert jit_cpu._load_panel_kernels() is None
+    assert jit_cpu.panel_kernels() is None
 
 
 @needs_panels
