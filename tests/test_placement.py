@@ -15,6 +15,21 @@ from mixrt.base import placement
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# a child's session of one product large enough to split over the workers: ``s``, its feed
+# ``x``
+SPLIT_PRODUCT = """
+import os, numpy as np, mixrt
+from onnx import helper, numpy_helper, TensorProto
+rng = np.random.default_rng(0)
+w = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
+graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])], [w])
+model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
+s = mixrt.Session(model.SerializeToString())
+x = rng.standard_normal((64, 256)).astype(np.float32)
+"""
+
 pytestmark = pytest.mark.skipif(not placement.supported() or len(os.sched_getaffinity(0)) < 2,
                                 reason="needs Linux's sched_setaffinity and two CPUs")
 
@@ -106,17 +121,7 @@ def test_placing_can_be_turned_off(monkeypatch, idle_worker):
 def test_runs_answer_the_same_with_workers_placed(tmp_path):
     """Placement moves threads, never results: a product split over the workers gives the
     same bits with the workers placed and not."""
-    script = """
-import os, numpy as np, mixrt
-from onnx import helper, numpy_helper, TensorProto
-rng = np.random.default_rng(0)
-w = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
-graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])], [w])
-model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
-s = mixrt.Session(model.SerializeToString())
-x = rng.standard_normal((64, 256)).astype(np.float32)
+    script = SPLIT_PRODUCT + """
 ys = [s.run(None, {"x": x})[0] for _ in range(3)]
 np.save(os.environ["OUT"], ys[-1])
 """
@@ -133,19 +138,9 @@ def test_the_steady_lane_places_the_workers_again_where_its_caller_moved():
     """A repeated request's lane checks its caller's CPU in the compiled call that starts
     the run (``_jit_native_pool.run_starts``): a caller moved to another CPU has the
     workers placed off that one before they are woken."""
-    script = """
-import os, numpy as np, mixrt
-from onnx import helper, numpy_helper, TensorProto
+    script = SPLIT_PRODUCT + """
 from mixrt.base import placement
 from mixrt.ops.compiled import jit_cpu
-rng = np.random.default_rng(0)
-w = numpy_helper.from_array(rng.standard_normal((256, 512)).astype(np.float32), "w")
-graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 256])],
-    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])], [w])
-model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)])
-s = mixrt.Session(model.SerializeToString())
-x = rng.standard_normal((64, 256)).astype(np.float32)
 first, second = sorted(os.sched_getaffinity(0))[:2]
 answers = [s.run(None, {"x": x})[0]]  # unpinned: the process's CPUs as placement finds them
 for cpu in (first, second, first):
