@@ -99,9 +99,10 @@ def keep_off_caller() -> None:
 def placed_off() -> int:
     """What a compiled check of the caller's CPU compares with (``_jit_native_pool
     .run_starts``, a planned run's start): the CPU the workers were last kept off, -2 where
-    they are not placed yet, -1 where there is nothing to place. A different one there
-    means :func:`keep_off_caller` has work to do."""
-    if not _workers or _getcpu is None:
+    they are not placed yet, -1 where there is nothing to place (or placing is turned off:
+    else every run would find its CPU "moved"). A different one there means
+    :func:`keep_off_caller` has work to do."""
+    if not _workers or _getcpu is None or setting("MIXRT_PLACE_WORKERS", "1") == "0":
         return -1
     cpu = _state["cpu"]
     return -2 if cpu is None else cpu

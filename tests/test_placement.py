@@ -116,6 +116,7 @@ def test_placing_can_be_turned_off(monkeypatch, idle_worker):
     placement._state["cpu"] = None
     placement.keep_off_caller()
     assert os.sched_getaffinity(idle_worker) == before
+    assert placement.placed_off() == -1  # a steady run's start checks no CPU then
 
 
 def test_runs_answer_the_same_with_workers_placed(tmp_path):
