@@ -24,7 +24,7 @@ from mixrt.runtime.executor import ExecutionPlan, Slot, Slots
 class ArenaMemory:
     """A session's host memory for the arenas of all its plans (one run at a time on it):
     one buffer, made larger when a plan needs more (the arenas on the smaller one keep it,
-    and its lock, until their plans go)."""
+    and its token, until their plans go)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -41,13 +41,26 @@ class ArenaMemory:
 
 
 class SharedBuffer:
-    """A buffer arenas of several plans lie on, and the lock a run holds while on it."""
+    """A buffer arenas of several plans lie on, and the token a run holds while on it:
+    ``free`` holds one item while no run is on the buffer, and a run takes it with one
+    ``list.pop`` (atomic, as the arenas' pool's), which a request 10 ms after the last
+    takes faster than a lock's try and release, cold."""
 
-    __slots__ = ("buffer", "lock")
+    __slots__ = ("buffer", "free")
 
     def __init__(self, buffer: np.ndarray):
         self.buffer = buffer
-        self.lock = threading.Lock()
+        self.free = [True]
+
+    def take(self) -> bool:
+        """Hold the buffer, where no run does (never waits)."""
+        try:
+            return self.free.pop()
+        except IndexError:
+            return False
+
+    def give_back(self) -> None:
+        self.free.append(True)
 
 
 class Arena:
@@ -71,6 +84,9 @@ class Arena:
         # (runtime/run_loop.bind_calls)
         self.bound: dict = {}
         self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
+        # (thread, jit_tier.CHANGES, native pool key, key, bound calls) of the last run
+        # that took bound calls on this arena (runtime/run_loop.settled_calls)
+        self.settled: tuple | None = None
 
 
 def _views(buffer, slots) -> dict:
@@ -101,14 +117,14 @@ def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena
         arena = None
     if arena is not None:
         shared = arena.shared
-        if shared is None or memory is not None and shared.lock.acquire(blocking=False):
+        if shared is None or memory is not None and shared.take():
             return arena
         plan.pool.append(arena)  # on a buffer that another run holds now (or may not)
         return _own_arena(plan, xp)
     if memory is None:
         return Arena(plan, xp)
     shared = memory.buffer_for(max(plan.arena_bytes, 1))
-    if shared.lock.acquire(blocking=False):
+    if shared.take():
         return Arena(plan, xp, shared)
     return Arena(plan, xp)
 
@@ -134,6 +150,7 @@ def trim_idle_calls(plans, keep: int) -> None:
             if arena.calls is not None:
                 arena.calls = None
                 arena.bound.clear()
+                arena.settled = None
                 arena.ran.clear()
 
 
@@ -153,5 +170,5 @@ def release(plan: ExecutionPlan, arena: Arena) -> None:
     if arena.shared is None:  # taken last: a run on the shared buffer comes first
         plan.pool.insert(0, arena)
         return
-    arena.shared.lock.release()
+    arena.shared.give_back()
     plan.pool.append(arena)

@@ -22,7 +22,7 @@ from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
 from mixrt.runtime.arenas import ArenaMemory, acquire, release
 from mixrt.runtime.executor import ExecutionPlan
-from mixrt.runtime.run_loop import bound_key, run_host_calls
+from mixrt.runtime.run_loop import run_bound, run_host_calls, settled_calls
 
 
 class SteadyRun:
@@ -45,11 +45,10 @@ class SteadyRun:
 
     def run(self, feeds: dict) -> list:
         """The run of ``feeds`` (the BLAS gate admits it). As Session._gated_run: IEEE
-        results without NumPy's warnings, settings read once; entered as calls rather
-        than ``with`` blocks, ~0.5 us of a one-node model's ~4."""
+        results without NumPy's warnings; entered as calls rather than ``with`` blocks,
+        ~0.5 us of a one-node model's ~4."""
         plan = self.plan
         quiet = quiet_enter()
-        parallel.pin()
         try:
             arena = acquire(plan, np, self._memory)
             try:
@@ -57,23 +56,41 @@ class SteadyRun:
                 env.update(feeds)
                 for name in self._texts:  # as Session._checked_feed converts them
                     env[name] = feeds[name].astype(object)
-                key = bound_key(plan, env)
-                # up by the first kernel, spinning until the run ends, unless asleep and
-                # faster left so
-                workers = self._workers_begin(key) if plan.wakes_workers else None
-                try:
-                    run_host_calls(arena, plan, env, key)
-                finally:
-                    if workers is not None:
-                        plan.wake_choice.ends(workers)
-                if not plan.wakes_workers and jit_cpu.native_job_noted():
-                    plan.wakes_workers = True  # the next run wakes them as it begins
+                key, bound, plain = settled_calls(arena, plan, env)
+                if plain and not plan.wakes_workers:
+                    # settled calls, all bound: their settings were read as they were
+                    # bound, and no native worker is woken, so no parallel.pinned block
+                    # (its thread-local, ~10 us of a request 10 ms after the last, cold)
+                    run_bound(bound, env, arena.buffer)
+                else:
+                    self._run_pinned(bound, env, arena, key)
                 return self._take_outputs(env)
             finally:
                 release(plan, arena)
         finally:
-            parallel.unpin()
             quiet_exit(quiet)
+
+    def _run_pinned(self, bound, env: dict, arena, key: tuple) -> None:
+        """The kernels' calls in a ``parallel.pinned`` block (their settings read once),
+        the workers woken as the run begins where the plan learnt to (and learning it)."""
+        plan = self.plan
+        parallel.pin()
+        try:
+            # up by the first kernel, spinning until the run ends, unless asleep and
+            # faster left so
+            workers = self._workers_begin(key) if plan.wakes_workers else None
+            try:
+                if bound is not None:
+                    run_bound(bound, env, arena.buffer)
+                else:
+                    run_host_calls(arena, plan, env, key)
+            finally:
+                if workers is not None:
+                    plan.wake_choice.ends(workers)
+            if not plan.wakes_workers and jit_cpu.native_job_noted():
+                plan.wakes_workers = True  # the next run wakes them as it begins
+        finally:
+            parallel.unpin()
 
     def _workers_begin(self, key: tuple):
         """The workers' side of the run's start (``plan.wake_choice``), the pool this

@@ -216,8 +216,12 @@ def test_a_sessions_plans_lie_on_one_warm_buffer():
     assert largest.shared is not None
     assert all(arena.shared is largest.shared for arena in smaller)
     assert all(np.shares_memory(arena.buffer, largest.buffer) for arena in smaller)
-    with largest.shared.lock:  # taken, as by a run on another thread
+    assert largest.shared.take()  # taken, as by a run on another thread
+    try:
+        assert not largest.shared.take()  # one run at a time
         taken = arena_of(2, own=True)
+    finally:
+        largest.shared.give_back()
     lent = arena_of(3, lent=True, own=True)
     for arena in (taken, lent):
         assert not np.shares_memory(arena.buffer, largest.buffer)

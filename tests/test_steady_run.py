@@ -157,6 +157,51 @@ def test_threads_share_the_lane(lane_runs):
     assert len(lane_runs) == 80
 
 
+def test_a_run_takes_its_last_runs_bound_calls_until_what_they_were_bound_under_changes(
+        monkeypatch):
+    """The lane takes the bound calls its last run took without asking again what they
+    were bound under (the thread's tier and scratch buffers, the native pool's settings,
+    the feeds' layout), until any of those may have changed: a change of any thread's
+    tier or scratch buffers (jit_tier.CHANGES), another thread, other settings, feeds out
+    of order. Every run answers as the full path does."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    from mixrt.runtime import run_loop  # noqa: PLC0415
+    asked = []  # a bound_key per run that asked what its calls are bound under
+    real_key = run_loop.bound_key
+    monkeypatch.setattr(run_loop, "bound_key", lambda *a: asked.append(1) or real_key(*a))
+    session = mixrt.Session(_model().SerializeToString())
+
+    def asks(feeds) -> bool:
+        """Did a run of ``feeds`` ask for its key? (It answers as the full path does.)"""
+        del asked[:]
+        for got, want in zip(session.run(None, feeds), _expected(feeds["x"])):
+            np.testing.assert_array_equal(got, want)
+        return bool(asked)
+
+    for seed in range(4):  # planned, run unbound, bound, settled
+        asks(_feeds(5, seed))
+    assert not asks(_feeds(5, 9))
+    jit_tier.note_change()  # any thread's tier or scratch buffers
+    assert asks(_feeds(5, 10)) and not asks(_feeds(5, 11))
+    with jit_tier.using(False):  # this thread's tier, changed and back: asked again
+        pass
+    assert asks(_feeds(5, 12)) and not asks(_feeds(5, 13))
+    with jit_tier.using(True):  # no change
+        pass
+    assert not asks(_feeds(5, 14))
+    columns = np.asfortranarray(_feeds(5, 15)["x"])  # out of order: never settled
+    assert asks({"x": columns}) and asks({"x": columns})
+    assert not asks(_feeds(5, 16))
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "1")  # another native pool
+    assert asks(_feeds(5, 17))
+    monkeypatch.delenv("MIXRT_INTRA_OP_THREADS")
+    assert not asks(_feeds(5, 18))  # the settings those calls were bound under, again
+    # another thread (where runs are carried out depends on the BLAS gate's state, so
+    # the thread's id is what changes here)
+    monkeypatch.setattr(run_loop, "get_ident", lambda: -1)
+    assert asks(_feeds(5, 19)) and asks(_feeds(5, 20))
+
+
 def test_a_bad_feed_still_gets_the_full_paths_error():
     session = mixrt.Session(_model().SerializeToString())
     session.run(None, _feeds(2, 0))

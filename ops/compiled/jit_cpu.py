@@ -35,7 +35,7 @@ import numpy as np
 from mixrt.base import placement
 from mixrt.base.settings import process_id, setting
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
-from mixrt.ops.compiled.jit_tier import compiled_allowed
+from mixrt.ops.compiled.jit_tier import compiled_allowed, note_change
 from mixrt.ops.compiled.parallel import pinned_values
 from mixrt.ops.compiled.prebuilt import LEVEL_VECTOR_BYTES
 from mixrt.ops.device import aligned_empty
@@ -305,6 +305,7 @@ def _scratch_view(name, dtype, shape) -> tuple:
         array = held[key] = aligned_empty(size * np.dtype(dtype).itemsize).view(dtype)
         _thread_kits().clear()  # they may hold the old buffer: rebuilt from the new one
         _kits.generation = scratch_generation() + 1
+        note_change()  # what a run's bound calls hold: asked again (jit_tier.CHANGES)
         views.clear()  # views of the old buffer
     view = array[:size].reshape(shape)
     found = views[(name, dtype, shape)] = view, view.__array_interface__["data"][0]

@@ -48,16 +48,40 @@ def compiled_allowed() -> bool:
     return _local.compiled
 
 
+# -- what bound calls were bound under, changed ----------------------------------------------
+#
+# A run's bound calls (ops/compiled/bound_calls.py) are kept by what they were bound under:
+# the tier, the thread, its scratch buffers, the native pool (runtime/run_loop.bound_key).
+# Two of those are thread-locals, and a request 10 ms after the last spent ~15-25 us reading
+# them cold (a thread-local's code and data, out of the caches by then; the kernels of a
+# small model's whole run take ~150-190 us so). Nearly always they are what they were at the
+# run before, so they are noted as *changed* instead, process-wide: every change of a
+# thread's tier or scratch buffers adds one here, and a run on the same thread that finds
+# the count as it was may take its last run's bound calls (``runtime/run_loop.settled_calls``).
+# A change on another thread counts too: such a run then asks again, as before. Two threads
+# adding at once may lose one of the two additions, never both, so the count still moves.
+CHANGES = [0]
+
+
+def note_change() -> None:
+    """A thread's tier or scratch buffers changed (see ``CHANGES``)."""
+    CHANGES[0] += 1
+
+
 @contextlib.contextmanager
 def using(compiled: bool, misses: list | None = None):
     """Run the block with the compiled tier allowed (True) or off (False) on this thread;
     ``misses``: a caller's :func:`loading_only` list, which the block shares."""
     before = _local.compiled, _local.misses
     _local.compiled, _local.misses = compiled, misses
+    if compiled != before[0]:
+        note_change()
     try:
         yield
     finally:
         _local.compiled, _local.misses = before
+        if compiled != before[0]:
+            note_change()
 
 
 @contextlib.contextmanager
