@@ -17,7 +17,8 @@ from mixrt.base import run_options
 from mixrt.base.errors import ExecutionError, MixrtError, RunTerminated
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
+from mixrt.ops.compiled.bound_calls import (binder_for, binds_fresh, binds_several, binds_silent,
+                                            reads_feed_at)
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.arenas import Arena
 from mixrt.runtime.call_forms import arena_calls as _calls, node_state
@@ -116,8 +117,9 @@ def run_bound(bound: list, env: dict, buffer) -> None:
 
 
 def settled_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> tuple:
-    """(:func:`bound_key` of this run, the arena's bound calls for it or None, whether they
-    are *settled* and every step of them is a bound call), for the steady lane.
+    """(:func:`bound_key` of this run, the arena's bound calls for it or None, what they
+    are made of where they are *settled*, else :data:`SOME_UNBOUND`), for the steady
+    lane.
 
     Settled: this thread's last run on the arena took the same bound calls, and nothing
     they were bound under can have changed since (the same thread, no thread's tier or
@@ -132,18 +134,27 @@ def settled_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> tuple:
     key = bound_key(plan, env)
     bound = arena.bound.get(key)
     if bound is not None and key[-1]:
-        arena.settled = (key[1], changes, key[2], key, bound, _all_bound(bound))
-    return key, bound, False
+        arena.settled = (key[1], changes, key[2], key, bound, _made_of(bound))
+    return key, bound, SOME_UNBOUND
 
 
-def _all_bound(calls: list) -> bool:
-    """Is every step a bound call, a segment of them, or a known-shape reshape (no
-    kernel's own route, which may read settings through ``parallel.pinned``)?"""
-    for call in calls:
+# what a settled bound list is made of (settled_calls' third answer)
+SOME_UNBOUND = 0  # a step calls its kernel's own route
+ALL_BOUND = 1  # every step a bound call, a segment of them, or a known-shape reshape
+ALL_SILENT = 2  # and every bound call raises no NumPy warning (bound_calls.binds(silent))
+
+
+def _made_of(calls: list) -> int:
+    """:data:`SOME_UNBOUND`, :data:`ALL_BOUND` or :data:`ALL_SILENT` for ``calls``. An
+    unbound step's route may read settings through ``parallel.pinned``."""
+    silent = True
+    for call in each_call(calls):
         form = call[4]
         if form is None or form[0] >= 0 and form[-1] is None:
-            return False
-    return True
+            return SOME_UNBOUND
+        if form[0] >= 0 and not binds_silent(call[0].fn):
+            silent = False
+    return ALL_SILENT if silent else ALL_BOUND
 
 
 def bound_key(plan: ExecutionPlan, env: dict) -> tuple:

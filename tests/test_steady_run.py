@@ -202,6 +202,51 @@ def test_a_run_takes_its_last_runs_bound_calls_until_what_they_were_bound_under_
     assert asks(_feeds(5, 19)) and asks(_feeds(5, 20))
 
 
+def _pipeline_model():
+    """Scaler then Normalizer, as a scikit-learn pipeline's: kernels whose bound calls
+    raise no NumPy warning (bound_calls.binds(silent=True))."""
+    nodes = [helper.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml",
+                              offset=[0.5, -1.0, 2.0, 0.0], scale=[2.0, 0.5, -1.0, 3.0]),
+             helper.make_node("Normalizer", ["s"], ["y"], domain="ai.onnx.ml", norm="L1")]
+    graph = helper.make_graph(
+        nodes, "pipeline", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+def test_numpys_error_state_is_quieted_unless_every_settled_step_is_silent(monkeypatch):
+    """A settled run whose every step is a bound call that raises no NumPy warning enters
+    no quiet error state; any other run does, so an overflow in a NumPy step still warns
+    nothing, run after run, as on the full path."""
+    import warnings  # noqa: PLC0415
+    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
+    from mixrt.runtime import steady_run  # noqa: PLC0415
+    quieted = []
+    real_enter = steady_run.quiet_enter
+    monkeypatch.setattr(steady_run, "quiet_enter", lambda: quieted.append(1) or real_enter())
+    pipeline = mixrt.Session(_pipeline_model().SerializeToString())
+    pipeline.wait_compiled()
+    x = np.random.default_rng(4).normal(size=(3, 4)).astype(np.float32)
+    rows = (x - np.float32([0.5, -1.0, 2.0, 0.0])) * np.float32([2.0, 0.5, -1.0, 3.0])
+    for _ in range(6):
+        del quieted[:]
+        (y,) = pipeline.run(None, {"x": x})
+        np.testing.assert_allclose(y, rows / np.abs(rows).sum(axis=1, keepdims=True),
+                                   rtol=1e-6)
+    if jit_cpu.enabled():  # the compiled kernels are bound: the last runs settled
+        assert not quieted
+    session = mixrt.Session(_model().SerializeToString())
+    huge = np.full((2, 4), 3e38, np.float32)  # relu(x) * 2 overflows in NumPy's multiply
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for run in range(6):
+            del quieted[:]
+            y, _ = session.run(None, {"x": huge})
+            assert np.isinf(y[:, 0]).all()
+            assert quieted or run == 0  # the first run takes the full path
+
+
 def test_a_bad_feed_still_gets_the_full_paths_error():
     session = mixrt.Session(_model().SerializeToString())
     session.run(None, _feeds(2, 0))

@@ -41,10 +41,11 @@ _TAKES_FEEDS: dict = {}
 ALL_INPUTS = None
 _SEVERAL: set = set()  # kernels whose binder takes several outputs' views (binds(several=True))
 _FRESH: set = set()  # kernels whose bound call makes its outputs (binds(fresh=True))
+_SILENT: set = set()  # kernels whose bound call raises no NumPy warning (binds(silent=True))
 
 
 def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False,
-          fresh: bool = False) -> Callable:
+          fresh: bool = False, silent: bool = False) -> Callable:
     """Register ``binder(args, out, attributes) -> call | None`` for these CPU kernels.
 
     ``feeds``: the closure reads its inputs as it is given them on each call (it keeps no
@@ -63,7 +64,13 @@ def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False
     graph output the kernel makes, as a classifier's label and scores), with ``out`` None;
     its closure makes new arrays on every call, as the kernel does, and returns them (a
     tuple for several outputs). What it settles once is the route: a scikit-learn
-    classifier's one-row call spent ~1.3 us of its ~2.7 in the kernel's checks and lookups."""
+    classifier's one-row call spent ~1.3 us of its ~2.7 in the kernel's checks and lookups.
+
+    ``silent``: the closure calls no NumPy ufunc (compiled kernels, ``np.dot``, allocation,
+    reshapes and indexing only), so it raises no floating-point warning whatever NumPy's
+    error state: a steady run whose every step is such a call does not enter NumPy's
+    quiet state (``runtime/steady_run.py``; a context variable set and reset, ~15 us of a
+    request 10 ms after the last, cold)."""
     def register(binder: Callable) -> Callable:
         for kernel in kernels:
             _BINDERS[kernel] = binder
@@ -73,6 +80,8 @@ def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False
                 _SEVERAL.add(kernel)
             if fresh:
                 _FRESH.add(kernel)
+            if silent:
+                _SILENT.add(kernel)
         return binder
     return register
 
@@ -81,6 +90,11 @@ def binds_fresh(kernel: Callable) -> bool:
     """Does ``kernel``'s binder bind steps whose outputs have no view (:func:`binds`
     ``fresh``)?"""
     return kernel in _FRESH
+
+
+def binds_silent(kernel: Callable) -> bool:
+    """Does ``kernel``'s bound call raise no NumPy warning (:func:`binds` ``silent``)?"""
+    return kernel in _SILENT
 
 
 def binds_several(kernel: Callable) -> bool:

@@ -232,7 +232,7 @@ def _float32_like_input(X, *_, **__):
 normalizer.infer(_float32_like_input)
 
 
-@binds(normalizer.fn, feeds=True)  # its planned call, bound once per arena (bound_calls)
+@binds(normalizer.fn, feeds=True, silent=True)  # its planned call, bound once per arena (bound_calls)
 def bind_normalizer(args, out, attributes):
     """The compiled rows' kernel into ``out`` where the kernel takes it (float32 rows
     [N, F], contiguous), without its checks: a TF-IDF pipeline's one-document run spent
@@ -287,7 +287,7 @@ def _float32_rows_view(out, rows) -> bool:
         and out.flags.c_contiguous
 
 
-@binds(scaler.fn, feeds=True)  # its planned call, bound once per arena (bound_calls)
+@binds(scaler.fn, feeds=True, silent=True)  # its planned call, bound once per arena (bound_calls)
 def bind_scaler(args, out, attributes):
     """The compiled kernel into ``out`` where the node's model takes these arrays, without
     its checks (a scikit-learn pipeline's StandardScaler at one row: ~3 us a run)."""

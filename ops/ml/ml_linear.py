@@ -131,7 +131,7 @@ class _LinearClassifier:
         return xp.asarray(self.labels)[chosen]
 
 
-@binds(linear_classifier.fn, feeds=True, fresh=True)  # bound once per arena (bound_calls)
+@binds(linear_classifier.fn, feeds=True, fresh=True, silent=True)  # bound once per arena (bound_calls)
 def bind_linear_classifier(args, out, attributes):
     """The compiled scores and label of float32 rows as ``_LinearClassifier.run`` computes
     them, its tables, kernel and labels settled once: a new label and score array each call

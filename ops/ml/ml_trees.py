@@ -394,7 +394,8 @@ class _Regressor:
         return post_transform_scores(xp, scores, self.post_transform).astype(np.float32)
 
 
-@binds(tree_ensemble_classifier.fn, tree_ensemble_regressor.fn, feeds=True, fresh=True)
+@binds(tree_ensemble_classifier.fn, tree_ensemble_regressor.fn, feeds=True, fresh=True,
+       silent=True)
 def bind_tree_request(args, out, attributes):
     """The node's request path (ops/ml/tree_requests.py) where it takes these rows: what it
     checks of them is fixed for the bound call (the dtype, shape and layout of a bound run's
