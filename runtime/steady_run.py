@@ -102,13 +102,20 @@ class SteadyRun:
         """The workers' side of the run's start (``plan.wake_choice``), the pool this
         lane keeps for the run's tier and settings (looked up, it was ~50 us of a request
         10 ms after the last); the caller's CPU is checked in the same compiled call, and
-        the workers kept off it where it moved (``base/placement.py``)."""
+        the workers kept off it where it moved (``base/placement.py``). Where these
+        settings have no pool, the plan stops waking workers (with one thread, a MLP's
+        run looked for the pool at every run, ~450 us a request 10 ms apart)."""
         found = (key[0], key[2])
         pool = self._pools.get(found)
         if pool is None:
             pool = jit_cpu.loaded_native_pool()
             if pool is None:  # no native pool (yet): OpenBLAS's threads may want placing
                 placement.keep_off_caller()
+                if jit_cpu.panel_kernels_loaded():
+                    # none for these settings (one thread, MIXRT_NATIVE_POOL=0): nothing
+                    # to wake, and the run may be unpinned; a run under other settings
+                    # learns again (its calls are not settled then)
+                    self.plan.wakes_workers = False
                 return None
             self._pools[found] = pool
         return self.plan.wake_choice.begins(pool, placement.placed_off())

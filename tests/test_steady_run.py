@@ -329,3 +329,33 @@ def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monke
     assert len(state["woken"]) >= LEARN, state
     woken = sorted(state["woken"])[len(state["woken"]) // 2]
     assert (len(state["alone"]) >= LEARN) == (woken < TRY_ALONE_BELOW_S), state
+
+
+def test_a_plan_stops_waking_workers_where_its_settings_have_none(monkeypatch):
+    """With one intra-op thread there is no native pool: a plan that would wake its
+    workers learns there are none (its lane looked for the pool on every run), and its
+    runs answer as before."""
+    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
+    from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    if jit_cpu.native_pool() is None:
+        pytest.skip("no native worker pool here (no panel kernels)")
+    model, w = _product_model()
+    session = mixrt.Session(model.SerializeToString())
+    x = np.random.default_rng(5).normal(size=(48, w.shape[0])).astype(np.float32)
+    session.run(None, {"x": x})
+    assert session.wait_compiled(timeout=600)
+    for _ in range(3):
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-4, atol=1e-3)
+    lane = session._steady_runs[feed_key({"x": x})]
+    if not lane.plan.wakes_workers:
+        pytest.skip("this machine's product of that size did not split")
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "1")
+    looked = []
+    real = jit_cpu.loaded_native_pool
+    monkeypatch.setattr(jit_cpu, "loaded_native_pool", lambda: looked.append(1) or real())
+    for run in range(4):
+        del looked[:]
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-4, atol=1e-3)
+    assert not lane.plan.wakes_workers
+    assert not looked  # the last runs looked for no pool

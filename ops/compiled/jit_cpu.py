@@ -198,9 +198,15 @@ def forget_native_job() -> None:
 def loaded_native_pool():
     """:func:`native_pool` once this process has loaded the panel kernels, else None
     (without loading them: a run of no split kernel has no use for them)."""
-    if "mixrt.ops.panels._jit_panels" not in sys.modules:
+    if not panel_kernels_loaded():
         return None
     return native_pool()
+
+
+def panel_kernels_loaded() -> bool:
+    """Has this process loaded the panel kernels (so that :func:`native_pool`'s None means
+    no pool for these settings, not one not made yet)?"""
+    return "mixrt.ops.panels._jit_panels" in sys.modules
 
 
 def native_run_begins():
