@@ -22,7 +22,8 @@ from mixrt.ops.compiled import jit_cpu, parallel
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
 from mixrt.runtime.arenas import ArenaMemory, acquire, release
 from mixrt.runtime.executor import ExecutionPlan
-from mixrt.runtime.run_loop import ALL_SILENT, run_bound, run_host_calls, settled_calls
+from mixrt.runtime.run_loop import (ALL_SILENT, SOME_UNBOUND, run_bound, run_host_calls,
+                                   settled_calls)
 
 
 class SteadyRun:
@@ -55,35 +56,42 @@ class SteadyRun:
             for name in self._texts:  # as Session._checked_feed converts them
                 env[name] = feeds[name].astype(object)
             key, bound, made_of = settled_calls(arena, plan, env)
-            if made_of == ALL_SILENT and not plan.wakes_workers:
-                # settled calls, each a bound call that raises no NumPy warning: nothing
-                # to quiet (a context variable set and reset, ~15 us of a request 10 ms
-                # after the last, cold), nor to pin (below)
-                run_bound(bound, env, arena.buffer)
+            if made_of == SOME_UNBOUND:
+                self._run_pinned(bound, env, arena, key)
             else:
-                quiet = quiet_enter()
-                try:
-                    if made_of and not plan.wakes_workers:
-                        # settled calls, all bound: their settings were read as they
-                        # were bound, and no native worker is woken, so no
-                        # parallel.pinned block (its thread-local, ~10 us cold)
-                        run_bound(bound, env, arena.buffer)
-                    else:
-                        self._run_pinned(bound, env, arena, key)
-                finally:
-                    quiet_exit(quiet)
+                self._run_settled(bound, env, arena, key, made_of)
             return self._take_outputs(env)
         finally:
             release(plan, arena)
 
-    def _run_pinned(self, bound, env: dict, arena, key: tuple) -> None:
-        """The kernels' calls in a ``parallel.pinned`` block (their settings read once),
-        the workers woken as the run begins where the plan learnt to (and learning it)."""
-        plan = self.plan
-        parallel.pin()
+    def _run_settled(self, bound: list, env: dict, arena, key: tuple, made_of: int) -> None:
+        """Settled calls, every step bound (``run_loop.settled_calls``): their settings were
+        read as they were bound, and the plan learnt whether to wake the workers in the
+        runs before, so no ``parallel.pinned`` block is entered (its thread-local, ~10 us
+        of a request 10 ms after the last, cold); where every call is silent, no NumPy
+        quiet error state either (a context variable set and reset, ~15 us cold)."""
+        quiet = None if made_of == ALL_SILENT else quiet_enter()
         try:
             # up by the first kernel, spinning until the run ends, unless asleep and
             # faster left so
+            workers = self._workers_begin(key) if self.plan.wakes_workers else None
+            try:
+                run_bound(bound, env, arena.buffer)
+            finally:
+                if workers is not None:
+                    self.plan.wake_choice.ends(workers)
+        finally:
+            if quiet is not None:
+                quiet_exit(quiet)
+
+    def _run_pinned(self, bound, env: dict, arena, key: tuple) -> None:
+        """The kernels' calls in NumPy's quiet error state and a ``parallel.pinned`` block
+        (their settings read once), the workers woken as the run begins where the plan
+        learnt to, and learning it."""
+        plan = self.plan
+        quiet = quiet_enter()
+        parallel.pin()
+        try:
             workers = self._workers_begin(key) if plan.wakes_workers else None
             try:
                 if bound is not None:
@@ -97,6 +105,7 @@ class SteadyRun:
                 plan.wakes_workers = True  # the next run wakes them as it begins
         finally:
             parallel.unpin()
+            quiet_exit(quiet)
 
     def _workers_begin(self, key: tuple):
         """The workers' side of the run's start (``plan.wake_choice``), the pool this
