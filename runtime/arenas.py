@@ -85,7 +85,7 @@ class Arena:
         self.bound: dict = {}
         self.ran: set = set()  # the keys of bound that ran unbound once (bound at the next)
         # (thread, jit_tier.CHANGES, native pool key, key, bound calls) of the last run
-        # that took bound calls on this arena (runtime/run_loop.settled_calls)
+        # that took bound calls on this arena (runtime/steady_run.settled_calls)
         self.settled: tuple | None = None
 
 

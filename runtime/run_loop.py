@@ -9,7 +9,6 @@ import math
 import os
 import threading
 from collections import ChainMap
-from threading import get_ident
 
 import numpy as np
 
@@ -17,8 +16,7 @@ from mixrt.base import run_options
 from mixrt.base.errors import ExecutionError, MixrtError, RunTerminated
 from mixrt.ops import device_checks
 from mixrt.ops.compiled import jit_cpu, jit_tier
-from mixrt.ops.compiled.bound_calls import (binder_for, binds_fresh, binds_several, binds_silent,
-                                            reads_feed_at)
+from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.arenas import Arena
 from mixrt.runtime.call_forms import arena_calls as _calls, node_state
@@ -108,53 +106,12 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
 
 
 def run_bound(bound: list, env: dict, buffer) -> None:
-    """:func:`run_host_calls` of an arena's bound calls, as :func:`settled_calls` found
-    them."""
+    """:func:`run_host_calls` of an arena's bound calls, as the steady lane found them
+    settled (``steady_run.settled_calls``)."""
     if run_options.current() is None:
         _run_host_calls(bound, env, buffer)
     else:
         _run_host_calls_limited(bound, env, buffer)
-
-
-def settled_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> tuple:
-    """(:func:`bound_key` of this run, the arena's bound calls for it or None, what they
-    are made of where they are *settled*, else :data:`SOME_UNBOUND`), for the steady
-    lane.
-
-    Settled: this thread's last run on the arena took the same bound calls, and nothing
-    they were bound under can have changed since (the same thread, no thread's tier or
-    scratch buffers changed, ``jit_tier.CHANGES``; the native pool's settings as they
-    were; the feeds in order). That run's key and calls are taken without the key's
-    thread-locals and its lookup (~35 us of a request 10 ms after the last, cold)."""
-    changes = jit_tier.CHANGES[0]  # read first: a change made meanwhile is seen next time
-    settled = arena.settled
-    if settled is not None and settled[0] == get_ident() and settled[1] == changes \
-            and settled[2] == jit_cpu.native_pool_key() and _feeds_in_order(plan, env):
-        return settled[3], settled[4], settled[5]
-    key = bound_key(plan, env)
-    bound = arena.bound.get(key)
-    if bound is not None and key[-1]:
-        arena.settled = (key[1], changes, key[2], key, bound, _made_of(bound))
-    return key, bound, SOME_UNBOUND
-
-
-# what a settled bound list is made of (settled_calls' third answer)
-SOME_UNBOUND = 0  # a step calls its kernel's own route
-ALL_BOUND = 1  # every step a bound call, a segment of them, or a known-shape reshape
-ALL_SILENT = 2  # and every bound call raises no NumPy warning (bound_calls.binds(silent))
-
-
-def _made_of(calls: list) -> int:
-    """:data:`SOME_UNBOUND`, :data:`ALL_BOUND` or :data:`ALL_SILENT` for ``calls``. An
-    unbound step's route may read settings through ``parallel.pinned``."""
-    silent = True
-    for call in each_call(calls):
-        form = call[4]
-        if form is None or form[0] >= 0 and form[-1] is None:
-            return SOME_UNBOUND
-        if form[0] >= 0 and not binds_silent(call[0].fn):
-            silent = False
-    return ALL_SILENT if silent else ALL_BOUND
 
 
 def bound_key(plan: ExecutionPlan, env: dict) -> tuple:
@@ -162,10 +119,10 @@ def bound_key(plan: ExecutionPlan, env: dict) -> tuple:
     settings and process, the thread's scratch buffers, whether the feeds are in order);
     its first and third items are what the native pool is found by."""
     return (jit_tier.compiled_allowed(), threading.get_ident(), jit_cpu.native_pool_key(),
-            jit_cpu.scratch_generation(), _feeds_in_order(plan, env))
+            jit_cpu.scratch_generation(), feeds_in_order(plan, env))
 
 
-def _feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:
+def feeds_in_order(plan: ExecutionPlan, env: dict) -> bool:
     """Is every feed of the run a C-contiguous, aligned array (what a bound call that
     reads feeds was bound on, ``bound_calls.binds(feeds=True)``)?"""
     for name, _ in plan.signature:

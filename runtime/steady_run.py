@@ -9,21 +9,27 @@ dict copied per run instead of two merged), so such a run is the arena, the kern
 outputs. ``Session.run`` takes the lane when the feeds' key matches and no profiler records
 (``mixrt.profiler`` may start at any time); anything else takes the full path, which sets up
 the lane again for the feeds it last saw. A one-node model's run: ~1.5 us of ~8 less.
+
+A run whose arena's last run took bound calls takes them again while nothing they were
+bound under can have changed (:func:`settled_calls`), and then enters no pinned block, nor
+NumPy's quiet error state where every call is silent: a request paced 10 ms apart meets
+each of those cold (docs/execution.md, "Settled calls").
 """
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import Callable
 
 import numpy as np
 
 from mixrt.base import placement
-from mixrt.ops.compiled import jit_cpu, parallel
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
+from mixrt.ops.compiled.bound_calls import binds_silent
 from mixrt.ops.elementwise.elementwise import quiet_enter, quiet_exit
-from mixrt.runtime.arenas import ArenaMemory, acquire, release
+from mixrt.runtime.arenas import Arena, ArenaMemory, acquire, release
 from mixrt.runtime.executor import ExecutionPlan
-from mixrt.runtime.run_loop import (ALL_SILENT, SOME_UNBOUND, run_bound, run_host_calls,
-                                   settled_calls)
+from mixrt.runtime.run_loop import bound_key, each_call, feeds_in_order, run_bound, run_host_calls
 
 
 class SteadyRun:
@@ -65,7 +71,7 @@ class SteadyRun:
             release(plan, arena)
 
     def _run_settled(self, bound: list, env: dict, arena, key: tuple, made_of: int) -> None:
-        """Settled calls, every step bound (``run_loop.settled_calls``): their settings were
+        """Settled calls, every step bound (:func:`settled_calls`): their settings were
         read as they were bound, and the plan learnt whether to wake the workers in the
         runs before, so no ``parallel.pinned`` block is entered (its thread-local, ~10 us
         of a request 10 ms after the last, cold); where every call is silent, no NumPy
@@ -128,3 +134,44 @@ class SteadyRun:
                 return None
             self._pools[found] = pool
         return self.plan.wake_choice.begins(pool, placement.placed_off())
+
+
+def settled_calls(arena: Arena, plan: ExecutionPlan, env: dict) -> tuple:
+    """(:func:`bound_key` of this run, the arena's bound calls for it or None, what they
+    are made of where they are *settled*, else :data:`SOME_UNBOUND`), for the steady
+    lane.
+
+    Settled: this thread's last run on the arena took the same bound calls, and nothing
+    they were bound under can have changed since (the same thread, no thread's tier or
+    scratch buffers changed, ``jit_tier.CHANGES``; the native pool's settings as they
+    were; the feeds in order). That run's key and calls are taken without the key's
+    thread-locals and its lookup (~35 us of a request 10 ms after the last, cold)."""
+    changes = jit_tier.CHANGES[0]  # read first: a change made meanwhile is seen next time
+    settled = arena.settled
+    if settled is not None and settled[0] == get_ident() and settled[1] == changes \
+            and settled[2] == jit_cpu.native_pool_key() and feeds_in_order(plan, env):
+        return settled[3], settled[4], settled[5]
+    key = bound_key(plan, env)
+    bound = arena.bound.get(key)
+    if bound is not None and key[-1]:
+        arena.settled = (key[1], changes, key[2], key, bound, _made_of(bound))
+    return key, bound, SOME_UNBOUND
+
+
+# what a settled bound list is made of (settled_calls' third answer)
+SOME_UNBOUND = 0  # a step calls its kernel's own route
+ALL_BOUND = 1  # every step a bound call, a segment of them, or a known-shape reshape
+ALL_SILENT = 2  # and every bound call raises no NumPy warning (bound_calls.binds(silent))
+
+
+def _made_of(calls: list) -> int:
+    """:data:`SOME_UNBOUND`, :data:`ALL_BOUND` or :data:`ALL_SILENT` for ``calls``. An
+    unbound step's route may read settings through ``parallel.pinned``."""
+    silent = True
+    for call in each_call(calls):
+        form = call[4]
+        if form is None or form[0] >= 0 and form[-1] is None:
+            return SOME_UNBOUND
+        if form[0] >= 0 and not binds_silent(call[0].fn):
+            silent = False
+    return ALL_SILENT if silent else ALL_BOUND

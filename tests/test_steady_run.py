@@ -165,10 +165,10 @@ def test_a_run_takes_its_last_runs_bound_calls_until_what_they_were_bound_under_
     tier or scratch buffers (jit_tier.CHANGES), another thread, other settings, feeds out
     of order. Every run answers as the full path does."""
     from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
-    from mixrt.runtime import run_loop  # noqa: PLC0415
+    from mixrt.runtime import steady_run  # noqa: PLC0415
     asked = []  # a bound_key per run that asked what its calls are bound under
-    real_key = run_loop.bound_key
-    monkeypatch.setattr(run_loop, "bound_key", lambda *a: asked.append(1) or real_key(*a))
+    real_key = steady_run.bound_key
+    monkeypatch.setattr(steady_run, "bound_key", lambda *a: asked.append(1) or real_key(*a))
     session = mixrt.Session(_model().SerializeToString())
 
     def asks(feeds) -> bool:
@@ -198,7 +198,7 @@ def test_a_run_takes_its_last_runs_bound_calls_until_what_they_were_bound_under_
     assert not asks(_feeds(5, 18))  # the settings those calls were bound under, again
     # another thread (where runs are carried out depends on the BLAS gate's state, so
     # the thread's id is what changes here)
-    monkeypatch.setattr(run_loop, "get_ident", lambda: -1)
+    monkeypatch.setattr(steady_run, "get_ident", lambda: -1)
     assert asks(_feeds(5, 19)) and asks(_feeds(5, 20))
 
 

@@ -57,7 +57,7 @@ def compiled_allowed() -> bool:
 # small model's whole run take ~150-190 us so). Nearly always they are what they were at the
 # run before, so they are noted as *changed* instead, process-wide: every change of a
 # thread's tier or scratch buffers adds one here, and a run on the same thread that finds
-# the count as it was may take its last run's bound calls (``runtime/run_loop.settled_calls``).
+# the count as it was may take its last run's bound calls (``runtime/steady_run.settled_calls``).
 # A change on another thread counts too: such a run then asks again, as before. Two threads
 # adding at once may lose one of the two additions, never both, so the count still moves.
 CHANGES = [0]

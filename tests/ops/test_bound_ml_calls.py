@@ -94,7 +94,7 @@ def test_bound_scaler_gives_the_kernels_values_run_after_run(tmp_path, offset, s
 
 def test_a_bound_call_reading_a_feed_is_taken_only_for_feeds_in_c_order(tmp_path):
     """Scaler as a pipeline's first node reads the feed: bound while the feeds are
-    C-contiguous and aligned (run_loop._feeds_in_order), the kernel's route for a strided
+    C-contiguous and aligned (run_loop.feeds_in_order), the kernel's route for a strided
     feed of the same shape, and both give the same values."""
     graph = helper.make_graph(
         [helper.make_node("Scaler", ["x"], ["scaled"], domain="ai.onnx.ml",
