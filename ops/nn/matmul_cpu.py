@@ -297,7 +297,7 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=()):
     call = panel_call(A, B, prepacked, bias)
     call(A, out)
     if replays is not None:
-        replay.record(replays, recorded, lambda *arrays: call(arrays[0], arrays[-1]))
+        replay.record(replays, recorded, panel_action(call))
         replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype)
     return out
 
@@ -365,7 +365,7 @@ def rows_route(prepacked, A, B, bias, out, recorded) -> bool:
         return False
     call = rows_call(B, prepacked, bias, route.dtype, rows)
     call(A, out)
-    replay.record(prepacked, recorded, lambda *arrays: call(arrays[0], arrays[-1]))
+    replay.record(prepacked, recorded, panel_action(call))
     return True
 
 
@@ -423,15 +423,20 @@ def rows_call(B, prepacked, bias, dtype, rows: int):
     if not _split(rows, k, n, B.itemsize):
         one = kernels.panel_product
         spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
-        return lambda A, out: one(A.reshape(rows, k), panels, out.reshape(rows, n), 0, count,
-                                  spill, bias)
+
+        def into(target):
+            return lambda A: one(_rows_of(A, rows, k), panels, target, 0, count, spill, bias)
+        return _with_out(into, rows, n)
     native = jit_cpu.native_pool()
     if native is not None:
         run = kernels.native_product
         block, parts, panels, bounds, spill, worker_spill, bias = _native_arguments(
             native, kernels, panels, rows, True, dtype, bias)
-        return lambda A, out: run(block, parts, A.reshape(rows, k), panels,
-                                  out.reshape(rows, n), bounds, spill, worker_spill, bias)
+
+        def into(target):
+            return lambda A: run(block, parts, _rows_of(A, rows, k), panels, target, bounds,
+                                 spill, worker_spill, bias)
+        return _with_out(into, rows, n)
 
     def threads(A, out):
         a, c = A.reshape(rows, k), out.reshape(rows, n)
@@ -442,6 +447,35 @@ def rows_call(B, prepacked, bias, dtype, rows: int):
                                   bias)
         parallel_for(thread_parts(count, rows * k * n), part)
     return threads
+
+
+def _with_out(into, rows: int, n: int):
+    """``call(A, out)`` from ``into(target)``, the call into ``target`` (``out`` as rows);
+    ``call.with_out(out)`` is the call on A alone into that one ``out``, its rows view made
+    once: what a bound call takes (``panel_action``)."""
+    def call(A, out):
+        return into(out.reshape(rows, n))(A)
+    call.with_out = lambda out: into(out.reshape(rows, n))
+    return call
+
+
+def _rows_of(A, rows: int, k: int):
+    """A as (rows, k): itself where it is already two-dimensional (its last axis is k), so
+    that a bound call makes no view of it (a reshape is ~13 us of a request 10 ms after
+    the last, cold; ``ndim`` less)."""
+    return A if A.ndim == 2 else A.reshape(rows, k)
+
+
+def panel_action(call):
+    """A panel product's call as its node's replay, ``action(A, ..., out)``; with
+    ``action.with_out(out)`` where the call has one (``bound_calls.binds_replay`` binds
+    that: one call into the arena's view, without the replay's argument shuffle)."""
+    def action(*arrays):
+        return call(arrays[0], arrays[-1])
+    with_out = getattr(call, "with_out", None)
+    if with_out is not None:
+        action.with_out = with_out
+    return action
 
 
 def native_parts(count: int, rows: int, strip: int) -> np.ndarray:
