@@ -302,18 +302,18 @@ def _product_model(inner=384):
     return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 17)]), w
 
 
-def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monkeypatch):
-    """Requests paced past the workers' spin find them asleep: the plan's runs time waking
-    them and running alone (ops/compiled/worker_wakes.py), and give the same bits either way."""
+def _split_product_lane(monkeypatch, seed: int):
+    """A session of :func:`_product_model` on two intra-op threads, run compiled until its
+    rows' lane wakes the native workers: (session, x, w, its first product, the lane); skipped
+    where there is no native pool or the product does not split here."""
     from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
-    from mixrt.ops.compiled.worker_wakes import LEARN, TRY_ALONE_BELOW_S  # noqa: PLC0415
     from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
     if jit_cpu.native_pool() is None:
         pytest.skip("no native worker pool here (one thread, or no panel kernels)")
     model, w = _product_model()
     session = mixrt.Session(model.SerializeToString())
-    x = np.random.default_rng(4).normal(size=(48, w.shape[0])).astype(np.float32)
+    x = np.random.default_rng(seed).normal(size=(48, w.shape[0])).astype(np.float32)
     session.run(None, {"x": x})
     assert session.wait_compiled(timeout=600)
     first = session.run(None, {"x": x})[0]
@@ -321,6 +321,14 @@ def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monke
     lane = session._steady_runs[feed_key({"x": x})]
     if not lane.plan.wakes_workers:
         pytest.skip("this machine's product of that size did not split")
+    return session, x, w, first, lane
+
+
+def test_runs_that_find_the_workers_asleep_time_both_ways_and_answer_alike(monkeypatch):
+    """Requests paced past the workers' spin find them asleep: the plan's runs time waking
+    them and running alone (ops/compiled/worker_wakes.py), and give the same bits either way."""
+    from mixrt.ops.compiled.worker_wakes import LEARN, TRY_ALONE_BELOW_S  # noqa: PLC0415
+    session, x, _, first, lane = _split_product_lane(monkeypatch, seed=4)
     choice, deadline = lane.plan.wake_choice, time.monotonic() + 30
     while choice.state()["asleep_runs"] < 2 * LEARN + 2 and time.monotonic() < deadline:
         time.sleep(0.005)  # past the workers' 50 us spin
@@ -336,20 +344,9 @@ def test_a_plan_stops_waking_workers_where_its_settings_have_none(monkeypatch):
     workers learns there are none (its lane looked for the pool on every run), and its
     runs answer as before."""
     from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415
-    from mixrt.runtime.session_feeds import feed_key  # noqa: PLC0415
-    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
-    if jit_cpu.native_pool() is None:
-        pytest.skip("no native worker pool here (no panel kernels)")
-    model, w = _product_model()
-    session = mixrt.Session(model.SerializeToString())
-    x = np.random.default_rng(5).normal(size=(48, w.shape[0])).astype(np.float32)
-    session.run(None, {"x": x})
-    assert session.wait_compiled(timeout=600)
-    for _ in range(3):
+    session, x, w, _, lane = _split_product_lane(monkeypatch, seed=5)
+    for _ in range(2):
         np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-4, atol=1e-3)
-    lane = session._steady_runs[feed_key({"x": x})]
-    if not lane.plan.wakes_workers:
-        pytest.skip("this machine's product of that size did not split")
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "1")
     looked = []
     real = jit_cpu.loaded_native_pool
