@@ -1,7 +1,8 @@
-"""service_regimes.py's child: one runtime alone in a fresh process, timed as a service meets
-it, or (``compare``) both runtimes' outputs side by side once the timing is over.
+"""service_regimes.py's child: one runtime in a fresh process, timed as a service meets it
+block by block at its parent's word, or (``compare``) both runtimes' outputs side by side
+once the timing is over.
 
-    python benchmarks/_service_children.py time --runtime mixrt --spec SPEC.json
+    python benchmarks/_service_children.py serve --runtime mixrt --spec SPEC.json
         [--regimes hot new-shape] [--requests '{"hot": 3}'] [--quick]
     python benchmarks/_service_children.py compare --spec SPEC.json
 
@@ -9,9 +10,11 @@ SPEC.json names the model and how to feed it: ``path``; ``inputs``, each a ``nam
 ``dtype``, a ``kind`` (tokens, mask, types, uniform, normal) and its ``axes`` (ints, or the
 names of drawn axes: batch, sequence, height, width); ``hot`` and ``compare``, the axes of
 the fixed shape and of the agreement check; ``new_shapes``, the axes of each request of the
-new-shape regime; ``seed``. Results go to stdout as JSON lines: one per regime as it ends
-(``{"regime": ...}``), then ``{"result": ...}``. Nothing crosses the process boundary but
-JSON.
+new-shape regime; ``seed``. ``serve`` answers on stdout as JSON lines: ``{"ready": ...}``
+once the runtime is loaded and compiled, then ``{"block": ...}`` for each command line on
+stdin (``{"regime": "hot", "first": 0, "count": 50}``: that many requests of the regime, the
+new shapes from the ``first``-th on) until ``{"end": true}``, then ``{"result": ...}``.
+Nothing crosses the process boundary but JSON.
 """
 
 from __future__ import annotations
@@ -34,8 +37,6 @@ QUICK_REQUESTS, QUICK_PACED_100MS = 20, 10
 WARM_RUNS = 5  # untimed, after the first run (and mixrt's compiled tier): what a probe sees
 SETTLE_S = 0.2  # a pause before each regime: onnxruntime's workers spin on after a run
 PROBE_SETTLE_S = 0.05  # before the probe after a regime, for the same reason
-PLACEMENT_TRIES, FAR_WAIT_S = 3, 2.0  # a regime timed on far cores is timed again
-ONCE = ("new-shape", "sizes-again")  # what a first run of them met stays met
 OTHER_WORK_ROWS = 12_000  # sorted between interleaved calls: ~0.3 ms on the 2-core machine
 
 
@@ -49,7 +50,7 @@ def _runtime_before_numpy() -> None:
 
 _runtime_before_numpy()
 import numpy as np  # noqa: E402
-from _placement import FAR_NS, hand_off_ns, placement  # noqa: E402  (NumPy)
+from _placement import hand_off_ns, placement  # noqa: E402  (NumPy)
 
 
 # -- feeds -------------------------------------------------------------------------------------
@@ -231,43 +232,47 @@ def start(runtime: str, spec: dict) -> tuple:
     return session, call, feeds, result
 
 
-def time_runtime(spec: dict, runtime: str, regimes, counts: dict | None, quick: bool, emit):
+def serve_blocks(spec: dict, runtime: str, regimes, counts: dict | None, quick: bool,
+                 emit, commands) -> dict:
+    """The runtime started (:func:`start`), ``{"ready": ...}`` said, then one block of
+    requests per command line from the parent, ``{"regime", "first", "count"}``, each
+    answered ``{"block": ...}`` (:func:`timed_block`), until ``{"end": true}``. The parent
+    alternates two such children, one per runtime, block by block (``service_regimes.py``):
+    each runs alone, and a drift of the host lands on both."""
     session, call, feeds, result = start(runtime, spec)
-    counts = {**request_counts(result["probe_ms"], regimes, quick), **(counts or {})}
-    result["requests"], result["regimes"] = counts, {}
+    result["requests"] = {**request_counts(result["probe_ms"], regimes, quick),
+                          **(counts or {})}
+    emit({"ready": result})
     shapes, shapes_rng = spec["new_shapes"], np.random.default_rng(spec["seed"] + 1)
 
     def new_feeds(index: int) -> dict:  # as many shapes as the most requests; more start over
         return make_feeds(spec["inputs"], shapes[index % len(shapes)], shapes_rng)
 
-    for regime in regimes:
-        found = timed_in_near_placement(
-            regime, lambda: RUN[regime](call, feeds, new_feeds, counts[regime]),
-            lambda: wait_compiled(session)[0])
-        result["regimes"][regime] = found
-        emit({"regime": regime, **{k: v for k, v in found.items() if k != "times_ms"}})
+    for line in commands:
+        command = json.loads(line)
+        if command.get("end"):
+            break
+        regime, first, count = command["regime"], command["first"], command["count"]
+        emit({"block": timed_block(
+            lambda: RUN[regime](call, feeds, lambda index: new_feeds(first + index), count),
+            lambda: wait_compiled(session)[0])})
     return result
 
 
-def timed_in_near_placement(regime: str, run, wait) -> dict:
-    """The regime timed between two probes of the cores' placement (``_placement.py``),
-    again (up to PLACEMENT_TRIES times, FAR_WAIT_S apart) while either probe found them far
-    apart: both runtimes are then compared on cores that share a cache, as the machine is
-    most of the time. A regime whose requests leave state behind (new-shape and
-    sizes-again: the shapes met) is timed once; every regime records its placement."""
-    tries = 1 if regime in ONCE else PLACEMENT_TRIES
-    for attempt in range(1, tries + 1):
-        waited = wait()  # a compile the last regime started ends first
-        time.sleep(SETTLE_S)
-        before = hand_off_ns()
-        found = summary(run())
-        time.sleep(PROBE_SETTLE_S)
-        after = hand_off_ns()
-        if max(before, after) <= FAR_NS or attempt == tries:
-            break
-        time.sleep(FAR_WAIT_S)
-    found.update(compile_wait_before_s=waited, hand_off_ns=[round(before), round(after)],
-                 placement=placement(max(before, after)), attempts=attempt)
+def timed_block(run, wait) -> dict:
+    """One block of a regime's requests between two probes of the cores' placement
+    (``_placement.py``), after a compile the last block started has ended and a pause in
+    which the other runtime's spinning workers go to sleep; and a compile this block started
+    waited for after it (untimed), so that none runs beside the other runtime's next block."""
+    waited = wait()
+    time.sleep(SETTLE_S)
+    before = hand_off_ns()
+    found = summary(run())
+    time.sleep(PROBE_SETTLE_S)
+    after = hand_off_ns()
+    found.update(compile_wait_before_s=waited, compile_wait_after_s=wait(),
+                 hand_off_ns=[round(before), round(after)],
+                 placement=placement(max(before, after)))
     return found
 
 
@@ -315,7 +320,7 @@ def _max_diff(mine, theirs) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("time", "compare"))
+    parser.add_argument("mode", choices=("serve", "compare"))
     parser.add_argument("--spec", type=Path, required=True)
     parser.add_argument("--runtime", choices=("mixrt", "onnxruntime"))
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES + DIAGNOSTIC),
@@ -331,8 +336,8 @@ def main(argv=None) -> int:
     if args.mode == "compare":
         emit({"result": compare(spec)})
     else:
-        emit({"result": time_runtime(spec, args.runtime, args.regimes, args.requests,
-                                     args.quick, emit)})
+        emit({"result": serve_blocks(spec, args.runtime, args.regimes, args.requests,
+                                     args.quick, emit, sys.stdin)})
     return 0
 
 

@@ -5,7 +5,7 @@ fresh process, on models drawn at random for every run.
     python benchmarks/service_regimes.py --quick           # 3 small models: ~1.5 min
     python benchmarks/service_regimes.py --seed 1234 --models bert cnn1 --regimes hot new-shape
     python benchmarks/service_regimes.py --write --out /tmp/service.json
-    python benchmarks/service_regimes.py --rounds 2       # each model's children twice, in turn: ~40 min
+    python benchmarks/service_regimes.py --rounds 2       # each model's children twice: ~45 min
 
 A service does not call its model in a hot loop at one shape: requests come paced, between
 other work, next to other processes, and nearly each with a new shape. Regimes (p50 and p99
@@ -21,12 +21,16 @@ The models (``_service_models.py``): a BERT encoder, a GPT-2 decoder, DistilBERT
 two torchvision CNNs, an MLP, a random forest or decision tree, XGBoost or LightGBM, and a
 scaled logistic regression, their sizes and shapes drawn from wide ranges under ``--seed``
 (printed first; default: from the clock), so that no grid exists to tune to. Per model the
-parent runs three children (``_service_children.py``), one after another: onnxruntime alone,
-then mixrt alone on empty caches (fresh ``MIXRT_CACHE_DIR`` and ``NUMBA_CACHE_DIR``, the
-same N per regime as onnxruntime's), then the agreement check of both outputs at one drawn
-shape. With ``--rounds N`` the first two run N times in turn and each regime's requests are
-pooled over the rounds, so that a drift of this host between two children (small models'
-ratios moved up to 2x between runs of one build) lands on both runtimes, not their ratio.
+parent starts two children (``_service_children.py``): onnxruntime's, then mixrt's on empty
+caches (fresh ``MIXRT_CACHE_DIR`` and ``NUMBA_CACHE_DIR``, the same N per regime as
+onnxruntime's). Once both are ready they take turns: each regime's requests in ``--blocks``
+blocks a runtime (default 4), alternating between the two processes, only one working at a
+time. This host's speed drifts (a process's Python and NumPy ran up to 2x slower for
+stretches of tens of milliseconds and more, whichever runtime ran; small models' ratios
+moved up to 4x between runs when each runtime's regime ran whole, one process after the
+other), and alternating blocks puts a drift on both runtimes rather than in their ratio.
+Then the agreement check of both outputs at one drawn shape. With ``--rounds N`` all this
+runs N times with fresh children and each regime's requests are pooled over the rounds.
 The parent builds and orchestrates; it never imports mixrt or onnxruntime.
 
 Output: a table per regime, the geometric means and worst model, and the issue's targets
@@ -57,6 +61,9 @@ from cold_start import _commit, _today, write  # noqa: E402
 ROOT = HERE.parent
 CHILD = HERE / "_service_children.py"
 LINE_TIMEOUT_S = 1500.0  # the first line waits for the compiled tier (600 s at most)
+BLOCKS = 4  # each regime's requests, per runtime, in this many blocks alternating between them
+PLACEMENT_TRIES, FAR_WAIT_S = 3, 2.0  # a pair of blocks timed on far cores is timed again
+ONCE = ("new-shape", "sizes-again")  # what a block of them met stays met: timed once
 
 
 def _say(text: str) -> None:
@@ -77,35 +84,104 @@ def _child_env(caches: Path | None) -> dict:
     return env
 
 
-def run_child(name: str, arguments: list[str], env: dict, logs: Path, label: str,
-              python: str = sys.executable) -> dict:
-    """One child to its end: its regime lines as progress, its last line as the result; a
-    crash, a hang or a missing result is a ``failure`` the tables show."""
-    child = Child(name, [python, str(CHILD), *arguments], env, logs)
+def start_child(name: str, arguments: list[str], env: dict, logs: Path,
+                python: str = sys.executable) -> tuple[Child, dict]:
+    """A ``serve`` child (``_service_children.py``) once it is ready: loaded, its first run
+    and mixrt's compiled tier behind it; its ``ready`` record."""
+    child = Child(name, [python, str(CHILD), "serve", *arguments], env, logs)
     try:
-        while True:
-            line = child.readline(time.monotonic() + LINE_TIMEOUT_S)
-            record = json.loads(line) if line.startswith("{") else {}
-            if "regime" in record:
-                _say(f"{label:28s} {name.split(':')[-1]:12s} {record['regime']:15s} "
-                     f"N {record['n']:3d}  p50 {record['p50_ms']:8.3f} ms  "
-                     f"p99 {record['p99_ms']:8.3f} ms")
-            if "result" in record:
-                return record["result"]
-    except BenchError as error:  # its message names _kv_processes' timeout, not this one
-        hung = child.popen.poll() is None
-        message = f"no line within {LINE_TIMEOUT_S:.0f} s{child.tail()}" if hung else str(error)
-        return {"failure": message.replace("\n", " ")[:600]}
-    finally:
+        return child, answer(child, "ready")
+    except BenchError:
         child.stop()
+        raise
+
+
+def answer(child: Child, word: str) -> dict:
+    """The child's next JSON record of kind ``word`` (lines a library printed skipped)."""
+    while True:
+        line = child.readline(time.monotonic() + LINE_TIMEOUT_S)
+        record = json.loads(line) if line.startswith("{") else {}
+        if word in record:
+            return record[word]
+
+
+def block(child: Child, regime: str, first: int, count: int) -> dict:
+    child.send(json.dumps({"regime": regime, "first": first, "count": count}) + "\n")
+    return answer(child, "block")
+
+
+def blocks_of(count: int, blocks: int) -> list[tuple[int, int]]:
+    """``count`` requests as up to ``blocks`` runs of consecutive ones: (first, how many)."""
+    sizes = [count // blocks + (index < count % blocks) for index in range(blocks)]
+    firsts = [sum(sizes[:index]) for index in range(blocks)]
+    return [(first, size) for first, size in zip(firsts, sizes) if size]
+
+
+def regime_in_blocks(children: dict, regime: str, count: int, blocks: int) -> dict:
+    """``count`` requests of ``regime`` per runtime, in blocks alternating between the two
+    children, the first runtime of a pair alternating too; a pair timed on far cores is timed
+    again (up to PLACEMENT_TRIES times, FAR_WAIT_S apart), except where the requests leave
+    state behind (:data:`ONCE`). Each runtime's blocks pooled (``report.pooled``)."""
+    kept: dict = {runtime: [] for runtime in children}
+    order = list(children)
+    for index, (first, size) in enumerate(blocks_of(count, blocks)):
+        tries = 1 if regime in ONCE else PLACEMENT_TRIES
+        for attempt in range(1, tries + 1):
+            pair = {runtime: block(children[runtime], regime, first, size)
+                    for runtime in (order if index % 2 == 0 else order[::-1])}
+            if attempt == tries or all(found["placement"] == "near" for found in pair.values()):
+                break
+            time.sleep(FAR_WAIT_S)
+        for runtime, found in pair.items():
+            kept[runtime].append(dict(found, attempts=attempt))
+    return {runtime: report.pooled(parts) for runtime, parts in kept.items()}
+
+
+def lockstep(drawn, common: list[str], caches: Path, logs: Path, mixrt_python: str,
+             regimes, blocks: int) -> dict:
+    """onnxruntime's child, then mixrt's on empty caches with the same requests per regime,
+    both started and ready, then every regime's blocks alternating between them
+    (:func:`regime_in_blocks`): each runtime's result, or its ``failure`` (a crash, a hang)."""
+    results: dict = {"onnxruntime": None, "mixrt": None}
+    children: dict = {}
+    current = "onnxruntime"
+    try:
+        children["onnxruntime"], results["onnxruntime"] = start_child(
+            f"{drawn.slot}:onnxruntime", ["--runtime", "onnxruntime", *common],
+            _child_env(None), logs)
+        counts = results["onnxruntime"]["requests"]
+        current = "mixrt"
+        children["mixrt"], results["mixrt"] = start_child(
+            f"{drawn.slot}:mixrt", ["--runtime", "mixrt", *common,
+                                    "--requests", json.dumps(counts)],
+            _child_env(caches), logs, mixrt_python)
+        for found in results.values():
+            found["regimes"] = {}
+        for regime in regimes:
+            current = regime
+            timed = regime_in_blocks(children, regime, counts[regime], blocks)
+            for runtime, found in timed.items():
+                results[runtime]["regimes"][regime] = found
+                _say(f"{drawn.label:28s} {runtime:12s} {regime:15s} N {found['n']:3d}  "
+                     f"p50 {found['p50_ms']:8.3f} ms  p99 {found['p99_ms']:8.3f} ms")
+        for child in children.values():
+            child.send(json.dumps({"end": True}) + "\n")
+            answer(child, "result")
+    except BenchError as error:  # its message names _kv_processes' timeout, not this one
+        message = f"{current}: {error}".replace("\n", " ")[:600]
+        results = {runtime: {"failure": message} for runtime in results}
+    finally:
+        for child in children.values():
+            child.stop()
+    return results
 
 
 def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path,
-            mixrt_python: str = sys.executable, rounds: int = 1) -> dict:
-    """onnxruntime alone, then mixrt alone on empty caches with the same requests per
-    regime (``rounds`` times in turn, pooled: ``report.merged_rounds``), then the agreement
-    check; each a fresh process (mixrt's under ``mixrt_python``: another build's
-    environment, to compare builds on one draw)."""
+            mixrt_python: str = sys.executable, rounds: int = 1, blocks: int = BLOCKS) -> dict:
+    """Both runtimes in lock step (:func:`lockstep`), ``rounds`` times with fresh children
+    and caches (pooled: ``report.merged_rounds``), then the agreement check; each a fresh
+    process (mixrt's under ``mixrt_python``: another build's environment, to compare builds
+    on one draw)."""
     common = ["--spec", str(spec_path), "--regimes", *regimes] + (["--quick"] if quick else [])
     found = {"label": drawn.label, "slot": drawn.slot, "kind": drawn.kind,
              "sizes": drawn.sizes(), "config": drawn.config, "hot": drawn.hot}
@@ -113,24 +189,30 @@ def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path,
     for round_ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="service-regimes-caches-") as folder:
             caches = Path(folder)
-            timed["onnxruntime"].append(run_child(
-                f"{drawn.slot}:onnxruntime", ["time", "--runtime", "onnxruntime", *common],
-                _child_env(None), logs, drawn.label))
-            counts = timed["onnxruntime"][-1].get("requests")
-            same = ["--requests", json.dumps(counts)] if counts else []
-            timed["mixrt"].append(run_child(
-                f"{drawn.slot}:mixrt", ["time", "--runtime", "mixrt", *common, *same],
-                _child_env(caches), logs, drawn.label, mixrt_python))
+            for runtime, result in lockstep(drawn, common, caches, logs, mixrt_python,
+                                            regimes, blocks).items():
+                timed[runtime].append(result)
             if round_ == rounds - 1:  # once, on the last mixrt child's caches
-                found["agreement"] = run_child(
-                    f"{drawn.slot}:compare", ["compare", "--spec", str(spec_path)],
-                    _child_env(caches), logs, drawn.label, mixrt_python)
+                found["agreement"] = compare(drawn, spec_path, caches, logs, mixrt_python)
     found.update((runtime, report.merged_rounds(results)) for runtime, results in timed.items())
     agreement = found["agreement"]
     verdict = {True: "yes", False: "NO"}.get(agreement.get("agrees"), "not checked")
     _say(f"{drawn.label:28s} agrees with onnxruntime: {verdict} "
          f"({agreement.get('detail') or agreement.get('failure')})")
     return found
+
+
+def compare(drawn, spec_path: Path, caches: Path, logs: Path, mixrt_python: str) -> dict:
+    """The agreement check's child to its end: its result, or its ``failure``."""
+    child = Child(f"{drawn.slot}:compare",
+                  [mixrt_python, str(CHILD), "compare", "--spec", str(spec_path)],
+                  _child_env(caches), logs)
+    try:
+        return answer(child, "result")
+    except BenchError as error:
+        return {"failure": str(error).replace("\n", " ")[:600]}
+    finally:
+        child.stop()
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -210,6 +292,9 @@ def parse(argv) -> argparse.Namespace:
                         help="each model's onnxruntime and mixrt children N times in turn, "
                              "their requests pooled per regime: a drift of the host between "
                              "two children then lands on both runtimes (N times as long)")
+    parser.add_argument("--blocks", type=int, default=BLOCKS, metavar="N",
+                        help="each regime's requests in N blocks a runtime, alternating "
+                             f"between the two runtimes' processes (default {BLOCKS})")
     parser.add_argument("--mixrt-python", default=sys.executable, metavar="PYTHON",
                         help="the interpreter mixrt's children run under (another build's "
                              "environment, e.g. a clone of an older commit installed in a "
@@ -230,11 +315,11 @@ def main(argv=None) -> int:
     logs = models.CACHE / str(seed) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     rows = [measure(drawn, spec_path, regimes, args.quick, logs, args.mixrt_python,
-                    max(1, args.rounds)) for drawn, spec_path in prepared]
+                    max(1, args.rounds), max(1, args.blocks)) for drawn, spec_path in prepared]
     if "--seed" not in argv:
         argv += ["--seed", str(seed)]
     results = {"seed": seed, "quick": args.quick, "regimes": regimes, "models": rows,
-               "rounds": max(1, args.rounds),
+               "rounds": max(1, args.rounds), "blocks": max(1, args.blocks),
                "meta": meta(argv, (time.perf_counter() - started) / 60, rows,
                             (load_before, load_average()))}
     print(report.tables(results))

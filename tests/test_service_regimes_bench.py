@@ -44,28 +44,86 @@ def tiny_spec(tmp_path_factory) -> Path:
     return folder / "spec.json"
 
 
+COMMANDS = [{"regime": "hot", "first": 0, "count": 3},
+            {"regime": "new-shape", "first": 0, "count": 2},
+            {"regime": "new-shape", "first": 2, "count": 1},
+            {"regime": "sizes-again", "first": 0, "count": 3}]
+
+
 @pytest.mark.parametrize("runtime", ["mixrt", "onnxruntime"])
-def test_child_times_each_regime(runtime, tiny_spec, tmp_path):
+def test_child_serves_blocks_at_its_parents_word(runtime, tiny_spec, tmp_path):
     if runtime == "onnxruntime":
         pytest.importorskip("onnxruntime")
     env = dict(os.environ, MIXRT_CACHE_DIR=str(tmp_path / "mixrt"),
                NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    commands = "".join(json.dumps(c) + "\n" for c in COMMANDS + [{"end": True}])
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "_service_children.py"), "time", "--runtime", runtime,
-         "--spec", str(tiny_spec), "--regimes", "hot", "new-shape", "sizes-again",
-         "--requests", json.dumps({"hot": 3, "new-shape": 3, "sizes-again": 3})],
-        capture_output=True, text=True, env=env, timeout=120)
+        [sys.executable, str(BENCHMARKS / "_service_children.py"), "serve", "--runtime",
+         runtime, "--spec", str(tiny_spec), "--regimes", "hot", "new-shape", "sizes-again",
+         "--requests", json.dumps({"hot": 3})],
+        input=commands, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [line["regime"] for line in lines[:-1]] == ["hot", "new-shape", "sizes-again"]
-    result = lines[-1]["result"]
-    assert result["runtime"] == runtime and runtime in result["versions"]
-    for regime in ("hot", "new-shape", "sizes-again"):
-        found = result["regimes"][regime]
-        assert found["n"] == 3 and len(found["times_ms"]) == 3
+    assert [next(iter(line)) for line in lines] == ["ready"] + ["block"] * 4 + ["result"]
+    ready = lines[0]["ready"]
+    assert ready["runtime"] == runtime and runtime in ready["versions"]
+    assert ready["requests"]["hot"] == 3 and ready["requests"]["new-shape"] == 200
+    for command, line in zip(COMMANDS, lines[1:5]):
+        found = line["block"]
+        assert found["n"] == command["count"] == len(found["times_ms"])
         assert found["p50_ms"] > 0 and found["p99_ms"] >= found["p50_ms"]
         assert found["placement"] in ("near", "far") and len(found["hand_off_ns"]) == 2
-        assert found["attempts"] == 1 or regime == "hot"
+        assert found["compile_wait_after_s"] >= 0
+
+
+# -- the parent's blocks -----------------------------------------------------------------------
+
+def test_a_regimes_requests_split_into_consecutive_blocks():
+    import service_regimes
+    assert service_regimes.blocks_of(10, 4) == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert service_regimes.blocks_of(2, 4) == [(0, 1), (1, 1)]
+    assert service_regimes.blocks_of(40, 1) == [(0, 40)]
+
+
+def _fake_blocks(monkeypatch, far_calls=()):
+    """service_regimes.block answering from made-up children: each call's placement far
+    where its index (from 0) is in ``far_calls``, its one time the call's index."""
+    import service_regimes
+    calls = []
+
+    def block(child, regime, first, count):
+        index = len(calls)
+        calls.append((child, regime, first, count))
+        placement = "far" if index in far_calls else "near"
+        return {"n": 1, "times_ms": [float(index)], "p50_ms": float(index),
+                "p99_ms": float(index), "placement": placement, "hand_off_ns": [40, 40]}
+    monkeypatch.setattr(service_regimes, "block", block)
+    monkeypatch.setattr(service_regimes, "FAR_WAIT_S", 0.0)
+    return service_regimes, calls
+
+
+def test_blocks_alternate_between_the_runtimes_and_their_order_too(monkeypatch):
+    service_regimes, calls = _fake_blocks(monkeypatch)
+    found = service_regimes.regime_in_blocks({"onnxruntime": "O", "mixrt": "M"}, "hot", 8, 4)
+    assert [(child, first, count) for child, _, first, count in calls] == [
+        ("O", 0, 2), ("M", 0, 2), ("M", 2, 2), ("O", 2, 2),
+        ("O", 4, 2), ("M", 4, 2), ("M", 6, 2), ("O", 6, 2)]
+    assert found["onnxruntime"]["times_ms"] == [0.0, 3.0, 4.0, 7.0]
+    assert found["mixrt"]["blocks_p50_ms"] == [1.0, 2.0, 5.0, 6.0]
+    assert found["mixrt"]["n"] == 4 and found["mixrt"]["placement"] == "near"
+
+
+def test_a_pair_of_blocks_on_far_cores_is_timed_again_except_where_shapes_stay_met(
+        monkeypatch):
+    service_regimes, calls = _fake_blocks(monkeypatch, far_calls={1})
+    found = service_regimes.regime_in_blocks({"onnxruntime": "O", "mixrt": "M"}, "hot", 2, 1)
+    assert len(calls) == 4  # the pair again: mixrt's first block was on far cores
+    assert found["mixrt"]["times_ms"] == [3.0] and found["onnxruntime"]["times_ms"] == [2.0]
+    assert found["mixrt"]["attempts"] == 2 and found["mixrt"]["placement"] == "near"
+    service_regimes, calls = _fake_blocks(monkeypatch, far_calls={1})
+    found = service_regimes.regime_in_blocks(
+        {"onnxruntime": "O", "mixrt": "M"}, "new-shape", 2, 1)
+    assert len(calls) == 2 and found["mixrt"]["placement"] == "far"
 
 
 # -- the verdicts ------------------------------------------------------------------------------
@@ -127,23 +185,6 @@ def test_the_cores_column_names_the_runtime_timed_on_far_cores():
     assert report.verdict(models, "hot")["far"] == 1
     text = report.tables({"models": models, "regimes": ["hot"]})
     assert "| yes (ok) | far: mixrt |" in text and "| yes (ok) | near |" in text
-
-
-def test_a_regime_timed_on_far_cores_is_timed_again_until_near(monkeypatch):
-    import _service_children as children
-    probes = iter([250.0, 40.0, 45.0, 42.0])  # before/after each try: far, then near twice
-    monkeypatch.setattr(children, "hand_off_ns", lambda: next(probes))
-    monkeypatch.setattr(children, "FAR_WAIT_S", 0.0)
-    monkeypatch.setattr(children, "SETTLE_S", 0.0)
-    runs = []
-    found = children.timed_in_near_placement(
-        "hot", lambda: runs.append(1) or [0.001, 0.002], lambda: 0.0)
-    assert len(runs) == 2 and found["attempts"] == 2
-    assert found["placement"] == "near" and found["hand_off_ns"] == [45, 42]
-    # a regime whose shapes stay met is timed once, its placement recorded
-    probes = iter([250.0, 260.0])
-    found = children.timed_in_near_placement("new-shape", lambda: [0.001], lambda: 0.0)
-    assert found["attempts"] == 1 and found["placement"] == "far"
 
 
 def test_the_placement_probe_measures_a_hand_off():
