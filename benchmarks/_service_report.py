@@ -38,6 +38,9 @@ def pooled(parts: list[dict], kept_as: str = "blocks_p50_ms") -> dict:
     times = [t for part in parts for t in part["times_ms"]]
     found = dict(parts[0], n=len(times), times_ms=times, p50_ms=percentile(times, 50),
                  p99_ms=percentile(times, 99), attempts=sum(p.get("attempts", 1) for p in parts))
+    if kept_as != "blocks_p50_ms" and all("blocks_p50_ms" in part for part in parts):
+        # rounds of blocks: every round's blocks, in order, still paired with the other's
+        found["blocks_p50_ms"] = [p50 for part in parts for p50 in part["blocks_p50_ms"]]
     found[kept_as] = [part["p50_ms"] for part in parts]
     if "placement" in parts[0]:
         far = any(part.get("placement") == "far" for part in parts)
@@ -86,13 +89,28 @@ def geomean(values) -> float | None:
 
 def ratios(model: dict, regime: str) -> tuple[float, float] | None:
     """mixrt / onnxruntime at p50 and p99 for ``model`` in ``regime``; None when either
-    runtime has no result there (it failed, or the regime was not run)."""
+    runtime has no result there (it failed, or the regime was not run). Where both ran the
+    regime in as many blocks, taken in turns (``service_regimes.py``), the p50 ratio is the
+    median of the blocks' paired ratios: a slow stretch of the host that caught two of one
+    runtime's blocks and one of the other's (ResNet-18 at 100 ms apart, 2026-11-29: 30.7,
+    30.8, 50.9, 50.9 ms against 24.4, 25.4, 26.7, 46.0) moves the pooled p50s' ratio (1.78)
+    but not the pairs' median (1.24). The p99 ratio is the pooled p99s' (a block's own p99,
+    over 10-50 requests, is nearly its slowest request)."""
     try:
         ours = model["mixrt"]["regimes"][regime]
         theirs = model["onnxruntime"]["regimes"][regime]
     except (KeyError, TypeError):
         return None
-    return ours["p50_ms"] / theirs["p50_ms"], ours["p99_ms"] / theirs["p99_ms"]
+    paired = _paired_p50(ours.get("blocks_p50_ms"), theirs.get("blocks_p50_ms"))
+    p50 = paired if paired is not None else ours["p50_ms"] / theirs["p50_ms"]
+    return p50, ours["p99_ms"] / theirs["p99_ms"]
+
+
+def _paired_p50(ours: list | None, theirs: list | None) -> float | None:
+    if not ours or not theirs or len(ours) != len(theirs) or len(ours) < 2 \
+            or not all(ours) or not all(theirs):
+        return None
+    return percentile([a / b for a, b in zip(ours, theirs)], 50)
 
 
 def verdict(models: list[dict], regime: str) -> dict:
@@ -294,7 +312,10 @@ def section(results: dict) -> str:
         "(outside the targets) the same shapes again, each run twice 10 ms apart before its "
         "timed request 10 ms later. N: requests per "
         f"regime, {_counts(results)}. "
-        "Ratios are mixrt / onnxruntime (lower is better). *agrees*: one comparison per "
+        "Ratios are mixrt / onnxruntime (lower is better); a regime's p50 ratio is the median "
+        "of its paired blocks' p50 ratios (a slow stretch of the host that catches more "
+        "blocks of one runtime than of the other moves the pooled p50s but not that median), "
+        "its p99 ratio the pooled p99s'. *agrees*: one comparison per "
         "model after the timing, at one drawn shape (allclose rtol 1e-3, atol 1e-4; "
         "integer outputs equal). *cores*: the virtual machine's two cores as the runtime "
         "found them around each block, one cache line handed between two threads "

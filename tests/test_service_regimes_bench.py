@@ -234,3 +234,28 @@ def test_rounds_pool_their_requests_per_regime():
 def test_a_failed_round_fails_the_merged_result():
     failure = {"failure": "the child crashed"}
     assert report.merged_rounds([_round([1.0]), failure]) == failure
+
+
+def test_a_p50_ratio_is_the_median_of_the_paired_blocks_ratios():
+    """A slow stretch that caught two of mixrt's blocks and one of onnxruntime's moves the
+    pooled p50s, not the pairs' median; without blocks (or unpaired) the pooled ratio."""
+    model = _model("resnet", (40.8, 50.9), (25.9, 46.0), "paced-100ms")
+    mine = model["mixrt"]["regimes"]["paced-100ms"]
+    theirs = model["onnxruntime"]["regimes"]["paced-100ms"]
+    assert report.ratios(model, "paced-100ms")[0] == pytest.approx(40.8 / 25.9)
+    mine["blocks_p50_ms"] = [30.7, 30.8, 50.9, 50.9]
+    theirs["blocks_p50_ms"] = [24.4, 25.4, 26.7, 46.0]
+    p50, p99 = report.ratios(model, "paced-100ms")
+    pairs = sorted([30.7 / 24.4, 30.8 / 25.4, 50.9 / 26.7, 50.9 / 46.0])
+    assert p50 == pytest.approx((pairs[1] + pairs[2]) / 2) and p99 == pytest.approx(50.9 / 46.0)
+    theirs["blocks_p50_ms"] = [24.4, 25.4, 26.7]  # not paired: the pooled ratio
+    assert report.ratios(model, "paced-100ms")[0] == pytest.approx(40.8 / 25.9)
+
+
+def test_rounds_of_blocks_keep_every_rounds_blocks_paired():
+    first, second = _round([1.0, 2.0]), _round([3.0, 4.0])
+    first["regimes"]["hot"]["blocks_p50_ms"] = [1.0, 2.0]
+    second["regimes"]["hot"]["blocks_p50_ms"] = [3.0, 4.0]
+    merged = report.merged_rounds([first, second])["regimes"]["hot"]
+    assert merged["blocks_p50_ms"] == [1.0, 2.0, 3.0, 4.0]
+    assert merged["rounds_p50_ms"] == [1.5, 3.5]
