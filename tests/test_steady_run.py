@@ -356,3 +356,105 @@ def test_a_plan_stops_waking_workers_where_its_settings_have_none(monkeypatch):
         np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w, rtol=1e-4, atol=1e-3)
     assert not lane.plan.wakes_workers
     assert not looked  # the last runs looked for no pool
+
+
+def _lone_classifier(kind: str):
+    """A lone scikit-learn-style classifier over 3 features: its label and scores are the
+    graph's outputs, made anew by its bound call (bound_calls.binds(fresh=True)); with
+    ``passthrough``, the feed is a graph output too."""
+    if kind == "linear":
+        node = helper.make_node(
+            "LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
+            classlabels_ints=[4, 7, 9], coefficients=[0.5, -1.0, 2.0, 1.0, 0.0, -0.5, -1.0,
+                                                      1.0, 0.25],
+            intercepts=[0.0, 0.1, -0.1], post_transform="SOFTMAX")
+    else:
+        node = helper.make_node(
+            "TreeEnsembleClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
+            classlabels_int64s=[0, 1], nodes_treeids=[0, 0, 0, 1, 1, 1],
+            nodes_nodeids=[0, 1, 2, 0, 1, 2], nodes_featureids=[0, 0, 0, 2, 0, 0],
+            nodes_values=[0.0, 0.0, 0.0, 0.5, 0.0, 0.0],
+            nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
+            nodes_truenodeids=[1, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+            class_treeids=[0, 0, 1, 1], class_nodeids=[1, 2, 1, 2], class_ids=[1, 1, 1, 1],
+            class_weights=[0.1, 0.7, 0.2, 0.4], post_transform="LOGISTIC")
+    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", None]),
+               helper.make_tensor_value_info("label", TensorProto.INT64, ["n"])]
+    if kind == "passthrough":
+        outputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3]))
+    graph = helper.make_graph(
+        [node], "lone", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        outputs)
+    return helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+@pytest.fixture
+def one_calls(monkeypatch):
+    """Each run's answer from steady_run.OneCall: True where the one call made it."""
+    from mixrt.runtime import steady_run  # noqa: PLC0415
+    made = []
+    real = steady_run.OneCall.run
+
+    def counted(self, *args):
+        found = real(self, *args)
+        made.append(found is not None)
+        return found
+    monkeypatch.setattr(steady_run.OneCall, "run", counted)
+    return made
+
+
+@pytest.mark.parametrize("kind", ["tree", "linear"])
+def test_a_lone_classifiers_settled_run_is_its_one_call(kind, one_calls, monkeypatch):
+    """Once settled, a lone classifier's run is its bound call alone, answering as the full
+    path does with new arrays every run; a run it does not hold for (feeds out of order, a
+    run limit, another thread, a changed tier) takes the lane and answers alike."""
+    from mixrt.ops.compiled import jit_cpu, jit_tier  # noqa: PLC0415
+    from mixrt.runtime import run_loop, steady_run  # noqa: PLC0415
+    session = mixrt.Session(_lone_classifier(kind).SerializeToString())
+    reference = mixrt.Session(_lone_classifier(kind).SerializeToString())
+    session.wait_compiled()
+    rng = np.random.default_rng(7)
+
+    def answers(x, **run) -> bool:
+        """Does the one call answer ``x``'s run (as the full path does)?"""
+        del one_calls[:]
+        got = session.run(None, {"x": x}, **run)
+        monkeypatch.setattr(run_loop, "BIND", False)
+        want = reference.run(None, {"x": x})
+        monkeypatch.setattr(run_loop, "BIND", True)
+        for found, expected in zip(got, want):
+            np.testing.assert_array_equal(found, expected)
+        return any(one_calls)
+
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    kept = []
+    for _ in range(4):  # planned, unbound, bound, settled
+        answers(x)
+    for run in range(4):
+        x = rng.normal(size=(5, 3)).astype(np.float32)
+        assert answers(x) or not jit_cpu.enabled()
+        kept.append([(value, value.copy()) for value in session.run(None, {"x": x})])
+    for outputs in kept:  # each run's arrays its own: no later run wrote into them
+        for value, then in outputs:
+            np.testing.assert_array_equal(value, then)
+    if not jit_cpu.enabled():
+        return
+    assert not answers(np.asfortranarray(rng.normal(size=(5, 3)).astype(np.float32)))
+    limited = mixrt.RunOptions(timeout=60.0)  # a limit: checked as the lane checks it
+    assert not answers(rng.normal(size=(5, 3)).astype(np.float32), run_options=limited)
+    jit_tier.note_change()  # the lane settles its calls again, then the one call
+    assert [answers(x) for _ in range(2)] == [False, True]
+    monkeypatch.setattr(steady_run, "get_ident", lambda: -1)  # another thread
+    assert not answers(x)
+
+
+def test_a_plan_whose_outputs_the_step_does_not_all_make_takes_the_lane(one_calls):
+    session = mixrt.Session(_lone_classifier("passthrough").SerializeToString())
+    session.wait_compiled()
+    x = np.random.default_rng(8).normal(size=(4, 3)).astype(np.float32)
+    for _ in range(6):
+        scores, label, fed = session.run(None, {"x": x})
+        np.testing.assert_array_equal(fed, x)
+    assert not any(one_calls)
+    assert all(run._one is None for run in session._steady_runs.values())

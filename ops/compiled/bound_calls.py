@@ -65,6 +65,9 @@ def binds(*kernels: Callable, feeds: bool | tuple = False, several: bool = False
     its closure makes new arrays on every call, as the kernel does, and returns them (a
     tuple for several outputs). What it settles once is the route: a scikit-learn
     classifier's one-row call spent ~1.3 us of its ~2.7 in the kernel's checks and lookups.
+    Its closure keeps no native pool (it may ask for one as it runs): a plan of that one
+    call alone is run as the call without asking the pool's settings
+    (``runtime/steady_run.OneCall``).
 
     ``silent``: the closure calls no NumPy ufunc (compiled kernels, ``np.dot``, allocation,
     reshapes and indexing only), so it raises no floating-point warning whatever NumPy's
