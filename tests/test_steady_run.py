@@ -368,16 +368,18 @@ def _lone_classifier(kind: str):
             classlabels_ints=[4, 7, 9], coefficients=[0.5, -1.0, 2.0, 1.0, 0.0, -0.5, -1.0,
                                                       1.0, 0.25],
             intercepts=[0.0, 0.1, -0.1], post_transform="SOFTMAX")
-    else:
+    else:  # two stumps, a row each: (tree, node, feature, threshold, mode, true, false)
+        rows = [(0, 0, 1, -0.25, "BRANCH_LT", 1, 2), (0, 1, 0, 0.0, "LEAF", 0, 0),
+                (0, 2, 0, 0.0, "LEAF", 0, 0), (1, 0, 2, 0.75, "BRANCH_GTE", 1, 2),
+                (1, 1, 0, 0.0, "LEAF", 0, 0), (1, 2, 0, 0.0, "LEAF", 0, 0)]
+        trees, ids, features, thresholds, modes, true_ids, false_ids = map(list, zip(*rows))
         node = helper.make_node(
             "TreeEnsembleClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
-            classlabels_int64s=[0, 1], nodes_treeids=[0, 0, 0, 1, 1, 1],
-            nodes_nodeids=[0, 1, 2, 0, 1, 2], nodes_featureids=[0, 0, 0, 2, 0, 0],
-            nodes_values=[0.0, 0.0, 0.0, 0.5, 0.0, 0.0],
-            nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF", "BRANCH_LT", "LEAF", "LEAF"],
-            nodes_truenodeids=[1, 0, 0, 1, 0, 0], nodes_falsenodeids=[2, 0, 0, 2, 0, 0],
+            classlabels_int64s=[0, 1], nodes_treeids=trees, nodes_nodeids=ids,
+            nodes_featureids=features, nodes_values=thresholds, nodes_modes=modes,
+            nodes_truenodeids=true_ids, nodes_falsenodeids=false_ids,
             class_treeids=[0, 0, 1, 1], class_nodeids=[1, 2, 1, 2], class_ids=[1, 1, 1, 1],
-            class_weights=[0.1, 0.7, 0.2, 0.4], post_transform="LOGISTIC")
+            class_weights=[0.35, 0.6, 0.15, 0.5], post_transform="LOGISTIC")
     outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", None]),
                helper.make_tensor_value_info("label", TensorProto.INT64, ["n"])]
     if kind == "passthrough":
