@@ -360,8 +360,8 @@ def test_a_plan_stops_waking_workers_where_its_settings_have_none(monkeypatch):
 
 def _lone_classifier(kind: str):
     """A lone scikit-learn-style classifier over 3 features: its label and scores are the
-    graph's outputs, made anew by its bound call (bound_calls.binds(fresh=True)); with
-    ``passthrough``, the feed is a graph output too."""
+    graph's outputs (the linear one's in the other order), made anew by its bound call
+    (bound_calls.binds(fresh=True)); with ``passthrough``, the feed is a graph output too."""
     if kind == "linear":
         node = helper.make_node(
             "LinearClassifier", ["x"], ["label", "scores"], domain="ai.onnx.ml",
@@ -380,8 +380,10 @@ def _lone_classifier(kind: str):
             nodes_truenodeids=true_ids, nodes_falsenodeids=false_ids,
             class_treeids=[0, 0, 1, 1], class_nodeids=[1, 2, 1, 2], class_ids=[1, 1, 1, 1],
             class_weights=[0.35, 0.6, 0.15, 0.5], post_transform="LOGISTIC")
-    outputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", None]),
-               helper.make_tensor_value_info("label", TensorProto.INT64, ["n"])]
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, ["n"]),
+               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", None])]
+    if kind == "linear":  # the graph's outputs in another order than the node's
+        outputs.reverse()
     if kind == "passthrough":
         outputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3]))
     graph = helper.make_graph(
@@ -456,7 +458,7 @@ def test_a_plan_whose_outputs_the_step_does_not_all_make_takes_the_lane(one_call
     session.wait_compiled()
     x = np.random.default_rng(8).normal(size=(4, 3)).astype(np.float32)
     for _ in range(6):
-        scores, label, fed = session.run(None, {"x": x})
+        label, scores, fed = session.run(None, {"x": x})
         np.testing.assert_array_equal(fed, x)
     assert not any(one_calls)
     assert all(run._one is None for run in session._steady_runs.values())
