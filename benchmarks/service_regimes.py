@@ -97,12 +97,20 @@ def start_child(name: str, arguments: list[str], env: dict, logs: Path,
 
 
 def answer(child: Child, word: str) -> dict:
-    """The child's next JSON record of kind ``word`` (lines a library printed skipped)."""
-    while True:
-        line = child.readline(time.monotonic() + LINE_TIMEOUT_S)
-        record = json.loads(line) if line.startswith("{") else {}
-        if word in record:
-            return record[word]
+    """The child's next JSON record of kind ``word`` (lines a library printed skipped). A
+    child still running without one after LINE_TIMEOUT_S raises a BenchError that says so
+    (``Child.readline``'s own names _kv_processes' timeout, not this one)."""
+    try:
+        while True:
+            line = child.readline(time.monotonic() + LINE_TIMEOUT_S)
+            record = json.loads(line) if line.startswith("{") else {}
+            if word in record:
+                return record[word]
+    except BenchError:
+        if child.popen.poll() is None:
+            raise BenchError(f"{child.name}: no line within {LINE_TIMEOUT_S:.0f} s"
+                             f"{child.tail()}") from None
+        raise
 
 
 def block(child: Child, regime: str, first: int, count: int) -> dict:
@@ -144,13 +152,12 @@ def lockstep(drawn, common: list[str], caches: Path, logs: Path, mixrt_python: s
     (:func:`regime_in_blocks`): each runtime's result, or its ``failure`` (a crash, a hang)."""
     results: dict = {"onnxruntime": None, "mixrt": None}
     children: dict = {}
-    current = "onnxruntime"
+    current = "starting"  # what the children were doing, for a failure's message
     try:
         children["onnxruntime"], results["onnxruntime"] = start_child(
             f"{drawn.slot}:onnxruntime", ["--runtime", "onnxruntime", *common],
             _child_env(None), logs)
         counts = results["onnxruntime"]["requests"]
-        current = "mixrt"
         children["mixrt"], results["mixrt"] = start_child(
             f"{drawn.slot}:mixrt", ["--runtime", "mixrt", *common,
                                     "--requests", json.dumps(counts)],
@@ -167,7 +174,7 @@ def lockstep(drawn, common: list[str], caches: Path, logs: Path, mixrt_python: s
         for child in children.values():
             child.send(json.dumps({"end": True}) + "\n")
             answer(child, "result")
-    except BenchError as error:  # its message names _kv_processes' timeout, not this one
+    except BenchError as error:  # it names the child (answer)
         message = f"{current}: {error}".replace("\n", " ")[:600]
         results = {runtime: {"failure": message} for runtime in results}
     finally:

@@ -259,3 +259,16 @@ def test_rounds_of_blocks_keep_every_rounds_blocks_paired():
     merged = report.merged_rounds([first, second])["regimes"]["hot"]
     assert merged["blocks_p50_ms"] == [1.0, 2.0, 3.0, 4.0]
     assert merged["rounds_p50_ms"] == [1.5, 3.5]
+
+
+def test_a_child_that_says_nothing_fails_naming_itself_and_the_wait(monkeypatch, tmp_path):
+    import service_regimes
+    from _kv_processes import BenchError, Child
+    monkeypatch.setattr(service_regimes, "LINE_TIMEOUT_S", 1.0)
+    child = Child("tiny:mixrt", [sys.executable, "-c", "import time; time.sleep(30)"],
+                  dict(os.environ), tmp_path)
+    try:
+        with pytest.raises(BenchError, match=r"tiny:mixrt: no line within 1 s"):
+            service_regimes.answer(child, "ready")
+    finally:
+        child.stop()
