@@ -20,11 +20,14 @@ native pool the run pinned, and lapses when the thread's scratch buffers are rea
 (its kit would hold an old one). Whatever does not match takes the full path, which
 records again: two threads calling one node in turn simply both take it.
 
-A record keeps those addresses and layouts only for a node that needs them: one whose call
-came with its recorded output but another input object (``DRIFTS`` in its dict); others
-are matched by identity alone. Reading an array's address costs ~2.5 us, and a service's
-new shape recorded every node's call once, its inputs and output new arena views, never
-to be replayed: ~20 records, 5 layouts each, a 2-layer BERT's new length (2026-11-27).
+A record keeps those addresses and layouts only for a node that needs them, and only of
+the arrays that need them: the positions at which the node's call came with its recorded
+output but another input object (``DRIFTS`` in its dict holds them); other nodes and
+positions are matched by identity alone. Reading an array's address costs ~2.5 us, and a
+service's new shape recorded every node's call once, its inputs and output new arena
+views, never to be replayed: ~20 records, 5 layouts each, a 2-layer BERT's new length
+(2026-11-27). A GPT-2's products, whose activation alone is a view made anew, took four
+layouts a record (its weight, bias and output too) until 2026-11-29.
 """
 
 from __future__ import annotations
@@ -35,20 +38,23 @@ import weakref
 from mixrt.ops.compiled import jit_cpu
 
 KEY = ("replay",)  # its place in a node's dict (in prepacked ones string keys name layouts)
-DRIFTS = ("replay", "drifts")  # present: the node's calls come with inputs made anew
+# present: the node's calls come with inputs made anew, at the positions it holds (a set)
+DRIFTS = ("replay", "drifts")
 
 
 class Replay:
     __slots__ = ("thread", "pool", "scratch", "refs", "layouts", "action")
 
-    def __init__(self, arrays: tuple, action, layouts: bool = False):
+    def __init__(self, arrays: tuple, action, drifting=None):
         self.thread = threading.get_ident()
         self.pool = jit_cpu.native_pool()
         self.scratch = jit_cpu.scratch_generation()
         self.refs = tuple(None if a is None else weakref.ref(a) for a in arrays)
-        # None: matched by identity only, until the node shows an input made anew
-        self.layouts = tuple(None if a is None else _layout(a) for a in arrays) \
-            if layouts else None
+        # None: matched by identity only, until the node shows an input made anew; else
+        # the layout of each array at a drifting position (None elsewhere: by identity)
+        self.layouts = None if not drifting else tuple(
+            None if a is None or index not in drifting else _layout(a)
+            for index, a in enumerate(arrays))
         self.action = action
 
 
@@ -76,24 +82,36 @@ def replayed(prepacked: dict | None, arrays: tuple) -> bool:
             if array is not None:
                 return False
         elif ref() is not array:
-            if layouts is None:
+            known = None if layouts is None else layouts[index]
+            if known is None:
                 # the same output, another input object: a view made anew each run, which
                 # the next record keeps by its layout (another output: another shape's)
                 if refs[-1] is not None and refs[-1]() is arrays[-1]:
-                    prepacked[DRIFTS] = True
+                    _drifts_at(prepacked, refs, arrays)
                 return False
-            if array is None or _layout(array) != layouts[index]:
+            if array is None or _layout(array) != known:
                 return False
     found.action(*arrays)
     return True
 
 
+def _drifts_at(prepacked: dict, refs: tuple, arrays: tuple) -> None:
+    """Note in the node's dict the positions whose array is not the recorded one (the next
+    record keeps their layouts)."""
+    drifting = prepacked.get(DRIFTS)
+    if drifting is None:
+        drifting = prepacked[DRIFTS] = set()
+    drifting.update(index for index, (ref, array) in enumerate(zip(refs, arrays))
+                    if ref is not None and ref() is not array)
+
+
 def record(prepacked: dict | None, arrays: tuple, action) -> None:
     """Keep ``action(*arrays)`` as the node's call on these very arrays (the caller checks
     that ``out``, the last, was given: a call that made its own output is not replayed);
-    with their layouts where the node has shown an input made anew (``DRIFTS``)."""
+    with the layouts of those at the positions where the node has shown an input made anew
+    (``DRIFTS``)."""
     if prepacked is not None:
-        prepacked[KEY] = Replay(arrays, action, DRIFTS in prepacked)
+        prepacked[KEY] = Replay(arrays, action, prepacked.get(DRIFTS))
 
 
 def forget(prepacked: dict | None) -> None:

@@ -173,8 +173,9 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     shape (a node's attributes never change): computing it again took ~2.5 us of every
     call, as long as a ShuffleNet layer's epilogue. The pads are part of the key: a
     FusedConvPool's bands (ops/conv/fused_conv_pool.py) call one node's kernel with pads of
-    their own."""
-    key = ("geometry", X.shape, W.shape, None if pads is None else tuple(pads))
+    their own. The batch is not: the geometry is an image's, and a service's batches of one
+    image size share it (and leave the node's layouts kept longer, ``per_shape``)."""
+    key = ("geometry", X.shape[1:], W.shape, None if pads is None else tuple(pads))
     return per_shape(prepacked, key, lambda: conv_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 

@@ -30,7 +30,7 @@ import numpy as np
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 from mixrt.ops.conv.direct_forms import STRIP
-from mixrt.ops.conv.direct_layout import _row_parts, _strip_parts, layout
+from mixrt.ops.conv.direct_layout import _row_parts, _strip_parts, empty_operands, layout
 # not called here: the other convolutions (conv_cpu.py, conv_pool_cpu.py, conv_grad_cpu.py,
 # pointwise_rows.py, ops/nn/fused_cpu.py) import them from this module
 from mixrt.ops.conv.direct_forms import NO_ACTIVATION, activation_limits  # noqa: F401
@@ -101,63 +101,42 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
 
 
 class _Kit:
-    """One thread's prepared call of a node's convolution for one dtype and epilogue: the
-    words ``_jit_panels.native_conv`` reads its fixed arguments from (laid out like the
-    pool's block), the arrays they point to, and the bias as the tile reads it. Kept by
-    ``jit_cpu.scratch_kit`` until a scratch buffer it points to is reallocated."""
+    """One thread's prepared call of a node's convolution for one dtype and epilogue at one
+    image size: the words ``_jit_panels.native_conv`` reads its fixed arguments from (laid
+    out like the pool's block), the arrays they point to, and the bias as the tile reads
+    it. Kept by ``jit_cpu.scratch_kit`` until a scratch buffer it points to is reallocated.
+
+    What does not change with the image size (the spills, the edges, the packed weight,
+    the epilogue's limits, the bias buffers) is the node's :class:`_KitBase`, made once per
+    thread; a kit copies its words and writes the size's own: its phase planes, its parts.
+    A CNN makes a kit per convolution at each new image size, and making the whole of one
+    cost ~38 us (RegNet-Y-400MF: ~28 a new size, 2026-11-29)."""
 
     def __init__(self, plan, dtype, limits):
-        kernels, parts = _kernels(), plan.native_parts()
-        scratch = jit_cpu.scratch_address
-        empty = parts.empty(dtype)
+        base = jit_cpu.scratch_kit(_weight_of(plan), ("kit base", dtype.str, limits,
+                                                      _form(plan), plan.strips),
+                                   lambda: _KitBase(plan, dtype, limits))
+        kernels, parts = base.kernels, plan.native_parts()
+        self._zeros, self._padded = base.zeros, base.padded
+        words = base.words.copy()
         flat_size = (math.prod(plan.planes_shape),)
-        pointwise = not plan.taps
-        edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
-        slope, low, high = limits
-        length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
-            else plan.weights.shape[0]
-        self._zeros, self._padded = np.zeros(length, dtype), np.zeros(length, dtype)
-        # this thread's scratch arrays come with their addresses (jit_cpu keeps both)
-        placed = {
-            kernels.PLANES: scratch("direct_planes", dtype, flat_size),
-            kernels.WORKER_PLANES: scratch("direct_planes_worker", dtype, flat_size),
-            kernels.SPILL: scratch("direct_spill", dtype, (plan.width, STRIP)),
-            kernels.WORKER_SPILL: scratch("direct_spill_worker", dtype, (plan.width, STRIP)),
-        }
-        if pointwise:
-            placed[kernels.EDGE] = scratch("direct_edge", dtype, edge_shape)
-            placed[kernels.WORKER_EDGE] = scratch("direct_edge_worker", dtype, edge_shape)
-        arrays = {
-            kernels.ROWS_AT: parts.rows_at, kernels.PLACES: parts.places,
-            kernels.BOUNDS: parts.bounds,
-            kernels.PANELS: plan.panels if plan.taps and not plan.left else empty[3],
-            kernels.WEIGHTS: plan.weights if plan.left or pointwise else empty[2],
-            kernels.LIMITS: np.array((low, high, slope), dtype),
-            kernels.NO_BIAS: np.zeros(plan.width, dtype),
-        }
-        if not pointwise:
-            arrays[kernels.EDGE] = arrays[kernels.WORKER_EDGE] = empty[2]
-        # filled as a list and made an array once: ~12 slots written one by one into the
-        # int64 array, each address through ``ndarray.ctypes``, cost ~50 us a kit, and a
-        # CNN makes a kit per convolution at each new image size (2026-11-27)
-        words = [0] * kernels.BLOCK_WORDS
-        for slot, (array, address) in placed.items():
+        for slot, name in ((kernels.PLANES, "direct_planes"),
+                           (kernels.WORKER_PLANES, "direct_planes_worker")):
+            words[slot], words[slot + 1] = jit_cpu.scratch_address(name, dtype, flat_size)[1], \
+                flat_size[0]
+        for slot, (array, address) in zip((kernels.ROWS_AT, kernels.PLACES, kernels.BOUNDS),
+                                          parts.addressed()):
             words[slot] = address
             words[slot + 1:slot + 1 + array.ndim] = array.shape
-        for slot, array in arrays.items():
-            words[slot] = array.__array_interface__["data"][0]
-            words[slot + 1:slot + 1 + array.ndim] = array.shape
-        arrays.update((slot, array) for slot, (array, _) in placed.items())
-        scalars = {kernels.ITEMSIZE: dtype.itemsize, kernels.TAPS: _form(plan),
-                   kernels.BY_ROWS: plan.by_rows, kernels.STRIPS: plan.strips,
-                   kernels.IN_PLACE: plan.in_place, kernels.PARTS: parts.count,
-                   kernels.CHUNK: parts.chunk, kernels.ROW_BLOCK: parts.row_block}
-        for slot, value in scalars.items():
+        scalars = ((kernels.BY_ROWS, plan.by_rows), (kernels.STRIPS, plan.strips),
+                   (kernels.IN_PLACE, plan.in_place), (kernels.PARTS, parts.count),
+                   (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block))
+        for slot, value in scalars:
             words[slot] = int(value)
         words[kernels.SHAPE0:kernels.SHAPE0 + 4] = parts.shape
         words[kernels.PH:kernels.PH + 9] = parts.geometry
         self.words = np.array(words, np.int64)
-        self._arrays = arrays  # the words point into these
+        self._kept = (base, parts)  # the words point into their arrays
 
     def bias(self, B, m) -> np.ndarray:
         """B as the tile reads it: one per output channel, zeros past M to a whole panel."""
@@ -165,8 +144,62 @@ class _Kit:
             return self._zeros
         if self._zeros.size == m and B.dtype == self._zeros.dtype and B.flags.c_contiguous:
             return B.reshape(m)
-        self._padded[:m] = B.reshape(m)  # past M it stays zero
+        self._padded[:m] = B.reshape(m)  # past M it stays zero (one thread's calls in turn)
         return self._padded
+
+
+def _weight_of(plan):
+    """The packed weight a layout computes with: the node's, shared by its layouts of every
+    image size (``direct_layout._packed_once``), so it keys what they share."""
+    return plan.panels if plan.taps and not plan.left else plan.weights
+
+
+class _KitBase:
+    """What a node's kits share on one thread for one dtype and epilogue (see
+    :class:`_Kit`): the words of its scratch spills and edges, its packed weight, limits,
+    and the bias buffers."""
+
+    def __init__(self, plan, dtype, limits):
+        kernels = self.kernels = _kernels()
+        scratch = jit_cpu.scratch_address
+        empty = empty_operands(dtype)
+        pointwise = not plan.taps
+        edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
+        slope, low, high = limits
+        length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
+            else plan.weights.shape[0]
+        self.zeros, self.padded = np.zeros(length, dtype), np.zeros(length, dtype)
+        # this thread's scratch arrays come with their addresses (jit_cpu keeps both)
+        placed = {
+            kernels.SPILL: scratch("direct_spill", dtype, (plan.width, STRIP)),
+            kernels.WORKER_SPILL: scratch("direct_spill_worker", dtype, (plan.width, STRIP)),
+        }
+        if pointwise:
+            placed[kernels.EDGE] = scratch("direct_edge", dtype, edge_shape)
+            placed[kernels.WORKER_EDGE] = scratch("direct_edge_worker", dtype, edge_shape)
+        arrays = {
+            kernels.PANELS: plan.panels if plan.taps and not plan.left else empty[3],
+            kernels.WEIGHTS: plan.weights if plan.left or pointwise else empty[2],
+            kernels.LIMITS: np.array((low, high, slope), dtype),
+            kernels.NO_BIAS: np.zeros(plan.width, dtype),
+        }
+        if not pointwise:
+            arrays[kernels.EDGE] = arrays[kernels.WORKER_EDGE] = empty[2]
+        # filled as a list and made an array by each kit: ~12 slots written one by one into
+        # the int64 array, each address through ``ndarray.ctypes``, cost ~50 us a kit
+        # (2026-11-27)
+        words = [0] * kernels.BLOCK_WORDS
+        for slot, (array, address) in placed.items():
+            words[slot] = address
+            words[slot + 1:slot + 1 + array.ndim] = array.shape
+        for slot, array in arrays.items():
+            words[slot] = array.__array_interface__["data"][0]
+            words[slot + 1:slot + 1 + array.ndim] = array.shape
+        words[kernels.ITEMSIZE] = dtype.itemsize
+        words[kernels.TAPS] = _form(plan)
+        self.words = words
+        arrays.update((slot, array) for slot, (array, _) in placed.items())
+        self._arrays = arrays  # the words point into these
 
 
 def _conv_threads(plan, X, B, Z, limits, out):

@@ -161,22 +161,42 @@ class _NativeParts:
         else:
             self.count = len(_strip_parts(plan.weights.shape[0]))
             self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
-        rows = [plan.places(r0, r1) for r0, r1 in bands] if plan.taps else [np.zeros(1, np.int64)]
-        self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
-        for i, row in enumerate(rows):
-            self.places[i, :row.size] = row
-        self.rows_at = plan.rows_at if plan.taps else np.zeros(1, np.int64)
+        if plan.taps:
+            rows = [plan.places(r0, r1) for r0, r1 in bands]
+            self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
+            for i, row in enumerate(rows):
+                self.places[i, :row.size] = row
+            self.rows_at = plan.rows_at
+        else:  # a 1x1 kernel reads neither: the shared placeholders
+            self.places, self.rows_at = _NO_PLACES, _NO_ROWS
         self.shape = (0, 0, 0, 0) if plan.strips else tuple(int(v) for v in plan.planes_shape)
         self.geometry = (*plan.plane_dims, *plan.strides, *plan.begin, plan.halo, oh, ow)
-        self._empty: dict = {}
 
-    def empty(self, dtype) -> dict:
-        """Empty arrays of 2 and 3 dimensions, for the form's unused operand."""
-        found = self._empty.get(dtype)
-        if found is None:
-            found = self._empty.setdefault(dtype, {2: np.zeros((0, 0), dtype),
-                                                   3: np.zeros((0, 0, 0), dtype)})
-        return found
+    def addressed(self) -> tuple:
+        """(array, its address) of ``rows_at``, ``places`` and ``bounds``, as a kit's words
+        hold them (a placeholder's address read once for the process)."""
+        return tuple((array, _ADDRESSES.get(id(array)) or array.__array_interface__["data"][0])
+                     for array in (self.rows_at, self.places, self.bounds))
+
+
+# a 1x1 kernel's parts read no tap offsets nor places: placeholders shared by all (read only),
+# their addresses read once
+_NO_ROWS = np.zeros(1, np.int64)
+_NO_PLACES = np.zeros((1, 1), np.int64)
+_NO_ROWS.flags.writeable = _NO_PLACES.flags.writeable = False
+_ADDRESSES = {id(array): array.__array_interface__["data"][0] for array in (_NO_ROWS, _NO_PLACES)}
+# the empty operands of a form that does not use one (its panels or its weight), per dtype
+_EMPTY: dict = {}
+
+
+def empty_operands(dtype) -> dict:
+    """Empty arrays of 2 and 3 dimensions of ``dtype``, for the form's unused operand (shared,
+    read only: they hold nothing)."""
+    key = np.dtype(dtype)
+    found = _EMPTY.get(key)
+    if found is None:
+        found = _EMPTY.setdefault(key, {2: np.zeros((0, 0), key), 3: np.zeros((0, 0, 0), key)})
+    return found
 
 
 def _tap_offsets(c, plane_stride, pw, kernel, strides, dilations, phases_x):

@@ -123,9 +123,11 @@ def dense_product(A, B, out, prepacked=None, replays=None, recorded=()):
 def biased_gemm_product(A, B, C, transA, transB, out, prepacked, replays=None,
                         recorded=()) -> bool:
     """``out = A' B' + C`` with C one value per column, the bias added in the panels
-    (:func:`biased_panel_product`); False, nothing written, where that does not apply."""
+    (:func:`biased_panel_product`); False, nothing written, where that does not apply. The
+    node's rows route (:class:`RowsRoute`) is kept by B as the node has it, transposed or
+    not (``B.T`` is a new view each call)."""
     return C is not None and not transA and biased_panel_product(
-        A, B.T if transB else B, C, out, prepacked, replays, recorded)
+        A, B.T if transB else B, C, out, prepacked, replays, recorded, source=B)
 
 
 def graph_output(A, B, transA=0, transB=0):
@@ -286,19 +288,20 @@ def pack_panels(B) -> np.ndarray:
     return panels
 
 
-def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=()):
+def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), source=None):
     """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
     dtype, contiguous) when given, added to each tile as it is finished; the panels split
     over the intra-op threads: through the native pool where there is one (its hand-off
     never takes the GIL), else ``parallel_for``. The call is kept as the node's replay in
     ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the node's arrays
     ``recorded``, whose first is A and last ``out``: the checks and the arguments cost ~7
-    us of a 64 x 256 @ 256 x 256 product's ~32."""
+    us of a 64 x 256 @ 256 x 256 product's ~32. ``source``: the weight as the node has it,
+    where B is a view made of it (Gemm's transposed B), for its rows route."""
     call = panel_call(A, B, prepacked, bias)
     call(A, out)
     if replays is not None:
         replay.record(replays, recorded, panel_action(call))
-        replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype)
+        replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype, B if source is None else source)
     return out
 
 
@@ -325,13 +328,15 @@ ROWS_ROUTE = ("panel rows route",)  # its place in the node's prepacked dict
 
 class RowsRoute:
     """What a node's panel product at any rows needs from its last full route: the
-    constant weight and bias it was settled for (compared by identity), their dtype, and
-    the thread, native pool and scratch it ran on (as a replay is tied to them)."""
+    constant weight and bias it was settled for (compared by identity: ``source``, the
+    weight as the node has it, B the (K, N) operand made of it), their dtype, and the
+    thread, native pool and scratch it ran on (as a replay is tied to them)."""
 
-    __slots__ = ("B", "bias", "dtype", "thread", "pool", "scratch", "streamed")
+    __slots__ = ("B", "source", "bias", "dtype", "thread", "pool", "scratch", "streamed")
 
-    def __init__(self, B, bias, dtype):
+    def __init__(self, B, bias, dtype, source=None):
         self.B, self.bias, self.dtype = B, bias, np.dtype(dtype)
+        self.source = B if source is None else source
         self.thread = threading.get_ident()
         self.pool = jit_cpu.native_pool()
         self.scratch = jit_cpu.scratch_generation()
@@ -341,16 +346,17 @@ class RowsRoute:
 def rows_route(prepacked, A, B, bias, out, recorded) -> bool:
     """``out = A @ B (+ bias)`` through the node's panels at A's rows, recorded as its
     replay under ``recorded`` (the node's arrays, A first and ``out`` last), where its
-    RowsRoute holds for these arrays: the same weight, bias, dtype, thread, pool and
-    scratch; A and ``out`` C-contiguous and apart; at least two rows (one goes to the
-    BLAS); and past what sends a product to the few-rows and tiny forms (PANEL_MIN_WORK
-    unless the weight is streamed, TINY_WORK in any case). False, nothing written,
-    otherwise: the caller takes the full route."""
+    RowsRoute holds for these arrays: the same weight (B as the node has it: a Gemm's
+    untransposed one), bias, dtype, thread, pool and scratch; A and ``out`` C-contiguous
+    and apart; at least two rows (one goes to the BLAS); and past what sends a product to
+    the few-rows and tiny forms (PANEL_MIN_WORK unless the weight is streamed, TINY_WORK
+    in any case). False, nothing written, otherwise: the caller takes the full route."""
     route = None if prepacked is None else prepacked.get(ROWS_ROUTE)
-    if route is None or route.B is not B or route.bias is not bias \
+    if route is None or route.source is not B or route.bias is not bias \
             or A.__class__ is not np.ndarray or out.__class__ is not np.ndarray \
             or A.dtype != route.dtype or out.dtype != route.dtype:
         return False
+    B = route.B
     k, n = B.shape
     if A.ndim < 2 or A.shape[-1] != k or not A.flags.c_contiguous \
             or not out.flags.c_contiguous:
@@ -509,16 +515,17 @@ def _parts_table(count: int, rows: int, strip: int, wanted: int) -> np.ndarray:
 _NO_BIAS = {np.dtype(t).char: np.zeros(0, t) for t in (np.float32, np.float64)}
 
 
-def biased_panel_product(A, B, bias, out, prepacked, replays=None, recorded=()) -> bool:
+def biased_panel_product(A, B, bias, out, prepacked, replays=None, recorded=(),
+                         source=None) -> bool:
     """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
     (the same float additions as ``out += bias`` afterwards) when :func:`panels_suit` and
     ``bias`` is one contiguous value per column of A's dtype; False, nothing written,
-    otherwise. ``replays``, ``recorded``: as for :func:`panel_product`."""
+    otherwise. ``replays``, ``recorded``, ``source``: as for :func:`panel_product`."""
     if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \
             or B.ndim != 2 or bias.shape[0] != B.shape[1] \
             or not panels_suit(A, B, out, prepacked):
         return False
-    panel_product(A, B, out, prepacked, bias, replays, recorded)
+    panel_product(A, B, out, prepacked, bias, replays, recorded, source)
     return True
 
 

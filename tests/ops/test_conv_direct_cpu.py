@@ -682,7 +682,7 @@ def test_a_node_keeps_what_it_worked_out_for_its_latest_input_shapes_only(every_
         X = _rand(1, 3, side, side)
         got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked)
         np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
-    for kind, image in (("geometry", (1, 3)), ("direct", (3,))):  # keyed by X's shape or C, H, W
+    for kind, image in (("geometry", (3,)), ("direct", (3,))):  # both keyed by C, H, W
         shapes = [key[1] for key in _kept(prepacked) if key[0] == kind]
         assert len(shapes) <= workspace.MAX_SHAPES_KEPT
         assert image + (sides[-1], sides[-1]) in shapes  # the newest kept
@@ -690,3 +690,16 @@ def test_a_node_keeps_what_it_worked_out_for_its_latest_input_shapes_only(every_
     X = _rand(1, 3, 6, 6)
     np.testing.assert_allclose(conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked),
                                _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+
+
+def test_a_new_batch_of_a_known_image_size_reuses_its_geometry_and_layout(every_shape):
+    """A node's geometry and layout are an image's: a batch of another size of images it has
+    met works neither out again, and its answer is the convolution's."""
+    W = _rand(4, 3, 3, 3)
+    prepacked: dict = {}
+    for batch in (1, 3, 2):
+        X = _rand(batch, 3, 9, 11)
+        got = conv_cpu(np, X, W, pads=[1] * 4, _prepacked=prepacked)
+        np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
+    kinds = [key[0] for key in _kept(prepacked)]
+    assert kinds.count("geometry") == 1 and kinds.count("direct") == 1

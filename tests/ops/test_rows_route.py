@@ -137,3 +137,41 @@ def test_a_sessions_new_lengths_take_their_products_rows_routes(full_routes):
         (y,) = session.run(None, {"x": x})
         np.testing.assert_allclose(y, -(np.maximum(x @ w1 + b1, 0) @ w2), rtol=1e-4, atol=1e-4)
     assert len(full_routes) == before  # every product of every new length: its rows route
+
+
+def _gemm(node, A, B, bias, out):
+    from mixrt.ops.nn import nn_cpu
+    with jit_cpu.native_run(True):
+        return nn_cpu.gemm_cpu(np, A, B, bias, transB=1, out=out, _prepacked=node)
+
+
+def test_a_gemm_with_a_transposed_weight_takes_its_rows_route(full_routes):
+    """A PyTorch Linear's Gemm (transB): its weight's transposed view is made anew each call,
+    yet the route is kept by the weight the node has, and new rows get the full route's
+    bits; a bias that is not the recorded one, or alpha, sends it the full way."""
+    B = (RNG.standard_normal((320, 128)) * 0.1).astype(np.float32)  # (N, K): 160 KB
+    bias = RNG.standard_normal(320).astype(np.float32)
+    node = _node()
+    A = RNG.standard_normal((40, 128)).astype(np.float32)
+    _gemm(node, A, B, bias, np.empty((40, 320), np.float32))
+    assert ROWS_ROUTE in node and node[ROWS_ROUTE].source is B
+    routed = len(full_routes)
+    for rows in (17, 64, 9, 300):
+        A = RNG.standard_normal((rows, 128)).astype(np.float32)
+        out = np.empty((rows, 320), np.float32)
+        _gemm(node, A, B, bias, out)
+        fresh = np.empty_like(out)
+        _gemm(_node(), A, B, bias, fresh)  # the full route, on a node of its own
+        np.testing.assert_array_equal(out, fresh)
+        np.testing.assert_allclose(out, A @ B.T + bias, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == routed + 4  # the fresh nodes' only
+    other = bias.copy()  # equal values, another array: not the route's bias
+    A = RNG.standard_normal((23, 128)).astype(np.float32)
+    out = np.empty((23, 320), np.float32)
+    _gemm(node, A, B, other, out)
+    np.testing.assert_allclose(out, A @ B.T + other, rtol=1e-5, atol=1e-4)
+    assert len(full_routes) == routed + 5
+    from mixrt.ops.nn import nn_cpu
+    with jit_cpu.native_run(True):
+        nn_cpu.gemm_cpu(np, A, B, bias, alpha=0.5, transB=1, out=out, _prepacked=node)
+    np.testing.assert_allclose(out, 0.5 * (A @ B.T) + bias, rtol=1e-5, atol=1e-4)
