@@ -729,6 +729,80 @@ def test_a_guard_that_is_not_zero_or_a_reshape_that_moves_values_keeps_attention
     assert "FusedAttention" not in ops(checked(graph, feeds, 2))
 
 
+def exporter_attention_graph(target="own dims", shape_elsewhere=False) -> tuple[Graph, dict]:
+    """Attention as the transformers exporter writes it since 2025 (BERT, GPT-2, DistilBERT):
+    Q, K and V parts of one projection's Split, each reshaped to (batch, seq, heads, size)
+    and transposed heads first, Q's transpose read by a Shape too; K and V through a KV
+    cache's Concat of one input; the scales on Q and K^T, the mask, the guard; and the
+    values product reshaped to a shape made of its own dims (``Reshape(o, [o.shape[0], -1,
+    q.shape[2], v.shape[3]])``) before the last Transpose. ``target="moved"`` takes q's
+    size instead of v's for the last dim (not the product's shape); ``shape_elsewhere``: the
+    product's Shape is also a graph output."""
+    perm, h, d = [0, 2, 1, 3], 2, 4
+    nodes = [const("parts", np.array([h * d] * 3, np.int64)),
+             node("Split", ["x", "parts"], ["q2", "k2", "v2"], axis=2),
+             const("heads", np.array([0, 0, h, d], np.int64))]
+    for name in "qkv":
+        nodes += [node("Reshape", [f"{name}2", "heads"], [f"{name}4"]),
+                  node("Transpose", [f"{name}4"], [f"{name}h"], perm=perm)]
+    nodes += [node("Concat", ["kh"], ["kc"], axis=-2), node("Concat", ["vh"], ["vc"], axis=-2),
+              const("root", np.float32(0.5)), node("Mul", ["qh", "root"], ["qs"]),
+              node("Transpose", ["kc"], ["kt"], perm=[0, 1, 3, 2]),
+              node("Mul", ["kt", "root"], ["ks"]), node("MatMul", ["qs", "ks"], ["s"]),
+              node("Add", ["s", "m"], ["masked"]), node("Softmax", ["masked"], ["p"], axis=-1),
+              node("IsNaN", ["p"], ["bad"]), const("zero", np.float32(0.0)),
+              node("Where", ["bad", "zero", "p"], ["pg"]), node("MatMul", ["pg", "vc"], ["o"]),
+              const("first", np.array(0, np.int64)), const("seq", np.array(2, np.int64)),
+              const("size", np.array(3, np.int64)), const("axis0", np.array([0], np.int64)),
+              const("open", np.array([-1], np.int64)),
+              node("Shape", ["o"], ["o_shape"]), node("Gather", ["o_shape", "first"], ["o0"]),
+              node("Shape", ["qh"], ["q_shape"]), node("Gather", ["q_shape", "seq"], ["q2d"]),
+              node("Shape", ["vc" if target == "own dims" else "qh"], ["v_shape"]),
+              node("Gather", ["v_shape", "size"], ["v3"])]
+    pieces = []
+    for name in ("o0", "q2d", "v3"):
+        nodes.append(node("Unsqueeze", [name, "axis0"], [f"{name}u"]))
+        pieces.append(f"{name}u")
+    nodes += [node("Concat", [pieces[0], "open", pieces[1], pieces[2]], ["target"], axis=0),
+              node("Reshape", ["o", "target"], ["o2"]),
+              node("Transpose", ["o2"], ["y"], perm=perm)]
+    b, s = 2, 5
+    feeds = {"x": rand(b, s, 3 * h * d),
+             "m": np.where(RNG.random((b, 1, s, s)) < 0.3, -np.inf, 0).astype(np.float32)}
+    feeds["m"][0, 0, 1] = -np.inf  # one query sees no key: the guard's zeros
+    outputs = [("y", None)] + ([("o_shape", None)] if shape_elsewhere else [])
+    return graph_of(nodes, [("x", ["b", "s", 3 * h * d]), ("m", ["b", 1, "s", "s"])],
+                    outputs), feeds
+
+
+def test_the_transformers_exporters_attention_becomes_one_node_reading_its_projections():
+    graph, feeds = exporter_attention_graph()
+    optimized = checked(graph, feeds, 2)
+    fused = [n for n in optimized.nodes if n.op_type == "FusedAttention"]
+    assert len(fused) == 1 and "Transpose" not in ops(optimized)
+    # Q, K and V read where their Reshapes left them, sequence first: no transposes
+    assert fused[0].inputs == ["q4", "k4", "v4", "m"]
+    assert fused[0].attributes.get("heads_first") is None
+    assert fused[0].attributes["scale"] == pytest.approx(0.25)
+    assert ops(optimized)["Concat"] == 0 and ops(optimized)["Shape"] == 0
+    assert np.all(run(optimized, feeds)[0][0, 1] == 0)
+
+
+@pytest.mark.parametrize("variant", ["moved", "shape elsewhere"])
+def test_a_reshape_to_other_dims_or_a_product_shape_read_elsewhere_keeps_attention_unfused(
+        variant):
+    graph, feeds = exporter_attention_graph(target="moved" if variant == "moved" else
+                                            "own dims", shape_elsewhere=variant != "moved")
+    assert "FusedAttention" not in ops(checked(graph, feeds, 2))
+
+
+def test_a_concat_of_one_input_is_removed_where_its_axis_is_in_the_rank():
+    kept = graph_of([node("Concat", ["x"], ["y"], axis=1)], [("x", [2, 3])], [("y", None)])
+    assert "Concat" not in ops(checked(kept, {"x": rand(2, 3)}, 1))
+    bad = graph_of([node("Concat", ["x"], ["y"], axis=2)], [("x", [2, 3])], [("y", None)])
+    assert "Concat" in ops(optimize(bad, 1))  # out of the rank: its error stays
+
+
 def grouped_attention_graph(key_form="transpose", v_repeat=2) -> tuple[Graph, dict]:
     """Grouped-query attention as Llama's exports spell it: K and V heads first with 2
     heads, each repeated (Unsqueeze at 2, Expand, Reshape) to Q's 4 (``v_repeat=None``: V

@@ -34,13 +34,49 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.attention.fused_attention import HEADS_FIRST_KEY_PERM, KEY_PERM, QUERY_PERM
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, PatternMatch, constant_ints, dtype_of,
+from mixrt.runtime.passes.rewrite import (GraphIndex, PatternMatch, constant_ints,
+                                          constant_scopes, dtype_of, eliminate_dead_nodes,
                                           fuse_into_mixrt, kernel_for, remove_nodes)
 
 
 def fuse_attention(graph: Graph, ir_version: int | None) -> int:
     """Replace each attention pattern by one FusedAttention node; returns how many."""
-    return fuse_into_mixrt(graph, ir_version, infer_types(graph), "Softmax", _Match)
+    fused = fuse_into_mixrt(graph, ir_version, infer_types(graph), "Softmax", _Match)
+    if fused:
+        eliminate_dead_nodes(graph)  # the shape arithmetic of the Reshapes fused away
+        for g, _ in constant_scopes(graph, ir_version):
+            _absorb_input_transposes(g)
+    return fused
+
+
+def _absorb_input_transposes(g: Graph) -> None:
+    """A FusedAttention input that comes heads first from a Transpose [0, 2, 1, 3] of its
+    own (the transformers exporter's Q, K and V, which a Shape read too until the fusion
+    took the shape arithmetic away) read as the Transpose's input, sequence first: the
+    compiled heads read that layout where it lies, where a heads-first input cost the
+    Transpose's copy and the kernel's copy back (GPT-2: six a layer)."""
+    index = GraphIndex(g)
+    doomed = []
+    for node in g.nodes:
+        if node.domain != MIXRT or node.op_type != "FusedAttention" \
+                or int(node.attributes.get("kv_repeat", 1)) != 1:
+            continue
+        flags = [int(f) for f in node.attributes.get("heads_first", (0, 0, 0))]
+        for position in range(3):
+            transpose = index.producers.get(node.inputs[position])
+            if not flags[position] or transpose is None or transpose.domain \
+                    or transpose.op_type != "Transpose" \
+                    or tuple(transpose.attributes.get("perm", ())) != QUERY_PERM \
+                    or index.counts[transpose.outputs[0]] != 1 \
+                    or transpose.outputs[0] in g.output_names:
+                continue
+            node.inputs[position], flags[position] = transpose.inputs[0], 0
+            doomed.append(transpose)
+        if any(flags):
+            node.attributes["heads_first"] = flags
+        else:
+            node.attributes.pop("heads_first", None)
+    remove_nodes(g, doomed)
 
 
 class _Match(PatternMatch):
@@ -99,13 +135,16 @@ class _Match(PatternMatch):
         scores = self._scores_product(softmax.inputs[0])
         if scores is None:
             return None
-        q, q_first = self._heads(self._unscaled(scores.inputs[0]))
+        unscaled_q = self._unscaled(scores.inputs[0])
+        q, q_first = self._heads(unscaled_q)
         k, k_first = self._key(self._unscaled(scores.inputs[1]))
         probabilities = self._guarded(softmax.outputs[0])
         product = None if probabilities is None else self._reader(probabilities, "MatMul")
         if q is None or k is None or product is None or product.inputs[0] != probabilities:
             return None
         v, v_first = self._heads(product.inputs[1])
+        # tensors of the heads-first Q's shape (batch, heads, seq, size), and of V's
+        self.alike = {"q": {scores.inputs[0], unscaled_q}, "v": {product.inputs[1]}}
         last = self._output_transpose(product.outputs[0])
         if v is None or last is None:
             return None
@@ -279,7 +318,8 @@ class _Match(PatternMatch):
 
     def _output_transpose(self, name: str) -> Node | None:
         """The Transpose [0, 2, 1, 3] that reads the values product, through an optional
-        Reshape that keeps its shape (the Llama exports')."""
+        Reshape that keeps its shape: the Llama exports' (the shapes say so), or one to a
+        shape made of the product's own dims (:meth:`_own_shape_reshape`)."""
         reshape = self._reader(name, "Reshape")
         if reshape is not None:
             shape = self._shape(name)
@@ -287,10 +327,85 @@ class _Match(PatternMatch):
                 return None
             self.covered.append(reshape)
             name = reshape.outputs[0]
+        else:
+            name = self._own_shape_reshape(name) or name
         last = self._reader(name, "Transpose")
         if last is None or tuple(last.attributes.get("perm", ())) != QUERY_PERM:
             return None
         return last
+
+    def _own_shape_reshape(self, name: str) -> str | None:
+        """The output of a Reshape of the values product ``name`` (batch, heads, seq, size)
+        to a shape made of its own dims, which the transformers exporter writes as
+        ``Reshape(P, Concat(Shape(P)[0], -1, Shape(Q)[2], Shape(V)[3]))`` (BERT, GPT-2,
+        DistilBERT since 2025): the Reshape, and the Shape of ``name`` that makes its
+        target, covered. None (nothing covered) unless ``name``'s readers are that Reshape
+        and Shapes whose every use ends in its target."""
+        readers = self.readers.get(name, [])
+        reshapes = [n for n in readers if n.op_type == "Reshape"]
+        shapes = [n for n in readers if n.op_type == "Shape"]
+        if len(reshapes) != 1 or len(reshapes) + len(shapes) != len(readers) \
+                or name in self.g.output_names or not self._plain(reshapes[0], "Reshape") \
+                or reshapes[0].inputs[0] != name \
+                or any(n.domain or n.attributes or n.inputs != [name] for n in shapes):
+            return None
+        reshape = reshapes[0]
+        target = self._producer(reshape.inputs[1], "Concat")
+        chain = [] if target is None else self._own_dims(target, name)
+        if chain is None or target is None:
+            return None
+        inside = {id(n) for n in chain + [target]}
+        # every Shape of the product feeds the target alone: it goes with the pattern
+        for shape in shapes:
+            if id(shape) not in inside:
+                return None
+        self.covered += chain + [target, reshape]
+        return reshape.outputs[0]
+
+    def _own_dims(self, target: Node, name: str) -> list | None:
+        """The nodes (Shape, Gather, Unsqueeze) of ``target``'s pieces that read ``name``'s
+        dims, when ``target`` (a Concat on axis 0) lists the product's dims in order, each
+        read from its own shape, from Q's (its sequence) or from V's (its size), and at most
+        one left -1; else None."""
+        if target.attributes.get("axis") != 0 or len(target.inputs) != 4:
+            return None
+        chain, open_dims = [], 0
+        for axis, piece in enumerate(target.inputs):
+            if constant_ints(self.constants, piece) == [-1]:
+                open_dims += 1
+                continue
+            found = self._dim_piece(piece)
+            if found is None:
+                return None
+            source, index, nodes = found
+            if not (source == name and index == axis or index == axis == 2
+                    and source in self.alike["q"] or index == axis == 3
+                    and source in self.alike["v"]):
+                return None
+            # a piece that reads another tensor's shape stays (its nodes die unread later)
+            chain += nodes if source == name else []
+        return chain if open_dims <= 1 else None
+
+    def _dim_piece(self, name: str) -> tuple | None:
+        """(tensor, axis, nodes) when ``name`` is one dim of a tensor's shape as a 1-element
+        vector: Unsqueeze(Gather(Shape(tensor), axis), [0]) or Gather(Shape(tensor),
+        [axis]), each node private."""
+        unsqueeze = self._producer(name, "Unsqueeze")
+        gathered = name if unsqueeze is None else unsqueeze.inputs[0]
+        if unsqueeze is not None and self._unsqueezed_axes(unsqueeze) not in ([0], [-1]):
+            return None
+        gather = self._producer(gathered, "Gather")
+        if gather is None or gather.attributes.get("axis", 0) != 0:
+            return None
+        index = constant_ints(self.constants, gather.inputs[1])
+        value = self.constants.get(gather.inputs[1])
+        if index is None or len(index) != 1 or index[0] < 0 \
+                or (np.asarray(value).ndim == 0) != (unsqueeze is not None):
+            return None
+        shape = self._producer(gather.inputs[0], "Shape")
+        if shape is None or shape.attributes:
+            return None
+        return shape.inputs[0], index[0], [shape, gather] + ([unsqueeze] if unsqueeze else [])
 
     # -- rewriting -------------------------------------------------------------------------
 

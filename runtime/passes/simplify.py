@@ -111,6 +111,16 @@ def _flatten_of_matrix(node, types, constants, counts) -> bool:
     return len(node.outputs) == 1 and rank == 2 and axis in (1, -1)
 
 
+def _single_concat(node, types, constants, counts) -> bool:
+    """A Concat of one input is that input (a KV cache's concat with no past, as the
+    transformers exporter writes it before every attention), where the input's rank is
+    known and the axis lies in it (a Concat that would raise keeps its error)."""
+    rank = getattr(types.get(node.inputs[0]), "rank", None)
+    axis = node.attributes.get("axis")
+    return len(node.inputs) == 1 and len(node.outputs) == 1 and rank is not None \
+        and rank >= 1 and axis is not None and -rank <= int(axis) < rank
+
+
 def _same_dtype(node, types, constants, counts) -> bool:
     x, y = dtype_of(types.get(node.inputs[0])), dtype_of(_computed(node, types))
     return x is not None and x == y
@@ -123,6 +133,7 @@ _RULES = {
     "Reshape": _same_static_shape,
     "Expand": _same_static_shape,
     "Transpose": _identity_transpose,
+    "Concat": _single_concat,
     "Cast": _same_dtype,
     "CastLike": _same_dtype,
 }

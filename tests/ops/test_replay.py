@@ -215,7 +215,12 @@ def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
     state = step.attributes["_prepacked"]
     assert _replays_of(fired, state)[-2:] == [True, True]
     assert state[replay.KEY].refs[0]() is None  # the recorded view itself is gone
-    assert state[replay.KEY].layouts is not None  # kept by its layout (replay.DRIFTS)
+    layouts = state[replay.KEY].layouts
+    assert layouts is not None  # kept by its layout (replay.DRIFTS)
+    # only the view made anew is read for its address: the weight and the output are
+    # matched by identity
+    assert state[replay.DRIFTS] == {0}
+    assert layouts[0] is not None and all(layout is None for layout in layouts[1:])
 
 
 def test_a_new_shapes_records_read_no_addresses(monkeypatch):
