@@ -315,3 +315,36 @@ def test_a_decoder_step_with_new_arrays_of_the_same_layout_takes_the_kept_step()
         np.testing.assert_allclose(got, expected, **TOLERANCE[np.float32])
     # the guarded row weighs every value by 0: zeros, and NaN where 0 meets the NaN value
     assert np.isnan(got[0, 0, 1, 0]) and (np.nan_to_num(got, nan=0.0) == 0).all()
+
+
+@needs_panels
+def test_the_packed_heads_call_is_kept_and_replays_on_strided_inputs_with_the_guard():
+    """A call into the caller's ``out`` (a node's, with its ``_node`` dict) is kept as the
+    node's replay: the next call with the same arrays is that call, whose inputs that are
+    not C-contiguous (parts of one projection, as GPT-2's Split makes them) are copied into
+    buffers of its own each time; new values give new answers, and a query that sees no key
+    is zeroed by the guard in the replayed call too."""
+    from mixrt.ops.compiled import replay
+    batch, queries, count, size = 2, 24, 3, 16
+    projection = RNG.standard_normal((batch, queries, 3 * count * size)).astype(np.float32)
+    parts = [projection[:, :, i * count * size:(i + 1) * count * size]
+             .reshape(batch, queries, count, size) for i in range(3)]
+    assert not parts[0].flags.c_contiguous
+    mask = np.zeros((batch, 1, queries, queries), np.float32)
+    out = np.empty((batch, queries, count, size), np.float32)
+    node: dict = {}
+    kept = []
+    for round_ in range(3):
+        projection[:] = RNG.standard_normal(projection.shape)  # new values, same arrays
+        mask[...] = 0
+        if round_ == 2:
+            mask[1, 0, 5] = -np.inf  # query 5 of the second image sees no key
+        with jit_cpu.native_run(True):
+            fused_attention_cpu(np, *parts, mask, scale=0.25, nan_to_zero=1, out=out,
+                                _node=node)
+        kept.append(node.get(replay.KEY))
+        want = reference(*parts, mask, 0.25)
+        want = np.where(np.isnan(want), 0, want)
+        np.testing.assert_allclose(out, want, **TOLERANCE[np.float32])
+    assert kept[0] is not None and kept[1] is kept[0] and kept[2] is kept[0]  # replayed
+    assert np.all(out[1, 5] == 0)
