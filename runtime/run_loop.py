@@ -15,7 +15,7 @@ import numpy as np
 from mixrt.base import run_options
 from mixrt.base.errors import ExecutionError, MixrtError, RunTerminated
 from mixrt.ops import device_checks
-from mixrt.ops.compiled import jit_cpu, jit_tier
+from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.bound_calls import binder_for, binds_fresh, binds_several, reads_feed_at
 from mixrt.ops.ir.types import TensorType, type_of_value
 from mixrt.runtime.arenas import Arena
@@ -87,7 +87,7 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
         return
     run = _run_host_calls if run_options.current() is None else _run_host_calls_limited
     if not BIND:
-        run(calls, env, arena.buffer)
+        _run_unbound(run, calls, env, arena, None)
         return
     if key is None:
         key = bound_key(plan, env)
@@ -95,14 +95,24 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
     if bound is not None:
         run(bound, env, arena.buffer)
         return
-    run(calls, env, arena.buffer)
     if key not in arena.ran:  # bound from its second run: a shape met once never pays it
-        arena.ran.add(key)
+        _run_unbound(run, calls, env, arena, key)
         return
+    run(calls, env, arena.buffer)
     if len(arena.bound) >= MAX_BINDINGS:  # threads come and go: keep the latest few
         arena.bound.pop(next(iter(arena.bound)))
         arena.settled = None
     arena.bound[key] = bind_calls(calls, env, arena, plan, key[-1])
+
+
+def _run_unbound(run, calls: list, env: dict, arena: Arena, key) -> None:
+    """The kernels' calls, ``key`` noted as run; the arena's first run records no replays
+    either (``ops/compiled/replay.py``: a shape a service sends once never replays)."""
+    if arena.ran:
+        run(calls, env, arena.buffer)
+    else:
+        replay.first_run(run, calls, env, arena.buffer)
+    arena.ran.add(key)
 
 
 def run_bound(bound: list, env: dict, buffer) -> None:

@@ -7,6 +7,8 @@ runs the generic composition.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from mixrt.ops.attention.fused_attention import (QUERY_PERM, fused_attention, kv_repeat_of,
@@ -87,8 +89,35 @@ def _packed(Q, K, V, mask, scale, heads_first, out):
     q, k, v = _sequence_first(Q, K, V, heads_first)
     if not _compiled_suits(q, k, v, mask, out):
         return None
-    call = _compiled_call(q, k, v, mask, scale)
+    call = _shared_call(q, k, v, mask, scale)
     call(q, k, v, mask, out)
+    return call
+
+
+# calls of the compiled heads kept per thread by their arrays' layouts: a transformer's
+# layers at one length make the same call, whose parts, scratch views and mask strides were
+# worked out again in each layer (~30 us a layer at a service's new length, cold)
+_shared = threading.local()
+MAX_SHARED_CALLS = 8
+
+
+def _shared_call(Q, K, V, mask, scale):
+    """:func:`_compiled_call` for these layouts and ``scale``, made once on this thread for
+    its scratch buffers and native pool as they are now. (The buffers a call copies strided
+    inputs into are shared too: a thread's calls run one at a time.)"""
+    pool = jit_cpu.native_pool()
+    key = (_layout(Q, K, V, mask), float(scale), jit_cpu.scratch_generation(),
+           intra_op_threads())
+    kept = _shared.__dict__.get("calls")
+    if kept is None:
+        kept = _shared.calls = {}
+    found = kept.get(key)
+    if found is not None and found[0] is pool:
+        return found[1]
+    if len(kept) >= MAX_SHARED_CALLS:  # a service's lengths come and go
+        kept.clear()
+    call = _compiled_call(Q, K, V, mask, scale)
+    kept[key] = (pool, call)
     return call
 
 

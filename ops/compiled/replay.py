@@ -28,6 +28,12 @@ service's new shape recorded every node's call once, its inputs and output new a
 views, never to be replayed: ~20 records, 5 layouts each, a 2-layer BERT's new length
 (2026-11-27). A GPT-2's products, whose activation alone is a view made anew, took four
 layouts a record (its weight, bias and output too) until 2026-11-29.
+
+Nothing is recorded in an arena's first run of a plan (:func:`first_run`): a replay pays
+only from the same arena's next run, which a service's new shape, sent once, never has,
+and recording was ~11 us a node then, cold (a GPT-2's 50 at each new length, ~0.6 ms of
+~12), plus the objects the collector then walked. A plan run again records in its second
+run, whose calls are bound after it (``runtime/run_loop.py``) from what it recorded.
 """
 
 from __future__ import annotations
@@ -40,6 +46,20 @@ from mixrt.ops.compiled import jit_cpu
 KEY = ("replay",)  # its place in a node's dict (in prepacked ones string keys name layouts)
 # present: the node's calls come with inputs made anew, at the positions it holds (a set)
 DRIFTS = ("replay", "drifts")
+
+
+_runs = threading.local()  # ``first``: this thread runs an arena's plan for the first time
+
+
+def first_run(run, *args) -> None:
+    """``run(*args)`` with nothing recorded on this thread meanwhile (a node's earlier
+    replay is dropped instead): an arena's first run of its plan."""
+    was = getattr(_runs, "first", False)
+    _runs.first = True
+    try:
+        run(*args)
+    finally:
+        _runs.first = was
 
 
 class Replay:
@@ -110,8 +130,12 @@ def record(prepacked: dict | None, arrays: tuple, action) -> None:
     that ``out``, the last, was given: a call that made its own output is not replayed);
     with the layouts of those at the positions where the node has shown an input made anew
     (``DRIFTS``)."""
-    if prepacked is not None:
-        prepacked[KEY] = Replay(arrays, action, prepacked.get(DRIFTS))
+    if prepacked is None:
+        return
+    if getattr(_runs, "first", False):
+        prepacked.pop(KEY, None)  # not kept: made for arrays of another shape
+        return
+    prepacked[KEY] = Replay(arrays, action, prepacked.get(DRIFTS))
 
 
 def forget(prepacked: dict | None) -> None:

@@ -176,8 +176,27 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     their own. The batch is not: the geometry is an image's, and a service's batches of one
     image size share it (and leave the node's layouts kept longer, ``per_shape``)."""
     key = ("geometry", X.shape[1:], W.shape, None if pads is None else tuple(pads))
-    return per_shape(prepacked, key, lambda: conv_geometry(
+    return per_shape(prepacked, key, lambda: _shared_geometry(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
+
+
+# window geometries by image and weight shapes and attributes, for every node: a CNN's
+# blocks repeat their convolutions, and each node worked its geometry out again at each new
+# image size a service sent (~10 us, cold). Past MAX_GEOMETRIES they are all let go.
+_GEOMETRIES: dict = {}
+MAX_GEOMETRIES = 1024
+
+
+def _shared_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
+    key = (X.shape[1:], W.shape, auto_pad, int(group),
+           *(None if v is None else tuple(v) for v in (dilations, kernel_shape, pads, strides)))
+    found = _GEOMETRIES.get(key)
+    if found is None:
+        found = conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+        if len(_GEOMETRIES) >= MAX_GEOMETRIES:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = found
+    return found
 
 
 def _narrow_groups(X, W, group, out) -> bool:

@@ -116,27 +116,15 @@ class _Kit:
         base = jit_cpu.scratch_kit(_weight_of(plan), ("kit base", dtype.str, limits,
                                                       _form(plan), plan.strips),
                                    lambda: _KitBase(plan, dtype, limits))
-        kernels, parts = base.kernels, plan.native_parts()
+        parts = plan.native_parts()
         self._zeros, self._padded = base.zeros, base.padded
         words = base.words.copy()
-        flat_size = (math.prod(plan.planes_shape),)
-        for slot, name in ((kernels.PLANES, "direct_planes"),
-                           (kernels.WORKER_PLANES, "direct_planes_worker")):
-            words[slot], words[slot + 1] = jit_cpu.scratch_address(name, dtype, flat_size)[1], \
-                flat_size[0]
-        for slot, (array, address) in zip((kernels.ROWS_AT, kernels.PLACES, kernels.BOUNDS),
-                                          parts.addressed()):
-            words[slot] = address
-            words[slot + 1:slot + 1 + array.ndim] = array.shape
-        scalars = ((kernels.BY_ROWS, plan.by_rows), (kernels.STRIPS, plan.strips),
-                   (kernels.IN_PLACE, plan.in_place), (kernels.PARTS, parts.count),
-                   (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block))
-        for slot, value in scalars:
-            words[slot] = int(value)
-        words[kernels.SHAPE0:kernels.SHAPE0 + 4] = parts.shape
-        words[kernels.PH:kernels.PH + 9] = parts.geometry
+        for slot, values in jit_cpu.scratch_kit(parts, ("size words", dtype.str),
+                                                lambda: _size_words(plan, dtype)):
+            words[slot:slot + len(values)] = values
         self.words = np.array(words, np.int64)
         self._kept = (base, parts)  # the words point into their arrays
+
 
     def bias(self, B, m) -> np.ndarray:
         """B as the tile reads it: one per output channel, zeros past M to a whole panel."""
@@ -147,6 +135,24 @@ class _Kit:
         self._padded[:m] = B.reshape(m)  # past M it stays zero (one thread's calls in turn)
         return self._padded
 
+
+def _size_words(plan, dtype) -> list:
+    """A kit's words that follow from the image size alone, as (first slot, values): this
+    thread's phase planes, the parts and their arrays, the geometry. Made once per thread for
+    the nodes that share a geometry (``direct_layout._shared_geometry``: their parts are
+    one object)."""
+    kernels, parts = _kernels(), plan.native_parts()
+    flat_size = math.prod(plan.planes_shape)
+    words = [(slot, [jit_cpu.scratch_address(name, dtype, (flat_size,))[1], flat_size])
+             for slot, name in ((kernels.PLANES, "direct_planes"),
+                                (kernels.WORKER_PLANES, "direct_planes_worker"))]
+    words += [(slot, [address, *array.shape]) for slot, (array, address) in
+              zip((kernels.ROWS_AT, kernels.PLACES, kernels.BOUNDS), parts.addressed())]
+    words += [(slot, [int(value)]) for slot, value in (
+        (kernels.BY_ROWS, plan.by_rows), (kernels.STRIPS, plan.strips),
+        (kernels.IN_PLACE, plan.in_place), (kernels.PARTS, parts.count),
+        (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block))]
+    return words + [(kernels.SHAPE0, list(parts.shape)), (kernels.PH, list(parts.geometry))]
 
 def _weight_of(plan):
     """The packed weight a layout computes with: the node's, shared by its layouts of every

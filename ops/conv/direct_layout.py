@@ -32,9 +32,45 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
     op's dict serves every call with its attributes). ``constant``: W is the node's constant
     and stays as it is, so the layout may read it in place."""
     key = ("direct", X.shape[1:], W.shape, X.dtype.str)
-    return per_shape(prepacked, key, lambda: _Layout(
-        X, W, kernel, strides, dilations, begin, end, out_dims, constant,
-        prepacked if constant else None))
+    if not constant:
+        return per_shape(prepacked, key, lambda: _Layout(
+            X, W, kernel, strides, dilations, begin, end, out_dims))
+    return per_shape(prepacked, key, lambda: _shared_geometry(
+        X, W, kernel, strides, dilations, begin, end, out_dims, prepacked))
+
+
+# What a layout works out from the sizes alone (tap offsets, places, parts), kept for every
+# node of the same geometry: a CNN's blocks of a stage repeat their convolutions, and each
+# node made them again at each new image size (RegNet-Y-400MF: 28 layouts a size, ~30 us
+# each, cold, of which about half repeat an earlier node's, 2026-11-29). The packed weight
+# is the node's own. Kept for the last MAX_GEOMETRIES geometries, then all let go.
+_GEOMETRIES: dict = {}
+MAX_GEOMETRIES = 256
+_OWN = ("panels", "weights")  # a layout's attributes that are its node's, not its geometry's
+
+
+def _shared_geometry(X, W, kernel, strides, dilations, begin, end, out_dims, shared):
+    """A :class:`_Layout` of the node's constant W (``shared``: its dict), its geometry's
+    attributes those of the first layout made for the same sizes."""
+    c, m = X.shape[1], W.shape[0]
+    # the forms chosen as the layout would choose them (their thresholds may be changed)
+    strips = _strided_pointwise(kernel, strides, c, out_dims, m)
+    forms = (strips, _left_taps(math.prod(W.shape[1:]), m),
+             out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads())
+    key = (X.shape[1:], W.shape, X.dtype.str, W.dtype.str, tuple(kernel), tuple(strides),
+           tuple(dilations), tuple(begin), tuple(end), tuple(out_dims), forms)
+    geometry = _GEOMETRIES.get(key)
+    if geometry is None:
+        made = _Layout(X, W, kernel, strides, dilations, begin, end, out_dims, True, shared)
+        if len(_GEOMETRIES) >= MAX_GEOMETRIES:  # a service's sizes come and go
+            _GEOMETRIES.clear()
+        _GEOMETRIES[key] = {name: value for name, value in made.__dict__.items()
+                            if name not in _OWN}
+        return made
+    made = _Layout.__new__(_Layout)
+    made.__dict__.update(geometry)
+    made.own_weight(W, X.dtype, True, shared)
+    return made
 
 
 def _packed_once(shared: dict | None, key: tuple, make):
@@ -81,27 +117,34 @@ class _Layout:
             self.planes_shape = (-(-math.prod(out_dims) // STRIP), c, STRIP)
         self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
         self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
-        weight = W.reshape(m, -1)
         # a kernel of few taps (a stem's) puts the weight on the left (:func:`_left_taps`)
-        self.left = self.taps and not self.strips and _left_taps(weight.shape[1], m)
+        self.left = self.taps and not self.strips and _left_taps(math.prod(W.shape[1:]), m)
         if self.taps:
             self.rows_at = np.arange(c, dtype=np.int64) * STRIP if self.strips else \
                 _tap_offsets(c, self.planes_shape[3], pw, kernel, (sy, sx), (dh, dw),
                              phases[1])
-            self.panels = np.zeros((0, 0, 0), X.dtype) if self.left \
+            self._places: dict = {}
+        self.row_block = 0 if self.taps \
+            else max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
+        self.own_weight(W, X.dtype, constant, shared)
+        self._native = _NativeParts(self)  # of the sizes alone: shared with the geometry
+
+    def own_weight(self, W, dtype, constant: bool, shared: dict | None) -> None:
+        """The node's weight W packed for this layout's form (``panels``, ``weights``),
+        once per node where it is a constant (``shared``: the node's dict)."""
+        weight = W.reshape(W.shape[0], -1)
+        if self.taps:
+            self.panels = np.zeros((0, 0, 0), dtype) if self.left \
                 else _packed_once(shared, ("direct panels", W.shape, W.dtype.str, self.width),
                                   lambda: _column_panels(weight, self.width))
-            self._places: dict = {}
         if self.left:
             # a copy of its own (where the weight may change: repack() writes into it)
-            self.weights, self.row_block = _packed_once(
-                shared, ("direct left", W.shape, W.dtype.str), weight.copy), 0
+            self.weights = _packed_once(shared, ("direct left", W.shape, W.dtype.str),
+                                        weight.copy)
         elif not self.taps:
             self.weights = _packed_once(
-                shared, ("direct strips", W.shape, W.dtype.str, X.dtype.str),
-                lambda: _strip_weights(weight, X.dtype, borrow=constant))
-            self.row_block = max(STRIP, WEIGHT_BLOCK_BYTES // (c * X.itemsize) // STRIP * STRIP)
-        self._native = None
+                shared, ("direct strips", W.shape, W.dtype.str, np.dtype(dtype).str),
+                lambda: _strip_weights(weight, dtype, borrow=constant))
 
     def repack(self, W) -> None:
         """Pack a new weight of the node's shape into the arrays made for the first one, in
@@ -115,8 +158,6 @@ class _Layout:
             self.weights[:weight.shape[0]] = weight  # past M the strip stays zero
 
     def native_parts(self) -> _NativeParts:
-        if self._native is None:
-            self._native = _NativeParts(self)
         return self._native
 
     def places(self, r0, r1):

@@ -703,3 +703,21 @@ def test_a_new_batch_of_a_known_image_size_reuses_its_geometry_and_layout(every_
         np.testing.assert_allclose(got, _expected(X, W, pads=[1] * 4), rtol=1e-4, atol=1e-4)
     kinds = [key[0] for key in _kept(prepacked)]
     assert kinds.count("geometry") == 1 and kinds.count("direct") == 1
+
+
+@pytest.mark.parametrize("kernel", [(3, 3), (1, 1)])
+def test_nodes_of_one_geometry_share_its_layout_each_with_its_own_weight(kernel, every_shape,
+                                                                         tap_form):
+    """A CNN's blocks repeat their convolutions: the second node of a geometry takes the
+    first one's offsets, places and parts, and computes with its own packed weight."""
+    X, pads = _rand(2, 8, 21, 19), [kernel[0] // 2] * 4
+    plans = []
+    for _ in range(2):
+        W, B = _rand(16, 8, *kernel), _rand(16)
+        got, prepacked = _direct(X, W, B, pads=pads)
+        np.testing.assert_allclose(got, _expected(X, W, B, pads=pads), rtol=1e-4, atol=1e-4)
+        (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
+        plans.append(plan)
+    first, second = plans
+    assert first is not second and first.native_parts() is second.native_parts()
+    assert conv_direct_cpu._weight_of(first) is not conv_direct_cpu._weight_of(second)

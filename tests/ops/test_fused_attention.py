@@ -348,3 +348,30 @@ def test_the_packed_heads_call_is_kept_and_replays_on_strided_inputs_with_the_gu
         np.testing.assert_allclose(out, want, **TOLERANCE[np.float32])
     assert kept[0] is not None and kept[1] is kept[0] and kept[2] is kept[0]  # replayed
     assert np.all(out[1, 5] == 0)
+
+
+@needs_panels
+def test_layers_at_one_length_share_one_compiled_call_and_keep_their_own_answers():
+    """Two nodes (a transformer's layers) with arrays of the same layouts take the same
+    call of the compiled heads on one thread, strided inputs copied into its buffers one
+    call at a time; each answer is its own inputs'. A new length makes a new call."""
+    from mixrt.ops.compiled import replay
+    batch, queries, count, size = 2, 20, 4, 8
+    calls, answers = [], []
+    for layer in range(2):
+        projection = RNG.standard_normal((batch, queries, 3 * count * size)).astype(np.float32)
+        parts = [projection[:, :, i * count * size:(i + 1) * count * size]
+                 .reshape(batch, queries, count, size) for i in range(3)]
+        out = np.empty((batch, queries, count, size), np.float32)
+        node: dict = {}
+        fused_attention_cpu(np, *parts, scale=0.5, out=out, _node=node)
+        calls.append(node[replay.KEY].action.__closure__)  # the kept call it wraps
+        answers.append((out, reference(*parts, scale=0.5)))
+    for got, want in answers:
+        np.testing.assert_allclose(got, want, **TOLERANCE[np.float32])
+    shared = [cell.cell_contents for cell in calls[0] if callable(cell.cell_contents)]
+    assert shared and all(any(cell.cell_contents is call for cell in calls[1])
+                          for call in shared)
+    other = heads(batch, queries + 1, queries + 1, count, size, size, np.float32)
+    assert fa._shared_call(*other, None, 0.5) is not fa._shared_call(
+        *heads(batch, queries, queries, count, size, size, np.float32), None, 0.5)

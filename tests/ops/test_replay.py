@@ -30,11 +30,12 @@ F = TensorProto.FLOAT
 
 def _model(conv_nodes, weights, channels=16, size=40):
     """x -> Relu -> the conv nodes -> Neg -> y (so each conv reads and writes arena
-    views: a graph's inputs and outputs are not in its arena)."""
+    views: a graph's inputs and outputs are not in its arena); ``size`` None: any image
+    size."""
     nodes = [helper.make_node("Relu", ["x"], ["r"])] + conv_nodes + [
         helper.make_node("Neg", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
-        "x", F, (1, channels, size, size))], [helper.make_tensor_value_info("y", F, None)],
+        "x", F, (1, channels, size or "h", size or "w"))], [helper.make_tensor_value_info("y", F, None)],
         [numpy_helper.from_array(w, name) for name, w in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
@@ -59,10 +60,11 @@ def _replays_of(fired, state) -> list:
     return [done for owner, done in fired if owner == id(state)]
 
 
-def _runs_match_the_unoptimized_graph(model, shape, tolerance, nan=False):
-    """Four runs of new values at opt_level 2 against opt_level 0; the optimized session."""
+def _runs_match_the_unoptimized_graph(model, shape, tolerance, nan=False, runs=4):
+    """``runs`` runs of new values at opt_level 2 against opt_level 0; the optimized
+    session."""
     session, plain = Session(model, opt_level=2), Session(model, opt_level=0)
-    for _ in range(4):
+    for _ in range(runs):
         x = RNG.standard_normal(shape).astype(np.float32)
         if nan:
             x.reshape(-1)[1234] = np.nan  # a max pool passes NaN on, replayed or not
@@ -101,6 +103,26 @@ def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
     # (the tile applies no Sigmoid: the replay makes the compiled Sigmoid pass after it)
     assert replay.KEY in prepacked
     assert ours[-2:] == [True, True]  # the planned runs after the first replayed
+
+
+def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
+    """A shape sent once never replays: its run neither records nor keeps the replay of the
+    size before; the same size run again records, and its third run replays."""
+    fired = _spy_on_replays(monkeypatch)
+    session = Session(_model(*CASES["direct"], size=None), opt_level=2)
+    (step,) = _conv_nodes(session)
+    prepacked = step.attributes["_prepacked"]
+    recorded = []
+    for size in (40, 36):
+        x = RNG.standard_normal((1, 16, size, size)).astype(np.float32)
+        session.run(None, {"x": x})
+        assert replay.KEY not in prepacked  # the earlier size's replay was let go too
+        session.run(None, {"x": x})
+        recorded.append(prepacked[replay.KEY])
+        session.run(None, {"x": x})
+        assert prepacked[replay.KEY] is recorded[-1]
+        assert _replays_of(fired, prepacked)[-1] is True
+    assert recorded[0] is not recorded[1]
 
 
 def test_a_replay_lapses_when_the_scratch_of_its_thread_grows():
@@ -210,7 +232,9 @@ def test_an_input_made_anew_each_run_over_the_same_bytes_replays(monkeypatch):
                               [numpy_helper.from_array(_weights(16, 1, 3, 3), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     fired = _spy_on_replays(monkeypatch)
-    session = _runs_match_the_unoptimized_graph(model, (1, 16, 1600), 1e-5)
+    # (the first run records nothing, the second by identity, the third finds the view
+    # made anew and records its layout)
+    session = _runs_match_the_unoptimized_graph(model, (1, 16, 1600), 1e-5, runs=5)
     (step,) = _conv_nodes(session)
     state = step.attributes["_prepacked"]
     assert _replays_of(fired, state)[-2:] == [True, True]
