@@ -117,7 +117,7 @@ def binds_replay(kernel: Callable, arrange: Callable, state: str = "_node") -> N
     def binder(args, out, attributes):
         found = (attributes.get(state) or {}).get(replay.KEY)
         if found is None or found.thread != threading.get_ident() \
-                or found.pool is not jit_cpu.native_pool() \
+                or found.pool is not jit_cpu.loaded_native_pool() \
                 or found.scratch != jit_cpu.scratch_generation():
             return None
         arrays = arrange(args, out)

@@ -67,7 +67,9 @@ class Replay:
 
     def __init__(self, arrays: tuple, action, drifting=None):
         self.thread = threading.get_ident()
-        self.pool = jit_cpu.native_pool()
+        # the pool as loaded: a replay is tied to it, but does not load it (a model whose
+        # kernels never split has no use for the workers)
+        self.pool = jit_cpu.loaded_native_pool()
         self.scratch = jit_cpu.scratch_generation()
         self.refs = tuple(None if a is None else weakref.ref(a) for a in arrays)
         # None: matched by identity only, until the node shows an input made anew; else
@@ -94,7 +96,7 @@ def replayed(prepacked: dict | None, arrays: tuple) -> bool:
         # another output: another shape's arena view, a new shape's first call (asked
         # first: the thread, pool and scratch lookups were ~1.5 us of its ~3 cold miss)
         return False
-    if found.thread != threading.get_ident() or found.pool is not jit_cpu.native_pool() \
+    if found.thread != threading.get_ident() or found.pool is not jit_cpu.loaded_native_pool() \
             or found.scratch != jit_cpu.scratch_generation():
         return False
     for index, (ref, array) in enumerate(zip(refs, arrays)):
