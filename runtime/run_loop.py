@@ -107,8 +107,11 @@ def run_host_calls(arena: Arena, plan: ExecutionPlan, env: dict, key: tuple | No
 
 def _run_unbound(run, calls: list, env: dict, arena: Arena, key) -> None:
     """The kernels' calls, ``key`` noted as run; the arena's first run records no replays
-    either (``ops/compiled/replay.py``: a shape a service sends once never replays)."""
+    either, unless the process's arenas mostly come back (``ops/compiled/replay.py``: a
+    shape a service sends once never replays)."""
     if arena.ran:
+        if len(arena.ran) == 1:  # its second run: its size came back
+            replay.arena_returned()
         run(calls, env, arena.buffer)
     else:
         replay.first_run(run, calls, env, arena.buffer)

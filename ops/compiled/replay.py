@@ -29,11 +29,14 @@ views, never to be replayed: ~20 records, 5 layouts each, a 2-layer BERT's new l
 (2026-11-27). A GPT-2's products, whose activation alone is a view made anew, took four
 layouts a record (its weight, bias and output too) until 2026-11-29.
 
-Nothing is recorded in an arena's first run of a plan (:func:`first_run`): a replay pays
-only from the same arena's next run, which a service's new shape, sent once, never has,
-and recording was ~11 us a node then, cold (a GPT-2's 50 at each new length, ~0.6 ms of
-~12), plus the objects the collector then walked. A plan run again records in its second
-run, whose calls are bound after it (``runtime/run_loop.py``) from what it recorded.
+An arena's first run of its plan records only where the process's arenas come back
+(:func:`first_run`): a replay pays only from the same arena's next run, which a service's
+new shape, sent once, never has, and recording was ~11 us a node then, cold (a GPT-2's 50
+at each new length, ~0.6 ms of ~12), plus the objects the collector then walked. Where
+few come back, a plan run again records in its second run, whose calls are bound after it
+(``runtime/run_loop.py``) from what it recorded; where most do (a service whose lengths
+recur), its second run would take the full route again instead of the replay, so the
+first records as before.
 """
 
 from __future__ import annotations
@@ -49,11 +52,28 @@ DRIFTS = ("replay", "drifts")
 
 
 _runs = threading.local()  # ``first``: this thread runs an arena's plan for the first time
+# the share of first runs whose arena ran again, a moving estimate over the process's
+# latest ~1 / RETURN_WEIGHT first runs; from RECORD_FROM_SHARE a first run records (at
+# that share the records a second run replays cost about what the first runs pay for them)
+RETURN_WEIGHT = 1 / 16
+RECORD_FROM_SHARE = 0.5
+_returns = [0.0]
+
+
+def arena_returned() -> None:
+    """An arena's second run: its plan's size came back (for :func:`first_run`)."""
+    _returns[0] = min(1.0, _returns[0] + RETURN_WEIGHT)
 
 
 def first_run(run, *args) -> None:
-    """``run(*args)`` with nothing recorded on this thread meanwhile (a node's earlier
-    replay is dropped instead): an arena's first run of its plan."""
+    """An arena's first run of its plan, ``run(*args)``: where few arenas come back, with
+    nothing recorded on this thread meanwhile (a node's earlier replay is dropped
+    instead). (Threads racing on the estimate only blur it.)"""
+    share = _returns[0]
+    _returns[0] = share * (1.0 - RETURN_WEIGHT)
+    if share >= RECORD_FROM_SHARE:  # most come back: their second runs replay these
+        run(*args)
+        return
     was = getattr(_runs, "first", False)
     _runs.first = True
     try:

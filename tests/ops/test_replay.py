@@ -106,9 +106,11 @@ def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
 
 
 def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
-    """A shape sent once never replays: its run neither records nor keeps the replay of the
-    size before; the same size run again records, and its third run replays."""
+    """Where few arenas come back, a shape sent once never replays: its run neither records
+    nor keeps the replay of the size before; the same size run again records, and its
+    third run replays."""
     fired = _spy_on_replays(monkeypatch)
+    monkeypatch.setattr(replay, "_returns", [0.0])
     session = Session(_model(*CASES["direct"], size=None), opt_level=2)
     (step,) = _conv_nodes(session)
     prepacked = step.attributes["_prepacked"]
@@ -123,6 +125,29 @@ def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
         assert prepacked[replay.KEY] is recorded[-1]
         assert _replays_of(fired, prepacked)[-1] is True
     assert recorded[0] is not recorded[1]
+
+
+def test_where_arenas_come_back_a_first_run_records(monkeypatch):
+    """Sizes that come back (each run twice) raise the share of returning arenas until a
+    first run records, so that the second replays; new sizes only bring it down again."""
+    fired = _spy_on_replays(monkeypatch)
+    monkeypatch.setattr(replay, "_returns", [0.0])
+    session = Session(_model(*CASES["direct"], size=None), opt_level=2)
+    (step,) = _conv_nodes(session)
+    prepacked = step.attributes["_prepacked"]
+    first_recorded = []
+    for size in range(20, 60, 2):
+        x = RNG.standard_normal((1, 16, size, size)).astype(np.float32)
+        session.run(None, {"x": x})
+        first_recorded.append(replay.KEY in prepacked)
+        session.run(None, {"x": x})
+    assert not first_recorded[0] and first_recorded[-1]
+    assert _replays_of(fired, prepacked)[-1] is True  # the last second run replayed
+    assert replay._returns[0] >= replay.RECORD_FROM_SHARE
+    for size in range(61, 101, 2):  # new sizes, once each
+        session.run(None, {"x": RNG.standard_normal((1, 16, size, size)).astype(np.float32)})
+    assert replay._returns[0] < replay.RECORD_FROM_SHARE
+    assert replay.KEY not in prepacked
 
 
 def test_a_replay_lapses_when_the_scratch_of_its_thread_grows():
