@@ -105,15 +105,21 @@ def test_later_runs_replay_and_match_the_unoptimized_graph(case, monkeypatch):
     assert ours[-2:] == [True, True]  # the planned runs after the first replayed
 
 
-def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
-    """Where few arenas come back, a shape sent once never replays: its run neither records
-    nor keeps the replay of the size before; the same size run again records, and its
-    third run replays."""
+def _any_size_conv(monkeypatch):
+    """(the replay spy, a session of the direct conv at any image size, its node's dict), in
+    a process none of whose arenas came back yet."""
     fired = _spy_on_replays(monkeypatch)
     monkeypatch.setattr(replay, "_returns", [0.0])
     session = Session(_model(*CASES["direct"], size=None), opt_level=2)
     (step,) = _conv_nodes(session)
-    prepacked = step.attributes["_prepacked"]
+    return fired, session, step.attributes["_prepacked"]
+
+
+def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
+    """Where few arenas come back, a shape sent once never replays: its run neither records
+    nor keeps the replay of the size before; the same size run again records, and its
+    third run replays."""
+    fired, session, prepacked = _any_size_conv(monkeypatch)
     recorded = []
     for size in (40, 36):
         x = RNG.standard_normal((1, 16, size, size)).astype(np.float32)
@@ -130,11 +136,7 @@ def test_an_arenas_first_run_records_nothing_and_its_second_does(monkeypatch):
 def test_where_arenas_come_back_a_first_run_records(monkeypatch):
     """Sizes that come back (each run twice) raise the share of returning arenas until a
     first run records, so that the second replays; new sizes only bring it down again."""
-    fired = _spy_on_replays(monkeypatch)
-    monkeypatch.setattr(replay, "_returns", [0.0])
-    session = Session(_model(*CASES["direct"], size=None), opt_level=2)
-    (step,) = _conv_nodes(session)
-    prepacked = step.attributes["_prepacked"]
+    fired, session, prepacked = _any_size_conv(monkeypatch)
     first_recorded = []
     for size in range(20, 60, 2):
         x = RNG.standard_normal((1, 16, size, size)).astype(np.float32)
