@@ -176,7 +176,7 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     their own. The batch is not: the geometry is an image's, and a service's batches of one
     image size share it (and leave the node's layouts kept longer, ``per_shape``)."""
     key = ("geometry", X.shape[1:], W.shape, None if pads is None else tuple(pads))
-    return per_shape(prepacked, key, lambda: _shared_geometry(
+    return per_shape(prepacked, key, lambda: _shared_window(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 
 
@@ -187,7 +187,8 @@ _GEOMETRIES: dict = {}
 MAX_GEOMETRIES = 1024
 
 
-def _shared_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
+def _shared_window(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """``conv_geometry``, kept for every node by shapes and attributes (_GEOMETRIES)."""
     key = (X.shape[1:], W.shape, auto_pad, int(group),
            *(None if v is None else tuple(v) for v in (dilations, kernel_shape, pads, strides)))
     found = _GEOMETRIES.get(key)
