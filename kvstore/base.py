@@ -237,6 +237,11 @@ class KVStore:
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
         raise NotImplementedError
 
+    def pull_settled(self, key, out=None):
+        """``pull`` once every worker has pushed each key as often as this one (what a pull
+        after a barrier wants). A store in one process has nothing on its way: a pull."""
+        return self.pull(key, out=out)
+
     def pushpull(self, key, value, out=None, priority: int = 0):
         """Push ``value`` and pull the result into ``out`` (into ``value`` when ``out`` is
         None), in one call."""

@@ -54,6 +54,9 @@ HEADER_ONLY = ("PULL", "GET_STATES", "INIT")
 
 # flags
 COMPRESSED = 1
+# a dist_async PULL answered once every worker has pushed the key as often as the puller
+# (what a pull after a barrier wants: the value every worker's last push went into)
+SETTLED = 2
 
 # bounds: control messages' JSON is small; a frame is at most a piece (the job's message
 # size) plus this much for a header frame (48 bytes and a key of up to 64 KiB) or a blob's JSON

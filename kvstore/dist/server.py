@@ -9,7 +9,9 @@ same piece has come from two workers, so most of the sum is done before the last
 lands. A worker that pushes again before the round completes has its pieces held for the
 next round. A pull is answered once the rounds this worker pushed have completed, so a
 worker always pulls the weights its own gradients went into; the reply goes back in pieces
-too. ``dist_async``: every push updates at once; pulls return the current value.
+too. ``dist_async``: every push updates at once; pulls return the current value, except a
+``SETTLED`` pull (a worker's after a barrier), answered once every worker has pushed the key
+as often as that worker.
 
 Who may send what: a connection speaks for a worker only after a HELLO carrying that
 worker's ticket (the scheduler hands each worker its own and the servers all of them), and a
@@ -18,8 +20,8 @@ initial values and loaded optimizer states. Every message is checked by ``protoc
 then against the sender's rank and this server's state; one that fails is logged with the
 sender's identity and dropped (or, from a worker, answered with an ERROR naming the key),
 and the server goes on serving. What a worker can make this server hold is bounded: the
-shards worker 0 initializes, one early round per key and worker, and at most
-``MAX_PENDING_INITS`` inits waiting for worker 0's value per worker (no payload).
+shards worker 0 initializes, one early round and one waiting pull per key and worker, and
+at most ``MAX_PENDING_INITS`` inits waiting for worker 0's value per worker (no payload).
 """
 
 from __future__ import annotations
@@ -363,20 +365,35 @@ class Server:
             self.optimizer.step(shard.key, shard.value, gradient)
         else:
             shard.value[...] = gradient
+        if shard.waiting_pulls:
+            self._answer_pulls(shard)
 
     def _on_pull(self, identity: bytes, rank: int, message: p.Message) -> None:
         shard = self._shard(message, "pull")
         self._check_part(shard, message, "pull")
         needed = shard.rounds_pushed(rank)
-        if self.sync and shard.version < needed:
+        waits = self.sync or message.flags & p.SETTLED
+        if waits and not self._pushed_through(shard, needed):
+            if any(waiting[2] == rank for waiting in shard.waiting_pulls):
+                raise KVStoreError(f"pull: key {shard.key!r}: worker {rank} already waits "
+                                   f"for a pull of it; a worker pulls a key once at a time")
             shard.waiting_pulls.append((identity, message.request, rank, needed))
             return
         self._send_value(identity, message.request, shard)
 
+    def _pushed_through(self, shard: Shard, needed: int) -> bool:
+        """sync: round ``needed`` has completed; async: every worker has pushed the whole
+        key ``needed`` times (each push already applied)."""
+        if self.sync:
+            return shard.version >= needed
+        whole = max(shard.size, 1)
+        return all(shard.received.get(rank, 0) // whole >= needed
+                   for rank in range(self.num_workers))
+
     def _answer_pulls(self, shard: Shard) -> None:
         still = []
         for identity, request, rank, needed in shard.waiting_pulls:
-            if shard.version >= needed:
+            if self._pushed_through(shard, needed):
                 self._send_value(identity, request, shard)
             else:
                 still.append((identity, request, rank, needed))

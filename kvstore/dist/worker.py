@@ -147,6 +147,16 @@ class DistStore(KVStore):
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True):
         # sparse outs are filled as dense ones here (only the local kinds skip them)
+        return self._pull(key, out, settled=False)
+
+    def pull_settled(self, key, out=None):
+        """``pull``, answered once every worker has pushed each key as often as this one:
+        after a barrier, the value every worker's last push went into. (dist_sync's pull
+        already waits for its round; under dist_async a plain pull returns the value as it
+        stands, which may miss another worker's push still on its way.)"""
+        return self._pull(key, out, settled=True)
+
+    def _pull(self, key, out, *, settled: bool):
         require_out(out)
         self.wait_queued()
         started = time.perf_counter()
@@ -159,9 +169,11 @@ class DistStore(KVStore):
             targets.append((arrays, landing))
             for server, offset, count in parts:
                 message = p.Message(p.PULL, key=name, dtype=p.dtype_code(dtype),
-                                    offset=offset, count=count, total=landing.size)
+                                    offset=offset, count=count, total=landing.size,
+                                    flags=p.SETTLED if settled else 0)
                 pending[self._send(server, message)] = (server, _into(landing, offset, count))
-        self._wait(pending, f"pull of {_keys(key)}", sync_round=self.mode == "sync")
+        self._wait(pending, f"pull of {_keys(key)}",
+                   sync_round=self.mode == "sync" or settled)
         for arrays, landing in targets:
             for array in arrays:
                 if not _is_view_of(array, landing):

@@ -61,6 +61,32 @@ class StoreTraffic:
             writes=(*(copy.engine_var() for copy in copies), self.kvstore.engine_var),
             name=f"kvstore push+pull {key!r}")
 
+    def pull_weights(self) -> None:
+        """Set every (dense) parameter to the value the store holds now, and wait for it.
+
+        Where the store runs the optimizer, a worker's copy is what it pulled after its own
+        last push; under dist_async that misses the other workers' later updates. Called
+        after a barrier (``Module.fit`` ends each epoch at one), it gives every worker the
+        model the job trained. Where the optimizer runs here, the copies already agree and
+        nothing moves."""
+        if self.kvstore is None or not self.update_on_kvstore or not self._kv_ready:
+            return
+        if not isinstance(self.kvstore, KVStore):
+            raise TrainerConfigError(f"pull_weights needs a mixrt KVStore, got "
+                                     f"{type(self.kvstore).__name__}")
+        for param in self._params:
+            if param.stype == "default":
+                self._queue_pull(param)
+        self.kvstore.wait_queued()
+
+    def _queue_pull(self, param) -> None:
+        key, copies = self.key_prefix + param.name, param._data
+        raw_values = [copy._data for copy in copies]
+        engine.get_engine().push(
+            lambda: self.kvstore.pull_settled(key, out=raw_values),
+            writes=(*(copy.engine_var() for copy in copies), self.kvstore.engine_var),
+            name=f"kvstore pull {key!r}")
+
     def _row_sparse_pull(self, parameter, out, row_id, full_idx: bool = False) -> None:
         """Fill ``out`` (one array or a list, a row_sparse parameter's copies) with the
         rows ``row_id`` names of the weights the store holds (MXNet's; what

@@ -56,7 +56,8 @@ class GraphTraining:
         (see :class:`~mixrt.gluon.Trainer`); shard ``train_data`` over the workers
         (``NDArrayIter(..., num_parts=kv.num_workers, part_index=kv.rank)``). Every epoch
         ends at a barrier, where workers that ran different numbers of batches get a
-        KVStoreError instead of a hang."""
+        KVStoreError instead of a hang; under dist_async each worker then takes the
+        servers' weights before it scores the epoch."""
         trainer = trainer or Trainer(self.params.trainable(), optimizer, optimizer_params,
                                      kvstore=kvstore)
         check_sharding(train_data, trainer.kvstore)
@@ -70,11 +71,12 @@ class GraphTraining:
             record = self._train_epoch(epoch, epochs, train_data, trainer, loss_spec, metric,
                                        progress, precision=precision,
                                        loss_scaler=loss_scaler, cuda_graph=cuda_graph)
+            if trainer.kvstore is not None:
+                trainer.kvstore.barrier()
+                self._take_the_jobs_weights(trainer)
             if eval_data is not None:
                 name, value = self.score(eval_data, metric)
                 record[f"eval_{name}"] = value
-            if trainer.kvstore is not None:
-                trainer.kvstore.barrier()
             history.append(record)
             epoch_line(record, epochs, progress)
             if on_epoch is not None:
@@ -82,6 +84,16 @@ class GraphTraining:
             if checkpoint is not None:
                 self.save_checkpoint(checkpoint, trainer, epoch + 1, train_data, history)
         return history
+
+    def _take_the_jobs_weights(self, trainer: Trainer) -> None:
+        """Under dist_async a worker's weights are those it pulled after its own last push,
+        without the other workers' later updates. Past the epoch's barrier each worker takes
+        the servers' weights, so every epoch's score, and the model ``fit`` leaves, is the
+        job's model, the same on every worker. (dist_sync's pull already waits for the
+        round of every worker.)"""
+        if getattr(trainer.kvstore, "type", "") == "dist_async":
+            trainer.pull_weights()
+            self._changed()
 
     def _train_epoch(self, epoch, epochs, data, trainer, loss_spec, metric, progress,
                      **step_options) -> dict:

@@ -4,7 +4,7 @@ runs they must equal.
 A worker runs ``python fit_job.py CONFIG_JSON``: every scenario trains a fresh model (the same
 seeded weights on every worker) through ``Module.fit`` or a Gluon ``Trainer`` loop, on this
 worker's shard of a dataset whose size divides by neither the workers nor the batch, and
-worker 0 saves the trained weights as ``OUT/<scenario>.npz``. The first Module scenario
+every worker saves its trained weights (``saved_name``). The first Module scenario
 passes the store itself, as the README does; the others use a Trainer with their own
 ``key_prefix``, so that one store serves them all. ``reference(scenario, workers)``
 trains the same model in one process on the workers' batches put side by side: what a
@@ -105,6 +105,11 @@ def _arrays(batch) -> tuple:
 
 # -- one worker of a job ------------------------------------------------------------------
 
+def saved_name(case: dict, rank: int) -> str:
+    """Worker 0's weights as ``<scenario>.npz``, another worker's as ``<scenario>.rank<r>.npz``."""
+    return f"{case['name']}.npz" if rank == 0 else f"{case['name']}.rank{rank}.npz"
+
+
 def run_worker(config: dict) -> None:
     import mixrt
     from mixrt.gluon import Trainer
@@ -133,8 +138,7 @@ def run_worker(config: dict) -> None:
                 train.reset()
                 gluon_epoch(model, trainer, (_arrays(b) for b in train))
                 kv.barrier()
-        if kv.rank == 0:
-            np.savez(out / f"{case['name']}.npz", **weights(model))
+        np.savez(out / saved_name(case, kv.rank), **weights(model))
         print(f"DONE {case['name']}", flush=True)
     kv.close()
 

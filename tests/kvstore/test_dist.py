@@ -204,7 +204,7 @@ for step in range(10):
     kv.push("w", np.full(5, -1.0, np.float32))
     kv.pull("w", out=w)
 kv.barrier()
-kv.pull("w", out=w)
+kv.pull_settled("w", out=w)  # a plain pull could come before the other worker's last push
 print("RESULT " + json.dumps({"w": w.tolist()}), flush=True)
 kv.close()
 """
@@ -215,6 +215,37 @@ def test_async_applies_every_push(cluster_factory):
     assert set(_finished(cluster).values()) == {0}, cluster.all_output()
     for worker in range(2):
         assert _result(cluster, worker)["w"] == [20.0] * 5  # 2 workers x 10 pushes of 1
+
+
+SETTLED_SCRIPT = """
+import json, time
+import mixrt
+import numpy as np
+kv = mixrt.kv.create("dist_async")
+kv.init("w", np.zeros(5, np.float32))
+kv.set_optimizer(mixrt.optimizer.create("sgd", learning_rate=1.0))
+w = np.empty(5, np.float32)
+for step in range(10):
+    if kv.rank == 1 and step == 9:
+        time.sleep(1.5)  # worker 0 asks for the settled value while this push is not sent
+    kv.push("w", np.full(5, -1.0, np.float32))
+started = time.monotonic()
+kv.pull_settled("w", out=w)
+print("RESULT " + json.dumps({"w": w.tolist(), "waited": time.monotonic() - started}),
+      flush=True)
+kv.close()
+"""
+
+
+def test_an_async_settled_pull_waits_for_every_workers_pushes(cluster_factory):
+    """A plain async pull returns the value as it stands; a settled one (what Module.fit
+    takes after each epoch's barrier) waits until every worker has pushed as often as the
+    puller, here for worker 1's last push, sent 1.5 s late."""
+    cluster = cluster_factory(workers=2, servers=1).start(SETTLED_SCRIPT)
+    assert set(_finished(cluster).values()) == {0}, cluster.all_output()
+    for worker in range(2):
+        assert _result(cluster, worker)["w"] == [20.0] * 5, cluster.all_output()
+    assert _result(cluster, 0)["waited"] > 0.5, cluster.all_output()
 
 
 # -- pushes and pulls in pieces ----------------------------------------------------------

@@ -70,6 +70,20 @@ def test_async_and_compressed_jobs_finish_with_trained_weights(tmp_path, kind, w
             moved = max(float(np.abs(trained[name] - value).max())
                         for name, value in initial.items())
         assert moved > 1e-3, (case, moved)
+        if case["api"] == "module":
+            _assert_every_worker_holds_worker_0s_weights(out, case, workers)
+
+
+def _assert_every_worker_holds_worker_0s_weights(out: Path, case: dict, workers: int):
+    """Module.fit ends each epoch with every worker holding the servers' weights (under
+    dist_async a settled pull after the barrier), so the workers' models are one model."""
+    with np.load(out / fit_job.saved_name(case, 0), allow_pickle=False) as first:
+        expected = dict(first)
+    for rank in range(1, workers):
+        with np.load(out / fit_job.saved_name(case, rank), allow_pickle=False) as other:
+            for name, value in expected.items():
+                np.testing.assert_array_equal(other[name], value,
+                                              err_msg=f"{case['name']}: worker {rank}")
 
 
 MIXED_TRAINERS = """
