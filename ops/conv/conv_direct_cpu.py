@@ -69,6 +69,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     the node's replay in ``replays`` (its prepacked dict, or None: ``ops/compiled/replay.py``).
     ``repack``: W is not the node's constant (``prepacked`` is then a thread's
     :func:`varying_layouts`): pack it again first."""
+    if out.size == 0:  # an empty image (a zero-width map): nothing to compute or lay out
+        return out
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
                   constant=not repack)

@@ -332,7 +332,13 @@ def native_conv(block, kit, x, y, bias, residual, has_residual):
     ``kit`` is laid out like the block: every argument that does not change from call to
     call (the planes, weights, parts, the epilogue's ``limits`` in x's dtype, this thread's
     ``SPILL`` and ``EDGE`` scratch) written once by ``conv_direct_cpu``, so a call passes
-    only what does; a call of 22 arrays and tuples cost ~4 us in numba's dispatch alone."""
+    only what does; a call of 22 arrays and tuples cost ~4 us in numba's dispatch alone.
+
+    An empty output returns at once: its parts divide by a zero width, and an error between
+    taking the pool and :func:`finish` would leave the pool taken for good (every later split
+    kernel of the process then ran on its caller alone)."""
+    if y.size == 0:
+        return
     planes = get1(kit, PLANES, x)
     spill, edge = get2(kit, SPILL, x), get2(kit, EDGE, x)
     (rows_at, places, bounds, panels, weights, limits, no_bias), shape, geometry, form, \

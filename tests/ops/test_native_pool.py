@@ -340,3 +340,54 @@ def test_a_planned_runs_start_is_one_call_that_says_what_it_did(pool):
         assert pool.block[native.RUNS] == runs
     finally:
         os.sched_setaffinity(0, here)
+
+
+def _one_node_model(op: str, x_shape, weights: dict, **attributes):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    node = helper.make_node(op, ["x", *weights], ["y"], **attributes)
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(value, name) for name, value in weights.items()])
+    return onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+EMPTY_CASES = [  # (op, weights, attributes, a size that splits, an empty size, its output)
+    ("Conv", {"W": (64, 16, 3, 3)}, {"pads": [1, 1, 1, 1]}, (1, 16, 64, 48), (1, 16, 64, 0),
+     (1, 64, 64, 0)),
+    ("Conv", {"W": (64, 16, 3, 3)}, {"pads": [1, 1, 1, 1]}, (1, 16, 64, 48), (1, 16, 0, 48),
+     (1, 64, 0, 48)),
+    ("Conv", {"W": (96, 64, 1, 1)}, {}, (1, 64, 40, 40), (1, 64, 40, 0), (1, 96, 40, 0)),
+    ("Conv", {"W": (64, 16, 3, 3)}, {"strides": [2, 2], "pads": [1, 1, 1, 1]},
+     (2, 16, 64, 48), (2, 16, 0, 48), (2, 64, 0, 24)),
+    ("MatMul", {"W": (256, 256)}, {}, (512, 256), (0, 256), (0, 256)),
+    ("MaxPool", {}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+     (1, 64, 95, 79), (0, 64, 95, 79), (0, 64, 48, 40)),
+]
+
+
+@pytest.mark.parametrize("op,weights,attributes,splits,empty,expected", EMPTY_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[4]))}" for c in EMPTY_CASES])
+def test_an_empty_size_leaves_the_pool_free_for_the_next_run(pool, tmp_path, op, weights,
+                                                              attributes, splits, empty,
+                                                              expected):
+    """A run at a size with an empty axis (a ladder of made-up sizes reaches them: a
+    SqueezeNet whose input is a few pixels wide has a zero-width map) gives its empty
+    output (onnxruntime refuses an empty spatial axis; the shape is the operator's formula),
+    and the pool is free after it: a kernel that failed between taking the pool and
+    finishing its job left it taken, and every later split kernel of the process ran on its
+    caller alone (2026-11-29: SqueezeNet at 384x320 took 17 ms on two threads as on one)."""
+    import mixrt
+    path = tmp_path / "model.onnx"
+    model = _one_node_model(op, ["a", "b", "c", "d"][:len(splits)],
+                            {name: RNG.standard_normal(shape).astype(np.float32)
+                             for name, shape in weights.items()}, **attributes)
+    path.write_bytes(model.SerializeToString())
+    session = mixrt.Session(str(path))
+    big = {"x": RNG.standard_normal(splits).astype(np.float32)}
+    session.run(None, big)
+    native = _native_pool()
+    assert session.run(None, {"x": np.zeros(empty, np.float32)})[0].shape == expected
+    assert pool.block[native.BUSY] == 0, "the empty size's kernel left the pool taken"
+    until_the_worker_joins(pool.block, native.JOINED, lambda: session.run(None, big))
