@@ -541,6 +541,7 @@ def _failed(step, exc, args=()) -> ExecutionError:
     """The error for a kernel that raised ``exc``: the op's own shape rule on the operands
     it was given, where that rule refuses them ("W has shape (2, 16, 5); expected ..."),
     then what the kernel raised (NumPy's "operands could not be broadcast ...")."""
+    jit_cpu.release_abandoned_pool()  # a native driver that raised may have left it taken
     if isinstance(exc, run_options.Expired):  # a kernel's long loop reached the run's limit
         return terminated(step, exc)  # (a RunTerminated, an ExecutionError)
     node = step.node

@@ -203,6 +203,14 @@ def loaded_native_pool():
     return native_pool()
 
 
+def release_abandoned_pool() -> None:
+    """After a kernel raised on this thread: free the native pool where that kernel's job
+    left it taken (``Pool.release_abandoned``)."""
+    pool = loaded_native_pool()
+    if pool is not None:
+        pool.release_abandoned()
+
+
 def panel_kernels_loaded() -> bool:
     """Has this process loaded the panel kernels (so that :func:`native_pool`'s None means
     no pool for these settings, not one not made yet)?"""

@@ -70,7 +70,8 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 # * ``STATE``: the job's sequence number << 16, plus the workers inside it, plus ``CLOSED``
 #   once the caller has taken the last part (no worker may join after that);
 # * ``NEXT``: the next part to claim; ``BUSY``: a caller owns the pool (another caller runs
-#   all of its parts itself); ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
+#   all of its parts itself), ``OWNER`` (in BUSY's line) the thread that took it;
+#   ``SLEEPERS``: workers asleep on the futex word ``WAKE`` (the
 #   low 32 bits of its word); ``JOINED``: jobs a worker took part in (for the tests);
 #   ``RUNS``: sessions' runs in progress that use the pool; ``ALONE`` (in RUNS's line):
 #   runs in progress that found the workers asleep and leave them so (below);
@@ -84,6 +85,7 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 LINE = 8  # int64 words per 64-byte line
 STATE, NEXT, BUSY, SLEEPERS, WAKE, JOINED, RUNS = (LINE * i for i in range(7))
 ALONE = RUNS + 1  # runs in progress that leave the sleeping workers asleep (callers write it)
+OWNER = BUSY + 1  # the thread (its kernel id) whose job holds the pool (written by that caller)
 SPINS = 7 * LINE  # and SPINS + 1
 TABLE = SPINS + 2  # the job table's address (below); written once, as SPINS is
 ARGS = 8 * LINE
@@ -94,6 +96,7 @@ SPIN_SECONDS = 50e-6  # a worker's spin before it sleeps
 RUN_SPIN_SECONDS = 500e-6  # the same while a run is in progress
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 GETCPU_SYSCALL = 309
+GETTID_SYSCALL = 186
 # what :func:`run_starts` did: the run uses workers it found awake, woke them, left them
 # asleep (its caller takes every part), or nothing yet: its caller is on another CPU than
 # the workers were kept off (the caller places them, then starts again)
@@ -163,6 +166,18 @@ def _futex(typingctx, word, operation, value):
 
 
 @intrinsic
+def _thread_id(typingctx):
+    """The calling thread's id as the kernel numbers it (gettid, inline as the futex's; what
+    ``threading.get_native_id`` says in Python)."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64]), "syscall",
+                            "={rax},{rax},~{rcx},~{r11},~{memory}", side_effect=True)
+        return builder.call(call, [ir.Constant(i64, GETTID_SYSCALL)])
+    return types.int64(), codegen
+
+
+@intrinsic
 def _current_cpu(typingctx):
     """The CPU the calling thread is on (the getcpu system call, inline as the futex's), or
     -1 where the call fails."""
@@ -188,6 +203,7 @@ def begin(block) -> int:
     (then the driver runs every part itself)."""
     if not compare_swap(block, BUSY, 0, 1):
         return -1
+    block[OWNER] = _thread_id()
     block[NEXT] = 0
     return (load(block, STATE) >> 16) + 1
 
@@ -286,6 +302,18 @@ def finish(block):
     store(block, BUSY, 0)
 
 
+@_jit
+def release_abandoned(block, thread) -> bool:
+    """Closes a job that ``thread`` began and left (its driver raised between :func:`begin`
+    and :func:`finish`; compiled code has no ``finally``) and frees the pool: whether there
+    was one. Another thread's job in progress is left alone. Without this, a pool left taken
+    made every later split kernel of the process run on its caller alone."""
+    if load(block, BUSY) == 0 or block[OWNER] != thread:
+        return False
+    finish(block)
+    return True
+
+
 WORKER_SIGNATURE = types.voidptr(types.voidptr)
 
 
@@ -345,6 +373,10 @@ class Pool:
 
     def alone_ends(self):
         alone_ends(self.block)
+
+    def release_abandoned(self) -> bool:
+        """:func:`release_abandoned` for the calling thread (after a kernel of it raised)."""
+        return release_abandoned(self.block, threading.get_native_id())
 
 
 @_jit

@@ -391,3 +391,68 @@ def test_an_empty_size_leaves_the_pool_free_for_the_next_run(pool, tmp_path, op,
     assert session.run(None, {"x": np.zeros(empty, np.float32)})[0].shape == expected
     assert pool.block[native.BUSY] == 0, "the empty size's kernel left the pool taken"
     until_the_worker_joins(pool.block, native.JOINED, lambda: session.run(None, big))
+
+
+def test_a_job_its_thread_left_is_closed_and_the_pool_freed(pool):
+    """A driver that raises between taking the pool and finishing leaves it taken (compiled
+    code has no ``finally``); its thread frees it after the error, and the worker takes
+    part in the next job."""
+    native = _native_pool()
+    assert native.begin(pool.block) >= 0  # a job begun here and never finished
+    assert pool.block[native.BUSY] == 1
+    assert pool.release_abandoned()
+    assert pool.block[native.BUSY] == 0
+    assert not pool.release_abandoned()  # nothing left to free
+    X, W, B, Z, kernel = _operands(*CASES[0][:1], CASES[0][1], (1, 1), (1, 1, 1, 1), np.float32)
+    until_the_worker_joins(pool.block, native.JOINED,
+                           lambda: _conv(X, W, B, Z, kernel, (1, 1), (1, 1, 1, 1)))
+
+
+def test_another_threads_job_in_progress_is_not_freed(pool):
+    native = _native_pool()
+    taken, release = threading.Event(), threading.Event()
+
+    def holder():
+        native.begin(pool.block)
+        taken.set()
+        release.wait(10)
+        native.finish(pool.block)
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert taken.wait(10)
+        assert not pool.release_abandoned()  # this thread's error does not end that job
+        assert pool.block[native.BUSY] == 1
+    finally:
+        release.set()
+        thread.join(10)
+    assert pool.block[native.BUSY] == 0
+
+
+def test_a_run_whose_kernel_raised_with_the_pool_taken_frees_it(pool, tmp_path, monkeypatch):
+    """The run loop's error path frees a pool its thread's failed kernel left taken: the
+    session raises a typed error, and the next run's kernels split again."""
+    import mixrt
+    from mixrt.errors import ExecutionError
+    path = tmp_path / "model.onnx"
+    model = _one_node_model("Conv", ["a", "b", "c", "d"],
+                            {"W": RNG.standard_normal((64, 16, 3, 3)).astype(np.float32)},
+                            pads=[1, 1, 1, 1])
+    path.write_bytes(model.SerializeToString())
+    session = mixrt.Session(str(path))
+    feeds = {"x": RNG.standard_normal((1, 16, 64, 48)).astype(np.float32)}
+    expected = session.run(None, feeds)[0]
+    native = _native_pool()
+    working = conv_direct_cpu.conv
+
+    def fails_holding_the_pool(*args, **kwargs):
+        native.begin(pool.block)
+        raise ZeroDivisionError("integer division by zero")
+    monkeypatch.setattr(conv_direct_cpu, "conv", fails_holding_the_pool)
+    other = {"x": RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)}
+    with pytest.raises(ExecutionError, match="ZeroDivisionError"):
+        session.run(None, other)
+    assert pool.block[native.BUSY] == 0
+    monkeypatch.setattr(conv_direct_cpu, "conv", working)
+    np.testing.assert_array_equal(session.run(None, feeds)[0], expected)
+    until_the_worker_joins(pool.block, native.JOINED, lambda: session.run(None, feeds))
