@@ -192,14 +192,18 @@ def test_the_servers_take_mxnets_steps_bit_for_bit(cluster_factory, name, option
         assert result["float32"] == [float(np.float32(-6.35))] * 3
 
 
-ASYNC_SCRIPT = """
-import json, sys
+# two async workers on one key "w" of zeros, each push of -1 adding 1 (SGD, rate 1)
+ASYNC_SETUP = """
+import json, time
 import mixrt
 import numpy as np
 kv = mixrt.kv.create("dist_async")
 kv.init("w", np.zeros(5, np.float32))
 kv.set_optimizer(mixrt.optimizer.create("sgd", learning_rate=1.0))
 w = np.empty(5, np.float32)
+"""
+
+ASYNC_SCRIPT = ASYNC_SETUP + """
 for step in range(10):
     kv.push("w", np.full(5, -1.0, np.float32))
     kv.pull("w", out=w)
@@ -217,14 +221,7 @@ def test_async_applies_every_push(cluster_factory):
         assert _result(cluster, worker)["w"] == [20.0] * 5  # 2 workers x 10 pushes of 1
 
 
-SETTLED_SCRIPT = """
-import json, time
-import mixrt
-import numpy as np
-kv = mixrt.kv.create("dist_async")
-kv.init("w", np.zeros(5, np.float32))
-kv.set_optimizer(mixrt.optimizer.create("sgd", learning_rate=1.0))
-w = np.empty(5, np.float32)
+SETTLED_SCRIPT = ASYNC_SETUP + """
 for step in range(10):
     if kv.rank == 1 and step == 9:
         time.sleep(1.5)  # worker 0 asks for the settled value while this push is not sent
