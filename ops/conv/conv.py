@@ -116,6 +116,13 @@ def _as_strided(xp):
     return tricks.as_strided
 
 
+def strided_span(start: int, step: int, count: int) -> slice:
+    """The slice of ``count`` positions ``step`` apart from ``start``: where one tap of every
+    window lies along an axis. Empty where ``count`` is 0 (``start - step + 1`` as a stop
+    would count from the end of the axis and take positions that are not there)."""
+    return slice(start, start + (count - 1) * step + 1 if count else start, step)
+
+
 def sliding_windows(xp, x, kernel, strides, dilations, out):
     """A read-only view ``(*lead, *kernel, *out)`` of windows over the trailing spatial axes
     of ``x``; ``x`` must be padded enough for every window to fit."""
@@ -140,7 +147,7 @@ def fold(xp, cols, strides, dilations, full_dims):
         for o, d, s, n, full in zip(offset, dilations, strides, in_dims, full_dims):
             start = o * d
             count = min(n, max(0, -(-(full - start) // s)))  # positions that land inside
-            target.append(slice(start, start + (count - 1) * s + 1 if count else start, s))
+            target.append(strided_span(start, s, count))
             source.append(slice(0, count))
         lead_index = (Ellipsis,)
         image[lead_index + tuple(target)] += cols[lead_index + offset + tuple(source)]
@@ -241,7 +248,7 @@ def _im2col(xp, X, kernel, strides, dilations, begin, end, out, group):
     length = math.prod(out)
     if all(k == 1 for k in kernel) and not any(begin) and not any(end):
         # 1x1 kernels need no window copy, only a (possibly strided) subsample
-        X = X[(Ellipsis,) + tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides))]
+        X = X[(Ellipsis,) + tuple(strided_span(0, s, o) for o, s in zip(out, strides))]
         return xp.ascontiguousarray(X).reshape(n, group, rows, length)
     padded = pad_spatial(xp, X, begin, end)
     windows = sliding_windows(xp, padded, kernel, strides, dilations, out)

@@ -146,7 +146,7 @@ class _Window:
 
     def tap_slices(self, tap):
         """Where tap ``(a, b)`` of every window lies in the padded image."""
-        return tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, s, o in
+        return tuple(cv.strided_span(t * d, s, o) for t, d, s, o in
                      zip(tap, self.dilations, self.strides, self.out))
 
 

@@ -35,7 +35,7 @@ from mixrt.ops.compiled.bound_calls import binds, binds_replay
 from mixrt.ops.compiled import replay
 from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
-from mixrt.ops.conv.conv import spatial_attrs, window_geometry
+from mixrt.ops.conv.conv import spatial_attrs, strided_span, window_geometry
 from mixrt.ops.compiled.workspace import scratch_arrays as _scratch
 from mixrt.ops.nn.norm import lrn
 from mixrt.ops.pool.pool import average_pool, global_average_pool, global_max_pool, max_pool
@@ -158,7 +158,7 @@ def _geometry(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
 def _taps(kernel, strides, dilations, out_dims):
     """Per kernel offset, in the generic kernel's order: the slice of a group of padded planes
     that offset sees, shaped like the output."""
-    return [(slice(None),) + tuple(slice(o * d, o * d + (n - 1) * s + 1, s)
+    return [(slice(None),) + tuple(strided_span(o * d, s, n)
                                    for o, d, s, n in zip(offset, dilations, strides, out_dims))
             for offset in itertools.product(*(range(k) for k in kernel))]
 

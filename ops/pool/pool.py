@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.ops.conv.conv import (inferred_out_dims, pad_spatial, sliding_windows,
-                            spatial_attrs, window_geometry, work_dtype)
+                            spatial_attrs, strided_span, window_geometry, work_dtype)
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.ir.dtypes import FLOATS
 from mixrt.ops.compiled.parallel import parallel_rows
@@ -44,7 +44,7 @@ class _Windows:
     def taps(self, xp, padded):
         """Every kernel offset and the output-shaped strided slice of ``padded`` it sees."""
         for offset in itertools.product(*(range(k) for k in self.kernel)):
-            index = tuple(slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, s, n in
+            index = tuple(strided_span(o * d, s, n) for o, d, s, n in
                           zip(offset, self.dilations, self.strides, self.out))
             yield offset, padded[(Ellipsis,) + index]
 

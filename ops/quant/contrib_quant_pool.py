@@ -20,7 +20,7 @@ import numpy as np
 from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_value, requantize,
                                      require_dtype, require_float_scales, require_per_tensor,
                                      zero_point_or_zero)
-from mixrt.ops.conv.conv import pad_spatial, spatial_attrs, window_geometry
+from mixrt.ops.conv.conv import pad_spatial, spatial_attrs, strided_span, window_geometry
 from mixrt.ops.quant.quantize import saturate_to
 from mixrt.ops.ir.registry import REGISTRY, op
 from mixrt.ops.ir.types import TensorType, shape_text
@@ -98,7 +98,7 @@ def _window_sum(xp, real, kernel, strides, begin, end, out):
     padded = pad_spatial(xp, real, begin, [e + x for e, x in zip(end, overhang)], 0)
     total = None
     for offset in itertools.product(*(range(k) for k in kernel)):
-        window = tuple(slice(o, o + (n - 1) * s + 1, s) for o, s, n in zip(offset, strides, out))
+        window = tuple(strided_span(o, s, n) for o, s, n in zip(offset, strides, out))
         part = padded[(Ellipsis,) + window]
         total = part.copy() if total is None else total + part
     return total

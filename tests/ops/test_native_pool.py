@@ -364,6 +364,8 @@ EMPTY_CASES = [  # (op, weights, attributes, a size that splits, an empty size, 
     ("MatMul", {"W": (256, 256)}, {}, (512, 256), (0, 256), (0, 256)),
     ("MaxPool", {}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
      (1, 64, 95, 79), (0, 64, 95, 79), (0, 64, 48, 40)),
+    ("MaxPool", {}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+     (1, 64, 95, 79), (1, 64, 95, 0), (1, 64, 48, 0)),
 ]
 
 
