@@ -53,6 +53,7 @@ reference the block form's bits are tested against.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 
@@ -153,21 +154,36 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # paid that for every depthwise node at each size's first request (a ShuffleNet's
     # first sight ~86 ms of conv against ~2). The size's next run, which is not a loading
     # run, loads it: a size met once never pays it.
+    #
+    # A run that may compile, in a process whose sessions compile in the background, is a
+    # serving run on the compiled tier (a signature whose kernels all loaded, or took bound
+    # calls, and whose bound calls were let go since): it takes the flat form only where
+    # one is in the cache, and loads it without compiling anything. It compiled the form
+    # in the serving thread before, ~1-2 s a node with its part entry: a MobileNetV3's
+    # image size that came back took 5.6 s (2026-11-29).
     loading = jit_tier.compile_misses() is not None
-    named = _geometry_name(geometry) if loading else None
+    serving = not loading and jit_tier.background_compiles()
+    named = _geometry_name(geometry) if loading or serving else None
     if loading and named not in _FLAT_LOADED:
         if prebuilt.chosen() is None and not compiled_before(named):
             jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
+        return _size_free(conv, small, rows, hp, wp, call)
+    if serving and named not in _FLAT_LOADED and not compiled_before(named):
         return _size_free(conv, small, rows, hp, wp, call)
     text, flat_width = _flat_text(*geometry)
     if loading and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
         return _size_free(conv, small, rows, hp, wp, call)
     try:
-        with jit_tier.optional():
+        with jit_tier.optional(), _loading_only_where(serving):
             return _flat_planes(text, flat_width, call, geometry)
     except jit_tier.CompileForbidden:
         return _size_free(conv, small, rows, hp, wp, call)
+
+
+def _loading_only_where(serving: bool):
+    """Compiling forbidden in the block on a serving run (:func:`depthwise_conv`)."""
+    return jit_tier.loading_only() if serving else contextlib.nullcontext()
 
 
 def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
@@ -187,23 +203,37 @@ def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
 
 def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
     """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran (under
-    its module's name and its ``geometry``'s)."""
+    its module's name and its ``geometry``'s), its part entry with it.
+
+    The part entry is compiled whether or not this call splits (it would not at a batch of
+    one): a geometry is the plane's, so another batch of the same image size, which does
+    split, finds it marked compiled and loads the form on a serving run, where compiling
+    is allowed once a signature is compiled. A part entry missing there compiled in the
+    serving thread, ~0.6-1.1 s a node: a MobileNetV3's image size coming back at another
+    batch took 5.6 s for six of them (2026-11-29)."""
     module = _flat_module(text)
+    named = _geometry_name(geometry)
+    if (module.__name__, call[0].dtype.str) not in _PARTS_WARM:
+        _warm_part_entry(module, *call[:7])
+        _PARTS_WARM.add((module.__name__, call[0].dtype.str))
     done = _planes(module, 1, flat_width, *call)
     mark_compiled(module)
-    named = _geometry_name(geometry)
     mark_name(named)
     _FLAT_LOADED.add(named)
     return done
 
 
 _FLAT_LOADED: set = set()  # the geometries' names whose flat form this process has loaded
+_PARTS_WARM: set = set()  # (a flat form's module name, dtype) whose part entry is loaded
 
 
 def _geometry_name(geometry: tuple) -> str:
     """The name a flat form is also marked compiled under: its geometry's (the arguments of
-    :func:`_flat_text`), which a size's first run asks without making the source."""
-    return f"{FLAT_PREFIX}_at_{hashlib.sha256(repr(geometry).encode()).hexdigest()[:20]}"
+    :func:`_flat_text`), which a size's first run asks without making the source. Named
+    "with parts" since its part entry is compiled with it: a marker of an older cache does
+    not promise that, so it is not read."""
+    digest = hashlib.sha256(repr(geometry).encode()).hexdigest()[:20]
+    return f"{FLAT_PREFIX}_with_parts_{digest}"
 
 
 def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -220,16 +250,23 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
            constants is None or constants.flags.writeable)
     if key in WARM:
         return
-    native = jit_cpu.native_pool()
+    x, y = _warm_part_entry(rows, X, W, B, out, weights, bias, constants)
+    rows.run(x, weights, bias, y, constants, multiplier, W.shape[0], begin[0], begin[1], 0,
+             1, np.empty((hp, wp), X.dtype))
+    WARM.add(key)
+
+
+def _warm_part_entry(module, X, W, B, out, weights, bias, constants) -> tuple:
+    """``module``'s part entry for X's dtype and the address fill of its arrays, compiled
+    or loaded where the process has native workers (where a call of another batch may split
+    over them); the planes (x, y) as :func:`_planes` hands them over."""
     (n, channels, height, width), m = X.shape, W.shape[0]
     x = X.reshape(n * channels, height, width)
     y = out.reshape(n * m, *out.shape[2:])
-    if native is not None:
-        part_entry(rows, "f" if X.dtype == np.float32 else "d")
+    if jit_cpu.native_pool() is not None:
+        part_entry(module, "f" if X.dtype == np.float32 else "d")
         warm_prepared((x, weights, bias, y, constants))
-    rows.run(x, weights, bias, y, constants, multiplier, m, begin[0], begin[1], 0, 1,
-             np.empty((hp, wp), X.dtype))
-    WARM.add(key)
+    return x, y
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,

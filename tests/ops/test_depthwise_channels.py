@@ -148,6 +148,7 @@ def _fresh_compile_caches(tmp_path, monkeypatch) -> None:
     depthwise_common.WARM.clear()
     monkeypatch.setattr(generated, "_marked", set())
     monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
+    monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
     for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
                    jit_depthwise._flat_module):
         cached.cache_clear()
@@ -193,8 +194,11 @@ def test_a_new_size_in_no_cache_takes_the_row_form_compiled_with_the_node(tmp_pa
         got, X = depthwise(8)  # 8 x 8 outputs: the channels form, compiled with the node too
     assert misses and all(jit_tier.is_optional(miss) for miss in misses)
     np.testing.assert_array_equal(got, depthwise(8, X=X)[0])
-    modules = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_*.py")}
+    written = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_*.py")}
+    modules = {name for name in written if "_part_" not in name}
     assert len(modules) == 3  # 12, 14 and 8, each written only once it could compile
+    # each with its part entry's module where there are native workers
+    assert len(written) == (6 if jit_cpu.native_pool() is not None else 3)
 
 
 def _counted_flat_sources(monkeypatch, attributes: dict):
@@ -228,7 +232,7 @@ def test_a_size_first_run_asks_its_flat_forms_geometry_before_making_its_source(
 
     depthwise(13)  # compiling allowed: the flat form of 13, and the row form with it
     assert len(made) == 1
-    markers = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_at_*")}
+    markers = {path.name for path in (tmp_path / "jit").glob("mixrt_depthwise_flat_with_parts_*")}
     assert len(markers) == 1
     with jit_tier.loading_only() as misses:  # 17: never compiled, its source never made
         got, X = depthwise(17)
@@ -262,3 +266,49 @@ def test_a_first_run_leaves_a_flat_form_in_the_cache_to_the_sizes_next_run(
     again, _ = depthwise(15, X=X)  # the next run: the flat form, loaded
     assert len(made) == 2 and jit_depthwise._FLAT_LOADED
     np.testing.assert_array_equal(first, again)
+
+
+@needs_jit
+def test_a_serving_run_compiles_no_flat_form_and_loads_one_with_its_part_entry(
+        tmp_path, monkeypatch):
+    """Where sessions compile in the background, a run that may compile is a serving run
+    on the compiled tier: a geometry never compiled takes the row form there, its flat
+    source never made (compiled in the serving thread, ~1-2 s a node); one compiled
+    elsewhere at a batch of one, which does not split, loads there at a batch that splits
+    over the native workers, its part entry compiled with it (a MobileNetV3's image size
+    coming back at another batch compiled six part entries in its request: 5.6 s)."""
+    from mixrt.ops.compiled import generated  # noqa: PLC0415
+    from mixrt.ops.panels import native_parts  # noqa: PLC0415
+    _fresh_compile_caches(tmp_path, monkeypatch)
+    attributes = dict(kernel_shape=[3, 3], pads=[2, 2, 2, 2], dilations=[2, 2],
+                      strides=[1, 1])
+    made, depthwise, W, B = _counted_flat_sources(monkeypatch, attributes)
+
+    def batch(images, side):
+        return _rand(images, 8, side, side)
+
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    X = batch(1, 11)
+    served, _ = depthwise(11, X=X)
+    assert made == [] and not list((tmp_path / "jit").glob("mixrt_depthwise_flat_*.py"))
+    np.testing.assert_allclose(served, conv(np, X, W, B, group=8, **attributes),
+                               rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("MIXRT_COMPILE", "foreground")  # the compile child: one image
+    flat, _ = depthwise(11, X=X)
+    np.testing.assert_array_equal(served, flat)
+    assert len(made) == 1
+    if jit_cpu.native_pool() is None:
+        return  # no workers: no part entry to load
+    # another process over that cache: nothing of it loaded here
+    monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
+    monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
+    for cached in (jit_depthwise._flat_module, native_parts.part_entry,
+                   generated.kernel_module):
+        cached.cache_clear()
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    images = -(-native_parts.SPLIT_ELEMENTS // (8 * 11 * 11)) + 1  # enough to split
+    X = batch(images, 11)
+    served, _ = depthwise(11, X=X)
+    assert jit_depthwise._FLAT_LOADED  # the flat form, its part entry loaded, not compiled
+    monkeypatch.setenv("MIXRT_COMPILE", "foreground")
+    np.testing.assert_array_equal(served, depthwise(11, X=X)[0])
