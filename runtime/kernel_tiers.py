@@ -136,10 +136,18 @@ class SessionTiers:
             self._set(signature, COMPILED)
             _mark(self._session(), "kernel tier: compiled")
             return outputs
-        self._missed(signature, feeds, misses)
         if outputs is None:  # (where a step could not take its NumPy path alone)
-            with jit_tier.using(False):
-                outputs = run()
+            try:
+                with jit_tier.using(False):
+                    outputs = run()
+            except Exception:
+                # the model's own error at these feeds (a length past its positions, which
+                # a warm-up's made-up sizes may try): no child for feeds the model refuses.
+                # Its child failed, and the form was marked failed with a CompileWarning,
+                # so no later size of it had its missing kernels compiled (2026-11-29)
+                self._forget(signature)
+                raise
+        self._missed(signature, feeds, misses)
         return outputs
 
     def _missed(self, signature: tuple, feeds: dict, misses: list) -> None:

@@ -428,3 +428,47 @@ def test_a_signature_that_missed_only_optional_kernels_compiles_when_it_comes_ba
     tiers._missed(two, fed, ["generated kernel (float32,)"])
     assert [job.signature for job in submitted] == [one, two]
     assert tiers.states()[two] == kernel_tiers.PENDING
+
+
+def test_feeds_the_model_refuses_start_no_child_and_leave_the_form_compiling(
+        tmp_path, monkeypatch):
+    """A first run that missed a kernel and then met the model's own error (a length past
+    its positions, which a warm-up's made-up sizes may try) raises that error on the NumPy
+    tier too, and starts no child: the child failed on those feeds, and the form was marked
+    failed with a CompileWarning, so no later size of it had its misses compiled. A run
+    whose NumPy tier answers hands its misses to the child as before."""
+    from types import SimpleNamespace  # noqa: PLC0415
+    submitted = []
+    monkeypatch.setattr(kernel_tiers, "compiler", lambda: SimpleNamespace(
+        submit=submitted.append))
+
+    class Owner:  # the session, weakly referred to
+        pass
+
+    owner = Owner()
+    tiers = kernel_tiers.SessionTiers(owner, None, 1)
+    monkeypatch.setattr(tiers, "_marker", lambda *_, **__: tmp_path / "marker.json")
+    refused = (("x", ((1, 604), "int64")),)
+    fed = {"x": np.zeros((1, 604), np.int64)}
+
+    def run_refused():
+        if jit_tier.compiled_allowed():
+            jit_tier.compile_misses().append("generated kernel (float32,)")
+        raise ValueError("positions (1, 512) and tokens (1, 604) do not broadcast")
+
+    with pytest.raises(ValueError, match="do not broadcast"):
+        tiers.first_run(refused, fed, run_refused)
+    assert submitted == [] and refused not in tiers.states()
+    assert not tiers._failed_forms and not tiers._compiling
+
+    answered = (("x", ((1, 100), "int64")),)
+
+    def run_answered():
+        if jit_tier.compiled_allowed():
+            jit_tier.compile_misses().append("generated kernel (float32,)")
+            raise jit_tier.CompileForbidden("a step with no NumPy path alone")
+        return ["numpy"]
+
+    assert tiers.first_run(answered, {"x": np.zeros((1, 100), np.int64)},
+                           run_answered) == ["numpy"]
+    assert [job.signature for job in submitted] == [answered]
