@@ -458,3 +458,40 @@ def test_a_run_whose_kernel_raised_with_the_pool_taken_frees_it(pool, tmp_path, 
     monkeypatch.setattr(conv_direct_cpu, "conv", working)
     np.testing.assert_array_equal(session.run(None, feeds)[0], expected)
     until_the_worker_joins(pool.block, native.JOINED, lambda: session.run(None, feeds))
+
+
+def _typed_apart(shape) -> tuple:
+    """Arrays whose tuple type no warm-up compiles the address fill for: read-only, of
+    three and five dimensions, int16 among them."""
+    arrays = (np.arange(6, dtype=np.int16).reshape(1, 2, 3), np.zeros(shape, np.float64),
+              np.ones((1, 1, 1, 2, 2), np.float32))
+    arrays[0].flags.writeable = arrays[2].flags.writeable = False
+    return arrays
+
+
+def test_the_address_fill_answers_without_compiling_where_compiling_is_refused(monkeypatch):
+    """A run that may not compile (a loading run) meeting a tuple of array types the
+    compiled address fill has no specialisation for gets the addresses read one by one and
+    leaves no miss: the step ran NumPy's convolution instead, the run counted a missing
+    kernel and each new size of a MobileNetV3 started a compile child. A serving run where
+    sessions compile in the background compiles no specialisation either."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    from mixrt.ops.panels import native_parts  # noqa: PLC0415
+
+    def addresses(arrays) -> list:
+        return [array.__array_interface__["data"][0] for array in arrays]
+
+    native_parts.fill_addresses(np.empty(1, np.uint64), (np.zeros(1),))  # loaded
+    compiled = native_parts._addresses
+    known = len(compiled.signatures)
+    arrays = _typed_apart((3, 1, 2, 2, 1, 1))
+    with jit_tier.loading_only() as misses:
+        out = np.zeros(3, np.uint64)
+        native_parts.fill_addresses(out, arrays)
+    assert misses == [] and list(out) == addresses(arrays)
+    monkeypatch.setenv("MIXRT_COMPILE", "background")  # a serving run: compiling allowed
+    arrays = _typed_apart((2, 1, 2, 1, 2, 1, 2, 1))
+    out = np.zeros(3, np.uint64)
+    native_parts.fill_addresses(out, arrays)
+    assert list(out) == addresses(arrays) and len(compiled.signatures) == known
+    # (neither tuple type is compiled here: a cache on disk would hold it for the next run)
