@@ -163,6 +163,7 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     # parts are loaded at its first call (a session's warm-up), not at the first request
     # with that batch (a SqueezeNet's first batch of ten 64 x 160 images: ~60 of its 90 ms)
     module = jit_cpu.load(BAND_PARTS)
+    _warm_band_addresses(X.dtype)
     threads = native.workers + 1
     strips = -(-total // kernels.STRIP_ROWS)
     if not matmul_cpu._split(total, c, m, X.itemsize) or strips < BAND_STRIPS * threads:
@@ -206,6 +207,22 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
         last[2]()
         return out
     return run
+
+
+_BAND_ADDRESSES_WARM: set = set()  # dtypes whose bands' address fill was warmed (or tried)
+
+
+def _warm_band_addresses(dtype) -> None:
+    """The address fill of the bands' arrays (nine flat ones of ``dtype``), compiled or
+    loaded once per process and dtype at a node's first call: the bands are taken only at
+    batches large enough, which a session's warm-up and its compile child may never run,
+    and a run that may not compile then read the addresses one by one after a failed look
+    into numba's cache (~0.3 ms a node, at each new size)."""
+    if dtype.str in _BAND_ADDRESSES_WARM:
+        return
+    _BAND_ADDRESSES_WARM.add(dtype.str)
+    # (in a run that may not compile and a cache without it, the fill answers anyway)
+    native_parts.warm_prepared(tuple(np.empty(1, dtype) for _ in range(9)))
 
 
 def _layout(array) -> tuple:

@@ -22,7 +22,6 @@ module, as they were until 2026-11-25, the two entries took most of a depthwise 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
@@ -113,7 +112,7 @@ def prepared(native, module, arrays: tuple, scalars: tuple, parts: list, keep=()
     words = np.array([0, *shapes, *scalars, *bounds], np.int64)
     words[0] = words.size
     addresses = np.empty(len(arrays) + 1, np.uint64)
-    fill_addresses(addresses, (words,) + tuple(arrays))
+    _typed_addresses(addresses, (words,) + tuple(arrays))
     entry = part_entry(module, "f" if arrays[0].dtype == np.float32 else "d")
     run, block, address, count = jit_cpu.panel_kernels().native_for, native.block, \
         entry.address, len(parts)
@@ -131,7 +130,8 @@ def warm_prepared(arrays: tuple) -> None:
     size) to miss it as the node's split began (a depthwise row form over three images,
     2026-11-28). Nothing where one is None (no such call is prepared)."""
     if all(array is not None for array in arrays):
-        fill_addresses(np.empty(len(arrays) + 1, np.uint64), (np.zeros(1, np.int64),) + arrays)
+        _typed_addresses(np.empty(len(arrays) + 1, np.uint64),
+                         (np.zeros(1, np.int64),) + arrays)
 
 
 _addresses = None  # the compiled fill_addresses, once loaded
@@ -142,32 +142,19 @@ def fill_addresses(out, arrays) -> None:
     call (``_jit_addresses.py``, imported on first use: it loads numba), ~1 us for ten.
 
     The call is compiled per tuple of array types (ranks, layouts, read-only flags), and a
-    run that may not compile can meet one no warm-up made (a 1x1 convolution's bands with
-    the node's read-only bias, taken at a new size's batch only). There the addresses are
-    read one by one (~11 us for ten), and no miss is left: the step ran NumPy's convolution
-    instead, the run counted as missing a kernel, and each new size of a MobileNetV3
-    started a compile child that took a core (2026-11-29). A serving run on the compiled
-    tier, where sessions compile in the background, does not compile it either."""
+    run that may not compile can meet one no warm-up made. There the addresses are read one
+    by one (~11 us for ten, after ~0.3 ms of numba looking in its cache), and no miss is
+    left: the step ran NumPy's convolution instead, the run counted a missing kernel, and
+    each new size of a MobileNetV3 started a compile child (2026-11-29)."""
     global _addresses
     if _addresses is None:
         _addresses = jit_cpu.load("mixrt.ops.panels._jit_addresses").fill_addresses
-    if jit_tier.compile_misses() is None and not jit_tier.background_compiles():
-        _addresses(out, arrays)  # compiling allowed: a foreground session, the compile child
-        return
     try:
-        with _compiling_forbidden():
-            _addresses(out, arrays)
+        _addresses(out, arrays)
     except jit_tier.CompileForbidden:
         _forget_own_miss()
         for at, array in enumerate(arrays):
             out[at] = array.ctypes.data
-
-
-def _compiling_forbidden():
-    """A block where a compile raises: as it is in a loading run, else made so."""
-    if jit_tier.compile_misses() is not None:
-        return contextlib.nullcontext()
-    return jit_tier.loading_only()
 
 
 def _forget_own_miss() -> None:
@@ -177,3 +164,30 @@ def _forget_own_miss() -> None:
         if "fill_addresses" in misses[at]:
             del misses[at]
             return
+
+
+def _typed_addresses(out, arrays: tuple) -> None:
+    """:func:`fill_addresses` for a prepared call's arrays (made once per node and size, so
+    the check of each array is paid there, not per request): read-only ones stand in as a
+    writeable array of their rank and dtype, their own addresses read apart. numba types
+    read-only arrays apart, and a node's constant bias made the fill of a 1x1
+    convolution's bands a specialisation of its own, which no warm-up compiled."""
+    if all(array.flags.writeable for array in arrays):
+        fill_addresses(out, arrays)
+        return
+    fill_addresses(out, tuple(array if array.flags.writeable else _stand_in(array)
+                              for array in arrays))
+    for at, array in enumerate(arrays):
+        if not array.flags.writeable:
+            out[at] = array.ctypes.data
+
+
+_STAND_INS: dict = {}  # (rank, dtype) -> a writeable stand-in for a read-only array
+
+
+def _stand_in(array):
+    key = (array.ndim, array.dtype.str)
+    found = _STAND_INS.get(key)
+    if found is None:
+        found = _STAND_INS.setdefault(key, np.zeros((1,) * array.ndim, array.dtype))
+    return found

@@ -469,29 +469,43 @@ def _typed_apart(shape) -> tuple:
     return arrays
 
 
-def test_the_address_fill_answers_without_compiling_where_compiling_is_refused(monkeypatch):
+def test_the_address_fill_answers_where_compiling_is_refused():
     """A run that may not compile (a loading run) meeting a tuple of array types the
     compiled address fill has no specialisation for gets the addresses read one by one and
     leaves no miss: the step ran NumPy's convolution instead, the run counted a missing
-    kernel and each new size of a MobileNetV3 started a compile child. A serving run where
-    sessions compile in the background compiles no specialisation either."""
+    kernel and each new size of a MobileNetV3 started a compile child."""
     from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
     from mixrt.ops.panels import native_parts  # noqa: PLC0415
-
-    def addresses(arrays) -> list:
-        return [array.__array_interface__["data"][0] for array in arrays]
-
-    native_parts.fill_addresses(np.empty(1, np.uint64), (np.zeros(1),))  # loaded
-    compiled = native_parts._addresses
-    known = len(compiled.signatures)
-    arrays = _typed_apart((3, 1, 2, 2, 1, 1))
+    arrays = _typed_apart((3, 1, 2, 2, 1, 1))  # (never compiled: a cache would keep it)
     with jit_tier.loading_only() as misses:
         out = np.zeros(3, np.uint64)
         native_parts.fill_addresses(out, arrays)
-    assert misses == [] and list(out) == addresses(arrays)
-    monkeypatch.setenv("MIXRT_COMPILE", "background")  # a serving run: compiling allowed
-    arrays = _typed_apart((2, 1, 2, 1, 2, 1, 2, 1))
-    out = np.zeros(3, np.uint64)
-    native_parts.fill_addresses(out, arrays)
-    assert list(out) == addresses(arrays) and len(compiled.signatures) == known
-    # (neither tuple type is compiled here: a cache on disk would hold it for the next run)
+    assert misses == [] and list(out) == _addresses_of(arrays)
+
+
+def _addresses_of(arrays) -> list:
+    return [array.__array_interface__["data"][0] for array in arrays]
+
+
+def test_a_prepared_calls_read_only_arrays_take_the_writeable_specialisation(monkeypatch):
+    """A prepared call's read-only arrays (a node's constant bias) stand in as writeable
+    ones in the address fill's tuple, their addresses read apart: one specialisation
+    serves both, where numba typed them apart and the read-only one was compiled by no
+    warm-up (a 1x1 convolution's bands, taken at large batches only)."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    from mixrt.ops.panels import native_parts  # noqa: PLC0415
+    native_parts.warm_prepared((np.zeros((2, 2, 2), np.float32), np.zeros((1, 3))))
+    known = len(native_parts._addresses.signatures)
+    bias = np.arange(8, dtype=np.float32).reshape(2, 2, 2)
+    bias.flags.writeable = False
+    arrays = (np.zeros(2, np.int64), bias, np.ones((4, 2)))
+
+    def read_one_by_one():
+        raise AssertionError("the fill had no specialisation for these arrays")
+
+    monkeypatch.setattr(native_parts, "_forget_own_miss", read_one_by_one)
+    with jit_tier.loading_only() as misses:
+        out = np.zeros(3, np.uint64)
+        native_parts._typed_addresses(out, arrays)
+    assert misses == [] and list(out) == _addresses_of(arrays)
+    assert len(native_parts._addresses.signatures) == known  # nothing loaded or compiled
