@@ -397,23 +397,30 @@ def test_the_compile_child_ends_when_its_process_is_killed():
     pytest.fail(f"the compile child {child} outlived its killed process by 2 s")
 
 
+class _Owner:  # a session, as SessionTiers refers to it (weakly)
+    pass
+
+
+def _tiers_without_children(tmp_path, monkeypatch) -> tuple:
+    """(SessionTiers of an owner, that owner, the jobs they submit): no child starts."""
+    from types import SimpleNamespace  # noqa: PLC0415
+    submitted = []
+    monkeypatch.setattr(kernel_tiers, "compiler", lambda: SimpleNamespace(
+        submit=submitted.append))
+    owner = _Owner()
+    tiers = kernel_tiers.SessionTiers(owner, None, 1)
+    monkeypatch.setattr(tiers, "_marker", lambda *_, **__: tmp_path / "marker.json")
+    return tiers, owner, submitted
+
+
 def test_a_signature_that_missed_only_optional_kernels_compiles_when_it_comes_back(
         tmp_path, monkeypatch):
     """A run whose every miss had a compiled fallback (``jit_tier.optional``: a depthwise
     form for one image size) starts no child the first time its signature is met, and one
     when it comes back; meanwhile its runs keep loading (never the NumPy tier's PENDING).
     A miss without a fallback starts the child at once, as before."""
-    from types import SimpleNamespace  # noqa: PLC0415
     from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
-    submitted = []
-    monkeypatch.setattr(kernel_tiers, "compiler", lambda: SimpleNamespace(
-        submit=submitted.append))
-    class Owner:  # the session, weakly referred to
-        pass
-
-    owner = Owner()
-    tiers = kernel_tiers.SessionTiers(owner, None, 1)
-    monkeypatch.setattr(tiers, "_marker", lambda *_, **__: tmp_path / "marker.json")
+    tiers, _owner, submitted = _tiers_without_children(tmp_path, monkeypatch)
     one, two = ((("x", ((1, 8, 40, 40), "float32")),),
                 (("x", ((1, 8, 44, 44), "float32")),))
     fed = {"x": np.zeros((1, 8, 40, 40), np.float32)}
@@ -437,17 +444,7 @@ def test_feeds_the_model_refuses_start_no_child_and_leave_the_form_compiling(
     tier too, and starts no child: the child failed on those feeds, and the form was marked
     failed with a CompileWarning, so no later size of it had its misses compiled. A run
     whose NumPy tier answers hands its misses to the child as before."""
-    from types import SimpleNamespace  # noqa: PLC0415
-    submitted = []
-    monkeypatch.setattr(kernel_tiers, "compiler", lambda: SimpleNamespace(
-        submit=submitted.append))
-
-    class Owner:  # the session, weakly referred to
-        pass
-
-    owner = Owner()
-    tiers = kernel_tiers.SessionTiers(owner, None, 1)
-    monkeypatch.setattr(tiers, "_marker", lambda *_, **__: tmp_path / "marker.json")
+    tiers, _owner, submitted = _tiers_without_children(tmp_path, monkeypatch)
     refused = (("x", ((1, 604), "int64")),)
     fed = {"x": np.zeros((1, 604), np.int64)}
 
