@@ -176,7 +176,7 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
         return _size_free(conv, small, rows, hp, wp, call)
     try:
         with jit_tier.optional(), _loading_only_where(serving):
-            return _flat_planes(text, flat_width, call, geometry)
+            return _flat_planes(text, flat_width, call, named or _geometry_name(geometry))
     except jit_tier.CompileForbidden:
         return _size_free(conv, small, rows, hp, wp, call)
 
@@ -201,9 +201,9 @@ def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
     return _planes(rows, hp, wp, *call)
 
 
-def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
+def _flat_planes(text: str, flat_width: int, call: tuple, named: str):
     """:func:`_planes` by the flat form of ``text``, marked as compiled once it ran (under
-    its module's name and its ``geometry``'s), its part entry with it.
+    its module's name and its geometry's, ``named``), its part entry with it.
 
     The part entry is compiled whether or not this call splits (it would not at a batch of
     one): a geometry is the plane's, so another batch of the same image size, which does
@@ -212,7 +212,6 @@ def _flat_planes(text: str, flat_width: int, call: tuple, geometry: tuple):
     serving thread, ~0.6-1.1 s a node: a MobileNetV3's image size coming back at another
     batch took 5.6 s for six of them (2026-11-29)."""
     module = _flat_module(text)
-    named = _geometry_name(geometry)
     if (module.__name__, call[0].dtype.str) not in _PARTS_WARM:
         _warm_part_entry(module, *call[:7])
         _PARTS_WARM.add((module.__name__, call[0].dtype.str))
