@@ -49,6 +49,12 @@ layout and order of additions, worked out at the call rather than written into t
 so one module serves every image size and a new size compiles nothing; it was also faster
 than the flat form at every size measured. The flat form keeps its group width as the
 reference the block form's bits are tested against.
+
+The block form of one-channel groups stands in for a depthwise convolution's flat form too,
+where a model of the two size-free forms' work (``depthwise_costs.py``) finds it cheaper than
+the row form: the row form's outputs past whole vectors run one by one, and the blocks won
+on narrow rows with many taps (a 5x5 kernel over 12 x 20 outputs 152 -> 96 us, 7x7 over
+20 x 30 477 -> 191; 2026-11-30), while the rows stay ahead on wide planes of a 3x3 kernel.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, prepared, split, warm_prepared
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
+from mixrt.ops.conv.depthwise_costs import blocks_cheaper
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, part_entries)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS,
@@ -124,19 +131,25 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
         if jit_tier.compile_misses() is None:
             _warm_rows(blocks, 1, cells, *call)
         return _planes(blocks, 1, cells, *call)
-    rows = _compiled(tuple(kernel), tuple(strides), tuple(dilations), name)
+    window = (tuple(kernel), tuple(strides), tuple(dilations))
+    rows = (_compiled(*window, name), hp, wp)
+    cheaper = blocks_cheaper(*window, out_dims, X.itemsize)
+    blocks = _blocks_form(window, name, out_dims, X.itemsize, cheaper)
     channels_too = channels_able(X, W, out, kernel)
     if jit_tier.compile_misses() is None:
-        _warm_rows(rows, hp, wp, *call)
+        _warm_rows(*rows, *call)
+        if blocks is not None:
+            _warm_rows(*blocks, *call)
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
+    free = (rows, blocks if cheaper else None)
     if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
-        return _size_free(conv, True, rows, hp, wp, call)
+        return _size_free(conv, True, free, call)
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
     if ow > FLAT_MAX_WIDTH:
-        return _planes(rows, hp, wp, *call)
+        return _size_free(conv, False, free, call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
     # (a depthwise convolution's geometry: one input plane a group, as its markers name it)
     geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name, 1)
@@ -167,18 +180,18 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     if loading and named not in _FLAT_LOADED:
         if prebuilt.chosen() is None and not compiled_before(named):
             jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, free, call)
     if serving and named not in _FLAT_LOADED and not compiled_before(named):
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, free, call)
     text, flat_width = _flat_text(*geometry)
     if loading and not compiled_before(_flat_name(text)):
         jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, free, call)
     try:
         with jit_tier.optional(), _loading_only_where(serving):
             return _flat_planes(text, flat_width, call, named or _geometry_name(geometry))
     except jit_tier.CompileForbidden:
-        return _size_free(conv, small, rows, hp, wp, call)
+        return _size_free(conv, small, free, call)
 
 
 def _loading_only_where(serving: bool):
@@ -186,19 +199,41 @@ def _loading_only_where(serving: bool):
     return jit_tier.loading_only() if serving else contextlib.nullcontext()
 
 
-def _size_free(conv: tuple, channels: bool, rows, hp, wp, call):
+def _size_free(conv: tuple, channels: bool, free: tuple, call):
     """The forms generated per kernel, strides, dilations and activation, not per size,
     which every size of the node can take once one was compiled (:func:`_warm_rows`,
     ``jit_depthwise_channels.warm_channels``): the channels form of ``conv`` (its
     arguments) where ``channels`` (a plane small enough for it to be the faster), else the
-    row form. Both add the taps in the flat form's order: the same bits."""
+    block form where ``free`` (the row form's (module, scratch rows, scratch columns), the
+    block form's or None) holds it, else the row form. All add the taps in the flat form's
+    order: the same bits."""
+    rows, blocks = free
     if channels:
         try:
             with jit_tier.optional():
                 return channels_conv(*conv)
         except jit_tier.CompileForbidden:  # (compiled with no size of this node yet)
             pass
-    return _planes(rows, hp, wp, *call)
+    if blocks is not None:
+        try:
+            with jit_tier.optional():
+                return _planes(*blocks, *call)
+        except jit_tier.CompileForbidden:  # (warmed at none of this node's sizes yet)
+            pass
+    return _planes(*rows, *call)
+
+
+def _blocks_form(window: tuple, name: str, out_dims: tuple, itemsize: int, cheaper: bool):
+    """The block form of one-channel groups (``jit_grouped_blocks``) as (module, 1, its
+    scratch's cells), for :func:`_size_free` where ``depthwise_costs`` models it cheaper than
+    the row form, and warmed with the row form where compiling is allowed: at every size for
+    kernels past 3x3, which it beats on all but the widest planes, else at the sizes it
+    beats them (``cheaper``). None where neither holds (a 3x3 kernel on a wide plane)."""
+    kernel = window[0]
+    if kernel[0] * kernel[1] <= 9 and not cheaper:
+        return None
+    cells = grouped_blocks.cells(*window, 1, tuple(out_dims), itemsize)
+    return grouped_blocks.module(*window, name, 1), 1, cells
 
 
 def _flat_planes(text: str, flat_width: int, call: tuple, named: str):

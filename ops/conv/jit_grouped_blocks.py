@@ -16,7 +16,9 @@ same bits.
 One thread, 8-wide groups, 3x3, us, row / flat / blocks (2026-11-28): 440x7x7 572 / 122 /
 93, 208x14x14 628 / 185 / 142, 48x56x56 733 / 631 / 388, 208x40x90 4,047 / 3,121 / 2,218,
 96x28x28 stride 2 353 / 99 / 88. (A depthwise convolution's nine taps are too few for the
-blocks to win on small planes: 960x7x7 flat 39, blocks 65; it keeps its forms.)
+blocks to beat its flat form on small planes: 960x7x7 flat 39, blocks 65. They stand in for
+it, at a width of one, where the flat form is in no cache and ``depthwise_costs`` finds them
+cheaper than the row form.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""Which size-free form a depthwise convolution takes at a size: the row form
+(``jit_depthwise.source``) or the block form of one-channel groups
+(``jit_grouped_blocks``), chosen by a model of each form's work rather than by a threshold.
+
+Both are compiled once per kernel, strides, dilations and activation, whatever the image
+size, and add the taps in the same order (the same bits). They stand in where the flat form,
+generated per plane geometry, is in no cache (a service's new image size) and on planes too
+wide for it. Their costs differ in how an output row meets the CPU's vectors:
+
+* the row form sums an output row's taps in a loop that LLVM vectorizes four vectors at a
+  time; what is left past whole groups of four runs vector by vector, and what is left past
+  whole vectors runs one output at a time, each tap a scalar multiply-add. Rows narrower than
+  a vector (the small planes of a network's last stages) are all scalar;
+* the block form sums a flat row of the plane's stride phases (``oh`` rows of the phase
+  width, the columns past ``ow`` computed and dropped) in whole vectors, each tap's offset
+  and weight read from arrays; it copies the plane into its phases first.
+
+The model counts those operations and weighs them by what each cost on this machine's
+kind, one thread, float32, fitted on 74 random geometries (kernels 3-7, strides 1-2, planes
+3-120, 16-960 channels) and checked on 76 others (2026-11-30, AMD EPYC with AVX-512;
+``benchmarks/depthwise_forms.py`` draws new ones and compares the pick with the faster
+form). On the 76: the model's picks took 100.1 ms in all, the faster form of each 99.0, the
+row form alone 168.4; the row form of a 5x5 kernel over a 12 x 20 output took 152 us, the
+block form 96.
+"""
+
+from __future__ import annotations
+
+import functools
+
+# nanoseconds a plane, per tap and unit of each form's work
+ROW_FOUR_VECTORS = 1.85  # one pass of the row loop's body: four vectors of outputs
+ROW_VECTOR = 0.76  # one vector of the row's remainder
+ROW_SCALAR = 0.117  # one output of the row's scalar remainder
+ROW_COPY = 0.185  # a cell of the padded plane (per plane, not per tap)
+BLOCK_VECTOR = 0.46  # one vector of the flat row
+BLOCK_COPY = 0.36  # a cell of the padded plane, copied into its phases
+BLOCK_PLANE = 15.0  # a plane's setup (its taps' offsets and weights)
+
+
+def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
+                   itemsize: int) -> bool:
+    """Whether the block form's modelled time is below the row form's for one plane of
+    this geometry and output size."""
+    return block_ns(kernel, strides, dilations, out_dims, itemsize) \
+        < row_ns(kernel, strides, dilations, out_dims, itemsize)
+
+
+def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
+    """The row form's modelled time for one plane."""
+    lanes = _lanes(itemsize)
+    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
+    fours, rest = divmod(ow, 4 * lanes)
+    per_row = ROW_FOUR_VECTORS * fours + ROW_VECTOR * (rest // lanes) \
+        + ROW_SCALAR * (rest % lanes)
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    return oh * taps * per_row + ROW_COPY * hp * wp
+
+
+def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
+    """The block form's modelled time for one plane."""
+    lanes = _lanes(itemsize)
+    (oh, _), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    phase_width = -(-wp // strides[1])
+    vectors = -(-oh * phase_width // lanes)
+    return BLOCK_VECTOR * taps * vectors + BLOCK_COPY * hp * wp + BLOCK_PLANE
+
+
+def _padded(kernel, strides, dilations, out_dims) -> tuple:
+    """The padded plane as far as the last window reaches."""
+    (oh, ow), (sh, sw), (dh, dw) = out_dims, strides, dilations
+    return (oh - 1) * sh + (kernel[0] - 1) * dh + 1, (ow - 1) * sw + (kernel[1] - 1) * dw + 1
+
+
+@functools.lru_cache(maxsize=4)
+def _lanes(itemsize: int) -> int:
+    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415  (numba loads on first use)
+    return max(1, jit_cpu.vector_bytes() // itemsize)

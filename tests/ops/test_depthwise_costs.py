@@ -1,0 +1,144 @@
+"""The size-free form a depthwise convolution takes where its flat form is in no cache (a
+service's new image size) or the plane is too wide for it: the row form or the block form
+of one-channel groups, by ops/conv/depthwise_costs.py's model of their work."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import jit_cpu, jit_tier
+from mixrt.ops.conv import depthwise_common, depthwise_costs, jit_depthwise
+from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.nn import fused
+
+fused_conv = fused.fused_conv.kernels[-1].for_device("cpu")
+RNG = np.random.default_rng(47)
+needs_jit = pytest.mark.skipif(not jit_cpu.enabled(), reason="the compiled tier is off")
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel, stride, out_dims, blocks", [
+    ((5, 5), 1, (12, 20), True),     # MobileNetV3's late stages: narrow rows, many taps
+    ((5, 5), 2, (6, 10), True),
+    ((7, 7), 1, (20, 30), True),
+    ((3, 3), 1, (9, 9), True),       # rows narrower than a vector are all scalar
+    ((3, 3), 1, (112, 112), False),  # wide rows: the row form's four-vector loop
+    ((3, 3), 2, (56, 56), False),
+])
+def test_the_model_picks_the_form_that_measured_faster(kernel, stride, out_dims, blocks):
+    """Geometries where the two forms' times differed by 13% or more, one thread
+    (2026-11-30: 5x5 over 12 x 20, rows 152 us, blocks 96; 3x3 over 112 x 112, 170 and
+    226)."""
+    picked = depthwise_costs.blocks_cheaper(kernel, (stride, stride), (1, 1), out_dims, 4)
+    assert picked == blocks
+
+
+def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
+    """A row one output past four vectors costs a scalar a tap more than one of four
+    vectors; the block form copies the whole padded plane into its phases."""
+    lanes = depthwise_costs._lanes(4)
+    row = [depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (10, width), 4)
+           for width in (4 * lanes, 4 * lanes + 1)]
+    copy = depthwise_costs.ROW_COPY * 12  # the padded plane's one more column
+    assert row[1] - row[0] == pytest.approx(10 * 9 * depthwise_costs.ROW_SCALAR + copy)
+    stride_two = depthwise_costs.block_ns((3, 3), (2, 2), (1, 1), (10, lanes), 4)
+    stride_one = depthwise_costs.block_ns((3, 3), (1, 1), (1, 1), (10, lanes), 4)
+    assert stride_two > stride_one  # fewer vectors, but a plane ~3x larger to copy
+
+
+def _fresh(tmp_path, monkeypatch) -> None:
+    """A cache of this test's own, nothing warmed or loaded before."""
+    from mixrt.ops.compiled import generated  # noqa: PLC0415
+    monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
+    depthwise_common.WARM.clear()
+    monkeypatch.setattr(generated, "_marked", set())
+    monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
+    monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
+    monkeypatch.setattr(jit_depthwise, "CHANNELS_MAX_PIXELS", -1)  # no channels form
+    monkeypatch.setattr(jit_depthwise, "CHANNELS_FALLBACK_PIXELS", -1)
+    for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
+                   jit_depthwise._flat_module, grouped_blocks.module):
+        cached.cache_clear()
+
+
+def _forms_taken(monkeypatch) -> list:
+    """The module prefixes of the forms ``_planes`` runs from now on."""
+    taken = []
+    real = jit_depthwise._planes
+
+    def planes(module, *rest):
+        taken.append(module.__name__.rsplit("_", 1)[0])
+        return real(module, *rest)
+    monkeypatch.setattr(jit_depthwise, "_planes", planes)
+    return taken
+
+
+@needs_jit
+def test_a_new_size_takes_the_block_form_warmed_with_the_node_and_the_flat_forms_bits(
+        tmp_path, monkeypatch):
+    """A 5x5 kernel's node warms its block form with its row form where compiling is
+    allowed; a size whose flat form is in no cache takes the blocks in a run that may not
+    compile (the rows of a 12 x 20 output ran ~1.6x their time), with no miss and the flat
+    form's bits. A plane wider than the flat form takes them too."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(24, 1, 5, 5), _rand(24)
+    attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
+
+    def depthwise(height, width, X=None):
+        X = _rand(1, 24, height, width) if X is None else X
+        return fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes), X
+
+    taken = _forms_taken(monkeypatch)
+    depthwise(10, 16)  # compiling allowed: the flat form, and the rows and blocks with it
+    assert taken == ["mixrt_depthwise_flat"]
+    for height, width in ((12, 20), (9, 40)):
+        taken.clear()
+        with jit_tier.loading_only() as misses:
+            got, X = depthwise(height, width)
+        assert taken == ["mixrt_grouped_blocks"]
+        assert all(jit_tier.is_optional(miss) for miss in misses)  # the flat form's, if any
+        reference = fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes)
+        np.testing.assert_array_equal(got, reference)  # compiling allowed: flat or blocks
+        activated = fused.activate(np, conv(np, X, W, B, group=24, **attributes), "HardSwish",
+                                   None)
+        np.testing.assert_allclose(got, activated, rtol=1e-5, atol=1e-5)
+
+
+@needs_jit
+def test_blocks_never_warmed_leave_the_rows_and_an_optional_miss(tmp_path, monkeypatch):
+    """A node whose blocks no run compiled yet (its sizes took the flat form in a foreground
+    run that predates them, or another process's cache) runs the rows at a size that would
+    take the blocks, with the same bits, and notes an optional miss for the compiler."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(16, 1, 5, 5), _rand(16)
+    attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[2, 2])
+    X = _rand(2, 16, 23, 19)
+    real_blocks = jit_depthwise._blocks_form
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", lambda *args: None)  # none warmed
+    fused_conv(np, _rand(1, 16, 9, 9), W, B, group=16, **attributes)  # the rows compiled
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", real_blocks)
+    taken = _forms_taken(monkeypatch)
+    with jit_tier.loading_only() as misses:
+        got = fused_conv(np, X, W, B, group=16, **attributes)
+    assert taken == ["mixrt_grouped_blocks", "mixrt_depthwise"]  # tried, then the rows
+    assert misses and all(jit_tier.is_optional(miss) for miss in misses)
+    np.testing.assert_array_equal(got, fused_conv(np, X, W, B, group=16, **attributes))
+
+
+@needs_jit
+def test_a_wide_three_by_three_plane_keeps_the_rows_and_writes_no_blocks(tmp_path,
+                                                                        monkeypatch):
+    """Where the model prefers the rows and the kernel is 3x3, the block form is neither
+    taken nor written."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(8, 1, 3, 3), _rand(8)
+    taken = _forms_taken(monkeypatch)
+    X = _rand(1, 8, 70, 90)
+    got = fused_conv(np, X, W, B, group=8, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    assert taken == ["mixrt_depthwise"]
+    assert not list((tmp_path / "jit").glob(f"{grouped_blocks.PREFIX}_*.py"))
+    np.testing.assert_allclose(got, conv(np, X, W, B, group=8, kernel_shape=[3, 3],
+                                         pads=[1, 1, 1, 1]), rtol=1e-5, atol=1e-5)
