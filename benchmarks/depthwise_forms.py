@@ -1,0 +1,139 @@
+"""The depthwise convolution's size-free forms at random geometries: the row form and the
+block form timed one thread each, against the pick of ``ops/conv/depthwise_costs.py``.
+
+    python benchmarks/depthwise_forms.py [--seed S] [--points N] [--out F.json]
+
+Geometries are drawn from wide ranges on every run (kernels 3-7, strides 1-2, planes 3-120
+a side, 16-960 channels, 1-8 images; float32, one of the activations the kernels apply),
+seeded per run and printed, so the model meets shapes it was not fitted on. Each form is
+timed on the same arrays (a quarter-quantile of up to 40 calls after one untimed), and the
+two outputs must be the same bits. Reports the total time of the model's picks against
+the faster form of each point and against the row form alone (what took every size before
+the model), and the points where the pick was more than 10% slower than the other form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("MIXRT_NATIVE_POOL", "0")  # one thread: the forms' own work
+
+import numpy as np  # noqa: E402
+
+from mixrt.ops.conv import depthwise_costs  # noqa: E402
+from mixrt.ops.conv import jit_depthwise  # noqa: E402
+from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks  # noqa: E402
+from mixrt.ops.conv.depthwise_common import activation_constants  # noqa: E402
+
+
+def draw(rng) -> dict | None:
+    """One geometry, or None where its image is empty or too large to time quickly."""
+    kernel = int(rng.choice([3, 3, 5, 5, 7]))
+    point = dict(kernel=kernel, stride=int(rng.choice([1, 1, 2])),
+                 activation=str(rng.choice(["Relu", "HardSwish", ""])),
+                 height=int(rng.integers(3, 121)), width=int(rng.integers(3, 121)),
+                 channels=int(rng.choice([16, 24, 32, 48, 72, 96, 120, 144, 240, 288, 480,
+                                          576, 960])),
+                 images=int(rng.choice([1, 1, 2, 3, 4, 8])))
+    pad = kernel // 2
+    point["out"] = [(side + 2 * pad - kernel) // point["stride"] + 1
+                    for side in (point["height"], point["width"])]
+    planes = point["images"] * point["channels"]
+    if min(point["out"]) < 1 or planes * point["height"] * point["width"] > 4_000_000:
+        return None
+    return point
+
+
+def _quarter_us(call, reps: int) -> float:
+    call()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 4] * 1e6
+
+
+def measure(point: dict, rng) -> dict:
+    """The row and block forms' times at ``point``, and the model's pick."""
+    k, s, name = point["kernel"], point["stride"], point["activation"]
+    planes, (oh, ow) = point["images"] * point["channels"], point["out"]
+    x = rng.standard_normal((planes, point["height"], point["width"])).astype(np.float32)
+    weights = rng.standard_normal((point["channels"], k * k)).astype(np.float32)
+    bias = rng.standard_normal(point["channels"]).astype(np.float32)
+    constants = activation_constants(name, [], np.float32)
+    window = ((k, k), (s, s), (1, 1))
+    hp, wp = (oh - 1) * s + k, (ow - 1) * s + k
+    rows = jit_depthwise._compiled(*window, name)
+    blocks = grouped_blocks.module(*window, name, 1)
+    cells = grouped_blocks.cells(*window, 1, (oh, ow), 4)
+    outputs = {form: np.empty((planes, oh, ow), np.float32) for form in ("rows", "blocks")}
+    pad = k // 2
+    calls = {
+        "rows": lambda: rows.run(x, weights, bias, outputs["rows"], constants, 1,
+                                 point["channels"], pad, pad, 0, planes,
+                                 np.empty((hp, wp), np.float32)),
+        "blocks": lambda: blocks.run(x, weights, bias, outputs["blocks"], constants, 1,
+                                     point["channels"], pad, pad, 0, planes,
+                                     np.empty((1, cells), np.float32)),
+    }
+    reps = max(5, min(40, int(2e7 / (planes * oh * ow * k * k + 1))))
+    times = {form: _quarter_us(call, reps) for form, call in calls.items()}
+    if not np.array_equal(outputs["rows"], outputs["blocks"]):
+        raise AssertionError(f"the forms' bits differ at {point}")
+    blocks_picked = depthwise_costs.blocks_cheaper(*window, (oh, ow), 4)
+    return {**point, "rows_us": times["rows"], "blocks_us": times["blocks"],
+            "picked": "blocks" if blocks_picked else "rows"}
+
+
+def _progress(items, total: int):
+    if not sys.stderr.isatty():
+        return items
+    from tqdm import tqdm  # noqa: PLC0415
+    return tqdm(items, total=total, desc="geometries", unit="point")
+
+
+def report(results: list) -> str:
+    picked = sum(r[f"{r['picked']}_us"] for r in results)
+    fastest = sum(min(r["rows_us"], r["blocks_us"]) for r in results)
+    rows = sum(r["rows_us"] for r in results)
+    off = [r for r in results
+           if r[f"{r['picked']}_us"] > 1.1 * min(r["rows_us"], r["blocks_us"])]
+    lines = [f"{len(results)} geometries: the model's picks {picked / 1e3:.1f} ms, the faster "
+             f"form of each {fastest / 1e3:.1f} ms, the row form alone {rows / 1e3:.1f} ms; "
+             f"picks more than 10% slower than the other form: {len(off)}"]
+    for r in off:
+        lines.append(f"  {r['images']}x{r['channels']}x{r['height']}x{r['width']} "
+                     f"k{r['kernel']} s{r['stride']} -> {r['out'][0]}x{r['out'][1]}: rows "
+                     f"{r['rows_us']:.1f} us, blocks {r['blocks_us']:.1f} us, picked "
+                     f"{r['picked']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--points", type=int, default=60)
+    parser.add_argument("--out", default=None, help="write the points as JSON here")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed} (--seed {seed} draws the same geometries again)", flush=True)
+    rng = np.random.default_rng(seed)
+    points = []
+    while len(points) < args.points:
+        point = draw(rng)
+        if point is not None:
+            points.append(point)
+    results = [measure(point, rng) for point in _progress(points, len(points))]
+    print(report(results))
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump({"seed": seed, "points": results}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
