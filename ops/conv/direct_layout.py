@@ -166,14 +166,24 @@ class _Layout:
         band)."""
         found = self._places.get((r0, r1))
         if found is None:
-            ow, count = self.out_dims[1], (r1 - r0) * self.out_dims[1]
-            outputs = np.arange(count)
-            found = np.zeros(count + 2 * STRIP, np.int64)
-            if self.strips:  # output q is lane q % STRIP of strip q // STRIP
-                found[:count] = outputs // STRIP * (self.rows_at.size * STRIP) + outputs % STRIP
-            else:
-                found[:count] = outputs // ow * self.pw + outputs % ow
-            found = self._places.setdefault((r0, r1), found)
+            found = self._places.setdefault((r0, r1), self._placed(r1 - r0))
+        return found
+
+    def _placed(self, rows: int) -> np.ndarray:
+        """:meth:`places` of ``rows`` output rows, as sums of a row's start and a column
+        (the quotient and remainder of each output's index cost ~25 us a band of a stem's
+        11,520 outputs at each new image size, 2026-11-30)."""
+        ow = self.out_dims[1]
+        count = rows * ow
+        found = np.zeros(count + 2 * STRIP, np.int64)
+        if self.strips:  # output q is lane q % STRIP of strip q // STRIP
+            strips = -(-count // STRIP)
+            grid = np.add(np.arange(0, strips * self.rows_at.size * STRIP,
+                                    self.rows_at.size * STRIP)[:, None], np.arange(STRIP))
+            found[:count] = grid.reshape(-1)[:count]
+        else:
+            np.add(np.arange(0, rows * self.pw, self.pw)[:, None], np.arange(ow),
+                   out=found[:count].reshape(rows, ow))
         return found
 
 
