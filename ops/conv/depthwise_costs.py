@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 
+from mixrt.ops.compiled import jit_cpu
+
 # nanoseconds a plane, per tap and unit of each form's work
 ROW_FOUR_VECTORS = 1.85  # one pass of the row loop's body: four vectors of outputs
 ROW_VECTOR = 0.76  # one vector of the row's remainder
@@ -75,5 +77,4 @@ def _padded(kernel, strides, dilations, out_dims) -> tuple:
 
 @functools.lru_cache(maxsize=4)
 def _lanes(itemsize: int) -> int:
-    from mixrt.ops.compiled import jit_cpu  # noqa: PLC0415  (numba loads on first use)
     return max(1, jit_cpu.vector_bytes() // itemsize)
