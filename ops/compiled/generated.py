@@ -78,7 +78,7 @@ def compiled_before(name: str) -> bool:
     if name in _marked or _prebuilt(name):
         return True
     # a string path and os.path: a Path's making and stat were ~35 us of a new size's
-    # first run, a depthwise convolution's each (2026-11-30)
+    # first run, a depthwise convolution's each (2026-11-29)
     if os.path.isfile(os.path.join(cache_root_text(), "jit", f"{name}.compiled")):
         _marked.add(name)
         return True

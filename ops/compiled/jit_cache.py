@@ -37,7 +37,7 @@ def cache_root() -> Path:
 def cache_root_text() -> str:
     """:func:`cache_root` as a string, made once per value of the variables it reads: a
     Path built from the environment cost ~15-30 us cold, and a new image size's first run
-    asks a marker file's path for each of its depthwise convolutions (2026-11-30)."""
+    asks a marker file's path for each of its depthwise convolutions (2026-11-29)."""
     key = (os.environ.get("MIXRT_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"),
            os.environ.get("HOME"))
     found = _ROOTS.get(key)

@@ -17,7 +17,7 @@ wide for it. Their costs differ in how an output row meets the CPU's vectors:
 
 The model counts those operations and weighs them by what each cost on this machine's
 kind, one thread, float32, fitted on 74 random geometries (kernels 3-7, strides 1-2, planes
-3-120, 16-960 channels) and checked on 76 others (2026-11-30, AMD EPYC with AVX-512;
+3-120, 16-960 channels) and checked on 76 others (2026-11-29, AMD EPYC with AVX-512;
 ``benchmarks/depthwise_forms.py`` draws new ones and compares the pick with the faster
 form). On the 76: the model's picks took 100.1 ms in all, the faster form of each 99.0, the
 row form alone 168.4; the row form of a 5x5 kernel over a 12 x 20 output took 152 us, the

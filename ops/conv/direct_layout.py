@@ -172,7 +172,7 @@ class _Layout:
     def _placed(self, rows: int) -> np.ndarray:
         """:meth:`places` of ``rows`` output rows, as sums of a row's start and a column
         (the quotient and remainder of each output's index cost ~25 us a band of a stem's
-        11,520 outputs at each new image size, 2026-11-30)."""
+        11,520 outputs at each new image size, 2026-11-29)."""
         ow = self.out_dims[1]
         count = rows * ow
         found = np.zeros(count + 2 * STRIP, np.int64)

@@ -54,7 +54,7 @@ The block form of one-channel groups stands in for a depthwise convolution's fla
 where a model of the two size-free forms' work (``depthwise_costs.py``) finds it cheaper than
 the row form: the row form's outputs past whole vectors run one by one, and the blocks won
 on narrow rows with many taps (a 5x5 kernel over 12 x 20 outputs 152 -> 96 us, 7x7 over
-20 x 30 477 -> 191; 2026-11-30), while the rows stay ahead on wide planes of a 3x3 kernel.
+20 x 30 477 -> 191; 2026-11-29), while the rows stay ahead on wide planes of a 3x3 kernel.
 """
 
 from __future__ import annotations

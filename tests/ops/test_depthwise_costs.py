@@ -30,7 +30,7 @@ def _rand(*shape):
 ])
 def test_the_model_picks_the_form_that_measured_faster(kernel, stride, out_dims, blocks):
     """Geometries where the two forms' times differed by 13% or more, one thread
-    (2026-11-30: 5x5 over 12 x 20, rows 152 us, blocks 96; 3x3 over 112 x 112, 170 and
+    (2026-11-29: 5x5 over 12 x 20, rows 152 us, blocks 96; 3x3 over 112 x 112, 170 and
     226)."""
     picked = depthwise_costs.blocks_cheaper(kernel, (stride, stride), (1, 1), out_dims, 4)
     assert picked == blocks
