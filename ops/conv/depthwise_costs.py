@@ -19,9 +19,13 @@ The model counts those operations and weighs them by what each cost on this mach
 kind, one thread, float32, fitted on 74 random geometries (kernels 3-7, strides 1-2, planes
 3-120, 16-960 channels) and checked on 76 others (2026-11-29, AMD EPYC with AVX-512;
 ``benchmarks/depthwise_forms.py`` draws new ones and compares the pick with the faster
-form). On the 76: the model's picks took 100.1 ms in all, the faster form of each 99.0, the
-row form alone 168.4; the row form of a 5x5 kernel over a 12 x 20 output took 152 us, the
-block form 96.
+form). The row form holds the kernel's weights in vector registers beside its loop's sums
+and loads: where they fit (a 3x3 kernel's nine, on AVX-512's 32 registers) its passes cost
+little beside its copy of the plane, where they spill (5x5 and up) each tap costs more, so
+each form's weights come in two sets, fitted apart. On the 76: the model's picks took
+99.3 ms in all, the faster form of each 99.0, the row form alone 168.4 (one weight set for
+all kernels had picked 100.1); a draw of 80 more: 70.2 ms, 69.1, 92.4. The row form of a
+5x5 kernel over a 12 x 20 output took 152 us, the block form 96.
 """
 
 from __future__ import annotations
@@ -30,14 +34,16 @@ import functools
 
 from mixrt.ops.compiled import jit_cpu
 
-# nanoseconds a plane, per tap and unit of each form's work
-ROW_FOUR_VECTORS = 1.85  # one pass of the row loop's body: four vectors of outputs
-ROW_VECTOR = 0.76  # one vector of the row's remainder
-ROW_SCALAR = 0.117  # one output of the row's scalar remainder
-ROW_COPY = 0.185  # a cell of the padded plane (per plane, not per tap)
-BLOCK_VECTOR = 0.46  # one vector of the flat row
-BLOCK_COPY = 0.36  # a cell of the padded plane, copied into its phases
-BLOCK_PLANE = 15.0  # a plane's setup (its taps' offsets and weights)
+# nanoseconds a plane, per tap and unit of each form's work, where the kernel's weights fit
+# the registers and where they spill (:func:`_fits`)
+ROW_FOUR_VECTORS = {True: 0.001, False: 1.636}  # one pass of the row loop: four vectors
+ROW_VECTOR = {True: 0.082, False: 0.661}  # one vector of the row's remainder
+ROW_SCALAR = {True: 0.060, False: 0.135}  # one output of the row's scalar remainder
+ROW_COPY = 0.387  # a cell of the padded plane (per plane, not per tap)
+BLOCK_VECTOR = {True: 0.389, False: 0.454}  # one vector of the flat row
+BLOCK_COPY = 0.378  # a cell of the padded plane, copied into its phases
+BLOCK_PLANE = 15.1  # a plane's setup (its taps' offsets and weights)
+LOOP_REGISTERS = 8  # the row loop's four sums and four loads in flight
 
 
 def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
@@ -52,9 +58,10 @@ def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The row form's modelled time for one plane."""
     lanes = _lanes(itemsize)
     (oh, ow), taps = out_dims, kernel[0] * kernel[1]
+    fits = _fits(taps)
     fours, rest = divmod(ow, 4 * lanes)
-    per_row = ROW_FOUR_VECTORS * fours + ROW_VECTOR * (rest // lanes) \
-        + ROW_SCALAR * (rest % lanes)
+    per_row = ROW_FOUR_VECTORS[fits] * fours + ROW_VECTOR[fits] * (rest // lanes) \
+        + ROW_SCALAR[fits] * (rest % lanes)
     hp, wp = _padded(kernel, strides, dilations, out_dims)
     return oh * taps * per_row + ROW_COPY * hp * wp
 
@@ -66,7 +73,15 @@ def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     hp, wp = _padded(kernel, strides, dilations, out_dims)
     phase_width = -(-wp // strides[1])
     vectors = -(-oh * phase_width // lanes)
-    return BLOCK_VECTOR * taps * vectors + BLOCK_COPY * hp * wp + BLOCK_PLANE
+    return BLOCK_VECTOR[_fits(taps)] * taps * vectors + BLOCK_COPY * hp * wp + BLOCK_PLANE
+
+
+def _fits(taps: int) -> bool:
+    """Whether a kernel's weights fit the vector registers beside the row loop's own:
+    32 registers with AVX-512, 16 with narrower vectors (the weights fitted for the spilling
+    kernels stand for those machines' 3x3 too, unmeasured)."""
+    registers = 32 if _lanes(4) >= 16 else 16
+    return taps + LOOP_REGISTERS <= registers
 
 
 def _padded(kernel, strides, dilations, out_dims) -> tuple:

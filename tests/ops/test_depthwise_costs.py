@@ -43,10 +43,21 @@ def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
     row = [depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (10, width), 4)
            for width in (4 * lanes, 4 * lanes + 1)]
     copy = depthwise_costs.ROW_COPY * 12  # the padded plane's one more column
-    assert row[1] - row[0] == pytest.approx(10 * 9 * depthwise_costs.ROW_SCALAR + copy)
+    scalar = depthwise_costs.ROW_SCALAR[depthwise_costs._fits(9)]
+    assert row[1] - row[0] == pytest.approx(10 * 9 * scalar + copy)
     stride_two = depthwise_costs.block_ns((3, 3), (2, 2), (1, 1), (10, lanes), 4)
     stride_one = depthwise_costs.block_ns((3, 3), (1, 1), (1, 1), (10, lanes), 4)
     assert stride_two > stride_one  # fewer vectors, but a plane ~3x larger to copy
+
+
+def test_a_kernel_whose_weights_spill_costs_more_a_tap_on_the_rows():
+    """The row form's weights for 5x5 kernels and up (which spill the registers) are dearer a
+    tap than a 3x3 kernel's, on the same row."""
+    three = depthwise_costs.row_ns((3, 3), (1, 1), (1, 1), (1, 100), 4) \
+        - depthwise_costs.ROW_COPY * 3 * 102
+    five = depthwise_costs.row_ns((5, 5), (1, 1), (1, 1), (1, 100), 4) \
+        - depthwise_costs.ROW_COPY * 5 * 104
+    assert five / 25 > three / 9
 
 
 def _fresh(tmp_path, monkeypatch) -> None:
