@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-import time
+from pathlib import Path
 
 os.environ.setdefault("MIXRT_NATIVE_POOL", "0")  # one thread: the forms' own work
 
@@ -28,6 +28,9 @@ from mixrt.ops.conv import depthwise_costs  # noqa: E402
 from mixrt.ops.conv import jit_depthwise  # noqa: E402
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks  # noqa: E402
 from mixrt.ops.conv.depthwise_common import activation_constants  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runners import call_seconds  # noqa: E402
 
 
 def draw(rng) -> dict | None:
@@ -49,13 +52,10 @@ def draw(rng) -> dict | None:
 
 
 def _quarter_us(call, reps: int) -> float:
-    call()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[len(times) // 4] * 1e6
+    """The quarter-quantile of ``reps`` calls' times, after one untimed: the form's time
+    with the host's stalls mostly left out."""
+    times = sorted(call_seconds(call, reps))
+    return times[len(times) // 4] * 1e6
 
 
 def measure(point: dict, rng) -> dict:

@@ -93,6 +93,11 @@ def median_ms(times: list[float]) -> float:
 def median_call_ms(fn, runs: int, warm: int = 1) -> float:
     """Median wall time of ``runs`` calls of ``fn``, after ``warm`` untimed ones (the
     single-kernel benchmarks, which time one runtime at a time)."""
+    return median_ms(call_seconds(fn, runs, warm))
+
+
+def call_seconds(fn, runs: int, warm: int = 1) -> list[float]:
+    """The wall times of ``runs`` calls of ``fn``, after ``warm`` untimed ones."""
     for _ in range(warm):
         fn()
     times = []
@@ -100,7 +105,7 @@ def median_call_ms(fn, runs: int, warm: int = 1) -> float:
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    return median_ms(times)
+    return times
 
 
 # -- onnxruntime ----------------------------------------------------------------------------
