@@ -136,10 +136,12 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     cheaper = blocks_cheaper(*window, out_dims, X.itemsize)
     blocks = _blocks_form(window, name, out_dims, X.itemsize, cheaper)
     channels_too = channels_able(X, W, out, kernel)
-    if jit_tier.compile_misses() is None:
+    loading = jit_tier.compile_misses() is not None
+    serving = not loading and jit_tier.background_compiles()
+    if not loading:
         _warm_rows(*rows, *call)
         if blocks is not None:
-            _warm_rows(*blocks, *call)
+            blocks = _warmed_blocks(blocks, serving, call)
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
@@ -174,8 +176,6 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # one is in the cache, and loads it without compiling anything. It compiled the form
     # in the serving thread before, ~1-2 s a node with its part entry: a MobileNetV3's
     # image size that came back took 5.6 s (2026-11-29).
-    loading = jit_tier.compile_misses() is not None
-    serving = not loading and jit_tier.background_compiles()
     named = _geometry_name(geometry) if loading or serving else None
     if loading and named not in _FLAT_LOADED:
         if prebuilt.chosen() is None and not compiled_before(named):
@@ -234,6 +234,19 @@ def _blocks_form(window: tuple, name: str, out_dims: tuple, itemsize: int, cheap
         return None
     cells = grouped_blocks.cells(*window, 1, tuple(out_dims), itemsize)
     return grouped_blocks.module(*window, name, 1), 1, cells
+
+
+def _warmed_blocks(blocks: tuple, serving: bool, call: tuple):
+    """``blocks`` (:func:`_blocks_form`) warmed, or None where a serving run finds them in
+    no cache: such a run may compile, but a block form compiled there would be ~1 s in a
+    request (a node warmed before the blocks were chosen at any of its sizes, or a cache
+    older than the block form). The background compiler's runs warm them instead."""
+    try:
+        with _loading_only_where(serving):
+            _warm_rows(*blocks, *call)
+    except jit_tier.CompileForbidden:
+        return None
+    return blocks
 
 
 def _flat_planes(text: str, flat_width: int, call: tuple, named: str):

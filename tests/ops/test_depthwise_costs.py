@@ -153,3 +153,29 @@ def test_a_wide_three_by_three_plane_keeps_the_rows_and_writes_no_blocks(tmp_pat
     assert not list((tmp_path / "jit").glob(f"{grouped_blocks.PREFIX}_*.py"))
     np.testing.assert_allclose(got, conv(np, X, W, B, group=8, kernel_shape=[3, 3],
                                          pads=[1, 1, 1, 1]), rtol=1e-5, atol=1e-5)
+
+
+@needs_jit
+def test_a_serving_run_compiles_no_block_form(tmp_path, monkeypatch):
+    """Where sessions compile in the background, a run that may compile is a serving run:
+    a node whose block form is in no cache (warmed before any of its sizes picked it, or a
+    cache older than the form) takes its rows there, with their bits, and the block form is
+    not compiled in the serving thread (~1 s a node); a run that compiles warms it."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(12, 1, 5, 5), _rand(12)
+    attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
+    X = _rand(1, 12, 9, 40)  # too wide for the flat form: the rows or the blocks
+    real_blocks = jit_depthwise._blocks_form
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", lambda *args: None)
+    rows = fused_conv(np, X, W, B, group=12, **attributes)  # the rows, compiled here
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", real_blocks)
+    blocks = grouped_blocks.module((5, 5), (1, 1), (1, 1), "", 1)
+    taken = _forms_taken(monkeypatch)
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    served = fused_conv(np, X, W, B, group=12, **attributes)
+    assert taken == ["mixrt_depthwise"] and blocks.run.signatures == []
+    np.testing.assert_array_equal(served, rows)
+    monkeypatch.setenv("MIXRT_COMPILE", "foreground")  # the compile child's run
+    taken.clear()
+    np.testing.assert_array_equal(fused_conv(np, X, W, B, group=12, **attributes), rows)
+    assert taken == ["mixrt_grouped_blocks"] and blocks.run.signatures
