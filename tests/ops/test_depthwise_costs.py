@@ -87,32 +87,42 @@ def _forms_taken(monkeypatch) -> list:
     return taken
 
 
+def _rows_only(monkeypatch, call):
+    """``call()`` with the model preferring the rows everywhere (their bits: the reference
+    the block form's are compared with, as the flat form's are elsewhere)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(jit_depthwise, "blocks_cheaper", lambda *args: False)
+        return call()
+
+
 @needs_jit
-def test_a_new_size_takes_the_block_form_warmed_with_the_node_and_the_flat_forms_bits(
+def test_a_new_size_takes_the_block_form_warmed_with_the_node_and_the_rows_bits(
         tmp_path, monkeypatch):
     """A 5x5 kernel's node warms its block form with its row form where compiling is
     allowed; a size whose flat form is in no cache takes the blocks in a run that may not
-    compile (the rows of a 12 x 20 output ran ~1.6x their time), with no miss and the flat
-    form's bits. A plane wider than the flat form takes them too."""
+    compile (the rows of a 12 x 20 output ran ~1.6x their time), with no miss but the flat
+    form's optional one and the rows' bits. A plane wider than the flat form takes them
+    too. (Its first size is too wide for the flat form: nothing compiled per size.)"""
     _fresh(tmp_path, monkeypatch)
     W, B = _rand(24, 1, 5, 5), _rand(24)
     attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
 
-    def depthwise(height, width, X=None):
-        X = _rand(1, 24, height, width) if X is None else X
-        return fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes), X
+    def depthwise(X):
+        return fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes)
 
     taken = _forms_taken(monkeypatch)
-    depthwise(10, 16)  # compiling allowed: the flat form, and the rows and blocks with it
-    assert taken == ["mixrt_depthwise_flat"]
+    depthwise(_rand(1, 24, 10, 40))  # compiling allowed: the rows and the blocks
+    assert taken == ["mixrt_grouped_blocks"]
     for height, width in ((12, 20), (9, 40)):
+        X = _rand(1, 24, height, width)
         taken.clear()
         with jit_tier.loading_only() as misses:
-            got, X = depthwise(height, width)
+            got = depthwise(X)
         assert taken == ["mixrt_grouped_blocks"]
         assert all(jit_tier.is_optional(miss) for miss in misses)  # the flat form's, if any
-        reference = fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes)
-        np.testing.assert_array_equal(got, reference)  # compiling allowed: flat or blocks
+        with jit_tier.loading_only():
+            rows = _rows_only(monkeypatch, lambda: depthwise(X))
+        np.testing.assert_array_equal(got, rows)
         activated = fused.activate(np, conv(np, X, W, B, group=24, **attributes), "HardSwish",
                                    None)
         np.testing.assert_allclose(got, activated, rtol=1e-5, atol=1e-5)
@@ -120,23 +130,27 @@ def test_a_new_size_takes_the_block_form_warmed_with_the_node_and_the_flat_forms
 
 @needs_jit
 def test_blocks_never_warmed_leave_the_rows_and_an_optional_miss(tmp_path, monkeypatch):
-    """A node whose blocks no run compiled yet (its sizes took the flat form in a foreground
-    run that predates them, or another process's cache) runs the rows at a size that would
-    take the blocks, with the same bits, and notes an optional miss for the compiler."""
+    """A node whose blocks no run compiled yet (a cache older than them, or another
+    process's) runs the rows at a size that would take the blocks, with their bits, and
+    notes an optional miss for the compiler."""
     _fresh(tmp_path, monkeypatch)
     W, B = _rand(16, 1, 5, 5), _rand(16)
     attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[2, 2])
     X = _rand(2, 16, 23, 19)
     real_blocks = jit_depthwise._blocks_form
     monkeypatch.setattr(jit_depthwise, "_blocks_form", lambda *args: None)  # none warmed
-    fused_conv(np, _rand(1, 16, 9, 9), W, B, group=16, **attributes)  # the rows compiled
+    fused_conv(np, _rand(1, 16, 9, 80), W, B, group=16, **attributes)  # the rows compiled
     monkeypatch.setattr(jit_depthwise, "_blocks_form", real_blocks)
     taken = _forms_taken(monkeypatch)
     with jit_tier.loading_only() as misses:
         got = fused_conv(np, X, W, B, group=16, **attributes)
     assert taken == ["mixrt_grouped_blocks", "mixrt_depthwise"]  # tried, then the rows
     assert misses and all(jit_tier.is_optional(miss) for miss in misses)
-    np.testing.assert_array_equal(got, fused_conv(np, X, W, B, group=16, **attributes))
+    with jit_tier.loading_only():
+        rows = _rows_only(monkeypatch, lambda: fused_conv(np, X, W, B, group=16, **attributes))
+    np.testing.assert_array_equal(got, rows)
+    np.testing.assert_allclose(got, conv(np, X, W, B, group=16, **attributes), rtol=1e-5,
+                               atol=1e-5)
 
 
 @needs_jit
