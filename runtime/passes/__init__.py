@@ -16,7 +16,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
   bias,
   residual add and activation, a transformer's self-attention (transposes, scores, scale,
   mask, softmax, weighted values) as one node, Llama's rotary embedding (rotate_half and
-  its products) as one node, conv -> [LRN] -> pool chains computed in
+  its products) as one node, a squeeze-excite block (pool, two 1x1 convolutions, scaling)
+  as one node (``fuse_squeeze_excite``), conv -> [LRN] -> pool chains computed in
   bands of rows (``bands``), and chains of elementwise ops fused into one kernel.
 
 The passes work on a copy; the caller's graph is never touched.
@@ -42,6 +43,7 @@ from mixrt.runtime.passes.fuse_quantized import fuse_dynamic_quantized_products
 from mixrt.runtime.passes.fuse_rms_norm import fuse_rms_norms
 from mixrt.runtime.passes.fuse_rotary import fuse_rotary
 from mixrt.runtime.passes.fuse_scan_distances import fuse_scan_distances
+from mixrt.runtime.passes.fuse_squeeze_excite import fuse_squeeze_excites
 from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.tfidf_weights import fold_tfidf_weights
 from mixrt.runtime.passes.transposed_operands import scale_before_transpose
@@ -103,6 +105,7 @@ def _rounding_passes(graph: Graph, stats: dict) -> None:
                           ("unflatten_dense_layers", unflatten_dense_layers),
                           ("scale_before_transpose", scale_before_transpose),
                           ("fuse_products", fuse_products),
+                          ("fuse_squeeze_excites", fuse_squeeze_excites),
                           ("fuse_conv_pools", fuse_conv_pools),
                           ("fuse_elementwise", fuse_elementwise)):
         _run(stats, name, rewrite, graph, ir_version)
