@@ -94,19 +94,24 @@ def loading_only():
         yield misses
 
 
-@contextlib.contextmanager
-def optional():
+class optional:  # noqa: N801  (used as ``with jit_tier.optional():``, as a function was)
     """A kernel's specialised form tried where its caller has a compiled fallback (a
     depthwise convolution's form for one plane geometry, whose row form serves any size):
     a forbidden compile inside is still raised, and noted with :data:`OPTIONAL` before it,
     so that the session knows the run took no NumPy path for it
-    (``runtime/kernel_tiers.py`` compiles those only for a signature that comes back)."""
-    before = _local.optional
-    _local.optional = True
-    try:
-        yield
-    finally:
-        _local.optional = before
+    (``runtime/kernel_tiers.py`` compiles those only for a signature that comes back).
+    A class rather than a generator: a depthwise convolution enters it once or twice at
+    each new image size, and the generator's context manager cost ~3 us a time, cold."""
+
+    __slots__ = ("_before",)
+
+    def __enter__(self) -> None:
+        self._before = _local.optional
+        _local.optional = True
+
+    def __exit__(self, *_) -> bool:
+        _local.optional = self._before
+        return False
 
 
 def is_optional(miss: str) -> bool:
