@@ -21,12 +21,21 @@ RNG = np.random.default_rng(5)
 CHANNELS, HIDDEN = 40, 12
 
 
-def se_model(first="Relu", gate="HardSigmoid", conv_pads=(0, 0, 0, 0), gate_output=False):
-    """x -> Relu -> [GlobalAveragePool -> Conv -> first -> Conv -> gate] * x -> Relu: the
-    block between two other nodes, as a network has it."""
+def se_model(first="Relu", gate="HardSigmoid", conv_pads=(0, 0, 0, 0), gate_output=False,
+             squeeze="GlobalAveragePool", opset=17):
+    """x -> Relu -> [squeeze -> Conv -> first -> Conv -> gate] * x -> Relu: the block between
+    two other nodes, as a network has it. ``squeeze``: GlobalAveragePool, or "ReduceMean"
+    over the plane (axes 2, 3 as an attribute before opset 18, -1, -2 as an input from it)."""
     c = lambda name, value: numpy_helper.from_array(np.asarray(value, np.float32), name)  # noqa: E731
-    nodes = [helper.make_node("Relu", ["x"], ["a"]),
-             helper.make_node("GlobalAveragePool", ["a"], ["s"]),
+    extra = []
+    if squeeze == "GlobalAveragePool":
+        pool = helper.make_node("GlobalAveragePool", ["a"], ["s"])
+    elif opset < 18:
+        pool = helper.make_node("ReduceMean", ["a"], ["s"], axes=[2, 3], keepdims=1)
+    else:
+        pool = helper.make_node("ReduceMean", ["a", "axes"], ["s"], keepdims=1)
+        extra = [numpy_helper.from_array(np.array([-1, -2], np.int64), "axes")]
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), pool,
              helper.make_node("Conv", ["s", "w1", "b1"], ["h0"], pads=list(conv_pads))]
     if first == "SiLU":
         nodes += [helper.make_node("Sigmoid", ["h0"], ["h1"]),
@@ -48,18 +57,20 @@ def se_model(first="Relu", gate="HardSigmoid", conv_pads=(0, 0, 0, 0), gate_outp
         outputs,
         [c("w1", RNG.standard_normal((HIDDEN, CHANNELS, 1, 1)) / 4),
          c("b1", RNG.standard_normal(HIDDEN)), c("b2", RNG.standard_normal(CHANNELS)),
-         c("w2", RNG.standard_normal((CHANNELS, HIDDEN, 1, 1)) / 2)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+         c("w2", RNG.standard_normal((CHANNELS, HIDDEN, 1, 1)) / 2), *extra])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def ops(graph):
     return Counter(node.op_type for node in graph.nodes)
 
 
-@pytest.mark.parametrize("first, gate", [("Relu", "HardSigmoid"), ("Relu", "Sigmoid"),
-                                         ("SiLU", "Sigmoid")])
-def test_blocks_fuse_to_one_node_with_onnxruntime_results(tmp_path, first, gate):
-    model = se_model(first, gate)
+@pytest.mark.parametrize("first, gate, squeeze, opset", [
+    ("Relu", "HardSigmoid", "GlobalAveragePool", 17), ("Relu", "Sigmoid", "ReduceMean", 17),
+    ("SiLU", "Sigmoid", "ReduceMean", 18)])
+def test_blocks_fuse_to_one_node_with_onnxruntime_results(tmp_path, first, gate, squeeze,
+                                                         opset):
+    model = se_model(first, gate, squeeze=squeeze, opset=opset)
     path = tmp_path / "se.onnx"
     path.write_bytes(model.SerializeToString())
     assert ops(optimize(load_graph(model), 2)) == {"SqueezeExcite": 1, "Relu": 2}
@@ -74,10 +85,19 @@ def test_blocks_fuse_to_one_node_with_onnxruntime_results(tmp_path, first, gate)
                                        rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("change", ["padded", "gate read elsewhere"])
+def _near_miss(change: str):
+    if change == "padded":
+        return se_model(conv_pads=(1, 1, 1, 1))
+    if change == "gate read elsewhere":
+        return se_model(gate_output=True)
+    model = se_model(squeeze="ReduceMean")  # a mean over the columns alone
+    model.graph.node[1].attribute[0].ints[:] = [2]
+    return model
+
+
+@pytest.mark.parametrize("change", ["padded", "gate read elsewhere", "mean over other axes"])
 def test_near_misses_stay_unfused(change):
-    model = se_model(conv_pads=(1, 1, 1, 1)) if change == "padded" \
-        else se_model(gate_output=True)
+    model = _near_miss(change)
     assert "SqueezeExcite" not in ops(optimize(load_graph(model), 2))
 
 

@@ -1,7 +1,8 @@
 """Squeeze-excite blocks as one ``mixrt::SqueezeExcite`` node (opt_level 2; the op:
 ``ops/nn/squeeze_excite.py``)::
 
-    s = GlobalAveragePool(x)
+    s = GlobalAveragePool(x), or ReduceMean(x) over axes 2 and 3 keeping them (timm's
+        blocks, and TensorFlow's through tf2onnx)
     h = Conv or FusedConv(s, W1, B1), 1x1, its activation (or none)
     g = Conv or FusedConv(h, W2, B2), 1x1, its activation (or none)
     y = Mul(x, g) or Mul(g, x)
@@ -23,10 +24,11 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, dtype_of, kernel_for, remove_nodes,
-                                          replace_matches)
+from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, kernel_for,
+                                          remove_nodes, replace_matches)
 
 _FLOATS = (np.float32, np.float64)
+_SQUEEZES = ("GlobalAveragePool", "ReduceMean")
 
 
 def fuse_squeeze_excites(graph: Graph, ir_version: int | None) -> int:
@@ -37,7 +39,7 @@ def fuse_squeeze_excites(graph: Graph, ir_version: int | None) -> int:
         match = _Match(g, constants, types, index)
         return match if match.at(pool) else None
     fused = replace_matches(graph, ir_version,
-                            lambda node: node.op_type == "GlobalAveragePool" and not node.domain,
+                            lambda node: node.op_type in _SQUEEZES and not node.domain,
                             match_at)
     if fused:
         graph.opsets.setdefault(MIXRT, 1)
@@ -60,7 +62,7 @@ class _Match:
         x = pool.inputs[0] if pool.inputs else ""
         x_type = self.types.get(x)
         if not x or dtype_of(x_type) not in _FLOATS or len(getattr(x_type, "shape", None) or ()) != 4 \
-                or len(pool.outputs) != 1:
+                or len(pool.outputs) != 1 or not self._over_the_plane(pool):
             return False
         self.pool, self.x = pool, x
         self.squeeze = self._reader(pool.outputs[0])
@@ -77,6 +79,19 @@ class _Match:
         channels = self.types[x].shape[1]
         return w1.shape[1] == w2.shape[0] and w2.shape[1] == w1.shape[0] \
             and channels == w1.shape[1] and w1.dtype == w2.dtype == dtype_of(x_type)
+
+    def _over_the_plane(self, pool: Node) -> bool:
+        """A GlobalAveragePool, or a ReduceMean over axes 2 and 3 (or -2 and -1) keeping them
+        (its axes an attribute, or from opset 18 a constant input)."""
+        if pool.op_type == "GlobalAveragePool":
+            return len(pool.inputs) == 1
+        a = pool.attributes
+        if int(a.get("keepdims", 1)) != 1 or int(a.get("noop_with_empty_axes", 0)):
+            return False
+        axes = a.get("axes")
+        if axes is None and len(pool.inputs) > 1:
+            axes = constant_ints(self.constants, pool.inputs[1])
+        return axes is not None and sorted(int(v) % 4 for v in axes) == [2, 3]
 
     def _pointwise(self, node: Node, reads: str) -> bool:
         """A plain 1x1 convolution of ``reads`` by a constant weight and bias (no residual),
