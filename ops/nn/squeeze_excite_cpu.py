@@ -5,9 +5,9 @@ scaled by their gates) in compiled loops, called as one.
 A batch of images is split over the native workers by images, each worker taking an image's
 three passes; a single image large enough to split (EfficientNet's early blocks at a large
 input) is split by planes for the means and for the scaling, the products between them on
-this thread. The means add each plane's values in sixteen interleaved sums, then those
-pairwise, whatever the split: an image's results are the same bits alone or in a batch (the
-batching of ``mixrt serve`` checks that).
+this thread. A plane's mean adds its values in sixteen interleaved sums, then those
+pairwise (a plane under sixteen pixels: in turn), whatever the split: an image's results are
+the same bits alone or in a batch (the batching of ``mixrt serve`` checks that).
 
 The call is kept as the node's replay (``ops/compiled/replay.py``) where its weights are
 constants and its output the caller's, so its bound call is the prepared native call alone.
