@@ -28,8 +28,8 @@ from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, _helpers, _modu
                                              activation_constants)
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn.squeeze_excite import squeeze_excite
-from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, split,
-                                           warm_prepared)
+from mixrt.ops.panels.native_parts import (SPLIT_ELEMENTS, part_entry, part_source, prepared,
+                                           split, warm_prepared)
 
 # the activations the compiled gates apply: the depthwise kernels' (FusedConv's), and Sigmoid
 # (RegNet-Y's and EfficientNet's gate) as the compiled programs' tanh rational, float32 only
@@ -118,7 +118,7 @@ def _call(module, X, W1, B1, W2, B2, constants, out, prepacked):
     native = jit_cpu.native_pool()
     if native is None:
         return _unsplit(module, arrays, sizes, n)
-    if n > 1 or X.size < 1 << 14:
+    if n > 1 or X.size < SPLIT_ELEMENTS:  # by images (a small one: one part, here)
         parts = split(n, X.size, native) or [(0, n)]
         return prepared(native, module, arrays, (PHASES["images"], *sizes), parts, keep=keep)
     parts = split(channels, X.size, native) or [(0, channels)]
