@@ -13,6 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixrt  # noqa: F401  (registers the ONNX loader)
 from mixrt.ops.nn.squeeze_excite import squeeze_excite
+from mixrt.ops.ir.registry import CONSTANT_INPUTS
+from mixrt.ops.nn.squeeze_excite_cpu import _module as squeeze_excite_module
 from mixrt.ops.nn.squeeze_excite_cpu import squeeze_excite_cpu
 from mixrt.runtime.passes import optimize
 from mixrt.runtime.session import Session, load_graph
@@ -126,3 +128,21 @@ def test_an_activation_without_a_compiled_gate_takes_the_generic_kernel():
     got = squeeze_excite_cpu(np, x, *weights, activation1="Tanh", activation2="Sigmoid")
     want = squeeze_excite(np, x, *weights, activation1="Tanh", activation2="Sigmoid")
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_read_only_constants_take_the_entries_the_warm_up_compiled():
+    """A session's weights and biases are read-only arrays: the call copies them, so a
+    single image large enough to split (whose products run through ``gates`` here) takes
+    the entry compiled with the module, not another one compiled in the request."""
+    x, weights = _block(1, 128, 128)
+    for array in weights:
+        array.flags.writeable = False
+    out = np.empty_like(x)
+    squeeze_excite_cpu(np, x, *weights, activation1="Relu", activation2="HardSigmoid",
+                       activation2_params=[1 / 6, 0.5], out=out,
+                       _prepacked={CONSTANT_INPUTS: frozenset({1, 2, 3, 4})})
+    module = squeeze_excite_module("Relu", "HardSigmoid")
+    assert len(module.gates.signatures) == 1 and len(module.images.signatures) == 1
+    np.testing.assert_allclose(out, squeeze_excite(
+        np, x, *weights, activation1="Relu", activation2="HardSigmoid",
+        activation2_params=[1 / 6, 0.5]), rtol=1e-5, atol=1e-6)

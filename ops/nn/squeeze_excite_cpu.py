@@ -172,12 +172,15 @@ def _unsplit(module, arrays: tuple, sizes: tuple, n: int):
 
 
 def _transposed(W1, W2, B1, B2) -> tuple:
-    """(W1 as (C, R), B1 or zeros, W2 as (R, C), B2 or zeros), contiguous: the products'
-    inner loops run along a row of each."""
+    """(W1 as (C, R), B1 or zeros, W2 as (R, C), B2 or zeros), contiguous and writeable
+    copies: the products' inner loops run along a row of each, and a session's constants
+    are read-only arrays, which numba types apart from the writeable ones ``_warm``
+    compiles (a single large image's ``gates`` call, or a call without the native pool,
+    compiled another entry in a request) and whose addresses are read one by one."""
     hidden, channels = W1.shape[:2]
     dtype = W1.dtype
-    b1 = np.zeros(hidden, dtype) if B1 is None else np.ascontiguousarray(B1)
-    b2 = np.zeros(channels, dtype) if B2 is None else np.ascontiguousarray(B2)
+    b1 = np.zeros(hidden, dtype) if B1 is None else np.array(B1, dtype)
+    b2 = np.zeros(channels, dtype) if B2 is None else np.array(B2, dtype)
     return (np.ascontiguousarray(W1.reshape(hidden, channels).T).reshape(-1), b1,
             np.ascontiguousarray(W2.reshape(channels, hidden).T).reshape(-1), b2)
 
