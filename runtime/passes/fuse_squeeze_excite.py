@@ -24,8 +24,8 @@ from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.runtime.passes.rewrite import (GraphIndex, constant_ints, dtype_of, kernel_for,
-                                          remove_nodes, replace_matches)
+from mixrt.runtime.passes.rewrite import (PatternMatch, constant_ints, dtype_of,
+                                          fuse_into_mixrt, kernel_for, remove_nodes)
 
 _FLOATS = (np.float32, np.float64)
 _SQUEEZES = ("GlobalAveragePool", "ReduceMean")
@@ -34,43 +34,32 @@ _SQUEEZES = ("GlobalAveragePool", "ReduceMean")
 def fuse_squeeze_excites(graph: Graph, ir_version: int | None) -> int:
     """Replace each squeeze-excite pattern by one node; returns how many."""
     types = infer_types(graph)
-
-    def match_at(g, constants, index, pool):
-        match = _Match(g, constants, types, index)
-        return match if match.at(pool) else None
-    fused = replace_matches(graph, ir_version,
-                            lambda node: node.op_type in _SQUEEZES and not node.domain,
-                            match_at)
-    if fused:
-        graph.opsets.setdefault(MIXRT, 1)
-    return fused
+    return sum(fuse_into_mixrt(graph, ir_version, types, squeeze, _Match)
+               for squeeze in _SQUEEZES)
 
 
-class _Match:
-    def __init__(self, g: Graph, constants: dict, types: dict, index: GraphIndex):
-        self.g, self.constants, self.types = g, constants, types
-        self.counts, self.readers = index.counts, index.readers
-
-    def _private(self, name: str) -> bool:
-        return self.counts[name] == 1 and name not in self.g.output_names
-
-    def _reader(self, name: str) -> Node | None:
+class _Match(PatternMatch):
+    def _only_reader(self, name: str) -> Node | None:
+        """The one node reading ``name``, where ``name`` is private (of any op type)."""
         found = self.readers.get(name, [])
         return found[0] if len(found) == 1 and self._private(name) else None
 
-    def at(self, pool: Node) -> bool:
+    def at(self, pool: Node) -> "_Match | None":
+        return self if self._matches(pool) else None
+
+    def _matches(self, pool: Node) -> bool:
         x = pool.inputs[0] if pool.inputs else ""
         x_type = self.types.get(x)
         if not x or dtype_of(x_type) not in _FLOATS or len(getattr(x_type, "shape", None) or ()) != 4 \
                 or len(pool.outputs) != 1 or not self._over_the_plane(pool):
             return False
         self.pool, self.x = pool, x
-        self.squeeze = self._reader(pool.outputs[0])
+        self.squeeze = self._only_reader(pool.outputs[0])
         self.excite = self.squeeze and self._pointwise(self.squeeze, pool.outputs[0]) \
-            and self._reader(self.squeeze.outputs[0])
+            and self._only_reader(self.squeeze.outputs[0])
         if not self.excite or not self._pointwise(self.excite, self.squeeze.outputs[0]):
             return False
-        self.mul = self._reader(self.excite.outputs[0])
+        self.mul = self._only_reader(self.excite.outputs[0])
         if self.mul is None or self.mul.domain or self.mul.op_type != "Mul" \
                 or sorted(self.mul.inputs) != sorted([x, self.excite.outputs[0]]) \
                 or kernel_for(self.mul) is None:
