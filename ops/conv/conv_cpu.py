@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
-from mixrt.ops.compiled import replay
+from mixrt.ops.compiled import image_routes, replay
 from mixrt.ops.compiled.workspace import packed, per_shape
 from mixrt.ops.conv import depthwise_common, one_pixel, phase_planes, pointwise_rows
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
@@ -37,11 +37,21 @@ from mixrt.ops.conv.shifted_cpu import _KernelRows, _shift_add_suits
 def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None,
              _node=None):
-    if out is not None and replay.replayed(_prepacked, (X, W, B, None, out)):
+    if out is not None and (replay.replayed(_prepacked, (X, W, B, None, out))
+                            or image_routes.ran(_prepacked, X, W, B, None, out, pads)):
         return out
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+    done = _route(X, W, B, attributes, out, _prepacked, _node)
+    image_routes.keep(_prepacked, X, W, B, None, out, pads)
+    return done
+
+
+def _route(X, W, B, attributes: dict, out, _prepacked, _node):
+    """Conv's full route among the CPU forms (:func:`conv_cpu`)."""
+    group, pads = attributes["group"], attributes["pads"]
+    strides, auto_pad = attributes["strides"], attributes["auto_pad"]
     if one_pixel.suits(X, W, group, pads, auto_pad, out) \
             and (out is None or not np.may_share_memory(out, X)):
         return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
@@ -54,9 +64,7 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
                   node=_node)
     if done is not None:
         return done
-    return conv_bands(X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
-                      kernel_shape=kernel_shape, pads=pads, strides=strides, out=out,
-                      prepacked=_prepacked)
+    return conv_bands(X, W, B, out=out, prepacked=_prepacked, **attributes)
 
 
 def _bias_only(y, bias, residual):

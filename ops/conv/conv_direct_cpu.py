@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 from mixrt.ops.conv.direct_forms import STRIP
 from mixrt.ops.conv.direct_layout import _row_parts, _strip_parts, empty_operands, layout
@@ -99,6 +99,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
                 run(block, kit.words, X[image], y, bias, z_all[image], True)
         return out
     replay.record(replays, (X, W, B, Z, out), call)
+    image_routes.stash(replays, out, call)  # any batch of this image size may take it
     return call(X, W, B, Z, out)
 
 
@@ -138,23 +139,27 @@ class _Kit:
         return self._padded
 
 
-def _size_words(plan, dtype) -> list:
+def _size_words(plan, dtype) -> tuple:
     """A kit's words that follow from the image size alone, as (first slot, values): this
     thread's phase planes, the parts and their arrays, the geometry. Made once per thread for
     the nodes that share a geometry (``direct_layout._shared_geometry``: their parts are
-    one object)."""
+    one object). Tuples of ints, which the cycle collector stops tracking: lists, kept as
+    long as their parts (by every image size's kept call, ``image_routes``), were ~27
+    tracked objects a layout."""
     kernels, parts = _kernels(), plan.native_parts()
     flat_size = math.prod(plan.planes_shape)
-    words = [(slot, [jit_cpu.scratch_address(name, dtype, (flat_size,))[1], flat_size])
+    words = [(slot, (jit_cpu.scratch_address(name, dtype, (flat_size,))[1], flat_size))
              for slot, name in ((kernels.PLANES, "direct_planes"),
                                 (kernels.WORKER_PLANES, "direct_planes_worker"))]
-    words += [(slot, [address, *array.shape]) for slot, (array, address) in
+    words += [(slot, (address, *array.shape)) for slot, (array, address) in
               zip((kernels.ROWS_AT, kernels.PLACES, kernels.BOUNDS), parts.addressed())]
-    words += [(slot, [int(value)]) for slot, value in (
+    words += [(slot, (int(value),)) for slot, value in (
         (kernels.BY_ROWS, plan.by_rows), (kernels.STRIPS, plan.strips),
         (kernels.IN_PLACE, plan.in_place), (kernels.PARTS, parts.count),
         (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block))]
-    return words + [(kernels.SHAPE0, list(parts.shape)), (kernels.PH, list(parts.geometry))]
+    return tuple(words) + ((kernels.SHAPE0, tuple(parts.shape)),
+                           (kernels.PH, tuple(parts.geometry)))
+
 
 def _weight_of(plan):
     """The packed weight a layout computes with: the node's, shared by its layouts of every

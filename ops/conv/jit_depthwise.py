@@ -65,7 +65,7 @@ import hashlib
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, jit_tier, prebuilt, replay
+from mixrt.ops.compiled import image_routes, jit_cpu, jit_tier, prebuilt, replay
 from mixrt.ops.compiled.generated import compiled_before, mark_compiled, mark_name, module_name
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, prepared, split, warm_prepared
@@ -177,21 +177,35 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     # in the serving thread before, ~1-2 s a node with its part entry: a MobileNetV3's
     # image size that came back took 5.6 s (2026-11-29).
     named = _geometry_name(geometry) if loading or serving else None
+    miss = f"{FLAT_PREFIX} for {image}"
     if loading and named not in _FLAT_LOADED:
-        if prebuilt.chosen() is None and not compiled_before(named):
-            jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
-        return _size_free(conv, small, free, call)
+        noted = prebuilt.chosen() is None and not compiled_before(named)
+        if noted:
+            jit_tier.note_optional_miss(miss)
+        return _stand_in(conv, small, free, call, named, miss if noted else None)
     if serving and named not in _FLAT_LOADED and not compiled_before(named):
-        return _size_free(conv, small, free, call)
+        return _stand_in(conv, small, free, call, named,
+                         miss if prebuilt.chosen() is None else None)
     text, flat_width = _flat_text(*geometry)
     if loading and not compiled_before(_flat_name(text)):
-        jit_tier.note_optional_miss(f"{FLAT_PREFIX} for {image}")
+        jit_tier.note_optional_miss(miss)
         return _size_free(conv, small, free, call)
+    named = named or _geometry_name(geometry)
     try:
         with jit_tier.optional(), _loading_only_where(serving):
-            return _flat_planes(text, flat_width, call, named or _geometry_name(geometry))
+            return _flat_planes(text, flat_width, call, named)
     except jit_tier.CompileForbidden:
-        return _size_free(conv, small, free, call)
+        return _stand_in(conv, small, free, call, named)
+
+
+def _stand_in(conv: tuple, channels: bool, free: tuple, call: tuple, named: str, note=None):
+    """:func:`_size_free` standing in for the flat form of the geometry ``named``, which
+    this process has not loaded: the node's call kept for its image size
+    (``ops/compiled/image_routes.py``) lapses once it is, and notes ``note`` (the optional
+    miss a loading run's full route notes there) as it is taken."""
+    done = _size_free(conv, channels, free, call)
+    image_routes.amend(conv[8], conv[3], (named, _FLAT_LOADED), note)
+    return done
 
 
 def _loading_only_where(serving: bool):
@@ -211,9 +225,12 @@ def _size_free(conv: tuple, channels: bool, free: tuple, call):
     if channels:
         try:
             with jit_tier.optional():
-                return channels_conv(*conv)
+                done = channels_conv(*conv)
         except jit_tier.CompileForbidden:  # (compiled with no size of this node yet)
             pass
+        else:
+            image_routes.stash(conv[8], conv[3], _ChannelsAgain(conv[4:]), LOADING_RUNS)
+            return done
     if blocks is not None:
         try:
             with jit_tier.optional():
@@ -316,10 +333,46 @@ def _warm_part_entry(module, X, W, B, out, weights, bias, constants) -> tuple:
     return x, y
 
 
+# how a depthwise node's call is kept for its image size (``ops/compiled/image_routes.py``):
+# for loading runs alone (see there), recording its replay itself
+LOADING_RUNS = image_routes.How(records=True, loading_only=True)
+
+
+class _ChannelsAgain:
+    """``channels_conv`` with the node's attributes (kernel .. activation), as a kept call
+    of any arrays of its image size (one object: a closure's cells were each one more for
+    the cycle collector to walk, a kept call per node and image size)."""
+
+    __slots__ = ("attributes",)
+
+    def __init__(self, attributes: tuple):
+        self.attributes = attributes
+
+    def __call__(self, X, W, B, Z, out):
+        channels_conv(X, W, B, out, *self.attributes)
+
+
+class _PlanesAgain:
+    """:func:`_planes` by a module with what the node's call worked out (the scratch's
+    shape, the weight and bias as the loop reads them, the activation's constants, ...), as
+    a kept call of any arrays of its image size."""
+
+    __slots__ = ("arguments",)
+
+    def __init__(self, *arguments):
+        self.arguments = arguments  # (module, hp, wp) + (weights .. begin) + (replays,)
+
+    def __call__(self, X, W, B, Z, out):
+        module, hp, wp, weights, bias, constants, multiplier, begin, replays = self.arguments
+        _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
+                replays, kept=True)
+
+
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
-            replays):
+            replays, kept=False):
     """:func:`depthwise_conv`'s loop over its planes by ``module`` (a row or a flat form)
-    with a scratch of (hp, wp)."""
+    with a scratch of (hp, wp); ``kept``: called as the node's kept call of its image
+    size, which it does not keep again."""
     (n, channels, height, width), m = X.shape, W.shape[0]
     (oh, ow), left = out.shape[2:], begin[1]
     x = X.reshape(n * channels, height, width)
@@ -342,6 +395,10 @@ def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, 
     go()  # before it is kept as the replay: a form in no cache raises here, kept nowhere
     if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
         replay.record(replays, (X, W, B, None, out), go)
+        if not kept:
+            image_routes.stash(replays, out, _PlanesAgain(
+                module, hp, wp, weights, bias, constants, multiplier, begin, replays),
+                LOADING_RUNS)
     return out
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.base.settings import batch_invariant
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
@@ -35,11 +35,22 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
                    activation_params=None, out=None, _prepacked=None, _node=None):
     """FusedConv through the CPU's direct or banded convolution (FusedConvPool's bands, in
     ``ops/conv/fused_conv_pool.py``, call it too)."""
-    if out is not None and replay.replayed(_prepacked, (X, W, B, Z, out)):
+    if out is not None and (replay.replayed(_prepacked, (X, W, B, Z, out))
+                            or image_routes.ran(_prepacked, X, W, B, Z, out, pads)):
         return out
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+    done = _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacked,
+                  _node)
+    image_routes.keep(_prepacked, X, W, B, Z, out, pads)
+    return done
+
+
+def _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacked, _node):
+    """FusedConv's full route among the CPU forms (:func:`fused_conv_cpu`)."""
+    group, pads = attributes["group"], attributes["pads"]
+    strides, auto_pad = attributes["strides"], attributes["auto_pad"]
     if one_pixel.suits(X, W, group, pads, auto_pad, out) and not _aliases(np, out, X, W, B, Z):
         done = one_pixel.conv(X, W, B, Z, out, _conv_epilogue(activation, activation_params),
                               _prepacked)
@@ -161,7 +172,18 @@ def _activated(out, activation: tuple, prepacked):
     if conv is not None:
         action = conv.action
         conv.action = lambda *arrays: (action(*arrays), again(arrays[-1]))
+    image_routes.then(prepacked, out, _activation_pass(activation))
     return out
+
+
+def _activation_pass(activation: tuple):
+    """``activation`` over an output of any size, in place, for the node's call kept for
+    its image size (``ops/compiled/image_routes.py``): :func:`_activated`'s ``again`` is
+    a pass over arrays of its output's layout alone."""
+    def again(array):
+        if compiled_activation(array, *activation) is None:
+            add_and_activate_cpu(array, None, None, *activation)
+    return again
 
 
 @fused_gemm.fast("cpu")

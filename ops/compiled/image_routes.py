@@ -1,0 +1,156 @@
+"""A convolution node's call at an image size it has met, for any batch of that size.
+
+A service that batches its requests sends one image size at many batch sizes, and a
+service that resizes to a few sizes sends each of them again and again; each new (batch,
+size) is a new plan, whose first run took every node's full route: the checks among the
+CPU forms, the geometry, the layout, the kit, then the kernel. The route at one image size
+does not depend on the batch (each form is chosen by the image's shape, and the direct
+convolution's call loops over the batch's images with one kit), yet a first run paid it
+again for each batch: ~30 us a convolution warm, ~80 cold (MobileNetV3-small's first run
+of a size: ~4 ms of route over ~4 ms of kernels, 2026-11-29).
+
+So a node whose full route ended in a call that takes its arrays as arguments (the direct
+convolution's, ``conv_direct_cpu.conv``, with the activation pass after it where the tile
+does not apply it) keeps that call here, by image shape (the input's shape without the
+batch, whether a residual comes, the pads a call came with), and the node's next call at
+that image size, whatever its batch and arena, goes straight to it. The call is the one
+the full route would make there: the same kit and kernel, so the same bits.
+
+The call holds its thread's kit (scratch addresses) and the native pool: it is taken only
+on the thread that made it, with the pool and scratch buffers as they were, and with the
+node's own weight and bias objects; its input and output must be C-contiguous, of its
+dtype, apart from each other, and a residual of the output's shape. Anything else takes
+the full route, which keeps a call again. A node keeps the last MAX_ROUTES image sizes.
+
+A depthwise convolution (``ops/conv/jit_depthwise.py``) keeps its call over the planes (or
+over the channels) for the form it took, which at a new size is often a stand-in: the flat
+form of a plane geometry this process has not loaded. Its route is kept for *loading* runs
+alone (a signature's first run, ``jit_tier.compile_misses``), which take the stand-ins; any
+later run takes the full route, which loads the flat form and compiles the stand-ins for
+other sizes where compiling is allowed. A stand-in's call lapses once the flat form of its
+geometry is loaded (``stale``), and notes the optional miss the full route would
+(``note``), so the background compiler hears of the size as before.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from mixrt.ops.compiled import jit_cpu, jit_tier, replay
+
+ROUTES = ("image routes",)  # a node dict's table: image key -> _Route
+STASH = ("image routes", "made")  # the call the node's current full route made
+MAX_ROUTES = 64
+
+
+class _Route:
+    __slots__ = ("thread", "pool", "scratch", "weight", "bias", "dtype", "action", "how")
+
+
+class How:
+    """How a kept call is taken: ``records``, it keeps the node's replay itself (else
+    :func:`ran` records the call as the replay); ``loading_only``, in loading runs alone;
+    ``stale``, (name, names): the call is not the one the full route would make once
+    ``name`` is in ``names`` (a set); ``note``, the optional miss to note on each call."""
+
+    __slots__ = ("records", "loading_only", "stale", "note")
+
+    def __init__(self, records=False, loading_only=False, stale=None, note=None):
+        self.records, self.loading_only, self.stale, self.note = \
+            records, loading_only, stale, note
+
+
+ANY_RUN = How()
+
+
+def stash(prepacked: dict | None, out, action, how: How = ANY_RUN) -> None:
+    """Note ``action(X, W, B, Z, out)``, the call a full route of the node (``prepacked``,
+    its dict where its weight is a constant) just made for ``out``, as one that takes any
+    arrays of its image size; :func:`keep` files it when the route is over."""
+    if prepacked is None:
+        return
+    prepacked[STASH] = (threading.get_ident(), out, action, how)
+
+
+def amend(prepacked: dict | None, out, stale: tuple, note=None) -> None:
+    """The stashed call for ``out`` as a stand-in: lapsing once ``stale`` holds (see
+    :class:`How`), noting ``note``."""
+    made = None if prepacked is None else prepacked.get(STASH)
+    if made is not None and made[1] is out:
+        how = made[3]
+        prepacked[STASH] = made[:3] + (How(how.records, how.loading_only, stale, note),)
+
+
+def then(prepacked: dict | None, out, after) -> None:
+    """The stashed call for ``out`` followed by ``after(out)`` (an activation the kernel
+    does not apply)."""
+    made = None if prepacked is None else prepacked.get(STASH)
+    if made is None or made[1] is not out:
+        return
+    action = made[2]
+
+    def both(X, W, B, Z, out):
+        action(X, W, B, Z, out)
+        after(out)
+    prepacked[STASH] = (made[0], out, both, made[3])
+
+
+def keep(prepacked: dict | None, X, W, B, Z, out, pads) -> None:
+    """File the call this thread's full route stashed for ``out`` under X's image shape;
+    nothing where the route stashed none (it took a form whose call holds its arrays)."""
+    made = None if prepacked is None else prepacked.pop(STASH, None)
+    if made is None or made[1] is not out or made[0] != threading.get_ident():
+        return
+    routes = prepacked.get(ROUTES)
+    if routes is None:
+        routes = prepacked.setdefault(ROUTES, {})
+    if len(routes) >= MAX_ROUTES:
+        try:
+            del routes[next(iter(routes))]
+        except (KeyError, RuntimeError, StopIteration):
+            pass  # another thread let one go at once
+    route = _Route()
+    route.thread, route.pool = made[0], jit_cpu.loaded_native_pool()
+    route.scratch, route.weight, route.bias = jit_cpu.scratch_generation(), W, B
+    route.dtype, route.action, route.how = X.dtype, made[2], made[3]
+    routes[_key(X, Z, pads)] = route
+
+
+def ran(prepacked: dict | None, X, W, B, Z, out, pads) -> bool:
+    """Whether the node's call kept for X's image size ran on these arrays (see the
+    module's docstring for when it may)."""
+    routes = None if prepacked is None else prepacked.get(ROUTES)
+    if routes is None:
+        return False
+    route = routes.get(_key(X, Z, pads))
+    if route is None or route.weight is not W or route.bias is not B \
+            or route.thread != threading.get_ident() \
+            or route.pool is not jit_cpu.loaded_native_pool() \
+            or route.scratch != jit_cpu.scratch_generation() \
+            or not jit_tier.compiled_allowed() or not _fits(route.dtype, X, Z, out):
+        return False
+    how = route.how
+    if how.loading_only and (jit_tier.compile_misses() is None
+                             or (how.stale is not None and how.stale[0] in how.stale[1])):
+        return False
+    route.action(X, W, B, Z, out)
+    if how.note is not None:
+        jit_tier.note_optional_miss(how.note)
+    if not how.records:
+        # the arena's next run replays it, and binds it after, as the full route's call
+        replay.record(prepacked, (X, W, B, Z, out), route.action)
+    return True
+
+
+def _key(X, Z, pads) -> tuple:
+    return X.shape[1:], Z is None, None if pads is None else tuple(pads)
+
+
+def _fits(dtype, X, Z, out) -> bool:
+    return X.dtype == dtype and out.dtype == dtype and X.flags.c_contiguous \
+        and out.flags.c_contiguous and out.shape[0] == X.shape[0] \
+        and not np.may_share_memory(out, X) \
+        and (Z is None or (Z.shape == out.shape and Z.flags.c_contiguous
+                           and not np.may_share_memory(out, Z)))

@@ -1,0 +1,170 @@
+"""A convolution node's call kept for an image size it has met (ops/compiled/image_routes.py):
+another batch of that size takes it, with the full route's bits; what the call cannot take
+(an output over an input, another thread, a lapsed stand-in) takes the full route."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import image_routes, jit_cpu, jit_tier
+from mixrt.ops.conv.conv_cpu import conv_cpu
+from mixrt.ops.nn.fused_cpu import fused_conv_cpu
+
+RNG = np.random.default_rng(11)
+
+pytestmark = pytest.mark.skipif(not jit_cpu.enabled(), reason="compiled kernels are off")
+
+
+def constant(array):
+    array = np.ascontiguousarray(array, np.float32)
+    array.flags.writeable = False  # as a session's constants are
+    return array
+
+
+class Node:
+    """A convolution node as a session runs it: constant weight and bias, its own dict."""
+
+    def __init__(self, channels=16, out_channels=24, kernel=3, group=1, activation="Relu"):
+        self.W = constant(RNG.standard_normal((out_channels, channels // group, kernel, kernel))
+                          / kernel)
+        self.B = constant(RNG.standard_normal(out_channels))
+        self.group, self.kernel, self.activation = group, kernel, activation
+        self.prepacked = {}
+
+    def __call__(self, X, out=None, Z=None, prepacked=None, fused=True):
+        pad = self.kernel // 2
+        attributes = dict(kernel_shape=[self.kernel] * 2, pads=[pad] * 4, strides=[1, 1],
+                          dilations=[1, 1], group=self.group)
+        if out is None:
+            out = np.empty((X.shape[0], self.W.shape[0], *X.shape[2:]), np.float32)
+        node = self.prepacked if prepacked is None else prepacked
+        if not fused:
+            return conv_cpu(np, X, self.W, self.B, out=out, _prepacked=node, **attributes)
+        return fused_conv_cpu(np, X, self.W, self.B, Z, activation=self.activation, out=out,
+                              _prepacked=node, **attributes)
+
+
+@pytest.fixture
+def hits(monkeypatch):
+    counted = []
+    ran = image_routes.ran
+
+    def counting(*arguments):
+        took = ran(*arguments)
+        counted.append(took)
+        return took
+    monkeypatch.setattr(image_routes, "ran", counting)
+    return counted
+
+
+def images(n, height=20, width=24, channels=16):
+    return RNG.standard_normal((n, channels, height, width)).astype(np.float32)
+
+
+def full_route(node, X, **kwargs):
+    """The node's output by its full route alone (a dict of its own, nothing kept)."""
+    return node(X, prepacked={}, **kwargs)
+
+
+@pytest.mark.parametrize("activation", ["Relu", "HardSwish", ""])
+def test_another_batch_of_a_met_size_takes_the_kept_call_with_the_same_bits(hits, activation):
+    node = Node(activation=activation)
+    node(images(1))
+    if not node.prepacked.get(image_routes.ROUTES):
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    X = images(3)
+    y = node(X)
+    assert hits[-1] is True
+    assert np.array_equal(y, full_route(node, X))
+
+
+def test_a_plain_conv_keeps_its_call_too(hits):
+    node = Node(activation="")
+    node(images(2), fused=False)
+    if not node.prepacked.get(image_routes.ROUTES):
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    X = images(5)
+    y = node(X, fused=False)
+    assert hits[-1] is True
+    assert np.array_equal(y, full_route(node, X, fused=False))
+
+
+def test_a_residual_is_added_and_an_output_over_it_takes_the_full_route(hits):
+    node = Node(channels=24)
+    first = images(1, channels=24)
+    node(first, Z=images(1, channels=24))
+    if not node.prepacked.get(image_routes.ROUTES):
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    X, Z = images(2, channels=24), images(2, channels=24)
+    y = node(X, Z=Z)
+    assert hits[-1] is True
+    assert np.array_equal(y, full_route(node, X, Z=Z))
+    expected = full_route(node, X, Z=Z.copy())
+    in_place = Z.copy()
+    y = node(X, out=in_place, Z=in_place)
+    assert hits[-1] is False
+    assert np.array_equal(y, expected)
+
+
+def test_other_sizes_and_threads_take_the_full_route(hits):
+    node = Node()
+    node(images(1))
+    if not node.prepacked.get(image_routes.ROUTES):
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    X = images(2, height=12, width=10)  # a size not met
+    y = node(X)
+    assert hits[-1] is False
+    assert np.array_equal(y, full_route(node, X))
+    found = []
+    thread = threading.Thread(target=lambda: found.append(node(images(2))))
+    thread.start()
+    thread.join()
+    assert hits[-1] is False  # the kept call holds the first thread's kit
+
+
+def test_a_node_keeps_its_last_image_sizes():
+    node = Node(channels=8, out_channels=8)
+    for size in range(8, 8 + image_routes.MAX_ROUTES + 4):
+        node(images(1, height=size, width=9, channels=8))
+    routes = node.prepacked.get(image_routes.ROUTES)
+    if not routes:
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    assert len(routes) == image_routes.MAX_ROUTES
+    assert ((8, 8, 9), True, (1, 1, 1, 1)) not in routes  # the first let go
+
+
+def test_a_depthwise_node_takes_its_kept_call_in_loading_runs_alone(hits):
+    node = Node(channels=16, out_channels=16, group=16)
+    node(images(1))  # compiles what the node needs (compiling allowed)
+    with jit_tier.using(True, misses=[]):  # a signature's first run: compiling forbidden
+        node(images(1, height=14, width=18))
+        if not node.prepacked.get(image_routes.ROUTES):
+            pytest.skip("the depthwise loop does not run here")
+        X = images(3, height=14, width=18)
+        y = node(X)
+        assert hits[-1] is True
+    assert np.array_equal(y, full_route(node, X))
+    node(images(2, height=14, width=18))  # not a loading run: the full route
+    assert hits[-1] is False
+
+
+def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
+    prepacked, loaded = {}, set()
+    X, W, B = images(1), constant(np.ones((2, 16, 1, 1))), None
+    out = np.empty((1, 2, 20, 24), np.float32)
+    calls = []
+    image_routes.stash(prepacked, out, lambda *arrays: calls.append(arrays),
+                       image_routes.How(records=True, loading_only=True))
+    image_routes.amend(prepacked, out, ("geometry", loaded), "a flat form")
+    image_routes.keep(prepacked, X, W, B, None, out, None)
+    again = np.empty_like(out)
+    misses = []
+    with jit_tier.using(True, misses=misses):
+        assert image_routes.ran(prepacked, X, W, B, None, again, None)
+        assert len(calls) == 1 and misses == [jit_tier.OPTIONAL + "a flat form"]
+        loaded.add("geometry")
+        assert not image_routes.ran(prepacked, X, W, B, None, again, None)
+    assert len(calls) == 1
