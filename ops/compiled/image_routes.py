@@ -14,11 +14,12 @@ convolution's, ``conv_direct_cpu.conv``, with the activation pass after it where
 does not apply it) keeps that call here, by image shape (the input's shape without the
 batch, whether a residual comes, the pads a call came with), and the node's next call at
 that image size, whatever its batch and arena, goes straight to it. The call is the one
-the full route would make there: the same kit and kernel, so the same bits.
+the full route would make there: the same kit and kernel, so the same bits. The
+squeeze-excite node (``ops/nn/squeeze_excite_cpu.py``) keeps its call too.
 
 The call holds its thread's kit (scratch addresses) and the native pool: it is taken only
 on the thread that made it, with the pool and scratch buffers as they were, and with the
-node's own weight and bias objects; its input and output must be C-contiguous, of its
+node's own constants (weight and bias objects); its input and output must be C-contiguous, of its
 dtype, apart from each other, and a residual of the output's shape. Anything else takes
 the full route, which keeps a call again. A node keeps the last MAX_ROUTES image sizes.
 
@@ -46,29 +47,48 @@ MAX_ROUTES = 64
 
 
 class _Route:
-    __slots__ = ("thread", "pool", "scratch", "weight", "bias", "dtype", "action", "how")
+    __slots__ = ("thread", "pool", "scratch", "constants", "dtype", "action", "how")
 
 
 class How:
     """How a kept call is taken: ``records``, it keeps the node's replay itself (else
     :func:`ran` records the call as the replay); ``loading_only``, in loading runs alone;
     ``stale``, (name, names): the call is not the one the full route would make once
-    ``name`` is in ``names`` (a set); ``note``, the optional miss to note on each call."""
+    ``name`` is in ``names`` (a set); ``note``, the optional miss to note on each call;
+    ``over_input``, it may write over its input (``out`` the very X: the squeeze-excite
+    node's in-place plans)."""
 
-    __slots__ = ("records", "loading_only", "stale", "note")
+    __slots__ = ("records", "loading_only", "stale", "note", "over_input")
 
-    def __init__(self, records=False, loading_only=False, stale=None, note=None):
+    def __init__(self, records=False, loading_only=False, stale=None, note=None,
+                 over_input=False):
         self.records, self.loading_only, self.stale, self.note = \
             records, loading_only, stale, note
+        self.over_input = over_input
 
 
 ANY_RUN = How()
 
 
+class Kept:
+    """A kept call as one object, ``run(*arrays, *arguments)`` with the arrays (X, the
+    constants, out) as :func:`ran` passes them but the residual: a closure's cells were
+    each one more object for the cycle collector to walk, a kept call per node and size."""
+
+    __slots__ = ("run", "arguments")
+
+    def __init__(self, run, *arguments):
+        self.run, self.arguments = run, arguments
+
+    def __call__(self, *arrays):
+        self.run(*arrays[:-2], arrays[-1], *self.arguments)
+
+
 def stash(prepacked: dict | None, out, action, how: How = ANY_RUN) -> None:
-    """Note ``action(X, W, B, Z, out)``, the call a full route of the node (``prepacked``,
-    its dict where its weight is a constant) just made for ``out``, as one that takes any
-    arrays of its image size; :func:`keep` files it when the route is over."""
+    """Note ``action(X, *constants, Z, out)`` (a convolution's constants its weight and
+    bias), the call a full route of the node (``prepacked``, its dict where its weights
+    are constants) just made for ``out``, as one that takes any arrays of its image size;
+    :func:`keep` files it when the route is over."""
     if prepacked is None:
         return
     prepacked[STASH] = (threading.get_ident(), out, action, how)
@@ -80,7 +100,8 @@ def amend(prepacked: dict | None, out, stale: tuple, note=None) -> None:
     made = None if prepacked is None else prepacked.get(STASH)
     if made is not None and made[1] is out:
         how = made[3]
-        prepacked[STASH] = made[:3] + (How(how.records, how.loading_only, stale, note),)
+        prepacked[STASH] = made[:3] + (How(how.records, how.loading_only, stale, note,
+                                           how.over_input),)
 
 
 def then(prepacked: dict | None, out, after) -> None:
@@ -91,13 +112,13 @@ def then(prepacked: dict | None, out, after) -> None:
         return
     action = made[2]
 
-    def both(X, W, B, Z, out):
-        action(X, W, B, Z, out)
-        after(out)
+    def both(*arrays):
+        action(*arrays)
+        after(arrays[-1])
     prepacked[STASH] = (made[0], out, both, made[3])
 
 
-def keep(prepacked: dict | None, X, W, B, Z, out, pads) -> None:
+def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> None:
     """File the call this thread's full route stashed for ``out`` under X's image shape;
     nothing where the route stashed none (it took a form whose call holds its arrays)."""
     made = None if prepacked is None else prepacked.pop(STASH, None)
@@ -106,41 +127,54 @@ def keep(prepacked: dict | None, X, W, B, Z, out, pads) -> None:
     routes = prepacked.get(ROUTES)
     if routes is None:
         routes = prepacked.setdefault(ROUTES, {})
-    if len(routes) >= MAX_ROUTES:
+    key = _key(X, Z, pads)
+    if key not in routes and len(routes) >= MAX_ROUTES:
         try:
             del routes[next(iter(routes))]
         except (KeyError, RuntimeError, StopIteration):
             pass  # another thread let one go at once
     route = _Route()
     route.thread, route.pool = made[0], jit_cpu.loaded_native_pool()
-    route.scratch, route.weight, route.bias = jit_cpu.scratch_generation(), W, B
+    route.scratch, route.constants = jit_cpu.scratch_generation(), constants
     route.dtype, route.action, route.how = X.dtype, made[2], made[3]
-    routes[_key(X, Z, pads)] = route
+    routes[key] = route
 
 
-def ran(prepacked: dict | None, X, W, B, Z, out, pads) -> bool:
+def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> bool:
     """Whether the node's call kept for X's image size ran on these arrays (see the
-    module's docstring for when it may)."""
+    module's docstring for when it may): X, the node's ``constants`` (the very objects the
+    call was kept with), a residual Z or None, ``out``."""
     routes = None if prepacked is None else prepacked.get(ROUTES)
     if routes is None:
         return False
     route = routes.get(_key(X, Z, pads))
-    if route is None or route.weight is not W or route.bias is not B \
+    if route is None or not _same(route.constants, constants) \
             or route.thread != threading.get_ident() \
             or route.pool is not jit_cpu.loaded_native_pool() \
             or route.scratch != jit_cpu.scratch_generation() \
-            or not jit_tier.compiled_allowed() or not _fits(route.dtype, X, Z, out):
+            or not jit_tier.compiled_allowed() \
+            or not _fits(route.dtype, X, Z, out, route.how.over_input):
         return False
     how = route.how
     if how.loading_only and (jit_tier.compile_misses() is None
                              or (how.stale is not None and how.stale[0] in how.stale[1])):
         return False
-    route.action(X, W, B, Z, out)
+    arrays = (X, *constants, Z, out)
+    route.action(*arrays)
     if how.note is not None:
         jit_tier.note_optional_miss(how.note)
     if not how.records:
         # the arena's next run replays it, and binds it after, as the full route's call
-        replay.record(prepacked, (X, W, B, Z, out), route.action)
+        replay.record(prepacked, arrays, route.action)
+    return True
+
+
+def _same(kept: tuple, constants: tuple) -> bool:
+    if len(kept) != len(constants):
+        return False
+    for a, b in zip(kept, constants):
+        if a is not b:
+            return False
     return True
 
 
@@ -148,9 +182,9 @@ def _key(X, Z, pads) -> tuple:
     return X.shape[1:], Z is None, None if pads is None else tuple(pads)
 
 
-def _fits(dtype, X, Z, out) -> bool:
+def _fits(dtype, X, Z, out, over_input) -> bool:
     return X.dtype == dtype and out.dtype == dtype and X.flags.c_contiguous \
-        and out.flags.c_contiguous and out.shape[0] == X.shape[0] \
-        and not np.may_share_memory(out, X) \
+        and X.flags.aligned and out.flags.c_contiguous and out.shape[0] == X.shape[0] \
+        and ((over_input and out is X) or not np.may_share_memory(out, X)) \
         and (Z is None or (Z.shape == out.shape and Z.flags.c_contiguous
                            and not np.may_share_memory(out, Z)))

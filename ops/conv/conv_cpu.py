@@ -38,13 +38,13 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
              kernel_shape=None, pads=None, strides=None, out=None, _prepacked=None,
              _node=None):
     if out is not None and (replay.replayed(_prepacked, (X, W, B, None, out))
-                            or image_routes.ran(_prepacked, X, W, B, None, out, pads)):
+                            or image_routes.ran(_prepacked, X, (W, B), None, out, pads)):
         return out
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
     done = _route(X, W, B, attributes, out, _prepacked, _node)
-    image_routes.keep(_prepacked, X, W, B, None, out, pads)
+    image_routes.keep(_prepacked, X, (W, B), None, out, pads)
     return done
 
 

@@ -229,7 +229,8 @@ def _size_free(conv: tuple, channels: bool, free: tuple, call):
         except jit_tier.CompileForbidden:  # (compiled with no size of this node yet)
             pass
         else:
-            image_routes.stash(conv[8], conv[3], _ChannelsAgain(conv[4:]), LOADING_RUNS)
+            image_routes.stash(conv[8], conv[3], image_routes.Kept(channels_conv, *conv[4:]),
+                               LOADING_RUNS)
             return done
     if blocks is not None:
         try:
@@ -338,34 +339,11 @@ def _warm_part_entry(module, X, W, B, out, weights, bias, constants) -> tuple:
 LOADING_RUNS = image_routes.How(records=True, loading_only=True)
 
 
-class _ChannelsAgain:
-    """``channels_conv`` with the node's attributes (kernel .. activation), as a kept call
-    of any arrays of its image size (one object: a closure's cells were each one more for
-    the cycle collector to walk, a kept call per node and image size)."""
-
-    __slots__ = ("attributes",)
-
-    def __init__(self, attributes: tuple):
-        self.attributes = attributes
-
-    def __call__(self, X, W, B, Z, out):
-        channels_conv(X, W, B, out, *self.attributes)
-
-
-class _PlanesAgain:
-    """:func:`_planes` by a module with what the node's call worked out (the scratch's
-    shape, the weight and bias as the loop reads them, the activation's constants, ...), as
-    a kept call of any arrays of its image size."""
-
-    __slots__ = ("arguments",)
-
-    def __init__(self, *arguments):
-        self.arguments = arguments  # (module, hp, wp) + (weights .. begin) + (replays,)
-
-    def __call__(self, X, W, B, Z, out):
-        module, hp, wp, weights, bias, constants, multiplier, begin, replays = self.arguments
-        _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
-                replays, kept=True)
+def _planes_kept(X, W, B, out, module, hp, wp, weights, bias, constants, multiplier, begin,
+                 replays):
+    """:func:`_planes` as the node's call kept for its image size (``image_routes.Kept``)."""
+    _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
+            replays, kept=True)
 
 
 def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, begin,
@@ -396,9 +374,9 @@ def _planes(module, hp, wp, X, W, B, out, weights, bias, constants, multiplier, 
     if np.may_share_memory(weights, W) and (B is None or np.may_share_memory(bias, B)):
         replay.record(replays, (X, W, B, None, out), go)
         if not kept:
-            image_routes.stash(replays, out, _PlanesAgain(
-                module, hp, wp, weights, bias, constants, multiplier, begin, replays),
-                LOADING_RUNS)
+            image_routes.stash(replays, out, image_routes.Kept(
+                _planes_kept, module, hp, wp, weights, bias, constants, multiplier, begin,
+                replays), LOADING_RUNS)
     return out
 
 

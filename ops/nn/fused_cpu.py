@@ -36,14 +36,14 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
     """FusedConv through the CPU's direct or banded convolution (FusedConvPool's bands, in
     ``ops/conv/fused_conv_pool.py``, call it too)."""
     if out is not None and (replay.replayed(_prepacked, (X, W, B, Z, out))
-                            or image_routes.ran(_prepacked, X, W, B, Z, out, pads)):
+                            or image_routes.ran(_prepacked, X, (W, B), Z, out, pads)):
         return out
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
     done = _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacked,
                   _node)
-    image_routes.keep(_prepacked, X, W, B, Z, out, pads)
+    image_routes.keep(_prepacked, X, (W, B), Z, out, pads)
     return done
 
 

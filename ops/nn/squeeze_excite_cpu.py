@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, jit_tier, replay
+from mixrt.ops.compiled import image_routes, jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled.generated import kernel_module
 from mixrt.ops.compiled.workspace import packed
@@ -57,7 +57,8 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
                        activation1_params=None, activation2="", activation2_params=None,
                        out=None, _prepacked=None):
     arrays = (X, W1, B1, W2, B2, out)
-    if out is not None and replay.replayed(_prepacked, arrays):
+    if out is not None and (replay.replayed(_prepacked, arrays) or image_routes.ran(
+            _prepacked, X, (W1, B1, W2, B2), None, out, None)):
         return out
     replay.forget(_prepacked)
     activations = (activation1 or "", activation2 or "")
@@ -81,7 +82,25 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
     go()
     if kept:
         replay.record(_prepacked, arrays, go)
+        # any batch of this image size may take the same module and constants
+        image_routes.stash(_prepacked, out, image_routes.Kept(
+            _kept_call, module, constants, _prepacked), _KEPT)
+        image_routes.keep(_prepacked, X, (W1, B1, W2, B2), None, out, None)
     return out
+
+
+# how the node's call is kept for its image size (``ops/compiled/image_routes.py``): in any
+# run, recording its replay itself, in place as the node may run
+_KEPT = image_routes.How(records=True, over_input=True)
+
+
+def _kept_call(X, W1, B1, W2, B2, out, module, constants, prepacked):
+    """The node's call on any arrays of an image size it has met (``image_routes.Kept``):
+    :func:`_call` with its module and activations' constants, kept as the node's replay as
+    the full route keeps it."""
+    go = _call(module, X, W1, B1, W2, B2, constants, out, prepacked)
+    go()
+    replay.record(prepacked, (X, W1, B1, W2, B2, out), go)
 
 
 def _suits(X, W1, B1, W2, B2, out) -> bool:

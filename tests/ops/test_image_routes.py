@@ -159,12 +159,41 @@ def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
     image_routes.stash(prepacked, out, lambda *arrays: calls.append(arrays),
                        image_routes.How(records=True, loading_only=True))
     image_routes.amend(prepacked, out, ("geometry", loaded), "a flat form")
-    image_routes.keep(prepacked, X, W, B, None, out, None)
+    image_routes.keep(prepacked, X, (W, B), None, out, None)
     again = np.empty_like(out)
     misses = []
     with jit_tier.using(True, misses=misses):
-        assert image_routes.ran(prepacked, X, W, B, None, again, None)
+        assert image_routes.ran(prepacked, X, (W, B), None, again, None)
         assert len(calls) == 1 and misses == [jit_tier.OPTIONAL + "a flat form"]
         loaded.add("geometry")
-        assert not image_routes.ran(prepacked, X, W, B, None, again, None)
+        assert not image_routes.ran(prepacked, X, (W, B), None, again, None)
     assert len(calls) == 1
+
+
+def test_a_squeeze_excite_node_keeps_its_call_in_place_or_apart(hits):
+    from mixrt.ops.ir.registry import CONSTANT_INPUTS
+    from mixrt.ops.nn.squeeze_excite_cpu import squeeze_excite_cpu
+    channels, hidden = 24, 8
+    weights = (constant(RNG.standard_normal((hidden, channels, 1, 1)) / 4),
+               constant(RNG.standard_normal(hidden)),
+               constant(RNG.standard_normal((channels, hidden, 1, 1)) / 2),
+               constant(RNG.standard_normal(channels)))
+    attributes = dict(activation1="Relu", activation2="HardSigmoid",
+                      activation2_params=[1 / 6, 0.5])
+    prepacked = {CONSTANT_INPUTS: frozenset({1, 2, 3, 4})}
+
+    def run(X, out, node):
+        return squeeze_excite_cpu(np, X, *weights, out=out, _prepacked=node, **attributes)
+    first = images(1, 6, 10, channels)
+    run(first, np.empty_like(first), prepacked)
+    assert prepacked.get(image_routes.ROUTES)
+    for n in (4, 2):
+        X = images(n, 6, 10, channels)
+        expected = run(X, np.empty_like(X), {CONSTANT_INPUTS: frozenset({1, 2, 3, 4})})
+        y = run(X, np.empty_like(X), prepacked)
+        assert hits[-1] is True
+        assert np.array_equal(y, expected)
+        in_place = X.copy()
+        y = run(in_place, in_place, prepacked)  # out the very input: as its plan may have it
+        assert hits[-1] is True
+        assert np.array_equal(y, expected)
