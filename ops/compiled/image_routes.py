@@ -17,9 +17,10 @@ that image size, whatever its batch and arena, goes straight to it. The call is 
 the full route would make there: the same kit and kernel, so the same bits. The
 squeeze-excite node (``ops/nn/squeeze_excite_cpu.py``) keeps its call too.
 
-The call holds its thread's kit (scratch addresses) and the native pool: it is taken only
-on the thread that made it, with the pool and scratch buffers as they were, and with the
-node's own constants (weight and bias objects); its input and output must be C-contiguous, of its
+The direct convolution's call holds its thread's kit (scratch addresses) and the native
+pool: it is taken only on the thread that made it, with the pool and scratch buffers as
+they were (``How.tied``). Any kept call is taken only with the node's own constants
+(weight and bias objects); its input and output must be C-contiguous, of its
 dtype, apart from each other, and a residual of the output's shape. Anything else takes
 the full route, which keeps a call again. A node keeps the last MAX_ROUTES image sizes.
 
@@ -56,15 +57,18 @@ class How:
     ``stale``, (name, names): the call is not the one the full route would make once
     ``name`` is in ``names`` (a set); ``note``, the optional miss to note on each call;
     ``over_input``, it may write over its input (``out`` the very X: the squeeze-excite
-    node's in-place plans)."""
+    node's in-place plans); ``tied``, it holds its thread's kit, scratch addresses and the
+    native pool (the direct convolution's), so it is taken only with those as they were
+    (a call that asks for them anew, as the depthwise and squeeze-excite ones do, is not:
+    a thread's scratch reallocated for a larger batch let go every kept call)."""
 
-    __slots__ = ("records", "loading_only", "stale", "note", "over_input")
+    __slots__ = ("records", "loading_only", "stale", "note", "over_input", "tied")
 
     def __init__(self, records=False, loading_only=False, stale=None, note=None,
-                 over_input=False):
+                 over_input=False, tied=True):
         self.records, self.loading_only, self.stale, self.note = \
             records, loading_only, stale, note
-        self.over_input = over_input
+        self.over_input, self.tied = over_input, tied
 
 
 ANY_RUN = How()
@@ -101,7 +105,7 @@ def amend(prepacked: dict | None, out, stale: tuple, note=None) -> None:
     if made is not None and made[1] is out:
         how = made[3]
         prepacked[STASH] = made[:3] + (How(how.records, how.loading_only, stale, note,
-                                           how.over_input),)
+                                           how.over_input, how.tied),)
 
 
 def then(prepacked: dict | None, out, after) -> None:
@@ -149,13 +153,14 @@ def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> bool:
         return False
     route = routes.get(_key(X, Z, pads))
     if route is None or not _same(route.constants, constants) \
-            or route.thread != threading.get_ident() \
-            or route.pool is not jit_cpu.loaded_native_pool() \
-            or route.scratch != jit_cpu.scratch_generation() \
             or not jit_tier.compiled_allowed() \
             or not _fits(route.dtype, X, Z, out, route.how.over_input):
         return False
     how = route.how
+    if how.tied and (route.thread != threading.get_ident()
+                     or route.pool is not jit_cpu.loaded_native_pool()
+                     or route.scratch != jit_cpu.scratch_generation()):
+        return False
     if how.loading_only and (jit_tier.compile_misses() is None
                              or (how.stale is not None and how.stale[0] in how.stale[1])):
         return False

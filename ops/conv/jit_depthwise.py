@@ -335,8 +335,8 @@ def _warm_part_entry(module, X, W, B, out, weights, bias, constants) -> tuple:
 
 
 # how a depthwise node's call is kept for its image size (``ops/compiled/image_routes.py``):
-# for loading runs alone (see there), recording its replay itself
-LOADING_RUNS = image_routes.How(records=True, loading_only=True)
+# for loading runs alone (see there), recording its replay itself, on any thread
+LOADING_RUNS = image_routes.How(records=True, loading_only=True, tied=False)
 
 
 def _planes_kept(X, W, B, out, module, hp, wp, weights, bias, constants, multiplier, begin,

@@ -90,8 +90,8 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
 
 
 # how the node's call is kept for its image size (``ops/compiled/image_routes.py``): in any
-# run, recording its replay itself, in place as the node may run
-_KEPT = image_routes.How(records=True, over_input=True)
+# run and thread, recording its replay itself, in place as the node may run
+_KEPT = image_routes.How(records=True, over_input=True, tied=False)
 
 
 def _kept_call(X, W1, B1, W2, B2, out, module, constants, prepacked):
