@@ -114,12 +114,20 @@ def then(prepacked: dict | None, out, after) -> None:
     made = None if prepacked is None else prepacked.get(STASH)
     if made is None or made[1] is not out:
         return
-    action = made[2]
+    prepacked[STASH] = (made[0], out, _Then(made[2], after), made[3])
 
-    def both(*arrays):
-        action(*arrays)
-        after(arrays[-1])
-    prepacked[STASH] = (made[0], out, both, made[3])
+
+class _Then:
+    """A kept call, then ``after(out)``."""
+
+    __slots__ = ("action", "after")
+
+    def __init__(self, action, after):
+        self.action, self.after = action, after
+
+    def __call__(self, *arrays):
+        self.action(*arrays)
+        self.after(arrays[-1])
 
 
 def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> None:

@@ -172,18 +172,37 @@ def _activated(out, activation: tuple, prepacked):
     if conv is not None:
         action = conv.action
         conv.action = lambda *arrays: (action(*arrays), again(arrays[-1]))
-    image_routes.then(prepacked, out, _activation_pass(activation))
+    image_routes.then(prepacked, out, _ActivationPass(activation))
     return out
 
 
-def _activation_pass(activation: tuple):
+class _ActivationPass:
     """``activation`` over an output of any size, in place, for the node's call kept for
-    its image size (``ops/compiled/image_routes.py``): :func:`_activated`'s ``again`` is
-    a pass over arrays of its output's layout alone."""
-    def again(array):
-        if compiled_activation(array, *activation) is None:
-            add_and_activate_cpu(array, None, None, *activation)
-    return again
+    its image size (``ops/compiled/image_routes.py``): :func:`_activated`'s ``again`` is a
+    pass over arrays of one layout, so one is kept per output shape (the last
+    MAX_ACTIVATION_PASSES), and a bound call of the kept call takes it as the full route's
+    replay does."""
+
+    __slots__ = ("activation", "passes")
+
+    def __init__(self, activation: tuple):
+        self.activation, self.passes = activation, {}
+
+    def __call__(self, array):
+        again = self.passes.get(array.shape)
+        if again is not None:
+            again(array)
+            return
+        again = compiled_activation(array, *self.activation)
+        if again is None:
+            add_and_activate_cpu(array, None, None, *self.activation)
+            return
+        if len(self.passes) >= MAX_ACTIVATION_PASSES:
+            self.passes.clear()
+        self.passes[array.shape] = again
+
+
+MAX_ACTIVATION_PASSES = 8
 
 
 @fused_gemm.fast("cpu")

@@ -197,3 +197,46 @@ def test_a_squeeze_excite_node_keeps_its_call_in_place_or_apart(hits):
         y = run(in_place, in_place, prepacked)  # out the very input: as its plan may have it
         assert hits[-1] is True
         assert np.array_equal(y, expected)
+
+
+def cnn_model(path):
+    """Conv + HardSwish (a pass after the tile), a depthwise Conv + Relu, a 1x1 Conv: what a
+    mobile network's block is made of."""
+    from onnx import TensorProto, helper, numpy_helper
+    c = lambda name, shape: numpy_helper.from_array(  # noqa: E731
+        (RNG.standard_normal(shape) / 3).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w2", "b2"], ["d"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Relu", ["d"], ["e"]),
+             helper.make_node("Conv", ["e", "w3"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                       ["n", 8, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [c("w1", (16, 8, 3, 3)), c("b1", (16,)), c("w2", (16, 1, 3, 3)), c("b2", (16,)),
+         c("w3", (24, 16, 1, 1))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path.write_bytes(model.SerializeToString())
+    return str(path)
+
+
+def test_a_session_serves_new_batches_of_a_met_size_with_the_bits_of_a_fresh_one(tmp_path,
+                                                                                 hits):
+    from mixrt.runtime.session import Session
+    path = cnn_model(tmp_path / "block.onnx")
+    session = Session(path)
+    session.run(None, {"x": images(1, 18, 22, 8)})
+    session.wait_compiled(timeout=600)
+    session.run(None, {"x": images(1, 18, 22, 8)})
+    for n in (3, 5):
+        X = images(n, 18, 22, 8)
+        fresh = Session(path)
+        fresh.run(None, {"x": X})
+        fresh.wait_compiled(timeout=600)
+        expected = fresh.run(None, {"x": X})[0]
+        del hits[:]
+        for _ in range(4):  # a first run (kept calls), a second (recorded), then bound
+            got = session.run(None, {"x": X})[0]
+            assert np.array_equal(got, expected)
+        assert any(hits)
