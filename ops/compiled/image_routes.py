@@ -15,7 +15,8 @@ does not apply it) keeps that call here, by image shape (the input's shape witho
 batch, whether a residual comes, the pads a call came with), and the node's next call at
 that image size, whatever its batch and arena, goes straight to it. The call is the one
 the full route would make there: the same kit and kernel, so the same bits. The
-squeeze-excite node (``ops/nn/squeeze_excite_cpu.py``) keeps its call too.
+squeeze-excite node (``ops/nn/squeeze_excite_cpu.py``) keeps its call too, by its channels
+alone: its route is the same at every image size (its call splits the work as it runs).
 
 The direct convolution's call holds its thread's kit (scratch addresses) and the native
 pool: it is taken only on the thread that made it, with the pool and scratch buffers as
@@ -130,8 +131,9 @@ class _Then:
         self.after(arrays[-1])
 
 
-def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> None:
-    """File the call this thread's full route stashed for ``out`` under X's image shape;
+def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=False) -> None:
+    """File the call this thread's full route stashed for ``out`` under X's image shape
+    (its channels alone, ``any_size``, for a node whose route is the same at every size);
     nothing where the route stashed none (it took a form whose call holds its arrays)."""
     made = None if prepacked is None else prepacked.pop(STASH, None)
     if made is None or made[1] is not out or made[0] != threading.get_ident():
@@ -139,7 +141,7 @@ def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> None:
     routes = prepacked.get(ROUTES)
     if routes is None:
         routes = prepacked.setdefault(ROUTES, {})
-    key = _key(X, Z, pads)
+    key = _key(X, Z, pads, any_size)
     if key not in routes and len(routes) >= MAX_ROUTES:
         try:
             del routes[next(iter(routes))]
@@ -152,14 +154,14 @@ def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> None:
     routes[key] = route
 
 
-def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads) -> bool:
+def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=False) -> bool:
     """Whether the node's call kept for X's image size ran on these arrays (see the
     module's docstring for when it may): X, the node's ``constants`` (the very objects the
     call was kept with), a residual Z or None, ``out``."""
     routes = None if prepacked is None else prepacked.get(ROUTES)
     if routes is None:
         return False
-    route = routes.get(_key(X, Z, pads))
+    route = routes.get(_key(X, Z, pads, any_size))
     if route is None or not _same(route.constants, constants) \
             or not jit_tier.compiled_allowed() \
             or not _fits(route.dtype, X, Z, out, route.how.over_input):
@@ -191,8 +193,9 @@ def _same(kept: tuple, constants: tuple) -> bool:
     return True
 
 
-def _key(X, Z, pads) -> tuple:
-    return X.shape[1:], Z is None, None if pads is None else tuple(pads)
+def _key(X, Z, pads, any_size=False) -> tuple:
+    return X.shape[1:2] if any_size else X.shape[1:], Z is None, \
+        None if pads is None else tuple(pads)
 
 
 def _fits(dtype, X, Z, out, over_input) -> bool:

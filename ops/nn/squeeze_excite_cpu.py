@@ -58,7 +58,7 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
                        out=None, _prepacked=None):
     arrays = (X, W1, B1, W2, B2, out)
     if out is not None and (replay.replayed(_prepacked, arrays) or image_routes.ran(
-            _prepacked, X, (W1, B1, W2, B2), None, out, None)):
+            _prepacked, X, (W1, B1, W2, B2), None, out, None, any_size=True)):
         return out
     replay.forget(_prepacked)
     activations = (activation1 or "", activation2 or "")
@@ -82,10 +82,10 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
     go()
     if kept:
         replay.record(_prepacked, arrays, go)
-        # any batch of this image size may take the same module and constants
+        # any batch and image size may take the same module and constants
         image_routes.stash(_prepacked, out, image_routes.Kept(
             _kept_call, module, constants, _prepacked), _KEPT)
-        image_routes.keep(_prepacked, X, (W1, B1, W2, B2), None, out, None)
+        image_routes.keep(_prepacked, X, (W1, B1, W2, B2), None, out, None, any_size=True)
     return out
 
 

@@ -52,8 +52,8 @@ def hits(monkeypatch):
     counted = []
     ran = image_routes.ran
 
-    def counting(*arguments):
-        took = ran(*arguments)
+    def counting(*arguments, **options):
+        took = ran(*arguments, **options)
         counted.append(took)
         return took
     monkeypatch.setattr(image_routes, "ran", counting)
@@ -170,7 +170,7 @@ def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
     assert len(calls) == 1
 
 
-def test_a_squeeze_excite_node_keeps_its_call_in_place_or_apart(hits):
+def test_a_squeeze_excite_node_keeps_one_call_for_every_size_in_place_or_apart(hits):
     from mixrt.ops.ir.registry import CONSTANT_INPUTS
     from mixrt.ops.nn.squeeze_excite_cpu import squeeze_excite_cpu
     channels, hidden = 24, 8
@@ -187,8 +187,8 @@ def test_a_squeeze_excite_node_keeps_its_call_in_place_or_apart(hits):
     first = images(1, 6, 10, channels)
     run(first, np.empty_like(first), prepacked)
     assert prepacked.get(image_routes.ROUTES)
-    for n in (4, 2):
-        X = images(n, 6, 10, channels)
+    for n, height, width in ((4, 6, 10), (2, 6, 10), (3, 9, 5)):  # any size: one route
+        X = images(n, height, width, channels)
         expected = run(X, np.empty_like(X), {CONSTANT_INPUTS: frozenset({1, 2, 3, 4})})
         y = run(X, np.empty_like(X), prepacked)
         assert hits[-1] is True
