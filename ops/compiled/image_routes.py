@@ -175,7 +175,14 @@ def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fals
                              or (how.stale is not None and how.stale[0] in how.stale[1])):
         return False
     arrays = (X, *constants, Z, out)
-    route.action(*arrays)
+    if how.loading_only:
+        try:  # the full route has a fallback where a kept form would compile (another split)
+            with jit_tier.optional():
+                route.action(*arrays)
+        except jit_tier.CompileForbidden:
+            return False
+    else:
+        route.action(*arrays)
     if how.note is not None:
         jit_tier.note_optional_miss(how.note)
     if not how.records:

@@ -240,3 +240,17 @@ def test_a_session_serves_new_batches_of_a_met_size_with_the_bits_of_a_fresh_one
             got = session.run(None, {"x": X})[0]
             assert np.array_equal(got, expected)
         assert any(hits)
+
+
+def test_a_kept_depthwise_call_that_would_compile_takes_the_full_route():
+    def forbidden(*arrays):
+        raise jit_tier.CompileForbidden("another split's part entry")
+    prepacked = {}
+    X, W = images(1), constant(np.ones((16, 1, 3, 3)))
+    out = np.empty_like(X)
+    image_routes.stash(prepacked, out, forbidden,
+                       image_routes.How(records=True, loading_only=True, tied=False))
+    image_routes.keep(prepacked, X, (W, None), None, out, None)
+    with jit_tier.using(True, misses=[]):
+        assert not image_routes.ran(prepacked, images(2), (W, None), None,
+                                    np.empty((2, 16, 20, 24), np.float32), None)
