@@ -45,6 +45,7 @@ from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 
 ROUTES = ("image routes",)  # a node dict's table: image key -> _Route
 STASH = ("image routes", "made")  # the call the node's current full route made
+SCRATCH = ("image routes", "scratch")  # the scratch generation the table was last kept at
 MAX_ROUTES = 64
 
 
@@ -141,6 +142,10 @@ def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fal
     routes = prepacked.get(ROUTES)
     if routes is None:
         routes = prepacked.setdefault(ROUTES, {})
+    scratch = jit_cpu.scratch_generation()
+    if prepacked.get(SCRATCH, scratch) != scratch:
+        _let_go_stale(routes, scratch)
+    prepacked[SCRATCH] = scratch
     key = _key(X, Z, pads, any_size)
     if key not in routes and len(routes) >= MAX_ROUTES:
         try:
@@ -149,9 +154,18 @@ def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fal
             pass  # another thread let one go at once
     route = _Route()
     route.thread, route.pool = made[0], jit_cpu.loaded_native_pool()
-    route.scratch, route.constants = jit_cpu.scratch_generation(), constants
+    route.scratch, route.constants = scratch, constants
     route.dtype, route.action, route.how = X.dtype, made[2], made[3]
     routes[key] = route
+
+
+def _let_go_stale(routes: dict, scratch: int) -> None:
+    """Drop the tied calls made before the thread's scratch buffers were reallocated: their
+    kits hold the old buffers alive, which ``jit_cpu.scratch_kit`` lets go for that reason
+    (a service's growing batches reallocate them a few times, MBs each)."""
+    for key, route in list(routes.items()):
+        if route.how.tied and route.scratch != scratch:
+            routes.pop(key, None)
 
 
 def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=False) -> bool:

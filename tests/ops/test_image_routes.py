@@ -254,3 +254,17 @@ def test_a_kept_depthwise_call_that_would_compile_takes_the_full_route():
     with jit_tier.using(True, misses=[]):
         assert not image_routes.ran(prepacked, images(2), (W, None), None,
                                     np.empty((2, 16, 20, 24), np.float32), None)
+
+
+def test_tied_calls_kept_over_old_scratch_buffers_are_let_go(monkeypatch):
+    node = Node()
+    node(images(1))
+    routes = node.prepacked.get(image_routes.ROUTES)
+    if not routes:
+        pytest.skip("the direct convolution does not run here (no panel tile)")
+    generation = jit_cpu.scratch_generation()
+    monkeypatch.setattr(jit_cpu, "scratch_generation", lambda: generation + 1)
+    X = images(2, height=12, width=10)
+    y = node(X)  # a full route after a reallocation: the old size's kept call goes
+    assert list(routes) == [((16, 12, 10), True, (1, 1, 1, 1))]
+    assert np.array_equal(y, full_route(node, X))
