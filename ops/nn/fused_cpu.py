@@ -172,7 +172,7 @@ def _activated(out, activation: tuple, prepacked):
     if conv is not None:
         action = conv.action
         conv.action = lambda *arrays: (action(*arrays), again(arrays[-1]))
-    image_routes.then(prepacked, out, _ActivationPass(activation))
+    image_routes.then(prepacked, out, _ActivationPass(activation, {out.shape: again}))
     return out
 
 
@@ -180,13 +180,13 @@ class _ActivationPass:
     """``activation`` over an output of any size, in place, for the node's call kept for
     its image size (``ops/compiled/image_routes.py``): :func:`_activated`'s ``again`` is a
     pass over arrays of one layout, so one is kept per output shape (the last
-    MAX_ACTIVATION_PASSES), and a bound call of the kept call takes it as the full route's
-    replay does."""
+    MAX_ACTIVATION_PASSES; ``passes`` starts with the full route's own), and a bound call of
+    the kept call takes it as the full route's replay does."""
 
     __slots__ = ("activation", "passes")
 
-    def __init__(self, activation: tuple):
-        self.activation, self.passes = activation, {}
+    def __init__(self, activation: tuple, passes: dict):
+        self.activation, self.passes = activation, passes
 
     def __call__(self, array):
         again = self.passes.get(array.shape)

@@ -78,14 +78,14 @@ def squeeze_excite_cpu(xp, X, W1, B1=None, W2=None, B2=None, *, activation1="",
         out = np.empty_like(X)
     module = _module(*activations)
     _warm(module, X.dtype)
-    go = _call(module, X, W1, B1, W2, B2, constants, out, _prepacked)
-    go()
-    if kept:
-        replay.record(_prepacked, arrays, go)
-        # any batch and image size may take the same module and constants
-        image_routes.stash(_prepacked, out, image_routes.Kept(
-            _kept_call, module, constants, _prepacked), _KEPT)
-        image_routes.keep(_prepacked, X, (W1, B1, W2, B2), None, out, None, any_size=True)
+    if not kept:
+        _call(module, X, W1, B1, W2, B2, constants, out, _prepacked)()
+        return out
+    _kept_call(X, W1, B1, W2, B2, out, module, constants, _prepacked)
+    # any batch and image size may take the same module and constants
+    image_routes.stash(_prepacked, out, image_routes.Kept(
+        _kept_call, module, constants, _prepacked), _KEPT)
+    image_routes.keep(_prepacked, X, (W1, B1, W2, B2), None, out, None, any_size=True)
     return out
 
 
@@ -95,9 +95,9 @@ _KEPT = image_routes.How(records=True, over_input=True, tied=False)
 
 
 def _kept_call(X, W1, B1, W2, B2, out, module, constants, prepacked):
-    """The node's call on any arrays of an image size it has met (``image_routes.Kept``):
-    :func:`_call` with its module and activations' constants, kept as the node's replay as
-    the full route keeps it."""
+    """:func:`_call` with the node's module and activations' constants, run and kept as the
+    node's replay: the full route's end where its output is the caller's, and the call it
+    keeps for any arrays (``image_routes.Kept``)."""
     go = _call(module, X, W1, B1, W2, B2, constants, out, prepacked)
     go()
     replay.record(prepacked, (X, W1, B1, W2, B2, out), go)
