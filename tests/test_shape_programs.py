@@ -158,6 +158,32 @@ def test_a_size_its_guards_exclude_takes_the_concrete_way(concrete_inferences):
     assert len(concrete_inferences) == 4  # two to trace and confirm each program
 
 
+def test_a_program_its_guards_exclude_runs_no_kernel(monkeypatch):
+    """Every line of dims and guards comes before the first line that makes an array, so
+    the program of a batch of 2, asked at a batch of 1 (a form's other program), answers
+    None before any kernel call or array."""
+    data = positions_model()
+    session = mixrt.Session(data)
+    for batch, length in ((2, 5), (2, 9), (1, 7), (1, 11)):
+        session.run(None, positions_feeds(batch, length))
+    form = session._trusted_forms[signature_form(feed_signature(positions_feeds(2, 5)))]
+    programs = {made.evaluate(feed_signature(positions_feeds(2, 13))) is not None: made
+                for made in form.programs}
+    assert set(programs) == {True, False}
+    wide = programs[True]  # the batch of 2's
+    lines = [line.strip() for line in wide.source.splitlines()[1:]]
+    first_array = next(at for at, line in enumerate(lines)
+                       if "_call(" in line or "_np_array(" in line or "_Shaped(" in line)
+    assert all(not line.startswith(("v", "if not")) for line in lines[first_array:])
+    assert "_call(" in wide.source  # the Range over the length is a kernel's
+    called = []
+    namespace = wide._function.__globals__
+    monkeypatch.setitem(namespace, "_call", lambda *args: called.append(args))
+    monkeypatch.setitem(namespace, "_np_array", lambda *args: called.append(args))
+    assert wide.evaluate(feed_signature(positions_feeds(1, 13))) is None
+    assert not called
+
+
 def vision_model() -> bytes:
     """Conv (padded, strided), MaxPool with ceil_mode, a global pool and a classifier,
     over images of any size."""
