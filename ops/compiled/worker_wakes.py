@@ -22,7 +22,16 @@ and goes), so each plan times both, on the runs that found the workers asleep:
   enough not to be a p99: at one in 16, a 64-row MLP's p99 with 0.3 ms of other work
   between requests went 218 -> 247 us, its runs alone the slower way).
 
-Runs that find the workers awake use them, as before, and are not timed. A 42-101-911-13
+Runs that find the workers awake use them, as before, and are not timed; so do runs that
+begin within ``SPIN_SECONDS`` of the end of a run that left them asleep. Such a run is one of
+a stream of back-to-back runs, whose runs would have found the workers still spinning had
+the first of them woken them: without this, once a plan had learnt to run alone on paced
+requests, every run of a later stream of requests ran alone too (each found the workers
+asleep, as the run before left them), and timed alone in a stream against woken after a
+pause (the first run after one is slow on any runtime: cold caches, a core clocked down),
+running alone kept winning. A 274-tree random forest's 14 rows back to back, in blocks of
+50 after 0.3 s pauses: 0.22 ms a run from the second block on, 0.12 in the first
+(onnxruntime 0.15); an MLP's 8 rows 0.07-0.09 against 0.05 (2026-11-30). A 42-101-911-13
 MLP at 16 rows (2 cores, 2026-11-28): back to back 51-63 us with the workers, 65 on one
 thread; with 0.3 ms of other work between requests 81-106 us waking them, 71 without.
 """
@@ -44,6 +53,12 @@ AWAKE = None  # a run that found the workers awake (or some of them): not timed
 # loads numba)
 FOUND_AWAKE, WOKEN, LEFT_ASLEEP, CALLER_MOVED = 0, 1, 2, 3
 NO_CPU_CHECK = -1
+# a worker's spin after a run before it sleeps (_jit_native_pool.SPIN_SECONDS): a run that
+# begins this soon after one that ran alone would have found woken workers still spinning
+SPIN_SECONDS = 50e-6
+# until when a run that begins is one of a stream of back-to-back runs (process-wide, as the
+# pool and its workers are): the end of the last run that ran alone, plus SPIN_SECONDS
+_stream_until = [0.0]
 
 
 class WakeChoice:
@@ -72,11 +87,12 @@ class WakeChoice:
             if pool is None:
                 return None
         started = time.perf_counter()  # the wake's own cost counts
-        how = pool.run_starts(self._wakes_if_asleep(), placed_off)
+        in_stream = started < _stream_until[0]
+        how = pool.run_starts(in_stream or self._wakes_if_asleep(), placed_off)
         if how == CALLER_MOVED:
             placement.keep_off_caller()
-            how = pool.run_starts(self._wakes_if_asleep(), NO_CPU_CHECK)
-        if how == FOUND_AWAKE:
+            how = pool.run_starts(in_stream or self._wakes_if_asleep(), NO_CPU_CHECK)
+        if how == FOUND_AWAKE or in_stream:  # a stream's run: untimed, as if found awake
             return pool, AWAKE, 0.0
         self._asleep_runs += 1
         return pool, how == WOKEN, started
@@ -88,7 +104,10 @@ class WakeChoice:
         else:
             pool.run_ends()
         if woken is not AWAKE:
-            self._record(self._woken if woken else self._alone, time.perf_counter() - started)
+            ended = time.perf_counter()
+            if woken is False:
+                _stream_until[0] = ended + SPIN_SECONDS
+            self._record(self._woken if woken else self._alone, ended - started)
 
     def _wakes_if_asleep(self) -> bool:
         """Does the next run that finds the workers asleep wake them?"""

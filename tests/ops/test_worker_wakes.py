@@ -1,33 +1,41 @@
 """A plan's choice, for runs that find the native workers asleep, between waking them and
 running alone (ops/compiled/worker_wakes.py), on a pool and a clock of the test's own: each
 way timed on the runs that took it, the faster kept, the other tried now and then, long
-runs always waking, and runs that find the workers awake using them untimed."""
+runs always waking, runs that find the workers awake using them untimed, and so do the runs
+of a back-to-back stream after a run that left them asleep."""
 
 import pytest
 
 from mixrt.ops.compiled import worker_wakes
-from mixrt.ops.compiled.worker_wakes import LEARN, RETRY_EVERY, TRY_ALONE_BELOW_S, WakeChoice
+from mixrt.ops.compiled.worker_wakes import (LEARN, RETRY_EVERY, SPIN_SECONDS,
+                                             TRY_ALONE_BELOW_S, WakeChoice)
+
+PACED_S = 10e-3  # between two requests of a service: the workers are asleep by the next
 
 
 class FakePool:
     """The pool's side as ``_jit_native_pool.run_starts`` answers it, the caller's CPU
-    ``cpu``."""
+    ``cpu``, on the test's ``clock``: after a run that used them, the workers spin
+    SPIN_SECONDS before they sleep (``sleeping`` False: they never sleep)."""
 
-    def __init__(self):
+    def __init__(self, clock):
         self.sleeping, self.calls, self.cpu = True, [], 0
+        self._clock, self._spins_until = clock, 0.0
 
     def run_starts(self, wake_if_asleep, placed_off=worker_wakes.NO_CPU_CHECK):
         if placed_off != worker_wakes.NO_CPU_CHECK and self.cpu != placed_off:
             self.calls.append("caller moved")
             return worker_wakes.CALLER_MOVED
-        if not self.sleeping or wake_if_asleep:
+        asleep = self.sleeping and self._clock[0] >= self._spins_until
+        if not asleep or wake_if_asleep:
             self.calls.append("run_begins")
-            return worker_wakes.WOKEN if self.sleeping else worker_wakes.FOUND_AWAKE
+            return worker_wakes.WOKEN if asleep else worker_wakes.FOUND_AWAKE
         self.calls.append("alone_begins")
         return worker_wakes.LEFT_ASLEEP
 
     def run_ends(self):
         self.calls.append("run_ends")
+        self._spins_until = self._clock[0] + SPIN_SECONDS
 
     def alone_begins(self):
         self.calls.append("alone_begins")
@@ -39,17 +47,21 @@ class FakePool:
 @pytest.fixture
 def machine(monkeypatch):
     """The pool every run finds, and a clock each run advances by its way's cost."""
-    pool, clock = FakePool(), [0.0]
+    clock = [0.0]
+    pool = FakePool(clock)
     monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: pool)
     monkeypatch.setattr(worker_wakes.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(worker_wakes, "_stream_until", [0.0])  # no stream of an earlier test
     return pool, clock
 
 
-def _runs(choice, machine, count, woken_s, alone_s):
-    """``count`` runs, each costing ``woken_s`` or ``alone_s`` by the way it took: the ways."""
+def _runs(choice, machine, count, woken_s, alone_s, gap_s=PACED_S):
+    """``count`` runs ``gap_s`` apart (end to start), each costing ``woken_s`` or ``alone_s``
+    by the way it took: the ways."""
     pool, clock = machine
     ways = []
     for _ in range(count):
+        clock[0] += gap_s
         token = choice.begins()
         woken = token[1]
         clock[0] += woken_s if woken or woken is None else alone_s
@@ -97,13 +109,40 @@ def test_runs_that_find_the_workers_awake_use_them_and_are_not_timed(machine):
     assert choice.state() == {"woken": [], "alone": [], "asleep_runs": 0}
 
 
+def test_a_stream_of_runs_after_one_alone_wakes_the_workers_untimed(machine):
+    """Back to back, a run that ran alone leaves the next one finding the workers asleep;
+    had it woken them, they would still be spinning, so the stream wakes them and learns
+    nothing from it (its runs are not the paced ones the choice is between)."""
+    pool, _ = machine
+    choice = WakeChoice()
+    _runs(choice, machine, 40, woken_s=100e-6, alone_s=70e-6)  # paced: learnt to run alone
+    learnt = choice.state()
+    machine[1][0] += PACED_S  # a pause, then the stream
+    ways = _runs(choice, machine, 20, woken_s=60e-6, alone_s=70e-6, gap_s=SPIN_SECONDS / 2)
+    assert ways[0] is False  # the stream's first run found them asleep after a pause
+    assert ways[1:] == [None] * 19  # the next woke them, the rest found them spinning
+    assert choice.state()["alone"] == pytest.approx(learnt["alone"][1:] + [70e-6])  # one more
+    assert choice.state()["asleep_runs"] == learnt["asleep_runs"] + 1
+    assert pool.calls.count("alone_begins") == pool.calls.count("alone_ends")
+    assert pool.calls.count("run_begins") == pool.calls.count("run_ends")
+    # paced again, the choice learnt stands
+    assert _runs(choice, machine, 5, woken_s=100e-6, alone_s=70e-6) == [False] * 5
+
+
+def test_a_run_past_the_spin_after_one_alone_is_paced(machine):
+    choice = WakeChoice()
+    _runs(choice, machine, 40, woken_s=100e-6, alone_s=70e-6)
+    ways = _runs(choice, machine, 10, woken_s=100e-6, alone_s=70e-6, gap_s=2 * SPIN_SECONDS)
+    assert ways == [False] * 10
+
+
 def test_no_pool_loaded_means_no_token(monkeypatch):
     monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
     assert WakeChoice().begins() is None
 
 
 def test_a_pool_the_caller_keeps_is_not_looked_up(monkeypatch):
-    pool = FakePool()
+    pool = FakePool([0.0])
     monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
     token = WakeChoice().begins(pool)
     assert token[0] is pool and token[1] is True and pool.calls == ["run_begins"]
@@ -123,6 +162,7 @@ def test_a_caller_on_another_cpu_places_the_workers_before_they_start(machine, m
 def test_the_answers_are_the_native_pools():
     pytest.importorskip("numba")
     from mixrt.ops.panels import _jit_native_pool as native
+    assert worker_wakes.SPIN_SECONDS == native.SPIN_SECONDS
     assert (worker_wakes.FOUND_AWAKE, worker_wakes.WOKEN, worker_wakes.LEFT_ASLEEP,
             worker_wakes.CALLER_MOVED, worker_wakes.NO_CPU_CHECK) == (
         native.FOUND_AWAKE, native.WOKEN, native.LEFT_ASLEEP, native.CALLER_MOVED,
