@@ -38,6 +38,7 @@ thread; with 0.3 ms of other work between requests 81-106 us waking them, 71 wit
 
 from __future__ import annotations
 
+import threading
 import time
 
 from mixrt.base import placement
@@ -59,6 +60,17 @@ SPIN_SECONDS = 50e-6
 # until when a run that begins is one of a stream of back-to-back runs (process-wide, as the
 # pool and its workers are): the end of the last run that ran alone, plus SPIN_SECONDS
 _stream_until = [0.0]
+# whether the run in progress on a thread leaves the workers asleep (runs_alone)
+_this_run = threading.local()
+
+
+def runs_alone() -> bool:
+    """Does the run in progress on this thread leave the native workers asleep? Its
+    kernels then take every part of their jobs themselves, so a kernel that would split
+    its work in Python before handing the parts out (a forest's walk: the parts' words
+    and addresses, ~40 us of a request 10 ms after the last) gains nothing from the split
+    and walks in one call instead."""
+    return getattr(_this_run, "alone", False)
 
 
 class WakeChoice:
@@ -95,11 +107,14 @@ class WakeChoice:
         if how == FOUND_AWAKE or in_stream:  # a stream's run: untimed, as if found awake
             return pool, AWAKE, 0.0
         self._asleep_runs += 1
+        if how != WOKEN:
+            _this_run.alone = True
         return pool, how == WOKEN, started
 
     def ends(self, token) -> None:
         pool, woken, started = token
         if woken is False:
+            _this_run.alone = False
             pool.alone_ends()
         else:
             pool.run_ends()

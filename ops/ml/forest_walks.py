@@ -12,7 +12,7 @@ import threading
 import numpy as np
 
 from mixrt.base import run_options
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, worker_wakes
 from mixrt.ops.panels import native_parts
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
 from mixrt.ops.ml import walk_choice
@@ -114,6 +114,12 @@ class _Forest(_ForestTables):
         batches)."""
         return max(2 * SPLIT_ROWS - 1, (NATIVE_SPLIT_STEPS - 1) // self._steps_per_row())
 
+    def alone_rows_asleep(self) -> int:
+        """The most rows whose walk is one call on the calling thread in a run that leaves
+        the native workers asleep (``worker_wakes.runs_alone``): short of a split between
+        Python threads."""
+        return max(self.alone_rows(), (THREAD_SPLIT_STEPS - 1) // self._steps_per_row())
+
     def _steps_per_row(self) -> int:
         """A row's steps through the whole forest: the stepped walk's counts, else a rough
         count per tree."""
@@ -137,7 +143,8 @@ class _Forest(_ForestTables):
         work = rows * self._steps_per_row()
         if rows < 2 * SPLIT_ROWS or work < NATIVE_SPLIT_STEPS:
             return None, None  # before the pool's lookup: a request's rows
-        native = jit_cpu.native_pool() if sums else None
+        # a run that leaves the workers asleep would take every part itself
+        native = jit_cpu.native_pool() if sums and not worker_wakes.runs_alone() else None
         if native is not None:
             threads = native.workers + 1
         elif work >= THREAD_SPLIT_STEPS:
@@ -268,6 +275,8 @@ class _Forest(_ForestTables):
         """(sums, hits) of ``data``'s rows over ``tables`` where :meth:`tree_parts` splits
         their walk by trees, else None: this thread's prepared call (``tree_split_calls``),
         whose arrays its next call fills again (the request path reads them at once)."""
+        if worker_wakes.runs_alone():  # every part would be this thread's
+            return None
         native, bounds = self.tree_parts(data.shape[0])
         if bounds is None:
             return None

@@ -17,6 +17,7 @@ import numpy as np
 
 from mixrt.base import made_up_feeds
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.worker_wakes import runs_alone
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.ml import walk_choice
 from mixrt.ops.ml.forest import CHOSEN_FROM_ROWS
@@ -29,7 +30,7 @@ class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
     __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
-                 "most_rows")
+                 "most_rows", "most_rows_alone")
 
     def __init__(self, kernels, forest, precision):
         self.kernels, self.forest, self.precision = kernels, forest, precision
@@ -41,6 +42,8 @@ class _Request:
         width = forest.widest_row_read()
         self.width = width if width is not None else _NO_ROW_FITS
         self.most_rows = forest.alone_rows()
+        # in a run that leaves the workers asleep, more rows than that are one call too
+        self.most_rows_alone = forest.alone_rows_asleep()
 
     def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
@@ -87,12 +90,24 @@ class _Request:
         return self.forest.split_sums(X, tables, self.precision, targets)
 
     def takes(self, X) -> bool:
-        """Is ``X`` rows this path walks as it is (and may compiled kernels run here)?
-        Of ``jit_cpu.enabled`` only the thread's tier is asked (~0.1 us of its ~0.5): the
+        """Is ``X`` rows this path walks as it is in any run (and may compiled kernels run
+        here)? What a bound call is made for (``ml_trees.bind_tree_request``)."""
+        return self._takes(X, self.most_rows)
+
+    def takes_now(self, X) -> bool:
+        """:meth:`takes`, or more rows where the run in progress leaves the workers asleep
+        (``worker_wakes.runs_alone``): their walk is one call then, as a request's is,
+        rather than the general path's parts (each part this thread's) or its one call
+        behind ~10 Python calls more (a LightGBM's 14-60 rows 10 ms apart: ~0.15 ms of
+        the request's ~0.4, 2026-11-30)."""
+        return self._takes(X, self.most_rows_alone if runs_alone() else self.most_rows)
+
+    def _takes(self, X, most_rows: int) -> bool:
+        """Of ``jit_cpu.enabled`` only the thread's tier is asked (~0.1 us of its ~0.5): the
         kernels are loaded (the request was made by a compiled run), and the environment
         setting it also reads is the process's, fixed before its first run."""
         return X.dtype is _FLOAT32 and X.ndim == 2 and X.shape[1] >= self.width \
-            and X.shape[0] <= self.most_rows and X.flags.c_contiguous and compiled_allowed()
+            and X.shape[0] <= most_rows and X.flags.c_contiguous and compiled_allowed()
 
 
 class ClassifierRequest(_Request):
@@ -122,7 +137,7 @@ class ClassifierRequest(_Request):
         self._ready_by_trees()
 
     def __call__(self, X):
-        return self.answer(X) if self.takes(X) else None
+        return self.answer(X) if self.takes_now(X) else None
 
     def answer(self, X):
         """The label and scores of rows this path :meth:`takes`."""
@@ -163,7 +178,7 @@ class RegressorRequest(_Request):
         self._ready_by_trees()
 
     def __call__(self, X):
-        return self.answer(X) if self.takes(X) else None
+        return self.answer(X) if self.takes_now(X) else None
 
     def answer(self, X):
         """The scores of rows this path :meth:`takes`."""

@@ -136,6 +136,20 @@ def test_a_run_past_the_spin_after_one_alone_is_paced(machine):
     assert ways == [False] * 10
 
 
+def test_a_run_alone_says_so_while_it_runs(machine):
+    """Its kernels ask (``runs_alone``) whether to split their work at all."""
+    choice = WakeChoice()
+    seen = []
+    for _ in range(2 * LEARN):
+        machine[1][0] += PACED_S
+        token = choice.begins()
+        seen.append((token[1], worker_wakes.runs_alone()))
+        machine[1][0] += 100e-6
+        choice.ends(token)
+        assert not worker_wakes.runs_alone()
+    assert seen == [(True, False)] * LEARN + [(False, True)] * LEARN
+
+
 def test_no_pool_loaded_means_no_token(monkeypatch):
     monkeypatch.setattr(worker_wakes.jit_cpu, "loaded_native_pool", lambda: None)
     assert WakeChoice().begins() is None

@@ -1,0 +1,118 @@
+"""A forest's walk in a run that leaves the native workers asleep
+(ops/compiled/worker_wakes.runs_alone): every part would be its caller's, so the walk is not
+split, by rows or by trees, and the request path takes the rows in one call; the bits are
+those of the split walk and of the NumPy tier."""
+
+import numpy as np
+import pytest
+
+from mixrt.ops.compiled import jit_cpu, jit_tier, parallel, worker_wakes
+from mixrt.ops.ml import forest_walks, ml_trees, tree_requests
+
+from test_tree_stepped_walk import _forest, _rows
+
+
+@pytest.fixture
+def parts_handed_out(monkeypatch):
+    """Every walk of two parts' rows or more split by rows, of fewer by trees; counts the
+    jobs handed to the native pool; skips where there is none."""
+    with jit_tier.using(True), parallel.pinned():
+        if jit_cpu.panel_kernels() is None or jit_cpu.native_pool() is None:
+            pytest.skip("no native worker pool on this machine (one thread, or no AVX-512)")
+    monkeypatch.setattr(forest_walks, "NATIVE_SPLIT_STEPS", 1)
+    monkeypatch.setattr(forest_walks, "TREE_SPLIT_STEPS", 1)
+    jobs = []
+    handed = forest_walks._run_parts
+
+    def counted(*args):
+        jobs.append(1)
+        return handed(*args)
+    monkeypatch.setattr(forest_walks, "_run_parts", counted)
+    return jobs
+
+
+@pytest.fixture
+def run_alone(monkeypatch):
+    """A way to run as a run that leaves the workers asleep does, on this thread."""
+    def alone(flag: bool):
+        monkeypatch.setattr(worker_wakes._this_run, "alone", flag, raising=False)
+    yield alone
+    worker_wakes._this_run.alone = False
+
+
+def _twice(kernel, x, attrs):
+    """The kernel's answer on a fresh node state and again (the second on its request path
+    where it takes the rows), compiled, in a run's pinned block."""
+    state = {}
+    with jit_tier.using(True), parallel.pinned():
+        first = kernel(np, x, **attrs, _node=state)
+        again = kernel(np, x, **attrs, _node=state)
+    return first, again, state
+
+
+def _equal(got, expected):
+    for a, b in zip(got if isinstance(got, tuple) else (got,),
+                    expected if isinstance(expected, tuple) else (expected,)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [3, 16, 40])
+@pytest.mark.parametrize("kind", ["classifier", "regressor"])
+def test_a_walk_in_a_run_alone_is_one_call_with_the_split_walks_bits(parts_handed_out,
+                                                                      run_alone, rows, kind):
+    rng = np.random.default_rng(rows)
+    if kind == "classifier":
+        kernel = ml_trees.tree_ensemble_classifier
+        attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
+        attrs.update(classlabels_int64s=[0, 1, 2], post_transform="LOGISTIC")
+    else:
+        kernel = ml_trees.tree_ensemble_regressor
+        attrs = _forest(rng, 40, 2, "BRANCH_LT", "target_", depth=7)
+        attrs.update(n_targets=2, aggregate_function="SUM")
+    x = _rows(rng, rows)
+    with jit_tier.using(False):
+        expected = kernel(np, x, **attrs, _node={})
+
+    split = _twice(kernel, x, attrs)
+    assert parts_handed_out or rows < 2 * forest_walks.SPLIT_ROWS  # by trees: split_sums
+    handed = len(parts_handed_out)
+    run_alone(True)
+    alone, again, state = _twice(kernel, x, attrs)
+    assert len(parts_handed_out) == handed  # nothing handed to the workers
+    for answer in (split[1], alone, again):  # the compiled walks: the same bits
+        _equal(answer, split[0])
+    for got, want in zip(alone, expected):  # the NumPy tier's logistic: within an ulp
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    request = next(v.request for v in state.values() if getattr(v, "request", None))
+    assert request.takes_now(x) and not request.takes(x) or rows <= request.most_rows
+    run_alone(False)
+    assert not request.takes_now(x) or rows <= request.most_rows
+
+
+def test_a_few_rows_in_a_run_alone_are_not_split_by_trees(parts_handed_out, run_alone,
+                                                          monkeypatch):
+    split_by_trees = []
+    monkeypatch.setattr(forest_walks._Forest, "tree_parts",
+                        lambda self, rows: split_by_trees.append(rows) or (None, None))
+    monkeypatch.setattr(forest_walks._Forest, "tree_split_rows", lambda self: None)
+    rng = np.random.default_rng(5)
+    attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
+    attrs.update(classlabels_int64s=[0, 1, 2], post_transform="NONE")
+    run_alone(True)
+    _twice(ml_trees.tree_ensemble_classifier, _rows(rng, 2), attrs)
+    assert split_by_trees == []  # not even asked
+
+
+def test_the_request_path_asks_the_run_only_past_its_own_rows(monkeypatch):
+    """A bound call is made for what :meth:`takes` says of every run; only the rows past
+    it ask the run in progress."""
+    asked = []
+    monkeypatch.setattr(tree_requests, "runs_alone", lambda: asked.append(1) or True)
+    request = object.__new__(tree_requests.ClassifierRequest)
+    request.width, request.most_rows, request.most_rows_alone = 3, 7, 100
+    x = np.zeros((50, 3), np.float32)
+    with jit_tier.using(True):
+        assert not request.takes(x) and asked == []
+        assert request.takes_now(x) and asked == [1]
+        assert request.takes_now(x[:5]) and request.takes(x[:5])
+        assert not request.takes_now(np.zeros((101, 3), np.float32))
