@@ -33,24 +33,27 @@ def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores
     the first NaN if any), then the transform of the row.
 
     ``products`` [N, C]: rows @ weights, made by the caller through NumPy's BLAS for many
-    rows (as the NumPy tier takes them), or no rows ([0, C]): the products summed here.
-    Summed a row and a class at a time, each addition waits on the one before: 1,500 rows
+    rows (as the NumPy tier takes them), or no rows ([0, C]): the products summed here
+    (:func:`_row_products`), where each class's additions wait on the one before: 1,500 rows
     of 79 features into 6 classes took ~400 us, onnxruntime's whole LinearClassifier 75,
     the BLAS's product 26. NumPy's product rather than numba's ``np.dot``, whose first
     call in a process imports SciPy for its BLAS (~190 ms: a service's first request of
     16 rows or more, 2026-11-28)."""
     classes = weights.shape[1]
     by_blas = products.shape[0] > 0
+    sums = np.empty(classes, np.float32)
     for row in range(rows.shape[0]):
+        if not by_blas:
+            _row_products(rows, row, weights, sums)
         if binary:
-            s = (products[row, 0] if by_blas else _dot(rows, row, weights, 0)) + intercepts[0]
+            s = (products[row, 0] if by_blas else sums[0]) + intercepts[0]
             chosen[row] = 1 if s > 0 else 0
             p = _ONE / (_ONE + np.exp(-s)) if transform == LOGISTIC else s
             scores[row, 0], scores[row, 1] = _ONE - p, p
             continue
         best, best_value = 0, float32(-np.inf)
         for j in range(classes):
-            s = (products[row, j] if by_blas else _dot(rows, row, weights, j)) + intercepts[j]
+            s = (products[row, j] if by_blas else sums[j]) + intercepts[j]
             scores[row, j] = s
             if best_value == best_value and (s > best_value or s != s):
                 best, best_value = j, s
@@ -59,12 +62,20 @@ def linear_classify(rows, weights, intercepts, transform, binary, chosen, scores
 
 
 @njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _dot(rows, row, weights, j):
-    """Row ``row``'s products with class j's weights (column j of [F, C]), in order."""
-    total = float32(0.0)
+def _row_products(rows, row, weights, sums):
+    """Row ``row``'s products with every class's weights (the columns of [F, C]) into
+    ``sums``, each class's summed over the features in order. The classes side by side, a
+    feature at a time: each class's additions still wait on the one before, but the
+    classes' chains overlap and a feature's weights are read as one contiguous row (a
+    logistic regression's 5 rows of 153 features into 10 classes: 5.8 us a class at a
+    time, each addition's wait in turn; 3.7 so; eight classes' sums in registers, 3.7)."""
+    classes = weights.shape[1]
+    for j in range(classes):
+        sums[j] = float32(0.0)
     for k in range(weights.shape[0]):
-        total += rows[row, k] * weights[k, j]
-    return total
+        x = rows[row, k]
+        for j in range(classes):
+            sums[j] += x * weights[k, j]
 
 
 @_jit
