@@ -628,6 +628,32 @@ def test_linear_classifier_of_many_rows_takes_the_blas_and_agrees(post_transform
     assert joined.tobytes() == alone.tobytes()
 
 
+@pytest.mark.parametrize("classes", [1, 3, 10, 17])
+def test_linear_classifiers_compiled_sums_are_each_class_summed_in_feature_order(classes):
+    """ops/ml/_jit_ml.linear_classify sums a row's classes side by side: each class's score
+    is still its products added feature by feature from the first, in float32."""
+    pytest.importorskip("numba")
+    from mixrt.ops.ml import _jit_ml
+    rng = np.random.default_rng(classes)
+    rows, weights = (rng.standard_normal((4, 37)).astype(np.float32),
+                     rng.standard_normal((37, classes)).astype(np.float32))
+    intercepts = rng.standard_normal(classes).astype(np.float32)
+    expected = np.zeros((4, classes), np.float32)
+    for k in range(37):  # in order, rounded to float32 at every step
+        expected = (expected + rows[:, k:k + 1] * weights[k]).astype(np.float32)
+    expected = (expected + intercepts).astype(np.float32)
+    binary = classes == 1
+    chosen = np.empty(4, np.int64)
+    scores = np.empty((4, 2 if binary else classes), np.float32)
+    _jit_ml.linear_classify(rows, weights, intercepts, 0, binary, chosen, scores,
+                            np.empty((0, 0), np.float32))
+    if binary:
+        assert scores[:, 1].tobytes() == expected[:, 0].tobytes()
+    else:
+        assert scores.tobytes() == expected.tobytes()
+        assert chosen.tolist() == expected.argmax(axis=1).tolist()
+
+
 @pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
 def test_normalizer_agrees_in_both_tiers_and_with_onnxruntime(norm, monkeypatch):
     rng = np.random.default_rng(_seed(norm))
