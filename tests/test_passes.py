@@ -986,3 +986,32 @@ def test_a_scale_per_position_or_read_elsewhere_stays_after_the_transpose(scale_
     stats: dict = {}
     optimize(g, 2, stats)
     assert stats["scale_before_transpose"] == 0
+
+
+@pytest.mark.parametrize("op, ones, first", [
+    ("Mul", np.float32(1), False), ("Mul", np.ones((1, 3), np.float32), True),
+    ("Div", np.ones(3, np.float32), False), ("Mul", np.int64(1), False)])
+def test_a_product_or_quotient_by_ones_that_keeps_the_shape_is_removed(op, ones, first):
+    """x * 1 is x bit for bit, -0, infinities and NaN included (onnxmltools's LightGBM
+    classifier writes its probabilities so)."""
+    integer = ones.dtype.kind == "i"
+    elem = TensorProto.INT64 if integer else F
+    inputs = ["one", "x"] if first else ["x", "one"]
+    g = graph_of([node(op, inputs, ["p"]), node("Neg", ["p"], ["y"])],
+                 [("x", ["n", 3], elem)], [("y", None, elem)], {"one": ones})
+    x = np.arange(-6, 6, dtype=np.int64).reshape(4, 3) if integer else \
+        np.float32([[-0.0, 0.0, np.inf], [-np.inf, np.nan, 1e-45], [3.5, -2.25, 7.0]])
+    optimized = checked(g, {"x": x}, 1)
+    assert ops(optimized) == {"Neg": 1} and optimized.nodes[0].inputs == ["x"]
+    np.testing.assert_array_equal(np.signbit(run(optimized, {"x": x})[0]), np.signbit(-x))
+
+
+@pytest.mark.parametrize("op, ones, x_shape", [
+    ("Mul", np.ones((2, 3), np.float32), ["n", 3]),  # broadcasts a batch of one: stays
+    ("Mul", np.ones((1, 1, 3), np.float32), [2, 3]),  # adds an axis
+    ("Mul", np.float32(2), [2, 3]),  # not one
+    ("Div", np.float32(1), [2, 3])])  # the ones first: 1 / x
+def test_a_product_by_ones_that_changes_the_shape_or_value_stays(op, ones, x_shape):
+    inputs = ["one", "x"] if op == "Div" else ["x", "one"]
+    g = graph_of([node(op, inputs, ["y"])], [("x", x_shape)], [("y", None)], {"one": ones})
+    assert ops(optimize(g, 1)) == {op: 1}

@@ -1,6 +1,9 @@
 """Removal of nodes that pass their input through unchanged: Identity, inference Dropout,
 Reshape/Expand to the input's own static shape, Transpose by the identity permutation,
-Flatten at axis 1 of a matrix, Cast and CastLike to the input's own dtype.
+Flatten at axis 1 of a matrix, Cast and CastLike to the input's own dtype, and Mul or Div
+by a constant of ones that does not broadcast the input (converters write it: onnxmltools's
+LightGBM classifier multiplies its probabilities by one, which left a one-node model two
+steps a request).
 
 Removing ``y = op(x)`` makes every reader of ``y`` read ``x`` (subgraph outer-scope reads
 included). When ``y`` is an output of its graph the name must survive: the node producing
@@ -9,6 +12,8 @@ name or graph output, in which case an Identity stays in the node's place.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_node, infer_types
@@ -126,6 +131,40 @@ def _same_dtype(node, types, constants, counts) -> bool:
     return x is not None and x == y
 
 
+def _times_one(node, types, constants, counts) -> bool:
+    """x * 1, 1 * x and x / 1 are x, bit for bit, for every value of an integer or IEEE
+    float dtype (-0 and NaN included), where the ones have x's dtype and leave its shape as
+    it is: no more axes than x has, and one element or each dim 1 or the known dim of x it
+    meets. A ones constant read first is swapped behind x (Mul commutes) so that the bypass
+    reads x."""
+    if len(node.inputs) != 2 or len(node.outputs) != 1:
+        return False
+    first, second = node.inputs
+    if node.op_type == "Mul" and first in constants and second not in constants:
+        first, second = second, first
+    ones = constants.get(second)
+    x_type = types.get(first)
+    dtype, rank = dtype_of(x_type), getattr(x_type, "rank", None)
+    if ones is None or dtype is None or rank is None or ones.dtype != dtype \
+            or ones.dtype.kind not in "iuf" or not bool(np.all(ones == 1)):
+        return False
+    keeps_shape = ones.ndim <= rank and (ones.size == 1 or _broadcasts_into(
+        getattr(x_type, "shape", None), ones.shape))
+    if keeps_shape:
+        node.inputs = [first, second]
+    return keeps_shape
+
+
+def _broadcasts_into(shape, other) -> bool:
+    """Does ``other`` broadcast against ``shape`` (a value's dims, ints or names; None:
+    unknown) to ``shape`` itself, whatever its unknown dims? Each of ``other``'s dims is 1
+    or the known dim it meets."""
+    if shape is None or len(other) > len(shape):
+        return False
+    return all(o == 1 or (isinstance(d, int) and d == o)
+               for o, d in zip(other[::-1], list(shape)[::-1]))
+
+
 _RULES = {
     "Identity": _identity,
     "Flatten": _flatten_of_matrix,
@@ -136,6 +175,8 @@ _RULES = {
     "Concat": _single_concat,
     "Cast": _same_dtype,
     "CastLike": _same_dtype,
+    "Mul": _times_one,
+    "Div": _times_one,
 }
 
 
