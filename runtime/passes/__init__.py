@@ -7,7 +7,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
   Shape/Size included), removal of Identity, inference Dropout, no-op
   Reshape/Expand/Transpose/Cast and Mul/Div by ones, dead nodes and unused initializers, a
   classifier's ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup
-  (``class_labels``), and a TF-mode TfIdfVectorizer's constant column weights folded into it (``tfidf_weights``);
+  (``class_labels``), and a TF-mode TfIdfVectorizer's constant column weights folded into it
+  (``tfidf_weights``);
 * 2 - level 1, then rewrites that may change rounding: Conv+BatchNormalization (and
   per-channel Mul/Add) folded into the weights, remaining BatchNormalizations as
   ``x * s + t``, runs of constant affine ops collapsed, Conv taps that only ever read
