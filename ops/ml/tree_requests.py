@@ -21,6 +21,7 @@ from mixrt.ops.compiled.worker_wakes import runs_alone
 from mixrt.ops.compiled.jit_tier import compiled_allowed
 from mixrt.ops.ml import walk_choice
 from mixrt.ops.ml.forest import CHOSEN_FROM_ROWS
+from mixrt.ops.ml.forest_walks import SPLIT_ROWS
 
 _FLOAT32 = np.dtype(np.float32)
 _NO_ROW_FITS = 1 << 62  # the width asked of rows where a node reads a negative feature
@@ -30,7 +31,7 @@ class _Request:
     """What a request path checks of ``X`` before its one compiled call."""
 
     __slots__ = ("kernels", "forest", "precision", "tables", "candidates", "choices", "width",
-                 "most_rows", "most_rows_alone")
+                 "most_rows", "most_rows_alone", "split_from")
 
     def __init__(self, kernels, forest, precision):
         self.kernels, self.forest, self.precision = kernels, forest, precision
@@ -44,6 +45,8 @@ class _Request:
         self.most_rows = forest.alone_rows()
         # in a run that leaves the workers asleep, more rows than that are one call too
         self.most_rows_alone = forest.alone_rows_asleep()
+        # the fewest rows whose walk is split by trees (fewer than two parts' rows), or None
+        self.split_from = forest.tree_split_rows()
 
     def _walk(self, kernel, X, arguments, rest, *outputs, by_trees):
         """kernel(X, *arguments, *outputs) with the walk the batch's choice keeps (timed
@@ -54,6 +57,9 @@ class _Request:
         rows = X.shape[0]
         choice = None if self.choices is None or rows < CHOSEN_FROM_ROWS \
             else self.choices.for_rows(rows)
+        split_from = self.split_from
+        if split_from is None or not split_from <= rows < 2 * SPLIT_ROWS:
+            by_trees = _not_split  # (asked of every request, ~1 us of a LightGBM's 15)
         if choice is None:
             if not by_trees(self.tables):
                 kernel(X, *arguments, *outputs)
@@ -74,7 +80,7 @@ class _Request:
         rows teach the walk's choice nothing (``base/made_up_feeds.py``), nor the run's
         plan to wake the workers as it begins (its own rows may not be split: a LightGBM's
         two rows whose plan learnt it went 27 -> 51 us a request)."""
-        rows = self.forest.tree_split_rows()
+        rows = self.split_from
         if rows is None or self.width == _NO_ROW_FITS:
             return
         noted = jit_cpu.native_job_noted()
@@ -108,6 +114,11 @@ class _Request:
         setting it also reads is the process's, fixed before its first run."""
         return X.dtype is _FLOAT32 and X.ndim == 2 and X.shape[1] >= self.width \
             and X.shape[0] <= most_rows and X.flags.c_contiguous and compiled_allowed()
+
+
+def _not_split(tables) -> bool:
+    """The by-trees answer of rows the forest never splits by trees: none."""
+    return False
 
 
 class ClassifierRequest(_Request):

@@ -91,16 +91,26 @@ def test_a_walk_in_a_run_alone_is_one_call_with_the_split_walks_bits(parts_hande
 
 def test_a_few_rows_in_a_run_alone_are_not_split_by_trees(parts_handed_out, run_alone,
                                                           monkeypatch):
-    split_by_trees = []
-    monkeypatch.setattr(forest_walks._Forest, "tree_parts",
-                        lambda self, rows: split_by_trees.append(rows) or (None, None))
-    monkeypatch.setattr(forest_walks._Forest, "tree_split_rows", lambda self: None)
+    split = []
+    prepared = forest_walks._Forest.split_sums
+
+    def counted(self, *args):
+        sums = prepared(self, *args)
+        split.append(sums is not None)
+        return sums
+    monkeypatch.setattr(forest_walks._Forest, "split_sums", counted)
     rng = np.random.default_rng(5)
     attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
     attrs.update(classlabels_int64s=[0, 1, 2], post_transform="NONE")
+    x = _rows(rng, 2)
+    together = _twice(ml_trees.tree_ensemble_classifier, x, attrs)
+    assert split and all(split)  # split by trees in a run that woke the workers
+    split.clear()
     run_alone(True)
-    _twice(ml_trees.tree_ensemble_classifier, _rows(rng, 2), attrs)
-    assert split_by_trees == []  # not even asked
+    alone = _twice(ml_trees.tree_ensemble_classifier, x, attrs)
+    assert split and not any(split)  # not in a run alone
+    for got, want in zip(alone[:2], together[:2]):
+        _equal(got, want)
 
 
 def test_the_request_path_asks_the_run_only_past_its_own_rows(monkeypatch):
