@@ -9,6 +9,7 @@ import pytest
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel, worker_wakes
 from mixrt.ops.ml import forest_walks, ml_trees, tree_requests
 
+from test_tree_split_by_trees import _equal
 from test_tree_stepped_walk import _forest, _rows
 
 
@@ -48,12 +49,6 @@ def _twice(kernel, x, attrs):
         first = kernel(np, x, **attrs, _node=state)
         again = kernel(np, x, **attrs, _node=state)
     return first, again, state
-
-
-def _equal(got, expected):
-    for a, b in zip(got if isinstance(got, tuple) else (got,),
-                    expected if isinstance(expected, tuple) else (expected,)):
-        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("rows", [3, 16, 40])
