@@ -143,8 +143,10 @@ class _Forest(_ForestTables):
         work = rows * self._steps_per_row()
         if rows < 2 * SPLIT_ROWS or work < NATIVE_SPLIT_STEPS:
             return None, None  # before the pool's lookup: a request's rows
-        # a run that leaves the workers asleep would take every part itself
-        native = jit_cpu.native_pool() if sums and not worker_wakes.runs_alone() else None
+        # a run that leaves the workers asleep would take every part itself; one that woke
+        # them says which pool
+        native = None if not sums or worker_wakes.runs_alone() \
+            else worker_wakes.run_pool() or jit_cpu.native_pool()
         if native is not None:
             threads = native.workers + 1
         elif work >= THREAD_SPLIT_STEPS:
@@ -236,7 +238,7 @@ class _Forest(_ForestTables):
         its trees between this thread and the native worker; (None, None) otherwise."""
         if rows >= 2 * SPLIT_ROWS or rows * self._steps_per_row() < self._split_from_steps():
             return None, None
-        native = jit_cpu.native_pool()
+        native = worker_wakes.run_pool() or jit_cpu.native_pool()
         count = 0 if native is None else min(native.workers + 1, len(self.roots))
         if count < 2:
             return None, None

@@ -4,6 +4,8 @@ way timed on the runs that took it, the faster kept, the other tried now and the
 runs always waking, runs that find the workers awake using them untimed, and so do the runs
 of a back-to-back stream after a run that left them asleep."""
 
+import threading
+
 import pytest
 
 from mixrt.ops.compiled import worker_wakes
@@ -42,6 +44,13 @@ class FakePool:
 
     def alone_ends(self):
         self.calls.append("alone_ends")
+
+
+@pytest.fixture(autouse=True)
+def own_run_state(monkeypatch):
+    """What a test's runs say of themselves (runs_alone, run_pool) stays the test's: a run
+    begun here without its end must not reach another test's kernels."""
+    monkeypatch.setattr(worker_wakes, "_this_run", threading.local())
 
 
 @pytest.fixture
@@ -143,11 +152,23 @@ def test_a_run_alone_says_so_while_it_runs(machine):
     for _ in range(2 * LEARN):
         machine[1][0] += PACED_S
         token = choice.begins()
-        seen.append((token[1], worker_wakes.runs_alone()))
+        seen.append((token[1], worker_wakes.runs_alone(), worker_wakes.run_pool() is not None))
         machine[1][0] += 100e-6
         choice.ends(token)
         assert not worker_wakes.runs_alone()
-    assert seen == [(True, False)] * LEARN + [(False, True)] * LEARN
+    assert seen == [(True, False, True)] * LEARN + [(False, True, False)] * LEARN
+
+
+def test_a_run_that_uses_the_workers_names_their_pool_while_it_runs(machine):
+    pool, clock = machine
+    choice = WakeChoice()
+    for found_awake in (False, True):
+        pool.sleeping = not found_awake
+        clock[0] += PACED_S
+        token = choice.begins()
+        assert worker_wakes.run_pool() is pool and not worker_wakes.runs_alone()
+        choice.ends(token)
+        assert worker_wakes.run_pool() is None
 
 
 def test_no_pool_loaded_means_no_token(monkeypatch):
