@@ -68,7 +68,7 @@ def _row_products(rows, row, weights, sums):
     feature at a time: each class's additions still wait on the one before, but the
     classes' chains overlap and a feature's weights are read as one contiguous row (a
     logistic regression's 5 rows of 153 features into 10 classes: 5.8 us a class at a
-    time, each addition's wait in turn; 3.7 so; eight classes' sums in registers, 3.7)."""
+    time, 3.7 so, and as much with eight classes' sums held in registers)."""
     classes = weights.shape[1]
     for j in range(classes):
         sums[j] = float32(0.0)

@@ -151,7 +151,7 @@ class ClassifierRequest(_Request):
         return self.answer(X) if self.takes_now(X) else None
 
     def answer(self, X):
-        """The label and scores of rows this path :meth:`takes`."""
+        """The label and scores of rows this path :meth:`takes_now`."""
         rows = X.shape[0]
         scores = np.empty((rows, self.columns), np.float32)
         chosen = np.empty(rows, np.int64)
@@ -192,7 +192,7 @@ class RegressorRequest(_Request):
         return self.answer(X) if self.takes_now(X) else None
 
     def answer(self, X):
-        """The scores of rows this path :meth:`takes`."""
+        """The scores of rows this path :meth:`takes_now`."""
         values = np.empty((X.shape[0], self.targets), np.float32)
         self._walk(self.kernels.regress, X, self.arguments, self.rest, values,
                    by_trees=lambda tables: self._by_trees(tables, X, values))
