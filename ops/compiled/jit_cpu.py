@@ -316,7 +316,10 @@ def _scratch_view(name, dtype, shape) -> tuple:
     key = np.dtype(dtype).str
     array = held.get(key)
     if array is None or array.size < size:
-        array = held[key] = aligned_empty(size * np.dtype(dtype).itemsize).view(dtype)
+        # a quarter to spare, as the arenas have: a service's image sizes grow a few at a
+        # time, and each growth lets go of every kit of the thread
+        grown = size if array is None else max(size, array.size * 5 // 4)
+        array = held[key] = aligned_empty(grown * np.dtype(dtype).itemsize).view(dtype)
         _thread_kits().clear()  # they may hold the old buffer: rebuilt from the new one
         _kits.generation = scratch_generation() + 1
         note_change()  # what a run's bound calls hold: asked again (jit_tier.CHANGES)

@@ -503,6 +503,39 @@ def test_a_kit_is_rebuilt_when_the_planes_it_points_to_are_reallocated(every_sha
     assert rebuilt.words[jit_cpu.panel_kernels().PLANES] == planes.ctypes.data
 
 
+def test_a_pointwise_convolution_read_in_place_asks_for_no_planes(every_shape):
+    _fresh_scratch()
+    W3 = _rand(16, 8, 3, 3)
+    W1 = _rand(24, 64, 1, 1)
+    _direct(_rand(1, 8, 12, 12), W3, pads=[1] * 4)  # a small image's planes
+    _direct(_rand(1, 64, 4, 4), W1)  # the 1x1's edges, of its channels
+    generation = jit_cpu.scratch_generation()
+    # a 1x1 convolution of stride 1 reads its image where it lies: a far larger one grows
+    # no buffer, so no kit of the thread is let go
+    X = _rand(2, 64, 60, 70)
+    out, prepacked = _direct(X, W1)
+    np.testing.assert_allclose(out, _expected(X, W1), rtol=1e-4, atol=1e-4)
+    (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
+    assert plan.in_place
+    assert _kit_of(plan).words[jit_cpu.panel_kernels().PLANES + 1] == 0  # no planes' length
+    assert jit_cpu.scratch_generation() == generation
+
+
+def test_a_scratch_buffer_grows_with_room_to_spare():
+    _fresh_scratch()
+    first = jit_cpu.scratch_array("room", np.float32, (1000,))
+    generation = jit_cpu.scratch_generation()
+    grown = jit_cpu.scratch_array("room", np.float32, (1100,))
+    assert jit_cpu.scratch_generation() == generation + 1
+    assert grown.base is not first.base
+    # within the quarter it kept to spare: the same buffer, no kit let go
+    again = jit_cpu.scratch_array("room", np.float32, (1250,))
+    assert jit_cpu.scratch_generation() == generation + 1
+    assert np.shares_memory(again, grown)
+    jit_cpu.scratch_array("room", np.float32, (1251,))
+    assert jit_cpu.scratch_generation() == generation + 2
+
+
 def test_a_kit_is_never_handed_to_another_owner():
     class Owner:
         pass
