@@ -106,13 +106,7 @@ class _Classifier:
         if kernels is not None and self.transform is not None:  # a request's usual path
             if self.request is None:
                 self.request = ClassifierRequest(kernels, self)
-            answer = self._by_parts(rows, precision)  # rows split: each part scores its own
-            if answer is not None:
-                return answer
-            if self.forest.walks_alone(rows.shape[0]):
-                return self._one_call(kernels, rows, precision)
-            raw, has = self.forest.compiled_sums(kernels, rows, precision)
-            return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
+            return self.compiled_rows(kernels, rows, precision)
         raw, has = self.forest.sums(xp, rows, precision)
         labels, base, post_transform = self.labels, self.base[np.dtype(precision)], \
             self.post_transform
@@ -126,6 +120,19 @@ class _Classifier:
             return _one_class(xp, labels, raw[:, 0], base, post_transform)
         return _two_classes(xp, labels, raw, has, base, post_transform, self.binary_case,
                             self.all_positive)
+
+    def compiled_rows(self, kernels, X, precision):
+        """:meth:`run`'s labels and scores of the rows X (2-D) through the compiled kernels
+        alone, where they may walk X and compute its scores (``transform``): split between
+        threads, or in one call. It calls no NumPy ufunc (a request's bound call of rows
+        past its one call answers with it: ``tree_requests._Request.any_rows``)."""
+        answer = self._by_parts(X, precision)  # rows split: each part scores its own
+        if answer is not None:
+            return answer
+        if self.forest.walks_alone(X.shape[0]):
+            return self._one_call(kernels, X, precision)
+        raw, has = self.forest.compiled_sums(kernels, X, precision)
+        return self._compiled(kernels, raw, has, self.base[np.dtype(precision)])
 
     def _one_call(self, kernels, X, precision):
         """The walk and _compiled's scores in one compiled call (a request's few rows)."""
@@ -403,9 +410,13 @@ def bind_tree_request(args, out, attributes):
     node's dispatch to the model and the request's checks."""
     (X,), model = args, (attributes.get("_node") or {}).get("model")
     request = getattr(model, "request", None)
-    if not request or X.__class__ is not np.ndarray or not request.takes(X):
+    if not request or X.__class__ is not np.ndarray:
         return None
-    return request.answer
+    if request.takes(X):
+        return request.answer
+    # more rows than it answers in one call in every run: answered as the run goes (in one
+    # call where the run leaves the workers asleep, else split), still a bound call
+    return request.any_rows if request.takes_any_count(X) else None
 
 
 @tree_ensemble_regressor.infer

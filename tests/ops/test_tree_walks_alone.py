@@ -121,3 +121,51 @@ def test_the_request_path_asks_the_run_only_past_its_own_rows(monkeypatch):
         assert request.takes_now(x) and asked == [1]
         assert request.takes_now(x[:5]) and request.takes(x[:5])
         assert not request.takes_now(np.zeros((101, 3), np.float32))
+
+
+@pytest.mark.parametrize("rows", [16, 40, 150])
+@pytest.mark.parametrize("kind", ["classifier", "regressor"])
+def test_rows_past_the_one_call_have_a_bound_call_with_the_general_paths_bits(
+        parts_handed_out, run_alone, rows, kind):
+    """More rows than any run answers in one call are bound too: the bound call answers
+    them as the run in progress takes them, split in a run that woke the workers, in one
+    call in a run alone, with the bits of the node's own path either way."""
+    rng = np.random.default_rng(rows + 7)
+    if kind == "classifier":
+        kernel = ml_trees.tree_ensemble_classifier
+        attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
+        attrs.update(classlabels_int64s=[0, 1, 2], post_transform="LOGISTIC")
+    else:
+        kernel = ml_trees.tree_ensemble_regressor
+        attrs = _forest(rng, 40, 2, "BRANCH_LT", "target_", depth=7)
+        attrs.update(n_targets=2, aggregate_function="AVERAGE", base_values=[0.25, -1.5])
+    x = _rows(rng, rows)
+    first, _, state = _twice(kernel, x, attrs)
+    request = next(v.request for v in state.values() if getattr(v, "request", None))
+    request.most_rows = request.most_rows_alone = 8  # these rows: past the one call
+    assert not request.takes(x) and request.takes_any_count(x)
+    bound = ml_trees.bind_tree_request((x,), None, {"_node": state})
+    assert bound == request.any_rows
+    handed = len(parts_handed_out)
+    with jit_tier.using(True), parallel.pinned():
+        woken = bound(x)
+    assert len(parts_handed_out) > handed  # split between the threads
+    handed = len(parts_handed_out)
+    run_alone(True)
+    with jit_tier.using(True), parallel.pinned():
+        alone = bound(x)  # the general path's, which a run alone does not split either
+        request.most_rows_alone = rows
+        in_one_call = bound(x)  # the request's one call
+    assert len(parts_handed_out) == handed  # nothing handed to the sleeping workers
+    for answer in (woken, alone, in_one_call):
+        _equal(answer, first)
+
+
+def test_rows_a_request_cannot_take_have_no_bound_call():
+    rng = np.random.default_rng(3)
+    attrs = _forest(rng, 20, 2, "BRANCH_LEQ", "class_", depth=5)
+    attrs.update(classlabels_int64s=[0, 1], post_transform="LOGISTIC")
+    x = _rows(rng, 30)
+    _, _, state = _twice(ml_trees.tree_ensemble_classifier, x, attrs)
+    for rows in (x.astype(np.float64), np.asfortranarray(x), x[:, :1]):
+        assert ml_trees.bind_tree_request((rows,), None, {"_node": state}) is None
