@@ -407,7 +407,8 @@ def bind_tree_request(args, out, attributes):
     """The node's request path (ops/ml/tree_requests.py) where it takes these rows: what it
     checks of them is fixed for the bound call (the dtype, shape and layout of a bound run's
     inputs; the tier, by the bound list's key), so the call is its answer alone, without the
-    node's dispatch to the model and the request's checks."""
+    node's dispatch to the model and the request's checks. Rows of that kind past the
+    request's one call get its ``any_rows``: the run in progress says how they are walked."""
     (X,), model = args, (attributes.get("_node") or {}).get("model")
     request = getattr(model, "request", None)
     if not request or X.__class__ is not np.ndarray:
