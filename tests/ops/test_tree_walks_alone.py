@@ -51,19 +51,24 @@ def _twice(kernel, x, attrs):
     return first, again, state
 
 
+def _kind(rng, kind: str, **regressor):
+    """(the kernel, a 40-tree forest's attributes of depth 7): a 3-class classifier with
+    a logistic transform, or a 2-target regressor (SUM unless ``regressor`` says)."""
+    if kind == "classifier":
+        attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
+        attrs.update(classlabels_int64s=[0, 1, 2], post_transform="LOGISTIC")
+        return ml_trees.tree_ensemble_classifier, attrs
+    attrs = _forest(rng, 40, 2, "BRANCH_LT", "target_", depth=7)
+    attrs.update(n_targets=2, aggregate_function="SUM")
+    attrs.update(regressor)
+    return ml_trees.tree_ensemble_regressor, attrs
+
+
 @pytest.mark.parametrize("rows", [3, 16, 40])
 @pytest.mark.parametrize("kind", ["classifier", "regressor"])
 def test_a_walk_in_a_run_alone_is_one_call_with_the_split_walks_bits(parts_handed_out,
                                                                       run_alone, rows, kind):
-    rng = np.random.default_rng(rows)
-    if kind == "classifier":
-        kernel = ml_trees.tree_ensemble_classifier
-        attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
-        attrs.update(classlabels_int64s=[0, 1, 2], post_transform="LOGISTIC")
-    else:
-        kernel = ml_trees.tree_ensemble_regressor
-        attrs = _forest(rng, 40, 2, "BRANCH_LT", "target_", depth=7)
-        attrs.update(n_targets=2, aggregate_function="SUM")
+    kernel, attrs = _kind(rng := np.random.default_rng(rows), kind)
     x = _rows(rng, rows)
     with jit_tier.using(False):
         expected = kernel(np, x, **attrs, _node={})
@@ -130,15 +135,8 @@ def test_rows_past_the_one_call_have_a_bound_call_with_the_general_paths_bits(
     """More rows than any run answers in one call are bound too: the bound call answers
     them as the run in progress takes them, split in a run that woke the workers, in one
     call in a run alone, with the bits of the node's own path either way."""
-    rng = np.random.default_rng(rows + 7)
-    if kind == "classifier":
-        kernel = ml_trees.tree_ensemble_classifier
-        attrs = _forest(rng, 40, 3, "BRANCH_LEQ", "class_", depth=7)
-        attrs.update(classlabels_int64s=[0, 1, 2], post_transform="LOGISTIC")
-    else:
-        kernel = ml_trees.tree_ensemble_regressor
-        attrs = _forest(rng, 40, 2, "BRANCH_LT", "target_", depth=7)
-        attrs.update(n_targets=2, aggregate_function="AVERAGE", base_values=[0.25, -1.5])
+    kernel, attrs = _kind(rng := np.random.default_rng(rows + 7), kind,
+                          aggregate_function="AVERAGE", base_values=[0.25, -1.5])
     x = _rows(rng, rows)
     first, _, state = _twice(kernel, x, attrs)
     request = next(v.request for v in state.values() if getattr(v, "request", None))
