@@ -107,7 +107,11 @@ class _Request:
         rather than the general path's parts (each part this thread's) or its one call
         behind ~10 Python calls more (a LightGBM's 14-60 rows 10 ms apart: ~0.15 ms of
         the request's ~0.4, 2026-11-30)."""
-        return self._takes(X, self.most_rows_alone if runs_alone() else self.most_rows)
+        return self._takes(X, self._most_rows_now())
+
+    def _most_rows_now(self) -> int:
+        """The most rows the run in progress takes in one call."""
+        return self.most_rows_alone if runs_alone() else self.most_rows
 
     def takes_any_count(self, X) -> bool:
         """:meth:`takes` of X's rows whatever their count: what a bound call of more rows
@@ -121,7 +125,7 @@ class _Request:
         (a LightGBM's 13-64 rows) had no bound call, so its runs were never settled: each
         took the node's dispatch, the request's checks and the pinned settings, ~70 us more
         than 12 rows of a request 10 ms after the last, cold (2026-11-30)."""
-        if X.shape[0] <= (self.most_rows_alone if runs_alone() else self.most_rows):
+        if X.shape[0] <= self._most_rows_now():
             return self.answer(X)
         return self.past_one_call(X)
 
