@@ -49,7 +49,7 @@ def _band(words, x, rows, panels, products, y, bias, residual, spill, limits, in
     part_spill = spill[index * STRIP_ROWS * width:(index + 1) * STRIP_ROWS * width]
     panel_product(rows.reshape((n * p, c))[r0:r1], panels.reshape((count, k_len, width)),
                   products.reshape((n * p, m))[r0:r1], 0, count,
-                  part_spill.reshape((STRIP_ROWS, width)), bias)
+                  part_spill.reshape((STRIP_ROWS, width)), bias, bias[:0])
     slope, low, high = limits[0], limits[1], limits[2]  # the direct forms' order
     alpha, beta, one = limits[3], limits[4], limits[5]
     for b in range(r0 // p, (r1 - 1) // p + 1):  # the outputs, each written in order

@@ -73,18 +73,27 @@ def _few_rows(A, B, out, prepacked, B_rows=None):
     return lambda A, B: call(A.reshape(rows))
 
 
-def _panel_layer(A, B, bias, out, attributes):
+def _panel_layer(A, B, bias, out, attributes, Z=None):
     """A fused layer's panel product, the bias folded into its tiles where it is one
-    contiguous value per column, then the residual and the activation, as the fused kernels
-    make them; for a layer with an activation, which keeps no replay (its epilogue is not
-    the product's). None where the panels do not take the product."""
+    contiguous value per column (and with it an activation the tiles apply, where no
+    residual ``Z`` comes between), then the residual and the activation, as the fused
+    kernels make them; for a layer whose product kept no replay (a bias that is not a
+    constant, an epilogue that is not the product's). None where the panels do not take
+    the product."""
     prepacked = attributes.get("_prepacked")
     if prepacked is None or not products.panels_suit(A, B, out, prepacked):
         return None
     activation, params = attributes.get("activation", ""), attributes.get("activation_params")
     folded = bias is not None and bias.ndim == 1 and bias.dtype == A.dtype \
         and bias.flags.c_contiguous and bias.shape[0] == B.shape[1]
-    product = products.panel_call(A, B, prepacked, bias if folded else None)
+    limits = products.layer_limits(activation, params, A.dtype) \
+        if folded and Z is None else None
+    product = products.panel_call(A, B, prepacked, bias if folded else None, limits)
+    if folded and Z is None and (limits is not None or not activation):
+        def whole(A, B, bias=None, Z=None):  # the product is the layer
+            product(A, out)
+            return out
+        return whole
     finish = _bound_epilogue(out, activation, params)
 
     def call(A, B, bias=None, Z=None):  # FusedGemm's C comes as the bias; its B is packed
@@ -170,7 +179,7 @@ def bind_fused_mat_mul(args, out, attributes):
         return None
     replayed, product = _product(fused_mat_mul_cpu, args, out, attributes)
     if product is None:
-        return replayed or _panel_layer(A, B, bias, out, attributes)
+        return replayed or _panel_layer(A, B, bias, out, attributes, Z)
     if activation:
         finish = _bound_epilogue(out, activation, params)
 

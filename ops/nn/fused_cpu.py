@@ -215,6 +215,13 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
     arrays = (A, B, C, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
+    # a Relu, LeakyRelu or Clip is applied in the tiles after the bias, and the layer's
+    # one call is then its replay (the MLP's layers paid a compiled pass each, cold)
+    limits = few_rows.layer_limits(activation, activation_params, A.dtype)
+    whole = not activation or limits is not None
+    if out is not None and whole and not transA and alpha == 1.0 and beta == 1.0 \
+            and C is not None and few_rows.rows_route(_prepacked, A, B, C, out, arrays, limits):
+        return out  # the node's biased panel product at a new number of rows
     if _aliases(np, out, A, B, C):
         return _into(np, fused_gemm_cpu(np, A, B, C, alpha=alpha, beta=beta, transA=transA,
                                         transB=transB, activation=activation,
@@ -223,8 +230,9 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
     if out is not None and A.dtype == B.dtype == out.dtype:
         if alpha == 1.0 and beta == 1.0 and few_rows.biased_gemm_product(
                 A, B, C, transA, transB, out, _prepacked,
-                None if activation else constant_bias(_prepacked, 2), arrays):
-            return add_and_activate_cpu(out, None, None, activation, activation_params)
+                constant_bias(_prepacked, 2) if whole else None, arrays, limits):
+            return out if whole else \
+                add_and_activate_cpu(out, None, None, activation, activation_params)
         y = few_rows.gemm_product(A, B, transA, transB, out, _prepacked)
     else:
         y = np.matmul(A.T if transA else A, B.T if transB else B, out=out)
@@ -246,8 +254,12 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     arrays = (A, B, bias, Z, out)
     if out is not None and replay.replayed(_prepacked, arrays):
         return out
-    if out is not None and Z is None and not activation \
-            and few_rows.rows_route(_prepacked, A, B, bias, out, arrays):
+    # the activation the tiles apply after the bias (none with a residual, added after it)
+    limits = None if Z is not None \
+        else few_rows.layer_limits(activation, activation_params, A.dtype)
+    whole = Z is None and (not activation or limits is not None)  # the product is the node
+    if out is not None and whole \
+            and few_rows.rows_route(_prepacked, A, B, bias, out, arrays, limits):
         return out  # the node's panel product at a new number of rows
     if out is not None and Z is None and activation in _TINY_ACTIVATIONS and B.ndim == 2 \
             and A.size * B.shape[1] < TINY_WORK and out.dtype == A.dtype == B.dtype \
@@ -262,9 +274,10 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
     if out is not None and out.dtype == A.dtype == B.dtype:
         alone = Z is None and not activation  # nothing after the product to replay
         if bias is not None and few_rows.biased_panel_product(
-                A, B, bias, out, _prepacked, constant_bias(_prepacked, 2) if alone else None,
-                arrays):
-            return add_and_activate_cpu(out, None, Z, activation, activation_params)
+                A, B, bias, out, _prepacked, constant_bias(_prepacked, 2) if whole else None,
+                arrays, limits=limits):
+            return out if whole else \
+                add_and_activate_cpu(out, None, Z, activation, activation_params)
         y = few_rows.dense_product(A, B, out, _prepacked,
                                    _prepacked if alone and bias is None else None, arrays)
     else:

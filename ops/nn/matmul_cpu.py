@@ -37,6 +37,7 @@ import numpy as np
 
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.conv.direct_forms import activation_limits
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.compiled.workspace import named_buffer, packed
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
@@ -121,13 +122,14 @@ def dense_product(A, B, out, prepacked=None, replays=None, recorded=()):
 
 
 def biased_gemm_product(A, B, C, transA, transB, out, prepacked, replays=None,
-                        recorded=()) -> bool:
+                        recorded=(), limits=None) -> bool:
     """``out = A' B' + C`` with C one value per column, the bias added in the panels
     (:func:`biased_panel_product`); False, nothing written, where that does not apply. The
     node's rows route (:class:`RowsRoute`) is kept by B as the node has it, transposed or
     not (``B.T`` is a new view each call)."""
     return C is not None and not transA and biased_panel_product(
-        A, B.T if transB else B, C, out, prepacked, replays, recorded, source=B)
+        A, B.T if transB else B, C, out, prepacked, replays, recorded, source=B,
+        limits=limits)
 
 
 def graph_output(A, B, transA=0, transB=0):
@@ -288,21 +290,48 @@ def pack_panels(B) -> np.ndarray:
     return panels
 
 
-def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), source=None):
+def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), source=None,
+                  limits=None):
     """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
-    dtype, contiguous) when given, added to each tile as it is finished; the panels split
-    over the intra-op threads: through the native pool where there is one (its hand-off
-    never takes the GIL), else ``parallel_for``. The call is kept as the node's replay in
-    ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the node's arrays
-    ``recorded``, whose first is A and last ``out``: the checks and the arguments cost ~7
-    us of a 64 x 256 @ 256 x 256 product's ~32. ``source``: the weight as the node has it,
-    where B is a view made of it (Gemm's transposed B), for its rows route."""
-    call = panel_call(A, B, prepacked, bias)
+    dtype, contiguous) when given, added to each tile as it is finished, then the
+    activation ``limits`` (:func:`layer_limits`, with a bias alone) in the same registers;
+    the panels split over the intra-op threads: through the native pool where there is one
+    (its hand-off never takes the GIL), else ``parallel_for``. The call is kept as the
+    node's replay in ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the
+    node's arrays ``recorded``, whose first is A and last ``out``: the checks and the
+    arguments cost ~7 us of a 64 x 256 @ 256 x 256 product's ~32. ``source``: the weight as
+    the node has it, where B is a view made of it (Gemm's transposed B), for its rows
+    route."""
+    call = panel_call(A, B, prepacked, bias, limits)
     call(A, out)
     if replays is not None:
         replay.record(replays, recorded, panel_action(call))
-        replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype, B if source is None else source)
+        replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype, B if source is None else source,
+                                        limits)
     return out
+
+
+def layer_limits(activation: str, params, dtype) -> np.ndarray | None:
+    """A dense layer's activation as the panel tile applies it after the bias, (low, high,
+    slope) in ``dtype`` (Relu, LeakyRelu, Clip: ``direct_forms.activation_limits``), or None
+    where it has none, one the tile does not compute, or a dtype the panels do not take
+    (float32 and float64 alone). Kept per activation, so that a node's calls pass the same
+    array (its rows route compares it by identity); writable like the biases the kernels
+    take, so that no second signature of theirs is compiled for a read-only one."""
+    if not activation or np.dtype(dtype).char not in _NO_BIAS:
+        return None
+    key = (activation, tuple(float(p) for p in params or ()), np.dtype(dtype).char)
+    found = _LAYER_LIMITS.get(key)
+    if found is None:
+        limits = activation_limits(activation, params)
+        if limits is None:
+            return None
+        slope, low, high = limits
+        found = _LAYER_LIMITS.setdefault(key, np.array((low, high, slope), dtype))
+    return found
+
+
+_LAYER_LIMITS: dict = {}
 
 
 # -- a node's next shapes: the route of its panel product by rows --------------------------
@@ -332,10 +361,12 @@ class RowsRoute:
     weight as the node has it, B the (K, N) operand made of it), their dtype, and the
     thread, native pool and scratch it ran on (as a replay is tied to them)."""
 
-    __slots__ = ("B", "source", "bias", "dtype", "thread", "pool", "scratch", "streamed")
+    __slots__ = ("B", "source", "bias", "limits", "dtype", "thread", "pool", "scratch",
+                 "streamed")
 
-    def __init__(self, B, bias, dtype, source=None):
+    def __init__(self, B, bias, dtype, source=None, limits=None):
         self.B, self.bias, self.dtype = B, bias, np.dtype(dtype)
+        self.limits = limits
         self.source = B if source is None else source
         self.thread = threading.get_ident()
         self.pool = jit_cpu.native_pool()
@@ -343,18 +374,19 @@ class RowsRoute:
         self.streamed = streamed(B)
 
 
-def rows_route(prepacked, A, B, bias, out, recorded) -> bool:
-    """``out = A @ B (+ bias)`` through the node's panels at A's rows, recorded as its
-    replay under ``recorded`` (the node's arrays, A first and ``out`` last), where its
-    RowsRoute holds for these arrays: the same weight (B as the node has it: a Gemm's
-    untransposed one), bias, dtype, thread, pool and scratch; A and ``out`` C-contiguous
-    and apart; at least two rows (one goes to the BLAS); and past what sends a product to
+def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
+    """``out = A @ B (+ bias)``, then the activation ``limits`` (:func:`layer_limits`),
+    through the node's panels at A's rows, recorded as its replay under ``recorded`` (the
+    node's arrays, A first and ``out`` last), where its RowsRoute holds for these arrays:
+    the same weight (B as the node has it: a Gemm's untransposed one), bias, activation,
+    dtype, thread, pool and scratch; A and ``out`` C-contiguous and apart; at least two rows (one goes to the BLAS); and past what sends a product to
     the few-rows and tiny forms (PANEL_MIN_WORK unless the weight is streamed, TINY_WORK
     in any case). False, nothing written, otherwise: the caller takes the full route."""
     route = None if prepacked is None else prepacked.get(ROWS_ROUTE)
     if route is None or route.source is not B or route.bias is not bias \
-            or A.__class__ is not np.ndarray or out.__class__ is not np.ndarray \
-            or A.dtype != route.dtype or out.dtype != route.dtype:
+            or route.limits is not limits or A.__class__ is not np.ndarray \
+            or out.__class__ is not np.ndarray or A.dtype != route.dtype \
+            or out.dtype != route.dtype:
         return False
     B = route.B
     k, n = B.shape
@@ -369,7 +401,7 @@ def rows_route(prepacked, A, B, bias, out, recorded) -> bool:
             or route.scratch != jit_cpu.scratch_generation() or batch_invariant() \
             or jit_cpu.panel_kernels() is None or np.may_share_memory(out, A):
         return False
-    call = rows_call(B, prepacked, bias, route.dtype, rows)
+    call = rows_call(B, prepacked, bias, route.dtype, rows, limits)
     call(A, out)
     replay.record(prepacked, recorded, panel_action(call))
     return True
@@ -410,19 +442,20 @@ def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
         or k * n * itemsize >= SPLIT_WEIGHT_BYTES
 
 
-def panel_call(A, B, prepacked, bias=None):
+def panel_call(A, B, prepacked, bias=None, limits=None):
     """:func:`panel_product` for A's shape as a call to make, ``call(A, out)``, on arrays of
     the shapes and dtype of these (its scratch is this thread's)."""
-    return rows_call(B, prepacked, bias, A.dtype, A.size // B.shape[0])
+    return rows_call(B, prepacked, bias, A.dtype, A.size // B.shape[0], limits)
 
 
-def rows_call(B, prepacked, bias, dtype, rows: int):
+def rows_call(B, prepacked, bias, dtype, rows: int, limits=None):
     """:func:`panel_call` for ``rows`` rows of ``dtype`` (the rows route of a node's next
     shapes, ``panel_routes.py``, makes it from these without an A)."""
     panels = packed(prepacked, "panels", lambda: pack_panels(B))
     k, n = B.shape
     dtype = np.dtype(dtype)
     bias = _NO_BIAS[dtype.char] if bias is None else bias
+    limits = _NO_BIAS[dtype.char] if limits is None else limits  # (empty: no activation)
     kernels = jit_cpu.panel_kernels()
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     count = panels.shape[0]
@@ -431,7 +464,8 @@ def rows_call(B, prepacked, bias, dtype, rows: int):
         spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
 
         def into(target):
-            return lambda A: one(_rows_of(A, rows, k), panels, target, 0, count, spill, bias)
+            return lambda A: one(_rows_of(A, rows, k), panels, target, 0, count, spill, bias,
+                                 limits)
         return _with_out(into, rows, n)
     native = jit_cpu.native_pool()
     if native is not None:
@@ -441,7 +475,7 @@ def rows_call(B, prepacked, bias, dtype, rows: int):
 
         def into(target):
             return lambda A: run(block, parts, _rows_of(A, rows, k), panels, target, bounds,
-                                 spill, worker_spill, bias)
+                                 spill, worker_spill, bias, limits)
         return _with_out(into, rows, n)
 
     def threads(A, out):
@@ -450,7 +484,7 @@ def rows_call(B, prepacked, bias, dtype, rows: int):
         def part(p0, p1):
             kernels.panel_product(a, panels, c, p0, p1,
                                   jit_cpu.scratch_array("panel_spill", dtype, spill_shape),
-                                  bias)
+                                  bias, limits)
         parallel_for(thread_parts(count, rows * k * n), part)
     return threads
 
@@ -516,16 +550,17 @@ _NO_BIAS = {np.dtype(t).char: np.zeros(0, t) for t in (np.float32, np.float64)}
 
 
 def biased_panel_product(A, B, bias, out, prepacked, replays=None, recorded=(),
-                         source=None) -> bool:
+                         source=None, limits=None) -> bool:
     """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
-    (the same float additions as ``out += bias`` afterwards) when :func:`panels_suit` and
-    ``bias`` is one contiguous value per column of A's dtype; False, nothing written,
-    otherwise. ``replays``, ``recorded``, ``source``: as for :func:`panel_product`."""
+    (the same float additions as ``out += bias`` afterwards), then the activation
+    ``limits`` (:func:`layer_limits`), when :func:`panels_suit` and ``bias`` is one
+    contiguous value per column of A's dtype; False, nothing written, otherwise.
+    ``replays``, ``recorded``, ``source``: as for :func:`panel_product`."""
     if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \
             or B.ndim != 2 or bias.shape[0] != B.shape[1] \
             or not panels_suit(A, B, out, prepacked):
         return False
-    panel_product(A, B, out, prepacked, bias, replays, recorded, source)
+    panel_product(A, B, out, prepacked, bias, replays, recorded, source, limits)
     return True
 
 

@@ -19,8 +19,8 @@ from numba import carray, cfunc, njit, types
 
 from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
-    PRODUCT_C, PRODUCT_JOB, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim, finish, get1, get2,
-    get3, pointer_like, publish, put, register_job)
+    PRODUCT_C, PRODUCT_JOB, PRODUCT_LIMITS, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim,
+    finish, get1, get2, get3, pointer_like, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, _biased_tile, _half_tile, _tile, limited
 
 # Rows taken through all of a thread's panels before the next rows. Written as 256 while this
@@ -34,17 +34,22 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
 @_jit
-def panel_product(a, panels, c, p0, p1, spill, bias):
+def panel_product(a, panels, c, p0, p1, spill, bias, limits):
     """``c = a @ w (+ bias)`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c``
     (rows, N) with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded
     to P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past
     N, ``bias`` one value per column added to each finished sum in its register as the tile
-    is stored (as ``c += bias`` afterwards would add it), or empty. Rows go in blocks of ROW_BLOCK so
-    that a block of ``a`` stays in L2 while the thread's panels pass over it."""
+    is stored (as ``c += bias`` afterwards would add it), or empty. ``limits``: a dense
+    layer's activation as (low, high, slope) in c's dtype (``direct_forms.activation_limits``
+    in the tile's order), applied to each sum after its bias (:func:`limited`), or empty.
+    Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
+    panels pass over it."""
     rows, columns = c.shape
     k_len, width = panels.shape[1], panels.shape[2]
     lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
     biased = bias.shape[0] > 0
+    limiting = limits.shape[0] > 0
+    low, high, slope = _limits(limits)
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
         for p in range(p0, p1):
@@ -53,12 +58,17 @@ def panel_product(a, panels, c, p0, p1, spill, bias):
             inside = column + width <= columns
             for s in range(r0, r1, STRIP_ROWS):
                 count = min(STRIP_ROWS, r1 - s)
-                if inside and biased:  # the bias added in the tile's registers
+                if inside and biased:  # the bias and activation in the tile's registers
                     _biased_tile(count, a, s * lda, lda, panels, offset, width, c,
-                                 s * ldc + column, ldc, k_len, bias, column)
+                                 s * ldc + column, ldc, k_len, bias, column, low, high, slope)
                 elif inside:
                     _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
                           ldc, k_len)
+                    if limiting:
+                        for i in range(count):
+                            for j in range(width):
+                                c[s + i, column + j] = limited(c[s + i, column + j], low,
+                                                               high, slope)
                 else:
                     if columns - column <= width // 2:  # padding past one vector: skip it
                         _half_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
@@ -68,8 +78,19 @@ def panel_product(a, panels, c, p0, p1, spill, bias):
                               k_len)
                     for i in range(count):
                         for j in range(columns - column):
-                            c[s + i, column + j] = spill[i, j] + bias[column + j] if biased \
-                                else spill[i, j]
+                            value = spill[i, j] + bias[column + j] if biased else spill[i, j]
+                            c[s + i, column + j] = limited(value, low, high, slope) \
+                                if limiting else value
+
+
+@_jit
+def _limits(limits):
+    """(low, high, slope) from ``limits``, or the ones that change nothing where it is
+    empty (-inf, inf, 1)."""
+    if limits.shape[0] > 0:
+        return limits[0], limits[1], limits[2]
+    inf = limits.dtype.type(np.inf)
+    return -inf, inf, limits.dtype.type(1)
 
 
 @_jit
@@ -114,14 +135,15 @@ def batched_product(a, b, c, n0, n1, edge, spill):
 # -- split between threads in native code (see ops/panels/_jit_native_pool.py, JOB) --------------
 
 @_jit
-def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias):
-    """``c = a @ w (+ bias)`` (:func:`panel_product`) over ``parts`` parts, part p the panels
+def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias, limits):
+    """``c = a @ w (+ bias)``, then the activation ``limits`` (:func:`panel_product`), over
+    ``parts`` parts, part p the panels
     ``bounds[4p]..bounds[4p + 1]`` of rows ``bounds[4p + 2]..bounds[4p + 3]``, taken by this
     thread and the pool's worker (with another caller using the pool, all here)."""
     sequence = begin(block) if parts > 1 else -1
     if sequence < 0:
         for part in range(parts):
-            _product_part(a, panels, c, bounds, part, spill, bias)
+            _product_part(a, panels, c, bounds, part, spill, bias, limits)
         return
     block[JOB] = PRODUCT_JOB
     put(block, PRODUCT_A, a)
@@ -130,21 +152,22 @@ def native_product(block, parts, a, panels, c, bounds, spill, worker_spill, bias
     put(block, PRODUCT_BOUNDS, bounds)
     put(block, PRODUCT_SPILL, worker_spill)
     put(block, PRODUCT_BIAS, bias)
+    put(block, PRODUCT_LIMITS, limits)
     block[ITEMSIZE], block[PARTS] = a.itemsize, parts
     publish(block, sequence)
     part = claim(block, parts)
     while part >= 0:
-        _product_part(a, panels, c, bounds, part, spill, bias)
+        _product_part(a, panels, c, bounds, part, spill, bias, limits)
         part = claim(block, parts)
     finish(block)
 
 
 @_jit
-def _product_part(a, panels, c, bounds, part, spill, bias):
+def _product_part(a, panels, c, bounds, part, spill, bias, limits):
     """Part ``part`` of :func:`native_product`: its panels over its rows."""
     at = 4 * part
     r0, r1 = bounds[at + 2], bounds[at + 3]
-    panel_product(a[r0:r1], panels, c[r0:r1], bounds[at], bounds[at + 1], spill, bias)
+    panel_product(a[r0:r1], panels, c[r0:r1], bounds[at], bounds[at + 1], spill, bias, limits)
 
 
 @_jit
@@ -152,11 +175,11 @@ def _worker_product(block, zero):
     a, c = get2(block, PRODUCT_A, zero), get2(block, PRODUCT_C, zero)
     panels, spill = get3(block, PRODUCT_PANELS, zero), get2(block, PRODUCT_SPILL, zero)
     bounds = get1(block, PRODUCT_BOUNDS, np.int64(0))
-    bias = get1(block, PRODUCT_BIAS, zero)
+    bias, limits = get1(block, PRODUCT_BIAS, zero), get1(block, PRODUCT_LIMITS, zero)
     parts = block[PARTS]
     part = claim(block, parts)
     while part >= 0:
-        _product_part(a, panels, c, bounds, part, spill, bias)
+        _product_part(a, panels, c, bounds, part, spill, bias, limits)
         part = claim(block, parts)
 
 
@@ -186,7 +209,8 @@ def pixel_rows_conv(block, parts, x, rows, panels, products, y, bounds, spill, w
     64 -> 64 layer at 6 x 6 took 10.9 us, here 9.5."""
     n, m, p = y.shape
     swap_last_axes(x, rows.reshape((n, p, x.shape[1])))
-    native_product(block, parts, rows, panels, products, bounds, spill, worker_spill, bias)
+    native_product(block, parts, rows, panels, products, bounds, spill, worker_spill, bias,
+                   bias[:0])  # its activation comes with its epilogue, below
     for b in range(n):
         for i in range(p):
             for j in range(m):

@@ -49,18 +49,23 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
     last panel of outputs read in place) and the panel's rows, the residual and c are read
     and written under a mask, so nothing past them is touched.
 
-    ``biased`` (a plain tile): two more arguments, ``bias, bias_offset``, a bias per column;
-    each finished sum gets ``bias[bias_offset + j]`` added in its register as the tile is
-    stored, the same one addition per output as a pass of ``c += bias`` after the tile,
-    which cost a dense layer with a short K as much as a third of its product (a 1536 x 64
-    @ 64 x 896 layer 4.4 ms against 2.7 unbiased)."""
+    ``biased`` (a plain tile): five more arguments, ``bias, bias_offset, low, high, slope``,
+    a bias per column and a dense layer's activation; each finished sum gets
+    ``bias[bias_offset + j]`` added in its register as the tile is stored, the same one
+    addition per output as a pass of ``c += bias`` after the tile, which cost a dense layer
+    with a short K as much as a third of its product (a 1536 x 64 @ 64 x 896 layer 4.4 ms
+    against 2.7 unbiased); then the convolution's slope and clamp (``low, high, slope`` =
+    -inf, inf, 1 leave every value as it is, NaN included). A Relu as a compiled pass of its
+    own after each of an MLP's layers was ~30 us a layer of a request 10 ms after the last,
+    cold, for a few microseconds of work (2026-11-30)."""
 
     if biased:
         @intrinsic
         def biased_tile(typingctx, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
-                        ldc, k_len, bias, bias_offset):
+                        ldc, k_len, bias, bias_offset, low, high, slope):
             sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
-                             types.intp, types.intp, types.intp, bias, types.intp)
+                             types.intp, types.intp, types.intp, bias, types.intp, a.dtype,
+                             a.dtype, a.dtype)
             return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors,
                                       biased=True)
         return biased_tile
@@ -269,8 +274,9 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
             if finished:
                 value = _epilogue(builder, value, adding, offset, args[14:17], spread,
                                   lambda p, o, w: load_vector(p, o, w, mask=masked(v)))
-            elif biased:
-                value = builder.fadd(value, column_bias[v])
+            elif biased:  # the bias, then the activation's slope and clamp
+                value = _epilogue(builder, builder.fadd(value, column_bias[v]), None, offset,
+                                  args[12:15], spread, None)
             return value
 
         if taps:
@@ -435,33 +441,34 @@ _btile1, _btile2, _btile3, _btile4, _btile5, _btile6, _btile7, _btile8 = \
 
 @_jit
 def _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
-                 bias, bias_offset):
+                 bias, bias_offset, low, high, slope):
     """:func:`_tile` with ``bias[bias_offset + j]`` added to column j's sums as they are
-    stored (a whole panel's columns of bias must exist)."""
+    stored (a whole panel's columns of bias must exist), then times ``slope`` below zero and
+    clamped to [low, high] (:func:`limited`)."""
     if rows == 8:
         _btile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 7:
         _btile7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 6:
         _btile6(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 5:
         _btile5(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 4:
         _btile4(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 3:
         _btile3(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     elif rows == 2:
         _btile2(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
     else:
         _btile1(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                bias_offset)
+                bias_offset, low, high, slope)
 
 
 _half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8 = \

@@ -230,11 +230,50 @@ def test_a_bias_added_in_the_tile_gives_the_bits_of_adding_it_after(rows, k, n, 
     panels = matmul_cpu.pack_panels(B)
     spill = np.zeros((kernels.STRIP_ROWS, panels.shape[2]), dtype)
     after = np.full((rows, n), np.nan, dtype)
-    kernels.panel_product(A, panels, after, 0, len(panels), spill, np.zeros(0, dtype))
+    none = np.zeros(0, dtype)
+    kernels.panel_product(A, panels, after, 0, len(panels), spill, none, none)
     after += bias
     inside = np.full((rows, n), np.nan, dtype)
-    kernels.panel_product(A, panels, inside, 0, len(panels), spill, bias)
+    kernels.panel_product(A, panels, inside, 0, len(panels), spill, bias, none)
     assert inside.tobytes() == after.tobytes()
+
+
+@needs_panels
+@pytest.mark.parametrize("rows", [1, 8, 13])  # a strip, whole and with a tail
+@pytest.mark.parametrize("n", [7, 40, 96])  # a half panel, a padded last one, whole panels
+@pytest.mark.parametrize("activation, params", [("Relu", None), ("LeakyRelu", [0.1]),
+                                                ("Clip", [-0.5, 0.75])])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("biased", [True, False])
+def test_an_activation_applied_in_the_tile_gives_the_layer_s_values(rows, n, activation,
+                                                                    params, dtype, biased):
+    """A dense layer's Relu, LeakyRelu or Clip applied as the tile is stored (after the
+    bias) gives what the layer's separate pass gives; NaN passes through as there."""
+    from mixrt.ops.nn.fused import add_and_activate_cpu
+    kernels = jit_cpu.panel_kernels()
+    A, B = _rand(rows, 42, dtype=dtype), _rand(42, n, dtype=dtype)
+    A[0, 0] = np.nan  # row 0 is NaN throughout: the clamp's comparisons pass it
+    bias = _rand(n, dtype=dtype) if biased else np.zeros(0, dtype)
+    panels = matmul_cpu.pack_panels(B)
+    spill = np.zeros((kernels.STRIP_ROWS, panels.shape[2]), dtype)
+    apart = np.empty((rows, n), dtype)
+    kernels.panel_product(A, panels, apart, 0, len(panels), spill, bias, np.zeros(0, dtype))
+    add_and_activate_cpu(apart, None, None, activation, params)
+    inside = np.full((rows, n), -7.0, dtype)
+    limits = matmul_cpu.layer_limits(activation, params, dtype)
+    kernels.panel_product(A, panels, inside, 0, len(panels), spill, bias, limits)
+    np.testing.assert_array_equal(inside, apart)
+    assert np.isnan(inside[0]).all()
+
+
+def test_only_the_piecewise_linear_activations_have_limits():
+    assert matmul_cpu.layer_limits("", None, np.float32) is None
+    assert matmul_cpu.layer_limits("Gelu", None, np.float32) is None
+    assert matmul_cpu.layer_limits("Relu", None, np.int32) is None  # no panels for ints
+    relu = matmul_cpu.layer_limits("Relu", None, np.float32)
+    assert relu.dtype == np.float32 and list(relu) == [0.0, np.inf, 1.0]
+    assert matmul_cpu.layer_limits("Relu", None, np.float32) is relu  # one array a kind
+    assert list(matmul_cpu.layer_limits("Clip", [-1, 6], np.float64)) == [-1.0, 6.0, 1.0]
 
 
 @needs_panels
@@ -318,7 +357,8 @@ def test_few_panels_split_over_rows_give_the_one_thread_bits(monkeypatch):
     panels = matmul_cpu.pack_panels(B)
     expected = np.empty((36, 96), np.float32)
     kernels.panel_product(A, panels, expected, 0, panels.shape[0],
-                          np.empty((8, 32), np.float32), np.zeros(0, np.float32))
+                          np.empty((8, 32), np.float32), np.zeros(0, np.float32),
+                          np.zeros(0, np.float32))
     call = matmul_cpu.panel_call(A, B, {})
     native = jit_cpu.native_pool()
 

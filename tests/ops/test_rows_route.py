@@ -175,3 +175,43 @@ def test_a_gemm_with_a_transposed_weight_takes_its_rows_route(full_routes):
     with jit_cpu.native_run(True):
         nn_cpu.gemm_cpu(np, A, B, bias, alpha=0.5, transB=1, out=out, _prepacked=node)
     np.testing.assert_allclose(out, 0.5 * (A @ B.T) + bias, rtol=1e-5, atol=1e-4)
+
+
+def _fused_gemm(node, A, B, bias, out, activation="Relu", params=None):
+    with jit_cpu.native_run(True):
+        return fused_cpu.fused_gemm_cpu(np, A, B, bias, transB=1, activation=activation,
+                                        activation_params=params, out=out, _prepacked=node)
+
+
+def test_a_relu_layer_is_one_product_its_replay_and_rows_route(full_routes):
+    """A FusedGemm with a Relu (or Clip): the activation applied in the tiles after the
+    bias, so the layer's product is the whole node: its replay, and its rows route at a new
+    number of rows, with the bits of the full route; a Tanh's layer keeps its pass."""
+    from mixrt.ops.compiled import replay
+    B = (RNG.standard_normal((320, 128)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(320).astype(np.float32)
+    for activation, params, want in (
+            ("Relu", None, lambda y: np.maximum(y, 0)),
+            ("Clip", [-0.25, 0.5], lambda y: np.clip(y, -0.25, 0.5))):
+        node = _node()
+        A = RNG.standard_normal((40, 128)).astype(np.float32)
+        out = np.empty((40, 320), np.float32)
+        _fused_gemm(node, A, B, bias, out, activation, params)
+        np.testing.assert_allclose(out, want(A @ B.T + bias), rtol=1e-5, atol=1e-4)
+        assert node[ROWS_ROUTE].limits is not None and replay.KEY in node
+        routed = len(full_routes)
+        for rows in (17, 64, 9):
+            A = RNG.standard_normal((rows, 128)).astype(np.float32)
+            out = np.empty((rows, 320), np.float32)
+            _fused_gemm(node, A, B, bias, out, activation, params)
+            fresh = np.empty_like(out)
+            _fused_gemm(_node(), A, B, bias, fresh, activation, params)  # the full route
+            np.testing.assert_array_equal(out, fresh)
+            np.testing.assert_allclose(out, want(A @ B.T + bias), rtol=1e-5, atol=1e-4)
+        assert len(full_routes) == routed + 3  # the fresh nodes' only
+    node = _node()  # a Tanh is no clamp: the pass after the product, no route nor replay
+    A = RNG.standard_normal((40, 128)).astype(np.float32)
+    out = np.empty((40, 320), np.float32)
+    _fused_gemm(node, A, B, bias, out, "Tanh")
+    np.testing.assert_allclose(out, np.tanh(A @ B.T + bias), rtol=1e-5, atol=1e-5)
+    assert replay.KEY not in node
