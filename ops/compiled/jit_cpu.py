@@ -351,6 +351,13 @@ def scratch_kit(owner, key, make):
     return kit
 
 
+def kept_kit(owner, key):
+    """The kit :func:`scratch_kit` keeps for this thread per (``owner``, ``key``), or None
+    (nothing is made)."""
+    found = _thread_kits().get((id(owner), key))
+    return found[1] if found is not None and found[0]() is owner else None
+
+
 def scratch_generation() -> int:
     """How many times this thread's scratch buffers were reallocated (what a kept kit was
     made from is current while this holds)."""

@@ -28,9 +28,10 @@ import threading
 import numpy as np
 
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
-from mixrt.ops.compiled.parallel import parallel_for, thread_parts
+from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
 from mixrt.ops.conv.direct_forms import STRIP
-from mixrt.ops.conv.direct_layout import _row_parts, _strip_parts, empty_operands, layout
+from mixrt.ops.conv.direct_layout import (ROWS_SPLIT_MIN, _row_parts, _strip_parts,
+                                          empty_operands, layout)
 # not called here: the other convolutions (conv_cpu.py, conv_pool_cpu.py, conv_grad_cpu.py,
 # pointwise_rows.py, ops/nn/fused_cpu.py) import them from this module
 from mixrt.ops.conv.direct_forms import NO_ACTIVATION, activation_limits  # noqa: F401
@@ -72,14 +73,21 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     if out.size == 0:  # an empty image (a zero-width map): nothing to compute or lay out
         return out
     kernel, strides, dilations, _, begin, end, out_dims = geometry
-    plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
-                  constant=not repack)
-    if repack:
-        plan.repack(W)
-    native, split = _native_pool(), plan.native_parts().count > 1
-    if native is None and split:
-        return _conv_threads(plan, X, B, Z, limits, out)
-    kit = jit_cpu.scratch_kit(plan, (X.dtype.str, limits), lambda: _Kit(plan, X.dtype, limits))
+    native = _native_pool()
+    kit = None if repack or native is None else _pointwise_kit(X, W, geometry, limits)
+    if kit is None:
+        plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
+                      constant=not repack)
+        if repack:
+            plan.repack(W)
+        if native is None and plan.native_parts().count > 1:
+            return _conv_threads(plan, X, B, Z, limits, out)
+        kit = jit_cpu.scratch_kit(plan, (X.dtype.str, limits),
+                                  lambda: _Kit(plan, X.dtype, limits))
+        if not repack and plan.in_place:  # the node's other image sizes start from it
+            jit_cpu.scratch_kit(W, (_POINTWISE, X.dtype.str, limits),
+                                lambda: _PointwiseSizes(plan, kit))
+    split = kit.parts > 1
     # with one part the block is never read (the kernel takes the pool for two or more)
     block = kit.words if native is None else native.block
     run = _kernels().native_conv
@@ -126,6 +134,7 @@ class _Kit:
                                                 lambda: _size_words(plan, dtype)):
             words[slot:slot + len(values)] = values
         self.words = np.array(words, np.int64)
+        self.parts = parts.count
         self._kept = (base, parts)  # the words point into their arrays
 
 
@@ -137,6 +146,78 @@ class _Kit:
             return B.reshape(m)
         self._padded[:m] = B.reshape(m)  # past M it stays zero (one thread's calls in turn)
         return self._padded
+
+
+# An in-place 1x1 convolution's kit at a new image size, from its kit at another (the
+# node's first on this thread): a MobileNetV2 has 34 such nodes, and each new image size a
+# service sent made each a layout and a kit, ~100 us a node, ~3 ms of a size's first run
+# (2026-11-30). Only the parts and the plane's size change with the image: the rest of the
+# kit's words (the weight, its strips' blocks, the spills, the epilogue, no planes read)
+# is the node's.
+_POINTWISE = "in-place 1x1 sizes"
+
+
+def _pointwise_kit(X, W, geometry, limits):
+    """This thread's kit of an in-place 1x1 convolution (stride 1, no padding, its input
+    read where it lies) at X's image size, made from the node's kit at another size
+    (:class:`_PointwiseSizes`); None where the node has no kit on this thread yet, or the
+    convolution is not one (its full route decides, ``direct_layout``)."""
+    kernel, strides, _, _, begin, end, out_dims = geometry
+    if kernel[0] != 1 or kernel[1] != 1 or strides[0] != 1 or strides[1] != 1 \
+            or any(begin) or any(end):
+        return None
+    sizes = jit_cpu.kept_kit(W, (_POINTWISE, X.dtype.str, limits))
+    if sizes is None or X.shape[1] != sizes.channels:
+        return None
+    image = X.shape[2:]
+    if out_dims[0] != image[0] or out_dims[1] != image[1] \
+            or small_expansion(sizes.channels, image, W.shape[0]):  # (read in strips)
+        return None
+    return jit_cpu.scratch_kit(W, (_POINTWISE, image, X.dtype.str, limits),
+                               lambda: sizes.at(image))
+
+
+class _PointwiseSizes:
+    """A node's in-place 1x1 kit as every image size's starts: its words, and what
+    ``direct_layout._NativeParts`` works out from the node alone (the channels, the parts
+    when they split the output channels)."""
+
+    def __init__(self, plan, kit):
+        parts = plan.native_parts()
+        self.kit, self.channels = kit, plan.planes_shape[2]
+        self.lanes = _kernels().VECTOR_BYTES // plan.weights.itemsize
+        strips = plan.weights.shape[0]  # output channels in whole strips
+        self.count = len(_strip_parts(strips))
+        self.chunk = -(-(strips // STRIP) // self.count)
+        assert parts.row_block == plan.row_block  # (the words copied keep it)
+
+    def at(self, image) -> "_SizedKit":
+        """The kit at an image of ``image`` (rows, columns), as the full route makes it."""
+        return _SizedKit(self, *image)
+
+
+class _SizedKit:
+    """:class:`_Kit`'s words for one image size of an in-place 1x1 convolution, the
+    node's own copied from its first kit; its bias from that kit (they share one base)."""
+
+    def __init__(self, sizes: _PointwiseSizes, rows: int, columns: int):
+        kernels = _kernels()
+        words = sizes.kit.words.copy()
+        if rows >= ROWS_SPLIT_MIN * intra_op_threads():  # split by bands of output rows
+            bands = _row_parts(rows)
+            self.bounds = np.array([band[0] for band in bands] + [rows], np.int64)
+            self.parts, chunk, by_rows = len(bands), 0, 1
+        else:
+            self.bounds = np.array([0, rows], np.int64)
+            self.parts, chunk, by_rows = sizes.count, sizes.chunk, 0
+        words[kernels.BOUNDS] = self.bounds.__array_interface__["data"][0]
+        words[kernels.BOUNDS + 1] = self.bounds.size
+        words[kernels.BY_ROWS], words[kernels.PARTS], words[kernels.CHUNK] = \
+            by_rows, self.parts, chunk
+        plane = -(-rows * columns // sizes.lanes) * sizes.lanes
+        words[kernels.SHAPE0:kernels.SHAPE0 + 4] = (1, 1, sizes.channels, plane)
+        words[kernels.PH:kernels.PH + 9] = (rows, columns, 1, 1, 0, 0, 0, rows, columns)
+        self.words, self.bias = words, sizes.kit.bias
 
 
 def _size_words(plan, dtype) -> tuple:

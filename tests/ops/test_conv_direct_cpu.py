@@ -515,10 +515,16 @@ def test_a_pointwise_convolution_read_in_place_asks_for_no_planes(every_shape):
     X = _rand(2, 64, 60, 70)
     out, prepacked = _direct(X, W1)
     np.testing.assert_allclose(out, _expected(X, W1), rtol=1e-4, atol=1e-4)
+    # (its kit at this size made from the node's at 4x4, whose layout reads in place)
+    kit = conv_direct_cpu._pointwise_kit(X, W1, ((1, 1), (1, 1), (1, 1), None, (0, 0), (0, 0),
+                                                 (60, 70)), conv_direct_cpu.NO_ACTIVATION)
+    assert kit.words[jit_cpu.panel_kernels().PLANES + 1] == 0  # no planes' length
+    assert jit_cpu.scratch_generation() == generation
+    _fresh_scratch()  # and by the full route, on a thread with no kit of the node
+    out, prepacked = _direct(_rand(1, 64, 50, 90), W1)
     (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
     assert plan.in_place
-    assert _kit_of(plan).words[jit_cpu.panel_kernels().PLANES + 1] == 0  # no planes' length
-    assert jit_cpu.scratch_generation() == generation
+    assert _kit_of(plan).words[jit_cpu.panel_kernels().PLANES + 1] == 0
 
 
 def test_a_scratch_buffer_grows_with_room_to_spare():
@@ -700,7 +706,8 @@ def test_new_image_sizes_share_the_nodes_packed_weight(every_shape, geometry):
                                                   dilations=dilations),
                                    rtol=1e-4, atol=1e-4)
     layouts = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
-    assert len(layouts) == 3
+    # an in-place 1x1's new sizes need no layout: their kits start from its first size's
+    assert len(layouts) == (1 if geometry is GEOMETRIES[6] else 3)
     packed = [(id(p.panels) if p.taps and not p.left else id(p.weights)) for p in layouts]
     assert len(set(packed)) == 1
 
@@ -754,3 +761,57 @@ def test_nodes_of_one_geometry_share_its_layout_each_with_its_own_weight(kernel,
     first, second = plans
     assert first is not second and first.native_parts() is second.native_parts()
     assert conv_direct_cpu._weight_of(first) is not conv_direct_cpu._weight_of(second)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_pointwise_kit_at_a_new_image_size_is_the_full_routes(every_shape, dtype):
+    """An in-place 1x1 convolution's kit at a new image size is made from the node's kit at
+    its first size (no layout, no parts object): the very words the full route's kit has
+    (the bounds in an array of their own, of the same values), and the same outputs."""
+    _fresh_scratch()
+    kernels = jit_cpu.panel_kernels()
+    limits = (1.0, 0.0, math.inf)  # Relu
+    for channels, m in ((16, 24), (64, 40), (96, 576)):
+        W = _rand(m, channels, 1, 1, dtype=dtype)
+        B = _rand(m, dtype=dtype)
+        _direct(_rand(1, channels, 9, 11, dtype=dtype), W, B, limits=limits)  # the first
+        for image in ((40, 64), (7, 5), (16, 16), (112, 96), (3, 200)):
+            X = _rand(2, channels, *image, dtype=dtype)
+            made = []
+            real = direct_layout.layout
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(conv_direct_cpu, "layout", lambda *a, **k: made.append(1)
+                              or real(*a, **k))
+                out, _ = _direct(X, W, B, limits=limits)
+            assert not made, "a new size of the node took its full route"
+            np.testing.assert_allclose(out, np.maximum(_expected(X, W, B), 0), rtol=1e-4,
+                                       atol=1e-4)
+            geometry_ = ((1, 1), (1, 1), (1, 1), None, (0, 0), (0, 0), image)
+            quick = conv_direct_cpu._pointwise_kit(X, W, geometry_, limits)
+            plan = direct_layout.layout({}, X, W, (1, 1), (1, 1), (1, 1), (0, 0), (0, 0),
+                                        image, constant=True)
+            full = conv_direct_cpu._Kit(plan, np.dtype(dtype), limits)
+            # the addresses of arrays made anew: the bounds (compared by value), and the
+            # epilogue's constants (this layout's node dict is a new one: another base)
+            made_anew = [kernels.BOUNDS, kernels.NO_BIAS, kernels.LIMITS]
+            assert np.array_equal(np.delete(quick.words, made_anew),
+                                  np.delete(full.words, made_anew))
+            assert np.array_equal(quick.bounds, plan.native_parts().bounds)
+            assert quick.parts == full.parts
+
+
+def test_a_pointwise_kit_is_not_made_for_what_the_full_route_decides(every_shape):
+    _fresh_scratch()
+    W = _rand(24, 16, 1, 1)
+    limits = conv_direct_cpu.NO_ACTIVATION
+    X = _rand(1, 16, 20, 20)
+    geometry_ = ((1, 1), (1, 1), (1, 1), None, (0, 0), (0, 0), (20, 20))
+    assert conv_direct_cpu._pointwise_kit(X, W, geometry_, limits) is None  # none made yet
+    _direct(_rand(1, 16, 9, 9), W)
+    assert conv_direct_cpu._pointwise_kit(X, W, geometry_, limits) is not None
+    padded = ((1, 1), (1, 1), (1, 1), None, (1, 1), (1, 1), (22, 22))
+    strided = ((1, 1), (2, 2), (1, 1), None, (0, 0), (0, 0), (10, 10))
+    for other in (padded, strided):
+        assert conv_direct_cpu._pointwise_kit(X, W, other, limits) is None
+    assert conv_direct_cpu._pointwise_kit(X, W, geometry_, (0.1, -1.0, 1.0)) is None
+    assert conv_direct_cpu._pointwise_kit(X.astype(np.float64), W, geometry_, limits) is None
