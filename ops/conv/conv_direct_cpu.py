@@ -74,8 +74,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
         return out
     kernel, strides, dilations, _, begin, end, out_dims = geometry
     native = _native_pool()
-    kit = None if repack or native is None else _pointwise_kit(X, W, geometry, limits)
-    if kit is None:
+    kit = None if repack else _pointwise_kit(X, W, geometry, limits)
+    if kit is None or (native is None and kit.parts > 1):  # (Python's threads: the layout)
         plan = layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
                       constant=not repack)
         if repack:
