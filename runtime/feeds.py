@@ -133,6 +133,19 @@ def signature_form(signature: tuple) -> tuple:
     return tuple((name, _value_form(part)) for name, part in signature)
 
 
+def feed_elements(signature: tuple) -> int:
+    """The elements of a signature's tensor feeds, all together (a run's size, as a
+    measure of its work among the signatures of one form)."""
+    total = 0
+    for _, part in signature:
+        if part is not None and part[0] not in ("map", "seq"):
+            count = 1
+            for size in part[0]:
+                count *= size
+            total += count
+    return total
+
+
 def _value_form(part):
     if part is None or part[0] == "map":
         return part

@@ -1,9 +1,8 @@
 """Session: load a model, bind every node to a kernel, run it.
 
 The call shapes mirror ``onnxruntime.InferenceSession`` (``run(output_names, feeds)``,
-``get_inputs()``, ``get_outputs()``) so a service can switch by changing one line; the
-options it accepts from there and the ``NodeArg`` it describes inputs with are in
-``runtime/onnxruntime_surface.py``.
+``get_inputs()``, ``get_outputs()``) so a service can switch by changing one line; the options
+it accepts from there and its ``NodeArg`` are in ``runtime/onnxruntime_surface.py``.
 
 Binding happens once, at construction (``runtime/binding.py``): an unsupported model fails
 when it is loaded, naming the node, not halfway through a request. ``run`` checks the feeds
@@ -31,6 +30,7 @@ from mixrt.base import made_up_feeds, placement, run_options
 from mixrt.base.errors import ExecutionError, InputError, ModelLoadError, RunTerminated
 from mixrt.base.run_options import RunOptions
 from mixrt.ops.compiled import jit_cpu, jit_tier, parallel
+from mixrt.ops.compiled.worker_wakes import join_form
 from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
@@ -45,7 +45,7 @@ from mixrt.runtime.steady_run import SteadyRun
 from mixrt.runtime.arenas import ArenaMemory, acquire, release, trim_idle_calls
 from mixrt.runtime.executor import (ExecutionPlan, FrozenValues, host_copies, make_plan,
                                     plannable_on_gpu)
-from mixrt.runtime.feeds import feed_signature, signature_form
+from mixrt.runtime.feeds import feed_elements, feed_signature, signature_form
 from mixrt.runtime.inferred_plans import (ShapeProgram, TrustedForm, inference_was_exact,
                                           plan_for_form)
 from mixrt.runtime.prepared_forms import prepare_forms, run_prepared
@@ -155,14 +155,14 @@ class Session(FeedChecks):
         self._arena_memory = ArenaMemory() if self._xp is np else None
         self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
                                forgotten=partial(_drop_lanes, self._steady_runs))
+        self._form_wakes: dict = {}  # form -> worker_wakes.FormWakes
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
         # each with what its discovered plan settled (inferred_plans.TrustedForm)
         self._trusted_forms: dict = {}
         self._distrusted_forms: set = set()  # ... and those whose inferred plan failed
         self._shape_program: ShapeProgram | None = None  # their shape inference, made ready
         self._last_plan: tuple | None = None  # (signature, plan) of the last plan found
-        # (feed_key, signature, the feeds given as NumPy text to turn into str objects) of
-        # checked feeds
+        # (feed_key, signature, the NumPy text feeds to make str objects of) of checked feeds
         self._known_feeds: tuple | None = None
         self.profiler = Profiler.from_options(profile)
         if cuda_graph and self.device.kind != "gpu":
@@ -416,6 +416,7 @@ class Session(FeedChecks):
         """``plan`` kept; every few, the calls of plans not run lately let go (arenas.py)."""
         kept = self._plans.put(signature, plan)
         kept.prepared = kept.prepared or made_up_feeds.in_progress()  # by wait_compiled
+        join_form(self._form_wakes, signature_form(signature), kept, feed_elements(signature))
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
                 and len(self._plans) > KEEP_CALLS and not kept.prepared:
@@ -423,10 +424,9 @@ class Session(FeedChecks):
         return kept
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
-        """After a planned CPU run: keep what the next run of the same feeds needs, when
-        it can take :class:`SteadyRun`'s lane (all outputs, NumPy feeds passed as they are
-        or text to make object strings of, the compiled tier in, no profiler of the
-        session's own)."""
+        """After a planned CPU run: keep what the next run of the same feeds needs, when it
+        can take :class:`SteadyRun`'s lane (all outputs, NumPy feeds as they are or text to
+        make object strings of, the compiled tier in, no profiler of the session's own)."""
         known = self._known_feeds
         if not host or self.profiler is not None or known is None or known[1] is not signature \
                 or not (self._tiers is None or self._tiers.is_compiled(signature)):

@@ -6,6 +6,8 @@ of a back-to-back stream after a run that left them asleep."""
 
 import threading
 
+import numpy as np
+
 import pytest
 
 from mixrt.ops.compiled import worker_wakes
@@ -202,3 +204,59 @@ def test_the_answers_are_the_native_pools():
             worker_wakes.CALLER_MOVED, worker_wakes.NO_CPU_CHECK) == (
         native.FOUND_AWAKE, native.WOKEN, native.LEFT_ASLEEP, native.CALLER_MOVED,
         native.NO_CPU_CHECK)
+
+
+def test_a_forms_new_plans_start_from_what_its_plans_settled(machine):
+    """A service's new size is a new plan: it starts from what the form's plans settled on
+    for runs of its work (alone up to the most work of a plan that ran faster alone, woken
+    from the least of one that ran faster woken), and learns for itself in between."""
+    form = worker_wakes.FormWakes()
+    small = WakeChoice()
+    small.join(form, 1000)
+    _runs(small, machine, 2 * LEARN + 1, woken_s=100e-6, alone_s=70e-6)  # settles alone
+    assert form.alone_up_to == 1000 and form.woken_from is None
+    smaller = WakeChoice()
+    smaller.join(form, 400)
+    assert _runs(smaller, machine, 10, woken_s=100e-6, alone_s=70e-6) == [False] * 10
+    large = WakeChoice()
+    large.join(form, 50_000)  # past what ran alone: its own learning, woken first
+    ways = _runs(large, machine, 2 * LEARN + 1, woken_s=60e-6, alone_s=90e-6)
+    assert ways[:LEARN] == [True] * LEARN and ways[LEARN:2 * LEARN] == [False] * LEARN
+    assert form.woken_from == 50_000
+    larger = WakeChoice()
+    larger.join(form, 80_000)
+    assert _runs(larger, machine, 10, woken_s=60e-6, alone_s=90e-6) == [True] * 10
+    between = WakeChoice()
+    between.join(form, 20_000)
+    assert _runs(between, machine, LEARN, woken_s=60e-6, alone_s=90e-6) == [True] * LEARN
+
+
+def test_a_plan_on_its_forms_verdict_still_tries_the_other_way_now_and_then(machine):
+    form = worker_wakes.FormWakes()
+    form.settled(1000, woken=False)
+    choice = WakeChoice()
+    choice.join(form, 10)
+    ways = _runs(choice, machine, 2 * RETRY_EVERY, woken_s=100e-6, alone_s=70e-6)
+    assert ways.count(True) == 2  # the retries
+    long_runs = WakeChoice()  # a plan that runs long wakes them, and says so
+    long_runs.join(form, 5000)
+    _runs(long_runs, machine, LEARN, woken_s=2 * TRY_ALONE_BELOW_S, alone_s=1e-6)
+    assert form.woken_from == 5000
+
+
+def test_a_plan_made_before_its_form_settled_takes_the_verdict_once_there(machine):
+    """A service's first requests make many plans before any has learnt: each takes the
+    form's verdict at its next run that finds the workers asleep."""
+    form = worker_wakes.FormWakes()
+    early = WakeChoice()
+    early.join(form, 10)
+    assert _runs(early, machine, 1, woken_s=100e-6, alone_s=70e-6) == [True]  # learning
+    form.settled(100, woken=False)
+    assert _runs(early, machine, 5, woken_s=100e-6, alone_s=70e-6) == [False] * 5
+
+
+def test_a_signatures_feed_elements():
+    from mixrt.runtime.feeds import feed_elements, feed_signature
+    signature = feed_signature({"x": np.zeros((3, 5), np.float32), "n": np.zeros((), np.int64),
+                                "m": {"a": 1.0}, "s": [np.zeros(4)]})
+    assert feed_elements(signature) == 16
