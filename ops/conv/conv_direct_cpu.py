@@ -183,13 +183,11 @@ class _PointwiseSizes:
     when they split the output channels)."""
 
     def __init__(self, plan, kit):
-        parts = plan.native_parts()
         self.kit, self.channels = kit, plan.planes_shape[2]
         self.lanes = _kernels().VECTOR_BYTES // plan.weights.itemsize
         strips = plan.weights.shape[0]  # output channels in whole strips
         self.count = len(_strip_parts(strips))
         self.chunk = -(-(strips // STRIP) // self.count)
-        assert parts.row_block == plan.row_block  # (the words copied keep it)
 
     def at(self, image) -> "_SizedKit":
         """The kit at an image of ``image`` (rows, columns), as the full route makes it."""
