@@ -28,10 +28,10 @@ import threading
 import numpy as np
 
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
-from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
+from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 from mixrt.ops.conv.direct_forms import STRIP
-from mixrt.ops.conv.direct_layout import (ROWS_SPLIT_MIN, _row_parts, _strip_parts,
-                                          empty_operands, layout)
+from mixrt.ops.conv.direct_layout import (_row_parts, _strip_parts, band_bounds,
+                                          empty_operands, layout, splits_rows, strip_runs)
 # not called here: the other convolutions (conv_cpu.py, conv_pool_cpu.py, conv_grad_cpu.py,
 # pointwise_rows.py, ops/nn/fused_cpu.py) import them from this module
 from mixrt.ops.conv.direct_forms import NO_ACTIVATION, activation_limits  # noqa: F401
@@ -185,9 +185,7 @@ class _PointwiseSizes:
     def __init__(self, plan, kit):
         self.kit, self.channels = kit, plan.planes_shape[2]
         self.lanes = _kernels().VECTOR_BYTES // plan.weights.itemsize
-        strips = plan.weights.shape[0]  # output channels in whole strips
-        self.count = len(_strip_parts(strips))
-        self.chunk = -(-(strips // STRIP) // self.count)
+        self.count, self.chunk = strip_runs(plan.weights.shape[0])
 
     def at(self, image) -> "_SizedKit":
         """The kit at an image of ``image`` (rows, columns), as the full route makes it."""
@@ -201,12 +199,12 @@ class _SizedKit:
     def __init__(self, sizes: _PointwiseSizes, rows: int, columns: int):
         kernels = _kernels()
         words = sizes.kit.words.copy()
-        if rows >= ROWS_SPLIT_MIN * intra_op_threads():  # split by bands of output rows
+        if splits_rows(rows):  # by bands of output rows
             bands = _row_parts(rows)
-            self.bounds = np.array([band[0] for band in bands] + [rows], np.int64)
+            self.bounds = band_bounds(bands, rows)
             self.parts, chunk, by_rows = len(bands), 0, 1
         else:
-            self.bounds = np.array([0, rows], np.int64)
+            self.bounds = band_bounds([(0, rows)], rows)
             self.parts, chunk, by_rows = sizes.count, sizes.chunk, 0
         words[kernels.BOUNDS] = self.bounds.__array_interface__["data"][0]
         words[kernels.BOUNDS + 1] = self.bounds.size

@@ -56,7 +56,7 @@ def _shared_geometry(X, W, kernel, strides, dilations, begin, end, out_dims, sha
     # the forms chosen as the layout would choose them (their thresholds may be changed)
     strips = _strided_pointwise(kernel, strides, c, out_dims, m)
     forms = (strips, _left_taps(math.prod(W.shape[1:]), m),
-             out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads())
+             splits_rows(out_dims[0]))
     key = (X.shape[1:], W.shape, X.dtype.str, W.dtype.str, tuple(kernel), tuple(strides),
            tuple(dilations), tuple(begin), tuple(end), tuple(out_dims), forms)
     geometry = _GEOMETRIES.get(key)
@@ -116,7 +116,7 @@ class _Layout:
         if self.strips:  # each strip of outputs: (C, STRIP)
             self.planes_shape = (-(-math.prod(out_dims) // STRIP), c, STRIP)
         self.halo = (kernel[0] - 1) * dh // sy  # plane rows read below an output row's own
-        self.by_rows = out_dims[0] >= ROWS_SPLIT_MIN * intra_op_threads()
+        self.by_rows = splits_rows(out_dims[0])
         # a kernel of few taps (a stem's) puts the weight on the left (:func:`_left_taps`)
         self.left = self.taps and not self.strips and _left_taps(math.prod(W.shape[1:]), m)
         if self.taps:
@@ -196,22 +196,16 @@ class _NativeParts:
     def __init__(self, plan):
         oh, ow = plan.out_dims
         self.row_block = 0 if plan.taps else plan.row_block
-        self.bounds = np.array([0, oh], np.int64)
-        bands = [(0, oh)]
+        bands = _row_parts(oh) if plan.by_rows else [(0, oh)]
+        self.bounds = band_bounds(bands, oh)
         if plan.by_rows:
-            bands = _row_parts(oh)
             self.count, self.chunk = len(bands), 0
-            self.bounds = np.array([b[0] for b in bands] + [oh], np.int64)
-        elif plan.left:
-            self.count = len(_strip_parts(plan.weights.shape[0]))
-            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
-        elif plan.taps:
+        elif plan.taps and not plan.left:
             panels = plan.panels.shape[0]
             self.count = len(thread_parts(panels, plan.panels.size * oh * ow))
             self.chunk = -(-panels // self.count)
-        else:
-            self.count = len(_strip_parts(plan.weights.shape[0]))
-            self.chunk = -(-(plan.weights.shape[0] // STRIP) // self.count)
+        else:  # runs of whole strips of output channels
+            self.count, self.chunk = strip_runs(plan.weights.shape[0])
         if plan.taps:
             rows = [plan.places(r0, r1) for r0, r1 in bands]
             self.places = np.zeros((len(rows), max(r.size for r in rows)), np.int64)
@@ -297,6 +291,25 @@ def _fill_column_panels(panels, weight):
     np.copyto(panels[:whole], weight[:whole * width].reshape(whole, width, k).transpose(0, 2, 1))
     if whole < panels.shape[0]:
         panels[whole, :, :m - whole * width] = weight[whole * width:].T
+
+
+def splits_rows(out_rows: int) -> bool:
+    """Do the threads split an image's output rows between them (each building its own
+    planes), rather than its output channels (ROWS_SPLIT_MIN)?"""
+    return out_rows >= ROWS_SPLIT_MIN * intra_op_threads()
+
+
+def band_bounds(bands, rows: int) -> np.ndarray:
+    """The bands' first rows and the image's row count after them, as the parts read
+    them."""
+    return np.array([band[0] for band in bands] + [rows], np.int64)
+
+
+def strip_runs(channels: int) -> tuple[int, int]:
+    """(parts, strips a part) where the threads split ``channels`` output channels (whole
+    strips) between them."""
+    count = len(_strip_parts(channels))
+    return count, -(-(channels // STRIP) // count)
 
 
 def _row_parts(rows: int) -> list[tuple[int, int]]:

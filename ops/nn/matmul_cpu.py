@@ -379,9 +379,9 @@ def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
     through the node's panels at A's rows, recorded as its replay under ``recorded`` (the
     node's arrays, A first and ``out`` last), where its RowsRoute holds for these arrays:
     the same weight (B as the node has it: a Gemm's untransposed one), bias, activation,
-    dtype, thread, pool and scratch; A and ``out`` C-contiguous and apart; at least two rows (one goes to the BLAS); and past what sends a product to
-    the few-rows and tiny forms (PANEL_MIN_WORK unless the weight is streamed, TINY_WORK
-    in any case). False, nothing written, otherwise: the caller takes the full route."""
+    dtype, thread, pool and scratch; A and ``out`` C-contiguous and apart; two rows or more
+    (one goes to the BLAS); past the few-rows and tiny forms (PANEL_MIN_WORK unless the
+    weight is streamed, TINY_WORK always). Else False, nothing written: the full route."""
     route = None if prepacked is None else prepacked.get(ROWS_ROUTE)
     if route is None or route.source is not B or route.bias is not bias \
             or route.limits is not limits or A.__class__ is not np.ndarray \
