@@ -16,6 +16,7 @@ from numba import carray, cfunc, njit, types
 
 from mixrt.ops.panels._jit_dense import panel_product
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, limited
+from mixrt.ops.panels._jit_transpose import transpose
 
 _SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 _jit = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
@@ -38,14 +39,11 @@ def _band(words, x, rows, panels, products, y, bias, residual, spill, limits, in
     has_residual = residual.shape[0] > 0
     count = panels.shape[0] // (k_len * width)
     # three-dimensional views: numba's loops over them ran ~3x faster than flat indices
-    images, pixel_rows = x.reshape((n, c, p)), rows.reshape((n, p, c))
     outputs, sums = y.reshape((n, m, p)), products.reshape((n, p, m))
     added = residual.reshape((n, m, p)) if has_residual else outputs
-    for b in range(r0 // p, (r1 - 1) // p + 1):  # x's pixels as rows, each read in order
+    for b in range(r0 // p, (r1 - 1) // p + 1):  # x's pixels as rows, in blocks
         i0, i1 = max(r0 - b * p, 0), min(r1 - b * p, p)
-        for k in range(c):
-            for i in range(i0, i1):
-                pixel_rows[b, i, k] = images[b, k, i]
+        transpose(x, b * c * p + i0, p, rows, (b * p + i0) * c, c, c, i1 - i0)
     part_spill = spill[index * STRIP_ROWS * width:(index + 1) * STRIP_ROWS * width]
     panel_product(rows.reshape((n * p, c))[r0:r1], panels.reshape((count, k_len, width)),
                   products.reshape((n * p, m))[r0:r1], 0, count,
@@ -54,15 +52,18 @@ def _band(words, x, rows, panels, products, y, bias, residual, spill, limits, in
     alpha, beta, one = limits[3], limits[4], limits[5]
     for b in range(r0 // p, (r1 - 1) // p + 1):  # the outputs, each written in order
         i0, i1 = max(r0 - b * p, 0), min(r1 - b * p, p)
-        for j in range(m):
-            if has_residual:  # two loops: a test inside one kept LLVM from vectorizing it
+        if has_residual:  # read and written one at a time: the residual may be y itself
+            for j in range(m):
                 for i in range(i0, i1):
                     outputs[b, j, i] = _finished(sums[b, i, j] + added[b, j, i], low, high,
                                                  slope, gate, alpha, beta, one)
-            else:
-                for i in range(i0, i1):
-                    outputs[b, j, i] = _finished(sums[b, i, j], low, high, slope, gate,
-                                                 alpha, beta, one)
+            continue
+        # the sums moved into place in blocks, then finished there in order
+        transpose(products, (b * p + i0) * m, m, y, b * m * p + i0, p, i1 - i0, m)
+        for j in range(m):
+            for i in range(i0, i1):
+                outputs[b, j, i] = _finished(outputs[b, j, i], low, high, slope, gate, alpha,
+                                             beta, one)
 
 
 @njit(inline="always")

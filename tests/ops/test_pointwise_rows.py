@@ -196,3 +196,23 @@ def test_few_rows_and_large_weights_keep_the_split_by_panels(batch, channels, ou
     W, B = _rand(outputs, channels, 1, 1), _rand(outputs)
     limits = (1.0, 0.0, np.inf)
     assert pointwise_rows._banded_action(X, W, B, None, {}, limits) is None
+
+
+@pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
+                    reason="the bands and the one compiled call run on the panel tile")
+@pytest.mark.parametrize("form", ["_banded_action", "_compiled_action"])
+def test_a_residual_that_is_the_output_itself_is_added_before_it_is_overwritten(form):
+    """The planner may give a node's output the residual's own memory: each output is read
+    and written in turn, not moved into place before its residual is read."""
+    X = _rand(6, 240, 6, 6)
+    W, B = _rand(40, 240, 1, 1), _rand(40)
+    Z = _rand(6, 40, 6, 6)
+    limits = (1.0, 0.0, np.inf)
+    action = getattr(pointwise_rows, form)(X, W, B, Z, {}, limits)
+    assert action is not None
+    expected = np.maximum(np.einsum("mc,ncp->nmp", W[:, :, 0, 0].astype(np.float64),
+                                    X.reshape(6, 240, 36).astype(np.float64))
+                          + B[None, :, None] + Z.reshape(6, 40, 36), 0)
+    in_place = Z.copy()
+    action(X, W, B, in_place, in_place)
+    np.testing.assert_allclose(in_place.reshape(6, 40, 36), expected, rtol=1e-4, atol=1e-4)
