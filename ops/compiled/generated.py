@@ -38,6 +38,14 @@ def cache_dir() -> Path:
     return cache_root() / "jit"
 
 
+@functools.lru_cache(maxsize=None)
+def kernel_file_stamp(path: str) -> str:
+    """The hash of a kernel file (``ops/<family>/_jit*.py``) whose compiled code a generated
+    module calls, for the module's text: a module is cached by its text, and numba keeps the
+    called code inside it, so a change to that file must name new modules."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def module_name(text: str, prefix: str = "mixrt_fused") -> str:
     """The name :func:`kernel_module` gives the module of ``text``."""
     return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:20]}"

@@ -24,13 +24,15 @@ cheaper than the row form.)
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 
+from mixrt.ops.compiled.generated import kernel_file_stamp
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.conv.depthwise_common import ACTIVATIONS, FLAGS, _module_head, part_entries
 
 PREFIX = "mixrt_grouped_blocks"
+# the block's kernel file: its hash is in each module's text (generated.kernel_file_stamp)
+_TAP_BLOCK = str(Path(__file__).with_name("_jit_tap_block.py"))
 # _jit_tap_block's block (BLOCK_VECTORS x VECTOR_BYTES) and vector, as bytes (kept apart from
 # it: that module loads numba)
 BLOCK_BYTES, VECTOR_BYTES = 256, 64
@@ -74,7 +76,8 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
                f" + {a * dh // sh} * wph + {b * dw // sw}" for t, (c, a, b) in enumerate(taps)]
     return "\n".join([
         *_module_head(activation),
-        f"from mixrt.ops.conv._jit_tap_block import tap_block, tap_vector  # {_tap_block_stamp()}",
+        "from mixrt.ops.conv._jit_tap_block import tap_block, tap_vector"
+        f"  # {kernel_file_stamp(_TAP_BLOCK)}",
         "",
         f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
@@ -130,10 +133,3 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
     ])
 
 
-@functools.lru_cache(maxsize=1)
-def _tap_block_stamp() -> str:
-    """The hash of ``_jit_tap_block.py``, written into each module's text: a module is
-    cached by its text, and numba keeps the block's code inside it, so a change to the block
-    must name new modules."""
-    text = Path(__file__).with_name("_jit_tap_block.py").read_bytes()
-    return hashlib.sha256(text).hexdigest()[:16]
