@@ -1,6 +1,7 @@
-"""Which size-free form a depthwise convolution takes at a size: the row form
-(``jit_depthwise.source``) or the block form of one-channel groups
-(``jit_grouped_blocks``), chosen by a model of each form's work rather than by a threshold.
+"""Which form a depthwise convolution takes at a size, chosen by a model of each form's work
+rather than by a threshold: the channels form (``jit_depthwise_channels``) or the flat form
+(below, :func:`channels_cheaper`), and among the size-free ones the row form
+(``jit_depthwise.source``) or the block form of one-channel groups (``jit_grouped_blocks``).
 
 Both are compiled once per kernel, strides, dilations and activation, whatever the image
 size, and add the taps in the same order (the same bits). They stand in where the flat form,
@@ -45,6 +46,23 @@ BLOCK_COPY = 0.378  # a cell of the padded plane, copied into its phases
 BLOCK_PLANE = 15.1  # a plane's setup (its taps' offsets and weights)
 LOOP_REGISTERS = 8  # the row loop's four sums and four loads in flight
 
+# The channels form (``jit_depthwise_channels``: a block of channels side by side, each output
+# pixel's taps one vector of channels each) against the flat form, generated per plane
+# geometry, which it replaces where it is modelled cheaper: nanoseconds a plane, float32, one
+# thread, replayed calls, fitted on 60 geometries (3x3 and 5x5 kernels, strides 1 and 2,
+# outputs 4x4 to 28x28, 144 channels) once the channels form's copies in and out were
+# transposes in registers (2026-11-30, the same EPYC). On those 60 the model's picks took
+# 21.2 ms, the faster form of each 20.8, the channels form alone 21.7, the flat form alone
+# 23.4; on 13 at 384 channels 681 us, 643, 694, 714. The channels form won at every 3x3
+# stride 2 and 5x5 stride 2 size but two near ties, and lost to the flat form past ~150
+# outputs of a 5x5 kernel at stride 1 (768 outputs: 177 against 153 us at 144 channels).
+CHANNELS_TAP = 0.749  # one tap of one output pixel, a vector of channels (per lane)
+CHANNELS_COPY_IN = 2.646  # a cell of the padded plane, transposed in (per lane)
+CHANNELS_COPY_OUT = 3.351  # an output pixel, transposed out (per lane)
+FLAT_VECTOR = 0.521  # one tap of one vector of the flat row
+FLAT_COPY = 0.314  # a cell of the padded plane, copied into its phases
+FLAT_PLANE = 12.29  # a plane's setup
+
 
 def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
                    itemsize: int) -> bool:
@@ -52,6 +70,33 @@ def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tu
     this geometry and output size."""
     return block_ns(kernel, strides, dilations, out_dims, itemsize) \
         < row_ns(kernel, strides, dilations, out_dims, itemsize)
+
+
+def channels_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
+                     itemsize: int) -> bool:
+    """Whether the channels form's modelled time is below the flat form's for one plane of
+    this geometry and output size (the flat form's outputs are at most its width wide)."""
+    return channels_ns(kernel, strides, dilations, out_dims, itemsize) \
+        < flat_ns(kernel, strides, dilations, out_dims, itemsize)
+
+
+def channels_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
+    """The channels form's modelled time for one plane (one channel of a block)."""
+    lanes = _lanes(itemsize)
+    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    return (CHANNELS_TAP * taps * oh * ow + CHANNELS_COPY_IN * hp * wp
+            + CHANNELS_COPY_OUT * oh * ow) / lanes
+
+
+def flat_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
+    """The flat form's modelled time for one plane: its flat row of the stride phases, as
+    the block form's (:func:`block_ns`), with literal offsets."""
+    lanes = _lanes(itemsize)
+    (oh, _), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    vectors = -(-oh * -(-wp // strides[1]) // lanes)
+    return FLAT_VECTOR * taps * vectors + FLAT_COPY * hp * wp + FLAT_PLANE
 
 
 def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:

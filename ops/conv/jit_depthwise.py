@@ -21,8 +21,8 @@ bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where t
 is a large share), and the taps as one flat run over the whole padded plane (3x slower than
 row by row, timed inside numba).
 
-Outputs of up to CHANNELS_MAX_PIXELS pixels take a third form, the channels side by side
-(the last section).
+Small planes take a third form, the channels side by side, where ``depthwise_costs`` models
+it cheaper than the flat form (``jit_depthwise_channels.py``).
 
 The module is generated per (kernel, strides, dilations) from fixed templates and integer
 literals, then compiled and cached on disk by ``ops/compiled/generated.py`` like the pools'.
@@ -71,11 +71,10 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, prepared, split, warm_prepared
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
-from mixrt.ops.conv.depthwise_costs import blocks_cheaper
+from mixrt.ops.conv.depthwise_costs import blocks_cheaper, channels_cheaper
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, part_entries)
-from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS,
-                                                   CHANNELS_MAX_PIXELS, channels_able,
+from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
 
 FLAT_MAX_WIDTH = 32  # output widths up to which the flat form (flat_source) is faster
@@ -147,8 +146,9 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
                           activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     free = (rows, blocks if cheaper else None)
-    if channels_too and oh * ow <= CHANNELS_MAX_PIXELS:
-        return _size_free(conv, True, free, call)
+    if channels_too and ow <= FLAT_MAX_WIDTH and channels_cheaper(*window, out_dims,
+                                                                   X.itemsize):
+        return _size_free(conv, True, free, call)  # size-free: no flat form to compile
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
     if ow > FLAT_MAX_WIDTH:
         return _size_free(conv, False, free, call)

@@ -14,6 +14,7 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, suits)
+from mixrt.ops.conv.depthwise_costs import channels_cheaper
 from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, split,
                                            warm_prepared)
 
@@ -26,8 +27,9 @@ from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, sp
 # rounded up to 32 cells for each of its 9 outputs, 3.6x the arithmetic, and ran at ~2
 # GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
 #
-# Here (up to CHANNELS_MAX_PIXELS outputs) a block of up to CHANNEL_BLOCK channels of one image
-# is copied into a zero-bordered (row, column, channel) scratch, and each output pixel sums its
+# Here (where ``depthwise_costs.channels_cheaper`` models it cheaper than the flat form) a block
+# of up to CHANNEL_BLOCK channels of one image is copied into a zero-bordered (row, column,
+# channel) scratch, and each output pixel sums its
 # taps across the block's channels at once, one vector per 16 channels; the sums are then
 # activated and transposed back. A tap that falls on the padding multiplies its weight by a real
 # zero, as the zero-padded reference does (a NaN or infinite weight gives NaN there), and the
@@ -47,17 +49,15 @@ CHANNEL_BLOCK = 64
 # no cache (one thread, 2026-11-27: 1152 x 7 x 7 5x5 319 -> 138 us, 1152 x 10 x 10 336 -> 238;
 # at 14 x 14 a 3x3 kernel's rows were ahead, 106 against 135; the flat form 81, 137, 65)
 CHANNELS_FALLBACK_PIXELS = 100
-# output pixels up to which this form takes a depthwise convolution (measured against the
-# flat form, one thread: see docs/cpu-kernels.md)
-CHANNELS_MAX_PIXELS = 36
 
 
-def channels_suit(X, W, out, kernel, dilations, out_dims) -> bool:
-    """Whether ``out`` = depthwise Conv(X, W) takes this form: one output channel per input
-    channel, at most CHANNELS_MAX_PIXELS output pixels, a 2-D kernel of at most
-    ``MAX_TAPS`` per axis, native floats, C-contiguous arrays."""
-    return out_dims[0] * out_dims[1] <= CHANNELS_MAX_PIXELS \
-        and channels_able(X, W, out, kernel)
+def channels_suit(X, W, out, kernel, strides, dilations, out_dims) -> bool:
+    """Whether ``out`` = depthwise Conv(X, W) takes this form rather than the flat form:
+    one output channel per input channel, a plane its model finds cheaper here
+    (``depthwise_costs.channels_cheaper``), a 2-D kernel of at most ``MAX_TAPS`` per axis,
+    native floats, C-contiguous arrays."""
+    return channels_cheaper(tuple(kernel), tuple(strides), tuple(dilations), tuple(out_dims),
+                            X.itemsize) and channels_able(X, W, out, kernel)
 
 
 def channels_able(X, W, out, kernel) -> bool:

@@ -8,6 +8,7 @@ import pytest
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv import depthwise_common, jit_depthwise, jit_depthwise_channels
 from mixrt.ops.conv.conv import conv
+from mixrt.ops.conv.depthwise_costs import channels_cheaper
 from mixrt.ops.nn import fused
 from mixrt.ops.nn.fused import activate
 
@@ -23,7 +24,7 @@ def _rand(*shape, dtype=np.float32):
 def _flat_form(monkeypatch, call):
     """``call()`` with this form turned off (the flat or row form takes the convolution)."""
     with monkeypatch.context() as patched:
-        patched.setattr(jit_depthwise, "CHANNELS_MAX_PIXELS", -1)
+        patched.setattr(jit_depthwise, "channels_cheaper", lambda *args: False)
         return call()
 
 
@@ -58,7 +59,8 @@ def test_same_bits_as_the_flat_form_and_the_reference(monkeypatch, batch, channe
     attributes = dict(auto_pad="NOTSET", dilations=[dilation] * 2, group=channels,
                       kernel_shape=[kernel] * 2, pads=pads, strides=[stride] * 2)
     expected = activate(np, conv(np, X, W, B, **attributes), activation, params)
-    assert expected.shape[2] * expected.shape[3] <= jit_depthwise_channels.CHANNELS_MAX_PIXELS
+    assert channels_cheaper((kernel, kernel), (stride, stride), (dilation, dilation),
+                            expected.shape[2:], X.itemsize)
 
     def run(prepacked):
         out = np.full(expected.shape, np.nan, dtype)
@@ -108,13 +110,17 @@ def test_what_it_leaves_to_the_other_forms():
     X, W = _rand(1, 32, 8, 8), _rand(32, 1, 3, 3)
     out = np.empty((1, 32, 8, 8), np.float32)
     suits = jit_depthwise_channels.channels_suit
-    assert not suits(X, W, out, (3, 3), (1, 1), (8, 8))  # 64 outputs: the flat form's
+    one = (1, 1)
+    assert suits(X, W, out, (3, 3), one, one, (8, 8))  # 64 outputs of a 3x3: modelled cheaper
+    wide = _rand(1, 32, 24, 32)  # a 5x5 kernel over 24 x 32 outputs: the flat form's
+    assert not suits(wide, _rand(32, 1, 5, 5), np.empty((1, 32, 24, 32), np.float32), (5, 5),
+                     one, one, (24, 32))
     assert not suits(X, _rand(64, 1, 3, 3), np.empty((1, 64, 4, 4), np.float32), (3, 3),
-                     (1, 1), (4, 4))  # two outputs per channel
+                     one, one, (4, 4))  # two outputs per channel
     assert not suits(X.astype(np.float16), W.astype(np.float16),
-                     np.empty((1, 32, 4, 4), np.float16), (3, 3), (1, 1), (4, 4))
+                     np.empty((1, 32, 4, 4), np.float16), (3, 3), one, one, (4, 4))
     assert not suits(X, _rand(32, 1, 9, 9), np.empty((1, 32, 4, 4), np.float32), (9, 9),
-                     (1, 1), (4, 4))  # past depthwise_common.MAX_TAPS
+                     one, one, (4, 4))  # past depthwise_common.MAX_TAPS
     assert depthwise_common.MAX_TAPS < 9
 
 

@@ -36,6 +36,22 @@ def test_the_model_picks_the_form_that_measured_faster(kernel, stride, out_dims,
     assert picked == blocks
 
 
+@pytest.mark.parametrize("kernel, stride, out_dims, channels", [
+    ((3, 3), 1, (4, 4), True),      # 144 channels, one thread: 4.1 us against the flat 5.7
+    ((3, 3), 2, (6, 8), True),      # MobileNetV2's stride 2 at 96 x 128: 9.7 against 13.3
+    ((3, 3), 2, (12, 16), True),    # 33.5 against 46.8
+    ((5, 5), 2, (18, 18), True),    # 96.6 against 126.4
+    ((5, 5), 1, (20, 24), False),   # a 5x5 kernel's wider planes: 124.7 against 97.3
+    ((5, 5), 1, (28, 28), False),   # 183.5 against 160.5
+])
+def test_the_channels_model_picks_the_form_that_measured_faster(kernel, stride, out_dims,
+                                                                channels):
+    """Geometries where the channels form and the flat form differed by 10% or more, one
+    thread, replayed calls, 144 channels (2026-11-30)."""
+    picked = depthwise_costs.channels_cheaper(kernel, (stride, stride), (1, 1), out_dims, 4)
+    assert picked == channels
+
+
 def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
     """A row one output past four vectors costs a scalar a tap more than one of four
     vectors; the block form copies the whole padded plane into its phases."""
@@ -68,7 +84,7 @@ def _fresh(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(generated, "_marked", set())
     monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
     monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
-    monkeypatch.setattr(jit_depthwise, "CHANNELS_MAX_PIXELS", -1)  # no channels form
+    monkeypatch.setattr(jit_depthwise, "channels_cheaper", lambda *args: False)  # no channels
     monkeypatch.setattr(jit_depthwise, "CHANNELS_FALLBACK_PIXELS", -1)
     for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
                    jit_depthwise._flat_module, grouped_blocks.module):
