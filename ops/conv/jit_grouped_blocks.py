@@ -131,5 +131,3 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "",
         *part_entries(),
     ])
-
-
