@@ -89,14 +89,47 @@ def _auto_pad_name(auto_pad):
 
 
 def inferred_out_dims(in_dims, kernel, strides, dilations, pads, auto_pad, ceil_mode=False):
-    """Output spatial dims for shape inference; None where an input dim is not a known int."""
+    """Output spatial dims for shape inference. A symbolic input dim (a name) gives a
+    symbolic output dim, an expression of it (:func:`symbolic_out_dim`); an unknown one
+    gives None."""
     if in_dims is None or kernel is None or any(not isinstance(k, int) for k in kernel):
         return None
     nd = len(in_dims)
     kernel, strides, dilations = spatial_attrs(nd, kernel, strides, dilations)
     known = [d if isinstance(d, int) else 1 for d in in_dims]
-    _, _, out = window_geometry(known, kernel, strides, dilations, pads, auto_pad, ceil_mode)
-    return [o if isinstance(d, int) else None for o, d in zip(out, in_dims)]
+    begin, end, out = window_geometry(known, kernel, strides, dilations, pads, auto_pad,
+                                      ceil_mode)
+    auto_pad = _auto_pad_name(auto_pad)
+    same = auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    dims = []
+    for axis, (d, o) in enumerate(zip(in_dims, out)):
+        if isinstance(d, int):
+            dims.append(o)
+        elif isinstance(d, str) and d:
+            span = (kernel[axis] - 1) * dilations[axis] + 1
+            # SAME's pads follow the size, its output is ceil(d / s); otherwise the pads are
+            # fixed and the output is floor((d + pads - span) / s) + 1
+            room = strides[axis] - 1 if same else begin[axis] + end[axis] - span + strides[axis]
+            exact = same or not ceil_mode or (strides[axis] == 1 and end[axis] < span)
+            dims.append(symbolic_out_dim(d, room, strides[axis]) if exact else None)
+        else:
+            dims.append(None)
+    return dims
+
+
+def symbolic_out_dim(dim: str, offset: int, stride: int) -> str:
+    """``(dim + offset) // stride`` as the name of a symbolic dim: the same name for the same
+    arithmetic over the same input dim, so two values that a model computes alike through
+    strided convolutions and pools can be seen to have one shape (the residual Add of a
+    ResNet or a MobileNet, fused into the convolution before it only where its two addends
+    have one shape). A window that keeps the size (stride 1, pads as wide as the window)
+    keeps the name itself."""
+    operand = dim if dim.isidentifier() else f"({dim})"
+    if stride == 1:
+        return dim if offset == 0 else f"{operand}{offset:+d}"
+    if offset == 0:
+        return f"{operand}//{stride}"
+    return f"({dim}{offset:+d})//{stride}"
 
 
 def pad_spatial(xp, x, begin, end, value=0):
