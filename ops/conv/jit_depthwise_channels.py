@@ -28,10 +28,10 @@ from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, sp
 # GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
 #
 # Here (where ``depthwise_costs.channels_cheaper`` models it cheaper than the flat form) a block
-# of up to CHANNEL_BLOCK channels of one image is copied into a zero-bordered (row, column,
-# channel) scratch, and each output pixel sums its taps across the block's channels at once,
-# one vector per 16 channels; the sums are then activated and transposed back (both copies
-# transposes in registers, ``ops/panels/_jit_transpose.py``). A tap that falls on the padding
+# of up to CHANNEL_BLOCK channels of one image is copied, a band of rows at a time, into a
+# zero-bordered (row, column, channel) scratch, and each output pixel sums its taps across the
+# block's channels at once, one vector per 16 channels; the sums are then activated and
+# transposed back (both copies transposes in registers, ``ops/panels/_jit_transpose.py``). A tap that falls on the padding
 # multiplies its weight by a real zero, as the zero-padded reference does (a NaN or infinite
 # weight gives NaN there), and the taps are added in the same order (bias first, then row by
 # row) without fused multiply-adds: the results are the bits of the other two forms. The
@@ -45,6 +45,10 @@ _TRANSPOSE = str(Path(__file__).parents[1] / "panels" / "_jit_transpose.py")
 # channels per unit: four 64-byte vectors of floats, so that a block's (pixels, channels)
 # scratch of a 7x7 plane stays in L1
 CHANNEL_BLOCK = 64
+# the scratch a band of output rows reads, at most: its padded rows of a block's channels
+# side by side stay in the core's L2 (a 96 x 96 plane's 64 channels are 2.4 MB whole; copied
+# whole, then read again, they went to memory and back)
+BAND_BYTES = 256 * 1024
 # output pixels up to which this form, rather than the row form, stands in for a flat form in
 # no cache (one thread, 2026-11-27: 1152 x 7 x 7 5x5 319 -> 138 us, 1152 x 10 x 10 336 -> 238;
 # at 14 x 14 a 3x3 kernel's rows were ahead, 106 against 135; the flat form 81, 137, 65)
@@ -116,10 +120,11 @@ def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
     """The channels form's module for one geometry and activation: ``run(x, ws, bias, y, act,
     blocks, top, left, start, stop, zero)`` computes the units start..stop (image ``u //
     blocks``, channels from ``u % blocks * CHANNEL_BLOCK``) of y (N, C, oh, ow) from x (N, C, H,
-    W), ``ws`` the weight as (taps, channels). The block's padded plane is a (hp, wp, BLOCK)
-    scratch whose border is zeroed once per call (every unit writes the same interior), so each
-    tap of an output pixel is a fixed offset from the pixel's corner, unrolled with the tap's
-    weights."""
+    W), ``ws`` the weight as (taps, channels). A unit goes by bands of output rows: the band's
+    padded rows are a (rows, wp, BLOCK) scratch whose side columns are zeroed once per call
+    (every band writes the same interior columns), so each tap of an output pixel is a fixed
+    offset from the pixel's corner, unrolled with the tap's weights; a band is as many output
+    rows as keep that scratch within BAND_BYTES (a small plane's is the whole plane)."""
     for value in (*kernel, *strides, *dilations):
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"depthwise geometry must be positive integers, got {value!r}")
@@ -133,50 +138,61 @@ def channels_source(kernel: tuple, strides: tuple, dilations: tuple,
         "from mixrt.ops.panels._jit_transpose import transpose"
         f"  # {kernel_file_stamp(_TRANSPOSE)}",
         f"BLOCK = {CHANNEL_BLOCK}",
+        f"BAND_BYTES = {BAND_BYTES}",
         "",
         f"@njit({FLAGS})",
         "def unit(xs, ws, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
-        "         top, left, rows, sums):",
+        "         top, left, band, rows, sums, zero):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    image, first = u // blocks, u % blocks * BLOCK",
         "    count = min(BLOCK, channels - first)",
-        "    plane = height * width",
-        "    # the block's input planes into the padded scratch, the channels side by side:",
-        "    # each row of the planes transposed in registers",
+        "    plane, pixels = height * width, oh * ow",
         "    source = (image * channels + first) * plane",
-        "    for r in range(height):",
-        "        transpose(xs, source + r * width, plane, rows, ((r + top) * wp + left) * BLOCK,",
-        "                  BLOCK, count, width)",
+        "    target = (image * channels + first) * pixels",
         *[f"    w{a}_{b} = {a * kw + b} * channels + first" for a, b in taps],
         *[f"    d{a}_{b} = ({a * dh} * wp + {b * dw}) * BLOCK" for a, b in taps],
-        "    for i in range(oh):",
-        "        for j in range(ow):",
-        f"            corner = (i * {sh} * wp + j * {sw}) * BLOCK",
-        "            o = (i * ow + j) * BLOCK",
-        "            for c in range(count):",
-        f"                v = bias[uint64(first + c)] + {total}",
-        *[f"                {line}" for line in statements],
-        "                sums[uint64(o + c)] = v",
-        "    pixels = oh * ow",
-        "    transpose(sums, 0, BLOCK, ys, (image * channels + first) * pixels, pixels, pixels,",
-        "              count)",
+        "    for i0 in range(0, oh, band):",
+        "        i1 = min(oh, i0 + band)",
+        f"        p0 = i0 * {sh}",
+        "        # the band's padded rows into the scratch, the channels side by side: each",
+        "        # image row transposed in registers, a padding row zeroed (an earlier band",
+        "        # may have left an image row there)",
+        f"        for q in range((i1 - 1 - i0) * {sh} + {(kh - 1) * dh} + 1):",
+        "            r = p0 + q - top",
+        "            if 0 <= r < height:",
+        "                transpose(xs, source + r * width, plane, rows, (q * wp + left) * BLOCK,",
+        "                          BLOCK, count, width)",
+        "            else:",
+        "                for t in range(q * wp * BLOCK, (q + 1) * wp * BLOCK):",
+        "                    rows[t] = zero",
+        "        for i in range(i1 - i0):",
+        "            for j in range(ow):",
+        f"                corner = (i * {sh} * wp + j * {sw}) * BLOCK",
+        "                o = (i * ow + j) * BLOCK",
+        "                for c in range(count):",
+        f"                    v = bias[uint64(first + c)] + {total}",
+        *[f"                    {line}" for line in statements],
+        "                    sums[uint64(o + c)] = v",
+        "        transpose(sums, 0, BLOCK, ys, target + i0 * ow, pixels, (i1 - i0) * ow, count)",
         "",
         f"@njit({FLAGS})",
         "def run(x, ws, bias, y, act, blocks, top, left, start, stop, zero):",
         "    channels, height, width = x.shape[1], x.shape[2], x.shape[3]",
         "    oh, ow = y.shape[2], y.shape[3]",
-        f"    hp = (oh - 1) * {sh} + {(kh - 1) * dh} + 1",
         f"    wp = (ow - 1) * {sw} + {(kw - 1) * dw} + 1",
-        "    # the far pads past the last window are never read",
-        "    hp, wp = max(hp, top + height), max(wp, left + width)",
-        "    rows = np.empty(hp * wp * BLOCK, x.dtype)",
-        "    for t in range(hp * wp * BLOCK):",
+        "    wp = max(wp, left + width)  # the far pads past the last window are never read",
+        f"    reach = {(kh - 1) * dh} + 1",
+        "    # output rows a band: its padded rows within BAND_BYTES of scratch (at least one)",
+        "    fit = max(reach, BAND_BYTES // (wp * BLOCK * x.itemsize))",
+        f"    band = min(oh, max(1, (fit - reach) // {sh} + 1))",
+        f"    rows = np.empty(((band - 1) * {sh} + reach) * wp * BLOCK, x.dtype)",
+        "    for t in range(rows.size):",
         "        rows[t] = zero",
-        "    sums = np.empty(oh * ow * BLOCK, x.dtype)",
+        "    sums = np.empty(band * ow * BLOCK, x.dtype)",
         "    xs, wf, ys = x.reshape(-1), ws.reshape(-1), y.reshape(-1)",
         "    for u in range(start, stop):",
         "        unit(xs, wf, bias, ys, act, u, blocks, channels, height, width, oh, ow, wp,",
-        "             top, left, rows, sums)",
+        "             top, left, band, rows, sums, zero)",
         "",
         *part_source([("x", 4, True), ("ws", 2, True), ("bias", 1, True), ("y", 4, True),
                       ("act", 1, True)], ["blocks", "top", "left"],

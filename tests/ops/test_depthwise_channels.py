@@ -43,7 +43,8 @@ DTYPES = [np.float32, np.float64]
 # decides the loops' bounds and padding, the activation only the store).
 CASES = [geometry + (dtype, "Clip", [-0.5, 0.75]) for geometry in GEOMETRIES for dtype in DTYPES] \
     + [GEOMETRIES[1] + (dtype,) + activation for activation in ACTIVATIONS[:3]
-       for dtype in DTYPES]
+       for dtype in DTYPES] \
+    + [(1, 64, 48, 3, 2, 1, np.float32, "Relu", None)]  # three bands of rows (BAND_BYTES)
 
 
 @needs_jit
