@@ -146,7 +146,7 @@ def conv(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel
     return Y.astype(out_dtype, copy=False)
 
 
-_COLS_BUDGET = 256 << 20
+_COLS_BUDGET = 256 << 20  # bytes of im2col columns built at once
 
 
 def conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
@@ -160,7 +160,7 @@ def conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
         raise ValueError(f"Conv: X has {c} channels and W shape {tuple(W.shape)}, "
                          f"which do not match group={group}")
     begin, end, out = window_geometry(X.shape[2:], kernel, strides, dilations, pads, auto_pad)
-    return kernel, strides, dilations, group, begin, end, out  # bytes of im2col columns built at once
+    return kernel, strides, dilations, group, begin, end, out
 
 
 def _common_work_dtype(*dtypes):

@@ -31,11 +31,11 @@ from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, sp
 # of up to CHANNEL_BLOCK channels of one image is copied, a band of rows at a time, into a
 # zero-bordered (row, column, channel) scratch, and each output pixel sums its taps across the
 # block's channels at once, one vector per 16 channels; the sums are then activated and
-# transposed back (both copies transposes in registers, ``ops/panels/_jit_transpose.py``). A tap that falls on the padding
-# multiplies its weight by a real zero, as the zero-padded reference does (a NaN or infinite
-# weight gives NaN there), and the taps are added in the same order (bias first, then row by
-# row) without fused multiply-adds: the results are the bits of the other two forms. The
-# weight is transposed once per node into (taps, channels).
+# transposed back (both copies transposes in registers, ``ops/panels/_jit_transpose.py``). A
+# tap that falls on the padding multiplies its weight by a real zero, as the zero-padded
+# reference does (a NaN or infinite weight gives NaN there), and the taps are added in the
+# same order (bias first, then row by row) without fused multiply-adds: the results are the
+# bits of the other two forms. The weight is transposed once per node into (taps, channels).
 #
 # The (image, channel block) units are split over the native workers
 # (``ops/panels/native_parts.py``) and the call is kept as the node's replay.
