@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from mixrt.ops.conv.conv import inferred_out_dims, window_geometry
+from mixrt.ops.conv.windows import inferred_out_dims, window_geometry
 from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types
 from tests.test_passes import checked, graph_of, node, ops, rand
