@@ -12,7 +12,7 @@ import pytest
 from mixrt.ops.conv.windows import inferred_out_dims, window_geometry
 from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types
-from tests.test_passes import checked, graph_of, node, ops, rand
+from test_passes import checked, graph_of, node, ops, rand
 
 WINDOWS = [  # kernel, stride, dilation, pads, auto_pad, ceil_mode
     (3, 1, 1, [1, 1], "NOTSET", False),
