@@ -38,6 +38,14 @@ from soundness import (backend_node_cases, case_inputs, fits, run_recording, sto
 F32 = np.dtype(np.float32)
 
 
+@pytest.fixture(autouse=True)
+def numpy_kernels(monkeypatch):
+    """The runs here check inference against the values' types and shapes, which the NumPy
+    kernels (``MIXRT_JIT=0``) make as the compiled ones do; compiling kernels for every
+    backend case and model took ~200 of this file's ~230 s run alone."""
+    monkeypatch.setenv("MIXRT_JIT", "0")
+
+
 # -- every backend node case --------------------------------------------------------------
 
 def _as_initializers(model: onnx.ModelProto, inputs: list) -> onnx.ModelProto | None:
