@@ -119,12 +119,20 @@ def _interpreter(version: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("version", PYTHONS)
-def test_the_requirements_resolve_on_each_python(version, tmp_path):
-    """~30 s a Python, most of it pip reading the index."""
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory) -> dict:
+    """Each Python's resolution: (the interpreter or None, pip's exit status, its output's
+    lines, its report's path). The two pips run side by side, as most of each one's ~30-55 s is
+    reading the index."""
     if reason := _unreachable():
         pytest.skip(reason)
-    report = tmp_path / "report.json"
+    started = {version: _start_resolution(version, tmp_path_factory.mktemp(f"python{version}"))
+               for version in PYTHONS}
+    return {version: _finished_resolution(*job) for version, job in started.items()}
+
+
+def _start_resolution(version: str, folder: Path):
+    report = folder / "report.json"
     install = ["install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
                "--quiet", "--report", str(report)]
     interpreter = _interpreter(version)
@@ -136,17 +144,32 @@ def test_the_requirements_resolve_on_each_python(version, tmp_path):
         # Python that runs it as well (pypa/pip#12216, #11010), which makes this stricter
         # than the install, never laxer, for the Requires-Python pins
         command = [sys.executable, "-m", "pip", *install, "--python-version", version,
-                   "--target", str(tmp_path / "target")]
-    requirements = _requirements()
-    done = subprocess.run([*command, *requirements], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1",
-                                                PIP_REQUIRE_VIRTUALENV="0"))
+                   "--target", str(folder / "target")]
+    pip = subprocess.Popen([*command, *_requirements()], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1",
+                                    PIP_REQUIRE_VIRTUALENV="0"))
+    return interpreter, pip, report
+
+
+def _finished_resolution(interpreter, pip: subprocess.Popen, report: Path):
+    try:
+        output, _ = pip.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        pip.kill()
+        output = pip.communicate()[0] + "\n(pip still resolving after 600 s)"
     # this pip's complaints about the configured local indexes are not the resolution's
-    lines = [line for line in (done.stdout + done.stderr).splitlines()
-             if not line.startswith("WARNING: Location")]
-    assert done.returncode == 0, (
+    lines = [line for line in output.splitlines() if not line.startswith("WARNING: Location")]
+    return interpreter, pip.returncode, lines, report
+
+
+@pytest.mark.xdist_group("pip")  # one worker runs both, so the fixture resolves once
+@pytest.mark.parametrize("version", PYTHONS)
+def test_the_requirements_resolve_on_each_python(version, resolutions):
+    interpreter, status, lines, report = resolutions[version]
+    assert status == 0, (
         f"pyproject.toml's requirements do not resolve for Python {version} "
         f"({interpreter or '--python-version'}):\n" + "\n".join(lines[-40:]))
     resolved = {_name(item["metadata"]["name"]) for item in
                 json.loads(report.read_text())["install"]}
-    assert {_name(r) for r in requirements} <= resolved
+    assert {_name(r) for r in _requirements()} <= resolved

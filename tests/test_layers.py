@@ -13,7 +13,7 @@ over 600 lines."""
 import ast
 import subprocess
 import sys
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -185,12 +185,7 @@ def _imports(module: str, path: Path):
     "lazy attribute" inside a module's ``__getattr__`` (PEP 562: a name the module offers,
     loaded on first use; it still counts for the floors and the loops)."""
     tree = ast.parse(path.read_text())
-    in_functions = {id(node): ("lazy attribute" if function.name == "__getattr__"
-                               and function in tree.body else "function")
-                    for function in ast.walk(tree)
-                    if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    for node in ast.walk(function)}
-    for node in ast.walk(tree):
+    for node, where in _walk_with_functions(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -204,8 +199,23 @@ def _imports(module: str, path: Path):
             if target is not None:
                 for imported in _with_packages(target, module):
                     # (the module, the line, where, named by the import itself)
-                    yield imported, node.lineno, in_functions.get(id(node), ""), \
-                        imported == target
+                    yield imported, node.lineno, where, imported == target
+
+
+def _walk_with_functions(tree: ast.Module):
+    """(node, where) for every node, breadth first as ``ast.walk``: where is "lazy attribute"
+    or "function" by the innermost function holding the node (its own node included), ""
+    at module level. One walk: the suite collects this file on each worker."""
+    queue = deque([(tree, "")])
+    while queue:
+        node, around = queue.popleft()
+        yield node, around
+        for child in ast.iter_child_nodes(node):
+            inside = around
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside = ("lazy attribute" if child.name == "__getattr__" and child in tree.body
+                          else "function")
+            queue.append((child, inside))
 
 
 def _import_call(node) -> bool:
