@@ -6,7 +6,7 @@ left, so no test leaves a process behind.
 Its processes run the NumPy kernels (``MIXRT_JIT=0``, a user's setting): these jobs test the
 parameter server, and with the compiled tier each process compiled its model's kernels before
 its first step (a 20-step digits job took 64 s on a 2-core machine, 5 without). The compiled
-kernels have their own tests; tests/kvstore/test_launch_main_job.py runs a job with them."""
+kernels have their own tests; tests/test_main_job.py runs the main job on them."""
 
 from __future__ import annotations
 
