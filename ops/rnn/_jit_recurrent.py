@@ -32,7 +32,6 @@ error against NumPy's: at most 3 ulp in float64, and float32 results correctly r
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 from llvmlite import ir
@@ -502,48 +501,31 @@ def _rnn_args(args, part, zero):
                  words[6])
 
 
-# -- the C entry points, each compiled on its first use ----------------------------------------
-#
-# Each compiles its cell's whole sequence for its dtype. Made at import (as cfuncs are), a
-# process's first recurrent layer paid all six, ~50 s on a 2-core machine, to use one.
-
-def _lstm_part_f(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def lstm_part_f(args, part):
     _lstm_args(args, part, np.float32(0))
 
 
-def _lstm_part_d(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def lstm_part_d(args, part):
     _lstm_args(args, part, np.float64(0))
 
 
-def _gru_part_f(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def gru_part_f(args, part):
     _gru_args(args, part, np.float32(0))
 
 
-def _gru_part_d(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def gru_part_d(args, part):
     _gru_args(args, part, np.float64(0))
 
 
-def _rnn_part_f(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def rnn_part_f(args, part):
     _rnn_args(args, part, np.float32(0))
 
 
-def _rnn_part_d(args, part):
+@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+def rnn_part_d(args, part):
     _rnn_args(args, part, np.float64(0))
-
-
-_ENTRIES = {body.__name__[1:]: body for body in (_lstm_part_f, _lstm_part_d, _gru_part_f,
-                                                 _gru_part_d, _rnn_part_f, _rnn_part_d)}
-_COMPILING = threading.Lock()
-
-
-def __getattr__(name: str):
-    """``lstm_part_f`` and the other entries (PEP 562): compiled, and kept, on first use."""
-    body = _ENTRIES.get(name)
-    if body is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    with _COMPILING:
-        entry = globals().get(name)
-        if entry is None:
-            entry = cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")(body)
-            globals()[name] = entry
-    return entry
