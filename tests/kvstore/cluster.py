@@ -1,12 +1,8 @@
 """A parameter-server job of real processes on loopback, for the tests: a scheduler and
 servers (``python -m mixrt.kvstore.dist``) and workers running a script, each configured by
 the DMLC_* variables as users configure them. Output goes to files; ``stop()`` kills what is
-left, so no test leaves a process behind.
-
-Its processes run the NumPy kernels (``MIXRT_JIT=0``, a user's setting): these jobs test the
-parameter server, and with the compiled tier each process compiled its model's kernels before
-its first step (a 20-step digits job took 64 s on a 2-core machine, 5 without). The compiled
-kernels have their own tests; tests/test_main_job.py runs the main job on them."""
+left, so no test leaves a process behind. Its processes run the NumPy kernels, as every
+KVStore test does (tests/kvstore/conftest.py)."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ class Cluster:
         self.workers, self.servers = workers, servers
         self.env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(
             free_port()), DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers),
-            MIXRT_KV_HEARTBEAT="0.25", MIXRT_KV_HEARTBEAT_TIMEOUT="2", PYTHONUNBUFFERED="1",
-            MIXRT_JIT="0")
+            MIXRT_KV_HEARTBEAT="0.25", MIXRT_KV_HEARTBEAT_TIMEOUT="2", PYTHONUNBUFFERED="1")
         self.env.update({k: str(v) for k, v in env.items()})
         self.processes: dict[str, subprocess.Popen] = {}
 

@@ -371,8 +371,7 @@ kv.close()
 
 
 def test_dist_sync_training_equals_single_process_on_the_global_batch(cluster_factory,
-                                                                      tmp_path, monkeypatch):
-    monkeypatch.setenv("MIXRT_JIT", "0")  # the kernels the job's processes run (cluster.py)
+                                                                      tmp_path):
     saved = tmp_path / "dist.npz"
     cluster = cluster_factory(workers=2, servers=1).start(TRAIN_SCRIPT, saved)
     assert set(_finished(cluster).values()) == {0}, cluster.all_output()

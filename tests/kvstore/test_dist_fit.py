@@ -19,14 +19,6 @@ import fit_job
 JOB = Path(fit_job.__file__)
 
 
-@pytest.fixture(autouse=True)
-def numpy_kernels(monkeypatch):
-    """The jobs and their one-process references run the NumPy kernels (``MIXRT_JIT=0``, which
-    the launched processes inherit): these test the parameter server, and compiling each
-    process's kernels before its first step took most of a job's time (tests/kvstore/cluster.py)."""
-    monkeypatch.setenv("MIXRT_JIT", "0")
-
-
 def _launch(tmp_path, kind: str, workers: int, servers: int, compression: bool = False):
     out = tmp_path / "weights"
     out.mkdir()

@@ -145,7 +145,7 @@ def _here(argv: list[str]) -> list[str]:
     return [sys.executable if argv[0] in ("python3", "python") else argv[0], *argv[1:]]
 
 
-def test_the_pods_environment_runs_a_dist_sync_fit(tmp_path, monkeypatch):
+def test_the_pods_environment_runs_a_dist_sync_fit(tmp_path):
     out = tmp_path / "weights"
     out.mkdir()
     config = json.dumps({"kind": "dist_sync", "out": str(out), "compression": False})
@@ -156,7 +156,7 @@ def test_the_pods_environment_runs_a_dist_sync_fit(tmp_path, monkeypatch):
         [container] = _by_kind(documents, "Job", role)["spec"]["template"]["spec"][
             "containers"]
         for index in range(count):
-            # and the NumPy kernels, as every KVStore job here (tests/kvstore/cluster.py)
+            # and the NumPy kernels, as this process's (tests/kvstore/conftest.py)
             env = {"PATH": os.environ["PATH"], "MIXRT_JIT": "0",
                    **_pod_environment(documents, role, index)}
             name = "scheduler" if role == "scheduler" else f"{role} {index}"
@@ -165,7 +165,6 @@ def test_the_pods_environment_runs_a_dist_sync_fit(tmp_path, monkeypatch):
     status = Supervisor(planned, stdout=stdout, stderr=stderr).run()
     output = stdout.getvalue() + stderr.getvalue()
     assert status == 0, output
-    monkeypatch.setenv("MIXRT_JIT", "0")  # the references' kernels are the pods'
     for case in fit_job.scenarios("dist_sync"):
         expected = fit_job.reference(case, 2)
         with np.load(out / f"{case['name']}.npz", allow_pickle=False) as trained:

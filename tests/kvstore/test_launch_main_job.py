@@ -1,13 +1,10 @@
 """The main job through `mixrt launch -n 2 -s 1 --launcher local` (acceptance): the CNN
 trains and fine-tunes through the parameter server, worker 0 validates, compiles and
-serves; dist_sync and dist_async both reach the main job's accuracy target. Its processes
-run the NumPy kernels (``MIXRT_JIT=0``), as every KVStore job in the suite does
-(tests/kvstore/cluster.py): compiling the CNN's kernels in both workers at once took most of
-the job's time; tests/test_main_job.py runs the main job on the compiled kernels."""
+serves; dist_sync and dist_async both reach the main job's accuracy target (on the NumPy
+kernels, as every KVStore test: tests/kvstore/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -23,8 +20,7 @@ def test_main_job_fine_tunes_through_mixrt_launch(tmp_path, kind):
         [sys.executable, "-m", "mixrt", "launch", "-n", "2", "-s", "1", "--launcher",
          "local", "--", sys.executable, "-m", "mixrt", "demo", "--kvstore", kind,
          "--workdir", str(tmp_path / "work"), "--no-progress"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env=dict(os.environ, MIXRT_JIT="0"))
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     for rank in (0, 1):

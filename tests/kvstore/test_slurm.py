@@ -139,16 +139,14 @@ def _slurm_answers() -> bool:
 
 
 @pytest.fixture
-def slurm_cluster(monkeypatch):
+def slurm_cluster():
     """A Slurm cluster that answers, or the test skips. Asked on a test's first use, not as
     the file is collected: where sinfo is installed and no controller runs, it waits ~9 s,
-    which every worker paid at collection. The jobs run the NumPy kernels (``MIXRT_JIT=0``,
-    which srun and sbatch pass on with the rest of the environment), as in
-    tests/kvstore/cluster.py, and so do the one-process references they are held to."""
+    which every worker paid at collection. (srun and sbatch pass the environment on, the
+    NumPy kernels' setting with it: tests/kvstore/conftest.py.)"""
     if not _slurm_answers():
         pytest.skip("no Slurm cluster answers here (tools/slurm_one_node.sh start starts a "
                     "one-node one, as .ci/run does)")
-    monkeypatch.setenv("MIXRT_JIT", "0")
 
 
 def _launch_argv(*args: str) -> list[str]:
