@@ -35,7 +35,7 @@ import numpy as np
 from onnx import defs
 
 from mixrt.base.errors import ExportError
-from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.attention.fused_attention import QUERY_PERM, input_perms

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from mixrt.ops.attention.fused_attention import QUERY_PERM, input_perms, kv_repeat_of
-from mixrt.ops.conv.conv import spatial_attrs, window_geometry
+from mixrt.ops.conv.windows import spatial_attrs, window_geometry
 from mixrt.ops.ir.types import broadcast_like_first, broadcast_to_bool, same_as_input
 from mixrt.runtime.symbolic_dims import Dim, NotSymbolic, number, product
 

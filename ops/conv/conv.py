@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops.conv.windows import CONV_ATTRIBUTES  # noqa: F401  (its importers' name)
 from mixrt.ops.conv.windows import (auto_pad_name, inferred_out_dims, spatial_attrs,
                                      window_geometry)
 from mixrt.ops.device import to_host

@@ -23,12 +23,12 @@ import numpy as np
 
 from mixrt.base.errors import GradientError
 from mixrt.ops.conv import conv as cv
+from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.pool import pool
 from mixrt.ops.training.grad_support import MIXRT, widened
 from mixrt.ops.ir.registry import op
 from mixrt.ops.ir.types import TensorType
 
-CONV_ATTRIBUTES = cv.CONV_ATTRIBUTES
 CONV_TRANSPOSE_ATTRIBUTES = CONV_ATTRIBUTES + ("output_padding", "output_shape")
 POOL_ATTRIBUTES = ("auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "strides")
 _COLUMNS_BUDGET = 256 << 20  # bytes of im2col columns built at once (as the forward does)

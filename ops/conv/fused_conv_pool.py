@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mixrt.ops.pool import inplace_cpu
-from mixrt.ops.conv.conv import CONV_ATTRIBUTES, conv, spatial_attrs, window_geometry
+from mixrt.ops.conv.conv import conv
+from mixrt.ops.conv.windows import CONV_ATTRIBUTES, spatial_attrs, window_geometry
 from mixrt.ops.compiled.workspace import per_shape
 from mixrt.ops.conv.conv_cpu import geometry as conv_geometry
 from mixrt.ops.ir.dtypes import FUSED_DTYPES

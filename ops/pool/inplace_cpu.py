@@ -35,7 +35,8 @@ from mixrt.ops.compiled.bound_calls import binds, binds_replay
 from mixrt.ops.compiled import replay
 from mixrt.ops.pool import plane_pools
 from mixrt.ops.pool import jit_pool
-from mixrt.ops.conv.conv import spatial_attrs, strided_span, window_geometry
+from mixrt.ops.conv.conv import strided_span
+from mixrt.ops.conv.windows import spatial_attrs, window_geometry
 from mixrt.ops.compiled.workspace import scratch_arrays as _scratch
 from mixrt.ops.nn.norm import lrn
 from mixrt.ops.pool.pool import average_pool, global_average_pool, global_max_pool, max_pool

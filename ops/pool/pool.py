@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixrt.ops.conv.conv import (inferred_out_dims, pad_spatial, sliding_windows,
-                            spatial_attrs, strided_span, window_geometry, work_dtype)
+from mixrt.ops.conv.conv import pad_spatial, sliding_windows, strided_span, work_dtype
+from mixrt.ops.conv.windows import inferred_out_dims, spatial_attrs, window_geometry
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.ir.dtypes import FLOATS
 from mixrt.ops.compiled.parallel import parallel_rows

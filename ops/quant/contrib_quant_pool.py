@@ -20,7 +20,8 @@ import numpy as np
 from mixrt.ops.quant.contrib_quant import (COM_MICROSOFT, INT8S, as_f32, one_value, requantize,
                                      require_dtype, require_float_scales, require_per_tensor,
                                      zero_point_or_zero)
-from mixrt.ops.conv.conv import pad_spatial, spatial_attrs, strided_span, window_geometry
+from mixrt.ops.conv.conv import pad_spatial, strided_span
+from mixrt.ops.conv.windows import spatial_attrs, window_geometry
 from mixrt.ops.quant.quantize import saturate_to
 from mixrt.ops.ir.registry import REGISTRY, op
 from mixrt.ops.ir.types import TensorType, shape_text

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.conv.fused_conv_pool import POOLS
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime.graph import Graph, Node

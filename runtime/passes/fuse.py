@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.conv.conv import CONV_ATTRIBUTES
+from mixrt.ops.conv.windows import CONV_ATTRIBUTES
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.ops.nn.fused import ACTIVATIONS
 from mixrt.ops.ir.types import broadcast_or_none

@@ -37,7 +37,7 @@ def randn(*shape):
     ((4, 3, 4), (2, 1, 2), {"dilations": [2, 1, 1], "pads": [0, 1, 0, 1, 0, 1]}),
 ])
 def test_col2im_against_finite_differences_first_and_second_order(image, block, attributes):
-    from mixrt.ops.conv.conv import window_geometry
+    from mixrt.ops.conv.windows import window_geometry
     nd = len(image)
     strides, dilations = attributes.get("strides", [1] * nd), attributes.get("dilations", [1] * nd)
     _, _, blocks = window_geometry(list(image), list(block), strides, dilations,
