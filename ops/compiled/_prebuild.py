@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mixrt.ops.compiled import prebuilt, recorded_kernels
+from mixrt.ops.compiled.first_use import FirstUseEntry
 from mixrt.ops.compiled.generated import kernel_module
 from mixrt.ops.compiled.jit_cache import guard_damaged_entries
 
@@ -165,12 +166,14 @@ def build_part(kernels: Path, part: str, progress: Path | None = None,
 
 def compile_entry(entry: dict) -> None:
     """Compile one recorded kernel for its recorded argument types (a cfunc compiles as its
-    module is imported)."""
+    module is imported, or, declared with ``first_use_cfunc``, when asked to here)."""
     module = _module(entry)
     function = module
     for name in entry["qualname"].split("."):
         function = getattr(function, name)
     if entry.get("cfunc"):
+        if isinstance(function, FirstUseEntry):
+            function.compile()
         return
     function.compile(tuple(recorded_kernels.decode(t) for t in entry["args"]))
 

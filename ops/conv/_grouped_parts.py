@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
+
+from mixrt.ops.compiled.first_use import first_use_cfunc
 
 _SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
 _jit = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
@@ -90,7 +92,7 @@ def _words(args):
     return carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)
 
 
-@cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def part_f(args, index):
     words = _words(args)
     _group(words, carray(args[1], (words[1],), np.float32),
@@ -99,7 +101,7 @@ def part_f(args, index):
            carray(args[6], (words[6],), np.float32), index)
 
 
-@cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def part_d(args, index):
     words = _words(args)
     _group(words, carray(args[1], (words[1],), np.float64),

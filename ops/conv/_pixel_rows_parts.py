@@ -12,8 +12,9 @@ when such a convolution first runs here.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_dense import panel_product
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, limited
 from mixrt.ops.panels._jit_transpose import transpose
@@ -84,7 +85,7 @@ def _words(args):
     return carray(args[0], (carray(args[0], (1,), np.int64)[0],), np.int64)
 
 
-@cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def part_f(args, index):
     words = _words(args)
     _band(words, carray(args[1], (words[1],), np.float32),
@@ -95,7 +96,7 @@ def part_f(args, index):
           index)
 
 
-@cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def part_d(args, index):
     words = _words(args)
     _band(words, carray(args[1], (words[1],), np.float64),

@@ -27,8 +27,9 @@ finishes those rows' labels and scores on its own thread, as one thread's
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.ml._jit_tree_leaves import forest_leaves
 from mixrt.ops.ml._jit_trees import forest_sums, many_class_scores, two_class_scores
 
@@ -78,17 +79,17 @@ def _part(args, index, data_type, value_type):
 _FLAGS = {"nopython": True, "cache": True, "error_model": "numpy"}
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def part_ff(args, index):
     _part(args, index, np.float32, np.float32)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def part_fd(args, index):
     _part(args, index, np.float32, np.float64)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def part_dd(args, index):
     _part(args, index, np.float64, np.float64)
 
@@ -117,17 +118,17 @@ def _tree_part(args, index, data_type, value_type):
                       steps, records, thresholds, leaves)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def tree_part_ff(args, index):
     _tree_part(args, index, np.float32, np.float32)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def tree_part_fd(args, index):
     _tree_part(args, index, np.float32, np.float64)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def tree_part_dd(args, index):
     _tree_part(args, index, np.float64, np.float64)
 
@@ -170,12 +171,12 @@ def _classify_part(args, index, data_type, value_type):
                          chosen[start:stop], scores[start:stop])
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def classify_part_ff(args, index):
     _classify_part(args, index, np.float32, np.float32)
 
 
-@cfunc(PART_SIGNATURE, **_FLAGS)
+@first_use_cfunc(PART_SIGNATURE, **_FLAGS)
 def classify_part_dd(args, index):
     _classify_part(args, index, np.float64, np.float64)
 

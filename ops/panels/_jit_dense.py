@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, cfunc, njit, types
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_LIMITS, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim,
@@ -259,13 +260,13 @@ def _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc
           ldw, carray(pointer_like(c, zero), (c_offset + rows * ldc,)), c_offset, ldc, k_len)
 
 
-@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def tile_f(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
     _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
              np.float32(0))
 
 
-@cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(TILE_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def tile_d(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
     _tile_at(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
              np.float64(0))

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, float32, njit, types, uint64
+from numba import carray, float32, njit, types, uint64
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_atomics import void_pointer_like as _pointer_like
 
 STRIP_ROWS = 8  # activation rows of one tile
@@ -153,7 +154,7 @@ def _product_part(args, part):
             count * (part + 1) // parts)
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def product_part(args, part):
     _product_part(args, part)
 

@@ -35,9 +35,10 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types, uint64
+from numba import carray, njit, types, uint64
 from numba.extending import intrinsic
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_atomics import address, compare_swap, fetch_add, load, pause
 from mixrt.ops.panels._jit_atomics import void_pointer_like as _pointer_like
 
@@ -501,31 +502,31 @@ def _rnn_args(args, part, zero):
                  words[6])
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def lstm_part_f(args, part):
     _lstm_args(args, part, np.float32(0))
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def lstm_part_d(args, part):
     _lstm_args(args, part, np.float64(0))
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def gru_part_f(args, part):
     _gru_args(args, part, np.float32(0))
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def gru_part_d(args, part):
     _gru_args(args, part, np.float64(0))
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def rnn_part_f(args, part):
     _rnn_args(args, part, np.float32(0))
 
 
-@cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(PART_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def rnn_part_d(args, part):
     _rnn_args(args, part, np.float64(0))
