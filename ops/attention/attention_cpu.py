@@ -290,6 +290,7 @@ def _compiled_call(Q, K, V, mask, scale):
                             NATIVE_PARTS_PER_THREAD if native is not None else 1), np.int64)
     if native is not None:
         run, block, count = kernels.native_attention, native.block, len(parts)
+        kernels.job_ready(kernels.ATTENTION_JOB, dtype.itemsize)  # the worker's side
         own, worker = scratch(""), scratch("_worker")
 
         def call(Q, K, V, mask, out):

@@ -90,7 +90,10 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     split = kit.parts > 1
     # with one part the block is never read (the kernel takes the pool for two or more)
     block = kit.words if native is None else native.block
-    run = _kernels().native_conv
+    kernels = _kernels()
+    run = kernels.native_conv  # (its family imported: its job's entries registered)
+    if split:
+        kernels.job_ready(kernels.CONV_JOB, X.dtype.itemsize)  # the worker's side
 
     def call(X, W, B, Z, out):
         if split:

@@ -424,6 +424,8 @@ def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | 
 
 def _native_arguments(native, kernels, panels, rows: int, split: bool, dtype, bias) -> tuple:
     """:func:`native_call_arguments` once the pool, the kernels and the panels are known."""
+    kernels.native_product  # noqa: B018  (its family imported: its job's entries registered)
+    kernels.job_ready(kernels.PRODUCT_JOB, np.dtype(dtype).itemsize)  # the worker's side
     count = panels.shape[0]
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     if split:

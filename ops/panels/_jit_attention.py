@@ -7,8 +7,9 @@ of Q, K or V is made.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_native_pool import (
     ATT_BATCH, ATT_BOUNDS, ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEY_COUNT, ATT_KEYS, ATT_MASK,
     ATT_MASK_STRIDES, ATT_OUT, ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES, ATT_SIZE, ATT_SPILL,
@@ -172,12 +173,12 @@ def _worker_attention(block, zero):
 
 
 # the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _attention_job_f(raw, unused):
     _worker_attention(carray(raw, (BLOCK_WORDS,)), np.float32(0))
 
 
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _attention_job_d(raw, unused):
     _worker_attention(carray(raw, (BLOCK_WORDS,)), np.float64(0))
 

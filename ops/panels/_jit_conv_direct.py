@@ -8,8 +8,9 @@ per image splits its parts with the native worker (the driver at the end).
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, njit
 
+from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_native_pool import (
     ARGS, BIAS, BLOCK_WORDS, BOUNDS, BY_ROWS, CHUNK, CONV_JOB, EDGE, HALO, HAS_RESIDUAL, IN_PLACE,
     JOB, JOB_SIGNATURE, LEFT, LIMITS, NO_BIAS, OH, OW, PANELS, PARTS, PH, PLACES, PLANES, PW,
@@ -406,12 +407,12 @@ def _worker_parts(block, zero):
 
 
 # the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _conv_job_f(raw, unused):
     _worker_parts(carray(raw, (BLOCK_WORDS,)), np.float32(0))
 
 
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _conv_job_d(raw, unused):
     _worker_parts(carray(raw, (BLOCK_WORDS,)), np.float64(0))
 

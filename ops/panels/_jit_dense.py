@@ -15,7 +15,7 @@ kernels in other files.
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 
 from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_native_pool import (
@@ -229,12 +229,12 @@ def pixel_rows_conv(block, parts, x, rows, panels, products, y, bounds, spill, w
 
 
 # the worker's side, in each dtype, through the pool's job table (_jit_native_pool.register_job)
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _product_job_f(raw, unused):
     _worker_product(carray(raw, (BLOCK_WORDS,)), np.float32(0))
 
 
-@cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
+@first_use_cfunc(JOB_SIGNATURE, nopython=True, cache=True, error_model="numpy")
 def _product_job_d(raw, unused):
     _worker_product(carray(raw, (BLOCK_WORDS,)), np.float64(0))
 

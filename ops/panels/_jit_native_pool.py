@@ -467,18 +467,44 @@ assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_LIMITS + 3 < 
 # dtype through this table, whose address every pool's block holds. The worker's compiled code
 # holds none of them: compiled with all three inside, as it was, the worker took ~110 s on an
 # AMD EPYC Zen 3 (2026-11-25) before any job could run, also for a model of pools and
-# layer norms, which only hand their parts over as CALL_JOB. A family's file is imported
-# before a job of its kind can be published (its driver publishes it), so its entry is in.
+# layer norms, which only hand their parts over as CALL_JOB.
+#
+# An entry is compiled, and its address put in the table, where a driver of its dtype is
+# first set up (:func:`job_ready`, from the family's Python: ``matmul_cpu``,
+# ``conv_direct_cpu``, ``attention_cpu``), not as its file is imported: registered at
+# import, both dtypes' entries were compiled there, and with them each family's whole
+# float64 side (the tile, the products, the direct convolutions), which a float32 model
+# never runs (2026-11-30: a third of AlexNet's compile). A job whose slot is still empty is
+# left by the worker to its caller, which takes every part itself, as when no worker comes.
 
 JOB_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 JOB_TABLE = np.zeros(2 * CALL_JOB, np.int64)  # [2 * job + (dtype is float64)]
+_JOB_ENTRIES: dict = {}  # job -> (float32 entry, float64 entry)
+_READY: set = set()  # the (job, itemsize) pairs whose slot is filled
+_jobs_lock = threading.Lock()
 
 
 def register_job(job: int, float32_entry, float64_entry) -> None:
-    """The worker sides of a family's jobs (``cfunc`` objects of JOB_SIGNATURE, kept alive
-    by their module)."""
-    JOB_TABLE[2 * job] = float32_entry.address
-    JOB_TABLE[2 * job + 1] = float64_entry.address
+    """The worker sides of a family's jobs (``cfunc`` entries of JOB_SIGNATURE, declared
+    with ``first_use_cfunc`` and kept alive by their module), compiled by :func:`job_ready`."""
+    _JOB_ENTRIES[job] = (float32_entry, float64_entry)
+
+
+def job_ready(job: int, itemsize: int) -> None:
+    """Put the worker side of ``job`` for floats of ``itemsize`` bytes in the job table,
+    compiling (or loading) it the first time; a driver's set-up calls it before the driver
+    can publish such a job. Under ``jit_tier.loading_only`` an entry in no cache raises
+    ``CompileForbidden`` as any kernel does (the step runs its NumPy path)."""
+    if (job, itemsize) in _READY:
+        return
+    entries = _JOB_ENTRIES.get(job)
+    if entries is None:
+        raise RuntimeError(f"job {job} has no entries: its family's file is not imported yet "
+                           "(read its driver from the panel kernels first)")
+    with _jobs_lock:
+        double = itemsize == 8
+        JOB_TABLE[2 * job + double] = entries[double].address
+        _READY.add((job, itemsize))
 
 
 # -- any kernel's parts, through a function pointer ----------------------------------------
@@ -538,7 +564,8 @@ def worker_job(block):
         return
     table = carray(pointer_like(block[TABLE], block), (2 * CALL_JOB,))
     entry = table[2 * block[JOB] + (1 if block[ITEMSIZE] == 8 else 0)]
-    _call_part(entry, address(block), 0)
+    if entry != 0:  # (else not set up by job_ready: the caller takes every part)
+        _call_part(entry, address(block), 0)
 
 
 @_jit

@@ -46,7 +46,8 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                SPILL, SPINS, STATE, STRIPS, SX, SY, TAPS,
                                                TOP, WAKE, WEIGHTS, WORKER_EDGE, WORKER_PLANES,
                                                WORKER_SIGNATURE, WORKER_SPILL, X, Y, Pool, begin,
-                                               claim, finish, get1, get2, get3, native_for,
+                                               claim, finish, get1, get2, get3, job_ready,
+                                               native_for,
                                                pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
 from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES)

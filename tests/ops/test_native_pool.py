@@ -3,6 +3,7 @@ sections): the same bits as the parts run through ``parallel_for``, the
 worker really taking parts, its sleep and wake, a second caller while the pool is taken,
 concurrent callers, and a forked child that gets a pool of its own."""
 
+import importlib
 import multiprocessing
 import os
 import threading
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled.first_use import FirstUseEntry
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.conv.conv_cpu import direct
 from helpers import until_the_worker_joins
@@ -170,6 +172,37 @@ def test_a_caller_finding_the_pool_taken_runs_every_part_itself(pool):
         assert pool.block[native.BUSY] == 1
     finally:
         pool.block[native.BUSY] = 0
+
+
+def test_a_job_whose_entry_is_not_in_the_table_is_taken_whole_by_its_caller(pool):
+    image, kernel, strides, pads = CASES[1]
+    X, W, B, Z, kernel_shape = _operands(image, kernel, strides, pads, np.float32)
+    expected = _conv(X, W, B, Z, kernel_shape, strides, pads)
+    jobs = _jobs()
+    slot = 2 * jobs.CONV_JOB
+    assert (jobs.CONV_JOB, 4) in jobs._READY and jobs.JOB_TABLE[slot] != 0
+    entry = jobs.JOB_TABLE[slot]
+    jobs.JOB_TABLE[slot] = 0  # as if no driver had asked job_ready for it
+    try:
+        for _ in range(20):  # the worker joins these jobs and leaves each to the caller
+            np.testing.assert_array_equal(_conv(X, W, B, Z, kernel_shape, strides, pads),
+                                          expected)
+    finally:
+        jobs.JOB_TABLE[slot] = entry
+
+
+def test_a_jobs_entry_is_compiled_for_the_dtype_its_driver_is_set_up_for(pool):
+    jobs = _jobs()
+    float32_entry, _ = jobs._JOB_ENTRIES[jobs.CONV_JOB]
+    assert isinstance(float32_entry, FirstUseEntry)
+    image, kernel, strides, pads = CASES[1]
+    _conv(*_operands(image, kernel, strides, pads, np.float32)[:4], (3, 3), strides, pads)
+    assert jobs.JOB_TABLE[2 * jobs.CONV_JOB] == float32_entry.address
+
+
+def _jobs():
+    """The pool's job table and the entries registered for it."""
+    return importlib.import_module("mixrt.ops.panels._jit_native_pool")
 
 
 def test_concurrent_callers_each_get_their_own_result(pool):
