@@ -91,9 +91,9 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     # with one part the block is never read (the kernel takes the pool for two or more)
     block = kit.words if native is None else native.block
     kernels = _kernels()
-    run = kernels.native_conv  # (its family imported: its job's entries registered)
     if split:
         kernels.job_ready(kernels.CONV_JOB, X.dtype.itemsize)  # the worker's side
+    run = kernels.native_conv
 
     def call(X, W, B, Z, out):
         if split:

@@ -299,9 +299,8 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), so
     (its hand-off never takes the GIL), else ``parallel_for``. The call is kept as the
     node's replay in ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the
     node's arrays ``recorded``, whose first is A and last ``out``: the checks and the
-    arguments cost ~7 us of a 64 x 256 @ 256 x 256 product's ~32. ``source``: the weight as
-    the node has it, where B is a view made of it (Gemm's transposed B), for its rows
-    route."""
+    arguments cost ~7 us of a 64 x 256 @ 256 x 256 product's ~32. ``source``: the node's
+    weight, where B is a view made of it (Gemm's transposed B), for its rows route."""
     call = panel_call(A, B, prepacked, bias, limits)
     call(A, out)
     if replays is not None:
@@ -424,7 +423,6 @@ def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | 
 
 def _native_arguments(native, kernels, panels, rows: int, split: bool, dtype, bias) -> tuple:
     """:func:`native_call_arguments` once the pool, the kernels and the panels are known."""
-    kernels.native_product  # noqa: B018  (its family imported: its job's entries registered)
     kernels.job_ready(kernels.PRODUCT_JOB, np.dtype(dtype).itemsize)  # the worker's side
     count = panels.shape[0]
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])

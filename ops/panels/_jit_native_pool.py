@@ -500,7 +500,7 @@ def job_ready(job: int, itemsize: int) -> None:
     entries = _JOB_ENTRIES.get(job)
     if entries is None:
         raise RuntimeError(f"job {job} has no entries: its family's file is not imported yet "
-                           "(read its driver from the panel kernels first)")
+                           "(_jit_panels.job_ready imports it)")
     with _jobs_lock:
         double = itemsize == 8
         JOB_TABLE[2 * job + double] = entries[double].address

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 
+from mixrt.ops.panels import _jit_native_pool
 from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, ATT_BOUNDS,
                                                ATT_HAS_MASK, ATT_HEADS, ATT_K, ATT_KEYS,
                                                ATT_KEY_COUNT, ATT_MASK, ATT_MASK_STRIDES, ATT_OUT,
@@ -46,8 +47,7 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                SPILL, SPINS, STATE, STRIPS, SX, SY, TAPS,
                                                TOP, WAKE, WEIGHTS, WORKER_EDGE, WORKER_PLANES,
                                                WORKER_SIGNATURE, WORKER_SPILL, X, Y, Pool, begin,
-                                               claim, finish, get1, get2, get3, job_ready,
-                                               native_for,
+                                               claim, finish, get1, get2, get3, native_for,
                                                pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
 from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES)
@@ -65,6 +65,19 @@ _FAMILIES = {
                                     "swap_last_axes", "tile_d", "tile_f"),
 }
 _HOME = {name: module for module, names in _FAMILIES.items() for name in names}
+
+
+# each job's driver, whose family's file registers the job's entries as it is imported
+_DRIVERS = {PRODUCT_JOB: "native_product", CONV_JOB: "native_conv",
+            ATTENTION_JOB: "native_attention"}
+
+
+def job_ready(job: int, itemsize: int) -> None:
+    """``_jit_native_pool.job_ready`` with the job's family imported first: a driver's
+    set-up calls it before the driver can publish the job in that dtype."""
+    if _DRIVERS[job] not in globals():
+        __getattr__(_DRIVERS[job])
+    _jit_native_pool.job_ready(job, itemsize)
 
 
 def __getattr__(name: str):
