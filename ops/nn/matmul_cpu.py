@@ -423,10 +423,10 @@ def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | 
 
 def _native_arguments(native, kernels, panels, rows: int, split: bool, dtype, bias) -> tuple:
     """:func:`native_call_arguments` once the pool, the kernels and the panels are known."""
-    kernels.job_ready(kernels.PRODUCT_JOB, np.dtype(dtype).itemsize)  # the worker's side
     count = panels.shape[0]
     spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
     if split:
+        kernels.job_ready(kernels.PRODUCT_JOB, np.dtype(dtype).itemsize)  # the worker's side
         bounds = native_parts(count, rows, kernels.STRIP_ROWS)
     else:
         bounds = np.array([0, count, 0, rows], np.int64)
