@@ -481,7 +481,6 @@ assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_LIMITS + 3 < 
 JOB_SIGNATURE = types.void(types.CPointer(types.int64), types.int64)
 JOB_TABLE = np.zeros(2 * CALL_JOB, np.int64)  # [2 * job + (dtype is float64)]
 _JOB_ENTRIES: dict = {}  # job -> (float32 entry, float64 entry)
-_READY: set = set()  # the (job, itemsize) pairs whose slot is filled
 _jobs_lock = threading.Lock()
 
 
@@ -496,16 +495,15 @@ def job_ready(job: int, itemsize: int) -> None:
     compiling (or loading) it the first time; a driver's set-up calls it before the driver
     can publish such a job. Under ``jit_tier.loading_only`` an entry in no cache raises
     ``CompileForbidden`` as any kernel does (the step runs its NumPy path)."""
-    if (job, itemsize) in _READY:
+    slot = 2 * job + (itemsize == 8)
+    if JOB_TABLE[slot]:
         return
     entries = _JOB_ENTRIES.get(job)
     if entries is None:
         raise RuntimeError(f"job {job} has no entries: its family's file is not imported yet "
                            "(_jit_panels.job_ready imports it)")
     with _jobs_lock:
-        double = itemsize == 8
-        JOB_TABLE[2 * job + double] = entries[double].address
-        _READY.add((job, itemsize))
+        JOB_TABLE[slot] = entries[itemsize == 8].address
 
 
 # -- any kernel's parts, through a function pointer ----------------------------------------
