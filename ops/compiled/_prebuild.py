@@ -182,6 +182,8 @@ def _module(entry: dict):
     name = entry["module"]
     if "source" not in entry:
         return importlib.import_module(name)
+    if "main" in entry:  # a part entry's module imports its names from this one
+        _module(entry["main"])
     prefix = name.rsplit("_", 1)[0]
     module = kernel_module(entry["source"], prefix)
     if module.__name__ != name:

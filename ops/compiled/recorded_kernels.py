@@ -5,7 +5,9 @@ numba compiles a kernel once per tuple of argument types (dtype, rank, layout, w
 read-only); which tuples a model meets is known only by running it. With
 ``MIXRT_RECORD_KERNELS=FILE`` every kernel a process loads or compiles appends one JSON line
 to ``FILE``: its module, its name and its argument types, and for a generated module (a
-pool, a depthwise convolution, a fused program, named by its source's hash) that source.
+pool, a depthwise convolution, a fused program, named by its source's hash) that source; for
+a part entry's module (``ops/panels/native_parts.py``), the generated module it imports from
+as well (``main``), which the build loads first.
 ``benchmarks/record_kernels.py`` runs a corpus of models that way and merges the lines into
 ``kernels.json`` beside this file, which the build reads. Types are written as plain JSON
 (``encode``/``decode``), never pickled. An entry with ``levels`` is built for those x86-64
@@ -61,9 +63,16 @@ def _entry(py_func, sig) -> dict:
     else:
         entry["args"] = [encode(t) for t in sig]
     if module.startswith("mixrt_") and "." not in module:
-        with open(sys.modules[module].__file__, encoding="utf-8") as source:
-            entry["source"] = source.read()
+        entry["source"] = _source_of(module)
+        main = getattr(sys.modules[module], "MAIN_MODULE", None)
+        if main is not None:  # a part entry's module, whose names come from this one
+            entry["main"] = {"module": main, "source": _source_of(main)}
     return entry
+
+
+def _source_of(module: str) -> str:
+    with open(sys.modules[module].__file__, encoding="utf-8") as source:
+        return source.read()
 
 
 def encode(t):

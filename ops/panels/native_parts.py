@@ -15,14 +15,22 @@ every part on this thread and the worker. Only numba's own ``carray`` reads them
 the pool is compiled into the module.
 
 An entry is compiled only where the native pool runs a part of its dtype (:func:`part_entry`:
-the module's source and that one entry, as a generated module of its own). Compiled with the
-module, as they were until 2026-11-25, the two entries took most of a depthwise module's
-1.6-2.1 s, though a float32 model calls one and a CPU without the native pool (AVX2) none.
+that one entry, as a generated module of its own). Compiled with the module, as they were
+until 2026-11-25, the two entries took most of a depthwise module's 1.6-2.1 s, though a
+float32 model calls one and a CPU without the native pool (AVX2) none.
+
+The entry's module takes the generated module's functions from that module itself
+(:data:`PART_HEAD`), so the ``run`` it calls is the one the module compiled for Python's calls:
+numba types a carray as it types a writeable array, and finds that overload compiled. The
+entry's module held a copy of the generated module's source until 2026-11-30, and compiled
+its ``run`` and helpers a second time: 232 s of the suite's 1,017 s of numba compiles on a
+2-core Xeon, a third of each depthwise and pool part entry's cost.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
@@ -36,6 +44,16 @@ SPLIT_ELEMENTS = 1 << 14
 _SIGNATURE = "types.void(types.CPointer(types.voidptr), types.int64)"
 _FLAGS = "nopython=True, cache=True, error_model='numpy'"
 IMPORTS = ["from numba import carray, cfunc, types"]
+# the head of a part entry's module: every name of the generated module it belongs to, which
+# is loaded (``generated.kernel_module`` registers it in ``sys.modules``) before the entry's
+# module is made or imported; ``MAIN_MODULE`` names it for the kernel records
+# (``ops/compiled/recorded_kernels.py``), so the wheel's prebuild loads it first
+PART_HEAD = """from {name} import *  # noqa: F403
+import numpy as np
+from numba import carray, cfunc, types
+
+MAIN_MODULE = "{name}"
+"""
 
 
 def part_source(arrays: list[tuple[str, int, bool]], scalars: list[str], body) -> list[str]:
@@ -79,7 +97,11 @@ def part_entry(module, suffix: str):
     written = getattr(module, f"part_{suffix}", None)
     if written is not None:
         return written
-    source = f"{module.SOURCE}\n{module.PART_SOURCES[suffix]}"
+    if sys.modules.get(module.__name__) is module:  # importable by its name
+        head = PART_HEAD.format(name=module.__name__)
+    else:  # compiled in memory (no cache folder to write): a copy of its source
+        head = module.SOURCE
+    source = f"{head}\n{module.PART_SOURCES[suffix]}"
     prefix = f"{module.__name__.rsplit('_', 1)[0]}_part_{suffix}"
     return getattr(kernel_module(source, prefix), f"part_{suffix}")
 

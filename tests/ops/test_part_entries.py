@@ -1,0 +1,83 @@
+"""A generated kernel's native part entries (ops/panels/native_parts.py): each one's module
+takes the generated module's own functions, so the ``run`` an entry calls is the overload the
+module compiled for Python's calls, not a second copy; the kernel records name that module,
+and the wheel's prebuild builds the entry from its record in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from mixrt.ops.compiled import recorded_kernels
+from mixrt.ops.conv import jit_depthwise
+from mixrt.ops.conv.depthwise_common import activation_constants
+from mixrt.ops.panels import native_parts
+
+CHANNELS, SIDE = 8, 12
+
+
+def _rows_module_called_from_python():
+    """A depthwise row form's module, its ``run`` compiled by one call from Python (a 3x2
+    kernel, which no other test's module shares: its overloads are this file's alone)."""
+    rows = jit_depthwise._compiled((3, 2), (1, 1), (1, 1), "Relu")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((CHANNELS, SIDE, SIDE)).astype(np.float32)
+    weights = rng.standard_normal((CHANNELS, 6)).astype(np.float32)
+    bias = rng.standard_normal(CHANNELS).astype(np.float32)
+    out = np.empty((CHANNELS, SIDE, SIDE), np.float32)
+    constants = activation_constants("Relu", [], np.float32)
+    rows.run(x, weights, bias, out, constants, 1, CHANNELS, 1, 0, 0, CHANNELS,
+             np.empty((SIDE + 2, SIDE + 1), np.float32))
+    return rows
+
+
+def test_a_part_entry_calls_its_modules_own_run_compiled_once():
+    rows = _rows_module_called_from_python()
+    assert len(rows.run.overloads) == 1
+    entry = native_parts.part_entry(rows, "f")
+    assert entry.address
+    part_module = sys.modules[entry._pyfunc.__module__]
+    assert part_module.MAIN_MODULE == rows.__name__
+    assert part_module.run is rows.run  # the module's dispatcher, not a copy
+    # the carray arguments are typed as the Python call's arrays: no second overload
+    assert len(rows.run.overloads) == 1
+
+
+def test_a_part_entrys_record_names_its_module_and_the_build_makes_it(tmp_path):
+    """The record of an entry's module carries the generated module it imports from; a
+    fresh process with empty caches builds the entry from that record alone."""
+    records = tmp_path / "kernels.jsonl"
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from test_part_entries import _rows_module_called_from_python\n"
+        "from mixrt.ops.panels import native_parts\n"
+        "native_parts.part_entry(_rows_module_called_from_python(), 'f').address\n")
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, MIXRT_CACHE_DIR=str(tmp_path / "a" / "mixrt"),
+               NUMBA_CACHE_DIR=str(tmp_path / "a" / "numba"),
+               **{recorded_kernels.RECORD: str(records)})
+    subprocess.run([sys.executable, "-c", script, here], env=env, check=True, timeout=600)
+    entries = recorded_kernels.read_lines(records)
+    parts = [e for e in entries if e.get("cfunc") and "_part_f_" in e["module"]]
+    assert len(parts) == 1, entries
+    part = parts[0]
+    assert part["main"]["module"].startswith("mixrt_depthwise_")
+    assert "from " + part["main"]["module"] + " import *" in part["source"]
+    build = ("import json, sys\n"
+             "from mixrt.ops.compiled import _prebuild\n"
+             "entry = json.loads(sys.argv[1])\n"
+             "_prebuild.compile_entry(entry)\n"
+             "module = sys.modules[entry['module']]\n"
+             "print(module.part_f.address != 0, module.run is sys.modules["
+             "entry['main']['module']].run)\n")
+    fresh = dict(os.environ, MIXRT_CACHE_DIR=str(tmp_path / "b" / "mixrt"),
+                 NUMBA_CACHE_DIR=str(tmp_path / "b" / "numba"))
+    fresh.pop(recorded_kernels.RECORD, None)
+    done = subprocess.run([sys.executable, "-c", build, json.dumps(part)], env=fresh,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True"]
