@@ -81,3 +81,26 @@ def test_a_part_entrys_record_names_its_module_and_the_build_makes_it(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_the_committed_kernel_list_names_each_generated_module_by_its_source():
+    """What the wheel's build compiles (``ops/compiled/kernels.json``): every generated
+    module's recorded source hashes to its recorded name, a part entry's module's and the
+    module it imports from alike, and a part entry's module imports from that one; so the
+    build makes the modules a run asks for, under the names it asks them by."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from mixrt.ops.compiled.generated import module_name  # noqa: PLC0415
+
+    listed = Path(recorded_kernels.__file__).with_name("kernels.json")
+    entries = json.loads(listed.read_text())["kernels"]
+    generated = [e for e in entries if "source" in e]
+    assert generated
+    for entry in generated:
+        for named in (entry, entry.get("main")):
+            if named is not None:
+                prefix = named["module"].rsplit("_", 1)[0]
+                assert module_name(named["source"], prefix) == named["module"]
+        if "_part_" in entry["module"]:
+            main = entry["main"]["module"]
+            assert native_parts.PART_HEAD.format(name=main) in entry["source"]
