@@ -91,9 +91,9 @@ def part_sources(arrays: list[tuple[str, int, bool]], scalars: list[str], body) 
 @functools.lru_cache(maxsize=256)
 def part_entry(module, suffix: str):
     """``module``'s ``part_f`` (``suffix`` "f") or ``part_d`` ("d"), compiled: a generated
-    module of the module's own source and that entry's (named by its hash like every
-    generated module, so it is cached and prebuilt as they are); a kernel file's own entries
-    (``ops/conv/_grouped_parts.py``) as they are."""
+    module of :data:`PART_HEAD` (the module's names, imported) and that entry's source
+    (named by its hash like every generated module, so it is cached and prebuilt as they
+    are); a kernel file's own entries (``ops/conv/_grouped_parts.py``) as they are."""
     written = getattr(module, f"part_{suffix}", None)
     if written is not None:
         return written
