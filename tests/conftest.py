@@ -41,6 +41,9 @@ _FIRST = (_SOCKETS, Path(__file__).parent / "test_gpu_paths_on_fake_cupy.py")
 _GPU_TEST_FILES: set = set()  # the files of the GPU tests this process collected
 
 
+# tryfirst: xdist's worker reads the ``xdist_group`` marks in this same hook, and a mark added
+# after it ran puts nothing in a group (tests/test_xdist_groups.py)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(_WANTS_A_GPU.search(str(mark.kwargs.get("reason", "")))

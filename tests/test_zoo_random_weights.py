@@ -24,7 +24,11 @@ ort = pytest.importorskip("onnxruntime")
 TOLERANCE = 2e-5
 
 
-@pytest.fixture(scope="module", params=LIGHT_MODELS)
+# one xdist worker a model, so that its module-scoped fixture (the weights drawn, the file
+# written and onnxruntime's reference run: VGG-19's ~17 s) is built once, not on each worker
+@pytest.fixture(scope="module", params=[
+    pytest.param(name, marks=pytest.mark.xdist_group(f"zoo-random-{name}"))
+    for name in LIGHT_MODELS])
 def randomized(request, tmp_path_factory):
     model, feeds = light_model_with_random_weights(request.param)
     path = tmp_path_factory.mktemp(request.param) / f"{request.param}_random.onnx"
