@@ -372,8 +372,8 @@ def test_no_module_is_over_600_lines():
 
 # One fresh interpreter imports ``mixrt`` (which every module below imports first anyway),
 # then forks a child per module, which imports it and reports which heavy names are loaded:
-# the same sets as an interpreter a module, without ~0.7 s of interpreter and package start
-# a module (the test took ~34 s of a worker on 2 cores that way)
+# the sets a fresh interpreter per module finds, without each one's ~0.7 s of interpreter
+# and package start (the test took ~34 s of a worker on 2 cores that way)
 _FORKED_IMPORTS = """
 import importlib, json, os, sys
 heavy, modules = json.loads(sys.argv[1]), json.loads(sys.argv[2])
