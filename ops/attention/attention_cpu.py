@@ -16,6 +16,7 @@ from mixrt.ops.attention.fused_attention import (QUERY_PERM, fused_attention, kv
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for
+from mixrt.ops.nn.product_parts import even_parts
 from mixrt.ops.ir.types import broadcasts_to
 
 # multiply-adds from which the heads are split over the intra-op threads (as
@@ -373,22 +374,13 @@ def _mask_layout(mask, shape, dtype):
 
 def _parts(pairs: int, rows: int, strip: int, work_per_pair: int,
            per_thread: int = 1) -> list[tuple]:
-    """(pair0, pair1, row0, row1) parts, about ``per_thread`` per thread: runs of whole
-    (batch, head) pairs when there are enough of them, else each pair's query rows split in
-    strips. The native pool claims parts one at a time, so finer parts there let a worker
-    that wakes late still take its share."""
+    """(pair0, pair1, row0, row1) parts, at most ``per_thread`` per thread: runs of whole
+    (batch, head) pairs, over bands of strips of query rows where the pairs do not share
+    evenly (``product_parts.even_parts``: BERT-base's 12 heads as eight runs were 1, 2, 1,
+    2, ... heads, and one thread claimed 7 of the 12). The native pool claims parts one at a
+    time, so more parts let a worker that wakes late still take its share."""
     work = pairs * work_per_pair
     threads = intra_op_threads()
     if work < SPLIT_WORK or threads < 2:
         return [(0, pairs, 0, rows)]
-    wanted = threads * per_thread
-    if pairs >= wanted:
-        return [(pairs * p // wanted, pairs * (p + 1) // wanted, 0, rows)
-                for p in range(wanted)]
-    if pairs >= threads:
-        return [(pair, pair + 1, 0, rows) for pair in range(pairs)]
-    strips = -(-rows // strip)
-    count = min(strips, -(-wanted // pairs))
-    split = [(strips * p // count * strip, min(rows, strips * (p + 1) // count * strip))
-             for p in range(count)]
-    return [(pair, pair + 1, r0, r1) for pair in range(pairs) for r0, r1 in split]
+    return even_parts(pairs, rows, strip, threads * per_thread, threads)

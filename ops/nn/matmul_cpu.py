@@ -39,6 +39,7 @@ from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv.direct_forms import activation_limits
 from mixrt.ops.nn import row_kernels
+from mixrt.ops.nn.product_parts import native_parts
 from mixrt.ops.compiled.workspace import named_buffer, packed
 from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
 
@@ -219,9 +220,6 @@ PANEL_SPLIT_WORK = 1 << 18
 # process, settings alternated, ms a run, 2^23 / 2^26): BERT h256 2 x 128 9.16 / 8.96, BERT
 # h768 1 x 128 25.9 / 24.5, GPT-2 h768 2 x 128 49.6 / 49.2, GPT-2 h256 2 x 128 10.9 / 10.3
 STACK_SPLIT_WORK = 1 << 26
-# parts of a product per thread through the native pool: claimed one at a time, so a worker
-# that wakes late takes fewer
-NATIVE_PARTS_PER_THREAD = 4
 # One row (a request at batch 1) through a dense layer of at least this many multiply-adds
 # takes the panels too, split over the native threads however small: inside a run OpenBLAS's
 # gemv took the MLP's 784 x 2048 and 2048 x 2048 layers at 1.6-1.9x onnxruntime's whole run,
@@ -516,33 +514,6 @@ def panel_action(call):
     if with_out is not None:
         action.with_out = with_out
     return action
-
-
-def native_parts(count: int, rows: int, strip: int) -> np.ndarray:
-    """The parts of a product of ``rows`` rows against ``count`` panels that the native pool
-    hands out, flat (first panel, end panel, first row, end row) each: NATIVE_PARTS_PER_THREAD
-    runs of panels a thread, or where there are fewer panels than that (a 1x1 convolution
-    to 96 channels has 3), each panel over bands of whole strips of rows, so that two
-    threads share the work evenly (3 panels as 3 parts gave one thread 2 of them: 576 -> 96
-    at 6 x 6 took 32 us split, 40 on one thread)."""
-    return _parts_table(count, rows, strip, NATIVE_PARTS_PER_THREAD * intra_op_threads())
-
-
-@lru_cache(maxsize=1024)
-def _parts_table(count: int, rows: int, strip: int, wanted: int) -> np.ndarray:
-    """:func:`native_parts`' table, made once per product shape and thread count and shared
-    (read only: the kernels read their parts from it). A model's products share their
-    rows: a 2-layer BERT's twelve at a new length built twelve tables from Python lists,
-    ~7 us each, of which a few differ."""
-    strips = -(-rows // strip)
-    if count >= wanted or strips < 2:
-        parts = min(count, wanted)
-        table = [(count * p // parts, count * (p + 1) // parts, 0, rows) for p in range(parts)]
-    else:
-        bands = min(strips, -(-wanted // count))
-        edges = [strips * q // bands * strip for q in range(bands)] + [rows]
-        table = [(p, p + 1, edges[q], edges[q + 1]) for q in range(bands) for p in range(count)]
-    return np.array(table, np.int64).reshape(-1)
 
 
 # the panel kernels' "no bias" (an empty vector of the product's dtype)

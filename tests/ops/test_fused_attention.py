@@ -104,10 +104,18 @@ def test_the_heads_split_over_threads_as_pairs_or_as_strips_of_queries(monkeypat
     big = 1 << 24
     assert fa._parts(12, 128, 8, big) == [(0, 4, 0, 128), (4, 8, 0, 128), (8, 12, 0, 128)]
     assert fa._parts(12, 128, 8, big, 2) == [(2 * p, 2 * p + 2, 0, 128) for p in range(6)]
-    assert fa._parts(5, 128, 8, big, 4) == [(p, p + 1, 0, 128) for p in range(5)]
-    assert fa._parts(2, 20, 8, big) == [(0, 1, 0, 8), (0, 1, 8, 20), (1, 2, 0, 8),
-                                        (1, 2, 8, 20)]
+    assert fa._parts(2, 20, 8, big) == [(0, 2, 0, 8), (0, 2, 8, 16), (0, 2, 16, 20)]
     assert fa._parts(1, 20, 8, big) == [(0, 1, 0, 8), (0, 1, 8, 16), (0, 1, 16, 20)]
+    for pairs, rows in ((5, 128), (12, 77), (7, 3)):  # each (pair, query row) once, evenly
+        parts = fa._parts(pairs, rows, 8, big, 4)
+        covered = np.zeros((pairs, rows), int)
+        for p0, p1, r0, r1 in parts:
+            covered[p0:p1, r0:r1] += 1
+        assert (covered == 1).all() and 3 <= len(parts) <= 12
+        ends = [0, 0, 0]
+        for p0, p1, r0, r1 in parts:  # claimed in order by whichever thread is free
+            ends[ends.index(min(ends))] += (p1 - p0) * -(-(r1 - r0) // 8)
+        assert max(ends) <= 1.25 * pairs * -(-rows // 8) / 3 + 1
     for geometry in ((1, 20, 30, 2, 16, 16), (2, 128, 128, 12, 64, 64)):
         Q, K, V = heads(*geometry, np.float32)
         scale = 1 / np.sqrt(geometry[4])

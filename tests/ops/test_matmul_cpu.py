@@ -7,7 +7,7 @@ import pytest
 
 from mixrt.ops.compiled import jit_cpu
 from mixrt.ops.nn import row_kernels
-from mixrt.ops.nn import matmul_cpu
+from mixrt.ops.nn import matmul_cpu, product_parts
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
 from mixrt.ops.nn import fused
 from helpers import until_the_worker_joins
@@ -332,20 +332,33 @@ def test_through_the_native_pool_the_worker_takes_panels_and_the_bits_stay(monke
 
 
 @pytest.mark.parametrize("count, rows", [(3, 36), (2, 36), (5, 9), (30, 9), (1, 1), (3, 7),
-                                         (2, 300), (8, 64)])
+                                         (2, 300), (8, 64), (12, 137), (14, 200), (27, 8),
+                                         (13, 300), (48, 37)])
 def test_native_parts_cover_every_panel_and_row_once(count, rows, monkeypatch):
-    """Few panels are split over bands of whole strips of rows too, so that the threads get
-    even shares (3 panels for 2 threads were 2 and 1); every (panel, row) is in one part."""
+    """Every (panel, row) is in one part, rows in bands of whole strips; claimed in order
+    by two threads, the parts leave neither with more than an even share and a fraction
+    of a unit: 12 panels (BERT's hidden 384) as eight runs were 1, 2, 1, 2, ... panels,
+    and one thread claimed 7 of the 12; 3 panels for 2 threads were 2 and 1."""
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
-    table = matmul_cpu.native_parts(count, rows, 8).reshape(-1, 4)
+    table = product_parts.native_parts(count, rows, 8).reshape(-1, 4)
     covered = np.zeros((count, rows), int)
     for p0, p1, r0, r1 in table:
         assert 0 <= p0 < p1 <= count and 0 <= r0 < r1 <= rows
         assert r0 % 8 == 0 and (r1 % 8 == 0 or r1 == rows)
         covered[p0:p1, r0:r1] += 1
     assert (covered == 1).all()
-    wanted = matmul_cpu.NATIVE_PARTS_PER_THREAD * 2
-    assert len(table) >= min(wanted, count * -(-rows // 8)) or len(table) == count
+    assert len(table) <= product_parts.NATIVE_PARTS_PER_THREAD * 2
+    strips = -(-rows // 8)
+    sizes = [(p1 - p0) * -(-(r1 - r0) // 8) for p0, p1, r0, r1 in table]
+    ends = [0, 0]
+    for size in sizes:  # claimed in order by whichever thread is free first
+        ends[ends.index(min(ends))] += size
+    # two runs of panels, or two bands of strips, reach this much: nothing worse is taken
+    assert max(ends) <= count * strips / 2 + min(count, strips) / 2
+    if count * strips > 1:
+        assert len(table) >= 2
+    if (count, rows) == (12, 137):  # even: six runs of two panels (or more parts)
+        assert max(ends) == 12 * 18 // 2
 
 
 @needs_panels

@@ -1,0 +1,94 @@
+"""How a product against packed panels (``matmul_cpu.py``) is cut into the parts the native
+pool's threads claim (``ops/panels/_jit_dense.py``, ``native_product``).
+
+The parts are claimed in order, each by whichever thread is free first, so a run ends when
+the thread that claimed the most work ends. Parts of unequal size leave one thread working
+while the other waits: BERT's hidden 384 is 12 panels, which eight runs of panels cut as
+1, 2, 1, 2, ... panels, and claimed in order one thread got 7 of the 12. On a 2-core Xeon
+(2026-12-01), one process, the kernel alone, 137 rows, us a call, eight such parts against
+two even ones: 384 -> 384 178 / 153, 1536 -> 384 709 / 595 (a new weight each call, as in a
+model's run), where onnxruntime's whole run took 159 and 549. So a product's parts are laid
+out as runs of panels times bands of rows, each cut as evenly as whole panels and strips
+allow, and of those layouts the one whose claims end soonest is taken (:func:`_even_layout`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from mixrt.ops.compiled.parallel import intra_op_threads
+
+# parts of a product per thread through the native pool, at most: claimed one at a time, so a
+# worker that wakes late takes fewer (where as many even parts as that exist)
+NATIVE_PARTS_PER_THREAD = 4
+
+
+def native_parts(count: int, rows: int, strip: int) -> np.ndarray:
+    """The parts of a product of ``rows`` rows against ``count`` panels that the native pool
+    hands out, flat (first panel, end panel, first row, end row) each: runs of panels, over
+    bands of whole strips of ``strip`` rows where there are too few panels to share evenly
+    (a 1x1 convolution to 96 channels has 3: as 3 parts one thread got 2 of them, 576 -> 96
+    at 6 x 6 took 32 us split, 40 on one thread)."""
+    threads = intra_op_threads()
+    return _parts_table(count, rows, strip, NATIVE_PARTS_PER_THREAD * threads, threads)
+
+
+@lru_cache(maxsize=1024)
+def _parts_table(count: int, rows: int, strip: int, wanted: int, threads: int) -> np.ndarray:
+    """:func:`native_parts`' table, made once per product shape and thread count and shared
+    (read only: the kernels read their parts from it). A model's products share their
+    rows: a 2-layer BERT's twelve at a new length built twelve tables from Python lists,
+    ~7 us each, of which a few differ."""
+    return np.array(even_parts(count, rows, strip, wanted, threads), np.int64).reshape(-1)
+
+
+def even_parts(count: int, rows: int, strip: int, wanted: int,
+               threads: int) -> list[tuple[int, int, int, int]]:
+    """``count`` units of work (a product's panels, attention's (batch, head) pairs) over
+    ``rows`` rows, as at most ``wanted`` parts (first unit, end unit, first row, end row),
+    bands of rows in whole strips of ``strip``: the layout of :func:`_even_layout`, band
+    by band."""
+    runs, bands = _even_layout(count, -(-rows // strip), wanted, threads)
+    strips = -(-rows // strip)
+    unit_edges = [count * p // runs for p in range(runs + 1)]
+    row_edges = [strips * q // bands * strip for q in range(bands)] + [rows]
+    return [(unit_edges[p], unit_edges[p + 1], row_edges[q], row_edges[q + 1])
+            for q in range(bands) for p in range(runs)]
+
+
+@lru_cache(maxsize=1024)
+def _even_layout(count: int, strips: int, wanted: int, threads: int) -> tuple[int, int]:
+    """(runs of panels, bands of strips) for ``count`` panels over ``strips`` strips of rows,
+    at most ``wanted`` parts: the layout whose parts, claimed in order by ``threads`` threads
+    of one speed, leave the last thread done soonest (counted in panel-strips); of those,
+    the one of fewest bands (each band reads its panels again), then of most parts (a
+    worker that starts late still takes a share)."""
+    bound = -(-count * strips // threads)  # no layout ends before an even share
+    best, best_key = (1, 1), None
+    for bands in range(1, min(strips, wanted) + 1):
+        band_shares = _shares(strips, bands)
+        for runs in range(min(count, wanted // bands), 0, -1):  # the most parts first
+            sizes = [band * run for band in band_shares for run in _shares(count, runs)]
+            key = (_claimed_in_order(sizes, threads), bands, -len(sizes))
+            if key[0] <= bound:  # even: none of more bands or fewer parts is better
+                return runs, bands
+            if best_key is None or key < best_key:
+                best, best_key = (runs, bands), key
+    return best
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """``total`` cut into ``parts`` runs as even as whole units allow, in order."""
+    return [total * (p + 1) // parts - total * p // parts for p in range(parts)]
+
+
+def _claimed_in_order(sizes: list[int], threads: int) -> int:
+    """When the last of ``threads`` threads that start together ends, each claiming the next
+    part of ``sizes`` as it becomes free."""
+    ends = [0] * threads
+    for size in sizes:
+        free = ends.index(min(ends))
+        ends[free] += size
+    return max(ends)
