@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import threading
-from functools import lru_cache
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from mixrt.ops.conv.direct_forms import activation_limits
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn.product_parts import native_parts
 from mixrt.ops.compiled.workspace import named_buffer, packed
-from mixrt.ops.compiled.parallel import intra_op_threads, parallel_for, thread_parts
+from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
 FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
 MIN_WEIGHT = 1 << 16  # elements of B below which the choice does not matter

@@ -50,8 +50,8 @@ def even_parts(count: int, rows: int, strip: int, wanted: int,
     ``rows`` rows, as at most ``wanted`` parts (first unit, end unit, first row, end row),
     bands of rows in whole strips of ``strip``: the layout of :func:`_even_layout`, band
     by band."""
-    runs, bands = _even_layout(count, -(-rows // strip), wanted, threads)
     strips = -(-rows // strip)
+    runs, bands = _even_layout(count, strips, wanted, threads)
     unit_edges = [count * p // runs for p in range(runs + 1)]
     row_edges = [strips * q // bands * strip for q in range(bands)] + [rows]
     return [(unit_edges[p], unit_edges[p + 1], row_edges[q], row_edges[q + 1])
