@@ -4,7 +4,7 @@ times of its own runs.
 A run whose kernels split their work over the native workers (``ExecutionPlan
 .wakes_workers``) wakes them as it begins. Back to back they are still spinning from the
 last run, and the split is nearly free; a service's requests come paced, between other
-work, and find them asleep (they spin 50 us after a run, ``_jit_native_pool.py``). Waking
+work, and find them asleep (they spin 1 ms after a run, ``_jit_native_pool.py``). Waking
 one then costs the caller the futex call (12-16 us in a virtual machine) and the worker
 10-15 us more before it takes a part, more on a busy host; a run that gains less than that
 from its split is faster on its caller alone. Which one a plan's runs are is not a
@@ -56,7 +56,7 @@ FOUND_AWAKE, WOKEN, LEFT_ASLEEP, CALLER_MOVED = 0, 1, 2, 3
 NO_CPU_CHECK = -1
 # a worker's spin after a run before it sleeps (_jit_native_pool.SPIN_SECONDS): a run that
 # begins this soon after one that ran alone would have found woken workers still spinning
-SPIN_SECONDS = 50e-6
+SPIN_SECONDS = 1e-3
 # until when a run that begins is one of a stream of back-to-back runs (process-wide, as the
 # pool and its workers are): the end of the last run that ran alone, plus SPIN_SECONDS
 _stream_until = [0.0]

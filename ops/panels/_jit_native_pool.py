@@ -44,7 +44,13 @@ binding.initialize_native_asmparser()  # for the futex's inline ``syscall`` (num
 #
 # A worker spins for SPIN_SECONDS after its last job or the end of the last run (a worker
 # spinning without end took a core from OpenBLAS and the Python threads between jobs,
-# ResNet-50 22 -> 31-39 ms), then sleeps on a futex until a caller wakes it;
+# ResNet-50 22 -> 31-39 ms), then sleeps on a futex until a caller wakes it. 1 ms since
+# 2026-12-01 (50 us before): a service's own work between two requests (its pre- and
+# post-processing, a few hundred microseconds) outlasted 50 us, and each request then found
+# the worker asleep, whose wake cost ~35 us on the 2-core Xeon, more than a small model's
+# split gains, so the plan ran alone: a 4-layer MLP at 8 rows with ~0.3 ms of NumPy and
+# Python between requests 75-79 -> 58-65 us (onnxruntime, whose threads spin too, 50-55);
+# requests 10 ms apart, the same (the spin is over by then);
 # ``conv_direct_cpu.conv`` wakes it before its setup, which covers the ~10-15 us a sleeping
 # thread takes to run again. While a session's run is in progress (``RUNS``,
 # :func:`run_begins`) it spins RUN_SPIN_SECONDS: a transformer's attention runs ~50-100 us of
@@ -92,7 +98,7 @@ ARGS = 8 * LINE
 BLOCK_WORDS = ARGS + 128
 CLOSED = 1 << 15
 COUNT_MASK = CLOSED - 1
-SPIN_SECONDS = 50e-6  # a worker's spin before it sleeps
+SPIN_SECONDS = 1e-3  # a worker's spin before it sleeps (after a job or a run: see above)
 RUN_SPIN_SECONDS = 500e-6  # the same while a run is in progress
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 GETCPU_SYSCALL = 309
