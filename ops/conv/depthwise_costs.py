@@ -64,18 +64,23 @@ FLAT_COPY = 0.314  # a cell of the padded plane, copied into its phases
 FLAT_PLANE = 12.29  # a plane's setup
 
 
+# the picks are asked at every first run of a node's size (~3-8 us each here, a depthwise
+# node's route at a new image size asked three): a network's geometries are few
+@functools.lru_cache(maxsize=1024)
 def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
                    itemsize: int) -> bool:
     """Whether the block form's modelled time is below the row form's for one plane of
-    this geometry and output size."""
+    this geometry and output size (tuples: the answers are kept)."""
     return block_ns(kernel, strides, dilations, out_dims, itemsize) \
         < row_ns(kernel, strides, dilations, out_dims, itemsize)
 
 
+@functools.lru_cache(maxsize=1024)
 def channels_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
                      itemsize: int) -> bool:
     """Whether the channels form's modelled time is below the flat form's for one plane of
-    this geometry and output size (the flat form's outputs are at most its width wide)."""
+    this geometry and output size (the flat form's outputs are at most its width wide;
+    tuples: the answers are kept)."""
     return channels_ns(kernel, strides, dilations, out_dims, itemsize) \
         < flat_ns(kernel, strides, dilations, out_dims, itemsize)
 

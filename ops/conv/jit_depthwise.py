@@ -110,6 +110,7 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     workers is kept as the node's replay in ``replays`` (its prepacked dict;
     ``ops/compiled/replay.py``) when it passes W and B where they lie."""
     (_, channels, height, width), (m, group_width) = X.shape, W.shape[:2]
+    out_dims = tuple(out_dims)  # (the models' answers are kept by it)
     (oh, ow), (sw, left) = out_dims, (strides[1], begin[1])
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
@@ -292,6 +293,7 @@ _FLAT_LOADED: set = set()  # the geometries' names whose flat form this process 
 _PARTS_WARM: set = set()  # (a flat form's module name, dtype) whose part entry is loaded
 
 
+@functools.lru_cache(maxsize=1024)  # a digest is ~10 us, asked at each first run of a size
 def _geometry_name(geometry: tuple) -> str:
     """The name a flat form is also marked compiled under: its geometry's (the arguments of
     :func:`_flat_text`), which a size's first run asks without making the source. Named
