@@ -66,6 +66,12 @@ class BlasGate:
         # through. Set and cleared only while the turn is held, so a thread finds its own
         # id here only inside its own run (a thread-local flag cost a paced request ~5 us)
         self._holder: int | None = None
+        # the first thread to run, and the runner, of the process they are in: a child forked
+        # after its parent ran (``mixrt serve``'s workers, forked from the supervisor that
+        # prepared the model) inherited both, so its one request thread was a second caller
+        # and every request crossed to a runner thread and back (~60-150 us a round trip on
+        # a 2-core VM, 10 ms apart; ~300 us at p99)
+        self._process = process_id()
         self._first_caller: int | None = None
         self._runner: _Runner | None = None
 
@@ -82,10 +88,12 @@ class BlasGate:
         if not self._enabled or self._holder == caller:
             return body(*args)
         with self._turn:
-            if not aside and (self._runner is None or self._runner.pid != process_id()):
+            if self._process != process_id():  # a forked child: its threads are its own
+                self._process, self._first_caller, self._runner = process_id(), None, None
+            if not aside and self._runner is None:
                 if self._first_caller is None:
                     self._first_caller = caller
-                if caller != self._first_caller or self._runner is not None:
+                if caller != self._first_caller:
                     self._runner = _Runner(self)
                     return self._runner.call(partial(body, *args))
             elif not aside:
@@ -106,7 +114,7 @@ class _Runner:
     """The thread that carries out a gate's runs for callers on other threads."""
 
     def __init__(self, gate: BlasGate):
-        self.gate, self.pid = gate, process_id()
+        self.gate = gate
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="mixrt-run", daemon=True).start()
 

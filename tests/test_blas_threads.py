@@ -112,6 +112,29 @@ def test_runs_from_a_second_thread_are_carried_out_on_one_runner_thread():
     assert [divide for _, _, divide in ran_on][1:3] == ["ignore", "ignore"]
 
 
+def test_a_forked_child_starts_with_its_own_first_caller(monkeypatch):
+    """A child forked after its parent ran (``mixrt serve``'s workers) inherits the gate:
+    its first thread to run is its first caller, not the parent's, so its one request
+    thread runs in place instead of handing each run to a runner thread."""
+    from mixrt.runtime import blas_threads  # noqa: PLC0415
+    gate = BlasGate(enabled=True)
+    ran_on = []
+
+    def body():
+        ran_on.append(threading.get_ident())
+    gate.run(body)  # the parent's first caller
+
+    def in_the_child(done):
+        gate.run(body)
+        gate.run(body)
+        done.set()
+    parent = blas_threads.process_id()
+    monkeypatch.setattr(blas_threads, "process_id", lambda: parent + 1)  # as after a fork
+    assert _finishes_in_a_thread(in_the_child)
+    assert gate._runner is None  # both of the child's runs on its own thread
+    assert ran_on[1] == ran_on[2] != ran_on[0]
+
+
 def test_one_blas_thread_in_the_environment_turns_the_gate_off(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     assert not BlasGate()._enabled
