@@ -99,7 +99,9 @@ BLOCK_WORDS = ARGS + 128
 CLOSED = 1 << 15
 COUNT_MASK = CLOSED - 1
 SPIN_SECONDS = 1e-3  # a worker's spin before it sleeps (after a job or a run: see above)
-RUN_SPIN_SECONDS = 500e-6  # the same while a run is in progress
+# the same while a run is in progress: below SPIN_SECONDS since 2026-12-01, so it extends
+# nothing at these values (the worker spins while either count runs)
+RUN_SPIN_SECONDS = 500e-6
 FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 GETCPU_SYSCALL = 309
 GETTID_SYSCALL = 186
