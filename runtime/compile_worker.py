@@ -31,14 +31,29 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ["MIXRT_COMPILE"] = "foreground"
     _die_with_parent()
-    try:
-        os.nice(10)
-    except OSError:
-        pass  # priority is a courtesy to the serving process, not a requirement
+    _lower_priority(os.environ.pop("MIXRT_COMPILE_IDLE", "0") == "1")
     spec = json.loads(Path(argv[0]).read_text())
     compile_model(spec["model"], spec["opt_level"], _feeds(spec))
     write_marker(Path(spec["marker"]), spec["model"])
     return 0
+
+
+def _lower_priority(idle: bool) -> None:
+    """Below the process it compiles for: nice 10, which orders the cores' queues but still
+    takes a share of a busy core; ``idle`` (a child compiling optional kernels, which the
+    parent serves without), Linux's SCHED_IDLE: it runs only on a core nothing else wants,
+    and a serving thread that wakes takes the core back at once. Priority is a courtesy to
+    the serving process, not a requirement: a system that refuses it compiles as it is."""
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except OSError:
+            pass
+    try:
+        os.nice(19 if idle else 10)
+    except OSError:
+        pass
 
 
 def _die_with_parent() -> None:

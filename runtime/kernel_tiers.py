@@ -39,7 +39,6 @@ fails, the signature stays on NumPy with a :class:`CompileWarning` that quotes i
 from __future__ import annotations
 
 import atexit
-import contextlib
 import contextvars
 import hashlib
 import json
@@ -59,10 +58,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_tier, parallel, prebuilt
+from mixrt.ops.compiled import jit_tier, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
+from mixrt.runtime.compile_cores import child_cores, child_environment, spawning_confined
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.fingerprints import environment_stamp, graph_fingerprint
 from mixrt.runtime.lru import LruCache
@@ -95,6 +95,7 @@ class SessionTiers:
         self._changed = threading.Condition()
         self._fingerprint: str | None = None
         self._compiling: set = set()  # forms a child is compiling for (one job a form)
+        self._idle_forms: set = set()  # forms an idle child compiles optional kernels for
         self._compiled_forms: set = set()  # forms with a signature on the compiled tier
         self._failed_forms: set = set()  # forms whose child failed: not started again
         # signatures whose runs missed only optional kernels: compiled when met again
@@ -165,10 +166,12 @@ class SessionTiers:
         that child compiles, the signature's runs go on loading what they can (and taking
         the fallbacks), not on the NumPy tier."""
         form = signature_form(signature)
-        optional_only = all(jit_tier.is_optional(miss) for miss in misses)
-        if optional_only and self._optional_seen.get(signature) is None:
-            self._optional_seen.put(signature, True)
-            self._forget(signature)
+        if all(jit_tier.is_optional(miss) for miss in misses):
+            if self._optional_seen.get(signature) is None:
+                self._optional_seen.put(signature, True)
+                self._forget(signature)
+            else:
+                self._compile_when_idle(signature, feeds)
             return
         marker = self._marker(signature)
         marker.unlink(missing_ok=True)  # stale: the child compiles what it no longer holds
@@ -178,11 +181,29 @@ class SessionTiers:
                 self._changed.notify_all()
                 return
             self._compiling.add(form)
-            if optional_only:
-                self._state.pop(signature, None)
-            else:
-                self._state[signature] = PENDING
+            self._state[signature] = PENDING
         compiler().submit(CompileJob(self, signature, _copied(feeds), marker))
+
+    def _compile_when_idle(self, signature: tuple, feeds: dict) -> None:
+        """A signature whose misses were all optional came back: its child compiles them at
+        the idle priority (``compile_worker``), on what the cores leave, and stops for any
+        child a run needs (:meth:`BackgroundCompiler.submit`). Such misses had a compiled
+        fallback, so the run lost little; at the child's usual priority, one of a 2-core
+        machine's cores went to compiling depthwise forms for as long as a service sending
+        a new image size per request kept meeting sizes again (MobileNetV2, 200 new sizes
+        10 ms apart: 37-40 ms a request at the median, 106-188 at p99, against 28-33 and
+        54-81 without that child, 2026-12-01)."""
+        form = signature_form(signature)
+        marker = self._marker(signature)
+        marker.unlink(missing_ok=True)
+        with self._changed:
+            self._state.pop(signature, None)
+            self._changed.notify_all()
+            if form in self._compiling or form in self._idle_forms \
+                    or form in self._failed_forms:
+                return
+            self._idle_forms.add(form)
+        compiler().submit(CompileJob(self, signature, _copied(feeds), marker, idle=True))
 
     def is_compiled(self, signature: tuple) -> bool:
         """Does ``signature`` run the compiled tier already (nothing is started)?"""
@@ -255,7 +276,12 @@ class SessionTiers:
             self._changed.notify_all()
 
     def _compiled(self, job: "CompileJob") -> None:
-        """The child filled the cache: load the kernels with one run, then switch."""
+        """The child filled the cache: load the kernels with one run, then switch. What an
+        idle child compiled (optional kernels) loads where a later run meets it."""
+        if job.idle:
+            with self._changed:
+                self._idle_forms.discard(signature_form(job.signature))
+            return
         session = self._session()
         if session is None:
             return
@@ -277,6 +303,12 @@ class SessionTiers:
         _mark(session, "kernel tier: compiled")
 
     def _failed(self, job: "CompileJob", why: str) -> None:
+        if job.idle:  # its kernels were optional: the session runs as it did
+            with self._changed:
+                self._idle_forms.discard(signature_form(job.signature))
+                if not job.stopped:  # (stopped for a child a run needed: asked again)
+                    self._failed_forms.add(signature_form(job.signature))
+            return
         with self._changed:
             self._compiling.discard(signature_form(job.signature))
             self._failed_forms.add(signature_form(job.signature))
@@ -329,8 +361,13 @@ def _signature_text(signature: tuple) -> str:
 # -- the background compiler ----------------------------------------------------------------------
 
 class CompileJob:
-    def __init__(self, tiers: SessionTiers, signature: tuple, feeds: dict, marker: Path):
+    """One child's work: ``idle``, it compiles optional kernels at the idle priority;
+    ``stopped``, it was stopped for a job a run needed."""
+
+    def __init__(self, tiers: SessionTiers, signature: tuple, feeds: dict, marker: Path,
+                 idle: bool = False):
         self.tiers, self.signature, self.feeds, self.marker = tiers, signature, feeds, marker
+        self.idle, self.stopped = idle, False
 
 
 class BackgroundCompiler:
@@ -340,6 +377,7 @@ class BackgroundCompiler:
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._child: subprocess.Popen | None = None
+        self._current: CompileJob | None = None  # the job the child runs
         self.children = 0  # compile processes started (the prebuilt kernels' tests count)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="mixrt-compiler",
@@ -348,6 +386,14 @@ class BackgroundCompiler:
         atexit.register(self.close)
 
     def submit(self, job: CompileJob) -> None:
+        """Queue ``job``; one a run needs stops an idle child first (what it compiled stays
+        in the cache, and its signature asks again when it next comes back)."""
+        if not job.idle:
+            current, child = self._current, self._child
+            if current is not None and current.idle and child is not None \
+                    and child.poll() is None:
+                current.stopped = True
+                child.terminate()
         self._jobs.put(job)
 
     def close(self) -> None:
@@ -366,10 +412,13 @@ class BackgroundCompiler:
             job = self._jobs.get()
             if self._closed:
                 return
+            self._current = job
             try:
                 why = self._compile(job)
             except Exception as exc:  # noqa: BLE001  (reported, never raised in a thread)
                 why = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._current = None
             if self._closed:
                 return
             if why is None:
@@ -401,7 +450,7 @@ class BackgroundCompiler:
                     [sys.executable, "-P", "-m", WORKER_MODULE,
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=child_environment(cores))
+                    env=child_environment(cores, idle=job.idle))
             code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():
@@ -410,68 +459,6 @@ class BackgroundCompiler:
             return f"the compiler process exited with {code}: " + " | ".join(tail)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-# -- what the child may take from the machine ----------------------------------------------------
-#
-# The child compiles while the process it compiles for keeps serving. Its compiles are one
-# thread, but its two runs of the model split products and convolutions over threads and
-# over OpenBLAS's: on a 2-core machine those took the second core from serving for the
-# whole compile (nice 10 orders the cores' queues, it does not bound the child). So the
-# child is confined to ``MIXRT_COMPILE_CORES`` cores (default 1; 0 lifts the limit), the
-# highest-numbered ones the parent may use; it is told the parent's thread count, so that it
-# calls the same kernel forms (the native pool's, chosen by thread count) the parent will
-# load, its threads sharing its cores.
-
-def compile_cores() -> int:
-    """Cores the compile child may use (``MIXRT_COMPILE_CORES``; 0: as many as the parent)."""
-    configured = os.environ.get("MIXRT_COMPILE_CORES", "1").strip()
-    try:
-        return max(0, int(configured))
-    except ValueError:
-        return 1  # a malformed setting keeps the default rather than failing a compile
-
-
-def child_cores() -> set[int] | None:
-    """The cores the child is confined to, or None where it is not confined."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    allowed = sorted(os.sched_getaffinity(0))
-    limit = compile_cores()
-    if limit == 0 or limit >= len(allowed):
-        return None
-    return set(allowed[-limit:])
-
-
-def child_environment(cores: set[int] | None) -> dict:
-    """The child's environment; confined to ``cores``, it is told the parent's threads."""
-    environment = dict(os.environ, MIXRT_COMPILE="foreground",
-                       MIXRT_COMPILE_PARENT=str(os.getpid()))  # it ends with this process
-    if cores is not None:
-        environment.setdefault("MIXRT_INTRA_OP_THREADS", str(parallel.intra_op_threads()))
-    return environment
-
-
-@contextlib.contextmanager
-def spawning_confined(cores: set[int] | None):
-    """Confine this thread to ``cores`` (:func:`child_cores`) while it starts the child.
-
-    A child inherits the affinity of the thread that forks it, so it is confined from its
-    first instruction. Confining it by pid after it started raced with the GIL: while the
-    serving thread held it (a compile in LLVM holds it for long), the child read its cores
-    unconfined. Affinity is per thread on Linux, so the serving threads are untouched."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError:
-        pass  # the system refuses: the child compiles unconfined
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def _job_spec(session, job: CompileJob, folder: Path) -> dict:

@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
-from mixrt.ops.compiled import jit_tier
+from mixrt.ops.compiled import jit_tier, parallel
 from mixrt.runtime import fingerprints, kernel_tiers
 
 # (not jit_cpu.enabled(): that imports numba, which one test checks a NumPy run never does)
@@ -337,7 +337,7 @@ def test_the_child_is_confined_to_one_core_and_told_the_parents_threads(
         warnings.simplefilter("always")
         assert not session.wait_compiled(timeout=WAIT)
     last_core = max(os.sched_getaffinity(0))
-    threads = kernel_tiers.parallel.intra_op_threads()
+    threads = parallel.intra_op_threads()
     reports = [str(w.message) for w in caught
                if issubclass(w.category, kernel_tiers.CompileWarning)]
     assert any("exited with 3" in r and f"cores [{last_core}] threads {threads}" in r
@@ -356,7 +356,7 @@ def test_compile_cores_setting(monkeypatch):
     monkeypatch.setenv("MIXRT_COMPILE_CORES", "1")
     assert kernel_tiers.child_cores() == {allowed[-1]}
     told = kernel_tiers.child_environment({allowed[-1]})["MIXRT_INTRA_OP_THREADS"]
-    assert told == str(kernel_tiers.parallel.intra_op_threads())
+    assert told == str(parallel.intra_op_threads())
     monkeypatch.setenv("MIXRT_COMPILE_CORES", "not a number")  # the default, not a failure
     assert kernel_tiers.child_cores() == {allowed[-1]}
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "7")  # the user's own setting stands
@@ -427,14 +427,65 @@ def test_a_signature_that_missed_only_optional_kernels_compiles_when_it_comes_ba
     optional = [jit_tier.OPTIONAL + "mixrt_depthwise_flat for (40, 40)"]
     tiers._missed(one, fed, optional)
     assert submitted == [] and one not in tiers.states()
-    tiers._missed(one, fed, optional)  # it came back: compiled in the background
-    assert [job.signature for job in submitted] == [one] and one not in tiers.states()
+    tiers._missed(one, fed, optional)  # it came back: compiled when the cores are idle
+    assert [(job.signature, job.idle) for job in submitted] == [(one, True)]
+    assert one not in tiers.states()
+    tiers._missed(one, fed, optional)  # the form's idle child is busy: no second one
+    assert len(submitted) == 1
+    # a miss without a fallback does not wait behind the idle child
     tiers._missed(two, fed, optional + ["generated kernel (float32,)"])
-    assert len(submitted) == 1 and two not in tiers.states()  # the form's child is busy
-    tiers._compiling.clear()
-    tiers._missed(two, fed, ["generated kernel (float32,)"])
-    assert [job.signature for job in submitted] == [one, two]
+    assert [(job.signature, job.idle) for job in submitted] == [(one, True), (two, False)]
     assert tiers.states()[two] == kernel_tiers.PENDING
+    tiers._missed(one, fed, ["generated kernel (float32,)"])  # the form's child is busy
+    assert len(submitted) == 2 and one not in tiers.states()
+
+
+def test_a_child_a_run_needs_stops_the_idle_one(tmp_path, monkeypatch):
+    """Submitting a job without a fallback stops the child compiling optional kernels (it
+    would otherwise run only on idle cores, and hold up the queue); the stopped job's form
+    is not marked failed, so its signature asks again when it comes back. An idle child
+    that failed of itself is not started again for its form."""
+    import queue  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+    tiers, _owner, _ = _tiers_without_children(tmp_path, monkeypatch)
+    signature = (("x", ((1, 8, 40, 40), "float32")),)
+    idle = kernel_tiers.CompileJob(tiers, signature, {}, tmp_path / "m", idle=True)
+    urgent = kernel_tiers.CompileJob(tiers, signature, {}, tmp_path / "m")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    compiler = SimpleNamespace(_current=idle, _child=child, _jobs=queue.SimpleQueue())
+    try:
+        kernel_tiers.BackgroundCompiler.submit(compiler, urgent)
+        assert child.wait(10) != 0 and idle.stopped and compiler._jobs.get_nowait() is urgent
+    finally:
+        child.kill()
+        child.wait()
+    form = kernel_tiers.signature_form(signature)
+    tiers._idle_forms.add(form)
+    tiers._failed(idle, "the compiler process exited with -15")
+    assert form not in tiers._idle_forms and form not in tiers._failed_forms
+    assert signature not in tiers.states()
+    failing = kernel_tiers.CompileJob(tiers, signature, {}, tmp_path / "m", idle=True)
+    tiers._idle_forms.add(form)
+    tiers._failed(failing, "the compiler process exited with 1")
+    assert form in tiers._failed_forms and signature not in tiers.states()
+
+
+def test_an_idle_child_runs_at_the_idle_priority():
+    """compile_worker's priority: SCHED_IDLE where Linux has it (a core nothing else
+    wants), nice 10 for a child a run needs."""
+    if not hasattr(os, "SCHED_IDLE"):
+        pytest.skip("no SCHED_IDLE on this system")
+    code = ("import os\n"
+            "from mixrt.runtime.compile_worker import _lower_priority\n"
+            "import sys\n"
+            "_lower_priority(sys.argv[1] == 'idle')\n"
+            "print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0))\n")
+    idle = subprocess.run([sys.executable, "-c", code, "idle"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    urgent = subprocess.run([sys.executable, "-c", code, "urgent"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert idle[0] == "True" and urgent[0] == "False"
+    assert int(urgent[1]) >= 10
 
 
 def test_feeds_the_model_refuses_start_no_child_and_leave_the_form_compiling(

@@ -55,6 +55,7 @@ def _route(X, W, B, attributes: dict, out, _prepacked, _node):
     if one_pixel.suits(X, W, group, pads, auto_pad, out) \
             and (out is None or not np.may_share_memory(out, X)):
         return one_pixel.conv(X, W, B, None, out, _bias_only, _prepacked)
+    pointwise_rows.warm_bands(X, W, group, _prepacked)
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked):
         done = pointwise_rows.conv(X, W, B, None, out, _bias_only, _prepacked,
                                    conv_direct_cpu.NO_ACTIVATION)

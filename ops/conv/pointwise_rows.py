@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mixrt.ops.compiled import jit_cpu, replay
+from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.nn import matmul_cpu
@@ -73,6 +73,33 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
         return False
     return out is None or (out.shape == _shape(X, W) and out.dtype == X.dtype
                            and out.flags.c_contiguous and not np.may_share_memory(out, X))
+
+
+_BAND_ENTRIES_WARM: set = set()  # dtypes whose bands' part entry was compiled or loaded
+
+
+def warm_bands(X, W, group, prepacked) -> None:
+    """At a 1x1 convolution's full route, where compiling is allowed (the background
+    compiler's run, a foreground session): the bands' part entry (what the native workers
+    call) compiled or loaded, once per dtype, if the node's weight is one the bands take
+    at some size. Only a plane of at most MAX_PIXELS pixels in a batch large enough splits
+    into bands, and a compile child that ran the model at other sizes had no reason to
+    compile the entry: a MobileNetV2 service's first request of 14 images at 64 x 192 (a
+    96 -> 576 expansion over 4 x 12 planes, 12 x 12 at the size compiled) found it in no
+    cache, was answered on the NumPy tier (336 ms against ~40) and started a compile child
+    that held a core for the next ~40 requests (2026-12-01)."""
+    if X.dtype.str in _BAND_ENTRIES_WARM or prepacked is None or jit_tier.compile_misses() \
+            is not None or X.dtype not in jit_cpu.NATIVE or int(group) != 1 \
+            or W.ndim != 4 or W.shape[2:] != (1, 1) \
+            or W.shape[0] * W.shape[1] * X.itemsize > BAND_WEIGHT_BYTES \
+            or jit_cpu.native_pool() is None or jit_cpu.panel_kernels() is None:
+        return
+    module = jit_cpu.load(BAND_PARTS)
+    entry = native_parts.part_entry(module, "f" if X.dtype == np.float32 else "d")
+    if not entry.address:  # (it compiles, or loads, where its address is first read)
+        return
+    _warm_band_addresses(X.dtype)
+    _BAND_ENTRIES_WARM.add(X.dtype.str)
 
 
 def conv(X, W, B, Z, out, epilogue, prepacked, limits=None, gate=None):

@@ -56,6 +56,7 @@ def _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacke
                               _prepacked)
         if done is not None:
             return done
+    pointwise_rows.warm_bands(X, W, group, _prepacked)
     if pointwise_rows.suits(X, W, group, pads, strides, auto_pad, out, _prepacked) \
             and not _aliases(np, out, X, W, B, Z):
         done = _pixel_rows(X, W, B, Z, out, activation, activation_params, _prepacked)

@@ -216,3 +216,27 @@ def test_a_residual_that_is_the_output_itself_is_added_before_it_is_overwritten(
     in_place = Z.copy()
     action(X, W, B, in_place, in_place)
     np.testing.assert_allclose(in_place.reshape(6, 40, 36), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not TILE or jit_cpu.native_pool() is None,
+                    reason="the bands need the panel tile and the native pool")
+def test_a_node_the_bands_may_take_at_another_size_compiles_their_entry(monkeypatch):
+    """A 1x1 convolution whose weight the bands take warms their part entry at its full
+    route, whatever its plane (here one the direct form takes), where compiling is allowed;
+    under a loading run (compiling forbidden) it asks nothing, and a weight too large for
+    the bands warms nothing."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    module = jit_cpu.load(pointwise_rows.BAND_PARTS)
+    monkeypatch.setattr(pointwise_rows, "_BAND_ENTRIES_WARM", set())
+    X = _rand(1, 96, 12, 12)  # 144 pixels: not this form's plane
+    prepacked: dict = {}
+    assert not pointwise_rows.suits(X, _rand(576, 96, 1, 1), 1, None, None, "NOTSET", None,
+                                    prepacked)
+    with jit_tier.loading_only() as misses:
+        pointwise_rows.warm_bands(X, _rand(576, 96, 1, 1), 1, prepacked)
+    assert misses == [] and pointwise_rows._BAND_ENTRIES_WARM == set()
+    pointwise_rows.warm_bands(X, _rand(1152, 96, 1, 1), 1, prepacked)  # 442 KB of weight
+    assert pointwise_rows._BAND_ENTRIES_WARM == set()
+    pointwise_rows.warm_bands(X, _rand(576, 96, 1, 1), 1, prepacked)
+    assert pointwise_rows._BAND_ENTRIES_WARM == {"<f4"}
+    assert "not compiled" not in repr(module.part_f)
