@@ -6,7 +6,8 @@ session calls into the disk cache, then on the same feeds at other sizes of thei
 (the kernels other sequence lengths and batches of the form choose), and then writes the
 warm marker that tells every later session of that model and signature to use them at once
 (``runtime/kernel_tiers.py``).
-It runs at a lower priority than the process it compiles for, which keeps serving meanwhile.
+It runs at a lower priority than the process it compiles for, which keeps serving meanwhile
+(the idle priority where it compiles optional kernels: ``_lower_priority``).
 """
 
 from __future__ import annotations
