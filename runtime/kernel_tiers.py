@@ -388,11 +388,11 @@ class BackgroundCompiler:
     def submit(self, job: CompileJob) -> None:
         """Queue ``job``; one a run needs stops an idle child first (what it compiled stays
         in the cache, and its signature asks again when it next comes back)."""
-        if not job.idle:
-            current, child = self._current, self._child
-            if current is not None and current.idle and child is not None \
-                    and child.poll() is None:
-                current.stopped = True
+        current = self._current
+        if not job.idle and current is not None and current.idle:
+            current.stopped = True  # (a child not started yet is not started: _compile)
+            child = self._child
+            if child is not None and child.poll() is None:
                 child.terminate()
         self._jobs.put(job)
 
@@ -451,6 +451,8 @@ class BackgroundCompiler:
                      str(folder / "job.json")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     env=child_environment(cores, idle=job.idle))
+                if job.stopped:  # stopped for a job a run needs while it started
+                    self._child.terminate()
             code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():

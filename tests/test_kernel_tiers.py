@@ -459,6 +459,10 @@ def test_a_child_a_run_needs_stops_the_idle_one(tmp_path, monkeypatch):
     finally:
         child.kill()
         child.wait()
+    starting = kernel_tiers.CompileJob(tiers, signature, {}, tmp_path / "m", idle=True)
+    kernel_tiers.BackgroundCompiler.submit(  # its child not started yet: it is not started
+        SimpleNamespace(_current=starting, _child=None, _jobs=queue.SimpleQueue()), urgent)
+    assert starting.stopped
     form = kernel_tiers.signature_form(signature)
     tiers._idle_forms.add(form)
     tiers._failed(idle, "the compiler process exited with -15")
