@@ -45,7 +45,7 @@ def pooled(parts: list[dict], kept_as: str = "blocks_p50_ms") -> dict:
     if "placement" in parts[0]:
         far = any(part.get("placement") == "far" for part in parts)
         found["placement"] = "far" if far else parts[0]["placement"]
-    for key in ("compile_wait_before_s", "compile_wait_after_s"):
+    for key in ("compile_wait_before_s", "compile_wait_after_s", "compile_children"):
         if key in parts[0]:
             found[key] = sum(part.get(key, 0.0) for part in parts)
     if "hand_off_ns" in parts[0]:

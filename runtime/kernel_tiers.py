@@ -28,7 +28,9 @@ the GIL for much of its work: a compiling thread would stall every serving threa
 child is done, the compiler thread makes one *loading run* of the session (through the BLAS
 gate like any run, compiled tier on: the kernels come from the cache), and only then flips
 the signature to the compiled tier. Runs already under way finish in the tier they started
-in; a run reads its tier once, at its start.
+in; a run reads its tier once, at its start. Kernels with a compiled fallback (*optional*:
+a depthwise form for one image size) are compiled only for a signature that comes back, by a
+child at the idle priority, which a child a run needs stops (:meth:`SessionTiers._missed`).
 
 ``MIXRT_COMPILE=foreground`` compiles on the first call instead (as before the tiers);
 ``Session.wait_compiled()`` waits for the compiled tier (benchmarks, a warm-up step), and
