@@ -88,10 +88,8 @@ def warm_bands(X, W, group, prepacked) -> None:
     96 -> 576 expansion over 4 x 12 planes, 12 x 12 at the size compiled) found it in no
     cache, was answered on the NumPy tier (336 ms against ~40) and started a compile child
     that held a core for the next ~40 requests (2026-12-01)."""
-    if X.dtype.str in _BAND_ENTRIES_WARM or prepacked is None or jit_tier.compile_misses() \
-            is not None or X.dtype not in jit_cpu.NATIVE or int(group) != 1 \
-            or W.ndim != 4 or W.shape[2:] != (1, 1) \
-            or W.shape[0] * W.shape[1] * X.itemsize > BAND_WEIGHT_BYTES \
+    if X.dtype.str in _BAND_ENTRIES_WARM or jit_tier.compile_misses() is not None \
+            or not _weight_the_bands_take(X, W, group, prepacked) \
             or jit_cpu.native_pool() is None or jit_cpu.panel_kernels() is None:
         return
     module = jit_cpu.load(BAND_PARTS)
@@ -100,6 +98,13 @@ def warm_bands(X, W, group, prepacked) -> None:
         return
     _warm_band_addresses(X.dtype)
     _BAND_ENTRIES_WARM.add(X.dtype.str)
+
+
+def _weight_the_bands_take(X, W, group, prepacked) -> bool:
+    """A node's constant 1x1 weight of one group, native floats, BAND_WEIGHT_BYTES at most."""
+    return (prepacked is not None and X.dtype in jit_cpu.NATIVE and int(group) == 1
+            and W.ndim == 4 and W.shape[2:] == (1, 1)
+            and W.shape[0] * W.shape[1] * X.itemsize <= BAND_WEIGHT_BYTES)
 
 
 def conv(X, W, B, Z, out, epilogue, prepacked, limits=None, gate=None):
