@@ -25,6 +25,8 @@ epilogue.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu, jit_tier, replay
@@ -75,29 +77,35 @@ def suits(X, W, group, pads, strides, auto_pad, out, prepacked) -> bool:
                            and out.flags.c_contiguous and not np.may_share_memory(out, X))
 
 
-_BAND_ENTRIES_WARM: set = set()  # dtypes whose bands' part entry was compiled or loaded
+_BAND_ENTRIES_WARM: set = set()  # dtypes whose bands' part entry was loaded (or tried)
 
 
 def warm_bands(X, W, group, prepacked) -> None:
-    """At a 1x1 convolution's full route, where compiling is allowed (the background
-    compiler's run, a foreground session): the bands' part entry (what the native workers
-    call) compiled or loaded, once per dtype, if the node's weight is one the bands take
-    at some size. Only a plane of at most MAX_PIXELS pixels in a batch large enough splits
+    """At a 1x1 convolution's full route, once per dtype: the bands' part entry (what the
+    native workers call) compiled or loaded, if the node's weight is one the bands take at
+    some size. Only a plane of at most MAX_PIXELS pixels in a batch large enough splits
     into bands, and a compile child that ran the model at other sizes had no reason to
     compile the entry: a MobileNetV2 service's first request of 14 images at 64 x 192 (a
     96 -> 576 expansion over 4 x 12 planes, 12 x 12 at the size compiled) found it in no
     cache, was answered on the NumPy tier (336 ms against ~40) and started a compile child
-    that held a core for the next ~40 requests (2026-12-01)."""
+    that held a core for the next ~40 requests (2026-12-01). It compiles where compiling is
+    the run's to do (the background compiler's child, a foreground session); a serving run
+    of a process that compiles in the background only loads it (one compiled there would
+    be ~1 s in a request), and a loading run asks nothing."""
     if X.dtype.str in _BAND_ENTRIES_WARM or jit_tier.compile_misses() is not None \
             or not _weight_the_bands_take(X, W, group, prepacked) \
             or jit_cpu.native_pool() is None or jit_cpu.panel_kernels() is None:
         return
+    _BAND_ENTRIES_WARM.add(X.dtype.str)
     module = jit_cpu.load(BAND_PARTS)
     entry = native_parts.part_entry(module, "f" if X.dtype == np.float32 else "d")
-    if not entry.address:  # (it compiles, or loads, where its address is first read)
+    try:
+        with jit_tier.loading_only() if jit_tier.background_compiles() \
+                else contextlib.nullcontext():
+            entry.address  # noqa: B018  (it compiles, or loads, where its address is read)
+    except jit_tier.CompileForbidden:  # in no cache: a child compiles it where a size calls it
         return
     _warm_band_addresses(X.dtype)
-    _BAND_ENTRIES_WARM.add(X.dtype.str)
 
 
 def _weight_the_bands_take(X, W, group, prepacked) -> bool:

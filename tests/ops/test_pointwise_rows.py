@@ -240,3 +240,28 @@ def test_a_node_the_bands_may_take_at_another_size_compiles_their_entry(monkeypa
     pointwise_rows.warm_bands(X, _rand(576, 96, 1, 1), 1, prepacked)
     assert pointwise_rows._BAND_ENTRIES_WARM == {"<f4"}
     assert "not compiled" not in repr(module.part_f)
+
+
+@pytest.mark.skipif(not TILE or jit_cpu.native_pool() is None,
+                    reason="the bands need the panel tile and the native pool")
+def test_a_serving_run_only_loads_the_bands_entry(monkeypatch):
+    """In a process that compiles in the background, a serving run's full route asks the
+    cache for the bands' entry with compiling forbidden (compiled there, it would be ~1 s
+    in a request), once: one in no cache is left to the child."""
+    from mixrt.ops.compiled import jit_tier  # noqa: PLC0415
+    from mixrt.ops.panels import native_parts  # noqa: PLC0415
+    asked = []
+
+    class NotCached:
+        @property
+        def address(self):
+            asked.append(jit_tier.compile_misses() is not None)  # under loading_only?
+            raise jit_tier.CompileForbidden("part_f is in no cache")
+
+    monkeypatch.setattr(pointwise_rows, "_BAND_ENTRIES_WARM", set())
+    monkeypatch.setattr(jit_tier, "background_compiles", lambda: True)
+    monkeypatch.setattr(native_parts, "part_entry", lambda module, suffix: NotCached())
+    X, W = _rand(1, 96, 12, 12), _rand(576, 96, 1, 1)
+    pointwise_rows.warm_bands(X, W, 1, {})
+    pointwise_rows.warm_bands(X, W, 1, {})
+    assert asked == [True] and pointwise_rows._BAND_ENTRIES_WARM == {"<f4"}
