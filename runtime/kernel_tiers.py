@@ -98,6 +98,7 @@ class SessionTiers:
         self._fingerprint: str | None = None
         self._compiling: set = set()  # forms a child is compiling for (one job a form)
         self._idle_forms: set = set()  # forms an idle child compiles optional kernels for
+        self._idle_failed: set = set()  # forms whose idle child failed: not started again
         self._compiled_forms: set = set()  # forms with a signature on the compiled tier
         self._failed_forms: set = set()  # forms whose child failed: not started again
         # signatures whose runs missed only optional kernels: compiled when met again
@@ -202,7 +203,7 @@ class SessionTiers:
             self._state.pop(signature, None)
             self._changed.notify_all()
             if form in self._compiling or form in self._idle_forms \
-                    or form in self._failed_forms:
+                    or form in self._failed_forms or form in self._idle_failed:
                 return
             self._idle_forms.add(form)
         compiler().submit(CompileJob(self, signature, _copied(feeds), marker, idle=True))
@@ -305,11 +306,11 @@ class SessionTiers:
         _mark(session, "kernel tier: compiled")
 
     def _failed(self, job: "CompileJob", why: str) -> None:
-        if job.idle:  # its kernels were optional: the session runs as it did
-            with self._changed:
+        if job.idle:  # its kernels were optional: the session runs as it did, and a child
+            with self._changed:  # a run needs is still started for the form
                 self._idle_forms.discard(signature_form(job.signature))
                 if not job.stopped:  # (stopped for a child a run needed: asked again)
-                    self._failed_forms.add(signature_form(job.signature))
+                    self._idle_failed.add(signature_form(job.signature))
             return
         with self._changed:
             self._compiling.discard(signature_form(job.signature))

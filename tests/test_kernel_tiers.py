@@ -444,7 +444,7 @@ def test_a_child_a_run_needs_stops_the_idle_one(tmp_path, monkeypatch):
     """Submitting a job without a fallback stops the child compiling optional kernels (it
     would otherwise run only on idle cores, and hold up the queue); the stopped job's form
     is not marked failed, so its signature asks again when it comes back. An idle child
-    that failed of itself is not started again for its form."""
+    that failed of itself is not started again for its form (a child a run needs is)."""
     import queue  # noqa: PLC0415
     from types import SimpleNamespace  # noqa: PLC0415
     tiers, _owner, _ = _tiers_without_children(tmp_path, monkeypatch)
@@ -471,7 +471,10 @@ def test_a_child_a_run_needs_stops_the_idle_one(tmp_path, monkeypatch):
     failing = kernel_tiers.CompileJob(tiers, signature, {}, tmp_path / "m", idle=True)
     tiers._idle_forms.add(form)
     tiers._failed(failing, "the compiler process exited with 1")
-    assert form in tiers._failed_forms and signature not in tiers.states()
+    assert form in tiers._idle_failed and signature not in tiers.states()
+    assert form not in tiers._failed_forms  # a child a run needs still starts for the form
+    tiers._compile_when_idle(signature, {})  # but no idle one again
+    assert form not in tiers._idle_forms
 
 
 def test_an_idle_child_runs_at_the_idle_priority():
