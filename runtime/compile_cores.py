@@ -69,5 +69,3 @@ def spawning_confined(cores: set[int] | None):
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-

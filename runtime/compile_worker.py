@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,17 +45,32 @@ def _lower_priority(idle: bool) -> None:
     takes a share of a busy core; ``idle`` (a child compiling optional kernels, which the
     parent serves without), Linux's SCHED_IDLE: it runs only on a core nothing else wants,
     and a serving thread that wakes takes the core back at once. Priority is a courtesy to
-    the serving process, not a requirement: a system that refuses it compiles as it is."""
+    the serving process, not a requirement: a system that refuses it compiles as it is.
+    Linux sets both per thread, so each thread running now is set (OpenBLAS started its
+    threads as NumPy loaded), and the threads started later inherit it."""
+    threads = _threads()
     if idle and hasattr(os, "SCHED_IDLE"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            for thread in threads:
+                os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
             return
         except OSError:
             pass
+    for thread in threads:
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, thread) + (19 if idle else 10)
+            os.setpriority(os.PRIO_PROCESS, thread, min(19, nice))
+        except OSError:
+            pass
+
+
+def _threads() -> list[int]:
+    """This process's threads (0, this one, first), where Linux lists them."""
     try:
-        os.nice(19 if idle else 10)
-    except OSError:
-        pass
+        listed = [int(name) for name in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return [0]
+    return [0] + [thread for thread in listed if thread != threading.get_native_id()]
 
 
 def _die_with_parent() -> None:
