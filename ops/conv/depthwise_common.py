@@ -74,7 +74,24 @@ def _helpers(activation: str) -> list[str]:
 
 def activation_constants(activation: str, params, dtype) -> np.ndarray | None:
     """The ``act`` array of FusedConv's ``activation`` with ``params`` (None where the
-    kernels do not apply it)."""
+    kernels do not apply it), one array per activation, parameters and dtype: a depthwise
+    node asked for it at each call of its full route, ~30 a MobileNetV2 size's first run.
+    The kernels only read it; it stays writeable, as numba types a read-only array apart."""
+    key = (activation, None if params is None else tuple(params), np.dtype(dtype).str)
+    found = _CONSTANTS.get(key, _NONE)
+    if found is _NONE:
+        found = _activation_constants(activation, params, dtype)
+        if len(_CONSTANTS) >= 256:  # (parameters are the models': a few each)
+            _CONSTANTS.clear()
+        _CONSTANTS[key] = found
+    return found
+
+
+_CONSTANTS: dict = {}
+_NONE = object()
+
+
+def _activation_constants(activation: str, params, dtype) -> np.ndarray | None:
     found = ACTIVATIONS.get(activation or "")
     params = list(params or ())
     if found is None or len(params) != _PARAMS.get(activation or "", 0) \
