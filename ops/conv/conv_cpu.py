@@ -26,6 +26,7 @@ from mixrt.ops.conv import depthwise_common, one_pixel, phase_planes, pointwise_
 from mixrt.ops.conv import (conv_direct_cpu, grouped_cpu, jit_depthwise, sparse_taps,
                              winograd_cpu)
 from mixrt.ops.conv.conv import conv, conv_geometry
+from mixrt.ops.conv.windows import auto_pad_name
 from mixrt.ops.conv.im2col_cpu import _batches_suit, _conv_batched, _conv_image
 # not called here: conv_grad_cpu.py imports them from this module
 from mixrt.ops.conv.im2col_cpu import im2col_into  # noqa: F401
@@ -194,19 +195,60 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
 # image size a service sent (~10 us, cold). Past MAX_GEOMETRIES they are all let go.
 _GEOMETRIES: dict = {}
 MAX_GEOMETRIES = 1024
+# what a geometry holds that the image size does not change, by everything but that size:
+# a new image size's geometry is then its output dims' arithmetic (conv_geometry's checks
+# and defaults were ~15-25 us a node at each new size of a service, cold: fifty-odd a
+# MobileNetV2 size's first run, 2026-12-01)
+_WINDOWS: dict = {}
 
 
 def _shared_window(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
     """``conv_geometry``, kept for every node by shapes and attributes (_GEOMETRIES)."""
-    key = (X.shape[1:], W.shape, auto_pad, int(group),
-           *(None if v is None else tuple(v) for v in (dilations, kernel_shape, pads, strides)))
+    free = (X.shape[1], W.shape, auto_pad, int(group),
+            *(None if v is None else tuple(v) for v in (dilations, kernel_shape, pads, strides)))
+    key = (free, X.shape[2:])
     found = _GEOMETRIES.get(key)
     if found is None:
-        found = conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
+        window = _WINDOWS.get(free)
+        if window is None:
+            found = conv_geometry(X, W, auto_pad, dilations, group, kernel_shape, pads,
+                                  strides)
+            window = _Window(found, auto_pad)
+            if len(_WINDOWS) >= MAX_GEOMETRIES:
+                _WINDOWS.clear()
+            _WINDOWS[free] = window
+        else:
+            found = window.at(X.shape[2:]) or conv_geometry(
+                X, W, auto_pad, dilations, group, kernel_shape, pads, strides)
         if len(_GEOMETRIES) >= MAX_GEOMETRIES:
             _GEOMETRIES.clear()
         _GEOMETRIES[key] = found
     return found
+
+
+class _Window:
+    """A node's geometry apart from its image size: its kernel, strides, dilations, group
+    and pads, checked against its channels once (``conv_geometry``), and each window's
+    span; :meth:`at` gives an image size's geometry as ``conv_geometry`` would."""
+
+    __slots__ = ("fixed", "head", "begin", "end", "spans")
+
+    def __init__(self, found: tuple, auto_pad):
+        kernel, strides, dilations, group, begin, end, _ = found
+        # auto_pad SAME_*: the pads follow the image size (conv_geometry works them out)
+        self.fixed = auto_pad_name(auto_pad) in ("NOTSET", "VALID")
+        self.head = (kernel, strides, dilations, group)
+        self.begin, self.end = begin, end
+        self.spans = tuple(zip([b + e - ((k - 1) * d + 1) for k, d, b, e in
+                                zip(kernel, dilations, begin, end)], strides))
+
+    def at(self, in_dims) -> tuple | None:
+        """The geometry over an image of ``in_dims``, or None where the pads follow it."""
+        if not self.fixed or len(in_dims) != len(self.spans):
+            return None
+        out = [max((int(i) + room) // stride + 1, 0)
+               for i, (room, stride) in zip(in_dims, self.spans)]
+        return (*self.head, self.begin, self.end, out)
 
 
 def _narrow_groups(X, W, group, out) -> bool:

@@ -184,3 +184,29 @@ def test_few_input_channels_keep_im2col_over_kernel_rows():
         assert conv_cpu._KernelRows.suit(X, W, (3, 3), (1, 1), (12, 12), forward=False)
         np.testing.assert_allclose(conv_cpu.conv_cpu(np, X, W, pads=[1, 1, 1, 1]),
                                    conv(np, X, W, pads=[1, 1, 1, 1]), rtol=1e-5, atol=1e-4)
+
+
+def test_a_new_image_sizes_geometry_is_conv_geometrys():
+    """A node's geometry at a new image size is worked out from what it kept of another
+    size (its kernel, strides, dilations, pads): the same answer as ``conv_geometry``'s,
+    pads that follow the image (auto_pad SAME_*) included, in 1, 2 and 3 dimensions."""
+    from mixrt.ops.conv.conv import conv_geometry
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(400):
+        nd, group = int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        kernel = [int(k) for k in rng.integers(1, 5, nd)]
+        W = np.zeros((2 * group, 4, *kernel), np.float32)
+        auto_pad = str(rng.choice(["NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"]))
+        pads = [int(p) for p in rng.integers(0, 3, 2 * nd)] if auto_pad == "NOTSET" else None
+        strides = [int(s) for s in rng.integers(1, 4, nd)]
+        dilations = [int(d) for d in rng.integers(1, 3, nd)]
+        for _ in range(3):  # the node's first size, then new ones
+            X = np.zeros((1, 4 * group, *rng.integers(1, 24, nd)), np.float32)
+            want = conv_geometry(X, W, auto_pad, dilations, group, kernel, pads, strides)
+            got = conv_cpu._shared_window(X, W, auto_pad, dilations, group, kernel, pads,
+                                          strides)
+            assert [list(v) if isinstance(v, (list, tuple)) else v for v in got] \
+                == [list(v) if isinstance(v, (list, tuple)) else v for v in want]
+            checked += 1
+    assert checked == 1200
