@@ -5,6 +5,8 @@ activations as their loops apply them, the head of their modules, and the arrays
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
@@ -99,6 +101,31 @@ def _activation_constants(activation: str, params, dtype) -> np.ndarray | None:
         return None
     values = found[0](params)
     return np.array(values + [0.0] * (_MOST_CONSTANTS - len(values)), dtype)
+
+
+def weight_and_bias(W, B, dtype, m: int) -> tuple:
+    """W as (m, taps) and B as (m,) (zeros for None) in ``dtype``, as the forms take them:
+    for a node's constants (read-only, already of ``dtype``) the same two views at every
+    call, so that what a call works out from them (their addresses,
+    ``native_parts._typed_addresses``) is kept with them; made anew otherwise (a weight
+    that may change, or one copied to ``dtype``)."""
+    key = (id(W), id(B), dtype.str)
+    found = _VIEWS.get(key)
+    if found is not None and found[0]() is W and (B is None or found[1]() is B):
+        return found[2]
+    weights = np.ascontiguousarray(W, dtype).reshape(m, -1)
+    bias = np.zeros(m, dtype) if B is None else np.ascontiguousarray(B, dtype).reshape(m)
+    constant = not W.flags.writeable and np.may_share_memory(weights, W) and (
+        B is None or not B.flags.writeable and np.may_share_memory(bias, B))
+    if not constant:
+        return weights, bias
+    if len(_VIEWS) >= 1024:
+        _VIEWS.clear()
+    _VIEWS[key] = (weakref.ref(W), None if B is None else weakref.ref(B), (weights, bias))
+    return weights, bias
+
+
+_VIEWS: dict = {}  # (id(W), id(B), dtype) -> (W's weak reference, B's, (weights, bias))
 
 
 def suits(X, W, out, kernel) -> bool:

@@ -73,7 +73,8 @@ from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_costs import blocks_cheaper, channels_cheaper
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
-                                             activation_constants, part_entries)
+                                             activation_constants, part_entries,
+                                             weight_and_bias)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
 
@@ -115,8 +116,7 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
     multiplier = m // (channels // group_width)  # output channels per group
     if out.size == 0:
         return out
-    weights = np.ascontiguousarray(W, X.dtype).reshape(m, -1)
-    bias = np.zeros(m, X.dtype) if B is None else np.ascontiguousarray(B, X.dtype).reshape(m)
+    weights, bias = weight_and_bias(W, B, X.dtype, m)  # the node's, made once
     name = activation[0] or ""
     constants = activation_constants(name, activation[1], X.dtype)
     # the padded plane as far as the last window reaches (not past the image's far pads)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 
 import numpy as np
 
@@ -201,7 +202,25 @@ def _typed_addresses(out, arrays: tuple) -> None:
                               for array in arrays))
     for at, array in enumerate(arrays):
         if not array.flags.writeable:
-            out[at] = array.ctypes.data
+            out[at] = _read_only_address(array)
+
+
+def _read_only_address(array) -> int:
+    """A read-only array's data address, kept by the array (held weakly: its id may be
+    reused once it is gone). A node's constants come back at each of its calls, and
+    reading an address through ``ndarray.ctypes`` was ~25 us a call at a new size's
+    first run, cold (a depthwise convolution's weight and bias, 2026-12-01)."""
+    found = _ADDRESSES.get(id(array))
+    if found is not None and found[0]() is array:
+        return found[1]
+    address = array.ctypes.data
+    if len(_ADDRESSES) >= 4096:
+        _ADDRESSES.clear()
+    _ADDRESSES[id(array)] = (weakref.ref(array), address)
+    return address
+
+
+_ADDRESSES: dict = {}  # id(array) -> (its weak reference, its data address)
 
 
 _STAND_INS: dict = {}  # (rank, dtype) -> a writeable stand-in for a read-only array

@@ -104,3 +104,36 @@ def test_the_committed_kernel_list_names_each_generated_module_by_its_source():
         if "_part_" in entry["module"]:
             main = entry["main"]["module"]
             assert native_parts.PART_HEAD.format(name=main) in entry["source"]
+
+
+def test_a_nodes_constant_weight_and_bias_are_the_same_views_at_every_call():
+    """A depthwise node's read-only weight and bias come back as the same two views (their
+    addresses kept with them); a writeable weight, which may change between calls, or
+    one copied to another dtype is made anew, and so is a bias of zeros for a writeable W."""
+    from mixrt.ops.conv.depthwise_common import weight_and_bias
+    W = np.arange(18, dtype=np.float32).reshape(2, 1, 3, 3)
+    B = np.ones(2, np.float32)
+    W.flags.writeable = B.flags.writeable = False
+    first = weight_and_bias(W, B, W.dtype, 2)
+    again = weight_and_bias(W, B, W.dtype, 2)
+    assert first[0] is again[0] and first[1] is again[1]
+    assert np.shares_memory(first[0], W) and first[0].shape == (2, 9)
+    assert weight_and_bias(W, B, np.dtype(np.float64), 2)[0].dtype == np.float64
+    assert weight_and_bias(W, B, np.dtype(np.float64), 2)[0] \
+        is not weight_and_bias(W, B, np.dtype(np.float64), 2)[0]  # a copy: not kept
+    varying = np.array(W)  # writeable: made anew, so a change is read
+    assert weight_and_bias(varying, None, W.dtype, 2)[0] \
+        is not weight_and_bias(varying, None, W.dtype, 2)[0]
+    assert not weight_and_bias(varying, None, W.dtype, 2)[1].any()
+
+
+def test_a_read_only_arrays_address_is_kept_with_the_array():
+    W = np.arange(8, dtype=np.float32)
+    W.flags.writeable = False
+    out = np.zeros(3, np.uint64)
+    native_parts._typed_addresses(out, (np.zeros(1, np.int64), W, W[2:]))
+    assert int(out[1]) == W.ctypes.data and int(out[2]) == W[2:].ctypes.data
+    assert native_parts._read_only_address(W) == W.ctypes.data
+    other = np.arange(8, dtype=np.float32)  # another array, maybe at a dead one's id
+    other.flags.writeable = False
+    assert native_parts._read_only_address(other) == other.ctypes.data
