@@ -13,7 +13,8 @@ from mixrt.ops.compiled.generated import kernel_file_stamp
 from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
-                                             activation_constants, suits)
+                                             activation_constants, suits,
+                                             weight_and_bias)
 from mixrt.ops.conv.depthwise_costs import channels_cheaper
 from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, split,
                                            warm_prepared)
@@ -80,8 +81,7 @@ def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
     name = activation[0] or ""
     constants = activation_constants(name, activation[1], X.dtype)
     taps = _channel_taps(W, replays)
-    bias = np.zeros(channels, X.dtype) if B is None \
-        else np.ascontiguousarray(B, X.dtype).reshape(channels)
+    _, bias = weight_and_bias(W, B, X.dtype, channels)  # the node's bias view, made once
     module = _compiled_channels(tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
                                 tuple(int(d) for d in dilations), name)
     pads = (int(begin[0]), int(begin[1]))
