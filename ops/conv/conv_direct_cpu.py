@@ -93,16 +93,20 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     kernels = _kernels()
     if split:
         kernels.job_ready(kernels.CONV_JOB, X.dtype.itemsize)  # the worker's side
-    run = kernels.native_conv
+    run, run_images = kernels.native_conv, kernels.native_conv_images
+    threads = native.workers + 1 if split else 1
 
     def call(X, W, B, Z, out):
         if split:
             native.wake()  # a sleeping worker takes ~10-15 us to run: it wakes meanwhile
         n, m = X.shape[0], W.shape[0]
         bias = kit.bias(B, m)
+        whole = _whole_images(X, Z, n, threads)
+        if whole:
+            _run_images(run_images, block, kit.words, X, out, bias, Z, whole)
         y_all = out.reshape(n, m, -1)
         z_all = None if Z is None else Z.reshape(n, m, -1)
-        for image in range(n):
+        for image in range(whole, n):
             y = y_all[image]
             if z_all is None:
                 run(block, kit.words, X[image], y, bias, y, False)
@@ -112,6 +116,28 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
     replay.record(replays, (X, W, B, Z, out), call)
     image_routes.stash(replays, out, call)  # any batch of this image size may take it
     return call(X, W, B, Z, out)
+
+
+def _whole_images(X, Z, n: int, threads: int) -> int:
+    """How many of the batch's ``n`` images a split convolution hands out whole, one per
+    thread in turn (:func:`_run_images`): as many as divide evenly among the ``threads``;
+    the rest are split inside each image. None where one thread runs it, or where the input
+    or the residual would have to be copied to be read as one run of images."""
+    if threads < 2 or n < threads or not X.flags.c_contiguous \
+            or (Z is not None and not Z.flags.c_contiguous):
+        return 0
+    return n - n % threads
+
+
+def _run_images(run_images, block, words, X, out, bias, Z, whole: int) -> None:
+    """The first ``whole`` images of the convolution, each on one thread
+    (``_jit_conv_direct.native_conv_images``): an image stays on the core that computes it,
+    as the node before, split the same way, left it there."""
+    n, c, m = X.shape[0], X.shape[1], out.shape[1]
+    x = X.reshape(n * c, *X.shape[2:])[:whole * c]
+    y = out.reshape(n * m, -1)
+    z = y if Z is None else Z.reshape(n * m, -1)
+    run_images(block, words, x, y[:whole * m], bias, z[:whole * m], Z is not None, whole)
 
 
 class _Kit:

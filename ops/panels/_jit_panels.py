@@ -56,7 +56,8 @@ from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECT
 # caller first reads one of its names: a model without attention never compiles attention.
 _FAMILIES = {
     "mixrt.ops.panels._jit_attention": ("attention", "native_attention", "softmax_rows"),
-    "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv", "pack_strips",
+    "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv",
+                                          "native_conv_images", "pack_strips",
                                           "phase_planes", "pointwise_conv", "strip_rows",
                                           "tap_conv"),
     "mixrt.ops.panels._jit_conv_weight_grad": ("pack_gradient", "weight_grad"),

@@ -175,6 +175,43 @@ def test_the_epilogue_in_the_tile_store(activation, params, limits, kernel, with
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(jit_cpu.native_pool() is None, reason="one thread: no images to hand out")
+@pytest.mark.parametrize("batch", [2, 3, 5])
+@pytest.mark.parametrize("image, kernel, strides, pads, dilations", [
+    GEOMETRIES[0], GEOMETRIES[1], GEOMETRIES[6], GEOMETRIES[7], GEOMETRIES[10]])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_whole_images_go_one_to_a_thread_with_the_same_bits(batch, image, kernel, strides,
+                                                            pads, dilations, with_residual,
+                                                            every_shape, monkeypatch):
+    """A split convolution of several images hands them out whole (as many as divide among
+    the threads), the rest split inside each image: every output the bits the same images
+    get one at a time, residual and activation included."""
+    handed: list[int] = []
+    run_images = conv_direct_cpu._run_images
+    monkeypatch.setattr(conv_direct_cpu, "_run_images",
+                        lambda *args: handed.append(args[-1]) or run_images(*args))
+    monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 1)  # a small image splits too
+    (c, h, w), (m, kh, kw) = image, kernel
+    X, W, B = _rand(batch, c, h, w), _rand(m, c, kh, kw), _rand(m)
+    attributes = {"auto_pad": "NOTSET", "dilations": list(dilations), "group": 1,
+                  "kernel_shape": None, "pads": list(pads), "strides": list(strides)}
+    shape = reference_conv(np, X[:1], W, **attributes).shape[1:]
+    Z = _rand(batch, *shape) if with_residual else None
+    limits = (0.0, -math.inf, 1.5)  # a Relu6-like clamp, so the epilogue runs per image
+    prepacked: dict = {}
+    out = np.full((batch, *shape), np.nan, np.float32)
+    direct(X, W, B, Z, limits, attributes, out, prepacked)
+    threads = jit_cpu.native_pool().workers + 1
+    assert handed == [batch - batch % threads]
+    for n in range(batch):
+        one = np.full((1, *shape), np.nan, np.float32)
+        direct(X[n:n + 1], W, B, None if Z is None else Z[n:n + 1], limits, attributes, one,
+               prepacked)
+        np.testing.assert_array_equal(out[n], one[0])
+    want = np.clip(_expected(X, W, B, Z, **attributes), 0.0, 1.5)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 def test_an_activation_the_tile_cannot_apply_runs_after_it(every_shape):
     assert conv_direct_cpu.activation_limits("Sigmoid", ()) is None
     X, W, B = _rand(1, 4, 20, 20), _rand(8, 4, 3, 3), _rand(8)
