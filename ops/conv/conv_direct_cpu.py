@@ -121,8 +121,8 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
 def _whole_images(X, Z, n: int, threads: int) -> int:
     """How many of the batch's ``n`` images a split convolution hands out whole, one per
     thread in turn (:func:`_run_images`): as many as divide evenly among the ``threads``;
-    the rest are split inside each image. None where one thread runs it, or where the input
-    or the residual would have to be copied to be read as one run of images."""
+    the rest are split inside each image. 0 where one thread runs it, or where the input or
+    the residual would have to be copied to be read as one run of images."""
     if threads < 2 or n < threads or not X.flags.c_contiguous \
             or (Z is not None and not Z.flags.c_contiguous):
         return 0
