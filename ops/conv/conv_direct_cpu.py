@@ -103,7 +103,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
         bias = kit.bias(B, m)
         whole = _whole_images(X, Z, n, threads)
         if whole:
-            _run_images(run_images, block, kit.words, X, out, bias, Z, whole)
+            _run_images(run_images, block, kit.words, X, out, bias, Z, whole, threads)
         y_all = out.reshape(n, m, -1)
         z_all = None if Z is None else Z.reshape(n, m, -1)
         for image in range(whole, n):
@@ -119,25 +119,27 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
 
 
 def _whole_images(X, Z, n: int, threads: int) -> int:
-    """How many of the batch's ``n`` images a split convolution hands out whole, one per
-    thread in turn (:func:`_run_images`): as many as divide evenly among the ``threads``;
-    the rest are split inside each image. 0 where one thread runs it, or where the input or
-    the residual would have to be copied to be read as one run of images."""
+    """How many of the batch's ``n`` images a split convolution hands out whole, in one run
+    of consecutive images a thread (:func:`_run_images`): as many as divide evenly among the
+    ``threads``; the rest are split inside each image. 0 where one thread runs it, or where
+    the input or the residual would have to be copied to be read as one run of images."""
     if threads < 2 or n < threads or not X.flags.c_contiguous \
             or (Z is not None and not Z.flags.c_contiguous):
         return 0
     return n - n % threads
 
 
-def _run_images(run_images, block, words, X, out, bias, Z, whole: int) -> None:
-    """The first ``whole`` images of the convolution, each on one thread
-    (``_jit_conv_direct.native_conv_images``): an image stays on the core that computes it,
-    as the node before, split the same way, left it there."""
+def _run_images(run_images, block, words, X, out, bias, Z, whole: int, threads: int) -> None:
+    """The first ``whole`` images of the convolution in ``threads`` runs of consecutive
+    images, each run on one thread (``_jit_conv_direct.native_conv_images``): the runs a
+    depthwise convolution or a pool before it splits its planes into, so an image stays on
+    the core that wrote it."""
     n, c, m = X.shape[0], X.shape[1], out.shape[1]
     x = X.reshape(n * c, *X.shape[2:])[:whole * c]
     y = out.reshape(n * m, -1)
     z = y if Z is None else Z.reshape(n * m, -1)
-    run_images(block, words, x, y[:whole * m], bias, z[:whole * m], Z is not None, whole)
+    run_images(block, words, x, y[:whole * m], bias, z[:whole * m], Z is not None, whole,
+               threads)
 
 
 class _Kit:

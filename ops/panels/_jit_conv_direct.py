@@ -12,11 +12,11 @@ from numba import carray, njit
 
 from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_native_pool import (
-    ARGS, BIAS, BLOCK_WORDS, BOUNDS, BY_ROWS, CHUNK, CONV_JOB, EDGE, HALO, HAS_RESIDUAL, IMAGES,
-    IN_PLACE, JOB, JOB_SIGNATURE, LEFT, LIMITS, NO_BIAS, OH, OW, PANELS, PARTS, PH, PLACES, PLANES, PW,
-    RESIDUAL, ROW_BLOCK, ROWS_AT, SHAPE0, SHAPE1, SHAPE2, SHAPE3, SPILL, STRIPS, SX, SY, TAPS,
-    TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y, begin, claim, finish, get1,
-    get2, get3, publish, put, register_job)
+    ARGS, BIAS, BLOCK_WORDS, BOUNDS, BY_ROWS, CHUNK, CONV_JOB, EDGE, HALO, HAS_RESIDUAL,
+    IMAGE_RUNS, IMAGES, IN_PLACE, JOB, JOB_SIGNATURE, LEFT, LIMITS, NO_BIAS, OH, OW, PANELS,
+    PARTS, PH, PLACES, PLANES, PW, RESIDUAL, ROW_BLOCK, ROWS_AT, SHAPE0, SHAPE1, SHAPE2, SHAPE3,
+    SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y,
+    begin, claim, finish, get1, get2, get3, publish, put, register_job)
 from mixrt.ops.panels._jit_tile import (STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run,
                                         _tile8, limited)
 
@@ -371,30 +371,29 @@ def native_conv(block, kit, x, y, bias, residual, has_residual):
 
 
 @_jit
-def native_conv_images(block, kit, x, y, bias, residual, has_residual, images):
-    """Conv of ``images`` whole images, each taken by this thread or the pool's worker
-    (``block``; with another caller using it, all here): ``x`` (images x C, H, W) and ``y``
-    and ``residual`` (images x M, L) hold them one after another. Each image's parts run on
-    the thread that took it, over that thread's own planes, so an image never leaves the
-    core that computes it: the previous node, split the same way, wrote it there. Split
-    inside each image (:func:`native_conv`), both threads read all of an image's input
-    channels, half of them from the other core's cache, and met at every image's end:
-    a 384 -> 64 1x1 convolution at 2 x 14 x 14 ran no faster on two threads than on one
-    (2026-12-01)."""
+def native_conv_images(block, kit, x, y, bias, residual, has_residual, images, runs):
+    """Conv of ``images`` whole images in ``runs`` runs of consecutive ones, each run taken
+    by this thread or the pool's worker (``block``; with another caller using it, all here):
+    ``x`` (images x C, H, W) and ``y`` and ``residual`` (images x M, L) hold them one after
+    another. Each image's parts run on the thread that took its run, over that thread's own
+    planes, so an image stays on one core: the one that wrote it where the node before split
+    its planes in the same runs (a depthwise convolution, a pool). Split inside each image
+    (:func:`native_conv`), both threads read all of an image's input channels, half of them
+    from the other core's cache, and met at every image's end: a 384 -> 64 1x1 convolution
+    at 2 x 14 x 14 ran no faster on two threads than on one (2026-12-01)."""
     if y.size == 0 or images == 0:
         return
     planes = get1(kit, PLANES, x)
     spill, edge = get2(kit, SPILL, x), get2(kit, EDGE, x)
     arrays, shape, geometry, form, parts = _fixed_arguments(kit, x)
     job = form + (has_residual,)
-    channels, outputs = x.shape[0] // images, y.shape[0] // images
-    sequence = begin(block) if images > 1 else -1
+    sequence = begin(block) if runs > 1 else -1
     if sequence < 0:
-        for image in range(images):
-            _image(image, job, x, y, residual, channels, outputs, planes, shape, geometry,
-                   arrays, bias, spill, edge, parts)
+        for run in range(runs):
+            _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry,
+                       arrays, bias, spill, edge, parts)
         return
-    block[JOB], block[IMAGES] = CONV_JOB, images
+    block[JOB], block[IMAGES], block[IMAGE_RUNS] = CONV_JOB, images, runs
     for slot in range(ARGS, OW + 1):
         block[slot] = kit[slot]
     put(block, X, x)
@@ -403,28 +402,30 @@ def native_conv_images(block, kit, x, y, bias, residual, has_residual, images):
     put(block, RESIDUAL, residual)
     block[HAS_RESIDUAL] = has_residual
     publish(block, sequence)
-    image = claim(block, images)
-    while image >= 0:
-        _image(image, job, x, y, residual, channels, outputs, planes, shape, geometry, arrays,
-               bias, spill, edge, parts)
-        image = claim(block, images)
+    run = claim(block, runs)
+    while run >= 0:
+        _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry, arrays,
+                   bias, spill, edge, parts)
+        run = claim(block, runs)
     finish(block)
 
 
 @_jit
-def _image(image, job, x, y, residual, channels, outputs, planes, shape, geometry, arrays,
-           bias, spill, edge, parts):
-    """Every part of image ``image`` of :func:`native_conv_images` on this thread, over its
-    own ``planes``."""
+def _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry, arrays, bias,
+               spill, edge, parts):
+    """Every part of each image of run ``run`` (of ``runs`` even runs of consecutive images)
+    of :func:`native_conv_images`, on this thread over its own ``planes``."""
     rows_at, places, bounds, panels, weights, limits, no_bias = arrays
-    one = x[image * channels:(image + 1) * channels]
-    out = y[image * outputs:(image + 1) * outputs]
-    added = residual[image * outputs:(image + 1) * outputs]
-    if not job[1] and not job[3]:  # neither split by rows nor a 1x1 read in place
-        _build(one, planes, shape, geometry, job[2], 0, geometry[7])
-    for part in range(parts):
-        _part(part, job, one, planes, planes, shape, geometry, rows_at, places, bounds,
-              panels, weights, out, bias, added, limits, spill, edge, no_bias)
+    channels, outputs = x.shape[0] // images, y.shape[0] // images
+    for image in range(images * run // runs, images * (run + 1) // runs):
+        one = x[image * channels:(image + 1) * channels]
+        out = y[image * outputs:(image + 1) * outputs]
+        added = residual[image * outputs:(image + 1) * outputs]
+        if not job[1] and not job[3]:  # neither split by rows nor a 1x1 read in place
+            _build(one, planes, shape, geometry, job[2], 0, geometry[7])
+        for part in range(parts):
+            _part(part, job, one, planes, planes, shape, geometry, rows_at, places, bounds,
+                  panels, weights, out, bias, added, limits, spill, edge, no_bias)
 
 
 @_jit
@@ -456,13 +457,13 @@ def _worker_parts(block, zero):
     arrays, shape, geometry, form, parts = _fixed_arguments(block, zero)
     rows_at, places, bounds, panels, weights, limits, no_bias = arrays
     job = form + (block[HAS_RESIDUAL] != 0,)
-    images = block[IMAGES]
-    if images > 0:  # whole images (native_conv_images), each over this thread's own planes
-        image = claim(block, images)
-        while image >= 0:
-            _image(image, job, x, y, residual, x.shape[0] // images, y.shape[0] // images,
-                   own, shape, geometry, arrays, bias, spill, edge, parts)
-            image = claim(block, images)
+    images, runs = block[IMAGES], block[IMAGE_RUNS]
+    if images > 0:  # runs of whole images (native_conv_images), over this thread's planes
+        run = claim(block, runs)
+        while run >= 0:
+            _image_run(run, runs, images, job, x, y, residual, own, shape, geometry, arrays,
+                       bias, spill, edge, parts)
+            run = claim(block, runs)
         return
     part = claim(block, parts)
     while part >= 0:

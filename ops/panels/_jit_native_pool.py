@@ -443,9 +443,10 @@ SCALARS = ARGS + 60
 # a kit's own slots (:func:`native_conv`), past those it copies into the block: the calling
 # thread's spill and edge scratch
 SPILL, EDGE = OW + 1, OW + 5
-# the block's own (no kit has it): a job of whole images (its parts), or 0 (parts of one)
-IMAGES = EDGE + 5
-assert IMAGES < BLOCK_WORDS - 1  # the block's last word names the job
+# the block's own (no kit has it): a job of whole images, or 0 (parts of one image), and
+# the runs of consecutive images it is cut into (its parts)
+IMAGES, IMAGE_RUNS = EDGE + 5, EDGE + 6
+assert IMAGE_RUNS < BLOCK_WORDS - 1  # the block's last word names the job
 
 
 # -- dense products and attention, split between threads in native code ----------------------

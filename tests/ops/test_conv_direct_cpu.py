@@ -189,7 +189,7 @@ def test_whole_images_go_one_to_a_thread_with_the_same_bits(batch, image, kernel
     handed: list[int] = []
     run_images = conv_direct_cpu._run_images
     monkeypatch.setattr(conv_direct_cpu, "_run_images",
-                        lambda *args: handed.append(args[-1]) or run_images(*args))
+                        lambda *args: handed.append(args[-2]) or run_images(*args))
     monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 1)  # a small image splits too
     (c, h, w), (m, kh, kw) = image, kernel
     X, W, B = _rand(batch, c, h, w), _rand(m, c, kh, kw), _rand(m)
