@@ -349,15 +349,7 @@ def native_conv(block, kit, x, y, bias, residual, has_residual):
         _build(x, planes, shape, geometry, job[2], 0, geometry[7])
     sequence = begin(block) if parts > 1 else -1
     if sequence >= 0:
-        block[JOB], block[IMAGES] = CONV_JOB, 0
-        for slot in range(ARGS, OW + 1):
-            block[slot] = kit[slot]
-        put(block, X, x)
-        put(block, Y, y)
-        put(block, BIAS, bias)
-        put(block, RESIDUAL, residual)
-        block[HAS_RESIDUAL] = has_residual
-        publish(block, sequence)
+        _publish(block, kit, sequence, x, y, bias, residual, has_residual, 0, 0)
         part = claim(block, parts)
         while part >= 0:
             _part(part, job, x, planes, planes, shape, geometry, rows_at, places, bounds,
@@ -393,6 +385,20 @@ def native_conv_images(block, kit, x, y, bias, residual, has_residual, images, r
             _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry,
                        arrays, bias, spill, edge, parts)
         return
+    _publish(block, kit, sequence, x, y, bias, residual, has_residual, images, runs)
+    run = claim(block, runs)
+    while run >= 0:
+        _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry, arrays,
+                   bias, spill, edge, parts)
+        run = claim(block, runs)
+    finish(block)
+
+
+@_jit
+def _publish(block, kit, sequence, x, y, bias, residual, has_residual, images, runs):
+    """Job ``sequence`` of a convolution opened in the pool's ``block``: the kit's fixed
+    arguments and the call's arrays written first; ``images`` 0 for one image's parts,
+    else whole images in ``runs`` runs (:func:`native_conv_images`)."""
     block[JOB], block[IMAGES], block[IMAGE_RUNS] = CONV_JOB, images, runs
     for slot in range(ARGS, OW + 1):
         block[slot] = kit[slot]
@@ -402,12 +408,6 @@ def native_conv_images(block, kit, x, y, bias, residual, has_residual, images, r
     put(block, RESIDUAL, residual)
     block[HAS_RESIDUAL] = has_residual
     publish(block, sequence)
-    run = claim(block, runs)
-    while run >= 0:
-        _image_run(run, runs, images, job, x, y, residual, planes, shape, geometry, arrays,
-                   bias, spill, edge, parts)
-        run = claim(block, runs)
-    finish(block)
 
 
 @_jit
