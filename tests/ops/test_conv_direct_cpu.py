@@ -180,12 +180,13 @@ def test_the_epilogue_in_the_tile_store(activation, params, limits, kernel, with
 @pytest.mark.parametrize("image, kernel, strides, pads, dilations", [
     GEOMETRIES[0], GEOMETRIES[1], GEOMETRIES[6], GEOMETRIES[7], GEOMETRIES[10]])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_whole_images_go_one_to_a_thread_with_the_same_bits(batch, image, kernel, strides,
-                                                            pads, dilations, with_residual,
-                                                            every_shape, monkeypatch):
-    """A split convolution of several images hands them out whole (as many as divide among
-    the threads), the rest split inside each image: every output the bits the same images
-    get one at a time, residual and activation included."""
+def test_whole_images_go_to_the_threads_with_the_same_bits(batch, image, kernel, strides,
+                                                          pads, dilations, with_residual,
+                                                          every_shape, monkeypatch):
+    """A split convolution of several images hands them out whole, a run of consecutive
+    images a thread (as many as divide among the threads), the rest split inside each
+    image: every output the bits the same images get one at a time, residual and
+    activation included."""
     handed: list[int] = []
     run_images = conv_direct_cpu._run_images
     monkeypatch.setattr(conv_direct_cpu, "_run_images",
