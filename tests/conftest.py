@@ -1,3 +1,4 @@
+import functools
 import os
 import re
 import sys
@@ -41,6 +42,17 @@ _FIRST = (_SOCKETS, Path(__file__).parent / "test_gpu_paths_on_fake_cupy.py")
 _GPU_TEST_FILES: set = set()  # the files of the GPU tests this process collected
 
 
+# optionalhook: the hook is xdist's, and a run without xdist (-p no:xdist) has no such hook
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``loadgroup``'s scheduling without its quadratic bookkeeping (tests/xdist_scheduling.py);
+    other ``--dist`` modes are xdist's own (None: its hook chooses)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist_scheduling import GroupScheduling  # noqa: PLC0415 (xdist is loaded here)
+    return GroupScheduling(config, log)
+
+
 # tryfirst: xdist's worker reads the ``xdist_group`` marks in this same hook, and a mark added
 # after it ran puts nothing in a group (tests/test_xdist_groups.py)
 @pytest.hookimpl(tryfirst=True)
@@ -51,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
         if item.get_closest_marker("gpu") is not None:
             _GPU_TEST_FILES.add(item.path)
-        if _SOCKETS in item.path.parents:
+        if _opens_sockets(item.path):
             item.add_marker(pytest.mark.xdist_group("sockets"))
     items.sort(key=lambda item: not _runs_first(item.path))  # stable
 
@@ -63,8 +75,15 @@ def collected_gpu_test_files() -> set:
     return set(_GPU_TEST_FILES)
 
 
+# per file, not per test: ~23,000 tests in ~240 files, on every worker
+@functools.cache
 def _runs_first(path: Path) -> bool:
     return any(path == first or first in path.parents for first in _FIRST)
+
+
+@functools.cache
+def _opens_sockets(path: Path) -> bool:
+    return _SOCKETS in path.parents
 
 
 @pytest.hookimpl(hookwrapper=True)

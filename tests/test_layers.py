@@ -11,11 +11,16 @@ import by a name computed as the program runs is listed too, with why. And no mo
 over 600 lines."""
 
 import ast
+import functools
 import json
 import subprocess
 import sys
 from collections import defaultdict, deque
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("layers")  # one worker parses the source (edges())
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"mixrt": "mixrt", "base": "mixrt.base", "runtime": "mixrt.runtime", "ops": "mixrt.ops",
@@ -254,8 +259,13 @@ def _with_packages(module: str, importer: str) -> list[str]:
             and not (importer == p or importer.startswith(p + "."))] + [module]
 
 
-EDGES = [(module, *found) for module, path in MODULES.items()
-         for found in _imports(module, path)]
+@functools.cache
+def edges() -> list[tuple]:
+    """(module, imported, line, where, named) for every import in the source: parsed where a
+    test first asks, not as the file is collected (on every xdist worker, ~6 s each); the
+    file's tests are one xdist group, so one worker parses."""
+    return [(module, *found) for module, path in MODULES.items()
+            for found in _imports(module, path)]
 
 
 def test_every_frontend_module_stands_on_a_floor():
@@ -274,12 +284,12 @@ def layer_of_known(module: str) -> int | None:
 def test_every_import_goes_to_the_same_layer_or_a_lower_one():
     against = [f"{module}:{line} imports {target} ({LAYERS[layer_of(module)]} -> "
                f"{LAYERS[layer_of(target)]})"
-               for module, target, line, _, _ in EDGES if layer_of(target) > layer_of(module)]
+               for module, target, line, _, _ in edges() if layer_of(target) > layer_of(module)]
     assert not against, "\n".join(against)
 
 
 def test_the_runtime_never_imports_importers_or_exporters():
-    against = [f"{module}:{line} imports {target}" for module, target, line, _, _ in EDGES
+    against = [f"{module}:{line} imports {target}" for module, target, line, _, _ in edges()
                if module.startswith("mixrt.runtime.")
                and target.startswith(("mixrt.importers", "mixrt.exporters", "mixrt.kvstore"))]
     assert not against, "\n".join(against)
@@ -289,7 +299,7 @@ def _loops() -> list[set[str]]:
     """The strongly connected groups of two or more modules (Tarjan), function-level
     imports included: an import deferred into a function still ties the two modules."""
     graph = defaultdict(set)
-    for module, target, _, _, _ in EDGES:
+    for module, target, _, _, _ in edges():
         if target != module:
             graph[module].add(target)
     index, low, stack, on_stack, groups = {}, {}, [], set(), []
@@ -332,7 +342,7 @@ def test_imports_inside_functions_are_the_listed_ones():
     ``__getattr__``) needs listing only where it defers a heavy dependency, as
     ``mixrt.serve.MixrtModel`` defers KServe."""
     found, lazy = defaultdict(list), set()
-    for module, target, line, where, named in EDGES:
+    for module, target, line, where, named in edges():
         if where == "function" and named:
             found[module, target].append(f"{module}:{line} imports {target}")
         elif where == "lazy attribute" and named:
@@ -446,4 +456,4 @@ def test_the_layers_are_told_apart_as_the_map_says():
         < layer_of("mixrt.optimizers.sgd") < layer_of("mixrt.gluon.block") \
         < layer_of("mixrt.module.module") < layer_of("mixrt.serve.server") \
         < layer_of("mixrt.models.resnet")
-    assert len(MODULES) > 250 and len(EDGES) > 1000  # the walk found the source
+    assert len(MODULES) > 250 and len(edges()) > 1000  # the walk found the source
