@@ -35,15 +35,14 @@ def test_grouped(i):
 
 def test_crash():
     _note("crash")
-    if os.environ.get("CRASH") == "1":
-        os._exit(3)
+    os._exit(3)  # the worker dies mid-test
 '''
 
 
-def _child_run(tmp_path: Path, crash: bool) -> tuple[subprocess.CompletedProcess, list]:
+def _child_run(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list]:
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     ran = tmp_path / "ran.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(TESTS), RAN_LOG=str(ran), CRASH="1" if crash else "0")
+    env = dict(os.environ, PYTHONPATH=str(TESTS), RAN_LOG=str(ran))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-p", "conftest", "-n", "2", "--dist", "loadgroup",
                            "--max-worker-restart", "1", str(tmp_path)], cwd=tmp_path, env=env,
@@ -100,18 +99,11 @@ def test_the_conftests_scheduler_hands_out_each_test_once_holding_only_what_runs
     assert held <= 8  # units assigned and unfinished, never the 1,010 run so far
 
 
-def test_each_test_runs_once_and_a_group_on_one_worker(tmp_path):
-    done, ran = _child_run(tmp_path, crash=False)
-    assert done.returncode == 0, done.stdout[-3000:]
-    names = [name for name, _ in ran]
-    assert sorted(names) == sorted({*names}) and len(names) == 321, len(names)
-    assert len({worker for name, worker in ran if name.startswith("grouped")}) == 1
-    assert len({worker for _, worker in ran}) == 2  # and both workers took tests
-
-
-def test_a_crashed_worker_is_reported_and_the_rest_still_run(tmp_path):
-    done, ran = _child_run(tmp_path, crash=True)
+def test_each_test_runs_once_a_group_on_one_worker_and_a_crash_is_reported(tmp_path):
+    done, ran = _child_run(tmp_path)
     assert done.returncode == 1, done.stdout[-3000:]
     assert "test_crash" in done.stdout and "crashed" in done.stdout, done.stdout[-3000:]
-    assert {f"alone{i}" for i in range(300)} | {f"grouped{i}" for i in range(20)} \
-        <= {name for name, _ in ran}
+    names = [name for name, _ in ran if name != "crash"]  # a crashed test may be run again
+    assert sorted(names) == sorted({*names}) and len(names) == 320, len(names)
+    assert len({worker for name, worker in ran if name.startswith("grouped")}) == 1
+    assert len({worker for name, worker in ran if name.startswith("alone")}) >= 2
