@@ -73,10 +73,16 @@ class _Worker:
         self.shutting_down = True
 
 
-def test_the_conftests_scheduler_hands_out_each_test_once_holding_only_what_runs():
-    from conftest import pytest_xdist_make_scheduler  # noqa: PLC0415
+def _suites_conftest(pytestconfig):
+    """tests/conftest.py as pytest loaded it (``import conftest`` may find another folder's)."""
+    return next(plugin for plugin in pytestconfig.pluginmanager.get_plugins()
+                if getattr(plugin, "__file__", None) == str(TESTS / "conftest.py"))
+
+
+def test_the_conftests_scheduler_hands_out_each_test_once_holding_only_what_runs(pytestconfig):
     from xdist_scheduling import GroupScheduling  # noqa: PLC0415
-    scheduler = pytest_xdist_make_scheduler(_Config(), Producer("sched", enabled=False))
+    make = _suites_conftest(pytestconfig).pytest_xdist_make_scheduler
+    scheduler = make(_Config(), Producer("sched", enabled=False))
     assert isinstance(scheduler, GroupScheduling)
     collection = [f"t.py::test_{i}" for i in range(1000)] + \
         [f"t.py::test_g[{i}]@g" for i in range(10)]
