@@ -11,10 +11,9 @@ zero border was written once per call (every plane overwrites the same interior)
 copy stays in L1 and costs a fraction of the loop. Each output row then sums its ``kh * kw``
 taps, unrolled, with the weights held in registers; the loads are contiguous when the stride
 is 1, so LLVM vectorizes the row. A tap over the padding multiplies its weight by a real
-zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference.
-
-With stride 2 across, the scratch holds each padded row's even cells and then its odd
-ones (:func:`_split_copy`), so the taps' loads stay contiguous there too.
+zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference. With
+stride 2 across, the scratch holds each padded row's even cells and then its odd ones
+(:func:`_split_copy`), so the taps' loads stay contiguous there too.
 
 Two designs lost (benchmarks/NOTES.md §11): reading the input in place with a
 bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where the border
@@ -79,11 +78,11 @@ from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, cha
                                                    channels_conv, warm_channels)
 
 FLAT_MAX_WIDTH = 32  # output widths up to which the flat form (flat_source) is faster
+SPLIT_LOOPS_COLUMNS = 40  # input rows from this many columns: two loops (_split_copy)
 FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors of floats
 # without the native workers (ops/panels/native_parts.py), outputs from this many elements are
 # split over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
 SPLIT_ELEMENTS = 4 * MIN_ELEMENTS
-
 
 # input channels per group up to which a grouped convolution takes the block form (RegNet's
 # are 8 wide: its 440x7x7 3x3 layer took 240 us as 55 im2col products)
@@ -575,24 +574,27 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
 def _split_copy() -> list[str]:
     """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
     j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
-    row of outputs reads consecutive cells. Read in place, ``pad[2 * k + b]`` took a gather
-    per tap (this CPU has AVX-512): 112x56x56 to 28x28, one thread, 115 -> 94 us, of which
-    the copy of the 1.4 MB input (memory-bound) is ~70 and the taps 45 -> 22. The columns
-    go in pairs (a pair of loads LLVM deinterleaves with shuffles): a pair's first column
-    lands at ``first`` + u, its second at ``second`` + u (one in the even cells, one in the
-    odd, as ``left`` is even or odd)."""
+    row of outputs reads consecutive cells (read in place, ``pad[2 * k + b]`` took a gather
+    per tap: 112x56x56 to 28x28, one thread, 115 -> 94 us). A row's first columns of its
+    pairs go to ``first`` + u and its second to ``second`` + u in a loop each, which LLVM
+    vectorizes (as one loop, scalar: 96 x 96 x 96 copied in 456 us, in two 241, a plain copy
+    157; 2026-12-01, Xeon); rows under SPLIT_LOOPS_COLUMNS keep one (240 x 28 x 28: 94, 108)."""
     def place(j):  # where padded column j lies in its row
         return f"({j}) % 2 * half + ({j}) // 2"
+    indent = " " * 20
+    first = f"{indent}    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]"
+    second = f"{indent}    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]"
+    pairs = f"{indent}for u in range(cols // 2):"
     return [
         f"            first, second = {place('left')}, {place('left + 1')}",
         f"            last = {place('left + cols - 1')}",
         "            for r in range(rows):",
         "                source = (p * height + r) * width",
         "                target = (top + r) * wp",
-        "                for u in range(cols // 2):",
-        "                    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]",
-        "                    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]",
+        f"                if cols < {SPLIT_LOOPS_COLUMNS}:  # short rows: one loop",
+        pairs, first, second,
+        "                else:",
+        pairs, first, pairs, second,
         "                if cols % 2:",
         "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
     ]
-
