@@ -85,6 +85,27 @@ def channels_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: 
         < flat_ns(kernel, strides, dilations, out_dims, itemsize)
 
 
+@functools.lru_cache(maxsize=1024)
+def small_plane_form(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
+                     itemsize: int, channels: bool) -> str:
+    """The form modelled cheapest for a plane the flat form can take: "flat" (generated per
+    plane geometry), "channels" (where ``channels``: that form can take the node) or "free",
+    the size-free row or block form (:func:`blocks_cheaper` picks which). Asked only of the
+    flat form against the channels form, the rows' outputs past whole vectors left the flat
+    form every narrow plane, where rows of whole vectors are cheaper without its copy out:
+    MobileNetV2's 3x3 over 10 x 16 outputs, one thread, rows 128 ns a plane, flat 167; over
+    20 x 32 433 against 628 (2026-12-01, Xeon). On 40 random narrow geometries there
+    (``benchmarks/depthwise_forms.py --narrow``, seed 20261201) the picks took 50.0 ms, the
+    channels-or-flat picks before 55.8, the fastest form of each 43.6: the constants, fitted
+    on an EPYC, still over-pick the channels form on this Xeon."""
+    costs = {"flat": flat_ns(kernel, strides, dilations, out_dims, itemsize),
+             "free": min(row_ns(kernel, strides, dilations, out_dims, itemsize),
+                         block_ns(kernel, strides, dilations, out_dims, itemsize))}
+    if channels:
+        costs["channels"] = channels_ns(kernel, strides, dilations, out_dims, itemsize)
+    return min(costs, key=costs.get)
+
+
 def channels_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The channels form's modelled time for one plane (one channel of a block)."""
     lanes = _lanes(itemsize)

@@ -21,7 +21,7 @@ is a large share), and the taps as one flat run over the whole padded plane (3x 
 row by row, timed inside numba).
 
 Small planes take a third form, the channels side by side, where ``depthwise_costs`` models
-it cheaper than the flat form (``jit_depthwise_channels.py``).
+it cheaper than the flat form and the size-free ones (``jit_depthwise_channels.py``).
 
 The module is generated per (kernel, strides, dilations) from fixed templates and integer
 literals, then compiled and cached on disk by ``ops/compiled/generated.py`` like the pools'.
@@ -70,7 +70,7 @@ from mixrt.ops.compiled.generated import kernel_module as compiled
 from mixrt.ops.panels.native_parts import part_entry, prepared, split, warm_prepared
 from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
-from mixrt.ops.conv.depthwise_costs import blocks_cheaper, channels_cheaper
+from mixrt.ops.conv.depthwise_costs import blocks_cheaper, small_plane_form
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, part_entries,
                                              weight_and_bias)
@@ -146,12 +146,11 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
                           activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     free = (rows, blocks if cheaper else None)
-    if channels_too and ow <= FLAT_MAX_WIDTH and channels_cheaper(*window, out_dims,
-                                                                   X.itemsize):
-        return _size_free(conv, True, free, call)  # size-free: no flat form to compile
+    form = small_plane_form(*window, out_dims, X.itemsize, channels_too) \
+        if ow <= FLAT_MAX_WIDTH else "free"
+    if form != "flat":  # size-free: no flat form to compile
+        return _size_free(conv, form == "channels", free, call)
     small = channels_too and oh * ow <= CHANNELS_FALLBACK_PIXELS  # the channels stand in
-    if ow > FLAT_MAX_WIDTH:
-        return _size_free(conv, False, free, call)
     image = tuple(int(v) for v in (height, width, begin[0], left, oh, ow))
     # (a depthwise convolution's geometry: one input plane a group, as its markers name it)
     geometry = (tuple(kernel), tuple(strides), tuple(dilations), image, name, 1)

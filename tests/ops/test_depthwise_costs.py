@@ -52,6 +52,36 @@ def test_the_channels_model_picks_the_form_that_measured_faster(kernel, stride, 
     assert picked == channels
 
 
+@pytest.mark.parametrize("out_dims, form", [
+    ((10, 16), "free"),  # MobileNetV2's 3x3 at 4 x 160 x 256: rows 128 ns a plane, flat 167
+    ((20, 32), "free"),  # rows 433, flat 628
+    ((10, 12), "flat"),  # rows past whole vectors one output at a time: 356, flat 201
+    ((14, 14), "flat"),
+])
+def test_a_narrow_plane_takes_the_rows_where_they_are_whole_vectors(monkeypatch, out_dims,
+                                                                   form):
+    """Among the narrow planes' forms (the channels form left out), the rows where each
+    row is whole 16-float vectors, the flat form where its rows would end in scalars (one
+    thread, 2026-12-01, Xeon with AVX-512)."""
+    monkeypatch.setattr(depthwise_costs, "_lanes", lambda itemsize: 64 // itemsize)
+    pick = depthwise_costs.small_plane_form.__wrapped__
+    assert pick((3, 3), (1, 1), (1, 1), out_dims, 4, False) == form
+
+
+def test_the_channels_form_is_picked_only_below_both_others():
+    """The channels form where its model is below the flat form's and the size-free
+    forms' (MobileNetV3's 5x5 over 7 x 7, where it measured fastest), never where the node
+    cannot take it."""
+    window = ((5, 5), (1, 1), (1, 1))
+    costs = [depthwise_costs.channels_ns(*window, (7, 7), 4),
+             depthwise_costs.flat_ns(*window, (7, 7), 4),
+             depthwise_costs.row_ns(*window, (7, 7), 4),
+             depthwise_costs.block_ns(*window, (7, 7), 4)]
+    assert costs[0] < min(costs[1:])
+    assert depthwise_costs.small_plane_form(*window, (7, 7), 4, True) == "channels"
+    assert depthwise_costs.small_plane_form(*window, (7, 7), 4, False) != "channels"
+
+
 def test_the_model_counts_the_rows_remainder_and_the_blocks_phases():
     """A row one output past four vectors costs a scalar a tap more than one of four
     vectors; the block form copies the whole padded plane into its phases."""
@@ -84,7 +114,7 @@ def _fresh(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(generated, "_marked", set())
     monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
     monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
-    monkeypatch.setattr(jit_depthwise, "channels_cheaper", lambda *args: False)  # no channels
+    monkeypatch.setattr(jit_depthwise, "small_plane_form", lambda *args: "flat")  # no channels
     monkeypatch.setattr(jit_depthwise, "CHANNELS_FALLBACK_PIXELS", -1)
     for cached in (jit_depthwise._compiled, jit_depthwise._flat_text,
                    jit_depthwise._flat_module, grouped_blocks.module):
@@ -167,6 +197,31 @@ def test_blocks_never_warmed_leave_the_rows_and_an_optional_miss(tmp_path, monke
     np.testing.assert_array_equal(got, rows)
     np.testing.assert_allclose(got, conv(np, X, W, B, group=16, **attributes), rtol=1e-5,
                                atol=1e-5)
+
+
+@needs_jit
+def test_a_narrow_plane_the_model_gives_the_rows_compiles_no_flat_form(tmp_path, monkeypatch):
+    """Where the model picks the size-free forms for a plane the flat form could take, the
+    rows run it at its first size and no flat form is generated for the size, with the
+    flat form's bits."""
+    _fresh(tmp_path, monkeypatch)
+    monkeypatch.setattr(jit_depthwise, "small_plane_form", depthwise_costs.small_plane_form)
+    monkeypatch.setattr(jit_depthwise, "blocks_cheaper", lambda *args: False)
+    monkeypatch.setattr(depthwise_costs, "_lanes", lambda itemsize: 64 // itemsize)
+    depthwise_costs.small_plane_form.cache_clear()
+    W, B = _rand(16, 1, 3, 3), _rand(16)
+    attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=16)
+    X = _rand(2, 16, 10, 16)
+    taken = _forms_taken(monkeypatch)
+    got = fused_conv(np, X, W, B, activation="Relu", **attributes)
+    depthwise_costs.small_plane_form.cache_clear()
+    assert taken == ["mixrt_depthwise"]
+    assert not list((tmp_path / "jit").glob(f"{jit_depthwise.FLAT_PREFIX}_*.py"))
+    monkeypatch.setattr(jit_depthwise, "small_plane_form", lambda *args: "flat")
+    taken.clear()
+    flat = fused_conv(np, X, W, B, activation="Relu", **attributes)
+    assert taken == [jit_depthwise.FLAT_PREFIX]
+    np.testing.assert_array_equal(got, flat)
 
 
 @needs_jit

@@ -84,7 +84,11 @@ def depthwise_form(request, monkeypatch):
 
 
 def _take_depthwise_form(monkeypatch, form: str) -> None:
+    """Every output width above FLAT_MAX_WIDTH (the rows), or under it with the cost
+    model's pick among the narrow planes' forms made the flat form."""
     monkeypatch.setattr(jit_depthwise, "FLAT_MAX_WIDTH", 0 if form == "rows" else 1 << 30)
+    if form == "flat":
+        monkeypatch.setattr(jit_depthwise, "small_plane_form", lambda *args: "flat")
 
 
 def _count_compiled_depthwise(monkeypatch, direct: bool) -> list:
@@ -186,8 +190,8 @@ def test_depthwise_forms_give_the_same_bits(case, monkeypatch):
     attrs = dict(group=channels, kernel_shape=list(kernel), strides=list(strides),
                  dilations=list(dilations), pads=list(pads))
     results = []
-    for widest in (0, 1 << 30):
-        monkeypatch.setattr(jit_depthwise, "FLAT_MAX_WIDTH", widest)
+    for form in ("rows", "flat"):
+        _take_depthwise_form(monkeypatch, form)
         results.append(conv_cpu.conv_cpu(np, X, W, B, **attrs))
     np.testing.assert_array_equal(results[0], results[1])
 
