@@ -15,7 +15,7 @@ from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, suits,
                                              weight_and_bias)
-from mixrt.ops.conv.depthwise_costs import channels_cheaper
+from mixrt.ops.conv.depthwise_costs import small_plane_form
 from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, split,
                                            warm_prepared)
 
@@ -28,7 +28,7 @@ from mixrt.ops.panels.native_parts import (part_entry, part_source, prepared, sp
 # rounded up to 32 cells for each of its 9 outputs, 3.6x the arithmetic, and ran at ~2
 # GMAC/s (135 us against onnxruntime's ~20 for its whole stage).
 #
-# Here (where ``depthwise_costs.channels_cheaper`` models it cheaper than the flat form) a block
+# Here (where ``depthwise_costs.small_plane_form`` models it the cheapest form) a block
 # of up to CHANNEL_BLOCK channels of one image is copied, a band of rows at a time, into a
 # zero-bordered (row, column, channel) scratch, and each output pixel sums its taps across the
 # block's channels at once, one vector per 16 channels; the sums are then activated and
@@ -57,12 +57,14 @@ CHANNELS_FALLBACK_PIXELS = 100
 
 
 def channels_suit(X, W, out, kernel, strides, dilations, out_dims) -> bool:
-    """Whether ``out`` = depthwise Conv(X, W) takes this form rather than the flat form:
-    one output channel per input channel, a plane its model finds cheaper here
-    (``depthwise_costs.channels_cheaper``), a 2-D kernel of at most ``MAX_TAPS`` per axis,
+    """Whether ``out`` = depthwise Conv(X, W) takes this form rather than the flat form or
+    the size-free ones (as ``jit_depthwise.depthwise_conv`` picks): one output channel per
+    input channel, a plane its model finds cheapest here
+    (``depthwise_costs.small_plane_form``), a 2-D kernel of at most ``MAX_TAPS`` per axis,
     native floats, C-contiguous arrays."""
-    return channels_cheaper(tuple(kernel), tuple(strides), tuple(dilations), tuple(out_dims),
-                            X.itemsize) and channels_able(X, W, out, kernel)
+    return channels_able(X, W, out, kernel) and small_plane_form(
+        tuple(kernel), tuple(strides), tuple(dilations), tuple(out_dims), X.itemsize,
+        True) == "channels"
 
 
 def channels_able(X, W, out, kernel) -> bool:
