@@ -205,16 +205,16 @@ def test_a_narrow_plane_the_model_gives_the_rows_compiles_no_flat_form(tmp_path,
     rows run it at its first size and no flat form is generated for the size, with the
     flat form's bits."""
     _fresh(tmp_path, monkeypatch)
-    monkeypatch.setattr(jit_depthwise, "small_plane_form", depthwise_costs.small_plane_form)
+    # the model itself, uncached: its picks under these lanes are not kept for other tests
+    monkeypatch.setattr(jit_depthwise, "small_plane_form",
+                        depthwise_costs.small_plane_form.__wrapped__)
     monkeypatch.setattr(jit_depthwise, "blocks_cheaper", lambda *args: False)
     monkeypatch.setattr(depthwise_costs, "_lanes", lambda itemsize: 64 // itemsize)
-    depthwise_costs.small_plane_form.cache_clear()
     W, B = _rand(16, 1, 3, 3), _rand(16)
     attributes = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=16)
     X = _rand(2, 16, 10, 16)
     taken = _forms_taken(monkeypatch)
     got = fused_conv(np, X, W, B, activation="Relu", **attributes)
-    depthwise_costs.small_plane_form.cache_clear()
     assert taken == ["mixrt_depthwise"]
     assert not list((tmp_path / "jit").glob(f"{jit_depthwise.FLAT_PREFIX}_*.py"))
     monkeypatch.setattr(jit_depthwise, "small_plane_form", lambda *args: "flat")
