@@ -191,7 +191,8 @@ def measure(drawn, spec_path: Path, regimes, quick: bool, logs: Path,
     on one draw)."""
     common = ["--spec", str(spec_path), "--regimes", *regimes] + (["--quick"] if quick else [])
     found = {"label": drawn.label, "slot": drawn.slot, "kind": drawn.kind,
-             "sizes": drawn.sizes(), "config": drawn.config, "hot": drawn.hot}
+             "sizes": drawn.sizes(), "config": drawn.config, "hot": drawn.hot,
+             "new_shapes": json.loads(spec_path.read_text())["new_shapes"]}
     timed: dict = {"onnxruntime": [], "mixrt": []}
     for round_ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="service-regimes-caches-") as folder:

@@ -272,3 +272,29 @@ def test_a_child_that_says_nothing_fails_naming_itself_and_the_wait(monkeypatch,
             service_regimes.answer(child, "ready")
     finally:
         child.stop()
+
+
+def test_new_shape_requests_are_told_apart_by_what_was_met_before():
+    """A shape never met, an image size met at another batch, the very shape met: the
+    kinds follow the requests' order, start over past the last shape, and each round of
+    fresh processes meets the shapes afresh."""
+    shapes = [{"batch": 1, "height": 64}, {"batch": 2, "height": 64},
+              {"batch": 1, "height": 64}, {"batch": 1, "height": 96}]
+    new, size_met, shape_met = report.MET
+    assert report.met_before(shapes, 6) == [new, size_met, shape_met, new, shape_met,
+                                            shape_met]
+
+    def timed(times):
+        pooled = times + times
+        return {"rounds": 2, "regimes": {"new-shape": {
+            "n": len(pooled), "times_ms": pooled, "p50_ms": report.percentile(pooled, 50),
+            "p99_ms": report.percentile(pooled, 99)}}}
+    models = [{"label": "a", "sizes": "made up", "new_shapes": shapes,
+               "mixrt": timed([9.0, 6.0, 3.0, 11.0]),
+               "onnxruntime": timed([3.0, 3.0, 3.0, 3.0]), "agreement": {"agrees": True}}]
+    text = report.met_table(models)
+    # per round: two new sizes (9 and 11 ms: p50 10), one new batch, one repeat
+    assert "| a | 4: 10.0 / 3.00 = 3.33 | 2: 6.00 / 3.00 = 2.00 | 2: 3.00 / 3.00 = 1.00 |" \
+        in text
+    tables = report.tables({"models": models, "regimes": ["new-shape"]})
+    assert "by what was met before" in tables
