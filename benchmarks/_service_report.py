@@ -300,29 +300,32 @@ def met_table(models: list[dict]) -> str:
              "mixrt / onnxruntime = ratio)", "",
              "| model | " + " | ".join(MET) + " |", "|---|" + "---:|" * len(MET)]
     for model in models:
-        cells = [_met_cell(model, kind) for kind in MET]
+        ours, theirs = (_met_times(model, runtime) for runtime in RUNTIMES)
+        cells = [_met_cell(ours.get(kind), theirs.get(kind)) for kind in MET]
         lines.append(f"| {model['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _met_cell(model: dict, kind: str) -> str:
-    picked = [_met_times(model, runtime, kind) for runtime in RUNTIMES]
-    if not all(picked):
+def _met_cell(ours: list | None, theirs: list | None) -> str:
+    if not ours or not theirs:
         return "–"
-    ours, theirs = (percentile(times, 50) for times in picked)
-    return f"{len(picked[0])}: {_ms(ours)} / {_ms(theirs)} = {_x(ours / theirs)}"
+    mine, other = percentile(ours, 50), percentile(theirs, 50)
+    return f"{len(ours)}: {_ms(mine)} / {_ms(other)} = {_x(mine / other)}"
 
 
-def _met_times(model: dict, runtime: str, kind: str) -> list[float]:
-    """``runtime``'s new-shape request times (ms) whose shapes were met as ``kind``; each
+def _met_times(model: dict, runtime: str) -> dict:
+    """``runtime``'s new-shape request times (ms) by what their shapes were met as; each
     round (``--rounds``: fresh processes) met them afresh."""
     try:
         times = model[runtime]["regimes"]["new-shape"]["times_ms"]
     except (KeyError, TypeError):
-        return []
+        return {}
     rounds = max(1, model[runtime].get("rounds", 1))
     kinds = met_before(model.get("new_shapes") or [], len(times) // rounds) * rounds
-    return [t for t, found in zip(times, kinds) if found == kind]
+    found: dict = {}
+    for took, kind in zip(times, kinds):
+        found.setdefault(kind, []).append(took)
+    return found
 
 
 def _first_sight(result: dict | None) -> float | None:
