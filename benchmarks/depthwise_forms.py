@@ -99,7 +99,9 @@ def measure(point: dict, rng, narrow: bool = False) -> dict:
     if narrow:
         form = depthwise_costs.small_plane_form(*window, (oh, ow), 4, True)
         result["picked"] = free if form == "free" else form
-        channels_before = depthwise_costs.channels_cheaper(*window, (oh, ow), 4)
+        # the rule before small_plane_form: the channels form against the flat form alone
+        channels_before = depthwise_costs.channels_ns(*window, (oh, ow), 4) \
+            < depthwise_costs.flat_ns(*window, (oh, ow), 4)
         result["picked_before"] = "channels" if channels_before else "flat"
     return result
 

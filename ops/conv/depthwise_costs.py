@@ -1,6 +1,6 @@
 """Which form a depthwise convolution takes at a size, chosen by a model of each form's work
-rather than by a threshold: the channels form (``jit_depthwise_channels``) or the flat form
-(below, :func:`channels_cheaper`), and among the size-free ones the row form
+rather than by a threshold: the channels form (``jit_depthwise_channels``), the flat form or
+a size-free one (below, :func:`small_plane_form`), and among the size-free ones the row form
 (``jit_depthwise.source``) or the block form of one-channel groups (``jit_grouped_blocks``).
 
 Both are compiled once per kernel, strides, dilations and activation, whatever the image
@@ -73,16 +73,6 @@ def blocks_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tu
     this geometry and output size (tuples: the answers are kept)."""
     return block_ns(kernel, strides, dilations, out_dims, itemsize) \
         < row_ns(kernel, strides, dilations, out_dims, itemsize)
-
-
-@functools.lru_cache(maxsize=1024)
-def channels_cheaper(kernel: tuple, strides: tuple, dilations: tuple, out_dims: tuple,
-                     itemsize: int) -> bool:
-    """Whether the channels form's modelled time is below the flat form's for one plane of
-    this geometry and output size (the flat form's outputs are at most its width wide;
-    tuples: the answers are kept)."""
-    return channels_ns(kernel, strides, dilations, out_dims, itemsize) \
-        < flat_ns(kernel, strides, dilations, out_dims, itemsize)
 
 
 @functools.lru_cache(maxsize=1024)
