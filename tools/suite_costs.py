@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -26,7 +27,8 @@ import pytest
 
 _FIELDS = ("wall", "cpu", "children", "compile")
 _tests: dict = defaultdict(lambda: dict.fromkeys(_FIELDS, 0.0))
-_compiling = {"depth": 0, "since": 0.0, "test": None}
+_compiling = {"depth": 0, "since": 0.0, "test": None, "what": ""}
+_functions: dict = defaultdict(lambda: {"compiles": 0, "seconds": 0.0})  # outermost compiles
 
 
 def _cpu(who) -> float:
@@ -41,15 +43,30 @@ def pytest_configure(config):
         def on_start(self, ev):
             if _compiling["depth"] == 0:
                 _compiling["since"] = time.perf_counter()
+                _compiling["what"] = _compiled_name(ev.data.get("dispatcher"))
             _compiling["depth"] += 1
 
         def on_end(self, ev):
             _compiling["depth"] -= 1
-            if _compiling["depth"] == 0 and _compiling["test"]:
-                took = time.perf_counter() - _compiling["since"]
+            if _compiling["depth"] > 0:
+                return
+            took = time.perf_counter() - _compiling["since"]
+            _functions[_compiling["what"]]["compiles"] += 1
+            _functions[_compiling["what"]]["seconds"] += took
+            if _compiling["test"]:
                 _tests[_compiling["test"]]["compile"] += took
 
     event.register("numba:compile", Compiles())
+
+
+def _compiled_name(dispatcher) -> str:
+    """A compiled function's module and name; a generated module's name (``mixrt_gen_...``)
+    is cut at its first digit-led part, so that its kind's compiles add up under one name."""
+    func = getattr(dispatcher, "py_func", None)
+    if func is None:
+        return "?"
+    module = re.sub(r"_[0-9a-f]{6,}.*$", "_*", str(func.__module__))
+    return f"{module}.{func.__qualname__}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -69,16 +86,20 @@ def pytest_unconfigure(config):
     folder.mkdir(parents=True, exist_ok=True)
     name = os.environ.get("PYTEST_XDIST_WORKER", "controller")
     (folder / f"{name}.json").write_text(json.dumps(
-        {"process_cpu": _cpu(resource.RUSAGE_SELF), "tests": _tests}))
+        {"process_cpu": _cpu(resource.RUSAGE_SELF), "tests": _tests, "functions": _functions}))
 
 
 def summary(folder: Path, top: int = 25) -> str:
     """The processes' own CPU, the totals, and the files and tests that cost most."""
     tests, lines = {}, []
+    functions = defaultdict(lambda: {"compiles": 0, "seconds": 0.0})
     for path in sorted(folder.glob("*.json")):
         written = json.loads(path.read_text())
         lines.append(f"{path.stem}: {written['process_cpu']:.1f} CPU-s in all")
         tests.update(written["tests"])
+        for name, record in written.get("functions", {}).items():
+            functions[name]["compiles"] += record["compiles"]
+            functions[name]["seconds"] += record["seconds"]
     totals = {field: sum(t[field] for t in tests.values()) for field in _FIELDS}
     lines.append(f"{len(tests)} tests: " + ", ".join(f"{k} {v:.0f} s" for k, v in totals.items()))
     files = defaultdict(lambda: dict.fromkeys(_FIELDS, 0.0))
@@ -89,6 +110,9 @@ def summary(folder: Path, top: int = 25) -> str:
     lines += [_row(name, record) for name, record in _costliest(files, top)]
     lines.append(f"\n{'test':70s} {'wall':>7s} {'cpu':>7s} {'child':>7s} {'compile':>7s}")
     lines += [_row(name, record) for name, record in _costliest(tests, top)]
+    lines.append(f"\n{'compiled function':70s} {'times':>7s} {'seconds':>7s}")
+    lines += [f"{name[-70:]:70s} {r['compiles']:7d} {r['seconds']:7.1f}" for name, r in
+              sorted(functions.items(), key=lambda kv: -kv[1]["seconds"])[:top]]
     return "\n".join(lines)
 
 
