@@ -132,7 +132,7 @@ def acquire(plan: ExecutionPlan, xp, memory: ArenaMemory | None = None) -> Arena
 _USES = itertools.count(1)
 
 
-def trim_idle_calls(plans, keep: int) -> None:
+def trim_idle_calls(plans, keep: int, memory: ArenaMemory | None = None) -> None:
     """Drop the prepared and bound calls (``Arena.calls``, ``Arena.bound``) of the idle
     arenas of all but the ``keep`` most recently run of ``plans``; a run made again of
     one prepares them again (~0.1 ms a small BERT) and binds from its second run. They
@@ -142,16 +142,30 @@ def trim_idle_calls(plans, keep: int) -> None:
     pass, the new-shape stream's p99, 2026-11-27). A plan ``wait_compiled`` made is spared
     (``ExecutionPlan.prepared``): its calls were made to serve its size's first request,
     and the settling after the wait took them out of the collector's way (a ladder's
-    batch of one, trimmed after 190 requests of other sizes, was bound again: 2.2 ms)."""
+    batch of one, trimmed after 190 requests of other sizes, was bound again: 2.2 ms).
+    With ``memory`` (a CPU session's), their idle arenas not on its current buffer go too:
+    buffers of their own (a concurrent or lent run's) and buffers it has outgrown, which
+    is all the memory a CPU session's kept plans hold (``session._shared_plan_bytes``)."""
     ranked = sorted((plan for plan in plans if not plan.prepared),
                     key=lambda plan: plan.used, reverse=True)
+    current = None if memory is None else memory.current
     for plan in ranked[keep:]:
         for arena in list(plan.pool):
-            if arena.calls is not None:
+            if memory is not None and arena.shared is not current:
+                _let_go(plan, arena)
+            elif arena.calls is not None:
                 arena.calls = None
                 arena.bound.clear()
                 arena.settled = None
                 arena.ran.clear()
+
+
+def _let_go(plan: ExecutionPlan, arena: Arena) -> None:
+    """``arena`` out of its plan's pool, where no run took it meanwhile."""
+    try:
+        plan.pool.remove(arena)
+    except ValueError:
+        pass
 
 
 def _own_arena(plan: ExecutionPlan, xp) -> Arena:

@@ -63,11 +63,13 @@ from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
-# input-shape signatures whose plans (and arenas) a session keeps, and the bytes their arenas
-# may hold together; older ones are dropped. A service sends a new batch or length with
-# nearly every request: with 16 plans at most, batches 1..32 of a small model were each a
-# new plan (~0.5 ms) again and again, where their arenas together hold a few MB. By bytes,
-# a large model keeps about as many plans as before (a 6-layer BERT's at 512 tokens, ~30 MB)
+# input-shape signatures whose plans a session keeps, and the bytes of memory of their own
+# their arenas may hold together; older ones are dropped. A service sends a new batch or
+# length with nearly every request: with 16 plans at most, batches 1..32 of a small model
+# were each a new plan (~0.5 ms) again and again. A CPU session's arenas lie on its one
+# buffer (arenas.ArenaMemory) and hold no bytes of their own: counted by their arenas'
+# sizes, MobileNetV2 at a service's image sizes (4-25 MB arenas) kept 18 plans and planned
+# again nearly every size it met before (65 plans over 60 requests, 2026-12-02)
 MAX_CACHED_PLANS = 256
 MAX_PLAN_BYTES = 256 << 20
 # ... but the last few whatever their arenas hold: a training loop's step and evaluation, or
@@ -153,7 +155,8 @@ class Session(FeedChecks):
         self._settled = False  # wait_compiled's collector.settle taken
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
-        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
+        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes if self._arena_memory is None
+                               else _shared_plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
                                forgotten=partial(_drop_lanes, self._steady_runs))
         self._form_wakes: dict = {}  # form -> worker_wakes.FormWakes
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
@@ -420,7 +423,7 @@ class Session(FeedChecks):
         self._plans_made += 1
         if self._xp is np and self._plans_made % TRIM_EVERY == 0 \
                 and len(self._plans) > KEEP_CALLS and not kept.prepared:
-            trim_idle_calls(self._plans.values(), KEEP_CALLS)
+            trim_idle_calls(self._plans.values(), KEEP_CALLS, self._arena_memory)
         return kept
 
     def _remember_steady(self, signature, plan, host: bool) -> None:
@@ -585,6 +588,14 @@ def _sizable(*groups) -> bool:
 def _plan_bytes(plan: ExecutionPlan) -> int:
     """What a kept plan holds: its arena (one per concurrent run; most runs take one)."""
     return max(plan.arena_bytes, 1)
+
+
+def _shared_plan_bytes(plan: ExecutionPlan) -> int:
+    """What a kept plan of a CPU session holds of its own: nothing, its arenas lying on the
+    session's one buffer. Those a concurrent or lent run made with buffers of their own, and
+    those left on a buffer the session has since outgrown, are let go with the plan's calls
+    once it is no longer among the most recently run (``arenas.trim_idle_calls``)."""
+    return 1
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:

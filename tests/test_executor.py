@@ -180,18 +180,58 @@ def test_plans_are_cached_per_shape_signature_and_bounded(monkeypatch):
     assert len(session._plans) == 16
 
 
-def test_kept_plans_are_bounded_by_their_arenas_bytes(monkeypatch):
-    """Small plans are kept by the hundred, large ones by the bytes their arenas hold."""
+def test_kept_plans_are_bounded_by_the_memory_of_their_own(monkeypatch):
+    """A CPU session's arenas lie on its one buffer and hold nothing of their own: its
+    plans are kept by the hundred whatever their arenas' sizes. Arenas with buffers of their
+    own (here every one, the session made without the shared buffer, as a GPU session is)
+    are kept by the bytes they hold."""
     monkeypatch.setattr(session_module, "MAX_PLAN_BYTES", 1 << 20)
+    shared = mixrt.Session(conv_net())
+    for n in range(1, 40):
+        shared.run(["y"], batch(n))
+    assert len(shared._plans) == 39
+    assert sum(plan.arena_bytes for plan in shared._plans.values()) > 1 << 20
+
+    monkeypatch.setattr(session_module, "ArenaMemory", lambda: None)
     session = mixrt.Session(conv_net())
     for n in range(1, 40):
         session.run(["y"], batch(n))
     plans = session._plans.values()
+    assert all(arena.shared is None for plan in plans for arena in plan.pool)
     assert session_module.MIN_KEPT_PLANS <= len(plans) < 39
     # within the budget, or down to the few kept whatever they hold
     assert sum(plan.arena_bytes for plan in plans) <= 1 << 20 or \
         len(plans) == session_module.MIN_KEPT_PLANS
     assert plans[-1].signature == feed_signature(batch(39))
+
+
+def test_plans_not_run_lately_let_go_of_buffers_other_than_the_sessions(monkeypatch):
+    """Kept plans hold no memory but the session's buffer: once a plan is no longer among
+    the most recently run, its idle arenas on a buffer the session has outgrown, and those
+    with buffers of their own (a run on another thread made them), go with its calls; run
+    again, it gives the same bits."""
+    monkeypatch.setattr(session_module, "KEEP_CALLS", 3)
+    monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
+    session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
+    memory = session._arena_memory
+    for n in range(1, 16):  # each batch larger: the buffer outgrown again and again
+        if n == 4:  # the buffer held, as by another thread's run: an arena of its own
+            assert memory.current.take()
+            session.run(None, batch(n, seed=n))
+            memory.current.give_back()
+        else:
+            session.run(None, batch(n, seed=n))
+    buffers = {id(arena.shared) for plan in session._plans.values() for arena in plan.pool}
+    assert len(buffers) <= 1 + 3 + 2  # the current one, the recent plans', the untrimmed
+    plan_of = {n: session._cached_plan(feed_signature(session._checked_feeds(batch(n))))
+               for n in range(1, 16)}
+    assert all(arena.shared is memory.current for n in range(1, 10)
+               for arena in plan_of[n].pool)
+    assert not plan_of[4].pool  # its own buffer let go
+    for n in (1, 4, 9):
+        for mine, theirs in zip(session.run(None, batch(n, seed=n)),
+                                reference.run(None, batch(n, seed=n))):
+            np.testing.assert_array_equal(mine, theirs)
 
 
 def test_a_sessions_plans_lie_on_one_warm_buffer():
@@ -236,6 +276,7 @@ def test_plans_not_run_lately_let_their_prepared_calls_go(monkeypatch):
     monkeypatch.setattr(session_module, "TRIM_EVERY", 2)
     session, reference = mixrt.Session(conv_net()), mixrt.Session(conv_net())
     hot = batch(2, seed=99)
+    session.run(None, batch(12))  # the buffer at its largest first: the arenas stay on it
     for n in range(1, 12):
         for _ in range(3):  # a lane of its own, its calls bound
             session.run(None, hot)
