@@ -35,7 +35,7 @@ from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
 from mixrt.ops import device_checks
-from mixrt.runtime import collector, kernel_tiers
+from mixrt.runtime import arenas, collector, kernel_tiers
 from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import parse_device
@@ -63,13 +63,10 @@ from mixrt.runtime.passes import optimize
 from mixrt.runtime.passes.infer import infer_types, without_body_declarations
 from mixrt.runtime.profiler import Profiler, symbolic_profiler
 
-# input-shape signatures whose plans a session keeps, and the bytes of memory of their own
-# their arenas may hold together; older ones are dropped. A service sends a new batch or
-# length with nearly every request: with 16 plans at most, batches 1..32 of a small model
-# were each a new plan (~0.5 ms) again and again. A CPU session's arenas lie on its one
-# buffer (arenas.ArenaMemory) and hold no bytes of their own: counted by their arenas'
-# sizes, MobileNetV2 at a service's image sizes (4-25 MB arenas) kept 18 plans and planned
-# again nearly every size it met before (65 plans over 60 requests, 2026-12-02)
+# input-shape signatures whose plans a session keeps, and the bytes their arenas may hold of
+# their own together (arenas.plan_bytes: none on the CPU); older ones are dropped. A service
+# sends a new batch or length with nearly every request: with 16 plans at most, batches
+# 1..32 of a small model were each a new plan (~0.5 ms) again and again
 MAX_CACHED_PLANS = 256
 MAX_PLAN_BYTES = 256 << 20
 # ... but the last few whatever their arenas hold: a training loop's step and evaluation, or
@@ -155,8 +152,8 @@ class Session(FeedChecks):
         self._settled = False  # wait_compiled's collector.settle taken
         # the host memory the arenas of all its CPU plans lie on (arenas.ArenaMemory)
         self._arena_memory = ArenaMemory() if self._xp is np else None
-        self._plans = LruCache(MAX_CACHED_PLANS, _plan_bytes if self._arena_memory is None
-                               else _shared_plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
+        self._plans = LruCache(MAX_CACHED_PLANS, arenas.plan_bytes if self._arena_memory is None
+                               else arenas.shared_plan_bytes, MAX_PLAN_BYTES, MIN_KEPT_PLANS,
                                forgotten=partial(_drop_lanes, self._steady_runs))
         self._form_wakes: dict = {}  # form -> worker_wakes.FormWakes
         # forms (feeds' ranks and dtypes) whose new shapes are planned from inference alone,
@@ -583,19 +580,6 @@ def _sizable(*groups) -> bool:
             if total >= WAKE_BYTES:
                 return True
     return False
-
-
-def _plan_bytes(plan: ExecutionPlan) -> int:
-    """What a kept plan holds: its arena (one per concurrent run; most runs take one)."""
-    return max(plan.arena_bytes, 1)
-
-
-def _shared_plan_bytes(plan: ExecutionPlan) -> int:
-    """What a kept plan of a CPU session holds of its own: nothing, its arenas lying on the
-    session's one buffer. Those a concurrent or lent run made with buffers of their own, and
-    those left on a buffer the session has since outgrown, are let go with the plan's calls
-    once it is no longer among the most recently run (``arenas.trim_idle_calls``)."""
-    return 1
 
 
 def _with_input_shapes(graph: Graph, feeds: dict) -> Graph:
