@@ -215,3 +215,29 @@ def test_a_relu_layer_is_one_product_its_replay_and_rows_route(full_routes):
     _fused_gemm(node, A, B, bias, out, "Tanh")
     np.testing.assert_allclose(out, np.tanh(A @ B.T + bias), rtol=1e-5, atol=1e-5)
     assert replay.KEY not in node
+
+
+def test_rows_met_again_take_the_call_made_for_them(monkeypatch):
+    """A number of rows the route met before (a shape that comes back, its plan's second run
+    not bound yet) takes the call made then, with the full route's bits; a route keeps the
+    calls of its last MAX_ROWS_CALLS numbers of rows."""
+    monkeypatch.setattr(matmul_cpu, "MAX_ROWS_CALLS", 3)
+    B, bias, node = _settled(256)
+    made, original = [], matmul_cpu.rows_call
+
+    def counted(*args, **kwargs):
+        made.append(args[4])
+        return original(*args, **kwargs)
+    monkeypatch.setattr(matmul_cpu, "rows_call", counted)
+    sequence = (17, 64, 17, 9, 64, 33, 17, 17)
+    calls = [_operands(rows) for rows in sequence]
+    for A, out in calls:
+        _fused(node, A, B, bias, out)
+    # 33 let 17 go (the oldest), and 17 let 64 go
+    assert made == [17, 64, 9, 33, 17] and sorted(node[ROWS_ROUTE].calls) == [9, 17, 33]
+    monkeypatch.setattr(matmul_cpu, "rows_call", original)
+    for A, out in calls:
+        fresh = np.empty_like(out)
+        _fused(_node(), A, B, bias, fresh)  # the full route, on a node of its own
+        np.testing.assert_array_equal(out, fresh)
+        np.testing.assert_allclose(out, A @ B + bias, rtol=1e-5, atol=1e-4)
