@@ -181,7 +181,7 @@ def shared_plan_bytes(plan: ExecutionPlan) -> int:
     shape it had met (65 plans over 60 requests, 2026-12-02). The arenas a concurrent or
     lent run made with buffers of their own, and those left on a buffer the session has
     since outgrown, go once the plan is no longer among the most recently run
-    (:func:`trim_idle_calls`)."""
+    (:func:`trim_idle_calls`; the few plans ``wait_compiled`` made keep theirs)."""
     return 1
 
 

@@ -1,7 +1,7 @@
 """Where the test suite's time goes: a pytest plugin that records, per test, its wall time,
 its process's CPU time, the CPU time of the child processes it waited for, and the time numba
 spent compiling under it (outermost compiles, turns waited on another process's compile
-included), and a summary of what it wrote.
+included), the same compiles summed by compiled function, and a summary of what it wrote.
 
     PYTHONPATH=tools SUITE_COSTS=/tmp/costs pytest -n 2 -p suite_costs   # every process writes
     python tools/suite_costs.py /tmp/costs                               # the summary
@@ -60,8 +60,8 @@ def pytest_configure(config):
 
 
 def _compiled_name(dispatcher) -> str:
-    """A compiled function's module and name; a generated module's name (``mixrt_gen_...``)
-    is cut at its first digit-led part, so that its kind's compiles add up under one name."""
+    """A compiled function's module and name; a generated module's name (``mixrt_pool_<its
+    source's hash>``) loses the hash, so that the compiles of its kind add up under one."""
     func = getattr(dispatcher, "py_func", None)
     if func is None:
         return "?"
