@@ -39,7 +39,7 @@ from mixrt.ops.compiled import jit_cpu, replay
 from mixrt.ops.conv.direct_forms import activation_limits
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn.product_parts import native_parts
-from mixrt.ops.compiled.workspace import named_buffer, packed
+from mixrt.ops.compiled.workspace import named_buffer, packed, per_shape
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
 FEW_ROWS = (2, 64)  # rows of the left operand for which the transposed product is faster
@@ -356,7 +356,8 @@ class RowsRoute:
     constant weight and bias it was settled for (compared by identity: ``source``, the
     weight as the node has it, B the (K, N) operand made of it), their dtype, and the
     thread, native pool and scratch it ran on (as a replay is tied to them); and the
-    calls it made, by rows (the last MAX_ROWS_CALLS), which hold only what those fix."""
+    calls it made, by rows (``workspace.per_shape``'s last few), which hold only what
+    those fix."""
 
     __slots__ = ("B", "source", "bias", "limits", "dtype", "thread", "pool", "scratch",
                  "streamed", "calls")
@@ -399,30 +400,13 @@ def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
             or route.scratch != jit_cpu.scratch_generation() or batch_invariant() \
             or jit_cpu.panel_kernels() is None or np.may_share_memory(out, A):
         return False
-    call = route.calls.get(rows)
-    if call is None:
-        call = _kept_call(route, rows_call(B, prepacked, bias, route.dtype, rows, limits), rows)
+    # a shape that comes back (its plan's second run, not bound yet) made the call again:
+    # its split, scratch and closures, ~55 us of a product's ~80 of Python there
+    call = per_shape(route.calls, rows,
+                     lambda: rows_call(B, prepacked, bias, route.dtype, rows, limits))
     call(A, out)
     replay.record(prepacked, recorded, panel_action(call))
     return True
-
-
-# rows a RowsRoute keeps its call for: a shape that comes back (its plan's second run, which
-# is not bound yet) found the call made again, its split, scratch and closures: ~55 us of
-# a product's ~80 of Python, 1.3 of the 17 ms of a 5-layer BERT's second sight at 2 x 13
-MAX_ROWS_CALLS = 32
-
-
-def _kept_call(route: RowsRoute, call, rows: int):
-    """``call``, kept by ``route`` for ``rows`` (the oldest let go past MAX_ROWS_CALLS)."""
-    calls = route.calls
-    if len(calls) >= MAX_ROWS_CALLS:
-        try:
-            del calls[next(iter(calls))]
-        except (KeyError, RuntimeError, StopIteration):
-            pass  # another thread let one go at once
-    calls[rows] = call
-    return call
 
 
 def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.compiled import jit_cpu, workspace
 from mixrt.ops.ir.registry import CONSTANT_INPUTS
 from mixrt.ops.nn import fused_cpu, matmul_cpu
 from mixrt.ops.nn.matmul_cpu import ROWS_ROUTE
@@ -220,8 +220,8 @@ def test_a_relu_layer_is_one_product_its_replay_and_rows_route(full_routes):
 def test_rows_met_again_take_the_call_made_for_them(monkeypatch):
     """A number of rows the route met before (a shape that comes back, its plan's second run
     not bound yet) takes the call made then, with the full route's bits; a route keeps the
-    calls of its last MAX_ROWS_CALLS numbers of rows."""
-    monkeypatch.setattr(matmul_cpu, "MAX_ROWS_CALLS", 3)
+    calls of its last few numbers of rows (``workspace.MAX_SHAPES_KEPT``)."""
+    monkeypatch.setattr(workspace, "MAX_SHAPES_KEPT", 3)
     B, bias, node = _settled(256)
     made, original = [], matmul_cpu.rows_call
 
@@ -234,7 +234,8 @@ def test_rows_met_again_take_the_call_made_for_them(monkeypatch):
     for A, out in calls:
         _fused(node, A, B, bias, out)
     # 33 let 17 go (the oldest), and 17 let 64 go
-    assert made == [17, 64, 9, 33, 17] and sorted(node[ROWS_ROUTE].calls) == [9, 17, 33]
+    kept = node[ROWS_ROUTE].calls[workspace.SHAPES_KEY]
+    assert made == [17, 64, 9, 33, 17] and sorted(kept) == [9, 17, 33]
     monkeypatch.setattr(matmul_cpu, "rows_call", original)
     for A, out in calls:
         fresh = np.empty_like(out)
