@@ -152,7 +152,7 @@ def trim_idle_calls(plans, keep: int, memory: ArenaMemory | None = None) -> None
     for plan in ranked[keep:]:
         for arena in list(plan.pool):
             if memory is not None and arena.shared is not current:
-                _let_go(plan, arena)
+                _taken_out(plan, arena)
             elif arena.calls is not None:
                 arena.calls = None
                 arena.bound.clear()
@@ -160,12 +160,13 @@ def trim_idle_calls(plans, keep: int, memory: ArenaMemory | None = None) -> None
                 arena.ran.clear()
 
 
-def _let_go(plan: ExecutionPlan, arena: Arena) -> None:
-    """``arena`` out of its plan's pool, where no run took it meanwhile."""
+def _taken_out(plan: ExecutionPlan, arena: Arena) -> bool:
+    """Take ``arena`` out of its plan's pool; False where another run took it meanwhile."""
     try:
         plan.pool.remove(arena)
     except ValueError:
-        pass
+        return False
+    return True
 
 
 def plan_bytes(plan: ExecutionPlan) -> int:
@@ -188,11 +189,7 @@ def shared_plan_bytes(plan: ExecutionPlan) -> int:
 def _own_arena(plan: ExecutionPlan, xp) -> Arena:
     """An idle arena of ``plan`` with a buffer of its own, or a new one."""
     for arena in list(plan.pool):
-        if arena.shared is None:
-            try:
-                plan.pool.remove(arena)
-            except ValueError:  # another run took it meanwhile
-                continue
+        if arena.shared is None and _taken_out(plan, arena):
             return arena
     return Arena(plan, xp)
 
