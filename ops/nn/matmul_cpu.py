@@ -360,7 +360,7 @@ class RowsRoute:
     those fix."""
 
     __slots__ = ("B", "source", "bias", "limits", "dtype", "thread", "pool", "scratch",
-                 "streamed", "calls")
+                 "streamed", "calls", "kit")
 
     def __init__(self, B, bias, dtype, source=None, limits=None):
         self.B, self.bias, self.dtype = B, bias, np.dtype(dtype)
@@ -371,6 +371,7 @@ class RowsRoute:
         self.scratch = jit_cpu.scratch_generation()
         self.streamed = streamed(B)
         self.calls: dict = {}
+        self.kit: _RowsKit | None = None  # made at the first call the route makes
 
 
 def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
@@ -402,11 +403,19 @@ def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
         return False
     # a shape that comes back (its plan's second run, not bound yet) made the call again:
     # its split, scratch and closures, ~55 us of a product's ~80 of Python there
-    call = per_shape(route.calls, rows,
-                     lambda: rows_call(B, prepacked, bias, route.dtype, rows, limits))
+    call = per_shape(route.calls, rows, lambda: _call_at(_kit(route, prepacked), rows))
     call(A, out)
     replay.record(prepacked, recorded, panel_action(call))
     return True
+
+
+def _kit(route: RowsRoute, prepacked) -> _RowsKit:
+    """The route's :class:`_RowsKit`, made once (rows_route checked that the thread, pool
+    and scratch it holds for are the route's)."""
+    kit = route.kit
+    if kit is None:
+        kit = route.kit = _RowsKit(route.B, prepacked, route.bias, route.dtype, route.limits)
+    return kit
 
 
 def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | None:
@@ -414,29 +423,21 @@ def native_call_arguments(rows: int, B, prepacked, dtype, bias=None) -> tuple | 
     ``native_product`` (and of the kernels that call it) for ``rows`` rows against the
     weight ``B`` (K, N), split where :func:`panel_call` splits (else one part, on the calling
     thread); None without the native pool. The scratch is this thread's."""
-    native = jit_cpu.native_pool()
-    if native is None:
+    if jit_cpu.native_pool() is None:
         return None
-    kernels = jit_cpu.panel_kernels()
-    panels = packed(prepacked, "panels", lambda: pack_panels(B))
-    k, n = B.shape
-    return _native_arguments(native, kernels, panels, rows, _split(rows, k, n, B.itemsize),
-                             dtype, bias)
+    kit = _RowsKit(B, prepacked, bias, dtype, None)
+    bounds = _bounds(kit, rows, _split(rows, kit.k, kit.n, kit.itemsize))
+    return (kit.native.block, len(bounds) // 4, kit.panels, bounds, kit.spill,
+            kit.worker_spill, kit.bias)
 
 
-def _native_arguments(native, kernels, panels, rows: int, split: bool, dtype, bias) -> tuple:
-    """:func:`native_call_arguments` once the pool, the kernels and the panels are known."""
-    count = panels.shape[0]
-    spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
-    if split:
-        kernels.job_ready(kernels.PRODUCT_JOB, np.dtype(dtype).itemsize)  # the worker's side
-        bounds = native_parts(count, rows, kernels.STRIP_ROWS)
-    else:
-        bounds = np.array([0, count, 0, rows], np.int64)
-    return (native.block, len(bounds) // 4, panels, bounds,
-            jit_cpu.scratch_array("panel_spill", dtype, spill_shape),
-            jit_cpu.scratch_array("panel_spill_worker", dtype, spill_shape),
-            _NO_BIAS[np.dtype(dtype).char] if bias is None else bias)
+def _bounds(kit, rows: int, split: bool) -> np.ndarray:
+    """The parts (``product_parts.native_parts``) of ``kit``'s product at ``rows`` rows; one
+    part, on the calling thread, where it is not ``split``."""
+    if not split:
+        return np.array([0, kit.count, 0, rows], np.int64)
+    kit.kernels.job_ready(kit.kernels.PRODUCT_JOB, kit.dtype.itemsize)  # the worker's side
+    return native_parts(kit.count, rows, kit.kernels.STRIP_ROWS)
 
 
 def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
@@ -448,38 +449,56 @@ def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
 def panel_call(A, B, prepacked, bias=None, limits=None):
     """:func:`panel_product` for A's shape as a call to make, ``call(A, out)``, on arrays of
     the shapes and dtype of these (its scratch is this thread's)."""
-    return rows_call(B, prepacked, bias, A.dtype, A.size // B.shape[0], limits)
+    return _call_at(_RowsKit(B, prepacked, bias, A.dtype, limits), A.size // B.shape[0])
 
 
-def rows_call(B, prepacked, bias, dtype, rows: int, limits=None):
-    """:func:`panel_call` for ``rows`` rows of ``dtype`` (the rows route of a node's next
-    shapes, ``panel_routes.py``, makes it from these without an A)."""
-    panels = packed(prepacked, "panels", lambda: pack_panels(B))
-    k, n = B.shape
-    dtype = np.dtype(dtype)
-    bias = _NO_BIAS[dtype.char] if bias is None else bias
-    limits = _NO_BIAS[dtype.char] if limits is None else limits  # (empty: no activation)
-    kernels = jit_cpu.panel_kernels()
-    spill_shape = (kernels.STRIP_ROWS, panels.shape[2])
-    count = panels.shape[0]
-    if not _split(rows, k, n, B.itemsize):
-        one = kernels.panel_product
-        spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
+class _RowsKit:
+    """What a product's calls against one packed weight share at any number of rows: the
+    panels, the bias and activation arrays, the kernels and this thread's spill buffers
+    and native pool. A RowsRoute keeps one (it holds while the route's thread, pool and
+    scratch do): a transformer's new length made them again for each of its products,
+    ~10 of a product's ~25 us of Python there, cold."""
+
+    __slots__ = ("k", "n", "itemsize", "count", "panels", "bias", "limits", "kernels",
+                 "spill", "worker_spill", "native", "dtype")
+
+    def __init__(self, B, prepacked, bias, dtype, limits):
+        self.panels = packed(prepacked, "panels", lambda: pack_panels(B))
+        self.k, self.n = B.shape
+        self.itemsize, self.count = B.itemsize, self.panels.shape[0]
+        self.dtype = dtype = np.dtype(dtype)
+        self.bias = _NO_BIAS[dtype.char] if bias is None else bias
+        self.limits = _NO_BIAS[dtype.char] if limits is None else limits  # (empty: none)
+        self.kernels = kernels = jit_cpu.panel_kernels()
+        spill_shape = (kernels.STRIP_ROWS, self.panels.shape[2])
+        self.spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
+        self.native = jit_cpu.native_pool()
+        self.worker_spill = None if self.native is None else \
+            jit_cpu.scratch_array("panel_spill_worker", dtype, spill_shape)
+
+
+def _call_at(kit: _RowsKit, rows: int):
+    """``call(A, out)``: the product of ``rows`` rows with ``kit``'s weight, split over the
+    native pool (or Python threads without one) where :func:`_split` says so."""
+    k, n, panels, bias, limits = kit.k, kit.n, kit.panels, kit.bias, kit.limits
+    kernels, count = kit.kernels, kit.count
+    if not _split(rows, k, n, kit.itemsize):
+        one, spill = kernels.panel_product, kit.spill
 
         def into(target):
             return lambda A: one(_rows_of(A, rows, k), panels, target, 0, count, spill, bias,
                                  limits)
         return _with_out(into, rows, n)
-    native = jit_cpu.native_pool()
-    if native is not None:
-        run = kernels.native_product
-        block, parts, panels, bounds, spill, worker_spill, bias = _native_arguments(
-            native, kernels, panels, rows, True, dtype, bias)
+    if kit.native is not None:
+        bounds = _bounds(kit, rows, True)
+        run, block, parts = kernels.native_product, kit.native.block, len(bounds) // 4
+        spill, worker_spill = kit.spill, kit.worker_spill
 
         def into(target):
             return lambda A: run(block, parts, _rows_of(A, rows, k), panels, target, bounds,
                                  spill, worker_spill, bias, limits)
         return _with_out(into, rows, n)
+    dtype, spill_shape = kit.dtype, kit.spill.shape
 
     def threads(A, out):
         a, c = A.reshape(rows, k), out.reshape(rows, n)

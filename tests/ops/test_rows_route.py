@@ -220,15 +220,17 @@ def test_a_relu_layer_is_one_product_its_replay_and_rows_route(full_routes):
 def test_rows_met_again_take_the_call_made_for_them(monkeypatch):
     """A number of rows the route met before (a shape that comes back, its plan's second run
     not bound yet) takes the call made then, with the full route's bits; a route keeps the
-    calls of its last few numbers of rows (``workspace.MAX_SHAPES_KEPT``)."""
+    calls of its last few numbers of rows (``workspace.MAX_SHAPES_KEPT``), all made from
+    the one kit of what they share (the panels, bias, spill buffers)."""
     monkeypatch.setattr(workspace, "MAX_SHAPES_KEPT", 3)
     B, bias, node = _settled(256)
-    made, original = [], matmul_cpu.rows_call
+    made, kits, original = [], set(), matmul_cpu._call_at
 
-    def counted(*args, **kwargs):
-        made.append(args[4])
-        return original(*args, **kwargs)
-    monkeypatch.setattr(matmul_cpu, "rows_call", counted)
+    def counted(kit, rows):
+        made.append(rows)
+        kits.add(id(kit))
+        return original(kit, rows)
+    monkeypatch.setattr(matmul_cpu, "_call_at", counted)
     sequence = (17, 64, 17, 9, 64, 33, 17, 17)
     calls = [_operands(rows) for rows in sequence]
     for A, out in calls:
@@ -236,7 +238,8 @@ def test_rows_met_again_take_the_call_made_for_them(monkeypatch):
     # 33 let 17 go (the oldest), and 17 let 64 go
     kept = node[ROWS_ROUTE].calls[workspace.SHAPES_KEY]
     assert made == [17, 64, 9, 33, 17] and sorted(kept) == [9, 17, 33]
-    monkeypatch.setattr(matmul_cpu, "rows_call", original)
+    assert kits == {id(node[ROWS_ROUTE].kit)}
+    monkeypatch.setattr(matmul_cpu, "_call_at", original)
     for A, out in calls:
         fresh = np.empty_like(out)
         _fused(_node(), A, B, bias, fresh)  # the full route, on a node of its own
