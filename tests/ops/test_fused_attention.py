@@ -97,6 +97,36 @@ def test_a_nan_score_makes_its_row_nan_and_only_its_row():
 
 
 @needs_panels
+def test_the_guard_zeroes_the_rows_of_a_query_that_sees_no_key(monkeypatch):
+    """``nan_to_zero``: a query whose every key is masked out (a padded row) has no
+    probabilities; the guard finds its row not a number in the packed heads' output and
+    the composition gives zeros there, the other rows the packed heads' values. Without a
+    row to guard, the packed heads' output is the call's."""
+    Q, K, V = heads(2, 9, 20, 3, 8, 8, np.float32)
+    mask = RNG.standard_normal((2, 1, 9, 20)).astype(np.float32)
+    mask[1, 0, 6] = -np.inf
+    composed = []
+    monkeypatch.setattr(fa.fused_attention, "fn", _counted(fa.fused_attention.fn, composed))
+    out = np.empty(Q.shape[:3] + V.shape[3:], Q.dtype)
+    fused_attention_cpu(np, Q, K, V, mask, scale=0.5, nan_to_zero=1, out=out)
+    assert len(composed) == 1 and not np.isnan(out).any()
+    np.testing.assert_array_equal(out[1, 6], 0)
+    want = np.nan_to_num(reference(Q, K, V, mask, 0.5))
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+    mask[1, 0, 6] = 0.0
+    fused_attention_cpu(np, Q, K, V, mask, scale=0.5, nan_to_zero=1, out=out)
+    assert len(composed) == 1  # nothing to guard: the packed heads' call alone
+    np.testing.assert_allclose(out, reference(Q, K, V, mask, 0.5), rtol=2e-5, atol=2e-6)
+
+
+def _counted(fn, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+    return counted
+
+
+@needs_panels
 def test_the_heads_split_over_threads_as_pairs_or_as_strips_of_queries(monkeypatch):
     monkeypatch.setattr(fa, "SPLIT_WORK", 0)
     for module in (fa, parallel):
