@@ -108,10 +108,12 @@ def test_the_guard_zeroes_the_rows_of_a_query_that_sees_no_key(monkeypatch):
     composed = []
     monkeypatch.setattr(fa.fused_attention, "fn", _counted(fa.fused_attention.fn, composed))
     out = np.empty(Q.shape[:3] + V.shape[3:], Q.dtype)
-    fused_attention_cpu(np, Q, K, V, mask, scale=0.5, nan_to_zero=1, out=out)
+    with np.errstate(invalid="ignore"):  # the composition's -inf - -inf, as ONNX has it
+        fused_attention_cpu(np, Q, K, V, mask, scale=0.5, nan_to_zero=1, out=out)
     assert len(composed) == 1 and not np.isnan(out).any()
     np.testing.assert_array_equal(out[1, 6], 0)
-    want = np.nan_to_num(reference(Q, K, V, mask, 0.5))
+    with np.errstate(invalid="ignore"):
+        want = np.nan_to_num(reference(Q, K, V, mask, 0.5))
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
     mask[1, 0, 6] = 0.0
     fused_attention_cpu(np, Q, K, V, mask, scale=0.5, nan_to_zero=1, out=out)
