@@ -80,15 +80,22 @@ def bind_reduce_mean_axes_input(args, out, attributes):
     call = _bound(args[0], _axes_from_input(axes), attributes.get("keepdims", 1), out)
     if call is None:
         return None
-    settled = axes.tobytes()
     noop = attributes.get("noop_with_empty_axes", 0)
     keepdims = attributes.get("keepdims", 1)
+    return _while_settled(axes, call, lambda data, axes: reduce_mean_axes_input_cpu(
+        np, data, axes, keepdims=keepdims, noop_with_empty_axes=noop, out=out))
 
-    def checked(data, axes):
-        if axes.tobytes() != settled:
-            return reduce_mean_axes_input_cpu(np, data, axes, keepdims=keepdims,
-                                              noop_with_empty_axes=noop, out=out)
-        return call(data)
+
+def _while_settled(value, call, kernel):
+    """``call(x)`` for a bound step whose second input is ``value`` at the bind (axes a
+    constant holds, as exporters write them), ``kernel(x, other)`` for a call with another
+    (which only a graph that computes it can bring)."""
+    settled = np.asarray(value).tobytes()
+
+    def checked(x, value):
+        if value.tobytes() != settled:
+            return kernel(x, value)
+        return call(x)
     return checked
 
 
@@ -138,10 +145,6 @@ def bind_cum_sum(args, out, attributes):
                         out)
     if along is None:
         return None
-    settled, cumsum = np.asarray(axis).tobytes(), np.cumsum
-
-    def call(x, axis):
-        if axis.tobytes() != settled:
-            return cum_sum_cpu(np, x, axis, out=out)
-        return cumsum(x, axis=along, out=out)
-    return call
+    cumsum = np.cumsum
+    return _while_settled(axis, lambda x: cumsum(x, axis=along, out=out),
+                          lambda x, axis: cum_sum_cpu(np, x, axis, out=out))
