@@ -146,7 +146,7 @@ def keep(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fal
     if prepacked.get(SCRATCH, scratch) != scratch:
         _let_go_stale(routes, scratch)
     prepacked[SCRATCH] = scratch
-    key = _key(X, Z, pads, any_size)
+    key = _key(X, Z, out, pads, any_size)
     if key not in routes and len(routes) >= MAX_ROUTES:
         try:
             del routes[next(iter(routes))]
@@ -175,7 +175,7 @@ def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fals
     routes = None if prepacked is None else prepacked.get(ROUTES)
     if routes is None:
         return False
-    route = routes.get(_key(X, Z, pads, any_size))
+    route = routes.get(_key(X, Z, out, pads, any_size))
     if route is None or not _same(route.constants, constants) \
             or not jit_tier.compiled_allowed() \
             or not _fits(route.dtype, X, Z, out, route.how.over_input):
@@ -214,9 +214,13 @@ def _same(kept: tuple, constants: tuple) -> bool:
     return True
 
 
-def _key(X, Z, pads, any_size=False) -> tuple:
-    return X.shape[1:2] if any_size else X.shape[1:], Z is None, \
-        None if pads is None else tuple(pads)
+def _key(X, Z, out, pads, any_size=False) -> tuple:
+    # the output's image size too: a call's pads are in the key, but a node's kernel called
+    # with other strides at one input size (not in a graph, whose nodes' strides are
+    # fixed) took the call kept for the first, and wrote past its output
+    if any_size:
+        return X.shape[1:2], Z is None, None if pads is None else tuple(pads)
+    return X.shape[1:], out.shape[2:], Z is None, None if pads is None else tuple(pads)
 
 
 def _fits(dtype, X, Z, out, over_input) -> bool:

@@ -1,7 +1,9 @@
 """The CPU fast path of Conv: which form computes a convolution, in the order it is tried.
 
-``conv_cpu`` (Conv's registered CPU kernel) takes a single output pixel to
-``one_pixel.py``, a small plane's 1x1 convolution to ``pointwise_rows.py``, then
+``conv_cpu`` (Conv's registered CPU kernel) takes a 1x1 node's new image size of 7x7
+pixels or more straight to the direct form's call made from its kit where the node has one
+(:func:`pointwise_anew`), a single output pixel to ``one_pixel.py``, a small plane's 1x1
+convolution to ``pointwise_rows.py``, then
 :func:`direct`: taps mostly over padding to ``sparse_taps.py``, narrow groups to
 ``grouped_cpu.py``, the rest the packed-panel tile takes to ``conv_direct_cpu.py``. Whatever
 none of them takes goes to :func:`conv_bands`: depthwise convolutions and narrow groups to
@@ -44,9 +46,36 @@ def conv_cpu(xp, X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1,
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    done = _route(X, W, B, attributes, out, _prepacked, _node)
+    done = pointwise_anew(X, W, B, None, attributes, conv_direct_cpu.NO_ACTIVATION, out,
+                          _prepacked)
+    if done is None:
+        done = _route(X, W, B, attributes, out, _prepacked, _node)
     image_routes.keep(_prepacked, X, (W, B), None, out, pads)
     return done
+
+
+def pointwise_anew(X, W, B, Z, attributes: dict, limits, out, prepacked):
+    """``out``, computed by the direct form's call at a new image size of a 1x1 convolution
+    node (``conv_direct_cpu.pointwise_anew``) where the node is one (stride 1, one group, no
+    padding or dilation, a constant weight) and that call takes these arrays; else None,
+    nothing computed: the full route decides."""
+    if out is None or prepacked is None or X.__class__ is not np.ndarray \
+            or not _pointwise_node(W, attributes):
+        return None
+    return out if conv_direct_cpu.pointwise_anew(X, W, B, Z, out, limits, prepacked) else None
+
+
+def _pointwise_node(W, attributes: dict) -> bool:
+    """A 1x1 convolution of one group with stride 1 and no padding or dilation (as the
+    node's attributes, and the pads a call came with, say)."""
+    if W.ndim != 4 or W.shape[2] != 1 or W.shape[3] != 1 or int(attributes["group"]) != 1 \
+            or attributes["auto_pad"] not in ("NOTSET", "VALID"):
+        return False
+    for name in ("pads", "strides", "dilations"):
+        values = attributes[name]
+        if values is not None and any(int(v) != (0 if name == "pads" else 1) for v in values):
+            return False
+    return True
 
 
 def _route(X, W, B, attributes: dict, out, _prepacked, _node):
@@ -184,8 +213,12 @@ def geometry(prepacked, X, W, auto_pad, dilations, group, kernel_shape, pads, st
     call, as long as a ShuffleNet layer's epilogue. The pads are part of the key: a
     FusedConvPool's bands (ops/conv/fused_conv_pool.py) call one node's kernel with pads of
     their own. The batch is not: the geometry is an image's, and a service's batches of one
-    image size share it (and leave the node's layouts kept longer, ``per_shape``)."""
-    key = ("geometry", X.shape[1:], W.shape, None if pads is None else tuple(pads))
+    image size share it (and leave the node's layouts kept longer, ``per_shape``). The
+    strides and dilations are, as the pads: a kernel called with others at one input size
+    (not a graph's node, whose attributes are fixed) took the first call's geometry."""
+    key = ("geometry", X.shape[1:], W.shape, None if pads is None else tuple(pads),
+           None if strides is None else tuple(strides),
+           None if dilations is None else tuple(dilations))
     return per_shape(prepacked, key, lambda: _shared_window(
         X, W, auto_pad, dilations, group, kernel_shape, pads, strides))
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
-from mixrt.ops.conv.direct_forms import STRIP
+from mixrt.ops.conv.direct_forms import POINTWISE_POSITIONS, STRIP
 from mixrt.ops.conv.direct_layout import (_row_parts, _strip_parts, band_bounds,
                                           empty_operands, layout, splits_rows, strip_runs)
 # not called here: the other convolutions (conv_cpu.py, conv_pool_cpu.py, conv_grad_cpu.py,
@@ -87,12 +87,60 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
         if not repack and plan.in_place:  # the node's other image sizes start from it
             jit_cpu.scratch_kit(W, (_POINTWISE, X.dtype.str, limits),
                                 lambda: _PointwiseSizes(plan, kit))
+    call = _kit_call(kit, native, X.dtype.itemsize)
+    replay.record(replays, (X, W, B, Z, out), call)
+    image_routes.stash(replays, out, call)  # any batch of this image size may take it
+    return call(X, W, B, Z, out)
+
+
+def pointwise_anew(X, W, B, Z, out, limits, prepacked) -> bool:
+    """The direct form's call of an in-place 1x1 convolution (stride 1, no padding: the
+    caller checked the node) at an image size of POINTWISE_POSITIONS pixels or more, made
+    from the node's kit at another size on this thread (:class:`_PointwiseSizes`), kept as
+    the full route keeps it, and run: what the full route does there, without its checks
+    among the other forms, none of which takes such a size. False, nothing done, where the
+    node has no such kit on this thread (its full route makes one), or the arrays are not
+    ones the kit's call takes (contiguous, of its dtype, apart, the residual of ``out``'s
+    shape). The checks were ~50 of a 1x1 convolution's ~100 us of Python at a service's
+    new image size, cold, 34 such nodes a MobileNetV2 (2026-12-02)."""
+    sizes = jit_cpu.kept_kit(W, (_POINTWISE, X.dtype.str, limits))
+    if sizes is None or X.ndim != 4 or X.shape[1] != sizes.channels:
+        return False
+    image = X.shape[2:]
+    if image[0] * image[1] < POINTWISE_POSITIONS or out.size == 0 \
+            or out.shape != (X.shape[0], W.shape[0], *image) or not _apart(X, Z, out) \
+            or jit_cpu.panel_kernels() is None:  # (a thread on the NumPy tier)
+        return False
+    native = _native_pool()
+    kit = jit_cpu.scratch_kit(W, (_POINTWISE, image, X.dtype.str, limits),
+                              lambda: sizes.at(image))
+    if native is None and kit.parts > 1:  # (Python's threads: the full route's layout)
+        return False
+    call = _kit_call(kit, native, X.dtype.itemsize)
+    replay.record(prepacked, (X, W, B, Z, out), call)
+    image_routes.stash(prepacked, out, call)
+    call(X, W, B, Z, out)
+    return True
+
+
+def _apart(X, Z, out) -> bool:
+    """X, ``out`` and a residual Z as the kit's call takes them: one dtype, C-contiguous,
+    ``out`` apart from both, Z of ``out``'s shape."""
+    return X.dtype == out.dtype and X.flags.c_contiguous and out.flags.c_contiguous \
+        and not np.may_share_memory(out, X) \
+        and (Z is None or (Z.shape == out.shape and Z.dtype == X.dtype
+                           and Z.flags.c_contiguous and not np.may_share_memory(out, Z)))
+
+
+def _kit_call(kit, native, itemsize: int):
+    """``call(X, W, B, Z, out)``: the convolution through ``kit``'s words, split over the
+    native pool where the kit has several parts."""
     split = kit.parts > 1
     # with one part the block is never read (the kernel takes the pool for two or more)
     block = kit.words if native is None else native.block
     kernels = _kernels()
     if split:
-        kernels.job_ready(kernels.CONV_JOB, X.dtype.itemsize)  # the worker's side
+        kernels.job_ready(kernels.CONV_JOB, itemsize)  # the worker's side
     run, run_images = kernels.native_conv, kernels.native_conv_images
     threads = native.workers + 1 if split else 1
 
@@ -113,9 +161,7 @@ def conv(X, W, B, Z, limits, out, geometry, prepacked, replays=None, repack=Fals
             else:
                 run(block, kit.words, X[image], y, bias, z_all[image], True)
         return out
-    replay.record(replays, (X, W, B, Z, out), call)
-    image_routes.stash(replays, out, call)  # any batch of this image size may take it
-    return call(X, W, B, Z, out)
+    return call
 
 
 def _whole_images(X, Z, n: int, threads: int) -> int:

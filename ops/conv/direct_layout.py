@@ -31,7 +31,12 @@ def layout(prepacked, X, W, kernel, strides, dilations, begin, end, out_dims,
     node's weight may change dtype between calls where it is not a constant: an imperative
     op's dict serves every call with its attributes). ``constant``: W is the node's constant
     and stays as it is, so the layout may read it in place."""
-    key = ("direct", X.shape[1:], W.shape, X.dtype.str)
+    # the strides and pads too: a node's attributes are fixed, but a call may come with pads
+    # of its own (FusedConvPool's bands), and a layout made for others placed the image
+    # elsewhere in its planes (a 1x1 node called strided, then padded, at one input shape
+    # wrote past its output)
+    key = ("direct", X.shape[1:], W.shape, X.dtype.str, tuple(strides), tuple(begin),
+           tuple(end), tuple(dilations))
     if not constant:
         return per_shape(prepacked, key, lambda: _Layout(
             X, W, kernel, strides, dilations, begin, end, out_dims))

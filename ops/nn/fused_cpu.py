@@ -1,7 +1,9 @@
 """The fused products' CPU forms (FusedConv, FusedGemm, FusedMatMul), registered beside their
 generic kernels in ``ops/nn/fused.py``. Signatures are the generic kernels'.
 
-* FusedConv: a depthwise one without a residual through the compiled loop of
+* FusedConv: a 1x1 node at a new image size through the direct form's call made from its
+  kit, where the tile applies its activation (``conv_cpu.pointwise_anew``); a depthwise
+  one without a residual through the compiled loop of
   ``ops/conv/jit_depthwise.py`` with its bias and activation as it stores each output; the
   direct convolution of ``ops/conv/conv_direct_cpu.py`` with the residual and a piecewise
   activation in its loop (another in a compiled pass after it); else
@@ -19,7 +21,8 @@ import numpy as np
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.conv import one_pixel, pointwise_rows
-from mixrt.ops.conv.conv_cpu import conv_bands, depthwise_activated, direct, geometry
+from mixrt.ops.conv.conv_cpu import (conv_bands, depthwise_activated, direct, geometry,
+                                     pointwise_anew)
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.nn import matmul_cpu as few_rows
@@ -41,8 +44,12 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    done = _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacked,
-                  _node)
+    limits = activation_limits(activation, activation_params)  # (None: a pass after)
+    done = None if limits is None else \
+        pointwise_anew(X, W, B, Z, attributes, limits, out, _prepacked)
+    if done is None:
+        done = _route(X, W, B, Z, attributes, activation, activation_params, out, _prepacked,
+                      _node)
     image_routes.keep(_prepacked, X, (W, B), Z, out, pads)
     return done
 

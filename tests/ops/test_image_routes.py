@@ -266,5 +266,5 @@ def test_tied_calls_kept_over_old_scratch_buffers_are_let_go(monkeypatch):
     monkeypatch.setattr(jit_cpu, "scratch_generation", lambda: generation + 1)
     X = images(2, height=12, width=10)
     y = node(X)  # a full route after a reallocation: the old size's kept call goes
-    assert list(routes) == [((16, 12, 10), True, (1, 1, 1, 1))]
+    assert list(routes) == [((16, 12, 10), (12, 10), True, (1, 1, 1, 1))]
     assert np.array_equal(y, full_route(node, X))
