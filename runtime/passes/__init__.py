@@ -5,7 +5,8 @@ Optimization levels (``Session(opt_level=...)``, ``mixrt compile --opt-level``):
 * 0 - the graph as imported;
 * 1 - exact rewrites, which never change a bit of any output: constant folding (static
   Shape/Size included), removal of Identity, inference Dropout, no-op
-  Reshape/Expand/Transpose/Cast and Mul/Div by ones, dead nodes and unused initializers, a
+  Reshape/Expand/Transpose/Cast and Mul/Div by ones, nodes that repeat an earlier one's
+  work merged into it (``merge_duplicates``), dead nodes and unused initializers, a
   classifier's ArgMax -> ArrayFeatureExtractor -> Reshape -> Cast labels as one lookup
   (``class_labels``), and a TF-mode TfIdfVectorizer's constant column weights folded into it
   (``tfidf_weights``);
@@ -49,6 +50,7 @@ from mixrt.runtime.passes.half_regions import compute_half_in_float
 from mixrt.runtime.passes.tfidf_weights import fold_tfidf_weights
 from mixrt.runtime.passes.transposed_operands import scale_before_transpose
 from mixrt.runtime.passes.infer import after_pass, types_between_passes
+from mixrt.runtime.passes.merge_duplicates import merge_duplicate_nodes
 from mixrt.runtime.passes.rewrite import (copy_graph, eliminate_dead_nodes, ir_version_of,
                                           prune_initializers)
 from mixrt.runtime.passes.simplify import remove_noops
@@ -83,6 +85,7 @@ def _exact_passes(graph: Graph, stats: dict) -> None:
         changed = _run(stats, "fold_constants", fold_constants, graph, ir_version)
         changed += _run(stats, "fold_static_shapes", fold_static_shapes, graph, ir_version)
         changed += _run(stats, "remove_noops", remove_noops, graph, ir_version)
+        changed += _run(stats, "merge_duplicates", merge_duplicate_nodes, graph, ir_version)
         changed += _run(stats, "dead_nodes", eliminate_dead_nodes, graph)
         if not changed:
             break
