@@ -28,6 +28,7 @@ from mixrt.ops.ir.registry import REGISTRY
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.graph import Graph, Node, Value, node_reads
 from mixrt.runtime.passes.infer import infer_types
+from mixrt.runtime.passes.merge_duplicates import RECOMPUTES
 from mixrt.runtime.passes.rewrite import NameMaker, copy_graph, eliminate_dead_nodes
 from mixrt.runtime.passes.typecheck import version_accepting
 from mixrt.runtime.passes.infer import infer_node
@@ -110,6 +111,8 @@ def gradient_graph(graph: Graph, loss: str, wrt: list[str], *,
         joint.outputs.append(Value(loss, types.get(loss)))
     joint.outputs.extend(Value(grads[w], types.get(w)) for w in wrt)
     backward = builder.nodes if not mirror else _mirrored(joint.nodes, builder, mirror)
+    if mirror:  # its recomputed copies are not to be merged back into the forward's nodes
+        joint.metadata[RECOMPUTES] = True
     joint.nodes.extend(backward)
     joint.initializers.update(builder.constants)
     joint.opsets.setdefault(MIXRT, 1)

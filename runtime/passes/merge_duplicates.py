@@ -11,7 +11,8 @@ outputs instead, and the duplicate goes; its constants, read by nothing then, go
 unused initializers.
 
 Not merged: random ops (their draws differ), nodes with subgraphs, nodes without a kernel
-here, and nodes that write a graph output (the graph's outputs keep their names).
+here, nodes that write a graph output (the graph's outputs keep their names), and any node
+of a training graph whose backward pass recomputes activations on purpose (``RECOMPUTES``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from mixrt.runtime.passes.rewrite import (constant_scopes, kernel_for, remove_no
                                           replace_reads_many)
 
 MAX_VALUE_BYTES = 1024  # constants up to this size are compared by value, larger by name
+# a graph's metadata key: its repeats are meant (autodiff's mirror recomputes activations in
+# the backward pass so that the forward's die early; merged back, they would live on)
+RECOMPUTES = "recomputes"
 
 
 class _Unkeyable(Exception):
@@ -31,7 +35,10 @@ class _Unkeyable(Exception):
 
 
 def merge_duplicate_nodes(graph: Graph, ir_version: int | None) -> int:
-    """Merge every node that repeats an earlier one of its graph; returns how many went."""
+    """Merge every node that repeats an earlier one of its graph; returns how many went
+    (none where the graph's repeats are meant, ``RECOMPUTES``)."""
+    if graph.metadata.get(RECOMPUTES):
+        return 0
     merged = 0
     for g, constants in constant_scopes(graph, ir_version):
         merged += _merge_in(g, constants)
