@@ -100,3 +100,26 @@ def test_random_ops_graph_outputs_and_other_attributes_are_left_apart(tmp_path):
     assert kinds.count("Neg") == 2
     assert kinds.count("LeakyRelu") == 2
     assert set(graph.output_names) == {"y", "z", "s"}
+
+
+def test_mxnets_samplers_are_random_draws_neither_merged_nor_folded(tmp_path):
+    """Two SampleUniform nodes (mixrt's MXNet samplers) over the same constant parameters are
+    two draws: neither merged into one nor folded into a constant at load."""
+    low, high = constant("low", np.zeros(64)), constant("high", np.ones(64))
+    nodes = [helper.make_node("SampleUniform", ["low", "high"], ["a"], domain="mixrt"),
+             helper.make_node("SampleUniform", ["low", "high"], ["b"], domain="mixrt"),
+             helper.make_node("Sub", ["a", "b"], ["d"]),
+             helper.make_node("Add", ["d", "x"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "draws", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [low, high])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("mixrt", 1)])
+    path = tmp_path / "draws.onnx"
+    path.write_bytes(model.SerializeToString())
+    optimized = optimize(load_graph(str(path)), 2)
+    assert [n.op_type for n in optimized.nodes].count("SampleUniform") == 2
+    x = np.zeros(64, np.float32)
+    session = mixrt.Session(str(path))
+    first, second = (session.run(None, {"x": x})[0] for _ in range(2))
+    assert np.any(first != 0) and np.any(first != second)  # two draws, new each run

@@ -111,43 +111,43 @@ def _generalized_negative_binomial(stream, mu, alpha, size):
     return stream.poisson(rate + mu * undispersed)
 
 
-@op("SampleUniform", domain=MIXRT, dtypes=FLOATS)
+@op("SampleUniform", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_uniform(xp, low, high, key=None, *, shape=None, dtype=FLOAT32):
     """Uniform in [low, high) per parameter pair."""
     return _sampled(xp, "SampleUniform", [low, high], shape, dtype, _uniform)
 
 
-@op("SampleNormal", domain=MIXRT, dtypes=FLOATS)
+@op("SampleNormal", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_normal(xp, mu, sigma, key=None, *, shape=None, dtype=FLOAT32):
     """Normal with mean mu and standard deviation sigma per parameter pair."""
     return _sampled(xp, "SampleNormal", [mu, sigma], shape, dtype, _normal)
 
 
-@op("SampleGamma", domain=MIXRT, dtypes=FLOATS)
+@op("SampleGamma", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_gamma(xp, alpha, beta, key=None, *, shape=None, dtype=FLOAT32):
     """Gamma with shape alpha and scale beta (mean alpha beta) per parameter pair."""
     return _sampled(xp, "SampleGamma", [alpha, beta], shape, dtype, _gamma)
 
 
-@op("SampleExponential", domain=MIXRT, dtypes=FLOATS)
+@op("SampleExponential", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_exponential(xp, lam, key=None, *, shape=None, dtype=FLOAT32):
     """Exponential with rate lam (mean 1 / lam) per parameter."""
     return _sampled(xp, "SampleExponential", [lam], shape, dtype, _exponential)
 
 
-@op("SamplePoisson", domain=MIXRT, dtypes=FLOATS)
+@op("SamplePoisson", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_poisson(xp, lam, key=None, *, shape=None, dtype=FLOAT32):
     """Poisson counts of mean lam per parameter, as floats."""
     return _sampled(xp, "SamplePoisson", [lam], shape, dtype, _poisson)
 
 
-@op("SampleNegativeBinomial", domain=MIXRT, dtypes=FLOATS)
+@op("SampleNegativeBinomial", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_negative_binomial(xp, k, p, key=None, *, shape=None, dtype=FLOAT32):
     """Failures before the k-th success with success probability p (mean k (1 - p) / p)."""
     return _sampled(xp, "SampleNegativeBinomial", [k, p], shape, dtype, _negative_binomial)
 
 
-@op("SampleGeneralizedNegativeBinomial", domain=MIXRT, dtypes=FLOATS)
+@op("SampleGeneralizedNegativeBinomial", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_generalized_negative_binomial(xp, mu, alpha, key=None, *, shape=None,
                                          dtype=FLOAT32):
     """Counts of mean mu and dispersion alpha (variance mu + alpha mu^2)."""
@@ -187,7 +187,7 @@ for _handle in SAMPLERS:
 
 # -- integers ------------------------------------------------------------------------------
 
-@op("RandomInteger", domain=MIXRT)
+@op("RandomInteger", domain=MIXRT, random=True)
 def random_integer(xp, key=None, *, low=0, high=1, shape=None, dtype=INT32):
     """Integers uniform in [low, high)."""
     stream = device_stream(xp)
@@ -205,7 +205,7 @@ def _(key=None, *, shape=None, dtype=INT32, **_):
 
 # -- multinomial -----------------------------------------------------------------------------
 
-@op("SampleMultinomial", domain=MIXRT, dtypes=FLOATS)
+@op("SampleMultinomial", domain=MIXRT, dtypes=FLOATS, random=True)
 def sample_multinomial(xp, data, key=None, *, shape=None, get_prob=0, dtype=INT32):
     """For each distribution along the last axis of ``data`` (probabilities summing to 1),
     ``prod(shape)`` class indices; output shape ``data.shape[:-1] + shape``, or (1,) where
@@ -257,7 +257,7 @@ def _(data, key=None, *, shape=None, get_prob=0, dtype=INT32, **_):
 
 # -- shuffling --------------------------------------------------------------------------------
 
-@op("Shuffle", domain=MIXRT)
+@op("Shuffle", domain=MIXRT, random=True)
 def shuffle(xp, data, key=None):
     """``data`` with its first axis in a random order (each order equally likely)."""
     if data.ndim < 1:

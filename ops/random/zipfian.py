@@ -22,7 +22,7 @@ from mixrt.ops.random.samplers import device_stream
 _MIN_CHUNK = 1024  # draws taken at a time while a row is still short of distinct classes
 
 
-@op("SampleUniqueZipfian", domain=MIXRT)
+@op("SampleUniqueZipfian", domain=MIXRT, random=True)
 def sample_unique_zipfian(xp, key=None, *, range_max: int = 1, shape=(1,)):
     rows, num_sampled = _checked(range_max, shape)
     stream = device_stream(np) if xp is np else np.random.default_rng(

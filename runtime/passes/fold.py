@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mixrt.ops.ir.registry import REGISTRY
 from mixrt.runtime.graph import Graph, Node
 from mixrt.runtime.passes.infer import infer_types
 from mixrt.runtime.passes.rewrite import (constant_initializers, kernel_for,
@@ -57,7 +58,8 @@ def fold_constants(graph: Graph, ir_version: int | None, outer: dict | None = No
 
 def _evaluate(node: Node, constants: dict, protected: set) -> list | None:
     """The node's output arrays if it can be folded, else None."""
-    if node.op_type in NONDETERMINISTIC and node.domain == "" or node.subgraphs():
+    if node.op_type in NONDETERMINISTIC and node.domain == "" or node.subgraphs() \
+            or REGISTRY.is_random(node.domain, node.op_type):  # (MXNet's samplers too)
         return None
     if any(o in protected for o in node.outputs) or not any(node.outputs):
         return None
