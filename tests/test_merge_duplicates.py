@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixrt
@@ -123,3 +124,15 @@ def test_mxnets_samplers_are_random_draws_neither_merged_nor_folded(tmp_path):
     session = mixrt.Session(str(path))
     first, second = (session.run(None, {"x": x})[0] for _ in range(2))
     assert np.any(first != 0) and np.any(first != second)  # two draws, new each run
+
+
+
+def test_long_list_and_large_array_attributes_are_not_compared():
+    """A node whose attributes hold a long list (a tree ensemble's node lists hold 10^5
+    numbers) or a large array is left as it is, rather than compared element by element
+    in each round of the exact passes; short ones are compared."""
+    from mixrt.runtime.passes.merge_duplicates import MAX_LIST, _frozen, _Unkeyable
+    assert _frozen(list(range(MAX_LIST))) == _frozen(list(range(MAX_LIST)))
+    for value in (list(range(MAX_LIST + 1)), np.zeros(MAX_VALUE_BYTES + 1, np.uint8)):
+        with pytest.raises(_Unkeyable):
+            _frozen(value)

@@ -25,6 +25,7 @@ from mixrt.runtime.passes.rewrite import (constant_scopes, kernel_for, remove_no
                                           replace_reads_many)
 
 MAX_VALUE_BYTES = 1024  # constants up to this size are compared by value, larger by name
+MAX_LIST = 256  # list attributes up to this long are compared; a node with a longer one stays
 # a graph's metadata key: its repeats are meant (autodiff's mirror recomputes activations in
 # the backward pass so that the forward's die early; merged back, they would live on)
 RECOMPUTES = "recomputes"
@@ -92,12 +93,14 @@ def _input_key(name: str, constants: dict):
 
 def _frozen(value):
     """An attribute as a hashable value that equals another's exactly when the attribute
-    does (a float NaN equals nothing: such nodes are not merged)."""
+    does (a float NaN equals nothing: such nodes are not merged). A long list or a large
+    array is not compared (_Unkeyable): a tree ensemble's node lists hold 10^5 numbers, and
+    this pass runs in each round of the exact passes."""
     if isinstance(value, (bool, int, float, str, bytes)) or value is None:
         return type(value).__name__, value
-    if isinstance(value, np.ndarray):
+    if isinstance(value, np.ndarray) and value.nbytes <= MAX_VALUE_BYTES:
         return "array", value.dtype.str, value.shape, value.tobytes()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and len(value) <= MAX_LIST:
         return "list", tuple(_frozen(v) for v in value)
     if isinstance(value, np.generic):
         return _frozen(value.item())
