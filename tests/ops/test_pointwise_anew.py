@@ -131,6 +131,14 @@ def test_small_planes_other_activations_and_strided_or_padded_calls_take_the_ful
     assert taken == []
 
 
+def test_no_other_form_takes_the_sizes_the_call_from_the_kit_takes():
+    """pointwise_anew stands for the full route at 7x7 pixels and more because the pixel-row
+    and one-pixel forms take smaller planes only; a threshold moved past the other would
+    need it to ask them first."""
+    from mixrt.ops.conv import direct_forms, pointwise_rows
+    assert pointwise_rows.MAX_PIXELS < direct_forms.POINTWISE_POSITIONS
+
+
 def reference(node, X, pads=(0, 0, 0, 0), strides=(1, 1)):
     """The node's Conv + Clip by NumPy."""
     padded = np.pad(X, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
