@@ -178,7 +178,7 @@ def ran(prepacked: dict | None, X, constants: tuple, Z, out, pads, any_size=Fals
     route = routes.get(_key(X, Z, out, pads, any_size))
     if route is None or not _same(route.constants, constants) \
             or not jit_tier.compiled_allowed() \
-            or not _fits(route.dtype, X, Z, out, route.how.over_input):
+            or not fits(route.dtype, X, Z, out, route.how.over_input):
         return False
     how = route.how
     if how.tied and (route.thread != threading.get_ident()
@@ -223,9 +223,12 @@ def _key(X, Z, out, pads, any_size=False) -> tuple:
     return X.shape[1:], out.shape[2:], Z is None, None if pads is None else tuple(pads)
 
 
-def _fits(dtype, X, Z, out, over_input) -> bool:
+def fits(dtype, X, Z, out, over_input=False) -> bool:
+    """Arrays a call made for ``dtype`` takes: X and ``out`` of that dtype, C-contiguous
+    (X aligned), one batch, ``out`` apart from X (or X itself where ``over_input``) and from
+    a residual Z of its shape and dtype (what ``conv_direct_cpu.pointwise_anew`` asks too)."""
     return X.dtype == dtype and out.dtype == dtype and X.flags.c_contiguous \
         and X.flags.aligned and out.flags.c_contiguous and out.shape[0] == X.shape[0] \
         and ((over_input and out is X) or not np.may_share_memory(out, X)) \
-        and (Z is None or (Z.shape == out.shape and Z.flags.c_contiguous
+        and (Z is None or (Z.shape == out.shape and Z.dtype == dtype and Z.flags.c_contiguous
                            and not np.may_share_memory(out, Z)))

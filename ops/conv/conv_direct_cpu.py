@@ -108,7 +108,8 @@ def pointwise_anew(X, W, B, Z, out, limits, prepacked) -> bool:
         return False
     image = X.shape[2:]
     if image[0] * image[1] < POINTWISE_POSITIONS or out.size == 0 \
-            or out.shape != (X.shape[0], W.shape[0], *image) or not _apart(X, Z, out) \
+            or out.shape != (X.shape[0], W.shape[0], *image) \
+            or not image_routes.fits(X.dtype, X, Z, out) \
             or jit_cpu.panel_kernels() is None:  # (a thread on the NumPy tier)
         return False
     native = _native_pool()
@@ -121,15 +122,6 @@ def pointwise_anew(X, W, B, Z, out, limits, prepacked) -> bool:
     image_routes.stash(prepacked, out, call)
     call(X, W, B, Z, out)
     return True
-
-
-def _apart(X, Z, out) -> bool:
-    """X, ``out`` and a residual Z as the kit's call takes them: one dtype, C-contiguous,
-    ``out`` apart from both, Z of ``out``'s shape."""
-    return X.dtype == out.dtype and X.flags.c_contiguous and out.flags.c_contiguous \
-        and not np.may_share_memory(out, X) \
-        and (Z is None or (Z.shape == out.shape and Z.dtype == X.dtype
-                           and Z.flags.c_contiguous and not np.may_share_memory(out, Z)))
 
 
 def _kit_call(kit, native, itemsize: int):
