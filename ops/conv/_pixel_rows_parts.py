@@ -16,7 +16,7 @@ from numba import carray, njit, types
 
 from mixrt.ops.compiled.first_use import first_use_cfunc
 from mixrt.ops.panels._jit_dense import panel_product
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, limited
+from mixrt.ops.panels._jit_tile import DENSE_ROWS, limited
 from mixrt.ops.panels._jit_transpose import transpose
 
 _SIGNATURE = types.void(types.CPointer(types.voidptr), types.int64)
@@ -45,10 +45,10 @@ def _band(words, x, rows, panels, products, y, bias, residual, spill, limits, in
     for b in range(r0 // p, (r1 - 1) // p + 1):  # x's pixels as rows, in blocks
         i0, i1 = max(r0 - b * p, 0), min(r1 - b * p, p)
         transpose(x, b * c * p + i0, p, rows, (b * p + i0) * c, c, c, i1 - i0)
-    part_spill = spill[index * STRIP_ROWS * width:(index + 1) * STRIP_ROWS * width]
+    part_spill = spill[index * DENSE_ROWS * width:(index + 1) * DENSE_ROWS * width]
     panel_product(rows.reshape((n * p, c))[r0:r1], panels.reshape((count, k_len, width)),
                   products.reshape((n * p, m))[r0:r1], 0, count,
-                  part_spill.reshape((STRIP_ROWS, width)), bias, bias[:0])
+                  part_spill.reshape((DENSE_ROWS, width)), bias, bias[:0])
     slope, low, high = limits[0], limits[1], limits[2]  # the direct forms' order
     alpha, beta, one = limits[3], limits[4], limits[5]
     for b in range(r0 // p, (r1 - 1) // p + 1):  # the outputs, each written in order

@@ -205,14 +205,17 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     module = jit_cpu.load(BAND_PARTS)
     _warm_band_addresses(X.dtype)
     threads = native.workers + 1
-    strips = -(-total // kernels.STRIP_ROWS)
-    if not matmul_cpu._split(total, c, m, X.itemsize) or strips < BAND_STRIPS * threads:
+    # the bands' threshold counts strips of 8 rows, as when it was chosen; the bands are cut
+    # in the product's strips of DENSE_ROWS
+    if not matmul_cpu._split(total, c, m, X.itemsize) \
+            or -(-total // kernels.STRIP_ROWS) < BAND_STRIPS * threads:
         return None
+    strips = -(-total // kernels.DENSE_ROWS)
     own = prepacked.setdefault("_pointwise_rows", {})
     weight = W.reshape(m, c).T
     panels = packed(own, "panels", lambda: matmul_cpu.pack_panels(weight))
     bands = min(strips, BANDS_PER_THREAD * threads)
-    edges = [strips * q // bands * kernels.STRIP_ROWS for q in range(bands)] + [total]
+    edges = [strips * q // bands * kernels.DENSE_ROWS for q in range(bands)] + [total]
     parts = list(zip(edges[:-1], edges[1:]))
     dtype = X.dtype
     kind, alpha, beta = module.CLAMP, 0.0, 0.0
@@ -220,7 +223,7 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
         name, alpha, beta = gate
         kind = {"HardSigmoid": module.HARD_SIGMOID, "HardSwish": module.HARD_SWISH}[name]
     scratch = (np.empty(total * c, dtype), np.empty(total * m, dtype),
-               np.empty(bands * kernels.STRIP_ROWS * panels.shape[2], dtype),
+               np.empty(bands * kernels.DENSE_ROWS * panels.shape[2], dtype),
                np.array([*limits, alpha, beta, 1.0], dtype))
     no_bias = np.zeros(0, dtype)
     last = None  # (the arrays X, B, Z, out of the last call, their layouts, its prepared call)

@@ -437,7 +437,7 @@ def _bounds(kit, rows: int, split: bool) -> np.ndarray:
     if not split:
         return np.array([0, kit.count, 0, rows], np.int64)
     kit.kernels.job_ready(kit.kernels.PRODUCT_JOB, kit.dtype.itemsize)  # the worker's side
-    return native_parts(kit.count, rows, kit.kernels.STRIP_ROWS)
+    return native_parts(kit.count, rows, kit.kernels.DENSE_ROWS)
 
 
 def _split(rows: int, k: int, n: int, itemsize: int) -> bool:
@@ -470,7 +470,7 @@ class _RowsKit:
         self.bias = _NO_BIAS[dtype.char] if bias is None else bias
         self.limits = _NO_BIAS[dtype.char] if limits is None else limits  # (empty: none)
         self.kernels = kernels = jit_cpu.panel_kernels()
-        spill_shape = (kernels.STRIP_ROWS, self.panels.shape[2])
+        spill_shape = (kernels.DENSE_ROWS, self.panels.shape[2])
         self.spill = jit_cpu.scratch_array("panel_spill", dtype, spill_shape)
         self.native = jit_cpu.native_pool()
         self.worker_spill = None if self.native is None else \
@@ -585,7 +585,7 @@ def stacked_panel_product(A, B, out):
 
     def part(n0, n1):
         edge = jit_cpu.scratch_array("panel_edge", A.dtype, (k, width))
-        spill = jit_cpu.scratch_array("panel_spill", A.dtype, (kernels.STRIP_ROWS, width))
+        spill = jit_cpu.scratch_array("panel_spill", A.dtype, (kernels.DENSE_ROWS, width))
         kernels.batched_product(a, b, c, n0, n1, edge, spill)
     work = A.size * n
     if work < STACK_SPLIT_WORK:

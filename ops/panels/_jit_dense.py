@@ -22,15 +22,15 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_LIMITS, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim,
     finish, get1, get2, get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import STRIP_ROWS, _biased_tile, _half_tile, _tile, limited
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, _biased_tile, _dense_tile, _half_tile,
+                                        _prefetch_run, _tile, limited)
 from mixrt.ops.panels._jit_transpose import transpose
 
-# Rows taken through all of a thread's panels before the next rows. Written as 256 while this
-# code shared one file with the convolution's argument slots, whose ROW_BLOCK (word 115 of
-# the control block, ops/panels/_jit_native_pool.py) rebound the name before numba compiled
-# panel_product: 115 is what it has run with, kept so that moving the code changed no machine
-# code. Whether 256 pays is for a measurement to decide.
-ROW_BLOCK = 115
+# Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
+# (115 before the strips were 12, an accident of an older file's names, 2026-12-02). 300 rows
+# in one block against 120 read within noise of each other on BERT's products (0.85-0.92 of the
+# 8-row strips either way), so the block stays small enough that A's rows stay in L2 at K 3072.
+ROW_BLOCK = 120
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
@@ -39,33 +39,46 @@ _jit = njit(nogil=True, cache=True, boundscheck=False)
 def panel_product(a, panels, c, p0, p1, spill, bias, limits):
     """``c = a @ w (+ bias)`` over the panels p0..p1 of ``w``: ``a`` (rows, K) and ``c``
     (rows, N) with contiguous rows, ``panels`` (P, K, width) the weight's columns zero-padded
-    to P * width, ``spill`` a (STRIP_ROWS, width) scratch for a last panel that reaches past
+    to P * width, ``spill`` a (DENSE_ROWS, width) scratch for a last panel that reaches past
     N, ``bias`` one value per column added to each finished sum in its register as the tile
     is stored (as ``c += bias`` afterwards would add it), or empty. ``limits``: a dense
     layer's activation as (low, high, slope) in c's dtype (``direct_forms.activation_limits``
     in the tile's order), applied to each sum after its bias (:func:`limited`), or empty.
     Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
-    panels pass over it."""
+    panels pass over it.
+
+    Each strip of a panel also asks for its share of the next panel's cache lines
+    (:func:`_ask_ahead`): in a model's run a weight comes from L3 or memory (a BERT's are
+    tens of MB), and a panel's first strip waited on each line of it, two lines a k, faster
+    than one core's stream brings them. One process, 20-81 weights taken in turn so that each
+    comes cold (2026-12-02), against the same strips without: 25 x 384 @ 384 x 384 0.76,
+    25 x 384 @ 384 x 1536 0.78, 137 x 384 @ 384 x 1536 0.81, 137 x 1536 @ 1536 x 384 0.94,
+    300 x 384 @ 384 x 1536 0.94, 64 x 768 @ 768 x 3072 0.82 (two panels ahead: no better)."""
     rows, columns = c.shape
     k_len, width = panels.shape[1], panels.shape[2]
     lda, ldc = a.strides[0] // a.itemsize, c.strides[0] // c.itemsize
     biased = bias.shape[0] > 0
     limiting = limits.shape[0] > 0
     low, high, slope = _limits(limits)
+    flat_panels, panel_size = panels.reshape(-1), k_len * width
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
+        share = -(-panel_size // -(-(r1 - r0) // DENSE_ROWS))  # of the next panel, a strip
         for p in range(p0, p1):
             column = p * width
             offset = p * k_len * width
             inside = column + width <= columns
-            for s in range(r0, r1, STRIP_ROWS):
-                count = min(STRIP_ROWS, r1 - s)
+            for s in range(r0, r1, DENSE_ROWS):
+                if p + 1 < p1:
+                    _ask_ahead(flat_panels, offset + panel_size, panel_size,
+                               (s - r0) // DENSE_ROWS * share, share)
+                count = min(DENSE_ROWS, r1 - s)
                 if inside and biased:  # the bias and activation in the tile's registers
                     _biased_tile(count, a, s * lda, lda, panels, offset, width, c,
                                  s * ldc + column, ldc, k_len, bias, column, low, high, slope)
                 elif inside:
-                    _tile(count, a, s * lda, lda, panels, offset, width, c, s * ldc + column,
-                          ldc, k_len)
+                    _dense_tile(count, a, s * lda, lda, panels, offset, width, c,
+                                s * ldc + column, ldc, k_len)
                     if limiting:
                         for i in range(count):
                             for j in range(width):
@@ -76,13 +89,21 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                         _half_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
                                    width, k_len)
                     else:
-                        _tile(count, a, s * lda, lda, panels, offset, width, spill, 0, width,
-                              k_len)
+                        _dense_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
+                                    width, k_len)
                     for i in range(count):
                         for j in range(columns - column):
                             value = spill[i, j] + bias[column + j] if biased else spill[i, j]
                             c[s + i, column + j] = limited(value, low, high, slope) \
                                 if limiting else value
+
+
+@_jit
+def _ask_ahead(flat_panels, start, size, first, count):
+    """Prefetch elements ``first .. first + count`` of the panel at ``start`` (``size``
+    elements), those of them that exist."""
+    if first < size:
+        _prefetch_run(flat_panels, start + first, min(count, size - first))
 
 
 @_jit
@@ -100,7 +121,7 @@ def product(a, b, c, edge, spill):
     """``c = a @ b`` with ``b``'s panels read in place (a MatMul of two computed tensors, as
     in attention's ``Q @ K^T``): ``a`` (rows, K), ``b`` (K, N), ``c`` (rows, N), each with
     contiguous rows. A last panel that reaches past N is first copied into ``edge`` (K,
-    width), zero-padded, and its tiles written through ``spill`` (STRIP_ROWS, width)."""
+    width), zero-padded, and its tiles written through ``spill`` (DENSE_ROWS, width)."""
     rows, k_len = a.shape
     columns = b.shape[1]
     width = spill.shape[1]
@@ -109,9 +130,9 @@ def product(a, b, c, edge, spill):
     for p in range(-(-columns // width)):
         column = p * width
         if column + width <= columns:
-            for s in range(0, rows, STRIP_ROWS):
-                _tile(min(STRIP_ROWS, rows - s), a, s * lda, lda, b, column, ldb, c,
-                      s * ldc + column, ldc, k_len)
+            for s in range(0, rows, DENSE_ROWS):
+                _dense_tile(min(DENSE_ROWS, rows - s), a, s * lda, lda, b, column, ldb, c,
+                            s * ldc + column, ldc, k_len)
             continue
         left = columns - column
         for k in range(k_len):
@@ -119,9 +140,9 @@ def product(a, b, c, edge, spill):
                 edge[k, j] = b[k, column + j]
             for j in range(left, width):
                 edge[k, j] = 0
-        for s in range(0, rows, STRIP_ROWS):
-            count = min(STRIP_ROWS, rows - s)
-            _tile(count, a, s * lda, lda, edge, 0, width, spill, 0, width, k_len)
+        for s in range(0, rows, DENSE_ROWS):
+            count = min(DENSE_ROWS, rows - s)
+            _dense_tile(count, a, s * lda, lda, edge, 0, width, spill, 0, width, k_len)
             for i in range(count):
                 for j in range(left):
                     c[s + i, column + j] = spill[i, j]

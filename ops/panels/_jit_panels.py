@@ -50,7 +50,8 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                claim, finish, get1, get2, get3, native_for,
                                                pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
-from mixrt.ops.panels._jit_tile import (K_BLOCK, PANEL_VECTORS, STRIP_ROWS, VECTOR_BYTES)
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, K_BLOCK, PANEL_VECTORS, STRIP_ROWS,
+                                        VECTOR_BYTES)
 
 # Each family is imported, and its worker side compiled (or loaded from the cache), when a
 # caller first reads one of its names: a model without attention never compiles attention.

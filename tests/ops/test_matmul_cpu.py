@@ -230,7 +230,7 @@ def test_a_bias_added_in_the_tile_gives_the_bits_of_adding_it_after(rows, k, n, 
     A, B, bias = _rand(rows, k, dtype=dtype), _rand(k, n, dtype=dtype), _rand(n, dtype=dtype)
     bias[::3] *= 1e6  # large against the sums: an addition made inside the sums would show
     panels = matmul_cpu.pack_panels(B)
-    spill = np.zeros((kernels.STRIP_ROWS, panels.shape[2]), dtype)
+    spill = np.zeros((kernels.DENSE_ROWS, panels.shape[2]), dtype)
     after = np.full((rows, n), np.nan, dtype)
     none = np.zeros(0, dtype)
     kernels.panel_product(A, panels, after, 0, len(panels), spill, none, none)
@@ -257,7 +257,7 @@ def test_an_activation_applied_in_the_tile_gives_the_layer_s_values(rows, n, act
     A[0, 0] = np.nan  # row 0 is NaN throughout: the clamp's comparisons pass it
     bias = _rand(n, dtype=dtype) if biased else np.zeros(0, dtype)
     panels = matmul_cpu.pack_panels(B)
-    spill = np.zeros((kernels.STRIP_ROWS, panels.shape[2]), dtype)
+    spill = np.zeros((kernels.DENSE_ROWS, panels.shape[2]), dtype)
     apart = np.empty((rows, n), dtype)
     kernels.panel_product(A, panels, apart, 0, len(panels), spill, bias, np.zeros(0, dtype))
     add_and_activate_cpu(apart, None, None, activation, params)
