@@ -241,6 +241,32 @@ def test_a_bias_added_in_the_tile_gives_the_bits_of_adding_it_after(rows, k, n, 
 
 
 @needs_panels
+@pytest.mark.parametrize("rows", [9, 11, 12, 25, 121, 250])  # wide strips, tails, row blocks
+@pytest.mark.parametrize("k", [42, 300])
+@pytest.mark.parametrize("n", [40, 96, 101])  # a half panel last, whole panels, a padded one
+@pytest.mark.parametrize("biased", [True, False])
+def test_a_row_has_the_same_bits_in_any_strip(rows, k, n, biased):
+    """Each output's sum is the same sequence of multiply-adds whichever strip of 1-12 rows
+    computes it (and whatever the next panel's prefetch brought): the product of many rows is
+    the products of each row alone, bit for bit, as a service's batch must be."""
+    kernels = jit_cpu.panel_kernels()
+    A, B = _rand(rows, k), _rand(k, n)
+    bias = _rand(n) if biased else np.zeros(0, np.float32)
+    panels = matmul_cpu.pack_panels(B)
+    spill = np.zeros((kernels.DENSE_ROWS, panels.shape[2]), np.float32)
+    none = np.zeros(0, np.float32)
+    together = np.full((rows, n), np.nan, np.float32)
+    kernels.panel_product(A, panels, together, 0, len(panels), spill, bias, none)
+    alone = np.full((rows, n), np.nan, np.float32)
+    for i in range(rows):
+        kernels.panel_product(A[i:i + 1], panels, alone[i:i + 1], 0, len(panels), spill, bias,
+                              none)
+    assert together.tobytes() == alone.tobytes()
+    expected = A.astype(np.float64) @ B + (bias if biased else 0)
+    np.testing.assert_allclose(together, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_panels
 @pytest.mark.parametrize("rows", [1, 8, 13])  # a strip, whole and with a tail
 @pytest.mark.parametrize("n", [7, 40, 96])  # a half panel, a padded last one, whole panels
 @pytest.mark.parametrize("activation, params", [("Relu", None), ("LeakyRelu", [0.1]),
