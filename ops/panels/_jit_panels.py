@@ -3,8 +3,8 @@ module (where the CPU has AVX-512) and its callers read ``kernels.<name>``. The
 kernels live in modules of their own, by what they compute, each imported (and compiled) when
 its first name is read (``__getattr__`` below):
 
-* ``ops/panels/_jit_tile.py``: the tile (up to 8 rows by a panel of two 64-byte vectors), in LLVM
-  IR;
+* ``ops/panels/_jit_tile.py``: the tile (up to 12 rows by a panel of two 64-byte vectors), in
+  LLVM IR;
 * ``ops/panels/_jit_dense.py``: products against packed panels or read in place, batched products,
   their native driver, and the tile's C entries for kernels in other files;
 * ``ops/panels/_jit_conv_direct.py``: direct convolutions over stride-phase planes and their

@@ -3,13 +3,13 @@
 weight gradient (``ops/panels/_jit_conv_weight_grad.py``) and the attention heads
 (``ops/panels/_jit_attention.py``).
 
-The inner kernel computes a tile of up to eight rows by one panel with its sums held in
-registers: for each k, two vector loads of the panel's row and, per activation row, one
-broadcast and two fused multiply-adds. numba's loops did not get there (written as scalar
-sums, LLVM left them unvectorized; as dot products along K, the sixteen horizontal
-reductions per tile held them to 165 GFLOP/s), so the tile is emitted as LLVM IR through
-``numba.extending.intrinsic``, with ``<lanes x float>`` values and ``llvm.fma``. One thread
-runs it at ~250 GFLOP/s.
+The inner kernel computes a tile of up to eight rows (twelve for the dense products:
+DENSE_ROWS) by one panel with its sums held in registers: for each k, two vector loads of
+the panel's row and, per activation row, one broadcast and two fused multiply-adds.
+numba's loops did not get there (written as scalar sums, LLVM left them unvectorized; as dot
+products along K, the sixteen horizontal reductions per tile held them to 165 GFLOP/s), so
+the tile is emitted as LLVM IR through ``numba.extending.intrinsic``, with ``<lanes x
+float>`` values and ``llvm.fma``. One thread runs it at ~250 GFLOP/s.
 
 Each sum is the sequence ``fma(a[i, k], w[k, j], sum)`` over a block of K_BLOCK values of k,
 the blocks' sums then added in order: NaNs and infinities propagate as in any product, and a
