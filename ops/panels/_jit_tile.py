@@ -28,8 +28,8 @@ PANEL_VECTORS = 2  # vectors across a panel: 32 floats or 16 doubles
 STRIP_ROWS = 8  # activation rows of one tile: 16 sums in registers, 2 panel vectors, a broadcast
 # Rows of a dense product's tile (``_jit_dense.py``): 24 sums, 2 panel vectors and a broadcast,
 # 27 of AVX-512's 32 registers. Each panel row loaded serves 12 rows' multiply-adds instead of
-# 8, so a panel streamed from L2 (any panel of K past ~300: K x 32 floats) feeds a third more
-# work per byte. The same rows as onnxruntime's AVX-512 sgemm kernel. One process, the two
+# 8, so a panel streamed from L2 (any panel of K past ~300: K x 32 floats) feeds half as much
+# work again per byte. The same rows as onnxruntime's AVX-512 sgemm kernel. One process, the two
 # alternating on the same arrays (2026-12-02), 12 rows against 8: 137 x 384 @ 384 x 384 0.89,
 # 137 x 1536 @ 1536 x 384 0.88, 300 x 384 @ 384 x 1536 0.86, 17 x 1536 @ 1536 x 384 0.86,
 # 24 x 384 @ 384 x 384 0.88-0.94, the same bits (each output's sum is the same sequence).
