@@ -22,8 +22,8 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_LIMITS, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim,
     finish, get1, get2, get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import (DENSE_ROWS, _biased_tile, _dense_tile, _half_tile,
-                                        _prefetch_run, _tile, limited)
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, _dense_biased_tile, _dense_half_tile,
+                                        _dense_tile, _prefetch_run, _tile, limited)
 from mixrt.ops.panels._jit_transpose import transpose
 
 # Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
@@ -74,8 +74,9 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                                (s - r0) // DENSE_ROWS * share, share)
                 count = min(DENSE_ROWS, r1 - s)
                 if inside and biased:  # the bias and activation in the tile's registers
-                    _biased_tile(count, a, s * lda, lda, panels, offset, width, c,
-                                 s * ldc + column, ldc, k_len, bias, column, low, high, slope)
+                    _dense_biased_tile(count, a, s * lda, lda, panels, offset, width, c,
+                                       s * ldc + column, ldc, k_len, bias, column, low, high,
+                                       slope)
                 elif inside:
                     _dense_tile(count, a, s * lda, lda, panels, offset, width, c,
                                 s * ldc + column, ldc, k_len)
@@ -86,8 +87,8 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                                                                high, slope)
                 else:
                     if columns - column <= width // 2:  # padding past one vector: skip it
-                        _half_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
-                                   width, k_len)
+                        _dense_half_tile(count, a, s * lda, lda, panels, offset, width,
+                                         spill, 0, width, k_len)
                     else:
                         _dense_tile(count, a, s * lda, lda, panels, offset, width, spill, 0,
                                     width, k_len)

@@ -418,8 +418,13 @@ def _prefetch_run(array, start, count):
         _prefetch(array, offset)
 
 
-(_tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8, _tile9, _tile10, _tile11,
- _tile12) = (_make_tile(rows) for rows in range(1, DENSE_ROWS + 1))
+_tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \
+    (_make_tile(rows) for rows in range(1, STRIP_ROWS + 1))
+# a whole strip of the dense products; 9-11 rows go as 8 and the rest (each row's sums are its
+# own, so the bits are the same): each unrolled kernel costs the compile child seconds, and
+# one for each of 9-12 rows, plain, biased and half, took a small MLP's first compile from
+# 25-28 s to 40-42 (29-31 with these two)
+_tile12 = _make_tile(DENSE_ROWS)
 
 
 @_jit
@@ -446,40 +451,29 @@ def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k
 @_jit
 def _dense_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
     """:func:`_tile` for 1..12 rows (DENSE_ROWS), the dense products' strips; the kernels of
-    8 rows or fewer (the convolutions', attention's) do not compile the wider ones."""
-    if rows > STRIP_ROWS:
-        _wide_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    8 rows or fewer (the convolutions', attention's) do not compile the wider one."""
+    if rows == DENSE_ROWS:
+        _tile12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+    elif rows > STRIP_ROWS:
+        _tile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+        _tile(rows - STRIP_ROWS, a, a_offset + STRIP_ROWS * lda, lda, panels, panel_offset, ldw,
+              c, c_offset + STRIP_ROWS * ldc, ldc, k_len)
     else:
         _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
 
 
-@_jit
-def _wide_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
-    """:func:`_tile` for 9..12 rows, the dense products' strips (DENSE_ROWS)."""
-    if rows == 12:
-        _tile12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    elif rows == 11:
-        _tile11(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    elif rows == 10:
-        _tile10(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    else:
-        _tile9(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-
-
-(_btile1, _btile2, _btile3, _btile4, _btile5, _btile6, _btile7, _btile8, _btile9, _btile10,
- _btile11, _btile12) = (_make_tile(rows, biased=True) for rows in range(1, DENSE_ROWS + 1))
+_btile1, _btile2, _btile3, _btile4, _btile5, _btile6, _btile7, _btile8 = \
+    (_make_tile(rows, biased=True) for rows in range(1, STRIP_ROWS + 1))
+_btile12 = _make_tile(DENSE_ROWS, biased=True)
 
 
 @_jit
 def _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len,
                  bias, bias_offset, low, high, slope):
-    """:func:`_dense_tile` with ``bias[bias_offset + j]`` added to column j's sums as they are
+    """:func:`_tile` with ``bias[bias_offset + j]`` added to column j's sums as they are
     stored (a whole panel's columns of bias must exist), then times ``slope`` below zero and
     clamped to [low, high] (:func:`limited`)."""
-    if rows > STRIP_ROWS:
-        _wide_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
-                          k_len, bias, bias_offset, low, high, slope)
-    elif rows == 8:
+    if rows == 8:
         _btile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                 bias_offset, low, high, slope)
     elif rows == 7:
@@ -506,36 +500,33 @@ def _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
 
 
 @_jit
-def _wide_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
-                      k_len, bias, bias_offset, low, high, slope):
-    """:func:`_biased_tile` for 9..12 rows."""
-    if rows == 12:
+def _dense_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
+                       k_len, bias, bias_offset, low, high, slope):
+    """:func:`_biased_tile` for 1..12 rows, as :func:`_dense_tile`."""
+    if rows == DENSE_ROWS:
         _btile12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                  bias_offset, low, high, slope)
-    elif rows == 11:
-        _btile11(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                 bias_offset, low, high, slope)
-    elif rows == 10:
-        _btile10(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                 bias_offset, low, high, slope)
-    else:
-        _btile9(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
+    elif rows > STRIP_ROWS:
+        _btile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                 bias_offset, low, high, slope)
+        _biased_tile(rows - STRIP_ROWS, a, a_offset + STRIP_ROWS * lda, lda, panels,
+                     panel_offset, ldw, c, c_offset + STRIP_ROWS * ldc, ldc, k_len, bias,
+                     bias_offset, low, high, slope)
+    else:
+        _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
+                     k_len, bias, bias_offset, low, high, slope)
 
 
-(_half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8, _half9, _half10, _half11,
- _half12) = (_make_tile(rows, vectors=1) for rows in range(1, DENSE_ROWS + 1))
+_half1, _half2, _half3, _half4, _half5, _half6, _half7, _half8 = \
+    (_make_tile(rows, vectors=1) for rows in range(1, STRIP_ROWS + 1))
 
 
 @_jit
 def _half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
-    """:func:`_dense_tile` over the first vector of a panel's columns only: a last panel that
+    """:func:`_tile` over the first vector of a panel's columns only: a last panel that
     holds at most ``lanes`` of the weight's columns (a layer to 40 outputs is one panel and
     8 columns: its second panel's multiply-adds were three quarters padding)."""
-    if rows > STRIP_ROWS:
-        _wide_half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
-                        k_len)
-    elif rows == 8:
+    if rows == 8:
         _half8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
     elif rows == 7:
         _half7(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
@@ -554,14 +545,13 @@ def _half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, l
 
 
 @_jit
-def _wide_half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
-                    k_len):
-    """:func:`_half_tile` for 9..12 rows."""
-    if rows == 12:
-        _half12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    elif rows == 11:
-        _half11(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    elif rows == 10:
-        _half10(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+def _dense_half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
+                     k_len):
+    """:func:`_half_tile` for 1..12 rows: 9..12 as 8 and the rest (a last panel's half is not
+    worth a kernel of its own)."""
+    if rows > STRIP_ROWS:
+        _half8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+        _half_tile(rows - STRIP_ROWS, a, a_offset + STRIP_ROWS * lda, lda, panels, panel_offset,
+                   ldw, c, c_offset + STRIP_ROWS * ldc, ldc, k_len)
     else:
-        _half9(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
+        _half_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
