@@ -66,7 +66,7 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
         share = -(-panel_size // -(-(r1 - r0) // DENSE_ROWS))  # of the next panel, a strip
         for p in range(p0, p1):
             column = p * width
-            offset = p * k_len * width
+            offset = p * panel_size
             inside = column + width <= columns
             for s in range(r0, r1, DENSE_ROWS):
                 if p + 1 < p1:
