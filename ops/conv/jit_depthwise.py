@@ -72,8 +72,8 @@ from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_costs import blocks_cheaper, small_plane_form
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
-                                             activation_constants, part_entries,
-                                             weight_and_bias)
+                                             activation_constants, pair_copy,
+                                             part_entries, weight_and_bias, word_views)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
 
@@ -427,6 +427,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         "    channels = m // multiplier",
         "    half = (wp + 1) // 2  # where a split row's odd cells start",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
+        *(word_views() if split else []),
         "    # the border stays zero: every plane overwrites the same interior",
         "    for t in range(hp * wp):",
         "        ps[t] = 0",
@@ -531,12 +532,14 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
     output = width * held
     total = " + ".join(f"w{c}_{a}_{b} * ps[uint64(k + {c * held + plane.offset(a, b)})]"
                        for c, a, b in taps)
+    pairs = plane.strides[1] == 2 and cols > 1  # float32 rows copied as pairs of cells
     return "\n".join([
         *_module_head(activation),
         f"@njit({FLAGS})",
         "def run(x, w, bias, y, act, multiplier, m, top, left, start, stop, pad):",
         "    c0, c1, c2, c3 = act[0], act[1], act[2], act[3]",
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
+        *(word_views() if pairs else []),
         "    channels = m // multiplier",
         "    # the padding stays zero: every plane overwrites the same cells",
         f"    for t in range({output}):",
@@ -549,6 +552,7 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         f"            for g in range({width}):",
         f"                for r in range({max(rows, 0)}):",
         f"                    source = ((p * {width} + g) * {height} + r) * {width_}",
+        *(_flat_pairs(plane, held, top, left, cols) if pairs else []),
         f"                    for c in range({max(cols, 0)}):",
         f"                        ps[uint64(g * {held} + "
         f"{plane.cell(f'r + {top}', f'c + {left}')})] = xs[uint64(source + c)]",
@@ -570,14 +574,29 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
     ])
 
 
+def _flat_pairs(plane: FlatPlane, held: int, top: int, left: int, cols: int) -> list[str]:
+    """The flat form's copy of a float32 input row at stride 2 across as pairs of cells
+    (``depthwise_common.pair_copy``): the row's cells go to its row phase's two column
+    phases, ``plane.plane`` cells apart."""
+    (sh, _), wph = plane.strides, plane.phase_width
+    return [
+        "                    if xs.itemsize == 4:  # (a constant of the compiled loop)",
+        f"                        target = g * {held} + (r + {top}) % {sh} * 2 * {plane.plane}"
+        f" + (r + {top}) // {sh} * {wph}",
+        *pair_copy(" " * 24, lambda j: f"({j}) % 2 * {plane.plane} + ({j}) // 2",
+                   cols=str(cols), left=str(left)),
+        "                        continue"]
+
+
 def _split_copy() -> list[str]:
     """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
     j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
     row of outputs reads consecutive cells (read in place, ``pad[2 * k + b]`` took a gather
-    per tap: 112x56x56 to 28x28, one thread, 115 -> 94 us). A row's first columns of its
-    pairs go to ``first`` + u and its second to ``second`` + u in a loop each, which LLVM
-    vectorizes (as one loop, scalar: 96 x 96 x 96 copied in 456 us, in two 241, a plain copy
-    157; 2026-12-01, Xeon); rows under SPLIT_LOOPS_COLUMNS keep one (240 x 28 x 28: 94, 108)."""
+    per tap: 112x56x56 to 28x28, one thread, 115 -> 94 us). Float32 rows are copied as
+    pairs of cells (``depthwise_common.pair_copy``); float64 rows a half at a time, columns
+    two apart read into consecutive cells (two loops vectorize where one did not: 96 x 96 x
+    96 copied in 241 us against 456, 2026-12-01, Xeon), rows under SPLIT_LOOPS_COLUMNS in
+    one loop."""
     def place(j):  # where padded column j lies in its row
         return f"({j}) % 2 * half + ({j}) // 2"
     indent = " " * 20
@@ -590,6 +609,9 @@ def _split_copy() -> list[str]:
         "            for r in range(rows):",
         "                source = (p * height + r) * width",
         "                target = (top + r) * wp",
+        "                if xs.itemsize == 4:  # (a constant of the compiled loop)",
+        *pair_copy(" " * 20, place),
+        "                    continue",
         f"                if cols < {SPLIT_LOOPS_COLUMNS}:  # short rows: one loop",
         pairs, first, second,
         "                else:",

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from mixrt.ops.compiled.generated import kernel_file_stamp
 from mixrt.ops.compiled.generated import kernel_module as compiled
-from mixrt.ops.conv.depthwise_common import ACTIVATIONS, FLAGS, _module_head, part_entries
+from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, _module_head, pair_copy,
+                                             part_entries, word_views)
 
 PREFIX = "mixrt_grouped_blocks"
 # the block's kernel file: its hash is in each module's text (generated.kernel_file_stamp)
@@ -100,6 +101,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
         f"    offsets = np.empty({len(taps)}, np.int64)",
         *offsets,
         "    xs, ws, ys, ps = x.reshape(-1), w.reshape(-1), y.reshape(-1), pad.reshape(-1)",
+        *(word_views() if sw == 2 else []),
         "    channels = m // multiplier",
         "    # the padding stays zero: every group overwrites the same cells",
         "    for t in range(output):",
@@ -141,13 +143,21 @@ def _row_copy(sw: int) -> list[str]:
     phase and the loop stayed scalar. One thread, the block form's call (2026-12-01, Xeon):
     96 planes of 96 x 96 at stride 2 574 -> 411 us, 6 groups of 8 at 56 x 56 224 -> 210; rows
     shorter than PHASE_LOOPS_COLUMNS keep the one loop (26 groups of 8 at 28 x 28 214 ->
-    240 in phases, 144 planes of 48 x 48 177 -> 189)."""
+    240 in phases, 144 planes of 48 x 48 177 -> 189). Float32 rows at stride 2 are copied
+    as pairs of cells instead, each half to its phase (``depthwise_common.pair_copy``),
+    whatever their length."""
     one_loop = ["for c in range(cols):",
                 f"    ps[uint64(target + (c + left) % {sw} * plane + (c + left) // {sw})]"
                 " = xs[uint64(source + c)]"]
     if sw == 1:
         return [f"{' ' * 20}{line}" for line in one_loop]
+    pairs = []
+    if sw == 2:  # float32: as pairs of cells, each half to its phase
+        pairs = ["if xs.itemsize == 4:  # (a constant of the compiled loop)",
+                 *pair_copy("    ", lambda j: f"({j}) % 2 * plane + ({j}) // 2"),
+                 "    continue"]
     return [f"{' ' * 20}{line}" for line in [
+        *pairs,
         f"if cols < {PHASE_LOOPS_COLUMNS}:  # short rows: one loop",
         *[f"    {line}" for line in one_loop],
         "else:",
