@@ -22,8 +22,10 @@ from mixrt.ops.panels._jit_native_pool import (
     BLOCK_WORDS, ITEMSIZE, JOB, JOB_SIGNATURE, PARTS, PRODUCT_A, PRODUCT_BIAS, PRODUCT_BOUNDS,
     PRODUCT_C, PRODUCT_JOB, PRODUCT_LIMITS, PRODUCT_PANELS, PRODUCT_SPILL, begin, claim,
     finish, get1, get2, get3, pointer_like, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import (DENSE_ROWS, _dense_biased_tile, _dense_half_tile,
-                                        _dense_tile, _prefetch_run, _tile, limited)
+from mixrt.ops.panels._jit_atomics import address
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, PACKED_STRIDE, _btile12_packed,
+                                        _dense_biased_tile, _dense_half_tile, _dense_tile,
+                                        _prefetch_run, _tile, _tile12_packed, limited)
 from mixrt.ops.panels._jit_transpose import transpose
 
 # Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
@@ -61,9 +63,14 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
     limiting = limits.shape[0] > 0
     low, high, slope = _limits(limits)
     flat_panels, panel_size = panels.reshape(-1), k_len * width
+    packing = p1 - p0 > 1 and rows >= DENSE_ROWS
+    strips = np.empty(-(-min(rows, ROW_BLOCK) // DENSE_ROWS) * PACKED_STRIDE * k_len
+                      if packing else 0, a.dtype)
     for r0 in range(0, rows, ROW_BLOCK):
         r1 = min(rows, r0 + ROW_BLOCK)
         share = -(-panel_size // -(-(r1 - r0) // DENSE_ROWS))  # of the next panel, a strip
+        if packing:
+            _pack_strips(a, r0, r1, strips)
         for p in range(p0, p1):
             column = p * width
             offset = p * panel_size
@@ -73,7 +80,21 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                     _ask_ahead(flat_panels, offset + panel_size, panel_size,
                                (s - r0) // DENSE_ROWS * share, share)
                 count = min(DENSE_ROWS, r1 - s)
-                if inside and biased:  # the bias and activation in the tile's registers
+                if packing and inside and count == DENSE_ROWS:  # the strip packed k by k
+                    strip = (s - r0) // DENSE_ROWS * PACKED_STRIDE
+                    if biased:
+                        _btile12_packed(strips, strip * k_len, 1, panels, offset, width,
+                                        c, s * ldc + column, ldc, k_len, bias, column, low,
+                                        high, slope)
+                    else:
+                        _tile12_packed(strips, strip * k_len, 1, panels, offset, width, c,
+                                       s * ldc + column, ldc, k_len)
+                        if limiting:
+                            for i in range(count):
+                                for j in range(width):
+                                    c[s + i, column + j] = limited(c[s + i, column + j], low,
+                                                                   high, slope)
+                elif inside and biased:  # the bias and activation in the tile's registers
                     _dense_biased_tile(count, a, s * lda, lda, panels, offset, width, c,
                                        s * ldc + column, ldc, k_len, bias, column, low, high,
                                        slope)
@@ -97,6 +118,20 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                             value = spill[i, j] + bias[column + j] if biased else spill[i, j]
                             c[s + i, column + j] = limited(value, low, high, slope) \
                                 if limiting else value
+
+
+@_jit
+def _pack_strips(a, r0, r1, strips):
+    """The whole strips of rows r0..r1 of ``a`` packed k by k: strip t's a[s + i, k] at
+    ``strips[t * PACKED_STRIDE * K + k * PACKED_STRIDE + i]`` (s = r0 + t * DENSE_ROWS), each
+    strip a transpose in registers (``_jit_transpose``), from ``a``'s memory read flat (its
+    rows contiguous, ``lda`` apart)."""
+    k_len = a.shape[1]
+    lda = a.strides[0] // a.itemsize
+    flat = carray(pointer_like(address(a), a.dtype.type(0)), ((r1 - 1) * lda + k_len,))
+    for s in range(r0, r1 - DENSE_ROWS + 1, DENSE_ROWS):
+        transpose(flat, s * lda, lda, strips, (s - r0) // DENSE_ROWS * PACKED_STRIDE * k_len,
+                  PACKED_STRIDE, DENSE_ROWS, k_len)
 
 
 @_jit

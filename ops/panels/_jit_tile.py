@@ -35,12 +35,15 @@ STRIP_ROWS = 8  # activation rows of one tile: 16 sums in registers, 2 panel vec
 # 24 x 384 @ 384 x 384 0.88-0.94, the same bits (each output's sum is the same sequence).
 DENSE_ROWS = 12
 K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
+# a packed strip's rows at each k (its DENSE_ROWS and padding): one aligned 64-byte line of
+# floats, which the strip's transpose writes whole (12 apart, its stores crossed lines)
+PACKED_STRIDE = 16
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
 
 def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
-               biased: bool = False):
+               biased: bool = False, packed: bool = False):
     """The tile kernel for ``rows`` activation rows: ``c[i, j] = sum_k a[i, k] * w[k, j]``
     for i < rows and the panel's first ``vectors`` vectors of columns j (one: the half
     tile of a last panel with at most ``lanes`` columns, :func:`_half_tile`). Arguments:
@@ -75,7 +78,7 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
                              types.intp, types.intp, types.intp, bias, types.intp, a.dtype,
                              a.dtype, a.dtype)
             return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors,
-                                      biased=True)
+                                      biased=True, packed=packed)
         return biased_tile
 
     if not finished:
@@ -84,7 +87,8 @@ def _make_tile(rows: int, finished: bool = False, vectors: int = PANEL_VECTORS,
                  k_len):
             sig = types.void(a, types.intp, types.intp, panels, types.intp, types.intp, c,
                              types.intp, types.intp, types.intp)
-            return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors)
+            return sig, _tile_codegen(rows, finished=False, taps=False, vectors=vectors,
+                                      packed=packed)
         return tile
 
     @intrinsic
@@ -127,7 +131,7 @@ def _make_tap_tile(rows: int):
 
 
 def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
-                  vectors: int = PANEL_VECTORS, biased: bool = False):
+                  vectors: int = PANEL_VECTORS, biased: bool = False, packed: bool = False):
     # ``vectors``: of the panel's PANEL_VECTORS, how many the tile computes (plain tiles only;
     # the packed panels' rows stay PANEL_VECTORS wide)
     assert vectors == PANEL_VECTORS or not (finished or taps)
@@ -232,14 +236,51 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
             # i's place
             if taps:
                 a_column = at(A, builder.load(at(rows_at, k)))
+            elif packed:  # a strip packed k by k: a[k * PACKED_STRIDE + i]
+                a_column = at(A, builder.mul(k, ir.Constant(index, PACKED_STRIDE)))
             else:
                 a_column = at(A, k)
             for i in range(rows):
-                place = row_places[i] if taps else builder.mul(ir.Constant(index, i), lda)
+                if packed:
+                    place = ir.Constant(index, i)
+                else:
+                    place = row_places[i] if taps else builder.mul(ir.Constant(index, i), lda)
                 value = spread(builder.load(at(a_column, place)))
                 for v in range(vectors):
                     total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
                     builder.store(total, sums[i][v])
+
+        def run_into_c():
+            """A plain or biased tile's sums over K, each block's added into the tile's place
+            in C (the first block's stored there): the totals in C, not in registers."""
+            zeros = ir.Constant(vector, [0.0] * lanes)
+            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(vectors)]
+                    for _ in range(rows)]
+            block = ir.Constant(index, K_BLOCK)
+            blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
+            one = ir.Constant(index, 1)  # a K of zero: one empty block, the tile's zeros
+            blocks = builder.select(builder.icmp_signed("<", blocks, one), one, blocks)
+            with cgutils.for_range(builder, blocks) as outer:
+                k0 = builder.mul(outer.index, block)
+                span = builder.sub(k_len, k0)
+                span = builder.select(builder.icmp_signed("<", span, block), span, block)
+                for row_sums in sums:
+                    for part in row_sums:
+                        builder.store(zeros, part)
+                with cgutils.for_range(builder, span) as inner:
+                    step(builder.add(k0, inner.index), sums)
+                first = builder.icmp_signed("==", outer.index, ir.Constant(index, 0))
+
+                def added(value, _, offset, v=None):  # 0 + the block's sums, or C's + them
+                    held = builder.select(first, zeros, load_vector(C, offset, mask=masked(v)))
+                    return builder.fadd(held, value)
+                _row_store(builder, sums, C, None, ldc, added, put)
+            if biased:  # the bias and activation on C's totals, as the tile is stored
+                held = [[cgutils.alloca_once_value(builder, load_vector(
+                    C, builder.add(builder.mul(ir.Constant(index, i), ldc),
+                                   ir.Constant(index, v * lanes)), mask=masked(v)))
+                    for v in range(vectors)] for i in range(rows)]
+                store_tile(held)
 
         def run_and_store():
             """The sums over K, then the tile stored (finished: through the epilogue)."""
@@ -307,7 +348,10 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                 with without:
                     store(builder, sums, C, None, ldc, finish, put)
 
-        if not finished or taps:
+        if not finished and not taps:
+            run_into_c()
+            return context.get_dummy_value()
+        if taps:
             run_and_store()
             return context.get_dummy_value()
         # the weight on the left: a whole panel, or its first ``columns`` under a mask
@@ -420,11 +464,15 @@ def _prefetch_run(array, start, count):
 
 _tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \
     (_make_tile(rows) for rows in range(1, STRIP_ROWS + 1))
-# a whole strip of the dense products; 9-11 rows go as 8 and the rest (each row's sums are its
-# own, so the bits are the same): each unrolled kernel costs the compile child seconds, and
-# one for each of 9-12 rows, plain, biased and half, took a small MLP's first compile from
-# 25-28 s to 40-42 (29-31 with these two)
-_tile12 = _make_tile(DENSE_ROWS)
+# A whole strip of the dense products reads its rows packed k by k (``_jit_dense``'s
+# ``_pack_strips``): one pointer, the rows at constant offsets from it. Read in place, each of
+# twelve rows was a pointer of its own, more than the registers LLVM had beside the 24 sums:
+# on a Zen 5 core (numba 0.68, LLVM 22) the loop reloaded row pointers and sums from the
+# stack each k and ran at 28-33 GMAC/s one thread, onnxruntime's sgemm at 80-95; packed,
+# 78-91 (2026-12-02). Strips read in place (a product of one panel, B read where it lies)
+# go as 8 rows and the rest, whose tiles fit the registers; a kernel for each of 9-12 rows,
+# plain, biased and half, had taken a small MLP's first compile from 25-28 s to 40-42.
+_tile12_packed = _make_tile(DENSE_ROWS, packed=True)
 
 
 @_jit
@@ -450,11 +498,9 @@ def _tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k
 
 @_jit
 def _dense_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len):
-    """:func:`_tile` for 1..12 rows (DENSE_ROWS), the dense products' strips; the kernels of
-    8 rows or fewer (the convolutions', attention's) do not compile the wider one."""
-    if rows == DENSE_ROWS:
-        _tile12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
-    elif rows > STRIP_ROWS:
+    """:func:`_tile` for 1..12 rows (DENSE_ROWS), the dense products' strips read in place:
+    9..12 as 8 and the rest (whole strips packed take ``_tile12_packed``)."""
+    if rows > STRIP_ROWS:
         _tile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len)
         _tile(rows - STRIP_ROWS, a, a_offset + STRIP_ROWS * lda, lda, panels, panel_offset, ldw,
               c, c_offset + STRIP_ROWS * ldc, ldc, k_len)
@@ -464,7 +510,7 @@ def _dense_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, 
 
 _btile1, _btile2, _btile3, _btile4, _btile5, _btile6, _btile7, _btile8 = \
     (_make_tile(rows, biased=True) for rows in range(1, STRIP_ROWS + 1))
-_btile12 = _make_tile(DENSE_ROWS, biased=True)
+_btile12_packed = _make_tile(DENSE_ROWS, biased=True, packed=True)
 
 
 @_jit
@@ -503,10 +549,7 @@ def _biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset,
 def _dense_biased_tile(rows, a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc,
                        k_len, bias, bias_offset, low, high, slope):
     """:func:`_biased_tile` for 1..12 rows, as :func:`_dense_tile`."""
-    if rows == DENSE_ROWS:
-        _btile12(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
-                 bias_offset, low, high, slope)
-    elif rows > STRIP_ROWS:
+    if rows > STRIP_ROWS:
         _btile8(a, a_offset, lda, panels, panel_offset, ldw, c, c_offset, ldc, k_len, bias,
                 bias_offset, low, high, slope)
         _biased_tile(rows - STRIP_ROWS, a, a_offset + STRIP_ROWS * lda, lda, panels,
