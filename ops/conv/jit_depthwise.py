@@ -13,7 +13,7 @@ taps, unrolled, with the weights held in registers; the loads are contiguous whe
 is 1, so LLVM vectorizes the row. A tap over the padding multiplies its weight by a real
 zero, so an infinite or NaN weight gives NaN there, as in the zero-padded reference. With
 stride 2 across, the scratch holds each padded row's even cells and then its odd ones
-(:func:`_split_copy`), so the taps' loads stay contiguous there too.
+(``depthwise_common.split_copy``), so the taps' loads stay contiguous there too.
 
 Two designs lost (benchmarks/NOTES.md §11): reading the input in place with a
 bounds-checked loop for the border outputs (2.6x slower on 28x28 planes, where the border
@@ -72,13 +72,13 @@ from mixrt.ops.compiled.parallel import MIN_ELEMENTS, parallel_for, thread_parts
 from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_costs import blocks_cheaper, small_plane_form
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
-                                             activation_constants, pair_copy,
-                                             part_entries, weight_and_bias, word_views)
+                                             activation_constants, flat_pairs,
+                                             part_entries, split_copy, weight_and_bias,
+                                             word_views)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
 
 FLAT_MAX_WIDTH = 32  # output widths up to which the flat form (flat_source) is faster
-SPLIT_LOOPS_COLUMNS = 40  # input rows from this many columns: two loops (_split_copy)
 FLAT_LANES = 16  # the flat row's length is rounded up to whole 64-byte vectors of floats
 # without the native workers (ops/panels/native_parts.py), outputs from this many elements are
 # split over the Python threads by planes (a hand-off costs ~30-40 µs here, as for the pools)
@@ -447,7 +447,7 @@ def source(kernel: tuple, strides: tuple, dilations: tuple, activation: str = ""
 
 def _plane_copy(split: bool) -> list[str]:
     """The copy of input plane p into the padded scratch."""
-    return _split_copy() if split else [
+    return split_copy() if split else [
         "            for r in range(rows):",
         "                source = (p * height + r) * width",
         "                target = (top + r) * wp + left",
@@ -552,7 +552,7 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         f"            for g in range({width}):",
         f"                for r in range({max(rows, 0)}):",
         f"                    source = ((p * {width} + g) * {height} + r) * {width_}",
-        *(_flat_pairs(plane, held, top, left, cols) if pairs else []),
+        *(flat_pairs(plane, held, top, left, cols) if pairs else []),
         f"                    for c in range({max(cols, 0)}):",
         f"                        ps[uint64(g * {held} + "
         f"{plane.cell(f'r + {top}', f'c + {left}')})] = xs[uint64(source + c)]",
@@ -572,50 +572,3 @@ def flat_source(plane: FlatPlane, activation: str = "", width: int = 1) -> str:
         "",
         *part_entries(),
     ])
-
-
-def _flat_pairs(plane: FlatPlane, held: int, top: int, left: int, cols: int) -> list[str]:
-    """The flat form's copy of a float32 input row at stride 2 across as pairs of cells
-    (``depthwise_common.pair_copy``): the row's cells go to its row phase's two column
-    phases, ``plane.plane`` cells apart."""
-    (sh, _), wph = plane.strides, plane.phase_width
-    return [
-        "                    if xs.itemsize == 4:  # (a constant of the compiled loop)",
-        f"                        target = g * {held} + (r + {top}) % {sh} * 2 * {plane.plane}"
-        f" + (r + {top}) // {sh} * {wph}",
-        *pair_copy(" " * 24, lambda j: f"({j}) % 2 * {plane.plane} + ({j}) // 2",
-                   cols=str(cols), left=str(left)),
-        "                        continue"]
-
-
-def _split_copy() -> list[str]:
-    """The copy of plane p into the padded scratch for stride 2 (dilation 1): padded column
-    j of a row goes to j // 2 when even, to ``half`` + j // 2 when odd, so that each tap of a
-    row of outputs reads consecutive cells (read in place, ``pad[2 * k + b]`` took a gather
-    per tap: 112x56x56 to 28x28, one thread, 115 -> 94 us). Float32 rows are copied as
-    pairs of cells (``depthwise_common.pair_copy``); float64 rows a half at a time, columns
-    two apart read into consecutive cells (two loops vectorize where one did not: 96 x 96 x
-    96 copied in 241 us against 456, 2026-12-01, Xeon), rows under SPLIT_LOOPS_COLUMNS in
-    one loop."""
-    def place(j):  # where padded column j lies in its row
-        return f"({j}) % 2 * half + ({j}) // 2"
-    indent = " " * 20
-    first = f"{indent}    ps[uint64(target + first + u)] = xs[uint64(source + 2 * u)]"
-    second = f"{indent}    ps[uint64(target + second + u)] = xs[uint64(source + 2 * u + 1)]"
-    pairs = f"{indent}for u in range(cols // 2):"
-    return [
-        f"            first, second = {place('left')}, {place('left + 1')}",
-        f"            last = {place('left + cols - 1')}",
-        "            for r in range(rows):",
-        "                source = (p * height + r) * width",
-        "                target = (top + r) * wp",
-        "                if xs.itemsize == 4:  # (a constant of the compiled loop)",
-        *pair_copy(" " * 20, place),
-        "                    continue",
-        f"                if cols < {SPLIT_LOOPS_COLUMNS}:  # short rows: one loop",
-        pairs, first, second,
-        "                else:",
-        pairs, first, pairs, second,
-        "                if cols % 2:",
-        "                    ps[uint64(target + last)] = xs[uint64(source + cols - 1)]",
-    ]
