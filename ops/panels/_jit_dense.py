@@ -90,10 +90,7 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                         _tile12_packed(strips, strip * k_len, 1, panels, offset, width, c,
                                        s * ldc + column, ldc, k_len)
                         if limiting:
-                            for i in range(count):
-                                for j in range(width):
-                                    c[s + i, column + j] = limited(c[s + i, column + j], low,
-                                                                   high, slope)
+                            _limit(c, s, count, column, width, low, high, slope)
                 elif inside and biased:  # the bias and activation in the tile's registers
                     _dense_biased_tile(count, a, s * lda, lda, panels, offset, width, c,
                                        s * ldc + column, ldc, k_len, bias, column, low, high,
@@ -102,10 +99,7 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                     _dense_tile(count, a, s * lda, lda, panels, offset, width, c,
                                 s * ldc + column, ldc, k_len)
                     if limiting:
-                        for i in range(count):
-                            for j in range(width):
-                                c[s + i, column + j] = limited(c[s + i, column + j], low,
-                                                               high, slope)
+                        _limit(c, s, count, column, width, low, high, slope)
                 else:
                     if columns - column <= width // 2:  # padding past one vector: skip it
                         _dense_half_tile(count, a, s * lda, lda, panels, offset, width,
@@ -118,6 +112,15 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
                             value = spill[i, j] + bias[column + j] if biased else spill[i, j]
                             c[s + i, column + j] = limited(value, low, high, slope) \
                                 if limiting else value
+
+
+@_jit
+def _limit(c, s, count, column, width, low, high, slope):
+    """The activation (:func:`limited`) on a tile's outputs in C: rows s.. s + count,
+    columns column.. column + width."""
+    for i in range(count):
+        for j in range(width):
+            c[s + i, column + j] = limited(c[s + i, column + j], low, high, slope)
 
 
 @_jit

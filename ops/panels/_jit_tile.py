@@ -250,16 +250,17 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                     total = builder.call(fma, [value, w[v], builder.load(sums[i][v])])
                     builder.store(total, sums[i][v])
 
-        def run_into_c():
-            """A plain or biased tile's sums over K, each block's added into the tile's place
-            in C (the first block's stored there): the totals in C, not in registers."""
+        def blocked_sums(sums, after_block, empty_block=False):
+            """The sums over K in blocks of K_BLOCK: each block's start at zero, then
+            ``after_block(block index)`` takes them, so that a long K is not one chain of
+            roundings (a 64 x 576 layer of SqueezeNet: 2.3e-6 of the largest output in one
+            chain, 1.7e-6 via OpenBLAS). ``empty_block``: a K of zero is one empty block
+            (else none)."""
             zeros = ir.Constant(vector, [0.0] * lanes)
-            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(vectors)]
-                    for _ in range(rows)]
-            block = ir.Constant(index, K_BLOCK)
+            block, one = ir.Constant(index, K_BLOCK), ir.Constant(index, 1)
             blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
-            one = ir.Constant(index, 1)  # a K of zero: one empty block, the tile's zeros
-            blocks = builder.select(builder.icmp_signed("<", blocks, one), one, blocks)
+            if empty_block:
+                blocks = builder.select(builder.icmp_signed("<", blocks, one), one, blocks)
             with cgutils.for_range(builder, blocks) as outer:
                 k0 = builder.mul(outer.index, block)
                 span = builder.sub(k_len, k0)
@@ -269,12 +270,26 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                         builder.store(zeros, part)
                 with cgutils.for_range(builder, span) as inner:
                     step(builder.add(k0, inner.index), sums)
-                first = builder.icmp_signed("==", outer.index, ir.Constant(index, 0))
+                after_block(outer.index)
+
+        def zeroed_sums():
+            return [[cgutils.alloca_once_value(builder, ir.Constant(vector, [0.0] * lanes))
+                     for _ in range(vectors)] for _ in range(rows)]
+
+        def run_into_c():
+            """A plain or biased tile's sums over K, each block's added into the tile's place
+            in C (the first block's stored there): the totals in C, not in registers, which
+            12 rows' sums and totals (48 vectors) overflowed."""
+            sums, zeros = zeroed_sums(), ir.Constant(vector, [0.0] * lanes)
+
+            def into_c(block_index):
+                first = builder.icmp_signed("==", block_index, ir.Constant(index, 0))
 
                 def added(value, _, offset, v=None):  # 0 + the block's sums, or C's + them
                     held = builder.select(first, zeros, load_vector(C, offset, mask=masked(v)))
                     return builder.fadd(held, value)
                 _row_store(builder, sums, C, None, ldc, added, put)
+            blocked_sums(sums, into_c, empty_block=True)  # C is written whatever K
             if biased:  # the bias and activation on C's totals, as the tile is stored
                 held = [[cgutils.alloca_once_value(builder, load_vector(
                     C, builder.add(builder.mul(ir.Constant(index, i), ldc),
@@ -283,30 +298,18 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                 store_tile(held)
 
         def run_and_store():
-            """The sums over K, then the tile stored (finished: through the epilogue)."""
-            # K goes in blocks of K_BLOCK: each block's sums start at zero and are then added
-            # to the totals, so that a long K is not one chain of roundings (a 64 x 576 layer
-            # of SqueezeNet: 2.3e-6 of the largest output in one chain, 1.7e-6 via OpenBLAS)
+            """The sums over K, each block's added to the totals in registers, then the tile
+            stored (finished: through the epilogue)."""
             totals = [[cgutils.alloca_once_value(builder, starts[i][v])
                        for v in range(vectors)] for i in range(rows)]
-            zeros = ir.Constant(vector, [0.0] * lanes)
-            sums = [[cgutils.alloca_once_value(builder, zeros) for _ in range(vectors)]
-                    for _ in range(rows)]
-            block = ir.Constant(index, K_BLOCK)
-            blocks = builder.udiv(builder.add(k_len, ir.Constant(index, K_BLOCK - 1)), block)
-            with cgutils.for_range(builder, blocks) as outer:
-                k0 = builder.mul(outer.index, block)
-                span = builder.sub(k_len, k0)
-                span = builder.select(builder.icmp_signed("<", span, block), span, block)
-                for row_sums in sums:
-                    for part in row_sums:
-                        builder.store(zeros, part)
-                with cgutils.for_range(builder, span) as inner:
-                    step(builder.add(k0, inner.index), sums)
+            sums = zeroed_sums()
+
+            def into_totals(_):
                 for row_sums, row_totals in zip(sums, totals):
                     for total, part in zip(row_totals, row_sums):
                         builder.store(builder.fadd(builder.load(total), builder.load(part)),
                                       total)
+            blocked_sums(sums, into_totals)
             store_tile(totals)
 
         C = at(data(6, c_arg), c_offset)
@@ -464,14 +467,11 @@ def _prefetch_run(array, start, count):
 
 _tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \
     (_make_tile(rows) for rows in range(1, STRIP_ROWS + 1))
-# A whole strip of the dense products reads its rows packed k by k (``_jit_dense``'s
-# ``_pack_strips``): one pointer, the rows at constant offsets from it. Read in place, each of
-# twelve rows was a pointer of its own, more than the registers LLVM had beside the 24 sums:
-# on a Zen 5 core (numba 0.68, LLVM 22) the loop reloaded row pointers and sums from the
-# stack each k and ran at 28-33 GMAC/s one thread, onnxruntime's sgemm at 80-95; packed,
-# 78-91 (2026-12-02). Strips read in place (a product of one panel, B read where it lies)
-# go as 8 rows and the rest, whose tiles fit the registers; a kernel for each of 9-12 rows,
-# plain, biased and half, had taken a small MLP's first compile from 25-28 s to 40-42.
+# A whole strip of the dense products reads its rows packed k by k (``_jit_dense._pack_strips``)
+# from one pointer. Read in place, twelve row pointers and the sums overflowed the registers:
+# on a Zen 5 core (numba 0.68, LLVM 22) the loop reloaded them from the stack each k, 28-33
+# GMAC/s one thread against onnxruntime's 80-95; packed, 78-91 (2026-12-02). Strips read in
+# place go as 8 rows and the rest (a kernel for each of 9-12 rows had cost compile seconds).
 _tile12_packed = _make_tile(DENSE_ROWS, packed=True)
 
 
