@@ -47,7 +47,9 @@ def panel_product(a, panels, c, p0, p1, spill, bias, limits):
     layer's activation as (low, high, slope) in c's dtype (``direct_forms.activation_limits``
     in the tile's order), applied to each sum after its bias (:func:`limited`), or empty.
     Rows go in blocks of ROW_BLOCK so that a block of ``a`` stays in L2 while the thread's
-    panels pass over it.
+    panels pass over it. Over more than one panel, a block's whole strips are packed first
+    (:func:`_pack_strips`) and their tiles read them packed (``_jit_tile._tile12_packed``);
+    a strip of fewer rows, or a part of one panel, reads ``a`` in place.
 
     Each strip of a panel also asks for its share of the next panel's cache lines
     (:func:`_ask_ahead`): in a model's run a weight comes from L3 or memory (a BERT's are
