@@ -202,9 +202,9 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
             builder.module, ir.FunctionType(ir.VoidType(), [vector, vector.as_pointer(),
                                                             ir.IntType(32), mask_type]),
             f"llvm.masked.store.{kind}.p0")
-        # the sums live in allocas that LLVM promotes to registers (mem2reg)
-        if not finished:
-            starts = [[ir.Constant(vector, [0.0] * lanes)] * vectors] * rows
+        # sums in allocas that LLVM promotes to registers (mem2reg); a finished tile's totals
+        if not finished:  # start at its bias (a plain tile's are in C: run_into_c)
+            starts = None
         elif taps:  # a bias per column: one vector load per panel vector
             bias = at(data(10, args[10]), args[11])
             starts = [[load_vector(bias, v * lanes) for v in range(PANEL_VECTORS)]] * rows
