@@ -41,6 +41,8 @@ fails, the signature stays on NumPy with a :class:`CompileWarning` that quotes i
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -64,6 +66,7 @@ from mixrt.ops.compiled import jit_tier, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
 from mixrt.ops.ir.registry import MIXRT
+from mixrt.runtime import quiet_time
 from mixrt.runtime.compile_cores import child_cores, child_environment, spawning_confined
 from mixrt.runtime.feeds import feed_signature, signature_form
 from mixrt.runtime.fingerprints import environment_stamp, graph_fingerprint
@@ -375,10 +378,13 @@ class CompileJob:
 
 class BackgroundCompiler:
     """One thread per process; each job is one child process at a time (two cores would
-    not serve a request and compile twice at once)."""
+    not serve a request and compile twice at once). Jobs a run needs go first; idle ones
+    (optional kernels) wait for a quiet process and stop when a run begins
+    (``runtime/quiet_time.py``)."""
 
     def __init__(self):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # None: look at _deferred
+        self._deferred: collections.deque = collections.deque()  # idle jobs, in turn
         self._child: subprocess.Popen | None = None
         self._current: CompileJob | None = None  # the job the child runs
         self.children = 0  # compile processes started (the prebuilt kernels' tests count)
@@ -389,8 +395,13 @@ class BackgroundCompiler:
         atexit.register(self.close)
 
     def submit(self, job: CompileJob) -> None:
-        """Queue ``job``; one a run needs stops an idle child first (what it compiled stays
-        in the cache, and its signature asks again when it next comes back)."""
+        """Queue ``job``: an idle one until the process is quiet; one a run needs at once,
+        stopping an idle child first (what it compiled stays in the cache, and its job
+        waits for the next quiet time)."""
+        if job.idle:
+            self._deferred.append(job)
+            self._jobs.put(None)  # the thread may be waiting for a job a run needs
+            return
         current = self._current
         if not job.idle and current is not None and current.idle:
             current.stopped = True  # (a child not started yet is not started: _compile)
@@ -412,9 +423,11 @@ class BackgroundCompiler:
 
     def _serve(self) -> None:
         while not self._closed:
-            job = self._jobs.get()
+            job = self._next_job()
             if self._closed:
                 return
+            if job is None:
+                continue
             self._current = job
             try:
                 why = self._compile(job)
@@ -424,10 +437,35 @@ class BackgroundCompiler:
                 self._current = None
             if self._closed:
                 return
+            if why is not None and job.idle and job.stopped:  # again when it is quiet
+                job.stopped = False
+                self._deferred.appendleft(job)
+                continue
             if why is None:
                 job.tiers._compiled(job)
             else:
                 job.tiers._failed(job, why)
+
+    def _next_job(self) -> CompileJob | None:
+        """The next job a run needs; else, once the process is quiet, the first idle one;
+        None to be asked again (a run began meanwhile, or a job came)."""
+        if not self._deferred:
+            return self._jobs.get()
+        wait = quiet_time.seconds_to_quiet()
+        try:
+            return self._jobs.get(timeout=wait) if wait > 0 else self._jobs.get_nowait()
+        except queue.Empty:
+            pass
+        if quiet_time.seconds_to_quiet() > 0:
+            return None
+        return self._deferred.popleft()
+
+    def _stop_idle(self, job: CompileJob) -> None:
+        """A run began while ``job``'s idle child compiled (on the run's thread)."""
+        job.stopped = True
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.terminate()
 
     def _compile(self, job: CompileJob) -> str | None:
         """Run the child over ``job``; None when it succeeded, else why not."""
@@ -456,7 +494,11 @@ class BackgroundCompiler:
                     env=child_environment(cores, idle=job.idle))
                 if job.stopped:  # stopped for a job a run needs while it started
                     self._child.terminate()
-            code = self._child.wait()
+            with quiet_time.stopped_by_runs(lambda: self._stop_idle(job)) if job.idle \
+                    else contextlib.nullcontext():
+                if job.idle and quiet_time.seconds_to_quiet() > 0:  # a run since it began
+                    self._stop_idle(job)
+                code = self._child.wait()
             self._child = None
             if code == 0 and job.marker.is_file():
                 return None

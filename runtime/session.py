@@ -35,7 +35,7 @@ from mixrt.ops.elementwise.elementwise import quiet_numpy
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.blas_threads import GATE as BLAS_GATE, UNGATED
 from mixrt.ops import device_checks
-from mixrt.runtime import arenas, collector, kernel_tiers
+from mixrt.runtime import arenas, collector, kernel_tiers, quiet_time
 from mixrt.runtime.binding import bind_graph
 from mixrt.runtime.cuda_graph import Captures
 from mixrt.ops.device import parse_device
@@ -189,6 +189,7 @@ class Session(FeedChecks):
         return {name: dict(options) for name, options in self.providers.options.items()}
 
     def run(self, output_names, feeds: dict, run_options: RunOptions | None = None) -> list:
+        quiet_time.note_run()  # an idle compile child stops (runtime/quiet_time.py)
         if run_options is not None:  # a time limit, or a terminate flag to watch
             return self._limited_run(output_names, feeds, run_options)
         if output_names is None and feeds.__class__ is dict and self._steady_runs:
@@ -218,6 +219,7 @@ class Session(FeedChecks):
         the session's next run, so the caller must be done with them by then, and must not
         run the session from two threads at once (a training step's gradients, which the
         optimizer reads before the next step)."""
+        quiet_time.note_run()
         return self._run(output_names, feeds, host=False, lent=lent)
 
     def read_in_place(self, names) -> None:

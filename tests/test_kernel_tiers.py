@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -475,6 +476,48 @@ def test_a_child_a_run_needs_stops_the_idle_one(tmp_path, monkeypatch):
     assert form not in tiers._failed_forms  # a child a run needs still starts for the form
     tiers._compile_when_idle(signature, {})  # but no idle one again
     assert form not in tiers._idle_forms
+
+
+def test_an_idle_child_waits_for_a_quiet_process_and_a_run_stops_it(tmp_path, monkeypatch):
+    """An idle job (optional kernels) starts its child only once no run has begun for
+    QUIET_S; a run that begins while it compiles stops it, and the job waits for the next
+    quiet time (MobileNetV2's requests 10 ms apart took 19-29 ms beside such a child, 10-11
+    without). The child here sleeps, so only a stop ends it."""
+    from types import SimpleNamespace  # noqa: PLC0415
+    from mixrt.runtime import quiet_time  # noqa: PLC0415
+    (tmp_path / "sleeping_worker.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setattr(kernel_tiers, "WORKER_MODULE", "sleeping_worker")
+    monkeypatch.setattr(kernel_tiers, "_job_spec", lambda *_: None)
+    monkeypatch.setattr(quiet_time, "QUIET_S", 0.5)
+    owner = _Owner()
+    tiers = SimpleNamespace(_session=lambda: owner, _compiled=lambda job: None,
+                            _failed=lambda job, why: None)
+    job = kernel_tiers.CompileJob(tiers, (), {}, tmp_path / "never-written.json", idle=True)
+    compiler = kernel_tiers.BackgroundCompiler()
+    try:
+        quiet_time.note_run()
+        began = time.monotonic()
+        compiler.submit(job)
+        _until(lambda: compiler.children == 1)
+        assert time.monotonic() - began >= 0.5  # not before the process was quiet
+        _until(lambda: compiler._child is not None)
+        child = compiler._child
+        quiet_time.note_run()  # a run begins: the child stops, the job waits again
+        assert child.wait(10) != 0
+        _until(lambda: list(compiler._deferred) == [job])
+        assert not job.stopped
+        _until(lambda: compiler.children == 2)  # the next quiet time
+    finally:
+        compiler.close()
+
+
+def _until(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_an_idle_child_runs_at_the_idle_priority():
