@@ -68,6 +68,29 @@ def activation_limits(activation: str, params) -> tuple | None:
     return None
 
 
+def layer_limits(activation: str, params, dtype) -> np.ndarray | None:
+    """A dense layer's activation as the panel tile applies it after the bias, (low, high,
+    slope) in ``dtype`` (Relu, LeakyRelu, Clip: :func:`activation_limits`), or None
+    where it has none, one the tile does not compute, or a dtype the panels do not take
+    (float32 and float64 alone). Kept per activation, so that a node's calls pass the same
+    array (its rows route compares it by identity); writable like the biases the kernels
+    take, so that no second signature of theirs is compiled for a read-only one."""
+    if not activation or np.dtype(dtype).char not in "fd":
+        return None
+    key = (activation, tuple(float(p) for p in params or ()), np.dtype(dtype).char)
+    found = _LAYER_LIMITS.get(key)
+    if found is None:
+        limits = activation_limits(activation, params)
+        if limits is None:
+            return None
+        slope, low, high = limits
+        found = _LAYER_LIMITS.setdefault(key, np.array((low, high, slope), dtype))
+    return found
+
+
+_LAYER_LIMITS: dict = {}
+
+
 def suits(X, W, group, geometry, out, prepacked) -> bool:
     """A 2-D convolution of one group, native floats, a weight with a home for its packed
     layout (``prepacked``: the node's dict for a constant, a thread's :func:`varying_layouts`

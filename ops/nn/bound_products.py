@@ -18,6 +18,7 @@ from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled.out_arrays import native
 from mixrt.ops.compiled.bound_calls import binds, padded, replay_binder
 from mixrt.ops.compiled.workspace import packed
+from mixrt.ops.conv.direct_forms import layer_limits
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu as products
 from mixrt.ops.elementwise import jit_elementwise
@@ -86,7 +87,7 @@ def _panel_layer(A, B, bias, out, attributes, Z=None):
     activation, params = attributes.get("activation", ""), attributes.get("activation_params")
     folded = bias is not None and bias.ndim == 1 and bias.dtype == A.dtype \
         and bias.flags.c_contiguous and bias.shape[0] == B.shape[1]
-    limits = products.layer_limits(activation, params, A.dtype) \
+    limits = layer_limits(activation, params, A.dtype) \
         if folded and Z is None else None
     product = products.panel_call(A, B, prepacked, bias if folded else None, limits)
     if folded and Z is None and (limits is not None or not activation):

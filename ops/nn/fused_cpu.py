@@ -24,6 +24,7 @@ from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import (conv_bands, depthwise_activated, direct, geometry,
                                      pointwise_anew)
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
+from mixrt.ops.conv.direct_forms import layer_limits
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.nn_cpu import constant_bias
@@ -225,7 +226,7 @@ def fused_gemm_cpu(xp, A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0,
         return out
     # a Relu, LeakyRelu or Clip is applied in the tiles after the bias, and the layer's
     # one call is then its replay (the MLP's layers paid a compiled pass each, cold)
-    limits = few_rows.layer_limits(activation, activation_params, A.dtype)
+    limits = layer_limits(activation, activation_params, A.dtype)
     whole = not activation or limits is not None
     if out is not None and whole and not transA and alpha == 1.0 and beta == 1.0 \
             and C is not None and few_rows.rows_route(_prepacked, A, B, C, out, arrays, limits):
@@ -264,7 +265,7 @@ def fused_mat_mul_cpu(xp, A, B, bias=None, Z=None, *, activation="", activation_
         return out
     # the activation the tiles apply after the bias (none with a residual, added after it)
     limits = None if Z is not None \
-        else few_rows.layer_limits(activation, activation_params, A.dtype)
+        else layer_limits(activation, activation_params, A.dtype)
     whole = Z is None and (not activation or limits is not None)  # the product is the node
     if out is not None and whole \
             and few_rows.rows_route(_prepacked, A, B, bias, out, arrays, limits):

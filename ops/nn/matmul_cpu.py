@@ -36,9 +36,8 @@ import numpy as np
 
 from mixrt.base.settings import batch_invariant
 from mixrt.ops.compiled import jit_cpu, replay
-from mixrt.ops.conv.direct_forms import activation_limits
 from mixrt.ops.nn import row_kernels
-from mixrt.ops.nn.product_parts import native_parts
+from mixrt.ops.nn.product_parts import native_parts, shared_packs
 from mixrt.ops.compiled.workspace import named_buffer, packed, per_shape
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
 
@@ -291,7 +290,7 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), so
                   limits=None):
     """``out = A @ B`` (:func:`panels_suit`), plus ``bias`` (one value per column, A's
     dtype, contiguous) when given, added to each tile as it is finished, then the
-    activation ``limits`` (:func:`layer_limits`, with a bias alone) in the same registers;
+    activation ``limits`` (``direct_forms.layer_limits``, with a bias alone) in the same registers;
     the panels split over the intra-op threads: through the native pool where there is one
     (its hand-off never takes the GIL), else ``parallel_for``. The call is kept as the
     node's replay in ``replays`` (its prepacked dict, ``ops/compiled/replay.py``) under the
@@ -305,29 +304,6 @@ def panel_product(A, B, out, prepacked, bias=None, replays=None, recorded=(), so
         replays[ROWS_ROUTE] = RowsRoute(B, bias, A.dtype, B if source is None else source,
                                         limits)
     return out
-
-
-def layer_limits(activation: str, params, dtype) -> np.ndarray | None:
-    """A dense layer's activation as the panel tile applies it after the bias, (low, high,
-    slope) in ``dtype`` (Relu, LeakyRelu, Clip: ``direct_forms.activation_limits``), or None
-    where it has none, one the tile does not compute, or a dtype the panels do not take
-    (float32 and float64 alone). Kept per activation, so that a node's calls pass the same
-    array (its rows route compares it by identity); writable like the biases the kernels
-    take, so that no second signature of theirs is compiled for a read-only one."""
-    if not activation or np.dtype(dtype).char not in _NO_BIAS:
-        return None
-    key = (activation, tuple(float(p) for p in params or ()), np.dtype(dtype).char)
-    found = _LAYER_LIMITS.get(key)
-    if found is None:
-        limits = activation_limits(activation, params)
-        if limits is None:
-            return None
-        slope, low, high = limits
-        found = _LAYER_LIMITS.setdefault(key, np.array((low, high, slope), dtype))
-    return found
-
-
-_LAYER_LIMITS: dict = {}
 
 
 # -- a node's next shapes: the route of its panel product by rows --------------------------
@@ -375,7 +351,7 @@ class RowsRoute:
 
 
 def rows_route(prepacked, A, B, bias, out, recorded, limits=None) -> bool:
-    """``out = A @ B (+ bias)``, then the activation ``limits`` (:func:`layer_limits`),
+    """``out = A @ B (+ bias)``, then the activation ``limits`` (``direct_forms.layer_limits``),
     through the node's panels at A's rows, recorded as its replay under ``recorded`` (the
     node's arrays, A first and ``out`` last), where its RowsRoute holds for these arrays:
     the same weight (B as the node has it: a Gemm's untransposed one), bias, activation,
@@ -491,12 +467,13 @@ def _call_at(kit: _RowsKit, rows: int):
         return _with_out(into, rows, n)
     if kit.native is not None:
         bounds = _bounds(kit, rows, True)
-        run, block, parts = kernels.native_product, kit.native.block, len(bounds) // 4
+        block, parts = kit.native.block, len(bounds) // 4
         spill, worker_spill = kit.spill, kit.worker_spill
+        run, shared = _native_run(kit, rows, bounds)
 
         def into(target):
             return lambda A: run(block, parts, _rows_of(A, rows, k), panels, target, bounds,
-                                 spill, worker_spill, bias, limits)
+                                 spill, worker_spill, bias, limits, *shared)
         return _with_out(into, rows, n)
     dtype, spill_shape = kit.dtype, kit.spill.shape
 
@@ -509,6 +486,19 @@ def _call_at(kit: _RowsKit, rows: int):
                                   bias, limits)
         parallel_for(thread_parts(count, rows * k * n), part)
     return threads
+
+
+def _native_run(kit: _RowsKit, rows: int, bounds: np.ndarray) -> tuple:
+    """The native driver of ``kit``'s product over the parts ``bounds``, and its arguments
+    past ``native_product``'s: where parts share rows, A's strips packed once for all of
+    them into this thread's scratch (:func:`product_parts.shared_packs`)."""
+    kernels = kit.kernels
+    packs = shared_packs(bounds, rows, kernels.DENSE_ROWS)
+    if not packs:
+        return kernels.native_product, ()
+    strips = jit_cpu.scratch_array("panel_strips", kit.dtype,
+                                   (rows // kernels.DENSE_ROWS * kernels.PACKED_STRIDE * kit.k,))
+    return kernels.native_packed_product, (strips, packs)
 
 
 def _with_out(into, rows: int, n: int):
@@ -548,7 +538,7 @@ def biased_panel_product(A, B, bias, out, prepacked, replays=None, recorded=(),
                          source=None, limits=None) -> bool:
     """``out = A @ B + bias`` through the panels, the bias added as each tile is finished
     (the same float additions as ``out += bias`` afterwards), then the activation
-    ``limits`` (:func:`layer_limits`), when :func:`panels_suit` and ``bias`` is one
+    ``limits`` (``direct_forms.layer_limits``), when :func:`panels_suit` and ``bias`` is one
     contiguous value per column of A's dtype; False, nothing written, otherwise.
     ``replays``, ``recorded``, ``source``: as for :func:`panel_product`."""
     if bias.ndim != 1 or bias.dtype != A.dtype or not bias.flags.c_contiguous \

@@ -92,3 +92,17 @@ def _claimed_in_order(sizes: list[int], threads: int) -> int:
         free = ends.index(min(ends))
         ends[free] += size
     return max(ends)
+
+
+def shared_packs(bounds: np.ndarray, rows: int, strip: int) -> int:
+    """How many parts pack A's whole strips once for every part (``_jit_dense
+    .native_packed_product``): where parts that pack their rows (runs of more than one
+    panel) share them with other parts, each would pack them again; else 0, each part
+    packing its own rows, or reading them in place."""
+    parts = bounds.reshape(-1, 4)
+    bands = {(int(r0), int(r1)) for r0, r1 in parts[:, 2:]}
+    packing = bool((parts[:, 1] - parts[:, 0] > 1).any())
+    whole = rows // strip
+    if whole == 0 or not packing or len(bands) == len(parts):
+        return 0
+    return min(whole, len(parts))

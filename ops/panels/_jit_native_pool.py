@@ -461,13 +461,16 @@ JOB = BLOCK_WORDS - 1
 CONV_JOB, PRODUCT_JOB, ATTENTION_JOB, CALL_JOB = 0, 1, 2, 3
 # product slots (arrays)
 (PRODUCT_A, PRODUCT_PANELS, PRODUCT_C, PRODUCT_BOUNDS, PRODUCT_SPILL, PRODUCT_BIAS,
- PRODUCT_LIMITS) = (ARGS + 4 * i for i in range(7))
+ PRODUCT_LIMITS, PRODUCT_STRIPS) = (ARGS + 4 * i for i in range(8))
+# product scalars: the parts that pack A's strips for every part first, and how many of them
+# are done (counted up as each ends; the product parts wait for all)
+PRODUCT_PACKS, PRODUCT_PACKED = PARTS + 1, PARTS + 2
 # attention slots: Q, K, V and the output flat with their dims as scalars, the mask's span
 (ATT_Q, ATT_K, ATT_V, ATT_OUT, ATT_MASK, ATT_MASK_STRIDES, ATT_BOUNDS, ATT_KEYS, ATT_VALUES,
  ATT_SCORES, ATT_SPILL, ATT_SCALE) = (ARGS + 4 * i for i in range(12))
 (ATT_BATCH, ATT_QUERIES, ATT_KEY_COUNT, ATT_HEADS, ATT_SIZE, ATT_VALUE_SIZE,
  ATT_HAS_MASK) = range(PARTS + 1, PARTS + 8)
-assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_LIMITS + 3 < ITEMSIZE
+assert ATT_SCALE + 3 < ITEMSIZE and ATT_HAS_MASK < JOB and PRODUCT_STRIPS + 3 < ITEMSIZE
 
 
 # -- the drivers' own jobs, through the job table -------------------------------------------

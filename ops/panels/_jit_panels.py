@@ -50,8 +50,8 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                claim, finish, get1, get2, get3, native_for,
                                                pointer_like, pool, publish, put, wake)
 from mixrt.ops.panels._jit_native_worker import native_pool, serve  # noqa: F401
-from mixrt.ops.panels._jit_tile import (DENSE_ROWS, K_BLOCK, PANEL_VECTORS, STRIP_ROWS,
-                                        VECTOR_BYTES)
+from mixrt.ops.panels._jit_tile import (DENSE_ROWS, K_BLOCK, PACKED_STRIDE, PANEL_VECTORS,
+                                        STRIP_ROWS, VECTOR_BYTES)
 
 # Each family is imported, and its worker side compiled (or loaded from the cache), when a
 # caller first reads one of its names: a model without attention never compiles attention.
@@ -63,8 +63,9 @@ _FAMILIES = {
                                           "tap_conv"),
     "mixrt.ops.panels._jit_conv_weight_grad": ("pack_gradient", "weight_grad"),
     "mixrt.ops.panels._jit_dense": ("TILE_SIGNATURE", "batched_product", "native_product",
-                                    "panel_product", "pixel_rows_conv", "product",
-                                    "swap_last_axes", "tile_d", "tile_f"),
+                                    "native_packed_product", "panel_product",
+                                    "pixel_rows_conv", "product", "swap_last_axes", "tile_d",
+                                    "tile_f"),
 }
 _HOME = {name: module for module, names in _FAMILIES.items() for name in names}
 

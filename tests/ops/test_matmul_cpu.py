@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.conv import direct_forms
 from mixrt.ops.nn import row_kernels
 from mixrt.ops.nn import matmul_cpu, product_parts
 from mixrt.ops.nn.nn_cpu import gemm_cpu, mat_mul_cpu
@@ -288,20 +289,20 @@ def test_an_activation_applied_in_the_tile_gives_the_layer_s_values(rows, n, act
     kernels.panel_product(A, panels, apart, 0, len(panels), spill, bias, np.zeros(0, dtype))
     add_and_activate_cpu(apart, None, None, activation, params)
     inside = np.full((rows, n), -7.0, dtype)
-    limits = matmul_cpu.layer_limits(activation, params, dtype)
+    limits = direct_forms.layer_limits(activation, params, dtype)
     kernels.panel_product(A, panels, inside, 0, len(panels), spill, bias, limits)
     np.testing.assert_array_equal(inside, apart)
     assert np.isnan(inside[0]).all()
 
 
 def test_only_the_piecewise_linear_activations_have_limits():
-    assert matmul_cpu.layer_limits("", None, np.float32) is None
-    assert matmul_cpu.layer_limits("Gelu", None, np.float32) is None
-    assert matmul_cpu.layer_limits("Relu", None, np.int32) is None  # no panels for ints
-    relu = matmul_cpu.layer_limits("Relu", None, np.float32)
+    assert direct_forms.layer_limits("", None, np.float32) is None
+    assert direct_forms.layer_limits("Gelu", None, np.float32) is None
+    assert direct_forms.layer_limits("Relu", None, np.int32) is None  # no panels for ints
+    relu = direct_forms.layer_limits("Relu", None, np.float32)
     assert relu.dtype == np.float32 and list(relu) == [0.0, np.inf, 1.0]
-    assert matmul_cpu.layer_limits("Relu", None, np.float32) is relu  # one array a kind
-    assert list(matmul_cpu.layer_limits("Clip", [-1, 6], np.float64)) == [-1.0, 6.0, 1.0]
+    assert direct_forms.layer_limits("Relu", None, np.float32) is relu  # one array a kind
+    assert list(direct_forms.layer_limits("Clip", [-1, 6], np.float64)) == [-1.0, 6.0, 1.0]
 
 
 @needs_panels
@@ -409,6 +410,41 @@ def test_few_panels_split_over_rows_give_the_one_thread_bits(monkeypatch):
         np.testing.assert_array_equal(out, expected)
 
     until_the_worker_joins(native.block, kernels.JOINED, product_matches)
+
+
+@needs_panels
+@pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
+@pytest.mark.parametrize("rows, k, n, shared", [(137, 384, 384, True), (24, 96, 384, True),
+                                                (11, 768, 384, False), (760, 64, 64, False),
+                                                (36, 576, 96, False)])
+def test_parts_over_the_same_rows_read_them_packed_once(rows, k, n, shared, monkeypatch):
+    """Runs of panels over one band of rows (BERT's hidden 384: twelve panels, six runs of
+    two) read A's whole strips as the threads packed them once for all the parts
+    (``native_packed_product``), its last rows in place; each cell, its bias and its
+    activation (a leaky ReLU6) as on one thread. Fewer rows than a strip, parts of rows
+    of their own, or runs of one panel (which read A in place) go as they did."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    A, B, bias = _rand(rows, k), _rand(k, n), _rand(n)
+    limits = np.array([-6, 6, 0.1], np.float32)
+    kernels = jit_cpu.panel_kernels()
+    panels = matmul_cpu.pack_panels(B)
+    expected = np.empty((rows, n), np.float32)
+    kernels.panel_product(A, panels, expected, 0, panels.shape[0],
+                          np.empty((12, 32), np.float32), bias, limits)
+    packed = []
+    real = kernels.native_packed_product
+    monkeypatch.setattr(kernels, "native_packed_product",
+                        lambda *args: packed.append(args[-1]) or real(*args))
+    call = matmul_cpu.panel_call(A, B, {}, bias, limits)
+    native = jit_cpu.native_pool()
+
+    def product_matches():
+        out = np.full((rows, n), np.nan, np.float32)
+        call(A, out)
+        np.testing.assert_array_equal(out, expected)
+
+    until_the_worker_joins(native.block, kernels.JOINED, product_matches)
+    assert bool(packed) == shared and all(0 < packs <= rows // 12 for packs in packed)
 
 
 @needs_panels
