@@ -413,7 +413,10 @@ def _bounds(kit, rows: int, split: bool) -> np.ndarray:
     if not split:
         return np.array([0, kit.count, 0, rows], np.int64)
     kit.kernels.job_ready(kit.kernels.PRODUCT_JOB, kit.dtype.itemsize)  # the worker's side
-    return native_parts(kit.count, rows, kit.kernels.DENSE_ROWS)
+    kernels = kit.kernels
+    packed_rows = -(-rows // kernels.DENSE_ROWS) * kernels.PACKED_STRIDE  # A as strips
+    return native_parts(kit.count, rows, kernels.DENSE_ROWS, kit.panels.shape[2],
+                        kit.panels.nbytes + packed_rows * kit.k * kit.itemsize)
 
 
 def _split(rows: int, k: int, n: int, itemsize: int) -> bool:

@@ -17,8 +17,8 @@ from mixrt.ops.panels._jit_native_pool import (
     PARTS, PH, PLACES, PLANES, PW, RESIDUAL, ROW_BLOCK, ROWS_AT, SHAPE0, SHAPE1, SHAPE2, SHAPE3,
     SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y,
     begin, claim, finish, get1, get2, get3, publish, put, register_job)
-from mixrt.ops.panels._jit_tile import (STRIP_ROWS, _make_tap_tile, _make_tile, _prefetch_run,
-                                        _tile8, limited)
+from mixrt.ops.panels._jit_prefetch import prefetch_run
+from mixrt.ops.panels._jit_tile import STRIP_ROWS, _make_tap_tile, _make_tile, _tile8, limited
 
 _jit = njit(nogil=True, cache=True, boundscheck=False)
 
@@ -131,7 +131,7 @@ def tap_conv(image, rows_at, places, count, panels, y, first, bias, residual, ha
     # one panel ask for the next one, a share each, while they compute (the first panel is
     # asked for before)
     share = -(-k_len // -(-count // strip))
-    _prefetch_run(flat_panels, p0 * panel_size, panel_size)
+    prefetch_run(flat_panels, p0 * panel_size, panel_size)
     for p in range(p0, p1):
         column = p * width
         columns = min(width, channels - column)

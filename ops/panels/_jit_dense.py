@@ -24,9 +24,10 @@ from mixrt.ops.panels._jit_native_pool import (
     PRODUCT_SPILL, PRODUCT_STRIPS, begin, claim, finish, get1, get2, get3, pointer_like,
     publish, put, register_job)
 from mixrt.ops.panels._jit_atomics import address, fetch_add, load, pause
+from mixrt.ops.panels._jit_prefetch import prefetch_run
 from mixrt.ops.panels._jit_tile import (DENSE_ROWS, PACKED_STRIDE, _btile12_packed,
                                         _dense_biased_tile, _dense_half_tile, _dense_tile,
-                                        _prefetch_run, _tile, _tile12_packed, limited)
+                                        _tile, _tile12_packed, limited)
 from mixrt.ops.panels._jit_transpose import transpose
 
 # Rows taken through all of a thread's panels before the next rows: whole strips of DENSE_ROWS
@@ -159,7 +160,7 @@ def _ask_ahead(flat_panels, start, size, first, count):
     """Prefetch elements ``first .. first + count`` of the panel at ``start`` (``size``
     elements), those of them that exist."""
     if first < size:
-        _prefetch_run(flat_panels, start + first, min(count, size - first))
+        prefetch_run(flat_panels, start + first, min(count, size - first))
 
 
 @_jit

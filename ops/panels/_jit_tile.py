@@ -35,6 +35,7 @@ STRIP_ROWS = 8  # activation rows of one tile: 16 sums in registers, 2 panel vec
 # 24 x 384 @ 384 x 384 0.88-0.94, the same bits (each output's sum is the same sequence).
 DENSE_ROWS = 12
 K_BLOCK = 128  # k per block of sums added to the totals (see _tile_codegen)
+K_UNROLL = 4  # k per iteration of a block's loop
 # a packed strip's rows at each k (its DENSE_ROWS and padding): one aligned 64-byte line of
 # floats, which the strip's transpose writes whole (12 apart, its stores crossed lines)
 PACKED_STRIDE = 16
@@ -268,8 +269,18 @@ def _tile_codegen(rows: int, finished: bool, taps: bool, gathered: bool = False,
                 for row_sums in sums:
                     for part in row_sums:
                         builder.store(zeros, part)
-                with cgutils.for_range(builder, span) as inner:
-                    step(builder.add(k0, inner.index), sums)
+                # K_UNROLL steps an iteration, then the rest one by one: the loop's own
+                # counting and pointer steps shared by more multiply-adds
+                unroll = ir.Constant(index, K_UNROLL)
+                runs = builder.udiv(span, unroll)
+                with cgutils.for_range(builder, runs) as inner:
+                    first = builder.add(k0, builder.mul(inner.index, unroll))
+                    for u in range(K_UNROLL):
+                        step(builder.add(first, ir.Constant(index, u)), sums)
+                done = builder.add(k0, builder.mul(runs, unroll))
+                with cgutils.for_range(builder, builder.sub(builder.add(k0, span), done)) \
+                        as inner:
+                    step(builder.add(done, inner.index), sums)
                 after_block(outer.index)
 
         def zeroed_sums():
@@ -434,35 +445,6 @@ def limited(v, low, high, slope):
     if v > high:
         v = high
     return v
-
-
-@intrinsic
-def _prefetch(typingctx, array, offset):
-    """Asks for the cache line holding ``array.flat[offset]`` (a hint: never faults, so an
-    offset past the array is harmless)."""
-    sig = types.void(array, types.intp)
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        hint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        # a read, kept in every cache level, data
-        builder.call(hint, [builder.bitcast(builder.gep(data, [args[1]]), byte),
-                            ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@_jit
-def _prefetch_run(array, start, count):
-    """The cache lines of ``count`` elements of flat ``array`` from ``start``."""
-    step = max(1, VECTOR_BYTES // array.itemsize)
-    for offset in range(start, start + count, step):
-        _prefetch(array, offset)
 
 
 _tile1, _tile2, _tile3, _tile4, _tile5, _tile6, _tile7, _tile8 = \

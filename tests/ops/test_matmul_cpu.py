@@ -424,6 +424,7 @@ def test_parts_over_the_same_rows_read_them_packed_once(rows, k, n, shared, monk
     activation (a leaky ReLU6) as on one thread. Fewer rows than a strip, parts of rows
     of their own, or runs of one panel (which read A in place) go as they did."""
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    monkeypatch.setattr(product_parts, "l2_bytes", lambda: 1 << 40)  # parts by work alone
     A, B, bias = _rand(rows, k), _rand(k, n), _rand(n)
     limits = np.array([-6, 6, 0.1], np.float32)
     kernels = jit_cpu.panel_kernels()
@@ -445,6 +446,27 @@ def test_parts_over_the_same_rows_read_them_packed_once(rows, k, n, shared, monk
 
     until_the_worker_joins(native.block, kernels.JOINED, product_matches)
     assert bool(packed) == shared and all(0 < packs <= rows // 12 for packs in packed)
+
+
+@pytest.mark.parametrize("rows, bands", [(752, True), (19, False)])
+def test_operands_past_a_core_s_l2_are_parted_by_what_they_read(rows, bands, monkeypatch):
+    """Past a core's L2, a product's parts are weighed by what they read as well as their
+    work: at many rows each thread takes bands of its own rows through every panel (runs of
+    panels over the same rows read strips another core packed); at a strip or two, runs of
+    panels (a band would read the whole weight for a few rows). Within L2 the parts are as
+    the work alone lays them out."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+    monkeypatch.setattr(product_parts, "l2_bytes", lambda: 1 << 20)
+    operands = 12 * 32 * 1536 * 4 + -(-rows // 12) * 16 * 1536 * 4  # 12 panels, K 1536
+    parts = product_parts.native_parts(12, rows, 12, 32, operands).reshape(-1, 4)
+    runs = {(int(p0), int(p1)) for p0, p1 in parts[:, :2]}
+    assert (runs == {(0, 12)}) == bands and len(parts) >= 2
+    covered = np.zeros((12, rows), int)
+    for p0, p1, r0, r1 in parts:
+        covered[p0:p1, r0:r1] += 1
+    assert (covered == 1).all()
+    within = product_parts.native_parts(12, rows, 12, 32, 1 << 19).reshape(-1, 4)
+    assert within.tolist() == product_parts.native_parts(12, rows, 12).reshape(-1, 4).tolist()
 
 
 @needs_panels
