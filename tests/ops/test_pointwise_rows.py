@@ -186,6 +186,42 @@ def test_bands_of_pixel_rows_give_the_separate_calls_bits(monkeypatch, activatio
 
 
 @pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
+                    reason="both row forms run on the panel tile with the native pool")
+def test_row_forms_share_the_thread_s_scratch_and_outlive_its_reallocation():
+    """The pixel rows and products are this thread's scratch, not buffers each call keeps:
+    nodes of two sizes, the one compiled call's and the bands', take the same buffers, and a
+    call made before a larger size reallocated them (its prepared addresses then stale)
+    gives the bits it gave before, on new values too."""
+    def node(batch, channels, outputs, side):
+        X = _rand(batch, channels, side, side)
+        W, B = _rand(outputs, channels, 1, 1), _rand(outputs)
+        return X, W, B, np.empty((batch, outputs, side, side), np.float32)
+
+    limits = (1.0, 0.0, 6.0)  # a Clip to 0..6
+    small, large = node(1, 64, 64, 3), node(8, 576, 96, 6)
+    banded = pointwise_rows._banded_action(*large[:3], None, {}, limits)
+    compiled = pointwise_rows._compiled_action(*small[:3], None, {}, limits)
+    assert banded is not None and compiled is not None
+
+    def reference(X, W, B, _):
+        return np.clip(conv_cpu(np, X, W, B, **ATTRIBUTES), 0.0, 6.0)
+    for X, W, B, out in (small, large):
+        (compiled if X is small[0] else banded)(X, W, B, None, out)
+        np.testing.assert_allclose(out, reference(X, W, B, out), rtol=1e-4, atol=1e-4)
+    before = jit_cpu.scratch_generation()
+    jit_cpu.scratch_array("pixel_rows", np.float32, (4 * large[0].size,))  # a larger size's
+    assert jit_cpu.scratch_generation() != before
+    for X, W, B, out in (large, small):
+        X *= -1.5  # new values in the same arrays: the replays' and bound calls' case
+        (compiled if X is small[0] else banded)(X, W, B, None, out)
+        np.testing.assert_allclose(out, reference(X, W, B, out), rtol=1e-4, atol=1e-4)
+        # the call's pixel rows went where this thread's scratch now lies
+        rows = jit_cpu.scratch_array("pixel_rows", np.float32, (X.size,))
+        np.testing.assert_array_equal(
+            rows.reshape(-1, X.shape[1]), X.transpose(0, 2, 3, 1).reshape(-1, X.shape[1]))
+
+
+@pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
                     reason="the bands run on the panel tile with the native pool")
 @pytest.mark.parametrize("batch, channels, outputs, side", [
     (1, 576, 96, 6),  # 36 pixel rows: the panels' parts balance better
