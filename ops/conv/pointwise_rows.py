@@ -33,6 +33,7 @@ from mixrt.ops.compiled import jit_cpu, jit_tier, replay
 from mixrt.ops.compiled.workspace import packed
 from mixrt.ops.conv import conv_direct_cpu
 from mixrt.ops.nn import matmul_cpu
+from mixrt.ops.nn.product_parts import l2_bytes
 from mixrt.ops.panels import native_parts
 
 # planes from this many pixels take the direct form's weight on the left
@@ -47,9 +48,10 @@ PLANES_MAX_BYTES = 1 << 20
 # (:func:`_banded_action`), BANDS_PER_THREAD bands a thread, claimed one at a time
 BAND_STRIPS = 8
 BANDS_PER_THREAD = 1
-# bytes of weight up to which the bands take a product: each band reads all of it, which a
-# weight in the core's L2 costs little and a larger one (EfficientNet-B0's 1152 -> 192, 0.9 MB)
-# more than the copies it saves (2 x 96 x 96: 7.1 against 7.0 ms a run split by panels)
+# bytes of weight up to which the bands take a product, at least (band_weight_bytes): each
+# band reads all of it, which a weight in the core's L2 costs little and a larger one
+# (EfficientNet-B0's 1152 -> 192, 0.9 MB) more than the copies it saves (2 x 96 x 96: 7.1
+# against 7.0 ms a run split by panels)
 BAND_WEIGHT_BYTES = 1 << 18
 BAND_PARTS = "mixrt.ops.conv._pixel_rows_parts"  # the bands' compiled parts
 
@@ -109,10 +111,24 @@ def warm_bands(X, W, group, prepacked) -> None:
 
 
 def _weight_the_bands_take(X, W, group, prepacked) -> bool:
-    """A node's constant 1x1 weight of one group, native floats, BAND_WEIGHT_BYTES at most."""
+    """A node's constant 1x1 weight of one group, native floats, of
+    :func:`band_weight_bytes` at most."""
     return (prepacked is not None and X.dtype in jit_cpu.NATIVE and int(group) == 1
             and W.ndim == 4 and W.shape[2:] == (1, 1)
-            and W.shape[0] * W.shape[1] * X.itemsize <= BAND_WEIGHT_BYTES)
+            and W.shape[0] * W.shape[1] * X.itemsize <= band_weight_bytes())
+
+
+def band_weight_bytes() -> int:
+    """The largest weight the bands take: three quarters of a core's L2
+    (``product_parts.l2_bytes``), from which every band reads it beside its own rows and
+    products, and never less than BAND_WEIGHT_BYTES. On a 2-core Xeon with 2 MB of L2 a core
+    (2026-12-03), six images of MobileNetV2's 3 x 9 planes, us, split by panels -> in bands
+    (onnxruntime): 576 -> 160 (0.4 MB) 292-299 -> 215-220 (116), 960 -> 160 (0.6 MB)
+    370-416 -> 287-296 (188), 160 -> 960 366-383 -> 351-364 (200), 960 -> 320 (1.2 MB)
+    554-563 -> 442-445 (334); its eight 1x1 layers there 3.37-3.39 -> 2.92-2.95 ms; 320 ->
+    1280 (1.6 MB) 706-748 against 652-740, not taken. Half the L2 had left the 1.2 MB one
+    out (3.0 ms); the 0.9 MB one above lost on a core with 1 MB."""
+    return max(BAND_WEIGHT_BYTES, l2_bytes() * 3 // 4)
 
 
 def conv(X, W, B, Z, out, epilogue, prepacked, limits=None, gate=None):
@@ -188,10 +204,11 @@ def _compiled_action(X, W, B, Z, prepacked, limits):
 
 def _rows_scratch(dtype, rows_shape: tuple, products_shape: tuple) -> tuple:
     """The pixel rows and their products, of these shapes, as this thread's scratch: one
-    pair of buffers for every node and size, warm in the cache. Buffers of each call's own were kept by its replay and bound calls, so a size's second
-    run (the first that keeps them) wrote them fresh from the allocator: MobileNetV2's
-    1x1 layers over 2 x 5 to 6 x 8 planes, four to fourteen images, took 0.3-3 ms more a
-    layer in that run than in the next, 66-440 page faults each (2026-12-03)."""
+    pair of buffers for every node and size, warm in the cache. Buffers of each call's own
+    were kept by its replay and bound calls, so a size's second run (the first that keeps
+    them) wrote them fresh from the allocator: MobileNetV2's 1x1 layers over 2 x 5 to
+    6 x 8 planes, four to fourteen images, took 0.3-3 ms more a layer in that run than in
+    the next, 66-440 page faults each (2026-12-03)."""
     return (jit_cpu.scratch_array("pixel_rows", dtype, rows_shape),
             jit_cpu.scratch_array("pixel_products", dtype, products_shape))
 
@@ -201,13 +218,13 @@ def _banded_action(X, W, B, Z, prepacked, limits, gate=None):
     each copied in, multiplied by the whole weight and written out with the epilogue
     ``limits`` by the thread that took it, where the product would be split over the native
     workers, there are at least BAND_STRIPS strips a thread and the weight is at most
-    BAND_WEIGHT_BYTES; else None."""
+    :func:`band_weight_bytes`; else None."""
     native = jit_cpu.native_pool()
     n, c, m = X.shape[0], X.shape[1], W.shape[0]
     pixels = X.shape[2] * X.shape[3]
     total = n * pixels
     kernels = jit_cpu.panel_kernels()
-    if native is None or kernels is None or c * m * X.itemsize > BAND_WEIGHT_BYTES:
+    if native is None or kernels is None or c * m * X.itemsize > band_weight_bytes():
         return None
     # a node whose weight the bands take takes them at a batch large enough: their compiled
     # parts are loaded at its first call (a session's warm-up), not at the first request

@@ -225,13 +225,33 @@ def test_row_forms_share_the_thread_s_scratch_and_outlive_its_reallocation():
                     reason="the bands run on the panel tile with the native pool")
 @pytest.mark.parametrize("batch, channels, outputs, side", [
     (1, 576, 96, 6),  # 36 pixel rows: the panels' parts balance better
-    (8, 1152, 192, 3),  # a weight past the core's L2, which every band would read
+    (8, 1152, None, 3),  # a weight past what a core's L2 holds for every band to read
     (8, 16, 16, 6)])  # a product not split at all
 def test_few_rows_and_large_weights_keep_the_split_by_panels(batch, channels, outputs, side):
+    if outputs is None:  # just past the bands' largest weight on this machine
+        outputs = pointwise_rows.band_weight_bytes() // (channels * 4) + 16
     X = _rand(batch, channels, side, side)
     W, B = _rand(outputs, channels, 1, 1), _rand(outputs)
     limits = (1.0, 0.0, np.inf)
     assert pointwise_rows._banded_action(X, W, B, None, {}, limits) is None
+
+
+@pytest.mark.skipif(not TILE or jit_cpu.native_pool() is None,
+                    reason="the bands need the panel tile and the native pool")
+def test_the_bands_take_weights_up_to_three_quarters_of_a_core_s_l2(monkeypatch):
+    """EfficientNet-B0's 1152 -> 192 (0.9 MB) goes in bands where a core's L2 holds it with
+    room for the bands' rows (2 MB), and split by panels where it nearly fills it (1 MB);
+    without a size from the system the old 256 KB stands as the floor."""
+    threads = jit_cpu.native_pool().workers + 1
+    rows = pointwise_rows.BAND_STRIPS * threads * jit_cpu.panel_kernels().STRIP_ROWS
+    X = _rand(-(-rows // 9), 1152, 3, 3)  # pixel rows enough for a band a thread
+    W, B = _rand(192, 1152, 1, 1), _rand(192)
+    limits = (1.0, 0.0, np.inf)
+    for l2, banded in ((2 << 20, True), (1 << 20, False), (0, False)):
+        monkeypatch.setattr(pointwise_rows, "l2_bytes", lambda l2=l2: l2)
+        taken = pointwise_rows._banded_action(X, W, B, None, {}, limits)
+        assert (taken is not None) == banded, l2
+    assert pointwise_rows.band_weight_bytes() == pointwise_rows.BAND_WEIGHT_BYTES
 
 
 @pytest.mark.skipif(not TILE or not jit_cpu.NATIVE_POOL_PLATFORM,
@@ -271,7 +291,8 @@ def test_a_node_the_bands_may_take_at_another_size_compiles_their_entry(monkeypa
     with jit_tier.loading_only() as misses:
         pointwise_rows.warm_bands(X, _rand(576, 96, 1, 1), 1, prepacked)
     assert misses == [] and pointwise_rows._BAND_ENTRIES_WARM == set()
-    pointwise_rows.warm_bands(X, _rand(1152, 96, 1, 1), 1, prepacked)  # 442 KB of weight
+    past = pointwise_rows.band_weight_bytes() // (96 * 4) + 16  # outputs past the bands'
+    pointwise_rows.warm_bands(X, _rand(past, 96, 1, 1), 1, prepacked)
     assert pointwise_rows._BAND_ENTRIES_WARM == set()
     pointwise_rows.warm_bands(X, _rand(576, 96, 1, 1), 1, prepacked)
     assert pointwise_rows._BAND_ENTRIES_WARM == {"<f4"}
