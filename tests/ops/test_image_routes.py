@@ -170,6 +170,41 @@ def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
     assert len(calls) == 1
 
 
+def test_a_serving_run_takes_a_stand_in_while_its_flat_form_is_in_no_cache(monkeypatch):
+    """In a process that compiles in the background, a run that may compile (a size's
+    second run, serving) takes a depthwise node's kept call as a loading run does: a
+    stand-in while the flat form it stands in for is in no cache (once a child compiled
+    it, the full route, which loads it), a size-free form always; where the process
+    compiles in the foreground, the full route."""
+    prepacked, loaded, cached = {}, set(), set()
+    X, W = images(1), constant(np.ones((2, 16, 1, 1)))
+    out = np.empty((1, 2, 20, 24), np.float32)
+    calls = []
+    image_routes.stash(prepacked, out, lambda *arrays: calls.append(arrays),
+                       image_routes.How(records=True, loading_only=True))
+    image_routes.amend(prepacked, out, ("geometry", loaded), "a flat form")
+    image_routes.keep(prepacked, X, (W, None), None, out, None)
+    monkeypatch.setattr(image_routes, "compiled_before", lambda name: name in cached)
+    again = np.empty_like(out)
+    monkeypatch.setenv("MIXRT_COMPILE", "background")
+    with jit_tier.using(True):  # compiling allowed on this thread: not a loading run
+        assert image_routes.ran(prepacked, X, (W, None), None, again, None)
+        assert len(calls) == 1 and calls[0][-1] is again
+        cached.add("geometry")
+        assert not image_routes.ran(prepacked, X, (W, None), None, again, None)
+        cached.clear()
+        monkeypatch.setenv("MIXRT_COMPILE", "foreground")
+        assert not image_routes.ran(prepacked, X, (W, None), None, again, None)
+        free = np.empty((1, 3, 20, 24), np.float32)  # a size-free form's call, no stand-in
+        image_routes.stash(prepacked, free, lambda *arrays: calls.append(arrays),
+                           image_routes.How(records=True, loading_only=True))
+        image_routes.keep(prepacked, X, (W, None), None, free, None)
+        assert not image_routes.ran(prepacked, X, (W, None), None, free, None)
+        monkeypatch.setenv("MIXRT_COMPILE", "background")
+        assert image_routes.ran(prepacked, X, (W, None), None, free, None)
+    assert len(calls) == 2
+
+
 def test_a_squeeze_excite_node_keeps_one_call_for_every_size_in_place_or_apart(hits):
     from mixrt.ops.ir.registry import CONSTANT_INPUTS
     from mixrt.ops.nn.squeeze_excite_cpu import squeeze_excite_cpu
