@@ -151,16 +151,24 @@ def test_a_depthwise_node_takes_its_kept_call_in_loading_runs_alone(hits):
     assert hits[-1] is False
 
 
-def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
-    prepacked, loaded = {}, set()
-    X, W, B = images(1), constant(np.ones((2, 16, 1, 1))), None
+def kept_stand_in(loaded: set) -> tuple:
+    """A node's dict with a depthwise stand-in kept for X's size (a flat form named
+    "geometry", loaded once in ``loaded``), X, W and the calls the kept one makes."""
+    prepacked, calls = {}, []
+    X, W = images(1), constant(np.ones((2, 16, 1, 1)))
     out = np.empty((1, 2, 20, 24), np.float32)
-    calls = []
     image_routes.stash(prepacked, out, lambda *arrays: calls.append(arrays),
                        image_routes.How(records=True, loading_only=True))
     image_routes.amend(prepacked, out, ("geometry", loaded), "a flat form")
-    image_routes.keep(prepacked, X, (W, B), None, out, None)
-    again = np.empty_like(out)
+    image_routes.keep(prepacked, X, (W, None), None, out, None)
+    return prepacked, X, W, calls
+
+
+def test_a_stand_in_lapses_once_its_flat_form_is_loaded():
+    loaded = set()
+    prepacked, X, W, calls = kept_stand_in(loaded)
+    B = None
+    again = np.empty((1, 2, 20, 24), np.float32)
     misses = []
     with jit_tier.using(True, misses=misses):
         assert image_routes.ran(prepacked, X, (W, B), None, again, None)
@@ -176,16 +184,10 @@ def test_a_serving_run_takes_a_stand_in_while_its_flat_form_is_in_no_cache(monke
     stand-in while the flat form it stands in for is in no cache (once a child compiled
     it, the full route, which loads it), a size-free form always; where the process
     compiles in the foreground, the full route."""
-    prepacked, loaded, cached = {}, set(), set()
-    X, W = images(1), constant(np.ones((2, 16, 1, 1)))
-    out = np.empty((1, 2, 20, 24), np.float32)
-    calls = []
-    image_routes.stash(prepacked, out, lambda *arrays: calls.append(arrays),
-                       image_routes.How(records=True, loading_only=True))
-    image_routes.amend(prepacked, out, ("geometry", loaded), "a flat form")
-    image_routes.keep(prepacked, X, (W, None), None, out, None)
+    cached = set()
+    prepacked, X, W, calls = kept_stand_in(set())
     monkeypatch.setattr(image_routes, "compiled_before", lambda name: name in cached)
-    again = np.empty_like(out)
+    again = np.empty((1, 2, 20, 24), np.float32)
     monkeypatch.setenv("MIXRT_COMPILE", "background")
     with jit_tier.using(True):  # compiling allowed on this thread: not a loading run
         assert image_routes.ran(prepacked, X, (W, None), None, again, None)
