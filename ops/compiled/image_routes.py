@@ -32,9 +32,9 @@ form of a plane geometry this process has not loaded. Its route is kept for *loa
 the serving runs of a process that compiles in the background while the flat form is in no
 cache (the full route would take the same stand-in there); a run that may compile in the
 foreground, or that finds the flat form in a cache, takes the full route, which loads or
-compiles the flat form and compiles the stand-ins for other sizes. A stand-in's call lapses once the flat form of its
-geometry is loaded (``stale``), and notes the optional miss the full route would
-(``note``), so the background compiler hears of the size as before.
+compiles the flat form and compiles the stand-ins for other sizes. A stand-in's call lapses
+once the flat form of its geometry is loaded (``stale``), and notes the optional miss the
+full route would (``note``), so the background compiler hears of the size as before.
 """
 
 from __future__ import annotations
