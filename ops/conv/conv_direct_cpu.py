@@ -306,7 +306,8 @@ def _size_words(plan, dtype) -> tuple:
     words += [(slot, (int(value),)) for slot, value in (
         (kernels.BY_ROWS, plan.by_rows), (kernels.STRIPS, plan.strips),
         (kernels.IN_PLACE, plan.in_place), (kernels.PARTS, parts.count),
-        (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block))]
+        (kernels.CHUNK, parts.chunk), (kernels.ROW_BLOCK, parts.row_block),
+        (kernels.COLUMN_BLOCK, parts.column_block))]
     return tuple(words) + ((kernels.SHAPE0, tuple(parts.shape)),
                            (kernels.PH, tuple(parts.geometry)))
 
@@ -467,8 +468,8 @@ def _pointwise(plan, x, y, epilogue, r0, r1, m0, m1, shared=None, at=None):
     kernels.pointwise_conv(plan.weights, image, stride, offset, (r1 - r0) * ow, y,
                            (r0 if at is None else at) * ow,
                            bias, residual, has_residual, low, high, slope, m0,
-                           plan.weights.shape[0] if m1 is None else m1, plan.row_block, edge,
-                           spill)
+                           plan.weights.shape[0] if m1 is None else m1, plan.row_block,
+                           plan.column_block, edge, spill)
 
 
 def _phase_planes(plan, x, r0, r1):

@@ -438,11 +438,11 @@ def pool(name: str, worker) -> Pool | None:
  WORKER_SPILL, WORKER_EDGE, NO_BIAS, LIMITS) = (ARGS + 4 * i for i in range(15))
 SCALARS = ARGS + 60
 (ITEMSIZE, TAPS, BY_ROWS, STRIPS, IN_PLACE, PARTS, CHUNK, ROW_BLOCK, HAS_RESIDUAL, SHAPE0,
- SHAPE1, SHAPE2, SHAPE3, PH, PW, SY, SX, TOP, LEFT, HALO, OH, OW) = \
-    range(SCALARS, SCALARS + 22)
+ SHAPE1, SHAPE2, SHAPE3, PH, PW, SY, SX, TOP, LEFT, HALO, OH, OW, COLUMN_BLOCK) = \
+    range(SCALARS, SCALARS + 23)
 # a kit's own slots (:func:`native_conv`), past those it copies into the block: the calling
 # thread's spill and edge scratch
-SPILL, EDGE = OW + 1, OW + 5
+SPILL, EDGE = COLUMN_BLOCK + 1, COLUMN_BLOCK + 5
 # the block's own (no kit has it): a job of whole images, or 0 (parts of one image), and
 # the runs of consecutive images it is cut into (its parts)
 IMAGES, IMAGE_RUNS = EDGE + 5, EDGE + 6

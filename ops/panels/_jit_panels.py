@@ -35,6 +35,7 @@ from mixrt.ops.panels._jit_native_pool import (ARGS, ATTENTION_JOB, ATT_BATCH, A
                                                ATT_Q, ATT_QUERIES, ATT_SCALE, ATT_SCORES, ATT_SIZE,
                                                ATT_SPILL, ATT_V, ATT_VALUES, ATT_VALUE_SIZE, BIAS,
                                                BLOCK_WORDS, BOUNDS, BUSY, BY_ROWS, CALL_ARGS,
+                                               COLUMN_BLOCK,
                                                CALL_FN, CALL_JOB, CHUNK, CLOSED, CONV_JOB,
                                                COUNT_MASK, EDGE, FUTEX_SYSCALL, FUTEX_WAIT_PRIVATE,
                                                FUTEX_WAKE_PRIVATE, HALO, HAS_RESIDUAL, IN_PLACE,

@@ -136,6 +136,44 @@ def test_pointwise_with_the_weight_on_the_left(image, m, strides, pads, dtype, a
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch, image, m", [
+    (2, (24, 13, 11), 44),  # 143 outputs: 4 whole panels (f32) and part of one, 4 rows past 40
+    (1, (12, 30, 23), 72),  # 690 outputs, whole strips, split by rows over the threads
+])
+def test_pointwise_outputs_in_column_blocks_give_the_same_bits(batch, image, m, dtype,
+                                                              every_shape, monkeypatch):
+    """Every strip of output channels takes a block of outputs in turn: blocks of one or
+    two panels, as a small L2 gives them, match one block over all the outputs bit for bit
+    and the reference, and touch nothing past the output."""
+    X, W, B = _rand(batch, *image, dtype=dtype), _rand(m, image[0], 1, 1, dtype=dtype), \
+        _rand(m, dtype=dtype)
+    Z = _rand(batch, m, *image[1:], dtype=dtype)
+    size = Z.size
+    width = jit_cpu.panel_kernels().PANEL_VECTORS * jit_cpu.panel_kernels().VECTOR_BYTES \
+        // np.dtype(dtype).itemsize
+    got = {}
+    for panels, l2 in ((None, 1 << 40), (1, 0), (2, 4 * image[0] * 2 * width * X.itemsize)):
+        monkeypatch.setattr(direct_layout, "l2_bytes", lambda l2=l2: l2)
+        direct_layout._GEOMETRIES.clear()
+        buffer = np.full(size + 4096, 7.0, dtype)
+        out = buffer[:size].reshape(Z.shape)
+        prepacked: dict = {}
+        # (a weight of its own: a node's 1x1 kits are kept by its weight)
+        fused_conv(np, X, W.copy(), B, Z, strides=[1, 1], pads=[0] * 4, activation="Relu",
+                   activation_params=[], out=out, _prepacked=prepacked)
+        (plan,) = [v for k, v in _kept(prepacked).items() if k[0] == "direct"]
+        assert plan.column_block == (width * panels if panels else
+                                     direct_layout.column_block(image[0], X.itemsize, width))
+        assert np.all(buffer[size:] == 7.0)
+        got[panels] = out.copy()
+    direct_layout._GEOMETRIES.clear()
+    want = np.maximum(_expected(X, W, B, Z), 0)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got[None], want, rtol=tolerance, atol=tolerance)
+    assert np.array_equal(got[1], got[None]) and np.array_equal(got[2], got[None])
+
+
 def test_rows_split_and_channel_split_both_cover_the_output(every_shape, monkeypatch,
                                                            tap_form):
     X, W = _rand(1, 8, 40, 40), _rand(24, 8, 3, 3)
