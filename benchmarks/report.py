@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from mixrt.models.zoo import LIGHT_MODELS
-from mixrt.ops.conv.depthwise_calibration import cpu_label
 from mixrt.runtime import blas_policy
 
 import runners  # benchmarks/ is on sys.path, as run_all.py sets it
@@ -48,7 +47,17 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-# -- machine (its CPU's name: depthwise_calibration.cpu_label) ---------------------------------
+# -- machine ----------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
 
 def _vector_extensions() -> str:
     try:
@@ -112,7 +121,7 @@ def method_section(args, elapsed: float) -> list[str]:
         "## How these were measured", "",
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`, one "
         f"process, {elapsed / 60:.0f} min.", "",
-        f"* Machine: {cpu_label()}, {os.cpu_count()} cores, {_vector_extensions()}; "
+        f"* Machine: {_cpu_model()}, {os.cpu_count()} cores, {_vector_extensions()}; "
         + _coretype_note(),
         f"* Versions: {_versions()}",
         f"* Load average (1, 5, 15 min) before: {_load(args.load_before)}, after: "
@@ -333,7 +342,7 @@ def render_gpu(args, gpu_rows, elapsed: float) -> str:
     lines = [GPU_BEGIN, "", "## GPU: how these were measured", "",
              f"Measured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `{command}`, one "
              f"process, {elapsed / 60:.0f} min.", "",
-             f"* GPU: {_gpu_name()}; host: {cpu_label()}, {os.cpu_count()} cores",
+             f"* GPU: {_gpu_name()}; host: {_cpu_model()}, {os.cpu_count()} cores",
              f"* Versions: {_versions()}, {_cupy_version()}",
              "* Runtimes: mixrt `Session(path, device=\"gpu:0\", opt_level="
              f"{args.opt_level}, cuda_graph=True)`; PyTorch `inference_mode` on `cuda` (the "

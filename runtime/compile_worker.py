@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from mixrt.ops.conv import depthwise_costs, depthwise_timing
 from mixrt.runtime.kernel_tiers import write_marker
 from mixrt.runtime.npz import read_npz, restored
 from mixrt.runtime.session import Session
@@ -34,10 +33,7 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ["MIXRT_COMPILE"] = "foreground"
     _die_with_parent()
-    idle = os.environ.pop("MIXRT_COMPILE_IDLE", "0") == "1"
-    _lower_priority(idle)
-    if not idle:  # (an idle child's timings would be the serving process's leftovers)
-        depthwise_costs.measure_where_missing(depthwise_timing.measure)
+    _lower_priority(os.environ.pop("MIXRT_COMPILE_IDLE", "0") == "1")
     spec = json.loads(Path(argv[0]).read_text())
     compile_model(spec["model"], spec["opt_level"], _feeds(spec))
     write_marker(Path(spec["marker"]), spec["model"])

@@ -65,7 +65,6 @@ import numpy as np
 from mixrt.ops.compiled import jit_tier, prebuilt
 from mixrt.ops.compiled.jit_cache import cache_root
 from mixrt.ops.control.custom import IN_PROCESS_OPS
-from mixrt.ops.conv import depthwise_costs
 from mixrt.ops.ir.registry import MIXRT
 from mixrt.runtime import quiet_time
 from mixrt.runtime.compile_cores import child_cores, child_environment, spawning_confined
@@ -293,8 +292,6 @@ class SessionTiers:
         if session is None:
             return
         self._set(job.signature, LOADING)
-        if depthwise_costs.calibrated_since():  # the child measured this CPU's weights:
-            depthwise_costs.use_weights(None)  # its forms were picked with them
         token = _LOADING.set(self)
         try:
             session.run(None, job.feeds)

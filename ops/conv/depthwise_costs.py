@@ -33,11 +33,7 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from mixrt.ops.compiled import jit_cpu
-from mixrt.ops.compiled.jit_cache import cache_root
-from mixrt.ops.conv.depthwise_calibration import cpu_label, features, fit, load, path, save
 
 # nanoseconds a plane, per tap and unit of each form's work, where the kernel's weights fit
 # the registers and where they spill (:func:`_fits`)
@@ -102,99 +98,43 @@ def small_plane_form(kernel: tuple, strides: tuple, dilations: tuple, out_dims: 
 
 def channels_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The channels form's modelled time for one plane (one channel of a block)."""
-    return _modelled("channels", kernel, strides, dilations, out_dims, itemsize)
+    lanes = _lanes(itemsize)
+    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    return (CHANNELS_TAP * taps * oh * ow + CHANNELS_COPY_IN * hp * wp
+            + CHANNELS_COPY_OUT * oh * ow) / lanes
 
 
 def flat_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The flat form's modelled time for one plane: its flat row of the stride phases, as
     the block form's (:func:`block_ns`), with literal offsets."""
-    return _modelled("flat", kernel, strides, dilations, out_dims, itemsize)
+    lanes = _lanes(itemsize)
+    (oh, _), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    vectors = -(-oh * -(-wp // strides[1]) // lanes)
+    return FLAT_VECTOR * taps * vectors + FLAT_COPY * hp * wp + FLAT_PLANE
 
 
 def row_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The row form's modelled time for one plane."""
-    return _modelled("rows", kernel, strides, dilations, out_dims, itemsize)
+    lanes = _lanes(itemsize)
+    (oh, ow), taps = out_dims, kernel[0] * kernel[1]
+    fits = _fits(taps)
+    fours, rest = divmod(ow, 4 * lanes)
+    per_row = ROW_FOUR_VECTORS[fits] * fours + ROW_VECTOR[fits] * (rest // lanes) \
+        + ROW_SCALAR[fits] * (rest % lanes)
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    return oh * taps * per_row + ROW_COPY * hp * wp
 
 
 def block_ns(kernel, strides, dilations, out_dims, itemsize) -> float:
     """The block form's modelled time for one plane."""
-    return _modelled("blocks", kernel, strides, dilations, out_dims, itemsize)
-
-
-def _modelled(form, kernel, strides, dilations, out_dims, itemsize) -> float:
-    """``form``'s units of work at this geometry (``depthwise_calibration.features``)
-    weighed by this machine's weights (:func:`weights`)."""
-    counts = features(form, kernel, strides, dilations, out_dims, _lanes(itemsize),
-                      _fits(kernel[0] * kernel[1]))
-    return float(weights()[form] @ counts)
-
-
-# the weights fitted on the EPYC (above), in ``depthwise_calibration.UNITS``' order
-SHIPPED = {
-    "rows": np.array([ROW_FOUR_VECTORS[True], ROW_FOUR_VECTORS[False], ROW_VECTOR[True],
-                      ROW_VECTOR[False], ROW_SCALAR[True], ROW_SCALAR[False], ROW_COPY]),
-    "blocks": np.array([BLOCK_VECTOR[True], BLOCK_VECTOR[False], BLOCK_COPY, BLOCK_PLANE]),
-    "channels": np.array([CHANNELS_TAP, CHANNELS_COPY_IN, CHANNELS_COPY_OUT]),
-    "flat": np.array([FLAT_VECTOR, FLAT_COPY, FLAT_PLANE]),
-}
-_WEIGHTS: list = []  # [this process's weights], read once
-# whether this process measures the weights where the cache has none for its CPU: the
-# background compiler's child (``runtime/compile_worker.py``), which compiles the forms the
-# measuring times anyway, off the serving thread, once per machine
-_MEASURES: list = []
-
-
-def weights() -> dict:
-    """Each form's weights: this machine's, where ``depthwise_calibration`` measured them
-    and kept them in the cache, else :data:`SHIPPED` (a compile child measures them first,
-    :func:`measure_where_missing`)."""
-    if not _WEIGHTS:
-        _WEIGHTS.append(_machine_weights() or SHIPPED)
-    return _WEIGHTS[0]
-
-
-def measure_where_missing(measure) -> None:
-    """Let this process measure this CPU's weights with ``measure()`` (samples for
-    ``depthwise_calibration.fit``: ``depthwise_timing.measure``, which imports the forms that
-    import this module) at its first pick if the cache has none (~12 s where the forms
-    compile first; under a second where they are cached)."""
-    _MEASURES.append(measure)
-
-
-def _machine_weights() -> dict | None:
-    where = calibration_path()
-    found = load(where)
-    if found is None and _MEASURES:
-        measure = _MEASURES.pop()  # once a process, whatever comes of it
-        try:
-            found = fit(measure())
-        except Exception:  # noqa: BLE001 (a form that fails to time: the model keeps shipping)
-            return None
-        if set(found) != set(SHIPPED):
-            return None
-        save(found, where)
-    return found
-
-
-def calibrated_since() -> bool:
-    """Whether this CPU's weights are in the cache while this process models with the
-    shipped ones (another process, a compile child, measured them since it first asked)."""
-    return bool(_WEIGHTS) and _WEIGHTS[0] is SHIPPED and calibration_path().is_file()
-
-
-def calibration_path():
-    """Where this CPU's weights are kept in mixrt's cache."""
-    return path(cache_root(), cpu_label())
-
-
-def use_weights(found: dict | None) -> None:
-    """Model with ``found`` from now on (None: read them again where they are kept), the
-    picks made with the weights before forgotten."""
-    _WEIGHTS.clear()
-    if found is not None:
-        _WEIGHTS.append(found)
-    blocks_cheaper.cache_clear()
-    small_plane_form.cache_clear()
+    lanes = _lanes(itemsize)
+    (oh, _), taps = out_dims, kernel[0] * kernel[1]
+    hp, wp = _padded(kernel, strides, dilations, out_dims)
+    phase_width = -(-wp // strides[1])
+    vectors = -(-oh * phase_width // lanes)
+    return BLOCK_VECTOR[_fits(taps)] * taps * vectors + BLOCK_COPY * hp * wp + BLOCK_PLANE
 
 
 def _fits(taps: int) -> bool:
@@ -203,6 +143,12 @@ def _fits(taps: int) -> bool:
     kernels stand for those machines' 3x3 too, unmeasured)."""
     registers = 32 if _lanes(4) >= 16 else 16
     return taps + LOOP_REGISTERS <= registers
+
+
+def _padded(kernel, strides, dilations, out_dims) -> tuple:
+    """The padded plane as far as the last window reaches."""
+    (oh, ow), (sh, sw), (dh, dw) = out_dims, strides, dilations
+    return (oh - 1) * sh + (kernel[0] - 1) * dh + 1, (ow - 1) * sw + (kernel[1] - 1) * dw + 1
 
 
 @functools.lru_cache(maxsize=4)
