@@ -15,9 +15,8 @@ from mixrt.ops.panels._jit_native_pool import (
     ARGS, BIAS, BLOCK_WORDS, BOUNDS, BY_ROWS, CHUNK, COLUMN_BLOCK, CONV_JOB, EDGE, HALO,
     HAS_RESIDUAL, IMAGE_RUNS, IMAGES, IN_PLACE, JOB, JOB_SIGNATURE, LEFT, LIMITS, NO_BIAS, OH,
     OW, PANELS, PARTS, PH, PLACES, PLANES, PW, RESIDUAL, ROW_BLOCK, ROWS_AT, SHAPE0, SHAPE1,
-    SHAPE2, SHAPE3,
-    SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES, WORKER_SPILL, X, Y,
-    begin, claim, finish, get1, get2, get3, publish, put, register_job)
+    SHAPE2, SHAPE3, SPILL, STRIPS, SX, SY, TAPS, TOP, WEIGHTS, WORKER_EDGE, WORKER_PLANES,
+    WORKER_SPILL, X, Y, begin, claim, finish, get1, get2, get3, publish, put, register_job)
 from mixrt.ops.panels._jit_prefetch import prefetch_run
 from mixrt.ops.panels._jit_tile import STRIP_ROWS, _make_tap_tile, _make_tile, _tile8, limited
 
