@@ -469,6 +469,29 @@ def test_operands_past_a_core_s_l2_are_parted_by_what_they_read(rows, bands, mon
     assert within.tolist() == product_parts.native_parts(12, rows, 12).reshape(-1, 4).tolist()
 
 
+@pytest.mark.parametrize("count, rows", [(12, 137), (12, 19), (3, 36), (48, 7), (1, 500)])
+def test_shared_packs_answers_each_parts_table_as_its_rows_say(count, rows, monkeypatch):
+    """shared_packs is answered once per (shared) parts table: the same answer as the
+    table's rows give, for every table, asked again or after others."""
+    monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
+
+    def from_rows(table, rows, strip):
+        parts = table.reshape(-1, 4)
+        bands = {(int(r0), int(r1)) for r0, r1 in parts[:, 2:]}
+        packing = bool((parts[:, 1] - parts[:, 0] > 1).any())
+        if rows // strip == 0 or not packing or len(bands) == len(parts):
+            return 0
+        return min(rows // strip, len(parts))
+
+    for strip in (12, 8):
+        table = product_parts.native_parts(count, rows, strip)
+        expected = from_rows(table, rows, strip)
+        assert product_parts.shared_packs(table, rows, strip) == expected
+        other = np.array([0, count, 0, rows], np.int64)  # a table of its own: one part
+        assert product_parts.shared_packs(other, rows, strip) == 0
+        assert product_parts.shared_packs(table, rows, strip) == expected
+
+
 @needs_panels
 def test_panels_pass_nans_and_infinities_to_their_cells_only(monkeypatch):
     taken = []
