@@ -603,19 +603,32 @@ def test_a_pointwise_convolution_read_in_place_asks_for_no_planes(every_shape):
     assert _kit_of(plan).words[jit_cpu.panel_kernels().PLANES + 1] == 0
 
 
-def test_a_scratch_buffer_grows_with_room_to_spare():
+def test_a_scratch_buffer_grows_with_room_to_spare(monkeypatch):
+    """An outgrown buffer doubles (each growth lets go of the thread's kits and asks every
+    bound call again); past SCRATCH_DOUBLING_BYTES it grows by a quarter."""
     _fresh_scratch()
+
+    def held():
+        return jit_cpu._scratch.__dict__["room"][np.dtype(np.float32).str].size
+
     first = jit_cpu.scratch_array("room", np.float32, (1000,))
     generation = jit_cpu.scratch_generation()
     grown = jit_cpu.scratch_array("room", np.float32, (1100,))
     assert jit_cpu.scratch_generation() == generation + 1
-    assert grown.base is not first.base
-    # within the quarter it kept to spare: the same buffer, no kit let go
-    again = jit_cpu.scratch_array("room", np.float32, (1250,))
+    assert grown.base is not first.base and held() >= 2000
+    # within the double it kept to spare: the same buffer, no kit let go
+    again = jit_cpu.scratch_array("room", np.float32, (held(),))
     assert jit_cpu.scratch_generation() == generation + 1
     assert np.shares_memory(again, grown)
-    jit_cpu.scratch_array("room", np.float32, (1251,))
-    assert jit_cpu.scratch_generation() == generation + 2
+    before = held()
+    jit_cpu.scratch_array("room", np.float32, (before + 1,))
+    assert jit_cpu.scratch_generation() == generation + 2 and held() >= 2 * before
+    # past the doubling's bound: a quarter
+    monkeypatch.setattr(jit_cpu, "SCRATCH_DOUBLING_BYTES", held() * 4)
+    before = held()
+    jit_cpu.scratch_array("room", np.float32, (before + 1,))
+    assert jit_cpu.scratch_generation() == generation + 3
+    assert before * 5 // 4 <= held() < 2 * before
 
 
 def test_a_kit_is_never_handed_to_another_owner():
