@@ -208,10 +208,16 @@ class _Kit:
 
 
     def bias(self, B, m) -> np.ndarray:
-        """B as the tile reads it: one per output channel, zeros past M to a whole panel."""
+        """B as the tile reads it: one per output channel, zeros past M to a whole panel;
+        always a writable array. The drivers are compiled per argument type, and a read-only
+        bias (a constant read from the model's file) is another type: its twin was loaded
+        from the cache at a service's request the first time a node of the other kind met
+        a batch the images split over (MobileNetV3-small's 22nd new shape, ~25-40 ms;
+        2026-12-04)."""
         if B is None:
             return self._zeros
-        if self._zeros.size == m and B.dtype == self._zeros.dtype and B.flags.c_contiguous:
+        if self._zeros.size == m and B.dtype == self._zeros.dtype and B.flags.c_contiguous \
+                and B.flags.writeable:
             return B.reshape(m)
         self._padded[:m] = B.reshape(m)  # past M it stays zero (one thread's calls in turn)
         return self._padded

@@ -251,6 +251,33 @@ def test_whole_images_go_to_the_threads_with_the_same_bits(batch, image, kernel,
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [16, 20])  # the output channels a whole panel, or part of one
+def test_a_read_only_bias_reaches_the_drivers_as_a_writable_array(m, every_shape, monkeypatch):
+    """The drivers are compiled per argument type, a read-only array another type than a
+    writable one: a constant bias read from the model's file reaches them in a writable
+    array of the kit's, the same values, so a node's first split call at a service's
+    request never loads a twin of a driver another node loaded."""
+    seen: list[tuple] = []
+    kernels = jit_cpu.panel_kernels()
+    for name in ("native_conv", "native_conv_images"):
+        driver = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *args, driver=driver: seen.append(
+            (args[4].flags.writeable, args[4][:m].copy())) or driver(*args))
+    X, W = _rand(2, 8, 9, 9), _rand(m, 8, 3, 3)
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                  "pads": [1, 1, 1, 1], "strides": None}
+    for writable in (True, False):
+        B = _rand(m)
+        B.flags.writeable = writable
+        out = np.empty((2, m, 9, 9), np.float32)
+        direct(X, W, B, None, conv_direct_cpu.NO_ACTIVATION, attributes, out, {})
+        np.testing.assert_allclose(out, _expected(X, W, B, **attributes), rtol=1e-4,
+                                   atol=1e-4)
+        assert seen and all(flag for flag, _ in seen)
+        assert all(np.array_equal(values, B) for _, values in seen)
+        seen.clear()
+
+
 def test_an_activation_the_tile_cannot_apply_runs_after_it(every_shape):
     assert conv_direct_cpu.activation_limits("Sigmoid", ()) is None
     X, W, B = _rand(1, 4, 20, 20), _rand(8, 4, 3, 3), _rand(8)
