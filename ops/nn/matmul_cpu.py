@@ -151,12 +151,20 @@ def graph_output(A, B, transA=0, transB=0):
 
 def one_row_blas(A, B, out) -> bool:
     """Whether ``A @ B`` into ``out`` is one row (any leading ones) of native floats under
-    ONE_ROW_WORK multiply-adds and a weight the native workers would not stream
-    (:func:`streamed`): neither the panels nor the few-rows form take it, the BLAS does."""
+    ONE_ROW_WORK multiply-adds, a weight the native workers would not stream
+    (:func:`streamed`) and not a transposed one (:func:`transposed_weight`): neither the
+    panels nor the few-rows form take it, the BLAS does."""
     return B.ndim == 2 and A.shape[-1] == B.shape[0] and A.size == A.shape[-1] \
         and A.dtype == B.dtype == out.dtype and A.dtype in jit_cpu.NATIVE \
         and out.size == B.shape[1] and A.size * B.shape[1] < ONE_ROW_WORK \
-        and not streamed(B) and not batch_invariant()
+        and not streamed(B) and not batch_invariant() and not transposed_weight(B)
+
+
+def transposed_weight(B) -> bool:
+    """Whether the (K, N) operand B is a transposed view of a row-major (N, K) weight, as a
+    Gemm's transB (a PyTorch Linear's) hands it: the panels take it at any rows, one
+    included (:func:`panels_suit`)."""
+    return B.flags.f_contiguous and not B.flags.c_contiguous
 
 
 def small_one_row(A, B, transA, transB, out) -> bool:
@@ -256,14 +264,17 @@ def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
     rows = A.size // max(A.shape[-1], 1)
     work = A.size * B.shape[1]
     large = streamed(B) or batch_invariant() and rows > 0
-    if rows < PANEL_MIN_ROWS and not batch_invariant() and not (rows == 1 and (work >= ONE_ROW_WORK or large)
-                                      and jit_cpu.native_pool() is not None):
-        return False
     # a transposed weight (Gemm's transB: a PyTorch Linear's) takes the panels below
     # PANEL_MIN_WORK too: the few-rows and BLAS forms over it were slower at every size
     # tried (2026-11-27, one thread's call with its route: 3 x 307 @ (65 x 307)^T 4.7 ->
-    # 2.4 us, 3 x 24 @ (307 x 24)^T 6.2 -> 1.6; a 5-layer MLP at 3 rows 82 -> 70 us a run)
-    transposed = min_work is None and B.flags.f_contiguous and not B.flags.c_contiguous
+    # 2.4 us, 3 x 24 @ (307 x 24)^T 6.2 -> 1.6; a 5-layer MLP at 3 rows 82 -> 70 us a run),
+    # one row too: the gemv and an epilogue pass took that MLP's layers 13-35 us each at
+    # batch 1, the panels 8-10 (2026-12-04, docs/cpu-kernels.md)
+    transposed = min_work is None and transposed_weight(B)
+    if rows < PANEL_MIN_ROWS and not batch_invariant() and not (rows == 1 and (
+            (work >= ONE_ROW_WORK or large) and jit_cpu.native_pool() is not None
+            or transposed)):
+        return False
     return (large or transposed or work >= (PANEL_MIN_WORK if min_work is None else min_work)) \
         and A.flags.c_contiguous and out.flags.c_contiguous \
         and out.size == rows * B.shape[1] and not np.may_share_memory(out, A) \

@@ -74,7 +74,7 @@ def test_gemm_every_transposition(transA, transB, no_panels):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("transB", [0, 1])
+@pytest.mark.parametrize("transB", [0])  # (a transposed weight: the panels, below)
 @pytest.mark.parametrize("alpha, beta", [(1.0, 1.0), (0.5, 2.0), (1.0, 0.0)])
 def test_a_small_one_row_gemm_gives_the_general_paths_bits(transB, alpha, beta, monkeypatch):
     """A decoder step's one-row Gemm goes straight to the BLAS; the result is what the
@@ -535,6 +535,31 @@ def test_panels_need_a_constant_weight_and_plain_layouts():
 
 
 @needs_panels
+@pytest.mark.parametrize("activation", ["", "Relu"])
+def test_one_row_through_a_transposed_weight_takes_the_panels(activation, monkeypatch):
+    """A PyTorch Linear's Gemm (transB) at batch 1, however small: the panels, not the
+    BLAS's gemv and an epilogue pass after it, and the bits that row gets inside a batch
+    of rows through the same panels."""
+    W, bias = _rand(169, 32), _rand(169)  # far under every panel threshold at one row
+    assert 32 * 169 < matmul_cpu.PANEL_MIN_WORK
+    x = _rand(5, 32)
+    assert not matmul_cpu.small_one_row(x[:1], W, 0, 1, np.empty((1, 169), np.float32))
+    taken = []
+    real = matmul_cpu.panel_product
+    monkeypatch.setattr(matmul_cpu, "panel_product", lambda *a: taken.append(1) or real(*a))
+    prepacked: dict = {}
+    one, rows = np.empty((1, 169), np.float32), np.empty((5, 169), np.float32)
+    fused_gemm(np, x[:1], W, bias, transB=1, activation=activation, out=one,
+               _prepacked=prepacked)
+    fused_gemm(np, x, W, bias, transB=1, activation=activation, out=rows, _prepacked=prepacked)
+    assert taken == [1, 1]
+    np.testing.assert_array_equal(one[0], rows[0])
+    want = x[:1] @ W.T + bias
+    np.testing.assert_allclose(one, np.maximum(want, 0) if activation else want, rtol=1e-5,
+                               atol=1e-5)
+
+
+@needs_panels
 @pytest.mark.skipif(not jit_cpu.NATIVE_POOL_PLATFORM, reason="the native pool is Linux x86-64")
 def test_one_row_through_a_large_layer_takes_the_split_panels(monkeypatch):
     monkeypatch.setenv("MIXRT_INTRA_OP_THREADS", "2")
@@ -549,8 +574,10 @@ def test_one_row_through_a_large_layer_takes_the_split_panels(monkeypatch):
     fused_gemm(np, x, W, bias, transB=1, activation="Relu", out=out, _prepacked={})
     np.testing.assert_allclose(out, np.maximum(x @ W.T + bias, 0), rtol=1e-4, atol=1e-4)
     assert taken == [1]
-    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")  # no native pool to split it: a gemv
-    assert not matmul_cpu.panels_suit(x, W.T, out, {})
+    monkeypatch.setenv("MIXRT_NATIVE_POOL", "0")  # no native pool to split it: a gemv,
+    # where the weight is not a transposed one (that takes the panels on one thread)
+    assert not matmul_cpu.panels_suit(x, np.ascontiguousarray(W.T), out, {})
+    assert matmul_cpu.panels_suit(x, W.T, out, {})
 
 
 @needs_panels
