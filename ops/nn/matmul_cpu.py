@@ -255,9 +255,10 @@ def streamed(B) -> bool:
 def panels_suit(A, B, out, prepacked, min_work: int | None = None) -> bool:
     """Whether ``out = A @ B`` takes the packed-panel kernels: B a 2-D constant weight
     (``prepacked`` is its node's dict), A a C-contiguous (..., m, K) stack of at least
-    PANEL_MIN_ROWS rows (or one row of ONE_ROW_WORK multiply-adds, with the native pool
-    to split it), all one native float dtype, ``out`` C-contiguous and apart from A, and at
-    least ``min_work`` multiply-adds or a weight the workers stream (:func:`streamed`)."""
+    PANEL_MIN_ROWS rows (or one row: through a transposed weight, or of ONE_ROW_WORK
+    multiply-adds with the native pool to split it), all one native float dtype, ``out``
+    C-contiguous and apart from A, and at least ``min_work`` multiply-adds or a weight the
+    workers stream (:func:`streamed`)."""
     if prepacked is None or B.ndim != 2 or A.ndim < 2 or A.shape[-1] != B.shape[0] \
             or not A.dtype == B.dtype == out.dtype or A.dtype not in jit_cpu.NATIVE:
         return False
