@@ -114,6 +114,30 @@ class optional:  # noqa: N801  (used as ``with jit_tier.optional():``, as a func
         return False
 
 
+class unnoted:  # noqa: N801  (used as ``with jit_tier.unnoted() as tried:``)
+    """Loads a warm-up makes ahead, where nothing waits on them: inside a loading run a
+    kernel in no cache raises :class:`CompileForbidden` as anywhere, and the block's end
+    swallows it and takes its note back out of the run's misses (the run took no other
+    path for it, so there is nothing to compile on its account); ``missed`` says whether
+    one was."""
+
+    __slots__ = ("_mark", "missed")
+
+    def __enter__(self) -> "unnoted":
+        misses = _local.misses
+        self._mark = None if misses is None else len(misses)
+        self.missed = False
+        return self
+
+    def __exit__(self, kind, *_) -> bool:
+        if kind is None or not issubclass(kind, CompileForbidden):
+            return False
+        if self._mark is not None and _local.misses is not None:
+            del _local.misses[self._mark:]
+        self.missed = True
+        return True
+
+
 def is_optional(miss: str) -> bool:
     return miss.startswith(OPTIONAL)
 

@@ -11,6 +11,7 @@ import weakref
 
 import numpy as np
 
+from mixrt.ops.compiled import jit_tier
 from mixrt.ops.elementwise import jit_elementwise, odd_rational
 from mixrt.ops.panels.native_parts import IMPORTS, part_source
 
@@ -178,6 +179,30 @@ def suits(X, W, out, kernel) -> bool:
 # (module, dtype, flags) whose entries this process compiled or loaded, each form's fallback
 # for the sizes whose own form is in no cache (jit_depthwise._warm_rows, warm_channels)
 WARM: set = set()
+# the size-free forms (by :func:`loaded_ahead`'s keys) a loading run has loaded or found in
+# no cache
+LOADED_AHEAD: set = set()
+
+
+def loaded_ahead(key: tuple, warm, *arguments) -> None:
+    """``warm(*arguments)``, a size-free form's warmer, in a loading run (compiling
+    forbidden): it loads what the cache holds of the form for these arrays' types (its
+    entries, its part entry, the address fill), as a run that may compile compiles them.
+    A form in no cache is noted nowhere (no path of this run went without it). Each ``key``
+    is asked once a process: every new shape's first run is a loading run, and a miss is
+    numba's look in its cache (~0.3 ms), a warmer's own check a few microseconds.
+
+    Without it a process started over a warm cache (a service's image made with ``mixrt
+    warmup``) warmed none of them: its signature's first run is a loading run, its later
+    runs take their bound calls, and a form first needed at a new image size was loaded in
+    that request, 4-7 ms a kernel (MobileNetV3-small: a row form's entry for a read-only
+    weight, a block form's and a channels form's part entries, at 3 of its first 80 new
+    shapes, 2026-12-04)."""
+    if key in LOADED_AHEAD:
+        return
+    with jit_tier.unnoted():
+        warm(*arguments)
+    LOADED_AHEAD.add(key)
 
 
 def flat_pairs(plane, held: int, top: int, left: int, cols: int) -> list[str]:

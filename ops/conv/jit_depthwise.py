@@ -73,8 +73,8 @@ from mixrt.ops.conv import jit_grouped_blocks as grouped_blocks
 from mixrt.ops.conv.depthwise_costs import blocks_cheaper, small_plane_form
 from mixrt.ops.conv.depthwise_common import (ACTIVATIONS, FLAGS, WARM, _module_head,
                                              activation_constants, flat_pairs,
-                                             part_entries, split_copy, weight_and_bias,
-                                             word_views)
+                                             loaded_ahead, part_entries, split_copy,
+                                             weight_and_bias, word_views)
 from mixrt.ops.conv.jit_depthwise_channels import (CHANNELS_FALLBACK_PIXELS, channels_able,
                                                    channels_conv, warm_channels)
 
@@ -129,6 +129,8 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
                                      int(group_width), (oh, ow), X.itemsize)
         if jit_tier.compile_misses() is None:
             _warm_rows(blocks, 1, cells, *call)
+        else:
+            loaded_ahead(_ahead_key(blocks, call), _warm_rows, blocks, 1, cells, *call)
         return _planes(blocks, 1, cells, *call)
     window = (tuple(kernel), tuple(strides), tuple(dilations))
     rows = (_compiled(*window, name), hp, wp)
@@ -144,6 +146,13 @@ def depthwise_conv(X, W, B, out, kernel, strides, dilations, begin, out_dims, re
         if channels_too:
             warm_channels(X, W, B, out, kernel, strides, dilations, begin, replays,
                           activation)
+    else:  # what the cache holds of them loaded now, not in a later size's request
+        loaded_ahead(_ahead_key(rows[0], call), _warm_rows, *rows, *call)
+        if blocks is not None and kernel[0] * kernel[1] > 9:  # (a 3x3's: where it is cheaper)
+            loaded_ahead(_ahead_key(blocks[0], call), _warm_rows, *blocks, *call)
+        if channels_too:
+            loaded_ahead(_ahead_key((window, name), call), warm_channels, X, W, B, out, kernel,
+                         strides, dilations, begin, replays, activation)
     conv = (X, W, B, out, kernel, strides, dilations, begin, replays, activation)
     free = (rows, blocks if cheaper else None)
     form = small_plane_form(*window, out_dims, X.itemsize, channels_too) \
@@ -319,6 +328,14 @@ def _warm_rows(rows, hp, wp, X, W, B, out, weights, bias, constants, multiplier,
     rows.run(x, weights, bias, y, constants, multiplier, W.shape[0], begin[0], begin[1], 0,
              1, np.empty((hp, wp), X.dtype))
     WARM.add(key)
+
+
+def _ahead_key(form, call: tuple) -> tuple:
+    """``depthwise_common.loaded_ahead``'s key of ``form`` (a module, or the window and
+    activation for the channels form) over ``call``'s arrays: what the warmers' entries
+    are typed by."""
+    X, weights, bias = call[0], call[4], call[5]
+    return form, X.dtype.str, weights.flags.writeable, bias.flags.writeable
 
 
 def _warm_part_entry(module, X, W, B, out, weights, bias, constants) -> tuple:

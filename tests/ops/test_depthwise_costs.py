@@ -113,6 +113,7 @@ def _fresh(tmp_path, monkeypatch) -> None:
     from mixrt.ops.compiled import generated  # noqa: PLC0415
     monkeypatch.setenv("MIXRT_CACHE_DIR", str(tmp_path))
     depthwise_common.WARM.clear()
+    depthwise_common.LOADED_AHEAD.clear()
     monkeypatch.setattr(generated, "_marked", set())
     monkeypatch.setattr(jit_depthwise, "_FLAT_LOADED", set())
     monkeypatch.setattr(jit_depthwise, "_PARTS_WARM", set())
@@ -199,6 +200,59 @@ def test_blocks_never_warmed_leave_the_rows_and_an_optional_miss(tmp_path, monke
     np.testing.assert_array_equal(got, rows)
     np.testing.assert_allclose(got, conv(np, X, W, B, group=16, **attributes), rtol=1e-5,
                                atol=1e-5)
+
+
+@needs_jit
+def test_a_loading_run_loads_the_size_free_forms_ahead_once(tmp_path, monkeypatch):
+    """A process started over a warm cache runs a signature's first run as a loading run
+    and its later runs bound: no run met the size-free forms' warmers, and a new size's
+    request loaded a form's entry there (4-7 ms). A loading run loads them ahead, as a
+    run that may compile warms them, and asks once a process."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(24, 1, 5, 5), _rand(24)
+    attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
+
+    def depthwise(X):
+        return fused_conv(np, X, W, B, group=24, activation="HardSwish", **attributes)
+
+    depthwise(_rand(1, 24, 10, 40))  # compiling allowed: the rows, blocks and channels
+    warmed = set(depthwise_common.WARM)
+    assert len(warmed) == 3
+    depthwise_common.WARM.clear()  # as a process that loaded none of them
+    asked = []
+    real = jit_depthwise._warm_rows
+    monkeypatch.setattr(jit_depthwise, "_warm_rows",
+                        lambda *arguments: (asked.append(arguments[0]), real(*arguments)))
+    with jit_tier.loading_only() as misses:
+        depthwise(_rand(1, 24, 12, 20))
+    assert depthwise_common.WARM == warmed and len(asked) == 2
+    assert all(jit_tier.is_optional(miss) for miss in misses)  # the flat form's
+    asked.clear()
+    with jit_tier.loading_only() as misses:
+        depthwise(_rand(1, 24, 9, 33))
+    assert asked == [] and all(jit_tier.is_optional(miss) for miss in misses)
+
+
+@needs_jit
+def test_a_form_in_no_cache_is_loaded_ahead_without_a_miss(tmp_path, monkeypatch):
+    """A size-free form no run compiled (the blocks, here) is not a miss of the loading
+    run that tries to load it ahead (a miss sends a run's signature to be compiled, a
+    form's own not even to an idle child): the optional misses left are the size's flat
+    form's and its own try of the blocks, which falls back to the rows."""
+    _fresh(tmp_path, monkeypatch)
+    W, B = _rand(16, 1, 5, 5), _rand(16)
+    attributes = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[2, 2])
+    real_blocks = jit_depthwise._blocks_form
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", lambda *args: None)  # none warmed
+    fused_conv(np, _rand(1, 16, 9, 80), W, B, group=16, **attributes)  # the rows compiled
+    monkeypatch.setattr(jit_depthwise, "_blocks_form", real_blocks)
+    depthwise_common.WARM.clear()
+    with jit_tier.loading_only() as misses:
+        fused_conv(np, _rand(2, 16, 23, 19), W, B, group=16, **attributes)
+    assert all(jit_tier.is_optional(miss) for miss in misses)
+    assert len([miss for miss in misses if jit_depthwise.FLAT_PREFIX not in miss]) == 1
+    assert any(key[0].__name__.startswith("mixrt_grouped_blocks")
+               for key in depthwise_common.LOADED_AHEAD if hasattr(key[0], "__name__"))
 
 
 @needs_jit
