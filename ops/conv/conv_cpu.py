@@ -174,7 +174,9 @@ def conv_bands(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kern
 def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None):
     """``out`` = limits(Conv(X, W, B) + Z) through ops/conv/conv_direct_cpu.py when it suits this
     convolution (None when it does not: nothing is computed). ``limits``: the activation as
-    ``conv_direct_cpu.activation_limits`` gives it; ``found``: the :func:`geometry`, when the
+    ``conv_direct_cpu.activation_limits`` gives it, or with a gate after it
+    (``direct_forms.gated_limits``), which only the direct form's parts apply; ``found``: the
+    :func:`geometry`, when the
     caller has it. ``prepacked`` None (W is not a constant): the direct form still takes a
     large enough call, packing W on each, where the session gave the node a ``node`` dict."""
     if X.ndim != 4 or W.ndim != 4 or not isinstance(X, np.ndarray):
@@ -187,14 +189,17 @@ def direct(X, W, B, Z, limits, attributes, out, prepacked, found=None, node=None
             return None
     if found is None:
         found = geometry(prepacked, X, W, **attributes)
+    gated = len(limits) > 3  # (its gate in the direct form's native parts alone)
     if sparse_taps.suits(X, W, attributes["group"], found, out):  # taps mostly over padding
+        if gated:
+            return None
         done = sparse_taps.conv(X, W, B, Z, limits, out, found,
                                 None if varying else prepacked)
         if done is not None:
             return done
     grouped = not varying and grouped_cpu.suits(X, W, attributes["group"], found, out, Z)
-    if not grouped and not conv_direct_cpu.suits(X, W, attributes["group"], found, out,
-                                                 prepacked):
+    if grouped and gated or not grouped and not conv_direct_cpu.suits(
+            X, W, attributes["group"], found, out, prepacked):
         return None
     # only a call into the caller's own out, with a constant W, is kept as the node's replay
     # (ops/compiled/replay.py): a W that varies may change in place, under the same address

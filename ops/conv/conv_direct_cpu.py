@@ -11,7 +11,9 @@ taken at all). What a node's geometry fixes (the phase planes' shape, the taps' 
 packed weight, the parts a call splits into) is made once in ``direct_layout.py``.
 
 The epilogue (``activation_limits``) is + bias, + residual, a slope below zero and a clamp:
-Relu, LeakyRelu and Clip. Another activation runs after, over the output.
+Relu, LeakyRelu and Clip. HardSwish, and Swish in float32, are a gate each native part
+applies to the outputs it has just stored, still in cache (``direct_forms.gated_limits``,
+``_jit_conv_direct.gated``); another activation runs after, over the output.
 
 This module runs a call. An image's parts (bands of output rows, or runs of output channels)
 are split between the calling thread and a native worker thread in one compiled call
@@ -29,7 +31,7 @@ import numpy as np
 
 from mixrt.ops.compiled import image_routes, jit_cpu, replay
 from mixrt.ops.compiled.parallel import parallel_for, thread_parts
-from mixrt.ops.conv.direct_forms import POINTWISE_POSITIONS, STRIP
+from mixrt.ops.conv.direct_forms import POINTWISE_POSITIONS, STRIP, limits_array
 from mixrt.ops.conv.direct_layout import (_row_parts, _strip_parts, band_bounds,
                                           empty_operands, layout, splits_rows, strip_runs)
 # not called here: the other convolutions (conv_cpu.py, conv_pool_cpu.py, conv_grad_cpu.py,
@@ -335,7 +337,6 @@ class _KitBase:
         empty = empty_operands(dtype)
         pointwise = not plan.taps
         edge_shape = (plan.weights.shape[1], plan.width) if pointwise else (0, 0)
-        slope, low, high = limits
         length = plan.panels.shape[0] * plan.width if plan.taps and not plan.left \
             else plan.weights.shape[0]
         self.zeros, self.padded = np.zeros(length, dtype), np.zeros(length, dtype)
@@ -350,7 +351,7 @@ class _KitBase:
         arrays = {
             kernels.PANELS: plan.panels if plan.taps and not plan.left else empty[3],
             kernels.WEIGHTS: plan.weights if plan.left or pointwise else empty[2],
-            kernels.LIMITS: np.array((low, high, slope), dtype),
+            kernels.LIMITS: limits_array(limits, dtype),
             kernels.NO_BIAS: np.zeros(plan.width, dtype),
         }
         if not pointwise:
@@ -377,7 +378,7 @@ def _conv_threads(plan, X, B, Z, limits, out):
     pool is off."""
     n, m, out_dims = X.shape[0], out.shape[1], plan.out_dims
     bias = _padded_bias(plan, B, m, X.dtype)
-    scalars = tuple(X.dtype.type(v) for v in limits)  # compared in X's dtype, not float64
+    scalars = tuple(X.dtype.type(v) for v in limits[:3])  # compared in X's dtype, not float64
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
     run = _taps if plan.taps else _pointwise
@@ -393,6 +394,8 @@ def _conv_threads(plan, X, B, Z, limits, out):
             shared = _phase_planes(plan, X[image], 0, out_dims[0])
             parallel_for(parts, lambda c0, c1, x=X[image], y=y, e=epilogue, s=shared:
                          run(plan, x, y, e, 0, out_dims[0], c0, c1, s))
+        if len(limits) > 3:  # the gate the native parts apply, here after the image
+            _kernels().gated(y, 0, m, 0, y.shape[1], limits_array(limits, X.dtype))
     return out
 
 

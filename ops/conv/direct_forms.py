@@ -16,16 +16,19 @@ forms, measured against im2col (or kernel rows) and OpenBLAS:
   strips** of 8 outputs (each channel's 8 pixels side by side, read in order) instead of the
   im2col columns and OpenBLAS it took before.
 
-And the epilogue's activations as (slope below zero, low, high) (:func:`activation_limits`).
+And the epilogue's activations as (slope below zero, low, high) (:func:`activation_limits`),
+with a gate after the tile for HardSwish and Swish (:func:`gated_limits`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from mixrt.ops.compiled import jit_cpu
+from mixrt.ops.elementwise import odd_rational
 
 # a 1x1 convolution of stride 1 takes the weight-on-the-left form from this many outputs
 # (7x7: two panels of 32 computed for 49). Since the native workers it beats OpenBLAS plus
@@ -51,6 +54,44 @@ STRIP = 8  # ops/panels/_jit_panels.py's STRIP_ROWS (read here without loading n
 LEFT_TAPS_MAX_K = 128
 # the epilogue's activations, as (slope below zero, low, high): anything else runs after
 NO_ACTIVATION = (1.0, -math.inf, math.inf)
+# HardSwish and Swish as the direct form's epilogue: no slope or clamp, then the gate (1, 2)
+# its native parts apply to their outputs while they are in cache
+# (``_jit_conv_direct.gated``)
+HARD_SWISH = (1.0, -math.inf, math.inf, 1)
+SWISH = (1.0, -math.inf, math.inf, 2)
+
+
+def gated_limits(activation: str, dtype) -> tuple | None:
+    """``activation`` as the direct form's epilogue with a gate after the tile: HardSwish
+    (:data:`HARD_SWISH`), or Swish in float32 (:data:`SWISH`; its compiled pass is float32's
+    alone, through the tanh rational); None for any other. Each was a compiled pass of its
+    own over the whole output after the convolution: MobileNetV3-small's stem and nine
+    expansions, EfficientNet-B0's stem, head and sixteen expansions (2026-12-04)."""
+    if activation == "HardSwish":
+        return HARD_SWISH
+    return SWISH if activation == "Swish" and np.dtype(dtype) == np.float32 else None
+
+
+def limits_array(limits: tuple, dtype) -> np.ndarray:
+    """The native drivers' epilogue words (``_jit_conv_direct.GATE`` and after): low, high,
+    slope, the gate (0: none), HardSigmoid's alpha and beta (1/6, 0.5), zero, one, a half,
+    then the float32 tanh rational's clip limits, scale and coefficients (P, Q), in
+    ``dtype``: the constants the passes the gates stand for computed with."""
+    slope, low, high = limits[:3]
+    gate = limits[3] if len(limits) > 3 else 0
+    return np.array((low, high, slope, gate, 1 / 6, 0.5, 0, 1, 0.5, *_tanh_constants()),
+                    dtype)
+
+
+@functools.cache
+def _tanh_constants() -> tuple:
+    """The tanh rational's (-limit, limit, 1 / limit^2, P's six, Q's five), as
+    ``odd_rational.numba_source`` writes them into a compiled pass."""
+    p, q = odd_rational.coefficients("Tanh")
+    if (len(p), len(q)) != (6, 5):  # the gate's Horner forms are written for these
+        raise AssertionError(f"the tanh rational's degrees changed: {len(p)}, {len(q)}")
+    bound = odd_rational.limit("Tanh")
+    return (-bound, bound, 1.0 / bound ** 2, *(float(v) for v in p), *(float(v) for v in q))
 
 
 def activation_limits(activation: str, params) -> tuple | None:

@@ -24,7 +24,7 @@ from mixrt.ops.conv import one_pixel, pointwise_rows
 from mixrt.ops.conv.conv_cpu import (conv_bands, depthwise_activated, direct, geometry,
                                      pointwise_anew)
 from mixrt.ops.conv.conv_direct_cpu import NO_ACTIVATION, activation_limits
-from mixrt.ops.conv.direct_forms import layer_limits
+from mixrt.ops.conv.direct_forms import gated_limits, layer_limits
 from mixrt.ops.compiled.bound_calls import binds_replay, padded
 from mixrt.ops.nn import matmul_cpu as few_rows
 from mixrt.ops.nn.nn_cpu import constant_bias
@@ -45,7 +45,9 @@ def fused_conv_cpu(xp, X, W, B=None, Z=None, *, auto_pad="NOTSET", dilations=Non
     replay.forget(_prepacked)
     attributes = dict(auto_pad=auto_pad, dilations=dilations, group=group,
                       kernel_shape=kernel_shape, pads=pads, strides=strides)
-    limits = activation_limits(activation, activation_params)  # (None: a pass after)
+    # (None: a pass after, or a gate the direct form's parts apply)
+    limits = activation_limits(activation, activation_params) or \
+        gated_limits(activation, X.dtype)
     done = None if limits is None else \
         pointwise_anew(X, W, B, Z, attributes, limits, out, _prepacked)
     if done is None:
@@ -153,6 +155,11 @@ def _banded(X, W, B, Z, attributes, activation, out, prepacked, node):
         np.add(out, Z, out=out)
         return activate(np, out, *activation)
     limits = activation_limits(*activation)
+    gated = None if limits is not None else gated_limits(activation[0], X.dtype)
+    if gated is not None:  # HardSwish or Swish applied by the direct form's parts, in cache
+        done = direct(X, W, B, Z, gated, attributes, out, prepacked, found, node)
+        if done is not None:
+            return done
     done = direct(X, W, B, Z, limits or NO_ACTIVATION, attributes, out, prepacked, found, node)
     if done is not None and limits is None:
         return _activated(done, activation, prepacked)

@@ -1,7 +1,8 @@
 """Direct convolutions on the packed-panel tile (``ops/conv/conv_direct_cpu.py``): the image copied
 once into its zero-padded stride phases (or packed into strips), the tile reading each output at
-its taps there, the bias, residual and activation applied as each tile is stored; no im2col columns
-and no pass after. Compiled because the tile is (``ops/panels/_jit_tile.py``), and so that one call
+its taps there, the bias, residual and activation applied as each tile is stored (HardSwish and
+Swish by each part once its tiles are stored: :func:`gated`); no im2col columns and no pass
+after. Compiled because the tile is (``ops/panels/_jit_tile.py``), and so that one call
 per image splits its parts with the native worker (the driver at the end).
 """
 
@@ -305,6 +306,70 @@ def _build(x, flat, shape, geometry, strips, r0, r1):
                              r1 - r0 + halo)
 
 
+# The epilogue's limits array: (low, high, slope) as the tile reads them, then a gate the
+# part applies to its outputs once the tile has stored them (0: none; 1: HardSwish, y times
+# HardSigmoid(y, alpha, beta); 2: Swish, y times Sigmoid(y) through the float32 tanh
+# rational), its constants in the array's dtype (``direct_forms.limits_array``)
+GATE, ALPHA, BETA, ZERO, ONE, HALF, TANH_LOW, TANH_HIGH, TANH_SCALE, TANH_P, TANH_Q = \
+    3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 18
+HARD_SWISH, SWISH = 1, 2
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+def gated(y, m0, m1, first, count, limits):
+    """Rows m0..m1 of y (M, L), outputs first..first + count, times their gate (see GATE),
+    each step in y's dtype in the order of the FusedElementwise pass that computed it after
+    the tile before (``ops/elementwise/jit_elementwise.py``'s templates: HardSigmoid then
+    Mul, or Sigmoid then Mul), clips by comparisons that pass NaN on: the same bits. The
+    constants are read into registers first: read from ``limits`` in the loop, which LLVM
+    cannot tell apart from y, they kept Swish's loop scalar (0.55 ns an element in L1)."""
+    flat, length = y.reshape(-1), np.uint64(y.shape[1])
+    if limits[GATE] == SWISH:
+        k = (limits[TANH_LOW], limits[TANH_HIGH], limits[TANH_SCALE], limits[TANH_P],
+             limits[TANH_P + 1], limits[TANH_P + 2], limits[TANH_P + 3], limits[TANH_P + 4],
+             limits[TANH_P + 5], limits[TANH_Q], limits[TANH_Q + 1], limits[TANH_Q + 2],
+             limits[TANH_Q + 3], limits[TANH_Q + 4], limits[ONE], limits[HALF])
+        for c in range(m0, m1):
+            _swish_run(flat, np.uint64(c) * length + np.uint64(first), np.uint64(count), k)
+        return
+    alpha, beta, zero, one = limits[ALPHA], limits[BETA], limits[ZERO], limits[ONE]
+    for c in range(m0, m1):
+        start = np.uint64(c) * length + np.uint64(first)
+        for t in range(np.uint64(count)):
+            v = flat[start + t]
+            g = v * alpha + beta
+            g = g if (g > zero or g != g) else zero
+            g = g if (g < one or g != g) else one
+            flat[start + t] = v * g
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
+def _swish_run(flat, start, count, k):
+    """flat[start:start + count] times Sigmoid of itself: ``(tanh(v / 2) + 1) / 2`` through
+    the float32 tanh rational, ``k`` its constants (:func:`gated`)."""
+    one, half = k[14], k[15]
+    for t in range(count):
+        v = flat[start + t]
+        flat[start + t] = v * ((_tanh(v * half, k) + one) * half)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", inline="always")
+def _tanh(x, k):
+    """The float32 tanh rational (``ops/elementwise/odd_rational.numba_source``) in its
+    order of operations: ``k`` its clip limits, scale, P (degree 5 in u) and Q (degree 4),
+    then one."""
+    low, high, one = k[0], k[1], k[14]
+    a = low if x < low else x
+    c = high if a > high else a
+    u = c * c * k[2]
+    top = ((((u * k[8] + k[7]) * u + k[6]) * u + k[5]) * u + k[4]) * u + k[3]
+    bottom = (((u * k[13] + k[12]) * u + k[11]) * u + k[10]) * u + k[9]
+    r = (c * top) / bottom
+    s = -one if r < -one else r
+    s = one if s > one else s
+    return -one if x <= low else (one if x >= high else s)
+
+
 @_jit
 def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, panels,
           weights, y, bias, residual, limits, spill, edge, no_bias):
@@ -327,23 +392,26 @@ def _part(part, job, x, own, shared, shape, geometry, rows_at, places, bounds, p
             (part * chunk * STRIP_ROWS, min(weights.shape[0], (part + 1) * chunk * STRIP_ROWS))
         left_tap_conv(weights, image, rows_at, r0, r1, ow, pw, y, r0, bias, residual,
                       has_residual, low, high, slope, m0, m1, spill.shape[0])
-        return
-    if taps:
+    elif taps:
         strip = STRIP_ROWS if strips else strip_rows(count)
         p0, p1 = (0, panels.shape[0]) if by_rows else \
             (part * chunk, min(panels.shape[0], (part + 1) * chunk))
         tap_conv(image, rows_at, places[part if by_rows else 0], count, panels, y,
                          r0 * ow, bias, residual, has_residual, low, high, slope, p0, p1,
                          spill, no_bias, strip)
-        return
-    stride, offset = shape[3], 0
-    if in_place:
-        image, stride, offset = x.reshape(-1), ph * pw, r0 * ow
-    m0, m1 = (0, weights.shape[0]) if by_rows else \
-        (part * chunk * STRIP_ROWS, min(weights.shape[0], (part + 1) * chunk * STRIP_ROWS))
-    pointwise_conv(weights, image, stride, offset, count, y, r0 * ow, bias, residual,
-                   has_residual, low, high, slope, m0, m1, row_block, column_block, edge,
-                   spill.reshape((STRIP_ROWS, spill.size // STRIP_ROWS)))
+        m0, m1 = p0 * panels.shape[2], min(y.shape[0], p1 * panels.shape[2])
+    else:
+        stride, offset = shape[3], 0
+        if in_place:
+            image, stride, offset = x.reshape(-1), ph * pw, r0 * ow
+        m0, m1 = (0, weights.shape[0]) if by_rows else \
+            (part * chunk * STRIP_ROWS,
+             min(weights.shape[0], (part + 1) * chunk * STRIP_ROWS))
+        pointwise_conv(weights, image, stride, offset, count, y, r0 * ow, bias, residual,
+                       has_residual, low, high, slope, m0, m1, row_block, column_block, edge,
+                       spill.reshape((STRIP_ROWS, spill.size // STRIP_ROWS)))
+    if limits[GATE] != 0:  # the part's outputs, still in cache
+        gated(y, m0, min(m1, y.shape[0]), r0 * ow, count, limits)
 
 
 @_jit

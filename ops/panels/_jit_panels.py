@@ -58,7 +58,7 @@ from mixrt.ops.panels._jit_tile import (DENSE_ROWS, K_BLOCK, PACKED_STRIDE, PANE
 # caller first reads one of its names: a model without attention never compiles attention.
 _FAMILIES = {
     "mixrt.ops.panels._jit_attention": ("attention", "native_attention", "softmax_rows"),
-    "mixrt.ops.panels._jit_conv_direct": ("left_tap_conv", "native_conv",
+    "mixrt.ops.panels._jit_conv_direct": ("gated", "left_tap_conv", "native_conv",
                                           "native_conv_images", "pack_strips",
                                           "phase_planes", "pointwise_conv", "strip_rows",
                                           "tap_conv"),

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from mixrt.ops.compiled import jit_cpu, replay, workspace
-from mixrt.ops.conv import conv_direct_cpu, direct_forms, direct_layout, pointwise_rows
+from mixrt.ops.conv import (conv_direct_cpu, direct_forms, direct_layout, pointwise_rows,
+                             sparse_taps)
 from mixrt.ops.conv.conv import conv as reference_conv
 from mixrt.ops.conv.conv_cpu import conv_cpu, direct, geometry
-from mixrt.ops.nn import fused
+from mixrt.ops.nn import fused, fused_cpu
 from mixrt.ops.nn.fused import activate
 
 # the CPU's fast paths, as a CPU session binds them
@@ -276,6 +277,82 @@ def test_a_read_only_bias_reaches_the_drivers_as_a_writable_array(m, every_shape
         assert seen and all(flag for flag, _ in seen)
         assert all(np.array_equal(values, B) for _, values in seen)
         seen.clear()
+
+
+def _pass_after(X, W, B, Z, attributes, out, activation):
+    """The direct form without an activation, then ``activation`` as the compiled pass
+    that followed it before the parts applied the gate."""
+    assert direct(X, W, B, Z, conv_direct_cpu.NO_ACTIVATION, attributes, out, {}) is not None
+    assert fused.compiled_activation(out, activation, None) is not None
+    return out
+
+
+@pytest.mark.parametrize("activation, dtype", [
+    ("HardSwish", np.float32), ("HardSwish", np.float64), ("Swish", np.float32)])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("image, kernel, strides, pads, dilations", [
+    GEOMETRIES[1], GEOMETRIES[6], GEOMETRIES[7], GEOMETRIES[8], GEOMETRIES[10],
+    ((3, 64, 48), (16, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1))])  # a stem, split by rows
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_a_gated_activation_is_the_parts_with_the_pass_after_s_bits(
+        image, kernel, strides, pads, dilations, batch, with_residual, activation, dtype,
+        every_shape, tap_form, monkeypatch):
+    """FusedConv's HardSwish (and Swish, in float32) is applied by the direct form's native
+    parts to the outputs they have just stored (``_jit_conv_direct.gated``), not by a
+    compiled pass over the whole output after the convolution: the same bits as that pass,
+    a NaN passed on, in the node's replay too, and no pass made."""
+    (c, h, w), (m, kh, kw) = image, kernel
+    X, W, B = _rand(batch, c, h, w, dtype=dtype), _rand(m, c, kh, kw, dtype=dtype), \
+        _rand(m, dtype=dtype)
+    X[0, 0, h // 4 * 2, w // 4 * 2] = np.nan  # (read by a stride of 2 too)
+    attributes = {"auto_pad": "NOTSET", "dilations": list(dilations), "group": 1,
+                  "kernel_shape": None, "pads": list(pads), "strides": list(strides)}
+    shape = (batch, *reference_conv(np, X[:1], W, **attributes).shape[1:])
+    Z = _rand(*shape, dtype=dtype) if with_residual else None
+    monkeypatch.setattr(fused_cpu, "_activated", lambda *args: pytest.fail("a pass after"))
+    prepacked: dict = {}
+    out = np.full(shape, 7.0, dtype)
+    for scale in (1, 3):  # the second call is the node's replay, on new values
+        X *= dtype(scale)
+        got = fused_conv(np, X, W, B, Z, activation=activation, out=out,
+                         _prepacked=prepacked, **attributes)
+        want = _pass_after(X, W, B, Z, attributes, np.full(shape, 5.0, dtype), activation)
+        assert got is out and replay.KEY in prepacked
+        np.testing.assert_array_equal(out, want)
+    assert np.isnan(out).any()
+    reference = activate(np, _expected(X, W, B, Z, **attributes), activation, None)
+    finite = np.isfinite(reference)
+    np.testing.assert_allclose(out[finite], reference[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ["HardSwish", "Swish"])
+def test_a_gate_on_python_s_threads_gets_the_parts_bits(activation, every_shape, monkeypatch):
+    """Without the native workers a split convolution runs its parts on Python's threads
+    (``conv_direct_cpu._conv_threads``), which apply the gate after each image: the bits
+    of the native parts."""
+    X, W, B = _rand(2, 5, 40, 37), _rand(16, 5, 3, 3), _rand(16)
+    attributes = {"auto_pad": "NOTSET", "dilations": None, "group": 1, "kernel_shape": None,
+                  "pads": [1, 1, 1, 1], "strides": [2, 2]}
+    native = fused_conv(np, X, W, B, activation=activation, _prepacked={}, **attributes)
+    monkeypatch.setattr(conv_direct_cpu, "_native_pool", lambda: None)
+    monkeypatch.setattr(direct_layout, "ROWS_SPLIT_MIN", 1)
+    threads = fused_conv(np, X, W, B, activation=activation, _prepacked={}, **attributes)
+    np.testing.assert_array_equal(threads, native)
+
+
+def test_a_gate_is_left_to_the_pass_where_another_form_takes_the_convolution():
+    """Only the direct form's parts apply the gate: ``direct`` declines gated limits where
+    the sparse taps would take the convolution, and FusedConv then takes its way with the
+    pass after."""
+    X, W, B = _rand(1, 8, 6, 6), _rand(16, 8, 3, 3), _rand(16)
+    attributes = {"auto_pad": "NOTSET", "dilations": [4, 4], "group": 1, "kernel_shape": None,
+                  "pads": [4, 4, 4, 4], "strides": None}  # taps mostly over padding
+    out = np.empty((1, 16, 6, 6), np.float32)
+    assert sparse_taps.suits(X, W, 1, geometry({}, X, W, **attributes), out)
+    assert direct(X, W, B, None, direct_forms.HARD_SWISH, attributes, out, {}) is None
+    got = fused_conv(np, X, W, B, activation="HardSwish", _prepacked={}, **attributes)
+    want = activate(np, _expected(X, W, B, **attributes), "HardSwish", None)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_an_activation_the_tile_cannot_apply_runs_after_it(every_shape):

@@ -124,11 +124,16 @@ def test_small_planes_other_activations_and_strided_or_padded_calls_take_the_ful
         expected = full_route(monkeypatch, node, X, **attributes)
         assert np.array_equal(node(X, **attributes), expected)
     assert taken == []  # not the node it takes
-    gated = Node(activation="HardSwish")  # an activation in a pass after the tile
-    gated(images(1, 20, 24))
+    after = Node(activation="Sigmoid")  # an activation in a pass after the tile
+    after(images(1, 20, 24))
     X = images(1, 16, 16)
-    assert np.array_equal(gated(X), full_route(monkeypatch, gated, X))
+    assert np.array_equal(after(X), full_route(monkeypatch, after, X))
     assert taken == []
+    gated = Node(activation="HardSwish")  # a gate the direct form's parts apply: taken
+    gated(images(1, 20, 24))  # (no kit of the node's yet: its full route makes one)
+    del taken[:]
+    assert np.array_equal(gated(X), full_route(monkeypatch, gated, X))
+    assert taken == [True]
 
 
 def test_no_other_form_takes_the_sizes_the_call_from_the_kit_takes():
