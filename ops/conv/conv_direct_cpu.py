@@ -382,6 +382,7 @@ def _conv_threads(plan, X, B, Z, limits, out):
     y_all = out.reshape(n, m, -1)
     z_all = None if Z is None else Z.reshape(n, m, -1)
     run = _taps if plan.taps else _pointwise
+    gate = limits_array(limits, X.dtype) if len(limits) > 3 else None
     for image in range(n):
         y = y_all[image]
         epilogue = (bias, y if z_all is None else z_all[image], z_all is not None) + scalars
@@ -394,8 +395,8 @@ def _conv_threads(plan, X, B, Z, limits, out):
             shared = _phase_planes(plan, X[image], 0, out_dims[0])
             parallel_for(parts, lambda c0, c1, x=X[image], y=y, e=epilogue, s=shared:
                          run(plan, x, y, e, 0, out_dims[0], c0, c1, s))
-        if len(limits) > 3:  # the gate the native parts apply, here after the image
-            _kernels().gated(y, 0, m, 0, y.shape[1], limits_array(limits, X.dtype))
+        if gate is not None:  # the gate the native parts apply, here after the image
+            _kernels().gated(y, 0, m, 0, y.shape[1], gate)
     return out
 
 

@@ -321,8 +321,9 @@ def gated(y, m0, m1, first, count, limits):
     each step in y's dtype in the order of the FusedElementwise pass that computed it after
     the tile before (``ops/elementwise/jit_elementwise.py``'s templates: HardSigmoid then
     Mul, or Sigmoid then Mul), clips by comparisons that pass NaN on: the same bits. The
-    constants are read into registers first: read from ``limits`` in the loop, which LLVM
-    cannot tell apart from y, they kept Swish's loop scalar (0.55 ns an element in L1)."""
+    constants are read out of ``limits`` before the loops (which LLVM cannot tell apart
+    from y). Swish's loop still runs ~0.53 ns an element on one thread (HardSwish's
+    ~0.15), against 1.31 for the pass it replaces (2026-12-04)."""
     flat, length = y.reshape(-1), np.uint64(y.shape[1])
     if limits[GATE] == SWISH:
         k = (limits[TANH_LOW], limits[TANH_HIGH], limits[TANH_SCALE], limits[TANH_P],
