@@ -195,7 +195,10 @@ def _typed_addresses(out, arrays: tuple) -> None:
     writeable array of their rank and dtype, their own addresses read apart. numba types
     read-only arrays apart, and a node's constant bias made the fill of a 1x1
     convolution's bands a specialisation of its own, which no warm-up compiled."""
-    if all(array.flags.writeable for array in arrays):
+    for array in arrays:  # (a loop, not all() over a generator: ~12 resumptions a call)
+        if not array.flags.writeable:
+            break
+    else:
         fill_addresses(out, arrays)
         return
     fill_addresses(out, tuple(array if array.flags.writeable else _stand_in(array)
