@@ -242,8 +242,10 @@ _WINDOWS: dict = {}
 
 def _shared_window(X, W, auto_pad, dilations, group, kernel_shape, pads, strides):
     """``conv_geometry``, kept for every node by shapes and attributes (_GEOMETRIES)."""
-    free = (X.shape[1], W.shape, auto_pad, int(group),
-            *(None if v is None else tuple(v) for v in (dilations, kernel_shape, pads, strides)))
+    free = (X.shape[1], W.shape, auto_pad, int(group),  # (no generator: asked a node a size)
+            None if dilations is None else tuple(dilations),
+            None if kernel_shape is None else tuple(kernel_shape),
+            None if pads is None else tuple(pads), None if strides is None else tuple(strides))
     key = (free, X.shape[2:])
     found = _GEOMETRIES.get(key)
     if found is None:

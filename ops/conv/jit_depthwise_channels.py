@@ -84,8 +84,10 @@ def channels_conv(X, W, B, out, kernel, strides, dilations, begin, replays=None,
     constants = activation_constants(name, activation[1], X.dtype)
     taps = _channel_taps(W, replays)
     _, bias = weight_and_bias(W, B, X.dtype, channels)  # the node's bias view, made once
-    module = _compiled_channels(tuple(int(k) for k in kernel), tuple(int(s) for s in strides),
-                                tuple(int(d) for d in dilations), name)
+    # (2-D: channels_able; pairs written out, no generators, at each size's first call)
+    module = _compiled_channels((int(kernel[0]), int(kernel[1])),
+                                (int(strides[0]), int(strides[1])),
+                                (int(dilations[0]), int(dilations[1])), name)
     pads = (int(begin[0]), int(begin[1]))
     blocks = -(-channels // CHANNEL_BLOCK)
     units = n * blocks
