@@ -20,11 +20,13 @@ name only the engine knows (``adamw``) gets the engine's optimizer. ``step`` is
 ``allreduce_grads`` then ``update``, and either may be called alone when the optimizer runs
 here.
 
-This module holds the Trainer's own concern, the optimizer and the update step; the rest
-comes from mixins, one module each: the KVStore's wiring (``trainer_store.py``: which
-store, whether it runs the optimizer, filling it), the traffic with it on each step
-(``trainer_comm.py``) and the optimizer state's saving and loading
-(``trainer_states.py``).
+This module holds the Trainer's own concern, the optimizer and the update step; it hands
+the rest to three parts with names of their own, one module each, and says so where it
+does: the KVStore's wiring (``_store``, ``trainer_store.TrainerStore``: which store,
+whether it runs the optimizer, filling it), the traffic with it on each step
+(``_traffic``, ``trainer_comm.StoreTraffic``) and the optimizer state's saving and loading
+(``_states``, ``trainer_states.OptimizerStates``). MXNet's attribute names for the store
+(``_kvstore``, ``_update_on_kvstore``, ``_init_kvstore``, ...) read the parts.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from mixrt.base.errors import GradientError, InputError, KVStoreError, Optimizer
 from mixrt.gluon.parameter import Parameter
 from mixrt.gluon.trainer_comm import StoreTraffic
 from mixrt.gluon.trainer_states import OptimizerStates
-from mixrt.gluon.trainer_store import make_store, StoreWiring, TrainerConfigError
+from mixrt.gluon.trainer_store import TrainerConfigError, TrainerStore
 from mixrt.kvstore.base import KVStore
 from mixrt.optimizers import Optimizer as MXNetOptimizer, create as create_mxnet, get_updater
 from mixrt.runtime.training import optimizer as optim
 
 
-class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
+class Trainer:
     def __init__(self, params, optimizer="sgd", optimizer_params: dict | None = None,
                  kvstore="device", compression_params: dict | None = None,
                  update_on_kvstore: bool | None = None, *, key_prefix: str = ""):
@@ -49,22 +51,12 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
         self._param2idx = {param.name: index for index, param in enumerate(self._params)}
         for param in self._params:  # row_sparse_data fetches its rows through this Trainer
             param._set_trainer(self)
-        self._compression_params = compression_params
         self._init_optimizer(optimizer, optimizer_params)
         self._scale = self.optimizer.rescale_grad
-        # MXNet's rule: sparse weights live in a store, even for one device
-        self._kvstore_asked = kvstore  # a store dropped by _reset_kvstore is made again
-        self._store_dropped = False
-        self.kvstore = make_store(kvstore, len(self._contexts or [None]),
-                                  needed=self._contains_sparse_weight)
-        if self.kvstore is not None and compression_params:
-            self.kvstore.set_gradient_compression(compression_params)
-        self._asked_update_on_kvstore = update_on_kvstore
-        self.update_on_kvstore = self._choose_update_on_kvstore(update_on_kvstore)
-        self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
-        self._kv_ready = False
-        self._pending: list = []  # deferred parameters the store gets once they are set
-        self._reduced_early: set = set()
+        self._store = TrainerStore(self, kvstore, compression_params, update_on_kvstore,
+                                   key_prefix)
+        self._traffic = StoreTraffic(self, self._store)
+        self._states = OptimizerStates(self, self._store)
 
     def _init_optimizer(self, optimizer, optimizer_params) -> None:
         """MXNet's optimizer of that name (or the given one) with ``param_dict`` over the
@@ -131,16 +123,22 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
         return self.optimizer
 
     @property
-    def _kvstore(self):
-        return self.kvstore
+    def kvstore(self):
+        return self._store.kvstore
 
     @property
-    def _update_on_kvstore(self):
-        return self.update_on_kvstore
+    def update_on_kvstore(self):
+        return self._store.update_on_kvstore
+
+    @property
+    def key_prefix(self) -> str:
+        return self._store.key_prefix
+
+    _kvstore, _update_on_kvstore = kvstore, update_on_kvstore
 
     @property
     def _kv_initialized(self) -> bool:
-        return self._kv_ready
+        return self._store.ready
 
     @property
     def _contains_sparse_weight(self) -> bool:
@@ -152,11 +150,46 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
 
     @property
     def _params_to_init(self) -> list:
-        """The parameters the store has not been given yet (all of them before the first
-        step; after it, those whose initialization was still deferred then)."""
-        if self.kvstore is None:
-            return []
-        return list(self._pending) if self._kv_ready else list(self._params)
+        return self._store.params_to_init
+
+    def _init_kvstore(self) -> None:
+        self._store.init()
+
+    def _reset_kvstore(self) -> None:
+        self._store.reset()
+
+    def _row_sparse_pull(self, parameter, out, row_id, full_idx: bool = False) -> None:
+        self._traffic.row_sparse_pull(parameter, out, row_id, full_idx)
+
+    def _gradient_ready(self, param, _array) -> None:
+        """Called by backward the moment ``param``'s gradient is complete."""
+        self._traffic.gradient_ready(param)
+
+    def pull_weights(self) -> None:
+        """Set every (dense) parameter to the value the store holds now, and wait for it.
+
+        Where the store runs the optimizer, a worker's copy is what it pulled after its own
+        last push; under dist_async that misses the other workers' later updates. Called
+        after a barrier (``Module.fit`` ends each epoch at one), it gives every worker the
+        model the job trained. Where the optimizer runs here, the copies already agree and
+        nothing moves."""
+        self._traffic.pull_weights()
+
+    def optimizer_state_dict(self) -> dict:
+        """The optimizer's state (from the store when it runs there)."""
+        return self._states.state_dict()
+
+    def load_optimizer_state_dict(self, arrays: dict) -> None:
+        """Restore ``optimizer_state_dict()``'s arrays: every key must be one of this
+        Trainer's parameters and every state array its shape (else an OptimizerError)."""
+        self._states.load_state_dict(arrays)
+
+    def save_states(self, path) -> None:
+        """The optimizer state as an ``.npz`` at exactly ``path`` (``load_states`` reads it)."""
+        self._states.save(path)
+
+    def load_states(self, path) -> None:
+        self._states.load(path)
 
     @property
     def _contexts(self):
@@ -182,13 +215,13 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
         return self.optimizer.learning_rate
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        if self.update_on_kvstore and self._is_dist:
+        if self.update_on_kvstore and self._store.is_dist:
             raise KVStoreError("the learning rate lives on the parameter servers "
                                "(update_on_kvstore=True); give the optimizer an lr_scheduler, "
                                "or make the Trainer with update_on_kvstore=False")
         self.optimizer.set_learning_rate(learning_rate)
         store_optimizer = getattr(self.kvstore, "optimizer", None)
-        if self.update_on_kvstore and self._kv_ready and store_optimizer is not None and \
+        if self.update_on_kvstore and self._store.ready and store_optimizer is not None and \
                 store_optimizer is not self.optimizer:
             store_optimizer.set_learning_rate(learning_rate)
 
@@ -234,27 +267,28 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
         ``update_on_kvstore=True`` each parameter's push and pull are queued here and the
         next forward waits only for the parameters it reads."""
         trainable = self._trainable(ignore_stale_grad)
-        first = not self._kv_ready
-        self._init_kvstore()
+        first = not self._store.ready
+        self._store.init()
         if self.update_on_kvstore:
             for param in trainable:
-                self._queue_update(param, batch_size)
+                self._traffic.queue_update(param, batch_size)
         else:
-            self._reduce(trainable, everything=first)
+            self._traffic.reduce(trainable, everything=first)
             self._update_all(trainable, batch_size)
         self._mark_stepped(trainable)
 
     def allreduce_grads(self) -> None:
         """Sum each parameter's gradients across contexts and workers, in place (MXNet's
         first half of ``step``; only while the optimizer runs here)."""
-        self._init_kvstore()
+        self._store.init()
         self._require_local_updates("allreduce_grads")
-        self._reduce([p for p in self._params if p.grad_req != "null"], everything=True)
+        self._traffic.reduce([p for p in self._params if p.grad_req != "null"],
+                             everything=True)
 
     def update(self, batch_size: int, ignore_stale_grad: bool = False) -> None:
         """Apply the optimizer to the (already reduced) gradients / ``batch_size`` (MXNet's
         second half of ``step``; only while the optimizer runs here)."""
-        self._init_kvstore()
+        self._store.init()
         self._require_local_updates("update")
         trainable = self._trainable(ignore_stale_grad)
         self._update_all(trainable, batch_size)
@@ -267,7 +301,7 @@ class Trainer(StoreWiring, StoreTraffic, OptimizerStates):
             f"`update_on_kvstore` to False when creating trainer.")
 
     def _update_all(self, params, batch_size: int) -> None:
-        workers = self._sync_workers if self.kvstore is not None else 1
+        workers = self._store.sync_workers if self.kvstore is not None else 1
         self.optimizer.rescale_grad = self._scale / (workers * batch_size)
         if self._updaters:
             self._update_together(params)

@@ -20,8 +20,9 @@ MXNet's Module makes its stores with.
 This module holds the wiring, decided once and redone only when ``_reset_kvstore`` drops
 the store: choosing the store and ``update_on_kvstore``, giving it the parameters (those
 whose shape waits for the first forward later), the optimizer it runs. The traffic of each
-step is ``trainer_comm.py``'s. :class:`StoreWiring` is a mixin of
-:class:`~mixrt.gluon.Trainer`, whose ``__init__`` sets the attributes it reads.
+step is ``trainer_comm.py``'s. :class:`TrainerStore` is a part of
+:class:`~mixrt.gluon.Trainer` (its ``_store``): it owns the store and what was decided
+about it, and reads the parameters and the optimizer from the Trainer it serves.
 """
 
 from __future__ import annotations
@@ -43,8 +44,30 @@ class TrainerConfigError(InputError, ValueError):
 
 
 
-class StoreWiring:
-    """The Trainer's store: made, told what it runs, and given the parameters."""
+class TrainerStore:
+    """The Trainer's store: made, told what it runs, and given the parameters. ``asked``
+    is the Trainer's ``kvstore`` argument (a store dropped by :meth:`reset` is made again
+    from it), ``asked_update`` its ``update_on_kvstore``."""
+
+    def __init__(self, trainer, asked, compression_params, asked_update, key_prefix: str):
+        self.trainer = trainer
+        self.asked, self.compression, self.asked_update = asked, compression_params, asked_update
+        self.key_prefix = str(key_prefix)  # two Trainers sharing one store keep apart
+        self.ready = False  # every parameter set so far was given to the store
+        self.pending: list = []  # deferred parameters the store gets once they are set
+        self.dropped = False
+        self.kvstore = self.update_on_kvstore = None
+        self._make()
+
+    def _make(self) -> None:
+        """The store the Trainer asked for, and whether it runs the optimizer."""
+        trainer = self.trainer
+        # MXNet's rule: sparse weights live in a store, even for one device
+        self.kvstore = make_store(self.asked, len(trainer._contexts or [None]),
+                                  needed=trainer._contains_sparse_weight)
+        if self.kvstore is not None and self.compression:
+            self.kvstore.set_gradient_compression(self.compression)
+        self.update_on_kvstore = self._choose_update_on_kvstore(self.asked_update)
 
     def _choose_update_on_kvstore(self, asked: bool | None):
         """MXNet's rule: None without a store; with one, the store updates unless told
@@ -53,13 +76,13 @@ class StoreWiring:
             if asked:
                 raise InputError("update_on_kvstore=True needs a kvstore")
             return None
-        if self._contains_sparse_weight:
+        if self.trainer._contains_sparse_weight:
             return True  # the store keeps the full weights (asked False: refused at first use)
-        if self._contains_sparse_grad and not self._is_dist:
+        if self.trainer._contains_sparse_grad and not self.is_dist:
             # MXNet's choice for dense weights and sparse gradients on one machine: the
             # gradients are summed in the store and the optimizer runs here
             return False if asked is None else bool(asked)
-        if self._is_dist and self.kvstore.type == "dist_async":
+        if self.is_dist and self.kvstore.type == "dist_async":
             if asked is False:
                 raise TrainerConfigError("Please set update_on_kvstore=True when training "
                                          "in async mode.")
@@ -68,32 +91,43 @@ class StoreWiring:
         return capable if asked is None else bool(asked)
 
     @property
-    def _is_dist(self) -> bool:
+    def is_dist(self) -> bool:
         return self.kvstore is not None and self.kvstore.type.startswith("dist")
 
     @property
-    def _sync_workers(self) -> int:
+    def sync_workers(self) -> int:
         """How many gradients the store sums per update."""
         return summed_workers(self.kvstore)
 
-    def _reset_kvstore(self) -> None:
-        """MXNet's: values were set into the parameters after the store took them, so its
-        copies are stale; the store is dropped and the next step makes a fresh one (the
-        optimizer's states in it go too, as in MXNet)."""
-        if self._is_dist:
+    @property
+    def params_to_init(self) -> list:
+        """The parameters the store has not been given yet (all of them before the first
+        step; after it, those whose initialization was still deferred then)."""
+        if self.kvstore is None:
+            return []
+        return list(self.pending) if self.ready else list(self.trainer._params)
+
+    def reset(self) -> None:
+        """MXNet's ``_reset_kvstore``: values were set into the parameters after the store
+        took them, so its copies are stale; the store is dropped and the next step makes a
+        fresh one (the optimizer's states in it go too, as in MXNet)."""
+        if self.is_dist:
             raise KVStoreError("Cannot reset distributed KVStore.")
         self.kvstore, self.update_on_kvstore = None, None
-        self._kv_ready, self._pending = False, []
-        self._store_dropped = True
+        self.ready, self.pending = False, []
+        self.dropped = True
 
-    def _init_kvstore(self) -> None:
-        if self._store_dropped:
-            self._remake_store()
-        if self._kv_ready and self._pending:
-            self._give_store([p for p in self._pending if p.is_initialized()])
-        if self._kv_ready or self.kvstore is None:
+    def init(self) -> None:
+        """MXNet's ``_init_kvstore``: the store given the parameters and, where it runs the
+        optimizer, the optimizer (once; later, the parameters that were deferred)."""
+        if self.dropped:
+            self.dropped = False
+            self._make()
+        if self.ready and self.pending:
+            self.give([p for p in self.pending if p.is_initialized()])
+        if self.ready or self.kvstore is None:
             return
-        if self._contains_sparse_weight and self._asked_update_on_kvstore is False:
+        if self.trainer._contains_sparse_weight and self.asked_update is False:
             raise TrainerConfigError("Cannot set update_on_kvstore=False when sparse weights "
                                      "are present.")
         if self.update_on_kvstore and not _can_run_optimizer(self.kvstore):
@@ -102,7 +136,7 @@ class StoreWiring:
         if not isinstance(self.kvstore, KVStore):
             self._init_custom_store()
             return
-        if not self.update_on_kvstore and self._is_dist and \
+        if not self.update_on_kvstore and self.is_dist and \
                 self.kvstore._optimizer is not None:
             # the servers' optimizer updates every key they hold, these gradients too
             raise KVStoreError(
@@ -115,58 +149,58 @@ class StoreWiring:
             self.kvstore.set_optimizer(self._store_optimizer())
         # a parameter whose shape waits for the first forward joins the store later (a
         # sparse layer's row_sparse_data may start the store before that forward)
-        self._pending = [param for param in self._params if not param.is_initialized()]
-        self._give_store([param for param in self._params if param.is_initialized()])
-        self._kv_ready = True
+        params = self.trainer._params
+        self.pending = [param for param in params if not param.is_initialized()]
+        self.give([param for param in params if param.is_initialized()])
+        self.ready = True
 
-    def _remake_store(self) -> None:
-        """The store ``_reset_kvstore`` dropped, made again from the Trainer's settings."""
-        self._store_dropped = False
-        self.kvstore = make_store(self._kvstore_asked, len(self._contexts or [None]),
-                              needed=self._contains_sparse_weight)
-        if self.kvstore is not None and self._compression_params:
-            self.kvstore.set_gradient_compression(self._compression_params)
-        self.update_on_kvstore = self._choose_update_on_kvstore(self._asked_update_on_kvstore)
-
-    def _give_store(self, params) -> None:
-        """Initialize ``params``' keys with their values (every copy pulls them)."""
+    def give(self, params) -> None:
+        """Initialize ``params``' keys with their values (every copy pulls them); where the
+        optimizer runs here, each gradient is summed as soon as backward finishes it (the
+        Trainer's ``_gradient_ready``)."""
         if not params:
             return
-        names = self._keys(params)
+        names = self.keys(params)
         self.kvstore.init(names, [param.raw() for param in params])
         self.kvstore.pull(names, out=[[copy._read() for copy in param._data]
                                       for param in params], ignore_sparse=False)
         if not self.update_on_kvstore:
             for param in params:
-                param._data[0]._on_grad = functools.partial(self._gradient_ready, param)
-        self._pending = [param for param in self._pending if param not in params]
+                param._data[0]._on_grad = functools.partial(self.trainer._gradient_ready,
+                                                             param)
+        self.pending = [param for param in self.pending if param not in params]
 
     def _init_custom_store(self) -> None:
         """A store registered with KVStoreBase: rank 0's first copy of every parameter
         goes to all copies (MXNet's broadcast); the optimizer, if it runs there, is set."""
-        for param in self._params:
+        trainer = self.trainer
+        for param in trainer._params:
             copies = param.list_data()
-            self.kvstore.broadcast(self._param2idx[param.name], copies[0], copies)
+            self.kvstore.broadcast(trainer._param2idx[param.name], copies[0], copies)
         if self.update_on_kvstore:
-            self.kvstore.set_optimizer(self.optimizer)
-        self._kv_ready = True
+            self.kvstore.set_optimizer(trainer.optimizer)
+        self.ready = True
 
-    def _keys(self, params) -> list[str]:
+    def keys(self, params) -> list[str]:
         return [self.key_prefix + param.name for param in params]
+
+    def key(self, param) -> str:
+        return self.key_prefix + param.name
 
     def _store_optimizer(self) -> optim.Optimizer:
         """A copy of the optimizer for the store, keyed as the store's keys are and with a
         gradient scale that divides by the workers the store sums. A local store runs
         MXNet's optimizer itself (as MXNet's does), told which Parameter each store key
         is, so that the Parameters' multipliers still count."""
-        if isinstance(self.optimizer, MXNetOptimizer) and not self._is_dist:
-            for param in self._params:
-                self.optimizer.param_dict[self.key_prefix + param.name] = param
-            self.optimizer.rescale_grad = self._scale  # the push is divided by the batch
-            return self.optimizer
-        spec = self._engine_spec()
+        trainer = self.trainer
+        if isinstance(trainer.optimizer, MXNetOptimizer) and not self.is_dist:
+            for param in trainer._params:
+                trainer.optimizer.param_dict[self.key(param)] = param
+            trainer.optimizer.rescale_grad = trainer._scale  # the push is divided by the batch
+            return trainer.optimizer
+        spec = trainer._engine_spec()
         params = spec["params"]
-        params["rescale_grad"] = self._scale / self._sync_workers
+        params["rescale_grad"] = trainer._scale / self.sync_workers
         for multipliers in ("lr_mult", "wd_mult"):
             params[multipliers] = {self.key_prefix + name: value
                                    for name, value in params[multipliers].items()}

@@ -61,12 +61,12 @@ def test_gradients_are_reduced_while_backward_still_runs():
     params, log = _params(), []
     trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore="local",
                             update_on_kvstore=False)
-    queue = trainer._queue_reduce
+    queue = trainer._traffic.queue_reduce
 
     def noting(param):
         log.append(f"reduce {param.name}")
         queue(param)
-    trainer._queue_reduce = noting
+    trainer._traffic.queue_reduce = noting
     _train(trainer, params, log, steps=2)
     second_step = log[log.index("backward reached the input") + 1:]
     # step 2: the output layer's gradients go to the store before backward reaches the input
