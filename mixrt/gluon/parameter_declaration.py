@@ -7,8 +7,9 @@ known (a known dimension cannot change), ``initialize`` deferred until the shape
 complete, a loaded value checked against the declaration (``_load_init``), and the Symbol
 variable that stands for the parameter when a block is traced (``var``). Where the value
 lives once it exists is :class:`~mixrt.gluon.parameter_storage.ParameterStorage`'s concern
-(the per-context copies and gradients), and what it reads through its Trainer is
-:class:`~mixrt.gluon.parameter_trainer.TrainerLink`'s; the class combines the three.
+(the per-context copies and gradients), and what it reads through its Trainer is its
+part :class:`~mixrt.gluon.parameter_trainer.TrainerLink`'s (``_link``), whose methods the
+class names below.
 ``grad_req`` and the storage types are checked against the tuples ``mixrt.nd`` (and
 ``mixrt.sym``'s Executor) check theirs against (``GRAD_REQS``, ``STYPES``).
 """
@@ -31,7 +32,7 @@ class ParameterStypeError(InputError, AssertionError):
     """An unknown ``stype``/``grad_stype``; an ``AssertionError`` too, as MXNet's check."""
 
 
-class Parameter(ParameterStorage, TrainerLink):
+class Parameter(ParameterStorage):
     """``grad_req``: ``"write"`` (each backward overwrites the gradient), ``"add"``
     (gradients accumulate until ``zero_grad``) or ``"null"`` (frozen). ``stype`` and
     ``grad_stype``: the storage types of the value and of the gradient."""
@@ -50,7 +51,7 @@ class Parameter(ParameterStorage, TrainerLink):
         self.allow_deferred_init = allow_deferred_init
         self._data = None  # one NDArray per context, once initialized
         self._deferred = None  # (initializer, [ctx, ...]) waiting for the shape
-        self._trainer = None  # the Trainer that row_sparse_data fetches rows through
+        self._link = TrainerLink(self)  # the Trainer that row_sparse_data fetches rows through
         self._stepped_version = -1  # the gradient's version at the Trainer's last step
         self.differentiable = differentiable  # False: an auxiliary state (BN statistics)
         if data is not None:
@@ -60,6 +61,27 @@ class Parameter(ParameterStorage, TrainerLink):
         else:
             self._shape = None if shape is None else _shape_tuple(shape)
             self._dtype = np.dtype(dtype or np.float32)
+
+    # -- through the Trainer (parameter_trainer.TrainerLink) ---------------------------------
+
+    @property
+    def _trainer(self):
+        return self._link.trainer
+
+    def row_sparse_data(self, row_id):
+        return self._link.row_sparse_data(row_id)
+
+    def list_row_sparse_data(self, row_id) -> list:
+        return self._link.list_row_sparse_data(row_id)
+
+    def _set_trainer(self, trainer) -> None:
+        self._link.set_trainer(trainer)
+
+    def _stale_store(self) -> None:
+        self._link.stale_store()
+
+    def _reduce(self) -> NDArray:
+        return self._link.reduce()
 
     # -- shape, type and storage ------------------------------------------------------------
 
