@@ -7,14 +7,17 @@
     executor.grad_dict["fc1_weight"]        # d sum(outputs) / d fc1_weight
 
 This module binds (``bind``, ``simple_bind``, ``reshape``) and leaves mixrt.sym
-(``to_graph``, ``export_onnx``); the Executor's other parts live beside it, one concern
-each, as bases of :class:`Executor`:
+(``to_graph``, ``export_onnx``); the Executor's other concerns live beside it, one module
+each:
 
-* ``executor_arrays.py``: the bound arrays, grad_req, the parameters filled in;
+* ``executor_arrays.py``: the bound arrays, grad_req, the parameters filled in (a base of
+  :class:`Executor`: its arrays are the executor's own attributes, as MXNet's);
 * ``executor_running.py``: forward and backward over the sessions of each shape signature
   (inference, training forward, backward), as MXNet's executor runs them: ``forward``
-  returns the outputs before the head gradients are known;
-* ``executor_inspection.py``: the monitor callback and ``debug_str``;
+  returns the outputs before the head gradients are known (a base too: running is what
+  an executor is);
+* ``executor_inspection.py``: the monitor callback and ``debug_str``, a part with a name of
+  its own (``_inspection``), which the two methods of that name hand to;
 * ``training_graphs.py``: the training form of a graph and its forward/backward pair, which
   Gluon's hybridized blocks and the Graph Module run too.
 """
@@ -42,7 +45,7 @@ from mixrt.sym.training_graphs import (HEAD_GRAD, output_layers,  # noqa: F401
                                        training_graph, TrainingPair)
 
 
-class Executor(BoundArrays, Running, Inspection):
+class Executor(BoundArrays, Running):
     """A Symbol bound to NDArrays (MXNet's ``mx.executor.Executor``).
 
     ``arg_dict``, ``grad_dict``, ``aux_dict`` and ``outputs`` are NDArrays the executor
@@ -50,9 +53,9 @@ class Executor(BoundArrays, Running, Inspection):
     memory is the argument's), so ``arg_dict["x"][:] = v`` changes the next forward and
     ``backward`` writes into the ``args_grad`` arrays given. Host arrays are copied in.
 
-    ``__init__`` sets the state its bases read: the arrays (``BoundArrays``), the caches of
-    compiled sessions and saved activations (``Running``) and the monitor
-    (``Inspection``)."""
+    ``__init__`` sets the state its bases read: the arrays (``BoundArrays``) and the caches
+    of compiled sessions and saved activations (``Running``); the monitor is its part
+    ``_inspection``'s."""
 
     def __init__(self, symbol: Symbol, ctx="cpu", args=None, args_grad=None,
                  grad_req="write", aux_states=None, *, opt_level: int = 1,
@@ -74,7 +77,7 @@ class Executor(BoundArrays, Running, Inspection):
         self._saved = None  # what the last training forward kept for backward
         self._saved_by = None  # the TrainingPair that forward ran
         self._inferred = False  # whether the last forward was an inference one
-        self._monitor = None  # (callback, monitor_all)
+        self._inspection = Inspection(self)  # the monitor and debug_str
         self._eliminate_common_expr = common_expr_enabled()
         self._optimized = None  # get_optimized_symbol's, made on first use
         self.outputs: list = self._output_arrays()
@@ -107,6 +110,16 @@ class Executor(BoundArrays, Running, Inspection):
         return save_model(self.to_graph(data_names, outputs), path, opset)
 
     # -- MXNet's other executor calls ---------------------------------------------------------
+
+    def set_monitor_callback(self, callback, monitor_all: bool = False) -> None:
+        """Call ``callback(name, array)`` after each forward and backward, as MXNet's
+        executor does (``executor_inspection.Inspection.set_monitor_callback``)."""
+        self._inspection.set_monitor_callback(callback, monitor_all)
+
+    def debug_str(self) -> str:
+        """The symbol's nodes and the memory its plans allocate
+        (``executor_inspection.Inspection.debug_str``)."""
+        return self._inspection.debug_str()
 
     def get_optimized_symbol(self) -> Symbol:
         """The symbol this executor runs: with ``MXNET_ELIMINATE_COMMON_EXPR`` on (the

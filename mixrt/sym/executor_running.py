@@ -43,8 +43,8 @@ class Running:
             self._set_argument(name, value)
         compiled = self._compiled_for_shapes()
         feeds = self._raw_feeds()
-        if self._monitor is not None:  # what the monitor sees, before aux updates
-            self._report_forward(compiled, feeds, is_train)
+        if self._inspection.monitor is not None:  # what it sees, before aux updates
+            self._inspection.report_forward(compiled, feeds, is_train)
         if not is_train:
             self._saved, self._inferred = None, True
             session = compiled.inference()
@@ -110,8 +110,8 @@ class Running:
                 target += grad
             else:
                 target[...] = grad
-        if self._monitor is not None:
-            self._report_backward(out_grads, training is not self._compiled_for_shapes()
+        if self._inspection.monitor is not None:
+            self._inspection.report_backward(out_grads, training is not self._compiled_for_shapes()
                                   ._inference_training)
 
     def _head_grads(self, out_grads, training) -> dict:
