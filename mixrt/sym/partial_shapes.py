@@ -11,7 +11,7 @@ then learns from the other direction, walking the graph from its outputs:
 * per operator, what an output's shape says of an input's: a product's rows, a flattened
   batch, a stride-1 convolution's image size, a concatenation's or split's parts, the axes a
   squeeze or transpose moved;
-* a value that declares where its shape comes from (``ops.SHAPE_FROM``: an MXNet layer's
+* a value that declares where its shape comes from (``parameter_rules.SHAPE_FROM``: an MXNet layer's
   weight from ``num_hidden`` and the data) gets that shape.
 
 :func:`learned_shapes` returns what the variables gain; ``Symbol._inferred`` runs forward

@@ -6,7 +6,7 @@ answer knows nothing).
 
 The work is ``runtime.passes.infer`` on the lowered graph, alternated with what the graph
 says of its variables from the other direction (``partial_shapes``) and the parameter rules
-``mixrt/sym/ops.py`` hands in (``handed_in``), until nothing new is learned.
+(``parameter_rules``: a weight's shape from its consumer), until nothing new is learned.
 
 :class:`SymbolInference` is one of the parts :class:`mixrt.sym.symbol.Symbol` is composed of.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from mixrt.base.errors import GraphError, MixrtError, ShapeError
 from mixrt.ops.ir.types import TensorType
 from mixrt.runtime.passes.infer import infer_types
-from mixrt.sym.handed_in import _handed_in
+from mixrt.sym.parameter_rules import declared_shapes, parameter_dtypes, parameter_shapes
 from mixrt.sym.partial_shapes import completed_types, is_unknown, learned_shapes, unknown_dim
 
 
@@ -117,12 +117,12 @@ class SymbolInference:
             graph = symbol.to_graph(shapes=_with_unknown_dims(given),
                                     dtypes={**assumed, **dtypes})
             types = infer_types(graph)
-            declared = _handed_in("declared_shapes")(nodes, types)
+            declared = declared_shapes(nodes, types)
             found = learned_shapes(nodes, types, given, declared)
-            for name, shape in _handed_in("parameter_shapes")(nodes, types).items():
+            for name, shape in parameter_shapes(nodes, types).items():
                 if name not in shapes and not _complete(found.get(name, given[name])):
                     found[name] = shape
-            matched = _handed_in("parameter_dtypes")(nodes, graph, types, free)
+            matched = parameter_dtypes(nodes, graph, types, free)
             if not found and not matched:
                 return completed_types(nodes, types, declared)
             shapes.update(found)

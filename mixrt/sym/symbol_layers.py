@@ -14,7 +14,7 @@ layer's output is named after the layer (``fc1``, output ``fc1_output``), the ot
 (``fullyconnected0``, ``convolution1``). Parameters left out become Variables named
 MXNet's way (``<layer>_weight``, ``_bias``, ``_gamma``, ``_beta``; the running statistics
 ``_moving_mean``/``_moving_var`` are auxiliary states) whose shapes follow
-from the data's (``mixrt.sym.ops.SHAPE_FROM``), so ``infer_shape(data=...)`` and
+from the data's (``mixrt.sym.parameter_rules.SHAPE_FROM``), so ``infer_shape(data=...)`` and
 ``simple_bind`` need nothing else. A bare Variable passed as a parameter (a shared weight)
 learns the same rule when it has no shape of its own.
 
@@ -46,7 +46,8 @@ import numpy as np
 from mixrt import layers
 from mixrt.base.errors import GraphError
 from mixrt.layers.call import LayerCall, ShapeRule
-from mixrt.sym.ops import call_op, layer_name, shape_from, split_symbol_attributes, SHAPE_FROM
+from mixrt.sym.ops import call_op, layer_name, split_symbol_attributes
+from mixrt.sym.parameter_rules import shape_from, SHAPE_FROM
 from mixrt.sym.symbol import (ATTRIBUTES, INPUT_ORDER, LAYER, MXNET_OP, MXNET_PARAMS, constant,
                                prefixed, variable_named, Symbol)
 
