@@ -16,8 +16,10 @@ be a value, saving and running) and the ways to make one (``Variable``, ``consta
 ``Group``, ``prefix``). The class is composed of parts that live beside it, each one
 concern: the nodes and their records (``symbol_nodes.py``), the structural queries
 (``symbol_structure.py``), lowering to a Graph (``symbol_lowering.py``) and shape and dtype
-inference (``symbol_inference.py``). Its arithmetic's op calls, parameter rules, JSON and
-binding are handed in by ``ops.py``, ``serialize.py`` and ``executor.py`` (``handed_in.py``).
+inference (``symbol_inference.py``), its JSON (``symbol_json.py``). Two things it calls
+stand above it, as they are built from Symbols: the op calls of its arithmetic and layers
+(``ops.py``) and the Executor that binds it (``executor.py``); those modules hand them in as
+they load (``handed_in.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mixrt.base.errors import GraphError
 from mixrt.initializer import create
 # symbol_module.hand_in, as the modules that hand things in call it
 from mixrt.sym.handed_in import _HANDED_IN, _handed_in, hand_in  # noqa: F401
+from mixrt.sym import symbol_json
 from mixrt.sym.partial_shapes import SAME_SHAPE
 from mixrt.sym.symbol_inference import _unknown_as_none, SymbolInference
 from mixrt.sym.symbol_lowering import SymbolLowering
@@ -230,7 +233,7 @@ class Symbol(SymbolStructure, SymbolLowering, SymbolInference, ArrayMethods):
     # -- saving --------------------------------------------------------------------------
 
     def tojson(self) -> str:
-        return _handed_in("to_json")(self)
+        return symbol_json.to_json(self)
 
     def save(self, path) -> None:
         from pathlib import Path  # noqa: PLC0415
@@ -244,7 +247,7 @@ class Symbol(SymbolStructure, SymbolLowering, SymbolInference, ArrayMethods):
         if not isinstance(state, dict) or not isinstance(state.get("json"), str):
             raise GraphError(f"cannot unpickle a Symbol from {type(state).__name__}: "
                              f"expected {{'json': symbol JSON}}")
-        self._outputs = _handed_in("from_json")(state["json"], "pickled Symbol")._outputs
+        self._outputs = symbol_json.outputs_from_text(state["json"], "pickled Symbol")
 
     # -- running -------------------------------------------------------------------------
 
