@@ -26,9 +26,11 @@ This module holds the model: a graph and its parameters, what trains (``freeze``
 ``replace_head``), the graph with the current values (``to_graph``, export); and
 :class:`SymbolModule`, the Module over a Symbol that :meth:`Module.from_symbol` makes (so
 it is defined here, beside the class that makes it). What the Module does with the graph
-comes from mixins, one module each: training (``graph_training.py``), inference
-(``graph_inference.py``) and the running statistics a training step carries
-(``graph_state.py``).
+lives beside it, one module each: training (``graph_training.py``, a base: ``fit`` is what
+the class is for), its checkpoints (``mixrt/checkpoints.py``, a base) and the running
+statistics a training step carries (``graph_state.py``, a base that ``SymbolModule``
+overrides in part), and inference (``graph_inference.py``), a part with a name of its own
+(``_inference``) that ``predict`` and ``score`` hand to.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from mixrt.sym.symbol_layers import output_layer
 from mixrt.sym.symbol import Symbol
 
 
-class Module(Checkpoints, GraphTraining, GraphInference, RunningState):
+class Module(Checkpoints, GraphTraining, RunningState):
     """``device`` ("cpu", "gpu", "gpu:1" or a Context) is where the training and inference
     sessions run and where the parameters, their gradients and the optimizer's state live:
     a GPU step moves only the batch in and the loss and outputs out.
@@ -94,7 +96,7 @@ class Module(Checkpoints, GraphTraining, GraphInference, RunningState):
         self._state_updates: dict[str, str] = {}  # state -> the output with its new value
         self.data_names = [v.name for v in self.graph.feed_inputs()]
         self._programs: dict[tuple, TrainingProgram] = {}
-        self._predictor: tuple[int, Session] | None = None
+        self._inference = GraphInference(self)  # predict, score and their session
         self._version = 0
 
     @classmethod
@@ -188,6 +190,16 @@ class Module(Checkpoints, GraphTraining, GraphInference, RunningState):
         if structure:
             self._programs.clear()
 
+    # -- inference (graph_inference.GraphInference) ------------------------------------------
+
+    def predict(self, data, batch_size: int = 256) -> np.ndarray:
+        """The output for an array of samples, ``batch_size`` at a time."""
+        return self._inference.predict(data, batch_size)
+
+    def score(self, eval_data: DataIter, metric="acc") -> tuple[str, float]:
+        """``metric`` over every batch of ``eval_data``: (name, value)."""
+        return self._inference.score(eval_data, metric)
+
     @property
     def _structure(self) -> int:
         return id(self.graph)
@@ -246,7 +258,8 @@ class SymbolModule(Module):
         self.params = ParameterDict()
         self.output = self.prediction.list_outputs()[0]
         self.loss_scaler = None
-        self._programs, self._predictor, self._version = {}, None, 0
+        self._programs, self._version = {}, 0
+        self._inference = GraphInference(self)
         self._state_updates: dict[str, str] = {}  # aux state -> its new value's output
 
     def _chosen_label(self, labels: list[str]) -> str:
@@ -403,18 +416,12 @@ class SymbolModule(Module):
         iterator (its padding left out), as MXNet's ``Module.predict``."""
         if not isinstance(data, DataIter):
             self._bind_like(data)
-            return super().predict(data, batch_size)
+            return self._inference.predict(data, batch_size)
         self._bind_like_iter(data)
-        session, parts = self._session(), []
-        data.reset()
-        for batch in data:
-            inputs, _, real = self._batch_arrays(batch)
-            out = session.run([self.output], {self.data_names[0]: inputs})[0]
-            parts.append(out[:real])
-        return np.concatenate(parts)
+        return self._inference.predict_batches(data)
 
     def score(self, eval_data: DataIter, metric="acc") -> tuple[str, float]:
         self._bind_like_iter(eval_data)
-        return super().score(eval_data, metric)
+        return self._inference.score(eval_data, metric)
 
 

@@ -103,7 +103,7 @@ class GraphTraining:
         data.reset()
         bar = epoch_bar(len(data), f"epoch {epoch + 1}/{epochs}", progress)
         for batch in read_ahead(data):
-            inputs, labels, real = self._batch_arrays(batch)
+            inputs, labels, real = self._inference.batch_arrays(batch)
             loss_value, outputs = self.train_step(inputs, labels, trainer, loss_spec,
                                                   **step_options)
             train_metric.update(labels[:real], outputs[0][:real])
